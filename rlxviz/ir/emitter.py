@@ -1,0 +1,209 @@
+"""`Emitter`: the op vocabulary as methods, independent of what an emitted value is.
+
+The same method calls build IR nodes (`Builder`, `Rewriter`: a value is a node id) or compute
+NumPy arrays (the reference interpreter's eager emitter: a value is an array). Fused-op semantics
+in `rlxviz.ir.fused` are written once against this interface and shared by the reference
+interpreter and the `unfuse` pass.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, Generic, TypeVar
+
+from .dtype import DType
+from .ops import SPECS, Op
+
+V = TypeVar("V")
+
+
+class Ref(int):
+    """A node id returned by a graph-building emitter; distinct from a Python int used as a scalar."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"%{int(self)}"
+
+    def __str__(self) -> str:
+        return int.__repr__(self)
+
+Scalar = int | float
+
+
+def normalize_attrs(op: Op, attrs: dict[str, Any]) -> dict[str, Any]:
+    """Fill defaults and turn lists into tuples so attributes are canonical and hashable-ish."""
+    spec = SPECS[op]
+    out: dict[str, Any] = {}
+    for key, a in spec.attrs.items():
+        if key in attrs:
+            out[key] = _freeze(attrs[key])
+        elif not a.required:
+            out[key] = a.default
+    for key in attrs:
+        if key not in out:
+            out[key] = _freeze(attrs[key])  # unknown attrs are kept so the verifier can name them
+    return out
+
+
+def _freeze(v: Any) -> Any:
+    if isinstance(v, list | tuple):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, DType):
+        return v.value
+    return v
+
+
+class Emitter(ABC, Generic[V]):
+    """Op methods shared by graph builders and eager evaluators. Subclasses implement `emit`,
+    `const`, `shape_of` and `dtype_of`."""
+
+    @abstractmethod
+    def emit(self, op: Op, inputs: Sequence[V], **attrs: Any) -> V:
+        """Apply `op` to `inputs` with `attrs`; returns the new value."""
+
+    @abstractmethod
+    def const(self, value: Scalar | Sequence[Scalar], dtype: DType = DType.f32) -> V:
+        """A constant scalar (shape `()`) or small vector (shape `(n,)`)."""
+
+    @abstractmethod
+    def shape_of(self, v: V) -> tuple[int, ...]: ...
+
+    @abstractmethod
+    def dtype_of(self, v: V) -> DType: ...
+
+    def is_scalar(self, x: object) -> bool:
+        """True for a Python number that should become a constant (not a value of this emitter)."""
+        return isinstance(x, bool | int | float) and not isinstance(x, Ref)
+
+    def _v(self, x: V | Scalar, like: V | None = None) -> V:
+        if self.is_scalar(x):
+            dtype = self.dtype_of(like) if like is not None else DType.f32
+            return self.const(x, dtype if dtype.is_float else DType.f32)
+        return x  # type: ignore[return-value]
+
+    def _bin(self, op: Op, a: V | Scalar, b: V | Scalar) -> V:
+        like = b if self.is_scalar(a) else a
+        return self.emit(op, (self._v(a, like), self._v(b, like)))
+
+    # linear algebra
+    def matmul(self, a: V, b: V) -> V:
+        """`a @ b`: `[..., M, K] x [..., K, N] -> [..., M, N]` with batch broadcasting."""
+        return self.emit(Op.MATMUL, (a, b))
+
+    def linear(self, x: V, w: V, b: V | None = None) -> V:
+        """`x @ w (+ b)` as primitives; `w` is `[in, out]` (Hugging Face weights transposed)."""
+        y = self.matmul(x, w)
+        return self.add(y, b) if b is not None else y
+
+    # binary
+    def add(self, a: V | Scalar, b: V | Scalar) -> V: return self._bin(Op.ADD, a, b)
+    def sub(self, a: V | Scalar, b: V | Scalar) -> V: return self._bin(Op.SUB, a, b)
+    def mul(self, a: V | Scalar, b: V | Scalar) -> V: return self._bin(Op.MUL, a, b)
+    def div(self, a: V | Scalar, b: V | Scalar) -> V: return self._bin(Op.DIV, a, b)
+    def pow(self, a: V | Scalar, b: V | Scalar) -> V: return self._bin(Op.POW, a, b)
+    def maximum(self, a: V | Scalar, b: V | Scalar) -> V: return self._bin(Op.MAX, a, b)
+    def minimum(self, a: V | Scalar, b: V | Scalar) -> V: return self._bin(Op.MIN, a, b)
+
+    # compare
+    def eq(self, a: V | Scalar, b: V | Scalar) -> V: return self._bin(Op.EQ, a, b)
+    def ne(self, a: V | Scalar, b: V | Scalar) -> V: return self._bin(Op.NE, a, b)
+    def lt(self, a: V | Scalar, b: V | Scalar) -> V: return self._bin(Op.LT, a, b)
+    def le(self, a: V | Scalar, b: V | Scalar) -> V: return self._bin(Op.LE, a, b)
+    def gt(self, a: V | Scalar, b: V | Scalar) -> V: return self._bin(Op.GT, a, b)
+    def ge(self, a: V | Scalar, b: V | Scalar) -> V: return self._bin(Op.GE, a, b)
+
+    def where(self, cond: V, on_true: V | Scalar, on_false: V | Scalar) -> V:
+        like = on_false if self.is_scalar(on_true) else on_true
+        return self.emit(Op.WHERE, (cond, self._v(on_true, like), self._v(on_false, like)))
+
+    def cast(self, x: V, dtype: DType | str) -> V:
+        return self.emit(Op.CAST, (x,), dtype=DType(dtype).value)
+
+    # unary
+    def unary(self, op: Op | str, x: V) -> V:
+        """Apply the unary op or activation named `op` (e.g. `"gelu"`)."""
+        return self.emit(Op(op), (x,))
+
+    def gelu(self, x: V) -> V:
+        """Exact GELU, `0.5 x (1 + erf(x / sqrt 2))` (Hendrycks & Gimpel 2016)."""
+        return self.emit(Op.GELU, (x,))
+
+    def gelu_tanh(self, x: V) -> V:
+        """Tanh-approximated GELU, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`."""
+        return self.emit(Op.GELU_TANH, (x,))
+
+    def silu(self, x: V) -> V: return self.emit(Op.SILU, (x,))
+    def relu(self, x: V) -> V: return self.emit(Op.RELU, (x,))
+    def sigmoid(self, x: V) -> V: return self.emit(Op.SIGMOID, (x,))
+    def tanh(self, x: V) -> V: return self.emit(Op.TANH, (x,))
+    def exp(self, x: V) -> V: return self.emit(Op.EXP, (x,))
+    def log(self, x: V) -> V: return self.emit(Op.LOG, (x,))
+    def sqrt(self, x: V) -> V: return self.emit(Op.SQRT, (x,))
+    def rsqrt(self, x: V) -> V: return self.emit(Op.RSQRT, (x,))
+    def neg(self, x: V) -> V: return self.emit(Op.NEG, (x,))
+    def erf(self, x: V) -> V: return self.emit(Op.ERF, (x,))
+
+    # reductions
+    def reduce_sum(self, x: V, axes: Sequence[int], keepdims: bool = False) -> V:
+        return self.emit(Op.REDUCE_SUM, (x,), axes=tuple(axes), keepdims=keepdims)
+
+    def reduce_mean(self, x: V, axes: Sequence[int], keepdims: bool = False) -> V:
+        return self.emit(Op.REDUCE_MEAN, (x,), axes=tuple(axes), keepdims=keepdims)
+
+    def reduce_max(self, x: V, axes: Sequence[int], keepdims: bool = False) -> V:
+        return self.emit(Op.REDUCE_MAX, (x,), axes=tuple(axes), keepdims=keepdims)
+
+    def softmax(self, x: V, axis: int = -1) -> V:
+        return self.emit(Op.SOFTMAX, (x,), axis=axis)
+
+    # normalisation
+    def layer_norm(self, x: V, gamma: V, beta: V, eps: float = 1e-12) -> V:
+        """LayerNorm over the last axis: `(x - mean) / sqrt(var + eps) * gamma + beta` (Ba et al. 2016)."""
+        return self.emit(Op.LAYER_NORM, (x, gamma, beta), eps=float(eps), axis=-1)
+
+    def rms_norm(self, x: V, gamma: V, beta: V, eps: float = 1e-6) -> V:
+        """RMSNorm over the last axis: `x / sqrt(mean(x^2) + eps) * gamma + beta` (Zhang & Sennrich 2019)."""
+        return self.emit(Op.RMS_NORM, (x, gamma, beta), eps=float(eps), axis=-1)
+
+    # data movement
+    def reshape(self, x: V, shape: Sequence[int]) -> V:
+        return self.emit(Op.RESHAPE, (x,), shape=tuple(shape))
+
+    def transpose(self, x: V, perm: Sequence[int]) -> V:
+        return self.emit(Op.TRANSPOSE, (x,), perm=tuple(perm))
+
+    def narrow(self, x: V, axis: int, start: int, length: int) -> V:
+        return self.emit(Op.NARROW, (x,), axis=axis, start=start, length=length)
+
+    def concat(self, xs: Sequence[V], axis: int) -> V:
+        return self.emit(Op.CONCAT, tuple(xs), axis=axis)
+
+    def expand(self, x: V, shape: Sequence[int]) -> V:
+        return self.emit(Op.EXPAND, (x,), shape=tuple(shape))
+
+    def gather(self, table: V, indices: V) -> V:
+        """Embedding lookup: `table[indices]`, `[V, H]` x `[B, S]` -> `[B, S, H]`."""
+        return self.emit(Op.GATHER, (table, indices), axis=0)
+
+    # transformer blocks
+    def attention(self, q: V, k: V, v: V, mask: V | None = None, *, num_heads: int, head_dim: int,
+                  mask_kind: str = "none", scale: float | None = None) -> V:
+        """Scaled dot-product attention on packed `[B, S, heads*head_dim]` q/k/v (Vaswani et al. 2017).
+
+        `mask_kind`: `none`, `causal`, `keep` (binary `[B, Sk]`, 1 = attend) or `additive`
+        (broadcastable to `[B, heads, Sq, Sk]`). `scale` defaults to `1/sqrt(head_dim)`.
+        """
+        ins = (q, k, v) if mask is None else (q, k, v, mask)
+        return self.emit(Op.ATTENTION, ins, num_heads=num_heads, head_dim=head_dim, mask=mask_kind,
+                         scale=None if scale is None else float(scale))
+
+    def rope(self, x: V, cos: V, sin: V, head_dim: int, n_rot: int | None = None) -> V:
+        """NeoX-style rotary embedding on packed `[B, S, heads*head_dim]`; `cos`/`sin` are
+        `[max_pos, n_rot/2]` tables indexed by sequence position (Su et al. 2021)."""
+        return self.emit(Op.ROPE, (x, cos, sin), head_dim=head_dim, n_rot=n_rot or head_dim)
+
+    # fused ops
+    def fused_matmul_bias_act(self, x: V, w: V, bias: V, activation: str | None = None) -> V:
+        return self.emit(Op.FUSED_MATMUL_BIAS_ACT, (x, w, bias), activation=activation)

@@ -1,0 +1,122 @@
+"""Semantics of every fused op, written once as a decomposition into primitive ops.
+
+Each function takes an `Emitter` and the fused node's operands and emits the primitives. With the
+reference interpreter's NumPy emitter it *computes* the fused op; with a `Rewriter` it *expands*
+the node (the `unfuse` pass). One definition, so the oracle and unfuse cannot disagree.
+Layouts follow RLX (rlx-notes §1.5, §3.2); RLX's known deviations are fixed here: RmsNorm adds
+its beta, FusedSwiGLU honours `gate_first`, the attention mask is the binary keep mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from .emitter import Emitter
+from .infer import parse_step
+from .ops import Op
+
+V = TypeVar("V")
+Decomposition = Callable[[Emitter[Any], dict[str, Any], Sequence[Any]], Any]
+DECOMPOSITIONS: dict[Op, Decomposition] = {}
+
+
+def decomposition(op: Op) -> Callable[[Decomposition], Decomposition]:
+    def register(fn: Decomposition) -> Decomposition:
+        DECOMPOSITIONS[op] = fn
+        return fn
+
+    return register
+
+
+def expand(e: Emitter[V], op: Op, attrs: dict[str, Any], operands: Sequence[V]) -> V:
+    """Emit the primitive decomposition of fused op `op` on `operands`; returns the result value."""
+    return DECOMPOSITIONS[op](e, attrs, operands)
+
+
+def _act(e: Emitter[V], name: str | None, x: V) -> V:
+    return x if name is None else e.unary(name, x)
+
+
+@decomposition(Op.FUSED_MATMUL_BIAS_ACT)
+def matmul_bias_act(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
+    """`act(x @ w + bias)`, bias rank <= 1 broadcast over rows."""
+    return _act(e, a.get("activation"), e.add(e.matmul(x[0], x[1]), x[2]))
+
+
+def _residual(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> tuple[V, V, V]:
+    s = e.add(x[0], x[1])
+    if a.get("has_bias", False):
+        return e.add(s, x[2]), x[3], x[4]
+    return s, x[2], x[3]
+
+
+@decomposition(Op.FUSED_RESIDUAL_LN)
+def residual_ln(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
+    """`LayerNorm(x + residual [+ bias])` over the last axis."""
+    s, g, b = _residual(e, a, x)
+    return e.layer_norm(s, g, b, a["eps"])
+
+
+@decomposition(Op.FUSED_RESIDUAL_RMS_NORM)
+def residual_rms_norm(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
+    """`RmsNorm(x + residual [+ bias]) * gamma + beta` over the last axis."""
+    s, g, b = _residual(e, a, x)
+    return e.rms_norm(s, g, b, a["eps"])
+
+
+@decomposition(Op.FUSED_SWIGLU)
+def swiglu(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
+    """`silu(gate) * up` from packed `[..., 2N]`; up is the low half unless `gate_first`."""
+    shape = e.shape_of(x[0])
+    axis, n = len(shape) - 1, shape[-1] // 2
+    lo, hi = e.narrow(x[0], axis, 0, n), e.narrow(x[0], axis, n, n)
+    up, gate = (hi, lo) if a.get("gate_first", False) else (lo, hi)
+    return e.mul(e.silu(gate), up)
+
+
+def attention_block(e: Emitter[V], heads: int, head_dim: int, hidden: V, qkv_w: V, out_w: V, mask: V,
+                    qkv_b: V | None = None, out_b: V | None = None,
+                    rope: tuple[V, V] | None = None) -> V:
+    """QKV projection, split at 0/H/2H on the last axis, [RoPE on q, k], keep-masked SDPA, output projection."""
+    qkv = e.linear(hidden, qkv_w, qkv_b)
+    width = heads * head_dim
+    axis = len(e.shape_of(qkv)) - 1
+    q, k, v = (e.narrow(qkv, axis, i * width, width) for i in range(3))
+    if rope is not None:
+        q, k = e.rope(q, *rope, head_dim), e.rope(k, *rope, head_dim)
+    att = e.attention(q, k, v, mask, num_heads=heads, head_dim=head_dim, mask_kind="keep")
+    return e.linear(att, out_w, out_b)
+
+
+@decomposition(Op.FUSED_ATTENTION_BLOCK)
+def fused_attention_block(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
+    """`[hidden, qkv_w, out_w, mask, (qkv_b, out_b), (cos, sin)]` -> attention output `[B, S, H]`."""
+    k = 4
+    qkv_b = out_b = None
+    if a.get("has_bias", True):
+        qkv_b, out_b, k = x[4], x[5], 6
+    rope = (x[k], x[k + 1]) if a.get("has_rope", False) else None
+    return attention_block(e, a["num_heads"], a["head_dim"], x[0], x[1], x[2], x[3], qkv_b, out_b, rope)
+
+
+@decomposition(Op.FUSED_TRANSFORMER_LAYER)
+def transformer_layer(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
+    """Post-norm BERT layer (14-input layout, seed `transformer_layer.rs`):
+    `h1 = LN1(attn(hidden) + hidden)`, `out = LN2(fc2(act(fc1(h1))) + h1)`."""
+    (hidden, qkv_w, qkv_b, out_w, out_b, ln1_g, ln1_b, fc1_w, fc1_b, fc2_w, fc2_b, ln2_g, ln2_b, mask) = x
+    att = attention_block(e, a["num_heads"], a["head_dim"], hidden, qkv_w, out_w, mask, qkv_b, out_b)
+    h1 = e.layer_norm(e.add(att, hidden), ln1_g, ln1_b, a["eps1"])
+    mid = e.unary(a["activation"], e.linear(h1, fc1_w, fc1_b))
+    return e.layer_norm(e.add(e.linear(mid, fc2_w, fc2_b), h1), ln2_g, ln2_b, a["eps2"])
+
+
+@decomposition(Op.ELEMENTWISE_REGION)
+def elementwise_region(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
+    """Replay the chain: step k reads external inputs `iK` and earlier steps `sK`; the last step is the result."""
+    steps: list[V] = []
+    for step in a["chain"]:
+        op, step_attrs, refs = parse_step(step)
+        operands = [x[int(r[1:])] if r[0] == "i" else steps[int(r[1:])] for r in refs]
+        steps.append(e.emit(op, operands, **step_attrs))
+    return steps[-1]

@@ -1,0 +1,365 @@
+"""Shape and dtype inference: one rule per op, fused ops included.
+
+RLX's `infer_shape.rs` returns "unknown" for FusedSwiGLU, FusedAttentionBlock,
+FusedTransformerLayer and ElementwiseRegion (rlx-notes §7.12); here every op has a rule, so the
+verifier checks every node after every pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from .dtype import DType, promote
+from .ops import BINARY, COMPARE, FUSED_REGION_OPS, REDUCE, UNARY, Op
+
+Shape = tuple[int, ...]
+
+
+class TensorType(NamedTuple):
+    """Static shape and element type of one tensor."""
+
+    shape: Shape
+    dtype: DType
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
+
+
+class ShapeError(ValueError):
+    """An op's operands or attributes are inconsistent; the message says which and why."""
+
+
+Rule = Callable[[dict[str, Any], Sequence[TensorType]], TensorType]
+RULES: dict[Op, Rule] = {}
+
+
+def rule(*ops: Op) -> Callable[[Rule], Rule]:
+    """Register an inference rule for `ops`."""
+
+    def register(fn: Rule) -> Rule:
+        for op in ops:
+            RULES[op] = fn
+        return fn
+
+    return register
+
+
+def infer(op: Op, attrs: dict[str, Any], operands: Sequence[TensorType]) -> TensorType:
+    """Infer the output type of `op` applied to `operands`.
+
+    Raises:
+        ShapeError: operand shapes/dtypes or attributes do not fit the op; the message names the op.
+    """
+    try:
+        return RULES[op](attrs, operands)
+    except ShapeError as e:
+        raise ShapeError(f"[{op.value}] {e}") from None
+    except KeyError as e:
+        raise ShapeError(f"[{op.value}] missing attribute or rule: {e}") from None
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ShapeError(msg)
+
+
+def _fmt(t: TensorType) -> str:
+    return str(t)
+
+
+def broadcast(a: Shape, b: Shape) -> Shape:
+    """NumPy broadcasting of two shapes. Raises ShapeError when they are incompatible."""
+    out = []
+    for i in range(max(len(a), len(b))):
+        x = a[len(a) - 1 - i] if i < len(a) else 1
+        y = b[len(b) - 1 - i] if i < len(b) else 1
+        _check(x == y or x == 1 or y == 1, f"shapes {list(a)} and {list(b)} do not broadcast")
+        out.append(max(x, y) if min(x, y) != 0 else 0)
+    return tuple(reversed(out))
+
+
+def norm_axis(axis: int, rank: int) -> int:
+    """Turn a possibly negative axis into 0..rank-1. Raises ShapeError when out of range."""
+    _check(-rank <= axis < rank, f"axis {axis} out of range for rank {rank}")
+    return axis % rank
+
+
+@rule(*BINARY)
+def _binary(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    return TensorType(broadcast(x[0].shape, x[1].shape), promote(x[0].dtype, x[1].dtype))
+
+
+@rule(*COMPARE)
+def _compare(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    return TensorType(broadcast(x[0].shape, x[1].shape), DType.bool)
+
+
+@rule(*UNARY)
+def _unary(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    _check(x[0].dtype.is_float, f"needs a float operand, got {_fmt(x[0])}")
+    return x[0]
+
+
+@rule(Op.WHERE)
+def _where(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    _check(x[0].dtype == DType.bool, f"condition must be bool, got {_fmt(x[0])}")
+    shape = broadcast(broadcast(x[0].shape, x[1].shape), x[2].shape)
+    return TensorType(shape, promote(x[1].dtype, x[2].dtype))
+
+
+@rule(Op.CAST)
+def _cast(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    try:
+        return TensorType(x[0].shape, DType(attrs["dtype"]))
+    except ValueError:
+        raise ShapeError(f"unknown dtype {attrs['dtype']!r}") from None
+
+
+@rule(Op.MATMUL)
+def _matmul(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    a, b = x
+    _check(len(a.shape) >= 2 and len(b.shape) >= 2, f"operands need rank >= 2, got {_fmt(a)} and {_fmt(b)}")
+    _check(a.shape[-1] == b.shape[-2],
+           f"contraction mismatch: {_fmt(a)} @ {_fmt(b)} ({a.shape[-1]} != {b.shape[-2]})")
+    batch = broadcast(a.shape[:-2], b.shape[:-2])
+    return TensorType((*batch, a.shape[-2], b.shape[-1]), promote(a.dtype, b.dtype))
+
+
+@rule(*REDUCE)
+def _reduce(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    rank = len(x[0].shape)
+    axes = {norm_axis(a, rank) for a in attrs["axes"]}
+    keep = attrs.get("keepdims", False)
+    shape = tuple(1 if i in axes else d for i, d in enumerate(x[0].shape) if keep or i not in axes)
+    return TensorType(shape, x[0].dtype)
+
+
+@rule(Op.SOFTMAX)
+def _softmax(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    norm_axis(attrs.get("axis", -1), len(x[0].shape))
+    _check(x[0].dtype.is_float, f"needs a float operand, got {_fmt(x[0])}")
+    return x[0]
+
+
+def _norm_params(x: TensorType, params: Sequence[TensorType], what: str) -> None:
+    _check(len(x.shape) >= 1, "input must have rank >= 1")
+    hidden = x.shape[-1]
+    for name, p in zip(("gamma", "beta", "bias"), params, strict=False):
+        _check(p.shape == (hidden,), f"{what}: {name} must be [{hidden}] (the last axis of {_fmt(x)}), got {_fmt(p)}")
+
+
+@rule(Op.LAYER_NORM, Op.RMS_NORM)
+def _norm(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    _check(norm_axis(attrs.get("axis", -1), len(x[0].shape)) == len(x[0].shape) - 1,
+           "only the last axis can be normalised")
+    _norm_params(x[0], x[1:], "norm")
+    return x[0]
+
+
+@rule(Op.RESHAPE)
+def _reshape(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    target = list(attrs["shape"])
+    n = math.prod(x[0].shape)
+    _check(target.count(-1) <= 1, f"at most one -1 in shape {target}")
+    if -1 in target:
+        known = math.prod(d for d in target if d != -1)
+        _check(known > 0 and n % known == 0, f"cannot reshape {_fmt(x[0])} to {target}")
+        target[target.index(-1)] = n // known
+    _check(all(d >= 0 for d in target) and math.prod(target) == n,
+           f"cannot reshape {_fmt(x[0])} ({n} elements) to {list(attrs['shape'])}")
+    return TensorType(tuple(target), x[0].dtype)
+
+
+@rule(Op.TRANSPOSE)
+def _transpose(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    perm = tuple(attrs["perm"])
+    _check(sorted(perm) == list(range(len(x[0].shape))), f"perm {list(perm)} is not a permutation for {_fmt(x[0])}")
+    return TensorType(tuple(x[0].shape[p] for p in perm), x[0].dtype)
+
+
+@rule(Op.NARROW)
+def _narrow(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    shape = list(x[0].shape)
+    axis = norm_axis(attrs["axis"], len(shape))
+    start, length = attrs["start"], attrs["length"]
+    _check(0 <= start and length >= 0 and start + length <= shape[axis],
+           f"slice [{start}, {start + length}) out of bounds for axis {axis} of {_fmt(x[0])}")
+    shape[axis] = length
+    return TensorType(tuple(shape), x[0].dtype)
+
+
+@rule(Op.CONCAT)
+def _concat(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    first = x[0]
+    axis = norm_axis(attrs["axis"], len(first.shape))
+    total = 0
+    for t in x:
+        _check(t.dtype == first.dtype, f"dtype mismatch: {_fmt(first)} vs {_fmt(t)}")
+        _check(len(t.shape) == len(first.shape) and all(
+            a == b for i, (a, b) in enumerate(zip(t.shape, first.shape, strict=True)) if i != axis),
+            f"shapes differ outside axis {axis}: {_fmt(first)} vs {_fmt(t)}")
+        total += t.shape[axis]
+    shape = list(first.shape)
+    shape[axis] = total
+    return TensorType(tuple(shape), first.dtype)
+
+
+@rule(Op.EXPAND)
+def _expand(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    target = tuple(attrs["shape"])
+    _check(broadcast(x[0].shape, target) == target, f"cannot expand {_fmt(x[0])} to {list(target)}")
+    return TensorType(target, x[0].dtype)
+
+
+@rule(Op.GATHER)
+def _gather(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    table, idx = x
+    _check(attrs.get("axis", 0) == 0, "only axis 0 is supported")
+    _check(idx.dtype.is_int, f"indices must be integers, got {_fmt(idx)}")
+    return TensorType((*idx.shape, *table.shape[1:]), table.dtype)
+
+
+def _packed(q: TensorType, heads: int, head_dim: int, what: str) -> None:
+    _check(len(q.shape) == 3, f"{what} must be packed [batch, seq, heads*head_dim], got {_fmt(q)}")
+    _check(q.shape[-1] == heads * head_dim,
+           f"{what} last dim {q.shape[-1]} != num_heads*head_dim = {heads}*{head_dim}")
+
+
+@rule(Op.ATTENTION)
+def _attention(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    h, d, mask = attrs["num_heads"], attrs["head_dim"], attrs.get("mask", "none")
+    for name, t in zip("qkv", x[:3], strict=False):
+        _packed(t, h, d, name)
+    q, k, v = x[:3]
+    _check(k.shape == v.shape, f"k {_fmt(k)} and v {_fmt(v)} differ")
+    _check(q.shape[0] == k.shape[0], f"batch of q {_fmt(q)} and k {_fmt(k)} differ")
+    _check(q.dtype == k.dtype == v.dtype, "q, k, v dtypes differ")
+    has_mask = mask in ("keep", "additive")
+    _check(len(x) == 3 + has_mask, f"mask kind {mask!r} takes {3 + has_mask} operands, got {len(x)}")
+    b, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+    if mask == "keep":
+        _check(x[3].shape == (b, sk), f"keep mask must be [batch, kv_len] = [{b}, {sk}], got {_fmt(x[3])}")
+    if mask == "additive":
+        broadcast(x[3].shape, (b, h, sq, sk))
+        _check(len(x[3].shape) <= 4 and broadcast(x[3].shape, (b, h, sq, sk)) == (b, h, sq, sk),
+               f"additive mask {_fmt(x[3])} does not broadcast to [{b}, {h}, {sq}, {sk}]")
+    return q
+
+
+@rule(Op.ROPE)
+def _rope(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    d, n_rot = attrs["head_dim"], attrs["n_rot"]
+    t, cos, sin = x
+    _check(len(t.shape) == 3 and t.shape[-1] % d == 0, f"x must be packed [batch, seq, heads*{d}], got {_fmt(t)}")
+    _check(n_rot % 2 == 0 and 0 < n_rot <= d, f"n_rot {n_rot} must be even and <= head_dim {d}")
+    for name, c in (("cos", cos), ("sin", sin)):
+        _check(len(c.shape) == 2 and c.shape[0] >= t.shape[1] and c.shape[1] >= n_rot // 2,
+               f"{name} must be [max_pos >= {t.shape[1]}, >= {n_rot // 2}], got {_fmt(c)}")
+    return t
+
+
+def _act_ok(name: str | None) -> None:
+    _check(name is None or Op(name) in UNARY, f"unknown activation {name!r}")
+
+
+@rule(Op.FUSED_MATMUL_BIAS_ACT)
+def _fmba(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    _act_ok(attrs.get("activation"))
+    out = _matmul({}, x[:2])
+    _check(len(x[2].shape) <= 1 and x[2].shape in ((), (1,), (out.shape[-1],)),
+           f"bias must be rank <= 1 with length {out.shape[-1]}, got {_fmt(x[2])}")
+    return out
+
+
+@rule(Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM)
+def _fused_residual_norm(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    has_bias = attrs.get("has_bias", False)
+    _check(len(x) == 4 + has_bias, f"has_bias={has_bias} takes {4 + has_bias} operands, got {len(x)}")
+    _check(x[0].shape == x[1].shape, f"x {_fmt(x[0])} and residual {_fmt(x[1])} differ")
+    _norm_params(x[0], x[2:] if not has_bias else (x[3], x[4], x[2]), "residual norm")
+    return x[0]
+
+
+@rule(Op.FUSED_SWIGLU)
+def _swiglu(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    shape = x[0].shape
+    _check(len(shape) >= 1 and shape[-1] % 2 == 0, f"packed input needs an even last dim, got {_fmt(x[0])}")
+    return TensorType((*shape[:-1], shape[-1] // 2), x[0].dtype)
+
+
+def _linear(inp: TensorType, w: TensorType, b: TensorType | None, what: str) -> TensorType:
+    _check(len(w.shape) == 2, f"{what} weight must be [in, out], got {_fmt(w)}")
+    out = _matmul({}, (inp, w))
+    if b is not None:
+        _check(b.shape == (w.shape[1],), f"{what} bias must be [{w.shape[1]}], got {_fmt(b)}")
+    return out
+
+
+@rule(Op.FUSED_ATTENTION_BLOCK)
+def _fab(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    h, d = attrs["num_heads"], attrs["head_dim"]
+    has_bias, has_rope = attrs.get("has_bias", True), attrs.get("has_rope", False)
+    _check(len(x) == 4 + 2 * has_bias + 2 * has_rope,
+           f"has_bias={has_bias}, has_rope={has_rope} takes {4 + 2 * has_bias + 2 * has_rope} operands")
+    hidden, qkv_w, out_w, mask = x[:4]
+    _packed(hidden, 1, hidden.shape[-1] if hidden.shape else 0, "hidden")
+    qkv_b, out_b = (x[4], x[5]) if has_bias else (None, None)
+    qkv = _linear(hidden, qkv_w, qkv_b, "qkv")
+    _check(qkv.shape[-1] == 3 * h * d, f"qkv width {qkv.shape[-1]} != 3*num_heads*head_dim = {3 * h * d}")
+    _check(mask.shape == hidden.shape[:2], f"mask must be [batch, seq] = {list(hidden.shape[:2])}, got {_fmt(mask)}")
+    attn = TensorType((*hidden.shape[:2], h * d), hidden.dtype)
+    return _linear(attn, out_w, out_b, "out")
+
+
+@rule(Op.FUSED_TRANSFORMER_LAYER)
+def _ftl(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    _check(attrs.get("has_bias", True), "only has_bias=True (the 14-input layout) is supported")
+    h, d, inter = attrs["num_heads"], attrs["head_dim"], attrs["intermediate_size"]
+    (hidden, qkv_w, qkv_b, out_w, out_b, ln1_g, ln1_b, fc1_w, fc1_b, fc2_w, fc2_b, ln2_g, ln2_b, mask) = x
+    attn_out = _fab({"num_heads": h, "head_dim": d}, (hidden, qkv_w, out_w, mask, qkv_b, out_b))
+    _check(attn_out.shape == hidden.shape, f"attention output {_fmt(attn_out)} != hidden {_fmt(hidden)}")
+    _norm_params(hidden, (ln1_g, ln1_b), "ln1")
+    _check(fc1_w.shape[-1:] == (inter,), f"fc1 weight {_fmt(fc1_w)} has no intermediate dim {inter}")
+    mid = _linear(hidden, fc1_w, fc1_b, "fc1")
+    out = _linear(mid, fc2_w, fc2_b, "fc2")
+    _check(out.shape == hidden.shape, f"ffn output {_fmt(out)} != hidden {_fmt(hidden)}")
+    _norm_params(hidden, (ln2_g, ln2_b), "ln2")
+    _act_ok(attrs["activation"])
+    return hidden
+
+
+def parse_step(step: Sequence[Any]) -> tuple[Op, dict[str, Any], tuple[str, ...]]:
+    """Decode an ElementwiseRegion chain step `(op, *operands)`, where op may be `cast:f16`
+    and each operand is `iK` (external input K) or `sK` (earlier step K)."""
+    name, *refs = step
+    attrs: dict[str, Any] = {}
+    if name.startswith("cast:"):
+        name, attrs["dtype"] = "cast", name.split(":", 1)[1]
+    try:
+        op = Op(name)
+    except ValueError:
+        raise ShapeError(f"unknown chain op {name!r}") from None
+    _check(op in FUSED_REGION_OPS, f"{op.value} is not elementwise")
+    return op, attrs, tuple(refs)
+
+
+@rule(Op.ELEMENTWISE_REGION)
+def _region(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    chain = attrs["chain"]
+    _check(len(chain) >= 1, "empty chain")
+    steps: list[TensorType] = []
+    for k, step in enumerate(chain):
+        op, step_attrs, refs = parse_step(step)
+        operands = []
+        for r in refs:
+            kind, idx = r[:1], int(r[1:]) if r[1:].isdigit() else -1
+            _check(kind in ("i", "s") and 0 <= idx < (len(x) if kind == "i" else k),
+                   f"step {k}: bad operand {r!r}")
+            operands.append(x[idx] if kind == "i" else steps[idx])
+        steps.append(infer(op, step_attrs, operands))
+    out = steps[-1]
+    for t in x:
+        broadcast(t.shape, out.shape)
+    return out

@@ -1,0 +1,118 @@
+"""The verifier, run after every pass in every build.
+
+Checks what RLX's debug-only `verify` checks (rlx-notes §1.6) and what it misses (§7.12):
+dangling ids, cycles and order, unique output ids, arity, attribute names/types/choices, unique
+input/param names, const payloads, and the shape and dtype of every node, fused ones included.
+"""
+
+from __future__ import annotations
+
+from .graph import Graph, GraphError, toposort
+from .infer import ShapeError, TensorType, infer
+from .node import Node
+from .ops import SPECS, Op
+from .printer import format_node, window
+
+
+def problems(graph: Graph) -> list[tuple[int | None, str]]:
+    """Every problem found, as `(node id or None, message)`; empty when the graph is valid."""
+    out: list[tuple[int | None, str]] = []
+    nodes = {n.id: n for n in graph}
+    try:
+        toposort(nodes)
+    except GraphError as e:
+        return [(e.node_id, str(e))]
+    pos = {nid: k for k, nid in enumerate(nodes)}
+    if not graph.outputs:
+        out.append((None, "graph has no outputs"))
+    for o in graph.outputs:
+        if o not in nodes:
+            out.append((None, f"output %{o} does not exist"))
+    names: dict[tuple[Op, str], int] = {}
+    for n in graph:
+        late = [i for i in n.inputs if pos[i] > pos[n.id]]
+        if late:
+            out.append((n.id, f"uses %{late[0]}, which is defined after it (not in topological order)"))
+            continue
+        msg = _check_signature(n)
+        if msg:
+            out.append((n.id, msg))
+            continue
+        if n.op in (Op.INPUT, Op.PARAM):
+            key = (n.op, n.attrs["name"])
+            if key in names:
+                out.append((n.id, f"{n.op.value} name {n.attrs['name']!r} already used by %{names[key]}"))
+            names[key] = n.id
+            continue
+        if n.op == Op.CONST:
+            msg = _check_const(n)
+            if msg:
+                out.append((n.id, msg))
+            continue
+        try:
+            t = infer(n.op, n.attrs, [nodes[i].type for i in n.inputs])
+        except ShapeError as e:
+            out.append((n.id, str(e)))
+            continue
+        if t != TensorType(n.shape, n.dtype):
+            out.append((n.id, f"declared type {n.type} but operands give {t}"))
+    return out
+
+
+def _check_signature(n: Node) -> str | None:
+    spec = SPECS[n.op]
+    k = len(n.inputs)
+    if spec.arity is None and k < 1:
+        return f"{n.op.value} needs at least 1 operand, got 0"
+    if spec.arity is not None and k not in spec.arity:
+        want = " or ".join(map(str, spec.arity))
+        return f"{n.op.value} takes {want} operand(s), got {k}"
+    for key in n.attrs:
+        if key not in spec.attrs:
+            return f"unknown attribute {key!r} for {n.op.value} (allowed: {', '.join(spec.attrs) or 'none'})"
+    for key, a in spec.attrs.items():
+        if key not in n.attrs:
+            if a.required:
+                return f"missing attribute {key!r}"
+            continue
+        v = n.attrs[key]
+        if not isinstance(v, a.types) or (isinstance(v, bool) and bool not in a.types):
+            names = "/".join("none" if t is type(None) else t.__name__ for t in a.types)
+            return f"attribute {key}={v!r} must be {names}"
+        if a.choices is not None and v not in a.choices:
+            return f"attribute {key}={v!r} must be one of {list(a.choices)}"
+    return None
+
+
+def _check_const(n: Node) -> str | None:
+    v = n.attrs["value"]
+    want = (len(v),) if isinstance(v, tuple) else ()
+    if n.shape != want:
+        return f"const payload has shape {list(want)} but the node declares {list(n.shape)}"
+    return None
+
+
+def lint(graph: Graph, stage: str = "") -> Graph:
+    """Verify `graph`; returns it unchanged when valid.
+
+    Raises:
+        GraphError: for the first problem, naming the node (op, model path) and quoting the IR
+            lines around it; the message ends with a count of further problems.
+    """
+    found = problems(graph)
+    if not found:
+        return graph
+    nid, msg = found[0]
+    where = f" after {stage}" if stage else ""
+    head = f"lint{where}: graph {graph.name!r}: "
+    if nid is not None and nid in graph:
+        n = graph[nid]
+        head += f"%{nid} ({n.op.value}{' @' + n.path if n.path else ''}): {msg}\n{window(graph, nid)}"
+    else:
+        head += msg
+    if len(found) > 1:
+        head += f"\n(+{len(found) - 1} more problem(s))"
+    raise GraphError(head, nid)
+
+
+__all__ = ["lint", "problems", "format_node"]

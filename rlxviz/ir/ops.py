@@ -1,0 +1,210 @@
+"""The op set: one enum value per operation, families as frozensets, and each op's signature.
+
+Op names and fused-op input layouts follow RLX (`rlx-ir/src/op.rs`, `rlx-notes.md` §1.4–1.5).
+Unlike RLX, binary/unary/compare/reduce operators are individual ops (grouped by family), so
+a pattern names exactly the op it wants and the printer needs no sub-operator syntax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Op(StrEnum):
+    # leaves
+    INPUT = "input"
+    PARAM = "param"
+    CONST = "const"
+    # linear algebra
+    MATMUL = "matmul"
+    # binary (numpy broadcasting)
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"
+    POW = "pow"
+    MAX = "max"
+    MIN = "min"
+    # unary / activations
+    GELU = "gelu"
+    GELU_TANH = "gelu_tanh"
+    SILU = "silu"
+    RELU = "relu"
+    SIGMOID = "sigmoid"
+    TANH = "tanh"
+    EXP = "exp"
+    LOG = "log"
+    SQRT = "sqrt"
+    RSQRT = "rsqrt"
+    NEG = "neg"
+    ERF = "erf"
+    # compare -> bool
+    EQ = "eq"
+    NE = "ne"
+    LT = "lt"
+    LE = "le"
+    GT = "gt"
+    GE = "ge"
+    WHERE = "where"
+    CAST = "cast"
+    # reductions
+    REDUCE_SUM = "reduce_sum"
+    REDUCE_MEAN = "reduce_mean"
+    REDUCE_MAX = "reduce_max"
+    SOFTMAX = "softmax"
+    # normalisation
+    LAYER_NORM = "layer_norm"
+    RMS_NORM = "rms_norm"
+    # data movement
+    RESHAPE = "reshape"
+    TRANSPOSE = "transpose"
+    NARROW = "narrow"
+    CONCAT = "concat"
+    EXPAND = "expand"
+    GATHER = "gather"
+    # transformer blocks
+    ATTENTION = "attention"
+    ROPE = "rope"
+    # fused ops (RLX names)
+    FUSED_MATMUL_BIAS_ACT = "FusedMatMulBiasAct"
+    FUSED_RESIDUAL_LN = "FusedResidualLN"
+    FUSED_RESIDUAL_RMS_NORM = "FusedResidualRmsNorm"
+    FUSED_SWIGLU = "FusedSwiGLU"
+    FUSED_ATTENTION_BLOCK = "FusedAttentionBlock"
+    FUSED_TRANSFORMER_LAYER = "FusedTransformerLayer"
+    ELEMENTWISE_REGION = "ElementwiseRegion"
+
+
+LEAF = frozenset({Op.INPUT, Op.PARAM, Op.CONST})
+BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.POW, Op.MAX, Op.MIN})
+COMMUTATIVE = frozenset({Op.ADD, Op.MUL, Op.MAX, Op.MIN})
+UNARY = frozenset({Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.SIGMOID, Op.TANH, Op.EXP, Op.LOG,
+                   Op.SQRT, Op.RSQRT, Op.NEG, Op.ERF})
+ACTIVATIONS = frozenset({Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.SIGMOID, Op.TANH})
+COMPARE = frozenset({Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE})
+ELEMENTWISE = BINARY | UNARY | COMPARE | {Op.WHERE, Op.CAST}
+FUSED_REGION_OPS = ELEMENTWISE
+"""Ops allowed as steps of an ElementwiseRegion chain."""
+REDUCE = frozenset({Op.REDUCE_SUM, Op.REDUCE_MEAN, Op.REDUCE_MAX})
+MOVEMENT = frozenset({Op.RESHAPE, Op.TRANSPOSE, Op.NARROW, Op.CONCAT, Op.EXPAND, Op.GATHER})
+FUSED = frozenset({Op.FUSED_MATMUL_BIAS_ACT, Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM,
+                   Op.FUSED_SWIGLU, Op.FUSED_ATTENTION_BLOCK, Op.FUSED_TRANSFORMER_LAYER,
+                   Op.ELEMENTWISE_REGION})
+BLAS = frozenset({Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT})
+
+MASK_KINDS = ("none", "causal", "keep", "additive")
+"""Attention mask kinds. `keep`: binary `[B, Sk]` mask, 1 = attend, 0 = padding (RLX `Custom`);
+`additive`: a bias broadcastable to `[B, heads, Sq, Sk]` added to the scaled scores (RLX `Bias`);
+`causal`: key j visible from query i when j <= i + (Sk - Sq) (bottom-right aligned, as RLX's CPU)."""
+
+
+def family(op: Op) -> str:
+    """A short family name used for colours and grouping (`leaf`, `binary`, `fused`, ...)."""
+    for name, group in _FAMILIES:
+        if op in group:
+            return name
+    return "other"
+
+
+_FAMILIES = (("leaf", LEAF), ("blas", BLAS - FUSED), ("binary", BINARY), ("unary", UNARY),
+             ("compare", COMPARE | {Op.WHERE, Op.CAST}), ("reduce", REDUCE | {Op.SOFTMAX}),
+             ("norm", {Op.LAYER_NORM, Op.RMS_NORM}), ("movement", MOVEMENT),
+             ("attention", {Op.ATTENTION, Op.ROPE}), ("fused", FUSED))
+
+
+@dataclass(frozen=True)
+class AttrSpec:
+    """One attribute of an op: its Python type(s), whether it may be omitted, and a default."""
+
+    types: tuple[type, ...]
+    required: bool = True
+    default: Any = None
+    choices: tuple[Any, ...] | None = None
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """Signature of an op: allowed operand counts and attribute schema."""
+
+    arity: tuple[int, ...] | None  # None: variadic (>= 1)
+    attrs: dict[str, AttrSpec] = field(default_factory=dict)
+
+
+def _a(*types: type, required: bool = True, default: Any = None, choices: tuple[Any, ...] | None = None) -> AttrSpec:
+    return AttrSpec(types, required, default, choices)
+
+
+_INT, _FLOAT, _STR, _BOOL, _TUP = (int,), (int, float), (str,), (bool,), (tuple,)
+_NONE = type(None)
+_ACT_NAMES = tuple(sorted(a.value for a in ACTIVATIONS))
+
+SPECS: dict[Op, OpSpec] = {
+    Op.INPUT: OpSpec((0,), {"name": _a(str)}),
+    Op.PARAM: OpSpec((0,), {"name": _a(str)}),
+    Op.CONST: OpSpec((0,), {"value": _a(int, float, bool, tuple)}),
+    Op.MATMUL: OpSpec((2,)),
+    **{op: OpSpec((2,)) for op in BINARY | COMPARE},
+    **{op: OpSpec((1,)) for op in UNARY},
+    Op.WHERE: OpSpec((3,)),
+    Op.CAST: OpSpec((1,), {"dtype": _a(str)}),
+    **{op: OpSpec((1,), {"axes": _a(tuple), "keepdims": _a(bool, required=False, default=False)})
+       for op in REDUCE},
+    Op.SOFTMAX: OpSpec((1,), {"axis": _a(int, required=False, default=-1)}),
+    Op.LAYER_NORM: OpSpec((3,), {"eps": _a(int, float), "axis": _a(int, required=False, default=-1)}),
+    Op.RMS_NORM: OpSpec((3,), {"eps": _a(int, float), "axis": _a(int, required=False, default=-1)}),
+    Op.RESHAPE: OpSpec((1,), {"shape": _a(tuple)}),
+    Op.TRANSPOSE: OpSpec((1,), {"perm": _a(tuple)}),
+    Op.NARROW: OpSpec((1,), {"axis": _a(int), "start": _a(int), "length": _a(int)}),
+    Op.CONCAT: OpSpec(None, {"axis": _a(int)}),
+    Op.EXPAND: OpSpec((1,), {"shape": _a(tuple)}),
+    Op.GATHER: OpSpec((2,), {"axis": _a(int, required=False, default=0)}),
+    Op.ATTENTION: OpSpec((3, 4), {
+        "num_heads": _a(int), "head_dim": _a(int),
+        "mask": _a(str, required=False, default="none", choices=MASK_KINDS),
+        "scale": _a(int, float, _NONE, required=False, default=None)}),
+    Op.ROPE: OpSpec((3,), {"head_dim": _a(int), "n_rot": _a(int)}),
+    Op.FUSED_MATMUL_BIAS_ACT: OpSpec((3,), {
+        "activation": _a(str, _NONE, required=False, default=None, choices=(None, *_ACT_NAMES))}),
+    Op.FUSED_RESIDUAL_LN: OpSpec((4, 5), {"eps": _a(int, float), "has_bias": _a(bool, required=False, default=False)}),
+    Op.FUSED_RESIDUAL_RMS_NORM: OpSpec((4, 5), {"eps": _a(int, float),
+                                                "has_bias": _a(bool, required=False, default=False)}),
+    Op.FUSED_SWIGLU: OpSpec((1,), {"gate_first": _a(bool, required=False, default=False)}),
+    Op.FUSED_ATTENTION_BLOCK: OpSpec((4, 6, 8), {
+        "num_heads": _a(int), "head_dim": _a(int),
+        "has_bias": _a(bool, required=False, default=True), "has_rope": _a(bool, required=False, default=False)}),
+    Op.FUSED_TRANSFORMER_LAYER: OpSpec((14,), {
+        "num_heads": _a(int), "head_dim": _a(int), "intermediate_size": _a(int),
+        "eps1": _a(int, float), "eps2": _a(int, float),
+        "activation": _a(str, choices=_ACT_NAMES), "has_bias": _a(bool, required=False, default=True)}),
+    Op.ELEMENTWISE_REGION: OpSpec(None, {"chain": _a(tuple)}),
+}
+
+FTL_INPUTS = ("hidden", "qkv_w", "qkv_b", "out_w", "out_b", "ln1_g", "ln1_b",
+              "fc1_w", "fc1_b", "fc2_w", "fc2_b", "ln2_g", "ln2_b", "mask")
+"""Operand roles of FusedTransformerLayer, in order (the seed's 14-input layout)."""
+
+
+def operand_roles(op: Op, attrs: dict[str, Any], n: int) -> tuple[str, ...]:
+    """Names of a node's operands by position (for labels, tooltips and error messages)."""
+    if op == Op.FUSED_TRANSFORMER_LAYER:
+        return FTL_INPUTS
+    if op == Op.FUSED_ATTENTION_BLOCK:
+        roles = ["hidden", "qkv_w", "out_w", "mask"]
+        if attrs.get("has_bias", True):
+            roles += ["qkv_b", "out_b"]
+        if attrs.get("has_rope", False):
+            roles += ["rope_cos", "rope_sin"]
+        return tuple(roles)
+    if op in (Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM):
+        return ("x", "residual", "bias", "gamma", "beta") if n == 5 else ("x", "residual", "gamma", "beta")
+    fixed = {Op.MATMUL: ("a", "b"), Op.FUSED_MATMUL_BIAS_ACT: ("x", "w", "bias"),
+             Op.LAYER_NORM: ("x", "gamma", "beta"), Op.RMS_NORM: ("x", "gamma", "beta"),
+             Op.ATTENTION: ("q", "k", "v", "mask"), Op.ROPE: ("x", "cos", "sin"),
+             Op.GATHER: ("table", "indices"), Op.WHERE: ("cond", "on_true", "on_false")}
+    if op in fixed:
+        return fixed[op][:n]
+    if op in BINARY | COMPARE:
+        return ("lhs", "rhs")
+    return tuple(f"in{i}" for i in range(n))

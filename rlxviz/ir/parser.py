@@ -1,0 +1,236 @@
+"""Read the IR text form (see `printer`) back into a `Graph`.
+
+Malformed text raises `IRSyntaxError` with the line and column and the offending line with a caret;
+a graph that parses but is invalid (cycle, shape mismatch, bad arity) raises `GraphError` from `lint`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .dtype import DType
+from .graph import Graph
+from .node import Node
+from .ops import Op
+
+_TOKEN = re.compile(r"""
+    (?P<ws>[ \t]+) | (?P<comment>(?:\#|//).*) |
+    (?P<id>%\d+) |
+    (?P<number>-?(?:inf|nan)\b|-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|-?\.\d+(?:[eE][-+]?\d+)?) |
+    (?P<string>"(?:\\.|[^"\\])*") |
+    (?P<arrow><-) |
+    (?P<ident>[A-Za-z_][A-Za-z0-9_.\-/]*) |
+    (?P<punct>[=(){}\[\],:@])
+""", re.VERBOSE)
+
+
+class IRSyntaxError(ValueError):
+    """Malformed IR text. `line` and `col` are 1-based."""
+
+    def __init__(self, message: str, line: int, col: int, text: str) -> None:
+        self.line, self.col, self.reason = line, col, message
+        super().__init__(f"line {line}, column {col}: {message}\n  {text}\n  {' ' * (col - 1)}^")
+
+
+@dataclass
+class _Tok:
+    kind: str
+    text: str
+    col: int
+
+
+class _Line:
+    def __init__(self, text: str, lineno: int) -> None:
+        self.text, self.lineno, self.toks, self.k = text, lineno, self._lex(text), 0
+
+    def _lex(self, text: str) -> list[_Tok]:
+        toks, pos = [], 0
+        while pos < len(text):
+            m = _TOKEN.match(text, pos)
+            if not m:
+                raise IRSyntaxError(f"unexpected character {text[pos]!r}", self.lineno, pos + 1, text)
+            kind = m.lastgroup or ""
+            if kind not in ("ws", "comment"):
+                toks.append(_Tok(kind, m.group(), pos + 1))
+            pos = m.end()
+        return toks
+
+    def error(self, msg: str, tok: _Tok | None = None) -> IRSyntaxError:
+        col = tok.col if tok else (self.toks[self.k].col if self.k < len(self.toks) else len(self.text) + 1)
+        return IRSyntaxError(msg, self.lineno, col, self.text)
+
+    def peek(self) -> _Tok | None:
+        return self.toks[self.k] if self.k < len(self.toks) else None
+
+    def next(self, expect: str | None = None, what: str = "") -> _Tok:
+        t = self.peek()
+        if t is None:
+            raise self.error(f"expected {what or expect!r}, found end of line")
+        if expect is not None and t.text != expect and t.kind != expect:
+            raise self.error(f"expected {what or expect!r}, found {t.text!r}", t)
+        self.k += 1
+        return t
+
+    def accept(self, text: str) -> bool:
+        t = self.peek()
+        if t is not None and t.text == text:
+            self.k += 1
+            return True
+        return False
+
+    def end(self) -> None:
+        t = self.peek()
+        if t is not None:
+            raise self.error(f"unexpected {t.text!r} at end of line", t)
+
+
+def _value(ln: _Line) -> Any:
+    t = ln.next(what="a value")
+    if t.kind == "number":
+        if t.text.lstrip("-") in ("inf", "nan") or any(c in t.text for c in ".eE"):
+            return float(t.text)
+        return int(t.text)
+    if t.kind == "string":
+        return json.loads(t.text)
+    if t.kind == "ident" and t.text in ("true", "false", "none"):
+        return {"true": True, "false": False, "none": None}[t.text]
+    if t.text == "[":
+        items: list[Any] = []
+        if not ln.accept("]"):
+            items.append(_value(ln))
+            while ln.accept(","):
+                items.append(_value(ln))
+            ln.next("]", what="',' or ']'")
+        return tuple(items)
+    raise ln.error(f"expected a value, found {t.text!r}", t)
+
+
+def _ids(ln: _Line, closer: str | None) -> list[tuple[int, _Tok]]:
+    out = []
+    while True:
+        t = ln.next("id", what="a value like %3")
+        out.append((int(t.text[1:]), t))
+        if not ln.accept(","):
+            break
+    if closer:
+        ln.next(closer, what=f"',' or {closer!r}")
+    return out
+
+
+def _node(ln: _Line, refs: list[tuple[int, _Tok, _Line]]) -> Node:
+    nid = int(ln.next("id", what="a node id like %3").text[1:])
+    ln.next("=")
+    op_tok = ln.next("ident", what="an op name")
+    try:
+        op = Op(op_tok.text)
+    except ValueError:
+        raise ln.error(f"unknown op {op_tok.text!r}", op_tok) from None
+    inputs: list[int] = []
+    if ln.accept("("):
+        for i, t in _ids(ln, ")"):
+            inputs.append(i)
+            refs.append((i, t, ln))
+    attrs: dict[str, Any] = {}
+    if ln.accept("{"):
+        while True:
+            key = ln.next("ident", what="an attribute name")
+            if key.text in attrs:
+                raise ln.error(f"duplicate attribute {key.text!r}", key)
+            ln.next("=")
+            attrs[key.text] = _value(ln)
+            if not ln.accept(","):
+                break
+        ln.next("}", what="',' or '}'")
+    ln.next(":", what="':' and a type like f32[2, 8]")
+    dt = ln.next("ident", what="a dtype")
+    try:
+        dtype = DType(dt.text)
+    except ValueError:
+        raise ln.error(f"unknown dtype {dt.text!r} (expected one of {', '.join(DType)})", dt) from None
+    ln.next("[", what="'[' and the shape")
+    shape: list[int] = []
+    if not ln.accept("]"):
+        while True:
+            d = ln.next("number", what="a dimension")
+            if not d.text.isdigit():
+                raise ln.error(f"dimension must be a non-negative integer, found {d.text!r}", d)
+            shape.append(int(d.text))
+            if not ln.accept(","):
+                break
+        ln.next("]", what="',' or ']'")
+    path = ""
+    if ln.accept("@"):
+        p = ln.next(what="a model path")
+        if p.kind not in ("ident", "string"):
+            raise ln.error("expected a model path", p)
+        path = json.loads(p.text) if p.kind == "string" else p.text
+    pass_name, absorbed = "", ()
+    if ln.accept("["):
+        pass_name = ln.next("ident", what="a pass name").text
+        if ln.accept("<-"):
+            absorbed = tuple(i for i, _ in _ids(ln, None))
+        ln.next("]")
+    ln.end()
+    return Node(nid, op, tuple(inputs), tuple(shape), dtype, attrs, path, pass_name, absorbed)
+
+
+def parse_ir(text: str, verify: bool = True) -> Graph:
+    """Parse IR text into a Graph (exact inverse of `format_graph`).
+
+    Raises:
+        IRSyntaxError: malformed text, unknown op or dtype, undefined value (line and column).
+        GraphError: when `verify`, a structurally invalid graph (from `lint`).
+    """
+    lines = [_Line(t, k + 1) for k, t in enumerate(text.splitlines())]
+    lines = [ln for ln in lines if ln.toks]
+    if not lines:
+        raise IRSyntaxError("empty IR text: expected 'graph NAME {'", 1, 1, "")
+    head = lines[0]
+    head.next("graph", what="'graph NAME {'")
+    name_tok = head.next(what="a graph name")
+    name = json.loads(name_tok.text) if name_tok.kind == "string" else name_tok.text
+    next_id = None
+    if head.peek() is not None and head.peek().text == "next_id":  # type: ignore[union-attr]
+        head.next()
+        head.next("=")
+        next_id = int(head.next("number").text)
+    head.next("{")
+    head.end()
+    nodes: dict[int, Node] = {}
+    refs: list[tuple[int, _Tok, _Line]] = []
+    outputs: list[int] = []
+    closed = False
+    for ln in lines[1:]:
+        if closed:
+            raise ln.error("text after the closing '}'")
+        first = ln.peek()
+        assert first is not None
+        if first.text == "}":
+            ln.next()
+            ln.end()
+            closed = True
+        elif first.text == "return":
+            ln.next()
+            for i, t in _ids(ln, None):
+                outputs.append(i)
+                refs.append((i, t, ln))
+            ln.end()
+        else:
+            n = _node(ln, refs)
+            if n.id in nodes:
+                raise ln.error(f"%{n.id} is defined twice", ln.toks[0])
+            nodes[n.id] = n
+    if not closed:
+        last = lines[-1]
+        raise IRSyntaxError("missing closing '}'", last.lineno, len(last.text) + 1, last.text)
+    for i, t, ln in refs:
+        if i not in nodes:
+            raise ln.error(f"undefined value %{i}", t)
+    g = Graph(nodes.values(), outputs, name, next_id)
+    if verify:
+        from .lint import lint
+        lint(g)
+    return g

@@ -1,0 +1,93 @@
+"""The IR text form: one line per node, readable and diffable; `parser.parse_ir` reads it back exactly.
+
+    graph tiny {
+      %0 = input {name="x"} : f32[2, 8, 16]
+      %1 = param {name="fc.weight"} : f32[16, 32]
+      %2 = matmul(%0, %1) : f32[2, 8, 32] @fc
+      %5 = FusedMatMulBiasAct(%0, %1, %3) {activation="gelu"} : f32[2, 8, 32] @fc [fuse_matmul_bias_act <- %2, %4]
+      return %5
+    }
+
+Ids are the graph's stable node ids (RLX prints `%N` too, rlx-notes §1.7); floats print with
+Python's shortest round-trip repr (`1e-12`, not RLX's `0.000000000001`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from .graph import Graph
+from .node import Node
+
+_BARE_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")
+
+
+def format_value(v: Any) -> str:
+    """An attribute value in IR syntax: `1`, `0.125`, `1e-12`, `"gelu"`, `true`, `none`, `[0, 2, 1, 3]`."""
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        r = repr(v)
+        return r if any(c in r for c in ".en") else r + ".0"
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, tuple | list):
+        return "[" + ", ".join(format_value(x) for x in v) + "]"
+    raise TypeError(f"[format_value] unsupported attribute value {v!r}")
+
+
+def format_type(node: Node) -> str:
+    return f"{node.dtype}[{', '.join(map(str, node.shape))}]"
+
+
+def format_node(node: Node) -> str:
+    """One node as an IR line (without indentation)."""
+    s = f"%{node.id} = {node.op.value}"
+    if node.inputs:
+        s += "(" + ", ".join(f"%{i}" for i in node.inputs) + ")"
+    if node.attrs:
+        s += " {" + ", ".join(f"{k}={format_value(v)}" for k, v in node.attrs.items()) + "}"
+    s += " : " + format_type(node)
+    if node.path:
+        s += " @" + (node.path if _BARE_PATH.match(node.path) else json.dumps(node.path))
+    if node.pass_name:
+        s += f" [{node.pass_name}"
+        if node.absorbed:
+            s += " <- " + ", ".join(f"%{i}" for i in node.absorbed)
+        s += "]"
+    return s
+
+
+def format_graph(graph: Graph) -> str:
+    """The whole graph as IR text (ends with a newline)."""
+    name = graph.name if re.match(r"^[A-Za-z_][A-Za-z0-9_.\-]*$", graph.name) else json.dumps(graph.name)
+    header = f"graph {name}"
+    if graph.next_id != max((n.id for n in graph), default=-1) + 1:
+        header += f" next_id={graph.next_id}"
+    lines = [header + " {"]
+    lines += ["  " + format_node(n) for n in graph]
+    if graph.outputs:
+        lines.append("  return " + ", ".join(f"%{o}" for o in graph.outputs))
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def window(graph: Graph, node_id: int, radius: int = 3) -> str:
+    """IR lines around `node_id`, the node itself marked with `>>`, for error messages."""
+    nodes = graph.nodes
+    idx = next((k for k, n in enumerate(nodes) if n.id == node_id), None)
+    if idx is None:
+        return ""
+    lo, hi = max(0, idx - radius), min(len(nodes), idx + radius + 1)
+    return "\n".join(("  >> " if k == idx else "     ") + format_node(nodes[k]) for k in range(lo, hi))

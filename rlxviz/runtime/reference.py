@@ -1,0 +1,222 @@
+"""The NumPy reference interpreter: the oracle every pass and every MLX lowering is checked against.
+
+Every primitive has one NumPy rule (float32 in, float32 out); every fused op is computed through
+its decomposition in `rlxviz.ir.fused`, the same code the `unfuse` pass emits. Values are freed
+after their last use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from scipy import special
+
+from ..ir import DType, Emitter, Graph, Node, Op
+from ..ir.emitter import normalize_attrs
+from ..ir.fused import DECOMPOSITIONS, expand
+
+Impl = Callable[..., np.ndarray]
+IMPLS: dict[Op, Impl] = {}
+_NEG = float(np.finfo(np.float32).min)
+
+
+def impl(*ops: Op) -> Callable[[Impl], Impl]:
+    """Register the NumPy rule `fn(attrs, *arrays) -> array` for `ops`."""
+
+    def register(fn: Impl) -> Impl:
+        for op in ops:
+            IMPLS[op] = fn
+        return fn
+
+    return register
+
+
+def _f(fn: Callable[..., np.ndarray]) -> Impl:
+    return lambda attrs, *xs: fn(*xs)
+
+
+for _op, _fn in {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide,
+                 Op.POW: np.power, Op.MAX: np.maximum, Op.MIN: np.minimum, Op.EQ: np.equal,
+                 Op.NE: np.not_equal, Op.LT: np.less, Op.LE: np.less_equal, Op.GT: np.greater,
+                 Op.GE: np.greater_equal, Op.TANH: np.tanh, Op.EXP: np.exp, Op.LOG: np.log,
+                 Op.SQRT: np.sqrt, Op.NEG: np.negative, Op.ERF: special.erf, Op.MATMUL: np.matmul,
+                 Op.WHERE: np.where}.items():
+    IMPLS[_op] = _f(_fn)
+
+
+@impl(Op.GELU)
+def _gelu(a: dict, x: np.ndarray) -> np.ndarray:
+    return (0.5 * x * (1.0 + special.erf(x / np.sqrt(2.0)))).astype(x.dtype)
+
+
+@impl(Op.GELU_TANH)
+def _gelu_tanh(a: dict, x: np.ndarray) -> np.ndarray:
+    return (0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))).astype(x.dtype)
+
+
+@impl(Op.SIGMOID)
+def _sigmoid(a: dict, x: np.ndarray) -> np.ndarray:
+    return special.expit(x).astype(x.dtype)
+
+
+@impl(Op.SILU)
+def _silu(a: dict, x: np.ndarray) -> np.ndarray:
+    return (x * special.expit(x)).astype(x.dtype)
+
+
+@impl(Op.RELU)
+def _relu(a: dict, x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0).astype(x.dtype)
+
+
+@impl(Op.RSQRT)
+def _rsqrt(a: dict, x: np.ndarray) -> np.ndarray:
+    return (1.0 / np.sqrt(x)).astype(x.dtype)
+
+
+@impl(Op.CAST)
+def _cast(a: dict, x: np.ndarray) -> np.ndarray:
+    return x.astype(DType(a["dtype"]).numpy)
+
+
+IMPLS[Op.REDUCE_SUM] = lambda a, x: np.sum(x, axis=tuple(a["axes"]), keepdims=a["keepdims"]).astype(x.dtype)
+IMPLS[Op.REDUCE_MEAN] = lambda a, x: np.mean(x, axis=tuple(a["axes"]), keepdims=a["keepdims"]).astype(x.dtype)
+IMPLS[Op.REDUCE_MAX] = lambda a, x: np.max(x, axis=tuple(a["axes"]), keepdims=a["keepdims"])
+
+
+@impl(Op.SOFTMAX)
+def _softmax(a: dict, x: np.ndarray) -> np.ndarray:
+    return special.softmax(x, axis=a["axis"]).astype(x.dtype)
+
+
+@impl(Op.LAYER_NORM)
+def _layer_norm(a: dict, x: np.ndarray, g: np.ndarray, b: np.ndarray) -> np.ndarray:
+    mu = x.mean(-1, keepdims=True)
+    var = np.square(x - mu).mean(-1, keepdims=True)
+    return ((x - mu) / np.sqrt(var + a["eps"]) * g + b).astype(x.dtype)
+
+
+@impl(Op.RMS_NORM)
+def _rms_norm(a: dict, x: np.ndarray, g: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (x / np.sqrt(np.square(x).mean(-1, keepdims=True) + a["eps"]) * g + b).astype(x.dtype)
+
+
+IMPLS[Op.RESHAPE] = lambda a, x: x.reshape(a["shape"])
+IMPLS[Op.TRANSPOSE] = lambda a, x: np.transpose(x, a["perm"])
+IMPLS[Op.EXPAND] = lambda a, x: np.broadcast_to(x, a["shape"])
+IMPLS[Op.CONCAT] = lambda a, *xs: np.concatenate(xs, axis=a["axis"])
+IMPLS[Op.GATHER] = lambda a, table, idx: np.take(table, idx, axis=0)
+
+
+@impl(Op.NARROW)
+def _narrow(a: dict, x: np.ndarray) -> np.ndarray:
+    sl = [slice(None)] * x.ndim
+    sl[a["axis"]] = slice(a["start"], a["start"] + a["length"])
+    return x[tuple(sl)]
+
+
+def _heads(x: np.ndarray, h: int) -> np.ndarray:
+    b, s, _ = x.shape
+    return x.reshape(b, s, h, -1).transpose(0, 2, 1, 3)
+
+
+@impl(Op.ATTENTION)
+def _attention(a: dict, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    h, d = a["num_heads"], a["head_dim"]
+    scale = a["scale"] if a["scale"] is not None else 1.0 / np.sqrt(d)
+    qh, kh, vh = _heads(q, h), _heads(k, h), _heads(v, h)
+    s = (qh @ kh.transpose(0, 1, 3, 2)) * np.float32(scale)
+    sq, sk = s.shape[-2:]
+    kind = a["mask"]
+    if kind == "keep":
+        s = np.where(mask[:, None, None, :] > 0.5, s, _NEG)
+    elif kind == "causal":
+        visible = np.arange(sk)[None, :] <= np.arange(sq)[:, None] + (sk - sq)
+        s = np.where(visible, s, _NEG)
+    elif kind == "additive":
+        s = s + mask
+    p = special.softmax(s.astype(np.float32), axis=-1).astype(q.dtype)
+    o = p @ vh
+    b = o.shape[0]
+    return o.transpose(0, 2, 1, 3).reshape(b, sq, h * d)
+
+
+@impl(Op.ROPE)
+def _rope(a: dict, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    d, n_rot = a["head_dim"], a["n_rot"]
+    b, s, hd = x.shape
+    xh = x.reshape(b, s, hd // d, d)
+    half = n_rot // 2
+    c, sn = cos[:s, :half][None, :, None, :], sin[:s, :half][None, :, None, :]
+    x1, x2 = xh[..., :half], xh[..., half:n_rot]
+    rot = np.concatenate([x1 * c - x2 * sn, x2 * c + x1 * sn, xh[..., n_rot:]], axis=-1)
+    return rot.reshape(b, s, hd).astype(x.dtype)
+
+
+class NumpyEmitter(Emitter[np.ndarray]):
+    """Evaluates op methods eagerly on NumPy arrays (float32)."""
+
+    def emit(self, op: Op, inputs: Sequence[np.ndarray], **attrs: Any) -> np.ndarray:
+        attrs = normalize_attrs(op, attrs)
+        if op in DECOMPOSITIONS:
+            return expand(self, op, attrs, inputs)
+        return np.asarray(IMPLS[op](attrs, *inputs))
+
+    def const(self, value: Any, dtype: DType = DType.f32) -> np.ndarray:
+        return np.asarray(value, dtype=DType(dtype).numpy)
+
+    def shape_of(self, v: np.ndarray) -> tuple[int, ...]:
+        return tuple(v.shape)
+
+    def dtype_of(self, v: np.ndarray) -> DType:
+        return DType.from_numpy(v.dtype)
+
+
+def bind_leaf(node: Node, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The array for an input, param or const node, checked against the node's shape.
+
+    Raises:
+        KeyError: an input or param has no value (names it).
+        ValueError: a value's shape differs from the node's (names both shapes).
+    """
+    if node.op == Op.CONST:
+        return np.asarray(node.attrs["value"], dtype=node.dtype.numpy)
+    source, kind = (feeds, "input") if node.op == Op.INPUT else (weights, "param")
+    name = node.attrs["name"]
+    if name not in source:
+        raise KeyError(f"no value for {kind} {name!r} (%{node.id}, expected {node.type})")
+    arr = np.asarray(source[name])
+    if tuple(arr.shape) != node.shape:
+        raise ValueError(f"{kind} {name!r}: expected shape {list(node.shape)}, got {list(arr.shape)}")
+    return arr.astype(node.dtype.numpy, copy=False)
+
+
+def run_reference(graph: Graph, feeds: Mapping[str, np.ndarray],
+                  weights: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
+    """Execute `graph` in NumPy; returns the graph outputs in order.
+
+    Args:
+        graph: a verified graph.
+        feeds: input name -> array, e.g. `input_ids` int64 `[batch, seq]`.
+        weights: param name -> float32 array.
+
+    Raises:
+        KeyError / ValueError: a missing or mis-shaped input or weight (see `bind_leaf`).
+    """
+    weights = weights or {}
+    e = NumpyEmitter()
+    remaining = {n.id: graph.use_count(n) for n in graph}
+    env: dict[int, np.ndarray] = {}
+    for n in graph:
+        if n.op in (Op.INPUT, Op.PARAM, Op.CONST):
+            env[n.id] = bind_leaf(n, feeds, weights)
+        else:
+            args = [env[i] for i in n.inputs]
+            env[n.id] = e.emit(n.op, args, **n.attrs)
+            for i in set(n.inputs):
+                remaining[i] -= 1
+                if remaining[i] == 0:
+                    del env[i]
+    return [env[o] for o in graph.outputs]
