@@ -1,0 +1,148 @@
+"""Pick the CBLAS that MLX's CPU backend calls for float32 GEMM, before `mlx.core` is imported.
+
+The Linux `mlx[cpu]` wheel resolves `cblas_sgemm` & co. dynamically and ships only a slow
+reference BLAS (measured here: ~6 GFLOP/s for `[1024,384] x [384,1152]` on 2 EPYC cores). A
+library exporting the plain `cblas_*` symbols loaded with `RTLD_GLOBAL` *before* `import mlx.core`
+takes precedence in symbol resolution, and MLX's matmul then runs at that library's speed
+(measured: ~200 GFLOP/s with OpenBLAS 0.3.31 on the same 2 cores, on par with NumPy).
+
+Candidates, tried in this order (the first that loads wins):
+
+1. `$RLXVIZ_BLAS`: an explicit path to a shared library, or `none` to keep MLX's bundled BLAS.
+2. `cmeel-openblas` (PyPI, a project dependency on Linux): OpenBLAS 0.3.31 exporting plain
+   `cblas_*`; needs `libgfortran.so.5` (Debian `libgfortran5`). Chosen first because `pip` installs
+   it with the project, so `make app` needs no system package beyond libgfortran.
+3. Debian `libopenblas0-pthread` (`/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0`
+   or the `libopenblas.so.0` alternative).
+4. Intel MKL's single dynamic library `libmkl_rt.so.2` (PyPI `mkl`, 220 MB; not a dependency).
+5. Fallback: MLX's bundled BLAS, announced with `warnings.warn` (never silent).
+
+`scipy-openblas32` is not a candidate: its symbols are prefixed (`scipy_cblas_sgemm`), so it
+cannot stand in for `cblas_sgemm`. On macOS MLX uses Apple Accelerate and nothing is loaded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+from importlib import metadata
+
+ENV_VAR = "RLXVIZ_BLAS"
+
+_DEBIAN_PATHS = (
+    "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",
+    "/usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0",
+    "/usr/lib/x86_64-linux-gnu/libopenblas.so.0",
+    "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
+)
+
+
+@dataclass(frozen=True)
+class BlasRecord:
+    """Which BLAS MLX's CPU matmul uses in this process.
+
+    Attributes:
+        name: short label, e.g. `cmeel-openblas`, `debian-openblas`, `mkl`, `env`, `accelerate`,
+            `mlx-bundled` (the slow fallback).
+        path: the loaded shared library, or `None` when nothing was loaded.
+        optimized: False only for the fallback (MLX's reference BLAS).
+        note: why this choice was made (e.g. which candidates failed).
+    """
+
+    name: str
+    path: str | None
+    optimized: bool
+    note: str = ""
+
+    def __str__(self) -> str:
+        where = f" ({self.path})" if self.path else ""
+        return f"{self.name}{where}" + ("" if self.optimized else " [SLOW reference BLAS]")
+
+
+_ACTIVE: BlasRecord | None = None
+_HANDLE: ctypes.CDLL | None = None
+
+
+def _cmeel_openblas() -> list[str]:
+    try:
+        files = metadata.files("cmeel-openblas") or []
+    except metadata.PackageNotFoundError:
+        return []
+    found = [str(f.locate()) for f in files if f.name == "libopenblas.so.0"]
+    return [p for p in found if os.path.exists(p)]
+
+
+def _mkl() -> list[str]:
+    out: list[str] = []
+    for entry in sys.path:
+        out += glob.glob(os.path.join(entry, "..", "..", "..", "lib", "libmkl_rt.so*"))
+    out += glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*"))
+    return sorted({os.path.realpath(p) for p in out})
+
+
+def candidates() -> list[tuple[str, str]]:
+    """`(name, path)` pairs in the order `load_blas` tries them (existing files only, plus `$RLXVIZ_BLAS`)."""
+    out: list[tuple[str, str]] = []
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env and env.lower() != "none":
+        out.append(("env", env))
+    out += [("cmeel-openblas", p) for p in _cmeel_openblas()]
+    out += [("debian-openblas", p) for p in _DEBIAN_PATHS if os.path.exists(p)]
+    out += [("mkl", p) for p in _mkl()]
+    return out
+
+
+def load_blas() -> BlasRecord:
+    """Load the first working CBLAS into the global symbol scope; idempotent.
+
+    Must run before `import mlx.core` (`rlxviz.runtime.mlx_backend` does this). If `mlx.core` is
+    already imported, nothing is loaded and the record says so, with a warning.
+
+    Returns:
+        The `BlasRecord` of the active library.
+
+    Warns:
+        UserWarning: when falling back to MLX's bundled (slow) BLAS, naming what was tried.
+    """
+    global _ACTIVE, _HANDLE
+    if _ACTIVE is not None:
+        return _ACTIVE
+    if sys.platform == "darwin":
+        _ACTIVE = BlasRecord("accelerate", None, True, "macOS: MLX uses Apple Accelerate")
+        return _ACTIVE
+    if "mlx.core" in sys.modules:
+        _ACTIVE = BlasRecord("mlx-bundled", None, False, "mlx.core was imported before load_blas()")
+        warnings.warn("rlxviz: mlx.core was imported before rlxviz.runtime.blas.load_blas(); MLX keeps its "
+                      "bundled reference BLAS (float32 GEMM ~30x slower). Import rlxviz.runtime.mlx_backend "
+                      "first.", stacklevel=2)
+        return _ACTIVE
+    if os.environ.get(ENV_VAR, "").strip().lower() == "none":
+        _ACTIVE = BlasRecord("mlx-bundled", None, False, f"{ENV_VAR}=none")
+        warnings.warn(f"rlxviz: {ENV_VAR}=none: MLX uses its bundled reference BLAS (slow).", stacklevel=2)
+        return _ACTIVE
+    failures: list[str] = []
+    for name, path in candidates():
+        try:
+            lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            lib.cblas_sgemm  # noqa: B018 - must export the plain CBLAS symbol
+        except (OSError, AttributeError) as e:
+            failures.append(f"{name}: {path}: {e}")
+            continue
+        _HANDLE = lib
+        _ACTIVE = BlasRecord(name, os.path.realpath(path), True, "; ".join(failures))
+        return _ACTIVE
+    tried = "; ".join(failures) or "no candidate found"
+    _ACTIVE = BlasRecord("mlx-bundled", None, False, tried)
+    warnings.warn("rlxviz: no optimized CBLAS found, MLX float32 GEMM will use its bundled reference BLAS "
+                  f"(~30x slower). Tried: {tried}. Install the project (cmeel-openblas + Debian libgfortran5) "
+                  f"or Debian libopenblas0-pthread, or set {ENV_VAR}=/path/to/libcblas.so.", stacklevel=2)
+    return _ACTIVE
+
+
+def active_blas() -> BlasRecord | None:
+    """The record of the BLAS chosen by `load_blas`, or None if it has not run yet."""
+    return _ACTIVE
