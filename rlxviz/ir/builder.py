@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .dtype import DType
-from .emitter import Emitter, Ref, Scalar, normalize_attrs
+from .emitter import Emitter, Ref, Scalar, _freeze, normalize_attrs
 from .graph import Graph
 from .infer import ShapeError, TensorType, infer
 from .node import Node
@@ -53,7 +53,7 @@ class NodeEmitter(Emitter[int]):
         return self._add(op, inputs, t, attrs)
 
     def const(self, value: Scalar | Sequence[Scalar], dtype: DType = DType.f32) -> int:
-        v: Any = tuple(value) if isinstance(value, Sequence) else value
+        v: Any = _freeze(tuple(value) if isinstance(value, Sequence) else value)
         shape = (len(v),) if isinstance(v, tuple) else ()
         return self._add(Op.CONST, (), TensorType(shape, DType(dtype)), {"value": v})
 
@@ -95,11 +95,11 @@ class Builder(NodeEmitter):
 
     def input(self, name: str, shape: Sequence[int], dtype: DType | str = DType.f32) -> int:
         """A runtime-fed tensor, bound by `name` at execution."""
-        return self._add(Op.INPUT, (), TensorType(tuple(shape), DType(dtype)), {"name": name})
+        return self._add(Op.INPUT, (), TensorType(tuple(int(d) for d in shape), DType(dtype)), {"name": name})
 
     def param(self, name: str, shape: Sequence[int], dtype: DType | str = DType.f32) -> int:
         """A weight, bound by `name` from the model's weight dict at execution."""
-        return self._add(Op.PARAM, (), TensorType(tuple(shape), DType(dtype)), {"name": name})
+        return self._add(Op.PARAM, (), TensorType(tuple(int(d) for d in shape), DType(dtype)), {"name": name})
 
     def output(self, *ids: int) -> None:
         """Mark `ids` as graph outputs (in order)."""

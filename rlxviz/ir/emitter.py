@@ -12,6 +12,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, Generic, TypeVar
 
+import numpy as np
+
 from .dtype import DType
 from .ops import SPECS, Op
 
@@ -52,6 +54,10 @@ def _freeze(v: Any) -> Any:
         return tuple(_freeze(x) for x in v)
     if isinstance(v, DType):
         return v.value
+    if isinstance(v, np.generic):  # np.int64(3) -> 3, np.float32(0.5) -> 0.5, np.bool_ -> bool
+        return v.item()
+    if isinstance(v, int) and not isinstance(v, bool) and type(v) is not int:  # Ref, IntEnum -> int
+        return int(v)
     return v
 
 
@@ -84,7 +90,7 @@ class Emitter(ABC, Generic[V]):
         return x  # type: ignore[return-value]
 
     def _bin(self, op: Op, a: V | Scalar, b: V | Scalar) -> V:
-        like = b if self.is_scalar(a) else a
+        like = None if self.is_scalar(a) and self.is_scalar(b) else b if self.is_scalar(a) else a
         return self.emit(op, (self._v(a, like), self._v(b, like)))
 
     # linear algebra
@@ -115,7 +121,8 @@ class Emitter(ABC, Generic[V]):
     def ge(self, a: V | Scalar, b: V | Scalar) -> V: return self._bin(Op.GE, a, b)
 
     def where(self, cond: V, on_true: V | Scalar, on_false: V | Scalar) -> V:
-        like = on_false if self.is_scalar(on_true) else on_true
+        like = None if self.is_scalar(on_true) and self.is_scalar(on_false) else (
+            on_false if self.is_scalar(on_true) else on_true)
         return self.emit(Op.WHERE, (cond, self._v(on_true, like), self._v(on_false, like)))
 
     def cast(self, x: V, dtype: DType | str) -> V:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from .dtype import DType, promote
-from .ops import BINARY, COMPARE, FUSED_REGION_OPS, REDUCE, UNARY, Op
+from .ops import ACTIVATIONS, BINARY, COMPARE, FUSED_REGION_OPS, REDUCE, SPECS, UNARY, Op
 
 Shape = tuple[int, ...]
 
@@ -52,12 +52,17 @@ def infer(op: Op, attrs: dict[str, Any], operands: Sequence[TensorType]) -> Tens
     Raises:
         ShapeError: operand shapes/dtypes or attributes do not fit the op; the message names the op.
     """
+    if op not in RULES:
+        raise ShapeError(f"[{op.value}] has no inference rule (leaves carry their own type)")
     try:
         return RULES[op](attrs, operands)
     except ShapeError as e:
         raise ShapeError(f"[{op.value}] {e}") from None
     except KeyError as e:
-        raise ShapeError(f"[{op.value}] missing attribute or rule: {e}") from None
+        raise ShapeError(f"[{op.value}] missing attribute {e}") from None
+    except (TypeError, ValueError, IndexError, ZeroDivisionError) as e:
+        # malformed attributes (e.g. a string inside `shape`) or a wrong operand count
+        raise ShapeError(f"[{op.value}] bad operands or attributes ({type(e).__name__}: {e})") from None
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -131,6 +136,7 @@ def _matmul(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
 def _reduce(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     rank = len(x[0].shape)
     axes = {norm_axis(a, rank) for a in attrs["axes"]}
+    _check(len(axes) == len(attrs["axes"]), f"repeated axis in {list(attrs['axes'])}")
     keep = attrs.get("keepdims", False)
     shape = tuple(1 if i in axes else d for i, d in enumerate(x[0].shape) if keep or i not in axes)
     return TensorType(shape, x[0].dtype)
@@ -152,6 +158,7 @@ def _norm_params(x: TensorType, params: Sequence[TensorType], what: str) -> None
 
 @rule(Op.LAYER_NORM, Op.RMS_NORM)
 def _norm(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    _check(x[0].dtype.is_float, f"needs a float operand, got {_fmt(x[0])}")
     _check(norm_axis(attrs.get("axis", -1), len(x[0].shape)) == len(x[0].shape) - 1,
            "only the last axis can be normalised")
     _norm_params(x[0], x[1:], "norm")
@@ -217,8 +224,13 @@ def _expand(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
 def _gather(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     table, idx = x
     _check(attrs.get("axis", 0) == 0, "only axis 0 is supported")
+    _check(len(table.shape) >= 1, f"table must have rank >= 1, got {_fmt(table)}")
     _check(idx.dtype.is_int, f"indices must be integers, got {_fmt(idx)}")
     return TensorType((*idx.shape, *table.shape[1:]), table.dtype)
+
+
+def _heads_ok(heads: int, head_dim: int) -> None:
+    _check(heads > 0 and head_dim > 0, f"num_heads {heads} and head_dim {head_dim} must be positive")
 
 
 def _packed(q: TensorType, heads: int, head_dim: int, what: str) -> None:
@@ -230,6 +242,8 @@ def _packed(q: TensorType, heads: int, head_dim: int, what: str) -> None:
 @rule(Op.ATTENTION)
 def _attention(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     h, d, mask = attrs["num_heads"], attrs["head_dim"], attrs.get("mask", "none")
+    _heads_ok(h, d)
+    _check(mask in ("none", "causal", "keep", "additive"), f"unknown mask kind {mask!r}")
     for name, t in zip("qkv", x[:3], strict=False):
         _packed(t, h, d, name)
     q, k, v = x[:3]
@@ -242,9 +256,12 @@ def _attention(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     if mask == "keep":
         _check(x[3].shape == (b, sk), f"keep mask must be [batch, kv_len] = [{b}, {sk}], got {_fmt(x[3])}")
     if mask == "additive":
-        broadcast(x[3].shape, (b, h, sq, sk))
-        _check(len(x[3].shape) <= 4 and broadcast(x[3].shape, (b, h, sq, sk)) == (b, h, sq, sk),
-               f"additive mask {_fmt(x[3])} does not broadcast to [{b}, {h}, {sq}, {sk}]")
+        ok = len(x[3].shape) <= 4
+        try:
+            ok = ok and broadcast(x[3].shape, (b, h, sq, sk)) == (b, h, sq, sk)
+        except ShapeError:
+            ok = False
+        _check(ok, f"additive mask {_fmt(x[3])} does not broadcast to [{b}, {h}, {sq}, {sk}]")
     return q
 
 
@@ -252,6 +269,7 @@ def _attention(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
 def _rope(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     d, n_rot = attrs["head_dim"], attrs["n_rot"]
     t, cos, sin = x
+    _check(d > 0, f"head_dim {d} must be positive")
     _check(len(t.shape) == 3 and t.shape[-1] % d == 0, f"x must be packed [batch, seq, heads*{d}], got {_fmt(t)}")
     _check(n_rot % 2 == 0 and 0 < n_rot <= d, f"n_rot {n_rot} must be even and <= head_dim {d}")
     for name, c in (("cos", cos), ("sin", sin)):
@@ -260,8 +278,12 @@ def _rope(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     return t
 
 
-def _act_ok(name: str | None) -> None:
-    _check(name is None or Op(name) in UNARY, f"unknown activation {name!r}")
+_ACT_NAMES = frozenset(a.value for a in ACTIVATIONS)
+
+
+def _act_ok(name: str | None, optional: bool = True) -> None:
+    _check((optional and name is None) or name in _ACT_NAMES,
+           f"unknown activation {name!r} (expected one of {sorted(_ACT_NAMES)})")
 
 
 @rule(Op.FUSED_MATMUL_BIAS_ACT)
@@ -304,12 +326,16 @@ def _fab(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     _check(len(x) == 4 + 2 * has_bias + 2 * has_rope,
            f"has_bias={has_bias}, has_rope={has_rope} takes {4 + 2 * has_bias + 2 * has_rope} operands")
     hidden, qkv_w, out_w, mask = x[:4]
-    _packed(hidden, 1, hidden.shape[-1] if hidden.shape else 0, "hidden")
+    _heads_ok(h, d)
+    _check(len(hidden.shape) == 3, f"hidden must be [batch, seq, hidden], got {_fmt(hidden)}")
     qkv_b, out_b = (x[4], x[5]) if has_bias else (None, None)
     qkv = _linear(hidden, qkv_w, qkv_b, "qkv")
     _check(qkv.shape[-1] == 3 * h * d, f"qkv width {qkv.shape[-1]} != 3*num_heads*head_dim = {3 * h * d}")
     _check(mask.shape == hidden.shape[:2], f"mask must be [batch, seq] = {list(hidden.shape[:2])}, got {_fmt(mask)}")
-    attn = TensorType((*hidden.shape[:2], h * d), hidden.dtype)
+    attn = TensorType((*hidden.shape[:2], h * d), qkv.dtype)
+    if has_rope:
+        k = 4 + 2 * has_bias
+        _rope({"head_dim": d, "n_rot": d}, (attn, x[k], x[k + 1]))
     return _linear(attn, out_w, out_b, "out")
 
 
@@ -326,13 +352,15 @@ def _ftl(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     out = _linear(mid, fc2_w, fc2_b, "fc2")
     _check(out.shape == hidden.shape, f"ffn output {_fmt(out)} != hidden {_fmt(hidden)}")
     _norm_params(hidden, (ln2_g, ln2_b), "ln2")
-    _act_ok(attrs["activation"])
+    _act_ok(attrs["activation"], optional=False)
     return hidden
 
 
 def parse_step(step: Sequence[Any]) -> tuple[Op, dict[str, Any], tuple[str, ...]]:
     """Decode an ElementwiseRegion chain step `(op, *operands)`, where op may be `cast:f16`
     and each operand is `iK` (external input K) or `sK` (earlier step K)."""
+    _check(isinstance(step, tuple | list) and len(step) >= 1 and all(isinstance(s, str) for s in step),
+           f"chain step must be a tuple of strings (op, *operands), got {step!r}")
     name, *refs = step
     attrs: dict[str, Any] = {}
     if name.startswith("cast:"):
@@ -342,6 +370,8 @@ def parse_step(step: Sequence[Any]) -> tuple[Op, dict[str, Any], tuple[str, ...]
     except ValueError:
         raise ShapeError(f"unknown chain op {name!r}") from None
     _check(op in FUSED_REGION_OPS, f"{op.value} is not elementwise")
+    arity = SPECS[op].arity
+    _check(arity is None or len(refs) in arity, f"chain op {op.value} takes {arity} operand(s), got {len(refs)}")
     return op, attrs, tuple(refs)
 
 

@@ -7,6 +7,7 @@ input/param names, const payloads, and the shape and dtype of every node, fused 
 
 from __future__ import annotations
 
+from .dtype import DType
 from .graph import Graph, GraphError, toposort
 from .infer import ShapeError, TensorType, infer
 from .node import Node
@@ -30,6 +31,9 @@ def problems(graph: Graph) -> list[tuple[int | None, str]]:
             out.append((None, f"output %{o} does not exist"))
     names: dict[tuple[Op, str], int] = {}
     for n in graph:
+        if not isinstance(n.dtype, DType) or not all(type(d) is int and d >= 0 for d in n.shape):
+            out.append((n.id, f"declared type needs a DType and non-negative int dims, got {n.dtype!r} {n.shape!r}"))
+            continue
         late = [i for i in n.inputs if pos[i] > pos[n.id]]
         if late:
             out.append((n.id, f"uses %{late[0]}, which is defined after it (not in topological order)"))
@@ -81,6 +85,11 @@ def _check_signature(n: Node) -> str | None:
             return f"attribute {key}={v!r} must be {names}"
         if a.choices is not None and v not in a.choices:
             return f"attribute {key}={v!r} must be one of {list(a.choices)}"
+        if a.items is not None and isinstance(v, tuple):
+            bad = [x for x in v if not isinstance(x, a.items) or (isinstance(x, bool) and bool not in a.items)]
+            if bad:
+                names = "/".join(t.__name__ for t in a.items)
+                return f"attribute {key}={v!r} must hold {names} values, got {bad[0]!r}"
     return None
 
 

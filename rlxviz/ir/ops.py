@@ -116,12 +116,14 @@ _FAMILIES = (("leaf", LEAF), ("blas", BLAS - FUSED), ("binary", BINARY), ("unary
 
 @dataclass(frozen=True)
 class AttrSpec:
-    """One attribute of an op: its Python type(s), whether it may be omitted, and a default."""
+    """One attribute of an op: its Python type(s), whether it may be omitted, a default, the allowed
+    values (`choices`) and, for tuple values, the allowed element types (`items`)."""
 
     types: tuple[type, ...]
     required: bool = True
     default: Any = None
     choices: tuple[Any, ...] | None = None
+    items: tuple[type, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -132,8 +134,9 @@ class OpSpec:
     attrs: dict[str, AttrSpec] = field(default_factory=dict)
 
 
-def _a(*types: type, required: bool = True, default: Any = None, choices: tuple[Any, ...] | None = None) -> AttrSpec:
-    return AttrSpec(types, required, default, choices)
+def _a(*types: type, required: bool = True, default: Any = None, choices: tuple[Any, ...] | None = None,
+       items: tuple[type, ...] | None = None) -> AttrSpec:
+    return AttrSpec(types, required, default, choices, items)
 
 
 _INT, _FLOAT, _STR, _BOOL, _TUP = (int,), (int, float), (str,), (bool,), (tuple,)
@@ -143,22 +146,22 @@ _ACT_NAMES = tuple(sorted(a.value for a in ACTIVATIONS))
 SPECS: dict[Op, OpSpec] = {
     Op.INPUT: OpSpec((0,), {"name": _a(str)}),
     Op.PARAM: OpSpec((0,), {"name": _a(str)}),
-    Op.CONST: OpSpec((0,), {"value": _a(int, float, bool, tuple)}),
+    Op.CONST: OpSpec((0,), {"value": _a(int, float, bool, tuple, items=(int, float, bool))}),
     Op.MATMUL: OpSpec((2,)),
     **{op: OpSpec((2,)) for op in BINARY | COMPARE},
     **{op: OpSpec((1,)) for op in UNARY},
     Op.WHERE: OpSpec((3,)),
     Op.CAST: OpSpec((1,), {"dtype": _a(str)}),
-    **{op: OpSpec((1,), {"axes": _a(tuple), "keepdims": _a(bool, required=False, default=False)})
+    **{op: OpSpec((1,), {"axes": _a(tuple, items=_INT), "keepdims": _a(bool, required=False, default=False)})
        for op in REDUCE},
     Op.SOFTMAX: OpSpec((1,), {"axis": _a(int, required=False, default=-1)}),
     Op.LAYER_NORM: OpSpec((3,), {"eps": _a(int, float), "axis": _a(int, required=False, default=-1)}),
     Op.RMS_NORM: OpSpec((3,), {"eps": _a(int, float), "axis": _a(int, required=False, default=-1)}),
-    Op.RESHAPE: OpSpec((1,), {"shape": _a(tuple)}),
-    Op.TRANSPOSE: OpSpec((1,), {"perm": _a(tuple)}),
+    Op.RESHAPE: OpSpec((1,), {"shape": _a(tuple, items=_INT)}),
+    Op.TRANSPOSE: OpSpec((1,), {"perm": _a(tuple, items=_INT)}),
     Op.NARROW: OpSpec((1,), {"axis": _a(int), "start": _a(int), "length": _a(int)}),
     Op.CONCAT: OpSpec(None, {"axis": _a(int)}),
-    Op.EXPAND: OpSpec((1,), {"shape": _a(tuple)}),
+    Op.EXPAND: OpSpec((1,), {"shape": _a(tuple, items=_INT)}),
     Op.GATHER: OpSpec((2,), {"axis": _a(int, required=False, default=0)}),
     Op.ATTENTION: OpSpec((3, 4), {
         "num_heads": _a(int), "head_dim": _a(int),
@@ -178,7 +181,7 @@ SPECS: dict[Op, OpSpec] = {
         "num_heads": _a(int), "head_dim": _a(int), "intermediate_size": _a(int),
         "eps1": _a(int, float), "eps2": _a(int, float),
         "activation": _a(str, choices=_ACT_NAMES), "has_bias": _a(bool, required=False, default=True)}),
-    Op.ELEMENTWISE_REGION: OpSpec(None, {"chain": _a(tuple)}),
+    Op.ELEMENTWISE_REGION: OpSpec(None, {"chain": _a(tuple, items=_TUP)}),
 }
 
 FTL_INPUTS = ("hidden", "qkv_w", "qkv_b", "out_w", "out_b", "ln1_g", "ln1_b",

@@ -169,7 +169,10 @@ def _node(ln: _Line, refs: list[tuple[int, _Tok, _Line]]) -> Node:
         path = json.loads(p.text) if p.kind == "string" else p.text
     pass_name, absorbed = "", ()
     if ln.accept("["):
-        pass_name = ln.next("ident", what="a pass name").text
+        p = ln.next(what="a pass name")
+        if p.kind not in ("ident", "string"):
+            raise ln.error("expected a pass name", p)
+        pass_name = json.loads(p.text) if p.kind == "string" else p.text
         if ln.accept("<-"):
             absorbed = tuple(i for i, _ in _ids(ln, None))
         ln.next("]")
@@ -191,12 +194,17 @@ def parse_ir(text: str, verify: bool = True) -> Graph:
     head = lines[0]
     head.next("graph", what="'graph NAME {'")
     name_tok = head.next(what="a graph name")
+    if name_tok.kind not in ("ident", "string", "number"):
+        raise head.error("expected a graph name", name_tok)
     name = json.loads(name_tok.text) if name_tok.kind == "string" else name_tok.text
     next_id = None
     if head.peek() is not None and head.peek().text == "next_id":  # type: ignore[union-attr]
         head.next()
         head.next("=")
-        next_id = int(head.next("number").text)
+        nt = head.next("number", what="a non-negative integer")
+        if not nt.text.isdigit():
+            raise head.error(f"next_id must be a non-negative integer, found {nt.text!r}", nt)
+        next_id = int(nt.text)
     head.next("{")
     head.end()
     nodes: dict[int, Node] = {}

@@ -22,7 +22,13 @@ from typing import Any
 from .graph import Graph
 from .node import Node
 
-_BARE_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")
+_BARE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-/]*")
+_NUMBER_WORD = re.compile(r"(?:inf|nan)\b")
+
+
+def format_name(s: str) -> str:
+    """A graph name, model path or pass name: bare when it lexes as one identifier, else a JSON string."""
+    return s if _BARE.fullmatch(s) and not _NUMBER_WORD.match(s) else json.dumps(s)
 
 
 def format_value(v: Any) -> str:
@@ -60,9 +66,9 @@ def format_node(node: Node) -> str:
         s += " {" + ", ".join(f"{k}={format_value(v)}" for k, v in node.attrs.items()) + "}"
     s += " : " + format_type(node)
     if node.path:
-        s += " @" + (node.path if _BARE_PATH.match(node.path) else json.dumps(node.path))
+        s += " @" + format_name(node.path)
     if node.pass_name:
-        s += f" [{node.pass_name}"
+        s += f" [{format_name(node.pass_name)}"
         if node.absorbed:
             s += " <- " + ", ".join(f"%{i}" for i in node.absorbed)
         s += "]"
@@ -71,8 +77,7 @@ def format_node(node: Node) -> str:
 
 def format_graph(graph: Graph) -> str:
     """The whole graph as IR text (ends with a newline)."""
-    name = graph.name if re.match(r"^[A-Za-z_][A-Za-z0-9_.\-]*$", graph.name) else json.dumps(graph.name)
-    header = f"graph {name}"
+    header = f"graph {format_name(graph.name)}"
     if graph.next_id != max((n.id for n in graph), default=-1) + 1:
         header += f" next_id={graph.next_id}"
     lines = [header + " {"]

@@ -202,8 +202,12 @@ def run_reference(graph: Graph, feeds: Mapping[str, np.ndarray],
         feeds: input name -> array, e.g. `input_ids` int64 `[batch, seq]`.
         weights: param name -> float32 array.
 
+    Each result is cast to its node's declared dtype (bf16 computes as f32).
+
     Raises:
         KeyError / ValueError: a missing or mis-shaped input or weight (see `bind_leaf`).
+        RuntimeError: a computed shape differs from the node's declared shape (an inference/NumPy
+            disagreement; the message names the node).
     """
     weights = weights or {}
     e = NumpyEmitter()
@@ -214,7 +218,12 @@ def run_reference(graph: Graph, feeds: Mapping[str, np.ndarray],
             env[n.id] = bind_leaf(n, feeds, weights)
         else:
             args = [env[i] for i in n.inputs]
-            env[n.id] = e.emit(n.op, args, **n.attrs)
+            out = e.emit(n.op, args, **n.attrs)
+            if tuple(out.shape) != n.shape:
+                raise RuntimeError(f"[run_reference] %{n.id} ({n.op.value}) computed shape {list(out.shape)}, "
+                                   f"but the IR declares {n.type}")
+            # NumPy's own promotion (e.g. int / int -> float64) must not leak past the IR's dtype
+            env[n.id] = out if out.dtype == n.dtype.numpy else out.astype(n.dtype.numpy)
             for i in set(n.inputs):
                 remaining[i] -= 1
                 if remaining[i] == 0:
