@@ -44,7 +44,8 @@ class _Tok:
 
 class _Line:
     def __init__(self, text: str, lineno: int) -> None:
-        self.text, self.lineno, self.toks, self.k = text, lineno, self._lex(text), 0
+        self.text, self.lineno, self.k = text, lineno, 0
+        self.toks = self._lex(text)  # after lineno is set: lexing errors report it
 
     def _lex(self, text: str) -> list[_Tok]:
         toks, pos = [], 0
@@ -67,10 +68,11 @@ class _Line:
 
     def next(self, expect: str | None = None, what: str = "") -> _Tok:
         t = self.peek()
+        desc = what or repr(expect)
         if t is None:
-            raise self.error(f"expected {what or expect!r}, found end of line")
+            raise self.error(f"expected {desc}, found end of line")
         if expect is not None and t.text != expect and t.kind != expect:
-            raise self.error(f"expected {what or expect!r}, found {t.text!r}", t)
+            raise self.error(f"expected {desc}, found {t.text!r}", t)
         self.k += 1
         return t
 
