@@ -390,6 +390,7 @@ def _region(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
             operands.append(x[idx] if kind == "i" else steps[idx])
         steps.append(infer(op, step_attrs, operands))
     out = steps[-1]
-    for t in x:
-        broadcast(t.shape, out.shape)
+    for k, t in enumerate(x):  # every external input must broadcast *into* the result (RLX input_modulus)
+        _check(broadcast(t.shape, out.shape) == out.shape,
+               f"input i{k} {_fmt(t)} is larger than the result {_fmt(out)}")
     return out
