@@ -1,0 +1,386 @@
+"""Graph (+ overlay) -> Graphviz DOT source: a pure function, testable without a layout engine.
+
+Ops are boxes labelled with the op, its key attributes, its output type and any folded weights;
+graph inputs are ovals at the top (rank=source), graph outputs ovals at the bottom (rank=sink).
+Every drawn element carries a stable DOT `id` that survives into the SVG, so a front end can map a
+click back to the IR: `n<id>` for nodes, `e<src>_<dst>` for edges, `m<k>` / `r<k>` for match and
+rejection clusters, `out<k>` for graph outputs, `s<id>` for stubs of nodes outside a focus view.
+
+Example:
+    >>> from rlxviz.models import load_model
+    >>> dot = graph_to_dot(load_model("bert-tiny", 1, 8).graph)
+    >>> 'id="n16"' in dot and "rank=source" in dot
+    True
+"""
+
+from __future__ import annotations
+
+import html
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import graphviz
+
+from ..ir import Graph, Node, Op, operand_roles
+from ..ir.ops import FUSED
+from ..passes.trace import Rejection
+from . import styles as st
+from .overlay import Overlay
+from .styles import fmt_attrs, fmt_shape, human_count, op_color, short_name, tint
+
+MAX_NODES = 1500
+"""Default limit on drawn nodes; past it `render_dot` raises `GraphTooLarge` instead of hanging the layout."""
+
+_FOLDABLE = (Op.PARAM, Op.CONST)
+_MAX_FOLDED_LINES = 3
+
+
+class GraphTooLarge(ValueError):
+    """The drawing would have more nodes than the limit; the message says how to draw less."""
+
+
+@dataclass(frozen=True)
+class DotOptions:
+    """How to draw.
+
+    Attributes:
+        show_params: draw params and consts as their own nodes instead of folding them into labels.
+        edge_labels: label every edge with the producer's type (`f32[1,128,768]`).
+        max_nodes: limit on drawn nodes (see `GraphTooLarge`).
+        tooltips: attach a tooltip (full node description) to every node.
+        font: font name for all text.
+    """
+
+    show_params: bool = False
+    edge_labels: bool = False
+    max_nodes: int = MAX_NODES
+    tooltips: bool = True
+    font: str = "Helvetica"
+
+
+def _tip(text: str) -> graphviz.quoting.NoHtml:
+    """A DOT escString for plain text (backslashes kept literal, newlines as line breaks)."""
+    return graphviz.nohtml(text.replace("\\", "\\\\").replace("\n", "\\n"))
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=False)
+
+
+def _small(text: str, color: str = "#444444", size: int = 8) -> str:
+    return f'<FONT POINT-SIZE="{size}" COLOR="{color}">{_e(text)}</FONT>'
+
+
+def _html(lines: Iterable[str]) -> str:
+    return "<" + "<BR/>".join(lines) + ">"
+
+
+def _op_summary(ids: Iterable[int], origin: Graph | None) -> str:
+    """`4 matmul, 7 add, 2 layer_norm` for ids resolved in `origin` (else just a count)."""
+    ids = list(ids)
+    if origin is None:
+        return f"{len(ids)} node(s)"
+    c = Counter(origin[i].op.value for i in ids if i in origin)
+    return ", ".join(f"{k}×{v}" if v > 1 else k for k, v in c.most_common())
+
+
+def _wrap(text: str, width: int = 42) -> list[str]:
+    out, line = [], ""
+    for word in text.split(" "):
+        if line and len(line) + 1 + len(word) > width:
+            out.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return [*out, line] if line else out
+
+
+class _Drawer:
+    """One rendering: collects per-node decorations from the overlay, then emits DOT."""
+
+    def __init__(self, graph: Graph, overlay: Overlay, opts: DotOptions, include: set[int] | None) -> None:
+        self.g, self.ov, self.opts = graph, overlay, opts
+        self.ghosts = {n.id: n for n in overlay.removed if n.id not in graph}
+        self.nodes: dict[int, Node] = {n.id: n for n in graph}
+        self.nodes.update(self.ghosts)
+        self.folded = set() if opts.show_params else {i for i, n in self.nodes.items() if n.op in _FOLDABLE}
+        drawn = [i for i in self.nodes if i not in self.folded]
+        if include is not None:
+            drawn = [i for i in drawn if i in include]
+        self.drawn = set(drawn)
+        self.order = drawn
+        self.stubs: dict[int, Node] = {}
+        if include is not None:
+            for i in drawn:
+                for j in self.nodes[i].inputs:
+                    if j not in self.drawn and j not in self.folded:
+                        self.stubs[j] = self.nodes[j]
+                for u in graph.users(i) if i in graph else ():
+                    if u.id not in self.drawn:
+                        self.stubs[u.id] = u
+        total = len(self.drawn) + len(self.stubs) + len(graph.outputs)
+        if total > opts.max_nodes:
+            raise GraphTooLarge(
+                f"[graph_to_dot] {graph.name!r} would draw {total} nodes (limit max_nodes={opts.max_nodes}); "
+                "draw the layer-collapsed view (view='layers'), focus on one layer (focus=3), "
+                "or raise max_nodes")
+        self.roles: dict[int, list[tuple[str, str]]] = {}
+        self.border: dict[int, tuple[str, float, bool]] = {}  # color, penwidth, dashed
+        self.notes: dict[int, list[str]] = {}
+        self.fill: dict[int, str] = {}
+        self.hot_edges: dict[tuple[int, int], str] = {}
+        self.cluster_of: dict[int, int] = {}
+        self.clusters: list[tuple[str, dict[str, str], list[int]]] = []
+        self.rejection_tips: dict[int, list[str]] = {}
+        self._decorate()
+
+    # -- overlay -> per-node decorations ----------------------------------------------------------
+    def _claim(self, ids: Iterable[int], key: int) -> list[int]:
+        got = []
+        for i in ids:
+            if i in self.drawn and i not in self.cluster_of and self.nodes[i].op != Op.INPUT:
+                self.cluster_of[i] = key
+                got.append(i)
+        return got
+
+    def _decorate(self) -> None:
+        ov = self.ov
+        for k, m in enumerate(ov.matches):
+            color = st.MATCH_COLORS[k % len(st.MATCH_COLORS)]
+            for role, i in m.bindings.items():
+                self.roles.setdefault(i, []).append((role, color))
+                self.border[i] = (color, 2.0, False)
+            members = self._claim(ov.extent(m), len(self.clusters))
+            label = f"{m.rule or m.pass_name}\n{m.path or '?'} -> {ov.match_ops.get(m.anchor, 'fused')}"
+            self.clusters.append((f"m{k}", {"label": label, "color": color, "fillcolor": tint(color, 0.9),
+                                            "style": "rounded,filled", "penwidth": "2", "fontcolor": color,
+                                            "tooltip": _tip(f"{m.pass_name} / {m.rule}: roles "
+                                                            + ", ".join(f"{r}=%{i}" for r, i in m.bindings.items()))},
+                                  members))
+        for k, r in enumerate(ov.rejections):
+            self._decorate_rejection(k, r)
+        for m in ov.fused:
+            if m.fused is not None:
+                self.notes.setdefault(m.fused, []).append(f"{m.path or '?'} -> {self.nodes[m.fused].op.value}"
+                                                          if m.fused in self.nodes else m.path)
+        for i in ov.added:
+            if i in self.nodes:
+                self.border.setdefault(i, (st.ADDED, 2.5, False))
+
+    def _decorate_rejection(self, k: int, r: Rejection) -> None:
+        tip = f"REJECTED {r.rule} [{r.stage}] guard {r.guard}: {r.message}" + (f"\nhint: {r.hint}" if r.hint else "")
+        for role, i in r.bindings.items():
+            self.roles.setdefault(i, []).append((role, st.REJECT))
+        self.border[r.anchor] = (st.REJECT, 3.0, True)
+        self.notes.setdefault(r.anchor, []).append(f"✗ {r.guard}")
+        for i in r.offending:
+            self.fill[i] = st.REJECT_FILL
+            self.border[i] = (st.REJECT, 3.0, False)
+            self.notes.setdefault(i, []).append(f"offending: {r.guard}")
+        for e in r.offending_edges:
+            self.hot_edges[e] = r.guard
+        members = self._claim([r.anchor, *r.bindings.values()], len(self.clusters))
+        style = "rounded,dashed,filled" if r.stage == "guard" else "rounded,dotted,filled"
+        self.clusters.append((f"r{k}", {"label": f"✗ {r.rule}: {r.guard}\n{r.path}", "color": st.REJECT,
+                                        "fillcolor": "#fff5f5", "style": style, "penwidth": "2",
+                                        "fontcolor": st.REJECT, "tooltip": _tip(tip)}, members))
+        for i in (r.anchor, *r.offending):
+            self.rejection_tips.setdefault(i, []).append(tip)
+
+    # -- labels -------------------------------------------------------------------------------------
+    def _folded_lines(self, n: Node) -> list[str]:
+        roles = operand_roles(n.op, n.attrs, len(n.inputs))
+        items = []
+        for role, j in zip(roles, n.inputs, strict=False):
+            if j in self.folded:
+                p = self.nodes[j]
+                if p.op == Op.PARAM:
+                    items.append((role, f"{short_name(p.attrs['name'])} [{','.join(map(str, p.shape))}]", p))
+                else:
+                    items.append((role, str(p.attrs.get("value")), p))
+        if len(items) > _MAX_FOLDED_LINES:
+            size = sum(_numel(p) for *_, p in items)
+            return [_small(f"+ {len(items)} weights ({human_count(size)} values)", "#555555")]
+        return [_small(f"{role}: {text}", "#555555") for role, text, _ in items]
+
+    def _label(self, n: Node) -> str:
+        lines = []
+        for role, color in self.roles.get(n.id, []):
+            lines.append(f'<FONT COLOR="{color}" POINT-SIZE="10"><B><I>{_e(role)}</I></B></FONT>')
+        if n.op == Op.INPUT:
+            lines.append(f"<B>{_e(n.attrs['name'])}</B>")
+        elif n.op == Op.PARAM:
+            lines.append(f"<B>{_e(short_name(n.attrs['name']))}</B>")
+        else:
+            lines.append(f"<B>{_e(n.op.value)}</B> {_small(f'%{n.id}', '#777777')}")
+        attrs = fmt_attrs(n)
+        if attrs and n.op not in (Op.INPUT, Op.PARAM):
+            lines.append(_small(attrs, "#222222", 9))
+        lines += self._folded_lines(n)
+        if n.op in FUSED or n.absorbed:
+            if n.pass_name:
+                lines.append(_small(f"by {n.pass_name}", "#1b5e20"))
+            if n.absorbed:
+                summary = f"absorbed {len(n.absorbed)}: {_op_summary(n.absorbed, self.ov.origin)}"
+                lines += [_small(s, "#1b5e20") for s in _wrap(summary)[:3]]
+        for note in self.notes.get(n.id, []):
+            color = st.REJECT if note.startswith(("✗", "offending")) else "#1b5e20"
+            lines.append(f'<FONT COLOR="{color}" POINT-SIZE="9"><B>{_e(note)}</B></FONT>')
+        if n.id in self.ghosts:
+            lines.insert(0, _small("removed", st.REMOVED))
+        lines.append(_small(fmt_shape(n), "#333333", 9))
+        return _html(lines)
+
+    def _tooltip(self, n: Node) -> str:
+        roles = operand_roles(n.op, n.attrs, len(n.inputs))
+        ops = ", ".join(f"{r}=%{j} {self.nodes[j].op.value}" if j in self.nodes else f"{r}=%{j}"
+                        for r, j in zip(roles, n.inputs, strict=False))
+        parts = [f"%{n.id} {n.op.value} -> {fmt_shape(n)}", f"path: {n.path or '-'}"]
+        if n.attrs:
+            parts.append("attrs: " + ", ".join(f"{k}={v}" for k, v in n.attrs.items()))
+        if ops:
+            parts.append(f"operands: {ops}")
+        if n.pass_name:
+            parts.append(f"created by: {n.pass_name}")
+        if n.absorbed:
+            parts.append(f"absorbed: {' '.join(f'%{i}' for i in n.absorbed)}")
+        parts += self.rejection_tips.get(n.id, [])
+        return "\n".join(parts)
+
+    def _node_attrs(self, n: Node) -> dict[str, object]:
+        color, pen, dashed = self.border.get(n.id, ("#555555", 1.0, False))
+        style = ["rounded", "filled"]
+        fill = self.fill.get(n.id, op_color(n.op))
+        fontcolor = "black"
+        if n.id in self.ghosts:
+            color, fill, fontcolor, dashed = st.REMOVED, "#fafafa", st.REMOVED, True
+        if dashed:
+            style.append("dashed")
+        if n.op in FUSED and n.id not in self.border:
+            color, pen = "#1b5e20", 2.0
+        attrs: dict[str, object] = {"id": f"n{n.id}", "fillcolor": fill, "color": color, "style": ",".join(style),
+                                    "fontcolor": fontcolor}
+        if pen != 1.0:
+            attrs["penwidth"] = f"{pen:g}"
+        if n.op in (Op.INPUT, Op.PARAM, Op.CONST):
+            attrs["shape"] = "ellipse" if n.op == Op.INPUT else "note"
+            attrs["style"] = ",".join(s for s in style if s != "rounded")
+        if self.opts.tooltips:
+            attrs["tooltip"] = _tip(self._tooltip(n))
+        return attrs
+
+    # -- emit ---------------------------------------------------------------------------------------
+    def dot(self, title: str) -> str:
+        d = graphviz.Digraph(self.g.name, graph_attr={
+            "rankdir": "TB", "newrank": "true", "nodesep": "0.25", "ranksep": "0.35", "fontname": self.opts.font,
+            "fontsize": "12", "labelloc": "t", "id": "graph_" + self.g.name, "outputorder": "edgesfirst"},
+            node_attr={"shape": "box", "style": "rounded,filled", "fontname": self.opts.font, "fontsize": "10",
+                       "margin": "0.08,0.03", "height": "0.3"},
+            edge_attr={"color": "#555555", "arrowsize": "0.6", "fontname": self.opts.font, "fontsize": "8"})
+        if title:
+            d.attr(label=graphviz.nohtml(title))
+        loose = [i for i in self.order if i not in self.cluster_of]
+        for i in loose:
+            self._emit_node(d, self.nodes[i])
+        for k, (name, attrs, members) in enumerate(self.clusters):
+            with d.subgraph(name=f"cluster_{name}") as c:
+                c.attr(id=name, fontname=self.opts.font, fontsize="11", **attrs)
+                for i in members:
+                    if self.cluster_of.get(i) == k:
+                        self._emit_node(c, self.nodes[i])
+        for j, n in self.stubs.items():
+            d.node(f"s{j}", graphviz.nohtml(f"… %{j} {n.op.value}\n{n.path}"), id=f"s{j}", style="dotted",
+                   shape="box", fontsize="8", fontcolor="#777777", color="#999999")
+        inputs = [i for i in self.order if self.nodes[i].op == Op.INPUT]
+        if inputs:
+            with d.subgraph() as s:
+                s.attr(rank="source")
+                for i in inputs:
+                    s.node(f"n{i}")
+        with d.subgraph() as s:
+            s.attr(rank="sink")
+            for k, o in enumerate(self.g.outputs):
+                s.node(f"out{k}", graphviz.nohtml(f"output {k}\n{fmt_shape(self.g[o])}"), id=f"out{k}",
+                       shape="ellipse", style="filled", fillcolor="#ffffff", fontsize="9")
+        self._emit_edges(d)
+        return d.source
+
+    def _emit_node(self, d: graphviz.Digraph, n: Node) -> None:
+        d.node(f"n{n.id}", self._label(n), **{k: v for k, v in self._node_attrs(n).items()})
+
+    def _emit_edges(self, d: graphviz.Digraph) -> None:
+        def name(i: int) -> str | None:
+            if i in self.drawn:
+                return f"n{i}"
+            return f"s{i}" if i in self.stubs else None
+
+        seen: Counter[tuple[int, int]] = Counter()
+        for i in self.order:
+            n = self.nodes[i]
+            ghost_edge = i in self.ghosts
+            for j in n.inputs:
+                src = name(j) if i in self.drawn else None
+                if src is None or j in self.folded:
+                    continue
+                seen[(j, i)] += 1
+                eid = f"e{j}_{i}" + (f"_{seen[(j, i)] - 1}" if seen[(j, i)] > 1 else "")
+                attrs: dict[str, str] = {"id": eid}
+                if self.opts.edge_labels:
+                    attrs["label"] = graphviz.nohtml(fmt_shape(self.nodes[j]))
+                if (j, i) in self.hot_edges:
+                    attrs.update(color=st.REJECT, penwidth="3", fontcolor=st.REJECT,
+                                 label=graphviz.nohtml(self.hot_edges[(j, i)]))
+                elif ghost_edge or j in self.ghosts:
+                    attrs.update(color=st.REMOVED, style="dashed")
+                d.edge(src, f"n{i}", **attrs)
+        # old consumers of removed nodes that survived (diff view)
+        if self.ghosts and self.ov.origin is not None:
+            for n in self.ov.origin:
+                if n.id in self.g and n.id in self.drawn:
+                    for j in n.inputs:
+                        if j in self.ghosts and j not in self.g[n.id].inputs:
+                            d.edge(f"n{j}", f"n{n.id}", id=f"e{j}_{n.id}_old", color=st.REMOVED, style="dashed")
+        for j, stub in self.stubs.items():  # edges from drawn nodes into downstream stubs
+            for i in dict.fromkeys(stub.inputs):
+                if i in self.drawn:
+                    d.edge(f"n{i}", f"s{j}", id=f"e{i}_{j}", style="dotted")
+        for k, o in enumerate(self.g.outputs):
+            src = name(o)
+            if src is not None:
+                d.edge(src, f"out{k}", id=f"eout{k}")
+
+
+def _numel(n: Node) -> int:
+    size = 1
+    for s in n.shape:
+        size *= s
+    return size
+
+
+def graph_to_dot(graph: Graph, overlay: Overlay | None = None, *, options: DotOptions | None = None,
+               include: Iterable[int] | None = None, title: str | None = None) -> str:
+    """DOT source for `graph` with `overlay` drawn on it.
+
+    Args:
+        graph: the graph version to draw.
+        overlay: matches / rejections / fused nodes / diff to draw (see `Overlay.before`, `.after`, `.diff`).
+        options: drawing options (`DotOptions`); default folds params and consts into their consumers.
+        include: draw only these node ids; their outside neighbours become dotted stubs (focus views).
+        title: caption (default: the overlay's title, else the graph name and node count).
+
+    Returns:
+        DOT source text (a `digraph`).
+
+    Raises:
+        GraphTooLarge: more than `options.max_nodes` nodes would be drawn.
+    """
+    ov = overlay or Overlay()
+    opts = options or DotOptions()
+    drawer = _Drawer(graph, ov, opts, set(include) if include is not None else None)
+    if title is None:
+        title = ov.title or f"{graph.name}: {len(graph.compute_nodes())} ops"
+    return drawer.dot(title)
+
+
+__all__ = ["DotOptions", "GraphTooLarge", "MAX_NODES", "graph_to_dot"]

@@ -1,0 +1,198 @@
+"""Views for large graphs: one box per transformer layer with its fusion status, and focus on one layer.
+
+The layer-collapsed view groups nodes by `layer_of(node.path)` (non-layer nodes by the first part of
+their path: `embeddings`, `mask`), folds params into their group, and draws one edge per pair of
+groups. Each layer box says whether the layer is fused (one FusedTransformerLayer), partly fused
+(some fused ops), rejected (a near-miss; the guard is named, its message is the tooltip) or unfused.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import graphviz
+
+from ..ir import Graph, Node, Op
+from ..ir.ops import FUSED
+from ..passes.trace import Rejection, layer_of
+from .dot import GraphTooLarge, _e, _html, _small, _tip
+from .overlay import Overlay
+from .styles import REJECT, STATUS_COLORS, fmt_shape, human_count
+
+
+@dataclass
+class LayerGroup:
+    """The nodes of one box in the layer view.
+
+    Attributes:
+        key: DOT id of the box (`layer3`, `g_embeddings`).
+        title: `encoder.layer.3`.
+        layer: layer index or None.
+        nodes: compute nodes in the group.
+        weights: number of parameter values the group reads.
+        status: `fused`, `partly fused`, `rejected`, `unfused` (or `` for non-layer groups).
+        rejections: near-misses anchored in this layer.
+    """
+
+    key: str
+    title: str
+    layer: int | None
+    nodes: list[Node] = field(default_factory=list)
+    weights: int = 0
+    status: str = ""
+    rejections: list[Rejection] = field(default_factory=list)
+
+    @property
+    def fused(self) -> list[Node]:
+        return [n for n in self.nodes if n.op in FUSED]
+
+
+def _group_key(n: Node) -> tuple[str, str, int | None]:
+    layer = layer_of(n.path)
+    if layer is not None:
+        parts = n.path.split(".")
+        idx = next(k for k in range(len(parts) - 1) if parts[k + 1] == str(layer))
+        return f"layer{layer}", ".".join(parts[:idx + 2]), layer
+    head = n.path.split(".")[0] if n.path else "other"
+    return f"g_{head}", head, None
+
+
+def layer_groups(graph: Graph, overlay: Overlay | None = None) -> dict[str, LayerGroup]:
+    """Compute nodes grouped by layer (in graph order), each with its fusion status.
+
+    Args:
+        graph: the graph version to summarize.
+        overlay: its rejections (e.g. `Overlay.trace_summary(trace)`) mark layers as rejected.
+    """
+    groups: dict[str, LayerGroup] = {}
+    of: dict[int, str] = {}
+    for n in graph:
+        if n.op in (Op.INPUT, Op.PARAM, Op.CONST):
+            continue
+        key, title, layer = _group_key(n)
+        grp = groups.get(key) or groups.setdefault(key, LayerGroup(key, title, layer))
+        grp.nodes.append(n)
+        of[n.id] = key
+    for n in graph.params:
+        for u in graph.users(n):
+            if u.id in of:
+                size = 1
+                for s in n.shape:
+                    size *= s
+                groups[of[u.id]].weights += size
+                break
+    by_layer = {g.layer: g for g in groups.values() if g.layer is not None}
+    for r in (overlay.rejections if overlay else ()):
+        if r.layer in by_layer:
+            by_layer[r.layer].rejections.append(r)
+    for g in groups.values():
+        if g.layer is None:
+            g.status = "partly fused" if g.fused else ""
+        elif len(g.nodes) == 1 and g.fused:
+            g.status = "fused"
+        elif g.rejections:
+            g.status = "rejected"
+        else:
+            g.status = "partly fused" if g.fused else "unfused"
+    return groups
+
+
+def _box_label(g: LayerGroup) -> str:
+    ops = Counter(n.op.value for n in g.nodes)
+    lines = [f"<B>{_e(g.title)}</B>",
+             _small(f"{len(g.nodes)} op(s), {human_count(g.weights)} weights", "#333333", 9)]
+    summary = ", ".join(f"{k}×{v}" if v > 1 else k for k, v in ops.most_common(4))
+    if len(ops) > 4:
+        summary += ", …"
+    lines.append(_small(summary, "#333333", 8))
+    if g.status == "fused":
+        f = g.fused[0]
+        by = _small(f"-> {f.op.value} by {f.pass_name}", "#1b5e20")
+        lines.append(f'<FONT COLOR="#1b5e20"><B>fused</B></FONT> {by}')
+    elif g.status == "rejected":
+        guards = list(dict.fromkeys(r.guard for r in sorted(g.rejections, key=lambda r: r.stage != "guard")))
+        lines.append(f'<FONT COLOR="{REJECT}"><B>rejected: {_e(", ".join(guards[:2]))}</B></FONT>')
+        if g.fused:
+            lines.append(_small(f"{len(g.fused)} of {len(g.nodes)} ops fused", "#555555"))
+    elif g.status == "partly fused":
+        c = Counter(n.op.value for n in g.fused)
+        lines.append('<FONT COLOR="#8d6e00"><B>partly fused</B></FONT>')
+        lines.append(_small(", ".join(f"{k}×{v}" for k, v in c.items()), "#8d6e00"))
+    elif g.status == "unfused":
+        lines.append(_small("unfused", "#555555", 9))
+    return _html(lines)
+
+
+def _box_tooltip(g: LayerGroup) -> str:
+    parts = [f"{g.title}: {g.status or 'no layer'}", f"nodes: {' '.join(f'%{n.id}' for n in g.nodes[:60])}"]
+    for r in g.rejections:
+        parts.append(f"REJECTED {r.rule} [{r.stage}] guard {r.guard}: {r.message}")
+        if r.hint:
+            parts.append(f"hint: {r.hint}")
+    return "\n".join(parts)
+
+
+def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | None = None,
+                  max_nodes: int = 1500) -> str:
+    """DOT source of the layer-collapsed view of `graph` (boxes `id="layer<i>"`, edges `L<src>_<dst>`).
+
+    Raises:
+        GraphTooLarge: more than `max_nodes` groups (a graph whose paths carry no layer structure).
+    """
+    groups = layer_groups(graph, overlay)
+    if len(groups) > max_nodes:
+        raise GraphTooLarge(f"[layers_to_dot] {len(groups)} groups exceed max_nodes={max_nodes}")
+    of = {n.id: g.key for g in groups.values() for n in g.nodes}
+    d = graphviz.Digraph(graph.name + "_layers", graph_attr={
+        "rankdir": "TB", "newrank": "true", "nodesep": "0.3", "ranksep": "0.3", "fontname": "Helvetica",
+        "fontsize": "12", "labelloc": "t", "id": "graph_" + graph.name + "_layers"},
+        node_attr={"shape": "box", "style": "rounded,filled", "fontname": "Helvetica", "fontsize": "10",
+                   "width": "2.6"},
+        edge_attr={"color": "#555555", "arrowsize": "0.6", "fontname": "Helvetica", "fontsize": "8"})
+    d.attr(label=graphviz.nohtml(title or (overlay.title if overlay and overlay.title else
+                                           f"{graph.name}: layer view, {len(graph.compute_nodes())} ops")))
+    with d.subgraph() as s:
+        s.attr(rank="source")
+        for n in graph.inputs:
+            s.node(f"n{n.id}", _html([f"<B>{_e(n.attrs['name'])}</B>", _small(fmt_shape(n), "#333333", 9)]),
+                   id=f"n{n.id}", shape="ellipse", style="filled", fillcolor="#eeeeee", width="0")
+            of[n.id] = f"n{n.id}"
+    for g in groups.values():
+        attrs = {"id": g.key, "fillcolor": STATUS_COLORS.get(g.status, "#f5f5f5"), "tooltip": _tip(_box_tooltip(g))}
+        if g.status == "rejected":
+            attrs.update(color=REJECT, style="rounded,filled,dashed", penwidth="2.5")
+        elif g.status == "fused":
+            attrs.update(color="#1b5e20", penwidth="2")
+        d.node(g.key, _box_label(g), **attrs)
+    seen: set[tuple[str, str]] = set()
+    for n in graph:
+        dst = of.get(n.id)
+        for j in n.inputs:
+            src = of.get(j)
+            if src is None or dst is None or src == dst or (src, dst) in seen:
+                continue
+            seen.add((src, dst))
+            d.edge(src, dst, id=f"L{src}_{dst}", label=graphviz.nohtml(fmt_shape(graph[j])))
+    with d.subgraph() as s:
+        s.attr(rank="sink")
+        for k, o in enumerate(graph.outputs):
+            s.node(f"out{k}", graphviz.nohtml(f"output {k}\n{fmt_shape(graph[o])}"), id=f"out{k}",
+                   shape="ellipse", style="filled", fillcolor="#ffffff", fontsize="9", width="0")
+    for k, o in enumerate(graph.outputs):
+        if o in of:
+            d.edge(of[o], f"out{k}", id=f"eout{k}")
+    return d.source
+
+
+def focus_ids(graph: Graph, layer: int, radius: int = 0) -> set[int]:
+    """Ids of nodes in layers `layer - radius .. layer + radius` (params included).
+
+    Raises:
+        ValueError: no node of `graph` belongs to `layer`.
+    """
+    ids = {n.id for n in graph if (k := layer_of(n.path)) is not None and abs(k - layer) <= radius}
+    if not ids:
+        layers = sorted({k for n in graph if (k := layer_of(n.path)) is not None})
+        raise ValueError(f"[focus] no node of {graph.name!r} is in layer {layer}; layers: {layers}")
+    return ids

@@ -1,0 +1,87 @@
+"""What to draw on top of a graph: matches, near-misses, fused nodes and a diff against another version.
+
+An `Overlay` is plain data built from a `PassStep` (or two graphs), so the DOT renderer stays a pure
+function of `(graph, overlay, options)`. Match bindings refer to node ids of the graph *before* the
+pass, and `Match.fused` to a node *after* it: `Overlay.before(step)` draws clusters on the
+before-graph, `Overlay.after(step)` marks the fused nodes on the after-graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir import Graph, Node
+from ..passes.trace import Match, PassStep, Rejection, Trace
+
+
+@dataclass(frozen=True)
+class Overlay:
+    """Decorations for one graph version.
+
+    Attributes:
+        title: caption drawn above the graph.
+        matches: matches whose bindings are ids of the drawn graph; each becomes a coloured cluster.
+        extents: anchor id -> every node id a match covers (defaults to its bound ids); from a step,
+            the fused node's `absorbed` list, so the cluster holds the whole matched subgraph.
+        match_ops: anchor id -> op name of the node that replaced the match (for cluster labels).
+        rejections: near-misses whose anchors and bindings are ids of the drawn graph.
+        fused: matches whose `fused` node is in the drawn graph (marked, listing what they absorbed).
+        added: ids new in this version (green border).
+        removed: nodes of an older version that this one dropped (drawn ghosted, with their edges).
+        origin: the graph that `Node.absorbed` ids refer to, to name absorbed ops in labels.
+    """
+
+    title: str = ""
+    matches: tuple[Match, ...] = ()
+    extents: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    match_ops: dict[int, str] = field(default_factory=dict)
+    rejections: tuple[Rejection, ...] = ()
+    fused: tuple[Match, ...] = ()
+    added: frozenset[int] = frozenset()
+    removed: tuple[Node, ...] = ()
+    origin: Graph | None = None
+
+    @classmethod
+    def before(cls, step: PassStep, rejections: bool = True) -> Overlay:
+        """Clusters for every match and marks for every rejection of `step`, on `step.before`."""
+        extents: dict[int, tuple[int, ...]] = {}
+        ops: dict[int, str] = {}
+        for m in step.matches:
+            ids = set(m.bindings.values()) | {m.anchor}
+            fused = step.after.get(m.fused) if m.fused is not None else None
+            if fused is not None:
+                ids |= set(fused.absorbed)
+                ops[m.anchor] = fused.op.value
+            extents[m.anchor] = tuple(sorted(i for i in ids if i in step.before))
+        n_rej = len(step.rejections)
+        title = f"before {step.pass_name}: {len(step.matches)} match(es), {n_rej} rejection(s)"
+        return cls(title=title, matches=tuple(step.matches), extents=extents, match_ops=ops,
+                   rejections=tuple(step.rejections) if rejections else ())
+
+    @classmethod
+    def after(cls, step: PassStep) -> Overlay:
+        """The fused nodes of `step` (and any other added node) marked on `step.after`."""
+        fused = tuple(m for m in step.matches if m.fused is not None and m.fused in step.after)
+        title = f"after {step.pass_name}: {len(step.added)} node(s) added, {len(step.removed)} removed"
+        return cls(title=title, fused=fused, added=frozenset(step.added), origin=step.before)
+
+    @classmethod
+    def diff(cls, old: Graph, new: Graph, title: str = "") -> Overlay:
+        """Draw `new` with nodes added since `old` in green and nodes removed from `old` ghosted."""
+        added = frozenset(n.id for n in new if n.id not in old)
+        removed = tuple(n for n in old if n.id not in new)
+        return cls(title=title or f"diff: +{len(added)} added, -{len(removed)} removed, "
+                                  f"{len(new) - len(added)} unchanged",
+                   added=added, removed=removed, origin=old)
+
+    @classmethod
+    def trace_summary(cls, trace: Trace) -> Overlay:
+        """Every rejection of a run and every fused node still in its final graph (for the layer view)."""
+        final = trace.final
+        fused = tuple(m for m in trace.matches if m.fused is not None and m.fused in final)
+        return cls(title=trace.pipeline, fused=fused, rejections=tuple(trace.rejections),
+                   origin=trace.input)
+
+    def extent(self, m: Match) -> tuple[int, ...]:
+        """Node ids covered by match `m`."""
+        return self.extents.get(m.anchor) or tuple(sorted({*m.bindings.values(), m.anchor}))

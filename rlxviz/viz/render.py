@@ -1,0 +1,90 @@
+"""Public entry points: any graph version (+ overlay) to DOT, SVG or a file.
+
+`render_dot` is pure (no layout engine); `render_svg` and `save` run one through `engine.layout`
+and report which engine ran.
+
+Example:
+    >>> from rlxviz.models import load_model
+    >>> g = load_model("bert-tiny", 1, 8).graph
+    >>> out = render_svg(g, view="layers")               # doctest: +SKIP
+    >>> out.engine, out.svg[:4]                          # doctest: +SKIP
+    ('system', '<?xm')
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..ir import Graph
+from .dot import MAX_NODES, DotOptions, graph_to_dot
+from .engine import Rendered, layout
+from .layers import focus_ids, layers_to_dot
+from .overlay import Overlay
+
+VIEWS = ("full", "layers")
+
+
+def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "full", focus: int | None = None,
+               radius: int = 0, show_params: bool = False, edge_labels: bool = False,
+               max_nodes: int = MAX_NODES, title: str | None = None) -> str:
+    """DOT source for one graph version.
+
+    Args:
+        graph: the version to draw (e.g. `step.before`, `step.after`, `trace.final`).
+        overlay: what to mark on it (`Overlay.before(step)`, `Overlay.after(step)`, `Overlay.diff(a, b)`).
+        view: `full` (one box per op) or `layers` (one box per transformer layer with its fusion status).
+        focus: draw only this layer (± `radius` layers) of the full view; neighbours become stubs.
+        show_params: draw params/consts as nodes instead of folding them into their consumer's label.
+        edge_labels: label edges with the tensor type they carry.
+        max_nodes: limit on drawn nodes; larger drawings raise `GraphTooLarge`, suggesting a smaller view.
+        title: caption (default from the overlay or the graph).
+
+    Raises:
+        ValueError: unknown view, or `focus` names a layer the graph lacks.
+        GraphTooLarge: the drawing would exceed `max_nodes`.
+    """
+    if view not in VIEWS:
+        raise ValueError(f"[render_dot] view must be one of {VIEWS}, got {view!r}")
+    if view == "layers":
+        return layers_to_dot(graph, overlay, title, max_nodes)
+    include = focus_ids(graph, focus, radius) if focus is not None else None
+    opts = DotOptions(show_params=show_params, edge_labels=edge_labels, max_nodes=max_nodes)
+    if include is not None and title is None:
+        title = f"{graph.name}: focus on layer {focus}" + (f" ±{radius}" if radius else "")
+        if overlay and overlay.title:
+            title = f"{overlay.title} — layer {focus}"
+    return graph_to_dot(graph, overlay, options=opts, include=include, title=title)
+
+
+def render_svg(graph: Graph | str, overlay: Overlay | None = None, *, engine: str = "auto",
+               timeout: float = 60.0, **kw: object) -> Rendered:
+    """Lay out and render to SVG. `graph` may also be DOT source text.
+
+    Keyword arguments other than `engine`/`timeout` go to `render_dot`. The result records the engine
+    (`out.engine`), its wall time (`out.seconds`) and the SVG text (`out.svg`); node elements keep the
+    DOT ids (`id="n41"`), so a click maps back to node 41.
+
+    Raises:
+        LayoutError: no engine, a layout failure or a timeout; GraphTooLarge as in `render_dot`.
+    """
+    dot = graph if isinstance(graph, str) else render_dot(graph, overlay, **kw)  # type: ignore[arg-type]
+    return layout(dot, engine=engine, fmt="svg", timeout=timeout)
+
+
+def save(path: str | Path, graph: Graph | str, overlay: Overlay | None = None, *, engine: str = "auto",
+         **kw: object) -> Path:
+    """Write a drawing; the format comes from the suffix: `.dot`/`.gv` (no engine), `.svg`, `.png`, `.pdf`.
+
+    Returns:
+        The path written.
+    """
+    path = Path(path)
+    fmt = path.suffix.lstrip(".").lower()
+    dot = graph if isinstance(graph, str) else render_dot(graph, overlay, **kw)  # type: ignore[arg-type]
+    if fmt in ("dot", "gv"):
+        path.write_text(dot, encoding="utf-8")
+        return path
+    if fmt not in ("svg", "png", "pdf"):
+        raise ValueError(f"[save] unsupported suffix {path.suffix!r}; use .dot, .gv, .svg, .png or .pdf")
+    path.write_bytes(layout(dot, engine=engine, fmt=fmt).data)
+    return path

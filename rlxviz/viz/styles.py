@@ -1,0 +1,111 @@
+"""Colours and text formatting shared by every drawing: one colour per op family, a hashed fallback.
+
+Colours are stable: the same op gets the same fill in every graph version and every session, so a
+reader can follow a `layer_norm` across passes (torch.fx's hashed colours, tinygrad's `uops_colors`).
+"""
+
+from __future__ import annotations
+
+import colorsys
+import zlib
+from typing import Any
+
+from ..ir import Node, Op, family
+from ..ir.ops import SPECS
+
+FAMILY_COLORS: dict[str, str] = {
+    "leaf": "#eeeeee",
+    "blas": "#b3d4fc",
+    "binary": "#fde5b1",
+    "unary": "#fbd3a6",
+    "compare": "#e9d8f3",
+    "reduce": "#d5ecc2",
+    "norm": "#c6e8e1",
+    "movement": "#e3e3e3",
+    "attention": "#f7c1c1",
+    "fused": "#9fdc9f",
+}
+"""Fill colour per `rlxviz.ir.family` name."""
+
+MATCH_COLORS = ("#2e7d32", "#1565c0", "#6a1b9a", "#00838f", "#ef6c00", "#ad1457", "#4e342e", "#283593")
+"""Border colours cycled over match clusters (fill is a pale tint of the same hue)."""
+
+REJECT = "#c62828"
+"""Rejections: anchor border, offending nodes and edges."""
+REJECT_FILL = "#fdecea"
+ADDED = "#2e7d32"
+REMOVED = "#9e9e9e"
+STATUS_COLORS = {"fused": "#a5d6a7", "partly fused": "#fff59d", "rejected": "#ffcdd2", "unfused": "#eeeeee"}
+"""Fill of a layer box in the layer-collapsed view, by fusion status."""
+
+
+def hashed_color(key: str) -> str:
+    """A pale colour derived from `key` by CRC32 (stable across runs, unlike `hash`)."""
+    h = zlib.crc32(key.encode()) % 360 / 360.0
+    r, g, b = colorsys.hls_to_rgb(h, 0.85, 0.6)
+    return f"#{int(r * 255):02x}{int(g * 255):02x}{int(b * 255):02x}"
+
+
+def op_color(op: Op | str) -> str:
+    """Fill colour of an op: its family's colour, or a colour hashed from its name."""
+    try:
+        fam = family(Op(op))
+    except ValueError:
+        return hashed_color(str(op))
+    return FAMILY_COLORS.get(fam) or hashed_color(str(op))
+
+
+def tint(hex_color: str, amount: float = 0.88) -> str:
+    """`hex_color` mixed with white (`amount` = share of white)."""
+    r, g, b = (int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
+    mix = [round(c + (255 - c) * amount) for c in (r, g, b)]
+    return "#" + "".join(f"{c:02x}" for c in mix)
+
+
+def fmt_shape(node: Node) -> str:
+    """`f32[1,128,768]`."""
+    return f"{node.dtype.value}[{','.join(map(str, node.shape))}]"
+
+
+_ABBREV = {"num_heads": "heads", "head_dim": "dh", "intermediate_size": "ffn", "activation": "act",
+           "keepdims": "keep", "length": "len", "has_bias": "bias", "has_rope": "rope", "gate_first": "gate1st"}
+
+
+def _fmt_value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, tuple):
+        s = "(" + ",".join(_fmt_value(x) for x in v) + ")"
+        return s if len(s) <= 28 else s[:25] + "…)"
+    return str(v)
+
+
+def fmt_attrs(node: Node, limit: int = 48) -> str:
+    """Key attributes of `node`, defaults and names omitted: `heads=12 dh=64 mask=keep`."""
+    spec = SPECS.get(node.op)
+    parts: list[str] = []
+    for k, v in node.attrs.items():
+        if k == "name" or v is None:
+            continue
+        a = spec.attrs.get(k) if spec else None
+        if a is not None and not a.required and v == a.default:
+            continue
+        if node.op == Op.CAST and k == "dtype":
+            parts.append(f"to {v}")
+            continue
+        parts.append(f"{_ABBREV.get(k, k)}={_fmt_value(v)}")
+    s = " ".join(parts)
+    return s if len(s) <= limit else s[:limit - 1] + "…"
+
+
+def short_name(name: str, keep: int = 2) -> str:
+    """The last `keep` dotted parts of a parameter name: `qkv.weight`."""
+    return ".".join(name.split(".")[-keep:])
+
+
+def human_count(n: int) -> str:
+    """`1.2M`, `590K`, `768`."""
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.3g}{suffix}"
+    return str(n)
