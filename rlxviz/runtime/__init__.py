@@ -1,5 +1,28 @@
-"""Execution: the NumPy reference interpreter (the oracle) and the MLX runtime."""
+"""Execution: the NumPy reference interpreter (the oracle) and the MLX runtime.
 
+The MLX parts are imported lazily (first attribute access), so `import rlxviz.runtime` stays
+cheap and `blas.load_blas()` always runs before `mlx.core` is imported.
+"""
+
+from importlib import import_module
+from typing import Any
+
+from .blas import BlasRecord, active_blas, load_blas
 from .reference import IMPLS, NumpyEmitter, bind_leaf, run_reference
 
-__all__ = ["IMPLS", "NumpyEmitter", "bind_leaf", "run_reference"]
+_LAZY = {
+    "MlxExecutor": "executor", "default_executor": "executor", "graph_key": "executor", "run_mlx": "executor",
+    "LOWERINGS": "lowering", "LoweringError": "lowering", "LoweringOptions": "lowering",
+    "Timing": "timing", "OutputDiff": "timing", "time_version": "timing", "equivalence": "timing",
+    "blas_summary": "mlx_backend",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["IMPLS", "BlasRecord", "NumpyEmitter", "active_blas", "bind_leaf", "load_blas", "run_reference",
+           *_LAZY]

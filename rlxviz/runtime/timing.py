@@ -1,0 +1,141 @@
+"""Timing and numerical equivalence of graph versions on MLX.
+
+`time_version` forces `mx.eval` inside the timed loop (MLX is lazy: without it only graph
+construction would be timed) and reports the first call — which builds the program, traces it
+and, with `compile_graph`, compiles it — separately from the steady state.
+`equivalence` compares a version's MLX outputs to the NumPy reference of the unfused graph.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..ir import Graph
+from .executor import MlxExecutor, default_executor
+from .mlx_backend import mx
+from .reference import run_reference
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Wall-clock timing of one graph version, in milliseconds.
+
+    Attributes:
+        median_ms / min_ms: over `repeat` timed calls (each ends with `mx.eval` of all outputs).
+        iqr_ms: interquartile range (p75 - p25) of the timed calls.
+        first_call_ms: the first call on a fresh program (program build + trace + compile + run).
+        samples_ms: every timed call.
+    """
+
+    median_ms: float
+    min_ms: float
+    iqr_ms: float
+    first_call_ms: float
+    samples_ms: tuple[float, ...] = field(repr=False, default=())
+
+    def __str__(self) -> str:
+        return (f"median {self.median_ms:.2f} ms (min {self.min_ms:.2f}, IQR {self.iqr_ms:.2f}), "
+                f"first call {self.first_call_ms:.1f} ms")
+
+
+def summarize(samples_s: Sequence[float], first_s: float) -> Timing:
+    """A `Timing` from per-call seconds and the first call's seconds."""
+    ms = sorted(s * 1e3 for s in samples_s)
+    q = statistics.quantiles(ms, n=4) if len(ms) >= 2 else [ms[0], ms[0], ms[0]]
+    return Timing(statistics.median(ms), ms[0], q[2] - q[0], first_s * 1e3, tuple(ms))
+
+
+def time_version(graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str, Any] | None = None,
+                 warmup: int = 3, repeat: int = 20, executor: MlxExecutor | None = None) -> Timing:
+    """Time running `graph` on MLX.
+
+    Args:
+        graph: any graph version (fused or not).
+        feeds / weights: NumPy or MLX arrays by name; converted once, outside the timed loop.
+        warmup: untimed calls after the first call.
+        repeat: timed calls.
+        executor: defaults to `default_executor()`; its program cache entry for `graph` is
+            dropped first so the first call includes the build and compile cost.
+
+    Returns:
+        `Timing` (median/min/IQR of the timed calls, first-call cost separately).
+    """
+    ex = executor or default_executor()
+    key = (ex.key_of(graph), ex.options, ex.compile_graph)
+    ex._programs.pop(key, None)  # fresh program: first call pays build + trace + compile
+    feeds_mx = {k: v if isinstance(v, mx.array) else mx.array(np.asarray(v)) for k, v in feeds.items()}
+    mx.eval(list(feeds_mx.values()))
+    t = time.perf_counter()
+    prog, args = ex.bind(graph, feeds_mx, weights)
+    mx.eval(prog.fn(*args))
+    first = time.perf_counter() - t
+    for _ in range(warmup):
+        mx.eval(prog.fn(*args))
+    samples = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        mx.eval(prog.fn(*args))
+        samples.append(time.perf_counter() - t)
+    return summarize(samples, first)
+
+
+@dataclass(frozen=True)
+class OutputDiff:
+    """How far one output is from the reference.
+
+    Attributes:
+        max_abs: max |mlx - ref|.
+        max_rel: max |mlx - ref| / max(|ref|, atol) (relative error, guarded near zero).
+        ok: `np.allclose(mlx, ref, rtol, atol)` and the shapes agree.
+    """
+
+    index: int
+    shape: tuple[int, ...]
+    max_abs: float
+    max_rel: float
+    ok: bool
+
+
+def diff(got: np.ndarray, ref: np.ndarray, index: int = 0, rtol: float = 1e-4, atol: float = 1e-5) -> OutputDiff:
+    """Compare one output array with its reference (float64 arithmetic)."""
+    if got.shape != ref.shape:
+        return OutputDiff(index, tuple(ref.shape), float("inf"), float("inf"), False)
+    g, r = got.astype(np.float64), ref.astype(np.float64)
+    err = np.abs(g - r)
+    max_abs = float(err.max()) if err.size else 0.0
+    max_rel = float((err / np.maximum(np.abs(r), atol)).max()) if err.size else 0.0
+    ok = bool(np.allclose(g, r, rtol=rtol, atol=atol, equal_nan=True))
+    return OutputDiff(index, tuple(ref.shape), max_abs, max_rel, ok)
+
+
+def equivalence(version: Graph, feeds: Mapping[str, Any], weights: Mapping[str, Any] | None = None,
+                reference_graph: Graph | None = None, rtol: float = 1e-4, atol: float = 1e-5,
+                executor: MlxExecutor | None = None,
+                reference_outputs: Sequence[np.ndarray] | None = None) -> list[OutputDiff]:
+    """Compare `version` run on MLX with the NumPy reference of `reference_graph` (the unfused graph).
+
+    Args:
+        version: the graph version to check.
+        reference_graph: the unfused graph (default: `version` itself, run by the reference).
+        reference_outputs: precomputed reference outputs (skips running the reference).
+        rtol / atol: tolerance for `OutputDiff.ok`.
+
+    Returns:
+        One `OutputDiff` per graph output (max abs and max rel error).
+
+    Raises:
+        ValueError: the versions have different numbers of outputs.
+    """
+    feeds_np = {k: np.asarray(v) for k, v in feeds.items()}
+    if reference_outputs is None:
+        reference_outputs = run_reference(reference_graph or version, feeds_np, weights)
+    got = (executor or default_executor()).run(version, feeds_np, weights)
+    if len(got) != len(reference_outputs):
+        raise ValueError(f"version has {len(got)} outputs, reference has {len(reference_outputs)}")
+    return [diff(g, r, i, rtol, atol) for i, (g, r) in enumerate(zip(got, reference_outputs, strict=True))]
