@@ -219,3 +219,12 @@ def test_allowed_roots(tmp_path):
         load_checkpoint(sneaky, seq=4, allowed_roots=[root])
     with pytest.raises(CheckpointError, match="none configured"):
         load_checkpoint(inside, allowed_roots=[])
+
+
+def test_bfloat16_explained(tmp_path):
+    folder = write_ckpt(tmp_path / "ck", hf_tensors()[1])
+    header = json.dumps({"embeddings.word_embeddings.weight": {"dtype": "BF16", "shape": [2],
+                                                               "data_offsets": [0, 4]}}).encode()
+    (folder / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 4)
+    with pytest.raises(CheckpointError, match="'embeddings.word_embeddings.weight'.*NumPy has no bfloat16"):
+        load_checkpoint(folder, seq=4)

@@ -162,7 +162,9 @@ def read_tensors(files: Sequence[Path]) -> dict[str, np.ndarray]:
                 try:
                     arr = handle.get_tensor(key)
                 except (SafetensorError, TypeError, ValueError) as e:
-                    raise CheckpointError(f"{f}: cannot read tensor {key!r} ({e})") from None
+                    hint = "; NumPy has no bfloat16: save the checkpoint as float32 or float16" \
+                        if "bfloat16" in str(e) else ""
+                    raise CheckpointError(f"{f}: cannot read tensor {key!r} ({e}){hint}") from None
                 out[key] = arr.astype(np.float32) if arr.dtype == np.float16 else arr
     return out
 
