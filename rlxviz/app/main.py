@@ -1,19 +1,52 @@
-"""The Panel application's template (a first cut: the IR of a built-in graph)."""
+"""The Panel app's template: one `AppState` per browser session, the views placed in a template.
+
+`app.py` calls `build_app().servable()`; `panel serve app.py` runs it (see the Makefile's `app` target).
+"""
 
 from __future__ import annotations
 
 import panel as pn
 
-from ..ir import Builder, format_graph
+from .controls import ModelControls, PipelineControls, StatusBar, VariantControls
+from .jobs import Runner
+from .panels import DecisionTable, GraphCompare, IRView, NodeInspector, TimingView, VersionStepper, WhyView
+from .state import AppState
+
+TITLE = "rlxviz: why did (or didn't) it fuse?"
 
 
-def build_app() -> pn.template.BaseTemplate:
-    """The app template; `app.py` calls `.servable()` on it."""
-    b = Builder("mlp")
-    x = b.input("x", (2, 8, 16))
-    with b.scope("fc"):
-        y = b.gelu(b.linear(x, b.param("fc.weight", (16, 32)), b.param("fc.bias", (32,))))
-    b.output(y)
-    tmpl = pn.template.FastListTemplate(title="rlxviz")
-    tmpl.main.append(pn.pane.Markdown("```\n" + format_graph(b.build()) + "```"))
+def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
+    """The app for one session.
+
+    Args:
+        state: an existing state (tests, notebooks); default a new one whose model loads in the
+            background once the page is shown, so the page appears at once.
+
+    Returns:
+        A `FastListTemplate`; call `.servable()` on it.
+    """
+    pn.extension("tabulator", notifications=False, sizing_mode="stretch_width")
+    if state is None:
+        state = AppState(runner=Runner(background=True), autorun=False)
+        if pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:
+            pn.state.onload(lambda: _start(state))
+        else:
+            _start(state)
+    tabs = pn.Tabs(
+        ("Graph", pn.Row(GraphCompare(state=state), NodeInspector(state=state), sizing_mode="stretch_both")),
+        ("Matches & rejections", DecisionTable(state=state)),
+        ("Why didn't layer N fuse?", WhyView(state=state)),
+        ("Timing", TimingView(state=state)),
+        ("IR & diff", IRView(state=state)),
+        dynamic=False, sizing_mode="stretch_both", css_classes=["rv-tabs"])
+    tmpl = pn.template.FastListTemplate(
+        title=TITLE, sidebar_width=340, accent="#1565c0", header_background="#0d47a1", theme_toggle=False,
+        sidebar=[ModelControls(state=state), VariantControls(state=state), PipelineControls(state=state)],
+        main=[pn.Column(StatusBar(state=state), VersionStepper(state=state), tabs, sizing_mode="stretch_both")])
+    tmpl.state = state  # type: ignore[attr-defined]  # handy for tests and notebooks
     return tmpl
+
+
+def _start(state: AppState) -> None:
+    state.autorun = True
+    state.load()

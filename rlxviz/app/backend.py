@@ -1,0 +1,235 @@
+"""The app's only door to the other parts of rlxviz (models, passes, viz, runtime), with caches.
+
+Every function here calls a public function of another package. A package that has not landed
+yet raises `NotAvailable`, which the state turns into a "not available yet" message instead of
+failing. Results are cached per `(model key, shapes, pipeline)` across sessions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..ir import Graph, lint, parse_ir
+from ..models import VARIANTS, Model, load_model
+from ..models.bert import random_weights
+from .jobs import LRUCache
+
+MODELS = LRUCache(maxsize=4)
+TRACES = LRUCache(maxsize=16)
+RENDERS = LRUCache(maxsize=512)
+TIMINGS = LRUCache(maxsize=32)
+
+
+class NotAvailable(RuntimeError):
+    """A part of rlxviz the app needs has not been installed or built yet."""
+
+
+def _module(name: str, what: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise NotAvailable(f"{what} ({name}) is not available yet: {e}") from None
+
+
+def _attr(module: str, attr: str, what: str) -> Any:
+    mod = _module(module, what)
+    if not hasattr(mod, attr):
+        raise NotAvailable(f"{what} ({module}.{attr}) is not available yet")
+    return getattr(mod, attr)
+
+
+# -- models ---------------------------------------------------------------------------------------
+
+def presets() -> dict[str, str]:
+    """Preset name -> one-line description (the real MiniLM first when installed)."""
+    from ..models import PRESETS
+
+    names = sorted(PRESETS, key=lambda n: (n != "minilm", n))
+    return {n: PRESETS[n][1] for n in names}
+
+
+def default_preset() -> str:
+    """`minilm` when its package is installed, else the first preset."""
+    p = presets()
+    if "minilm" in p:
+        try:
+            _attr("rlxviz.models.minilm", "minilm_dir", "the MiniLM preset")()
+            return "minilm"
+        except Exception:  # noqa: BLE001 - not installed: fall back to a random-weight preset
+            pass
+    return next((n for n in p if n != "minilm"), next(iter(p)))
+
+
+def variant_for(name: str, layer: int) -> Any:
+    """The `Variant` record for a teaching-variant name (None for `none` and for shape-only variants)."""
+    v = VARIANTS.get(name)
+    if v is None or name == "none":
+        return None
+    return replace(v, layer=layer)
+
+
+def load_preset(name: str, batch: int, seq: int, style: str | None, variant: str, layer: int) -> Model:
+    """A preset model, cached per (name, shapes, style, variant)."""
+    key = ("preset", name, batch, seq, style, variant, layer)
+    kwargs: dict[str, Any] = {"variant": variant_for(variant, layer)}
+    if style:
+        kwargs["style"] = style
+    return MODELS.get_or_compute(key, lambda: load_model(name, batch, seq, **kwargs))
+
+
+def load_folder(folder: Path, batch: int, seq: int, style: str | None, variant: str, layer: int,
+                allowed: list[Path] | None, key: str) -> Model:
+    """A Hugging Face checkpoint folder (`rlxviz.models.checkpoint.load_checkpoint`), cached under `key`."""
+    load_checkpoint = _attr("rlxviz.models.checkpoint", "load_checkpoint", "the checkpoint loader")
+    kwargs: dict[str, Any] = {"variant": variant_for(variant, layer)}
+    if style:
+        kwargs["style"] = style
+    return MODELS.get_or_compute(("folder", key, batch, seq, style, variant, layer),
+                                 lambda: load_checkpoint(folder, batch, seq, allowed, **kwargs))
+
+
+def load_ir(text: str) -> Model:
+    """A model from IR text: the parsed, linted graph with seeded random weights for its params.
+
+    Raises:
+        IRSyntaxError: malformed text (line, column, caret). GraphError: a graph that parses but is invalid.
+    """
+    digest = hashlib.sha256(text.encode()).hexdigest()
+
+    def build() -> Model:
+        g = lint(parse_ir(text), "parse")
+        return Model(g.name, g, random_weights(g, seed=0), None, "graph from IR text")
+
+    return MODELS.get_or_compute(("ir", digest), build)
+
+
+def feeds(model: Model, batch: int, seq: int, text: str) -> dict[str, np.ndarray]:
+    """Inputs for `model`: `text` tokenized (one copy per batch row) when the model has a tokenizer,
+    else seeded random inputs (`Model.random_feeds`)."""
+    if model.tokenizer_file is not None and text.strip():
+        ids = {n.attrs["name"]: n for n in model.graph.inputs}
+        if set(ids) >= {"input_ids", "attention_mask"}:
+            tokenize = _attr("rlxviz.models.minilm", "tokenize", "the tokenizer")
+            b, s = ids["input_ids"].shape
+            return tokenize([text] * b, s, model.tokenizer_file)
+    return model.random_feeds(seed=0)
+
+
+def graph_digest(graph: Graph) -> str:
+    """A content hash of a graph (its IR text), for cache keys."""
+    from ..ir import format_graph
+
+    return hashlib.sha256(format_graph(graph).encode()).hexdigest()[:16]
+
+
+# -- passes -----------------------------------------------------------------------------------------
+
+FULL_VIEW_LIMIT = 400
+"""`auto` view: graphs with more nodes than this are drawn one box per layer."""
+
+
+def _passes() -> Any:
+    mod = _module("rlxviz.passes", "the fusion passes")
+    if not hasattr(mod, "Pipeline"):
+        raise NotAvailable("the fusion passes (rlxviz.passes.Pipeline) are not available yet")
+    return mod
+
+
+def canonical_passes() -> list[str]:
+    """Pass names in the canonical order."""
+    raise NotAvailable("the fusion passes (rlxviz.passes.Pipeline) are not available yet") if True else _passes()
+
+
+def available_passes() -> list[str]:
+    return canonical_passes()
+
+
+def default_threshold() -> int | None:
+    _passes()
+    return None
+
+
+def run_pipeline(model: Model, passes: list[str], threshold: int | None) -> Any:
+    """The pipeline's `Trace` on `model.graph`, cached per (graph, passes, threshold)."""
+    _passes()
+    raise NotAvailable("the fusion passes (rlxviz.passes.Pipeline) are not available yet")
+
+
+# -- viz --------------------------------------------------------------------------------------------
+
+def _viz() -> Any:
+    mod = _module("rlxviz.viz", "the renderer")
+    if not hasattr(mod, "render_dot"):
+        raise NotAvailable("the renderer (rlxviz.viz.render_dot) is not available yet")
+    return mod
+
+
+def picture(state: Any, k: int | None, view: str, side: str = "after") -> tuple[Graph, Any, dict[str, Any]]:
+    """What to draw for shown version `k`: (graph, overlay, render_dot keyword arguments).
+
+    `side="after"` is the version itself with its pass's fused nodes marked; `side="before"` is the graph
+    before that pass with every match clustered and every rejection marked. `view` is `full`,
+    `collapsed` (one box per layer) or `focus` (the selected layer of the full view).
+    """
+    viz = _viz()
+    i = state.version_index(k)
+    trace = state.trace
+    if trace is None:
+        g, ov = state.model.graph, None
+    else:
+        step = trace.steps[i - 1] if i > 0 else None
+        if step is None:
+            g, ov = trace.input, None
+        elif side == "before":
+            g, ov = step.before, viz.Overlay.before(step)
+        else:
+            g, ov = step.after, viz.Overlay.after(step)
+    kw: dict[str, Any] = {"view": "layers" if view == "collapsed" else "full"}
+    if view == "focus":
+        if state.selected_layer is None:
+            raise ValueError("pick a layer to focus on")
+        kw["focus"] = state.selected_layer
+    if view == "collapsed" and trace is not None and ov is None:
+        ov = viz.Overlay.trace_summary(trace)
+    return g, ov, kw
+
+
+def render_dot(state: Any, k: int | None, view: str, side: str = "after") -> str:
+    """DOT source of shown version `k` (see `picture`)."""
+    g, ov, kw = picture(state, k, view, side)
+    return _viz().render_dot(g, ov, **kw)
+
+
+def render_svg(state: Any, k: int | None, view: str, side: str = "after") -> str:
+    """SVG of shown version `k`, cached per (model, pipeline, version, view, side) across sessions."""
+    key = ("svg", side, *state.render_key(k, view))
+    return RENDERS.get_or_compute(key, lambda: _viz().render_svg(render_dot(state, k, view, side)).svg)
+
+
+# -- runtime ----------------------------------------------------------------------------------------
+
+def blas_summary() -> str:
+    """Which BLAS MLX's CPU matmul uses (`rlxviz.runtime.mlx_backend.blas_summary`)."""
+    return _attr("rlxviz.runtime.mlx_backend", "blas_summary", "the MLX runtime")()
+
+
+def time_graph(graph: Graph, feeds: dict[str, np.ndarray], weights: dict[str, np.ndarray], repeat: int,
+               reference: list[np.ndarray] | None) -> tuple[Any, float]:
+    """(Timing, max abs error vs `reference`) of one version on MLX (`rlxviz.runtime.timing`)."""
+    timing = _module("rlxviz.runtime.timing", "the MLX runtime")
+    t = timing.time_version(graph, feeds, weights, warmup=2, repeat=repeat)
+    diffs = timing.equivalence(graph, feeds, weights, reference_outputs=reference)
+    return t, max((d.max_abs for d in diffs), default=0.0)
+
+
+def reference_outputs(graph: Graph, feeds: dict[str, np.ndarray], weights: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The NumPy reference interpreter's outputs for the unfused graph."""
+    from ..runtime import run_reference
+
+    return run_reference(graph, feeds, weights)

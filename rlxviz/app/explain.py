@@ -1,0 +1,117 @@
+"""Plain-data derivations of a `Trace` for the app's tables and inspectors (no Panel import).
+
+* `decision_rows`: every match and rejection as one table row (pass, rule, layer, guard, message).
+* `node_report`: what the inspector says about one node: op, attributes, shapes, provenance,
+  operands, users, and every match / rejection that involved it (guard and outcome).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..ir import Graph, Node, format_node, operand_roles
+from ..passes.trace import layer_of
+
+
+def decision_rows(trace: Any) -> list[dict[str, Any]]:
+    """One row per match and per rejection, in pipeline order.
+
+    Columns: `kind` (`fused` / `rejected`), `step` (index into `trace.steps`), `pass`, `rule`, `layer`
+    (int or None), `stage`, `guard`, `anchor`, `message`, `hint`, `nodes` (ids to highlight).
+    """
+    rows: list[dict[str, Any]] = []
+    if trace is None:
+        return rows
+    for k, s in enumerate(trace.steps):
+        for m in s.matches:
+            nodes = sorted({m.anchor, *m.bindings.values(), *([m.fused] if m.fused is not None else [])})
+            fused = s.after.get(m.fused) if m.fused is not None else None
+            rows.append({"kind": "fused", "step": k, "pass": s.pass_name, "rule": m.rule, "layer": m.layer,
+                         "stage": "", "guard": "all passed", "anchor": m.anchor,
+                         "message": f"fused into {fused.op.value} %{fused.id}" if fused is not None else "rewritten",
+                         "hint": "", "path": m.path, "nodes": nodes})
+        for r in s.rejections:
+            nodes = list(dict.fromkeys([*r.offending, r.anchor]))
+            rows.append({"kind": "rejected", "step": k, "pass": s.pass_name, "rule": r.rule, "layer": r.layer,
+                         "stage": r.stage, "guard": r.guard, "anchor": r.anchor, "message": r.message,
+                         "hint": r.hint, "path": r.path, "nodes": nodes})
+    return rows
+
+
+def _node_line(g: Graph, nid: int, role: str | None = None) -> str:
+    n = g.get(nid)
+    if n is None:
+        return f"%{nid} (not in this version)"
+    where = f" @{n.path}" if n.path else ""
+    return f"{role + ': ' if role else ''}%{n.id} {n.op.value} {n.dtype}{list(n.shape)}{where}"
+
+
+def node_report(graph: Graph, node_id: int, trace: Any = None) -> dict[str, Any]:
+    """Everything the inspector shows about `node_id` in `graph`.
+
+    Returns:
+        dict with `id, op, attrs, shape, dtype, path, layer, pass_name, absorbed, ir, operands` (role lines),
+        `users` (lines), `is_output`, and `decisions`: one dict per match/rejection in `trace` whose anchor,
+        bindings, offending nodes or fused node is this node (`pass, rule, role, outcome, guard, message, hint`).
+
+    Raises:
+        KeyError: no such node in `graph`.
+    """
+    n: Node | None = graph.get(node_id)
+    if n is None:
+        raise KeyError(f"node %{node_id} is not in this version of the graph")
+    roles = operand_roles(n.op, n.attrs, len(n.inputs))
+    report: dict[str, Any] = {
+        "id": n.id, "op": n.op.value, "attrs": dict(n.attrs), "shape": list(n.shape), "dtype": str(n.dtype),
+        "path": n.path, "layer": layer_of(n.path), "pass_name": n.pass_name, "absorbed": list(n.absorbed),
+        "ir": format_node(n), "is_output": graph.is_output(n),
+        "operands": [_node_line(graph, i, roles[k] if k < len(roles) else None) for k, i in enumerate(n.inputs)],
+        "users": [_node_line(graph, u.id) for u in graph.users(n)],
+        "decisions": [],
+    }
+    if trace is None:
+        return report
+    for s in trace.steps:
+        for m in s.matches:
+            role = next((r for r, i in m.bindings.items() if i == node_id), None)
+            if m.anchor == node_id or role or m.fused == node_id:
+                report["decisions"].append({"pass": s.pass_name, "rule": m.rule,
+                                            "role": "fused node" if m.fused == node_id else (role or "anchor"),
+                                            "outcome": "fused", "guard": "all guards passed", "message": "",
+                                            "hint": ""})
+        for r in s.rejections:
+            role = next((k for k, i in r.bindings.items() if i == node_id), None)
+            if r.anchor == node_id or role or node_id in r.offending:
+                report["decisions"].append({"pass": s.pass_name, "rule": r.rule,
+                                            "role": role or ("anchor" if r.anchor == node_id else "offending"),
+                                            "outcome": f"rejected ({r.stage})", "guard": r.guard,
+                                            "message": r.message, "hint": r.hint})
+    return report
+
+
+def report_markdown(rep: dict[str, Any]) -> str:
+    """The inspector's text for a `node_report`."""
+    lines = [f"#### %{rep['id']} `{rep['op']}` : {rep['dtype']}{rep['shape']}"]
+    if rep["path"]:
+        layer = f" (layer {rep['layer']})" if rep["layer"] is not None else ""
+        lines.append(f"**provenance** `{rep['path']}`{layer}")
+    if rep["pass_name"]:
+        lines.append(f"**created by** `{rep['pass_name']}`, replacing {', '.join(f'%{i}' for i in rep['absorbed'])}")
+    if rep["attrs"]:
+        lines.append("**attributes** " + ", ".join(f"`{k}={v!r}`" for k, v in rep["attrs"].items()))
+    if rep["is_output"]:
+        lines.append("**graph output**")
+    if rep["operands"]:
+        lines.append("**operands**\n" + "\n".join(f"- {x}" for x in rep["operands"]))
+    lines.append("**users**\n" + ("\n".join(f"- {x}" for x in rep["users"]) if rep["users"] else "- none"))
+    if rep["decisions"]:
+        lines.append("**guards evaluated on this node**")
+        for d in rep["decisions"]:
+            icon = "✅" if d["outcome"] == "fused" else "❌"
+            msg = f": {d['message']}" if d["message"] else ""
+            hint = f" *Fix:* {d['hint']}" if d["hint"] else ""
+            lines.append(f"- {icon} `{d['rule']}` as *{d['role']}*: **{d['guard']}** ({d['outcome']}){msg}{hint}")
+    else:
+        lines.append("*No pattern was anchored on or bound to this node.*")
+    lines.append(f"```\n{rep['ir']}\n```")
+    return "\n\n".join(lines)

@@ -1,0 +1,341 @@
+"""Main-area views: version stepper, before/after graphs, node inspector, decisions table,
+"why didn't layer N fuse?", timing, IR text and diff with downloads. Each reads one `AppState`.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+from typing import Any
+
+import pandas as pd
+import panel as pn
+import param
+from panel.viewable import Viewer
+
+from . import backend
+from .explain import decision_rows, node_report, report_markdown
+from .graphpane import SvgGraph
+from .state import AppState
+
+
+def _safe(fn: Any, *args: Any) -> tuple[Any, str | None]:
+    try:
+        return fn(*args), None
+    except backend.NotAvailable as e:
+        return None, str(e)
+    except Exception as e:  # noqa: BLE001 - shown in the page instead of breaking the view
+        return None, f"{type(e).__name__}: {e}"
+
+
+class VersionStepper(Viewer):
+    """Step through versions: ◀ / ▶, a list of versions, a player; hide unchanged passes; node counts."""
+
+    state = param.ClassSelector(class_=AppState)
+
+    def __init__(self, **params: object) -> None:
+        super().__init__(**params)
+        s = self.state
+        self.select = pn.widgets.Select(name="Version", options=self._options(), value=s.version, width=330,
+                                        css_classes=["rv-version"])
+        self.select.param.watch(lambda e: setattr(s, "version", e.new), "value")
+        self.prev = pn.widgets.Button(name="◀", width=40, align="end", css_classes=["rv-prev"])
+        self.next = pn.widgets.Button(name="▶", width=40, align="end", css_classes=["rv-next"])
+        self.prev.on_click(lambda e: self._move(-1))
+        self.next.on_click(lambda e: self._move(1))
+        self.player = pn.widgets.Player(start=0, end=max(len(s.version_labels) - 1, 1), value=s.version,
+                                        interval=1500, loop_policy="once", show_value=False, width=260,
+                                        align="end", visible_buttons=["first", "previous", "play", "pause", "next",
+                                                                      "last"], height=60)
+        self.player.param.watch(lambda e: setattr(s, "version", e.new), "value")
+        self.hide = pn.widgets.Checkbox.from_param(s.param.hide_unchanged, name="hide passes that changed nothing",
+                                                   align="end")
+        self.view = pn.widgets.Select.from_param(s.param.view, name="View", width=110)
+        self.counts = pn.pane.HTML(self._counts(), sizing_mode="stretch_width", css_classes=["rv-counts"])
+        s.param.watch(self._sync, ["trace", "version", "hide_unchanged"])
+
+    def _options(self) -> dict[str, int]:
+        rows = self.state.version_rows()
+        return {f"{r['#']}: {r['version']} ({r['nodes']} ops)": r["#"] for r in rows} or {"input": 0}
+
+    def _move(self, d: int) -> None:
+        s = self.state
+        s.version = min(max(s.version + d, 0), max(len(s.version_labels) - 1, 0))
+
+    def _counts(self) -> str:
+        rows = self.state.version_rows()
+        if not rows:
+            return ""
+        cells = []
+        for r in rows:
+            cur = r["#"] == self.state.version
+            delta = f" ({r['change']:+d})" if r["change"] else ""
+            style = "background:#1565c0;color:#fff;" if cur else "background:#f1f3f5;"
+            cells.append(f"<span style='{style}padding:2px 6px;border-radius:10px;margin:2px;display:inline-block;"
+                         f"font-size:12px' title='{html.escape(r['version'])}'>{html.escape(r['version'])}: "
+                         f"<b>{r['nodes']}</b>{delta}</span>")
+        return "<div>ops per version: " + "".join(cells) + "</div>"
+
+    def _sync(self, *events: param.parameterized.Event) -> None:
+        s = self.state
+        n = len(s.version_labels)
+        self.select.param.update(options=self._options(), value=s.version)
+        self.player.param.update(end=max(n - 1, 1), value=min(s.version, max(n - 1, 0)))
+        self.counts.object = self._counts()
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        return pn.Column(pn.Row(self.prev, self.select, self.next, self.player, self.hide, self.view),
+                         self.counts, sizing_mode="stretch_width")
+
+
+class GraphCompare(Viewer):
+    """The version before the selected pass and after it, side by side, with pan/zoom and click-to-inspect."""
+
+    state = param.ClassSelector(class_=AppState)
+
+    def __init__(self, **params: object) -> None:
+        super().__init__(**params)
+        s = self.state
+        self.before = SvgGraph(sizing_mode="stretch_both", min_height=560, css_classes=["rv-before"])
+        self.after = SvgGraph(sizing_mode="stretch_both", min_height=560, css_classes=["rv-after"])
+        for g in (self.before, self.after):
+            g.param.watch(lambda e: setattr(s, "selected_node", e.obj.clicked), "clicks")
+        self.note = pn.pane.Markdown("", css_classes=["rv-graph-note"], margin=(0, 10))
+        s.param.watch(self._draw, ["trace", "version", "view", "selected_layer"])
+        s.param.watch(self._mark, ["highlight", "selected_node"])
+        self._draw()
+
+    def _draw(self, *events: param.parameterized.Event) -> None:
+        s = self.state
+        if s.trace is None and s.model is None:
+            return
+        k = s.version
+        svg, err = _safe(s.svg, k)
+        step = s.current_step
+        self.after.param.update(svg=svg or "", title=f"{s.version_labels[k] if s.version_labels else 'input'}")
+        if step is not None:
+            prev, err2 = _safe(s.svg_before, k)
+            self.before.param.update(svg=prev or "", title=f"before {step.pass_name}")
+            err = err or err2
+        self.before.visible = step is not None
+        self.note.object = f"⚠️ {err}" if err else ""
+        self._mark()
+
+    def _mark(self, *events: param.parameterized.Event) -> None:
+        s = self.state
+        for g in (self.before, self.after):
+            g.param.update(highlight=list(s.highlight), selected=s.selected_node)
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        return pn.Column(self.note, pn.Row(self.before, self.after, sizing_mode="stretch_both"),
+                         sizing_mode="stretch_both")
+
+
+class NodeInspector(Viewer):
+    """The clicked node: op, attributes, shapes, provenance, operands, users, every guard evaluated on it."""
+
+    state = param.ClassSelector(class_=AppState)
+
+    def __init__(self, **params: object) -> None:
+        super().__init__(**params)
+        self.pane = pn.pane.Markdown(self._text(), sizing_mode="stretch_width", css_classes=["rv-inspector"])
+        self.state.param.watch(lambda *e: setattr(self.pane, "object", self._text()),
+                               ["selected_node", "version", "trace"])
+
+    def _text(self) -> str:
+        s = self.state
+        if s.selected_node is None:
+            return "*Click a node in the graph to inspect it.*"
+        for g in (s.current_graph, s.previous_graph):
+            if g is not None and s.selected_node in g:
+                return report_markdown(node_report(g, s.selected_node, s.trace))
+        return f"*Node %{s.selected_node} is not in this version.*"
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        return pn.Column("### Node", self.pane, width=380, scroll=True, max_height=900)
+
+
+class DecisionTable(Viewer):
+    """Every match and rejection (Tabulator: sortable, filterable by pass, layer, guard); a click highlights it."""
+
+    state = param.ClassSelector(class_=AppState)
+    columns = ["kind", "pass", "layer", "guard", "rule", "anchor", "message", "hint"]
+
+    def __init__(self, **params: object) -> None:
+        super().__init__(**params)
+        self.table = pn.widgets.Tabulator(
+            self._frame(), show_index=False, sizing_mode="stretch_width", height=420, pagination=None,
+            disabled=True, selectable=1, layout="fit_data_stretch", css_classes=["rv-decisions"],
+            header_filters={"kind": {"type": "list", "values": ["fused", "rejected"], "clearable": True},
+                            "pass": {"type": "input", "func": "like", "placeholder": "pass"},
+                            "layer": {"type": "number", "func": "=", "placeholder": "layer"},
+                            "guard": {"type": "input", "func": "like", "placeholder": "guard"}},
+            formatters={"message": {"type": "textarea"}, "hint": {"type": "textarea"}},
+            widths={"message": 420, "hint": 260})
+        self.table.on_click(self._clicked)
+        self.state.param.watch(lambda *e: setattr(self.table, "value", self._frame()), "trace")
+
+    def _frame(self) -> pd.DataFrame:
+        rows = decision_rows(self.state.trace)
+        self._rows = rows
+        return pd.DataFrame([{c: r[c] for c in self.columns} for r in rows], columns=self.columns).astype(
+            {"layer": "Int64"})
+
+    def _clicked(self, event: Any) -> None:
+        self.select_row(event.row)
+
+    def select_row(self, i: int) -> None:
+        """Go to the version the row's pass produced and highlight its nodes."""
+        if i is None or i >= len(self._rows):
+            return
+        self.state.show_decision(self._rows[i])
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        return self.table
+
+
+class WhyView(Viewer):
+    """"Why didn't layer N fuse?": each pattern's outcome in plain words, the first failing guard,
+    the difference from a sibling layer that fused, and the picture focused on the layer."""
+
+    state = param.ClassSelector(class_=AppState)
+
+    def __init__(self, **params: object) -> None:
+        super().__init__(**params)
+        s = self.state
+        self.layer = pn.widgets.Select(name="Layer", options=self._layers(), value=s.selected_layer, width=120,
+                                       css_classes=["rv-why-layer"])
+        self.layer.param.watch(lambda e: setattr(s, "selected_layer", e.new), "value")
+        self.text = pn.pane.Markdown("", sizing_mode="stretch_width", css_classes=["rv-why"])
+        self.graph = SvgGraph(sizing_mode="stretch_both", min_height=520, keep_view=False)
+        self.graph.param.watch(lambda e: setattr(s, "selected_node", e.obj.clicked), "clicks")
+        s.param.watch(self._update, ["trace", "selected_layer", "version"])
+        s.param.watch(lambda e: setattr(self.graph, "highlight", list(e.new)), "highlight")
+        self._update()
+
+    def _layers(self) -> dict[str, int | None]:
+        return {"choose": None, **{f"layer {i}": i for i in self.state.layers()}}
+
+    def _update(self, *events: param.parameterized.Event) -> None:
+        s = self.state
+        self.layer.param.update(options=self._layers(), value=s.selected_layer)
+        if s.selected_layer is None:
+            self.text.object = "*Pick a layer to see each pattern's outcome and the first guard that failed.*"
+            self.graph.svg = ""
+            return
+        text, err = _safe(s.why_layer, s.selected_layer)
+        self.text.object = text if text else f"⚠️ {err}"
+        svg, err = _safe(s.svg, None, "focus")
+        self.graph.param.update(svg=svg or "", title=f"layer {s.selected_layer} in {s.version_labels[s.version]}"
+                                if s.version_labels else "", highlight=list(s.highlight))
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        return pn.Row(pn.Column(self.layer, self.text, width=480, scroll=True), self.graph, sizing_mode="stretch_both")
+
+
+class TimingView(Viewer):
+    """Run every version on MLX (progress bar); median ms per version as a Bokeh bar chart with the
+    speed-up over the unfused graph, the max error against the NumPy reference, and the BLAS in use."""
+
+    state = param.ClassSelector(class_=AppState)
+
+    def __init__(self, **params: object) -> None:
+        super().__init__(**params)
+        s = self.state
+        self.button = pn.widgets.Button(name="Time every version on MLX", button_type="primary",
+                                        css_classes=["rv-time"])
+        self.button.on_click(lambda e: s.time_all())
+        self.repeat = pn.widgets.IntInput.from_param(s.param.repeat, name="Timed runs", width=100)
+        self.blas = pn.pane.Markdown("", css_classes=["rv-blas"])
+        self.table = pn.widgets.Tabulator(pd.DataFrame(), show_index=False, disabled=True, sizing_mode="stretch_width",
+                                          css_classes=["rv-timings"], layout="fit_data_stretch")
+        self.chart = pn.pane.Bokeh(None, sizing_mode="stretch_width", height=340)
+        s.param.watch(self._update, ["timings", "blas"])
+        self._update()
+
+    def _update(self, *events: param.parameterized.Event) -> None:
+        s = self.state
+        self.blas.object = f"**MLX BLAS:** {s.blas}" if s.blas else ""
+        rows = s.timings
+        self.table.value = pd.DataFrame(rows)
+        self.chart.object = timing_figure(rows) if rows else None
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        return pn.Column(pn.Row(self.button, self.repeat), self.blas, self.chart, self.table,
+                         sizing_mode="stretch_width")
+
+
+def timing_figure(rows: list[dict[str, Any]]) -> Any:
+    """Bokeh figure: median ms per version (bars, speed-up labels) and max error (second plot)."""
+    from bokeh.layouts import row
+    from bokeh.models import ColumnDataSource, LabelSet
+    from bokeh.plotting import figure
+
+    labels = [r["version"] for r in rows]
+    src = ColumnDataSource({"version": labels, "ms": [r["median_ms"] for r in rows],
+                            "speedup": [f"{r['speedup']:.2f}×" for r in rows],
+                            "err": [max(r["max_err"], 1e-12) for r in rows]})
+    p = figure(y_range=labels[::-1], height=320, sizing_mode="stretch_width", title="median ms per version (MLX)",
+               toolbar_location=None, x_axis_label="ms")
+    p.hbar(y="version", right="ms", height=0.7, source=src, color="#1565c0")
+    p.add_layout(LabelSet(x="ms", y="version", text="speedup", source=src, x_offset=4, y_offset=-7,
+                          text_font_size="11px"))
+    p.x_range.start = 0
+    p.x_range.range_padding = 0.15
+    q = figure(y_range=p.y_range, height=320, width=260, x_axis_type="log", title="max |error| vs reference",
+               toolbar_location=None)
+    q.scatter(x="err", y="version", source=src, size=9, color="#c62828")
+    q.yaxis.visible = False
+    return row(p, q, sizing_mode="stretch_width")
+
+
+class IRView(Viewer):
+    """The selected version's IR text, a difflib diff against the version before, and downloads."""
+
+    state = param.ClassSelector(class_=AppState)
+
+    def __init__(self, **params: object) -> None:
+        super().__init__(**params)
+        s = self.state
+        self.ir = pn.pane.HTML("", sizing_mode="stretch_width", css_classes=["rv-ir"],
+                               styles={"max-height": "600px", "overflow": "auto"})
+        self.diff = pn.pane.HTML("", sizing_mode="stretch_width", css_classes=["rv-diff"],
+                                 styles={"max-height": "600px", "overflow": "auto"})
+        dl = dict(button_type="light", embed=False, width=150)
+        self.downloads = [
+            pn.widgets.FileDownload(callback=lambda: self._bytes(s.ir_current()), filename="graph.ir.txt",
+                                    label="IR text", **dl),
+            pn.widgets.FileDownload(callback=lambda: self._bytes(s.dot()), filename="graph.dot", label="DOT", **dl),
+            pn.widgets.FileDownload(callback=lambda: self._bytes(s.svg()), filename="graph.svg", label="SVG", **dl),
+            pn.widgets.FileDownload(callback=lambda: self._bytes(s.trace_json()), filename="trace.json",
+                                    label="trace JSON", **dl),
+        ]
+        s.param.watch(self._update, ["trace", "version"])
+        self._update()
+
+    @staticmethod
+    def _bytes(text: str) -> io.BytesIO:
+        return io.BytesIO(text.encode("utf-8"))
+
+    def _update(self, *events: param.parameterized.Event) -> None:
+        s = self.state
+        self.ir.object = f"<pre style='font-size:12px'>{html.escape(s.ir_current())}</pre>"
+        self.diff.object = diff_html(s.ir_diff())
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        return pn.Column(pn.Row("**Download:**", *self.downloads),
+                         pn.Row(pn.Column("#### IR of this version", self.ir, sizing_mode="stretch_width"),
+                                pn.Column("#### Diff against the previous version", self.diff,
+                                          sizing_mode="stretch_width"), sizing_mode="stretch_width"),
+                         sizing_mode="stretch_width")
+
+
+def diff_html(diff: str) -> str:
+    """A unified diff as coloured HTML (added green, removed red)."""
+    if not diff:
+        return "<i>no change (or the input version)</i>"
+    out = []
+    for line in diff.splitlines():
+        color = {"+": "#e6ffec", "-": "#ffebe9", "@": "#ddf4ff"}.get(line[:1], "")
+        out.append(f"<div style='background:{color}'>{html.escape(line) or '&nbsp;'}</div>")
+    return "<pre style='font-size:12px;margin:0'>" + "".join(out) + "</pre>"

@@ -1,0 +1,131 @@
+"""Where a model may come from, and the security rules for paths and uploads (no Panel import).
+
+* Checkpoint folders are accepted only *inside* directories listed in the environment variable
+  `RLXVIZ_ALLOWED_DIRS` (`os.pathsep`-separated, e.g. `/data/models:/srv/ckpt`). Unset or empty means
+  no folder is allowed: the app never reads an arbitrary server path. Paths are resolved
+  (symlinks, `..`) before the check, so `allowed/../../etc` is refused.
+* Uploads (`config.json` + `model.safetensors`) are size-limited (`RLXVIZ_MAX_UPLOAD_MB`, default
+  200 MB in total), written to a fresh private temporary folder and read with `safetensors` and
+  `json` only: no pickle, no `eval`.
+* IR text is parsed by `rlxviz.ir.parse_ir` (a tokenizer + recursive descent parser), never evaluated,
+  and limited to `MAX_IR_CHARS`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+ALLOWED_DIRS_ENV = "RLXVIZ_ALLOWED_DIRS"
+MAX_UPLOAD_ENV = "RLXVIZ_MAX_UPLOAD_MB"
+DEFAULT_MAX_UPLOAD_MB = 200
+MAX_CONFIG_BYTES = 1 << 20
+MAX_IR_CHARS = 2_000_000
+
+
+class SourceError(ValueError):
+    """A model source was refused or could not be read; the message says what to do."""
+
+
+def allowed_dirs(env: dict[str, str] | None = None) -> list[Path]:
+    """The resolved directories checkpoint folders may live in (from `RLXVIZ_ALLOWED_DIRS`).
+
+    Args:
+        env: environment mapping to read (default `os.environ`).
+
+    Returns:
+        Existing directories, resolved; an empty list when the variable is unset or empty.
+    """
+    raw = (env if env is not None else os.environ).get(ALLOWED_DIRS_ENV, "")
+    out = []
+    for part in raw.split(os.pathsep):
+        part = part.strip()
+        if part:
+            p = Path(part).expanduser().resolve()
+            if p.is_dir():
+                out.append(p)
+    return out
+
+
+def max_upload_bytes(env: dict[str, str] | None = None) -> int:
+    """Total upload limit in bytes (`RLXVIZ_MAX_UPLOAD_MB`, default 200 MB)."""
+    raw = (env if env is not None else os.environ).get(MAX_UPLOAD_ENV, "")
+    try:
+        mb = float(raw) if raw.strip() else DEFAULT_MAX_UPLOAD_MB
+    except ValueError:
+        mb = DEFAULT_MAX_UPLOAD_MB
+    return int(max(mb, 0) * (1 << 20))
+
+
+def check_checkpoint_dir(path: str, allowed: list[Path] | None = None) -> list[Path]:
+    """Refuse early, with what to do, when folders are disabled or nothing was typed.
+
+    The folder itself is resolved and checked against the roots by the checkpoint loader
+    (`rlxviz.models.checkpoint.resolve_folder`), which the caller passes these roots to.
+
+    Args:
+        path: the folder the user typed.
+        allowed: allowed roots (default `allowed_dirs()`).
+
+    Returns:
+        The allowed roots to hand to the loader.
+
+    Raises:
+        SourceError: no allowed directories are configured, or `path` is empty.
+    """
+    roots = allowed_dirs() if allowed is None else allowed
+    if not roots:
+        raise SourceError(f"Checkpoint folders are disabled on this server. Start it with {ALLOWED_DIRS_ENV}="
+                          "/path/to/models (a list separated by ':') to allow folders inside those directories, "
+                          "or upload config.json + model.safetensors instead.")
+    if not path.strip():
+        raise SourceError("Type the path of a Hugging Face BERT checkpoint folder (it holds config.json and "
+                          f"model.safetensors), inside {', '.join(map(str, roots))}.")
+    return roots
+
+
+def save_upload(files: dict[str, bytes], limit: int | None = None) -> Path:
+    """Validate uploaded `config.json` + `model.safetensors` and write them to a new private temp folder.
+
+    Args:
+        files: file name -> content, as a file-upload widget gives them (names are matched by suffix:
+            `*.json` is the config, `*.safetensors` the weights).
+        limit: total size limit in bytes (default `max_upload_bytes()`).
+
+    Returns:
+        A temp folder holding `config.json` and `model.safetensors` (the caller may delete it).
+
+    Raises:
+        SourceError: a missing or extra file, or too large. The contents are checked by the loader.
+    """
+    limit = max_upload_bytes() if limit is None else limit
+    total = sum(len(v) for v in files.values())
+    if total > limit:
+        raise SourceError(f"The upload is {total / 2**20:.1f} MB; this server accepts at most {limit / 2**20:.0f} MB "
+                          f"({MAX_UPLOAD_ENV}). Use a checkpoint folder under {ALLOWED_DIRS_ENV} for big models.")
+    cfg = [v for k, v in files.items() if k.lower().endswith(".json")]
+    st = [v for k, v in files.items() if k.lower().endswith(".safetensors")]
+    if len(cfg) != 1 or len(st) != 1:
+        raise SourceError("Upload exactly two files: the checkpoint's config.json and model.safetensors "
+                          f"(got: {', '.join(sorted(files)) or 'nothing'}).")
+    if len(cfg[0]) > MAX_CONFIG_BYTES:
+        raise SourceError("config.json is larger than 1 MB; that is not a Hugging Face config.")
+    folder = Path(tempfile.mkdtemp(prefix="rlxviz-upload-"))
+    try:
+        (folder / "config.json").write_bytes(cfg[0])
+        (folder / "model.safetensors").write_bytes(st[0])
+    except OSError as e:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise SourceError(f"could not store the upload on the server: {e}") from None
+    return folder
+
+
+def check_ir_text(text: str) -> str:
+    """Size check for typed or uploaded IR text. Raises SourceError when empty or too long."""
+    if not text.strip():
+        raise SourceError("The IR text is empty. Type or upload a graph, e.g. the IR tab of a preset.")
+    if len(text) > MAX_IR_CHARS:
+        raise SourceError(f"The IR text has {len(text)} characters; the limit is {MAX_IR_CHARS}.")
+    return text

@@ -1,0 +1,502 @@
+"""`AppState`: the app's single source of truth, a `param.Parameterized` with no Panel import.
+
+Controls are parameters (model source, shapes, variant, pipeline, selected version, node, layer);
+results are parameters too (`model`, `trace`, `timings`, `message`, `progress`), set by jobs that
+run on a `Runner` (a worker thread in the app, inline in tests). Views read the state and call its
+methods; nothing here knows about widgets.
+
+Example:
+    >>> from rlxviz.app.jobs import Runner
+    >>> s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+    >>> s.model.name
+    'bert-tiny'
+"""
+
+from __future__ import annotations
+
+import difflib
+import shutil
+import traceback
+from pathlib import Path
+from typing import Any
+
+import param
+
+from ..ir import Graph, format_graph
+from ..models import VARIANTS, Model
+from . import backend
+from .jobs import Runner
+from .sources import SourceError, allowed_dirs, check_checkpoint_dir, check_ir_text, save_upload
+
+SHAPE_VARIANT = "over_threshold"
+VARIANT_LABELS: dict[str, str] = {
+    "none": "none (as built)",
+    "output_intermediate": "intermediate h1 as a graph output",
+    "extra_h1_user": "extra user of h1",
+    "tanh_gelu": "tanh-GELU in the FFN",
+    "pre_ln": "pre-LN ordering",
+    "swapped_residual": "swapped residual operands",
+    SHAPE_VARIANT: "batch*seq over the attention threshold",
+}
+"""Teaching variants, one click each. All but the last change one layer of the model (`VARIANTS`);
+`over_threshold` raises the sequence length so batch*seq exceeds the attention-fusion threshold."""
+
+SOURCES = ("preset", "checkpoint", "upload", "ir")
+
+
+class AppState(param.Parameterized):
+    """Everything the app shows, and the actions that change it.
+
+    Args:
+        runner: where long work runs (default: a background worker thread).
+        autorun: load the model and run the pipeline right away and on every change of a model or
+            pipeline control (the app); False waits for `run()`.
+    """
+
+    # -- model ------------------------------------------------------------------------------------
+    source = param.Selector(objects=list(SOURCES), default="preset", doc="Where the model comes from.")
+    preset = param.Selector(objects=[], doc="Built-in model (see rlxviz.models.PRESETS).")
+    checkpoint_dir = param.String("", doc="Hugging Face BERT checkpoint folder under RLXVIZ_ALLOWED_DIRS.")
+    ir_text = param.String("", doc="IR text of a graph (typed or uploaded).")
+    style = param.Selector(objects=["default", "rlx", "hf"], default="default",
+                           doc="BERT graph style: fused-QKV RLX layers or Hugging Face primitives.")
+    batch = param.Integer(1, bounds=(1, 64), doc="Batch size.")
+    seq = param.Integer(16, bounds=(2, 512), doc="Sequence length (tokens).")
+    text = param.String("rlxviz shows why a fusion did or did not happen.", doc="Text to tokenize for real models.")
+    variant = param.Selector(objects=list(VARIANT_LABELS), default="none", doc="Teaching variant.")
+    variant_layer = param.Integer(0, bounds=(0, None), doc="Layer the teaching variant changes.")
+
+    # -- pipeline ---------------------------------------------------------------------------------
+    passes = param.List(default=[], item_type=str, doc="Enabled passes, in the order they run.")
+    threshold = param.Integer(None, allow_None=True, bounds=(1, None),
+                              doc="Attention-fusion threshold on batch*seq (None: the pipeline's default).")
+
+    # -- navigation -------------------------------------------------------------------------------
+    version = param.Integer(0, bounds=(0, None), doc="Index into `version_labels`.")
+    hide_unchanged = param.Boolean(True, doc="Hide versions of passes that changed nothing.")
+    view = param.Selector(objects=["auto", "full", "collapsed", "focus"], default="auto",
+                          doc="Graph view: all nodes, one box per layer, or the selected layer only.")
+    selected_node = param.Integer(None, allow_None=True, doc="Node id clicked in the graph.")
+    selected_layer = param.Integer(None, allow_None=True, doc="Layer asked about in 'why didn't it fuse'.")
+    highlight = param.List(default=[], item_type=int, doc="Node ids highlighted (a table row's match/rejection).")
+
+    # -- results (set by jobs) --------------------------------------------------------------------
+    model = param.Parameter(None, doc="The loaded `Model`.")
+    trace = param.Parameter(None, doc="The pipeline's `Trace`.")
+    timings = param.List(default=[], doc="One dict per version: label, median_ms, speedup, max_err, ...")
+    blas = param.String("", doc="Which BLAS MLX uses.")
+    message = param.String("", doc="The last error or notice, in plain words with what to do.")
+    message_kind = param.Selector(objects=["info", "success", "warning", "danger"], default="info")
+    busy = param.Boolean(False, doc="A job is running.")
+    progress = param.Integer(-1, bounds=(-1, 100), doc="Progress of the running job in % (-1: indeterminate).")
+    progress_text = param.String("", doc="What the running job does.")
+    upload_dir = param.String("", doc="Temp folder holding the last accepted upload.")
+    repeat = param.Integer(10, bounds=(1, 200), doc="Timed runs per version (after 2 warm-up runs).")
+
+    def __init__(self, runner: Runner | None = None, autorun: bool = True, **params: Any) -> None:
+        names = list(backend.presets())
+        self.param.preset.objects = names
+        params.setdefault("preset", backend.default_preset())
+        super().__init__(**params)
+        self.runner = runner or Runner()
+        self.autorun = autorun
+        self._model_key: tuple = ()
+        self._generation = 0
+        if not self.passes:
+            self.passes = self.canonical_passes()
+        if autorun:
+            self.load()
+
+    # ============================================================ model + pipeline (jobs)
+    @property
+    def effective_seq(self) -> int:
+        """The sequence length the model is built with (raised above the threshold by `over_threshold`)."""
+        if self.variant != SHAPE_VARIANT:
+            return self.seq
+        limit = self.threshold if self.threshold is not None else self.default_threshold()
+        if limit is None:
+            return self.seq
+        return max(self.seq, limit // self.batch + 1)
+
+    def model_key(self) -> tuple:
+        """What identifies the model: source, its content, shapes, style and variant."""
+        v = self.variant if self.variant in VARIANTS else "none"
+        if self.source == "preset":
+            src: tuple = ("preset", self.preset)
+        elif self.source == "checkpoint":
+            src = ("checkpoint", self.checkpoint_dir)
+        elif self.source == "upload":
+            src = ("upload", self.upload_dir)
+        else:
+            src = ("ir", self.ir_text)
+            return src
+        return (*src, self.batch, self.effective_seq, self.style, v, self.variant_layer)
+
+    def pipeline_key(self) -> tuple:
+        return (tuple(self.passes), self.threshold)
+
+    def _load_model(self) -> Model:
+        style = None if self.style == "default" else self.style
+        variant = self.variant if self.variant in VARIANTS else "none"
+        seq = self.effective_seq
+        if self.source == "preset":
+            return backend.load_preset(self.preset, self.batch, seq, style, variant, self.variant_layer)
+        if self.source == "checkpoint":
+            roots = check_checkpoint_dir(self.checkpoint_dir, allowed_dirs())
+            return backend.load_folder(Path(self.checkpoint_dir), self.batch, seq, style, variant,
+                                       self.variant_layer, roots, self.checkpoint_dir)
+        if self.source == "upload":
+            if not self.upload_dir:
+                raise SourceError("Upload a checkpoint's config.json and model.safetensors first.")
+            return backend.load_folder(Path(self.upload_dir), self.batch, seq, style, variant,
+                                       self.variant_layer, None, self.upload_dir)
+        return backend.load_ir(check_ir_text(self.ir_text))
+
+    def load(self) -> None:
+        """Load the model (if its key changed) and run the pipeline, as one job."""
+        self._generation += 1
+        gen = self._generation
+        self.runner.submit("load", lambda: self._load_job(gen))
+
+    run = param.Action(lambda self: self.load(), doc="Re-run the pipeline.")
+
+    def _load_job(self, gen: int) -> None:
+        self._start("Loading the model…")
+        try:
+            key = self.model_key()
+            model = self._load_model() if key != self._model_key or self.model is None else self.model
+            if gen != self._generation:
+                return
+            if model is not self.model:
+                self._model_key = key
+                self.param.update(model=model, timings=[], selected_node=None, highlight=[])
+                if self.variant != "none" and self.variant not in VARIANTS and self.variant != SHAPE_VARIANT:
+                    pass
+            self._set_progress(40, "Running the fusion pipeline…")
+            trace = backend.run_pipeline(model, self.passes, self.threshold)
+            if gen != self._generation:
+                return
+            self._set_trace(trace)
+            self._notice_variant()
+            self._set_progress(80, "Drawing the graph…")
+            self.prerender()
+        except backend.NotAvailable as e:
+            self._error(f"{e}. The rest of the app works; this view fills in once that part is installed.",
+                        kind="warning")
+        except Exception as e:  # noqa: BLE001 - every failure becomes a message; the app keeps working
+            self._error(self._explain_error(e))
+        finally:
+            self._stop()
+
+    def _set_trace(self, trace: Any) -> None:
+        labels = self._visible(trace)
+        self.param.version.bounds = (0, max(len(labels) - 1, 0))
+        version = min(self.version, len(labels) - 1) if self.trace is None else self._same_version(trace, labels)
+        self.param.update(trace=trace, version=max(version, 0), timings=[], highlight=[])
+        errors = [s for s in trace.steps if s.error]
+        if errors:
+            s = errors[0]
+            self._error(f"Pass {s.pass_name} broke the graph, so its result was discarded and the pipeline went on "
+                        f"with the graph before it:\n{s.error}\nDisable or move that pass (Pipeline) and re-run.",
+                        kind="warning")
+        elif self.message_kind == "danger":
+            self.param.update(message="", message_kind="info")
+
+    def _same_version(self, trace: Any, labels: list[tuple[int, str]]) -> int:
+        """Keep the selected version's pass when re-running (else the nearest earlier one)."""
+        old = self.version_labels[self.version] if self.version < len(self.version_labels) else "input"
+        names = [lbl for _, lbl in labels]
+        return names.index(old) if old in names else min(self.version, len(names) - 1)
+
+    def _notice_variant(self) -> None:
+        if self.variant == "none" or self.trace is None:
+            return
+        layer = None if self.variant == SHAPE_VARIANT else self.variant_layer
+        rej = [r for r in self.trace.rejections if layer is None or r.layer == layer]
+        if rej:
+            first = rej[0]
+            self.param.update(selected_layer=layer if layer is not None else first.layer,
+                              highlight=list(first.offending or (first.anchor,)))
+            self.param.update(message=f"Teaching variant '{VARIANT_LABELS[self.variant]}': "
+                                      f"{first.pass_name} rejected at guard {first.guard}: {first.message}",
+                              message_kind="info")
+
+    # ============================================================ upload / IR / variants
+    def load_upload(self, files: dict[str, bytes]) -> None:
+        """Accept an uploaded `config.json` + `model.safetensors` (size-limited) and load it."""
+        try:
+            folder = save_upload(files)
+        except SourceError as e:
+            self._error(str(e))
+            return
+        old = self.upload_dir
+        self.param.update(upload_dir=str(folder), source="upload")
+        if old and old != str(folder):
+            shutil.rmtree(old, ignore_errors=True)
+
+    def apply_variant(self, name: str) -> None:
+        """One click: switch to teaching variant `name` and re-run."""
+        self.variant = name
+
+    @param.depends("source", "preset", "checkpoint_dir", "ir_text", "style", "batch", "seq", "variant",
+                   "variant_layer", "passes", "threshold", "upload_dir", watch=True)
+    def _reload(self) -> None:
+        if self.autorun:
+            self.load()
+
+    # ============================================================ pipeline
+    def canonical_passes(self) -> list[str]:
+        """The pipeline's canonical pass order ([] until the passes land)."""
+        try:
+            return backend.canonical_passes()
+        except backend.NotAvailable:
+            return []
+
+    def available_passes(self) -> list[str]:
+        try:
+            return backend.available_passes()
+        except backend.NotAvailable:
+            return []
+
+    def default_threshold(self) -> int | None:
+        try:
+            return backend.default_threshold()
+        except backend.NotAvailable:
+            return None
+
+    def reset_pipeline(self) -> None:
+        """Canonical order, every pass enabled, default threshold."""
+        self.param.update(passes=self.canonical_passes(), threshold=None)
+
+    # ============================================================ versions
+    def _visible(self, trace: Any) -> list[tuple[int, str]]:
+        """(index into trace.versions(), label) of the versions shown."""
+        out = []
+        for k, (label, _g) in enumerate(trace.versions()):
+            if k == 0 or not self.hide_unchanged or trace.steps[k - 1].changed:
+                out.append((k, label))
+        return out
+
+    @param.depends("hide_unchanged", watch=True)
+    def _rebound(self) -> None:
+        if self.trace is None:
+            return
+        old = self.version_labels[self.version] if self.version < len(self.version_labels) else "input"
+        labels = self._visible(self.trace)
+        self.param.version.bounds = (0, max(len(labels) - 1, 0))
+        names = [lbl for _, lbl in labels]
+        self.version = names.index(old) if old in names else 0
+
+    @property
+    def version_labels(self) -> list[str]:
+        """Labels of the shown versions: "input", "after fuse_matmul_bias_act", ..."""
+        return [lbl for _, lbl in self._visible(self.trace)] if self.trace is not None else []
+
+    def version_index(self, k: int | None = None) -> int:
+        """Index into `trace.versions()` of shown version `k` (default: the selected one)."""
+        vis = self._visible(self.trace) if self.trace is not None else [(0, "input")]
+        k = self.version if k is None else k
+        return vis[min(k, len(vis) - 1)][0]
+
+    def graph_at(self, k: int | None = None) -> Graph | None:
+        """The graph of shown version `k` (default: the selected one)."""
+        if self.trace is None:
+            return self.model.graph if self.model is not None else None
+        return self.trace.versions()[self.version_index(k)][1]
+
+    @property
+    def current_graph(self) -> Graph | None:
+        return self.graph_at()
+
+    @property
+    def previous_graph(self) -> Graph | None:
+        """The graph before the selected version's pass (the version itself for the input)."""
+        if self.trace is None:
+            return self.current_graph
+        i = self.version_index()
+        return self.trace.versions()[max(i - 1, 0)][1]
+
+    @property
+    def current_step(self) -> Any:
+        """The `PassStep` that produced the selected version (None for the input)."""
+        i = self.version_index() if self.trace is not None else 0
+        return self.trace.steps[i - 1] if i > 0 else None
+
+    def step_to(self, label: str) -> None:
+        """Select the shown version with `label` (e.g. "after fuse_transformer_layer").
+
+        Raises:
+            ValueError: no shown version has that label.
+        """
+        labels = self.version_labels
+        if label not in labels:
+            raise ValueError(f"no version {label!r}; shown: {labels}")
+        self.version = labels.index(label)
+
+    def version_rows(self) -> list[dict[str, Any]]:
+        """One row per shown version: label, compute-node count, fused-node count, change in nodes."""
+        if self.trace is None:
+            return []
+        versions = self.trace.versions()
+        rows = []
+        for k, (i, label) in enumerate(self._visible(self.trace)):
+            g = versions[i][1]
+            n = len(g.compute_nodes())
+            prev = len(versions[i - 1][1].compute_nodes()) if i else n
+            rows.append({"#": k, "version": label, "nodes": n, "change": n - prev,
+                         "fused": sum(1 for x in g if x.pass_name), "ms": (self.trace.steps[i - 1].seconds * 1e3
+                                                                          if i else 0.0)})
+        return rows
+
+    # ============================================================ text views
+    def ir_current(self) -> str:
+        g = self.current_graph
+        return format_graph(g) if g is not None else ""
+
+    def ir_diff(self) -> str:
+        """Unified diff (difflib) of the selected version's IR against the version before it."""
+        cur, prev = self.current_graph, self.previous_graph
+        if cur is None or prev is None or cur is prev:
+            return ""
+        step = self.current_step
+        name = step.pass_name if step is not None else "input"
+        return "".join(difflib.unified_diff(format_graph(prev).splitlines(True), format_graph(cur).splitlines(True),
+                                            f"before {name}", f"after {name}", n=1))
+
+    def trace_json(self) -> str:
+        return self.trace.to_json(graphs=True, indent=1) if self.trace is not None else "{}"
+
+    # ============================================================ rendering
+    def render_key(self, k: int | None = None, view: str | None = None) -> tuple:
+        """Cache key of a drawing: model, pipeline, version index, view (and layer for `focus`)."""
+        view = view or self.resolved_view()
+        return (self.model_key(), self.pipeline_key(), self.version_index(k), view,
+                self.selected_layer if view == "focus" else None)
+
+    def resolved_view(self) -> str:
+        """`auto` is the full graph for small graphs, one box per layer for big ones."""
+        if self.view != "auto":
+            return self.view
+        g = self.current_graph
+        return "full" if g is None or len(g) <= backend.FULL_VIEW_LIMIT else "collapsed"
+
+    def dot(self, k: int | None = None, view: str | None = None) -> str:
+        """DOT source of shown version `k` in `view`, with the pass's overlay."""
+        return backend.render_dot(self, k, view or self.resolved_view())
+
+    def svg(self, k: int | None = None, view: str | None = None) -> str:
+        """SVG of shown version `k` with its pass's fused nodes marked (cached per model, pipeline, version, view)."""
+        return backend.render_svg(self, k, view or self.resolved_view())
+
+    def svg_before(self, k: int | None = None, view: str | None = None) -> str:
+        """SVG of the graph before version `k`'s pass, with its matches clustered and rejections marked."""
+        return backend.render_svg(self, k, view or self.resolved_view(), side="before")
+
+    def prerender(self) -> None:
+        """Render every shown version's SVGs (before and after) into the cache, so stepping is a lookup."""
+        n = len(self.version_labels)
+        for k in range(n):
+            try:
+                self.svg(k)
+                if k:
+                    self.svg_before(k)
+            except backend.NotAvailable:
+                return
+            except Exception:  # noqa: BLE001 - the view shows the error when this version is selected
+                pass
+            self._set_progress(80 + int(20 * (k + 1) / max(n, 1)), f"Drawing version {k + 1}/{n}…")
+
+    # ============================================================ decisions, layers, timing
+    def show_decision(self, row: dict[str, Any]) -> None:
+        """Select the version a table row's pass produced and highlight the row's nodes."""
+        labels = self.version_labels
+        target = f"after {row['pass']}"
+        if self.hide_unchanged and target not in labels:
+            self.hide_unchanged = False
+            labels = self.version_labels
+        if target in labels:
+            self.version = labels.index(target)
+        self.param.update(highlight=[int(i) for i in row["nodes"]],
+                          selected_layer=row["layer"] if row["layer"] is not None else self.selected_layer)
+
+    def layers(self) -> list[int]:
+        """Layer indices found in the input graph's provenance."""
+        from ..passes.trace import layer_of
+
+        g = self.trace.input if self.trace is not None else (self.model.graph if self.model else None)
+        if g is None:
+            return []
+        return sorted({x for n in g if (x := layer_of(n.path)) is not None})
+
+    def why_layer(self, layer: int) -> str:
+        """"Why didn't layer N fuse?" in plain words (Markdown), from the passes' `explain`."""
+        if self.trace is None:
+            raise backend.NotAvailable("no pipeline run yet")
+        return backend.explain_layer(self.trace, layer)
+
+    def time_all(self) -> None:
+        """Time every version on MLX (a job with progress); fills `timings` and `blas`."""
+        self.runner.submit("time", self._time_job)
+
+    def _time_job(self) -> None:
+        if self.trace is None or self.model is None:
+            self._error("Nothing to time yet: load a model and run the pipeline first.", kind="warning")
+            return
+        self._start("Timing every version on MLX…")
+        try:
+            self.blas = backend.blas_summary()
+            versions = self.trace.versions()
+            vis = self._visible(self.trace)
+            feeds = backend.feeds(self.model, self.batch, self.effective_seq, self.text)
+            key = (self.model_key(), self.pipeline_key(), self.text, self.repeat)
+            self._set_progress(2, "Running the NumPy reference…")
+            ref = backend.reference_outputs(self.trace.input, feeds, self.model.weights)
+            rows: list[dict[str, Any]] = []
+            for k, (i, label) in enumerate(vis):
+                self._set_progress(5 + int(95 * k / len(vis)), f"Timing {label} ({k + 1}/{len(vis)})…")
+                t, err = backend.TIMINGS.get_or_compute(
+                    (*key, i), lambda i=i: backend.time_graph(versions[i][1], feeds, self.model.weights,
+                                                              self.repeat, ref))
+                rows.append({"version": label, "ops": len(versions[i][1].compute_nodes()),
+                             "median_ms": round(t.median_ms, 3), "min_ms": round(t.min_ms, 3),
+                             "first_call_ms": round(t.first_call_ms, 1), "max_err": float(err)})
+            base = rows[0]["median_ms"] if rows else 1.0
+            for r in rows:
+                r["speedup"] = round(base / r["median_ms"], 2) if r["median_ms"] else float("nan")
+            self.timings = rows
+        except backend.NotAvailable as e:
+            self._error(f"{e}. Timing fills in once the MLX runtime is installed.", kind="warning")
+        except Exception as e:  # noqa: BLE001
+            self._error(f"Timing failed: {type(e).__name__}: {e}\nA version may use an op the MLX runtime "
+                        "cannot lower; disable the pass that creates it and re-run.")
+        finally:
+            self._stop()
+
+    # ============================================================ status helpers
+    def _start(self, text: str) -> None:
+        self.param.update(busy=True, progress=-1, progress_text=text)
+
+    def _set_progress(self, pct: int, text: str) -> None:
+        self.param.update(progress=max(-1, min(100, pct)), progress_text=text)
+
+    def _stop(self) -> None:
+        self.param.update(busy=False, progress=-1, progress_text="")
+
+    def _error(self, text: str, kind: str = "danger") -> None:
+        self.param.update(message=text, message_kind=kind)
+
+    def _explain_error(self, e: Exception) -> str:
+        """An exception as a message with what to do, by where it came from."""
+        name = type(e).__name__
+        what = {"preset": f"building preset {self.preset!r}", "checkpoint": "loading the checkpoint folder",
+                "upload": "loading the uploaded checkpoint", "ir": "reading the IR text"}[self.source]
+        if isinstance(e, SourceError):
+            return str(e)
+        if name == "IRSyntaxError":
+            return f"The IR text does not parse: {e}\nFix the line shown (see the IR tab of any preset for the syntax)."
+        if name == "GraphError":
+            return f"The graph is invalid: {e}\nFix the node shown and load again."
+        if name == "CheckpointError":
+            return f"The checkpoint could not be loaded: {e}\nCheck the files and load again."
+        return (f"Error while {what}: {name}: {e}\nChange the settings and try again; details:\n"
+                + "".join(traceback.format_exception_only(e)).strip())

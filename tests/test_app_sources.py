@@ -1,0 +1,120 @@
+"""App security rules: allowed checkpoint roots, upload limits, IR text limits; caches and the job runner."""
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from rlxviz.app.jobs import LRUCache, Runner
+from rlxviz.app.sources import (
+    ALLOWED_DIRS_ENV,
+    MAX_IR_CHARS,
+    SourceError,
+    allowed_dirs,
+    check_checkpoint_dir,
+    check_ir_text,
+    max_upload_bytes,
+    save_upload,
+)
+
+
+def test_allowed_dirs_default_is_none(tmp_path):
+    assert allowed_dirs({}) == []
+    assert allowed_dirs({ALLOWED_DIRS_ENV: ""}) == []
+    with pytest.raises(SourceError, match="disabled on this server"):
+        check_checkpoint_dir("/etc", [])
+
+
+def test_allowed_dirs_parses_and_resolves(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    env = {ALLOWED_DIRS_ENV: f"{a}{os.pathsep}{tmp_path}/b/../b{os.pathsep}{tmp_path}/missing"}
+    assert allowed_dirs(env) == [a.resolve(), b.resolve()]
+
+
+def test_checkpoint_dir_needs_a_path(tmp_path):
+    with pytest.raises(SourceError, match="Type the path"):
+        check_checkpoint_dir("  ", [tmp_path])
+    assert check_checkpoint_dir(str(tmp_path), [tmp_path]) == [tmp_path]
+
+
+def test_upload_limits_and_files(tmp_path):
+    with pytest.raises(SourceError, match="at most"):
+        save_upload({"config.json": b"{}", "model.safetensors": b"x" * 100}, limit=50)
+    with pytest.raises(SourceError, match="exactly two files"):
+        save_upload({"config.json": b"{}"}, limit=1000)
+    with pytest.raises(SourceError, match="exactly two files"):
+        save_upload({"a.json": b"{}", "b.json": b"{}", "m.safetensors": b"x"}, limit=1000)
+    folder = save_upload({"my-config.json": b'{"a": 1}', "weights.safetensors": b"abc"}, limit=1000)
+    try:
+        assert (folder / "config.json").read_bytes() == b'{"a": 1}'
+        assert (folder / "model.safetensors").read_bytes() == b"abc"
+        assert oct(folder.stat().st_mode)[-3:] == "700"
+    finally:
+        for f in folder.iterdir():
+            f.unlink()
+        folder.rmdir()
+
+
+def test_max_upload_env():
+    assert max_upload_bytes({}) == 200 * 2**20
+    assert max_upload_bytes({"RLXVIZ_MAX_UPLOAD_MB": "1.5"}) == int(1.5 * 2**20)
+    assert max_upload_bytes({"RLXVIZ_MAX_UPLOAD_MB": "lots"}) == 200 * 2**20
+
+
+def test_ir_text_limits():
+    with pytest.raises(SourceError, match="empty"):
+        check_ir_text("  \n")
+    with pytest.raises(SourceError, match="limit"):
+        check_ir_text("x" * (MAX_IR_CHARS + 1))
+    assert check_ir_text("graph g {}") == "graph g {}"
+
+
+def test_lru_cache_evicts_and_computes_once():
+    c = LRUCache(maxsize=2)
+    calls = []
+    for k in (1, 2, 1, 3):
+        c.get_or_compute(k, lambda k=k: calls.append(k) or k * 10)
+    assert calls == [1, 2, 3]
+    assert 2 not in c and 1 in c and 3 in c
+    assert c.hits == 1 and c.misses == 3
+
+
+def test_lru_cache_races_compute_once():
+    c = LRUCache()
+    started = threading.Barrier(4)
+    calls = []
+
+    def work():
+        started.wait()
+        c.get_or_compute("k", lambda: calls.append(1) or sum(range(10**5)))
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [1]
+
+
+def test_runner_inline_and_background_skip_stale():
+    r = Runner(background=False)
+    assert r.submit("x", lambda: 42).result() == 42
+    bg = Runner(background=True)
+    gate = threading.Event()
+    done = []
+    bg.submit("block", gate.wait)
+    first = bg.submit("load", lambda: done.append("first"))
+    second = bg.submit("load", lambda: done.append("second"))
+    gate.set()
+    second.result(5)
+    first.result(5)
+    assert done == ["second"]
+
+
+def test_no_eval_or_pickle_in_app():
+    src = "\n".join(p.read_text() for p in Path("rlxviz/app").glob("*.py"))
+    for banned in (" eval(", " exec(", "import pickle", "pickle.load", "allow_pickle=True"):
+        assert banned not in src, banned
