@@ -37,8 +37,15 @@ def subcommand(fn: Registrar) -> Registrar:
 
 # ----------------------------------------------------------------------------------------------- run
 
-BACKENDS = ("reference",)
-"""Backends `run` knows; `reference` is the NumPy interpreter (rlxviz.runtime.reference)."""
+BACKENDS = ("reference", "mlx")
+"""Backends `run` knows: `reference` is the NumPy interpreter (the oracle), `mlx` the MLX runtime."""
+
+
+def executor(backend: str) -> Callable[..., list[np.ndarray]]:
+    """`run(graph, feeds, weights) -> outputs` for `backend` (MLX imported only when asked for)."""
+    from . import runtime
+
+    return runtime.run_reference if backend == "reference" else runtime.run_mlx
 
 
 def load_npz(path: str | Path) -> dict[str, np.ndarray]:
@@ -117,8 +124,6 @@ def check_feeds(graph: Any, arrays: dict[str, np.ndarray], path: str, vocab: int
 
 def cmd_run(args: argparse.Namespace) -> int:
     """`rlxviz run MODEL --inputs IN.npz -o OUT.npz`: run a model and save `last_hidden_state`."""
-    from .runtime import run_reference
-
     out = Path(args.output)
     if not out.parent.is_dir():
         raise CLIError(f"{args.output}: folder {out.parent} does not exist")
@@ -126,7 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     batch, seq = _static_shape(arrays, args.inputs)
     model = resolve_model(args.model, batch, seq, args.style)
     feeds = check_feeds(model.graph, arrays, args.inputs, getattr(model.config, "vocab_size", None))
-    outputs = run_reference(model.graph, feeds, model.weights)
+    outputs = executor(args.backend)(model.graph, feeds, model.weights)
     named = {"last_hidden_state": np.asarray(outputs[0], dtype=np.float32)}
     named.update({f"output_{i}": np.asarray(o) for i, o in enumerate(outputs[1:], 1)})
     with out.open("wb") as f:  # an open file keeps numpy from appending `.npz` to the name

@@ -140,3 +140,12 @@ def test_parser_is_extensible():
         assert cli.main(["hello"]) == 0 and calls == ["hello"]
     finally:
         cli.SUBCOMMANDS.remove(add_hello)
+
+
+def test_mlx_backend_agrees_with_reference(tmp_path):
+    ref = np.load(FIX / "minilm_reference.npz")
+    np.savez(tmp_path / "in.npz", input_ids=ref["input_ids"][:2], attention_mask=ref["attention_mask"][:2])
+    assert cli.main(["run", "minilm", "-q", "--backend", "mlx", "-i", str(tmp_path / "in.npz"),
+                     "-o", str(tmp_path / "o.npz")]) == 0
+    h = np.load(tmp_path / "o.npz")["last_hidden_state"]
+    assert h.dtype == np.float32 and np.abs(h - ref["last_hidden_state"][:2]).max() <= 1e-4
