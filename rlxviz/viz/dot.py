@@ -301,6 +301,8 @@ class _Drawer:
         with d.subgraph() as s:
             s.attr(rank="sink")
             for k, o in enumerate(self.g.outputs):
+                if o not in self.drawn:
+                    continue
                 s.node(f"out{k}", graphviz.nohtml(f"output {k}\n{fmt_shape(self.g[o])}"), id=f"out{k}",
                        shape="ellipse", style="filled", fillcolor="#ffffff", fontsize="9")
         self._emit_edges(d)
@@ -347,7 +349,7 @@ class _Drawer:
                     d.edge(f"n{i}", f"s{j}", id=f"e{i}_{j}", style="dotted")
         for k, o in enumerate(self.g.outputs):
             src = name(o)
-            if src is not None:
+            if src is not None and o in self.drawn:
                 d.edge(src, f"out{k}", id=f"eout{k}")
 
 

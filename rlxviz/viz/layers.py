@@ -165,15 +165,24 @@ def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | Non
         elif g.status == "fused":
             attrs.update(color="#1b5e20", penwidth="2")
         d.node(g.key, _box_label(g), **attrs)
-    seen: set[tuple[str, str]] = set()
+    edges: dict[tuple[str, str], int] = {}
     for n in graph:
         dst = of.get(n.id)
         for j in n.inputs:
             src = of.get(j)
-            if src is None or dst is None or src == dst or (src, dst) in seen:
-                continue
-            seen.add((src, dst))
-            d.edge(src, dst, id=f"L{src}_{dst}", label=graphviz.nohtml(fmt_shape(graph[j])))
+            if src is not None and dst is not None and src != dst:
+                edges.setdefault((src, dst), j)
+    fanout = Counter(src for src, _ in edges)
+    labelled: set[str] = set()
+    for (src, dst), j in edges.items():
+        attrs = {"id": f"L{src}_{dst}"}
+        if fanout[src] > 2:  # a value broadcast to every layer (the mask): keep it out of the main chain
+            attrs.update(style="dashed", color="#aaaaaa", constraint="false", arrowsize="0.4")
+        if fanout[src] <= 2 or src not in labelled:
+            attrs["label"] = graphviz.nohtml(fmt_shape(graph[j]) + (f" (to {fanout[src]} groups)"
+                                                                    if fanout[src] > 2 else ""))
+            labelled.add(src)
+        d.edge(src, dst, **attrs)
     with d.subgraph() as s:
         s.attr(rank="sink")
         for k, o in enumerate(graph.outputs):

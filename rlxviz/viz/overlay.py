@@ -80,8 +80,17 @@ class Overlay:
         final = trace.final
         fused = tuple(m for m in trace.matches if m.fused is not None and m.fused in final)
         return cls(title=trace.pipeline, fused=fused, rejections=tuple(trace.rejections),
-                   origin=trace.input)
+                   origin=all_versions(trace))
 
     def extent(self, m: Match) -> tuple[int, ...]:
         """Node ids covered by match `m`."""
         return self.extents.get(m.anchor) or tuple(sorted({*m.bindings.values(), m.anchor}))
+
+
+def all_versions(trace: Trace) -> Graph:
+    """Every node of every version of a run in one (non-dataflow) graph, to resolve any id of the run."""
+    nodes: dict[int, Node] = {}
+    for _, g in trace.versions():
+        for n in g:
+            nodes.setdefault(n.id, n)
+    return Graph(nodes.values(), trace.final.outputs, trace.input.name + "_all_versions")
