@@ -1,0 +1,158 @@
+"""The engine: find every match of a pass's rules on one graph snapshot, then rewrite once.
+
+Cost is linear in the graph: candidates come from one walk over the nodes (anchor op filter),
+each candidate's steps follow operands and the snapshot's O(1) def-use index (`graph.users`), and
+one `Rewriter` builds the next version. RLX re-scans every node per candidate (rlx-notes §7.1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir import Graph, Rewriter
+from .guard import Ctx
+from .rule import Fail, Rule, escape_check, run_step
+from .trace import Match, Rejection
+
+
+@dataclass
+class PassResult:
+    """A pass's output graph and its decisions."""
+
+    graph: Graph
+    matches: list[Match] = field(default_factory=list)
+    rejections: list[Rejection] = field(default_factory=list)
+
+
+PassFn = Callable[[Graph, Mapping[str, Any]], PassResult]
+
+
+@dataclass(frozen=True)
+class Pass:
+    """A named graph transformation.
+
+    Attributes:
+        name: e.g. `fuse_attention_block`.
+        fn: `(graph, params) -> PassResult`.
+        rules: the pass's rules in priority order (empty for non-pattern passes such as DCE).
+        requires: passes whose output this pass matches (used in hints and docs).
+        doc: one line for the UI.
+    """
+
+    name: str
+    fn: PassFn
+    rules: tuple[Rule, ...] = ()
+    requires: tuple[str, ...] = ()
+    doc: str = ""
+
+    def __call__(self, graph: Graph, params: Mapping[str, Any] | None = None) -> PassResult:
+        return self.fn(graph, params or {})
+
+
+@dataclass
+class Found:
+    """A successful match before rewriting."""
+
+    rule: Rule
+    anchor: int
+    ctx: Ctx
+
+
+def _rejection(pass_name: str, rule: Rule, anchor: int, f: Fail, ctx: Ctx) -> Rejection:
+    return Rejection(pass_name, rule.name, anchor, f.stage, f.guard, f.message, dict(ctx.bindings), f.offending,
+                     f.edges, ctx.graph[anchor].path, f.hint)
+
+
+def try_rule(rule: Rule, graph: Graph, anchor: int, params: Mapping[str, Any]) -> Ctx | Fail:
+    """Run `rule` at `anchor`; returns the bound context, or the failure (quiet if not applicable)."""
+    r = rule.anchor.match(graph, anchor)
+    if not isinstance(r, dict):
+        return Fail("structure", "", "", quiet=True)
+    ctx = Ctx(graph, r, params, rule.labels)
+    for step in rule.steps:
+        f = run_step(step, ctx)
+        if f is not None:
+            return f
+    f = escape_check(rule, ctx)
+    return ctx if f is None else f
+
+
+def find(graph: Graph, pass_name: str, rules: Sequence[Rule], params: Mapping[str, Any]
+         ) -> tuple[list[Found], list[Rejection]]:
+    """All non-overlapping matches of `rules` on `graph`, plus the rejections (near-misses).
+
+    Nodes are visited in graph order; for each node the rules are tried in priority order and the
+    first full match wins. Rejections of a node are recorded only if no rule matched it.
+    """
+    found: list[Found] = []
+    rejections: list[Rejection] = []
+    claimed: set[int] = set()
+    for node in graph:
+        if node.id in claimed:
+            continue
+        pending: list[Rejection] = []
+        for rule in rules:
+            if not rule.anchors(node):
+                continue
+            out = try_rule(rule, graph, node.id, params)
+            if isinstance(out, Fail):
+                if not out.quiet:
+                    pending.append(_fail_to_rejection(pass_name, rule, node.id, out, graph, params))
+                continue
+            ids = {out.id(r) for r in rule.absorb if r in out}
+            if ids & claimed:
+                pending.append(Rejection(pass_name, rule.name, node.id, "structure", "already_fused",
+                                         f"nodes {sorted(ids & claimed)} were already taken by another match of "
+                                         f"{pass_name}", dict(out.bindings), tuple(sorted(ids & claimed)), (),
+                                         node.path))
+                continue
+            claimed |= ids
+            found.append(Found(rule, node.id, out))
+            for soft in out.data.get("soft", []):
+                rejections.append(_rejection(pass_name, rule, node.id, soft, out))
+            pending = []
+            break
+        rejections += pending
+    return found, rejections
+
+
+def _fail_to_rejection(pass_name: str, rule: Rule, anchor: int, f: Fail, graph: Graph,
+                       params: Mapping[str, Any]) -> Rejection:
+    # re-run to recover the bindings reached before the failure (cheap: one anchor)
+    r = rule.anchor.match(graph, anchor)
+    ctx = Ctx(graph, r if isinstance(r, dict) else {}, params, rule.labels)
+    for step in rule.steps:
+        if run_step(step, ctx) is not None:
+            break
+    return _rejection(pass_name, rule, anchor, f, ctx)
+
+
+def apply(graph: Graph, pass_name: str, found: Sequence[Found]) -> tuple[Graph, list[Match]]:
+    """Rewrite all `found` matches with one `Rewriter`; returns the new graph and the `Match` records."""
+    if not found:
+        return graph, []
+    rw = Rewriter(graph, pass_name)
+    rw.pass_name = pass_name
+    matches = []
+    for f in found:
+        new = f.rule.apply(f.ctx, rw)
+        matches.append(Match(pass_name, f.rule.name, f.anchor, dict(f.ctx.bindings), new,
+                             rw.lookup(new).path if new is not None else graph[f.anchor].path))
+    return rw.finish(), matches
+
+
+def rule_pass(name: str, rules: Sequence[Rule], doc: str = "", requires: Sequence[str] = ()) -> Pass:
+    """A pass made of pattern rules: `find` on the snapshot, then `apply` once."""
+    rules = tuple(rules)
+
+    def run(graph: Graph, params: Mapping[str, Any]) -> PassResult:
+        found, rejections = find(graph, name, rules, params)
+        new, matches = apply(graph, name, found)
+        return PassResult(new, matches, rejections)
+
+    return Pass(name, run, rules, tuple(requires), doc)
+
+
+__all__ = ["Found", "Pass", "PassFn", "PassResult", "apply", "find", "rule_pass", "try_rule"]

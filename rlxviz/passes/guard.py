@@ -1,0 +1,259 @@
+"""Guards: named, first-class checks whose explanation is built from the actual values.
+
+A `Guard(name, check, explain)` reads a `Ctx` (the graph snapshot, the bindings so far, the
+pipeline parameters). When `check` is false the engine records a `Rejection` whose `guard` is the
+guard's name and whose message is `explain(ctx)`, e.g. "h1 (node 41, encoder.layer.3...) has 3
+users; needs exactly 2: FFN.1 and the ln2 residual". The factories below are the shared guards
+(single user, not an output, exact user count, rank, static dim, activation allow-list, operand
+order, attribute equality, size threshold, equal shapes). RLX's guards are bare `continue`s
+(rlx-notes §7.5); these are values the UI lists and the tests name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir import Graph, Node
+from .pattern import Bindings, describe, op_label
+
+EPILOGUE_ACTIVATIONS = ("gelu", "silu")
+"""Activations `fuse_matmul_bias_act` absorbs (as RLX's epilogue allow-list). `gelu_tanh` is NOT in it:
+the fused epilogue computes exact-erf GELU only, so a tanh-GELU FFN keeps a separate activation node."""
+
+
+@dataclass
+class Ctx:
+    """What a guard sees: the graph snapshot, role -> node id bindings, pipeline params and role labels."""
+
+    graph: Graph
+    bindings: Bindings
+    params: Mapping[str, Any] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, role: str) -> Node:
+        return self.graph[self.bindings[role]]
+
+    def __contains__(self, role: str) -> bool:
+        return role in self.bindings
+
+    def id(self, role: str) -> int:
+        return self.bindings[role]
+
+    def label(self, role: str) -> str:
+        return self.labels.get(role, role)
+
+    def d(self, role: str) -> str:
+        """`h1 (node 41, encoder.layer.3.attention.output.LayerNorm)`."""
+        return describe(self[role], self.label(role))
+
+    def users(self, role: str) -> tuple[Node, ...]:
+        return self.graph.users(self.bindings[role])
+
+    def role_of(self, node_id: int) -> str | None:
+        for r, i in self.bindings.items():
+            if i == node_id:
+                return r
+        return None
+
+    def name_of(self, node_id: int) -> str:
+        """A bound node by its role label, any other node by its op: `hidden (node 7, ...)`."""
+        r = self.role_of(node_id)
+        return describe(self.graph[node_id], self.label(r) if r else op_label(self.graph[node_id]))
+
+
+Highlight = tuple[tuple[int, ...], tuple[tuple[int, int], ...]]
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A named check.
+
+    Attributes:
+        name: stable identifier used in `Rejection.guard`, tests and the UI (e.g. `h1_user_count`).
+        check: `ctx -> bool`, true when the fusion may proceed.
+        explain: `ctx -> str`, actual vs required values; called only when `check` is false.
+        highlight: `ctx -> (node ids, (producer, consumer) edges)` to emphasize; default: none.
+        hint: how to fix the model or the pipeline.
+        requires: roles that must be bound for the guard to apply (else it is skipped).
+    """
+
+    name: str
+    check: Callable[[Ctx], bool]
+    explain: Callable[[Ctx], str]
+    highlight: Callable[[Ctx], Highlight] | None = None
+    hint: str = ""
+    requires: tuple[str, ...] = ()
+
+    def offending(self, ctx: Ctx) -> Highlight:
+        return self.highlight(ctx) if self.highlight else ((), ())
+
+    def renamed(self, name: str, hint: str | None = None) -> Guard:
+        return Guard(name, self.check, self.explain, self.highlight, self.hint if hint is None else hint,
+                     self.requires)
+
+
+def _users_text(ctx: Ctx, role: str) -> str:
+    us = ctx.users(role)
+    return ", ".join(ctx.name_of(u.id) for u in us) or "none"
+
+
+def _edges_to_users(ctx: Ctx, role: str) -> Highlight:
+    i = ctx.id(role)
+    us = ctx.users(role)
+    return tuple(u.id for u in us), tuple((i, u.id) for u in us)
+
+
+def single_user(role: str, name: str | None = None, hint: str = "") -> Guard:
+    """`role` has exactly one user node (graph outputs are checked by `not_output`)."""
+    return Guard(name or f"{role}_single_user", lambda c: len(c.users(role)) == 1,
+                 lambda c: f"{c.d(role)} has {len(c.users(role))} users ({_users_text(c, role)}); needs exactly 1",
+                 lambda c: _edges_to_users(c, role),
+                 hint or f"make {role} single-use (or give the extra reader its own copy)", (role,))
+
+
+def not_output(role: str, name: str | None = None, hint: str = "") -> Guard:
+    """`role` is not a graph output (fusing would hide a tensor the caller asked for)."""
+    return Guard(name or f"{role}_not_output", lambda c: not c.graph.is_output(c.id(role)),
+                 lambda c: f"{c.d(role)} is graph output #{c.graph.outputs.index(c.id(role))}; an absorbed "
+                           f"intermediate must not be an output",
+                 lambda c: ((c.id(role),), ()),
+                 hint or f"do not return {role} from the model (or accept the unfused form)", (role,))
+
+
+def user_count(role: str, n: int, purpose: str, name: str | None = None, hint: str = "") -> Guard:
+    """`role` has exactly `n` user nodes; `purpose` names them ("FFN.1 and the ln2 residual")."""
+    return Guard(name or f"{role}_user_count", lambda c: len(c.users(role)) == n,
+                 lambda c: f"{c.d(role)} has {len(c.users(role))} users ({_users_text(c, role)}); "
+                           f"needs exactly {n}: {purpose}",
+                 lambda c: _edges_to_users(c, role),
+                 hint or f"make {role} feed only {purpose}", (role,))
+
+
+def rank_le(role: str, n: int, name: str | None = None, hint: str = "") -> Guard:
+    """`role` has rank <= n."""
+    return Guard(name or f"{role}_rank", lambda c: c[role].rank <= n,
+                 lambda c: f"{c.d(role)} has rank {c[role].rank} (shape {list(c[role].shape)}); needs rank <= {n}",
+                 lambda c: ((c.id(role),), ()), hint, (role,))
+
+
+def rank_eq(role: str, n: int, name: str | None = None, hint: str = "") -> Guard:
+    """`role` has rank exactly n."""
+    return Guard(name or f"{role}_rank", lambda c: c[role].rank == n,
+                 lambda c: f"{c.d(role)} has rank {c[role].rank} (shape {list(c[role].shape)}); needs rank {n}",
+                 lambda c: ((c.id(role),), ()), hint, (role,))
+
+
+def static_dim(role: str, axis: int, name: str | None = None, hint: str = "") -> Guard:
+    """Dim `axis` of `role` exists and is a known positive size."""
+    def ok(c: Ctx) -> bool:
+        s = c[role].shape
+        return -len(s) <= axis < len(s) and isinstance(s[axis], int) and s[axis] > 0
+
+    return Guard(name or f"{role}_static_dim", ok,
+                 lambda c: f"{c.d(role)} has shape {list(c[role].shape)}; needs a static dim at axis {axis}",
+                 lambda c: ((c.id(role),), ()), hint, (role,))
+
+
+def activation_in(role: str, allowed: Sequence[str] = EPILOGUE_ACTIVATIONS, name: str | None = None,
+                  hint: str = "", attr: str | None = None) -> Guard:
+    """The activation of `role` (its op, or attribute `attr`) is in the allow-list."""
+    def act(c: Ctx) -> str | None:
+        return c[role].attrs.get(attr) if attr else c[role].op.value
+
+    return Guard(name or f"{role}_activation", lambda c: act(c) in allowed,
+                 lambda c: f"{c.d(role)} has activation {act(c)}; the allow-list is {', '.join(allowed)}",
+                 lambda c: ((c.id(role),), ()),
+                 hint or f"use one of {', '.join(allowed)} (tanh-approximated GELU is not fused)", (role,))
+
+
+def operands_are(role: str, expected: Mapping[int, str], names: Sequence[str], name: str | None = None,
+                 hint: str = "") -> Guard:
+    """Operand order: operand `i` of `role` is the node bound to `expected[i]`.
+
+    `names` are the operand role names of `role`'s op (e.g. `("x", "residual", "gamma", "beta")`).
+    """
+    def ok(c: Ctx) -> bool:
+        ins = c[role].inputs
+        return all(i < len(ins) and ins[i] == c.id(r) for i, r in expected.items())
+
+    def explain(c: Ctx) -> str:
+        ins = c[role].inputs
+        have = ", ".join(f"{names[i]}={c.name_of(ins[i])}" for i in expected if i < len(ins))
+        want = " and ".join(f"{role}.{names[i]} == {c.label(r)}" for i, r in expected.items())
+        return f"{c.d(role)} reads {have}; needs {want}"
+
+    def hl(c: Ctx) -> Highlight:
+        ins = c[role].inputs
+        return (c.id(role),), tuple((ins[i], c.id(role)) for i in expected if i < len(ins))
+
+    return Guard(name or f"{role}_operand_order", ok, explain, hl, hint, (role, *expected.values()))
+
+
+def attr_eq(role: str, key: str, value: Any, name: str | None = None, hint: str = "") -> Guard:
+    """Attribute `key` of `role` equals `value`."""
+    return Guard(name or f"{role}_{key}", lambda c: c[role].attrs.get(key) == value,
+                 lambda c: f"{c.d(role)} has {key}={c[role].attrs.get(key)!r}; needs {key}={value!r}",
+                 lambda c: ((c.id(role),), ()), hint, (role,))
+
+
+def size_le(param: str, measure: Callable[[Ctx], tuple[int, str]], what: str, name: str,
+            role: str, hint: str = "") -> Guard:
+    """A size threshold read from pipeline parameter `param` (None = no limit).
+
+    `measure(ctx)` returns `(value, how it was computed)`, e.g. `(128, "1*128")`.
+    """
+    def ok(c: Ctx) -> bool:
+        limit = c.params.get(param)
+        return limit is None or measure(c)[0] <= limit
+
+    def explain(c: Ctx) -> str:
+        v, how = measure(c)
+        return f"{c.d(role)} has {what} = {how} = {v}; the gate (pipeline param {param}) allows at most " \
+               f"{c.params.get(param)}"
+
+    return Guard(name, ok, explain, lambda c: ((c.id(role),), ()),
+                 hint or f"raise or unset {param} (the canonical pipeline has no gate)", (role,))
+
+
+def same_shape(a: str, b: str, name: str | None = None, hint: str = "") -> Guard:
+    """`a` and `b` have the same shape (no broadcasting)."""
+    return Guard(name or f"{a}_{b}_same_shape", lambda c: c[a].shape == c[b].shape,
+                 lambda c: f"{c.d(a)} has shape {list(c[a].shape)} but {c.d(b)} has {list(c[b].shape)}; "
+                           f"needs equal shapes (no broadcast)",
+                 lambda c: ((c.id(a), c.id(b)), ()), hint, (a, b))
+
+
+def all_single_use(roles: Sequence[str], name: str, hint: str = "") -> Guard:
+    """Every bound role in `roles` has exactly one user and is not a graph output (internal values)."""
+    def bad(c: Ctx) -> str | None:
+        for r in roles:
+            if r in c and (len(c.users(r)) != 1 or c.graph.is_output(c.id(r))):
+                return r
+        return None
+
+    def explain(c: Ctx) -> str:
+        r = bad(c)
+        assert r is not None
+        out = "; it is also a graph output" if c.graph.is_output(c.id(r)) else ""
+        return f"{c.d(r)} has {len(c.users(r))} users ({_users_text(c, r)}){out}; " \
+               f"every intermediate must have exactly 1"
+
+    def hl(c: Ctx) -> Highlight:
+        r = bad(c)
+        return _edges_to_users(c, r) if r else ((), ())
+
+    return Guard(name, lambda c: bad(c) is None, explain, hl, hint or "make the intermediates single-use")
+
+
+def guard(name: str, check: Callable[[Ctx], bool], explain: Callable[[Ctx], str], hint: str = "",
+          highlight: Callable[[Ctx], Highlight] | None = None, requires: Sequence[str] = ()) -> Guard:
+    """A one-off guard (keyword-friendly constructor)."""
+    return Guard(name, check, explain, highlight, hint, tuple(requires))
+
+
+__all__ = ["EPILOGUE_ACTIVATIONS", "Ctx", "Guard", "Highlight", "activation_in", "all_single_use", "attr_eq",
+           "guard", "not_output", "operands_are", "rank_eq", "rank_le", "same_shape", "single_user", "size_le",
+           "static_dim", "user_count"]

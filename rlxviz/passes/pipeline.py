@@ -1,0 +1,185 @@
+"""Pipelines: an ordered, editable list of passes plus parameters; `run(graph) -> Trace`.
+
+The canonical order starts from RLX's newer order (rlx-notes §2.2) and fixes it:
+
+1. `fuse_sdpa` - new (RLX has no pass for Hugging Face attention primitives). Must come first:
+   every block fusion below anchors on a packed `attention`.
+2. `fuse_swiglu` - RLX runs its dual-matmul form after the residual norms; here it runs before
+   `fuse_shared_input_matmul` (RLX's own constraint, "DualMatmul before SharedInput") and before
+   `fuse_matmul_bias_act` so gate/up pairs are seen as a pair.
+3. `fuse_shared_input_matmul` - RLX runs it *after* `fuse_matmul_bias_act` (step 12 vs 3), so Q/K/V
+   projections with biases (every HF BERT) are already `FusedMatMulBiasAct`s and never merge. Here
+   it runs before, and merges the biases too, so an HF checkpoint reaches RLX's packed-QKV form.
+4. `fuse_matmul_bias_act` - as RLX (must precede the block fusions that match its output).
+5. `fuse_attention_block` - as RLX's newer order, after matmul+bias.
+6. `fuse_residual_ln`, 7. `fuse_residual_rms_norm` - as RLX.
+8. `fuse_transformer_layer` - on by default (RLX: opt-in env var), after its prerequisites.
+9. `dead_code_elimination` - moved before region marking (RLX: last) so dead mask arithmetic left by
+   `fuse_sdpa` is not packed into regions first; it runs again at the end.
+10. `mark_elementwise_regions` - as RLX's MLX path (regions kept, not unfused).
+11. `dead_code_elimination`.
+
+RLX's `fuse_rms_norm_reshape` and control-flow lowering have no counterpart (no such ops here).
+
+Parameters (`Pipeline.params`): `fab_max_tokens` (None = no gate; the `rlx` profile uses 64),
+`max_region_steps` (32), `max_region_inputs` (16), `unfuse_ops` (for `unfuse`: op names or None).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir import Graph, lint
+from .engine import Pass
+from .rules.attention import fuse_attention_block, fuse_sdpa
+from .rules.cleanup import dead_code_elimination, mark_elementwise_regions, unfuse
+from .rules.layer import fuse_transformer_layer
+from .rules.linear import fuse_matmul_bias_act, fuse_shared_input_matmul
+from .rules.norm import fuse_residual_ln, fuse_residual_rms_norm
+from .rules.swiglu import fuse_swiglu
+from .trace import PassStep, Trace
+
+PASSES: dict[str, Pass] = {p.name: p for p in (
+    fuse_sdpa, fuse_swiglu, fuse_shared_input_matmul, fuse_matmul_bias_act, fuse_attention_block, fuse_residual_ln,
+    fuse_residual_rms_norm, fuse_transformer_layer, dead_code_elimination, mark_elementwise_regions, unfuse)}
+"""Every pass by name."""
+
+CANONICAL_ORDER = ("fuse_sdpa", "fuse_swiglu", "fuse_shared_input_matmul", "fuse_matmul_bias_act",
+                   "fuse_attention_block", "fuse_residual_ln", "fuse_residual_rms_norm", "fuse_transformer_layer",
+                   "dead_code_elimination", "mark_elementwise_regions", "dead_code_elimination")
+
+RLX_ORDER = ("fuse_matmul_bias_act", "fuse_attention_block", "fuse_residual_ln", "fuse_residual_rms_norm",
+             "fuse_transformer_layer", "fuse_swiglu", "fuse_shared_input_matmul", "mark_elementwise_regions",
+             "dead_code_elimination")
+"""RLX's newer order (rlx-notes §2.2) with our pass names (fuse_swiglu stands for both SwiGLU passes)."""
+
+DEFAULT_PARAMS: dict[str, Any] = {"fab_max_tokens": None, "max_region_steps": 32, "max_region_inputs": 16}
+
+
+def _resolve(p: str | Pass) -> Pass:
+    if isinstance(p, Pass):
+        return p
+    if p not in PASSES:
+        raise KeyError(f"[Pipeline] unknown pass {p!r}; known: {', '.join(PASSES)}")
+    return PASSES[p]
+
+
+@dataclass
+class Pipeline:
+    """An ordered list of passes with parameters.
+
+    Args:
+        passes: pass names or `Pass` objects, run in order (a pass may appear twice).
+        params: overrides of `DEFAULT_PARAMS`.
+        name: shown in the trace.
+        disabled: names skipped by `run` (kept in the list so the UI can re-enable them).
+
+    Example:
+        >>> from rlxviz.models import load_model
+        >>> trace = Pipeline.canonical().run(load_model("bert-tiny", seq=8).graph)
+        >>> trace.final.op_counts()["FusedTransformerLayer"]
+        2
+    """
+
+    passes: list[str | Pass] = field(default_factory=lambda: list(CANONICAL_ORDER))
+    params: dict[str, Any] = field(default_factory=dict)
+    name: str = "custom"
+    disabled: set[str] = field(default_factory=set)
+
+    @classmethod
+    def canonical(cls, **params: Any) -> Pipeline:
+        """Our order (module docstring), no attention gate."""
+        return cls(list(CANONICAL_ORDER), dict(params), "canonical")
+
+    @classmethod
+    def rlx(cls, **params: Any) -> Pipeline:
+        """RLX's newer order and RLX's batch*seq gate of 64 (`fab_max_tokens`)."""
+        return cls(list(RLX_ORDER), {"fab_max_tokens": 64, **params}, "rlx")
+
+    @classmethod
+    def profile(cls, name: str, **params: Any) -> Pipeline:
+        """`canonical` or `rlx`. Raises KeyError for other names."""
+        if name not in ("canonical", "rlx"):
+            raise KeyError(f"[Pipeline.profile] unknown profile {name!r}; known: canonical, rlx")
+        return cls.canonical(**params) if name == "canonical" else cls.rlx(**params)
+
+    @property
+    def names(self) -> list[str]:
+        return [_resolve(p).name for p in self.passes]
+
+    @property
+    def effective_params(self) -> dict[str, Any]:
+        return {**DEFAULT_PARAMS, **self.params}
+
+    def enable(self, name: str, at: int | None = None) -> Pipeline:
+        """Re-enable `name`, or insert it (at index `at`, default the end) if absent."""
+        _resolve(name)
+        self.disabled.discard(name)
+        if name not in self.names:
+            self.passes.insert(len(self.passes) if at is None else at, name)
+        return self
+
+    def disable(self, name: str) -> Pipeline:
+        """Skip `name` when running (it stays in the list)."""
+        _resolve(name)
+        self.disabled.add(name)
+        return self
+
+    def reorder(self, names: Sequence[str]) -> Pipeline:
+        """Replace the order with `names` (each must be a known pass)."""
+        self.passes = [_resolve(n).name for n in names]
+        return self
+
+    def without(self, *names: str) -> Pipeline:
+        """A copy with `names` removed from the list."""
+        return Pipeline([p for p in self.passes if _resolve(p).name not in names], dict(self.params), self.name,
+                        set(self.disabled))
+
+    def active(self) -> list[Pass]:
+        return [p for p in map(_resolve, self.passes) if p.name not in self.disabled]
+
+    def run(self, graph: Graph, params: Mapping[str, Any] | None = None) -> Trace:
+        """Run the enabled passes in order; lint after each.
+
+        A pass that raises or produces a graph the verifier rejects is recorded in its
+        `PassStep.error` (prefixed with the pass name) and its result is discarded; the run goes on
+        with the previous graph.
+        """
+        p = {**self.effective_params, **(params or {})}
+        trace = Trace(graph, [], self.name)
+        g = graph
+        for ps in self.active():
+            t0 = time.perf_counter()
+            try:
+                res = ps(g, p)
+                lint(res.graph, stage=ps.name)
+                step = PassStep(ps.name, g, res.graph, res.matches, res.rejections, params=_used(p))
+            except Exception as e:  # noqa: BLE001 - recorded in the trace, not raised
+                step = PassStep(ps.name, g, g, [], [], error=f"{ps.name}: {type(e).__name__}: {e}", params=_used(p))
+            step.seconds = time.perf_counter() - t0
+            trace.steps.append(step)
+            g = step.after
+        return trace
+
+
+def _used(p: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in p.items() if isinstance(v, int | float | str | bool | type(None) | list | tuple)}
+
+
+def run_passes(graph: Graph, passes: Iterable[str | Pass], **params: Any) -> Trace:
+    """Shorthand: `Pipeline(list(passes), params).run(graph)`."""
+    return Pipeline(list(passes), dict(params)).run(graph)
+
+
+def run_pass(graph: Graph, name: str | Pass, **params: Any) -> Graph:
+    """Run one pass and return its graph (raises if the pass fails)."""
+    trace = run_passes(graph, [name], **params)
+    if trace.steps[0].error:
+        raise RuntimeError(trace.steps[0].error)
+    return trace.final
+
+
+__all__ = ["CANONICAL_ORDER", "DEFAULT_PARAMS", "PASSES", "Pipeline", "RLX_ORDER", "run_pass", "run_passes"]

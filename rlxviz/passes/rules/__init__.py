@@ -1,0 +1,1 @@
+"""Rule sets, one module per family of fusions."""

@@ -1,0 +1,231 @@
+"""Attention fusions: `fuse_sdpa` (HF primitives -> packed `attention`) and `fuse_attention_block`.
+
+`fuse_sdpa` has no RLX counterpart: RLX's BERT builder emits a packed `Attention` directly
+(rlx-notes §5.1), so Hugging Face graphs never reach its block fusions. The pattern is what
+`BertSelfAttention` traces to::
+
+    q_heads = transpose(reshape(q, [B, S, nh, dh]), [0, 2, 1, 3])        (same for k, v)
+    scores  = matmul(q_heads, transpose(k_heads, [0, 1, 3, 2]))
+    scores  = div(scores, sqrt(dh))   or   mul(scores, 1/sqrt(dh))       (optional)
+    scores  = add(scores, mask)                                          (optional)
+    ctx     = reshape(transpose(matmul(softmax(scores, -1), v_heads), [0, 2, 1, 3]), [B, S, nh*dh])
+
+-> `attention(q, k, v[, mask], num_heads=nh, head_dim=dh)`. The mask guard traces HF's extended
+mask `reshape(mul(sub(1, cast(m)), big_negative), [B, 1, 1, S])` back to the integer keep mask and
+emits `mask="keep"` with the f32 `[B, S]` cast as operand (RLX's `Custom` form, which the block
+fusions require); any other mask stays `additive` and the soft rejection `mask_form` says why.
+Assumes HF's contract that `attention_mask` holds 0/1; `big_negative` must be <= -1e4.
+
+`fuse_attention_block` (rlx-notes §2.3.2, newer revision): QKV `FusedMatMulBiasAct(None)` ->
+narrows at 0/H/2H of the last axis -> `attention(keep)` -> out-projection `FusedMatMulBiasAct(None)`
+-> `FusedAttentionBlock`. RLX gates the whole graph on "any input has dim0*dim1 <= 64"; here the
+gate is the pipeline parameter `fab_max_tokens`, checked per anchor on that attention's batch*seq,
+and the rejection states both numbers. Canonical default: no gate (MLX runtime fusion pays at every
+size); the `rlx` profile sets RLX's 64.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ...ir import Op
+from ..engine import rule_pass
+from ..guard import Ctx, Guard, all_single_use, attr_eq, guard, not_output, single_user, size_le, user_count
+from ..pattern import P, const_value, is_const
+from ..rule import QUIET, Fail, Rule, Shape, Soft, User
+
+# -- fuse_sdpa -----------------------------------------------------------------------------------
+
+
+def _heads(tag: str) -> P:
+    return P(Op.TRANSPOSE, P(Op.RESHAPE, P.var(tag), name=f"{tag}_reshape"), name=f"{tag}_heads")
+
+
+_QK = P(Op.MATMUL, _heads("q"), P(Op.TRANSPOSE, _heads("k"), name="k_t"), name="qk")
+_CONST = P.var("scale_c", where=is_const, what="a scalar constant")
+_SCALED = (P(Op.DIV, _QK, _CONST, name="scale") | P(Op.MUL, _QK, _CONST, name="scale", commutative=True) | _QK)
+_SCORES = P(Op.ADD, _SCALED, P.var("mask"), name="mask_add") | P(Op.ADD, P.var("mask"), _SCALED, name="mask_add") \
+    | _SCALED
+_INTERNAL = ("q_reshape", "q_heads", "k_reshape", "k_heads", "k_t", "qk", "scale", "mask_add", "softmax",
+             "v_reshape", "v_heads", "pv", "merge_t")
+
+
+def _split_ok(c: Ctx, tag: str) -> bool:
+    r, t, x = c[f"{tag}_reshape"], c[f"{tag}_heads"], c[tag]
+    return (x.rank == 3 and r.rank == 4 and r.shape[:2] == x.shape[:2] and r.shape[2] * r.shape[3] == x.shape[2]
+            and t.attrs["perm"] == (0, 2, 1, 3))
+
+
+def _split_guard(tag: str) -> Guard:
+    return guard(f"{tag}_head_split", lambda c: _split_ok(c, tag),
+                 lambda c: f"{c.d(tag + '_heads')} splits {c.d(tag)} {list(c[tag].shape)} as reshape "
+                           f"{list(c[tag + '_reshape'].shape)} + transpose {list(c[tag + '_heads'].attrs['perm'])}; "
+                           f"needs reshape [B, S, heads, head_dim] + transpose [0, 2, 1, 3] of a packed [B, S, H]",
+                 "write the head split as view(B, S, heads, head_dim).permute(0, 2, 1, 3)")
+
+
+def _same_heads(c: Ctx) -> bool:
+    return c["q_reshape"].shape[2:] == c["k_reshape"].shape[2:] == c["v_reshape"].shape[2:]
+
+
+def _merge_ok(c: Ctx) -> bool:
+    q, out = c["q_reshape"], c["merge"]
+    return c["merge_t"].attrs["perm"] == (0, 2, 1, 3) and out.shape == (q.shape[0], q.shape[1], q.shape[2] * q.shape[3])
+
+
+def _scale(c: Ctx) -> float | None:
+    """The attention `scale` attr: None when it is the default 1/sqrt(head_dim)."""
+    if "scale" not in c:
+        return 1.0
+    v = const_value(c["scale_c"])
+    assert v is not None
+    s = 1.0 / v if c["scale"].op == Op.DIV else v
+    d = c["q_reshape"].shape[3]
+    return None if math.isclose(s, 1.0 / math.sqrt(d), rel_tol=1e-6) else s
+
+
+def _mask_form(c: Ctx) -> Fail | None:
+    """Trace HF's additive mask to the keep mask (soft: otherwise keep it additive)."""
+    if "mask" not in c:
+        return QUIET
+    g = c.graph
+    m = c["mask"]
+    b, s = c["q_reshape"].shape[0], c["k_reshape"].shape[1]
+    chain = []
+    why = None
+    if m.op != Op.RESHAPE or m.shape != (b, 1, 1, s):
+        why = f"the mask {c.d('mask')} is {m.op.value} {list(m.shape)}, not reshape(..., [{b}, 1, 1, {s}])"
+    else:
+        mul = g[m.inputs[0]]
+        chain.append(mul)
+        neg_id = next((i for i in mul.inputs if is_const(g[i])), None) if mul.op == Op.MUL else None
+        sub_id = next((i for i in mul.inputs if i != neg_id), None) if neg_id is not None else None
+        sub = g[sub_id] if sub_id is not None else None
+        neg = const_value(g[neg_id]) if neg_id is not None else None
+        if neg is None or neg > -1e4:
+            why = f"{mul.op.value} (node {mul.id}) is not mul(..., big_negative <= -1e4)"
+        elif (sub is None or sub.op != Op.SUB or not is_const(g[sub.inputs[0]])
+              or const_value(g[sub.inputs[0]]) != 1.0):
+            why = f"node {sub_id} is not sub(1, mask)"
+        else:
+            cast = g[sub.inputs[1]]
+            if cast.op != Op.CAST or cast.shape != (b, s) or g[cast.inputs[0]].dtype.is_float:
+                why = f"{cast.op.value} (node {cast.id}) is not cast(integer keep mask [{b}, {s}])"
+            else:
+                c.data["keep"] = cast.id
+                return None
+    return Fail("guard", "mask_form", f"additive mask kept: {why}", (m.id,), (),
+                "pass the integer attention_mask through HF's extended-mask formula to get a keep mask")
+
+
+def _sdpa_build(c: Ctx) -> tuple[Op, list[int], dict]:
+    r = c["q_reshape"]
+    ins = [c.id("q"), c.id("k"), c.id("v")]
+    kind = "none"
+    if "mask" in c:
+        kind = "keep" if "keep" in c.data else "additive"
+        ins.append(c.data.get("keep", c.id("mask")))
+    return Op.ATTENTION, ins, {"num_heads": r.shape[2], "head_dim": r.shape[3], "mask": kind, "scale": _scale(c)}
+
+
+SDPA = Rule(
+    "fuse_sdpa.hf_attention", P(Op.SOFTMAX, name="softmax", where=lambda n: n.rank == 4),
+    steps=(
+        guard("softmax_last_axis", lambda c: c["softmax"].attrs.get("axis", -1) in (-1, 3),
+              lambda c: f"{c.d('softmax')} is over axis {c['softmax'].attrs.get('axis')}; needs the key axis (-1)"),
+        Shape("scores_form", "softmax", P(Op.SOFTMAX, _SCORES, name="softmax"),
+              "scores must be matmul(q_heads, transpose(k_heads)) [scaled] [+ mask]"),
+        User("pv_form", "pv", "softmax", P(Op.MATMUL, P.var("softmax"), _heads("v"), name="pv"),
+             "matmul(softmax, v_heads)"),
+        User("merge_form", "merge_t", "pv", P(Op.TRANSPOSE, name="merge_t"), "transpose (merge heads)"),
+        User("merge_reshape", "merge", "merge_t", P(Op.RESHAPE, name="merge"), "reshape to [B, S, H]"),
+        _split_guard("q"),
+        guard("k_layout", lambda c: c["k_t"].attrs["perm"] == (0, 1, 3, 2) and _split_ok(c, "k"),
+              lambda c: f"K is laid out as reshape {list(c['k_reshape'].shape)} + transpose "
+                        f"{list(c['k_heads'].attrs['perm'])} + transpose {list(c['k_t'].attrs['perm'])}; needs "
+                        f"[B, S, heads, head_dim] -> [0, 2, 1, 3] -> [0, 1, 3, 2]",
+              "transpose K with k_heads.transpose(-1, -2)"),
+        _split_guard("v"),
+        guard("heads_consistent", _same_heads,
+              lambda c: f"q/k/v head splits {list(c['q_reshape'].shape[2:])}, {list(c['k_reshape'].shape[2:])}, "
+                        f"{list(c['v_reshape'].shape[2:])} differ"),
+        guard("merge_layout", _merge_ok,
+              lambda c: f"{c.d('merge')} merges heads with transpose {list(c['merge_t'].attrs['perm'])} to "
+                        f"{list(c['merge'].shape)}; needs transpose [0, 2, 1, 3] + reshape [B, S, heads*head_dim]"),
+        all_single_use(_INTERNAL, "internals_single_use", "attention intermediates must not be read elsewhere"),
+        Soft(_mask_form),
+    ),
+    result="merge", absorb=(*_INTERNAL, "merge"), build=_sdpa_build,
+    doc="HF head split + matmul/scale/mask/softmax/matmul + merge -> packed attention (keep mask traced)")
+
+fuse_sdpa = rule_pass("fuse_sdpa", [SDPA], "Hugging Face scaled-dot-product attention -> packed attention op")
+
+# -- fuse_attention_block --------------------------------------------------------------------------
+
+
+def tokens(c: Ctx, role: str = "attn") -> tuple[int, str]:
+    """batch*seq of the attention bound to `role` (its output is [B, S, H])."""
+    b, s = c[role].shape[0], c[role].shape[1]
+    return b * s, f"batch*seq = {b}*{s}"
+
+
+def size_gate(role: str = "attn") -> Guard:
+    """The per-anchor batch*seq gate (pipeline param `fab_max_tokens`; None = no gate)."""
+    return size_le("fab_max_tokens", lambda c: tokens(c, role), "batch*seq", "attention_size_gate", role,
+                   "raise or unset fab_max_tokens (the canonical profile has no gate; the rlx profile uses 64)")
+
+
+def _split_at(c: Ctx) -> bool:
+    h = c["attn"].attrs["num_heads"] * c["attn"].attrs["head_dim"]
+    rank = c["qkv"].rank
+    for i, r in enumerate(("q", "k", "v")):
+        a = c[r].attrs
+        if a["axis"] not in (-1, rank - 1) or a["start"] != i * h or a["length"] != h:
+            return False
+    return c["qkv"].shape[-1] == 3 * h
+
+
+def _explain_split(c: Ctx) -> str:
+    h = c["attn"].attrs["num_heads"] * c["attn"].attrs["head_dim"]
+    got = ", ".join(f"{r}=narrow(axis {c[r].attrs['axis']}, start {c[r].attrs['start']}, len {c[r].attrs['length']})"
+                    for r in ("q", "k", "v"))
+    return f"{got} of {c.d('qkv')} {list(c['qkv'].shape)}; needs starts 0/{h}/{2 * h} with length {h} on the last axis"
+
+
+BLOCK = Rule(
+    "fuse_attention_block.qkv_attention_out", P(Op.ATTENTION, name="attn"),
+    steps=(
+        size_gate(),
+        attr_eq("attn", "mask", "keep", "mask_kind_keep",
+                "the block takes a binary keep mask; fuse_sdpa emits one when it can trace HF's extended mask"),
+        attr_eq("attn", "scale", None, "default_scale", "the block uses 1/sqrt(head_dim)"),
+        Shape("qkv_packed", "attn", P(Op.ATTENTION, P(Op.NARROW, P.var("qkv"), name="q"),
+                                      P(Op.NARROW, P.var("qkv"), name="k"), P(Op.NARROW, P.var("qkv"), name="v"),
+                                      P.var("mask"), name="attn"),
+              "q, k and v must be narrows of one QKV projection: run fuse_shared_input_matmul first"),
+        guard("qkv_split", _split_at, _explain_split, "split Q/K/V at 0/H/2H of the last axis"),
+        all_single_use(("q", "k", "v"), "qkv_narrows_single_use"),
+        Shape("qkv_is_fused_linear", "qkv",
+              P(Op.FUSED_MATMUL_BIAS_ACT, P.var("hidden"), P.var("qkv_w"), P.var("qkv_b"), name="qkv",
+                attrs={"activation": None}, what="FusedMatMulBiasAct(activation=None)"),
+              "run fuse_matmul_bias_act first"),
+        user_count("qkv", 3, "the q, k and v narrows", "qkv_user_count"),
+        not_output("qkv", "qkv_not_output"),
+        single_user("attn", "attn_single_user"),
+        not_output("attn", "attn_not_output"),
+        User("out_is_fused_linear", "out", "attn",
+             P(Op.FUSED_MATMUL_BIAS_ACT, P.var("attn"), P.var("out_w"), P.var("out_b"), name="out",
+               attrs={"activation": None}),
+             "the output projection FusedMatMulBiasAct(activation=None)", "run fuse_matmul_bias_act first"),
+    ),
+    result="out", absorb=("qkv", "q", "k", "v", "attn", "out"),
+    build=lambda c: (Op.FUSED_ATTENTION_BLOCK,
+                     [c.id(r) for r in ("hidden", "qkv_w", "out_w", "mask", "qkv_b", "out_b")],
+                     {"num_heads": c["attn"].attrs["num_heads"], "head_dim": c["attn"].attrs["head_dim"],
+                      "has_bias": True, "has_rope": False}),
+    doc="QKV linear -> narrows -> attention(keep) -> out linear -> FusedAttentionBlock")
+
+fuse_attention_block = rule_pass("fuse_attention_block", [BLOCK], "QKV + attention + out-projection -> "
+                                 "FusedAttentionBlock", requires=("fuse_matmul_bias_act",))
+
+__all__ = ["BLOCK", "SDPA", "fuse_attention_block", "fuse_sdpa", "size_gate", "tokens"]

@@ -1,0 +1,129 @@
+"""`fuse_transformer_layer`: a whole post-norm BERT layer -> one `FusedTransformerLayer`.
+
+The seed pass (`transformer_layer.rs`, rlx-notes §2.3.12) with every one of its `continue`s turned
+into a named structure step or guard with its own message::
+
+    hidden --+--> attn = FusedAttentionBlock(hidden, qkv_w, out_w, mask, qkv_b, out_b)
+             +--> ln1 (h1) = FusedResidualLN(x=attn, residual=hidden, ln1_g, ln1_b)
+                   +--> fc1 = FusedMatMulBiasAct(h1, fc1_w, fc1_b, activation in {gelu, silu})
+                   |     +--> fc2 = FusedMatMulBiasAct(fc1, fc2_w, fc2_b, activation=None)
+                   +--------> ln2 = FusedResidualLN(x=fc2, residual=h1, ln2_g, ln2_b)
+
+Anchored on every attention (packed `attention` or `FusedAttentionBlock`), so running this pass
+before its prerequisites is visible: an unfused attention is rejected at `attn_is_fused_block`
+("needs FusedAttentionBlock: run fuse_attention_block first"). The batch*seq gate is the same
+pipeline parameter as `fuse_attention_block`'s (RLX shares its gate the same way). Differences from
+the seed: users come from the def-use index (no scan of all nodes), the activation must be in the
+epilogue allow-list (the seed accepts any), and a pre-LN layer is named as such (`post_ln_order`).
+"""
+
+from __future__ import annotations
+
+from ...ir import Op
+from ..engine import rule_pass
+from ..guard import (
+    EPILOGUE_ACTIVATIONS,
+    Ctx,
+    activation_in,
+    attr_eq,
+    guard,
+    not_output,
+    operands_are,
+    single_user,
+    static_dim,
+    user_count,
+)
+from ..pattern import P
+from ..rule import Rule, Shape, User
+from .attention import size_gate
+
+_RLN = ("x", "residual", "gamma", "beta")
+FMBA = Op.FUSED_MATMUL_BIAS_ACT
+
+
+def _post_ln(c: Ctx) -> bool:
+    users = c.users("attn")
+    return len(users) != 1 or users[0].op == Op.FUSED_RESIDUAL_LN
+
+
+def _explain_post_ln(c: Ctx) -> str:
+    u = c.users("attn")[0]
+    if u.op == Op.ADD:
+        later = c.graph.users(u.id)
+        if len(later) > 1 and any(w.op in (Op.LAYER_NORM, Op.FUSED_RESIDUAL_LN) for w in later):
+            names = ", ".join(f"{w.op.value} (node {w.id})" for w in later)
+            return (f"the residual add (node {u.id}) after {c.d('attn')} feeds {names}: the norm comes before the "
+                    f"next sublayer (pre-LN ordering, x + attn(LN(x))); FusedTransformerLayer is post-LN BERT: "
+                    f"h1 = LN(attn(x) + x)")
+        if len(later) == 1 and later[0].op == Op.LAYER_NORM:
+            return (f"the residual add (node {u.id}) + layer_norm (node {later[0].id}) after {c.d('attn')} are not "
+                    f"fused; needs FusedResidualLN: run fuse_residual_ln first")
+    return f"the user of {c.d('attn')} is {u.op.value} (node {u.id}); needs the post-attention FusedResidualLN"
+
+
+def _intermediate(c: Ctx) -> int:
+    return c["fc1_w"].shape[-1]
+
+
+LAYER = Rule(
+    "fuse_transformer_layer.bert_post_ln", P({Op.ATTENTION, Op.FUSED_ATTENTION_BLOCK}, name="attn"),
+    steps=(
+        size_gate("attn"),
+        Shape("attn_is_fused_block", "attn",
+              P(Op.FUSED_ATTENTION_BLOCK, P.var("hidden"), P.var("qkv_w"), P.var("out_w"), P.var("mask"),
+                P.var("qkv_b"), P.var("out_b"), name="attn", attrs={"has_bias": True, "has_rope": False},
+                what="FusedAttentionBlock(has_bias=True, has_rope=False)"),
+              "run fuse_attention_block first"),
+        single_user("attn", "attn_single_user", "the attention block must feed only the post-attention residual"),
+        not_output("attn", "attn_not_output"),
+        guard("post_ln_order", _post_ln, _explain_post_ln,
+              "only post-LN (BERT) layers fuse; pre-LN (GPT-2/LLaMA) blocks keep their parts fused separately",
+              highlight=lambda c: (tuple(u.id for u in c.users("attn")), ()), requires=("attn",)),
+        User("ln1_is_residual_ln", "ln1", "attn", P(Op.FUSED_RESIDUAL_LN, name="ln1"),
+             "FusedResidualLN", "run fuse_residual_ln first"),
+        attr_eq("ln1", "has_bias", False, "ln1_no_bias"),
+        operands_are("ln1", {0: "attn", 1: "hidden"}, _RLN, "ln1_operand_order",
+                     "write the residual as add(attention_output, hidden): branch first, skip second"),
+        not_output("ln1", "h1_not_output", "do not return h1 (the post-attention LayerNorm) from the model"),
+        user_count("ln1", 2, "FFN.1 and the ln2 residual", "h1_user_count",
+                   "make h1 feed only FFN.1 and the second residual (remove the extra reader)"),
+        User("fc1_is_fused_linear", "fc1", "ln1", P(FMBA, P.var("ln1"), P.var("fc1_w"), P.var("fc1_b"), name="fc1"),
+             "FFN.1 as FusedMatMulBiasAct(h1, ...)", "run fuse_matmul_bias_act first"),
+        activation_in("fc1", EPILOGUE_ACTIVATIONS, "fc1_activation",
+                      "use exact GELU (gelu) or silu in the FFN; gelu_tanh is not in the epilogue allow-list",
+                      attr="activation"),
+        single_user("fc1", "fc1_single_user"),
+        not_output("fc1", "fc1_not_output"),
+        User("fc2_is_fused_linear", "fc2", "fc1",
+             P(FMBA, P.var("fc1"), P.var("fc2_w"), P.var("fc2_b"), name="fc2", attrs={"activation": None}),
+             "FFN.2 as FusedMatMulBiasAct(fc1, ..., activation=None)", "run fuse_matmul_bias_act first"),
+        single_user("fc2", "fc2_single_user"),
+        not_output("fc2", "fc2_not_output"),
+        User("ln2_is_residual_ln", "ln2", "fc2", P(Op.FUSED_RESIDUAL_LN, name="ln2"), "FusedResidualLN",
+             "run fuse_residual_ln first"),
+        attr_eq("ln2", "has_bias", False, "ln2_no_bias"),
+        operands_are("ln2", {0: "fc2", 1: "ln1"}, _RLN, "ln2_operand_order",
+                     "write the residual as add(ffn_output, h1): branch first, skip second"),
+        Shape("ln_params", "ln2", P(Op.FUSED_RESIDUAL_LN, P.var("fc2"), P.var("ln1"), P.var("ln2_g"),
+                                    P.var("ln2_b"), name="ln2")),
+        Shape("ln1_params", "ln1", P(Op.FUSED_RESIDUAL_LN, P.var("attn"), P.var("hidden"), P.var("ln1_g"),
+                                     P.var("ln1_b"), name="ln1")),
+        static_dim("fc1_w", -1, "fc1_weight_static"),
+        guard("fc1_weight_rank2", lambda c: c["fc1_w"].rank == 2,
+              lambda c: f"{c.d('fc1_w')} has shape {list(c['fc1_w'].shape)}; needs [H, intermediate]"),
+    ),
+    result="ln2", absorb=("attn", "ln1", "fc1", "fc2", "ln2"),
+    labels={"ln1": "h1"},
+    build=lambda c: (Op.FUSED_TRANSFORMER_LAYER,
+                     [c.id(r) for r in ("hidden", "qkv_w", "qkv_b", "out_w", "out_b", "ln1_g", "ln1_b", "fc1_w",
+                                        "fc1_b", "fc2_w", "fc2_b", "ln2_g", "ln2_b", "mask")],
+                     {"num_heads": c["attn"].attrs["num_heads"], "head_dim": c["attn"].attrs["head_dim"],
+                      "intermediate_size": _intermediate(c), "eps1": c["ln1"].attrs["eps"],
+                      "eps2": c["ln2"].attrs["eps"], "activation": c["fc1"].attrs["activation"], "has_bias": True}),
+    doc="FusedAttentionBlock + FusedResidualLN + FFN (2 x FusedMatMulBiasAct) + FusedResidualLN -> "
+        "FusedTransformerLayer")
+
+fuse_transformer_layer = rule_pass("fuse_transformer_layer", [LAYER], "a post-LN BERT layer -> FusedTransformerLayer",
+                                   requires=("fuse_attention_block", "fuse_residual_ln", "fuse_matmul_bias_act"))
+
+__all__ = ["LAYER", "fuse_transformer_layer"]

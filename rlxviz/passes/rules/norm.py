@@ -1,0 +1,71 @@
+"""Residual + norm fusions: `fuse_residual_ln` and `fuse_residual_rms_norm` (rlx-notes §2.3.3-2.3.4).
+
+`norm(add(x, residual))` -> `FusedResidualLN(x, residual, gamma, beta)`, and the bias form
+`norm(add(add(x, residual), bias))` -> `FusedResidualLN(x, residual, bias, gamma, beta, has_bias=True)`
+(documented but never produced by RLX). The operand order is kept exactly (x = the add's first
+operand): `fuse_transformer_layer` checks it. Guards RLX lacks: the norm is over the last axis, and
+x and residual have the same shape (so a broadcast add, like BERT's embedding sum with the
+`[1, H]` token-type row, is not taken for a residual).
+"""
+
+from __future__ import annotations
+
+from ...ir import Op
+from ..engine import rule_pass
+from ..guard import Ctx, guard, not_output, same_shape, single_user
+from ..pattern import P
+from ..rule import Rule
+
+
+def _last_axis(c: Ctx) -> bool:
+    a = c["norm"].attrs.get("axis", -1)
+    return a in (-1, c["norm"].rank - 1)
+
+
+def _rules(pass_name: str, norm: Op, fused: Op, label: str) -> list[Rule]:
+    last_axis = guard("norm_last_axis", _last_axis,
+                      lambda c: f"{c.d('norm')} normalizes axis {c['norm'].attrs.get('axis')}; the fused op "
+                                f"normalizes the last axis only")
+    common = (
+        single_user("sum", "sum_single_user", "the residual sum must feed only the norm (post-norm layout)"),
+        not_output("sum", "sum_not_output"),
+        same_shape("x", "residual", "residual_same_shape", "a residual add has equal operand shapes"),
+        last_axis,
+    )
+
+    def bias_ok(c: Ctx) -> bool:
+        return c["bias"].shape == (c["norm"].shape[-1],)
+
+    biased = Rule(
+        f"{pass_name}.biased",
+        P(norm, P(Op.ADD, P(Op.ADD, P.var("x"), P.var("residual"), name="sum"),
+                  P.var("bias", where=lambda n: n.rank <= 1), name="biased", commutative=True),
+          P.var("gamma"), P.var("beta"), name="norm"),
+        steps=(*common,
+               single_user("biased", "biased_single_user"), not_output("biased", "biased_not_output"),
+               guard("bias_shape", bias_ok, lambda c: f"{c.d('bias')} has shape {list(c['bias'].shape)}; needs "
+                                                      f"[{c['norm'].shape[-1]}]")),
+        result="norm", absorb=("sum", "biased", "norm"),
+        build=lambda c: (fused, [c.id(r) for r in ("x", "residual", "bias", "gamma", "beta")],
+                         {"eps": c["norm"].attrs["eps"], "has_bias": True}),
+        doc=f"{label}(x + residual + bias) -> {fused.value}(has_bias=True)")
+    plain = Rule(
+        f"{pass_name}.residual",
+        P(norm, P(Op.ADD, P.var("x"), P.var("residual"), name="sum"), P.var("gamma"), P.var("beta"), name="norm"),
+        steps=common,
+        result="norm", absorb=("sum", "norm"),
+        build=lambda c: (fused, [c.id(r) for r in ("x", "residual", "gamma", "beta")],
+                         {"eps": c["norm"].attrs["eps"], "has_bias": False}),
+        doc=f"{label}(x + residual) -> {fused.value} (operand order kept)")
+    return [biased, plain]
+
+
+fuse_residual_ln = rule_pass("fuse_residual_ln", _rules("fuse_residual_ln", Op.LAYER_NORM, Op.FUSED_RESIDUAL_LN,
+                                                        "LayerNorm"),
+                             "add (+ bias) + LayerNorm -> FusedResidualLN")
+fuse_residual_rms_norm = rule_pass("fuse_residual_rms_norm",
+                                   _rules("fuse_residual_rms_norm", Op.RMS_NORM, Op.FUSED_RESIDUAL_RMS_NORM,
+                                          "RmsNorm"),
+                                   "add (+ bias) + RmsNorm -> FusedResidualRmsNorm")
+
+__all__ = ["fuse_residual_ln", "fuse_residual_rms_norm"]

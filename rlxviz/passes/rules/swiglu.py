@@ -1,0 +1,70 @@
+"""`fuse_swiglu`: `silu(gate) * up` -> `FusedSwiGLU` (rlx-notes §2.3.6, §2.3.8), two rules.
+
+* `fuse_swiglu.dual_matmul`: `mul(silu(matmul(x, wg)), matmul(x, wu))` -> `FusedSwiGLU(matmul(x,
+  concat([wu, wg], 1)))`. Guards RLX lacks: both matmuls and the silu single-use and not outputs,
+  equal weight shapes.
+* `fuse_swiglu.narrow_pair`: `mul(silu(narrow(c, gate half)), narrow(c, up half))` -> `FusedSwiGLU(c,
+  gate_first)`. Guards RLX lacks: the narrows are on the last axis and `c` is exactly `2N` wide;
+  the narrows and the silu are single-use and not outputs. `gate_first` is honoured everywhere
+  in rlxviz (RLX's MLX lowering and unfuse ignore it).
+"""
+
+from __future__ import annotations
+
+from ...ir import Op, Rewriter
+from ..engine import rule_pass
+from ..guard import Ctx, all_single_use, guard
+from ..pattern import P
+from ..rule import Rule
+
+DUAL = Rule(
+    "fuse_swiglu.dual_matmul",
+    P(Op.MUL, P(Op.SILU, P(Op.MATMUL, P.var("x"), P.var("wg"), name="gate_mm"), name="silu"),
+      P(Op.MATMUL, P.var("x"), P.var("wu"), name="up_mm"), name="mul", commutative=True),
+    steps=(
+        all_single_use(("gate_mm", "up_mm", "silu"), "swiglu_single_use"),
+        guard("weights_match", lambda c: c["wg"].rank == 2 and c["wg"].shape == c["wu"].shape,
+              lambda c: f"gate weight {list(c['wg'].shape)} and up weight {list(c['wu'].shape)}; needs equal [K, N]"),
+    ),
+    result="mul", absorb=("gate_mm", "up_mm", "silu", "mul"),
+    rewrite=lambda c, rw: _dual(c, rw),
+    doc="silu(x @ wg) * (x @ wu) -> FusedSwiGLU(x @ concat([wu, wg]))")
+
+
+def _dual(c: Ctx, rw: Rewriter) -> int:
+    absorbed = [c.id(r) for r in ("gate_mm", "up_mm", "silu", "mul")]
+    with rw.provenance(absorbed):
+        packed = rw.matmul(c.id("x"), rw.concat([c.id("wu"), c.id("wg")], axis=1))
+        out = rw.emit(Op.FUSED_SWIGLU, [packed], gate_first=False)
+    rw.remove(absorbed[:-1])
+    rw.replace(c.id("mul"), out)
+    return out
+
+
+def _halves(c: Ctx) -> bool:
+    g, u, src = c["gate"].attrs, c["up"].attrs, c["src"]
+    n = u["length"]
+    last = (-1, src.rank - 1)
+    return (g["axis"] in last and u["axis"] in last and g["length"] == n and src.shape[-1] == 2 * n
+            and {g["start"], u["start"]} == {0, n})
+
+
+NARROW = Rule(
+    "fuse_swiglu.narrow_pair",
+    P(Op.MUL, P(Op.SILU, P(Op.NARROW, P.var("src"), name="gate"), name="silu"),
+      P(Op.NARROW, P.var("src"), name="up"), name="mul", commutative=True),
+    steps=(
+        guard("halves_of_last_axis", _halves,
+              lambda c: f"gate=narrow(axis {c['gate'].attrs['axis']}, start {c['gate'].attrs['start']}, len "
+                        f"{c['gate'].attrs['length']}), up=narrow(axis {c['up'].attrs['axis']}, start "
+                        f"{c['up'].attrs['start']}, len {c['up'].attrs['length']}) of {c.d('src')} "
+                        f"{list(c['src'].shape)}; needs the two halves of the last axis"),
+        all_single_use(("gate", "up", "silu"), "swiglu_single_use"),
+    ),
+    result="mul", absorb=("gate", "up", "silu", "mul"),
+    build=lambda c: (Op.FUSED_SWIGLU, [c.id("src")], {"gate_first": c["gate"].attrs["start"] == 0}),
+    doc="silu(narrow(c, gate)) * narrow(c, up) -> FusedSwiGLU(c, gate_first)")
+
+fuse_swiglu = rule_pass("fuse_swiglu", [DUAL, NARROW], "SwiGLU (dual matmul or packed halves) -> FusedSwiGLU")
+
+__all__ = ["DUAL", "NARROW", "fuse_swiglu"]
