@@ -86,8 +86,11 @@ _bert_preset("bert-base-shaped", BertConfig(hidden=768, heads=12, intermediate=3
              "12-layer BERT-base-shaped encoder (hidden 768), seeded random weights")
 
 
-def load_model(name: str, batch: int = 1, seq: int = 128, style: str = "rlx", variant: Variant | None = None) -> Model:
-    """Build the preset `name`. Raises KeyError listing the known presets for an unknown name."""
+def load_model(name: str, batch: int = 1, seq: int = 128, style: str | None = None,
+               variant: Variant | None = None) -> Model:
+    """Build the preset `name`; `style=None` uses the preset's own style (`rlx` for the random BERT
+    presets, `hf` for the real `minilm` checkpoint). Raises KeyError listing the known presets."""
     if name not in PRESETS:
         raise KeyError(f"unknown model {name!r}; presets: {', '.join(sorted(PRESETS))}")
-    return PRESETS[name][0](batch=batch, seq=seq, style=style, variant=variant)
+    kwargs = {} if style is None else {"style": style}
+    return PRESETS[name][0](batch=batch, seq=seq, variant=variant, **kwargs)
