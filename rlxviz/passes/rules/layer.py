@@ -24,7 +24,6 @@ from ..engine import rule_pass
 from ..guard import (
     EPILOGUE_ACTIVATIONS,
     Ctx,
-    activation_in,
     attr_eq,
     guard,
     not_output,
@@ -61,6 +60,15 @@ def _explain_post_ln(c: Ctx) -> str:
     return f"the user of {c.d('attn')} is {u.op.value} (node {u.id}); needs the post-attention FusedResidualLN"
 
 
+def _explain_act(c: Ctx) -> str:
+    act = c["fc1"].attrs.get("activation")
+    users = c.users("fc1")
+    after = f", followed by a separate {users[0].op.value} (node {users[0].id})" if len(users) == 1 and act is None \
+        else ""
+    return (f"{c.d('fc1')} is FusedMatMulBiasAct(activation={act}){after}; needs an activation from the epilogue "
+            f"allow-list ({', '.join(EPILOGUE_ACTIVATIONS)})")
+
+
 def _intermediate(c: Ctx) -> int:
     return c["fc1_w"].shape[-1]
 
@@ -89,9 +97,9 @@ LAYER = Rule(
                    "make h1 feed only FFN.1 and the second residual (remove the extra reader)"),
         User("fc1_is_fused_linear", "fc1", "ln1", P(FMBA, P.var("ln1"), P.var("fc1_w"), P.var("fc1_b"), name="fc1"),
              "FFN.1 as FusedMatMulBiasAct(h1, ...)", "run fuse_matmul_bias_act first"),
-        activation_in("fc1", EPILOGUE_ACTIVATIONS, "fc1_activation",
-                      "use exact GELU (gelu) or silu in the FFN; gelu_tanh is not in the epilogue allow-list",
-                      attr="activation"),
+        guard("fc1_activation", lambda c: c["fc1"].attrs.get("activation") in EPILOGUE_ACTIVATIONS, _explain_act,
+              "use exact GELU (gelu) or silu in the FFN; gelu_tanh is not in the epilogue allow-list",
+              lambda c: (tuple(u.id for u in c.users("fc1")) + (c.id("fc1"),), ()), ("fc1",)),
         single_user("fc1", "fc1_single_user"),
         not_output("fc1", "fc1_not_output"),
         User("fc2_is_fused_linear", "fc2", "fc1",

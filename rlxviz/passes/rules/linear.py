@@ -30,6 +30,11 @@ from ..rule import QUIET, Fail, Rule, Soft
 LINEAR = P(Op.ADD, P(Op.MATMUL, P.var("x"), P.var("w"), name="mm"), P.var("bias"), name="add", commutative=True)
 
 
+def _not_residual(c: Ctx) -> Fail | None:
+    """An add of two full-size tensors is a residual, not a bias: not a candidate (quiet)."""
+    return QUIET if c["bias"].shape == c["mm"].shape else None
+
+
 def _bias_len_ok(c: Ctx) -> bool:
     return c["bias"].shape in ((), (1,), (c["mm"].shape[-1],))
 
@@ -70,6 +75,7 @@ def _fmba_rewrite(c: Ctx, rw: Rewriter) -> int:
 BIAS_ACT = Rule(
     "fuse_matmul_bias_act.bias_act", LINEAR,
     steps=(
+        _not_residual,
         single_user("mm", "mm_single_user", "make the matmul feed only its bias add"),
         not_output("mm", "mm_not_output"),
         rank_le("bias", 1, "bias_rank", "a bias must be a scalar or a vector [N]"),

@@ -1,0 +1,163 @@
+"""`explain(graph_or_trace, layer=3)`: what every pattern decided for one layer, and why.
+
+For each rule of each pass that ran: `fused` (with the fused node ids), `rejected` (the first guard
+that said no, its message and hint), or `not applicable` (no anchor in this layer). When the layer
+was rejected by a rule that fused in a sibling layer, the explanation compares the two layers'
+primitive node sequences in the input graph (op, operand order, user count, graph outputs), so a
+swapped residual add, an extra reader of h1 or a tanh-GELU shows up as a one-line difference.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+
+from ..ir import Graph, Node, Op
+from .pipeline import PASSES, Pipeline
+from .trace import Trace, layer_of
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One rule's decision for the layer.
+
+    Attributes:
+        status: `fused`, `rejected` or `not applicable`.
+        guard / stage / message / hint: from the first rejection (status `rejected`).
+        nodes: fused node ids (status `fused`) or the rejection's anchor.
+    """
+
+    pass_name: str
+    rule: str
+    status: str
+    guard: str = ""
+    stage: str = ""
+    message: str = ""
+    hint: str = ""
+    nodes: tuple[int, ...] = ()
+
+
+@dataclass
+class LayerExplanation:
+    """`explain`'s result: outcomes in pipeline order, and the comparison with a fused sibling."""
+
+    layer: int
+    pipeline: str
+    outcomes: list[Outcome] = field(default_factory=list)
+    sibling: int | None = None
+    sibling_rule: str = ""
+    differences: list[str] = field(default_factory=list)
+
+    @property
+    def rejected(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status == "rejected"]
+
+    def outcome(self, rule_or_pass: str) -> Outcome:
+        """The outcome of a rule (`fuse_x.rule`) or of a pass's first rule that applied."""
+        hits = [o for o in self.outcomes if rule_or_pass in (o.rule, o.pass_name)]
+        if not hits:
+            raise KeyError(f"no outcome for {rule_or_pass!r}")
+        return next((o for o in hits if o.status != "not applicable"), hits[0])
+
+    def render(self) -> str:
+        """Plain-text rendering, one line per rule, then the sibling comparison."""
+        lines = [f"layer {self.layer} ({self.pipeline} pipeline)"]
+        for o in self.outcomes:
+            if o.status == "fused":
+                lines.append(f"  [fused]    {o.rule}: -> node(s) {', '.join(map(str, o.nodes))}")
+            elif o.status == "rejected":
+                lines.append(f"  [rejected] {o.rule}: {o.guard} ({o.stage}): {o.message}")
+                if o.hint:
+                    lines.append(f"             hint: {o.hint}")
+            else:
+                lines.append(f"  [-]        {o.rule}: not applicable")
+        if self.sibling is not None:
+            lines.append(f"  compared with layer {self.sibling}, where {self.sibling_rule} fused:")
+            lines += [f"    {d}" for d in self.differences] or ["    (same primitive structure)"]
+        return "\n".join(lines)
+
+    __str__ = render
+
+
+def _layer_nodes(g: Graph, layer: int) -> list[Node]:
+    return [n for n in g if n.op not in (Op.INPUT, Op.PARAM, Op.CONST) and layer_of(n.path) == layer]
+
+
+def _signature(g: Graph, layer: int) -> list[str]:
+    """One line per compute node of the layer: `op@relpath(operands) users=N [output]`."""
+    nodes = _layer_nodes(g, layer)
+    marker = f"layer.{layer}."
+
+    def rel(path: str) -> str:
+        return path[path.index(marker) + len(marker):] if marker in path else path
+
+    def ref(i: int) -> str:
+        m = g[i]
+        if m.op in (Op.INPUT, Op.PARAM, Op.CONST):
+            return m.op.value
+        return "<layer input>" if layer_of(m.path) != layer else f"{m.op.value}@{rel(m.path)}"
+
+    lines = []
+    for k, n in enumerate(nodes):
+        head = f"{n.op.value}@{rel(n.path)}({', '.join(ref(i) for i in n.inputs)})"
+        if k == len(nodes) - 1:  # the layer's output: its readers are the next layer or the graph
+            lines.append(head)
+            continue
+        out = " [graph output]" if g.is_output(n.id) else ""
+        lines.append(f"{head} users={len(g.users(n.id))}{out}")
+    return lines
+
+
+def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None) -> LayerExplanation:
+    """Explain every pattern's outcome for `layer` (by provenance path, see `layer_of`).
+
+    Args:
+        source: a `Trace`, or a graph (then `pipeline`, default canonical, is run on it).
+        layer: the layer index, e.g. 3 for `encoder.layer.3...`.
+
+    Returns:
+        LayerExplanation; `str()` renders it as text.
+
+    Example:
+        >>> from rlxviz.models import load_model, VARIANTS
+        >>> g = load_model("bert-tiny", seq=8, variant=VARIANTS["swapped_residual"]).graph
+        >>> explain(g, 0).outcome("fuse_transformer_layer").guard
+        'ln1_operand_order'
+    """
+    trace = source if isinstance(source, Trace) else (pipeline or Pipeline.canonical()).run(source)
+    ex = LayerExplanation(layer, trace.pipeline)
+    fused_elsewhere: dict[str, set[int]] = {}
+    for step in trace.steps:
+        rules = [r.name for r in PASSES[step.pass_name].rules] if step.pass_name in PASSES else []
+        rules += [r for r in dict.fromkeys([m.rule for m in step.matches] + [r.rule for r in step.rejections])
+                  if r not in rules]
+        for rule in rules:
+            ms = [m for m in step.matches if m.rule == rule]
+            for m in ms:
+                if m.layer is not None and m.layer != layer:
+                    fused_elsewhere.setdefault(rule, set()).add(m.layer)
+            mine = [m for m in ms if m.layer == layer]
+            rej = [r for r in step.rejections if r.rule == rule and r.layer == layer]
+            if mine:
+                ex.outcomes.append(Outcome(step.pass_name, rule, "fused",
+                                           nodes=tuple(m.fused for m in mine if m.fused is not None)))
+            elif rej:
+                r = rej[0]
+                ex.outcomes.append(Outcome(step.pass_name, rule, "rejected", r.guard, r.stage, r.message, r.hint,
+                                           (r.anchor,)))
+            else:
+                ex.outcomes.append(Outcome(step.pass_name, rule, "not applicable"))
+    for o in ex.rejected:
+        sibs = fused_elsewhere.get(o.rule)
+        if sibs:
+            ex.sibling = min(sibs, key=lambda s: (abs(s - layer), s))
+            ex.sibling_rule = o.rule
+            mine, theirs = _signature(trace.input, layer), _signature(trace.input, ex.sibling)
+            ex.differences = [d for d in difflib.ndiff(theirs, mine) if d[:1] in "+-"]
+            ex.differences = [f"layer {layer}: {d[2:]}" if d[0] == "+" else f"layer {ex.sibling}: {d[2:]}"
+                              for d in ex.differences]
+            break
+    return ex
+
+
+__all__ = ["LayerExplanation", "Outcome", "explain"]
