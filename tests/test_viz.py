@@ -118,7 +118,7 @@ def test_fused_nodes_list_what_they_absorbed(tiny):
     for m in step.matches:
         stmt = node_stmt(dot, m.fused)
         assert "FusedMatMulBiasAct" in stmt and "by fuse_matmul_bias_act" in stmt
-        assert "absorbed 2: matmul, add" in stmt
+        assert "absorbed 2 node(s): matmul, add" in stmt
         assert f"absorbed: %{m.bindings['mm']} %{m.bindings['bias_add']}" in stmt  # tooltip lists ids
         assert f"{m.path} -&gt; FusedMatMulBiasAct" in stmt
         assert "penwidth=2.5" in stmt or "penwidth=2" in stmt
@@ -242,3 +242,46 @@ def test_trace_summary_overlay(tiny):
     ov = Overlay.trace_summary(trace)
     assert len(ov.fused) == 4 and len(ov.origin) == len(tiny) + 4  # every version's nodes
     assert "partly fused" in render_dot(trace.final, ov, view="layers")
+
+
+# -- with the real pipeline --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_trace():
+    from rlxviz.passes import Pipeline
+    return Pipeline.canonical().run(load_model("bert-tiny", 1, 8, style="rlx").graph)
+
+
+def test_pipeline_transformer_layer_clusters_and_fused_nodes(tiny_trace):
+    step = tiny_trace.step("fuse_transformer_layer")
+    assert len(step.matches) == 2
+    dot = render_dot(step.before, Overlay.before(step, trace=tiny_trace))
+    for k in range(2):
+        assert f"encoder.layer.{k} -> FusedTransformerLayer" in dot
+    m = step.matches[0]
+    for role in ("attn", "ln1", "fc1", "fc2", "ln2"):
+        stmt = node_stmt(dot, m.bindings[role])
+        assert f"<I>{role}</I>" in stmt
+    block = dot[dot.index("subgraph cluster_m0 "):]
+    block = block[:block.index("\t}")]
+    assert all(f"\t\tn{m.bindings[r]} [" in block for r in ("attn", "ln1", "fc1", "fc2", "ln2"))
+    assert f"\t\tn{m.bindings['hidden']} [" not in block  # an operand, not absorbed
+    final = render_dot(tiny_trace.final, Overlay.trace_summary(tiny_trace))
+    stmt = node_stmt(final, m.fused)
+    assert "FusedTransformerLayer" in stmt and "by fuse_transformer_layer" in stmt
+    assert "FusedResidualLN×2" in stmt and "FusedAttentionBlock" in stmt  # absorbed ops named across versions
+    layers = render_dot(tiny_trace.final, Overlay.trace_summary(tiny_trace), view="layers")
+    assert layers.count("<B>fused</B>") == 2
+
+
+def test_pipeline_rejection_extra_h1_user():
+    from rlxviz.passes import Pipeline
+    g = load_model("bert-tiny", 1, 8, style="rlx", variant=VARIANTS["extra_h1_user"]).graph
+    trace = Pipeline.canonical().run(g)
+    step = trace.step("fuse_transformer_layer")
+    (r,) = [r for r in step.rejections if r.guard == "h1_user_count"]
+    dot = render_dot(step.before, Overlay.before(step, trace=trace), focus=0)
+    anchor = node_stmt(dot, r.anchor)
+    assert "guard h1_user_count: h1 (node" in anchor and "dashed" in anchor
+    assert "cluster_r0" in dot and "encoder.layer.1 -> FusedTransformerLayer" not in dot  # focus: layer 0 only
+    layers = layer_groups(trace.final, Overlay.trace_summary(trace))
+    assert layers["layer0"].status == "rejected" and layers["layer1"].status == "fused"

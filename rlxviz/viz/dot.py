@@ -26,7 +26,7 @@ from ..ir import Graph, Node, Op, operand_roles
 from ..ir.ops import FUSED
 from ..passes.trace import Rejection
 from . import styles as st
-from .overlay import Overlay
+from .overlay import INPUT_ROLES, Overlay
 from .styles import fmt_attrs, fmt_shape, human_count, op_color, short_name, tint
 
 MAX_NODES = 1500
@@ -79,8 +79,8 @@ def _html(lines: Iterable[str]) -> str:
 def _op_summary(ids: Iterable[int], origin: Graph | None) -> str:
     """`4 matmul, 7 add, 2 layer_norm` for ids resolved in `origin` (else just a count)."""
     ids = list(ids)
-    if origin is None:
-        return f"{len(ids)} node(s)"
+    if origin is None or not any(i in origin for i in ids):
+        return ""
     c = Counter(origin[i].op.value for i in ids if i in origin)
     return ", ".join(f"{k}×{v}" if v > 1 else k for k, v in c.most_common())
 
@@ -148,10 +148,12 @@ class _Drawer:
         ov = self.ov
         for k, m in enumerate(ov.matches):
             color = st.MATCH_COLORS[k % len(st.MATCH_COLORS)]
+            extent = set(ov.extent(m))
             for role, i in m.bindings.items():
-                self.roles.setdefault(i, []).append((role, color))
-                self.border[i] = (color, 2.0, False)
-            members = self._claim(ov.extent(m), len(self.clusters))
+                if i in extent:  # operands bound as inputs (hidden, weights) belong to no cluster
+                    self.roles.setdefault(i, []).append((role, color))
+                    self.border[i] = (color, 2.0, False)
+            members = self._claim(sorted(extent), len(self.clusters))
             label = f"{m.rule or m.pass_name}\n{m.path or '?'} -> {ov.match_ops.get(m.anchor, 'fused')}"
             self.clusters.append((f"m{k}", {"label": label, "color": color, "fillcolor": tint(color, 0.9),
                                             "style": "rounded,filled", "penwidth": "2", "fontcolor": color,
@@ -180,7 +182,8 @@ class _Drawer:
             self.notes.setdefault(i, []).append(f"offending: {r.guard}")
         for e in r.offending_edges:
             self.hot_edges[e] = r.guard
-        members = self._claim([r.anchor, *r.bindings.values()], len(self.clusters))
+        inner = [i for role, i in r.bindings.items() if role not in INPUT_ROLES]
+        members = self._claim([r.anchor, *inner], len(self.clusters))
         style = "rounded,dashed,filled" if r.stage == "guard" else "rounded,dotted,filled"
         self.clusters.append((f"r{k}", {"label": f"✗ {r.rule}: {r.guard}\n{r.path}", "color": st.REJECT,
                                         "fillcolor": "#fff5f5", "style": style, "penwidth": "2",
@@ -222,7 +225,8 @@ class _Drawer:
             if n.pass_name:
                 lines.append(_small(f"by {n.pass_name}", "#1b5e20"))
             if n.absorbed:
-                summary = f"absorbed {len(n.absorbed)}: {_op_summary(n.absorbed, self.ov.origin)}"
+                ops = _op_summary(n.absorbed, self.ov.origin)
+                summary = f"absorbed {len(n.absorbed)} node(s)" + (f": {ops}" if ops else "")
                 lines += [_small(s, "#1b5e20") for s in _wrap(summary)[:3]]
         for note in self.notes.get(n.id, []):
             color = st.REJECT if note.startswith(("✗", "offending")) else "#1b5e20"
@@ -284,6 +288,8 @@ class _Drawer:
         for i in loose:
             self._emit_node(d, self.nodes[i])
         for k, (name, attrs, members) in enumerate(self.clusters):
+            if not any(self.cluster_of.get(i) == k for i in members):
+                continue  # nothing of it is drawn (focus view)
             with d.subgraph(name=f"cluster_{name}") as c:
                 c.attr(id=name, fontname=self.opts.font, fontsize="11", **attrs)
                 for i in members:

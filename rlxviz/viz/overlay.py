@@ -10,8 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ir import Graph, Node
+from ..ir import Graph, Node, operand_roles
+from ..ir.ops import FUSED
 from ..passes.trace import Match, PassStep, Rejection, Trace
+
+INPUT_ROLES = frozenset(r for op in FUSED for k in range(1, 15) for r in operand_roles(op, {"has_rope": True}, k)
+                        if not r.startswith("in"))
+"""Role names that bind an *operand* of a fused op (hidden, x, residual, qkv_w, ...): bound but not absorbed."""
 
 
 @dataclass(frozen=True)
@@ -42,28 +47,34 @@ class Overlay:
     origin: Graph | None = None
 
     @classmethod
-    def before(cls, step: PassStep, rejections: bool = True) -> Overlay:
-        """Clusters for every match and marks for every rejection of `step`, on `step.before`."""
+    def before(cls, step: PassStep, rejections: bool = True, trace: Trace | None = None) -> Overlay:
+        """Clusters for every match and marks for every rejection of `step`, on `step.before`.
+
+        A match's cluster holds what its fused node absorbed (else its non-operand bindings). With
+        `trace`, ids absorbed by earlier passes are named in labels.
+        """
         extents: dict[int, tuple[int, ...]] = {}
         ops: dict[int, str] = {}
         for m in step.matches:
-            ids = set(m.bindings.values()) | {m.anchor}
+            ids = {i for r, i in m.bindings.items() if r not in INPUT_ROLES} | {m.anchor}
             fused = step.after.get(m.fused) if m.fused is not None else None
             if fused is not None:
-                ids |= set(fused.absorbed)
+                ids = set(fused.absorbed) | {m.anchor}
                 ops[m.anchor] = fused.op.value
             extents[m.anchor] = tuple(sorted(i for i in ids if i in step.before))
         n_rej = len(step.rejections)
         title = f"before {step.pass_name}: {len(step.matches)} match(es), {n_rej} rejection(s)"
         return cls(title=title, matches=tuple(step.matches), extents=extents, match_ops=ops,
-                   rejections=tuple(step.rejections) if rejections else ())
+                   rejections=tuple(step.rejections) if rejections else (),
+                   origin=all_versions(trace) if trace is not None else None)
 
     @classmethod
-    def after(cls, step: PassStep) -> Overlay:
+    def after(cls, step: PassStep, trace: Trace | None = None) -> Overlay:
         """The fused nodes of `step` (and any other added node) marked on `step.after`."""
         fused = tuple(m for m in step.matches if m.fused is not None and m.fused in step.after)
         title = f"after {step.pass_name}: {len(step.added)} node(s) added, {len(step.removed)} removed"
-        return cls(title=title, fused=fused, added=frozenset(step.added), origin=step.before)
+        return cls(title=title, fused=fused, added=frozenset(step.added),
+                   origin=all_versions(trace) if trace is not None else step.before)
 
     @classmethod
     def diff(cls, old: Graph, new: Graph, title: str = "") -> Overlay:
@@ -83,8 +94,9 @@ class Overlay:
                    origin=all_versions(trace))
 
     def extent(self, m: Match) -> tuple[int, ...]:
-        """Node ids covered by match `m`."""
-        return self.extents.get(m.anchor) or tuple(sorted({*m.bindings.values(), m.anchor}))
+        """Node ids covered by match `m` (its absorbed nodes; by default its non-operand bindings)."""
+        return self.extents.get(m.anchor) or tuple(sorted({i for r, i in m.bindings.items() if r not in INPUT_ROLES}
+                                                          | {m.anchor}))
 
 
 def all_versions(trace: Trace) -> Graph:
