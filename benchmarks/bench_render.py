@@ -2,6 +2,10 @@
 
 Usage: .venv/bin/python benchmarks/bench_render.py [--style rlx|hf] [--repeat 3]
 
+Cases: `full` (input graph, params folded), `full+clusters` (the same with one cluster per match of the
+first pass that matched), `layers` (collapsed input graph), `layers+trace` (collapsed final graph with
+fusion status from the trace).
+
 Targets (2-core machine): full view under 2 s, collapsed view under 0.3 s (DOT build + layout).
 Prints a markdown table: median seconds over `--repeat` runs, after one warm-up run per engine.
 """
@@ -14,9 +18,10 @@ import statistics
 import time
 
 from rlxviz.models import load_model
-from rlxviz.viz import available_engines, layout, render_dot
+from rlxviz.passes import Pipeline
+from rlxviz.viz import Overlay, available_engines, layout, render_dot
 
-TARGETS = {"full": 2.0, "layers": 0.3}
+TARGETS = {"full": 2.0, "full+clusters": 2.0, "layers": 0.3, "layers+trace": 0.3}
 
 
 def median_time(fn, repeat):
@@ -37,11 +42,20 @@ def main() -> None:
     args = ap.parse_args()
     g = load_model("bert-base-shaped", 1, args.seq, style=args.style).graph
     print(f"graph: {g.name} style={args.style}, {len(g)} nodes ({len(g.compute_nodes())} ops, {len(g.params)} params)")
+    trace = Pipeline.canonical().run(g)
+    step = next(s for s in trace.steps if s.matches)  # the first pass that matched: clusters on the unfused graph
+    cases = {
+        "full": lambda: render_dot(g),
+        "full+clusters": lambda: render_dot(step.before, Overlay.before(step, trace=trace)),
+        "layers": lambda: render_dot(g, view="layers"),
+        "layers+trace": lambda: render_dot(trace.final, Overlay.trace_summary(trace), view="layers"),
+    }
+    print(f"full+clusters: {len(step.matches)} match clusters of {step.pass_name}; layers+trace: final graph")
     print()
     print("| view | engine | nodes drawn | DOT build (s) | layout (s) | total (s) | target (s) | ok |")
     print("|---|---|---|---|---|---|---|---|")
-    for view in ("full", "layers"):
-        t_dot, dot = median_time(lambda v=view: render_dot(g, view=v), args.repeat)
+    for view, build in cases.items():
+        t_dot, dot = median_time(build, args.repeat)
         drawn = len(re.findall(r"^\t+\w+ \[", dot, re.M))  # node statements
         for engine in available_engines():
             layout(dot, engine=engine)  # warm-up (page cache, fonts)
