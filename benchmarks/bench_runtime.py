@@ -18,7 +18,6 @@ Usage: .venv/bin/python benchmarks/bench_runtime.py [--batches 1 8 32] [--seq 12
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import statistics
 import time
@@ -30,7 +29,7 @@ from rlxviz.ir import Builder, DType, Graph, Op
 from rlxviz.models import BertConfig, load_model
 from rlxviz.runtime import fast as fastmath
 from rlxviz.runtime import run_reference
-from rlxviz.runtime.executor import MlxExecutor
+from rlxviz.runtime.executor import MlxExecutor, graph_key
 from rlxviz.runtime.lowering import LoweringOptions, attention, using
 from rlxviz.runtime.mlx_backend import blas_summary, mx
 from rlxviz.runtime.timing import diff, time_version
@@ -87,29 +86,22 @@ def ftl_graph(cfg: BertConfig, batch: int, seq: int) -> Graph:
     return b.build()
 
 
-def pass_versions(graph: Graph) -> list[tuple[str, Graph]]:
-    """Every stage of rlxviz's fusion pipeline, if `rlxviz.passes` exposes one (`run_pipeline` or
-    `pipeline`, returning graphs or objects with `.graph`/`.name`). Empty when not available yet."""
+def pass_versions(graph: Graph, profile: str = "canonical") -> list[tuple[str, Graph]]:
+    """Each distinct graph version produced by an `rlxviz.passes` pipeline (`canonical` or `rlx`),
+    skipping passes that changed nothing. Empty (with a note) if the passes are unavailable."""
     try:
-        passes = importlib.import_module("rlxviz.passes")
-    except ImportError:
+        from rlxviz.passes import Pipeline
+    except ImportError as e:
+        print(f"[note] rlxviz.passes pipeline unavailable: {e}")
         return []
-    fn = getattr(passes, "run_pipeline", None) or getattr(passes, "pipeline", None)
-    if not callable(fn):
-        return []
-    try:
-        result = fn(graph)
-    except Exception as e:  # noqa: BLE001 - report and continue with the other rows
-        print(f"[note] rlxviz.passes pipeline failed: {e}")
-        return []
-    stages = getattr(result, "steps", None) or getattr(result, "stages", None) or result
+    trace = getattr(Pipeline, profile)().run(graph)
     out: list[tuple[str, Graph]] = []
-    if isinstance(stages, Graph):
-        return [("fused", stages)]
-    for k, s in enumerate(stages if isinstance(stages, list | tuple) else []):
-        g = s if isinstance(s, Graph) else getattr(s, "graph", None) or getattr(s, "after", None)
-        if isinstance(g, Graph):
-            out.append((f"after {getattr(s, 'name', None) or getattr(s, 'pass_name', None) or k}", g))
+    seen = {graph_key(graph)}
+    for name, g in trace.versions()[1:]:
+        k = graph_key(g)
+        if k not in seen:
+            seen.add(k)
+            out.append((f"{profile}: {name}", g))
     return out
 
 
@@ -264,7 +256,8 @@ def run_batch(batch: int, args: argparse.Namespace) -> None:
         rows.append((label, first, med, iqr, diff(out, ref).max_abs))
     versions: list[tuple[str, Graph, dict, str]] = [
         ("hf-style unfused", hf.graph, hf.weights, "hf"), ("rlx-style unfused", rlx.graph, rlx.weights, "rlx")]
-    versions += [(name, g, rlx.weights, "rlx") for name, g in pass_versions(rlx.graph)]
+    versions += [(f"hf {name}", g, hf.weights, "hf") for name, g in pass_versions(hf.graph)]
+    versions += [(f"rlx {name}", g, rlx.weights, "rlx") for name, g in pass_versions(rlx.graph, "rlx")]
     versions.append(("FusedTransformerLayer x6", ftl_graph(cfg, batch, args.seq), rlx.weights, "rlx"))
     executors = {"": MlxExecutor(),
                  " +graph compile": MlxExecutor(compile_graph=True),

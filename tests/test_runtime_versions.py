@@ -1,0 +1,56 @@
+"""Every graph version of the fusion pipelines computes the same numbers on MLX as the NumPy
+reference of the unfused graph (bert-tiny: fast; the real MiniLM is in benchmarks/bench_runtime.py)."""
+
+import pytest
+
+from rlxviz.models import Variant, load_model
+from rlxviz.passes import Pipeline
+from rlxviz.runtime import run_reference
+from rlxviz.runtime.executor import MlxExecutor
+from rlxviz.runtime.lowering import LoweringOptions
+from rlxviz.runtime.timing import equivalence
+
+EXECUTORS = {
+    "default": MlxExecutor(),
+    "graph-compile": MlxExecutor(compile_graph=True),
+    "plain-sdpa": MlxExecutor(LoweringOptions(fast_math=False, attention="sdpa", compile_fused=False)),
+}
+
+
+@pytest.mark.parametrize("style,profile", [("hf", "canonical"), ("rlx", "canonical"), ("rlx", "rlx"),
+                                           ("hf", "rlx")])
+def test_every_pipeline_version_matches_reference(style, profile):
+    model = load_model("bert-tiny", batch=2, seq=16, style=style)
+    feeds = model.random_feeds(seed=1)
+    assert (feeds["attention_mask"] == 0).any(), "feeds must exercise padding"
+    ref = run_reference(model.graph, feeds, model.weights)
+    trace = getattr(Pipeline, profile)().run(model.graph)
+    versions = trace.versions()
+    assert len(versions) > 1
+    for name, g in versions:
+        for ex_name, ex in EXECUTORS.items():
+            for d in equivalence(g, feeds, model.weights, executor=ex, reference_outputs=ref):
+                assert d.ok, f"{style}/{profile} {name} [{ex_name}]: output {d.index} max_abs={d.max_abs:.3g}"
+
+
+def test_tanh_gelu_variant_versions_match():
+    model = load_model("bert-tiny", batch=2, seq=16, style="rlx", variant=Variant(layer=1, tanh_gelu=True))
+    feeds = model.random_feeds(seed=2)
+    ref = run_reference(model.graph, feeds, model.weights)
+    for _, g in Pipeline.canonical().run(model.graph).versions():
+        for d in equivalence(g, feeds, model.weights, executor=EXECUTORS["default"], reference_outputs=ref):
+            assert d.ok, d
+
+
+def test_llama_block_versions_match():
+    """RmsNorm (+beta), RoPE, SwiGLU, causal attention: every version vs the unfused reference."""
+    model = load_model("llama-block", batch=2, seq=16)
+    feeds = model.random_feeds(seed=3)
+    ref = run_reference(model.graph, feeds, model.weights)
+    versions = Pipeline.canonical().run(model.graph).versions()
+    fused_ops = {n.op.value for _, g in versions for n in g if n.op.value[0].isupper()}
+    assert fused_ops, "the pipeline should fuse something in a LLaMA block"
+    for name, g in versions:
+        for ex_name, ex in EXECUTORS.items():
+            for d in equivalence(g, feeds, model.weights, executor=ex, reference_outputs=ref):
+                assert d.ok, f"llama {name} [{ex_name}]: max_abs={d.max_abs:.3g} max_rel={d.max_rel:.3g}"
