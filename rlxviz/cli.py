@@ -12,6 +12,7 @@ library's `ValueError`/`KeyError`/`OSError`) and printed by `main` as one line o
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import zipfile
 from collections.abc import Callable, Sequence
@@ -158,6 +159,215 @@ def add_run(sub: SubParsers) -> None:
                    help="BERT graph form: Hugging Face primitives or RLX fused QKV (default: %(default)s)")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
     p.set_defaults(func=cmd_run)
+
+
+# ------------------------------------------------------------------------ debugging fusions (teach.py)
+# `passes`, `explain`, `render`, `ir`, `time`: MODEL is a preset name, a checkpoint folder or an IR text
+# file (random weights from its param shapes). User errors are `teach.TeachError` (a ValueError): one line.
+
+EXPLAIN_OK, EXPLAIN_NOT_FUSED = 0, 1
+"""`rlxviz explain` exit codes: 0 when every expected fusion happened, 1 otherwise (2: a user error)."""
+
+
+def _model_args(p: argparse.ArgumentParser, seq: int = 128) -> None:
+    """MODEL and the options that build it and choose the pipeline (shared by explain/render/ir/time)."""
+    from .teach import TEACHING_CASES
+
+    p.add_argument("model", metavar="MODEL", help="a preset name (bert-tiny, minilm, minilm-shaped, llama-block, ...), "
+                                                   "a Hugging Face BERT checkpoint folder, or an IR text file "
+                                                   "(random weights from its param shapes)")
+    p.add_argument("--pipeline", "-p", default="canonical", metavar="SPEC",
+                   help="'canonical', 'rlx', or pass names separated by commas (default: %(default)s)")
+    p.add_argument("--threshold", type=int, default=None, metavar="TOKENS",
+                   help="attention-fusion gate on batch*seq (pipeline param fab_max_tokens)")
+    p.add_argument("--variant", default=None, metavar="NAME",
+                   help="teaching variant: " + ", ".join(TEACHING_CASES))
+    p.add_argument("--variant-layer", type=int, default=0, metavar="N", help="layer the variant changes (default 0)")
+    p.add_argument("--batch", type=int, default=1, help="batch size the graph is built for (default: %(default)s)")
+    p.add_argument("--seq", type=int, default=seq, help="sequence length the graph is built for (default: %(default)s)")
+    p.add_argument("--style", choices=("hf", "rlx"), default=None,
+                   help="BERT graph form (default: the preset's own; hf for checkpoint folders)")
+
+
+def _run_model(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(Model, Trace) for the shared options. Raises TeachError/CLIError for bad input."""
+    from .teach import OVER_THRESHOLD, RLX_THRESHOLD, load, pipeline_from
+
+    if args.batch < 1 or args.seq < 1:
+        raise CLIError(f"--batch and --seq must be >= 1, got {args.batch} and {args.seq}")
+    params: dict[str, Any] = {}
+    if args.threshold is not None:
+        params["fab_max_tokens"] = args.threshold
+    elif args.variant == OVER_THRESHOLD:
+        params["fab_max_tokens"] = RLX_THRESHOLD
+    pipe = pipeline_from(args.pipeline, params)
+    model = load(args.model, args.batch, args.seq, args.style, args.variant, args.variant_layer)
+    trace = pipe.run(model.graph)
+    for s in trace.steps:
+        if s.error:
+            print(f"rlxviz {args.command}: warning: pass failed, its result discarded: {s.error.splitlines()[0]}",
+                  file=sys.stderr)
+    return model, trace
+
+
+def cmd_passes(args: argparse.Namespace) -> int:
+    """`rlxviz passes`: the pipeline's passes with their patterns and guard names."""
+    import json
+
+    from .teach import format_passes, pass_catalog, pipeline_from
+
+    pipe = pipeline_from(args.pipeline)
+    if args.json:
+        print(json.dumps({"pipeline": pipe.name, "params": pipe.effective_params, "passes": pass_catalog(pipe)},
+                         indent=2))
+    else:
+        print(format_passes(pipe))
+    return 0
+
+
+@subcommand
+def add_passes(sub: SubParsers) -> None:
+    p = sub.add_parser("passes", help="list the pipeline's passes, patterns and guard names",
+                       description="Print the canonical pipeline (or another one): each pass in order, its pattern "
+                                   "rules and the names of their structure steps and guards, in the order they run.")
+    p.add_argument("--pipeline", "-p", default="canonical", metavar="SPEC",
+                   help="'canonical', 'rlx', or pass names separated by commas (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_passes)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """`rlxviz explain MODEL`: per layer, fused or the first rejecting guard; exit 1 if any layer did not fuse."""
+    import json
+
+    from .teach import check_fusion
+
+    model, trace = _run_model(args)
+    check = check_fusion(trace, model.name, None if args.layer is None else [args.layer])
+    if args.json:
+        print(json.dumps(check.to_dict(), indent=2, default=str))
+    else:
+        print(check.render(verbose=args.verbose))
+    return EXPLAIN_OK if check.ok else EXPLAIN_NOT_FUSED
+
+
+@subcommand
+def add_explain(sub: SubParsers) -> None:
+    p = sub.add_parser("explain", help="why each layer did (not) fuse; exit 1 unless fully fused",
+                       description="Run the pipeline on MODEL and report, per layer, whether every expected fusion "
+                                   "happened (one FusedTransformerLayer per attention layer when the pipeline runs "
+                                   "fuse_transformer_layer, and no missed fusion left in the layer), or else the "
+                                   "first rejecting guard with its actual vs required values, the fix, and how the "
+                                   "layer differs from a sibling layer that fused. Exit code 0 when every checked "
+                                   "layer fused, 1 otherwise, 2 for bad input.")
+    _model_args(p)
+    p.add_argument("--layer", "-l", type=int, default=None, metavar="N", help="check only layer N")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--verbose", "-v", action="store_true", help="also print every rule's outcome per layer")
+    p.set_defaults(func=cmd_explain)
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    """`rlxviz render MODEL --after PASS -o out.svg`: draw one graph version (with the pass's overlay)."""
+    from .teach import version_index
+    from .viz import LayoutError, Overlay, save
+
+    out = Path(args.output)
+    if out.suffix.lower() not in (".svg", ".dot", ".gv", ".png", ".pdf"):
+        raise CLIError(f"{args.output}: unsupported suffix {out.suffix!r}; use .svg, .dot, .gv, .png or .pdf")
+    if not out.parent.is_dir():
+        raise CLIError(f"{args.output}: folder {out.parent} does not exist")
+    _, trace = _run_model(args)
+    i = version_index(trace, args.after)
+    if i == 0:
+        graph, overlay = trace.input, None
+    else:
+        step = trace.steps[i - 1]
+        graph, overlay = (step.before, Overlay.before(step)) if args.before else (step.after, Overlay.after(step))
+    kw: dict[str, Any] = {"view": args.view}
+    if args.focus is not None:
+        kw["focus"] = args.focus
+    try:
+        save(out, graph, overlay, **kw)
+    except LayoutError as e:
+        raise CLIError(str(e).splitlines()[0]) from None
+    if not args.quiet:
+        label = trace.versions()[i][0] + (" (before, matches and rejections marked)" if args.before and i else "")
+        print(f"{args.model}: {label}: {len(graph)} nodes -> {out}", file=sys.stderr)
+    return 0
+
+
+@subcommand
+def add_render(sub: SubParsers) -> None:
+    p = sub.add_parser("render", help="draw a graph version to .svg/.dot/.png/.pdf",
+                       description="Draw MODEL after a pass of the pipeline with the same renderer as the app: the "
+                                   "pass's fused nodes marked (or, with --before, the graph the pass saw with every "
+                                   "match and rejection marked). The format comes from the suffix of -o.")
+    _model_args(p)
+    p.add_argument("--after", "-a", default="final", metavar="PASS",
+                   help="'input', 'final' (default), a pass name (its first run) or NAME#K (its K-th run)")
+    p.add_argument("--before", action="store_true", help="draw the graph the pass saw, with its matches and rejections")
+    p.add_argument("--view", choices=("full", "layers"), default="full", help="one box per op, or per layer")
+    p.add_argument("--focus", type=int, default=None, metavar="N", help="draw only layer N of the full view")
+    p.add_argument("--output", "-o", required=True, metavar="OUT", help="output file: .svg, .dot, .gv, .png or .pdf")
+    p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
+    p.set_defaults(func=cmd_render)
+
+
+def cmd_ir(args: argparse.Namespace) -> int:
+    """`rlxviz ir MODEL [--after PASS]`: print a graph version as IR text (`parse_ir` reads it back)."""
+    from .ir import format_graph
+    from .teach import version_index
+
+    _, trace = _run_model(args)
+    text = format_graph(trace.versions()[version_index(trace, args.after)][1])
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `rlxviz ir MODEL | head`: the reader left; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+@subcommand
+def add_ir(sub: SubParsers) -> None:
+    p = sub.add_parser("ir", help="print a graph version as IR text",
+                       description="Print MODEL's graph (or its version after a pass) as IR text; the output can "
+                                   "be edited and given back as MODEL.")
+    _model_args(p)
+    p.add_argument("--after", "-a", default="input", metavar="PASS",
+                   help="'input' (default), 'final', a pass name (its first run) or NAME#K (its K-th run)")
+    p.set_defaults(func=cmd_ir)
+
+
+def cmd_time(args: argparse.Namespace) -> int:
+    """`rlxviz time MODEL`: every graph version timed on MLX, checked against the NumPy reference."""
+    from .teach import format_timings, time_versions
+
+    if args.repeat < 1 or args.warmup < 0:
+        raise CLIError(f"--repeat must be >= 1 and --warmup >= 0, got {args.repeat} and {args.warmup}")
+    model, trace = _run_model(args)
+    feeds = model.random_feeds(seed=0)
+    rows = time_versions(trace, feeds, model.weights, warmup=args.warmup, repeat=args.repeat)
+    from .runtime import blas_summary
+
+    print(f"{model.name} ({trace.pipeline} pipeline), batch {args.batch}, seq {args.seq}; {blas_summary()}; "
+          f"{args.repeat} timed call(s) per version; error vs the NumPy reference of the unfused graph")
+    print(format_timings(rows))
+    return 0 if all(r.ok is not False for r in rows) else 1
+
+
+@subcommand
+def add_time(sub: SubParsers) -> None:
+    p = sub.add_parser("time", help="time every graph version on MLX, with its error vs the reference",
+                       description="Run the pipeline on MODEL, then time each distinct graph version on MLX "
+                                   "(median, min, first call in ms) on seeded random inputs and report its max "
+                                   "absolute error against the NumPy reference of the unfused graph. Exit code 1 "
+                                   "if a version is outside the tolerance.")
+    _model_args(p, seq=32)
+    p.add_argument("--repeat", "-r", type=int, default=5, help="timed calls per version (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed calls after the first (default: %(default)s)")
+    p.set_defaults(func=cmd_time)
 
 
 # ---------------------------------------------------------------------------------------------- main

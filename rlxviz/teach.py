@@ -1,0 +1,499 @@
+"""Helpers shared by the teaching notebooks and the debugging commands (`rlxviz explain`, `render`, `ir`, ...).
+
+Everything here is a thin, tested layer over the library: loading a model from a preset name, a
+checkpoint folder or an IR text file (`load`); building a pipeline from a profile or a list of pass
+names (`pipeline_from`); per-layer fusion status with the first rejecting guard (`layer_status`,
+`check_fusion`); the pass catalogue (`pass_catalog`); timing every graph version on MLX against
+the reference (`time_versions`); the memory traffic a fusion saves (`traffic_saved`); and SVG
+wrapped for Jupyter so large graphs scroll instead of being clipped (`svg_html`, `show`).
+
+Errors a user can fix are raised as `TeachError` with a one-line message (the CLI prints it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .ir import Graph, IRSyntaxError, Op, from_json, lint, parse_ir
+from .models import PRESETS, VARIANTS, Model, Variant, load_checkpoint, load_model, random_weights
+from .passes import PASSES, Outcome, Pipeline, Trace, explain, layer_of, missed_fusions
+from .passes.trace import PassStep
+
+RLX_THRESHOLD = 64
+"""RLX's default batch*seq gate for attention fusion (`fab_max_tokens` of the `rlx` profile)."""
+
+OVER_THRESHOLD = "over_threshold"
+"""The pseudo-variant that teaches the size gate: `fab_max_tokens` = 64 and batch*seq above it."""
+
+TEACHING_CASES: dict[str, str] = {
+    "output_intermediate": "h1 (the post-attention LayerNorm) is also returned as a graph output",
+    "extra_h1_user": "a third reader of h1 (a probe `reduce_mean` returned as an extra output)",
+    "tanh_gelu": "the FFN uses tanh-approximated GELU instead of exact (erf) GELU",
+    "pre_ln": "pre-LayerNorm ordering x + attn(LN(x)), as in GPT-2 / LLaMA",
+    "swapped_residual": "residual adds written skip-first: add(hidden, branch)",
+    OVER_THRESHOLD: "batch*seq above RLX's attention-fusion gate of 64 tokens (rlx profile)",
+}
+"""Every teaching variant with one line on what it changes (in layer `variant_layer`, default 0)."""
+
+
+class TeachError(ValueError):
+    """A user error with a one-line message (unknown model, bad IR text, unknown pass, bad layer)."""
+
+
+# ---------------------------------------------------------------------------------------------- models
+
+def variant_named(name: str | None, layer: int = 0) -> Variant | None:
+    """The `Variant` for a teaching-variant name, applied to `layer` (None for `none`, None or `over_threshold`).
+
+    Raises:
+        TeachError: unknown name (the message lists the known ones).
+    """
+    if name in (None, "none", OVER_THRESHOLD, "threshold"):
+        return None
+    if name not in VARIANTS:
+        raise TeachError(f"unknown variant {name!r}; known: {', '.join(['none', *TEACHING_CASES])}")
+    return dataclasses.replace(VARIANTS[name], layer=layer)
+
+
+def _one_line_syntax_error(path: str, e: IRSyntaxError) -> str:
+    return f"{path}:{e.line}:{e.col}: IR syntax error: {e.reason}"
+
+
+def load_ir_file(path: str | Path) -> Model:
+    """A model from an IR text file (`format_graph` form) or a graph JSON file (`to_json`), linted,
+    with seeded random float32 weights made from its param shapes (`models.random_weights`).
+
+    Raises:
+        TeachError: unreadable file, IR syntax error (message `FILE:LINE:COL: ...`), or an invalid graph.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TeachError(f"{path}: cannot read IR text ({type(e).__name__}: {e})") from None
+    try:
+        g = from_json(text) if p.suffix.lower() == ".json" else parse_ir(text)
+    except IRSyntaxError as e:
+        raise TeachError(_one_line_syntax_error(str(path), e)) from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise TeachError(f"{path}: not a valid graph: {_first_line(e)}") from None
+    try:
+        g = lint(g, "parse")
+    except Exception as e:  # noqa: BLE001 - GraphError and friends: report in one line
+        raise TeachError(f"{path}: invalid graph: {_first_line(e)}") from None
+    return Model(g.name, g, random_weights(g, seed=0), None, f"graph from {p.name} (random weights)",
+                 meta={"ir_file": str(p)})
+
+
+def _first_line(e: BaseException) -> str:
+    msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+    return str(msg).strip().splitlines()[0] if str(msg).strip() else type(e).__name__
+
+
+def load(model: str, batch: int = 1, seq: int = 128, style: str | None = None, variant: str | None = None,
+         variant_layer: int = 0) -> Model:
+    """A model by preset name, Hugging Face checkpoint folder, or IR text file.
+
+    Args:
+        model: a preset (`bert-tiny`, `minilm`, ...), a folder with config.json + model.safetensors,
+            or a file with IR text (`.json`: the graph's JSON form). IR files get random weights.
+        batch / seq: static input shape of the built graph (ignored for IR files).
+        style: `hf` or `rlx` BERT form (None: the preset's own style; `hf` for folders).
+        variant: a teaching variant name (`TEACHING_CASES`) changing layer `variant_layer`.
+
+    Raises:
+        TeachError: unknown model or variant, unreadable or malformed IR (with line and column),
+            a variant asked of an IR file, or a checkpoint the loader refuses.
+    """
+    v = variant_named(variant, variant_layer)
+    if variant in (OVER_THRESHOLD, "threshold"):
+        seq = max(seq, RLX_THRESHOLD // max(batch, 1) + 1)
+    kwargs: dict[str, Any] = {"variant": v}
+    if style is not None:
+        kwargs["style"] = style
+    try:
+        if model in PRESETS:
+            return load_model(model, batch=batch, seq=seq, **kwargs)
+        p = Path(model)
+        if p.is_dir():
+            return load_checkpoint(p, batch, seq, **kwargs)
+        if p.is_file():
+            if v is not None:
+                raise TeachError(f"{model}: teaching variants apply to BERT presets and checkpoints, not IR files")
+            return load_ir_file(p)
+    except TeachError:
+        raise
+    except (ValueError, KeyError, OSError) as e:
+        raise TeachError(f"{model}: {_first_line(e)}") from None
+    raise TeachError(f"unknown model {model!r}: not a preset ({', '.join(sorted(PRESETS))}), a checkpoint "
+                     "folder nor an IR text file")
+
+
+def model_layers(graph: Graph) -> list[int]:
+    """Layer indices present in the graph's node paths (`encoder.layer.3...` -> 3), sorted."""
+    return sorted({i for n in graph if (i := layer_of(n.path)) is not None})
+
+
+# -------------------------------------------------------------------------------------------- pipelines
+
+def pipeline_from(spec: str | Sequence[str] = "canonical", params: Mapping[str, Any] | None = None) -> Pipeline:
+    """A pipeline from a profile name (`canonical`, `rlx`) or pass names (a list, or one comma-separated string).
+
+    Raises:
+        TeachError: an unknown pass name (the message lists the known ones), or an empty list.
+    """
+    if isinstance(spec, str) and spec in ("canonical", "rlx"):
+        pipe = Pipeline.profile(spec)
+    else:
+        names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+        if not names:
+            raise TeachError("empty pipeline: give a profile (canonical, rlx) or pass names separated by commas")
+        unknown = [n for n in names if n not in PASSES]
+        if unknown:
+            raise TeachError(f"unknown pass {unknown[0]!r}; known: {', '.join(PASSES)} (or a profile: canonical, rlx)")
+        pipe = Pipeline(names, {}, "custom")
+    pipe.params.update(params or {})
+    return pipe
+
+
+def pass_catalog(pipeline: Pipeline | None = None) -> list[dict[str, Any]]:
+    """Each pass of `pipeline` (default canonical), in order: name, doc, requires, and its rules with
+    their docs and guard names (structure steps and guards, in the order they run)."""
+    pipe = pipeline or Pipeline.canonical()
+    out = []
+    for p in pipe.active():
+        out.append({"name": p.name, "doc": p.doc, "requires": list(p.requires),
+                    "rules": [{"name": r.name, "doc": r.doc, "guards": r.guard_names} for r in p.rules]})
+    return out
+
+
+def format_passes(pipeline: Pipeline | None = None) -> str:
+    """`pass_catalog` as text: one block per pass, one line per rule, its guards wrapped below."""
+    pipe = pipeline or Pipeline.canonical()
+    params = {k: v for k, v in pipe.effective_params.items()}
+    lines = [f"{pipe.name} pipeline ({len(pipe.active())} passes; params: "
+             + ", ".join(f"{k}={v}" for k, v in params.items()) + ")"]
+    for i, p in enumerate(pass_catalog(pipe), 1):
+        req = f"  [after: {', '.join(p['requires'])}]" if p["requires"] else ""
+        lines.append(f"{i:2d}. {p['name']}: {p['doc']}{req}")
+        if not p["rules"]:
+            lines.append("      (no patterns: a graph-wide pass)")
+        for r in p["rules"]:
+            lines.append(f"      {r['name']}" + (f": {r['doc']}" if r["doc"] else ""))
+            lines += _wrap("guards: " + ", ".join(r["guards"]), 10, 110)
+    return "\n".join(lines)
+
+
+def _wrap(text: str, indent: int, width: int) -> list[str]:
+    words, lines, cur = text.split(" "), [], ""
+    for w in words:
+        if cur and len(cur) + 1 + len(w) > width - indent:
+            lines.append(" " * indent + cur)
+            cur = w
+        else:
+            cur = f"{cur} {w}" if cur else w
+    if cur:
+        lines.append(" " * indent + cur)
+    return lines
+
+
+def version_index(trace: Trace, after: str) -> int:
+    """Index into `trace.versions()` for `after`: `input`, `final`, a pass name (its first run), or
+    `NAME#K` (its K-th run, 1-based).
+
+    Raises:
+        TeachError: the pass did not run in this pipeline (the message lists those that did).
+    """
+    if after == "input":
+        return 0
+    if after == "final":
+        return len(trace.steps)
+    name, _, k = after.partition("#")
+    runs = [i for i, s in enumerate(trace.steps, 1) if s.pass_name == name]
+    try:
+        nth = int(k) if k else 1
+    except ValueError:
+        nth = 0
+    if name not in PASSES:
+        raise TeachError(f"unknown pass {name!r}; known: {', '.join(PASSES)} (or input, final)")
+    if not runs or not 1 <= nth <= len(runs):
+        ran = ", ".join(dict.fromkeys(s.pass_name for s in trace.steps))
+        what = f"run {nth} of {name!r}" if runs else f"pass {name!r}"
+        raise TeachError(f"{what} is not in this pipeline; it ran: {ran}")
+    return runs[nth - 1]
+
+
+# ------------------------------------------------------------------------------------------ explanation
+
+@dataclass
+class LayerStatus:
+    """Whether one layer fused as expected, and if not, why.
+
+    Attributes:
+        layer: the layer index.
+        fused: True when every expected fusion happened: one `FusedTransformerLayer` for the layer
+            (when the pipeline ran `fuse_transformer_layer` and the layer has attention) and no
+            rejection in the layer that survives to the final graph (a missed fusion).
+        fused_node: id of the layer's FusedTransformerLayer in the final graph, if any.
+        expected: what was expected, e.g. `FusedTransformerLayer`.
+        first: the first rejecting rule's outcome (guard, actual vs required message, hint), if any.
+        rejections: every rejected outcome of the layer, in pipeline order.
+        misses: missed fusions in this layer (`passes.missed_fusions`), as text.
+        sibling / differences: a sibling layer where the rejected rule fused, and how the two layers'
+            primitive structures differ (`passes.explain`).
+        explanation: the full `explain` text (one line per rule).
+    """
+
+    layer: int
+    fused: bool
+    fused_node: int | None
+    expected: str
+    first: Outcome | None
+    rejections: list[Outcome] = field(default_factory=list)
+    misses: list[str] = field(default_factory=list)
+    sibling: int | None = None
+    sibling_rule: str = ""
+    differences: list[str] = field(default_factory=list)
+    explanation: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (outcomes as dicts)."""
+        d = dataclasses.asdict(self)
+        d["status"] = "fused" if self.fused else "not fused"
+        return d
+
+    def render(self, verbose: bool = False) -> str:
+        """A few lines: status, the first rejecting guard (actual vs required), hint, sibling diff."""
+        if self.fused:
+            where = f" -> {self.expected} %{self.fused_node}" if self.fused_node is not None else ""
+            lines = [f"layer {self.layer}: fused{where}"]
+        else:
+            lines = [f"layer {self.layer}: NOT fused" + (f" (expected {self.expected})" if self.expected else "")]
+            if self.first is not None:
+                o = self.first
+                lines.append(f"  first rejection: {o.rule}")
+                lines.append(f"    guard {o.guard} ({o.stage}): {o.message}")
+                if o.hint:
+                    lines.append(f"    fix: {o.hint}")
+            others = [o for o in self.rejections if o is not self.first]
+            for o in others:
+                lines.append(f"  also rejected: {o.rule}: {o.guard}")
+            if self.sibling is not None:
+                lines.append(f"  layer {self.sibling} fused with {self.sibling_rule}; the layers differ in:")
+                lines += [f"    {d}" for d in self.differences] or ["    (same primitive structure)"]
+        if verbose and self.explanation:
+            lines += ["  " + ln for ln in self.explanation.splitlines()]
+        return "\n".join(lines)
+
+
+def layer_status(trace: Trace, layer: int) -> LayerStatus:
+    """`LayerStatus` of `layer` in a pipeline run (see `LayerStatus.fused` for what is expected)."""
+    ex = explain(trace, layer)
+    final = trace.final
+    ran = {s.pass_name for s in trace.steps if not s.error}
+    has_attention = any(n.op in (Op.ATTENTION, Op.FUSED_ATTENTION_BLOCK, Op.FUSED_TRANSFORMER_LAYER)
+                        or n.op.value == "softmax" for n in trace.input if layer_of(n.path) == layer)
+    expect_ftl = "fuse_transformer_layer" in ran and has_attention
+    ftl = [n.id for n in final if n.op == Op.FUSED_TRANSFORMER_LAYER and layer_of(n.path) == layer]
+    misses = [m for m in missed_fusions(trace) if layer_of(m.path) == layer]
+    miss_keys = {(m.pattern, m.node) for m in misses}
+    rejected = ex.rejected
+    surviving = [o for o in rejected if any((o.rule, a) in miss_keys for a in o.nodes)]
+    fused = (bool(ftl) or not expect_ftl) and not misses
+    first = None if fused else (surviving[0] if surviving else (rejected[0] if rejected else None))
+    if first is None and not fused and misses:
+        m = misses[0]
+        first = Outcome(m.pattern.split(".")[0], m.pattern, "rejected", m.guard, "", m.reason, m.hint, (m.node,))
+    return LayerStatus(layer, fused, ftl[0] if ftl else None, "FusedTransformerLayer" if expect_ftl else "",
+                       first, rejected, [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences),
+                       ex.render())
+
+
+@dataclass
+class FusionCheck:
+    """`check_fusion`'s result: `ok` when every layer checked fused as expected."""
+
+    model: str
+    pipeline: str
+    layers: list[LayerStatus]
+    counts: dict[str, int]
+
+    @property
+    def ok(self) -> bool:
+        return all(s.fused for s in self.layers)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "pipeline": self.pipeline, "ok": self.ok,
+                "fused_layers": sum(s.fused for s in self.layers), "checked_layers": len(self.layers),
+                "final_op_counts": self.counts, "layers": [s.to_dict() for s in self.layers]}
+
+    def render(self, verbose: bool = False) -> str:
+        head = (f"{self.model} ({self.pipeline} pipeline): {sum(s.fused for s in self.layers)}/{len(self.layers)} "
+                f"layer(s) fused as expected")
+        return "\n".join([head, *(s.render(verbose) for s in self.layers)])
+
+
+def check_fusion(trace: Trace, model: str = "", layers: Iterable[int] | None = None) -> FusionCheck:
+    """Status of every layer (or of `layers`) of a run.
+
+    Raises:
+        TeachError: a requested layer is not in the model (the message gives the layers it has).
+    """
+    have = model_layers(trace.input)
+    wanted = list(have if layers is None else layers)
+    for i in wanted:
+        if i not in have:
+            span = f"{have[0]}..{have[-1]}" if have else "none: no node path names a layer"
+            raise TeachError(f"layer {i} is not in {model or 'the model'} (layers: {span})")
+    fused_counts = {k: v for k, v in trace.final.op_counts().items() if k[:1].isupper()}
+    return FusionCheck(model, trace.pipeline, [layer_status(trace, i) for i in wanted], fused_counts)
+
+
+# ---------------------------------------------------------------------------------------------- timing
+
+@dataclass
+class VersionTiming:
+    """One row of the per-version timing table.
+
+    Attributes:
+        index / label: position in `trace.versions()` and its label (`input`, `after fuse_sdpa`, ...).
+        nodes: compute nodes in the version.
+        median_ms / min_ms / first_call_ms: MLX timing (`runtime.time_version`), None when `same_as` is set.
+        max_abs: max |MLX output - NumPy reference of the unfused graph| over all outputs.
+        ok: every output within the tolerance (`runtime.equivalence`).
+        same_as: index of an earlier identical version (the pass changed nothing; not re-timed).
+    """
+
+    index: int
+    label: str
+    nodes: int
+    median_ms: float | None = None
+    min_ms: float | None = None
+    first_call_ms: float | None = None
+    max_abs: float | None = None
+    ok: bool | None = None
+    same_as: int | None = None
+
+
+def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
+                  warmup: int = 1, repeat: int = 5, rtol: float = 1e-3, atol: float = 1e-4) -> list[VersionTiming]:
+    """Time every distinct graph version of a run on MLX and check it against the reference.
+
+    The reference is the NumPy interpreter on the unfused input graph, computed once. Versions that
+    a pass did not change are listed with `same_as` and not re-timed.
+    """
+    from .runtime import equivalence, run_reference, time_version
+
+    ref = run_reference(trace.input, dict(feeds), dict(weights))
+    rows: list[VersionTiming] = []
+    last = 0
+    for i, (label, g) in enumerate(trace.versions()):
+        compute = len(g.compute_nodes()) if hasattr(g, "compute_nodes") else len(g)
+        if i > 0 and not trace.steps[i - 1].changed:
+            rows.append(VersionTiming(i, label, compute, same_as=last))
+            continue
+        t = time_version(g, feeds, weights, warmup=warmup, repeat=repeat)
+        diffs = equivalence(g, feeds, weights, reference_outputs=ref, rtol=rtol, atol=atol)
+        rows.append(VersionTiming(i, label, compute, t.median_ms, t.min_ms, t.first_call_ms,
+                                  max(d.max_abs for d in diffs), all(d.ok for d in diffs)))
+        last = i
+    return rows
+
+
+def format_timings(rows: Sequence[VersionTiming]) -> str:
+    """The timing table as aligned text (ms; error = max abs vs the reference)."""
+    w = max(len(r.label) for r in rows)
+    lines = [f"{'#':>2}  {'version':<{w}}  {'nodes':>5}  {'median ms':>9}  {'min ms':>8}  {'first ms':>8}  "
+             f"{'max abs err':>11}  ok"]
+    for r in rows:
+        if r.same_as is not None:
+            lines.append(f"{r.index:>2}  {r.label:<{w}}  {r.nodes:>5}  (unchanged: same as #{r.same_as})")
+            continue
+        lines.append(f"{r.index:>2}  {r.label:<{w}}  {r.nodes:>5}  {r.median_ms:>9.2f}  {r.min_ms:>8.2f}  "
+                     f"{r.first_call_ms:>8.1f}  {r.max_abs:>11.2e}  {'yes' if r.ok else 'NO'}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------- memory traffic
+
+@dataclass(frozen=True)
+class Traffic:
+    """Memory traffic a pass removed: intermediates that fused nodes no longer write or read.
+
+    Attributes:
+        intermediates: per removed intermediate, `(node id, op, bytes, users)`: its output tensor of
+            `bytes` (node.nbytes) was written once and read by `users` nodes before the fusion.
+        bytes_written / bytes_read: totals over the intermediates (bytes).
+    """
+
+    intermediates: tuple[tuple[int, str, int, int], ...]
+    bytes_written: int
+    bytes_read: int
+
+    @property
+    def total(self) -> int:
+        return self.bytes_written + self.bytes_read
+
+    def __str__(self) -> str:
+        return (f"{len(self.intermediates)} intermediate tensor(s) no longer materialized: "
+                f"{_kib(self.bytes_written)} not written + {_kib(self.bytes_read)} not read = {_kib(self.total)}")
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
+
+
+def traffic_saved(step: PassStep) -> Traffic:
+    """Bytes of intermediates a pass's fusions no longer write to and read from memory.
+
+    An intermediate is a compute node the pass absorbed whose every reader was absorbed too and
+    which is not a graph output (the match's result is still written by the fused node, so it is
+    not counted). Its tensor was written once (`node.nbytes`) and read once per user.
+    """
+    before, after = step.before, step.after
+    items = []
+    for m in step.matches:
+        if m.fused is None or m.fused not in after:
+            continue
+        absorbed = set(after[m.fused].absorbed)
+        for i in sorted(absorbed):
+            if i not in before:
+                continue
+            n = before[i]
+            users = before.users(i)
+            if before.is_output(i) or any(u.id not in absorbed for u in users) or i in after:
+                continue
+            items.append((i, n.op.value, n.nbytes, len(users)))
+    return Traffic(tuple(items), sum(b for _, _, b, _ in items), sum(b * u for _, _, b, u in items))
+
+
+# --------------------------------------------------------------------------------------------- display
+
+def svg_html(svg: str, max_height: int = 560, caption: str = "") -> str:
+    """SVG text wrapped in a scrolling `<div>` (large graphs scroll instead of being clipped)."""
+    start = svg.find("<svg")
+    body = svg[start:] if start >= 0 else svg
+    cap = f'<div style="font:12px sans-serif;color:#444;margin:2px 0">{caption}</div>' if caption else ""
+    return (f'{cap}<div class="rlxviz-graph" style="overflow:auto;max-height:{max_height}px;max-width:100%;'
+            f'border:1px solid #ddd;padding:4px">{body}</div>')
+
+
+def show(graph: Graph, overlay: Any = None, max_height: int = 560, caption: str = "", **kw: Any) -> Any:
+    """The app's renderer (`viz.render_svg`) as an IPython HTML object for a notebook cell."""
+    from IPython.display import HTML
+
+    from .viz import render_svg
+
+    return HTML(svg_html(render_svg(graph, overlay, **kw).svg, max_height, caption))
+
+
+__all__ = ["OVER_THRESHOLD", "RLX_THRESHOLD", "TEACHING_CASES", "FusionCheck", "LayerStatus", "TeachError", "Traffic",
+           "VersionTiming", "check_fusion", "format_passes", "format_timings", "layer_status", "load", "load_ir_file",
+           "model_layers", "pass_catalog", "pipeline_from", "show", "svg_html", "time_versions", "traffic_saved",
+           "variant_named", "version_index"]
