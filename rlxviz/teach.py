@@ -323,17 +323,25 @@ class FusionCheck:
     pipeline: str
     layers: list[LayerStatus]
     counts: dict[str, int]
+    misses: list[str] = field(default_factory=list)
+    """For a graph whose node paths name no layer: every missed fusion of the run (then `ok` means none)."""
 
     @property
     def ok(self) -> bool:
-        return all(s.fused for s in self.layers)
+        return all(s.fused for s in self.layers) and not self.misses
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "pipeline": self.pipeline, "ok": self.ok,
                 "fused_layers": sum(s.fused for s in self.layers), "checked_layers": len(self.layers),
-                "final_op_counts": self.counts, "layers": [s.to_dict() for s in self.layers]}
+                "final_op_counts": self.counts, "layers": [s.to_dict() for s in self.layers],
+                "misses": self.misses}
 
     def render(self, verbose: bool = False) -> str:
+        counts = ", ".join(f"{k}={v}" for k, v in self.counts.items()) or "no fused ops"
+        if not self.layers:
+            head = [f"{self.model} ({self.pipeline} pipeline): no node path names a layer; final graph: {counts}",
+                    f"{len(self.misses)} missed fusion(s)" + (":" if self.misses else "")]
+            return "\n".join(head + [f"  {m}" for m in self.misses])
         head = (f"{self.model} ({self.pipeline} pipeline): {sum(s.fused for s in self.layers)}/{len(self.layers)} "
                 f"layer(s) fused as expected")
         return "\n".join([head, *(s.render(verbose) for s in self.layers)])
@@ -352,7 +360,8 @@ def check_fusion(trace: Trace, model: str = "", layers: Iterable[int] | None = N
             span = f"{have[0]}..{have[-1]}" if have else "none: no node path names a layer"
             raise TeachError(f"layer {i} is not in {model or 'the model'} (layers: {span})")
     fused_counts = {k: v for k, v in trace.final.op_counts().items() if k[:1].isupper()}
-    return FusionCheck(model, trace.pipeline, [layer_status(trace, i) for i in wanted], fused_counts)
+    misses = [str(m) for m in missed_fusions(trace)] if not have else []
+    return FusionCheck(model, trace.pipeline, [layer_status(trace, i) for i in wanted], fused_counts, misses)
 
 
 # ---------------------------------------------------------------------------------------------- timing

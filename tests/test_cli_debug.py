@@ -1,0 +1,295 @@
+"""`rlxviz passes / explain / render / ir / time`: real outputs, exit codes, and one-line errors for bad input."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlxviz import cli
+from rlxviz.ir import parse_ir
+from rlxviz.passes import CANONICAL_ORDER
+from rlxviz.teach import TEACHING_CASES
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = ROOT / ".venv" / "bin" / "python"
+
+
+def rlxviz(*args):
+    return subprocess.run([str(PY if PY.exists() else sys.executable), "-m", "rlxviz", *map(str, args)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+def run(capsys, *args):
+    code = cli.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(err, command, fragment):
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"rlxviz {command}: error: ") and fragment in lines[0], lines[0]
+    assert "Traceback" not in err
+
+
+# ------------------------------------------------------------------------------------------------ passes
+
+def test_passes_lists_canonical_order_patterns_and_guards(capsys):
+    code, out, _ = run(capsys, "passes")
+    assert code == 0
+    listed = [ln.split(". ", 1)[1].split(":")[0] for ln in out.splitlines() if ln[:3].strip().rstrip(".").isdigit()]
+    assert listed == list(CANONICAL_ORDER)
+    assert "fuse_transformer_layer.bert_post_ln" in out
+    for g in ("h1_user_count", "fc1_activation", "post_ln_order", "ln1_operand_order", "attention_size_gate"):
+        assert g in out
+
+
+def test_passes_json_and_rlx_profile(capsys):
+    code, out, _ = run(capsys, "passes", "--pipeline", "rlx", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["pipeline"] == "rlx" and d["params"]["fab_max_tokens"] == 64
+    layer = next(p for p in d["passes"] if p["name"] == "fuse_transformer_layer")
+    assert layer["rules"][0]["guards"][-1] == "absorbed_escape"
+    assert "h1_user_count" in layer["rules"][0]["guards"]
+
+
+def test_passes_unknown_pass(capsys):
+    code, _, err = run(capsys, "passes", "--pipeline", "fuse_sdpa,fuse_everything")
+    assert code == 2
+    one_line_error(err, "passes", "unknown pass 'fuse_everything'")
+
+
+# ----------------------------------------------------------------------------------------------- explain
+
+def test_explain_minilm_fully_fused_exit_0():
+    r = rlxviz("explain", "minilm", "--seq", 16)
+    assert r.returncode == 0, r.stderr
+    assert "6/6 layer(s) fused as expected" in r.stdout
+    assert r.stdout.count("fused -> FusedTransformerLayer") == 6
+
+
+@pytest.mark.parametrize(("variant", "guard"), [
+    ("extra_h1_user", "h1_user_count"),
+    ("output_intermediate", "h1_not_output"),
+    ("tanh_gelu", "fc1_activation"),
+    ("swapped_residual", "ln1_operand_order"),
+    ("pre_ln", "sum_single_user"),
+    ("over_threshold", "attention_size_gate"),
+])
+def test_explain_variant_names_guard_and_exits_1(capsys, variant, guard):
+    code, out, err = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", variant, "--layer", 0)
+    assert code == 1, err
+    assert "layer 0: NOT fused (expected FusedTransformerLayer)" in out
+    assert f"guard {guard} " in out
+
+
+def test_explain_extra_user_actual_vs_required_and_sibling_diff(capsys):
+    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "extra_h1_user")
+    assert code == 1
+    assert "1/2 layer(s) fused as expected" in out
+    assert "has 3 users" in out and "needs exactly 2" in out
+    assert "fix: make h1 feed only FFN.1" in out
+    assert "layer 1 fused with fuse_transformer_layer.bert_post_ln; the layers differ in:" in out
+    assert "layer 0: reduce_mean@probe(layer_norm@attention.output.LayerNorm)" in out
+    # the sibling layer alone is fine: exit 0
+    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "extra_h1_user", "--layer", 1)
+    assert code == 0 and "layer 1: fused -> FusedTransformerLayer" in out
+
+
+def test_explain_variant_layer_moves_the_change(capsys):
+    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "tanh_gelu", "--variant-layer", 1)
+    assert code == 1
+    assert "layer 0: fused" in out and "layer 1: NOT fused" in out
+
+
+def test_explain_json(capsys):
+    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "extra_h1_user", "--json")
+    d = json.loads(out)
+    assert code == 1 and d["ok"] is False and d["fused_layers"] == 1 and d["checked_layers"] == 2
+    l0 = d["layers"][0]
+    assert l0["status"] == "not fused" and l0["first"]["guard"] == "h1_user_count"
+    assert l0["first"]["rule"] == "fuse_transformer_layer.bert_post_ln" and l0["sibling"] == 1
+    assert d["layers"][1]["status"] == "fused" and d["final_op_counts"]["FusedTransformerLayer"] == 1
+
+
+def test_explain_order_lesson_layer_pass_first(capsys):
+    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--pipeline",
+                       "fuse_transformer_layer,fuse_matmul_bias_act,fuse_attention_block,fuse_residual_ln")
+    assert code == 1
+    assert out.count("guard attn_is_fused_block") == 2
+    assert "run fuse_attention_block first" in out
+
+
+def test_explain_threshold_option_and_rlx_profile(capsys):
+    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--pipeline", "rlx")
+    assert code == 0  # 8 tokens are under RLX's gate of 64
+    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--threshold", 4)
+    assert code == 1 and "allows at most 4" in out
+
+
+def test_explain_llama_block_is_not_a_bert_layer(capsys):
+    code, out, _ = run(capsys, "explain", "llama-block", "--seq", 8, "--verbose")
+    assert code == 1
+    assert "fuse_swiglu.dual_matmul: -> node(s)" in out  # verbose: every rule's outcome
+    assert "also rejected: fuse_transformer_layer.bert_post_ln: attn_is_fused_block" in out
+
+
+def test_explain_ir_file(tmp_path, capsys):
+    code, out, _ = run(capsys, "ir", "bert-tiny", "--seq", 4)
+    assert code == 0
+    f = tmp_path / "tiny.ir"
+    f.write_text(out)
+    code, out, _ = run(capsys, "explain", f)
+    assert code == 0 and "2/2 layer(s) fused as expected" in out
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["nosuch-model"], "unknown model 'nosuch-model': not a preset"),
+    (["bert-tiny", "--layer", "7"], "layer 7 is not in bert-tiny (layers: 0..1)"),
+    (["bert-tiny", "--layer", "-1"], "layer -1 is not in bert-tiny"),
+    (["bert-tiny", "--pipeline", "fuse_sdpa,fuse_nothing"], "unknown pass 'fuse_nothing'"),
+    (["bert-tiny", "--pipeline", ","], "empty pipeline"),
+    (["bert-tiny", "--variant", "purple"], "unknown variant 'purple'; known: none, output_intermediate"),
+    (["bert-tiny", "--seq", "0"], "--batch and --seq must be >= 1"),
+])
+def test_explain_bad_input_one_line(capsys, args, fragment):
+    code, out, err = run(capsys, "explain", *args)
+    assert code == 2 and out == ""
+    one_line_error(err, "explain", fragment)
+
+
+def test_bad_ir_text_reports_line_and_column(tmp_path, capsys):
+    f = tmp_path / "bad.ir"
+    f.write_text('graph g {\n  %0 = input {name="x"} : f32[2, 3]\n  %1 = relu(%0) : f32[2, 3\n  return %1\n}\n')
+    code, _, err = run(capsys, "explain", f)
+    assert code == 2
+    one_line_error(err, "explain", f"{f}:3:")
+    assert "IR syntax error" in err
+    line, col = err.split(f"{f}:")[1].split(":")[:2]
+    assert int(line) == 3 and int(col) > 1
+    with pytest.raises(Exception) as e:  # same place as the parser's own error
+        parse_ir(f.read_text())
+    assert (e.value.line, e.value.col) == (int(line), int(col))
+
+
+def test_bad_ir_graph_and_variant_on_ir_file(tmp_path, capsys):
+    f = tmp_path / "undef.ir"
+    f.write_text('graph g {\n  %0 = input {name="x"} : f32[2, 3]\n  %1 = relu(%7) : f32[2, 3]\n  return %1\n}\n')
+    code, _, err = run(capsys, "ir", f)
+    assert code == 2 and str(f) in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    good = tmp_path / "good.ir"
+    good.write_text('graph g {\n  %0 = input {name="x"} : f32[2, 3]\n  %1 = relu(%0) : f32[2, 3]\n  return %1\n}\n')
+    code, _, err = run(capsys, "explain", good, "--variant", "tanh_gelu")
+    one_line_error(err, "explain", "teaching variants apply to BERT presets and checkpoints, not IR files")
+    code, out, _ = run(capsys, "explain", good)
+    assert code == 0 and "no node path names a layer" in out and "0 missed fusion(s)" in out
+
+
+def test_explain_ir_file_without_layers_reports_misses(tmp_path, capsys):
+    f = tmp_path / "mlp.ir"
+    f.write_text('graph mlp {\n  %0 = input {name="x"} : f32[2, 8, 16]\n'
+                 '  %1 = param {name="fc.weight"} : f32[16, 32] @fc\n'
+                 '  %2 = param {name="fc.bias"} : f32[8, 32] @fc\n'
+                 '  %3 = matmul(%0, %1) : f32[2, 8, 32] @fc\n'
+                 '  %4 = add(%3, %2) : f32[2, 8, 32] @fc\n'
+                 '  return %4\n}\n')
+    code, out, _ = run(capsys, "explain", f, "--json")
+    d = json.loads(out)
+    assert code == 1 and d["layers"] == [] and len(d["misses"]) == 1 and "bias_rank" in d["misses"][0]
+
+
+def test_subprocess_errors_have_no_traceback():
+    r = rlxviz("explain", "no/such/folder")
+    assert r.returncode == 2 and r.stdout == ""
+    one_line_error(r.stderr, "explain", "unknown model 'no/such/folder'")
+    r = rlxviz("render", "bert-tiny", "--after", "fuse_banana", "-o", "x.svg")
+    assert r.returncode == 2
+    one_line_error(r.stderr, "render", "unknown pass 'fuse_banana'")
+
+
+# ------------------------------------------------------------------------------------------- render / ir
+
+def test_render_svg_after_pass(tmp_path, capsys):
+    out = tmp_path / "layer.svg"
+    code, _, err = run(capsys, "render", "bert-tiny", "--seq", 8, "--after", "fuse_transformer_layer", "-o", out)
+    assert code == 0, err
+    svg = out.read_text()
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg and "FusedTransformerLayer" in svg
+    assert "after fuse_transformer_layer" in err
+
+
+def test_render_dot_before_with_rejection_layers_view_and_focus(tmp_path, capsys):
+    dot = tmp_path / "rej.dot"
+    code, _, _ = run(capsys, "render", "bert-tiny", "--seq", 8, "--variant", "extra_h1_user", "--after",
+                     "fuse_transformer_layer", "--before", "-o", dot, "-q")
+    assert code == 0 and capsys.readouterr().err == ""
+    text = dot.read_text()
+    assert text.startswith("digraph") and "h1_user_count" in text
+    code, _, _ = run(capsys, "render", "minilm", "--seq", 8, "--view", "layers", "-o", tmp_path / "l.dot", "-q")
+    assert code == 0 and "encoder.layer.5" in (tmp_path / "l.dot").read_text()
+    code, _, _ = run(capsys, "render", "minilm", "--seq", 8, "--focus", 2, "-o", tmp_path / "f.dot", "-q")
+    assert code == 0 and "— layer 2\"" in (tmp_path / "f.dot").read_text()
+
+
+def test_render_second_run_of_a_pass_and_bad_inputs(tmp_path, capsys):
+    code, _, err = run(capsys, "render", "bert-tiny", "--seq", 8, "--after", "dead_code_elimination#2",
+                       "-o", tmp_path / "a.dot")
+    assert code == 0 and "after dead_code_elimination" in err
+    code, _, err = run(capsys, "render", "bert-tiny", "--after", "dead_code_elimination#3", "-o", tmp_path / "a.dot")
+    one_line_error(err, "render", "run 3 of 'dead_code_elimination' is not in this pipeline")
+    code, _, err = run(capsys, "render", "bert-tiny", "--after", "unfuse", "-o", tmp_path / "a.dot")
+    one_line_error(err, "render", "pass 'unfuse' is not in this pipeline; it ran: fuse_sdpa")
+    code, _, err = run(capsys, "render", "bert-tiny", "-o", tmp_path / "a.txt")
+    one_line_error(err, "render", "unsupported suffix '.txt'")
+    code, _, err = run(capsys, "render", "bert-tiny", "-o", tmp_path / "missing" / "a.svg")
+    one_line_error(err, "render", "does not exist")
+    code, _, err = run(capsys, "render", "bert-tiny", "--focus", 9, "-o", tmp_path / "a.svg")
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_ir_round_trips_and_after(capsys):
+    code, out, _ = run(capsys, "ir", "bert-tiny", "--seq", 8)
+    assert code == 0
+    g = parse_ir(out)
+    assert g.op_counts()["attention"] == 2 and "FusedTransformerLayer" not in g.op_counts()
+    code, out, _ = run(capsys, "ir", "bert-tiny", "--seq", 8, "--after", "final")
+    assert parse_ir(out).op_counts()["FusedTransformerLayer"] == 2
+    assert "[fuse_transformer_layer <- " in out
+    code, out, _ = run(capsys, "ir", "bert-tiny", "--seq", 8, "--after", "fuse_matmul_bias_act")
+    counts = parse_ir(out).op_counts()
+    assert counts["FusedMatMulBiasAct"] == 8 and "FusedAttentionBlock" not in counts
+
+
+def test_ir_pipe_closed_early_is_not_an_error():
+    py = str(PY if PY.exists() else sys.executable)
+    r = subprocess.run(f"'{py}' -m rlxviz ir minilm --seq 8 | head -1", shell=True, capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert r.stdout.startswith("graph ") and "error" not in r.stderr
+
+
+# ------------------------------------------------------------------------------------------------- time
+
+def test_time_table_every_version_checked(capsys):
+    code, out, err = run(capsys, "time", "bert-tiny", "--seq", 8, "--repeat", 2)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "canonical pipeline" in lines[0] and "BLAS" in lines[0]
+    rows = [ln for ln in lines[2:] if ln.strip()]
+    assert len(rows) == 1 + len(CANONICAL_ORDER)
+    timed = [r for r in rows if "unchanged" not in r]
+    assert len(timed) >= 5 and all(r.rstrip().endswith("yes") for r in timed)
+    assert "after fuse_transformer_layer" in out
+    assert "(unchanged: same as #0)" in out  # fuse_sdpa changes nothing in the rlx-style preset
+
+
+def test_time_bad_repeat(capsys):
+    code, _, err = run(capsys, "time", "bert-tiny", "--repeat", 0)
+    one_line_error(err, "time", "--repeat must be >= 1")
+
+
+def test_teaching_cases_cover_app_variants():
+    from rlxviz.models import VARIANTS
+
+    assert set(VARIANTS) - {"none"} <= set(TEACHING_CASES)
