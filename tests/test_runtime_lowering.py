@@ -308,3 +308,23 @@ def test_time_version_reports_first_call_and_stats():
         warnings.simplefilter("error")
         t = time_version(g, {"x": randn(2, 4, 8)}, weights, warmup=1, repeat=5, executor=MlxExecutor())
     assert t.first_call_ms > 0 and t.min_ms <= t.median_ms and t.iqr_ms >= 0 and len(t.samples_ms) == 5
+
+
+def test_weight_only_nodes_are_computed_once():
+    b = Builder("qkv")
+    x = b.input("x", (2, 3, 4))
+    w = b.concat([b.param("wq", (4, 4)), b.param("wk", (4, 4))], axis=1)
+    b.output(b.matmul(x, w))
+    g = b.build()
+    weights = {"wq": randn(4, 4), "wk": randn(4, 4)}
+    ex = MlxExecutor()
+    out = ex.run(g, {"x": randn(2, 3, 4)}, weights)
+    prog = ex.program(g)
+    assert prog.n_static == 1 and prog.inputs == ["x"]
+    _, args1 = ex.bind(g, {"x": randn(2, 3, 4)}, weights)
+    _, args2 = ex.bind(g, {"x": randn(2, 3, 4)}, weights)
+    assert args1[1] is args2[1]  # the concatenated weight is cached
+    assert out[0].shape == (2, 3, 8)
+    new = dict(weights, wk=randn(4, 4))
+    feeds = {"x": randn(2, 3, 4)}
+    np.testing.assert_allclose(ex.run(g, feeds, new)[0], run_reference(g, feeds, new)[0], rtol=RTOL, atol=ATOL)

@@ -5,7 +5,9 @@ node order; constants are baked in) and a function that walks the nodes in topol
 building lazy MLX arrays, dropping each value after its last use. Programs are cached by graph
 version (a hash of the graph's IR text) and `LoweringOptions`; with `compile_graph=True` the walk is
 wrapped in `mx.compile` (MLX then caches one trace per input shape). Weights are converted to
-`mx.array` once per source array and reused across versions and calls.
+`mx.array` once per source array and reused across versions and calls; nodes computed from weights
+alone (e.g. the Q|K|V weight `concat` that `fuse_shared_input_matmul` leaves) are evaluated once
+per weight set, not on every call.
 """
 
 from __future__ import annotations
@@ -31,65 +33,103 @@ def graph_key(graph: Graph) -> str:
 
 @dataclass
 class Program:
-    """A graph prepared for MLX: leaf order, the node walk, and (optionally) its `mx.compile`d form.
+    """A graph prepared for MLX.
+
+    Nodes that depend only on params and constants (e.g. a Q|K|V weight `concat` left by
+    `fuse_shared_input_matmul`) form the *static* part: `prepare(*params)` computes the values the
+    rest of the graph reads from it, once per set of weights. `fn(*inputs, *static)` is the
+    per-call part.
 
     Attributes:
         key: `graph_key` of the graph.
-        inputs: input names in the order the function takes them.
-        params: param names, after the inputs.
-        fn: `fn(*inputs, *params) -> list[mx.array]` (the graph outputs, lazy).
+        inputs: input names, the leading arguments of `fn`.
+        params: param names, the arguments of `prepare`.
+        prepare: `prepare(*params) -> list[mx.array]` (the static values `fn` needs).
+        fn: `fn(*inputs, *static) -> list[mx.array]` (the graph outputs, lazy).
         compiled: whether `fn` is `mx.compile`d.
+        n_static: number of compute nodes folded into `prepare`.
     """
 
     key: str
     graph: Graph
     inputs: list[str]
     params: list[str]
+    prepare: Callable[..., list[mx.array]]
     fn: Callable[..., list[mx.array]]
     compiled: bool
     options: LoweringOptions = field(default_factory=LoweringOptions)
+    n_static: int = 0
 
 
 def _const(node: Node) -> mx.array:
     return mx.array(np.asarray(node.attrs["value"], dtype=node.dtype.numpy)).astype(MX_DTYPES[node.dtype])
 
 
-def _walker(graph: Graph, options: LoweringOptions) -> tuple[list[str], list[str], Callable[..., list[mx.array]]]:
-    leaves = [n for n in graph if n.op in (Op.INPUT, Op.PARAM)]
-    inputs = [n for n in leaves if n.op == Op.INPUT]
-    params = [n for n in leaves if n.op == Op.PARAM]
-    order = inputs + params
-    consts = {n.id: _const(n) for n in graph if n.op == Op.CONST}
-    compute = graph.compute_nodes()
-    uses = {n.id: graph.use_count(n) for n in graph}
-    # ids whose value can be dropped right after node k ran
-    frees: list[list[int]] = []
-    remaining = dict(uses)
-    for n in compute:
+def _eval_nodes(nodes: list[Node], env: dict[int, mx.array], frees: list[list[int]],
+                options: LoweringOptions) -> None:
+    with using(options):
+        for n, done in zip(nodes, frees, strict=True):
+            try:
+                env[n.id] = lower_node(n, [env[i] for i in n.inputs])
+            except LoweringError:
+                raise
+            except Exception as e:  # name the node whose lowering failed
+                raise LoweringError(f"MLX lowering of %{n.id} failed: {e}\n  {format_node(n)}") from e
+            for i in done:
+                env.pop(i, None)
+
+
+def _frees(nodes: list[Node], remaining: dict[int, int]) -> list[list[int]]:
+    """For each node, the ids whose last use it is (graph outputs are never freed)."""
+    out = []
+    for n in nodes:
         done = []
         for i in dict.fromkeys(n.inputs):
-            remaining[i] -= 1
-            if remaining[i] == 0:
-                done.append(i)
-        frees.append(done)
+            if i in remaining:
+                remaining[i] -= 1
+                if remaining[i] == 0:
+                    done.append(i)
+        out.append(done)
+    return out
+
+
+def build_program(graph: Graph, options: LoweringOptions, compile_graph: bool, key: str | None = None) -> Program:
+    """Split `graph` into its static (params/consts only) and per-call parts and wrap both."""
+    leaves = {Op.INPUT, Op.PARAM, Op.CONST}
+    static: set[int] = set()
+    for n in graph:
+        if n.op in (Op.PARAM, Op.CONST) or (n.op not in leaves and n.inputs and all(i in static for i in n.inputs)):
+            static.add(n.id)
+    inputs = [n for n in graph if n.op == Op.INPUT]
+    params = [n for n in graph if n.op == Op.PARAM]
+    dynamic = [n for n in graph.compute_nodes() if n.id not in static]
+    static_nodes = [n for n in graph.compute_nodes() if n.id in static]
+    # static values the per-call part reads (or that are graph outputs), in a fixed order
+    frontier = list(dict.fromkeys([i for n in dynamic for i in n.inputs if i in static]
+                                  + [o for o in graph.outputs if o in static]))
+    consts = {n.id: _const(n) for n in graph if n.op == Op.CONST}
+    uses = {n.id: graph.use_count(n) for n in graph}
+    s_remaining = {i: sum(1 for n in static_nodes for j in dict.fromkeys(n.inputs) if j == i) for i in static}
+    for i in frontier:
+        s_remaining[i] = s_remaining.get(i, 0) + 1  # keep frontier values alive
+    s_frees = _frees(static_nodes, s_remaining)
+    d_frees = _frees(dynamic, {i: c for i, c in uses.items() if i not in static} | {i: 1 << 30 for i in frontier})
+
+    def prepare(*args: mx.array) -> list[mx.array]:
+        env: dict[int, mx.array] = dict(consts)
+        env.update({n.id: a for n, a in zip(params, args, strict=True)})
+        _eval_nodes(static_nodes, env, s_frees, options)
+        return [env[i] for i in frontier]
 
     def run(*args: mx.array) -> list[mx.array]:
-        env: dict[int, mx.array] = dict(consts)
-        for n, a in zip(order, args, strict=True):
-            env[n.id] = a
-        with using(options):
-            for n, done in zip(compute, frees, strict=True):
-                try:
-                    env[n.id] = lower_node(n, [env[i] for i in n.inputs])
-                except LoweringError:
-                    raise
-                except Exception as e:  # name the node whose lowering failed
-                    raise LoweringError(f"MLX lowering of %{n.id} failed: {e}\n  {format_node(n)}") from e
-                for i in done:
-                    env.pop(i, None)
+        env: dict[int, mx.array] = {n.id: a for n, a in zip(inputs, args[:len(inputs)], strict=True)}
+        env.update(zip(frontier, args[len(inputs):], strict=True))
+        _eval_nodes(dynamic, env, d_frees, options)
         return [env[o] for o in graph.outputs]
 
-    return [n.attrs["name"] for n in inputs], [n.attrs["name"] for n in params], run
+    fn = mx.compile(run) if compile_graph else run
+    return Program(key or graph_key(graph), graph, [n.attrs["name"] for n in inputs], [n.attrs["name"] for n in params],
+                   prepare, fn, compile_graph, options, len(static_nodes))
 
 
 class MlxExecutor:
@@ -110,6 +150,7 @@ class MlxExecutor:
         self._programs: dict[tuple[str, LoweringOptions, bool], Program] = {}
         self._keys: dict[int, tuple[Graph, str]] = {}
         self._weights: dict[str, tuple[Any, mx.array]] = {}
+        self._static: dict[tuple[str, LoweringOptions], tuple[tuple[mx.array, ...], list[mx.array]]] = {}
 
     # -- caches --------------------------------------------------------------------------------
     def key_of(self, graph: Graph) -> str:
@@ -125,9 +166,7 @@ class MlxExecutor:
         key = (self.key_of(graph), self.options, self.compile_graph)
         prog = self._programs.get(key)
         if prog is None:
-            inputs, params, run = _walker(graph, self.options)
-            fn = mx.compile(run) if self.compile_graph else run
-            prog = self._programs[key] = Program(key[0], graph, inputs, params, fn, self.compile_graph, self.options)
+            prog = self._programs[key] = build_program(graph, self.options, self.compile_graph, key[0])
         return prog
 
     def weight(self, name: str, value: Any) -> mx.array:
@@ -145,6 +184,7 @@ class MlxExecutor:
         self._programs.clear()
         self._keys.clear()
         self._weights.clear()
+        self._static.clear()
 
     # -- running ---------------------------------------------------------------------------------
     def bind(self, graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str, Any] | None = None
@@ -171,7 +211,19 @@ class MlxExecutor:
         for name, a in zip(prog.inputs + prog.params, args, strict=True):
             if tuple(a.shape) != shapes[name].shape:
                 raise ValueError(f"{name!r}: expected shape {list(shapes[name].shape)}, got {list(a.shape)}")
-        return prog, args
+        n_in = len(prog.inputs)
+        return prog, args[:n_in] + self.static_values(prog, args[n_in:])
+
+    def static_values(self, prog: Program, params: list[mx.array]) -> list[mx.array]:
+        """The program's static values for these param arrays, computed once (evaluated) and cached."""
+        key = (prog.key, prog.options)
+        hit = self._static.get(key)
+        if hit is not None and len(hit[0]) == len(params) and all(a is b for a, b in zip(hit[0], params, strict=True)):
+            return hit[1]
+        values = prog.prepare(*params)
+        mx.eval(values)
+        self._static[key] = (tuple(params), values)
+        return values
 
     def run_mx(self, graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str, Any] | None = None
                ) -> list[mx.array]:

@@ -68,7 +68,8 @@ def time_version(graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str, A
     """
     ex = executor or default_executor()
     key = (ex.key_of(graph), ex.options, ex.compile_graph)
-    ex._programs.pop(key, None)  # fresh program: first call pays build + trace + compile
+    ex._programs.pop(key, None)  # fresh program: first call pays build + trace + compile + static part
+    ex._static.pop((key[0], ex.options), None)
     feeds_mx = {k: v if isinstance(v, mx.array) else mx.array(np.asarray(v)) for k, v in feeds.items()}
     mx.eval(list(feeds_mx.values()))
     t = time.perf_counter()
