@@ -142,23 +142,43 @@ def _passes() -> Any:
 
 
 def canonical_passes() -> list[str]:
-    """Pass names in the canonical order."""
-    raise NotAvailable("the fusion passes (rlxviz.passes.Pipeline) are not available yet") if True else _passes()
+    """Pass names in the canonical order (`rlxviz.passes.CANONICAL_ORDER`)."""
+    return list(_passes().CANONICAL_ORDER)
 
 
 def available_passes() -> list[str]:
-    return canonical_passes()
+    """Every pass a user may add (`rlxviz.passes.PASSES`)."""
+    return list(_passes().PASSES)
 
 
 def default_threshold() -> int | None:
-    _passes()
-    return None
+    """The canonical pipeline's attention gate on batch*seq (`fab_max_tokens`; None = no gate)."""
+    return _passes().DEFAULT_PARAMS.get("fab_max_tokens")
+
+
+RLX_THRESHOLD = 64
+"""RLX's batch*seq gate (`RLX_FUSE_ATTN_THRESHOLD` default), used by the over-threshold variant when no
+threshold is set."""
 
 
 def run_pipeline(model: Model, passes: list[str], threshold: int | None) -> Any:
-    """The pipeline's `Trace` on `model.graph`, cached per (graph, passes, threshold)."""
-    _passes()
-    raise NotAvailable("the fusion passes (rlxviz.passes.Pipeline) are not available yet")
+    """The pipeline's `Trace` on `model.graph`, cached per (graph, passes, threshold).
+
+    Args:
+        passes: enabled pass names in run order (duplicates allowed).
+        threshold: `fab_max_tokens`, the batch*seq gate of attention fusion (None: no gate).
+    """
+    mod = _passes()
+    key = ("trace", graph_digest(model.graph), tuple(passes), threshold)
+    return TRACES.get_or_compute(key, lambda: mod.Pipeline(list(passes), {"fab_max_tokens": threshold},
+                                                           "app").run(model.graph))
+
+
+def explain_layer(trace: Any, layer: int) -> str:
+    """"Why didn't layer N fuse?" as Markdown (`rlxviz.passes.explain`)."""
+    explain = _attr("rlxviz.passes", "explain", "the fusion explanations")
+    out = explain(trace, layer)
+    return out if isinstance(out, str) else getattr(out, "markdown", str(out))
 
 
 # -- viz --------------------------------------------------------------------------------------------

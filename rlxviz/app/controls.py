@@ -110,31 +110,59 @@ class VariantControls(Viewer):
 
 
 class PipelineControls(Viewer):
-    """Enabled passes in order (the order of the chips is the run order), the attention threshold, re-run."""
+    """The passes in run order, each with on/off, move up/down and remove; add a pass; the threshold; re-run."""
 
     state = param.ClassSelector(class_=AppState)
 
     def __init__(self, **params: object) -> None:
         super().__init__(**params)
         s = self.state
-        self.passes = pn.widgets.MultiChoice(name="Passes (in run order; remove and re-add to move one to the end)",
-                                             options=s.available_passes() or list(s.passes), value=list(s.passes),
-                                             sizing_mode="stretch_width")
-        self.passes.param.watch(lambda e: setattr(s, "passes", list(e.new)), "value")
-        s.param.watch(lambda e: setattr(self.passes, "value", list(e.new)), "passes")
-        self.threshold = pn.widgets.IntInput(name=f"Attention threshold on batch*seq (default "
-                                                  f"{s.default_threshold()})", value=s.threshold,
-                                             start=1, sizing_mode="stretch_width")
+        self.enabled = pn.widgets.CheckBoxGroup(options=[], value=[], inline=False, css_classes=["rv-passes"])
+        self.enabled.param.watch(self._on_enabled, "value")
+        self.pick = pn.widgets.Select(options=[], width=150, margin=(5, 5), name="")
+        self.moves = []
+        for label, tip, fn in (("↑", "move up", lambda i: s.move_pass(i, -1)), ("↓", "move down",
+                               lambda i: s.move_pass(i, 1)), ("✕", "remove", s.remove_pass)):
+            b = pn.widgets.Button(name=label, description=tip, width=34, button_type="light", margin=(5, 1))
+            b.on_click(lambda e, fn=fn: self.pick.value is not None and fn(self.pick.value))
+            self.moves.append(b)
+        self.add = pn.widgets.Select(options=s.available_passes(), width=200, margin=(5, 5))
+        self.add_btn = pn.widgets.Button(name="Add", button_type="light", width=60, margin=(5, 5))
+        self.add_btn.on_click(lambda e: self.add.value and s.add_pass(self.add.value))
+        default = s.default_threshold()
+        self.threshold = pn.widgets.IntInput(
+            name=f"Attention gate: max batch*seq (empty: {'no gate' if default is None else default})",
+            value=s.threshold, start=1, sizing_mode="stretch_width")
         self.threshold.param.watch(lambda e: setattr(s, "threshold", e.new), "value")
         s.param.watch(lambda e: setattr(self.threshold, "value", e.new), "threshold")
         self.reset = pn.widgets.Button(name="Canonical order", button_type="light")
         self.reset.on_click(lambda e: s.reset_pipeline())
         self.rerun = pn.widgets.Button(name="Re-run", button_type="primary")
         self.rerun.on_click(lambda e: s.load())
+        s.param.watch(lambda e: self._rebuild(), ["passes", "disabled"])
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        s = self.state
+        labels = {f"{i + 1}. {name}": i for i, name in enumerate(s.passes)}
+        self._syncing = True
+        try:
+            self.enabled.param.update(options=labels, value=[i for i in labels.values() if i not in s.disabled])
+            keep = self.pick.value
+            self.pick.param.update(options=labels, value=keep if keep in labels.values() else None)
+        finally:
+            self._syncing = False
+
+    def _on_enabled(self, event: param.parameterized.Event) -> None:
+        if getattr(self, "_syncing", False):
+            return
+        on = set(event.new)
+        self.state.disabled = [i for i in range(len(self.state.passes)) if i not in on]
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column("### Pipeline", self.passes, self.threshold, pn.Row(self.reset, self.rerun),
-                         sizing_mode="stretch_width")
+        return pn.Column("### Pipeline", "Passes run top to bottom; untick to skip one.", self.enabled,
+                         pn.Row(self.pick, *self.moves), pn.Row(self.add, self.add_btn), self.threshold,
+                         pn.Row(self.reset, self.rerun), sizing_mode="stretch_width")
 
 
 class StatusBar(Viewer):

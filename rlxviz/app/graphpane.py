@@ -25,8 +25,11 @@ export function render({ model, el }) {
   const size = () => { const svg = inner.querySelector('svg'); if (!svg) return null;
     const vb = svg.viewBox && svg.viewBox.baseVal; const w = (vb && vb.width) || svg.clientWidth || 1;
     const h = (vb && vb.height) || svg.clientHeight || 1; return [w, h]; };
-  const fit = () => { const sz = size(); if (!sz) return; const W = wrap.clientWidth || 600, H = wrap.clientHeight || 500;
-    s = Math.min(W / sz[0], H / sz[1], 1.5); tx = (W - sz[0] * s) / 2; ty = Math.max(4, (H - sz[1] * s) / 2); apply(); };
+  const fit = () => { const sz = size(); if (!sz) return; const W = wrap.clientWidth || 600;
+    const H = wrap.clientHeight || 500; s = Math.min(W / sz[0], H / sz[1], 1.5);
+    if (s < 0.35) { s = Math.min(W / sz[0], 0.8); tx = (W - sz[0] * s) / 2; ty = 4; }
+    else { tx = (W - sz[0] * s) / 2; ty = Math.max(4, (H - sz[1] * s) / 2); }
+    apply(); };
   const zoomAt = (f, cx, cy) => { const ns = Math.min(Math.max(s * f, 0.02), 8); tx = cx - (cx - tx) * ns / s;
     ty = cy - (cy - ty) * ns / s; s = ns; apply(); };
   mk('+', 'zoom in', () => zoomAt(1.25, wrap.clientWidth / 2, wrap.clientHeight / 2));

@@ -38,7 +38,7 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
         ("Why didn't layer N fuse?", WhyView(state=state)),
         ("Timing", TimingView(state=state)),
         ("IR & diff", IRView(state=state)),
-        dynamic=False, sizing_mode="stretch_both", css_classes=["rv-tabs"])
+        dynamic=True, sizing_mode="stretch_both", css_classes=["rv-tabs"])
     tmpl = pn.template.FastListTemplate(
         title=TITLE, sidebar_width=340, accent="#1565c0", header_background="#0d47a1", theme_toggle=False,
         sidebar=[ModelControls(state=state), VariantControls(state=state), PipelineControls(state=state)],

@@ -44,9 +44,9 @@ class VersionStepper(Viewer):
         self.prev.on_click(lambda e: self._move(-1))
         self.next.on_click(lambda e: self._move(1))
         self.player = pn.widgets.Player(start=0, end=max(len(s.version_labels) - 1, 1), value=s.version,
-                                        interval=1500, loop_policy="once", show_value=False, width=260,
-                                        align="end", visible_buttons=["first", "previous", "play", "pause", "next",
-                                                                      "last"], height=60)
+                                        interval=1500, loop_policy="once", show_value=False, show_loop_controls=False,
+                                        width=260, align="end", height=60,
+                                        visible_buttons=["first", "previous", "play", "pause", "next", "last"])
         self.player.param.watch(lambda e: setattr(s, "version", e.new), "value")
         self.hide = pn.widgets.Checkbox.from_param(s.param.hide_unchanged, name="hide passes that changed nothing",
                                                    align="end")
@@ -101,7 +101,8 @@ class GraphCompare(Viewer):
         for g in (self.before, self.after):
             g.param.watch(lambda e: setattr(s, "selected_node", e.obj.clicked), "clicks")
         self.note = pn.pane.Markdown("", css_classes=["rv-graph-note"], margin=(0, 10))
-        s.param.watch(self._draw, ["trace", "version", "view", "selected_layer"])
+        self.row = pn.Row(self.after, sizing_mode="stretch_both")
+        s.param.watch(self._draw, ["model", "trace", "version", "view", "selected_layer"])
         s.param.watch(self._mark, ["highlight", "selected_node"])
         self._draw()
 
@@ -117,7 +118,9 @@ class GraphCompare(Viewer):
             prev, err2 = _safe(s.svg_before, k)
             self.before.param.update(svg=prev or "", title=f"before {step.pass_name}")
             err = err or err2
-        self.before.visible = step is not None
+        want = [self.before, self.after] if step is not None else [self.after]
+        if list(self.row.objects) != want:
+            self.row.objects = want
         self.note.object = f"⚠️ {err}" if err else ""
         self._mark()
 
@@ -127,8 +130,7 @@ class GraphCompare(Viewer):
             g.param.update(highlight=list(s.highlight), selected=s.selected_node)
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column(self.note, pn.Row(self.before, self.after, sizing_mode="stretch_both"),
-                         sizing_mode="stretch_both")
+        return pn.Column(self.note, self.row, sizing_mode="stretch_both")
 
 
 class NodeInspector(Viewer):
@@ -166,6 +168,7 @@ class DecisionTable(Viewer):
         self.table = pn.widgets.Tabulator(
             self._frame(), show_index=False, sizing_mode="stretch_width", height=420, pagination=None,
             disabled=True, selectable=1, layout="fit_data_stretch", css_classes=["rv-decisions"],
+            sorters=[{"field": "kind", "dir": "desc"}],
             header_filters={"kind": {"type": "list", "values": ["fused", "rejected"], "clearable": True},
                             "pass": {"type": "input", "func": "like", "placeholder": "pass"},
                             "layer": {"type": "number", "func": "=", "placeholder": "layer"},

