@@ -76,11 +76,14 @@ def _fmt(t: TensorType) -> str:
 
 def broadcast(a: Shape, b: Shape) -> Shape:
     """NumPy broadcasting of two shapes. Raises ShapeError when they are incompatible."""
+    if a == b:
+        return a
     out = []
     for i in range(max(len(a), len(b))):
         x = a[len(a) - 1 - i] if i < len(a) else 1
         y = b[len(b) - 1 - i] if i < len(b) else 1
-        _check(x == y or x == 1 or y == 1, f"shapes {list(a)} and {list(b)} do not broadcast")
+        if not (x == y or x == 1 or y == 1):
+            raise ShapeError(f"shapes {list(a)} and {list(b)} do not broadcast")
         out.append(max(x, y) if min(x, y) != 0 else 0)
     return tuple(reversed(out))
 
