@@ -77,11 +77,8 @@ def _cmeel_openblas() -> list[str]:
 
 
 def _mkl() -> list[str]:
-    out: list[str] = []
-    for entry in sys.path:
-        out += glob.glob(os.path.join(entry, "..", "..", "..", "lib", "libmkl_rt.so*"))
-    out += glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*"))
-    return sorted({os.path.realpath(p) for p in out})
+    """`libmkl_rt.so*` where PyPI's `mkl` wheel puts it (`<prefix>/lib`)."""
+    return sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")))
 
 
 def candidates() -> list[tuple[str, str]]:
