@@ -307,6 +307,11 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
     surviving = [o for o in rejected if any((o.rule, a) in miss_keys for a in o.nodes)]
     fused = (bool(ftl) or not expect_ftl) and not misses
     first = None if fused else (surviving[0] if surviving else (rejected[0] if rejected else None))
+    if first is None and not fused and expect_ftl and not ftl and not misses:
+        first = Outcome("fuse_transformer_layer", "fuse_transformer_layer.bert_post_ln", "rejected", "no_anchor",
+                        "structure", "fuse_transformer_layer found no attention op in this layer to anchor on when it "
+                        "ran (a Hugging Face graph has none until fuse_sdpa packs one)",
+                        "run fuse_sdpa and the block fusions before fuse_transformer_layer")
     if first is None and not fused and misses:
         m = misses[0]
         first = Outcome(m.pattern.split(".")[0], m.pattern, "rejected", m.guard, "", m.reason, m.hint, (m.node,))
@@ -493,6 +498,25 @@ def svg_html(svg: str, max_height: int = 560, caption: str = "") -> str:
             f'border:1px solid #ddd;padding:4px">{body}</div>')
 
 
+def pair_html(left: str, right: str, max_height: int = 560, captions: tuple[str, str] = ("before", "after")) -> str:
+    """Two SVG drawings side by side, each in its own scrolling box (narrow screens wrap them)."""
+    cells = "".join(f'<div style="flex:1 1 420px;min-width:0">{svg_html(s, max_height, c)}</div>'
+                    for s, c in zip((left, right), captions, strict=True))
+    return f'<div style="display:flex;gap:8px;flex-wrap:wrap">{cells}</div>'
+
+
+def show_step(step: PassStep, max_height: int = 560, **kw: Any) -> Any:
+    """A pass's before (matches clustered, rejections marked) and after (fused nodes marked) drawings,
+    side by side, as an IPython HTML object. `kw` goes to `viz.render_svg` (e.g. `focus=0`)."""
+    from IPython.display import HTML
+
+    from .viz import Overlay, render_svg
+
+    before = render_svg(step.before, Overlay.before(step), **kw).svg
+    after = render_svg(step.after, Overlay.after(step), **kw).svg
+    return HTML(pair_html(before, after, max_height, (f"before {step.pass_name}", f"after {step.pass_name}")))
+
+
 def show(graph: Graph, overlay: Any = None, max_height: int = 560, caption: str = "", **kw: Any) -> Any:
     """The app's renderer (`viz.render_svg`) as an IPython HTML object for a notebook cell."""
     from IPython.display import HTML
@@ -504,5 +528,5 @@ def show(graph: Graph, overlay: Any = None, max_height: int = 560, caption: str 
 
 __all__ = ["OVER_THRESHOLD", "RLX_THRESHOLD", "TEACHING_CASES", "FusionCheck", "LayerStatus", "TeachError", "Traffic",
            "VersionTiming", "check_fusion", "format_passes", "format_timings", "layer_status", "load", "load_ir_file",
-           "model_layers", "pass_catalog", "pipeline_from", "show", "svg_html", "time_versions", "traffic_saved",
-           "variant_named", "version_index"]
+           "model_layers", "pair_html", "pass_catalog", "pipeline_from", "show", "show_step", "svg_html",
+           "time_versions", "traffic_saved", "variant_named", "version_index"]

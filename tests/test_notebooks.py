@@ -1,0 +1,168 @@
+"""The teaching notebooks: stored clean (no outputs, as `notebooks/make_notebooks.py` writes them) and
+executed top to bottom with nbclient on this venv's Python; tagged cells' outputs are checked."""
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[1]
+NB_DIR = ROOT / "notebooks"
+KERNEL = "python3"
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("make_notebooks", NB_DIR / "make_notebooks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+GEN = _generator()
+NAMES = list(GEN.NOTEBOOKS)
+
+
+def test_three_notebooks_exist_and_match_the_generator():
+    assert NAMES == ["01_what_is_fusion.ipynb", "02_fusing_a_bert_layer.ipynb", "03_why_did_my_layer_not_fuse.ipynb"]
+    for name in NAMES:
+        path = NB_DIR / name
+        assert path.read_text(encoding="utf-8") == GEN.render(name), f"{name} is stale: run notebooks/make_notebooks.py"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_stored_without_outputs(name):
+    nb = nbformat.read(NB_DIR / name, as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(c.outputs == [] and c.execution_count is None for c in code)
+    assert nb.metadata.kernelspec.name == KERNEL
+    assert any("widgets." in c.source for c in code), "each notebook has an ipywidgets control"
+
+
+def test_kernel_resolves_to_this_python():
+    spec = KernelSpecManager().get_kernel_spec(KERNEL)
+    km = KernelManager(kernel_name=KERNEL)
+    cmd = km.format_kernel_cmd()
+    assert spec.language == "python"
+    assert Path(cmd[0]).resolve() == Path(sys.executable).resolve(), (cmd, sys.executable)
+
+
+def execute(name):
+    nb = nbformat.read(NB_DIR / name, as_version=4)
+    NotebookClient(nb, kernel_name=KERNEL, timeout=240, allow_errors=False,
+                   resources={"metadata": {"path": str(NB_DIR)}}).execute()
+    return nb
+
+
+def tagged(nb):
+    """tag -> (stdout text, list of HTML outputs) of the tagged code cells."""
+    out = {}
+    for c in nb.cells:
+        for tag in c.metadata.get("tags", []):
+            text = "".join(o.get("text", "") for o in c.outputs if o.output_type == "stream" and o.name == "stdout")
+            html = [o.data["text/html"] for o in c.outputs if "data" in o and "text/html" in o.data]
+            out[tag] = (text, html)
+    return out
+
+
+@pytest.fixture(scope="module")
+def executed():
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = execute(name)
+        return cache[name]
+
+    return get
+
+
+def common(nb):
+    t = tagged(nb)
+    text, _ = t["setup"]
+    assert f"python: {sys.executable}" in text  # the kernel is this venv's python
+    for c in nb.cells:
+        if c.cell_type == "code":
+            assert not [o for o in c.outputs if o.output_type == "error"]
+    return t
+
+
+def test_01_what_is_fusion(executed):
+    nb = executed("01_what_is_fusion.ipynb")
+    t = common(nb)
+    text, _ = t["ir-input"]
+    assert text.startswith("graph ffn_block {") and "compute nodes: 7" in text
+    text, _ = t["step-fmba"]
+    assert "matches: 2 | rejections: 0" in text and "'FusedMatMulBiasAct': 2" in text
+    # bytes from the graph: fc1's matmul and add [2, 64, 512] f32 and fc2's matmul [2, 64, 128] f32,
+    # each written once and read once
+    text, _ = t["traffic-fmba"]
+    assert f"traffic saved by fuse_matmul_bias_act (bytes): {2 * (2 * 2 * 64 * 512 + 2 * 64 * 128) * 4}" in text
+    text, _ = t["step-rln"]
+    assert "fuse_residual_ln.residual" in text and f"(bytes): {2 * 2 * 64 * 128 * 4}" in text
+    assert "FusedResidualLN(%15, %0, %11, %12)" in text
+    text, _ = t["timing"]
+    assert "all versions match the reference: True" in text
+    assert len([ln for ln in text.splitlines() if ln.rstrip().endswith("yes")]) == 3
+    # drawings are inline SVG in a scrolling box
+    svgs = [o.data["text/html"] for c in nb.cells if c.cell_type == "code" for o in c.outputs
+            if "data" in o and "text/html" in o.data]
+    assert len(svgs) >= 3 and all("<svg" in s and "overflow:auto" in s for s in svgs)
+
+
+def test_02_fusing_a_bert_layer(executed):
+    nb = executed("02_fusing_a_bert_layer.ipynb")
+    t = common(nb)
+    text, _ = t["load"]
+    assert "all-MiniLM-L6-v2" in text and "tokens: " in text
+    text, _ = t["pipeline"]
+    assert "fused layers: 6" in text
+    assert len(re.findall(r"^\s*\d+\s+fuse_|^\s*\d+\s+dead_code|^\s*\d+\s+mark_", text, re.M)) == 11
+    text, html = t["version-input"]
+    assert text.startswith("version 0: input") and html and "<svg" in html[0] and "overflow:auto" in html[0]
+    text, _ = t["ftl-matches"]
+    assert "FusedTransformerLayer matches: 6" in text
+    assert all(f"layer {i}: -> %" in text for i in range(6))
+    assert text.count("attn=%") == 6 and text.count("FusedAttentionBlock") == 6
+    text, _ = t["timing"]
+    assert "all match the reference: True" in text
+    assert "after fuse_transformer_layer" in text and "(unchanged: same as #" in text
+    text, _ = t["order-silent"]
+    assert "fuse_transformer_layer first: 0 matches, 0 rejections; fused layers at the end: 0" in text
+    text, _ = t["order"]
+    assert "0 matches, 6 rejections" in text and text.count(": attn_is_fused_block: ") == 6
+    assert "run fuse_attention_block first" in text and "fused layers: 0" in text
+
+
+def test_03_why_did_my_layer_not_fuse(executed):
+    nb = executed("03_why_did_my_layer_not_fuse.ipynb")
+    t = common(nb)
+    text, _ = t["all-cases"]
+    expected = {"output_intermediate": "h1_not_output", "extra_h1_user": "h1_user_count",
+                "tanh_gelu": "fc1_activation", "pre_ln": "sum_single_user", "swapped_residual": "ln1_operand_order",
+                "over_threshold": "attention_size_gate"}
+    rows = {ln.split()[0]: ln for ln in text.splitlines() if ln.strip()}
+    assert set(rows) == set(expected)
+    for case, guard in expected.items():
+        assert "layer 0 fused=False" in rows[case] and f"guard={guard} " in rows[case], rows[case]
+        sibling = "False" if case == "over_threshold" else "True"  # the gate applies to every layer
+        assert rows[case].rstrip().endswith(f"layer 1 fused={sibling}")
+    text, html = t["one-case"]
+    assert "guard fc1_activation" in text and "gelu_tanh" in text and "layer 1 fused with" in text
+    outputs = [o for c in nb.cells if "one-case" in c.metadata.get("tags", []) for o in c.outputs]
+    drawn = [o.data["text/html"] for o in outputs if "data" in o and "text/html" in o.data]
+    assert drawn and "<svg" in drawn[0] and "overflow:auto" in drawn[0]
+    text, _ = t["fix-model"]
+    assert "canonical order: h1_user_count" in text and "fused layers = 2" in text
+    text, _ = t["fix-pipeline"]
+    assert "fused layers = 2" in text
+    text, _ = t["exercise"]
+    assert "your fix: layer 0 fused = False" in text  # the stub runs; the reader fills it in
+    text, _ = t["solution"]
+    assert "solution: layer 0 fused = True" in text and "fused layers: 2" in text
