@@ -112,7 +112,8 @@ def test_default_page_shows_minilm(browser, server):
     pg.goto(server[0])
     pg.locator(".rv-after g.node").first.wait_for(timeout=30_000)
     ready = time.time() - t0
-    (ART / "page-ready.txt").write_text(f"{ready:.2f} s after navigation, {time.time() - server[1]:.2f} s after start\n")
+    since_start = time.time() - server[1]
+    (ART / "page-ready.txt").write_text(f"{ready:.2f} s after navigation, {since_start:.2f} s after start\n")
     expect(pg.locator(".rv-version select")).to_contain_text("after fuse_transformer_layer")
     expect(pg.get_by_text("all-MiniLM-L6-v2", exact=False).first).to_be_visible()
     assert ready < 10
@@ -138,11 +139,17 @@ def test_extra_user_variant_shows_guard(page):
     expect(page.locator(".rv-message")).to_contain_text("h1", timeout=30_000)
     expect(page.locator(".rv-message")).to_contain_text("users")
     _tab(page, "Why didn't layer N fuse?")
-    expect(page.locator(".rv-why")).to_contain_text("layer 0")
+    expect(page.locator(".rv-why")).to_contain_text("did not fully fuse")
+    expect(page.locator(".rv-why")).to_contain_text("h1_user_count")
+    page.locator(".rv-why-graph g.node").first.wait_for()
     _shot(page, "why")
     _tab(page, "Matches & rejections")
-    expect(page.locator(".rv-decisions")).to_contain_text("rejected")
-    _shot(page, "decisions")
+    row = page.locator(".rv-decisions .tabulator-row", has_text="h1_user_count").first
+    row.click()
+    _tab(page, "Graph")
+    expect(page.locator(".rv-before .rv-title")).to_have_text("before fuse_transformer_layer")
+    page.locator(".rv-before g.rv-hl").first.wait_for()
+    _shot(page, "highlight")
 
 
 def test_timing_one_row_per_version(page):

@@ -174,11 +174,44 @@ def run_pipeline(model: Model, passes: list[str], threshold: int | None) -> Any:
                                                            "app").run(model.graph))
 
 
-def explain_layer(trace: Any, layer: int) -> str:
-    """"Why didn't layer N fuse?" as Markdown (`rlxviz.passes.explain`)."""
-    explain = _attr("rlxviz.passes", "explain", "the fusion explanations")
-    out = explain(trace, layer)
-    return out if isinstance(out, str) else getattr(out, "markdown", str(out))
+def explain_layer(trace: Any, layer: int) -> Any:
+    """`rlxviz.passes.explain(trace, layer)`: each rule's outcome for the layer and the sibling comparison."""
+    return _attr("rlxviz.passes", "explain", "the fusion explanations")(trace, layer)
+
+
+def why_markdown(e: Any) -> str:
+    """A `LayerExplanation` in plain words (Markdown): verdict, first failing guard, outcomes, sibling diff."""
+    fused = [o for o in e.outcomes if o.status == "fused"]
+    rejected = [o for o in e.outcomes if o.status == "rejected"]
+    whole = any(o.pass_name == "fuse_transformer_layer" for o in fused)
+    lines = [f"### Layer {e.layer}"]
+    if whole:
+        lines.append(f"**Layer {e.layer} fused** into one FusedTransformerLayer.")
+    elif rejected:
+        r = rejected[0]
+        lines.append(f"**Layer {e.layer} did not fully fuse.** The first guard that said no is "
+                     f"**`{r.guard}`** in `{r.rule}`:")
+        lines.append(f"> {r.message}")
+        if r.hint:
+            lines.append(f"**What to do:** {r.hint}")
+    else:
+        lines.append(f"No pattern of the pipeline rejected layer {e.layer}, and no layer-level fusion ran on it "
+                     "(is `fuse_transformer_layer` enabled?).")
+    lines.append("#### Each pattern's outcome")
+    for o in e.outcomes:
+        if o.status == "fused":
+            lines.append(f"- ✅ `{o.rule}` fused (node{'s' if len(o.nodes) > 1 else ''} "
+                         f"{', '.join(f'%{n}' for n in o.nodes)})")
+        elif o.status == "rejected":
+            lines.append(f"- ❌ `{o.rule}` rejected at **{o.guard}** ({o.stage}): {o.message}")
+    skipped = [o.rule for o in e.outcomes if o.status == "not applicable"]
+    if skipped:
+        lines.append(f"- ➖ not applicable here: {', '.join(f'`{r}`' for r in skipped)}")
+    if e.sibling is not None:
+        lines.append(f"#### What differs from layer {e.sibling}, where `{e.sibling_rule}` fused")
+        diff = "\n".join(e.differences) if e.differences else "(same primitive structure)"
+        lines.append(f"```\n{diff}\n```")
+    return "\n\n".join(lines)
 
 
 # -- viz --------------------------------------------------------------------------------------------
@@ -208,6 +241,8 @@ def picture(state: Any, k: int | None, view: str, side: str = "after") -> tuple[
             g, ov = trace.input, None
         elif side == "before":
             g, ov = step.before, viz.Overlay.before(step)
+        elif side == "why":
+            g, ov = _why_picture(viz, trace, state.selected_layer, step)
         else:
             g, ov = step.after, viz.Overlay.after(step)
     kw: dict[str, Any] = {"view": "layers" if view == "collapsed" else "full"}
@@ -218,6 +253,14 @@ def picture(state: Any, k: int | None, view: str, side: str = "after") -> tuple[
     if view == "collapsed" and trace is not None and ov is None:
         ov = viz.Overlay.trace_summary(trace)
     return g, ov, kw
+
+
+def _why_picture(viz: Any, trace: Any, layer: int | None, step: Any) -> tuple[Graph, Any]:
+    """The graph before the pass that first rejected something in `layer`, with its overlay (else `step`'s)."""
+    for s in trace.steps:
+        if any(r.layer == layer for r in s.rejections):
+            return s.before, viz.Overlay.before(s)
+    return (step.after, viz.Overlay.after(step)) if step is not None else (trace.input, None)
 
 
 def render_dot(state: Any, k: int | None, view: str, side: str = "after") -> str:

