@@ -179,6 +179,11 @@ def explain_layer(trace: Any, layer: int) -> Any:
     return _attr("rlxviz.passes", "explain", "the fusion explanations")(trace, layer)
 
 
+_OK = "<b style='color:#2e7d32'>fused</b> ·"
+_NO = "<b style='color:#c62828'>rejected</b> ·"
+_NA = "<b style='color:#757575'>skipped</b> ·"
+
+
 def why_markdown(e: Any) -> str:
     """A `LayerExplanation` in plain words (Markdown): verdict, first failing guard, outcomes, sibling diff."""
     fused = [o for o in e.outcomes if o.status == "fused"]
@@ -200,13 +205,13 @@ def why_markdown(e: Any) -> str:
     lines.append("#### Each pattern's outcome")
     for o in e.outcomes:
         if o.status == "fused":
-            lines.append(f"- ✅ `{o.rule}` fused (node{'s' if len(o.nodes) > 1 else ''} "
+            lines.append(f"- {_OK} `{o.rule}` (node{'s' if len(o.nodes) > 1 else ''} "
                          f"{', '.join(f'%{n}' for n in o.nodes)})")
         elif o.status == "rejected":
-            lines.append(f"- ❌ `{o.rule}` rejected at **{o.guard}** ({o.stage}): {o.message}")
+            lines.append(f"- {_NO} `{o.rule}` at **{o.guard}** ({o.stage}): {o.message}")
     skipped = [o.rule for o in e.outcomes if o.status == "not applicable"]
     if skipped:
-        lines.append(f"- ➖ not applicable here: {', '.join(f'`{r}`' for r in skipped)}")
+        lines.append(f"- {_NA} not applicable here: {', '.join(f'`{r}`' for r in skipped)}")
     if e.sibling is not None:
         lines.append(f"#### What differs from layer {e.sibling}, where `{e.sibling_rule}` fused")
         diff = "\n".join(e.differences) if e.differences else "(same primitive structure)"
@@ -256,10 +261,15 @@ def picture(state: Any, k: int | None, view: str, side: str = "after") -> tuple[
 
 
 def _why_picture(viz: Any, trace: Any, layer: int | None, step: Any) -> tuple[Graph, Any]:
-    """The graph before the pass that first rejected something in `layer`, with its overlay (else `step`'s)."""
-    for s in trace.steps:
-        if any(r.layer == layer for r in s.rejections):
-            return s.before, viz.Overlay.before(s)
+    """The graph before the pass whose rejection `explain` reports first for `layer`, with that pass's overlay
+    (else the selected version with its own overlay)."""
+    try:
+        rejected = explain_layer(trace, layer).rejected if layer is not None else []
+    except NotAvailable:
+        rejected = []
+    if rejected:
+        s = trace.step(rejected[0].pass_name)
+        return s.before, viz.Overlay.before(s)
     return (step.after, viz.Overlay.after(step)) if step is not None else (trace.input, None)
 
 

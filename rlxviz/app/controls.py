@@ -33,7 +33,7 @@ class ModelControls(Viewer):
                                            sizing_mode="stretch_width")
         self.folder_btn = pn.widgets.Button(name="Load folder", button_type="primary")
         self.folder_btn.on_click(lambda e: s.param.update(checkpoint_dir=self.folder.value, source="checkpoint"))
-        self.upload = pn.widgets.FileInput(accept=".json,.safetensors", multiple=True, name="upload",
+        self.upload = pn.widgets.FileInput(accept=".json,.safetensors", multiple=True, name="Checkpoint files",
                                            sizing_mode="stretch_width", css_classes=["rv-upload"])
         self.upload.param.watch(self._on_upload, "value")
         limit = max_upload_bytes() / 2**20
@@ -196,8 +196,11 @@ class StatusBar(Viewer):
 
 
 def _md_text(text: str) -> str:
-    """Plain text for a Markdown pane: multi-line details go in a code block."""
-    if "\n" not in text:
+    """A message for a Markdown pane: first line as text, quoted IR/details in a code block, the last line
+    (what to do) as text."""
+    lines = text.splitlines()
+    if len(lines) <= 1:
         return text
-    head, _, rest = text.partition("\n")
-    return f"{head}\n\n```\n{rest}\n```"
+    head, *mid, last = lines
+    block = f"\n\n```\n{chr(10).join(mid)}\n```" if mid else ""
+    return f"{head}{block}\n\n{last}"

@@ -107,7 +107,8 @@ def report_markdown(rep: dict[str, Any]) -> str:
     if rep["decisions"]:
         lines.append("**guards evaluated on this node**")
         for d in rep["decisions"]:
-            icon = "✅" if d["outcome"] == "fused" else "❌"
+            icon = ("<b style='color:#2e7d32'>passed</b>" if d["outcome"] == "fused"
+                    else "<b style='color:#c62828'>failed</b>")
             msg = f": {d['message']}" if d["message"] else ""
             hint = f" *Fix:* {d['hint']}" if d["hint"] else ""
             lines.append(f"- {icon} `{d['rule']}` as *{d['role']}*: **{d['guard']}** ({d['outcome']}){msg}{hint}")

@@ -20,6 +20,7 @@ export function render({ model, el }) {
   const wrap = document.createElement('div'); wrap.className = 'rv-wrap';
   const inner = document.createElement('div'); inner.className = 'rv-inner';
   wrap.appendChild(inner); el.appendChild(bar); el.appendChild(wrap);
+  Object.assign(el.style, { display: 'flex', flexDirection: 'column', width: '100%', height: '100%' });
   let s = 1, tx = 0, ty = 0;
   const apply = () => { inner.style.transform = `translate(${tx}px, ${ty}px) scale(${s})`; };
   const size = () => { const svg = inner.querySelector('svg'); if (!svg) return null;

@@ -121,7 +121,7 @@ class GraphCompare(Viewer):
         want = [self.before, self.after] if step is not None else [self.after]
         if list(self.row.objects) != want:
             self.row.objects = want
-        self.note.object = f"⚠️ {err}" if err else ""
+        self.note.object = f"**Not shown:** {err}" if err else ""
         self._mark()
 
     def _mark(self, *events: param.parameterized.Event) -> None:
@@ -154,7 +154,7 @@ class NodeInspector(Viewer):
         return f"*Node %{s.selected_node} is not in this version.*"
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column("### Node", self.pane, width=380, scroll=True, max_height=900)
+        return pn.Column("### Node", self.pane, width=330, scroll=True, max_height=900)
 
 
 class DecisionTable(Viewer):
@@ -227,7 +227,7 @@ class WhyView(Viewer):
             self.graph.svg = ""
             return
         text, err = _safe(s.why_layer, s.selected_layer)
-        self.text.object = text if text else f"⚠️ {err}"
+        self.text.object = text if text else f"**Not shown:** {err}"
         svg, err = _safe(s.svg_why)
         self.graph.param.update(svg=svg or "", title=f"layer {s.selected_layer}" + (f" — {err}" if err else ""),
                                 highlight=list(s.highlight))
@@ -285,8 +285,10 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
                           text_font_size="11px"))
     p.x_range.start = 0
     p.x_range.range_padding = 0.15
-    q = figure(y_range=p.y_range, height=320, width=260, x_axis_type="log", title="max |error| vs reference",
-               toolbar_location=None)
+    hi = max(1e-2, 10 * max(r["max_err"] for r in rows))
+    q = figure(y_range=p.y_range, height=320, width=280, x_axis_type="log", x_range=(1e-9, hi),
+               title="max |error| vs NumPy reference", toolbar_location=None)
+    q.xaxis.ticker.desired_num_ticks = 4
     q.scatter(x="err", y="version", source=src, size=9, color="#c62828")
     q.yaxis.visible = False
     return row(p, q, sizing_mode="stretch_width")
