@@ -242,12 +242,12 @@ def picture(state: Any, k: int | None, view: str, side: str = "after") -> tuple[
         g, ov = state.model.graph, None
     else:
         step = trace.steps[i - 1] if i > 0 else None
-        if step is None:
+        if side == "why":
+            g, ov = _why_picture(viz, trace, state.selected_layer, step)
+        elif step is None:
             g, ov = trace.input, None
         elif side == "before":
             g, ov = step.before, viz.Overlay.before(step)
-        elif side == "why":
-            g, ov = _why_picture(viz, trace, state.selected_layer, step)
         else:
             g, ov = step.after, viz.Overlay.after(step)
     kw: dict[str, Any] = {"view": "layers" if view == "collapsed" else "full"}
