@@ -22,6 +22,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -32,7 +33,7 @@ from rlxviz.runtime import run_reference
 from rlxviz.runtime.executor import MlxExecutor, graph_key
 from rlxviz.runtime.lowering import LoweringOptions, attention, using
 from rlxviz.runtime.mlx_backend import blas_summary, mx
-from rlxviz.runtime.timing import diff, time_version
+from rlxviz.runtime.timing import diff
 
 
 # -- model and weights ---------------------------------------------------------------------------------
@@ -213,7 +214,7 @@ def onnx_session(model, torch, ids: np.ndarray, mask: np.ndarray, path: str):  #
 def micro(repeat: int) -> None:
     """Fast vs MLX-builtin transcendentals and attention kernels (the numbers quoted in the docstrings)."""
     def t(fn: Callable[..., mx.array], *a: mx.array) -> float:
-        return time_fn(lambda: mx.eval(fn(*a)), 2, repeat)[1]
+        return min(time_fn(lambda: mx.eval(fn(*a)), 2, repeat)[1] for _ in range(3))
 
     x = mx.random.normal((1024, 1536)) * 3
     s = mx.random.normal((8, 12, 128, 128)) * 4
@@ -238,38 +239,57 @@ def micro(repeat: int) -> None:
         print(f"{'attention B=8 S=128 ' + impl:28} {ms:13.2f}")
 
 
+@dataclass
+class Row:
+    name: str
+    call: Callable[[], object]
+    first_ms: float
+    max_abs: float | None
+    samples: list[float] = field(default_factory=list)
+
+
 def run_batch(batch: int, args: argparse.Namespace) -> None:
-    """Time every row at one batch size and print the table."""
+    """Time every row at one batch size and print the table.
+
+    Rows are timed in interleaved rounds (each round calls every row once, in a rotated order),
+    so a load spike from other processes hits all rows alike; the table shows the median over rounds.
+    """
     hf, rlx, source = load(batch, args.seq)
     cfg: BertConfig = rlx.config
     feeds = rlx.random_feeds(seed=batch)
     gflop = flops(cfg, batch, args.seq) / 1e9
     ref = run_reference(rlx.graph, feeds, rlx.weights)[0]
     print(f"\n== {source}, batch {batch}, seq {args.seq}: {gflop:.2f} GFLOP per call "
-          f"(padding: {int((feeds['attention_mask'] == 0).sum())} of {feeds['attention_mask'].size} tokens) ==")
-    rows: list[tuple[str, float, float, float, float | None]] = []  # name, first, median, iqr, max_abs
+          f"(padding: {int((feeds['attention_mask'] == 0).sum())} of {feeds['attention_mask'].size} tokens) ==",
+          flush=True)
+    rows: list[Row] = []
     ids_mx, mask_mx = mx.array(feeds["input_ids"]), mx.array(feeds["attention_mask"])
-    for label, fast in (("hand MLX (std)", False), ("hand MLX (fast)", True)):
+
+    def add(name: str, call: Callable[[], object], output: Callable[[], np.ndarray]) -> None:
+        t = time.perf_counter()
+        call()
+        first = (time.perf_counter() - t) * 1e3
+        rows.append(Row(name, call, first, diff(np.asarray(output()), ref).max_abs))
+
+    for label, fast in (("hand MLX (std: erf GELU, mx.fast SDPA)", False), ("hand MLX (fast math)", True)):
         fn = hand_mlx(cfg, rlx.weights, fast)
-        out = np.array(fn(ids_mx, mask_mx))
-        first, med, iqr = time_fn(lambda fn=fn: mx.eval(fn(ids_mx, mask_mx)), args.warmup, args.repeat)
-        rows.append((label, first, med, iqr, diff(out, ref).max_abs))
-    versions: list[tuple[str, Graph, dict, str]] = [
-        ("hf-style unfused", hf.graph, hf.weights, "hf"), ("rlx-style unfused", rlx.graph, rlx.weights, "rlx")]
-    versions += [(f"hf {name}", g, hf.weights, "hf") for name, g in pass_versions(hf.graph)]
-    versions += [(f"rlx {name}", g, rlx.weights, "rlx") for name, g in pass_versions(rlx.graph, "rlx")]
-    versions.append(("FusedTransformerLayer x6", ftl_graph(cfg, batch, args.seq), rlx.weights, "rlx"))
-    executors = {"": MlxExecutor(),
-                 " +graph compile": MlxExecutor(compile_graph=True),
-                 " plain math+sdpa": MlxExecutor(LoweringOptions(fast_math=False, attention="sdpa"))}
-    for name, g, weights, _ in versions:
-        for suffix, ex in executors.items():
-            if suffix == " plain math+sdpa" and name not in ("rlx-style unfused", "FusedTransformerLayer x6"):
-                continue
-            out = ex.run(g, feeds, weights)[0]
-            tm = time_version(g, feeds, weights, args.warmup, args.repeat, executor=ex)
-            rows.append((f"rlxviz {name}{suffix}", tm.first_call_ms, tm.median_ms, tm.iqr_ms,
-                         diff(out, ref).max_abs))
+        add(label, lambda fn=fn: mx.eval(fn(ids_mx, mask_mx)), lambda fn=fn: np.array(fn(ids_mx, mask_mx)))
+    versions: list[tuple[str, Graph, dict]] = [("hf-style input graph", hf.graph, hf.weights),
+                                               ("rlx-style input graph", rlx.graph, rlx.weights)]
+    hf_versions = [(f"hf {name}", g, hf.weights) for name, g in pass_versions(hf.graph)]
+    versions += hf_versions
+    versions += [(f"rlx {name}", g, rlx.weights) for name, g in pass_versions(rlx.graph, "rlx")]
+    versions.append(("FusedTransformerLayer x6 (built directly)", ftl_graph(cfg, batch, args.seq), rlx.weights))
+    default, whole = MlxExecutor(), MlxExecutor(compile_graph=True)
+    plain = MlxExecutor(LoweringOptions(fast_math=False, attention="sdpa"))
+    last = {versions[-2][0], versions[-1][0], versions[0][0], versions[1][0], *(v[0] for v in hf_versions[-1:])}
+    for name, g, weights in versions:
+        runs = [("", default)] + ([(" +graph compile", whole), (" plain math+sdpa", plain)] if name in last else [])
+        for suffix, ex in runs:
+            ex.run(g, feeds, weights)  # build + compile
+            prog, xs = ex.bind(g, feeds, weights)
+            add(f"rlxviz {name}{suffix}", lambda p=prog, xs=xs: mx.eval(p.fn(*xs)),
+                lambda ex=ex, g=g, w=weights: ex.run(g, feeds, w)[0])
     if not args.no_compare:
         tt = torch_encoder(cfg, rlx.weights)
         if tt is None:
@@ -277,25 +297,36 @@ def run_batch(batch: int, args: argparse.Namespace) -> None:
         else:
             model, torch = tt
             tid, tmask = torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])
-            with torch.inference_mode():
-                out = model(tid, tmask).numpy()
-                first, med, iqr = time_fn(lambda: model(tid, tmask), args.warmup, args.repeat)
-            rows.append((f"torch {torch.__version__} eager ({torch.get_num_threads()} threads)", first, med, iqr,
-                         diff(out, ref).max_abs))
+
+            def torch_call(m=model, a=tid, b=tmask, t=torch):  # noqa: ANN001, ANN202
+                with t.inference_mode():
+                    return m(a, b).numpy()
+
+            add(f"torch {torch.__version__} eager ({torch.get_num_threads()} threads)", torch_call, torch_call)
             sess = onnx_session(model, torch, feeds["input_ids"], feeds["attention_mask"],
                                 f"/tmp/rlxviz_minilm_b{batch}.onnx")
             if sess is not None:
                 inp = {"ids": feeds["input_ids"], "mask": feeds["attention_mask"]}
-                out = sess.run(None, inp)[0]
-                first, med, iqr = time_fn(lambda: sess.run(None, inp), args.warmup, args.repeat)
-                rows.append(("onnxruntime (CPU EP)", first, med, iqr, diff(out, ref).max_abs))
-    base = min(r[2] for r in rows if r[0].startswith("hand MLX"))
-    print(f"{'runtime':48} {'median ms':>9} {'IQR':>6} {'first ms':>9} {'x hand':>7} {'GFLOP/s':>8} "
-          f"{'max|err|':>9}")
-    for name, first, med, iqr, err in rows:
-        e = f"{err:9.1e}" if err is not None else f"{'-':>9}"
-        print(f"{name:48} {med:9.2f} {iqr:6.2f} {first:9.1f} {med / base:7.2f} {gflop / med * 1e3:8.1f} {e}")
-
+                add("onnxruntime (CPU EP)", lambda s=sess: s.run(None, inp), lambda s=sess: s.run(None, inp)[0])
+    for _ in range(args.warmup):
+        for r in rows:
+            r.call()
+    for k in range(args.repeat):
+        for j in range(len(rows)):
+            r = rows[(j + k) % len(rows)]
+            t = time.perf_counter()
+            r.call()
+            r.samples.append((time.perf_counter() - t) * 1e3)
+    med = {r.name: statistics.median(r.samples) for r in rows}
+    base = min(v for k, v in med.items() if k.startswith("hand MLX"))
+    w = max(len(r.name) for r in rows)
+    print(f"{'runtime':{w}} {'median ms':>9} {'IQR':>6} {'first ms':>9} {'x hand':>7} {'GFLOP/s':>8} {'max|err|':>9}")
+    for r in rows:
+        q = statistics.quantiles(r.samples, n=4) if len(r.samples) > 1 else [0, 0, 0]
+        e = f"{r.max_abs:9.1e}" if r.max_abs is not None else f"{'-':>9}"
+        m = med[r.name]
+        print(f"{r.name:{w}} {m:9.2f} {q[2] - q[0]:6.2f} {r.first_ms:9.1f} {m / base:7.2f} {gflop / m * 1e3:8.1f} {e}")
+    print("max|err|: vs the NumPy reference of the unfused RLX-style graph; x hand: median / best hand MLX median")
 
 
 # -- main --------------------------------------------------------------------------------------------------------
