@@ -159,6 +159,8 @@ def test_timing_one_row_per_version(page):
     rows = page.locator(".rv-timings .tabulator-row")
     expect(rows).to_have_count(n, timeout=120_000)
     expect(page.locator(".rv-blas")).to_contain_text("BLAS")
+    page.locator(".rv-timing-chart canvas").first.wait_for()
+    expect(page.locator(".rv-progress-text")).to_be_hidden()
     _shot(page, "timing")
 
 

@@ -252,7 +252,7 @@ class TimingView(Viewer):
         self.blas = pn.pane.Markdown("", css_classes=["rv-blas"])
         self.table = pn.widgets.Tabulator(pd.DataFrame(), show_index=False, disabled=True, sizing_mode="stretch_width",
                                           css_classes=["rv-timings"], layout="fit_data_stretch")
-        self.chart = pn.pane.Bokeh(None, sizing_mode="stretch_width", height=340)
+        self.chart = pn.pane.Bokeh(None, sizing_mode="stretch_width", height=340, css_classes=["rv-timing-chart"])
         s.param.watch(self._update, ["timings", "blas"])
         self._update()
 
