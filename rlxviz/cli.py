@@ -189,6 +189,15 @@ def _model_args(p: argparse.ArgumentParser, seq: int = 128) -> None:
                    help="BERT graph form (default: the preset's own; hf for checkpoint folders)")
 
 
+def _out(text: str) -> None:
+    """Print `text` to stdout; a reader that left early (`rlxviz ir MODEL | head`) is not an error."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def _run_model(args: argparse.Namespace) -> tuple[Any, Any]:
     """(Model, Trace) for the shared options. Raises TeachError/CLIError for bad input."""
     from .teach import OVER_THRESHOLD, RLX_THRESHOLD, load, pipeline_from
@@ -218,10 +227,10 @@ def cmd_passes(args: argparse.Namespace) -> int:
 
     pipe = pipeline_from(args.pipeline)
     if args.json:
-        print(json.dumps({"pipeline": pipe.name, "params": pipe.effective_params, "passes": pass_catalog(pipe)},
-                         indent=2))
+        _out(json.dumps({"pipeline": pipe.name, "params": pipe.effective_params, "passes": pass_catalog(pipe)},
+                        indent=2))
     else:
-        print(format_passes(pipe))
+        _out(format_passes(pipe))
     return 0
 
 
@@ -245,9 +254,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     model, trace = _run_model(args)
     check = check_fusion(trace, model.name, None if args.layer is None else [args.layer])
     if args.json:
-        print(json.dumps(check.to_dict(), indent=2, default=str))
+        _out(json.dumps(check.to_dict(), indent=2, default=str))
     else:
-        print(check.render(verbose=args.verbose))
+        _out(check.render(verbose=args.verbose))
     return EXPLAIN_OK if check.ok else EXPLAIN_NOT_FUSED
 
 
@@ -320,12 +329,7 @@ def cmd_ir(args: argparse.Namespace) -> int:
     from .teach import version_index
 
     _, trace = _run_model(args)
-    text = format_graph(trace.versions()[version_index(trace, args.after)][1])
-    try:
-        print(text)
-        sys.stdout.flush()
-    except BrokenPipeError:  # `rlxviz ir MODEL | head`: the reader left; not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    _out(format_graph(trace.versions()[version_index(trace, args.after)][1]))
     return 0
 
 
@@ -351,9 +355,9 @@ def cmd_time(args: argparse.Namespace) -> int:
     rows = time_versions(trace, feeds, model.weights, warmup=args.warmup, repeat=args.repeat)
     from .runtime import blas_summary
 
-    print(f"{model.name} ({trace.pipeline} pipeline), batch {args.batch}, seq {args.seq}; {blas_summary()}; "
-          f"{args.repeat} timed call(s) per version; error vs the NumPy reference of the unfused graph")
-    print(format_timings(rows))
+    _out(f"{model.name} ({trace.pipeline} pipeline), batch {args.batch}, seq {args.seq}; {blas_summary()}; "
+         f"{args.repeat} timed call(s) per version; error vs the NumPy reference of the unfused graph\n"
+         + format_timings(rows))
     return 0 if all(r.ok is not False for r in rows) else 1
 
 
