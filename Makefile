@@ -4,6 +4,8 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 HOST   ?= 127.0.0.1
 PORT   ?= 5006
+# Browser origins allowed to open the app's websocket; add yours when exposing it deliberately.
+ORIGINS ?= localhost:$(PORT) 127.0.0.1:$(PORT)
 
 .PHONY: app test setup setup-dev lint bench clean
 
@@ -26,7 +28,8 @@ setup: $(VENV)/.stamp-app
 setup-dev: $(VENV)/.stamp-dev
 
 app: setup
-	$(VENV)/bin/panel serve app.py --address $(HOST) --port $(PORT) --allow-websocket-origin=$(HOST):$(PORT)
+	$(VENV)/bin/panel serve app.py --address $(HOST) --port $(PORT) --warm --websocket-max-message-size 268435456 \
+		$(foreach o,$(ORIGINS),--allow-websocket-origin=$(o))
 
 lint: setup-dev
 	$(VENV)/bin/ruff check rlxviz tests benchmarks app.py
