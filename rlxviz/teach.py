@@ -130,7 +130,8 @@ def load(model: str, batch: int = 1, seq: int = 128, style: str | None = None, v
     except TeachError:
         raise
     except (ValueError, KeyError, OSError) as e:
-        raise TeachError(f"{model}: {_first_line(e)}") from None
+        msg = _first_line(e)
+        raise TeachError(msg if msg.startswith(model) else f"{model}: {msg}") from None
     raise TeachError(f"unknown model {model!r}: not a preset ({', '.join(sorted(PRESETS))}), a checkpoint "
                      "folder nor an IR text file")
 

@@ -200,6 +200,20 @@ def test_explain_ir_file_without_layers_reports_misses(tmp_path, capsys):
     assert code == 1 and d["layers"] == [] and len(d["misses"]) == 1 and "bias_rank" in d["misses"][0]
 
 
+def test_explain_checkpoint_folder_and_folder_errors(tmp_path, capsys):
+    from rlxviz.models import minilm_dir
+
+    code, out, _ = run(capsys, "explain", minilm_dir(), "--seq", 8, "--layer", 5)
+    assert code == 0 and "layer 5: fused -> FusedTransformerLayer" in out
+    code, _, err = run(capsys, "explain", tmp_path)
+    assert code == 2
+    one_line_error(err, "explain", f"{tmp_path}: no config.json")
+    assert err.count(str(tmp_path)) == 1
+    (tmp_path / "junk.ir").write_bytes(bytes(range(128, 256)))
+    code, _, err = run(capsys, "ir", tmp_path / "junk.ir")
+    one_line_error(err, "ir", "cannot read IR text")
+
+
 def test_subprocess_errors_have_no_traceback():
     r = rlxviz("explain", "no/such/folder")
     assert r.returncode == 2 and r.stdout == ""
