@@ -171,9 +171,8 @@ def run_and_draw(passes):
     display(teach.show(g))
 
 
-widgets.interact(run_and_draw, passes=widgets.SelectMultiple(
-    options=["fuse_matmul_bias_act", "fuse_residual_ln"], value=["fuse_matmul_bias_act"],
-    description="passes"))'''),
+controls = widgets.interact(run_and_draw, passes=widgets.SelectMultiple(
+    options=["fuse_matmul_bias_act", "fuse_residual_ln"], value=["fuse_matmul_bias_act"], description="passes"))'''),
 ]
 
 # ------------------------------------------------------------------------------------------------- 02
@@ -233,9 +232,9 @@ def show_version(k=len(versions) - 1, view="layers"):
     return teach.show(g, overlay, view=view)
 
 
-widgets.interact(show_version, k=widgets.IntSlider(value=len(versions) - 1, min=0, max=len(versions) - 1,
-                                                   description="version"),
-                 view=widgets.ToggleButtons(options=["layers", "full"], value="layers"))'''),
+controls = widgets.interact(
+    show_version, k=widgets.IntSlider(value=len(versions) - 1, min=0, max=len(versions) - 1, description="version"),
+    view=widgets.ToggleButtons(options=["layers", "full"], value="layers"))'''),
     code('''display(show_version(0, "full"))''', "version-input"),
     md("""
 ## 3. The six `FusedTransformerLayer` matches
@@ -353,7 +352,8 @@ def explore(case="extra_h1_user"):
     display(teach.show(step.before, Overlay.before(step), focus=0, max_height=480))
 
 
-widgets.interact(explore, case=widgets.Dropdown(options=list(teach.TEACHING_CASES), value="extra_h1_user"))'''),
+controls = widgets.interact(explore, case=widgets.Dropdown(options=list(teach.TEACHING_CASES),
+                                                          value="extra_h1_user"))'''),
     code('''explore("tanh_gelu")''', "one-case"),
     md("""
 ## How to fix it

@@ -90,6 +90,11 @@ def common(nb):
     for c in nb.cells:
         if c.cell_type == "code":
             assert not [o for o in c.outputs if o.output_type == "error"]
+        if "widgets.interact(" in c.source:  # a live control, and nothing else printed by the call itself
+            kinds = [k for o in c.outputs for k in o.get("data", {})]
+            assert "application/vnd.jupyter.widget-view+json" in kinds, kinds
+            assert not [o for o in c.outputs if o.output_type == "execute_result"]
+    assert "application/vnd.jupyter.widget-state+json" in nb.metadata.get("widgets", {})
     return t
 
 
