@@ -95,6 +95,16 @@ class User:
                     tuple((ctx.id(self.of), u.id) for u in users), hint)
 
 
+def reports(*guard_names: str) -> Callable[[Callable[[Ctx], Fail | None]], Callable[[Ctx], Fail | None]]:
+    """Declare the guard names a custom step function can fail with (none: it only binds roles)."""
+
+    def mark(fn: Callable[[Ctx], Fail | None]) -> Callable[[Ctx], Fail | None]:
+        fn.guard_names = guard_names  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
 @dataclass(frozen=True)
 class Soft:
     """Run `step`; on failure record its rejection and continue the match."""
@@ -168,10 +178,13 @@ class Rule:
     @property
     def guard_names(self) -> list[str]:
         """Names of every structure step and guard, in order (for the UI and docs)."""
-        out = []
+        out: list[str] = []
         for s in self.steps:
             s = s.step if isinstance(s, Soft) else s
-            out.append(getattr(s, "name", getattr(s, "__name__", "step")))
+            if hasattr(s, "guard_names"):  # a custom step: the guard names it can report (none if it only binds)
+                out.extend(s.guard_names)
+            else:
+                out.append(getattr(s, "name", getattr(s, "__name__", "step")))
         return [*out, "absorbed_escape"]
 
     def result_role(self, ctx: Ctx) -> str:

@@ -32,7 +32,7 @@ from ...ir import Op
 from ..engine import rule_pass
 from ..guard import Ctx, Guard, all_single_use, attr_eq, guard, not_output, single_user, size_le, user_count
 from ..pattern import P, const_value, is_const
-from ..rule import QUIET, Fail, Rule, Shape, Soft, User
+from ..rule import QUIET, Fail, Rule, Shape, Soft, User, reports
 
 # -- fuse_sdpa -----------------------------------------------------------------------------------
 
@@ -84,6 +84,7 @@ def _scale(c: Ctx) -> float | None:
     return None if math.isclose(s, 1.0 / math.sqrt(d), rel_tol=1e-6) else s
 
 
+@reports("mask_form")
 def _mask_form(c: Ctx) -> Fail | None:
     """Trace HF's additive mask to the keep mask (soft: otherwise keep it additive)."""
     if "mask" not in c:
@@ -166,7 +167,7 @@ fuse_sdpa = rule_pass("fuse_sdpa", [SDPA], "Hugging Face scaled-dot-product atte
 def tokens(c: Ctx, role: str = "attn") -> tuple[int, str]:
     """batch*seq of the attention bound to `role` (its output is [B, S, H])."""
     b, s = c[role].shape[0], c[role].shape[1]
-    return b * s, f"batch*seq = {b}*{s}"
+    return b * s, f"{b}*{s}"
 
 
 def size_gate(role: str = "attn") -> Guard:

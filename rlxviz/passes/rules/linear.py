@@ -23,13 +23,14 @@ from ...ir import Op, Rewriter
 from ..engine import rule_pass
 from ..guard import EPILOGUE_ACTIVATIONS, Ctx, guard, not_output, rank_le, single_user
 from ..pattern import P
-from ..rule import QUIET, Fail, Rule, Soft
+from ..rule import QUIET, Fail, Rule, Soft, reports
 
 # -- fuse_matmul_bias_act ------------------------------------------------------------------------
 
 LINEAR = P(Op.ADD, P(Op.MATMUL, P.var("x"), P.var("w"), name="mm"), P.var("bias"), name="add", commutative=True)
 
 
+@reports()
 def _not_residual(c: Ctx) -> Fail | None:
     """An add of two full-size tensors is a residual, not a bias: not a candidate (quiet)."""
     return QUIET if c["bias"].shape == c["mm"].shape else None
@@ -39,6 +40,7 @@ def _bias_len_ok(c: Ctx) -> bool:
     return c["bias"].shape in ((), (1,), (c["mm"].shape[-1],))
 
 
+@reports("epilogue_activation", "add_not_output")
 def _epilogue(c: Ctx) -> Fail | None:
     """Absorb the add's activation user when allowed; otherwise say why not (soft)."""
     users = c.users("add")
@@ -93,6 +95,7 @@ fuse_matmul_bias_act = rule_pass("fuse_matmul_bias_act", [BIAS_ACT],
 # -- fuse_shared_input_matmul --------------------------------------------------------------------
 
 
+@reports()
 def _group(c: Ctx) -> Fail | None:
     """Bind mm0..mmK: the plain matmuls reading x as their lhs; the anchor must be the first of them."""
     x = c.id("x")
@@ -123,6 +126,7 @@ def _same_dtype(c: Ctx) -> bool:
     return len({c[f"w{i}"].dtype for i in range(c.data["n"])}) == 1
 
 
+@reports("biases_mergeable")
 def _biases(c: Ctx) -> Fail | None:
     """Merge biases when every matmul's only user is `add(mm, bias[N_i])` (soft: else merge matmuls only)."""
     adds = []
