@@ -25,7 +25,9 @@ $(VENV)/.stamp-dev: pyproject.toml $(VENV)/.stamp-app
 	touch $@
 
 setup: $(VENV)/.stamp-app
+	@bash scripts/system-deps.sh app
 setup-dev: $(VENV)/.stamp-dev
+	@bash scripts/system-deps.sh test
 
 app: setup
 	$(VENV)/bin/panel serve app.py --address $(HOST) --port $(PORT) --warm --websocket-max-message-size 268435456 \
