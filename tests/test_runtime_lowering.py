@@ -49,7 +49,7 @@ def test_blas_record_present_and_optimized():
     rec = active_blas()
     assert rec is not None and rec.name
     assert rec.optimized, f"MLX runs on its bundled reference BLAS: {rec.note}"
-    assert rec.path and rec.path.endswith((".so", ".so.0", ".so.2", ".so.3")) or ".so" in rec.path
+    assert rec.path and ".so" in rec.path
 
 
 def test_every_op_has_a_lowering():
