@@ -187,6 +187,9 @@ def _model_args(p: argparse.ArgumentParser, seq: int = 128) -> None:
     p.add_argument("--seq", type=int, default=seq, help="sequence length the graph is built for (default: %(default)s)")
     p.add_argument("--style", choices=("hf", "rlx"), default=None,
                    help="BERT graph form (default: the preset's own; hf for checkpoint folders)")
+    p.add_argument("--max-memory-mb", type=int, default=None, metavar="MIB",
+                   help="refuse graphs whose inputs and params would need more than MIB MiB before allocating "
+                        "them (default: $RLXVIZ_MAX_MEMORY_MB or 2048)")
 
 
 def _out(text: str) -> None:
@@ -200,7 +203,7 @@ def _out(text: str) -> None:
 
 def _run_model(args: argparse.Namespace) -> tuple[Any, Any]:
     """(Model, Trace) for the shared options. Raises TeachError/CLIError for bad input."""
-    from .teach import OVER_THRESHOLD, RLX_THRESHOLD, load, pipeline_from
+    from .teach import OVER_THRESHOLD, RLX_THRESHOLD, load, memory_limit_mb, pipeline_from
 
     if args.batch < 1 or args.seq < 1:
         raise CLIError(f"--batch and --seq must be >= 1, got {args.batch} and {args.seq}")
@@ -210,7 +213,8 @@ def _run_model(args: argparse.Namespace) -> tuple[Any, Any]:
     elif args.variant == OVER_THRESHOLD:
         params["fab_max_tokens"] = RLX_THRESHOLD
     pipe = pipeline_from(args.pipeline, params)
-    model = load(args.model, args.batch, args.seq, args.style, args.variant, args.variant_layer)
+    model = load(args.model, args.batch, args.seq, args.style, args.variant, args.variant_layer,
+                 memory_limit_mb(args.max_memory_mb))
     trace = pipe.run(model.graph)
     for s in trace.steps:
         if s.error:
@@ -346,11 +350,12 @@ def add_ir(sub: SubParsers) -> None:
 
 def cmd_time(args: argparse.Namespace) -> int:
     """`rlxviz time MODEL`: every graph version timed on MLX, checked against the NumPy reference."""
-    from .teach import format_timings, time_versions
+    from .teach import check_memory, format_timings, memory_limit_mb, time_versions
 
     if args.repeat < 1 or args.warmup < 0:
         raise CLIError(f"--repeat must be >= 1 and --warmup >= 0, got {args.repeat} and {args.warmup}")
     model, trace = _run_model(args)
+    check_memory(model.graph, memory_limit_mb(args.max_memory_mb), args.model)  # before random_feeds allocates
     feeds = model.random_feeds(seed=0)
     rows = time_versions(trace, feeds, model.weights, warmup=args.warmup, repeat=args.repeat)
     from .runtime import blas_summary
@@ -391,7 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse `argv` (default `sys.argv[1:]`), run the subcommand, return its exit code.
 
-    User errors print one line on stderr and return 2; argparse usage errors exit 2 as usual.
+    User errors print one line on stderr and return 2, as does running out of memory (`MemoryError`);
+    argparse usage errors exit 2 as usual.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -400,6 +406,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CLIError, ValueError, KeyError, OSError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"rlxviz {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+    except MemoryError as e:
+        detail = str(e).strip().splitlines()[0] if str(e).strip() else "an allocation failed"
+        print(f"rlxviz {args.command}: error: out of memory ({detail}); try a smaller model, --batch or --seq",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"rlxviz {args.command}: interrupted", file=sys.stderr)

@@ -13,6 +13,7 @@ Errors a user can fix are raised as `TeachError` with a one-line message (the CL
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,66 @@ class TeachError(ValueError):
     """A user error with a one-line message (unknown model, bad IR text, unknown pass, bad layer)."""
 
 
+# ---------------------------------------------------------------------------------------------- memory
+
+DEFAULT_MAX_MEMORY_MB = 2048
+"""Default limit (MiB) on what a command may allocate up front for a graph's inputs and params."""
+
+MAX_MEMORY_ENV = "RLXVIZ_MAX_MEMORY_MB"
+"""Environment variable overriding `DEFAULT_MAX_MEMORY_MB` (the CLI option `--max-memory-mb` wins)."""
+
+
+def memory_limit_mb(option: int | None = None) -> int:
+    """The allocation limit in MiB: `option` if given, else `$RLXVIZ_MAX_MEMORY_MB`, else 2048.
+
+    Raises:
+        TeachError: the option or the variable is not a positive integer.
+    """
+    if option is not None:
+        if option < 1:
+            raise TeachError(f"--max-memory-mb must be a positive integer (MiB), got {option}")
+        return option
+    env = os.environ.get(MAX_MEMORY_ENV, "").strip()
+    if not env:
+        return DEFAULT_MAX_MEMORY_MB
+    try:
+        value = int(env)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise TeachError(f"{MAX_MEMORY_ENV}={env!r}: must be a positive integer (MiB)")
+    return value
+
+
+def _size(n: int) -> str:
+    """Bytes as a short human string (B, KiB, MiB, GiB)."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def check_memory(graph: Graph, limit_mb: int, source: str, inputs: bool = True, params: bool = True) -> int:
+    """Refuse a graph whose inputs and/or params (their `node.nbytes`) exceed `limit_mb` MiB, before
+    anything is allocated for them.
+
+    Returns:
+        The bytes needed (inputs + params as selected).
+
+    Raises:
+        TeachError: over the limit; the message names the largest tensor and how to raise the limit.
+    """
+    nodes = (graph.inputs if inputs else []) + (graph.params if params else [])
+    total = sum(n.nbytes for n in nodes)
+    if total > limit_mb * (1 << 20):
+        big = max(nodes, key=lambda n: n.nbytes)
+        what = " and ".join(w for w, on in (("inputs", inputs), ("params", params)) if on)
+        raise TeachError(f"{source}: its {what} need {_size(total)} ({big.name} {big.type} alone "
+                         f"{_size(big.nbytes)}), over the {limit_mb} MiB limit; raise it with --max-memory-mb "
+                         f"or {MAX_MEMORY_ENV} if the machine has the memory")
+    return total
+
+
 # ---------------------------------------------------------------------------------------------- models
 
 def variant_named(name: str | None, layer: int = 0) -> Variant | None:
@@ -65,12 +126,17 @@ def _one_line_syntax_error(path: str, e: IRSyntaxError) -> str:
     return f"{path}:{e.line}:{e.col}: IR syntax error: {e.reason}"
 
 
-def load_ir_file(path: str | Path) -> Model:
+def load_ir_file(path: str | Path, max_memory_mb: int | None = None) -> Model:
     """A model from an IR text file (`format_graph` form) or a graph JSON file (`to_json`), linted,
     with seeded random float32 weights made from its param shapes (`models.random_weights`).
 
+    Args:
+        path: the file.
+        max_memory_mb: limit on the params' bytes (`memory_limit_mb`: default 2048 MiB or the env var).
+
     Raises:
-        TeachError: unreadable file, IR syntax error (message `FILE:LINE:COL: ...`), or an invalid graph.
+        TeachError: unreadable file, IR syntax error (message `FILE:LINE:COL: ...`), an invalid graph,
+            or params larger than the memory limit.
     """
     p = Path(path)
     try:
@@ -87,6 +153,7 @@ def load_ir_file(path: str | Path) -> Model:
         g = lint(g, "parse")
     except Exception as e:  # noqa: BLE001 - GraphError and friends: report in one line
         raise TeachError(f"{path}: invalid graph: {_first_line(e)}") from None
+    check_memory(g, memory_limit_mb(max_memory_mb), str(path), inputs=False)
     return Model(g.name, g, random_weights(g, seed=0), None, f"graph from {p.name} (random weights)",
                  meta={"ir_file": str(p)})
 
@@ -97,7 +164,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def load(model: str, batch: int = 1, seq: int = 128, style: str | None = None, variant: str | None = None,
-         variant_layer: int = 0) -> Model:
+         variant_layer: int = 0, max_memory_mb: int | None = None) -> Model:
     """A model by preset name, Hugging Face checkpoint folder, or IR text file.
 
     Args:
@@ -106,6 +173,7 @@ def load(model: str, batch: int = 1, seq: int = 128, style: str | None = None, v
         batch / seq: static input shape of the built graph (ignored for IR files).
         style: `hf` or `rlx` BERT form (None: the preset's own style; `hf` for folders).
         variant: a teaching variant name (`TEACHING_CASES`) changing layer `variant_layer`.
+        max_memory_mb: limit on an IR file's param bytes (see `load_ir_file`).
 
     Raises:
         TeachError: unknown model or variant, unreadable or malformed IR (with line and column),
@@ -126,7 +194,7 @@ def load(model: str, batch: int = 1, seq: int = 128, style: str | None = None, v
         if p.is_file():
             if v is not None:
                 raise TeachError(f"{model}: teaching variants apply to BERT presets and checkpoints, not IR files")
-            return load_ir_file(p)
+            return load_ir_file(p, max_memory_mb)
     except TeachError:
         raise
     except (ValueError, KeyError, OSError) as e:

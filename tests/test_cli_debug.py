@@ -307,3 +307,60 @@ def test_teaching_cases_cover_app_variants():
     from rlxviz.models import VARIANTS
 
     assert set(VARIANTS) - {"none"} <= set(TEACHING_CASES)
+
+
+# ----------------------------------------------------------------------------------------------- memory
+
+HUGE = ('graph g {\n  %0 = input {name="x"} : f32[200000, 200000]\n  %1 = relu(%0) : f32[200000, 200000]\n'
+        '  return %1\n}\n')
+
+
+def test_time_refuses_inputs_over_the_memory_limit_before_allocating(tmp_path, capsys, monkeypatch):
+    f = tmp_path / "huge.ir"
+    f.write_text(HUGE)
+    code, out, err = run(capsys, "time", f)
+    assert code == 2 and out == ""
+    one_line_error(err, "time", "inputs and params need 149.0 GiB (x f32[200000, 200000] alone 149.0 GiB), "
+                                "over the 2048 MiB limit")
+    assert "--max-memory-mb" in err
+    small = tmp_path / "small.ir"  # 4 MiB of input: over a 1 MiB limit from the option or the environment
+    small.write_text(HUGE.replace("200000", "1024"))
+    code, _, err = run(capsys, "time", small, "--max-memory-mb", 1)
+    one_line_error(err, "time", "need 4.0 MiB")
+    monkeypatch.setenv("RLXVIZ_MAX_MEMORY_MB", "1")
+    code, _, err = run(capsys, "time", small)
+    one_line_error(err, "time", "over the 1 MiB limit")
+    code, _, err = run(capsys, "time", small, "--max-memory-mb", 8, "--repeat", 1)  # the option wins
+    assert code == 0, err
+    monkeypatch.setenv("RLXVIZ_MAX_MEMORY_MB", "lots")
+    code, _, err = run(capsys, "explain", small)
+    one_line_error(err, "explain", "RLXVIZ_MAX_MEMORY_MB='lots': must be a positive integer")
+    code, _, err = run(capsys, "explain", small, "--max-memory-mb", 0)
+    one_line_error(err, "explain", "--max-memory-mb must be a positive integer")
+
+
+def test_huge_params_refused_when_the_ir_file_is_loaded(tmp_path, capsys):
+    f = tmp_path / "bigw.ir"
+    f.write_text('graph g {\n  %0 = input {name="x"} : f32[2, 100000]\n'
+                 '  %1 = param {name="w"} : f32[100000, 100000]\n  %2 = matmul(%0, %1) : f32[2, 100000]\n'
+                 '  return %2\n}\n')
+    code, _, err = run(capsys, "explain", f)  # random weights would be 37 GiB
+    assert code == 2
+    one_line_error(err, "explain", "its params need 37.3 GiB (w f32[100000, 100000]")
+    r = rlxviz("ir", f)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_memory_error_anywhere_is_one_line(capsys):
+    @cli.subcommand
+    def add_oom(sub):
+        def boom(_args):
+            raise MemoryError("Unable to allocate 298. GiB for an array with shape (200000, 200000)")
+        sub.add_parser("oom").set_defaults(func=boom)
+
+    try:
+        code, _, err = run(capsys, "oom")
+    finally:
+        cli.SUBCOMMANDS.remove(add_oom)
+    assert code == 2
+    one_line_error(err, "oom", "out of memory (Unable to allocate 298. GiB")
