@@ -123,8 +123,31 @@ def check_feeds(graph: Any, arrays: dict[str, np.ndarray], path: str, vocab: int
     return feeds
 
 
+def _warn(command: str, message: str) -> None:
+    print(f"rlxviz {command}: warning: {message}", file=sys.stderr)
+
+
+def _warn_nonfinite(command: str, model: Any, outputs_finite: bool | None = None) -> bool:
+    """Warn on stderr when the outputs are not finite (`outputs_finite` False) or, with no outputs
+    computed (None), when the model's weights hold NaN/inf; names a bad weight. True if it warned."""
+    from .teach import nonfinite_arrays
+
+    bad = nonfinite_arrays(model.weights)
+    if outputs_finite is False:
+        why = f"; {len(bad)} weight(s) hold NaN/inf, e.g. {bad[0]!r}" if bad else ""
+        _warn(command, f"the outputs hold NaN or infinite values{why}")
+        return True
+    if outputs_finite is None and bad:
+        _warn(command, f"{len(bad)} weight(s) hold NaN/inf (e.g. {bad[0]!r}): the model's outputs will not "
+                       "be finite, whatever the fusions")
+        return True
+    return False
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """`rlxviz run MODEL --inputs IN.npz -o OUT.npz`: run a model and save `last_hidden_state`."""
+    from .teach import all_finite
+
     out = Path(args.output)
     if not out.parent.is_dir():
         raise CLIError(f"{args.output}: folder {out.parent} does not exist")
@@ -133,6 +156,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     model = resolve_model(args.model, batch, seq, args.style)
     feeds = check_feeds(model.graph, arrays, args.inputs, getattr(model.config, "vocab_size", None))
     outputs = executor(args.backend)(model.graph, feeds, model.weights)
+    _warn_nonfinite("run", model, all_finite(outputs))
     named = {"last_hidden_state": np.asarray(outputs[0], dtype=np.float32)}
     named.update({f"output_{i}": np.asarray(o) for i, o in enumerate(outputs[1:], 1)})
     with out.open("wb") as f:  # an open file keeps numpy from appending `.npz` to the name
@@ -218,8 +242,7 @@ def _run_model(args: argparse.Namespace) -> tuple[Any, Any]:
     trace = pipe.run(model.graph)
     for s in trace.steps:
         if s.error:
-            print(f"rlxviz {args.command}: warning: pass failed, its result discarded: {s.error.splitlines()[0]}",
-                  file=sys.stderr)
+            _warn(args.command, f"pass failed, its result discarded: {s.error.splitlines()[0]}")
     return model, trace
 
 
@@ -256,6 +279,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from .teach import check_fusion
 
     model, trace = _run_model(args)
+    _warn_nonfinite("explain", model)
     check = check_fusion(trace, model.name, None if args.layer is None else [args.layer])
     if args.json:
         _out(json.dumps(check.to_dict(), indent=2, default=str))
@@ -358,9 +382,12 @@ def cmd_time(args: argparse.Namespace) -> int:
     check_memory(model.graph, memory_limit_mb(args.max_memory_mb), args.model)  # before random_feeds allocates
     feeds = model.random_feeds(seed=0)
     rows = time_versions(trace, feeds, model.weights, warmup=args.warmup, repeat=args.repeat)
+    if not all(r.finite for r in rows):
+        _warn_nonfinite("time", model, False)
     from .runtime import blas_summary
 
-    _out(f"{model.name} ({trace.pipeline} pipeline), batch {args.batch}, seq {args.seq}; {blas_summary()}; "
+    blas = blas_summary().replace(str(Path.cwd()) + os.sep, "")  # `.venv/...` from a clone, not an absolute path
+    _out(f"{model.name} ({trace.pipeline} pipeline), batch {args.batch}, seq {args.seq}; {blas}; "
          f"{args.repeat} timed call(s) per version; error vs the NumPy reference of the unfused graph\n"
          + format_timings(rows))
     return 0 if all(r.ok is not False for r in rows) else 1
@@ -372,7 +399,8 @@ def add_time(sub: SubParsers) -> None:
                        description="Run the pipeline on MODEL, then time each distinct graph version on MLX "
                                    "(median, min, first call in ms) on seeded random inputs and report its max "
                                    "absolute error against the NumPy reference of the unfused graph. Exit code 1 "
-                                   "if a version is outside the tolerance.")
+                                   "if a version is outside the tolerance or its outputs are not finite (NaN is "
+                                   "never counted as correct).")
     _model_args(p, seq=32)
     p.add_argument("--repeat", "-r", type=int, default=5, help="timed calls per version (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls after the first (default: %(default)s)")

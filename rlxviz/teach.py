@@ -446,10 +446,13 @@ class VersionTiming:
 
     Attributes:
         index / label: position in `trace.versions()` and its label (`input`, `after fuse_sdpa`, ...).
-        nodes: compute nodes in the version.
+        nodes: ops (compute nodes: inputs, params and consts not counted) in the version.
         median_ms / min_ms / first_call_ms: MLX timing (`runtime.time_version`), None when `same_as` is set.
-        max_abs: max |MLX output - NumPy reference of the unfused graph| over all outputs.
-        ok: every output within the tolerance (`runtime.equivalence`).
+        max_abs: max |MLX output - NumPy reference of the unfused graph| over all outputs (nan when
+            either side holds NaN or infinities).
+        ok: every output within the tolerance (`runtime.equivalence`) and every output, of the version
+            and of the reference, finite: NaN never counts as correct.
+        finite: the version's outputs and the reference outputs hold only finite values.
         same_as: index of an earlier identical version (the pass changed nothing; not re-timed).
     """
 
@@ -462,6 +465,7 @@ class VersionTiming:
     max_abs: float | None = None
     ok: bool | None = None
     same_as: int | None = None
+    finite: bool = True
 
 
 def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
@@ -469,11 +473,14 @@ def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mappin
     """Time every distinct graph version of a run on MLX and check it against the reference.
 
     The reference is the NumPy interpreter on the unfused input graph, computed once. Versions that
-    a pass did not change are listed with `same_as` and not re-timed.
+    a pass did not change are listed with `same_as` and not re-timed. A version is `ok` only when its
+    outputs are close to the reference and finite, and the reference itself is finite
+    (`runtime.equivalence` compares with `equal_nan=True`, so NaN against NaN would pass there).
     """
     from .runtime import equivalence, run_reference, time_version
 
     ref = run_reference(trace.input, dict(feeds), dict(weights))
+    ref_finite = all_finite(ref)
     rows: list[VersionTiming] = []
     last = 0
     for i, (label, g) in enumerate(trace.versions()):
@@ -482,25 +489,40 @@ def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mappin
             rows.append(VersionTiming(i, label, compute, same_as=last))
             continue
         t = time_version(g, feeds, weights, warmup=warmup, repeat=repeat)
-        diffs = equivalence(g, feeds, weights, reference_outputs=ref, rtol=rtol, atol=atol)
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: reported as not finite, not warned
+            diffs = equivalence(g, feeds, weights, reference_outputs=ref, rtol=rtol, atol=atol)
+        max_abs = max(d.max_abs for d in diffs)
+        # |got - ref| is nan or inf exactly when one side is not finite (the reference is checked too)
+        finite = ref_finite and bool(np.isfinite(max_abs))
         rows.append(VersionTiming(i, label, compute, t.median_ms, t.min_ms, t.first_call_ms,
-                                  max(d.max_abs for d in diffs), all(d.ok for d in diffs)))
+                                  max_abs, finite and all(d.ok for d in diffs), finite=finite))
         last = i
     return rows
 
 
 def format_timings(rows: Sequence[VersionTiming]) -> str:
-    """The timing table as aligned text (ms; error = max abs vs the reference)."""
+    """The timing table as aligned text (ops per version; ms; error = max abs vs the reference)."""
     w = max(len(r.label) for r in rows)
-    lines = [f"{'#':>2}  {'version':<{w}}  {'nodes':>5}  {'median ms':>9}  {'min ms':>8}  {'first ms':>8}  "
+    lines = [f"{'#':>2}  {'version':<{w}}  {'ops':>5}  {'median ms':>9}  {'min ms':>8}  {'first ms':>8}  "
              f"{'max abs err':>11}  ok"]
     for r in rows:
         if r.same_as is not None:
             lines.append(f"{r.index:>2}  {r.label:<{w}}  {r.nodes:>5}  (unchanged: same as #{r.same_as})")
             continue
         lines.append(f"{r.index:>2}  {r.label:<{w}}  {r.nodes:>5}  {r.median_ms:>9.2f}  {r.min_ms:>8.2f}  "
-                     f"{r.first_call_ms:>8.1f}  {r.max_abs:>11.2e}  {'yes' if r.ok else 'NO'}")
+                     f"{r.first_call_ms:>8.1f}  {r.max_abs:>11.2e}  "
+                     + ("yes" if r.ok else "NO" if r.finite else "NO (non-finite output)"))
     return "\n".join(lines)
+
+
+def all_finite(arrays: Iterable[np.ndarray]) -> bool:
+    """True when every float array holds only finite values (integer arrays always do)."""
+    return all(np.isfinite(a).all() for a in map(np.asarray, arrays) if a.dtype.kind in "fc")
+
+
+def nonfinite_arrays(arrays: Mapping[str, np.ndarray]) -> list[str]:
+    """Names of the float arrays holding NaN or infinities (e.g. a checkpoint's corrupted weights)."""
+    return [k for k, a in arrays.items() if np.asarray(a).dtype.kind in "fc" and not np.isfinite(a).all()]
 
 
 # ------------------------------------------------------------------------------------- memory traffic

@@ -303,6 +303,41 @@ def test_time_bad_repeat(capsys):
     one_line_error(err, "time", "--repeat must be >= 1")
 
 
+def test_time_nan_is_never_ok(tmp_path, capsys):
+    from test_cli_run import tiny_checkpoint
+
+    ck = tiny_checkpoint(tmp_path / "ck", nan=["encoder.layer.0.output.dense.weight"])
+    code, out, err = run(capsys, "time", ck, "--seq", 4, "--repeat", 1)
+    assert code == 1
+    rows = [ln for ln in out.splitlines()[2:] if "unchanged" not in ln]
+    assert rows and all(r.split()[-4:] == ["nan", "NO", "(non-finite", "output)"] for r in rows), out
+    assert " yes" not in out
+    assert "rlxviz time: warning: the outputs hold NaN or infinite values" in err
+    code, out, err = run(capsys, "explain", ck, "--seq", 4)
+    assert code == 0 and "2/2 layer(s) fused" in out  # the fusions are fine; the weights are not
+    assert "rlxviz explain: warning: 1 weight(s) hold NaN/inf (e.g. 'encoder.layer.0.output.dense.weight')" in err
+
+
+def test_time_versions_nan_reference_and_output_are_not_ok():
+    import numpy as np
+
+    from rlxviz.ir import Builder
+    from rlxviz.passes import Pipeline
+    from rlxviz.teach import format_timings, time_versions
+
+    b = Builder("g")
+    x = b.input("x", (2, 3))
+    b.output(b.relu(x))
+    trace = Pipeline.canonical().run(b.build())
+    for bad in (np.nan, np.inf):
+        feeds = {"x": np.array([[1, bad, 0], [0, 1, 2]], np.float32)}
+        rows = time_versions(trace, feeds, {}, warmup=0, repeat=1)
+        assert rows[0].ok is False and rows[0].finite is False
+        assert "NO (non-finite output)" in format_timings(rows)
+    rows = time_versions(trace, {"x": np.ones((2, 3), np.float32)}, {}, warmup=0, repeat=1)
+    assert rows[0].ok is True and rows[0].max_abs == 0.0
+
+
 def test_teaching_cases_cover_app_variants():
     from rlxviz.models import VARIANTS
 

@@ -21,6 +21,35 @@ def rlxviz(*args):
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
+HF_CONFIG = {"model_type": "bert", "architectures": ["BertModel"], "vocab_size": 50, "hidden_size": 16,
+             "num_attention_heads": 2, "intermediate_size": 32, "num_hidden_layers": 2,
+             "max_position_embeddings": 20, "type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu"}
+
+
+def tiny_checkpoint(folder, nan=(), drop=()):
+    """A 2-layer Hugging Face BERT checkpoint folder (random weights, `[out, in]` linears); tensors named in
+    `nan` are all NaN, those in `drop` are left out."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    from rlxviz.models import BertConfig, build_bert
+    from rlxviz.models.bert import random_weights
+
+    cfg = BertConfig(vocab_size=50, hidden=16, heads=2, intermediate=32, layers=2, max_position=20)
+    t = {}
+    for name, arr in random_weights(build_bert(cfg, 1, 4, style="hf"), seed=7).items():
+        t[name] = np.ascontiguousarray(arr.T) if arr.ndim == 2 and not name.startswith("embeddings.") else arr
+        if name in nan:
+            t[name] = np.full_like(t[name], np.nan)
+    for name in drop:
+        del t[name]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(HF_CONFIG))
+    save_file(t, str(folder / "model.safetensors"))
+    return folder
+
+
 def one_line_error(stderr, fragment):
     lines = stderr.strip().splitlines()
     assert len(lines) == 1, stderr
@@ -149,3 +178,16 @@ def test_mlx_backend_agrees_with_reference(tmp_path):
                      "-o", str(tmp_path / "o.npz")]) == 0
     h = np.load(tmp_path / "o.npz")["last_hidden_state"]
     assert h.dtype == np.float32 and np.abs(h - ref["last_hidden_state"][:2]).max() <= 1e-4
+
+
+def test_nan_weights_warn_on_stderr(tmp_path, capsys):
+    ck = tiny_checkpoint(tmp_path / "ck", nan=["encoder.layer.0.output.dense.weight"])
+    np.savez(tmp_path / "in.npz", **tokenize(["hi"], 4) | {"input_ids": np.array([[1, 2, 3, 4]])})
+    assert cli.main(["run", str(ck), "-i", str(tmp_path / "in.npz"), "-o", str(tmp_path / "o.npz")]) == 0
+    err = capsys.readouterr().err
+    assert "rlxviz run: warning: the outputs hold NaN or infinite values" in err
+    assert "'encoder.layer.0.output.dense.weight'" in err
+    assert np.isnan(np.load(tmp_path / "o.npz")["last_hidden_state"]).all()
+    good = tiny_checkpoint(tmp_path / "good")
+    assert cli.main(["run", str(good), "-q", "-i", str(tmp_path / "in.npz"), "-o", str(tmp_path / "o.npz")]) == 0
+    assert capsys.readouterr().err == ""
