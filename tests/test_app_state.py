@@ -287,3 +287,35 @@ def test_background_runner_reports_progress():
     s.load()
     s.runner.wait(60)
     assert s.trace is not None and seen[:1] == [True] and seen[-1] is False
+
+
+def test_variant_switch_at_the_input_draws_the_variant_graph():
+    """The drawing follows the new trace: no old SVG under the new model's label, none cached for other sessions."""
+    from rlxviz.app.panels import GraphCompare
+
+    s = tiny()
+    pane = GraphCompare(state=s)
+    assert s.version == 0
+    s.apply_variant("extra_h1_user")
+    extra = [n.id for n in s.model.graph if n.op == Op.REDUCE_MEAN]
+    assert extra, "extra_h1_user adds a reduce_mean user of h1"
+    n_ops = len(s.trace.input.compute_nodes())
+    assert s.version_rows()[0]["nodes"] == n_ops
+    assert f'id="n{extra[0]}"' in pane.after.svg and f": {n_ops} ops" in pane.after.svg
+    fresh = tiny(variant="extra_h1_user")
+    assert f'id="n{extra[0]}"' in fresh.svg(0), "another session gets the variant's drawing from the cache"
+    s.apply_variant("none")
+    assert f'id="n{extra[0]}"' not in pane.after.svg
+
+
+def test_render_cache_key_follows_the_trace_drawn():
+    """A state whose controls moved on (new model key) but whose trace is the old one draws and caches the old
+    graph under the old trace's key, so the new trace's drawing is not poisoned."""
+    s = tiny()
+    old_svg = s.svg(0)
+    s.autorun = False
+    s.variant = "extra_h1_user"  # the model key changes, the trace does not (no load yet)
+    assert s.svg(0) is old_svg
+    s.load()
+    extra = next(n.id for n in s.model.graph if n.op == Op.REDUCE_MEAN)
+    assert f'id="n{extra}"' in s.svg(0)

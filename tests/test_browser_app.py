@@ -178,3 +178,37 @@ def test_corrupted_upload_shows_error(page, tmp_path):
     # the app keeps working: back to the built-in model
     page.get_by_role("button", name="Built-in").click()
     page.locator(".rv-after g.node").first.wait_for()
+
+
+SMALL_IR = """graph small {
+  %0 = input {name="x"} : f32[2, 8]
+  %1 = tanh(%0) : f32[2, 8]
+  %2 = exp(%1) : f32[2, 8]
+  %3 = add(%1, %2) : f32[2, 8]
+  return %3
+}"""
+
+
+def _after_node_ids(pg):
+    return sorted(pg.eval_on_selector_all(".rv-after g.node", "els => els.map(e => e.id)"))
+
+
+def test_ir_text_draws_its_own_graph(page, browser, server):
+    """Loading a 3-op graph as IR text draws that graph at the input version, not the previous model
+    (and a new session afterwards still gets MiniLM, not a drawing cached under the wrong key)."""
+    expect(page.locator(".rv-version select")).to_contain_text("0: input (196 ops)")
+    page.get_by_role("button", name="IR text").click()
+    page.locator(".rv-ir-text textarea").fill(SMALL_IR)
+    page.locator(".rv-load-ir button").click()
+    expect(page.locator(".rv-version select")).to_contain_text("0: input (3 ops)", timeout=30_000)
+    expect(page.locator(".rv-after svg")).to_contain_text("small: 3 ops")
+    assert [i for i in _after_node_ids(page) if i.startswith("n")] == ["n0", "n1", "n2", "n3"]
+    assert page.locator(".rv-after g.node", has_text="exp").count() == 1
+    _version(page, "input")
+    expect(page.locator(".rv-after svg")).to_contain_text("small: 3 ops")
+    ctx = browser.new_context(viewport={"width": 1600, "height": 1000})
+    fresh = ctx.new_page()
+    fresh.goto(server[0])
+    fresh.locator(".rv-after g.node").first.wait_for(timeout=30_000)
+    expect(fresh.locator(".rv-after svg")).to_contain_text("196 ops")
+    ctx.close()

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import itertools
+import threading
+import weakref
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -161,6 +164,37 @@ RLX_THRESHOLD = 64
 threshold is set."""
 
 
+_TRACE_KEYS: dict[int, tuple[weakref.ref, tuple]] = {}
+_TRACE_LOCK = threading.Lock()
+_UNIQUE = itertools.count()
+
+
+def _remember(trace: Any, key: tuple) -> None:
+    tid = id(trace)
+
+    def forget(ref: weakref.ref) -> None:
+        with _TRACE_LOCK:
+            if _TRACE_KEYS.get(tid, (None,))[0] is ref:
+                del _TRACE_KEYS[tid]
+
+    with _TRACE_LOCK:
+        hit = _TRACE_KEYS.get(tid)
+        if hit is None or hit[0]() is not trace:
+            _TRACE_KEYS[tid] = (weakref.ref(trace, forget), key)
+
+
+def trace_key(trace: Any) -> tuple:
+    """The content key of a `Trace`: `("trace", input graph digest, passes, threshold)` for traces made by
+    `run_pipeline`, a key of its own for any other trace object (never shared with another trace)."""
+    with _TRACE_LOCK:
+        hit = _TRACE_KEYS.get(id(trace))
+        if hit is not None and hit[0]() is trace:
+            return hit[1]
+    key = ("trace-object", next(_UNIQUE))
+    _remember(trace, key)
+    return trace_key(trace)
+
+
 def run_pipeline(model: Model, passes: list[str], threshold: int | None) -> Any:
     """The pipeline's `Trace` on `model.graph`, cached per (graph, passes, threshold).
 
@@ -170,8 +204,10 @@ def run_pipeline(model: Model, passes: list[str], threshold: int | None) -> Any:
     """
     mod = _passes()
     key = ("trace", graph_digest(model.graph), tuple(passes), threshold)
-    return TRACES.get_or_compute(key, lambda: mod.Pipeline(list(passes), {"fab_max_tokens": threshold},
-                                                           "app").run(model.graph))
+    trace = TRACES.get_or_compute(key, lambda: mod.Pipeline(list(passes), {"fab_max_tokens": threshold},
+                                                            "app").run(model.graph))
+    _remember(trace, key)
+    return trace
 
 
 def explain_layer(trace: Any, layer: int) -> Any:
@@ -228,36 +264,68 @@ def _viz() -> Any:
     return mod
 
 
+class Picture:
+    """A frozen view of what one drawing shows, taken from the state once (the trace, version, layer), so the
+    cache key and the drawing always describe the same graph even when the state moves on meanwhile.
+
+    Attributes:
+        key: cache key of the drawing: the trace's content key (`trace_key`), the version index into
+            `trace.versions()`, the view, the side and the focused layer.
+    """
+
+    def __init__(self, state: Any, k: int | None, view: str, side: str = "after") -> None:
+        self.trace = state.trace
+        self.graph0 = state.model.graph if self.trace is None and state.model is not None else None
+        self.i = state.version_index(k, self.trace) if self.trace is not None else 0
+        self.view, self.side = view, side
+        self.layer = state.selected_layer if view == "focus" or side == "why" else None
+        if self.trace is not None:
+            src = trace_key(self.trace)
+        elif self.graph0 is not None:
+            src = ("graph", graph_digest(self.graph0))
+        else:
+            raise ValueError("no model loaded yet")
+        self.key = ("svg", side, src, self.i, view, self.layer)
+
+    def parts(self) -> tuple[Graph, Any, dict[str, Any]]:
+        """(graph, overlay, render_dot keyword arguments) of this picture."""
+        viz = _viz()
+        trace, view = self.trace, self.view
+        if trace is None:
+            g, ov = self.graph0, None
+        else:
+            step = trace.steps[self.i - 1] if self.i > 0 else None
+            if self.side == "why":
+                g, ov = _why_picture(viz, trace, self.layer, step)
+            elif step is None:
+                g, ov = trace.input, None
+            elif self.side == "before":
+                g, ov = step.before, viz.Overlay.before(step)
+            else:
+                g, ov = step.after, viz.Overlay.after(step)
+        kw: dict[str, Any] = {"view": "layers" if view == "collapsed" else "full"}
+        if view == "focus":
+            if self.layer is None:
+                raise ValueError("pick a layer to focus on")
+            kw["focus"] = self.layer
+        if view == "collapsed" and trace is not None and ov is None:
+            ov = viz.Overlay.trace_summary(trace)
+        return g, ov, kw
+
+    def dot(self) -> str:
+        g, ov, kw = self.parts()
+        return _viz().render_dot(g, ov, **kw)
+
+
 def picture(state: Any, k: int | None, view: str, side: str = "after") -> tuple[Graph, Any, dict[str, Any]]:
     """What to draw for shown version `k`: (graph, overlay, render_dot keyword arguments).
 
     `side="after"` is the version itself with its pass's fused nodes marked; `side="before"` is the graph
-    before that pass with every match clustered and every rejection marked. `view` is `full`,
-    `collapsed` (one box per layer) or `focus` (the selected layer of the full view).
+    before that pass with every match clustered and every rejection marked; `side="why"` is the graph before
+    the pass that first rejected something in the selected layer. `view` is `full`, `collapsed` (one box per
+    layer) or `focus` (the selected layer of the full view).
     """
-    viz = _viz()
-    i = state.version_index(k)
-    trace = state.trace
-    if trace is None:
-        g, ov = state.model.graph, None
-    else:
-        step = trace.steps[i - 1] if i > 0 else None
-        if side == "why":
-            g, ov = _why_picture(viz, trace, state.selected_layer, step)
-        elif step is None:
-            g, ov = trace.input, None
-        elif side == "before":
-            g, ov = step.before, viz.Overlay.before(step)
-        else:
-            g, ov = step.after, viz.Overlay.after(step)
-    kw: dict[str, Any] = {"view": "layers" if view == "collapsed" else "full"}
-    if view == "focus":
-        if state.selected_layer is None:
-            raise ValueError("pick a layer to focus on")
-        kw["focus"] = state.selected_layer
-    if view == "collapsed" and trace is not None and ov is None:
-        ov = viz.Overlay.trace_summary(trace)
-    return g, ov, kw
+    return Picture(state, k, view, side).parts()
 
 
 def _why_picture(viz: Any, trace: Any, layer: int | None, step: Any) -> tuple[Graph, Any]:
@@ -275,14 +343,14 @@ def _why_picture(viz: Any, trace: Any, layer: int | None, step: Any) -> tuple[Gr
 
 def render_dot(state: Any, k: int | None, view: str, side: str = "after") -> str:
     """DOT source of shown version `k` (see `picture`)."""
-    g, ov, kw = picture(state, k, view, side)
-    return _viz().render_dot(g, ov, **kw)
+    return Picture(state, k, view, side).dot()
 
 
 def render_svg(state: Any, k: int | None, view: str, side: str = "after") -> str:
-    """SVG of shown version `k`, cached per (model, pipeline, version, view, side) across sessions."""
-    key = ("svg", side, *state.render_key(k, view))
-    return RENDERS.get_or_compute(key, lambda: _viz().render_svg(render_dot(state, k, view, side)).svg)
+    """SVG of shown version `k`, cached across sessions under the key of the graph actually drawn
+    (`Picture.key`: trace content, version, view, side), never under controls that may have moved on."""
+    pic = Picture(state, k, view, side)
+    return RENDERS.get_or_compute(pic.key, lambda: _viz().render_svg(pic.dot()).svg)
 
 
 # -- runtime ----------------------------------------------------------------------------------------

@@ -40,10 +40,11 @@ class ModelControls(Viewer):
         self.upload_doc = pn.pane.Markdown(f"Select **config.json** and **model.safetensors** together "
                                            f"(at most {limit:.0f} MB).", styles={"font-size": "12px"})
         self.ir = pn.widgets.TextAreaInput(name="IR text", value=s.ir_text, height=220, sizing_mode="stretch_width",
+                                           css_classes=["rv-ir-text"],
                                            placeholder="graph g {\n  %0 = input {name=\"x\"} : f32[2, 8]\n  ...")
         self.ir_file = pn.widgets.FileInput(accept=".txt,.ir,.rlx", sizing_mode="stretch_width")
         self.ir_file.param.watch(self._on_ir_file, "value")
-        self.ir_btn = pn.widgets.Button(name="Load IR", button_type="primary")
+        self.ir_btn = pn.widgets.Button(name="Load IR", button_type="primary", css_classes=["rv-load-ir"])
         self.ir_btn.on_click(lambda e: s.param.update(ir_text=self.ir.value, source="ir"))
         self.ir_copy = pn.widgets.Button(name="Edit the shown version", button_type="light")
         self.ir_copy.on_click(lambda e: setattr(self.ir, "value", s.ir_current()))

@@ -208,16 +208,21 @@ class AppState(param.Parameterized):
             model = self._load_model() if key != self._model_key or self.model is None else self.model
             if gen != self._generation:
                 return
-            if model is not self.model:
-                self._model_key = key
-                self.param.update(model=model, timings=[], selected_node=None, highlight=[])
-                if self.variant != "none" and self.variant not in VARIANTS and self.variant != SHAPE_VARIANT:
-                    pass
             self._set_progress(40, "Running the fusion pipeline…")
-            trace = backend.run_pipeline(model, self.enabled_passes, self.effective_threshold)
+            try:
+                trace = backend.run_pipeline(model, self.enabled_passes, self.effective_threshold)
+            except backend.NotAvailable:
+                if model is not self.model:
+                    self._model_key = key
+                    self.param.update(model=model, trace=None, timings=[], selected_node=None, highlight=[])
+                raise
             if gen != self._generation:
                 return
-            self._set_trace(trace)
+            new = model is not self.model
+            if new:
+                self._model_key = key
+            # model and trace change together: views never see the new model with the old trace
+            self._set_trace(trace, model if new else None)
             self._notice_variant()
             self._set_progress(80, "Drawing the graph…")
             self.prerender()
@@ -229,11 +234,13 @@ class AppState(param.Parameterized):
         finally:
             self._stop()
 
-    def _set_trace(self, trace: Any) -> None:
+    def _set_trace(self, trace: Any, model: Model | None = None) -> None:
+        """Show `trace` (and `model`, when it is new) in one update."""
         labels = self._visible(trace)
-        self.param.version.bounds = (0, max(len(labels) - 1, 0))
         version = min(self.version, len(labels) - 1) if self.trace is None else self._same_version(trace, labels)
-        self.param.update(trace=trace, version=max(version, 0), timings=[], highlight=[])
+        new = {"model": model, "selected_node": None} if model is not None else {}
+        self.param.version.bounds = (0, max(len(labels) - 1, 0))
+        self.param.update(**new, trace=trace, version=max(version, 0), timings=[], highlight=[])
         errors = [s for s in trace.steps if s.error]
         if errors:
             s = errors[0]
@@ -344,9 +351,11 @@ class AppState(param.Parameterized):
         """Labels of the shown versions: "input", "after fuse_matmul_bias_act", ..."""
         return [lbl for _, lbl in self._visible(self.trace)] if self.trace is not None else []
 
-    def version_index(self, k: int | None = None) -> int:
-        """Index into `trace.versions()` of shown version `k` (default: the selected one)."""
-        vis = self._visible(self.trace) if self.trace is not None else [(0, "input")]
+    def version_index(self, k: int | None = None, trace: Any = None) -> int:
+        """Index into `trace.versions()` of shown version `k` (default: the selected one) of `trace` (default:
+        the state's trace)."""
+        trace = self.trace if trace is None else trace
+        vis = self._visible(trace) if trace is not None else [(0, "input")]
         k = self.version if k is None else k
         return vis[min(k, len(vis) - 1)][0]
 
@@ -420,10 +429,9 @@ class AppState(param.Parameterized):
 
     # ============================================================ rendering
     def render_key(self, k: int | None = None, view: str | None = None) -> tuple:
-        """Cache key of a drawing: model, pipeline, version index, view (and layer for `focus`)."""
-        view = view or self.resolved_view()
-        return (self.model_key(), self.pipeline_key(), self.version_index(k), view,
-                self.selected_layer if view == "focus" else None)
+        """Cache key of a drawing, derived from the graph it draws: the trace's content key
+        (`backend.trace_key`), the version index, the view (and layer for `focus`)."""
+        return backend.Picture(self, k, view or self.resolved_view()).key
 
     def resolved_view(self) -> str:
         """`auto` is the full graph for small graphs, one box per layer for big ones."""
@@ -499,19 +507,20 @@ class AppState(param.Parameterized):
             self._error("Nothing to time yet: load a model and run the pipeline first.", kind="warning")
             return
         self._start("Timing every version on MLX…")
+        trace, model = self.trace, self.model  # one consistent pair, even if a reload is queued
         try:
             self.blas = backend.blas_summary()
-            versions = self.trace.versions()
-            vis = self._visible(self.trace)
-            feeds = backend.feeds(self.model, self.batch, self.effective_seq, self.text)
-            key = (self.model_key(), self.pipeline_key(), self.text, self.repeat)
+            versions = trace.versions()
+            vis = self._visible(trace)
+            feeds = backend.feeds(model, self.batch, self.effective_seq, self.text)
+            key = (backend.trace_key(trace), self._model_key, self.text, self.repeat)
             self._set_progress(2, "Running the NumPy reference…")
-            ref = backend.reference_outputs(self.trace.input, feeds, self.model.weights)
+            ref = backend.reference_outputs(trace.input, feeds, model.weights)
             rows: list[dict[str, Any]] = []
             for k, (i, label) in enumerate(vis):
                 self._set_progress(5 + int(95 * k / len(vis)), f"Timing {label} ({k + 1}/{len(vis)})…")
                 t, err = backend.TIMINGS.get_or_compute(
-                    (*key, i), lambda i=i: backend.time_graph(versions[i][1], feeds, self.model.weights,
+                    (*key, i), lambda i=i: backend.time_graph(versions[i][1], feeds, model.weights,
                                                               self.repeat, ref))
                 rows.append({"version": label, "ops": len(versions[i][1].compute_nodes()),
                              "median_ms": round(t.median_ms, 3), "min_ms": round(t.min_ms, 3),
