@@ -319,3 +319,15 @@ def test_render_cache_key_follows_the_trace_drawn():
     s.load()
     extra = next(n.id for n in s.model.graph if n.op == Op.REDUCE_MEAN)
     assert f'id="n{extra}"' in s.svg(0)
+
+
+def test_none_variant_clears_the_previous_rejection_message():
+    s = tiny()
+    s.apply_variant("extra_h1_user")
+    assert s.message.startswith("Teaching variant")
+    s.apply_variant("none")
+    assert s.message == "", s.message
+    s.apply_variant("tanh_gelu")
+    first = s.message
+    s.apply_variant("pre_ln")
+    assert s.message != first and "pre-LN" in s.message

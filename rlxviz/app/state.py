@@ -103,6 +103,7 @@ class AppState(param.Parameterized):
         self.autorun = autorun
         self._model_key: tuple = ()
         self._generation = 0
+        self._variant_notice = ""
         if not self.passes:
             self.passes = self.canonical_passes()
         if autorun:
@@ -257,17 +258,27 @@ class AppState(param.Parameterized):
         return names.index(old) if old in names else min(self.version, len(names) - 1)
 
     def _notice_variant(self) -> None:
+        """Say which guard the teaching variant trips (and clear the last variant's notice when it no longer
+        applies, e.g. after "none (as built)")."""
+        stale = bool(self._variant_notice) and self.message == self._variant_notice
         if self.variant == "none" or self.trace is None:
+            if stale:
+                self.param.update(message="", message_kind="info")
+            self._variant_notice = ""
             return
         layer = None if self.variant == SHAPE_VARIANT else self.variant_layer
         rej = [r for r in self.trace.rejections if layer is None or r.layer == layer]
+        label = VARIANT_LABELS[self.variant]
         if rej:
             first = rej[0]
             self.param.update(selected_layer=layer if layer is not None else first.layer,
                               highlight=list(first.offending or (first.anchor,)))
-            self.param.update(message=f"Teaching variant '{VARIANT_LABELS[self.variant]}': "
-                                      f"{first.pass_name} rejected at guard {first.guard}: {first.message}",
-                              message_kind="info")
+            text = f"Teaching variant '{label}': {first.pass_name} rejected at guard {first.guard}: {first.message}"
+        else:
+            where = "" if layer is None else f" in layer {layer}"
+            text = f"Teaching variant '{label}': no pass rejected anything{where}."
+        self._variant_notice = text
+        self.param.update(message=text, message_kind="info")
 
     # ============================================================ upload / IR / variants
     def load_upload(self, files: dict[str, bytes]) -> None:
