@@ -292,11 +292,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def add_explain(sub: SubParsers) -> None:
     p = sub.add_parser("explain", help="why each layer did (not) fuse; exit 1 unless fully fused",
                        description="Run the pipeline on MODEL and report, per layer, whether every expected fusion "
-                                   "happened (one FusedTransformerLayer per attention layer when the pipeline runs "
-                                   "fuse_transformer_layer, and no missed fusion left in the layer), or else the "
+                                   "happened, or else the "
                                    "first rejecting guard with its actual vs required values, the fix, and how the "
-                                   "layer differs from a sibling layer that fused. Exit code 0 when every checked "
-                                   "layer fused, 1 otherwise, 2 for bad input.")
+                                   "layer differs from a sibling layer that fused. What is expected depends on the "
+                                   "layer: a post-LN BERT-style layer (attention -> residual add -> LayerNorm) must "
+                                   "become one FusedTransformerLayer (when the pipeline runs fuse_transformer_layer); "
+                                   "any other layer (e.g. LLaMA: RmsNorm, pre-norm, SwiGLU) must get the fusions the "
+                                   "pipeline's rules apply to it (FusedSwiGLU, the shared-input QKV matmul, a "
+                                   "residual norm where legal). In both, no missed fusion may be left. Exit code 0 "
+                                   "when every checked layer fused as expected, 1 otherwise, 2 for bad input.")
     _model_args(p)
     p.add_argument("--layer", "-l", type=int, default=None, metavar="N", help="check only layer N")
     p.add_argument("--json", action="store_true", help="machine-readable output")

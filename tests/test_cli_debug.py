@@ -131,9 +131,42 @@ def test_explain_threshold_option_and_rlx_profile(capsys):
 
 def test_explain_llama_block_is_not_a_bert_layer(capsys):
     code, out, _ = run(capsys, "explain", "llama-block", "--seq", 8, "--verbose")
-    assert code == 1
+    assert code == 0, out  # nothing that should fuse in a LLaMA block was left unfused
+    assert "1/1 layer(s) fused as expected" in out
+    assert "layer 0: fused as expected: FusedSwiGLU %" in out and "(fuse_shared_input_matmul)" in out
+    assert "layer kind: attention + RmsNorm, no LayerNorm on the attention residual: LLaMA style" in out
+    assert "expected: FusedSwiGLU, shared-input QKV matmul (FusedTransformerLayer only for post-LN BERT" in out
+    assert "NOT fused" not in out and "expected FusedTransformerLayer" not in out
+    assert "not expected here: fuse_transformer_layer.bert_post_ln (attn_is_fused_block)" in out
+    assert "not expected here: fuse_attention_block.qkv_attention_out (mask_kind_keep)" in out
+    assert "not expected here: fuse_residual_rms_norm.residual (sum_single_user): pre-norm layout" in out
     assert "fuse_swiglu.dual_matmul: -> node(s)" in out  # verbose: every rule's outcome
-    assert "also rejected: fuse_transformer_layer.bert_post_ln: attn_is_fused_block" in out
+    code, out, _ = run(capsys, "explain", "llama-block", "--seq", 8, "--json")
+    layer = json.loads(out)["layers"][0]
+    assert code == 0 and layer["bert_style"] is False and layer["status"] == "fused" and layer["misses"] == []
+
+
+def test_explain_llama_layer_with_a_missed_swiglu_exits_1(tmp_path, capsys):
+    code, out, _ = run(capsys, "ir", "llama-block", "--seq", 4)
+    assert "  return %28\n" in out and "%24 = silu(%21)" in out
+    f = tmp_path / "llama_probe.ir"
+    f.write_text(out.replace("  return %28\n", "  return %28, %24\n"))  # silu also a graph output
+    code, out, _ = run(capsys, "explain", f)
+    assert code == 1
+    assert "layer 0: NOT fused (expected FusedSwiGLU, shared-input QKV matmul)" in out
+    assert "first rejection: fuse_swiglu.dual_matmul" in out and "guard swiglu_single_use" in out
+
+
+def test_explain_bert_layers_still_expect_the_layer_fusion(capsys):
+    from rlxviz.models import load_model
+    from rlxviz.teach import layer_architecture
+
+    g = load_model("bert-tiny", seq=8).graph
+    assert layer_architecture(g, 0) == (True, "attention -> residual add -> LayerNorm (post-LN BERT style)")
+    bert, kind = layer_architecture(load_model("llama-block", seq=8).graph, 0)
+    assert not bert and "RmsNorm" in kind
+    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "pre_ln", "--layer", 0)
+    assert code == 1 and "layer 0: NOT fused (expected FusedTransformerLayer)" in out
 
 
 def test_explain_ir_file(tmp_path, capsys):
