@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import zipfile
 from collections.abc import Callable, Sequence
@@ -203,7 +204,7 @@ def _model_args(p: argparse.ArgumentParser, seq: int = 128) -> None:
     p.add_argument("--pipeline", "-p", default="canonical", metavar="SPEC",
                    help="'canonical', 'rlx', or pass names separated by commas (default: %(default)s)")
     p.add_argument("--threshold", type=int, default=None, metavar="TOKENS",
-                   help="attention-fusion gate on batch*seq (pipeline param fab_max_tokens)")
+                   help="attention-fusion gate on batch*seq, a positive integer (pipeline param fab_max_tokens)")
     p.add_argument("--variant", default=None, metavar="NAME",
                    help="teaching variant: " + ", ".join(TEACHING_CASES))
     p.add_argument("--variant-layer", type=int, default=0, metavar="N", help="layer the variant changes (default 0)")
@@ -231,6 +232,8 @@ def _run_model(args: argparse.Namespace) -> tuple[Any, Any]:
 
     if args.batch < 1 or args.seq < 1:
         raise CLIError(f"--batch and --seq must be >= 1, got {args.batch} and {args.seq}")
+    if args.threshold is not None and args.threshold < 1:
+        raise CLIError(f"--threshold must be a positive integer (tokens, batch*seq), got {args.threshold}")
     params: dict[str, Any] = {}
     if args.threshold is not None:
         params["fab_max_tokens"] = args.threshold
@@ -308,16 +311,28 @@ def add_explain(sub: SubParsers) -> None:
     p.set_defaults(func=cmd_explain)
 
 
+def _drawn_nodes(dot: str) -> int:
+    """Node statements in DOT text (boxes, ellipses and stubs actually drawn; not edges or defaults)."""
+    return sum(1 for m in re.finditer(r"^\s*([A-Za-z_]\w*) \[", dot, re.MULTILINE)
+               if m.group(1) not in ("graph", "node", "edge"))
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     """`rlxviz render MODEL --after PASS -o out.svg`: draw one graph version (with the pass's overlay)."""
-    from .teach import version_index
-    from .viz import LayoutError, Overlay, save
+    from .teach import model_layers, version_index
+    from .viz import LayoutError, Overlay, render_dot, save
 
     out = Path(args.output)
     if out.suffix.lower() not in (".svg", ".dot", ".gv", ".png", ".pdf"):
         raise CLIError(f"{args.output}: unsupported suffix {out.suffix!r}; use .svg, .dot, .gv, .png or .pdf")
     if not out.parent.is_dir():
         raise CLIError(f"{args.output}: folder {out.parent} does not exist")
+    if out.is_dir():
+        raise CLIError(f"output path {args.output} is a directory; give a file name ending in .svg, .dot, .png or "
+                       ".pdf")
+    if args.focus is not None and args.view == "layers":
+        raise CLIError("--focus N draws layer N of the full view; it cannot be combined with --view layers "
+                       "(drop --view layers, or drop --focus to see every layer as one box)")
     _, trace = _run_model(args)
     i = version_index(trace, args.after)
     if i == 0:
@@ -327,14 +342,20 @@ def cmd_render(args: argparse.Namespace) -> int:
         graph, overlay = (step.before, Overlay.before(step)) if args.before else (step.after, Overlay.after(step))
     kw: dict[str, Any] = {"view": args.view}
     if args.focus is not None:
+        have = model_layers(graph)
+        if args.focus not in have:
+            span = f"layers: {have[0]}..{have[-1]}" if have else "no node path names a layer"
+            raise CLIError(f"--focus {args.focus}: layer {args.focus} is not in {args.model} ({span})")
         kw["focus"] = args.focus
+    dot = render_dot(graph, overlay, **kw)
     try:
-        save(out, graph, overlay, **kw)
+        save(out, dot)
     except LayoutError as e:
         raise CLIError(str(e).splitlines()[0]) from None
     if not args.quiet:
         label = trace.versions()[i][0] + (" (before, matches and rejections marked)" if args.before and i else "")
-        print(f"{args.model}: {label}: {len(graph)} nodes -> {out}", file=sys.stderr)
+        print(f"{args.model}: {label}: {len(graph.compute_nodes())} ops, {_drawn_nodes(dot)} drawn nodes -> {out}",
+              file=sys.stderr)
     return 0
 
 
@@ -349,7 +370,8 @@ def add_render(sub: SubParsers) -> None:
                    help="'input', 'final' (default), a pass name (its first run) or NAME#K (its K-th run)")
     p.add_argument("--before", action="store_true", help="draw the graph the pass saw, with its matches and rejections")
     p.add_argument("--view", choices=("full", "layers"), default="full", help="one box per op, or per layer")
-    p.add_argument("--focus", type=int, default=None, metavar="N", help="draw only layer N of the full view")
+    p.add_argument("--focus", type=int, default=None, metavar="N",
+                   help="draw only layer N of the full view (not with --view layers)")
     p.add_argument("--output", "-o", required=True, metavar="OUT", help="output file: .svg, .dot, .gv, .png or .pdf")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
     p.set_defaults(func=cmd_render)

@@ -293,7 +293,36 @@ def test_render_second_run_of_a_pass_and_bad_inputs(tmp_path, capsys):
     code, _, err = run(capsys, "render", "bert-tiny", "-o", tmp_path / "missing" / "a.svg")
     one_line_error(err, "render", "does not exist")
     code, _, err = run(capsys, "render", "bert-tiny", "--focus", 9, "-o", tmp_path / "a.svg")
-    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    one_line_error(err, "render", "--focus 9: layer 9 is not in bert-tiny (layers: 0..1)")
+    code, _, err = run(capsys, "render", "bert-tiny", "--view", "layers", "--focus", 1, "-o", tmp_path / "a.svg")
+    one_line_error(err, "render", "--focus N draws layer N of the full view; it cannot be combined with --view layers")
+    assert not (tmp_path / "a.svg").exists()
+
+
+def test_render_reports_ops_and_drawn_nodes(tmp_path, capsys):
+    from rlxviz.models import load_model
+    from rlxviz.passes import Pipeline
+
+    final = Pipeline.canonical().run(load_model("bert-tiny", seq=8).graph).final
+    ops = len(final.compute_nodes())
+    assert ops < len(final)  # params and consts are not ops
+    for view, extra in (("full", []), ("layers", []), ("full", ["--focus", 1])):
+        dot = tmp_path / f"{view}{len(extra)}.dot"
+        code, _, err = run(capsys, "render", "bert-tiny", "--seq", 8, "--view", view, *extra, "-o", dot)
+        assert code == 0, err
+        heads = [ln.split(" [")[0].strip() for ln in dot.read_text().splitlines() if " [" in ln]
+        drawn = sum(1 for h in heads if h.isidentifier() and h not in ("graph", "node", "edge"))  # not `a -> b`
+        assert f": {ops} ops, {drawn} drawn nodes -> {dot}" in err, err
+        assert " nodes ->" in err and f"{len(final)} nodes" not in err
+
+
+@pytest.mark.parametrize("command", ["explain", "render", "ir", "time"])
+@pytest.mark.parametrize("value", [-5, 0])
+def test_threshold_must_be_positive(capsys, command, value):
+    code, out, err = run(capsys, command, "bert-tiny", "--threshold", value, *(["-o", "x.svg"] if command == "render"
+                                                                                 else []))
+    assert code == 2 and out == ""
+    one_line_error(err, command, f"--threshold must be a positive integer (tokens, batch*seq), got {value}")
 
 
 def test_ir_round_trips_and_after(capsys):
@@ -323,6 +352,7 @@ def test_time_table_every_version_checked(capsys):
     assert code == 0, err
     lines = out.splitlines()
     assert "canonical pipeline" in lines[0] and "BLAS" in lines[0]
+    assert lines[1].split()[:3] == ["#", "version", "ops"]  # compute ops, as in render and the app
     rows = [ln for ln in lines[2:] if ln.strip()]
     assert len(rows) == 1 + len(CANONICAL_ORDER)
     timed = [r for r in rows if "unchanged" not in r]
