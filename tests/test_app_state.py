@@ -331,3 +331,18 @@ def test_none_variant_clears_the_previous_rejection_message():
     first = s.message
     s.apply_variant("pre_ln")
     assert s.message != first and "pre-LN" in s.message
+
+
+def test_over_threshold_shows_the_raised_seq_in_the_control():
+    from rlxviz.app.controls import ModelControls
+
+    s = tiny()
+    box = ModelControls(state=s).seq
+    s.apply_variant(SHAPE_VARIANT)
+    assert s.seq == s.effective_seq == 65 and box.value == 65
+    assert s.model.graph.inputs[0].shape == (1, 65)
+    assert "sequence length was raised from 8 to 65" in s.message.lower() and "1*65" in s.message
+    s.apply_variant("none")
+    assert s.seq == 8 and box.value == 8 and s.model.graph.inputs[0].shape == (1, 8)
+    s2 = tiny(variant=SHAPE_VARIANT)
+    assert s2.seq == 65 and s2.model.graph.inputs[0].shape == (1, 65)

@@ -104,19 +104,45 @@ class AppState(param.Parameterized):
         self._model_key: tuple = ()
         self._generation = 0
         self._variant_notice = ""
+        self._seq_raised: tuple[int, int] | None = None
         if not self.passes:
             self.passes = self.canonical_passes()
+        self._sync_shape_seq()
         if autorun:
             self.load()
 
     # ============================================================ model + pipeline (jobs)
     @property
     def effective_seq(self) -> int:
-        """The sequence length the model is built with (raised above the threshold by `over_threshold`)."""
-        if self.variant != SHAPE_VARIANT:
-            return self.seq
+        """The sequence length the model is built with (raised above the threshold by `over_threshold`; the
+        app also writes the raised value into `seq`, see `_sync_shape_seq`)."""
+        need = self._needed_seq()
+        return self.seq if need is None else max(self.seq, need)
+
+    def _needed_seq(self) -> int | None:
+        """The smallest sequence length that puts batch*seq over the threshold (within `seq`'s bounds) for the
+        over-threshold variant, else None."""
         limit = self.effective_threshold
-        return self.seq if limit is None else max(self.seq, limit // self.batch + 1)
+        if self.variant != SHAPE_VARIANT or limit is None:
+            return None
+        return min(limit // self.batch + 1, self.param.seq.bounds[1])
+
+    def _sync_shape_seq(self) -> bool:
+        """Make the over-threshold variant's sequence length visible: raise `seq` itself (so the control shows
+        the real value) and put the old value back when the variant is left. True when `seq` changed."""
+        need = self._needed_seq()
+        if need is not None and self.seq < need:
+            before = self._seq_raised[0] if self._seq_raised else self.seq
+            self._seq_raised = (before, need)
+            self.seq = need
+            return True
+        if need is None and self._seq_raised is not None:
+            before, raised = self._seq_raised
+            self._seq_raised = None
+            if self.seq == raised and before != raised:
+                self.seq = before
+                return True
+        return False
 
     def model_key(self) -> tuple:
         """What identifies the model: source, its content, shapes, style and variant."""
@@ -269,14 +295,22 @@ class AppState(param.Parameterized):
         layer = None if self.variant == SHAPE_VARIANT else self.variant_layer
         rej = [r for r in self.trace.rejections if layer is None or r.layer == layer]
         label = VARIANT_LABELS[self.variant]
+        shape = ""
+        if self.variant == SHAPE_VARIANT and self.effective_threshold is not None:
+            b, sq, limit = self.batch, self.effective_seq, self.effective_threshold
+            raised = (f"The sequence length was raised from {self._seq_raised[0]} to {sq} (see Sequence length) so "
+                      if self._seq_raised else "")
+            over = "is over" if b * sq > limit else "is still not over"
+            shape = f" {raised}batch*seq = {b}*{sq} = {b * sq} {over} the attention threshold {limit}."
         if rej:
             first = rej[0]
             self.param.update(selected_layer=layer if layer is not None else first.layer,
                               highlight=list(first.offending or (first.anchor,)))
-            text = f"Teaching variant '{label}': {first.pass_name} rejected at guard {first.guard}: {first.message}"
+            text = (f"Teaching variant '{label}':{shape} {first.pass_name} rejected at guard {first.guard}: "
+                    f"{first.message}")
         else:
             where = "" if layer is None else f" in layer {layer}"
-            text = f"Teaching variant '{label}': no pass rejected anything{where}."
+            text = f"Teaching variant '{label}':{shape} no pass rejected anything{where}."
         self._variant_notice = text
         self.param.update(message=text, message_kind="info")
 
@@ -300,6 +334,8 @@ class AppState(param.Parameterized):
     @param.depends("source", "preset", "checkpoint_dir", "ir_text", "style", "batch", "seq", "variant",
                    "variant_layer", "passes", "disabled", "threshold", "upload_dir", watch=True)
     def _reload(self) -> None:
+        if self._sync_shape_seq():
+            return  # the seq change reloads
         if self.autorun:
             self.load()
 
