@@ -88,15 +88,16 @@ def _static_shape(arrays: dict[str, np.ndarray], path: str) -> tuple[int, int]:
 
 
 def resolve_model(model: str, batch: int, seq: int, style: str = "hf") -> Any:
-    """A preset by name, else a Hugging Face checkpoint folder. Raises CLIError for neither."""
-    from .models import PRESETS, load_checkpoint, load_model
+    """A preset by name, else a Hugging Face checkpoint folder (loaded by `teach.load`, so its errors name
+    the folder as `explain`'s do). Raises CLIError/TeachError for anything else."""
+    from .models import PRESETS
+    from .teach import load, unknown_model
 
-    if model in PRESETS:
-        return load_model(model, batch=batch, seq=seq, style=style)
+    if model in PRESETS or Path(model).is_dir():
+        return load(model, batch=batch, seq=seq, style=style)
     if Path(model).exists():
-        return load_checkpoint(model, batch=batch, seq=seq, style=style)
-    raise CLIError(f"unknown model {model!r}: not a preset ({', '.join(sorted(PRESETS))}) nor an existing "
-                   "checkpoint folder")
+        raise CLIError(f"{model}: run takes a preset name or a checkpoint folder, not a file")
+    raise unknown_model(model, "nor an existing checkpoint folder")
 
 
 def check_feeds(graph: Any, arrays: dict[str, np.ndarray], path: str, vocab: int | None) -> dict[str, np.ndarray]:
@@ -145,11 +146,20 @@ def _warn_nonfinite(command: str, model: Any, outputs_finite: bool | None = None
     return False
 
 
+def _not_a_directory(output: str, want: str) -> None:
+    """Refuse an output path that is (or, ending in `/`, names) a directory. Raises CLIError."""
+    if Path(output).is_dir():
+        raise CLIError(f"output path {output} is a directory; give {want}")
+    if output.endswith(("/", os.sep)):
+        raise CLIError(f"output path {output} ends in '/', naming a directory; give {want}")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """`rlxviz run MODEL --inputs IN.npz -o OUT.npz`: run a model and save `last_hidden_state`."""
     from .teach import all_finite
 
     out = Path(args.output)
+    _not_a_directory(args.output, "a .npz file name")
     if not out.parent.is_dir():
         raise CLIError(f"{args.output}: folder {out.parent} does not exist")
     arrays = load_npz(args.inputs)
@@ -323,13 +333,12 @@ def cmd_render(args: argparse.Namespace) -> int:
     from .viz import LayoutError, Overlay, render_dot, save
 
     out = Path(args.output)
+    _not_a_directory(args.output, "a file name ending in .svg, .dot, .png or .pdf")
     if out.suffix.lower() not in (".svg", ".dot", ".gv", ".png", ".pdf"):
         raise CLIError(f"{args.output}: unsupported suffix {out.suffix!r}; use .svg, .dot, .gv, .png or .pdf")
     if not out.parent.is_dir():
         raise CLIError(f"{args.output}: folder {out.parent} does not exist")
-    if out.is_dir():
-        raise CLIError(f"output path {args.output} is a directory; give a file name ending in .svg, .dot, .png or "
-                       ".pdf")
+
     if args.focus is not None and args.view == "layers":
         raise CLIError("--focus N draws layer N of the full view; it cannot be combined with --view layers "
                        "(drop --view layers, or drop --focus to see every layer as one box)")

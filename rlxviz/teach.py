@@ -200,8 +200,19 @@ def load(model: str, batch: int = 1, seq: int = 128, style: str | None = None, v
     except (ValueError, KeyError, OSError) as e:
         msg = _first_line(e)
         raise TeachError(msg if msg.startswith(model) else f"{model}: {msg}") from None
-    raise TeachError(f"unknown model {model!r}: not a preset ({', '.join(sorted(PRESETS))}), a checkpoint "
-                     "folder nor an IR text file")
+    raise unknown_model(model)
+
+
+PATH_SUFFIXES = (".ir", ".txt", ".json")
+"""Suffixes that make a MODEL argument look like a file path (as does a `/`)."""
+
+
+def unknown_model(model: str, what: str = "a checkpoint folder nor an IR text file") -> TeachError:
+    """The error for a MODEL that is neither a preset nor an existing path: `FILE: no such file or folder`
+    when it looks like a path (contains `/` or ends in .ir/.txt/.json), else `unknown model ...`."""
+    if "/" in model or model.lower().endswith(PATH_SUFFIXES):
+        return TeachError(f"{model}: no such file or folder (MODEL is a preset name or an existing path)")
+    return TeachError(f"unknown model {model!r}: not a preset ({', '.join(sorted(PRESETS))}), {what}")
 
 
 def model_layers(graph: Graph) -> list[int]:
@@ -722,9 +733,9 @@ def show(graph: Graph, overlay: Any = None, max_height: int = 560, caption: str 
     return HTML(svg_html(render_svg(graph, overlay, **kw).svg, max_height, caption))
 
 
-__all__ = ["BERT_ONLY_PASSES", "DEFAULT_MAX_MEMORY_MB", "MAX_MEMORY_ENV", "OVER_THRESHOLD", "PRODUCTS", "RLX_THRESHOLD",
-           "TEACHING_CASES", "FusionCheck", "LayerStatus", "TeachError", "Traffic", "VersionTiming", "all_finite",
-           "check_fusion", "check_memory", "format_passes", "format_timings", "layer_architecture", "layer_status",
-           "load", "load_ir_file", "memory_limit_mb", "model_layers", "nonfinite_arrays", "pair_html", "pass_catalog",
-           "pipeline_from", "show", "show_step", "svg_html", "time_versions", "traffic_saved", "variant_named",
-           "version_index"]
+__all__ = ["BERT_ONLY_PASSES", "DEFAULT_MAX_MEMORY_MB", "MAX_MEMORY_ENV", "OVER_THRESHOLD", "PRODUCTS",
+           "RLX_THRESHOLD", "TEACHING_CASES", "FusionCheck", "LayerStatus", "TeachError", "Traffic", "VersionTiming",
+           "all_finite", "check_fusion", "check_memory", "format_passes", "format_timings", "layer_architecture",
+           "layer_status", "load", "load_ir_file", "memory_limit_mb", "unknown_model", "model_layers",
+           "nonfinite_arrays", "pair_html", "pass_catalog", "pipeline_from", "show", "show_step", "svg_html",
+           "time_versions", "traffic_saved", "variant_named", "version_index"]

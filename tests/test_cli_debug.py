@@ -193,6 +193,40 @@ def test_explain_bad_input_one_line(capsys, args, fragment):
     one_line_error(err, "explain", fragment)
 
 
+@pytest.mark.parametrize(("model", "fragment"), [
+    ("/nonexistent/file.ir", "/nonexistent/file.ir: no such file or folder"),
+    ("graph.ir", "graph.ir: no such file or folder"),
+    ("notes.txt", "notes.txt: no such file or folder"),
+    ("some/checkpoint", "some/checkpoint: no such file or folder"),
+    ("bert-huge", "unknown model 'bert-huge': not a preset (bert-base-shaped, bert-tiny"),
+])
+def test_missing_path_says_no_such_file(capsys, model, fragment):
+    code, _, err = run(capsys, "ir", model)
+    assert code == 2
+    one_line_error(err, "ir", fragment)
+
+
+def test_missing_tensor_names_the_folder_in_run_and_explain(tmp_path, capsys):
+    import numpy as np
+    from test_cli_run import tiny_checkpoint
+
+    ck = tiny_checkpoint(tmp_path / "ck", drop=["encoder.layer.0.attention.self.value.bias"])
+    want = f"{ck}: missing tensor 'encoder.layer.0.attention.self.value.bias' (expected shape [16])"
+    code, _, err = run(capsys, "explain", ck, "--seq", 4)
+    assert code == 2
+    one_line_error(err, "explain", want)
+    np.savez(tmp_path / "in.npz", input_ids=np.array([[1, 2, 3, 4]]), attention_mask=np.ones((1, 4), np.int64))
+    code, _, err = run(capsys, "run", ck, "-i", tmp_path / "in.npz", "-o", tmp_path / "o.npz")
+    assert code == 2 and err.strip() == f"rlxviz run: error: {want}"
+
+
+def test_output_path_that_is_a_directory(tmp_path, capsys):
+    code, _, err = run(capsys, "render", "bert-tiny", "-o", f"{tmp_path}/")
+    one_line_error(err, "render", f"output path {tmp_path}/ is a directory; give a file name ending in .svg")
+    code, _, err = run(capsys, "render", "bert-tiny", "-o", f"{tmp_path}/new.svg/")
+    one_line_error(err, "render", "ends in '/', naming a directory")
+
+
 def test_bad_ir_text_reports_line_and_column(tmp_path, capsys):
     f = tmp_path / "bad.ir"
     f.write_text('graph g {\n  %0 = input {name="x"} : f32[2, 3]\n  %1 = relu(%0) : f32[2, 3\n  return %1\n}\n')
@@ -250,7 +284,7 @@ def test_explain_checkpoint_folder_and_folder_errors(tmp_path, capsys):
 def test_subprocess_errors_have_no_traceback():
     r = rlxviz("explain", "no/such/folder")
     assert r.returncode == 2 and r.stdout == ""
-    one_line_error(r.stderr, "explain", "unknown model 'no/such/folder'")
+    one_line_error(r.stderr, "explain", "no/such/folder: no such file or folder")
     r = rlxviz("render", "bert-tiny", "--after", "fuse_banana", "-o", "x.svg")
     assert r.returncode == 2
     one_line_error(r.stderr, "render", "unknown pass 'fuse_banana'")

@@ -127,6 +127,12 @@ def _bad_cases(tmp_path):
         (["minilm", "-i", tmp_path / "good.npz", "-o", tmp_path / "nodir" / "o.npz"], "does not exist"),
         ([tmp_path, *ok], "no config.json"),  # a folder that is not a checkpoint
         (["llama-block", *ok], "missing array 'hidden_states'"),
+        (["minilm", "-i", tmp_path / "good.npz", "-o", f"{tmp_path}/"],
+         f"output path {tmp_path}/ is a directory; give a .npz file name"),
+        (["minilm", "-i", tmp_path / "good.npz", "-o", tmp_path],
+         f"output path {tmp_path} is a directory; give a .npz file name"),
+        (["/nonexistent/ckpt", *ok], "/nonexistent/ckpt: no such file or folder"),
+        ([tmp_path / "text.npz", *ok], "run takes a preset name or a checkpoint folder, not a file"),
     ]
 
 
