@@ -346,3 +346,34 @@ def test_over_threshold_shows_the_raised_seq_in_the_control():
     assert s.seq == 8 and box.value == 8 and s.model.graph.inputs[0].shape == (1, 8)
     s2 = tiny(variant=SHAPE_VARIANT)
     assert s2.seq == 65 and s2.model.graph.inputs[0].shape == (1, 65)
+
+
+def _rendered(md: str) -> str:
+    """HTML (escaped for transport) that Panel's Markdown pane makes of `md`."""
+    import panel as pn
+
+    pane = pn.pane.Markdown(md)
+    return pane._transform_object(md)["object"]
+
+
+def test_guard_and_user_text_is_escaped_for_markdown():
+    from rlxviz.app.controls import StatusBar
+    from rlxviz.app.text import md_escape
+
+    s = tiny()
+    bar = StatusBar(state=s)
+    s.apply_variant(SHAPE_VARIANT)
+    html = _rendered(bar.alert.object)
+    assert "&lt;em&gt;" not in html and "batch*seq = 1*65 = 65" in html
+    why = _rendered(s.why_layer(s.selected_layer))
+    assert "batch*seq = 1*65" in why and "&lt;em&gt;" not in why
+    rej = next(r for r in s.trace.rejections if r.guard == "attention_size_gate")
+    inspector = _rendered(report_markdown(node_report(s.trace.input, rej.anchor, s.trace)))
+    assert "1*65" in inspector
+    for text in ("a*b*c", "x_y_z", "[link](http://x)", "<b>bold</b>", "# not a heading", "- not a list",
+                 "1. not a list", "`tick` & ~strike~", "back\\slash*"):
+        out = _rendered(md_escape(text))
+        for tag in ("em", "strong", "a href", "h1", "li", "code", "b", "del", "s"):
+            assert f"&lt;{tag}&gt;" not in out and f"&lt;{tag} " not in out, (text, out)
+    for text in ("a*b*c", "x_y_z", "# not a heading", "- not a list", "1. not a list", "back\\slash*"):
+        assert text in _rendered(md_escape(text)), text

@@ -22,6 +22,7 @@ from ..ir import Graph, lint, parse_ir
 from ..models import VARIANTS, Model, load_model
 from ..models.bert import random_weights
 from .jobs import LRUCache
+from .text import md_escape
 
 MODELS = LRUCache(maxsize=4)
 TRACES = LRUCache(maxsize=16)
@@ -232,9 +233,9 @@ def why_markdown(e: Any) -> str:
         r = rejected[0]
         lines.append(f"**Layer {e.layer} did not fully fuse.** The first guard that said no is "
                      f"**`{r.guard}`** in `{r.rule}`:")
-        lines.append(f"> {r.message}")
+        lines.append(f"> {md_escape(r.message)}")
         if r.hint:
-            lines.append(f"**What to do:** {r.hint}")
+            lines.append(f"**What to do:** {md_escape(r.hint)}")
     else:
         lines.append(f"No pattern of the pipeline rejected layer {e.layer}, and no layer-level fusion ran on it "
                      "(is `fuse_transformer_layer` enabled?).")
@@ -244,7 +245,7 @@ def why_markdown(e: Any) -> str:
             lines.append(f"- {_OK} `{o.rule}` (node{'s' if len(o.nodes) > 1 else ''} "
                          f"{', '.join(f'%{n}' for n in o.nodes)})")
         elif o.status == "rejected":
-            lines.append(f"- {_NO} `{o.rule}` at **{o.guard}** ({o.stage}): {o.message}")
+            lines.append(f"- {_NO} `{o.rule}` at **{md_escape(o.guard)}** ({o.stage}): {md_escape(o.message)}")
     skipped = [o.rule for o in e.outcomes if o.status == "not applicable"]
     if skipped:
         lines.append(f"- {_NA} not applicable here: {', '.join(f'`{r}`' for r in skipped)}")

@@ -11,6 +11,7 @@ from panel.viewable import Viewer
 
 from .sources import ALLOWED_DIRS_ENV, allowed_dirs, max_upload_bytes
 from .state import SOURCES, VARIANT_LABELS, AppState
+from .text import md_escape
 
 SOURCE_LABELS = {"preset": "Built-in", "checkpoint": "Folder", "upload": "Upload", "ir": "IR text"}
 
@@ -201,7 +202,8 @@ def _md_text(text: str) -> str:
     (what to do) as text."""
     lines = text.splitlines()
     if len(lines) <= 1:
-        return text
+        return md_escape(text)
     head, *mid, last = lines
-    block = f"\n\n```\n{chr(10).join(mid)}\n```" if mid else ""
-    return f"{head}{block}\n\n{last}"
+    fence = "````" if any("```" in m for m in mid) else "```"
+    block = f"\n\n{fence}\n{chr(10).join(mid)}\n{fence}" if mid else ""
+    return f"{md_escape(head)}{block}\n\n{md_escape(last)}"

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..ir import Graph, Node, format_node, operand_roles
 from ..passes.trace import layer_of
+from .text import md_escape
 
 
 def decision_rows(trace: Any) -> list[dict[str, Any]]:
@@ -109,8 +110,8 @@ def report_markdown(rep: dict[str, Any]) -> str:
         for d in rep["decisions"]:
             icon = ("<b style='color:#2e7d32'>passed</b>" if d["outcome"] == "fused"
                     else "<b style='color:#c62828'>failed</b>")
-            msg = f": {d['message']}" if d["message"] else ""
-            hint = f" *Fix:* {d['hint']}" if d["hint"] else ""
+            msg = f": {md_escape(d['message'])}" if d["message"] else ""
+            hint = f" *Fix:* {md_escape(d['hint'])}" if d["hint"] else ""
             lines.append(f"- {icon} `{d['rule']}` as *{d['role']}*: **{d['guard']}** ({d['outcome']}){msg}{hint}")
     else:
         lines.append("*No pattern was anchored on or bound to this node.*")

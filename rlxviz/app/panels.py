@@ -17,6 +17,7 @@ from . import backend
 from .explain import decision_rows, node_report, report_markdown
 from .graphpane import SvgGraph
 from .state import AppState
+from .text import md_escape
 
 
 def _safe(fn: Any, *args: Any) -> tuple[Any, str | None]:
@@ -121,7 +122,7 @@ class GraphCompare(Viewer):
         want = [self.before, self.after] if step is not None else [self.after]
         if list(self.row.objects) != want:
             self.row.objects = want
-        self.note.object = f"**Not shown:** {err}" if err else ""
+        self.note.object = f"**Not shown:** {md_escape(err)}" if err else ""
         self._mark()
 
     def _mark(self, *events: param.parameterized.Event) -> None:
@@ -227,7 +228,7 @@ class WhyView(Viewer):
             self.graph.svg = ""
             return
         text, err = _safe(s.why_layer, s.selected_layer)
-        self.text.object = text if text else f"**Not shown:** {err}"
+        self.text.object = text if text else f"**Not shown:** {md_escape(err or '')}"
         svg, err = _safe(s.svg_why)
         self.graph.param.update(svg=svg or "", title=f"layer {s.selected_layer}" + (f" — {err}" if err else ""),
                                 highlight=list(s.highlight))
@@ -258,7 +259,7 @@ class TimingView(Viewer):
 
     def _update(self, *events: param.parameterized.Event) -> None:
         s = self.state
-        self.blas.object = f"**MLX BLAS:** {s.blas}" if s.blas else ""
+        self.blas.object = f"**MLX BLAS:** {md_escape(s.blas)}" if s.blas else ""
         rows = s.timings
         self.table.value = pd.DataFrame(rows)
         self.chart.object = timing_figure(rows) if rows else None
