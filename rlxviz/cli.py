@@ -303,7 +303,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 @subcommand
 def add_explain(sub: SubParsers) -> None:
-    p = sub.add_parser("explain", help="why each layer did (not) fuse; exit 1 unless fully fused",
+    p = sub.add_parser("explain", help="why each layer did (not) fuse; exit 1 unless every expected fusion happened",
                        description="Run the pipeline on MODEL and report, per layer, whether every expected fusion "
                                    "happened, or else the "
                                    "first rejecting guard with its actual vs required values, the fix, and how the "

@@ -496,3 +496,22 @@ def test_memory_error_anywhere_is_one_line(capsys):
         cli.SUBCOMMANDS.remove(add_oom)
     assert code == 2
     one_line_error(err, "oom", "out of memory (Unable to allocate 298. GiB")
+
+
+# ------------------------------------------------------------------------------------------------- docs
+
+def test_docs_list_every_command_and_no_developer_paths(capsys):
+    doc = (ROOT / "docs" / "teach-and-debug.md").read_text()
+    commands = list(cli.build_parser()._subparsers._group_actions[0].choices)
+    words = {5: "five", 6: "six", 7: "seven", 8: "eight"}
+    assert f"has {words[len(commands)]} commands" in doc
+    for c in commands:
+        assert f"| `rlxviz {c} " in doc, c
+    assert "/work/" not in doc and "/home/" not in doc
+    # pasted outputs that do not depend on timing are what the commands print now
+    for args in (["explain", "llama-block"], ["explain", "minilm", "--layer", "6"],
+                 ["explain", "minilm", "--threshold", "-5"]):
+        code, out, err = run(capsys, *args)
+        assert code in (0, 2)
+        for line in (out + err).strip().splitlines():
+            assert line in doc, line
