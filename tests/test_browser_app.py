@@ -212,3 +212,21 @@ def test_ir_text_draws_its_own_graph(page, browser, server):
     fresh.locator(".rv-after g.node").first.wait_for(timeout=30_000)
     expect(fresh.locator(".rv-after svg")).to_contain_text("196 ops")
     ctx.close()
+
+
+def test_no_request_leaves_the_machine(browser, server):
+    """Every request of the page (fonts, scripts, styles, websocket) goes to the local server."""
+    ctx = browser.new_context(viewport={"width": 1600, "height": 1000})
+    pg = ctx.new_page()
+    urls = []
+    pg.on("request", lambda r: urls.append(r.url))
+    pg.on("websocket", lambda ws: urls.append(ws.url))
+    pg.goto(server[0])
+    pg.locator(".rv-after g.node").first.wait_for(timeout=30_000)
+    for name in ("Matches & rejections", "Why didn't layer N fuse?", "Timing", "IR & diff", "Graph"):
+        _tab(pg, name)
+    pg.wait_for_load_state("networkidle")
+    local = re.compile(r"^(https?|wss?)://(127\.0\.0\.1|localhost)(:\d+)?/|^(data|blob|about):")
+    outside = [u for u in urls if not local.match(u)]
+    assert urls and not outside, outside
+    ctx.close()

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import panel as pn
+from panel.theme.fast import Fast
 
 from .controls import ModelControls, PipelineControls, StatusBar, VariantControls
 from .jobs import Runner
@@ -13,6 +14,19 @@ from .panels import DecisionTable, GraphCompare, IRView, NodeInspector, TimingVi
 from .state import AppState
 
 TITLE = "rlxviz: why did (or didn't) it fuse?"
+FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
+"""Fonts the machine has: the page loads nothing from outside the server it came from."""
+
+
+class LocalFast(Fast):
+    """Panel's Fast design without its Google Fonts stylesheet (`https://fonts.googleapis.com/...`), so the page
+    makes no request beyond the local server: everything else Panel and Bokeh need is served from `/static`."""
+
+    _resources = {**Fast._resources, "font": {}}
+
+
+# Panel resolves a design's bundled files under its lower-cased class name (`bundled/fast/js/fast_design.js`).
+LocalFast.__name__ = "Fast"
 
 
 def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
@@ -41,6 +55,7 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
         dynamic=True, sizing_mode="stretch_both", css_classes=["rv-tabs"])
     tmpl = pn.template.FastListTemplate(
         title=TITLE, sidebar_width=340, accent="#1565c0", header_background="#0d47a1", theme_toggle=False,
+        design=LocalFast, font=FONT, font_url="",
         sidebar=[ModelControls(state=state), VariantControls(state=state), PipelineControls(state=state)],
         main=[pn.Column(StatusBar(state=state), VersionStepper(state=state), tabs, sizing_mode="stretch_both")])
     tmpl.state = state  # type: ignore[attr-defined]  # handy for tests and notebooks
