@@ -230,3 +230,12 @@ def test_no_request_leaves_the_machine(browser, server):
     outside = [u for u in urls if not local.match(u)]
     assert urls and not outside, outside
     ctx.close()
+
+
+def test_text_to_tokenize_shows_the_whole_sentence(page):
+    box = page.locator(".rv-text textarea")
+    expect(box).to_have_value(re.compile(r"did not happen\.$"))
+    scroll, client, line = box.evaluate(
+        "el => [el.scrollHeight, el.clientHeight, parseFloat(getComputedStyle(el).lineHeight) || 16]")
+    assert scroll <= client + 1, (scroll, client)
+    assert client >= 2 * line, "room for a second line"

@@ -53,7 +53,8 @@ class ModelControls(Viewer):
         self.batch = pn.widgets.IntInput.from_param(s.param.batch, name="Batch", width=90)
         self.seq = pn.widgets.IntInput.from_param(s.param.seq, name="Sequence length", width=120)
         self.text = pn.widgets.TextAreaInput.from_param(s.param.text, name="Text to tokenize (real models)",
-                                                        height=60, sizing_mode="stretch_width")
+                                                        rows=3, auto_grow=True, max_rows=8,
+                                                        sizing_mode="stretch_width", css_classes=["rv-text"])
         s.param.watch(lambda e: setattr(self.source, "value", e.new), "source")
 
     def _preset_doc(self) -> str:
