@@ -54,3 +54,16 @@ def test_llama_block_versions_match():
         for ex_name, ex in EXECUTORS.items():
             for d in equivalence(g, feeds, model.weights, executor=ex, reference_outputs=ref):
                 assert d.ok, f"llama {name} [{ex_name}]: max_abs={d.max_abs:.3g} max_rel={d.max_rel:.3g}"
+
+
+def test_diff_never_counts_non_finite_outputs_as_equal():
+    import numpy as np
+
+    from rlxviz.runtime.timing import diff
+
+    nan = np.full((2, 3), np.nan, dtype=np.float32)
+    assert not diff(nan, nan).ok
+    inf = np.full((2, 3), np.inf, dtype=np.float32)
+    assert not diff(inf, inf).ok
+    same = np.ones((2, 3), dtype=np.float32)
+    assert diff(same, same + 1e-7).ok

@@ -93,7 +93,8 @@ class OutputDiff:
     Attributes:
         max_abs: max |mlx - ref|.
         max_rel: max |mlx - ref| / max(|ref|, atol) (relative error, guarded near zero).
-        ok: `np.allclose(mlx, ref, rtol, atol)` and the shapes agree.
+        ok: the shapes agree, both sides are finite (NaN or inf never counts as a match), and
+            `np.allclose(mlx, ref, rtol, atol)`.
     """
 
     index: int
@@ -111,7 +112,10 @@ def diff(got: np.ndarray, ref: np.ndarray, index: int = 0, rtol: float = 1e-4, a
     err = np.abs(g - r)
     max_abs = float(err.max()) if err.size else 0.0
     max_rel = float((err / np.maximum(np.abs(r), atol)).max()) if err.size else 0.0
-    ok = bool(np.allclose(g, r, rtol=rtol, atol=atol, equal_nan=True))
+    finite = bool(np.isfinite(g).all() and np.isfinite(r).all())
+    ok = finite and bool(np.allclose(g, r, rtol=rtol, atol=atol))
+    if not finite:
+        max_abs = max_rel = float("nan")
     return OutputDiff(index, tuple(ref.shape), max_abs, max_rel, ok)
 
 
