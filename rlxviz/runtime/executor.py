@@ -246,12 +246,15 @@ class MlxExecutor:
             One dict per compute node: `id`, `op`, `path`, `ms` (fastest of `repeat` runs).
             Eager evaluation forgoes MLX's cross-op scheduling, so the sum exceeds a lazy run.
         """
-        _, args = self.bind(graph, feeds, weights)
+        self.bind(graph, feeds, weights)  # validates names and shapes
+        weights = weights or {}
         env: dict[int, mx.array] = {}
-        leaves = [n for n in graph if n.op in (Op.INPUT, Op.PARAM)]
-        for n, a in zip([n for n in leaves if n.op == Op.INPUT] + [n for n in leaves if n.op == Op.PARAM], args,
-                        strict=True):
-            env[n.id] = a
+        for n in graph:
+            if n.op == Op.INPUT:
+                v = feeds[n.attrs["name"]]
+                env[n.id] = v if isinstance(v, mx.array) else mx.array(_f32(np.asarray(v)))
+            elif n.op == Op.PARAM:
+                env[n.id] = self.weight(n.attrs["name"], weights[n.attrs["name"]])
         rows = []
         with using(self.options):
             for n in graph:
