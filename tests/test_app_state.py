@@ -377,3 +377,41 @@ def test_guard_and_user_text_is_escaped_for_markdown():
             assert f"&lt;{tag}&gt;" not in out and f"&lt;{tag} " not in out, (text, out)
     for text in ("a*b*c", "x_y_z", "# not a heading", "- not a list", "1. not a list", "back\\slash*"):
         assert text in _rendered(md_escape(text)), text
+
+
+BIG_IR = ('graph big {\n  %0 = input {name="x"} : f32[200000, 200000]\n  %1 = tanh(%0) : f32[200000, 200000]\n'
+          '  return %1\n}')
+
+
+def test_ir_graph_declaring_huge_tensors_is_refused(monkeypatch):
+    s = tiny()
+    s.param.update(ir_text=BIG_IR, source="ir")
+    assert s.message_kind == "danger" and "RLXVIZ_MAX_TENSOR_MB" in s.message and "149.0 GiB" in s.message
+    assert s.model.name == "bert-tiny", "the refused graph is not loaded"
+    monkeypatch.setenv("RLXVIZ_MAX_TENSOR_MB", "0.01")
+    s.param.update(ir_text=format_graph(s.model.graph))  # bert-tiny's params are ~1 MB
+    assert s.message_kind == "danger" and "at most 10.2 KiB" in s.message, s.message
+
+
+def test_upload_declaring_too_much_is_refused(monkeypatch):
+    folder = minilm_dir()
+    s = tiny()
+    monkeypatch.setenv("RLXVIZ_MAX_TENSOR_MB", "1")
+    s.load_upload({"config.json": (folder / "config.json").read_bytes(),
+                   "model.safetensors": (folder / "model.safetensors").read_bytes()})
+    assert s.message_kind == "danger" and "RLXVIZ_MAX_TENSOR_MB" in s.message, s.message
+
+
+@pytest.mark.parametrize("error, says, not_says", [
+    (MemoryError("Unable to allocate 149. GiB"), "memory", "cannot lower"),
+    (NotImplementedError("no lowering for frobnicate"), "cannot lower", "memory")])
+def test_timing_error_hint_matches_the_error(monkeypatch, error, says, not_says):
+    def fail(*a, **k):
+        raise error
+
+    s = tiny(repeat=1)
+    monkeypatch.setattr(backend, "time_graph", fail)
+    backend.TIMINGS.clear()
+    s.time_all()
+    assert s.message_kind == "danger" and type(error).__name__ in s.message
+    assert says in s.message and not_says not in s.message, s.message

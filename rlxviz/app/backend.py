@@ -22,6 +22,7 @@ from ..ir import Graph, lint, parse_ir
 from ..models import VARIANTS, Model, load_model
 from ..models.bert import random_weights
 from .jobs import LRUCache
+from .sources import check_graph_size
 from .text import md_escape
 
 MODELS = LRUCache(maxsize=4)
@@ -103,11 +104,13 @@ def load_ir(text: str) -> Model:
 
     Raises:
         IRSyntaxError: malformed text (line, column, caret). GraphError: a graph that parses but is invalid.
+        SourceError: the graph declares more input + param bytes than `RLXVIZ_MAX_TENSOR_MB` allows.
     """
     digest = hashlib.sha256(text.encode()).hexdigest()
 
     def build() -> Model:
         g = lint(parse_ir(text), "parse")
+        check_graph_size(g)  # before the weights are allocated
         return Model(g.name, g, random_weights(g, seed=0), None, "graph from IR text")
 
     return MODELS.get_or_compute(("ir", digest), build)

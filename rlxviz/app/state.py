@@ -26,7 +26,15 @@ from ..ir import Graph, format_graph
 from ..models import VARIANTS, Model
 from . import backend
 from .jobs import Runner
-from .sources import SourceError, allowed_dirs, check_checkpoint_dir, check_ir_text, save_upload
+from .sources import (
+    MAX_TENSOR_ENV,
+    SourceError,
+    allowed_dirs,
+    check_checkpoint_dir,
+    check_graph_size,
+    check_ir_text,
+    save_upload,
+)
 
 SHAPE_VARIANT = "over_threshold"
 VARIANT_LABELS: dict[str, str] = {
@@ -211,13 +219,17 @@ class AppState(param.Parameterized):
             return backend.load_preset(self.preset, self.batch, seq, style, variant, self.variant_layer)
         if self.source == "checkpoint":
             roots = check_checkpoint_dir(self.checkpoint_dir, allowed_dirs())
-            return backend.load_folder(Path(self.checkpoint_dir), self.batch, seq, style, variant,
-                                       self.variant_layer, roots, self.checkpoint_dir)
+            model = backend.load_folder(Path(self.checkpoint_dir), self.batch, seq, style, variant,
+                                        self.variant_layer, roots, self.checkpoint_dir)
+            check_graph_size(model.graph)
+            return model
         if self.source == "upload":
             if not self.upload_dir:
                 raise SourceError("Upload a checkpoint's config.json and model.safetensors first.")
-            return backend.load_folder(Path(self.upload_dir), self.batch, seq, style, variant,
-                                       self.variant_layer, None, self.upload_dir)
+            model = backend.load_folder(Path(self.upload_dir), self.batch, seq, style, variant,
+                                        self.variant_layer, None, self.upload_dir)
+            check_graph_size(model.graph)
+            return model
         return backend.load_ir(check_ir_text(self.ir_text))
 
     def load(self) -> None:
@@ -579,10 +591,20 @@ class AppState(param.Parameterized):
         except backend.NotAvailable as e:
             self._error(f"{e}. Timing fills in once the MLX runtime is installed.", kind="warning")
         except Exception as e:  # noqa: BLE001
-            self._error(f"Timing failed: {type(e).__name__}: {e}\nA version may use an op the MLX runtime "
-                        "cannot lower; disable the pass that creates it and re-run.")
+            self._error(f"Timing failed: {type(e).__name__}: {e}\n{self._timing_hint(e)}")
         finally:
             self._stop()
+
+    @staticmethod
+    def _timing_hint(e: BaseException) -> str:
+        """What to do about a timing failure, by its kind."""
+        text = str(e).lower()
+        if isinstance(e, MemoryError) or any(w in text for w in ("out of memory", "unable to allocate", "malloc")):
+            return ("The graph's tensors do not fit in this machine's memory: lower batch or sequence length, or the "
+                    f"shapes in the IR text (the server refuses graphs over {MAX_TENSOR_ENV}).")
+        if isinstance(e, NotImplementedError):
+            return "A version uses an op the MLX runtime cannot lower; disable the pass that creates it and re-run."
+        return "Timing a version failed; the details above say where. Change the pipeline or the model and re-run."
 
     # ============================================================ status helpers
     def _start(self, text: str) -> None:
