@@ -7,7 +7,7 @@ PORT   ?= 5006
 # Browser origins allowed to open the app's websocket; add yours when exposing it deliberately.
 ORIGINS ?= localhost:$(PORT) 127.0.0.1:$(PORT)
 
-.PHONY: app test setup setup-dev lint bench clean
+.PHONY: app test setup setup-dev lint notebooks clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ setup-dev: $(VENV)/.stamp-dev
 app: setup
 	$(VENV)/bin/panel serve app.py --address $(HOST) --port $(PORT) --warm --websocket-max-message-size 268435456 \
 		$(foreach o,$(ORIGINS),--allow-websocket-origin=$(o))
+
+notebooks: setup
+	$(PY) -m pip install -q -e ".[notebook]"
+	$(VENV)/bin/jupyter lab notebooks/ --ip $(HOST) --no-browser
 
 lint: setup-dev
 	$(VENV)/bin/ruff check rlxviz tests benchmarks app.py
