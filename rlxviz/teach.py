@@ -24,9 +24,10 @@ import numpy as np
 from .ir import Graph, IRSyntaxError, Op, from_json, lint, parse_ir
 from .models import PRESETS, VARIANTS, Model, Variant, load_checkpoint, load_model, random_weights
 from .passes import PASSES, Outcome, Pipeline, Trace, explain, layer_of, missed_fusions
+from .passes.pipeline import RLX_FAB_MAX_TOKENS
 from .passes.trace import PassStep
 
-RLX_THRESHOLD = 64
+RLX_THRESHOLD = RLX_FAB_MAX_TOKENS
 """RLX's default batch*seq gate for attention fusion (`fab_max_tokens` of the `rlx` profile)."""
 
 OVER_THRESHOLD = "over_threshold"

@@ -21,6 +21,7 @@ import numpy as np
 from ..ir import Graph, lint, parse_ir
 from ..models import VARIANTS, Model, load_model
 from ..models.bert import random_weights
+from ..passes.pipeline import RLX_FAB_MAX_TOKENS
 from .jobs import LRUCache
 from .sources import check_graph_size
 from .text import md_escape
@@ -163,7 +164,7 @@ def default_threshold() -> int | None:
     return _passes().DEFAULT_PARAMS.get("fab_max_tokens")
 
 
-RLX_THRESHOLD = 64
+RLX_THRESHOLD = RLX_FAB_MAX_TOKENS
 """RLX's batch*seq gate (`RLX_FUSE_ATTN_THRESHOLD` default), used by the over-threshold variant when no
 threshold is set."""
 

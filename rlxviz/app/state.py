@@ -24,6 +24,7 @@ import param
 
 from ..ir import Graph, format_graph
 from ..models import VARIANTS, Model
+from ..teach import OVER_THRESHOLD
 from . import backend
 from .jobs import Runner
 from .sources import (
@@ -36,7 +37,7 @@ from .sources import (
     save_upload,
 )
 
-SHAPE_VARIANT = "over_threshold"
+SHAPE_VARIANT = OVER_THRESHOLD
 VARIANT_LABELS: dict[str, str] = {
     "none": "none (as built)",
     "output_intermediate": "intermediate h1 as a graph output",

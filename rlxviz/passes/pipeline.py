@@ -56,6 +56,9 @@ RLX_ORDER = ("fuse_matmul_bias_act", "fuse_attention_block", "fuse_residual_ln",
              "dead_code_elimination")
 """RLX's newer order (rlx-notes §2.2) with our pass names (fuse_swiglu stands for both SwiGLU passes)."""
 
+RLX_FAB_MAX_TOKENS = 64
+"""RLX's batch*seq gate for attention-block fusion (`RLX_FUSE_ATTN_THRESHOLD` default, rlx-notes §2.3.2)."""
+
 DEFAULT_PARAMS: dict[str, Any] = {"fab_max_tokens": None, "max_region_steps": 32, "max_region_inputs": 16}
 
 
@@ -97,7 +100,7 @@ class Pipeline:
     @classmethod
     def rlx(cls, **params: Any) -> Pipeline:
         """RLX's newer order and RLX's batch*seq gate of 64 (`fab_max_tokens`)."""
-        return cls(list(RLX_ORDER), {"fab_max_tokens": 64, **params}, "rlx")
+        return cls(list(RLX_ORDER), {"fab_max_tokens": RLX_FAB_MAX_TOKENS, **params}, "rlx")
 
     @classmethod
     def profile(cls, name: str, **params: Any) -> Pipeline:
