@@ -15,18 +15,15 @@ from typing import Any, TypeVar
 from .emitter import Emitter
 from .infer import parse_step
 from .ops import Op
+from .registry import registrar
 
 V = TypeVar("V")
 Decomposition = Callable[[Emitter[Any], dict[str, Any], Sequence[Any]], Any]
 DECOMPOSITIONS: dict[Op, Decomposition] = {}
 
 
-def decomposition(op: Op) -> Callable[[Decomposition], Decomposition]:
-    def register(fn: Decomposition) -> Decomposition:
-        DECOMPOSITIONS[op] = fn
-        return fn
-
-    return register
+decomposition = registrar(DECOMPOSITIONS)
+"""`@decomposition(op)`: register the primitive decomposition of fused op `op`."""
 
 
 def expand(e: Emitter[V], op: Op, attrs: dict[str, Any], operands: Sequence[V]) -> V:

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 from .dtype import DType, promote
 from .ops import ACTIVATIONS, BINARY, COMPARE, FUSED_REGION_OPS, REDUCE, SPECS, UNARY, Op
+from .registry import registrar
 
 Shape = tuple[int, ...]
 
@@ -35,15 +36,8 @@ Rule = Callable[[dict[str, Any], Sequence[TensorType]], TensorType]
 RULES: dict[Op, Rule] = {}
 
 
-def rule(*ops: Op) -> Callable[[Rule], Rule]:
-    """Register an inference rule for `ops`."""
-
-    def register(fn: Rule) -> Rule:
-        for op in ops:
-            RULES[op] = fn
-        return fn
-
-    return register
+rule = registrar(RULES)
+"""`@rule(op, ...)`: register an inference rule `fn(attrs, operand_types) -> TensorType`."""
 
 
 def infer(op: Op, attrs: dict[str, Any], operands: Sequence[TensorType]) -> TensorType:

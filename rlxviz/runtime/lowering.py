@@ -30,6 +30,7 @@ from typing import Any
 from ..ir import DType, Node, Op, format_node
 from ..ir.infer import parse_step
 from ..ir.ops import FUSED_REGION_OPS
+from ..ir.registry import registrar
 from . import fast
 from .mlx_backend import mx
 
@@ -89,15 +90,8 @@ def using(options: LoweringOptions) -> Iterator[LoweringOptions]:
         _OPTS = prev
 
 
-def lowers(*ops: Op) -> Callable[[Lowering], Lowering]:
-    """Register `fn(attrs, *arrays) -> mx.array` as the MLX lowering of `ops`."""
-
-    def register(fn: Lowering) -> Lowering:
-        for op in ops:
-            LOWERINGS[op] = fn
-        return fn
-
-    return register
+lowers = registrar(LOWERINGS)
+"""`@lowers(op, ...)`: register `fn(attrs, *arrays) -> mx.array` as the MLX lowering."""
 
 
 def lower_node(node: Node, args: list[mx.array]) -> mx.array:

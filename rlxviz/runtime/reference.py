@@ -16,21 +16,15 @@ from scipy import special
 from ..ir import DType, Emitter, Graph, Node, Op
 from ..ir.emitter import normalize_attrs
 from ..ir.fused import DECOMPOSITIONS, expand
+from ..ir.registry import registrar
 
 Impl = Callable[..., np.ndarray]
 IMPLS: dict[Op, Impl] = {}
 _NEG = float(np.finfo(np.float32).min)
 
 
-def impl(*ops: Op) -> Callable[[Impl], Impl]:
-    """Register the NumPy rule `fn(attrs, *arrays) -> array` for `ops`."""
-
-    def register(fn: Impl) -> Impl:
-        for op in ops:
-            IMPLS[op] = fn
-        return fn
-
-    return register
+impl = registrar(IMPLS)
+"""`@impl(op, ...)`: register the NumPy rule `fn(attrs, *arrays) -> array`."""
 
 
 def _f(fn: Callable[..., np.ndarray]) -> Impl:
