@@ -285,3 +285,17 @@ def test_pipeline_rejection_extra_h1_user():
     assert "cluster_r0" in dot and "encoder.layer.1 -> FusedTransformerLayer" not in dot  # focus: layer 0 only
     layers = layer_groups(trace.final, Overlay.trace_summary(trace))
     assert layers["layer0"].status == "rejected" and layers["layer1"].status == "fused"
+
+
+def test_rejection_marks_the_node_its_guard_is_about():
+    """h1_user_count is about h1 (ln1), not the attention anchor: the ✗ mark goes on h1."""
+    from rlxviz.passes import Pipeline
+
+    g = load_model("bert-tiny", 1, 8, variant=VARIANTS["extra_h1_user"]).graph
+    step = Pipeline.canonical().run(g).step("fuse_transformer_layer")
+    r = next(r for r in step.rejections if r.guard == "h1_user_count")
+    assert r.subject == r.bindings["ln1"] and r.subject != r.anchor
+    dot = render_dot(step.before, Overlay.before(step))
+    h1_line = next(line for line in dot.splitlines() if line.strip().startswith(f"n{r.subject} "))
+    anchor_line = next(line for line in dot.splitlines() if line.strip().startswith(f"n{r.anchor} "))
+    assert "✗ h1_user_count" in h1_line and "✗ h1_user_count" not in anchor_line

@@ -62,7 +62,7 @@ class Found:
 
 def _rejection(pass_name: str, rule: Rule, anchor: int, f: Fail, ctx: Ctx) -> Rejection:
     return Rejection(pass_name, rule.name, anchor, f.stage, f.guard, f.message, dict(ctx.bindings), f.offending,
-                     f.edges, ctx.graph[anchor].path, f.hint)
+                     f.edges, ctx.graph[anchor].path, f.hint, f.subject)
 
 
 def try_rule(rule: Rule, graph: Graph, anchor: int, params: Mapping[str, Any]) -> Ctx | Fail:

@@ -40,6 +40,7 @@ class Fail:
     edges: tuple[tuple[int, int], ...] = ()
     hint: str = ""
     quiet: bool = False
+    subject: int | None = None  # the node the failed check is about (e.g. h1 for h1_user_count)
 
 
 QUIET = Fail("structure", "", "", quiet=True)
@@ -92,7 +93,7 @@ class User:
         if hint:
             msg += f": {hint}"
         return Fail("structure", self.name, msg, tuple(u.id for u in users),
-                    tuple((ctx.id(self.of), u.id) for u in users), hint)
+                    tuple((ctx.id(self.of), u.id) for u in users), hint, subject=ctx.id(self.of))
 
 
 def reports(*guard_names: str) -> Callable[[Callable[[Ctx], Fail | None]], Callable[[Ctx], Fail | None]]:
@@ -119,7 +120,7 @@ def _miss_fail(name: str, ctx: Ctx, m: Miss, hint: str) -> Fail:
     hint = hint or m.hint
     label = ctx.label(m.role)
     msg = f"{label} is {m.found}; needs {m.expected}" + (f": {hint}" if hint else "")
-    return Fail("structure", name, msg, (m.node,) if m.node is not None else (), (), hint)
+    return Fail("structure", name, msg, (m.node,) if m.node is not None else (), (), hint, subject=m.node)
 
 
 def run_step(step: Step, ctx: Ctx) -> Fail | None:
@@ -135,7 +136,8 @@ def run_step(step: Step, ctx: Ctx) -> Fail | None:
         if step.check(ctx):
             return None
         nodes, edges = step.offending(ctx)
-        return Fail("guard", step.name, step.explain(ctx), tuple(nodes), tuple(edges), step.hint)
+        subject = ctx.id(step.requires[0]) if step.requires and step.requires[0] in ctx else None
+        return Fail("guard", step.name, step.explain(ctx), tuple(nodes), tuple(edges), step.hint, subject=subject)
     return step(ctx)
 
 

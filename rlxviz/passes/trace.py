@@ -61,6 +61,8 @@ class Rejection:
         offending: node ids to emphasize (e.g. the extra user of h1).
         offending_edges: `(producer, consumer)` edges to emphasize.
         hint: how to fix the model or the pipeline.
+        subject: the node the failed check is about (h1 for `h1_user_count`), when known; the
+            renderer marks it with the guard. None: the anchor is the subject.
     """
 
     pass_name: str
@@ -74,6 +76,7 @@ class Rejection:
     offending_edges: tuple[tuple[int, int], ...] = ()
     path: str = ""
     hint: str = ""
+    subject: int | None = None
 
     @property
     def layer(self) -> int | None:

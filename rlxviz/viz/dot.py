@@ -174,8 +174,9 @@ class _Drawer:
         tip = f"REJECTED {r.rule} [{r.stage}] guard {r.guard}: {r.message}" + (f"\nhint: {r.hint}" if r.hint else "")
         for role, i in r.bindings.items():
             self.roles.setdefault(i, []).append((role, st.REJECT))
-        self.border[r.anchor] = (st.REJECT, 3.0, True)
-        self.notes.setdefault(r.anchor, []).append(f"✗ {r.guard}")
+        mark = r.subject if r.subject is not None and r.subject in self.nodes else r.anchor
+        self.border[mark] = (st.REJECT, 3.0, True)
+        self.notes.setdefault(mark, []).append(f"✗ {r.guard}")
         for i in r.offending:
             self.fill[i] = st.REJECT_FILL
             self.border[i] = (st.REJECT, 3.0, False)
@@ -188,7 +189,7 @@ class _Drawer:
         self.clusters.append((f"r{k}", {"label": f"✗ {r.rule}: {r.guard}\n{r.path}", "color": st.REJECT,
                                         "fillcolor": "#fff5f5", "style": style, "penwidth": "2",
                                         "fontcolor": st.REJECT, "tooltip": _tip(tip)}, members))
-        for i in (r.anchor, *r.offending):
+        for i in dict.fromkeys((r.anchor, mark, *r.offending)):
             self.rejection_tips.setdefault(i, []).append(tip)
 
     # -- labels -------------------------------------------------------------------------------------
