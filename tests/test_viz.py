@@ -280,8 +280,9 @@ def test_pipeline_rejection_extra_h1_user():
     step = trace.step("fuse_transformer_layer")
     (r,) = [r for r in step.rejections if r.guard == "h1_user_count"]
     dot = render_dot(step.before, Overlay.before(step, trace=trace), focus=0)
-    anchor = node_stmt(dot, r.anchor)
-    assert "guard h1_user_count: h1 (node" in anchor and "dashed" in anchor
+    anchor, subject = node_stmt(dot, r.anchor), node_stmt(dot, r.subject)
+    assert "guard h1_user_count: h1 (node" in anchor  # the anchor carries the tooltip
+    assert "guard h1_user_count: h1 (node" in subject and "dashed" in subject  # h1 carries the mark
     assert "cluster_r0" in dot and "encoder.layer.1 -> FusedTransformerLayer" not in dot  # focus: layer 0 only
     layers = layer_groups(trace.final, Overlay.trace_summary(trace))
     assert layers["layer0"].status == "rejected" and layers["layer1"].status == "fused"
