@@ -35,7 +35,7 @@ app: setup
 
 notebooks: setup
 	$(PY) -m pip install -q -e ".[notebook]"
-	$(VENV)/bin/jupyter lab notebooks/ --ip $(HOST) --no-browser
+	$(VENV)/bin/jupyter lab notebooks/ --ip $(HOST) --no-browser $(if $(filter 0,$(shell id -u)),--allow-root)
 
 lint: setup-dev
 	$(VENV)/bin/ruff check rlxviz tests benchmarks app.py
