@@ -415,3 +415,26 @@ def test_timing_error_hint_matches_the_error(monkeypatch, error, says, not_says)
     s.time_all()
     assert s.message_kind == "danger" and type(error).__name__ in s.message
     assert says in s.message and not_says not in s.message, s.message
+
+
+README_IR = """graph mlp {
+  %0 = input {name="x"} : f32[2, 8, 16]
+  %1 = param {name="fc.weight"} : f32[16, 32] @fc
+  %2 = param {name="fc.bias"} : f32[32] @fc
+  %3 = matmul(%0, %1) : f32[2, 8, 32] @fc
+  %4 = add(%3, %2) : f32[2, 8, 32] @fc
+  %5 = gelu(%4) : f32[2, 8, 32] @fc
+  return %5
+}
+"""
+
+
+def test_variants_do_not_apply_to_ir_text():
+    s = tiny()
+    s.apply_variant("extra_h1_user")
+    s.param.update(ir_text=README_IR, source="ir")
+    assert s.variant == "none", "switching to IR text drops the variant"
+    assert len(s.model.graph.compute_nodes()) == 3
+    s.apply_variant("tanh_gelu")
+    assert s.variant == "none" and "do not apply to IR text" in s.message
+    assert len(s.model.graph.compute_nodes()) == 3

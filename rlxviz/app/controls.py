@@ -103,6 +103,13 @@ class VariantControls(Viewer):
             self.buttons[name] = b
         self.layer = pn.widgets.IntInput.from_param(s.param.variant_layer, name="Layer to break", width=120)
         s.param.watch(self._mark, "variant")
+        s.param.watch(self._enable, "source")
+        self._enable()
+
+    def _enable(self, *_: object) -> None:
+        """Variants rebuild a BERT graph: they are off for IR text."""
+        for name, b in self.buttons.items():
+            b.disabled = self.state.source == "ir" and name != "none"
 
     def _mark(self, event: param.parameterized.Event) -> None:
         for name, b in self.buttons.items():

@@ -341,8 +341,18 @@ class AppState(param.Parameterized):
             shutil.rmtree(old, ignore_errors=True)
 
     def apply_variant(self, name: str) -> None:
-        """One click: switch to teaching variant `name` and re-run."""
+        """One click: switch to teaching variant `name` and re-run. Variants rebuild a BERT graph,
+        so they do not apply to IR text: there the click only says so."""
+        if self.source == "ir" and name != "none":
+            self._error("Teaching variants change a built BERT graph; they do not apply to IR text. "
+                        "Switch the source to Built-in (or Folder/Upload) to try one, or edit the IR.", "warning")
+            return
         self.variant = name
+
+    @param.depends("source", watch=True)
+    def _ir_has_no_variant(self) -> None:
+        if self.source == "ir" and self.variant != "none":
+            self.variant = "none"
 
     @param.depends("source", "preset", "checkpoint_dir", "ir_text", "style", "batch", "seq", "variant",
                    "variant_layer", "passes", "disabled", "threshold", "upload_dir", watch=True)
