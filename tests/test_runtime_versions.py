@@ -15,6 +15,7 @@ EXECUTORS = {
     "default": MlxExecutor(),
     "graph-compile": MlxExecutor(compile_graph=True),
     "plain-sdpa": MlxExecutor(LoweringOptions(fast_math=False, attention="sdpa", compile_fused=False)),
+    "compiled-layers": MlxExecutor(LoweringOptions(compile_layers=True, cpu_streams=1)),
 }
 
 
@@ -92,3 +93,21 @@ def test_real_minilm_every_version_on_mlx_matches_transformers_fixture():
         assert np.abs(got - want).max() <= 1e-4, name
         cos = (sentence_embeddings(got, mask) * want_emb).sum(-1)
         assert cos.min() >= 0.9999, (name, cos.min())
+
+
+def test_row_parallel_kernels_match_one_stream():
+    """Fast-math kernels split along axis 0 across CPU streams compute the same numbers; a softmax
+    over axis 0 is never split."""
+    import numpy as np
+
+    from rlxviz.runtime.lowering import LOWERINGS, using
+    from rlxviz.runtime.mlx_backend import mx
+
+    rng = np.random.default_rng(0)
+    x = mx.array(rng.standard_normal((5, 12, 64, 64)).astype(np.float32))  # 245,760 elements: split
+    for op, attrs in ((Op.GELU, {}), (Op.SOFTMAX, {"axis": -1}), (Op.SOFTMAX, {"axis": 0}), (Op.SILU, {})):
+        with using(LoweringOptions(cpu_streams=1)):
+            one = np.asarray(LOWERINGS[op](attrs, x))
+        with using(LoweringOptions(cpu_streams=3)):
+            many = np.asarray(LOWERINGS[op](attrs, x))
+        np.testing.assert_allclose(many, one, rtol=0, atol=0, err_msg=f"{op} {attrs}")
