@@ -54,24 +54,24 @@ def allowed_dirs(env: dict[str, str] | None = None) -> list[Path]:
     return out
 
 
+def _env_mb(name: str, default: float, env: dict[str, str] | None) -> int:
+    """A size limit in bytes from environment variable `name` (in MB; unset or invalid: `default`)."""
+    raw = (env if env is not None else os.environ).get(name, "")
+    try:
+        mb = float(raw) if raw.strip() else default
+    except ValueError:
+        mb = default
+    return int(max(mb, 0) * (1 << 20))
+
+
 def max_upload_bytes(env: dict[str, str] | None = None) -> int:
     """Total upload limit in bytes (`RLXVIZ_MAX_UPLOAD_MB`, default 200 MB)."""
-    raw = (env if env is not None else os.environ).get(MAX_UPLOAD_ENV, "")
-    try:
-        mb = float(raw) if raw.strip() else DEFAULT_MAX_UPLOAD_MB
-    except ValueError:
-        mb = DEFAULT_MAX_UPLOAD_MB
-    return int(max(mb, 0) * (1 << 20))
+    return _env_mb(MAX_UPLOAD_ENV, DEFAULT_MAX_UPLOAD_MB, env)
 
 
 def max_tensor_bytes(env: dict[str, str] | None = None) -> int:
     """Limit in bytes on the inputs + params a loaded graph may declare (`RLXVIZ_MAX_TENSOR_MB`, default 2048)."""
-    raw = (env if env is not None else os.environ).get(MAX_TENSOR_ENV, "")
-    try:
-        mb = float(raw) if raw.strip() else DEFAULT_MAX_TENSOR_MB
-    except ValueError:
-        mb = DEFAULT_MAX_TENSOR_MB
-    return int(max(mb, 0) * (1 << 20))
+    return _env_mb(MAX_TENSOR_ENV, DEFAULT_MAX_TENSOR_MB, env)
 
 
 def human_bytes(n: float) -> str:
