@@ -32,7 +32,7 @@ class ModelControls(Viewer):
         self.folder = pn.widgets.TextInput(name="Checkpoint folder", value=s.checkpoint_dir,
                                            placeholder=str(roots[0]) if roots else f"disabled: set {ALLOWED_DIRS_ENV}",
                                            sizing_mode="stretch_width")
-        self.folder_btn = pn.widgets.Button(name="Load folder", button_type="primary")
+        self.folder_btn = pn.widgets.Button(label="Load folder", color="primary")
         self.folder_btn.on_click(lambda e: s.param.update(checkpoint_dir=self.folder.value, source="checkpoint"))
         self.upload = pn.widgets.FileInput(accept=".json,.safetensors", multiple=True, name="Checkpoint files",
                                            sizing_mode="stretch_width", css_classes=["rv-upload"])
@@ -45,9 +45,9 @@ class ModelControls(Viewer):
                                            placeholder="graph g {\n  %0 = input {name=\"x\"} : f32[2, 8]\n  ...")
         self.ir_file = pn.widgets.FileInput(accept=".txt,.ir,.rlx", sizing_mode="stretch_width")
         self.ir_file.param.watch(self._on_ir_file, "value")
-        self.ir_btn = pn.widgets.Button(name="Load IR", button_type="primary", css_classes=["rv-load-ir"])
+        self.ir_btn = pn.widgets.Button(label="Load IR", color="primary", css_classes=["rv-load-ir"])
         self.ir_btn.on_click(lambda e: s.param.update(ir_text=self.ir.value, source="ir"))
-        self.ir_copy = pn.widgets.Button(name="Edit the shown version", button_type="light")
+        self.ir_copy = pn.widgets.Button(label="Edit the shown version", color="light")
         self.ir_copy.on_click(lambda e: setattr(self.ir, "value", s.ir_current()))
         self.style = pn.widgets.Select.from_param(s.param.style, name="Graph style", sizing_mode="stretch_width")
         self.batch = pn.widgets.IntInput.from_param(s.param.batch, name="Batch", width=90)
@@ -97,7 +97,7 @@ class VariantControls(Viewer):
         s = self.state
         self.buttons = {}
         for name, label in VARIANT_LABELS.items():
-            b = pn.widgets.Button(name=label, button_type="primary" if s.variant == name else "light",
+            b = pn.widgets.Button(label=label, color="primary" if s.variant == name else "light",
                                   sizing_mode="stretch_width", css_classes=[f"rv-variant-{name}"], margin=(2, 5))
             b.on_click(lambda e, n=name: s.apply_variant(n))
             self.buttons[name] = b
@@ -113,7 +113,7 @@ class VariantControls(Viewer):
 
     def _mark(self, event: param.parameterized.Event) -> None:
         for name, b in self.buttons.items():
-            b.button_type = "primary" if name == event.new else "light"
+            b.color = "primary" if name == event.new else "light"
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column("### Teaching variants", *self.buttons.values(), self.layer, sizing_mode="stretch_width")
@@ -133,11 +133,11 @@ class PipelineControls(Viewer):
         self.moves = []
         for label, tip, fn in (("↑", "move up", lambda i: s.move_pass(i, -1)), ("↓", "move down",
                                lambda i: s.move_pass(i, 1)), ("✕", "remove", s.remove_pass)):
-            b = pn.widgets.Button(name=label, description=tip, width=34, button_type="light", margin=(5, 1))
+            b = pn.widgets.Button(label=label, description=tip, width=34, color="light", margin=(5, 1))
             b.on_click(lambda e, fn=fn: self.pick.value is not None and fn(self.pick.value))
             self.moves.append(b)
         self.add = pn.widgets.Select(options=s.available_passes(), width=200, margin=(5, 5))
-        self.add_btn = pn.widgets.Button(name="Add", button_type="light", width=60, margin=(5, 5))
+        self.add_btn = pn.widgets.Button(label="Add", color="light", width=60, margin=(5, 5))
         self.add_btn.on_click(lambda e: self.add.value and s.add_pass(self.add.value))
         default = s.default_threshold()
         self.threshold = pn.widgets.IntInput(
@@ -145,9 +145,9 @@ class PipelineControls(Viewer):
             value=s.threshold, start=1, sizing_mode="stretch_width")
         self.threshold.param.watch(lambda e: setattr(s, "threshold", e.new), "value")
         s.param.watch(lambda e: setattr(self.threshold, "value", e.new), "threshold")
-        self.reset = pn.widgets.Button(name="Canonical order", button_type="light")
+        self.reset = pn.widgets.Button(label="Canonical order", color="light")
         self.reset.on_click(lambda e: s.reset_pipeline())
-        self.rerun = pn.widgets.Button(name="Re-run", button_type="primary")
+        self.rerun = pn.widgets.Button(label="Re-run", color="primary")
         self.rerun.on_click(lambda e: s.load())
         s.param.watch(lambda e: self._rebuild(), ["passes", "disabled"])
         self._rebuild()
@@ -189,7 +189,7 @@ class StatusBar(Viewer):
                                           height=14, bar_color="primary", margin=(0, 10))
         self.label = pn.pane.Str(s.progress_text, visible=s.busy, css_classes=["rv-progress-text"],
                                  margin=(0, 10), styles={"font-size": "12px"})
-        self.close = pn.widgets.Button(name="dismiss", button_type="light", width=80, visible=bool(s.message))
+        self.close = pn.widgets.Button(label="dismiss", color="light", width=80, visible=bool(s.message))
         self.close.on_click(lambda e: s.param.update(message=""))
         s.param.watch(self._update, ["message", "message_kind", "busy", "progress", "progress_text"])
 

@@ -40,8 +40,8 @@ class VersionStepper(Viewer):
         self.select = pn.widgets.Select(name="Version", options=self._options(), value=s.version, width=330,
                                         css_classes=["rv-version"])
         self.select.param.watch(lambda e: setattr(s, "version", e.new), "value")
-        self.prev = pn.widgets.Button(name="◀", width=40, align="end", css_classes=["rv-prev"])
-        self.next = pn.widgets.Button(name="▶", width=40, align="end", css_classes=["rv-next"])
+        self.prev = pn.widgets.Button(label="◀", width=40, align="end", css_classes=["rv-prev"])
+        self.next = pn.widgets.Button(label="▶", width=40, align="end", css_classes=["rv-next"])
         self.prev.on_click(lambda e: self._move(-1))
         self.next.on_click(lambda e: self._move(1))
         self.player = pn.widgets.Player(start=0, end=max(len(s.version_labels) - 1, 1), value=s.version,
@@ -246,7 +246,7 @@ class TimingView(Viewer):
     def __init__(self, **params: object) -> None:
         super().__init__(**params)
         s = self.state
-        self.button = pn.widgets.Button(name="Time every version on MLX", button_type="primary",
+        self.button = pn.widgets.Button(label="Time every version on MLX", color="primary",
                                         css_classes=["rv-time"])
         self.button.on_click(lambda e: s.time_all())
         self.repeat = pn.widgets.IntInput.from_param(s.param.repeat, name="Timed runs", width=100)
