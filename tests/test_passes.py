@@ -85,7 +85,8 @@ def test_pipeline_and_unfuse_keep_numbers_on_random_transformers(case):
     before = run_case(case)
     t = Pipeline.canonical().run(case.graph)
     assert not [s.error for s in t.steps if s.error]
-    close(before, run_case(case, t.final))
+    for _, version in t.versions():  # every intermediate version, not only the final one
+        close(before, run_case(case, version))
     close(before, run_case(case, run_pass(t.final, "unfuse")))
 
 
