@@ -10,6 +10,8 @@ mode="${1:-test}"
 need=()
 if [ "$(uname -s)" = "Linux" ]; then
   ldconfig -p 2>/dev/null | grep -q 'libgfortran.so.5' || need+=(libgfortran5)
+  # Debian's OpenBLAS (built for every x86 CPU) is the fallback where cmeel's fails its probe.
+  ldconfig -p 2>/dev/null | grep -q 'libopenblas.so.0' || need+=(libopenblas0-pthread)
 fi
 if [ "$mode" = "test" ]; then
   [ -x /usr/bin/chromium ] || need+=(chromium)

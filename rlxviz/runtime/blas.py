@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+import subprocess
 import sys
 import warnings
 from dataclasses import dataclass
@@ -61,6 +62,45 @@ class BlasRecord:
     def __str__(self) -> str:
         where = f" ({self.path})" if self.path else ""
         return f"{self.name}{where}" + ("" if self.optimized else " [SLOW reference BLAS]")
+
+
+# A CBLAS can load and still die on the first call: cmeel-openblas 0.3.31 executes AVX-512 stores in
+# `sgemm_beta` on CPUs without AVX-512 (SIGILL, seen on an AMD EPYC with AVX2 only). So each candidate
+# first runs one threaded `cblas_sgemm` in a child process; a crash there rules it out, not us.
+_PROBE = """
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
+n = 256
+a = (ctypes.c_float * (n * n))(*([1.0] * (n * n)))
+c = (ctypes.c_float * (n * n))()
+f, i = ctypes.c_float, ctypes.c_int
+lib.cblas_sgemm(i(101), i(111), i(111), i(n), i(n), i(n), f(1.0), a, i(n), a, i(n), f(0.0), c, i(n))
+sys.exit(0 if c[0] == float(n) else 3)
+"""
+PROBE_TIMEOUT_S = 20.0
+
+
+def probe(path: str) -> str | None:
+    """Run one 256x256 `cblas_sgemm` from `path` in a child process.
+
+    Returns:
+        None when it ran and gave the right number; else why not (e.g. `killed by signal 4
+        (SIGILL)`, `wrong result`, `timed out after 20 s`).
+    """
+    try:
+        run = subprocess.run([sys.executable, "-c", _PROBE, path], capture_output=True,
+                             timeout=PROBE_TIMEOUT_S, env={**os.environ, "OPENBLAS_NUM_THREADS": "2"})
+    except subprocess.TimeoutExpired:
+        return f"timed out after {PROBE_TIMEOUT_S:g} s"
+    if run.returncode == 0:
+        return None
+    if run.returncode < 0:
+        import signal
+
+        return f"killed by signal {-run.returncode} ({signal.Signals(-run.returncode).name}) in a test sgemm"
+    if run.returncode == 3:
+        return "wrong result in a test sgemm"
+    return f"test sgemm failed: {run.stderr.decode(errors='replace').strip().splitlines()[-1:]}"
 
 
 _ACTIVE: BlasRecord | None = None
@@ -128,6 +168,10 @@ def load_blas() -> BlasRecord:
     os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
     failures: list[str] = []
     for name, path in candidates():
+        why = probe(path)
+        if why is not None:
+            failures.append(f"{name}: {path}: {why}")
+            continue
         try:
             lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
             lib.cblas_sgemm  # noqa: B018 - must export the plain CBLAS symbol
