@@ -153,7 +153,11 @@ def test_duplicate_input_and_param_names():
 @pytest.mark.parametrize("node, fragment", [
     (Node(2, Op.CONST, (), (1,), F32, {"value": 0.5}), "const payload has shape [] but the node declares [1]"),
     (Node(2, Op.CONST, (), (), F32, {"value": (0.5, 1.0)}), "const payload has shape [2] but the node declares []"),
-    (Node(2, Op.CONST, (), (1,), F32, {"value": ("a",)}), "attribute value=('a',) must hold int/float/bool values"),
+    (Node(2, Op.CONST, (), (1,), F32, {"value": ("a",)}), "must hold int/float/bool/tuple values"),
+    (Node(2, Op.CONST, (), (1, 1), F32, {"value": (("a",),)}), "const payload is ragged or holds a non-number"),
+    (Node(2, Op.CONST, (), (2, 2), F32, {"value": ((1, 2), (3,))}), "const payload is ragged"),
+    (Node(2, Op.CONST, (), (2, 2), F32, {"value": ((1, 2), (3, 4), (5, 6))}),
+     "const payload has shape [3, 2] but the node declares [2, 2]"),
     (Node(2, Op.CONST, (), (), F32, {"value": "a"}), "attribute value='a' must be int/float/bool/tuple"),
 ])
 def test_const_payload(node, fragment):

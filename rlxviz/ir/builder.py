@@ -11,7 +11,7 @@ from .emitter import Emitter, Ref, Scalar, _freeze, normalize_attrs
 from .graph import Graph
 from .infer import ShapeError, TensorType, infer
 from .node import Node
-from .ops import Op
+from .ops import Op, const_shape
 
 
 class NodeEmitter(Emitter[int]):
@@ -53,8 +53,11 @@ class NodeEmitter(Emitter[int]):
         return self._add(op, inputs, t, attrs)
 
     def const(self, value: Scalar | Sequence[Scalar], dtype: DType = DType.f32) -> int:
+        """A constant of any rank: a number, or (nested) sequences of numbers; raises ShapeError when ragged."""
         v: Any = _freeze(tuple(value) if isinstance(value, Sequence) else value)
-        shape = (len(v),) if isinstance(v, tuple) else ()
+        shape = const_shape(v)
+        if shape is None:
+            raise ShapeError(f"[const] ragged or non-numeric payload {v!r}")
         return self._add(Op.CONST, (), TensorType(shape, DType(dtype)), {"value": v})
 
 

@@ -151,6 +151,8 @@ class Emitter(ABC, Generic[V]):
     def rsqrt(self, x: V) -> V: return self.emit(Op.RSQRT, (x,))
     def neg(self, x: V) -> V: return self.emit(Op.NEG, (x,))
     def erf(self, x: V) -> V: return self.emit(Op.ERF, (x,))
+    def abs(self, x: V) -> V: return self.emit(Op.ABS, (x,))
+    def isnan(self, x: V) -> V: return self.emit(Op.ISNAN, (x,))
 
     # reductions
     def reduce_sum(self, x: V, axes: Sequence[int], keepdims: bool = False) -> V:
@@ -170,9 +172,11 @@ class Emitter(ABC, Generic[V]):
         """LayerNorm over the last axis: `(x - mean) / sqrt(var + eps) * gamma + beta` (Ba et al. 2016)."""
         return self.emit(Op.LAYER_NORM, (x, gamma, beta), eps=float(eps), axis=-1)
 
-    def rms_norm(self, x: V, gamma: V, beta: V, eps: float = 1e-6) -> V:
-        """RMSNorm over the last axis: `x / sqrt(mean(x^2) + eps) * gamma + beta` (Zhang & Sennrich 2019)."""
-        return self.emit(Op.RMS_NORM, (x, gamma, beta), eps=float(eps), axis=-1)
+    def rms_norm(self, x: V, gamma: V, beta: V | None = None, eps: float = 1e-6) -> V:
+        """RMSNorm over the last axis: `x / sqrt(mean(x^2) + eps) * gamma [+ beta]` (Zhang & Sennrich 2019).
+        Without `beta` the node has two operands (LLaMA's form)."""
+        ins = (x, gamma) if beta is None else (x, gamma, beta)
+        return self.emit(Op.RMS_NORM, ins, eps=float(eps), axis=-1)
 
     # data movement
     def reshape(self, x: V, shape: Sequence[int]) -> V:
@@ -196,15 +200,17 @@ class Emitter(ABC, Generic[V]):
 
     # transformer blocks
     def attention(self, q: V, k: V, v: V, mask: V | None = None, *, num_heads: int, head_dim: int,
-                  mask_kind: str = "none", scale: float | None = None) -> V:
-        """Scaled dot-product attention on packed `[B, S, heads*head_dim]` q/k/v (Vaswani et al. 2017).
+                  mask_kind: str = "none", scale: float | None = None, num_kv_heads: int | None = None) -> V:
+        """Scaled dot-product attention on packed `[B, S, heads*head_dim]` q (Vaswani et al. 2017).
 
+        k/v are `[B, Sk, kv_heads*head_dim]`; `num_kv_heads` (default `num_heads`) < `num_heads` is
+        grouped-query attention (query head i reads kv head `i // (num_heads // num_kv_heads)`).
         `mask_kind`: `none`, `causal`, `keep` (binary `[B, Sk]`, 1 = attend) or `additive`
         (broadcastable to `[B, heads, Sq, Sk]`). `scale` defaults to `1/sqrt(head_dim)`.
         """
         ins = (q, k, v) if mask is None else (q, k, v, mask)
         return self.emit(Op.ATTENTION, ins, num_heads=num_heads, head_dim=head_dim, mask=mask_kind,
-                         scale=None if scale is None else float(scale))
+                         scale=None if scale is None else float(scale), num_kv_heads=num_kv_heads)
 
     def rope(self, x: V, cos: V, sin: V, head_dim: int, n_rot: int | None = None) -> V:
         """NeoX-style rotary embedding on packed `[B, S, heads*head_dim]`; `cos`/`sin` are

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from .emitter import Emitter
 from .infer import parse_step
-from .ops import Op
+from .ops import Op, kv_heads
 from .registry import registrar
 
 V = TypeVar("V")
@@ -74,27 +74,34 @@ def swiglu(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
 
 def attention_block(e: Emitter[V], heads: int, head_dim: int, hidden: V, qkv_w: V, out_w: V, mask: V,
                     qkv_b: V | None = None, out_b: V | None = None,
-                    rope: tuple[V, V] | None = None) -> V:
-    """QKV projection, split at 0/H/2H on the last axis, [RoPE on q, k], keep-masked SDPA, output projection."""
+                    rope: tuple[V, V] | None = None, kv: int | None = None) -> V:
+    """QKV projection, split Q|K|V on the last axis (widths H, KV, KV with H = heads*head_dim and
+    KV = kv*head_dim; MHA when `kv` is None: 0/H/2H), [RoPE on q, k], keep-masked SDPA (grouped-query
+    when kv < heads), output projection."""
     qkv = e.linear(hidden, qkv_w, qkv_b)
-    width = heads * head_dim
+    width, kv_width = heads * head_dim, (kv or heads) * head_dim
     axis = len(e.shape_of(qkv)) - 1
-    q, k, v = (e.narrow(qkv, axis, i * width, width) for i in range(3))
+    q = e.narrow(qkv, axis, 0, width)
+    k = e.narrow(qkv, axis, width, kv_width)
+    v = e.narrow(qkv, axis, width + kv_width, kv_width)
     if rope is not None:
         q, k = e.rope(q, *rope, head_dim), e.rope(k, *rope, head_dim)
-    att = e.attention(q, k, v, mask, num_heads=heads, head_dim=head_dim, mask_kind="keep")
+    att = e.attention(q, k, v, mask, num_heads=heads, head_dim=head_dim, mask_kind="keep",
+                      num_kv_heads=None if kv in (None, heads) else kv)
     return e.linear(att, out_w, out_b)
 
 
 @decomposition(Op.FUSED_ATTENTION_BLOCK)
 def fused_attention_block(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
-    """`[hidden, qkv_w, out_w, mask, (qkv_b, out_b), (cos, sin)]` -> attention output `[B, S, H]`."""
+    """`[hidden, qkv_w, out_w, mask, (qkv_b, out_b), (cos, sin)]` -> attention output `[B, S, H]`;
+    `qkv_w` is `[hidden, (num_heads + 2*num_kv_heads)*head_dim]`."""
     k = 4
     qkv_b = out_b = None
     if a.get("has_bias", True):
         qkv_b, out_b, k = x[4], x[5], 6
     rope = (x[k], x[k + 1]) if a.get("has_rope", False) else None
-    return attention_block(e, a["num_heads"], a["head_dim"], x[0], x[1], x[2], x[3], qkv_b, out_b, rope)
+    return attention_block(e, a["num_heads"], a["head_dim"], x[0], x[1], x[2], x[3], qkv_b, out_b, rope,
+                           kv_heads(a))
 
 
 @decomposition(Op.FUSED_TRANSFORMER_LAYER)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from .dtype import DType, promote
-from .ops import ACTIVATIONS, BINARY, COMPARE, FUSED_REGION_OPS, REDUCE, SPECS, UNARY, Op
+from .ops import ACTIVATIONS, BINARY, COMPARE, FUSED_REGION_OPS, PREDICATES, REDUCE, SPECS, UNARY, Op, kv_heads
 from .registry import registrar
 
 Shape = tuple[int, ...]
@@ -104,6 +104,12 @@ def _unary(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     return x[0]
 
 
+@rule(*PREDICATES)
+def _predicate(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    _check(x[0].dtype.is_float, f"needs a float operand, got {_fmt(x[0])}")
+    return TensorType(x[0].shape, DType.bool)
+
+
 @rule(Op.WHERE)
 def _where(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     _check(x[0].dtype == DType.bool, f"condition must be bool, got {_fmt(x[0])}")
@@ -153,13 +159,24 @@ def _norm_params(x: TensorType, params: Sequence[TensorType], what: str) -> None
         _check(p.shape == (hidden,), f"{what}: {name} must be [{hidden}] (the last axis of {_fmt(x)}), got {_fmt(p)}")
 
 
-@rule(Op.LAYER_NORM, Op.RMS_NORM)
 def _norm(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     _check(x[0].dtype.is_float, f"needs a float operand, got {_fmt(x[0])}")
     _check(norm_axis(attrs.get("axis", -1), len(x[0].shape)) == len(x[0].shape) - 1,
            "only the last axis can be normalised")
     _norm_params(x[0], x[1:], "norm")
     return x[0]
+
+
+@rule(Op.LAYER_NORM)
+def _layer_norm(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    _check(len(x) == 3, f"takes x, gamma, beta; got {len(x)} operands")
+    return _norm(attrs, x)
+
+
+@rule(Op.RMS_NORM)
+def _rms_norm(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    _check(len(x) in (2, 3), f"takes x, gamma[, beta]; got {len(x)} operands")
+    return _norm(attrs, x)
 
 
 @rule(Op.RESHAPE)
@@ -230,6 +247,13 @@ def _heads_ok(heads: int, head_dim: int) -> None:
     _check(heads > 0 and head_dim > 0, f"num_heads {heads} and head_dim {head_dim} must be positive")
 
 
+def _kv_ok(attrs: dict[str, Any]) -> int:
+    h, kv = attrs["num_heads"], kv_heads(attrs)
+    _check(isinstance(kv, int) and 0 < kv <= h and h % kv == 0,
+           f"num_kv_heads {kv} must divide num_heads {h} (grouped-query attention)")
+    return kv
+
+
 def _packed(q: TensorType, heads: int, head_dim: int, what: str) -> None:
     _check(len(q.shape) == 3, f"{what} must be packed [batch, seq, heads*head_dim], got {_fmt(q)}")
     _check(q.shape[-1] == heads * head_dim,
@@ -240,9 +264,10 @@ def _packed(q: TensorType, heads: int, head_dim: int, what: str) -> None:
 def _attention(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     h, d, mask = attrs["num_heads"], attrs["head_dim"], attrs.get("mask", "none")
     _heads_ok(h, d)
+    kv = _kv_ok(attrs)
     _check(mask in ("none", "causal", "keep", "additive"), f"unknown mask kind {mask!r}")
-    for name, t in zip("qkv", x[:3], strict=False):
-        _packed(t, h, d, name)
+    for name, t, n in zip("qkv", x[:3], (h, kv, kv), strict=False):
+        _packed(t, n, d, name)
     q, k, v = x[:3]
     _check(k.shape == v.shape, f"k {_fmt(k)} and v {_fmt(v)} differ")
     _check(q.shape[0] == k.shape[0], f"batch of q {_fmt(q)} and k {_fmt(k)} differ")
@@ -326,8 +351,11 @@ def _fab(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     _heads_ok(h, d)
     _check(len(hidden.shape) == 3, f"hidden must be [batch, seq, hidden], got {_fmt(hidden)}")
     qkv_b, out_b = (x[4], x[5]) if has_bias else (None, None)
+    kv = _kv_ok(attrs)
     qkv = _linear(hidden, qkv_w, qkv_b, "qkv")
-    _check(qkv.shape[-1] == 3 * h * d, f"qkv width {qkv.shape[-1]} != 3*num_heads*head_dim = {3 * h * d}")
+    want = (h + 2 * kv) * d
+    formula = "3*num_heads*head_dim" if kv == h else "(num_heads + 2*num_kv_heads)*head_dim"
+    _check(qkv.shape[-1] == want, f"qkv width {qkv.shape[-1]} != {formula} = {want}")
     _check(mask.shape == hidden.shape[:2], f"mask must be [batch, seq] = {list(hidden.shape[:2])}, got {_fmt(mask)}")
     attn = TensorType((*hidden.shape[:2], h * d), qkv.dtype)
     if has_rope:

@@ -11,7 +11,7 @@ from .dtype import DType
 from .graph import Graph, GraphError, toposort
 from .infer import ShapeError, TensorType, infer
 from .node import Node
-from .ops import SPECS, Op
+from .ops import SPECS, Op, const_shape
 from .printer import format_node, window
 
 
@@ -94,8 +94,9 @@ def _check_signature(n: Node) -> str | None:
 
 
 def _check_const(n: Node) -> str | None:
-    v = n.attrs["value"]
-    want = (len(v),) if isinstance(v, tuple) else ()
+    want = const_shape(n.attrs["value"])
+    if want is None:
+        return "const payload is ragged or holds a non-number (needs nested lists of numbers)"
     if n.shape != want:
         return f"const payload has shape {list(want)} but the node declares {list(n.shape)}"
     return None

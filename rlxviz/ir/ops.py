@@ -40,6 +40,9 @@ class Op(StrEnum):
     RSQRT = "rsqrt"
     NEG = "neg"
     ERF = "erf"
+    ABS = "abs"
+    # predicates -> bool
+    ISNAN = "isnan"
     # compare -> bool
     EQ = "eq"
     NE = "ne"
@@ -81,10 +84,12 @@ LEAF = frozenset({Op.INPUT, Op.PARAM, Op.CONST})
 BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.POW, Op.MAX, Op.MIN})
 COMMUTATIVE = frozenset({Op.ADD, Op.MUL, Op.MAX, Op.MIN})
 UNARY = frozenset({Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.SIGMOID, Op.TANH, Op.EXP, Op.LOG,
-                   Op.SQRT, Op.RSQRT, Op.NEG, Op.ERF})
+                   Op.SQRT, Op.RSQRT, Op.NEG, Op.ERF, Op.ABS})
 ACTIVATIONS = frozenset({Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.SIGMOID, Op.TANH})
 COMPARE = frozenset({Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE})
-ELEMENTWISE = BINARY | UNARY | COMPARE | {Op.WHERE, Op.CAST}
+PREDICATES = frozenset({Op.ISNAN})
+"""Unary ops with a bool result."""
+ELEMENTWISE = BINARY | UNARY | COMPARE | PREDICATES | {Op.WHERE, Op.CAST}
 FUSED_REGION_OPS = ELEMENTWISE
 """Ops allowed as steps of an ElementwiseRegion chain."""
 REDUCE = frozenset({Op.REDUCE_SUM, Op.REDUCE_MEAN, Op.REDUCE_MAX})
@@ -93,6 +98,15 @@ FUSED = frozenset({Op.FUSED_MATMUL_BIAS_ACT, Op.FUSED_RESIDUAL_LN, Op.FUSED_RESI
                    Op.FUSED_SWIGLU, Op.FUSED_ATTENTION_BLOCK, Op.FUSED_TRANSFORMER_LAYER,
                    Op.ELEMENTWISE_REGION})
 BLAS = frozenset({Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT})
+
+def kv_heads(attrs: dict[str, Any]) -> int:
+    """Key/value heads of an `attention` or `FusedAttentionBlock` (`num_kv_heads`, default `num_heads`: MHA).
+
+    Grouped-query attention (GQA): query head i reads key/value head `i // (num_heads // num_kv_heads)`,
+    as Hugging Face's `repeat_kv`."""
+    kv = attrs.get("num_kv_heads")
+    return attrs["num_heads"] if kv is None else kv
+
 
 MASK_KINDS = ("none", "causal", "keep", "additive")
 """Attention mask kinds. `keep`: binary `[B, Sk]` mask, 1 = attend, 0 = padding (RLX `Custom`);
@@ -109,7 +123,7 @@ def family(op: Op) -> str:
 
 
 _FAMILIES = (("leaf", LEAF), ("blas", BLAS - FUSED), ("binary", BINARY), ("unary", UNARY),
-             ("compare", COMPARE | {Op.WHERE, Op.CAST}), ("reduce", REDUCE | {Op.SOFTMAX}),
+             ("compare", COMPARE | PREDICATES | {Op.WHERE, Op.CAST}), ("reduce", REDUCE | {Op.SOFTMAX}),
              ("norm", {Op.LAYER_NORM, Op.RMS_NORM}), ("movement", MOVEMENT),
              ("attention", {Op.ATTENTION, Op.ROPE}), ("fused", FUSED))
 
@@ -146,17 +160,17 @@ _ACT_NAMES = tuple(sorted(a.value for a in ACTIVATIONS))
 SPECS: dict[Op, OpSpec] = {
     Op.INPUT: OpSpec((0,), {"name": _a(str)}),
     Op.PARAM: OpSpec((0,), {"name": _a(str)}),
-    Op.CONST: OpSpec((0,), {"value": _a(int, float, bool, tuple, items=(int, float, bool))}),
+    Op.CONST: OpSpec((0,), {"value": _a(int, float, bool, tuple, items=(int, float, bool, tuple))}),
     Op.MATMUL: OpSpec((2,)),
     **{op: OpSpec((2,)) for op in BINARY | COMPARE},
-    **{op: OpSpec((1,)) for op in UNARY},
+    **{op: OpSpec((1,)) for op in UNARY | PREDICATES},
     Op.WHERE: OpSpec((3,)),
     Op.CAST: OpSpec((1,), {"dtype": _a(str)}),
     **{op: OpSpec((1,), {"axes": _a(tuple, items=_INT), "keepdims": _a(bool, required=False, default=False)})
        for op in REDUCE},
     Op.SOFTMAX: OpSpec((1,), {"axis": _a(int, required=False, default=-1)}),
     Op.LAYER_NORM: OpSpec((3,), {"eps": _a(int, float), "axis": _a(int, required=False, default=-1)}),
-    Op.RMS_NORM: OpSpec((3,), {"eps": _a(int, float), "axis": _a(int, required=False, default=-1)}),
+    Op.RMS_NORM: OpSpec((2, 3), {"eps": _a(int, float), "axis": _a(int, required=False, default=-1)}),
     Op.RESHAPE: OpSpec((1,), {"shape": _a(tuple, items=_INT)}),
     Op.TRANSPOSE: OpSpec((1,), {"perm": _a(tuple, items=_INT)}),
     Op.NARROW: OpSpec((1,), {"axis": _a(int), "start": _a(int), "length": _a(int)}),
@@ -166,7 +180,8 @@ SPECS: dict[Op, OpSpec] = {
     Op.ATTENTION: OpSpec((3, 4), {
         "num_heads": _a(int), "head_dim": _a(int),
         "mask": _a(str, required=False, default="none", choices=MASK_KINDS),
-        "scale": _a(int, float, _NONE, required=False, default=None)}),
+        "scale": _a(int, float, _NONE, required=False, default=None),
+        "num_kv_heads": _a(int, _NONE, required=False, default=None)}),
     Op.ROPE: OpSpec((3,), {"head_dim": _a(int), "n_rot": _a(int)}),
     Op.FUSED_MATMUL_BIAS_ACT: OpSpec((3,), {
         "activation": _a(str, _NONE, required=False, default=None, choices=(None, *_ACT_NAMES))}),
@@ -176,7 +191,8 @@ SPECS: dict[Op, OpSpec] = {
     Op.FUSED_SWIGLU: OpSpec((1,), {"gate_first": _a(bool, required=False, default=False)}),
     Op.FUSED_ATTENTION_BLOCK: OpSpec((4, 6, 8), {
         "num_heads": _a(int), "head_dim": _a(int),
-        "has_bias": _a(bool, required=False, default=True), "has_rope": _a(bool, required=False, default=False)}),
+        "has_bias": _a(bool, required=False, default=True), "has_rope": _a(bool, required=False, default=False),
+        "num_kv_heads": _a(int, _NONE, required=False, default=None)}),
     Op.FUSED_TRANSFORMER_LAYER: OpSpec((14,), {
         "num_heads": _a(int), "head_dim": _a(int), "intermediate_size": _a(int),
         "eps1": _a(int, float), "eps2": _a(int, float),
@@ -187,6 +203,19 @@ SPECS: dict[Op, OpSpec] = {
 FTL_INPUTS = ("hidden", "qkv_w", "qkv_b", "out_w", "out_b", "ln1_g", "ln1_b",
               "fc1_w", "fc1_b", "fc2_w", "fc2_b", "ln2_g", "ln2_b", "mask")
 """Operand roles of FusedTransformerLayer, in order (the seed's 14-input layout)."""
+
+
+def const_shape(value: Any) -> tuple[int, ...] | None:
+    """Shape of a const payload (a number, or nested tuples of numbers, any rank); None when ragged or
+    when a leaf is not an int, float or bool."""
+    if not isinstance(value, tuple):
+        return () if isinstance(value, int | float | bool) else None
+    if not value:
+        return (0,)
+    inner = [const_shape(v) for v in value]
+    if inner[0] is None or any(i != inner[0] for i in inner):
+        return None
+    return (len(value), *inner[0])
 
 
 def operand_roles(op: Op, attrs: dict[str, Any], n: int) -> tuple[str, ...]:

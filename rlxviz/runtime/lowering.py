@@ -202,7 +202,7 @@ _SIMPLE: dict[Op, Callable[..., mx.array]] = {
     Op.EQ: mx.equal, Op.NE: mx.not_equal, Op.LT: mx.less, Op.LE: mx.less_equal, Op.GT: mx.greater,
     Op.GE: mx.greater_equal, Op.WHERE: mx.where,
     Op.RELU: lambda x: mx.maximum(x, 0.0), Op.LOG: mx.log, Op.SQRT: mx.sqrt, Op.RSQRT: mx.rsqrt,
-    Op.NEG: mx.negative,
+    Op.NEG: mx.negative, Op.ABS: mx.abs, Op.ISNAN: mx.isnan,
 }
 for _op, _fn in _SIMPLE.items():
     LOWERINGS[_op] = (lambda fn: lambda a, *xs: fn(*xs))(_fn)
@@ -256,10 +256,12 @@ def _layer_norm(a: dict, x: mx.array, g: mx.array, b: mx.array) -> mx.array:
 
 
 @lowers(Op.RMS_NORM)
-def _rms_norm(a: dict, x: mx.array, g: mx.array, b: mx.array) -> mx.array:
+def _rms_norm(a: dict, x: mx.array, g: mx.array, b: mx.array | None = None) -> mx.array:
     if _last(a.get("axis", -1), x):
-        return mx.fast.rms_norm(x, g, a["eps"]) + b  # MLX's rms_norm has no beta: add it (RLX drops it)
-    return x * mx.rsqrt(mx.mean(mx.square(x), axis=a["axis"], keepdims=True) + a["eps"]) * g + b
+        y = mx.fast.rms_norm(x, g, a["eps"])
+    else:
+        y = x * mx.rsqrt(mx.mean(mx.square(x), axis=a["axis"], keepdims=True) + a["eps"]) * g
+    return y if b is None else y + b  # MLX's rms_norm has no beta: add it (RLX drops it)
 
 
 # -- data movement ---------------------------------------------------------------------------------
@@ -296,14 +298,18 @@ def causal_additive(sq: int, sk: int, dtype: Any = mx.float32) -> mx.array:
 
 
 def attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array | None, *, heads: int, head_dim: int,
-              kind: str = "none", scale: float | None = None) -> mx.array:
+              kind: str = "none", scale: float | None = None, kv_heads: int | None = None) -> mx.array:
     """Multi-head attention on packed `[B, S, heads*head_dim]` q/k/v -> `[B, Sq, heads*head_dim]`.
+
+    k/v have `kv_heads` heads (default `heads`); fewer is grouped-query attention (kv head `i // rep`
+    serves query head i).
 
     `kind`: `none`, `causal`, `keep` (binary `[B, Sk]`) or `additive` (broadcastable to
     `[B, heads, Sq, Sk]`). `scale` defaults to `1/sqrt(head_dim)`.
     """
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    qh, kh, vh = _heads(q, heads), _heads(k, heads), _heads(v, heads)
+    kv = kv_heads or heads
+    qh, kh, vh = _heads(q, heads), _heads(k, kv), _heads(v, kv)
     sq, sk = qh.shape[2], kh.shape[2]
     bias: mx.array | None
     if kind == "keep":
@@ -315,8 +321,10 @@ def attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array | None, *, h
     else:
         bias = None
     if _OPTS.attention_impl() == "sdpa":
-        o = mx.fast.scaled_dot_product_attention(qh, kh, vh, scale=scale, mask=bias)
+        o = mx.fast.scaled_dot_product_attention(qh, kh, vh, scale=scale, mask=bias)  # GQA-aware
     else:
+        if kv != heads:
+            kh, vh = mx.repeat(kh, heads // kv, axis=1), mx.repeat(vh, heads // kv, axis=1)
         s = (qh * scale) @ kh.transpose(0, 1, 3, 2)
         if bias is not None:
             s = s + bias
@@ -328,7 +336,7 @@ def attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array | None, *, h
 @lowers(Op.ATTENTION)
 def _attention(a: dict, q: mx.array, k: mx.array, v: mx.array, mask: mx.array | None = None) -> mx.array:
     return attention(q, k, v, mask, heads=a["num_heads"], head_dim=a["head_dim"], kind=a.get("mask", "none"),
-                     scale=a.get("scale"))
+                     scale=a.get("scale"), kv_heads=a.get("num_kv_heads"))
 
 
 @lowers(Op.ROPE)
@@ -386,15 +394,16 @@ def _swiglu(a: dict, x: mx.array) -> mx.array:
 
 def attention_block(heads: int, head_dim: int, hidden: mx.array, qkv_w: mx.array, out_w: mx.array,
                     mask: mx.array, qkv_b: mx.array | None = None, out_b: mx.array | None = None,
-                    rope: tuple[mx.array, mx.array] | None = None) -> mx.array:
-    """QKV projection, split Q|K|V, [RoPE on q, k], keep-masked attention, output projection."""
+                    rope: tuple[mx.array, mx.array] | None = None, kv_heads: int | None = None) -> mx.array:
+    """QKV projection, split Q|K|V (widths heads*head_dim, kv_heads*head_dim twice), [RoPE on q, k],
+    keep-masked attention, output projection."""
     qkv = linear(hidden, qkv_w, qkv_b)
-    w = heads * head_dim
-    q, k, v = qkv[..., :w], qkv[..., w:2 * w], qkv[..., 2 * w:3 * w]
+    w, kw = heads * head_dim, (kv_heads or heads) * head_dim
+    q, k, v = qkv[..., :w], qkv[..., w:w + kw], qkv[..., w + kw:w + 2 * kw]
     if rope is not None:
         ra = {"head_dim": head_dim, "n_rot": head_dim}
         q, k = _rope(ra, q, *rope), _rope(ra, k, *rope)
-    att = attention(q, k, v, mask, heads=heads, head_dim=head_dim, kind="keep")
+    att = attention(q, k, v, mask, heads=heads, head_dim=head_dim, kind="keep", kv_heads=kv_heads)
     return linear(att, out_w, out_b)
 
 
@@ -405,7 +414,8 @@ def _fab(a: dict, *x: mx.array) -> mx.array:
     if a.get("has_bias", True):
         qkv_b, out_b, k = x[4], x[5], 6
     rope = (x[k], x[k + 1]) if a.get("has_rope", False) else None
-    return attention_block(a["num_heads"], a["head_dim"], x[0], x[1], x[2], x[3], qkv_b, out_b, rope)
+    return attention_block(a["num_heads"], a["head_dim"], x[0], x[1], x[2], x[3], qkv_b, out_b, rope,
+                           a.get("num_kv_heads"))
 
 
 _COMPILED: dict[tuple[Any, ...], Callable[..., mx.array]] = {}

@@ -36,6 +36,7 @@ for _op, _fn in {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DI
                  Op.NE: np.not_equal, Op.LT: np.less, Op.LE: np.less_equal, Op.GT: np.greater,
                  Op.GE: np.greater_equal, Op.TANH: np.tanh, Op.EXP: np.exp, Op.LOG: np.log,
                  Op.SQRT: np.sqrt, Op.NEG: np.negative, Op.ERF: special.erf, Op.MATMUL: np.matmul,
+                 Op.ABS: np.abs, Op.ISNAN: np.isnan,
                  Op.WHERE: np.where}.items():
     IMPLS[_op] = _f(_fn)
 
@@ -93,8 +94,9 @@ def _layer_norm(a: dict, x: np.ndarray, g: np.ndarray, b: np.ndarray) -> np.ndar
 
 
 @impl(Op.RMS_NORM)
-def _rms_norm(a: dict, x: np.ndarray, g: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (x / np.sqrt(np.square(x).mean(-1, keepdims=True) + a["eps"]) * g + b).astype(x.dtype)
+def _rms_norm(a: dict, x: np.ndarray, g: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    y = x / np.sqrt(np.square(x).mean(-1, keepdims=True) + a["eps"]) * g
+    return (y if b is None else y + b).astype(x.dtype)
 
 
 IMPLS[Op.RESHAPE] = lambda a, x: x.reshape(a["shape"])
@@ -120,7 +122,10 @@ def _heads(x: np.ndarray, h: int) -> np.ndarray:
 def _attention(a: dict, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
     h, d = a["num_heads"], a["head_dim"]
     scale = a["scale"] if a["scale"] is not None else 1.0 / np.sqrt(d)
-    qh, kh, vh = _heads(q, h), _heads(k, h), _heads(v, h)
+    kv = a.get("num_kv_heads") or h
+    qh, kh, vh = _heads(q, h), _heads(k, kv), _heads(v, kv)
+    if kv != h:  # grouped-query: query head i reads kv head i // (h // kv), as HF repeat_kv
+        kh, vh = np.repeat(kh, h // kv, axis=1), np.repeat(vh, h // kv, axis=1)
     s = (qh @ kh.transpose(0, 1, 3, 2)) * np.float32(scale)
     sq, sk = s.shape[-2:]
     kind = a["mask"]
