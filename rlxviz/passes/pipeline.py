@@ -2,6 +2,9 @@
 
 The canonical order starts from RLX's newer order (rlx-notes §2.2) and fixes it:
 
+0. `canonicalize_norm`, `canonicalize_gelu` - new: LayerNorm / RMSNorm / GELU written as primitives become
+   `layer_norm` / `rms_norm` / `gelu` / `gelu_tanh` (or a named rejection says why not), so the fusions below,
+   which match those ops, see them.
 1. `fuse_sdpa` - new (RLX has no pass for Hugging Face attention primitives). Must come first:
    every block fusion below anchors on a packed `attention`.
 2. `fuse_swiglu` - RLX runs its dual-matmul form after the residual norms; here it runs before
@@ -36,18 +39,22 @@ from ..ir import Graph, lint
 from .engine import Pass
 from .rules.attention import fuse_attention_block, fuse_sdpa
 from .rules.cleanup import dead_code_elimination, mark_elementwise_regions, unfuse
+from .rules.gelu_forms import canonicalize_gelu
 from .rules.layer import fuse_transformer_layer
 from .rules.linear import fuse_matmul_bias_act, fuse_shared_input_matmul
 from .rules.norm import fuse_residual_ln, fuse_residual_rms_norm
+from .rules.norm_forms import canonicalize_norm
 from .rules.swiglu import fuse_swiglu
 from .trace import PassStep, Trace
 
 PASSES: dict[str, Pass] = {p.name: p for p in (
+    canonicalize_norm, canonicalize_gelu,
     fuse_sdpa, fuse_swiglu, fuse_shared_input_matmul, fuse_matmul_bias_act, fuse_attention_block, fuse_residual_ln,
     fuse_residual_rms_norm, fuse_transformer_layer, dead_code_elimination, mark_elementwise_regions, unfuse)}
 """Every pass by name."""
 
-CANONICAL_ORDER = ("fuse_sdpa", "fuse_swiglu", "fuse_shared_input_matmul", "fuse_matmul_bias_act",
+CANONICAL_ORDER = ("canonicalize_norm", "canonicalize_gelu",
+                   "fuse_sdpa", "fuse_swiglu", "fuse_shared_input_matmul", "fuse_matmul_bias_act",
                    "fuse_attention_block", "fuse_residual_ln", "fuse_residual_rms_norm", "fuse_transformer_layer",
                    "dead_code_elimination", "mark_elementwise_regions", "dead_code_elimination")
 

@@ -1,0 +1,278 @@
+"""`canonicalize_norm`: LayerNorm and RMSNorm written as primitives -> `layer_norm` / `rms_norm`.
+
+Exporters (ONNX opset < 17, torch.fx traces, hand-written modules) emit the norms as primitives.
+Two rules, each anchored on the first statistic and walking forward through the users:
+
+* `canonicalize_norm.layer_norm`: `mean = reduce_mean(x, [-1])`, `c = x - mean`, `var =
+  reduce_mean(c*c | pow(c, 2))`, `normed = c / sqrt(var + eps)` or `c * rsqrt(var + eps)`, then
+  optionally `* gamma` and `+ beta` -> `layer_norm(x, gamma, beta, eps)` (a missing gamma/beta becomes a
+  constant of ones/zeros). `keepdims=false` statistics count when a reshape restores the `[..., 1]` axis.
+* `canonicalize_norm.rms_norm`: `ms = reduce_mean(x*x | pow(x, 2), [-1])`, `x * rsqrt(ms + eps)` or
+  `x / sqrt(ms + eps)`, optionally `* gamma` (and `+ beta`) -> `rms_norm(x, gamma[, beta], eps)`.
+
+Validity (each a named guard; the rewrite changes only rounding, checked against the reference on random
+and adversarial inputs in `tests/test_forms.py`):
+
+* `normalized_axis_last`: the statistics reduce exactly the last axis (the norm ops normalize nothing else).
+* `mean_keepdims` / `var_keepdims`: each statistic is broadcast back per row (`[..., 1]`); a `keepdims=false`
+  statistic subtracted directly broadcasts along the last axis instead (a different function).
+* `eps_inside_sqrt`: eps is added to the variance, not to the standard deviation.
+* `stats_dtype`: x is f32 (the decomposition's statistics in f16 round differently from the fused kernels,
+  which accumulate in f32).
+* `gamma_shape` / `beta_shape`: rank-1 `[hidden]` over the normalized axis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ...ir import DType, Graph, Node, Op, Rewriter
+from ..engine import rule_pass
+from ..guard import Ctx, guard
+from ..pattern import P, const_value, is_const
+from ..rule import QUIET, Fail, Rule, reports
+
+_AFFINE_LEAVES = (Op.PARAM, Op.CONST)
+
+
+def _users(g: Graph, i: int, op: Op | tuple[Op, ...]) -> list[Node]:
+    ops = (op,) if isinstance(op, Op) else op
+    return [u for u in g.users(i) if u.op in ops]
+
+
+def _other(n: Node, i: int) -> int | None:
+    """The operand of binary `n` that is not `i` (None when both are `i`)."""
+    a, b = n.inputs
+    return b if a == i else a if b == i else None
+
+
+def _restored(g: Graph, stat: Node, consumer_ok: Callable[[Node, int], bool]) -> tuple[Node | None, Node | None]:
+    """`(broadcast form, consumer)`: the statistic itself or its reshape, and the first user that fits."""
+    for u in g.users(stat.id):
+        if consumer_ok(u, stat.id):
+            return None, u
+    for r in _users(g, stat.id, Op.RESHAPE):
+        for u in g.users(r.id):
+            if consumer_ok(u, r.id):
+                return r, u
+    return None, None
+
+
+def _is_square_of(n: Node, g: Graph, x: int) -> bool:
+    if n.op == Op.MUL:
+        return n.inputs == (x, x)
+    return n.op == Op.POW and n.inputs[0] == x and is_const(g[n.inputs[1]]) and const_value(g[n.inputs[1]]) == 2.0
+
+
+def _tail(c: Ctx, stat_role: str, num: int) -> bool:
+    """From the bound statistic (variance or mean square) to `normed` and the optional affine; binds roles.
+
+    `num` is the numerator (centered x, or x for RMSNorm). Returns False when the chain is not a norm.
+    """
+    g, b = c.graph, c.bindings
+    stat = c[stat_role]
+
+    def eps_add(u: Node, src: int) -> bool:
+        o = _other(u, src) if u.op == Op.ADD else None
+        return o is not None and is_const(g[o])
+
+    def root_of(u: Node, src: int) -> bool:
+        return u.op in (Op.SQRT, Op.RSQRT)
+
+    r, add = _restored(g, stat, eps_add)
+    if add is not None:
+        if r is not None:
+            b[f"{stat_role}_r"] = r.id
+        b["eps_add"], b["eps"] = add.id, _other(add, (r or stat).id)
+        roots = _users(g, add.id, (Op.SQRT, Op.RSQRT))
+        if not roots:
+            return False
+        b["root"] = roots[0].id
+        root = roots[0]
+    else:  # eps after the sqrt: sqrt(var) + eps (refused by eps_inside_sqrt)
+        r, root = _restored(g, stat, root_of)
+        if root is None or root.op != Op.SQRT:
+            return False
+        if r is not None:
+            b[f"{stat_role}_r"] = r.id
+        adds = [u for u in _users(g, root.id, Op.ADD) if eps_add(u, root.id)]
+        if not adds:
+            return False
+        b["root"], b["eps_add"], b["eps"] = root.id, adds[0].id, _other(adds[0], root.id)
+        c.data["eps_outside"] = True
+        root = adds[0]
+    want = Op.DIV if root.op in (Op.SQRT, Op.ADD) else Op.MUL
+    normed = next((u for u in _users(g, num, want) if (u.inputs == (num, root.id) if want == Op.DIV
+                                                        else set(u.inputs) == {num, root.id})), None)
+    if normed is None:
+        return False
+    b["normed"] = normed.id
+    scales = _users(g, normed.id, Op.MUL)
+    if len(g.users(normed.id)) == 1 and scales:
+        gam = _other(scales[0], normed.id)
+        if gam is not None and g[gam].op in _AFFINE_LEAVES:
+            b["scale"], b["gamma"] = scales[0].id, gam
+            shifts = _users(g, scales[0].id, Op.ADD)
+            if len(g.users(scales[0].id)) == 1 and shifts:
+                bet = _other(shifts[0], scales[0].id)
+                if bet is not None and g[bet].op in _AFFINE_LEAVES:
+                    b["shift"], b["beta"] = shifts[0].id, bet
+    return True
+
+
+@reports()
+def _layer_norm_chain(c: Ctx) -> Fail | None:
+    """Bind the LayerNorm chain from `mean` (quiet when the users do not continue it)."""
+    g, x = c.graph, c.id("x")
+    mean = c["mean"]
+
+    def centered(u: Node, src: int) -> bool:
+        return u.op == Op.SUB and u.inputs == (x, src)
+
+    r, sub = _restored(g, mean, centered)
+    if sub is None:
+        return QUIET
+    if r is not None:
+        c.bindings["mean_r"] = r.id
+    c.bindings["centered"] = sub.id
+    sq = next((u for u in g.users(sub.id) if _is_square_of(u, g, sub.id)), None)
+    if sq is None:
+        return QUIET
+    var = next((u for u in _users(g, sq.id, Op.REDUCE_MEAN)), None)
+    if var is None:
+        return QUIET
+    c.bindings.update(sq=sq.id, var=var.id)
+    return None if _tail(c, "var", sub.id) else QUIET
+
+
+def _centered_value(g: Graph, n: Node) -> bool:
+    """`n` is `x - reduce_mean(x)` (possibly through a reshape): LayerNorm's territory, not RMSNorm's."""
+    if n.op != Op.SUB:
+        return False
+    m = g[n.inputs[1]]
+    m = g[m.inputs[0]] if m.op == Op.RESHAPE else m
+    return m.op == Op.REDUCE_MEAN and m.inputs[0] == n.inputs[0]
+
+
+@reports()
+def _rms_norm_chain(c: Ctx) -> Fail | None:
+    """Bind the RMSNorm chain from `sq` (quiet when it is not one)."""
+    g, sq = c.graph, c["sq"]
+    x = sq.inputs[0]
+    if not _is_square_of(sq, g, x) or _centered_value(g, g[x]):
+        return QUIET
+    c.bindings["x"] = x
+    ms = next((u for u in _users(g, sq.id, Op.REDUCE_MEAN)), None)
+    if ms is None:
+        return QUIET
+    c.bindings["var"] = ms.id
+    return None if _tail(c, "var", x) else QUIET
+
+
+def _axis_last(c: Ctx, stat: str) -> bool:
+    n, rank = c[stat], c["x"].rank
+    return len(n.attrs["axes"]) == 1 and n.attrs["axes"][0] in (-1, rank - 1)
+
+
+def _row_shape(c: Ctx) -> tuple[int, ...]:
+    return (*c["x"].shape[:-1], 1)
+
+
+def _bcast(stat: str) -> str:
+    return f"{stat}_r"
+
+
+def _broadcast_ok(c: Ctx, stat: str) -> bool:
+    node = c[_bcast(stat)] if _bcast(stat) in c else c[stat]
+    return node.shape == _row_shape(c)
+
+
+def _keepdims_guard(stat: str, name: str, what: str) -> object:
+    def explain(c: Ctx) -> str:
+        node = c[_bcast(stat)] if _bcast(stat) in c else c[stat]
+        return (f"the {what} {c.d(stat)} reaches its user with shape {list(node.shape)} (keepdims="
+                f"{str(c[stat].attrs.get('keepdims')).lower()}); it broadcasts along the last axis of x "
+                f"{list(c['x'].shape)} instead of per row; needs {list(_row_shape(c))}")
+    return guard(name, lambda c: _broadcast_ok(c, stat), explain,
+                 f"reduce with keepdims=true (or reshape the {what} to [..., 1]) before using it",
+                 requires=(stat,))
+
+
+def _affine_guard(role: str) -> object:
+    def ok(c: Ctx) -> bool:
+        return c[role].shape == (c["x"].shape[-1],)
+
+    return guard(f"{role}_shape", ok,
+                 lambda c: f"{role} {c.d(role)} has shape {list(c[role].shape)}; needs rank 1 [{c['x'].shape[-1]}] "
+                           f"over the normalized (last) axis of x {list(c['x'].shape)}",
+                 f"store {role} as a [hidden] vector", requires=(role,))
+
+
+def _common_guards(family: str, stats: tuple[str, ...]) -> tuple:
+    return (
+        guard("normalized_axis_last", lambda c: all(_axis_last(c, s) for s in stats),
+              lambda c: f"{c.d(stats[0])} reduces axes {list(c[stats[0]].attrs['axes'])} of x {list(c['x'].shape)}; "
+                        f"{family} normalizes the last axis only",
+              "normalize over the last axis (transpose first)", requires=stats),
+        *(_keepdims_guard(s, f"{'mean' if s == 'mean' else 'var'}_keepdims",
+                          "mean" if s == "mean" else "variance" if family == "layer_norm" else "mean square")
+          for s in stats),
+        guard("eps_inside_sqrt", lambda c: not c.data.get("eps_outside"),
+              lambda c: f"eps {c.d('eps')} is added after the sqrt ({c.d('eps_add')}: std + eps); {family} adds "
+                        f"it to the variance (sqrt(var + eps)): the numbers differ",
+              "write sqrt(var + eps)", requires=("eps_add",)),
+        guard("eps_scalar", lambda c: (const_value(c["eps"]) or 0.0) >= 0.0,
+              lambda c: f"eps {c.d('eps')} = {const_value(c['eps'])}; needs a scalar >= 0", requires=("eps",)),
+        guard("stats_dtype", lambda c: c["x"].dtype == DType.f32,
+              lambda c: f"x {c.d('x')} is {c['x'].dtype}: the statistics are computed in {c['x'].dtype}, while the "
+                        f"{family} kernels accumulate in f32; the numbers differ",
+              "cast x to f32 before the statistics (as Hugging Face's LlamaRMSNorm does)", requires=("x",)),
+        _affine_guard("gamma"),
+        _affine_guard("beta"),
+    )
+
+
+_ABSORB = ("mean", "mean_r", "centered", "sq", "var", "var_r", "eps_add", "root", "normed", "scale", "shift")
+_RESULT = ("shift", "scale", "normed")
+
+
+def _rewrite(op: Op) -> object:
+    def rewrite(c: Ctx, rw: Rewriter) -> int:
+        absorbed = [c.id(r) for r in _ABSORB if r in c]
+        x = c["x"]
+        h = x.shape[-1]
+        with rw.provenance(absorbed):
+            gamma = c.id("gamma") if "gamma" in c else rw.const((1.0,) * h, x.dtype)
+            ins = [c.id("x"), gamma]
+            if "beta" in c:
+                ins.append(c.id("beta"))
+            elif op == Op.LAYER_NORM:
+                ins.append(rw.const((0.0,) * h, x.dtype))
+            new = rw.emit(op, ins, eps=float(const_value(c["eps"]) or 0.0), axis=-1)
+        result = next(c.id(r) for r in _RESULT if r in c)
+        rw.remove([a for a in absorbed if a != result])
+        rw.replace(result, new)
+        return new
+    return rewrite
+
+
+LAYER_NORM = Rule(
+    "canonicalize_norm.layer_norm",
+    P(Op.REDUCE_MEAN, P.var("x"), name="mean"),
+    steps=(_layer_norm_chain, *_common_guards("layer_norm", ("mean", "var"))),
+    result=_RESULT, absorb=_ABSORB, rewrite=_rewrite(Op.LAYER_NORM),
+    labels={"mean": "mean", "var": "variance", "normed": "normalized x"},
+    doc="(x - mean) / sqrt(var + eps) [* gamma] [+ beta] as primitives -> layer_norm")
+
+RMS_NORM = Rule(
+    "canonicalize_norm.rms_norm",
+    P((Op.MUL, Op.POW), name="sq"),
+    steps=(_rms_norm_chain, *_common_guards("rms_norm", ("var",))),
+    result=_RESULT, absorb=_ABSORB, rewrite=_rewrite(Op.RMS_NORM),
+    labels={"var": "mean square", "normed": "normalized x"},
+    doc="x * rsqrt(mean(x^2) + eps) [* gamma] as primitives -> rms_norm")
+
+canonicalize_norm = rule_pass("canonicalize_norm", [LAYER_NORM, RMS_NORM],
+                              "LayerNorm / RMSNorm written as primitives -> layer_norm / rms_norm")
+
+__all__ = ["LAYER_NORM", "RMS_NORM", "canonicalize_norm"]
