@@ -29,10 +29,12 @@ from __future__ import annotations
 import math
 
 from ...ir import Op
+from ...ir.ops import kv_heads
 from ..engine import rule_pass
 from ..guard import Ctx, Guard, all_single_use, attr_eq, guard, not_output, single_user, size_le, user_count
 from ..pattern import P, const_value, is_const
 from ..rule import QUIET, Fail, Rule, Shape, Soft, User, reports
+from .gqa import explain_heads, heads_match, kv_heads_pattern, kv_repeat_guard, num_kv_heads, repeat_roles
 
 # -- fuse_sdpa -----------------------------------------------------------------------------------
 
@@ -41,13 +43,13 @@ def _heads(tag: str) -> P:
     return P(Op.TRANSPOSE, P(Op.RESHAPE, P.var(tag), name=f"{tag}_reshape"), name=f"{tag}_heads")
 
 
-_QK = P(Op.MATMUL, _heads("q"), P(Op.TRANSPOSE, _heads("k"), name="k_t"), name="qk")
+_QK = P(Op.MATMUL, _heads("q"), P(Op.TRANSPOSE, kv_heads_pattern("k", _heads("k")), name="k_t"), name="qk")
 _CONST = P.var("scale_c", where=is_const, what="a scalar constant")
 _SCALED = (P(Op.DIV, _QK, _CONST, name="scale") | P(Op.MUL, _QK, _CONST, name="scale", commutative=True) | _QK)
 _SCORES = P(Op.ADD, _SCALED, P.var("mask"), name="mask_add") | P(Op.ADD, P.var("mask"), _SCALED, name="mask_add") \
     | _SCALED
 _INTERNAL = ("q_reshape", "q_heads", "k_reshape", "k_heads", "k_t", "qk", "scale", "mask_add", "softmax",
-             "v_reshape", "v_heads", "pv", "merge_t")
+             "v_reshape", "v_heads", "pv", "merge_t", *repeat_roles("k"), *repeat_roles("v"))
 
 
 def _split_ok(c: Ctx, tag: str) -> bool:
@@ -62,10 +64,6 @@ def _split_guard(tag: str) -> Guard:
                            f"{list(c[tag + '_reshape'].shape)} + transpose {list(c[tag + '_heads'].attrs['perm'])}; "
                            f"needs reshape [B, S, heads, head_dim] + transpose [0, 2, 1, 3] of a packed [B, S, H]",
                  "write the head split as view(B, S, heads, head_dim).permute(0, 2, 1, 3)")
-
-
-def _same_heads(c: Ctx) -> bool:
-    return c["q_reshape"].shape[2:] == c["k_reshape"].shape[2:] == c["v_reshape"].shape[2:]
 
 
 def _merge_ok(c: Ctx) -> bool:
@@ -126,7 +124,8 @@ def _sdpa_build(c: Ctx) -> tuple[Op, list[int], dict]:
     if "mask" in c:
         kind = "keep" if "keep" in c.data else "additive"
         ins.append(c.data.get("keep", c.id("mask")))
-    return Op.ATTENTION, ins, {"num_heads": r.shape[2], "head_dim": r.shape[3], "mask": kind, "scale": _scale(c)}
+    return Op.ATTENTION, ins, {"num_heads": r.shape[2], "head_dim": r.shape[3], "mask": kind, "scale": _scale(c),
+                               "num_kv_heads": num_kv_heads(c)}
 
 
 SDPA = Rule(
@@ -136,7 +135,7 @@ SDPA = Rule(
               lambda c: f"{c.d('softmax')} is over axis {c['softmax'].attrs.get('axis')}; needs the key axis (-1)"),
         Shape("scores_form", "softmax", P(Op.SOFTMAX, _SCORES, name="softmax"),
               "scores must be matmul(q_heads, transpose(k_heads)) [scaled] [+ mask]"),
-        User("pv_form", "pv", "softmax", P(Op.MATMUL, P.var("softmax"), _heads("v"), name="pv"),
+        User("pv_form", "pv", "softmax", P(Op.MATMUL, P.var("softmax"), kv_heads_pattern("v", _heads("v")), name="pv"),
              "matmul(softmax, v_heads)"),
         User("merge_form", "merge_t", "pv", P(Op.TRANSPOSE, name="merge_t"), "transpose (merge heads)"),
         User("merge_reshape", "merge", "merge_t", P(Op.RESHAPE, name="merge"), "reshape to [B, S, H]"),
@@ -147,9 +146,8 @@ SDPA = Rule(
                         f"[B, S, heads, head_dim] -> [0, 2, 1, 3] -> [0, 1, 3, 2]",
               "transpose K with k_heads.transpose(-1, -2)"),
         _split_guard("v"),
-        guard("heads_consistent", _same_heads,
-              lambda c: f"q/k/v head splits {list(c['q_reshape'].shape[2:])}, {list(c['k_reshape'].shape[2:])}, "
-                        f"{list(c['v_reshape'].shape[2:])} differ"),
+        kv_repeat_guard(),
+        guard("heads_consistent", heads_match, explain_heads),
         guard("merge_layout", _merge_ok,
               lambda c: f"{c.d('merge')} merges heads with transpose {list(c['merge_t'].attrs['perm'])} to "
                         f"{list(c['merge'].shape)}; needs transpose [0, 2, 1, 3] + reshape [B, S, heads*head_dim]"),
@@ -176,21 +174,28 @@ def size_gate(role: str = "attn") -> Guard:
                    "raise or unset fab_max_tokens (the canonical profile has no gate; the rlx profile uses 64)")
 
 
+def _widths(c: Ctx) -> tuple[int, int]:
+    """(H, KV): the query width and the key/value width of the bound attention (GQA: KV < H)."""
+    a = c["attn"].attrs
+    return a["num_heads"] * a["head_dim"], kv_heads(a) * a["head_dim"]
+
+
 def _split_at(c: Ctx) -> bool:
-    h = c["attn"].attrs["num_heads"] * c["attn"].attrs["head_dim"]
+    h, kv = _widths(c)
     rank = c["qkv"].rank
-    for i, r in enumerate(("q", "k", "v")):
+    for r, start, n in (("q", 0, h), ("k", h, kv), ("v", h + kv, kv)):
         a = c[r].attrs
-        if a["axis"] not in (-1, rank - 1) or a["start"] != i * h or a["length"] != h:
+        if a["axis"] not in (-1, rank - 1) or a["start"] != start or a["length"] != n:
             return False
-    return c["qkv"].shape[-1] == 3 * h
+    return c["qkv"].shape[-1] == h + 2 * kv
 
 
 def _explain_split(c: Ctx) -> str:
-    h = c["attn"].attrs["num_heads"] * c["attn"].attrs["head_dim"]
+    h, kv = _widths(c)
     got = ", ".join(f"{r}=narrow(axis {c[r].attrs['axis']}, start {c[r].attrs['start']}, len {c[r].attrs['length']})"
                     for r in ("q", "k", "v"))
-    return f"{got} of {c.d('qkv')} {list(c['qkv'].shape)}; needs starts 0/{h}/{2 * h} with length {h} on the last axis"
+    lens = f"length {h}" if kv == h else f"lengths {h}/{kv}/{kv} (grouped-query)"
+    return f"{got} of {c.d('qkv')} {list(c['qkv'].shape)}; needs starts 0/{h}/{h + kv} with {lens} on the last axis"
 
 
 BLOCK = Rule(
@@ -223,7 +228,7 @@ BLOCK = Rule(
     build=lambda c: (Op.FUSED_ATTENTION_BLOCK,
                      [c.id(r) for r in ("hidden", "qkv_w", "out_w", "mask", "qkv_b", "out_b")],
                      {"num_heads": c["attn"].attrs["num_heads"], "head_dim": c["attn"].attrs["head_dim"],
-                      "has_bias": True, "has_rope": False}),
+                      "has_bias": True, "has_rope": False, "num_kv_heads": c["attn"].attrs.get("num_kv_heads")}),
     doc="QKV linear -> narrows -> attention(keep) -> out linear -> FusedAttentionBlock")
 
 fuse_attention_block = rule_pass("fuse_attention_block", [BLOCK], "QKV + attention + out-projection -> "

@@ -1,0 +1,88 @@
+"""Grouped-query attention in `fuse_sdpa`: Hugging Face's `repeat_kv` recognized into `attention(num_kv_heads)`.
+
+HF LLaMA/Mistral/Qwen expand K and V from `kv` heads to `heads = kv * n_rep` before the score matmul::
+
+    k_heads = transpose(reshape(k, [B, S, kv, d]), [0, 2, 1, 3])          # [B, kv, S, d]
+    k_rep   = reshape(expand(reshape(k_heads, [B, kv, 1, S, d]), [B, kv, n_rep, S, d]), [B, kv*n_rep, S, d])
+
+so query head i reads kv head `i // n_rep`, which is `attention(..., num_kv_heads=kv)`'s definition. The
+pattern pieces here let `fuse_sdpa` accept either form for K and V; the guard `kv_repeat_form` refuses any
+other expansion (e.g. a tile, `k.repeat(1, n, 1, 1)`, where query head i reads kv head `i % kv`) and names it,
+so no fusion treats expanded K/V as plain multi-head attention over the wider tensor.
+"""
+
+from __future__ import annotations
+
+from ...ir import Op
+from ..guard import Ctx, Guard, guard
+from ..pattern import P
+
+REPEAT_ROLES = ("rep_in", "rep_expand", "rep")
+
+
+def kv_heads_pattern(tag: str, heads: P) -> P:
+    """`heads` (the `[B, kv, S, d]` head split of `tag`), or it expanded by `repeat_kv`."""
+    rep = P(Op.RESHAPE, P(Op.EXPAND, P(Op.RESHAPE, heads, name=f"{tag}_rep_in"), name=f"{tag}_rep_expand"),
+            name=f"{tag}_rep")
+    return heads | rep
+
+
+def repeat_roles(tag: str) -> tuple[str, ...]:
+    return tuple(f"{tag}_{r}" for r in REPEAT_ROLES)
+
+
+def n_rep(c: Ctx, tag: str) -> int:
+    """How many query heads share one kv head of `tag` (1: not repeated)."""
+    return c[f"{tag}_rep_expand"].shape[2] if f"{tag}_rep" in c else 1
+
+
+def _repeat_ok(c: Ctx, tag: str) -> bool:
+    if f"{tag}_rep" not in c:
+        return True
+    b, kv, s, d = c[f"{tag}_heads"].shape
+    r, x, out = c[f"{tag}_rep_in"], c[f"{tag}_rep_expand"], c[f"{tag}_rep"]
+    n = x.shape[2] if x.rank == 5 else 0
+    return (r.shape == (b, kv, 1, s, d) and x.shape == (b, kv, n, s, d) and out.shape == (b, kv * n, s, d)
+            and n >= 1)
+
+
+def _explain_repeat(c: Ctx) -> str:
+    tag = "k" if not _repeat_ok(c, "k") else "v"
+    heads = c[f"{tag}_heads"]
+    shapes = " -> ".join(str(list(c[f"{tag}_{r}"].shape)) for r in REPEAT_ROLES)
+    b, kv, s, d = heads.shape
+    return (f"{tag.upper()} heads {list(heads.shape)} are expanded to {list(c[f'{tag}_rep'].shape)} by reshape/expand/"
+            f"reshape {shapes}; grouped-query attention needs Hugging Face's repeat_kv [{b}, {kv}, 1, {s}, {d}] -> "
+            f"[{b}, {kv}, n_rep, {s}, {d}] -> [{b}, {kv}*n_rep, {s}, {d}] (query head i reads kv head i // n_rep)")
+
+
+def kv_repeat_guard() -> Guard:
+    """K and V expansions, when present, are HF's `repeat_kv` (`kv_repeat_form`)."""
+    return guard("kv_repeat_form", lambda c: _repeat_ok(c, "k") and _repeat_ok(c, "v"), _explain_repeat,
+                 "expand K/V with repeat_kv (x[:, :, None].expand(B, kv, n_rep, S, d).reshape(B, kv*n_rep, S, d)), "
+                 "or pass the kv heads to attention unexpanded")
+
+
+def heads_match(c: Ctx) -> bool:
+    """q heads = kv heads * n_rep for K and V alike; equal head_dim; K and V have the same kv heads."""
+    q, k, v = (c[f"{t}_reshape"].shape[2:] for t in "qkv")
+    return (q[1] == k[1] == v[1] and k[0] == v[0] and n_rep(c, "k") == n_rep(c, "v")
+            and q[0] == k[0] * n_rep(c, "k"))
+
+
+def explain_heads(c: Ctx) -> str:
+    q, k, v = (list(c[f"{t}_reshape"].shape[2:]) for t in "qkv")
+    rk, rv = n_rep(c, "k"), n_rep(c, "v")
+    rep = f"; K is repeated x{rk}, V x{rv}" if rk > 1 or rv > 1 else ""
+    return f"q/k/v head splits [heads, head_dim] are {q}, {k}, {v}{rep}; needs q heads = kv heads * n_rep and equal " \
+           f"head_dim"
+
+
+def num_kv_heads(c: Ctx) -> int | None:
+    """The `num_kv_heads` attribute for the packed attention (None: plain multi-head)."""
+    kv, h = c["k_reshape"].shape[2], c["q_reshape"].shape[2]
+    return None if kv == h else kv
+
+
+__all__ = ["explain_heads", "heads_match", "kv_heads_pattern", "kv_repeat_guard", "n_rep", "num_kv_heads",
+           "repeat_roles"]
