@@ -218,13 +218,16 @@ def gelu_graph(kind: str, form: int, k: float | None = None) -> Graph:
         out = b.mul(b.mul(b.const(0.5), x), one)
     elif form == 1:
         out = b.mul(b.mul(x, one), b.const(0.5))
+    elif form == 3:
+        out = b.div(b.mul(one, x), b.const(2.0))
     else:
         out = b.mul(x, b.mul(one, b.const(0.5)))
     b.output(out)
     return b.build()
 
 
-@pytest.mark.parametrize("kind, form", [("erf", 0), ("erf", 1), ("erf", 2), ("tanh", 0), ("tanh", 1), ("tanh", 2)])
+@pytest.mark.parametrize("kind, form", [("erf", 0), ("erf", 1), ("erf", 2), ("erf", 3), ("tanh", 0), ("tanh", 1),
+                                        ("tanh", 2), ("tanh", 3)])
 def test_gelu_forms_rewrite_with_equal_numbers(kind, form):
     g = gelu_graph(kind, form)
     after = canonicalized(g).final

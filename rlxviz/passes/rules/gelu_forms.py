@@ -5,7 +5,7 @@
   `pow(x, 3)`, `x*x*x` or the factored `x * (1 + 0.044715 * x*x)` -> `gelu_tanh(x)`.
 
 The outer product `0.5 * x * (1 + t)` is accepted in any association (`(0.5*x)*(1+t)`, `x*(0.5*(1+t))`,
-`((1+t)*x)*0.5`, ...). Anchored on the `erf` / `tanh` node, so each chain is one candidate.
+`((1+t)*x)*0.5`, `x*(1+t)/2`, ...). Anchored on the `erf` / `tanh` node, so each chain is one candidate.
 Validity: the constants equal the formula's to 1e-6 relative (guard `gelu_constants`, which names the
 constant that differs); then the rewrite changes only rounding (tests compare with the reference on
 random and large-magnitude inputs).
@@ -128,11 +128,15 @@ def _outer_product(c: Ctx) -> Fail | None:
     cur, have_x, half, muls = one.id, False, 1.0, []
     for _ in range(2):
         users = g.users(cur)
-        if len(users) != 1 or users[0].op != Op.MUL:
+        if len(users) != 1 or users[0].op not in (Op.MUL, Op.DIV):
             break
         u = users[0]
         o = g[u.inputs[1] if u.inputs[0] == cur else u.inputs[0]]
-        if o.id == x and not have_x:
+        if u.op == Op.DIV:  # (...) / 2
+            if u.inputs[0] != cur or not is_const(o) or not const_value(o):
+                break
+            half /= const_value(o)  # type: ignore[operator]
+        elif o.id == x and not have_x:
             have_x = True
         elif is_const(o):
             half *= const_value(o) or 0.0

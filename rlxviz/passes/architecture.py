@@ -1,0 +1,222 @@
+"""Per-layer architecture detection: which kind of transformer block a layer is, and so which fusions it expects.
+
+`classify_layer(graph, layer)` reads one layer (nodes whose path names it; `layer=None`: the whole graph) of
+the graph after the canonicalization prefix (`canonicalize_norm`, `canonicalize_gelu`, `fuse_sdpa`, run here
+on a copy, so decomposed norms, GELUs and Hugging Face attention are seen as ops) and returns a
+`LayerArchitecture`:
+
+* `post_ln` (BERT): a residual sum feeds only a LayerNorm (`norm(x + sublayer(x))`).
+* `pre_ln` (GPT-2, ViT): a norm reads the residual stream, which also feeds the residual add
+  (`x + sublayer(norm(x))`).
+* `llama`: pre-norm with RMSNorm, and SwiGLU and/or RoPE.
+* `parallel` (GPT-J, PaLM, Phi-2): one norm output feeds both the attention and the MLP, whose
+  activation is not downstream of the attention.
+* `attention_only`: attention and no MLP activation.
+* `no_attention`: everything else with no attention (an MLP, an embedding).
+
+`LayerArchitecture.not_expected(pass_name, guard)` says why a rejection does not count for this kind (None: it
+counts). The rules: `FusedTransformerLayer` is expected only of `post_ln`; `FusedAttentionBlock` of `post_ln`
+and of any layer whose attention has a binary keep mask (the only mask the block takes); a residual-norm
+fusion refused because the residual sum has other users is illegal, not missed, in a pre-norm layer.
+Everything else that was a candidate and did not fuse counts, so nothing passes vacuously.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..ir import Graph, Node, Op
+from .trace import layer_of
+
+_ATTENTION = frozenset({Op.ATTENTION, Op.FUSED_ATTENTION_BLOCK, Op.FUSED_TRANSFORMER_LAYER})
+_NORMS = frozenset({Op.LAYER_NORM, Op.RMS_NORM, Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM})
+_ACTS = frozenset({Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.FUSED_SWIGLU})
+_PREFIX = ("canonicalize_norm", "canonicalize_gelu", "fuse_sdpa")
+KINDS = ("post_ln", "pre_ln", "llama", "parallel", "attention_only", "no_attention")
+
+DESCRIPTIONS = {
+    "post_ln": "post-LN (BERT): attention -> residual add -> LayerNorm",
+    "pre_ln": "pre-LN (GPT-2, ViT): norm -> sublayer -> residual add",
+    "llama": "LLaMA: pre-norm RMSNorm",
+    "parallel": "parallel block (GPT-J, PaLM, Phi-2): one norm feeds attention and MLP",
+    "attention_only": "attention only (no MLP)",
+    "no_attention": "no attention",
+}
+
+RESIDUAL_NORM_PASSES = ("fuse_residual_ln", "fuse_residual_rms_norm")
+PRE_NORM_ILLEGAL_GUARDS = frozenset({"sum_single_user", "biased_single_user"})
+
+
+@dataclass(frozen=True)
+class LayerArchitecture:
+    """One layer's kind and the facts it was read from.
+
+    Attributes:
+        kind: one of `KINDS`.
+        description: one line, e.g. `pre-LN (GPT-2, ViT): norm -> sublayer -> residual add; LayerNorm`.
+        norm: `LayerNorm`, `RMSNorm` or `none`.
+        mask: the attention's mask kind after `fuse_sdpa` (`keep`, `causal`, `additive`, `none`), `unknown`
+            when the attention stayed primitives, None without attention.
+        rope / swiglu: the layer has rotary embeddings / a SiLU-gated MLP.
+        evidence: node-level facts behind the kind, e.g. `residual sum %12 feeds only layer_norm %13`.
+    """
+
+    kind: str
+    description: str
+    norm: str = "none"
+    mask: str | None = None
+    rope: bool = False
+    swiglu: bool = False
+    evidence: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def post_ln(self) -> bool:
+        """A post-LN BERT-style layer: one FusedTransformerLayer is expected."""
+        return self.kind == "post_ln"
+
+    @property
+    def pre_norm(self) -> bool:
+        """The residual sum also feeds the next residual add, so residual-norm fusions are illegal."""
+        return self.kind in ("pre_ln", "llama", "parallel") or (
+            self.kind == "attention_only" and any("pre-norm" in e for e in self.evidence))
+
+    def not_expected(self, pass_name: str, guard: str = "") -> str | None:
+        """Why a rejection of `pass_name` at `guard` does not count in this layer (None: it counts)."""
+        if pass_name == "fuse_transformer_layer" and not self.post_ln:
+            return f"FusedTransformerLayer is the post-LN BERT layer; this layer is {self.description}"
+        if pass_name == "fuse_attention_block" and not self.post_ln and self.mask != "keep":
+            return (f"FusedAttentionBlock takes a binary keep mask; this layer's attention mask is "
+                    f"{self.mask or 'absent'}")
+        if pass_name in RESIDUAL_NORM_PASSES and self.pre_norm and guard in PRE_NORM_ILLEGAL_GUARDS:
+            return "pre-norm layout: the residual sum also feeds the next residual add, so it cannot be fused"
+        return None
+
+    def expected(self) -> list[str]:
+        """The fused ops this kind of layer should end with (for messages)."""
+        if self.post_ln:
+            return ["FusedTransformerLayer"]
+        out = []
+        if self.mask is not None:
+            out.append("packed attention" + (" (grouped-query)" if "grouped-query" in " ".join(self.evidence)
+                                             else ""))
+            if self.mask == "keep":
+                out.append("FusedAttentionBlock")
+        if self.swiglu:
+            out.append("FusedSwiGLU")
+        return out
+
+
+_PREPARED: dict[int, tuple[Graph, Graph]] = {}
+
+
+def prepared(graph: Graph) -> Graph:
+    """`graph` after the canonicalization prefix (cached for the last few graphs)."""
+    hit = _PREPARED.get(id(graph))
+    if hit is not None and hit[0] is graph:
+        return hit[1]
+    from .pipeline import Pipeline  # pipeline imports the rules; keep this module importable on its own
+
+    trace = Pipeline(list(_PREFIX)).run(graph)
+    if len(_PREPARED) >= 4:
+        _PREPARED.pop(next(iter(_PREPARED)))
+    _PREPARED[id(graph)] = (graph, trace.final)
+    return trace.final
+
+
+def _reach(g: Graph, start: int, inside: set[int]) -> set[int]:
+    """Node ids reachable from `start` through users, staying inside `inside`."""
+    seen: set[int] = set()
+    todo = deque([start])
+    while todo:
+        i = todo.popleft()
+        for u in g.users(i):
+            if u.id in inside and u.id not in seen:
+                seen.add(u.id)
+                todo.append(u.id)
+    return seen
+
+
+def _label(n: Node) -> str:
+    return f"{n.op.value} %{n.id}"
+
+
+def _is_activation(n: Node) -> bool:
+    return n.op in _ACTS or (n.op == Op.FUSED_MATMUL_BIAS_ACT and n.attrs.get("activation") is not None)
+
+
+def classify_layer(graph: Graph, layer: int | None) -> LayerArchitecture:
+    """The `LayerArchitecture` of `layer` (None: the whole graph) in `graph` (the unfused input graph)."""
+    g = prepared(graph)
+    nodes = [n for n in g if n.op not in (Op.INPUT, Op.PARAM, Op.CONST)
+             and (layer is None or layer_of(n.path) == layer)]
+    ids = {n.id for n in nodes}
+    attn = [n for n in nodes if n.op in _ATTENTION or (n.op == Op.SOFTMAX and n.rank == 4)]
+    norms = [n for n in nodes if n.op in _NORMS]
+    acts = [n for n in nodes if _is_activation(n)]
+    evidence: list[str] = []
+    norm = ("RMSNorm" if any(n.op in (Op.RMS_NORM, Op.FUSED_RESIDUAL_RMS_NORM) for n in norms)
+            else "LayerNorm" if norms else "none")
+    swiglu = any(n.op == Op.FUSED_SWIGLU or (n.op == Op.SILU and any(u.op == Op.MUL for u in g.users(n.id)))
+                 for n in nodes)
+    rope = any(n.op == Op.ROPE for n in nodes) or any(n.op == Op.FUSED_ATTENTION_BLOCK and n.attrs.get("has_rope")
+                                                      for n in nodes)
+    mask: str | None = None
+    if attn:
+        a = attn[0]
+        mask = (a.attrs.get("mask", "none") if a.op == Op.ATTENTION else "keep" if a.op in _ATTENTION
+                else "unknown")
+        if a.op == Op.ATTENTION and a.attrs.get("num_kv_heads") not in (None, a.attrs.get("num_heads")):
+            evidence.append(f"{_label(a)}: grouped-query ({a.attrs['num_heads']} query heads, "
+                            f"{a.attrs['num_kv_heads']} kv heads)")
+    post = pre = False
+    for n in norms:
+        if n.op in (Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM):
+            post = True
+            evidence.append(f"{_label(n)}: a residual sum fused into its norm (post-norm)")
+            continue
+        s = g[n.inputs[0]]
+        others = [u for u in g.users(s.id) if u.id != n.id]
+        if s.op == Op.ADD and not others and not g.is_output(s.id):
+            post = True
+            evidence.append(f"residual sum {_label(s)} feeds only {_label(n)} (post-norm)")
+        elif any(u.op == Op.ADD for u in others):
+            pre = True
+            evidence.append(f"{_label(n)} reads {_label(s)}, which also feeds residual add "
+                            f"{_label(next(u for u in others if u.op == Op.ADD))} (pre-norm)")
+    if any(n.op == Op.FUSED_TRANSFORMER_LAYER for n in nodes):
+        post = True
+        evidence.append("a FusedTransformerLayer (post-LN BERT)")
+    parallel = False
+    if attn and acts:
+        a_reach = _reach(g, attn[0].id, ids) | {attn[0].id}
+        for n in norms:
+            r = _reach(g, n.id, ids)
+            act = next((x for x in acts if x.id in r and x.id not in a_reach), None)
+            if attn[0].id in r and act is not None:
+                parallel = True
+                evidence.append(f"{_label(n)} feeds both {_label(attn[0])} and {_label(act)}, which does not "
+                                f"depend on the attention (parallel block)")
+                break
+    if not attn:
+        kind = "no_attention"
+    elif not acts:
+        kind = "attention_only"
+        if pre:
+            evidence.append("pre-norm residual")
+    elif parallel:
+        kind = "parallel"
+    elif post and not pre and norm == "LayerNorm":
+        kind = "post_ln"
+    elif norm == "RMSNorm" or swiglu or rope:
+        kind = "llama"
+    else:
+        kind = "pre_ln"
+    extras = [norm if norm != "none" else "no norm"] + (["RoPE"] if rope else []) + (["SwiGLU"] if swiglu else [])
+    if mask is not None:
+        extras.append(f"{mask} mask" if mask != "none" else "no mask")
+    return LayerArchitecture(kind, f"{DESCRIPTIONS[kind]}; {', '.join(extras)}", norm, mask, rope, swiglu,
+                             tuple(evidence))
+
+
+__all__ = ["DESCRIPTIONS", "KINDS", "LayerArchitecture", "classify_layer", "prepared"]

@@ -1,0 +1,155 @@
+""""No rule recognizes this" as a finding: chains that look like a known family but were never a candidate.
+
+A rule reports a rejection only when its anchor matched, so a family written in a form no rule anchors on
+(a LayerNorm whose variance is `E[x^2] - E[x]^2`, a GELU divided by 2 instead of multiplied by 0.5, a
+GELU-gated GLU, a `where` mask in front of a softmax) leaves no trace and "0 missed fusions" would be a lie.
+`unrecognized(trace)` scans the graph the pipeline left (the version before `mark_elementwise_regions`
+packs primitives into regions) for family signatures and reports those whose nodes no rule of the run ever
+matched or rejected (no `Match`/`Rejection` binds, anchors or names any of them):
+
+* `norm`: `reduce_mean` reaching `sqrt`/`rsqrt` within a few users (LayerNorm/RMSNorm statistics);
+* `gelu`: `erf`, or `tanh` whose user adds a constant (`1 + tanh(...)`);
+* `glu`: an activation whose result multiplies a matmul's (a gated linear unit);
+* `where_mask`: `where` feeding a softmax (a boolean attention mask);
+* `attention`: a rank-4 softmax left as primitives.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from ..ir import Graph, Node, Op
+from .report import MissedFusion
+from .trace import Trace
+
+GUARD = "no_rule"
+"""The guard name of an unrecognized finding (as `MissedFusion.guard`)."""
+
+FAMILIES = {
+    "norm": ("LayerNorm/RMSNorm statistics", "write it as (x - mean) / sqrt(var + eps) or x * rsqrt(mean(x^2) + eps) "
+             "(see docs/passes.md, recognized forms), or emit layer_norm / rms_norm"),
+    "gelu": ("a GELU", "write 0.5 * x * (1 + erf(x / sqrt(2))) or the tanh form, or emit gelu / gelu_tanh"),
+    "glu": ("a gated linear unit", "only the SiLU-gated form (SwiGLU) has a fused op"),
+    "where_mask": ("a where-based attention mask", "use an additive or keep mask (HF's extended mask)"),
+    "attention": ("scaled-dot-product attention", "see the fuse_sdpa pattern in docs/passes.md"),
+}
+
+
+@dataclass(frozen=True)
+class Unrecognized:
+    """A chain that looks like `family` but no rule made it a candidate.
+
+    Attributes:
+        family: a key of `FAMILIES`.
+        nodes: the chain's node ids (the signature node first), in the scanned graph version.
+        path: the first node's model path.
+        reason: one line naming the nodes and what they look like.
+        hint: how to make a rule see it.
+    """
+
+    family: str
+    nodes: tuple[int, ...]
+    path: str
+    reason: str
+    hint: str
+
+    def __str__(self) -> str:
+        return f"unrecognized.{self.family} @ %{self.nodes[0]} ({self.path or '-'}): {GUARD}: {self.reason}"
+
+    def as_missed(self) -> MissedFusion:
+        """The finding as a `MissedFusion` (pattern `unrecognized.<family>`, guard `no_rule`)."""
+        return MissedFusion(f"unrecognized.{self.family}", self.nodes[0], self.path, GUARD, self.reason, self.hint)
+
+
+def _forward(g: Graph, start: int, depth: int) -> list[int]:
+    out, seen, todo = [], {start}, deque([(start, 0)])
+    while todo:
+        i, d = todo.popleft()
+        out.append(i)
+        if d == depth:
+            continue
+        for u in g.users(i):
+            if u.id not in seen:
+                seen.add(u.id)
+                todo.append((u.id, d + 1))
+    return out
+
+
+def _const_operand(g: Graph, n: Node) -> bool:
+    return any(g[i].op == Op.CONST for i in n.inputs)
+
+
+def _signatures(g: Graph) -> list[tuple[str, tuple[int, ...], str]]:
+    """`(family, nodes, what)` for every family signature in `g`."""
+    found: list[tuple[str, tuple[int, ...], str]] = []
+    for n in g:
+        if n.op == Op.REDUCE_MEAN:
+            chain = _forward(g, n.id, 5)
+            roots = [i for i in chain if g[i].op in (Op.SQRT, Op.RSQRT)]
+            if roots:
+                keep = chain[:chain.index(roots[0]) + 1]
+                found.append(("norm", tuple(keep), f"reduce_mean %{n.id} reaches {g[roots[0]].op.value} "
+                                                   f"%{roots[0]}"))
+        elif n.op == Op.ERF or (n.op == Op.TANH and any(u.op == Op.ADD and _const_operand(g, u)
+                                                         for u in g.users(n.id))):
+            found.append(("gelu", (n.id, *(u.id for u in g.users(n.id))), f"{n.op.value} %{n.id} inside a "
+                                                                          f"0.5 * x * (1 + ...) product"))
+        elif n.op in (Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.SIGMOID):
+            for u in g.users(n.id):
+                other = next((g[i] for i in u.inputs if i != n.id), None) if u.op == Op.MUL else None
+                if other is not None and other.op in (Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT, Op.NARROW):
+                    found.append(("glu", (u.id, n.id, other.id), f"{n.op.value} %{n.id} gates {other.op.value} "
+                                                                 f"%{other.id} in mul %{u.id}"))
+        elif n.op == Op.WHERE and any(u.op == Op.SOFTMAX for u in g.users(n.id)):
+            sm = next(u for u in g.users(n.id) if u.op == Op.SOFTMAX)
+            found.append(("where_mask", (n.id, sm.id), f"where %{n.id} masks the scores of softmax %{sm.id}"))
+        elif n.op == Op.SOFTMAX and n.rank == 4:
+            found.append(("attention", (n.id,), f"softmax %{n.id} over [B, heads, Sq, Sk] scores"))
+    return found
+
+
+def _scanned(trace: Trace) -> Graph:
+    """The last version before `mark_elementwise_regions` (regions hide primitives)."""
+    g = trace.input
+    for s in trace.steps:
+        if s.pass_name == "mark_elementwise_regions":
+            break
+        g = s.after
+    return g
+
+
+def _touched(trace: Trace) -> set[int]:
+    """Every node id any fusion rule's match or rejection of the run anchored on, bound or named (region
+    marking is not recognition: it packs whatever elementwise chain it finds)."""
+    ids: set[int] = set()
+    for s in trace.steps:
+        if s.pass_name == "mark_elementwise_regions":
+            continue
+        for r in s.rejections:
+            ids |= {r.anchor, *r.bindings.values(), *r.offending}
+            if r.subject is not None:
+                ids.add(r.subject)
+        for m in s.matches:
+            ids |= {m.anchor, *m.bindings.values()}
+    return ids
+
+
+def unrecognized(trace: Trace) -> list[Unrecognized]:
+    """Family-looking chains of the run that no rule ever matched or rejected, in graph order."""
+    g = _scanned(trace)
+    touched = _touched(trace)
+    out = []
+    claimed: set[int] = set()
+    for family, nodes, what in _signatures(g):
+        if touched & set(nodes) or claimed & set(nodes):
+            continue
+        claimed |= set(nodes)
+        name, hint = FAMILIES[family]
+        out.append(Unrecognized(family, nodes, g[nodes[0]].path,
+                                f"{what} looks like {name} (nodes {', '.join(f'%{i}' for i in nodes)}), but no rule "
+                                f"made it a candidate", hint))
+    return out
+
+
+__all__ = ["FAMILIES", "GUARD", "Unrecognized", "unrecognized"]
