@@ -18,9 +18,14 @@ import sys
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .ir import Graph
+    from .models import Model
+    from .passes import Trace
 
 SubParsers = Any  # argparse._SubParsersAction (private type)
 Registrar = Callable[[SubParsers], None]
@@ -87,20 +92,20 @@ def _static_shape(arrays: dict[str, np.ndarray], path: str) -> tuple[int, int]:
                    f"found {sorted(arrays) or 'no arrays'}")
 
 
-def resolve_model(model: str, batch: int, seq: int, style: str = "hf") -> Any:
-    """A preset by name, else a Hugging Face checkpoint folder (loaded by `teach.load`, so its errors name
-    the folder as `explain`'s do). Raises CLIError/TeachError for anything else."""
+def resolve_model(model: str, batch: int, seq: int, style: str = "hf") -> Model:
+    """A preset by name, else a Hugging Face checkpoint folder (loaded by `session.load`, so its errors name
+    the folder as `explain`'s do). Raises CLIError/SessionError for anything else."""
     from .models import PRESETS
-    from .teach import load, unknown_model
+    from .session import Limits, load, unknown_model
 
     if model in PRESETS or Path(model).is_dir():
-        return load(model, batch=batch, seq=seq, style=style)
+        return load(model, batch=batch, seq=seq, style=style, limits=Limits.resolve())
     if Path(model).exists():
         raise CLIError(f"{model}: run takes a preset name or a checkpoint folder, not a file")
     raise unknown_model(model, "nor an existing checkpoint folder")
 
 
-def check_feeds(graph: Any, arrays: dict[str, np.ndarray], path: str, vocab: int | None) -> dict[str, np.ndarray]:
+def check_feeds(graph: Graph, arrays: dict[str, np.ndarray], path: str, vocab: int | None) -> dict[str, np.ndarray]:
     """The graph's inputs from `arrays`, checked for presence, shape, dtype kind and value range."""
     feeds: dict[str, np.ndarray] = {}
     for node in graph.inputs:
@@ -129,10 +134,10 @@ def _warn(command: str, message: str) -> None:
     print(f"rlxviz {command}: warning: {message}", file=sys.stderr)
 
 
-def _warn_nonfinite(command: str, model: Any, outputs_finite: bool | None = None) -> bool:
+def _warn_nonfinite(command: str, model: Model, outputs_finite: bool | None = None) -> bool:
     """Warn on stderr when the outputs are not finite (`outputs_finite` False) or, with no outputs
     computed (None), when the model's weights hold NaN/inf; names a bad weight. True if it warned."""
-    from .teach import nonfinite_arrays
+    from .session import nonfinite_arrays
 
     bad = nonfinite_arrays(model.weights)
     if outputs_finite is False:
@@ -156,7 +161,7 @@ def _not_a_directory(output: str, want: str) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """`rlxviz run MODEL --inputs IN.npz -o OUT.npz`: run a model and save `last_hidden_state`."""
-    from .teach import all_finite
+    from .session import all_finite
 
     out = Path(args.output)
     _not_a_directory(args.output, "a .npz file name")
@@ -196,9 +201,9 @@ def add_run(sub: SubParsers) -> None:
     p.set_defaults(func=cmd_run)
 
 
-# ------------------------------------------------------------------------ debugging fusions (teach.py)
+# ------------------------------------------------------------------------ debugging fusions (session)
 # `passes`, `explain`, `render`, `ir`, `time`: MODEL is a preset name, a checkpoint folder or an IR text
-# file (random weights from its param shapes). User errors are `teach.TeachError` (a ValueError): one line.
+# file (random weights from its param shapes). User errors are `session.SessionError` (a ValueError): one line.
 
 EXPLAIN_OK, EXPLAIN_NOT_FUSED = 0, 1
 """`rlxviz explain` exit codes: 0 when every expected fusion happened, 1 otherwise (2: a user error)."""
@@ -206,7 +211,7 @@ EXPLAIN_OK, EXPLAIN_NOT_FUSED = 0, 1
 
 def _model_args(p: argparse.ArgumentParser, seq: int = 128) -> None:
     """MODEL and the options that build it and choose the pipeline (shared by explain/render/ir/time)."""
-    from .teach import TEACHING_CASES
+    from .session import teaching_cases
 
     p.add_argument("model", metavar="MODEL", help="a preset name (bert-tiny, minilm, minilm-shaped, llama-block, ...), "
                                                    "a Hugging Face BERT checkpoint folder, or an IR text file "
@@ -216,7 +221,7 @@ def _model_args(p: argparse.ArgumentParser, seq: int = 128) -> None:
     p.add_argument("--threshold", type=int, default=None, metavar="TOKENS",
                    help="attention-fusion gate on batch*seq, a positive integer (pipeline param fab_max_tokens)")
     p.add_argument("--variant", default=None, metavar="NAME",
-                   help="teaching variant: " + ", ".join(TEACHING_CASES))
+                   help="teaching variant: " + ", ".join(teaching_cases()))
     p.add_argument("--variant-layer", type=int, default=0, metavar="N", help="layer the variant changes (default 0)")
     p.add_argument("--batch", type=int, default=1, help="batch size the graph is built for (default: %(default)s)")
     p.add_argument("--seq", type=int, default=seq, help="sequence length the graph is built for (default: %(default)s)")
@@ -236,23 +241,19 @@ def _out(text: str) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def _run_model(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(Model, Trace) for the shared options. Raises TeachError/CLIError for bad input."""
-    from .teach import OVER_THRESHOLD, RLX_THRESHOLD, load, memory_limit_mb, pipeline_from
+def _run_model(args: argparse.Namespace) -> tuple[Model, Trace]:
+    """(Model, Trace) for the shared options. Raises SessionError/CLIError for bad input."""
+    from .session import Limits, build_pipeline, effective_threshold, load, run_pipeline, variant_named
 
     if args.batch < 1 or args.seq < 1:
         raise CLIError(f"--batch and --seq must be >= 1, got {args.batch} and {args.seq}")
     if args.threshold is not None and args.threshold < 1:
         raise CLIError(f"--threshold must be a positive integer (tokens, batch*seq), got {args.threshold}")
-    params: dict[str, Any] = {}
-    if args.threshold is not None:
-        params["fab_max_tokens"] = args.threshold
-    elif args.variant == OVER_THRESHOLD:
-        params["fab_max_tokens"] = RLX_THRESHOLD
-    pipe = pipeline_from(args.pipeline, params)
+    gate = effective_threshold(variant_named(args.variant, args.variant_layer), args.threshold)
+    pipe = build_pipeline(args.pipeline, {} if gate is None else {"fab_max_tokens": gate})
     model = load(args.model, args.batch, args.seq, args.style, args.variant, args.variant_layer,
-                 memory_limit_mb(args.max_memory_mb))
-    trace = pipe.run(model.graph)
+                 Limits.resolve(args.max_memory_mb), args.threshold)
+    trace = run_pipeline(model.graph, pipe)
     for s in trace.steps:
         if s.error:
             _warn(args.command, f"pass failed, its result discarded: {s.error.splitlines()[0]}")
@@ -263,9 +264,9 @@ def cmd_passes(args: argparse.Namespace) -> int:
     """`rlxviz passes`: the pipeline's passes with their patterns and guard names."""
     import json
 
-    from .teach import format_passes, pass_catalog, pipeline_from
+    from .session import build_pipeline, format_passes, pass_catalog
 
-    pipe = pipeline_from(args.pipeline)
+    pipe = build_pipeline(args.pipeline)
     if args.json:
         _out(json.dumps({"pipeline": pipe.name, "params": pipe.effective_params, "passes": pass_catalog(pipe)},
                         indent=2))
@@ -289,7 +290,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     """`rlxviz explain MODEL`: per layer, fused or the first rejecting guard; exit 1 if any layer did not fuse."""
     import json
 
-    from .teach import check_fusion
+    from .session import check_fusion
 
     model, trace = _run_model(args)
     _warn_nonfinite("explain", model)
@@ -329,8 +330,10 @@ def _drawn_nodes(dot: str) -> int:
 
 def cmd_render(args: argparse.Namespace) -> int:
     """`rlxviz render MODEL --after PASS -o out.svg`: draw one graph version (with the pass's overlay)."""
-    from .teach import model_layers, version_index
-    from .viz import LayoutError, Overlay, render_dot, save
+    from .session import View, model_layers, version_index
+    from .session.render import dot as render_dot
+    from .session.render import picture
+    from .viz import LayoutError, save
 
     out = Path(args.output)
     _not_a_directory(args.output, "a file name ending in .svg, .dot, .png or .pdf")
@@ -344,19 +347,14 @@ def cmd_render(args: argparse.Namespace) -> int:
                        "(drop --view layers, or drop --focus to see every layer as one box)")
     _, trace = _run_model(args)
     i = version_index(trace, args.after)
-    if i == 0:
-        graph, overlay = trace.input, None
-    else:
-        step = trace.steps[i - 1]
-        graph, overlay = (step.before, Overlay.before(step)) if args.before else (step.after, Overlay.after(step))
-    kw: dict[str, Any] = {"view": args.view}
+    view = View(i, args.view, "before" if args.before else "after", args.focus)
+    graph = picture(trace, view)[0]
     if args.focus is not None:
         have = model_layers(graph)
         if args.focus not in have:
             span = f"layers: {have[0]}..{have[-1]}" if have else "no node path names a layer"
             raise CLIError(f"--focus {args.focus}: layer {args.focus} is not in {args.model} ({span})")
-        kw["focus"] = args.focus
-    dot = render_dot(graph, overlay, **kw)
+    dot = render_dot(trace, view)
     try:
         save(out, dot)
     except LayoutError as e:
@@ -389,7 +387,7 @@ def add_render(sub: SubParsers) -> None:
 def cmd_ir(args: argparse.Namespace) -> int:
     """`rlxviz ir MODEL [--after PASS]`: print a graph version as IR text (`parse_ir` reads it back)."""
     from .ir import format_graph
-    from .teach import version_index
+    from .session import version_index
 
     _, trace = _run_model(args)
     _out(format_graph(trace.versions()[version_index(trace, args.after)][1]))
@@ -409,12 +407,11 @@ def add_ir(sub: SubParsers) -> None:
 
 def cmd_time(args: argparse.Namespace) -> int:
     """`rlxviz time MODEL`: every graph version timed on MLX, checked against the NumPy reference."""
-    from .teach import check_memory, format_timings, memory_limit_mb, time_versions
+    from .session import format_timings, time_versions
 
     if args.repeat < 1 or args.warmup < 0:
         raise CLIError(f"--repeat must be >= 1 and --warmup >= 0, got {args.repeat} and {args.warmup}")
-    model, trace = _run_model(args)
-    check_memory(model.graph, memory_limit_mb(args.max_memory_mb), args.model)  # before random_feeds allocates
+    model, trace = _run_model(args)  # refuses inputs + params over the memory limit before feeds are made
     feeds = model.random_feeds(seed=0)
     rows = time_versions(trace, feeds, model.weights, warmup=args.warmup, repeat=args.repeat)
     if not all(r.finite for r in rows):

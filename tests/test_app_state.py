@@ -6,13 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from rlxviz.app import backend
+from rlxviz import session
 from rlxviz.app.explain import decision_rows, node_report, report_markdown
 from rlxviz.app.jobs import Runner
 from rlxviz.app.state import SHAPE_VARIANT, VARIANT_LABELS, AppState
 from rlxviz.ir import Op, format_graph
 from rlxviz.models.minilm import minilm_dir
 from rlxviz.passes import PASSES, Pass, PassResult
+from rlxviz.session import render as drawing
 
 
 def tiny(**kw) -> AppState:
@@ -62,7 +63,7 @@ def test_each_teaching_variant_shows_a_rejection(variant, guard_word):
     assert s.highlight, "the rejection's nodes are highlighted"
     if variant != SHAPE_VARIANT:
         assert layer == 0
-        assert "did not fully fuse" in s.why_layer(0)
+        assert "layer 0: NOT fused" in s.why_layer(0)
     s.apply_variant("none")
     assert ftl_count(s.trace.final) == 2
 
@@ -74,7 +75,7 @@ def test_over_threshold_raises_seq_above_the_gate():
     assert s.effective_seq == 17 and s.model.graph.inputs[0].shape == (1, 17)
     assert any(r.pass_name == "fuse_attention_block" for r in s.trace.rejections)
     s2 = tiny(variant=SHAPE_VARIANT)
-    assert s2.effective_threshold == backend.RLX_THRESHOLD and s2.effective_seq == backend.RLX_THRESHOLD + 1
+    assert s2.effective_threshold == session.RLX_THRESHOLD and s2.effective_seq == session.RLX_THRESHOLD + 1
 
 
 def test_variant_layer_moves_the_break():
@@ -147,8 +148,8 @@ def test_svg_cached_per_version():
     s = tiny()
     s.step_to("after fuse_residual_ln")
     first = s.svg()
-    hits = backend.RENDERS.hits
-    assert s.svg() is first and backend.RENDERS.hits == hits + 1
+    hits = drawing.RENDERS.hits
+    assert s.svg() is first and drawing.RENDERS.hits == hits + 1
     assert "<svg" in s.svg_before()
 
 
@@ -181,8 +182,9 @@ def test_decision_rows_and_show_decision():
 def test_why_layer_for_fused_and_broken_layers():
     s = tiny(variant="tanh_gelu")
     text = s.why_layer(0)
-    assert "did not fully fuse" in text and "layer 1" in text
-    assert "fused** into one FusedTransformerLayer" in s.why_layer(1)
+    assert "layer 0: NOT fused (expected FusedTransformerLayer)" in text and "layer 1 fused with" in text
+    assert s.layer_status(0).render(verbose=True).splitlines()[1].strip() in _rendered(text), "the session's text"
+    assert "layer 1: fused -&amp;gt; FusedTransformerLayer %" in _rendered(s.why_layer(1))
     s.version = 0
     svg = s.svg_why()
     assert "<svg" in svg and "FusedResidualLN" in svg, "drawn before the rejecting pass, not the input"
@@ -275,7 +277,7 @@ def test_a_pass_that_breaks_the_graph_is_reported(monkeypatch):
 def test_text_is_tokenized_for_real_models():
     s = AppState(runner=Runner(background=False), autorun=False)
     s.load()
-    feeds = backend.feeds(s.model, s.batch, s.seq, "hello world")
+    feeds = session.feeds(s.model, "hello world")
     assert feeds["input_ids"].shape == (1, s.seq)
     assert feeds["input_ids"][0, 0] == 101 and feeds["attention_mask"][0].sum() == 4
 
@@ -386,17 +388,17 @@ BIG_IR = ('graph big {\n  %0 = input {name="x"} : f32[200000, 200000]\n  %1 = ta
 def test_ir_graph_declaring_huge_tensors_is_refused(monkeypatch):
     s = tiny()
     s.param.update(ir_text=BIG_IR, source="ir")
-    assert s.message_kind == "danger" and "RLXVIZ_MAX_TENSOR_MB" in s.message and "149.0 GiB" in s.message
+    assert s.message_kind == "danger" and "RLXVIZ_MAX_MEMORY_MB" in s.message and "149.0 GiB" in s.message
     assert s.model.name == "bert-tiny", "the refused graph is not loaded"
-    monkeypatch.setenv("RLXVIZ_MAX_TENSOR_MB", "0.01")
+    monkeypatch.setenv("RLXVIZ_MAX_MEMORY_MB", "0.01")
     s.param.update(ir_text=format_graph(s.model.graph))  # bert-tiny's params are ~1 MB
-    assert s.message_kind == "danger" and "at most 10.2 KiB" in s.message, s.message
+    assert s.message_kind == "danger" and "over the limit of 10.2 KiB (RLXVIZ_MAX_MEMORY_MB)" in s.message, s.message
 
 
 def test_upload_declaring_too_much_is_refused(monkeypatch):
     folder = minilm_dir()
     s = tiny()
-    monkeypatch.setenv("RLXVIZ_MAX_TENSOR_MB", "1")
+    monkeypatch.setenv("RLXVIZ_MAX_TENSOR_MB", "1")  # the deprecated name still works (and warns)
     s.load_upload({"config.json": (folder / "config.json").read_bytes(),
                    "model.safetensors": (folder / "model.safetensors").read_bytes()})
     assert s.message_kind == "danger" and "RLXVIZ_MAX_TENSOR_MB" in s.message, s.message
@@ -410,8 +412,7 @@ def test_timing_error_hint_matches_the_error(monkeypatch, error, says, not_says)
         raise error
 
     s = tiny(repeat=1)
-    monkeypatch.setattr(backend, "time_graph", fail)
-    backend.TIMINGS.clear()
+    monkeypatch.setattr(session, "time_versions", fail)
     s.time_all()
     assert s.message_kind == "danger" and type(error).__name__ in s.message
     assert says in s.message and not_says not in s.message, s.message

@@ -139,7 +139,7 @@ def test_extra_user_variant_shows_guard(page):
     expect(page.locator(".rv-message")).to_contain_text("h1", timeout=30_000)
     expect(page.locator(".rv-message")).to_contain_text("users")
     _tab(page, "Why didn't layer N fuse?")
-    expect(page.locator(".rv-why")).to_contain_text("did not fully fuse")
+    expect(page.locator(".rv-why")).to_contain_text("layer 0: NOT fused")
     expect(page.locator(".rv-why")).to_contain_text("h1_user_count")
     page.locator(".rv-why-graph g.node").first.wait_for()
     _shot(page, "why")

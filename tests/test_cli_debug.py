@@ -159,12 +159,12 @@ def test_explain_llama_layer_with_a_missed_swiglu_exits_1(tmp_path, capsys):
 
 def test_explain_bert_layers_still_expect_the_layer_fusion(capsys):
     from rlxviz.models import load_model
-    from rlxviz.teach import layer_architecture
+    from rlxviz.session import classify
 
-    g = load_model("bert-tiny", seq=8).graph
-    assert layer_architecture(g, 0) == (True, "attention -> residual add -> LayerNorm (post-LN BERT style)")
-    bert, kind = layer_architecture(load_model("llama-block", seq=8).graph, 0)
-    assert not bert and "RmsNorm" in kind
+    arch = classify(load_model("bert-tiny", seq=8).graph, 0)
+    assert arch.post_ln and arch.description == "attention -> residual add -> LayerNorm (post-LN BERT style)"
+    llama = classify(load_model("llama-block", seq=8).graph, 0)
+    assert not llama.post_ln and llama.kind == "llama" and "RmsNorm" in llama.description
     code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "pre_ln", "--layer", 0)
     assert code == 1 and "layer 0: NOT fused (expected FusedTransformerLayer)" in out
 
@@ -453,23 +453,23 @@ def test_time_refuses_inputs_over_the_memory_limit_before_allocating(tmp_path, c
     f.write_text(HUGE)
     code, out, err = run(capsys, "time", f)
     assert code == 2 and out == ""
-    one_line_error(err, "time", "inputs and params need 149.0 GiB (x f32[200000, 200000] alone 149.0 GiB), "
-                                "over the 2048 MiB limit")
-    assert "--max-memory-mb" in err
+    one_line_error(err, "time", 'inputs and params need 149.0 GiB (the largest, %0 "x" f32[200000, 200000], '
+                                "149.0 GiB), over the limit of 2.0 GiB (default)")
+    assert "--max-memory-mb" in err and "RLXVIZ_MAX_MEMORY_MB" in err
     small = tmp_path / "small.ir"  # 4 MiB of input: over a 1 MiB limit from the option or the environment
     small.write_text(HUGE.replace("200000", "1024"))
     code, _, err = run(capsys, "time", small, "--max-memory-mb", 1)
     one_line_error(err, "time", "need 4.0 MiB")
     monkeypatch.setenv("RLXVIZ_MAX_MEMORY_MB", "1")
     code, _, err = run(capsys, "time", small)
-    one_line_error(err, "time", "over the 1 MiB limit")
+    one_line_error(err, "time", "over the limit of 1.0 MiB (RLXVIZ_MAX_MEMORY_MB)")
     code, _, err = run(capsys, "time", small, "--max-memory-mb", 8, "--repeat", 1)  # the option wins
     assert code == 0, err
     monkeypatch.setenv("RLXVIZ_MAX_MEMORY_MB", "lots")
     code, _, err = run(capsys, "explain", small)
-    one_line_error(err, "explain", "RLXVIZ_MAX_MEMORY_MB='lots': must be a positive integer")
+    one_line_error(err, "explain", "RLXVIZ_MAX_MEMORY_MB='lots': must be a positive number")
     code, _, err = run(capsys, "explain", small, "--max-memory-mb", 0)
-    one_line_error(err, "explain", "--max-memory-mb must be a positive integer")
+    one_line_error(err, "explain", "--max-memory-mb must be a positive number")
 
 
 def test_huge_params_refused_when_the_ir_file_is_loaded(tmp_path, capsys):
@@ -479,7 +479,7 @@ def test_huge_params_refused_when_the_ir_file_is_loaded(tmp_path, capsys):
                  '  return %2\n}\n')
     code, _, err = run(capsys, "explain", f)  # random weights would be 37 GiB
     assert code == 2
-    one_line_error(err, "explain", "its params need 37.3 GiB (w f32[100000, 100000]")
+    one_line_error(err, "explain", 'its inputs and params need 37.3 GiB (the largest, %1 "w" f32[100000, 100000]')
     r = rlxviz("ir", f)
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 

@@ -4,6 +4,7 @@ reference of the unfused graph (bert-tiny: fast; the real MiniLM is in benchmark
 import pytest
 
 from rlxviz.ir import Op
+from rlxviz.ir.ops import FUSED
 from rlxviz.models import Variant, load_model
 from rlxviz.passes import Pipeline
 from rlxviz.runtime import run_reference
@@ -50,7 +51,7 @@ def test_llama_block_versions_match():
     feeds = model.random_feeds(seed=3)
     ref = run_reference(model.graph, feeds, model.weights)
     versions = Pipeline.canonical().run(model.graph).versions()
-    fused_ops = {n.op.value for _, g in versions for n in g if n.op.value[0].isupper()}
+    fused_ops = {n.op.value for _, g in versions for n in g if n.op in FUSED}
     assert fused_ops, "the pipeline should fuse something in a LLaMA block"
     for name, g in versions:
         for ex_name, ex in EXECUTORS.items():

@@ -58,9 +58,9 @@ class ModelControls(Viewer):
         s.param.watch(lambda e: setattr(self.source, "value", e.new), "source")
 
     def _preset_doc(self) -> str:
-        from . import backend
+        from ..session import presets
 
-        return backend.presets().get(self.state.preset, "")
+        return presets().get(self.state.preset, "")
 
     def _on_upload(self, event: param.parameterized.Event) -> None:
         if not event.new:

@@ -13,7 +13,6 @@ import panel as pn
 import param
 from panel.viewable import Viewer
 
-from . import backend
 from .explain import decision_rows, node_report, report_markdown
 from .graphpane import SvgGraph
 from .state import AppState
@@ -23,8 +22,6 @@ from .text import md_escape
 def _safe(fn: Any, *args: Any) -> tuple[Any, str | None]:
     try:
         return fn(*args), None
-    except backend.NotAvailable as e:
-        return None, str(e)
     except Exception as e:  # noqa: BLE001 - shown in the page instead of breaking the view
         return None, f"{type(e).__name__}: {e}"
 

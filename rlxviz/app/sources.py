@@ -9,8 +9,8 @@
   `json` only: no pickle, no `eval`.
 * IR text is parsed by `rlxviz.ir.parse_ir` (a tokenizer + recursive descent parser), never evaluated,
   and limited to `MAX_IR_CHARS`.
-* A graph from IR text, a folder or an upload may declare at most `RLXVIZ_MAX_TENSOR_MB` (default 2048 MB)
-  of inputs + params in total (`check_graph_size`), checked before weights or inputs are allocated.
+* How much a loaded graph may declare is the session's limits record (`rlxviz.session.Limits`,
+  `RLXVIZ_MAX_MEMORY_MB`), the same for the app, the CLI and the notebooks.
 """
 
 from __future__ import annotations
@@ -19,15 +19,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 ALLOWED_DIRS_ENV = "RLXVIZ_ALLOWED_DIRS"
 MAX_UPLOAD_ENV = "RLXVIZ_MAX_UPLOAD_MB"
 DEFAULT_MAX_UPLOAD_MB = 200
 MAX_CONFIG_BYTES = 1 << 20
 MAX_IR_CHARS = 2_000_000
-MAX_TENSOR_ENV = "RLXVIZ_MAX_TENSOR_MB"
-DEFAULT_MAX_TENSOR_MB = 2048
 
 
 class SourceError(ValueError):
@@ -67,46 +64,6 @@ def _env_mb(name: str, default: float, env: dict[str, str] | None) -> int:
 def max_upload_bytes(env: dict[str, str] | None = None) -> int:
     """Total upload limit in bytes (`RLXVIZ_MAX_UPLOAD_MB`, default 200 MB)."""
     return _env_mb(MAX_UPLOAD_ENV, DEFAULT_MAX_UPLOAD_MB, env)
-
-
-def max_tensor_bytes(env: dict[str, str] | None = None) -> int:
-    """Limit in bytes on the inputs + params a loaded graph may declare (`RLXVIZ_MAX_TENSOR_MB`, default 2048)."""
-    return _env_mb(MAX_TENSOR_ENV, DEFAULT_MAX_TENSOR_MB, env)
-
-
-def human_bytes(n: float) -> str:
-    """`n` bytes as `12 B`, `3.4 KiB`, `149.0 GiB`."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-def check_graph_size(graph: Any, limit: int | None = None) -> int:
-    """Refuse a graph whose inputs and params together need more than `limit` bytes (before any is allocated).
-
-    Args:
-        graph: an `rlxviz.ir.Graph` (its `inputs` and `params`, each with `shape`, `dtype` and `nbytes`).
-        limit: bytes allowed (default `max_tensor_bytes()`).
-
-    Returns:
-        The bytes the graph declares.
-
-    Raises:
-        SourceError: over the limit; the message names the largest tensor and the environment variable.
-    """
-    limit = max_tensor_bytes() if limit is None else limit
-    tensors = [*graph.inputs, *graph.params]
-    total = sum(n.nbytes for n in tensors)
-    if total > limit:
-        big = max(tensors, key=lambda n: n.nbytes)
-        shape, name = ", ".join(map(str, big.shape)), big.attrs.get("name")
-        raise SourceError(f"The graph declares {human_bytes(total)} of inputs and params; this server allows at most "
-                          f"{human_bytes(limit)} ({MAX_TENSOR_ENV}). The largest is %{big.id} \"{name}\" "
-                          f"{big.dtype}[{shape}] ({human_bytes(big.nbytes)}). Use smaller shapes, or start the server "
-                          f"with a larger {MAX_TENSOR_ENV}.")
-    return total
 
 
 def check_checkpoint_dir(path: str, allowed: list[Path] | None = None) -> list[Path]:

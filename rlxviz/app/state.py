@@ -17,38 +17,28 @@ from __future__ import annotations
 import difflib
 import shutil
 import traceback
-from pathlib import Path
 from typing import Any
 
 import param
 
-from ..ir import Graph, format_graph
+from .. import session
+from ..ir import Graph, GraphError, IRSyntaxError, format_graph
 from ..models import VARIANTS, Model
-from ..teach import OVER_THRESHOLD
-from . import backend
+from ..passes import CANONICAL_ORDER, DEFAULT_PARAMS, PASSES, PassStep, Trace
+from ..runtime import blas_summary
+from ..session import OVER_THRESHOLD, LayerStatus, Limits, SessionError, View
+from ..session import render as drawing
 from .jobs import Runner
-from .sources import (
-    MAX_TENSOR_ENV,
-    SourceError,
-    allowed_dirs,
-    check_checkpoint_dir,
-    check_graph_size,
-    check_ir_text,
-    save_upload,
-)
+from .sources import SourceError, allowed_dirs, check_checkpoint_dir, check_ir_text, save_upload
+from .text import md_escape
 
 SHAPE_VARIANT = OVER_THRESHOLD
-VARIANT_LABELS: dict[str, str] = {
-    "none": "none (as built)",
-    "output_intermediate": "intermediate h1 as a graph output",
-    "extra_h1_user": "extra user of h1",
-    "tanh_gelu": "tanh-GELU in the FFN",
-    "pre_ln": "pre-LN ordering",
-    "swapped_residual": "swapped residual operands",
-    SHAPE_VARIANT: "batch*seq over the attention threshold",
-}
-"""Teaching variants, one click each. All but the last change one layer of the model (`VARIANTS`);
-`over_threshold` raises the sequence length so batch*seq exceeds the attention-fusion threshold."""
+VARIANT_LABELS: dict[str, str] = {name: v.label for name, v in VARIANTS.items()}
+"""Teaching variants, one click each (the labels of `models.VARIANTS`). All but `over_threshold` change one
+layer of the model; `over_threshold` raises the sequence length so batch*seq exceeds the attention threshold."""
+
+FULL_VIEW_LIMIT = 400
+"""`auto` view: graphs with more nodes than this are drawn one box per layer."""
 
 SOURCES = ("preset", "checkpoint", "upload", "ir")
 
@@ -91,8 +81,8 @@ class AppState(param.Parameterized):
     highlight = param.List(default=[], item_type=int, doc="Node ids highlighted (a table row's match/rejection).")
 
     # -- results (set by jobs) --------------------------------------------------------------------
-    model = param.Parameter(None, doc="The loaded `Model`.")
-    trace = param.Parameter(None, doc="The pipeline's `Trace`.")
+    model = param.ClassSelector(class_=Model, default=None, allow_None=True, doc="The loaded `Model`.")
+    trace = param.ClassSelector(class_=Trace, default=None, allow_None=True, doc="The pipeline's `Trace`.")
     timings = param.List(default=[], doc="One dict per version: label, median_ms, speedup, max_err, ...")
     blas = param.String("", doc="Which BLAS MLX uses.")
     message = param.String("", doc="The last error or notice, in plain words with what to do.")
@@ -104,9 +94,8 @@ class AppState(param.Parameterized):
     repeat = param.Integer(10, bounds=(1, 200), doc="Timed runs per version (after 2 warm-up runs).")
 
     def __init__(self, runner: Runner | None = None, autorun: bool = True, **params: Any) -> None:
-        names = list(backend.presets())
-        self.param.preset.objects = names
-        params.setdefault("preset", backend.default_preset())
+        self.param.preset.objects = list(session.presets())
+        params.setdefault("preset", session.default_preset())
         super().__init__(**params)
         self.runner = runner or Runner()
         self.autorun = autorun
@@ -131,10 +120,9 @@ class AppState(param.Parameterized):
     def _needed_seq(self) -> int | None:
         """The smallest sequence length that puts batch*seq over the threshold (within `seq`'s bounds) for the
         over-threshold variant, else None."""
-        limit = self.effective_threshold
-        if self.variant != SHAPE_VARIANT or limit is None:
+        if self.variant != SHAPE_VARIANT or self.effective_threshold is None:
             return None
-        return min(limit // self.batch + 1, self.param.seq.bounds[1])
+        return session.effective_seq(VARIANTS[self.variant], self.batch, 1, self.threshold, self.param.seq.bounds[1])
 
     def _sync_shape_seq(self) -> bool:
         """Make the over-threshold variant's sequence length visible: raise `seq` itself (so the control shows
@@ -155,7 +143,7 @@ class AppState(param.Parameterized):
 
     def model_key(self) -> tuple:
         """What identifies the model: source, its content, shapes, style and variant."""
-        v = self.variant if self.variant in VARIANTS else "none"
+        v = self.variant
         if self.source == "preset":
             src: tuple = ("preset", self.preset)
         elif self.source == "checkpoint":
@@ -179,9 +167,7 @@ class AppState(param.Parameterized):
     def effective_threshold(self) -> int | None:
         """The batch*seq attention gate passed to the pipeline (RLX's 64 for the over-threshold variant
         when no threshold is set)."""
-        if self.threshold is None and self.variant == SHAPE_VARIANT:
-            return backend.RLX_THRESHOLD
-        return self.threshold
+        return session.effective_threshold(VARIANTS[self.variant], self.threshold)
 
     def toggle_pass(self, i: int, enabled: bool) -> None:
         """Switch pass position `i` on or off."""
@@ -213,25 +199,25 @@ class AppState(param.Parameterized):
         self.passes = [*self.passes, name]
 
     def _load_model(self) -> Model:
-        style = None if self.style == "default" else self.style
-        variant = self.variant if self.variant in VARIANTS else "none"
-        seq = self.effective_seq
+        limits = Limits.resolve()
+        if self.source == "ir":
+            return session.load_ir_text(check_ir_text(self.ir_text), limits)
+        roots = None
         if self.source == "preset":
-            return backend.load_preset(self.preset, self.batch, seq, style, variant, self.variant_layer)
-        if self.source == "checkpoint":
+            where = self.preset
+        elif self.source == "checkpoint":
             roots = check_checkpoint_dir(self.checkpoint_dir, allowed_dirs())
-            model = backend.load_folder(Path(self.checkpoint_dir), self.batch, seq, style, variant,
-                                        self.variant_layer, roots, self.checkpoint_dir)
-            check_graph_size(model.graph)
-            return model
-        if self.source == "upload":
+            where = self.checkpoint_dir
+        else:
             if not self.upload_dir:
                 raise SourceError("Upload a checkpoint's config.json and model.safetensors first.")
-            model = backend.load_folder(Path(self.upload_dir), self.batch, seq, style, variant,
-                                        self.variant_layer, None, self.upload_dir)
-            check_graph_size(model.graph)
-            return model
-        return backend.load_ir(check_ir_text(self.ir_text))
+            where = self.upload_dir
+        return session.load(where, self.batch, self.effective_seq, None if self.style == "default" else self.style,
+                            self.variant, self.variant_layer, limits, self.threshold, roots)
+
+    def _run_pipeline(self, model: Model) -> Trace:
+        pipe = session.build_pipeline(self.enabled_passes, {"fab_max_tokens": self.effective_threshold}, name="app")
+        return session.run_pipeline(model.graph, pipe)
 
     def load(self) -> None:
         """Load the model (if its key changed) and run the pipeline, as one job."""
@@ -250,8 +236,8 @@ class AppState(param.Parameterized):
                 return
             self._set_progress(40, "Running the fusion pipeline…")
             try:
-                trace = backend.run_pipeline(model, self.enabled_passes, self.effective_threshold)
-            except backend.NotAvailable:
+                trace = self._run_pipeline(model)
+            except SessionError:
                 if model is not self.model:
                     self._model_key = key
                     self.param.update(model=model, trace=None, timings=[], selected_node=None, highlight=[])
@@ -266,15 +252,12 @@ class AppState(param.Parameterized):
             self._notice_variant()
             self._set_progress(80, "Drawing the graph…")
             self.prerender()
-        except backend.NotAvailable as e:
-            self._error(f"{e}. The rest of the app works; this view fills in once that part is installed.",
-                        kind="warning")
         except Exception as e:  # noqa: BLE001 - every failure becomes a message; the app keeps working
             self._error(self._explain_error(e))
         finally:
             self._stop()
 
-    def _set_trace(self, trace: Any, model: Model | None = None) -> None:
+    def _set_trace(self, trace: Trace, model: Model | None = None) -> None:
         """Show `trace` (and `model`, when it is new) in one update."""
         labels = self._visible(trace)
         version = min(self.version, len(labels) - 1) if self.trace is None else self._same_version(trace, labels)
@@ -290,7 +273,7 @@ class AppState(param.Parameterized):
         elif self.message_kind == "danger":
             self.param.update(message="", message_kind="info")
 
-    def _same_version(self, trace: Any, labels: list[tuple[int, str]]) -> int:
+    def _same_version(self, trace: Trace, labels: list[tuple[int, str]]) -> int:
         """Keep the selected version's pass when re-running (else the nearest earlier one)."""
         old = self.version_labels[self.version] if self.version < len(self.version_labels) else "input"
         names = [lbl for _, lbl in labels]
@@ -364,41 +347,34 @@ class AppState(param.Parameterized):
 
     # ============================================================ pipeline
     def canonical_passes(self) -> list[str]:
-        """The pipeline's canonical pass order ([] until the passes land)."""
-        try:
-            return backend.canonical_passes()
-        except backend.NotAvailable:
-            return []
+        """The pipeline's canonical pass order."""
+        return list(CANONICAL_ORDER)
 
     def available_passes(self) -> list[str]:
-        try:
-            return backend.available_passes()
-        except backend.NotAvailable:
-            return []
+        """Every pass a user may add."""
+        return list(PASSES)
 
     def default_threshold(self) -> int | None:
-        try:
-            return backend.default_threshold()
-        except backend.NotAvailable:
-            return None
+        """The canonical pipeline's attention gate on batch*seq (`fab_max_tokens`; None = no gate)."""
+        return DEFAULT_PARAMS.get("fab_max_tokens")
 
     def reset_pipeline(self) -> None:
         """Canonical order, every pass enabled, default threshold."""
         self.param.update(passes=self.canonical_passes(), disabled=[], threshold=None)
 
     # ============================================================ versions
-    def _visible(self, trace: Any) -> list[tuple[int, str]]:
-        """(index into trace.versions(), label) of the versions shown (memoized per trace and setting)."""
-        key = (id(trace), self.hide_unchanged)
+    def _visible(self, trace: Trace) -> list[tuple[int, str]]:
+        """(index into trace.versions(), label) of the versions shown (memoized per trace content and setting)."""
+        key = (trace.key, self.hide_unchanged)
         memo = getattr(self, "_visible_memo", None)
-        if memo is not None and memo[0] == key and memo[1] is trace:
-            return memo[2]
+        if memo is not None and memo[0] == key:
+            return memo[1]
         out = self._compute_visible(trace, self.hide_unchanged)
-        self._visible_memo = (key, trace, out)
+        self._visible_memo = (key, out)
         return out
 
     @staticmethod
-    def _compute_visible(trace: Any, hide: bool) -> list[tuple[int, str]]:
+    def _compute_visible(trace: Trace, hide: bool) -> list[tuple[int, str]]:
         out = []
         for k, (label, _g) in enumerate(trace.versions()):
             if k == 0 or not hide or trace.steps[k - 1].changed:
@@ -421,7 +397,7 @@ class AppState(param.Parameterized):
         """Labels of the shown versions: "input", "after fuse_matmul_bias_act", ..."""
         return [lbl for _, lbl in self._visible(self.trace)] if self.trace is not None else []
 
-    def version_index(self, k: int | None = None, trace: Any = None) -> int:
+    def version_index(self, k: int | None = None, trace: Trace | None = None) -> int:
         """Index into `trace.versions()` of shown version `k` (default: the selected one) of `trace` (default:
         the state's trace)."""
         trace = self.trace if trace is None else trace
@@ -448,7 +424,7 @@ class AppState(param.Parameterized):
         return self.trace.versions()[max(i - 1, 0)][1]
 
     @property
-    def current_step(self) -> Any:
+    def current_step(self) -> PassStep | None:
         """The `PassStep` that produced the selected version (None for the input)."""
         i = self.version_index() if self.trace is not None else 0
         return self.trace.steps[i - 1] if i > 0 else None
@@ -498,29 +474,47 @@ class AppState(param.Parameterized):
         return self.trace.to_json(graphs=True, indent=1) if self.trace is not None else "{}"
 
     # ============================================================ rendering
+    def _drawing(self, k: int | None, view: str, side: str = "after") -> tuple[Trace | Graph, View]:
+        """What to draw for shown version `k` in the app's `view` (`full`, `collapsed`, `focus`): the source
+        (the trace, or the bare model graph before a run) and the session's `View`.
+
+        Raises:
+            ValueError: no model loaded yet, or `focus` with no layer selected.
+        """
+        source: Trace | Graph | None = self.trace if self.trace is not None else (
+            self.model.graph if self.model is not None else None)
+        if source is None:
+            raise ValueError("no model loaded yet")
+        i = self.version_index(k) if self.trace is not None else 0
+        focus = self.selected_layer if view == "focus" or side == "why" else None
+        if view == "focus" and focus is None:
+            raise ValueError("pick a layer to focus on")
+        return source, View(i, "layers" if view == "collapsed" else "full", side, focus)
+
     def render_key(self, k: int | None = None, view: str | None = None) -> tuple:
-        """Cache key of a drawing, derived from the graph it draws: the trace's content key
-        (`backend.trace_key`), the version index, the view (and layer for `focus`)."""
-        return backend.Picture(self, k, view or self.resolved_view()).key
+        """Cache key of a drawing, derived from the graph it draws: the trace's content key (`Trace.key`), the
+        version index, the view (and layer for `focus`)."""
+        source, v = self._drawing(k, view or self.resolved_view())
+        return ("svg", drawing.source_key(source), v)
 
     def resolved_view(self) -> str:
         """`auto` is the full graph for small graphs, one box per layer for big ones."""
         if self.view != "auto":
             return self.view
         g = self.current_graph
-        return "full" if g is None or len(g) <= backend.FULL_VIEW_LIMIT else "collapsed"
+        return "full" if g is None or len(g) <= FULL_VIEW_LIMIT else "collapsed"
 
     def dot(self, k: int | None = None, view: str | None = None) -> str:
         """DOT source of shown version `k` in `view`, with the pass's overlay."""
-        return backend.render_dot(self, k, view or self.resolved_view())
+        return drawing.dot(*self._drawing(k, view or self.resolved_view()))
 
     def svg(self, k: int | None = None, view: str | None = None) -> str:
-        """SVG of shown version `k` with its pass's fused nodes marked (cached per model, pipeline, version, view)."""
-        return backend.render_svg(self, k, view or self.resolved_view())
+        """SVG of shown version `k` with its pass's fused nodes marked (cached by trace content, version, view)."""
+        return drawing.svg(*self._drawing(k, view or self.resolved_view()))
 
     def svg_before(self, k: int | None = None, view: str | None = None) -> str:
         """SVG of the graph before version `k`'s pass, with its matches clustered and rejections marked."""
-        return backend.render_svg(self, k, view or self.resolved_view(), side="before")
+        return drawing.svg(*self._drawing(k, view or self.resolved_view(), side="before"))
 
     def prerender(self) -> None:
         """Render every shown version's SVGs (before and after) into the cache, so stepping is a lookup."""
@@ -530,8 +524,6 @@ class AppState(param.Parameterized):
                 self.svg(k)
                 if k:
                     self.svg_before(k)
-            except backend.NotAvailable:
-                return
             except Exception:  # noqa: BLE001 - the view shows the error when this version is selected
                 pass
             self._set_progress(80 + int(20 * (k + 1) / max(n, 1)), f"Drawing version {k + 1}/{n}…")
@@ -551,22 +543,30 @@ class AppState(param.Parameterized):
 
     def layers(self) -> list[int]:
         """Layer indices found in the input graph's provenance."""
-        from ..passes.trace import layer_of
-
         g = self.trace.input if self.trace is not None else (self.model.graph if self.model else None)
-        if g is None:
-            return []
-        return sorted({x for n in g if (x := layer_of(n.path)) is not None})
+        return session.model_layers(g) if g is not None else []
+
+    def layer_status(self, layer: int) -> LayerStatus:
+        """The session's status of `layer` in the current run (`session.layer_status`).
+
+        Raises:
+            SessionError: no run yet, or no such layer.
+        """
+        if self.trace is None:
+            raise SessionError("no pipeline run yet: load a model first")
+        session.check_layer(self.trace, layer, self.model.name if self.model is not None else "")
+        return session.layer_status(self.trace, layer)
 
     def why_layer(self, layer: int) -> str:
-        """"Why didn't layer N fuse?" in plain words (Markdown), from the passes' `explain`."""
-        if self.trace is None:
-            raise backend.NotAvailable("no pipeline run yet")
-        return backend.why_markdown(backend.explain_layer(self.trace, layer))
+        """"Why didn't layer N fuse?" as Markdown: the session's text (`LayerStatus.render`, the same the CLI
+        prints), every line escaped, under a heading."""
+        text = self.layer_status(layer).render(verbose=True)
+        return f"### Layer {layer}\n\n" + "  \n".join(md_escape(line).replace("  ", "&nbsp;&nbsp;")
+                                                     for line in text.splitlines())
 
     def svg_why(self) -> str:
         """The selected layer, focused, in the graph before the pass that first rejected something in it."""
-        return backend.render_svg(self, None, "focus", side="why")
+        return drawing.svg(*self._drawing(None, "focus", side="why"))
 
     def time_all(self) -> None:
         """Time every version on MLX (a job with progress); fills `timings` and `blas`."""
@@ -579,32 +579,33 @@ class AppState(param.Parameterized):
         self._start("Timing every version on MLX…")
         trace, model = self.trace, self.model  # one consistent pair, even if a reload is queued
         try:
-            self.blas = backend.blas_summary()
-            versions = trace.versions()
-            vis = self._visible(trace)
-            feeds = backend.feeds(model, self.batch, self.effective_seq, self.text)
-            key = (backend.trace_key(trace), self._model_key, self.text, self.repeat)
+            self.blas = blas_summary()
+            feeds = session.feeds(model, self.text)
             self._set_progress(2, "Running the NumPy reference…")
-            ref = backend.reference_outputs(trace.input, feeds, model.weights)
-            rows: list[dict[str, Any]] = []
-            for k, (i, label) in enumerate(vis):
-                self._set_progress(5 + int(95 * k / len(vis)), f"Timing {label} ({k + 1}/{len(vis)})…")
-                t, err = backend.TIMINGS.get_or_compute(
-                    (*key, i), lambda i=i: backend.time_graph(versions[i][1], feeds, model.weights,
-                                                              self.repeat, ref))
-                rows.append({"version": label, "ops": len(versions[i][1].compute_nodes()),
-                             "median_ms": round(t.median_ms, 3), "min_ms": round(t.min_ms, 3),
-                             "first_call_ms": round(t.first_call_ms, 1), "max_err": float(err)})
-            base = rows[0]["median_ms"] if rows else 1.0
-            for r in rows:
-                r["speedup"] = round(base / r["median_ms"], 2) if r["median_ms"] else float("nan")
-            self.timings = rows
-        except backend.NotAvailable as e:
-            self._error(f"{e}. Timing fills in once the MLX runtime is installed.", kind="warning")
+            rows = session.time_versions(trace, feeds, model.weights, warmup=2, repeat=self.repeat,
+                                         progress=lambda i, n, label: self._set_progress(
+                                             5 + int(95 * i / n), f"Timing {label} ({i + 1}/{n})…"))
+            self.timings = self._timing_rows(rows, self._visible(trace))
         except Exception as e:  # noqa: BLE001
             self._error(f"Timing failed: {type(e).__name__}: {e}\n{self._timing_hint(e)}")
         finally:
             self._stop()
+
+    @staticmethod
+    def _timing_rows(rows: list[session.VersionTiming], visible: list[tuple[int, str]]) -> list[dict[str, Any]]:
+        """The timing table's rows for the shown versions (an unchanged version repeats the numbers of the
+        version it equals), with the speed-up over the input."""
+        out = []
+        for i, label in visible:
+            r = rows[i]
+            t = rows[r.same_as] if r.same_as is not None else r
+            out.append({"version": label, "ops": r.nodes, "median_ms": round(t.median_ms, 3),
+                        "min_ms": round(t.min_ms, 3), "first_call_ms": round(t.first_call_ms, 1),
+                        "max_err": float(t.max_abs), "verdict": r.verdict})
+        base = out[0]["median_ms"] if out else 1.0
+        for r in out:
+            r["speedup"] = round(base / r["median_ms"], 2) if r["median_ms"] else float("nan")
+        return out
 
     @staticmethod
     def _timing_hint(e: BaseException) -> str:
@@ -612,7 +613,7 @@ class AppState(param.Parameterized):
         text = str(e).lower()
         if isinstance(e, MemoryError) or any(w in text for w in ("out of memory", "unable to allocate", "malloc")):
             return ("The graph's tensors do not fit in this machine's memory: lower batch or sequence length, or the "
-                    f"shapes in the IR text (the server refuses graphs over {MAX_TENSOR_ENV}).")
+                    f"shapes in the IR text (the server refuses graphs over {session.MAX_MEMORY_ENV}).")
         if isinstance(e, NotImplementedError):
             return "A version uses an op the MLX runtime cannot lower; disable the pass that creates it and re-run."
         return "Timing a version failed; the details above say where. Change the pipeline or the model and re-run."
@@ -631,17 +632,14 @@ class AppState(param.Parameterized):
         self.param.update(message=text, message_kind=kind)
 
     def _explain_error(self, e: Exception) -> str:
-        """An exception as a message with what to do, by where it came from."""
-        name = type(e).__name__
+        """An exception as a message with what to do, matched by its type."""
         what = {"preset": f"building preset {self.preset!r}", "checkpoint": "loading the checkpoint folder",
                 "upload": "loading the uploaded checkpoint", "ir": "reading the IR text"}[self.source]
-        if isinstance(e, SourceError):
+        if isinstance(e, SourceError | SessionError):
             return str(e)
-        if name == "IRSyntaxError":
+        if isinstance(e, IRSyntaxError):
             return f"The IR text does not parse: {e}\nFix the line shown (see the IR tab of any preset for the syntax)."
-        if name == "GraphError":
+        if isinstance(e, GraphError):
             return f"The graph is invalid: {e}\nFix the node shown and load again."
-        if name == "CheckpointError":
-            return f"The checkpoint could not be loaded: {e}\nCheck the files and load again."
-        return (f"Error while {what}: {name}: {e}\nChange the settings and try again; details:\n"
+        return (f"Error while {what}: {type(e).__name__}: {e}\nChange the settings and try again; details:\n"
                 + "".join(traceback.format_exception_only(e)).strip())

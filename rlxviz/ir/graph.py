@@ -10,7 +10,7 @@ import heapq
 from collections.abc import Iterable, Iterator, Sequence
 
 from .node import Node
-from .ops import Op
+from .ops import FUSED, Op
 
 NodeRef = Node | int
 
@@ -140,6 +140,10 @@ class Graph:
         for n in self.compute_nodes():
             counts[n.op.value] = counts.get(n.op.value, 0) + 1
         return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def fused_op_counts(self) -> dict[str, int]:
+        """`op_counts` restricted to fused ops (the op table's `FUSED` family), most frequent first."""
+        return {k: v for k, v in self.op_counts().items() if Op(k) in FUSED}
 
     def find(self, op: Op) -> list[Node]:
         return [n for n in self if n.op == op]

@@ -56,7 +56,7 @@ class BertConfig:
 
 @dataclass(frozen=True)
 class Variant:
-    """A deliberate change to one layer, used to teach why a fusion is rejected.
+    """A deliberate change to one layer (or to the input size), used to teach why a fusion is rejected.
 
     Attributes:
         layer: which encoder layer to change.
@@ -65,6 +65,9 @@ class Variant:
         tanh_gelu: the FFN uses tanh-approximated GELU instead of erf GELU.
         pre_ln: pre-LayerNorm ordering (`x + attn(LN(x))`), as in GPT-2 / LLaMA.
         swapped_residual: residual adds written skip-first, `add(x, branch)`.
+        over_threshold: not a graph change: the session raises batch*seq above the attention-fusion gate
+            (RLX's 64 tokens when no gate is set), so the size guard rejects attention fusion.
+        label: a few words for menus. doc: one line on what the variant changes.
     """
 
     layer: int = 0
@@ -73,20 +76,37 @@ class Variant:
     tanh_gelu: bool = False
     pre_ln: bool = False
     swapped_residual: bool = False
+    over_threshold: bool = False
+    label: str = field(default="", compare=False)
+    doc: str = field(default="", compare=False)
 
     def active(self, i: int) -> Variant | None:
         return self if i == self.layer else None
 
+    @property
+    def changes_graph(self) -> bool:
+        """True when the variant rewrites a layer of the built graph (False for `none` and `over_threshold`)."""
+        return any((self.output_intermediate, self.extra_h1_user, self.tanh_gelu, self.pre_ln,
+                    self.swapped_residual))
+
 
 VARIANTS: dict[str, Variant] = {
-    "none": Variant(),
-    "output_intermediate": Variant(output_intermediate=True),
-    "extra_h1_user": Variant(extra_h1_user=True),
-    "tanh_gelu": Variant(tanh_gelu=True),
-    "pre_ln": Variant(pre_ln=True),
-    "swapped_residual": Variant(swapped_residual=True),
+    "none": Variant(label="none (as built)", doc="the model as built"),
+    "output_intermediate": Variant(output_intermediate=True, label="intermediate h1 as a graph output",
+                                   doc="h1 (the post-attention LayerNorm) is also returned as a graph output"),
+    "extra_h1_user": Variant(extra_h1_user=True, label="extra user of h1",
+                             doc="a third reader of h1 (a probe `reduce_mean` returned as an extra output)"),
+    "tanh_gelu": Variant(tanh_gelu=True, label="tanh-GELU in the FFN",
+                         doc="the FFN uses tanh-approximated GELU instead of exact (erf) GELU"),
+    "pre_ln": Variant(pre_ln=True, label="pre-LN ordering",
+                      doc="pre-LayerNorm ordering x + attn(LN(x)), as in GPT-2 / LLaMA"),
+    "swapped_residual": Variant(swapped_residual=True, label="swapped residual operands",
+                                doc="residual adds written skip-first: add(hidden, branch)"),
+    "over_threshold": Variant(over_threshold=True, label="batch*seq over the attention threshold",
+                              doc="batch*seq above RLX's attention-fusion gate of 64 tokens (rlx profile)"),
 }
-"""Named teaching variants (applied to `Variant.layer`, default layer 0; use `dataclasses.replace` to move)."""
+"""The one list of teaching variants (the CLI, the notebooks and the app all read it). Each applies to
+`Variant.layer` (default 0; use `dataclasses.replace` to move it)."""
 
 
 @dataclass

@@ -151,6 +151,13 @@ class Pipeline:
     def active(self) -> list[Pass]:
         return [p for p in map(_resolve, self.passes) if p.name not in self.disabled]
 
+    def missing_requirements(self) -> list[tuple[str, str]]:
+        """`(pass, required pass)` for every active pass whose `Pass.requires` names a pass that is not active
+        in this pipeline (the pass would find none of the ops it matches). Order is not checked: a pass run
+        before its prerequisites is a lesson the explanations teach, not a broken pipeline."""
+        names = {p.name for p in self.active()}
+        return [(p.name, r) for p in self.active() for r in p.requires if r not in names]
+
     def run(self, graph: Graph, params: Mapping[str, Any] | None = None) -> Trace:
         """Run the enabled passes in order; lint after each.
 

@@ -59,7 +59,7 @@ def missed_fusions(source: Graph | Trace, pipeline: Pipeline | None = None) -> l
 def format_report(trace: Trace) -> str:
     """A short text report: node counts before/after, fused-op counts, then the misses."""
     before, after = trace.input, trace.final
-    fused = {k: v for k, v in after.op_counts().items() if k[0].isupper()}
+    fused = after.fused_op_counts()
     lines = [f"fusion report ({trace.pipeline}): nodes {len(before)} -> {len(after)}; "
              + ", ".join(f"{k}={v}" for k, v in fused.items())]
     errors = [s for s in trace.steps if s.error]

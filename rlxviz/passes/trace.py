@@ -7,12 +7,13 @@ Everything serializes to JSON for notebooks, the app and the CLI.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..ir import Graph, graph_to_dict
+from ..ir import Graph, format_graph, graph_to_dict
 
 _LAYER = re.compile(r"(?:^|\.)(?:layer|layers|h|blocks?)\.(\d+)(?:\.|$)")
 
@@ -123,6 +124,21 @@ class Trace:
     input: Graph
     steps: list[PassStep] = field(default_factory=list)
     pipeline: str = ""
+    _key: tuple[int, str] = field(default=(-1, ""), repr=False, compare=False)
+
+    @property
+    def key(self) -> str:
+        """A content key: a digest of the input graph's IR text and each step's pass name, params and error.
+
+        Passes are deterministic, so two traces with the same key hold the same versions; caches (drawings,
+        timings) key on it instead of the object's identity. Recomputed when steps were added since.
+        """
+        if self._key[0] != len(self.steps):
+            h = hashlib.sha256(format_graph(self.input).encode())
+            for s in self.steps:
+                h.update(json.dumps([s.pass_name, s.params, s.error], sort_keys=True, default=str).encode())
+            self._key = (len(self.steps), h.hexdigest()[:24])
+        return self._key[1]
 
     @property
     def final(self) -> Graph:

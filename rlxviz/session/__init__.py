@@ -1,0 +1,37 @@
+"""The service layer every front end calls: the CLI (`rlxviz.cli`), the notebooks' helpers
+(`rlxviz.teach`) and the app's state (`rlxviz.app.state`).
+
+One module per job:
+
+* `limits`: one limits record (`Limits`, `RLXVIZ_MAX_MEMORY_MB`) checked before tensors are allocated.
+* `variants`: the teaching variants (`models.VARIANTS`) and the shape rule of `over_threshold`.
+* `loading`: a model from a preset, a checkpoint folder, an IR file or IR text, cached by content.
+* `pipeline`: building a checked pipeline (`Pass.requires`), running it (cached), finding versions.
+* `architecture` / `status`: what kind each layer is, and "why didn't layer N fuse" (`layer_status`).
+* `tolerance` / `timing`: time every version on MLX with a verdict from one tolerance table.
+* `render`: a drawing as a pure function of (trace, view), cached by the trace's content key.
+* `traffic`: the memory traffic a pass's fusions removed.
+
+Errors a user can fix are `SessionError`s (one line); front ends match them by type.
+"""
+
+from .architecture import Architecture, classify
+from .errors import LimitError, PipelineError, SessionError
+from .inputs import feeds
+from .limits import DEFAULT_MAX_MEMORY_MB, DEPRECATED_MEMORY_ENV, MAX_MEMORY_ENV, Limits, human_bytes
+from .loading import default_preset, load, load_ir_file, load_ir_text, model_layers, presets, unknown_model
+from .pipeline import build_pipeline, format_passes, pass_catalog, run_pipeline, version_index
+from .render import View
+from .status import FusionCheck, LayerStatus, check_fusion, check_layer, layer_status
+from .timing import VersionTiming, all_finite, format_timings, nonfinite_arrays, time_versions
+from .tolerance import tolerance
+from .traffic import Traffic, traffic_saved
+from .variants import OVER_THRESHOLD, RLX_THRESHOLD, effective_seq, effective_threshold, teaching_cases, variant_named
+
+__all__ = ["DEFAULT_MAX_MEMORY_MB", "DEPRECATED_MEMORY_ENV", "MAX_MEMORY_ENV", "OVER_THRESHOLD", "RLX_THRESHOLD",
+           "Architecture", "FusionCheck", "LayerStatus", "LimitError", "Limits", "PipelineError", "SessionError",
+           "Traffic", "VersionTiming", "View", "all_finite", "build_pipeline", "check_fusion", "check_layer",
+           "classify", "default_preset", "effective_seq", "effective_threshold", "feeds", "format_passes",
+           "format_timings", "human_bytes", "layer_status", "load", "load_ir_file", "load_ir_text", "model_layers",
+           "nonfinite_arrays", "pass_catalog", "presets", "run_pipeline", "teaching_cases", "time_versions",
+           "tolerance", "traffic_saved", "unknown_model", "variant_named", "version_index"]

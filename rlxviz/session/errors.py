@@ -1,0 +1,32 @@
+"""The errors the session raises for input a user can fix; every front end matches them by type.
+
+All are `ValueError`s with a one-line message: the CLI prints it (exit 2), the app shows it, a
+notebook cell raises it.
+"""
+
+from __future__ import annotations
+
+
+class SessionError(ValueError):
+    """A user error with a one-line message (unknown model, bad IR text, unknown pass, bad layer, ...)."""
+
+
+class LimitError(SessionError):
+    """A graph's inputs and params would need more memory than the limits record allows.
+
+    Attributes:
+        needed: bytes the refused tensors need.
+        limit: bytes allowed.
+    """
+
+    def __init__(self, message: str, needed: int = 0, limit: int = 0) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.limit = limit
+
+
+class PipelineError(SessionError):
+    """A pipeline that cannot be built: an unknown pass, an empty list, or a pass whose required pass is missing."""
+
+
+__all__ = ["LimitError", "PipelineError", "SessionError"]

@@ -1,0 +1,165 @@
+"""Loading a model for any front end: a preset, a Hugging Face checkpoint folder, an IR file or IR text.
+
+Every path goes through one limits record (`Limits`), one variant list and one cache keyed by
+content (preset and shapes, folder and shapes, or a digest of IR text). Errors a user can fix are
+`SessionError`s with a one-line message; IR syntax errors keep their type (`IRSyntaxError`, with
+line, column and caret) for front ends that show the caret.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..ir import Graph, GraphError, IRSyntaxError, from_json, lint, parse_ir
+from ..models import PRESETS, CheckpointError, Model, load_checkpoint, load_model, random_weights
+from ..passes import layer_of
+from .cache import LRUCache
+from .errors import SessionError
+from .limits import Limits
+from .variants import effective_seq, graph_variant, variant_named
+
+MODELS = LRUCache(maxsize=4)
+"""Loaded models by content key, shared by every session of the process."""
+
+PATH_SUFFIXES = (".ir", ".txt", ".json")
+"""Suffixes that make a MODEL argument look like a file path (as does a `/`)."""
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's message, first line only (a KeyError's argument without its quotes)."""
+    msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+    return str(msg).strip().splitlines()[0] if str(msg).strip() else type(e).__name__
+
+
+def unknown_model(model: str, what: str = "a checkpoint folder nor an IR text file") -> SessionError:
+    """The error for a MODEL that is neither a preset nor an existing path: `FILE: no such file or folder`
+    when it looks like a path (contains `/` or ends in .ir/.txt/.json), else `unknown model ...`."""
+    if "/" in model or model.lower().endswith(PATH_SUFFIXES):
+        return SessionError(f"{model}: no such file or folder (MODEL is a preset name or an existing path)")
+    return SessionError(f"unknown model {model!r}: not a preset ({', '.join(sorted(PRESETS))}), {what}")
+
+
+def presets() -> dict[str, str]:
+    """Preset name -> one-line description, the real MiniLM first."""
+    names = sorted(PRESETS, key=lambda n: (n != "minilm", n))
+    return {n: PRESETS[n][1] for n in names}
+
+
+def default_preset() -> str:
+    """`minilm` when its package is installed, else the first random-weight preset."""
+    from ..models import minilm_dir
+
+    try:
+        minilm_dir()
+        return "minilm"
+    except CheckpointError:
+        return next(n for n in presets() if n != "minilm")
+
+
+def model_layers(graph: Graph) -> list[int]:
+    """Layer indices present in the graph's node paths (`encoder.layer.3...` -> 3), sorted."""
+    return sorted({i for n in graph if (i := layer_of(n.path)) is not None})
+
+
+def _graph_model(g: Graph, name: str, description: str, limits: Limits, source: str, meta: dict) -> Model:
+    try:
+        g = lint(g, "parse")
+    except GraphError as e:
+        raise SessionError(f"{source}: invalid graph: {first_line(e)}") from None
+    limits.check(g, source)  # before the weights are allocated
+    return Model(name, g, random_weights(g, seed=0), None, description, meta=meta)
+
+
+def load_ir_text(text: str, limits: Limits | None = None, source: str = "IR text") -> Model:
+    """A model from IR text (`format_graph` form): the parsed, linted graph with seeded random float32
+    weights made from its param shapes, cached by a digest of the text.
+
+    Raises:
+        IRSyntaxError: malformed text (line, column, caret).
+        SessionError: a graph that parses but is invalid. LimitError: over the memory limit.
+    """
+    limits = limits or Limits.resolve()
+    digest = hashlib.sha256(text.encode()).hexdigest()
+
+    def build() -> Model:
+        g = parse_ir(text)
+        return _graph_model(g, g.name, "graph from IR text", limits, source, {})
+
+    return MODELS.get_or_compute(("ir", digest, limits.max_bytes), build)
+
+
+def load_ir_file(path: str | Path, limits: Limits | None = None) -> Model:
+    """A model from an IR text file (`.json`: the graph's JSON form, `to_json`), with random weights.
+
+    Raises:
+        SessionError: unreadable file, IR syntax error (one line, `FILE:LINE:COL: ...`), an invalid graph,
+            or (`LimitError`) inputs and params over the memory limit.
+    """
+    p = Path(path)
+    limits = limits or Limits.resolve()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SessionError(f"{path}: cannot read IR text ({type(e).__name__}: {e})") from None
+    try:
+        g = from_json(text) if p.suffix.lower() == ".json" else parse_ir(text)
+    except IRSyntaxError as e:
+        raise SessionError(f"{path}:{e.line}:{e.col}: IR syntax error: {e.reason}") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise SessionError(f"{path}: not a valid graph: {first_line(e)}") from None
+    return _graph_model(g, g.name, f"graph from {p.name} (random weights)", limits, str(path),
+                        {"ir_file": str(p)})
+
+
+def load(model: str, batch: int = 1, seq: int = 128, style: str | None = None, variant: str | None = None,
+         variant_layer: int = 0, limits: Limits | None = None, threshold: int | None = None,
+         allowed_roots: Sequence[Path] | None = None, max_seq: int | None = None) -> Model:
+    """A model by preset name, Hugging Face checkpoint folder, or IR text file, checked against `limits`.
+
+    Args:
+        model: a preset (`bert-tiny`, `minilm`, `llama-block`, ...), a folder with config.json +
+            model.safetensors, or a file with IR text (`.json`: the graph's JSON form; random weights).
+        batch / seq: static input shape of the built graph (ignored for IR files).
+        style: `hf` or `rlx` BERT form (None: the preset's own style; `hf` for folders).
+        variant: a teaching variant name (`models.VARIANTS`) changing layer `variant_layer`; `over_threshold`
+            raises `seq` over the attention gate (`effective_seq` with `threshold`, capped at `max_seq`).
+        limits: the memory limits (default `Limits.resolve()`: environment or 2048 MiB).
+        allowed_roots: for folders, directories the folder must lie in (None: any folder).
+
+    Raises:
+        SessionError: unknown model or variant, unreadable or malformed IR (with line and column), a variant
+            asked of an IR file, a checkpoint the loader refuses, or (`LimitError`) tensors over the limit.
+    """
+    limits = limits or Limits.resolve()
+    v = variant_named(variant, variant_layer)
+    seq = effective_seq(v, batch, seq, threshold, max_seq)
+    gv = graph_variant(v)
+    kwargs = {"variant": gv} if style is None else {"variant": gv, "style": style}
+    p = Path(model)
+    try:
+        if model in PRESETS:
+            m = MODELS.get_or_compute(("preset", model, batch, seq, style, gv),
+                                      lambda: load_model(model, batch=batch, seq=seq, **kwargs))
+        elif p.is_dir() or allowed_roots is not None:  # with roots, the loader checks the folder before anything
+            roots = None if allowed_roots is None else tuple(allowed_roots)
+            m = MODELS.get_or_compute(("folder", str(p), roots, batch, seq, style, gv),
+                                      lambda: load_checkpoint(p, batch, seq, roots, **kwargs))
+        elif p.is_file():
+            if gv is not None:
+                raise SessionError(f"{model}: teaching variants apply to BERT presets and checkpoints, not IR files")
+            return load_ir_file(p, limits)
+        else:
+            raise unknown_model(model)
+    except SessionError:
+        raise
+    except (ValueError, KeyError, OSError) as e:
+        msg = first_line(e)
+        raise SessionError(msg if msg.startswith(model) else f"{model}: {msg}") from None
+    limits.check(m.graph, model)
+    return m
+
+
+__all__ = ["MODELS", "PATH_SUFFIXES", "default_preset", "first_line", "load", "load_ir_file", "load_ir_text",
+           "model_layers", "presets", "unknown_model"]

@@ -1,0 +1,129 @@
+"""Building and running pipelines for every front end: one builder (with `Pass.requires` checked), one
+cache of traces keyed by content, and version lookup by pass name.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..ir import Graph, format_graph
+from ..passes import PASSES, Pipeline, Trace
+from .cache import LRUCache
+from .errors import PipelineError
+
+PROFILES = ("canonical", "rlx")
+"""Named pipelines (`Pipeline.profile`)."""
+
+TRACES = LRUCache(maxsize=16)
+"""Pipeline runs by (input graph digest, passes, params), shared by every session of the process."""
+
+
+def check_requirements(pipe: Pipeline) -> Pipeline:
+    """`pipe`, after checking that every active pass's `Pass.requires` is active too.
+
+    Raises:
+        PipelineError: names the pass and the missing pass it requires.
+    """
+    missing = pipe.missing_requirements()
+    if missing:
+        p, r = missing[0]
+        raise PipelineError(f"{p} requires {r} (it matches what {r} produces), which is not in the pipeline; "
+                            f"add or enable {r}, or remove {p}")
+    return pipe
+
+
+def build_pipeline(spec: str | Sequence[str] = "canonical", params: Mapping[str, Any] | None = None,
+                   name: str | None = None) -> Pipeline:
+    """A checked pipeline from a profile name (`canonical`, `rlx`) or pass names (a list, or one
+    comma-separated string; an empty list runs no pass), with `params` over the profile's.
+
+    Raises:
+        PipelineError: an unknown pass (the message lists the known ones), an empty list, or a pass whose
+            required pass is missing (`check_requirements`).
+    """
+    if isinstance(spec, str) and spec in PROFILES:
+        pipe = Pipeline.profile(spec)
+    else:
+        names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+        if not names and isinstance(spec, str):  # a list may be empty: every pass switched off
+            raise PipelineError("empty pipeline: give a profile (canonical, rlx) or pass names separated by commas")
+        unknown = [n for n in names if n not in PASSES]
+        if unknown:
+            raise PipelineError(f"unknown pass {unknown[0]!r}; known: {', '.join(PASSES)} "
+                                "(or a profile: canonical, rlx)")
+        pipe = Pipeline(names, {}, name or "custom")
+    pipe.params.update(params or {})
+    return check_requirements(pipe)
+
+
+def graph_digest(graph: Graph) -> str:
+    """A content hash of a graph (its IR text), for cache keys."""
+    import hashlib
+
+    return hashlib.sha256(format_graph(graph).encode()).hexdigest()[:16]
+
+
+def run_pipeline(graph: Graph, pipe: Pipeline) -> Trace:
+    """`pipe.run(graph)`, cached per (graph content, pass order, effective params)."""
+    key = ("trace", graph_digest(graph), tuple(p.name for p in pipe.active()),
+           tuple(sorted((k, repr(v)) for k, v in pipe.effective_params.items())), pipe.name)
+    return TRACES.get_or_compute(key, lambda: pipe.run(graph))
+
+
+def pass_catalog(pipe: Pipeline | None = None) -> list[dict[str, Any]]:
+    """Each pass of `pipe` (default canonical), in order: name, doc, requires, and its rules with their
+    docs and guard names (structure steps and guards, in the order they run)."""
+    pipe = pipe or Pipeline.canonical()
+    return [{"name": p.name, "doc": p.doc, "requires": list(p.requires),
+             "rules": [{"name": r.name, "doc": r.doc, "guards": r.guard_names} for r in p.rules]}
+            for p in pipe.active()]
+
+
+def format_passes(pipeline: Pipeline | None = None) -> str:
+    """`pass_catalog` as text: one block per pass, one line per rule, its guards wrapped below."""
+    pipe = pipeline or Pipeline.canonical()
+    params = {k: v for k, v in pipe.effective_params.items()}
+    lines = [f"{pipe.name} pipeline ({len(pipe.active())} passes; params: "
+             + ", ".join(f"{k}={v}" for k, v in params.items()) + ")"]
+    for i, p in enumerate(pass_catalog(pipe), 1):
+        req = f"  [after: {', '.join(p['requires'])}]" if p["requires"] else ""
+        lines.append(f"{i:2d}. {p['name']}: {p['doc']}{req}")
+        if not p["rules"]:
+            lines.append("      (no patterns: a graph-wide pass)")
+        for r in p["rules"]:
+            lines.append(f"      {r['name']}" + (f": {r['doc']}" if r["doc"] else ""))
+            lines += textwrap.wrap("guards: " + ", ".join(r["guards"]), 110, initial_indent=" " * 10,
+                                   subsequent_indent=" " * 10, break_on_hyphens=False)
+    return "\n".join(lines)
+
+
+def version_index(trace: Trace, after: str) -> int:
+    """Index into `trace.versions()` for `after`: `input`, `final`, a pass name (its first run), or
+    `NAME#K` (its K-th run, 1-based).
+
+    Raises:
+        PipelineError: an unknown pass, or one that did not run (the message lists those that did).
+    """
+    if after == "input":
+        return 0
+    if after == "final":
+        return len(trace.steps)
+    name, _, k = after.partition("#")
+    runs = [i for i, s in enumerate(trace.steps, 1) if s.pass_name == name]
+    try:
+        nth = int(k) if k else 1
+    except ValueError:
+        nth = 0
+    if name not in PASSES:
+        raise PipelineError(f"unknown pass {name!r}; known: {', '.join(PASSES)} (or input, final)")
+    if not runs or not 1 <= nth <= len(runs):
+        ran = ", ".join(dict.fromkeys(s.pass_name for s in trace.steps))
+        what = f"run {nth} of {name!r}" if runs else f"pass {name!r}"
+        raise PipelineError(f"{what} is not in this pipeline; it ran: {ran}")
+    return runs[nth - 1]
+
+
+__all__ = ["PROFILES", "TRACES", "build_pipeline", "check_requirements", "format_passes", "graph_digest",
+           "pass_catalog", "run_pipeline", "version_index"]

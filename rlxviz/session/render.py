@@ -1,0 +1,99 @@
+"""Drawing a graph version: a pure function of (trace, view) for every front end, cached by content.
+
+A `View` names what to draw: a version of the run (index into `trace.versions()`), the side (the
+version with its pass's fused nodes marked, the graph the pass saw with every match and rejection
+marked, or the graph before the pass that first rejected something in a layer), `full` or `layers`
+(one box per layer), and an optional layer to focus on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..ir import Graph
+from ..passes import Trace, explain
+from ..viz import Overlay, render_dot, render_svg
+from .cache import LRUCache
+from .pipeline import graph_digest
+
+RENDERS = LRUCache(maxsize=512)
+"""SVG text by (source key, View), shared by every session of the process."""
+
+SIDES = ("after", "before", "why")
+VIEWS = ("full", "layers")
+
+
+@dataclass(frozen=True)
+class View:
+    """What to draw.
+
+    Attributes:
+        version: index into `trace.versions()` (0: the input).
+        view: `full` (one box per op) or `layers` (one box per layer).
+        side: `after` (the version, its pass's fused nodes marked), `before` (the graph its pass saw, matches
+            clustered and rejections marked) or `why` (the graph before the pass that first rejected something
+            in `focus`, with that pass's marks).
+        focus: a layer to draw alone (full view only), or None.
+    """
+
+    version: int = 0
+    view: str = "full"
+    side: str = "after"
+    focus: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.view not in VIEWS or self.side not in SIDES:
+            raise ValueError(f"[View] view must be one of {VIEWS} and side one of {SIDES}, got {self.view!r}, "
+                             f"{self.side!r}")
+
+
+def _why(trace: Trace, layer: int | None, i: int) -> tuple[Graph, Overlay | None]:
+    rejected = explain(trace, layer).rejected if layer is not None else []
+    if rejected:
+        s = trace.step(rejected[0].pass_name)
+        return s.before, Overlay.before(s)
+    step = trace.steps[i - 1] if i > 0 else None
+    return (step.after, Overlay.after(step)) if step is not None else (trace.input, None)
+
+
+def picture(source: Trace | Graph, v: View) -> tuple[Graph, Overlay | None, dict[str, Any]]:
+    """(graph, overlay, `viz.render_dot` keyword arguments) of `v` in a run (or of a bare graph)."""
+    if isinstance(source, Graph):
+        g, ov, trace = source, None, None
+    else:
+        trace = source
+        step = trace.steps[v.version - 1] if v.version > 0 else None
+        if v.side == "why":
+            g, ov = _why(trace, v.focus, v.version)
+        elif step is None:
+            g, ov = trace.input, None
+        elif v.side == "before":
+            g, ov = step.before, Overlay.before(step)
+        else:
+            g, ov = step.after, Overlay.after(step)
+    kw: dict[str, Any] = {"view": v.view}
+    if v.focus is not None:
+        kw["focus"] = v.focus
+    if v.view == "layers" and trace is not None and ov is None:
+        ov = Overlay.trace_summary(trace)
+    return g, ov, kw
+
+
+def dot(source: Trace | Graph, v: View) -> str:
+    """DOT source of `v` (see `picture`)."""
+    g, ov, kw = picture(source, v)
+    return render_dot(g, ov, **kw)
+
+
+def source_key(source: Trace | Graph) -> tuple[str, str]:
+    """The content key of what is drawn from: the trace's `Trace.key`, or a bare graph's digest."""
+    return ("graph", graph_digest(source)) if isinstance(source, Graph) else ("trace", source.key)
+
+
+def svg(source: Trace | Graph, v: View) -> str:
+    """SVG of `v`, cached by (content key, view)."""
+    return RENDERS.get_or_compute(("svg", source_key(source), v), lambda: render_svg(dot(source, v)).svg)
+
+
+__all__ = ["RENDERS", "SIDES", "VIEWS", "View", "dot", "picture", "source_key", "svg"]

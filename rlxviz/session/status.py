@@ -1,0 +1,242 @@
+"""Layer status: did layer N fuse as its architecture expects, and if not, why. One function
+(`layer_status`) and one text (`LayerStatus.render`) for the CLI, the notebooks and the app.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir import Op
+from ..passes import PASSES, Outcome, Trace, explain, layer_of, missed_fusions
+from .architecture import Architecture, classify, not_expected
+from .errors import SessionError
+from .loading import model_layers
+
+PRODUCTS: dict[str, str] = {
+    "fuse_sdpa": "packed attention", "fuse_swiglu": "FusedSwiGLU",
+    "fuse_shared_input_matmul": "shared-input QKV matmul",
+    "fuse_matmul_bias_act": "FusedMatMulBiasAct", "fuse_attention_block": "FusedAttentionBlock",
+    "fuse_residual_ln": "FusedResidualLN", "fuse_residual_rms_norm": "FusedResidualRmsNorm",
+    "fuse_transformer_layer": "FusedTransformerLayer",
+}
+"""What each pattern pass produces, as named in a layer's expectations."""
+
+LAYER_PASS = "fuse_transformer_layer"
+"""The pass that turns a whole post-LN layer into one node (`Op.FUSED_TRANSFORMER_LAYER`)."""
+
+
+@dataclass
+class LayerStatus:
+    """Whether one layer fused as expected, and if not, why.
+
+    Attributes:
+        layer: the layer index.
+        fused: True when every expected fusion happened: for a post-LN BERT-style layer one
+            `FusedTransformerLayer` (when the pipeline ran `fuse_transformer_layer`), and for every layer
+            no rejection that survives to the final graph (a missed fusion) among the rules expected
+            for its architecture.
+        fused_node: id of the layer's FusedTransformerLayer in the final graph, if any.
+        expected: what was expected, e.g. `FusedTransformerLayer`, or `FusedSwiGLU, shared-input QKV matmul`.
+        first: the first rejecting rule's outcome (guard, actual vs required message, hint), if any.
+        silent: when nothing rejected the expected fusion, why the rule never saw the layer (from the rule's
+            anchor ops and its pass's `requires`), else "".
+        rejections: every rejected outcome of the layer that counts, in pipeline order.
+        misses: missed fusions in this layer (`passes.missed_fusions`), as text.
+        sibling / sibling_rule / differences: a sibling layer where the rejected rule fused, and how the
+            two layers' primitive structures differ (`passes.explain`).
+        explanation: the full `explain` text (one line per rule).
+        architecture: the layer's kind (`architecture.classify`).
+        done: the fusions that happened in the layer, e.g. `FusedSwiGLU %31 (fuse_swiglu)` (non-BERT layers).
+        not_expected: rejections that do not count for this architecture, with the reason.
+    """
+
+    layer: int
+    fused: bool
+    fused_node: int | None
+    expected: str
+    first: Outcome | None
+    architecture: Architecture
+    silent: str = ""
+    rejections: list[Outcome] = field(default_factory=list)
+    misses: list[str] = field(default_factory=list)
+    sibling: int | None = None
+    sibling_rule: str = ""
+    differences: list[str] = field(default_factory=list)
+    explanation: str = ""
+    done: list[str] = field(default_factory=list)
+    not_expected: list[str] = field(default_factory=list)
+
+    @property
+    def bert_style(self) -> bool:
+        return self.architecture.post_ln
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (outcomes and the architecture as dicts)."""
+        d = dataclasses.asdict(self)
+        d["status"] = "fused" if self.fused else "not fused"
+        d["bert_style"] = self.bert_style
+        return d
+
+    def render(self, verbose: bool = False) -> str:
+        """The answer to "why didn't layer N fuse": status, the first rejecting guard (actual vs required),
+        the fix, the sibling difference, and for non-BERT layers what the architecture expects."""
+        if self.fused and self.bert_style:
+            where = f" -> {self.expected} %{self.fused_node}" if self.fused_node is not None else ""
+            lines = [f"layer {self.layer}: fused{where}"]
+        elif self.fused:
+            lines = [f"layer {self.layer}: fused as expected: " + (", ".join(self.done) or "nothing to fuse")]
+        else:
+            lines = [f"layer {self.layer}: NOT fused" + (f" (expected {self.expected})" if self.expected else "")]
+            if self.first is not None:
+                o = self.first
+                lines.append(f"  first rejection: {o.rule}")
+                lines.append(f"    guard {o.guard} ({o.stage}): {o.message}")
+                if o.hint:
+                    lines.append(f"    fix: {o.hint}")
+            elif self.silent:
+                lines.append(f"  no rejection: {self.silent}")
+            lines += [f"  also rejected: {o.rule}: {o.guard}" for o in self.rejections if o is not self.first]
+            if self.sibling is not None:
+                lines.append(f"  layer {self.sibling} fused with {self.sibling_rule}; the layers differ in:")
+                lines += [f"    {d}" for d in self.differences] or ["    (same primitive structure)"]
+        if not self.bert_style:
+            lines.append(f"  layer kind: {self.architecture.description}")
+            lines.append(f"  expected: {self.expected or 'no fusion'} (FusedTransformerLayer only for post-LN "
+                         "BERT layers)")
+            lines += [f"  not expected here: {x}" for x in self.not_expected]
+        if verbose and self.explanation:
+            lines += ["  " + ln for ln in self.explanation.splitlines()]
+        return "\n".join(lines)
+
+
+def _op_of(trace: Trace, node: int) -> str:
+    """The op of node id `node` in the first version that has it."""
+    for _, g in trace.versions():
+        if node in g:
+            return g[node].op.value
+    return "?"
+
+
+def _silent(trace: Trace, layer: int, pass_name: str) -> str:
+    """Why `pass_name` neither fused nor rejected anything in `layer`: its rules' anchor ops were not in the
+    layer when it ran, and which of the passes it `requires` had not run before it."""
+    p = PASSES[pass_name]
+    anchors = sorted({o.value for r in p.rules if r.anchor.ops for o in r.anchor.ops})
+    k = next(i for i, s in enumerate(trace.steps) if s.pass_name == pass_name)
+    before = {s.pass_name for s in trace.steps[:k] if not s.error}
+    late = [r for r in p.requires if r not in before]
+    text = (f"{pass_name} anchors on {' or '.join(anchors)}, and layer {layer} held none when it ran "
+            f"(step {k + 1})")
+    if late:
+        text += f"; it requires {', '.join(late)}, which had not run yet: run {pass_name} after them"
+    return text
+
+
+def layer_status(trace: Trace, layer: int) -> LayerStatus:
+    """`LayerStatus` of `layer` in a pipeline run.
+
+    What is expected depends on the layer's architecture (`architecture.classify` on the input graph):
+    a post-LN BERT-style layer must become one FusedTransformerLayer (when the pipeline runs
+    `fuse_transformer_layer`) with no missed fusion left; any other layer must be left with no missed
+    fusion among the rules that apply to it (BERT-only fusions and residual-norm fusions a pre-norm layout
+    makes illegal are listed as not expected instead of counted as failures).
+    """
+    ex = explain(trace, layer)
+    arch = classify(trace.input, layer)
+    ran = {s.pass_name for s in trace.steps if not s.error}
+    expect_ftl = LAYER_PASS in ran and arch.post_ln
+    ftl = [n.id for n in trace.final if n.op == Op.FUSED_TRANSFORMER_LAYER and layer_of(n.path) == layer]
+    misses = [m for m in missed_fusions(trace) if layer_of(m.path) == layer]
+    skipped: list[str] = []
+    ignored: dict[str, str] = {}
+    kept = []
+    for m in misses:
+        reason = not_expected(arch, m.pattern.split(".")[0], m.guard)
+        if reason is None:
+            kept.append(m)
+        elif m.pattern not in ignored:
+            ignored[m.pattern] = f"{m.pattern} ({m.guard}): {reason}"
+    misses = kept
+    skipped = list(ignored)
+    miss_keys = {(m.pattern, m.node) for m in misses}
+    rejected = [o for o in ex.rejected if o.rule not in skipped]
+    surviving = [o for o in rejected if any((o.rule, a) in miss_keys for a in o.nodes)]
+    fused = (bool(ftl) or not expect_ftl) and not misses
+    first = None if fused else (surviving[0] if surviving else (rejected[0] if rejected else None))
+    silent = ""
+    if first is None and not fused and expect_ftl and not ftl and not misses:
+        silent = _silent(trace, layer, LAYER_PASS)
+    if first is None and not fused and misses:
+        m = misses[0]
+        first = Outcome(m.pattern.split(".")[0], m.pattern, "rejected", m.guard, "", m.reason, m.hint, (m.node,))
+    done: list[str] = []
+    expected = PRODUCTS[LAYER_PASS] if expect_ftl else ""
+    if not arch.post_ln:
+        done = [f"{_op_of(trace, n)} %{n} ({o.pass_name})" for o in ex.outcomes if o.status == "fused"
+                for n in o.nodes]
+        wanted = [o.pass_name for o in ex.outcomes if o.status == "fused" or o in rejected]
+        expected = ", ".join(PRODUCTS.get(n, n) for n in dict.fromkeys(wanted))
+    return LayerStatus(layer, fused, ftl[0] if ftl else None, expected, first, arch, silent, rejected,
+                       [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(),
+                       done, list(ignored.values()))
+
+
+@dataclass
+class FusionCheck:
+    """`check_fusion`'s result: `ok` when every layer checked fused as expected."""
+
+    model: str
+    pipeline: str
+    layers: list[LayerStatus]
+    counts: dict[str, int]
+    misses: list[str] = field(default_factory=list)
+    """For a graph whose node paths name no layer: every missed fusion of the run (then `ok` means none)."""
+
+    @property
+    def ok(self) -> bool:
+        return all(s.fused for s in self.layers) and not self.misses
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "pipeline": self.pipeline, "ok": self.ok,
+                "fused_layers": sum(s.fused for s in self.layers), "checked_layers": len(self.layers),
+                "final_op_counts": self.counts, "layers": [s.to_dict() for s in self.layers],
+                "misses": self.misses}
+
+    def render(self, verbose: bool = False) -> str:
+        counts = ", ".join(f"{k}={v}" for k, v in self.counts.items()) or "no fused ops"
+        if not self.layers:
+            head = [f"{self.model} ({self.pipeline} pipeline): no node path names a layer; final graph: {counts}",
+                    f"{len(self.misses)} missed fusion(s)" + (":" if self.misses else "")]
+            return "\n".join(head + [f"  {m}" for m in self.misses])
+        head = (f"{self.model} ({self.pipeline} pipeline): {sum(s.fused for s in self.layers)}/{len(self.layers)} "
+                f"layer(s) fused as expected")
+        return "\n".join([head, *(s.render(verbose) for s in self.layers)])
+
+
+def check_layer(trace: Trace, layer: int, model: str = "") -> None:
+    """Raise `SessionError` unless `layer` is a layer of the run's input graph (the message gives the span)."""
+    have = model_layers(trace.input)
+    if layer not in have:
+        span = f"{have[0]}..{have[-1]}" if have else "none: no node path names a layer"
+        raise SessionError(f"layer {layer} is not in {model or 'the model'} (layers: {span})")
+
+
+def check_fusion(trace: Trace, model: str = "", layers: Iterable[int] | None = None) -> FusionCheck:
+    """Status of every layer (or of `layers`) of a run.
+
+    Raises:
+        SessionError: a requested layer is not in the model (the message gives the layers it has).
+    """
+    have = model_layers(trace.input)
+    wanted = list(have if layers is None else layers)
+    for i in wanted:
+        check_layer(trace, i, model)
+    misses = [str(m) for m in missed_fusions(trace)] if not have else []
+    return FusionCheck(model, trace.pipeline, [layer_status(trace, i) for i in wanted], trace.final.fused_op_counts(),
+                       misses)
+
+
+__all__ = ["LAYER_PASS", "PRODUCTS", "FusionCheck", "LayerStatus", "check_fusion", "check_layer", "layer_status"]

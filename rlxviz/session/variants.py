@@ -1,0 +1,67 @@
+"""Teaching variants as the session applies them: one list (`rlxviz.models.VARIANTS`), one shape rule.
+
+A variant either rewrites one layer of a built BERT graph (`Variant.changes_graph`) or, for
+`over_threshold`, raises batch*seq above the attention-fusion gate so the size guard rejects it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..models import VARIANTS, Variant
+from ..passes.pipeline import RLX_FAB_MAX_TOKENS
+from .errors import SessionError
+
+OVER_THRESHOLD = "over_threshold"
+"""The variant that teaches the size gate: batch*seq above `fab_max_tokens` (RLX's 64 when no gate is set)."""
+
+RLX_THRESHOLD = RLX_FAB_MAX_TOKENS
+"""RLX's default batch*seq gate for attention fusion (`fab_max_tokens` of the `rlx` profile)."""
+
+
+def teaching_cases() -> dict[str, str]:
+    """Every teaching variant but `none`, with its one line on what it changes (from `models.VARIANTS`)."""
+    return {name: v.doc for name, v in VARIANTS.items() if name != "none"}
+
+
+def variant_named(name: str | None, layer: int = 0) -> Variant | None:
+    """The `Variant` record for `name` applied to `layer` (None for `None` or `none`).
+
+    Raises:
+        SessionError: unknown name (the message lists the known ones).
+    """
+    if name in (None, "none"):
+        return None
+    if name not in VARIANTS:
+        raise SessionError(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
+    return dataclasses.replace(VARIANTS[name], layer=layer)
+
+
+def graph_variant(variant: Variant | None) -> Variant | None:
+    """What a model builder gets: the variant when it rewrites the graph, else None."""
+    return variant if variant is not None and variant.changes_graph else None
+
+
+def effective_threshold(variant: Variant | None, threshold: int | None) -> int | None:
+    """The batch*seq attention gate a pipeline runs with: `threshold`, or RLX's 64 for `over_threshold`
+    when no threshold is set (None: no gate)."""
+    if threshold is None and variant is not None and variant.over_threshold:
+        return RLX_THRESHOLD
+    return threshold
+
+
+def effective_seq(variant: Variant | None, batch: int, seq: int, threshold: int | None,
+                  max_seq: int | None = None) -> int:
+    """The sequence length a model is built with: `seq`, raised for `over_threshold` to the smallest length
+    that puts batch*seq over the effective threshold (capped at `max_seq` when given)."""
+    limit = effective_threshold(variant, threshold)
+    if variant is None or not variant.over_threshold or limit is None:
+        return seq
+    need = limit // max(batch, 1) + 1
+    if max_seq is not None:
+        need = min(need, max_seq)
+    return max(seq, need)
+
+
+__all__ = ["OVER_THRESHOLD", "RLX_THRESHOLD", "effective_seq", "effective_threshold", "graph_variant",
+           "teaching_cases", "variant_named"]
