@@ -28,13 +28,15 @@ from __future__ import annotations
 
 import math
 
-from ...ir import Op
+from ...ir import Op, Rewriter
 from ...ir.ops import kv_heads
 from ..engine import rule_pass
 from ..guard import Ctx, Guard, all_single_use, attr_eq, guard, not_output, single_user, size_le, user_count
 from ..pattern import P, const_value, is_const
 from ..rule import QUIET, Fail, Rule, Shape, Soft, User, reports
+from . import where_mask
 from .gqa import explain_heads, heads_match, kv_heads_pattern, kv_repeat_guard, num_kv_heads, repeat_roles
+from .where_mask import where_scores
 
 # -- fuse_sdpa -----------------------------------------------------------------------------------
 
@@ -47,8 +49,8 @@ _QK = P(Op.MATMUL, _heads("q"), P(Op.TRANSPOSE, kv_heads_pattern("k", _heads("k"
 _CONST = P.var("scale_c", where=is_const, what="a scalar constant")
 _SCALED = (P(Op.DIV, _QK, _CONST, name="scale") | P(Op.MUL, _QK, _CONST, name="scale", commutative=True) | _QK)
 _SCORES = P(Op.ADD, _SCALED, P.var("mask"), name="mask_add") | P(Op.ADD, P.var("mask"), _SCALED, name="mask_add") \
-    | _SCALED
-_INTERNAL = ("q_reshape", "q_heads", "k_reshape", "k_heads", "k_t", "qk", "scale", "mask_add", "softmax",
+    | where_scores(_SCALED) | _SCALED
+_INTERNAL = ("q_reshape", "q_heads", "k_reshape", "k_heads", "k_t", "qk", "scale", "mask_add", "mask_where", "softmax",
              "v_reshape", "v_heads", "pv", "merge_t", *repeat_roles("k"), *repeat_roles("v"))
 
 
@@ -121,11 +123,27 @@ def _sdpa_build(c: Ctx) -> tuple[Op, list[int], dict]:
     r = c["q_reshape"]
     ins = [c.id("q"), c.id("k"), c.id("v")]
     kind = "none"
-    if "mask" in c:
+    if "mask_where" in c:
+        kind = "keep"
+        ins.append(c.id("mask_cond"))  # replaced by the keep operand in _sdpa_rewrite
+    elif "mask" in c:
         kind = "keep" if "keep" in c.data else "additive"
         ins.append(c.data.get("keep", c.id("mask")))
     return Op.ATTENTION, ins, {"num_heads": r.shape[2], "head_dim": r.shape[3], "mask": kind, "scale": _scale(c),
                                "num_kv_heads": num_kv_heads(c)}
+
+
+def _sdpa_rewrite(c: Ctx, rw: Rewriter) -> int:
+    """`_sdpa_build`'s node; a where-mask's condition becomes the keep operand first (`where_mask`)."""
+    op, ins, attrs = _sdpa_build(c)
+    absorbed = [c.id(r) for r in (*_INTERNAL, "merge") if r in c]
+    with rw.provenance(absorbed):
+        if "mask_where" in c:
+            ins[3] = where_mask.keep_operand(c, rw)
+        new = rw.emit(op, ins, **attrs)
+    rw.remove([a for a in absorbed if a != c.id("merge")])
+    rw.replace(c.id("merge"), new)
+    return new
 
 
 SDPA = Rule(
@@ -152,9 +170,10 @@ SDPA = Rule(
               lambda c: f"{c.d('merge')} merges heads with transpose {list(c['merge_t'].attrs['perm'])} to "
                         f"{list(c['merge'].shape)}; needs transpose [0, 2, 1, 3] + reshape [B, S, heads*head_dim]"),
         all_single_use(_INTERNAL, "internals_single_use", "attention intermediates must not be read elsewhere"),
+        *where_mask.guards(),
         Soft(_mask_form),
     ),
-    result="merge", absorb=(*_INTERNAL, "merge"), build=_sdpa_build,
+    result="merge", absorb=(*_INTERNAL, "merge"), build=_sdpa_build, rewrite=lambda c, rw: _sdpa_rewrite(c, rw),
     doc="HF head split + matmul/scale/mask/softmax/matmul + merge -> packed attention (keep mask traced)")
 
 fuse_sdpa = rule_pass("fuse_sdpa", [SDPA], "Hugging Face scaled-dot-product attention -> packed attention op")
