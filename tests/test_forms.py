@@ -255,3 +255,33 @@ def test_decomposed_gelu_reaches_the_matmul_epilogue():
     fused = [n for n in final if n.op == Op.FUSED_MATMUL_BIAS_ACT]
     assert [n.attrs["activation"] for n in fused] == ["gelu"]
     assert_same_numbers(g, final, (2, 4, 8), rtol=1e-4)
+
+
+def test_remaining_norm_guards_name_their_subject():
+    """var_keepdims, beta_shape and eps_scalar near-misses: the guard and the node it is about."""
+    b = Builder("var_keepdims0")
+    x = b.input("x", (4, 4))
+    c = b.sub(x, b.reduce_mean(x, [-1], keepdims=True))
+    var = b.reduce_mean(b.mul(c, c), [-1])  # [4] subtracted unreshaped -> broadcasts along the last axis
+    b.output(b.div(c, b.sqrt(b.add(var, b.const(1e-5)))))
+    g = b.build()
+    (rej,) = canonicalized(g).rejections
+    assert (rej.guard, rej.subject) == ("var_keepdims", var)
+
+    b2 = Builder("beta_shape")
+    x = b2.input("x", (2, 8))
+    m = b2.reduce_mean(x, [-1], keepdims=True)
+    c = b2.sub(x, m)
+    normed = b2.div(c, b2.sqrt(b2.add(b2.reduce_mean(b2.mul(c, c), [-1], keepdims=True), b2.const(-1.0))))
+    beta = b2.param("ln.bias", (1, 8))
+    b2.output(b2.add(b2.mul(normed, b2.param("ln.weight", (8,))), beta))
+    rej = canonicalized(b2.build()).rejections[0]
+    assert rej.guard == "eps_scalar" and "-1.0" in rej.message
+    b3 = Builder("beta_shape")
+    x = b3.input("x", (2, 8))
+    c = b3.sub(x, b3.reduce_mean(x, [-1], keepdims=True))
+    normed = b3.mul(c, b3.rsqrt(b3.add(b3.reduce_mean(b3.mul(c, c), [-1], keepdims=True), b3.const(1e-5))))
+    beta = b3.param("ln.bias", (1, 8))
+    b3.output(b3.add(b3.mul(normed, b3.param("ln.weight", (8,))), beta))
+    (rej,) = canonicalized(b3.build()).rejections
+    assert (rej.guard, rej.subject) == ("beta_shape", beta) and "needs rank 1 [8]" in rej.message

@@ -203,7 +203,7 @@ def _affine_guard(role: str) -> object:
         return c[role].shape == (c["x"].shape[-1],)
 
     return guard(f"{role}_shape", ok,
-                 lambda c: f"{role} {c.d(role)} has shape {list(c[role].shape)}; needs rank 1 [{c['x'].shape[-1]}] "
+                 lambda c: f"{c.d(role)} has shape {list(c[role].shape)}; needs rank 1 [{c['x'].shape[-1]}] "
                            f"over the normalized (last) axis of x {list(c['x'].shape)}",
                  f"store {role} as a [hidden] vector", requires=(role,))
 
@@ -218,13 +218,13 @@ def _common_guards(family: str, stats: tuple[str, ...]) -> tuple:
                           "mean" if s == "mean" else "variance" if family == "layer_norm" else "mean square")
           for s in stats),
         guard("eps_inside_sqrt", lambda c: not c.data.get("eps_outside"),
-              lambda c: f"eps {c.d('eps')} is added after the sqrt ({c.d('eps_add')}: std + eps); {family} adds "
+              lambda c: f"{c.d('eps')} is added after the sqrt ({c.d('eps_add')}: std + eps); {family} adds "
                         f"it to the variance (sqrt(var + eps)): the numbers differ",
               "write sqrt(var + eps)", requires=("eps_add",)),
         guard("eps_scalar", lambda c: (const_value(c["eps"]) or 0.0) >= 0.0,
-              lambda c: f"eps {c.d('eps')} = {const_value(c['eps'])}; needs a scalar >= 0", requires=("eps",)),
+              lambda c: f"{c.d('eps')} = {const_value(c['eps'])}; needs a scalar >= 0", requires=("eps",)),
         guard("stats_dtype", lambda c: c["x"].dtype == DType.f32,
-              lambda c: f"x {c.d('x')} is {c['x'].dtype}: the statistics are computed in {c['x'].dtype}, while the "
+              lambda c: f"{c.d('x')} is {c['x'].dtype}: the statistics are computed in {c['x'].dtype}, while the "
                         f"{family} kernels accumulate in f32; the numbers differ",
               "cast x to f32 before the statistics (as Hugging Face's LlamaRMSNorm does)", requires=("x",)),
         _affine_guard("gamma"),
@@ -261,7 +261,7 @@ LAYER_NORM = Rule(
     P(Op.REDUCE_MEAN, P.var("x"), name="mean"),
     steps=(_layer_norm_chain, *_common_guards("layer_norm", ("mean", "var"))),
     result=_RESULT, absorb=_ABSORB, rewrite=_rewrite(Op.LAYER_NORM),
-    labels={"mean": "mean", "var": "variance", "normed": "normalized x"},
+    labels={"mean": "mean", "var": "variance", "normed": "normalized x", "eps_add": "the eps add", "root": "sqrt"},
     doc="(x - mean) / sqrt(var + eps) [* gamma] [+ beta] as primitives -> layer_norm")
 
 RMS_NORM = Rule(
