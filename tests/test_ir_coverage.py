@@ -152,3 +152,15 @@ def test_gqa_fused_attention_block_matches_unfused():
     p /= p.sum(-1, keepdims=True)
     want = (p @ vh).transpose(0, 2, 1, 3).reshape(bsz, s, heads * d) @ w["out_w"] + w["out_b"]
     np.testing.assert_allclose(fused, want, rtol=1e-4, atol=1e-5)
+
+
+def test_beta_less_rms_norm_fuses_with_its_residual():
+    b = Builder("post_rms")
+    x, r = b.input("x", (2, 3, 8)), b.input("r", (2, 3, 8))
+    b.output(b.rms_norm(b.add(x, r), b.param("g", (8,)), None, 1e-6))
+    g = b.build()
+    final = Pipeline.canonical().run(g).final
+    (f,) = [n for n in final if n.op == Op.FUSED_RESIDUAL_RMS_NORM]
+    assert final[f.inputs[3]].op == Op.CONST and final[f.inputs[3]].shape == (8,)
+    feeds, w = {"x": randn(2, 3, 8), "r": randn(2, 3, 8)}, {"g": randn(8)}
+    np.testing.assert_allclose(mlx_close(final, feeds, w)[0], run_reference(g, feeds, w)[0], rtol=1e-5, atol=1e-6)

@@ -10,7 +10,7 @@ x and residual have the same shape (so a broadcast add, like BERT's embedding su
 
 from __future__ import annotations
 
-from ...ir import Op
+from ...ir import Op, Rewriter
 from ..engine import rule_pass
 from ..guard import Ctx, guard, not_output, same_shape, single_user
 from ..pattern import P
@@ -57,7 +57,26 @@ def _rules(pass_name: str, norm: Op, fused: Op, label: str) -> list[Rule]:
         build=lambda c: (fused, [c.id(r) for r in ("x", "residual", "gamma", "beta")],
                          {"eps": c["norm"].attrs["eps"], "has_bias": False}),
         doc=f"{label}(x + residual) -> {fused.value} (operand order kept)")
-    return [biased, plain]
+    rules = [biased, plain]
+    if norm == Op.RMS_NORM:  # LLaMA's rms_norm has no beta: the fused op takes a zero beta (y + 0 == y)
+        rules.append(Rule(
+            f"{pass_name}.residual_no_beta",
+            P(norm, P(Op.ADD, P.var("x"), P.var("residual"), name="sum"), P.var("gamma"), name="norm"),
+            steps=common,
+            result="norm", absorb=("sum", "norm"), rewrite=lambda c, rw: _zero_beta(c, rw, fused),
+            doc=f"{label}(x + residual) without beta -> {fused.value} with a zero beta"))
+    return rules
+
+
+def _zero_beta(c: Ctx, rw: Rewriter, fused: Op) -> int:
+    absorbed = [c.id("sum"), c.id("norm")]
+    with rw.provenance(absorbed):
+        beta = rw.const((0.0,) * c["norm"].shape[-1], c["norm"].dtype)
+        new = rw.emit(fused, [c.id("x"), c.id("residual"), c.id("gamma"), beta], eps=c["norm"].attrs["eps"],
+                      has_bias=False)
+    rw.remove([c.id("sum")])
+    rw.replace(c.id("norm"), new)
+    return new
 
 
 fuse_residual_ln = rule_pass("fuse_residual_ln", _rules("fuse_residual_ln", Op.LAYER_NORM, Op.FUSED_RESIDUAL_LN,
