@@ -1,0 +1,879 @@
+"""Import an ONNX model (torch.onnx, optimum, ONNX Runtime's optimizer output) into the rlxviz IR.
+
+`load_onnx(path, batch, seq)` reads the file with the `onnx` package and returns a `Model`:
+
+* **Static shapes.** Every symbolic input dimension is bound: a name containing `batch` (or the first
+  axis) to `batch`, a name containing `seq`/`sequence`/`len` (or the second axis) to `seq`, unless
+  `input_shapes` gives the input's full shape. Everything that then depends only on constants
+  (the exporter's shape subgraphs: Shape, Gather, Unsqueeze, Concat, ConstantOfShape, Range, Trilu, ...)
+  is folded with ONNX's own reference evaluator (`onnx.reference`), so it never reaches the IR.
+* **Params.** Initializers (external data included) become `param` nodes named after them; a folded
+  tensor that is used by a computed node becomes a param named after its ONNX value; rank-0 and
+  one-element tensors become `const` nodes (so scale factors look like the constants the patterns want).
+* **Provenance.** Each IR node's `path` is the exporter's module path: torch.onnx's
+  `pkg.torch.onnx.name_scopes` metadata (`encoder.layer.0.attention.self.query`), else a legacy
+  exporter's node name `/encoder/layer.0/attention/self/query/MatMul`. `Model.meta["onnx_nodes"]`
+  maps each IR node id to `(op_type, node name, doc_string)` of the ONNX node it came from.
+* **Ops.** The ones transformer exports use (`SUPPORTED_OPS`), the contrib fused ops ONNX Runtime's
+  transformer optimizer emits (Attention, MultiHeadAttention, SkipLayerNormalization,
+  SkipSimplifiedLayerNormalization, SimplifiedLayerNormalization, BiasGelu, FastGelu, Gelu), and any
+  standard op whose inputs are all constant. Opsets 13-21 of the default domain.
+* **Errors.** `OnnxImportError` (a ValueError), one message: unreadable file, an opset outside 13-21,
+  an unbound dimension, or every op that cannot be mapped at once, each with its node names and the opset.
+
+Each mapping is exact (the IR computes what the ONNX op computes) under the condition stated in its
+handler; a node outside that condition is an error, never an approximation.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..ir import Builder, DType, Graph, Op, lint
+from ..ir.emitter import Ref
+from .presets import Model
+
+OPSETS = range(13, 22)
+"""Default-domain opsets the importer accepts (13..21)."""
+
+CONTRIB = "com.microsoft"
+
+
+class OnnxImportError(ValueError):
+    """An ONNX file that cannot be imported; the message names the file, op, node and opset."""
+
+
+def _onnx() -> Any:
+    try:
+        import onnx
+    except ImportError:  # pragma: no cover - onnx is a dependency
+        raise OnnxImportError("reading .onnx files needs the 'onnx' package (pip install onnx)") from None
+    return onnx
+
+
+_DTYPES = {1: DType.f32, 10: DType.f16, 16: DType.bf16, 11: DType.f64, 6: DType.i32, 7: DType.i64, 9: DType.bool}
+"""ONNX TensorProto element type -> DType."""
+
+
+def onnx_dtype(code: int) -> DType:
+    """DType of an ONNX element type code. Raises OnnxImportError for types the IR lacks."""
+    if code not in _DTYPES:
+        name = _onnx().TensorProto.DataType.Name(code)
+        raise OnnxImportError(f"element type {name} has no IR dtype (supported: float, float16, bfloat16, "
+                              f"double, int32, int64, bool)")
+    return _DTYPES[code]
+
+
+Value = Ref | np.ndarray | None
+"""An ONNX value during import: a node id (computed at run time), a constant array, or None (absent)."""
+
+
+@dataclass
+class _Ctx:
+    b: Builder
+    opset: int
+    weights: dict[str, np.ndarray]
+    node: Any = None
+    materialized: dict[int, Ref] = field(default_factory=dict)
+    names: set[str] = field(default_factory=set)
+    value_names: dict[int, str] = field(default_factory=dict)
+
+    def fail(self, why: str) -> OnnxImportError:
+        n = self.node
+        return OnnxImportError(f"{n.op_type} node {n.name!r} (opset {self.opset}): {why}")
+
+    def ref(self, v: Value, dtype: DType | None = None) -> Ref:
+        """A node for `v`: constants of one element become `const`, larger ones a named param."""
+        if isinstance(v, Ref):
+            return v
+        if v is None:
+            raise self.fail("a required input is missing")
+        key = id(v)
+        if key in self.materialized:
+            return self.materialized[key]
+        arr = np.asarray(v)
+        dt = dtype or DType.from_numpy(arr.dtype)
+        if arr.size == 1 and arr.ndim <= 1:
+            x = arr.reshape(()).item()
+            r = self.b.const(x, dt) if arr.ndim == 0 else self.b.const((x,), dt)
+        else:
+            base = self.value_names.get(key, "const")
+            if "." not in base and self.b.path:  # an exporter's generated name (val_95): prefix the module path
+                base = f"{self.b.path}.{base}"
+            name = self._unique(base)
+            self.weights[name] = arr
+            r = self.b.param(name, arr.shape, dt)
+        self.materialized[key] = r
+        return r
+
+    def _unique(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.names:
+            name, k = f"{base}.{k}", k + 1
+        self.names.add(name)
+        return name
+
+    def shape(self, v: Value) -> tuple[int, ...]:
+        return tuple(v.shape) if isinstance(v, np.ndarray) else self.b.shape_of(v)
+
+    def dtype(self, v: Value) -> DType:
+        if isinstance(v, np.ndarray):
+            return DType.from_numpy(v.dtype)
+        return self.b.dtype_of(v)
+
+
+Handler = Callable[[_Ctx, Any, list[Value], dict[str, Any]], list[Value]]
+HANDLERS: dict[tuple[str, str], Handler] = {}
+
+
+def handles(*ops: str, domain: str = "") -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        for op in ops:
+            HANDLERS[(domain, op)] = fn
+        return fn
+    return register
+
+
+def _const(v: Value) -> np.ndarray:
+    return v if isinstance(v, np.ndarray) else None  # type: ignore[return-value]
+
+
+def _ints(ctx: _Ctx, v: Value, what: str) -> list[int]:
+    if not isinstance(v, np.ndarray):
+        raise ctx.fail(f"{what} must be a constant once batch and seq are bound (it depends on a model input)")
+    return [int(x) for x in np.asarray(v).reshape(-1)]
+
+
+# -- elementwise ---------------------------------------------------------------------------------------
+
+_BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Max": "maximum",
+           "Min": "minimum", "Equal": "eq", "Less": "lt", "LessOrEqual": "le", "Greater": "gt",
+           "GreaterOrEqual": "ge"}
+
+
+@handles(*_BINARY)
+def _binary(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """Numpy-broadcast binary ops (two operands; Max/Min with more are folded pairwise)."""
+    if len(x) < 2:
+        raise ctx.fail("needs two operands")
+    fn = getattr(ctx.b, _BINARY[n.op_type])
+    acc = ctx.ref(x[0])
+    for y in x[1:]:
+        acc = fn(acc, ctx.ref(y))
+    return [acc]
+
+
+_UNARY = {"Sqrt": "sqrt", "Erf": "erf", "Tanh": "tanh", "Sigmoid": "sigmoid", "Exp": "exp", "Log": "log",
+          "Neg": "neg", "Relu": "relu"}
+
+
+@handles(*_UNARY)
+def _unary(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    return [ctx.b.unary(_UNARY[n.op_type], ctx.ref(x[0]))]
+
+
+@handles("Reciprocal")
+def _reciprocal(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    return [ctx.b.div(1.0, ctx.ref(x[0]))]
+
+
+@handles("Gelu")
+@handles("Gelu", domain=CONTRIB)
+def _gelu(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    tanh = a.get("approximate", b"none") in (b"tanh", "tanh")
+    return [ctx.b.gelu_tanh(ctx.ref(x[0])) if tanh else ctx.b.gelu(ctx.ref(x[0]))]
+
+
+@handles("BiasGelu", domain=CONTRIB)
+def _bias_gelu(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """ORT BiasGelu(A, B) = erf-GELU(A + B)."""
+    return [ctx.b.gelu(ctx.b.add(ctx.ref(x[0]), ctx.ref(x[1])))]
+
+
+@handles("FastGelu", domain=CONTRIB)
+def _fast_gelu(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """ORT FastGelu(X[, bias]) = tanh-GELU(X + bias)."""
+    y = ctx.ref(x[0])
+    if len(x) > 1 and x[1] is not None:
+        y = ctx.b.add(y, ctx.ref(x[1]))
+    return [ctx.b.gelu_tanh(y)]
+
+
+@handles("Where")
+def _where(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    return [ctx.b.where(ctx.ref(x[0]), ctx.ref(x[1]), ctx.ref(x[2]))]
+
+
+def _all_true(v: Value) -> bool:
+    return isinstance(v, np.ndarray) and v.dtype == np.bool_ and bool(v.all())
+
+
+@handles("And", "Or", "Not")
+def _logic(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """Boolean logic as `where`: and(p, q) = where(p, q, False), or(p, q) = where(p, True, q),
+    not(p) = eq(p, False). `and` with an all-True constant is the other operand (expanded to the
+    broadcast shape), which keeps exported attention masks in the form the mask guards know."""
+    b = ctx.b
+    if n.op_type == "Not":
+        return [b.eq(ctx.ref(x[0]), ctx.ref(np.asarray(False)))]
+    p, q = x
+    out = tuple(np.broadcast_shapes(ctx.shape(p), ctx.shape(q)))
+    if n.op_type == "And" and (_all_true(p) or _all_true(q)):
+        keep = q if _all_true(p) else p
+        r = ctx.ref(keep)
+        return [r if ctx.shape(r) == out else b.expand(r, out)]
+    if n.op_type == "And":
+        return [b.where(ctx.ref(p), ctx.ref(q), ctx.ref(np.asarray(False)))]
+    return [b.where(ctx.ref(p), ctx.ref(np.asarray(True)), ctx.ref(q))]
+
+
+@handles("Cast")
+def _cast(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    return [ctx.b.cast(ctx.ref(x[0]), onnx_dtype(int(a["to"])))]
+
+
+@handles("Identity", "Dropout")
+def _identity(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """Identity; Dropout at inference (training_mode absent or false) is the identity too."""
+    if n.op_type == "Dropout" and len(x) > 2 and x[2] is not None and bool(np.asarray(_const(x[2]))):
+        raise ctx.fail("Dropout in training mode is not an inference graph")
+    return [x[0]] + [None] * (len(n.output) - 1)
+
+
+# -- linear algebra --------------------------------------------------------------------------------------
+
+@handles("MatMul")
+def _matmul(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    if len(ctx.shape(x[0])) < 2 or len(ctx.shape(x[1])) < 2:
+        raise ctx.fail("rank-1 operands are not supported (the IR's matmul takes rank >= 2)")
+    return [ctx.b.matmul(ctx.ref(x[0]), ctx.ref(x[1]))]
+
+
+@handles("Gemm")
+def _gemm(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """alpha * A' @ B' + beta * C; a transposed constant B is transposed at import."""
+    b = ctx.b
+    A, B = x[0], x[1]
+    if a.get("transA", 0):
+        A = A.T if isinstance(A, np.ndarray) else b.transpose(A, (1, 0))
+    if a.get("transB", 0):
+        B = np.ascontiguousarray(B.T) if isinstance(B, np.ndarray) else b.transpose(B, (1, 0))
+    flat_rows = False
+    if isinstance(A, Ref) and not a.get("transA", 0):
+        src = _reshape_source(ctx, A)
+        ss, (rows, k) = ctx.shape(src), ctx.shape(A)
+        # GPT-2's Conv1D: view(-1, H) -> Gemm -> view(B, S, N). Rows are independent in a matmul, so the
+        # Gemm on [B, S, H] followed by a flatten is the same; the restoring view then collapses and the
+        # projection looks like every other linear
+        flat_rows = len(ss) >= 3 and ss[0] * ss[1] == rows and math.prod(ss[2:]) == k
+        if flat_rows:
+            A = _reshape_to(ctx, src, (ss[0], ss[1], k))
+    y = b.matmul(ctx.ref(A), ctx.ref(B))
+    alpha, beta = float(a.get("alpha", 1.0)), float(a.get("beta", 1.0))
+    if alpha != 1.0:
+        y = b.mul(y, alpha)
+    if len(x) > 2 and x[2] is not None:
+        c = x[2]
+        if beta != 1.0:
+            c = c * np.float32(beta) if isinstance(c, np.ndarray) else b.mul(c, beta)
+        y = b.add(y, ctx.ref(c))
+    if flat_rows:
+        shape = ctx.shape(y)
+        y = b.reshape(y, (math.prod(shape[:-1]), shape[-1]))
+    return [y]
+
+
+@handles("Conv")
+def _conv(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """2-D patch embedding only: kernel == strides, no padding, dilation 1, group 1, H and W divisible by
+    the kernel (ViT). Written as patchify (reshape + transpose), matmul with the flattened kernel, bias."""
+    b = ctx.b
+    w = _const(x[1])
+    if w is None or w.ndim != 4:
+        raise ctx.fail("only a 2-D convolution with a constant kernel is supported")
+    o, c, kh, kw = w.shape
+    xs = ctx.shape(x[0])
+    strides = list(a.get("strides", [1, 1]))
+    pads = list(a.get("pads", [0, 0, 0, 0]))
+    ok = (len(xs) == 4 and strides == [kh, kw] and not any(pads) and int(a.get("group", 1)) == 1
+          and list(a.get("dilations", [1, 1])) == [1, 1] and a.get("auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET")
+          and xs[2] % kh == 0 and xs[3] % kw == 0 and xs[1] == c)
+    if not ok:
+        raise ctx.fail(f"only a patch embedding (kernel == strides, no padding, no groups) is supported; got kernel "
+                       f"{[kh, kw]}, strides {strides}, pads {pads}, input {list(xs)}")
+    bn, hp, wp = xs[0], xs[2] // kh, xs[3] // kw
+    t = b.reshape(ctx.ref(x[0]), (bn, c, hp, kh, wp, kw))
+    t = b.transpose(t, (0, 2, 4, 1, 3, 5))
+    t = b.reshape(t, (bn, hp * wp, c * kh * kw))
+    y = b.matmul(t, ctx.ref(np.ascontiguousarray(w.reshape(o, c * kh * kw).T)))
+    if len(x) > 2 and x[2] is not None:
+        y = b.add(y, ctx.ref(x[2]))
+    y = b.transpose(b.reshape(y, (bn, hp, wp, o)), (0, 3, 1, 2))
+    return [y]
+
+
+# -- normalisation and softmax -----------------------------------------------------------------------------
+
+def _last_axis(ctx: _Ctx, v: Value, axis: int) -> None:
+    r = len(ctx.shape(v))
+    if axis % r != r - 1:
+        raise ctx.fail(f"normalisation over axis {axis} of rank {r}: only the last axis is supported")
+
+
+def _zeros_like_gamma(ctx: _Ctx, g: Value) -> Ref:
+    shape = ctx.shape(g)
+    return ctx.ref(np.zeros(shape, dtype=ctx.dtype(g).numpy))
+
+
+@handles("LayerNormalization")
+def _layer_norm(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """LayerNormalization over the last axis; a missing bias is zeros. Mean / InvStdDev outputs unsupported."""
+    _last_axis(ctx, x[0], int(a.get("axis", -1)))
+    if len(n.output) > 1 and any(n.output[1:]):
+        raise ctx.fail("the Mean / InvStdDev outputs are not supported")
+    beta = ctx.ref(x[2]) if len(x) > 2 and x[2] is not None else _zeros_like_gamma(ctx, x[1])
+    return [ctx.b.layer_norm(ctx.ref(x[0]), ctx.ref(x[1]), beta, float(a.get("epsilon", 1e-5)))]
+
+
+@handles("SimplifiedLayerNormalization")
+@handles("SimplifiedLayerNormalization", domain=CONTRIB)
+def _simplified_ln(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """ORT RMSNorm: x / sqrt(mean(x^2) + eps) * scale (IR rms_norm with a zero beta)."""
+    _last_axis(ctx, x[0], int(a.get("axis", -1)))
+    return [ctx.b.rms_norm(ctx.ref(x[0]), ctx.ref(x[1]), _zeros_like_gamma(ctx, x[1]), float(a.get("epsilon", 1e-5)))]
+
+
+@handles("SkipLayerNormalization", "SkipSimplifiedLayerNormalization", domain=CONTRIB)
+def _skip_ln(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """ORT SkipLayerNormalization(input, skip, gamma[, beta][, bias]): s = input + skip (+ bias);
+    output 0 = LayerNorm(s) (RMSNorm for the simplified form), output 3 = s. Outputs 1, 2 unsupported."""
+    b = ctx.b
+    simplified = n.op_type.startswith("SkipSimplified")
+    if any(o for i, o in enumerate(n.output) if i in (1, 2)):
+        raise ctx.fail("the mean / inv_std_var outputs are not supported")
+    s = b.add(ctx.ref(x[0]), ctx.ref(x[1]))
+    bias_at = 3 if simplified else 4
+    if len(x) > bias_at and x[bias_at] is not None:
+        s = b.add(s, ctx.ref(x[bias_at]))
+    eps = float(a.get("epsilon", 1e-12))
+    if simplified:
+        out = b.rms_norm(s, ctx.ref(x[2]), _zeros_like_gamma(ctx, x[2]), eps)
+    else:
+        beta = ctx.ref(x[3]) if len(x) > 3 and x[3] is not None else _zeros_like_gamma(ctx, x[2])
+        out = b.layer_norm(s, ctx.ref(x[2]), beta, eps)
+    outs: list[Value] = [out, None, None, s]
+    return outs[:len(n.output)]
+
+
+@handles("Softmax")
+def _softmax(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """Softmax (opset >= 13: over one axis, default -1)."""
+    return [ctx.b.softmax(ctx.ref(x[0]), int(a.get("axis", -1)))]
+
+
+@handles("ReduceMean", "ReduceSum", "ReduceMax")
+def _reduce(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """Axes from the attribute (ReduceMean/Max before opset 18) or the second input; keepdims default 1."""
+    rank = len(ctx.shape(x[0]))
+    if len(x) > 1 and x[1] is not None:
+        axes = _ints(ctx, x[1], "axes")
+    else:
+        axes = [int(v) for v in a.get("axes", [])]
+    if not axes:
+        if a.get("noop_with_empty_axes", 0):
+            return [x[0]]
+        axes = list(range(rank))
+    fn = {"ReduceMean": ctx.b.reduce_mean, "ReduceSum": ctx.b.reduce_sum, "ReduceMax": ctx.b.reduce_max}[n.op_type]
+    return [fn(ctx.ref(x[0]), tuple(v % rank for v in axes), keepdims=bool(a.get("keepdims", 1)))]
+
+
+# -- data movement ---------------------------------------------------------------------------------------
+
+def _reshape_source(ctx: _Ctx, v: Value) -> Value:
+    """The tensor a reshape node reads (reshape of a reshape is one reshape of the source)."""
+    while isinstance(v, Ref) and (n := ctx.b.lookup(v)).op == Op.RESHAPE:
+        v = Ref(n.inputs[0])
+    return v
+
+
+def _reshape_to(ctx: _Ctx, v: Value, shape: Sequence[int]) -> Value:
+    """`v` reshaped to `shape`; chained reshapes collapse (exact: a reshape only relabels the row-major
+    order), so a flatten-then-restore pair leaves the source itself."""
+    shape = tuple(int(d) for d in shape)
+    if isinstance(v, np.ndarray):
+        return v.reshape(shape)
+    v = _reshape_source(ctx, v)
+    return v if ctx.shape(v) == shape else ctx.b.reshape(v, shape)
+
+
+@handles("Reshape")
+def _reshape(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """Target from a constant shape: 0 copies the input's dim (unless allowzero), one -1 is inferred."""
+    src = ctx.shape(x[0])
+    target = _ints(ctx, x[1], "the target shape")
+    if not a.get("allowzero", 0):
+        target = [src[i] if d == 0 else d for i, d in enumerate(target)]
+    if -1 in target:
+        known = math.prod(d for d in target if d != -1)
+        target[target.index(-1)] = math.prod(src) // known if known else 0
+    return [_reshape_to(ctx, x[0], target)]
+
+
+@handles("Flatten")
+def _flatten(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    s = ctx.shape(x[0])
+    k = int(a.get("axis", 1)) % (len(s) + 1)
+    return [_reshape_to(ctx, x[0], (math.prod(s[:k]), math.prod(s[k:])))]
+
+
+@handles("Unsqueeze")
+def _unsqueeze(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    s = list(ctx.shape(x[0]))
+    axes = sorted(v % (len(s) + len(_ints(ctx, x[1], "axes"))) for v in _ints(ctx, x[1], "axes"))
+    for ax in axes:
+        s.insert(ax, 1)
+    return [_reshape_to(ctx, x[0], s)]
+
+
+@handles("Squeeze")
+def _squeeze(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    s = ctx.shape(x[0])
+    if len(x) > 1 and x[1] is not None:
+        axes = {v % len(s) for v in _ints(ctx, x[1], "axes")}
+    else:
+        axes = {i for i, d in enumerate(s) if d == 1}
+    return [_reshape_to(ctx, x[0], [d for i, d in enumerate(s) if i not in axes])]
+
+
+@handles("Transpose")
+def _transpose(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    r = len(ctx.shape(x[0]))
+    perm = tuple(int(p) for p in a.get("perm", range(r - 1, -1, -1)))
+    if perm == tuple(range(r)):
+        return [x[0]]
+    if perm == (0, 2, 3, 1):
+        # onnxscript merges the head split (0, 2, 1, 3) and the key transpose (0, 1, 3, 2) into one; written
+        # back as the two (same result: (0, 2, 1, 3) composed with (0, 1, 3, 2) is (0, 2, 3, 1)), the form
+        # attention patterns match
+        return [ctx.b.transpose(ctx.b.transpose(ctx.ref(x[0]), (0, 2, 1, 3)), (0, 1, 3, 2))]
+    return [ctx.b.transpose(ctx.ref(x[0]), perm)]
+
+
+@handles("Concat")
+def _concat(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    parts = [v for v in x if v is not None and 0 not in ctx.shape(v)]
+    if len(parts) == 1:
+        return [parts[0]]
+    return [ctx.b.concat([ctx.ref(v) for v in parts], int(a["axis"]))]
+
+
+def _narrow(ctx: _Ctx, v: Value, axis: int, start: int, length: int) -> Value:
+    if start == 0 and length == ctx.shape(v)[axis]:
+        return v
+    return ctx.b.narrow(ctx.ref(v), axis, start, length)
+
+
+@handles("Split")
+def _split(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """Sizes from the second input, the `split` attribute, or equal parts (`num_outputs` / output count)."""
+    s = ctx.shape(x[0])
+    axis = int(a.get("axis", 0)) % len(s)
+    if len(x) > 1 and x[1] is not None:
+        sizes = _ints(ctx, x[1], "split")
+    elif "split" in a:
+        sizes = [int(v) for v in a["split"]]
+    else:
+        k = len(n.output)
+        step = -(-s[axis] // k)
+        sizes = [min(step, s[axis] - i * step) for i in range(k)]
+    outs, start = [], 0
+    for size in sizes:
+        outs.append(_narrow(ctx, x[0], axis, start, size))
+        start += size
+    return outs
+
+
+@handles("Slice")
+def _slice(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """Constant starts/ends/axes with step 1 -> one narrow per sliced axis (bounds clamped as ONNX does)."""
+    s = ctx.shape(x[0])
+    starts, ends = _ints(ctx, x[1], "starts"), _ints(ctx, x[2], "ends")
+    axes = _ints(ctx, x[3], "axes") if len(x) > 3 and x[3] is not None else list(range(len(starts)))
+    steps = _ints(ctx, x[4], "steps") if len(x) > 4 and x[4] is not None else [1] * len(starts)
+    if any(st != 1 for st in steps):
+        raise ctx.fail(f"steps {steps}: only step 1 is supported")
+    v = x[0]
+    for st, en, ax in zip(starts, ends, axes, strict=True):
+        ax %= len(s)
+        d = s[ax]
+        st = max(0, min(d, st + d if st < 0 else st))
+        en = max(0, min(d, en + d if en < 0 else en))
+        v = _narrow(ctx, v, ax, st, max(0, en - st))
+    return [v]
+
+
+@handles("Gather")
+def _gather(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """Embedding lookups (axis 0, computed indices) map to `gather`; constant indices on any axis map to
+    narrow (+ reshape for a scalar index) when they are one contiguous run, else to `gather` on axis 0."""
+    data, idx = x
+    s = ctx.shape(data)
+    axis = int(a.get("axis", 0)) % len(s)
+    b = ctx.b
+    if isinstance(idx, np.ndarray):
+        ids = np.where(idx < 0, idx + s[axis], idx).astype(np.int64)
+        flat = ids.reshape(-1)
+        if flat.size and np.array_equal(flat, np.arange(flat[0], flat[0] + flat.size)):
+            out = _narrow(ctx, data, axis, int(flat[0]), int(flat.size))
+            return [_reshape_to(ctx, out, (*s[:axis], *ids.shape, *s[axis + 1:]))]
+        idx = ids
+    if axis != 0:
+        perm = (axis, *[i for i in range(len(s)) if i != axis])
+        moved = b.transpose(ctx.ref(data), perm)
+        g = b.gather(moved, ctx.ref(idx))
+        r = len(ctx.shape(idx))
+        back = (*range(r, r + axis), *range(r), *range(r + axis, r + len(s) - 1))
+        return [b.transpose(g, back)]
+    return [b.gather(ctx.ref(data), ctx.ref(idx))]
+
+
+def _broadcast_view(flat: np.ndarray, dims: tuple[int, ...]) -> tuple[int, ...] | None:
+    """If flat indices `flat` into an array of leading shape `dims` just repeat it along new axes (a
+    broadcast of a reshape), the shape to reshape it to before expanding; else None."""
+    keep = tuple(i for i in range(flat.ndim) if flat.shape[i] > 1 and np.ptp(flat, axis=i).any())
+    reduced = flat[tuple(slice(None) if i in keep else slice(0, 1) for i in range(flat.ndim))]
+    ok = (reduced.size == math.prod(dims) and np.array_equal(reduced.reshape(-1), np.arange(reduced.size))
+          and [d for d in reduced.shape if d > 1] == [d for d in dims if d > 1])
+    return reduced.shape if ok else None
+
+
+@handles("GatherND")
+def _gather_nd(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """Constant indices (batch_dims 0) only. When they read the data in order along new axes (how
+    torch.onnx exports `mask[batch_idx, kv_idx]`), the result is reshape + expand; otherwise
+    flatten + gather with the flattened indices."""
+    data, idx = x
+    if int(a.get("batch_dims", 0)) != 0 or not isinstance(idx, np.ndarray):
+        raise ctx.fail("only constant indices with batch_dims 0 are supported")
+    s = ctx.shape(data)
+    k = idx.shape[-1]
+    lead, rest = s[:k], s[k:]
+    ids = np.where(idx < 0, idx + np.asarray(lead), idx)
+    flat = np.ravel_multi_index(tuple(np.moveaxis(ids, -1, 0)), lead) if k else np.zeros(idx.shape[:-1], np.int64)
+    out_shape = (*flat.shape, *rest)
+    view = _broadcast_view(np.asarray(flat), tuple(lead))
+    b = ctx.b
+    if view is not None:
+        r = _reshape_to(ctx, data, (*view, *rest))
+        rr = ctx.ref(r)
+        return [rr if ctx.shape(rr) == out_shape else b.expand(rr, out_shape)]
+    table = _reshape_to(ctx, data, (math.prod(lead), *rest))
+    return [b.gather(ctx.ref(table), ctx.ref(np.asarray(flat, dtype=np.int64)))]
+
+
+@handles("Expand")
+def _expand(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    target = tuple(np.broadcast_shapes(ctx.shape(x[0]), tuple(_ints(ctx, x[1], "the target shape"))))
+    if target == ctx.shape(x[0]):
+        return [x[0]]
+    s = ctx.shape(x[0])
+    r = ctx.ref(x[0])
+    if len(s) < len(target):
+        r = ctx.b.reshape(r, (1,) * (len(target) - len(s)) + tuple(s))
+    return [ctx.b.expand(r, target)]
+
+
+# -- attention (ORT contrib) ---------------------------------------------------------------------------------
+
+def _keep_mask(ctx: _Ctx, m: Value, batch: int, kv: int) -> Ref | None:
+    if m is None:
+        return None
+    if ctx.shape(m) != (batch, kv):
+        raise ctx.fail(f"mask shape {list(ctx.shape(m))}: only a raw [batch, kv_len] 0/1 mask is supported")
+    return ctx.b.cast(ctx.ref(m), DType.f32)
+
+
+def _sdpa(ctx: _Ctx, q: Ref, k: Ref, v: Ref, heads: int, mask: Ref | None, causal: bool, scale: float | None) -> Ref:
+    if mask is not None and causal:
+        raise ctx.fail("a padding mask together with unidirectional=1 is not supported")
+    hd = ctx.shape(q)[-1] // heads
+    kind = "keep" if mask is not None else "causal" if causal else "none"
+    return ctx.b.attention(q, k, v, mask, num_heads=heads, head_dim=hd, mask_kind=kind,
+                           scale=scale if scale else None)
+
+
+@handles("Attention", domain=CONTRIB)
+def _ort_attention(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """ORT Attention(input, weights [H, 3H], bias [3H], mask_index [B, S]): packed QKV projection + SDPA.
+    Past state, attention_bias and qkv_hidden_sizes are not supported."""
+    if len(n.output) > 1 and any(n.output[1:]) or len(x) > 4 and any(v is not None for v in x[4:]):
+        raise ctx.fail("past / present state and attention_bias are not supported")
+    if a.get("qkv_hidden_sizes"):
+        raise ctx.fail("qkv_hidden_sizes is not supported")
+    b = ctx.b
+    heads = int(a["num_heads"])
+    qkv = b.matmul(ctx.ref(x[0]), ctx.ref(x[1]))
+    if len(x) > 2 and x[2] is not None:
+        qkv = b.add(qkv, ctx.ref(x[2]))
+    bs = ctx.shape(x[0])
+    h = ctx.shape(qkv)[-1] // 3
+    q, k, v = (b.narrow(qkv, 2, i * h, h) for i in range(3))
+    mask = _keep_mask(ctx, x[3] if len(x) > 3 else None, bs[0], bs[1])
+    return [_sdpa(ctx, q, k, v, heads, mask, bool(a.get("unidirectional", 0)), a.get("scale"))]
+
+
+@handles("MultiHeadAttention", domain=CONTRIB)
+def _ort_mha(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """ORT MultiHeadAttention(query, key, value [B, S, H] each, bias [3H], key_padding_mask [B, Sk])."""
+    if len(x) < 3 or x[1] is None or x[2] is None or len(ctx.shape(x[1])) != 3:
+        raise ctx.fail("only separate query, key and value inputs [batch, seq, hidden] are supported")
+    if len(n.output) > 1 and any(n.output[1:]) or len(x) > 5 and any(v is not None for v in x[5:]):
+        raise ctx.fail("past / present state and attention_bias are not supported")
+    b = ctx.b
+    q, k, v = (ctx.ref(t) for t in x[:3])
+    if len(x) > 3 and x[3] is not None:
+        bias = _const(x[3])
+        if bias is None:
+            raise ctx.fail("the bias must be a constant")
+        h = bias.shape[0] // 3
+        q, k, v = (b.add(t, ctx.ref(np.ascontiguousarray(bias[i * h:(i + 1) * h]))) for i, t in enumerate((q, k, v)))
+    bs = ctx.shape(q)
+    mask = _keep_mask(ctx, x[4] if len(x) > 4 else None, bs[0], ctx.shape(k)[1])
+    return [_sdpa(ctx, q, k, v, int(a["num_heads"]), mask, bool(a.get("unidirectional", 0)), a.get("scale"))]
+
+
+# -- folding and the driver ----------------------------------------------------------------------------------
+
+def _gather_elements(node: Any, x: list[np.ndarray | None], a: dict[str, Any]) -> list[np.ndarray]:
+    data, idx = x[0], np.asarray(x[1])
+    axis = int(a.get("axis", 0)) % data.ndim
+    return [np.take_along_axis(data, np.where(idx < 0, idx + data.shape[axis], idx), axis=axis)]
+
+
+_NUMPY_FOLDS = {"GatherElements": _gather_elements}
+"""Folds done in NumPy where onnx.reference is wrong (its GatherElements breaks past 32 choices, onnx 1.23)."""
+
+
+def _fold(node: Any, inputs: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
+    """Evaluate one standard node on constant inputs with ONNX's reference evaluator."""
+    from onnx.reference import ReferenceEvaluator
+
+    if node.op_type in _NUMPY_FOLDS:
+        return _NUMPY_FOLDS[node.op_type](node, inputs, _attrs(node))
+
+    feeds = {name: arr for name, arr in zip(node.input, inputs, strict=True) if name}
+    ev = ReferenceEvaluator(node, opsets={"": opset})
+    return [np.asarray(o) for o in ev.run(None, feeds)]
+
+
+def _shape_op(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> np.ndarray:
+    s = ctx.shape(x[0])
+    if n.op_type == "Size":
+        return np.asarray(math.prod(s), dtype=np.int64)
+    r = len(s)
+    start = int(a.get("start", 0))
+    end = int(a.get("end", r))
+    start = max(0, min(r, start + r if start < 0 else start))
+    end = max(0, min(r, end + r if end < 0 else end))
+    return np.asarray(s[start:end], dtype=np.int64)
+
+
+_NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+
+
+def node_path(node: Any) -> str:
+    """The exporter's module path of an ONNX node: torch.onnx's name-scope metadata, else a legacy
+    `/a/b.0/c/Op` node name as `a.b.0.c`; '' when neither is present."""
+    for p in node.metadata_props:
+        if p.key == _NAME_SCOPES:
+            try:
+                scopes = ast.literal_eval(p.value)
+            except (ValueError, SyntaxError):
+                break
+            mods = [s for s in scopes[:-1] if isinstance(s, str) and s]
+            return mods[-1] if mods else ""
+    name = node.name or ""
+    if name.startswith("/"):
+        return ".".join(part for part in name.split("/")[1:-1] if part)
+    return ""
+
+
+def _attrs(node: Any) -> dict[str, Any]:
+    from onnx import helper
+
+    return {at.name: helper.get_attribute_value(at) for at in node.attribute}
+
+
+_BATCH_RE = re.compile(r"batch", re.I)
+_SEQ_RE = re.compile(r"seq|sequence|len|token", re.I)
+
+
+def _bind_input(vi: Any, batch: int, seq: int, shapes: Mapping[str, Sequence[int]]) -> tuple[tuple[int, ...], DType]:
+    t = vi.type.tensor_type
+    dtype = onnx_dtype(t.elem_type)
+    if vi.name in shapes:
+        return tuple(int(d) for d in shapes[vi.name]), dtype
+    dims = []
+    for i, d in enumerate(t.shape.dim):
+        if d.HasField("dim_value") and d.dim_value > 0:
+            dims.append(int(d.dim_value))
+        elif _BATCH_RE.search(d.dim_param or "") or (i == 0 and not _SEQ_RE.search(d.dim_param or "")):
+            dims.append(batch)
+        elif _SEQ_RE.search(d.dim_param or "") or i == 1:
+            dims.append(seq)
+        else:
+            raise OnnxImportError(f"input {vi.name!r}: cannot bind dimension {i} ({d.dim_param or '?'}); "
+                                  f"give its shape with input_shapes={{'{vi.name}': [...]}}")
+    return tuple(dims), dtype
+
+
+def default_opset(proto: Any) -> int:
+    """The model's default-domain opset. Raises OnnxImportError outside `OPSETS`."""
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or opset not in OPSETS:
+        raise OnnxImportError(f"opset {opset} is not supported (supported: {OPSETS.start}-{OPSETS.stop - 1}; "
+                              f"convert with onnx.version_converter.convert_version)")
+    return opset
+
+
+def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mapping[str, Sequence[int]] | None = None,
+                 name: str | None = None) -> tuple[Graph, dict[str, np.ndarray], dict[int, tuple[str, str, str]]]:
+    """An IR graph, its weights and per-node ONNX provenance from an `onnx.ModelProto` (external data loaded).
+
+    Returns:
+        (graph, weights: param name -> array, provenance: IR node id -> (op_type, node name, doc_string)).
+
+    Raises:
+        OnnxImportError: unsupported opset, dtype, unbound dimension, or unmappable ops (all listed at once).
+    """
+    from onnx import numpy_helper
+
+    opset = default_opset(proto)
+    g = proto.graph
+    shapes = dict(input_shapes or {})
+    b = Builder(name or g.name or "onnx")
+    weights: dict[str, np.ndarray] = {}
+    ctx = _Ctx(b, opset, weights)
+    env: dict[str, Value] = {}
+    for init in g.initializer:
+        arr = numpy_helper.to_array(init)
+        env[init.name] = arr
+        ctx.value_names[id(arr)] = init.name
+    for vi in g.input:
+        if vi.name in env:
+            continue
+        shape, dtype = _bind_input(vi, batch, seq, shapes)
+        env[vi.name] = b.input(vi.name, shape, dtype)
+        ctx.names.add(vi.name)
+    provenance: dict[int, tuple[str, str, str]] = {}
+    unmapped: dict[str, list[str]] = {}
+    errors: list[str] = []
+    poisoned: set[str] = set()
+    for node in g.node:
+        if any(i in poisoned for i in node.input if i):
+            poisoned.update(node.output)
+            continue
+        ins: list[Value] = [env[i] if i else None for i in node.input]
+        attrs = _attrs(node)
+        ctx.node = node
+        domain = "" if node.domain in ("", "ai.onnx") else node.domain
+        try:
+            if domain == "" and node.op_type in ("Shape", "Size"):
+                outs: list[Value] = [_shape_op(ctx, node, ins, attrs)]
+            elif domain == "" and node.op_type == "Constant":
+                outs = _fold(node, [], opset)
+            elif domain == "" and all(isinstance(v, np.ndarray) or v is None for v in ins):
+                outs = _fold(node, ins, opset)  # type: ignore[arg-type]
+            elif (domain, node.op_type) in HANDLERS:
+                b.path = node_path(node)
+                first = b._next
+                outs = HANDLERS[(domain, node.op_type)](ctx, node, ins, attrs)
+                for i in range(first, b._next):
+                    provenance[i] = (node.op_type, node.name, node.doc_string)
+            else:
+                key = node.op_type if domain == "" else f"{domain}.{node.op_type}"
+                unmapped.setdefault(key, []).append(node.name or "(unnamed)")
+                poisoned.update(node.output)
+                continue
+        except OnnxImportError as e:
+            errors.append(str(e))
+            poisoned.update(node.output)
+            continue
+        except Exception as e:  # noqa: BLE001 - a shape/type error in one node becomes a named error
+            errors.append(f"{node.op_type} node {node.name!r} (opset {opset}): {type(e).__name__}: {e}")
+            poisoned.update(node.output)
+            continue
+        for out_name, v in zip(node.output, outs, strict=False):
+            if out_name:
+                env[out_name] = v
+                if isinstance(v, np.ndarray):
+                    ctx.value_names.setdefault(id(v), out_name)
+    if unmapped:
+        listing = "; ".join(f"{op} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+                            for op, names in sorted(unmapped.items()))
+        raise OnnxImportError(f"{len(unmapped)} op(s) cannot be mapped to the IR (opset {opset}): {listing}")
+    if errors:
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise OnnxImportError(errors[0] + more)
+    b.path = ""
+    outs = []
+    for o in g.output:
+        v = env.get(o.name)
+        if v is None:
+            raise OnnxImportError(f"graph output {o.name!r} is not produced by any node")
+        outs.append(ctx.ref(v))
+    b.output(*outs)
+    from ..passes.pipeline import run_pass
+
+    graph = lint(run_pass(b.build(), "dead_code_elimination"), "onnx import")
+    used = {n.name for n in graph.params}
+    return graph, {k: v for k, v in weights.items() if k in used}, provenance
+
+
+def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Mapping[str, Sequence[int]] | None = None,
+              external_data_dir: str | Path | None = None, name: str | None = None) -> Model:
+    """A `Model` from an `.onnx` file.
+
+    Args:
+        path: the `.onnx` file.
+        batch, seq: values for the symbolic batch / sequence dimensions of the inputs.
+        input_shapes: full static shapes for some inputs (by name), overriding the binding.
+        external_data_dir: where the external-data files live (default: the model's folder).
+        name: the model name (default: the file's stem).
+
+    Raises:
+        OnnxImportError: unreadable or invalid file, missing external data, or anything `import_graph` refuses.
+    """
+    onnx = _onnx()
+    p = Path(path)
+    if not p.is_file():
+        raise OnnxImportError(f"{path}: no such file")
+    try:
+        proto = onnx.load(str(p), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - protobuf DecodeError and friends
+        raise OnnxImportError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+    try:
+        from onnx.external_data_helper import load_external_data_for_model
+
+        load_external_data_for_model(proto, str(external_data_dir or p.parent))
+    except Exception as e:  # noqa: BLE001 - missing file, path escaping the folder, short read
+        raise OnnxImportError(f"{path}: cannot load external data ({type(e).__name__}: {e})") from None
+    try:
+        graph, weights, provenance = import_graph(proto, batch, seq, input_shapes, name or p.stem)
+    except OnnxImportError as e:
+        raise OnnxImportError(f"{path}: {e}") from None
+    producer = f"{proto.producer_name} {proto.producer_version}".strip()
+    return Model(name or p.stem, graph, weights, None, f"ONNX export {p.name}" + (f" ({producer})" if producer else ""),
+                 meta={"onnx_file": str(p), "opset": default_opset(proto), "producer": producer,
+                       "onnx_nodes": provenance})
+
+
+__all__ = ["OPSETS", "OnnxImportError", "import_graph", "load_onnx", "node_path", "onnx_dtype"]

@@ -1,0 +1,159 @@
+"""ONNX import: the committed exports (tests/fixtures/onnx, made by scripts/make_onnx_fixtures.py) import,
+compute the exporter's own outputs on the reference interpreter, and go through the pipeline; ORT's
+contrib fused ops compute what ONNX Runtime computes; unmappable ops are listed in one error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from rlxviz.models.onnx_import import OnnxImportError, load_onnx, node_path
+from rlxviz.runtime import run_reference
+
+FIX = Path(__file__).parent / "fixtures" / "onnx"
+EXPORTS = ("bert", "gpt2", "llama", "vit")
+
+
+def _case(name: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    d = dict(np.load(FIX / f"{name}.npz"))
+    return {k: v for k, v in d.items() if not k.startswith("out:")}, d["out:last_hidden_state"]
+
+
+def _load(name: str, feeds: dict[str, np.ndarray], **kw):
+    first = next(iter(feeds.values()))
+    shapes = {k: v.shape for k, v in feeds.items()}
+    return load_onnx(FIX / f"{name}.onnx", batch=first.shape[0], seq=first.shape[1], input_shapes=shapes, **kw)
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_export_imports_and_matches_the_exporters_outputs(name):
+    feeds, want = _case(name)
+    m = _load(name, feeds)
+    got = run_reference(m.graph, feeds, m.weights)[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
+    assert not [n for n in m.graph if n.op.value == "const" and n.attrs.get("value") is None]
+    assert m.meta["opset"] == 18 and m.meta["onnx_nodes"]
+
+
+def test_minilm_export_reads_weights_from_the_package_safetensors():
+    from rlxviz.models import minilm_dir
+
+    feeds, want = _case("minilm")
+    with pytest.raises(OnnxImportError, match="external data"):
+        _load("minilm", feeds)  # the weights are not next to the committed graph
+    m = _load("minilm", feeds, external_data_dir=minilm_dir())
+    np.testing.assert_allclose(run_reference(m.graph, feeds, m.weights)[0], want, atol=2e-5, rtol=1e-4)
+
+
+def test_dimensions_bind_from_batch_and_seq():
+    m = load_onnx(FIX / "bert.onnx", batch=3, seq=5)
+    assert {n.attrs["name"]: n.shape for n in m.graph.inputs} == {"input_ids": (3, 5), "attention_mask": (3, 5)}
+    assert m.graph[m.graph.outputs[0]].shape == (3, 5, 64)
+
+
+def test_provenance_is_the_exporters_module_path():
+    m = load_onnx(FIX / "bert.onnx", batch=1, seq=4)
+    paths = {n.path for n in m.graph}
+    assert "encoder.layer.1.attention.self.query" in paths
+    mm = next(n for n in m.graph if n.op.value == "matmul" and n.path == "encoder.layer.0.intermediate.dense")
+    op_type, node_name, _ = m.meta["onnx_nodes"][mm.id]
+    assert op_type == "MatMul" and node_name
+    legacy = helper.make_node("MatMul", ["a", "b"], ["c"], name="/encoder/layer.3/attention/self/query/MatMul")
+    assert node_path(legacy) == "encoder.layer.3.attention.self.query"
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17, contrib=False):
+    ops = [helper.make_opsetid("", opset)] + ([helper.make_opsetid("com.microsoft", 1)] if contrib else [])
+    g = helper.make_graph(nodes, "t", inputs, outputs, list(inits))
+    return helper.make_model(g, opset_imports=ops, ir_version=8)
+
+
+def _save(tmp_path, model, name="m.onnx") -> Path:
+    p = tmp_path / name
+    onnx.save(model, str(p))
+    return p
+
+
+def test_unmapped_ops_are_listed_at_once(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="ok"),
+             helper.make_node("Hardmax", ["r"], ["h"], name="hm1"),
+             helper.make_node("LpNormalization", ["x"], ["l"], name="lp1"),
+             helper.make_node("Frobnicate", ["x"], ["f"], name="fz", domain="com.microsoft"),
+             helper.make_node("Sum", ["h", "l", "f"], ["y"], name="sum")]
+    p = _save(tmp_path, _model(nodes, [x], [y], contrib=True))
+    with pytest.raises(OnnxImportError) as e:
+        load_onnx(p, batch=2, seq=4)
+    msg = str(e.value)
+    assert "3 op(s)" in msg and "opset 17" in msg
+    for part in ("Hardmax (hm1)", "LpNormalization (lp1)", "com.microsoft.Frobnicate (fz)"):
+        assert part in msg
+
+
+def test_opset_out_of_range_and_unreadable_files(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    p = _save(tmp_path, _model([helper.make_node("Relu", ["x"], ["y"])], [x], [y], opset=12))
+    with pytest.raises(OnnxImportError, match="opset 12 is not supported"):
+        load_onnx(p)
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00not a protobuf\xff" * 3)
+    with pytest.raises(OnnxImportError, match="bad.onnx"):
+        load_onnx(bad)
+    with pytest.raises(OnnxImportError, match="no such file"):
+        load_onnx(tmp_path / "missing.onnx")
+
+
+def test_unbindable_dimension_names_the_input(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", "channels"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    p = _save(tmp_path, _model([helper.make_node("Relu", ["x"], ["y"])], [x], [y]))
+    with pytest.raises(OnnxImportError, match="'x'.*dimension 2 \\(channels\\)"):
+        load_onnx(p)
+    m = load_onnx(p, input_shapes={"x": (2, 3, 5)})
+    assert m.graph.inputs[0].shape == (2, 3, 5)
+
+
+def test_contrib_fused_ops_match_onnxruntime(tmp_path):
+    ort = pytest.importorskip("onnxruntime")  # dev extra
+    rng = np.random.default_rng(0)
+    B, S, H, heads = 2, 5, 16, 4
+    f = TensorProto.FLOAT
+
+    def init(name, shape, scale=0.2):
+        return numpy_helper.from_array((scale * rng.standard_normal(shape)).astype(np.float32), name)
+
+    inits = [init("w_qkv", (H, 3 * H)), init("b_qkv", (3 * H,), 0.05), init("g", (H,)), init("beta", (H,), 0.05),
+             init("b_skip", (H,), 0.05), init("w1", (H, 2 * H)), init("b1", (2 * H,), 0.05), init("b2", (2 * H,)),
+             init("w_o", (2 * H, H)), init("g2", (H,))]
+    nodes = [
+        helper.make_node("Attention", ["x", "w_qkv", "b_qkv", "mask"], ["att"], domain="com.microsoft",
+                         num_heads=heads, name="attn"),
+        helper.make_node("SkipLayerNormalization", ["att", "x", "g", "beta", "b_skip"], ["ln", "", "", "sum"],
+                         domain="com.microsoft", epsilon=1e-5, name="skipln"),
+        helper.make_node("MatMul", ["ln", "w1"], ["h1"]),
+        helper.make_node("BiasGelu", ["h1", "b1"], ["g1"], domain="com.microsoft"),
+        helper.make_node("FastGelu", ["g1", "b2"], ["g2o"], domain="com.microsoft"),
+        helper.make_node("MatMul", ["g2o", "w_o"], ["o"]),
+        helper.make_node("SkipSimplifiedLayerNormalization", ["o", "sum", "g2"], ["y"], domain="com.microsoft",
+                         epsilon=1e-6),
+        helper.make_node("MultiHeadAttention", ["y", "y", "y", "b_qkv", "mask"], ["z"], domain="com.microsoft",
+                         num_heads=heads),
+    ]
+    inputs = [helper.make_tensor_value_info("x", f, ["batch", "seq", H]),
+              helper.make_tensor_value_info("mask", TensorProto.INT32, ["batch", "seq"])]
+    outputs = [helper.make_tensor_value_info("z", f, None)]
+    p = _save(tmp_path, _model(nodes, inputs, outputs, inits, contrib=True))
+    feeds = {"x": rng.standard_normal((B, S, H)).astype(np.float32),
+             "mask": np.array([[1] * S, [1] * (S - 2) + [0, 0]], dtype=np.int32)}
+    want = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    m = load_onnx(p, batch=B, seq=S)
+    got = run_reference(m.graph, feeds, m.weights)[0]
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+    assert {"attention", "layer_norm", "rms_norm", "gelu", "gelu_tanh"} <= set(m.graph.op_counts())
