@@ -71,7 +71,7 @@ class _Writer:
         from onnx import helper
 
         out = out or self.fresh(op_type.lower())
-        self.nodes.append(helper.make_node(op_type, inputs, [out], name=f"{self.prefix}{op_type}_{self.k}",
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=f"{self.prefix}{op_type}_{len(self.nodes)}",
                                            doc_string=self.doc, **attrs))
         return out
 

@@ -839,7 +839,8 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
 
 
 def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Mapping[str, Sequence[int]] | None = None,
-              external_data_dir: str | Path | None = None, name: str | None = None) -> Model:
+              external_data_dir: str | Path | None = None, name: str | None = None,
+              max_bytes: int | None = None) -> Model:
     """A `Model` from an `.onnx` file.
 
     Args:
@@ -848,9 +849,12 @@ def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Ma
         input_shapes: full static shapes for some inputs (by name), overriding the binding.
         external_data_dir: where the external-data files live (default: the model's folder).
         name: the model name (default: the file's stem).
+        max_bytes: refuse a model whose initializers (external data included) would take more bytes,
+            checked from their declared shapes before the external data is read.
 
     Raises:
-        OnnxImportError: unreadable or invalid file, missing external data, or anything `import_graph` refuses.
+        OnnxImportError: unreadable or invalid file, too large, missing external data, or anything
+            `import_graph` refuses.
     """
     onnx = _onnx()
     p = Path(path)
@@ -860,6 +864,12 @@ def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Ma
         proto = onnx.load(str(p), load_external_data=False)
     except Exception as e:  # noqa: BLE001 - protobuf DecodeError and friends
         raise OnnxImportError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+    if max_bytes is not None:
+        need = sum(math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+                   for t in proto.graph.initializer)
+        if need > max_bytes:
+            raise OnnxImportError(f"{path}: its initializers need {need / 2**20:.0f} MiB, over the limit of "
+                                  f"{max_bytes / 2**20:.0f} MiB (--max-memory-mb / RLXVIZ_MAX_MEMORY_MB)")
     try:
         from onnx.external_data_helper import load_external_data_for_model
 

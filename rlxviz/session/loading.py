@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..ir import Graph, GraphError, IRSyntaxError, from_json, lint, parse_ir
 from ..models import PRESETS, CheckpointError, Model, load_checkpoint, load_model, random_weights
+from ..models.onnx_import import load_onnx
 from ..passes import layer_of
 from .cache import LRUCache
 from .errors import SessionError
@@ -23,7 +24,7 @@ from .variants import effective_seq, graph_variant, variant_named
 MODELS = LRUCache(maxsize=4)
 """Loaded models by content key, shared by every session of the process."""
 
-PATH_SUFFIXES = (".ir", ".txt", ".json")
+PATH_SUFFIXES = (".ir", ".txt", ".json", ".onnx")
 """Suffixes that make a MODEL argument look like a file path (as does a `/`)."""
 
 
@@ -120,7 +121,8 @@ def load(model: str, batch: int = 1, seq: int = 128, style: str | None = None, v
 
     Args:
         model: a preset (`bert-tiny`, `minilm`, `llama-block`, ...), a folder with config.json +
-            model.safetensors, or a file with IR text (`.json`: the graph's JSON form; random weights).
+            model.safetensors, an `.onnx` export (`models.onnx_import.load_onnx`: symbolic batch/seq
+            dims bound to `batch`/`seq`), or a file with IR text (`.json`: the graph's JSON form; random weights).
         batch / seq: static input shape of the built graph (ignored for IR files).
         style: `hf` or `rlx` BERT form (None: the preset's own style; `hf` for folders).
         variant: a teaching variant name (`models.VARIANTS`) changing layer `variant_layer`; `over_threshold`
@@ -146,6 +148,11 @@ def load(model: str, batch: int = 1, seq: int = 128, style: str | None = None, v
             roots = None if allowed_roots is None else tuple(allowed_roots)
             m = MODELS.get_or_compute(("folder", str(p), roots, batch, seq, style, gv),
                                       lambda: load_checkpoint(p, batch, seq, roots, **kwargs))
+        elif p.is_file() and p.suffix.lower() == ".onnx":
+            if gv is not None:
+                raise SessionError(f"{model}: teaching variants apply to BERT presets and checkpoints, not ONNX files")
+            m = MODELS.get_or_compute(("onnx", str(p.resolve()), p.stat().st_mtime_ns, batch, seq, limits.max_bytes),
+                                      lambda: load_onnx(p, batch, seq, max_bytes=limits.max_bytes))
         elif p.is_file():
             if gv is not None:
                 raise SessionError(f"{model}: teaching variants apply to BERT presets and checkpoints, not IR files")
