@@ -405,6 +405,48 @@ def add_ir(sub: SubParsers) -> None:
     p.set_defaults(func=cmd_ir)
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """`rlxviz export MODEL OUT [--after PASS]`: a graph version as ONNX (`.onnx`; fused ops unfused) or, with
+    `.json`, every version of the run as Model Explorer graphs annotated with matches and rejections."""
+    from .teach import version_index
+
+    out = Path(args.out)
+    suffix = out.suffix.lower()
+    if suffix not in (".onnx", ".json"):
+        raise CLIError(f"{args.out}: the output must end in .onnx (ONNX model) or .json (Model Explorer graphs)")
+    if out.is_dir():
+        raise CLIError(f"{args.out}: is a folder; give a file name")
+    model, trace = _run_model(args)
+    if suffix == ".onnx":
+        from .models.onnx_export import export_onnx
+
+        graph = trace.versions()[version_index(trace, args.after or "final")][1]
+        export_onnx(graph, model.weights, out)
+        _out(f"wrote {out} ({graph.name}, {len(graph)} nodes before unfuse)")
+    else:
+        from .viz.model_explorer import save_model_explorer
+
+        save_model_explorer(trace, out, "final" if args.after == "final" else "all")
+        _out(f"wrote {out} (Model Explorer graphs: pip install ai-edge-model-explorer; model-explorer {out})")
+    return 0
+
+
+@subcommand
+def add_export(sub: SubParsers) -> None:
+    p = sub.add_parser("export", help="write a graph version as ONNX, or the run as Model Explorer graph JSON",
+                       description="OUT ending in .onnx: the graph version after PASS as an ONNX model (fused ops "
+                                   "expanded to primitives by unfuse; weights as initializers) for ONNX Runtime. "
+                                   "OUT ending in .json: Model Explorer graph JSON with one graph per changed "
+                                   "version (or only the final one with --after final), each node annotated with "
+                                   "the rule that made it and the rejections about it.")
+    _model_args(p)
+    p.add_argument("out", metavar="OUT", help="output file: .onnx or .json")
+    p.add_argument("--after", "-a", default=None, metavar="PASS",
+                   help=".onnx: 'final' (default), 'input', a pass name (its first run) or NAME#K (its K-th run); "
+                        ".json: 'final' for the final version only (default: every version)")
+    p.set_defaults(func=cmd_export)
+
+
 def cmd_time(args: argparse.Namespace) -> int:
     """`rlxviz time MODEL`: every graph version timed on MLX, checked against the NumPy reference."""
     from .session import format_timings, time_versions

@@ -56,3 +56,43 @@ def test_fully_fused_versions_export_to_what_the_reference_computes(preset, tmp_
     back = load_onnx(path, batch=2, seq=8)  # and the file imports again, paths included
     np.testing.assert_allclose(run_reference(back.graph, feeds, back.weights)[0], want[0], atol=1e-5, rtol=0)
     assert {n.path for n in trace.final if n.path} & {n.path for n in back.graph if n.path}
+
+
+def test_model_explorer_json_annotates_matches_and_rejections(tmp_path):
+    import json
+
+    from rlxviz.models.bert import VARIANTS
+    from rlxviz.viz.model_explorer import save_model_explorer
+
+    m = load_model("bert-tiny", seq=8, variant=VARIANTS["extra_h1_user"])
+    trace = Pipeline.canonical().run(m.graph)
+    data = json.loads(save_model_explorer(trace, tmp_path / "g.json").read_text())
+    graphs = data["graphs"]
+    assert graphs[0]["id"].endswith("0 input") and len(graphs) > 2
+    final = graphs[-1]
+    nodes = {n["id"]: n for n in final["nodes"]}
+    assert set(nodes) == {str(n.id) for n in trace.final}
+    for n in trace.final:  # every operand is an edge at its position
+        assert [(e["sourceNodeId"], e["targetNodeInputId"]) for e in nodes[str(n.id)]["incomingEdges"]] == \
+            [(str(i), str(k)) for k, i in enumerate(n.inputs)]
+    ftl = [n for n in final["nodes"] if n["label"] == "FusedTransformerLayer"]
+    assert len(ftl) == 1 and ftl[0]["namespace"] == "encoder/layer/1"  # layer 0 is the broken one
+    assert {"key": "match", "value": "fuse_transformer_layer.bert_post_ln"} in ftl[0]["attrs"]
+    assert ftl[0]["style"]["backgroundColor"]
+    flagged = [n for g in graphs for n in g["nodes"] if any(a["key"].startswith("rejected_") for a in n["attrs"])]
+    assert any("h1_user_count" in a["value"] for n in flagged for a in n["attrs"] if a["key"].startswith("rejected_"))
+    assert all(n["style"]["borderColor"] for n in flagged)
+
+
+def test_cli_export_writes_onnx_and_model_explorer_json(tmp_path, capsys):
+    from rlxviz.cli import main
+
+    out = tmp_path / "v.onnx"
+    assert main(["export", "bert-tiny", str(out), "--seq", "8", "--after", "fuse_residual_ln"]) == 0
+    m = load_model("bert-tiny", seq=8)
+    feeds = m.random_feeds()
+    want = run_reference(m.graph, feeds, m.weights)[0]
+    np.testing.assert_allclose(_ort(out, feeds)[0], want, atol=1e-5, rtol=0)
+    assert main(["export", "bert-tiny", str(tmp_path / "g.json"), "--seq", "8", "--after", "final"]) == 0
+    assert main(["export", "bert-tiny", str(tmp_path / "g.txt"), "--seq", "8"]) == 2
+    assert "must end in .onnx" in capsys.readouterr().err

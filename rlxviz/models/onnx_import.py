@@ -164,11 +164,30 @@ def _binary(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]
     """Numpy-broadcast binary ops (two operands; Max/Min with more are folded pairwise)."""
     if len(x) < 2:
         raise ctx.fail("needs two operands")
+    if n.op_type in ("Add", "Sub") and len(x) == 2:
+        keep = _identity_operand(ctx, x[0], x[1], n.op_type == "Add")
+        if keep is not None:
+            return [keep]
     fn = getattr(ctx.b, _BINARY[n.op_type])
     acc = ctx.ref(x[0])
     for y in x[1:]:
         acc = fn(acc, ctx.ref(y))
     return [acc]
+
+
+def _is_zero(v: Value) -> bool:
+    return isinstance(v, np.ndarray) and v.dtype.kind == "f" and not v.any()
+
+
+def _identity_operand(ctx: _Ctx, a: Value, b: Value, commutative: bool) -> Value | None:
+    """`x + 0`, `0 + x`, `x - 0` -> x, when the zero constant does not widen x's shape or dtype (exporters add
+    an all-zero "no mask" tensor to attention scores, e.g. ViT). Exact except for the sign of a zero
+    (-0.0 + 0.0 = +0.0), which no op here tells apart."""
+    for x, z in ((a, b), (b, a)) if commutative else ((a, b),):
+        if isinstance(x, Ref) and _is_zero(z) and ctx.dtype(x) == ctx.dtype(z) \
+                and tuple(np.broadcast_shapes(ctx.shape(x), z.shape)) == ctx.shape(x):
+            return x
+    return None
 
 
 _UNARY = {"Sqrt": "sqrt", "Erf": "erf", "Tanh": "tanh", "Sigmoid": "sigmoid", "Exp": "exp", "Log": "log",

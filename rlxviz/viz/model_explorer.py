@@ -1,0 +1,117 @@
+"""A graph version with its match/rejection annotations as Model Explorer graph JSON.
+
+Google's Model Explorer (`pip install ai-edge-model-explorer`) shows graphs given in its own JSON
+form: `{"graphs": [{"id", "nodes": [{"id", "label", "namespace", "attrs", "incomingEdges",
+"outputsMetadata", "inputsMetadata", "style"}]}]}` (its `graph_builder` dataclasses; what an adapter
+returns). Here:
+
+* one node per IR node (`id` = the IR id, `label` = the op), its `namespace` = the model path with `/`
+  (`encoder/layer/0/attention`), so Model Explorer folds layers into groups as our viewer does;
+* attrs: the op's attributes, `shape`, `dtype`, `path`, the pass that made the node and the rule that
+  matched (`match`), the ids it absorbed, and, on every node a rejection is about (anchor or subject),
+  `rejected` lines `rule: guard: message` and the fix;
+* edges: each operand as an incoming edge (`targetNodeInputId` = operand position, with its role in
+  `inputsMetadata`); `outputsMetadata` gives shape and dtype;
+* style: fused nodes filled green, rejected anchors and subjects bordered red.
+
+All text is data: JSON-escaped by `json.dumps`, never interpreted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from ..ir import Graph, operand_roles
+from ..ir.ops import FUSED
+from ..passes.trace import Match, Rejection, Trace
+
+FUSED_FILL = "#c8e6c9"
+REJECTED_BORDER = "#d32f2f"
+
+
+def _kv(key: str, value: Any) -> dict[str, str]:
+    return {"key": key, "value": value if isinstance(value, str) else json.dumps(value, default=str)}
+
+
+def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: list[Rejection] | None = None,
+               graph_id: str | None = None) -> dict[str, Any]:
+    """One Model Explorer `Graph` dict for `graph`, annotated with the given matches and rejections.
+
+    Args:
+        graph: a graph version.
+        matches: matches whose `fused` node is in `graph` get a `match` attribute naming the rule.
+        rejections: each rejection annotates its anchor and subject (if they are in `graph`).
+        graph_id: the graph's id in Model Explorer (default: `graph.name`).
+    """
+    by_fused: dict[int, Match] = {m.fused: m for m in matches or () if m.fused is not None}
+    rejected: dict[int, list[Rejection]] = defaultdict(list)
+    for r in rejections or ():
+        for i in {r.anchor, r.subject if r.subject is not None else r.anchor}:
+            if i in graph:
+                rejected[i].append(r)
+    nodes = []
+    for n in graph:
+        attrs = [_kv(k, v) for k, v in n.attrs.items()]
+        attrs += [_kv("shape", list(n.shape)), _kv("dtype", n.dtype.value), _kv("path", n.path or "<root>")]
+        if n.pass_name:
+            attrs.append(_kv("made_by", n.pass_name))
+        if n.id in by_fused:
+            attrs.append(_kv("match", by_fused[n.id].rule))
+        if n.absorbed:
+            attrs.append({"key": "absorbed", "value": {"type": "node_ids", "nodeIds": [str(i) for i in n.absorbed]}})
+        for k, r in enumerate(rejected.get(n.id, ())):
+            attrs.append(_kv(f"rejected_{k}", f"{r.rule}: {r.guard} ({r.stage}): {r.message}"))
+            if r.hint:
+                attrs.append(_kv(f"fix_{k}", r.hint))
+        roles = operand_roles(n.op, n.attrs, len(n.inputs))
+        node: dict[str, Any] = {
+            "id": str(n.id), "label": n.op.value, "namespace": n.path.replace(".", "/"), "subgraphIds": [],
+            "attrs": attrs,
+            "incomingEdges": [{"sourceNodeId": str(i), "sourceNodeOutputId": "0", "targetNodeInputId": str(k)}
+                              for k, i in enumerate(n.inputs)],
+            "inputsMetadata": [{"id": str(k), "attrs": [_kv("__tensor_tag", roles[k] if k < len(roles) else f"in{k}")]}
+                               for k in range(len(n.inputs))],
+            "outputsMetadata": [{"id": "0", "attrs": [_kv("shape", str(list(n.shape))), _kv("dtype", n.dtype.value),
+                                                      _kv("tensor_name", f"%{n.id}")]}],
+        }
+        style = {}
+        if n.op in FUSED:
+            style["backgroundColor"] = FUSED_FILL
+        if n.id in rejected:
+            style["borderColor"] = style["hoveredBorderColor"] = REJECTED_BORDER
+        if style:
+            node["style"] = style
+        nodes.append(node)
+    return {"id": graph_id or graph.name, "nodes": nodes}
+
+
+def trace_json(trace: Trace, versions: str = "all") -> dict[str, Any]:
+    """Model Explorer graphs for a pipeline run: the input graph and, with `versions="all"`, the graph
+    after every pass that changed or rejected something (annotated with the matches so far, whose fused
+    nodes are still there, and that pass's rejections); with
+    `versions="final"`, only the final graph annotated with every match and rejection of the run."""
+    graphs = []
+    name = trace.input.name
+    if versions == "final":
+        graphs.append(graph_json(trace.final, trace.matches, trace.rejections, f"{name}: final"))
+    else:
+        graphs.append(graph_json(trace.input, [], [], f"{name}: 0 input"))
+        so_far: list[Match] = []
+        for k, s in enumerate(trace.steps, 1):
+            so_far += s.matches
+            if s.changed or s.rejections:
+                graphs.append(graph_json(s.after, so_far, s.rejections, f"{name}: {k} {s.pass_name}"))
+    return {"graphs": graphs}
+
+
+def save_model_explorer(trace: Trace, path: str | Path, versions: str = "all") -> Path:
+    """Write `trace_json(trace, versions)` to `path` (a `.json` file Model Explorer opens)."""
+    p = Path(path)
+    p.write_text(json.dumps(trace_json(trace, versions)), encoding="utf-8")
+    return p
+
+
+__all__ = ["graph_json", "save_model_explorer", "trace_json"]
