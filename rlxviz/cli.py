@@ -408,7 +408,7 @@ def add_ir(sub: SubParsers) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     """`rlxviz export MODEL OUT [--after PASS]`: a graph version as ONNX (`.onnx`; fused ops unfused) or, with
     `.json`, every version of the run as Model Explorer graphs annotated with matches and rejections."""
-    from .teach import version_index
+    from .session import version_index
 
     out = Path(args.out)
     suffix = out.suffix.lower()
