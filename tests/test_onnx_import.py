@@ -12,7 +12,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rlxviz.models.onnx_import import OnnxImportError, load_onnx, node_path
+from rlxviz.passes import Pipeline
 from rlxviz.runtime import run_reference
+from rlxviz.session import check_fusion
 
 FIX = Path(__file__).parent / "fixtures" / "onnx"
 EXPORTS = ("bert", "gpt2", "llama", "vit")
@@ -36,8 +38,14 @@ def test_export_imports_and_matches_the_exporters_outputs(name):
     got = run_reference(m.graph, feeds, m.weights)[0]
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
-    assert not [n for n in m.graph if n.op.value == "const" and n.attrs.get("value") is None]
     assert m.meta["opset"] == 18 and m.meta["onnx_nodes"]
+    trace = Pipeline.canonical().run(m.graph)  # the pipeline keeps the numbers, and fuses something per layer
+    assert not [s.error for s in trace.steps if s.error]
+    np.testing.assert_allclose(run_reference(trace.final, feeds, m.weights)[0], want, atol=2e-5, rtol=1e-4)
+    check = check_fusion(trace, name)
+    assert [r.layer for r in check.layers] == [0, 1]
+    for r in check.layers:  # explain names, per layer, what fused or the guard that stopped it
+        assert r.fused or r.first is not None or r.silent
 
 
 def test_minilm_export_reads_weights_from_the_package_safetensors():
@@ -157,3 +165,28 @@ def test_contrib_fused_ops_match_onnxruntime(tmp_path):
     got = run_reference(m.graph, feeds, m.weights)[0]
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
     assert {"attention", "layer_norm", "rms_norm", "gelu", "gelu_tanh"} <= set(m.graph.op_counts())
+
+
+def test_app_loads_an_onnx_upload_and_an_onnx_path_under_the_allowed_dirs(monkeypatch, tmp_path):
+    import shutil
+
+    from rlxviz.app.jobs import Runner
+    from rlxviz.app.state import AppState
+
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+    s.load_upload({"gpt2.onnx": (FIX / "gpt2.onnx").read_bytes()})
+    assert s.message_kind != "danger", s.message
+    assert s.source == "upload" and s.model.meta["onnx_file"].endswith("model.onnx")
+    assert any(n.path.startswith("h.1.attn") for n in s.trace.final)  # the exporter's names reach the app
+    s.load_upload({"gpt2.onnx": b"not protobuf", "x.json": b"{}"})
+    assert s.message_kind == "danger" and "one .onnx file alone" in s.message
+    inside = tmp_path / "models"
+    inside.mkdir()
+    shutil.copy(FIX / "vit.onnx", inside / "vit.onnx")
+    monkeypatch.setenv("RLXVIZ_ALLOWED_DIRS", str(inside))
+    s.param.update(checkpoint_dir=str(inside / "vit.onnx"), source="checkpoint")
+    assert s.message_kind != "danger", s.message
+    assert s.model.graph.inputs[0].shape == (1, 3, 32, 32)
+    shutil.copy(FIX / "vit.onnx", tmp_path / "outside.onnx")
+    s.param.update(checkpoint_dir=str(tmp_path / "outside.onnx"), source="checkpoint")
+    assert s.message_kind == "danger" and "outside the allowed" in s.message, s.message

@@ -34,12 +34,12 @@ class ModelControls(Viewer):
                                            sizing_mode="stretch_width")
         self.folder_btn = pn.widgets.Button(label="Load folder", color="primary")
         self.folder_btn.on_click(lambda e: s.param.update(checkpoint_dir=self.folder.value, source="checkpoint"))
-        self.upload = pn.widgets.FileInput(accept=".json,.safetensors", multiple=True, name="Checkpoint files",
+        self.upload = pn.widgets.FileInput(accept=".json,.safetensors,.onnx", multiple=True, name="Checkpoint files",
                                            sizing_mode="stretch_width", css_classes=["rv-upload"])
         self.upload.param.watch(self._on_upload, "value")
         limit = max_upload_bytes() / 2**20
-        self.upload_doc = pn.pane.Markdown(f"Select **config.json** and **model.safetensors** together "
-                                           f"(at most {limit:.0f} MB).", styles={"font-size": "12px"})
+        self.upload_doc = pn.pane.Markdown(f"Select **config.json** and **model.safetensors** together, or one "
+                                           f"**.onnx** export (at most {limit:.0f} MB).", styles={"font-size": "12px"})
         self.ir = pn.widgets.TextAreaInput(name="IR text", value=s.ir_text, height=220, sizing_mode="stretch_width",
                                            css_classes=["rv-ir-text"],
                                            placeholder="graph g {\n  %0 = input {name=\"x\"} : f32[2, 8]\n  ...")

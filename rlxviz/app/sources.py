@@ -93,8 +93,13 @@ def check_checkpoint_dir(path: str, allowed: list[Path] | None = None) -> list[P
     return roots
 
 
+ONNX_UPLOAD_NAME = "model.onnx"
+"""The name an uploaded `.onnx` file is stored under in its temp folder."""
+
+
 def save_upload(files: dict[str, bytes], limit: int | None = None) -> Path:
-    """Validate uploaded `config.json` + `model.safetensors` and write them to a new private temp folder.
+    """Validate uploaded `config.json` + `model.safetensors` (or one `.onnx` export with its weights inside)
+    and write them to a new private temp folder.
 
     Args:
         files: file name -> content, as a file-upload widget gives them (names are matched by suffix:
@@ -102,7 +107,7 @@ def save_upload(files: dict[str, bytes], limit: int | None = None) -> Path:
         limit: total size limit in bytes (default `max_upload_bytes()`).
 
     Returns:
-        A temp folder holding `config.json` and `model.safetensors` (the caller may delete it).
+        A temp folder holding `config.json` and `model.safetensors`, or `model.onnx` (the caller may delete it).
 
     Raises:
         SourceError: a missing or extra file, or too large. The contents are checked by the loader.
@@ -112,6 +117,12 @@ def save_upload(files: dict[str, bytes], limit: int | None = None) -> Path:
     if total > limit:
         raise SourceError(f"The upload is {total / 2**20:.1f} MB; this server accepts at most {limit / 2**20:.0f} MB "
                           f"({MAX_UPLOAD_ENV}). Use a checkpoint folder under {ALLOWED_DIRS_ENV} for big models.")
+    onnx_files = [v for k, v in files.items() if k.lower().endswith(".onnx")]
+    if onnx_files:
+        if len(files) != 1:
+            raise SourceError("Upload one .onnx file alone (with its weights inside; external data files cannot be "
+                              f"uploaded), or config.json + model.safetensors (got: {', '.join(sorted(files))}).")
+        return _store({ONNX_UPLOAD_NAME: onnx_files[0]})
     cfg = [v for k, v in files.items() if k.lower().endswith(".json")]
     st = [v for k, v in files.items() if k.lower().endswith(".safetensors")]
     if len(cfg) != 1 or len(st) != 1:
@@ -119,10 +130,14 @@ def save_upload(files: dict[str, bytes], limit: int | None = None) -> Path:
                           f"(got: {', '.join(sorted(files)) or 'nothing'}).")
     if len(cfg[0]) > MAX_CONFIG_BYTES:
         raise SourceError("config.json is larger than 1 MB; that is not a Hugging Face config.")
+    return _store({"config.json": cfg[0], "model.safetensors": st[0]})
+
+
+def _store(files: dict[str, bytes]) -> Path:
     folder = Path(tempfile.mkdtemp(prefix="rlxviz-upload-"))
     try:
-        (folder / "config.json").write_bytes(cfg[0])
-        (folder / "model.safetensors").write_bytes(st[0])
+        for name, data in files.items():
+            (folder / name).write_bytes(data)
     except OSError as e:
         shutil.rmtree(folder, ignore_errors=True)
         raise SourceError(f"could not store the upload on the server: {e}") from None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import difflib
 import shutil
 import traceback
+from pathlib import Path
 from typing import Any
 
 import param
@@ -29,7 +30,7 @@ from ..runtime import blas_summary
 from ..session import OVER_THRESHOLD, LayerStatus, Limits, SessionError, View
 from ..session import render as drawing
 from .jobs import Runner
-from .sources import SourceError, allowed_dirs, check_checkpoint_dir, check_ir_text, save_upload
+from .sources import ONNX_UPLOAD_NAME, SourceError, allowed_dirs, check_checkpoint_dir, check_ir_text, save_upload
 from .text import md_escape
 
 SHAPE_VARIANT = OVER_THRESHOLD
@@ -210,8 +211,10 @@ class AppState(param.Parameterized):
             where = self.checkpoint_dir
         else:
             if not self.upload_dir:
-                raise SourceError("Upload a checkpoint's config.json and model.safetensors first.")
+                raise SourceError("Upload a checkpoint's config.json and model.safetensors (or an .onnx file) first.")
             where = self.upload_dir
+            if (onnx_file := Path(where) / ONNX_UPLOAD_NAME).is_file():
+                where = str(onnx_file)
         return session.load(where, self.batch, self.effective_seq, None if self.style == "default" else self.style,
                             self.variant, self.variant_layer, limits, self.threshold, roots)
 

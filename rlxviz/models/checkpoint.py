@@ -165,6 +165,9 @@ def read_tensors(files: Sequence[Path]) -> dict[str, np.ndarray]:
                     hint = "; NumPy has no bfloat16: save the checkpoint as float32 or float16" \
                         if "bfloat16" in str(e) else ""
                     raise CheckpointError(f"{f}: cannot read tensor {key!r} ({e}){hint}") from None
+                if arr.dtype.name == "bfloat16":  # readable only when ml_dtypes (an onnx dependency) is installed
+                    raise CheckpointError(f"{f}: cannot read tensor {key!r} (bfloat16); NumPy has no bfloat16: "
+                                          "save the checkpoint as float32 or float16")
                 out[key] = arr.astype(np.float32) if arr.dtype == np.float16 else arr
     return out
 

@@ -168,6 +168,12 @@ def _binary(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]
         keep = _identity_operand(ctx, x[0], x[1], n.op_type == "Add")
         if keep is not None:
             return [keep]
+    if n.op_type == "Mul" and len(x) == 2:
+        for a_, s_ in ((x[0], x[1]), (x[1], x[0])):
+            # torch.onnx writes silu as x * sigmoid(x); the IR's silu is that formula
+            if isinstance(s_, Ref) and (sn := ctx.b.lookup(s_)).op == Op.SIGMOID and isinstance(a_, Ref) \
+                    and sn.inputs[0] == int(a_):
+                return [ctx.b.silu(a_)]
     if n.op_type == "Add" and len(x) == 2:
         masked = _where_bias(ctx, x[0], x[1])
         if masked is not None:

@@ -114,6 +114,17 @@ def load_ir_file(path: str | Path, limits: Limits | None = None) -> Model:
                         {"ir_file": str(p)})
 
 
+def _within_roots(p: Path, roots: Sequence[Path]) -> Path:
+    """`p` resolved, if it lies inside one of `roots` and is a file. Raises SessionError otherwise."""
+    path = p.expanduser().resolve()
+    resolved = [Path(r).expanduser().resolve() for r in roots]
+    if not any(path.is_relative_to(r) for r in resolved):
+        raise SessionError(f"{p}: outside the allowed model folders ({', '.join(map(str, resolved)) or 'none'})")
+    if not path.is_file():
+        raise SessionError(f"{p}: no such file")
+    return path
+
+
 def load(model: str, batch: int = 1, seq: int = 128, style: str | None = None, variant: str | None = None,
          variant_layer: int = 0, limits: Limits | None = None, threshold: int | None = None,
          allowed_roots: Sequence[Path] | None = None, max_seq: int | None = None) -> Model:
@@ -144,15 +155,17 @@ def load(model: str, batch: int = 1, seq: int = 128, style: str | None = None, v
         if model in PRESETS:
             m = MODELS.get_or_compute(("preset", model, batch, seq, style, gv),
                                       lambda: load_model(model, batch=batch, seq=seq, **kwargs))
-        elif p.is_dir() or allowed_roots is not None:  # with roots, the loader checks the folder before anything
-            roots = None if allowed_roots is None else tuple(allowed_roots)
-            m = MODELS.get_or_compute(("folder", str(p), roots, batch, seq, style, gv),
-                                      lambda: load_checkpoint(p, batch, seq, roots, **kwargs))
-        elif p.is_file() and p.suffix.lower() == ".onnx":
+        elif p.suffix.lower() == ".onnx" and (p.is_file() or allowed_roots is not None):
+            if allowed_roots is not None:  # a typed path (the app's folder box): inside the roots, checked first
+                p = _within_roots(p, allowed_roots)
             if gv is not None:
                 raise SessionError(f"{model}: teaching variants apply to BERT presets and checkpoints, not ONNX files")
             m = MODELS.get_or_compute(("onnx", str(p.resolve()), p.stat().st_mtime_ns, batch, seq, limits.max_bytes),
                                       lambda: load_onnx(p, batch, seq, max_bytes=limits.max_bytes))
+        elif p.is_dir() or allowed_roots is not None:  # with roots, the loader checks the folder before anything
+            roots = None if allowed_roots is None else tuple(allowed_roots)
+            m = MODELS.get_or_compute(("folder", str(p), roots, batch, seq, style, gv),
+                                      lambda: load_checkpoint(p, batch, seq, roots, **kwargs))
         elif p.is_file():
             if gv is not None:
                 raise SessionError(f"{model}: teaching variants apply to BERT presets and checkpoints, not IR files")
