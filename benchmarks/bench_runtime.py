@@ -31,7 +31,7 @@ from rlxviz.models import BertConfig, load_model
 from rlxviz.runtime import fast as fastmath
 from rlxviz.runtime import run_reference
 from rlxviz.runtime.executor import MlxExecutor, graph_key
-from rlxviz.runtime.lowering import LoweringOptions, attention, using
+from rlxviz.runtime.lowering import LoweringOptions, MlxEmitter, attention
 from rlxviz.runtime.mlx_backend import blas_summary, mx
 from rlxviz.runtime.timing import diff
 
@@ -112,7 +112,7 @@ def hand_mlx(cfg: BertConfig, weights: dict[str, np.ndarray], fast: bool) -> Cal
     w = {k: mx.array(v) for k, v in weights.items()}
     mx.eval(list(w.values()))
     h, heads, d, eps = cfg.hidden, cfg.heads, cfg.head_dim, cfg.eps
-    opts = LoweringOptions(fast_math=True, attention="composed" if fast else "sdpa")
+    emitter = MlxEmitter(LoweringOptions(fast_math=True, attention="composed" if fast else "sdpa"), "cpu")
 
     def gelu(x: mx.array) -> mx.array:
         return fastmath.gelu(x) if fast else 0.5 * x * (1.0 + mx.erf(x * (1 / math.sqrt(2.0))))
@@ -126,9 +126,8 @@ def hand_mlx(cfg: BertConfig, weights: dict[str, np.ndarray], fast: bool) -> Cal
         for i in range(cfg.layers):
             p = f"encoder.layer.{i}."
             qkv = mx.addmm(w[p + "attention.qkv.bias"], x, w[p + "attention.qkv.weight"])
-            with using(opts):
-                a = attention(qkv[..., :h], qkv[..., h:2 * h], qkv[..., 2 * h:], m, heads=heads, head_dim=d,
-                              kind="keep")
+            a = attention(emitter, qkv[..., :h], qkv[..., h:2 * h], qkv[..., 2 * h:], m, heads=heads,
+                          head_dim=d, kind="keep")
             a = mx.addmm(w[p + "attention.output.dense.bias"], a, w[p + "attention.output.dense.weight"])
             x = mx.fast.layer_norm(a + x, w[p + "attention.output.LayerNorm.weight"],
                                    w[p + "attention.output.LayerNorm.bias"], eps)
@@ -234,8 +233,8 @@ def micro(repeat: int) -> None:
     m = mx.array(np.ones((8, 128), np.float32))
     mx.eval(q, k, v, m)
     for impl in ("sdpa", "composed"):
-        with using(LoweringOptions(attention=impl)):
-            ms = t(lambda q, k, v, m: attention(q, k, v, m, heads=12, head_dim=32, kind="keep"), q, k, v, m)
+        em = MlxEmitter(LoweringOptions(attention=impl), "cpu")
+        ms = t(lambda q, k, v, m, em=em: attention(em, q, k, v, m, heads=12, head_dim=32, kind="keep"), q, k, v, m)
         print(f"{'attention B=8 S=128 ' + impl:28} {ms:13.2f}")
 
 

@@ -7,11 +7,12 @@ import pytest
 from scipy import special
 
 from rlxviz.ir import Builder, Op, format_node
+from rlxviz.ir.fused import DECOMPOSITIONS
 from rlxviz.ir.ops import FUSED, LEAF
 from rlxviz.runtime import run_reference
 from rlxviz.runtime.blas import active_blas
 from rlxviz.runtime.executor import MlxExecutor
-from rlxviz.runtime.lowering import LOWERINGS, LoweringError, LoweringOptions
+from rlxviz.runtime.lowering import LOWERINGS, OVERRIDES, LoweringError, LoweringOptions
 from rlxviz.runtime.mlx_backend import mx
 from rlxviz.runtime.timing import equivalence, time_version
 
@@ -52,10 +53,14 @@ def test_blas_record_present_and_optimized():
     assert rec.path and ".so" in rec.path
 
 
-def test_every_op_has_a_lowering():
-    missing = [op.value for op in Op if op not in LEAF and op not in LOWERINGS]
+def test_every_op_has_a_lowering_and_fused_ops_only_their_decomposition():
+    """Primitives have an MLX kernel; fused ops have none of their own: they run `ir.fused.expand`,
+    except the documented overrides (each tested against the decomposition below)."""
+    missing = [op.value for op in Op if op not in LEAF and op not in LOWERINGS and op not in DECOMPOSITIONS]
     assert missing == []
-    assert FUSED <= set(LOWERINGS)
+    assert not FUSED & set(LOWERINGS), "a fused op's math must live in ir/fused.py"
+    assert FUSED <= set(DECOMPOSITIONS)
+    assert set(OVERRIDES) <= FUSED and all(o.doc for o in OVERRIDES.values())
 
 
 def test_missing_lowering_names_op_and_ir_line(monkeypatch):
@@ -328,3 +333,65 @@ def test_weight_only_nodes_are_computed_once():
     new = dict(weights, wk=randn(4, 4))
     feeds = {"x": randn(2, 3, 4)}
     np.testing.assert_allclose(ex.run(g, feeds, new)[0], run_reference(g, feeds, new)[0], rtol=RTOL, atol=ATOL)
+
+
+# -- overrides: each one against the plain decomposition ------------------------------------------------------
+def test_linear_override_matches_emitter_linear():
+    """`MlxEmitter.linear` (one mx.addmm) vs `Emitter.linear` (matmul, then add) on the same arrays."""
+    from rlxviz.ir import Emitter
+    from rlxviz.runtime.lowering import EMITTER_OVERRIDES, MlxEmitter
+
+    e = MlxEmitter(LoweringOptions(), "cpu")
+    x, w, b = mx.array(randn(3, 7, 16)), mx.array(randn(16, 24)), mx.array(randn(24))
+    fast_path = np.array(e.linear(x, w, b))
+    plain = np.array(Emitter.linear(e, x, w, b))
+    np.testing.assert_allclose(fast_path, plain, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.array(e.linear(x, w)), np.array(Emitter.linear(e, x, w)), rtol=0, atol=0)
+    assert "addmm" in EMITTER_OVERRIDES["linear"]
+
+
+def test_compiled_layer_override_matches_decomposition():
+    g, feeds = ftl_graph("gelu")
+    on = MlxExecutor(LoweringOptions(compile_layers=True, cpu_streams=1), device="cpu")
+    off = MlxExecutor(LoweringOptions(compile_layers=False, cpu_streams=1), device="cpu")
+    assert OVERRIDES[Op.FUSED_TRANSFORMER_LAYER].applies(on.options)
+    assert not OVERRIDES[Op.FUSED_TRANSFORMER_LAYER].applies(off.options)
+    np.testing.assert_allclose(on.run(g, feeds)[0], off.run(g, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_region_override_matches_inline_decomposition():
+    chain = (("mul", "i0", "i1"), ("add", "s0", "i2"), ("gelu", "s1"), ("sub", "s2", "i0"))
+    g = one_op(Op.ELEMENTWISE_REGION, [(2, 3, 8), (8,), ()], {"chain": chain})
+    feeds = {"x0": randn(2, 3, 8), "x1": randn(8), "x2": np.float32(0.5)}
+    compiled = MlxExecutor(LoweringOptions(regions="compiled"), device="cpu")
+    inline = MlxExecutor(LoweringOptions(regions="inline"), device="cpu")
+    assert OVERRIDES[Op.ELEMENTWISE_REGION].applies(compiled.options)
+    assert not OVERRIDES[Op.ELEMENTWISE_REGION].applies(inline.options)
+    np.testing.assert_allclose(compiled.run(g, feeds)[0], inline.run(g, feeds)[0], rtol=1e-6, atol=1e-6)
+    check(g, feeds, executors={"inline": inline})
+
+
+def test_region_with_unlowerable_step_is_named(monkeypatch):
+    chain = (("relu", "i0"),)
+    g = one_op(Op.ELEMENTWISE_REGION, [(2, 3)], {"chain": chain})
+    monkeypatch.delitem(LOWERINGS, Op.RELU)
+    with pytest.raises(LoweringError, match="relu"):
+        MlxExecutor(LoweringOptions(regions="compiled"), device="cpu").run(g, {"x0": randn(2, 3)})
+
+
+def test_operands_unpacked_by_role_name():
+    """The one declaration of operand order (`ops.operand_roles`) round-trips through pack/unpack and
+    rejects a wrong operand count with a message naming the roles."""
+    from rlxviz.ir.ops import operand_roles, pack, unpack
+
+    attrs = {"has_bias": True, "has_rope": True}
+    roles = operand_roles(Op.FUSED_ATTENTION_BLOCK, attrs, 8)
+    assert roles[:4] == ("hidden", "qkv_w", "out_w", "mask") and roles[-2:] == ("rope_cos", "rope_sin")
+    by_role = unpack(Op.FUSED_ATTENTION_BLOCK, attrs, list(range(8)))
+    assert pack(Op.FUSED_ATTENTION_BLOCK, attrs, by_role) == list(range(8))
+    with pytest.raises(ValueError, match="rope_sin"):
+        unpack(Op.FUSED_ATTENTION_BLOCK, attrs, list(range(6)))
+    ftl = unpack(Op.FUSED_TRANSFORMER_LAYER, {}, list(range(14)))
+    assert ftl["mask"] == 13 and ftl["ln1_g"] == 5
+    with pytest.raises(KeyError, match="mask"):
+        pack(Op.FUSED_TRANSFORMER_LAYER, {}, {k: v for k, v in ftl.items() if k != "mask"})

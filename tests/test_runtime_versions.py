@@ -101,14 +101,14 @@ def test_row_parallel_kernels_match_one_stream():
     over axis 0 is never split."""
     import numpy as np
 
-    from rlxviz.runtime.lowering import LOWERINGS, using
+    from rlxviz.runtime.lowering import MlxEmitter
     from rlxviz.runtime.mlx_backend import mx
 
     rng = np.random.default_rng(0)
     x = mx.array(rng.standard_normal((5, 12, 64, 64)).astype(np.float32))  # 245,760 elements: split
+    one_stream = MlxEmitter(LoweringOptions(cpu_streams=1, fast_math=True), "cpu")
+    three = MlxEmitter(LoweringOptions(cpu_streams=3, fast_math=True), "cpu")
     for op, attrs in ((Op.GELU, {}), (Op.SOFTMAX, {"axis": -1}), (Op.SOFTMAX, {"axis": 0}), (Op.SILU, {})):
-        with using(LoweringOptions(cpu_streams=1)):
-            one = np.asarray(LOWERINGS[op](attrs, x))
-        with using(LoweringOptions(cpu_streams=3)):
-            many = np.asarray(LOWERINGS[op](attrs, x))
+        one = np.asarray(one_stream.emit(op, [x], **attrs))
+        many = np.asarray(three.emit(op, [x], **attrs))
         np.testing.assert_allclose(many, one, rtol=0, atol=0, err_msg=f"{op} {attrs}")

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from .emitter import Emitter
 from .infer import parse_step
-from .ops import Op, kv_heads
+from .ops import Op, kv_heads, unpack
 from .registry import registrar
 
 V = TypeVar("V")
@@ -37,28 +37,30 @@ def _act(e: Emitter[V], name: str | None, x: V) -> V:
 
 @decomposition(Op.FUSED_MATMUL_BIAS_ACT)
 def matmul_bias_act(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
-    """`act(x @ w + bias)`, bias rank <= 1 broadcast over rows."""
-    return _act(e, a.get("activation"), e.add(e.matmul(x[0], x[1]), x[2]))
+    """`act(x @ w + bias)`, bias rank <= 1 broadcast over rows (`Emitter.linear`: matmul, then add)."""
+    r = unpack(Op.FUSED_MATMUL_BIAS_ACT, a, x)
+    return _act(e, a.get("activation"), e.linear(r["x"], r["w"], r["bias"]))
 
 
-def _residual(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> tuple[V, V, V]:
-    s = e.add(x[0], x[1])
-    if a.get("has_bias", False):
-        return e.add(s, x[2]), x[3], x[4]
-    return s, x[2], x[3]
+def _residual(e: Emitter[V], op: Op, a: dict[str, Any], x: Sequence[V]) -> tuple[V, V, V]:
+    r = unpack(op, a, x)
+    s = e.add(r["x"], r["residual"])
+    if "bias" in r:
+        s = e.add(s, r["bias"])
+    return s, r["gamma"], r["beta"]
 
 
 @decomposition(Op.FUSED_RESIDUAL_LN)
 def residual_ln(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
     """`LayerNorm(x + residual [+ bias])` over the last axis."""
-    s, g, b = _residual(e, a, x)
+    s, g, b = _residual(e, Op.FUSED_RESIDUAL_LN, a, x)
     return e.layer_norm(s, g, b, a["eps"])
 
 
 @decomposition(Op.FUSED_RESIDUAL_RMS_NORM)
 def residual_rms_norm(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
     """`RmsNorm(x + residual [+ bias]) * gamma + beta` over the last axis."""
-    s, g, b = _residual(e, a, x)
+    s, g, b = _residual(e, Op.FUSED_RESIDUAL_RMS_NORM, a, x)
     return e.rms_norm(s, g, b, a["eps"])
 
 
@@ -93,26 +95,25 @@ def attention_block(e: Emitter[V], heads: int, head_dim: int, hidden: V, qkv_w: 
 
 @decomposition(Op.FUSED_ATTENTION_BLOCK)
 def fused_attention_block(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
-    """`[hidden, qkv_w, out_w, mask, (qkv_b, out_b), (cos, sin)]` -> attention output `[B, S, H]`;
-    `qkv_w` is `[hidden, (num_heads + 2*num_kv_heads)*head_dim]`."""
-    k = 4
-    qkv_b = out_b = None
-    if a.get("has_bias", True):
-        qkv_b, out_b, k = x[4], x[5], 6
-    rope = (x[k], x[k + 1]) if a.get("has_rope", False) else None
-    return attention_block(e, a["num_heads"], a["head_dim"], x[0], x[1], x[2], x[3], qkv_b, out_b, rope,
-                           kv_heads(a))
+    """Operands by role (`ops.operand_roles`): hidden, qkv_w, out_w, mask, [qkv_b, out_b], [rope_cos,
+    rope_sin] -> attention output `[B, S, H]`; `qkv_w` is `[hidden, (num_heads + 2*num_kv_heads)*head_dim]`."""
+    r = unpack(Op.FUSED_ATTENTION_BLOCK, a, x)
+    rope = (r["rope_cos"], r["rope_sin"]) if "rope_cos" in r else None
+    return attention_block(e, a["num_heads"], a["head_dim"], r["hidden"], r["qkv_w"], r["out_w"], r["mask"],
+                           r.get("qkv_b"), r.get("out_b"), rope, kv_heads(a))
 
 
 @decomposition(Op.FUSED_TRANSFORMER_LAYER)
 def transformer_layer(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
     """Post-norm BERT layer (14-input layout, seed `transformer_layer.rs`):
     `h1 = LN1(attn(hidden) + hidden)`, `out = LN2(fc2(act(fc1(h1))) + h1)`."""
-    (hidden, qkv_w, qkv_b, out_w, out_b, ln1_g, ln1_b, fc1_w, fc1_b, fc2_w, fc2_b, ln2_g, ln2_b, mask) = x
-    att = attention_block(e, a["num_heads"], a["head_dim"], hidden, qkv_w, out_w, mask, qkv_b, out_b)
-    h1 = e.layer_norm(e.add(att, hidden), ln1_g, ln1_b, a["eps1"])
-    mid = e.unary(a["activation"], e.linear(h1, fc1_w, fc1_b))
-    return e.layer_norm(e.add(e.linear(mid, fc2_w, fc2_b), h1), ln2_g, ln2_b, a["eps2"])
+    r = unpack(Op.FUSED_TRANSFORMER_LAYER, a, x)
+    hidden = r["hidden"]
+    att = attention_block(e, a["num_heads"], a["head_dim"], hidden, r["qkv_w"], r["out_w"], r["mask"],
+                          r["qkv_b"], r["out_b"])
+    h1 = e.layer_norm(e.add(att, hidden), r["ln1_g"], r["ln1_b"], a["eps1"])
+    mid = e.unary(a["activation"], e.linear(h1, r["fc1_w"], r["fc1_b"]))
+    return e.layer_norm(e.add(e.linear(mid, r["fc2_w"], r["fc2_b"]), h1), r["ln2_g"], r["ln2_b"], a["eps2"])
 
 
 @decomposition(Op.ELEMENTWISE_REGION)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from .node import Node
 from .ops import FUSED, Op
@@ -162,11 +163,17 @@ class Graph:
         return Graph((self._nodes[i] for i in order), self.outputs, self.name, self.next_id)
 
 
-def toposort(nodes: dict[int, Node]) -> list[int]:
-    """Stable topological order of `nodes` (Kahn's algorithm, ties by given order), O(N + E).
+def toposort(nodes: dict[int, Node], key: dict[int, tuple[int, ...]] | None = None) -> list[int]:
+    """Stable topological order of `nodes` (Kahn's algorithm), O((N + E) log N): the project's one
+    topological sort (`Graph.topo_sorted`, `lint` and `Rewriter.finish` call it).
+
+    Args:
+        nodes: id -> node.
+        key: among ready nodes the smallest key goes first (e.g. a rewrite places new nodes where
+            their pattern was); default: the order of `nodes`.
 
     Raises:
-        GraphError: an operand id does not exist, or the nodes contain a cycle.
+        GraphError: an operand id does not exist, or the nodes contain a cycle (named).
     """
     indeg = {}
     users: dict[int, list[int]] = {i: [] for i in nodes}
@@ -177,7 +184,7 @@ def toposort(nodes: dict[int, Node]) -> list[int]:
                 raise GraphError(f"%{n.id} ({n.op.value}) uses %{d}, which does not exist", n.id)
             users[d].append(n.id)
         indeg[n.id] = len(deps)
-    pos = {k: i for i, k in enumerate(nodes)}
+    pos: dict[int, Any] = key if key is not None else {k: (i,) for i, k in enumerate(nodes)}
     ready = [(pos[i], i) for i, d in indeg.items() if d == 0]
     heapq.heapify(ready)
     order: list[int] = []

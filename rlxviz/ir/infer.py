@@ -12,7 +12,20 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from .dtype import DType, promote
-from .ops import ACTIVATIONS, BINARY, COMPARE, FUSED_REGION_OPS, PREDICATES, REDUCE, SPECS, UNARY, Op, kv_heads
+from .ops import (
+    ACTIVATIONS,
+    BINARY,
+    COMPARE,
+    FUSED_REGION_OPS,
+    PREDICATES,
+    REDUCE,
+    SPECS,
+    UNARY,
+    Op,
+    kv_heads,
+    pack,
+    unpack,
+)
 from .registry import registrar
 
 Shape = tuple[int, ...]
@@ -347,36 +360,37 @@ def _fab(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     has_bias, has_rope = attrs.get("has_bias", True), attrs.get("has_rope", False)
     _check(len(x) == 4 + 2 * has_bias + 2 * has_rope,
            f"has_bias={has_bias}, has_rope={has_rope} takes {4 + 2 * has_bias + 2 * has_rope} operands")
-    hidden, qkv_w, out_w, mask = x[:4]
+    r = unpack(Op.FUSED_ATTENTION_BLOCK, attrs, x)
+    hidden, mask = r["hidden"], r["mask"]
     _heads_ok(h, d)
     _check(len(hidden.shape) == 3, f"hidden must be [batch, seq, hidden], got {_fmt(hidden)}")
-    qkv_b, out_b = (x[4], x[5]) if has_bias else (None, None)
     kv = _kv_ok(attrs)
-    qkv = _linear(hidden, qkv_w, qkv_b, "qkv")
+    qkv = _linear(hidden, r["qkv_w"], r.get("qkv_b"), "qkv")
     want = (h + 2 * kv) * d
     formula = "3*num_heads*head_dim" if kv == h else "(num_heads + 2*num_kv_heads)*head_dim"
     _check(qkv.shape[-1] == want, f"qkv width {qkv.shape[-1]} != {formula} = {want}")
     _check(mask.shape == hidden.shape[:2], f"mask must be [batch, seq] = {list(hidden.shape[:2])}, got {_fmt(mask)}")
     attn = TensorType((*hidden.shape[:2], h * d), qkv.dtype)
     if has_rope:
-        k = 4 + 2 * has_bias
-        _rope({"head_dim": d, "n_rot": d}, (attn, x[k], x[k + 1]))
-    return _linear(attn, out_w, out_b, "out")
+        _rope({"head_dim": d, "n_rot": d}, (attn, r["rope_cos"], r["rope_sin"]))
+    return _linear(attn, r["out_w"], r.get("out_b"), "out")
 
 
 @rule(Op.FUSED_TRANSFORMER_LAYER)
 def _ftl(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     _check(attrs.get("has_bias", True), "only has_bias=True (the 14-input layout) is supported")
     h, d, inter = attrs["num_heads"], attrs["head_dim"], attrs["intermediate_size"]
-    (hidden, qkv_w, qkv_b, out_w, out_b, ln1_g, ln1_b, fc1_w, fc1_b, fc2_w, fc2_b, ln2_g, ln2_b, mask) = x
-    attn_out = _fab({"num_heads": h, "head_dim": d}, (hidden, qkv_w, out_w, mask, qkv_b, out_b))
+    r = unpack(Op.FUSED_TRANSFORMER_LAYER, attrs, x)
+    hidden, fc1_w = r["hidden"], r["fc1_w"]
+    block = {"num_heads": h, "head_dim": d, "has_bias": True, "has_rope": False}
+    attn_out = _fab(block, pack(Op.FUSED_ATTENTION_BLOCK, block, r))
     _check(attn_out.shape == hidden.shape, f"attention output {_fmt(attn_out)} != hidden {_fmt(hidden)}")
-    _norm_params(hidden, (ln1_g, ln1_b), "ln1")
+    _norm_params(hidden, (r["ln1_g"], r["ln1_b"]), "ln1")
     _check(fc1_w.shape[-1:] == (inter,), f"fc1 weight {_fmt(fc1_w)} has no intermediate dim {inter}")
-    mid = _linear(hidden, fc1_w, fc1_b, "fc1")
-    out = _linear(mid, fc2_w, fc2_b, "fc2")
+    mid = _linear(hidden, fc1_w, r["fc1_b"], "fc1")
+    out = _linear(mid, r["fc2_w"], r["fc2_b"], "fc2")
     _check(out.shape == hidden.shape, f"ffn output {_fmt(out)} != hidden {_fmt(hidden)}")
-    _norm_params(hidden, (ln2_g, ln2_b), "ln2")
+    _norm_params(hidden, (r["ln2_g"], r["ln2_b"]), "ln2")
     _act_ok(attrs["activation"], optional=False)
     return hidden
 

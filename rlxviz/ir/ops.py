@@ -7,9 +7,12 @@ a pattern names exactly the op it wants and the printer needs no sub-operator sy
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class Op(StrEnum):
@@ -219,7 +222,11 @@ def const_shape(value: Any) -> tuple[int, ...] | None:
 
 
 def operand_roles(op: Op, attrs: dict[str, Any], n: int) -> tuple[str, ...]:
-    """Names of a node's operands by position (for labels, tooltips and error messages)."""
+    """Names of a node's operands by position: the one declaration of every op's operand order.
+
+    Used for labels, tooltips and error messages, and by `unpack` / `pack`, through which the
+    decompositions (`ir.fused`), shape rules (`ir.infer`), the rules that build fused nodes and the
+    MLX lowering read and write fused-op operands by role name instead of by position."""
     if op == Op.FUSED_TRANSFORMER_LAYER:
         return FTL_INPUTS
     if op == Op.FUSED_ATTENTION_BLOCK:
@@ -230,7 +237,8 @@ def operand_roles(op: Op, attrs: dict[str, Any], n: int) -> tuple[str, ...]:
             roles += ["rope_cos", "rope_sin"]
         return tuple(roles)
     if op in (Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM):
-        return ("x", "residual", "bias", "gamma", "beta") if n == 5 else ("x", "residual", "gamma", "beta")
+        with_bias = attrs.get("has_bias", n == 5)
+        return ("x", "residual", "bias", "gamma", "beta") if with_bias else ("x", "residual", "gamma", "beta")
     fixed = {Op.MATMUL: ("a", "b"), Op.FUSED_MATMUL_BIAS_ACT: ("x", "w", "bias"),
              Op.LAYER_NORM: ("x", "gamma", "beta"), Op.RMS_NORM: ("x", "gamma", "beta"),
              Op.ATTENTION: ("q", "k", "v", "mask"), Op.ROPE: ("x", "cos", "sin"),
@@ -240,3 +248,33 @@ def operand_roles(op: Op, attrs: dict[str, Any], n: int) -> tuple[str, ...]:
     if op in BINARY | COMPARE:
         return ("lhs", "rhs")
     return tuple(f"in{i}" for i in range(n))
+
+
+def unpack(op: Op, attrs: dict[str, Any], operands: Sequence[T]) -> dict[str, T]:
+    """A node's operands by role name (`operand_roles`), e.g. `{"hidden": ..., "qkv_w": ...}`.
+
+    Raises:
+        ValueError: the operand count differs from what the roles declare for these attributes.
+    """
+    roles = operand_roles(op, attrs, len(operands))
+    if len(roles) != len(operands):
+        raise ValueError(f"{op.value} with {_attr_text(attrs)} takes {len(roles)} operands "
+                         f"({', '.join(roles)}), got {len(operands)}")
+    return dict(zip(roles, operands, strict=True))
+
+
+def pack(op: Op, attrs: dict[str, Any], by_role: Mapping[str, T]) -> list[T]:
+    """The operand list of an `op` node from operands by role name (inverse of `unpack`).
+
+    Raises:
+        KeyError: a role the op declares for these attributes is missing (named).
+    """
+    roles = operand_roles(op, attrs, len(by_role))
+    missing = [r for r in roles if r not in by_role]
+    if missing:
+        raise KeyError(f"{op.value}: no operand for role(s) {', '.join(missing)}")
+    return [by_role[r] for r in roles]
+
+
+def _attr_text(attrs: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(attrs.items()) if k in ("has_bias", "has_rope")) or "its attributes"

@@ -7,14 +7,13 @@ records the pass that made it and the ids it absorbed.
 
 from __future__ import annotations
 
-import heapq
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from .builder import NodeEmitter
-from .graph import Graph, GraphError
+from .graph import Graph, GraphError, toposort
 from .infer import TensorType
 from .node import Node
 from .ops import Op
@@ -127,7 +126,10 @@ class Rewriter(NodeEmitter):
             if r in gone:
                 raise RewriteError(f"graph output %{o} was removed by {self.pass_name}", o)
             outputs.append(r)
-        order = _keyed_toposort(nodes, keyed)
+        try:
+            order = toposort(nodes, keyed)
+        except GraphError as e:
+            raise RewriteError(f"{self.pass_name}: {e}", e.node_id) from e
         return Graph((nodes[i] for i in order), outputs, self.graph.name, self._next)
 
     def _remap(self, n: Node, gone: set[int]) -> Node:
@@ -137,28 +139,3 @@ class Rewriter(NodeEmitter):
                 raise RewriteError(
                     f"{self.pass_name}: %{old} was removed but %{n.id} ({n.op.value}) still uses it", n.id)
         return n if ins == n.inputs else n.replace(inputs=ins)
-
-
-def _keyed_toposort(nodes: dict[int, Node], key: dict[int, tuple[int, int, int]]) -> list[int]:
-    """Kahn's algorithm choosing the smallest key among ready nodes: O(N log N)."""
-    indeg = {i: 0 for i in nodes}
-    users: dict[int, list[int]] = {i: [] for i in nodes}
-    for n in nodes.values():
-        for d in set(n.inputs):
-            if d not in nodes:
-                raise RewriteError(f"%{n.id} ({n.op.value}) uses %{d}, which does not exist", n.id)
-            users[d].append(n.id)
-            indeg[n.id] += 1
-    ready = [(key[i], i) for i, d in indeg.items() if d == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        _, i = heapq.heappop(ready)
-        order.append(i)
-        for u in users[i]:
-            indeg[u] -= 1
-            if indeg[u] == 0:
-                heapq.heappush(ready, (key[u], u))
-    if len(order) != len(nodes):
-        raise RewriteError("rewrite produced a cycle")
-    return order

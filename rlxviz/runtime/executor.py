@@ -4,7 +4,10 @@ A graph is turned once into a `Program`: its leaves in a fixed order (inputs, th
 node order; constants are baked in) and a function that walks the nodes in topological order
 building lazy MLX arrays, dropping each value after its last use. Programs are cached by graph
 version (a hash of the graph's IR text) and `LoweringOptions`; with `compile_graph=True` the walk is
-wrapped in `mx.compile` (MLX then caches one trace per input shape). Weights are converted to
+wrapped in `mx.compile` (MLX then caches one trace per input shape). An executor belongs to one
+session: it holds its device (`cpu` / `gpu`, default the GPU when present), its resolved lowering
+options and its `MlxEmitter`; every program it builds runs on that device. Nothing is process-wide
+except `default_executor()`, a convenience for scripts. Weights are converted to
 `mx.array` once per source array and reused across versions and calls; nodes computed from weights
 alone (e.g. the Q|K|V weight `concat` that `fuse_shared_input_matmul` leaves) are evaluated once
 per weight set, not on every call.
@@ -21,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from ..ir import Graph, Node, Op, format_graph, format_node
-from .lowering import MX_DTYPES, LoweringError, LoweringOptions, lower_node, using
+from .devices import mx_device, precision_policy, resolve_device
+from .lowering import MX_DTYPES, LoweringError, LoweringOptions, MlxEmitter, lower_node
 from .mlx_backend import mx
 
 
@@ -47,7 +51,9 @@ class Program:
         prepare: `prepare(*params) -> list[mx.array]` (the static values `fn` needs).
         fn: `fn(*inputs, *static) -> list[mx.array]` (the graph outputs, lazy).
         compiled: whether `fn` is `mx.compile`d.
+        options: the resolved lowering options it was built with.
         n_static: number of compute nodes folded into `prepare`.
+        device: `cpu` or `gpu`; `prepare` and `fn` run there.
     """
 
     key: str
@@ -59,24 +65,23 @@ class Program:
     compiled: bool
     options: LoweringOptions = field(default_factory=LoweringOptions)
     n_static: int = 0
+    device: str = "cpu"
 
 
 def _const(node: Node) -> mx.array:
     return mx.array(np.asarray(node.attrs["value"], dtype=node.dtype.numpy)).astype(MX_DTYPES[node.dtype])
 
 
-def _eval_nodes(nodes: list[Node], env: dict[int, mx.array], frees: list[list[int]],
-                options: LoweringOptions) -> None:
-    with using(options):
-        for n, done in zip(nodes, frees, strict=True):
-            try:
-                env[n.id] = lower_node(n, [env[i] for i in n.inputs])
-            except LoweringError:
-                raise
-            except Exception as e:  # name the node whose lowering failed
-                raise LoweringError(f"MLX lowering of %{n.id} failed: {e}\n  {format_node(n)}") from e
-            for i in done:
-                env.pop(i, None)
+def _eval_nodes(nodes: list[Node], env: dict[int, mx.array], frees: list[list[int]], e: MlxEmitter) -> None:
+    for n, done in zip(nodes, frees, strict=True):
+        try:
+            env[n.id] = lower_node(e, n, [env[i] for i in n.inputs])
+        except LoweringError:
+            raise
+        except Exception as err:  # name the node whose lowering failed
+            raise LoweringError(f"MLX lowering of %{n.id} failed: {err}\n  {format_node(n)}") from err
+        for i in done:
+            env.pop(i, None)
 
 
 def _frees(nodes: list[Node], remaining: dict[int, int]) -> list[list[int]]:
@@ -93,8 +98,9 @@ def _frees(nodes: list[Node], remaining: dict[int, int]) -> list[list[int]]:
     return out
 
 
-def build_program(graph: Graph, options: LoweringOptions, compile_graph: bool, key: str | None = None) -> Program:
-    """Split `graph` into its static (params/consts only) and per-call parts and wrap both."""
+def build_program(graph: Graph, emitter: MlxEmitter, compile_graph: bool, key: str | None = None) -> Program:
+    """Split `graph` into its static (params/consts only) and per-call parts and wrap both; both run
+    on `emitter.device` with `emitter.options`."""
     leaves = {Op.INPUT, Op.PARAM, Op.CONST}
     static: set[int] = set()
     for n in graph:
@@ -115,37 +121,54 @@ def build_program(graph: Graph, options: LoweringOptions, compile_graph: bool, k
     s_frees = _frees(static_nodes, s_remaining)
     d_frees = _frees(dynamic, {i: c for i, c in uses.items() if i not in static} | {i: 1 << 30 for i in frontier})
 
+    device = mx_device(emitter.device)
+
     def prepare(*args: mx.array) -> list[mx.array]:
         env: dict[int, mx.array] = dict(consts)
         env.update({n.id: a for n, a in zip(params, args, strict=True)})
-        _eval_nodes(static_nodes, env, s_frees, options)
+        with mx.stream(device):
+            _eval_nodes(static_nodes, env, s_frees, emitter)
         return [env[i] for i in frontier]
 
-    def run(*args: mx.array) -> list[mx.array]:
+    def walk(*args: mx.array) -> list[mx.array]:
         env: dict[int, mx.array] = {n.id: a for n, a in zip(inputs, args[:len(inputs)], strict=True)}
         env.update(zip(frontier, args[len(inputs):], strict=True))
-        _eval_nodes(dynamic, env, d_frees, options)
+        _eval_nodes(dynamic, env, d_frees, emitter)
         return [env[o] for o in graph.outputs]
 
-    fn = mx.compile(run) if compile_graph else run
+    inner = mx.compile(walk) if compile_graph else walk
+
+    def run(*args: mx.array) -> list[mx.array]:
+        with mx.stream(device):
+            return inner(*args)
+
     return Program(key or graph_key(graph), graph, [n.attrs["name"] for n in inputs], [n.attrs["name"] for n in params],
-                   prepare, fn, compile_graph, options, len(static_nodes))
+                   prepare, run, compile_graph, emitter.options, len(static_nodes), emitter.device)
 
 
 class MlxExecutor:
     """Executes graph versions on MLX with cached programs and cached weights.
 
     Args:
-        options: lowering options (fast math, attention kernel, compiling fused ops).
+        options: lowering options (fast math, attention kernel, compiling fused ops); fields left
+            None take the device's choice (`lowering.DEVICE_LOWERING`).
         compile_graph: wrap each whole graph in `mx.compile`.
+        device: `cpu`, `gpu`, or None / `auto` for the GPU when present.
+
+    Raises:
+        DeviceError: an unknown device, or `gpu` where MLX has none.
 
     Example:
-        >>> ex = MlxExecutor()
+        >>> ex = MlxExecutor(device="cpu")
         >>> outs = ex.run(graph, {"input_ids": ids, "attention_mask": m}, weights)  # doctest: +SKIP
     """
 
-    def __init__(self, options: LoweringOptions | None = None, compile_graph: bool = False) -> None:
-        self.options = options or LoweringOptions()
+    def __init__(self, options: LoweringOptions | None = None, compile_graph: bool = False,
+                 device: str | None = None) -> None:
+        self.device = resolve_device(device)
+        self.emitter = MlxEmitter(options, self.device)
+        self.options = self.emitter.options
+        self.precision = precision_policy(self.device)
         self.compile_graph = compile_graph
         self._programs: dict[tuple[str, LoweringOptions, bool], Program] = {}
         self._keys: dict[int, tuple[Graph, str]] = {}
@@ -166,7 +189,7 @@ class MlxExecutor:
         key = (self.key_of(graph), self.options, self.compile_graph)
         prog = self._programs.get(key)
         if prog is None:
-            prog = self._programs[key] = build_program(graph, self.options, self.compile_graph, key[0])
+            prog = self._programs[key] = build_program(graph, self.emitter, self.compile_graph, key[0])
         return prog
 
     def weight(self, name: str, value: Any) -> mx.array:
@@ -256,7 +279,7 @@ class MlxExecutor:
             elif n.op == Op.PARAM:
                 env[n.id] = self.weight(n.attrs["name"], weights[n.attrs["name"]])
         rows = []
-        with using(self.options):
+        with mx.stream(mx_device(self.device)):
             for n in graph:
                 if n.op == Op.CONST:
                     env[n.id] = _const(n)
@@ -267,7 +290,7 @@ class MlxExecutor:
                 best = float("inf")
                 for _ in range(max(1, repeat)):
                     t = time.perf_counter()
-                    out = lower_node(n, operands)
+                    out = lower_node(self.emitter, n, operands)
                     mx.eval(out)
                     best = min(best, time.perf_counter() - t)
                 env[n.id] = out
@@ -283,7 +306,8 @@ _DEFAULT: MlxExecutor | None = None
 
 
 def default_executor() -> MlxExecutor:
-    """A process-wide executor (fast math, composed attention on CPU, no whole-graph compile)."""
+    """A process-wide executor for scripts (default device and its lowering, no whole-graph compile).
+    Sessions create their own `MlxExecutor(device=...)`."""
     global _DEFAULT
     if _DEFAULT is None:
         _DEFAULT = MlxExecutor()

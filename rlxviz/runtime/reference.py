@@ -17,6 +17,7 @@ from ..ir import DType, Emitter, Graph, Node, Op
 from ..ir.emitter import normalize_attrs
 from ..ir.fused import DECOMPOSITIONS, expand
 from ..ir.registry import registrar
+from .formulas import merge_heads, rope, split_heads
 
 Impl = Callable[..., np.ndarray]
 IMPLS: dict[Op, Impl] = {}
@@ -113,17 +114,12 @@ def _narrow(a: dict, x: np.ndarray) -> np.ndarray:
     return x[tuple(sl)]
 
 
-def _heads(x: np.ndarray, h: int) -> np.ndarray:
-    b, s, _ = x.shape
-    return x.reshape(b, s, h, -1).transpose(0, 2, 1, 3)
-
-
 @impl(Op.ATTENTION)
 def _attention(a: dict, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
     h, d = a["num_heads"], a["head_dim"]
     scale = a["scale"] if a["scale"] is not None else 1.0 / np.sqrt(d)
     kv = a.get("num_kv_heads") or h
-    qh, kh, vh = _heads(q, h), _heads(k, kv), _heads(v, kv)
+    qh, kh, vh = split_heads(q, h), split_heads(k, kv), split_heads(v, kv)
     if kv != h:  # grouped-query: query head i reads kv head i // (h // kv), as HF repeat_kv
         kh, vh = np.repeat(kh, h // kv, axis=1), np.repeat(vh, h // kv, axis=1)
     s = (qh @ kh.transpose(0, 1, 3, 2)) * np.float32(scale)
@@ -137,21 +133,12 @@ def _attention(a: dict, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.nd
     elif kind == "additive":
         s = s + mask
     p = special.softmax(s.astype(np.float32), axis=-1).astype(q.dtype)
-    o = p @ vh
-    b = o.shape[0]
-    return o.transpose(0, 2, 1, 3).reshape(b, sq, h * d)
+    return merge_heads(p @ vh)
 
 
 @impl(Op.ROPE)
 def _rope(a: dict, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    d, n_rot = a["head_dim"], a["n_rot"]
-    b, s, hd = x.shape
-    xh = x.reshape(b, s, hd // d, d)
-    half = n_rot // 2
-    c, sn = cos[:s, :half][None, :, None, :], sin[:s, :half][None, :, None, :]
-    x1, x2 = xh[..., :half], xh[..., half:n_rot]
-    rot = np.concatenate([x1 * c - x2 * sn, x2 * c + x1 * sn, xh[..., n_rot:]], axis=-1)
-    return rot.reshape(b, s, hd).astype(x.dtype)
+    return rope(x, cos, sin, a["head_dim"], a["n_rot"], np.concatenate).astype(x.dtype)
 
 
 class NumpyEmitter(Emitter[np.ndarray]):

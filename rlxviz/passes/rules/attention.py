@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 
 from ...ir import Op, Rewriter
-from ...ir.ops import kv_heads
+from ...ir.ops import kv_heads, operand_roles
 from ..engine import rule_pass
 from ..guard import Ctx, Guard, all_single_use, attr_eq, guard, not_output, single_user, size_le, user_count
 from ..pattern import P, const_value, is_const
@@ -217,6 +217,11 @@ def _explain_split(c: Ctx) -> str:
     return f"{got} of {c.d('qkv')} {list(c['qkv'].shape)}; needs starts 0/{h}/{h + kv} with {lens} on the last axis"
 
 
+def _block(c: Ctx, attrs: dict) -> tuple[Op, list[int], dict]:
+    """The FusedAttentionBlock: operands by role name (`ir.ops.operand_roles`), bound under the same names."""
+    return Op.FUSED_ATTENTION_BLOCK, [c.id(r) for r in operand_roles(Op.FUSED_ATTENTION_BLOCK, attrs, 0)], attrs
+
+
 BLOCK = Rule(
     "fuse_attention_block.qkv_attention_out", P(Op.ATTENTION, name="attn"),
     steps=(
@@ -244,10 +249,9 @@ BLOCK = Rule(
              "the output projection FusedMatMulBiasAct(activation=None)", "run fuse_matmul_bias_act first"),
     ),
     result="out", absorb=("qkv", "q", "k", "v", "attn", "out"),
-    build=lambda c: (Op.FUSED_ATTENTION_BLOCK,
-                     [c.id(r) for r in ("hidden", "qkv_w", "out_w", "mask", "qkv_b", "out_b")],
-                     {"num_heads": c["attn"].attrs["num_heads"], "head_dim": c["attn"].attrs["head_dim"],
-                      "has_bias": True, "has_rope": False, "num_kv_heads": c["attn"].attrs.get("num_kv_heads")}),
+    build=lambda c: _block(c, {"num_heads": c["attn"].attrs["num_heads"], "head_dim": c["attn"].attrs["head_dim"],
+                               "has_bias": True, "has_rope": False,
+                               "num_kv_heads": c["attn"].attrs.get("num_kv_heads")}),
     doc="QKV linear -> narrows -> attention(keep) -> out linear -> FusedAttentionBlock")
 
 fuse_attention_block = rule_pass("fuse_attention_block", [BLOCK], "QKV + attention + out-projection -> "

@@ -20,6 +20,7 @@ epilogue allow-list (the seed accepts any), and a pre-LN layer is named as such 
 from __future__ import annotations
 
 from ...ir import Op
+from ...ir.ops import operand_roles
 from ..engine import rule_pass
 from ..guard import (
     EPILOGUE_ACTIVATIONS,
@@ -73,13 +74,16 @@ def _intermediate(c: Ctx) -> int:
     return c["fc1_w"].shape[-1]
 
 
+_BLOCK_ATTRS = {"has_bias": True, "has_rope": False}
+"""The FusedAttentionBlock a FusedTransformerLayer absorbs; its operands are bound under their role names."""
+
 LAYER = Rule(
     "fuse_transformer_layer.bert_post_ln", P({Op.ATTENTION, Op.FUSED_ATTENTION_BLOCK}, name="attn"),
     steps=(
         size_gate("attn"),
         Shape("attn_is_fused_block", "attn",
-              P(Op.FUSED_ATTENTION_BLOCK, P.var("hidden"), P.var("qkv_w"), P.var("out_w"), P.var("mask"),
-                P.var("qkv_b"), P.var("out_b"), name="attn", attrs={"has_bias": True, "has_rope": False},
+              P(Op.FUSED_ATTENTION_BLOCK, *map(P.var, operand_roles(Op.FUSED_ATTENTION_BLOCK, _BLOCK_ATTRS, 0)),
+                name="attn", attrs=_BLOCK_ATTRS,
                 what="FusedAttentionBlock(has_bias=True, has_rope=False)"),
               "run fuse_attention_block first"),
         single_user("attn", "attn_single_user", "the attention block must feed only the post-attention residual"),
@@ -123,8 +127,7 @@ LAYER = Rule(
     result="ln2", absorb=("attn", "ln1", "fc1", "fc2", "ln2"),
     labels={"ln1": "h1"},
     build=lambda c: (Op.FUSED_TRANSFORMER_LAYER,
-                     [c.id(r) for r in ("hidden", "qkv_w", "qkv_b", "out_w", "out_b", "ln1_g", "ln1_b", "fc1_w",
-                                        "fc1_b", "fc2_w", "fc2_b", "ln2_g", "ln2_b", "mask")],
+                     [c.id(r) for r in operand_roles(Op.FUSED_TRANSFORMER_LAYER, {}, 0)],  # bound by role name
                      {"num_heads": c["attn"].attrs["num_heads"], "head_dim": c["attn"].attrs["head_dim"],
                       "intermediate_size": _intermediate(c), "eps1": c["ln1"].attrs["eps"],
                       "eps2": c["ln2"].attrs["eps"], "activation": c["fc1"].attrs["activation"], "has_bias": True}),

@@ -1,0 +1,44 @@
+"""Array formulas written once for both array libraries: the NumPy reference and the MLX lowering.
+
+Each function uses only what NumPy and MLX arrays share (`reshape`, `transpose`, basic slicing,
+`*`, `+`, `-`) and takes the library's `concatenate` where it needs one, so the oracle and the
+MLX kernel compute a primitive op with the same expression.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+A = TypeVar("A")
+
+
+def split_heads(x: A, heads: int) -> A:
+    """Packed `[B, S, heads*D]` -> `[B, heads, S, D]`."""
+    b, s, _ = x.shape  # type: ignore[attr-defined]
+    return x.reshape(b, s, heads, -1).transpose(0, 2, 1, 3)  # type: ignore[attr-defined]
+
+
+def merge_heads(x: A) -> A:
+    """`[B, heads, S, D]` -> packed `[B, S, heads*D]` (inverse of `split_heads`)."""
+    b, h, s, d = x.shape  # type: ignore[attr-defined]
+    return x.transpose(0, 2, 1, 3).reshape(b, s, h * d)  # type: ignore[attr-defined]
+
+
+def rope(x: A, cos: A, sin: A, head_dim: int, n_rot: int, concatenate: Callable[[Sequence[Any], int], A]) -> A:
+    """NeoX half-split rotary embedding (Su et al. 2021) of packed `[B, S, heads*head_dim]`.
+
+    In each head the first `n_rot` dims are split into halves `x1 | x2` and rotated:
+    `[x1 c - x2 s, x2 c + x1 s]`; dims beyond `n_rot` pass through. `cos`/`sin` are
+    `[max_pos, >= n_rot/2]` tables indexed by sequence position 0..S-1. Returns `x`'s shape.
+    """
+    b, s, hd = x.shape  # type: ignore[attr-defined]
+    xh = x.reshape(b, s, hd // head_dim, head_dim)  # type: ignore[attr-defined]
+    half = n_rot // 2
+    c = cos[:s, :half][None, :, None, :]  # type: ignore[index]
+    sn = sin[:s, :half][None, :, None, :]  # type: ignore[index]
+    x1, x2 = xh[..., :half], xh[..., half:n_rot]
+    parts = [x1 * c - x2 * sn, x2 * c + x1 * sn]
+    if n_rot < head_dim:
+        parts.append(xh[..., n_rot:])
+    return concatenate(parts, -1).reshape(b, s, hd)  # type: ignore[attr-defined]
