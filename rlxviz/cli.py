@@ -48,11 +48,18 @@ BACKENDS = ("reference", "mlx")
 """Backends `run` knows: `reference` is the NumPy interpreter (the oracle), `mlx` the MLX runtime."""
 
 
-def executor(backend: str) -> Callable[..., list[np.ndarray]]:
-    """`run(graph, feeds, weights) -> outputs` for `backend` (MLX imported only when asked for)."""
+def executor(backend: str, device: str | None = None) -> Callable[..., list[np.ndarray]]:
+    """`run(graph, feeds, weights) -> outputs` for `backend` (MLX imported only when asked for); `device`
+    (`cpu` / `gpu` / None: the GPU when present) applies to MLX only. Raises DeviceError (a ValueError)."""
     from . import runtime
 
-    return runtime.run_reference if backend == "reference" else runtime.run_mlx
+    if backend == "reference":
+        if device is not None:
+            raise CLIError("--device applies to --backend mlx (the NumPy reference runs on the CPU)")
+        return runtime.run_reference
+    from .runtime.executor import MlxExecutor
+
+    return MlxExecutor(device=device).run
 
 
 def load_npz(path: str | Path) -> dict[str, np.ndarray]:
@@ -171,7 +178,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     batch, seq = _static_shape(arrays, args.inputs)
     model = resolve_model(args.model, batch, seq, args.style)
     feeds = check_feeds(model.graph, arrays, args.inputs, getattr(model.config, "vocab_size", None))
-    outputs = executor(args.backend)(model.graph, feeds, model.weights)
+    outputs = executor(args.backend, args.device)(model.graph, feeds, model.weights)
     _warn_nonfinite("run", model, all_finite(outputs))
     named = {"last_hidden_state": np.asarray(outputs[0], dtype=np.float32)}
     named.update({f"output_{i}": np.asarray(o) for i, o in enumerate(outputs[1:], 1)})
@@ -195,6 +202,7 @@ def add_run(sub: SubParsers) -> None:
     p.add_argument("--inputs", "-i", required=True, metavar="IN.npz", help="input arrays")
     p.add_argument("--output", "-o", required=True, metavar="OUT.npz", help="where to write last_hidden_state")
     p.add_argument("--backend", choices=BACKENDS, default="reference", help="executor (default: %(default)s)")
+    _device_arg(p)
     p.add_argument("--style", choices=("hf", "rlx"), default="hf",
                    help="BERT graph form: Hugging Face primitives or RLX fused QKV (default: %(default)s)")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
@@ -230,6 +238,11 @@ def _model_args(p: argparse.ArgumentParser, seq: int = 128) -> None:
     p.add_argument("--max-memory-mb", type=int, default=None, metavar="MIB",
                    help="refuse graphs whose inputs and params would need more than MIB MiB before allocating "
                         "them (default: $RLXVIZ_MAX_MEMORY_MB or 2048)")
+
+
+def _device_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=("cpu", "gpu"), default=None,
+                   help="MLX device (default: the GPU when MLX has one here, else the CPU)")
 
 
 def _out(text: str) -> None:
@@ -455,14 +468,13 @@ def cmd_time(args: argparse.Namespace) -> int:
         raise CLIError(f"--repeat must be >= 1 and --warmup >= 0, got {args.repeat} and {args.warmup}")
     model, trace = _run_model(args)  # refuses inputs + params over the memory limit before feeds are made
     feeds = model.random_feeds(seed=0)
-    rows = time_versions(trace, feeds, model.weights, warmup=args.warmup, repeat=args.repeat)
+    rows = time_versions(trace, feeds, model.weights, warmup=args.warmup, repeat=args.repeat, device=args.device)
     if not all(r.finite for r in rows):
         _warn_nonfinite("time", model, False)
-    from .runtime import blas_summary
-
-    blas = blas_summary().replace(str(Path.cwd()) + os.sep, "")  # `.venv/...` from a clone, not an absolute path
-    _out(f"{model.name} ({trace.pipeline} pipeline), batch {args.batch}, seq {args.seq}; {blas}; "
-         f"{args.repeat} timed call(s) per version; error vs the NumPy reference of the unfused graph\n"
+    where = next((str(r.context) for r in rows if r.context is not None), "")
+    where = where.replace(str(Path.cwd()) + os.sep, "")  # `.venv/...` from a clone, not an absolute path
+    _out(f"{model.name} ({trace.pipeline} pipeline), batch {args.batch}, seq {args.seq}; {where}; "
+         f"{args.repeat} interleaved round(s); error vs the NumPy reference of the unfused graph\n"
          + format_timings(rows))
     return 0 if all(r.ok is not False for r in rows) else 1
 
@@ -478,6 +490,7 @@ def add_time(sub: SubParsers) -> None:
     _model_args(p, seq=32)
     p.add_argument("--repeat", "-r", type=int, default=5, help="timed calls per version (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls after the first (default: %(default)s)")
+    _device_arg(p)
     p.set_defaults(func=cmd_time)
 
 

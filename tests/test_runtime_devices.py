@@ -86,3 +86,76 @@ def test_executor_runs_on_its_own_device_without_touching_the_default():
     out = ex.run(g, {"x": np.ones((2, 3), np.float32)})[0]
     assert out.shape == (2, 3) and ex.program(g).device == "cpu"
     assert mx.default_device() == before
+
+
+def _tiny_versions():
+    from rlxviz.ir import Builder
+
+    graphs = []
+    for act in ("gelu", "relu"):
+        b = Builder(act)
+        x = b.input("x", (4, 8))
+        b.output(b.unary(act, b.linear(x, b.param("w", (8, 8)), b.param("b", (8,)))))
+        graphs.append(b.build())
+    return graphs, {"x": np.ones((4, 8), np.float32)}, {"w": np.eye(8, dtype=np.float32),
+                                                           "b": np.zeros(8, np.float32)}
+
+
+def test_interleaved_timing_records_rounds_context_and_speedups():
+    from rlxviz.runtime.timing import time_versions_interleaved
+
+    graphs, feeds, weights = _tiny_versions()
+    run = time_versions_interleaved(graphs, feeds, weights, rounds=4, warmup=0, device="cpu")
+    assert run.rounds == 4 and len(run.timings) == 2
+    for t in run.timings:
+        assert len(t.samples_ms) == 4 and t.min_ms <= t.median_ms and t.iqr_ms >= 0 and t.first_call_ms > 0
+        assert t.context == run.context
+    assert (run.context.device, run.context.precision) == ("cpu", "f32") and run.context.blas
+    assert run.speedup(1) == pytest.approx(run.timings[0].median_ms / run.timings[1].median_ms)
+    assert run.speedup(0) == 1.0
+    assert "f32" in str(run.context) and "cpu" in str(run.context)
+    with pytest.raises(ValueError, match="rounds"):
+        time_versions_interleaved(graphs, feeds, weights, rounds=0)
+
+
+def test_interleaved_rounds_rotate_the_order(monkeypatch):
+    """Round k starts with version k mod n, so no version is always first (or always after another)."""
+    import dataclasses
+
+    from rlxviz.runtime import timing
+
+    graphs, feeds, weights = _tiny_versions()
+    order: list[int] = []
+    real_fresh = timing._fresh
+
+    def fresh(ex, g, f, w):
+        prog, args, first = real_fresh(ex, g, f, w)
+        idx = graphs.index(g)
+
+        def fn(*a, _fn=prog.fn):
+            order.append(idx)
+            return _fn(*a)
+        return dataclasses.replace(prog, fn=fn), args, first
+
+    monkeypatch.setattr(timing, "_fresh", fresh)
+    timing.time_versions_interleaved(graphs, feeds, weights, rounds=3, warmup=1, device="cpu")
+    assert order == [0, 1] + [0, 1, 1, 0, 0, 1]  # warmup round, then rounds rotated by k
+
+
+def test_pyproject_installs_exactly_one_mlx_backend():
+    """`mlx-cpu` and `mlx-cuda-13` both install `mlx/lib/libmlx.so`: the base dependencies name no
+    backend, and each extra names exactly one."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    meta = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]
+
+    def backends(reqs):
+        return {m.group(1) for r in reqs if (m := re.match(r"\s*mlx\[(\w+)\]", r))}
+
+    assert backends(meta["dependencies"]) == set()
+    assert any(re.match(r"\s*mlx[>=\s;]", r) for r in meta["dependencies"])
+    extras = meta["optional-dependencies"]
+    assert backends(extras["cpu"]) == {"cpu"} and backends(extras["cuda"]) == {"cuda13"}
+    assert not backends(extras.get("dev", []))

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .blas import cpu_cores
 from .mlx_backend import mx
 
 DEVICES = ("cpu", "gpu")
@@ -42,14 +43,6 @@ class DeviceInfo:
     name: str
     backend: str
     label: str
-
-
-def cpu_cores() -> int:
-    """Cores this process may run on (the affinity mask where the OS has one, e.g. a container's CPU set)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
 
 
 def gpu_backend() -> str | None:

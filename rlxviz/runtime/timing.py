@@ -3,6 +3,10 @@
 `time_version` forces `mx.eval` inside the timed loop (MLX is lazy: without it only graph
 construction would be timed) and reports the first call — which builds the program, traces it
 and, with `compile_graph`, compiles it — separately from the steady state.
+`time_versions_interleaved` times several versions in interleaved rounds (each round calls every
+version once, in a rotated order), so a load spike from other processes hits all versions alike;
+speed-ups are ratios of the interleaved medians. Every `Timing` records where it ran
+(`TimingContext`: device, float32 precision policy, BLAS, MLX version).
 `equivalence` compares a version's MLX outputs to the NumPy reference of the unfused graph.
 """
 
@@ -10,16 +14,47 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..ir import Graph
+from .blas import active_blas
 from .executor import MlxExecutor, default_executor
+from .lowering import LoweringOptions
 from .mlx_backend import mx
 from .reference import run_reference
+
+
+@dataclass(frozen=True)
+class TimingContext:
+    """Where a timing was taken.
+
+    Attributes:
+        device: `cpu` or `gpu`.
+        precision: float32 matmul policy, `f32` or `tf32` (`devices.precision_policy`).
+        blas: the CBLAS MLX's CPU matmul calls (`blas.BlasRecord`), with its thread count.
+        mlx: MLX version.
+        cpu_streams: CPU streams the row-parallel kernels use (1 = off).
+    """
+
+    device: str
+    precision: str
+    blas: str
+    mlx: str
+    cpu_streams: int
+
+    def __str__(self) -> str:
+        return (f"MLX {self.mlx} on {self.device}, {self.precision} matmuls, BLAS {self.blas}, "
+                f"{self.cpu_streams} CPU stream{'s' if self.cpu_streams != 1 else ''}")
+
+
+def timing_context(executor: MlxExecutor) -> TimingContext:
+    """The `TimingContext` of runs on `executor`."""
+    return TimingContext(executor.device, executor.precision.name, str(active_blas() or "unknown"), mx.__version__,
+                         executor.options.cpu_streams or 1)
 
 
 @dataclass(frozen=True)
@@ -31,6 +66,7 @@ class Timing:
         iqr_ms: interquartile range (p75 - p25) of the timed calls.
         first_call_ms: the first call on a fresh program (program build + trace + compile + run).
         samples_ms: every timed call.
+        context: device, precision policy and BLAS of the run (None when not recorded).
     """
 
     median_ms: float
@@ -38,17 +74,37 @@ class Timing:
     iqr_ms: float
     first_call_ms: float
     samples_ms: tuple[float, ...] = field(repr=False, default=())
+    context: TimingContext | None = None
 
     def __str__(self) -> str:
         return (f"median {self.median_ms:.2f} ms (min {self.min_ms:.2f}, IQR {self.iqr_ms:.2f}), "
                 f"first call {self.first_call_ms:.1f} ms")
 
 
-def summarize(samples_s: Sequence[float], first_s: float) -> Timing:
-    """A `Timing` from per-call seconds and the first call's seconds."""
+def summarize(samples_s: Sequence[float], first_s: float, context: TimingContext | None = None) -> Timing:
+    """A `Timing` from per-call seconds (at least one) and the first call's seconds."""
     ms = sorted(s * 1e3 for s in samples_s)
     q = statistics.quantiles(ms, n=4) if len(ms) >= 2 else [ms[0], ms[0], ms[0]]
-    return Timing(statistics.median(ms), ms[0], q[2] - q[0], first_s * 1e3, tuple(ms))
+    return Timing(statistics.median(ms), ms[0], q[2] - q[0], first_s * 1e3, tuple(ms), context)
+
+
+def _fresh(ex: MlxExecutor, graph: Graph, feeds_mx: Mapping[str, Any], weights: Mapping[str, Any] | None
+           ) -> tuple[Any, list[Any], float]:
+    """Drop `graph`'s cached program and static values, then build, bind and run it once:
+    `(program, args, seconds of that first call)`."""
+    key = (ex.key_of(graph), ex.options, ex.compile_graph)
+    ex._programs.pop(key, None)  # fresh program: first call pays build + trace + compile + static part
+    ex._static.pop((key[0], ex.options), None)
+    t = time.perf_counter()
+    prog, args = ex.bind(graph, feeds_mx, weights)
+    mx.eval(prog.fn(*args))
+    return prog, args, time.perf_counter() - t
+
+
+def _feeds_mx(feeds: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: v if isinstance(v, mx.array) else mx.array(np.asarray(v)) for k, v in feeds.items()}
+    mx.eval(list(out.values()))
+    return out
 
 
 def time_version(graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str, Any] | None = None,
@@ -67,15 +123,7 @@ def time_version(graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str, A
         `Timing` (median/min/IQR of the timed calls, first-call cost separately).
     """
     ex = executor or default_executor()
-    key = (ex.key_of(graph), ex.options, ex.compile_graph)
-    ex._programs.pop(key, None)  # fresh program: first call pays build + trace + compile + static part
-    ex._static.pop((key[0], ex.options), None)
-    feeds_mx = {k: v if isinstance(v, mx.array) else mx.array(np.asarray(v)) for k, v in feeds.items()}
-    mx.eval(list(feeds_mx.values()))
-    t = time.perf_counter()
-    prog, args = ex.bind(graph, feeds_mx, weights)
-    mx.eval(prog.fn(*args))
-    first = time.perf_counter() - t
+    prog, args, first = _fresh(ex, graph, _feeds_mx(feeds), weights)
     for _ in range(warmup):
         mx.eval(prog.fn(*args))
     samples = []
@@ -83,7 +131,77 @@ def time_version(graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str, A
         t = time.perf_counter()
         mx.eval(prog.fn(*args))
         samples.append(time.perf_counter() - t)
-    return summarize(samples, first)
+    return summarize(samples, first, timing_context(ex))
+
+
+@dataclass(frozen=True)
+class InterleavedTimings:
+    """Versions timed in interleaved rounds on one executor.
+
+    Attributes:
+        timings: one `Timing` per version, in the order given (median/min/IQR over the rounds).
+        rounds: timed rounds; each round called every version once.
+        context: device, precision policy, BLAS of the run.
+    """
+
+    timings: tuple[Timing, ...]
+    rounds: int
+    context: TimingContext
+
+    def speedup(self, i: int, base: int = 0) -> float:
+        """How many times faster version `i` is than version `base`: ratio of the interleaved medians."""
+        return self.timings[base].median_ms / self.timings[i].median_ms
+
+
+def time_versions_interleaved(graphs: Sequence[Graph], feeds: Mapping[str, Any],
+                              weights: Mapping[str, Any] | None = None, rounds: int = 10, warmup: int = 1,
+                              device: str | None = None, options: LoweringOptions | None = None,
+                              executor: MlxExecutor | None = None,
+                              on_version: Callable[[int], None] | None = None) -> InterleavedTimings:
+    """Time graph versions in interleaved rounds on one device.
+
+    Each version is first built and run once (its first-call cost), then `warmup` untimed rounds,
+    then `rounds` timed rounds; round k calls version `(j + k) % n` at step j, so every version sees
+    the same share of a busy machine and of every position in the round. Use
+    `InterleavedTimings.speedup` (ratio of the interleaved medians) for speed-ups.
+
+    Args:
+        graphs: versions of one model (same inputs and params).
+        feeds / weights: NumPy or MLX arrays by name, converted once outside the timed calls.
+        rounds: timed rounds (>= 1). warmup: untimed rounds (>= 0).
+        device: `cpu` / `gpu` / None (the GPU when present); ignored when `executor` is given.
+        options: lowering options for a new executor (None: the device's choice).
+        executor: run on this executor instead of a new one.
+        on_version: called with a version's index before it is built and first run (progress).
+
+    Raises:
+        ValueError: `rounds < 1`, `warmup < 0` or no graphs.
+        DeviceError: the device is unknown or not available here.
+    """
+    if rounds < 1 or warmup < 0 or not graphs:
+        raise ValueError(f"need rounds >= 1, warmup >= 0 and at least one graph, got rounds={rounds}, "
+                         f"warmup={warmup}, {len(graphs)} graphs")
+    ex = executor or MlxExecutor(options, device=device)
+    feeds_mx = _feeds_mx(feeds)
+    built = []
+    for j, g in enumerate(graphs):
+        if on_version is not None:
+            on_version(j)
+        built.append(_fresh(ex, g, feeds_mx, weights))
+    n = len(built)
+    for _ in range(warmup):
+        for prog, args, _first in built:
+            mx.eval(prog.fn(*args))
+    samples: list[list[float]] = [[] for _ in built]
+    for k in range(rounds):
+        for j in range(n):
+            i = (j + k) % n
+            prog, args, _first = built[i]
+            t = time.perf_counter()
+            mx.eval(prog.fn(*args))
+            samples[i].append(time.perf_counter() - t)
+    ctx = timing_context(ex)
+    return InterleavedTimings(tuple(summarize(s, b[2], ctx) for s, b in zip(samples, built, strict=True)), rounds, ctx)
 
 
 @dataclass(frozen=True)

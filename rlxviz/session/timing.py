@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +20,8 @@ from .cache import LRUCache
 from .tolerance import tolerance
 
 TIMINGS = LRUCache(maxsize=64)
-"""One version's (Timing, diffs) by (trace key, version, arrays digest, warmup, repeat), shared by sessions."""
+"""A run's (InterleavedTimings, diffs per timed version, reference finite) by (trace key, arrays digest, warmup,
+repeat, device, precision, tolerance), shared by sessions."""
 
 Progress = Callable[[int, int, str], None]
 """`progress(done, total, label)`: called before each version is timed."""
@@ -32,7 +34,10 @@ class VersionTiming:
     Attributes:
         index / label: position in `trace.versions()` and its label (`input`, `after fuse_sdpa`, ...).
         nodes: ops (compute nodes) in the version.
-        median_ms / min_ms / first_call_ms: MLX timing (ms; `runtime.time_version`), None when `same_as` is set.
+        median_ms / min_ms / iqr_ms / first_call_ms: MLX timing (ms) over interleaved rounds
+            (`runtime.timing.time_versions_interleaved`), None when `same_as` is set.
+        speedup: the input version's median / this version's median (interleaved medians).
+        context: where it ran (`runtime.timing.TimingContext`: device, precision policy, BLAS).
         max_abs: max |MLX output - NumPy reference of the unfused graph| over all outputs (nan when either
             side holds NaN or infinities).
         ok: every output within `tolerance()` and every output, of the version and of the reference, finite.
@@ -50,6 +55,9 @@ class VersionTiming:
     ok: bool | None = None
     same_as: int | None = None
     finite: bool = True
+    iqr_ms: float | None = None
+    speedup: float | None = None
+    context: Any = None
 
     @property
     def verdict(self) -> str:
@@ -81,50 +89,69 @@ def arrays_digest(*groups: Mapping[str, np.ndarray]) -> str:
 
 
 def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
-                  warmup: int = 1, repeat: int = 5, progress: Progress | None = None) -> list[VersionTiming]:
+                  warmup: int = 1, repeat: int = 5, progress: Progress | None = None,
+                  device: str | None = None) -> list[VersionTiming]:
     """Time every distinct graph version of a run on MLX and judge it against the reference.
+
+    The versions are timed together in interleaved rounds on one device
+    (`runtime.timing.time_versions_interleaved`), so a busy machine slows them alike; `speedup` is the
+    ratio of the interleaved medians.
 
     Args:
         trace: the pipeline run; its input graph is the reference, run once by the NumPy interpreter.
         feeds / weights: graph inputs and params by name.
-        warmup: untimed calls after the first. repeat: timed calls (>= 1).
-        progress: told before each version is timed.
+        warmup: untimed rounds after the first call. repeat: timed rounds (>= 1).
+        progress: told before each version is built and first run.
+        device: `cpu`, `gpu` or None (the GPU when MLX has one here). The tolerance is the larger of
+            `tolerance()` and the device's precision policy's (TF32 on CUDA is looser).
 
     Returns:
         One `VersionTiming` per version of `trace.versions()`, in order.
 
     Raises:
+        DeviceError: the device is unknown or not available here (a ValueError, one line).
         Whatever the MLX runtime raises for a version it cannot run (NotImplementedError, MemoryError, ...).
     """
-    from ..runtime import equivalence, run_reference, time_version
+    from ..runtime import equivalence, run_reference
+    from ..runtime.executor import MlxExecutor
+    from ..runtime.timing import time_versions_interleaved
 
+    ex = MlxExecutor(device=device)
     rtol, atol = tolerance()
-    data = arrays_digest(feeds, weights)
-    ref: list[np.ndarray] | None = None
+    rtol, atol = max(rtol, ex.precision.rtol), max(atol, ex.precision.atol)
+    versions = trace.versions()
+    distinct = [i for i in range(len(versions)) if i == 0 or trace.steps[i - 1].changed]
+    key = (trace.key, arrays_digest(feeds, weights), warmup, repeat, ex.device, ex.precision.name, rtol, atol)
+    hit = TIMINGS.get(key)
+    if hit is None:
+        def told(j: int) -> None:
+            if progress is not None:
+                progress(distinct[j], len(versions), versions[distinct[j]][0])
+
+        run = time_versions_interleaved([versions[i][1] for i in distinct], feeds, weights, rounds=repeat,
+                                        warmup=warmup, executor=ex, on_version=told)
+        ref = run_reference(trace.input, dict(feeds), dict(weights))
+        judged = []
+        for i in distinct:
+            with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: reported as not finite, not warned
+                judged.append(equivalence(versions[i][1], feeds, weights, reference_outputs=ref, rtol=rtol, atol=atol,
+                                          executor=ex))
+        hit = TIMINGS.put(key, (run, judged, all_finite(ref)))
+    run, judged, ref_finite = hit
     rows: list[VersionTiming] = []
     last = 0
-    versions = trace.versions()
     for i, (label, g) in enumerate(versions):
         compute = len(g.compute_nodes())
-        if i > 0 and not trace.steps[i - 1].changed:
+        if i not in distinct:
             rows.append(VersionTiming(i, label, compute, same_as=last))
             continue
-        if progress is not None:
-            progress(i, len(versions), label)
-        key = (trace.key, i, data, warmup, repeat, rtol, atol)
-        hit = TIMINGS.get(key)
-        if hit is None:
-            if ref is None:
-                ref = run_reference(trace.input, dict(feeds), dict(weights))
-            t = time_version(g, feeds, weights, warmup=warmup, repeat=repeat)
-            with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: reported as not finite, not warned
-                diffs = equivalence(g, feeds, weights, reference_outputs=ref, rtol=rtol, atol=atol)
-            hit = TIMINGS.put(key, (t, diffs, all_finite(ref)))
-        t, diffs, ref_finite = hit
+        j = distinct.index(i)
+        t, diffs = run.timings[j], judged[j]
         max_abs = max(d.max_abs for d in diffs)
         finite = ref_finite and bool(np.isfinite(max_abs))  # |got - ref| is nan/inf exactly when a side is not finite
         rows.append(VersionTiming(i, label, compute, t.median_ms, t.min_ms, t.first_call_ms, max_abs,
-                                  finite and all(d.ok for d in diffs), finite=finite))
+                                  finite and all(d.ok for d in diffs), finite=finite, iqr_ms=t.iqr_ms,
+                                  speedup=run.speedup(j), context=t.context))
         last = i
     return rows
 
@@ -132,14 +159,16 @@ def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mappin
 def format_timings(rows: Sequence[VersionTiming]) -> str:
     """The timing table as aligned text (ops per version; ms; error = max abs vs the reference)."""
     w = max(len(r.label) for r in rows)
-    lines = [f"{'#':>2}  {'version':<{w}}  {'ops':>5}  {'median ms':>9}  {'min ms':>8}  {'first ms':>8}  "
-             f"{'max abs err':>11}  ok"]
+    lines = [f"{'#':>2}  {'version':<{w}}  {'ops':>5}  {'median ms':>9}  {'min ms':>8}  {'IQR ms':>7}  "
+             f"{'x input':>7}  {'first ms':>8}  {'max abs err':>11}  ok"]
     for r in rows:
         if r.same_as is not None:
             lines.append(f"{r.index:>2}  {r.label:<{w}}  {r.nodes:>5}  (unchanged: same as #{r.same_as})")
             continue
+        iqr = f"{r.iqr_ms:>7.2f}" if r.iqr_ms is not None else f"{'-':>7}"
+        speed = f"{r.speedup:>7.2f}" if r.speedup is not None else f"{'-':>7}"
         lines.append(f"{r.index:>2}  {r.label:<{w}}  {r.nodes:>5}  {r.median_ms:>9.2f}  {r.min_ms:>8.2f}  "
-                     f"{r.first_call_ms:>8.1f}  {r.max_abs:>11.2e}  "
+                     f"{iqr}  {speed}  {r.first_call_ms:>8.1f}  {r.max_abs:>11.2e}  "
                      + ("yes" if r.ok else "NO" if r.finite else "NO (non-finite output)"))
     return "\n".join(lines)
 
