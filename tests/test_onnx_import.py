@@ -11,6 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from rlxviz.ir import Op
 from rlxviz.models.onnx_import import OnnxImportError, load_onnx, node_path
 from rlxviz.passes import Pipeline
 from rlxviz.runtime import run_reference
@@ -56,6 +57,20 @@ def test_minilm_export_reads_weights_from_the_package_safetensors():
         _load("minilm", feeds)  # the weights are not next to the committed graph
     m = _load("minilm", feeds, external_data_dir=minilm_dir())
     np.testing.assert_allclose(run_reference(m.graph, feeds, m.weights)[0], want, atol=2e-5, rtol=1e-4)
+    _fully_fused(m, "minilm", feeds, want, 6)
+
+
+def _fully_fused(m, name, feeds, want, layers):
+    trace = Pipeline.canonical().run(m.graph)
+    check = check_fusion(trace, name)
+    assert check.ok and len(check.layers) == layers, check.render()
+    assert len(trace.final.find(Op.FUSED_TRANSFORMER_LAYER)) == layers
+    np.testing.assert_allclose(run_reference(trace.final, feeds, m.weights)[0], want, atol=2e-5, rtol=1e-4)
+
+
+def test_bert_export_fuses_every_layer_into_one_transformer_layer():
+    feeds, want = _case("bert")
+    _fully_fused(_load("bert", feeds), "bert", feeds, want, 2)
 
 
 def test_dimensions_bind_from_batch_and_seq():
