@@ -112,6 +112,19 @@ def resolve_model(model: str, batch: int, seq: int, style: str = "hf") -> Model:
     raise unknown_model(model, "nor an existing checkpoint folder")
 
 
+def resolve_onnx(path: str, arrays: dict[str, np.ndarray]) -> Model:
+    """An `.onnx` export with every input's shape taken from the array of the same name (memory limit from
+    the environment). Raises CLIError naming the file for anything `load_onnx` refuses."""
+    from .models.onnx_import import OnnxImportError, load_onnx
+    from .session import Limits
+
+    try:
+        return load_onnx(path, input_shapes={k: v.shape for k, v in arrays.items()},
+                         max_bytes=Limits.resolve().max_bytes)
+    except OnnxImportError as e:
+        raise CLIError(str(e).splitlines()[0]) from None
+
+
 def check_feeds(graph: Graph, arrays: dict[str, np.ndarray], path: str, vocab: int | None) -> dict[str, np.ndarray]:
     """The graph's inputs from `arrays`, checked for presence, shape, dtype kind and value range."""
     feeds: dict[str, np.ndarray] = {}
@@ -175,8 +188,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not out.parent.is_dir():
         raise CLIError(f"{args.output}: folder {out.parent} does not exist")
     arrays = load_npz(args.inputs)
-    batch, seq = _static_shape(arrays, args.inputs)
-    model = resolve_model(args.model, batch, seq, args.style)
+    if args.model.lower().endswith(".onnx") and Path(args.model).is_file():
+        model = resolve_onnx(args.model, arrays)
+    else:
+        batch, seq = _static_shape(arrays, args.inputs)
+        model = resolve_model(args.model, batch, seq, args.style)
     feeds = check_feeds(model.graph, arrays, args.inputs, getattr(model.config, "vocab_size", None))
     outputs = executor(args.backend, args.device)(model.graph, feeds, model.weights)
     _warn_nonfinite("run", model, all_finite(outputs))
@@ -196,9 +212,11 @@ def add_run(sub: SubParsers) -> None:
                        description="Run MODEL on IN.npz (input_ids, attention_mask: int64 [batch, seq]; or "
                                    "hidden_states float32 [batch, seq, hidden] for decoder blocks) and write "
                                    "last_hidden_state (float32 [batch, seq, hidden]) to OUT.npz. Batch and "
-                                   "sequence length come from the inputs.")
-    p.add_argument("model", metavar="MODEL", help="a preset name (e.g. minilm, bert-tiny, llama-block) or a Hugging "
-                                                   "Face BERT checkpoint folder (config.json + model.safetensors)")
+                                   "sequence length come from the inputs. For an .onnx MODEL, IN.npz holds one array "
+                                   "per graph input (by name), whose shapes fix the graph's.")
+    p.add_argument("model", metavar="MODEL", help="a preset name (e.g. minilm, bert-tiny, llama-block), a Hugging "
+                                                   "Face BERT checkpoint folder (config.json + model.safetensors) "
+                                                   "or an .onnx export")
     p.add_argument("--inputs", "-i", required=True, metavar="IN.npz", help="input arrays")
     p.add_argument("--output", "-o", required=True, metavar="OUT.npz", help="where to write last_hidden_state")
     p.add_argument("--backend", choices=BACKENDS, default="reference", help="executor (default: %(default)s)")

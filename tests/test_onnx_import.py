@@ -205,3 +205,50 @@ def test_app_loads_an_onnx_upload_and_an_onnx_path_under_the_allowed_dirs(monkey
     shutil.copy(FIX / "vit.onnx", tmp_path / "outside.onnx")
     s.param.update(checkpoint_dir=str(tmp_path / "outside.onnx"), source="checkpoint")
     assert s.message_kind == "danger" and "outside the allowed" in s.message, s.message
+
+
+def test_cli_run_takes_an_onnx_export(tmp_path, capsys):
+    from rlxviz.cli import main
+
+    feeds, want = _case("vit")
+    np.savez(tmp_path / "in.npz", **feeds)
+    assert main(["run", str(FIX / "vit.onnx"), "-i", str(tmp_path / "in.npz"), "-o", str(tmp_path / "out.npz")]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "out.npz")["last_hidden_state"], want, atol=2e-5, rtol=1e-4)
+    np.savez(tmp_path / "bad.npz", pixel_values=feeds["pixel_values"][:, :2])  # 2 channels: the kernel needs 3
+    assert main(["run", str(FIX / "vit.onnx"), "-i", str(tmp_path / "bad.npz"), "-o", str(tmp_path / "o.npz")]) == 2
+    assert "vit.onnx" in capsys.readouterr().err
+
+
+def _opset13_graph():
+    f = TensorProto.FLOAT
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w")
+    nodes = [helper.make_node("ReduceMean", ["x"], ["mu"], axes=[-1], keepdims=1),  # opset-13 attribute form
+             helper.make_node("Sub", ["x", "mu"], ["c"]),
+             helper.make_node("MatMul", ["c", "w"], ["h"]),
+             helper.make_node("Split", ["h", "sp"], ["a", "b"], axis=-1),
+             helper.make_node("Softmax", ["b"], ["sb"], axis=-1),
+             helper.make_node("Concat", ["sb", "a"], ["cat"], axis=-1),
+             helper.make_node("Shape", ["cat"], ["s"]),
+             helper.make_node("Unsqueeze", ["cat", "ax"], ["u"]),  # axes as an input since opset 13
+             helper.make_node("Squeeze", ["u", "ax"], ["y"])]
+    ax = numpy_helper.from_array(np.array([1], dtype=np.int64), "ax")
+    sp = numpy_helper.from_array(np.array([3, 5], dtype=np.int64), "sp")
+    return _model(nodes, [helper.make_tensor_value_info("x", f, ["batch", "seq", 8])],
+                  [helper.make_tensor_value_info("y", f, None)], [w, ax, sp], opset=13)
+
+
+@pytest.mark.parametrize("opset", [13, 21])
+def test_opsets_13_and_21_match_onnxruntime(tmp_path, opset):
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import version_converter
+
+    model = _opset13_graph()
+    if opset != 13:
+        model = version_converter.convert_version(model, opset)  # ReduceMean's axes attribute becomes an input
+    p = _save(tmp_path, model)
+    x = np.random.default_rng(4).standard_normal((2, 3, 8)).astype(np.float32)
+    want = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    m = load_onnx(p, batch=2, seq=3)
+    assert m.meta["opset"] == opset
+    np.testing.assert_allclose(run_reference(m.graph, {"x": x}, m.weights)[0], want, atol=1e-5, rtol=1e-5)
