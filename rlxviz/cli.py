@@ -491,6 +491,14 @@ def cmd_time(args: argparse.Namespace) -> int:
         _warn_nonfinite("time", model, False)
     where = next((str(r.context) for r in rows if r.context is not None), "")
     where = where.replace(str(Path.cwd()) + os.sep, "")  # `.venv/...` from a clone, not an absolute path
+    if args.json:
+        import dataclasses
+        import json
+
+        _out(json.dumps({"model": model.name, "pipeline": trace.pipeline, "context": where, "repeat": args.repeat,
+                         "versions": [{**dataclasses.asdict(r), "verdict": r.verdict} for r in rows]},
+                        indent=2, default=str))
+        return 0 if all(r.ok is not False for r in rows) else 1
     _out(f"{model.name} ({trace.pipeline} pipeline), batch {args.batch}, seq {args.seq}; {where}; "
          f"{args.repeat} interleaved round(s); error vs the NumPy reference of the unfused graph\n"
          + format_timings(rows))
@@ -509,6 +517,7 @@ def add_time(sub: SubParsers) -> None:
     p.add_argument("--repeat", "-r", type=int, default=5, help="timed calls per version (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls after the first (default: %(default)s)")
     _device_arg(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output (each version with its verdict)")
     p.set_defaults(func=cmd_time)
 
 

@@ -134,7 +134,7 @@ def test_explain_llama_block_is_not_a_bert_layer(capsys):
     assert code == 0, out  # nothing that should fuse in a LLaMA block was left unfused
     assert "1/1 layer(s) fused as expected" in out
     assert "layer 0: fused as expected: FusedSwiGLU %" in out and "(fuse_shared_input_matmul)" in out
-    assert "layer kind: attention + RmsNorm, no LayerNorm on the attention residual: LLaMA style" in out
+    assert "layer kind: LLaMA: pre-norm RMSNorm; RMSNorm, RoPE, SwiGLU, causal mask" in out
     assert "expected: FusedSwiGLU, shared-input QKV matmul (FusedTransformerLayer only for post-LN BERT" in out
     assert "NOT fused" not in out and "expected FusedTransformerLayer" not in out
     assert "not expected here: fuse_transformer_layer.bert_post_ln (attn_is_fused_block)" in out
@@ -162,11 +162,12 @@ def test_explain_bert_layers_still_expect_the_layer_fusion(capsys):
     from rlxviz.session import classify
 
     arch = classify(load_model("bert-tiny", seq=8).graph, 0)
-    assert arch.post_ln and arch.description == "attention -> residual add -> LayerNorm (post-LN BERT style)"
+    assert arch.post_ln and arch.description.startswith("post-LN (BERT): attention -> residual add -> LayerNorm")
     llama = classify(load_model("llama-block", seq=8).graph, 0)
     assert not llama.post_ln and llama.kind == "llama" and "RmsNorm" in llama.description
     code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "pre_ln", "--layer", 0)
     assert code == 1 and "layer 0: NOT fused (expected FusedTransformerLayer)" in out
+    assert "layer kind: pre-LN (GPT-2, ViT)" in out and "so it is expected to fuse like them" in out
 
 
 def test_explain_ir_file(tmp_path, capsys):

@@ -92,7 +92,8 @@ class AppState(param.Parameterized):
     progress = param.Integer(-1, bounds=(-1, 100), doc="Progress of the running job in % (-1: indeterminate).")
     progress_text = param.String("", doc="What the running job does.")
     upload_dir = param.String("", doc="Temp folder holding the last accepted upload.")
-    repeat = param.Integer(10, bounds=(1, 200), doc="Timed runs per version (after 2 warm-up runs).")
+    repeat = param.Integer(10, bounds=(1, 200), doc="Timed runs per version (after the warm-up runs).")
+    warmup = param.Integer(2, bounds=(0, 20), doc="Untimed runs per version after the first call.")
 
     def __init__(self, runner: Runner | None = None, autorun: bool = True, **params: Any) -> None:
         self.param.preset.objects = list(session.presets())
@@ -585,7 +586,7 @@ class AppState(param.Parameterized):
             self.blas = blas_summary()
             feeds = session.feeds(model, self.text)
             self._set_progress(2, "Running the NumPy reference…")
-            rows = session.time_versions(trace, feeds, model.weights, warmup=2, repeat=self.repeat,
+            rows = session.time_versions(trace, feeds, model.weights, warmup=self.warmup, repeat=self.repeat,
                                          progress=lambda i, n, label: self._set_progress(
                                              5 + int(95 * i / n), f"Timing {label} ({i + 1}/{n})…"))
             self.timings = self._timing_rows(rows, self._visible(trace))

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..ir import Op
 from ..passes import PASSES, Outcome, Trace, explain, layer_of, missed_fusions
-from .architecture import Architecture, classify, not_expected
+from .architecture import Architecture, classify
 from .errors import SessionError
 from .loading import model_layers
 
@@ -48,7 +48,10 @@ class LayerStatus:
         sibling / sibling_rule / differences: a sibling layer where the rejected rule fused, and how the
             two layers' primitive structures differ (`passes.explain`).
         explanation: the full `explain` text (one line per rule).
-        architecture: the layer's kind (`architecture.classify`).
+        architecture: the layer's own kind (`architecture.classify`).
+        expected_kind: the kind the layer is judged as: its own, or `post_ln` when it deviates from sibling
+            layers that are all post-LN (a BERT model with one broken layer is still expected to fuse like
+            the rest; see `judged_kind`).
         done: the fusions that happened in the layer, e.g. `FusedSwiGLU %31 (fuse_swiglu)` (non-BERT layers).
         not_expected: rejections that do not count for this architecture, with the reason.
     """
@@ -59,6 +62,7 @@ class LayerStatus:
     expected: str
     first: Outcome | None
     architecture: Architecture
+    expected_kind: Architecture
     silent: str = ""
     rejections: list[Outcome] = field(default_factory=list)
     misses: list[str] = field(default_factory=list)
@@ -71,7 +75,8 @@ class LayerStatus:
 
     @property
     def bert_style(self) -> bool:
-        return self.architecture.post_ln
+        """The layer is judged as a post-LN BERT layer (one FusedTransformerLayer expected)."""
+        return self.expected_kind.post_ln
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (outcomes and the architecture as dicts)."""
@@ -99,6 +104,9 @@ class LayerStatus:
             elif self.silent:
                 lines.append(f"  no rejection: {self.silent}")
             lines += [f"  also rejected: {o.rule}: {o.guard}" for o in self.rejections if o is not self.first]
+            if self.expected_kind is not self.architecture:
+                lines.append(f"  layer kind: {self.architecture.description}; its sibling layers are "
+                             f"{self.expected_kind.description}, so it is expected to fuse like them")
             if self.sibling is not None:
                 lines.append(f"  layer {self.sibling} fused with {self.sibling_rule}; the layers differ in:")
                 lines += [f"    {d}" for d in self.differences] or ["    (same primitive structure)"]
@@ -135,6 +143,22 @@ def _silent(trace: Trace, layer: int, pass_name: str) -> str:
     return text
 
 
+def judged_kind(trace: Trace, layer: int) -> tuple[Architecture, Architecture]:
+    """(own kind, kind the layer is judged as) of `layer` in the run's input graph.
+
+    A layer is judged by its own kind, except when it is not post-LN and every other layer of the model is:
+    then it is judged as its siblings' kind (a teaching variant or a bug that broke one BERT layer must not
+    turn "FusedTransformerLayer expected" into "nothing expected").
+    """
+    own = classify(trace.input, layer)
+    if own.post_ln:
+        return own, own
+    others = [classify(trace.input, i) for i in model_layers(trace.input) if i != layer]
+    if others and all(o.post_ln for o in others):
+        return own, others[0]
+    return own, own
+
+
 def layer_status(trace: Trace, layer: int) -> LayerStatus:
     """`LayerStatus` of `layer` in a pipeline run.
 
@@ -145,7 +169,7 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
     makes illegal are listed as not expected instead of counted as failures).
     """
     ex = explain(trace, layer)
-    arch = classify(trace.input, layer)
+    own, arch = judged_kind(trace, layer)
     ran = {s.pass_name for s in trace.steps if not s.error}
     expect_ftl = LAYER_PASS in ran and arch.post_ln
     ftl = [n.id for n in trace.final if n.op == Op.FUSED_TRANSFORMER_LAYER and layer_of(n.path) == layer]
@@ -154,7 +178,7 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
     ignored: dict[str, str] = {}
     kept = []
     for m in misses:
-        reason = not_expected(arch, m.pattern.split(".")[0], m.guard)
+        reason = arch.not_expected(m.pattern.split(".")[0], m.guard)
         if reason is None:
             kept.append(m)
         elif m.pattern not in ignored:
@@ -179,7 +203,7 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
                 for n in o.nodes]
         wanted = [o.pass_name for o in ex.outcomes if o.status == "fused" or o in rejected]
         expected = ", ".join(PRODUCTS.get(n, n) for n in dict.fromkeys(wanted))
-    return LayerStatus(layer, fused, ftl[0] if ftl else None, expected, first, arch, silent, rejected,
+    return LayerStatus(layer, fused, ftl[0] if ftl else None, expected, first, own, arch, silent, rejected,
                        [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(),
                        done, list(ignored.values()))
 
@@ -239,4 +263,5 @@ def check_fusion(trace: Trace, model: str = "", layers: Iterable[int] | None = N
                        misses)
 
 
-__all__ = ["LAYER_PASS", "PRODUCTS", "FusionCheck", "LayerStatus", "check_fusion", "check_layer", "layer_status"]
+__all__ = ["LAYER_PASS", "PRODUCTS", "FusionCheck", "LayerStatus", "check_fusion", "check_layer", "judged_kind",
+           "layer_status"]
