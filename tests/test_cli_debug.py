@@ -164,7 +164,7 @@ def test_explain_bert_layers_still_expect_the_layer_fusion(capsys):
     arch = classify(load_model("bert-tiny", seq=8).graph, 0)
     assert arch.post_ln and arch.description.startswith("post-LN (BERT): attention -> residual add -> LayerNorm")
     llama = classify(load_model("llama-block", seq=8).graph, 0)
-    assert not llama.post_ln and llama.kind == "llama" and "RmsNorm" in llama.description
+    assert not llama.post_ln and llama.kind == "llama" and "RMSNorm" in llama.description
     code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "pre_ln", "--layer", 0)
     assert code == 1 and "layer 0: NOT fused (expected FusedTransformerLayer)" in out
     assert "layer kind: pre-LN (GPT-2, ViT)" in out and "so it is expected to fuse like them" in out
