@@ -598,17 +598,15 @@ class AppState(param.Parameterized):
     @staticmethod
     def _timing_rows(rows: list[session.VersionTiming], visible: list[tuple[int, str]]) -> list[dict[str, Any]]:
         """The timing table's rows for the shown versions (an unchanged version repeats the numbers of the
-        version it equals), with the speed-up over the input."""
+        version it equals), with the session's speed-up over the input (from interleaved medians)."""
         out = []
         for i, label in visible:
             r = rows[i]
             t = rows[r.same_as] if r.same_as is not None else r
             out.append({"version": label, "ops": r.nodes, "median_ms": round(t.median_ms, 3),
                         "min_ms": round(t.min_ms, 3), "first_call_ms": round(t.first_call_ms, 1),
-                        "max_err": float(t.max_abs), "verdict": r.verdict})
-        base = out[0]["median_ms"] if out else 1.0
-        for r in out:
-            r["speedup"] = round(base / r["median_ms"], 2) if r["median_ms"] else float("nan")
+                        "max_err": float(t.max_abs), "verdict": r.verdict,
+                        "speedup": round(t.speedup, 2) if t.speedup is not None else float("nan")})
         return out
 
     @staticmethod
