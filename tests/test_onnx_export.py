@@ -96,3 +96,29 @@ def test_cli_export_writes_onnx_and_model_explorer_json(tmp_path, capsys):
     assert main(["export", "bert-tiny", str(tmp_path / "g.json"), "--seq", "8", "--after", "final"]) == 0
     assert main(["export", "bert-tiny", str(tmp_path / "g.txt"), "--seq", "8"]) == 2
     assert "must end in .onnx" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mask_kind", ["causal", "keep", "additive", "none"])
+def test_attention_forms_export_exactly(mask_kind):
+    """Grouped-query attention (4 query heads, 2 kv heads) with each mask kind, Sq < Sk, a custom scale,
+    and RoPE on q: ONNX Runtime computes what the reference computes."""
+    from rlxviz.ir import Builder
+
+    b = Builder("attn")
+    B, Sq, Sk, H, KV, D = 2, 3, 5, 4, 2, 8
+    q = b.input("q", (B, Sq, H * D))
+    k, v = b.input("k", (B, Sk, KV * D)), b.input("v", (B, Sk, KV * D))
+    cos, sin = b.param("cos", (16, D // 2)), b.param("sin", (16, D // 2))
+    mask_shape = {"keep": (B, Sk), "additive": (B, 1, Sq, Sk)}.get(mask_kind)
+    mask = b.input("m", mask_shape) if mask_shape else None
+    q = b.rope(q, cos, sin, D)
+    b.output(b.attention(q, k, v, mask, num_heads=H, head_dim=D, mask_kind=mask_kind, scale=0.3, num_kv_heads=KV))
+    g = b.build()
+    rng = np.random.default_rng(0)
+    feeds = {n.attrs["name"]: rng.standard_normal(n.shape).astype(np.float32) for n in g.inputs}
+    if mask_kind == "keep":
+        feeds["m"] = np.array([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], dtype=np.float32)
+    w = {"cos": rng.standard_normal((16, D // 2)).astype(np.float32),
+         "sin": rng.standard_normal((16, D // 2)).astype(np.float32)}
+    want = run_reference(g, feeds, w)[0]
+    np.testing.assert_allclose(_ort(export_onnx(g, w), feeds)[0], want, atol=1e-5, rtol=0)

@@ -252,3 +252,20 @@ def test_opsets_13_and_21_match_onnxruntime(tmp_path, opset):
     m = load_onnx(p, batch=2, seq=3)
     assert m.meta["opset"] == opset
     np.testing.assert_allclose(run_reference(m.graph, {"x": x}, m.weights)[0], want, atol=1e-5, rtol=1e-5)
+
+
+def test_external_data_cannot_leave_the_folder_and_size_is_checked_first(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(b"\x00" * 64)
+    w = onnx.TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4, 4], data_location=TensorProto.EXTERNAL)
+    for k, v in (("location", "../secret.bin"), ("offset", "0"), ("length", "64")):
+        w.external_data.add(key=k, value=v)
+    inner = tmp_path / "model"
+    inner.mkdir()
+    p = _save(inner, _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [x], [y], [w]))
+    with pytest.raises(OnnxImportError, match="cannot load external data"):
+        load_onnx(p)
+    with pytest.raises(OnnxImportError, match="64 bytes, over the limit of 32 bytes"):  # before any read
+        load_onnx(p, max_bytes=32)

@@ -901,6 +901,10 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
     return graph, {k: v for k, v in weights.items() if k in used}, provenance
 
 
+def _size(n: int) -> str:
+    return f"{n} bytes" if n < 2**20 else f"{n / 2**20:.1f} MiB"
+
+
 def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Mapping[str, Sequence[int]] | None = None,
               external_data_dir: str | Path | None = None, name: str | None = None,
               max_bytes: int | None = None) -> Model:
@@ -931,8 +935,8 @@ def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Ma
         need = sum(math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
                    for t in proto.graph.initializer)
         if need > max_bytes:
-            raise OnnxImportError(f"{path}: its initializers need {need / 2**20:.0f} MiB, over the limit of "
-                                  f"{max_bytes / 2**20:.0f} MiB (--max-memory-mb / RLXVIZ_MAX_MEMORY_MB)")
+            raise OnnxImportError(f"{path}: its initializers need {_size(need)}, over the limit of {_size(max_bytes)} "
+                                  f"(--max-memory-mb / RLXVIZ_MAX_MEMORY_MB)")
     try:
         from onnx.external_data_helper import load_external_data_for_model
 
