@@ -3,7 +3,7 @@
 Google's Model Explorer (`pip install ai-edge-model-explorer`) shows graphs given in its own JSON
 form: `{"graphs": [{"id", "nodes": [{"id", "label", "namespace", "attrs", "incomingEdges",
 "outputsMetadata", "inputsMetadata", "style"}]}]}` (its `graph_builder` dataclasses; what an adapter
-returns). Here:
+returns; with `label` it is also one `GraphCollection`). Here:
 
 * one node per IR node (`id` = the IR id, `label` = the op), its `namespace` = the model path with `/`
   (`encoder/layer/0/attention`), so Model Explorer folds layers into groups as our viewer does;
@@ -104,7 +104,7 @@ def trace_json(trace: Trace, versions: str = "all") -> dict[str, Any]:
             so_far += s.matches
             if s.changed or s.rejections:
                 graphs.append(graph_json(s.after, so_far, s.rejections, f"{name}: {k} {s.pass_name}"))
-    return {"graphs": graphs}
+    return {"label": name, "graphs": graphs}
 
 
 def save_model_explorer(trace: Trace, path: str | Path, versions: str = "all") -> Path:
