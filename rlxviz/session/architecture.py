@@ -13,8 +13,9 @@ from ..passes.architecture import LayerArchitecture as Architecture
 from ..passes.architecture import classify_layer
 
 
-def classify(graph: Graph, layer: int) -> Architecture:
-    """The `Architecture` of `layer` in `graph` (the unfused input graph)."""
+def classify(graph: Graph, layer: int | None) -> Architecture:
+    """The `Architecture` of `layer` in `graph` (the unfused input graph); `layer=None`: the whole graph (for a
+    graph whose node paths name no layer)."""
     return classify_layer(graph, layer)
 
 

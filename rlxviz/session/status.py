@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..ir import Op
-from ..passes import PASSES, Outcome, Trace, explain, layer_of, missed_fusions
+from ..passes import PASSES, MissedFusion, Outcome, Trace, explain, layer_of, missed_fusions
+from ..passes.unrecognized import unrecognized
 from .architecture import Architecture, classify
 from .errors import SessionError
 from .loading import model_layers
@@ -21,6 +22,7 @@ PRODUCTS: dict[str, str] = {
     "fuse_matmul_bias_act": "FusedMatMulBiasAct", "fuse_attention_block": "FusedAttentionBlock",
     "fuse_residual_ln": "FusedResidualLN", "fuse_residual_rms_norm": "FusedResidualRmsNorm",
     "fuse_transformer_layer": "FusedTransformerLayer",
+    "canonicalize_norm": "layer_norm / rms_norm", "canonicalize_gelu": "gelu / gelu_tanh",
 }
 """What each pattern pass produces, as named in a layer's expectations."""
 
@@ -159,6 +161,25 @@ def judged_kind(trace: Trace, layer: int) -> tuple[Architecture, Architecture]:
     return own, own
 
 
+def expected_misses(trace: Trace, arch: Architecture, layer: int | None
+                    ) -> tuple[list[MissedFusion], dict[str, str]]:
+    """The misses of `layer` (None: the whole graph) that count for `arch`, and `pattern -> "pattern (guard):
+    why not expected"` for those that do not. Misses are the run's missed fusions plus its "no rule
+    recognizes this" findings (`passes.unrecognized`: a family-shaped chain no rule made a candidate)."""
+    found = [*missed_fusions(trace), *(u.as_missed() for u in unrecognized(trace))]
+    kept: list[MissedFusion] = []
+    ignored: dict[str, str] = {}
+    for m in found:
+        if layer is not None and layer_of(m.path) != layer:
+            continue
+        reason = arch.not_expected(m.pattern.split(".")[0], m.guard)
+        if reason is None:
+            kept.append(m)
+        elif m.pattern not in ignored:
+            ignored[m.pattern] = f"{m.pattern} ({m.guard}): {reason}"
+    return kept, ignored
+
+
 def layer_status(trace: Trace, layer: int) -> LayerStatus:
     """`LayerStatus` of `layer` in a pipeline run.
 
@@ -173,17 +194,7 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
     ran = {s.pass_name for s in trace.steps if not s.error}
     expect_ftl = LAYER_PASS in ran and arch.post_ln
     ftl = [n.id for n in trace.final if n.op == Op.FUSED_TRANSFORMER_LAYER and layer_of(n.path) == layer]
-    misses = [m for m in missed_fusions(trace) if layer_of(m.path) == layer]
-    skipped: list[str] = []
-    ignored: dict[str, str] = {}
-    kept = []
-    for m in misses:
-        reason = arch.not_expected(m.pattern.split(".")[0], m.guard)
-        if reason is None:
-            kept.append(m)
-        elif m.pattern not in ignored:
-            ignored[m.pattern] = f"{m.pattern} ({m.guard}): {reason}"
-    misses = kept
+    misses, ignored = expected_misses(trace, arch, layer)
     skipped = list(ignored)
     miss_keys = {(m.pattern, m.node) for m in misses}
     rejected = [o for o in ex.rejected if o.rule not in skipped]
@@ -217,7 +228,12 @@ class FusionCheck:
     layers: list[LayerStatus]
     counts: dict[str, int]
     misses: list[str] = field(default_factory=list)
-    """For a graph whose node paths name no layer: every missed fusion of the run (then `ok` means none)."""
+    """For a graph whose node paths name no layer: every missed fusion of the run that counts for the whole
+    graph's architecture, and every "no rule recognizes this" finding (then `ok` means none)."""
+    architecture: Architecture | None = None
+    """For a graph whose node paths name no layer: the whole graph's kind."""
+    not_expected: list[str] = field(default_factory=list)
+    """For a graph whose node paths name no layer: rejections that do not count for its kind, with the reason."""
 
     @property
     def ok(self) -> bool:
@@ -227,14 +243,19 @@ class FusionCheck:
         return {"model": self.model, "pipeline": self.pipeline, "ok": self.ok,
                 "fused_layers": sum(s.fused for s in self.layers), "checked_layers": len(self.layers),
                 "final_op_counts": self.counts, "layers": [s.to_dict() for s in self.layers],
-                "misses": self.misses}
+                "misses": self.misses, "not_expected": self.not_expected,
+                "architecture": None if self.architecture is None else dataclasses.asdict(self.architecture)}
 
     def render(self, verbose: bool = False) -> str:
         counts = ", ".join(f"{k}={v}" for k, v in self.counts.items()) or "no fused ops"
         if not self.layers:
-            head = [f"{self.model} ({self.pipeline} pipeline): no node path names a layer; final graph: {counts}",
-                    f"{len(self.misses)} missed fusion(s)" + (":" if self.misses else "")]
-            return "\n".join(head + [f"  {m}" for m in self.misses])
+            head = [f"{self.model} ({self.pipeline} pipeline): no node path names a layer; final graph: {counts}"]
+            if self.architecture is not None:
+                head.append(f"graph kind: {self.architecture.description}")
+                head += [f"  evidence: {e}" for e in self.architecture.evidence]
+            head.append(f"{len(self.misses)} missed fusion(s)" + (":" if self.misses else ""))
+            return "\n".join(head + [f"  {m}" for m in self.misses]
+                             + [f"  not expected here: {x}" for x in self.not_expected])
         head = (f"{self.model} ({self.pipeline} pipeline): {sum(s.fused for s in self.layers)}/{len(self.layers)} "
                 f"layer(s) fused as expected")
         return "\n".join([head, *(s.render(verbose) for s in self.layers)])
@@ -258,10 +279,14 @@ def check_fusion(trace: Trace, model: str = "", layers: Iterable[int] | None = N
     wanted = list(have if layers is None else layers)
     for i in wanted:
         check_layer(trace, i, model)
-    misses = [str(m) for m in missed_fusions(trace)] if not have else []
-    return FusionCheck(model, trace.pipeline, [layer_status(trace, i) for i in wanted], trace.final.fused_op_counts(),
-                       misses)
+    statuses = [layer_status(trace, i) for i in wanted]
+    if have:
+        return FusionCheck(model, trace.pipeline, statuses, trace.final.fused_op_counts())
+    arch = classify(trace.input, None)
+    misses, ignored = expected_misses(trace, arch, None)
+    return FusionCheck(model, trace.pipeline, statuses, trace.final.fused_op_counts(), [str(m) for m in misses],
+                       arch, list(ignored.values()))
 
 
-__all__ = ["LAYER_PASS", "PRODUCTS", "FusionCheck", "LayerStatus", "check_fusion", "check_layer", "judged_kind",
-           "layer_status"]
+__all__ = ["LAYER_PASS", "PRODUCTS", "FusionCheck", "LayerStatus", "check_fusion", "check_layer", "expected_misses",
+           "judged_kind", "layer_status"]

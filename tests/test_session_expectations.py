@@ -1,0 +1,74 @@
+"""Expectations driven by the architecture (issue 10): nothing passes vacuously, "no rule recognizes this" fails
+`rlxviz explain`, pre-LN is not blamed as post-LN BERT, and layer-less graphs are judged by their kind."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlxviz.cli import main
+from rlxviz.ir import Builder
+from rlxviz.passes import Pipeline
+from rlxviz.session import check_fusion
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_architecture import geglu_graph, ln_e_x2_graph, pre_ln_model  # noqa: E402
+
+ROOT = Path(__file__).parent.parent
+
+
+def attention_only_bad_split():
+    """Keep-masked attention over a biased fused QKV split as Q|V|K: the block is expected, qkv_split refuses."""
+    b = Builder("attn_bad_split")
+    x, m = b.input("x", (1, 4, 16)), b.input("mask", (1, 4))
+    qkv = b.linear(x, b.param("w", (16, 48)), b.param("bias", (48,)))
+    att = b.attention(b.narrow(qkv, 2, 0, 16), b.narrow(qkv, 2, 32, 16), b.narrow(qkv, 2, 16, 16), m,
+                      num_heads=2, head_dim=8, mask_kind="keep")
+    b.output(b.linear(att, b.param("o", (16, 16)), b.param("ob", (16,))))
+    return b.build()
+
+
+def test_attention_only_with_a_qkv_split_rejection_does_not_pass():
+    check = check_fusion(Pipeline.canonical().run(attention_only_bad_split()), "attn")
+    assert not check.ok and check.architecture.kind == "attention_only"
+    assert any("qkv_split" in m for m in check.misses)
+    assert not any("qkv_split" in x for x in check.not_expected)
+
+
+@pytest.mark.parametrize("graph, pattern", [(ln_e_x2_graph(), "unrecognized.norm"),
+                                            (geglu_graph(), "unrecognized.glu")])
+def test_unrecognized_family_fails_the_check(graph, pattern):
+    check = check_fusion(Pipeline.canonical().run(graph), graph.name)
+    assert not check.ok and any(m.startswith(pattern) and "no_rule" in m for m in check.misses)
+
+
+def test_unrecognized_family_in_a_layer_fails_that_layer():
+    b = Builder("layered")
+    with b.scope("layers.0"):
+        x = b.input("x", (4, 8))
+        m = b.reduce_mean(x, [-1], keepdims=True)
+        var = b.sub(b.reduce_mean(b.mul(x, x), [-1], keepdims=True), b.mul(m, m))
+        b.output(b.div(b.sub(x, m), b.sqrt(b.add(var, b.const(1e-5)))))
+    (status,) = check_fusion(Pipeline.canonical().run(b.build()), "layered").layers
+    assert not status.fused and status.first.guard == "no_rule"
+
+
+def test_pre_ln_layers_judged_as_pre_ln():
+    check = check_fusion(Pipeline.canonical().run(pre_ln_model(act="gelu")), "gpt2")
+    assert check.ok
+    for s in check.layers:
+        assert s.architecture.kind == "pre_ln" and not s.bert_style
+        assert any("sum_single_user" in x and "pre-norm" in x for x in s.not_expected)
+
+
+@pytest.mark.parametrize("path, code", [("docs/examples/ln-eps-outside-sqrt.rlx", 1),
+                                        ("docs/examples/pre-ln-block.rlx", 0),
+                                        ("tests/data/cases/07-gqa-fused-qkv.rlx", 0),
+                                        ("tests/data/cases/13c-ln-decomposition-keepdims1.rlx", 0)])
+def test_explain_exit_codes(capsys, path, code):
+    assert main(["explain", str(ROOT / path)]) == code
+    out = capsys.readouterr().out
+    if code:
+        assert "eps_inside_sqrt" in out
+    if "07" in path:
+        assert "grouped-query (4 query heads, 2 kv heads)" in out
