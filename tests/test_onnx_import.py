@@ -269,3 +269,14 @@ def test_external_data_cannot_leave_the_folder_and_size_is_checked_first(tmp_pat
         load_onnx(p)
     with pytest.raises(OnnxImportError, match="64 bytes, over the limit of 32 bytes"):  # before any read
         load_onnx(p, max_bytes=32)
+
+
+def test_llama_export_gets_rope_and_packed_grouped_query_attention():
+    feeds, want = _case("llama")
+    m = _load("llama", feeds)
+    assert len(m.graph.find(Op.ROPE)) == 4  # q and k of both layers: HF's rotate_half form became rope
+    trace = Pipeline.canonical().run(m.graph)
+    attn = trace.final.find(Op.ATTENTION)
+    assert [(a.attrs["num_heads"], a.attrs["num_kv_heads"]) for a in attn] == [(4, 2), (4, 2)]
+    assert len(trace.final.find(Op.FUSED_SWIGLU)) == 2
+    np.testing.assert_allclose(run_reference(trace.final, feeds, m.weights)[0], want, atol=2e-5, rtol=1e-4)
