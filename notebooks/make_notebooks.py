@@ -332,7 +332,8 @@ def analyze(case):
 results = {case: analyze(case) for case in teach.TEACHING_CASES}
 for case, (_, trace, st) in results.items():
     sibling = teach.layer_status(trace, 1)
-    print(f"{case:<20} layer 0 fused={st.fused!s:<5} guard={st.first.guard:<22} layer 1 fused={sibling.fused}")''',
+    guard = st.first.guard if st.first else "-"
+    print(f"{case:<20} layer 0 fused={st.fused!s:<5} guard={guard:<22} layer 1 fused={sibling.fused}")''',
          "all-cases"),
     md("""
 ## Explore one case
@@ -348,6 +349,8 @@ from rlxviz.viz import Overlay
 def explore(case="extra_h1_user"):
     _, trace, st = results[case]
     print(st.render())
+    if st.first is None:  # nothing rejected in layer 0 (swapped_residual: add is commutative)
+        return
     step = trace.step(st.first.pass_name)
     display(teach.show(step.before, Overlay.before(step), focus=0, max_height=480))
 
@@ -364,7 +367,7 @@ controls = widgets.interact(explore, case=widgets.Dropdown(options=list(teach.TE
 | extra_h1_user | `h1_user_count` | remove the extra reader of h1 | run `dead_code_elimination` first (dead reader) |
 | tanh_gelu | `fc1_activation` | use exact (erf) GELU | none: the epilogue computes erf GELU only |
 | pre_ln | `sum_single_user`, then `post_ln_order` | — (a GPT/LLaMA-style block) | expected: sublayers still fuse |
-| swapped_residual | `ln1_operand_order` | write `add(branch, skip)` | a canonicalizing pass could swap operands |
+| swapped_residual | none: it fuses | — | done: `fuse_transformer_layer` takes the residual add in either order (add is commutative) |
 | over_threshold | `attention_size_gate` | — | raise or unset `fab_max_tokens` |
 
 Two fixes, shown: the probe that reads h1 is only an extra graph output. Drop the output and the
@@ -389,20 +392,21 @@ print("rlx profile with the gate unset: fused layers =", ungated.final.op_counts
     md("""
 ## Exercise
 
-In `swapped_residual`, layer 0's residual adds are written skip-first. Without changing the
-pipeline, make layer 0 fuse **by editing the IR text**: swap the two operands of each residual
-`add` in layer 0 (the ones whose path ends in `attention.output.LayerNorm` and `output.LayerNorm`),
-parse the text back with `parse_ir`, and run the canonical pipeline. Fill in `fix_ir` below.
+In `output_intermediate`, h1 (layer 0's post-attention LayerNorm) is also returned as a graph output:
+fusing the layer would hide a tensor the caller asked for, so `h1_not_output` says the fusion is
+*illegal*. Without changing the pipeline, make layer 0 fuse **by editing the IR text**: return only
+the model's first output (the last line of the text is `return %a, %b`), parse the text back with
+`parse_ir`, and run the canonical pipeline. Fill in `fix_ir` below.
 """),
     code('''
 from rlxviz.ir import format_graph, parse_ir
 
-model, _, _ = results["swapped_residual"]
+model, _, _ = results["output_intermediate"]
 ir_text = format_graph(model.graph)
 
 
 def fix_ir(text):
-    # YOUR CODE: return the text with layer 0's residual adds written add(branch, skip)
+    # YOUR CODE: return the text with only the first graph output returned
     return text
 
 
@@ -411,22 +415,15 @@ print("your fix: layer 0 fused =", teach.layer_status(attempt, 0).fused)''', "ex
     md("""
 ### Solution
 
-Each residual `add` line looks like `%39 = add(%12, %38) : f32[...] @encoder.layer.0.attention.output.LayerNorm`.
-Swap its operands with a regular expression, only on those two paths.
+The return line looks like `return %71, %29`. Keep its first value: h1 is then an ordinary
+intermediate with two readers (FFN.1 and the second residual), and the layer fuses.
 """),
     code('''
 import re
 
-RESIDUAL_PATHS = ("@encoder.layer.0.attention.output.LayerNorm", "@encoder.layer.0.output.LayerNorm")
-
 
 def fix_ir_solution(text):
-    out = []
-    for line in text.splitlines():
-        if " = add(" in line and line.rstrip().endswith(RESIDUAL_PATHS):
-            line = re.sub(r"add\\((%\\d+), (%\\d+)\\)", r"add(\\2, \\1)", line)
-        out.append(line)
-    return "\\n".join(out)
+    return re.sub(r"^(\\s*return %\\w+)(, %\\w+)+", r"\\1", text, flags=re.MULTILINE)
 
 
 solved = Pipeline.canonical().run(parse_ir(fix_ir_solution(ir_text)))

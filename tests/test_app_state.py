@@ -51,7 +51,7 @@ def test_preset_batch_seq_and_style():
 
 @pytest.mark.parametrize("variant, guard_word", [
     ("output_intermediate", "output"), ("extra_h1_user", "users"), ("tanh_gelu", "gelu"),
-    ("pre_ln", ""), ("swapped_residual", ""), (SHAPE_VARIANT, "")])
+    ("pre_ln", ""), (SHAPE_VARIANT, "")])
 def test_each_teaching_variant_shows_a_rejection(variant, guard_word):
     s = tiny()
     s.apply_variant(variant)
@@ -66,6 +66,13 @@ def test_each_teaching_variant_shows_a_rejection(variant, guard_word):
         assert "layer 0: NOT fused" in s.why_layer(0)
     s.apply_variant("none")
     assert ftl_count(s.trace.final) == 2
+
+
+def test_swapped_residual_variant_fuses_because_add_is_commutative():
+    s = tiny()
+    s.apply_variant("swapped_residual")
+    assert ftl_count(s.trace.final) == 2
+    assert "no pass rejected anything in layer 0" in s.message
 
 
 def test_over_threshold_raises_seq_above_the_gate():
@@ -172,7 +179,10 @@ def test_decision_rows_and_show_decision():
     kinds = {r["kind"] for r in rows}
     assert kinds == {"fused", "rejected"}
     row = next(r for r in rows if r["guard"] == "h1_user_count")
-    assert row["layer"] == 0 and row["nodes"]
+    assert row["layer"] == 0 and row["nodes"] and row["why"] == "illegal"
+    soft = [r for r in decision_rows(tiny(variant="tanh_gelu").trace) if r["kind"] == "left out"]
+    assert soft and soft[0]["guard"] == "epilogue_activation" and soft[0]["why"] == "not recognized"
+    assert "allow-list" in soft[0]["fix"]
     s.param.update(highlight=[], version=0)
     s.show_decision(row)
     assert s.version_labels[s.version] == f"after {row['pass']}"

@@ -74,7 +74,6 @@ def test_explain_minilm_fully_fused_exit_0():
     ("extra_h1_user", "h1_user_count"),
     ("output_intermediate", "h1_not_output"),
     ("tanh_gelu", "fc1_activation"),
-    ("swapped_residual", "ln1_operand_order"),
     ("pre_ln", "sum_single_user"),
     ("over_threshold", "attention_size_gate"),
 ])
@@ -83,6 +82,21 @@ def test_explain_variant_names_guard_and_exits_1(capsys, variant, guard):
     assert code == 1, err
     assert "layer 0: NOT fused (expected FusedTransformerLayer)" in out
     assert f"guard {guard} " in out
+
+
+def test_explain_swapped_residual_fuses_and_exits_0(capsys):
+    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "swapped_residual")
+    assert code == 0 and "2/2 layer(s) fused as expected" in out
+
+
+def test_explain_prints_the_kind_and_every_failing_guard(capsys):
+    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "tanh_gelu", "--layer", 0)
+    assert code == 1
+    assert "guard fc1_activation (guard, not recognized): " in out
+    assert "compiler fix: add gelu_tanh to the epilogue allow-list" in out
+    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "tanh_gelu", "--layer", 0, "--json")
+    first = json.loads(out)["layers"][0]["first"]
+    assert first["kind"] == "not recognized" and first["guard"] == "fc1_activation" and first["fix"]
 
 
 def test_explain_extra_user_actual_vs_required_and_sibling_diff(capsys):

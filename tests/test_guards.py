@@ -5,7 +5,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from rlxviz.ir import Builder, Op, Rewriter
+from rlxviz.ir import Builder, Graph, Op, Rewriter
 from rlxviz.models import VARIANTS, load_model
 from rlxviz.passes import Pipeline, run_passes
 from rlxviz.passes.guard import EPILOGUE_ACTIVATIONS
@@ -50,7 +50,6 @@ def bert(style="rlx", variant=None, **kw):
     ("extra_h1_user", "h1_user_count"),
     ("tanh_gelu", "fc1_activation"),
     ("pre_ln", "post_ln_order"),
-    ("swapped_residual", "ln1_operand_order"),
 ])
 def test_teaching_variants_rejected_with_their_guard(variant, guard, style):
     g = bert(style, replace(VARIANTS[variant], layer=1))
@@ -76,10 +75,28 @@ def test_tanh_gelu_is_not_in_the_epilogue_allow_list():
     assert t.final.find(Op.GELU_TANH)
 
 
-def test_swapped_residual_message_names_both_operands():
-    r, _ = rejected_by(bert(variant=VARIANTS["swapped_residual"]), Pipeline.canonical().names, "ln1_operand_order")
-    assert "reads x=hidden" in r.message and "residual=attn" in r.message
-    assert "needs ln1.x == attn and ln1.residual == hidden" in r.message
+@pytest.mark.parametrize("style", ["rlx", "hf"])
+def test_swapped_residual_fuses_because_add_is_commutative(style):
+    """Skip-first residual adds (`add(hidden, branch)`) are the same sum: every layer fuses, numbers equal."""
+    g = bert(style, VARIANTS["swapped_residual"])
+    t = Pipeline.canonical().run(g)
+    assert len(t.final.find(Op.FUSED_TRANSFORMER_LAYER)) == 2
+    assert not [r for r in t.rejections if r.guard in ("ln1_operand_order", "ln2_operand_order")]
+    rng = np.random.default_rng(0)
+    feeds = {n.name: (rng.integers(0, 50, n.shape) if not n.dtype.is_float else rng.standard_normal(n.shape))
+             for n in g.inputs}
+    if "attention_mask" in feeds:
+        feeds["attention_mask"] = np.ones(g.inputs[1].shape, np.int64)
+    w = {n.name: (0.1 * rng.standard_normal(n.shape)).astype(np.float32) for n in g.params}
+    np.testing.assert_allclose(run_reference(g, feeds, w)[0], run_reference(t.final, feeds, w)[0],
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_operand_order_guard_names_a_residual_that_is_not_the_layer_input():
+    r, _ = rejected_by(fused_level_layer(ln1_skip=True), ["fuse_transformer_layer"], "ln1_operand_order")
+    assert "reads x=attn" in r.message and "residual=input y (node" in r.message
+    assert "needs {ln1.x, ln1.residual} == {attn, hidden} (in either order)" in r.message
+    assert r.kind == "not recognized"
 
 
 @pytest.mark.parametrize("pipeline", [Pipeline.rlx(), Pipeline.canonical(fab_max_tokens=64)])
@@ -125,7 +142,8 @@ def test_layer_guard_near_misses(guard, make):
 
 def test_layer_structure_steps_name_the_missing_pass():
     g = bert()
-    r, _ = rejected_by(g, ["fuse_matmul_bias_act", "fuse_attention_block", "fuse_transformer_layer"], "post_ln_order")
+    r, _ = rejected_by(g, ["fuse_matmul_bias_act", "fuse_attention_block", "fuse_transformer_layer"],
+                       "ln1_is_residual_ln")
     assert "run fuse_residual_ln first" in r.message
     # FFN linears unfused, everything else fused: structure stops at fc1
     g2 = run_passes(g, ["fuse_matmul_bias_act", "fuse_attention_block", "fuse_residual_ln"]).final
@@ -140,12 +158,14 @@ def test_layer_structure_steps_name_the_missing_pass():
     assert "run fuse_matmul_bias_act first" in r.message
 
 
-def fused_level_layer(ln1_bias=False, ln2_bias=False, fc2_act=None, swap2=False, ln2_plain=False):
+def fused_level_layer(ln1_bias=False, ln2_bias=False, fc2_act=None, swap2=False, ln2_plain=False, ln1_skip=False,
+                      ln2_skip=False):
     """One BERT layer written directly with fused ops (for the FTL guards further down the chain)."""
     b = Builder("fused_layer")
     h, nh, inter = 16, 2, 32
     x = b.input("x", (1, 4, h))
     mask = b.input("mask", (1, 4))
+    y = b.input("y", (1, 4, h))
     p = {n: b.param(n, s) for n, s in [("qkv_w", (h, 3 * h)), ("qkv_b", (3 * h,)), ("out_w", (h, h)), ("out_b", (h,)),
                                       ("g1", (h,)), ("b1", (h,)), ("fc1_w", (h, inter)), ("fc1_b", (inter,)),
                                       ("fc2_w", (inter, h)), ("fc2_b", (h,)), ("g2", (h,)), ("b2", (h,)),
@@ -153,14 +173,15 @@ def fused_level_layer(ln1_bias=False, ln2_bias=False, fc2_act=None, swap2=False,
     with b.scope("encoder.layer.0"):
         a = b.emit(Op.FUSED_ATTENTION_BLOCK, [x, p["qkv_w"], p["out_w"], mask, p["qkv_b"], p["out_b"]],
                    num_heads=nh, head_dim=h // nh)
-        ins1 = [a, x, p["rb"], p["g1"], p["b1"]] if ln1_bias else [a, x, p["g1"], p["b1"]]
+        skip = y if ln1_skip else x
+        ins1 = [a, skip, p["rb"], p["g1"], p["b1"]] if ln1_bias else [a, skip, p["g1"], p["b1"]]
         h1 = b.emit(Op.FUSED_RESIDUAL_LN, ins1, eps=1e-12, has_bias=ln1_bias)
         f1 = b.emit(Op.FUSED_MATMUL_BIAS_ACT, [h1, p["fc1_w"], p["fc1_b"]], activation="gelu")
         f2 = b.emit(Op.FUSED_MATMUL_BIAS_ACT, [f1, p["fc2_w"], p["fc2_b"]], activation=fc2_act)
         if ln2_plain:
             out = b.layer_norm(b.add(f2, h1), p["g2"], p["b2"])
         else:
-            pair = [h1, f2] if swap2 else [f2, h1]
+            pair = [h1, f2] if swap2 else [f2, y] if ln2_skip else [f2, h1]
             ins2 = [*pair, p["rb"], p["g2"], p["b2"]] if ln2_bias else [*pair, p["g2"], p["b2"]]
             out = b.emit(Op.FUSED_RESIDUAL_LN, ins2, eps=1e-12, has_bias=ln2_bias)
     b.output(out)
@@ -171,11 +192,12 @@ def fused_level_layer(ln1_bias=False, ln2_bias=False, fc2_act=None, swap2=False,
     ("ln1_no_bias", {"ln1_bias": True}),
     ("ln2_no_bias", {"ln2_bias": True}),
     ("fc2_is_fused_linear", {"fc2_act": "gelu"}),
-    ("ln2_operand_order", {"swap2": True}),
+    ("ln2_operand_order", {"ln2_skip": True}),
     ("ln2_is_residual_ln", {"ln2_plain": True}),
 ])
 def test_layer_guards_on_fused_level_graphs(guard, kw):
     assert not guards(fused_level_layer(), ["fuse_transformer_layer"])[0]
+    assert run_passes(fused_level_layer(swap2=True), ["fuse_transformer_layer"]).matches  # h1 + ffn == ffn + h1
     rejected_by(fused_level_layer(**kw), ["fuse_transformer_layer"], guard)
 
 
@@ -184,7 +206,8 @@ def test_fused_level_layer_fuses_and_keeps_numbers():
     g2 = run_passes(g, ["fuse_transformer_layer"]).final
     assert g2.find(Op.FUSED_TRANSFORMER_LAYER)
     rng = np.random.default_rng(0)
-    feeds = {"x": rng.standard_normal((1, 4, 16)).astype(np.float32), "mask": np.array([[1, 1, 1, 0]], np.float32)}
+    feeds = {"x": rng.standard_normal((1, 4, 16)).astype(np.float32), "mask": np.array([[1, 1, 1, 0]], np.float32),
+             "y": np.zeros((1, 4, 16), np.float32)}
     w = {n.name: (0.2 * rng.standard_normal(n.shape)).astype(np.float32) for n in g.params}
     np.testing.assert_allclose(run_reference(g, feeds, w)[0], run_reference(g2, feeds, w)[0], rtol=1e-4, atol=1e-5)
 
@@ -367,7 +390,7 @@ def test_shared_input_guards_and_bias_merge():
     b = Builder("qkv2")
     x = b.input("x", (2, 4, 8))
     m0 = b.matmul(x, b.param("w0", (8, 8)))
-    b.output(b.add(m0, b.param("b0", (8,))), b.neg(b.matmul(x, b.param("w1", (8, 8)))))
+    b.output(b.add(m0, b.param("b0", (8,))), b.neg(m0), b.neg(b.matmul(x, b.param("w1", (8, 8)))))
     rejected_by(b.build(), ["fuse_shared_input_matmul"], "biases_mergeable")
     b = Builder("qkv3")
     x = b.input("x", (2, 4, 8))
@@ -420,3 +443,368 @@ def test_absorbed_escape_is_the_engine_safety_net():
     # a silu read twice: the dual-matmul guard names it first; the generic escape check backs every rule
     from rlxviz.passes.rules.linear import BIAS_ACT
     assert BIAS_ACT.guard_names[-1] == "absorbed_escape"
+
+
+# -- every guard of every rule: a near miss naming the guard and its subject node -------------------------
+#
+# Each row builds the smallest graph that trips one guard of one rule and returns it with the id of the
+# node the guard is about. `absorbed_escape` is the engine's net behind every rule (no rule's own guards
+# let it fire); `test_absorbed_escape_names_the_escaping_node` trips it with a rule that lacks them.
+
+def _sdpa(**kw):
+    """HF attention primitives with knobs; returns (graph, named node ids)."""
+    b = Builder("sdpa")
+    B, S, H, nh, dh = 1, 4, 8, 2, 4
+    x = b.input("x", (B, S, H))
+    m = b.input("m", (B, S), "i64")
+    ids = {}
+    ext = b.reshape(b.mul(b.sub(1.0, b.cast(m, "f32")), -1e4), (B, 1, 1, S)) if not kw.get("additive") else \
+        b.input("bias", (B, 1, 1, S))
+    ids["mask"] = ext
+
+    def proj(n, width=H):
+        return b.matmul(x, b.param(n, (H, width)))
+
+    q = proj("q")
+    if kw.get("prescale_reader"):
+        q = ids["q_prescale"] = b.mul(q, 0.5)
+    ids["q_reshape"] = b.reshape(q, (B, S, nh, dh))
+    ids["q_heads"] = b.transpose(ids["q_reshape"], kw.get("q_perm", (0, 2, 1, 3)))
+    ids["k_reshape"] = b.reshape(proj("k"), (B, S, nh, dh))
+    ids["k_heads"] = b.transpose(ids["k_reshape"], (0, 2, 1, 3))
+    ids["k_t"] = ids["k_heads"] if kw.get("no_kt") else b.transpose(ids["k_heads"], kw.get("k_perm", (0, 1, 3, 2)))
+    if kw.get("wide_v"):
+        ids["v_reshape"] = b.reshape(proj("v", 2 * H), (B, S, nh, 2 * dh))
+        ids["v_heads"] = b.transpose(ids["v_reshape"], (0, 2, 1, 3))
+    elif kw.get("v_perm"):
+        ids["v_reshape"] = b.reshape(proj("v"), (B, S, dh, nh))
+        ids["v_heads"] = b.transpose(ids["v_reshape"], (0, 3, 1, 2))
+    else:
+        ids["v_reshape"] = b.reshape(proj("v"), (B, S, nh, dh))
+        ids["v_heads"] = b.transpose(ids["v_reshape"], (0, 2, 1, 3))
+    v_in = b.neg(ids["v_heads"]) if kw.get("v_neg") else ids["v_heads"]
+    ids["v_in"] = v_in
+    s = b.div(b.matmul(ids["q_heads"], ids["k_t"]), 2.0)
+    ids["softmax"] = b.softmax(b.add(s, ext), axis=kw.get("axis", -1))
+    ids["pv"] = b.matmul(ids["softmax"], v_in)
+    width = 2 * H if kw.get("wide_v") else H
+    if kw.get("no_merge_t"):
+        out = b.reshape(ids["pv"], (B, S, width))
+    else:
+        ids["merge_t"] = b.transpose(ids["pv"], kw.get("merge_perm", (0, 2, 1, 3)))
+        out = ids["merge_t"] if kw.get("no_merge_reshape") else b.reshape(ids["merge_t"], (B, S, width))
+    ids["merge"] = out
+    extra = [b.neg(ids["softmax"])] if kw.get("probs_reader") else []
+    extra += [b.neg(ids["q_prescale"])] if kw.get("prescale_reader") else []
+    b.output(out, *extra)
+    return b.build(), ids
+
+
+def _block(**kw):
+    """A packed-QKV attention at the fused level (FusedMatMulBiasAct + narrows + attention + out linear)."""
+    b = Builder("block")
+    x = b.input("x", (1, 4, 16))
+    m = b.input("m", (1, 4))
+    ids = {}
+    with b.scope("encoder.layer.0"):
+        if kw.get("unfused_qkv"):
+            ids["qkv"] = b.add(b.matmul(x, b.param("w", (16, 48))), b.param("bias", (48,)))
+        else:
+            ids["qkv"] = b.fused_matmul_bias_act(x, b.param("w", (16, 48)), b.param("bias", (48,)))
+        split = kw.get("split", (0, 16, 32))
+        q, k, v = (b.narrow(ids["qkv"], 2, s, 16) for s in split)
+        if kw.get("q_not_narrow"):
+            q = b.neg(x)
+        ids["q"] = q
+        mask = None if kw.get("mask") == "none" else m
+        ids["attn"] = b.attention(q, k, v, mask, num_heads=2, head_dim=8, mask_kind=kw.get("mask", "keep"),
+                                  scale=kw.get("scale"))
+        if kw.get("unfused_out"):
+            ids["out"] = b.add(b.matmul(ids["attn"], b.param("wo", (16, 16))), b.param("bo", (16,)))
+        else:
+            ids["out"] = b.fused_matmul_bias_act(ids["attn"], b.param("wo", (16, 16)), b.param("bo", (16,)))
+    outs = [ids["out"]] + [ids[r] for r in kw.get("outputs", ())] + [b.neg(ids[r]) for r in kw.get("readers", ())]
+    b.output(*outs)
+    return b.build(), ids
+
+
+def _ftl(**kw):
+    """`fused_level_layer` with named ids (attn, ln1, fc1, fc2, ln2, fc1_w)."""
+    g = fused_level_layer(**{k: v for k, v in kw.items() if k in ("ln1_bias", "ln2_bias", "fc2_act", "ln2_plain",
+                                                                  "ln1_skip", "ln2_skip")})
+    ids = {"attn": g.find(Op.FUSED_ATTENTION_BLOCK)[0].id, "ln1": g.find(Op.FUSED_RESIDUAL_LN)[0].id}
+    fmba = g.find(Op.FUSED_MATMUL_BIAS_ACT)
+    ids["fc1"], ids["fc2"] = fmba[0].id, fmba[1].id
+    ids["fc1_w"] = g[ids["fc1"]].inputs[1]
+    norms = g.find(Op.FUSED_RESIDUAL_LN)
+    ids["ln2"] = norms[1].id if len(norms) > 1 else None
+    if kw.get("outputs"):
+        g = g.with_outputs((*g.outputs, *(ids[r] for r in kw["outputs"])))
+    for r in kw.get("readers", ()):
+        g = with_reader(g, ids[r])
+    return g, ids
+
+
+def _ftl_layer_graph(**kw):
+    """An FTL candidate whose fc1 weight is given (rank-3 or a zero-width dim)."""
+    b = Builder("fused_layer")
+    h, nh = 16, 2
+    x, mask = b.input("x", (1, 4, h)), b.input("mask", (1, 4))
+    p = {n: b.param(n, s) for n, s in [("qkv_w", (h, 3 * h)), ("qkv_b", (3 * h,)), ("out_w", (h, h)),
+                                      ("out_b", (h,)), ("g1", (h,)), ("b1", (h,)), ("g2", (h,)), ("b2", (h,))]}
+    w1 = b.param("fc1_w", kw["fc1_w"])
+    inter = kw["fc1_w"][-1]
+    with b.scope("encoder.layer.0"):
+        a = b.emit(Op.FUSED_ATTENTION_BLOCK, [x, p["qkv_w"], p["out_w"], mask, p["qkv_b"], p["out_b"]],
+                   num_heads=nh, head_dim=h // nh)
+        h1 = b.emit(Op.FUSED_RESIDUAL_LN, [a, x, p["g1"], p["b1"]], eps=1e-12, has_bias=False)
+        f1 = b.fused_matmul_bias_act(h1, w1, b.param("fc1_b", (inter,)), "gelu")
+        f2 = b.fused_matmul_bias_act(f1, b.param("fc2_w", (inter, h)), b.param("fc2_b", (h,)))
+        out = b.emit(Op.FUSED_RESIDUAL_LN, [f2, h1, p["g2"], p["b2"]], eps=1e-12, has_bias=False)
+    b.output(out)
+    return b.build(), {"fc1_w": w1}
+
+
+def _linear(**kw):
+    b = Builder("lin")
+    x = b.input("x", (2, 4, 8))
+    ids = {"mm": b.matmul(x, b.param("w", (8, kw.get("width", 8))))}
+    ids["bias"] = b.param("b", kw.get("bias_shape", (8,)))
+    ids["add"] = b.add(ids["mm"], ids["bias"])
+    ids["act"] = b.unary(kw.get("act", "gelu"), ids["add"])
+    outs = [ids["act"]] + [ids[r] for r in kw.get("outputs", ())] + [b.neg(ids[r]) for r in kw.get("readers", ())]
+    b.output(*outs)
+    return b.build(), ids
+
+
+def _residual(norm="layer_norm", biased=False, **kw):
+    b = Builder("res")
+    x = b.input("x", (2, 4, 8))
+    r = b.input("r", kw.get("skip_shape", (2, 4, 8)))
+    ids = {"x": x, "sum": b.add(x, r)}
+    s = ids["sum"]
+    if biased:
+        ids["bias"] = b.param("rb", kw.get("bias_shape", (8,)))
+        s = ids["biased"] = b.add(s, ids["bias"])
+    ids["norm"] = getattr(b, norm)(s, b.param("g", (8,)), b.param("beta", (8,)))
+    outs = [ids["norm"]] + [ids[k] for k in kw.get("outputs", ())] + [b.neg(ids[k]) for k in kw.get("readers", ())]
+    b.output(*outs)
+    return b.build(), ids
+
+
+def _norm_axis(norm="layer_norm", biased=False):
+    """A residual norm over axis 1: the IR's builder refuses it, so the node's attribute is patched."""
+    g, ids = _residual(norm, biased)
+    n = g[ids["norm"]]
+    nodes = [m.replace(attrs={**m.attrs, "axis": 1}) if m.id == n.id else m for m in g]
+    return Graph(nodes, g.outputs, g.name), ids
+
+
+def _swiglu(dual=True, **kw):
+    b = Builder("ffn")
+    x = b.input("x", (2, 4, 8))
+    ids = {}
+    if dual:
+        ids["wg"], ids["wu"] = b.param("wg", (8, 8)), b.param("wu", kw.get("wu_shape", (8, 8)))
+        g, u = b.matmul(x, ids["wg"]), b.matmul(x, ids["wu"])
+    else:
+        c = b.matmul(x, b.param("wc", (8, 16)))
+        halves = kw.get("halves", (0, 8))
+        u, g = b.narrow(c, 2, halves[0], 8), b.narrow(c, 2, halves[1], 8)
+        ids["up"] = u
+    ids["silu"] = b.silu(g)
+    b.output(b.mul(ids["silu"], u), *([b.neg(ids["silu"])] if kw.get("reader") else []))
+    return b.build(), ids
+
+
+def _shared(kind):
+    b = Builder("qkv")
+    x = b.input("x", (2, 4, 8))
+    ids = {}
+    if kind == "cost":
+        for n, act in (("fc1", "gelu"), ("fc2", "silu")):
+            mm = ids[n] = b.matmul(x, b.param(f"{n}.weight", (8, 8)))
+            ids[f"{n}_out"] = b.unary(act, b.add(mm, b.param(f"{n}.bias", (8,))))
+        b.output(b.add(ids["fc1_out"], ids["fc2_out"]))
+    elif kind == "rank":
+        ids["w1"] = b.param("w1", (2, 8, 8))
+        b.output(b.matmul(x, b.param("w0", (8, 8))), b.matmul(x, ids["w1"]))
+    elif kind == "dtype":
+        ids["w1"] = b.param("w1", (8, 8), "f16")
+        b.output(b.matmul(x, b.param("w0", (8, 8))), b.matmul(x, ids["w1"]))
+    elif kind == "outputs":
+        ids["m0"] = b.matmul(x, b.param("w0", (8, 8)))
+        b.output(b.neg(ids["m0"]), ids["m0"], b.matmul(x, b.param("w1", (8, 8))))
+    elif kind == "biases":
+        ids["m0"] = b.matmul(x, b.param("w0", (8, 8)))
+        b.output(b.add(ids["m0"], b.param("b0", (8,))), b.neg(ids["m0"]), b.neg(b.matmul(x, b.param("w1", (8, 8)))))
+    return b.build(), ids
+
+
+_FTL, _FAB, _SDPA = "fuse_transformer_layer.bert_post_ln", "fuse_attention_block.qkv_attention_out", \
+    "fuse_sdpa.hf_attention"
+_RLN = {"fuse_residual_ln": "layer_norm", "fuse_residual_rms_norm": "rms_norm"}
+
+NEAR_MISSES = [
+    # rule, guard, make() -> (graph, ids), subject role, pipeline params
+    (_SDPA, "softmax_last_axis", lambda: _sdpa(axis=2), "softmax", {}),
+    (_SDPA, "scores_form", lambda: _sdpa(no_kt=True), "k_reshape", {}),
+    (_SDPA, "pv_form", lambda: _sdpa(v_neg=True), "v_in", {}),
+    (_SDPA, "merge_form", lambda: _sdpa(no_merge_t=True), "pv", {}),
+    (_SDPA, "merge_reshape", lambda: _sdpa(no_merge_reshape=True), "merge_t", {}),
+    (_SDPA, "prescale_single_use", lambda: _sdpa(prescale_reader=True), "q_prescale", {}),
+    (_SDPA, "q_head_split", lambda: _sdpa(q_perm=(0, 2, 3, 1)), "q_heads", {}),
+    (_SDPA, "k_layout", lambda: _sdpa(k_perm=(0, 1, 2, 3)), "k_t", {}),
+    (_SDPA, "v_head_split", lambda: _sdpa(v_perm=True), "v_heads", {}),
+    (_SDPA, "heads_consistent", lambda: _sdpa(wide_v=True), "v_reshape", {}),
+    (_SDPA, "merge_layout", lambda: _sdpa(merge_perm=(0, 1, 2, 3)), "merge", {}),
+    (_SDPA, "internals_single_use", lambda: _sdpa(probs_reader=True), "softmax", {}),
+    (_SDPA, "mask_form", lambda: _sdpa(additive=True), "mask", {}),
+    ("fuse_swiglu.dual_matmul", "swiglu_single_use", lambda: _swiglu(reader=True), "silu", {}),
+    ("fuse_swiglu.dual_matmul", "weights_match", lambda: _swiglu(wu_shape=(1, 8, 8)), "wu", {}),
+    ("fuse_swiglu.narrow_pair", "halves_of_last_axis", lambda: _swiglu(False, halves=(0, 4)), "up", {}),
+    ("fuse_swiglu.narrow_pair", "swiglu_single_use", lambda: _swiglu(False, reader=True), "silu", {}),
+    ("fuse_shared_input_matmul.concat_weights", "merge_keeps_fusions", lambda: _shared("cost"), "fc1", {}),
+    ("fuse_shared_input_matmul.concat_weights", "weights_rank2", lambda: _shared("rank"), "w1", {}),
+    ("fuse_shared_input_matmul.concat_weights", "weights_same_dtype", lambda: _shared("dtype"), "w1", {}),
+    ("fuse_shared_input_matmul.concat_weights", "not_outputs", lambda: _shared("outputs"), "m0", {}),
+    ("fuse_shared_input_matmul.concat_weights", "biases_mergeable", lambda: _shared("biases"), "m0", {}),
+    ("fuse_matmul_bias_act.bias_act", "mm_single_user", lambda: _linear(readers=("mm",)), "mm", {}),
+    ("fuse_matmul_bias_act.bias_act", "mm_not_output", lambda: _linear(outputs=("mm",)), "mm", {}),
+    ("fuse_matmul_bias_act.bias_act", "bias_rank", lambda: _linear(bias_shape=(4, 8)), "bias", {}),
+    ("fuse_matmul_bias_act.bias_act", "bias_length", lambda: _linear(width=1, bias_shape=(4,)), "bias", {}),
+    ("fuse_matmul_bias_act.bias_act", "epilogue_activation", lambda: _linear(act="gelu_tanh"), "act", {}),
+    ("fuse_matmul_bias_act.bias_act", "add_not_output", lambda: _linear(outputs=("add",)), "add", {}),
+    (_FAB, "attention_size_gate", _block, "attn", {"fab_max_tokens": 2}),
+    (_FAB, "mask_kind_keep", lambda: _block(mask="none"), "attn", {}),
+    (_FAB, "default_scale", lambda: _block(scale=0.5), "attn", {}),
+    (_FAB, "qkv_packed", lambda: _block(q_not_narrow=True), "q", {}),
+    (_FAB, "qkv_split", lambda: _block(split=(16, 0, 32)), "qkv", {}),
+    (_FAB, "qkv_narrows_single_use", lambda: _block(readers=("q",)), "q", {}),
+    (_FAB, "qkv_is_fused_linear", lambda: _block(unfused_qkv=True), "qkv", {}),
+    (_FAB, "qkv_user_count", lambda: _block(readers=("qkv",)), "qkv", {}),
+    (_FAB, "qkv_not_output", lambda: _block(outputs=("qkv",)), "qkv", {}),
+    (_FAB, "attn_single_user", lambda: _block(readers=("attn",)), "attn", {}),
+    (_FAB, "attn_not_output", lambda: _block(outputs=("attn",)), "attn", {}),
+    (_FAB, "out_is_fused_linear", lambda: _block(unfused_out=True), "attn", {}),
+    *[(f"{p}.{rule}", guard, make, subject, {}) for p, norm in _RLN.items() for rule, guard, make, subject in [
+        ("residual", "sum_single_user", lambda norm=norm: _residual(norm, readers=("sum",)), "sum"),
+        ("residual", "sum_not_output", lambda norm=norm: _residual(norm, outputs=("sum",)), "sum"),
+        ("residual", "residual_same_shape", lambda norm=norm: _residual(norm, skip_shape=(1, 8)), "x"),
+        ("residual", "norm_last_axis", lambda norm=norm: _norm_axis(norm), "norm"),
+        ("biased", "sum_single_user", lambda norm=norm: _residual(norm, True, readers=("sum",)), "sum"),
+        ("biased", "sum_not_output", lambda norm=norm: _residual(norm, True, outputs=("sum",)), "sum"),
+        ("biased", "residual_same_shape", lambda norm=norm: _residual(norm, True, skip_shape=(1, 8)), "x"),
+        ("biased", "norm_last_axis", lambda norm=norm: _norm_axis(norm, True), "norm"),
+        ("biased", "biased_single_user", lambda norm=norm: _residual(norm, True, readers=("biased",)), "biased"),
+        ("biased", "biased_not_output", lambda norm=norm: _residual(norm, True, outputs=("biased",)), "biased"),
+        ("biased", "bias_shape", lambda norm=norm: _residual(norm, True, bias_shape=(1,)), "bias"),
+    ]],
+    (_FTL, "attention_size_gate", _ftl, "attn", {"fab_max_tokens": 2}),
+    (_FTL, "attn_is_fused_block", lambda: _block(), "attn", {}),
+    (_FTL, "attn_single_user", lambda: _ftl(readers=("attn",)), "attn", {}),
+    (_FTL, "attn_not_output", lambda: _ftl(outputs=("attn",)), "attn", {}),
+    (_FTL, "post_ln_order", lambda: _pre_ln(), "attn", {}),
+    (_FTL, "ln1_is_residual_ln", lambda: _ftl_plain_ln1(), "attn", {}),
+    (_FTL, "ln1_no_bias", lambda: _ftl(ln1_bias=True), "ln1", {}),
+    (_FTL, "ln1_operand_order", lambda: _ftl(ln1_skip=True), "ln1", {}),
+    (_FTL, "h1_not_output", lambda: _ftl(outputs=("ln1",)), "ln1", {}),
+    (_FTL, "h1_user_count", lambda: _ftl(readers=("ln1",)), "ln1", {}),
+    (_FTL, "fc1_is_fused_linear", lambda: _ftl_unfused_fc1(), "ln1", {}),
+    (_FTL, "fc1_activation", lambda: _ftl_fc1_act(None), "fc1", {}),
+    (_FTL, "fc1_single_user", lambda: _ftl(readers=("fc1",)), "fc1", {}),
+    (_FTL, "fc1_not_output", lambda: _ftl(outputs=("fc1",)), "fc1", {}),
+    (_FTL, "fc2_is_fused_linear", lambda: _ftl(fc2_act="gelu"), "fc2", {}),
+    (_FTL, "fc2_single_user", lambda: _ftl(readers=("fc2",)), "fc2", {}),
+    (_FTL, "fc2_not_output", lambda: _ftl(outputs=("fc2",)), "fc2", {}),
+    (_FTL, "ln2_is_residual_ln", lambda: _ftl(ln2_plain=True), "fc2", {}),
+    (_FTL, "ln2_no_bias", lambda: _ftl(ln2_bias=True), "ln2", {}),
+    (_FTL, "ln2_operand_order", lambda: _ftl(ln2_skip=True), "ln2", {}),
+    (_FTL, "fc1_weight_static", lambda: _ftl_layer_graph(fc1_w=(16, 0)), "fc1_w", {}),
+    (_FTL, "fc1_weight_rank2", lambda: _ftl_layer_graph(fc1_w=(1, 16, 32)), "fc1_w", {}),
+]
+
+
+def _pre_ln():
+    """attention -> residual add that feeds both the next norm and the next residual (pre-LN)."""
+    b = Builder("pre_ln")
+    x, mask = b.input("x", (1, 4, 16)), b.input("mask", (1, 4))
+    with b.scope("encoder.layer.0"):
+        a = b.emit(Op.FUSED_ATTENTION_BLOCK, [x, b.param("qkv_w", (16, 48)), b.param("out_w", (16, 16)), mask,
+                                              b.param("qkv_b", (48,)), b.param("out_b", (16,))],
+                   num_heads=2, head_dim=8)
+        h = b.add(a, x)
+        f = b.fused_matmul_bias_act(b.layer_norm(h, b.param("g", (16,)), b.param("be", (16,))),
+                                    b.param("w1", (16, 16)), b.param("b1", (16,)), "gelu")
+        b.output(b.add(h, f))
+    return b.build(), {"attn": a}
+
+
+def _ftl_plain_ln1():
+    """The attention's residual goes to a plain add + layer_norm (fuse_residual_ln did not run)."""
+    g, ids = _ftl()
+    rw = Rewriter(g, "test")
+    from rlxviz.ir.emitter import Ref
+    from rlxviz.ir.fused import expand
+    n = g[ids["ln1"]]
+    with rw.provenance([n.id], path=n.path):
+        rw.replace(n.id, expand(rw, n.op, dict(n.attrs), [Ref(i) for i in n.inputs]))
+    return rw.finish(), ids
+
+
+def _ftl_unfused_fc1():
+    g, ids = _ftl()
+    rw = Rewriter(g, "test")
+    from rlxviz.ir.emitter import Ref
+    from rlxviz.ir.fused import expand
+    n = g[ids["fc1"]]
+    with rw.provenance([n.id], path=n.path):
+        rw.replace(n.id, expand(rw, n.op, dict(n.attrs), [Ref(i) for i in n.inputs]))
+    return rw.finish(), ids
+
+
+def _ftl_fc1_act(act):
+    g, ids = _ftl()
+    nodes = [n.replace(attrs={**n.attrs, "activation": act}) if n.id == ids["fc1"] else n for n in g]
+    return Graph(nodes, g.outputs, g.name), ids
+
+
+def test_near_miss_table_covers_every_guard_of_every_rule():
+    have = {(rule, guard) for rule, guard, *_ in NEAR_MISSES}
+    want = {(r.name, gname) for p in PASSES.values() for r in p.rules for gname in r.guard_names
+            if gname != "absorbed_escape"}
+    assert want - have == set() and have - want == set()
+
+
+@pytest.mark.parametrize("rule,guard_name,make,subject,params", NEAR_MISSES,
+                         ids=[f"{r.split('.')[0]}.{r.split('.')[1][:8]}-{g}" for r, g, *_ in NEAR_MISSES])
+def test_every_guard_near_miss_names_guard_and_subject(rule, guard_name, make, subject, params):
+    from rlxviz.passes.engine import find
+    from rlxviz.passes.guard import KINDS
+    g, ids = make()
+    pass_name = rule.split(".")[0]
+    params = {**Pipeline.canonical().effective_params, **params}
+    _, rejections = find(g, pass_name, PASSES[pass_name].rules, params)
+    hits = [r for r in rejections if r.rule == rule and r.guard == guard_name]
+    assert hits, [(r.rule, r.guard) for r in rejections]
+    r = hits[0]
+    assert r.subject == ids[subject], (r.subject, subject, ids[subject], r.message)
+    assert r.message and r.kind in KINDS
+    assert f"node {ids[subject]}" in r.message or g[ids[subject]].name in r.message, r.message
+
+
+def test_absorbed_escape_names_the_escaping_node():
+    from rlxviz.passes.engine import find
+    from rlxviz.passes.rule import Rule
+    b = Builder("esc")
+    x = b.input("x", (2, 4))
+    n = b.neg(x)
+    b.output(b.exp(n), b.tanh(n))
+    g = b.build()
+    from rlxviz.passes import P
+    rule = Rule("t.exp_neg", P(Op.EXP, P(Op.NEG, P.var("x"), name="n"), name="e"), steps=(), result="e",
+                absorb=("n", "e"),
+                build=lambda c: (Op.EXP, [c.id("x")], {}))
+    _, (r,) = find(g, "t", [rule], {})
+    assert r.guard == "absorbed_escape" and r.kind == "illegal" and r.subject == n
+    assert "would be absorbed but is also read by tanh (node" in r.message

@@ -201,12 +201,13 @@ def test_gate_profile_and_explicit_gate():
 
 def test_explain_layer_compares_with_fused_sibling():
     from dataclasses import replace
-    g = load_model("minilm-shaped", batch=1, seq=8, variant=replace(VARIANTS["swapped_residual"], layer=3)).graph
+    g = load_model("minilm-shaped", batch=1, seq=8, variant=replace(VARIANTS["tanh_gelu"], layer=3)).graph
     ex = explain(g, layer=3)
     o = ex.outcome("fuse_transformer_layer")
-    assert o.status == "rejected" and o.guard == "ln1_operand_order"
-    assert ex.sibling in (2, 4) and any("add@attention.output.LayerNorm(<layer input>" in d for d in ex.differences)
-    assert "ln1_operand_order" in ex.render()
+    assert o.status == "rejected" and o.guard == "fc1_activation" and o.kind == "not recognized"
+    assert "allow-list" in o.fix
+    assert ex.sibling in (2, 4) and any(d.startswith("layer 3: gelu_tanh@") for d in ex.differences)
+    assert "fc1_activation" in ex.render() and "compiler fix:" in ex.render()
     assert explain(g, layer=2).outcome("fuse_transformer_layer").status == "fused"
 
 

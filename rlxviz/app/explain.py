@@ -17,8 +17,10 @@ from .text import md_escape
 def decision_rows(trace: Any) -> list[dict[str, Any]]:
     """One row per match and per rejection, in pipeline order.
 
-    Columns: `kind` (`fused` / `rejected`), `step` (index into `trace.steps`), `pass`, `rule`, `layer`
-    (int or None), `stage`, `guard`, `anchor`, `message`, `hint`, `nodes` (ids to highlight).
+    Columns: `kind` (`fused` / `rejected` / `left out`: a soft rejection of a rule that fused), `step` (index
+    into `trace.steps`), `pass`, `rule`, `layer` (int or None), `stage`, `guard`, `why` (the guard's kind of
+    "no": `illegal`, `not recognized`, `not profitable`; `also: ...` for a further failing guard of the same
+    candidate), `anchor`, `message`, `hint`, `fix` (compiler-side), `nodes` (ids to highlight).
     """
     rows: list[dict[str, Any]] = []
     if trace is None:
@@ -28,14 +30,15 @@ def decision_rows(trace: Any) -> list[dict[str, Any]]:
             nodes = sorted({m.anchor, *m.bindings.values(), *([m.fused] if m.fused is not None else [])})
             fused = s.after.get(m.fused) if m.fused is not None else None
             rows.append({"kind": "fused", "step": k, "pass": s.pass_name, "rule": m.rule, "layer": m.layer,
-                         "stage": "", "guard": "all passed", "anchor": m.anchor,
+                         "stage": "", "guard": "all passed", "why": "", "fix": "", "anchor": m.anchor,
                          "message": f"fused into {fused.op.value} %{fused.id}" if fused is not None else "rewritten",
                          "hint": "", "path": m.path, "nodes": nodes})
         for r in s.rejections:
             nodes = list(dict.fromkeys([*r.offending, r.anchor]))
-            rows.append({"kind": "rejected", "step": k, "pass": s.pass_name, "rule": r.rule, "layer": r.layer,
-                         "stage": r.stage, "guard": r.guard, "anchor": r.anchor, "message": r.message,
-                         "hint": r.hint, "path": r.path, "nodes": nodes})
+            why = r.kind if r.headline else f"also: {r.kind}"
+            rows.append({"kind": "left out" if r.soft else "rejected", "step": k, "pass": s.pass_name, "rule": r.rule,
+                         "layer": r.layer, "stage": r.stage, "guard": r.guard, "why": why, "fix": r.fix,
+                         "anchor": r.anchor, "message": r.message, "hint": r.hint, "path": r.path, "nodes": nodes})
     return rows
 
 

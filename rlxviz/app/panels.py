@@ -159,7 +159,7 @@ class DecisionTable(Viewer):
     """Every match and rejection (Tabulator: sortable, filterable by pass, layer, guard); a click highlights it."""
 
     state = param.ClassSelector(class_=AppState)
-    columns = ["kind", "pass", "layer", "guard", "rule", "anchor", "message", "hint"]
+    columns = ["kind", "pass", "layer", "guard", "why", "rule", "anchor", "message", "hint", "fix"]
 
     def __init__(self, **params: object) -> None:
         super().__init__(**params)
@@ -167,12 +167,12 @@ class DecisionTable(Viewer):
             self._frame(), show_index=False, sizing_mode="stretch_width", height=420, pagination=None,
             disabled=True, selectable=1, layout="fit_data_stretch", css_classes=["rv-decisions"],
             sorters=[{"field": "kind", "dir": "desc"}],
-            header_filters={"kind": {"type": "list", "values": ["fused", "rejected"], "clearable": True},
+            header_filters={"kind": {"type": "list", "values": ["fused", "rejected", "left out"], "clearable": True},
                             "pass": {"type": "input", "func": "like", "placeholder": "pass"},
                             "layer": {"type": "number", "func": "=", "placeholder": "layer"},
                             "guard": {"type": "input", "func": "like", "placeholder": "guard"}},
-            formatters={"message": {"type": "textarea"}, "hint": {"type": "textarea"}},
-            widths={"message": 420, "hint": 260})
+            formatters={"message": {"type": "textarea"}, "hint": {"type": "textarea"}, "fix": {"type": "textarea"}},
+            widths={"message": 420, "hint": 260, "fix": 220})
         self.table.on_click(self._clicked)
         self.state.param.watch(lambda *e: setattr(self.table, "value", self._frame()), "trace")
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..ir import Graph, Rewriter
-from .guard import Ctx
+from .guard import NOT_PROFITABLE, Ctx
 from .rule import Fail, Rule, escape_check, run_step
 from .trace import Match, Rejection
 
@@ -60,23 +60,55 @@ class Found:
     ctx: Ctx
 
 
-def _rejection(pass_name: str, rule: Rule, anchor: int, f: Fail, ctx: Ctx) -> Rejection:
+def _rejection(pass_name: str, rule: Rule, anchor: int, f: Fail, ctx: Ctx, headline: bool = True,
+               soft: bool = False) -> Rejection:
     return Rejection(pass_name, rule.name, anchor, f.stage, f.guard, f.message, dict(ctx.bindings), f.offending,
-                     f.edges, ctx.graph[anchor].path, f.hint, f.subject)
+                     f.edges, ctx.graph[anchor].path, f.hint, f.subject, f.kind, f.fix, f.needed, f.found, headline,
+                     soft)
+
+
+def attempt(rule: Rule, graph: Graph, anchor: int, params: Mapping[str, Any]) -> tuple[Ctx, list[Fail]]:
+    """Run `rule` at `anchor`: the context it bound, and every failure in step order (empty: a match).
+
+    After a failing guard the remaining steps still run, so every failing guard is reported (the first
+    is the headline). A structure failure ends the attempt (later steps need the roles it would bind);
+    it is reported only as the headline (after a failing guard it is usually that guard's consequence,
+    e.g. no FFN.2 after an unabsorbed activation). A step that raises after an earlier failure also ends
+    the attempt (it read what the failure left unchecked).
+    A quiet failure before any other means the rule is not applicable: `[QUIET]`.
+    """
+    r = rule.anchor.match(graph, anchor)
+    ctx = Ctx(graph, r if isinstance(r, dict) else {}, params, rule.labels)
+    if not isinstance(r, dict):
+        return ctx, [Fail("structure", "", "", quiet=True)]
+    fails: list[Fail] = []
+    for step in rule.steps:
+        try:
+            f = run_step(step, ctx)
+        except Exception:
+            if fails:
+                break
+            raise
+        if f is None:
+            continue
+        if f.quiet:
+            return (ctx, [f]) if not fails else (ctx, fails)
+        if f.stage == "structure":
+            if not fails:  # after a failing guard, a structure miss is usually its consequence: not reported
+                fails.append(f)
+            break
+        fails.append(f)
+    if not fails:
+        f = escape_check(rule, ctx)
+        if f is not None:
+            fails.append(f)
+    return ctx, fails
 
 
 def try_rule(rule: Rule, graph: Graph, anchor: int, params: Mapping[str, Any]) -> Ctx | Fail:
-    """Run `rule` at `anchor`; returns the bound context, or the failure (quiet if not applicable)."""
-    r = rule.anchor.match(graph, anchor)
-    if not isinstance(r, dict):
-        return Fail("structure", "", "", quiet=True)
-    ctx = Ctx(graph, r, params, rule.labels)
-    for step in rule.steps:
-        f = run_step(step, ctx)
-        if f is not None:
-            return f
-    f = escape_check(rule, ctx)
-    return ctx if f is None else f
+    """Run `rule` at `anchor`; returns the bound context, or the headline failure (quiet if not applicable)."""
+    ctx, fails = attempt(rule, graph, anchor, params)
+    return fails[0] if fails else ctx
 
 
 def find(graph: Graph, pass_name: str, rules: Sequence[Rule], params: Mapping[str, Any]
@@ -84,7 +116,9 @@ def find(graph: Graph, pass_name: str, rules: Sequence[Rule], params: Mapping[st
     """All non-overlapping matches of `rules` on `graph`, plus the rejections (near-misses).
 
     Nodes are visited in graph order; for each node the rules are tried in priority order and the
-    first full match wins. Rejections of a node are recorded only if no rule matched it.
+    first full match wins. Rejections of a node are recorded only if no rule matched it: every failing
+    guard of a candidate, the first with `headline=True`. Soft rejections of a match are recorded with
+    `soft=True`.
     """
     found: list[Found] = []
     rejections: list[Rejection] = []
@@ -96,37 +130,26 @@ def find(graph: Graph, pass_name: str, rules: Sequence[Rule], params: Mapping[st
         for rule in rules:
             if not rule.anchors(node):
                 continue
-            out = try_rule(rule, graph, node.id, params)
-            if isinstance(out, Fail):
-                if not out.quiet:
-                    pending.append(_fail_to_rejection(pass_name, rule, node.id, out, graph, params))
+            ctx, fails = attempt(rule, graph, node.id, params)
+            if fails:
+                if not fails[0].quiet:
+                    pending += [_rejection(pass_name, rule, node.id, f, ctx, k == 0) for k, f in enumerate(fails)]
                 continue
-            ids = {out.id(r) for r in rule.absorb if r in out}
+            ids = {ctx.id(r) for r in rule.absorb if r in ctx}
             if ids & claimed:
                 pending.append(Rejection(pass_name, rule.name, node.id, "structure", "already_fused",
                                          f"nodes {sorted(ids & claimed)} were already taken by another match of "
-                                         f"{pass_name}", dict(out.bindings), tuple(sorted(ids & claimed)), (),
-                                         node.path))
+                                         f"{pass_name}", dict(ctx.bindings), tuple(sorted(ids & claimed)), (),
+                                         node.path, kind=NOT_PROFITABLE))
                 continue
             claimed |= ids
-            found.append(Found(rule, node.id, out))
-            for soft in out.data.get("soft", []):
-                rejections.append(_rejection(pass_name, rule, node.id, soft, out))
+            found.append(Found(rule, node.id, ctx))
+            for soft in ctx.data.get("soft", []):
+                rejections.append(_rejection(pass_name, rule, node.id, soft, ctx, soft=True))
             pending = []
             break
         rejections += pending
     return found, rejections
-
-
-def _fail_to_rejection(pass_name: str, rule: Rule, anchor: int, f: Fail, graph: Graph,
-                       params: Mapping[str, Any]) -> Rejection:
-    # re-run to recover the bindings reached before the failure (cheap: one anchor)
-    r = rule.anchor.match(graph, anchor)
-    ctx = Ctx(graph, r if isinstance(r, dict) else {}, params, rule.labels)
-    for step in rule.steps:
-        if run_step(step, ctx) is not None:
-            break
-    return _rejection(pass_name, rule, anchor, f, ctx)
 
 
 def apply(graph: Graph, pass_name: str, found: Sequence[Found]) -> tuple[Graph, list[Match]]:
@@ -155,4 +178,4 @@ def rule_pass(name: str, rules: Sequence[Rule], doc: str = "", requires: Sequenc
     return Pass(name, run, rules, tuple(requires), doc)
 
 
-__all__ = ["Found", "Pass", "PassFn", "PassResult", "apply", "find", "rule_pass", "try_rule"]
+__all__ = ["Found", "Pass", "PassFn", "PassResult", "apply", "attempt", "find", "rule_pass", "try_rule"]

@@ -1,7 +1,8 @@
 """`explain(graph_or_trace, layer=3)`: what every pattern decided for one layer, and why.
 
-For each rule of each pass that ran: `fused` (with the fused node ids), `rejected` (the first guard
-that said no, its message and hint), or `not applicable` (no anchor in this layer). When the layer
+For each rule of each pass that ran: `fused` (with the fused node ids, and what it left out: its soft
+rejections), `rejected` (the headline guard that said no, its kind, message, hint and compiler-side fix,
+then every further failing guard of the same candidate), or `not applicable` (no anchor in this layer). When the layer
 was rejected by a rule that fused in a sibling layer, the explanation compares the two layers'
 primitive node sequences in the input graph (op, operand order, user count, graph outputs), so a
 swapped residual add, an extra reader of h1 or a tanh-GELU shows up as a one-line difference.
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 
 from ..ir import Graph, Node, Op
 from .pipeline import PASSES, Pipeline
+from .report import in_context
 from .trace import Trace, layer_of
 
 
@@ -23,8 +25,13 @@ class Outcome:
 
     Attributes:
         status: `fused`, `rejected` or `not applicable`.
-        guard / stage / message / hint: from the first rejection (status `rejected`).
+        guard / stage / message / hint: from the headline rejection (status `rejected`).
         nodes: fused node ids (status `fused`) or the rejection's anchor.
+        kind / fix: the headline's kind of "no" (`illegal`, `not recognized`, `not profitable`) and the
+            compiler-side fix, if any.
+        subject: the node the headline guard is about.
+        also: further failing guards of the same candidate, in order: `(guard, kind, message)`.
+        soft: status `fused`: what the fusion left out, `(guard, kind, message)` per soft rejection.
     """
 
     pass_name: str
@@ -35,6 +42,26 @@ class Outcome:
     message: str = ""
     hint: str = ""
     nodes: tuple[int, ...] = ()
+    kind: str = ""
+    fix: str = ""
+    subject: int | None = None
+    also: tuple[tuple[str, str, str], ...] = ()
+    soft: tuple[tuple[str, str, str], ...] = ()
+
+    def lines(self, indent: str = "  ") -> list[str]:
+        """The headline, its kind, hint and fix, then every further failing guard (or a fusion's soft
+        rejections), one per line. Front ends print these (no other formatting of rejections)."""
+        out: list[str] = []
+        if self.status == "rejected":
+            out.append(f"{indent}guard {self.guard} ({self.stage}, {self.kind or 'unclassified'}): {self.message}")
+            if self.hint and self.hint not in self.message:
+                out.append(f"{indent}fix: {self.hint}")
+            if self.fix:
+                out.append(f"{indent}compiler fix: {self.fix}")
+            out += [f"{indent}also fails: {g} ({k}): {m}" for g, k, m in self.also]
+        elif self.status == "fused":
+            out += [f"{indent}left out: {g} ({k}): {m}" for g, k, m in self.soft]
+        return out
 
 
 @dataclass
@@ -65,10 +92,10 @@ class LayerExplanation:
         for o in self.outcomes:
             if o.status == "fused":
                 lines.append(f"  [fused]    {o.rule}: -> node(s) {', '.join(map(str, o.nodes))}")
+                lines += o.lines("             ")
             elif o.status == "rejected":
-                lines.append(f"  [rejected] {o.rule}: {o.guard} ({o.stage}): {o.message}")
-                if o.hint:
-                    lines.append(f"             hint: {o.hint}")
+                lines.append(f"  [rejected] {o.rule}: {o.guard} ({o.stage}, {o.kind}): {o.message}")
+                lines += o.lines("             ")[1:]
             else:
                 lines.append(f"  [-]        {o.rule}: not applicable")
         if self.sibling is not None:
@@ -127,7 +154,7 @@ def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None)
     trace = source if isinstance(source, Trace) else (pipeline or Pipeline.canonical()).run(source)
     ex = LayerExplanation(layer, trace.pipeline)
     fused_elsewhere: dict[str, set[int]] = {}
-    for step in trace.steps:
+    for k, step in enumerate(trace.steps):
         rules = [r.name for r in PASSES[step.pass_name].rules] if step.pass_name in PASSES else []
         rules += [r for r in dict.fromkeys([m.rule for m in step.matches] + [r.rule for r in step.rejections])
                   if r not in rules]
@@ -139,12 +166,16 @@ def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None)
             mine = [m for m in ms if m.layer == layer]
             rej = [r for r in step.rejections if r.rule == rule and r.layer == layer]
             if mine:
+                soft = tuple((r.guard, r.kind, r.message) for r in rej if r.soft)
                 ex.outcomes.append(Outcome(step.pass_name, rule, "fused",
-                                           nodes=tuple(m.fused for m in mine if m.fused is not None)))
+                                           nodes=tuple(m.fused for m in mine if m.fused is not None), soft=soft))
             elif rej:
-                r = rej[0]
-                ex.outcomes.append(Outcome(step.pass_name, rule, "rejected", r.guard, r.stage, r.message, r.hint,
-                                           (r.anchor,)))
+                r = next((x for x in rej if x.headline and not x.soft), rej[0])
+                also = tuple((x.guard, x.kind, x.message) for x in rej
+                             if x is not r and x.anchor == r.anchor and not x.headline)
+                message, hint = in_context(trace, k, r)
+                ex.outcomes.append(Outcome(step.pass_name, rule, "rejected", r.guard, r.stage, message, hint,
+                                           (r.anchor,), r.kind, r.fix, r.subject, also))
             else:
                 ex.outcomes.append(Outcome(step.pass_name, rule, "not applicable"))
     for o in ex.rejected:

@@ -12,7 +12,7 @@ order, attribute equality, size threshold, equal shapes). RLX's guards are bare 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..ir import Graph, Node
@@ -21,6 +21,23 @@ from .pattern import Bindings, describe, op_label
 EPILOGUE_ACTIVATIONS = ("gelu", "silu")
 """Activations `fuse_matmul_bias_act` absorbs (as RLX's epilogue allow-list). `gelu_tanh` is NOT in it:
 the fused epilogue computes exact-erf GELU only, so a tanh-GELU FFN keeps a separate activation node."""
+
+
+ILLEGAL = "illegal"
+NOT_RECOGNIZED = "not recognized"
+NOT_PROFITABLE = "not profitable"
+KINDS: dict[str, str] = {
+    ILLEGAL: "fusing would change what the program computes or returns (an extra reader, a graph output of a "
+             "single-output op)",
+    NOT_RECOGNIZED: "a pattern limit: the computation could be fused, but no rule takes this form (operand order, "
+                    "an activation off the allow-list, a layout or form no rule knows); the fix is in the compiler",
+    NOT_PROFITABLE: "a gate or cost test decided against it (a size gate, a merge that would cost other fusions)",
+}
+"""What kind of "no" a guard says (issue 17): every guard declares one."""
+
+
+class RuleError(ValueError):
+    """A rule is malformed: a guard reads a role its pattern does not bind, an unknown kind, ..."""
 
 
 @dataclass
@@ -32,15 +49,23 @@ class Ctx:
     params: Mapping[str, Any] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
+    scope: tuple[str, frozenset[str]] | None = None
+    """While a guard runs: (its name, the roles it declared); reading any other role raises RuleError."""
+
+    def _read(self, role: str) -> int:
+        if self.scope is not None and role not in self.scope[1] and not _dynamic(role, self.scope[1]):
+            raise RuleError(f"[Guard {self.scope[0]}] reads role {role!r}, which it does not declare "
+                            f"(declared: {', '.join(sorted(self.scope[1])) or 'none'})")
+        return self.bindings[role]
 
     def __getitem__(self, role: str) -> Node:
-        return self.graph[self.bindings[role]]
+        return self.graph[self._read(role)]
 
     def __contains__(self, role: str) -> bool:
         return role in self.bindings
 
     def id(self, role: str) -> int:
-        return self.bindings[role]
+        return self._read(role)
 
     def label(self, role: str) -> str:
         return self.labels.get(role, role)
@@ -50,7 +75,7 @@ class Ctx:
         return describe(self[role], self.label(role))
 
     def users(self, role: str) -> tuple[Node, ...]:
-        return self.graph.users(self.bindings[role])
+        return self.graph.users(self._read(role))
 
     def role_of(self, node_id: int) -> str | None:
         for r, i in self.bindings.items():
@@ -61,7 +86,13 @@ class Ctx:
     def name_of(self, node_id: int) -> str:
         """A bound node by its role label, any other node by its op: `hidden (node 7, ...)`."""
         r = self.role_of(node_id)
-        return describe(self.graph[node_id], self.label(r) if r else op_label(self.graph[node_id]))
+        n = self.graph[node_id]
+        return describe(n, self.label(r) if r else f"{n.op.value} {n.name}" if n.name else op_label(n))
+
+
+def _dynamic(role: str, declared: frozenset[str]) -> bool:
+    """`mm3` is covered by a declared family `mm*` (roles bound in numbered groups, e.g. the Q/K/V matmuls)."""
+    return any(d.endswith("*") and role.startswith(d[:-1]) and role[len(d) - 1:].isdigit() for d in declared)
 
 
 Highlight = tuple[tuple[int, ...], tuple[tuple[int, int], ...]]
@@ -77,7 +108,16 @@ class Guard:
         explain: `ctx -> str`, actual vs required values; called only when `check` is false.
         highlight: `ctx -> (node ids, (producer, consumer) edges)` to emphasize; default: none.
         hint: how to fix the model or the pipeline.
-        requires: roles that must be bound for the guard to apply (else it is skipped).
+        requires: roles that must be bound for the guard to apply (else it is skipped); the first is the
+            guard's subject (the node a rejection marks) unless `subject` says otherwise.
+        kind: what kind of "no" it says: `illegal`, `not recognized` or `not profitable` (`KINDS`).
+        fix: the compiler-side fix (for the `not recognized` kind: what a rule or pass would need).
+        reads: every role the guard may read besides `requires` (optional roles); `name*` covers a
+            numbered family (`mm*`: mm0, mm1, ...). A rule refuses to build when one is never bound.
+        subject: `ctx -> node id` of the node the failure is about, when it is not `requires[0]`.
+
+    Raises:
+        RuleError: `kind` is not one of `KINDS`.
     """
 
     name: str
@@ -86,13 +126,31 @@ class Guard:
     highlight: Callable[[Ctx], Highlight] | None = None
     hint: str = ""
     requires: tuple[str, ...] = ()
+    kind: str = ""
+    fix: str = ""
+    reads: tuple[str, ...] = ()
+    subject: Callable[[Ctx], int | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise RuleError(f"[Guard {self.name}] kind must be one of {', '.join(KINDS)}; got {self.kind!r}")
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """Every role the guard may read: `requires` then `reads`."""
+        return tuple(dict.fromkeys((*self.requires, *self.reads)))
 
     def offending(self, ctx: Ctx) -> Highlight:
         return self.highlight(ctx) if self.highlight else ((), ())
 
+    def subject_of(self, ctx: Ctx) -> int | None:
+        """The node the failure is about (see `subject`)."""
+        if self.subject is not None:
+            return self.subject(ctx)
+        return ctx.bindings.get(self.requires[0]) if self.requires else None
+
     def renamed(self, name: str, hint: str | None = None) -> Guard:
-        return Guard(name, self.check, self.explain, self.highlight, self.hint if hint is None else hint,
-                     self.requires)
+        return replace(self, name=name, hint=self.hint if hint is None else hint)
 
 
 def _users_text(ctx: Ctx, role: str) -> str:
@@ -106,47 +164,47 @@ def _edges_to_users(ctx: Ctx, role: str) -> Highlight:
     return tuple(u.id for u in us), tuple((i, u.id) for u in us)
 
 
-def single_user(role: str, name: str | None = None, hint: str = "") -> Guard:
+def single_user(role: str, name: str | None = None, hint: str = "", fix: str = "") -> Guard:
     """`role` has exactly one user node (graph outputs are checked by `not_output`)."""
     return Guard(name or f"{role}_single_user", lambda c: len(c.users(role)) == 1,
                  lambda c: f"{c.d(role)} has {len(c.users(role))} users ({_users_text(c, role)}); needs exactly 1",
                  lambda c: _edges_to_users(c, role),
-                 hint or f"make {role} single-use (or give the extra reader its own copy)", (role,))
+                 hint or f"make {role} single-use (or give the extra reader its own copy)", (role,), ILLEGAL, fix)
 
 
-def not_output(role: str, name: str | None = None, hint: str = "") -> Guard:
+def not_output(role: str, name: str | None = None, hint: str = "", fix: str = "") -> Guard:
     """`role` is not a graph output (fusing would hide a tensor the caller asked for)."""
     return Guard(name or f"{role}_not_output", lambda c: not c.graph.is_output(c.id(role)),
                  lambda c: f"{c.d(role)} is graph output #{c.graph.outputs.index(c.id(role))}; an absorbed "
                            f"intermediate must not be an output",
                  lambda c: ((c.id(role),), ()),
-                 hint or f"do not return {role} from the model (or accept the unfused form)", (role,))
+                 hint or f"do not return {role} from the model (or accept the unfused form)", (role,), ILLEGAL, fix)
 
 
-def user_count(role: str, n: int, purpose: str, name: str | None = None, hint: str = "") -> Guard:
+def user_count(role: str, n: int, purpose: str, name: str | None = None, hint: str = "", fix: str = "") -> Guard:
     """`role` has exactly `n` user nodes; `purpose` names them ("FFN.1 and the ln2 residual")."""
     return Guard(name or f"{role}_user_count", lambda c: len(c.users(role)) == n,
                  lambda c: f"{c.d(role)} has {len(c.users(role))} users ({_users_text(c, role)}); "
                            f"needs exactly {n}: {purpose}",
                  lambda c: _edges_to_users(c, role),
-                 hint or f"make {role} feed only {purpose}", (role,))
+                 hint or f"make {role} feed only {purpose}", (role,), ILLEGAL, fix)
 
 
-def rank_le(role: str, n: int, name: str | None = None, hint: str = "") -> Guard:
+def rank_le(role: str, n: int, name: str | None = None, hint: str = "", fix: str = "") -> Guard:
     """`role` has rank <= n."""
     return Guard(name or f"{role}_rank", lambda c: c[role].rank <= n,
                  lambda c: f"{c.d(role)} has rank {c[role].rank} (shape {list(c[role].shape)}); needs rank <= {n}",
-                 lambda c: ((c.id(role),), ()), hint, (role,))
+                 lambda c: ((c.id(role),), ()), hint, (role,), NOT_RECOGNIZED, fix)
 
 
-def rank_eq(role: str, n: int, name: str | None = None, hint: str = "") -> Guard:
+def rank_eq(role: str, n: int, name: str | None = None, hint: str = "", fix: str = "") -> Guard:
     """`role` has rank exactly n."""
     return Guard(name or f"{role}_rank", lambda c: c[role].rank == n,
                  lambda c: f"{c.d(role)} has rank {c[role].rank} (shape {list(c[role].shape)}); needs rank {n}",
-                 lambda c: ((c.id(role),), ()), hint, (role,))
+                 lambda c: ((c.id(role),), ()), hint, (role,), NOT_RECOGNIZED, fix)
 
 
-def static_dim(role: str, axis: int, name: str | None = None, hint: str = "") -> Guard:
+def static_dim(role: str, axis: int, name: str | None = None, hint: str = "", fix: str = "") -> Guard:
     """Dim `axis` of `role` exists and is a known positive size."""
     def ok(c: Ctx) -> bool:
         s = c[role].shape
@@ -154,11 +212,11 @@ def static_dim(role: str, axis: int, name: str | None = None, hint: str = "") ->
 
     return Guard(name or f"{role}_static_dim", ok,
                  lambda c: f"{c.d(role)} has shape {list(c[role].shape)}; needs a static dim at axis {axis}",
-                 lambda c: ((c.id(role),), ()), hint, (role,))
+                 lambda c: ((c.id(role),), ()), hint, (role,), NOT_RECOGNIZED, fix)
 
 
 def activation_in(role: str, allowed: Sequence[str] = EPILOGUE_ACTIVATIONS, name: str | None = None,
-                  hint: str = "", attr: str | None = None) -> Guard:
+                  hint: str = "", attr: str | None = None, fix: str = "") -> Guard:
     """The activation of `role` (its op, or attribute `attr`) is in the allow-list."""
     def act(c: Ctx) -> str | None:
         return c[role].attrs.get(attr) if attr else c[role].op.value
@@ -166,41 +224,54 @@ def activation_in(role: str, allowed: Sequence[str] = EPILOGUE_ACTIVATIONS, name
     return Guard(name or f"{role}_activation", lambda c: act(c) in allowed,
                  lambda c: f"{c.d(role)} has activation {act(c)}; the allow-list is {', '.join(allowed)}",
                  lambda c: ((c.id(role),), ()),
-                 hint or f"use one of {', '.join(allowed)} (tanh-approximated GELU is not fused)", (role,))
+                 hint or f"use one of {', '.join(allowed)} (tanh-approximated GELU is not fused)", (role,),
+                 NOT_RECOGNIZED, fix or "add the activation to the epilogue allow-list (with its fused kernel)")
 
 
 def operands_are(role: str, expected: Mapping[int, str], names: Sequence[str], name: str | None = None,
-                 hint: str = "") -> Guard:
+                 hint: str = "", fix: str = "", commutative: bool = False) -> Guard:
     """Operand order: operand `i` of `role` is the node bound to `expected[i]`.
 
-    `names` are the operand role names of `role`'s op (e.g. `("x", "residual", "gamma", "beta")`).
+    `names` are the operand role names of `role`'s op (e.g. `("x", "residual", "gamma", "beta")`). With
+    `commutative`, the expected operands may come in any order among their positions (for an op that
+    adds them: float addition is commutative, so either order computes the same numbers).
     """
     def ok(c: Ctx) -> bool:
         ins = c[role].inputs
-        return all(i < len(ins) and ins[i] == c.id(r) for i, r in expected.items())
+        if any(i >= len(ins) for i in expected):
+            return False
+        if commutative:
+            return sorted(ins[i] for i in expected) == sorted(c.id(r) for r in expected.values())
+        return all(ins[i] == c.id(r) for i, r in expected.items())
 
     def explain(c: Ctx) -> str:
         ins = c[role].inputs
         have = ", ".join(f"{names[i]}={c.name_of(ins[i])}" for i in expected if i < len(ins))
-        want = " and ".join(f"{role}.{names[i]} == {c.label(r)}" for i, r in expected.items())
+        if commutative:
+            want = (f"{{{', '.join(f'{role}.{names[i]}' for i in expected)}}} == "
+                    f"{{{', '.join(c.label(r) for r in expected.values())}}} (in either order)")
+        else:
+            want = " and ".join(f"{role}.{names[i]} == {c.label(r)}" for i, r in expected.items())
         return f"{c.d(role)} reads {have}; needs {want}"
 
     def hl(c: Ctx) -> Highlight:
         ins = c[role].inputs
         return (c.id(role),), tuple((ins[i], c.id(role)) for i in expected if i < len(ins))
 
-    return Guard(name or f"{role}_operand_order", ok, explain, hl, hint, (role, *expected.values()))
+    return Guard(name or f"{role}_operand_order", ok, explain, hl, hint, (role, *expected.values()), NOT_RECOGNIZED,
+                 fix)
 
 
-def attr_eq(role: str, key: str, value: Any, name: str | None = None, hint: str = "") -> Guard:
+def attr_eq(role: str, key: str, value: Any, name: str | None = None, hint: str = "", kind: str = NOT_RECOGNIZED,
+            fix: str = "", explain: Callable[[Ctx], str] | None = None) -> Guard:
     """Attribute `key` of `role` equals `value`."""
     return Guard(name or f"{role}_{key}", lambda c: c[role].attrs.get(key) == value,
-                 lambda c: f"{c.d(role)} has {key}={c[role].attrs.get(key)!r}; needs {key}={value!r}",
-                 lambda c: ((c.id(role),), ()), hint, (role,))
+                 explain or (lambda c: f"{c.d(role)} has {key}={c[role].attrs.get(key)!r}; needs {key}={value!r}"),
+                 lambda c: ((c.id(role),), ()), hint, (role,), kind, fix)
 
 
 def size_le(param: str, measure: Callable[[Ctx], tuple[int, str]], what: str, name: str,
-            role: str, hint: str = "") -> Guard:
+            role: str, hint: str = "", fix: str = "") -> Guard:
     """A size threshold read from pipeline parameter `param` (None = no limit).
 
     `measure(ctx)` returns `(value, how it was computed)`, e.g. `(128, "1*128")`.
@@ -215,18 +286,18 @@ def size_le(param: str, measure: Callable[[Ctx], tuple[int, str]], what: str, na
                f"{c.params.get(param)}"
 
     return Guard(name, ok, explain, lambda c: ((c.id(role),), ()),
-                 hint or f"raise or unset {param} (the canonical pipeline has no gate)", (role,))
+                 hint or f"raise or unset {param} (the canonical pipeline has no gate)", (role,), NOT_PROFITABLE, fix)
 
 
-def same_shape(a: str, b: str, name: str | None = None, hint: str = "") -> Guard:
+def same_shape(a: str, b: str, name: str | None = None, hint: str = "", fix: str = "") -> Guard:
     """`a` and `b` have the same shape (no broadcasting)."""
     return Guard(name or f"{a}_{b}_same_shape", lambda c: c[a].shape == c[b].shape,
                  lambda c: f"{c.d(a)} has shape {list(c[a].shape)} but {c.d(b)} has {list(c[b].shape)}; "
                            f"needs equal shapes (no broadcast)",
-                 lambda c: ((c.id(a), c.id(b)), ()), hint, (a, b))
+                 lambda c: ((c.id(a), c.id(b)), ()), hint, (a, b), NOT_RECOGNIZED, fix)
 
 
-def all_single_use(roles: Sequence[str], name: str, hint: str = "") -> Guard:
+def all_single_use(roles: Sequence[str], name: str, hint: str = "", fix: str = "") -> Guard:
     """Every bound role in `roles` has exactly one user and is not a graph output (internal values)."""
     def bad(c: Ctx) -> str | None:
         for r in roles:
@@ -245,15 +316,23 @@ def all_single_use(roles: Sequence[str], name: str, hint: str = "") -> Guard:
         r = bad(c)
         return _edges_to_users(c, r) if r else ((), ())
 
-    return Guard(name, lambda c: bad(c) is None, explain, hl, hint or "make the intermediates single-use")
+    def subject(c: Ctx) -> int | None:
+        r = bad(c)
+        return c.id(r) if r else None
+
+    return Guard(name, lambda c: bad(c) is None, explain, hl, hint or "make the intermediates single-use", (),
+                 ILLEGAL, fix, tuple(roles), subject)
 
 
 def guard(name: str, check: Callable[[Ctx], bool], explain: Callable[[Ctx], str], hint: str = "",
-          highlight: Callable[[Ctx], Highlight] | None = None, requires: Sequence[str] = ()) -> Guard:
-    """A one-off guard (keyword-friendly constructor)."""
-    return Guard(name, check, explain, highlight, hint, tuple(requires))
+          highlight: Callable[[Ctx], Highlight] | None = None, requires: Sequence[str] = (), *, kind: str,
+          fix: str = "", reads: Sequence[str] = (), subject: Callable[[Ctx], int | None] | None = None) -> Guard:
+    """A one-off guard (keyword-friendly constructor). `kind` is required: `illegal`, `not recognized` or
+    `not profitable`; `requires` (the first is the subject) and `reads` list every role the checks read."""
+    return Guard(name, check, explain, highlight, hint, tuple(requires), kind, fix, tuple(reads), subject)
 
 
-__all__ = ["EPILOGUE_ACTIVATIONS", "Ctx", "Guard", "Highlight", "activation_in", "all_single_use", "attr_eq",
+__all__ = ["EPILOGUE_ACTIVATIONS", "ILLEGAL", "KINDS", "NOT_PROFITABLE", "NOT_RECOGNIZED", "Ctx", "Guard",
+           "Highlight", "RuleError", "activation_in", "all_single_use", "attr_eq",
            "guard", "not_output", "operands_are", "rank_eq", "rank_le", "same_shape", "single_user", "size_le",
            "static_dim", "user_count"]

@@ -10,7 +10,7 @@ what was expected and what was found, so a rule can turn it into a `Rejection` (
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..ir import Graph, Node, Op
@@ -35,15 +35,26 @@ def op_label(node: Node) -> str:
 
 @dataclass(frozen=True)
 class Miss:
-    """Where a structural match broke.
+    """Where a structural match broke: the deepest partial match.
+
+    Of all the ways the pattern (with its alternatives) was tried, the one that got furthest from
+    the root is reported: the deepest node it reached (`parent`), the operand edge that failed
+    (`operand`), what was found at the end of that edge and what the pattern needed *at that depth*
+    (alternatives failing at the same edge are merged and deduplicated).
 
     Attributes:
-        role: the pattern role (capture name, or `parent.inputs[i]`) that did not fit.
-        node: id of the node found there (None if there was no node, e.g. missing operand).
-        expected: what the pattern wanted, e.g. `narrow`.
+        role: the pattern role that did not fit: its capture name, or `parent_role.inputs[i]`.
+        node: id of the node found there (None if there was no node).
+        expected: what the pattern needed there, alternatives joined by " or ", e.g. `div or mul or matmul`.
         found: what was there, e.g. `add (node 12, encoder.layer.0.attention.self.query)`.
-        bindings: captures bound before the failure.
+        bindings: captures bound before the failure (along the deepest attempt).
         hint: the pattern's hint (e.g. which pass has to run first), if any.
+        depth: pattern edges from the root to `node` (0: the root itself did not fit).
+        parent: id of the deepest node that matched, whose operand `operand` failed (None at the root).
+        parent_role: that node's role, e.g. `k_t`.
+        operand: index of the failing operand of `parent`.
+        needed: the deduplicated alternatives behind `expected`.
+        found_op: the found op as compared with `needed`, e.g. `mul` or `softmax with axis=1`.
     """
 
     role: str
@@ -52,10 +63,30 @@ class Miss:
     found: str
     bindings: Bindings = field(default_factory=dict)
     hint: str = ""
+    depth: int = 0
+    parent: int | None = None
+    parent_role: str = ""
+    operand: int | None = None
+    needed: tuple[str, ...] = ()
+    found_op: str = ""
+
+    @property
+    def edge(self) -> str:
+        """`k_t.inputs[0]` (the failing operand edge), or the role at the root."""
+        return f"{self.parent_role}.inputs[{self.operand}]" if self.parent is not None else self.role
 
     @property
     def message(self) -> str:
-        return f"{self.role} is {self.found}; needs {self.expected}"
+        return f"{where(self)} is {self.found}; needs {self.expected}"
+
+
+def where(m: Miss, label: Callable[[str], str] = lambda r: r) -> str:
+    """`k_t (node 28).inputs[0] (k_heads)`: the failing edge, with the role it was to bind."""
+    if m.parent is None:
+        return label(m.role)
+    own = m.role if not m.role.startswith(f"{m.parent_role}.inputs[") else ""
+    tail = f" ({label(own)})" if own else ""
+    return f"{label(m.parent_role)} (node {m.parent}).inputs[{m.operand}]{tail}"
 
 
 Check = Callable[[Node], bool]
@@ -110,7 +141,7 @@ class P:
         if self.what:
             return self.what
         if self.alts:
-            return " or ".join(a.describe() for a in self.alts)
+            return " or ".join(dict.fromkeys(a.describe() for a in self.alts))
         if self.ops is None:
             return "any node"
         ops = sorted(o.value for o in self.ops)
@@ -127,62 +158,98 @@ class P:
 
     def match(self, graph: Graph, node_id: int, bindings: Bindings | None = None,
               role: str | None = None) -> Bindings | Miss:
-        """Match at `node_id`; returns the extended bindings or the first `Miss`."""
-        return _match(self, graph, node_id, dict(bindings or {}), role or self.name or "anchor")
+        """Match at `node_id`; returns the extended bindings or the deepest `Miss`."""
+        return _match(self, graph, node_id, dict(bindings or {}), role or self.name or "anchor", _Edge())
+
+
+@dataclass(frozen=True)
+class _Edge:
+    """How the matcher reached a node: depth, and the user node / role / operand index it came from."""
+
+    depth: int = 0
+    parent: int | None = None
+    parent_role: str = ""
+    operand: int | None = None
 
 
 def _attr_ok(want: Any, have: Any) -> bool:
     return want(have) if callable(want) else want == have
 
 
-def _match(p: P, g: Graph, nid: int, b: Bindings, role: str) -> Bindings | Miss:
+def _miss(e: _Edge, role: str, nid: int, needed: str, found_op: str, found: str, b: Bindings, hint: str) -> Miss:
+    return Miss(role, nid, needed, found, b, hint, e.depth, e.parent, e.parent_role, e.operand, (needed,), found_op)
+
+
+def _deepest(misses: list[Miss]) -> Miss:
+    """The miss that got furthest; alternatives failing at that same edge are merged (deduplicated)."""
+    best = max(misses, key=lambda m: m.depth)  # first of the deepest
+    same = [m for m in misses if (m.depth, m.node, m.parent, m.operand) == (best.depth, best.node, best.parent,
+                                                                            best.operand)]
+    needed = tuple(dict.fromkeys(n for m in same for n in m.needed))
+    hint = next((m.hint for m in same if m.hint), "")
+    role = best.role
+    if len({m.role for m in same}) > 1:  # alternatives with different capture names: name the edge only
+        role = f"{best.parent_role}.inputs[{best.operand}]" if best.parent is not None else best.role
+    return replace(best, role=role, needed=needed, expected=" or ".join(needed), hint=hint)
+
+
+def _match(p: P, g: Graph, nid: int, b: Bindings, role: str, e: _Edge) -> Bindings | Miss:
     node = g[nid]
     here = p.name or role
     if p.alts:
-        first: Miss | None = None
+        misses: list[Miss] = []
         for alt in p.alts:
-            r = _match(alt, g, nid, b, role)
+            r = _match(alt, g, nid, b, role, e)
             if not isinstance(r, Miss):
                 return r
-            first = first or r
-        assert first is not None
-        # report the alternatives together when they all failed at the root
-        if first.node == nid:
-            return Miss(here, nid, p.describe(), op_label(node) + f" (node {nid})", b, first.hint)
-        return first
+            misses.append(r)
+        return _deepest(misses)
     if p.name and p.name in b and b[p.name] != nid:
         other = g[b[p.name]]
-        return Miss(here, nid, f"the same node as {p.name} ({describe(other)})", describe(node), b, p.hint)
+        return _miss(e, here, nid, f"the same node as {p.name} ({describe(other)})", op_label(node),
+                     describe(node), b, p.hint)
     if p.ops is not None and node.op not in p.ops:
-        return Miss(here, nid, p.describe(), describe(node, op_label(node)), b, p.hint)
+        return _miss(e, here, nid, p.describe(), op_label(node), describe(node, op_label(node)), b, p.hint)
     for k, want in p.attrs.items():
-        if not _attr_ok(want, node.attrs.get(k)):
-            return Miss(here, nid, p.describe(), describe(node, f"{op_label(node)} with {k}={node.attrs.get(k)!r}"),
-                        b, p.hint)
+        have = node.attrs.get(k)
+        if not _attr_ok(want, have):
+            need = p.what or (p.describe() if not callable(want) else f"{_ops_text(p)} with an allowed {k}")
+            found_op = f"{node.op.value}({k}={have!r})"
+            return _miss(e, here, nid, need, found_op, describe(node, found_op), b, p.hint)
     if p.where is not None and not p.where(node):
-        return Miss(here, nid, p.describe(), describe(node, op_label(node)), b, p.hint)
+        need = p.what or f"{_ops_text(p)} ({getattr(p.where, '__doc__', None) or 'a further condition'})"
+        found_op = op_label(node) if p.what else f"{op_label(node)} (not meeting it)"
+        return _miss(e, here, nid, need, found_op, describe(node, found_op), b, p.hint)
     if p.name:
         b = {**b, p.name: nid}
     if p.inputs is None:
         return b
     if len(p.inputs) != len(node.inputs):
-        return Miss(here, nid, f"{p.describe()} with {len(p.inputs)} operands",
-                    describe(node, f"{op_label(node)} with {len(node.inputs)} operands"), b, p.hint)
+        found_op = f"{op_label(node)} with {len(node.inputs)} operands"
+        return _miss(e, here, nid, f"{p.describe()} with {len(p.inputs)} operands", found_op,
+                     describe(node, found_op), b, p.hint)
     orders = [node.inputs]
     if p.commutative and len(node.inputs) == 2:
         orders.append(node.inputs[::-1])
-    first_miss: Miss | None = None
+    misses = []
     for ins in orders:
         cur: Bindings | Miss = b
         for i, (sub, x) in enumerate(zip(p.inputs, ins, strict=True)):
-            cur = _match(sub, g, x, cur, f"{here}.inputs[{i}]")
+            k = i if ins is node.inputs else len(ins) - 1 - i  # the operand index in the node
+            cur = _match(sub, g, x, cur, f"{here}.inputs[{k}]", _Edge(e.depth + 1, nid, here, k))
             if isinstance(cur, Miss):
                 break
         if not isinstance(cur, Miss):
             return cur
-        first_miss = first_miss or cur
-    assert first_miss is not None
-    return first_miss
+        misses.append(cur)
+    return _deepest(misses)
+
+
+def _ops_text(p: P) -> str:
+    if p.ops is None:
+        return "any node"
+    ops = sorted(o.value for o in p.ops)
+    return ops[0] if len(ops) == 1 else "one of {" + ", ".join(ops) + "}"
 
 
 def is_const(node: Node) -> bool:
@@ -196,4 +263,4 @@ def const_value(node: Node) -> float | None:
     return float(v) if node.op == Op.CONST and isinstance(v, int | float) else None
 
 
-__all__ = ["Bindings", "Miss", "P", "const_value", "describe", "is_const", "op_label"]
+__all__ = ["Bindings", "Miss", "P", "const_value", "describe", "is_const", "op_label", "where"]

@@ -25,7 +25,8 @@ The canonical order starts from RLX's newer order (rlx-notes §2.2) and fixes it
 RLX's `fuse_rms_norm_reshape` and control-flow lowering have no counterpart (no such ops here).
 
 Parameters (`Pipeline.params`): `fab_max_tokens` (None = no gate; the `rlx` profile uses 64),
-`max_region_steps` (32), `max_region_inputs` (16), `unfuse_ops` (for `unfuse`: op names or None).
+`max_region_steps` (32), `max_region_inputs` (16), `unfuse_ops` (for `unfuse`: op names or None),
+`merge_cost_test` (True: `fuse_shared_input_matmul` never merges a matmul whose merge would cost a fusion).
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ RLX_ORDER = ("fuse_matmul_bias_act", "fuse_attention_block", "fuse_residual_ln",
 RLX_FAB_MAX_TOKENS = 64
 """RLX's batch*seq gate for attention-block fusion (`RLX_FUSE_ATTN_THRESHOLD` default, rlx-notes §2.3.2)."""
 
-DEFAULT_PARAMS: dict[str, Any] = {"fab_max_tokens": None, "max_region_steps": 32, "max_region_inputs": 16}
+DEFAULT_PARAMS: dict[str, Any] = {"fab_max_tokens": None, "max_region_steps": 32, "max_region_inputs": 16,
+                                  "merge_cost_test": True}
 
 
 def _resolve(p: str | Pass) -> Pass:

@@ -8,11 +8,12 @@ them) is a miss, reported with the rule, the node, the guard that said no, and t
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ..ir import Graph
 from .pipeline import Pipeline
-from .trace import Trace
+from .trace import Rejection, Trace
 
 
 @dataclass(frozen=True)
@@ -24,9 +25,12 @@ class MissedFusion:
         node: the anchor node id (in the graph version the pass saw; still in the final graph or one
             of `offending` is).
         path: its model path.
-        guard: the guard or structure step that rejected it.
+        guard: the guard or structure step that rejected it (the headline: the first that failed).
         reason: the rejection message (actual vs required values).
-        hint: how to fix it.
+        hint: how to fix it in the model.
+        kind: `illegal`, `not recognized` or `not profitable` (see `guard.KINDS`).
+        fix: the compiler-side fix, if any.
+        also: the further failing guards of the same candidate, in order, as `guard (kind): message`.
     """
 
     pattern: str
@@ -35,24 +39,71 @@ class MissedFusion:
     guard: str
     reason: str
     hint: str
+    kind: str = ""
+    fix: str = ""
+    also: tuple[str, ...] = ()
 
     def __str__(self) -> str:
-        hint = f" -> {self.hint}" if self.hint else ""
-        return f"{self.pattern} @ %{self.node} ({self.path or '-'}): {self.guard}: {self.reason}{hint}"
+        hint = f" -> {self.hint}" if self.hint and self.hint not in self.reason else ""
+        kind = f" [{self.kind}]" if self.kind else ""
+        also = "".join(f"; also {a}" for a in self.also)
+        return f"{self.pattern} @ %{self.node} ({self.path or '-'}): {self.guard}{kind}: {self.reason}{hint}{also}"
+
+
+_RUN_FIRST = re.compile(r"run (\w+) first")
+
+
+def in_context(trace: Trace, step: int, r: Rejection) -> tuple[str, str]:
+    """`(message, hint)` of rejection `r` (recorded by `trace.steps[step]`), with a "run P first" advice
+    replaced by what P decided when P already ran before this pass: its rejection on the same nodes
+    (e.g. `biases_mergeable`, `merge_keeps_fusions`), or that it had no candidate there."""
+    m = _RUN_FIRST.search(r.hint) or _RUN_FIRST.search(r.message)
+    if m is None:
+        return r.message, r.hint
+    earlier = [s for s in trace.steps[:step] if s.pass_name == m.group(1) and not s.error]
+    if not earlier:
+        return r.message, r.hint
+    mine = {*r.bindings.values(), *r.offending, r.anchor}
+    related = [x for s in earlier for x in s.rejections
+               if x.headline and ({*x.bindings.values(), *x.offending, x.anchor} & _producers(s.before, mine))]
+    if related:
+        x = related[-1]
+        said = f"{m.group(1)} ran before and said no here: {x.guard} ({x.kind}): {x.message}"
+    else:
+        said = f"{m.group(1)} ran before but had no candidate here (its pattern did not match these nodes)"
+    return r.message.replace(m.group(0), said), r.hint.replace(m.group(0), said)
+
+
+def _producers(g: Graph, ids: set[int], depth: int = 3) -> set[int]:
+    """`ids` (those in `g`) and their operands up to `depth` edges up (the nodes an earlier pass may have
+    decided about: e.g. the matmul under a bias add that a later pattern found in the wrong place)."""
+    seen = {i for i in ids if i in g}
+    frontier = set(seen)
+    for _ in range(depth):
+        frontier = {j for i in frontier for j in g[i].inputs} - seen
+        seen |= frontier
+    return seen
 
 
 def missed_fusions(source: Graph | Trace, pipeline: Pipeline | None = None) -> list[MissedFusion]:
     """Misses of a run (a `Trace`, or a graph run through `pipeline`, default canonical), in pass order.
 
     A rejection counts when its anchor or one of its offending nodes survives in the final graph;
-    duplicates (same rule and anchor) keep the last pass's reason.
+    duplicates (same rule and anchor) keep the last pass's reason. Each miss carries its headline guard and
+    the further failing guards of the same candidate.
     """
     trace = source if isinstance(source, Trace) else (pipeline or Pipeline.canonical()).run(source)
     final = trace.final
     out: dict[tuple[str, int], MissedFusion] = {}
-    for r in trace.rejections:
-        if r.anchor in final or any(i in final for i in r.offending):
-            out[(r.rule, r.anchor)] = MissedFusion(r.rule, r.anchor, r.path, r.guard, r.message, r.hint)
+    for k, s in enumerate(trace.steps):
+        for r in s.rejections:
+            if not r.headline or not (r.anchor in final or any(i in final for i in r.offending)):
+                continue
+            also = tuple(f"{o.guard} ({o.kind}): {o.message}" for o in s.rejections
+                         if not o.headline and o.rule == r.rule and o.anchor == r.anchor)
+            message, hint = in_context(trace, k, r)
+            out[(r.rule, r.anchor)] = MissedFusion(r.rule, r.anchor, r.path, r.guard, message, hint, r.kind,
+                                                   r.fix, also)
     return list(out.values())
 
 
@@ -71,4 +122,4 @@ def format_report(trace: Trace) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MissedFusion", "format_report", "missed_fusions"]
+__all__ = ["MissedFusion", "format_report", "in_context", "missed_fusions"]

@@ -10,9 +10,13 @@ A rule reads like its pattern::
 
 * `anchor` decides *applicability* and is silent: a node that does not have the anchor's shape is
   simply not a candidate (so every residual `add` is not reported as a failed matmul+bias).
-* `steps` run in order after the anchor; the first failing one ends the match with a `Rejection`:
-  `Shape`/`User` steps fail at stage `structure`, `Guard`s at stage `guard`. A `Soft` step records
-  its rejection but lets the match continue (e.g. "gelu_tanh not absorbed, fused without activation").
+* `steps` run in order after the anchor. A failing `Guard` rejects the candidate, but the steps after it
+  still run so that *every* failing guard is reported (the first is the headline); a failing
+  structure step (`Shape`/`User`, stage `structure`) ends the match, since the roles it would bind
+  are missing. A `Soft` step records its rejection but lets the match continue (e.g. "gelu_tanh not
+  absorbed, fused without activation").
+* every guard declares its kind (`illegal`, `not recognized`, `not profitable`) and the roles it reads;
+  a rule whose guard reads a role that no earlier step binds refuses to build (`RuleError`).
 * the engine appends one generic guard, `absorbed_escape`: nothing outside the match may read an
   absorbed value other than the result (RLX silently redirects such users, rlx-notes §2.1).
 """
@@ -21,12 +25,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..ir import Node, Op, Rewriter
-from .guard import Ctx, Guard
-from .pattern import Miss, P, describe, op_label
+from .guard import ILLEGAL, KINDS, NOT_RECOGNIZED, Ctx, Guard, RuleError, _dynamic
+from .pattern import Miss, P, describe, op_label, where
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,10 @@ class Fail:
     hint: str = ""
     quiet: bool = False
     subject: int | None = None  # the node the failed check is about (e.g. h1 for h1_user_count)
+    kind: str = ""  # illegal / not recognized / not profitable (guard.KINDS)
+    fix: str = ""  # the compiler-side fix, if any
+    needed: tuple[str, ...] = ()  # structure failures: what the pattern needed at the failing edge
+    found: str = ""  # structure failures: the op found there
 
 
 QUIET = Fail("structure", "", "", quiet=True)
@@ -54,11 +62,12 @@ class Shape:
     role: str
     pattern: P
     hint: str = ""
+    fix: str = ""
 
     def __call__(self, ctx: Ctx) -> Fail | None:
         r = self.pattern.match(ctx.graph, ctx.id(self.role), ctx.bindings, self.role)
         if isinstance(r, Miss):
-            return _miss_fail(self.name, ctx, r, self.hint)
+            return _miss_fail(self.name, ctx, r, self.hint, self.fix)
         ctx.bindings.update(r)
         return None
 
@@ -76,31 +85,49 @@ class User:
     pattern: P
     what: str = ""
     hint: str = ""
+    fix: str = ""
 
     def __call__(self, ctx: Ctx) -> Fail | None:
         users = ctx.users(self.of)
-        first: Miss | None = None
+        misses: list[Miss] = []
         for u in users:
             r = self.pattern.match(ctx.graph, u.id, ctx.bindings, self.role)
             if not isinstance(r, Miss):
                 ctx.bindings.update({**r, self.role: u.id})
                 return None
-            first = first or r
+            misses.append(r)
+        deep = max(misses, key=lambda m: m.depth) if misses else None
+        if deep is not None and (deep.depth > 0 or any(u.op in (self.pattern.ops or ()) for u in users)):
+            # a user has the wanted op: report how far it got (the deepest partial match)
+            return _miss_fail(self.name, ctx, deep, self.hint, self.fix)
         have = ", ".join(describe(u, op_label(u)) for u in users) or "no users"
         want = self.what or self.pattern.describe()
         msg = f"{self.role}: the users of {ctx.d(self.of)} are {have}; needs {want}"
-        hint = self.hint or (first.hint if first else "")
+        hint = self.hint or (deep.hint if deep else "")
         if hint:
             msg += f": {hint}"
         return Fail("structure", self.name, msg, tuple(u.id for u in users),
-                    tuple((ctx.id(self.of), u.id) for u in users), hint, subject=ctx.id(self.of))
+                    tuple((ctx.id(self.of), u.id) for u in users), hint, subject=ctx.id(self.of),
+                    kind=NOT_RECOGNIZED, fix=self.fix, needed=(want,),
+                    found=", ".join(op_label(u) for u in users))
 
 
-def reports(*guard_names: str) -> Callable[[Callable[[Ctx], Fail | None]], Callable[[Ctx], Fail | None]]:
-    """Declare the guard names a custom step function can fail with (none: it only binds roles)."""
+def reports(*guard_names: str, kind: str = NOT_RECOGNIZED, reads: tuple[str, ...] = (),
+            binds: tuple[str, ...] = ()) -> Callable[[Callable[[Ctx], Fail | None]], Callable[[Ctx], Fail | None]]:
+    """Declare what a custom step function does: the guard names it can fail with (none: it only binds
+    roles), their kind, the roles it reads and the roles it binds (`name*`: a numbered family).
+
+    Raises:
+        RuleError: `kind` is not one of `guard.KINDS`.
+    """
+    if kind not in KINDS:
+        raise RuleError(f"[reports] kind must be one of {', '.join(KINDS)}; got {kind!r}")
 
     def mark(fn: Callable[[Ctx], Fail | None]) -> Callable[[Ctx], Fail | None]:
         fn.guard_names = guard_names  # type: ignore[attr-defined]
+        fn.kind = kind  # type: ignore[attr-defined]
+        fn.reads = reads  # type: ignore[attr-defined]
+        fn.binds = binds  # type: ignore[attr-defined]
         return fn
 
     return mark
@@ -116,11 +143,13 @@ class Soft:
 Step = Shape | User | Guard | Soft | Callable[[Ctx], "Fail | None"]
 
 
-def _miss_fail(name: str, ctx: Ctx, m: Miss, hint: str) -> Fail:
+def _miss_fail(name: str, ctx: Ctx, m: Miss, hint: str, fix: str = "") -> Fail:
+    """A structure failure from the deepest partial match: the edge that failed, found vs needed."""
     hint = hint or m.hint
-    label = ctx.label(m.role)
-    msg = f"{label} is {m.found}; needs {m.expected}" + (f": {hint}" if hint else "")
-    return Fail("structure", name, msg, (m.node,) if m.node is not None else (), (), hint, subject=m.node)
+    msg = f"{where(m, ctx.label)} is {m.found}; needs {m.expected}" + (f": {hint}" if hint else "")
+    edges = ((m.node, m.parent),) if m.node is not None and m.parent is not None else ()
+    return Fail("structure", name, msg, (m.node,) if m.node is not None else (), edges, hint, subject=m.node,
+                kind=NOT_RECOGNIZED, fix=fix, needed=m.needed, found=m.found_op)
 
 
 def run_step(step: Step, ctx: Ctx) -> Fail | None:
@@ -133,12 +162,20 @@ def run_step(step: Step, ctx: Ctx) -> Fail | None:
     if isinstance(step, Guard):
         if any(r not in ctx for r in step.requires):
             return None
-        if step.check(ctx):
-            return None
-        nodes, edges = step.offending(ctx)
-        subject = ctx.id(step.requires[0]) if step.requires and step.requires[0] in ctx else None
-        return Fail("guard", step.name, step.explain(ctx), tuple(nodes), tuple(edges), step.hint, subject=subject)
-    return step(ctx)
+        outer = ctx.scope
+        ctx.scope = (step.name, frozenset(step.roles))
+        try:
+            if step.check(ctx):
+                return None
+            nodes, edges = step.offending(ctx)
+            return Fail("guard", step.name, step.explain(ctx), tuple(nodes), tuple(edges), step.hint,
+                        subject=step.subject_of(ctx), kind=step.kind, fix=step.fix)
+        finally:
+            ctx.scope = outer
+    f = step(ctx)
+    if f is not None and not f.quiet and not f.kind:
+        f = replace(f, kind=getattr(step, "kind", NOT_RECOGNIZED))
+    return f
 
 
 Build = Callable[[Ctx], tuple[Op, Sequence[int], dict[str, Any]]]
@@ -176,6 +213,7 @@ class Rule:
         if not self.source:
             fr = inspect.stack()[2]
             object.__setattr__(self, "source", f"{fr.filename}:{fr.lineno}")
+        check_roles(self)
 
     @property
     def guard_names(self) -> list[str]:
@@ -206,6 +244,46 @@ class Rule:
                        result=ctx.id(self.result_role(ctx)))
 
 
+def _bound(role: str, bound: set[str]) -> bool:
+    return role in bound or _dynamic(role, frozenset(bound))
+
+
+def check_roles(rule: Rule) -> None:
+    """Every role a step or guard reads is bound by the anchor or an earlier step; so are `result`,
+    `absorb` and `labels`.
+
+    Raises:
+        RuleError: naming the rule, the step and the unbound role (a misspelt role would otherwise
+            switch its guard off silently: an unbound required role skips the guard).
+    """
+    bound = set(rule.anchor.roles())
+
+    def need(roles: Sequence[str], step: str) -> None:
+        for r in roles:
+            if not _bound(r, bound):
+                raise RuleError(f"[Rule {rule.name}] step {step!r} reads role {r!r}, which neither the anchor nor "
+                                f"an earlier step binds (bound so far: {', '.join(sorted(bound))})")
+
+    for s in rule.steps:
+        s = s.step if isinstance(s, Soft) else s
+        if isinstance(s, Guard):
+            need(s.roles, s.name)
+        elif isinstance(s, Shape):
+            need((s.role,), s.name)
+            bound |= set(s.pattern.roles())
+        elif isinstance(s, User):
+            need((s.of,), s.name)
+            bound |= {s.role, *s.pattern.roles()}
+        elif hasattr(s, "binds"):
+            need(s.reads, getattr(s, "__name__", "step"))
+            bound |= set(s.binds)
+        else:
+            raise RuleError(f"[Rule {rule.name}] custom step {getattr(s, '__name__', s)!r} must declare what it "
+                            f"reads, binds and reports with @reports(...)")
+    results = (rule.result,) if isinstance(rule.result, str) else rule.result
+    need([*results, *rule.absorb, *rule.labels], "result/absorb/labels")
+
+
 def escape_check(rule: Rule, ctx: Ctx) -> Fail | None:
     """Absorbed values other than the result must be read only inside the match and not be outputs."""
     absorbed = {ctx.id(r) for r in rule.absorb if r in ctx}
@@ -220,8 +298,9 @@ def escape_check(rule: Rule, ctx: Ctx) -> Fail | None:
             return Fail("guard", "absorbed_escape",
                         f"{ctx.d(r)} would be absorbed but is also read by {who}; needs to be used only inside "
                         f"the fused pattern", tuple(u.id for u in outside), tuple((i, u.id) for u in outside),
-                        f"make {ctx.label(r)} single-use")
+                        f"make {ctx.label(r)} single-use", subject=i, kind=ILLEGAL)
     return None
 
 
-__all__ = ["QUIET", "Fail", "Rule", "Shape", "Soft", "Step", "User", "escape_check", "run_step"]
+__all__ = ["QUIET", "Fail", "Rule", "Shape", "Soft", "Step", "User", "check_roles", "escape_check",
+           "reports", "run_step"]

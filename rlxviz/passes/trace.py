@@ -64,6 +64,14 @@ class Rejection:
         hint: how to fix the model or the pipeline.
         subject: the node the failed check is about (h1 for `h1_user_count`), when known; the
             renderer marks it with the guard. None: the anchor is the subject.
+        kind: what kind of "no": `illegal` (fusing would change meaning), `not recognized` (a pattern
+            limit; `fix` says what the compiler would need) or `not profitable` (a gate or cost test).
+        fix: the compiler-side fix, if any (e.g. "add gelu_tanh to the epilogue allow-list").
+        needed / found: for a structure failure, what the pattern needed at the failing operand edge
+            (deduplicated alternatives) and the op found there; `found` is never among `needed`.
+        headline: the first failing guard of its candidate (False: a further failing guard of the same
+            rule at the same anchor, reported after the headline).
+        soft: the rule still fused; this records what it left out (e.g. an additive mask kept).
     """
 
     pass_name: str
@@ -78,6 +86,12 @@ class Rejection:
     path: str = ""
     hint: str = ""
     subject: int | None = None
+    kind: str = ""
+    fix: str = ""
+    needed: tuple[str, ...] = ()
+    found: str = ""
+    headline: bool = True
+    soft: bool = False
 
     @property
     def layer(self) -> int | None:

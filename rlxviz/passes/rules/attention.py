@@ -10,6 +10,11 @@
     scores  = add(scores, mask)                                          (optional)
     ctx     = reshape(transpose(matmul(softmax(scores, -1), v_heads), [0, 2, 1, 3]), [B, S, nh*dh])
 
+Q and K may also be scaled by a constant before the scores (CLIP and Whisper scale the projected Q by
+1/sqrt(dh), Whisper's reference code scales both heads by dh**-0.25): the pre-scales are folded into the
+attention's `scale` (the product of all factors; None when it equals the default 1/sqrt(dh)), so a
+pre-scaled Q with unscaled scores gets the default scale and the block fusion still applies.
+
 -> `attention(q, k, v[, mask], num_heads=nh, head_dim=dh)`. The mask guard traces HF's extended
 mask `reshape(mul(sub(1, cast(m)), big_negative), [B, 1, 1, S])` back to the integer keep mask and
 emits `mask="keep"` with the f32 `[B, S]` cast as operand (RLX's `Custom` form, which the block
@@ -31,7 +36,19 @@ import math
 from ...ir import Op, Rewriter
 from ...ir.ops import kv_heads, operand_roles
 from ..engine import rule_pass
-from ..guard import Ctx, Guard, all_single_use, attr_eq, guard, not_output, single_user, size_le, user_count
+from ..guard import (
+    ILLEGAL,
+    NOT_RECOGNIZED,
+    Ctx,
+    Guard,
+    all_single_use,
+    attr_eq,
+    guard,
+    not_output,
+    single_user,
+    size_le,
+    user_count,
+)
 from ..pattern import P, const_value, is_const
 from ..rule import QUIET, Fail, Rule, Shape, Soft, User, reports
 from . import where_mask
@@ -41,17 +58,29 @@ from .where_mask import where_scores
 # -- fuse_sdpa -----------------------------------------------------------------------------------
 
 
-def _heads(tag: str) -> P:
-    return P(Op.TRANSPOSE, P(Op.RESHAPE, P.var(tag), name=f"{tag}_reshape"), name=f"{tag}_heads")
+def _prescaled(inner: P, tag: str) -> P:
+    """`inner * c`, `c * inner` or `inner / c` for a scalar constant c: a Q or K scaled before the scores."""
+    c = P.var(f"{tag}_scale_c", where=is_const, what="a scalar constant")
+    return P(Op.MUL, inner, c, name=f"{tag}_prescale", commutative=True) | P(Op.DIV, inner, c, name=f"{tag}_prescale")
 
 
-_QK = P(Op.MATMUL, _heads("q"), P(Op.TRANSPOSE, kv_heads_pattern("k", _heads("k")), name="k_t"), name="qk")
+def _heads(tag: str, prescale: bool = False) -> P:
+    """The head split `transpose(reshape(t), [0, 2, 1, 3])`; with `prescale`, t or the heads may be scaled by a
+    constant (CLIP/Whisper apply 1/sqrt(head_dim) to Q, or head_dim**-0.25 to both Q and K)."""
+    src = (_prescaled(P.var(tag), tag) | P.var(tag)) if prescale else P.var(tag)
+    heads = P(Op.TRANSPOSE, P(Op.RESHAPE, src, name=f"{tag}_reshape"), name=f"{tag}_heads")
+    return (_prescaled(heads, tag) | heads) if prescale else heads
+
+
+_QK = P(Op.MATMUL, _heads("q", True), P(Op.TRANSPOSE, kv_heads_pattern("k", _heads("k", True)), name="k_t"),
+        name="qk")
 _CONST = P.var("scale_c", where=is_const, what="a scalar constant")
 _SCALED = (P(Op.DIV, _QK, _CONST, name="scale") | P(Op.MUL, _QK, _CONST, name="scale", commutative=True) | _QK)
 _SCORES = P(Op.ADD, _SCALED, P.var("mask"), name="mask_add") | P(Op.ADD, P.var("mask"), _SCALED, name="mask_add") \
     | where_scores(_SCALED) | _SCALED
-_INTERNAL = ("q_reshape", "q_heads", "k_reshape", "k_heads", "k_t", "qk", "scale", "mask_add", "mask_where", "softmax",
-             "v_reshape", "v_heads", "pv", "merge_t", *repeat_roles("k"), *repeat_roles("v"))
+_INTERNAL = ("q_prescale", "q_reshape", "q_heads", "k_prescale", "k_reshape", "k_heads", "k_t", "qk", "scale",
+             "mask_add", "mask_where", "softmax", "v_reshape", "v_heads", "pv", "merge_t", *repeat_roles("k"),
+             *repeat_roles("v"))
 
 
 def _split_ok(c: Ctx, tag: str) -> bool:
@@ -65,7 +94,15 @@ def _split_guard(tag: str) -> Guard:
                  lambda c: f"{c.d(tag + '_heads')} splits {c.d(tag)} {list(c[tag].shape)} as reshape "
                            f"{list(c[tag + '_reshape'].shape)} + transpose {list(c[tag + '_heads'].attrs['perm'])}; "
                            f"needs reshape [B, S, heads, head_dim] + transpose [0, 2, 1, 3] of a packed [B, S, H]",
-                 "write the head split as view(B, S, heads, head_dim).permute(0, 2, 1, 3)")
+                 "write the head split as view(B, S, heads, head_dim).permute(0, 2, 1, 3)",
+                 requires=(f"{tag}_heads", f"{tag}_reshape", tag), kind=NOT_RECOGNIZED,
+                 fix=f"teach fuse_sdpa this {tag.upper()} head-split layout (a canonical head-split pass)")
+
+
+def _odd_heads(c: Ctx) -> int:
+    """The head split the `heads_consistent` failure is about: K when its head_dim or head count is off, else V."""
+    q, k, v = (c[f"{t}_reshape"].shape[2:] for t in "qkv")
+    return c.id("v_reshape") if k[1] == q[1] and v != k else c.id("k_reshape")
 
 
 def _merge_ok(c: Ctx) -> bool:
@@ -73,18 +110,45 @@ def _merge_ok(c: Ctx) -> bool:
     return c["merge_t"].attrs["perm"] == (0, 2, 1, 3) and out.shape == (q.shape[0], q.shape[1], q.shape[2] * q.shape[3])
 
 
-def _scale(c: Ctx) -> float | None:
-    """The attention `scale` attr: None when it is the default 1/sqrt(head_dim)."""
-    if "scale" not in c:
+def _factor(c: Ctx, op_role: str, const_role: str) -> float:
+    """The factor a scaling node applies (1.0 when the role is unbound): `x * v` -> v, `x / v` -> 1/v."""
+    if op_role not in c:
         return 1.0
-    v = const_value(c["scale_c"])
+    v = const_value(c[const_role])
     assert v is not None
-    s = 1.0 / v if c["scale"].op == Op.DIV else v
+    return 1.0 / v if c[op_role].op == Op.DIV else v
+
+
+def _scale(c: Ctx) -> float | None:
+    """The attention `scale` attr: the product of the score scale and any Q/K pre-scale; None when it is
+    the default 1/sqrt(head_dim). softmax((a*q) @ (b*k)^T * s) == softmax(a*b*s * q @ k^T): the same numbers
+    up to rounding (exactly the same when the factors are powers of two)."""
+    s = _factor(c, "scale", "scale_c") * _factor(c, "q_prescale", "q_scale_c") * _factor(c, "k_prescale", "k_scale_c")
     d = c["q_reshape"].shape[3]
     return None if math.isclose(s, 1.0 / math.sqrt(d), rel_tol=1e-6) else s
 
 
-@reports("mask_form")
+@reports("prescale_single_use", kind=ILLEGAL, reads=("q", "q_prescale", "q_reshape", "k", "k_prescale",
+                                                      "k_reshape"), binds=("q", "k"))
+def _prescale_kept(c: Ctx) -> Fail | None:
+    """A pre-scale read elsewhere stays outside the attention (soft): the attention reads the scaled tensor."""
+    for t in ("q", "k"):
+        pre = f"{t}_prescale"
+        if pre not in c or (len(c.users(pre)) == 1 and not c.graph.is_output(c.id(pre))):
+            continue
+        if c[f"{t}_reshape"].inputs[0] != c.id(pre):
+            continue  # scaled after the head split: internals_single_use names it
+        users = ", ".join(c.name_of(u.id) for u in c.users(pre))
+        c.data.setdefault("soft", []).append(Fail(
+            "guard", "prescale_single_use", f"{c.d(pre)} (the pre-scaled {t.upper()}) is also read by {users}; it "
+            f"stays outside the attention, which reads the scaled {t.upper()} with its own scale", (c.id(pre),), (),
+            f"let the pre-scaled {t.upper()} feed only the head split", subject=c.id(pre), kind=ILLEGAL))
+        c.bindings[t] = c.bindings.pop(pre)
+        c.bindings.pop(f"{t}_scale_c", None)
+    return None
+
+
+@reports("mask_form", reads=("mask", "q_reshape", "k_reshape"))
 def _mask_form(c: Ctx) -> Fail | None:
     """Trace HF's additive mask to the keep mask (soft: otherwise keep it additive)."""
     if "mask" not in c:
@@ -116,7 +180,9 @@ def _mask_form(c: Ctx) -> Fail | None:
                 c.data["keep"] = cast.id
                 return None
     return Fail("guard", "mask_form", f"additive mask kept: {why}", (m.id,), (),
-                "pass the integer attention_mask through HF's extended-mask formula to get a keep mask")
+                "pass the integer attention_mask through HF's extended-mask formula to get a keep mask",
+                subject=m.id, kind=NOT_RECOGNIZED,
+                fix="recognize this mask formula (e.g. a where-based boolean mask) as a keep mask")
 
 
 def _sdpa_build(c: Ctx) -> tuple[Op, list[int], dict]:
@@ -150,31 +216,41 @@ SDPA = Rule(
     "fuse_sdpa.hf_attention", P(Op.SOFTMAX, name="softmax", where=lambda n: n.rank == 4),
     steps=(
         guard("softmax_last_axis", lambda c: c["softmax"].attrs.get("axis", -1) in (-1, 3),
-              lambda c: f"{c.d('softmax')} is over axis {c['softmax'].attrs.get('axis')}; needs the key axis (-1)"),
+              lambda c: f"{c.d('softmax')} is over axis {c['softmax'].attrs.get('axis')}; needs the key axis (-1)",
+              requires=("softmax",), kind=NOT_RECOGNIZED,
+              fix="none for attention: a softmax over another axis is not key-axis attention"),
         Shape("scores_form", "softmax", P(Op.SOFTMAX, _SCORES, name="softmax"),
               "scores must be matmul(q_heads, transpose(k_heads)) [scaled] [+ mask]"),
         User("pv_form", "pv", "softmax", P(Op.MATMUL, P.var("softmax"), kv_heads_pattern("v", _heads("v")), name="pv"),
              "matmul(softmax, v_heads)"),
         User("merge_form", "merge_t", "pv", P(Op.TRANSPOSE, name="merge_t"), "transpose (merge heads)"),
         User("merge_reshape", "merge", "merge_t", P(Op.RESHAPE, name="merge"), "reshape to [B, S, H]"),
+        _prescale_kept,
         _split_guard("q"),
         guard("k_layout", lambda c: c["k_t"].attrs["perm"] == (0, 1, 3, 2) and _split_ok(c, "k"),
-              lambda c: f"K is laid out as reshape {list(c['k_reshape'].shape)} + transpose "
+              lambda c: f"K reaches {c.d('k_t')} as reshape {list(c['k_reshape'].shape)} + transpose "
                         f"{list(c['k_heads'].attrs['perm'])} + transpose {list(c['k_t'].attrs['perm'])}; needs "
                         f"[B, S, heads, head_dim] -> [0, 2, 1, 3] -> [0, 1, 3, 2]",
-              "transpose K with k_heads.transpose(-1, -2)"),
+              "transpose K with k_heads.transpose(-1, -2)", requires=("k_t", "k_reshape", "k_heads", "k"),
+              kind=NOT_RECOGNIZED, fix="canonicalize K's layout (compose its transposes) before matching"),
         _split_guard("v"),
         kv_repeat_guard(),
-        guard("heads_consistent", heads_match, explain_heads),
+        guard("heads_consistent", heads_match, lambda c: f"at {c.name_of(_odd_heads(c))}: {explain_heads(c)}",
+              requires=("q_reshape", "k_reshape", "v_reshape"),
+              reads=(*repeat_roles("k"), *repeat_roles("v")), kind=NOT_RECOGNIZED, subject=_odd_heads,
+              fix="none: Q, K and V must share head_dim, and Q's heads must be a multiple of the kv heads"),
         guard("merge_layout", _merge_ok,
               lambda c: f"{c.d('merge')} merges heads with transpose {list(c['merge_t'].attrs['perm'])} to "
-                        f"{list(c['merge'].shape)}; needs transpose [0, 2, 1, 3] + reshape [B, S, heads*head_dim]"),
+                        f"{list(c['merge'].shape)}; needs transpose [0, 2, 1, 3] + reshape [B, S, heads*head_dim]",
+              requires=("merge", "merge_t", "q_reshape"), kind=NOT_RECOGNIZED,
+              fix="teach fuse_sdpa this head-merge layout"),
         all_single_use(_INTERNAL, "internals_single_use", "attention intermediates must not be read elsewhere"),
         *where_mask.guards(),
         Soft(_mask_form),
     ),
     result="merge", absorb=(*_INTERNAL, "merge"), build=_sdpa_build, rewrite=lambda c, rw: _sdpa_rewrite(c, rw),
-    doc="HF head split + matmul/scale/mask/softmax/matmul + merge -> packed attention (keep mask traced)")
+    doc="HF head split (+ Q/K pre-scale) + matmul/scale/mask/softmax/matmul + merge -> packed attention "
+        "(keep mask traced)")
 
 fuse_sdpa = rule_pass("fuse_sdpa", [SDPA], "Hugging Face scaled-dot-product attention -> packed attention op")
 
@@ -209,10 +285,27 @@ def _split_at(c: Ctx) -> bool:
     return c["qkv"].shape[-1] == h + 2 * kv
 
 
+def _explain_scale(c: Ctx) -> str:
+    a = c["attn"].attrs
+    d = a["head_dim"]
+    return (f"{c.d('attn')} has scale={a.get('scale')!r}; the block computes the default 1/sqrt(head_dim) = "
+            f"1/sqrt({d}) = {1 / math.sqrt(d):.6g}")
+
+
 def _explain_split(c: Ctx) -> str:
     h, kv = _widths(c)
     got = ", ".join(f"{r}=narrow(axis {c[r].attrs['axis']}, start {c[r].attrs['start']}, len {c[r].attrs['length']})"
                     for r in ("q", "k", "v"))
+    width = c["qkv"].shape[-1]
+    if width != h + 2 * kv:
+        qkv = {c.id(r) for r in ("q", "k", "v")}
+        others = [u for u in c.users("qkv") if u.id not in qkv]
+        extra = ", ".join(f"{u.op.value} (node {u.id}" + (f", start {u.attrs['start']}, len {u.attrs['length']})"
+                                                          if u.op == Op.NARROW else ")") for u in others)
+        why = (f": it also feeds {extra}, another projection of the same input merged into it (by "
+               f"fuse_shared_input_matmul)" if others else "")
+        return (f"{got} of {c.d('qkv')}: the packed projection is {width} wide, not {h}+2*{kv} = {h + 2 * kv}{why}; "
+                f"needs exactly Q, K and V at 0/{h}/{h + kv}")
     lens = f"length {h}" if kv == h else f"lengths {h}/{kv}/{kv} (grouped-query)"
     return f"{got} of {c.d('qkv')} {list(c['qkv'].shape)}; needs starts 0/{h}/{h + kv} with {lens} on the last axis"
 
@@ -227,13 +320,17 @@ BLOCK = Rule(
     steps=(
         size_gate(),
         attr_eq("attn", "mask", "keep", "mask_kind_keep",
-                "the block takes a binary keep mask; fuse_sdpa emits one when it can trace HF's extended mask"),
-        attr_eq("attn", "scale", None, "default_scale", "the block uses 1/sqrt(head_dim)"),
+                "the block takes a binary keep mask; fuse_sdpa emits one when it can trace HF's extended mask",
+                fix="give FusedAttentionBlock additive and causal mask kinds"),
+        attr_eq("attn", "scale", None, "default_scale", "the block uses 1/sqrt(head_dim)",
+                fix="give FusedAttentionBlock a scale attribute", explain=_explain_scale),
         Shape("qkv_packed", "attn", P(Op.ATTENTION, P(Op.NARROW, P.var("qkv"), name="q"),
                                       P(Op.NARROW, P.var("qkv"), name="k"), P(Op.NARROW, P.var("qkv"), name="v"),
                                       P.var("mask"), name="attn"),
               "q, k and v must be narrows of one QKV projection: run fuse_shared_input_matmul first"),
-        guard("qkv_split", _split_at, _explain_split, "split Q/K/V at 0/H/2H of the last axis"),
+        guard("qkv_split", _split_at, _explain_split, "split Q/K/V at 0/H/2H of the last axis",
+              requires=("qkv", "attn", "q", "k", "v"), kind=NOT_RECOGNIZED,
+              fix="permute the packed weight's columns to Q/K/V order, or slice the extra width off"),
         all_single_use(("q", "k", "v"), "qkv_narrows_single_use"),
         Shape("qkv_is_fused_linear", "qkv",
               P(Op.FUSED_MATMUL_BIAS_ACT, P.var("hidden"), P.var("qkv_w"), P.var("qkv_b"), name="qkv",

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from ...ir import Graph, Node, Op, Rewriter
 from ..engine import rule_pass
-from ..guard import Ctx, guard
+from ..guard import ILLEGAL, Ctx, guard
 from ..pattern import P, const_value, is_const
 from ..rule import QUIET, Fail, Rule, reports
 
@@ -65,7 +65,7 @@ def _inner_nodes(g: Graph, n: Node, x: int) -> list[int]:
     return out
 
 
-@reports()
+@reports(reads=("fn",), binds=("arg", "x"))
 def _erf_arg(c: Ctx) -> Fail | None:
     g, arg = c.graph, c.graph[c["fn"].inputs[0]]
     if arg.op not in (Op.MUL, Op.DIV):
@@ -80,7 +80,7 @@ def _erf_arg(c: Ctx) -> Fail | None:
     return None
 
 
-@reports()
+@reports(reads=("fn",), binds=("arg", "x"))
 def _tanh_arg(c: Ctx) -> Fail | None:
     g, arg = c.graph, c.graph[c["fn"].inputs[0]]
     if arg.op != Op.MUL or (sc := _split_const(g, arg)) is None:
@@ -116,7 +116,7 @@ def _tanh_arg(c: Ctx) -> Fail | None:
     return None
 
 
-@reports()
+@reports(reads=("fn", "x"), binds=("one", "out"))
 def _outer_product(c: Ctx) -> Fail | None:
     """Bind `one = 1 + fn` and the multiplications by `x` and `0.5` above it (any association)."""
     g, fn, x = c.graph, c.id("fn"), c.id("x")
@@ -175,13 +175,14 @@ def _constants_explain(c: Ctx) -> str:
 
 
 _CONSTANTS = guard("gelu_constants", _constants_ok, _constants_explain,
-                   "use the exact GELU constants (0.5, 1/sqrt(2) or sqrt(2/pi), 0.044715)", requires=("fn",))
+                   "use the exact GELU constants (0.5, 1/sqrt(2) or sqrt(2/pi), 0.044715)", requires=("fn",),
+                   kind=ILLEGAL)
 
 
 _INNER = tuple(f"inner{k}" for k in range(8))
 
 
-@reports()
+@reports(reads=("fn", "one", "out"), binds=("inner*",))
 def _bind_inner(c: Ctx) -> Fail | None:
     """Bind the chain's other nodes as `inner0..` so the engine's `absorbed_escape` checks them too."""
     nodes = [i for i in dict.fromkeys(c.data["inner"]) if i not in (c.id("fn"), c.id("one"), c.id("out"))]

@@ -14,7 +14,7 @@ so no fusion treats expanded K/V as plain multi-head attention over the wider te
 from __future__ import annotations
 
 from ...ir import Op
-from ..guard import Ctx, Guard, guard
+from ..guard import NOT_RECOGNIZED, Ctx, Guard, guard
 from ..pattern import P
 
 REPEAT_ROLES = ("rep_in", "rep_expand", "rep")
@@ -60,7 +60,11 @@ def kv_repeat_guard() -> Guard:
     """K and V expansions, when present, are HF's `repeat_kv` (`kv_repeat_form`)."""
     return guard("kv_repeat_form", lambda c: _repeat_ok(c, "k") and _repeat_ok(c, "v"), _explain_repeat,
                  "expand K/V with repeat_kv (x[:, :, None].expand(B, kv, n_rep, S, d).reshape(B, kv*n_rep, S, d)), "
-                 "or pass the kv heads to attention unexpanded")
+                 "or pass the kv heads to attention unexpanded",
+                 reads=("k_heads", "v_heads", *repeat_roles("k"), *repeat_roles("v")), kind=NOT_RECOGNIZED,
+                 subject=lambda c: c.id("k_rep" if not _repeat_ok(c, "k") else "v_rep"),
+                 fix="recognize this K/V expansion (a tile, where query head i reads kv head i % kv, is another "
+                     "grouping)")
 
 
 def heads_match(c: Ctx) -> bool:

@@ -24,6 +24,7 @@ from ...ir.ops import operand_roles
 from ..engine import rule_pass
 from ..guard import (
     EPILOGUE_ACTIVATIONS,
+    NOT_RECOGNIZED,
     Ctx,
     attr_eq,
     guard,
@@ -34,31 +35,33 @@ from ..guard import (
     user_count,
 )
 from ..pattern import P
-from ..rule import Rule, Shape, User
+from ..rule import Rule, Shape, User, reports
 from .attention import size_gate
 
 _RLN = ("x", "residual", "gamma", "beta")
 FMBA = Op.FUSED_MATMUL_BIAS_ACT
 
 
-def _post_ln(c: Ctx) -> bool:
+_NORMS = (Op.LAYER_NORM, Op.RMS_NORM, Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM)
+
+
+def _pre_ln_add(c: Ctx) -> int | None:
+    """The residual add after the attention when it feeds a norm *and* something else (pre-LN: x + attn(LN(x)),
+    the sum goes on to the next residual), else None."""
     users = c.users("attn")
-    return len(users) != 1 or users[0].op == Op.FUSED_RESIDUAL_LN
+    if len(users) != 1 or users[0].op != Op.ADD:
+        return None
+    later = c.graph.users(users[0].id)
+    return users[0].id if len(later) > 1 and any(w.op in _NORMS for w in later) else None
 
 
 def _explain_post_ln(c: Ctx) -> str:
-    u = c.users("attn")[0]
-    if u.op == Op.ADD:
-        later = c.graph.users(u.id)
-        if len(later) > 1 and any(w.op in (Op.LAYER_NORM, Op.FUSED_RESIDUAL_LN) for w in later):
-            names = ", ".join(f"{w.op.value} (node {w.id})" for w in later)
-            return (f"the residual add (node {u.id}) after {c.d('attn')} feeds {names}: the norm comes before the "
-                    f"next sublayer (pre-LN ordering, x + attn(LN(x))); FusedTransformerLayer is post-LN BERT: "
-                    f"h1 = LN(attn(x) + x)")
-        if len(later) == 1 and later[0].op == Op.LAYER_NORM:
-            return (f"the residual add (node {u.id}) + layer_norm (node {later[0].id}) after {c.d('attn')} are not "
-                    f"fused; needs FusedResidualLN: run fuse_residual_ln first")
-    return f"the user of {c.d('attn')} is {u.op.value} (node {u.id}); needs the post-attention FusedResidualLN"
+    add = _pre_ln_add(c)
+    assert add is not None
+    names = ", ".join(f"{w.op.value} (node {w.id})" for w in c.graph.users(add))
+    return (f"the residual add (node {add}) after {c.d('attn')} feeds {names}: the norm comes before the "
+            f"next sublayer (pre-LN ordering, x + attn(LN(x))); FusedTransformerLayer is post-LN BERT: "
+            f"h1 = LN(attn(x) + x)")
 
 
 def _explain_act(c: Ctx) -> str:
@@ -68,6 +71,14 @@ def _explain_act(c: Ctx) -> str:
         else ""
     return (f"{c.d('fc1')} is FusedMatMulBiasAct(activation={act}){after}; needs an activation from the epilogue "
             f"allow-list ({', '.join(EPILOGUE_ACTIVATIONS)})")
+
+
+@reports(reads=("ln1", "ln2"), binds=("ln1_g", "ln1_b", "ln2_g", "ln2_b"))
+def _ln_params(c: Ctx) -> None:
+    """Bind the two norms' gamma and beta (their last two operands; `ln1_no_bias`/`ln2_no_bias` ran before)."""
+    for r in ("ln1", "ln2"):
+        g, b = c[r].inputs[-2:]
+        c.bindings[f"{r}_g"], c.bindings[f"{r}_b"] = g, b
 
 
 def _intermediate(c: Ctx) -> int:
@@ -88,14 +99,17 @@ LAYER = Rule(
               "run fuse_attention_block first"),
         single_user("attn", "attn_single_user", "the attention block must feed only the post-attention residual"),
         not_output("attn", "attn_not_output"),
-        guard("post_ln_order", _post_ln, _explain_post_ln,
+        guard("post_ln_order", lambda c: _pre_ln_add(c) is None, _explain_post_ln,
               "only post-LN (BERT) layers fuse; pre-LN (GPT-2/LLaMA) blocks keep their parts fused separately",
-              highlight=lambda c: (tuple(u.id for u in c.users("attn")), ()), requires=("attn",)),
+              highlight=lambda c: (tuple(u.id for u in c.users("attn")), ()), requires=("attn",),
+              kind=NOT_RECOGNIZED, fix="a pre-LN layer op (no rule builds one: pre-LN blocks keep their parts "
+                                       "fused separately)"),
         User("ln1_is_residual_ln", "ln1", "attn", P(Op.FUSED_RESIDUAL_LN, name="ln1"),
              "FusedResidualLN", "run fuse_residual_ln first"),
-        attr_eq("ln1", "has_bias", False, "ln1_no_bias"),
+        attr_eq("ln1", "has_bias", False, "ln1_no_bias", fix="a residual-bias operand on FusedTransformerLayer"),
         operands_are("ln1", {0: "attn", 1: "hidden"}, _RLN, "ln1_operand_order",
-                     "write the residual as add(attention_output, hidden): branch first, skip second"),
+                     "the post-attention residual must add the attention output and the layer input hidden",
+                     "none: FusedTransformerLayer's first residual is its own input", commutative=True),
         not_output("ln1", "h1_not_output", "do not return h1 (the post-attention LayerNorm) from the model"),
         user_count("ln1", 2, "FFN.1 and the ln2 residual", "h1_user_count",
                    "make h1 feed only FFN.1 and the second residual (remove the extra reader)"),
@@ -103,7 +117,9 @@ LAYER = Rule(
              "FFN.1 as FusedMatMulBiasAct(h1, ...)", "run fuse_matmul_bias_act first"),
         guard("fc1_activation", lambda c: c["fc1"].attrs.get("activation") in EPILOGUE_ACTIVATIONS, _explain_act,
               "use exact GELU (gelu) or silu in the FFN; gelu_tanh is not in the epilogue allow-list",
-              lambda c: (tuple(u.id for u in c.users("fc1")) + (c.id("fc1"),), ()), ("fc1",)),
+              lambda c: (tuple(u.id for u in c.users("fc1")) + (c.id("fc1"),), ()), ("fc1",), kind=NOT_RECOGNIZED,
+              fix="add gelu_tanh to the epilogue allow-list (a tanh-GELU epilogue kernel); changing the model to "
+                  "exact GELU changes its numbers"),
         single_user("fc1", "fc1_single_user"),
         not_output("fc1", "fc1_not_output"),
         User("fc2_is_fused_linear", "fc2", "fc1",
@@ -113,16 +129,15 @@ LAYER = Rule(
         not_output("fc2", "fc2_not_output"),
         User("ln2_is_residual_ln", "ln2", "fc2", P(Op.FUSED_RESIDUAL_LN, name="ln2"), "FusedResidualLN",
              "run fuse_residual_ln first"),
-        attr_eq("ln2", "has_bias", False, "ln2_no_bias"),
+        attr_eq("ln2", "has_bias", False, "ln2_no_bias", fix="a residual-bias operand on FusedTransformerLayer"),
         operands_are("ln2", {0: "fc2", 1: "ln1"}, _RLN, "ln2_operand_order",
-                     "write the residual as add(ffn_output, h1): branch first, skip second"),
-        Shape("ln_params", "ln2", P(Op.FUSED_RESIDUAL_LN, P.var("fc2"), P.var("ln1"), P.var("ln2_g"),
-                                    P.var("ln2_b"), name="ln2")),
-        Shape("ln1_params", "ln1", P(Op.FUSED_RESIDUAL_LN, P.var("attn"), P.var("hidden"), P.var("ln1_g"),
-                                     P.var("ln1_b"), name="ln1")),
+                     "the FFN residual must add the FFN output and h1",
+                     "none: FusedTransformerLayer's second residual is h1", commutative=True),
+        _ln_params,
         static_dim("fc1_w", -1, "fc1_weight_static"),
         guard("fc1_weight_rank2", lambda c: c["fc1_w"].rank == 2,
-              lambda c: f"{c.d('fc1_w')} has shape {list(c['fc1_w'].shape)}; needs [H, intermediate]"),
+              lambda c: f"{c.d('fc1_w')} has shape {list(c['fc1_w'].shape)}; needs [H, intermediate]",
+              requires=("fc1_w",), kind=NOT_RECOGNIZED, fix="none: FusedTransformerLayer takes [H, I] weights"),
     ),
     result="ln2", absorb=("attn", "ln1", "fc1", "fc2", "ln2"),
     labels={"ln1": "h1"},

@@ -19,10 +19,20 @@ attention-block and layer fusions. This is why our pipeline runs this pass *befo
 
 from __future__ import annotations
 
-from ...ir import Op, Rewriter
+from ...ir import Graph, Node, Op, Rewriter
 from ..engine import rule_pass
-from ..guard import EPILOGUE_ACTIVATIONS, Ctx, guard, not_output, rank_le, single_user
-from ..pattern import P
+from ..guard import (
+    EPILOGUE_ACTIVATIONS,
+    ILLEGAL,
+    NOT_PROFITABLE,
+    NOT_RECOGNIZED,
+    Ctx,
+    guard,
+    not_output,
+    rank_le,
+    single_user,
+)
+from ..pattern import P, describe
 from ..rule import QUIET, Fail, Rule, Soft, reports
 
 # -- fuse_matmul_bias_act ------------------------------------------------------------------------
@@ -30,7 +40,7 @@ from ..rule import QUIET, Fail, Rule, Soft, reports
 LINEAR = P(Op.ADD, P(Op.MATMUL, P.var("x"), P.var("w"), name="mm"), P.var("bias"), name="add", commutative=True)
 
 
-@reports()
+@reports(reads=("bias", "mm"))
 def _not_residual(c: Ctx) -> Fail | None:
     """An add of two full-size tensors is a residual, not a bias: not a candidate (quiet)."""
     return QUIET if c["bias"].shape == c["mm"].shape else None
@@ -40,7 +50,7 @@ def _bias_len_ok(c: Ctx) -> bool:
     return c["bias"].shape in ((), (1,), (c["mm"].shape[-1],))
 
 
-@reports("epilogue_activation", "add_not_output")
+@reports("epilogue_activation", "add_not_output", reads=("add",), binds=("act",))
 def _epilogue(c: Ctx) -> Fail | None:
     """Absorb the add's activation user when allowed; otherwise say why not (soft)."""
     users = c.users("add")
@@ -51,11 +61,14 @@ def _epilogue(c: Ctx) -> Fail | None:
         return Fail("guard", "epilogue_activation",
                     f"{c.d('add')} feeds {act.op.value} (node {act.id}); the epilogue allow-list is "
                     f"{', '.join(EPILOGUE_ACTIVATIONS)}, so the linear is fused without activation",
-                    (act.id,), ((c.id("add"), act.id),), "use exact GELU (gelu) or silu to fuse the activation")
+                    (act.id,), ((c.id("add"), act.id),),
+                    "gelu/silu fuse; changing the model's activation changes its numbers (gelu_tanh vs gelu: up to "
+                    "~5e-4 per activation)", subject=act.id, kind=NOT_RECOGNIZED,
+                    fix=f"add {act.op.value} to the epilogue allow-list (a fused {act.op.value} epilogue kernel)")
     if c.graph.is_output(c.id("add")):
         return Fail("guard", "add_not_output",
                     f"{c.d('add')} is a graph output, so {act.op.value} (node {act.id}) is not absorbed",
-                    (c.id("add"),), (), "do not return the pre-activation value")
+                    (c.id("add"),), (), "do not return the pre-activation value", subject=c.id("add"), kind=ILLEGAL)
     c.bindings["act"] = act.id
     return None
 
@@ -80,10 +93,12 @@ BIAS_ACT = Rule(
         _not_residual,
         single_user("mm", "mm_single_user", "make the matmul feed only its bias add"),
         not_output("mm", "mm_not_output"),
-        rank_le("bias", 1, "bias_rank", "a bias must be a scalar or a vector [N]"),
+        rank_le("bias", 1, "bias_rank", "a bias must be a scalar or a vector [N]",
+                "none: FusedMatMulBiasAct adds a bias along the output width only"),
         guard("bias_length", _bias_len_ok,
               lambda c: f"{c.d('bias')} has shape {list(c['bias'].shape)}; needs [] , [1] or "
-                        f"[{c['mm'].shape[-1]}] (the matmul's output width)", requires=("bias", "mm")),
+                        f"[{c['mm'].shape[-1]}] (the matmul's output width)", requires=("bias", "mm"),
+              kind=NOT_RECOGNIZED, fix="none: FusedMatMulBiasAct adds a bias along the output width only"),
         Soft(_epilogue),
     ),
     result=("act", "add"), absorb=("mm", "add", "act"), rewrite=_fmba_rewrite,
@@ -93,19 +108,106 @@ fuse_matmul_bias_act = rule_pass("fuse_matmul_bias_act", [BIAS_ACT],
                                  "matmul + bias (+ gelu/silu) -> FusedMatMulBiasAct")
 
 # -- fuse_shared_input_matmul --------------------------------------------------------------------
+#
+# The cost test: a merge must not destroy a fusion a member takes part in. A member whose bias add feeds
+# an activation from the epilogue allow-list would lose its epilogue (the activation would read a narrow
+# of the merged sum); a group of three that feeds one attention as Q, K and V is merged alone (in Q/K/V
+# order), because anything else in the packed projection makes it wider than 3*H and costs the attention
+# block. Refused members are named in a `merge_keeps_fusions` rejection (kind: not profitable).
 
 
-@reports()
+def _value(g: Graph, mm: Node) -> int:
+    """The member's output as its users see it: its bias add when it has exactly one, else the matmul."""
+    us = g.users(mm.id)
+    if len(us) == 1 and us[0].op == Op.ADD and not g.is_output(mm.id) and _bias_of(g, us[0], mm) is not None:
+        return us[0].id
+    return mm.id
+
+
+def _bias_of(g: Graph, add: Node, mm: Node) -> int | None:
+    """The vector bias `[N]` that `add` adds to `mm`, or None."""
+    if add.inputs.count(mm.id) != 1:
+        return None
+    other = add.inputs[1] if add.inputs[0] == mm.id else add.inputs[0]
+    return other if g[other].shape == (mm.shape[-1],) else None
+
+
+def _epilogue_of(g: Graph, mm: Node) -> Node | None:
+    """The allow-listed activation `fuse_matmul_bias_act` would absorb into this member, if any."""
+    v = _value(g, mm)
+    if v == mm.id or g.is_output(v):
+        return None
+    us = g.users(v)
+    return us[0] if len(us) == 1 and us[0].op.value in EPILOGUE_ACTIVATIONS else None
+
+
+def _attention_triple(g: Graph, members: list[Node]) -> tuple[Node, list[Node]] | None:
+    """`(attention, [q, k, v] members)` when three members feed one attention as its Q, K and V."""
+    by_value = {_value(g, m): m for m in members}
+    for m in members:
+        for u in g.users(_value(g, m)):
+            if u.op != Op.ATTENTION or len(u.inputs) < 3:
+                continue
+            qkv = [by_value.get(i) for i in u.inputs[:3]]
+            if all(q is not None for q in qkv) and len({q.id for q in qkv if q is not None}) == 3 and all(
+                    len(g.users(i)) == 1 and not g.is_output(i) for i in u.inputs[:3]):
+                return u, [q for q in qkv if q is not None]
+    return None
+
+
+def _label(g: Graph, mm: Node) -> str:
+    w = g[mm.inputs[1]]
+    return describe(mm, f"matmul with {w.name}" if w.name else "matmul")
+
+
+@reports("merge_keeps_fusions", kind=NOT_PROFITABLE, reads=("x", "mm0"), binds=("mm*", "w*"))
 def _group(c: Ctx) -> Fail | None:
-    """Bind mm0..mmK: the plain matmuls reading x as their lhs; the anchor must be the first of them."""
-    x = c.id("x")
-    group = [u for u in c.graph.users(x) if u.op == Op.MATMUL and u.inputs[0] == x and u.inputs[1] != x]
+    """Bind mm0..mmK, the matmuls reading x as their lhs that may merge; the anchor must be the first reader.
+
+    The cost test refuses members whose merge would cost a fusion (see above); it fails (hard) when fewer
+    than two members are left, and otherwise records the refusal (soft) and merges the rest.
+    """
+    g, x = c.graph, c.id("x")
+    group = [u for u in g.users(x) if u.op == Op.MATMUL and u.inputs[0] == x and u.inputs[1] != x]
     if len(group) < 2 or group[0].id != c.id("mm0"):
         return QUIET
-    for i, m in enumerate(group):
+    keep, refused = group, []
+    if c.params.get("merge_cost_test", True):
+        triple = _attention_triple(g, group)
+        keep = triple[1] if triple else [m for m in group if _epilogue_of(g, m) is None]
+        for m in group:
+            if m in keep:
+                continue
+            costs = []
+            act = _epilogue_of(g, m)
+            if act is not None:
+                costs.append(f"its {act.op.value} epilogue ({act.op.value} node {act.id})")
+            if triple:
+                att, qkv = triple
+                h = sum(q.shape[-1] for q in qkv)
+                costs.append(f"the attention block at {describe(att, 'attention')} (Q/K/V packed with it would be "
+                             f"{h + m.shape[-1]} wide instead of {h})")
+            refused.append((m, " and ".join(costs)))
+    for i, m in enumerate(keep):
         c.bindings[f"mm{i}"] = m.id
         c.bindings[f"w{i}"] = m.inputs[1]
-    c.data["n"] = len(group)
+    for i in range(len(keep), len(group)):
+        c.bindings.pop(f"mm{i}", None)
+        c.bindings.pop(f"w{i}", None)
+    c.data["n"] = len(keep)
+    if not refused:
+        return None
+    why = "; ".join(f"{_label(g, m)} is not merged: it would cost {cost}" for m, cost in refused)
+    ids = tuple(m.id for m, _ in refused)
+    hint = "nothing to change in the model: a merge that costs fusions does not pay"
+    fix = "a multi-output packed projection whose epilogues apply per slice (PaLM-style QKV+FC1 with one GEMM)"
+    if len(keep) < 2:
+        return Fail("guard", "merge_keeps_fusions", f"{why}; fewer than 2 matmuls would be left to merge", ids, (),
+                    hint, subject=ids[0], kind=NOT_PROFITABLE, fix=fix)
+    kept = ", ".join(_label(g, m) for m in keep)
+    c.data.setdefault("soft", []).append(
+        Fail("guard", "merge_keeps_fusions", f"{why}; merged: {kept}", ids, (), hint, subject=ids[0],
+             kind=NOT_PROFITABLE, fix=fix))
     return None
 
 
@@ -117,8 +219,12 @@ def _weights_rank2(c: Ctx) -> bool:
     return all(c[f"w{i}"].rank == 2 for i in range(c.data["n"]))
 
 
+def _bad_rank(c: Ctx) -> int:
+    return next(i for i in range(c.data["n"]) if c[f"w{i}"].rank != 2)
+
+
 def _explain_rank2(c: Ctx) -> str:
-    bad = next(i for i in range(c.data["n"]) if c[f"w{i}"].rank != 2)
+    bad = _bad_rank(c)
     return f"{c.d(f'w{bad}')} has shape {list(c[f'w{bad}'].shape)}; every weight must be rank 2 [K, N_i]"
 
 
@@ -126,54 +232,81 @@ def _same_dtype(c: Ctx) -> bool:
     return len({c[f"w{i}"].dtype for i in range(c.data["n"])}) == 1
 
 
-@reports("biases_mergeable")
+def _odd_dtype(c: Ctx) -> int:
+    first = c["w0"].dtype
+    return next((c.id(f"w{i}") for i in range(c.data["n"]) if c[f"w{i}"].dtype != first), c.id("w0"))
+
+
+def _output_member(c: Ctx) -> str | None:
+    return next((r for r in _members(c) if c.graph.is_output(c.id(r))), None)
+
+
+def _explain_outputs(c: Ctx) -> str:
+    r = _output_member(c)
+    assert r is not None
+    return (f"{_label(c.graph, c[r])} is graph output #{c.graph.outputs.index(c.id(r))}; merged, it would become a "
+            f"narrow of the packed projection (the caller asked for this tensor)")
+
+
+@reports("biases_mergeable", reads=("mm*",), binds=("add*", "b*"))
 def _biases(c: Ctx) -> Fail | None:
-    """Merge biases when every matmul's only user is `add(mm, bias[N_i])` (soft: else merge matmuls only)."""
-    adds = []
+    """Merge biases (soft: else merge the matmuls alone).
+
+    Every member either has exactly one user `add(mm, bias[N_i])` (its bias) or none: a member without a
+    bias gets a zero bias slot (`expand(0.0, [N_i])`: x + 0 == x, so exact). A group where no member has a
+    bias merges the matmuls only, silently (LLaMA style).
+    """
+    g = c.graph
+    adds: list[tuple[int, int] | None] = []
     for r in _members(c):
-        users = c.users(r)
         mm = c[r]
-        why = None
-        if len(users) != 1 or c.graph.is_output(mm.id):
-            why = f"{c.d(r)} has {len(users)} users"
-        elif users[0].op != Op.ADD:
-            why = f"{c.d(r)} feeds {users[0].op.value}, not a bias add"
-        else:
-            add = users[0]
-            other = add.inputs[1] if add.inputs[0] == mm.id else add.inputs[0]
-            if add.inputs.count(mm.id) != 1 or c.graph[other].shape != (mm.shape[-1],):
-                why = f"{c.d(r)}'s add (node {add.id}) has no bias of shape [{mm.shape[-1]}]"
-            else:
-                adds.append((add.id, other))
-        if why:
-            if r == "mm0" and not any(u.op == Op.ADD for u in users):
-                return QUIET  # bias-free group (LLaMA-style): nothing to say
-            return Fail("guard", "biases_mergeable", f"biases not merged: {why}; the matmuls are merged alone",
-                        (mm.id,), (), "give every projection a vector bias, or none")
-    for i, (a, b) in enumerate(adds):
-        c.bindings[f"add{i}"] = a
-        c.bindings[f"b{i}"] = b
+        v = _value(g, mm)
+        if v != mm.id:
+            add = g[v]
+            b = _bias_of(g, add, mm)
+            assert b is not None
+            adds.append((add.id, b))
+            continue
+        users = g.users(mm.id)
+        bias_like = [u for u in users if u.op == Op.ADD and _bias_of(g, u, mm) is not None]
+        if bias_like and (len(users) != 1 or g.is_output(mm.id)):
+            out = "; it is also a graph output" if g.is_output(mm.id) else ""
+            names = ", ".join(describe(u) for u in users)
+            return Fail("guard", "biases_mergeable",
+                        f"biases not merged: {_label(g, mm)} has {len(users)} users ({names})"
+                        f"{out}, so its bias add cannot become a slice of one packed bias; the matmuls are merged "
+                        f"alone", (mm.id,), (), "let the projection feed only its bias add", subject=mm.id,
+                        kind=NOT_RECOGNIZED, fix="give the extra reader a narrow of the unbiased packed product")
+        adds.append(None)
+    if all(a is None for a in adds):
+        return QUIET  # bias-free group (LLaMA-style): nothing to say
+    for i, a in enumerate(adds):
+        if a is not None:
+            c.bindings[f"add{i}"], c.bindings[f"b{i}"] = a
+    c.data["biased"] = True
     return None
 
 
 def _shared_rewrite(c: Ctx, rw: Rewriter) -> int:
     n = c.data["n"]
     mms = [c.id(f"mm{i}") for i in range(n)]
-    biased = "add0" in c
-    adds = [c.id(f"add{i}") for i in range(n)] if biased else []
+    biased = c.data.get("biased", False)
+    adds = [c.id(f"add{i}") for i in range(n) if f"add{i}" in c]
     with rw.provenance(mms + adds):
         wcat = rw.concat([c.id(f"w{i}") for i in range(n)], axis=1)
         y = rw.matmul(c.id("x"), wcat)
         if biased:
-            y = rw.add(y, rw.concat([c.id(f"b{i}") for i in range(n)], axis=0))
+            dtype = next(c[f"b{i}"].dtype for i in range(n) if f"b{i}" in c)
+            parts = [c.id(f"b{i}") if f"b{i}" in c else rw.expand(rw.const(0.0, dtype), (c[f"mm{i}"].shape[-1],))
+                     for i in range(n)]
+            y = rw.add(y, rw.concat(parts, axis=0))
         axis, off = len(rw.shape_of(y)) - 1, 0
         for i in range(n):
             width = c[f"mm{i}"].shape[-1]
             part = rw.narrow(y, axis, off, width)
             off += width
-            rw.replace(adds[i] if biased else mms[i], part)
-    if biased:
-        rw.remove(mms)
+            rw.replace(c.id(f"add{i}") if f"add{i}" in c else mms[i], part)
+    rw.remove([c.id(f"mm{i}") for i in range(n) if f"add{i}" in c])
     return y
 
 
@@ -181,18 +314,26 @@ SHARED = Rule(
     "fuse_shared_input_matmul.concat_weights", P(Op.MATMUL, P.var("x"), P.var("w0"), name="mm0"),
     steps=(
         _group,
-        guard("weights_rank2", _weights_rank2, _explain_rank2, "use [K, N] weights"),
+        guard("weights_rank2", _weights_rank2, _explain_rank2, "use [K, N] weights", reads=("w*",),
+              subject=lambda c: c.id(f"w{_bad_rank(c)}"), kind=NOT_RECOGNIZED,
+              fix="merge batched weights along their last axis"),
         guard("weights_same_dtype", _same_dtype,
-              lambda c: "weights have dtypes " + ", ".join(str(c[f'w{i}'].dtype) for i in range(c.data['n']))
-                        + "; needs one dtype"),
-        guard("not_outputs", lambda c: not any(c.graph.is_output(c.id(r)) for r in _members(c)),
-              lambda c: "one of the matmuls is a graph output; merged outputs would change meaning"),
+              lambda c: "weights have dtypes " + ", ".join(f"{c.d(f'w{i}')}: {c[f'w{i}'].dtype}"
+                                                           for i in range(c.data["n"])) + "; needs one dtype",
+              "store the projections in one dtype", reads=("w*",), subject=_odd_dtype, kind=NOT_RECOGNIZED,
+              fix="merge only the members of one dtype"),
+        guard("not_outputs", lambda c: _output_member(c) is None, _explain_outputs,
+              "do not return a projection's raw output from the model", reads=("mm*",),
+              subject=lambda c: c.id(_output_member(c) or "mm0"), kind=ILLEGAL),
         Soft(_biases),
     ),
     result="mm0", absorb=(), rewrite=_shared_rewrite,
-    doc="matmuls sharing an input -> one matmul over concat(weights) (+ concat(biases)) + narrows")
+    doc="matmuls sharing an input -> one matmul over concat(weights) (+ concat(biases), zero slots for bias-less "
+        "members) + narrows; never merges a matmul whose merge would cost a fusion (an epilogue, the attention "
+        "block)")
 
 fuse_shared_input_matmul = rule_pass("fuse_shared_input_matmul", [SHARED],
-                                     "Q/K/V projections of one input -> one matmul + narrows (biases merged)")
+                                     "Q/K/V projections of one input -> one matmul + narrows (biases merged; cost "
+                                     "test keeps epilogues and the attention block)")
 
 __all__ = ["BIAS_ACT", "SHARED", "fuse_matmul_bias_act", "fuse_shared_input_matmul"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ...ir import Op, Rewriter
 from ..engine import rule_pass
-from ..guard import Ctx, guard, not_output, same_shape, single_user
+from ..guard import NOT_RECOGNIZED, Ctx, guard, not_output, same_shape, single_user
 from ..pattern import P
 from ..rule import Rule
 
@@ -25,11 +25,16 @@ def _last_axis(c: Ctx) -> bool:
 def _rules(pass_name: str, norm: Op, fused: Op, label: str) -> list[Rule]:
     last_axis = guard("norm_last_axis", _last_axis,
                       lambda c: f"{c.d('norm')} normalizes axis {c['norm'].attrs.get('axis')}; the fused op "
-                                f"normalizes the last axis only")
+                                f"normalizes the last axis only", "normalize over the last axis",
+                      requires=("norm",), kind=NOT_RECOGNIZED,
+                      fix=f"an axis attribute on {fused.value}")
     common = (
-        single_user("sum", "sum_single_user", "the residual sum must feed only the norm (post-norm layout)"),
+        single_user("sum", "sum_single_user", "the residual sum must feed only the norm (post-norm layout)",
+                    f"a two-output {fused.value} that also returns the sum (as vLLM's fused_add_rms_norm does); "
+                    f"illegal for the single-output op"),
         not_output("sum", "sum_not_output"),
-        same_shape("x", "residual", "residual_same_shape", "a residual add has equal operand shapes"),
+        same_shape("x", "residual", "residual_same_shape", "a residual add has equal operand shapes",
+                   "none: a broadcast add is not a residual"),
         last_axis,
     )
 
@@ -44,7 +49,9 @@ def _rules(pass_name: str, norm: Op, fused: Op, label: str) -> list[Rule]:
         steps=(*common,
                single_user("biased", "biased_single_user"), not_output("biased", "biased_not_output"),
                guard("bias_shape", bias_ok, lambda c: f"{c.d('bias')} has shape {list(c['bias'].shape)}; needs "
-                                                      f"[{c['norm'].shape[-1]}]")),
+                                                      f"[{c['norm'].shape[-1]}]",
+                     "give the residual bias the norm's width", requires=("bias", "norm"), kind=NOT_RECOGNIZED,
+                     fix="none: the fused op adds a bias vector")),
         result="norm", absorb=("sum", "biased", "norm"),
         build=lambda c: (fused, [c.id(r) for r in ("x", "residual", "bias", "gamma", "beta")],
                          {"eps": c["norm"].attrs["eps"], "has_bias": True}),

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from ...ir import DType, Graph, Node, Op, Rewriter
 from ..engine import rule_pass
-from ..guard import Ctx, guard
+from ..guard import ILLEGAL, NOT_RECOGNIZED, Ctx, guard
 from ..pattern import P, const_value, is_const
 from ..rule import QUIET, Fail, Rule, reports
 
@@ -120,7 +120,7 @@ def _tail(c: Ctx, stat_role: str, num: int) -> bool:
     return True
 
 
-@reports()
+@reports(reads=("x", "mean"), binds=("mean_r", "centered", "sq", "var", "var_r", "eps_add", "eps", "root", "normed", "scale", "gamma", "shift", "beta"))
 def _layer_norm_chain(c: Ctx) -> Fail | None:
     """Bind the LayerNorm chain from `mean` (quiet when the users do not continue it)."""
     g, x = c.graph, c.id("x")
@@ -154,7 +154,7 @@ def _centered_value(g: Graph, n: Node) -> bool:
     return m.op == Op.REDUCE_MEAN and m.inputs[0] == n.inputs[0]
 
 
-@reports()
+@reports(reads=("sq",), binds=("x", "var", "var_r", "eps_add", "eps", "root", "normed", "scale", "gamma", "shift", "beta"))
 def _rms_norm_chain(c: Ctx) -> Fail | None:
     """Bind the RMSNorm chain from `sq` (quiet when it is not one)."""
     g, sq = c.graph, c["sq"]
@@ -195,7 +195,7 @@ def _keepdims_guard(stat: str, name: str, what: str) -> object:
                 f"{list(c['x'].shape)} instead of per row; needs {list(_row_shape(c))}")
     return guard(name, lambda c: _broadcast_ok(c, stat), explain,
                  f"reduce with keepdims=true (or reshape the {what} to [..., 1]) before using it",
-                 requires=(stat,))
+                 requires=(stat,), reads=("x", _bcast(stat)), kind=ILLEGAL)
 
 
 def _affine_guard(role: str) -> object:
@@ -205,7 +205,8 @@ def _affine_guard(role: str) -> object:
     return guard(f"{role}_shape", ok,
                  lambda c: f"{c.d(role)} has shape {list(c[role].shape)}; needs rank 1 [{c['x'].shape[-1]}] "
                            f"over the normalized (last) axis of x {list(c['x'].shape)}",
-                 f"store {role} as a [hidden] vector", requires=(role,))
+                 f"store {role} as a [hidden] vector", requires=(role,), reads=("x",), kind=NOT_RECOGNIZED,
+                 fix=f"none: the norm op takes a rank-1 {role} over the last axis")
 
 
 def _common_guards(family: str, stats: tuple[str, ...]) -> tuple:
@@ -213,20 +214,23 @@ def _common_guards(family: str, stats: tuple[str, ...]) -> tuple:
         guard("normalized_axis_last", lambda c: all(_axis_last(c, s) for s in stats),
               lambda c: f"{c.d(stats[0])} reduces axes {list(c[stats[0]].attrs['axes'])} of x {list(c['x'].shape)}; "
                         f"{family} normalizes the last axis only",
-              "normalize over the last axis (transpose first)", requires=stats),
+              "normalize over the last axis (transpose first)", requires=stats, reads=("x",), kind=NOT_RECOGNIZED,
+              fix=f"an axis attribute on {family} (it normalizes the last axis only)"),
         *(_keepdims_guard(s, f"{'mean' if s == 'mean' else 'var'}_keepdims",
                           "mean" if s == "mean" else "variance" if family == "layer_norm" else "mean square")
           for s in stats),
         guard("eps_inside_sqrt", lambda c: not c.data.get("eps_outside"),
               lambda c: f"{c.d('eps')} is added after the sqrt ({c.d('eps_add')}: std + eps); {family} adds "
                         f"it to the variance (sqrt(var + eps)): the numbers differ",
-              "write sqrt(var + eps)", requires=("eps_add",)),
+              "write sqrt(var + eps)", requires=("eps_add",), reads=("eps",), kind=ILLEGAL),
         guard("eps_scalar", lambda c: (const_value(c["eps"]) or 0.0) >= 0.0,
-              lambda c: f"{c.d('eps')} = {const_value(c['eps'])}; needs a scalar >= 0", requires=("eps",)),
+              lambda c: f"{c.d('eps')} = {const_value(c['eps'])}; needs a scalar >= 0", requires=("eps",),
+              kind=NOT_RECOGNIZED, fix="none: a negative eps is not a norm"),
         guard("stats_dtype", lambda c: c["x"].dtype == DType.f32,
               lambda c: f"{c.d('x')} is {c['x'].dtype}: the statistics are computed in {c['x'].dtype}, while the "
                         f"{family} kernels accumulate in f32; the numbers differ",
-              "cast x to f32 before the statistics (as Hugging Face's LlamaRMSNorm does)", requires=("x",)),
+              "cast x to f32 before the statistics (as Hugging Face's LlamaRMSNorm does)", requires=("x",),
+              kind=ILLEGAL),
         _affine_guard("gamma"),
         _affine_guard("beta"),
     )
@@ -268,7 +272,8 @@ RMS_NORM = Rule(
     "canonicalize_norm.rms_norm",
     P((Op.MUL, Op.POW), name="sq"),
     steps=(_rms_norm_chain, *_common_guards("rms_norm", ("var",))),
-    result=_RESULT, absorb=_ABSORB, rewrite=_rewrite(Op.RMS_NORM),
+    result=_RESULT, absorb=tuple(r for r in _ABSORB if r not in ("mean", "mean_r", "centered")),
+    rewrite=_rewrite(Op.RMS_NORM),
     labels={"var": "mean square", "normed": "normalized x"},
     doc="x * rsqrt(mean(x^2) + eps) [* gamma] as primitives -> rms_norm")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ...ir import Op, Rewriter
 from ..engine import rule_pass
-from ..guard import Ctx, all_single_use, guard
+from ..guard import NOT_RECOGNIZED, Ctx, all_single_use, guard
 from ..pattern import P
 from ..rule import Rule
 
@@ -24,7 +24,9 @@ DUAL = Rule(
     steps=(
         all_single_use(("gate_mm", "up_mm", "silu"), "swiglu_single_use"),
         guard("weights_match", lambda c: c["wg"].rank == 2 and c["wg"].shape == c["wu"].shape,
-              lambda c: f"gate weight {list(c['wg'].shape)} and up weight {list(c['wu'].shape)}; needs equal [K, N]"),
+              lambda c: f"{c.d('wg')} (gate weight) has shape {list(c['wg'].shape)} and {c.d('wu')} (up weight) "
+                        f"{list(c['wu'].shape)}; needs equal [K, N]", "give gate and up equal [K, N] weights",
+              requires=("wu", "wg"), kind=NOT_RECOGNIZED, fix="none: SwiGLU halves must be the same width"),
     ),
     result="mul", absorb=("gate_mm", "up_mm", "silu", "mul"),
     rewrite=lambda c, rw: _dual(c, rw),
@@ -55,10 +57,13 @@ NARROW = Rule(
       P(Op.NARROW, P.var("src"), name="up"), name="mul", commutative=True),
     steps=(
         guard("halves_of_last_axis", _halves,
-              lambda c: f"gate=narrow(axis {c['gate'].attrs['axis']}, start {c['gate'].attrs['start']}, len "
+              lambda c: f"{c.d('up')} and {c.d('gate')} slice {c.d('src')}: "
+                        f"gate=narrow(axis {c['gate'].attrs['axis']}, start {c['gate'].attrs['start']}, len "
                         f"{c['gate'].attrs['length']}), up=narrow(axis {c['up'].attrs['axis']}, start "
-                        f"{c['up'].attrs['start']}, len {c['up'].attrs['length']}) of {c.d('src')} "
-                        f"{list(c['src'].shape)}; needs the two halves of the last axis"),
+                        f"{c['up'].attrs['start']}, len {c['up'].attrs['length']}) of shape "
+                        f"{list(c['src'].shape)}; needs the two halves of the last axis",
+              "split the packed gate/up projection into its two halves", requires=("up", "gate", "src"),
+              kind=NOT_RECOGNIZED, fix="none: FusedSwiGLU takes the two halves of one tensor"),
         all_single_use(("gate", "up", "silu"), "swiglu_single_use"),
     ),
     result="mul", absorb=("gate", "up", "silu", "mul"),

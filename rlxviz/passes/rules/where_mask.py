@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir import DType, Op, Rewriter
-from ..guard import Ctx, Guard, guard
+from ..guard import ILLEGAL, NOT_RECOGNIZED, Ctx, Guard, guard
 from ..pattern import P, const_value, is_const
 
 NEG = float(np.finfo(np.float32).min)
@@ -40,11 +40,13 @@ def guards() -> tuple[Guard, ...]:
                         f"; a keep mask needs bool [{c['q_reshape'].shape[0]}, 1, 1, {c['k_reshape'].shape[1]}] "
                         f"(one value per key)",
               "mask padding per key ([B, 1, 1, Sk]); a causal where-mask has no keep-mask form here",
-              requires=("mask_where",)),
+              requires=("mask_where",), reads=("mask_cond", "q_reshape", "k_reshape"), kind=NOT_RECOGNIZED,
+              subject=lambda c: c.id("mask_cond"), fix="a causal or per-query mask kind for where-masks"),
         guard("where_mask_fill", lambda c: const_value(c["mask_fill"]) == NEG,
               lambda c: f"the where fill {c.d('mask_fill')} is {const_value(c['mask_fill'])}; the keep mask fills "
                         f"masked scores with finfo(f32).min = {NEG:.9g}, and another fill gives different numbers",
-              "fill with torch.finfo(torch.float32).min", requires=("mask_where",)),
+              "fill with torch.finfo(torch.float32).min", requires=("mask_where",), reads=("mask_fill",),
+              kind=ILLEGAL, subject=lambda c: c.id("mask_fill")),
     )
 
 
