@@ -107,6 +107,14 @@ def missed_fusions(source: Graph | Trace, pipeline: Pipeline | None = None) -> l
     return list(out.values())
 
 
+def left_out(trace: Trace) -> list[str]:
+    """What fusions that happened left out (their soft rejections, e.g. a refused merge, an additive mask
+    kept, an activation not absorbed), one line each, except those already reported as missed fusions."""
+    missed = {(m.pattern, m.node) for m in missed_fusions(trace)}
+    return [f"{r.rule} @ %{r.anchor} ({r.path or '-'}): {r.guard} [{r.kind}]: {r.message}"
+            for r in trace.rejections if r.soft and (r.rule, r.anchor) not in missed]
+
+
 def format_report(trace: Trace) -> str:
     """A short text report: node counts before/after, fused-op counts, then the misses."""
     before, after = trace.input, trace.final
@@ -122,4 +130,4 @@ def format_report(trace: Trace) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MissedFusion", "format_report", "in_context", "missed_fusions"]
+__all__ = ["MissedFusion", "format_report", "in_context", "left_out", "missed_fusions"]

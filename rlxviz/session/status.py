@@ -11,6 +11,7 @@ from typing import Any
 
 from ..ir import Op
 from ..passes import PASSES, MissedFusion, Outcome, Trace, explain, layer_of, missed_fusions
+from ..passes.report import left_out
 from ..passes.unrecognized import unrecognized
 from .architecture import Architecture, classify
 from .errors import SessionError
@@ -98,14 +99,12 @@ class LayerStatus:
         else:
             lines = [f"layer {self.layer}: NOT fused" + (f" (expected {self.expected})" if self.expected else "")]
             if self.first is not None:
-                o = self.first
-                lines.append(f"  first rejection: {o.rule}")
-                lines.append(f"    guard {o.guard} ({o.stage}): {o.message}")
-                if o.hint:
-                    lines.append(f"    fix: {o.hint}")
+                lines.append(f"  first rejection: {self.first.rule}")
+                lines += self.first.lines("    ")  # guard (stage, kind), fix, compiler fix, further failing guards
             elif self.silent:
                 lines.append(f"  no rejection: {self.silent}")
-            lines += [f"  also rejected: {o.rule}: {o.guard}" for o in self.rejections if o is not self.first]
+            lines += [f"  also rejected: {o.rule}: {o.guard} ({o.kind})" for o in self.rejections
+                      if o is not self.first]
             if self.expected_kind is not self.architecture:
                 lines.append(f"  layer kind: {self.architecture.description}; its sibling layers are "
                              f"{self.expected_kind.description}, so it is expected to fuse like them")
@@ -206,7 +205,8 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
         silent = _silent(trace, layer, LAYER_PASS)
     if first is None and not fused and misses:
         m = misses[0]
-        first = Outcome(m.pattern.split(".")[0], m.pattern, "rejected", m.guard, "", m.reason, m.hint, (m.node,))
+        first = Outcome(m.pattern.split(".")[0], m.pattern, "rejected", m.guard, "", m.reason, m.hint, (m.node,),
+                        m.kind, m.fix)
     done: list[str] = []
     expected = PRODUCTS[LAYER_PASS] if expect_ftl else ""
     if not arch.post_ln:
@@ -234,6 +234,8 @@ class FusionCheck:
     """For a graph whose node paths name no layer: the whole graph's kind."""
     not_expected: list[str] = field(default_factory=list)
     """For a graph whose node paths name no layer: rejections that do not count for its kind, with the reason."""
+    left_out: list[str] = field(default_factory=list)
+    """What fusions that happened left out, deliberately (`passes.report.left_out`: e.g. a refused merge)."""
 
     @property
     def ok(self) -> bool:
@@ -243,7 +245,7 @@ class FusionCheck:
         return {"model": self.model, "pipeline": self.pipeline, "ok": self.ok,
                 "fused_layers": sum(s.fused for s in self.layers), "checked_layers": len(self.layers),
                 "final_op_counts": self.counts, "layers": [s.to_dict() for s in self.layers],
-                "misses": self.misses, "not_expected": self.not_expected,
+                "misses": self.misses, "not_expected": self.not_expected, "left_out": self.left_out,
                 "architecture": None if self.architecture is None else dataclasses.asdict(self.architecture)}
 
     def render(self, verbose: bool = False) -> str:
@@ -255,10 +257,14 @@ class FusionCheck:
                 head += [f"  evidence: {e}" for e in self.architecture.evidence]
             head.append(f"{len(self.misses)} missed fusion(s)" + (":" if self.misses else ""))
             return "\n".join(head + [f"  {m}" for m in self.misses]
-                             + [f"  not expected here: {x}" for x in self.not_expected])
+                             + [f"  not expected here: {x}" for x in self.not_expected] + self._left_out())
         head = (f"{self.model} ({self.pipeline} pipeline): {sum(s.fused for s in self.layers)}/{len(self.layers)} "
                 f"layer(s) fused as expected")
-        return "\n".join([head, *(s.render(verbose) for s in self.layers)])
+        return "\n".join([head, *(s.render(verbose) for s in self.layers), *self._left_out()])
+
+    def _left_out(self) -> list[str]:
+        head = [f"{len(self.left_out)} fusion(s) left something out:"] if self.left_out else []
+        return head + [f"  {x}" for x in self.left_out]
 
 
 def check_layer(trace: Trace, layer: int, model: str = "") -> None:
@@ -281,11 +287,11 @@ def check_fusion(trace: Trace, model: str = "", layers: Iterable[int] | None = N
         check_layer(trace, i, model)
     statuses = [layer_status(trace, i) for i in wanted]
     if have:
-        return FusionCheck(model, trace.pipeline, statuses, trace.final.fused_op_counts())
+        return FusionCheck(model, trace.pipeline, statuses, trace.final.fused_op_counts(), left_out=left_out(trace))
     arch = classify(trace.input, None)
     misses, ignored = expected_misses(trace, arch, None)
     return FusionCheck(model, trace.pipeline, statuses, trace.final.fused_op_counts(), [str(m) for m in misses],
-                       arch, list(ignored.values()))
+                       arch, list(ignored.values()), left_out(trace))
 
 
 __all__ = ["LAYER_PASS", "PRODUCTS", "FusionCheck", "LayerStatus", "check_fusion", "check_layer", "expected_misses",

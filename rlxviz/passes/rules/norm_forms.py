@@ -120,7 +120,11 @@ def _tail(c: Ctx, stat_role: str, num: int) -> bool:
     return True
 
 
-@reports(reads=("x", "mean"), binds=("mean_r", "centered", "sq", "var", "var_r", "eps_add", "eps", "root", "normed", "scale", "gamma", "shift", "beta"))
+_TAIL_ROLES = ("var_r", "eps_add", "eps", "root", "normed", "scale", "gamma", "shift", "beta")
+"""The roles `_tail` binds."""
+
+
+@reports(reads=("x", "mean"), binds=("mean_r", "centered", "sq", "var", *_TAIL_ROLES))
 def _layer_norm_chain(c: Ctx) -> Fail | None:
     """Bind the LayerNorm chain from `mean` (quiet when the users do not continue it)."""
     g, x = c.graph, c.id("x")
@@ -154,7 +158,7 @@ def _centered_value(g: Graph, n: Node) -> bool:
     return m.op == Op.REDUCE_MEAN and m.inputs[0] == n.inputs[0]
 
 
-@reports(reads=("sq",), binds=("x", "var", "var_r", "eps_add", "eps", "root", "normed", "scale", "gamma", "shift", "beta"))
+@reports(reads=("sq",), binds=("x", "var", *_TAIL_ROLES))
 def _rms_norm_chain(c: Ctx) -> Fail | None:
     """Bind the RMSNorm chain from `sq` (quiet when it is not one)."""
     g, sq = c.graph, c["sq"]
