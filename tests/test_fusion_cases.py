@@ -179,7 +179,7 @@ def test_case_16_without_the_cost_test_the_split_names_the_merged_projection():
     t = run_and_compare(case("16"), Pipeline.canonical(merge_cost_test=False))
     (r,) = [r for r in t.step("fuse_attention_block").rejections if r.headline]
     assert r.guard == "qkv_split"
-    assert "448 wide, not 3*64 = 192" in r.message and "start 192, len 256" in r.message
+    assert "448 wide, not 64+2*64 = 192" in r.message and "start 192, len 256" in r.message
     assert "merged into it" in r.message
 
 

@@ -470,7 +470,8 @@ def _sdpa(**kw):
         q = ids["q_prescale"] = b.mul(q, 0.5)
     ids["q_reshape"] = b.reshape(q, (B, S, nh, dh))
     ids["q_heads"] = b.transpose(ids["q_reshape"], kw.get("q_perm", (0, 2, 1, 3)))
-    ids["k_reshape"] = b.reshape(proj("k"), (B, S, nh, dh))
+    ids["k_mm"] = proj("k")
+    ids["k_reshape"] = b.reshape(ids["k_mm"], (B, S, nh, dh))
     ids["k_heads"] = b.transpose(ids["k_reshape"], (0, 2, 1, 3))
     ids["k_t"] = ids["k_heads"] if kw.get("no_kt") else b.transpose(ids["k_heads"], kw.get("k_perm", (0, 1, 3, 2)))
     if kw.get("wide_v"):
@@ -648,7 +649,9 @@ _RLN = {"fuse_residual_ln": "layer_norm", "fuse_residual_rms_norm": "rms_norm"}
 NEAR_MISSES = [
     # rule, guard, make() -> (graph, ids), subject role, pipeline params
     (_SDPA, "softmax_last_axis", lambda: _sdpa(axis=2), "softmax", {}),
-    (_SDPA, "scores_form", lambda: _sdpa(no_kt=True), "k_reshape", {}),
+    # no K transpose: the deepest partial match is the repeat_kv alternative (reshape(expand(...))), which finds
+    # the K projection where it needs the expand
+    (_SDPA, "scores_form", lambda: _sdpa(no_kt=True), "k_mm", {}),
     (_SDPA, "pv_form", lambda: _sdpa(v_neg=True), "v_in", {}),
     (_SDPA, "merge_form", lambda: _sdpa(no_merge_t=True), "pv", {}),
     (_SDPA, "merge_reshape", lambda: _sdpa(no_merge_reshape=True), "merge_t", {}),
@@ -767,6 +770,92 @@ def _ftl_fc1_act(act):
     g, ids = _ftl()
     nodes = [n.replace(attrs={**n.attrs, "activation": act}) if n.id == ids["fc1"] else n for n in g]
     return Graph(nodes, g.outputs, g.name), ids
+
+
+def _nth(g, op, k=0, where=lambda n: True):
+    return [n.id for n in g if n.op == op and where(n)][k]
+
+
+def _forms(kind):
+    """Near misses of the canonicalization passes (graphs from tests/test_forms.py, and small ones here)."""
+    from test_forms import gelu_graph, layer_norm_graph, rms_norm_graph
+    from test_gqa import gqa_graph
+    if kind == "ln_axis":
+        g = layer_norm_graph(axis=0, shape=(4, 6))
+        return g, {"s": _nth(g, Op.REDUCE_MEAN)}
+    if kind in ("ln_dtype", "rms_dtype"):
+        g = layer_norm_graph(dtype="f16") if kind == "ln_dtype" else rms_norm_graph(dtype="f16")
+        return g, {"s": g.inputs[0].id}
+    if kind == "ln_gamma":
+        g = layer_norm_graph(gamma_shape=(1, 8), shape=(2, 8))
+        return g, {"s": g.params[0].id}
+    if kind == "rms_gamma":
+        g = rms_norm_graph(gamma_shape=(1, 1, 8))
+        return g, {"s": g.params[0].id}
+    if kind == "rms_axis":
+        g = rms_norm_graph(axis=1, shape=(2, 8, 8))
+        return g, {"s": _nth(g, Op.REDUCE_MEAN)}
+    if kind == "ln_eps_outside":
+        g = layer_norm_graph(eps_outside=True)
+        return g, {"s": _nth(g, Op.ADD, where=lambda n: g[n.inputs[0]].op == Op.SQRT)}
+    if kind in ("gelu_erf", "gelu_tanh"):
+        g = gelu_graph("erf", 1, 0.7) if kind == "gelu_erf" else gelu_graph("tanh", 2, 0.0447)
+        return g, {"s": _nth(g, Op.ERF if kind == "gelu_erf" else Op.TANH)}
+    if kind == "kv_tile":
+        g = gqa_graph(expand="tile")
+        return g, {"s": _nth(g, Op.RESHAPE, where=lambda n: g[n.inputs[0]].op == Op.EXPAND)}
+    b = Builder(kind)
+    x = b.input("x", (4, 4))
+    ids = {}
+    if kind.startswith("ln"):
+        mean = b.reduce_mean(x, [-1], keepdims=kind != "ln_mean_keepdims")
+        c = b.sub(x, mean)
+        var = b.reduce_mean(b.mul(c, c), [-1], keepdims=kind != "ln_var_keepdims")
+        eps = b.const(-1e-5 if kind == "ln_eps" else 1e-5)
+        out = b.div(c, b.sqrt(b.add(var, eps)))
+        out = b.add(b.mul(out, b.param("g", (4,))), b.param("beta", (1, 4) if kind == "ln_beta" else (4,)))
+        ids = {"s": {"ln_mean_keepdims": mean, "ln_var_keepdims": var, "ln_eps": eps}.get(kind)}
+    else:  # rms
+        ms = b.reduce_mean(b.mul(x, x), [-1], keepdims=kind != "rms_var_keepdims")
+        eps = b.const(-1e-6 if kind == "rms_eps" else 1e-6)
+        if kind == "rms_eps_outside":
+            add = b.add(b.sqrt(ms), eps)
+            out = b.div(x, add)
+        else:
+            add = None
+            out = b.mul(x, b.rsqrt(b.add(ms, eps)))
+        out = b.mul(b.param("g", (4,)), out)
+        if kind == "rms_beta":
+            out = b.add(out, b.param("beta", (1, 4)))
+        ids = {"s": {"rms_var_keepdims": ms, "rms_eps": eps, "rms_eps_outside": add}.get(kind)}
+    b.output(out)
+    g = b.build()
+    if ids["s"] is None:  # a beta of the wrong shape
+        ids["s"] = next(p.id for p in g.params if p.name == "beta")
+    return g, ids
+
+
+_LN, _RMS = "canonicalize_norm.layer_norm", "canonicalize_norm.rms_norm"
+NEAR_MISSES += [
+    (_LN, "normalized_axis_last", lambda: _forms("ln_axis"), "s", {}),
+    (_LN, "mean_keepdims", lambda: _forms("ln_mean_keepdims"), "s", {}),
+    (_LN, "var_keepdims", lambda: _forms("ln_var_keepdims"), "s", {}),
+    (_LN, "eps_inside_sqrt", lambda: _forms("ln_eps_outside"), "s", {}),
+    (_LN, "eps_scalar", lambda: _forms("ln_eps"), "s", {}),
+    (_LN, "stats_dtype", lambda: _forms("ln_dtype"), "s", {}),
+    (_LN, "gamma_shape", lambda: _forms("ln_gamma"), "s", {}),
+    (_LN, "beta_shape", lambda: _forms("ln_beta"), "s", {}),
+    (_RMS, "normalized_axis_last", lambda: _forms("rms_axis"), "s", {}),
+    (_RMS, "var_keepdims", lambda: _forms("rms_var_keepdims"), "s", {}),
+    (_RMS, "eps_inside_sqrt", lambda: _forms("rms_eps_outside"), "s", {}),
+    (_RMS, "eps_scalar", lambda: _forms("rms_eps"), "s", {}),
+    (_RMS, "stats_dtype", lambda: _forms("rms_dtype"), "s", {}),
+    (_RMS, "gamma_shape", lambda: _forms("rms_gamma"), "s", {}),
+    (_RMS, "beta_shape", lambda: _forms("rms_beta"), "s", {}),
+    ("canonicalize_gelu.erf", "gelu_constants", lambda: _forms("gelu_erf"), "s", {}),
+    ("canonicalize_gelu.tanh", "gelu_constants", lambda: _forms("gelu_tanh"), "s", {}),
+    (_SDPA, "kv_repeat_form", lambda: _forms("kv_tile"), "s", {}),
+]
 
 
 def test_near_miss_table_covers_every_guard_of_every_rule():

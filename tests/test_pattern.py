@@ -87,14 +87,19 @@ def scores_graph(k_perms=((0, 2, 1, 3), (0, 1, 3, 2)), mask_first=False):
 
 
 def test_deepest_miss_names_k_through_a_single_permute():
-    """K reaches the scores through one [0, 2, 3, 1] permute: the miss is at K's edge, not the softmax."""
+    """K reaches the scores through one [0, 2, 3, 1] permute: the miss is at K's edge, not at the softmax. The
+    deepest reading takes K's reshape for repeat_kv's (it then needs an expand); the other reading, a plain head
+    split, is named too: K's transpose reads a reshape where it needs the head transpose."""
     g = scores_graph(k_perms=((0, 2, 3, 1),))
     (r,) = run_passes(g, ["fuse_sdpa"]).rejections
     kt = g.find(Op.TRANSPOSE)[1]
-    assert r.guard == "scores_form" and r.subject == kt.inputs[0]
-    assert r.message.startswith(f"k_t (node {kt.id}).inputs[0] is reshape (node {kt.inputs[0]}); needs ")
-    assert r.found == "reshape" and set(r.needed) == {"mul", "div", "transpose"}
-    assert (kt.inputs[0], kt.id) in r.offending_edges
+    reshape = kt.inputs[0]
+    assert r.guard == "scores_form" and r.subject == g[reshape].inputs[0]
+    assert r.message.startswith(f"k_rep (node {reshape}).inputs[0] (k_rep_expand) is matmul (node ")
+    assert r.found == "matmul" and r.needed == ("expand",)
+    assert f"(read another way: k_t (node {kt.id}).inputs[0] is reshape (node {reshape}); needs mul or div or " \
+           f"transpose)" in r.message
+    assert "mask_add" not in r.message and "softmax" not in r.message.split(":")[0]
 
 
 def test_miss_alternatives_are_deduplicated_and_exclude_the_found_op():

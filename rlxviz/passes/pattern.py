@@ -69,6 +69,8 @@ class Miss:
     operand: int | None = None
     needed: tuple[str, ...] = ()
     found_op: str = ""
+    others: tuple[Miss, ...] = ()
+    """The deepest alternative that failed at another edge (at most one): another reading of the graph."""
 
     @property
     def edge(self) -> str:
@@ -77,7 +79,12 @@ class Miss:
 
     @property
     def message(self) -> str:
-        return f"{where(self)} is {self.found}; needs {self.expected}"
+        return f"{where(self)} is {self.found}; needs {self.expected}" + also_read(self)
+
+
+def also_read(m: Miss) -> str:
+    """` (read another way: ...)` for the shallower alternatives, or empty."""
+    return "".join(f" (read another way: {where(o)} is {o.found}; needs {o.expected})" for o in m.others)
 
 
 def where(m: Miss, label: Callable[[str], str] = lambda r: r) -> str:
@@ -190,7 +197,23 @@ def _deepest(misses: list[Miss]) -> Miss:
     role = best.role
     if len({m.role for m in same}) > 1:  # alternatives with different capture names: name the edge only
         role = f"{best.parent_role}.inputs[{best.operand}]" if best.parent is not None else best.role
-    return replace(best, role=role, needed=needed, expected=" or ".join(needed), hint=hint)
+    rest = _merged([m for m in misses if all(m is not s for s in same) and m.depth >= 1])
+    others = sorted([*best.others, *(replace(m, others=()) for m in rest)], key=lambda m: -m.depth)
+    return replace(best, role=role, needed=needed, expected=" or ".join(needed), hint=hint, others=tuple(others[:1]))
+
+
+def _merged(misses: list[Miss]) -> list[Miss]:
+    """Misses at the same edge merged into one (needed deduplicated), deepest first."""
+    out: dict[tuple, Miss] = {}
+    for m in sorted(misses, key=lambda m: -m.depth):
+        key = (m.depth, m.node, m.parent, m.operand)
+        if key in out:
+            needed = tuple(dict.fromkeys((*out[key].needed, *m.needed)))
+            role = out[key].role if out[key].role == m.role else f"{m.parent_role}.inputs[{m.operand}]"
+            out[key] = replace(out[key], role=role, needed=needed, expected=" or ".join(needed))
+        else:
+            out[key] = m
+    return list(out.values())
 
 
 def _match(p: P, g: Graph, nid: int, b: Bindings, role: str, e: _Edge) -> Bindings | Miss:
@@ -263,4 +286,4 @@ def const_value(node: Node) -> float | None:
     return float(v) if node.op == Op.CONST and isinstance(v, int | float) else None
 
 
-__all__ = ["Bindings", "Miss", "P", "const_value", "describe", "is_const", "op_label", "where"]
+__all__ = ["Bindings", "Miss", "P", "also_read", "const_value", "describe", "is_const", "op_label", "where"]

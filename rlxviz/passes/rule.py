@@ -30,7 +30,7 @@ from typing import Any
 
 from ..ir import Node, Op, Rewriter
 from .guard import ILLEGAL, KINDS, NOT_RECOGNIZED, Ctx, Guard, RuleError, _dynamic
-from .pattern import Miss, P, describe, op_label, where
+from .pattern import Miss, P, also_read, describe, op_label, where
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ Step = Shape | User | Guard | Soft | Callable[[Ctx], "Fail | None"]
 def _miss_fail(name: str, ctx: Ctx, m: Miss, hint: str, fix: str = "") -> Fail:
     """A structure failure from the deepest partial match: the edge that failed, found vs needed."""
     hint = hint or m.hint
-    msg = f"{where(m, ctx.label)} is {m.found}; needs {m.expected}" + (f": {hint}" if hint else "")
+    msg = f"{where(m, ctx.label)} is {m.found}; needs {m.expected}{also_read(m)}" + (f": {hint}" if hint else "")
     edges = ((m.node, m.parent),) if m.node is not None and m.parent is not None else ()
     return Fail("structure", name, msg, (m.node,) if m.node is not None else (), edges, hint, subject=m.node,
                 kind=NOT_RECOGNIZED, fix=fix, needed=m.needed, found=m.found_op)

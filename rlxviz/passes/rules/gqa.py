@@ -51,7 +51,7 @@ def _explain_repeat(c: Ctx) -> str:
     heads = c[f"{tag}_heads"]
     shapes = " -> ".join(str(list(c[f"{tag}_{r}"].shape)) for r in REPEAT_ROLES)
     b, kv, s, d = heads.shape
-    return (f"{tag.upper()} heads {list(heads.shape)} are expanded to {list(c[f'{tag}_rep'].shape)} by reshape/expand/"
+    return (f"at {c.d(tag + '_rep')}: {tag.upper()} heads {list(heads.shape)} are expanded to {list(c[f'{tag}_rep'].shape)} by reshape/expand/"
             f"reshape {shapes}; grouped-query attention needs Hugging Face's repeat_kv [{b}, {kv}, 1, {s}, {d}] -> "
             f"[{b}, {kv}, n_rep, {s}, {d}] -> [{b}, {kv}*n_rep, {s}, {d}] (query head i reads kv head i // n_rep)")
 
