@@ -51,8 +51,9 @@ def _explain_repeat(c: Ctx) -> str:
     heads = c[f"{tag}_heads"]
     shapes = " -> ".join(str(list(c[f"{tag}_{r}"].shape)) for r in REPEAT_ROLES)
     b, kv, s, d = heads.shape
-    return (f"at {c.d(tag + '_rep')}: {tag.upper()} heads {list(heads.shape)} are expanded to {list(c[f'{tag}_rep'].shape)} by reshape/expand/"
-            f"reshape {shapes}; grouped-query attention needs Hugging Face's repeat_kv [{b}, {kv}, 1, {s}, {d}] -> "
+    where = f"at {c.d(tag + '_rep')}: "
+    return (f"{where}{tag.upper()} heads {list(heads.shape)} are expanded to {list(c[f'{tag}_rep'].shape)} by "
+            f"reshape/expand/reshape {shapes}; grouped-query attention needs Hugging Face's repeat_kv [{b}, {kv}, 1, {s}, {d}] -> "
             f"[{b}, {kv}, n_rep, {s}, {d}] -> [{b}, {kv}*n_rep, {s}, {d}] (query head i reads kv head i // n_rep)")
 
 
