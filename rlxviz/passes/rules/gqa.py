@@ -53,7 +53,8 @@ def _explain_repeat(c: Ctx) -> str:
     b, kv, s, d = heads.shape
     where = f"at {c.d(tag + '_rep')}: "
     return (f"{where}{tag.upper()} heads {list(heads.shape)} are expanded to {list(c[f'{tag}_rep'].shape)} by "
-            f"reshape/expand/reshape {shapes}; grouped-query attention needs Hugging Face's repeat_kv [{b}, {kv}, 1, {s}, {d}] -> "
+            f"reshape/expand/reshape {shapes}; grouped-query attention needs Hugging Face's repeat_kv "
+            f"[{b}, {kv}, 1, {s}, {d}] -> "
             f"[{b}, {kv}, n_rep, {s}, {d}] -> [{b}, {kv}*n_rep, {s}, {d}] (query head i reads kv head i // n_rep)")
 
 
