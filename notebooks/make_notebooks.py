@@ -365,7 +365,7 @@ controls = widgets.interact(explore, case=widgets.Dropdown(options=list(teach.TE
 |---|---|---|---|
 | output_intermediate | `h1_not_output` | do not return h1 | none: a fused layer cannot expose h1 |
 | extra_h1_user | `h1_user_count` | remove the extra reader of h1 | run `dead_code_elimination` first (dead reader) |
-| tanh_gelu | `fc1_activation` | use exact (erf) GELU | none: the epilogue computes erf GELU only |
+| tanh_gelu | `fc1_activation` | exact (erf) GELU fuses, but changes the numbers | add gelu_tanh to the epilogue allow-list (a tanh-GELU epilogue kernel) |
 | pre_ln | `sum_single_user`, then `post_ln_order` | — (a GPT/LLaMA-style block) | expected: sublayers still fuse |
 | swapped_residual | none: it fuses | — | done: `fuse_transformer_layer` takes the residual add in either order (add is commutative) |
 | over_threshold | `attention_size_gate` | — | raise or unset `fab_max_tokens` |

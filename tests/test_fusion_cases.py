@@ -1,4 +1,4 @@
-"""Cases from outside (../shared/cases, copied to tests/fixtures/cases) and two more graphs of each kind.
+"""Cases from outside (../shared/cases, copied to tests/data/cases) and two more graphs of each kind.
 
 * 03 pre-scaled Q (CLIP/Whisper): the Q/K pre-scale folds into the attention scale; the block fuses when the
   product is the default 1/sqrt(head_dim), and otherwise `default_scale` names the actual and default scale.
@@ -18,7 +18,7 @@ from rlxviz.passes import Pipeline, missed_fusions
 from rlxviz.passes.guard import ILLEGAL, NOT_PROFITABLE, NOT_RECOGNIZED
 from rlxviz.runtime import run_reference
 
-CASES = Path(__file__).parent / "fixtures" / "cases"
+CASES = Path(__file__).parent / "data" / "cases"
 
 
 def case(name: str) -> Graph:
