@@ -133,7 +133,7 @@ def test_order_is_visible_when_prerequisites_are_missing():
     assert "needs FusedAttentionBlock" in rej[0].message and "run fuse_attention_block first" in rej[0].message
     t2 = run_passes(g, ["fuse_matmul_bias_act", "fuse_attention_block", "fuse_transformer_layer"])
     rej2 = t2.step("fuse_transformer_layer").rejections
-    assert {r.guard for r in rej2} == {"post_ln_order"} and "run fuse_residual_ln first" in rej2[0].message
+    assert {r.guard for r in rej2} == {"ln1_is_residual_ln"} and "run fuse_residual_ln first" in rej2[0].message
 
 
 def test_user_edited_pipeline_enable_disable_reorder():
