@@ -578,7 +578,7 @@ def _linear(**kw):
     return b.build(), ids
 
 
-def _residual(norm="layer_norm", biased=False, **kw):
+def _residual(norm="layer_norm", biased=False, no_beta=False, **kw):
     b = Builder("res")
     x = b.input("x", (2, 4, 8))
     r = b.input("r", kw.get("skip_shape", (2, 4, 8)))
@@ -587,15 +587,16 @@ def _residual(norm="layer_norm", biased=False, **kw):
     if biased:
         ids["bias"] = b.param("rb", kw.get("bias_shape", (8,)))
         s = ids["biased"] = b.add(s, ids["bias"])
-    ids["norm"] = getattr(b, norm)(s, b.param("g", (8,)), b.param("beta", (8,)))
+    ids["norm"] = b.rms_norm(s, b.param("g", (8,))) if no_beta else \
+        getattr(b, norm)(s, b.param("g", (8,)), b.param("beta", (8,)))
     outs = [ids["norm"]] + [ids[k] for k in kw.get("outputs", ())] + [b.neg(ids[k]) for k in kw.get("readers", ())]
     b.output(*outs)
     return b.build(), ids
 
 
-def _norm_axis(norm="layer_norm", biased=False):
+def _norm_axis(norm="layer_norm", biased=False, no_beta=False):
     """A residual norm over axis 1: the IR's builder refuses it, so the node's attribute is patched."""
-    g, ids = _residual(norm, biased)
+    g, ids = _residual(norm, biased, no_beta)
     n = g[ids["norm"]]
     nodes = [m.replace(attrs={**m.attrs, "axis": 1}) if m.id == n.id else m for m in g]
     return Graph(nodes, g.outputs, g.name), ids
@@ -703,6 +704,12 @@ NEAR_MISSES = [
         ("biased", "biased_not_output", lambda norm=norm: _residual(norm, True, outputs=("biased",)), "biased"),
         ("biased", "bias_shape", lambda norm=norm: _residual(norm, True, bias_shape=(1,)), "bias"),
     ]],
+    *[("fuse_residual_rms_norm.residual_no_beta", guard, make, subject, {}) for guard, make, subject in [
+        ("sum_single_user", lambda: _residual("rms_norm", no_beta=True, readers=("sum",)), "sum"),
+        ("sum_not_output", lambda: _residual("rms_norm", no_beta=True, outputs=("sum",)), "sum"),
+        ("residual_same_shape", lambda: _residual("rms_norm", no_beta=True, skip_shape=(1, 8)), "x"),
+        ("norm_last_axis", lambda: _norm_axis("rms_norm", no_beta=True), "norm"),
+    ]],
     (_FTL, "attention_size_gate", _ftl, "attn", {"fab_max_tokens": 2}),
     (_FTL, "attn_is_fused_block", lambda: _block(), "attn", {}),
     (_FTL, "attn_single_user", lambda: _ftl(readers=("attn",)), "attn", {}),
@@ -801,6 +808,11 @@ def _forms(kind):
     if kind in ("gelu_erf", "gelu_tanh"):
         g = gelu_graph("erf", 1, 0.7) if kind == "gelu_erf" else gelu_graph("tanh", 2, 0.0447)
         return g, {"s": _nth(g, Op.ERF if kind == "gelu_erf" else Op.TANH)}
+    if kind in ("where_fill", "where_per_key"):
+        from test_where_mask import S, where_attention
+        g = where_attention(-1e9) if kind == "where_fill" else where_attention(cond_shape=(1, 1, S, S))
+        w = g[_nth(g, Op.WHERE)]
+        return g, {"s": w.inputs[2] if kind == "where_fill" else w.inputs[0]}
     if kind == "kv_tile":
         g = gqa_graph(expand="tile")
         return g, {"s": _nth(g, Op.RESHAPE, where=lambda n: g[n.inputs[0]].op == Op.EXPAND)}
@@ -855,6 +867,8 @@ NEAR_MISSES += [
     ("canonicalize_gelu.erf", "gelu_constants", lambda: _forms("gelu_erf"), "s", {}),
     ("canonicalize_gelu.tanh", "gelu_constants", lambda: _forms("gelu_tanh"), "s", {}),
     (_SDPA, "kv_repeat_form", lambda: _forms("kv_tile"), "s", {}),
+    (_SDPA, "where_mask_fill", lambda: _forms("where_fill"), "s", {}),
+    (_SDPA, "where_mask_per_key", lambda: _forms("where_per_key"), "s", {}),
 ]
 
 
