@@ -53,7 +53,8 @@ class Outcome:
         rejections), one per line. Front ends print these (no other formatting of rejections)."""
         out: list[str] = []
         if self.status == "rejected":
-            out.append(f"{indent}guard {self.guard} ({self.stage}, {self.kind or 'unclassified'}): {self.message}")
+            how = ", ".join(x for x in (self.stage, self.kind) if x)
+            out.append(f"{indent}guard {self.guard} ({how}): {self.message}")
             if self.hint and self.hint not in self.message:
                 out.append(f"{indent}fix: {self.hint}")
             if self.fix:
