@@ -163,7 +163,11 @@ def test_a_guard_reading_an_undeclared_role_raises_when_it_runs():
 def test_every_guard_of_every_rule_declares_a_kind():
     for p in PASSES.values():
         for rule in p.rules:
-            for s in rule.steps:
-                s = getattr(s, "step", s)
-                kind = getattr(s, "kind", NOT_RECOGNIZED)  # structure steps are pattern limits
-                assert kind in KINDS, (rule.name, s)
+            kinds = rule.guard_kinds
+            assert set(kinds) == set(rule.guard_names) and set(kinds.values()) <= set(KINDS), rule.name
+    from rlxviz.passes.rules.linear import BIAS_ACT
+    assert BIAS_ACT.guard_kinds["add_not_output"] == "illegal"
+    assert BIAS_ACT.guard_kinds["epilogue_activation"] == "not recognized"
+    from rlxviz.session.pipeline import pass_catalog
+    (shared,) = [p for p in pass_catalog() if p["name"] == "fuse_shared_input_matmul"]
+    assert shared["rules"][0]["guard_kinds"]["merge_keeps_fusions"] == "not profitable"

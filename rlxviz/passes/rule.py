@@ -113,19 +113,23 @@ class User:
 
 
 def reports(*guard_names: str, kind: str = NOT_RECOGNIZED, reads: tuple[str, ...] = (),
-            binds: tuple[str, ...] = ()) -> Callable[[Callable[[Ctx], Fail | None]], Callable[[Ctx], Fail | None]]:
+            binds: tuple[str, ...] = (), kinds: dict[str, str] | None = None
+            ) -> Callable[[Callable[[Ctx], Fail | None]], Callable[[Ctx], Fail | None]]:
     """Declare what a custom step function does: the guard names it can fail with (none: it only binds
-    roles), their kind, the roles it reads and the roles it binds (`name*`: a numbered family).
+    roles), their kind (`kinds` overrides it per guard name), the roles it reads and the roles it binds
+    (`name*`: a numbered family).
 
     Raises:
         RuleError: `kind` is not one of `guard.KINDS`.
     """
-    if kind not in KINDS:
-        raise RuleError(f"[reports] kind must be one of {', '.join(KINDS)}; got {kind!r}")
+    per_guard = {g: kind for g in guard_names} | dict(kinds or {})
+    if any(k not in KINDS for k in per_guard.values()) or kind not in KINDS:
+        raise RuleError(f"[reports] kind must be one of {', '.join(KINDS)}; got {kind!r} / {per_guard}")
 
     def mark(fn: Callable[[Ctx], Fail | None]) -> Callable[[Ctx], Fail | None]:
         fn.guard_names = guard_names  # type: ignore[attr-defined]
         fn.kind = kind  # type: ignore[attr-defined]
+        fn.kinds = per_guard  # type: ignore[attr-defined]
         fn.reads = reads  # type: ignore[attr-defined]
         fn.binds = binds  # type: ignore[attr-defined]
         return fn
@@ -226,6 +230,23 @@ class Rule:
             else:
                 out.append(getattr(s, "name", getattr(s, "__name__", "step")))
         return [*out, "absorbed_escape"]
+
+    @property
+    def guard_kinds(self) -> dict[str, str]:
+        """Guard name -> the kind of "no" it says (`illegal`, `not recognized`, `not profitable`); structure
+        steps are pattern limits (`not recognized`)."""
+        out: dict[str, str] = {}
+        for s in self.steps:
+            s = s.step if isinstance(s, Soft) else s
+            if isinstance(s, Guard):
+                out.setdefault(s.name, s.kind)
+            elif hasattr(s, "guard_names"):
+                for g in s.guard_names:
+                    out.setdefault(g, s.kinds.get(g, s.kind))
+            else:
+                out.setdefault(s.name, NOT_RECOGNIZED)
+        out["absorbed_escape"] = ILLEGAL
+        return out
 
     def result_role(self, ctx: Ctx) -> str:
         if isinstance(self.result, str):

@@ -74,10 +74,11 @@ def run_pipeline(graph: Graph, pipe: Pipeline) -> Trace:
 
 def pass_catalog(pipe: Pipeline | None = None) -> list[dict[str, Any]]:
     """Each pass of `pipe` (default canonical), in order: name, doc, requires, and its rules with their
-    docs and guard names (structure steps and guards, in the order they run)."""
+    docs, guard names (structure steps and guards, in the order they run) and each guard's kind of "no"."""
     pipe = pipe or Pipeline.canonical()
     return [{"name": p.name, "doc": p.doc, "requires": list(p.requires),
-             "rules": [{"name": r.name, "doc": r.doc, "guards": r.guard_names} for r in p.rules]}
+             "rules": [{"name": r.name, "doc": r.doc, "guards": r.guard_names, "guard_kinds": r.guard_kinds}
+                       for r in p.rules]}
             for p in pipe.active()]
 
 

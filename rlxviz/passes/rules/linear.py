@@ -50,7 +50,7 @@ def _bias_len_ok(c: Ctx) -> bool:
     return c["bias"].shape in ((), (1,), (c["mm"].shape[-1],))
 
 
-@reports("epilogue_activation", "add_not_output", reads=("add",), binds=("act",))
+@reports("epilogue_activation", "add_not_output", reads=("add",), binds=("act",), kinds={"add_not_output": ILLEGAL})
 def _epilogue(c: Ctx) -> Fail | None:
     """Absorb the add's activation user when allowed; otherwise say why not (soft)."""
     users = c.users("add")
