@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..ir import Graph, Node, format_node, operand_roles
-from ..passes.trace import layer_of
+from ..passes.trace import Trace, layer_of
 from .text import md_escape
 
 
-def decision_rows(trace: Any) -> list[dict[str, Any]]:
+def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
     """One row per match and per rejection, in pipeline order.
 
     Columns: `kind` (`fused` / `rejected` / `left out`: a soft rejection of a rule that fused), `step` (index
@@ -50,7 +50,7 @@ def _node_line(g: Graph, nid: int, role: str | None = None) -> str:
     return f"{role + ': ' if role else ''}%{n.id} {n.op.value} {n.dtype}{list(n.shape)}{where}"
 
 
-def node_report(graph: Graph, node_id: int, trace: Any = None) -> dict[str, Any]:
+def node_report(graph: Graph, node_id: int, trace: Trace | None = None) -> dict[str, Any]:
     """Everything the inspector shows about `node_id` in `graph`.
 
     Returns:
