@@ -219,6 +219,8 @@ def test_timing_every_version():
     assert s.timings[0]["speedup"] == 1.0
     assert all(r["median_ms"] > 0 and r["max_err"] < 1e-3 for r in s.timings)
     assert "BLAS" in s.blas
+    assert s.device in s.param.device.objects and "cpu" in s.param.device.objects
+    assert f"on {s.device}, f32 matmuls" in s.blas  # device and precision policy of the run are shown
     assert not s.busy and s.progress == -1
 
 

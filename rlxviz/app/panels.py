@@ -247,6 +247,7 @@ class TimingView(Viewer):
                                         css_classes=["rv-time"])
         self.button.on_click(lambda e: s.time_all())
         self.repeat = pn.widgets.IntInput.from_param(s.param.repeat, name="Timed runs", width=100)
+        self.device = pn.widgets.Select.from_param(s.param.device, name="Device", width=90)
         self.blas = pn.pane.Markdown("", css_classes=["rv-blas"])
         self.table = pn.widgets.Tabulator(pd.DataFrame(), show_index=False, disabled=True, sizing_mode="stretch_width",
                                           css_classes=["rv-timings"], layout="fit_data_stretch")
@@ -256,13 +257,13 @@ class TimingView(Viewer):
 
     def _update(self, *events: param.parameterized.Event) -> None:
         s = self.state
-        self.blas.object = f"**MLX BLAS:** {md_escape(s.blas)}" if s.blas else ""
+        self.blas.object = f"**MLX:** {md_escape(s.blas)}" if s.blas else ""
         rows = s.timings
         self.table.value = pd.DataFrame(rows)
         self.chart.object = timing_figure(rows) if rows else None
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column(pn.Row(self.button, self.repeat), self.blas, self.chart, self.table,
+        return pn.Column(pn.Row(self.button, self.repeat, self.device), self.blas, self.chart, self.table,
                          sizing_mode="stretch_width")
 
 

@@ -27,6 +27,7 @@ from ..ir import Graph, GraphError, IRSyntaxError, format_graph
 from ..models import VARIANTS, Model
 from ..passes import CANONICAL_ORDER, DEFAULT_PARAMS, PASSES, PassStep, Trace
 from ..runtime import blas_summary
+from ..runtime.devices import available_devices
 from ..session import OVER_THRESHOLD, LayerStatus, Limits, SessionError, View
 from ..session import render as drawing
 from .jobs import Runner
@@ -94,6 +95,9 @@ class AppState(param.Parameterized):
     upload_dir = param.String("", doc="Temp folder holding the last accepted upload.")
     repeat = param.Integer(10, bounds=(1, 200), doc="Timed runs per version (after the warm-up runs).")
     warmup = param.Integer(2, bounds=(0, 20), doc="Untimed runs per version after the first call.")
+    device = param.Selector(objects=[d.name for d in available_devices()],
+                            default=available_devices()[0].name,
+                            doc="MLX device the versions are timed on (`runtime.devices`; the GPU when present).")
 
     def __init__(self, runner: Runner | None = None, autorun: bool = True, **params: Any) -> None:
         self.param.preset.objects = list(session.presets())
@@ -587,9 +591,13 @@ class AppState(param.Parameterized):
             feeds = session.feeds(model, self.text)
             self._set_progress(2, "Running the NumPy reference…")
             rows = session.time_versions(trace, feeds, model.weights, warmup=self.warmup, repeat=self.repeat,
+                                         device=self.device,
                                          progress=lambda i, n, label: self._set_progress(
                                              5 + int(95 * i / n), f"Timing {label} ({i + 1}/{n})…"))
             self.timings = self._timing_rows(rows, self._visible(trace))
+            where = next((r.context for r in rows if r.context is not None), None)
+            if where is not None:  # device, precision policy (f32 / TF32), BLAS and its threads
+                self.blas = str(where)
         except Exception as e:  # noqa: BLE001
             self._error(f"Timing failed: {type(e).__name__}: {e}\n{self._timing_hint(e)}")
         finally:
