@@ -107,21 +107,25 @@ class LayerArchitecture:
         return out
 
 
-_PREPARED: dict[int, tuple[Graph, Graph]] = {}
+_PREPARED: dict[int, tuple[Graph, Graph, dict[int | None, LayerArchitecture]]] = {}
 
 
-def prepared(graph: Graph) -> Graph:
-    """`graph` after the canonicalization prefix (cached for the last few graphs)."""
+def _entry(graph: Graph) -> tuple[Graph, Graph, dict[int | None, LayerArchitecture]]:
     hit = _PREPARED.get(id(graph))
     if hit is not None and hit[0] is graph:
-        return hit[1]
+        return hit
     from .pipeline import Pipeline  # pipeline imports the rules; keep this module importable on its own
 
     trace = Pipeline(list(_PREFIX)).run(graph)
     if len(_PREPARED) >= 4:
         _PREPARED.pop(next(iter(_PREPARED)))
-    _PREPARED[id(graph)] = (graph, trace.final)
-    return trace.final
+    _PREPARED[id(graph)] = (graph, trace.final, {})
+    return _PREPARED[id(graph)]
+
+
+def prepared(graph: Graph) -> Graph:
+    """`graph` after the canonicalization prefix (cached, with its classifications, for the last few graphs)."""
+    return _entry(graph)[1]
 
 
 def _reach(g: Graph, start: int, inside: set[int]) -> set[int]:
@@ -147,7 +151,13 @@ def _is_activation(n: Node) -> bool:
 
 def classify_layer(graph: Graph, layer: int | None) -> LayerArchitecture:
     """The `LayerArchitecture` of `layer` (None: the whole graph) in `graph` (the unfused input graph)."""
-    g = prepared(graph)
+    _, g, known = _entry(graph)
+    if layer not in known:
+        known[layer] = _classify(g, layer)
+    return known[layer]
+
+
+def _classify(g: Graph, layer: int | None) -> LayerArchitecture:
     nodes = [n for n in g if n.op not in (Op.INPUT, Op.PARAM, Op.CONST)
              and (layer is None or layer_of(n.path) == layer)]
     ids = {n.id for n in nodes}
