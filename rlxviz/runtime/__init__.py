@@ -15,6 +15,10 @@ _LAZY = {
     "LOWERINGS": "lowering", "LoweringError": "lowering", "LoweringOptions": "lowering",
     "Timing": "timing", "OutputDiff": "timing", "time_version": "timing", "equivalence": "timing",
     "blas_summary": "mlx_backend",
+    "MlxEmitter": "lowering", "options_for": "lowering", "DEVICE_LOWERING": "lowering",
+    "time_versions_interleaved": "timing", "InterleavedTimings": "timing", "TimingContext": "timing",
+    "available_devices": "devices", "default_device": "devices", "resolve_device": "devices",
+    "precision_policy": "devices", "DeviceError": "devices",
 }
 
 
