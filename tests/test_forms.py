@@ -136,15 +136,19 @@ def test_layer_norm_forms_refused_with_reason(graph, guard, fragment):
 # -- RMSNorm --------------------------------------------------------------------------------------------
 
 def rms_norm_graph(*, square="pow", root="rsqrt", gamma="left", keepdims=True, dtype="f32", gamma_shape=None,
-                   axis=-1, shape=(2, 3, 8), beta=False) -> Graph:
+                   axis=-1, shape=(2, 3, 8), beta=False, hf_casts=False) -> Graph:
     b = Builder("rms_forms")
     x = b.input("x", shape, dtype)
+    if hf_casts:  # LlamaRMSNorm: hidden_states.to(torch.float32) ... self.weight * hidden_states.to(input_dtype)
+        x = b.cast(x, "f32")
     sq = b.pow(x, b.const(2.0, dtype)) if square == "pow" else b.mul(x, x)
     ms = b.reduce_mean(sq, [axis], keepdims=keepdims)
     if not keepdims:
         ms = b.reshape(ms, (*shape[:-1], 1))
     ve = b.add(ms, b.const(1e-6, dtype))
     out = b.mul(x, b.rsqrt(ve)) if root == "rsqrt" else b.div(x, b.sqrt(ve))
+    if hf_casts:
+        out = b.cast(out, dtype)
     if gamma:
         w = b.param("norm.weight", gamma_shape or (shape[-1],), dtype)
         out = b.mul(w, out) if gamma == "left" else b.mul(out, w)
@@ -158,13 +162,15 @@ def rms_norm_graph(*, square="pow", root="rsqrt", gamma="left", keepdims=True, d
     dict(),                                                  # LLaMA: weight * (x * rsqrt(mean(x^2) + eps))
     dict(square="mul", root="sqrt", gamma=None),
     dict(keepdims=False, gamma="right", beta=True, shape=(6, 32)),
+    dict(hf_casts=True),                                     # HF LlamaRMSNorm's casts in an f32 model
 ])
 def test_rms_norm_forms_rewrite_with_equal_numbers(variant):
     g = rms_norm_graph(**variant)
     after = canonicalized(g).final
     (rms,) = [n for n in after if n.op == Op.RMS_NORM]
     assert len(rms.inputs) == (3 if variant.get("beta") else 2)
-    assert {n.op for n in after.compute_nodes()} == {Op.RMS_NORM}
+    assert after[rms.inputs[1]].op == (Op.PARAM if variant.get("gamma", "left") else Op.CONST)
+    assert {n.op for n in after.compute_nodes()} - {Op.CAST} == {Op.RMS_NORM}
     assert_same_numbers(g, after, g.inputs[0].shape)
 
 

@@ -10,6 +10,9 @@ Two rules, each anchored on the first statistic and walking forward through the 
 * `canonicalize_norm.rms_norm`: `ms = reduce_mean(x*x | pow(x, 2), [-1])`, `x * rsqrt(ms + eps)` or
   `x / sqrt(ms + eps)`, optionally `* gamma` (and `+ beta`) -> `rms_norm(x, gamma[, beta], eps)`.
 
+An identity cast between the normalized value and `* gamma` (Hugging Face's `.to(input_dtype)` in an f32
+model) is absorbed too.
+
 Validity (each a named guard; the rewrite changes only rounding, checked against the reference on random
 and adversarial inputs in `tests/test_forms.py`):
 
@@ -107,6 +110,10 @@ def _tail(c: Ctx, stat_role: str, num: int) -> bool:
     if normed is None:
         return False
     b["normed"] = normed.id
+    casts = _users(g, normed.id, Op.CAST)
+    if len(g.users(normed.id)) == 1 and casts and casts[0].dtype == normed.dtype:  # HF's .to(input_dtype), f32
+        b["normed_cast"] = casts[0].id
+        normed = casts[0]
     scales = _users(g, normed.id, Op.MUL)
     if len(g.users(normed.id)) == 1 and scales:
         gam = _other(scales[0], normed.id)
@@ -120,7 +127,7 @@ def _tail(c: Ctx, stat_role: str, num: int) -> bool:
     return True
 
 
-_TAIL_ROLES = ("var_r", "eps_add", "eps", "root", "normed", "scale", "gamma", "shift", "beta")
+_TAIL_ROLES = ("var_r", "eps_add", "eps", "root", "normed", "normed_cast", "scale", "gamma", "shift", "beta")
 """The roles `_tail` binds."""
 
 
@@ -240,8 +247,9 @@ def _common_guards(family: str, stats: tuple[str, ...]) -> tuple:
     )
 
 
-_ABSORB = ("mean", "mean_r", "centered", "sq", "var", "var_r", "eps_add", "root", "normed", "scale", "shift")
-_RESULT = ("shift", "scale", "normed")
+_ABSORB = ("mean", "mean_r", "centered", "sq", "var", "var_r", "eps_add", "root", "normed", "normed_cast", "scale",
+           "shift")
+_RESULT = ("shift", "scale", "normed_cast", "normed")
 
 
 def _rewrite(op: Op) -> object:
