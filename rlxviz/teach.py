@@ -12,7 +12,7 @@ import html
 from typing import Any
 
 from .ir import Graph
-from .passes.trace import PassStep
+from .passes.trace import PassStep, Trace
 from .session import (
     OVER_THRESHOLD,
     RLX_THRESHOLD,
@@ -22,6 +22,7 @@ from .session import (
     SessionError,
     Traffic,
     VersionTiming,
+    View,
     build_pipeline,
     check_fusion,
     format_timings,
@@ -57,15 +58,16 @@ def pair_html(left: str, right: str, max_height: int = 560, captions: tuple[str,
     return f'<div style="display:flex;gap:8px;flex-wrap:wrap">{cells}</div>'
 
 
-def show_step(step: PassStep, max_height: int = 560, **kw: Any) -> Any:
-    """A pass's before (matches clustered, rejections marked) and after (fused nodes marked) drawings,
-    side by side, as an IPython HTML object. `kw` goes to `viz.render_svg` (e.g. `focus=0`)."""
+def show_step(step: PassStep, max_height: int = 560, view: str = "full", focus: int | None = None) -> Any:
+    """A pass's before (matches clustered, rejections marked) and after (fused nodes marked) drawings, side by
+    side, as an IPython HTML object: the session's drawings (`session.render`, as the app and `rlxviz render`
+    make them) of `view` (`full` or `layers`), optionally only layer `focus`."""
     from IPython.display import HTML
 
-    from .viz import render_svg
+    from .session import render as drawing
 
-    before = render_svg(step.before, Overlay.before(step), **kw).svg
-    after = render_svg(step.after, Overlay.after(step), **kw).svg
+    trace = Trace(step.before, [step], step.pass_name)
+    before, after = (drawing.svg(trace, View(1, view, side, focus)) for side in ("before", "after"))
     return HTML(pair_html(before, after, max_height, (f"before {step.pass_name}", f"after {step.pass_name}")))
 
 
