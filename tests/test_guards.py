@@ -7,7 +7,7 @@ import pytest
 
 from rlxviz.ir import Builder, Graph, Op, Rewriter
 from rlxviz.models import VARIANTS, load_model
-from rlxviz.passes import Pipeline, run_passes
+from rlxviz.passes import Pipeline, missed_fusions, run_passes
 from rlxviz.passes.guard import EPILOGUE_ACTIVATIONS
 from rlxviz.passes.pipeline import PASSES
 from rlxviz.runtime import run_reference
@@ -911,3 +911,19 @@ def test_absorbed_escape_names_the_escaping_node():
     _, (r,) = find(g, "t", [rule], {})
     assert r.guard == "absorbed_escape" and r.kind == "illegal" and r.subject == n
     assert "would be absorbed but is also read by tanh (node" in r.message
+
+
+def test_every_failing_guard_is_reported_headline_first():
+    """A size-gate miss and a wrong mask kind: both are reported, the gate first (issue 10's example)."""
+    from rlxviz.passes import explain
+    g, ids = _block(mask="none")
+    t = run_passes(g, ["fuse_attention_block"], fab_max_tokens=2)
+    rej = t.step("fuse_attention_block").rejections
+    assert [(r.guard, r.headline, r.kind) for r in rej] == [
+        ("attention_size_gate", True, "not profitable"), ("mask_kind_keep", False, "not recognized")]
+    assert all(r.subject == ids["attn"] for r in rej)
+    o = explain(t, 0).outcome("fuse_attention_block")
+    assert o.guard == "attention_size_gate" and [a[0] for a in o.also] == ["mask_kind_keep"]
+    assert "also fails: mask_kind_keep (not recognized): " in explain(t, 0).render()
+    (m,) = [m for m in missed_fusions(t) if m.pattern.startswith("fuse_attention_block")]
+    assert m.guard == "attention_size_gate" and m.also[0].startswith("mask_kind_keep (not recognized): ")
