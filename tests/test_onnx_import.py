@@ -182,19 +182,27 @@ def test_contrib_fused_ops_match_onnxruntime(tmp_path):
     assert {"attention", "layer_norm", "rms_norm", "gelu", "gelu_tanh"} <= set(m.graph.op_counts())
 
 
-def test_app_loads_an_onnx_upload_and_an_onnx_path_under_the_allowed_dirs(monkeypatch, tmp_path):
-    import shutil
-
+def _app_state():
     from rlxviz.app.jobs import Runner
     from rlxviz.app.state import AppState
 
-    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+    return AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+
+
+def test_app_loads_an_onnx_upload():
+    s = _app_state()
     s.load_upload({"gpt2.onnx": (FIX / "gpt2.onnx").read_bytes()})
     assert s.message_kind != "danger", s.message
     assert s.source == "upload" and s.model.meta["onnx_file"].endswith("model.onnx")
     assert any(n.path.startswith("h.1.attn") for n in s.trace.final)  # the exporter's names reach the app
     s.load_upload({"gpt2.onnx": b"not protobuf", "x.json": b"{}"})
     assert s.message_kind == "danger" and "one .onnx file alone" in s.message
+
+
+def test_app_loads_an_onnx_path_only_under_the_allowed_dirs(monkeypatch, tmp_path):
+    import shutil
+
+    s = _app_state()
     inside = tmp_path / "models"
     inside.mkdir()
     shutil.copy(FIX / "vit.onnx", inside / "vit.onnx")
