@@ -36,6 +36,18 @@ class CLIError(Exception):
     """A user error: printed as one line, exit code 2."""
 
 
+class InternalError(Exception):
+    """A bug in rlxviz found while serving a valid request (e.g. a pass crashed): one line, exit code 3."""
+
+
+EXIT_BAD_INPUT, EXIT_INTERNAL = 2, 3
+"""Exit codes of every subcommand: 2 for bad input (one line on stderr), 3 for an internal error."""
+
+EXIT_CODES_HELP = ("exit codes: 0 success; 1 a check failed (explain: a layer did not fuse; time: a version is off); "
+                   "2 bad input (one line on stderr); 3 internal error (one line on stderr: a bug in rlxviz, "
+                   "e.g. a pass crashed)")
+
+
 def subcommand(fn: Registrar) -> Registrar:
     """Register `fn(subparsers)`, which adds one subcommand parser with `set_defaults(func=...)`."""
     SUBCOMMANDS.append(fn)
@@ -272,8 +284,9 @@ def _out(text: str) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def _run_model(args: argparse.Namespace) -> tuple[Model, Trace]:
-    """(Model, Trace) for the shared options. Raises SessionError/CLIError for bad input."""
+def _run_model(args: argparse.Namespace, warn_crashes: bool = True) -> tuple[Model, Trace]:
+    """(Model, Trace) for the shared options (with `warn_crashes`, a warning per crashed pass).
+    Raises SessionError/CLIError for bad input."""
     from .session import Limits, build_pipeline, effective_threshold, load, run_pipeline, variant_named
 
     if args.batch < 1 or args.seq < 1:
@@ -286,7 +299,7 @@ def _run_model(args: argparse.Namespace) -> tuple[Model, Trace]:
                  Limits.resolve(args.max_memory_mb), args.threshold)
     trace = run_pipeline(model.graph, pipe)
     for s in trace.steps:
-        if s.error:
+        if s.error and warn_crashes:
             _warn(args.command, f"pass failed, its result discarded: {s.error.splitlines()[0]}")
     return model, trace
 
@@ -323,13 +336,17 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     from .session import check_fusion
 
-    model, trace = _run_model(args)
+    model, trace = _run_model(args, warn_crashes=False)
     _warn_nonfinite("explain", model)
     check = check_fusion(trace, model.name, None if args.layer is None else [args.layer])
     if args.json:
         _out(json.dumps(check.to_dict(), indent=2, default=str))
     else:
         _out(check.render(verbose=args.verbose))
+    if check.crashed:
+        more = f" (and {len(check.crashed) - 1} more)" if len(check.crashed) > 1 else ""
+        raise InternalError(f"a pass crashed{more}, its result discarded, so this report is incomplete: "
+                            f"{check.crashed[0].splitlines()[0]}")
     return EXPLAIN_OK if check.ok else EXPLAIN_NOT_FUSED
 
 
@@ -527,7 +544,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every registered subcommand."""
     from . import __version__
 
-    parser = argparse.ArgumentParser(prog="rlxviz", description="Make ML-compiler fusion visible.")
+    parser = argparse.ArgumentParser(prog="rlxviz", description="Make ML-compiler fusion visible.",
+                                     epilog=EXIT_CODES_HELP)
     parser.add_argument("--version", action="version", version=f"rlxviz {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for register in SUBCOMMANDS:
@@ -539,7 +557,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse `argv` (default `sys.argv[1:]`), run the subcommand, return its exit code.
 
     User errors print one line on stderr and return 2, as does running out of memory (`MemoryError`);
-    argparse usage errors exit 2 as usual.
+    argparse usage errors exit 2 as usual. Anything else (a bug: `InternalError`, `RecursionError`, an
+    unexpected exception) prints one line naming it and returns 3; never a traceback.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -547,8 +566,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (CLIError, ValueError, KeyError, OSError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-        print(f"rlxviz {args.command}: error: {msg}", file=sys.stderr)
-        return 2
+        print(f"rlxviz {args.command}: error: {_one_line(msg)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except MemoryError as e:
         detail = str(e).strip().splitlines()[0] if str(e).strip() else "an allocation failed"
         print(f"rlxviz {args.command}: error: out of memory ({detail}); try a smaller model, --batch or --seq",
@@ -557,6 +576,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"rlxviz {args.command}: interrupted", file=sys.stderr)
         return 130
+    except InternalError as e:
+        print(f"rlxviz {args.command}: internal error: {_one_line(str(e))}", file=sys.stderr)
+        return EXIT_INTERNAL
+    except Exception as e:  # noqa: BLE001 - a bug: one line, exit 3, never a traceback
+        print(f"rlxviz {args.command}: internal error: {type(e).__name__}: {_one_line(str(e))} "
+              "(a bug in rlxviz; please report it with the command)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def _one_line(msg: object) -> str:
+    """The first non-empty line of `msg`, at most 2000 characters."""
+    text = str(msg).strip()
+    line = text.splitlines()[0] if text else "(no message)"
+    return line if len(line) <= 2000 else line[:1997] + "..."
 
 
 if __name__ == "__main__":

@@ -468,13 +468,14 @@ def test_time_refuses_inputs_over_the_memory_limit_before_allocating(tmp_path, c
     f.write_text(HUGE)
     code, out, err = run(capsys, "time", f)
     assert code == 2 and out == ""
-    one_line_error(err, "time", 'inputs and params need 149.0 GiB (the largest, %0 "x" f32[200000, 200000], '
-                                "149.0 GiB), over the limit of 2.0 GiB (default)")
+    # the peak counts the relu output too (input and output live at once), not only inputs and params
+    one_line_error(err, "time", 'a run needs 298.0 GiB at its peak at %1 (relu) (the largest tensor, %0 "x" '
+                                "f32[200000, 200000], 149.0 GiB), over the limit of 2.0 GiB (default)")
     assert "--max-memory-mb" in err and "RLXVIZ_MAX_MEMORY_MB" in err
-    small = tmp_path / "small.ir"  # 4 MiB of input: over a 1 MiB limit from the option or the environment
+    small = tmp_path / "small.ir"  # 4 MiB in, 4 MiB out: over a 1 MiB limit from the option or the environment
     small.write_text(HUGE.replace("200000", "1024"))
     code, _, err = run(capsys, "time", small, "--max-memory-mb", 1)
-    one_line_error(err, "time", "need 4.0 MiB")
+    one_line_error(err, "time", "needs 8.0 MiB at its peak")
     monkeypatch.setenv("RLXVIZ_MAX_MEMORY_MB", "1")
     code, _, err = run(capsys, "time", small)
     one_line_error(err, "time", "over the limit of 1.0 MiB (RLXVIZ_MAX_MEMORY_MB)")
@@ -494,7 +495,8 @@ def test_huge_params_refused_when_the_ir_file_is_loaded(tmp_path, capsys):
                  '  return %2\n}\n')
     code, _, err = run(capsys, "explain", f)  # random weights would be 37 GiB
     assert code == 2
-    one_line_error(err, "explain", 'its inputs and params need 37.3 GiB (the largest, %1 "w" f32[100000, 100000]')
+    one_line_error(err, "explain", 'needs 37.3 GiB at its peak at %2 (matmul) (the largest tensor, %1 "w" '
+                                   "f32[100000, 100000]")
     r = rlxviz("ir", f)
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 

@@ -99,6 +99,32 @@ def _check_const(n: Node) -> str | None:
         return "const payload is ragged or holds a non-number (needs nested lists of numbers)"
     if n.shape != want:
         return f"const payload has shape {list(want)} but the node declares {list(n.shape)}"
+    todo = [n.attrs["value"]]
+    while todo:  # every scalar of the (nested) payload
+        x = todo.pop()
+        if isinstance(x, tuple):
+            todo.extend(x)
+        elif msg := _const_fits(x, n.dtype):
+            return msg
+    return None
+
+
+_INT_RANGE = {DType.i32: (-(1 << 31), (1 << 31) - 1), DType.i64: (-(1 << 63), (1 << 63) - 1)}
+
+
+def _const_fits(x: object, dtype: DType) -> str | None:
+    """Why the payload `x` would change meaning when materialized as `dtype` (a bool const holding 4.0
+    becomes True, i.e. 1; an int const holding 2.5 becomes 2), or None. Float payloads round as usual."""
+    if dtype == DType.bool:
+        if isinstance(x, bool) or x in (0, 1):
+            return None
+        return f"const value {x!r} is not a bool (true, false, 0 or 1); as bool it would become {bool(x)}"
+    if dtype.is_int:
+        lo, hi = _INT_RANGE[dtype]
+        if isinstance(x, float) and not x.is_integer():
+            return f"const value {x!r} is not an integer; as {dtype} it would be truncated"
+        if isinstance(x, int | float) and not lo <= x <= hi:
+            return f"const value {x!r} is outside the {dtype} range {lo}..{hi}"
     return None
 
 

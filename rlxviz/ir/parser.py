@@ -2,6 +2,10 @@
 
 Malformed text raises `IRSyntaxError` with the line and column and the offending line with a caret;
 a graph that parses but is invalid (cycle, shape mismatch, bad arity) raises `GraphError` from `lint`.
+
+The parser is safe on hostile text: attribute lists nest at most `MAX_NESTING` deep (checked without
+recursing further), number literals are at most `MAX_NUMBER_CHARS` long, dimensions at most `MAX_DIM`,
+and a bad string escape is reported at its column; every such error is an `IRSyntaxError`.
 """
 
 from __future__ import annotations
@@ -25,6 +29,16 @@ _TOKEN = re.compile(r"""
     (?P<ident>[A-Za-z_][A-Za-z0-9_.\-/]*) |
     (?P<punct>[=(){}\[\],:@])
 """, re.VERBOSE)
+
+
+MAX_NESTING = 16
+"""Deepest attribute list nesting accepted (`[[1, 2], [3]]` is 2; the IR's own attrs use at most 2)."""
+
+MAX_NUMBER_CHARS = 64
+"""Longest number or `%id` literal accepted, in characters (2**63 has 19 digits)."""
+
+MAX_DIM = 2**62
+"""Largest dimension accepted; the memory budget (`ir.memory`) refuses far smaller tensors."""
 
 
 class IRSyntaxError(ValueError):
@@ -54,6 +68,9 @@ class _Line:
             if not m:
                 raise IRSyntaxError(f"unexpected character {text[pos]!r}", self.lineno, pos + 1, text)
             kind = m.lastgroup or ""
+            if kind in ("number", "id") and m.end() - pos > MAX_NUMBER_CHARS:
+                raise IRSyntaxError(f"number with {m.end() - pos} characters (at most {MAX_NUMBER_CHARS})",
+                                    self.lineno, pos + 1, text)
             if kind not in ("ws", "comment"):
                 toks.append(_Tok(kind, m.group(), pos + 1))
             pos = m.end()
@@ -89,22 +106,32 @@ class _Line:
             raise self.error(f"unexpected {t.text!r} at end of line", t)
 
 
-def _value(ln: _Line) -> Any:
+def _string(ln: _Line, t: _Tok) -> str:
+    """The value of a string token (JSON escapes); a bad escape is reported at its column."""
+    try:
+        return json.loads(t.text)
+    except json.JSONDecodeError as e:
+        raise IRSyntaxError(f"bad string: {e.msg}", ln.lineno, t.col + e.pos, ln.text) from None
+
+
+def _value(ln: _Line, depth: int = 0) -> Any:
     t = ln.next(what="a value")
     if t.kind == "number":
         if t.text.lstrip("-") in ("inf", "nan") or any(c in t.text for c in ".eE"):
             return float(t.text)
         return int(t.text)
     if t.kind == "string":
-        return json.loads(t.text)
+        return _string(ln, t)
     if t.kind == "ident" and t.text in ("true", "false", "none"):
         return {"true": True, "false": False, "none": None}[t.text]
     if t.text == "[":
+        if depth >= MAX_NESTING:
+            raise ln.error(f"attribute value nested deeper than {MAX_NESTING} levels", t)
         items: list[Any] = []
         if not ln.accept("]"):
-            items.append(_value(ln))
+            items.append(_value(ln, depth + 1))
             while ln.accept(","):
-                items.append(_value(ln))
+                items.append(_value(ln, depth + 1))
             ln.next("]", what="',' or ']'")
         return tuple(items)
     raise ln.error(f"expected a value, found {t.text!r}", t)
@@ -159,6 +186,8 @@ def _node(ln: _Line, refs: list[tuple[int, _Tok, _Line]]) -> Node:
             d = ln.next("number", what="a dimension")
             if not d.text.isdigit():
                 raise ln.error(f"dimension must be a non-negative integer, found {d.text!r}", d)
+            if int(d.text) > MAX_DIM:
+                raise ln.error(f"dimension {d.text} is larger than {MAX_DIM}", d)
             shape.append(int(d.text))
             if not ln.accept(","):
                 break
@@ -168,13 +197,13 @@ def _node(ln: _Line, refs: list[tuple[int, _Tok, _Line]]) -> Node:
         p = ln.next(what="a model path")
         if p.kind not in ("ident", "string"):
             raise ln.error("expected a model path", p)
-        path = json.loads(p.text) if p.kind == "string" else p.text
+        path = _string(ln, p) if p.kind == "string" else p.text
     pass_name, absorbed = "", ()
     if ln.accept("["):
         p = ln.next(what="a pass name")
         if p.kind not in ("ident", "string"):
             raise ln.error("expected a pass name", p)
-        pass_name = json.loads(p.text) if p.kind == "string" else p.text
+        pass_name = _string(ln, p) if p.kind == "string" else p.text
         if ln.accept("<-"):
             absorbed = tuple(i for i, _ in _ids(ln, None))
         ln.next("]")
@@ -198,7 +227,7 @@ def parse_ir(text: str, verify: bool = True) -> Graph:
     name_tok = head.next(what="a graph name")
     if name_tok.kind not in ("ident", "string", "number"):
         raise head.error("expected a graph name", name_tok)
-    name = json.loads(name_tok.text) if name_tok.kind == "string" else name_tok.text
+    name = _string(head, name_tok) if name_tok.kind == "string" else name_tok.text
     next_id = None
     if head.peek() is not None and head.peek().text == "next_id":  # type: ignore[union-attr]
         head.next()

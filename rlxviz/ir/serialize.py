@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from . import safejson
 from .dtype import DType
 from .graph import Graph, GraphError
 from .node import Node
 from .ops import Op
+from .parser import MAX_DIM, MAX_NESTING
 
 
 def graph_to_dict(graph: Graph) -> dict[str, Any]:
@@ -24,21 +26,58 @@ def graph_to_dict(graph: Graph) -> dict[str, Any]:
     }
 
 
-def _tuples(v: Any) -> Any:
-    return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
+def _tuples(v: Any, depth: int = 0) -> Any:
+    if isinstance(v, list):
+        if depth >= MAX_NESTING:
+            raise ValueError(f"attribute value nested deeper than {MAX_NESTING} levels")
+        return tuple(_tuples(x, depth + 1) for x in v)
+    if v is not None and not isinstance(v, bool | int | float | str):
+        raise TypeError(f"attribute value of type {type(v).__name__}")
+    return v
+
+
+def _ints(v: Any, what: str, hi: int = MAX_DIM) -> tuple[int, ...]:
+    if not isinstance(v, list) or not all(type(x) is int and 0 <= x <= hi for x in v):
+        raise ValueError(f"{what} must be a list of integers in 0..{hi}")
+    return tuple(v)
+
+
+def _str(v: Any, what: str) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"{what} must be a string")
+    return v
 
 
 def graph_from_dict(d: dict[str, Any]) -> Graph:
-    """Inverse of `graph_to_dict`. Raises GraphError for unknown ops/dtypes or missing fields."""
+    """Inverse of `graph_to_dict`. Every field is type-checked (ids and dims non-negative integers,
+    attrs nested at most `parser.MAX_NESTING` deep).
+
+    Raises:
+        GraphError: not an object, unknown ops/dtypes, missing or mistyped fields.
+    """
+    if not isinstance(d, dict) or not isinstance(d.get("nodes", []), list):
+        raise GraphError("[graph_from_dict] expected an object with a 'nodes' list")
     nodes = []
     for k, nd in enumerate(d.get("nodes", [])):
         try:
-            nodes.append(Node(int(nd["id"]), Op(nd["op"]), tuple(nd["inputs"]), tuple(nd["shape"]),
+            if not isinstance(nd, dict) or not isinstance(nd.get("attrs", {}), dict):
+                raise TypeError("a node must be an object with an 'attrs' object")
+            (nid,) = _ints([nd["id"]], "id")
+            nodes.append(Node(nid, Op(nd["op"]), _ints(nd["inputs"], "inputs"), _ints(nd["shape"], "shape"),
                               DType(nd["dtype"]), {a: _tuples(v) for a, v in nd.get("attrs", {}).items()},
-                              nd.get("path", ""), nd.get("pass", ""), tuple(nd.get("absorbed", ()))))
+                              _str(nd.get("path", ""), "path"), _str(nd.get("pass", ""), "pass"),
+                              _ints(nd.get("absorbed", []), "absorbed")))
         except (KeyError, ValueError, TypeError) as e:
             raise GraphError(f"[graph_from_dict] node #{k}: {type(e).__name__}: {e}") from None
-    return Graph(nodes, d.get("outputs", []), d.get("name", "graph"), d.get("next_id"))
+    try:
+        outputs = _ints(d.get("outputs", []), "outputs")
+        name = _str(d.get("name", "graph"), "name")
+        next_id = d.get("next_id")
+        if next_id is not None:
+            (next_id,) = _ints([next_id], "next_id")
+    except (ValueError, TypeError) as e:
+        raise GraphError(f"[graph_from_dict] {e}") from None
+    return Graph(nodes, outputs, name, next_id)
 
 
 def to_json(graph: Graph, indent: int | None = None) -> str:
@@ -46,4 +85,10 @@ def to_json(graph: Graph, indent: int | None = None) -> str:
 
 
 def from_json(text: str) -> Graph:
-    return graph_from_dict(json.loads(text))
+    """Inverse of `to_json`.
+
+    Raises:
+        JSONTextError: invalid or out-of-bounds JSON text (line and column; see `safejson.loads`).
+        GraphError: valid JSON that is not a graph (see `graph_from_dict`).
+    """
+    return graph_from_dict(safejson.loads(text))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..ir import Builder, DType, Graph
+from ..ir import Builder, DType, Graph, Node
 from ..ir.emitter import Ref
 
 
@@ -255,13 +255,38 @@ def random_weights(graph: Graph, seed: int = 0, std: float = 0.05) -> dict[str, 
     out: dict[str, np.ndarray] = {}
     for p in graph.params:
         name = p.attrs["name"]
-        if name.endswith("LayerNorm.weight"):
-            arr = 1.0 + 0.1 * rng.standard_normal(p.shape)
-        elif p.rank == 1:
-            arr = 0.02 * rng.standard_normal(p.shape)
-        else:
-            arr = std * rng.standard_normal(p.shape)
-        out[name] = arr.astype(p.dtype.numpy)
+        out[name] = _random_array(rng, p, name, std)
+    return out
+
+
+_CHUNK = 1 << 20
+"""Elements drawn per step by `_random_array`: the float64 draw never exceeds 8 MiB."""
+
+
+def _random_array(rng: np.random.Generator, p: Node, name: str, std: float) -> np.ndarray:
+    """One param's random value, allocated once at its own dtype (plus at most one 8 MiB float64 chunk):
+    floats `loc + scale * N(0, 1)` drawn in chunks (the same numbers as one draw), bool/int params 0/1."""
+    dt = p.dtype.numpy
+    out = np.empty(p.shape, dtype=dt)
+    flat = out.reshape(-1)
+    if not p.dtype.is_float:
+        for i in range(0, flat.size, _CHUNK):
+            flat[i:i + _CHUNK] = rng.integers(0, 2, size=min(_CHUNK, flat.size - i), dtype=np.uint8)
+        return out
+    if name.endswith("LayerNorm.weight"):
+        loc, scale = 1.0, 0.1
+    elif p.rank == 1:
+        loc, scale = 0.0, 0.02
+    else:
+        loc, scale = 0.0, std
+    buf = np.empty(min(_CHUNK, flat.size))  # one float64 chunk, reused: the same numbers as one big draw
+    for i in range(0, flat.size, _CHUNK):
+        x = buf[:min(_CHUNK, flat.size - i)]
+        rng.standard_normal(out=x)
+        x *= scale
+        if loc:
+            x += loc
+        flat[i:i + _CHUNK] = x
     return out
 
 

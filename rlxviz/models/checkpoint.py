@@ -11,14 +11,14 @@ Keys may carry a `bert.` prefix (e.g. `BertForMaskedLM` checkpoints) or none (`B
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from ..ir import Graph
+from ..ir import Graph, safejson
+from ..ir import memory as _memory
 from .bert import BertConfig, Variant, build_bert, rlx_weights_from_hf
 from .presets import Model
 
@@ -29,6 +29,15 @@ KEY_PREFIXES = ("", "bert.")
 """Key prefixes tried, in order, to find the encoder's tensors in a checkpoint."""
 
 _LINEAR = re.compile(r"(attention\.self\.(query|key|value)|dense)\.weight$")
+
+
+CONFIG_BOUNDS: dict[str, int] = {
+    "vocab_size": 1 << 22, "hidden_size": 1 << 16, "num_attention_heads": 1 << 10,
+    "intermediate_size": 1 << 18, "num_hidden_layers": 512, "max_position_embeddings": 1 << 20,
+    "type_vocab_size": 1 << 16,
+}
+"""Largest value accepted for each size in `config.json` (each well above any published BERT), checked
+before anything is built; the memory budget (`config_bytes`, `ir.memory`) then bounds their product."""
 
 
 class CheckpointError(ValueError):
@@ -82,22 +91,39 @@ def read_config(path: Path) -> BertConfig:
     if not file.is_file():
         raise CheckpointError(f"{path}: no config.json (a Hugging Face checkpoint folder needs one)")
     try:
-        raw = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{file}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        if file.stat().st_size > MAX_CONFIG_BYTES:
+            raise CheckpointError(f"{file}: larger than {MAX_CONFIG_BYTES // 1024} KiB; not a model config")
+        raw = safejson.loads(file.read_text(encoding="utf-8"))
+    except safejson.JSONTextError as e:
+        raise CheckpointError(f"{file}: invalid JSON at line {e.line} column {e.col}: {e.reason}") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{file}: cannot read: {e}") from None
+        raise CheckpointError(f"{file}: cannot read ({type(e).__name__})") from None
     if not isinstance(raw, dict):
         raise CheckpointError(f"{file}: expected a JSON object, got {type(raw).__name__}")
     model_type = raw.get("model_type", "bert")
     if model_type != "bert":
-        raise CheckpointError(f"{file}: model_type {model_type!r} is not supported (only 'bert')")
+        raise CheckpointError(f"{file}: model_type {_short(model_type)} is not supported (only 'bert')")
     pos_type = raw.get("position_embedding_type", "absolute")
     if pos_type != "absolute":
-        raise CheckpointError(f"{file}: position_embedding_type {pos_type!r} is not supported (only 'absolute')")
+        raise CheckpointError(f"{file}: position_embedding_type {_short(pos_type)} is not supported (only 'absolute')")
     act = raw.get("hidden_act", "gelu")
-    if act not in ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu"):
-        raise CheckpointError(f"{file}: hidden_act {act!r} is not supported")
+    if not isinstance(act, str) or act not in ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu"):
+        raise CheckpointError(f"{file}: hidden_act {_short(act)} is not supported")
+    for key, hi in CONFIG_BOUNDS.items():
+        value = raw.get(key)
+        if value is None and key in ("max_position_embeddings", "type_vocab_size"):
+            continue  # defaults apply
+        if key not in raw:
+            raise CheckpointError(f"{file}: config.json lacks {key!r}, which a BERT config needs")
+        if type(value) is not int:
+            raise CheckpointError(f"{file}: {key} must be an integer, got {type(value).__name__} {_short(value)}")
+        if value <= 0:
+            raise CheckpointError(f"{file}: {key} must be positive, got {value}")
+        if value > hi:
+            raise CheckpointError(f"{file}: {key} {value} is over the limit of {hi}; refused before building")
+    eps = raw.get("layer_norm_eps", 1e-12)
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 <= eps < 1:
+        raise CheckpointError(f"{file}: layer_norm_eps must be a number in [0, 1), got {_short(eps)}")
     try:
         cfg = BertConfig.from_hf(raw)
     except ValueError as e:
@@ -115,6 +141,28 @@ def read_config(path: Path) -> BertConfig:
     return cfg
 
 
+MAX_CONFIG_BYTES = 1 << 20
+"""Largest `config.json` read (bytes); real ones are under 2 KiB."""
+
+
+def _short(value: object) -> str:
+    """`repr(value)` cut to 40 characters, for error messages that quote a file's content."""
+    r = repr(value)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def config_bytes(cfg: BertConfig, batch: int, seq: int) -> list[tuple[str, int]]:
+    """What a BERT of `cfg` needs before it runs, by part (bytes; float32 params, int64 inputs), from the
+    config alone: `[("params", ...), ("inputs", ...), ("activations", ...)]`. The activations count one
+    layer's largest live set (attention scores, the FFN intermediate and a few hidden-sized tensors)."""
+    h, inter, lay = cfg.hidden, cfg.intermediate, cfg.layers
+    per_layer = 4 * h * h + 4 * h + 2 * h * inter + inter + h + 4 * h
+    params = 4 * ((cfg.vocab_size + cfg.max_position + cfg.type_vocab) * h + 2 * h + lay * per_layer)
+    tokens = batch * seq
+    acts = 4 * (batch * cfg.heads * seq * seq * 2 + tokens * inter * 2 + tokens * h * 6)
+    return [("params", params), ("inputs", 16 * tokens), ("activations", acts)]
+
+
 def _tensor_files(path: Path) -> list[Path]:
     """The safetensors file(s) of the folder: `model.safetensors`, or the shards named by the index."""
     single = path / "model.safetensors"
@@ -123,10 +171,12 @@ def _tensor_files(path: Path) -> list[Path]:
         return [single]
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            names = sorted(set(weight_map.values()))
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, OSError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{index}: not a valid safetensors index ({type(e).__name__}: {e})") from None
+            if index.stat().st_size > 64 * MAX_CONFIG_BYTES:
+                raise CheckpointError(f"{index}: larger than {64 * MAX_CONFIG_BYTES >> 20} MiB")
+            weight_map = safejson.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            names = sorted(set(map(str, weight_map.values())))
+        except (safejson.JSONTextError, KeyError, TypeError, AttributeError, OSError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{index}: not a valid safetensors index ({type(e).__name__})") from None
         files = []
         for n in names:
             f = (path / str(n)).resolve()
@@ -207,10 +257,25 @@ def hf_weights(tensors: dict[str, np.ndarray], graph: Graph) -> dict[str, np.nda
     return out
 
 
+def check_within(files: Iterable[Path], allowed_roots: Sequence[str | Path] | None) -> None:
+    """Refuse any of `files` whose real path (symlinks resolved) lies outside `allowed_roots` (None: no
+    restriction). Called before a file is opened; the message names the file, never its content.
+
+    Raises:
+        CheckpointError: a file that resolves outside the allowed folders.
+    """
+    if allowed_roots is None:
+        return
+    roots = [Path(r).expanduser().resolve() for r in allowed_roots]
+    for f in files:
+        if f.exists() and not _within(f.resolve(), roots):
+            raise CheckpointError(f"{f.name}: resolves outside the allowed model folders; not opened")
+
+
 def load_checkpoint(folder: str | Path, batch: int = 1, seq: int = 128,
                     allowed_roots: Sequence[str | Path] | None = None, *, style: str = "hf",
                     variant: Variant | None = None, name: str | None = None,
-                    description: str | None = None) -> Model:
+                    description: str | None = None, max_bytes: int | None = None) -> Model:
     """A Hugging Face BERT checkpoint as a `Model` with its real weights.
 
     Args:
@@ -222,6 +287,8 @@ def load_checkpoint(folder: str | Path, batch: int = 1, seq: int = 128,
         style: `"hf"` (Hugging Face primitives, default) or `"rlx"` (fused QKV, weights concatenated).
         variant: an optional teaching variant (see `bert.VARIANTS`).
         name, description: for the `Model` record (default: the folder path, a summary of the sizes).
+        max_bytes: the memory limit (the session's `Limits.max_bytes`; None: not checked), checked on the
+            config's sizes before the graph is built and on the graph's peak before any tensor is read.
 
     Returns:
         `Model` whose graph takes `input_ids`, `attention_mask` (int64 `[batch, seq]`) and returns
@@ -229,15 +296,16 @@ def load_checkpoint(folder: str | Path, batch: int = 1, seq: int = 128,
 
     Raises:
         CheckpointError: every problem with the folder, its config or its tensors (see the helpers above).
+        MemoryBudgetError: the model needs more memory than `max_bytes`.
     """
     path = resolve_folder(folder, allowed_roots)
+    check_within([path / "config.json", path / "model.safetensors.index.json", path / "tokenizer.json"],
+                 allowed_roots)
     cfg = read_config(path)
+    if max_bytes is not None:
+        _memory.check_bytes(config_bytes(cfg, max(batch, 1), max(seq, 1)), max_bytes, f"{path / 'config.json'}")
     files = _tensor_files(path)
-    if allowed_roots is not None:
-        roots = [Path(r).expanduser().resolve() for r in allowed_roots]
-        for f in files:
-            if not _within(f.resolve(), roots):
-                raise CheckpointError(f"{f.name}: resolves outside the allowed model folders")
+    check_within(files, allowed_roots)
     if style not in ("hf", "rlx"):
         raise CheckpointError(f"style must be 'hf' or 'rlx', got {style!r}")
     if not 0 < seq <= cfg.max_position:
@@ -249,6 +317,9 @@ def load_checkpoint(folder: str | Path, batch: int = 1, seq: int = 128,
         hf_graph = graph if style == "hf" else build_bert(cfg, batch, seq, "hf")
     except ValueError as e:
         raise CheckpointError(str(e)) from None
+    if max_bytes is not None:
+        peak = _memory.peak_memory(graph).peak_bytes
+        _memory.check_bytes([("a run at its peak", peak)], max_bytes, str(path))
     tensors = read_tensors(files)
     weights = hf_weights(tensors, hf_graph)
     prefix = _prefix(tensors)
@@ -263,5 +334,5 @@ def load_checkpoint(folder: str | Path, batch: int = 1, seq: int = 128,
                   "unused_tensors": unused})
 
 
-__all__ = ["KEY_PREFIXES", "PICKLE_SUFFIXES", "CheckpointError", "hf_weights", "load_checkpoint", "read_config",
-           "read_tensors", "resolve_folder"]
+__all__ = ["CONFIG_BOUNDS", "KEY_PREFIXES", "PICKLE_SUFFIXES", "CheckpointError", "check_within", "config_bytes",
+           "hf_weights", "load_checkpoint", "read_config", "read_tensors", "resolve_folder"]

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir import Graph
+from ..ir import DType, Graph, Op
 from .bert import BertConfig, Variant, build_bert, random_feeds, random_weights
 
 
@@ -44,17 +44,46 @@ class Model:
         standard-normal float32 for any other input."""
         rng = np.random.default_rng(seed)
         feeds: dict[str, np.ndarray] = {}
-        vocab = getattr(self.config, "vocab_size", 100)
+        bounds = index_bounds(self.graph)
         for n in self.graph.inputs:
             name = n.attrs["name"]
-            if name in ("input_ids", "attention_mask") and n.rank == 2:
+            # ids stay inside every table they index (the config's vocabulary and the graph's gathers)
+            vocab = max(1, min(getattr(self.config, "vocab_size", None) or 100, bounds.get(n.id, 1 << 62)))
+            if name in ("input_ids", "attention_mask") and n.rank == 2 and n.dtype.is_int:
                 bert = random_feeds(n.shape[0], n.shape[1], vocab, seed)
-                feeds[name] = bert[name]
+                feeds[name] = bert[name].astype(n.dtype.numpy, copy=False)
             elif n.dtype.is_float:
                 feeds[name] = rng.standard_normal(n.shape).astype(n.dtype.numpy)
             else:
-                feeds[name] = rng.integers(0, 2, size=n.shape).astype(n.dtype.numpy)
+                hi = min(2, bounds.get(n.id, 2)) if n.dtype != DType.bool else 2
+                feeds[name] = rng.integers(0, max(hi, 1), size=n.shape).astype(n.dtype.numpy)
         return feeds
+
+
+_INDEX_PASSTHROUGH = frozenset({Op.CAST, Op.RESHAPE, Op.TRANSPOSE, Op.NARROW, Op.EXPAND, Op.CONCAT})
+
+
+def index_bounds(graph: Graph) -> dict[int, int]:
+    """For each input that (through casts and data movement) indexes a `gather`, the size of the smallest
+    table axis it indexes: ids drawn in `0..bound-1` are valid for every gather. Inputs that index
+    nothing are absent."""
+    bounds: dict[int, int] = {}
+    for n in graph.inputs:
+        seen, todo, best = {n.id}, [n.id], None
+        while todo:
+            for u in graph.users(todo.pop()):
+                if u.op == Op.GATHER and len(u.inputs) == 2 and u.inputs[1] in seen:
+                    table = graph[u.inputs[0]]
+                    axis = int(u.attrs.get("axis", 0)) % max(table.rank, 1)
+                    if table.rank:
+                        size = table.shape[axis]
+                        best = size if best is None else min(best, size)
+                elif u.op in _INDEX_PASSTHROUGH and u.id not in seen:
+                    seen.add(u.id)
+                    todo.append(u.id)
+        if best is not None:
+            bounds[n.id] = best
+    return bounds
 
 
 Factory = Callable[..., Model]

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from ..ir import Graph, Node, Op
 
 Bindings = dict[str, int]
@@ -281,9 +283,16 @@ def is_const(node: Node) -> bool:
 
 
 def const_value(node: Node) -> float | None:
-    """The scalar payload of a const node, else None."""
+    """The scalar payload of a const node as its dtype holds it (what the executors compute with: a
+    `bool` const of 4.0 is 1.0, an f16 const of 1e-8 is 0.0), else None."""
     v = node.attrs.get("value")
-    return float(v) if node.op == Op.CONST and isinstance(v, int | float) else None
+    if node.op != Op.CONST or not isinstance(v, int | float):
+        return None
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return float(np.asarray(v).astype(node.dtype.numpy))
+    except (OverflowError, TypeError, ValueError):  # not representable at all: no usable value
+        return None
 
 
 __all__ = ["Bindings", "Miss", "P", "also_read", "const_value", "describe", "is_const", "op_label", "where"]

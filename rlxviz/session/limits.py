@@ -1,9 +1,10 @@
-"""One limits record for every front end: how much memory a loaded graph's tensors may declare.
+"""One limits record for every front end: how much memory one run of a loaded graph may need at its peak.
 
 The limit comes from (first that is set): the caller's option (the CLI's `--max-memory-mb`), the
 environment variable `RLXVIZ_MAX_MEMORY_MB`, its deprecated alias `RLXVIZ_MAX_TENSOR_MB` (still read,
 with a `DeprecationWarning`), else `DEFAULT_MAX_MEMORY_MB`. It is checked before weights or inputs
-are allocated (`check_memory`).
+are allocated (`Limits.check`: the peak of live bytes over the graph's schedule, `ir.memory`); checkpoint
+configs are checked against `max_bytes` before their graph is built (`models.checkpoint`).
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..ir import Graph
+from ..ir.memory import node_bytes, peak_memory
 from .errors import LimitError, SessionError
 
 DEFAULT_MAX_MEMORY_MB = 2048
-"""Default limit (MiB) on the inputs + params a graph may declare."""
+"""Default limit (MiB) on the peak memory of one run of a graph."""
 
 MAX_MEMORY_ENV = "RLXVIZ_MAX_MEMORY_MB"
 """The environment variable holding the limit in MiB."""
@@ -28,8 +30,8 @@ DEPRECATED_MEMORY_ENV = "RLXVIZ_MAX_TENSOR_MB"
 
 def human_bytes(n: float) -> str:
     """`n` bytes as `12 B`, `3.4 KiB`, `149.0 GiB`."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
@@ -50,7 +52,7 @@ class Limits:
     """What a session may allocate for a graph's tensors.
 
     Attributes:
-        max_memory_mb: limit in MiB on a graph's declared inputs + params (a positive number; fractions allowed).
+        max_memory_mb: limit in MiB on the peak memory of one run of a graph (a positive number; fractions allowed).
         source: where the value came from (`default`, `--max-memory-mb`, or the environment variable's name),
             named in refusals.
     """
@@ -85,32 +87,36 @@ class Limits:
             return cls(_positive(old, f"{DEPRECATED_MEMORY_ENV}={old!r}"), DEPRECATED_MEMORY_ENV)
         return cls()
 
-    def check(self, graph: Graph, source: str, inputs: bool = True, params: bool = True) -> int:
-        """Refuse `graph` when its inputs and/or params (`node.nbytes`) exceed the limit, before anything
-        is allocated for them.
+    def check(self, graph: Graph, source: str) -> int:
+        """Refuse `graph` when one run of it would hold more than the limit at once: inputs, params and
+        every node's output while it is live (`ir.memory.peak_memory`, from shapes and dtypes), checked
+        before anything is allocated for them.
 
         Args:
-            graph: the graph whose declared tensors are counted.
+            graph: the graph whose schedule is counted.
             source: what the graph came from, named first in the message (a preset, a file, `IR text`).
-            inputs / params: which tensors count (an IR file's params are allocated at load, its inputs later).
 
         Returns:
-            The bytes needed.
+            The peak bytes of a run.
 
         Raises:
-            LimitError: over the limit; the message names the largest tensor and how to raise the limit.
+            LimitError: over the limit; the message names the peak, where it is reached, the largest
+                tensor and how to raise the limit.
         """
-        nodes = (graph.inputs if inputs else []) + (graph.params if params else [])
-        total = sum(n.nbytes for n in nodes)
-        if total > self.max_bytes:
-            big = max(nodes, key=lambda n: n.nbytes)
-            what = " and ".join(w for w, on in (("inputs", inputs), ("params", params)) if on)
+        p = peak_memory(graph)
+        if p.peak_bytes > self.max_bytes:
+            where = f" at %{p.at_node} ({graph[p.at_node].op.value})" if p.at_node is not None else ""
+            big = ""
+            if p.largest is not None:
+                name = p.largest.attrs.get("name")
+                label = f' "{name}"' if isinstance(name, str) else ""
+                big = (f" (the largest tensor, %{p.largest.id}{label} {p.largest.type}, "
+                       f"{human_bytes(node_bytes(p.largest))})")
             raise LimitError(
-                f"{source}: its {what} need {human_bytes(total)} (the largest, %{big.id} \"{big.attrs.get('name')}\" "
-                f"{big.type}, {human_bytes(big.nbytes)}), over the limit of {human_bytes(self.max_bytes)} "
-                f"({self.source}); use smaller shapes, or raise {MAX_MEMORY_ENV} (CLI: --max-memory-mb) if the "
-                "machine has the memory", total, self.max_bytes)
-        return total
+                f"{source}: a run needs {human_bytes(p.peak_bytes)} at its peak{where}{big}, over the limit of "
+                f"{human_bytes(self.max_bytes)} ({self.source}); use smaller shapes, or raise {MAX_MEMORY_ENV} "
+                "(CLI: --max-memory-mb) if the machine has the memory", p.peak_bytes, self.max_bytes)
+        return p.peak_bytes
 
 
 __all__ = ["DEFAULT_MAX_MEMORY_MB", "DEPRECATED_MEMORY_ENV", "MAX_MEMORY_ENV", "Limits", "human_bytes"]

@@ -13,16 +13,20 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..ir import Graph, GraphError, IRSyntaxError, from_json, lint, parse_ir
+from ..ir.memory import MemoryBudgetError
 from ..models import PRESETS, CheckpointError, Model, load_checkpoint, load_model, random_weights
 from ..models.onnx_import import load_onnx
 from ..passes import layer_of
 from .cache import LRUCache
-from .errors import SessionError
-from .limits import Limits
+from .errors import LimitError, SessionError
+from .limits import Limits, human_bytes
 from .variants import effective_seq, graph_variant, variant_named
 
 MODELS = LRUCache(maxsize=4)
 """Loaded models by content key, shared by every session of the process."""
+
+MAX_IR_FILE_BYTES = 64 << 20
+"""Largest IR text / graph JSON file read (bytes; also at most the memory limit)."""
 
 PATH_SUFFIXES = (".ir", ".txt", ".json", ".onnx")
 """Suffixes that make a MODEL argument look like a file path (as does a `/`)."""
@@ -96,11 +100,15 @@ def load_ir_file(path: str | Path, limits: Limits | None = None) -> Model:
 
     Raises:
         SessionError: unreadable file, IR syntax error (one line, `FILE:LINE:COL: ...`), an invalid graph,
-            or (`LimitError`) inputs and params over the memory limit.
+            or (`LimitError`) a file or a run's peak memory over the memory limit.
     """
     p = Path(path)
     limits = limits or Limits.resolve()
     try:
+        size = p.stat().st_size
+        if size > min(MAX_IR_FILE_BYTES, limits.max_bytes):
+            raise SessionError(f"{path}: {human_bytes(size)} of IR text, over the limit of "
+                               f"{human_bytes(min(MAX_IR_FILE_BYTES, limits.max_bytes))} on IR files")
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise SessionError(f"{path}: cannot read IR text ({type(e).__name__}: {e})") from None
@@ -164,8 +172,9 @@ def load(model: str, batch: int = 1, seq: int = 128, style: str | None = None, v
                                       lambda: load_onnx(p, batch, seq, max_bytes=limits.max_bytes))
         elif p.is_dir() or allowed_roots is not None:  # with roots, the loader checks the folder before anything
             roots = None if allowed_roots is None else tuple(allowed_roots)
-            m = MODELS.get_or_compute(("folder", str(p), roots, batch, seq, style, gv),
-                                      lambda: load_checkpoint(p, batch, seq, roots, **kwargs))
+            m = MODELS.get_or_compute(("folder", str(p), roots, batch, seq, style, gv, limits.max_bytes),
+                                      lambda: load_checkpoint(p, batch, seq, roots, max_bytes=limits.max_bytes,
+                                                              **kwargs))
         elif p.is_file():
             if gv is not None:
                 raise SessionError(f"{model}: teaching variants apply to BERT presets and checkpoints, not IR files")
@@ -174,6 +183,8 @@ def load(model: str, batch: int = 1, seq: int = 128, style: str | None = None, v
             raise unknown_model(model)
     except SessionError:
         raise
+    except MemoryBudgetError as e:  # a checkpoint's config or graph over the limit, before it was built or read
+        raise LimitError(first_line(e), limit=limits.max_bytes) from None
     except (ValueError, KeyError, OSError) as e:
         msg = first_line(e)
         raise SessionError(msg if msg.startswith(model) else f"{model}: {msg}") from None

@@ -190,7 +190,8 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
     """
     ex = explain(trace, layer)
     own, arch = judged_kind(trace, layer)
-    ran = {s.pass_name for s in trace.steps if not s.error}
+    ran = {s.pass_name for s in trace.steps}  # a crashed pass was still expected to fuse
+    crashed = {s.pass_name: s.error for s in trace.steps if s.error}
     expect_ftl = LAYER_PASS in ran and arch.post_ln
     ftl = [n.id for n in trace.final if n.op == Op.FUSED_TRANSFORMER_LAYER and layer_of(n.path) == layer]
     misses, ignored = expected_misses(trace, arch, layer)
@@ -201,6 +202,10 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
     fused = (bool(ftl) or not expect_ftl) and not misses
     first = None if fused else (surviving[0] if surviving else (rejected[0] if rejected else None))
     silent = ""
+    if first is None and not fused and expect_ftl and not ftl and LAYER_PASS in crashed:
+        first = Outcome(LAYER_PASS, f"{LAYER_PASS}.bert_post_ln", "rejected", "pass_crashed", "crash",
+                        f"the pass crashed and its result was discarded: {str(crashed[LAYER_PASS]).splitlines()[0]}",
+                        "an internal error in rlxviz: report it with the IR (`rlxviz ir MODEL`)")
     if first is None and not fused and expect_ftl and not ftl and not misses:
         silent = _silent(trace, layer, LAYER_PASS)
     if first is None and not fused and misses:
@@ -236,22 +241,27 @@ class FusionCheck:
     """For a graph whose node paths name no layer: rejections that do not count for its kind, with the reason."""
     left_out: list[str] = field(default_factory=list)
     """What fusions that happened left out, deliberately (`passes.report.left_out`: e.g. a refused merge)."""
+    crashed: list[str] = field(default_factory=list)
+    """The error of every pass that raised (its result discarded); any makes `ok` False."""
 
     @property
     def ok(self) -> bool:
-        return all(s.fused for s in self.layers) and not self.misses
+        return all(s.fused for s in self.layers) and not self.misses and not self.crashed
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "pipeline": self.pipeline, "ok": self.ok,
                 "fused_layers": sum(s.fused for s in self.layers), "checked_layers": len(self.layers),
                 "final_op_counts": self.counts, "layers": [s.to_dict() for s in self.layers],
                 "misses": self.misses, "not_expected": self.not_expected, "left_out": self.left_out,
-                "architecture": None if self.architecture is None else dataclasses.asdict(self.architecture)}
+                "architecture": None if self.architecture is None else dataclasses.asdict(self.architecture),
+                "crashed_passes": self.crashed}
 
     def render(self, verbose: bool = False) -> str:
         counts = ", ".join(f"{k}={v}" for k, v in self.counts.items()) or "no fused ops"
+        crashes = [f"CRASHED pass {c.splitlines()[0]} (its result was discarded)" for c in self.crashed]
         if not self.layers:
-            head = [f"{self.model} ({self.pipeline} pipeline): no node path names a layer; final graph: {counts}"]
+            head = [f"{self.model} ({self.pipeline} pipeline): no node path names a layer; final graph: {counts}",
+                    *crashes]
             if self.architecture is not None:
                 head.append(f"graph kind: {self.architecture.description}")
                 head += [f"  evidence: {e}" for e in self.architecture.evidence]
@@ -260,7 +270,7 @@ class FusionCheck:
                              + [f"  not expected here: {x}" for x in self.not_expected] + self._left_out())
         head = (f"{self.model} ({self.pipeline} pipeline): {sum(s.fused for s in self.layers)}/{len(self.layers)} "
                 f"layer(s) fused as expected")
-        return "\n".join([head, *(s.render(verbose) for s in self.layers), *self._left_out()])
+        return "\n".join([head, *crashes, *(s.render(verbose) for s in self.layers), *self._left_out()])
 
     def _left_out(self) -> list[str]:
         head = [f"{len(self.left_out)} fusion(s) left something out:"] if self.left_out else []
@@ -286,12 +296,14 @@ def check_fusion(trace: Trace, model: str = "", layers: Iterable[int] | None = N
     for i in wanted:
         check_layer(trace, i, model)
     statuses = [layer_status(trace, i) for i in wanted]
+    crashed = [s.error for s in trace.steps if s.error]
     if have:
-        return FusionCheck(model, trace.pipeline, statuses, trace.final.fused_op_counts(), left_out=left_out(trace))
+        return FusionCheck(model, trace.pipeline, statuses, trace.final.fused_op_counts(), left_out=left_out(trace),
+                           crashed=crashed)
     arch = classify(trace.input, None)
     misses, ignored = expected_misses(trace, arch, None)
     return FusionCheck(model, trace.pipeline, statuses, trace.final.fused_op_counts(), [str(m) for m in misses],
-                       arch, list(ignored.values()), left_out(trace))
+                       arch, list(ignored.values()), left_out(trace), crashed)
 
 
 __all__ = ["LAYER_PASS", "PRODUCTS", "FusionCheck", "LayerStatus", "check_fusion", "check_layer", "expected_misses",
