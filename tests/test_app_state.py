@@ -281,8 +281,10 @@ def test_a_pass_that_breaks_the_graph_is_reported(monkeypatch):
     monkeypatch.setitem(PASSES, "broken_pass", Pass("broken_pass", broken))
     s = tiny()
     s.add_pass("broken_pass")
-    assert s.message_kind == "warning" and "broken_pass broke the graph" in s.message and "boom" in s.message
+    assert s.message_kind == "danger" and "broken_pass CRASHED" in s.message and "boom" in s.message
     assert ftl_count(s.trace.final) == 2
+    crashed = [r for r in s.version_rows() if r["crashed"]]  # shown even with "hide passes that changed nothing"
+    assert s.hide_unchanged and [r["version"] for r in crashed] == ["after broken_pass"]
     monkeypatch.setitem(PASSES, "noop", Pass("noop", lambda g, p: PassResult(g)))
 
 

@@ -11,7 +11,7 @@ from panel.viewable import Viewer
 
 from .sources import ALLOWED_DIRS_ENV, allowed_dirs, max_upload_bytes
 from .state import SOURCES, VARIANT_LABELS, AppState
-from .text import md_escape
+from .text import md_escape, md_pre
 
 SOURCE_LABELS = {"preset": "Built-in", "checkpoint": "Folder", "upload": "Upload", "ir": "IR text"}
 
@@ -212,6 +212,5 @@ def _md_text(text: str) -> str:
     if len(lines) <= 1:
         return md_escape(text)
     head, *mid, last = lines
-    fence = "````" if any("```" in m for m in mid) else "```"
-    block = f"\n\n{fence}\n{chr(10).join(mid)}\n{fence}" if mid else ""
-    return f"{md_escape(head)}{block}\n\n{md_escape(last)}"
+    block = md_pre("\n".join(mid)) if mid else "\n\n"
+    return f"{md_escape(head)}{block}{md_escape(last)}"

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..ir import Graph, Node, format_node, operand_roles
 from ..passes.trace import Trace, layer_of
-from .text import md_escape
+from .text import md_code, md_escape, md_pre
 
 
 def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
@@ -94,20 +94,22 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None) -> dict[
 
 
 def report_markdown(rep: dict[str, Any]) -> str:
-    """The inspector's text for a `node_report`."""
-    lines = [f"#### %{rep['id']} `{rep['op']}` : {rep['dtype']}{rep['shape']}"]
+    """The inspector's text for a `node_report`. Every piece that comes from the model (path, attribute values,
+    operand and user lines, guard messages, the IR line) goes through `text.md_escape` / `md_code` / `md_pre`."""
+    lines = [f"#### %{rep['id']} {md_code(rep['op'])} : {md_escape(rep['dtype'])}{md_escape(str(rep['shape']))}"]
     if rep["path"]:
         layer = f" (layer {rep['layer']})" if rep["layer"] is not None else ""
-        lines.append(f"**provenance** `{rep['path']}`{layer}")
+        lines.append(f"**provenance** {md_code(rep['path'])}{layer}")
     if rep["pass_name"]:
-        lines.append(f"**created by** `{rep['pass_name']}`, replacing {', '.join(f'%{i}' for i in rep['absorbed'])}")
+        lines.append(f"**created by** {md_code(rep['pass_name'])}, replacing "
+                     f"{', '.join(f'%{i}' for i in rep['absorbed'])}")
     if rep["attrs"]:
-        lines.append("**attributes** " + ", ".join(f"`{k}={v!r}`" for k, v in rep["attrs"].items()))
+        lines.append("**attributes** " + ", ".join(md_code(f"{k}={v!r}") for k, v in rep["attrs"].items()))
     if rep["is_output"]:
         lines.append("**graph output**")
     if rep["operands"]:
-        lines.append("**operands**\n" + "\n".join(f"- {x}" for x in rep["operands"]))
-    lines.append("**users**\n" + ("\n".join(f"- {x}" for x in rep["users"]) if rep["users"] else "- none"))
+        lines.append("**operands**\n" + "\n".join(f"- {md_escape(x)}" for x in rep["operands"]))
+    lines.append("**users**\n" + ("\n".join(f"- {md_escape(x)}" for x in rep["users"]) if rep["users"] else "- none"))
     if rep["decisions"]:
         lines.append("**guards evaluated on this node**")
         for d in rep["decisions"]:
@@ -115,8 +117,9 @@ def report_markdown(rep: dict[str, Any]) -> str:
                     else "<b style='color:#c62828'>failed</b>")
             msg = f": {md_escape(d['message'])}" if d["message"] else ""
             hint = f" *Fix:* {md_escape(d['hint'])}" if d["hint"] else ""
-            lines.append(f"- {icon} `{d['rule']}` as *{d['role']}*: **{d['guard']}** ({d['outcome']}){msg}{hint}")
+            lines.append(f"- {icon} {md_code(d['rule'])} as *{md_escape(d['role'])}*: **{md_escape(d['guard'])}** "
+                         f"({md_escape(d['outcome'])}){msg}{hint}")
     else:
         lines.append("*No pattern was anchored on or bound to this node.*")
-    lines.append(f"```\n{rep['ir']}\n```")
+    lines.append(md_pre(rep["ir"]))
     return "\n\n".join(lines)

@@ -8,10 +8,12 @@ from __future__ import annotations
 import panel as pn
 from panel.theme.fast import Fast
 
+from .access import refusal
 from .controls import ModelControls, PipelineControls, StatusBar, VariantControls
 from .jobs import Runner
 from .panels import DecisionTable, GraphCompare, IRView, NodeInspector, TimingView, VersionStepper, WhyView
 from .state import AppState
+from .text import md_escape
 
 TITLE = "rlxviz: why did (or didn't) it fuse?"
 FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
@@ -40,6 +42,14 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
         A `FastListTemplate`; call `.servable()` on it.
     """
     pn.extension("tabulator", notifications=False, sizing_mode="stretch_width")
+    refused = _refusal()
+    if refused is not None:  # before any state, model or file is touched
+        page = pn.template.FastListTemplate(title=TITLE, design=LocalFast, font=FONT, font_url="", theme_toggle=False,
+                                            header_background="#0d47a1",
+                                            main=[pn.pane.Alert(md_escape(refused), alert_type="danger",
+                                                                css_classes=["rv-refused"])])
+        page.state = None  # type: ignore[attr-defined]
+        return page
     if state is None:
         state = AppState(runner=Runner(background=True), autorun=False)
         if pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:
@@ -60,6 +70,23 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
         main=[pn.Column(StatusBar(state=state), VersionStepper(state=state), tabs, sizing_mode="stretch_both")])
     tmpl.state = state  # type: ignore[attr-defined]  # handy for tests and notebooks
     return tmpl
+
+
+def _client_address() -> str | None | bool:
+    """The client address of this server session (`False` outside a server session: tests, notebooks)."""
+    doc = pn.state.curdoc
+    ctx = doc.session_context if doc is not None else None
+    if ctx is None:
+        return False
+    request = getattr(ctx, "request", None)
+    return getattr(request, "remote_ip", None) if request is not None else None
+
+
+def _refusal() -> str | None:
+    """The refusal text when this session's client is not on this machine and remote use is not enabled
+    (`access.refusal`); None outside a server session."""
+    address = _client_address()
+    return None if address is False else refusal(address)
 
 
 def _start(state: AppState) -> None:

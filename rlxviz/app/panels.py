@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import html
 import io
 from typing import Any
 
@@ -16,7 +15,7 @@ from panel.viewable import Viewer
 from .explain import decision_rows, node_report, report_markdown
 from .graphpane import SvgGraph
 from .state import AppState
-from .text import md_escape
+from .text import html_text, md_escape
 
 
 def _safe(fn: Any, *args: Any) -> tuple[Any, str | None]:
@@ -68,9 +67,11 @@ class VersionStepper(Viewer):
         for r in rows:
             cur = r["#"] == self.state.version
             delta = f" ({r['change']:+d})" if r["change"] else ""
+            if r.get("crashed"):
+                delta += " <b style='color:#c62828'>CRASHED</b>"
             style = "background:#1565c0;color:#fff;" if cur else "background:#f1f3f5;"
             cells.append(f"<span style='{style}padding:2px 6px;border-radius:10px;margin:2px;display:inline-block;"
-                         f"font-size:12px' title='{html.escape(r['version'])}'>{html.escape(r['version'])}: "
+                         f"font-size:12px' title='{html_text(r['version'])}'>{html_text(r['version'])}: "
                          f"<b>{r['nodes']}</b>{delta}</span>")
         return "<div>ops per version: " + "".join(cells) + "</div>"
 
@@ -323,7 +324,7 @@ class IRView(Viewer):
 
     def _update(self, *events: param.parameterized.Event) -> None:
         s = self.state
-        self.ir.object = f"<pre style='font-size:12px'>{html.escape(s.ir_current())}</pre>"
+        self.ir.object = f"<pre style='font-size:12px'>{html_text(s.ir_current())}</pre>"
         self.diff.object = diff_html(s.ir_diff())
 
     def __panel__(self) -> pn.viewable.Viewable:
@@ -341,5 +342,5 @@ def diff_html(diff: str) -> str:
     out = []
     for line in diff.splitlines():
         color = {"+": "#e6ffec", "-": "#ffebe9", "@": "#ddf4ff"}.get(line[:1], "")
-        out.append(f"<div style='background:{color}'>{html.escape(line) or '&nbsp;'}</div>")
+        out.append(f"<div style='background:{color}'>{html_text(line) or '&nbsp;'}</div>")
     return "<pre style='font-size:12px;margin:0'>" + "".join(out) + "</pre>"

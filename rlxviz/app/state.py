@@ -275,9 +275,11 @@ class AppState(param.Parameterized):
         errors = [s for s in trace.steps if s.error]
         if errors:
             s = errors[0]
-            self._error(f"Pass {s.pass_name} broke the graph, so its result was discarded and the pipeline went on "
-                        f"with the graph before it:\n{s.error}\nDisable or move that pass (Pipeline) and re-run.",
-                        kind="warning")
+            more = f" (and {len(errors) - 1} more pass(es))" if len(errors) > 1 else ""
+            self._error(f"Pass {s.pass_name} CRASHED{more}: an internal error, so its result was discarded and the "
+                        f"pipeline went on with the graph before it; the fusion report is incomplete:\n{s.error}\n"
+                        "Disable or move that pass (Pipeline) and re-run, and report the bug with the IR (IR tab).",
+                        kind="danger")
         elif self.message_kind == "danger":
             self.param.update(message="", message_kind="info")
 
@@ -385,7 +387,7 @@ class AppState(param.Parameterized):
     def _compute_visible(trace: Trace, hide: bool) -> list[tuple[int, str]]:
         out = []
         for k, (label, _g) in enumerate(trace.versions()):
-            if k == 0 or not hide or trace.steps[k - 1].changed:
+            if k == 0 or not hide or trace.steps[k - 1].changed or trace.steps[k - 1].error:  # a crash stays shown
                 out.append((k, label))
         return out
 
@@ -459,6 +461,7 @@ class AppState(param.Parameterized):
             n = len(g.compute_nodes())
             prev = len(versions[i - 1][1].compute_nodes()) if i else n
             rows.append({"#": k, "version": label, "nodes": n, "change": n - prev,
+                         "crashed": bool(i and self.trace.steps[i - 1].error),
                          "fused": sum(1 for x in g if x.pass_name), "ms": (self.trace.steps[i - 1].seconds * 1e3
                                                                           if i else 0.0)})
         return rows

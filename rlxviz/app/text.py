@@ -1,18 +1,49 @@
-"""Text helpers shared by the views (no Panel import)."""
+"""Text from a model, shown as text: the one escaping helper every view uses (no Panel import).
+
+Node paths, names, attribute values, graph names, guard messages that quote them, file names and error
+messages are data chosen by whoever wrote the model file. Panel's Markdown pane renders raw HTML and
+Markdown images (a `<script>`, an `onerror` handler or `![x](http://...)` in a path would run or fetch),
+so every piece of such text goes through one of these before it reaches a pane:
+
+* `md_escape(text)`: inline Markdown text (every Markdown and HTML metacharacter backslash-escaped);
+* `md_code(text)`: the same, set in a monospace `<code>` element (a Markdown code span cannot be escaped:
+  a backtick in the text would end it);
+* `md_pre(text)`: a block of lines (IR, details) as a `<pre>` element with HTML-escaped content (a fenced
+  block ends at the first line of backticks in the text);
+* `html_text(text)`: text for an HTML pane or attribute (`html.escape`, quotes included).
+"""
 
 from __future__ import annotations
 
+import html
 import re
 
-_MD_INLINE = re.compile(r"([\\`*_\[\]<>|~#&!])")
-_MD_LINE_START = re.compile(r"^(\s*)([-+=>])", re.MULTILINE)
-_MD_NUMBERED = re.compile(r"^(\s*\d+)([.)])", re.MULTILINE)
+_MD_PUNCT = re.compile(r"([!-/:-@\[-`{-~])")  # every ASCII punctuation character: CommonMark lets each be escaped
+_BREAKS = re.compile(r"\r\n?|[\u2028\u2029\x0b\x0c\x85]")
 
 
 def md_escape(text: str) -> str:
-    """`text` as literal Markdown: emphasis, code, link, HTML and table characters backslash-escaped, and
-    line-start list, heading and quote markers too, so guard messages such as `batch*seq = 1*65` render as
-    written."""
-    out = _MD_INLINE.sub(r"\\\1", text)
-    out = _MD_LINE_START.sub(r"\1\\\2", out)
-    return _MD_NUMBERED.sub(r"\1\\\2", out)
+    """`text` as literal Markdown: every Markdown/HTML metacharacter (emphasis, code, links, images, raw HTML,
+    tables, entities, list/heading/quote markers) backslash-escaped, so `batch*seq = 1*65` and
+    `<img src=x onerror=...>` both render as written. Line breaks other than `\\n` become `\\n`."""
+    return _MD_PUNCT.sub(r"\\\1", _BREAKS.sub("\n", str(text)))
+
+
+def md_code(text: str) -> str:
+    """`text` in a monospace `<code>` element inside Markdown, escaped as `md_escape` does (safe for any text,
+    backticks included)."""
+    return f"<code>{md_escape(text)}</code>"
+
+
+def md_pre(text: str) -> str:
+    """A block of lines for a Markdown pane: a `<pre>` element (an HTML block that Markdown leaves alone
+    until `</pre>`) whose content is HTML-escaped, so no line of `text` can end it or add markup."""
+    return f"\n\n<pre>{html.escape(str(text), quote=True)}</pre>\n\n"
+
+
+def html_text(text: str) -> str:
+    """`text` for an HTML pane or an attribute value: `<`, `>`, `&` and both quotes escaped."""
+    return html.escape(str(text), quote=True)
+
+
+__all__ = ["html_text", "md_code", "md_escape", "md_pre"]

@@ -1,0 +1,169 @@
+"""Hostile model text in a real browser (issue 15): `panel serve app.py` listening on every interface, driven
+by Playwright with Debian's chromium.
+
+* `xss_paths.ir` (markup in the graph name, node names and paths) and an invalid graph that quotes such paths
+  in its error are loaded; every view that shows model text is opened and every node clicked. No script runs
+  (`alert` is replaced before the page's scripts and would set `window.__pwned`; no dialog opens) and no
+  request leaves the server's own origin. The text is shown literally.
+* A session from a non-loopback address is refused with a clear page (remote use needs `RLXVIZ_ALLOW_REMOTE`).
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).parent / "data" / "reliability"
+ART = ROOT / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+HOOK = """
+window.__pwned = false;
+for (const f of ['alert', 'confirm', 'prompt']) { window[f] = () => { window.__pwned = true; }; }
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _outside_address() -> str | None:
+    """An address of this machine that is not loopback (what a client on another machine would connect to)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing interface
+            ip = s.getsockname()[0]
+    except OSError:
+        return None
+    return None if ip.startswith("127.") else ip
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = _free_port()
+    outside = _outside_address()
+    panel = Path(sys.executable).parent / "panel"
+    env = {k: v for k, v in os.environ.items() if k != "RLXVIZ_ALLOW_REMOTE"}
+    origins = [f"--allow-websocket-origin=127.0.0.1:{port}"]
+    if outside:
+        origins.append(f"--allow-websocket-origin={outside}:{port}")
+    ART.mkdir(exist_ok=True)
+    log = open(ART / "server-security.log", "w")
+    proc = subprocess.Popen([str(panel), "serve", "app.py", "--address", "0.0.0.0", "--port", str(port), *origins,
+                             "--num-procs", "1"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    t0 = time.time()
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/static/extensions/panel/css/alerts.css", timeout=1)
+            break
+        except OSError:
+            if proc.poll() is not None or time.time() - t0 > 60:
+                proc.kill()
+                raise RuntimeError("panel serve did not start; see test-artifacts/server-security.log") from None
+            time.sleep(0.2)
+    yield port, outside
+    proc.terminate()
+    proc.wait(10)
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+def _watched_page(browser, origin: str):
+    """A page whose dialogs, script hook and requests outside `origin` are recorded (outside ones aborted)."""
+    ctx = browser.new_context(viewport={"width": 1600, "height": 1000})
+    ctx.add_init_script(HOOK)
+    seen = {"dialogs": [], "outside": []}
+
+    def route(r):
+        if r.request.url.startswith(origin) or r.request.url.startswith(("data:", "blob:")):
+            r.continue_()
+        else:
+            seen["outside"].append(r.request.url)
+            r.abort()
+
+    ctx.route("**/*", route)
+    pg = ctx.new_page()
+    pg.on("dialog", lambda d: (seen["dialogs"].append(d.message), d.dismiss()))
+    pg.set_default_timeout(30_000)
+    return ctx, pg, seen
+
+
+def _assert_clean(pg, seen):
+    assert pg.evaluate("window.__pwned") is False
+    assert seen["dialogs"] == [] and seen["outside"] == []
+    assert pg.locator("script:not([src])", has_text="alert(").count() == 0
+    assert pg.evaluate("document.querySelectorAll('[onerror], [onload]').length") == 0
+
+
+def test_hostile_model_text_is_shown_as_text_everywhere(browser, server):
+    port, _ = server
+    origin = f"http://127.0.0.1:{port}"
+    ctx, pg, seen = _watched_page(browser, origin)
+    try:
+        pg.goto(origin + "/app", timeout=120_000)
+        pg.locator(".rv-after g.node").first.wait_for(timeout=60_000)
+        pg.locator(".rv-ir-text textarea").fill((DATA / "xss_paths.ir").read_text())
+        pg.locator(".rv-load-ir button").click()
+        expect(pg.locator(".rv-version select")).to_contain_text("0: input (3 ops)", timeout=30_000)
+        # node inspector: click every node; together they show every hostile path and name, literally
+        shown = []
+        for i in range(pg.locator(".rv-after g.node").count()):
+            pg.locator(".rv-after g.node").nth(i).click()
+            pg.wait_for_timeout(400)
+            shown.append(pg.locator(".rv-inspector").inner_text())
+        text = "\n".join(shown)
+        for literal in ('"><script>alert(1)</script>', "<img src=x onerror=alert(2)>",
+                        "a`<img src=x onerror=alert(3)>`b", "![t](http://example.org/leak.png)",
+                        'x\\"><script>alert(8)</script>'):
+            assert literal in text, (literal, text)
+        _assert_clean(pg, seen)
+        for tab in ("Matches & rejections", "Why didn't layer N fuse?", "IR & diff", "Timing"):
+            pg.get_by_role("tab", name=tab).click()
+            pg.wait_for_timeout(800)
+        expect(pg.locator(".rv-ir")).to_contain_text('@"<img src=x onerror=alert(2)>"')
+        _assert_clean(pg, seen)
+        # an invalid graph whose error message quotes the hostile lines: the status bar shows them as text
+        bad = (DATA / "xss_paths.ir").read_text().replace("exp(%2) : f32[2, 4]", "exp(%2) : f32[3, 4]")
+        pg.get_by_role("tab", name="Graph").click()
+        pg.locator(".rv-ir-text textarea").fill(bad)
+        pg.locator(".rv-load-ir button").click()
+        expect(pg.locator(".rv-message")).to_contain_text("@![t](http://example.org/leak.png)", timeout=30_000)
+        pg.wait_for_timeout(500)
+        pg.screenshot(path=str(ART / "app-hostile-text.png"))
+        _assert_clean(pg, seen)
+    finally:
+        ctx.close()
+
+
+def test_a_session_from_another_machine_is_refused(browser, server):
+    port, outside = server
+    if outside is None:
+        pytest.skip("this machine has no non-loopback address to connect from")
+    origin = f"http://{outside}:{port}"
+    ctx, pg, seen = _watched_page(browser, origin)
+    try:
+        pg.goto(origin + "/app", timeout=120_000)
+        expect(pg.locator(".rv-refused")).to_contain_text("only serves this machine", timeout=60_000)
+        expect(pg.locator(".rv-refused")).to_contain_text("RLXVIZ_ALLOW_REMOTE=1")
+        assert pg.locator(".rv-after").count() == 0 and pg.locator(".rv-ir-text").count() == 0
+        _assert_clean(pg, seen)
+    finally:
+        ctx.close()
