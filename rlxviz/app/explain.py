@@ -117,8 +117,8 @@ def report_markdown(rep: dict[str, Any]) -> str:
                     else "<b style='color:#c62828'>failed</b>")
             msg = f": {md_escape(d['message'])}" if d["message"] else ""
             hint = f" *Fix:* {md_escape(d['hint'])}" if d["hint"] else ""
-            lines.append(f"- {icon} {md_code(d['rule'])} as *{md_escape(d['role'])}*: **{md_escape(d['guard'])}** "
-                         f"({md_escape(d['outcome'])}){msg}{hint}")
+            # rule, role, guard and outcome are names from the pass library; message and hint quote the model
+            lines.append(f"- {icon} `{d['rule']}` as *{d['role']}*: **{d['guard']}** ({d['outcome']}){msg}{hint}")
     else:
         lines.append("*No pattern was anchored on or bound to this node.*")
     lines.append(md_pre(rep["ir"]))

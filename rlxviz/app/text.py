@@ -18,15 +18,22 @@ from __future__ import annotations
 import html
 import re
 
-_MD_PUNCT = re.compile(r"([!-/:-@\[-`{-~])")  # every ASCII punctuation character: CommonMark lets each be escaped
+_MD_INLINE = re.compile(r"([\\`*_\[\]<>|~#&!])")  # emphasis, code, links, images, raw HTML, tables, entities
+_MD_LINE_START = re.compile(r"^(\s*)([-+=>])", re.MULTILINE)  # list, setext heading and quote markers
+_MD_NUMBERED = re.compile(r"^(\s*\d+)([.)])", re.MULTILINE)
 _BREAKS = re.compile(r"\r\n?|[\u2028\u2029\x0b\x0c\x85]")
+_LINKS = re.compile(r"(:)(?=//)|(?<![\w.])(www)(\.)", re.IGNORECASE)  # no clickable outside link (linkify)
 
 
 def md_escape(text: str) -> str:
-    """`text` as literal Markdown: every Markdown/HTML metacharacter (emphasis, code, links, images, raw HTML,
-    tables, entities, list/heading/quote markers) backslash-escaped, so `batch*seq = 1*65` and
-    `<img src=x onerror=...>` both render as written. Line breaks other than `\\n` become `\\n`."""
-    return _MD_PUNCT.sub(r"\\\1", _BREAKS.sub("\n", str(text)))
+    """`text` as literal Markdown: emphasis, code, link, image, HTML, entity and table characters
+    backslash-escaped, and line-start list, heading and quote markers too, so `batch*seq = 1*65` and
+    `<img src=x onerror=...>` both render as written; URLs stay text, not links. Line breaks other than `\\n`
+    become `\\n`."""
+    out = _MD_INLINE.sub(r"\\\1", _BREAKS.sub("\n", str(text)))
+    out = _MD_LINE_START.sub(r"\1\\\2", out)
+    out = _LINKS.sub(lambda m: "\\:" if m.group(1) else f"{m.group(2)}\\.", out)
+    return _MD_NUMBERED.sub(r"\1\\\2", out)
 
 
 def md_code(text: str) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir import Graph, Node, Op
+from ..ir import DType, Graph, Node, Op
 
 Bindings = dict[str, int]
 
@@ -288,6 +288,8 @@ def const_value(node: Node) -> float | None:
     v = node.attrs.get("value")
     if node.op != Op.CONST or not isinstance(v, int | float):
         return None
+    if node.dtype in (DType.f32, DType.f64, DType.bf16) and not isinstance(v, bool):
+        return float(v)  # computed at (at least) f32: the payload as written, as guard messages quote it
     try:
         with np.errstate(over="ignore", invalid="ignore"):
             return float(np.asarray(v).astype(node.dtype.numpy))

@@ -184,7 +184,7 @@ def load(model: str, batch: int = 1, seq: int = 128, style: str | None = None, v
     except SessionError:
         raise
     except MemoryBudgetError as e:  # a checkpoint's config or graph over the limit, before it was built or read
-        raise LimitError(first_line(e), limit=limits.max_bytes) from None
+        raise LimitError(f"{first_line(e)} (the limit from {limits.source})", limit=limits.max_bytes) from None
     except (ValueError, KeyError, OSError) as e:
         msg = first_line(e)
         raise SessionError(msg if msg.startswith(model) else f"{model}: {msg}") from None
