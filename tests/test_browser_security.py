@@ -32,6 +32,13 @@ for (const f of ['alert', 'confirm', 'prompt']) { window[f] = () => { window.__p
 """
 
 
+DEEP_TEXT = """(el) => { const out = [];
+  const walk = (n) => { if (n.nodeType === 3) out.push(n.textContent);
+    if (n.shadowRoot) walk(n.shadowRoot); for (const c of n.childNodes) walk(c); };
+  walk(el); return out.join(''); }"""
+"""The text under an element, shadow roots included (Panel renders panes inside them)."""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -120,6 +127,7 @@ def test_hostile_model_text_is_shown_as_text_everywhere(browser, server):
     try:
         pg.goto(origin + "/app", timeout=120_000)
         pg.locator(".rv-after g.node").first.wait_for(timeout=60_000)
+        pg.get_by_role("button", name="IR text").click()
         pg.locator(".rv-ir-text textarea").fill((DATA / "xss_paths.ir").read_text())
         pg.locator(".rv-load-ir button").click()
         expect(pg.locator(".rv-version select")).to_contain_text("0: input (3 ops)", timeout=30_000)
@@ -128,21 +136,22 @@ def test_hostile_model_text_is_shown_as_text_everywhere(browser, server):
         for i in range(pg.locator(".rv-after g.node").count()):
             pg.locator(".rv-after g.node").nth(i).click()
             pg.wait_for_timeout(400)
-            shown.append(pg.locator(".rv-inspector").inner_text())
+            shown.append(pg.locator(".rv-inspector").first.evaluate(DEEP_TEXT))
         text = "\n".join(shown)
         for literal in ('"><script>alert(1)</script>', "<img src=x onerror=alert(2)>",
                         "a`<img src=x onerror=alert(3)>`b", "![t](http://example.org/leak.png)",
                         'x\\"><script>alert(8)</script>'):
             assert literal in text, (literal, text)
         _assert_clean(pg, seen)
-        for tab in ("Matches & rejections", "Why didn't layer N fuse?", "IR & diff", "Timing"):
-            pg.get_by_role("tab", name=tab).click()
+        for tab in ("Matches & rejections", "Why didn't layer N fuse?", "Timing", "IR & diff"):
+            pg.locator(".bk-tab", has_text=tab).click()
             pg.wait_for_timeout(800)
-        expect(pg.locator(".rv-ir")).to_contain_text('@"<img src=x onerror=alert(2)>"')
+        expect(pg.locator(".rv-ir")).to_contain_text('@"<img src=x onerror=alert(2)>"')  # the IR, as text
         _assert_clean(pg, seen)
         # an invalid graph whose error message quotes the hostile lines: the status bar shows them as text
         bad = (DATA / "xss_paths.ir").read_text().replace("exp(%2) : f32[2, 4]", "exp(%2) : f32[3, 4]")
-        pg.get_by_role("tab", name="Graph").click()
+        pg.locator(".bk-tab", has_text="Graph").click()
+        pg.get_by_role("button", name="IR text").click()
         pg.locator(".rv-ir-text textarea").fill(bad)
         pg.locator(".rv-load-ir button").click()
         expect(pg.locator(".rv-message")).to_contain_text("@![t](http://example.org/leak.png)", timeout=30_000)
