@@ -872,6 +872,19 @@ NEAR_MISSES += [
 ]
 
 
+def _dependent_weight():
+    """x @ w0 and x @ expand(x @ w0): the second weight is computed from the first projection (merging: a cycle)."""
+    b = Builder("dependent_weight")
+    x = b.input("x", (1, 4))
+    mm0 = b.matmul(x, b.param("w0", (4, 4)))
+    w1 = b.expand(mm0, (4, 4))
+    b.output(b.add(mm0, b.matmul(x, w1)))
+    return b.build(), {"s": w1}
+
+
+NEAR_MISSES += [("fuse_shared_input_matmul.concat_weights", "operands_independent", _dependent_weight, "s", {})]
+
+
 def test_near_miss_table_covers_every_guard_of_every_rule():
     have = {(rule, guard) for rule, guard, *_ in NEAR_MISSES}
     want = {(r.name, gname) for p in PASSES.values() for r in p.rules for gname in r.guard_names

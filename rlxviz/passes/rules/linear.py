@@ -211,6 +211,36 @@ def _group(c: Ctx) -> Fail | None:
     return None
 
 
+def _dependent_operand(c: Ctx) -> tuple[int, int] | None:
+    """`(operand, member)`: a weight (or a bias added to a member) computed from a member matmul, else None.
+    Merging it would make the packed weight / bias depend on the packed matmul: a cycle."""
+    g = c.graph
+    members = {c.id(m) for m in _members(c)}
+    for m in _members(c):
+        operands = [c.id(f"w{m[2:]}")] + [next(i for i in u.inputs if i != c.id(m)) for u in c.users(m)
+                                          if u.op == Op.ADD and len(set(u.inputs)) == 2]
+        for start in operands:
+            if start in members:  # mm_i + mm_j: no bias, nothing merged into a concat
+                continue
+            seen, todo = set(), [start]
+            while todo:
+                i = todo.pop()
+                if i in members:
+                    return start, i
+                if i not in seen:
+                    seen.add(i)
+                    todo.extend(g[i].inputs)
+    return None
+
+
+def _explain_dependent(c: Ctx) -> str:
+    found = _dependent_operand(c)
+    assert found is not None
+    op, member = found
+    return (f"{c.name_of(op)} is computed from {c.name_of(member)}; merged, the packed weight or bias would depend "
+            f"on the packed matmul itself (a cycle)")
+
+
 def _members(c: Ctx) -> list[str]:
     return [f"mm{i}" for i in range(c.data["n"])]
 
@@ -325,6 +355,9 @@ SHARED = Rule(
         guard("not_outputs", lambda c: _output_member(c) is None, _explain_outputs,
               "do not return a projection's raw output from the model", reads=("mm*",),
               subject=lambda c: c.id(_output_member(c) or "mm0"), kind=ILLEGAL),
+        guard("operands_independent", lambda c: _dependent_operand(c) is None, _explain_dependent,
+              "a projection whose weight is computed from another projection's output cannot share its matmul",
+              reads=("mm*", "w*"), subject=lambda c: (_dependent_operand(c) or (c.id("w0"),))[0], kind=ILLEGAL),
         Soft(_biases),
     ),
     result="mm0", absorb=(), rewrite=_shared_rewrite,
