@@ -200,17 +200,21 @@ class Emitter(ABC, Generic[V]):
 
     # transformer blocks
     def attention(self, q: V, k: V, v: V, mask: V | None = None, *, num_heads: int, head_dim: int,
-                  mask_kind: str = "none", scale: float | None = None, num_kv_heads: int | None = None) -> V:
+                  mask_kind: str = "none", scale: float | None = None, num_kv_heads: int | None = None,
+                  mask_fill: float | None = None) -> V:
         """Scaled dot-product attention on packed `[B, S, heads*head_dim]` q (Vaswani et al. 2017).
 
         k/v are `[B, Sk, kv_heads*head_dim]`; `num_kv_heads` (default `num_heads`) < `num_heads` is
         grouped-query attention (query head i reads kv head `i // (num_heads // num_kv_heads)`).
-        `mask_kind`: `none`, `causal`, `keep` (binary `[B, Sk]`, 1 = attend) or `additive`
+        `mask_kind`: `none`, `causal`, `keep` (`[B, Sk]`, 1 = attend) or `additive`
         (broadcastable to `[B, heads, Sq, Sk]`). `scale` defaults to `1/sqrt(head_dim)`.
+        `mask_fill` (keep only): None = binary keep mask; a float f adds `(1 - mask) * f` to the
+        scores (Hugging Face's extended mask, see `ops.MASK_KINDS`).
         """
         ins = (q, k, v) if mask is None else (q, k, v, mask)
         return self.emit(Op.ATTENTION, ins, num_heads=num_heads, head_dim=head_dim, mask=mask_kind,
-                         scale=None if scale is None else float(scale), num_kv_heads=num_kv_heads)
+                         scale=None if scale is None else float(scale), num_kv_heads=num_kv_heads,
+                         mask_fill=None if mask_fill is None else float(mask_fill))
 
     def rope(self, x: V, cos: V, sin: V, head_dim: int, n_rot: int | None = None) -> V:
         """NeoX-style rotary embedding on packed `[B, S, heads*head_dim]`; `cos`/`sin` are

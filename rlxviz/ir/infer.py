@@ -285,6 +285,8 @@ def _attention(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     _check(k.shape == v.shape, f"k {_fmt(k)} and v {_fmt(v)} differ")
     _check(q.shape[0] == k.shape[0], f"batch of q {_fmt(q)} and k {_fmt(k)} differ")
     _check(q.dtype == k.dtype == v.dtype, "q, k, v dtypes differ")
+    _check(attrs.get("mask_fill") is None or mask == "keep",
+           f"mask_fill={attrs.get('mask_fill')} needs mask kind 'keep', got {mask!r}")
     has_mask = mask in ("keep", "additive")
     _check(len(x) == 3 + has_mask, f"mask kind {mask!r} takes {3 + has_mask} operands, got {len(x)}")
     b, sq, sk = q.shape[0], q.shape[1], k.shape[1]

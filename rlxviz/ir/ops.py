@@ -112,7 +112,10 @@ def kv_heads(attrs: dict[str, Any]) -> int:
 
 
 MASK_KINDS = ("none", "causal", "keep", "additive")
-"""Attention mask kinds. `keep`: binary `[B, Sk]` mask, 1 = attend, 0 = padding (RLX `Custom`);
+"""Attention mask kinds. `keep`: a `[B, Sk]` mask, 1 = attend, 0 = padding (RLX `Custom`); with the
+attribute `mask_fill=None` it is binary (a key with mask <= 0.5 gets the dtype's lowest finite score),
+with `mask_fill=f` the scores get `(1 - mask) * f` added, exactly Hugging Face's extended mask (so a
+row whose mask is all zeros is shifted by `f` everywhere and still attends normally);
 `additive`: a bias broadcastable to `[B, heads, Sq, Sk]` added to the scaled scores (RLX `Bias`);
 `causal`: key j visible from query i when j <= i + (Sk - Sq) (bottom-right aligned, as RLX's CPU)."""
 
@@ -184,7 +187,8 @@ SPECS: dict[Op, OpSpec] = {
         "num_heads": _a(int), "head_dim": _a(int),
         "mask": _a(str, required=False, default="none", choices=MASK_KINDS),
         "scale": _a(int, float, _NONE, required=False, default=None),
-        "num_kv_heads": _a(int, _NONE, required=False, default=None)}),
+        "num_kv_heads": _a(int, _NONE, required=False, default=None),
+        "mask_fill": _a(int, float, _NONE, required=False, default=None)}),
     Op.ROPE: OpSpec((3,), {"head_dim": _a(int), "n_rot": _a(int)}),
     Op.FUSED_MATMUL_BIAS_ACT: OpSpec((3,), {
         "activation": _a(str, _NONE, required=False, default=None, choices=(None, *_ACT_NAMES))}),
@@ -195,11 +199,13 @@ SPECS: dict[Op, OpSpec] = {
     Op.FUSED_ATTENTION_BLOCK: OpSpec((4, 6, 8), {
         "num_heads": _a(int), "head_dim": _a(int),
         "has_bias": _a(bool, required=False, default=True), "has_rope": _a(bool, required=False, default=False),
-        "num_kv_heads": _a(int, _NONE, required=False, default=None)}),
+        "num_kv_heads": _a(int, _NONE, required=False, default=None),
+        "mask_fill": _a(int, float, _NONE, required=False, default=None)}),
     Op.FUSED_TRANSFORMER_LAYER: OpSpec((14,), {
         "num_heads": _a(int), "head_dim": _a(int), "intermediate_size": _a(int),
         "eps1": _a(int, float), "eps2": _a(int, float),
-        "activation": _a(str, choices=_ACT_NAMES), "has_bias": _a(bool, required=False, default=True)}),
+        "activation": _a(str, choices=_ACT_NAMES), "has_bias": _a(bool, required=False, default=True),
+        "mask_fill": _a(int, float, _NONE, required=False, default=None)}),
     Op.ELEMENTWISE_REGION: OpSpec(None, {"chain": _a(tuple, items=_TUP)}),
 }
 

@@ -11,8 +11,9 @@ against the plain decomposition (`tests/test_runtime_lowering.py`):
 * FusedTransformerLayer -> its decomposition traced once into `mx.compile` (`compile_layers`);
 * ElementwiseRegion -> its decomposition traced once into `mx.compile` (`regions="compiled"`).
 
-RLX's MLX-lowering bugs (rlx-notes §4.2–4.5) are fixed in the primitives: the binary keep mask
-`[B, Sk]` becomes additive (0 / `finfo(f32).min`) shaped `[B, 1, 1, Sk]`; `scale` is honoured;
+RLX's MLX-lowering bugs (rlx-notes §4.2–4.5) are fixed in the primitives: the keep mask `[B, Sk]`
+becomes additive (binary: 0 / the dtype's lowest finite value; with `mask_fill`: HF's
+`(1 - mask) * fill`) shaped `[B, 1, 1, Sk]`; `scale` is honoured;
 causal masks are bottom-right aligned when `Sq != Sk`; `gelu_tanh` is the tanh approximation;
 RmsNorm adds its beta.
 
@@ -412,21 +413,33 @@ def _narrow(e: MlxEmitter, a: dict, x: mx.array) -> mx.array:
 
 
 # -- attention, RoPE --------------------------------------------------------------------------------------------
-def keep_to_additive(mask: mx.array, dtype: Any = mx.float32) -> mx.array:
-    """Binary keep mask `[B, Sk]` (1 = attend) -> additive `[B, 1, 1, Sk]`: 0 kept, `finfo(f32).min` padded."""
-    add = mx.where(mask > 0.5, mx.array(0.0, dtype), mx.array(NEG, dtype))
+def lowest(dtype: Any) -> float:
+    """The lowest finite value of float dtype `dtype` (a masked score: finite, so an all-masked row is uniform)."""
+    return float(mx.finfo(dtype).min) if mx.issubdtype(dtype, mx.floating) else NEG
+
+
+def keep_to_additive(mask: mx.array, dtype: Any = mx.float32, fill: float | None = None) -> mx.array:
+    """Keep mask `[B, Sk]` (1 = attend) -> additive `[B, 1, 1, Sk]`.
+
+    `fill=None`: binary, 0 kept and the dtype's lowest finite value padded. A float `fill` (the
+    attention's `mask_fill`): Hugging Face's `(1 - mask) * fill`, computed in the mask's dtype as the
+    unfused graph does, so an all-zero row is a constant shift (see `ops.MASK_KINDS`)."""
+    if fill is None:
+        add = mx.where(mask > 0.5, mx.array(0.0, dtype), mx.array(lowest(dtype), dtype))
+    else:
+        add = (mx.array(1.0, mask.dtype) - mask) * mx.array(fill, mask.dtype)
     return add.reshape(mask.shape[0], 1, 1, mask.shape[-1])
 
 
 def causal_additive(sq: int, sk: int, dtype: Any = mx.float32) -> mx.array:
     """Additive causal mask `[Sq, Sk]`, bottom-right aligned: key j visible from query i iff j <= i + Sk - Sq."""
     visible = mx.arange(sk)[None, :] <= mx.arange(sq)[:, None] + (sk - sq)
-    return mx.where(visible, mx.array(0.0, dtype), mx.array(NEG, dtype))
+    return mx.where(visible, mx.array(0.0, dtype), mx.array(lowest(dtype), dtype))
 
 
 def attention(e: MlxEmitter, q: mx.array, k: mx.array, v: mx.array, mask: mx.array | None, *, heads: int,
-              head_dim: int, kind: str = "none", scale: float | None = None, kv_heads: int | None = None
-              ) -> mx.array:
+              head_dim: int, kind: str = "none", scale: float | None = None, kv_heads: int | None = None,
+              fill: float | None = None) -> mx.array:
     """Multi-head attention on packed `[B, S, heads*head_dim]` q/k/v -> `[B, Sq, heads*head_dim]`.
 
     k/v have `kv_heads` heads (default `heads`); fewer is grouped-query attention (kv head `i // rep`
@@ -434,7 +447,8 @@ def attention(e: MlxEmitter, q: mx.array, k: mx.array, v: mx.array, mask: mx.arr
 
     `kind`: `none`, `causal`, `keep` (binary `[B, Sk]`) or `additive` (broadcastable to
     `[B, heads, Sq, Sk]`). `scale` defaults to `1/sqrt(head_dim)`. The kernel is
-    `e.options.attention`: `sdpa` (`mx.fast.scaled_dot_product_attention`) or `composed`.
+    `e.options.attention`: `sdpa` (`mx.fast.scaled_dot_product_attention`) or `composed`. `fill`: the
+    keep mask's `mask_fill` (see `keep_to_additive`).
     """
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     kv = kv_heads or heads
@@ -442,7 +456,7 @@ def attention(e: MlxEmitter, q: mx.array, k: mx.array, v: mx.array, mask: mx.arr
     sq, sk = qh.shape[2], kh.shape[2]
     bias: mx.array | None
     if kind == "keep":
-        bias = keep_to_additive(mask, q.dtype)
+        bias = keep_to_additive(mask, q.dtype, fill)
     elif kind == "causal":
         bias = causal_additive(sq, sk, q.dtype)
     elif kind == "additive":
@@ -465,7 +479,7 @@ def attention(e: MlxEmitter, q: mx.array, k: mx.array, v: mx.array, mask: mx.arr
 def _attention(e: MlxEmitter, a: dict, q: mx.array, k: mx.array, v: mx.array, mask: mx.array | None = None
                ) -> mx.array:
     return attention(e, q, k, v, mask, heads=a["num_heads"], head_dim=a["head_dim"], kind=a.get("mask", "none"),
-                     scale=a.get("scale"), kv_heads=a.get("num_kv_heads"))
+                     scale=a.get("scale"), kv_heads=a.get("num_kv_heads"), fill=a.get("mask_fill"))
 
 
 @lowers(Op.ROPE)

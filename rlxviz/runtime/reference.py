@@ -122,17 +122,21 @@ def _attention(a: dict, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.nd
     qh, kh, vh = split_heads(q, h), split_heads(k, kv), split_heads(v, kv)
     if kv != h:  # grouped-query: query head i reads kv head i // (h // kv), as HF repeat_kv
         kh, vh = np.repeat(kh, h // kv, axis=1), np.repeat(vh, h // kv, axis=1)
-    s = (qh @ kh.transpose(0, 1, 3, 2)) * np.float32(scale)
+    s = (qh @ kh.transpose(0, 1, 3, 2)) * qh.dtype.type(scale)
     sq, sk = s.shape[-2:]
     kind = a["mask"]
-    if kind == "keep":
-        s = np.where(mask[:, None, None, :] > 0.5, s, _NEG)
+    low = np.finfo(s.dtype).min if s.dtype.kind == "f" else _NEG
+    if kind == "keep" and a.get("mask_fill") is not None:  # HF's extended mask, in the mask's own dtype
+        m = mask[:, None, None, :]
+        s = s + (m.dtype.type(1) - m) * m.dtype.type(a["mask_fill"])
+    elif kind == "keep":
+        s = np.where(mask[:, None, None, :] > 0.5, s, low)
     elif kind == "causal":
         visible = np.arange(sk)[None, :] <= np.arange(sq)[:, None] + (sk - sq)
-        s = np.where(visible, s, _NEG)
+        s = np.where(visible, s, low)
     elif kind == "additive":
         s = s + mask
-    p = special.softmax(s.astype(np.float32), axis=-1).astype(q.dtype)
+    p = special.softmax(s.astype(np.promote_types(s.dtype, np.float32)), axis=-1).astype(q.dtype)
     return merge_heads(p @ vh)
 
 

@@ -16,10 +16,20 @@ attention's `scale` (the product of all factors; None when it equals the default
 pre-scaled Q with unscaled scores gets the default scale and the block fusion still applies.
 
 -> `attention(q, k, v[, mask], num_heads=nh, head_dim=dh)`. The mask guard traces HF's extended
-mask `reshape(mul(sub(1, cast(m)), big_negative), [B, 1, 1, S])` back to the integer keep mask and
-emits `mask="keep"` with the f32 `[B, S]` cast as operand (RLX's `Custom` form, which the block
-fusions require); any other mask stays `additive` and the soft rejection `mask_form` says why.
-Assumes HF's contract that `attention_mask` holds 0/1; `big_negative` must be <= -1e4.
+mask `reshape(mul(sub(1, cast(m)), fill), [B, 1, 1, S])` back to the integer keep mask and emits
+`mask="keep", mask_fill=fill` with the `[B, S]` cast as operand (RLX's `Custom` form, which the
+block fusions require); any other mask stays `additive` and the soft rejection `mask_form` says why.
+
+Validity (numbers equal for every input): the fused op adds `(1 - mask) * fill` to the scaled scores,
+the unfused formula itself, in the mask's dtype (the guard requires cast, sub, mul and reshape to
+share it), so it holds for every integer mask, 0/1 or not: a row whose mask is all zeros is shifted
+by `fill` everywhere and, softmax being shift-invariant, attends normally in both forms (a binary
+keep mask would make that row uniform: `tests/test_numerics.py`, case 05). Constants are read as
+their dtype holds them (a `bool` 4.0 is 1.0; `typed_value`). The scale is a finite, non-zero scalar
+constant (guard `scale_finite`); it is recorded as the default `None` only within 1e-6 relative of
+1/sqrt(head_dim), and as 1.0 when the scores are not scaled. An additive mask of any other form is
+kept as an operand and added as is (broadcast to `[B, heads, Sq, Sk]`, checked by shape inference).
+Rounding may differ by the order of the scale (scores * scale vs scores / c), a few float32 ulps.
 
 `fuse_attention_block` (rlx-notes §2.3.2, newer revision): QKV `FusedMatMulBiasAct(None)` ->
 narrows at 0/H/2H of the last axis -> `attention(keep)` -> out-projection `FusedMatMulBiasAct(None)`
@@ -27,13 +37,19 @@ narrows at 0/H/2H of the last axis -> `attention(keep)` -> out-projection `Fused
 gate is the pipeline parameter `fab_max_tokens`, checked per anchor on that attention's batch*seq,
 and the rejection states both numbers. Canonical default: no gate (MLX runtime fusion pays at every
 size); the `rlx` profile sets RLX's 64.
+
+Validity: the block's decomposition (`ir.fused.attention_block`) is the matched chain itself
+(linear, narrows at 0/H/2H, keep-masked attention with the same `mask_fill`, linear); it requires the
+default scale (guard `default_scale`) and a keep mask, so it holds for every input.
 """
 
 from __future__ import annotations
 
 import math
 
-from ...ir import Op, Rewriter
+import numpy as np
+
+from ...ir import Node, Op, Rewriter
 from ...ir.ops import kv_heads, operand_roles
 from ..engine import rule_pass
 from ..guard import (
@@ -110,20 +126,52 @@ def _merge_ok(c: Ctx) -> bool:
     return c["merge_t"].attrs["perm"] == (0, 2, 1, 3) and out.shape == (q.shape[0], q.shape[1], q.shape[2] * q.shape[3])
 
 
+def typed_value(node: Node) -> float | None:
+    """A scalar const's value as its dtype holds it (a `bool` const of 4.0 is 1.0, an f16 one is rounded),
+    else None. The attrs keep the literal; the numbers use this."""
+    v = const_value(node)
+    if v is None:
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        return float(np.asarray(v).astype(node.dtype.numpy))
+
+
+_FACTORS = (("scale", "scale_c"), ("q_prescale", "q_scale_c"), ("k_prescale", "k_scale_c"))
+
+
 def _factor(c: Ctx, op_role: str, const_role: str) -> float:
-    """The factor a scaling node applies (1.0 when the role is unbound): `x * v` -> v, `x / v` -> 1/v."""
+    """The factor a scaling node applies (1.0 when the role is unbound): `x * v` -> v, `x / v` -> 1/v, with
+    v read as its dtype holds it (`typed_value`)."""
     if op_role not in c:
         return 1.0
-    v = const_value(c[const_role])
+    v = typed_value(c[const_role])
     assert v is not None
-    return 1.0 / v if c[op_role].op == Op.DIV else v
+    with np.errstate(divide="ignore"):
+        return float(np.float64(1.0) / v) if c[op_role].op == Op.DIV else v
+
+
+def _scale_factor(c: Ctx) -> float:
+    """The product of the score scale and any Q/K pre-scale."""
+    s = 1.0
+    for op_role, const_role in _FACTORS:
+        s *= _factor(c, op_role, const_role)
+    return s
+
+
+def _scale_ok(c: Ctx) -> bool:
+    return all(math.isfinite(f) and f != 0.0 for f in (_factor(c, o, k) for o, k in _FACTORS))
+
+
+def _explain_scale(c: Ctx) -> str:
+    parts = ", ".join(f"{c.d(o)} by {_factor(c, o, k)} ({c[k].dtype} constant)" for o, k in _FACTORS if o in c)
+    return f"the scores are scaled: {parts}; every factor must be finite and non-zero"
 
 
 def _scale(c: Ctx) -> float | None:
     """The attention `scale` attr: the product of the score scale and any Q/K pre-scale; None when it is
-    the default 1/sqrt(head_dim). softmax((a*q) @ (b*k)^T * s) == softmax(a*b*s * q @ k^T): the same numbers
-    up to rounding (exactly the same when the factors are powers of two)."""
-    s = _factor(c, "scale", "scale_c") * _factor(c, "q_prescale", "q_scale_c") * _factor(c, "k_prescale", "k_scale_c")
+    the default 1/sqrt(head_dim) (within 1e-6 relative). softmax((a*q) @ (b*k)^T * s) == softmax(a*b*s * q @ k^T):
+    the same numbers up to rounding (exactly the same when the factors are powers of two)."""
+    s = _scale_factor(c)
     d = c["q_reshape"].shape[3]
     return None if math.isclose(s, 1.0 / math.sqrt(d), rel_tol=1e-6) else s
 
@@ -166,18 +214,22 @@ def _mask_form(c: Ctx) -> Fail | None:
         neg_id = next((i for i in mul.inputs if is_const(g[i])), None) if mul.op == Op.MUL else None
         sub_id = next((i for i in mul.inputs if i != neg_id), None) if neg_id is not None else None
         sub = g[sub_id] if sub_id is not None else None
-        neg = const_value(g[neg_id]) if neg_id is not None else None
-        if neg is None or neg > -1e4:
+        neg = typed_value(g[neg_id]) if neg_id is not None else None
+        if neg is None or not neg <= -1e4:
             why = f"{mul.op.value} (node {mul.id}) is not mul(..., big_negative <= -1e4)"
         elif (sub is None or sub.op != Op.SUB or not is_const(g[sub.inputs[0]])
-              or const_value(g[sub.inputs[0]]) != 1.0):
+              or typed_value(g[sub.inputs[0]]) != 1.0):
             why = f"node {sub_id} is not sub(1, mask)"
         else:
             cast = g[sub.inputs[1]]
             if cast.op != Op.CAST or cast.shape != (b, s) or g[cast.inputs[0]].dtype.is_float:
                 why = f"{cast.op.value} (node {cast.id}) is not cast(integer keep mask [{b}, {s}])"
+            elif not cast.dtype == sub.dtype == mul.dtype == m.dtype:
+                why = (f"the mask is computed in {sub.dtype}/{mul.dtype} from a {cast.dtype} cast; the fused "
+                       f"op computes (1 - mask) * fill in the mask's dtype")
             else:
                 c.data["keep"] = cast.id
+                c.data["fill"] = neg
                 return None
     return Fail("guard", "mask_form", f"additive mask kept: {why}", (m.id,), (),
                 "pass the integer attention_mask through HF's extended-mask formula to get a keep mask",
@@ -196,7 +248,7 @@ def _sdpa_build(c: Ctx) -> tuple[Op, list[int], dict]:
         kind = "keep" if "keep" in c.data else "additive"
         ins.append(c.data.get("keep", c.id("mask")))
     return Op.ATTENTION, ins, {"num_heads": r.shape[2], "head_dim": r.shape[3], "mask": kind, "scale": _scale(c),
-                               "num_kv_heads": num_kv_heads(c)}
+                               "num_kv_heads": num_kv_heads(c), "mask_fill": c.data.get("fill")}
 
 
 def _sdpa_rewrite(c: Ctx, rw: Rewriter) -> int:
@@ -246,6 +298,7 @@ SDPA = Rule(
               fix="teach fuse_sdpa this head-merge layout"),
         all_single_use(_INTERNAL, "internals_single_use", "attention intermediates must not be read elsewhere"),
         *where_mask.guards(),
+        guard("scale_finite", _scale_ok, _explain_scale, "scale the scores by a finite, non-zero constant"),
         Soft(_mask_form),
     ),
     result="merge", absorb=(*_INTERNAL, "merge"), build=_sdpa_build, rewrite=lambda c, rw: _sdpa_rewrite(c, rw),
@@ -348,7 +401,8 @@ BLOCK = Rule(
     result="out", absorb=("qkv", "q", "k", "v", "attn", "out"),
     build=lambda c: _block(c, {"num_heads": c["attn"].attrs["num_heads"], "head_dim": c["attn"].attrs["head_dim"],
                                "has_bias": True, "has_rope": False,
-                               "num_kv_heads": c["attn"].attrs.get("num_kv_heads")}),
+                               "num_kv_heads": c["attn"].attrs.get("num_kv_heads"),
+                               "mask_fill": c["attn"].attrs.get("mask_fill")}),
     doc="QKV linear -> narrows -> attention(keep) -> out linear -> FusedAttentionBlock")
 
 fuse_attention_block = rule_pass("fuse_attention_block", [BLOCK], "QKV + attention + out-projection -> "

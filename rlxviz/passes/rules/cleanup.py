@@ -10,6 +10,11 @@
   Limits come from pipeline params `max_region_steps` (32) and `max_region_inputs` (16), as RLX's
   GPU limits. A chain that would exceed a limit is *split* there (a new region starts; a
   `region_max_steps` / `region_max_inputs` rejection records it); a region is never half-built.
+
+Validity (numbers equal for every input): DCE removes only nodes no output reaches. `unfuse` emits
+the decomposition that defines each fused op. A region replays its steps in order on the same
+operands; only ops without attributes join, casts only when they keep the dtype, and each operand
+must broadcast to the step's shape (`_eligible`), so broadcasting is what it was unfused.
 """
 
 from __future__ import annotations

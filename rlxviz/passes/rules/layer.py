@@ -15,6 +15,11 @@ before its prerequisites is visible: an unfused attention is rejected at `attn_i
 pipeline parameter as `fuse_attention_block`'s (RLX shares its gate the same way). Differences from
 the seed: users come from the def-use index (no scan of all nodes), the activation must be in the
 epilogue allow-list (the seed accepts any), and a pre-LN layer is named as such (`post_ln_order`).
+
+Validity (numbers equal for every input): the layer's decomposition (`ir.fused.transformer_layer`)
+is the matched parts in order: the attention block with its keep mask and `mask_fill`, LN1 with the
+matched `eps1` over `attn + hidden` (operand order checked), FFN with the matched activation, LN2 with
+`eps2` over `fc2 + h1`; h1 feeds nothing else (guard `h1_user_count`), so no value escapes.
 """
 
 from __future__ import annotations
@@ -146,7 +151,8 @@ LAYER = Rule(
                      [c.id(r) for r in operand_roles(Op.FUSED_TRANSFORMER_LAYER, {}, 0)],  # bound by role name
                      {"num_heads": c["attn"].attrs["num_heads"], "head_dim": c["attn"].attrs["head_dim"],
                       "intermediate_size": _intermediate(c), "eps1": c["ln1"].attrs["eps"],
-                      "eps2": c["ln2"].attrs["eps"], "activation": c["fc1"].attrs["activation"], "has_bias": True}),
+                      "eps2": c["ln2"].attrs["eps"], "activation": c["fc1"].attrs["activation"], "has_bias": True,
+                      "mask_fill": c["attn"].attrs.get("mask_fill")}),
     doc="FusedAttentionBlock + FusedResidualLN + FFN (2 x FusedMatMulBiasAct) + FusedResidualLN -> "
         "FusedTransformerLayer")
 

@@ -15,6 +15,14 @@ user is `add(matmul, bias[N_i])`, the biases are concatenated and one `add` foll
 matmul, so Hugging Face Q/K/V (which all have biases) reach RLX's packed-QKV form and later the
 attention-block and layer fusions. This is why our pipeline runs this pass *before*
 `fuse_matmul_bias_act` (RLX runs it after, so biased Q/K/V never merge).
+
+Validity (numbers equal for every input, up to GEMM summation order): `FusedMatMulBiasAct` is
+`act(x @ w + bias)`, the matched ops in the same order; the bias broadcasts the same way because it is
+a scalar or a `[N]` vector of the matmul's width (guards `bias_rank`, `bias_length`); an `add` of two
+full-size tensors is a residual, never taken for a bias. The shared-input merge computes
+`x @ concat(w_i)` and narrows each `[.., N_i]` back: each column is the same dot product, for rank-2
+weights of one dtype (guards `weights_rank2`, `weights_same_dtype`; a batched weight would concatenate
+along the wrong axis), and merged biases are `[N_i]` vectors concatenated in the same order.
 """
 
 from __future__ import annotations

@@ -6,6 +6,12 @@
 operand): `fuse_transformer_layer` checks it. Guards RLX lacks: the norm is over the last axis, and
 x and residual have the same shape (so a broadcast add, like BERT's embedding sum with the
 `[1, H]` token-type row, is not taken for a residual).
+
+Validity (numbers equal for every input): the fused op's decomposition is `norm((x + residual) [+ bias])`
+with the matched `eps`, the adds in the matched order; the norm is over the last axis (guard
+`norm_last_axis`), x and residual have one shape and the bias is `[H]` (so no broadcast changes what
+is summed). The sum is formed in the operands' dtype exactly as unfused: an f16 sum that overflows
+overflows in both forms (the equivalence check reports it, `runtime.compare`).
 """
 
 from __future__ import annotations

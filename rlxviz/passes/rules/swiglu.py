@@ -7,6 +7,11 @@
   gate_first)`. Guards RLX lacks: the narrows are on the last axis and `c` is exactly `2N` wide;
   the narrows and the silu are single-use and not outputs. `gate_first` is honoured everywhere
   in rlxviz (RLX's MLX lowering and unfuse ignore it).
+
+Validity (numbers equal for every input, up to GEMM summation order): `FusedSwiGLU(c)` is
+`silu(gate) * up` on the two halves of `c`'s last axis; the dual-matmul rule packs `[wu | wg]` so the
+low half is `x @ wu` (equal `[K, N]` weights, guard `weights_match`); the narrow rule requires the
+exact halves of the last axis (`halves_of_last_axis`) and records which half is the gate.
 """
 
 from __future__ import annotations
