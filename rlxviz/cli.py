@@ -497,28 +497,33 @@ def add_export(sub: SubParsers) -> None:
 
 def cmd_time(args: argparse.Namespace) -> int:
     """`rlxviz time MODEL`: every graph version timed on MLX, checked against the NumPy reference."""
-    from .session import format_timings, time_versions
+    from .session import format_timings, input_sets, load_inputs, time_versions
 
     if args.repeat < 1 or args.warmup < 0:
         raise CLIError(f"--repeat must be >= 1 and --warmup >= 0, got {args.repeat} and {args.warmup}")
     model, trace = _run_model(args)  # refuses inputs + params over the memory limit before feeds are made
-    feeds = model.random_feeds(seed=0)
-    rows = time_versions(trace, feeds, model.weights, warmup=args.warmup, repeat=args.repeat, device=args.device)
+    user = load_inputs(args.inputs, model.graph) if args.inputs is not None else None
+    feeds = user.feeds if user is not None else model.random_feeds(seed=0)
+    sets = input_sets(model.graph, feeds, user, args.battery)  # the user's arrays first, then the battery
+    rows = time_versions(trace, feeds, model.weights, warmup=args.warmup, repeat=args.repeat, device=args.device,
+                         inputs=sets)
     if not all(r.finite for r in rows):
         _warn_nonfinite("time", model, False)
     where = next((str(r.context) for r in rows if r.context is not None), "")
     where = where.replace(str(Path.cwd()) + os.sep, "")  # `.venv/...` from a clone, not an absolute path
+    policy = next(r.policy for r in rows if r.policy is not None)
     if args.json:
         import dataclasses
         import json
 
         _out(json.dumps({"model": model.name, "pipeline": trace.pipeline, "context": where, "repeat": args.repeat,
+                         "precision": policy.describe(), "inputs": sets.names, "skipped": dict(sets.skipped),
                          "versions": [{**dataclasses.asdict(r), "verdict": r.verdict} for r in rows]},
                         indent=2, default=str))
         return 0 if all(r.ok is not False for r in rows) else 1
     _out(f"{model.name} ({trace.pipeline} pipeline), batch {args.batch}, seq {args.seq}; {where}; "
-         f"{args.repeat} interleaved round(s); error vs the NumPy reference of the unfused graph\n"
-         + format_timings(rows))
+         f"{args.repeat} interleaved round(s) on {sets.sets[0].name} inputs\n"
+         f"{policy.describe()}\n{sets.describe()}\n" + format_timings(rows))
     return 0 if all(r.ok is not False for r in rows) else 1
 
 
@@ -526,13 +531,21 @@ def cmd_time(args: argparse.Namespace) -> int:
 def add_time(sub: SubParsers) -> None:
     p = sub.add_parser("time", help="time every graph version on MLX, with its error vs the reference",
                        description="Run the pipeline on MODEL, then time each distinct graph version on MLX "
-                                   "(median, min, first call in ms) on seeded random inputs and report its max "
-                                   "absolute error against the NumPy reference of the unfused graph. Exit code 1 "
-                                   "if a version is outside the tolerance or its outputs are not finite (NaN is "
-                                   "never counted as correct).")
+                                   "(median, min, first call in ms) in the graph's own dtype, and check it on a "
+                                   "battery of inputs (random, a fully masked row, left padding, holes, a single "
+                                   "token, large magnitudes, constant rows: those that apply) twice: against the "
+                                   "oracle (the unfused graph in float64) and against the unfused graph on MLX in "
+                                   "the same dtype, with tolerances from one table per dtype and device. The "
+                                   "verdict names the input that broke a version and whether a pass changed the "
+                                   "numbers or the dtype cannot hold them. Exit code 1 if a version is not ok "
+                                   "(NaN is never counted as correct).")
     _model_args(p, seq=32)
-    p.add_argument("--repeat", "-r", type=int, default=5, help="timed calls per version (default: %(default)s)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed calls after the first (default: %(default)s)")
+    p.add_argument("--inputs", "-i", default=None, metavar="IN.npz",
+                   help="your input arrays (.npz, one array per graph input by name): timed, and checked first")
+    p.add_argument("--battery", action=argparse.BooleanOptionalAction, default=True,
+                   help="also check the input battery (default: on)")
+    p.add_argument("--repeat", "-r", type=int, default=5, help="timed rounds (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds after the first call (default: %(default)s)")
     _device_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable output (each version with its verdict)")
     p.set_defaults(func=cmd_time)

@@ -401,9 +401,13 @@ def test_time_table_every_version_checked(capsys):
     code, out, err = run(capsys, "time", "bert-tiny", "--seq", 8, "--repeat", 2)
     assert code == 0, err
     lines = out.splitlines()
-    assert "canonical pipeline" in lines[0] and "BLAS" in lines[0]
-    assert lines[1].split()[:3] == ["#", "version", "ops"]  # compute ops, as in render and the app
-    rows = [ln for ln in lines[2:] if ln.strip()]
+    assert "canonical pipeline" in lines[0] and "BLAS" in lines[0] and "on random inputs" in lines[0]
+    assert lines[1].startswith("precision: f32 on MLX ") and "oracle: the unfused graph in float64" in lines[1]
+    assert lines[2].startswith("inputs: random, fully_masked_row, left_padding, holes, single_token;")
+    assert "large_magnitude (no float input)" in lines[2]  # token ids only: said, not silently dropped
+    assert lines[3].split()[:3] == ["#", "version", "ops"]  # compute ops, as in render and the app
+    assert lines[3].split()[-4:] == ["oracle", "vs", "unfused", "ok"]
+    rows = [ln for ln in lines[4:] if ln.strip()]
     assert len(rows) == 1 + len(CANONICAL_ORDER)
     timed = [r for r in rows if "unchanged" not in r]
     assert len(timed) >= 5 and all(r.rstrip().endswith("yes") for r in timed)
@@ -422,8 +426,8 @@ def test_time_nan_is_never_ok(tmp_path, capsys):
     ck = tiny_checkpoint(tmp_path / "ck", nan=["encoder.layer.0.output.dense.weight"])
     code, out, err = run(capsys, "time", ck, "--seq", 4, "--repeat", 1)
     assert code == 1
-    rows = [ln for ln in out.splitlines()[2:] if "unchanged" not in ln]
-    assert rows and all(r.split()[-4:] == ["nan", "NO", "(non-finite", "output)"] for r in rows), out
+    rows = [ln for ln in out.splitlines()[4:] if "unchanged" not in ln]
+    assert rows and all(" nan " in r and r.endswith("NO: not finite even in float64 on random") for r in rows), out
     assert " yes" not in out
     assert "rlxviz time: warning: the outputs hold NaN or infinite values" in err
     code, out, err = run(capsys, "explain", ck, "--seq", 4)
@@ -445,8 +449,8 @@ def test_time_versions_nan_reference_and_output_are_not_ok():
     for bad in (np.nan, np.inf):
         feeds = {"x": np.array([[1, bad, 0], [0, 1, 2]], np.float32)}
         rows = time_versions(trace, feeds, {}, warmup=0, repeat=1)
-        assert rows[0].ok is False and rows[0].finite is False
-        assert "NO (non-finite output)" in format_timings(rows)
+        assert rows[0].ok is False and rows[0].finite is False and rows[0].status == "nonfinite"
+        assert "NO: not finite even in float64 on random" in format_timings(rows)
     rows = time_versions(trace, {"x": np.ones((2, 3), np.float32)}, {}, warmup=0, repeat=1)
     assert rows[0].ok is True and rows[0].max_abs == 0.0
 

@@ -8,7 +8,7 @@ from importlib import import_module
 from typing import Any
 
 from .blas import BlasRecord, active_blas, load_blas
-from .reference import IMPLS, NumpyEmitter, bind_leaf, run_reference
+from .reference import IMPLS, NumpyEmitter, bind_leaf, run_oracle, run_reference
 
 _LAZY = {
     "MlxExecutor": "executor", "default_executor": "executor", "graph_key": "executor", "run_mlx": "executor",
@@ -28,5 +28,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["IMPLS", "BlasRecord", "NumpyEmitter", "active_blas", "bind_leaf", "load_blas", "run_reference",
-           *_LAZY]
+__all__ = ["IMPLS", "BlasRecord", "NumpyEmitter", "active_blas", "bind_leaf", "load_blas", "run_oracle",
+           "run_reference", *_LAZY]

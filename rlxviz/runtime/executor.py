@@ -192,14 +192,18 @@ class MlxExecutor:
             prog = self._programs[key] = build_program(graph, self.emitter, self.compile_graph, key[0])
         return prog
 
-    def weight(self, name: str, value: Any) -> mx.array:
-        """`value` as an `mx.array`, converted once per source object (float64 -> float32)."""
-        hit = self._weights.get(name)
+    def weight(self, name: str, value: Any, dtype: Any = None) -> mx.array:
+        """`value` as an `mx.array` in MLX dtype `dtype` (default: float64 -> float32, others as
+        given), converted once per source object and dtype."""
+        key = name if dtype is None else f"{name}\0{dtype}"
+        hit = self._weights.get(key)
         if hit is not None and hit[0] is value:
             return hit[1]
         arr = value if isinstance(value, mx.array) else mx.array(_f32(np.asarray(value)))
+        if dtype is not None and arr.dtype != dtype:
+            arr = arr.astype(dtype)
         mx.eval(arr)
-        self._weights[name] = (value, arr)
+        self._weights[key] = (value, arr)
         return arr
 
     def clear(self) -> None:
@@ -226,11 +230,13 @@ class MlxExecutor:
             if name not in feeds:
                 raise KeyError(f"no value for input {name!r} (expected {shapes[name].type})")
             v = feeds[name]
-            args.append(v if isinstance(v, mx.array) else mx.array(_f32(np.asarray(v))))
+            a = v if isinstance(v, mx.array) else mx.array(_f32(np.asarray(v)))
+            want = MX_DTYPES[shapes[name].dtype]
+            args.append(a if a.dtype == want else a.astype(want))  # each graph runs in its own dtype
         for name in prog.params:
             if name not in weights:
                 raise KeyError(f"no value for param {name!r} (expected {shapes[name].type})")
-            args.append(self.weight(name, weights[name]))
+            args.append(self.weight(name, weights[name], MX_DTYPES[shapes[name].dtype]))
         for name, a in zip(prog.inputs + prog.params, args, strict=True):
             if tuple(a.shape) != shapes[name].shape:
                 raise ValueError(f"{name!r}: expected shape {list(shapes[name].shape)}, got {list(a.shape)}")
@@ -254,12 +260,14 @@ class MlxExecutor:
         prog, args = self.bind(graph, feeds, weights)
         outs = prog.fn(*args)
         mx.eval(outs)
-        return outs
+        return outs  # in the graph's dtypes (inputs and params are cast to their nodes' dtypes in `bind`)
 
     def run(self, graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str, Any] | None = None
             ) -> list[np.ndarray]:
-        """Run `graph` on MLX; returns the outputs as NumPy arrays (same order as `graph.outputs`)."""
-        return [np.array(o) for o in self.run_mx(graph, feeds, weights)]
+        """Run `graph` on MLX; returns the outputs as NumPy arrays (same order as `graph.outputs`;
+        bfloat16 outputs come back as float32, NumPy having no bfloat16)."""
+        return [np.array(o.astype(mx.float32) if o.dtype == mx.bfloat16 else o)
+                for o in self.run_mx(graph, feeds, weights)]
 
     def profile(self, graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str, Any] | None = None,
                 repeat: int = 3) -> list[dict[str, Any]]:

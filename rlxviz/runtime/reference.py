@@ -87,16 +87,24 @@ def _softmax(a: dict, x: np.ndarray) -> np.ndarray:
     return special.softmax(x, axis=a["axis"]).astype(x.dtype)
 
 
+def _stats(x: np.ndarray) -> np.ndarray:
+    """`x` widened to at least float32 for a norm's statistics (as kernels keep them: an f16
+    LayerNorm of values near 300 must not overflow in its variance)."""
+    return x.astype(np.promote_types(x.dtype, np.float32), copy=False)
+
+
 @impl(Op.LAYER_NORM)
 def _layer_norm(a: dict, x: np.ndarray, g: np.ndarray, b: np.ndarray) -> np.ndarray:
-    mu = x.mean(-1, keepdims=True)
-    var = np.square(x - mu).mean(-1, keepdims=True)
-    return ((x - mu) / np.sqrt(var + a["eps"]) * g + b).astype(x.dtype)
+    xf = _stats(x)
+    mu = xf.mean(-1, keepdims=True)
+    var = np.square(xf - mu).mean(-1, keepdims=True)
+    return ((xf - mu) / np.sqrt(var + a["eps"]) * g + b).astype(x.dtype)
 
 
 @impl(Op.RMS_NORM)
 def _rms_norm(a: dict, x: np.ndarray, g: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
-    y = x / np.sqrt(np.square(x).mean(-1, keepdims=True) + a["eps"]) * g
+    xf = _stats(x)
+    y = xf / np.sqrt(np.square(xf).mean(-1, keepdims=True) + a["eps"]) * g
     return (y if b is None else y + b).astype(x.dtype)
 
 
@@ -146,16 +154,31 @@ def _rope(a: dict, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarra
 
 
 class NumpyEmitter(Emitter[np.ndarray]):
-    """Evaluates op methods eagerly on NumPy arrays (float32)."""
+    """Evaluates op methods eagerly on NumPy arrays, each in its dtype (float32 by default).
+
+    Args:
+        float_dtype: when set (the float64 oracle), every float value and every cast to a float
+            dtype uses it instead of the declared one.
+    """
+
+    def __init__(self, float_dtype: Any = None) -> None:
+        self.float_dtype = None if float_dtype is None else np.dtype(float_dtype)
+
+    def numpy_dtype(self, dtype: DType) -> np.dtype:
+        """The NumPy dtype a value of IR dtype `dtype` is computed in."""
+        d = DType(dtype)
+        return self.float_dtype if self.float_dtype is not None and d.is_float else np.dtype(d.numpy)
 
     def emit(self, op: Op, inputs: Sequence[np.ndarray], **attrs: Any) -> np.ndarray:
         attrs = normalize_attrs(op, attrs)
         if op in DECOMPOSITIONS:
             return expand(self, op, attrs, inputs)
+        if op == Op.CAST:
+            return np.asarray(inputs[0]).astype(self.numpy_dtype(DType(attrs["dtype"])))
         return np.asarray(IMPLS[op](attrs, *inputs))
 
     def const(self, value: Any, dtype: DType = DType.f32) -> np.ndarray:
-        return np.asarray(value, dtype=DType(dtype).numpy)
+        return np.asarray(value, dtype=self.numpy_dtype(DType(dtype)))
 
     def shape_of(self, v: np.ndarray) -> tuple[int, ...]:
         return tuple(v.shape)
@@ -164,15 +187,17 @@ class NumpyEmitter(Emitter[np.ndarray]):
         return DType.from_numpy(v.dtype)
 
 
-def bind_leaf(node: Node, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray]) -> np.ndarray:
+def bind_leaf(node: Node, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
+              dtype: Any = None) -> np.ndarray:
     """The array for an input, param or const node, checked against the node's shape.
 
     Raises:
         KeyError: an input or param has no value (names it).
         ValueError: a value's shape differs from the node's (names both shapes).
     """
+    dtype = node.dtype.numpy if dtype is None else dtype
     if node.op == Op.CONST:
-        return np.asarray(node.attrs["value"], dtype=node.dtype.numpy)
+        return np.asarray(np.asarray(node.attrs["value"]).astype(node.dtype.numpy), dtype=dtype)
     source, kind = (feeds, "input") if node.op == Op.INPUT else (weights, "param")
     name = node.attrs["name"]
     if name not in source:
@@ -180,11 +205,21 @@ def bind_leaf(node: Node, feeds: Mapping[str, np.ndarray], weights: Mapping[str,
     arr = np.asarray(source[name])
     if tuple(arr.shape) != node.shape:
         raise ValueError(f"{kind} {name!r}: expected shape {list(node.shape)}, got {list(arr.shape)}")
-    return arr.astype(node.dtype.numpy, copy=False)
+    arr = arr.astype(node.dtype.numpy, copy=False)
+    if node.dtype == DType.bf16 and np.dtype(dtype).itemsize > 4:  # the oracle sees the bf16-rounded value
+        arr = round_bf16(arr)
+    return arr.astype(dtype, copy=False)
+
+
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 `x` rounded to the nearest bfloat16 (ties to even), returned as float32."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return np.where(np.isfinite(x), rounded.view(np.float32), x).astype(np.float32)
 
 
 def run_reference(graph: Graph, feeds: Mapping[str, np.ndarray],
-                  weights: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
+                  weights: Mapping[str, np.ndarray] | None = None, float_dtype: Any = None) -> list[np.ndarray]:
     """Execute `graph` in NumPy; returns the graph outputs in order.
 
     Args:
@@ -192,7 +227,9 @@ def run_reference(graph: Graph, feeds: Mapping[str, np.ndarray],
         feeds: input name -> array, e.g. `input_ids` int64 `[batch, seq]`.
         weights: param name -> float32 array.
 
-    Each result is cast to its node's declared dtype (bf16 computes as f32).
+    Each result is cast to its node's declared dtype (bf16 computes as f32); norms keep their
+    statistics in at least float32. With `float_dtype=np.float64` every float value is computed in
+    float64 instead (leaves rounded to their declared dtype first): the oracle (`run_oracle`).
 
     Raises:
         KeyError / ValueError: a missing or mis-shaped input or weight (see `bind_leaf`).
@@ -200,12 +237,12 @@ def run_reference(graph: Graph, feeds: Mapping[str, np.ndarray],
             disagreement; the message names the node).
     """
     weights = weights or {}
-    e = NumpyEmitter()
+    e = NumpyEmitter(float_dtype)
     remaining = {n.id: graph.use_count(n) for n in graph}
     env: dict[int, np.ndarray] = {}
     for n in graph:
         if n.op in (Op.INPUT, Op.PARAM, Op.CONST):
-            env[n.id] = bind_leaf(n, feeds, weights)
+            env[n.id] = bind_leaf(n, feeds, weights, e.numpy_dtype(n.dtype))
         else:
             args = [env[i] for i in n.inputs]
             out = e.emit(n.op, args, **n.attrs)
@@ -213,9 +250,20 @@ def run_reference(graph: Graph, feeds: Mapping[str, np.ndarray],
                 raise RuntimeError(f"[run_reference] %{n.id} ({n.op.value}) computed shape {list(out.shape)}, "
                                    f"but the IR declares {n.type}")
             # NumPy's own promotion (e.g. int / int -> float64) must not leak past the IR's dtype
-            env[n.id] = out if out.dtype == n.dtype.numpy else out.astype(n.dtype.numpy)
+            want = e.numpy_dtype(n.dtype)
+            env[n.id] = out if out.dtype == want else out.astype(want)
             for i in set(n.inputs):
                 remaining[i] -= 1
                 if remaining[i] == 0:
                     del env[i]
     return [env[o] for o in graph.outputs]
+
+
+def run_oracle(graph: Graph, feeds: Mapping[str, np.ndarray],
+               weights: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
+    """The oracle: `graph` evaluated with every float value in float64 (inputs and params are first
+    rounded to their declared dtype, so an f16 graph is judged on the values it was given).
+
+    Returns float64 arrays for float outputs. Raises as `run_reference`.
+    """
+    return run_reference(graph, feeds, weights, float_dtype=np.float64)

@@ -1,10 +1,12 @@
-"""Inputs for a model: its tokenizer on a text, or seeded random inputs."""
+"""Inputs for a model: its tokenizer on a text, seeded random inputs, or the user's arrays (`load_inputs`:
+an `.npz` checked against the graph's inputs, `runtime.battery`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ..models import Model, tokenize
+from ..runtime.battery import InputSet, check_inputs, load_inputs
 
 
 def feeds(model: Model, text: str = "") -> dict[str, np.ndarray]:
@@ -22,4 +24,4 @@ def feeds(model: Model, text: str = "") -> dict[str, np.ndarray]:
     return model.random_feeds(seed=0)
 
 
-__all__ = ["feeds"]
+__all__ = ["InputSet", "check_inputs", "feeds", "load_inputs"]

@@ -1,8 +1,10 @@
-"""Timing every graph version of a run on MLX, each with a verdict against the NumPy reference.
+"""Timing every graph version of a run on MLX, each with a verdict from the input battery.
 
 One function (`time_versions`) for every front end: versions a pass left unchanged are listed with
-`same_as` and not re-timed; a version is `ok` when its outputs are within `tolerance()` of the
-reference of the unfused graph and finite (NaN never counts as correct). Results are cached by the
+`same_as` and not re-timed; every other version is timed in interleaved rounds and runs, in the
+graph's dtype, on every input set (`input_sets`: the user's arrays and/or the battery), compared with
+the float64 oracle and with the unfused graph on the same device and dtype (`runtime.compare`), with
+tolerances from `runtime.tolerance.TABLE`. NaN never counts as correct. Results are cached by the
 trace's content key, the inputs' digest and the run settings.
 """
 
@@ -15,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from ..ir import Graph
 from ..passes import Trace
 from .cache import LRUCache
-from .tolerance import tolerance
 
 TIMINGS = LRUCache(maxsize=64)
-"""A run's (InterleavedTimings, diffs per timed version, reference finite) by (trace key, arrays digest, warmup,
-repeat, device, precision, tolerance), shared by sessions."""
+"""A run's (InterleavedTimings, Verdict per timed version) by (trace key, arrays digest, input sets, warmup,
+repeat, device, precision policy), shared by sessions."""
 
 Progress = Callable[[int, int, str], None]
 """`progress(done, total, label)`: called before each version is timed."""
@@ -38,10 +40,14 @@ class VersionTiming:
             (`runtime.timing.time_versions_interleaved`), None when `same_as` is set.
         speedup: the input version's median / this version's median (interleaved medians).
         context: where it ran (`runtime.timing.TimingContext`: device, precision policy, BLAS).
-        max_abs: max |MLX output - NumPy reference of the unfused graph| over all outputs (nan when either
-            side holds NaN or infinities).
-        ok: every output within `tolerance()` and every output, of the version and of the reference, finite.
-        finite: the version's outputs and the reference outputs hold only finite values.
+        max_abs: max |MLX output - oracle (the unfused graph in float64)| over all outputs and every input
+            set (nan when either side holds NaN or infinities).
+        err_unfused: max |MLX output - the unfused graph on the same device in the same dtype|.
+        ok: `ok` on every input set (`runtime.compare.Verdict`); NaN never counts as correct.
+        status / note / broke_on: the verdict: `ok`, `fusion`, `overflow`, `precision` or `nonfinite`, one
+            line saying why, and the input set that broke the version (None when ok).
+        policy: the precision policy it was judged by (`runtime.tolerance.PrecisionPolicy`).
+        finite: both errors are finite (no NaN or infinity on either side).
         same_as: index of an earlier identical version (the pass changed nothing; not re-timed).
     """
 
@@ -58,13 +64,18 @@ class VersionTiming:
     iqr_ms: float | None = None
     speedup: float | None = None
     context: Any = None
+    err_unfused: float | None = None
+    status: str | None = None
+    note: str = ""
+    broke_on: str | None = None
+    policy: Any = None
 
     @property
     def verdict(self) -> str:
-        """`unchanged`, `ok`, `outside tolerance` or `not finite`."""
+        """`unchanged`, `ok`, or why not (e.g. `fusion changed the numbers on fully_masked_row (...)`)."""
         if self.same_as is not None:
             return "unchanged"
-        return "ok" if self.ok else "outside tolerance" if self.finite else "not finite"
+        return "ok" if self.ok else self.note.removeprefix("NO: ")
 
 
 def all_finite(arrays: Iterable[np.ndarray]) -> bool:
@@ -90,20 +101,25 @@ def arrays_digest(*groups: Mapping[str, np.ndarray]) -> str:
 
 def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
                   warmup: int = 1, repeat: int = 5, progress: Progress | None = None,
-                  device: str | None = None) -> list[VersionTiming]:
-    """Time every distinct graph version of a run on MLX and judge it against the reference.
+                  device: str | None = None, inputs: Any = None, policy: Any = None) -> list[VersionTiming]:
+    """Time every distinct graph version of a run on MLX and check it on a battery of inputs.
 
     The versions are timed together in interleaved rounds on one device
-    (`runtime.timing.time_versions_interleaved`), so a busy machine slows them alike; `speedup` is the
-    ratio of the interleaved medians.
+    (`runtime.timing.time_versions_interleaved`) on `feeds`, so a busy machine slows them alike;
+    `speedup` is the ratio of the interleaved medians. Each is then run, in the graph's dtype, on every
+    input set and compared twice (`runtime.compare`): with the oracle (the unfused graph in float64)
+    and with the unfused graph on the same device and dtype.
 
     Args:
-        trace: the pipeline run; its input graph is the reference, run once by the NumPy interpreter.
-        feeds / weights: graph inputs and params by name.
+        trace: the pipeline run; its input graph is the unfused baseline.
+        feeds / weights: graph inputs (timed, and the base of the battery) and params by name.
         warmup: untimed rounds after the first call. repeat: timed rounds (>= 1).
         progress: told before each version is built and first run.
-        device: `cpu`, `gpu` or None (the GPU when MLX has one here). The tolerance is the larger of
-            `tolerance()` and the device's precision policy's (TF32 on CUDA is looser).
+        device: `cpu`, `gpu` or None (the GPU when MLX has one here).
+        inputs: the input sets to check (`runtime.battery.Battery` or a list of `InputSet`); default
+            `input_sets(trace.input, feeds)`: the whole battery that applies.
+        policy: `runtime.tolerance.PrecisionPolicy`; default: the graph's dtype on that device
+            (`precision_policy`, TF32 on CUDA included).
 
     Returns:
         One `VersionTiming` per version of `trace.versions()`, in order.
@@ -112,16 +128,19 @@ def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mappin
         DeviceError: the device is unknown or not available here (a ValueError, one line).
         Whatever the MLX runtime raises for a version it cannot run (NotImplementedError, MemoryError, ...).
     """
-    from ..runtime import equivalence, run_reference
+    from ..runtime.compare import baselines, check_version
     from ..runtime.executor import MlxExecutor
     from ..runtime.timing import time_versions_interleaved
+    from .tolerance import precision_policy
 
     ex = MlxExecutor(device=device)
-    rtol, atol = tolerance()
-    rtol, atol = max(rtol, ex.precision.rtol), max(atol, ex.precision.atol)
+    sets = input_sets(trace.input, feeds) if inputs is None else inputs
+    items = tuple(sets.sets if hasattr(sets, "sets") else sets)
+    policy = policy or precision_policy(trace.input, ex)
     versions = trace.versions()
     distinct = [i for i in range(len(versions)) if i == 0 or trace.steps[i - 1].changed]
-    key = (trace.key, arrays_digest(feeds, weights), warmup, repeat, ex.device, ex.precision.name, rtol, atol)
+    data = arrays_digest(feeds, weights, *(s.feeds for s in items))
+    key = (trace.key, data, tuple(s.name for s in items), warmup, repeat, ex.device, policy)
     hit = TIMINGS.get(key)
     if hit is None:
         def told(j: int) -> None:
@@ -130,14 +149,11 @@ def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mappin
 
         run = time_versions_interleaved([versions[i][1] for i in distinct], feeds, weights, rounds=repeat,
                                         warmup=warmup, executor=ex, on_version=told)
-        ref = run_reference(trace.input, dict(feeds), dict(weights))
-        judged = []
-        for i in distinct:
-            with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: reported as not finite, not warned
-                judged.append(equivalence(versions[i][1], feeds, weights, reference_outputs=ref, rtol=rtol, atol=atol,
-                                          executor=ex))
-        hit = TIMINGS.put(key, (run, judged, all_finite(ref)))
-    run, judged, ref_finite = hit
+        runner = ex.run
+        bases = baselines(trace.input, items, weights, runner)
+        judged = [check_version(versions[i][1], bases, weights, policy, runner) for i in distinct]
+        hit = TIMINGS.put(key, (run, judged))
+    run, judged = hit
     rows: list[VersionTiming] = []
     last = 0
     for i, (label, g) in enumerate(versions):
@@ -146,21 +162,35 @@ def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mappin
             rows.append(VersionTiming(i, label, compute, same_as=last))
             continue
         j = distinct.index(i)
-        t, diffs = run.timings[j], judged[j]
-        max_abs = max(d.max_abs for d in diffs)
-        finite = ref_finite and bool(np.isfinite(max_abs))  # |got - ref| is nan/inf exactly when a side is not finite
-        rows.append(VersionTiming(i, label, compute, t.median_ms, t.min_ms, t.first_call_ms, max_abs,
-                                  finite and all(d.ok for d in diffs), finite=finite, iqr_ms=t.iqr_ms,
-                                  speedup=run.speedup(j), context=t.context))
+        t, v = run.timings[j], judged[j]
+        finite = bool(np.isfinite(v.err_oracle) and np.isfinite(v.err_unfused))
+        rows.append(VersionTiming(i, label, compute, t.median_ms, t.min_ms, t.first_call_ms, v.err_oracle, v.ok,
+                                  finite=finite, iqr_ms=t.iqr_ms, speedup=run.speedup(j), context=t.context,
+                                  err_unfused=v.err_unfused, status=v.status, note=v.note, broke_on=v.broke_on,
+                                  policy=policy))
         last = i
     return rows
 
 
+def input_sets(graph: Graph, feeds: Mapping[str, np.ndarray], user: Any = None, battery: bool = True) -> Any:
+    """The input sets a check runs: the user's arrays first (an `InputSet`, see `runtime.battery.load_inputs`),
+    then the battery derived from `feeds` (`runtime.battery.battery`; only `random` with `battery=False`)."""
+    from ..runtime.battery import Battery
+    from ..runtime.battery import battery as make
+
+    sets = make(graph, feeds) if battery else make(graph, feeds, kinds=("random",))
+    if user is None:
+        return sets
+    rest = tuple(s for s in sets.sets if s.name != "random") if battery else ()
+    return Battery((user, *rest), sets.skipped if battery else ())
+
+
 def format_timings(rows: Sequence[VersionTiming]) -> str:
-    """The timing table as aligned text (ops per version; ms; error = max abs vs the reference)."""
+    """The timing table as aligned text (ops per version; ms; max abs error vs the oracle and vs the
+    unfused graph on MLX; the verdict, naming the input set that broke a version)."""
     w = max(len(r.label) for r in rows)
     lines = [f"{'#':>2}  {'version':<{w}}  {'ops':>5}  {'median ms':>9}  {'min ms':>8}  {'IQR ms':>7}  "
-             f"{'x input':>7}  {'first ms':>8}  {'max abs err':>11}  ok"]
+             f"{'x input':>7}  {'first ms':>8}  {'vs oracle':>9}  {'vs unfused':>10}  ok"]
     for r in rows:
         if r.same_as is not None:
             lines.append(f"{r.index:>2}  {r.label:<{w}}  {r.nodes:>5}  (unchanged: same as #{r.same_as})")
@@ -168,10 +198,9 @@ def format_timings(rows: Sequence[VersionTiming]) -> str:
         iqr = f"{r.iqr_ms:>7.2f}" if r.iqr_ms is not None else f"{'-':>7}"
         speed = f"{r.speedup:>7.2f}" if r.speedup is not None else f"{'-':>7}"
         lines.append(f"{r.index:>2}  {r.label:<{w}}  {r.nodes:>5}  {r.median_ms:>9.2f}  {r.min_ms:>8.2f}  "
-                     f"{iqr}  {speed}  {r.first_call_ms:>8.1f}  {r.max_abs:>11.2e}  "
-                     + ("yes" if r.ok else "NO" if r.finite else "NO (non-finite output)"))
+                     f"{iqr}  {speed}  {r.first_call_ms:>8.1f}  {r.max_abs:>9.2e}  {r.err_unfused:>10.2e}  {r.note}")
     return "\n".join(lines)
 
 
-__all__ = ["TIMINGS", "Progress", "VersionTiming", "all_finite", "arrays_digest", "format_timings",
+__all__ = ["TIMINGS", "Progress", "VersionTiming", "all_finite", "arrays_digest", "format_timings", "input_sets",
            "nonfinite_arrays", "time_versions"]

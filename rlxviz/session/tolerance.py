@@ -1,21 +1,30 @@
-"""The one tolerance table the session judges a graph version's outputs with.
+"""The one tolerance table the session judges a graph version's outputs with: `runtime.tolerance.TABLE`.
 
-A version is correct when `np.allclose(got, reference, rtol, atol)` holds for every output and every
-value on both sides is finite. Replace `tolerance` (e.g. with a dtype/device table) to change the
-verdicts of every front end at once.
+A version is correct on an input set when its outputs are within the table's tolerance of the oracle (the
+unfused graph in float64) for the graph's dtype and the MLX device, every value finite
+(`runtime.compare`). `precision_policy(graph)` is what the CLI and the page print.
 """
 
 from __future__ import annotations
 
-TOLERANCES: dict[str, tuple[float, float]] = {
-    "float32": (1e-3, 1e-4),
-}
-"""dtype name -> (rtol, atol) for MLX float32 kernels against the float64-free NumPy reference."""
+from typing import Any
+
+from ..ir import DType, Graph
+from ..runtime.tolerance import TABLE, PrecisionPolicy, device_kind, policy_for
+
+_NAMES = {"float64": DType.f64, "float32": DType.f32, "float16": DType.f16, "bfloat16": DType.bf16}
 
 
-def tolerance(dtype: str = "float32") -> tuple[float, float]:
-    """`(rtol, atol)` for outputs of `dtype` (unknown dtypes get float32's)."""
-    return TOLERANCES.get(dtype, TOLERANCES["float32"])
+def tolerance(dtype: str = "float32", device: str = "cpu") -> tuple[float, float]:
+    """`(rtol, atol)` against the oracle for outputs of `dtype` on `device` (unknown dtypes get float32's)."""
+    t = TABLE.get((_NAMES.get(dtype, DType.f32), device), TABLE[DType.f32, "cpu"])[0]
+    return t.rtol, t.atol
 
 
-__all__ = ["TOLERANCES", "tolerance"]
+def precision_policy(graph: Graph, executor: Any = None) -> PrecisionPolicy:
+    """The graph's dtype on the executor's device (default: the device `runtime.devices` picks), with both
+    tolerances (`runtime.tolerance.policy_for`; TF32 on CUDA included)."""
+    return policy_for(graph, device_kind(None if executor is None else executor.device))
+
+
+__all__ = ["PrecisionPolicy", "precision_policy", "tolerance"]
