@@ -12,7 +12,7 @@ from rlxviz.ir import Op, parse_ir
 from rlxviz.passes import Pipeline
 from rlxviz.runtime import run_reference
 
-CASE05 = Path(__file__).parent / "fixtures" / "cases" / "05-fully-masked-row.rlx"
+CASE05 = Path(__file__).parent / "data" / "cases" / "05-fully-masked-row.rlx"
 MASK05 = np.array([[1, 1, 1, 1, 1, 1, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0]], np.int64)
 
 
@@ -44,7 +44,7 @@ def test_case05_every_version_equals_unfused_with_an_all_zero_row():
     versions = _versions(g)
     ops = {n.op for n in versions[-1][1]}
     assert Op.FUSED_ATTENTION_BLOCK in ops  # the rewrite still happens
-    fused = next(n for n in versions[1][1] if n.op == Op.ATTENTION)
+    fused = next(n for n in dict(versions)["after fuse_sdpa"] if n.op == Op.ATTENTION)
     assert fused.attrs["mask"] == "keep" and fused.attrs["mask_fill"] == -10000.0
     feeds, w = _feeds(g, MASK05), _weights(g)
     ref = run_reference(g, feeds, w)[0]
@@ -108,7 +108,7 @@ def test_bool_scale_constant_is_read_as_its_dtype_holds_it():
     feeds, w = _feeds(g, MASK05), _weights(g)
     ref = run_reference(g, feeds, w)[0]
     versions = _versions(g)
-    att = next(n for n in versions[1][1] if n.op == Op.ATTENTION)
+    att = next(n for n in dict(versions)["after fuse_sdpa"] if n.op == Op.ATTENTION)
     assert att.attrs["scale"] == 1.0
     for label, v in versions[1:]:
         np.testing.assert_allclose(run_reference(v, feeds, w)[0], ref, atol=1e-6, err_msg=label)

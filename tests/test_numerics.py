@@ -17,7 +17,7 @@ from rlxviz.runtime.battery import KINDS, Battery, battery, load_inputs, mask_in
 from rlxviz.runtime.compare import Baseline, baselines, check_version, check_versions, judge
 from rlxviz.runtime.tolerance import TABLE, Tolerance, graph_dtype, policy_for
 
-CASE05 = Path(__file__).parent / "fixtures" / "cases" / "05-fully-masked-row.rlx"
+CASE05 = Path(__file__).parent / "data" / "cases" / "05-fully-masked-row.rlx"
 
 
 def _weights(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
