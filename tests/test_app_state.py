@@ -224,6 +224,31 @@ def test_timing_every_version():
     assert not s.busy and s.progress == -1
 
 
+def test_timing_says_the_precision_policy_and_runs_uploaded_inputs():
+    import io
+
+    import numpy as np
+
+    s = tiny(repeat=1, batch=2)
+    s.time_all()
+    assert "precision: f32 on MLX" in s.timing_policy and "inputs: random, fully_masked_row" in s.timing_policy
+    assert all(r["verdict"] in ("ok", "unchanged") for r in s.timings), s.timings
+    ids = s.model.graph.inputs[0].shape
+    buf = io.BytesIO()
+    np.savez(buf, input_ids=np.ones(ids, np.int64), attention_mask=np.zeros(ids, np.int64))
+    s.set_user_inputs(buf.getvalue(), "empty.npz")
+    assert s.user_inputs is not None and s.user_inputs.feeds["attention_mask"].sum() == 0
+    s.time_all()
+    assert "inputs: user, fully_masked_row" in s.timing_policy and not s.busy
+    for bad, says in ((b"not a zip", "not a readable .npz"), (buf.getvalue()[:40], "not a readable .npz")):
+        s.set_user_inputs(bad, "bad.npz")
+        assert s.user_inputs is None and s.message_kind == "warning" and says in s.message
+    buf = io.BytesIO()
+    np.savez(buf, input_ids=np.ones((1, 3), np.int64))
+    s.set_user_inputs(buf.getvalue(), "wrong.npz")
+    assert "input 'input_ids' has shape [1, 3], the graph needs" in s.message and s.user_inputs is None
+
+
 def test_ir_source_good_and_bad():
     s = tiny()
     text = format_graph(s.model.graph)

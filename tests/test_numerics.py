@@ -198,7 +198,9 @@ def test_judge_separates_a_fusion_bug_from_conditioning():
     oracle, unfused = [np.ones(4)], [np.array([1.0, 1.0, 1.0, 1.5], np.float16)]
     assert judge([np.ones(4, np.float16)], oracle, unfused, pol).status == "ok"  # closer than unfused: fine
     assert judge(unfused, oracle, unfused, pol).status == "precision"
-    assert judge([np.full(4, 2.0)], oracle, unfused, pol).status == "fusion"
+    assert judge([np.full(4, 3.0)], oracle, unfused, pol).status == "fusion"
+    # rounds differently from unfused but is no farther from the oracle: conditioning, not a fusion fault
+    assert judge([np.array([1.0, 1.0, 1.0, 0.6])], oracle, unfused, pol).status == "precision"
     inf = [np.array([1.0, np.inf, 1.0, 1.0])]
     assert judge(inf, oracle, inf, pol).status == "overflow" and judge(inf, oracle, unfused, pol).status == "fusion"
     nan = [np.array([1.0, np.nan, np.nan, 1.0])]
@@ -271,7 +273,7 @@ def test_mask_battery_through_every_version(model, dtype):
         assert v.status != "fusion", f"{model} {dtype} {label}: {v.note}"
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_transformer_like_graphs())
 def test_random_transformers_fused_equal_unfused_on_mlx_f32_and_f16(case):
     """Every version of random BERT-like graphs on the whole battery, f32 and f16: never a fusion fault.

@@ -250,21 +250,26 @@ class TimingView(Viewer):
         self.repeat = pn.widgets.IntInput.from_param(s.param.repeat, name="Timed runs", width=100)
         self.device = pn.widgets.Select.from_param(s.param.device, name="Device", width=90)
         self.blas = pn.pane.Markdown("", css_classes=["rv-blas"])
+        self.policy = pn.pane.Markdown("", css_classes=["rv-precision"])
+        self.inputs = pn.widgets.FileInput(accept=".npz", name="Your inputs (.npz)", css_classes=["rv-inputs"])
+        self.inputs.param.watch(lambda e: s.set_user_inputs(e.new, self.inputs.filename or "inputs.npz"), "value")
         self.table = pn.widgets.Tabulator(pd.DataFrame(), show_index=False, disabled=True, sizing_mode="stretch_width",
                                           css_classes=["rv-timings"], layout="fit_data_stretch")
         self.chart = pn.pane.Bokeh(None, sizing_mode="stretch_width", height=340, css_classes=["rv-timing-chart"])
-        s.param.watch(self._update, ["timings", "blas"])
+        s.param.watch(self._update, ["timings", "blas", "timing_policy"])
         self._update()
 
     def _update(self, *events: param.parameterized.Event) -> None:
         s = self.state
         self.blas.object = f"**MLX:** {md_escape(s.blas)}" if s.blas else ""
+        self.policy.object = md_escape(s.timing_policy)
         rows = s.timings
         self.table.value = pd.DataFrame(rows)
         self.chart.object = timing_figure(rows) if rows else None
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column(pn.Row(self.button, self.repeat, self.device), self.blas, self.chart, self.table,
+        return pn.Column(pn.Row(self.button, self.repeat, self.device, self.inputs), self.blas, self.policy,
+                         self.chart, self.table,
                          sizing_mode="stretch_width")
 
 

@@ -87,6 +87,8 @@ class AppState(param.Parameterized):
     trace = param.ClassSelector(class_=Trace, default=None, allow_None=True, doc="The pipeline's `Trace`.")
     timings = param.List(default=[], doc="One dict per version: label, median_ms, speedup, max_err, ...")
     blas = param.String("", doc="Which BLAS MLX uses.")
+    user_inputs = param.Parameter(None, doc="The user's input arrays (`runtime.battery.InputSet`) or None.")
+    timing_policy = param.String("", doc="The precision policy and the input sets of the last timing run.")
     message = param.String("", doc="The last error or notice, in plain words with what to do.")
     message_kind = param.Selector(objects=["info", "success", "warning", "danger"], default="info")
     busy = param.Boolean(False, doc="A job is running.")
@@ -591,12 +593,16 @@ class AppState(param.Parameterized):
         trace, model = self.trace, self.model  # one consistent pair, even if a reload is queued
         try:
             self.blas = blas_summary()
-            feeds = session.feeds(model, self.text)
-            self._set_progress(2, "Running the NumPy reference…")
+            user = self.user_inputs if self._inputs_fit(model) else None
+            feeds = user.feeds if user is not None else session.feeds(model, self.text)
+            sets = session.input_sets(model.graph, feeds, user)  # the user's arrays first, then the battery
+            self._set_progress(2, "Running the float64 oracle…")
             rows = session.time_versions(trace, feeds, model.weights, warmup=self.warmup, repeat=self.repeat,
-                                         device=self.device,
+                                         device=self.device, inputs=sets,
                                          progress=lambda i, n, label: self._set_progress(
                                              5 + int(95 * i / n), f"Timing {label} ({i + 1}/{n})…"))
+            policy = next((r.policy for r in rows if r.policy is not None), None)
+            self.timing_policy = (policy.describe() + "\n\n" if policy else "") + sets.describe()
             self.timings = self._timing_rows(rows, self._visible(trace))
             where = next((r.context for r in rows if r.context is not None), None)
             if where is not None:  # device, precision policy (f32 / TF32), BLAS and its threads
@@ -605,6 +611,32 @@ class AppState(param.Parameterized):
             self._error(f"Timing failed: {type(e).__name__}: {e}\n{self._timing_hint(e)}")
         finally:
             self._stop()
+
+    def set_user_inputs(self, data: bytes | None, filename: str = "inputs.npz") -> None:
+        """Use the arrays of an uploaded `.npz` (one per graph input, by name) in the next timing run, or
+        drop them (`data=None`). A bad file is a message, never a traceback."""
+        if not data:
+            self.user_inputs = None
+            return
+        if self.model is None:
+            self._error("Load a model first: its graph decides which input arrays it takes.", kind="warning")
+            return
+        try:
+            self.user_inputs = session.load_inputs(data, self.model.graph, filename)
+        except ValueError as e:
+            self.user_inputs = None
+            self._error(str(e), kind="warning")
+
+    def _inputs_fit(self, model: Model) -> bool:
+        """The uploaded arrays still match `model`'s inputs (the model may have changed since)."""
+        u = self.user_inputs
+        if u is None:
+            return False
+        ok = {n.attrs["name"]: n.shape for n in model.graph.inputs} == {k: v.shape for k, v in u.feeds.items()}
+        if not ok:
+            self._error("The uploaded input arrays do not fit this model's inputs; timing on its own inputs.",
+                        kind="warning")
+        return ok
 
     @staticmethod
     def _timing_rows(rows: list[session.VersionTiming], visible: list[tuple[int, str]]) -> list[dict[str, Any]]:

@@ -21,6 +21,8 @@ A mask input is an input of rank 2 whose name contains `mask` (any dtype; its va
 
 from __future__ import annotations
 
+import io
+import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,8 +152,8 @@ def battery(graph: Graph, base: Mapping[str, np.ndarray], seed: int = 0,
     return Battery(tuple(sets), tuple(skipped))
 
 
-def load_inputs(path: str | Path, graph: Graph) -> InputSet:
-    """The user's arrays from an `.npz` file, checked against the graph's inputs.
+def load_inputs(path: str | Path | bytes, graph: Graph, name: str | None = None) -> InputSet:
+    """The user's arrays from an `.npz` file (a path, or its bytes: an upload), checked against the graph's inputs.
 
     Returns:
         `InputSet("user", ...)` with one array per graph input, in the input's dtype.
@@ -160,14 +162,19 @@ def load_inputs(path: str | Path, graph: Graph) -> InputSet:
         ValueError: not a readable `.npz`, an input missing, an unknown name, a shape or dtype kind
             that differs (one line, naming the input and both values).
     """
-    p = Path(path)
+    data = isinstance(path, bytes)
+    p = Path(name or "upload.npz") if data else Path(path)
     what = f"inputs {p.name}"
     names = {n.attrs["name"]: n for n in graph.inputs}
     try:
-        with p.open("rb") as f:
-            if f.read(4) != b"PK\x03\x04":  # not a zip: refuse before NumPy reads a whole .npy into memory
-                raise ValueError("not a zip archive")
-        with np.load(p, allow_pickle=False) as z:
+        if data:
+            head, source = path[:4], io.BytesIO(path)
+        else:
+            with p.open("rb") as f:
+                head, source = f.read(4), p
+        if head != b"PK\x03\x04":  # not a zip: refuse before NumPy reads a whole .npy into memory
+            raise ValueError("not a zip archive")
+        with np.load(source, allow_pickle=False) as z:
             extra = sorted(set(z.files) - set(names))
             if extra:
                 raise KeyError(f"unknown input(s) {', '.join(extra)}; the graph takes {', '.join(names)}")
@@ -182,8 +189,9 @@ def load_inputs(path: str | Path, graph: Graph) -> InputSet:
             arrays = {k: np.asarray(z[k]) for k in z.files}
     except KeyError as e:
         raise ValueError(f"{what}: {e.args[0]}") from None
-    except (OSError, ValueError, EOFError) as e:
-        raise ValueError(f"{p}: not a readable .npz file of arrays ({str(e).splitlines()[0]})") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"{p}: not a readable .npz file of arrays ({why})") from None
     return check_inputs(arrays, graph, what)
 
 
