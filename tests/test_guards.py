@@ -485,7 +485,7 @@ def _sdpa(**kw):
         ids["v_heads"] = b.transpose(ids["v_reshape"], (0, 2, 1, 3))
     v_in = b.neg(ids["v_heads"]) if kw.get("v_neg") else ids["v_heads"]
     ids["v_in"] = v_in
-    s = b.div(b.matmul(ids["q_heads"], ids["k_t"]), 2.0)
+    s = ids["scale"] = b.div(b.matmul(ids["q_heads"], ids["k_t"]), kw.get("scale", 2.0))
     ids["softmax"] = b.softmax(b.add(s, ext), axis=kw.get("axis", -1))
     ids["pv"] = b.matmul(ids["softmax"], v_in)
     width = 2 * H if kw.get("wide_v") else H
@@ -663,6 +663,7 @@ NEAR_MISSES = [
     (_SDPA, "heads_consistent", lambda: _sdpa(wide_v=True), "v_reshape", {}),
     (_SDPA, "merge_layout", lambda: _sdpa(merge_perm=(0, 1, 2, 3)), "merge", {}),
     (_SDPA, "internals_single_use", lambda: _sdpa(probs_reader=True), "softmax", {}),
+    (_SDPA, "scale_finite", lambda: _sdpa(scale=0.0), "scale", {}),
     (_SDPA, "mask_form", lambda: _sdpa(additive=True), "mask", {}),
     ("fuse_swiglu.dual_matmul", "swiglu_single_use", lambda: _swiglu(reader=True), "silu", {}),
     ("fuse_swiglu.dual_matmul", "weights_match", lambda: _swiglu(wu_shape=(1, 8, 8)), "wu", {}),

@@ -162,6 +162,15 @@ def _scale_ok(c: Ctx) -> bool:
     return all(math.isfinite(f) and f != 0.0 for f in (_factor(c, o, k) for o, k in _FACTORS))
 
 
+def _bad_scale(c: Ctx) -> int | None:
+    """The scaling node whose factor is zero or not finite (the guard's subject)."""
+    for o, k in _FACTORS:
+        f = _factor(c, o, k)
+        if not (math.isfinite(f) and f != 0.0):
+            return c.id(o)
+    return None
+
+
 def _explain_scale(c: Ctx) -> str:
     parts = ", ".join(f"{c.d(o)} by {_factor(c, o, k)} ({c[k].dtype} constant)" for o, k in _FACTORS if o in c)
     return f"the scores are scaled: {parts}; every factor must be finite and non-zero"
@@ -298,7 +307,8 @@ SDPA = Rule(
               fix="teach fuse_sdpa this head-merge layout"),
         all_single_use(_INTERNAL, "internals_single_use", "attention intermediates must not be read elsewhere"),
         *where_mask.guards(),
-        guard("scale_finite", _scale_ok, _explain_scale, "scale the scores by a finite, non-zero constant"),
+        guard("scale_finite", _scale_ok, _explain_scale, "scale the scores by a finite, non-zero constant",
+              kind=ILLEGAL, reads=tuple(r for pair in _FACTORS for r in pair), subject=_bad_scale),
         Soft(_mask_form),
     ),
     result="merge", absorb=(*_INTERNAL, "merge"), build=_sdpa_build, rewrite=lambda c, rw: _sdpa_rewrite(c, rw),
@@ -336,6 +346,15 @@ def _split_at(c: Ctx) -> bool:
         if a["axis"] not in (-1, rank - 1) or a["start"] != start or a["length"] != n:
             return False
     return c["qkv"].shape[-1] == h + 2 * kv
+
+
+def _bad_scale(c: Ctx) -> int | None:
+    """The scaling node whose factor is zero or not finite (the guard's subject)."""
+    for o, k in _FACTORS:
+        f = _factor(c, o, k)
+        if not (math.isfinite(f) and f != 0.0):
+            return c.id(o)
+    return None
 
 
 def _explain_scale(c: Ctx) -> str:
