@@ -18,7 +18,7 @@ import sys
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -553,11 +553,18 @@ def add_time(sub: SubParsers) -> None:
 
 # ---------------------------------------------------------------------------------------------- main
 
+class OneLineParser(argparse.ArgumentParser):
+    """An `ArgumentParser` whose usage errors are one line on stderr and exit 2 (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {_one_line(message)} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every registered subcommand."""
+    """The top-level parser with every registered subcommand (subparsers inherit `OneLineParser`)."""
     from . import __version__
 
-    parser = argparse.ArgumentParser(prog="rlxviz", description="Make ML-compiler fusion visible.",
+    parser = OneLineParser(prog="rlxviz", description="Make ML-compiler fusion visible.",
                                      epilog=EXIT_CODES_HELP)
     parser.add_argument("--version", action="version", version=f"rlxviz {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

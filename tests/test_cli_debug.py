@@ -537,3 +537,22 @@ def test_docs_list_every_command_and_no_developer_paths(capsys):
         assert code in (0, 2)
         for line in (out + err).strip().splitlines():
             assert line in doc, line
+
+
+def test_usage_errors_are_one_line_and_exit_2(capsys):
+    from rlxviz.cli import main
+
+    for argv in (["explain", "minilm", "--bogus"], ["explain"], ["nosuchcommand"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "error:" in err and "usage:" not in err
+
+
+def test_seq_over_max_position_is_refused_not_shrunk(capsys):
+    from rlxviz.cli import main
+
+    assert main(["ir", "bert-tiny", "--seq", "200"]) == 2
+    err = capsys.readouterr().err
+    assert "seq 200 must be in 1..128" in err and err.count("\n") == 1

@@ -102,7 +102,9 @@ def preset(name: str, description: str) -> Callable[[Factory], Factory]:
 
 def _bert_preset(name: str, cfg: BertConfig, description: str) -> None:
     def make(batch: int = 1, seq: int = 128, style: str = "rlx", variant: Variant | None = None) -> Model:
-        g = build_bert(cfg, batch, min(seq, cfg.max_position), style, variant, name=name.replace("-", "_"))
+        if not 0 < seq <= cfg.max_position:  # never shrink silently: the header and the graph must agree
+            raise ValueError(f"seq {seq} must be in 1..{cfg.max_position} ({name}'s max_position_embeddings)")
+        g = build_bert(cfg, batch, seq, style, variant, name=name.replace("-", "_"))
         return Model(name, g, random_weights(g, seed=0), cfg, description)
 
     preset(name, description)(make)
