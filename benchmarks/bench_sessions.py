@@ -85,14 +85,19 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=120, help="seconds before a session counts as failed")
     ap.add_argument("--serve-arg", action="append", default=[], help="extra argument for panel serve")
     a = ap.parse_args()
+    load_before = os.getloadavg()[0]
     port = _free_port()
     proc = start_server(port, a.serve_arg)
     try:
         warm, times = asyncio.run(run(a.n, f"http://127.0.0.1:{port}/app", a.cold, a.timeout))
     finally:
         proc.terminate()
-        proc.wait(10)
-    print(f"cpus: {os.cpu_count()}, load average before: {os.getloadavg()[0]:.1f}")
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    print(f"cpus: {os.cpu_count()}, load average before: {load_before:.1f}, after: {os.getloadavg()[0]:.1f}")
     if warm is not None:
         print(f"warm-up session alone: {warm:.2f} s to interactive")
     for i, t in enumerate(sorted(times)):
