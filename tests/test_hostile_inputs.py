@@ -169,6 +169,36 @@ def test_other_optional_attributes_lower_as_lint_accepts(line):
     np.testing.assert_allclose(run_mlx(g, {"x": x}, w)[0], run_reference(g, {"x": x}, w)[0], rtol=1e-5, atol=1e-6)
 
 
+def test_every_lowering_sees_every_optional_attribute(monkeypatch):
+    """The kind, not the case: for every op with optional attributes, the MLX lowering is handed their
+    defaults when the IR leaves them out (as the reference interpreter is)."""
+    from rlxviz.ir.ops import SPECS
+    from rlxviz.runtime.lowering import LOWERINGS, OVERRIDES, MlxEmitter
+
+    class Seen(Exception):
+        pass
+
+    checked = 0
+    for op, spec in SPECS.items():
+        optional = {k for k, a in spec.attrs.items() if not a.required}
+        if not optional or op not in LOWERINGS:
+            continue
+        got: dict = {}
+
+        def spy(e, attrs, *xs, _got=got):
+            _got.update(attrs)
+            raise Seen
+
+        monkeypatch.setitem(LOWERINGS, op, spy)
+        monkeypatch.delitem(OVERRIDES, op, raising=False)
+        required = {k: 0 for k, a in spec.attrs.items() if a.required}
+        with pytest.raises(Seen):
+            MlxEmitter().emit(op, [], **required)
+        assert optional <= set(got), (op, optional - set(got))
+        checked += 1
+    assert checked >= 8
+
+
 # ------------------------------------------------------------------------------ const payloads and dtypes
 
 def test_handed_bool_scale_const_is_refused_in_one_line(capsys):

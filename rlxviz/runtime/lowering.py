@@ -30,6 +30,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from ..ir import DType, Emitter, Node, Op, format_node
+from ..ir.emitter import normalize_attrs
 from ..ir.fused import DECOMPOSITIONS, expand
 from ..ir.infer import parse_step
 from ..ir.ops import FUSED_REGION_OPS
@@ -219,6 +220,7 @@ class MlxEmitter(Emitter[mx.array]):
         Raises:
             LoweringError: no lowering and no decomposition for `op`.
         """
+        attrs = normalize_attrs(op, attrs)  # optional attrs left out take their defaults: what lint accepts lowers
         ov = OVERRIDES.get(op)
         if ov is not None and ov.applies(self.options):
             return ov.fn(self, attrs, inputs)
