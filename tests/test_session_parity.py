@@ -89,4 +89,4 @@ def test_same_answers_from_the_cli_the_notebooks_and_the_app(capsys, monkeypatch
     refused = app_state(model, variant)
     assert code == 2 and err.strip() == f"rlxviz explain: error: {nb_error.value}"
     assert refused.message_kind == "danger" and refused.message == str(nb_error.value) and refused.model is None
-    assert f"{model}: its inputs and params need" in refused.message and "(RLXVIZ_MAX_MEMORY_MB)" in refused.message
+    assert f"{model}: a run needs" in refused.message and "(RLXVIZ_MAX_MEMORY_MB)" in refused.message
