@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from rlxviz import session
+from rlxviz.app import timeproc
 from rlxviz.app.explain import decision_rows, node_report, report_markdown
 from rlxviz.app.jobs import Runner
-from rlxviz.app.state import SHAPE_VARIANT, VARIANT_LABELS, AppState
+from rlxviz.app.state import SHAPE_VARIANT, TIMING_RUNS, VARIANT_LABELS, AppState
 from rlxviz.ir import Op, format_graph
 from rlxviz.models.minilm import minilm_dir
 from rlxviz.passes import PASSES, Pass, PassResult
@@ -451,7 +452,8 @@ def test_timing_error_hint_matches_the_error(monkeypatch, error, says, not_says)
         raise error
 
     s = tiny(repeat=1)
-    monkeypatch.setattr(session, "time_versions", fail)
+    monkeypatch.setattr(timeproc, "time_in_worker", fail)
+    TIMING_RUNS.clear()
     s.time_all()
     assert s.message_kind == "danger" and type(error).__name__ in s.message
     assert says in s.message and not_says not in s.message, s.message
@@ -478,3 +480,24 @@ def test_variants_do_not_apply_to_ir_text():
     s.apply_variant("tanh_gelu")
     assert s.variant == "none" and "do not apply to IR text" in s.message
     assert len(s.model.graph.compute_nodes()) == 3
+
+
+def test_timing_runs_in_a_worker_process(monkeypatch):
+    """The figures come from another process (its own GIL), from the CLI's function; 'Time again' measures anew."""
+    import os
+
+    calls = []
+    real = timeproc.time_in_worker
+    monkeypatch.setattr(timeproc, "time_in_worker", lambda *a, **k: calls.append(1) or real(*a, **k))
+    TIMING_RUNS.clear()
+    s = tiny(repeat=2)
+    s.time_all()
+    first = s.timings
+    pid = int(re.search(r"pid (\d+)", s.blas).group(1))
+    assert pid != os.getpid()
+    assert "2 interleaved round(s)" in s.blas and " on cpu" in s.blas and "BLAS" in s.blas
+    assert all(r["min_ms"] <= r["median_ms"] and r["iqr_ms"] >= 0 for r in first)
+    s.time_all()
+    assert s.timings == first and len(calls) == 1  # the last figures, not a new measurement
+    s.time_all(fresh=True)
+    assert len(calls) == 2 and [r["version"] for r in s.timings] == [r["version"] for r in first]

@@ -10,23 +10,29 @@ import param
 from panel.viewable import Viewer
 
 from .sources import ALLOWED_DIRS_ENV, allowed_dirs, max_upload_bytes
-from .state import SOURCES, VARIANT_LABELS, AppState
+from .state import SHAPE_VARIANT, SOURCES, VARIANT_LABELS, AppState
 from .text import md_escape, md_pre
 
 SOURCE_LABELS = {"preset": "Built-in", "checkpoint": "Folder", "upload": "Upload", "ir": "IR text"}
 
 
 class ModelControls(Viewer):
-    """Model source (preset, checkpoint folder, upload, IR text), graph style, batch, seq and text."""
+    """Model source (preset, checkpoint folder, upload, IR text), graph style, batch, seq and text.
+
+    Choosing a source only shows its controls: the model changes when something is loaded from it (a preset at
+    once; a folder, an upload or IR text on its button), so no error appears before the user gave anything.
+    """
 
     state = param.ClassSelector(class_=AppState)
+    shown = param.Selector(objects=list(SOURCES), default="preset", doc="Whose controls are shown.")
 
     def __init__(self, **params: object) -> None:
         super().__init__(**params)
         s = self.state
+        self.shown = s.source
         self.source = pn.widgets.RadioButtonGroup(name="Source", options={SOURCE_LABELS[k]: k for k in SOURCES},
                                                   value=s.source, button_type="light", sizing_mode="stretch_width")
-        self.source.param.watch(lambda e: setattr(s, "source", e.new), "value")
+        self.source.param.watch(self._on_source, "value")
         self.preset = pn.widgets.Select.from_param(s.param.preset, name="Model", sizing_mode="stretch_width")
         roots = allowed_dirs()
         self.folder = pn.widgets.TextInput(name="Checkpoint folder", value=s.checkpoint_dir,
@@ -40,22 +46,57 @@ class ModelControls(Viewer):
         limit = max_upload_bytes() / 2**20
         self.upload_doc = pn.pane.Markdown(f"Select **config.json** and **model.safetensors** together, or one "
                                            f"**.onnx** export (at most {limit:.0f} MB).", styles={"font-size": "12px"})
-        self.ir = pn.widgets.TextAreaInput(name="IR text", value=s.ir_text, height=220, sizing_mode="stretch_width",
-                                           css_classes=["rv-ir-text"],
-                                           placeholder="graph g {\n  %0 = input {name=\"x\"} : f32[2, 8]\n  ...")
+        # Ace editor: line numbers, no length cap (the server's memory budget limits the graph, not the text)
+        self.ir = pn.widgets.CodeEditor(value=s.ir_text, language="text", height=320, sizing_mode="stretch_width",
+                                        css_classes=["rv-ir-text"], print_margin=False, indent=2, soft_tabs=True)
+        self.ir_doc = pn.pane.Markdown("Type or paste a graph (the IR tab shows the syntax), or start from "
+                                       "**Edit the shown version**.", styles={"font-size": "12px"},
+                                       css_classes=["rv-ir-doc"])
         self.ir_file = pn.widgets.FileInput(accept=".txt,.ir,.rlx", sizing_mode="stretch_width")
         self.ir_file.param.watch(self._on_ir_file, "value")
         self.ir_btn = pn.widgets.Button(label="Load IR", color="primary", css_classes=["rv-load-ir"])
         self.ir_btn.on_click(lambda e: s.param.update(ir_text=self.ir.value, source="ir"))
-        self.ir_copy = pn.widgets.Button(label="Edit the shown version", color="light")
-        self.ir_copy.on_click(lambda e: setattr(self.ir, "value", s.ir_current()))
+        self.ir_copy = pn.widgets.Button(label="Edit the shown version", color="light", css_classes=["rv-ir-copy"])
+        self.ir_copy.on_click(lambda e: self._edit_shown())
         self.style = pn.widgets.Select.from_param(s.param.style, name="Graph style", sizing_mode="stretch_width")
-        self.batch = pn.widgets.IntInput.from_param(s.param.batch, name="Batch", width=90)
-        self.seq = pn.widgets.IntInput.from_param(s.param.seq, name="Sequence length", width=120)
+        self.batch = pn.widgets.IntInput.from_param(s.param.batch, name="Batch", width=90, css_classes=["rv-batch"])
+        self.seq = pn.widgets.IntInput.from_param(s.param.seq, name="Sequence length", width=120,
+                                                  css_classes=["rv-seq"])
         self.text = pn.widgets.TextAreaInput.from_param(s.param.text, name="Text to tokenize (real models)",
                                                         rows=3, auto_grow=True, max_rows=8,
                                                         sizing_mode="stretch_width", css_classes=["rv-text"])
-        s.param.watch(lambda e: setattr(self.source, "value", e.new), "source")
+        self.shape_note = pn.pane.Markdown("", styles={"font-size": "12px"}, css_classes=["rv-shape-note"])
+        s.param.watch(self._follow_source, "source")
+        s.param.watch(self._mark_ir_error, "ir_error")
+        self._follow_source()
+
+    def _on_source(self, event: param.parameterized.Event) -> None:
+        self.shown = event.new
+        if event.new == "preset":
+            self.state.source = "preset"
+
+    def _follow_source(self, *_: object) -> None:
+        """Show the loaded source's controls; shapes and text do not apply to IR text (its shapes are written
+        in it)."""
+        s = self.state
+        self.source.value = self.shown = s.source
+        ir = s.source == "ir"
+        for w in (self.batch, self.seq, self.text, self.style):
+            w.disabled = ir
+        self.shape_note.object = ("*Batch, sequence length, style and text do not apply to IR text: its shapes "
+                                  "are written in it.*" if ir else "")
+
+    def _edit_shown(self) -> None:
+        """Put the selected version's IR into the editor (and show the IR controls)."""
+        self.ir.value = self.state.ir_current()
+        self.shown = "ir"
+        self.source.value = "ir"
+
+    def _mark_ir_error(self, event: param.parameterized.Event) -> None:
+        """Mark the line the parser stopped at in the editor's gutter (Ace annotation)."""
+        at = event.new
+        self.ir.annotations = ([{"row": at[0] - 1, "column": max(at[1] - 1, 0), "text": at[2], "type": "error"}]
+                               if at else [])
 
     def _preset_doc(self) -> str:
         from ..session import presets
@@ -80,11 +121,12 @@ class ModelControls(Viewer):
                                 sizing_mode="stretch_width"),
             "checkpoint": pn.Column(self.folder, self.folder_btn, sizing_mode="stretch_width"),
             "upload": pn.Column(self.upload, self.upload_doc, sizing_mode="stretch_width"),
-            "ir": pn.Column(self.ir, self.ir_file, pn.Row(self.ir_btn, self.ir_copy), sizing_mode="stretch_width"),
+            "ir": pn.Column(self.ir_doc, self.ir, self.ir_file, pn.Row(self.ir_btn, self.ir_copy),
+                            sizing_mode="stretch_width"),
         }
         return pn.Column(
-            "### Model", self.source, pn.bind(lambda src: by_source[src], s.param.source),
-            self.style, pn.Row(self.batch, self.seq), self.text, sizing_mode="stretch_width")
+            "### Model", self.source, pn.bind(lambda src: by_source[src], self.param.shown),
+            self.style, pn.Row(self.batch, self.seq), self.text, self.shape_note, sizing_mode="stretch_width")
 
 
 class VariantControls(Viewer):
@@ -102,43 +144,59 @@ class VariantControls(Viewer):
             b.on_click(lambda e, n=name: s.apply_variant(n))
             self.buttons[name] = b
         self.layer = pn.widgets.IntInput.from_param(s.param.variant_layer, name="Layer to break", width=120)
+        self.why_off = pn.pane.Markdown("", styles={"font-size": "12px"}, css_classes=["rv-variant-note"])
         s.param.watch(self._mark, "variant")
-        s.param.watch(self._enable, "source")
+        s.param.watch(self._enable, ["source", "preset", "model"])
         self._enable()
 
     def _enable(self, *_: object) -> None:
-        """Variants rebuild a BERT graph: they are off for IR text."""
+        """A variant that does not apply to the current model is disabled, with the reason beside it."""
+        reasons = {name: self.state.variant_unavailable(name) for name in self.buttons}
         for name, b in self.buttons.items():
-            b.disabled = self.state.source == "ir" and name != "none"
+            b.param.update(disabled=bool(reasons[name]), description=reasons[name] or None)
+        off = list(dict.fromkeys(r for r in reasons.values() if r))
+        self.why_off.object = " ".join(f"*{md_escape(r)}*" for r in off)
+        self.layer.disabled = all(reasons[n] for n in self.buttons if n not in ("none", SHAPE_VARIANT))
 
     def _mark(self, event: param.parameterized.Event) -> None:
         for name, b in self.buttons.items():
             b.color = "primary" if name == event.new else "light"
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column("### Teaching variants", *self.buttons.values(), self.layer, sizing_mode="stretch_width")
+        return pn.Column("### Teaching variants", *self.buttons.values(), self.why_off, self.layer,
+                         sizing_mode="stretch_width")
 
 
 class PipelineControls(Viewer):
-    """The passes in run order, each with on/off, move up/down and remove; add a pass; the threshold; re-run."""
+    """The passes in run order, each with on/off, move up/down and remove; add a pass; the threshold.
+
+    Edits go to a draft shown here; "Apply and re-run" hands the draft to the state in one update, so the
+    pipeline runs once per apply, not once per click. ↑/↓ move the selected pass, and the selection follows it.
+    """
 
     state = param.ClassSelector(class_=AppState)
+    order = param.List(default=[], item_type=str, doc="Draft pass order.")
+    off = param.List(default=[], item_type=int, doc="Draft: positions in `order` that are switched off.")
 
     def __init__(self, **params: object) -> None:
         super().__init__(**params)
         s = self.state
         self.enabled = pn.widgets.CheckBoxGroup(options=[], value=[], inline=False, css_classes=["rv-passes"])
         self.enabled.param.watch(self._on_enabled, "value")
-        self.pick = pn.widgets.Select(options=[], width=150, margin=(5, 5), name="")
+        self._syncing, self._follow = False, None
+        self.pick = pn.widgets.Select(options=[], width=150, margin=(5, 5), name="", css_classes=["rv-pick"])
+        self.pick.param.watch(lambda e: None if self._syncing else setattr(self, "_follow", e.new), "value")
         self.moves = []
-        for label, tip, fn in (("↑", "move up", lambda i: s.move_pass(i, -1)), ("↓", "move down",
-                               lambda i: s.move_pass(i, 1)), ("✕", "remove", s.remove_pass)):
-            b = pn.widgets.Button(label=label, description=tip, width=34, color="light", margin=(5, 1))
+        for label, tip, fn, cls in (("↑", "move the selected pass up", lambda i: self._move(i, -1), "rv-up"),
+                                    ("↓", "move the selected pass down", lambda i: self._move(i, 1), "rv-down"),
+                                    ("✕", "remove the selected pass", self._remove, "rv-remove")):
+            b = pn.widgets.Button(label=label, description=tip, width=34, color="light", margin=(5, 1),
+                                  css_classes=[cls])
             b.on_click(lambda e, fn=fn: self.pick.value is not None and fn(self.pick.value))
             self.moves.append(b)
         self.add = pn.widgets.Select(options=s.available_passes(), width=200, margin=(5, 5))
         self.add_btn = pn.widgets.Button(label="Add", color="light", width=60, margin=(5, 5))
-        self.add_btn.on_click(lambda e: self.add.value and s.add_pass(self.add.value))
+        self.add_btn.on_click(lambda e: self.add.value and setattr(self, "order", [*self.order, self.add.value]))
         default = s.default_threshold()
         self.threshold = pn.widgets.IntInput(
             name=f"Attention gate: max batch*seq (empty: {'no gate' if default is None else default})",
@@ -147,32 +205,69 @@ class PipelineControls(Viewer):
         s.param.watch(lambda e: setattr(self.threshold, "value", e.new), "threshold")
         self.reset = pn.widgets.Button(label="Canonical order", color="light")
         self.reset.on_click(lambda e: s.reset_pipeline())
-        self.rerun = pn.widgets.Button(label="Re-run", color="primary")
-        self.rerun.on_click(lambda e: s.load())
-        s.param.watch(lambda e: self._rebuild(), ["passes", "disabled"])
-        self._rebuild()
+        self.rerun = pn.widgets.Button(label="Apply and re-run", color="primary", css_classes=["rv-apply"])
+        self.rerun.on_click(lambda e: self.apply())
+        self.pending = pn.pane.Markdown("", styles={"font-size": "12px"}, css_classes=["rv-pending"])
+        s.param.watch(lambda *e: self._from_state(), ["passes", "disabled"])
+        self.param.watch(lambda *e: self._rebuild(), ["order", "off"])
+        self._from_state()
+
+    def _from_state(self) -> None:
+        self.param.update(order=list(self.state.passes), off=list(self.state.disabled))
+        self._rebuild()  # param sends no event when the draft already equals the pipeline (after Apply)
+
+    @property
+    def dirty(self) -> bool:
+        """The draft differs from the pipeline that ran."""
+        return self.order != self.state.passes or sorted(self.off) != sorted(self.state.disabled)
+
+    def apply(self) -> None:
+        """Run the draft pipeline (or re-run the same one)."""
+        s = self.state
+        if self.dirty:
+            s.param.update(passes=list(self.order), disabled=sorted(self.off))
+        else:
+            s.load()
+
+    def _move(self, i: int, delta: int) -> None:
+        """Move draft position `i` by `delta`, keeping its on/off state; the selection follows the pass."""
+        j = i + delta
+        if not (0 <= i < len(self.order) and 0 <= j < len(self.order)):
+            return
+        order = list(self.order)
+        order[i], order[j] = order[j], order[i]
+        swap = {i: j, j: i}
+        self._follow = j
+        self.param.update(order=order, off=sorted(swap.get(k, k) for k in self.off))
+
+    def _remove(self, i: int) -> None:
+        if 0 <= i < len(self.order):
+            self._follow = None
+            self.param.update(order=self.order[:i] + self.order[i + 1:],
+                              off=[k - (k > i) for k in self.off if k != i])
 
     def _rebuild(self) -> None:
-        s = self.state
-        labels = {f"{i + 1}. {name}": i for i, name in enumerate(s.passes)}
+        labels = {f"{i + 1}. {name}": i for i, name in enumerate(self.order)}
         self._syncing = True
         try:
-            self.enabled.param.update(options=labels, value=[i for i in labels.values() if i not in s.disabled])
-            keep = self.pick.value
-            self.pick.param.update(options=labels, value=keep if keep in labels.values() else None)
+            self.enabled.param.update(options=labels, value=[i for i in labels.values() if i not in self.off])
+            keep = self._follow if self._follow in labels.values() else None
+            self._follow = keep
+            self.pick.param.update(options=labels, value=keep)
         finally:
             self._syncing = False
+        self.pending.object = ("**Pipeline changed:** press *Apply and re-run* to run it." if self.dirty else "")
 
     def _on_enabled(self, event: param.parameterized.Event) -> None:
-        if getattr(self, "_syncing", False):
+        if self._syncing:
             return
         on = set(event.new)
-        self.state.disabled = [i for i in range(len(self.state.passes)) if i not in on]
+        self.off = [i for i in range(len(self.order)) if i not in on]
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column("### Pipeline", "Passes run top to bottom; untick to skip one.", self.enabled,
+        return pn.Column("### Pipeline", "Passes run top to bottom; untick to skip one, then apply.", self.enabled,
                          pn.Row(self.pick, *self.moves), pn.Row(self.add, self.add_btn), self.threshold,
-                         pn.Row(self.reset, self.rerun), sizing_mode="stretch_width")
+                         self.pending, pn.Row(self.reset, self.rerun), sizing_mode="stretch_width")
 
 
 class StatusBar(Viewer):

@@ -1,8 +1,12 @@
-"""`SvgGraph`: a Graphviz SVG in the browser with pan, zoom, click-to-select and highlighting.
+"""`SvgGraph`: a Graphviz SVG in the browser with pan, zoom, search, click-to-select and highlighting.
 
 The renderer gives every node a DOT id `n<id>` that survives into the SVG (`<g id="n12" class="node">`),
-so a click maps back to the IR node id, and highlighting is a CSS class on those groups. Pan with
-the mouse (drag), zoom with the wheel or the +/- buttons, "fit" to see the whole graph.
+so a click maps back to the IR node id, and highlighting is a CSS class on those groups; the layer view's
+boxes are `layer<i>`, so a click on one reports the layer. Pan with the mouse (drag), zoom with the wheel or
+the +/- buttons, "fit" to see the whole graph. The view (zoom and pan) is kept when the picture changes
+within the same `scope` (stepping versions, clicking nodes) once the user moved it, and panes with the same
+`sync` group move together (before/after). The search box finds nodes by id, op, name or path (their label
+and tooltip text); Enter steps through the hits.
 """
 
 from __future__ import annotations
@@ -11,18 +15,28 @@ import param
 from panel.custom import JSComponent
 
 _ESM = r"""
+const BUS = 'rlxviz-view';
 export function render({ model, el }) {
   const bar = document.createElement('div'); bar.className = 'rv-bar';
   const title = document.createElement('span'); title.className = 'rv-title';
-  const mk = (txt, tip, fn) => { const b = document.createElement('button'); b.textContent = txt; b.title = tip;
-    b.className = 'rv-btn'; b.addEventListener('click', (e) => { e.stopPropagation(); fn(); }); bar.appendChild(b); return b; };
+  const mk = (txt, tip, fn, cls) => { const b = document.createElement('button'); b.textContent = txt; b.title = tip;
+    b.className = 'rv-btn' + (cls ? ' ' + cls : ''); b.addEventListener('click', (e) => { e.stopPropagation(); fn(); });
+    bar.appendChild(b); return b; };
   bar.appendChild(title);
+  const search = document.createElement('input'); search.type = 'search'; search.placeholder = 'find node: op, name, path, %id';
+  search.className = 'rv-search'; bar.appendChild(search);
+  const found = document.createElement('span'); found.className = 'rv-found'; bar.appendChild(found);
   const wrap = document.createElement('div'); wrap.className = 'rv-wrap';
   const inner = document.createElement('div'); inner.className = 'rv-inner';
   wrap.appendChild(inner); el.appendChild(bar); el.appendChild(wrap);
   Object.assign(el.style, { display: 'flex', flexDirection: 'column', width: '100%', height: '100%' });
-  let s = 1, tx = 0, ty = 0;
-  const apply = () => { inner.style.transform = `translate(${tx}px, ${ty}px) scale(${s})`; };
+  let s = 1, tx = 0, ty = 0, touched = false, scope = null;
+  const me = Math.random().toString(36).slice(2);
+  const apply = (share) => { inner.style.transform = `translate(${tx}px, ${ty}px) scale(${s})`;
+    if (share && model.sync) window.dispatchEvent(new CustomEvent(BUS, { detail: { group: model.sync, src: me, s, tx, ty } })); };
+  const onBus = (e) => { const d = e.detail; if (!model.sync || d.group !== model.sync || d.src === me) return;
+    s = d.s; tx = d.tx; ty = d.ty; touched = true; apply(false); };
+  window.addEventListener(BUS, onBus);
   const size = () => { const svg = inner.querySelector('svg'); if (!svg) return null;
     const vb = svg.viewBox && svg.viewBox.baseVal; const w = (vb && vb.width) || svg.clientWidth || 1;
     const h = (vb && vb.height) || svg.clientHeight || 1; return [w, h]; };
@@ -30,17 +44,18 @@ export function render({ model, el }) {
     const H = wrap.clientHeight || 500; s = Math.min(W / sz[0], H / sz[1], 1.5);
     if (s < 0.35) { s = Math.min(W / sz[0], 0.8); tx = (W - sz[0] * s) / 2; ty = 4; }
     else { tx = (W - sz[0] * s) / 2; ty = Math.max(4, (H - sz[1] * s) / 2); }
-    apply(); };
+    touched = false; apply(false); };
+  const moved = () => { touched = true; apply(true); };
   const zoomAt = (f, cx, cy) => { const ns = Math.min(Math.max(s * f, 0.02), 8); tx = cx - (cx - tx) * ns / s;
-    ty = cy - (cy - ty) * ns / s; s = ns; apply(); };
-  mk('+', 'zoom in', () => zoomAt(1.25, wrap.clientWidth / 2, wrap.clientHeight / 2));
-  mk('−', 'zoom out', () => zoomAt(0.8, wrap.clientWidth / 2, wrap.clientHeight / 2));
-  mk('fit', 'fit the whole graph', fit);
-  mk('1:1', 'actual size', () => { s = 1; tx = 8; ty = 8; apply(); });
-  const center = (g) => { if (!g) return; const ir = inner.getBoundingClientRect(), gr = g.getBoundingClientRect();
+    ty = cy - (cy - ty) * ns / s; s = ns; moved(); };
+  mk('+', 'zoom in', () => zoomAt(1.25, wrap.clientWidth / 2, wrap.clientHeight / 2), 'rv-zoom-in');
+  mk('−', 'zoom out', () => zoomAt(0.8, wrap.clientWidth / 2, wrap.clientHeight / 2), 'rv-zoom-out');
+  mk('fit', 'fit the whole graph', () => { fit(); apply(true); }, 'rv-fit');
+  mk('1:1', 'actual size', () => { s = 1; tx = 8; ty = 8; moved(); }, 'rv-one');
+  const center = (g, share) => { if (!g) return; const ir = inner.getBoundingClientRect(), gr = g.getBoundingClientRect();
     const px = (gr.left + gr.width / 2 - ir.left) / s, py = (gr.top + gr.height / 2 - ir.top) / s;
     if (s < 0.6) s = 0.9;
-    tx = wrap.clientWidth / 2 - px * s; ty = wrap.clientHeight / 2 - py * s; apply(); };
+    tx = wrap.clientWidth / 2 - px * s; ty = wrap.clientHeight / 2 - py * s; touched = true; apply(share); };
   const mark = (recentre) => {
     inner.querySelectorAll('.rv-hl, .rv-sel').forEach((g) => g.classList.remove('rv-hl', 'rv-sel'));
     let first = null;
@@ -48,28 +63,44 @@ export function render({ model, el }) {
       if (g) { g.classList.add('rv-hl'); first = first || g; } }
     if (model.selected !== null && model.selected !== undefined) { const g = inner.querySelector(`g#n${model.selected}`);
       if (g) g.classList.add('rv-sel'); }
-    if (recentre && first && model.follow) center(first);
+    if (recentre && first && model.follow) center(first, false);
   };
-  const setSvg = () => { const keep = inner.querySelector('svg') && model.keep_view; inner.innerHTML = model.svg || '';
+  let hits = [], hit = -1;
+  const text = (g) => { const a = g.querySelector('a'); const tip = a ? (a.getAttribute('xlink:title') || a.getAttribute('title') || '') : '';
+    const t = g.querySelector('title'); return `%${g.id.slice(1)} ${g.textContent} ${tip} ${t ? t.textContent : ''}`.toLowerCase(); };
+  const find = (step) => { inner.querySelectorAll('.rv-found-node').forEach((g) => g.classList.remove('rv-found-node'));
+    const q = search.value.trim().toLowerCase(); if (!q) { hits = []; found.textContent = ''; return; }
+    if (!step || !hits.length) { hits = [...inner.querySelectorAll('g.node')].filter((g) => text(g).includes(q)); hit = -1; }
+    hits.forEach((g) => g.classList.add('rv-found-node'));
+    if (!hits.length) { found.textContent = 'no match'; return; }
+    hit = (hit + 1) % hits.length; found.textContent = `${hit + 1}/${hits.length}`; center(hits[hit], true); };
+  search.addEventListener('input', () => find(false));
+  search.addEventListener('keydown', (e) => { e.stopPropagation(); if (e.key === 'Enter') find(true); });
+  const setSvg = () => { const had = inner.querySelector('svg'); const same = had && scope === model.scope;
+    inner.innerHTML = model.svg || ''; scope = model.scope;
     const svg = inner.querySelector('svg');
     if (svg) { const vb = svg.viewBox.baseVal; if (vb && vb.width) { svg.setAttribute('width', vb.width);
       svg.setAttribute('height', vb.height); } }
-    if (!keep) fit(); mark(true); title.textContent = model.title || ''; };
-  let drag = null, moved = false;
+    if (!(same && touched)) fit(); else apply(false);
+    mark(!(same && touched)); hits = []; if (search.value) find(false); title.textContent = model.title || ''; };
+  let drag = null, dragged = false;
   wrap.addEventListener('wheel', (e) => { e.preventDefault(); const r = wrap.getBoundingClientRect();
     zoomAt(e.deltaY < 0 ? 1.15 : 1 / 1.15, e.clientX - r.left, e.clientY - r.top); }, { passive: false });
-  wrap.addEventListener('pointerdown', (e) => { drag = [e.clientX, e.clientY, tx, ty]; moved = false; });
+  wrap.addEventListener('pointerdown', (e) => { drag = [e.clientX, e.clientY, tx, ty]; dragged = false; });
   wrap.addEventListener('pointermove', (e) => { if (!drag) return; const dx = e.clientX - drag[0], dy = e.clientY - drag[1];
-    if (Math.abs(dx) + Math.abs(dy) > 4) { moved = true; wrap.classList.add('rv-drag'); }
-    if (moved) { tx = drag[2] + dx; ty = drag[3] + dy; apply(); } });
+    if (Math.abs(dx) + Math.abs(dy) > 4) { dragged = true; wrap.classList.add('rv-drag'); }
+    if (dragged) { tx = drag[2] + dx; ty = drag[3] + dy; moved(); } });
   const end = () => { drag = null; wrap.classList.remove('rv-drag'); };
   wrap.addEventListener('pointerup', end); wrap.addEventListener('pointerleave', end);
-  wrap.addEventListener('click', (e) => { if (moved) { moved = false; return; }
-    const g = e.target.closest('g.node'); if (!g || !/^n\d+$/.test(g.id)) return;
-    model.clicked = parseInt(g.id.slice(1)); model.clicks = (model.clicks || 0) + 1; });
+  wrap.addEventListener('click', (e) => { if (dragged) { dragged = false; return; }
+    const g = e.target.closest('g.node'); if (!g) return;
+    if (/^n\d+$/.test(g.id)) { model.clicked = parseInt(g.id.slice(1)); model.clicks = (model.clicks || 0) + 1; }
+    else if (/^layer\d+$/.test(g.id)) { model.layer_clicked = parseInt(g.id.slice(5));
+      model.layer_clicks = (model.layer_clicks || 0) + 1; } });
   model.on('svg', setSvg); model.on('highlight', () => mark(true)); model.on('selected', () => mark(false));
   model.on('title', () => { title.textContent = model.title || ''; });
-  model.on('after_layout', () => { if (!model.keep_view) fit(); mark(true); });
+  model.on('after_layout', () => { if (!touched) fit(); mark(!touched); });
+  model.on('remove', () => window.removeEventListener(BUS, onBus));
   setSvg();
 }
 """  # noqa: E501
@@ -80,6 +111,8 @@ _CSS = """
           font: 12px sans-serif; background: #fafafa; }
 .rv-title { flex: 1; font-weight: 600; color: #333; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
 .rv-btn { border: 1px solid #ccc; background: #fff; border-radius: 3px; padding: 0 7px; cursor: pointer; font: 12px sans-serif; }
+.rv-search { width: 170px; font: 12px sans-serif; padding: 1px 4px; border: 1px solid #ccc; border-radius: 3px; }
+.rv-found { min-width: 44px; color: #555; font: 11px sans-serif; }
 .rv-wrap { position: relative; overflow: hidden; flex: 1; cursor: grab; min-height: 200px; }
 .rv-wrap.rv-drag { cursor: grabbing; }
 .rv-inner { position: absolute; left: 0; top: 0; transform-origin: 0 0; }
@@ -90,11 +123,13 @@ _CSS = """
           stroke-width: 5 !important; }
 .rv-inner g.rv-sel polygon, .rv-inner g.rv-sel ellipse, .rv-inner g.rv-sel path { stroke: #1565c0 !important;
           stroke-width: 4 !important; stroke-dasharray: 5 2; }
+.rv-inner g.rv-found-node polygon, .rv-inner g.rv-found-node ellipse, .rv-inner g.rv-found-node path {
+          fill: #fff59d !important; }
 """  # noqa: E501
 
 
 class SvgGraph(JSComponent):
-    """An SVG graph with pan/zoom; `clicked` is the id of the last clicked node.
+    """An SVG graph with pan/zoom and search; `clicked` is the id of the last clicked node.
 
     Parameters:
         svg: the Graphviz SVG text.
@@ -102,7 +137,10 @@ class SvgGraph(JSComponent):
         highlight: node ids drawn with a thick orange border (the first is centred when `follow`).
         selected: node id drawn with a dashed blue border.
         clicked: set by the browser when a node is clicked (`clicks` counts clicks, so the same node twice fires).
-        keep_view: keep the zoom and pan when the SVG changes (stepping versions) instead of fitting.
+        layer_clicked: set when a box of the layer view is clicked (`layer_clicks` counts those clicks).
+        scope: what the picture belongs to (e.g. the model); a new SVG in the same scope keeps the user's zoom
+            and pan, a new scope fits the picture.
+        sync: panes with the same non-empty group share zoom and pan.
     """
 
     svg = param.String("")
@@ -111,8 +149,11 @@ class SvgGraph(JSComponent):
     selected = param.Integer(None, allow_None=True)
     clicked = param.Integer(None, allow_None=True)
     clicks = param.Integer(0)
+    layer_clicked = param.Integer(None, allow_None=True)
+    layer_clicks = param.Integer(0)
     follow = param.Boolean(True)
-    keep_view = param.Boolean(False)
+    scope = param.String("")
+    sync = param.String("")
 
     _esm = _ESM
     _stylesheets = [_CSS]

@@ -31,6 +31,32 @@ class LocalFast(Fast):
 LocalFast.__name__ = "Fast"
 
 
+def serve_css_locally() -> None:
+    """Keep every stylesheet on the local server.
+
+    Panel points a component's stylesheet URLs (`css/loading.css`, `css/markdown.css`) at its CDN
+    (`panel.io.resources.CDN_DIST`) whenever the component's document has no `dist_url` template variable, which
+    happens for components created or updated after the page's first render (a click that swaps a pane): the
+    browser then fetched those files from cdn.holoviz.org. When Panel serves its resources itself (`use_cdn()` is
+    False, as under `panel serve`), this points them at the server's `/static` copy instead. Idempotent.
+    """
+    from panel import reactive
+    from panel.io import resources
+
+    if getattr(resources.patch_stylesheet, "rlxviz_local", False):
+        return
+    original = resources.patch_stylesheet
+
+    def patch(stylesheet: object, dist_url: str) -> None:
+        if dist_url == resources.CDN_DIST and not resources.use_cdn():
+            dist_url = resources.get_dist_path(cdn=False)
+        original(stylesheet, dist_url)
+
+    patch.rlxviz_local = True  # type: ignore[attr-defined]
+    resources.patch_stylesheet = patch
+    reactive.patch_stylesheet = patch  # imported by name there
+
+
 def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
     """The app for one session.
 
@@ -41,7 +67,8 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
     Returns:
         A `FastListTemplate`; call `.servable()` on it.
     """
-    pn.extension("tabulator", notifications=False, sizing_mode="stretch_width")
+    serve_css_locally()
+    pn.extension("tabulator", "codeeditor", notifications=False, sizing_mode="stretch_width")
     refused = _refusal()
     if refused is not None:  # before any state, model or file is touched
         page = pn.template.FastListTemplate(title=TITLE, design=LocalFast, font=FONT, font_url="", theme_toggle=False,

@@ -14,6 +14,7 @@ from panel.viewable import Viewer
 
 from .explain import decision_rows, node_report, report_markdown
 from .graphpane import SvgGraph
+from .irtext import IRText
 from .state import AppState
 from .text import html_text, md_escape
 
@@ -47,9 +48,25 @@ class VersionStepper(Viewer):
         self.player.param.watch(lambda e: setattr(s, "version", e.new), "value")
         self.hide = pn.widgets.Checkbox.from_param(s.param.hide_unchanged, name="hide passes that changed nothing",
                                                    align="end")
-        self.view = pn.widgets.Select.from_param(s.param.view, name="View", width=110)
+        self.view = pn.widgets.Select.from_param(s.param.view, name="View", width=110, css_classes=["rv-view"])
+        self.layer = pn.widgets.Select(name="Layer", options=self._layers(), value=s.selected_layer, width=100,
+                                       css_classes=["rv-focus-layer"], visible=s.view == "focus")
+        self.layer.param.watch(lambda e: setattr(s, "selected_layer", e.new), "value")
+        s.param.watch(self._focus, ["view", "selected_layer", "trace"])
         self.counts = pn.pane.HTML(self._counts(), sizing_mode="stretch_width", css_classes=["rv-counts"])
         s.param.watch(self._sync, ["trace", "version", "hide_unchanged"])
+
+    def _layers(self) -> dict[str, int | None]:
+        return {"choose": None, **{f"layer {i}": i for i in self.state.layers()}}
+
+    def _focus(self, *events: param.parameterized.Event) -> None:
+        """The focus view needs a layer: show the picker, and take the first layer when none is chosen."""
+        s = self.state
+        layers = s.layers()
+        if s.view == "focus" and s.selected_layer is None and layers:
+            s.selected_layer = layers[0]
+            return
+        self.layer.param.update(options=self._layers(), value=s.selected_layer, visible=s.view == "focus")
 
     def _options(self) -> dict[str, int]:
         rows = self.state.version_rows()
@@ -83,7 +100,7 @@ class VersionStepper(Viewer):
         self.counts.object = self._counts()
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column(pn.Row(self.prev, self.select, self.next, self.player, self.hide, self.view),
+        return pn.Column(pn.Row(self.prev, self.select, self.next, self.player, self.hide, self.view, self.layer),
                          self.counts, sizing_mode="stretch_width")
 
 
@@ -95,27 +112,47 @@ class GraphCompare(Viewer):
     def __init__(self, **params: object) -> None:
         super().__init__(**params)
         s = self.state
-        self.before = SvgGraph(sizing_mode="stretch_both", min_height=560, css_classes=["rv-before"])
-        self.after = SvgGraph(sizing_mode="stretch_both", min_height=560, css_classes=["rv-after"])
+        self.before = SvgGraph(sizing_mode="stretch_both", min_height=480, css_classes=["rv-before"], sync="compare")
+        self.after = SvgGraph(sizing_mode="stretch_both", min_height=480, css_classes=["rv-after"], sync="compare")
         for g in (self.before, self.after):
             g.param.watch(lambda e: setattr(s, "selected_node", e.obj.clicked), "clicks")
+            g.param.watch(lambda e: s.param.update(selected_layer=e.obj.layer_clicked, view="focus"), "layer_clicks")
         self.note = pn.pane.Markdown("", css_classes=["rv-graph-note"], margin=(0, 10))
+        self.stale = pn.pane.Markdown("", css_classes=["rv-stale"], margin=(0, 10))
         self.row = pn.Row(self.after, sizing_mode="stretch_both")
         s.param.watch(self._draw, ["model", "trace", "version", "view", "selected_layer"])
         s.param.watch(self._mark, ["highlight", "selected_node"])
+        s.param.watch(self._stale, ["message_kind", "busy"])
         self._draw()
+
+    def _scope(self) -> str:
+        """Zoom and pan are kept while this stays the same (same model and view), across versions and clicks."""
+        s = self.state
+        view = s.resolved_view()
+        return f"{id(s.model)}:{view}:{s.selected_layer if view == 'focus' else ''}"
+
+    def _stale(self, *events: param.parameterized.Event) -> None:
+        """After a failed load the panes still show the last model that loaded: say so and grey them."""
+        s = self.state
+        stale = s.message_kind == "danger" and not s.busy
+        for g in (self.before, self.after):
+            g.styles = {"opacity": "0.45"} if stale else {}
+        self.stale.object = ("**Stale:** the drawing is the last model that loaded; the change described above "
+                             "failed." if stale else "")
 
     def _draw(self, *events: param.parameterized.Event) -> None:
         s = self.state
         if s.trace is None and s.model is None:
             return
         k = s.version
+        scope = self._scope()
         svg, err = _safe(s.svg, k)
         step = s.current_step
-        self.after.param.update(svg=svg or "", title=f"{s.version_labels[k] if s.version_labels else 'input'}")
+        self.after.param.update(svg=svg or "", title=f"{s.version_labels[k] if s.version_labels else 'input'}",
+                                scope=scope)
         if step is not None:
             prev, err2 = _safe(s.svg_before, k)
-            self.before.param.update(svg=prev or "", title=f"before {step.pass_name}")
+            self.before.param.update(svg=prev or "", title=f"before {step.pass_name}", scope=scope)
             err = err or err2
         want = [self.before, self.after] if step is not None else [self.after]
         if list(self.row.objects) != want:
@@ -129,7 +166,7 @@ class GraphCompare(Viewer):
             g.param.update(highlight=list(s.highlight), selected=s.selected_node)
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column(self.note, self.row, sizing_mode="stretch_both")
+        return pn.Column(self.stale, self.note, self.row, sizing_mode="stretch_both")
 
 
 class NodeInspector(Viewer):
@@ -236,8 +273,9 @@ class WhyView(Viewer):
 
 
 class TimingView(Viewer):
-    """Run every version on MLX (progress bar); median ms per version as a Bokeh bar chart with the
-    speed-up over the unfused graph, the max error against the NumPy reference, and the BLAS in use."""
+    """Time every version on MLX in a worker process, in interleaved rounds (`session.time_versions`, as the CLI);
+    median ms per version as a Bokeh bar chart with the IQR as a whisker and the speed-up over the unfused graph,
+    the max error against the NumPy reference, and where it ran (device, precision, BLAS)."""
 
     state = param.ClassSelector(class_=AppState)
 
@@ -247,7 +285,11 @@ class TimingView(Viewer):
         self.button = pn.widgets.Button(label="Time every version on MLX", color="primary",
                                         css_classes=["rv-time"])
         self.button.on_click(lambda e: s.time_all())
-        self.repeat = pn.widgets.IntInput.from_param(s.param.repeat, name="Timed runs", width=100)
+        self.again = pn.widgets.Button(label="Time again", color="light", css_classes=["rv-time-again"],
+                                       description="measure again instead of showing the last figures")
+        self.again.on_click(lambda e: s.time_all(fresh=True))
+        self.repeat = pn.widgets.IntInput.from_param(s.param.repeat, name="Timed rounds", width=110,
+                                                     css_classes=["rv-repeat"])
         self.device = pn.widgets.Select.from_param(s.param.device, name="Device", width=90)
         self.blas = pn.pane.Markdown("", css_classes=["rv-blas"])
         self.policy = pn.pane.Markdown("", css_classes=["rv-precision"])
@@ -257,36 +299,45 @@ class TimingView(Viewer):
                                           css_classes=["rv-timings"], layout="fit_data_stretch")
         self.chart = pn.pane.Bokeh(None, sizing_mode="stretch_width", height=340, css_classes=["rv-timing-chart"])
         s.param.watch(self._update, ["timings", "blas", "timing_policy"])
+        s.param.watch(lambda e: self.button.param.update(disabled=e.new), "busy")
+        s.param.watch(lambda e: self.again.param.update(disabled=e.new), "busy")
         self._update()
 
     def _update(self, *events: param.parameterized.Event) -> None:
         s = self.state
-        self.blas.object = f"**MLX:** {md_escape(s.blas)}" if s.blas else ""
+        self.blas.object = (f"**Measured in:** {md_escape(s.blas)}. Bars: median over the rounds; whiskers: the "
+                            "interquartile range (IQR) around it." if s.blas else "")
         self.policy.object = md_escape(s.timing_policy)
         rows = s.timings
         self.table.value = pd.DataFrame(rows)
         self.chart.object = timing_figure(rows) if rows else None
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column(pn.Row(self.button, self.repeat, self.device, self.inputs), self.blas, self.policy,
-                         self.chart, self.table,
+        return pn.Column(pn.Row(self.button, self.again, self.repeat, self.device, self.inputs), self.blas,
+                         self.policy, self.chart, self.table,
                          sizing_mode="stretch_width")
 
 
 def timing_figure(rows: list[dict[str, Any]]) -> Any:
-    """Bokeh figure: median ms per version (bars, speed-up labels) and max error (second plot)."""
+    """Bokeh figure: median ms per version (bars, speed-up labels, whiskers one IQR wide around the median) and
+    max error (second plot)."""
     from bokeh.layouts import row
-    from bokeh.models import ColumnDataSource, LabelSet
+    from bokeh.models import ColumnDataSource, LabelSet, Whisker
     from bokeh.plotting import figure
 
     labels = [r["version"] for r in rows]
     src = ColumnDataSource({"version": labels, "ms": [r["median_ms"] for r in rows],
+                            "low": [r["median_ms"] - r.get("iqr_ms", 0.0) / 2 for r in rows],
+                            "high": [r["median_ms"] + r.get("iqr_ms", 0.0) / 2 for r in rows],
                             "speedup": [f"{r['speedup']:.2f}×" for r in rows],
                             "err": [max(r["max_err"], 1e-12) for r in rows]})
-    p = figure(y_range=labels[::-1], height=320, sizing_mode="stretch_width", title="median ms per version (MLX)",
-               toolbar_location=None, x_axis_label="ms")
+    p = figure(y_range=labels[::-1], height=320, sizing_mode="stretch_width",
+               title="median ms per version (MLX); whisker: IQR", toolbar_location=None,
+               x_axis_label="ms")
     p.hbar(y="version", right="ms", height=0.7, source=src, color="#1565c0")
-    p.add_layout(LabelSet(x="ms", y="version", text="speedup", source=src, x_offset=4, y_offset=-7,
+    p.add_layout(Whisker(base="version", lower="low", upper="high", dimension="width", source=src,
+                         line_color="#333"))
+    p.add_layout(LabelSet(x="high", y="version", text="speedup", source=src, x_offset=6, y_offset=-7,
                           text_font_size="11px"))
     p.x_range.start = 0
     p.x_range.range_padding = 0.15
@@ -307,8 +358,10 @@ class IRView(Viewer):
     def __init__(self, **params: object) -> None:
         super().__init__(**params)
         s = self.state
-        self.ir = pn.pane.HTML("", sizing_mode="stretch_width", css_classes=["rv-ir"],
-                               styles={"max-height": "600px", "overflow": "auto"})
+        self.ir = IRText(sizing_mode="stretch_width", css_classes=["rv-ir"], selected=s.selected_node)
+        self.ir.param.watch(lambda e: s.param.update(selected_node=e.obj.clicked, highlight=[e.obj.clicked]),
+                            "clicks")
+        s.param.watch(lambda e: setattr(self.ir, "selected", e.new), "selected_node")
         self.diff = pn.pane.HTML("", sizing_mode="stretch_width", css_classes=["rv-diff"],
                                  styles={"max-height": "600px", "overflow": "auto"})
         dl = dict(button_type="light", embed=False, width=150)
@@ -329,7 +382,7 @@ class IRView(Viewer):
 
     def _update(self, *events: param.parameterized.Event) -> None:
         s = self.state
-        self.ir.object = f"<pre style='font-size:12px'>{html_text(s.ir_current())}</pre>"
+        self.ir.text = s.ir_current()
         self.diff.object = diff_html(s.ir_diff())
 
     def __panel__(self) -> pn.viewable.Viewable:

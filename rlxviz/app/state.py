@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import shutil
+import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,12 @@ import param
 
 from .. import session
 from ..ir import Graph, GraphError, IRSyntaxError, format_graph
-from ..models import VARIANTS, Model
+from ..models import PRESETS, VARIANTS, BertConfig, Model
 from ..passes import CANONICAL_ORDER, DEFAULT_PARAMS, PASSES, PassStep, Trace
-from ..runtime import blas_summary
 from ..runtime.devices import available_devices
 from ..session import OVER_THRESHOLD, LayerStatus, Limits, SessionError, View
 from ..session import render as drawing
+from . import timeproc
 from .jobs import Runner
 from .sources import ONNX_UPLOAD_NAME, SourceError, allowed_dirs, check_checkpoint_dir, check_ir_text, save_upload
 from .text import md_escape
@@ -43,6 +44,27 @@ FULL_VIEW_LIMIT = 400
 """`auto` view: graphs with more nodes than this are drawn one box per layer."""
 
 SOURCES = ("preset", "checkpoint", "upload", "ir")
+
+TIMING_RUNS = session.cache.LRUCache(maxsize=16)
+"""The last timing runs (`timeproc.WorkerTiming`) by (trace key, data digest, repeat), for all sessions:
+"Time every version" shows them, "Time again" measures anew."""
+
+
+def preset_is_bert(name: str) -> bool:
+    """True when preset `name` is a BERT encoder (the layer teaching variants apply); the presets built by
+    `rlxviz.models.llama` are decoder blocks."""
+    fn = PRESETS[name][0] if name in PRESETS else None
+    return fn is not None and not fn.__module__.endswith(".llama")
+
+
+def scrub_paths(text: str, upload_dir: str, temp_dir: str) -> str:
+    """`text` without the server's private folders: the upload's temp folder reads as `upload`, any other path
+    under the temp folder as `<temp>/...` (messages never show where the server keeps files)."""
+    if upload_dir:
+        text = text.replace(upload_dir.rstrip("/"), "upload")
+    if temp_dir:
+        text = text.replace(temp_dir.rstrip("/") + "/", "<temp>/")
+    return text
 
 
 class AppState(param.Parameterized):
@@ -95,8 +117,11 @@ class AppState(param.Parameterized):
     progress = param.Integer(-1, bounds=(-1, 100), doc="Progress of the running job in % (-1: indeterminate).")
     progress_text = param.String("", doc="What the running job does.")
     upload_dir = param.String("", doc="Temp folder holding the last accepted upload.")
-    repeat = param.Integer(10, bounds=(1, 200), doc="Timed runs per version (after the warm-up runs).")
-    warmup = param.Integer(2, bounds=(0, 20), doc="Untimed runs per version after the first call.")
+    ir_error = param.Parameter(None, doc="(line, column, reason) of the last IR text that did not parse (1-based), "
+                                         "else None.")
+    repeat = param.Integer(10, bounds=(1, 200), doc="Timed interleaved rounds (each runs every version once), as "
+                                                     "`rlxviz time --repeat`.")
+    warmup = param.Integer(2, bounds=(0, 20), doc="Untimed rounds after the first call, as `rlxviz time --warmup`.")
     device = param.Selector(objects=[d.name for d in available_devices()],
                             default=available_devices()[0].name,
                             doc="MLX device the versions are timed on (`runtime.devices`; the GPU when present).")
@@ -254,6 +279,7 @@ class AppState(param.Parameterized):
                 raise
             if gen != self._generation:
                 return
+            self.ir_error = None
             new = model is not self.model
             if new:
                 self._model_key = key
@@ -263,6 +289,8 @@ class AppState(param.Parameterized):
             self._set_progress(80, "Drawing the graph…")
             self.prerender()
         except Exception as e:  # noqa: BLE001 - every failure becomes a message; the app keeps working
+            at = (e.line, e.col, e.reason) if isinstance(e, IRSyntaxError) else None
+            self.ir_error = at if self.source == "ir" else None
             self._error(self._explain_error(e))
         finally:
             self._stop()
@@ -335,19 +363,43 @@ class AppState(param.Parameterized):
         if old and old != str(folder):
             shutil.rmtree(old, ignore_errors=True)
 
+    def variant_unavailable(self, name: str) -> str:
+        """Why teaching variant `name` does not apply to the current model, in plain words ('' when it does).
+
+        The layer variants rebuild one layer of a BERT encoder: not for IR text nor for other architectures
+        (the LLaMA block); the over-threshold variant only changes shapes, so it applies to any built model.
+        """
+        if name == "none":
+            return ""
+        if self.source == "ir":
+            return ("Teaching variants change a built BERT graph; they do not apply to IR text. Switch the source "
+                    "to Built-in (or Folder/Upload) to try one, or edit the IR.")
+        if name == SHAPE_VARIANT:
+            return ""
+        if self.source == "preset" and not preset_is_bert(self.preset):
+            return (f"{self.preset} is not a BERT encoder: this variant changes a BERT layer. Pick a BERT "
+                    "model (minilm, bert-tiny, ...) to try it.")
+        if self.source != "preset" and self.model is not None and not isinstance(self.model.config, BertConfig):
+            return (f"{self.model.name} is not a BERT encoder: this variant changes a BERT layer. Pick a BERT "
+                    "model (minilm, bert-tiny, ...) to try it.")
+        return ""
+
     def apply_variant(self, name: str) -> None:
-        """One click: switch to teaching variant `name` and re-run. Variants rebuild a BERT graph,
-        so they do not apply to IR text: there the click only says so."""
-        if self.source == "ir" and name != "none":
-            self._error("Teaching variants change a built BERT graph; they do not apply to IR text. "
-                        "Switch the source to Built-in (or Folder/Upload) to try one, or edit the IR.", "warning")
+        """One click: switch to teaching variant `name` and re-run. A variant that does not apply to the current
+        model (`variant_unavailable`) only says why."""
+        reason = self.variant_unavailable(name)
+        if reason:
+            self._error(reason, "warning")
             return
         self.variant = name
 
-    @param.depends("source", watch=True)
-    def _ir_has_no_variant(self) -> None:
-        if self.source == "ir" and self.variant != "none":
+    @param.depends("source", "preset", watch=True)
+    def _drop_inapplicable_variant(self) -> None:
+        """Switching to IR text or to a model the variant does not apply to drops the variant (and says so)."""
+        reason = self.variant_unavailable(self.variant)
+        if reason:
             self.variant = "none"
+            self._error(f"Teaching variant dropped: {reason}", "warning")
 
     @param.depends("source", "preset", "checkpoint_dir", "ir_text", "style", "batch", "seq", "variant",
                    "variant_layer", "passes", "disabled", "threshold", "upload_dir", watch=True)
@@ -581,32 +633,38 @@ class AppState(param.Parameterized):
         """The selected layer, focused, in the graph before the pass that first rejected something in it."""
         return drawing.svg(*self._drawing(None, "focus", side="why"))
 
-    def time_all(self) -> None:
-        """Time every version on MLX (a job with progress); fills `timings` and `blas`."""
-        self.runner.submit("time", self._time_job)
+    def time_all(self, fresh: bool = False) -> None:
+        """Time every version on MLX (a job with progress); fills `timings` and `blas`.
 
-    def _time_job(self) -> None:
+        Args:
+            fresh: measure again even when this model, pipeline and setting were timed before.
+        """
+        self.runner.submit("time", lambda: self._time_job(fresh))
+
+    def _time_job(self, fresh: bool = False) -> None:
         if self.trace is None or self.model is None:
             self._error("Nothing to time yet: load a model and run the pipeline first.", kind="warning")
             return
-        self._start("Timing every version on MLX…")
+        self._start(f"Timing every version on MLX in the timing process ({self.repeat} interleaved rounds)…")
         trace, model = self.trace, self.model  # one consistent pair, even if a reload is queued
         try:
-            self.blas = blas_summary()
             user = self.user_inputs if self._inputs_fit(model) else None
             feeds = user.feeds if user is not None else session.feeds(model, self.text)
             sets = session.input_sets(model.graph, feeds, user)  # the user's arrays first, then the battery
-            self._set_progress(2, "Running the float64 oracle…")
-            rows = session.time_versions(trace, feeds, model.weights, warmup=self.warmup, repeat=self.repeat,
-                                         device=self.device, inputs=sets,
-                                         progress=lambda i, n, label: self._set_progress(
-                                             5 + int(95 * i / n), f"Timing {label} ({i + 1}/{n})…"))
-            policy = next((r.policy for r in rows if r.policy is not None), None)
+            key = ("timing", trace.key, session.timing.arrays_digest(feeds, model.weights), user is not None,
+                   self.warmup, self.repeat, self.device)
+            run = None if fresh else TIMING_RUNS.get(key)
+            if run is None:
+                run = TIMING_RUNS.put(key, timeproc.time_in_worker(trace, feeds, model.weights, warmup=self.warmup,
+                                                                   repeat=self.repeat, device=self.device,
+                                                                   inputs=sets))
+            policy = next((r.policy for r in run.rows if r.policy is not None), None)
             self.timing_policy = (policy.describe() + "\n\n" if policy else "") + sets.describe()
-            self.timings = self._timing_rows(rows, self._visible(trace))
-            where = next((r.context for r in rows if r.context is not None), None)
-            if where is not None:  # device, precision policy (f32 / TF32), BLAS and its threads
-                self.blas = str(where)
+            where = next((r.context for r in run.rows if r.context is not None), None)
+            # device, precision policy (f32 / TF32), BLAS and its threads, and where the timing ran
+            self.blas = (f"{where if where is not None else 'MLX'}; {self.repeat} interleaved round(s) per version, "
+                         f"in a worker process (pid {run.pid}), as `rlxviz time --repeat {self.repeat}`")
+            self.timings = self._timing_rows(run.rows, self._visible(trace))
         except Exception as e:  # noqa: BLE001
             self._error(f"Timing failed: {type(e).__name__}: {e}\n{self._timing_hint(e)}")
         finally:
@@ -641,15 +699,16 @@ class AppState(param.Parameterized):
     @staticmethod
     def _timing_rows(rows: list[session.VersionTiming], visible: list[tuple[int, str]]) -> list[dict[str, Any]]:
         """The timing table's rows for the shown versions (an unchanged version repeats the numbers of the
-        version it equals), with the session's speed-up over the input (from interleaved medians)."""
+        version it equals): median, min and IQR over the interleaved rounds, speed-up over the input."""
         out = []
         for i, label in visible:
             r = rows[i]
             t = rows[r.same_as] if r.same_as is not None else r
             out.append({"version": label, "ops": r.nodes, "median_ms": round(t.median_ms, 3),
-                        "min_ms": round(t.min_ms, 3), "first_call_ms": round(t.first_call_ms, 1),
-                        "max_err": float(t.max_abs), "verdict": r.verdict,
-                        "speedup": round(t.speedup, 2) if t.speedup is not None else float("nan")})
+                        "min_ms": round(t.min_ms, 3), "iqr_ms": round(t.iqr_ms or 0.0, 3),
+                        "first_call_ms": round(t.first_call_ms, 1), "max_err": float(t.max_abs),
+                        "speedup": round(t.speedup, 2) if t.speedup is not None else float("nan"),
+                        "verdict": r.verdict})
         return out
 
     @staticmethod
@@ -674,7 +733,7 @@ class AppState(param.Parameterized):
         self.param.update(busy=False, progress=-1, progress_text="")
 
     def _error(self, text: str, kind: str = "danger") -> None:
-        self.param.update(message=text, message_kind=kind)
+        self.param.update(message=scrub_paths(text, self.upload_dir, tempfile.gettempdir()), message_kind=kind)
 
     def _explain_error(self, e: Exception) -> str:
         """An exception as a message with what to do, matched by its type."""

@@ -181,12 +181,14 @@ def not_output(role: str, name: str | None = None, hint: str = "", fix: str = ""
                  hint or f"do not return {role} from the model (or accept the unfused form)", (role,), ILLEGAL, fix)
 
 
-def user_count(role: str, n: int, purpose: str, name: str | None = None, hint: str = "", fix: str = "") -> Guard:
-    """`role` has exactly `n` user nodes; `purpose` names them ("FFN.1 and the ln2 residual")."""
+def user_count(role: str, n: int, purpose: str, name: str | None = None, hint: str = "", fix: str = "",
+               highlight: Callable[[Ctx], Highlight] | None = None) -> Guard:
+    """`role` has exactly `n` user nodes; `purpose` names them ("FFN.1 and the ln2 residual"). `highlight`
+    picks the offending users (default: every user)."""
     return Guard(name or f"{role}_user_count", lambda c: len(c.users(role)) == n,
                  lambda c: f"{c.d(role)} has {len(c.users(role))} users ({_users_text(c, role)}); "
                            f"needs exactly {n}: {purpose}",
-                 lambda c: _edges_to_users(c, role),
+                 highlight or (lambda c: _edges_to_users(c, role)),
                  hint or f"make {role} feed only {purpose}", (role,), ILLEGAL, fix)
 
 

@@ -48,6 +48,10 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
     if view == "layers":
         return layers_to_dot(graph, overlay, title, max_nodes)
     include = focus_ids(graph, focus, radius) if focus is not None else None
+    if include is not None and overlay is not None:
+        # a rejection in the focused layer is drawn whole: its offending nodes may lie outside the layer's scope
+        include |= {i for r in overlay.rejections if r.layer == focus for i in (r.anchor, *r.offending)
+                    if i in graph}
     opts = DotOptions(show_params=show_params, edge_labels=edge_labels, max_nodes=max_nodes)
     if include is not None and title is None:
         title = f"{graph.name}: focus on layer {focus}" + (f" ±{radius}" if radius else "")

@@ -86,6 +86,21 @@ def _ln_params(c: Ctx) -> None:
         c.bindings[f"{r}_g"], c.bindings[f"{r}_b"] = g, b
 
 
+def _extra_h1_users(c: Ctx) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+    """The users of h1 that are not one of its two expected readers (FFN.1, a linear with h1 as its input, and
+    the second residual, a residual LayerNorm or add with h1 as an operand) and their edges; all users when
+    that leaves none (two readers of the same kind, say)."""
+    i = c.id("ln1")
+    users = c.users("ln1")
+    legit: list[int] = []
+    for kind in ((FMBA, Op.MATMUL), (Op.FUSED_RESIDUAL_LN, Op.ADD)):
+        u = next((u for u in users if u.op in kind and u.id not in legit and i in u.inputs[:2]), None)
+        if u is not None:
+            legit.append(u.id)
+    extra = [u.id for u in users if u.id not in legit] or [u.id for u in users]
+    return tuple(extra), tuple((i, u) for u in extra)
+
+
 def _intermediate(c: Ctx) -> int:
     return c["fc1_w"].shape[-1]
 
@@ -117,7 +132,8 @@ LAYER = Rule(
                      "none: FusedTransformerLayer's first residual is its own input", commutative=True),
         not_output("ln1", "h1_not_output", "do not return h1 (the post-attention LayerNorm) from the model"),
         user_count("ln1", 2, "FFN.1 and the ln2 residual", "h1_user_count",
-                   "make h1 feed only FFN.1 and the second residual (remove the extra reader)"),
+                   "make h1 feed only FFN.1 and the second residual (remove the extra reader)",
+                   highlight=_extra_h1_users),
         User("fc1_is_fused_linear", "fc1", "ln1", P(FMBA, P.var("ln1"), P.var("fc1_w"), P.var("fc1_b"), name="fc1"),
              "FFN.1 as FusedMatMulBiasAct(h1, ...)", "run fuse_matmul_bias_act first"),
         guard("fc1_activation", lambda c: c["fc1"].attrs.get("activation") in EPILOGUE_ACTIVATIONS, _explain_act,

@@ -1,0 +1,95 @@
+"""The sidebar views without a browser: what each control does to the state (Panel widgets, no server)."""
+
+from rlxviz.app.controls import ModelControls, PipelineControls, VariantControls
+from rlxviz.app.jobs import Runner
+from rlxviz.app.state import AppState, scrub_paths
+from rlxviz.ir import format_graph, parse_ir
+
+
+def tiny(**kw) -> AppState:
+    kw.setdefault("preset", "bert-tiny")
+    kw.setdefault("seq", 8)
+    return AppState(runner=Runner(background=False), **kw)
+
+
+def test_up_down_move_the_selected_pass_and_apply_runs_once():
+    s = tiny()
+    runs = []
+    s.param.watch(lambda e: runs.append(e.new), "trace")
+    pc = PipelineControls(state=s)
+    name = s.passes[2]
+    pc.pick.value = 2
+    pc.moves[0].clicks += 1  # up
+    pc.moves[0].clicks += 1  # up again: still the same pass
+    assert pc.order[0] == name and pc.pick.value == 0
+    pc.moves[1].clicks += 1  # down
+    assert pc.order[1] == name and pc.pick.value == 1
+    assert not runs and pc.dirty and "Apply" in pc.pending.object and s.passes[2] == name
+    pc.rerun.clicks += 1
+    assert len(runs) == 1 and s.passes[1] == name and not pc.dirty and pc.pending.object == ""
+
+
+def test_unticking_keeps_the_pass_off_where_it_moves():
+    s = tiny()
+    pc = PipelineControls(state=s)
+    pc.enabled.value = [i for i in pc.enabled.value if i != 3]
+    pc.pick.value = 3
+    pc.moves[0].clicks += 1
+    assert pc.off == [2] and pc.enabled.value == [i for i in range(len(pc.order)) if i != 2]
+    pc.rerun.clicks += 1
+    assert s.disabled == [2] and s.enabled_passes == [p for i, p in enumerate(pc.order) if i != 2]
+
+
+def test_variants_disabled_for_llama_with_the_reason():
+    s = tiny()
+    vc = VariantControls(state=s)
+    s.apply_variant("extra_h1_user")
+    s.preset = "llama-block"
+    assert s.variant == "none" and s.model.name == "llama-block" and s.message_kind == "warning"
+    assert "not a BERT encoder" in s.message
+    off = {n for n, b in vc.buttons.items() if b.disabled}
+    assert off == {"output_intermediate", "extra_h1_user", "tanh_gelu", "pre_ln", "swapped_residual"}
+    assert "not a BERT encoder" in vc.why_off.object and "not a BERT" in vc.buttons["pre_ln"].description
+    s.apply_variant("pre_ln")  # a click that gets through says why instead of raising
+    assert s.variant == "none" and "ValueError" not in s.message
+    s.apply_variant("over_threshold")  # shape-only: applies to any model
+    assert s.variant == "over_threshold" and s.message_kind != "danger"
+
+
+def test_choosing_ir_text_shows_no_error_until_loaded_and_marks_the_line():
+    s = tiny()
+    mc = ModelControls(state=s)
+    mc.source.value = "ir"
+    assert s.source == "preset" and s.message_kind != "danger" and mc.shown == "ir"
+    mc.ir_copy.clicks += 1  # "Edit the shown version"
+    shown = s.ir_current()
+    assert mc.ir.value == shown and len(shown) > 2000
+    assert format_graph(parse_ir(mc.ir.value)) == shown  # round-trips
+    lines = shown.splitlines()
+    lines[5] = lines[5].replace("=", "= =", 1)
+    mc.ir.value = "\n".join(lines)
+    mc.ir_btn.clicks += 1
+    assert s.source == "ir" and s.message_kind == "danger" and s.ir_error[0] == 6
+    assert mc.ir.annotations == [{"row": 5, "column": s.ir_error[1] - 1, "text": s.ir_error[2], "type": "error"}]
+    assert mc.batch.disabled and mc.seq.disabled and mc.text.disabled and "IR text" in mc.shape_note.object
+    mc.ir.value = shown
+    mc.ir_btn.clicks += 1
+    assert s.message_kind != "danger" and s.ir_error is None and mc.ir.annotations == []
+
+
+def test_a_long_ir_text_is_not_cut():
+    """The old text box stopped at 5,000 characters; the editor takes a whole 6-layer graph."""
+    big = tiny(preset="minilm-shaped")
+    s = tiny()
+    mc = ModelControls(state=s)
+    mc.ir.value = format_graph(big.model.graph)
+    assert len(mc.ir.value) > 15_000
+    mc.ir_btn.clicks += 1
+    assert s.message_kind != "danger", s.message
+    assert format_graph(s.model.graph) == format_graph(big.model.graph)
+
+
+def test_messages_do_not_show_server_folders():
+    text = "cannot read /tmp/rlxviz-upload-x1/model.safetensors (see /tmp/rlxviz-other/log)"
+    out = scrub_paths(text, "/tmp/rlxviz-upload-x1", "/tmp")
+    assert out == "cannot read upload/model.safetensors (see <temp>/rlxviz-other/log)"
