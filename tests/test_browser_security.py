@@ -120,6 +120,13 @@ def _assert_clean(pg, seen):
     assert pg.evaluate("document.querySelectorAll('[onerror], [onload]').length") == 0
 
 
+def _paste_ir(pg, text):
+    """Replace the IR editor's text (Panel's CodeEditor, Ace) as a paste would."""
+    pg.locator(".rv-ir-text .ace_content").click()
+    pg.keyboard.press("Control+a")
+    pg.keyboard.insert_text(text)
+
+
 def test_hostile_model_text_is_shown_as_text_everywhere(browser, server):
     port, _ = server
     origin = f"http://127.0.0.1:{port}"
@@ -128,7 +135,7 @@ def test_hostile_model_text_is_shown_as_text_everywhere(browser, server):
         pg.goto(origin + "/app", timeout=120_000)
         pg.locator(".rv-after g.node").first.wait_for(timeout=60_000)
         pg.get_by_role("button", name="IR text").click()
-        pg.locator(".rv-ir-text textarea").fill((DATA / "xss_paths.ir").read_text())
+        _paste_ir(pg, (DATA / "xss_paths.ir").read_text())
         pg.locator(".rv-load-ir button").click()
         expect(pg.locator(".rv-version select")).to_contain_text("0: input (3 ops)", timeout=30_000)
         # node inspector: click every node; together they show every hostile path and name, literally
@@ -152,7 +159,7 @@ def test_hostile_model_text_is_shown_as_text_everywhere(browser, server):
         bad = (DATA / "xss_paths.ir").read_text().replace("exp(%2) : f32[2, 4]", "exp(%2) : f32[3, 4]")
         pg.locator(".bk-tab", has_text="Graph").click()
         pg.get_by_role("button", name="IR text").click()
-        pg.locator(".rv-ir-text textarea").fill(bad)
+        _paste_ir(pg, bad)
         pg.locator(".rv-load-ir button").click()
         expect(pg.locator(".rv-message")).to_contain_text("@![t](http://example.org/leak.png)", timeout=30_000)
         pg.wait_for_timeout(500)
