@@ -82,4 +82,21 @@ def show(graph: Graph, overlay: Overlay | None = None, max_height: int = 560, ca
 
 __all__ = ["OVER_THRESHOLD", "RLX_THRESHOLD", "TEACHING_CASES", "FusionCheck", "LayerStatus", "Limits", "TeachError",
            "Traffic", "VersionTiming", "build_pipeline", "check_fusion", "format_timings", "layer_status", "load",
-           "model_layers", "pair_html", "show", "show_step", "svg_html", "time_versions", "traffic_saved"]
+           "model_layers", "pair_html", "show", "show_step", "svg_html", "time_versions", "traffic_saved",
+           "feedback"]
+
+
+def feedback(check: Any, answer: Any) -> bool:
+    """Run an exercise's `check(answer)` and print what is wrong, or that it is right.
+
+    `check` raises `AssertionError` whose message tells the student what is wrong; it may return a
+    short message for a right answer. Prints `not yet: <message>` or `correct: <message>`; returns
+    whether the answer passed.
+    """
+    try:
+        msg = check(answer)
+    except AssertionError as e:
+        print(f"not yet: {e}")
+        return False
+    print(f"correct: {msg or 'well done'}")
+    return True

@@ -300,3 +300,15 @@ def test_rejection_marks_the_node_its_guard_is_about():
     h1_line = next(line for line in dot.splitlines() if line.strip().startswith(f"n{r.subject} "))
     anchor_line = next(line for line in dot.splitlines() if line.strip().startswith(f"n{r.anchor} "))
     assert "✗ h1_user_count" in h1_line and "✗ h1_user_count" not in anchor_line
+
+
+def test_layer_view_fused_layer_with_merged_weights(tiny):
+    """The canonical pipeline leaves each layer one FusedTransformerLayer plus the concat of its Q/K/V weights
+    (weight preparation): the layers view says `fused`, as the pipeline's fused-layer count does."""
+    from rlxviz.passes import Pipeline
+
+    final = Pipeline.canonical().run(tiny).final
+    groups = layer_groups(final)
+    assert final.op_counts().get("FusedTransformerLayer") == 2
+    assert any(n.op == Op.CONCAT for n in groups["layer0"].nodes)  # the merged weights are in the box
+    assert groups["layer0"].status == groups["layer1"].status == "fused"

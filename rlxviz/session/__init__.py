@@ -23,14 +23,24 @@ from .loading import default_preset, load, load_ir_file, load_ir_text, model_lay
 from .pipeline import build_pipeline, format_passes, pass_catalog, run_pipeline, version_index
 from .render import View
 from .status import FusionCheck, LayerStatus, check_fusion, check_layer, layer_status
-from .timing import VersionTiming, all_finite, format_timings, input_sets, nonfinite_arrays, time_versions
+from .timing import (
+    VersionTiming,
+    all_finite,
+    compare_to_input,
+    format_timings,
+    input_sets,
+    nonfinite_arrays,
+    time_versions,
+)
 from .tolerance import precision_policy, tolerance
-from .traffic import Traffic, traffic_saved
+from .traffic import ExecutedTraffic, Traffic, executed_traffic_saved, shared_input_saved, traffic_saved
 from .variants import OVER_THRESHOLD, RLX_THRESHOLD, effective_seq, effective_threshold, teaching_cases, variant_named
 
 __all__ = ["DEFAULT_MAX_MEMORY_MB", "DEPRECATED_MEMORY_ENV", "MAX_MEMORY_ENV", "OVER_THRESHOLD", "RLX_THRESHOLD",
            "Architecture", "FusionCheck", "LayerStatus", "LimitError", "Limits", "PipelineError", "SessionError",
-           "Traffic", "VersionTiming", "View", "all_finite", "build_pipeline", "check_fusion", "check_layer",
+           "ExecutedTraffic", "Traffic", "VersionTiming", "compare_to_input",
+           "executed_traffic_saved", "shared_input_saved", "View", "all_finite", "build_pipeline", "check_fusion",
+           "check_layer",
            "check_inputs", "classify", "default_preset", "effective_seq", "effective_threshold", "feeds",
            "format_passes", "format_timings", "human_bytes", "input_sets", "layer_status", "load", "load_inputs",
            "load_ir_file", "load_ir_text", "model_layers", "nonfinite_arrays", "pass_catalog", "precision_policy",

@@ -69,6 +69,14 @@ class VersionTiming:
     note: str = ""
     broke_on: str | None = None
     policy: Any = None
+    samples_ms: tuple[float, ...] = ()
+
+    def quartiles(self) -> tuple[float, float]:
+        """(p25, p75) of the timed rounds (ms); `(median, median)` when no samples were kept."""
+        if not self.samples_ms:
+            return (self.median_ms or 0.0, self.median_ms or 0.0)
+        q1, q3 = np.percentile(np.asarray(self.samples_ms), [25, 75])
+        return float(q1), float(q3)
 
     @property
     def verdict(self) -> str:
@@ -167,7 +175,7 @@ def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mappin
         rows.append(VersionTiming(i, label, compute, t.median_ms, t.min_ms, t.first_call_ms, v.err_oracle, v.ok,
                                   finite=finite, iqr_ms=t.iqr_ms, speedup=run.speedup(j), context=t.context,
                                   err_unfused=v.err_unfused, status=v.status, note=v.note, broke_on=v.broke_on,
-                                  policy=policy))
+                                  policy=policy, samples_ms=tuple(t.samples_ms)))
         last = i
     return rows
 
@@ -202,5 +210,25 @@ def format_timings(rows: Sequence[VersionTiming]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["TIMINGS", "Progress", "VersionTiming", "all_finite", "arrays_digest", "format_timings", "input_sets",
+def compare_to_input(row: VersionTiming, base: VersionTiming) -> str:
+    """Read one timed version against the input version, in words (for a table read aloud).
+
+    `within noise` when either median lies inside the other's interquartile range (p25..p75 of the
+    interleaved rounds); otherwise `N.NNx faster` / `N.NNx slower` (ratio of the medians).
+
+    Raises:
+        ValueError: either row was not timed (`same_as` set).
+    """
+    if row.median_ms is None or base.median_ms is None:
+        raise ValueError(f"version {row.index if row.median_ms is None else base.index} was not timed")
+    lo, hi = base.quartiles()
+    rlo, rhi = row.quartiles()
+    if lo <= row.median_ms <= hi or rlo <= base.median_ms <= rhi:
+        return "within noise"
+    ratio = base.median_ms / row.median_ms
+    return f"{ratio:.2f}x faster" if ratio > 1 else f"{1 / ratio:.2f}x slower"
+
+
+__all__ = ["TIMINGS", "Progress", "VersionTiming", "all_finite", "arrays_digest", "compare_to_input", "format_timings",
+           "input_sets",
            "nonfinite_arrays", "time_versions"]

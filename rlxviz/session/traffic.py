@@ -58,4 +58,94 @@ def traffic_saved(step: PassStep) -> Traffic:
     return Traffic(tuple(items), sum(b for _, _, b, _ in items), sum(b * u for _, _, b, u in items))
 
 
-__all__ = ["Traffic", "traffic_saved"]
+__all__ = ["ExecutedTraffic", "Traffic", "executed_traffic_saved", "shared_input_saved", "traffic_saved"]
+
+
+@dataclass(frozen=True)
+class ExecutedTraffic:
+    """The part of a pass's `Traffic` that the MLX program on one device really saves.
+
+    A fused op runs on MLX as its decomposition (`ir.fused.expand`), op by op, except where the
+    lowering merges steps into one kernel (`runtime.lowering`): `Emitter.linear` runs `x @ w + b` as one
+    `mx.addmm` (the matmul's output never reaches memory), and an op in `OVERRIDES` whose override applies
+    under the device's options (FusedTransformerLayer on the GPU, compiled ElementwiseRegions) is traced
+    into one `mx.compile`d function, which fuses chains of elementwise ops (a matmul's output is still
+    written). Every other intermediate is still written and read, fusion or not.
+
+    Attributes:
+        device: `cpu` or `gpu` (whose lowering options were read).
+        ideal: `traffic_saved(step)`: what one ideal kernel per fused op would save (bytes).
+        saved / still_moved: per intermediate of `ideal.intermediates`, `(node id, op, bytes, users, why)`.
+    """
+
+    device: str
+    ideal: Traffic
+    saved: tuple[tuple[int, str, int, int, str], ...]
+    still_moved: tuple[tuple[int, str, int, int, str], ...]
+
+    @property
+    def total(self) -> int:
+        """Bytes written plus bytes read that the executed program no longer moves."""
+        return sum(b * (1 + u) for _, _, b, u, _ in self.saved)
+
+    @property
+    def still_total(self) -> int:
+        """Bytes of the ideal saving that the executed program still writes and reads."""
+        return sum(b * (1 + u) for _, _, b, u, _ in self.still_moved)
+
+
+def executed_traffic_saved(step: PassStep, device: str = "cpu") -> ExecutedTraffic:
+    """Split `traffic_saved(step)` into what MLX on `device` saves and what it still moves.
+
+    An intermediate counts as saved when the lowering computes it inside one kernel with its reader:
+    a `matmul` whose only user is the bias `add` of a linear (one `mx.addmm`), or, inside a fused op
+    whose compiled override applies on `device`, an elementwise op read only by elementwise ops.
+
+    Raises:
+        ValueError: unknown device.
+    """
+    from ..ir import Op
+    from ..ir.ops import ELEMENTWISE
+    from ..runtime.lowering import OVERRIDES, options_for
+
+    options = options_for(device)
+    ideal = traffic_saved(step)
+    before, after = step.before, step.after
+    compiled_nodes: set[int] = set()
+    for m in step.matches:
+        if m.fused is None or m.fused not in after:
+            continue
+        over = OVERRIDES.get(after[m.fused].op)
+        if over is not None and over.applies(options):
+            compiled_nodes.update(after[m.fused].absorbed)
+    saved, still = [], []
+    for i, op, nbytes, users in ideal.intermediates:
+        readers = before.users(i)
+        row = (i, op, nbytes, users)
+        if before[i].op == Op.MATMUL and len(readers) == 1 and readers[0].op == Op.ADD:
+            saved.append((*row, "matmul + bias add run as one mx.addmm"))
+        elif i in compiled_nodes and before[i].op in ELEMENTWISE and all(u.op in ELEMENTWISE for u in readers):
+            saved.append((*row, "elementwise chain inside one mx.compile'd function"))
+        else:
+            names = "/".join(sorted({u.op.value for u in readers}))
+            still.append((*row, f"{op} and its reader ({names}) run as separate MLX kernels"))
+    return ExecutedTraffic(device, ideal, tuple(saved), tuple(still))
+
+
+def shared_input_saved(step: PassStep) -> tuple[int, int]:
+    """What a horizontal fusion (`fuse_shared_input_matmul`) saves: `(bytes, launches)`.
+
+    n matmuls reading one `x` become one matmul over concatenated weights: `x` is read once instead
+    of n times (n - 1 reads of `x.nbytes` saved) and n - 1 kernel launches are saved. No intermediate
+    disappears (the outputs are the same bytes, written as slices of one tensor).
+    """
+    before = step.before
+    nbytes = launches = 0
+    for m in step.matches:
+        group = [k for k in m.bindings if k.startswith("mm")]
+        x = m.bindings.get("x")
+        if x is None or len(group) < 2:
+            continue
+        nbytes += (len(group) - 1) * before[x].nbytes
+        launches += len(group) - 1
+    return nbytes, launches

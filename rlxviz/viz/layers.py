@@ -58,6 +58,18 @@ def _group_key(n: Node) -> tuple[str, str, int | None]:
     return f"g_{head}", head, None
 
 
+def weight_only(graph: Graph) -> set[int]:
+    """Ids of compute nodes that read only params and constants, directly or through other such nodes
+    (e.g. the concat of Q/K/V weights after `fuse_shared_input_matmul`): weight preparation, not activations."""
+    static: set[int] = set()
+    for n in graph:
+        if n.op in (Op.INPUT, Op.PARAM, Op.CONST):
+            continue
+        if all(graph[i].op in (Op.PARAM, Op.CONST) or i in static for i in n.inputs):
+            static.add(n.id)
+    return static
+
+
 def layer_groups(graph: Graph, overlay: Overlay | None = None) -> dict[str, LayerGroup]:
     """Compute nodes grouped by layer (in graph order), each with its fusion status.
 
@@ -83,14 +95,15 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None) -> dict[str, Laye
                 groups[of[u.id]].weights += size
                 break
     by_layer = {g.layer: g for g in groups.values() if g.layer is not None}
+    static = weight_only(graph)
     for r in (overlay.rejections if overlay else ()):
         if r.layer in by_layer:
             by_layer[r.layer].rejections.append(r)
     for g in groups.values():
         if g.layer is None:
             g.status = "partly fused" if g.fused else ""
-        elif len(g.nodes) == 1 and g.fused:
-            g.status = "fused"
+        elif g.fused and len([n for n in g.nodes if n.id not in static]) == 1:
+            g.status = "fused"  # one fused op; weight preparation (e.g. merged Q/K/V weights) does not count
         elif g.rejections:
             g.status = "rejected"
         else:
