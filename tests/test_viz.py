@@ -302,13 +302,13 @@ def test_rejection_marks_the_node_its_guard_is_about():
     assert "✗ h1_user_count" in h1_line and "✗ h1_user_count" not in anchor_line
 
 
-def test_layer_view_fused_layer_with_merged_weights(tiny):
+def test_layer_view_fused_layer_with_merged_weights():
     """The canonical pipeline leaves each layer one FusedTransformerLayer plus the concat of its Q/K/V weights
     (weight preparation): the layers view says `fused`, as the pipeline's fused-layer count does."""
     from rlxviz.passes import Pipeline
 
-    final = Pipeline.canonical().run(tiny).final
+    final = Pipeline.canonical().run(load_model("minilm", 1, 8).graph).final
     groups = layer_groups(final)
-    assert final.op_counts().get("FusedTransformerLayer") == 2
+    assert final.op_counts().get("FusedTransformerLayer") == 6
     assert any(n.op == Op.CONCAT for n in groups["layer0"].nodes)  # the merged weights are in the box
-    assert groups["layer0"].status == groups["layer1"].status == "fused"
+    assert all(groups[f"layer{i}"].status == "fused" for i in range(6))
