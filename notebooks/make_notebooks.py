@@ -188,7 +188,8 @@ for r, err in zip(rows, same_backend):
 ### Reading the table aloud
 
 The next cell writes the sentences from the numbers above (`session.compare_to_input`: a version is
-*within noise* when its median lies inside the input's IQR or the input's median inside its own).
+*within noise* when its IQR and the input's overlap — the middle halves of the two sets of rounds share
+values — otherwise faster or slower by the ratio of the medians).
 """),
     code('''
 from IPython.display import Markdown
@@ -197,9 +198,9 @@ base = rows[0]
 lines = [f"Measured on **{base.context.device}** ({base.context}), {len(base.samples_ms)} interleaved rounds."]
 for r in rows[1:]:
     verdict = session.compare_to_input(r, base)
-    q1, q3 = base.quartiles()
-    lines.append(f"- **{r.label}**: median {r.median_ms:.2f} ms vs input {base.median_ms:.2f} ms "
-                 f"(input IQR {q1:.2f}..{q3:.2f} ms): **{verdict}**"
+    (q1, q3), (r1, r3) = base.quartiles(), r.quartiles()
+    lines.append(f"- **{r.label}**: median {r.median_ms:.2f} ms (IQR {r1:.2f}..{r3:.2f}) vs input "
+                 f"{base.median_ms:.2f} ms (IQR {q1:.2f}..{q3:.2f}): **{verdict}**"
                  + (" on MLX CPU" if verdict == "within noise" and base.context.device == "cpu" else "") + ".")
     print(f"verdict {r.label}: {verdict}")
 lines.append("On the CPU every tensor here fits in cache and MLX runs the fused ops as separate kernels "
@@ -305,8 +306,11 @@ safetensors checkpoint as Hugging Face primitives, run through the whole canonic
 
 1. step through every graph version with a slider,
 2. read the six `FusedTransformerLayer` matches and the role each node plays,
-3. time every version on MLX against the NumPy reference,
-4. learn why pass **order** matters by running the layer pass first and reading its rejections.
+3. see what each fused op **runs as** on MLX, and the traffic each pass saves in the executed program
+   (horizontal fusion included),
+4. time every version on MLX in interleaved rounds and read the table honestly,
+5. learn why pass **order** matters by running the layer pass first and reading its rejections,
+6. check yourself in an exercise with feedback.
 """),
     code(SETUP, "setup"),
     code('''
@@ -371,18 +375,76 @@ for m in step.matches:
 print("FusedTransformerLayer matches:", len(step.matches))''', "ftl-matches"),
     code('''teach.show_step(step, focus=3)'''),
     md("""
-## 4. Timing every version
+### What `FusedTransformerLayer` is
 
-Each distinct version runs on MLX (versions a pass did not change are not re-timed). The error column
-is the largest absolute difference from the NumPy reference of the unfused graph.
+`FusedTransformerLayer` is a **graph-level macro op**: one node standing for a whole encoder layer
+(attention block, two residual norms, the FFN), so later passes, the drawings and the timing table see
+one layer as one thing. It is not one kernel. How it runs is the lowering's choice per device
+(`rlxviz/runtime/lowering.py`, `DEVICE_LOWERING`): on the **GPU** its decomposition is traced into
+**one `mx.compile`d function** per layer; on the **CPU** it runs its decomposition op by op (a compiled
+CPU graph ran its elementwise work on one thread and was slower). The next cell reads this from the
+lowering for every fused op in the final graph.
 """),
     code('''
-rows = teach.time_versions(trace, feeds, model.weights, warmup=1, repeat=3)
+from rlxviz import session
+
+fused_ops = sorted(op for op in final_counts if op.startswith("Fused") or op == "ElementwiseRegion")
+for op in fused_ops:
+    cpu, gpu = session.runs_as(op, "cpu"), session.runs_as(op, "gpu")
+    print(f"{op:<24} x{final_counts[op]:<3} cpu: {cpu:<28} gpu: {gpu}")''', "runs-as"),
+    md("""
+## 4. Traffic each pass saves — ideal kernel vs executed program
+
+Per pass: bytes of intermediates an ideal one-kernel fused op would not write and read, and the part the
+MLX program on each device really saves (`session.executed_traffic_saved`). Horizontal fusion
+(`fuse_shared_input_matmul`: Q, K and V read the same hidden state) removes **no** intermediate; it is
+credited with what it saves — reads of the shared input and kernel launches (`session.shared_input_saved`).
+"""),
+    code('''
+print(f"{'pass':<26} {'ideal B':>9} {'cpu B':>9} {'gpu B':>9}  horizontal (input reads B, launches)")
+for s in trace.steps:
+    if not s.matches:
+        continue
+    cpu, gpu = (session.executed_traffic_saved(s, d) for d in ("cpu", "gpu"))
+    reads, launches = session.shared_input_saved(s)
+    extra = f"  {reads} B, {launches} launches" if launches else ""
+    print(f"{s.pass_name:<26} {cpu.ideal.total:>9} {cpu.total:>9} {gpu.total:>9}{extra}")
+ftl = session.executed_traffic_saved(trace.step("fuse_transformer_layer"), "cpu")
+print("fuse_transformer_layer on cpu: executed saving", ftl.total, "B of", ftl.ideal.total, "B ideal")''', "traffic"),
+    md("""
+## 5. Timing every version
+
+Each distinct version runs on MLX, all versions **interleaved** round by round on one device (a busy
+machine slows them alike); versions a pass did not change are not re-timed. `max abs err` compares MLX with
+the NumPy reference of the unfused graph; `error vs input on MLX` compares each version with the unfused
+graph on the **same** MLX device — what the rewrites changed.
+"""),
+    code('''
+rows = teach.time_versions(trace, feeds, model.weights, warmup=1, repeat=7, device="cpu")
+print("timed on:", rows[0].context)
 print(teach.format_timings(rows))
 print("versions timed:", sum(r.same_as is None for r in rows), "| all match the reference:",
-      all(r.ok for r in rows if r.same_as is None))''', "timing"),
+      all(r.ok for r in rows if r.same_as is None))
+same_backend = session.error_vs_input(trace, feeds, model.weights, device="cpu")
+print("largest error vs input on MLX:", f"{max(e for e in same_backend if e is not None):.2e}")''', "timing"),
+    code('''
+from IPython.display import Markdown
+
+base, last = rows[0], [r for r in rows if r.same_as is None][-1]
+verdicts = {r.label: session.compare_to_input(r, base) for r in rows[1:] if r.same_as is None}
+for label, v in verdicts.items():
+    print(f"verdict {label}: {v}")
+noise = [k for k, v in verdicts.items() if v == "within noise"]
+display(Markdown(
+    f"Measured on **{base.context.device}**, {len(base.samples_ms)} interleaved rounds. "
+    f"The final version ({last.nodes} ops) vs the input ({base.nodes} ops): median {last.median_ms:.2f} vs "
+    f"{base.median_ms:.2f} ms, **{verdicts[last.label]}**. {len(noise)} of {len(verdicts)} versions are within "
+    "noise of the input. On the CPU `FusedTransformerLayer` runs op by op (see above), so the layer pass "
+    "changes the drawing, not the kernels; its executed saving on the CPU is "
+    f"{ftl.total} B. The recorded H200 figures in notebook 01 show where it pays: compiled per layer "
+    "on the GPU."))''', "read-aloud"),
     md("""
-## 5. Order matters
+## 6. Order matters
 
 `fuse_transformer_layer` does not look for primitives: it matches the **outputs of other passes**
 (`FusedAttentionBlock`, `FusedResidualLN`, `FusedMatMulBiasAct`), anchored on attention ops.
@@ -416,6 +478,34 @@ The fix is in the pipeline, not the model: run the layer pass **after** its prer
 canonical order), or run it again at the end. `rlxviz explain minilm --pipeline <passes>` prints
 the same report from a shell and exits 1, so CI can fail when a model stops fusing.
 """),
+    md("""
+## Exercise: what does horizontal fusion save?
+
+`fuse_shared_input_matmul` merged, in each of the 6 layers, the Q, K and V projections that read the same
+hidden state `[1, 16, 384]` float32 into one matmul. Give `(bytes, launches)` it saves for the whole
+model: bytes of reads of the shared input no longer made, and kernel launches no longer made. The check
+tells you what is off. Solution: `notebooks/solutions.py` (`ex02`), run by the collapsed cell below.
+"""),
+    code('''
+def check_ex02(answer):
+    nbytes, launches = answer
+    assert nbytes is not None and launches is not None, "fill in both numbers"
+    x = 1 * 16 * 384 * 4
+    assert nbytes != 6 * 3 * x, "three reads became one: count the reads saved, not the reads made before"
+    assert nbytes % x == 0, f"the shared input is {x} B; the saving is a whole number of reads of it"
+    assert nbytes == session.shared_input_saved(trace.step("fuse_shared_input_matmul"))[0], (
+        "how many reads of the hidden state does one merged layer save? then all 6 layers")
+    assert launches == session.shared_input_saved(trace.step("fuse_shared_input_matmul"))[1], (
+        "three matmul launches become one in each layer")
+    return "right: no intermediate disappears, the input is read once"
+
+
+ex02_answer = (None, None)  # YOUR ANSWER: (bytes, launches)
+teach.feedback(check_ex02, ex02_answer)''', "exercise"),
+    code('''
+import solutions
+
+teach.feedback(check_ex02, solutions.ex02())''', "solution", hidden=True),
 ]
 
 # ------------------------------------------------------------------------------------------------- 03

@@ -142,7 +142,7 @@ def test_01_what_is_fusion(executed):
     md_text = "".join(o.data["text/markdown"] for c in nb.cells if "read-aloud" in c.metadata.get("tags", [])
                       for o in c.outputs if "text/markdown" in o.get("data", {}))
     for label, verdict in verdicts:
-        assert f"**{label}**: median {medians[label.replace(' ', '')]} ms" in md_text
+        assert f"**{label}**: median {medians[label.replace(' ', '')]} ms (IQR " in md_text
         assert f"**{verdict}**" in md_text
         if verdict == "within noise":
             assert f"**{verdict}** on MLX CPU" in md_text
@@ -171,14 +171,40 @@ def test_02_fusing_a_bert_layer(executed):
     assert "FusedTransformerLayer matches: 6" in text
     assert all(f"layer {i}: -> %" in text for i in range(6))
     assert text.count("attn=%") == 6 and text.count("FusedAttentionBlock") == 6
+    text, _ = t["runs-as"]  # from the lowering: the macro op is compiled on the GPU only
+    assert re.search(r"FusedTransformerLayer\s+x6\s+cpu: its decomposition, op by op\s+gpu: one mx.compile'd", text)
+    text, _ = t["traffic"]
+    rows = {ln.split()[0]: ln.split()[1:] for ln in text.splitlines()[1:] if re.match(r"fuse_\w+\s+\d", ln)}
+    x = 1 * 16 * 384 * 4  # the hidden state Q, K and V read: 2 reads and 2 launches saved in each of 6 layers
+    assert rows["fuse_shared_input_matmul"][:3] == ["0", "0", "0"]  # no intermediate credited
+    assert f"{6 * 2 * x} B, 12 launches" in text
+    assert rows["fuse_residual_ln"][1:3] == ["0", "0"]  # add + mx.fast.layer_norm on both devices
+    assert rows["fuse_sdpa"][1] == "0" and rows["fuse_sdpa"][2] == rows["fuse_sdpa"][0]  # composed vs mx.fast SDPA
+    assert 0 < int(rows["fuse_matmul_bias_act"][1]) < int(rows["fuse_matmul_bias_act"][0])
+    ftl = rows["fuse_transformer_layer"]
+    assert f"fuse_transformer_layer on cpu: executed saving {ftl[1]} B of {ftl[0]} B ideal" in text
     text, _ = t["timing"]
-    assert "all match the reference: True" in text
+    assert "all match the reference: True" in text and " on cpu" in text
     assert "after fuse_transformer_layer" in text and "(unchanged: same as #" in text
+    assert float(re.search(r"largest error vs input on MLX: (\S+)", text).group(1)) < 1e-4
+    table = {ln.split()[1] + " " + ln.split()[2]: ln.split() for ln in text.splitlines()
+             if re.match(r"\s*\d+\s+(input|after)", ln) and "unchanged" not in ln}
+    text, _ = t["read-aloud"]
+    verdicts = dict(re.findall(r"^verdict (after \S+): (.+)$", text, re.M))
+    assert set(verdicts) == set(table) - {"input (196"} or len(verdicts) == len(table) - 1, (verdicts, table)
+    md_text = "".join(o.data["text/markdown"] for c in nb.cells if "read-aloud" in c.metadata.get("tags", [])
+                      for o in c.outputs if "text/markdown" in o.get("data", {}))
+    last = list(table)[-1]
+    assert f"median {table[last][-7]} vs {table[list(table)[0]][-7]} ms, **{verdicts[last]}**" in md_text
+    n_noise = sum(v == "within noise" for v in verdicts.values())
+    assert f"{n_noise} of {len(verdicts)} versions are within noise" in md_text
+    assert f"executed saving on the CPU is {ftl[1]} B" in md_text
     text, _ = t["order-silent"]
     assert "fuse_transformer_layer first: 0 matches, 0 rejections; fused layers at the end: 0" in text
     text, _ = t["order"]
     assert "0 matches, 6 rejections" in text and text.count(": attn_is_fused_block: ") == 6
     assert "run fuse_attention_block first" in text and "fused layers: 0" in text
+    exercise_feedback(nb, t)
 
 
 def test_03_why_did_my_layer_not_fuse(executed):

@@ -33,13 +33,14 @@ from .timing import (
     time_versions,
 )
 from .tolerance import precision_policy, tolerance
-from .traffic import ExecutedTraffic, Traffic, executed_traffic_saved, shared_input_saved, traffic_saved
+from .traffic import ExecutedTraffic, Traffic, executed_traffic_saved, runs_as, shared_input_saved, traffic_saved
 from .variants import OVER_THRESHOLD, RLX_THRESHOLD, effective_seq, effective_threshold, teaching_cases, variant_named
 
 __all__ = ["DEFAULT_MAX_MEMORY_MB", "DEPRECATED_MEMORY_ENV", "MAX_MEMORY_ENV", "OVER_THRESHOLD", "RLX_THRESHOLD",
            "Architecture", "FusionCheck", "LayerStatus", "LimitError", "Limits", "PipelineError", "SessionError",
            "ExecutedTraffic", "Traffic", "VersionTiming", "compare_to_input",
-           "executed_traffic_saved", "shared_input_saved", "View", "all_finite", "build_pipeline", "check_fusion",
+           "executed_traffic_saved", "runs_as", "shared_input_saved", "View", "all_finite", "build_pipeline",
+           "check_fusion",
            "check_layer",
            "check_inputs", "classify", "default_preset", "effective_seq", "effective_threshold", "feeds",
            "format_passes", "format_timings", "human_bytes", "input_sets", "layer_status", "load", "load_inputs",

@@ -213,8 +213,9 @@ def format_timings(rows: Sequence[VersionTiming]) -> str:
 def compare_to_input(row: VersionTiming, base: VersionTiming) -> str:
     """Read one timed version against the input version, in words (for a table read aloud).
 
-    `within noise` when either median lies inside the other's interquartile range (p25..p75 of the
-    interleaved rounds); otherwise `N.NNx faster` / `N.NNx slower` (ratio of the medians).
+    `within noise` when the two interquartile ranges (p25..p75 of the interleaved rounds) overlap: the
+    middle halves of the two samples share values, so the rounds do not separate the versions; otherwise
+    `N.NNx faster` / `N.NNx slower` (ratio of the medians).
 
     Raises:
         ValueError: either row was not timed (`same_as` set).
@@ -223,7 +224,7 @@ def compare_to_input(row: VersionTiming, base: VersionTiming) -> str:
         raise ValueError(f"version {row.index if row.median_ms is None else base.index} was not timed")
     lo, hi = base.quartiles()
     rlo, rhi = row.quartiles()
-    if lo <= row.median_ms <= hi or rlo <= base.median_ms <= rhi:
+    if rlo <= hi and lo <= rhi:
         return "within noise"
     ratio = base.median_ms / row.median_ms
     return f"{ratio:.2f}x faster" if ratio > 1 else f"{1 / ratio:.2f}x slower"

@@ -39,13 +39,17 @@ def traffic_saved(step: PassStep) -> Traffic:
 
     An intermediate is a compute node the pass absorbed whose every reader was absorbed too and
     which is not a graph output (the match's result is still written by the fused node, so it is
-    not counted). Its tensor was written once (`node.nbytes`) and read once per user.
+    not counted). Its tensor was written once (`node.nbytes`) and read once per user. A horizontal merge
+    (`fuse_shared_input_matmul`: the result has the op of what it absorbed, a matmul/add) writes the
+    same bytes as slices of one tensor, so it removes none (see `shared_input_saved` for what it does save).
     """
     before, after = step.before, step.after
     items = []
     for m in step.matches:
         if m.fused is None or m.fused not in after:
             continue
+        if after[m.fused].op in {before[i].op for i in after[m.fused].absorbed if i in before}:
+            continue  # a horizontal merge (n matmuls -> one matmul): same bytes, as slices (`shared_input_saved`)
         absorbed = set(after[m.fused].absorbed)
         for i in sorted(absorbed):
             if i not in before:
@@ -58,7 +62,7 @@ def traffic_saved(step: PassStep) -> Traffic:
     return Traffic(tuple(items), sum(b for _, _, b, _ in items), sum(b * u for _, _, b, u in items))
 
 
-__all__ = ["ExecutedTraffic", "Traffic", "executed_traffic_saved", "shared_input_saved", "traffic_saved"]
+__all__ = ["ExecutedTraffic", "Traffic", "executed_traffic_saved", "runs_as", "shared_input_saved", "traffic_saved"]
 
 
 @dataclass(frozen=True)
@@ -98,8 +102,10 @@ def executed_traffic_saved(step: PassStep, device: str = "cpu") -> ExecutedTraff
     """Split `traffic_saved(step)` into what MLX on `device` saves and what it still moves.
 
     An intermediate counts as saved when the lowering computes it inside one kernel with its reader:
-    a `matmul` whose only user is the bias `add` of a linear (one `mx.addmm`), or, inside a fused op
-    whose compiled override applies on `device`, an elementwise op read only by elementwise ops.
+    a `matmul` whose only user is the bias `add` (a 1-D operand) of a linear (one `mx.addmm`); inside a
+    packed `attention` op when the device's attention lowering is `sdpa` (one `mx.fast` kernel; `composed`
+    writes the scores and probabilities); or, inside a fused op whose compiled override applies on
+    `device`, an elementwise op read only by elementwise ops.
 
     Raises:
         ValueError: unknown device.
@@ -112,17 +118,26 @@ def executed_traffic_saved(step: PassStep, device: str = "cpu") -> ExecutedTraff
     ideal = traffic_saved(step)
     before, after = step.before, step.after
     compiled_nodes: set[int] = set()
+    sdpa_nodes: set[int] = set()
     for m in step.matches:
         if m.fused is None or m.fused not in after:
             continue
         over = OVERRIDES.get(after[m.fused].op)
         if over is not None and over.applies(options):
             compiled_nodes.update(after[m.fused].absorbed)
+        if after[m.fused].op == Op.ATTENTION:
+            sdpa_nodes.update(after[m.fused].absorbed)
     saved, still = [], []
     for i, op, nbytes, users in ideal.intermediates:
         readers = before.users(i)
         row = (i, op, nbytes, users)
-        if before[i].op == Op.MATMUL and len(readers) == 1 and readers[0].op == Op.ADD:
+        if i in sdpa_nodes:
+            if options.attention == "sdpa":
+                saved.append((*row, "inside mx.fast.scaled_dot_product_attention (one kernel)"))
+            else:
+                still.append((*row, "attention composed on this device: matmul, softmax, matmul"))
+        elif (before[i].op == Op.MATMUL and len(readers) == 1 and readers[0].op == Op.ADD
+              and any(len(before[j].shape) == 1 for j in readers[0].inputs if j != i)):
             saved.append((*row, "matmul + bias add run as one mx.addmm"))
         elif i in compiled_nodes and before[i].op in ELEMENTWISE and all(u.op in ELEMENTWISE for u in readers):
             saved.append((*row, "elementwise chain inside one mx.compile'd function"))
@@ -130,6 +145,25 @@ def executed_traffic_saved(step: PassStep, device: str = "cpu") -> ExecutedTraff
             names = "/".join(sorted({u.op.value for u in readers}))
             still.append((*row, f"{op} and its reader ({names}) run as separate MLX kernels"))
     return ExecutedTraffic(device, ideal, tuple(saved), tuple(still))
+
+
+def runs_as(op: str, device: str = "cpu") -> str:
+    """How the MLX lowering on `device` runs a fused op (by its IR name, e.g. `FusedTransformerLayer`), in words.
+
+    Read from `runtime.lowering.OVERRIDES` under the device's options: `one mx.compile'd function` when
+    an override applies there, else `its decomposition, op by op` (the fused op is a graph-level name; the
+    kernels are those of `ir.fused.expand`, with `x @ w + b` as one `mx.addmm`).
+
+    Raises:
+        ValueError: unknown op name or device.
+    """
+    from ..ir import Op
+    from ..runtime.lowering import OVERRIDES, options_for
+
+    over = OVERRIDES.get(Op(op))
+    if over is not None and over.applies(options_for(device)):
+        return "one mx.compile'd function"
+    return "its decomposition, op by op"
 
 
 def shared_input_saved(step: PassStep) -> tuple[int, int]:
