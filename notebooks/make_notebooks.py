@@ -164,10 +164,10 @@ Both passes in one pipeline, then every version timed **together in interleaved 
 runs version 0, 1, 2 in turn, so a busy machine slows them alike): median, min and IQR (p25..p75) of
 the rounds; `x input` is the ratio of medians. Two error columns:
 
-* `max abs err` (the table): MLX against the NumPy reference of the unfused graph — it mixes in the
-  difference between the two backends, so it is **not** what fusion changed;
-* `error vs input on MLX` (below): each fused version against the **unfused graph on the same MLX
-  device** — what the rewrite changed.
+* `vs oracle`: MLX against the float64 NumPy oracle of the unfused graph — it mixes in the difference
+  between the two backends and precisions, so it is **not** what fusion changed;
+* `vs unfused` (repeated below as `error vs input on MLX`): each version against the **unfused graph on
+  the same MLX device, in the same dtype** — what the rewrite changed.
 """),
     code('''
 import numpy as np
@@ -181,9 +181,8 @@ rows = teach.time_versions(both, feeds, weights, warmup=2, repeat=15, device="cp
 print("timed on:", rows[0].context)
 print(teach.format_timings(rows))
 print("all versions match the reference:", all(r.ok for r in rows))
-same_backend = session.error_vs_input(both, feeds, weights, device="cpu")
-for r, err in zip(rows, same_backend):
-    print(f"  #{r.index} {r.label:<28} error vs input on MLX: {err:.2e}")''', "timing"),
+for r in rows:  # `vs unfused`: the unfused graph run on the same MLX device, same dtype
+    print(f"  #{r.index} {r.label:<28} error vs input on MLX: {r.err_unfused:.2e}")''', "timing"),
     md("""
 ### Reading the table aloud
 
@@ -415,9 +414,9 @@ print("fuse_transformer_layer on cpu: executed saving", ftl.total, "B of", ftl.i
 ## 5. Timing every version
 
 Each distinct version runs on MLX, all versions **interleaved** round by round on one device (a busy
-machine slows them alike); versions a pass did not change are not re-timed. `max abs err` compares MLX with
-the NumPy reference of the unfused graph; `error vs input on MLX` compares each version with the unfused
-graph on the **same** MLX device — what the rewrites changed.
+machine slows them alike); versions a pass did not change are not re-timed. `vs oracle` compares MLX with
+the float64 NumPy oracle; `vs unfused` compares each version with the unfused graph on the **same** MLX
+device — what the rewrites changed.
 """),
     code('''
 rows = teach.time_versions(trace, feeds, model.weights, warmup=1, repeat=7, device="cpu")
@@ -425,8 +424,7 @@ print("timed on:", rows[0].context)
 print(teach.format_timings(rows))
 print("versions timed:", sum(r.same_as is None for r in rows), "| all match the reference:",
       all(r.ok for r in rows if r.same_as is None))
-same_backend = session.error_vs_input(trace, feeds, model.weights, device="cpu")
-print("largest error vs input on MLX:", f"{max(e for e in same_backend if e is not None):.2e}")''', "timing"),
+print("largest error vs input on MLX:", f"{max(r.err_unfused for r in rows if r.same_as is None):.2e}")''', "timing"),
     code('''
 from IPython.display import Markdown
 

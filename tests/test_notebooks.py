@@ -133,7 +133,7 @@ def test_01_what_is_fusion(executed):
     assert len([ln for ln in text.splitlines() if ln.rstrip().endswith("yes")]) == 3
     errs = [float(v) for v in re.findall(r"error vs input on MLX: (\S+)", text)]
     assert len(errs) == 3 and errs[0] == 0.0 and max(errs) < 1e-5  # same backend: what the rewrite changed
-    medians = {ln.split()[1] + ln.split()[2]: ln.split()[-7] for ln in text.splitlines()
+    medians = {ln.split()[1] + ln.split()[2]: ln.split()[-8] for ln in text.splitlines()
                if re.match(r"\s*\d+\s+(input|after)", ln)}
     # the sentences read aloud quote the table's own medians and one verdict per fused version
     text, _ = t["read-aloud"]
@@ -195,7 +195,7 @@ def test_02_fusing_a_bert_layer(executed):
     md_text = "".join(o.data["text/markdown"] for c in nb.cells if "read-aloud" in c.metadata.get("tags", [])
                       for o in c.outputs if "text/markdown" in o.get("data", {}))
     last = list(table)[-1]
-    assert f"median {table[last][-7]} vs {table[list(table)[0]][-7]} ms, **{verdicts[last]}**" in md_text
+    assert f"median {table[last][-8]} vs {table[list(table)[0]][-8]} ms, **{verdicts[last]}**" in md_text
     n_noise = sum(v == "within noise" for v in verdicts.values())
     assert f"{n_noise} of {len(verdicts)} versions are within noise" in md_text
     assert f"executed saving on the CPU is {ftl[1]} B" in md_text
