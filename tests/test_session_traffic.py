@@ -40,16 +40,6 @@ def test_compare_to_input_reads_the_quartiles():
     assert session.compare_to_input(slow, base) == "2.00x slower"
 
 
-def test_shared_input_credits_reads_and_launches_not_intermediates():
-    b = Builder("qkv")
-    x = b.input("x", (2, 8, 16))
-    outs = [b.matmul(x, b.param(f"w{i}", (16, 16))) for i in range(3)]
-    b.output(b.add(b.add(outs[0], outs[1]), outs[2]))
-    step = run_passes(b.build(), ["fuse_shared_input_matmul"]).steps[0]
-    assert len(step.matches) == 1
-    assert session.shared_input_saved(step) == (2 * 2 * 8 * 16 * 4, 2)  # x read once instead of 3 times
-
-
 def test_horizontal_merge_removes_no_intermediate():
     b = Builder("qkv_bias")
     x = b.input("x", (2, 8, 16))
