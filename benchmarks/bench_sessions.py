@@ -61,7 +61,8 @@ async def one(browser, url: str, timeout_s: float) -> float:
         await page.goto(url, timeout=timeout_s * 1000)
         await page.locator(".rv-after g.node").first.wait_for(timeout=timeout_s * 1000)
         return time.perf_counter() - t0
-    except Exception:  # noqa: BLE001 - a session that never became interactive is reported as such
+    except Exception as e:  # noqa: BLE001 - a session that never became interactive is reported as such
+        print(f"a session failed: {type(e).__name__}: {str(e).splitlines()[0]}", file=sys.stderr)
         return float("inf")
     finally:
         await ctx.close()
