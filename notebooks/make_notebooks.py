@@ -612,30 +612,32 @@ model, _, _ = results["output_intermediate"]
 ir_text = format_graph(model.graph)
 
 
+def check_ex03(fix):
+    text = fix(ir_text)
+    assert text != ir_text, "fix_ir returned the text unchanged: h1 is still a graph output"
+    g = parse_ir(text)
+    assert len(g.outputs) == 1, f"the graph returns {len(g.outputs)} values: return only the model's first output"
+    assert g.outputs[0] == model.graph.outputs[0], "keep the model's output (the first one), drop the probe of h1"
+    st = teach.layer_status(Pipeline.canonical().run(g), 0)
+    assert st.fused, f"layer 0 still does not fuse: guard {st.first.guard if st.first else '?'}"
+    return "layer 0 fuses: h1 is an ordinary intermediate again"
+
+
 def fix_ir(text):
     # YOUR CODE: return the text with only the first graph output returned
     return text
 
 
-attempt = Pipeline.canonical().run(parse_ir(fix_ir(ir_text)))
-print("your fix: layer 0 fused =", teach.layer_status(attempt, 0).fused)''', "exercise"),
+teach.feedback(check_ex03, fix_ir)''', "exercise"),
     md("""
 ### Solution
 
-The return line looks like `return %71, %29`. Keep its first value: h1 is then an ordinary
-intermediate with two readers (FFN.1 and the second residual), and the layer fuses.
+In `notebooks/solutions.py` (`ex03`); the collapsed cell below runs it through the same check.
 """),
     code('''
-import re
+import solutions
 
-
-def fix_ir_solution(text):
-    return re.sub(r"^(\\s*return %\\w+)(, %\\w+)+", r"\\1", text, flags=re.MULTILINE)
-
-
-solved = Pipeline.canonical().run(parse_ir(fix_ir_solution(ir_text)))
-print("solution: layer 0 fused =", teach.layer_status(solved, 0).fused)
-print("fused layers:", solved.final.op_counts().get("FusedTransformerLayer", 0))''', "solution"),
+teach.feedback(check_ex03, solutions.ex03)''', "solution", hidden=True),
 ]
 
 NOTEBOOKS = {

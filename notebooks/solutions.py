@@ -27,3 +27,11 @@ def ex02() -> tuple[int, int]:
     """
     x = 1 * 16 * 384 * F32
     return 6 * 2 * x, 6 * 2
+
+
+def ex03(text: str) -> str:
+    """The IR text with only the model's first output returned (`return %71, %29` -> `return %71`): h1 is
+    then an ordinary intermediate with two readers (FFN.1 and the second residual), and the layer fuses."""
+    import re
+
+    return re.sub(r"^(\s*return %\w+)(, %\w+)+", r"\1", text, flags=re.MULTILINE)

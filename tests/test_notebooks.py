@@ -230,7 +230,8 @@ def test_03_why_did_my_layer_not_fuse(executed):
     assert "canonical order: h1_user_count" in text and "fused layers = 2" in text
     text, _ = t["fix-pipeline"]
     assert "fused layers = 2" in text
+    exercise_feedback(nb, t)
     text, _ = t["exercise"]
-    assert "your fix: layer 0 fused = False" in text  # the stub runs; the reader fills it in
+    assert "fix_ir returned the text unchanged" in text  # the stub is told what is wrong
     text, _ = t["solution"]
-    assert "solution: layer 0 fused = True" in text and "fused layers: 2" in text
+    assert "layer 0 fuses" in text
