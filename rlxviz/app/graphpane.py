@@ -107,11 +107,11 @@ export function render({ model, el }) {
 
 _CSS = """
 :host { display: flex; flex-direction: column; border: 1px solid #ddd; border-radius: 4px; background: #fff; }
-.rv-bar { display: flex; gap: 4px; align-items: center; padding: 3px 6px; border-bottom: 1px solid #eee;
+.rv-bar { display: flex; flex-wrap: wrap; gap: 4px; align-items: center; padding: 3px 6px; border-bottom: 1px solid #eee;
           font: 12px sans-serif; background: #fafafa; }
 .rv-title { flex: 1; font-weight: 600; color: #333; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
 .rv-btn { border: 1px solid #ccc; background: #fff; border-radius: 3px; padding: 0 7px; cursor: pointer; font: 12px sans-serif; }
-.rv-search { width: 170px; font: 12px sans-serif; padding: 1px 4px; border: 1px solid #ccc; border-radius: 3px; }
+.rv-search { width: 130px; font: 12px sans-serif; padding: 1px 4px; border: 1px solid #ccc; border-radius: 3px; }
 .rv-found { min-width: 44px; color: #555; font: 11px sans-serif; }
 .rv-wrap { position: relative; overflow: hidden; flex: 1; cursor: grab; min-height: 200px; }
 .rv-wrap.rv-drag { cursor: grabbing; }

@@ -100,7 +100,8 @@ class VersionStepper(Viewer):
         self.counts.object = self._counts()
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column(pn.Row(self.prev, self.select, self.next, self.player, self.hide, self.view, self.layer),
+        return pn.Column(pn.FlexBox(self.prev, self.select, self.next, self.player, self.hide, self.view, self.layer,
+                                    flex_wrap="wrap", align_items="flex-end", sizing_mode="stretch_width"),
                          self.counts, sizing_mode="stretch_width")
 
 
