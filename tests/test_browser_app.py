@@ -5,64 +5,28 @@ Uses Debian's chromium (/usr/bin/chromium); screenshots of each step go to test-
 
 import os
 import re
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
+from served import ART, chromium, free_port, served_app
 
 expect.set_options(timeout=60_000)  # the 2-core CI machine answers slowly under load; waits end when met
 
-ROOT = Path(__file__).resolve().parents[1]
-ART = ROOT / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def server():
-    port = _free_port()
-    panel = Path(sys.executable).parent / "panel"
+    port = free_port()
     env = {**os.environ, "RLXVIZ_MAX_UPLOAD_MB": "20"}
-    ART.mkdir(exist_ok=True)
-    log = open(ART / "server.log", "w")
-    proc = subprocess.Popen([str(panel), "serve", "app.py", "--address", "127.0.0.1", "--port", str(port),
-                             f"--allow-websocket-origin=127.0.0.1:{port}", "--num-procs", "1"],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/app"
-    t0 = time.time()
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/static/extensions/panel/css/alerts.css", timeout=1)
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() - t0 > 60:
-                proc.kill()
-                raise RuntimeError("panel serve did not start; see test-artifacts/server.log") from None
-            time.sleep(0.2)
-    yield url, t0
-    proc.terminate()
-    proc.wait(10)
-    log.close()
+    with served_app(port, "127.0.0.1", [f"127.0.0.1:{port}"], env, "server.log") as t0:
+        yield f"http://127.0.0.1:{port}/app", t0
 
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture

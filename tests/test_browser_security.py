@@ -10,21 +10,13 @@ by Playwright with Debian's chromium.
 
 import os
 import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
+from served import ART, chromium, free_port, served_app
 
-ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data" / "reliability"
-ART = ROOT / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 HOOK = """
 window.__pwned = false;
@@ -37,12 +29,6 @@ DEEP_TEXT = """(el) => { const out = [];
     if (n.shadowRoot) walk(n.shadowRoot); for (const c of n.childNodes) walk(c); };
   walk(el); return out.join(''); }"""
 """The text under an element, shadow roots included (Panel renders panes inside them)."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _outside_address() -> str | None:
@@ -58,39 +44,18 @@ def _outside_address() -> str | None:
 
 @pytest.fixture(scope="module")
 def server():
-    port = _free_port()
+    port = free_port()
     outside = _outside_address()
-    panel = Path(sys.executable).parent / "panel"
     env = {k: v for k, v in os.environ.items() if k != "RLXVIZ_ALLOW_REMOTE"}
-    origins = [f"--allow-websocket-origin=127.0.0.1:{port}"]
-    if outside:
-        origins.append(f"--allow-websocket-origin={outside}:{port}")
-    ART.mkdir(exist_ok=True)
-    log = open(ART / "server-security.log", "w")
-    proc = subprocess.Popen([str(panel), "serve", "app.py", "--address", "0.0.0.0", "--port", str(port), *origins,
-                             "--num-procs", "1"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    t0 = time.time()
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/static/extensions/panel/css/alerts.css", timeout=1)
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() - t0 > 60:
-                proc.kill()
-                raise RuntimeError("panel serve did not start; see test-artifacts/server-security.log") from None
-            time.sleep(0.2)
-    yield port, outside
-    proc.terminate()
-    proc.wait(10)
-    log.close()
+    origins = [f"127.0.0.1:{port}"] + ([f"{outside}:{port}"] if outside else [])
+    with served_app(port, "0.0.0.0", origins, env, "server-security.log"):
+        yield port, outside
 
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 def _watched_page(browser, origin: str):

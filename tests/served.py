@@ -1,0 +1,74 @@
+"""The app served for browser tests: `panel serve app.py` on a free port, and Debian's chromium.
+
+One place for what `test_browser_app.py` and `test_browser_security.py` both need.
+"""
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from playwright.sync_api import Browser, sync_playwright
+
+ROOT = Path(__file__).resolve().parents[1]
+ART = ROOT / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+START_TIMEOUT_S = 60
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def served_app(port: int, address: str, origins: Sequence[str], env: dict[str, str], log_name: str
+               ) -> Iterator[float]:
+    """Run `panel serve app.py` until the block ends; yields the start time (`time.time()`, s).
+
+    Raises:
+        RuntimeError: the server exited or did not answer within 60 s (its log is `test-artifacts/LOG_NAME`).
+    """
+    panel = Path(sys.executable).parent / "panel"
+    ART.mkdir(exist_ok=True)
+    with open(ART / log_name, "w") as log:
+        proc = subprocess.Popen([str(panel), "serve", "app.py", "--address", address, "--port", str(port),
+                                 *(f"--allow-websocket-origin={o}" for o in origins), "--num-procs", "1"],
+                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        t0 = time.time()
+        try:
+            while True:
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/static/extensions/panel/css/alerts.css",
+                                           timeout=1)
+                    break
+                except OSError:
+                    if proc.poll() is not None or time.time() - t0 > START_TIMEOUT_S:
+                        raise RuntimeError(f"panel serve did not start; see test-artifacts/{log_name}") from None
+                    time.sleep(0.2)
+            yield t0
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@contextmanager
+def chromium() -> Iterator[Browser]:
+    """Debian's chromium, headless, through Playwright."""
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
