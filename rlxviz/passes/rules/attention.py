@@ -348,16 +348,7 @@ def _split_at(c: Ctx) -> bool:
     return c["qkv"].shape[-1] == h + 2 * kv
 
 
-def _bad_scale(c: Ctx) -> int | None:
-    """The scaling node whose factor is zero or not finite (the guard's subject)."""
-    for o, k in _FACTORS:
-        f = _factor(c, o, k)
-        if not (math.isfinite(f) and f != 0.0):
-            return c.id(o)
-    return None
-
-
-def _explain_scale(c: Ctx) -> str:
+def _explain_block_scale(c: Ctx) -> str:
     a = c["attn"].attrs
     d = a["head_dim"]
     return (f"{c.d('attn')} has scale={a.get('scale')!r}; the block computes the default 1/sqrt(head_dim) = "
@@ -395,7 +386,7 @@ BLOCK = Rule(
                 "the block takes a binary keep mask; fuse_sdpa emits one when it can trace HF's extended mask",
                 fix="give FusedAttentionBlock additive and causal mask kinds"),
         attr_eq("attn", "scale", None, "default_scale", "the block uses 1/sqrt(head_dim)",
-                fix="give FusedAttentionBlock a scale attribute", explain=_explain_scale),
+                fix="give FusedAttentionBlock a scale attribute", explain=_explain_block_scale),
         Shape("qkv_packed", "attn", P(Op.ATTENTION, P(Op.NARROW, P.var("qkv"), name="q"),
                                       P(Op.NARROW, P.var("qkv"), name="k"), P(Op.NARROW, P.var("qkv"), name="v"),
                                       P.var("mask"), name="attn"),
