@@ -61,6 +61,7 @@ def served_app(port: int, address: str, origins: Sequence[str], env: dict[str, s
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
 
 
 @contextmanager

@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+import signal
 import subprocess
 import sys
 import warnings
@@ -97,8 +98,6 @@ def probe(path: str) -> str | None:
     if run.returncode == 0:
         return None
     if run.returncode < 0:
-        import signal
-
         return f"killed by signal {-run.returncode} ({signal.Signals(-run.returncode).name}) in a test sgemm"
     if run.returncode == 3:
         return "wrong result in a test sgemm"
