@@ -11,6 +11,8 @@ import pytest
 from playwright.sync_api import expect
 from served import ART, chromium, free_port, served_app
 
+from rlxviz.app.state import VARIANT_LABELS
+
 expect.set_options(timeout=60_000)  # the 2-core CI machine answers slowly under load; waits end when met
 
 
@@ -45,7 +47,10 @@ def _shot(pg, name):
 
 
 def _tab(pg, name):
-    pg.locator(".bk-tab", has_text=name).click()
+    """Open tab `name` and wait until the browser shows it active (a click during a server update is not lost)."""
+    tab = pg.locator(".bk-tab", has_text=name)
+    tab.click()
+    expect(tab).to_have_class(re.compile(r"\bbk-active\b"))
 
 
 def _version(pg, label):
@@ -298,7 +303,8 @@ def test_teacher_flow_every_variant_and_pipeline(watched):
     for name in ("output_intermediate", "extra_h1_user", "tanh_gelu", "pre_ln", "swapped_residual",
                  "over_threshold"):
         pg.locator(f".rv-variant-{name} button").click()
-        expect(pg.locator(".rv-message")).to_contain_text("Teaching variant", timeout=60_000)
+        # this variant's own message: the previous variant's is still on screen until the run ends
+        expect(pg.locator(".rv-message")).to_contain_text(f"Teaching variant '{VARIANT_LABELS[name]}'")
         expect(pg.locator(".rv-progress-text")).to_be_hidden(timeout=60_000)
         _tab(pg, "Why didn't layer N fuse?")
         expect(pg.locator(".rv-why")).to_contain_text("Layer")
