@@ -36,3 +36,40 @@ def test_bad_explicit_path_is_skipped_and_noted():
     name, optimized = r.stdout.split()[:2]
     assert optimized == "True" and name != "env"
     assert "/nonexistent/libcblas.so" in r.stdout
+
+
+def test_probe_verdict_is_cached_per_library_and_cpu(tmp_path, monkeypatch):
+    """A verdict is reused by later processes; a changed library file or an unreadable cache probes again."""
+    from rlxviz.runtime import blas
+
+    lib = tmp_path / "libfake.so"
+    lib.write_bytes(b"x")
+    monkeypatch.setenv(blas.CACHE_ENV_VAR, str(tmp_path / "cache"))
+    calls = []
+    monkeypatch.setattr(blas, "probe", lambda p: calls.append(p) or "killed by signal 4 (SIGILL) in a test sgemm")
+    assert blas.probe_cached(str(lib)).startswith("killed by signal 4")
+    assert blas.probe_cached(str(lib)).startswith("killed by signal 4")
+    assert len(calls) == 1
+    lib.write_bytes(b"xy")  # a new build of the library: its verdict is not the old one's
+    blas.probe_cached(str(lib))
+    assert len(calls) == 2
+    (tmp_path / "cache" / "blas-probe.json").write_text("{not json")
+    blas.probe_cached(str(lib))
+    assert len(calls) == 3
+    monkeypatch.setattr(blas, "probe", lambda p: calls.append(p) or "timed out after 20 s")
+    lib.write_bytes(b"xyz")
+    blas.probe_cached(str(lib))
+    blas.probe_cached(str(lib))  # a timeout may be the machine's load: never remembered
+    assert len(calls) == 5
+
+
+def test_probe_cache_survives_an_unwritable_folder(tmp_path, monkeypatch):
+    from rlxviz.runtime import blas
+
+    lib = tmp_path / "libfake.so"
+    lib.write_bytes(b"x")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv(blas.CACHE_ENV_VAR, str(blocker / "sub"))  # a folder under a file: cannot be made
+    monkeypatch.setattr(blas, "probe", lambda p: None)
+    assert blas.probe_cached(str(lib)) is None

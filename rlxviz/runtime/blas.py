@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import hashlib
+import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -69,7 +72,8 @@ class BlasRecord:
 
 # A CBLAS can load and still die on the first call: cmeel-openblas 0.3.31 executes AVX-512 stores in
 # `sgemm_beta` on CPUs without AVX-512 (SIGILL, seen on an AMD EPYC with AVX2 only). So each candidate
-# first runs one threaded `cblas_sgemm` in a child process; a crash there rules it out, not us.
+# first runs one threaded `cblas_sgemm` in a child process; a crash there rules it out, not us. The verdict is
+# cached per library file, Python and CPU (`probe_cached`), so only the first process on a machine pays for it.
 _PROBE = """
 import ctypes, sys
 lib = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
@@ -102,6 +106,72 @@ def probe(path: str) -> str | None:
     if run.returncode == 3:
         return "wrong result in a test sgemm"
     return f"test sgemm failed: {run.stderr.decode(errors='replace').strip().splitlines()[-1:]}"
+
+
+CACHE_ENV_VAR = "RLXVIZ_CACHE_DIR"
+
+
+def _probe_cache_file() -> str:
+    """`$RLXVIZ_CACHE_DIR/blas-probe.json`, else `$XDG_CACHE_HOME/rlxviz/...`, else `~/.cache/rlxviz/...`."""
+    root = os.environ.get(CACHE_ENV_VAR) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "rlxviz")
+    return os.path.join(root, "blas-probe.json")
+
+
+def _cpu_fingerprint() -> str:
+    """The machine and its instruction-set flags (`/proc/cpuinfo`): a verdict holds only for the CPU it ran on."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    return hashlib.sha256(f"{platform.machine()}|{flags}".encode()).hexdigest()[:16]
+
+
+def _probe_key(path: str) -> str | None:
+    """What a probe verdict depends on: the library file (real path, size, mtime), the Python, the CPU."""
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+    except OSError:
+        return None
+    return f"{real}|{st.st_size}|{st.st_mtime_ns}|{sys.executable}|{_cpu_fingerprint()}"
+
+
+def probe_cached(path: str) -> str | None:
+    """`probe(path)`, remembered across processes (~0.1 s of child-process start saved per candidate per process).
+
+    The verdict is stored in `blas-probe.json` (see `_probe_cache_file`) under a key of the library's real
+    path, size and mtime, the Python executable and the CPU's flags, so a changed library or a different CPU
+    probes again. An unreadable or unwritable cache is ignored: the probe then simply runs.
+
+    Returns:
+        As `probe`: None when the library works, else why not.
+    """
+    key = _probe_key(path)
+    file = _probe_cache_file()
+    try:
+        with open(file, encoding="utf-8") as f:
+            cache = json.load(f)
+        if not isinstance(cache, dict):
+            cache = {}
+    except (OSError, ValueError):
+        cache = {}
+    if key is not None and key in cache and (cache[key] is None or isinstance(cache[key], str)):
+        return cache[key]
+    why = probe(path)
+    if key is not None and not (why or "").startswith("timed out"):  # a timeout may be load, not the library
+        cache[key] = why
+        try:
+            os.makedirs(os.path.dirname(file), exist_ok=True)
+            tmp = f"{file}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(cache, f)
+            os.replace(tmp, file)
+        except OSError:
+            pass
+    return why
 
 
 _ACTIVE: BlasRecord | None = None
@@ -195,7 +265,7 @@ def load_blas() -> BlasRecord:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", str(cpu_cores()))
     failures: list[str] = []
     for name, path in candidates():
-        why = probe(path)
+        why = probe_cached(path)
         if why is not None:
             failures.append(f"{name}: {path}: {why}")
             continue
