@@ -4,6 +4,9 @@ A `View` names what to draw: a version of the run (index into `trace.versions()`
 version with its pass's fused nodes marked, the graph the pass saw with every match and rejection
 marked, or the graph before the pass that first rejected something in a layer), `full` or `layers`
 (one box per layer), and an optional layer to focus on.
+
+The layers view of a run's final graph labels each layer box with the session's verdict (`verdicts`: the
+`layer_status` that "why didn't layer N fuse?" renders), so the two never disagree.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ from typing import Any
 
 from ..ir import Graph
 from ..passes import Trace, explain
-from ..viz import Overlay, render_dot, render_svg
+from ..viz import Overlay, Verdict, render_dot, render_svg
 from .cache import LRUCache
+from .loading import model_layers
 from .pipeline import graph_digest
+from .status import layer_status
 
 RENDERS = LRUCache(maxsize=512)
 """SVG text by (source key, View), shared by every session of the process."""
@@ -57,6 +62,23 @@ def _why(trace: Trace, layer: int | None, i: int) -> tuple[Graph, Overlay | None
     return (step.after, Overlay.after(step)) if step is not None else (trace.input, None)
 
 
+def verdicts(trace: Trace) -> dict[int, Verdict]:
+    """Layer -> the session's verdict on it in `trace` (`layer_status`: fused as expected, else the first guard
+    that rejected it and its message), for every layer of the run's input graph."""
+    out: dict[int, Verdict] = {}
+    for i in model_layers(trace.input):
+        st = layer_status(trace, i)
+        first = st.first
+        out[i] = Verdict(st.fused, first.guard if first is not None else "",
+                         "" if st.fused else (first.message if first is not None else st.silent).split("\n")[0])
+    return out
+
+
+def is_final(trace: Trace, version: int) -> bool:
+    """Version `version` (index into `trace.versions()`) is the run's final graph: no later pass changed it."""
+    return not any(s.changed for s in trace.steps[version:])
+
+
 def picture(source: Trace | Graph, v: View) -> tuple[Graph, Overlay | None, dict[str, Any]]:
     """(graph, overlay, `viz.render_dot` keyword arguments) of `v` in a run (or of a bare graph)."""
     if isinstance(source, Graph):
@@ -77,6 +99,8 @@ def picture(source: Trace | Graph, v: View) -> tuple[Graph, Overlay | None, dict
         kw["focus"] = v.focus
     if v.view == "layers" and trace is not None and ov is None:
         ov = Overlay.trace_summary(trace)
+    if v.view == "layers" and trace is not None and v.side == "after" and is_final(trace, v.version):
+        kw["verdicts"] = verdicts(trace)  # the final graph: each box says what the "why" view says
     return g, ov, kw
 
 
@@ -96,4 +120,4 @@ def svg(source: Trace | Graph, v: View) -> str:
     return RENDERS.get_or_compute(("svg", source_key(source), v), lambda: render_svg(dot(source, v)).svg)
 
 
-__all__ = ["RENDERS", "SIDES", "VIEWS", "View", "dot", "picture", "source_key", "svg"]
+__all__ = ["RENDERS", "SIDES", "VIEWS", "View", "dot", "is_final", "picture", "source_key", "svg", "verdicts"]

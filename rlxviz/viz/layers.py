@@ -4,11 +4,14 @@ The layer-collapsed view groups nodes by `layer_of(node.path)` (non-layer nodes 
 their path: `embeddings`, `mask`), folds params into their group, and draws one edge per pair of
 groups. Each layer box says whether the layer is fused (one FusedTransformerLayer), partly fused
 (some fused ops), rejected (a near-miss; the guard is named, its message is the tooltip) or unfused.
+Given the session's verdicts (`Verdict`, from `session.layer_status`, the answer the "why didn't layer N
+fuse?" view gives), a layer box says that verdict instead: `fused` or `not fused` (with the first guard).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import graphviz
@@ -21,6 +24,26 @@ from .overlay import Overlay
 from .styles import REJECT, STATUS_COLORS, fmt_shape, human_count
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """The session's verdict on one layer of a run (`session.layer_status`), drawn on its box.
+
+    Attributes:
+        fused: the layer fused as its architecture expects.
+        guard: the first guard that rejected its fusion (`` when fused or when nothing was rejected).
+        message: one line on why it did not fuse (`` when fused).
+    """
+
+    fused: bool
+    guard: str = ""
+    message: str = ""
+
+    @property
+    def word(self) -> str:
+        """`fused` or `not fused`: the status word of the layer's box."""
+        return "fused" if self.fused else "not fused"
+
+
 @dataclass
 class LayerGroup:
     """The nodes of one box in the layer view.
@@ -31,8 +54,10 @@ class LayerGroup:
         layer: layer index or None.
         nodes: compute nodes in the group.
         weights: number of parameter values the group reads.
-        status: `fused`, `partly fused`, `rejected`, `unfused` (or `` for non-layer groups).
+        status: `fused`, `partly fused`, `rejected`, `unfused` (or `` for non-layer groups); with a
+            `Verdict`, its word (`fused`, `not fused`).
         rejections: near-misses anchored in this layer.
+        verdict: the session's verdict, when given.
     """
 
     key: str
@@ -42,6 +67,7 @@ class LayerGroup:
     weights: int = 0
     status: str = ""
     rejections: list[Rejection] = field(default_factory=list)
+    verdict: Verdict | None = None
 
     @property
     def fused(self) -> list[Node]:
@@ -70,12 +96,15 @@ def weight_only(graph: Graph) -> set[int]:
     return static
 
 
-def layer_groups(graph: Graph, overlay: Overlay | None = None) -> dict[str, LayerGroup]:
+def layer_groups(graph: Graph, overlay: Overlay | None = None,
+                 verdicts: Mapping[int, Verdict] | None = None) -> dict[str, LayerGroup]:
     """Compute nodes grouped by layer (in graph order), each with its fusion status.
 
     Args:
         graph: the graph version to summarize.
         overlay: its rejections (e.g. `Overlay.trace_summary(trace)`) mark layers as rejected.
+        verdicts: layer -> the session's verdict; a layer that has one takes its word as status (the final
+            graph of a run: the boxes then say what "why didn't layer N fuse?" says).
     """
     groups: dict[str, LayerGroup] = {}
     of: dict[int, str] = {}
@@ -100,7 +129,10 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None) -> dict[str, Laye
         if r.layer in by_layer:
             by_layer[r.layer].rejections.append(r)
     for g in groups.values():
-        if g.layer is None:
+        if g.layer is not None and verdicts and g.layer in verdicts:
+            g.verdict = verdicts[g.layer]
+            g.status = g.verdict.word
+        elif g.layer is None:
             g.status = "partly fused" if g.fused else ""
         elif g.fused and len([n for n in g.nodes if n.id not in static]) == 1:
             g.status = "fused"  # one fused op; weight preparation (e.g. merged Q/K/V weights) does not count
@@ -119,7 +151,9 @@ def _box_label(g: LayerGroup) -> str:
     if len(ops) > 4:
         summary += ", …"
     lines.append(_small(summary, "#333333", 8))
-    if g.status == "fused":
+    if g.verdict is not None:
+        lines += _verdict_lines(g)
+    elif g.status == "fused":
         f = g.fused[0]
         by = _small(f"-> {f.op.value} by {f.pass_name}", "#1b5e20")
         lines.append(f'<FONT COLOR="#1b5e20"><B>fused</B></FONT> {by}')
@@ -137,8 +171,26 @@ def _box_label(g: LayerGroup) -> str:
     return _html(lines)
 
 
+def _verdict_lines(g: LayerGroup) -> list[str]:
+    """The status lines of a box with the session's verdict: `fused` (what fused it) or `not fused` (the guard)."""
+    v = g.verdict
+    assert v is not None
+    c = Counter(n.op.value for n in g.fused)
+    ops = _small(", ".join(f"{k}×{n}" if n > 1 else k for k, n in c.items()) or "nothing to fuse", "#1b5e20")
+    if v.fused:
+        return [f'<FONT COLOR="#1b5e20"><B>fused</B></FONT> {ops}']
+    lines = [f'<FONT COLOR="{REJECT}"><B>not fused</B></FONT>']
+    if v.guard:
+        lines.append(f'<FONT COLOR="{REJECT}">rejected: {_e(v.guard)}</FONT>')
+    if g.fused:
+        lines.append(_small(f"{len(g.fused)} of {len(g.nodes)} ops fused", "#555555"))
+    return lines
+
+
 def _box_tooltip(g: LayerGroup) -> str:
     parts = [f"{g.title}: {g.status or 'no layer'}", f"nodes: {' '.join(f'%{n.id}' for n in g.nodes[:60])}"]
+    if g.verdict is not None and g.verdict.message:
+        parts.append(f"why: {g.verdict.message}")
     for r in g.rejections:
         parts.append(f"REJECTED {r.rule} [{r.stage}] guard {r.guard}: {r.message}")
         if r.hint:
@@ -147,13 +199,15 @@ def _box_tooltip(g: LayerGroup) -> str:
 
 
 def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | None = None,
-                  max_nodes: int = 1500) -> str:
+                  max_nodes: int = 1500, verdicts: Mapping[int, Verdict] | None = None) -> str:
     """DOT source of the layer-collapsed view of `graph` (boxes `id="layer<i>"`, edges `L<src>_<dst>`).
+
+    `verdicts` (layer -> `Verdict`) give the boxes the session's status words (see `layer_groups`).
 
     Raises:
         GraphTooLarge: more than `max_nodes` groups (a graph whose paths carry no layer structure).
     """
-    groups = layer_groups(graph, overlay)
+    groups = layer_groups(graph, overlay, verdicts)
     if len(groups) > max_nodes:
         raise GraphTooLarge(f"[layers_to_dot] {len(groups)} groups exceed max_nodes={max_nodes}")
     of = {n.id: g.key for g in groups.values() for n in g.nodes}
@@ -173,7 +227,7 @@ def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | Non
             of[n.id] = f"n{n.id}"
     for g in groups.values():
         attrs = {"id": g.key, "fillcolor": STATUS_COLORS.get(g.status, "#f5f5f5"), "tooltip": _tip(_box_tooltip(g))}
-        if g.status == "rejected":
+        if g.status in ("rejected", "not fused"):
             attrs.update(color=REJECT, style="rounded,filled,dashed", penwidth="2.5")
         elif g.status == "fused":
             attrs.update(color="#1b5e20", penwidth="2")

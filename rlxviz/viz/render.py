@@ -13,12 +13,13 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..ir import Graph
 from .dot import MAX_NODES, DotOptions, graph_to_dot
 from .engine import Rendered, layout
-from .layers import focus_ids, layers_to_dot
+from .layers import Verdict, focus_ids, layers_to_dot
 from .overlay import Overlay
 
 VIEWS = ("full", "layers")
@@ -26,7 +27,8 @@ VIEWS = ("full", "layers")
 
 def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "full", focus: int | None = None,
                radius: int = 0, show_params: bool = False, edge_labels: bool = False,
-               max_nodes: int = MAX_NODES, title: str | None = None) -> str:
+               max_nodes: int = MAX_NODES, title: str | None = None,
+               verdicts: Mapping[int, Verdict] | None = None) -> str:
     """DOT source for one graph version.
 
     Args:
@@ -38,6 +40,8 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
         edge_labels: label edges with the tensor type they carry.
         max_nodes: limit on drawn nodes; larger drawings raise `GraphTooLarge`, suggesting a smaller view.
         title: caption (default from the overlay or the graph).
+        verdicts: layer -> the session's `Verdict` (layers view): the boxes say `fused` / `not fused` as the
+            session does.
 
     Raises:
         ValueError: unknown view, or `focus` names a layer the graph lacks.
@@ -46,7 +50,7 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
     if view not in VIEWS:
         raise ValueError(f"[render_dot] view must be one of {VIEWS}, got {view!r}")
     if view == "layers":
-        return layers_to_dot(graph, overlay, title, max_nodes)
+        return layers_to_dot(graph, overlay, title, max_nodes, verdicts)
     include = focus_ids(graph, focus, radius) if focus is not None else None
     if include is not None and overlay is not None:
         # a rejection in the focused layer is drawn whole: its offending nodes may lie outside the layer's scope

@@ -35,7 +35,8 @@ REJECT = "#c62828"
 REJECT_FILL = "#fdecea"
 ADDED = "#2e7d32"
 REMOVED = "#9e9e9e"
-STATUS_COLORS = {"fused": "#a5d6a7", "partly fused": "#fff59d", "rejected": "#ffcdd2", "unfused": "#eeeeee"}
+STATUS_COLORS = {"fused": "#a5d6a7", "partly fused": "#fff59d", "rejected": "#ffcdd2", "unfused": "#eeeeee",
+                 "not fused": "#ffcdd2"}
 """Fill of a layer box in the layer-collapsed view, by fusion status."""
 
 
