@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from playwright.sync_api import Browser, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, sync_playwright
 
 ROOT = Path(__file__).resolve().parents[1]
 ART = ROOT / "test-artifacts"
@@ -20,6 +20,7 @@ CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 START_TIMEOUT_S = 60
+WAIT_MS = 60_000  # every wait and navigation: ends as soon as met; a loaded 2-core runner answers slowly
 
 
 def free_port() -> int:
@@ -73,3 +74,11 @@ def chromium() -> Iterator[Browser]:
             yield b
         finally:
             b.close()
+
+
+def context(browser: Browser, width: int = 1600, height: int = 1000) -> BrowserContext:
+    """A browser context of `width` x `height` px whose waits and navigations time out after `WAIT_MS`."""
+    ctx = browser.new_context(viewport={"width": width, "height": height})
+    ctx.set_default_timeout(WAIT_MS)
+    ctx.set_default_navigation_timeout(2 * WAIT_MS)
+    return ctx

@@ -9,7 +9,7 @@ import time
 
 import pytest
 from playwright.sync_api import expect
-from served import ART, chromium, free_port, served_app
+from served import ART, chromium, context, free_port, served_app
 
 from rlxviz.app.state import VARIANT_LABELS
 
@@ -33,7 +33,7 @@ def browser():
 
 @pytest.fixture
 def page(browser, server):
-    ctx = browser.new_context(viewport={"width": 1600, "height": 1000})
+    ctx = context(browser, 1600, 1000)
     pg = ctx.new_page()
     pg.set_default_timeout(60_000)  # waits end as soon as met; a loaded 2-core runner is slow
     pg.goto(server[0])
@@ -77,11 +77,11 @@ def _timed_step(pg, label):
 
 
 def test_default_page_shows_minilm(browser, server):
-    ctx = browser.new_context(viewport={"width": 1600, "height": 1000})
+    ctx = context(browser, 1600, 1000)
     pg = ctx.new_page()
     t0 = time.time()
     pg.goto(server[0])
-    pg.locator(".rv-after g.node").first.wait_for(timeout=30_000)
+    pg.locator(".rv-after g.node").first.wait_for()
     ready = time.time() - t0
     since_start = time.time() - server[1]
     (ART / "page-ready.txt").write_text(f"{ready:.2f} s after navigation, {since_start:.2f} s after start\n")
@@ -112,7 +112,7 @@ def test_step_to_fused_layers(page):
 
 def test_extra_user_variant_shows_guard(page):
     page.locator(".rv-variant-extra_h1_user button").click()
-    expect(page.locator(".rv-message")).to_contain_text("h1", timeout=30_000)
+    expect(page.locator(".rv-message")).to_contain_text("h1")
     expect(page.locator(".rv-message")).to_contain_text("users")
     _tab(page, "Why didn't layer N fuse?")
     expect(page.locator(".rv-why")).to_contain_text("layer 0: NOT fused")
@@ -149,7 +149,7 @@ def test_corrupted_upload_shows_error(page, tmp_path):
     page.get_by_role("button", name="Upload").click()
     page.locator(".rv-upload input[type=file]").set_input_files([str(cfg), str(bad)])
     msg = page.locator(".rv-message")
-    expect(msg).to_contain_text("safetensors", timeout=30_000)
+    expect(msg).to_contain_text("safetensors")
     expect(msg).to_contain_text("corrupted")
     _shot(page, "upload-error")
     # the app keeps working: back to the built-in model
@@ -184,29 +184,29 @@ def test_ir_text_draws_its_own_graph(page, browser, server):
     page.get_by_role("button", name="IR text").click()
     _type_ir(page, SMALL_IR)
     page.locator(".rv-load-ir button").click()
-    expect(page.locator(".rv-version select")).to_contain_text("0: input (3 ops)", timeout=30_000)
+    expect(page.locator(".rv-version select")).to_contain_text("0: input (3 ops)")
     expect(page.locator(".rv-after svg")).to_contain_text("small: 3 ops")
     assert [i for i in _after_node_ids(page) if i.startswith("n")] == ["n0", "n1", "n2", "n3"]
     assert page.locator(".rv-after g.node", has_text="exp").count() == 1
     _version(page, "input")
     expect(page.locator(".rv-after svg")).to_contain_text("small: 3 ops")
-    ctx = browser.new_context(viewport={"width": 1600, "height": 1000})
+    ctx = context(browser, 1600, 1000)
     fresh = ctx.new_page()
     fresh.goto(server[0])
-    fresh.locator(".rv-after g.node").first.wait_for(timeout=30_000)
+    fresh.locator(".rv-after g.node").first.wait_for()
     expect(fresh.locator(".rv-after svg")).to_contain_text("196 ops")
     ctx.close()
 
 
 def test_no_request_leaves_the_machine(browser, server):
     """Every request of the page (fonts, scripts, styles, websocket) goes to the local server."""
-    ctx = browser.new_context(viewport={"width": 1600, "height": 1000})
+    ctx = context(browser, 1600, 1000)
     pg = ctx.new_page()
     urls = []
     pg.on("request", lambda r: urls.append(r.url))
     pg.on("websocket", lambda ws: urls.append(ws.url))
     pg.goto(server[0])
-    pg.locator(".rv-after g.node").first.wait_for(timeout=30_000)
+    pg.locator(".rv-after g.node").first.wait_for()
     for name in ("Matches & rejections", "Why didn't layer N fuse?", "Timing", "IR & diff", "Graph"):
         _tab(pg, name)
     pg.wait_for_load_state("networkidle")
@@ -234,7 +234,7 @@ LOCAL = re.compile(r"^(https?|wss?)://(127\.0\.0\.1|localhost)(:\d+)?/|^(data|bl
 def watched(browser, server, request):
     """A page at 1280x800 whose console errors, page errors and requests are recorded; at the end of the test
     no request may have left the machine and the console must hold no error."""
-    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    ctx = context(browser, 1280, 800)
     pg = ctx.new_page()
     pg.set_default_timeout(60_000)
     seen = {"urls": [], "errors": []}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
-from served import ART, chromium, free_port, served_app
+from served import ART, chromium, context, free_port, served_app
 
 DATA = Path(__file__).parent / "data" / "reliability"
 
@@ -60,7 +60,7 @@ def browser():
 
 def _watched_page(browser, origin: str):
     """A page whose dialogs, script hook and requests outside `origin` are recorded (outside ones aborted)."""
-    ctx = browser.new_context(viewport={"width": 1600, "height": 1000})
+    ctx = context(browser, 1600, 1000)
     ctx.add_init_script(HOOK)
     seen = {"dialogs": [], "outside": []}
 
@@ -74,7 +74,7 @@ def _watched_page(browser, origin: str):
     ctx.route("**/*", route)
     pg = ctx.new_page()
     pg.on("dialog", lambda d: (seen["dialogs"].append(d.message), d.dismiss()))
-    pg.set_default_timeout(30_000)
+    pg.set_default_timeout(60_000)
     return ctx, pg, seen
 
 
@@ -102,7 +102,7 @@ def test_hostile_model_text_is_shown_as_text_everywhere(browser, server):
         pg.get_by_role("button", name="IR text").click()
         _paste_ir(pg, (DATA / "xss_paths.ir").read_text())
         pg.locator(".rv-load-ir button").click()
-        expect(pg.locator(".rv-version select")).to_contain_text("0: input (3 ops)", timeout=30_000)
+        expect(pg.locator(".rv-version select")).to_contain_text("0: input (3 ops)")
         # node inspector: click every node; together they show every hostile path and name, literally
         shown = []
         for i in range(pg.locator(".rv-after g.node").count()):
@@ -126,7 +126,7 @@ def test_hostile_model_text_is_shown_as_text_everywhere(browser, server):
         pg.get_by_role("button", name="IR text").click()
         _paste_ir(pg, bad)
         pg.locator(".rv-load-ir button").click()
-        expect(pg.locator(".rv-message")).to_contain_text("@![t](http://example.org/leak.png)", timeout=30_000)
+        expect(pg.locator(".rv-message")).to_contain_text("@![t](http://example.org/leak.png)")
         pg.wait_for_timeout(500)
         pg.screenshot(path=str(ART / "app-hostile-text.png"))
         _assert_clean(pg, seen)
