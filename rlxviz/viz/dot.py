@@ -133,6 +133,7 @@ class _Drawer:
         self.cluster_of: dict[int, int] = {}
         self.clusters: list[tuple[str, dict[str, str], list[int]]] = []
         self.rejection_tips: dict[int, list[str]] = {}
+        self.offending: set[int] = set()
         self._decorate()
 
     # -- overlay -> per-node decorations ----------------------------------------------------------
@@ -172,12 +173,13 @@ class _Drawer:
 
     def _decorate_rejection(self, k: int, r: Rejection) -> None:
         tip = f"REJECTED {r.rule} [{r.stage}] guard {r.guard}: {r.message}" + (f"\nhint: {r.hint}" if r.hint else "")
-        for role, i in r.bindings.items():
-            self.roles.setdefault(i, []).append((role, st.REJECT))
+        for role, i in r.bindings.items():  # the candidate's roles, in a neutral colour: red is for the culprit
+            self.roles.setdefault(i, []).append((role, st.CANDIDATE))
         mark = r.subject if r.subject is not None and r.subject in self.nodes else r.anchor
         self.border[mark] = (st.REJECT, 3.0, True)
         self.notes.setdefault(mark, []).append(f"✗ {r.guard}")
         for i in r.offending:
+            self.offending.add(i)
             self.fill[i] = st.REJECT_FILL
             self.border[i] = (st.REJECT, 3.0, False)
             self.notes.setdefault(i, []).append(f"offending: {r.guard}")
@@ -268,6 +270,8 @@ class _Drawer:
                                     "fontcolor": fontcolor}
         if pen != 1.0:
             attrs["penwidth"] = f"{pen:g}"
+        if n.id in self.offending:
+            attrs["class"] = "offending"  # SVG `class="node offending"`: the culprit of a rejection
         if n.op in (Op.INPUT, Op.PARAM, Op.CONST):
             attrs["shape"] = "ellipse" if n.op == Op.INPUT else "note"
             attrs["style"] = ",".join(s for s in style if s != "rounded")
@@ -297,6 +301,11 @@ class _Drawer:
                     if self.cluster_of.get(i) == k:
                         self._emit_node(c, self.nodes[i])
         for j, n in self.stubs.items():
+            if j in self.offending:  # a culprit outside what is drawn still reads as the culprit
+                d.node(f"s{j}", graphviz.nohtml(f"… %{j} {n.op.value}\n{n.path}\noffending"), id=f"s{j}",
+                       style="dashed,filled", shape="box", fontsize="8", fontcolor=st.REJECT, color=st.REJECT,
+                       fillcolor=st.REJECT_FILL, penwidth="3", **{"class": "offending"})
+                continue
             d.node(f"s{j}", graphviz.nohtml(f"… %{j} {n.op.value}\n{n.path}"), id=f"s{j}", style="dotted",
                    shape="box", fontsize="8", fontcolor="#777777", color="#999999")
         inputs = [i for i in self.order if self.nodes[i].op == Op.INPUT]
@@ -338,7 +347,7 @@ class _Drawer:
                 if self.opts.edge_labels:
                     attrs["label"] = graphviz.nohtml(fmt_shape(self.nodes[j]))
                 if (j, i) in self.hot_edges:
-                    attrs.update(color=st.REJECT, penwidth="3", fontcolor=st.REJECT,
+                    attrs.update(color=st.REJECT, penwidth="3", fontcolor=st.REJECT, **{"class": "offending"},
                                  label=graphviz.nohtml(self.hot_edges[(j, i)]))
                 elif ghost_edge or j in self.ghosts:
                     attrs.update(color=st.REMOVED, style="dashed")

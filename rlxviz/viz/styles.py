@@ -33,6 +33,8 @@ MATCH_COLORS = ("#2e7d32", "#1565c0", "#6a1b9a", "#00838f", "#ef6c00", "#ad1457"
 REJECT = "#c62828"
 """Rejections: anchor border, offending nodes and edges."""
 REJECT_FILL = "#fdecea"
+CANDIDATE = "#37474f"
+"""Role names of a rejected candidate's bindings (neutral: they are not the culprit)."""
 ADDED = "#2e7d32"
 REMOVED = "#9e9e9e"
 STATUS_COLORS = {"fused": "#a5d6a7", "partly fused": "#fff59d", "rejected": "#ffcdd2", "unfused": "#eeeeee",
