@@ -9,7 +9,7 @@ MLX_BACKEND ?= cpu
 # Browser origins allowed to open the app's websocket; add yours when exposing it deliberately.
 ORIGINS ?= localhost:$(PORT) 127.0.0.1:$(PORT)
 
-.PHONY: app test setup setup-dev lint notebooks clean
+.PHONY: app test setup setup-dev lint notebooks clean gpu-pack
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,13 @@ lint: setup-dev
 
 test: setup-dev lint
 	$(VENV)/bin/pytest -q
+
+# For one run on a lent NVIDIA H200 (benchmarks/gpu_check.sh says how): MLX's CUDA build packed by the workplace's
+# tool (~25 MB, sm_90 only) and the pure-Python wheel the machine lacks, into the git-ignored .gpu/.
+PACK_MLX_CUDA ?= ../shared/tools/pack_mlx_cuda.py
+gpu-pack: setup
+	$(PY) $(PACK_MLX_CUDA) .gpu/mlx
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .gpu/whl graphviz==0.21
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
