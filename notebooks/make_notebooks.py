@@ -1,4 +1,4 @@
-"""Write the teaching notebooks (`01_...`, `02_...`, `03_...`) from this script, without outputs.
+"""Write the teaching notebooks (`01_...` to `04_...`) from this script, without outputs.
 
 Run `python notebooks/make_notebooks.py` after editing a cell here; `tests/test_notebooks.py` checks
 that the stored notebooks are exactly what this script writes and executes each one top to bottom.
@@ -287,11 +287,11 @@ def check_ex01(answer):
 
 
 ex01_answer = (None, None)  # YOUR ANSWER: (ideal bytes, executed bytes)
-teach.feedback(check_ex01, ex01_answer)''', "exercise"),
+teach.feedback(check_ex01, ex01_answer);''', "exercise"),
     code('''
 import solutions
 
-teach.feedback(check_ex01, solutions.ex01())''', "solution", hidden=True),
+teach.feedback(check_ex01, solutions.ex01());''', "solution", hidden=True),
 ]
 
 # ------------------------------------------------------------------------------------------------- 02
@@ -309,7 +309,9 @@ safetensors checkpoint as Hugging Face primitives, run through the whole canonic
    (horizontal fusion included),
 4. time every version on MLX in interleaved rounds and read the table honestly,
 5. learn why pass **order** matters by running the layer pass first and reading its rejections,
-6. check yourself in an exercise with feedback.
+6. learn why RLX gates attention fusion at 64 tokens (a guard of kind *not profitable*) and measure
+   whether that gate pays on MLX,
+7. check yourself in an exercise with feedback.
 """),
     code(SETUP, "setup"),
     code('''
@@ -477,6 +479,77 @@ canonical order), or run it again at the end. `rlxviz explain minilm --pipeline 
 the same report from a shell and exits 1, so CI can fail when a model stops fusing.
 """),
     md("""
+## 7. Profitability: why RLX gates attention fusion at 64 tokens
+
+RLX fuses an attention block only when batch*seq <= 64 (`RLX_FUSE_ATTN_THRESHOLD`, rlx-notes §2.3.2):
+its fused CPU kernel pays only while one block's intermediates stay in cache, and above that its
+separate tiled kernels win. rlxviz has the same gate as a **guard of kind *not profitable***,
+`attention_size_gate`, reading the pipeline parameter `fab_max_tokens` (the `rlx` profile sets 64; the
+canonical profile has no gate). Nothing is wrong with the fusion when it says no — it is legal and
+recognized; a cost model decided.
+
+The next cell runs the canonical pipeline with the gate at 64 on MiniLM at 16 tokens and at 2 x 128 =
+256 tokens, and computes what the fusion would save: the intermediates an ideal fused attention block
+keeps out of memory, and what the MLX program really saves (`session.executed_traffic_saved`).
+"""),
+    code('''
+sizes = {"small": (1, 16), "large": (2, 128)}
+gate_runs = {}
+for label, (batch, seq) in sizes.items():
+    m = load_model("minilm", batch=batch, seq=seq)
+    run = Pipeline.canonical(fab_max_tokens=64).run(m.graph)
+    fab = run.step("fuse_attention_block")
+    ungated = Pipeline.canonical().run(m.graph).step("fuse_attention_block")
+    cpu, gpu = (session.executed_traffic_saved(ungated, d) for d in ("cpu", "gpu"))
+    gate_runs[label] = (m, ungated)
+    heads = [r for r in fab.rejections if r.headline]
+    print(f"{label}: batch*seq = {batch * seq}: fuse_attention_block with the gate at 64: {len(fab.matches)} fused, "
+          f"{len(heads)} rejected")
+    print(f"  ungated, per layer: ideal kernel saves {cpu.ideal.total // 6} B; executed on MLX saves "
+          f"cpu {cpu.total} B, gpu {gpu.total} B (all 6 layers)")
+    if heads:
+        print(f"  {heads[0].guard} ({heads[0].kind}): {heads[0].message}")''', "gate"),
+    md("""
+What the numbers say: the ideal saving grows with the tokens (16 times the tokens, 16 times the bytes:
+the QKV projection and the attention output are per token), so a fused kernel that keeps them in cache
+stops paying at some size; RLX put that size at 64 tokens for its CPU kernel. But MLX runs
+`FusedAttentionBlock` as its decomposition (section 3), so the program that executes saves **0 B** at
+both sizes: on MLX the gate has no saving to weigh. Timing is measured next on bert-tiny (2 layers, so
+the cell takes seconds): the version before `fuse_attention_block` against the one after, interleaved
+rounds, at 16 and 256 tokens.
+"""),
+    code('''
+from rlxviz.passes.trace import Trace
+from rlxviz.runtime.battery import check_inputs
+
+UPTO_FAB = list(CANONICAL_ORDER[:CANONICAL_ORDER.index("fuse_attention_block") + 1])
+verdict_at = {}
+for label, (batch, seq) in {"small": (1, 16), "large": (4, 64)}.items():
+    tiny = load_model("bert-tiny", batch=batch, seq=seq)
+    tf = tiny.random_feeds(0)
+    fab = Pipeline(UPTO_FAB).run(tiny.graph).step("fuse_attention_block")
+    pair = Trace(fab.before, [fab], "attention")  # two versions: before and after fuse_attention_block
+    t = teach.time_versions(pair, tf, tiny.weights, warmup=2, repeat=9, device="cpu",
+                            inputs=[check_inputs(tf, tiny.graph)])
+    verdict_at[label] = session.compare_to_input(t[1], t[0])
+    (q1, q3), (r1, r3) = t[0].quartiles(), t[1].quartiles()
+    print(f"{label}: batch*seq = {batch * seq}: unfused {t[0].median_ms:.2f} ms (IQR {q1:.2f}..{q3:.2f}), fused "
+          f"{t[1].median_ms:.2f} ms (IQR {r1:.2f}..{r3:.2f}): {verdict_at[label]}; executed saving "
+          f"{session.executed_traffic_saved(fab, 'cpu').total} B; error vs unfused {t[1].err_unfused:.1e}")''',
+         "gate-timing"),
+    code('''
+losing = [k for k, v in verdict_at.items() if v.endswith("slower")]
+display(Markdown(
+    f"Measured on **{rows[0].context.device}** in interleaved rounds: at 16 tokens the fused attention block is "
+    f"**{verdict_at['small']}**, at 256 tokens **{verdict_at['large']}**. With 0 B saved by the executed program, "
+    "a difference can only come from dispatching fewer graph nodes or from noise. "
+    + ("Nothing here shows the fused block losing above 64 tokens, so a gate at 64 would only hide fusions on "
+       "MLX: the canonical profile sets none (`docs/passes.md` records the same on MiniLM). " if "large" not in losing
+       else "Here the fused block measured slower at 256 tokens: rerun the cell before trusting it, since the "
+            "executed program is the same kernels. ")
+    + "A gate is a cost model of one kernel on one device: that is why it is a pipeline parameter and its "
+      "rejection says *not profitable*, not *illegal*."))''', "gate-read-aloud"),
+    md("""
 ## Exercise: what does horizontal fusion save?
 
 `fuse_shared_input_matmul` merged, in each of the 6 layers, the Q, K and V projections that read the same
@@ -499,11 +572,11 @@ def check_ex02(answer):
 
 
 ex02_answer = (None, None)  # YOUR ANSWER: (bytes, launches)
-teach.feedback(check_ex02, ex02_answer)''', "exercise"),
+teach.feedback(check_ex02, ex02_answer);''', "exercise"),
     code('''
 import solutions
 
-teach.feedback(check_ex02, solutions.ex02())''', "solution", hidden=True),
+teach.feedback(check_ex02, solutions.ex02());''', "solution", hidden=True),
 ]
 
 # ------------------------------------------------------------------------------------------------- 03
@@ -514,8 +587,17 @@ NB03 = [
 
 Each **teaching variant** changes one thing in layer 0 of a 2-layer BERT (bert-tiny), so layer 1 is
 a fused sibling to compare with. For each you will see the rejecting guard with actual vs required
-values, the drawing of the rejection, and how to fix the model or the pipeline. An exercise closes
-the notebook.
+values, the drawing of the rejection, and **what kind of "no"** it is — the kind decides where the fix
+belongs:
+
+* *illegal*: fusing would change what the program computes or returns (an extra reader, a graph output
+  of a single-output op). Fix the model, or give the compiler an op that keeps the value.
+* *not recognized*: a pattern limit — the computation could be fused, but no rule takes this form
+  (operand order, an activation off the allow-list). The fix is in the compiler, not the model.
+* *not profitable*: a gate or cost test said no. Nothing is wrong; change the gate if a measurement
+  says the fusion pays (notebook 02 measures the 64-token gate).
+
+An exercise closes the notebook; notebook 04 writes the compiler fixes.
 """),
     code(SETUP, "setup"),
     code('''
@@ -539,8 +621,9 @@ def analyze(case):
 results = {case: analyze(case) for case in teach.TEACHING_CASES}
 for case, (_, trace, st) in results.items():
     sibling = teach.layer_status(trace, 1)
-    guard = st.first.guard if st.first else "-"
-    print(f"{case:<20} layer 0 fused={st.fused!s:<5} guard={guard:<22} layer 1 fused={sibling.fused}")''',
+    guard, kind = (st.first.guard, st.first.kind) if st.first else ("-", "-")
+    print(f"{case:<20} layer 0 fused={st.fused!s:<5} guard={guard:<22} kind={kind:<15} "
+          f"layer 1 fused={sibling.fused}")''',
          "all-cases"),
     md("""
 ## Explore one case
@@ -566,31 +649,67 @@ controls = widgets.interact(explore, case=widgets.Dropdown(options=list(teach.TE
                                                           value="extra_h1_user"))'''),
     code('''explore("tanh_gelu")''', "one-case"),
     md("""
-## How to fix it
+## How to fix it: the kind of "no" decides where
 
-| case | guard | fix the model | or fix the pipeline |
-|---|---|---|---|
-| output_intermediate | `h1_not_output` | do not return h1 | none: a fused layer cannot expose h1 |
-| extra_h1_user | `h1_user_count` | remove the extra reader of h1 | run `dead_code_elimination` first (dead reader) |
-| tanh_gelu | `fc1_activation` | exact (erf) GELU fuses, but changes the numbers | add gelu_tanh to the epilogue allow-list (a tanh-GELU epilogue kernel) |
-| pre_ln | `sum_single_user`, then `post_ln_order` | — (a GPT/LLaMA-style block) | expected: sublayers still fuse |
-| swapped_residual | none: it fuses | — | done: `fuse_transformer_layer` takes the residual add in either order (add is commutative) |
-| over_threshold | `attention_size_gate` | — | raise or unset `fab_max_tokens` |
+The product's own output for every case: the kind of the first rejection, the fix it suggests for the
+model (`fix`) and the fix in the compiler (`compiler fix`), when there is one.
+"""),
+    code('''
+for case, (_, trace, st) in results.items():
+    if st.first is None:
+        how = trace.step("fuse_transformer_layer").matches[0].rule
+        print(f"{case}: fused ({how}; the residual add is accepted in either order: add is commutative)")
+        continue
+    print(f"{case}: {st.first.guard} [{st.first.kind}]")
+    print(f"    fix:          {st.first.hint or '-'}")
+    print(f"    compiler fix: {st.first.fix or '-'}")''', "kinds"),
+    md("""
+Read per kind:
 
-Two fixes, shown: the probe that reads h1 is only an extra graph output. Drop the output and the
-probe is dead — but dead code is removed *after* the layer pass in the canonical order, so run
-`dead_code_elimination` first too. And the size gate is a pipeline parameter.
+* **extra_h1_user** — *illegal*: h1 has a third reader (a probe returned as an output). Dead-code
+  elimination does **not** fix it: the probe is a graph output, so it is live. Drop the probe output
+  (the model fix) and the probe is dead — but the canonical order removes dead code *after* the layer
+  pass, so run `dead_code_elimination` first too. The next cell runs all three.
+* **tanh_gelu** — *not recognized*: the FFN is fused without its activation, because `gelu_tanh` is not
+  on the epilogue allow-list. Switching the model to exact GELU would fuse, but it changes the model:
+  the cell after next measures by how much. The compiler fix is the allow-list (notebook 04 writes the
+  epilogue rule).
+* **swapped_residual** — fuses: the layer rule accepts either operand order. RLX's strict rule rejects
+  it (*not recognized*); notebook 04 rebuilds that rule and fixes it with a canonicalization pass.
+* **pre_ln** — *illegal* for a single-output op: the residual sum feeds the norm and the next residual,
+  and a one-output `FusedResidualLN` would hide it. The compiler fix is a two-output op (as vLLM's
+  `fused_add_rms_norm`).
+* **output_intermediate** — *illegal*: h1 is returned; a single-output layer op cannot expose it. Fix
+  the model (the exercise below), or accept the unfused layer.
+* **over_threshold** — *not profitable*: RLX's 64-token attention gate. A pipeline parameter; notebook
+  02 measures whether the gate pays on MLX.
 """),
     code('''
 from rlxviz.passes import CANONICAL_ORDER
 
 model, _, _ = results["extra_h1_user"]
+dce_only = Pipeline(["dead_code_elimination", *CANONICAL_ORDER]).run(model.graph)
 fixed_graph = model.graph.with_outputs(model.graph.outputs[:1])  # the model fix: drop the probe output
 before_dce = Pipeline.canonical().run(fixed_graph)
 with_dce_first = Pipeline(["dead_code_elimination", *CANONICAL_ORDER]).run(fixed_graph)
+print("dead_code_elimination first, probe still returned:", teach.layer_status(dce_only, 0).first.guard)
 print("probe output dropped, canonical order:", teach.layer_status(before_dce, 0).first.guard)
 print("... and dead_code_elimination first: fused layers =",
       with_dce_first.final.op_counts().get("FusedTransformerLayer", 0))''', "fix-model"),
+    code('''
+import numpy as np
+
+from rlxviz.ir import Op
+from rlxviz.runtime.reference import IMPLS, run_reference
+
+x = np.linspace(-8, 8, 160001, dtype=np.float32)
+gap = np.abs(IMPLS[Op.GELU]({}, x).astype(np.float64) - IMPLS[Op.GELU_TANH]({}, x))
+print(f"exact vs tanh GELU on [-8, 8]: largest difference {gap.max():.2e} at x = {x[gap.argmax()]:.3f}")
+tanh_model, exact = teach.load("bert-tiny", seq=8, variant="tanh_gelu"), teach.load("bert-tiny", seq=8)
+feeds = tanh_model.random_feeds(0)
+outs = [run_reference(m.graph, feeds, tanh_model.weights) for m in (tanh_model, exact)]  # same weights
+print(f"model outputs, tanh GELU vs exact GELU in layer 0: largest difference "
+      f"{max(float(np.abs(a - b).max()) for a, b in zip(*outs)):.2e}")''', "tanh-cost"),
     code('''
 model, _, _ = results[teach.OVER_THRESHOLD]
 ungated = Pipeline.rlx(fab_max_tokens=None).run(model.graph)
@@ -628,7 +747,7 @@ def fix_ir(text):
     return text
 
 
-teach.feedback(check_ex03, fix_ir)''', "exercise"),
+teach.feedback(check_ex03, fix_ir);''', "exercise"),
     md("""
 ### Solution
 
@@ -637,13 +756,309 @@ In `notebooks/solutions.py` (`ex03`); the collapsed cell below runs it through t
     code('''
 import solutions
 
-teach.feedback(check_ex03, solutions.ex03)''', "solution", hidden=True),
+teach.feedback(check_ex03, solutions.ex03);''', "solution", hidden=True),
+]
+
+# ------------------------------------------------------------------------------------------------- 04
+
+NB04 = [
+    md("""
+# 04 — Write your own pattern and guard
+
+Notebooks 01-03 read what the product's passes did. Here you write two passes yourself with the same
+API the product's rules use (`rlxviz/passes/pattern.py`, `rule.py`, `guard.py`):
+
+* a `P` **pattern** (an op, its operand patterns, named captures),
+* a `Rule`: the anchor pattern, ordered **steps** (guards, each declaring its kind of "no"), and a
+  rewrite (`build` returns the new node's op, operands and attributes),
+* `rule_pass(name, [rule])`: a `Pass` a `Pipeline` runs like any product pass; the pipeline runs the
+  verifier (`lint`) after every pass.
+
+Exercise A: a **canonicalization** pass (commutative adds in one order), so a layer that a strict
+pattern does not recognize fuses. Exercise B: a new **epilogue fusion** behind an *illegal* guard and a
+*not profitable* size gate. Each ends in a checked cell that tells you what is wrong; the checks run
+your pass on a real graph, compare its outputs with the unfused graph on the NumPy reference executor,
+and run the verifier. Solutions: `notebooks/solutions.py` (`ex04a`, `ex04b`), run by collapsed cells.
+"""),
+    code(SETUP, "setup"),
+    md("""
+## 1. A product rule, read as a table
+
+`fuse_matmul_bias_act.bias_act` (`rlxviz/passes/rules/linear.py`): its anchor, and every step with the
+kind of "no" it says. The engine appends `absorbed_escape` to every rule: nothing outside a match may
+read a value the match absorbs.
+"""),
+    code('''
+from rlxviz.passes.guard import KINDS
+from rlxviz.passes.rules.linear import BIAS_ACT
+
+print(BIAS_ACT.name, "defined at", "rlxviz/" + BIAS_ACT.source.split("rlxviz/")[-1])
+print("anchor:", BIAS_ACT.anchor.describe(), "| captures:", ", ".join(BIAS_ACT.anchor.roles()))
+for name, kind in BIAS_ACT.guard_kinds.items():
+    print(f"  step {name:<22} kind: {kind}")
+print()
+for kind, meaning in KINDS.items():
+    print(f"{kind}: {meaning}")''', "anatomy"),
+    md("""
+## 2. Exercise A: canonicalize commutative adds
+
+RLX's layer fusion expects each residual written **branch first**, `add(branch, skip)`, and silently
+skips `add(skip, branch)` (rlx-notes §5.1). The product's `fuse_transformer_layer` accepts either
+order (its operand-order guards are commutative). To see the problem, the next cell builds RLX's
+**strict** rule from the product's: the same steps, with the two operand-order guards replaced by
+strict ones. On the `swapped_residual` variant of bert-tiny (layer 0's residual adds written skip
+first) it rejects layer 0 — a pattern limit, kind *not recognized*.
+"""),
+    code('''
+from dataclasses import replace
+
+from rlxviz.ir import Op, format_graph, lint
+from rlxviz.passes import CANONICAL_ORDER, Pipeline, run_passes
+from rlxviz.passes.engine import Pass, rule_pass
+from rlxviz.passes.guard import not_output, operands_are, single_user, size_le
+from rlxviz.passes.pattern import P
+from rlxviz.passes.rule import QUIET, Rule, reports
+from rlxviz.passes.rules.layer import LAYER
+
+RLN = ("x", "residual", "gamma", "beta")  # FusedResidualLN's operands
+FIX = "canonicalize commutative adds (branch first) before matching"
+STRICT_GUARDS = {"ln1_operand_order": operands_are("ln1", {0: "attn", 1: "hidden"}, RLN, "ln1_operand_order", fix=FIX),
+                 "ln2_operand_order": operands_are("ln2", {0: "fc2", 1: "ln1"}, RLN, "ln2_operand_order", fix=FIX)}
+STRICT = replace(LAYER, name="strict_layer.bert_post_ln",
+                 steps=tuple(STRICT_GUARDS.get(getattr(s, "name", ""), s) for s in LAYER.steps))
+strict_layer = rule_pass("fuse_transformer_layer", [STRICT], "as the product's, residual operands in RLX's order")
+STRICT_ORDER = [strict_layer if p == "fuse_transformer_layer" else p for p in CANONICAL_ORDER]
+
+
+def fused_layers(trace):
+    return trace.final.op_counts().get("FusedTransformerLayer", 0)
+
+
+swapped = teach.load("bert-tiny", seq=8, variant="swapped_residual")
+strict_run = Pipeline(STRICT_ORDER, name="strict").run(swapped.graph)
+st = teach.layer_status(strict_run, 0)
+print(f"strict pipeline on swapped_residual: fused layers = {fused_layers(strict_run)}")
+print(f"layer 0: guard {st.first.guard} ({st.first.kind}): {st.first.message}")
+print("compiler fix:", st.first.fix)''', "strict"),
+    md("""
+### Your task
+
+Write a pass `canonicalize_add` that rewrites `add(a, b)` to `add(b, a)` when `b` was computed
+**after** `a` (its node id is larger: ids follow a topological order, and a residual's branch is
+computed from its skip, so "later operand first" is "branch first"). Leave alone:
+
+* adds whose two operands differ in shape (a bias `[N]` or a mask broadcast over a tensor),
+* adds already in order (so a second run rewrites nothing: a canonicalization is idempotent).
+
+**Validity condition** (write it in your rule's `doc`): IEEE-754 addition is commutative, `a + b` and
+`b + a` are equal bit for bit and broadcast alike, so the rewrite changes no number — the check
+demands outputs equal to the last bit.
+
+Tools: `P(Op.ADD, P.var("a"), P.var("b"), name="add")` captures the operands as roles `a`, `b`; a step
+is a function of the match context `c` (`c["a"]` is the node, `c.id("a")` its id) declared with
+`@reports(reads=(...))`, returning `QUIET` (not a candidate: nothing to report) or None (go on);
+`Rule(name, anchor, steps=..., result="add", absorb=("add",), build=lambda c: (Op.ADD, [ids], {}))`;
+`rule_pass(name, [rule])`.
+"""),
+    code('''
+def residual_adds(g):
+    """The residual adds: two operands of one shape, feeding a layer_norm; in graph order."""
+    return [n for n in g if n.op == Op.ADD and g[n.inputs[0]].shape == g[n.inputs[1]].shape
+            and any(u.op == Op.LAYER_NORM for u in g.users(n.id))]
+
+
+def max_diff(g, model=swapped):
+    """Largest |difference| between the outputs of `g` and of the unfused `model.graph` on the NumPy reference
+    executor (`rlxviz.runtime.reference`, float32), same inputs and weights."""
+    from rlxviz.runtime.reference import run_reference
+
+    f = model.random_feeds(0)
+    want, got = run_reference(model.graph, f, model.weights), run_reference(g, f, model.weights)
+    return max(float(abs(a - b).max()) for a, b in zip(got, want, strict=True))
+
+
+def check_ex04a(my_pass):
+    assert my_pass is not None, "build your pass: my_canonicalize = rule_pass('canonicalize_add', [your_rule])"
+    assert isinstance(my_pass, Pass), f"rule_pass(...) returns a Pass; you gave a {type(my_pass).__name__}"
+    step = run_passes(swapped.graph, [my_pass]).steps[0]
+    assert not step.error, f"your pass failed (or the verifier rejected its graph): {step.error}"
+    g = lint(step.after)  # the verifier, once more, on your graph
+    n = len(step.matches)
+    assert n, "your pass rewrote nothing: layer 0 of swapped_residual has two adds written add(skip, branch)"
+    assert n == 2, (f"your pass rewrote {n} adds; only the 2 residual adds of layer 0 are out of order: leave "
+                    "adds with operands of different shapes (bias, mask) and adds already in order alone")
+    for add in residual_adds(g):
+        a, b = add.inputs
+        assert a > b, (f"residual add %{add.id} @{add.path} reads (%{a}, %{b}): the operand computed later "
+                       "(the larger id) must come first")
+    again = run_passes(g, [my_pass]).steps[0]
+    assert not again.matches, (f"on its own output your pass rewrote {len(again.matches)} adds again: a "
+                               "canonicalization must leave adds already in order alone (idempotent)")
+    d = max_diff(g)
+    assert d == 0.0, f"outputs changed by up to {d:.3e}: swapping the operands of an add changes no bit"
+    fused = fused_layers(Pipeline([my_pass, *STRICT_ORDER]).run(swapped.graph))
+    assert fused == 2, f"with your pass first, the strict pipeline fuses {fused} layers; expected 2"
+    return (f"{n} adds rewritten, verifier passed, outputs equal bit for bit, idempotent; the strict pipeline "
+            f"fuses {fused} layers")
+
+
+my_canonicalize = None  # YOUR PASS: rule_pass("canonicalize_add", [a Rule as described above])
+teach.feedback(check_ex04a, my_canonicalize);''', "exercise"),
+    code('''
+import solutions
+
+teach.feedback(check_ex04a, solutions.ex04a());''', "solution", hidden=True),
+    md("""
+### Your pass and the product, compared
+
+Three pipelines on `swapped_residual`: the strict rule alone; the solution's `canonicalize_add`
+first, then the strict rule; and the product's canonical pipeline (commutative guards, no
+canonicalization). The last two fuse; they differ in the operand layout of layer 0's post-attention
+`FusedResidualLN` (which operand is `x`, which `residual`), and both compute the unfused graph's
+numbers.
+"""),
+    code('''
+canonicalize_add = solutions.ex04a()  # or your my_canonicalize, once its check says correct
+runs = {"strict rule": strict_run,
+        "canonicalize_add + strict rule": Pipeline([canonicalize_add, *STRICT_ORDER]).run(swapped.graph),
+        "product (commutative guards)": Pipeline.canonical().run(swapped.graph)}
+for label, run in runs.items():
+    rln = run.step("fuse_residual_ln")
+    m = next(m for m in rln.matches if m.path.startswith("encoder.layer.0.attention"))
+    x, res = (rln.before[m.bindings[r]] for r in ("x", "residual"))
+    print(f"{label:<31} fused layers = {fused_layers(run)}; layer 0 ln1: x={x.op.value}, residual={res.op.value}; "
+          f"max |diff| vs unfused = {max_diff(run.final):.1e}")''', "compare-canon"),
+    md("""
+Both fixes are compiler fixes for a *not recognized* rejection: the model was fine. The product's
+choice (a commutative guard) keeps the model's layout; a canonicalization pass fixes the layout once
+for every later rule — the usual choice in compilers with many patterns (LLVM's InstCombine, for one,
+moves the constant operand of a commutative op to the right, so its patterns look in one place only).
+
+## 3. Exercise B: a new epilogue, behind guards
+
+In the `tanh_gelu` variant, layer 0's FFN uses tanh-approximated GELU. `fuse_matmul_bias_act` fuses the
+linear but not the activation — `gelu_tanh` is not on the epilogue allow-list (`gelu`, `silu`). The
+product says so, with its kind and the compiler-side fix:
+"""),
+    code('''
+tanh = teach.load("bert-tiny", seq=8, variant="tanh_gelu")
+UPTO = list(CANONICAL_ORDER[:CANONICAL_ORDER.index("fuse_matmul_bias_act") + 1])
+fmba_step = Pipeline(UPTO).run(tanh.graph).step("fuse_matmul_bias_act")
+soft = next(r for r in fmba_step.rejections if r.guard == "epilogue_activation")
+print(f"{soft.guard} ({soft.kind}): {soft.message}")
+print("compiler fix:", soft.fix)''', "tanh-before"),
+    md("""
+### Your task
+
+Write a pass `fuse_gelu_tanh_epilogue` whose rule anchors on `gelu_tanh` reading a
+`FusedMatMulBiasAct(activation=None)` (roles `x`, `w`, `bias`, `fc`; the activation `act`) and rewrites
+both into one `FusedMatMulBiasAct(activation="gelu_tanh")` with operands `x, w, bias` (`absorb=("fc",
+"act")`, `result="act"`). Its steps:
+
+1. **illegal**: the pre-activation value `fc` has exactly one user and is not a graph output — the
+   fused node no longer produces it (`single_user`, `not_output` from `rlxviz.passes.guard`);
+2. **not profitable**: a size gate on the pipeline parameter `epilogue_max_rows` (None: no gate), the
+   rows being every dim of `fc` but the last — `size_le(param, measure, what, name, role)` where
+   `measure(c)` returns `(rows, "1*8")`.
+
+**Validity condition**: `FusedMatMulBiasAct(activation="gelu_tanh")` computes `gelu_tanh(x @ w + bias)`
+(`rlxviz/ir/fused.py`, the one definition the reference executor and the MLX lowering use), the same
+ops in the same order, so the numbers equal the unfused graph's.
+"""),
+    code('''
+def probe_graph():
+    """A linear + gelu_tanh whose pre-activation value is also read by a probe (returned as an output)."""
+    from rlxviz.ir import Builder
+
+    b = Builder("probe")
+    x = b.input("x", (2, 4, 16))
+    pre = b.linear(x, b.param("w", (16, 32)), b.param("b", (32,)))
+    b.output(b.gelu_tanh(pre), b.reduce_mean(pre, [-1]))
+    return b.build()
+
+
+def check_ex04b(my_pass):
+    assert my_pass is not None, "build your pass: my_epilogue = rule_pass('fuse_gelu_tanh_epilogue', [your_rule])"
+    assert isinstance(my_pass, Pass), f"rule_pass(...) returns a Pass; you gave a {type(my_pass).__name__}"
+    run = Pipeline([*UPTO, my_pass]).run(tanh.graph)
+    step = run.steps[-1]
+    assert not step.error, f"your pass failed (or the verifier rejected its graph): {step.error}"
+    g = lint(step.after)
+    assert len(step.matches) == 1, (f"your pass made {len(step.matches)} matches; expected 1 (layer 0's FFN): "
+                                    "anchor on gelu_tanh reading FusedMatMulBiasAct(activation=None)")
+    new = g[step.matches[0].fused]
+    assert new.op == Op.FUSED_MATMUL_BIAS_ACT and new.attrs.get("activation") == "gelu_tanh", (
+        f"the rewrite made {new.op.value}({new.attrs}); expected FusedMatMulBiasAct(activation='gelu_tanh')")
+    assert g.op_counts().get("gelu_tanh", 0) == 0, "a gelu_tanh node is left: absorb both fc and act"
+    d = max_diff(g, tanh)
+    assert d <= 1e-6, f"outputs changed by up to {d:.3e}: the fused op must compute gelu_tanh(x @ w + bias)"
+    probe = run_passes(probe_graph(), ["fuse_matmul_bias_act", my_pass]).steps[-1]
+    assert not probe.matches, ("your pass fused a gelu_tanh whose pre-activation value is also read by a probe: "
+                               "the fused node no longer produces that value (illegal)")
+    mine = [r for r in probe.rejections if r.kind == "illegal" and r.guard != "absorbed_escape"]
+    assert mine, ("only the engine's generic absorbed_escape refused the probe graph: add your own guard that "
+                  "names the problem (single_user on fc, kind illegal)")
+    gated = Pipeline([*UPTO, my_pass], {"epilogue_max_rows": 4}).run(tanh.graph).steps[-1]
+    assert not gated.matches, "with epilogue_max_rows=4 the 8-row FFN still fused: add a size_le gate on it"
+    gate = [r for r in gated.rejections if r.kind == "not profitable"]
+    assert gate and "8" in gate[0].message, (f"the gate's rejection should be of kind 'not profitable' and quote "
+                                             f"the 8 rows; got {[(r.guard, r.kind) for r in gated.rejections]}")
+    return (f"fused into FusedMatMulBiasAct(activation='gelu_tanh'), max |diff| {d:.1e}, verifier passed; "
+            f"probe refused by {mine[0].guard} (illegal); gate: {gate[0].guard} (not profitable)")
+
+
+my_epilogue = None  # YOUR PASS: rule_pass("fuse_gelu_tanh_epilogue", [a Rule as described above])
+teach.feedback(check_ex04b, my_epilogue);''', "exercise-b"),
+    code('''
+teach.feedback(check_ex04b, solutions.ex04b());''', "solution-b", hidden=True),
+    md("""
+### What the layer rule says next
+
+With the solution's epilogue pass inserted after `fuse_matmul_bias_act`, the FFN's activation is
+absorbed — and `fuse_transformer_layer` names the next limit: its own allow-list. The layer op's
+decomposition takes any activation; admitting `gelu_tanh` there (and a tanh-GELU kernel where it is
+one kernel) is the compiler fix. Switching the model to exact GELU would change its numbers.
+"""),
+    code('''
+epilogue = solutions.ex04b()
+order = list(CANONICAL_ORDER)
+order.insert(order.index("fuse_matmul_bias_act") + 1, epilogue)
+with_epilogue = Pipeline(order).run(tanh.graph)
+st = teach.layer_status(with_epilogue, 0)
+print(f"epilogue matches: {len(with_epilogue.step('fuse_gelu_tanh_epilogue').matches)}; "
+      f"fused layers = {fused_layers(with_epilogue)}")
+print(f"layer 0: guard {st.first.guard} ({st.first.kind}): {st.first.message}")
+print("compiler fix:", st.first.fix)''', "after-epilogue"),
+    md("""
+## 4. Try it
+
+Pick a variant and a pipeline; the cell prints layer 0's status (the output under the cell before the
+control is a static copy, for exports).
+"""),
+    code('''
+PIPELINES = {"product (canonical)": lambda: Pipeline.canonical(),
+             "strict rule": lambda: Pipeline(STRICT_ORDER),
+             "canonicalize_add + strict rule": lambda: Pipeline([canonicalize_add, *STRICT_ORDER]),
+             "product + gelu_tanh epilogue": lambda: Pipeline(order)}
+
+
+def try_it(variant="swapped_residual", pipeline="strict rule"):
+    model = swapped if variant == "swapped_residual" else tanh
+    run = PIPELINES[pipeline]().run(model.graph)
+    print(f"{variant} / {pipeline}: fused layers = {fused_layers(run)}")
+    print(teach.layer_status(run, 0).render())
+
+
+try_it()  # static output for exports
+controls = widgets.interact(try_it, variant=widgets.Dropdown(options=["swapped_residual", "tanh_gelu"]),
+                            pipeline=widgets.Dropdown(options=list(PIPELINES), value="strict rule"))'''),
 ]
 
 NOTEBOOKS = {
     "01_what_is_fusion.ipynb": NB01,
     "02_fusing_a_bert_layer.ipynb": NB02,
     "03_why_did_my_layer_not_fuse.ipynb": NB03,
+    "04_write_your_own_pattern_and_guard.ipynb": NB04,
 }
 
 

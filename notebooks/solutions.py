@@ -35,3 +35,66 @@ def ex03(text: str) -> str:
     import re
 
     return re.sub(r"^(\s*return %\w+)(, %\w+)+", r"\1", text, flags=re.MULTILINE)
+
+
+def ex04a():
+    """Notebook 04, exercise A: a pass that puts the later-computed operand of a same-shape `add` first.
+
+    Validity: IEEE-754 addition is commutative (`a + b == b + a` bit for bit, and broadcasting is symmetric),
+    so swapping the operands changes no number. The canonical order is "the operand computed later first":
+    node ids follow a topological order, and a residual's branch is computed from its skip, so this is the
+    branch-first layout RLX's layer fusion expects. Adds whose operands differ in shape (a bias, a mask)
+    are left alone, and so are adds already in order (so a second run rewrites nothing: idempotent).
+    """
+    from rlxviz.ir import Op
+    from rlxviz.passes.engine import rule_pass
+    from rlxviz.passes.pattern import P
+    from rlxviz.passes.rule import QUIET, Rule, reports
+
+    @reports(reads=("a", "b"))
+    def needs_swap(c):
+        """Not a candidate (QUIET) unless the operands have equal shapes and the later one is second."""
+        if c["a"].shape != c["b"].shape or c.id("a") > c.id("b"):
+            return QUIET
+        return None
+
+    rule = Rule("canonicalize_add.later_operand_first", P(Op.ADD, P.var("a"), P.var("b"), name="add"),
+                steps=(needs_swap,), result="add", absorb=("add",),
+                build=lambda c: (Op.ADD, [c.id("b"), c.id("a")], {}),
+                doc="add(a, b) -> add(b, a) when b was computed after a (same shapes)")
+    return rule_pass("canonicalize_add", [rule], "same-shape adds: the operand computed later first")
+
+
+def ex04b():
+    """Notebook 04, exercise B: absorb a `gelu_tanh` that follows `FusedMatMulBiasAct(activation=None)`.
+
+    Validity: `FusedMatMulBiasAct(activation="gelu_tanh")` computes `gelu_tanh(x @ w + bias)`
+    (`rlxviz/ir/fused.py`), the same ops in the same order, so the numbers are equal. It is *illegal* when the
+    pre-activation value has another reader or is a graph output (the fused node no longer produces it):
+    `single_user` and `not_output`. A size gate of kind *not profitable* reads the pipeline parameter
+    `epilogue_max_rows` (None, the default: no gate): the rows are every dim of the result but the last.
+    """
+    import math
+
+    from rlxviz.ir import Op
+    from rlxviz.passes.engine import rule_pass
+    from rlxviz.passes.guard import not_output, single_user, size_le
+    from rlxviz.passes.pattern import P
+    from rlxviz.passes.rule import Rule
+
+    fmba = Op.FUSED_MATMUL_BIAS_ACT
+
+    def rows(c):
+        lead = c["fc"].shape[:-1]
+        return math.prod(lead), "*".join(map(str, lead))
+
+    rule = Rule("fuse_gelu_tanh_epilogue.absorb",
+                P(Op.GELU_TANH, P(fmba, P.var("x"), P.var("w"), P.var("bias"), name="fc",
+                                  attrs={"activation": None}), name="act"),
+                steps=(single_user("fc", "fc_single_user", "the pre-activation value must feed only gelu_tanh"),
+                       not_output("fc", "fc_not_output"),
+                       size_le("epilogue_max_rows", rows, "rows", "epilogue_size_gate", "fc")),
+                result="act", absorb=("fc", "act"),
+                build=lambda c: (fmba, [c.id("x"), c.id("w"), c.id("bias")], {"activation": "gelu_tanh"}),
+                doc="FusedMatMulBiasAct(None) + gelu_tanh -> FusedMatMulBiasAct(gelu_tanh)")
+    return rule_pass("fuse_gelu_tanh_epilogue", [rule], "a gelu_tanh after a fused linear -> its epilogue")

@@ -28,8 +28,9 @@ GEN = _generator()
 NAMES = list(GEN.NOTEBOOKS)
 
 
-def test_three_notebooks_exist_and_match_the_generator():
-    assert NAMES == ["01_what_is_fusion.ipynb", "02_fusing_a_bert_layer.ipynb", "03_why_did_my_layer_not_fuse.ipynb"]
+def test_four_notebooks_exist_and_match_the_generator():
+    assert NAMES == ["01_what_is_fusion.ipynb", "02_fusing_a_bert_layer.ipynb", "03_why_did_my_layer_not_fuse.ipynb",
+                     "04_write_your_own_pattern_and_guard.ipynb"]
     for name in NAMES:
         path = NB_DIR / name
         assert path.read_text(encoding="utf-8") == GEN.render(name), f"{name} is stale: run notebooks/make_notebooks.py"
@@ -98,15 +99,24 @@ def common(nb):
     return t
 
 
-def exercise_feedback(nb, t):
+def exercise_feedback(nb, t, exercise="exercise", solution="solution"):
     """The exercise stub gets feedback (not a bare boolean); the collapsed solution cell passes the same check."""
-    text, _ = t["exercise"]
+    text, _ = t[exercise]
     assert text.startswith("not yet: ") and "True" not in text and "False" not in text
-    text, _ = t["solution"]
+    for tag in (exercise, solution):  # feedback only: no boolean shown as the cell's value
+        cell = next(c for c in nb.cells if tag in c.metadata.get("tags", []))
+        assert not [o for o in cell.outputs if o.output_type == "execute_result"], tag
+    text, _ = t[solution]
     assert text.startswith("correct: ")
-    sol = [c for c in nb.cells if "solution" in c.metadata.get("tags", [])]
+    sol = [c for c in nb.cells if solution in c.metadata.get("tags", [])]
     assert sol and all(c.metadata["jupyter"]["source_hidden"] for c in sol)
-    assert nb.cells.index(sol[0]) > [i for i, c in enumerate(nb.cells) if "exercise" in c.metadata.get("tags", [])][0]
+    assert nb.cells.index(sol[0]) > [i for i, c in enumerate(nb.cells) if exercise in c.metadata.get("tags", [])][0]
+
+
+def markdown_of(nb, tag):
+    """The text/markdown outputs of the cells tagged `tag`."""
+    return "".join(o.data["text/markdown"] for c in nb.cells if tag in c.metadata.get("tags", [])
+                   for o in c.outputs if "text/markdown" in o.get("data", {}))
 
 
 def test_01_what_is_fusion(executed):
@@ -204,6 +214,28 @@ def test_02_fusing_a_bert_layer(executed):
     text, _ = t["order"]
     assert "0 matches, 6 rejections" in text and text.count(": attn_is_fused_block: ") == 6
     assert "run fuse_attention_block first" in text and "fused layers: 0" in text
+    # profitability: RLX's 64-token gate is a guard of kind "not profitable"; what it would save, measured
+    from rlxviz.passes.rules.attention import BLOCK
+
+    assert BLOCK.guard_kinds["attention_size_gate"] == "not profitable"
+    text, _ = t["gate"]
+    assert "small: batch*seq = 16: fuse_attention_block with the gate at 64: 6 fused, 0 rejected" in text
+    assert "large: batch*seq = 256: fuse_attention_block with the gate at 64: 0 fused, 6 rejected" in text
+    assert "attention_size_gate (not profitable): attn (node " in text
+    assert "has batch*seq = 2*128 = 256; the gate (pipeline param fab_max_tokens) allows at most 64" in text
+    ideal = [int(v) for v in re.findall(r"ideal kernel saves (\d+) B", text)]
+    assert len(ideal) == 2 and ideal[0] > 0 and ideal[1] == 16 * ideal[0]  # 16x the tokens, 16x the bytes
+    assert text.count("executed on MLX saves cpu 0 B, gpu 0 B") == 2  # FusedAttentionBlock runs as its decomposition
+    text, _ = t["gate-timing"]
+    timed = re.findall(r"^(small|large): batch\*seq = (\d+): unfused (\S+) ms .*?, fused (\S+) ms .*?: "
+                       r"(within noise|\d+\.\d\dx (?:faster|slower)); executed saving 0 B; error vs unfused (\S+)$",
+                       text, re.M)
+    assert [(x[0], x[1]) for x in timed] == [("small", "16"), ("large", "256")], text
+    assert all(float(x[5]) < 1e-5 for x in timed)
+    md_text = markdown_of(nb, "gate-read-aloud")
+    assert f"at 16 tokens the fused attention block is **{timed[0][4]}**, at 256 tokens **{timed[1][4]}**" in md_text
+    losing = timed[1][4].endswith("slower")
+    assert ("Nothing here shows the fused block losing above 64 tokens" in md_text) == (not losing)
     exercise_feedback(nb, t)
 
 
@@ -216,17 +248,31 @@ def test_03_why_did_my_layer_not_fuse(executed):
                 "over_threshold": "attention_size_gate"}
     rows = {ln.split()[0]: ln for ln in text.splitlines() if ln.strip()}
     assert set(rows) == set(expected)
+    kinds = catalog_kinds()
     for case, guard in expected.items():
         fused = case == "swapped_residual"  # add is commutative: the residual in either order fuses
         assert f"layer 0 fused={fused}" in rows[case] and f"guard={guard} " in rows[case], rows[case]
+        assert f"kind={kinds.get(guard, '-')} " in rows[case], rows[case]  # the kind the rule catalog declares
         sibling = "False" if case == "over_threshold" else "True"  # the gate applies to every layer
         assert rows[case].rstrip().endswith(f"layer 1 fused={sibling}")
+    text, _ = t["kinds"]  # the product's own kind, fix and compiler fix per case
+    for case, guard in expected.items():
+        if case != "swapped_residual":
+            assert f"{case}: {guard} [{kinds[guard]}]" in text
+    assert "swapped_residual: fused (fuse_transformer_layer.bert_post_ln; the residual add is accepted" in text
+    assert "compiler fix: add gelu_tanh to the epilogue allow-list" in text
+    assert "compiler fix: a two-output FusedResidualLN that also returns the sum" in text
+    text, _ = t["tanh-cost"]  # "use exact GELU" changes the model: by how much, computed
+    gap = float(re.search(r"largest difference (\S+) at x = ", text).group(1))
+    assert 4e-4 < gap < 5e-4
+    assert float(re.search(r"exact GELU in layer 0: largest difference (\S+)", text).group(1)) > 0
     text, html = t["one-case"]
     assert "guard fc1_activation" in text and "gelu_tanh" in text and "layer 1 fused with" in text
     outputs = [o for c in nb.cells if "one-case" in c.metadata.get("tags", []) for o in c.outputs]
     drawn = [o.data["text/html"] for o in outputs if "data" in o and "text/html" in o.data]
     assert drawn and "<svg" in drawn[0] and "overflow:auto" in drawn[0]
     text, _ = t["fix-model"]
+    assert "dead_code_elimination first, probe still returned: h1_user_count" in text  # DCE alone does not fix it
     assert "canonical order: h1_user_count" in text and "fused layers = 2" in text
     text, _ = t["fix-pipeline"]
     assert "fused layers = 2" in text
@@ -235,3 +281,75 @@ def test_03_why_did_my_layer_not_fuse(executed):
     assert "fix_ir returned the text unchanged" in text  # the stub is told what is wrong
     text, _ = t["solution"]
     assert "layer 0 fuses" in text
+
+
+def catalog_kinds():
+    """Guard name -> kind from the product's rule catalog (every rule of every pass)."""
+    from rlxviz.passes import PASSES
+
+    return {g: k for p in PASSES.values() for r in p.rules for g, k in r.guard_kinds.items()}
+
+
+def test_04_write_your_own_pattern_and_guard(executed):
+    from rlxviz.passes.rules.layer import LAYER
+    from rlxviz.passes.rules.linear import BIAS_ACT
+
+    nb = executed("04_write_your_own_pattern_and_guard.ipynb")
+    t = common(nb)
+    text, _ = t["anatomy"]  # the rule read as a table: the kinds are the product's own
+    assert text.startswith("fuse_matmul_bias_act.bias_act defined at rlxviz/passes/rules/linear.py:")
+    for name, kind in BIAS_ACT.guard_kinds.items():
+        assert re.search(rf"step {name}\s+kind: {kind}$", text, re.M), name
+    text, _ = t["strict"]
+    assert "strict pipeline on swapped_residual: fused layers = 1" in text
+    assert f"layer 0: guard ln1_operand_order ({LAYER.guard_kinds['ln1_operand_order']}): " in text
+    assert "compiler fix: canonicalize commutative adds (branch first) before matching" in text
+    exercise_feedback(nb, t)
+    text, _ = t["solution"]
+    assert "2 adds rewritten, verifier passed, outputs equal bit for bit, idempotent; the strict pipeline fuses 2 " \
+           "layers" in text
+    text, _ = t["compare-canon"]
+    rows = {r[0]: r[1:] for r in re.findall(r"^(.+?)\s+fused layers = (\d); layer 0 ln1: x=(\w+), residual=(\w+); "
+                                           r"max \|diff\| vs unfused = (\S+)$", text, re.M)}
+    assert rows["strict rule"][0] == "1"
+    assert rows["canonicalize_add + strict rule"][:3] == ("2", "FusedAttentionBlock", "layer_norm")
+    assert rows["product (commutative guards)"][:3] == ("2", "layer_norm", "FusedAttentionBlock")
+    assert all(float(r[3]) == 0.0 for r in rows.values())  # add commutes bit for bit
+    text, _ = t["tanh-before"]
+    assert text.startswith(f"epilogue_activation ({BIAS_ACT.guard_kinds['epilogue_activation']}): ")
+    assert "compiler fix: add gelu_tanh to the epilogue allow-list" in text
+    exercise_feedback(nb, t, "exercise-b", "solution-b")
+    text, _ = t["solution-b"]
+    assert "FusedMatMulBiasAct(activation='gelu_tanh'), max |diff| 0.0e+00, verifier passed" in text
+    assert "probe refused by fc_single_user (illegal); gate: epilogue_size_gate (not profitable)" in text
+    text, _ = t["after-epilogue"]
+    assert "epilogue matches: 1; fused layers = 1" in text
+    assert f"layer 0: guard fc1_activation ({LAYER.guard_kinds['fc1_activation']}): " in text
+    assert "FusedMatMulBiasAct(activation=gelu_tanh)" in text
+
+
+def test_04_solutions_are_checked_passes():
+    """The solutions are product-API passes: A is idempotent and exact, B refuses an extra reader (illegal)."""
+    sys.path.insert(0, str(NB_DIR))
+    try:
+        import solutions
+    finally:
+        sys.path.remove(str(NB_DIR))
+    from rlxviz.ir import Builder
+    from rlxviz.passes import run_passes
+
+    b = Builder("swap")
+    x = b.input("x", (2, 3))
+    y = b.add(x, b.gelu(x))  # skip first: add(x, branch)
+    b.output(b.add(y, b.param("bias", (3,))))  # a bias add: operands differ in shape, left alone
+    step = run_passes(b.build(), [solutions.ex04a()]).steps[0]
+    assert len(step.matches) == 1 and not step.error
+    add = step.after[step.matches[0].fused]
+    assert add.inputs[0] > add.inputs[1]  # the later operand (gelu) first
+    assert not run_passes(step.after, [solutions.ex04a()]).steps[0].matches  # idempotent
+    b = Builder("probe")
+    x = b.input("x", (4, 8))
+    pre = b.linear(x, b.param("w", (8, 8)), b.param("b", (8,)))
+    b.output(b.gelu_tanh(pre), pre)  # the pre-activation is a graph output
+    last = run_passes(b.build(), ["fuse_matmul_bias_act", solutions.ex04b()]).steps[-1]
+    assert not last.matches and {(r.guard, r.kind) for r in last.rejections} >= {("fc_not_output", "illegal")}
