@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,20 +48,20 @@ from rlxviz.runtime.timing import diff, timing_context
 
 
 # -- model and weights ---------------------------------------------------------------------------------
-def load(batch: int, seq: int):
-    """(hf Model, rlx Model, source label): the same weights in both styles. Real MiniLM weights if the
-    package is installed; else the minilm-shaped preset's seeded HF-style weights, with the RLX-style
-    ones derived from them (the two presets' own random weights differ: comparing one against the
-    other's reference printed max error 6.0 for correct versions)."""
+def load(batch: int, seq: int, real: str = "minilm", shaped: str = "minilm-shaped"):
+    """(hf Model, rlx Model, source label): the same weights in both styles. The `real` preset (the
+    checkpoint's weights when its package is installed), else the `shaped` preset's seeded weights;
+    either way the RLX-style weights are derived from the HF-style ones (Q|K|V concatenated). Two
+    presets' own random weights differ: comparing one against the other's reference printed max error
+    6.0 for correct versions (`tests/test_runtime_versions.py` checks this function)."""
     try:
-        hf, rlx = load_model("minilm", batch, seq, style="hf"), load_model("minilm", batch, seq, style="rlx")
-        return hf, rlx, "all-MiniLM-L6-v2 (real weights)"
+        hf, name = load_model(real, batch, seq, style="hf"), real
     except Exception as e:  # noqa: BLE001 - any failure: fall back to the random preset, say why
-        print(f"[note] real MiniLM unavailable ({e}); using minilm-shaped random weights")
-        hf = load_model("minilm-shaped", batch, seq, style="hf")
-        rlx = load_model("minilm-shaped", batch, seq, style="rlx")
-        rlx.weights = rlx_weights_from_hf(hf.weights, rlx.config)
-        return hf, rlx, "minilm-shaped (random weights, shared by both styles)"
+        print(f"[note] {real} unavailable ({e}); using {shaped} random weights")
+        hf, name = load_model(shaped, batch, seq, style="hf"), shaped
+    rlx = load_model(name, batch, seq, style="rlx")
+    rlx.weights = rlx_weights_from_hf(hf.weights, rlx.config)
+    return hf, rlx, name if name == real else f"{shaped} (random weights; {real} unavailable)"
 
 
 def flops(cfg: BertConfig, batch: int, seq: int) -> float:
@@ -211,7 +213,8 @@ def onnx_session(model, torch, ids: np.ndarray, mask: np.ndarray, path: str):  #
     except ImportError:
         return None
     try:
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter: static shapes suffice
             torch.onnx.export(model, (torch.from_numpy(ids), torch.from_numpy(mask)), path,
                               input_names=["ids", "mask"], output_names=["out"], dynamo=False)
         opts = ort.SessionOptions()
@@ -378,10 +381,146 @@ def run_batch(batch: int, args: argparse.Namespace) -> None:
     print("max|err|: vs the NumPy reference of the unfused RLX-style graph; x hand: median / best hand MLX median")
 
 
+# -- the README table: every version side by side with the other runtimes, one run ------------------------
+def ort_session(path: str, threads: int):
+    """An ONNX Runtime CPU session on `path` (all graph optimizations, `threads` intra-op threads)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.intra_op_num_threads = threads
+    return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+
+
+def interleaved(rows: list[Row], warmup: int, repeat: int) -> None:
+    """Fill each row's `samples` (ms): `warmup` untimed rounds, then `repeat` rounds that call every
+    row once in a rotated order, so a load spike from other processes hits all rows alike."""
+    for _ in range(warmup):
+        for r in rows:
+            r.call()
+    for k in range(repeat):
+        for j in range(len(rows)):
+            r = rows[(j + k) % len(rows)]
+            t = time.perf_counter()
+            r.call()
+            r.samples.append((time.perf_counter() - t) * 1e3)
+
+
+def side_by_side(batch: int, args: argparse.Namespace) -> list[str]:
+    """The markdown table for one batch size: every rlxviz version (canonical pipeline, the device's
+    lowering), hand-written MLX, ONNX Runtime on rlxviz's ONNX export of the input graph (and on
+    torch.onnx's export of the PyTorch encoder when torch is installed) and PyTorch eager, all on the
+    same weights and inputs, timed in interleaved rounds. Each output is compared with the NumPy
+    reference of the input graph (max |err| column)."""
+    import tempfile
+
+    hf, rlx, source = load(batch, args.seq, args.model)
+    cfg: BertConfig = rlx.config
+    feeds = rlx.random_feeds(seed=batch)
+    ref = run_reference(hf.graph, feeds, hf.weights)[0]
+    threads = cpu_cores()
+    load_before = os.getloadavg()
+    rows: list[Row] = []
+
+    def add(name: str, call: Callable[[], object], output: Callable[[], np.ndarray], where: str) -> None:
+        t = time.perf_counter()
+        out = np.asarray(output())
+        rows.append(Row(name, call, (time.perf_counter() - t) * 1e3, diff(out, ref).max_abs, where))
+
+    ex = MlxExecutor(device=args.device)
+    mlx_where = f"MLX {args.device}, {ex.options.cpu_streams} stream(s)" if args.device == "cpu" else "MLX gpu"
+    for name, g in [("input", hf.graph), *pass_versions(hf.graph)]:
+        prog, xs = ex.bind(g, feeds, hf.weights)
+        add(f"rlxviz {name.replace('canonical: ', '')} ({len(g.compute_nodes())} ops)",
+            lambda p=prog, xs=xs: mx.eval(p.fn(*xs)), lambda g=g: ex.run(g, feeds, hf.weights)[0], mlx_where)
+    ids_mx, mask_mx = mx.array(feeds["input_ids"]), mx.array(feeds["attention_mask"])
+    for label, fast in (("hand-written MLX (erf GELU, mx.fast SDPA, compiled)", False),
+                        ("hand-written MLX (rlxviz fast math, compiled)", True)):
+        fn = hand_mlx(cfg, rlx.weights, fast)
+
+        def hand(fn=fn):  # noqa: ANN001, ANN202
+            with mx.stream(mx_device(args.device)):
+                return fn(ids_mx, mask_mx)
+        add(label, lambda h=hand: mx.eval(h()), lambda h=hand: np.array(h()), mlx_where)
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            import onnxruntime as ort
+
+            from rlxviz.models.onnx_export import export_onnx
+
+            path = f"{tmp}/rlxviz_input.onnx"
+            export_onnx(hf.graph, hf.weights, path)
+            sess = ort_session(path, threads)
+            inp = {i.name: feeds[i.name] for i in sess.get_inputs()}
+            add(f"ONNX Runtime {ort.__version__} (rlxviz export of the input graph)",
+                lambda s=sess, i=inp: s.run(None, i), lambda s=sess, i=inp: s.run(None, i)[0],
+                f"ORT CPU EP, {threads} thread(s)")
+        except ImportError as e:
+            print(f"[note] ONNX Runtime row skipped: {e}")
+        tt = torch_encoder(cfg, rlx.weights)
+        if tt is None:
+            rows.append(Row("PyTorch eager: not installed (benchmarks/requirements.txt)", lambda: None, 0.0, None))
+        else:
+            model, torch = tt
+            torch.set_num_threads(threads)
+            tid, tmask = torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])
+
+            def torch_call(m=model, a=tid, b=tmask, t=torch):  # noqa: ANN001, ANN202
+                with t.inference_mode():
+                    return m(a, b).numpy()
+            add(f"PyTorch {torch.__version__} eager", torch_call, torch_call, f"torch CPU, {threads} thread(s)")
+            sess = onnx_session(model, torch, feeds["input_ids"], feeds["attention_mask"], f"{tmp}/torch.onnx")
+            if sess is not None:
+                inp = {"ids": feeds["input_ids"], "mask": feeds["attention_mask"]}
+                add("ONNX Runtime (torch.onnx export of the PyTorch encoder)", lambda s=sess: s.run(None, inp),
+                    lambda s=sess: s.run(None, inp)[0], f"ORT CPU EP, {threads} thread(s)")
+        timed = [r for r in rows if r.where]
+        interleaved(timed, args.warmup, args.repeat)
+    med = {r.name: statistics.median(r.samples) for r in timed}
+    ort_ms = min((m for k, m in med.items() if k.startswith("ONNX Runtime")), default=None)
+    load_after = os.getloadavg()
+    out = [f"**{source}, f32, batch {batch}, seq {args.seq}** ({flops(cfg, batch, args.seq) / 1e9:.2f} GFLOP; "
+           f"{args.repeat} interleaved rounds; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after)",
+           "", "| runtime / version | where | median ms | IQR ms | min ms | x ORT | max abs err |",
+           "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if not r.where:
+            out.append(f"| {r.name} | - | - | - | - | - | - |")
+            continue
+        q = statistics.quantiles(r.samples, n=4) if len(r.samples) > 1 else [0.0, 0.0, 0.0]
+        x = f"{med[r.name] / ort_ms:.2f}" if ort_ms else "-"
+        out.append(f"| {r.name} | {r.where} | {med[r.name]:.1f} | {q[2] - q[0]:.1f} | {min(r.samples):.1f} | {x} "
+                   f"| {r.max_abs:.1e} |")
+    return out
+
+
+def table_header(device: str) -> list[str]:
+    """Machine, date and versions, for the README table."""
+    import datetime
+    import platform
+
+    versions = [f"mlx {mx.__version__}"]
+    for mod in ("onnxruntime", "torch"):
+        try:
+            versions.append(f"{mod} {__import__(mod).__version__}")
+        except ImportError:
+            versions.append(f"{mod} not installed")
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
+               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
+    return [f"Measured {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC on {cpu}, {cpu_cores()} "
+            f"core(s) ({device}); {', '.join(versions)}; {blas_summary()}.",
+            "Command: `.venv/bin/python benchmarks/bench_runtime.py --table` (x ORT: median / fastest "
+            "ONNX Runtime median; max abs err: vs the NumPy reference of the input graph).", ""]
+
+
 # -- main --------------------------------------------------------------------------------------------------------
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--batches", type=int, nargs="+", default=None, help="default: 1 8 32 (--table: 8 1)")
+    ap.add_argument("--model", default="minilm", help="--table: a BERT preset (default minilm, the real "
+                    "checkpoint; minilm-shaped random weights when its package is absent)")
+    ap.add_argument("--table", action="store_true",
+                    help="the README table: every version side by side with hand MLX, ORT and PyTorch, markdown")
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=10)
@@ -395,11 +534,17 @@ def main() -> None:
                     help="time every intermediate pipeline version too (default: input and final versions)")
     args = ap.parse_args()
     args.device = resolve_device(args.device)
+    if args.table:
+        lines = table_header(args.device)
+        for batch in args.batches or [8, 1]:
+            lines += side_by_side(batch, args) + [""]
+        print("\n".join(lines))
+        return
     print(blas_summary(), "| devices:", ", ".join(d.label for d in available_devices()),
           f"| running on {args.device}; {cpu_cores()} cores, OpenBLAS threads {blas_threads()}")
     if args.micro:
         micro(args.repeat)
-    for batch in args.batches:
+    for batch in args.batches or [1, 8, 32]:
         run_batch(batch, args)
 
 if __name__ == "__main__":
