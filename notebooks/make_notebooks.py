@@ -508,12 +508,14 @@ for label, (batch, seq) in sizes.items():
     print(f"  ungated, per layer: ideal kernel saves {cpu.ideal.total // 6} B; executed on MLX saves "
           f"cpu {cpu.total} B, gpu {gpu.total} B (all 6 layers)")
     if heads:
-        print(f"  {heads[0].guard} ({heads[0].kind}): {heads[0].message}")''', "gate"),
+        print(f"  {heads[0].guard} ({heads[0].kind}): {heads[0].message}")
+print("FusedAttentionBlock runs as:", ", ".join(f"{d}: {session.runs_as('FusedAttentionBlock', d)}" for d in ("cpu", "gpu")))''',
+         "gate"),
     md("""
 What the numbers say: the ideal saving grows with the tokens (16 times the tokens, 16 times the bytes:
 the QKV projection and the attention output are per token), so a fused kernel that keeps them in cache
 stops paying at some size; RLX put that size at 64 tokens for its CPU kernel. But MLX runs
-`FusedAttentionBlock` as its decomposition (section 3), so the program that executes saves **0 B** at
+`FusedAttentionBlock` as its decomposition on both devices (printed above), so the program that executes saves **0 B** at
 both sizes: on MLX the gate has no saving to weigh. Timing is measured next on bert-tiny (2 layers, so
 the cell takes seconds): the version before `fuse_attention_block` against the one after, interleaved
 rounds, at 16 and 256 tokens.
@@ -679,8 +681,9 @@ Read per kind:
 * **pre_ln** — *illegal* for a single-output op: the residual sum feeds the norm and the next residual,
   and a one-output `FusedResidualLN` would hide it. The compiler fix is a two-output op (as vLLM's
   `fused_add_rms_norm`).
-* **output_intermediate** — *illegal*: h1 is returned; a single-output layer op cannot expose it. Fix
-  the model (the exercise below), or accept the unfused layer.
+* **output_intermediate** — *illegal* for a single-output op: h1 is returned, and a one-output layer op
+  would hide it. Fix the model (the exercise below); in the compiler, a layer op with h1 as a second
+  output would do (no rule builds one).
 * **over_threshold** — *not profitable*: RLX's 64-token attention gate. A pipeline parameter; notebook
   02 measures whether the gate pays on MLX.
 """),

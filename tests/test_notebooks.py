@@ -226,6 +226,7 @@ def test_02_fusing_a_bert_layer(executed):
     ideal = [int(v) for v in re.findall(r"ideal kernel saves (\d+) B", text)]
     assert len(ideal) == 2 and ideal[0] > 0 and ideal[1] == 16 * ideal[0]  # 16x the tokens, 16x the bytes
     assert text.count("executed on MLX saves cpu 0 B, gpu 0 B") == 2  # FusedAttentionBlock runs as its decomposition
+    assert "FusedAttentionBlock runs as: cpu: its decomposition, op by op, gpu: its decomposition, op by op" in text
     text, _ = t["gate-timing"]
     timed = re.findall(r"^(small|large): batch\*seq = (\d+): unfused (\S+) ms .*?, fused (\S+) ms .*?: "
                        r"(within noise|\d+\.\d\dx (?:faster|slower)); executed saving 0 B; error vs unfused (\S+)$",
