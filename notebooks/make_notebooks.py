@@ -481,9 +481,9 @@ the same report from a shell and exits 1, so CI can fail when a model stops fusi
     md("""
 ## 7. Profitability: why RLX gates attention fusion at 64 tokens
 
-RLX fuses an attention block only when batch*seq <= 64 (`RLX_FUSE_ATTN_THRESHOLD`, rlx-notes §2.3.2):
-its fused CPU kernel pays only while one block's intermediates stay in cache, and above that its
-separate tiled kernels win. rlxviz has the same gate as a **guard of kind *not profitable***,
+RLX fuses an attention block only when batch*seq <= 64 (`RLX_FUSE_ATTN_THRESHOLD`, rlx-notes §2.3.2
+and §2.5). The reason (`docs/passes.md`): RLX's fused CPU kernel pays only while one block's working set
+stays in cache; above that its separate kernels do as well or better. rlxviz has the same gate as a **guard of kind *not profitable***,
 `attention_size_gate`, reading the pipeline parameter `fab_max_tokens` (the `rlx` profile sets 64; the
 canonical profile has no gate). Nothing is wrong with the fusion when it says no — it is legal and
 recognized; a cost model decided.
@@ -494,14 +494,12 @@ keeps out of memory, and what the MLX program really saves (`session.executed_tr
 """),
     code('''
 sizes = {"small": (1, 16), "large": (2, 128)}
-gate_runs = {}
 for label, (batch, seq) in sizes.items():
     m = load_model("minilm", batch=batch, seq=seq)
     run = Pipeline.canonical(fab_max_tokens=64).run(m.graph)
     fab = run.step("fuse_attention_block")
     ungated = Pipeline.canonical().run(m.graph).step("fuse_attention_block")
     cpu, gpu = (session.executed_traffic_saved(ungated, d) for d in ("cpu", "gpu"))
-    gate_runs[label] = (m, ungated)
     heads = [r for r in fab.rejections if r.headline]
     print(f"{label}: batch*seq = {batch * seq}: fuse_attention_block with the gate at 64: {len(fab.matches)} fused, "
           f"{len(heads)} rejected")
@@ -542,7 +540,7 @@ for label, (batch, seq) in {"small": (1, 16), "large": (4, 64)}.items():
     code('''
 losing = [k for k, v in verdict_at.items() if v.endswith("slower")]
 display(Markdown(
-    f"Measured on **{rows[0].context.device}** in interleaved rounds: at 16 tokens the fused attention block is "
+    f"Measured on **{t[0].context.device}** in interleaved rounds: at 16 tokens the fused attention block is "
     f"**{verdict_at['small']}**, at 256 tokens **{verdict_at['large']}**. With 0 B saved by the executed program, "
     "a difference can only come from dispatching fewer graph nodes or from noise. "
     + ("Nothing here shows the fused block losing above 64 tokens, so a gate at 64 would only hide fusions on "
