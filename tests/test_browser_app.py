@@ -289,10 +289,12 @@ def test_debugger_flow_keeps_the_view_and_finds_nodes(watched):
     _tab(pg, "Graph")
     expect(pg.locator(".rv-inspector")).to_contain_text(f"%{other}")
     pg.locator(f".rv-after g#n{other}.rv-sel").wait_for()
-    # the layer view: a click on a layer box focuses on it
+    # the layer view: a click on a layer box opens it in place (tests/test_browser_nav.py folds it back); the
+    # focus view then shows the layer clicked
     pg.locator(".rv-view select").select_option("collapsed")
-    pg.locator(".rv-after g#layer2").click()
-    expect(pg.locator(".rv-view select")).to_have_value("focus")
+    pg.locator(".rv-after g#layer2.node").click()
+    pg.locator(".rv-after g#layer2.cluster").wait_for()
+    pg.locator(".rv-view select").select_option("focus")
     expect(pg.locator(".rv-focus-layer select option:checked")).to_have_text("layer 2")
     expect(pg.locator(".rv-after svg")).to_contain_text("layer 2")
     _shot(pg, "focus-1280")

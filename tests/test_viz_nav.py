@@ -14,7 +14,7 @@ from rlxviz.app.state import AppState
 from rlxviz.ir import Op
 from rlxviz.models import load_model
 from rlxviz.passes.trace import Rejection
-from rlxviz.viz import Overlay, render_svg
+from rlxviz.viz import GraphTooLarge, Overlay, render_dot, render_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -128,3 +128,55 @@ def test_culprit_outside_the_focused_layer_is_drawn_and_marked():
     nodes = _svg_nodes(render_svg(g, Overlay(rejections=(r,)), focus=0).svg)
     assert "offending" in nodes[f"n{outside.id}"]
     assert [k for k, c in nodes.items() if "offending" in c] == [f"n{outside.id}"]
+
+
+# -- a layer expanded in place in the collapsed overview ---------------------------------------------
+def test_expanded_layer_drawn_in_place():
+    """`expanded` opens layer 1 as a cluster of its nodes (full-view ids and labels); layer 0 stays one box;
+    edges inside the open layer are drawn one by one, edges to the rest go box to node."""
+    g = load_model("bert-tiny", 1, 8).graph
+    dot = render_dot(g, view="layers", expanded=(1, 7))  # 7: not a layer of this model, ignored
+    ids = {int(i) for i in re.findall(r"^\s*n(\d+) \[", dot, re.M)}
+    layer1 = {n.id for n in g.compute_nodes() if "encoder.layer.1." in n.path}
+    assert layer1 <= ids and not any("encoder.layer.0." in g[i].path for i in ids)
+    assert "subgraph cluster_layer1" in dot and re.search(r"^\s*layer0 \[", dot, re.M)
+    assert not re.search(r"^\s*layer1 \[", dot, re.M)  # no box for the open layer
+    inner = next(n for n in g.compute_nodes() if n.id in layer1 and any(j in layer1 for j in n.inputs))
+    j = next(j for j in inner.inputs if j in layer1)
+    assert f"id=e{j}_{inner.id}" in dot
+    first = next(n for n in g.compute_nodes() if n.id in layer1 and any(
+        "encoder.layer.0." in g[j].path for j in n.inputs))
+    assert f"layer0 -> n{first.id}" in dot
+    assert render_dot(g, view="layers") != dot and "cluster_layer" not in render_dot(g, view="layers")
+    with pytest.raises(GraphTooLarge, match="expand fewer"):
+        render_dot(g, view="layers", expanded=(0, 1), max_nodes=20)
+
+
+def test_toggle_layer_expands_and_folds_in_the_app_state():
+    s = _state(preset="bert-tiny", view="collapsed")
+    closed = s.dot()
+    s.toggle_layer(1)
+    assert s.expanded_layers == [1] and s.selected_layer == 1
+    assert "subgraph cluster_layer1" in s.dot() and "<svg" in s.svg()
+    s.toggle_layer(0)
+    assert sorted(s.expanded_layers) == [0, 1]
+    s.toggle_layer(1)
+    s.toggle_layer(0)
+    assert s.expanded_layers == [] and s.dot() == closed
+    s.param.update(view="full", expanded_layers=[1])
+    assert "cluster_layer1" not in s.dot()  # only the collapsed overview opens layers
+
+
+def test_auto_view_is_the_overview_for_big_models_and_stays_across_versions(monkeypatch):
+    """`auto`: more layers than FULL_VIEW_LAYERS (6: MiniLM is drawn whole, BERT-base's 12 layers are not) means
+    the overview, decided on the input graph, so every version of the run gets the same view."""
+    from rlxviz.app import state as app_state
+
+    s = _state(preset="bert-tiny")
+    assert app_state.FULL_VIEW_LAYERS == 6 and s.resolved_view() == "full"
+    monkeypatch.setattr(app_state, "FULL_VIEW_LAYERS", 1)  # bert-tiny's 2 layers now count as big
+    views = set()
+    for k in range(len(s.version_labels)):
+        s.version = k
+        views.add(s.resolved_view())
+    assert views == {"collapsed"}

@@ -2,11 +2,13 @@
 
 The renderer gives every node a DOT id `n<id>` that survives into the SVG (`<g id="n12" class="node">`),
 so a click maps back to the IR node id, and highlighting is a CSS class on those groups; the layer view's
-boxes are `layer<i>`, so a click on one reports the layer. Pan with the mouse (drag), zoom with the wheel or
+boxes (and the clusters of layers expanded in place) are `layer<i>`, so a click on one reports the layer, and
+the next picture is centred on that layer. Pan with the mouse (drag), zoom with the wheel or
 the +/- buttons, "fit" to see the whole graph. The view (zoom and pan) is kept when the picture changes
 within the same `scope` (stepping versions, clicking nodes) once the user moved it, and panes with the same
 `sync` group move together (before/after). The search box finds nodes by id, op, name or path (their label
-and tooltip text); Enter steps through the hits.
+and tooltip text); Enter steps through the hits. When the picture is larger than the pane, a minimap in the
+corner shows the whole graph with the visible part framed; a click or a drag on it pans there.
 """
 
 from __future__ import annotations
@@ -28,11 +30,27 @@ export function render({ model, el }) {
   const found = document.createElement('span'); found.className = 'rv-found'; bar.appendChild(found);
   const wrap = document.createElement('div'); wrap.className = 'rv-wrap';
   const inner = document.createElement('div'); inner.className = 'rv-inner';
-  wrap.appendChild(inner); el.appendChild(bar); el.appendChild(wrap);
+  const mini = document.createElement('div'); mini.className = 'rv-mini'; mini.title = 'overview: click or drag to pan';
+  const miniImg = document.createElement('img'); miniImg.className = 'rv-mini-img'; miniImg.alt = '';
+  miniImg.draggable = false;
+  const miniView = document.createElement('div'); miniView.className = 'rv-mini-view';
+  mini.appendChild(miniImg); mini.appendChild(miniView);
+  wrap.appendChild(inner); wrap.appendChild(mini); el.appendChild(bar); el.appendChild(wrap);
   Object.assign(el.style, { display: 'flex', flexDirection: 'column', width: '100%', height: '100%' });
   let s = 1, tx = 0, ty = 0, touched = false, scope = null;
   const me = Math.random().toString(36).slice(2);
-  const apply = (share) => { inner.style.transform = `translate(${tx}px, ${ty}px) scale(${s})`;
+  let miniUrl = null, mk1 = 1;
+  const MINI_W = 170, MINI_H = 190;
+  const miniSync = () => { const sz = size(); const W = wrap.clientWidth, H = wrap.clientHeight;
+    const big = miniOn && sz && W && H && (sz[0] * s > W + 2 || sz[1] * s > H + 2);
+    mini.style.display = big ? 'block' : 'none'; if (!big) return;
+    mk1 = Math.min(MINI_W / sz[0], MINI_H / sz[1]);
+    mini.style.width = `${sz[0] * mk1}px`; mini.style.height = `${sz[1] * mk1}px`;
+    const x0 = Math.max(-tx / s, 0), y0 = Math.max(-ty / s, 0);
+    const x1 = Math.min((W - tx) / s, sz[0]), y1 = Math.min((H - ty) / s, sz[1]);
+    Object.assign(miniView.style, { left: `${x0 * mk1}px`, top: `${y0 * mk1}px`,
+      width: `${Math.max(x1 - x0, 0) * mk1}px`, height: `${Math.max(y1 - y0, 0) * mk1}px` }); };
+  const apply = (share) => { inner.style.transform = `translate(${tx}px, ${ty}px) scale(${s})`; miniSync();
     if (share && model.sync) window.dispatchEvent(new CustomEvent(BUS, { detail: { group: model.sync, src: me, s, tx, ty } })); };
   const onBus = (e) => { const d = e.detail; if (!model.sync || d.group !== model.sync || d.src === me) return;
     s = d.s; tx = d.tx; ty = d.ty; touched = true; apply(false); };
@@ -52,10 +70,28 @@ export function render({ model, el }) {
   mk('−', 'zoom out', () => zoomAt(0.8, wrap.clientWidth / 2, wrap.clientHeight / 2), 'rv-zoom-out');
   mk('fit', 'fit the whole graph', () => { fit(); apply(true); }, 'rv-fit');
   mk('1:1', 'actual size', () => { s = 1; tx = 8; ty = 8; moved(); }, 'rv-one');
-  const center = (g, share) => { if (!g) return; const ir = inner.getBoundingClientRect(), gr = g.getBoundingClientRect();
-    const px = (gr.left + gr.width / 2 - ir.left) / s, py = (gr.top + gr.height / 2 - ir.top) / s;
+  let miniOn = true;
+  const mapBtn = mk('map', 'show or hide the overview map (shown when the graph is larger than the pane)',
+    () => { miniOn = !miniOn; mapBtn.classList.toggle('rv-off', !miniOn); miniSync(); }, 'rv-map');
+  const center = (g, share, top) => { if (!g) return; const ir = inner.getBoundingClientRect(), gr = g.getBoundingClientRect();
+    const px = (gr.left + gr.width / 2 - ir.left) / s, py = (gr.top + (top ? 0 : gr.height / 2) - ir.top) / s;
     if (s < 0.6) s = 0.9;
-    tx = wrap.clientWidth / 2 - px * s; ty = wrap.clientHeight / 2 - py * s; touched = true; apply(share); };
+    tx = wrap.clientWidth / 2 - px * s; ty = top ? 24 - py * s : wrap.clientHeight / 2 - py * s; touched = true;
+    apply(share); };
+  const miniPan = (e) => { const r = mini.getBoundingClientRect(); const px = (e.clientX - r.left) / mk1, py = (e.clientY - r.top) / mk1;
+    tx = wrap.clientWidth / 2 - px * s; ty = wrap.clientHeight / 2 - py * s; moved(); };
+  let miniDrag = false;
+  mini.addEventListener('pointerdown', (e) => { e.stopPropagation(); e.preventDefault(); miniDrag = true;
+    try { mini.setPointerCapture(e.pointerId); } catch (err) { /* synthetic events have no capture */ } miniPan(e); });
+  mini.addEventListener('pointermove', (e) => { e.stopPropagation(); if (miniDrag) miniPan(e); });
+  const miniEnd = (e) => { e.stopPropagation(); miniDrag = false; };
+  mini.addEventListener('pointerup', miniEnd); mini.addEventListener('pointercancel', miniEnd);
+  mini.addEventListener('click', (e) => e.stopPropagation());
+  mini.addEventListener('wheel', (e) => { e.stopPropagation(); e.preventDefault(); }, { passive: false });
+  const miniPicture = () => { if (miniUrl) URL.revokeObjectURL(miniUrl); miniUrl = null; const svg = inner.querySelector('svg');
+    if (!svg) { miniImg.removeAttribute('src'); return; }
+    miniUrl = URL.createObjectURL(new Blob([new XMLSerializer().serializeToString(svg)], { type: 'image/svg+xml' }));
+    miniImg.src = miniUrl; };
   const mark = (recentre) => {
     inner.querySelectorAll('.rv-hl, .rv-sel').forEach((g) => g.classList.remove('rv-hl', 'rv-sel'));
     let first = null;
@@ -76,13 +112,17 @@ export function render({ model, el }) {
     hit = (hit + 1) % hits.length; found.textContent = `${hit + 1}/${hits.length}`; center(hits[hit], true); };
   search.addEventListener('input', () => find(false));
   search.addEventListener('keydown', (e) => { e.stopPropagation(); if (e.key === 'Enter') find(true); });
+  let reveal = null;
   const setSvg = () => { const had = inner.querySelector('svg'); const same = had && scope === model.scope;
     inner.innerHTML = model.svg || ''; scope = model.scope;
     const svg = inner.querySelector('svg');
     if (svg) { const vb = svg.viewBox.baseVal; if (vb && vb.width) { svg.setAttribute('width', vb.width);
       svg.setAttribute('height', vb.height); } }
+    miniPicture();
     if (!(same && touched)) fit(); else apply(false);
-    mark(!(same && touched)); hits = []; if (search.value) find(false); title.textContent = model.title || ''; };
+    mark(!(same && touched)); hits = []; if (search.value) find(false); title.textContent = model.title || '';
+    if (reveal) { const g = inner.querySelector(`g#${reveal}`); reveal = null;
+      if (g) center(g, true, g.classList.contains('cluster')); } };
   let drag = null, dragged = false;
   wrap.addEventListener('wheel', (e) => { e.preventDefault(); const r = wrap.getBoundingClientRect();
     zoomAt(e.deltaY < 0 ? 1.15 : 1 / 1.15, e.clientX - r.left, e.clientY - r.top); }, { passive: false });
@@ -93,14 +133,14 @@ export function render({ model, el }) {
   const end = () => { drag = null; wrap.classList.remove('rv-drag'); };
   wrap.addEventListener('pointerup', end); wrap.addEventListener('pointerleave', end);
   wrap.addEventListener('click', (e) => { if (dragged) { dragged = false; return; }
-    const g = e.target.closest('g.node'); if (!g) return;
+    const g = e.target.closest('g.node') || e.target.closest('g.cluster'); if (!g) return;
     if (/^n\d+$/.test(g.id)) { model.clicked = parseInt(g.id.slice(1)); model.clicks = (model.clicks || 0) + 1; }
-    else if (/^layer\d+$/.test(g.id)) { model.layer_clicked = parseInt(g.id.slice(5));
+    else if (/^layer\d+$/.test(g.id)) { reveal = g.id; model.layer_clicked = parseInt(g.id.slice(5));
       model.layer_clicks = (model.layer_clicks || 0) + 1; } });
   model.on('svg', setSvg); model.on('highlight', () => mark(true)); model.on('selected', () => mark(false));
   model.on('title', () => { title.textContent = model.title || ''; });
-  model.on('after_layout', () => { if (!touched) fit(); mark(!touched); });
-  model.on('remove', () => window.removeEventListener(BUS, onBus));
+  model.on('after_layout', () => { if (!touched) fit(); else miniSync(); mark(!touched); });
+  model.on('remove', () => { window.removeEventListener(BUS, onBus); if (miniUrl) URL.revokeObjectURL(miniUrl); });
   setSvg();
 }
 """  # noqa: E501
@@ -111,13 +151,21 @@ _CSS = """
           font: 12px sans-serif; background: #fafafa; }
 .rv-title { flex: 1; font-weight: 600; color: #333; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
 .rv-btn { border: 1px solid #ccc; background: #fff; border-radius: 3px; padding: 0 7px; cursor: pointer; font: 12px sans-serif; }
+.rv-btn.rv-off { color: #999; text-decoration: line-through; }
 .rv-search { width: 130px; font: 12px sans-serif; padding: 1px 4px; border: 1px solid #ccc; border-radius: 3px; }
 .rv-found { min-width: 44px; color: #555; font: 11px sans-serif; }
 .rv-wrap { position: relative; overflow: hidden; flex: 1; cursor: grab; min-height: 200px; }
 .rv-wrap.rv-drag { cursor: grabbing; }
 .rv-inner { position: absolute; left: 0; top: 0; transform-origin: 0 0; }
 .rv-inner svg { display: block; }
-.rv-inner g.node { cursor: pointer; }
+.rv-inner g.node, .rv-inner g.cluster[id^="layer"] { cursor: pointer; }
+.rv-inner g.cluster[id^="layer"]:hover > path, .rv-inner g.cluster[id^="layer"]:hover > polygon { stroke-width: 3; }
+.rv-mini { position: absolute; right: 6px; bottom: 6px; z-index: 2; display: none; background: #fff;
+          border: 1px solid #90a4ae; box-shadow: 0 1px 4px rgba(0,0,0,.25); cursor: crosshair; overflow: hidden;
+          touch-action: none; }
+.rv-mini-img { position: absolute; left: 0; top: 0; width: 100%; height: 100%; pointer-events: none; opacity: .85; }
+.rv-mini-view { position: absolute; border: 2px solid #1565c0; background: rgba(21,101,192,.12);
+          box-sizing: border-box; pointer-events: none; }
 .rv-inner g.node:hover polygon, .rv-inner g.node:hover ellipse, .rv-inner g.node:hover path { stroke-width: 2.5; }
 .rv-inner g.rv-hl polygon, .rv-inner g.rv-hl ellipse, .rv-inner g.rv-hl path { stroke: #ff6f00 !important;
           stroke-width: 5 !important; }

@@ -53,6 +53,12 @@ class VersionStepper(Viewer):
                                        css_classes=["rv-focus-layer"], visible=s.view == "focus")
         self.layer.param.watch(lambda e: setattr(s, "selected_layer", e.new), "value")
         s.param.watch(self._focus, ["view", "selected_layer", "trace"])
+        self.fold = pn.widgets.Button(label="Fold all layers", width=120, align="end", css_classes=["rv-fold"],
+                                      visible=bool(s.expanded_layers) and s.resolved_view() == "collapsed",
+                                      description="collapse every layer expanded in place back to its box")
+        self.fold.on_click(lambda e: setattr(s, "expanded_layers", []))
+        s.param.watch(lambda *e: setattr(self.fold, "visible", bool(s.expanded_layers)
+                                         and s.resolved_view() == "collapsed"), ["expanded_layers", "view", "trace"])
         self.counts = pn.pane.HTML(self._counts(), sizing_mode="stretch_width", css_classes=["rv-counts"])
         s.param.watch(self._sync, ["trace", "version", "hide_unchanged"])
 
@@ -101,7 +107,7 @@ class VersionStepper(Viewer):
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(pn.FlexBox(self.prev, self.select, self.next, self.player, self.hide, self.view, self.layer,
-                                    flex_wrap="wrap", align_items="flex-end", sizing_mode="stretch_width"),
+                                    self.fold, flex_wrap="wrap", align_items="flex-end", sizing_mode="stretch_width"),
                          self.counts, sizing_mode="stretch_width")
 
 
@@ -117,11 +123,11 @@ class GraphCompare(Viewer):
         self.after = SvgGraph(sizing_mode="stretch_both", min_height=480, css_classes=["rv-after"], sync="compare")
         for g in (self.before, self.after):
             g.param.watch(lambda e: setattr(s, "selected_node", e.obj.clicked), "clicks")
-            g.param.watch(lambda e: s.param.update(selected_layer=e.obj.layer_clicked, view="focus"), "layer_clicks")
+            g.param.watch(lambda e: s.toggle_layer(e.obj.layer_clicked), "layer_clicks")  # expand / fold in place
         self.note = pn.pane.Markdown("", css_classes=["rv-graph-note"], margin=(0, 10))
         self.stale = pn.pane.Markdown("", css_classes=["rv-stale"], margin=(0, 10))
         self.row = pn.Row(self.after, sizing_mode="stretch_both")
-        s.param.watch(self._draw, ["model", "trace", "version", "view", "selected_layer"])
+        s.param.watch(self._draw, ["model", "trace", "version", "view", "selected_layer", "expanded_layers"])
         s.param.watch(self._mark, ["highlight", "selected_node"])
         s.param.watch(self._stale, ["message_kind", "busy"])
         self._draw()

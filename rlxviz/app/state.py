@@ -42,6 +42,8 @@ layer of the model; `over_threshold` raises the sequence length so batch*seq exc
 
 FULL_VIEW_LIMIT = 400
 """`auto` view: graphs with more nodes than this are drawn one box per layer."""
+FULL_VIEW_LAYERS = 6
+"""`auto` view: models with more layers than this are drawn one box per layer (a layer expands in place)."""
 
 SOURCES = ("preset", "checkpoint", "upload", "ir")
 
@@ -102,6 +104,8 @@ class AppState(param.Parameterized):
                           doc="Graph view: all nodes, one box per layer, or the selected layer only.")
     selected_node = param.Integer(None, allow_None=True, doc="Node id clicked in the graph.")
     selected_layer = param.Integer(None, allow_None=True, doc="Layer asked about in 'why didn't it fuse'.")
+    expanded_layers = param.List(default=[], item_type=int,
+                                 doc="Layers drawn open in place in the collapsed view (the others stay boxes).")
     highlight = param.List(default=[], item_type=int, doc="Node ids highlighted (a table row's match/rejection).")
 
     # -- results (set by jobs) --------------------------------------------------------------------
@@ -554,7 +558,8 @@ class AppState(param.Parameterized):
         focus = self.selected_layer if view == "focus" or side == "why" else None
         if view == "focus" and focus is None:
             raise ValueError("pick a layer to focus on")
-        return source, View(i, "layers" if view == "collapsed" else "full", side, focus)
+        expanded = tuple(sorted(set(self.expanded_layers))) if view == "collapsed" else ()
+        return source, View(i, "layers" if view == "collapsed" else "full", side, focus, expanded)
 
     def render_key(self, k: int | None = None, view: str | None = None) -> tuple:
         """Cache key of a drawing, derived from the graph it draws: the trace's content key (`Trace.key`), the
@@ -563,11 +568,24 @@ class AppState(param.Parameterized):
         return ("svg", drawing.source_key(source), v)
 
     def resolved_view(self) -> str:
-        """`auto` is the full graph for small graphs, one box per layer for big ones."""
+        """`auto` is the full graph for small models, one box per layer for big ones: more than
+        `FULL_VIEW_LIMIT` nodes or `FULL_VIEW_LAYERS` layers in the run's input graph (decided once per run,
+        so stepping through versions never switches the view)."""
         if self.view != "auto":
             return self.view
-        g = self.current_graph
-        return "full" if g is None or len(g) <= FULL_VIEW_LIMIT else "collapsed"
+        g = self.trace.input if self.trace is not None else (self.model.graph if self.model is not None else None)
+        if g is None:
+            return "full"
+        big = len(g) > FULL_VIEW_LIMIT or len(session.model_layers(g)) > FULL_VIEW_LAYERS
+        return "collapsed" if big else "full"
+
+    def toggle_layer(self, layer: int) -> None:
+        """A click on layer `layer` in the collapsed view: expand it in place, or fold it back when it is open;
+        it also becomes the selected layer (the one "focus" and "why didn't layer N fuse?" show)."""
+        open_ = [i for i in self.expanded_layers if i != layer]
+        if layer not in self.expanded_layers:
+            open_.append(layer)
+        self.param.update(expanded_layers=open_, selected_layer=layer)
 
     def dot(self, k: int | None = None, view: str | None = None) -> str:
         """DOT source of shown version `k` in `view`, with the pass's overlay."""

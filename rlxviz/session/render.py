@@ -40,12 +40,14 @@ class View:
             clustered and rejections marked) or `why` (the graph before the pass that first rejected something
             in `focus`, with that pass's marks).
         focus: a layer to draw alone (full view only), or None.
+        expanded: `layers` view only: layers drawn open in place, their nodes inside the overview.
     """
 
     version: int = 0
     view: str = "full"
     side: str = "after"
     focus: int | None = None
+    expanded: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.view not in VIEWS or self.side not in SIDES:
@@ -97,6 +99,8 @@ def picture(source: Trace | Graph, v: View) -> tuple[Graph, Overlay | None, dict
     kw: dict[str, Any] = {"view": v.view}
     if v.focus is not None:
         kw["focus"] = v.focus
+    if v.view == "layers" and v.expanded:
+        kw["expanded"] = v.expanded
     if v.view == "layers" and trace is not None and ov is None:
         ov = Overlay.trace_summary(trace)
     if v.view == "layers" and trace is not None and v.side == "after" and is_final(trace, v.version):

@@ -11,7 +11,7 @@ fuse?" view gives), a layer box says that verdict instead: `fused` or `not fused
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 import graphviz
@@ -19,9 +19,9 @@ import graphviz
 from ..ir import Graph, Node, Op
 from ..ir.ops import FUSED
 from ..passes.trace import Rejection, layer_of
-from .dot import GraphTooLarge, _e, _html, _small, _tip
+from .dot import DotOptions, GraphTooLarge, _Drawer, _e, _html, _small, _tip
 from .overlay import Overlay
-from .styles import REJECT, STATUS_COLORS, fmt_shape, human_count
+from .styles import REJECT, STATUS_COLORS, fmt_shape, human_count, tint
 
 
 @dataclass(frozen=True)
@@ -199,18 +199,27 @@ def _box_tooltip(g: LayerGroup) -> str:
 
 
 def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | None = None,
-                  max_nodes: int = 1500, verdicts: Mapping[int, Verdict] | None = None) -> str:
+                  max_nodes: int = 1500, verdicts: Mapping[int, Verdict] | None = None,
+                  expanded: Collection[int] = ()) -> str:
     """DOT source of the layer-collapsed view of `graph` (boxes `id="layer<i>"`, edges `L<src>_<dst>`).
 
-    `verdicts` (layer -> `Verdict`) give the boxes the session's status words (see `layer_groups`).
+    Args:
+        verdicts: layer -> `Verdict`: the boxes say the session's status words (see `layer_groups`).
+        expanded: layers drawn open in place: a cluster `id="layer<i>"` holding the layer's nodes as the full
+            view draws them (`n<id>`, overlay marks included, edges `e<src>_<dst>` between drawn nodes); the
+            other layers stay one box each. Layers the graph lacks are ignored.
 
     Raises:
-        GraphTooLarge: more than `max_nodes` groups (a graph whose paths carry no layer structure).
+        GraphTooLarge: more than `max_nodes` boxes and drawn nodes (a graph whose paths carry no layer
+            structure, or too many layers expanded).
     """
     groups = layer_groups(graph, overlay, verdicts)
-    if len(groups) > max_nodes:
-        raise GraphTooLarge(f"[layers_to_dot] {len(groups)} groups exceed max_nodes={max_nodes}")
-    of = {n.id: g.key for g in groups.values() for n in g.nodes}
+    opened = [g for g in groups.values() if g.layer is not None and g.layer in set(expanded)]
+    inside = {n.id for g in opened for n in g.nodes}
+    if len(groups) + len(inside) > max_nodes:
+        raise GraphTooLarge(f"[layers_to_dot] {len(groups)} groups and {len(inside)} expanded nodes exceed "
+                            f"max_nodes={max_nodes}; expand fewer layers")
+    of = {n.id: (f"n{n.id}" if n.id in inside else g.key) for g in groups.values() for n in g.nodes}
     d = graphviz.Digraph(graph.name + "_layers", graph_attr={
         "rankdir": "TB", "newrank": "true", "nodesep": "0.3", "ranksep": "0.3", "fontname": "Helvetica",
         "fontsize": "12", "labelloc": "t", "id": "graph_" + graph.name + "_layers"},
@@ -225,19 +234,27 @@ def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | Non
             s.node(f"n{n.id}", _html([f"<B>{_e(n.attrs['name'])}</B>", _small(fmt_shape(n), "#333333", 9)]),
                    id=f"n{n.id}", shape="ellipse", style="filled", fillcolor="#eeeeee", width="0")
             of[n.id] = f"n{n.id}"
+    drawer = _Drawer(graph, overlay or Overlay(), DotOptions(max_nodes=max_nodes), inside) if inside else None
     for g in groups.values():
         attrs = {"id": g.key, "fillcolor": STATUS_COLORS.get(g.status, "#f5f5f5"), "tooltip": _tip(_box_tooltip(g))}
         if g.status in ("rejected", "not fused"):
             attrs.update(color=REJECT, style="rounded,filled,dashed", penwidth="2.5")
         elif g.status == "fused":
             attrs.update(color="#1b5e20", penwidth="2")
-        d.node(g.key, _box_label(g), **attrs)
+        if drawer is not None and g in opened:
+            _open_layer(d, g, attrs, drawer)
+        else:
+            d.node(g.key, _box_label(g), **attrs)
     edges: dict[tuple[str, str], int] = {}
     for n in graph:
         dst = of.get(n.id)
         for j in n.inputs:
             src = of.get(j)
-            if src is not None and dst is not None and src != dst:
+            if src is None or dst is None or src == dst:
+                continue
+            if drawer is not None and j in inside and n.id in inside:  # inside open layers: every edge, as drawn
+                d.edge(src, dst, **_inner_edge(drawer, j, n.id))
+            else:
                 edges.setdefault((src, dst), j)
     fanout = Counter(src for src, _ in edges)
     labelled: set[str] = set()
@@ -259,6 +276,28 @@ def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | Non
         if o in of:
             d.edge(of[o], f"out{k}", id=f"eout{k}")
     return d.source
+
+
+def _open_layer(d: graphviz.Digraph, g: LayerGroup, box: dict[str, object], drawer: _Drawer) -> None:
+    """Layer `g` expanded in place: a cluster with the box's id, colours and tooltip, holding its nodes."""
+    word = f": {g.status}" if g.status else ""
+    with d.subgraph(name=f"cluster_{g.key}") as c:
+        c.attr(id=g.key, label=graphviz.nohtml(f"{g.title}{word}  [click here to fold]"), labeljust="l",
+               style="rounded,filled", fillcolor=tint(str(box.get("color", "#90a4ae")), 0.93),
+               color=str(box.get("color", "#90a4ae")), penwidth=str(box.get("penwidth", "1.5")),
+               tooltip=box["tooltip"], fontname="Helvetica", fontsize="11")
+        c.attr("node", width="0", height="0.3", margin="0.08,0.03", fontsize="10")
+        for n in g.nodes:
+            drawer._emit_node(c, n)
+
+
+def _inner_edge(drawer: _Drawer, j: int, i: int) -> dict[str, str]:
+    """Attributes of edge %j -> %i between nodes of expanded layers (an offending edge is marked)."""
+    attrs = {"id": f"e{j}_{i}"}
+    if (j, i) in drawer.hot_edges:
+        attrs.update({"color": REJECT, "penwidth": "3", "fontcolor": REJECT, "class": "offending",
+                      "label": graphviz.nohtml(drawer.hot_edges[(j, i)])})
+    return attrs
 
 
 def focus_ids(graph: Graph, layer: int, radius: int = 0) -> set[int]:

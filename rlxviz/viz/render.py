@@ -13,7 +13,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from ..ir import Graph
@@ -28,7 +28,7 @@ VIEWS = ("full", "layers")
 def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "full", focus: int | None = None,
                radius: int = 0, show_params: bool = False, edge_labels: bool = False,
                max_nodes: int = MAX_NODES, title: str | None = None,
-               verdicts: Mapping[int, Verdict] | None = None) -> str:
+               verdicts: Mapping[int, Verdict] | None = None, expanded: Collection[int] = ()) -> str:
     """DOT source for one graph version.
 
     Args:
@@ -42,6 +42,7 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
         title: caption (default from the overlay or the graph).
         verdicts: layer -> the session's `Verdict` (layers view): the boxes say `fused` / `not fused` as the
             session does.
+        expanded: layers view: layers drawn open in place (their nodes inside a cluster), the rest one box each.
 
     Raises:
         ValueError: unknown view, or `focus` names a layer the graph lacks.
@@ -50,7 +51,7 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
     if view not in VIEWS:
         raise ValueError(f"[render_dot] view must be one of {VIEWS}, got {view!r}")
     if view == "layers":
-        return layers_to_dot(graph, overlay, title, max_nodes, verdicts)
+        return layers_to_dot(graph, overlay, title, max_nodes, verdicts, expanded)
     include = focus_ids(graph, focus, radius) if focus is not None else None
     if include is not None and overlay is not None:
         # a rejection in the focused layer is drawn whole: its offending nodes may lie outside the layer's scope

@@ -1,0 +1,161 @@
+"""Graph navigation in a real browser: the minimap pans, a layer expands in place in the collapsed overview and
+folds back, focus stays reachable, and the culprit of a rejection is drawn and marked (extra_h1_user).
+
+`panel serve app.py` on a free localhost port (tests/served.py), Debian's chromium through Playwright; the
+page's console must stay free of errors and no request may leave the machine. Screenshots go to
+test-artifacts/nav-*.png.
+"""
+
+import os
+import re
+
+import pytest
+from playwright.sync_api import expect
+from served import ART, WAIT_MS, chromium, context, free_port, served_app
+
+expect.set_options(timeout=WAIT_MS)
+
+LOCAL = re.compile(r"^(https?|wss?)://(127\.0\.0\.1|localhost)(:\d+)?/|^(data|blob|about):")
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = free_port()
+    with served_app(port, "127.0.0.1", [f"127.0.0.1:{port}"], dict(os.environ), "server-nav.log") as t0:
+        yield f"http://127.0.0.1:{port}/app", t0
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def page(browser, server):
+    """A 1280x800 page; at the end no console error and no request outside localhost."""
+    ctx = context(browser, 1280, 800)
+    pg = ctx.new_page()
+    seen = {"urls": [], "errors": []}
+    pg.on("request", lambda r: seen["urls"].append(r.url))
+    pg.on("websocket", lambda ws: seen["urls"].append(ws.url))
+    pg.on("console", lambda m: m.type == "error" and seen["errors"].append(m.text))
+    pg.on("pageerror", lambda e: seen["errors"].append(str(e)))
+    pg.goto(server[0])
+    pg.locator(".rv-after g.node").first.wait_for()
+    yield pg
+    pg.wait_for_load_state("networkidle")
+    ctx.close()
+    outside = [u for u in seen["urls"] if not LOCAL.match(u)]
+    assert seen["urls"] and not outside, outside
+    assert not seen["errors"], seen["errors"]
+
+
+def _tab(pg, name):
+    tab = pg.locator(".bk-tab", has_text=name)
+    tab.click()
+    expect(tab).to_have_class(re.compile(r"\bbk-active\b"))
+
+
+def _version(pg, label):
+    sel = pg.locator(".rv-version select")
+    sel.select_option(value=sel.locator("option", has_text=label).first.get_attribute("value"))
+    expect(pg.locator(".rv-after .rv-title")).to_have_text(re.compile(re.escape(label)))
+
+
+def _transform(pg, pane=".rv-after"):
+    return pg.locator(f"{pane} .rv-inner").evaluate("el => el.style.transform")
+
+
+def _frame(pg, pane=".rv-after"):
+    """(left, top) of the minimap's viewport frame, px."""
+    return pg.locator(f"{pane} .rv-mini-view").evaluate("el => [parseFloat(el.style.left), parseFloat(el.style.top)]")
+
+
+def test_navigation_flow(page):
+    """One session (a page load costs 20-50 s on the shared 2-core machine): the minimap, a layer expanded in
+    place and folded back, focus, then the extra_h1_user variant's culprit."""
+    _minimap_and_layer_expand_in_place(page)
+    _culprit_drawn_for_extra_h1_user(page)
+
+
+def _minimap_and_layer_expand_in_place(pg):
+    # MiniLM's full graph is taller than the pane: the minimap shows, framing the visible part
+    mini = pg.locator(".rv-after .rv-mini")
+    expect(mini).to_be_visible()
+    box = mini.bounding_box()
+    assert 20 < box["height"] <= 200 and box["width"] <= 180, box
+    before, frame = _transform(pg), _frame(pg)
+    mini.click(position={"x": box["width"] / 2, "y": box["height"] * 0.8})  # jump near the bottom
+    expect(pg.locator(".rv-after .rv-inner")).not_to_have_attribute("style", re.compile(re.escape(before)))
+    moved, frame2 = _transform(pg), _frame(pg)
+    assert frame2[1] > frame[1] + 10, (frame, frame2)  # the frame followed the view down
+    box = mini.bounding_box()  # the click scrolled the page to show the minimap
+    pg.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] * 0.8)  # drag back up
+    pg.mouse.down()
+    pg.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] * 0.3, steps=4)
+    pg.mouse.up()
+    assert _frame(pg)[1] < frame2[1] - 10 and _transform(pg) != moved
+    pg.screenshot(path=str(ART / "nav-minimap.png"))
+    pg.locator(".rv-after .rv-map").click()  # the map can be put away (it covers a corner of the graph)
+    expect(mini).to_be_hidden()
+
+    # the collapsed overview: a click on a layer box opens that layer in place, the others stay boxes
+    _version(pg, "after fuse_transformer_layer")
+    pg.locator(".rv-view select").select_option("collapsed")
+    pg.locator(".rv-after g#layer2.node").wait_for()
+    boxes = pg.locator(".rv-after g.node").count()
+    pg.locator(".rv-after g#layer2.node").click()
+    pg.locator(".rv-after g#layer2.cluster").wait_for()
+    expect(pg.locator(".rv-after g#layer1.node")).to_have_count(1)
+    expect(pg.locator(".rv-after g#layer3.node")).to_have_count(1)
+    inner = pg.locator(".rv-after g.node[id^=n]", has_text="FusedTransformerLayer")
+    expect(inner).to_have_count(1)  # layer 2's own op, drawn as a node inside the overview
+    assert pg.locator(".rv-after g.node").count() > boxes
+    pg.screenshot(path=str(ART / "nav-expanded.png"))
+    inner.click()  # a node inside an open layer is a node: the inspector shows it
+    expect(pg.locator(".rv-inspector")).to_contain_text("FusedTransformerLayer")
+    # a click on the open layer's frame folds it back
+    pg.locator(".rv-after g#layer2.cluster text").first.click()
+    pg.locator(".rv-after g#layer2.node").wait_for()
+    expect(pg.locator(".rv-after g.cluster")).to_have_count(0)
+    # two layers open, one button folds them all
+    pg.locator(".rv-after g#layer4.node").click()
+    pg.locator(".rv-after g#layer4.cluster").wait_for()
+    pg.locator(".rv-after .rv-fit").click()  # layer 4 was centred: back to the whole overview
+    pg.locator(".rv-after g#layer0.node").click()
+    pg.locator(".rv-after g#layer0.cluster").wait_for()
+    expect(pg.locator(".rv-after g#layer4.cluster")).to_have_count(1)
+    pg.locator(".rv-fold button").click()
+    pg.locator(".rv-after g#layer4.node").wait_for()
+    expect(pg.locator(".rv-after g.cluster")).to_have_count(0)
+    expect(pg.locator(".rv-fold button")).to_be_hidden()
+    # focus stays one choice away, on the layer clicked last
+    pg.locator(".rv-view select").select_option("focus")
+    expect(pg.locator(".rv-focus-layer select option:checked")).to_have_text("layer 0")
+    expect(pg.locator(".rv-after .rv-title")).to_be_visible()
+    expect(pg.locator(".rv-after svg")).to_contain_text("layer 0")
+
+
+def _culprit_drawn_for_extra_h1_user(pg):
+    pg.locator(".rv-variant-extra_h1_user button").click()
+    expect(pg.locator(".rv-message")).to_contain_text("h1")
+    expect(pg.locator(".rv-progress-text")).to_be_hidden()
+    _tab(pg, "Why didn't layer N fuse?")
+    pg.locator(".rv-why-layer select").select_option(label="layer 0")
+    expect(pg.locator(".rv-why")).to_contain_text("layer 0: NOT fused")
+    culprit = pg.locator(".rv-why-graph g.node.offending")
+    expect(culprit).to_have_count(1)
+    expect(culprit).to_contain_text("reduce_mean")
+    expect(culprit).to_contain_text("offending: h1_user_count")
+    # h1's two legitimate users are drawn, and not as offending
+    for op in ("FusedMatMulBiasAct", "FusedResidualLN"):
+        expect(pg.locator(".rv-why-graph g.node:not(.offending)", has_text=op).first).to_be_visible()
+    expect(pg.locator(".rv-why-graph g.edge.offending")).to_have_count(1)
+    pg.screenshot(path=str(ART / "nav-culprit.png"))
+    # the Graph tab's pane before fuse_transformer_layer marks the same node (in the focus view on layer 0 left
+    # by the first part: the culprit is drawn whole there too)
+    _tab(pg, "Graph")
+    _version(pg, "after fuse_transformer_layer")
+    expect(pg.locator(".rv-before .rv-title")).to_have_text("before fuse_transformer_layer")
+    expect(pg.locator(".rv-before g.node.offending")).to_contain_text("reduce_mean")
