@@ -64,7 +64,7 @@ In this notebook you will
    draw the graph before and after each,
 3. count the bytes of intermediates an *ideal* fused kernel would not move, then the bytes the program
    MLX **actually executes** saves (a fused op is only a name in the graph; the lowering decides the
-   kernels),
+   kernels), and place every op and version on a roofline measured on this machine,
 4. time every version on MLX in interleaved rounds and read the table honestly (median, IQR, noise),
 5. check your understanding in an exercise with feedback.
 
@@ -157,6 +157,45 @@ print("ideal kernel: traffic saved by fuse_residual_ln (bytes):", saved2.total)
 print("executed on MLX: traffic saved by fuse_residual_ln (bytes):", run2.total)
 print(format_graph(step2.after))''', "step-rln"),
     code('''teach.show_step(step2)'''),
+    md("""
+### The roofline: FLOPs per byte
+
+A kernel that does few FLOPs per byte it moves waits on memory; one that does many waits on arithmetic.
+Where the two limits meet is the machine's **ridge point** (peak FLOP/s divided by memory bandwidth).
+The next cell measures a rough ridge on this machine with the product's timing (a matmul graph and a
+streaming add on MLX, `session.machine_ridge`), then places every op of the unfused graph and every
+version of the pipeline on it (`session.op_costs`, `session.roofline`: FLOPs from the graph, bytes of
+the program MLX executes and of ideal kernels). Fusion changes no FLOP; it removes bytes.
+"""),
+    code('''
+ridge = session.machine_ridge("cpu", n=1024, elements=1 << 22, repeat=5)
+print(f"measured on MLX cpu: matmul {ridge.gflops:.1f} GFLOP/s, streaming add {ridge.gbps:.2f} GB/s "
+      f"-> ridge {ridge.ridge:.1f} FLOP/B")
+costs = session.op_costs(graph)
+print(f"{'node':<6}{'op':<12}{'FLOPs':>10}{'bytes':>9}{'FLOP/B':>8}  bound")
+for c in costs:
+    bound = "memory" if c.intensity < ridge.ridge else "compute"
+    print(f"%{c.node:<5}{c.op:<12}{c.flops:>10}{c.bytes:>9}{c.intensity:>8.2f}  {bound}")
+both = run_passes(graph, ["fuse_matmul_bias_act", "fuse_residual_ln"])
+roof = session.roofline(both, "cpu")
+for v in roof:
+    print(f"version {v.index} {v.label:<27} FLOPs {v.flops}  bytes executed {v.bytes} (ideal {v.ideal_bytes})  "
+          f"FLOP/B executed {v.intensity:.2f} (ideal {v.ideal_intensity:.2f})")''', "roofline"),
+    code('''
+from IPython.display import Markdown
+
+mem = [c for c in costs if c.intensity < ridge.ridge]
+where = (f"{len(mem)} of the {len(costs)} ops are memory-bound: " + ", ".join(sorted({c.op for c in mem}))
+         + f" (at most {max(c.intensity for c in mem):.2f} FLOP/B)" if mem else
+         "no op falls below it (a busy machine measures a low ridge: rerun this cell)")
+flops = sorted({v.flops for v in roof})
+display(Markdown(
+    f"Read aloud: on this machine (a rough ridge of {ridge.ridge:.1f} FLOP/B, measured now) {where}; the matmuls "
+    f"do {min(c.intensity for c in costs if c.op == 'matmul'):.1f} FLOP/B. The program does "
+    + (f"{flops[0]} FLOPs in every version" if len(flops) == 1 else f"{flops[0]}..{flops[-1]} FLOPs")
+    + f"; the bytes MLX executes fall from {roof[0].bytes} to {roof[-1].bytes}, so its intensity rises from "
+    f"{roof[0].intensity:.2f} to {roof[-1].intensity:.2f} FLOP/B (ideal kernels: {roof[-1].ideal_intensity:.2f}). "
+    "Fusion removes bytes of the low-intensity ops; it changes no FLOP."))''', "roofline-read-aloud"),
     md("""
 ## 4. Same numbers, less time?
 

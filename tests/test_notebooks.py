@@ -138,6 +138,28 @@ def test_01_what_is_fusion(executed):
     assert "fuse_residual_ln.residual" in text and f"(bytes): {2 * 2 * 64 * 128 * 4}" in text
     assert "executed on MLX: traffic saved by fuse_residual_ln (bytes): 0" in text  # add + mx.fast.layer_norm
     assert "FusedResidualLN(%15, %0, %11, %12)" in text
+    # the roofline: FLOPs from the shapes, bytes of the executed program, a ridge measured now
+    text, _ = t["roofline"]
+    ridge = float(re.search(r"-> ridge (\S+) FLOP/B", text).group(1))
+    ops = re.findall(r"^%(\d+)\s+(\w+)\s+(\d+)\s+(\d+)\s+(\S+)\s+(memory|compute)$", text, re.M)
+    assert [o[1] for o in ops] == ["matmul", "add", "gelu", "matmul", "add", "add", "layer_norm"]
+    assert int(ops[0][2]) == 2 * 2 * 64 * 128 * 512 and int(ops[6][2]) == 8 * 2 * 64 * 128
+    for _, _, flops, nbytes, intensity, bound in ops:
+        assert abs(float(intensity) - int(flops) / int(nbytes)) < 0.006
+        assert bound == ("memory" if int(flops) / int(nbytes) < ridge else "compute")
+    flops = sum(int(o[2]) for o in ops)
+    versions = re.findall(r"^version (\d) .+?FLOPs (\d+)  bytes executed (\d+) \(ideal (\d+)\)  FLOP/B executed "
+                          r"(\S+) \(ideal (\S+)\)$", text, re.M)
+    assert [int(v[1]) for v in versions] == [flops] * 3  # fusion changes no FLOP
+    b0 = sum(int(o[3]) for o in ops)
+    assert [(int(v[2]), int(v[3])) for v in versions] == [  # the traffic cells' own savings
+        (b0, b0), (b0 - addmm, b0 - ideal), (b0 - addmm, b0 - ideal - 2 * 2 * 64 * 128 * 4)]
+    md_text = markdown_of(nb, "roofline-read-aloud")
+    assert f"a rough ridge of {ridge:.1f} FLOP/B" in md_text and f"{flops} FLOPs in every version" in md_text
+    assert f"intensity rises from {versions[0][4]} to {versions[2][4]} FLOP/B (ideal kernels: {versions[2][5]})" \
+        in md_text
+    n_mem = sum(o[5] == "memory" for o in ops)
+    assert (f"{n_mem} of the 7 ops are memory-bound" in md_text) if n_mem else ("no op falls below it" in md_text)
     text, _ = t["timing"]
     assert "all versions match the reference: True" in text and "timed on: MLX" in text and " on cpu" in text
     assert len([ln for ln in text.splitlines() if ln.rstrip().endswith("yes")]) == 3

@@ -11,6 +11,7 @@ One module per job:
 * `tolerance` / `timing`: time every version on MLX with a verdict from one tolerance table.
 * `render`: a drawing as a pure function of (trace, view), cached by the trace's content key.
 * `traffic`: the memory traffic a pass's fusions removed.
+* `roofline`: FLOPs, bytes moved and arithmetic intensity per op and per version.
 
 Errors a user can fix are `SessionError`s (one line); front ends match them by type.
 """
@@ -22,6 +23,7 @@ from .limits import DEFAULT_MAX_MEMORY_MB, DEPRECATED_MEMORY_ENV, MAX_MEMORY_ENV
 from .loading import default_preset, load, load_ir_file, load_ir_text, model_layers, presets, unknown_model
 from .pipeline import build_pipeline, format_passes, pass_catalog, run_pipeline, version_index
 from .render import View
+from .roofline import OpCost, Ridge, VersionRoofline, graph_flops, machine_ridge, op_costs, program_bytes, roofline
 from .status import FusionCheck, LayerStatus, check_fusion, check_layer, layer_status
 from .timing import (
     VersionTiming,
@@ -46,4 +48,6 @@ __all__ = ["DEFAULT_MAX_MEMORY_MB", "DEPRECATED_MEMORY_ENV", "MAX_MEMORY_ENV", "
            "format_passes", "format_timings", "human_bytes", "input_sets", "layer_status", "load", "load_inputs",
            "load_ir_file", "load_ir_text", "model_layers", "nonfinite_arrays", "pass_catalog", "precision_policy",
            "presets", "run_pipeline", "teaching_cases", "time_versions", "tolerance", "traffic_saved",
-           "unknown_model", "variant_named", "version_index"]
+           "unknown_model", "variant_named", "version_index",
+           "OpCost", "Ridge", "VersionRoofline", "graph_flops", "machine_ridge", "op_costs", "program_bytes",
+           "roofline"]

@@ -1,0 +1,201 @@
+"""FLOPs, bytes moved and arithmetic intensity, per op and per graph version (the roofline's two axes).
+
+Conventions (the same as `traffic`): every compute node's output is written once and read once per
+operand use; the static part of a program (nodes that read only params and constants, e.g. a Q|K|V weight
+`concat`, computed once per set of weights by `runtime.executor.build_program`) is not per-call traffic.
+FLOPs count multiply-adds as 2 (a matmul `[M, K] x [K, N]` is `2*M*K*N`), every elementwise op and
+activation as 1 per output element, a reduction as 1 per input element, `softmax` as 5 and `layer_norm`
+/ `rms_norm` as 8 / 6 per element, data movement as 0; a fused op counts its decomposition (`unfuse`).
+FLOPs are counted on each version's decomposition: a fusion changes none (canonicalizing a primitive norm into
+`layer_norm` or removing dead code may, slightly); a version's bytes are the input's minus what each pass saves
+in the executed program (`executed_traffic_saved`, `shared_input_saved`).
+`machine_ridge` measures where this machine's roofline bends.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..ir import Graph, Node, Op
+from ..ir.ops import ELEMENTWISE, FUSED, MOVEMENT, REDUCE
+from ..passes.trace import Trace
+from .traffic import executed_traffic_saved, shared_input_saved
+
+_PER_ELEMENT = {Op.SOFTMAX: 5, Op.LAYER_NORM: 8, Op.RMS_NORM: 6, Op.ROPE: 3}
+
+
+def _size(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def op_flops(graph: Graph, node: Node) -> int:
+    """FLOPs of one primitive node (conventions in the module docstring). Fused ops: see `graph_flops`.
+
+    Raises:
+        ValueError: a fused op (count its decomposition with `graph_flops`).
+    """
+    if node.op in FUSED:
+        raise ValueError(f"[op_flops] {node.op.value} is fused: count its decomposition (graph_flops)")
+    if node.op == Op.MATMUL:
+        return 2 * _size(node.shape) * graph[node.inputs[0]].shape[-1]
+    if node.op == Op.ATTENTION:  # QK^T and PV (2 multiply-adds each) plus softmax on the scores
+        b, sq = node.shape[0], node.shape[1]
+        sk = graph[node.inputs[1]].shape[1]
+        h, d = node.attrs["num_heads"], node.attrs["head_dim"]
+        return 4 * b * h * sq * sk * d + 5 * b * h * sq * sk
+    if node.op in REDUCE:
+        return _size(graph[node.inputs[0]].shape)
+    if node.op in _PER_ELEMENT:
+        return _PER_ELEMENT[node.op] * _size(node.shape)
+    if node.op in ELEMENTWISE:
+        return 0 if node.op == Op.CAST else _size(node.shape)
+    if node.op in MOVEMENT or node.op in (Op.INPUT, Op.PARAM, Op.CONST):
+        return 0
+    return _size(node.shape)
+
+
+def _static(graph: Graph) -> set[int]:
+    """Nodes computed once per set of weights (params, constants and nodes reading only those)."""
+    static: set[int] = set()
+    for n in graph:
+        if n.op in (Op.PARAM, Op.CONST) or (n.op != Op.INPUT and n.inputs and all(i in static for i in n.inputs)):
+            static.add(n.id)
+    return static
+
+
+def graph_flops(graph: Graph) -> int:
+    """FLOPs of one call of `graph` (fused ops counted through their decomposition; static nodes excluded)."""
+    if any(n.op in FUSED for n in graph):
+        from ..passes import run_pass
+
+        graph = run_pass(graph, "unfuse")
+    static = _static(graph)
+    return sum(op_flops(graph, n) for n in graph.compute_nodes() if n.id not in static)
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """One node's roofline point: `flops`, `bytes` (its output written once plus every operand read once)."""
+
+    node: int
+    op: str
+    flops: int
+    bytes: int
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per byte moved."""
+        return self.flops / self.bytes if self.bytes else 0.0
+
+
+def op_costs(graph: Graph) -> list[OpCost]:
+    """Per compute node of a primitive graph, in graph order (static nodes excluded)."""
+    static = _static(graph)
+    return [OpCost(n.id, n.op.value, op_flops(graph, n), n.nbytes + sum(graph[i].nbytes for i in n.inputs))
+            for n in graph.compute_nodes() if n.id not in static]
+
+
+def program_bytes(graph: Graph) -> int:
+    """Bytes one call of a primitive `graph` writes and reads (module conventions)."""
+    return sum(c.bytes for c in op_costs(graph))
+
+
+@dataclass(frozen=True)
+class VersionRoofline:
+    """One graph version: `flops` per call, bytes moved by the program MLX runs on `device` (`bytes`) and by
+    one ideal kernel per fused op (`ideal_bytes`)."""
+
+    index: int
+    label: str
+    flops: int
+    bytes: int
+    ideal_bytes: int
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per byte of the executed program."""
+        return self.flops / self.bytes
+
+    @property
+    def ideal_intensity(self) -> float:
+        return self.flops / self.ideal_bytes
+
+
+def roofline(trace: Trace, device: str = "cpu") -> list[VersionRoofline]:
+    """FLOPs, bytes and intensity of every version of `trace` (version 0 is its input, a primitive graph).
+
+    Raises:
+        ValueError: unknown device; a fused op in the input graph (start from the unfused model).
+    """
+    if any(n.op in FUSED for n in trace.input):
+        raise ValueError("[roofline] the run's input graph has fused ops: start from the unfused model")
+    flops, base = graph_flops(trace.input), program_bytes(trace.input)
+    rows = [VersionRoofline(0, "input", flops, base, base)]
+    executed = ideal = base
+    for k, step in enumerate(trace.steps, 1):
+        if step.matches and not step.error:
+            saved = executed_traffic_saved(step, device)
+            reads, _ = shared_input_saved(step)
+            executed -= saved.total + reads
+            ideal -= saved.ideal.total + reads
+        if step.after is not step.before:
+            flops = graph_flops(step.after)
+        rows.append(VersionRoofline(k, f"after {step.pass_name}", flops, executed, ideal))
+    return rows
+
+
+@dataclass(frozen=True)
+class Ridge:
+    """This machine's roofline, measured with the product's timing (`runtime.timing.time_version`).
+
+    Attributes:
+        device: `cpu` or `gpu`.
+        gflops: FLOP/s of a `[n, n] x [n, n]` f32 matmul graph, in 1e9 per second (median call).
+        gbps: bytes/s of an f32 `add` of two `elements`-long vectors (2 reads + 1 write), in 1e9 per second.
+        matmul_ms / add_ms: the two medians.
+    """
+
+    device: str
+    gflops: float
+    gbps: float
+    matmul_ms: float
+    add_ms: float
+
+    @property
+    def ridge(self) -> float:
+        """FLOP per byte where the roofline bends: below it a kernel is bound by memory, above it by compute."""
+        return self.gflops / self.gbps
+
+
+def machine_ridge(device: str = "cpu", n: int = 1024, elements: int = 1 << 23, repeat: int = 7) -> Ridge:
+    """Measure peak-ish matmul FLOP/s and streaming bandwidth on MLX (`device`); a rough ridge point.
+
+    The add moves `3 * 4 * elements` bytes (96 MiB at the default, beyond the caches of common CPUs). One
+    median of `repeat` calls each: noisy on a busy machine, as every timing is.
+
+    Raises:
+        DeviceError: unknown device, or `gpu` where MLX has none.
+    """
+    import numpy as np
+
+    from ..ir import Builder
+    from ..runtime.executor import MlxExecutor
+    from ..runtime.timing import time_version
+
+    ex = MlxExecutor(device=device)
+    b = Builder("matmul")
+    b.output(b.matmul(b.input("a", (n, n)), b.param("w", (n, n))))
+    rng = np.random.default_rng(0)
+    mm = time_version(b.build(), {"a": rng.standard_normal((n, n), np.float32)},
+                      {"w": rng.standard_normal((n, n), np.float32)}, warmup=2, repeat=repeat, executor=ex)
+    b = Builder("stream_add")
+    b.output(b.add(b.input("x", (elements,)), b.input("y", (elements,))))
+    ones = np.ones(elements, np.float32)
+    add = time_version(b.build(), {"x": ones, "y": ones}, warmup=2, repeat=repeat, executor=ex)
+    return Ridge(ex.device, 2 * n ** 3 / mm.median_ms / 1e6, 12 * elements / add.median_ms / 1e6,
+                 mm.median_ms, add.median_ms)
+
+
+__all__ = ["OpCost", "Ridge", "VersionRoofline", "graph_flops", "machine_ridge", "op_costs", "op_flops",
+           "program_bytes", "roofline"]
