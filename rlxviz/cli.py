@@ -393,10 +393,18 @@ def cmd_render(args: argparse.Namespace) -> int:
     if args.focus is not None and args.view == "layers":
         raise CLIError("--focus N draws layer N of the full view; it cannot be combined with --view layers "
                        "(drop --view layers, or drop --focus to see every layer as one box)")
+    if args.expand and args.view != "layers":
+        raise CLIError("--expand N opens layer N inside the layers view; add --view layers")
     _, trace = _run_model(args)
     i = version_index(trace, args.after)
-    view = View(i, args.view, "before" if args.before else "after", args.focus)
+    expanded = tuple(sorted(set(args.expand or ())))
+    view = View(i, args.view, "before" if args.before else "after", args.focus, expanded)
     graph = picture(trace, view)[0]
+    missing = [k for k in expanded if k not in model_layers(graph)]
+    if missing:
+        have = model_layers(graph)
+        span = f"layers: {have[0]}..{have[-1]}" if have else "no node path names a layer"
+        raise CLIError(f"--expand {missing[0]}: layer {missing[0]} is not in {args.model} ({span})")
     if args.focus is not None:
         have = model_layers(graph)
         if args.focus not in have:
@@ -427,6 +435,8 @@ def add_render(sub: SubParsers) -> None:
     p.add_argument("--view", choices=("full", "layers"), default="full", help="one box per op, or per layer")
     p.add_argument("--focus", type=int, default=None, metavar="N",
                    help="draw only layer N of the full view (not with --view layers)")
+    p.add_argument("--expand", type=int, action="append", metavar="N",
+                   help="with --view layers: draw layer N open, its nodes inside the overview (repeatable)")
     p.add_argument("--output", "-o", required=True, metavar="OUT", help="output file: .svg, .dot, .gv, .png or .pdf")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
     p.set_defaults(func=cmd_render)

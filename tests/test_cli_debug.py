@@ -327,6 +327,15 @@ def test_render_dot_before_with_rejection_layers_view_and_focus(tmp_path, capsys
     assert code == 0 and "encoder.layer.5" in (tmp_path / "l.dot").read_text()
     code, _, _ = run(capsys, "render", "minilm", "--seq", 8, "--focus", 2, "-o", tmp_path / "f.dot", "-q")
     assert code == 0 and "— layer 2\"" in (tmp_path / "f.dot").read_text()
+    code, _, _ = run(capsys, "render", "bert-tiny", "--seq", 8, "--view", "layers", "--expand", 1, "-o",
+                     tmp_path / "e.dot", "-q")
+    text = (tmp_path / "e.dot").read_text()
+    assert code == 0 and "subgraph cluster_layer1" in text and "\tlayer0 [" in text
+    code, _, err = run(capsys, "render", "bert-tiny", "--seq", 8, "--view", "layers", "--expand", 9, "-o",
+                       tmp_path / "e.dot")
+    one_line_error(err, "render", "--expand 9: layer 9 is not in bert-tiny (layers: 0..1)")
+    code, _, err = run(capsys, "render", "bert-tiny", "--expand", 1, "-o", tmp_path / "e.dot")
+    one_line_error(err, "render", "--expand N opens layer N inside the layers view; add --view layers")
 
 
 def test_render_second_run_of_a_pass_and_bad_inputs(tmp_path, capsys):
