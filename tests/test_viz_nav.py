@@ -180,3 +180,18 @@ def test_auto_view_is_the_overview_for_big_models_and_stays_across_versions(monk
         s.version = k
         views.add(s.resolved_view())
     assert views == {"collapsed"}
+
+
+def test_table_row_opens_its_layer_in_the_overview(h1_state):
+    """In the collapsed overview a rejection row's nodes would hide inside a box: the row expands the layers
+    that hold them, and the 'before' pane draws the culprit marked."""
+    s = h1_state
+    _, probe, legit = _h1_users(s)
+    s.param.update(view="collapsed", expanded_layers=[])
+    row = next(r for r in decision_rows(s.trace) if r["guard"] == "h1_user_count")
+    s.show_decision(row)
+    assert s.expanded_layers == [0] and s.highlight[0] == probe
+    nodes = _svg_nodes(s.svg_before())
+    assert "layer1" in nodes and "layer0" not in nodes  # layer 1 a box, layer 0 open (a cluster)
+    assert "offending" in nodes[f"n{probe}"] and not any("offending" in nodes[f"n{i}"] for i in legit)
+    s.param.update(view="auto", expanded_layers=[])

@@ -26,7 +26,7 @@ import param
 from .. import session
 from ..ir import Graph, GraphError, IRSyntaxError, format_graph
 from ..models import PRESETS, VARIANTS, BertConfig, Model
-from ..passes import CANONICAL_ORDER, DEFAULT_PARAMS, PASSES, PassStep, Trace
+from ..passes import CANONICAL_ORDER, DEFAULT_PARAMS, PASSES, PassStep, Trace, layer_of
 from ..runtime.devices import available_devices
 from ..session import OVER_THRESHOLD, LayerStatus, Limits, SessionError, View
 from ..session import render as drawing
@@ -613,7 +613,8 @@ class AppState(param.Parameterized):
 
     # ============================================================ decisions, layers, timing
     def show_decision(self, row: dict[str, Any]) -> None:
-        """Select the version a table row's pass produced and highlight the row's nodes."""
+        """Select the version a table row's pass produced and highlight the row's nodes (in the collapsed
+        overview, the layers holding them are expanded in place, so the highlighted nodes are drawn)."""
         labels = self.version_labels
         target = f"after {row['pass']}"
         if self.hide_unchanged and target not in labels:
@@ -621,7 +622,13 @@ class AppState(param.Parameterized):
             labels = self.version_labels
         if target in labels:
             self.version = labels.index(target)
-        self.param.update(highlight=[int(i) for i in row["nodes"]],
+        nodes = [int(i) for i in row["nodes"]]
+        expanded = list(self.expanded_layers)
+        if self.resolved_view() == "collapsed":
+            graphs = [g for g in (self.previous_graph, self.current_graph) if g is not None]
+            paths = [g[i].path for i in nodes for g in graphs if i in g]
+            expanded += [k for k in dict.fromkeys(map(layer_of, paths)) if k is not None and k not in expanded]
+        self.param.update(highlight=nodes, expanded_layers=expanded,
                           selected_layer=row["layer"] if row["layer"] is not None else self.selected_layer)
 
     def layers(self) -> list[int]:
