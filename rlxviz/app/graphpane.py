@@ -88,10 +88,9 @@ export function render({ model, el }) {
   mini.addEventListener('pointerup', miniEnd); mini.addEventListener('pointercancel', miniEnd);
   mini.addEventListener('click', (e) => e.stopPropagation());
   mini.addEventListener('wheel', (e) => { e.stopPropagation(); e.preventDefault(); }, { passive: false });
-  const miniPicture = () => { if (miniUrl) URL.revokeObjectURL(miniUrl); miniUrl = null; const svg = inner.querySelector('svg');
-    if (!svg) { miniImg.removeAttribute('src'); return; }
-    miniUrl = URL.createObjectURL(new Blob([new XMLSerializer().serializeToString(svg)], { type: 'image/svg+xml' }));
-    miniImg.src = miniUrl; };
+  const miniPicture = () => { if (miniUrl) URL.revokeObjectURL(miniUrl); miniUrl = null;
+    if (!inner.querySelector('svg')) { miniImg.removeAttribute('src'); return; }
+    miniUrl = URL.createObjectURL(new Blob([model.svg], { type: 'image/svg+xml' })); miniImg.src = miniUrl; };
   const mark = (recentre) => {
     inner.querySelectorAll('.rv-hl, .rv-sel').forEach((g) => g.classList.remove('rv-hl', 'rv-sel'));
     let first = null;
