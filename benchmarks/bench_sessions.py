@@ -1,9 +1,14 @@
 """Time to interactive of N app sessions opened together (issue 15: 8 sessions within 6 s each on 2 cores).
 
-Starts `panel serve app.py` on a free localhost port (as `make app` does), opens N browser pages at the same
-moment (Playwright, Debian's chromium) and prints, per session, the seconds from the request until the first
-graph node is drawn (`.rv-after g.node`: the model is loaded, the pipeline has run, the SVG is shown).
-A first single session warms the server's caches (as any user before them would); `--cold` skips it.
+Starts `panel serve app.py --warm` (as `make app` does) on a free localhost port (the browser tests'
+`tests/served.py` helper; `--no-warm` leaves `--warm` out), opens N
+browser pages at the same moment (Playwright, Debian's chromium) and prints, per session, the seconds from the
+request until the first graph node is drawn (`.rv-after g.node`: the model is loaded, the pipeline has run, the
+SVG is shown), with the seconds until the page itself had loaded (`goto` returned: the server built the
+session's document) and until the sidebar's controls were drawn. A first single session warms the server's
+caches (as any user before them would); `--cold` skips it. It also prints the CPU seconds the server and the
+browser spent while the N sessions opened, which other work on the machine does not inflate as it does the
+wall-clock figures, and the load average (`os.getloadavg`) before and after.
 
     .venv/bin/python benchmarks/bench_sessions.py            # 8 sessions
     .venv/bin/python benchmarks/bench_sessions.py -n 4 --cold
@@ -16,67 +21,78 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
-import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from served import ARGS, CHROMIUM, free_port, served_app  # noqa: E402 - the browser tests' server helper
+
+CONTROLS = ".rv-passes input"
+"""The pipeline's pass checkboxes, the last of the sidebar's controls."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@dataclass
+class Opened:
+    """One session's seconds from `goto` to: the page loaded, the sidebar controls drawn, the first graph node
+    drawn (inf: it never happened within the timeout)."""
+
+    page_s: float = float("inf")
+    controls_s: float = float("inf")
+    graph_s: float = float("inf")
 
 
-def start_server(port: int, extra: list[str]) -> subprocess.Popen:
-    panel = Path(sys.executable).parent / "panel"
-    proc = subprocess.Popen([str(panel), "serve", "app.py", "--address", "127.0.0.1", "--port", str(port),
-                             f"--allow-websocket-origin=127.0.0.1:{port}", *extra],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
-    t0 = time.time()
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/static/extensions/panel/css/alerts.css", timeout=1)
-            return proc
-        except OSError:
-            if proc.poll() is not None or time.time() - t0 > 90:
-                proc.kill()
-                raise SystemExit("panel serve did not start") from None
-            time.sleep(0.2)
-
-
-async def one(browser, url: str, timeout_s: float) -> float:
+async def one(browser, url: str, timeout_s: float) -> Opened:
     ctx = await browser.new_context(viewport={"width": 1400, "height": 900})
     page = await ctx.new_page()
+    out = Opened()
     t0 = time.perf_counter()
+
+    async def until(selector: str) -> float:
+        await page.locator(selector).first.wait_for(timeout=timeout_s * 1000)
+        return time.perf_counter() - t0
+
     try:
         await page.goto(url, timeout=timeout_s * 1000)
-        await page.locator(".rv-after g.node").first.wait_for(timeout=timeout_s * 1000)
-        return time.perf_counter() - t0
+        out.page_s = time.perf_counter() - t0
+        out.graph_s, out.controls_s = await asyncio.gather(until(".rv-after g.node"), until(CONTROLS))
     except Exception as e:  # noqa: BLE001 - a session that never became interactive is reported as such
         print(f"a session failed: {type(e).__name__}: {str(e).splitlines()[0]}", file=sys.stderr)
-        return float("inf")
     finally:
         await ctx.close()
+    return out
 
 
-async def run(n: int, url: str, cold: bool, timeout_s: float) -> tuple[float | None, list[float]]:
+def cpu_seconds() -> dict[str, float]:
+    """User+system CPU seconds so far of this process's children: the server (`panel`) and the browser."""
+    out = {"server": 0.0, "browser": 0.0}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline())
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        kind = "server" if "panel" in cmd and "serve" in cmd else "browser" if "chrom" in cmd else None
+        if kind:
+            out[kind] += t.user + t.system
+    return out
+
+
+async def run(n: int, url: str, cold: bool, timeout_s: float) -> tuple[Opened | None, list[Opened], dict]:
     from playwright.async_api import async_playwright
 
     async with async_playwright() as p:
         browser = await p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         warm = None if cold else await one(browser, url, timeout_s)
-        times = await asyncio.gather(*(one(browser, url, timeout_s) for _ in range(n)))
+        before = cpu_seconds()
+        opened = await asyncio.gather(*(one(browser, url, timeout_s) for _ in range(n)))
+        after = cpu_seconds()
         await browser.close()
-    return warm, list(times)
+    return warm, list(opened), {k: after[k] - before[k] for k in after}
 
 
 def main() -> None:
@@ -84,29 +100,30 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=8, help="sessions opened together (default 8)")
     ap.add_argument("--cold", action="store_true", help="no warm-up session first")
     ap.add_argument("--timeout", type=float, default=120, help="seconds before a session counts as failed")
+    ap.add_argument("--no-warm", action="store_true", help="serve without --warm (the default model is first run "
+                                                               "by the first session, not at server start)")
     ap.add_argument("--serve-arg", action="append", default=[], help="extra argument for panel serve")
     a = ap.parse_args()
+    serve_args = ([] if a.no_warm else ["--warm"]) + a.serve_arg
     load_before = os.getloadavg()[0]
-    port = _free_port()
-    proc = start_server(port, a.serve_arg)
-    try:
-        warm, times = asyncio.run(run(a.n, f"http://127.0.0.1:{port}/app", a.cold, a.timeout))
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    port = free_port()
+    with served_app(port, "127.0.0.1", [f"127.0.0.1:{port}"], dict(os.environ), "server-bench.log", serve_args,
+                    start_timeout_s=a.timeout):
+        warm, opened, cpu = asyncio.run(run(a.n, f"http://127.0.0.1:{port}/app", a.cold, a.timeout))
+    print(f"panel serve app.py {' '.join(serve_args)}")
     print(f"cpus: {os.cpu_count()}, load average before: {load_before:.1f}, after: {os.getloadavg()[0]:.1f}")
     if warm is not None:
-        print(f"warm-up session alone: {warm:.2f} s to interactive")
-    for i, t in enumerate(sorted(times)):
-        print(f"session {i + 1}/{a.n}: {t:.2f} s to interactive")
-    ok = [t for t in times if t != float("inf")]
+        print(f"warm-up session alone: {warm.graph_s:.2f} s to interactive (page {warm.page_s:.2f} s, "
+              f"controls {warm.controls_s:.2f} s)")
+    for i, o in enumerate(sorted(opened, key=lambda o: o.graph_s)):
+        print(f"session {i + 1}/{a.n}: {o.graph_s:.2f} s to interactive (page {o.page_s:.2f} s, "
+              f"controls {o.controls_s:.2f} s)")
+    ok = [o.graph_s for o in opened if o.graph_s != float("inf")]
     if ok:
         print(f"{a.n} together: median {statistics.median(ok):.2f} s, max {max(ok):.2f} s, "
               f"{len(ok)}/{a.n} interactive")
+    print(f"CPU while they opened: server {cpu['server']:.1f} s ({cpu['server'] / a.n:.2f} s a session), "
+          f"browser {cpu['browser']:.1f} s ({cpu['browser'] / a.n:.2f} s a session)")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The app served for browser tests: `panel serve app.py` on a free port, and Debian's chromium.
 
-One place for what `test_browser_app.py` and `test_browser_security.py` both need.
+One place for what `test_browser_app.py`, `test_browser_security.py` and `benchmarks/bench_sessions.py` need.
 """
 
 import socket
@@ -31,18 +31,20 @@ def free_port() -> int:
 
 
 @contextmanager
-def served_app(port: int, address: str, origins: Sequence[str], env: dict[str, str], log_name: str
-               ) -> Iterator[float]:
-    """Run `panel serve app.py` until the block ends; yields the start time (`time.time()`, s).
+def served_app(port: int, address: str, origins: Sequence[str], env: dict[str, str], log_name: str,
+               extra: Sequence[str] = (), start_timeout_s: float = START_TIMEOUT_S) -> Iterator[float]:
+    """Run `panel serve app.py` (plus `extra` arguments) until the block ends; yields the start time
+    (`time.time()`, s). Used by the browser tests and `benchmarks/bench_sessions.py`.
 
     Raises:
-        RuntimeError: the server exited or did not answer within 60 s (its log is `test-artifacts/LOG_NAME`).
+        RuntimeError: the server exited or did not answer within `start_timeout_s` (its log is
+            `test-artifacts/LOG_NAME`).
     """
     panel = Path(sys.executable).parent / "panel"
     ART.mkdir(exist_ok=True)
     with open(ART / log_name, "w") as log:
         proc = subprocess.Popen([str(panel), "serve", "app.py", "--address", address, "--port", str(port),
-                                 *(f"--allow-websocket-origin={o}" for o in origins), "--num-procs", "1"],
+                                 *(f"--allow-websocket-origin={o}" for o in origins), "--num-procs", "1", *extra],
                                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         t0 = time.time()
         try:
@@ -52,7 +54,7 @@ def served_app(port: int, address: str, origins: Sequence[str], env: dict[str, s
                                            timeout=1)
                     break
                 except OSError:
-                    if proc.poll() is not None or time.time() - t0 > START_TIMEOUT_S:
+                    if proc.poll() is not None or time.time() - t0 > start_timeout_s:
                         raise RuntimeError(f"panel serve did not start; see test-artifacts/{log_name}") from None
                     time.sleep(0.2)
             yield t0

@@ -61,7 +61,8 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
     """The app for one session.
 
     Args:
-        state: an existing state (tests, notebooks); default a new one whose model loads in the
+        state: an existing state (tests, notebooks); default a new one that shows the run another session
+            already made of the default settings (`AppState.start_cached`), else loads the model in the
             background once the page is shown, so the page appears at once.
 
     Returns:
@@ -79,7 +80,9 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
         return page
     if state is None:
         state = AppState(runner=Runner(background=True), autorun=False)
-        if pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:
+        if state.start_cached():  # a run of these settings is done (`panel serve --warm`): the page shows it
+            pass
+        elif pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:
             pn.state.onload(lambda: _start(state))
         else:
             _start(state)
@@ -109,11 +112,21 @@ def _client_address() -> str | None | bool:
     return getattr(request, "remote_ip", None) if request is not None else None
 
 
+def _warm_up_session() -> bool:
+    """True for the document `panel serve --warm` makes at server start: a session context with no HTTP request
+    behind it (no client at all). Building it runs the default model once, so that `RUNS` holds its run and
+    every later session shows it at once (`AppState.start_cached`)."""
+    doc = pn.state.curdoc
+    ctx = doc.session_context if doc is not None else None
+    request = getattr(ctx, "request", None) if ctx is not None else None
+    return request is not None and getattr(request, "_request", False) is None
+
+
 def _refusal() -> str | None:
     """The refusal text when this session's client is not on this machine and remote use is not enabled
-    (`access.refusal`); None outside a server session."""
+    (`access.refusal`); None outside a server session and for the server's own warm-up document."""
     address = _client_address()
-    return None if address is False else refusal(address)
+    return None if address is False or _warm_up_session() else refusal(address)
 
 
 def _start(state: AppState) -> None:

@@ -47,6 +47,12 @@ FULL_VIEW_LAYERS = 6
 
 SOURCES = ("preset", "checkpoint", "upload", "ir")
 
+RUNS = session.cache.LRUCache(maxsize=4)
+"""Finished loads by (`AppState.model_key`, `AppState.pipeline_key`): the `Model` and its `Trace`, shared read-only
+by every session of the process (neither is ever changed in place: a new variant or pipeline is a new key and a
+new run). A new session whose settings were already run (the default model, which `panel serve --warm` runs at
+server start) shows the run at once (`AppState.start_cached`), without a job or a second round trip."""
+
 TIMING_RUNS = session.cache.LRUCache(maxsize=16)
 """The last timing runs (`timeproc.WorkerTiming`) by (trace key, data digest, repeat), for all sessions:
 "Time every version" shows them, "Time again" measures anew."""
@@ -266,10 +272,26 @@ class AppState(param.Parameterized):
 
     run = param.Action(lambda self: self.load(), doc="Re-run the pipeline.")
 
+    def start_cached(self) -> bool:
+        """Show the run another session already finished for these settings (`RUNS`) at once, in the caller's
+        thread and without a job; autorun is then on. False (nothing changed) when there is none: call `load`."""
+        key = self.model_key()
+        hit = RUNS.get((key, self.pipeline_key()))
+        if hit is None:
+            return False
+        model, trace = hit
+        self._model_key = key
+        self._set_trace(trace, model)
+        self._notice_variant()
+        self.autorun = True
+        return True
+
     def _load_job(self, gen: int) -> None:
         self._start("Loading the model…")
+        done = False
         try:
             key = self.model_key()
+            pipeline_key = self.pipeline_key()
             model = self._load_model() if key != self._model_key or self.model is None else self.model
             if gen != self._generation:
                 return
@@ -291,13 +313,17 @@ class AppState(param.Parameterized):
             self._set_trace(trace, model if new else None)
             self._notice_variant()
             self._set_progress(80, "Drawing the graph…")
-            self.prerender()
+            self._draw_shown()
+            RUNS.put((key, pipeline_key), (model, trace))
+            done = True
         except Exception as e:  # noqa: BLE001 - every failure becomes a message; the app keeps working
             at = (e.line, e.col, e.reason) if isinstance(e, IRSyntaxError) else None
             self.ir_error = at if self.source == "ir" else None
             self._error(self._explain_error(e))
         finally:
             self._stop()
+        if done:  # after the job: the page is usable while the other versions are drawn
+            self.runner.submit("prerender", lambda: self.prerender(gen))
 
     def _set_trace(self, trace: Trace, model: Model | None = None) -> None:
         """Show `trace` (and `model`, when it is new) in one update."""
@@ -599,17 +625,27 @@ class AppState(param.Parameterized):
         """SVG of the graph before version `k`'s pass, with its matches clustered and rejections marked."""
         return drawing.svg(*self._drawing(k, view or self.resolved_view(), side="before"))
 
-    def prerender(self) -> None:
-        """Render every shown version's SVGs (before and after) into the cache, so stepping is a lookup."""
-        n = len(self.version_labels)
-        for k in range(n):
+    def _draw_shown(self) -> None:
+        """Render the selected version's SVGs (after, and before its pass) into the cache."""
+        try:
+            self.svg()
+            if self.current_step is not None:
+                self.svg_before()
+        except Exception:  # noqa: BLE001 - the view shows the error
+            pass
+
+    def prerender(self, gen: int | None = None) -> None:
+        """Render every shown version's SVGs (before and after) into the cache, so stepping is a lookup. Runs as
+        its own job after a load; stops as soon as a newer load (`gen` no longer current) is asked for."""
+        for k in range(len(self.version_labels)):
+            if gen is not None and gen != self._generation:
+                return
             try:
                 self.svg(k)
                 if k:
                     self.svg_before(k)
             except Exception:  # noqa: BLE001 - the view shows the error when this version is selected
                 pass
-            self._set_progress(80 + int(20 * (k + 1) / max(n, 1)), f"Drawing version {k + 1}/{n}…")
 
     # ============================================================ decisions, layers, timing
     def show_decision(self, row: dict[str, Any]) -> None:

@@ -1,0 +1,67 @@
+"""Sessions of one server process share finished runs read-only and stay isolated (issue 15, load).
+
+What two `AppState`s (two browser sessions) share: the `Model`, its `Trace` and the drawings, computed once per
+process (`state.RUNS`, `session.MODELS`/`TRACES`/`RENDERS`). What they never share: their settings; a session
+that changes its variant or pipeline gets a new run and leaves the other session's model, trace and drawing as
+they were.
+"""
+
+from rlxviz import session
+from rlxviz.app.jobs import Runner
+from rlxviz.app.main import build_app
+from rlxviz.app.state import RUNS, AppState
+from rlxviz.ir import format_graph
+
+
+def state(**kw) -> AppState:
+    kw.setdefault("preset", "bert-tiny")
+    kw.setdefault("seq", 8)
+    return AppState(runner=Runner(background=False), **kw)
+
+
+def test_second_session_shows_the_first_sessions_run_without_a_job():
+    a = state()
+    b = AppState(runner=Runner(background=False), autorun=False, preset="bert-tiny", seq=8)
+    jobs = []
+    b.runner.submit = lambda kind, fn: jobs.append(kind)  # type: ignore[method-assign]
+    assert b.start_cached(), "a's finished run is in RUNS"
+    assert not jobs, "no load job: the run was taken as it is"
+    assert b.model is a.model and b.trace is a.trace
+    assert b.autorun and not b.busy
+    assert b.svg() is a.svg(), "the drawing is the shared cached text"
+
+
+def test_unrun_settings_are_not_taken_from_the_cache():
+    RUNS.clear()
+    s = AppState(runner=Runner(background=False), autorun=False, preset="bert-tiny", seq=8)
+    assert not s.start_cached()
+    assert s.model is None and s.trace is None and not s.autorun
+
+
+def test_changing_one_sessions_variant_leaves_the_other_as_it_was():
+    a, b = state(), state()
+    assert a.trace is b.trace
+    graph_b, svg_b, labels_b = format_graph(b.current_graph), b.svg(), list(b.version_labels)
+    a.variant = "extra_h1_user"
+    assert a.trace is not b.trace and a.model is not b.model
+    assert format_graph(a.trace.input) != format_graph(b.trace.input), "a's variant changed a's graph"
+    assert format_graph(b.current_graph) == graph_b and b.svg() == svg_b and b.version_labels == labels_b
+    assert b.variant == "none" and b.message_kind != "danger"
+    c = AppState(runner=Runner(background=False), autorun=False, preset="bert-tiny", seq=8)
+    assert c.start_cached() and c.trace is b.trace, "a's variant run did not replace the default one"
+
+
+def test_pipeline_change_is_its_own_run():
+    a, b = state(), state()
+    a.toggle_pass(0, False)
+    assert a.trace is not b.trace and a.trace.key != b.trace.key
+    assert len(b.trace.steps) == len(a.trace.steps) + 1, "b still runs every pass"
+
+
+def test_build_app_uses_the_cached_run(monkeypatch):
+    monkeypatch.setattr(session, "default_preset", lambda: "bert-tiny")
+    first = state(seq=AppState.seq)  # the default settings, run by another session (or `panel serve --warm`)
+    page = build_app()
+    s = page.state
+    assert s.trace is first.trace and not s.busy, "the page was built with the run shown, no job queued"
+    assert s.autorun
