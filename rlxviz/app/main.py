@@ -5,8 +5,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import panel as pn
 from panel.theme.fast import Fast
+from panel.viewable import Viewer
 
 from .access import refusal
 from .controls import ModelControls, PipelineControls, StatusBar, VariantControls
@@ -88,10 +91,10 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
             _start(state)
     tabs = pn.Tabs(
         ("Graph", pn.Row(GraphCompare(state=state), NodeInspector(state=state), sizing_mode="stretch_both")),
-        ("Matches & rejections", DecisionTable(state=state)),
-        ("Why didn't layer N fuse?", WhyView(state=state)),
-        ("Timing", TimingView(state=state)),
-        ("IR & diff", IRView(state=state)),
+        ("Matches & rejections", _when_shown(lambda: DecisionTable(state=state))),
+        ("Why didn't layer N fuse?", _when_shown(lambda: WhyView(state=state))),
+        ("Timing", _when_shown(lambda: TimingView(state=state))),
+        ("IR & diff", _when_shown(lambda: IRView(state=state))),
         dynamic=True, sizing_mode="stretch_both", css_classes=["rv-tabs"])
     tmpl = pn.template.FastListTemplate(
         title=TITLE, sidebar_width=340, accent="#1565c0", header_background="#0d47a1", theme_toggle=False,
@@ -100,6 +103,12 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
         main=[pn.Column(StatusBar(state=state), VersionStepper(state=state), tabs, sizing_mode="stretch_both")])
     tmpl.state = state  # type: ignore[attr-defined]  # handy for tests and notebooks
     return tmpl
+
+
+def _when_shown(make: Callable[[], Viewer]) -> pn.param.ParamFunction:
+    """A tab's view, made the first time its tab is shown (`dynamic` tabs draw only the active one): a session
+    pays for the views it opens, not for all of them, and a hidden view does not follow every state change."""
+    return pn.param.ParamFunction(make, lazy=True, loading_indicator=False, sizing_mode="stretch_both")
 
 
 def _client_address() -> str | None | bool:
