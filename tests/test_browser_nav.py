@@ -130,6 +130,14 @@ def _minimap_and_layer_expand_in_place(pg):
     pg.locator(".rv-after g#layer4.node").wait_for()
     expect(pg.locator(".rv-after g.cluster")).to_have_count(0)
     expect(pg.locator(".rv-fold button")).to_be_hidden()
+    # the folded overview fits the pane: with the map switched back on, there is no minimap to show
+    pg.locator(".rv-after .rv-fit").click()
+    pg.locator(".rv-after .rv-map").click()
+    expect(pg.locator(".rv-after .rv-mini")).to_be_hidden()
+    pg.locator(".rv-after .rv-zoom-in").click()  # zoomed in past the pane: it is back
+    pg.locator(".rv-after .rv-zoom-in").click()
+    pg.locator(".rv-after .rv-zoom-in").click()
+    expect(pg.locator(".rv-after .rv-mini")).to_be_visible()
     # focus stays one choice away, on the layer clicked last
     pg.locator(".rv-view select").select_option("focus")
     expect(pg.locator(".rv-focus-layer select option:checked")).to_have_text("layer 0")
