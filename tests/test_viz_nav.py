@@ -195,3 +195,20 @@ def test_table_row_opens_its_layer_in_the_overview(h1_state):
     assert "layer1" in nodes and "layer0" not in nodes  # layer 1 a box, layer 0 open (a cluster)
     assert "offending" in nodes[f"n{probe}"] and not any("offending" in nodes[f"n{i}"] for i in legit)
     s.param.update(view="auto", expanded_layers=[])
+
+
+def test_expanded_layer_keeps_model_text_as_text():
+    """Paths and weight names are model text: inside an open layer they reach the SVG as text, never markup."""
+    from rlxviz.ir import Graph
+
+    g = load_model("bert-tiny", 1, 8).graph
+    evil = '"><script>alert(1)</script><img src=x onerror=alert(2)>'
+    nodes = [n.replace(path=n.path + evil) if "encoder.layer.1." in n.path else n for n in g]
+    nodes = [n.replace(attrs={**n.attrs, "name": n.attrs["name"] + evil}) if n.op == Op.PARAM else n for n in nodes]
+    bad = Graph(nodes, g.outputs, "x" + evil)
+    svg = render_svg(bad, view="layers", expanded=(1,)).svg
+    root = ET.fromstring(svg)  # well-formed: nothing broke out of an attribute or a label
+    tags = {el.tag.split("}")[-1] for el in root.iter()}
+    assert "script" not in tags and "img" not in tags
+    assert any(evil in (el.text or "") for el in root.iter(f"{SVG}text"))  # shown, as text
+    assert "subgraph" not in svg and "<script" not in svg
