@@ -28,6 +28,7 @@ import argparse
 import math
 import os
 import statistics
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -414,6 +415,7 @@ def side_by_side(batch: int, args: argparse.Namespace) -> list[str]:
     reference of the input graph (max |err| column)."""
     import tempfile
 
+    print(f"[batch {batch}] loading {args.model}, reference, pipeline, exports...", file=sys.stderr, flush=True)
     hf, rlx, source = load(batch, args.seq, args.model)
     cfg: BertConfig = rlx.config
     feeds = rlx.random_feeds(seed=batch)
@@ -475,6 +477,7 @@ def side_by_side(batch: int, args: argparse.Namespace) -> list[str]:
                 add("ONNX Runtime (torch.onnx export of the PyTorch encoder)", lambda s=sess: s.run(None, inp),
                     lambda s=sess: s.run(None, inp)[0], f"ORT CPU EP, {threads} thread(s)")
         timed = [r for r in rows if r.where]
+        print(f"[batch {batch}] {len(timed)} rows built; {args.repeat} interleaved rounds", file=sys.stderr, flush=True)
         interleaved(timed, args.warmup, args.repeat)
     med = {r.name: statistics.median(r.samples) for r in timed}
     ort_ms = min((m for k, m in med.items() if k.startswith("ONNX Runtime")), default=None)
@@ -522,7 +525,7 @@ def main() -> None:
     ap.add_argument("--table", action="store_true",
                     help="the README table: every version side by side with hand MLX, ORT and PyTorch, markdown")
     ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=None, help="untimed rounds (default 3; --table: 1)")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--micro", action="store_true", help="also time the fast formulations vs MLX builtins")
     ap.add_argument("--no-compare", action="store_true", help="skip PyTorch / ONNX Runtime")
@@ -534,6 +537,8 @@ def main() -> None:
                     help="time every intermediate pipeline version too (default: input and final versions)")
     args = ap.parse_args()
     args.device = resolve_device(args.device)
+    if args.warmup is None:
+        args.warmup = 1 if args.table else 3
     if args.table:
         lines = table_header(args.device)
         for batch in args.batches or [8, 1]:
