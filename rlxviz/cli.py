@@ -247,9 +247,10 @@ EXPLAIN_OK, EXPLAIN_NOT_FUSED = 0, 1
 """`rlxviz explain` exit codes: 0 when every expected fusion happened, 1 otherwise (2: a user error)."""
 
 
-def _model_args(p: argparse.ArgumentParser, seq: int = 128) -> None:
-    """MODEL and the options that build it and choose the pipeline (shared by explain/render/ir/time)."""
-    from .session import teaching_cases
+def _model_args(p: argparse.ArgumentParser) -> None:
+    """MODEL and the options that build it and choose the pipeline (shared by explain/render/ir/time/export);
+    batch and sequence length default to `session.DEFAULT_BATCH`/`DEFAULT_SEQ`, as in the app."""
+    from .session import DEFAULT_BATCH, DEFAULT_SEQ, teaching_cases
 
     p.add_argument("model", metavar="MODEL", help="a preset name (bert-tiny, minilm, minilm-shaped, llama-block, ...), "
                                                    "a Hugging Face BERT checkpoint folder, or an IR text file "
@@ -261,8 +262,10 @@ def _model_args(p: argparse.ArgumentParser, seq: int = 128) -> None:
     p.add_argument("--variant", default=None, metavar="NAME",
                    help="teaching variant: " + ", ".join(teaching_cases()))
     p.add_argument("--variant-layer", type=int, default=0, metavar="N", help="layer the variant changes (default 0)")
-    p.add_argument("--batch", type=int, default=1, help="batch size the graph is built for (default: %(default)s)")
-    p.add_argument("--seq", type=int, default=seq, help="sequence length the graph is built for (default: %(default)s)")
+    p.add_argument("--batch", type=int, default=DEFAULT_BATCH,
+                   help="batch size the graph is built for (default: %(default)s, as in the app)")
+    p.add_argument("--seq", type=int, default=DEFAULT_SEQ,
+                   help="sequence length the graph is built for (default: %(default)s, as in the app)")
     p.add_argument("--style", choices=("hf", "rlx"), default=None,
                    help="BERT graph form (default: the preset's own; hf for checkpoint folders)")
     p.add_argument("--max-memory-mb", type=int, default=None, metavar="MIB",
@@ -539,6 +542,8 @@ def cmd_time(args: argparse.Namespace) -> int:
 
 @subcommand
 def add_time(sub: SubParsers) -> None:
+    from .session import DEFAULT_REPEAT, DEFAULT_WARMUP
+
     p = sub.add_parser("time", help="time every graph version on MLX, with its error vs the reference",
                        description="Run the pipeline on MODEL, then time each distinct graph version on MLX "
                                    "(median, min, first call in ms) in the graph's own dtype, and check it on a "
@@ -549,13 +554,15 @@ def add_time(sub: SubParsers) -> None:
                                    "verdict names the input that broke a version and whether a pass changed the "
                                    "numbers or the dtype cannot hold them. Exit code 1 if a version is not ok "
                                    "(NaN is never counted as correct).")
-    _model_args(p, seq=32)
+    _model_args(p)
     p.add_argument("--inputs", "-i", default=None, metavar="IN.npz",
                    help="your input arrays (.npz, one array per graph input by name): timed, and checked first")
     p.add_argument("--battery", action=argparse.BooleanOptionalAction, default=True,
                    help="also check the input battery (default: on)")
-    p.add_argument("--repeat", "-r", type=int, default=5, help="timed rounds (default: %(default)s)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed rounds after the first call (default: %(default)s)")
+    p.add_argument("--repeat", "-r", type=int, default=DEFAULT_REPEAT,
+                   help="timed interleaved rounds (default: %(default)s, as the app's Timing tab)")
+    p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP,
+                   help="untimed rounds after the first call (default: %(default)s, as the app)")
     _device_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable output (each version with its verdict)")
     p.set_defaults(func=cmd_time)

@@ -90,3 +90,24 @@ def test_same_answers_from_the_cli_the_notebooks_and_the_app(capsys, monkeypatch
     assert code == 2 and err.strip() == f"rlxviz explain: error: {nb_error.value}"
     assert refused.message_kind == "danger" and refused.message == str(nb_error.value) and refused.model is None
     assert f"{model}: a run needs" in refused.message and "(RLXVIZ_MAX_MEMORY_MB)" in refused.message
+
+
+def test_one_set_of_defaults_for_the_cli_the_app_and_the_session():
+    """A model opened without options is built with the same batch and sequence length by every CLI subcommand,
+    the app and `session.load`, and `rlxviz time` times as many rounds as the app's Timing tab."""
+    import inspect
+
+    from rlxviz import session
+
+    sub = next(a for a in cli.build_parser()._actions if a.dest == "command").choices
+    for name in ("explain", "render", "ir", "time", "export"):
+        extra = {"export": ["out.onnx"], "render": ["-o", "x.svg"]}.get(name, [])
+        args = sub[name].parse_args(["bert-tiny", *extra])
+        assert (args.batch, args.seq) == (session.DEFAULT_BATCH, session.DEFAULT_SEQ), name
+    timed = sub["time"].parse_args(["bert-tiny"])
+    assert (timed.repeat, timed.warmup) == (session.DEFAULT_REPEAT, session.DEFAULT_WARMUP)
+    state = AppState(runner=Runner(background=False), autorun=False)
+    assert (state.batch, state.seq, state.repeat, state.warmup) == (
+        session.DEFAULT_BATCH, session.DEFAULT_SEQ, session.DEFAULT_REPEAT, session.DEFAULT_WARMUP)
+    params = inspect.signature(session.load).parameters
+    assert (params["batch"].default, params["seq"].default) == (session.DEFAULT_BATCH, session.DEFAULT_SEQ)

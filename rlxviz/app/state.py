@@ -91,8 +91,8 @@ class AppState(param.Parameterized):
     ir_text = param.String("", doc="IR text of a graph (typed or uploaded).")
     style = param.Selector(objects=["default", "rlx", "hf"], default="default",
                            doc="BERT graph style: fused-QKV RLX layers or Hugging Face primitives.")
-    batch = param.Integer(1, bounds=(1, 64), doc="Batch size.")
-    seq = param.Integer(16, bounds=(2, 512), doc="Sequence length (tokens).")
+    batch = param.Integer(session.DEFAULT_BATCH, bounds=(1, 64), doc="Batch size (default: as the CLI's).")
+    seq = param.Integer(session.DEFAULT_SEQ, bounds=(2, 512), doc="Sequence length (tokens; default: as the CLI's).")
     text = param.String("rlxviz shows why a fusion did or did not happen.", doc="Text to tokenize for real models.")
     variant = param.Selector(objects=list(VARIANT_LABELS), default="none", doc="Teaching variant.")
     variant_layer = param.Integer(0, bounds=(0, None), doc="Layer the teaching variant changes.")
@@ -129,9 +129,10 @@ class AppState(param.Parameterized):
     upload_dir = param.String("", doc="Temp folder holding the last accepted upload.")
     ir_error = param.Parameter(None, doc="(line, column, reason) of the last IR text that did not parse (1-based), "
                                          "else None.")
-    repeat = param.Integer(10, bounds=(1, 200), doc="Timed interleaved rounds (each runs every version once), as "
-                                                     "`rlxviz time --repeat`.")
-    warmup = param.Integer(2, bounds=(0, 20), doc="Untimed rounds after the first call, as `rlxviz time --warmup`.")
+    repeat = param.Integer(session.DEFAULT_REPEAT, bounds=(1, 200),
+                           doc="Timed interleaved rounds (each runs every version once), as `rlxviz time --repeat`.")
+    warmup = param.Integer(session.DEFAULT_WARMUP, bounds=(0, 20),
+                           doc="Untimed rounds after the first call, as `rlxviz time --warmup`.")
     device = param.Selector(objects=[d.name for d in available_devices()],
                             default=available_devices()[0].name,
                             doc="MLX device the versions are timed on (`runtime.devices`; the GPU when present).")

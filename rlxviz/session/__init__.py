@@ -3,6 +3,7 @@
 
 One module per job:
 
+* `defaults`: the shapes a model is built for and the timing rounds, one set for every front end.
 * `limits`: one limits record (`Limits`, `RLXVIZ_MAX_MEMORY_MB`) checked before tensors are allocated.
 * `variants`: the teaching variants (`models.VARIANTS`) and the shape rule of `over_threshold`.
 * `loading`: a model from a preset, a checkpoint folder, an IR file or IR text, cached by content.
@@ -17,6 +18,7 @@ Errors a user can fix are `SessionError`s (one line); front ends match them by t
 """
 
 from .architecture import Architecture, classify
+from .defaults import DEFAULT_BATCH, DEFAULT_REPEAT, DEFAULT_SEQ, DEFAULT_WARMUP
 from .errors import LimitError, PipelineError, SessionError
 from .inputs import check_inputs, feeds, load_inputs
 from .limits import DEFAULT_MAX_MEMORY_MB, DEPRECATED_MEMORY_ENV, MAX_MEMORY_ENV, Limits, human_bytes
@@ -38,7 +40,8 @@ from .tolerance import precision_policy, tolerance
 from .traffic import ExecutedTraffic, Traffic, executed_traffic_saved, runs_as, shared_input_saved, traffic_saved
 from .variants import OVER_THRESHOLD, RLX_THRESHOLD, effective_seq, effective_threshold, teaching_cases, variant_named
 
-__all__ = ["DEFAULT_MAX_MEMORY_MB", "DEPRECATED_MEMORY_ENV", "MAX_MEMORY_ENV", "OVER_THRESHOLD", "RLX_THRESHOLD",
+__all__ = ["DEFAULT_BATCH", "DEFAULT_MAX_MEMORY_MB", "DEFAULT_REPEAT", "DEFAULT_SEQ", "DEFAULT_WARMUP",
+           "DEPRECATED_MEMORY_ENV", "MAX_MEMORY_ENV", "OVER_THRESHOLD", "RLX_THRESHOLD",
            "Architecture", "FusionCheck", "LayerStatus", "LimitError", "Limits", "PipelineError", "SessionError",
            "ExecutedTraffic", "Traffic", "VersionTiming", "compare_to_input",
            "executed_traffic_saved", "runs_as", "shared_input_saved", "View", "all_finite", "build_pipeline",

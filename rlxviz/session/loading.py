@@ -18,6 +18,7 @@ from ..models import PRESETS, CheckpointError, Model, load_checkpoint, load_mode
 from ..models.onnx_import import load_onnx
 from ..passes import layer_of
 from .cache import LRUCache
+from .defaults import DEFAULT_BATCH, DEFAULT_SEQ
 from .errors import LimitError, SessionError
 from .limits import Limits, human_bytes
 from .variants import effective_seq, graph_variant, variant_named
@@ -133,8 +134,8 @@ def _within_roots(p: Path, roots: Sequence[Path]) -> Path:
     return path
 
 
-def load(model: str, batch: int = 1, seq: int = 128, style: str | None = None, variant: str | None = None,
-         variant_layer: int = 0, limits: Limits | None = None, threshold: int | None = None,
+def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: str | None = None,
+         variant: str | None = None, variant_layer: int = 0, limits: Limits | None = None, threshold: int | None = None,
          allowed_roots: Sequence[Path] | None = None, max_seq: int | None = None) -> Model:
     """A model by preset name, Hugging Face checkpoint folder, or IR text file, checked against `limits`.
 

@@ -1,0 +1,35 @@
+"""The defaults every front end shares: the shapes a model is built for and the timing rounds.
+
+The CLI (every subcommand that builds a model, and `rlxviz time`), the app (`AppState`) and
+`session.load` read these, so a model opened without options is the same graph everywhere and
+`rlxviz time MODEL` measures what the app's Timing tab measures.
+
+Why these values:
+
+* `DEFAULT_SEQ = 16`: the fusion decisions do not depend on the sequence length (the only shape rule,
+  the attention gate on batch*seq, is off by default and the `over_threshold` variant raises the length
+  itself), so a short sequence shows the same graph, draws and runs fast, and is what the notebooks use.
+  Timing at this size is meaningful for what the fusions change on this runtime: with batch 1 and 16
+  tokens MiniLM's versions take ~10 ms on an idle 2-core CPU, well above the timer's resolution, and
+  the per-op work that fusion removes is a visible share of it. Measure large shapes explicitly
+  (`--batch 8 --seq 128`, as README "Measurements" does).
+* `DEFAULT_REPEAT = 10` interleaved rounds after `DEFAULT_WARMUP = 2` untimed ones: the interquartile
+  range of 10 rounds rests on several samples per quartile (with 5 rounds each quartile is one sample),
+  and every round times every version once, so a load spike hits all versions alike.
+"""
+
+from __future__ import annotations
+
+DEFAULT_BATCH = 1
+"""Batch size a model is built for."""
+
+DEFAULT_SEQ = 16
+"""Sequence length (tokens) a model is built for."""
+
+DEFAULT_REPEAT = 10
+"""Timed interleaved rounds (each round runs every version once)."""
+
+DEFAULT_WARMUP = 2
+"""Untimed rounds after each version's first call."""
+
+__all__ = ["DEFAULT_BATCH", "DEFAULT_REPEAT", "DEFAULT_SEQ", "DEFAULT_WARMUP"]
