@@ -3,6 +3,7 @@
 from rlxviz.app.controls import ModelControls, PipelineControls, VariantControls
 from rlxviz.app.jobs import Runner
 from rlxviz.app.state import AppState, scrub_paths
+from rlxviz.app.text import md_escape
 from rlxviz.ir import format_graph, parse_ir
 
 
@@ -93,3 +94,39 @@ def test_messages_do_not_show_server_folders():
     text = "cannot read /tmp/rlxviz-upload-x1/model.safetensors (see /tmp/rlxviz-other/log)"
     out = scrub_paths(text, "/tmp/rlxviz-upload-x1", "/tmp")
     assert out == "cannot read upload/model.safetensors (see <temp>/rlxviz-other/log)"
+
+
+def test_failed_loads_and_runs_mark_the_panes_stale(monkeypatch):
+    """A load or a pipeline run that fails leaves the previous drawing, why-text, timings and IR on screen: each
+    is marked stale (a banner naming what it shows, the pane greyed) until a change succeeds. A crashed pass or a
+    failed timing is not stale: the panes show the current run."""
+    from rlxviz.app.panels import GraphCompare, IRView, TimingView, WhyView
+
+    s = tiny(selected_layer=0)
+    views = [GraphCompare(state=s), WhyView(state=s), TimingView(state=s), IRView(state=s)]
+    graph, why = views[0], views[1]
+
+    def marked() -> list[bool]:
+        return [v.stale.banner.visible and v.stale.banner.object == md_escape(s.stale) and bool(s.stale) for v in views]
+
+    def greyed() -> list[bool]:
+        return [p.styles.get("opacity") == "0.45" for v in views for p in v.stale.panes]
+
+    assert s.stale == "" and marked() == [False] * 4 and not any(greyed())
+    good = format_graph(s.model.graph)
+    s.param.update(ir_text=good.replace("= add(", "= add(%9999, ", 1), source="ir")  # does not load
+    assert s.message_kind == "danger" and s.model.name == "bert-tiny"
+    assert s.stale.startswith("Stale: showing the previous model (bert-tiny)") and all(marked()) and all(greyed())
+    assert graph.after.svg and "layer 0" in why.text.object  # still drawn: marked, not cleared
+    s.ir_text = good
+    assert s.message_kind != "danger" and s.stale == "" and marked() == [False] * 4 and not any(greyed())
+
+    s.passes = [*s.passes, "no_such_pass"]  # the pipeline fails on the same model
+    assert s.message_kind == "danger" and "no_such_pass" in s.message
+    assert s.stale.startswith("Stale: showing the previous pipeline run of bert_tiny") and all(marked())
+    s.passes = s.passes[:-1]
+    assert s.stale == "" and not any(marked())
+
+    monkeypatch.setattr("rlxviz.app.timeproc.time_in_worker", lambda *a, **k: (_ for _ in ()).throw(MemoryError()))
+    s.time_all(fresh=True)
+    assert s.message.startswith("Timing failed") and s.stale == "" and not any(marked())

@@ -26,6 +26,24 @@ def _safe(fn: Any, *args: Any) -> tuple[Any, str | None]:
         return None, f"{type(e).__name__}: {e}"
 
 
+class StaleMark:
+    """A banner (`rv-stale rv-stale-WHERE`) over panes that show the state's model or run, and those panes greyed, while the last
+    load or pipeline run failed and they still show the previous one (`AppState.stale`)."""
+
+    def __init__(self, state: AppState, where: str, *panes: pn.viewable.Viewable) -> None:
+        self.state, self.panes = state, panes
+        self.banner = pn.pane.Markdown("", css_classes=["rv-stale", f"rv-stale-{where}"], margin=(0, 10),
+                                       styles={"color": "#8a1c1c", "background": "#fff4e5"}, visible=False)
+        state.param.watch(self.update, "stale")
+        self.update()
+
+    def update(self, *events: param.parameterized.Event) -> None:
+        stale = self.state.stale
+        self.banner.param.update(object=md_escape(stale), visible=bool(stale))
+        for p in self.panes:
+            p.styles = {"opacity": "0.45"} if stale else {}
+
+
 class VersionStepper(Viewer):
     """Step through versions: ◀ / ▶, a list of versions, a player; hide unchanged passes; node counts."""
 
@@ -125,11 +143,10 @@ class GraphCompare(Viewer):
             g.param.watch(lambda e: setattr(s, "selected_node", e.obj.clicked), "clicks")
             g.param.watch(lambda e: s.toggle_layer(e.obj.layer_clicked), "layer_clicks")  # expand / fold in place
         self.note = pn.pane.Markdown("", css_classes=["rv-graph-note"], margin=(0, 10))
-        self.stale = pn.pane.Markdown("", css_classes=["rv-stale"], margin=(0, 10))
         self.row = pn.Row(self.after, sizing_mode="stretch_both")
+        self.stale = StaleMark(s, "graph", self.before, self.after)
         s.param.watch(self._draw, ["model", "trace", "version", "view", "selected_layer", "expanded_layers"])
         s.param.watch(self._mark, ["highlight", "selected_node"])
-        s.param.watch(self._stale, ["message_kind", "busy"])
         self._draw()
 
     def _scope(self) -> str:
@@ -137,15 +154,6 @@ class GraphCompare(Viewer):
         s = self.state
         view = s.resolved_view()
         return f"{id(s.model)}:{view}:{s.selected_layer if view == 'focus' else ''}"
-
-    def _stale(self, *events: param.parameterized.Event) -> None:
-        """After a failed load the panes still show the last model that loaded: say so and grey them."""
-        s = self.state
-        stale = s.message_kind == "danger" and not s.busy
-        for g in (self.before, self.after):
-            g.styles = {"opacity": "0.45"} if stale else {}
-        self.stale.object = ("**Stale:** the drawing is the last model that loaded; the change described above "
-                             "failed." if stale else "")
 
     def _draw(self, *events: param.parameterized.Event) -> None:
         s = self.state
@@ -173,7 +181,7 @@ class GraphCompare(Viewer):
             g.param.update(highlight=list(s.highlight), selected=s.selected_node)
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column(self.stale, self.note, self.row, sizing_mode="stretch_both")
+        return pn.Column(self.stale.banner, self.note, self.row, sizing_mode="stretch_both")
 
 
 class NodeInspector(Viewer):
@@ -255,6 +263,7 @@ class WhyView(Viewer):
         self.text = pn.pane.Markdown("", sizing_mode="stretch_width", css_classes=["rv-why"])
         self.graph = SvgGraph(sizing_mode="stretch_both", min_height=520, css_classes=["rv-why-graph"])
         self.graph.param.watch(lambda e: setattr(s, "selected_node", e.obj.clicked), "clicks")
+        self.stale = StaleMark(s, "why", self.text, self.graph)
         s.param.watch(self._update, ["trace", "selected_layer", "version"])
         s.param.watch(lambda e: setattr(self.graph, "highlight", list(e.new)), "highlight")
         self._update()
@@ -276,7 +285,8 @@ class WhyView(Viewer):
                                 highlight=list(s.highlight))
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Row(pn.Column(self.layer, self.text, width=480, scroll=True), self.graph, sizing_mode="stretch_both")
+        return pn.Column(self.stale.banner, pn.Row(pn.Column(self.layer, self.text, width=480, scroll=True), self.graph,
+                                                   sizing_mode="stretch_both"), sizing_mode="stretch_both")
 
 
 class TimingView(Viewer):
@@ -305,6 +315,7 @@ class TimingView(Viewer):
         self.table = pn.widgets.Tabulator(pd.DataFrame(), show_index=False, disabled=True, sizing_mode="stretch_width",
                                           css_classes=["rv-timings"], layout="fit_data_stretch")
         self.chart = pn.pane.Bokeh(None, sizing_mode="stretch_width", height=340, css_classes=["rv-timing-chart"])
+        self.stale = StaleMark(s, "timing", self.chart, self.table)
         s.param.watch(self._update, ["timings", "blas", "timing_policy"])
         s.param.watch(lambda e: self.button.param.update(disabled=e.new), "busy")
         s.param.watch(lambda e: self.again.param.update(disabled=e.new), "busy")
@@ -320,7 +331,8 @@ class TimingView(Viewer):
         self.chart.object = timing_figure(rows) if rows else None
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column(pn.Row(self.button, self.again, self.repeat, self.device, self.inputs), self.blas,
+        return pn.Column(pn.Row(self.button, self.again, self.repeat, self.device, self.inputs), self.stale.banner,
+                         self.blas,
                          self.policy, self.chart, self.table,
                          sizing_mode="stretch_width")
 
@@ -380,6 +392,7 @@ class IRView(Viewer):
             pn.widgets.FileDownload(callback=lambda: self._bytes(s.trace_json()), filename="trace.json",
                                     label="trace JSON", **dl),
         ]
+        self.stale = StaleMark(s, "ir", self.ir, self.diff)
         s.param.watch(self._update, ["trace", "version"])
         self._update()
 
@@ -393,7 +406,7 @@ class IRView(Viewer):
         self.diff.object = diff_html(s.ir_diff())
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column(pn.Row("**Download:**", *self.downloads),
+        return pn.Column(pn.Row("**Download:**", *self.downloads), self.stale.banner,
                          pn.Row(pn.Column("#### IR of this version", self.ir, sizing_mode="stretch_width"),
                                 pn.Column("#### Diff against the previous version", self.diff,
                                           sizing_mode="stretch_width"), sizing_mode="stretch_width"),

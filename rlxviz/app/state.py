@@ -122,6 +122,8 @@ class AppState(param.Parameterized):
     user_inputs = param.Parameter(None, doc="The user's input arrays (`runtime.battery.InputSet`) or None.")
     timing_policy = param.String("", doc="The precision policy and the input sets of the last timing run.")
     message = param.String("", doc="The last error or notice, in plain words with what to do.")
+    stale = param.String("", doc="Why the panes show an older model or run than the controls ask for (the last load "
+                                 "or pipeline run failed), in plain words; '' when they show what was asked.")
     message_kind = param.Selector(objects=["info", "success", "warning", "danger"], default="info")
     busy = param.Boolean(False, doc="A job is running.")
     progress = param.Integer(-1, bounds=(-1, 100), doc="Progress of the running job in % (-1: indeterminate).")
@@ -144,6 +146,7 @@ class AppState(param.Parameterized):
         self.runner = runner or Runner()
         self.autorun = autorun
         self._model_key: tuple = ()
+        self._shown_key: tuple = ()  # (model key, pipeline key) of the run the panes show
         self._generation = 0
         self._variant_notice = ""
         self._seq_raised: tuple[int, int] | None = None
@@ -321,10 +324,25 @@ class AppState(param.Parameterized):
             at = (e.line, e.col, e.reason) if isinstance(e, IRSyntaxError) else None
             self.ir_error = at if self.source == "ir" else None
             self._error(self._explain_error(e))
+            self.stale = self._stale_reason()
         finally:
             self._stop()
         if done:  # after the job: the page is usable while the other versions are drawn
             self.runner.submit("prerender", lambda: self.prerender(gen))
+
+    def _stale_reason(self) -> str:
+        """After a failed load or run: what the panes still show instead of what the controls ask for ('' when
+        they show nothing, or the new model's graph with no run)."""
+        if self.model is None:
+            return ""
+        name = self.model.name
+        if self._model_key != self.model_key():
+            return (f"Stale: showing the previous model ({name}); loading the new one failed (see the message "
+                    "above). Fix the input or go back to a model that loads.")
+        if self.trace is not None and self._shown_key != (self._model_key, self.pipeline_key()):
+            return (f"Stale: showing the previous pipeline run of {name}; the new pipeline failed (see the message "
+                    "above). Change the pipeline and apply again.")
+        return ""
 
     def _set_trace(self, trace: Trace, model: Model | None = None) -> None:
         """Show `trace` (and `model`, when it is new) in one update."""
@@ -332,7 +350,8 @@ class AppState(param.Parameterized):
         version = min(self.version, len(labels) - 1) if self.trace is None else self._same_version(trace, labels)
         new = {"model": model, "selected_node": None} if model is not None else {}
         self.param.version.bounds = (0, max(len(labels) - 1, 0))
-        self.param.update(**new, trace=trace, version=max(version, 0), timings=[], highlight=[])
+        self.param.update(**new, trace=trace, version=max(version, 0), timings=[], highlight=[], stale="")
+        self._shown_key = (self._model_key, self.pipeline_key())
         errors = [s for s in trace.steps if s.error]
         if errors:
             s = errors[0]
