@@ -1,174 +1,230 @@
-"""The app's Timing tab against `rlxviz time`, MiniLM seq 16, side by side in one run.
+"""The app's Timing tab against `rlxviz time`, MiniLM seq 16, side by side in one run; and why they once differed.
 
-Default: starts `panel serve app.py` on a free localhost port, clicks "Time every version" in a headless
-Chromium (Playwright, /usr/bin/chromium) and reads the table, with `rlxviz time minilm --seq 16` run just
-before and just after (same rounds); prints per version the app's median and IQR next to both CLI medians
-and IQRs, and whether they agree (the app's median +- IQR/2 overlaps a CLI run's median +- IQR/2).
+Default: starts `panel serve app.py` on a free localhost port and, alternating, runs `rlxviz time minilm --seq 16
+--json` (the CLI, a subprocess) and clicks the Timing tab's "Time every version" / "Time again" in a headless
+Chromium (Playwright, /usr/bin/chromium), reading the table the page shows (the app times in its worker process,
+`rlxviz/app/timeproc.py`, with the CLI's `session.time_versions`). Prints per version every app run's median and
+IQR next to every CLI run's, and whether each app run agrees with the CLI run before it: the two ranges
+median +- IQR/2 overlap.
 
-`--cause`: the mechanism, in one process: the same versions timed (a) from the main thread, (b) from a
-worker thread while another Python thread spins (what a server thread can meet), (c) in the app's timing
-worker process while the same thread spins in the parent.
+`--cause`: the mechanism, in one process and in interleaved alternations (a load change hits every condition):
+the same versions timed by `session.time_versions` (random inputs only: the timing, not the battery)
+  - `worker process`: the app's path (`timeproc.time_in_worker`), nothing else running in the parent;
+  - `worker process + busy thread`: the same while a Python thread spins in the parent (a busy server thread:
+    another session's pipeline run or render, or a spinning event loop);
+  - `server thread`: the old app's path, timing from a worker thread of the server process itself;
+  - `server thread + busy thread`: the old path next to the spinning Python thread (GIL and one core);
+  - `server thread + busy process`: the old path next to a spinning separate process (one core, no GIL).
+Each condition's figure is the median, over the alternations, of its per-version medians; `x` is that over
+the `worker process` figure.
 
-    .venv/bin/python benchmarks/bench_app_vs_cli_timing.py [--cause] [--repeat 10]
+    .venv/bin/python benchmarks/bench_app_vs_cli_timing.py [--runs 2] [--repeat 10]
+    .venv/bin/python benchmarks/bench_app_vs_cli_timing.py --cause [--runs 3] [--repeat 10]
 """
 
 from __future__ import annotations
 
 import argparse
-import re
-import socket
+import json
+import os
+import statistics
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+Rows = dict[str, tuple[float, float]]
+"""version label -> (median ms, IQR ms); versions a pass left unchanged are left out."""
 
 
-def cli_medians(repeat: int) -> dict[str, tuple[float, float]]:
-    """`rlxviz time minilm --seq 16`: version label -> (median ms, IQR ms) (unchanged versions left out)."""
-    out = subprocess.run([str(BIN / "rlxviz"), "time", "minilm", "--seq", "16", "--repeat", str(repeat),
-                          "--warmup", "2"], cwd=ROOT, capture_output=True, text=True, check=False).stdout
-    rows = {}
-    for line in out.splitlines():
-        m = re.match(r"\s*\d+\s+(input|after \S+)\s+\d+\s+([\d.]+)\s+[\d.]+\s+([\d.]+)\s", line)
-        if m and m.group(1) not in rows:
-            rows[m.group(1)] = (float(m.group(2)), float(m.group(3)))
-    return rows
+def machine() -> str:
+    """Date, CPU count and load average, for the header of every figure."""
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    return (f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs, load average {load} "
+            f"(1/5/15 min)")
 
 
-def app_rows(repeat: int) -> tuple[list[dict[str, str]], str]:
-    """The Timing tab's table in a real browser against `panel serve app.py`."""
-    from playwright.sync_api import expect, sync_playwright
+def cli_rows(seq: int, repeat: int, warmup: int) -> Rows:
+    """`rlxviz time minilm --seq SEQ --repeat R --warmup W --json` in a subprocess."""
+    out = subprocess.run([str(BIN / "rlxviz"), "time", "minilm", "--seq", str(seq), "--repeat", str(repeat),
+                          "--warmup", str(warmup), "--json"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    return {v["label"]: (v["median_ms"], v["iqr_ms"]) for v in json.loads(out)["versions"] if v["same_as"] is None}
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([str(BIN / "panel"), "serve", "app.py", "--address", "127.0.0.1", "--port", str(port),
-                             f"--allow-websocket-origin=127.0.0.1:{port}"], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        t0 = time.time()
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/static/extensions/panel/css/alerts.css", timeout=1)
-                break
-            except OSError:
-                if time.time() - t0 > 60:
-                    raise RuntimeError("panel serve did not start") from None
-                time.sleep(0.3)
-        with sync_playwright() as p:
-            b = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--headless"])
-            pg = b.new_page(viewport={"width": 1600, "height": 1000})
-            pg.set_default_timeout(300_000)
-            pg.goto(f"http://127.0.0.1:{port}/app")
-            pg.locator(".rv-after g.node").first.wait_for()
-            pg.locator(".bk-tab", has_text="Timing").click()
-            box = pg.locator(".rv-repeat input")
-            box.fill(str(repeat))
+
+def side_by_side(runs: int, seq: int, repeat: int, warmup: int) -> None:
+    """CLI, app, CLI, app, ..., CLI; a table per version."""
+    from playwright.sync_api import expect
+    from served import chromium, free_port, served_app
+
+    port = free_port()
+    print(f"MiniLM, batch 1, seq {seq}, {repeat} interleaved rounds after {warmup} warm-up; {machine()}")
+    cli: list[Rows] = []
+    app: list[Rows] = []
+    with served_app(port, "127.0.0.1", [f"127.0.0.1:{port}"], dict(os.environ), "bench-timing-server.log"), \
+            chromium() as browser:
+        pg = browser.new_page(viewport={"width": 1600, "height": 1000})
+        pg.set_default_timeout(600_000)
+        pg.goto(f"http://127.0.0.1:{port}/app")
+        pg.locator(".rv-after g.node").first.wait_for()
+        box = pg.locator(".rv-seq input")
+        if box.input_value() != str(seq):
+            box.fill(str(seq))
             box.press("Enter")
-            pg.locator(".rv-time button").click()
+        pg.locator(".bk-tab", has_text="Timing").click()
+        box = pg.locator(".rv-repeat input")
+        box.fill(str(repeat))
+        box.press("Enter")
+        where = ""
+        for k in range(runs):
+            cli.append(cli_rows(seq, repeat, warmup))
+            print(f"  CLI run {k + 1} done ({machine()})", flush=True)
+            pg.locator(".rv-time-again button" if k else ".rv-time button").click()
+            expect(pg.locator(".rv-progress-text")).to_be_visible()  # this run started (minutes long)...
+            expect(pg.locator(".rv-progress-text")).to_be_hidden()  # ... and ended: the table holds its rows
             n = pg.locator(".rv-version select option").count()
-            expect(pg.locator(".rv-timings .tabulator-row")).to_have_count(n, timeout=600_000)
-            expect(pg.locator(".rv-blas")).to_contain_text("worker process")
+            expect(pg.locator(".rv-timings .tabulator-row")).to_have_count(n)
             rows = pg.eval_on_selector_all(".rv-timings .tabulator-row", """rows => rows.map(r => Object.fromEntries(
                 [...r.querySelectorAll('.tabulator-cell')].map(c => [c.getAttribute('tabulator-field'),
                                                                    c.textContent.trim()])))""")
+            app.append({r["version"]: (float(r["median_ms"]), float(r["iqr_ms"])) for r in rows})
             where = pg.locator(".rv-blas p").first.inner_text()
-            b.close()
-    finally:
-        proc.terminate()
-        proc.wait(10)
-    return rows, where
+            print(f"  app run {k + 1} done ({machine()})", flush=True)
+        cli.append(cli_rows(seq, repeat, warmup))
+    print(f"app: {where}")
+    print(f"CLI: rlxviz time minilm --seq {seq} --repeat {repeat} --warmup {warmup} --json, before and after each "
+          "app run")
+    head = "".join(f" {'CLI ' + str(k + 1):>15} {'app ' + str(k + 1):>15}" for k in range(runs))
+    print(f"{'version':<32}{head} {'CLI ' + str(runs + 1):>15}  agree")
+    agree = total = 0
+    for label in cli[0]:
+        cells, oks = [], []
+        for k in range(runs):
+            for rows in (cli[k], app[k]):
+                m, q = rows.get(label, (float("nan"), float("nan")))
+                cells.append(f"{m:>8.2f} ±{q / 2:>5.2f}")
+            am, aq = app[k].get(label, (float("nan"), 0.0))
+            ok = any(abs(cm - am) <= (cq + aq) / 2 for cm, cq in (cli[k][label], cli[k + 1][label]))
+            oks.append(ok)
+        m, q = cli[runs][label]
+        cells.append(f"{m:>8.2f} ±{q / 2:>5.2f}")
+        agree += sum(oks)
+        total += len(oks)
+        verdicts = " ".join("yes" if o else "NO" for o in oks)
+        print(f"{label:<32} " + " ".join(f"{c:>15}" for c in cells) + "  " + verdicts)
+    print(f"median ± IQR/2 in ms; {agree}/{total} app runs overlap the CLI run just before or just after")
+    print(f"done: {machine()}")
 
 
-def side_by_side(repeat: int) -> None:
-    before = cli_medians(repeat)
-    rows, where = app_rows(repeat)
-    after = cli_medians(repeat)
-    print(f"MiniLM seq 16; app: {where}")
-    print(f"CLI: rlxviz time minilm --seq 16 --repeat {repeat} --warmup 2, run before and after the app")
-    print(f"{'version':<34} {'app median':>10} {'IQR':>6} {'CLI before':>10} {'IQR':>6} {'CLI after':>10} {'IQR':>6}"
-          "  agree")
-    agree = 0
-    for r in rows:
-        label = r["version"]
-        med, iqr = float(r["median_ms"]), float(r["iqr_ms"])
-        cli = [x for x in (before.get(label), after.get(label)) if x is not None]
-        ok = any(abs(m - med) <= (q + iqr) / 2 for m, q in cli)
-        agree += ok
-        cells = " ".join(f"{x[0]:>10.2f} {x[1]:>6.2f}" if x else f"{'-':>10} {'-':>6}"
-                         for x in (before.get(label), after.get(label)))
-        print(f"{label:<34} {med:>10.2f} {iqr:>6.2f} {cells}  {'yes' if ok else 'NO'}")
-    print(f"{agree}/{len(rows)} versions: the app's median +- IQR/2 overlaps a CLI run's")
-
-
-def cause(repeat: int) -> None:
-    sys.path.insert(0, str(ROOT))
+def cause(runs: int, seq: int, repeat: int, warmup: int) -> None:
+    """Interleaved alternations of five conditions (see the module docstring)."""
+    from rlxviz.app.timeproc import time_in_worker
     from rlxviz.models import load_model
     from rlxviz.passes import CANONICAL_ORDER, Pipeline
     from rlxviz.session import timing
 
-    def time_versions(*a):  # noqa: ANN002, ANN202 - the CLI's function, measuring every time
-        timing.TIMINGS.clear()
-        return timing.time_versions(*a)
-
-    from rlxviz.app.timeproc import time_in_worker
-
-    model = load_model("minilm", 1, 16)
+    model = load_model("minilm", 1, seq)
     trace = Pipeline(list(CANONICAL_ORDER), {}, "bench").run(model.graph)
     feeds = model.random_feeds(seed=0)
+    sets = timing.input_sets(trace.input, feeds, battery=False)
 
-    def medians(rows: list) -> list[float]:
-        return [r.median_ms for r in rows if r.same_as is None]
-
-    def spinning(fn):  # noqa: ANN001, ANN202
-        stop = threading.Event()
-
-        def spin() -> None:
-            x = 0
-            while not stop.is_set():
-                x += 1
-
-        t = threading.Thread(target=spin, daemon=True)
-        t.start()
-        try:
-            return fn()
-        finally:
-            stop.set()
-            t.join()
-
-    def in_thread():  # noqa: ANN202
+    def in_process() -> list[float]:  # what the old app did: time from a worker thread of the server process
         out: list = []
-        t = threading.Thread(target=lambda: out.append(time_versions(trace, feeds, model.weights, 2, repeat)))
+
+        def job() -> None:
+            timing.TIMINGS.clear()
+            out.append(timing.time_versions(trace, feeds, model.weights, warmup, repeat, inputs=sets))
+
+        t = threading.Thread(target=job)
         t.start()
         t.join()
-        return out[0]
+        return [r.median_ms for r in out[0] if r.same_as is None]
 
+    def in_worker() -> list[float]:
+        run = time_in_worker(trace, feeds, model.weights, warmup=warmup, repeat=repeat, inputs=sets)
+        return [r.median_ms for r in run.rows if r.same_as is None]
+
+    def busy_thread(fn: Callable[[], list[float]]) -> Callable[[], list[float]]:
+        def run() -> list[float]:
+            stop = threading.Event()
+
+            def spin() -> None:
+                x = 0
+                while not stop.is_set():
+                    x += 1
+
+            t = threading.Thread(target=spin, daemon=True)
+            t.start()
+            try:
+                return fn()
+            finally:
+                stop.set()
+                t.join()
+        return run
+
+    def busy_process(fn: Callable[[], list[float]]) -> Callable[[], list[float]]:
+        def run() -> list[float]:
+            p = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            try:
+                time.sleep(0.2)
+                return fn()
+            finally:
+                p.kill()
+                p.wait()
+        return run
+
+    conditions = {"worker process": in_worker, "worker process + busy thread": busy_thread(in_worker),
+                  "server thread": in_process, "server thread + busy thread": busy_thread(in_process),
+                  "server thread + busy process": busy_process(in_process)}
     labels = [lbl for i, (lbl, _g) in enumerate(trace.versions()) if i == 0 or trace.steps[i - 1].changed]
-    print(f"MiniLM seq 16, {repeat} interleaved rounds; median ms per version "
-          f"(switch interval {sys.getswitchinterval() * 1e3:.0f} ms)")
-    print("    " + " ".join(f"{lbl.replace('after ', '')[:12]:>12}" for lbl in labels))
-    for r in range(2):
-        res = {
-            "main thread": medians(time_versions(trace, feeds, model.weights, 2, repeat)),
-            "thread + busy thread": medians(spinning(in_thread)),
-            "process + busy thread": medians(spinning(
-                lambda: time_in_worker(trace, feeds, model.weights, warmup=2, repeat=repeat)).rows),
-        }
-        for name, ms in res.items():
-            print(f"{r} {name:<22}" + " ".join(f"{x:>12.2f}" for x in ms), flush=True)
+    print(f"MiniLM, batch 1, seq {seq}: {len(labels)} distinct versions, {repeat} interleaved rounds after {warmup} "
+          f"warm-up, random inputs; {runs} alternations of {len(conditions)} conditions, order rotated; "
+          f"switch interval {sys.getswitchinterval() * 1e3:.0f} ms")
+    print(f"start: {machine()}")
+    in_worker()  # start the worker process (imports) outside the measurement
+    got: dict[str, list[list[float]]] = {name: [] for name in conditions}
+    names = list(conditions)
+    for k in range(runs):
+        for name in names[k % len(names):] + names[:k % len(names)]:
+            ms = conditions[name]()
+            got[name].append(ms)
+            print(f"  {k} {name:<30}" + " ".join(f"{x:>7.1f}" for x in ms), flush=True)
+    print(f"end: {machine()}")
+    short = [lbl.replace("after ", "")[:10] for lbl in labels]
+    print(f"{'median ms over the alternations':<31}" + " ".join(f"{s:>10}" for s in short)
+          + f" {'mean x':>7} {'worst run':>10}")
+    base = [statistics.median(col) for col in zip(*got["worker process"], strict=True)]
+    for name in names:
+        med = [statistics.median(col) for col in zip(*got[name], strict=True)]
+        ratio = statistics.mean(m / b for m, b in zip(med, base, strict=True))
+        worst = max(max(run) for run in got[name])
+        print(f"{name:<31}" + " ".join(f"{m:>10.1f}" for m in med) + f" {ratio:>6.2f}x {worst:>10.1f}")
+    print("x: mean over versions of the ratio to `worker process`; worst run: the slowest version median of any "
+          "alternation (ms)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cause", action="store_true", help="time from a thread vs a process next to a busy thread")
+    ap.add_argument("--cause", action="store_true", help="time from a server thread vs a worker process next to a "
+                                                         "busy thread or process")
+    ap.add_argument("--runs", type=int, default=None, help="app runs (default 2) or alternations (--cause, default 3)")
+    ap.add_argument("--seq", type=int, default=16, help="sequence length (default: %(default)s, as issue 16)")
     ap.add_argument("--repeat", type=int, default=10, help="interleaved rounds (rlxviz time --repeat)")
     a = ap.parse_args()
-    (cause if a.cause else side_by_side)(a.repeat)
+    from rlxviz.session import DEFAULT_WARMUP  # the app's warm-up rounds (no control in the page)
+
+    if a.cause:
+        cause(a.runs or 3, a.seq, a.repeat, DEFAULT_WARMUP)
+    else:
+        side_by_side(a.runs or 2, a.seq, a.repeat, DEFAULT_WARMUP)
 
 
 if __name__ == "__main__":

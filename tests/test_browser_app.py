@@ -6,12 +6,15 @@ Uses Debian's chromium (/usr/bin/chromium); screenshots of each step go to test-
 import os
 import re
 import time
+from contextlib import contextmanager
 
 import pytest
 from playwright.sync_api import expect
 from served import ART, chromium, context, free_port, served_app
 
+from rlxviz import session
 from rlxviz.app.state import VARIANT_LABELS
+from rlxviz.ir import format_graph
 
 expect.set_options(timeout=60_000)  # the 2-core CI machine answers slowly under load; waits end when met
 
@@ -31,15 +34,35 @@ def browser():
         yield b
 
 
-@pytest.fixture
-def page(browser, server):
-    ctx = context(browser, 1600, 1000)
+LOCAL = re.compile(r"^(https?|wss?)://(127\.0\.0\.1|localhost)(:\d+)?/|^(data|blob|about):")
+
+
+@contextmanager
+def _watched_page(browser, url, width, height):
+    """A page whose console errors, page errors and requests are recorded from its first request; when the block
+    ends no request may have left the machine and the console must hold no error."""
+    ctx = context(browser, width, height)
     pg = ctx.new_page()
-    pg.set_default_timeout(60_000)  # waits end as soon as met; a loaded 2-core runner is slow
-    pg.goto(server[0])
+    seen = {"urls": [], "errors": []}
+    pg.on("request", lambda r: seen["urls"].append(r.url))
+    pg.on("websocket", lambda ws: seen["urls"].append(ws.url))
+    pg.on("console", lambda m: m.type == "error" and seen["errors"].append(m.text))
+    pg.on("pageerror", lambda e: seen["errors"].append(str(e)))
+    pg.goto(url)
     pg.locator(".rv-after g.node").first.wait_for()
     yield pg
+    pg.wait_for_load_state("networkidle")
+    outside = [u for u in seen["urls"] if not LOCAL.match(u)]
     ctx.close()
+    assert seen["urls"] and not outside, outside
+    assert not seen["errors"], seen["errors"]
+
+
+@pytest.fixture
+def page(browser, server):
+    """The app at 1600x1000, watched (`_watched_page`) for the whole test."""
+    with _watched_page(browser, server[0], 1600, 1000) as pg:
+        yield pg
 
 
 def _shot(pg, name):
@@ -129,12 +152,17 @@ def test_extra_user_variant_shows_guard(page):
 
 
 def test_timing_one_row_per_version(page):
+    """A timing run in the worker process, with the rounds asked for: one row per shown version, the chart."""
     n = page.locator(".rv-version select option").count()
     _tab(page, "Timing")
+    box = page.locator(".rv-repeat input")
+    box.fill("3")
+    box.press("Enter")
     page.locator(".rv-time button").click()
     rows = page.locator(".rv-timings .tabulator-row")
     expect(rows).to_have_count(n, timeout=120_000)
     expect(page.locator(".rv-blas")).to_contain_text("BLAS")
+    expect(page.locator(".rv-blas")).to_contain_text("3 interleaved round(s) per version, in a worker process")
     page.locator(".rv-timing-chart canvas").first.wait_for()
     expect(page.locator(".rv-progress-text")).to_be_hidden()
     _shot(page, "timing")
@@ -227,29 +255,11 @@ def test_text_to_tokenize_shows_the_whole_sentence(page):
 
 # ------------------------------------------------------------------ the teacher's and the debugger's flows
 
-LOCAL = re.compile(r"^(https?|wss?)://(127\.0\.0\.1|localhost)(:\d+)?/|^(data|blob|about):")
-
-
 @pytest.fixture
-def watched(browser, server, request):
-    """A page at 1280x800 whose console errors, page errors and requests are recorded; at the end of the test
-    no request may have left the machine and the console must hold no error."""
-    ctx = context(browser, 1280, 800)
-    pg = ctx.new_page()
-    pg.set_default_timeout(60_000)
-    seen = {"urls": [], "errors": []}
-    pg.on("request", lambda r: seen["urls"].append(r.url))
-    pg.on("websocket", lambda ws: seen["urls"].append(ws.url))
-    pg.on("console", lambda m: m.type == "error" and seen["errors"].append(m.text))
-    pg.on("pageerror", lambda e: seen["errors"].append(str(e)))
-    pg.goto(server[0])
-    pg.locator(".rv-after g.node").first.wait_for()
-    yield pg
-    pg.wait_for_load_state("networkidle")
-    outside = [u for u in seen["urls"] if not LOCAL.match(u)]
-    ctx.close()
-    assert not outside, outside
-    assert not seen["errors"], seen["errors"]
+def watched(browser, server):
+    """The app at a laptop's 1280x800, watched (`_watched_page`) for the whole test."""
+    with _watched_page(browser, server[0], 1280, 800) as pg:
+        yield pg
 
 
 def _transform(pg, pane):
@@ -329,21 +339,54 @@ def test_teacher_flow_every_variant_and_pipeline(watched):
     _shot(pg, "teacher-1280")
 
 
+def _editor_text(pg):
+    """The IR editor's whole text (Ace keeps only the visible lines in the page)."""
+    return pg.locator(".rv-ir-text .ace_editor").evaluate("el => el.env.editor.getValue()")
+
+
 def test_ir_paste_small_and_large_and_a_parse_error(watched):
+    """Paste the smallest BERT preset's IR (6.7 KB), round-trip MiniLM's shown version (29 KB) through "Edit the
+    shown version" with an edit, then a parse error marks the line and the previous drawing stale. Each wait is for
+    text only the new state shows (the old drawing stays on screen while a load runs)."""
     pg = watched
     pg.get_by_role("button", name="IR text").click()
     expect(pg.locator(".rv-message")).not_to_contain_text("empty")
-    pg.locator(".rv-ir-copy button").click()  # MiniLM's input version: ~29 KB
-    expect(pg.locator(".rv-ir-text .ace_gutter-cell").nth(14)).to_be_attached()  # line numbers (virtualized)
+    small = format_graph(session.load("bert-tiny").graph)
+    assert 6_000 < len(small.encode()) < 7_500
+    _type_ir(pg, small)
+    assert _editor_text(pg) == small
     pg.locator(".rv-load-ir button").click()
-    expect(pg.locator(".rv-version select")).to_contain_text("0: input (196 ops)", timeout=60_000)
+    expect(pg.locator(".rv-version select")).to_contain_text("0: input (41 ops)")
     expect(pg.locator(".rv-batch input")).to_be_disabled()
+
+    pg.get_by_role("button", name="Built-in").click()
+    expect(pg.locator(".rv-version select")).to_contain_text("0: input (196 ops)")
+    pg.get_by_role("button", name="IR text").click()
+    pg.locator(".rv-ir-copy button").click()  # MiniLM's input version
+    expect(pg.locator(".rv-ir-text .ace_gutter-cell").nth(14)).to_be_attached()  # line numbers (virtualized)
+    large = _editor_text(pg)
+    assert 28_000 < len(large.encode()) < 31_000 and large.startswith("graph model {")
+    pg.locator(".rv-ir-text .ace_content").click()
+    pg.keyboard.press("Control+Home")
+    pg.keyboard.press("End")
+    for _ in range(2):
+        pg.keyboard.press("ArrowLeft")
+    pg.keyboard.insert_text("_edited")  # graph model_edited {
+    assert _editor_text(pg) == large.replace("graph model {", "graph model_edited {", 1)
+    pg.locator(".rv-load-ir button").click()
+    expect(pg.locator(".rv-after svg")).to_contain_text("model_edited")
+    expect(pg.locator(".rv-version select")).to_contain_text("0: input (196 ops)")
+
     _type_ir(pg, SMALL_IR.replace("exp(%1)", "exp(%1"))
     pg.locator(".rv-load-ir button").click()
     expect(pg.locator(".rv-message")).to_contain_text("line 4")
     expect(pg.locator(".rv-ir-text .ace_error")).to_have_count(1)
-    expect(pg.locator(".rv-stale")).to_contain_text("Stale")
+    expect(pg.locator(".rv-stale-graph")).to_contain_text("Stale: showing the previous model (model_edited)")
+    _tab(pg, "Why didn't layer N fuse?")
+    expect(pg.locator(".rv-stale-why")).to_contain_text("Stale: showing the previous model")
+    _tab(pg, "Graph")
     _type_ir(pg, SMALL_IR)
     pg.locator(".rv-load-ir button").click()
     expect(pg.locator(".rv-version select")).to_contain_text("0: input (3 ops)", timeout=60_000)
-    expect(pg.locator(".rv-stale")).not_to_contain_text("Stale")
+    expect(pg.locator(".rv-stale-graph")).to_be_hidden()
+    _shot(pg, "ir-paste-1280")

@@ -27,8 +27,8 @@ def _safe(fn: Any, *args: Any) -> tuple[Any, str | None]:
 
 
 class StaleMark:
-    """A banner (`rv-stale rv-stale-WHERE`) over panes that show the state's model or run, and those panes greyed, while the last
-    load or pipeline run failed and they still show the previous one (`AppState.stale`)."""
+    """A banner (`rv-stale rv-stale-WHERE`) over panes that show the state's model or run, and those panes greyed,
+    while the last load or pipeline run failed and they still show the previous one (`AppState.stale`)."""
 
     def __init__(self, state: AppState, where: str, *panes: pn.viewable.Viewable) -> None:
         self.state, self.panes = state, panes
