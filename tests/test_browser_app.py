@@ -339,9 +339,15 @@ def test_teacher_flow_every_variant_and_pipeline(watched):
     _shot(pg, "teacher-1280")
 
 
-def _editor_text(pg):
-    """The IR editor's whole text (Ace keeps only the visible lines in the page)."""
-    return pg.locator(".rv-ir-text .ace_editor").evaluate("el => el.env.editor.getValue()")
+def _editor_text(pg, starts: str = "", timeout_s: float = 60):
+    """The IR editor's whole text (Ace keeps only the visible lines in the page), once it starts with `starts` (the
+    server sends a new text asynchronously)."""
+    end = time.time() + timeout_s
+    while True:
+        text = pg.locator(".rv-ir-text .ace_editor").evaluate("el => el.env.editor.getValue()")
+        if text.startswith(starts) or time.time() > end:
+            return text
+        pg.wait_for_timeout(200)
 
 
 def test_ir_paste_small_and_large_and_a_parse_error(watched):
@@ -364,7 +370,7 @@ def test_ir_paste_small_and_large_and_a_parse_error(watched):
     pg.get_by_role("button", name="IR text").click()
     pg.locator(".rv-ir-copy button").click()  # MiniLM's input version
     expect(pg.locator(".rv-ir-text .ace_gutter-cell").nth(14)).to_be_attached()  # line numbers (virtualized)
-    large = _editor_text(pg)
+    large = _editor_text(pg, starts="graph model {")
     assert 28_000 < len(large.encode()) < 31_000 and large.startswith("graph model {")
     pg.locator(".rv-ir-text .ace_content").click()
     pg.keyboard.press("Control+Home")
