@@ -13,6 +13,10 @@ wall-clock figures, and the load average (`os.getloadavg`) before and after.
     .venv/bin/python benchmarks/bench_sessions.py            # 8 sessions
     .venv/bin/python benchmarks/bench_sessions.py -n 4 --cold
 
+`--server-only` leaves the browsers out: each session's document is pulled over the websocket as a page would
+get it (`bokeh.client.pull_session`) and timed until it holds the drawn graph (`.rv-after`'s SVG has a node),
+which is the server's share of the time to interactive (a real user's browser runs on the user's machine).
+
 Prints figures only; nothing is asserted.
 """
 
@@ -95,6 +99,36 @@ async def run(n: int, url: str, cold: bool, timeout_s: float) -> tuple[Opened | 
     return warm, list(opened), {k: after[k] - before[k] for k in after}
 
 
+def pulled(url: str) -> float:
+    """Seconds until a session's document, pulled as a page gets it, holds the drawn graph (inf: it did not)."""
+    import panel  # noqa: F401 - registers Panel's models, to read the document
+    from bokeh.client import pull_session
+
+    import rlxviz.app.graphpane  # noqa: F401 - registers the graph pane's model
+
+    t0 = time.perf_counter()
+    session = pull_session(url=url, max_message_size=2**28)
+    dt = time.perf_counter() - t0
+    try:
+        drawn = any('class="node"' in (getattr(getattr(m, "data", None), "svg", "") or "")
+                    for m in session.document.models if "rv-after" in (getattr(m, "css_classes", None) or []))
+    finally:
+        session.close()
+    return dt if drawn else float("inf")
+
+
+def run_server_only(n: int, url: str) -> tuple[float, list[float], float]:
+    """(one session alone, N sessions pulled together, server CPU seconds while they were pulled)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = next(p for p in psutil.Process().children(recursive=True) if "serve" in " ".join(p.cmdline()))
+    alone = pulled(url)
+    c0 = sum(server.cpu_times()[:2])
+    with ThreadPoolExecutor(n) as pool:
+        times = list(pool.map(lambda _: pulled(url), range(n)))
+    return alone, times, sum(server.cpu_times()[:2]) - c0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", type=int, default=8, help="sessions opened together (default 8)")
@@ -102,6 +136,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=120, help="seconds before a session counts as failed")
     ap.add_argument("--no-warm", action="store_true", help="serve without --warm (the default model is first run "
                                                                "by the first session, not at server start)")
+    ap.add_argument("--server-only", action="store_true", help="pull the sessions' documents, no browser")
     ap.add_argument("--serve-arg", action="append", default=[], help="extra argument for panel serve")
     a = ap.parse_args()
     serve_args = ([] if a.no_warm else ["--warm"]) + a.serve_arg
@@ -109,7 +144,22 @@ def main() -> None:
     port = free_port()
     with served_app(port, "127.0.0.1", [f"127.0.0.1:{port}"], dict(os.environ), "server-bench.log", serve_args,
                     start_timeout_s=a.timeout):
-        warm, opened, cpu = asyncio.run(run(a.n, f"http://127.0.0.1:{port}/app", a.cold, a.timeout))
+        if a.server_only:
+            time.sleep(0 if a.no_warm else 5)  # let the --warm run finish, as it does before any user arrives
+            alone, times, server_cpu = run_server_only(a.n, f"http://127.0.0.1:{port}/app")
+        else:
+            warm, opened, cpu = asyncio.run(run(a.n, f"http://127.0.0.1:{port}/app", a.cold, a.timeout))
+    if a.server_only:
+        print(f"panel serve app.py {' '.join(serve_args)}; documents pulled, no browser")
+        print(f"cpus: {os.cpu_count()}, load average before: {load_before:.1f}, after: {os.getloadavg()[0]:.1f}")
+        print(f"one session alone: {alone:.2f} s until its document holds the graph")
+        for i, t in enumerate(sorted(times)):
+            print(f"session {i + 1}/{a.n}: {t:.2f} s")
+        ok = [t for t in times if t != float("inf")]
+        if ok:
+            print(f"{a.n} together: median {statistics.median(ok):.2f} s, max {max(ok):.2f} s, {len(ok)}/{a.n} drawn")
+        print(f"server CPU while they opened: {server_cpu:.1f} s ({server_cpu / a.n:.2f} s a session)")
+        return
     print(f"panel serve app.py {' '.join(serve_args)}")
     print(f"cpus: {os.cpu_count()}, load average before: {load_before:.1f}, after: {os.getloadavg()[0]:.1f}")
     if warm is not None:
