@@ -38,6 +38,18 @@ def test_unrun_settings_are_not_taken_from_the_cache():
     assert s.model is None and s.trace is None and not s.autorun
 
 
+def test_the_table_of_runs_keeps_no_model_alive():
+    import gc
+
+    from rlxviz.session.loading import MODELS
+
+    state(seq=12)
+    MODELS.clear()
+    gc.collect()
+    s = AppState(runner=Runner(background=False), autorun=False, preset="bert-tiny", seq=12)
+    assert not s.start_cached(), "the model left the model cache and no session holds it: load it again"
+
+
 def test_changing_one_sessions_variant_leaves_the_other_as_it_was():
     a, b = state(), state()
     assert a.trace is b.trace

@@ -18,6 +18,7 @@ import difflib
 import shutil
 import tempfile
 import traceback
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +48,13 @@ FULL_VIEW_LAYERS = 6
 
 SOURCES = ("preset", "checkpoint", "upload", "ir")
 
-RUNS = session.cache.LRUCache(maxsize=4)
-"""Finished loads by (`AppState.model_key`, `AppState.pipeline_key`): the `Model` and its `Trace`, shared read-only
-by every session of the process (neither is ever changed in place: a new variant or pipeline is a new key and a
-new run). A new session whose settings were already run (the default model, which `panel serve --warm` runs at
-server start) shows the run at once (`AppState.start_cached`), without a job or a second round trip."""
+RUNS = session.cache.LRUCache(maxsize=8)
+"""Finished loads by (`AppState.model_key`, `AppState.pipeline_key`): a weak reference to the `Model` and its
+`Trace`, shared read-only by every session of the process (neither is ever changed in place: a new variant or
+pipeline is a new key and a new run). A new session whose settings were already run (the default model, which
+`panel serve --warm` runs at server start) shows the run at once (`AppState.start_cached`), without a job or a
+second round trip. The model is held weakly: its weights stay alive only while `session.MODELS` or a session
+holds them, so this table adds no memory beyond the model cache's."""
 
 TIMING_RUNS = session.cache.LRUCache(maxsize=16)
 """The last timing runs (`timeproc.WorkerTiming`) by (trace key, data digest, repeat), for all sessions:
@@ -281,9 +284,10 @@ class AppState(param.Parameterized):
         thread and without a job; autorun is then on. False (nothing changed) when there is none: call `load`."""
         key = self.model_key()
         hit = RUNS.get((key, self.pipeline_key()))
-        if hit is None:
+        model = hit[0]() if hit is not None else None
+        if model is None:
             return False
-        model, trace = hit
+        trace = hit[1]
         self._model_key = key
         self._set_trace(trace, model)
         self._notice_variant()
@@ -318,7 +322,7 @@ class AppState(param.Parameterized):
             self._notice_variant()
             self._set_progress(80, "Drawing the graph…")
             self._draw_shown()
-            RUNS.put((key, pipeline_key), (model, trace))
+            RUNS.put((key, pipeline_key), (weakref.ref(model), trace))
             done = True
         except Exception as e:  # noqa: BLE001 - every failure becomes a message; the app keeps working
             at = (e.line, e.col, e.reason) if isinstance(e, IRSyntaxError) else None
