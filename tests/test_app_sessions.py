@@ -77,3 +77,30 @@ def test_build_app_uses_the_cached_run(monkeypatch):
     s = page.state
     assert s.trace is first.trace and not s.busy, "the page was built with the run shown, no job queued"
     assert s.autorun
+
+
+def test_only_the_servers_own_warm_up_document_skips_the_client_check(monkeypatch):
+    from types import SimpleNamespace
+
+    from bokeh.document import Document
+    from bokeh.server.contexts import BokehSessionContext, _RequestProxy
+    from panel.io.state import set_curdoc
+
+    from rlxviz.app import main
+    from rlxviz.app.access import ALLOW_REMOTE_ENV
+
+    monkeypatch.delenv(ALLOW_REMOTE_ENV, raising=False)
+
+    def session_with(request):  # as `panel serve --warm` (request None) and a real page make it
+        doc = Document()
+        ctx = BokehSessionContext("id", None, doc)
+        ctx._request = _RequestProxy(request, arguments={}, cookies={}, headers={})
+        doc._session_context = lambda: ctx
+        return doc
+
+    with set_curdoc(session_with(None)):
+        assert main._warm_up_session() and main._refusal() is None
+    with set_curdoc(session_with(SimpleNamespace(remote_ip="192.0.2.2"))):
+        assert not main._warm_up_session() and "only serves this machine" in main._refusal()
+    with set_curdoc(session_with(SimpleNamespace(remote_ip=None))):
+        assert not main._warm_up_session() and main._refusal() is not None, "an unknown address is refused"
