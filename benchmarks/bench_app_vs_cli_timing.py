@@ -65,6 +65,7 @@ def side_by_side(runs: int, seq: int, repeat: int, warmup: int) -> None:
     from playwright.sync_api import expect
     from served import chromium, free_port, served_app
 
+    expect.set_options(timeout=600_000)  # a timing run on a loaded 2-core machine takes minutes
     port = free_port()
     print(f"MiniLM, batch 1, seq {seq}, {repeat} interleaved rounds after {warmup} warm-up; {machine()}")
     cli: list[Rows] = []
