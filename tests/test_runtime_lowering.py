@@ -294,6 +294,16 @@ def test_fast_exp_rounding_survives_compile_and_ties():
     assert float((np.abs(compiled - want) / want).max()) < 3e-7
 
 
+
+def test_fast_exp_nonpositive_is_exp_where_it_applies():
+    """`exp_nonpositive` (the softmax's exp, without the upper clamp) gives `exp`'s bits for every x <= 0,
+    the clamped tail below -87.33 and -inf included; NaN stays NaN."""
+    from rlxviz.runtime import fast
+
+    x = np.concatenate([np.linspace(-120, 0, 200_001), [-np.inf, -0.0]]).astype(np.float32)
+    np.testing.assert_array_equal(np.array(fast.exp_nonpositive(mx.array(x))), np.array(fast.exp(mx.array(x))))
+    assert np.isnan(np.array(fast.exp_nonpositive(mx.array([np.nan], dtype=mx.float32)))).all()
+
 # -- executor and timing ----------------------------------------------------------------------------------
 def mlp_graph():
     b = Builder("mlp")

@@ -48,9 +48,29 @@ def _horner(x: mx.array, coeffs: tuple[float, ...]) -> mx.array:
     return p
 
 
+def _estrin7(r: mx.array) -> mx.array:
+    """The degree-7 Taylor polynomial of `e^r` in Estrin's scheme: 4 levels of dependent ops where
+    Horner's rule has 14. MLX's CPU compiler stops fusing a chain at a depth of 11 ops, so the shallower
+    form keeps the exp in fewer kernels, i.e. fewer passes over memory (fast softmax
+    `[8,12,128,128]`, with `exp_nonpositive`: 13.1 -> 10.0 ms CPU time, 2 EPYC cores, load 5)."""
+    c7, c6, c5, c4, c3, c2, c1, c0 = _EXP_POLY
+    r2 = r * r
+    return ((c0 + c1 * r) + r2 * (c2 + c3 * r)) + (r2 * r2) * ((c4 + c5 * r) + r2 * (c6 + c7 * r))
+
+
+def _exp_reduced(x: mx.array) -> mx.array:
+    """`e^x` for `x` already clamped to [-87.33, 88.75]: `k = round(x log2 e)`, `r = x - k ln2`, `2^k e^r`."""
+    v = x * _LOG2E
+    k = (v + _ROUND) - _ROUND if x.dtype == mx.float32 else mx.floor(v + 0.5)  # 1.5*2^23 overflows f16
+    r = x - k * _LN2_HI - k * _LN2_LO
+    two_k = mx.left_shift(k.astype(mx.int32) + 127, 23).view(mx.float32)
+    return _estrin7(r) * two_k
+
+
 def exp(x: mx.array) -> mx.array:
     """`e^x`: range reduction `x = k ln2 + r`, `|r| <= ln2/2`, degree-7 Taylor polynomial for
-    `e^r`, and `2^k` built from its exponent bits (`(k + 127) << 23` viewed as float32).
+    `e^r` (Estrin's scheme, `_estrin7`), and `2^k` built from its exponent bits (`(k + 127) << 23`
+    viewed as float32).
 
     `k` is `x log2(e)` rounded to the nearest integer by adding and subtracting 1.5 * 2^23 (exact
     for |x log2 e| < 2^22; here <= 128.1), not by `floor(v + 0.5)`: MLX's compiled CPU kernels are
@@ -60,16 +80,17 @@ def exp(x: mx.array) -> mx.array:
     only at exact ties `v = n + 1/2`, where either `k` leaves `|r| = ln2/2`, inside the polynomial's range.
     Other float dtypes keep `floor(v + 0.5)` (the constant is not representable in float16).
 
-    Max relative error 1e-7 (~1 ulp) for `x` in [-87.3, 88.3]. Inputs below -87.33 are clamped
+    Max relative error 2e-7 (~2 ulp) for `x` in [-87.3, 88.3]. Inputs below -87.33 are clamped
     (result ~1e-38 instead of a denormal or 0: absolute error < 1.2e-38); inputs above 88.375
     return inf (true overflow starts at 88.72). NaN propagates.
     """
-    x = mx.clip(x, _EXP_LO, _EXP_HI)
-    v = x * _LOG2E
-    k = (v + _ROUND) - _ROUND if x.dtype == mx.float32 else mx.floor(v + 0.5)  # 1.5*2^23 overflows f16
-    r = x - k * _LN2_HI - k * _LN2_LO
-    two_k = mx.left_shift(k.astype(mx.int32) + 127, 23).view(mx.float32)
-    return _horner(r, _EXP_POLY) * two_k
+    return _exp_reduced(mx.clip(x, _EXP_LO, _EXP_HI))
+
+
+def exp_nonpositive(x: mx.array) -> mx.array:
+    """`exp(x)` for `x <= 0` (a softmax's shifted scores): the same numbers as `exp` there, without
+    the upper clamp it cannot need (one op less in the fused chain)."""
+    return _exp_reduced(mx.maximum(x, _EXP_LO))
 
 
 def erf(x: mx.array) -> mx.array:
@@ -123,5 +144,5 @@ def softmax(x: mx.array, axis: int = -1) -> mx.array:
     `finfo(float32).min` gives ~1e-38 instead of 0. A fully masked row gives the uniform
     distribution, as in the NumPy reference.
     """
-    e = exp(x - mx.max(x, axis=axis, keepdims=True))
+    e = exp_nonpositive(x - mx.max(x, axis=axis, keepdims=True))  # x - max <= 0 (NaN stays NaN)
     return e * mx.reciprocal(mx.sum(e, axis=axis, keepdims=True))
