@@ -72,3 +72,7 @@ def test_explain_exit_codes(capsys, path, code):
         assert "eps_inside_sqrt" in out
     if "07" in path:
         assert "grouped-query (4 query heads, 2 kv heads)" in out
+        assert "recognized: fuse_sdpa.hf_attention -> attention %" in out
+    if "13c" in path:  # exit 0 is not silence: the recognized form is named with the nodes it replaced
+        assert "recognized: canonicalize_norm.layer_norm -> layer_norm %13 (replaces %3, %4, %5, %6, %8, %9, %10, " \
+               "%11, %12)" in out

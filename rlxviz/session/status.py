@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..ir import Op
+from ..ir.ops import FUSED
 from ..passes import PASSES, MissedFusion, Outcome, Trace, explain, layer_of, missed_fusions
 from ..passes.report import left_out
 from ..passes.unrecognized import unrecognized
@@ -243,6 +244,9 @@ class FusionCheck:
     """What fusions that happened left out, deliberately (`passes.report.left_out`: e.g. a refused merge)."""
     crashed: list[str] = field(default_factory=list)
     """The error of every pass that raised (its result discarded); any makes `ok` False."""
+    recognized: list[str] = field(default_factory=list)
+    """For a graph whose node paths name no layer: every form a pass recognized into a primitive op (not a fused
+    one) that is in the final graph, e.g. a LayerNorm written as primitives -> `layer_norm` (`recognized`)."""
 
     @property
     def ok(self) -> bool:
@@ -254,7 +258,7 @@ class FusionCheck:
                 "final_op_counts": self.counts, "layers": [s.to_dict() for s in self.layers],
                 "misses": self.misses, "not_expected": self.not_expected, "left_out": self.left_out,
                 "architecture": None if self.architecture is None else dataclasses.asdict(self.architecture),
-                "crashed_passes": self.crashed}
+                "crashed_passes": self.crashed, "recognized": self.recognized}
 
     def render(self, verbose: bool = False) -> str:
         counts = ", ".join(f"{k}={v}" for k, v in self.counts.items()) or "no fused ops"
@@ -265,6 +269,7 @@ class FusionCheck:
             if self.architecture is not None:
                 head.append(f"graph kind: {self.architecture.description}")
                 head += [f"  evidence: {e}" for e in self.architecture.evidence]
+            head += [f"recognized: {r}" for r in self.recognized]
             head.append(f"{len(self.misses)} missed fusion(s)" + (":" if self.misses else ""))
             return "\n".join(head + [f"  {m}" for m in self.misses]
                              + [f"  not expected here: {x}" for x in self.not_expected] + self._left_out())
@@ -275,6 +280,20 @@ class FusionCheck:
     def _left_out(self) -> list[str]:
         head = [f"{len(self.left_out)} fusion(s) left something out:"] if self.left_out else []
         return head + [f"  {x}" for x in self.left_out]
+
+
+def recognized(trace: Trace) -> list[str]:
+    """Every match whose product is a primitive op still in the final graph, as `rule -> op %id (replaces %a, ...)`:
+    the forms the pipeline recognized without fusing them (a decomposed LayerNorm or GELU, HF attention -> the
+    packed `attention` op), in pipeline order. A fused product is reported by the op counts instead."""
+    out = []
+    for step in trace.steps:
+        for m in step.matches:
+            node = trace.final.get(m.fused) if m.fused is not None else None
+            if node is not None and node.op not in FUSED:
+                ids = ", ".join(f"%{i}" for i in node.absorbed)
+                out.append(f"{m.rule} -> {node.op.value} %{node.id} (replaces {ids})")
+    return out
 
 
 def check_layer(trace: Trace, layer: int, model: str = "") -> None:
@@ -303,8 +322,8 @@ def check_fusion(trace: Trace, model: str = "", layers: Iterable[int] | None = N
     arch = classify(trace.input, None)
     misses, ignored = expected_misses(trace, arch, None)
     return FusionCheck(model, trace.pipeline, statuses, trace.final.fused_op_counts(), [str(m) for m in misses],
-                       arch, list(ignored.values()), left_out(trace), crashed)
+                       arch, list(ignored.values()), left_out(trace), crashed, recognized(trace))
 
 
 __all__ = ["LAYER_PASS", "PRODUCTS", "FusionCheck", "LayerStatus", "check_fusion", "check_layer", "expected_misses",
-           "judged_kind", "layer_status"]
+           "judged_kind", "layer_status", "recognized"]
