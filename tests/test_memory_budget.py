@@ -141,6 +141,27 @@ def test_handed_config_with_a_million_layers_is_refused_before_building(tmp_path
     assert "num_hidden_layers 1000000 is over the limit of 512; refused before building" in one_line(err, "explain")
 
 
+
+def test_a_model_config_given_as_the_model_is_refused_as_a_config(tmp_path, capsys, monkeypatch):
+    """A Hugging Face config of any file name given where a graph file goes is checked as a config (its limits,
+    before anything is built), not parsed as graph JSON; a config.json file names its checkpoint folder."""
+    import rlxviz.models.checkpoint as ck
+
+    monkeypatch.setattr(ck, "build_bert", lambda *a, **k: pytest.fail("graph built before the check"))
+    code, _, err = run(capsys, "explain", DATA / "config_1e6_layers.json")
+    assert code == 2
+    assert "config_1e6_layers.json: num_hidden_layers 1000000 is over the limit of 512; refused before building" \
+        in one_line(err, "explain")
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps(BASE))
+    code, _, err = run(capsys, "explain", small)
+    assert code == 2 and "a Hugging Face model config, not a graph: give the folder" in one_line(err, "explain")
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    (folder / "config.json").write_bytes((DATA / "config_1e6_layers.json").read_bytes())
+    code, _, err = run(capsys, "explain", folder / "config.json")
+    assert code == 2 and "num_hidden_layers 1000000 is over the limit" in one_line(err, "explain")
+
 BASE = {"model_type": "bert", "vocab_size": 50, "hidden_size": 16, "num_attention_heads": 2,
         "intermediate_size": 32, "num_hidden_layers": 2, "max_position_embeddings": 32}
 

@@ -90,6 +90,11 @@ def read_config(path: Path) -> BertConfig:
     file = path / "config.json"
     if not file.is_file():
         raise CheckpointError(f"{path}: no config.json (a Hugging Face checkpoint folder needs one)")
+    return read_config_file(file)
+
+
+def read_config_file(file: Path) -> BertConfig:
+    """`BertConfig` from a config file of any name; `read_config`'s checks, errors and limits."""
     try:
         if file.stat().st_size > MAX_CONFIG_BYTES:
             raise CheckpointError(f"{file}: larger than {MAX_CONFIG_BYTES // 1024} KiB; not a model config")

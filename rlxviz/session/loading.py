@@ -9,12 +9,14 @@ line, column and caret) for front ends that show the caret.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..ir import Graph, GraphError, IRSyntaxError, from_json, lint, parse_ir
 from ..ir.memory import MemoryBudgetError
 from ..models import PRESETS, CheckpointError, Model, load_checkpoint, load_model, random_weights
+from ..models.checkpoint import read_config_file
 from ..models.onnx_import import load_onnx
 from ..passes import layer_of
 from .cache import LRUCache
@@ -113,6 +115,8 @@ def load_ir_file(path: str | Path, limits: Limits | None = None) -> Model:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise SessionError(f"{path}: cannot read IR text ({type(e).__name__}: {e})") from None
+    if p.suffix.lower() == ".json":
+        _refuse_model_config(p, text)
     try:
         g = from_json(text) if p.suffix.lower() == ".json" else parse_ir(text)
     except IRSyntaxError as e:
@@ -121,6 +125,23 @@ def load_ir_file(path: str | Path, limits: Limits | None = None) -> Model:
         raise SessionError(f"{path}: not a valid graph: {first_line(e)}") from None
     return _graph_model(g, g.name, f"graph from {p.name} (random weights)", limits, str(path),
                         {"ir_file": str(p)})
+
+
+def _refuse_model_config(p: Path, text: str) -> None:
+    """Raise SessionError when the JSON file `p` is a Hugging Face model config, not a graph: its own limits first
+    (a config over them is refused as such, before anything is built), else where it belongs."""
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        return  # from_json reports the syntax error
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        return
+    try:
+        read_config_file(p)
+    except CheckpointError as e:
+        raise SessionError(first_line(e)) from None
+    raise SessionError(f"{p}: a Hugging Face model config, not a graph: give the folder that holds it as config.json "
+                       "next to model.safetensors")
 
 
 def _within_roots(p: Path, roots: Sequence[Path]) -> Path:
@@ -141,8 +162,9 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
 
     Args:
         model: a preset (`bert-tiny`, `minilm`, `llama-block`, ...), a folder with config.json +
-            model.safetensors, an `.onnx` export (`models.onnx_import.load_onnx`: symbolic batch/seq
-            dims bound to `batch`/`seq`), or a file with IR text (`.json`: the graph's JSON form; random weights).
+            model.safetensors (or that folder's config.json), an `.onnx` export (`models.onnx_import.load_onnx`:
+            symbolic batch/seq dims bound to `batch`/`seq`), or a file with IR text (`.json`: the graph's JSON
+            form; random weights).
         batch / seq: static input shape of the built graph (ignored for IR files).
         style: `hf` or `rlx` BERT form (None: the preset's own style; `hf` for folders).
         variant: a teaching variant name (`models.VARIANTS`) changing layer `variant_layer`; `over_threshold`
@@ -160,6 +182,8 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
     gv = graph_variant(v)
     kwargs = {"variant": gv} if style is None else {"variant": gv, "style": style}
     p = Path(model)
+    if model not in PRESETS and p.name == "config.json" and p.is_file():
+        p = p.parent  # a checkpoint's config.json names its folder (its limits are checked before anything is built)
     try:
         if model in PRESETS:
             m = MODELS.get_or_compute(("preset", model, batch, seq, style, gv),
