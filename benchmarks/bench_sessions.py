@@ -50,7 +50,9 @@ class Opened:
     graph_s: float = float("inf")
 
 
-async def one(browser, url: str, timeout_s: float) -> Opened:
+async def one(browser, url: str, timeout_s: float, keep: list | None = None) -> Opened:
+    """Open one page and time it; its context is closed at the end, or appended to `keep` for the caller to close
+    (after it read the CPU seconds: a closed context's renderer process is gone, and its seconds with it)."""
     ctx = await browser.new_context(viewport={"width": 1400, "height": 900})
     page = await ctx.new_page()
     out = Opened()
@@ -67,7 +69,10 @@ async def one(browser, url: str, timeout_s: float) -> Opened:
     except Exception as e:  # noqa: BLE001 - a session that never became interactive is reported as such
         print(f"a session failed: {type(e).__name__}: {str(e).splitlines()[0]}", file=sys.stderr)
     finally:
-        await ctx.close()
+        if keep is None:
+            await ctx.close()
+        else:
+            keep.append(ctx)
     return out
 
 
@@ -93,8 +98,11 @@ async def run(n: int, url: str, cold: bool, timeout_s: float) -> tuple[Opened | 
         browser = await p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         warm = None if cold else await one(browser, url, timeout_s)
         before = cpu_seconds()
-        opened = await asyncio.gather(*(one(browser, url, timeout_s) for _ in range(n)))
-        after = cpu_seconds()
+        contexts: list = []
+        opened = await asyncio.gather(*(one(browser, url, timeout_s, contexts) for _ in range(n)))
+        after = cpu_seconds()  # before the contexts close: their renderer processes still count
+        for ctx in contexts:
+            await ctx.close()
         await browser.close()
     return warm, list(opened), {k: after[k] - before[k] for k in after}
 

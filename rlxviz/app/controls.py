@@ -213,8 +213,11 @@ class PipelineControls(Viewer):
         self._from_state()
 
     def _from_state(self) -> None:
-        self.param.update(order=list(self.state.passes), off=list(self.state.disabled))
-        self._rebuild()  # param sends no event when the draft already equals the pipeline (after Apply)
+        order, off = list(self.state.passes), list(self.state.disabled)
+        if order == self.order and off == self.off:
+            self._rebuild()  # param sends no event when the draft already equals the pipeline (after Apply)
+        else:
+            self.param.update(order=order, off=off)  # the draft's watcher rebuilds, once
 
     @property
     def dirty(self) -> bool:
