@@ -115,18 +115,20 @@ class ModelControls(Viewer):
             self.ir.value = event.new.decode("utf-8", errors="replace")
 
     def __panel__(self) -> pn.viewable.Viewable:
-        s = self.state
+        # Plain panes swapped by watchers, not `pn.bind` functions: each of those adds a layout model of its own to
+        # every session's page (the page's Bokeh models are what a session costs the server).
+        preset_doc = pn.pane.Markdown(self._preset_doc(), sizing_mode="stretch_width")
+        self.state.param.watch(lambda e: setattr(preset_doc, "object", self._preset_doc()), "preset")
         by_source = {
-            "preset": pn.Column(self.preset, pn.bind(lambda p: self._preset_doc(), s.param.preset),
-                                sizing_mode="stretch_width"),
-            "checkpoint": pn.Column(self.folder, self.folder_btn, sizing_mode="stretch_width"),
-            "upload": pn.Column(self.upload, self.upload_doc, sizing_mode="stretch_width"),
-            "ir": pn.Column(self.ir_doc, self.ir, self.ir_file, pn.Row(self.ir_btn, self.ir_copy),
-                            sizing_mode="stretch_width"),
+            "preset": [self.preset, preset_doc],
+            "checkpoint": [self.folder, self.folder_btn],
+            "upload": [self.upload, self.upload_doc],
+            "ir": [self.ir_doc, self.ir, self.ir_file, pn.Row(self.ir_btn, self.ir_copy)],
         }
-        return pn.Column(
-            "### Model", self.source, pn.bind(lambda src: by_source[src], self.param.shown),
-            self.style, pn.Row(self.batch, self.seq), self.text, self.shape_note, sizing_mode="stretch_width")
+        box = pn.Column(*by_source[self.shown], sizing_mode="stretch_width")
+        self.param.watch(lambda e: setattr(box, "objects", by_source[e.new]), "shown")
+        return pn.Column("### Model", self.source, box, self.style, pn.Row(self.batch, self.seq), self.text,
+                         self.shape_note, sizing_mode="stretch_width")
 
 
 class VariantControls(Viewer):
