@@ -134,6 +134,43 @@ def test_hostile_model_text_is_shown_as_text_everywhere(browser, server):
         ctx.close()
 
 
+TEX_IR = """graph "tex $$y^2$$" {
+  %0 = input {name="x"} : f32[2, 4] @"$$\\\\sum_i a_i$$ \\\\(x^2\\\\)"
+  %1 = relu(%0) : f32[2, 4] @"$$x^2$$"
+  return %1
+}
+"""
+
+
+def test_tex_in_model_text_is_shown_as_text_and_no_mathjax_is_loaded(browser, server):
+    """TeX delimiters in node paths reach the inspector as written (no MathJax typesets them), and the page
+    loads no MathJax bundle (`main.no_mathjax`)."""
+    port, _ = server
+    origin = f"http://127.0.0.1:{port}"
+    ctx, pg, seen = _watched_page(browser, origin)
+    try:
+        pg.goto(origin + "/app", timeout=120_000)
+        pg.locator(".rv-after g.node").first.wait_for(timeout=60_000)
+        scripts = pg.evaluate("[...document.scripts].map(s => s.src)")
+        assert scripts and not [u for u in scripts if "mathjax" in u.lower()], scripts
+        pg.get_by_role("button", name="IR text").click()
+        _paste_ir(pg, TEX_IR)
+        pg.locator(".rv-load-ir button").click()
+        expect(pg.locator(".rv-version select")).to_contain_text("0: input (1 ops)")
+        shown = []
+        for i in range(pg.locator(".rv-after g.node").count()):
+            pg.locator(".rv-after g.node").nth(i).click()
+            pg.wait_for_timeout(400)
+            shown.append(pg.locator(".rv-inspector").first.evaluate(DEEP_TEXT))
+        text = "\n".join(shown)
+        for literal in ("$$x^2$$", "$$\\sum_i a_i$$ \\(x^2\\)"):
+            assert literal in text, (literal, text)
+        assert pg.locator(".rv-inspector mjx-container, .rv-inspector svg").count() == 0
+        _assert_clean(pg, seen)
+    finally:
+        ctx.close()
+
+
 def test_a_session_from_another_machine_is_refused(browser, server):
     port, outside = server
     if outside is None:
