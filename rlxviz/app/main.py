@@ -67,7 +67,8 @@ def no_mathjax() -> None:
     with a Markdown or HTML pane, in case one holds TeX, and with it loaded a pane typesets any `$$...$$`,
     `\\(...\\)` or `\\[...\\]` in its text, which `text.md_escape` leaves as written. Without the bundle,
     Panel's panes find no TeX provider and show their text unchanged, and each page parses 1.8 MB less
-    JavaScript (every session's browser pays it). Idempotent.
+    JavaScript (every session's browser pays it). A page that asks for MathJax (`pn.extension('mathjax')`, e.g. a
+    notebook) still gets it. Idempotent.
     """
     from panel.io import resources
 
