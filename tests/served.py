@@ -3,6 +3,8 @@
 One place for what `test_browser_app.py`, `test_browser_security.py` and `benchmarks/bench_sessions.py` need.
 """
 
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -45,7 +47,8 @@ def served_app(port: int, address: str, origins: Sequence[str], env: dict[str, s
     with open(ART / log_name, "w") as log:
         proc = subprocess.Popen([str(panel), "serve", "app.py", "--address", address, "--port", str(port),
                                  *(f"--allow-websocket-origin={o}" for o in origins), "--num-procs", "1", *extra],
-                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # its own process group: `--num-procs N` workers end too
         t0 = time.time()
         try:
             while True:
@@ -59,12 +62,21 @@ def served_app(port: int, address: str, origins: Sequence[str], env: dict[str, s
                     time.sleep(0.2)
             yield t0
         finally:
-            proc.terminate()
+            _signal_group(proc, signal.SIGTERM)
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            _signal_group(proc, signal.SIGKILL)  # forked workers that outlived the server's own process
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    """Send `sig` to the server's process group (the server and any workers it forked); gone already is fine."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 @contextmanager
