@@ -115,6 +115,43 @@ def test_runner_inline_and_background_skip_stale():
     assert done == ["second"]
 
 
+def test_runner_on_page_runs_state_changes_on_the_page_thread():
+    """A job's state changes run on the page's thread, in order, the job waiting for each; a closed page stops
+    the job (`PageGone`, swallowed by the runner)."""
+    import queue
+
+    from rlxviz.app.jobs import PageGone
+
+    calls: queue.Queue = queue.Queue()
+    alive = threading.Event()
+    alive.set()
+    page_thread = threading.Thread(target=lambda: [fn() for fn in iter(calls.get, None)], daemon=True)
+    r = Runner(background=True, page=(calls.put, alive.is_set))
+    r._page_thread = None  # the page's thread is `page_thread`, not the test's
+    page_thread.start()
+    try:
+        seen = []
+
+        def job():
+            seen.append(("job", threading.current_thread() is page_thread))
+            seen.append(("step", r.on_page(lambda: threading.current_thread() is page_thread)))
+            try:
+                r.on_page(lambda: 1 / 0)
+            except ZeroDivisionError:
+                seen.append(("raised", True))
+            return r.on_page(lambda: 7)
+
+        assert r.submit("load", job).result(5) == 7
+        assert seen == [("job", False), ("step", True), ("raised", True)]
+        alive.clear()
+        with pytest.raises(PageGone):
+            r.on_page(lambda: 1)
+        assert r.submit("load", lambda: r.on_page(lambda: 1)).result(5) is None  # the job just stops
+    finally:
+        calls.put(None)
+    assert Runner(background=True).on_page(lambda: 3) == 3  # no page: inline
+
+
 def test_no_eval_or_pickle_in_app():
     src = "\n".join(p.read_text() for p in Path("rlxviz/app").glob("*.py"))
     for banned in (" eval(", " exec(", "import pickle", "pickle.load", "allow_pickle=True"):

@@ -3,6 +3,10 @@
 * `Runner`: runs callables one at a time on a worker thread; a job submitted later makes queued
   jobs of the same kind stale, so a burst of widget changes runs only the last one.
   `Runner(background=False)` runs inline, which is what the state tests use.
+* `Runner.on_page`: a job's step that changes what the page shows (the state's parameters, and through their
+  watchers the Panel objects) runs on the thread that owns the page, the job waiting for it. Panel objects
+  changed from the worker thread send their patches by a second route that can overtake the page thread's:
+  a patch that names a model the browser has not received yet ("reference p2505 isn't known" in the console).
 """
 
 from __future__ import annotations
@@ -10,7 +14,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class PageGone(RuntimeError):
+    """The page a job would update was closed (its session ended): the job stops."""
 
 
 class Runner:
@@ -18,10 +28,16 @@ class Runner:
 
     Args:
         background: False runs every job inline in the caller's thread (tests, notebooks).
+        page: `(schedule, alive)` for a served page: `schedule(fn)` runs `fn` soon on the page's thread (Bokeh's
+            `Document.add_next_tick_callback`, the one thread-safe way in), `alive()` is False once its session
+            ended. The thread that makes the runner is taken as the page's. None: `on_page` runs inline.
     """
 
-    def __init__(self, background: bool = True) -> None:
+    def __init__(self, background: bool = True,
+                 page: tuple[Callable[[Callable[[], None]], None], Callable[[], bool]] | None = None) -> None:
         self.background = background
+        self.page = page
+        self._page_thread = threading.get_ident()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlxviz-job") if background else None
         self._generation: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -35,7 +51,10 @@ class Runner:
         def job() -> Any:
             if self._generation.get(kind) != gen:
                 return None
-            return fn()
+            try:
+                return fn()
+            except PageGone:
+                return None
 
         if self._pool is None:
             fut: Future = Future()
@@ -47,6 +66,36 @@ class Runner:
             fut = self._pool.submit(job)
         self.last = fut
         return fut
+
+    def on_page(self, fn: Callable[[], T], poll_s: float = 0.5) -> T:
+        """Run `fn` on the page's thread and return its result (inline when there is no page or the caller is
+        that thread); a job calls this for each step that changes the state the page shows.
+
+        Raises:
+            PageGone: the page's session ended before `fn` ran.
+        """
+        if self.page is None or threading.get_ident() == self._page_thread:
+            return fn()
+        schedule, alive = self.page
+        if not alive():
+            raise PageGone("the page was closed")
+        done: Future = Future()
+
+        def call() -> None:
+            if not done.set_running_or_notify_cancel():
+                return
+            try:
+                done.set_result(fn())
+            except BaseException as e:  # noqa: BLE001 - handed back to the job through the future
+                done.set_exception(e)
+
+        schedule(call)
+        while True:
+            try:
+                return done.result(poll_s)
+            except TimeoutError:
+                if not alive() and done.cancel():
+                    raise PageGone("the page was closed") from None
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until the last submitted job is done (tests)."""

@@ -105,7 +105,7 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
         page.state = None  # type: ignore[attr-defined]
         return page
     if state is None:
-        state = AppState(runner=Runner(background=True), autorun=False)
+        state = AppState(runner=Runner(background=True, page=_page_thread()), autorun=False)
         if state.start_cached():  # a run of these settings is done (`panel serve --warm`): the page shows it
             pass
         elif pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:
@@ -126,6 +126,24 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
         main=[pn.Column(StatusBar(state=state), VersionStepper(state=state), tabs, sizing_mode="stretch_both")])
     tmpl.state = state  # type: ignore[attr-defined]  # handy for tests and notebooks
     return tmpl
+
+
+def _page_thread() -> tuple[Callable[[Callable[[], None]], None], Callable[[], bool]] | None:
+    """For `Runner(page=...)`: run a job's state changes on this session's thread, the one that builds the app
+    (None outside a server session). Panel objects changed from the job's thread send their patches by a
+    second route that can overtake this thread's, so the browser got a patch naming a model before the patch
+    that defines it ("reference p2505 isn't known", a console error; see `jobs.Runner.on_page`)."""
+    from panel.io.state import set_curdoc
+
+    doc = pn.state.curdoc
+    if doc is None or doc.session_context is None:
+        return None
+
+    def schedule(fn: Callable[[], None]) -> None:
+        with set_curdoc(doc):
+            pn.state.execute(fn, schedule=True)  # Document.add_next_tick_callback, with Panel's curdoc set
+
+    return schedule, lambda: doc.session_context is not None
 
 
 def _when_shown(make: Callable[[], Viewer]) -> pn.param.ParamFunction:

@@ -32,7 +32,7 @@ from ..runtime.devices import available_devices
 from ..session import OVER_THRESHOLD, LayerStatus, Limits, SessionError, View
 from ..session import render as drawing
 from . import timeproc
-from .jobs import Runner
+from .jobs import PageGone, Runner
 from .sources import ONNX_UPLOAD_NAME, SourceError, allowed_dirs, check_checkpoint_dir, check_ir_text, save_upload
 from .text import md_escape
 
@@ -295,7 +295,10 @@ class AppState(param.Parameterized):
         return True
 
     def _load_job(self, gen: int) -> None:
-        self._start("Loading the model…")
+        """Load and run in the runner's thread; every change of the state (progress, the new trace, a failure)
+        is made on the page's thread (`Runner.on_page`), as one step, so the page sees them in order."""
+        page = self.runner.on_page
+        page(lambda: self._start("Loading the model…"))
         done = False
         try:
             key = self.model_key()
@@ -303,36 +306,65 @@ class AppState(param.Parameterized):
             model = self._load_model() if key != self._model_key or self.model is None else self.model
             if gen != self._generation:
                 return
-            self._set_progress(40, "Running the fusion pipeline…")
+            page(lambda: self._set_progress(40, "Running the fusion pipeline…"))
             try:
                 trace = self._run_pipeline(model)
             except SessionError:
                 if model is not self.model:
-                    self._model_key = key
-                    self.param.update(model=model, trace=None, timings=[], selected_node=None, highlight=[])
+                    page(lambda: self._show_model(key, model))
                 raise
             if gen != self._generation:
                 return
-            self.ir_error = None
-            new = model is not self.model
-            if new:
-                self._model_key = key
-            # model and trace change together: views never see the new model with the old trace
-            self._set_trace(trace, model if new else None)
-            self._notice_variant()
-            self._set_progress(80, "Drawing the graph…")
+            self._draw_ahead(trace)  # here, so that the page's thread finds the pictures it shows drawn
+
+            def show() -> None:
+                self.ir_error = None
+                new = model is not self.model
+                if new:
+                    self._model_key = key
+                # model and trace change together: views never see the new model with the old trace
+                self._set_trace(trace, model if new else None)
+                self._notice_variant()
+                self._set_progress(80, "Drawing the graph…")
+
+            page(show)
             self._draw_shown()
             RUNS.put((key, pipeline_key), (weakref.ref(model), trace))
             done = True
+        except PageGone:
+            raise
         except Exception as e:  # noqa: BLE001 - every failure becomes a message; the app keeps working
-            at = (e.line, e.col, e.reason) if isinstance(e, IRSyntaxError) else None
-            self.ir_error = at if self.source == "ir" else None
-            self._error(self._explain_error(e))
-            self.stale = self._stale_reason()
+            page(lambda err=e: self._failed(err))
         finally:
-            self._stop()
+            page(self._stop)
         if done:  # after the job: the page is usable while the other versions are drawn
             self.runner.submit("prerender", lambda: self.prerender(gen))
+
+    def _show_model(self, key: tuple, model: Model) -> None:
+        """The new model, whose pipeline run failed: shown without a trace."""
+        self._model_key = key
+        self.param.update(model=model, trace=None, timings=[], selected_node=None, highlight=[])
+
+    def _failed(self, e: Exception) -> None:
+        at = (e.line, e.col, e.reason) if isinstance(e, IRSyntaxError) else None
+        self.ir_error = at if self.source == "ir" else None
+        self._error(self._explain_error(e))
+        self.stale = self._stale_reason()
+
+    def _draw_ahead(self, trace: Trace) -> None:
+        """Draw the version `_set_trace(trace)` will select (after, and before its pass) into the cache, from the
+        runner's thread: the views then draw it from the cache. A guess (the variant notice may still change the
+        selected layer): a miss is drawn by the view."""
+        try:
+            labels = self._visible(trace)
+            k = max(min(self.version, len(labels) - 1) if self.trace is None else self._same_version(trace, labels),
+                    0)
+            view = self.resolved_view(trace)
+            drawing.svg(*self._drawing(k, view, trace=trace))
+            if labels[k][0] > 0:
+                drawing.svg(*self._drawing(k, view, side="before", trace=trace))
+        except Exception:  # noqa: BLE001 - the view shows the error
+            pass
 
     def _stale_reason(self) -> str:
         """After a failed load or run: what the panes still show instead of what the controls ask for ('' when
@@ -593,18 +625,20 @@ class AppState(param.Parameterized):
         return self.trace.to_json(graphs=True, indent=1) if self.trace is not None else "{}"
 
     # ============================================================ rendering
-    def _drawing(self, k: int | None, view: str, side: str = "after") -> tuple[Trace | Graph, View]:
+    def _drawing(self, k: int | None, view: str, side: str = "after",
+                 trace: Trace | None = None) -> tuple[Trace | Graph, View]:
         """What to draw for shown version `k` in the app's `view` (`full`, `collapsed`, `focus`): the source
         (the trace, or the bare model graph before a run) and the session's `View`.
 
         Raises:
             ValueError: no model loaded yet, or `focus` with no layer selected.
         """
-        source: Trace | Graph | None = self.trace if self.trace is not None else (
+        trace = self.trace if trace is None else trace
+        source: Trace | Graph | None = trace if trace is not None else (
             self.model.graph if self.model is not None else None)
         if source is None:
             raise ValueError("no model loaded yet")
-        i = self.version_index(k) if self.trace is not None else 0
+        i = self.version_index(k, trace) if trace is not None else 0
         focus = self.selected_layer if view == "focus" or side == "why" else None
         if view == "focus" and focus is None:
             raise ValueError("pick a layer to focus on")
@@ -617,13 +651,14 @@ class AppState(param.Parameterized):
         source, v = self._drawing(k, view or self.resolved_view())
         return ("svg", drawing.source_key(source), v)
 
-    def resolved_view(self) -> str:
+    def resolved_view(self, trace: Trace | None = None) -> str:
         """`auto` is the full graph for small models, one box per layer for big ones: more than
         `FULL_VIEW_LIMIT` nodes or `FULL_VIEW_LAYERS` layers in the run's input graph (decided once per run,
         so stepping through versions never switches the view)."""
         if self.view != "auto":
             return self.view
-        g = self.trace.input if self.trace is not None else (self.model.graph if self.model is not None else None)
+        trace = self.trace if trace is None else trace
+        g = trace.input if trace is not None else (self.model.graph if self.model is not None else None)
         if g is None:
             return "full"
         big = len(g) > FULL_VIEW_LIMIT or len(session.model_layers(g)) > FULL_VIEW_LAYERS
@@ -727,10 +762,13 @@ class AppState(param.Parameterized):
         self.runner.submit("time", lambda: self._time_job(fresh))
 
     def _time_job(self, fresh: bool = False) -> None:
+        """Time in the timing process; the state changes are made on the page's thread (`Runner.on_page`)."""
+        page = self.runner.on_page
         if self.trace is None or self.model is None:
-            self._error("Nothing to time yet: load a model and run the pipeline first.", kind="warning")
+            page(lambda: self._error("Nothing to time yet: load a model and run the pipeline first.", kind="warning"))
             return
-        self._start(f"Timing every version on MLX in the timing process ({self.repeat} interleaved rounds)…")
+        page(lambda: self._start(f"Timing every version on MLX in the timing process ({self.repeat} interleaved "
+                                 "rounds)…"))
         trace, model = self.trace, self.model  # one consistent pair, even if a reload is queued
         try:
             user = self.user_inputs if self._inputs_fit(model) else None
@@ -744,16 +782,20 @@ class AppState(param.Parameterized):
                                                                    repeat=self.repeat, device=self.device,
                                                                    inputs=sets))
             policy = next((r.policy for r in run.rows if r.policy is not None), None)
-            self.timing_policy = (policy.describe() + "\n\n" if policy else "") + sets.describe()
             where = next((r.context for r in run.rows if r.context is not None), None)
             # device, precision policy (f32 / TF32), BLAS and its threads, and where the timing ran
-            self.blas = (f"{where if where is not None else 'MLX'}; {self.repeat} interleaved round(s) per version, "
-                         f"in a worker process (pid {run.pid}), as `rlxviz time --repeat {self.repeat}`")
-            self.timings = self._timing_rows(run.rows, self._visible(trace))
+            page(lambda: self.param.update(
+                timing_policy=(policy.describe() + "\n\n" if policy else "") + sets.describe(),
+                blas=(f"{where if where is not None else 'MLX'}; {self.repeat} interleaved round(s) per version, "
+                      f"in a worker process (pid {run.pid}), as `rlxviz time --repeat {self.repeat}`"),
+                timings=self._timing_rows(run.rows, self._visible(trace))))
+        except PageGone:
+            raise
         except Exception as e:  # noqa: BLE001
-            self._error(f"Timing failed: {type(e).__name__}: {e}\n{self._timing_hint(e)}")
+            text = f"Timing failed: {type(e).__name__}: {e}\n{self._timing_hint(e)}"
+            page(lambda: self._error(text))
         finally:
-            self._stop()
+            page(self._stop)
 
     def set_user_inputs(self, data: bytes | None, filename: str = "inputs.npz") -> None:
         """Use the arrays of an uploaded `.npz` (one per graph input, by name) in the next timing run, or
