@@ -116,18 +116,15 @@ def test_runner_inline_and_background_skip_stale():
 
 
 def test_runner_on_page_runs_state_changes_on_the_page_thread():
-    """A job's state changes run on the page's thread, in order, the job waiting for each; a closed page stops
-    the job (`PageGone`, swallowed by the runner)."""
+    """A job's state changes run on the page's thread, in order, the job waiting for each (their exceptions
+    come back to the job); with no page, or a closed one, they run inline."""
     import queue
-
-    from rlxviz.app.jobs import PageGone
 
     calls: queue.Queue = queue.Queue()
     alive = threading.Event()
     alive.set()
     page_thread = threading.Thread(target=lambda: [fn() for fn in iter(calls.get, None)], daemon=True)
     r = Runner(background=True, page=(calls.put, alive.is_set))
-    r._page_thread = None  # the page's thread is `page_thread`, not the test's
     page_thread.start()
     try:
         seen = []
@@ -143,10 +140,15 @@ def test_runner_on_page_runs_state_changes_on_the_page_thread():
 
         assert r.submit("load", job).result(5) == 7
         assert seen == [("job", False), ("step", True), ("raised", True)]
+        assert r.on_page(threading.current_thread) is threading.current_thread()  # the runner's maker: inline
         alive.clear()
-        with pytest.raises(PageGone):
-            r.on_page(lambda: 1)
-        assert r.submit("load", lambda: r.on_page(lambda: 1)).result(5) is None  # the job just stops
+        assert r.submit("load", lambda: r.on_page(threading.current_thread)).result(5) is not page_thread
+        calls.put(None)
+        page_thread.join(5)
+        alive.set()
+        blocked = r.submit("load", lambda: r.on_page(lambda: 9, poll_s=0.05))  # queued on a page that stopped
+        alive.clear()  # ... and then closed: the step runs inline
+        assert blocked.result(5) == 9
     finally:
         calls.put(None)
     assert Runner(background=True).on_page(lambda: 3) == 3  # no page: inline

@@ -19,10 +19,6 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-class PageGone(RuntimeError):
-    """The page a job would update was closed (its session ended): the job stops."""
-
-
 class Runner:
     """Run jobs in order on one worker thread (or inline), dropping superseded jobs of the same kind.
 
@@ -30,7 +26,8 @@ class Runner:
         background: False runs every job inline in the caller's thread (tests, notebooks).
         page: `(schedule, alive)` for a served page: `schedule(fn)` runs `fn` soon on the page's thread (Bokeh's
             `Document.add_next_tick_callback`, the one thread-safe way in), `alive()` is False once its session
-            ended. The thread that makes the runner is taken as the page's. None: `on_page` runs inline.
+            ended (then `on_page` runs inline: nothing is shown, and the run still fills the shared caches). The
+            thread that makes the runner is taken as the page's. None: `on_page` runs inline.
     """
 
     def __init__(self, background: bool = True,
@@ -51,10 +48,7 @@ class Runner:
         def job() -> Any:
             if self._generation.get(kind) != gen:
                 return None
-            try:
-                return fn()
-            except PageGone:
-                return None
+            return fn()
 
         if self._pool is None:
             fut: Future = Future()
@@ -68,17 +62,14 @@ class Runner:
         return fut
 
     def on_page(self, fn: Callable[[], T], poll_s: float = 0.5) -> T:
-        """Run `fn` on the page's thread and return its result (inline when there is no page or the caller is
-        that thread); a job calls this for each step that changes the state the page shows.
-
-        Raises:
-            PageGone: the page's session ended before `fn` ran.
-        """
+        """Run `fn` on the page's thread and return its result (or raise its exception); inline when there is no
+        page, the caller is that thread, or the page was closed. A job calls this for each step that changes the
+        state the page shows."""
         if self.page is None or threading.get_ident() == self._page_thread:
             return fn()
         schedule, alive = self.page
         if not alive():
-            raise PageGone("the page was closed")
+            return fn()
         done: Future = Future()
 
         def call() -> None:
@@ -94,8 +85,8 @@ class Runner:
             try:
                 return done.result(poll_s)
             except TimeoutError:
-                if not alive() and done.cancel():
-                    raise PageGone("the page was closed") from None
+                if not alive() and done.cancel():  # closed before `call` ran: it never will
+                    return fn()
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until the last submitted job is done (tests)."""

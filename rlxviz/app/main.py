@@ -136,7 +136,7 @@ def _page_thread() -> tuple[Callable[[Callable[[], None]], None], Callable[[], b
     from panel.io.state import set_curdoc
 
     doc = pn.state.curdoc
-    if doc is None or doc.session_context is None:
+    if doc is None or doc.session_context is None or _warm_up_session():  # no page: the warm-up's run is inline
         return None
 
     def schedule(fn: Callable[[], None]) -> None:

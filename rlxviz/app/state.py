@@ -32,7 +32,7 @@ from ..runtime.devices import available_devices
 from ..session import OVER_THRESHOLD, LayerStatus, Limits, SessionError, View
 from ..session import render as drawing
 from . import timeproc
-from .jobs import PageGone, Runner
+from .jobs import Runner
 from .sources import ONNX_UPLOAD_NAME, SourceError, allowed_dirs, check_checkpoint_dir, check_ir_text, save_upload
 from .text import md_escape
 
@@ -331,8 +331,6 @@ class AppState(param.Parameterized):
             self._draw_shown()
             RUNS.put((key, pipeline_key), (weakref.ref(model), trace))
             done = True
-        except PageGone:
-            raise
         except Exception as e:  # noqa: BLE001 - every failure becomes a message; the app keeps working
             page(lambda err=e: self._failed(err))
         finally:
@@ -789,8 +787,6 @@ class AppState(param.Parameterized):
                 blas=(f"{where if where is not None else 'MLX'}; {self.repeat} interleaved round(s) per version, "
                       f"in a worker process (pid {run.pid}), as `rlxviz time --repeat {self.repeat}`"),
                 timings=self._timing_rows(run.rows, self._visible(trace))))
-        except PageGone:
-            raise
         except Exception as e:  # noqa: BLE001
             text = f"Timing failed: {type(e).__name__}: {e}\n{self._timing_hint(e)}"
             page(lambda: self._error(text))
