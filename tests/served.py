@@ -4,6 +4,7 @@ One place for what `test_browser_app.py`, `test_browser_security.py` and `benchm
 """
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -14,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from playwright.sync_api import Browser, BrowserContext, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
 
 ROOT = Path(__file__).resolve().parents[1]
 ART = ROOT / "test-artifacts"
@@ -96,3 +97,43 @@ def context(browser: Browser, width: int = 1600, height: int = 1000) -> BrowserC
     ctx.set_default_timeout(WAIT_MS)
     ctx.set_default_navigation_timeout(2 * WAIT_MS)
     return ctx
+
+
+LOCAL = re.compile(r"^(https?|wss?)://(127\.0\.0\.1|localhost)(:\d+)?/|^(data|blob|about):")
+"""URLs that stay on this machine (and the browser's own data:, blob:, about: ones)."""
+
+
+@contextmanager
+def watched_page(browser: Browser, url: str, width: int, height: int) -> Iterator[Page]:
+    """The app at `url` in a `width` x `height` page whose console errors, page errors and requests are recorded
+    from its first request, ready when the after-pane shows a node; when the block ends no request may have left
+    the machine and the console must hold no error (AssertionError otherwise)."""
+    ctx = context(browser, width, height)
+    pg = ctx.new_page()
+    seen: dict[str, list[str]] = {"urls": [], "errors": []}
+    pg.on("request", lambda r: seen["urls"].append(r.url))
+    pg.on("websocket", lambda ws: seen["urls"].append(ws.url))
+    pg.on("console", lambda m: m.type == "error" and seen["errors"].append(m.text))
+    pg.on("pageerror", lambda e: seen["errors"].append(str(e)))
+    pg.goto(url)
+    pg.locator(".rv-after g.node").first.wait_for()
+    yield pg
+    pg.wait_for_load_state("networkidle")
+    outside = [u for u in seen["urls"] if not LOCAL.match(u)]
+    ctx.close()
+    assert seen["urls"] and not outside, outside
+    assert not seen["errors"], seen["errors"]
+
+
+def open_tab(pg: Page, name: str) -> None:
+    """Open tab `name` and wait until the browser shows it active (a click during a server update is not lost)."""
+    tab = pg.locator(".bk-tab", has_text=name)
+    tab.click()
+    expect(tab).to_have_class(re.compile(r"\bbk-active\b"))
+
+
+def choose_version(pg: Page, label: str) -> None:
+    """Select the version whose label contains `label` and wait until the after-pane shows it."""
+    sel = pg.locator(".rv-version select")
+    sel.select_option(value=sel.locator("option", has_text=label).first.get_attribute("value"))
+    expect(pg.locator(".rv-after .rv-title")).to_have_text(re.compile(re.escape(label)))

@@ -6,11 +6,10 @@ Uses Debian's chromium (/usr/bin/chromium); screenshots of each step go to test-
 import os
 import re
 import time
-from contextlib import contextmanager
 
 import pytest
 from playwright.sync_api import expect
-from served import ART, chromium, context, free_port, served_app
+from served import ART, choose_version, chromium, context, free_port, open_tab, served_app, watched_page
 
 from rlxviz import session
 from rlxviz.app.state import VARIANT_LABELS
@@ -34,54 +33,15 @@ def browser():
         yield b
 
 
-LOCAL = re.compile(r"^(https?|wss?)://(127\.0\.0\.1|localhost)(:\d+)?/|^(data|blob|about):")
-
-
-@contextmanager
-def _watched_page(browser, url, width, height):
-    """A page whose console errors, page errors and requests are recorded from its first request; when the block
-    ends no request may have left the machine and the console must hold no error."""
-    ctx = context(browser, width, height)
-    pg = ctx.new_page()
-    seen = {"urls": [], "errors": []}
-    pg.on("request", lambda r: seen["urls"].append(r.url))
-    pg.on("websocket", lambda ws: seen["urls"].append(ws.url))
-    pg.on("console", lambda m: m.type == "error" and seen["errors"].append(m.text))
-    pg.on("pageerror", lambda e: seen["errors"].append(str(e)))
-    pg.goto(url)
-    pg.locator(".rv-after g.node").first.wait_for()
-    yield pg
-    pg.wait_for_load_state("networkidle")
-    outside = [u for u in seen["urls"] if not LOCAL.match(u)]
-    ctx.close()
-    assert seen["urls"] and not outside, outside
-    assert not seen["errors"], seen["errors"]
-
-
 @pytest.fixture
 def page(browser, server):
-    """The app at 1600x1000, watched (`_watched_page`) for the whole test."""
-    with _watched_page(browser, server[0], 1600, 1000) as pg:
+    """The app at 1600x1000, watched (`served.watched_page`) for the whole test."""
+    with watched_page(browser, server[0], 1600, 1000) as pg:
         yield pg
 
 
 def _shot(pg, name):
     pg.screenshot(path=str(ART / f"app-{name}.png"))
-
-
-def _tab(pg, name):
-    """Open tab `name` and wait until the browser shows it active (a click during a server update is not lost)."""
-    tab = pg.locator(".bk-tab", has_text=name)
-    tab.click()
-    expect(tab).to_have_class(re.compile(r"\bbk-active\b"))
-
-
-def _version(pg, label):
-    """Select the version whose label contains `label` and wait until the after-pane shows it."""
-    sel = pg.locator(".rv-version select")
-    value = sel.locator("option", has_text=label).first.get_attribute("value")
-    sel.select_option(value=value)
-    expect(pg.locator(".rv-after .rv-title")).to_have_text(re.compile(re.escape(label)))
 
 
 def _timed_step(pg, label):
@@ -118,7 +78,7 @@ def test_default_page_shows_minilm(browser, server):
 
 
 def test_step_to_fused_layers(page):
-    _version(page, "after fuse_transformer_layer")
+    choose_version(page, "after fuse_transformer_layer")
     ftl = page.locator(".rv-after g.node", has_text="FusedTransformerLayer")
     expect(ftl).to_have_count(6)
     times = [_timed_step(page, label) for label in ("after fuse_residual_ln", "after fuse_transformer_layer",
@@ -137,15 +97,15 @@ def test_extra_user_variant_shows_guard(page):
     page.locator(".rv-variant-extra_h1_user button").click()
     expect(page.locator(".rv-message")).to_contain_text("h1")
     expect(page.locator(".rv-message")).to_contain_text("users")
-    _tab(page, "Why didn't layer N fuse?")
+    open_tab(page, "Why didn't layer N fuse?")
     expect(page.locator(".rv-why")).to_contain_text("layer 0: NOT fused")
     expect(page.locator(".rv-why")).to_contain_text("h1_user_count")
     page.locator(".rv-why-graph g.node").first.wait_for()
     _shot(page, "why")
-    _tab(page, "Matches & rejections")
+    open_tab(page, "Matches & rejections")
     row = page.locator(".rv-decisions .tabulator-row", has_text="h1_user_count").first
     row.click()
-    _tab(page, "Graph")
+    open_tab(page, "Graph")
     expect(page.locator(".rv-before .rv-title")).to_have_text("before fuse_transformer_layer")
     page.locator(".rv-before g.rv-hl").first.wait_for()
     _shot(page, "highlight")
@@ -154,7 +114,7 @@ def test_extra_user_variant_shows_guard(page):
 def test_timing_one_row_per_version(page):
     """A timing run in the worker process, with the rounds asked for: one row per shown version, the chart."""
     n = page.locator(".rv-version select option").count()
-    _tab(page, "Timing")
+    open_tab(page, "Timing")
     box = page.locator(".rv-repeat input")
     box.fill("3")
     box.press("Enter")
@@ -216,7 +176,7 @@ def test_ir_text_draws_its_own_graph(page, browser, server):
     expect(page.locator(".rv-after svg")).to_contain_text("small: 3 ops")
     assert [i for i in _after_node_ids(page) if i.startswith("n")] == ["n0", "n1", "n2", "n3"]
     assert page.locator(".rv-after g.node", has_text="exp").count() == 1
-    _version(page, "input")
+    choose_version(page, "input")
     expect(page.locator(".rv-after svg")).to_contain_text("small: 3 ops")
     ctx = context(browser, 1600, 1000)
     fresh = ctx.new_page()
@@ -236,7 +196,7 @@ def test_no_request_leaves_the_machine(browser, server):
     pg.goto(server[0])
     pg.locator(".rv-after g.node").first.wait_for()
     for name in ("Matches & rejections", "Why didn't layer N fuse?", "Timing", "IR & diff", "Graph"):
-        _tab(pg, name)
+        open_tab(pg, name)
     pg.wait_for_load_state("networkidle")
     local = re.compile(r"^(https?|wss?)://(127\.0\.0\.1|localhost)(:\d+)?/|^(data|blob|about):")
     outside = [u for u in urls if not local.match(u)]
@@ -257,8 +217,8 @@ def test_text_to_tokenize_shows_the_whole_sentence(page):
 
 @pytest.fixture
 def watched(browser, server):
-    """The app at a laptop's 1280x800, watched (`_watched_page`) for the whole test."""
-    with _watched_page(browser, server[0], 1280, 800) as pg:
+    """The app at a laptop's 1280x800, watched (`served.watched_page`) for the whole test."""
+    with watched_page(browser, server[0], 1280, 800) as pg:
         yield pg
 
 
@@ -268,14 +228,14 @@ def _transform(pg, pane):
 
 def test_debugger_flow_keeps_the_view_and_finds_nodes(watched):
     pg = watched
-    _version(pg, "after fuse_attention_block")
+    choose_version(pg, "after fuse_attention_block")
     expect(pg.locator(".rv-before .rv-title")).to_have_text("before fuse_attention_block")
     pg.locator(".rv-before g.node").first.wait_for()
     pg.locator(".rv-after .rv-zoom-in").click()
     pg.locator(".rv-after .rv-zoom-in").click()
     kept = _transform(pg, ".rv-after")
     assert _transform(pg, ".rv-before") == kept  # panes move together
-    _version(pg, "after fuse_residual_ln")
+    choose_version(pg, "after fuse_residual_ln")
     assert _transform(pg, ".rv-after") == kept  # a step keeps zoom and pan
     box = pg.locator(".rv-after .rv-search")
     box.fill("layer_norm")
@@ -289,14 +249,14 @@ def test_debugger_flow_keeps_the_view_and_finds_nodes(watched):
     pg.wait_for_timeout(500)
     assert _transform(pg, ".rv-after") == centred  # a click keeps zoom and pan
     nid = re.search(r"%(\d+)", pg.locator(".rv-inspector h4").first.inner_text()).group(1)
-    _tab(pg, "IR & diff")
+    open_tab(pg, "IR & diff")
     expect(pg.locator(".rv-ir .rv-irsel")).to_contain_text(f"%{nid} =")
     line = pg.locator(".rv-ir .rv-irnode", has_text=re.compile(r"= [a-z_]+\(%")).nth(1)
     other = re.match(r"\s*%(\d+) =", line.locator(".rv-ircode").inner_text()).group(1)
     assert other != nid
     line.click()
     expect(pg.locator(".rv-ir .rv-irsel")).to_contain_text(f"%{other} =")
-    _tab(pg, "Graph")
+    open_tab(pg, "Graph")
     expect(pg.locator(".rv-inspector")).to_contain_text(f"%{other}")
     pg.locator(f".rv-after g#n{other}.rv-sel").wait_for()
     # the layer view: a click on a layer box opens it in place (tests/test_browser_nav.py folds it back); the
@@ -318,9 +278,9 @@ def test_teacher_flow_every_variant_and_pipeline(watched):
         # this variant's own message: the previous variant's is still on screen until the run ends
         expect(pg.locator(".rv-message")).to_contain_text(f"Teaching variant '{VARIANT_LABELS[name]}'")
         expect(pg.locator(".rv-progress-text")).to_be_hidden(timeout=60_000)
-        _tab(pg, "Why didn't layer N fuse?")
+        open_tab(pg, "Why didn't layer N fuse?")
         expect(pg.locator(".rv-why")).to_contain_text("Layer")
-        _tab(pg, "Graph")
+        open_tab(pg, "Graph")
     pg.locator(".rv-variant-none button").click()
     expect(pg.locator(".rv-version select")).to_contain_text("after fuse_transformer_layer (28 ops)",
                                                               timeout=60_000)
@@ -388,9 +348,9 @@ def test_ir_paste_small_and_large_and_a_parse_error(watched):
     expect(pg.locator(".rv-message")).to_contain_text("line 4")
     expect(pg.locator(".rv-ir-text .ace_error")).to_have_count(1)
     expect(pg.locator(".rv-stale-graph")).to_contain_text("Stale: showing the previous model (model_edited)")
-    _tab(pg, "Why didn't layer N fuse?")
+    open_tab(pg, "Why didn't layer N fuse?")
     expect(pg.locator(".rv-stale-why")).to_contain_text("Stale: showing the previous model")
-    _tab(pg, "Graph")
+    open_tab(pg, "Graph")
     _type_ir(pg, SMALL_IR)
     pg.locator(".rv-load-ir button").click()
     expect(pg.locator(".rv-version select")).to_contain_text("0: input (3 ops)", timeout=60_000)

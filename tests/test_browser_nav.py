@@ -11,11 +11,9 @@ import re
 
 import pytest
 from playwright.sync_api import expect
-from served import ART, WAIT_MS, chromium, context, free_port, served_app
+from served import ART, WAIT_MS, choose_version, chromium, free_port, open_tab, served_app, watched_page
 
 expect.set_options(timeout=WAIT_MS)
-
-LOCAL = re.compile(r"^(https?|wss?)://(127\.0\.0\.1|localhost)(:\d+)?/|^(data|blob|about):")
 
 
 @pytest.fixture(scope="module")
@@ -33,34 +31,9 @@ def browser():
 
 @pytest.fixture
 def page(browser, server):
-    """A 1280x800 page; at the end no console error and no request outside localhost."""
-    ctx = context(browser, 1280, 800)
-    pg = ctx.new_page()
-    seen = {"urls": [], "errors": []}
-    pg.on("request", lambda r: seen["urls"].append(r.url))
-    pg.on("websocket", lambda ws: seen["urls"].append(ws.url))
-    pg.on("console", lambda m: m.type == "error" and seen["errors"].append(m.text))
-    pg.on("pageerror", lambda e: seen["errors"].append(str(e)))
-    pg.goto(server[0])
-    pg.locator(".rv-after g.node").first.wait_for()
-    yield pg
-    pg.wait_for_load_state("networkidle")
-    ctx.close()
-    outside = [u for u in seen["urls"] if not LOCAL.match(u)]
-    assert seen["urls"] and not outside, outside
-    assert not seen["errors"], seen["errors"]
-
-
-def _tab(pg, name):
-    tab = pg.locator(".bk-tab", has_text=name)
-    tab.click()
-    expect(tab).to_have_class(re.compile(r"\bbk-active\b"))
-
-
-def _version(pg, label):
-    sel = pg.locator(".rv-version select")
-    sel.select_option(value=sel.locator("option", has_text=label).first.get_attribute("value"))
-    expect(pg.locator(".rv-after .rv-title")).to_have_text(re.compile(re.escape(label)))
+    """A 1280x800 page, watched (`served.watched_page`) for the whole test."""
+    with watched_page(browser, server[0], 1280, 800) as pg:
+        yield pg
 
 
 def _transform(pg, pane=".rv-after"):
@@ -101,7 +74,7 @@ def _minimap_and_layer_expand_in_place(pg):
     expect(mini).to_be_hidden()
 
     # the collapsed overview: a click on a layer box opens that layer in place, the others stay boxes
-    _version(pg, "after fuse_transformer_layer")
+    choose_version(pg, "after fuse_transformer_layer")
     pg.locator(".rv-view select").select_option("collapsed")
     pg.locator(".rv-after g#layer2.node").wait_for()
     boxes = pg.locator(".rv-after g.node").count()
@@ -149,7 +122,7 @@ def _culprit_drawn_for_extra_h1_user(pg):
     pg.locator(".rv-variant-extra_h1_user button").click()
     expect(pg.locator(".rv-message")).to_contain_text("h1")
     expect(pg.locator(".rv-progress-text")).to_be_hidden()
-    _tab(pg, "Why didn't layer N fuse?")
+    open_tab(pg, "Why didn't layer N fuse?")
     pg.locator(".rv-why-layer select").select_option(label="layer 0")
     expect(pg.locator(".rv-why")).to_contain_text("layer 0: NOT fused")
     culprit = pg.locator(".rv-why-graph g.node.offending")
@@ -163,7 +136,7 @@ def _culprit_drawn_for_extra_h1_user(pg):
     pg.screenshot(path=str(ART / "nav-culprit.png"))
     # the Graph tab's pane before fuse_transformer_layer marks the same node (in the focus view on layer 0 left
     # by the first part: the culprit is drawn whole there too)
-    _tab(pg, "Graph")
-    _version(pg, "after fuse_transformer_layer")
+    open_tab(pg, "Graph")
+    choose_version(pg, "after fuse_transformer_layer")
     expect(pg.locator(".rv-before .rv-title")).to_have_text("before fuse_transformer_layer")
     expect(pg.locator(".rv-before g.node.offending")).to_contain_text("reduce_mean")
