@@ -92,6 +92,16 @@ def _paste_ir(pg, text):
     pg.keyboard.insert_text(text)
 
 
+def _inspected_text(pg) -> str:
+    """What the node inspector shows for each node of the after-pane, clicked in turn, joined by lines."""
+    shown = []
+    for i in range(pg.locator(".rv-after g.node").count()):
+        pg.locator(".rv-after g.node").nth(i).click()
+        pg.wait_for_timeout(400)
+        shown.append(pg.locator(".rv-inspector").first.evaluate(DEEP_TEXT))
+    return "\n".join(shown)
+
+
 def test_hostile_model_text_is_shown_as_text_everywhere(browser, server):
     port, _ = server
     origin = f"http://127.0.0.1:{port}"
@@ -104,12 +114,7 @@ def test_hostile_model_text_is_shown_as_text_everywhere(browser, server):
         pg.locator(".rv-load-ir button").click()
         expect(pg.locator(".rv-version select")).to_contain_text("0: input (3 ops)")
         # node inspector: click every node; together they show every hostile path and name, literally
-        shown = []
-        for i in range(pg.locator(".rv-after g.node").count()):
-            pg.locator(".rv-after g.node").nth(i).click()
-            pg.wait_for_timeout(400)
-            shown.append(pg.locator(".rv-inspector").first.evaluate(DEEP_TEXT))
-        text = "\n".join(shown)
+        text = _inspected_text(pg)
         for literal in ('"><script>alert(1)</script>', "<img src=x onerror=alert(2)>",
                         "a`<img src=x onerror=alert(3)>`b", "![t](http://example.org/leak.png)",
                         'x\\"><script>alert(8)</script>'):
@@ -157,12 +162,7 @@ def test_tex_in_model_text_is_shown_as_text_and_no_mathjax_is_loaded(browser, se
         _paste_ir(pg, TEX_IR)
         pg.locator(".rv-load-ir button").click()
         expect(pg.locator(".rv-version select")).to_contain_text("0: input (1 ops)")
-        shown = []
-        for i in range(pg.locator(".rv-after g.node").count()):
-            pg.locator(".rv-after g.node").nth(i).click()
-            pg.wait_for_timeout(400)
-            shown.append(pg.locator(".rv-inspector").first.evaluate(DEEP_TEXT))
-        text = "\n".join(shown)
+        text = _inspected_text(pg)
         for literal in ("$$x^2$$", "$$\\sum_i a_i$$ \\(x^2\\)"):
             assert literal in text, (literal, text)
         assert pg.locator(".rv-inspector mjx-container, .rv-inspector svg").count() == 0
