@@ -65,6 +65,8 @@ def test_each_teaching_variant_shows_a_rejection(variant, guard_word):
     if variant != SHAPE_VARIANT:
         assert layer == 0
         assert "layer 0: NOT fused" in s.why_layer(0)
+        first = s.layer_status(0).first  # the banner says what the Why tab says, not another rejection
+        assert f"first rejection {first.rule} at guard {first.guard}: {first.message}" in s.message, s.message
     s.apply_variant("none")
     assert ftl_count(s.trace.final) == 2
 

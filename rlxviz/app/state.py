@@ -422,7 +422,16 @@ class AppState(param.Parameterized):
                       if self._seq_raised else "")
             over = "is over" if b * sq > limit else "is still not over"
             shape = f" {raised}batch*seq = {b}*{sq} = {b * sq} {over} the attention threshold {limit}."
-        if rej:
+        status = self.layer_status(layer) if layer is not None and layer in self.layers() else None
+        if status is not None and status.first is not None:  # the Why tab's answer, word for word
+            first = status.first
+            shown = next((r for r in rej if (r.rule, r.guard) == (first.rule, first.guard)), None)
+            self.param.update(selected_layer=layer, highlight=list(
+                (shown.offending or (shown.anchor,)) if shown is not None else first.nodes))
+            verdict = "fused" if status.fused else "NOT fused"
+            text = (f"Teaching variant '{label}':{shape} layer {layer} {verdict}; first rejection {first.rule} at "
+                    f"guard {first.guard}: {first.message}")
+        elif rej:
             first = rej[0]
             self.param.update(selected_layer=layer if layer is not None else first.layer,
                               highlight=list(first.offending or (first.anchor,)))
