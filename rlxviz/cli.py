@@ -261,7 +261,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="attention-fusion gate on batch*seq, a positive integer (pipeline param fab_max_tokens)")
     p.add_argument("--variant", default=None, metavar="NAME",
                    help="teaching variant: " + ", ".join(teaching_cases()))
-    p.add_argument("--variant-layer", type=int, default=0, metavar="N", help="layer the variant changes (default 0)")
+    p.add_argument("--variant-layer", type=int, default=None, metavar="N",
+                   help="layer the variant changes (default: the one layer asked for, explain --layer N or "
+                        "render --focus N; else 0)")
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH,
                    help="batch size the graph is built for (default: %(default)s, as in the app)")
     p.add_argument("--seq", type=int, default=DEFAULT_SEQ,
@@ -287,6 +289,17 @@ def _out(text: str) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def _variant_layer(args: argparse.Namespace) -> int:
+    """The layer a `--variant` changes: `--variant-layer` when given, else the one layer asked for (`explain
+    --layer N`, `render --focus N`: the variant breaks the layer looked at), else 0."""
+    if args.variant_layer is not None:
+        return int(args.variant_layer)
+    layer = getattr(args, "layer", None)
+    if layer is None:
+        layer = getattr(args, "focus", None)
+    return 0 if layer is None else int(layer)
+
+
 def _run_model(args: argparse.Namespace, warn_crashes: bool = True) -> tuple[Model, Trace]:
     """(Model, Trace) for the shared options (with `warn_crashes`, a warning per crashed pass).
     Raises SessionError/CLIError for bad input."""
@@ -296,6 +309,7 @@ def _run_model(args: argparse.Namespace, warn_crashes: bool = True) -> tuple[Mod
         raise CLIError(f"--batch and --seq must be >= 1, got {args.batch} and {args.seq}")
     if args.threshold is not None and args.threshold < 1:
         raise CLIError(f"--threshold must be a positive integer (tokens, batch*seq), got {args.threshold}")
+    args.variant_layer = _variant_layer(args)
     gate = effective_threshold(variant_named(args.variant, args.variant_layer), args.threshold)
     pipe = build_pipeline(args.pipeline, {} if gate is None else {"fab_max_tokens": gate})
     model = load(args.model, args.batch, args.seq, args.style, args.variant, args.variant_layer,
@@ -367,7 +381,8 @@ def add_explain(sub: SubParsers) -> None:
                                    "residual norm where legal). In both, no missed fusion may be left. Exit code 0 "
                                    "when every checked layer fused as expected, 1 otherwise, 2 for bad input.")
     _model_args(p)
-    p.add_argument("--layer", "-l", type=int, default=None, metavar="N", help="check only layer N")
+    p.add_argument("--layer", "-l", type=int, default=None, metavar="N",
+                   help="check only layer N (a --variant then changes layer N unless --variant-layer says otherwise)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--verbose", "-v", action="store_true", help="also print every rule's outcome per layer")
     p.set_defaults(func=cmd_explain)
@@ -437,7 +452,8 @@ def add_render(sub: SubParsers) -> None:
     p.add_argument("--before", action="store_true", help="draw the graph the pass saw, with its matches and rejections")
     p.add_argument("--view", choices=("full", "layers"), default="full", help="one box per op, or per layer")
     p.add_argument("--focus", type=int, default=None, metavar="N",
-                   help="draw only layer N of the full view (not with --view layers)")
+                   help="draw only layer N of the full view (not with --view layers); a --variant then changes "
+                        "layer N unless --variant-layer says otherwise")
     p.add_argument("--expand", type=int, action="append", metavar="N",
                    help="with --view layers: draw layer N open, its nodes inside the overview (repeatable)")
     p.add_argument("--output", "-o", required=True, metavar="OUT", help="output file: .svg, .dot, .gv, .png or .pdf")

@@ -108,7 +108,8 @@ def test_explain_extra_user_actual_vs_required_and_sibling_diff(capsys):
     assert "layer 1 fused with fuse_transformer_layer.bert_post_ln; the layers differ in:" in out
     assert "layer 0: reduce_mean@probe(layer_norm@attention.output.LayerNorm)" in out
     # the sibling layer alone is fine: exit 0
-    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "extra_h1_user", "--layer", 1)
+    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "extra_h1_user", "--layer", 1,
+                       "--variant-layer", 0)
     assert code == 0 and "layer 1: fused -> FusedTransformerLayer" in out
 
 
@@ -565,3 +566,17 @@ def test_seq_over_max_position_is_refused_not_shrunk(capsys):
     assert main(["ir", "bert-tiny", "--seq", "200"]) == 2
     err = capsys.readouterr().err
     assert "seq 200 must be in 1..128" in err and err.count("\n") == 1
+
+
+def test_explain_layer_moves_the_variant_there(capsys):
+    """One layer asked (`--layer N`) and no `--variant-layer`: the variant breaks layer N, not layer 0."""
+    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "extra_h1_user", "--layer", 1)
+    assert code == 1 and "layer 1: NOT fused" in out and "0/1 layer(s) fused as expected" in out
+    # an explicit --variant-layer still wins
+    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "extra_h1_user", "--layer", 1,
+                       "--variant-layer", 0)
+    assert code == 0 and "layer 1: fused -> FusedTransformerLayer" in out
+    # --help says so
+    for command in ("explain", "render"):
+        helptext = rlxviz(command, "--help").stdout
+        assert "--variant-layer" in helptext and "asked for" in " ".join(helptext.split())
