@@ -14,6 +14,7 @@ from rlxviz.app.state import AppState
 from rlxviz.ir import Op
 from rlxviz.models import load_model
 from rlxviz.passes.trace import Rejection
+from rlxviz.session import render as drawing
 from rlxviz.viz import GraphTooLarge, Overlay, render_dot, render_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -55,6 +56,17 @@ def test_layer_view_says_what_the_why_tab_says(preset, variant):
         assert "rejected: h1_user_count" in dot  # the first guard, as the Why tab names it
     else:
         assert {w for w, _ in words.values()} == {"fused"}
+
+
+def test_before_and_after_panes_agree_on_a_layer_that_is_already_final():
+    """The before pane of the final version shows the graph its pass saw: a layer that pass did not change
+    (extra_h1_user's layer 0, rejected earlier) has the same nodes as in the final graph, so both panes carry the
+    Why tab's verdict; they said "partly fused" and "not fused" side by side."""
+    s = _state(preset="bert-tiny", variant="extra_h1_user")
+    s.version = len(s.version_labels) - 1
+    before = drawing.dot(*s._drawing(None, "collapsed", side="before"))
+    assert _box_word(before, 0) == _box_word(s.dot(view="collapsed"), 0) == _why_word(s, 0) == "not fused"
+    assert "rejected: h1_user_count" in before
 
 
 def test_layer_view_before_the_end_shows_progress_not_a_verdict():

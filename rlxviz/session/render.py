@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..ir import Graph
-from ..passes import Trace, explain
+from ..passes import Trace, explain, layer_of
 from ..viz import Overlay, Verdict, render_dot, render_svg
 from .cache import LRUCache
 from .loading import model_layers
@@ -64,9 +64,16 @@ def _why(trace: Trace, layer: int | None, i: int) -> tuple[Graph, Overlay | None
     return (step.after, Overlay.after(step)) if step is not None else (trace.input, None)
 
 
+_VERDICTS = LRUCache(maxsize=16)
+
+
 def verdicts(trace: Trace) -> dict[int, Verdict]:
     """Layer -> the session's verdict on it in `trace` (`layer_status`: fused as expected, else the first guard
-    that rejected it and its message), for every layer of the run's input graph."""
+    that rejected it and its message), for every layer of the run's input graph; cached by the trace's key."""
+    return _VERDICTS.get_or_compute(trace.key, lambda: _verdicts(trace))
+
+
+def _verdicts(trace: Trace) -> dict[int, Verdict]:
     out: dict[int, Verdict] = {}
     for i in model_layers(trace.input):
         st = layer_status(trace, i)
@@ -74,6 +81,23 @@ def verdicts(trace: Trace) -> dict[int, Verdict]:
         out[i] = Verdict(st.fused, first.guard if first is not None else "",
                          "" if st.fused else (first.message if first is not None else st.silent).split("\n")[0])
     return out
+
+
+def _layer_nodes(g: Graph) -> dict[int, frozenset[int]]:
+    """Layer -> ids of its nodes in `g` (node ids are never reused: equal sets mean the same nodes)."""
+    out: dict[int, set[int]] = {}
+    for n in g:
+        if (k := layer_of(n.path)) is not None:
+            out.setdefault(k, set()).add(n.id)
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+def settled_verdicts(trace: Trace, g: Graph) -> dict[int, Verdict]:
+    """`verdicts` of the layers that `g` (a version of `trace`) already holds as the final graph does: the same
+    nodes, so the same answer whichever pane or version shows them; other layers get none (their boxes describe
+    the structure at that version)."""
+    now, final = _layer_nodes(g), _layer_nodes(trace.final)
+    return {k: v for k, v in verdicts(trace).items() if k in now and now[k] == final.get(k)}
 
 
 def is_final(trace: Trace, version: int) -> bool:
@@ -103,8 +127,8 @@ def picture(source: Trace | Graph, v: View) -> tuple[Graph, Overlay | None, dict
         kw["expanded"] = v.expanded
     if v.view == "layers" and trace is not None and ov is None:
         ov = Overlay.trace_summary(trace)
-    if v.view == "layers" and trace is not None and v.side == "after" and is_final(trace, v.version):
-        kw["verdicts"] = verdicts(trace)  # the final graph: each box says what the "why" view says
+    if v.view == "layers" and trace is not None:
+        kw["verdicts"] = settled_verdicts(trace, g)  # a layer as it ends up: its box says what the "why" view says
     return g, ov, kw
 
 
@@ -124,4 +148,5 @@ def svg(source: Trace | Graph, v: View) -> str:
     return RENDERS.get_or_compute(("svg", source_key(source), v), lambda: render_svg(dot(source, v)).svg)
 
 
-__all__ = ["RENDERS", "SIDES", "VIEWS", "View", "dot", "is_final", "picture", "source_key", "svg", "verdicts"]
+__all__ = ["RENDERS", "SIDES", "VIEWS", "View", "dot", "is_final", "picture", "settled_verdicts", "source_key", "svg",
+           "verdicts"]
