@@ -130,3 +130,24 @@ def test_failed_loads_and_runs_mark_the_panes_stale(monkeypatch):
     monkeypatch.setattr("rlxviz.app.timeproc.time_in_worker", lambda *a, **k: (_ for _ in ()).throw(MemoryError()))
     s.time_all(fresh=True)
     assert s.message.startswith("Timing failed") and s.stale == "" and not any(marked())
+
+
+def test_timing_table_shows_errors_in_scientific_notation():
+    """The max_err column keeps its float values (the table sorts it by number) and is shown through a scientific
+    formatter, so 2.93e-08 is not rounded to 0.0 nor 1.2e-06 to 0.000001."""
+    from bokeh.models.widgets.tables import ScientificFormatter
+
+    from rlxviz.app.panels import TimingView
+
+    s = tiny()
+    view = TimingView(state=s)
+    s.timings = [{"version": "input", "ops": 3, "median_ms": 0.5, "min_ms": 0.4, "iqr_ms": 0.1,
+                  "first_call_ms": 3.0, "max_err": 2.93e-8, "speedup": 1.0, "verdict": "ok"},
+                 {"version": "fused", "ops": 2, "median_ms": 0.4, "min_ms": 0.3, "iqr_ms": 0.1,
+                  "first_call_ms": 3.0, "max_err": 1.2e-6, "speedup": 1.25, "verdict": "ok"}]
+    col = view.table.value["max_err"]
+    assert col.dtype.kind == "f" and list(col) == [2.93e-8, 1.2e-6]
+    fmt = view.table.formatters["max_err"]
+    assert isinstance(fmt, ScientificFormatter) and 2 <= fmt.precision <= 3
+    for x in (2.93e-8, 1.2e-6, 0.5, 3.0):  # the formatter's rule: scientific when |x| <= 10**low or >= 10**high
+        assert abs(x) <= 10.0 ** fmt.power_limit_low or abs(x) >= 10.0 ** fmt.power_limit_high
