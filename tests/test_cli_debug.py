@@ -580,3 +580,24 @@ def test_explain_layer_moves_the_variant_there(capsys):
     for command in ("explain", "render"):
         helptext = rlxviz(command, "--help").stdout
         assert "--variant-layer" in helptext and "asked for" in " ".join(helptext.split())
+
+
+def test_explain_headline_names_the_soft_blocker_not_products_it_has(capsys):
+    """GPT-2: every expected product is made, only the soft mask_form complains; the headline says so, and the
+    guard's sentence names the mask once (`the mask (node ...)`, not `the mask mask`)."""
+    code, out, _ = run(capsys, "explain", ROOT / "tests/fixtures/onnx/gpt2.onnx", "--seq", 8, "--layer", 0)
+    assert code == 1
+    assert "layer 0: NOT fused: packed attention made, but additive mask kept (mask_form)" in out
+    assert "NOT fused (expected" not in out
+    assert "additive mask kept: the mask (node " in out and "mask mask" not in out
+
+
+def test_guard_sentences_name_a_role_once():
+    from rlxviz.models import load_model
+    from rlxviz.passes.guard import Ctx
+
+    g = load_model("bert-tiny", seq=4).graph
+    x = g.inputs[0].id
+    c = Ctx(g, {"mask": x, "mean": x, "h1": x}, labels={"h1": "h1"})
+    assert c.the("mask", "mask").startswith("the mask (node ") and c.the("mean", "mean").startswith("the mean (node")
+    assert c.the("hidden state", "h1").startswith("the hidden state h1 (node ")

@@ -74,6 +74,12 @@ class Ctx:
         """`h1 (node 41, encoder.layer.3.attention.output.LayerNorm)`."""
         return describe(self[role], self.label(role))
 
+    def the(self, what: str, role: str) -> str:
+        """`the mean (node 41, ...)`: `what` named once, whether or not the role's label already is that word
+        (`the mask mask (node 27, ...)` is what `f"the {what} {c.d(role)}"` would say)."""
+        label = self.label(role)
+        return f"the {self.d(role)}" if label == what or label.startswith(what + " ") else f"the {what} {self.d(role)}"
+
     def users(self, role: str) -> tuple[Node, ...]:
         return self.graph.users(self._read(role))
 

@@ -58,6 +58,10 @@ class LayerStatus:
             the rest; see `judged_kind`).
         done: the fusions that happened in the layer, e.g. `FusedSwiGLU %31 (fuse_swiglu)` (non-BERT layers).
         not_expected: rejections that do not count for this architecture, with the reason.
+        blocker: when the first rejection's own product was still made in the layer (a soft guard: e.g.
+            packed attention that keeps an additive mask), what the fusion left that blocks the layer, e.g.
+            `packed attention made, but additive mask kept (mask_form)`; the headline names it instead of
+            listing products the layer has. "" otherwise.
     """
 
     layer: int
@@ -76,6 +80,7 @@ class LayerStatus:
     explanation: str = ""
     done: list[str] = field(default_factory=list)
     not_expected: list[str] = field(default_factory=list)
+    blocker: str = ""
 
     @property
     def bert_style(self) -> bool:
@@ -98,7 +103,9 @@ class LayerStatus:
         elif self.fused:
             lines = [f"layer {self.layer}: fused as expected: " + (", ".join(self.done) or "nothing to fuse")]
         else:
-            lines = [f"layer {self.layer}: NOT fused" + (f" (expected {self.expected})" if self.expected else "")]
+            why = (f": {self.blocker}" if self.blocker else
+                   f" (expected {self.expected})" if self.expected else "")
+            lines = [f"layer {self.layer}: NOT fused{why}"]
             if self.first is not None:
                 lines.append(f"  first rejection: {self.first.rule}")
                 lines += self.first.lines("    ")  # guard (stage, kind), fix, compiler fix, further failing guards
@@ -220,9 +227,22 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
                 for n in o.nodes]
         wanted = [o.pass_name for o in ex.outcomes if o.status == "fused" or o in rejected]
         expected = ", ".join(PRODUCTS.get(n, n) for n in dict.fromkeys(wanted))
+    made = {(o.rule, g) for o in ex.outcomes if o.status == "fused" for g, _, _ in o.soft}
     return LayerStatus(layer, fused, ftl[0] if ftl else None, expected, first, own, arch, silent, rejected,
                        [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(),
-                       done, list(ignored.values()))
+                       done, list(ignored.values()), _blocker(first, made))
+
+
+def _blocker(first: Outcome | None, made: set[tuple[str, str]]) -> str:
+    """`packed attention made, but additive mask kept (mask_form)` when `first` (the layer's first counted
+    rejection) is a soft guard of a fusion that still happened in the layer (`made`: (rule, soft guard) of the
+    layer's fusions), else ""."""
+    if first is None or (first.rule, first.guard) not in made:
+        return ""
+    product = PRODUCTS.get(first.pass_name, first.pass_name)
+    head, sep, _ = first.message.partition(": ")
+    what = head if sep and len(head) <= 60 else f"guard {first.guard} failed"
+    return f"{product} made, but {what} ({first.guard})"
 
 
 @dataclass

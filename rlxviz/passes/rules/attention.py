@@ -216,7 +216,7 @@ def _mask_form(c: Ctx) -> Fail | None:
     chain = []
     why = None
     if m.op != Op.RESHAPE or m.shape != (b, 1, 1, s):
-        why = f"the mask {c.d('mask')} is {m.op.value} {list(m.shape)}, not reshape(..., [{b}, 1, 1, {s}])"
+        why = f"{c.the('mask', 'mask')} is {m.op.value} {list(m.shape)}, not reshape(..., [{b}, 1, 1, {s}])"
     else:
         mul = g[m.inputs[0]]
         chain.append(mul)

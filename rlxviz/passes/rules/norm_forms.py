@@ -201,7 +201,7 @@ def _broadcast_ok(c: Ctx, stat: str) -> bool:
 def _keepdims_guard(stat: str, name: str, what: str) -> object:
     def explain(c: Ctx) -> str:
         node = c[_bcast(stat)] if _bcast(stat) in c else c[stat]
-        return (f"the {what} {c.d(stat)} reaches its user with shape {list(node.shape)} (keepdims="
+        return (f"{c.the(what, stat)} reaches its user with shape {list(node.shape)} (keepdims="
                 f"{str(c[stat].attrs.get('keepdims')).lower()}); it broadcasts along the last axis of x "
                 f"{list(c['x'].shape)} instead of per row; needs {list(_row_shape(c))}")
     return guard(name, lambda c: _broadcast_ok(c, stat), explain,
