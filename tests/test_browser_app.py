@@ -356,3 +356,29 @@ def test_ir_paste_small_and_large_and_a_parse_error(watched):
     expect(pg.locator(".rv-version select")).to_contain_text("0: input (3 ops)", timeout=60_000)
     expect(pg.locator(".rv-stale-graph")).to_be_hidden()
     _shot(pg, "ir-paste-1280")
+
+
+def _slider(pg):
+    """The version player's range input as (max, value), and the version list's selected index."""
+    got = pg.locator(".rv-player input[type=range]").evaluate("el => [Number(el.max), Number(el.value)]")
+    return (*got, pg.locator(".rv-version select").evaluate("el => el.selectedIndex"))
+
+
+def test_version_slider_follows_the_model(watched):
+    """The player's range input spans the shown versions of the model on screen: on a fresh page (max 1 with 9
+    versions before), and after switching models with the last version selected (max 8 with 6 before)."""
+    pg = watched
+    options = pg.locator(".rv-version select option")
+    n = options.count()
+    assert n > 2 and _slider(pg) == (n - 1, 0, 0)
+    sel = pg.locator(".rv-version select")
+    sel.select_option(value=options.last.get_attribute("value"))
+    expect(pg.locator(".rv-counts span").last).to_have_css("color", "rgb(255, 255, 255)")  # the last is current
+    assert _slider(pg) == (n - 1, n - 1, n - 1)
+    pg.locator(".rv-preset select").select_option("bert-tiny")
+    expect(options).not_to_have_count(n)
+    m = options.count()
+    expect(pg.locator(".rv-counts span").nth(m - 1)).to_be_visible()
+    pg.wait_for_timeout(1000)  # let the player's patch land
+    top, at, shown = _slider(pg)
+    assert top == m - 1 and at == shown, (top, at, shown, m)

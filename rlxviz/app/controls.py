@@ -33,7 +33,8 @@ class ModelControls(Viewer):
         self.source = pn.widgets.RadioButtonGroup(name="Source", options={SOURCE_LABELS[k]: k for k in SOURCES},
                                                   value=s.source, button_type="light", sizing_mode="stretch_width")
         self.source.param.watch(self._on_source, "value")
-        self.preset = pn.widgets.Select.from_param(s.param.preset, name="Model", sizing_mode="stretch_width")
+        self.preset = pn.widgets.Select.from_param(s.param.preset, name="Model", sizing_mode="stretch_width",
+                                                  css_classes=["rv-preset"])
         roots = allowed_dirs()
         self.folder = pn.widgets.TextInput(name="Checkpoint folder", value=s.checkpoint_dir,
                                            placeholder=str(roots[0]) if roots else f"disabled: set {ALLOWED_DIRS_ENV}",

@@ -44,6 +44,18 @@ class StaleMark:
             p.styles = {"opacity": "0.45"} if stale else {}
 
 
+PLAYER_RANGE_JS = """
+for (const view of Bokeh.index.find(source)) {
+  if (view.sliderEl != null) {
+    view.sliderEl.min = String(source.start)
+    view.sliderEl.max = String(source.end)
+    view.sliderEl.value = String(source.value)
+  }
+}
+"""
+"""Browser code run when the version player's range changes: its range input takes the new min and max."""
+
+
 class VersionStepper(Viewer):
     """Step through versions: ◀ / ▶, a list of versions, a player; hide unchanged passes; node counts."""
 
@@ -61,9 +73,13 @@ class VersionStepper(Viewer):
         self.next.on_click(lambda e: self._move(1))
         self.player = pn.widgets.Player(start=0, end=max(len(s.version_labels) - 1, 1), value=s.version,
                                         interval=1500, loop_policy="once", show_value=False, show_loop_controls=False,
-                                        width=260, align="end", height=60,
+                                        width=260, align="end", height=60, css_classes=["rv-player"],
                                         visible_buttons=["first", "previous", "play", "pause", "next", "last"])
         self.player.param.watch(lambda e: setattr(s, "version", e.new), "value")
+        # Panel's player view sets its range input's min/max only when `value` changes, so a new model (or the
+        # first run of a page) whose version count differs left the slider on the old range (max 8 with 6
+        # versions; max 1 with 9): redraw the range whenever `start` or `end` change.
+        self.player.jscallback(start=PLAYER_RANGE_JS, end=PLAYER_RANGE_JS)
         self.hide = pn.widgets.Checkbox.from_param(s.param.hide_unchanged, name="hide passes that changed nothing",
                                                    align="end")
         self.view = pn.widgets.Select.from_param(s.param.view, name="View", width=110, css_classes=["rv-view"])
