@@ -191,14 +191,25 @@ def _not_a_directory(output: str, want: str) -> None:
         raise CLIError(f"output path {output} ends in '/', naming a directory; give {want}")
 
 
+def _output_file(output: str, want: str) -> Path:
+    """The path of an output file `run`, `render` and `export` write: not a directory, in a folder that exists.
+
+    Raises:
+        CLIError: `output` is or names a directory (`_not_a_directory`), or its folder does not exist
+            (`OUT: folder DIR does not exist`).
+    """
+    _not_a_directory(output, want)
+    out = Path(output)
+    if not out.parent.is_dir():
+        raise CLIError(f"{output}: folder {out.parent} does not exist")
+    return out
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """`rlxviz run MODEL --inputs IN.npz -o OUT.npz`: run a model and save `last_hidden_state`."""
     from .session import all_finite
 
-    out = Path(args.output)
-    _not_a_directory(args.output, "a .npz file name")
-    if not out.parent.is_dir():
-        raise CLIError(f"{args.output}: folder {out.parent} does not exist")
+    out = _output_file(args.output, "a .npz file name")
     arrays = load_npz(args.inputs)
     if args.model.lower().endswith(".onnx") and Path(args.model).is_file():
         model = resolve_onnx(args.model, arrays)
@@ -253,8 +264,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     from .session import DEFAULT_BATCH, DEFAULT_SEQ, teaching_cases
 
     p.add_argument("model", metavar="MODEL", help="a preset name (bert-tiny, minilm, minilm-shaped, llama-block, ...), "
-                                                   "a Hugging Face BERT checkpoint folder, or an IR text file "
-                                                   "(random weights from its param shapes)")
+                                                   "a Hugging Face BERT checkpoint folder, an .onnx export (symbolic "
+                                                   "batch/sequence dims bound to --batch/--seq), or an IR text file "
+                                                   "(.ir/.txt, or .json in rlxviz's to_json form; random weights "
+                                                   "from its param shapes)")
     p.add_argument("--pipeline", "-p", default="canonical", metavar="SPEC",
                    help="'canonical', 'rlx', or pass names separated by commas (default: %(default)s)")
     p.add_argument("--threshold", type=int, default=None, metavar="TOKENS",
@@ -405,8 +418,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     _not_a_directory(args.output, "a file name ending in .svg, .dot, .png or .pdf")
     if out.suffix.lower() not in (".svg", ".dot", ".gv", ".png", ".pdf"):
         raise CLIError(f"{args.output}: unsupported suffix {out.suffix!r}; use .svg, .dot, .gv, .png or .pdf")
-    if not out.parent.is_dir():
-        raise CLIError(f"{args.output}: folder {out.parent} does not exist")
+    _output_file(args.output, "a file name ending in .svg, .dot, .png or .pdf")
 
     if args.focus is not None and args.view == "layers":
         raise CLIError("--focus N draws layer N of the full view; it cannot be combined with --view layers "
@@ -491,8 +503,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     suffix = out.suffix.lower()
     if suffix not in (".onnx", ".json"):
         raise CLIError(f"{args.out}: the output must end in .onnx (ONNX model) or .json (Model Explorer graphs)")
-    if out.is_dir():
-        raise CLIError(f"{args.out}: is a folder; give a file name")
+    _output_file(args.out, "a file name ending in .onnx or .json")
     model, trace = _run_model(args)
     if suffix == ".onnx":
         from .models.onnx_export import export_onnx

@@ -601,3 +601,22 @@ def test_guard_sentences_name_a_role_once():
     c = Ctx(g, {"mask": x, "mean": x, "h1": x}, labels={"h1": "h1"})
     assert c.the("mask", "mask").startswith("the mask (node ") and c.the("mean", "mean").startswith("the mean (node")
     assert c.the("hidden state", "h1").startswith("the hidden state h1 (node ")
+
+
+def test_model_help_names_onnx_and_a_non_graph_json_says_so(capsys):
+    for command in ("explain", "export"):
+        helptext = " ".join(rlxviz(command, "--help").stdout.split())
+        assert "an .onnx export" in helptext, command
+    code, _, err = run(capsys, "explain", ROOT / "tests/fixtures/onnx/bert.json")
+    assert code == 2
+    one_line_error(err, "explain", "not an rlxviz graph JSON (to_json form")
+    assert "'versions', 'config'" in err and "no outputs" not in err
+
+
+def test_export_and_render_refuse_a_missing_folder_alike(tmp_path, capsys):
+    for command, out in (("export", "x.onnx"), ("render", "x.svg"), ("export", "x.json")):
+        target = tmp_path / "nodir" / out
+        args = [command, "bert-tiny", "--seq", 4] + ([target] if command == "export" else ["-o", target])
+        code, _, err = run(capsys, *args)
+        assert code == 2
+        one_line_error(err, command, f"{target}: folder {target.parent} does not exist")

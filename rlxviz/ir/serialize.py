@@ -48,14 +48,28 @@ def _str(v: Any, what: str) -> str:
     return v
 
 
+class NotGraphJSON(GraphError):
+    """Valid JSON that is not rlxviz's graph form at all (no `nodes` list and `outputs` list of `to_json`):
+    e.g. a model's metadata or config JSON."""
+
+
 def graph_from_dict(d: dict[str, Any]) -> Graph:
     """Inverse of `graph_to_dict`. Every field is type-checked (ids and dims non-negative integers,
     attrs nested at most `parser.MAX_NESTING` deep).
 
     Raises:
-        GraphError: not an object, unknown ops/dtypes, missing or mistyped fields.
+        NotGraphJSON: not an object with the `nodes` and `outputs` keys of `to_json`'s form (the message names
+            the keys it has).
+        GraphError: unknown ops/dtypes, missing or mistyped fields.
     """
-    if not isinstance(d, dict) or not isinstance(d.get("nodes", []), list):
+    if not isinstance(d, dict) or "nodes" not in d or "outputs" not in d:
+        if isinstance(d, dict) and d:
+            has = f"its keys are {', '.join(map(repr, list(d)[:8]))}{', ...' if len(d) > 8 else ''}"
+        else:
+            has = "it is " + ("an empty object" if isinstance(d, dict) else f"a JSON {type(d).__name__}")
+        raise NotGraphJSON("not an rlxviz graph JSON (to_json form: an object with 'nodes' and 'outputs'); "
+                           + has)
+    if not isinstance(d["nodes"], list):
         raise GraphError("[graph_from_dict] expected an object with a 'nodes' list")
     nodes = []
     for k, nd in enumerate(d.get("nodes", [])):
@@ -89,6 +103,7 @@ def from_json(text: str) -> Graph:
 
     Raises:
         JSONTextError: invalid or out-of-bounds JSON text (line and column; see `safejson.loads`).
-        GraphError: valid JSON that is not a graph (see `graph_from_dict`).
+        NotGraphJSON: valid JSON that is not rlxviz's graph form at all (see `graph_from_dict`).
+        GraphError: valid graph JSON with a bad field (see `graph_from_dict`).
     """
     return graph_from_dict(safejson.loads(text))

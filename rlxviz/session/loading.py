@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..ir import Graph, GraphError, IRSyntaxError, from_json, lint, parse_ir
 from ..ir.memory import MemoryBudgetError
+from ..ir.serialize import NotGraphJSON
 from ..models import PRESETS, CheckpointError, Model, load_checkpoint, load_model, random_weights
 from ..models.checkpoint import read_config_file
 from ..models.onnx_import import load_onnx
@@ -102,7 +103,8 @@ def load_ir_file(path: str | Path, limits: Limits | None = None) -> Model:
     """A model from an IR text file (`.json`: the graph's JSON form, `to_json`), with random weights.
 
     Raises:
-        SessionError: unreadable file, IR syntax error (one line, `FILE:LINE:COL: ...`), an invalid graph,
+        SessionError: unreadable file, IR syntax error (one line, `FILE:LINE:COL: ...`), a JSON file that is
+            not rlxviz's graph JSON (`to_json` form: e.g. an export's metadata), an invalid graph,
             or (`LimitError`) a file or a run's peak memory over the memory limit.
     """
     p = Path(path)
@@ -121,6 +123,8 @@ def load_ir_file(path: str | Path, limits: Limits | None = None) -> Model:
         g = from_json(text) if p.suffix.lower() == ".json" else parse_ir(text)
     except IRSyntaxError as e:
         raise SessionError(f"{path}:{e.line}:{e.col}: IR syntax error: {e.reason}") from None
+    except NotGraphJSON as e:
+        raise SessionError(f"{path}: {first_line(e)}") from None
     except (ValueError, KeyError, TypeError) as e:
         raise SessionError(f"{path}: not a valid graph: {first_line(e)}") from None
     return _graph_model(g, g.name, f"graph from {p.name} (random weights)", limits, str(path),
