@@ -537,7 +537,7 @@ def add_export(sub: SubParsers) -> None:
 
 def cmd_time(args: argparse.Namespace) -> int:
     """`rlxviz time MODEL`: every graph version timed on MLX, checked against the NumPy reference."""
-    from .session import format_timings, input_sets, load_inputs, time_versions
+    from .session import format_timings, input_sets, load_inputs, shape_summary, time_versions
 
     if args.repeat < 1 or args.warmup < 0:
         raise CLIError(f"--repeat must be >= 1 and --warmup >= 0, got {args.repeat} and {args.warmup}")
@@ -561,7 +561,7 @@ def cmd_time(args: argparse.Namespace) -> int:
                          "versions": [{**dataclasses.asdict(r), "verdict": r.verdict} for r in rows]},
                         indent=2, default=str))
         return 0 if all(r.ok is not False for r in rows) else 1
-    _out(f"{model.name} ({trace.pipeline} pipeline), batch {args.batch}, seq {args.seq}; {where}; "
+    _out(f"{model.name} ({trace.pipeline} pipeline), {shape_summary(model, args.batch, args.seq)}; {where}; "
          f"{args.repeat} interleaved round(s) on {sets.sets[0].name} inputs\n"
          f"{policy.describe()}\n{sets.describe()}\n" + format_timings(rows))
     return 0 if all(r.ok is not False for r in rows) else 1

@@ -423,6 +423,16 @@ def test_time_table_every_version_checked(capsys):
     assert len(timed) >= 5 and all(r.rstrip().endswith("yes") for r in timed)
     assert "after fuse_transformer_layer" in out
     assert "(unchanged: same as #0)" in out  # fuse_sdpa changes nothing in the rlx-style preset
+    assert "), batch 1, seq 8; " in lines[0]  # a preset is built for --batch/--seq: they are its shape
+
+
+def test_time_header_of_an_ir_file_gives_its_own_input_shapes(capsys):
+    """An IR file's graph has its own shapes ([2, 8, 64] here): --batch/--seq mean nothing to it."""
+    code, out, err = run(capsys, "time", ROOT / "tests/data/f16-residual-ln-decomposed.rlx", "--repeat", 1,
+                         "--warmup", 0, "--no-battery")
+    head = out.splitlines()[0]
+    assert head.startswith("ln16_decomposed (canonical pipeline), inputs x f16[2, 8, 64], r f16[2, 8, 64]; "), head
+    assert "seq" not in head and "batch" not in head
 
 
 def test_time_bad_repeat(capsys):

@@ -22,7 +22,16 @@ from .defaults import DEFAULT_BATCH, DEFAULT_REPEAT, DEFAULT_SEQ, DEFAULT_WARMUP
 from .errors import LimitError, PipelineError, SessionError
 from .inputs import check_inputs, feeds, load_inputs
 from .limits import DEFAULT_MAX_MEMORY_MB, DEPRECATED_MEMORY_ENV, MAX_MEMORY_ENV, Limits, human_bytes
-from .loading import default_preset, load, load_ir_file, load_ir_text, model_layers, presets, unknown_model
+from .loading import (
+    default_preset,
+    load,
+    load_ir_file,
+    load_ir_text,
+    model_layers,
+    presets,
+    shape_summary,
+    unknown_model,
+)
 from .pipeline import build_pipeline, format_passes, pass_catalog, run_pipeline, version_index
 from .render import View
 from .roofline import OpCost, Ridge, VersionRoofline, graph_flops, machine_ridge, op_costs, program_bytes, roofline
@@ -50,7 +59,7 @@ __all__ = ["DEFAULT_BATCH", "DEFAULT_MAX_MEMORY_MB", "DEFAULT_REPEAT", "DEFAULT_
            "check_inputs", "classify", "default_preset", "effective_seq", "effective_threshold", "feeds",
            "format_passes", "format_timings", "human_bytes", "input_sets", "layer_status", "load", "load_inputs",
            "load_ir_file", "load_ir_text", "model_layers", "nonfinite_arrays", "pass_catalog", "precision_policy",
-           "presets", "run_pipeline", "teaching_cases", "time_versions", "tolerance", "traffic_saved",
+           "presets", "run_pipeline", "shape_summary", "teaching_cases", "time_versions", "tolerance", "traffic_saved",
            "unknown_model", "variant_named", "version_index",
            "OpCost", "Ridge", "VersionRoofline", "graph_flops", "machine_ridge", "op_costs", "program_bytes",
            "roofline"]

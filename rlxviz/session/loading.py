@@ -72,6 +72,20 @@ def model_layers(graph: Graph) -> list[int]:
     return sorted({i for n in graph if (i := layer_of(n.path)) is not None})
 
 
+IR_DESCRIPTION = "graph from"
+"""How the description of a model read from IR text or an IR file begins (`_graph_model`)."""
+
+
+def shape_summary(model: Model, batch: int, seq: int) -> str:
+    """What the model was built for, as one phrase: `batch 1, seq 16` for presets, checkpoints and ONNX exports
+    (their batch/seq dims are bound to `batch`/`seq`), and the graph's own input shapes for a graph read from IR
+    text or an IR file, whose shapes are its own (`inputs hidden f32[2, 8, 64], attention_mask i64[2, 8]`).
+    Raises nothing."""
+    if not model.description.startswith(IR_DESCRIPTION):
+        return f"batch {batch}, seq {seq}"
+    return "inputs " + (", ".join(f"{n.attrs['name']} {n.type}" for n in model.graph.inputs) or "none")
+
+
 def _graph_model(g: Graph, name: str, description: str, limits: Limits, source: str, meta: dict) -> Model:
     try:
         g = lint(g, "parse")
@@ -94,7 +108,7 @@ def load_ir_text(text: str, limits: Limits | None = None, source: str = "IR text
 
     def build() -> Model:
         g = parse_ir(text, verify=False)  # `_graph_model` lints: an invalid graph is a one-line SessionError
-        return _graph_model(g, g.name, "graph from IR text", limits, source, {})
+        return _graph_model(g, g.name, f"{IR_DESCRIPTION} IR text", limits, source, {})
 
     return MODELS.get_or_compute(("ir", digest, limits.max_bytes), build)
 
@@ -127,7 +141,7 @@ def load_ir_file(path: str | Path, limits: Limits | None = None) -> Model:
         raise SessionError(f"{path}: {first_line(e)}") from None
     except (ValueError, KeyError, TypeError) as e:
         raise SessionError(f"{path}: not a valid graph: {first_line(e)}") from None
-    return _graph_model(g, g.name, f"graph from {p.name} (random weights)", limits, str(path),
+    return _graph_model(g, g.name, f"{IR_DESCRIPTION} {p.name} (random weights)", limits, str(path),
                         {"ir_file": str(p)})
 
 
