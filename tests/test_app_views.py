@@ -1,10 +1,14 @@
 """The sidebar views without a browser: what each control does to the state (Panel widgets, no server)."""
 
+from pathlib import Path
+
 from rlxviz.app.controls import ModelControls, PipelineControls, VariantControls
 from rlxviz.app.jobs import Runner
 from rlxviz.app.state import AppState, scrub_paths
 from rlxviz.app.text import md_escape
 from rlxviz.ir import format_graph, parse_ir
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def tiny(**kw) -> AppState:
@@ -49,12 +53,30 @@ def test_variants_disabled_for_llama_with_the_reason():
     assert s.variant == "none" and s.model.name == "llama-block" and s.message_kind == "warning"
     assert "not a BERT encoder" in s.message
     off = {n for n, b in vc.buttons.items() if b.disabled}
-    assert off == {"output_intermediate", "extra_h1_user", "tanh_gelu", "pre_ln", "swapped_residual"}
+    # over_threshold too: its size gate is the BERT attention block's, which a decoder never becomes
+    assert off == {"output_intermediate", "extra_h1_user", "tanh_gelu", "pre_ln", "swapped_residual", "over_threshold"}
     assert "not a BERT encoder" in vc.why_off.object and "not a BERT" in vc.buttons["pre_ln"].description
+    assert "not a BERT" in vc.buttons["over_threshold"].description
     s.apply_variant("pre_ln")  # a click that gets through says why instead of raising
     assert s.variant == "none" and "ValueError" not in s.message
-    s.apply_variant("over_threshold")  # shape-only: applies to any model
-    assert s.variant == "over_threshold" and s.message_kind != "danger"
+    seq = s.seq
+    s.apply_variant("over_threshold")  # refused like the others: seq stays
+    assert s.variant == "none" and s.seq == seq and "not a BERT encoder" in s.message
+
+
+def test_variants_disabled_for_an_uploaded_onnx_export():
+    """An uploaded GPT-2 export: every variant is unavailable (over_threshold would raise seq past the export's
+    64 positions), with the service's reason."""
+    s = tiny()
+    vc = VariantControls(state=s)
+    s.load_upload({"gpt2.onnx": (ROOT / "tests/fixtures/onnx/gpt2.onnx").read_bytes()})
+    assert s.model is not None and "onnx_file" in s.model.meta, s.message
+    off = {n for n, b in vc.buttons.items() if b.disabled}
+    assert off == set(vc.buttons) - {"none"}
+    assert "not ONNX files" in vc.buttons["over_threshold"].description
+    seq = s.seq
+    s.apply_variant("over_threshold")
+    assert s.variant == "none" and s.seq == seq and "not ONNX files" in s.message
 
 
 def test_choosing_ir_text_shows_no_error_until_loaded_and_marks_the_line():

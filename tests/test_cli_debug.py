@@ -630,3 +630,17 @@ def test_export_and_render_refuse_a_missing_folder_alike(tmp_path, capsys):
         code, _, err = run(capsys, *args)
         assert code == 2
         one_line_error(err, command, f"{target}: folder {target.parent} does not exist")
+
+
+@pytest.mark.parametrize("model, fragment", [
+    ("tests/fixtures/onnx/gpt2.onnx", "not ONNX files"),
+    ("tests/fixtures/onnx/bert.onnx", "not ONNX files"),
+    ("llama-block", "llama-block is not a BERT encoder"),
+    ("tests/data/f16-residual-ln-decomposed.rlx", "not IR files"),
+])
+def test_over_threshold_is_refused_where_variants_do_not_apply(capsys, model, fragment):
+    """over_threshold is a BERT lesson like the other variants: refused (one line, the reason) where they are,
+    never a seq raised past an export's position table."""
+    code, _, err = run(capsys, "explain", ROOT / model if "/" in model else model, "--variant", "over_threshold")
+    assert code == 2
+    one_line_error(err, "explain", fragment)

@@ -26,7 +26,7 @@ import param
 
 from .. import session
 from ..ir import Graph, GraphError, IRSyntaxError, format_graph
-from ..models import PRESETS, VARIANTS, BertConfig, Model
+from ..models import VARIANTS, BertConfig, Model
 from ..passes import CANONICAL_ORDER, DEFAULT_PARAMS, PASSES, PassStep, Trace, layer_of
 from ..runtime.devices import available_devices
 from ..session import OVER_THRESHOLD, LayerStatus, Limits, SessionError, View
@@ -59,13 +59,6 @@ holds them, so this table adds no memory beyond the model cache's."""
 TIMING_RUNS = session.cache.LRUCache(maxsize=16)
 """The last timing runs (`timeproc.WorkerTiming`) by (trace key, data digest, repeat), for all sessions:
 "Time every version" shows them, "Time again" measures anew."""
-
-
-def preset_is_bert(name: str) -> bool:
-    """True when preset `name` is a BERT encoder (the layer teaching variants apply); the presets built by
-    `rlxviz.models.llama` are decoder blocks."""
-    fn = PRESETS[name][0] if name in PRESETS else None
-    return fn is not None and not fn.__module__.endswith(".llama")
 
 
 def scrub_paths(text: str, upload_dir: str, temp_dir: str) -> str:
@@ -459,23 +452,23 @@ class AppState(param.Parameterized):
     def variant_unavailable(self, name: str) -> str:
         """Why teaching variant `name` does not apply to the current model, in plain words ('' when it does).
 
-        The layer variants rebuild one layer of a BERT encoder: not for IR text nor for other architectures
-        (the LLaMA block); the over-threshold variant only changes shapes, so it applies to any built model.
+        The service's rule (`session.variant_unavailable`), as `load` refuses: every variant, the over-threshold
+        one too, applies to BERT presets and checkpoints only (not IR text, ONNX exports, or other architectures
+        such as the LLaMA block or GPT-2).
         """
         if name == "none":
             return ""
         if self.source == "ir":
             return ("Teaching variants change a built BERT graph; they do not apply to IR text. Switch the source "
                     "to Built-in (or Folder/Upload) to try one, or edit the IR.")
-        if name == SHAPE_VARIANT:
+        if self.source == "preset":
+            return session.variant_unavailable(name, "preset", self.preset, session.preset_is_bert(self.preset))
+        if self.model is None:
             return ""
-        if self.source == "preset" and not preset_is_bert(self.preset):
-            return (f"{self.preset} is not a BERT encoder: this variant changes a BERT layer. Pick a BERT "
-                    "model (minilm, bert-tiny, ...) to try it.")
-        if self.source != "preset" and self.model is not None and not isinstance(self.model.config, BertConfig):
-            return (f"{self.model.name} is not a BERT encoder: this variant changes a BERT layer. Pick a BERT "
-                    "model (minilm, bert-tiny, ...) to try it.")
-        return ""
+        if "onnx_file" in self.model.meta:
+            return session.variant_unavailable(name, "onnx", self.model.name, False)
+        return session.variant_unavailable(name, "checkpoint", self.model.name,
+                                           isinstance(self.model.config, BertConfig))
 
     def apply_variant(self, name: str) -> None:
         """One click: switch to teaching variant `name` and re-run. A variant that does not apply to the current

@@ -47,7 +47,16 @@ from .timing import (
 )
 from .tolerance import precision_policy, tolerance
 from .traffic import ExecutedTraffic, Traffic, executed_traffic_saved, runs_as, shared_input_saved, traffic_saved
-from .variants import OVER_THRESHOLD, RLX_THRESHOLD, effective_seq, effective_threshold, teaching_cases, variant_named
+from .variants import (
+    OVER_THRESHOLD,
+    RLX_THRESHOLD,
+    effective_seq,
+    effective_threshold,
+    preset_is_bert,
+    teaching_cases,
+    variant_named,
+    variant_unavailable,
+)
 
 __all__ = ["DEFAULT_BATCH", "DEFAULT_MAX_MEMORY_MB", "DEFAULT_REPEAT", "DEFAULT_SEQ", "DEFAULT_WARMUP",
            "DEPRECATED_MEMORY_ENV", "MAX_MEMORY_ENV", "OVER_THRESHOLD", "RLX_THRESHOLD",
@@ -59,7 +68,8 @@ __all__ = ["DEFAULT_BATCH", "DEFAULT_MAX_MEMORY_MB", "DEFAULT_REPEAT", "DEFAULT_
            "check_inputs", "classify", "default_preset", "effective_seq", "effective_threshold", "feeds",
            "format_passes", "format_timings", "human_bytes", "input_sets", "layer_status", "load", "load_inputs",
            "load_ir_file", "load_ir_text", "model_layers", "nonfinite_arrays", "pass_catalog", "precision_policy",
-           "presets", "run_pipeline", "shape_summary", "teaching_cases", "time_versions", "tolerance", "traffic_saved",
-           "unknown_model", "variant_named", "version_index",
+           "preset_is_bert", "presets", "run_pipeline", "shape_summary", "teaching_cases", "time_versions",
+           "tolerance", "traffic_saved",
+           "unknown_model", "variant_named", "variant_unavailable", "version_index",
            "OpCost", "Ridge", "VersionRoofline", "graph_flops", "machine_ridge", "op_costs", "program_bytes",
            "roofline"]

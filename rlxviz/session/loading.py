@@ -24,7 +24,7 @@ from .cache import LRUCache
 from .defaults import DEFAULT_BATCH, DEFAULT_SEQ
 from .errors import LimitError, SessionError
 from .limits import Limits, human_bytes
-from .variants import effective_seq, graph_variant, variant_named
+from .variants import effective_seq, graph_variant, preset_is_bert, variant_named, variant_unavailable
 
 MODELS = LRUCache(maxsize=4)
 """Loaded models by content key, shared by every session of the process."""
@@ -192,16 +192,23 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
 
     Raises:
         SessionError: unknown model or variant, unreadable or malformed IR (with line and column), a variant
-            asked of an IR file, a checkpoint the loader refuses, or (`LimitError`) tensors over the limit.
+            where it does not apply (`variants.variant_unavailable`: an IR or ONNX file, a non-BERT preset), a
+            checkpoint the loader refuses, or (`LimitError`) tensors over the limit.
     """
     limits = limits or Limits.resolve()
     v = variant_named(variant, variant_layer)
-    seq = effective_seq(v, batch, seq, threshold, max_seq)
-    gv = graph_variant(v)
-    kwargs = {"variant": gv} if style is None else {"variant": gv, "style": style}
     p = Path(model)
     if model not in PRESETS and p.name == "config.json" and p.is_file():
         p = p.parent  # a checkpoint's config.json names its folder (its limits are checked before anything is built)
+    if v is not None:
+        kind = ("preset" if model in PRESETS else "onnx" if p.suffix.lower() == ".onnx" and not p.is_dir()
+                else "checkpoint" if p.is_dir() or allowed_roots is not None else "ir" if p.is_file() else "")
+        why = variant_unavailable(variant, kind, model, model not in PRESETS or preset_is_bert(model)) if kind else ""
+        if why:
+            raise SessionError(why)
+    seq = effective_seq(v, batch, seq, threshold, max_seq)
+    gv = graph_variant(v)
+    kwargs = {"variant": gv} if style is None else {"variant": gv, "style": style}
     try:
         if model in PRESETS:
             m = MODELS.get_or_compute(("preset", model, batch, seq, style, gv),
@@ -209,8 +216,6 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
         elif p.suffix.lower() == ".onnx" and (p.is_file() or allowed_roots is not None):
             if allowed_roots is not None:  # a typed path (the app's folder box): inside the roots, checked first
                 p = _within_roots(p, allowed_roots)
-            if gv is not None:
-                raise SessionError(f"{model}: teaching variants apply to BERT presets and checkpoints, not ONNX files")
             m = MODELS.get_or_compute(("onnx", str(p.resolve()), p.stat().st_mtime_ns, batch, seq, limits.max_bytes),
                                       lambda: load_onnx(p, batch, seq, max_bytes=limits.max_bytes))
         elif p.is_dir() or allowed_roots is not None:  # with roots, the loader checks the folder before anything
@@ -219,8 +224,6 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
                                       lambda: load_checkpoint(p, batch, seq, roots, max_bytes=limits.max_bytes,
                                                               **kwargs))
         elif p.is_file():
-            if gv is not None:
-                raise SessionError(f"{model}: teaching variants apply to BERT presets and checkpoints, not IR files")
             return load_ir_file(p, limits)
         else:
             raise unknown_model(model)

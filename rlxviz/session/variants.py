@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..models import VARIANTS, Variant
+from ..models import PRESETS, VARIANTS, Variant
 from ..passes.pipeline import RLX_FAB_MAX_TOKENS
 from .errors import SessionError
 
@@ -37,6 +37,40 @@ def variant_named(name: str | None, layer: int = 0) -> Variant | None:
     return dataclasses.replace(VARIANTS[name], layer=layer)
 
 
+def preset_is_bert(name: str) -> bool:
+    """True when preset `name` is a BERT encoder (where teaching variants apply); the presets built by
+    `rlxviz.models.llama` are decoder blocks."""
+    fn = PRESETS[name][0] if name in PRESETS else None
+    return fn is not None and not fn.__module__.endswith(".llama")
+
+
+SOURCE_KINDS = ("preset", "checkpoint", "onnx", "ir")
+"""Where a model comes from, as `variant_unavailable` tells them apart."""
+
+
+def variant_unavailable(name: str | None, source: str, model: str, bert: bool = True) -> str:
+    """Why teaching variant `name` does not apply to `model` ('' when it does; always '' for None/`none`).
+
+    Every variant, `over_threshold` included, is a lesson on a BERT encoder built from a preset or a checkpoint:
+    the layer variants rewrite a BERT layer, and `over_threshold` raises seq to push the BERT attention block over
+    its size gate (a decoder's or an ONNX export's attention never becomes that block, and an export's positions
+    or an IR file's shapes are fixed). `source` is one of `SOURCE_KINDS`; `bert` whether the model is a BERT
+    encoder (presets: `preset_is_bert`). Raises nothing.
+    """
+    if name in (None, "none"):
+        return ""
+    if source == "ir":
+        return (f"{model}: teaching variants apply to BERT presets and checkpoints, not IR files (their shapes "
+                "are their own)")
+    if source == "onnx":
+        return (f"{model}: teaching variants apply to BERT presets and checkpoints, not ONNX files (an export's "
+                "graph and position table are fixed)")
+    if not bert:
+        return (f"{model} is not a BERT encoder: teaching variants ({name} too) change or size a BERT layer; "
+                "pick a BERT model (minilm, bert-tiny, ...)")
+    return ""
+
+
 def graph_variant(variant: Variant | None) -> Variant | None:
     """What a model builder gets: the variant when it rewrites the graph, else None."""
     return variant if variant is not None and variant.changes_graph else None
@@ -63,5 +97,5 @@ def effective_seq(variant: Variant | None, batch: int, seq: int, threshold: int 
     return max(seq, need)
 
 
-__all__ = ["OVER_THRESHOLD", "RLX_THRESHOLD", "effective_seq", "effective_threshold", "graph_variant",
-           "teaching_cases", "variant_named"]
+__all__ = ["OVER_THRESHOLD", "RLX_THRESHOLD", "SOURCE_KINDS", "effective_seq", "effective_threshold",
+           "graph_variant", "preset_is_bert", "teaching_cases", "variant_named", "variant_unavailable"]
