@@ -288,3 +288,24 @@ def test_llama_export_gets_rope_and_packed_grouped_query_attention():
     assert [(a.attrs["num_heads"], a.attrs["num_kv_heads"]) for a in attn] == [(4, 2), (4, 2)]
     assert len(trace.final.find(Op.FUSED_SWIGLU)) == 2
     np.testing.assert_allclose(run_reference(trace.final, feeds, m.weights)[0], want, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name, seq, limit", [
+    ("gpt2", 65, "seq 65 is over the 64 positions of the export's position table 'wpe.weight' (Gather node "),
+    ("bert", 1000, "seq 1000 is over the 64 positions of the export's fixed-shape tensor "),
+])
+def test_a_seq_past_what_the_export_fixed_names_the_limit(name, seq, limit):
+    """A bound seq past a position table (Gather) or a traced fixed-shape tensor (Expand): one line naming the
+    limit, not NumPy's IndexError / broadcast text."""
+    with pytest.raises(OnnxImportError) as e:
+        load_onnx(FIX / f"{name}.onnx", seq=seq)
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1 and limit in msg, msg
+    assert "IndexError" not in msg and "could not be broadcast" not in msg
+    load_onnx(FIX / f"{name}.onnx", seq=64)  # the export's own limit still imports
+
+
+def test_a_seq_past_the_position_table_from_input_arrays():
+    """`rlxviz run` binds shapes from the user's arrays: their seq is the one named."""
+    with pytest.raises(OnnxImportError, match=r"seq 65 is over the 64 positions of the export's position table"):
+        load_onnx(FIX / "gpt2.onnx", input_shapes={"input_ids": (1, 65), "attention_mask": (1, 65)})

@@ -85,6 +85,8 @@ class _Ctx:
     materialized: dict[int, Ref] = field(default_factory=dict)
     names: set[str] = field(default_factory=set)
     value_names: dict[int, str] = field(default_factory=dict)
+    seq: int | None = None
+    """The sequence length the inputs were bound to (`import_graph`'s `seq`, or dim 1 of a given input shape)."""
 
     def fail(self, why: str) -> OnnxImportError:
         n = self.node
@@ -879,6 +881,47 @@ def default_opset(proto: Any) -> int:
     return opset
 
 
+def _misfit(ctx: _Ctx, node: Any, ins: list[Value]) -> str | None:
+    """Why the bound shapes do not fit what the export fixed, in one sentence naming the limit, or None: a Gather
+    whose constant indices run past a table (a position table of N rows: `seq 65 is over the 64 positions of the
+    export's position table 'wpe.weight'`), or an Expand of a fixed-shape tensor to a shape it cannot broadcast
+    to (a buffer traced at one sequence length). Checked before the node is folded or mapped, so the user reads
+    the limit, not NumPy's IndexError/broadcast message. Raises nothing."""
+    if node.domain not in ("", "ai.onnx") or len(ins) < 2 or ins[0] is None or ins[1] is None:
+        return None
+    where = f"({node.op_type} node {node.name!r})"
+    if node.op_type == "Gather" and isinstance(ins[1], np.ndarray) and ins[1].size:
+        shape = ctx.shape(ins[0])
+        if not shape:
+            return None
+        axis = int(_attrs(node).get("axis", 0)) % len(shape)
+        rows, hi, lo = shape[axis], int(ins[1].max()), int(ins[1].min())
+        if lo >= -rows and hi < rows:
+            return None
+        table = ctx.value_names.get(id(ins[0]), node.input[0])
+        if ctx.seq is not None and hi + 1 == ctx.seq and lo >= 0:
+            return f"seq {ctx.seq} is over the {rows} positions of the export's position table {table!r} {where}"
+        bad = hi if hi >= rows else lo
+        return f"index {bad} is outside the {rows} rows of {table!r} (axis {axis}) {where}"
+    if node.op_type == "Expand" and isinstance(ins[1], np.ndarray):
+        s, t = ctx.shape(ins[0]), tuple(int(d) for d in ins[1].reshape(-1))
+        try:
+            np.broadcast_shapes(s, t)
+            return None
+        except ValueError:
+            pass
+        n = max(len(s), len(t))
+        s1, t1 = (1,) * (n - len(s)) + tuple(s), (1,) * (n - len(t)) + t
+        axis = next(i for i in range(n) if s1[i] != 1 and t1[i] != 1 and s1[i] != t1[i])
+        name = ctx.value_names.get(id(ins[0]), node.input[0])
+        fixed = f"the export's fixed-shape tensor {name!r} {list(s)}"
+        if ctx.seq is not None and t1[axis] == ctx.seq:
+            return (f"seq {ctx.seq} is over the {s1[axis]} positions of {fixed} (it cannot expand to {list(t)}) "
+                    f"{where}")
+        return f"{fixed} cannot expand to {list(t)}: axis {axis - (n - len(s))} holds {s1[axis]} {where}"
+    return None
+
+
 def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mapping[str, Sequence[int]] | None = None,
                  name: str | None = None) -> tuple[Graph, dict[str, np.ndarray], dict[int, tuple[str, str, str]]]:
     """An IR graph, its weights and per-node ONNX provenance from an `onnx.ModelProto` (external data loaded).
@@ -896,7 +939,7 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
     shapes = dict(input_shapes or {})
     b = Builder(name or g.name or "onnx")
     weights: dict[str, np.ndarray] = {}
-    ctx = _Ctx(b, opset, weights)
+    ctx = _Ctx(b, opset, weights, seq=seq)
     env: dict[str, Value] = {}
     for init in g.initializer:
         arr = numpy_helper.to_array(init)
@@ -906,6 +949,8 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
         if vi.name in env:
             continue
         shape, dtype = _bind_input(vi, batch, seq, shapes)
+        if vi.name in shapes and len(shape) >= 2:
+            ctx.seq = int(shape[1])  # shapes from the caller's arrays: their seq is the one bound
         env[vi.name] = b.input(vi.name, shape, dtype)
         ctx.names.add(vi.name)
     provenance: dict[int, tuple[str, str, str]] = {}
@@ -921,6 +966,8 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
         ctx.node = node
         domain = "" if node.domain in ("", "ai.onnx") else node.domain
         try:
+            if (misfit := _misfit(ctx, node, ins)) is not None:
+                raise OnnxImportError(misfit)
             if domain == "" and node.op_type in ("Shape", "Size"):
                 outs: list[Value] = [_shape_op(ctx, node, ins, attrs)]
             elif domain == "" and node.op_type == "Constant":
