@@ -238,7 +238,7 @@ def test_debugger_flow_keeps_the_view_and_finds_nodes(watched):
     choose_version(pg, "after fuse_residual_ln")
     assert _transform(pg, ".rv-after") == kept  # a step keeps zoom and pan
     box = pg.locator(".rv-after .rv-search")
-    box.fill("layer_norm")
+    box.fill("layernorm")  # by path: the layer_norm and every FusedResidualLN
     expect(pg.locator(".rv-after .rv-found")).to_have_text(re.compile(r"^1/\d+$"))
     box.press("Enter")
     expect(pg.locator(".rv-after .rv-found")).to_have_text(re.compile(r"^2/\d+$"))
@@ -382,3 +382,26 @@ def test_version_slider_follows_the_model(watched):
     pg.wait_for_timeout(1000)  # let the player's patch land
     top, at, shown = _slider(pg)
     assert top == m - 1 and at == shown, (top, at, shown, m)
+
+
+def test_node_search_matches_the_node_itself(watched):
+    """On bert-tiny's input version, `gelu` finds the gelu nodes only (not the matmuls that take a gelu as an
+    operand, named in their tooltips), and `%37` finds n37 only (not n38, whose operand it is)."""
+    pg = watched
+    pg.locator(".rv-preset select").select_option("bert-tiny")
+    expect(pg.locator(".rv-version select")).to_contain_text("(", timeout=60_000)
+    expect(pg.locator(".rv-player input[type=range]")).to_have_attribute("max", re.compile(r"^[0-7]$"))
+    pg.locator(".rv-after g#n37").wait_for()
+    gelus = pg.locator(".rv-after g.node", has=pg.locator("text", has_text=re.compile(r"^gelu$")))
+    n = gelus.count()
+    assert n >= 1
+    box = pg.locator(".rv-after .rv-search")
+    box.fill("gelu")
+    expect(pg.locator(".rv-after .rv-found")).to_have_text(f"1/{n}")
+    ids = pg.locator(".rv-after g.rv-found-node").evaluate_all("gs => gs.map((g) => g.id)")
+    assert sorted(ids) == sorted(gelus.evaluate_all("gs => gs.map((g) => g.id)"))
+    box.fill("%37")
+    expect(pg.locator(".rv-after .rv-found")).to_have_text("1/1")
+    assert pg.locator(".rv-after g.rv-found-node").evaluate_all("gs => gs.map((g) => g.id)") == ["n37"]
+    box.fill("encoder.layer.0.output.dense")  # a path: the nodes of that module, by their own path
+    expect(pg.locator(".rv-after .rv-found")).to_have_text(re.compile(r"^1/\d+$"))

@@ -6,9 +6,10 @@ boxes (and the clusters of layers expanded in place) are `layer<i>`, so a click 
 the next picture is centred on that layer. Pan with the mouse (drag), zoom with the wheel or
 the +/- buttons, "fit" to see the whole graph. The view (zoom and pan) is kept when the picture changes
 within the same `scope` (stepping versions, clicking nodes) once the user moved it, and panes with the same
-`sync` group move together (before/after). The search box finds nodes by id, op, name or path (their label
-and tooltip text); Enter steps through the hits. When the picture is larger than the pane, a minimap in the
-corner shows the whole graph with the visible part framed; a click or a drag on it pans there.
+`sync` group move together (before/after). The search box finds nodes by `%id` (that node only) or by text
+in their own op, name or path (never in the operands or users their tooltip lists); Enter steps through the
+hits. When the picture is larger than the pane, a minimap in the corner shows the whole graph with the visible
+part framed; a click or a drag on it pans there.
 """
 
 from __future__ import annotations
@@ -101,11 +102,18 @@ export function render({ model, el }) {
     if (recentre && first && model.follow) center(first, false);
   };
   let hits = [], hit = -1;
-  const text = (g) => { const a = g.querySelector('a'); const tip = a ? (a.getAttribute('xlink:title') || a.getAttribute('title') || '') : '';
-    const t = g.querySelector('title'); return `%${g.id.slice(1)} ${g.textContent} ${tip} ${t ? t.textContent : ''}`.toLowerCase(); };
+  // A node's own text: the tooltip's first line without its id (op -> shape), its path and its attrs (a name);
+  // not the operands, users or notes, which name other nodes. Layer boxes (and nodes without a tooltip): all.
+  const own = (g) => { const a = g.querySelector('a'); const tip = a ? (a.getAttribute('xlink:title') || a.getAttribute('title') || '') : '';
+    if (!/^n\d+$/.test(g.id) || !tip) return `${g.textContent} ${tip}`.toLowerCase();
+    const lines = tip.split('\n');
+    return [lines[0].replace(/^%\d+\s*/, ''), ...lines.slice(1).filter((l) => /^(path|attrs): /.test(l))]
+      .join('\n').toLowerCase(); };
+  const matches = (q) => { const id = /^%(\d+)$/.exec(q);  // %37: that node only, not %370 nor its users
+    return id ? (g) => g.id === `n${id[1]}` : (g) => own(g).includes(q); };
   const find = (step) => { inner.querySelectorAll('.rv-found-node').forEach((g) => g.classList.remove('rv-found-node'));
     const q = search.value.trim().toLowerCase(); if (!q) { hits = []; found.textContent = ''; return; }
-    if (!step || !hits.length) { hits = [...inner.querySelectorAll('g.node')].filter((g) => text(g).includes(q)); hit = -1; }
+    if (!step || !hits.length) { hits = [...inner.querySelectorAll('g.node')].filter(matches(q)); hit = -1; }
     hits.forEach((g) => g.classList.add('rv-found-node'));
     if (!hits.length) { found.textContent = 'no match'; return; }
     hit = (hit + 1) % hits.length; found.textContent = `${hit + 1}/${hits.length}`; center(hits[hit], true); };
