@@ -173,3 +173,19 @@ def test_timing_table_shows_errors_in_scientific_notation():
     assert isinstance(fmt, ScientificFormatter) and 2 <= fmt.precision <= 3
     for x in (2.93e-8, 1.2e-6, 0.5, 3.0):  # the formatter's rule: scientific when |x| <= 10**low or >= 10**high
         assert abs(x) <= 10.0 ** fmt.power_limit_low or abs(x) >= 10.0 ** fmt.power_limit_high
+
+
+def test_timing_chart_axis_holds_every_whisker_and_label():
+    """The chart's x axis spans every whisker (median ± IQR/2), with room after the widest for its speed-up label;
+    Bokeh's automatic range covered the bars only, so on bert-tiny whiskers and labels fell outside."""
+    from bokeh.models import LabelSet, Whisker
+
+    from rlxviz.app.panels import timing_figure
+
+    rows = [{"version": "input", "median_ms": 0.9, "iqr_ms": 0.6, "speedup": 1.0, "max_err": 1e-7},
+            {"version": "fused", "median_ms": 0.5, "iqr_ms": 0.05, "speedup": 1.8, "max_err": 2e-7}]
+    p = timing_figure(rows).children[0]
+    src = next(a for a in p.center if isinstance(a, Whisker)).source.data
+    assert max(src["high"]) == 0.9 + 0.3 and any(isinstance(a, LabelSet) for a in p.center)
+    assert p.x_range.start <= min(src["low"]) and p.x_range.start <= 0
+    assert p.x_range.end is not None and p.x_range.end >= 1.2 * max(src["high"])
