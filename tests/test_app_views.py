@@ -189,3 +189,26 @@ def test_timing_chart_axis_holds_every_whisker_and_label():
     assert max(src["high"]) == 0.9 + 0.3 and any(isinstance(a, LabelSet) for a in p.center)
     assert p.x_range.start <= min(src["low"]) and p.x_range.start <= 0
     assert p.x_range.end is not None and p.x_range.end >= 1.2 * max(src["high"])
+
+
+def test_an_invalid_ir_text_marks_the_line_of_the_node_it_names():
+    """A lint error (it parses, but a declared type does not fit its operands) names its node: the message gives
+    the line that defines it, and the editor marks that line, as for a syntax error."""
+    s = tiny()
+    mc = ModelControls(state=s)
+    lines = format_graph(s.model.graph).splitlines()
+    k = next(i for i, t in enumerate(lines) if " = gelu(" in t)
+    nid = lines[k].split("=")[0].strip()
+    lines[k] = lines[k].replace(": f32[1, 8, 256]", ": f32[1, 8, 255]")
+    assert "255" in lines[k]
+    mc.ir.value = "\n".join(lines)
+    mc.ir_btn.clicks += 1
+    assert s.source == "ir" and s.message_kind == "danger"
+    assert f"line {k + 1}: invalid graph: {nid} (gelu" in s.message, s.message
+    assert "declared type f32[1, 8, 255] but operands give f32[1, 8, 256]" in s.message
+    line, col, reason = s.ir_error
+    assert (line, col) == (k + 1, lines[k].index("%") + 1) and reason.startswith(f"{nid} (gelu")
+    assert mc.ir.annotations == [{"row": k, "column": col - 1, "text": reason, "type": "error"}]
+    mc.ir.value = "\n".join(lines).replace("f32[1, 8, 255]", "f32[1, 8, 256]")
+    mc.ir_btn.clicks += 1
+    assert s.message_kind != "danger" and s.ir_error is None and mc.ir.annotations == []

@@ -132,7 +132,12 @@ def test_hostile_model_text_is_shown_as_text_everywhere(browser, server):
         _paste_ir(pg, bad)
         pg.locator(".rv-load-ir button").click()
         expect(pg.locator(".rv-message")).to_contain_text("@![t](http://example.org/leak.png)")
-        pg.wait_for_timeout(500)
+        # the editor marks the line of the node the error names; its tooltip quotes the hostile path as text
+        mark = pg.locator(".rv-ir-text .ace_gutter-cell.ace_error")
+        expect(mark).to_have_count(1)
+        mark.hover()
+        tip = pg.locator(".ace_tooltip").first
+        expect(tip).to_contain_text("%3 (exp @![t](http://example.org/leak.png)): declared")
         pg.screenshot(path=str(ART / "app-hostile-text.png"))
         _assert_clean(pg, seen)
     finally:

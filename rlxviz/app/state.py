@@ -125,8 +125,8 @@ class AppState(param.Parameterized):
     progress = param.Integer(-1, bounds=(-1, 100), doc="Progress of the running job in % (-1: indeterminate).")
     progress_text = param.String("", doc="What the running job does.")
     upload_dir = param.String("", doc="Temp folder holding the last accepted upload.")
-    ir_error = param.Parameter(None, doc="(line, column, reason) of the last IR text that did not parse (1-based), "
-                                         "else None.")
+    ir_error = param.Parameter(None, doc="(line, column, reason) of the last IR text that did not parse or load "
+                                         "(1-based; a lint error: the line defining the node it names), else None.")
     repeat = param.Integer(session.DEFAULT_REPEAT, bounds=(1, 200),
                            doc="Timed interleaved rounds (each runs every version once), as `rlxviz time --repeat`.")
     warmup = param.Integer(session.DEFAULT_WARMUP, bounds=(0, 20),
@@ -337,7 +337,8 @@ class AppState(param.Parameterized):
         self.param.update(model=model, trace=None, timings=[], selected_node=None, highlight=[])
 
     def _failed(self, e: Exception) -> None:
-        at = (e.line, e.col, e.reason) if isinstance(e, IRSyntaxError) else None
+        # a syntax error's place, or the line defining the node a lint error names: the editor marks it
+        at = (e.line, e.col, e.reason) if isinstance(e, IRSyntaxError | session.GraphTextError) and e.line else None
         self.ir_error = at if self.source == "ir" else None
         self._error(self._explain_error(e))
         self.stale = self._stale_reason()

@@ -22,9 +22,10 @@ class GraphError(ValueError):
     The message names the node and quotes the IR lines around it.
     """
 
-    def __init__(self, message: str, node_id: int | None = None) -> None:
+    def __init__(self, message: str, node_id: int | None = None, reason: str | None = None) -> None:
         super().__init__(message)
         self.node_id = node_id
+        self.reason = reason  # the problem alone, one line (`%1 (gelu): declared type ...`), when known
 
 
 def _id(ref: NodeRef) -> int:

@@ -141,14 +141,16 @@ def lint(graph: Graph, stage: str = "") -> Graph:
     nid, msg = found[0]
     where = f" after {stage}" if stage else ""
     head = f"lint{where}: graph {graph.name!r}: "
+    reason = msg
     if nid is not None and nid in graph:
         n = graph[nid]
-        head += f"%{nid} ({n.op.value}{' @' + n.path if n.path else ''}): {msg}\n{window(graph, nid)}"
+        reason = f"%{nid} ({n.op.value}{' @' + n.path if n.path else ''}): {msg}"
+        head += f"{reason}\n{window(graph, nid)}"
     else:
         head += msg
     if len(found) > 1:
         head += f"\n(+{len(found) - 1} more problem(s))"
-    raise GraphError(head, nid)
+    raise GraphError(head, nid, reason)
 
 
 __all__ = ["lint", "problems", "format_node"]

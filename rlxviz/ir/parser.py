@@ -211,6 +211,17 @@ def _node(ln: _Line, refs: list[tuple[int, _Tok, _Line]]) -> Node:
     return Node(nid, op, tuple(inputs), tuple(shape), dtype, attrs, path, pass_name, absorbed)
 
 
+def node_line(text: str, nid: int) -> tuple[int, int] | None:
+    """Where IR `text` defines node `%nid` (`%nid = op(...)`): its (line, column), 1-based, column at the `%`;
+    None when no line defines it."""
+    want = re.compile(rf"^(\s*)%{nid}\s*=")
+    for k, line in enumerate(text.splitlines()):
+        m = want.match(line)
+        if m:
+            return k + 1, len(m.group(1)) + 1
+    return None
+
+
 def parse_ir(text: str, verify: bool = True) -> Graph:
     """Parse IR text into a Graph (exact inverse of `format_graph`).
 

@@ -25,8 +25,18 @@ class LimitError(SessionError):
         self.limit = limit
 
 
+class GraphTextError(SessionError):
+    """IR text that parses but is not a valid graph (a lint error), with where: `line` and `col` (1-based) of the
+    line that defines the node the problem names (None when it names none), and `reason`, the problem alone.
+    Front ends mark that line as they mark a syntax error's."""
+
+    def __init__(self, message: str, line: int | None = None, col: int | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.line, self.col, self.reason = line, col, reason or message
+
+
 class PipelineError(SessionError):
     """A pipeline that cannot be built: an unknown pass, an empty list, or a pass whose required pass is missing."""
 
 
-__all__ = ["LimitError", "PipelineError", "SessionError"]
+__all__ = ["GraphTextError", "LimitError", "PipelineError", "SessionError"]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..ir import Graph, GraphError, IRSyntaxError, from_json, lint, parse_ir
 from ..ir.memory import MemoryBudgetError
+from ..ir.parser import node_line
 from ..ir.serialize import NotGraphJSON
 from ..models import PRESETS, CheckpointError, Model, load_checkpoint, load_model, random_weights
 from ..models.checkpoint import read_config_file
@@ -22,7 +23,7 @@ from ..models.onnx_import import load_onnx
 from ..passes import layer_of
 from .cache import LRUCache
 from .defaults import DEFAULT_BATCH, DEFAULT_SEQ
-from .errors import LimitError, SessionError
+from .errors import GraphTextError, LimitError, SessionError
 from .limits import Limits, human_bytes
 from .variants import effective_seq, graph_variant, preset_is_bert, variant_named, variant_unavailable
 
@@ -86,11 +87,18 @@ def shape_summary(model: Model, batch: int, seq: int) -> str:
     return "inputs " + (", ".join(f"{n.attrs['name']} {n.type}" for n in model.graph.inputs) or "none")
 
 
-def _graph_model(g: Graph, name: str, description: str, limits: Limits, source: str, meta: dict) -> Model:
+def _graph_model(g: Graph, name: str, description: str, limits: Limits, source: str, meta: dict,
+                 text: str | None = None) -> Model:
+    """`g` linted and size-checked, as a Model with random weights. A lint error is a one-line SessionError; for
+    a graph read from IR `text`, a GraphTextError with the line that defines the node it names."""
     try:
         g = lint(g, "parse")
     except GraphError as e:
-        raise SessionError(f"{source}: invalid graph: {first_line(e)}") from None
+        at = node_line(text, e.node_id) if text is not None and e.node_id is not None else None
+        if at is None:
+            raise SessionError(f"{source}: invalid graph: {first_line(e)}") from None
+        reason = e.reason or first_line(e)
+        raise GraphTextError(f"{source}: line {at[0]}: invalid graph: {reason}", at[0], at[1], reason) from None
     limits.check(g, source)  # before the weights are allocated
     return Model(name, g, random_weights(g, seed=0), None, description, meta=meta)
 
@@ -101,14 +109,15 @@ def load_ir_text(text: str, limits: Limits | None = None, source: str = "IR text
 
     Raises:
         IRSyntaxError: malformed text (line, column, caret).
-        SessionError: a graph that parses but is invalid. LimitError: over the memory limit.
+        GraphTextError: a graph that parses but is invalid (the line defining the node it names).
+        SessionError: other invalid graphs. LimitError: over the memory limit.
     """
     limits = limits or Limits.resolve()
     digest = hashlib.sha256(text.encode()).hexdigest()
 
     def build() -> Model:
         g = parse_ir(text, verify=False)  # `_graph_model` lints: an invalid graph is a one-line SessionError
-        return _graph_model(g, g.name, f"{IR_DESCRIPTION} IR text", limits, source, {})
+        return _graph_model(g, g.name, f"{IR_DESCRIPTION} IR text", limits, source, {}, text)
 
     return MODELS.get_or_compute(("ir", digest, limits.max_bytes), build)
 
