@@ -125,6 +125,8 @@ def test_timing_one_row_per_version(page):
     expect(page.locator(".rv-blas")).to_contain_text("3 interleaved round(s) per version, in a worker process")
     page.locator(".rv-timing-chart canvas").first.wait_for()
     expect(page.locator(".rv-progress-text")).to_be_hidden()
+    errs = page.locator(".rv-timings .tabulator-row .tabulator-cell[tabulator-field=max_err]").all_inner_texts()
+    assert len(errs) == n and all(re.fullmatch(r"\d\.\d\de[-+]\d+|0\.0", e.strip()) for e in errs), errs
     _shot(page, "timing")
 
 
