@@ -217,7 +217,11 @@ def test_ir_text_diff_and_trace_json():
 
 def test_timing_every_version():
     s = tiny(repeat=2)
+    shown: list[int] = []
+    s.param.watch(lambda e: shown.append(e.new), "progress")
     s.time_all()
+    # while it times, the bar holds still (an animated bar cost the browser CPU time the measurement needed)
+    assert shown[0] == 100 and shown[-1] == -1 and -1 not in shown[:-1], shown
     assert [r["version"] for r in s.timings] == s.version_labels
     assert s.timings[0]["speedup"] == 1.0
     assert all(r["median_ms"] > 0 and r["max_err"] < 1e-3 for r in s.timings)

@@ -769,7 +769,8 @@ class AppState(param.Parameterized):
             page(lambda: self._error("Nothing to time yet: load a model and run the pipeline first.", kind="warning"))
             return
         page(lambda: self._start(f"Timing every version on MLX in the timing process ({self.repeat} interleaved "
-                                 "rounds)…"))
+                                 "rounds)… (the page holds still meanwhile: an animation would take CPU time from "
+                                 "the measurement)", still=True))
         trace, model = self.trace, self.model  # one consistent pair, even if a reload is queued
         try:
             user = self.user_inputs if self._inputs_fit(model) else None
@@ -849,8 +850,11 @@ class AppState(param.Parameterized):
         return "Timing a version failed; the details above say where. Change the pipeline or the model and re-run."
 
     # ============================================================ status helpers
-    def _start(self, text: str) -> None:
-        self.param.update(busy=True, progress=-1, progress_text=text)
+    def _start(self, text: str, still: bool = False) -> None:
+        """Show a job as running: an animated (indeterminate) bar, or with `still` a full, unmoving one (a timing run:
+        the browser redrawing an animation on the same cores inflated the app's timings, see
+        `benchmarks/bench_app_vs_cli_timing.py`)."""
+        self.param.update(busy=True, progress=100 if still else -1, progress_text=text)
 
     def _set_progress(self, pct: int, text: str) -> None:
         self.param.update(progress=max(-1, min(100, pct)), progress_text=text)
