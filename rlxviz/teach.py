@@ -83,20 +83,51 @@ def show(graph: Graph, overlay: Overlay | None = None, max_height: int = 560, ca
 __all__ = ["OVER_THRESHOLD", "RLX_THRESHOLD", "TEACHING_CASES", "FusionCheck", "LayerStatus", "Limits", "TeachError",
            "Traffic", "VersionTiming", "build_pipeline", "check_fusion", "format_timings", "layer_status", "load",
            "model_layers", "pair_html", "show", "show_step", "svg_html", "time_versions", "traffic_saved",
-           "feedback"]
+           "expect_ints", "feedback"]
 
 
 def feedback(check: Any, answer: Any) -> bool:
     """Run an exercise's `check(answer)` and print what is wrong, or that it is right.
 
     `check` raises `AssertionError` whose message tells the student what is wrong; it may return a
-    short message for a right answer. Prints `not yet: <message>` or `correct: <message>`; returns
-    whether the answer passed.
+    short message for a right answer. Any other exception the check raises (a slip in the answer: a
+    function that forgot to `return`, an IR typo, a value of the wrong type) is reported the same way,
+    as one paragraph naming the exception's type and the first line of its message, never a traceback.
+    Prints `not yet: <message>` or `correct: <message>`; returns whether the answer passed.
     """
     try:
         msg = check(answer)
     except AssertionError as e:
         print(f"not yet: {e}")
         return False
+    except Exception as e:  # noqa: BLE001 - a student's slip, reported in plain words
+        first = (str(e).strip().splitlines() or [""])[0]
+        print(f"not yet: checking your answer stopped with {type(e).__name__}" + (f": {first}" if first else "")
+              + ". That is a slip in the answer, not in the check (a function that does not return its result, "
+                "a typo, a value of the wrong type): fix the cell and run it again.")
+        return False
     print(f"correct: {msg or 'well done'}")
     return True
+
+
+def expect_ints(answer: Any, names: tuple[str, ...]) -> tuple[int, ...]:
+    """`answer` as a tuple of whole numbers, one per name in `names`, or an `AssertionError` whose message says
+    what shape the answer must have (for an exercise check, shown by `feedback`). None means not filled in."""
+    import numbers
+
+    want = "(" + ", ".join(names) + ")"
+    if not isinstance(answer, (tuple, list)):
+        raise AssertionError(f"give a tuple of {len(names)} numbers, {want}; you gave a single "
+                             f"{type(answer).__name__} ({answer!r})")
+    if len(answer) != len(names):
+        raise AssertionError(f"give a tuple of {len(names)} numbers, {want}; yours has {len(answer)}")
+    if any(v is None for v in answer):
+        raise AssertionError("fill in " + ("both numbers" if len(names) == 2 else "every number"))
+    for name, v in zip(names, answer, strict=True):
+        if isinstance(v, str):
+            raise AssertionError(f"{name}: {v!r} is text (in quotes); write the number without quotes")
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise AssertionError(f"{name}: give a whole number, not a {type(v).__name__} ({v!r})")
+        if not isinstance(v, numbers.Integral) and not float(v).is_integer():
+            raise AssertionError(f"{name}: {v!r} is not a whole number; counts of bytes and launches are")
+    return tuple(int(v) for v in answer)

@@ -54,8 +54,36 @@ def test_kernel_resolves_to_this_python():
     assert Path(cmd[0]).resolve() == Path(sys.executable).resolve(), (cmd, sys.executable)
 
 
+# Wrong answers a student may give, appended (in the test only) after each notebook's last cell and run by the same
+# kernel: each exercise check must answer "not yet: ..." with a hint, never a traceback nor "correct".
+PROBES = {
+    "01_what_is_fusion.ipynb": {
+        "probe-single-number": "teach.feedback(check_ex01, 131072);",
+        "probe-strings": "teach.feedback(check_ex01, ('131072', '0'));",
+        "probe-three": "teach.feedback(check_ex01, (131072, 0, 0));",
+    },
+    "02_fusing_a_bert_layer.ipynb": {
+        "probe-float": "teach.feedback(check_ex02, (49152.5, 12));",
+    },
+    "03_why_did_my_layer_not_fuse.ipynb": {
+        "probe-no-return": "def fix_ir(text):\n    text.replace('x', 'x')\n\n\nteach.feedback(check_ex03, fix_ir);",
+        "probe-typo": "teach.feedback(check_ex03, lambda text: text.replace('return', 'retrun'));",
+        "probe-not-callable": "teach.feedback(check_ex03, ir_text);",
+    },
+    "04_write_your_own_pattern_and_guard.ipynb": {  # the right rule, but absorbing only the activation
+        "probe-absorb-act-only": "from dataclasses import replace as _replace\n\n"
+                                 "_rule = _replace(solutions.ex04b().rules[0], absorb=('act',))\n"
+                                 "teach.feedback(check_ex04b, rule_pass('fuse_gelu_tanh_epilogue', [_rule]));",
+    },
+}
+
+
 def execute(name):
     nb = nbformat.read(NB_DIR / name, as_version=4)
+    for tag, source in PROBES.get(name, {}).items():
+        cell = nbformat.v4.new_code_cell(source)
+        cell.metadata["tags"] = [tag]
+        nb.cells.append(cell)
     NotebookClient(nb, kernel_name=KERNEL, timeout=240, allow_errors=False,
                    resources={"metadata": {"path": str(NB_DIR)}}).execute()
     return nb
@@ -97,6 +125,53 @@ def common(nb):
             assert not [o for o in c.outputs if o.output_type == "execute_result"]
     assert "application/vnd.jupyter.widget-state+json" in nb.metadata.get("widgets", {})
     return t
+
+
+def probe(t, tag):
+    """The feedback a probe cell printed: one "not yet" paragraph, no traceback."""
+    text, _ = t[tag]
+    assert text.startswith("not yet: ") and text.count("\n") == 1 and "Traceback" not in text, (tag, text)
+    return text
+
+
+def test_feedback_reports_any_exception_in_plain_words(capsys):
+    from rlxviz import teach
+
+    def check(answer):
+        return answer(1).splitlines()  # a function that forgot to return
+
+    assert teach.feedback(check, lambda x: None) is False
+    out = capsys.readouterr().out
+    assert out.startswith("not yet: checking your answer stopped with AttributeError: 'NoneType' object has no")
+    assert out.count("\n") == 1 and "Traceback" not in out
+    assert teach.feedback(lambda a: (_ for _ in ()).throw(ValueError("first line\nsecond line")), 0) is False
+    out = capsys.readouterr().out
+    assert "ValueError: first line." in out and "second line" not in out
+    assert teach.feedback(lambda a: "fine", 0) is True and capsys.readouterr().out == "correct: fine\n"
+
+
+@pytest.mark.parametrize(("answer", "hint"), [
+    (131072, "give a tuple of 2 numbers, (ideal, executed); you gave a single int (131072)"),
+    ((1, 2, 3), "yours has 3"),
+    ((None, 0), "fill in both numbers"),
+    (("131072", 0), "ideal: '131072' is text (in quotes); write the number without quotes"),
+    ((1.5, 0), "ideal: 1.5 is not a whole number"),
+    ((1, True), "executed: give a whole number, not a bool"),
+])
+def test_expect_ints_names_what_is_wrong(answer, hint):
+    from rlxviz import teach
+
+    with pytest.raises(AssertionError) as e:
+        teach.expect_ints(answer, ("ideal", "executed"))
+    assert hint in str(e.value)
+
+
+def test_expect_ints_accepts_whole_numbers():
+    import numpy as np
+
+    from rlxviz import teach
+
+    assert teach.expect_ints([np.int64(3), 4.0], ("a", "b")) == (3, 4)
 
 
 def exercise_feedback(nb, t, exercise="exercise", solution="solution"):
@@ -182,6 +257,15 @@ def test_01_what_is_fusion(executed):
     text, _ = t["recorded-gpu"]
     assert text.startswith("RECORDED (issue 12, H200, mlx-cuda 0.32.4) - not measured")
     assert "2.50 ms  (1.42x input)" in text and "3.54 ms  (1.00x input)" in text
+    assert "3.12 ms  (1.13x input)" in text
+    md_text = markdown_of(nb, "recorded-gpu-read-aloud")  # the prose quotes the final version too
+    assert "(3.44-3.52 ms vs 3.54 ms)" in md_text and "2.50 ms, a speed-up of 1.42x over the input" in md_text
+    assert "torch.compile's 1.42 ms in the table is a time" in md_text
+    assert "3.12 ms, 1.13x the input's speed, 1.25x the time after the layer pass" in md_text
+    assert "gave back 60% of what the layer pass had gained" in md_text
+    assert "give a tuple of 2 numbers, (ideal, executed); you gave a single int" in probe(t, "probe-single-number")
+    assert "ideal: '131072' is text (in quotes)" in probe(t, "probe-strings")
+    assert "yours has 3" in probe(t, "probe-three")
     exercise_feedback(nb, t)
     # drawings are inline SVG in a scrolling box
     svgs = [o.data["text/html"] for c in nb.cells if c.cell_type == "code" for o in c.outputs
@@ -196,6 +280,13 @@ def test_02_fusing_a_bert_layer(executed):
     assert "all-MiniLM-L6-v2" in text and "tokens: " in text
     text, _ = t["pipeline"]
     assert "fused layers: 6" in text
+    from rlxviz.passes import CANONICAL_ORDER
+
+    n_dce = list(CANONICAL_ORDER).count("dead_code_elimination")
+    assert (f"canonical pipeline: {len(CANONICAL_ORDER)} steps, {len(set(CANONICAL_ORDER))} distinct passes "
+            f"(dead_code_elimination runs {n_dce} times)") in text
+    # per layer 3 matmuls + 3 bias adds -> 1 matmul, 1 add, 2 concats (weights, biases), 3 narrows: 6 layers
+    assert "fuse_shared_input_matmul: nodes 118 -> 124 (matmul -12, add -12, concat +12, narrow +18)" in text
     assert len(re.findall(r"^\s*\d+\s+fuse_|^\s*\d+\s+dead_code|^\s*\d+\s+mark_", text, re.M)) == 11
     text, html = t["version-input"]
     assert text.startswith("version 0: input") and html and "<svg" in html[0] and "overflow:auto" in html[0]
@@ -260,6 +351,7 @@ def test_02_fusing_a_bert_layer(executed):
     losing = timed[1][4].endswith("slower")
     assert ("Nothing here shows the fused block losing above 64 tokens" in md_text) == (not losing)
     exercise_feedback(nb, t)
+    assert "bytes: 49152.5 is not a whole number" in probe(t, "probe-float")
 
 
 def test_03_why_did_my_layer_not_fuse(executed):
@@ -304,6 +396,9 @@ def test_03_why_did_my_layer_not_fuse(executed):
     assert "fix_ir returned the text unchanged" in text  # the stub is told what is wrong
     text, _ = t["solution"]
     assert "layer 0 fuses" in text
+    assert "fix_ir returned None: end it with `return`" in probe(t, "probe-no-return")
+    assert "parse_ir cannot read your text: " in probe(t, "probe-typo")
+    assert "pass the function itself" in probe(t, "probe-not-callable")
 
 
 def catalog_kinds():
@@ -345,6 +440,9 @@ def test_04_write_your_own_pattern_and_guard(executed):
     text, _ = t["solution-b"]
     assert "FusedMatMulBiasAct(activation='gelu_tanh'), max |diff| 0.0e+00, verifier passed" in text
     assert "probe refused by fc_single_user (illegal); gate: epilogue_size_gate (not profitable)" in text
+    text = probe(t, "probe-absorb-act-only")  # the old pre-activation node would stay: not accepted
+    assert "the old pre-activation node is still there (FusedMatMulBiasAct 8 -> 9, compute nodes 32 -> 32" in text
+    assert "absorb both fc and act" in text
     text, _ = t["after-epilogue"]
     assert "epilogue matches: 1; fused layers = 1" in text
     assert f"layer 0: guard fc1_activation ({LAYER.guard_kinds['fc1_activation']}): " in text
