@@ -209,6 +209,9 @@ def test_01_what_is_fusion(executed):
     assert f"ideal kernel: traffic saved by fuse_matmul_bias_act (bytes): {ideal}" in text
     assert f"executed on MLX: traffic saved by fuse_matmul_bias_act (bytes): {addmm}" in text
     assert f"executed on MLX: bytes still written and read: {ideal - addmm}" in text
+    doc = (ROOT / "docs" / "teach-and-debug.md").read_text(encoding="utf-8")  # pasted there from a real run
+    pasted = re.search(r"cell `traffic-fmba`.*?```text\n(.*?)```", doc, re.S).group(1)
+    assert pasted.strip() == text.strip(), "docs/teach-and-debug.md: re-paste notebook 01's traffic-fmba output"
     text, _ = t["step-rln"]
     assert "fuse_residual_ln.residual" in text and f"(bytes): {2 * 2 * 64 * 128 * 4}" in text
     assert "executed on MLX: traffic saved by fuse_residual_ln (bytes): 0" in text  # add + mx.fast.layer_norm
