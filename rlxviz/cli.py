@@ -539,8 +539,6 @@ def cmd_time(args: argparse.Namespace) -> int:
     """`rlxviz time MODEL`: every graph version timed on MLX, checked against the NumPy reference."""
     from .session import format_timings, input_sets, load_inputs, shape_summary, time_versions
 
-    if args.repeat < 1 or args.warmup < 0:
-        raise CLIError(f"--repeat must be >= 1 and --warmup >= 0, got {args.repeat} and {args.warmup}")
     model, trace = _run_model(args)  # refuses inputs + params over the memory limit before feeds are made
     user = load_inputs(args.inputs, model.graph) if args.inputs is not None else None
     feeds = user.feeds if user is not None else model.random_feeds(seed=0)
@@ -569,7 +567,7 @@ def cmd_time(args: argparse.Namespace) -> int:
 
 @subcommand
 def add_time(sub: SubParsers) -> None:
-    from .session import DEFAULT_REPEAT, DEFAULT_WARMUP
+    from .session import DEFAULT_REPEAT, DEFAULT_WARMUP, MAX_REPEAT, MAX_WARMUP
 
     p = sub.add_parser("time", help="time every graph version on MLX, with its error vs the reference",
                        description="Run the pipeline on MODEL, then time each distinct graph version on MLX "
@@ -586,16 +584,31 @@ def add_time(sub: SubParsers) -> None:
                    help="your input arrays (.npz, one array per graph input by name): timed, and checked first")
     p.add_argument("--battery", action=argparse.BooleanOptionalAction, default=True,
                    help="also check the input battery (default: on)")
-    p.add_argument("--repeat", "-r", type=int, default=DEFAULT_REPEAT,
-                   help="timed interleaved rounds (default: %(default)s, as the app's Timing tab)")
-    p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP,
-                   help="untimed rounds after the first call (default: %(default)s, as the app)")
+    p.add_argument("--repeat", "-r", type=_int_in(1, MAX_REPEAT), default=DEFAULT_REPEAT, metavar="N",
+                   help=f"timed interleaved rounds, 1..{MAX_REPEAT} (default: %(default)s, as the app's Timing tab)")
+    p.add_argument("--warmup", type=_int_in(0, MAX_WARMUP), default=DEFAULT_WARMUP, metavar="N",
+                   help=f"untimed rounds after the first call, 0..{MAX_WARMUP} (default: %(default)s, as the app)")
     _device_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable output (each version with its verdict)")
     p.set_defaults(func=cmd_time)
 
 
 # ---------------------------------------------------------------------------------------------- main
+
+def _int_in(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse `type`: an integer in lo..hi, else a one-line usage error naming the bound."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer in {lo}..{hi}, got {text[:40]!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"must be in {lo}..{hi}, got {text[:40]}")
+        return value
+
+    parse.__name__ = f"integer in {lo}..{hi}"
+    return parse
+
 
 class OneLineParser(argparse.ArgumentParser):
     """An `ArgumentParser` whose usage errors are one line on stderr and exit 2 (no usage block)."""

@@ -435,9 +435,35 @@ def test_time_header_of_an_ir_file_gives_its_own_input_shapes(capsys):
     assert "seq" not in head and "batch" not in head
 
 
-def test_time_bad_repeat(capsys):
-    code, _, err = run(capsys, "time", "bert-tiny", "--repeat", 0)
-    one_line_error(err, "time", "--repeat must be >= 1")
+@pytest.mark.parametrize("args, fragment", [
+    (("--repeat", "0"), "argument --repeat/-r: must be in 1..1000, got 0"),
+    (("--repeat", "99999999999999999999999"), "argument --repeat/-r: must be in 1..1000"),
+    (("--warmup", "999999999999"), "argument --warmup: must be in 0..100"),
+    (("--warmup", "-1"), "argument --warmup: must be in 0..100"),
+    (("--repeat", "ten"), "argument --repeat/-r: expected an integer in 1..1000, got 'ten'"),
+])
+def test_time_rounds_bounded_in_argparse(capsys, args, fragment):
+    """A huge --repeat/--warmup is refused before any model is built (one line, exit 2), not run forever."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["time", "bert-tiny", *args])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rlxviz time: error: ") and fragment in lines[0], err
+
+
+def test_time_rounds_bounded_in_session_and_app():
+    """One bound (session.MAX_REPEAT / MAX_WARMUP) for the CLI, the session and the app's controls."""
+    from rlxviz import session
+    from rlxviz.app.state import AppState
+    from rlxviz.session import SessionError, time_versions
+
+    assert (session.MAX_REPEAT, session.MAX_WARMUP) == (1000, 100)
+    assert AppState.param.repeat.bounds == (1, session.MAX_REPEAT)
+    assert AppState.param.warmup.bounds == (0, session.MAX_WARMUP)
+    for kw in ({"repeat": 10 ** 22, "warmup": 0}, {"repeat": 1, "warmup": 10 ** 12}, {"repeat": 0, "warmup": 0}):
+        with pytest.raises(SessionError, match="must be an integer in"):
+            time_versions(None, {}, {}, **kw)
 
 
 def test_time_nan_is_never_ok(tmp_path, capsys):

@@ -127,9 +127,9 @@ class AppState(param.Parameterized):
     upload_dir = param.String("", doc="Temp folder holding the last accepted upload.")
     ir_error = param.Parameter(None, doc="(line, column, reason) of the last IR text that did not parse or load "
                                          "(1-based; a lint error: the line defining the node it names), else None.")
-    repeat = param.Integer(session.DEFAULT_REPEAT, bounds=(1, 200),
+    repeat = param.Integer(session.DEFAULT_REPEAT, bounds=(1, session.MAX_REPEAT),
                            doc="Timed interleaved rounds (each runs every version once), as `rlxviz time --repeat`.")
-    warmup = param.Integer(session.DEFAULT_WARMUP, bounds=(0, 20),
+    warmup = param.Integer(session.DEFAULT_WARMUP, bounds=(0, session.MAX_WARMUP),
                            doc="Untimed rounds after the first call, as `rlxviz time --warmup`.")
     device = param.Selector(objects=[d.name for d in available_devices()],
                             default=available_devices()[0].name,

@@ -18,7 +18,7 @@ Errors a user can fix are `SessionError`s (one line); front ends match them by t
 """
 
 from .architecture import Architecture, classify
-from .defaults import DEFAULT_BATCH, DEFAULT_REPEAT, DEFAULT_SEQ, DEFAULT_WARMUP
+from .defaults import DEFAULT_BATCH, DEFAULT_REPEAT, DEFAULT_SEQ, DEFAULT_WARMUP, MAX_REPEAT, MAX_WARMUP, check_rounds
 from .errors import GraphTextError, LimitError, PipelineError, SessionError
 from .inputs import check_inputs, feeds, load_inputs
 from .limits import DEFAULT_MAX_MEMORY_MB, DEPRECATED_MEMORY_ENV, MAX_MEMORY_ENV, Limits, human_bytes
@@ -59,7 +59,8 @@ from .variants import (
 )
 
 __all__ = ["DEFAULT_BATCH", "DEFAULT_MAX_MEMORY_MB", "DEFAULT_REPEAT", "DEFAULT_SEQ", "DEFAULT_WARMUP",
-           "DEPRECATED_MEMORY_ENV", "MAX_MEMORY_ENV", "OVER_THRESHOLD", "RLX_THRESHOLD",
+           "DEPRECATED_MEMORY_ENV", "MAX_MEMORY_ENV", "MAX_REPEAT", "MAX_WARMUP", "check_rounds",
+           "OVER_THRESHOLD", "RLX_THRESHOLD",
            "Architecture", "FusionCheck", "GraphTextError", "LayerStatus", "LimitError", "Limits", "PipelineError",
            "SessionError",
            "ExecutedTraffic", "Traffic", "VersionTiming", "compare_to_input",

@@ -32,4 +32,27 @@ DEFAULT_REPEAT = 10
 DEFAULT_WARMUP = 2
 """Untimed rounds after each version's first call."""
 
-__all__ = ["DEFAULT_BATCH", "DEFAULT_REPEAT", "DEFAULT_SEQ", "DEFAULT_WARMUP"]
+MAX_REPEAT = 1000
+"""Most timed rounds one timing run may ask for (`rlxviz time --repeat`, the app's control, `time_versions`):
+a bound, so a typo cannot start a run that never ends."""
+
+MAX_WARMUP = 100
+"""Most untimed warm-up rounds one timing run may ask for."""
+
+
+def check_rounds(repeat: object, warmup: object) -> None:
+    """Refuse timing rounds outside 1..MAX_REPEAT (`repeat`) and 0..MAX_WARMUP (`warmup`).
+
+    Raises:
+        SessionError: one line naming the bound.
+    """
+    from .errors import SessionError
+
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or not 1 <= repeat <= MAX_REPEAT:
+        raise SessionError(f"repeat must be an integer in 1..{MAX_REPEAT}, got {str(repeat)[:40]}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or not 0 <= warmup <= MAX_WARMUP:
+        raise SessionError(f"warmup must be an integer in 0..{MAX_WARMUP}, got {str(warmup)[:40]}")
+
+
+__all__ = ["DEFAULT_BATCH", "DEFAULT_REPEAT", "DEFAULT_SEQ", "DEFAULT_WARMUP", "MAX_REPEAT", "MAX_WARMUP",
+           "check_rounds"]

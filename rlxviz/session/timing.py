@@ -121,7 +121,7 @@ def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mappin
     Args:
         trace: the pipeline run; its input graph is the unfused baseline.
         feeds / weights: graph inputs (timed, and the base of the battery) and params by name.
-        warmup: untimed rounds after the first call. repeat: timed rounds (>= 1).
+        warmup: untimed rounds after the first call (0..MAX_WARMUP). repeat: timed rounds (1..MAX_REPEAT).
         progress: told before each version is built and first run.
         device: `cpu`, `gpu` or None (the GPU when MLX has one here).
         inputs: the input sets to check (`runtime.battery.Battery` or a list of `InputSet`); default
@@ -133,14 +133,17 @@ def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mappin
         One `VersionTiming` per version of `trace.versions()`, in order.
 
     Raises:
+        SessionError: `repeat` or `warmup` outside its bound (`defaults.check_rounds`).
         DeviceError: the device is unknown or not available here (a ValueError, one line).
         Whatever the MLX runtime raises for a version it cannot run (NotImplementedError, MemoryError, ...).
     """
     from ..runtime.compare import baselines, check_version
     from ..runtime.executor import MlxExecutor
     from ..runtime.timing import time_versions_interleaved
+    from .defaults import check_rounds
     from .tolerance import precision_policy
 
+    check_rounds(repeat, warmup)
     ex = MlxExecutor(device=device)
     sets = input_sets(trace.input, feeds) if inputs is None else inputs
     items = tuple(sets.sets if hasattr(sets, "sets") else sets)
