@@ -228,3 +228,29 @@ def test_bfloat16_explained(tmp_path):
     (folder / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 4)
     with pytest.raises(CheckpointError, match="'embeddings.word_embeddings.weight'.*NumPy has no bfloat16"):
         load_checkpoint(folder, seq=4)
+
+
+@pytest.mark.parametrize("dtype", ["F8_E4M3", "F8_E5M2", "U16", "U32", "U64", "C64", "weird", 7])
+def test_unsupported_safetensors_dtype_refused_from_header(tmp_path, dtype):
+    """A dtype NumPy (or rlxviz) cannot hold is one CheckpointError naming the tensor, the dtype and the supported
+    ones, read from the header before any data (was: F8_E4M3 -> AttributeError numpy.float8_e4m3fn, exit 3)."""
+    folder = write_ckpt(tmp_path / "ck", hf_tensors()[1])
+    header = json.dumps({"__metadata__": {"format": "pt"},
+                         "embeddings.word_embeddings.weight": {"dtype": dtype, "shape": [2],
+                                                               "data_offsets": [0, 2]}}).encode()
+    (folder / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 2)
+    with pytest.raises(CheckpointError, match=r"tensor 'embeddings.word_embeddings.weight' has dtype "
+                                              rf"'{dtype}'.*supported: F64, F32, F16"):
+        load_checkpoint(folder, seq=4)
+
+
+def test_unsupported_safetensors_dtype_cli_exit_2(tmp_path, capsys):
+    from rlxviz import cli
+
+    folder = write_ckpt(tmp_path / "ck", hf_tensors()[1])
+    header = json.dumps({"embeddings.word_embeddings.weight": {"dtype": "F8_E4M3", "shape": [2],
+                                                               "data_offsets": [0, 2]}}).encode()
+    (folder / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 2)
+    assert cli.main(["explain", str(folder), "--seq", "4"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "F8_E4M3" in err and "Traceback" not in err, err

@@ -195,6 +195,42 @@ def _tensor_files(path: Path) -> list[Path]:
     raise CheckpointError(f"{path}: no model.safetensors (nor model.safetensors.index.json)")
 
 
+SAFETENSORS_DTYPES = ("F64", "F32", "F16", "I64", "I32", "I16", "I8", "U8", "BOOL")
+"""Safetensors dtypes `read_tensors` reads (float16 widened to float32); any other (BF16, F8_E4M3, F8_E5M2, U16,
+U32, U64, ...) is refused from the header, before any tensor data is read."""
+
+
+def check_header_dtypes(f: Path) -> None:
+    """Refuse a safetensors file holding a tensor of a dtype not in `SAFETENSORS_DTYPES`, from its JSON header
+    alone. A header that cannot be read is left to `safe_open`, which names what is wrong with it.
+
+    Raises:
+        CheckpointError: one line naming the file, the tensor, its dtype and the supported dtypes.
+    """
+    import json
+
+    try:
+        with f.open("rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            if not 0 < n <= min(f.stat().st_size - 8, 100 << 20):
+                return
+            header = json.loads(fh.read(n))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return
+    if not isinstance(header, dict):
+        return
+    for key, info in header.items():
+        if key == "__metadata__" or not isinstance(info, dict):
+            continue
+        dtype = info.get("dtype")
+        if dtype in SAFETENSORS_DTYPES:
+            continue
+        shown = repr(str(dtype)[:40])
+        hint = "; NumPy has no bfloat16: save the checkpoint as float32 or float16" if dtype == "BF16" else ""
+        raise CheckpointError(f"{f}: tensor {str(key)[:200]!r} has dtype {shown}, which rlxviz cannot read "
+                              f"(supported: {', '.join(SAFETENSORS_DTYPES)}){hint}")
+
+
 def read_tensors(files: Sequence[Path]) -> dict[str, np.ndarray]:
     """All tensors of the safetensors `files` as NumPy arrays (float16 widened to float32).
 
@@ -208,6 +244,7 @@ def read_tensors(files: Sequence[Path]) -> dict[str, np.ndarray]:
     for f in files:
         if not f.is_file():
             raise CheckpointError(f"{f}: missing safetensors file")
+        check_header_dtypes(f)
         try:
             handle = safe_open(str(f), framework="np")
         except (SafetensorError, OSError) as e:
@@ -216,7 +253,7 @@ def read_tensors(files: Sequence[Path]) -> dict[str, np.ndarray]:
             for key in handle.keys():
                 try:
                     arr = handle.get_tensor(key)
-                except (SafetensorError, TypeError, ValueError) as e:
+                except (SafetensorError, TypeError, ValueError, AttributeError) as e:
                     hint = "; NumPy has no bfloat16: save the checkpoint as float32 or float16" \
                         if "bfloat16" in str(e) else ""
                     raise CheckpointError(f"{f}: cannot read tensor {key!r} ({e}){hint}") from None
