@@ -34,6 +34,9 @@ def problems(graph: Graph) -> list[tuple[int | None, str]]:
         if not isinstance(n.dtype, DType) or not all(type(d) is int and d >= 0 for d in n.shape):
             out.append((n.id, f"declared type needs a DType and non-negative int dims, got {n.dtype!r} {n.shape!r}"))
             continue
+        if msg := _check_type(n):
+            out.append((n.id, msg))
+            continue
         late = [i for i in n.inputs if pos[i] > pos[n.id]]
         if late:
             out.append((n.id, f"uses %{late[0]}, which is defined after it (not in topological order)"))
@@ -61,6 +64,21 @@ def problems(graph: Graph) -> list[tuple[int | None, str]]:
         if t != TensorType(n.shape, n.dtype):
             out.append((n.id, f"declared type {n.type} but operands give {t}"))
     return out
+
+
+MAX_RANK = 32
+"""Highest tensor rank accepted (NumPy 1.x and MLX stop at 32 or 64 dimensions; transformer graphs use at most 5)."""
+
+
+def _check_type(n: Node) -> str | None:
+    """Why the declared type of `n` cannot be run, or None: a rank over `MAX_RANK`, or a dimension of size 0
+    (an empty tensor: reductions, softmax, norms and gathers over an empty axis have no value, and MLX hangs or
+    raises on them; no fusion lesson needs one, so every front end refuses them here)."""
+    if len(n.shape) > MAX_RANK:
+        return f"type {n.dtype}[...] has rank {len(n.shape)} (at most {MAX_RANK} dimensions are supported)"
+    if 0 in n.shape:
+        return f"type {n.type} has a dimension of size 0 (empty tensors are not supported)"
+    return None
 
 
 def _check_signature(n: Node) -> str | None:
@@ -153,4 +171,4 @@ def lint(graph: Graph, stage: str = "") -> Graph:
     raise GraphError(head, nid, reason)
 
 
-__all__ = ["lint", "problems", "format_node"]
+__all__ = ["MAX_RANK", "lint", "problems", "format_node"]

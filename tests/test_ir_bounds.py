@@ -1,0 +1,99 @@
+"""Bounds lint and the IR/JSON readers enforce on untrusted graphs (fresh hostile-input trial): empty tensors,
+ranks over `MAX_RANK`, constant gather indices out of range, float consts that overflow their dtype, long
+quoted strings/names, deep JSON. Each kind is refused as one line, exit 2, before anything runs."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlxviz import cli
+from rlxviz.ir import GraphError, from_json, lint, parse_ir, to_json
+from rlxviz.ir.lint import MAX_RANK
+
+
+def run(capsys, *args):
+    code = cli.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line(err: str, command: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"rlxviz {command}: error: "), lines[0]
+    return lines[0]
+
+
+def ir(*lines: str) -> str:
+    return "graph t {\n" + "".join(f"  {ln}\n" for ln in lines) + "}\n"
+
+
+def json_form(text: str) -> str:
+    """The graph JSON form of `text`, built without lint (so invalid graphs can be written)."""
+    return to_json(parse_ir(text, verify=False))
+
+
+# ------------------------------------------------------------------------------------------ empty tensors
+
+EMPTY = {
+    "reduce_mean": ir('%0 = input {name="x"} : f32[2, 0]',
+                      "%1 = reduce_mean(%0) {axes=[1], keepdims=true} : f32[2, 1]", "return %1"),
+    "reduce_max": ir('%0 = input {name="x"} : f32[0, 4]', "%1 = reduce_max(%0) {axes=[0], keepdims=false} : f32[4]",
+                     "return %1"),
+    "reduce_sum_other_axis": ir('%0 = input {name="x"} : f32[0, 4]',
+                                "%1 = reduce_sum(%0) {axes=[1], keepdims=false} : f32[0]", "return %1"),
+    "softmax": ir('%0 = input {name="x"} : f32[3, 0]', "%1 = softmax(%0) {axis=1} : f32[3, 0]", "return %1"),
+    "layer_norm": ir('%0 = input {name="x"} : f32[2, 0]', '%1 = param {name="w"} : f32[0]',
+                     '%2 = param {name="b"} : f32[0]', "%3 = layer_norm(%0, %1, %2) {eps=1e-5} : f32[2, 0]",
+                     "return %3"),
+    "gather": ir('%0 = param {name="t"} : f32[0, 3]', '%1 = input {name="i"} : i64[1, 2]',
+                 "%2 = gather(%0, %1) {axis=0} : f32[1, 2, 3]", "return %2"),
+    "matmul": ir('%0 = input {name="x"} : f32[2, 0]', '%1 = param {name="w"} : f32[0, 3]',
+                 "%2 = matmul(%0, %1) : f32[2, 3]", "return %2"),
+    "narrow_to_empty": ir('%0 = input {name="x"} : f32[2, 4]',
+                          "%1 = narrow(%0) {axis=1, start=1, length=0} : f32[2, 0]", "return %1"),
+}
+
+
+@pytest.mark.parametrize("name", list(EMPTY))
+def test_any_empty_tensor_is_refused_by_lint_in_text_and_json(name):
+    text = EMPTY[name]
+    for load in (parse_ir, lambda t: lint(from_json(json_form(t)))):
+        with pytest.raises(GraphError) as e:
+            load(text)
+        assert "has a dimension of size 0 (empty tensors are not supported)" in e.value.reason
+        assert e.value.reason.startswith("%")  # names the node
+
+
+@pytest.mark.parametrize("command", [["explain"], ["time", "--repeat", "1"]])
+@pytest.mark.parametrize("suffix", [".ir", ".json"])
+def test_empty_tensor_files_exit_2_in_one_line(tmp_path, capsys, command, suffix):
+    """`time` on these hung in mx.eval (reduce_mean, layer_norm) or exited 3 (reduce_max, gather)."""
+    text = EMPTY["reduce_mean"]
+    f = tmp_path / f"g{suffix}"
+    f.write_text(json_form(text) if suffix == ".json" else text)
+    code, out, err = run(capsys, *command, f)
+    assert code == 2
+    line = one_line(err, command[0])
+    assert "%0 (input): type f32[2, 0] has a dimension of size 0" in line
+
+
+# ------------------------------------------------------------------------------------------------- rank
+
+@pytest.mark.parametrize("rank", [MAX_RANK + 1, 65, 200])
+def test_rank_over_the_limit_is_refused_naming_the_node(rank, tmp_path, capsys):
+    dims = ", ".join(["1"] * rank)
+    text = ir(f'%0 = input {{name="x"}} : f32[{dims}]', f"%1 = relu(%0) : f32[{dims}]", "return %1")
+    with pytest.raises(GraphError) as e:
+        parse_ir(text)
+    assert e.value.reason == f"%0 (input): type f32[...] has rank {rank} (at most {MAX_RANK} dimensions are supported)"
+    f = tmp_path / "deep.ir"
+    f.write_text(text)
+    code, _, err = run(capsys, "time", "--repeat", "1", f)
+    assert code == 2 and f"has rank {rank}" in one_line(err, "time") and "deep.ir" in err
+
+
+def test_rank_at_the_limit_passes():
+    dims = ", ".join(["1"] * MAX_RANK)
+    parse_ir(ir(f'%0 = input {{name="x"}} : f32[{dims}]', f"%1 = relu(%0) : f32[{dims}]", "return %1"))
