@@ -2,8 +2,6 @@
 ranks over `MAX_RANK`, constant gather indices out of range, float consts that overflow their dtype, long
 quoted strings/names, deep JSON. Each kind is refused as one line, exit 2, before anything runs."""
 
-import json
-from pathlib import Path
 
 import pytest
 
