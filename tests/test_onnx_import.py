@@ -309,3 +309,53 @@ def test_a_seq_past_the_position_table_from_input_arrays():
     """`rlxviz run` binds shapes from the user's arrays: their seq is the one named."""
     with pytest.raises(OnnxImportError, match=r"seq 65 is over the 64 positions of the export's position table"):
         load_onnx(FIX / "gpt2.onnx", input_shapes={"input_ids": (1, 65), "attention_mask": (1, 65)})
+
+
+def _const_fold_model(kind: str, big: int):
+    """x f32[1, 1] + ReduceSum(a constant of `big` x `big` floats built by `kind` from small constants)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    i64 = lambda n, v: numpy_helper.from_array(np.asarray(v, dtype=np.int64), n)  # noqa: E731
+    one = numpy_helper.from_array(np.ones((1, 1), np.float32), "one")
+    if kind == "ConstantOfShape":
+        inits, make = [i64("s", [big, big])], [helper.make_node("ConstantOfShape", ["s"], ["c"], name="k")]
+    elif kind == "Expand":
+        inits, make = [one, i64("s", [big, big])], [helper.make_node("Expand", ["one", "s"], ["c"], name="k")]
+    elif kind == "Tile":
+        inits, make = [one, i64("s", [big, big])], [helper.make_node("Tile", ["one", "s"], ["c"], name="k")]
+    else:  # Range, then a reshape-free sum
+        f = lambda n, v: numpy_helper.from_array(np.asarray(v, dtype=np.float32), n)  # noqa: E731
+        inits, make = [f("a", 0), f("b", big * big), f("d", 1)], [helper.make_node("Range", ["a", "b", "d"], ["c"],
+                                                                                    name="k")]
+    nodes = make + [helper.make_node("ReduceSum", ["c"], ["r"], keepdims=0),
+                    helper.make_node("Add", ["x", "r"], ["y"])]
+    return _model(nodes, [x], [y], inits)
+
+
+@pytest.mark.parametrize("kind", ["ConstantOfShape", "Expand", "Tile", "Range"])
+def test_a_folded_constant_over_the_memory_limit_is_refused_before_it_is_allocated(tmp_path, kind):
+    p = _save(tmp_path, _const_fold_model(kind, 100_000))  # 37.3 GiB if it were allocated
+    with pytest.raises(OnnxImportError) as e:
+        load_onnx(p, max_bytes=2 << 30)
+    msg = str(e.value)
+    assert "\n" not in msg and f"{kind} node 'k'" in msg and "37.3 GiB" in msg and "over the limit of 2.0 GiB" in msg
+    small = _save(tmp_path, _const_fold_model(kind, 8), "small.onnx")
+    m = load_onnx(small, max_bytes=2 << 30)  # small folds still pass
+    assert m.graph.inputs[0].shape == (1, 1)
+
+
+def test_a_cycle_a_bad_dimension_and_an_empty_file_are_named(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Add", ["x", "b"], ["a"], name="add"), helper.make_node("Relu", ["a"], ["b"]),
+             helper.make_node("Identity", ["a"], ["y"])]
+    with pytest.raises(OnnxImportError, match="node 'add'.*reads 'b', which no earlier node or input produces"):
+        load_onnx(_save(tmp_path, _model(nodes, [x], [y])))
+    for dim in (-3, 0):
+        xn = helper.make_tensor_value_info("x", TensorProto.FLOAT, [dim, 4])
+        with pytest.raises(OnnxImportError, match=f"input 'x': dimension 0 is {dim}; .* must be positive"):
+            load_onnx(_save(tmp_path, _model([helper.make_node("Relu", ["x"], ["y"])], [xn], [y]), f"d{dim}.onnx"))
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    with pytest.raises(OnnxImportError, match="not an ONNX model \\(the file is empty\\)"):
+        load_onnx(empty)

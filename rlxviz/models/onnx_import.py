@@ -87,10 +87,15 @@ class _Ctx:
     value_names: dict[int, str] = field(default_factory=dict)
     seq: int | None = None
     """The sequence length the inputs were bound to (`import_graph`'s `seq`, or dim 1 of a given input shape)."""
+    max_bytes: int | None = None
+    """The memory limit every folded constant is checked against before it is allocated (None: unchecked)."""
+    held_bytes: int = 0
+    """Bytes of NumPy constants held so far: the initializers and every folded output."""
 
     def fail(self, why: str) -> OnnxImportError:
         n = self.node
-        return OnnxImportError(f"{n.op_type} node {n.name!r} (opset {self.opset}): {why}")
+        label = repr(n.name) if n.name else f"(unnamed, output {n.output[0]!r})" if n.output else "(unnamed)"
+        return OnnxImportError(f"{n.op_type} node {label} (opset {self.opset}): {why}")
 
     def ref(self, v: Value, dtype: DType | None = None) -> Ref:
         """A node for `v`: constants of one element become `const`, larger ones a named param."""
@@ -811,6 +816,67 @@ def _fold(node: Any, inputs: list[np.ndarray | None], opset: int) -> list[np.nda
     return [np.asarray(o) for o in ev.run(None, feeds)]
 
 
+_SMALL_FEED = 4096
+"""Constant inputs up to this many elements go to shape inference with their values (shapes, repeats, ranges),
+larger ones by their shape and type only."""
+
+
+def _fold_bytes(node: Any, inputs: list[np.ndarray | None], opset: int) -> list[tuple[tuple[int, ...], np.dtype]]:
+    """The shapes and dtypes `_fold` would produce for `node`, from ONNX shape inference (with data propagation
+    over the small constant inputs), without evaluating it; an output whose shape is not inferred is left out.
+    Raises nothing."""
+    onnx = _onnx()
+    from onnx import helper, numpy_helper
+
+    try:
+        inits, feeds = [], []
+        for name, arr in zip(node.input, inputs, strict=False):
+            if not name or arr is None:
+                continue
+            if arr.size <= _SMALL_FEED:
+                inits.append(numpy_helper.from_array(np.asarray(arr), name))
+            else:
+                code = helper.np_dtype_to_tensor_dtype(arr.dtype)
+                feeds.append(helper.make_tensor_value_info(name, code, list(arr.shape)))
+        outs = [helper.make_empty_tensor_value_info(o) for o in node.output if o]
+        g = helper.make_graph([node], "fold", feeds, outs, initializer=inits)
+        opsets = [helper.make_opsetid("", opset)]
+        m = helper.make_model(g, opset_imports=opsets, ir_version=onnx.IR_VERSION)
+        m = onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - inference is best effort; the fold itself names real errors
+        return []
+    found = []
+    for vi in list(m.graph.output) + list(m.graph.value_info):
+        t = vi.type.tensor_type
+        if not t.elem_type or not t.HasField("shape"):
+            continue
+        if any(not d.HasField("dim_value") for d in t.shape.dim):
+            continue
+        try:
+            dt = np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type))
+        except Exception:  # noqa: BLE001
+            continue
+        found.append((tuple(int(d.dim_value) for d in t.shape.dim), dt))
+    return found
+
+
+def _check_fold(ctx: _Ctx, node: Any, inputs: list[np.ndarray | None]) -> None:
+    """Refuse a fold whose constant output, with the constants already held, would pass `ctx.max_bytes`:
+    checked from the inferred shapes before anything is allocated. Raises OnnxImportError (one line)."""
+    if ctx.max_bytes is None:
+        return
+    from ..session.limits import human_bytes
+
+    for shape, dt in _fold_bytes(node, inputs, ctx.opset):
+        need = math.prod(shape) * dt.itemsize
+        if ctx.held_bytes + need > ctx.max_bytes:
+            held = (f" (with {human_bytes(ctx.held_bytes)} of constants already held)"
+                    if need <= ctx.max_bytes else "")
+            raise ctx.fail(f"folding it would materialize a constant {dt.name}{list(shape)} of {human_bytes(need)}"
+                           f"{held}, over the limit of {human_bytes(ctx.max_bytes)}; use smaller shapes, or raise "
+                           f"RLXVIZ_MAX_MEMORY_MB (CLI: --max-memory-mb) if the machine has the memory")
+
+
 def _shape_op(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> np.ndarray:
     s = ctx.shape(x[0])
     if n.op_type == "Size":
@@ -857,10 +923,17 @@ def _bind_input(vi: Any, batch: int, seq: int, shapes: Mapping[str, Sequence[int
     t = vi.type.tensor_type
     dtype = onnx_dtype(t.elem_type)
     if vi.name in shapes:
-        return tuple(int(d) for d in shapes[vi.name]), dtype
+        given = tuple(int(d) for d in shapes[vi.name])
+        if (bad := next((i for i, d in enumerate(given) if d <= 0), None)) is not None:
+            raise OnnxImportError(f"input {vi.name!r}: dimension {bad} is {given[bad]}; a graph input's dimensions "
+                                  f"must be positive")
+        return given, dtype
     dims = []
     for i, d in enumerate(t.shape.dim):
-        if d.HasField("dim_value") and d.dim_value > 0:
+        if d.HasField("dim_value") and d.dim_value <= 0:
+            raise OnnxImportError(f"input {vi.name!r}: dimension {i} is {d.dim_value}; a graph input's dimensions "
+                                  f"must be positive")
+        if d.HasField("dim_value"):
             dims.append(int(d.dim_value))
         elif _BATCH_RE.search(d.dim_param or "") or (i == 0 and not _SEQ_RE.search(d.dim_param or "")):
             dims.append(batch)
@@ -923,14 +996,17 @@ def _misfit(ctx: _Ctx, node: Any, ins: list[Value]) -> str | None:
 
 
 def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mapping[str, Sequence[int]] | None = None,
-                 name: str | None = None) -> tuple[Graph, dict[str, np.ndarray], dict[int, tuple[str, str, str]]]:
+                 name: str | None = None, max_bytes: int | None = None,
+                 ) -> tuple[Graph, dict[str, np.ndarray], dict[int, tuple[str, str, str]]]:
     """An IR graph, its weights and per-node ONNX provenance from an `onnx.ModelProto` (external data loaded).
 
     Returns:
         (graph, weights: param name -> array, provenance: IR node id -> (op_type, node name, doc_string)).
 
     Raises:
-        OnnxImportError: unsupported opset, dtype, unbound dimension, or unmappable ops (all listed at once).
+        OnnxImportError: unsupported opset, dtype, unbound or non-positive dimension, a node reading a value
+            nothing produced, a folded constant over `max_bytes` (with the constants already held), or
+            unmappable ops (all listed at once).
     """
     from onnx import numpy_helper
 
@@ -939,11 +1015,12 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
     shapes = dict(input_shapes or {})
     b = Builder(name or g.name or "onnx")
     weights: dict[str, np.ndarray] = {}
-    ctx = _Ctx(b, opset, weights, seq=seq)
+    ctx = _Ctx(b, opset, weights, seq=seq, max_bytes=max_bytes)
     env: dict[str, Value] = {}
     for init in g.initializer:
         arr = numpy_helper.to_array(init)
         env[init.name] = arr
+        ctx.held_bytes += arr.nbytes
         ctx.value_names[id(arr)] = init.name
     for vi in g.input:
         if vi.name in env:
@@ -961,6 +1038,10 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
         if any(i in poisoned for i in node.input if i):
             poisoned.update(node.output)
             continue
+        if (missing := next((i for i in node.input if i and i not in env), None)) is not None:
+            ctx.node = node
+            raise OnnxImportError(str(ctx.fail(f"reads {missing!r}, which no earlier node or input produces "
+                                               f"(a cycle or a dangling input)")))
         ins: list[Value] = [env[i] if i else None for i in node.input]
         attrs = _attrs(node)
         ctx.node = node
@@ -971,9 +1052,12 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
             if domain == "" and node.op_type in ("Shape", "Size"):
                 outs: list[Value] = [_shape_op(ctx, node, ins, attrs)]
             elif domain == "" and node.op_type == "Constant":
+                _check_fold(ctx, node, [])
                 outs = _fold(node, [], opset)
             elif domain == "" and all(isinstance(v, np.ndarray) or v is None for v in ins):
+                _check_fold(ctx, node, ins)  # type: ignore[arg-type]
                 outs = _fold(node, ins, opset)  # type: ignore[arg-type]
+                ctx.held_bytes += sum(o.nbytes for o in outs if isinstance(o, np.ndarray))
             elif (domain, node.op_type) in HANDLERS:
                 b.path = node_path(node)
                 first = b._next
@@ -1050,6 +1134,9 @@ def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Ma
         proto = onnx.load(str(p), load_external_data=False)
     except Exception as e:  # noqa: BLE001 - protobuf DecodeError and friends
         raise OnnxImportError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+    if not proto.HasField("graph"):
+        why = "the file is empty" if p.stat().st_size == 0 else "it holds no graph"
+        raise OnnxImportError(f"{path}: not an ONNX model ({why})")
     if max_bytes is not None:
         need = sum(math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
                    for t in proto.graph.initializer)
@@ -1063,7 +1150,7 @@ def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Ma
     except Exception as e:  # noqa: BLE001 - missing file, path escaping the folder, short read
         raise OnnxImportError(f"{path}: cannot load external data ({type(e).__name__}: {e})") from None
     try:
-        graph, weights, provenance = import_graph(proto, batch, seq, input_shapes, name or p.stem)
+        graph, weights, provenance = import_graph(proto, batch, seq, input_shapes, name or p.stem, max_bytes)
     except OnnxImportError as e:
         raise OnnxImportError(f"{path}: {e}") from None
     producer = f"{proto.producer_name} {proto.producer_version}".strip()
