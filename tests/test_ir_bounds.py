@@ -3,11 +3,13 @@ ranks over `MAX_RANK`, constant gather indices out of range, float consts that o
 quoted strings/names, deep JSON. Each kind is refused as one line, exit 2, before anything runs."""
 
 
+import numpy as np
 import pytest
 
 from rlxviz import cli
 from rlxviz.ir import GraphError, from_json, lint, parse_ir, to_json
 from rlxviz.ir.lint import MAX_RANK
+from rlxviz.runtime import run_reference
 
 
 def run(capsys, *args):
@@ -95,3 +97,41 @@ def test_rank_over_the_limit_is_refused_naming_the_node(rank, tmp_path, capsys):
 def test_rank_at_the_limit_passes():
     dims = ", ".join(["1"] * MAX_RANK)
     parse_ir(ir(f'%0 = input {{name="x"}} : f32[{dims}]', f"%1 = relu(%0) : f32[{dims}]", "return %1"))
+
+
+# ------------------------------------------------------------------------------------ const gather indices
+
+def gather_of(index_lines: list[str], idx: int, idx_type: str) -> str:
+    out = f"{idx_type}, 3" if idx_type else "3"
+    return ir('%0 = param {name="t"} : f32[4, 3]', *index_lines, f"%9 = gather(%0, %{idx}) {{axis=0}} : f32[{out}]",
+              "return %9")
+
+
+@pytest.mark.parametrize("index_lines, idx, idx_type, bad", [
+    (["%1 = const {value=[[7, 9]]} : i64[1, 2]"], 1, "1, 2", 7),                       # the handed file
+    (["%1 = const {value=4} : i64[]"], 1, "", 4),                                      # one past the end
+    (["%1 = const {value=[0, -1]} : i32[2]"], 1, "2", -1),                              # negative
+    (["%1 = const {value=[0, 1, 2, 9]} : i64[4]", "%2 = reshape(%1) {shape=[2, 2]} : i64[2, 2]"], 2, "2, 2", 9),
+    (["%1 = const {value=[1, 5]} : i32[2]", '%2 = cast(%1) {dtype="i64"} : i64[2]'], 2, "2", 5),
+    (['%1 = input {name="i"} : i64[2]', "%2 = const {value=[100]} : i64[1]",
+      "%3 = concat(%1, %2) {axis=0} : i64[3]"], 3, "3", 100),
+])
+def test_const_gather_indices_out_of_range_are_refused(index_lines, idx, idx_type, bad):
+    with pytest.raises(GraphError) as e:
+        parse_ir(gather_of(index_lines, idx, idx_type))
+    assert e.value.reason.startswith(f"%9 (gather): const index {bad} (from %")
+    assert "out of range for table f32[4, 3]: axis 0 has 4 rows (valid indices 0..3)" in e.value.reason
+
+
+def test_const_gather_indices_in_range_pass_and_run():
+    g = parse_ir(gather_of(["%1 = const {value=[[3, 0]]} : i64[1, 2]"], 1, "1, 2"))
+    t = np.arange(12, dtype=np.float32).reshape(4, 3)
+    (out,) = run_reference(g, {}, {"t": t})
+    assert (out == t[[[3, 0]]]).all()
+
+
+def test_handed_const_gather_oob_exits_2(tmp_path, capsys):
+    f = tmp_path / "g.ir"
+    f.write_text(gather_of(["%1 = const {value=[[7, 9]]} : i64[1, 2]"], 1, "1, 2"))
+    code, _, err = run(capsys, "time", "--repeat", "1", f)
+    assert code == 2 and "%9 (gather): const index 7 (from %1) is out of range" in one_line(err, "time")

@@ -63,6 +63,8 @@ def problems(graph: Graph) -> list[tuple[int | None, str]]:
             continue
         if t != TensorType(n.shape, n.dtype):
             out.append((n.id, f"declared type {n.type} but operands give {t}"))
+        elif n.op == Op.GATHER and (msg := _check_gather_consts(nodes, n)):
+            out.append((n.id, msg))
     return out
 
 
@@ -124,6 +126,39 @@ def _check_const(n: Node) -> str | None:
             todo.extend(x)
         elif msg := _const_fits(x, n.dtype):
             return msg
+    return None
+
+
+_SAME_VALUES = frozenset({Op.RESHAPE, Op.TRANSPOSE, Op.EXPAND, Op.CONCAT})
+"""Ops whose output holds every value of every operand (no empty tensors pass lint), and no other value."""
+
+
+def _check_gather_consts(nodes: dict[int, Node], n: Node) -> str | None:
+    """Why a gather's constant indices fall outside its table, or None. The indices are followed back through
+    reshape/transpose/expand/concat and int -> i64 casts to every const feeding them: any value there reaches the
+    gather. Indices must lie in 0..rows-1 (negative ones wrap in NumPy, not in every lowering)."""
+    table, idx = nodes[n.inputs[0]], n.inputs[1]
+    rows = table.shape[0]
+    todo, seen = [idx], set()
+    while todo:
+        k = todo.pop()
+        if k in seen:
+            continue
+        seen.add(k)
+        src = nodes[k]
+        if src.op in _SAME_VALUES:
+            todo.extend(src.inputs)
+        elif src.op == Op.CAST and src.dtype == DType.i64 and nodes[src.inputs[0]].dtype.is_int:
+            todo.extend(src.inputs)
+        elif src.op == Op.CONST:
+            vals = [src.attrs["value"]]
+            while vals:
+                x = vals.pop()
+                if isinstance(x, tuple):
+                    vals.extend(reversed(x))
+                elif not 0 <= x < rows:
+                    return (f"const index {x!r} (from %{k}) is out of range for table {table.type}: "
+                            f"axis 0 has {rows} rows (valid indices 0..{rows - 1})")
     return None
 
 
