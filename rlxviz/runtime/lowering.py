@@ -7,7 +7,7 @@ pass emits — so no fused op's math is written here. Where MLX has a faster way
 the emitter overrides it, each override listed in `OVERRIDES` with its own equivalence test
 against the plain decomposition (`tests/test_runtime_lowering.py`):
 
-* `Emitter.linear` (`x @ w + b`, used by every fused linear) -> one `mx.addmm` (BLAS beta=1 epilogue);
+* `Emitter.linear` (`x @ w + b`, used by every fused linear) -> one `mx.addmm` (BLAS beta=1 epilogue) in f32;
 * FusedTransformerLayer -> its decomposition traced once into `mx.compile` (`compile_layers`);
 * ElementwiseRegion -> its decomposition traced once into `mx.compile` (`regions="compiled"`).
 
@@ -246,8 +246,15 @@ class MlxEmitter(Emitter[mx.array]):
     # override: linear
     def linear(self, x: mx.array, w: mx.array, b: mx.array | None = None) -> mx.array:
         """Override of `Emitter.linear` (matmul, then add): `x @ w + b` as one `mx.addmm`, the BLAS
-        beta=1 epilogue, when there is a bias (same numbers up to float32 rounding of the add)."""
-        return mx.matmul(x, w) if b is None else mx.addmm(b, x, w)
+        beta=1 epilogue, when there is a bias and the result is float32 (same numbers up to float32
+        rounding of the add). In f16/bf16 it stays matmul, then add: addmm adds the bias to the float32
+        accumulator and rounds once, the unfused graph rounds the matmul and then the sum, so they differ
+        by one ulp in about a quarter of the elements (up to 3e-2 in bf16), which a fused linear must not do."""
+        if b is None:
+            return mx.matmul(x, w)
+        if mx.result_type(x, w, b) != mx.float32:
+            return mx.matmul(x, w) + b
+        return mx.addmm(b, x, w)
 
     # kernels
     def kernel(self, fn: Callable[..., mx.array], *static: Any) -> Callable[[mx.array], mx.array]:
