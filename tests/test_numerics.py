@@ -243,9 +243,11 @@ def test_a_broken_rewrite_is_caught_and_named_with_the_input_that_broke_it(sourc
         assert all(v.ok for v in verdicts), [v.note for v in verdicts]
         return
     assert broken.status == "fusion" and broken.broke_on == "fully_masked_row", broken.note
-    assert "fusion changed the numbers on fully_masked_row" in broken.note
+    assert "binary_keep_mask changed the numbers on fully_masked_row" in broken.note  # the pass is named
     assert [c.status for c in broken.checks if c.inputs == "random"] == ["ok"]  # random inputs alone miss it
     assert by["after fuse_attention_block"].broke_on == "fully_masked_row"  # carried into the block
+    # ... and still blamed on the pass where the error vs unfused first jumped, not on the later fusion
+    assert by["after fuse_attention_block"].note.startswith("NO: binary_keep_mask changed the numbers")
 
 
 # -- properties: every pipeline version, fused vs unfused on MLX, f32 and f16 ----------------------
@@ -303,3 +305,40 @@ def test_baseline_runs_the_oracle_and_the_backend_once_per_input():
     bases = baselines(g, battery(g, _ln_feeds()), _weights(g), run)
     assert len(bases) == 3 and len(calls) == 3 and all(isinstance(b, Baseline) for b in bases)
     assert Battery(()).names == [] and Tolerance(1e-3, 1e-4).__str__() == "rtol 0.001, atol 0.0001"
+
+
+def test_a_version_that_differs_from_unfused_is_not_blamed_on_the_dtype():
+    """Within 2x of unfused's error vs the oracle (status `precision`), but off the unfused graph by more than
+    the same-dtype tolerance: the note says the pass changed the numbers, names it and the input set."""
+    from rlxviz.runtime.compare import InputCheck, Verdict, attribute_changes
+
+    pol = policy_for(parse_ir(LN16), "cpu")
+    oracle, unfused = [np.ones(4)], [np.array([1.0, 1.0, 1.0, 1.5], np.float16)]
+    same = judge(unfused, oracle, unfused, pol, "fully_masked_row")
+    moved = judge([np.array([1.0, 1.0, 1.0, 0.6])], oracle, unfused, pol, "fully_masked_row")
+    assert same.status == moved.status == "precision" and not same.changed and moved.changed
+    ok = InputCheck("random", 0.0, 0.0, "ok")
+    vs = attribute_changes(["input", "after fuse_sdpa", "after fuse_matmul_bias_act", "after fuse_attention_block"],
+                           [Verdict([ok, same]), Verdict([ok, same]), Verdict([ok, moved]), Verdict([ok, moved])])
+    assert "loses precision in its dtype on fully_masked_row" in vs[0].note and "unfused too" in vs[0].note
+    for v in vs[2:]:
+        assert v.note.startswith("NO: fuse_matmul_bias_act changed the numbers on fully_masked_row (9.0e-01 vs "
+                                 "unfused"), v.note
+        assert "unfused too" not in v.note
+
+
+def test_the_note_names_the_worst_input_set_the_column_shows():
+    """The table's vs-oracle column is the worst over the input sets; when that is not the first bad set (e.g. nan
+    on large_magnitude after 2.5e-02 on fully_masked_row), the note names it too, so they agree."""
+    from rlxviz.runtime.compare import InputCheck, Verdict
+
+    v = Verdict([InputCheck("fully_masked_row", 2.5e-2, 0.0, "precision", err_base=2.5e-2),
+                 InputCheck("large_magnitude", float("nan"), 0.0, "overflow", "%29 matmul f16[2, 4, 8, 8]")])
+    assert np.isnan(v.err_oracle) and v.err_unfused == 0.0
+    assert "fully_masked_row (2.5e-02 vs the oracle" in v.note
+    assert "worst (nan vs the oracle): overflows in its dtype on large_magnitude at %29 matmul" in v.note
+    # the unfused graph is 0 away from itself even where it holds NaN
+    from rlxviz.runtime.compare import max_abs
+
+    a = [np.array([1.0, np.nan, np.inf])]
+    assert np.isnan(max_abs(a, a)) and max_abs(a, a, same_nonfinite=True) == 0.0

@@ -13,6 +13,10 @@ Together they separate a fusion bug from conditioning (`Verdict`):
 | `overflow` | outside | same, or unfused not finite | the graph itself overflows in its dtype (oracle finite) |
 | `precision` | outside, <= 2x unfused's error | any | the graph itself loses precision in its dtype (e.g. f16 |
 | | | | cancellation: fused and unfused round differently, neither closer to the oracle) |
+
+A `precision` check whose version also differs from the unfused graph beyond the same-dtype tolerance
+(`InputCheck.changed`) is not blamed on the dtype alone: its note says the pass changed the numbers, naming
+the first pass where the error vs unfused jumps (`attribute_changes`) and the input set.
 | `nonfinite` | the oracle is not finite | | the graph's math is not finite even in float64 |
 
 Tolerances come from `tolerance.TABLE` (`PrecisionPolicy`). The first input set on which a version is
@@ -22,7 +26,7 @@ not `ok` is named in its verdict.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -42,15 +46,21 @@ def _f64(a: np.ndarray) -> np.ndarray:
     return np.asarray(a).astype(np.float64)
 
 
-def max_abs(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> float:
-    """Max |got - want| over all outputs (nan when either side is not finite where the other is)."""
+def max_abs(got: Sequence[np.ndarray], want: Sequence[np.ndarray], same_nonfinite: bool = False) -> float:
+    """Max |got - want| over all outputs (nan when either side is not finite where the other is). With
+    `same_nonfinite`, the same inf / nan at the same place on both sides counts as no difference (used
+    for "vs the unfused graph": the unfused graph is 0 away from itself even where it overflows)."""
     worst = 0.0
     with np.errstate(invalid="ignore", over="ignore"):
         for g, w in zip(got, want, strict=True):
             if np.shape(g) != np.shape(w):
                 return float("inf")
             if np.size(g):
-                d = np.abs(_f64(g) - _f64(w))
+                g64, w64 = _f64(g), _f64(w)
+                d = np.abs(g64 - w64)
+                if same_nonfinite:
+                    same = (g64 == w64) | (np.isnan(g64) & np.isnan(w64))
+                    d = np.where(same, 0.0, d)
                 worst = float("nan") if np.isnan(d).any() else max(worst, float(d.max()))
     return worst
 
@@ -84,6 +94,9 @@ class InputCheck:
         err_unfused: max |version - unfused graph on the same backend and dtype|.
         status: one of `STATUSES`.
         where: for `overflow`, the first node that is not finite in the unfused graph (`first_nonfinite`).
+        changed: the output differs from the unfused graph's by more than the same-dtype tolerance
+            (`policy.same_backend`): a pass changed the numbers, whatever the oracle says.
+        err_base: max |unfused graph - oracle| on this input set (how far the unfused graph itself is off).
     """
 
     inputs: str
@@ -91,6 +104,20 @@ class InputCheck:
     err_unfused: float
     status: str
     where: str | None = None
+    changed: bool = False
+    err_base: float = 0.0
+
+    def brief(self) -> str:
+        """This check's status in words, naming the input set (the verdict's note without `NO: `)."""
+        if self.status == "fusion" or (self.status == "precision" and self.changed):
+            return (f"changed the numbers on {self.inputs} ({self.err_unfused:.1e} vs unfused, over the same-dtype "
+                    f"tolerance; {self.err_oracle:.1e} vs the oracle, unfused {self.err_base:.1e})")
+        at = f" at {self.where}" if self.where else ""
+        return {"ok": f"ok on {self.inputs}",
+                "overflow": f"overflows in its dtype on {self.inputs}{at} (unfused too; the oracle is finite)",
+                "precision": f"loses precision in its dtype on {self.inputs} ({self.err_oracle:.1e} vs the oracle, "
+                             f"unfused too: {self.err_base:.1e})",
+                "nonfinite": f"not finite even in float64 on {self.inputs}"}[self.status]
 
 
 @dataclass
@@ -101,10 +128,15 @@ class Verdict:
         checks: one `InputCheck` per input set, in battery order.
         status: the first non-`ok` status (by input order), else `ok`.
         broke_on: the input set that gave that status, None when `ok`.
-        note: one line, e.g. `fusion changed the numbers on fully_masked_row (6.1e-02 vs unfused)`.
+        note: one line, e.g. `NO: fusion changed the numbers on fully_masked_row (6.1e-02 vs unfused, ...)`;
+            where another input set holds the worst error vs the oracle (the number a table shows), the
+            note names it too, so the note and the column agree.
+        changed_by: the pass that first made this version's numbers differ from the unfused graph (set by
+            the caller that knows the passes, e.g. `session.timing`), named in the note instead of `fusion`.
     """
 
     checks: list[InputCheck] = field(default_factory=list)
+    changed_by: str | None = None
 
     @property
     def first_bad(self) -> InputCheck | None:
@@ -133,16 +165,33 @@ class Verdict:
         return _worst(c.err_unfused for c in self.checks)
 
     @property
+    def first_changed(self) -> InputCheck | None:
+        """The first input set on which this version differs from the unfused graph beyond the same-dtype
+        tolerance (None: it matches the unfused graph everywhere)."""
+        return next((c for c in self.checks if c.changed), None)
+
+    @property
     def note(self) -> str:
         bad = self.first_bad
         if bad is None:
             return "yes"
-        return {"fusion": f"NO: fusion changed the numbers on {bad.inputs} ({bad.err_unfused:.1e} vs unfused)",
-                "overflow": f"NO: overflows in its dtype on {bad.inputs}"
-                            + (f" at {bad.where}" if bad.where else "") + " (unfused too; the oracle is finite)",
-                "precision": f"NO: loses precision in its dtype on {bad.inputs} ({bad.err_oracle:.1e} vs the "
-                             f"oracle, unfused too)",
-                "nonfinite": f"NO: not finite even in float64 on {bad.inputs}"}[bad.status]
+        changed = bad.status == "fusion" or (bad.status == "precision" and bad.changed)
+        who = self.changed_by or "fusion"
+        text = f"{who} {bad.brief()}" if changed else bad.brief()
+        worst = _worst_check(self.checks)
+        if worst is not None and worst is not bad:
+            text += f"; worst ({_num(worst.err_oracle)} vs the oracle): {worst.brief()}"
+        return "NO: " + text
+
+
+def _num(x: float) -> str:
+    return "nan" if np.isnan(x) else f"{x:.1e}"
+
+
+def _worst_check(checks: Sequence[InputCheck]) -> InputCheck | None:
+    """The check holding the largest error vs the oracle (a nan first), or None when there are none."""
+    return next((c for c in checks if np.isnan(c.err_oracle)), None) or max(checks, key=lambda c: c.err_oracle,
+                                                                                default=None)
 
 
 def _worst(errs: Any) -> float:
@@ -155,18 +204,20 @@ def _worst(errs: Any) -> float:
 def judge(got: Sequence[np.ndarray], oracle: Sequence[np.ndarray], unfused: Sequence[np.ndarray],
           policy: PrecisionPolicy, inputs: str = "") -> InputCheck:
     """The `InputCheck` of one version's outputs `got` (see the module table)."""
-    e_or, e_un = max_abs(got, oracle), max_abs(got, unfused)
+    e_or, e_un = max_abs(got, oracle), max_abs(got, unfused, same_nonfinite=True)
+    changed = not close(got, unfused, policy.same_backend, same_nonfinite=True)
+    e_base = max_abs(unfused, oracle)
     if not finite(oracle):
         status = "nonfinite"
     elif close(got, oracle, policy.oracle):
         status = "ok"
     elif not finite(unfused):  # the graph overflows in its dtype already: where the NaNs land is not a pass's fault
         status = "overflow"
-    elif not close(got, unfused, policy.same_backend, same_nonfinite=True) and not e_or <= 2 * max_abs(unfused, oracle):
+    elif changed and not e_or <= 2 * e_base:
         status = "fusion"  # differs from unfused AND is more than twice as far from the truth as unfused is
     else:
         status = "precision" if finite(got) else "overflow"
-    return InputCheck(inputs, e_or, e_un, status)
+    return InputCheck(inputs, e_or, e_un, status, changed=changed, err_base=e_base)
 
 
 @dataclass
@@ -208,7 +259,7 @@ def check_version(version: Graph, bases: Sequence[Baseline], weights: Mapping[st
             if c.status in ("overflow", "precision"):
                 where = b.overflow_at(weights)
                 if where is not None:  # finite output, but an intermediate overflowed (e.g. rsqrt(inf) = 0)
-                    c = InputCheck(c.inputs, c.err_oracle, c.err_unfused, "overflow", where)
+                    c = InputCheck(c.inputs, c.err_oracle, c.err_unfused, "overflow", where, c.changed, c.err_base)
             v.checks.append(c)
     return v
 
@@ -219,7 +270,25 @@ def check_versions(versions: Sequence[tuple[str, Graph]], sets: Battery | Sequen
     """A `Verdict` per version; `versions[0]` must be the unfused graph (the baseline)."""
     run = run or mlx_runner()
     bases = baselines(versions[0][1], sets, weights, run)
-    return [check_version(g, bases, weights, policy, run) for _, g in versions]
+    return attribute_changes([label for label, _ in versions],
+                             [check_version(g, bases, weights, policy, run) for _, g in versions])
+
+
+def attribute_changes(labels: Sequence[str], verdicts: Sequence[Verdict]) -> list[Verdict]:
+    """`verdicts` (one per version, in pipeline order, labels like `after fuse_sdpa`) with `changed_by` set
+    where a version's first bad input set differs from the unfused graph: the pass of the first version
+    that differs from the unfused graph on that input set (the pass where the error vs unfused jumps).
+    Returns new `Verdict`s; the given ones are not changed."""
+    out = []
+    for i, v in enumerate(verdicts):
+        bad = v.first_bad
+        who = None
+        if bad is not None and bad.changed:
+            first = next((k for k in range(i + 1) if any(c.changed and c.inputs == bad.inputs
+                                                          for c in verdicts[k].checks)), i)
+            who = labels[first].removeprefix("after ")
+        out.append(replace(v, changed_by=who) if who != v.changed_by else v)
+    return out
 
 
 def mlx_runner() -> Runner:

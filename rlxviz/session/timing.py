@@ -137,7 +137,7 @@ def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mappin
         DeviceError: the device is unknown or not available here (a ValueError, one line).
         Whatever the MLX runtime raises for a version it cannot run (NotImplementedError, MemoryError, ...).
     """
-    from ..runtime.compare import baselines, check_version
+    from ..runtime.compare import attribute_changes, baselines, check_version
     from ..runtime.executor import MlxExecutor
     from ..runtime.timing import time_versions_interleaved
     from .defaults import check_rounds
@@ -162,7 +162,8 @@ def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mappin
                                         warmup=warmup, executor=ex, on_version=told)
         runner = ex.run
         bases = baselines(trace.input, items, weights, runner)
-        judged = [check_version(versions[i][1], bases, weights, policy, runner) for i in distinct]
+        judged = attribute_changes([versions[i][0] for i in distinct],
+                                   [check_version(versions[i][1], bases, weights, policy, runner) for i in distinct])
         hit = TIMINGS.put(key, (run, judged))
     run, judged = hit
     rows: list[VersionTiming] = []
