@@ -3,12 +3,16 @@ ranks over `MAX_RANK`, constant gather indices out of range, float consts that o
 quoted strings/names, deep JSON. Each kind is refused as one line, exit 2, before anything runs."""
 
 
+import json
+
 import numpy as np
 import pytest
 
 from rlxviz import cli
-from rlxviz.ir import GraphError, from_json, lint, parse_ir, to_json
+from rlxviz.ir import GraphError, IRSyntaxError, from_json, lint, parse_ir, to_json
 from rlxviz.ir.lint import MAX_RANK
+from rlxviz.ir.parser import MAX_STRING_CHARS
+from rlxviz.ir.safejson import loads
 from rlxviz.runtime import run_reference
 
 
@@ -135,3 +139,79 @@ def test_handed_const_gather_oob_exits_2(tmp_path, capsys):
     f.write_text(gather_of(["%1 = const {value=[[7, 9]]} : i64[1, 2]"], 1, "1, 2"))
     code, _, err = run(capsys, "time", "--repeat", "1", f)
     assert code == 2 and "%9 (gather): const index 7 (from %1) is out of range" in one_line(err, "time")
+
+
+# ------------------------------------------------------------------------------ long strings, flat memory
+
+def peak_bytes(f, *args) -> int:
+    """Peak Python-allocated bytes while `f(*args)` runs (exceptions swallowed)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        f(*args)
+    except Exception:  # noqa: BLE001 - only the memory is measured here
+        pass
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak
+
+
+@pytest.mark.parametrize("body", ["a" * 2_000_000, "\\n" * 1_000_000, "ab\\\"" * 500_000])
+def test_long_quoted_string_is_refused_in_flat_memory(body):
+    """A 2 MB quoted name cost 590 MB (a regex backtracking frame per character); now a few times the text."""
+    text = ir(f'%0 = input {{name="{body}"}} : f32[2]', "return %0")
+    with pytest.raises(IRSyntaxError) as e:
+        parse_ir(text)
+    assert (e.value.line, e.value.col, e.value.reason) == (2, 20, f"quoted string longer than {MAX_STRING_CHARS} "
+                                                                    "characters")
+    assert len(str(e.value)) < 500  # the error shows a window of the line, not megabytes
+    assert peak_bytes(parse_ir, text) < 4 * len(text) + (1 << 20)
+    unterminated = ir(f'%0 = input {{name="{body}', "return %0")
+    assert peak_bytes(parse_ir, unterminated) < 4 * len(text) + (1 << 20)
+
+
+@pytest.mark.parametrize("line, col, reason", [
+    ('%0 = input {name="x"} : f32[2] @' + "p." * 3000 + "q", 35, "name with 6001 characters (at most 4096)"),
+    ('%0 = input {' + "k" * 5000 + '="x"} : f32[2]', 15, "name with 5000 characters (at most 4096)"),
+    ('%0 = input {name="x"} : f32[2] ["' + "p" * 5000 + '"]', 35, "quoted string longer than 4096 characters"),
+    ('%0 = input {name="x\\"} : f32[2]', 20, "unterminated string"),
+])
+def test_long_names_paths_and_strings_are_syntax_errors_at_their_column(line, col, reason):
+    with pytest.raises(IRSyntaxError) as e:
+        parse_ir(ir(line, "return %0"))
+    assert (e.value.line, e.value.col, e.value.reason) == (2, col, reason)
+
+
+def test_strings_up_to_the_limit_round_trip():
+    name = "n" * (MAX_STRING_CHARS - 2)  # with its quotes, exactly at the limit
+    g = parse_ir(ir(f'%0 = input {{name="{name}"}} : f32[2]', "return %0"))
+    assert g[0].attrs["name"] == name
+    assert to_json(from_json(to_json(g))) == to_json(g)
+
+
+@pytest.mark.parametrize("field", ["name", "path", "attr", "attrname", "op"])
+def test_graph_json_strings_are_capped(field):
+    long = "x" * (MAX_STRING_CHARS + 1)
+    node = {"id": 0, "op": "input", "inputs": [], "shape": [2], "dtype": "f32", "attrs": {"name": "x"}}
+    d = {"name": "t", "outputs": [0], "nodes": [node]}
+    if field == "name":
+        d["name"] = long
+    elif field == "path":
+        node["path"] = long
+    elif field == "attr":
+        node["attrs"]["name"] = long
+    elif field == "attrname":
+        node["attrs"][long] = 1
+    else:
+        node["op"] = long
+    with pytest.raises(GraphError) as e:
+        from_json(json.dumps(d))
+    assert f"with {MAX_STRING_CHARS + 1} characters (at most {MAX_STRING_CHARS})" in str(e.value)
+    assert len(str(e.value)) < 500
+
+
+@pytest.mark.parametrize("body", ["a" * 2_000_000, "\\n" * 1_000_000])
+def test_safejson_scans_long_strings_in_flat_memory(body):
+    text = '{"a": "' + body + '"}'
+    assert peak_bytes(loads, text) < 6 * len(text) + (1 << 20)

@@ -24,7 +24,6 @@ _TOKEN = re.compile(r"""
     (?P<ws>[ \t]+) | (?P<comment>(?:\#|//).*) |
     (?P<id>%\d+) |
     (?P<number>-?(?:inf|nan)\b|-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|-?\.\d+(?:[eE][-+]?\d+)?) |
-    (?P<string>"(?:\\.|[^"\\])*") |
     (?P<arrow><-) |
     (?P<ident>[A-Za-z_][A-Za-z0-9_.\-/]*) |
     (?P<punct>[=(){}\[\],:@])
@@ -37,8 +36,14 @@ MAX_NESTING = 16
 MAX_NUMBER_CHARS = 64
 """Longest number or `%id` literal accepted, in characters (2**63 has 19 digits)."""
 
+MAX_STRING_CHARS = 4096
+"""Longest quoted string, name or model path accepted, in characters (model paths use under 100)."""
+
 MAX_DIM = 2**62
 """Largest dimension accepted; the memory budget (`ir.memory`) refuses far smaller tensors."""
+
+
+_SHOWN_CHARS = 160
 
 
 class IRSyntaxError(ValueError):
@@ -46,7 +51,13 @@ class IRSyntaxError(ValueError):
 
     def __init__(self, message: str, line: int, col: int, text: str) -> None:
         self.line, self.col, self.reason = line, col, message
-        super().__init__(f"line {line}, column {col}: {message}\n  {text}\n  {' ' * (col - 1)}^")
+        shown, at = text, col - 1
+        if len(text) > _SHOWN_CHARS:  # a window around the column, not a line of megabytes
+            lo = max(0, at - _SHOWN_CHARS // 2)
+            tail = "..." if lo + _SHOWN_CHARS < len(text) else ""
+            shown = ("..." if lo else "") + text[lo:lo + _SHOWN_CHARS] + tail
+            at = at - lo + (3 if lo else 0)
+        super().__init__(f"line {line}, column {col}: {message}\n  {shown}\n  {' ' * at}^")
 
 
 @dataclass
@@ -54,6 +65,26 @@ class _Tok:
     kind: str
     text: str
     col: int
+
+
+_QUOTE_OR_BACKSLASH = re.compile(r'["\\]')
+
+
+def _string_end(text: str, pos: int, lineno: int) -> int:
+    """End of the quoted string starting at `text[pos]` (the `"`), scanned without a regex backtracking stack
+    (memory stays flat however long the line); at most `MAX_STRING_CHARS` characters are scanned."""
+    limit = min(len(text), pos + MAX_STRING_CHARS)
+    i = pos + 1
+    while True:
+        m = _QUOTE_OR_BACKSLASH.search(text, i, limit)
+        if m is None:
+            if limit < len(text):
+                raise IRSyntaxError(f"quoted string longer than {MAX_STRING_CHARS} characters",
+                                    lineno, pos + 1, text)
+            raise IRSyntaxError("unterminated string", lineno, pos + 1, text)
+        if m.group() == '"':
+            return m.end()
+        i = m.end() + 1  # skip the escaped character
 
 
 class _Line:
@@ -64,12 +95,20 @@ class _Line:
     def _lex(self, text: str) -> list[_Tok]:
         toks, pos = [], 0
         while pos < len(text):
+            if text[pos] == '"':
+                end = _string_end(text, pos, self.lineno)
+                toks.append(_Tok("string", text[pos:end], pos + 1))
+                pos = end
+                continue
             m = _TOKEN.match(text, pos)
             if not m:
                 raise IRSyntaxError(f"unexpected character {text[pos]!r}", self.lineno, pos + 1, text)
             kind = m.lastgroup or ""
             if kind in ("number", "id") and m.end() - pos > MAX_NUMBER_CHARS:
                 raise IRSyntaxError(f"number with {m.end() - pos} characters (at most {MAX_NUMBER_CHARS})",
+                                    self.lineno, pos + 1, text)
+            if kind == "ident" and m.end() - pos > MAX_STRING_CHARS:
+                raise IRSyntaxError(f"name with {m.end() - pos} characters (at most {MAX_STRING_CHARS})",
                                     self.lineno, pos + 1, text)
             if kind not in ("ws", "comment"):
                 toks.append(_Tok(kind, m.group(), pos + 1))

@@ -10,7 +10,7 @@ from .dtype import DType
 from .graph import Graph, GraphError
 from .node import Node
 from .ops import Op
-from .parser import MAX_DIM, MAX_NESTING
+from .parser import MAX_DIM, MAX_NESTING, MAX_STRING_CHARS
 
 
 def graph_to_dict(graph: Graph) -> dict[str, Any]:
@@ -33,6 +33,8 @@ def _tuples(v: Any, depth: int = 0) -> Any:
         return tuple(_tuples(x, depth + 1) for x in v)
     if v is not None and not isinstance(v, bool | int | float | str):
         raise TypeError(f"attribute value of type {type(v).__name__}")
+    if isinstance(v, str) and len(v) > MAX_STRING_CHARS:
+        raise ValueError(f"string with {len(v)} characters (at most {MAX_STRING_CHARS})")
     return v
 
 
@@ -45,6 +47,8 @@ def _ints(v: Any, what: str, hi: int = MAX_DIM) -> tuple[int, ...]:
 def _str(v: Any, what: str) -> str:
     if not isinstance(v, str):
         raise TypeError(f"{what} must be a string")
+    if len(v) > MAX_STRING_CHARS:
+        raise ValueError(f"{what} with {len(v)} characters (at most {MAX_STRING_CHARS})")
     return v
 
 
@@ -77,8 +81,9 @@ def graph_from_dict(d: dict[str, Any]) -> Graph:
             if not isinstance(nd, dict) or not isinstance(nd.get("attrs", {}), dict):
                 raise TypeError("a node must be an object with an 'attrs' object")
             (nid,) = _ints([nd["id"]], "id")
-            nodes.append(Node(nid, Op(nd["op"]), _ints(nd["inputs"], "inputs"), _ints(nd["shape"], "shape"),
-                              DType(nd["dtype"]), {a: _tuples(v) for a, v in nd.get("attrs", {}).items()},
+            attrs = {_str(a, "attribute name"): _tuples(v) for a, v in nd.get("attrs", {}).items()}
+            nodes.append(Node(nid, Op(_str(nd["op"], "op")), _ints(nd["inputs"], "inputs"), _ints(nd["shape"], "shape"),
+                              DType(_str(nd["dtype"], "dtype")), attrs,
                               _str(nd.get("path", ""), "path"), _str(nd.get("pass", ""), "pass"),
                               _ints(nd.get("absorbed", []), "absorbed")))
         except (KeyError, ValueError, TypeError) as e:
