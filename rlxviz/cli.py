@@ -15,7 +15,6 @@ import argparse
 import os
 import re
 import sys
-import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -23,7 +22,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 
 if TYPE_CHECKING:
-    from .ir import Graph
     from .models import Model
     from .passes import Trace
 
@@ -74,41 +72,16 @@ def executor(backend: str, device: str | None = None) -> Callable[..., list[np.n
     return MlxExecutor(device=device).run
 
 
-def load_npz(path: str | Path) -> dict[str, np.ndarray]:
-    """All arrays of an `.npz` file (pickled object arrays refused).
-
-    Raises:
-        CLIError: missing file, or not a readable `.npz`.
-    """
-    p = Path(path)
-    if not p.is_file():
-        raise CLIError(f"{path}: no such file" if not p.exists() else f"{path}: not a file")
-    try:
-        with p.open("rb") as f:
-            magic = f.read(6)
-    except OSError as e:
-        raise CLIError(f"{path}: cannot read ({e.strerror})") from None
-    if magic == b"\x93NUMPY":
-        raise CLIError(f"{path}: a single .npy array; expected an .npz archive of named arrays (numpy.savez)")
-    if not magic.startswith(b"PK"):
-        raise CLIError(f"{path}: not an .npz file (save inputs with numpy.savez)")
-    try:
-        with np.load(p, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
-        raise CLIError(f"{path}: not a readable .npz file ({type(e).__name__}: {e})") from None
-
-
-def _static_shape(arrays: dict[str, np.ndarray], path: str) -> tuple[int, int]:
-    """`(batch, seq)` from `input_ids` (BERT-like models) or `hidden_states` (decoder blocks)."""
+def _static_shape(headers: dict[str, tuple[tuple[int, ...], np.dtype]], path: str) -> tuple[int, int]:
+    """`(batch, seq)` from the header shape of `input_ids` (BERT-like models) or `hidden_states` (decoder blocks)."""
     for key, rank in (("input_ids", 2), ("hidden_states", 3)):
-        if key in arrays:
-            a = arrays[key]
-            if a.ndim != rank or 0 in a.shape:
-                raise CLIError(f"{path}: {key} must be a non-empty rank-{rank} array, got shape {list(a.shape)}")
-            return int(a.shape[0]), int(a.shape[1])
+        if key in headers:
+            shape = headers[key][0]
+            if len(shape) != rank or 0 in shape:
+                raise CLIError(f"{path}: {key} must be a non-empty rank-{rank} array, got shape {list(shape)}")
+            return int(shape[0]), int(shape[1])
     raise CLIError(f"{path}: needs 'input_ids' and 'attention_mask' (int64 [batch, seq]); "
-                   f"found {sorted(arrays) or 'no arrays'}")
+                   f"found {sorted(headers) or 'no arrays'}")
 
 
 def resolve_model(model: str, batch: int, seq: int, style: str = "hf") -> Model:
@@ -124,42 +97,17 @@ def resolve_model(model: str, batch: int, seq: int, style: str = "hf") -> Model:
     raise unknown_model(model, "nor an existing checkpoint folder")
 
 
-def resolve_onnx(path: str, arrays: dict[str, np.ndarray]) -> Model:
+def resolve_onnx(path: str, shapes: dict[str, tuple[int, ...]]) -> Model:
     """An `.onnx` export with every input's shape taken from the array of the same name (memory limit from
     the environment). Raises CLIError naming the file for anything `load_onnx` refuses."""
     from .models.onnx_import import OnnxImportError, load_onnx
     from .session import Limits
 
     try:
-        return load_onnx(path, input_shapes={k: v.shape for k, v in arrays.items()},
+        return load_onnx(path, input_shapes=shapes,
                          max_bytes=Limits.resolve().max_bytes)
     except OnnxImportError as e:
         raise CLIError(str(e).splitlines()[0]) from None
-
-
-def check_feeds(graph: Graph, arrays: dict[str, np.ndarray], path: str, vocab: int | None) -> dict[str, np.ndarray]:
-    """The graph's inputs from `arrays`, checked for presence, shape, dtype kind and value range."""
-    feeds: dict[str, np.ndarray] = {}
-    for node in graph.inputs:
-        name = node.attrs["name"]
-        if name not in arrays:
-            raise CLIError(f"{path}: missing array {name!r} ({node.type}); found {sorted(arrays)}")
-        a = arrays[name]
-        if tuple(a.shape) != node.shape:
-            raise CLIError(f"{path}: {name} has shape {list(a.shape)}, the model needs {list(node.shape)}")
-        if node.dtype.is_float:
-            if a.dtype.kind not in "fiu" or not np.isfinite(a).all():
-                raise CLIError(f"{path}: {name} must hold finite numbers, got dtype {a.dtype}")
-        else:
-            if a.dtype.kind not in "iub":
-                raise CLIError(f"{path}: {name} must be an integer array, got dtype {a.dtype}")
-            if name == "attention_mask" and not np.isin(a, (0, 1)).all():
-                raise CLIError(f"{path}: attention_mask must hold only 0 and 1")
-            if name == "input_ids" and vocab is not None and (a.min() < 0 or a.max() >= vocab):
-                raise CLIError(f"{path}: input_ids must lie in 0..{vocab - 1} (the vocabulary), got "
-                               f"{int(a.min())}..{int(a.max())}")
-        feeds[name] = a.astype(node.dtype.numpy)
-    return feeds
 
 
 def _warn(command: str, message: str) -> None:
@@ -207,16 +155,16 @@ def _output_file(output: str, want: str) -> Path:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """`rlxviz run MODEL --inputs IN.npz -o OUT.npz`: run a model and save `last_hidden_state`."""
-    from .session import all_finite
+    from .session import all_finite, load_inputs, npz_headers
 
     out = _output_file(args.output, "a .npz file name")
-    arrays = load_npz(args.inputs)
+    headers = npz_headers(args.inputs)  # names, shapes, dtypes: no array is read before the model checks them
     if args.model.lower().endswith(".onnx") and Path(args.model).is_file():
-        model = resolve_onnx(args.model, arrays)
+        model = resolve_onnx(args.model, {k: shape for k, (shape, _) in headers.items()})
     else:
-        batch, seq = _static_shape(arrays, args.inputs)
+        batch, seq = _static_shape(headers, args.inputs)
         model = resolve_model(args.model, batch, seq, args.style)
-    feeds = check_feeds(model.graph, arrays, args.inputs, getattr(model.config, "vocab_size", None))
+    feeds = load_inputs(args.inputs, model.graph).feeds  # the one check of user inputs, as `time` and the app
     outputs = executor(args.backend, args.device)(model.graph, feeds, model.weights)
     _warn_nonfinite("run", model, all_finite(outputs))
     named = {"last_hidden_state": np.asarray(outputs[0], dtype=np.float32)}

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..ir import Graph, Node
+from ..ir import Graph, Node, Op
 
 KINDS = ("random", "fully_masked_row", "left_padding", "holes", "single_token", "large_magnitude",
          "constant_rows")
@@ -152,67 +152,179 @@ def battery(graph: Graph, base: Mapping[str, np.ndarray], seed: int = 0,
     return Battery(tuple(sets), tuple(skipped))
 
 
-def load_inputs(path: str | Path | bytes, graph: Graph, name: str | None = None) -> InputSet:
-    """The user's arrays from an `.npz` file (a path, or its bytes: an upload), checked against the graph's inputs.
+NpzSource = str | Path | bytes
+"""An `.npz` file: a path, or its bytes (an upload)."""
+
+
+def _npz_name(path: NpzSource, name: str | None) -> Path:
+    return Path(name or "upload.npz") if isinstance(path, bytes) else Path(path)
+
+
+def _open_npz(path: NpzSource, name: str | None = None) -> tuple[Path, np.lib.npyio.NpzFile]:
+    """`(shown path, open NpzFile)` after checking that `path` is a zip archive (not a lone `.npy`, not text).
+
+    Raises:
+        ValueError: `{path}: not a readable .npz file of arrays (why)`, one line.
+    """
+    p = _npz_name(path, name)
+    try:
+        if isinstance(path, bytes):
+            head, source = path[:4], io.BytesIO(path)
+        else:
+            if not p.exists():
+                raise ValueError("no such file")
+            if not p.is_file():
+                raise ValueError("not a file")
+            with p.open("rb") as f:
+                head, source = f.read(4), p
+        if head == b"\x93NUM":
+            raise ValueError("a single .npy array; save named arrays with numpy.savez")
+        if head != b"PK\x03\x04":  # not a zip: refuse before NumPy reads a whole .npy into memory
+            raise ValueError("not a zip archive; save named arrays with numpy.savez")
+        return p, np.load(source, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        why = (e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0] if str(e)
+               else type(e).__name__)
+        raise ValueError(f"{p}: not a readable .npz file of arrays ({why})") from None
+
+
+def _member(z: np.lib.npyio.NpzFile, key: str) -> str:
+    names = z.zip.namelist()
+    return key + ".npy" if key + ".npy" in names else key
+
+
+def npz_headers(path: NpzSource, name: str | None = None) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Every array's `(shape, dtype)` in an `.npz`, read from the `.npy` headers alone: no array data is
+    decompressed, so a deflate bomb or a header claiming a huge shape costs nothing. Object (pickled)
+    arrays are refused here.
+
+    Raises:
+        ValueError: not a readable `.npz` of arrays (one line naming the file and why).
+    """
+    p, z = _open_npz(path, name)
+    out: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+    try:
+        with z:
+            for k in z.files:
+                try:
+                    with z.zip.open(_member(z, k)) as f:
+                        version = np.lib.format.read_magic(f)
+                        read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                                else np.lib.format.read_array_header_2_0)
+                        shape, _, dtype = read(f)
+                except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:
+                    why = str(e).splitlines()[0] if str(e) else type(e).__name__
+                    raise ValueError(f"array {k[:100]!r}: {why}") from None
+                if dtype.hasobject:
+                    raise ValueError(f"array {k!r} holds Python objects (pickled); save numeric arrays")
+                out[k] = (tuple(int(d) for d in shape), dtype)
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"{p}: not a readable .npz file of arrays ({why})") from None
+    return out
+
+
+def load_inputs(path: NpzSource, graph: Graph, name: str | None = None) -> InputSet:
+    """The user's arrays from an `.npz` file (a path, or its bytes: an upload), checked against the graph's
+    inputs: names, shapes and dtype kinds from the headers (`npz_headers`) before any array is read, then
+    the values (`check_inputs`). The one loader of user inputs: `rlxviz run`, `rlxviz time --inputs` and
+    the app's uploads call it.
 
     Returns:
         `InputSet("user", ...)` with one array per graph input, in the input's dtype.
 
     Raises:
         ValueError: not a readable `.npz`, an input missing, an unknown name, a shape or dtype kind
-            that differs (one line, naming the input and both values).
+            that differs, or values out of range (`check_inputs`); one line, naming the input and both values.
     """
-    data = isinstance(path, bytes)
-    p = Path(name or "upload.npz") if data else Path(path)
+    p = _npz_name(path, name)
     what = f"inputs {p.name}"
-    names = {n.attrs["name"]: n for n in graph.inputs}
+    headers = npz_headers(path, name)
+    _check_kinds({k: h for k, h in headers.items()}, graph, what)  # before any array is read into memory
+    _, z = _open_npz(path, name)
     try:
-        if data:
-            head, source = path[:4], io.BytesIO(path)
-        else:
-            with p.open("rb") as f:
-                head, source = f.read(4), p
-        if head != b"PK\x03\x04":  # not a zip: refuse before NumPy reads a whole .npy into memory
-            raise ValueError("not a zip archive")
-        with np.load(source, allow_pickle=False) as z:
-            extra = sorted(set(z.files) - set(names))
-            if extra:
-                raise KeyError(f"unknown input(s) {', '.join(extra)}; the graph takes {', '.join(names)}")
-            for k in z.files:  # shapes from the headers, before any array is read into memory
-                with z.zip.open(k + ".npy") as f:
-                    version = np.lib.format.read_magic(f)
-                    read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                            else np.lib.format.read_array_header_2_0)
-                    shape, _, _ = read(f)
-                if tuple(shape) != names[k].shape:
-                    raise KeyError(f"input {k!r} has shape {list(shape)}, the graph needs {list(names[k].shape)}")
+        with z:
             arrays = {k: np.asarray(z[k]) for k in z.files}
-    except KeyError as e:
-        raise ValueError(f"{what}: {e.args[0]}") from None
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"{p}: not a readable .npz file of arrays ({why})") from None
     return check_inputs(arrays, graph, what)
 
 
-def check_inputs(arrays: Mapping[str, np.ndarray], graph: Graph, what: str = "user inputs") -> InputSet:
-    """`arrays` as an `InputSet("user")` after checking names, shapes and dtype kinds (see `load_inputs`)."""
+def _check_kinds(found: Mapping[str, tuple[tuple[int, ...], np.dtype]], graph: Graph, what: str) -> None:
+    """Names, shapes and dtype kinds of `found` (name -> (shape, dtype)) against the graph's inputs."""
     names = {n.attrs["name"]: n for n in graph.inputs}
-    extra = sorted(set(arrays) - set(names))
+    extra = sorted(set(found) - set(names))
     if extra:
         raise ValueError(f"{what}: unknown input(s) {', '.join(extra)}; the graph takes {', '.join(names)}")
-    feeds: dict[str, np.ndarray] = {}
     for name, n in names.items():
-        if name not in arrays:
+        if name not in found:
             raise ValueError(f"{what}: no array for input {name!r} ({n.type})")
-        a = arrays[name]
-        if tuple(a.shape) != n.shape:
-            raise ValueError(f"{what}: input {name!r} has shape {list(a.shape)}, the graph needs {list(n.shape)}")
-        if a.dtype.kind not in "biuf" or (a.dtype.kind == "f") != n.dtype.is_float:
-            raise ValueError(f"{what}: input {name!r} is {a.dtype}, the graph needs {n.dtype}")
+        shape, dtype = found[name]
+        if tuple(shape) != n.shape:
+            raise ValueError(f"{what}: input {name!r} has shape {list(shape)}, the graph needs {list(n.shape)}")
+        if dtype.kind not in "biuf" or (dtype.kind == "f") != n.dtype.is_float:
+            raise ValueError(f"{what}: input {name!r} is {dtype}, the graph needs {n.dtype}")
+
+
+_INDEX_PASSTHROUGH = (Op.RESHAPE, Op.EXPAND, Op.TRANSPOSE, Op.NARROW, Op.CAST)
+"""Ops whose output holds (a selection of) their first operand's values: an index fed through them is still
+the input's value."""
+
+
+def index_bounds(graph: Graph) -> dict[str, list[tuple[int, str]]]:
+    """Graph inputs whose values index a table: input name -> `(rows, what)` for every `gather` whose indices
+    are that input (directly or through reshape/expand/transpose/narrow/an integer cast). The values must lie
+    in `0..rows-1`: the MLX runtime does not check them (an index out of range reads outside the table)."""
+    out: dict[str, list[tuple[int, str]]] = {}
+    for node in graph:
+        if node.op != Op.GATHER or len(node.inputs) != 2:
+            continue
+        table, src = graph.operands(node)
+        while src.op in _INDEX_PASSTHROUGH and src.inputs and (src.op != Op.CAST or src.dtype.is_int):
+            src = graph.operands(src)[0]
+        if src.op != Op.INPUT or not table.shape:
+            continue
+        axis = int(node.attrs.get("axis", 0) or 0)
+        rows = table.shape[axis] if -len(table.shape) <= axis < len(table.shape) else table.shape[0]
+        label = (f"the rows of {table.attrs['name']!r}" if table.op == Op.PARAM and "name" in table.attrs
+                 else f"the rows of %{table.id}")
+        if "word_embeddings" in str(table.attrs.get("name", "")):
+            label = "the vocabulary"
+        out.setdefault(src.attrs["name"], []).append((int(rows), label))
+    return out
+
+
+def check_inputs(arrays: Mapping[str, np.ndarray], graph: Graph, what: str = "user inputs") -> InputSet:
+    """`arrays` as an `InputSet("user")` after checking them against the graph's inputs: the one check of user
+    inputs (`load_inputs` calls it after the headers; the notebooks call it on arrays).
+
+    Checks names, shapes and dtype kinds (`_check_kinds`), then values: float inputs finite; mask inputs
+    (`mask_inputs`) only 0 and 1; integer inputs that index a table (`index_bounds`: token ids into an
+    embedding, any gather fed by an input) inside it.
+
+    Raises:
+        ValueError: one line naming the input, what it must hold and what it holds.
+    """
+    _check_kinds({k: (tuple(np.shape(a)), np.asarray(a).dtype) for k, a in arrays.items()}, graph, what)
+    masks = {n.attrs["name"] for n in mask_inputs(graph)}
+    bounds = index_bounds(graph)
+    feeds: dict[str, np.ndarray] = {}
+    for n in graph.inputs:
+        name = n.attrs["name"]
+        a = np.asarray(arrays[name])
+        if n.dtype.is_float and a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise ValueError(f"{what}: input {name!r} must hold finite numbers (it holds NaN or infinity)")
+        if name in masks and a.size and not np.isin(a, (0, 1)).all():
+            bad = a[~np.isin(a, (0, 1))].flat[0]
+            raise ValueError(f"{what}: input {name!r} is a mask and must hold only 0 and 1, got {bad}")
+        for rows, label in bounds.get(name, ()):
+            if a.size and (a.min() < 0 or a.max() >= rows):
+                raise ValueError(f"{what}: input {name!r} must lie in 0..{rows - 1} ({label}), got "
+                                 f"{int(a.min())}..{int(a.max())}")
         feeds[name] = a.astype(n.dtype.numpy)
     return InputSet("user", what, feeds)
 
 
 __all__ = ["DESCRIPTIONS", "KINDS", "Battery", "InputSet", "battery", "check_inputs", "float_inputs",
-           "load_inputs", "mask_inputs"]
+           "index_bounds", "load_inputs", "mask_inputs", "npz_headers"]

@@ -20,7 +20,7 @@ Errors a user can fix are `SessionError`s (one line); front ends match them by t
 from .architecture import Architecture, classify
 from .defaults import DEFAULT_BATCH, DEFAULT_REPEAT, DEFAULT_SEQ, DEFAULT_WARMUP, MAX_REPEAT, MAX_WARMUP, check_rounds
 from .errors import GraphTextError, LimitError, PipelineError, SessionError
-from .inputs import check_inputs, feeds, load_inputs
+from .inputs import check_inputs, feeds, index_bounds, load_inputs, npz_headers
 from .limits import DEFAULT_MAX_MEMORY_MB, DEPRECATED_MEMORY_ENV, MAX_MEMORY_ENV, Limits, human_bytes
 from .loading import (
     default_preset,
@@ -69,6 +69,7 @@ __all__ = ["DEFAULT_BATCH", "DEFAULT_MAX_MEMORY_MB", "DEFAULT_REPEAT", "DEFAULT_
            "check_layer",
            "check_inputs", "classify", "default_preset", "effective_seq", "effective_threshold", "feeds",
            "format_passes", "format_timings", "human_bytes", "input_sets", "layer_status", "load", "load_inputs",
+           "npz_headers", "index_bounds",
            "load_ir_file", "load_ir_text", "model_layers", "nonfinite_arrays", "pass_catalog", "precision_policy",
            "preset_is_bert", "presets", "run_pipeline", "shape_summary", "teaching_cases", "time_versions",
            "tolerance", "traffic_saved",
