@@ -113,6 +113,9 @@ class InputCheck:
             return (f"changed the numbers on {self.inputs} ({self.err_unfused:.1e} vs unfused, over the same-dtype "
                     f"tolerance; {self.err_oracle:.1e} vs the oracle, unfused {self.err_base:.1e})")
         at = f" at {self.where}" if self.where else ""
+        if self.status == "overflow" and np.isfinite(self.err_oracle):  # this version's outputs stay finite
+            return (f"overflows in its dtype on {self.inputs}{at} in the unfused graph (the oracle is finite); "
+                    f"this version's outputs stay finite ({self.err_oracle:.1e} vs the oracle)")
         return {"ok": f"ok on {self.inputs}",
                 "overflow": f"overflows in its dtype on {self.inputs}{at} (unfused too; the oracle is finite)",
                 "precision": f"loses precision in its dtype on {self.inputs} ({self.err_oracle:.1e} vs the oracle, "
