@@ -215,3 +215,29 @@ def test_graph_json_strings_are_capped(field):
 def test_safejson_scans_long_strings_in_flat_memory(body):
     text = '{"a": "' + body + '"}'
     assert peak_bytes(loads, text) < 6 * len(text) + (1 << 20)
+
+
+# -------------------------------------------------------------------------------------- deep JSON files
+
+@pytest.mark.parametrize("text", [
+    '{"a": ' * 2000 + "1" + "}" * 2000,
+    "[" * 100_000 + "]" * 100_000,
+    '{"model_type": "bert", "x": ' + "[" * 5000 + "]" * 5000 + "}",
+    '{"nodes": [], "outputs": [], "x": ' + '{"b": ' * 3000 + "1" + "}" * 3000 + "}",
+])
+def test_deep_json_graph_file_is_one_line_exit_2(tmp_path, capsys, text):
+    """`_refuse_model_config` read the file with plain json.loads: RecursionError, exit 3."""
+    f = tmp_path / "g.json"
+    f.write_text(text)
+    code, out, err = run(capsys, "explain", f)
+    assert code == 2 and out == ""
+    assert "nesting deeper than 64 levels" in one_line(err, "explain")
+
+
+def test_safetensors_header_is_read_with_bounds(tmp_path):
+    from rlxviz.models.checkpoint import check_header_dtypes
+
+    header = ("[" * 200_000 + "]" * 200_000).encode()
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(len(header).to_bytes(8, "little") + header)
+    assert check_header_dtypes(f) is None  # left to safe_open, which names what is wrong

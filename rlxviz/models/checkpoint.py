@@ -207,15 +207,13 @@ def check_header_dtypes(f: Path) -> None:
     Raises:
         CheckpointError: one line naming the file, the tensor, its dtype and the supported dtypes.
     """
-    import json
-
     try:
         with f.open("rb") as fh:
             n = int.from_bytes(fh.read(8), "little")
             if not 0 < n <= min(f.stat().st_size - 8, 100 << 20):
                 return
-            header = json.loads(fh.read(n))
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+            header = safejson.loads(fh.read(n).decode("utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):  # safejson.JSONTextError is a ValueError
         return
     if not isinstance(header, dict):
         return

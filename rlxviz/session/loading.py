@@ -9,11 +9,10 @@ line, column and caret) for front ends that show the caret.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..ir import Graph, GraphError, IRSyntaxError, from_json, lint, parse_ir
+from ..ir import Graph, GraphError, IRSyntaxError, from_json, lint, parse_ir, safejson
 from ..ir.memory import MemoryBudgetError
 from ..ir.parser import node_line
 from ..ir.serialize import NotGraphJSON
@@ -158,9 +157,9 @@ def _refuse_model_config(p: Path, text: str) -> None:
     """Raise SessionError when the JSON file `p` is a Hugging Face model config, not a graph: its own limits first
     (a config over them is refused as such, before anything is built), else where it belongs."""
     try:
-        raw = json.loads(text)
-    except ValueError:
-        return  # from_json reports the syntax error
+        raw = safejson.loads(text)
+    except ValueError:  # JSONTextError: bad, too deep or too long; from_json reports it as one line
+        return
     if not isinstance(raw, dict) or "model_type" not in raw:
         return
     try:
