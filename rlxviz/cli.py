@@ -15,6 +15,7 @@ import argparse
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -587,6 +588,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # each warning once per place, recorded, never printed raw
+        try:
+            return _dispatch(args)
+        finally:
+            _report_warnings(args.command, caught)
+
+
+def _report_warnings(command: str, caught: Sequence[warnings.WarningMessage]) -> None:
+    """Python warnings raised while serving a command, as at most one line on stderr (never a file:line and
+    source line): the first one's message, and how many more there were."""
+    if not caught:
+        return
+    more = f" (and {len(caught) - 1} more warning(s))" if len(caught) > 1 else ""
+    _warn(command, _one_line(str(caught[0].message)) + more)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """Run the subcommand; map its exceptions to one line on stderr and an exit code (see `main`)."""
     try:
         return int(args.func(args) or 0)
     except (CLIError, ValueError, KeyError, OSError) as e:

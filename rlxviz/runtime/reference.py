@@ -7,7 +7,9 @@ after their last use.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -218,6 +220,16 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(x), rounded.view(np.float32), x).astype(np.float32)
 
 
+@contextmanager
+def quiet_numerics() -> Iterator[None]:
+    """NumPy's numeric warnings off (overflow, invalid, divide by zero, casts, 'Mean of empty slice'): a graph's
+    inf/NaN results are its outputs, reported by whoever reads them (`session.all_finite`, the verdicts), never
+    as Python warnings on stderr."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
 def run_reference(graph: Graph, feeds: Mapping[str, np.ndarray],
                   weights: Mapping[str, np.ndarray] | None = None, float_dtype: Any = None) -> list[np.ndarray]:
     """Execute `graph` in NumPy; returns the graph outputs in order.
@@ -236,7 +248,12 @@ def run_reference(graph: Graph, feeds: Mapping[str, np.ndarray],
         RuntimeError: a computed shape differs from the node's declared shape (an inference/NumPy
             disagreement; the message names the node).
     """
-    weights = weights or {}
+    with quiet_numerics():
+        return _run_reference(graph, feeds, weights or {}, float_dtype)
+
+
+def _run_reference(graph: Graph, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
+                   float_dtype: Any) -> list[np.ndarray]:
     e = NumpyEmitter(float_dtype)
     remaining = {n.id: graph.use_count(n) for n in graph}
     env: dict[int, np.ndarray] = {}
