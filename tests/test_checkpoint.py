@@ -221,13 +221,24 @@ def test_allowed_roots(tmp_path):
         load_checkpoint(inside, allowed_roots=[])
 
 
-def test_bfloat16_explained(tmp_path):
-    folder = write_ckpt(tmp_path / "ck", hf_tensors()[1])
-    header = json.dumps({"embeddings.word_embeddings.weight": {"dtype": "BF16", "shape": [2],
-                                                               "data_offsets": [0, 4]}}).encode()
-    (folder / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 4)
-    with pytest.raises(CheckpointError, match="'embeddings.word_embeddings.weight'.*NumPy has no bfloat16"):
-        load_checkpoint(folder, seq=4)
+def test_bfloat16_tensors_are_read_as_float32_exactly(tmp_path):
+    """BF16 tensors (how many checkpoints are saved) are widened to float32 bit for bit: bfloat16 is a float32's
+    upper half. Offsets that do not describe the bytes are one CheckpointError naming the file."""
+    from rlxviz.models.checkpoint import read_tensors
+
+    want = np.array([[1.0, -2.5, 3.140625], [0.0, -0.0, 65280.0]], dtype=np.float32)
+    raw = (want.view(np.uint32) >> 16).astype("<u2").tobytes()
+    header = json.dumps({"__metadata__": {"format": "pt"},
+                         "w": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, len(raw)]}}).encode()
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(len(header).to_bytes(8, "little") + header + raw)
+    got = read_tensors([f])["w"]
+    assert got.dtype == np.float32 and got.shape == (2, 3)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    bad = json.dumps({"w": {"dtype": "BF16", "shape": [4, 3], "data_offsets": [0, len(raw)]}}).encode()
+    f.write_bytes(len(bad).to_bytes(8, "little") + bad + raw)
+    with pytest.raises(CheckpointError, match="model.safetensors: (truncated or corrupted|tensor 'w' \\(BF16\\))"):
+        read_tensors([f])
 
 
 @pytest.mark.parametrize("dtype", ["F8_E4M3", "F8_E5M2", "U16", "U32", "U64", "C64", "weird", 7])
@@ -254,3 +265,26 @@ def test_unsupported_safetensors_dtype_cli_exit_2(tmp_path, capsys):
     assert cli.main(["explain", str(folder), "--seq", "4"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "F8_E4M3" in err and "Traceback" not in err, err
+
+
+def test_a_bfloat16_checkpoint_loads_with_its_rounded_weights(tmp_path):
+    """A whole checkpoint saved in BF16 (float tensors; position ids stay int64) loads, and every weight is the
+    float32 weight rounded to bfloat16's 8 mantissa bits (truncated here, as written)."""
+    w, t = hf_tensors()
+    header: dict = {}
+    blobs, at = [], 0
+    for name, arr in t.items():
+        raw = ((arr.view(np.uint32) >> 16).astype("<u2") if arr.dtype == np.float32 else arr).tobytes()
+        header[name] = {"dtype": "BF16" if arr.dtype == np.float32 else "I64", "shape": list(arr.shape),
+                        "data_offsets": [at, at + len(raw)]}
+        blobs.append(raw)
+        at += len(raw)
+    head = json.dumps(header).encode()
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(HF_CONFIG))
+    (folder / "model.safetensors").write_bytes(len(head).to_bytes(8, "little") + head + b"".join(blobs))
+    m = load_checkpoint(folder, seq=4)
+    for name, arr in w.items():
+        want = (arr.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+        np.testing.assert_array_equal(m.weights[name], want, err_msg=name)

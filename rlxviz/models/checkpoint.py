@@ -195,9 +195,23 @@ def _tensor_files(path: Path) -> list[Path]:
     raise CheckpointError(f"{path}: no model.safetensors (nor model.safetensors.index.json)")
 
 
-SAFETENSORS_DTYPES = ("F64", "F32", "F16", "I64", "I32", "I16", "I8", "U8", "BOOL")
-"""Safetensors dtypes `read_tensors` reads (float16 widened to float32); any other (BF16, F8_E4M3, F8_E5M2, U16,
-U32, U64, ...) is refused from the header, before any tensor data is read."""
+SAFETENSORS_DTYPES = ("F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL")
+"""Safetensors dtypes `read_tensors` reads (float16 and bfloat16 widened to float32, exactly); any other (F8_E4M3,
+F8_E5M2, U16, U32, U64, ...) is refused from the header, before any tensor data is read."""
+
+
+def _header(f: Path) -> tuple[int, dict] | None:
+    """(header length, header) of safetensors file `f`, or None when it cannot be read (`safe_open` then names
+    what is wrong with the file)."""
+    try:
+        with f.open("rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            if not 0 < n <= min(f.stat().st_size - 8, 100 << 20):
+                return None
+            header = safejson.loads(fh.read(n).decode("utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):  # safejson.JSONTextError is a ValueError
+        return None
+    return (n, header) if isinstance(header, dict) else None
 
 
 def check_header_dtypes(f: Path) -> None:
@@ -207,34 +221,41 @@ def check_header_dtypes(f: Path) -> None:
     Raises:
         CheckpointError: one line naming the file, the tensor, its dtype and the supported dtypes.
     """
-    try:
-        with f.open("rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            if not 0 < n <= min(f.stat().st_size - 8, 100 << 20):
-                return
-            header = safejson.loads(fh.read(n).decode("utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):  # safejson.JSONTextError is a ValueError
-        return
-    if not isinstance(header, dict):
-        return
-    for key, info in header.items():
+    found = _header(f)
+    for key, info in (found[1] if found else {}).items():
         if key == "__metadata__" or not isinstance(info, dict):
             continue
         dtype = info.get("dtype")
-        if dtype in SAFETENSORS_DTYPES:
-            continue
-        shown = repr(str(dtype)[:40])
-        hint = "; NumPy has no bfloat16: save the checkpoint as float32 or float16" if dtype == "BF16" else ""
-        raise CheckpointError(f"{f}: tensor {str(key)[:200]!r} has dtype {shown}, which rlxviz cannot read "
-                              f"(supported: {', '.join(SAFETENSORS_DTYPES)}){hint}")
+        if dtype not in SAFETENSORS_DTYPES:
+            raise CheckpointError(f"{f}: tensor {str(key)[:200]!r} has dtype {str(dtype)[:40]!r}, which rlxviz "
+                                  f"cannot read (supported: {', '.join(SAFETENSORS_DTYPES)})")
+
+
+def _bfloat16(f: Path, n: int, key: str, info: dict) -> np.ndarray:
+    """Tensor `key` of dtype BF16 as float32, read from its bytes: bfloat16 is the upper half of a float32, so
+    `u16 << 16` viewed as float32 is exact (NumPy has no bfloat16 of its own).
+
+    Raises:
+        CheckpointError: offsets or shape that do not describe the bytes the file holds.
+    """
+    shape, offsets = info.get("shape"), info.get("data_offsets")
+    ok = (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
+          and isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets))
+    size = int(np.prod(shape, dtype=np.int64)) * 2 if ok else -1
+    if not ok or offsets[1] - offsets[0] != size or offsets[0] < 0 or 8 + n + offsets[1] > f.stat().st_size:
+        raise CheckpointError(f"{f}: tensor {key!r} (BF16): its shape and offsets do not match the file's bytes")
+    with f.open("rb") as fh:
+        fh.seek(8 + n + offsets[0])
+        raw = np.frombuffer(fh.read(size), dtype="<u2")
+    return (raw.astype(np.uint32) << 16).view(np.float32).reshape(shape)
 
 
 def read_tensors(files: Sequence[Path]) -> dict[str, np.ndarray]:
-    """All tensors of the safetensors `files` as NumPy arrays (float16 widened to float32).
+    """All tensors of the safetensors `files` as NumPy arrays (float16 and bfloat16 widened to float32, exactly).
 
     Raises:
-        CheckpointError: missing, truncated or corrupted file, or a dtype NumPy cannot hold (e.g. bfloat16),
-            naming the file (and tensor).
+        CheckpointError: missing, truncated or corrupted file, or a dtype rlxviz cannot read (e.g. float8), naming
+            the file (and tensor).
     """
     from safetensors import SafetensorError, safe_open
 
@@ -243,21 +264,22 @@ def read_tensors(files: Sequence[Path]) -> dict[str, np.ndarray]:
         if not f.is_file():
             raise CheckpointError(f"{f}: missing safetensors file")
         check_header_dtypes(f)
+        found = _header(f)
+        n, header = found if found else (0, {})
+        bf16 = {k for k, v in header.items() if isinstance(v, dict) and v.get("dtype") == "BF16"}
         try:
             handle = safe_open(str(f), framework="np")
         except (SafetensorError, OSError) as e:
             raise CheckpointError(f"{f}: truncated or corrupted safetensors file ({e})") from None
         with handle:
             for key in handle.keys():
+                if key in bf16:
+                    out[key] = _bfloat16(f, n, key, header[key])
+                    continue
                 try:
                     arr = handle.get_tensor(key)
                 except (SafetensorError, TypeError, ValueError, AttributeError) as e:
-                    hint = "; NumPy has no bfloat16: save the checkpoint as float32 or float16" \
-                        if "bfloat16" in str(e) else ""
-                    raise CheckpointError(f"{f}: cannot read tensor {key!r} ({e}){hint}") from None
-                if arr.dtype.name == "bfloat16":  # readable only when ml_dtypes (an onnx dependency) is installed
-                    raise CheckpointError(f"{f}: cannot read tensor {key!r} (bfloat16); NumPy has no bfloat16: "
-                                          "save the checkpoint as float32 or float16")
+                    raise CheckpointError(f"{f}: cannot read tensor {key!r} ({e})") from None
                 out[key] = arr.astype(np.float32) if arr.dtype == np.float16 else arr
     return out
 
