@@ -241,3 +241,63 @@ def test_safetensors_header_is_read_with_bounds(tmp_path):
     f = tmp_path / "model.safetensors"
     f.write_bytes(len(header).to_bytes(8, "little") + header)
     assert check_header_dtypes(f) is None  # left to safe_open, which names what is wrong
+
+
+# ----------------------------------------------------------------------- float consts past their dtype
+
+@pytest.mark.parametrize("value, dtype", [
+    ("1e300", "f32"), ("-1e300", "f32"), ("3.5e38", "f32"), ("65520", "f16"), ("-70000.0", "f16"), ("1e5", "f16"),
+    ("3.4e38", "bf16"), ("-3.4028234663852886e38", "bf16"), ("[1.0, 1e39]", "f32"),
+])
+def test_float_const_not_finite_in_its_dtype_is_refused(value, dtype):
+    shape = "2" if value.startswith("[") else ""
+    text = ir(f"%1 = const {{value={value}}} : {dtype}[{shape}]", "return %1")
+    with pytest.raises(GraphError) as e:
+        parse_ir(text)
+    assert e.value.reason.startswith("%1 (const): const value ")
+    assert f"is not finite in {dtype} (largest " in e.value.reason and "it would become" in e.value.reason
+    with pytest.raises(GraphError):
+        lint(from_json(json_form(text)))
+
+
+@pytest.mark.parametrize("value, dtype", [
+    ("3.4028235e38", "f32"), ("-3.4028234663852886e38", "f32"), ("65504", "f16"), ("65519.0", "f16"),
+    ("3.3895313892515355e38", "bf16"), ("1e300", "f64"), ("inf", "f32"), ("-inf", "f16"), ("nan", "bf16"),
+    ("1e-999999", "f32"),
+])
+def test_float_consts_that_round_to_a_finite_value_or_say_inf_pass(value, dtype):
+    g = parse_ir(ir(f"%1 = const {{value={value}}} : {dtype}[]", "return %1"))
+    with np.errstate(all="raise"):
+        if dtype in ("f32", "f16") and value.lstrip("-") not in ("inf", "nan"):
+            assert np.isfinite(np.array(g[1].attrs["value"], dtype=g[1].dtype.numpy))
+
+
+@pytest.mark.parametrize("literal", ["1e999999", "-1e400", "1.5e309"])
+def test_float_literal_past_float64_is_a_syntax_error(literal, tmp_path, capsys):
+    text = ir('%0 = input {name="x"} : f32[2, 4]', f"%1 = const {{value={literal}}} : f32[]",
+              "%2 = mul(%0, %1) : f32[2, 4]", "return %2")
+    with pytest.raises(IRSyntaxError) as e:
+        parse_ir(text)
+    assert (e.value.line, e.value.col) == (3, 21) and "is too large (beyond float64" in e.value.reason
+    f = tmp_path / "g.ir"
+    f.write_text(text)
+    code, out, err = run(capsys, "time", "--repeat", "1", f)
+    assert code == 2 and "g.ir:3:21: IR syntax error: number" in one_line(err, "time")
+
+
+def test_json_number_past_float64_is_refused_at_its_column():
+    from rlxviz.ir.safejson import JSONTextError
+
+    with pytest.raises(JSONTextError) as e:
+        loads('{"a": [1, 1e400]}')
+    assert (e.value.line, e.value.col) == (1, 11) and "too large" in e.value.reason
+    assert loads('{"a": 1e-400}') == {"a": 0.0}
+
+
+def test_handed_f32_overflow_const_exits_2_before_running(tmp_path, capsys):
+    f = tmp_path / "g.ir"
+    f.write_text(ir('%0 = input {name="x"} : f32[2, 4]', "%1 = const {value=1e300} : f32[]",
+                    "%2 = mul(%0, %1) : f32[2, 4]", "return %2"))
+    code, out, err = run(capsys, "time", "--repeat", "1", f)
+    assert code == 2
+    assert "%1 (const): const value 1e+300 is not finite in f32 (largest 3.4028235e+38)" in one_line(err, "time")

@@ -7,6 +7,8 @@ input/param names, const payloads, and the shape and dtype of every node, fused 
 
 from __future__ import annotations
 
+import math
+
 from .dtype import DType
 from .graph import Graph, GraphError, toposort
 from .infer import ShapeError, TensorType, infer
@@ -163,6 +165,10 @@ def _check_gather_consts(nodes: dict[int, Node], n: Node) -> str | None:
 
 
 _INT_RANGE = {DType.i32: (-(1 << 31), (1 << 31) - 1), DType.i64: (-(1 << 63), (1 << 63) - 1)}
+_FLOAT_MAX = {DType.f16: (65504.0, 2.0**4), DType.bf16: ((2 - 2.0**-7) * 2.0**127, 2.0**119),
+              DType.f32: ((2 - 2.0**-23) * 2.0**127, 2.0**103), DType.f64: (1.7976931348623157e308, math.inf)}
+"""Largest finite value of each float dtype and half its last step: a value at or past `max + half` rounds to inf
+(round to nearest, ties to even: the largest finite value has an odd mantissa)."""
 
 
 def _const_fits(x: object, dtype: DType) -> str | None:
@@ -178,6 +184,11 @@ def _const_fits(x: object, dtype: DType) -> str | None:
             return f"const value {x!r} is not an integer; as {dtype} it would be truncated"
         if isinstance(x, int | float) and not lo <= x <= hi:
             return f"const value {x!r} is outside the {dtype} range {lo}..{hi}"
+    if dtype.is_float and not isinstance(x, bool) and isinstance(x, int | float):
+        big, half = _FLOAT_MAX[dtype]
+        if math.isfinite(x) and abs(x) >= big + half:  # an explicit inf/-inf/nan literal stays what it says
+            return f"const value {x!r} is not finite in {dtype} (largest {big:.8g}); as {dtype} it would become " \
+                   f"{'-' if x < 0 else ''}inf"
     return None
 
 

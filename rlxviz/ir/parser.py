@@ -11,6 +11,7 @@ and a bad string escape is reported at its column; every such error is an `IRSyn
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -156,8 +157,13 @@ def _string(ln: _Line, t: _Tok) -> str:
 def _value(ln: _Line, depth: int = 0) -> Any:
     t = ln.next(what="a value")
     if t.kind == "number":
-        if t.text.lstrip("-") in ("inf", "nan") or any(c in t.text for c in ".eE"):
+        if t.text.lstrip("-") in ("inf", "nan"):
             return float(t.text)
+        if any(c in t.text for c in ".eE"):
+            x = float(t.text)
+            if math.isinf(x):  # 1e999: a finite literal past float64 (an explicit `inf` is allowed)
+                raise ln.error(f"number {t.text} is too large (beyond float64; write inf if infinity is meant)", t)
+            return x
         return int(t.text)
     if t.kind == "string":
         return _string(ln, t)

@@ -9,6 +9,7 @@ names the line and column.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -36,6 +37,16 @@ def _position(text: str, pos: int) -> tuple[int, int]:
     return line, pos - (text.rfind("\n", 0, pos) + 1) + 1
 
 
+def _overflows(tok: str) -> bool:
+    """Whether the number literal `tok` is finite as written but inf as a float (json.loads reads 1e999 as inf)."""
+    if not any(c in tok for c in ".eE"):
+        return False
+    try:
+        return math.isinf(float(tok))
+    except ValueError:  # not a number after all: json.loads reports it
+        return False
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-finite number {name} is not JSON")
 
@@ -52,7 +63,8 @@ def loads(text: str, max_depth: int = MAX_DEPTH) -> Any:
 
     Raises:
         JSONTextError: invalid JSON, nesting deeper than `max_depth`, a number literal longer than
-            `MAX_NUMBER_CHARS`, or `NaN`/`Infinity`; the message gives the line and column.
+            `MAX_NUMBER_CHARS`, `NaN`/`Infinity`, or a finite literal past float64 (`1e999`, which
+            `json.loads` reads as inf); the message gives the line and column.
     """
     depth = 0
     for m in _SCAN.finditer(text):
@@ -67,6 +79,8 @@ def loads(text: str, max_depth: int = MAX_DEPTH) -> Any:
         elif c != '"' and len(tok) > MAX_NUMBER_CHARS:
             raise JSONTextError(f"number with {len(tok)} characters (at most {MAX_NUMBER_CHARS})",
                                 *_position(text, m.start()))
+        elif c != '"' and _overflows(tok):
+            raise JSONTextError(f"number {tok} is too large (beyond float64)", *_position(text, m.start()))
     try:
         return json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as e:
