@@ -112,7 +112,7 @@ def resolve_onnx(path: str, shapes: dict[str, tuple[int, ...]]) -> Model:
 
 
 def _warn(command: str, message: str) -> None:
-    print(f"rlxviz {command}: warning: {message}", file=sys.stderr)
+    _emit(f"rlxviz {command}: warning: {message}", sys.stderr)
 
 
 def _warn_nonfinite(command: str, model: Model, outputs_finite: bool | None = None) -> bool:
@@ -165,6 +165,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         batch, seq = _static_shape(headers, args.inputs)
         model = resolve_model(args.model, batch, seq, args.style)
+    _remember(model)  # before any message names its inputs
     feeds = load_inputs(args.inputs, model.graph).feeds  # the one check of user inputs, as `time` and the app
     outputs = executor(args.backend, args.device)(model.graph, feeds, model.weights)
     _warn_nonfinite("run", model, all_finite(outputs))
@@ -174,7 +175,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         np.savez(f, **named)
     if not args.quiet:
         shape = "x".join(map(str, named["last_hidden_state"].shape))
-        print(f"{model.name}: {args.backend} -> {out} (last_hidden_state float32 {shape})", file=sys.stderr)
+        _emit(f"{model.name}: {args.backend} -> {out} (last_hidden_state float32 {shape})", sys.stderr)
     return 0
 
 
@@ -243,12 +244,42 @@ def _device_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _out(text: str) -> None:
-    """Print `text` to stdout; a reader that left early (`rlxviz ir MODEL | head`) is not an error."""
+    """Print `text` to stdout (through `_emit`); a reader that left early (`rlxviz ir MODEL | head`) is not an error."""
     try:
-        print(text)
+        _emit(text, sys.stdout)
         sys.stdout.flush()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+MODEL_TEXT = None
+"""The model strings of this command (`session.ModelText`) that hold a line break: set by `main`, filled where
+a model is loaded (`_remember`)."""
+
+
+def _remember(*things: object) -> None:
+    """Remember model text (graphs, models' names, file names) so `_emit` escapes its line breaks too."""
+    if MODEL_TEXT is None:
+        return
+    for t in things:
+        graph = getattr(t, "graph", None)
+        if graph is not None:
+            MODEL_TEXT.remember([getattr(t, "name", None)])
+            MODEL_TEXT.remember_graph(graph)
+        elif hasattr(t, "versions"):
+            for _, g in t.versions():
+                MODEL_TEXT.remember_graph(g)
+        else:
+            MODEL_TEXT.remember([t])
+
+
+def _emit(text: str, stream: Any) -> None:
+    """The CLI's one print path for human-readable text: control characters in model text (names, paths,
+    file names) escaped (`session.text`), so a name cannot retitle the terminal, clear it or forge a line.
+    JSON output passes through unchanged in meaning (`json.dumps` leaves no raw control character)."""
+    from .session.text import ModelText
+
+    print((MODEL_TEXT or ModelText()).shown(str(text)), file=stream)
 
 
 def _variant_layer(args: argparse.Namespace) -> int:
@@ -276,7 +307,9 @@ def _run_model(args: argparse.Namespace, warn_crashes: bool = True) -> tuple[Mod
     pipe = build_pipeline(args.pipeline, {} if gate is None else {"fab_max_tokens": gate})
     model = load(args.model, args.batch, args.seq, args.style, args.variant, args.variant_layer,
                  Limits.resolve(args.max_memory_mb), args.threshold)
+    _remember(model)
     trace = run_pipeline(model.graph, pipe)
+    _remember(trace)
     for s in trace.steps:
         if s.error and warn_crashes:
             _warn(args.command, f"pass failed, its result discarded: {s.error.splitlines()[0]}")
@@ -396,8 +429,8 @@ def cmd_render(args: argparse.Namespace) -> int:
         raise CLIError(str(e).splitlines()[0]) from None
     if not args.quiet:
         label = trace.versions()[i][0] + (" (before, matches and rejections marked)" if args.before and i else "")
-        print(f"{args.model}: {label}: {len(graph.compute_nodes())} ops, {_drawn_nodes(dot)} drawn nodes -> {out}",
-              file=sys.stderr)
+        _emit(f"{args.model}: {label}: {len(graph.compute_nodes())} ops, {_drawn_nodes(dot)} drawn nodes -> {out}",
+              sys.stderr)
     return 0
 
 
@@ -586,8 +619,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argparse usage errors exit 2 as usual. Anything else (a bug: `InternalError`, `RecursionError`, an
     unexpected exception) prints one line naming it and returns 3; never a traceback.
     """
+    global MODEL_TEXT
+    from .session.text import ModelText
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    MODEL_TEXT = ModelText()
+    _remember(*(v for v in vars(args).values() if isinstance(v, str)))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")  # each warning once per place, recorded, never printed raw
         try:
@@ -611,28 +649,30 @@ def _dispatch(args: argparse.Namespace) -> int:
         return int(args.func(args) or 0)
     except (CLIError, ValueError, KeyError, OSError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-        print(f"rlxviz {args.command}: error: {_one_line(msg)}", file=sys.stderr)
+        _emit(f"rlxviz {args.command}: error: {_one_line(msg)}", sys.stderr)
         return EXIT_BAD_INPUT
     except MemoryError as e:
         detail = str(e).strip().splitlines()[0] if str(e).strip() else "an allocation failed"
-        print(f"rlxviz {args.command}: error: out of memory ({detail}); try a smaller model, --batch or --seq",
-              file=sys.stderr)
+        _emit(f"rlxviz {args.command}: error: out of memory ({detail}); try a smaller model, --batch or --seq",
+              sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"rlxviz {args.command}: interrupted", file=sys.stderr)
         return 130
     except InternalError as e:
-        print(f"rlxviz {args.command}: internal error: {_one_line(str(e))}", file=sys.stderr)
+        _emit(f"rlxviz {args.command}: internal error: {_one_line(str(e))}", sys.stderr)
         return EXIT_INTERNAL
     except Exception as e:  # noqa: BLE001 - a bug: one line, exit 3, never a traceback
-        print(f"rlxviz {args.command}: internal error: {type(e).__name__}: {_one_line(str(e))} "
-              "(a bug in rlxviz; please report it with the command)", file=sys.stderr)
+        _emit(f"rlxviz {args.command}: internal error: {type(e).__name__}: {_one_line(str(e))} "
+              "(a bug in rlxviz; please report it with the command)", sys.stderr)
         return EXIT_INTERNAL
 
 
 def _one_line(msg: object) -> str:
     """The first non-empty line of `msg`, at most 2000 characters."""
     text = str(msg).strip()
+    if MODEL_TEXT is not None:  # a model name's line break is escaped, not taken for the message's end
+        text = MODEL_TEXT.shown(text)
     line = text.splitlines()[0] if text else "(no message)"
     return line if len(line) <= 2000 else line[:1997] + "..."
 

@@ -36,6 +36,7 @@ from .pipeline import build_pipeline, format_passes, pass_catalog, run_pipeline,
 from .render import View
 from .roofline import OpCost, Ridge, VersionRoofline, graph_flops, machine_ridge, op_costs, program_bytes, roofline
 from .status import FusionCheck, LayerStatus, check_fusion, check_layer, layer_status
+from .text import ModelText, shown
 from .timing import (
     VersionTiming,
     all_finite,
@@ -58,7 +59,8 @@ from .variants import (
     variant_unavailable,
 )
 
-__all__ = ["DEFAULT_BATCH", "DEFAULT_MAX_MEMORY_MB", "DEFAULT_REPEAT", "DEFAULT_SEQ", "DEFAULT_WARMUP",
+__all__ = ["ModelText", "shown",
+           "DEFAULT_BATCH", "DEFAULT_MAX_MEMORY_MB", "DEFAULT_REPEAT", "DEFAULT_SEQ", "DEFAULT_WARMUP",
            "DEPRECATED_MEMORY_ENV", "MAX_MEMORY_ENV", "MAX_REPEAT", "MAX_WARMUP", "check_rounds",
            "OVER_THRESHOLD", "RLX_THRESHOLD",
            "Architecture", "FusionCheck", "GraphTextError", "LayerStatus", "LimitError", "Limits", "PipelineError",

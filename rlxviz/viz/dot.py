@@ -59,13 +59,21 @@ class DotOptions:
     font: str = "Helvetica"
 
 
+def _shown(text: object, keep_newlines: bool = False) -> str:
+    """Model text with its control characters escaped (`session.text.shown`): Graphviz refuses some, and a
+    drawing must show a name's escape sequence, not act on it."""
+    from ..session.text import shown
+
+    return shown(str(text), keep_newlines)
+
+
 def _tip(text: str) -> graphviz.quoting.NoHtml:
-    """A DOT escString for plain text (backslashes kept literal, newlines as line breaks)."""
-    return graphviz.nohtml(text.replace("\\", "\\\\").replace("\n", "\\n"))
+    """A DOT escString for plain text (backslashes kept literal, newlines as line breaks, controls escaped)."""
+    return graphviz.nohtml(_shown(text, True).replace("\\", "\\\\").replace("\n", "\\n"))
 
 
 def _e(text: object) -> str:
-    return html.escape(str(text), quote=False)
+    return html.escape(_shown(text), quote=False)
 
 
 def _small(text: str, color: str = "#444444", size: int = 8) -> str:
@@ -281,9 +289,9 @@ class _Drawer:
 
     # -- emit ---------------------------------------------------------------------------------------
     def dot(self, title: str) -> str:
-        d = graphviz.Digraph(self.g.name, graph_attr={
+        d = graphviz.Digraph(_shown(self.g.name), graph_attr={
             "rankdir": "TB", "newrank": "true", "nodesep": "0.25", "ranksep": "0.35", "fontname": self.opts.font,
-            "fontsize": "12", "labelloc": "t", "id": "graph_" + self.g.name, "outputorder": "edgesfirst"},
+            "fontsize": "12", "labelloc": "t", "id": "graph_" + _shown(self.g.name), "outputorder": "edgesfirst"},
             node_attr={"shape": "box", "style": "rounded,filled", "fontname": self.opts.font, "fontsize": "10",
                        "margin": "0.08,0.03", "height": "0.3"},
             edge_attr={"color": "#555555", "arrowsize": "0.6", "fontname": self.opts.font, "fontsize": "8"})
