@@ -119,12 +119,38 @@ def gather_of(index_lines: list[str], idx: int, idx_type: str) -> str:
     (["%1 = const {value=[1, 5]} : i32[2]", '%2 = cast(%1) {dtype="i64"} : i64[2]'], 2, "2", 5),
     (['%1 = input {name="i"} : i64[2]', "%2 = const {value=[100]} : i64[1]",
       "%3 = concat(%1, %2) {axis=0} : i64[3]"], 3, "3", 100),
+    (["%1 = const {value=[0, 9]} : i64[2]", "%2 = narrow(%1) {axis=0, start=1, length=1} : i64[1]"], 2, "1", 9),
+    (["%1 = const {value=[[0], [6]]} : i64[2, 1]", "%2 = expand(%1) {shape=[2, 5]} : i64[2, 5]"], 2, "2, 5", 6),
 ])
 def test_const_gather_indices_out_of_range_are_refused(index_lines, idx, idx_type, bad):
     with pytest.raises(GraphError) as e:
         parse_ir(gather_of(index_lines, idx, idx_type))
     assert e.value.reason.startswith(f"%9 (gather): const index {bad} (from %")
     assert "out of range for table f32[4, 3]: axis 0 has 4 rows (valid indices 0..3)" in e.value.reason
+
+
+@pytest.mark.parametrize("index_lines, idx, idx_type", [
+    (["%1 = const {value=[0, 9]} : i64[2]", "%2 = narrow(%1) {axis=0, start=0, length=1} : i64[1]"], 2, "1"),
+    (["%1 = const {value=[[1, 2], [7, 8]]} : i64[2, 2]", "%2 = transpose(%1) {perm=[1, 0]} : i64[2, 2]",
+      "%3 = narrow(%2) {axis=1, start=0, length=1} : i64[2, 1]"], 3, "2, 1"),
+    (['%1 = input {name="i"} : i64[2]', "%2 = const {value=[9]} : i64[1]", "%3 = concat(%1, %2) {axis=0} : i64[3]",
+      "%4 = narrow(%3) {axis=0, start=0, length=2} : i64[2]"], 4, "2"),  # 9 may be cut away: not known
+])
+def test_const_gather_indices_cut_away_by_narrow_pass(index_lines, idx, idx_type):
+    parse_ir(gather_of(index_lines, idx, idx_type))
+
+
+def test_const_index_evaluation_is_bounded():
+    """Concats of concats double the indices each step; lint keeps the set of values, never 2**40 of them."""
+    lines = ["%1 = const {value=[0, 1]} : i64[2]"]
+    for k in range(2, 42):
+        lines.append(f"%{k} = concat(%{k - 1}, %{k - 1}) {{axis=0}} : i64[{2 ** k}]")
+    text = ir('%0 = param {name="t"} : f32[4, 3]', *lines, f"%99 = gather(%0, %41) {{axis=0}} : f32[{2 ** 41}, 3]",
+              "return %99")
+    g = parse_ir(text, verify=False)
+    from rlxviz.ir.lint import problems
+
+    assert peak_bytes(problems, g) < 20 << 20
 
 
 def test_const_gather_indices_in_range_pass_and_run():

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .dtype import DType
 from .graph import Graph, GraphError, toposort
 from .infer import ShapeError, TensorType, infer
@@ -131,37 +133,100 @@ def _check_const(n: Node) -> str | None:
     return None
 
 
-_SAME_VALUES = frozenset({Op.RESHAPE, Op.TRANSPOSE, Op.EXPAND, Op.CONCAT})
-"""Ops whose output holds every value of every operand (no empty tensors pass lint), and no other value."""
+_EXACT_CAP = 1 << 16
+"""Largest index array lint evaluates exactly; past it (e.g. concats of concats) only the set of values is kept."""
+
+
+def _index_values(nodes: dict[int, Node], root: int) -> tuple[bool, np.ndarray] | None:
+    """The values node `root` is known to hold when it is computed from consts alone by reshape, transpose, narrow,
+    expand, concat and int -> i64 casts: `(True, array)` exactly, `(False, values)` when only the set of values
+    is known (after an expand, or a concat with a non-const operand: every value listed still reaches the output),
+    None when nothing is known. Bounded: exact arrays stay under `_EXACT_CAP` elements (the payloads are in the
+    text), expands are never materialized."""
+    memo: dict[int, tuple[bool, np.ndarray] | None] = {}
+    order, todo = [], [root]
+    while todo:  # post-order without recursion
+        k = todo.pop()
+        if k in memo:
+            continue
+        memo[k] = None
+        order.append(k)
+        src = nodes[k]
+        if src.op in (Op.RESHAPE, Op.TRANSPOSE, Op.NARROW, Op.EXPAND, Op.CONCAT, Op.CAST):
+            todo.extend(src.inputs)
+    for k in reversed(order):
+        src = nodes[k]
+        ins = [memo.get(i) for i in src.inputs]
+        v: tuple[bool, np.ndarray] | None = None
+        if src.op == Op.CONST:
+            v = (True, np.array(src.attrs["value"], dtype=object).reshape(src.shape))
+        elif src.op == Op.CAST:
+            if ins and ins[0] is not None and src.dtype == DType.i64 and nodes[src.inputs[0]].dtype.is_int:
+                v = ins[0]
+        elif src.op == Op.CONCAT:
+            known = [x for x in ins if x is not None]
+            if known and len(known) == len(ins) and all(e for e, _ in known) and math.prod(src.shape) <= _EXACT_CAP:
+                v = (True, np.concatenate([a for _, a in known], axis=src.attrs["axis"]))
+            elif known:
+                v = (False, np.unique(np.concatenate([a.ravel() for _, a in known])))
+        elif src.op in (Op.RESHAPE, Op.TRANSPOSE, Op.NARROW, Op.EXPAND) and ins[0] is not None:
+            exact, a = ins[0]
+            if src.op == Op.EXPAND:
+                v = (False, np.unique(a.ravel()))
+            elif not exact:
+                v = None if src.op == Op.NARROW else ins[0]
+            elif src.op == Op.RESHAPE:
+                v = (True, a.reshape(src.shape))
+            elif src.op == Op.TRANSPOSE:
+                v = (True, np.transpose(a, src.attrs["perm"]))
+            else:  # narrow
+                sl = [slice(None)] * a.ndim
+                sl[src.attrs["axis"]] = slice(src.attrs["start"], src.attrs["start"] + src.attrs["length"])
+                v = (True, a[tuple(sl)])
+        memo[k] = v
+    return memo[root]
 
 
 def _check_gather_consts(nodes: dict[int, Node], n: Node) -> str | None:
-    """Why a gather's constant indices fall outside its table, or None. The indices are followed back through
-    reshape/transpose/expand/concat and int -> i64 casts to every const feeding them: any value there reaches the
-    gather. Indices must lie in 0..rows-1 (negative ones wrap in NumPy, not in every lowering)."""
-    table, idx = nodes[n.inputs[0]], n.inputs[1]
+    """Why a gather's constant indices fall outside its table, or None. Indices computed from consts alone
+    (see `_index_values`) must lie in 0..rows-1 (negative ones wrap in NumPy, not in every lowering)."""
+    table = nodes[n.inputs[0]]
     rows = table.shape[0]
-    todo, seen = [idx], set()
+    known = _index_values(nodes, n.inputs[1])
+    if known is None:
+        return None
+    flat = known[1].ravel()
+    bad = [x for x in flat if not 0 <= x < rows]
+    if not bad:
+        return None
+    src = next((k for k in _const_sources(nodes, n.inputs[1]) if bad[0] in _flat(nodes[k].attrs["value"])), None)
+    where = f" (from %{src})" if src is not None else ""
+    return (f"const index {bad[0]!r}{where} is out of range for table {table.type}: "
+            f"axis 0 has {rows} rows (valid indices 0..{rows - 1})")
+
+
+def _const_sources(nodes: dict[int, Node], root: int) -> list[int]:
+    out, todo, seen = [], [root], set()
     while todo:
         k = todo.pop()
-        if k in seen:
-            continue
-        seen.add(k)
-        src = nodes[k]
-        if src.op in _SAME_VALUES:
-            todo.extend(src.inputs)
-        elif src.op == Op.CAST and src.dtype == DType.i64 and nodes[src.inputs[0]].dtype.is_int:
-            todo.extend(src.inputs)
-        elif src.op == Op.CONST:
-            vals = [src.attrs["value"]]
-            while vals:
-                x = vals.pop()
-                if isinstance(x, tuple):
-                    vals.extend(reversed(x))
-                elif not 0 <= x < rows:
-                    return (f"const index {x!r} (from %{k}) is out of range for table {table.type}: "
-                            f"axis 0 has {rows} rows (valid indices 0..{rows - 1})")
-    return None
+        if k not in seen:
+            seen.add(k)
+            if nodes[k].op == Op.CONST:
+                out.append(k)
+            else:
+                todo.extend(nodes[k].inputs)
+    return sorted(out)
+
+
+def _flat(v: object) -> list[object]:
+    out, todo = [], [v]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, tuple):
+            todo.extend(x)
+        else:
+            out.append(x)
+    return out
 
 
 _INT_RANGE = {DType.i32: (-(1 << 31), (1 << 31) - 1), DType.i64: (-(1 << 63), (1 << 63) - 1)}
