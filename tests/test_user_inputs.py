@@ -154,3 +154,33 @@ def test_nonfinite_float_inputs_refused_everywhere(tmp_path):
     np.savez(tmp_path / "nan.npz", x=np.array([1.0, np.nan], np.float32))
     with pytest.raises(ValueError, match="input 'x' must hold finite numbers"):
         load_inputs(tmp_path / "nan.npz", g)
+
+
+COMPUTED_IR = """graph g {
+  %0 = input {name="tok"} : i64[6]
+  %1 = param {name="table"} : f32[3, 4]
+  %2 = const {value=OFFSET} : i64[]
+  %3 = add(%0, %2) : i64[6]
+  %4 = gather(%1, %3) {axis=0} : f32[6, 4]
+  return %4
+}
+"""
+
+
+def test_computed_gather_indices_out_of_range_refused_before_mlx(tmp_path, capsys):
+    """Was: indices computed from an input (add(ids, 1e8)) reached MLX's take unchecked: exit 139 (segfault).
+    Every MLX run (`MlxExecutor.bind`) now checks each gather's indices (computed by the reference if need be)."""
+    pytest.importorskip("rlxviz.runtime.mlx_backend")
+    from rlxviz.runtime.executor import MlxExecutor, check_gather_indices
+
+    (tmp_path / "g.ir").write_text(COMPUTED_IR.replace("OFFSET", "100000000"))
+    code, _, err = run(capsys, "time", tmp_path / "g.ir", "--repeat", 1)
+    assert code == 2
+    one_line_error(err, "time", "gather %4: index values 100000000..")
+    g = parse_ir(COMPUTED_IR.replace("OFFSET", "-2"))
+    table = np.arange(12, dtype=np.float32).reshape(3, 4)
+    check_gather_indices(g, {"tok": np.array([0, 1, 2, 3, 4, 1])}, {"table": table})  # -2..2: counts from the end
+    out = MlxExecutor().run(g, {"tok": np.array([0, 1, 2, 3, 4, 1])}, {"table": table})[0]
+    assert np.array_equal(out, np.take(table, np.array([-2, -1, 0, 1, 2, -1]), axis=0))
+    with pytest.raises(ValueError, match=r"gather %4: index values -4\.\.2 lie outside its table's 3 rows"):
+        MlxExecutor().run(g, {"tok": np.array([-2, 1, 2, 3, 4, 1])}, {"table": table})

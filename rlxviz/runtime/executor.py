@@ -73,6 +73,56 @@ def _const(node: Node) -> mx.array:
         return mx.array(np.asarray(node.attrs["value"], dtype=node.dtype.numpy)).astype(MX_DTYPES[node.dtype])
 
 
+def check_gather_indices(graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str, Any] | None = None) -> None:
+    """Refuse a run whose `gather` indices fall outside their table (`-rows..rows-1`: negatives count from the end,
+    in NumPy and MLX alike): MLX's `take` does not check them and reads outside the table (a segfault, or garbage). An index that is a graph input or a const is checked directly;
+    one computed from them (e.g. `add(ids, const)`) is computed by the NumPy reference on the same feeds first.
+
+    Raises:
+        ValueError: one line naming the gather, the index values and the table's rows.
+    """
+    gathers = [n for n in graph if n.op == Op.GATHER and len(n.inputs) == 2]
+    if not gathers:
+        return
+    values: dict[int, np.ndarray] = {}
+    computed: list[int] = []
+    for n in gathers:
+        idx = graph[n.inputs[1]]
+        if idx.op == Op.INPUT and idx.attrs.get("name") in feeds:
+            values[idx.id] = np.asarray(feeds[idx.attrs["name"]])
+        elif idx.op == Op.CONST:
+            values[idx.id] = np.asarray(idx.attrs.get("value"))
+        elif idx.op != Op.PARAM:
+            computed.append(idx.id)
+    if computed:
+        from .reference import run_reference
+
+        need: set[int] = set()
+        stack = list(computed)
+        while stack:
+            i = stack.pop()
+            if i not in need:
+                need.add(i)
+                stack.extend(graph[i].inputs)
+        sub = Graph([n for n in graph if n.id in need], computed, graph.name)
+        names = {n.attrs.get("name") for n in sub if n.op in (Op.INPUT, Op.PARAM)}
+        arrays = {k: np.asarray(v) for k, v in {**(weights or {}), **feeds}.items() if k in names}
+        try:
+            outs = run_reference(sub, arrays, arrays)
+        except IndexError as e:  # a gather among the index's own operands is out of range
+            raise ValueError(f"graph {graph.name}: a gather index is out of range ({e})") from None
+        values.update(zip(computed, outs, strict=True))
+    for n in gathers:
+        v = values.get(n.inputs[1])
+        rows = graph[n.inputs[0]].shape[0] if graph[n.inputs[0]].shape else 0
+        if v is None or v.size == 0:
+            continue
+        lo, hi = int(np.min(v)), int(np.max(v))
+        if lo < -rows or hi >= rows:  # -rows..-1 count from the end, in NumPy and MLX alike
+            raise ValueError(f"gather %{n.id}: index values {lo}..{hi} lie outside its table's {rows} rows "
+                             f"({-rows}..{rows - 1}); MLX would read outside the table")
+
+
 def _eval_nodes(nodes: list[Node], env: dict[int, mx.array], frees: list[list[int]], e: MlxEmitter) -> None:
     for n, done in zip(nodes, frees, strict=True):
         try:
@@ -221,10 +271,12 @@ class MlxExecutor:
 
         Raises:
             KeyError: a missing input or param (named).
-            ValueError: a shape differs from the graph's.
+            ValueError: a shape differs from the graph's, or a gather index is outside its table
+                (`check_gather_indices`).
         """
         prog = self.program(graph)
         weights = weights or {}
+        check_gather_indices(graph, feeds, weights)
         args: list[mx.array] = []
         shapes = {n.attrs["name"]: n for n in graph if n.op in (Op.INPUT, Op.PARAM)}
         for name in prog.inputs:
