@@ -75,7 +75,8 @@ def _const(node: Node) -> mx.array:
 
 def check_gather_indices(graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str, Any] | None = None) -> None:
     """Refuse a run whose `gather` indices fall outside their table (`-rows..rows-1`: negatives count from the end,
-    in NumPy and MLX alike): MLX's `take` does not check them and reads outside the table (a segfault, or garbage). An index that is a graph input or a const is checked directly;
+    in NumPy and MLX alike): MLX's `take` does not check them and reads outside the table (a segfault, or
+    garbage). An index that is a graph input or a const is checked directly;
     one computed from them (e.g. `add(ids, const)`) is computed by the NumPy reference on the same feeds first.
 
     Raises:
