@@ -327,3 +327,18 @@ def test_handed_f32_overflow_const_exits_2_before_running(tmp_path, capsys):
     code, out, err = run(capsys, "time", "--repeat", "1", f)
     assert code == 2
     assert "%1 (const): const value 1e+300 is not finite in f32 (largest 3.4028235e+38)" in one_line(err, "time")
+
+
+def test_huge_lines_are_lexed_lazily_in_bounded_memory():
+    """A 2 MB shape list was lexed into 1.4 M token objects first (300 MB); now the type stops at 1024 dims."""
+    from rlxviz.ir.parser import MAX_PARSED_DIMS
+
+    text = ir('%0 = input {name="x"} : f32[' + ", ".join(["1"] * 700_000) + "]", "return %0")
+    with pytest.raises(IRSyntaxError) as e:
+        parse_ir(text)
+    assert e.value.reason == f"type with more than {MAX_PARSED_DIMS} dimensions" and e.value.line == 2
+    assert peak_bytes(parse_ir, text) < 2 * len(text) + (1 << 20)
+    bad_tail = ir('%0 = input {name="x"} : f32[2] # ' + "x" * 1_000_000, '%1 = relu(%0) : f32[2] $', "return %1")
+    with pytest.raises(IRSyntaxError) as e:
+        parse_ir(bad_tail)
+    assert (e.value.line, e.value.reason) == (3, "unexpected character '$'")

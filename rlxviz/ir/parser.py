@@ -40,6 +40,9 @@ MAX_NUMBER_CHARS = 64
 MAX_STRING_CHARS = 4096
 """Longest quoted string, name or model path accepted, in characters (model paths use under 100)."""
 
+MAX_PARSED_DIMS = 1024
+"""Most dimensions a type may list before the parser stops reading it (lint refuses ranks over 32)."""
+
 MAX_DIM = 2**62
 """Largest dimension accepted; the memory budget (`ir.memory`) refuses far smaller tensors."""
 
@@ -89,18 +92,21 @@ def _string_end(text: str, pos: int, lineno: int) -> int:
 
 
 class _Line:
-    def __init__(self, text: str, lineno: int) -> None:
-        self.text, self.lineno, self.k = text, lineno, 0
-        self.toks = self._lex(text)  # after lineno is set: lexing errors report it
+    """One line's tokens, lexed one at a time as the parser asks for them: a line of megabytes never becomes
+    millions of token objects at once (a 2 MB shape list cost 300 MB), and it is refused at its first fault."""
 
-    def _lex(self, text: str) -> list[_Tok]:
-        toks, pos = [], 0
-        while pos < len(text):
+    def __init__(self, text: str, lineno: int) -> None:
+        self.text, self.lineno, self._pos = text, lineno, 0
+        self._cur = self._lex_one()  # after lineno is set: lexing errors report it
+        self.first = self._cur
+
+    def _lex_one(self) -> _Tok | None:
+        text = self.text
+        while self._pos < len(text):
+            pos = self._pos
             if text[pos] == '"':
-                end = _string_end(text, pos, self.lineno)
-                toks.append(_Tok("string", text[pos:end], pos + 1))
-                pos = end
-                continue
+                self._pos = _string_end(text, pos, self.lineno)
+                return _Tok("string", text[pos:self._pos], pos + 1)
             m = _TOKEN.match(text, pos)
             if not m:
                 raise IRSyntaxError(f"unexpected character {text[pos]!r}", self.lineno, pos + 1, text)
@@ -111,17 +117,17 @@ class _Line:
             if kind == "ident" and m.end() - pos > MAX_STRING_CHARS:
                 raise IRSyntaxError(f"name with {m.end() - pos} characters (at most {MAX_STRING_CHARS})",
                                     self.lineno, pos + 1, text)
+            self._pos = m.end()
             if kind not in ("ws", "comment"):
-                toks.append(_Tok(kind, m.group(), pos + 1))
-            pos = m.end()
-        return toks
+                return _Tok(kind, m.group(), pos + 1)
+        return None
 
     def error(self, msg: str, tok: _Tok | None = None) -> IRSyntaxError:
-        col = tok.col if tok else (self.toks[self.k].col if self.k < len(self.toks) else len(self.text) + 1)
+        col = tok.col if tok else (self._cur.col if self._cur is not None else len(self.text) + 1)
         return IRSyntaxError(msg, self.lineno, col, self.text)
 
     def peek(self) -> _Tok | None:
-        return self.toks[self.k] if self.k < len(self.toks) else None
+        return self._cur
 
     def next(self, expect: str | None = None, what: str = "") -> _Tok:
         t = self.peek()
@@ -130,13 +136,13 @@ class _Line:
             raise self.error(f"expected {desc}, found end of line")
         if expect is not None and t.text != expect and t.kind != expect:
             raise self.error(f"expected {desc}, found {t.text!r}", t)
-        self.k += 1
+        self._cur = self._lex_one()
         return t
 
     def accept(self, text: str) -> bool:
         t = self.peek()
         if t is not None and t.text == text:
-            self.k += 1
+            self._cur = self._lex_one()
             return True
         return False
 
@@ -234,6 +240,8 @@ def _node(ln: _Line, refs: list[tuple[int, _Tok, _Line]]) -> Node:
             if int(d.text) > MAX_DIM:
                 raise ln.error(f"dimension {d.text} is larger than {MAX_DIM}", d)
             shape.append(int(d.text))
+            if len(shape) > MAX_PARSED_DIMS:  # lint states the real limit (`lint.MAX_RANK`); this bounds memory
+                raise ln.error(f"type with more than {MAX_PARSED_DIMS} dimensions", d)
             if not ln.accept(","):
                 break
         ln.next("]", what="',' or ']'")
@@ -275,7 +283,7 @@ def parse_ir(text: str, verify: bool = True) -> Graph:
         GraphError: when `verify`, a structurally invalid graph (from `lint`).
     """
     lines = [_Line(t, k + 1) for k, t in enumerate(text.splitlines())]
-    lines = [ln for ln in lines if ln.toks]
+    lines = [ln for ln in lines if ln.first is not None]
     if not lines:
         raise IRSyntaxError("empty IR text: expected 'graph NAME {'", 1, 1, "")
     head = lines[0]
@@ -316,7 +324,7 @@ def parse_ir(text: str, verify: bool = True) -> Graph:
         else:
             n = _node(ln, refs)
             if n.id in nodes:
-                raise ln.error(f"%{n.id} is defined twice", ln.toks[0])
+                raise ln.error(f"%{n.id} is defined twice", ln.first)
             nodes[n.id] = n
     if not closed:
         last = lines[-1]
