@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from clirun import one_line_error, run
 
 from rlxviz import cli
 from rlxviz.ir import parse_ir
@@ -19,19 +20,6 @@ PY = ROOT / ".venv" / "bin" / "python"
 def rlxviz(*args):
     return subprocess.run([str(PY if PY.exists() else sys.executable), "-m", "rlxviz", *map(str, args)],
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
-
-
-def run(capsys, *args):
-    code = cli.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line_error(err, command, fragment):
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith(f"rlxviz {command}: error: ") and fragment in lines[0], lines[0]
-    assert "Traceback" not in err
 
 
 # ------------------------------------------------------------------------------------------------ passes

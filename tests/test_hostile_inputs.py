@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from clirun import one_line, run
 
 from rlxviz import cli
 from rlxviz.ir import GraphError, IRSyntaxError, Op, from_json, lint, parse_ir, to_json
@@ -22,20 +23,6 @@ from rlxviz.passes.pattern import const_value
 from rlxviz.runtime import run_reference
 
 DATA = Path(__file__).parent / "data" / "reliability"
-
-
-def run(capsys, *args):
-    code = cli.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line(err: str, command: str, kind: str = "error") -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith(f"rlxviz {command}: {kind}: "), lines[0]
-    assert "Traceback" not in err
-    return lines[0]
 
 
 def ir(*lines: str, name: str = "t") -> str:

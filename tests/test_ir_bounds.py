@@ -7,26 +7,13 @@ import json
 
 import numpy as np
 import pytest
+from clirun import one_line, run
 
-from rlxviz import cli
 from rlxviz.ir import GraphError, IRSyntaxError, from_json, lint, parse_ir, to_json
 from rlxviz.ir.lint import MAX_RANK
 from rlxviz.ir.parser import MAX_STRING_CHARS
 from rlxviz.ir.safejson import loads
 from rlxviz.runtime import run_reference
-
-
-def run(capsys, *args):
-    code = cli.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line(err: str, command: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith(f"rlxviz {command}: error: "), lines[0]
-    return lines[0]
 
 
 def ir(*lines: str) -> str:

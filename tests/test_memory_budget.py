@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from clirun import one_line, run
 
-from rlxviz import cli
 from rlxviz.ir import parse_ir
 from rlxviz.ir.memory import MIB, node_bytes, peak_memory
 from rlxviz.models import random_weights
@@ -21,18 +21,6 @@ from rlxviz.models.presets import Model, index_bounds
 from rlxviz.session import LimitError, Limits, SessionError
 
 DATA = Path(__file__).parent / "data" / "reliability"
-
-
-def run(capsys, *args):
-    code = cli.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line(err: str, command: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"rlxviz {command}: error: "), err
-    return lines[0]
 
 
 def ir(*lines: str) -> str:
@@ -139,7 +127,6 @@ def test_handed_config_with_a_million_layers_is_refused_before_building(tmp_path
     code, _, err = run(capsys, "explain", folder)
     assert code == 2
     assert "num_hidden_layers 1000000 is over the limit of 512; refused before building" in one_line(err, "explain")
-
 
 
 def test_a_model_config_given_as_the_model_is_refused_as_a_config(tmp_path, capsys, monkeypatch):

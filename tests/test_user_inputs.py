@@ -7,23 +7,10 @@ import zipfile
 
 import numpy as np
 import pytest
+from clirun import one_line_error, run
 
-from rlxviz import cli
 from rlxviz.ir import parse_ir
 from rlxviz.runtime.battery import check_inputs, index_bounds, load_inputs, npz_headers
-
-
-def run(capsys, *args):
-    code = cli.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line_error(err: str, command: str, fragment: str) -> None:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith(f"rlxviz {command}: error: ") and fragment in lines[0], lines[0]
-    assert "Traceback" not in err
 
 
 def _bert_inputs(ids, mask=1):

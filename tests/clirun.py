@@ -1,0 +1,26 @@
+"""The CLI in-process for tests: `run` a command, and `one_line` / `one_line_error` for its one-line errors."""
+
+from __future__ import annotations
+
+from rlxviz import cli
+
+
+def run(capsys, *args) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `rlxviz ARGS` run in-process (`cli.main`)."""
+    code = cli.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line(err: str, command: str, kind: str = "error") -> str:
+    """The one line of `err`, which must read `rlxviz COMMAND: KIND: ...` with no traceback."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"rlxviz {command}: {kind}: "), lines[0]
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def one_line_error(err: str, command: str, fragment: str) -> None:
+    """`one_line` of an error that contains `fragment`."""
+    assert fragment in one_line(err, command), err
