@@ -1,6 +1,7 @@
 """Expectations driven by the architecture (issue 10): nothing passes vacuously, "no rule recognizes this" fails
 `rlxviz explain`, pre-LN is not blamed as post-LN BERT, and layer-less graphs are judged by their kind."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -76,3 +77,31 @@ def test_explain_exit_codes(capsys, path, code):
     if "13c" in path:  # exit 0 is not silence: the recognized form is named with the nodes it replaced
         assert "recognized: canonicalize_norm.layer_norm -> layer_norm %13 (replaces %3, %4, %5, %6, %8, %9, %10, " \
                "%11, %12)" in out
+
+
+@pytest.mark.parametrize("name, form, const", [("gelu-ffn-erf-wrong-const", "erf", "1/sqrt(2) is 0.7071"),
+                                               ("gelu-erf-wrong-const-bert", "erf", "1/sqrt(2) is 0.7071"),
+                                               ("gelu-tanh-wrong-const-bert", "tanh", "0.044715 is 0.0447")])
+def test_wrong_constant_gelu_is_a_miss_inside_a_region(capsys, name, form, const):
+    """A GELU chain whose constant canonicalize_gelu refused is a miss even after mark_elementwise_regions
+    groups the chain into an ElementwiseRegion (it left the graph by being grouped, not fused); and the layer
+    still has an MLP (the decomposed GELU between two linears), so a BERT layer expects FusedTransformerLayer."""
+    path = ROOT / "tests/data/cases" / f"{name}.rlx"
+    assert main(["explain", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "gelu_constants" in out and const in out and f"canonicalize_gelu.{form}" in out
+    assert "0 missed" not in out and "attention only" not in out
+    assert main(["explain", "--json", str(path)]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is False
+    if "bert" in name:
+        assert "0/2 layer(s) fused as expected" in out and "NOT fused (expected FusedTransformerLayer)" in out
+        assert doc["fused_layers"] == 0
+        for layer in doc["layers"]:
+            assert layer["architecture"]["kind"] == "post_ln", layer["architecture"]
+            assert any("decomposed GELU" in e for e in layer["architecture"]["evidence"])
+            assert "gelu_constants" in json.dumps(layer)
+    else:
+        assert len(doc["misses"]) == 1
+        assert doc["misses"][0].startswith(f"canonicalize_gelu.{form} @ %7 (-): gelu_constants [illegal]")
+        assert "decomposed GELU between matmul" in " ".join(doc["architecture"]["evidence"])

@@ -27,7 +27,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..ir import Graph, Node, Op
-from .trace import layer_of
+from ..ir.ops import BLAS
+from .trace import Rejection, layer_of
 
 _ATTENTION = frozenset({Op.ATTENTION, Op.FUSED_ATTENTION_BLOCK, Op.FUSED_TRANSFORMER_LAYER})
 _NORMS = frozenset({Op.LAYER_NORM, Op.RMS_NORM, Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM})
@@ -107,10 +108,11 @@ class LayerArchitecture:
         return out
 
 
-_PREPARED: dict[int, tuple[Graph, Graph, dict[int | None, LayerArchitecture]]] = {}
+_Entry = tuple[Graph, Graph, dict[int | None, LayerArchitecture], tuple[Rejection, ...]]
+_PREPARED: dict[int, _Entry] = {}
 
 
-def _entry(graph: Graph) -> tuple[Graph, Graph, dict[int | None, LayerArchitecture]]:
+def _entry(graph: Graph) -> _Entry:
     hit = _PREPARED.get(id(graph))
     if hit is not None and hit[0] is graph:
         return hit
@@ -119,7 +121,9 @@ def _entry(graph: Graph) -> tuple[Graph, Graph, dict[int | None, LayerArchitectu
     trace = Pipeline(list(_PREFIX)).run(graph)
     if len(_PREPARED) >= 4:
         _PREPARED.pop(next(iter(_PREPARED)))
-    _PREPARED[id(graph)] = (graph, trace.final, {})
+    gelus = tuple(r for r in trace.rejections if r.pass_name == "canonicalize_gelu" and r.stage == "guard"
+                  and r.guard == "gelu_constants" and r.headline)
+    _PREPARED[id(graph)] = (graph, trace.final, {}, gelus)
     return _PREPARED[id(graph)]
 
 
@@ -145,19 +149,50 @@ def _label(n: Node) -> str:
     return f"{n.op.value} %{n.id}"
 
 
+def _linear_near(g: Graph, i: int, up: bool, depth: int = 3) -> Node | None:
+    """The matmul feeding `i` (`up`) or reading it, through at most `depth` bias adds / reshapes / casts."""
+    frontier = [g[i]]
+    for _ in range(depth):
+        nxt: list[Node] = []
+        for n in frontier:
+            for m in ([g[j] for j in n.inputs] if up else g.users(n.id)):
+                if m.op in BLAS:
+                    return m
+                if m.op in (Op.ADD, Op.RESHAPE, Op.CAST):
+                    nxt.append(m)
+        frontier = nxt
+    return None
+
+
+def _decomposed_gelus(g: Graph, rejected: tuple[Rejection, ...], ids: set[int]) -> list[tuple[Node, str]]:
+    """GELU chains that `canonicalize_gelu` found GELU-shaped but refused (`gelu_constants`: a wrong constant)
+    between two linears in `ids`: `(the chain's output node, evidence)`. The layer still has an MLP."""
+    out = []
+    for r in rejected:
+        x, fn, res = r.bindings.get("x"), r.bindings.get("fn"), r.bindings.get("out")
+        if x is None or res is None or fn not in ids or x not in g or res not in g:
+            continue
+        fc1, fc2 = _linear_near(g, x, up=True, depth=2), _linear_near(g, res, up=False)
+        if fc1 is None or fc2 is None:
+            continue
+        out.append((g[res], f"{_label(g[fn])}: a decomposed GELU between {_label(fc1)} and {_label(fc2)} that "
+                            f"canonicalize_gelu refused ({r.guard}): the layer has an MLP"))
+    return out
+
+
 def _is_activation(n: Node) -> bool:
     return n.op in _ACTS or (n.op == Op.FUSED_MATMUL_BIAS_ACT and n.attrs.get("activation") is not None)
 
 
 def classify_layer(graph: Graph, layer: int | None) -> LayerArchitecture:
     """The `LayerArchitecture` of `layer` (None: the whole graph) in `graph` (the unfused input graph)."""
-    _, g, known = _entry(graph)
+    _, g, known, gelus = _entry(graph)
     if layer not in known:
-        known[layer] = _classify(g, layer)
+        known[layer] = _classify(g, layer, gelus)
     return known[layer]
 
 
-def _classify(g: Graph, layer: int | None) -> LayerArchitecture:
+def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) -> LayerArchitecture:
     nodes = [n for n in g if n.op not in (Op.INPUT, Op.PARAM, Op.CONST)
              and (layer is None or layer_of(n.path) == layer)]
     ids = {n.id for n in nodes}
@@ -165,6 +200,10 @@ def _classify(g: Graph, layer: int | None) -> LayerArchitecture:
     norms = [n for n in nodes if n.op in _NORMS]
     acts = [n for n in nodes if _is_activation(n)]
     evidence: list[str] = []
+    for n, why in _decomposed_gelus(g, gelus, ids):
+        if n not in acts:
+            acts.append(n)
+            evidence.append(why)
     norm = ("RMSNorm" if any(n.op in (Op.RMS_NORM, Op.FUSED_RESIDUAL_RMS_NORM) for n in norms)
             else "LayerNorm" if norms else "none")
     swiglu = any(n.op == Op.FUSED_SWIGLU or (n.op == Op.SILU and any(u.op == Op.MUL for u in g.users(n.id)))

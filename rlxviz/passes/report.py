@@ -3,7 +3,8 @@
 RLX's `fusion_report` re-scans the final graph for three patterns with fixed reasons (rlx-notes
 §3.1, with false positives). Here misses come from the matcher itself: every rejection of the run
 whose anchor or offending nodes are still in the final graph (i.e. no later fusion absorbed
-them) is a miss, reported with the rule, the node, the guard that said no, and the guard's hint.
+them; being grouped into an `ElementwiseRegion` is not a fusion) is a miss, reported with the rule,
+the node, the guard that said no, and the guard's hint.
 """
 
 from __future__ import annotations
@@ -85,19 +86,35 @@ def _producers(g: Graph, ids: set[int], depth: int = 3) -> set[int]:
     return seen
 
 
+REGION_PASS = "mark_elementwise_regions"
+
+
+def _in_regions(trace: Trace) -> set[int]:
+    """Ids of the nodes that `mark_elementwise_regions` absorbed into an `ElementwiseRegion` still in the final
+    graph (they left the graph only by being grouped, not by any rule fusing them)."""
+    final = trace.final
+    return {i for s in trace.steps if s.pass_name == REGION_PASS and not s.error for m in s.matches
+            if m.fused is not None and m.fused in final for i in m.bindings.values()}
+
+
 def missed_fusions(source: Graph | Trace, pipeline: Pipeline | None = None) -> list[MissedFusion]:
     """Misses of a run (a `Trace`, or a graph run through `pipeline`, default canonical), in pass order.
 
-    A rejection counts when its anchor or one of its offending nodes survives in the final graph;
-    duplicates (same rule and anchor) keep the last pass's reason. Each miss carries its headline guard and
-    the further failing guards of the same candidate.
+    A rejection counts when its anchor or one of its offending nodes survives in the final graph, or was
+    only absorbed into an `ElementwiseRegion` that survives (`mark_elementwise_regions` groups leftover
+    elementwise ops; it fuses nothing a rule wanted, e.g. a decomposed GELU whose constant a recognizer
+    rejected is still a miss inside the region); duplicates (same rule and anchor) keep the last pass's
+    reason. Each miss carries its headline guard and the further failing guards of the same candidate.
     """
     trace = source if isinstance(source, Trace) else (pipeline or Pipeline.canonical()).run(source)
     final = trace.final
+    regioned = _in_regions(trace)
     out: dict[tuple[str, int], MissedFusion] = {}
     for k, s in enumerate(trace.steps):
+        own = s.pass_name == REGION_PASS
         for r in s.rejections:
-            if not r.headline or not (r.anchor in final or any(i in final for i in r.offending)):
+            if not r.headline or not any(i in final or (not own and i in regioned)
+                                         for i in (r.anchor, *r.offending)):
                 continue
             also = tuple(f"{o.guard} ({o.kind}): {o.message}" for o in s.rejections
                          if not o.headline and o.rule == r.rule and o.anchor == r.anchor)
