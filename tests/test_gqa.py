@@ -101,6 +101,45 @@ def test_tiled_kv_expansion_is_refused_naming_the_expansion():
     same_numbers(g, trace.final, {"x": rng.standard_normal((2, 6, 32)).astype(np.float32)}, w, mlx=False)
 
 
+DIAG = Path(__file__).parent / "data" / "diag"
+
+
+def test_mqa_tile_expansion_of_one_kv_head_fuses_as_num_kv_heads_1():
+    """With one kv head, tile == repeat_kv (every query head reads kv head 0): 07g and the builder's tile fuse."""
+    g = parse_ir((DIAG / "07g-mqa-tile.rlx").read_text())
+    trace = Pipeline.canonical().run(g)
+    (att,) = trace.final.find(Op.ATTENTION)
+    assert (att.attrs["num_heads"], att.attrs["num_kv_heads"]) == (4, 1)
+    assert not trace.rejections or all(r.guard not in ("kv_repeat_form", "heads_consistent") for r in trace.rejections)
+    same_numbers(g, trace.final, {"x": rng.standard_normal((2, 8, 64)).astype(np.float32)}, weights_for(g))
+    g = gqa_graph(expand="tile", heads=4, kv=1, biased_mask_block=True)
+    final = Pipeline.canonical().run(g).final
+    (fab,) = final.find(Op.FUSED_ATTENTION_BLOCK)
+    assert fab.attrs["num_kv_heads"] == 1 and fab.attrs["num_heads"] == 4
+    feeds = {"x": rng.standard_normal((2, 6, 32)).astype(np.float32),
+             "attention_mask": np.array([[1] * 6, [1] * 4 + [0] * 2], np.int64)}
+    same_numbers(g, final, feeds, weights_for(g))
+
+
+def test_gqa_tile_of_two_kv_heads_is_still_refused():
+    g = parse_ir((DIAG / "07c-gqa-tile-expand.rlx").read_text())
+    trace = Pipeline.canonical().run(g)
+    assert not trace.final.find(Op.ATTENTION)
+    (rej,) = [r for r in trace.rejections if r.rule == "fuse_sdpa.hf_attention" and r.headline]
+    assert rej.guard == "kv_repeat_form" and "[2, 1, 2, 8, 16] -> [2, 2, 2, 8, 16]" in rej.message
+
+
+def test_heads_consistent_names_only_the_failing_condition():
+    from test_guards import _sdpa
+
+    from rlxviz.passes.engine import find
+    from rlxviz.passes.pipeline import PASSES
+    g, _ = _sdpa(wide_v=True)
+    _, rejections = find(g, "fuse_sdpa", PASSES["fuse_sdpa"].rules, Pipeline.canonical().effective_params)
+    (r,) = [r for r in rejections if r.guard == "heads_consistent"]
+    assert "head_dim differs" in r.message and "q heads" not in r.message.split("(needs")[0]
+
+
 def test_mha_split_guard_uses_the_kv_width():
     """A GQA attention whose fused QKV is split MHA-style (0/H/2H) is refused by qkv_split with GQA lengths."""
     b = Builder("gqa_bad_split")

@@ -8,7 +8,9 @@ HF LLaMA/Mistral/Qwen expand K and V from `kv` heads to `heads = kv * n_rep` bef
 so query head i reads kv head `i // n_rep`, which is `attention(..., num_kv_heads=kv)`'s definition. The
 pattern pieces here let `fuse_sdpa` accept either form for K and V; the guard `kv_repeat_form` refuses any
 other expansion (e.g. a tile, `k.repeat(1, n, 1, 1)`, where query head i reads kv head `i % kv`) and names it,
-so no fusion treats expanded K/V as plain multi-head attention over the wider tensor.
+so no fusion treats expanded K/V as plain multi-head attention over the wider tensor. One exception: with a
+single kv head (MQA) the tile `[B, 1, 1, S, d] -> [B, n, 1, S, d] -> [B, n, S, d]` is accepted, because
+`i % 1 == i // n == 0`: every query head reads kv head 0 in both forms (the same values for every input).
 """
 
 from __future__ import annotations
@@ -32,18 +34,28 @@ def repeat_roles(tag: str) -> tuple[str, ...]:
 
 
 def n_rep(c: Ctx, tag: str) -> int:
-    """How many query heads share one kv head of `tag` (1: not repeated)."""
-    return c[f"{tag}_rep_expand"].shape[2] if f"{tag}_rep" in c else 1
+    """How many query heads share one kv head of `tag` (1: not repeated): the expanded head count over the
+    kv head count (for the tile form of one kv head too, where the expand's axis 2 stays 1)."""
+    if f"{tag}_rep" not in c:
+        return 1
+    out, kv = c[f"{tag}_rep"], c[f"{tag}_reshape"].shape[2]
+    return max(out.shape[1] // max(kv, 1), 1) if out.rank == 4 else 1
 
 
 def _repeat_ok(c: Ctx, tag: str) -> bool:
+    """HF's repeat_kv `[B, kv, 1, S, d] -> [B, kv, n, S, d] -> [B, kv*n, S, d]`; with one kv head (MQA) also the
+    tile form `[B, 1, 1, S, d] -> [B, n, 1, S, d] -> [B, n, S, d]`: every query head reads kv head 0 in both,
+    so the values are the same (a tile of kv > 1 heads is another grouping, i % kv, and is refused)."""
     if f"{tag}_rep" not in c:
         return True
     b, kv, s, d = c[f"{tag}_heads"].shape
     r, x, out = c[f"{tag}_rep_in"], c[f"{tag}_rep_expand"], c[f"{tag}_rep"]
-    n = x.shape[2] if x.rank == 5 else 0
-    return (r.shape == (b, kv, 1, s, d) and x.shape == (b, kv, n, s, d) and out.shape == (b, kv * n, s, d)
-            and n >= 1)
+    if out.rank != 4 or x.rank != 5 or out.shape[1] < 1:
+        return False
+    n = out.shape[1] // kv
+    repeat = r.shape == (b, kv, 1, s, d) and x.shape == (b, kv, n, s, d)
+    tile_of_one = kv == 1 and r.shape == (b, 1, 1, s, d) and x.shape == (b, n, 1, s, d)
+    return (repeat or tile_of_one) and out.shape == (b, kv * n, s, d) and n >= 1
 
 
 def _explain_repeat(c: Ctx) -> str:
@@ -77,11 +89,21 @@ def heads_match(c: Ctx) -> bool:
 
 
 def explain_heads(c: Ctx) -> str:
+    """The head splits, then only the conditions that fail, each with its numbers."""
     q, k, v = (list(c[f"{t}_reshape"].shape[2:]) for t in "qkv")
     rk, rv = n_rep(c, "k"), n_rep(c, "v")
     rep = f"; K is repeated x{rk}, V x{rv}" if rk > 1 or rv > 1 else ""
-    return f"q/k/v head splits [heads, head_dim] are {q}, {k}, {v}{rep}; needs q heads = kv heads * n_rep and equal " \
-           f"head_dim"
+    why = []
+    if not q[1] == k[1] == v[1]:
+        why.append(f"head_dim differs (q {q[1]}, k {k[1]}, v {v[1]})")
+    if k[0] != v[0]:
+        why.append(f"K has {k[0]} heads, V {v[0]}")
+    if rk != rv:
+        why.append(f"K is repeated x{rk}, V x{rv}")
+    if q[0] != k[0] * rk:
+        why.append(f"q heads {q[0]} != kv heads {k[0]} * n_rep {rk} = {k[0] * rk}")
+    return f"q/k/v head splits [heads, head_dim] are {q}, {k}, {v}{rep}; " + "; ".join(why) + \
+        " (needs q heads = kv heads * n_rep, equal head_dim, K and V alike)"
 
 
 def num_kv_heads(c: Ctx) -> int | None:
