@@ -3,6 +3,9 @@
 * 03 pre-scaled Q (CLIP/Whisper): the Q/K pre-scale folds into the attention scale; the block fuses when the
   product is the default 1/sqrt(head_dim), and otherwise `default_scale` names the actual and default scale.
 * 08 bias-less K (Whisper): Q/K/V merge with a zero bias slot (exact) and the block fuses.
+* 08d/08e/07e/07f/07h (tests/data/diag): Q, K and V all without bias, or the output projection without bias
+  (GQA too): the block takes the bare matmul with a zero bias operand (exact: x + 0 == x) and fuses.
+* 16b: the parallel block's FC1 without bias: FC1 + GELU fuse into FusedMatMulBiasAct with a zero bias.
 * 16 parallel block (GPT-J/PaLM/Phi-2): the merge that would pack FC1 with Q/K/V is refused by the cost
   test (`merge_keeps_fusions`, not profitable); FusedAttentionBlock and FC1's GELU epilogue are both kept.
 Every version keeps the unfused numbers.
@@ -19,6 +22,7 @@ from rlxviz.passes.guard import ILLEGAL, NOT_PROFITABLE, NOT_RECOGNIZED
 from rlxviz.runtime import run_reference
 
 CASES = Path(__file__).parent / "data" / "cases"
+DIAG = Path(__file__).parent / "data" / "diag"
 
 
 def case(name: str) -> Graph:
@@ -147,6 +151,68 @@ def test_case_08_bias_less_k_merges_with_a_zero_bias_slot():
 def test_bias_less_kind_any_member_gets_a_zero_slot(bias):
     t = run_and_compare(attention_layer(bias=bias))
     assert ops(t).get("FusedAttentionBlock") == 1
+
+
+def diag(name: str) -> Graph:
+    return parse_ir(next(DIAG.glob(f"{name}-*.rlx")).read_text())
+
+
+def _zero(g: Graph, i: int) -> bool:
+    """`expand(const 0.0, [N])`: a zero bias."""
+    n = g[i]
+    return n.op == Op.EXPAND and g[n.inputs[0]].op == Op.CONST and float(g[n.inputs[0]].attrs["value"]) == 0.0
+
+
+@pytest.mark.parametrize("name,zero", [
+    ("08d", ("qkv_b",)),           # Q, K and V all without bias: the merged matmul is the bare QKV
+    ("08e", ("out_b",)),           # output projection without bias
+    ("07e", ("qkv_b", "out_b")),   # GQA, packed QKV and output projection both bias-less, keep mask
+    ("07f", ("qkv_b", "out_b")),   # GQA, separate bias-less projections, keep mask
+    ("07h", ("out_b",)),           # GQA, biased packed QKV, bias-less output projection
+])
+def test_bias_less_projections_fuse_the_block_with_zero_biases(name, zero):
+    from rlxviz.ir.ops import unpack
+    t = run_and_compare(diag(name))
+    (fab,) = t.final.find(Op.FUSED_ATTENTION_BLOCK)
+    roles = unpack(Op.FUSED_ATTENTION_BLOCK, fab.attrs, fab.inputs)
+    assert {r for r in ("qkv_b", "out_b") if _zero(t.final, roles[r])} == set(zero)
+    assert not [m for m in missed_fusions(t) if m.pattern.startswith("fuse_attention_block")]
+    assert not t.final.find(Op.ATTENTION) and not t.final.find(Op.MATMUL)
+
+
+def test_bias_less_out_projection_whose_bias_add_was_not_fused_is_refused_naming_it():
+    """A bare output matmul that has a bias add fuse_matmul_bias_act declined is not taken as bias-less."""
+    g = attention_layer()
+    out_mm = next(n.id for n in g.find(Op.MATMUL) if g[n.inputs[1]].name == "out.weight")
+    t = run_and_compare(g.with_outputs((*g.outputs, out_mm)))
+    assert not t.final.find(Op.FUSED_ATTENTION_BLOCK)
+    (r,) = [r for r in t.step("fuse_attention_block").rejections if r.headline]
+    assert r.guard == "out_bias_absorbed" and r.subject == out_mm and "is a graph output" in r.message
+
+
+def test_case_16b_bias_less_fc1_fuses_with_its_gelu_and_a_zero_bias():
+    t = run_and_compare(diag("16b"))
+    assert ops(t).get("FusedAttentionBlock") == 1 and not t.final.find(Op.GELU)
+    (fc1,) = [n for n in t.final.find(Op.FUSED_MATMUL_BIAS_ACT) if n.attrs["activation"] == "gelu"]
+    assert t.final[fc1.inputs[1]].name == "fc1.weight" and _zero(t.final, fc1.inputs[2])
+    (r,) = t.step("fuse_shared_input_matmul").rejections
+    assert r.guard == "merge_keeps_fusions" and "its gelu epilogue (gelu node 46)" in r.message
+    assert not [m for m in missed_fusions(t) if not m.pattern.startswith("fuse_transformer_layer")]
+
+
+def test_zero_bias_epilogue_leaves_a_gate_alone():
+    """gelu(x @ w) fuses with a zero bias; a GLU gate gelu(x @ w_g) * (x @ w_u) is left to the GLU rules."""
+    b = Builder("bare")
+    x = b.input("x", (2, 4, 8))
+    b.output(b.gelu(b.matmul(x, b.param("fc1.weight", (8, 16)))))
+    t = run_and_compare(b.build())
+    (f,) = t.final.find(Op.FUSED_MATMUL_BIAS_ACT)
+    assert f.attrs["activation"] == "gelu" and _zero(t.final, f.inputs[2])
+    b = Builder("geglu")
+    x = b.input("x", (2, 4, 8))
+    b.output(b.mul(b.gelu(b.matmul(x, b.param("wg", (8, 16)))), b.matmul(x, b.param("wu", (8, 16)))))
+    t = run_and_compare(b.build())
+    assert not t.final.find(Op.FUSED_MATMUL_BIAS_ACT)
 
 
 def test_biases_not_mergeable_names_the_projection():

@@ -236,7 +236,8 @@ def test_attention_block_guards():
     g0 = bert()
     out_mm = next(u for u in g0.users(role(g0, Op.ATTENTION)) if u.op == Op.MATMUL).id
     g1 = run_passes(g0.with_outputs((*g0.outputs, out_mm)), ["fuse_matmul_bias_act"]).final
-    rejected_by(g1, ["fuse_attention_block"], "out_is_fused_linear")
+    r, _ = rejected_by(g1, ["fuse_attention_block"], "out_bias_absorbed")
+    assert "bias add add (node" in r.message and "is a graph output" in r.message and r.subject == out_mm
 
 
 def attention_graph(mask="keep", scale=None, split=(0, 16, 32), axis=2):
@@ -523,7 +524,10 @@ def _block(**kw):
         ids["attn"] = b.attention(q, k, v, mask, num_heads=2, head_dim=8, mask_kind=kw.get("mask", "keep"),
                                   scale=kw.get("scale"))
         if kw.get("unfused_out"):
-            ids["out"] = b.add(b.matmul(ids["attn"], b.param("wo", (16, 16))), b.param("bo", (16,)))
+            ids["out_mm"] = b.matmul(ids["attn"], b.param("wo", (16, 16)))
+            ids["out"] = b.add(ids["out_mm"], b.param("bo", (16,)))
+        elif kw.get("out_not_linear"):
+            ids["out"] = b.tanh(ids["attn"])
         else:
             ids["out"] = b.fused_matmul_bias_act(ids["attn"], b.param("wo", (16, 16)), b.param("bo", (16,)))
     outs = [ids["out"]] + [ids[r] for r in kw.get("outputs", ())] + [b.neg(ids[r]) for r in kw.get("readers", ())]
@@ -577,6 +581,16 @@ def _linear(**kw):
     ids["act"] = b.unary(kw.get("act", "gelu"), ids["add"])
     outs = [ids["act"]] + [ids[r] for r in kw.get("outputs", ())] + [b.neg(ids[r]) for r in kw.get("readers", ())]
     b.output(*outs)
+    return b.build(), ids
+
+
+def _bare_linear(readers=False, outputs=False):
+    """gelu(x @ w) without a bias (GPT-style FC1), its matmul also read elsewhere or a graph output."""
+    b = Builder("bare")
+    x = b.input("x", (2, 4, 8))
+    ids = {"mm": b.matmul(x, b.param("w", (8, 8)))}
+    ids["act"] = b.gelu(ids["mm"])
+    b.output(ids["act"], *([b.neg(ids["mm"])] if readers else []), *([ids["mm"]] if outputs else []))
     return b.build(), ids
 
 
@@ -693,7 +707,10 @@ NEAR_MISSES = [
     (_FAB, "qkv_not_output", lambda: _block(outputs=("qkv",)), "qkv", {}),
     (_FAB, "attn_single_user", lambda: _block(readers=("attn",)), "attn", {}),
     (_FAB, "attn_not_output", lambda: _block(outputs=("attn",)), "attn", {}),
-    (_FAB, "out_is_fused_linear", lambda: _block(unfused_out=True), "attn", {}),
+    (_FAB, "out_is_fused_linear", lambda: _block(out_not_linear=True), "attn", {}),
+    (_FAB, "out_bias_absorbed", lambda: _block(unfused_out=True), "out_mm", {}),
+    ("fuse_matmul_bias_act.zero_bias_act", "mm_single_user", lambda: _bare_linear(readers=True), "mm", {}),
+    ("fuse_matmul_bias_act.zero_bias_act", "mm_not_output", lambda: _bare_linear(outputs=True), "mm", {}),
     *[(f"{p}.{rule}", guard, make, subject, {}) for p, norm in _RLN.items() for rule, guard, make, subject in [
         ("residual", "sum_single_user", lambda norm=norm: _residual(norm, readers=("sum",)), "sum"),
         ("residual", "sum_not_output", lambda norm=norm: _residual(norm, outputs=("sum",)), "sum"),

@@ -38,9 +38,13 @@ gate is the pipeline parameter `fab_max_tokens`, checked per anchor on that atte
 and the rejection states both numbers. Canonical default: no gate (MLX runtime fusion pays at every
 size); the `rlx` profile sets RLX's 64.
 
+The QKV and output projections may each be a `FusedMatMulBiasAct(activation=None)` or a bare `matmul`
+(Whisper's K, GPT-style bias-less models): a bare one gets a zero bias operand `expand(0.0, [N])`.
+
 Validity: the block's decomposition (`ir.fused.attention_block`) is the matched chain itself
 (linear, narrows at 0/H/2H, keep-masked attention with the same `mask_fill`, linear); it requires the
-default scale (guard `default_scale`) and a keep mask, so it holds for every input.
+default scale (guard `default_scale`) and a keep mask, so it holds for every input. A zero bias is exact:
+`x + 0 == x` for every x (finite, infinite or NaN; -0.0 + 0 gives +0.0, which compares equal).
 """
 
 from __future__ import annotations
@@ -373,9 +377,47 @@ def _explain_split(c: Ctx) -> str:
     return f"{got} of {c.d('qkv')} {list(c['qkv'].shape)}; needs starts 0/{h}/{h + kv} with {lens} on the last axis"
 
 
-def _block(c: Ctx, attrs: dict) -> tuple[Op, list[int], dict]:
-    """The FusedAttentionBlock: operands by role name (`ir.ops.operand_roles`), bound under the same names."""
-    return Op.FUSED_ATTENTION_BLOCK, [c.id(r) for r in operand_roles(Op.FUSED_ATTENTION_BLOCK, attrs, 0)], attrs
+def _unfused_bias(c: Ctx) -> Node | None:
+    """A bare-matmul output projection's bias add that `fuse_matmul_bias_act` did not take (the matmul has
+    other readers): the block would compute the product without it, so it is not taken as bias-less."""
+    out = c["out"]
+    if out.op != Op.MATMUL:
+        return None
+    g = c.graph
+    for u in c.users("out"):
+        if u.op == Op.ADD and u.inputs.count(out.id) == 1:
+            other = g[next(i for i in u.inputs if i != out.id)]
+            if other.shape in ((), (1,), (out.shape[-1],)):
+                return u
+    return None
+
+
+def _explain_unfused_bias(c: Ctx) -> str:
+    add = _unfused_bias(c)
+    assert add is not None
+    return (f"the output projection {c.d('out')} is a bare matmul, but its bias add {add.op.value} (node {add.id}) "
+            f"was not fused into it ({c.d('out')} has {len(c.users('out'))} users"
+            f"{', and is a graph output' if c.graph.is_output(c.id('out')) else ''}); the block would leave the "
+            f"bias outside")
+
+
+def _block_rewrite(c: Ctx, rw: Rewriter) -> int:
+    """The FusedAttentionBlock; a projection that is a bare matmul (no bias) gets a zero bias
+    `expand(0.0, [N])` as its bias operand: `x @ w + 0 == x @ w` for every input, so the block computes
+    the matched chain exactly."""
+    attn = c["attn"].attrs
+    attrs = {"num_heads": attn["num_heads"], "head_dim": attn["head_dim"], "has_bias": True, "has_rope": False,
+             "num_kv_heads": attn.get("num_kv_heads"), "mask_fill": attn.get("mask_fill")}
+    absorbed = [c.id(r) for r in ("qkv", "q", "k", "v", "attn", "out")]
+    ins = []
+    with rw.provenance(absorbed):
+        for r in operand_roles(Op.FUSED_ATTENTION_BLOCK, attrs, 0):
+            if r in c:
+                ins.append(c.id(r))
+            else:  # qkv_b / out_b of a bare matmul projection
+                proj = c[r[:-2]]
+                ins.append(rw.expand(rw.const(0.0, proj.dtype), (proj.shape[-1],)))
+    return rw.fuse(Op.FUSED_ATTENTION_BLOCK, ins, attrs, absorbed=absorbed, result=c.id("out"))
 
 
 BLOCK = Rule(
@@ -397,7 +439,8 @@ BLOCK = Rule(
         all_single_use(("q", "k", "v"), "qkv_narrows_single_use"),
         Shape("qkv_is_fused_linear", "qkv",
               P(Op.FUSED_MATMUL_BIAS_ACT, P.var("hidden"), P.var("qkv_w"), P.var("qkv_b"), name="qkv",
-                attrs={"activation": None}, what="FusedMatMulBiasAct(activation=None)"),
+                attrs={"activation": None}, what="FusedMatMulBiasAct(activation=None)")
+              | P(Op.MATMUL, P.var("hidden"), P.var("qkv_w"), name="qkv", what="a bias-less matmul"),
               "run fuse_matmul_bias_act first"),
         user_count("qkv", 3, "the q, k and v narrows", "qkv_user_count"),
         not_output("qkv", "qkv_not_output"),
@@ -405,15 +448,18 @@ BLOCK = Rule(
         not_output("attn", "attn_not_output"),
         User("out_is_fused_linear", "out", "attn",
              P(Op.FUSED_MATMUL_BIAS_ACT, P.var("attn"), P.var("out_w"), P.var("out_b"), name="out",
-               attrs={"activation": None}),
-             "the output projection FusedMatMulBiasAct(activation=None)", "run fuse_matmul_bias_act first"),
+               attrs={"activation": None})
+             | P(Op.MATMUL, P.var("attn"), P.var("out_w"), name="out"),
+             "the output projection FusedMatMulBiasAct(activation=None) or a bias-less matmul",
+             "run fuse_matmul_bias_act first"),
+        guard("out_bias_absorbed", lambda c: _unfused_bias(c) is None, _explain_unfused_bias,
+              "let the output projection feed only its bias add, so fuse_matmul_bias_act fuses them",
+              requires=("out",), kind=NOT_RECOGNIZED, subject=lambda c: c.id("out"),
+              fix="take the bias add into the block when the raw product has other readers"),
     ),
-    result="out", absorb=("qkv", "q", "k", "v", "attn", "out"),
-    build=lambda c: _block(c, {"num_heads": c["attn"].attrs["num_heads"], "head_dim": c["attn"].attrs["head_dim"],
-                               "has_bias": True, "has_rope": False,
-                               "num_kv_heads": c["attn"].attrs.get("num_kv_heads"),
-                               "mask_fill": c["attn"].attrs.get("mask_fill")}),
-    doc="QKV linear -> narrows -> attention(keep) -> out linear -> FusedAttentionBlock")
+    result="out", absorb=("qkv", "q", "k", "v", "attn", "out"), rewrite=_block_rewrite,
+    doc="QKV linear -> narrows -> attention(keep) -> out linear -> FusedAttentionBlock (a bias-less QKV or "
+        "output projection gets a zero bias: exact)")
 
 fuse_attention_block = rule_pass("fuse_attention_block", [BLOCK], "QKV + attention + out-projection -> "
                                  "FusedAttentionBlock", requires=("fuse_matmul_bias_act",))

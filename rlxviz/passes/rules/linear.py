@@ -5,7 +5,8 @@ Guards: the matmul is single-use and not a graph output (RLX has no output guard
 rank <= 1 and the matmul's output width (RLX checks neither length nor outputs), and the activation
 is absorbed only from the epilogue allow-list `gelu, silu`. `gelu_tanh` is deliberately not in the
 list: the fused epilogue is exact-erf GELU, so a tanh-GELU FFN keeps its activation as a separate
-node and the rejection `epilogue_activation` says so.
+node and the rejection `epilogue_activation` says so. A bias-less `act(matmul(x, w))` with an allow-listed
+activation (GPT-style FC1 + GELU) fuses too (`zero_bias_act`), with a zero bias `expand(0.0, [N])`.
 
 `fuse_shared_input_matmul` (§2.3.7): matmuls sharing an lhs `x` (Q/K/V) -> one matmul over a
 `concat` of the weights + `narrow`s. Weights stay as they are: the concatenation is a new `concat`
@@ -22,7 +23,9 @@ a scalar or a `[N]` vector of the matmul's width (guards `bias_rank`, `bias_leng
 full-size tensors is a residual, never taken for a bias. The shared-input merge computes
 `x @ concat(w_i)` and narrows each `[.., N_i]` back: each column is the same dot product, for rank-2
 weights of one dtype (guards `weights_rank2`, `weights_same_dtype`; a batched weight would concatenate
-along the wrong axis), and merged biases are `[N_i]` vectors concatenated in the same order.
+along the wrong axis), and merged biases are `[N_i]` vectors concatenated in the same order. A zero bias
+(`zero_bias_act`, the merge's zero slots) is exact: `y + 0 == y` for every y (finite, infinite or NaN;
+-0.0 + 0 gives +0.0, which compares equal), so `act(x @ w + 0)` is `act(x @ w)`.
 """
 
 from __future__ import annotations
@@ -112,8 +115,41 @@ BIAS_ACT = Rule(
     result=("act", "add"), absorb=("mm", "add", "act"), rewrite=_fmba_rewrite,
     doc="act(x @ w + bias) -> FusedMatMulBiasAct (activation from the allow-list gelu, silu)")
 
-fuse_matmul_bias_act = rule_pass("fuse_matmul_bias_act", [BIAS_ACT],
-                                 "matmul + bias (+ gelu/silu) -> FusedMatMulBiasAct")
+def _zero_bias_rewrite(c: Ctx, rw: Rewriter) -> int:
+    """FusedMatMulBiasAct(x, w, expand(0.0, [N]), activation=act): the bias-less linear with its epilogue."""
+    mm, act = c["mm"], c["act"]
+    absorbed = [mm.id, act.id]
+    with rw.provenance(absorbed):
+        zero = rw.expand(rw.const(0.0, mm.dtype), (mm.shape[-1],))
+    return rw.fuse(Op.FUSED_MATMUL_BIAS_ACT, [c.id("x"), c.id("w"), zero], {"activation": act.op.value},
+                   absorbed=absorbed, result=act.id)
+
+
+_EPILOGUE_OPS = frozenset(Op(a) for a in EPILOGUE_ACTIVATIONS)
+
+
+@reports(reads=("act",))
+def _not_gate(c: Ctx) -> Fail | None:
+    """A gating activation (GLU: `act(x @ w_g) * (x @ w_u)`) is not a candidate (quiet): it is left to
+    `fuse_swiglu` and to the unrecognized-GLU report, which a zero-bias linear would hide."""
+    return QUIET if any(u.op == Op.MUL for u in c.users("act")) else None
+
+
+ZERO_BIAS_ACT = Rule(
+    "fuse_matmul_bias_act.zero_bias_act",
+    P(_EPILOGUE_OPS, P(Op.MATMUL, P.var("x"), P.var("w"), name="mm"), name="act"),
+    steps=(
+        _not_gate,
+        single_user("mm", "mm_single_user", "make the matmul feed only its activation"),
+        not_output("mm", "mm_not_output"),
+    ),
+    result="act", absorb=("mm", "act"), rewrite=_zero_bias_rewrite,
+    doc="act(x @ w) with no bias (GPT-style FC1) -> FusedMatMulBiasAct with a zero bias (exact: x + 0 == x), "
+        "activation from the allow-list gelu, silu")
+
+fuse_matmul_bias_act = rule_pass("fuse_matmul_bias_act", [BIAS_ACT, ZERO_BIAS_ACT],
+                                 "matmul + bias (+ gelu/silu) -> FusedMatMulBiasAct; a bias-less matmul + gelu/silu "
+                                 "with a zero bias")
 
 # -- fuse_shared_input_matmul --------------------------------------------------------------------
 #
@@ -141,12 +177,16 @@ def _bias_of(g: Graph, add: Node, mm: Node) -> int | None:
 
 
 def _epilogue_of(g: Graph, mm: Node) -> Node | None:
-    """The allow-listed activation `fuse_matmul_bias_act` would absorb into this member, if any."""
+    """The allow-listed activation `fuse_matmul_bias_act` would absorb into this member, if any (after its
+    bias add, or directly after a bias-less matmul: `zero_bias_act`)."""
     v = _value(g, mm)
-    if v == mm.id or g.is_output(v):
+    if g.is_output(v):
         return None
     us = g.users(v)
-    return us[0] if len(us) == 1 and us[0].op.value in EPILOGUE_ACTIVATIONS else None
+    act = us[0] if len(us) == 1 and us[0].op.value in EPILOGUE_ACTIVATIONS else None
+    if act is not None and v == mm.id and any(u.op == Op.MUL for u in g.users(act.id)):
+        return None  # a bias-less gate: zero_bias_act leaves it (`_not_gate`)
+    return act
 
 
 def _attention_triple(g: Graph, members: list[Node]) -> tuple[Node, list[Node]] | None:
@@ -377,4 +417,4 @@ fuse_shared_input_matmul = rule_pass("fuse_shared_input_matmul", [SHARED],
                                      "Q/K/V projections of one input -> one matmul + narrows (biases merged; cost "
                                      "test keeps epilogues and the attention block)")
 
-__all__ = ["BIAS_ACT", "SHARED", "fuse_matmul_bias_act", "fuse_shared_input_matmul"]
+__all__ = ["BIAS_ACT", "SHARED", "ZERO_BIAS_ACT", "fuse_matmul_bias_act", "fuse_shared_input_matmul"]
