@@ -120,6 +120,44 @@ def test_prescale_kind_folds_into_the_attention_scale(kw, scale):
         assert r.subject == a.id and "scale attribute" in r.fix
 
 
+@pytest.mark.parametrize("kw, origin, extra", [
+    # a wrong pre-scale factor: named with its node and factor, and the default it is not
+    ({"q_scale": 0.5}, ["Q pre-scale mul (node {q}) * 0.5"], ", not 1/sqrt(8) = 0.353553"),
+    # 1/sqrt(dh) applied twice: on Q and on the scores
+    ({"q_scale": 8 ** -0.5, "score_div": 8 ** 0.5},
+     ["Q pre-scale mul (node {q}) * 0.353553", "scores' scale div (node {s}) / 2.82843 (factor 0.353553)"],
+     ": product 0.125 = (1/sqrt(8))^2 = 1/8: the 1/sqrt(head_dim) scale is applied twice"),
+    # K pre-scaled after the head split, and the scores divided too
+    ({"k_scale": 0.5, "after_split": True, "score_div": 2.0},
+     ["K pre-scale mul (node {k}) * 0.5", "scores' scale div (node {s}) / 2 (factor 0.5)"],
+     ": product 0.25, not 1/sqrt(8) = 0.353553"),
+])
+def test_default_scale_names_where_the_scale_came_from(kw, origin, extra):
+    """`default_scale` names the pre-scale / score-scale nodes fuse_sdpa folded into the attention's scale (they
+    are gone from the graph the block rule sees), each with its factor, and a doubled 1/sqrt(head_dim)."""
+    g = attention_layer(**kw)
+    t = Pipeline.canonical().run(g)
+    (m,) = t.step("fuse_sdpa").matches
+    ids = {"q": m.bindings.get("q_prescale"), "k": m.bindings.get("k_prescale"), "s": m.bindings.get("scale")}
+    (r,) = [r for r in t.step("fuse_attention_block").rejections if r.headline]
+    assert r.guard == "default_scale"
+    want = "; fuse_sdpa folded it from " + ", ".join(o.format(**ids) for o in origin) + extra
+    assert want in r.message, r.message
+    (miss,) = [x for x in missed_fusions(t) if x.guard == "default_scale"]
+    assert want in miss.reason
+
+
+@pytest.mark.parametrize("name, want", [
+    ("03e", "fuse_sdpa folded it from Q pre-scale mul (node 17) * 0.5, not 1/sqrt(16) = 0.25"),
+    ("03f", "fuse_sdpa folded it from Q pre-scale mul (node 17) * 0.25, scores' scale div (node 53) / 4 (factor "
+            "0.25): product 0.0625 = (1/sqrt(16))^2 = 1/16: the 1/sqrt(head_dim) scale is applied twice"),
+])
+def test_default_scale_origin_in_explain(capsys, name, want):
+    from rlxviz.cli import main
+    assert main(["explain", str(next(CASES.glob(f"{name}-*.rlx")))]) == 1
+    assert want in capsys.readouterr().out
+
+
 def test_prescale_read_elsewhere_stays_outside_the_attention():
     b = Builder("pre")
     x = b.input("x", (1, 4, 8))

@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..ir import Graph, lint
 from .engine import Pass
-from .rules.attention import fuse_attention_block, fuse_sdpa
+from .rules.attention import fuse_attention_block, fuse_sdpa, scale_origin
 from .rules.cleanup import dead_code_elimination, mark_elementwise_regions, unfuse
 from .rules.gelu_forms import canonicalize_gelu
 from .rules.layer import fuse_transformer_layer
@@ -46,7 +46,7 @@ from .rules.linear import fuse_matmul_bias_act, fuse_shared_input_matmul
 from .rules.norm import fuse_residual_ln, fuse_residual_rms_norm
 from .rules.norm_forms import canonicalize_norm
 from .rules.swiglu import fuse_swiglu
-from .trace import PassStep, Trace
+from .trace import PassStep, Rejection, Trace
 
 PASSES: dict[str, Pass] = {p.name: p for p in (
     canonicalize_norm, canonicalize_gelu,
@@ -175,13 +175,23 @@ class Pipeline:
             try:
                 res = ps(g, p)
                 lint(res.graph, stage=ps.name)
-                step = PassStep(ps.name, g, res.graph, res.matches, res.rejections, params=_used(p))
+                step = PassStep(ps.name, g, res.graph, res.matches, _in_run(trace, res.rejections), params=_used(p))
             except Exception as e:  # noqa: BLE001 - recorded in the trace, not raised
                 step = PassStep(ps.name, g, g, [], [], error=f"{ps.name}: {type(e).__name__}: {e}", params=_used(p))
             step.seconds = time.perf_counter() - t0
             trace.steps.append(step)
             g = step.after
         return trace
+
+
+def _in_run(trace: Trace, rejections: list[Rejection]) -> list[Rejection]:
+    """`rejections` with what the run's earlier steps know added to their messages: a refused attention scale
+    names the pre-scale / score-scale nodes `fuse_sdpa` folded into it (`attention.scale_origin`)."""
+    out = []
+    for r in rejections:
+        more = scale_origin(trace.steps, r)
+        out.append(replace(r, message=r.message + more) if more else r)
+    return out
 
 
 def _used(p: Mapping[str, Any]) -> dict[str, Any]:

@@ -50,6 +50,8 @@ default scale (guard `default_scale`) and a keep mask, so it holds for every inp
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -71,6 +73,7 @@ from ..guard import (
 )
 from ..pattern import P, const_value, is_const
 from ..rule import QUIET, Fail, Rule, Shape, Soft, User, reports
+from ..trace import Rejection
 from . import where_mask
 from .gqa import explain_heads, heads_match, kv_heads_pattern, kv_repeat_guard, num_kv_heads, repeat_roles
 from .where_mask import where_scores
@@ -359,6 +362,53 @@ def _explain_block_scale(c: Ctx) -> str:
             f"1/sqrt({d}) = {1 / math.sqrt(d):.6g}")
 
 
+_ROLE_NAMES = {"q_prescale": "Q pre-scale", "k_prescale": "K pre-scale", "scale": "scores' scale"}
+
+
+def scale_origin(steps: Sequence[Any], r: Rejection) -> str:
+    """Where a refused attention scale came from (`default_scale`): the Q/K pre-scale and score-scale nodes that
+    `fuse_sdpa` (an earlier step of `steps`, the `PassStep`s before the rejection) folded into the attention's
+    `scale`, each with its factor, their product, and whether 1/sqrt(head_dim) is applied twice. "" when the
+    attention was not built by `fuse_sdpa` in this run or its scale had one factor of no interest."""
+    if r.guard != "default_scale":
+        return ""
+    attn = r.bindings.get("attn", r.anchor)
+    for step in reversed(steps):
+        m = next((m for m in step.matches if m.pass_name == "fuse_sdpa" and m.fused == attn), None)
+        if m is None:
+            continue
+        g, b = step.before, m.bindings
+        parts, product = [], 1.0
+        for op_role, const_role in (*_FACTORS[1:], _FACTORS[0]):  # in dataflow order: Q, K, then the scores
+            if op_role not in b or const_role not in b:
+                continue
+            node, v = g[b[op_role]], typed_value(g[b[const_role]])
+            if v is None:
+                return ""
+            f = 1.0 / v if node.op == Op.DIV else v
+            product *= f
+            how = f"/ {v:.6g} (factor {f:.6g})" if node.op == Op.DIV else f"* {f:.6g}"
+            where = f"node {node.id}" + (f", {node.path}" if node.path else "")
+            parts.append(f"{_ROLE_NAMES[op_role]} {node.op.value} ({where}) {how}")
+        if not parts:
+            return "; the scores are not scaled (scale 1.0): scale them by 1/sqrt(head_dim)"
+        d = g[b["q_reshape"]].shape[3] if "q_reshape" in b else None
+        out = f"; fuse_sdpa folded it from {', '.join(parts)}"
+        if len(parts) > 1:
+            out += f": product {product:.6g}"
+        if d:
+            default = 1.0 / math.sqrt(d)
+            if len(parts) > 1 and math.isclose(product, default * default, rel_tol=1e-6):
+                out += (f" = (1/sqrt({d}))^2 = 1/{d}: the 1/sqrt(head_dim) scale is applied twice (keep either "
+                        f"the pre-scale or the scores' scale)")
+            elif math.isclose(product, default, rel_tol=1e-6):
+                pass
+            else:
+                out += f", not 1/sqrt({d}) = {default:.6g}"
+        return out
+    return ""
+
+
 def _explain_split(c: Ctx) -> str:
     h, kv = _widths(c)
     got = ", ".join(f"{r}=narrow(axis {c[r].attrs['axis']}, start {c[r].attrs['start']}, len {c[r].attrs['length']})"
@@ -464,4 +514,4 @@ BLOCK = Rule(
 fuse_attention_block = rule_pass("fuse_attention_block", [BLOCK], "QKV + attention + out-projection -> "
                                  "FusedAttentionBlock", requires=("fuse_matmul_bias_act",))
 
-__all__ = ["BLOCK", "SDPA", "fuse_attention_block", "fuse_sdpa", "size_gate", "tokens"]
+__all__ = ["BLOCK", "SDPA", "fuse_attention_block", "fuse_sdpa", "scale_origin", "size_gate", "tokens"]
