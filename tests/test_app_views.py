@@ -212,3 +212,15 @@ def test_an_invalid_ir_text_marks_the_line_of_the_node_it_names():
     mc.ir.value = "\n".join(lines).replace("f32[1, 8, 255]", "f32[1, 8, 256]")
     mc.ir_btn.clicks += 1
     assert s.message_kind != "danger" and s.ir_error is None and mc.ir.annotations == []
+
+
+def test_bidi_and_control_characters_in_model_text_are_shown_escaped():
+    """A right-to-left override in a path (`\\u202e`) would make the page show other text than the model holds:
+    every escaping helper of the app shows it, and other control characters, as escapes; line breaks stay."""
+    from rlxviz.app.text import html_text, md_code, md_pre
+
+    text = "relu @$$x^2$$ \u202eevil\u202c\x1b[2J\nnext"
+    for helper in (md_escape, md_code, md_pre, html_text):
+        out = helper(text)
+        assert "\u202e" not in out and "\x1b" not in out, (helper.__name__, out)
+        assert "\\u202e" in out and "\\x1b" in out and "\n" in out, (helper.__name__, out)

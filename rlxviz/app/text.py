@@ -11,12 +11,18 @@ so every piece of such text goes through one of these before it reaches a pane:
 * `md_pre(text)`: a block of lines (IR, details) as a `<pre>` element with HTML-escaped content (a fenced
   block ends at the first line of backticks in the text);
 * `html_text(text)`: text for an HTML pane or attribute (`html.escape`, quotes included).
+
+Each first escapes control characters and Unicode bidi controls as the CLI does (`session.text.shown`:
+`\\x1b`, `\\u202e`), keeping line breaks: a right-to-left override in a path must not make the page show other
+text than the model holds.
 """
 
 from __future__ import annotations
 
 import html
 import re
+
+from ..session.text import shown
 
 _MD_INLINE = re.compile(r"([\\`*_\[\]<>|~#&!])")  # emphasis, code, links, images, raw HTML, tables, entities
 _MD_LINE_START = re.compile(r"^(\s*)([-+=>])", re.MULTILINE)  # list, setext heading and quote markers
@@ -25,12 +31,17 @@ _BREAKS = re.compile(r"\r\n?|[\u2028\u2029\x0b\x0c\x85]")
 _LINKS = re.compile(r"(:)(?=//)|(?<![\w.])(www)(\.)", re.IGNORECASE)  # no clickable outside link (linkify)
 
 
+def _visible(text: object) -> str:
+    """`text` with its line breaks made `\\n` and every other control or bidi character escaped (`shown`)."""
+    return shown(_BREAKS.sub("\n", str(text)), keep_newlines=True)
+
+
 def md_escape(text: str) -> str:
     """`text` as literal Markdown: emphasis, code, link, image, HTML, entity and table characters
     backslash-escaped, and line-start list, heading and quote markers too, so `batch*seq = 1*65` and
     `<img src=x onerror=...>` both render as written; URLs stay text, not links. Line breaks other than `\\n`
     become `\\n`."""
-    out = _MD_INLINE.sub(r"\\\1", _BREAKS.sub("\n", str(text)))
+    out = _MD_INLINE.sub(r"\\\1", _visible(text))
     out = _MD_LINE_START.sub(r"\1\\\2", out)
     out = _LINKS.sub(lambda m: "\\:" if m.group(1) else f"{m.group(2)}\\.", out)
     return _MD_NUMBERED.sub(r"\1\\\2", out)
@@ -45,12 +56,12 @@ def md_code(text: str) -> str:
 def md_pre(text: str) -> str:
     """A block of lines for a Markdown pane: a `<pre>` element (an HTML block that Markdown leaves alone
     until `</pre>`) whose content is HTML-escaped, so no line of `text` can end it or add markup."""
-    return f"\n\n<pre>{html.escape(str(text), quote=True)}</pre>\n\n"
+    return f"\n\n<pre>{html.escape(_visible(text), quote=True)}</pre>\n\n"
 
 
 def html_text(text: str) -> str:
     """`text` for an HTML pane or an attribute value: `<`, `>`, `&` and both quotes escaped."""
-    return html.escape(str(text), quote=True)
+    return html.escape(_visible(text), quote=True)
 
 
 __all__ = ["html_text", "md_code", "md_escape", "md_pre"]
