@@ -231,6 +231,17 @@ def test_timing_every_version():
     assert not s.busy and s.progress == -1
 
 
+def test_a_new_model_shows_no_timing_of_the_previous_one():
+    """After a timing run, loading another model clears the rows, the input sets and where it ran: the tab must
+    not describe bert-tiny's run under llama-block."""
+    s = tiny(repeat=1)
+    s.time_all()
+    assert s.timings and s.timing_policy and s.blas
+    s.preset = "llama-block"
+    s.load()
+    assert s.trace is not None and (s.timings, s.timing_policy, s.blas) == ([], "", "")
+
+
 def test_timing_says_the_precision_policy_and_runs_uploaded_inputs():
     import io
 

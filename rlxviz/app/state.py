@@ -56,6 +56,9 @@ pipeline is a new key and a new run). A new session whose settings were already 
 second round trip. The model is held weakly: its weights stay alive only while `session.MODELS` or a session
 holds them, so this table adds no memory beyond the model cache's."""
 
+NO_TIMING: dict[str, Any] = {"timings": [], "timing_policy": "", "blas": ""}
+"""A new model or run shows no timing (rows, policy and input sets, where it ran) until it is timed."""
+
 TIMING_RUNS = session.cache.LRUCache(maxsize=16)
 """The last timing runs (`timeproc.WorkerTiming`) by (trace key, data digest, repeat), for all sessions:
 "Time every version" shows them, "Time again" measures anew."""
@@ -334,7 +337,7 @@ class AppState(param.Parameterized):
     def _show_model(self, key: tuple, model: Model) -> None:
         """The new model, whose pipeline run failed: shown without a trace."""
         self._model_key = key
-        self.param.update(model=model, trace=None, timings=[], selected_node=None, highlight=[])
+        self.param.update(model=model, trace=None, selected_node=None, highlight=[], **NO_TIMING)
 
     def _failed(self, e: Exception) -> None:
         # a syntax error's place, or the line defining the node a lint error names: the editor marks it
@@ -378,7 +381,7 @@ class AppState(param.Parameterized):
         version = min(self.version, len(labels) - 1) if self.trace is None else self._same_version(trace, labels)
         new = {"model": model, "selected_node": None} if model is not None else {}
         self.param.version.bounds = (0, max(len(labels) - 1, 0))
-        self.param.update(**new, trace=trace, version=max(version, 0), timings=[], highlight=[], stale="")
+        self.param.update(**new, trace=trace, version=max(version, 0), highlight=[], stale="", **NO_TIMING)
         self._shown_key = (self._model_key, self.pipeline_key())
         errors = [s for s in trace.steps if s.error]
         if errors:
@@ -786,7 +789,7 @@ class AppState(param.Parameterized):
             policy = next((r.policy for r in run.rows if r.policy is not None), None)
             where = next((r.context for r in run.rows if r.context is not None), None)
             # device, precision policy (f32 / TF32), BLAS and its threads, and where the timing ran
-            page(lambda: self.param.update(
+            page(lambda: self.trace is trace and self.param.update(  # not over a newer run's tab
                 timing_policy=(policy.describe() + "\n\n" if policy else "") + sets.describe(),
                 blas=(f"{where if where is not None else 'MLX'}; {self.repeat} interleaved round(s) per version, "
                       f"in a worker process (pid {run.pid}), as `rlxviz time --repeat {self.repeat}`"),
