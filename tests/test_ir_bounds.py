@@ -329,3 +329,13 @@ def test_huge_lines_are_lexed_lazily_in_bounded_memory():
     with pytest.raises(IRSyntaxError) as e:
         parse_ir(bad_tail)
     assert (e.value.line, e.value.reason) == (3, "unexpected character '$'")
+
+
+def test_an_invalid_ir_file_names_the_line_of_the_node(tmp_path, capsys):
+    """An IR file that parses but fails lint says the line defining the node the error names, as pasted IR text
+    does in the app (one line, exit 2)."""
+    f = tmp_path / "bad_decl.ir"
+    f.write_text('graph bad_decl {\n  %0 = input {name="x"} : f32[2, 8]\n  %1 = gelu(%0) : f32[2, 9]\n  return %1\n}\n')
+    code, _, err = run(capsys, "explain", f)
+    assert code == 2
+    assert f"{f}: line 3: invalid graph: %1 (gelu): declared type f32[2, 9]" in one_line(err, "explain")

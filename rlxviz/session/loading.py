@@ -142,7 +142,8 @@ def load_ir_file(path: str | Path, limits: Limits | None = None) -> Model:
     if p.suffix.lower() == ".json":
         _refuse_model_config(p, text)
     try:
-        g = from_json(text) if p.suffix.lower() == ".json" else parse_ir(text)
+        # `_graph_model` lints (an invalid graph's error names the line that defines the node)
+        g = from_json(text) if p.suffix.lower() == ".json" else parse_ir(text, verify=False)
     except IRSyntaxError as e:
         raise SessionError(f"{path}:{e.line}:{e.col}: IR syntax error: {e.reason}") from None
     except NotGraphJSON as e:
@@ -150,7 +151,7 @@ def load_ir_file(path: str | Path, limits: Limits | None = None) -> Model:
     except (ValueError, KeyError, TypeError) as e:
         raise SessionError(f"{path}: not a valid graph: {first_line(e)}") from None
     return _graph_model(g, g.name, f"{IR_DESCRIPTION} {p.name} (random weights)", limits, str(path),
-                        {"ir_file": str(p)})
+                        {"ir_file": str(p)}, None if p.suffix.lower() == ".json" else text)
 
 
 def _refuse_model_config(p: Path, text: str) -> None:
