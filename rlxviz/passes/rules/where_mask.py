@@ -8,17 +8,26 @@ rlxviz.runtime.reference), so the rewrite to a keep mask `cast(reshape(keep, [B,
   refused, its rounding of the fill is not checked here). Another fill (-1e4, -1e9, -inf) gives different numbers
   where a kept score is within ~104 of the fill, and -inf turns a fully masked row into NaN where the keep
   mask gives uniform weights;
-* `where_mask_per_key`: the condition is a bool `[B, 1, 1, Sk]` padding mask (one value per key). A mask that
-  varies over queries (causal `[1, 1, Sq, Sk]`) or heads has no keep-mask form.
+* `where_mask_per_key`: the condition is a bool `[B, 1, 1, Sk]` padding mask (one value per key), or such a
+  mask broadcast along the head and query axes only: `expand`s (numpy broadcasting) and `reshape`s that only insert
+  or drop size-1 axes of a bool per-key source `[B, 1, 1, Sk]` or `[B, Sk]` (Hugging Face's SDPA-path padding mask
+  `expand(mask[:, None, None, :], [B, 1, Sq, Sk])`). Valid because the trace follows each source axis to the
+  condition: when the source's batch axis lands on the condition's axis 0, its key axis on axis 3, and axes 1 and 2
+  (heads, queries) carry no source axis (they are size 1 or broadcast), then cond[b, h, q, k] == source[b, k] at
+  every head and query position, so `where(cond, s, fill) == where(source[:, None, None, :], s, fill)` element for
+  element, and the keep operand is `cast(reshape(source, [B, Sk]), f32)`. The condition must also broadcast
+  against the scores without enlarging them (axes 1 and 2 are 1 or the scores' size). A mask that varies over
+  queries (causal `[1, 1, Sq, Sk]`, any 2-D `[Sq, Sk]` mask, expanded or not) or heads has no keep-mask form, and
+  the refusal names the condition's axis that varies.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ...ir import DType, Op, Rewriter
+from ...ir import DType, Graph, Node, Op, Rewriter
 from ..guard import ILLEGAL, NOT_RECOGNIZED, Ctx, Guard, guard
-from ..pattern import P, const_value, is_const
+from ..pattern import P, const_value, describe, is_const
 
 NEG = float(np.finfo(np.float32).min)
 
@@ -29,9 +38,85 @@ def where_scores(scaled: P) -> P:
              name="mask_where")
 
 
+def _size1_reshape(n: Node, src: Node) -> bool:
+    """A reshape that only inserts or drops size-1 axes (same element order, same non-1 sizes in order)."""
+    return n.op == Op.RESHAPE and [d for d in n.shape if d != 1] == [d for d in src.shape if d != 1]
+
+
+def _chain(g: Graph, nid: int) -> list[Node]:
+    """The condition, then what it is an `expand` / size-1 `reshape` of, down to the first other node."""
+    out = [g[nid]]
+    while out[-1].op in (Op.EXPAND, Op.RESHAPE) and out[-1].inputs:
+        src = g[out[-1].inputs[0]]
+        if out[-1].op == Op.RESHAPE and not _size1_reshape(out[-1], src):
+            break
+        out.append(src)
+    return out
+
+
+def _roles(chain: list[Node], i: int) -> tuple[int | None, ...]:
+    """For each axis of the condition (`chain[0]`), the axis of `chain[i]` its index follows, or None where
+    the condition is constant along it (size 1 or broadcast)."""
+    src = chain[i]
+    roles: list[int | None] = [a if d != 1 else None for a, d in enumerate(src.shape)]
+    for j in range(i - 1, -1, -1):
+        prev, n = chain[j + 1], chain[j]
+        if n.op == Op.RESHAPE:
+            carried = iter(r for r, d in zip(roles, prev.shape, strict=True) if d != 1)
+            roles = [next(carried) if d != 1 else None for d in n.shape]
+        else:  # expand: numpy broadcasting, the input right-aligned
+            off = n.rank - prev.rank
+            roles = [None if a < off or d == 1 or prev.shape[a - off] != d else roles[a - off]
+                     for a, d in enumerate(n.shape)]
+    return tuple(roles)
+
+
+def _dims(c: Ctx) -> tuple[int, int]:
+    return c["q_reshape"].shape[0], c["k_reshape"].shape[1]
+
+
+def per_key_source(c: Ctx) -> int | None:
+    """The bool per-key mask (`[B, 1, 1, Sk]` or `[B, Sk]`) the where condition equals at every head and query
+    position, or None (module docstring, `where_mask_per_key`)."""
+    b, sk = _dims(c)
+    cond, where = c["mask_cond"], c["mask_where"]
+    scores = c.graph[where.inputs[1]]
+    if (cond.dtype != DType.bool or cond.rank != 4 or (cond.shape[0], cond.shape[3]) != (b, sk)
+            or where.shape != scores.shape or any(cond.shape[a] not in (1, where.shape[a]) for a in (1, 2))):
+        return None
+    chain = _chain(c.graph, c.id("mask_cond"))
+    for i in range(len(chain) - 1, -1, -1):  # the deepest one: the expands and reshapes above it become dead
+        src = chain[i]
+        if src.shape not in ((b, sk), (b, 1, 1, sk)):
+            continue
+        if _roles(chain, i) == (0 if b != 1 else None, None, None, src.rank - 1 if sk != 1 else None):
+            return src.id
+    return None
+
+
 def _per_key(c: Ctx) -> bool:
-    cond, q, k = c["mask_cond"], c["q_reshape"], c["k_reshape"]
-    return cond.dtype == DType.bool and cond.shape == (q.shape[0], 1, 1, k.shape[1])
+    return per_key_source(c) is not None
+
+
+_AXES = ("batch", "head", "query", "key")
+
+
+def _why_not_per_key(c: Ctx) -> str:
+    b, sk = _dims(c)
+    cond = c["mask_cond"]
+    head = f"the where condition {c.d('mask_cond')} is {cond.dtype}{list(cond.shape)}"
+    need = (f"a keep mask needs bool [{b}, 1, 1, {sk}] (one value per key), or an expand of one along the head "
+            f"and query axes only")
+    chain = _chain(c.graph, c.id("mask_cond"))
+    if cond.dtype != DType.bool or cond.rank != 4:
+        return f"{head}; {need}"
+    src = chain[-1]
+    roles = _roles(chain, len(chain) - 1)
+    varies = [_AXES[a] for a in (1, 2) if roles[a] is not None]
+    via = f", broadcast from {describe(src, 'its source')} {src.dtype}{list(src.shape)}," if len(chain) > 1 else ","
+    if varies:
+        return f"{head}{via} which varies along the {' and '.join(varies)} axis; {need}"
+    return f"{head}{via} which is not one value per batch row and key; {need}"
 
 
 def _lowest(c: Ctx) -> float:
@@ -53,11 +138,11 @@ def _fill_ok(c: Ctx) -> bool:
 def guards() -> tuple[Guard, ...]:
     return (
         guard("where_mask_per_key", _per_key,
-              lambda c: f"the where condition {c.d('mask_cond')} is {c['mask_cond'].dtype}{list(c['mask_cond'].shape)}"
-                        f"; a keep mask needs bool [{c['q_reshape'].shape[0]}, 1, 1, {c['k_reshape'].shape[1]}] "
-                        f"(one value per key)",
-              "mask padding per key ([B, 1, 1, Sk]); a causal where-mask has no keep-mask form here",
-              requires=("mask_where",), reads=("mask_cond", "q_reshape", "k_reshape"), kind=NOT_RECOGNIZED,
+              _why_not_per_key,
+              "mask padding per key ([B, 1, 1, Sk], or its expand over heads/queries); a causal where-mask has no "
+              "keep-mask form here",
+              requires=("mask_where",), reads=("mask_cond", "mask_where", "q_reshape", "k_reshape"),
+              kind=NOT_RECOGNIZED,
               subject=lambda c: c.id("mask_cond"), fix="a causal or per-query mask kind for where-masks"),
         guard("where_mask_fill", _fill_ok,
               lambda c: f"the where fill {c.d('mask_fill')} is {c['mask_fill'].dtype} {const_value(c['mask_fill'])} "
@@ -69,9 +154,11 @@ def guards() -> tuple[Guard, ...]:
 
 
 def keep_operand(c: Ctx, rw: Rewriter) -> int:
-    """Emit the keep mask `[B, Sk]` f32 (1 = attend) from the where condition."""
-    b, sk = c["q_reshape"].shape[0], c["k_reshape"].shape[1]
-    return rw.cast(rw.reshape(c.id("mask_cond"), (b, sk)), DType.f32)
+    """Emit the keep mask `[B, Sk]` f32 (1 = attend) from the where condition's per-key source (the condition
+    itself, or the `[B, 1, 1, Sk]` / `[B, Sk]` mask it expands, `per_key_source`)."""
+    src = per_key_source(c)
+    assert src is not None, "where_mask_per_key passed"
+    return rw.cast(rw.reshape(src, _dims(c)), DType.f32)
 
 
 __all__ = ["NEG", "guards", "keep_operand", "where_scores"]
