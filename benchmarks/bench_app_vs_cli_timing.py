@@ -60,28 +60,10 @@ def cli_rows(seq: int, repeat: int, warmup: int) -> Rows:
     return {v["label"]: (v["median_ms"], v["iqr_ms"]) for v in json.loads(out)["versions"] if v["same_as"] is None}
 
 
-def cpu_seconds() -> dict[str, float]:
-    """User+system CPU seconds so far of this process's children, by kind: the server (`panel serve`), its timing
-    worker (a `multiprocessing` child of the server) and the browser (chromium)."""
-    import psutil
-
-    out = {"server": 0.0, "timing worker": 0.0, "browser": 0.0}
-    for p in psutil.Process().children(recursive=True):
-        try:
-            cmd, t = " ".join(p.cmdline()), p.cpu_times()
-        except psutil.Error:
-            continue
-        kind = ("timing worker" if "multiprocessing" in cmd else "server" if "serve" in cmd
-                else "browser" if "chrom" in cmd else None)
-        if kind:
-            out[kind] += t.user + t.system
-    return out
-
-
 def side_by_side(runs: int, seq: int, repeat: int, warmup: int) -> None:
     """CLI, app, CLI, app, ..., CLI; a table per version."""
     from playwright.sync_api import expect
-    from served import chromium, free_port, served_app
+    from served import child_cpu_seconds, chromium, free_port, served_app
 
     expect.set_options(timeout=600_000)  # a timing run on a loaded 2-core machine takes minutes
     port = free_port()
@@ -107,11 +89,11 @@ def side_by_side(runs: int, seq: int, repeat: int, warmup: int) -> None:
         for k in range(runs):
             cli.append(cli_rows(seq, repeat, warmup))
             print(f"  CLI run {k + 1} done ({machine()})", flush=True)
-            c0, t0 = cpu_seconds(), time.perf_counter()
+            c0, t0 = child_cpu_seconds(), time.perf_counter()
             pg.locator(".rv-time-again button" if k else ".rv-time button").click()
             expect(pg.locator(".rv-progress-text")).to_be_visible()  # this run started (minutes long)...
             expect(pg.locator(".rv-progress-text")).to_be_hidden()  # ... and ended: the table holds its rows
-            c1, wall = cpu_seconds(), time.perf_counter() - t0
+            c1, wall = child_cpu_seconds(), time.perf_counter() - t0
             spent.append(", ".join(f"{kind} {c1[kind] - c0[kind]:.2f}" for kind in c1) + f" CPU s in {wall:.1f} s")
             n = pg.locator(".rv-version select option").count()
             expect(pg.locator(".rv-timings .tabulator-row")).to_have_count(n)

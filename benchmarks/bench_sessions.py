@@ -34,7 +34,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from served import ARGS, CHROMIUM, free_port, served_app  # noqa: E402 - the browser tests' server helper
+from served import ARGS, CHROMIUM, child_cpu_seconds, free_port, served_app  # noqa: E402 - the browser tests' server helper
 
 CONTROLS = ".rv-passes input"
 """The pipeline's pass checkboxes, the last of the sidebar's controls."""
@@ -76,31 +76,16 @@ async def one(browser, url: str, timeout_s: float, keep: list | None = None) -> 
     return out
 
 
-def cpu_seconds() -> dict[str, float]:
-    """User+system CPU seconds so far of this process's children: the server (`panel`) and the browser."""
-    out = {"server": 0.0, "browser": 0.0}
-    for p in psutil.Process().children(recursive=True):
-        try:
-            cmd = " ".join(p.cmdline())
-            t = p.cpu_times()
-        except psutil.Error:
-            continue
-        kind = "server" if "panel" in cmd and "serve" in cmd else "browser" if "chrom" in cmd else None
-        if kind:
-            out[kind] += t.user + t.system
-    return out
-
-
 async def run(n: int, url: str, cold: bool, timeout_s: float) -> tuple[Opened | None, list[Opened], dict]:
     from playwright.async_api import async_playwright
 
     async with async_playwright() as p:
         browser = await p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         warm = None if cold else await one(browser, url, timeout_s)
-        before = cpu_seconds()
+        before = child_cpu_seconds()
         contexts: list = []
         opened = await asyncio.gather(*(one(browser, url, timeout_s, contexts) for _ in range(n)))
-        after = cpu_seconds()  # before the contexts close: their renderer processes still count
+        after = child_cpu_seconds()  # before the contexts close: their renderer processes still count
         for ctx in contexts:
             await ctx.close()
         await browser.close()

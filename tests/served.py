@@ -137,3 +137,21 @@ def choose_version(pg: Page, label: str) -> None:
     sel = pg.locator(".rv-version select")
     sel.select_option(value=sel.locator("option", has_text=label).first.get_attribute("value"))
     expect(pg.locator(".rv-after .rv-title")).to_have_text(re.compile(re.escape(label)))
+
+
+def child_cpu_seconds() -> dict[str, float]:
+    """User+system CPU seconds so far of this process's children, by kind: the app server (`panel serve`), its
+    timing worker (a `multiprocessing` child of the server) and the browser (chromium). For the benchmarks."""
+    import psutil
+
+    out = {"server": 0.0, "timing worker": 0.0, "browser": 0.0}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd, t = " ".join(p.cmdline()), p.cpu_times()
+        except psutil.Error:
+            continue
+        kind = ("timing worker" if "multiprocessing" in cmd else "server" if "panel" in cmd and "serve" in cmd
+                else "browser" if "chrom" in cmd else None)
+        if kind:
+            out[kind] += t.user + t.system
+    return out
