@@ -10,7 +10,7 @@ import param
 from panel.viewable import Viewer
 
 from .sources import ALLOWED_DIRS_ENV, allowed_dirs, max_upload_bytes
-from .state import SHAPE_VARIANT, SOURCES, VARIANT_LABELS, AppState
+from .state import SHAPE_VARIANT, SOURCES, VARIANT_LABELS, AppState, move_position
 from .text import md_escape, md_pre
 
 SOURCE_LABELS = {"preset": "Built-in", "checkpoint": "Folder", "upload": "Upload", "ir": "IR text"}
@@ -237,14 +237,9 @@ class PipelineControls(Viewer):
 
     def _move(self, i: int, delta: int) -> None:
         """Move draft position `i` by `delta`, keeping its on/off state; the selection follows the pass."""
-        j = i + delta
-        if not (0 <= i < len(self.order) and 0 <= j < len(self.order)):
-            return
-        order = list(self.order)
-        order[i], order[j] = order[j], order[i]
-        swap = {i: j, j: i}
-        self._follow = j
-        self.param.update(order=order, off=sorted(swap.get(k, k) for k in self.off))
+        if (moved := move_position(self.order, self.off, i, delta)) is not None:
+            self._follow = i + delta
+            self.param.update(order=moved[0], off=moved[1])
 
     def _remove(self, i: int) -> None:
         if 0 <= i < len(self.order):

@@ -64,6 +64,18 @@ TIMING_RUNS = session.cache.LRUCache(maxsize=16)
 "Time every version" shows them, "Time again" measures anew."""
 
 
+def move_position(order: list[str], off: list[int], i: int, delta: int) -> tuple[list[str], list[int]] | None:
+    """(`order` with position `i` swapped with position `i + delta`, `off` positions renumbered so each pass keeps
+    its on/off state), or None when either position is out of range."""
+    j = i + delta
+    if not (0 <= i < len(order) and 0 <= j < len(order)):
+        return None
+    moved = list(order)
+    moved[i], moved[j] = moved[j], moved[i]
+    swap = {i: j, j: i}
+    return moved, sorted(swap.get(k, k) for k in off)
+
+
 def scrub_paths(text: str, upload_dir: str, temp_dir: str) -> str:
     """`text` without the server's private folders: the upload's temp folder reads as `upload`, any other path
     under the temp folder as `<temp>/...` (messages never show where the server keeps files)."""
@@ -223,13 +235,8 @@ class AppState(param.Parameterized):
 
     def move_pass(self, i: int, delta: int) -> None:
         """Move pass position `i` up (-1) or down (+1), keeping its on/off state."""
-        j = i + delta
-        if not (0 <= i < len(self.passes) and 0 <= j < len(self.passes)):
-            return
-        order = list(self.passes)
-        order[i], order[j] = order[j], order[i]
-        swap = {i: j, j: i}
-        self.param.update(passes=order, disabled=sorted(swap.get(k, k) for k in self.disabled))
+        if (moved := move_position(self.passes, self.disabled, i, delta)) is not None:
+            self.param.update(passes=moved[0], disabled=moved[1])
 
     def remove_pass(self, i: int) -> None:
         """Drop pass position `i` from the pipeline."""
