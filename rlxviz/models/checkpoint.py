@@ -221,8 +221,12 @@ def check_header_dtypes(f: Path) -> None:
     Raises:
         CheckpointError: one line naming the file, the tensor, its dtype and the supported dtypes.
     """
-    found = _header(f)
-    for key, info in (found[1] if found else {}).items():
+    _check_dtypes(f, (_header(f) or (0, {}))[1])
+
+
+def _check_dtypes(f: Path, header: dict) -> None:
+    """`check_header_dtypes` on the already parsed `header` of `f`."""
+    for key, info in header.items():
         if key == "__metadata__" or not isinstance(info, dict):
             continue
         dtype = info.get("dtype")
@@ -263,9 +267,8 @@ def read_tensors(files: Sequence[Path]) -> dict[str, np.ndarray]:
     for f in files:
         if not f.is_file():
             raise CheckpointError(f"{f}: missing safetensors file")
-        check_header_dtypes(f)
-        found = _header(f)
-        n, header = found if found else (0, {})
+        n, header = _header(f) or (0, {})  # the header once: its dtypes checked before any data, BF16 offsets
+        _check_dtypes(f, header)
         bf16 = {k for k, v in header.items() if isinstance(v, dict) and v.get("dtype") == "BF16"}
         try:
             handle = safe_open(str(f), framework="np")
