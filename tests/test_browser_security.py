@@ -10,6 +10,7 @@ by Playwright with Debian's chromium.
 
 import os
 import socket
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -58,8 +59,10 @@ def browser():
         yield b
 
 
-def _watched_page(browser, origin: str):
-    """A page whose dialogs, script hook and requests outside `origin` are recorded (outside ones aborted)."""
+@contextmanager
+def _guarded_page(browser, origin: str):
+    """The app at `origin` + /app in a page whose dialogs, script hook and requests outside `origin` are recorded
+    (outside ones aborted); yields (page, what was seen), its context closed at the end."""
     ctx = context(browser, 1600, 1000)
     ctx.add_init_script(HOOK)
     seen = {"dialogs": [], "outside": []}
@@ -72,10 +75,14 @@ def _watched_page(browser, origin: str):
             r.abort()
 
     ctx.route("**/*", route)
-    pg = ctx.new_page()
-    pg.on("dialog", lambda d: (seen["dialogs"].append(d.message), d.dismiss()))
-    pg.set_default_timeout(60_000)
-    return ctx, pg, seen
+    try:
+        pg = ctx.new_page()
+        pg.on("dialog", lambda d: (seen["dialogs"].append(d.message), d.dismiss()))
+        pg.set_default_timeout(60_000)
+        pg.goto(origin + "/app", timeout=120_000)
+        yield pg, seen
+    finally:
+        ctx.close()
 
 
 def _assert_clean(pg, seen):
@@ -105,9 +112,7 @@ def _inspected_text(pg) -> str:
 def test_hostile_model_text_is_shown_as_text_everywhere(browser, server):
     port, _ = server
     origin = f"http://127.0.0.1:{port}"
-    ctx, pg, seen = _watched_page(browser, origin)
-    try:
-        pg.goto(origin + "/app", timeout=120_000)
+    with _guarded_page(browser, origin) as (pg, seen):
         pg.locator(".rv-after g.node").first.wait_for(timeout=60_000)
         pg.get_by_role("button", name="IR text").click()
         _paste_ir(pg, (DATA / "xss_paths.ir").read_text())
@@ -140,8 +145,6 @@ def test_hostile_model_text_is_shown_as_text_everywhere(browser, server):
         expect(tip).to_contain_text("%3 (exp @![t](http://example.org/leak.png)): declared")
         pg.screenshot(path=str(ART / "app-hostile-text.png"))
         _assert_clean(pg, seen)
-    finally:
-        ctx.close()
 
 
 TEX_IR = """graph "tex $$y^2$$" {
@@ -157,9 +160,7 @@ def test_tex_in_model_text_is_shown_as_text_and_no_mathjax_is_loaded(browser, se
     loads no MathJax bundle (`main.no_mathjax`)."""
     port, _ = server
     origin = f"http://127.0.0.1:{port}"
-    ctx, pg, seen = _watched_page(browser, origin)
-    try:
-        pg.goto(origin + "/app", timeout=120_000)
+    with _guarded_page(browser, origin) as (pg, seen):
         pg.locator(".rv-after g.node").first.wait_for(timeout=60_000)
         scripts = pg.evaluate("[...document.scripts].map(s => s.src)")
         assert scripts and not [u for u in scripts if "mathjax" in u.lower()], scripts
@@ -172,8 +173,6 @@ def test_tex_in_model_text_is_shown_as_text_and_no_mathjax_is_loaded(browser, se
             assert literal in text, (literal, text)
         assert pg.locator(".rv-inspector mjx-container, .rv-inspector svg").count() == 0
         _assert_clean(pg, seen)
-    finally:
-        ctx.close()
 
 
 def test_a_session_from_another_machine_is_refused(browser, server):
@@ -181,12 +180,8 @@ def test_a_session_from_another_machine_is_refused(browser, server):
     if outside is None:
         pytest.skip("this machine has no non-loopback address to connect from")
     origin = f"http://{outside}:{port}"
-    ctx, pg, seen = _watched_page(browser, origin)
-    try:
-        pg.goto(origin + "/app", timeout=120_000)
+    with _guarded_page(browser, origin) as (pg, seen):
         expect(pg.locator(".rv-refused")).to_contain_text("only serves this machine", timeout=60_000)
         expect(pg.locator(".rv-refused")).to_contain_text("RLXVIZ_ALLOW_REMOTE=1")
         assert pg.locator(".rv-after").count() == 0 and pg.locator(".rv-ir-text").count() == 0
         _assert_clean(pg, seen)
-    finally:
-        ctx.close()
