@@ -161,6 +161,8 @@ class GraphCompare(Viewer):
         self.note = pn.pane.Markdown("", css_classes=["rv-graph-note"], margin=(0, 10))
         self.row = pn.Row(self.after, sizing_mode="stretch_both")
         self.stale = StaleMark(s, "graph", self.before, self.after)
+        self._scoped_model: object = None
+        self._model_seq = 0
         s.param.watch(self._draw, ["model", "trace", "version", "view", "selected_layer", "expanded_layers"])
         s.param.watch(self._mark, ["highlight", "selected_node"])
         self._draw()
@@ -168,8 +170,10 @@ class GraphCompare(Viewer):
     def _scope(self) -> str:
         """Zoom and pan are kept while this stays the same (same model and view), across versions and clicks."""
         s = self.state
+        if s.model is not self._scoped_model:  # a new model: a new scope (an id() could be a freed model's)
+            self._scoped_model, self._model_seq = s.model, self._model_seq + 1
         view = s.resolved_view()
-        return f"{id(s.model)}:{view}:{s.selected_layer if view == 'focus' else ''}"
+        return f"{self._model_seq}:{view}:{s.selected_layer if view == 'focus' else ''}"
 
     def _draw(self, *events: param.parameterized.Event) -> None:
         s = self.state

@@ -39,6 +39,7 @@ import numpy as np
 
 from ..ir import Builder, DType, Graph, Op, lint
 from ..ir.emitter import Ref
+from ..ir.identity import IdentityMap
 from .presets import Model
 
 OPSETS = range(13, 22)
@@ -82,9 +83,11 @@ class _Ctx:
     opset: int
     weights: dict[str, np.ndarray]
     node: Any = None
-    materialized: dict[int, Ref] = field(default_factory=dict)
+    materialized: IdentityMap[np.ndarray, Ref] = field(default_factory=IdentityMap)
+    """The node made for each constant array (by identity: the map holds the array, so its id is never reused)."""
     names: set[str] = field(default_factory=set)
-    value_names: dict[int, str] = field(default_factory=dict)
+    value_names: IdentityMap[np.ndarray, str] = field(default_factory=IdentityMap)
+    """The ONNX value name of each constant array (initializers, folded outputs)."""
     seq: int | None = None
     """The sequence length the inputs were bound to (`import_graph`'s `seq`, or dim 1 of a given input shape)."""
     max_bytes: int | None = None
@@ -103,22 +106,22 @@ class _Ctx:
             return v
         if v is None:
             raise self.fail("a required input is missing")
-        key = id(v)
-        if key in self.materialized:
-            return self.materialized[key]
+        hit = self.materialized.get(v)
+        if hit is not None:
+            return hit
         arr = np.asarray(v)
         dt = dtype or DType.from_numpy(arr.dtype)
         if arr.size == 1 and arr.ndim <= 1:
             x = arr.reshape(()).item()
             r = self.b.const(x, dt) if arr.ndim == 0 else self.b.const((x,), dt)
         else:
-            base = self.value_names.get(key, "const")
+            base = self.value_names.get(v, "const")
             if "." not in base and self.b.path:  # an exporter's generated name (val_95): prefix the module path
                 base = f"{self.b.path}.{base}"
             name = self._unique(base)
             self.weights[name] = arr
             r = self.b.param(name, arr.shape, dt)
-        self.materialized[key] = r
+        self.materialized[v] = r
         return r
 
     def _unique(self, base: str) -> str:
@@ -971,7 +974,7 @@ def _misfit(ctx: _Ctx, node: Any, ins: list[Value]) -> str | None:
         rows, hi, lo = shape[axis], int(ins[1].max()), int(ins[1].min())
         if lo >= -rows and hi < rows:
             return None
-        table = ctx.value_names.get(id(ins[0]), node.input[0])
+        table = ctx.value_names.get(ins[0], node.input[0])
         if ctx.seq is not None and hi + 1 == ctx.seq and lo >= 0:
             return f"seq {ctx.seq} is over the {rows} positions of the export's position table {table!r} {where}"
         bad = hi if hi >= rows else lo
@@ -986,7 +989,7 @@ def _misfit(ctx: _Ctx, node: Any, ins: list[Value]) -> str | None:
         n = max(len(s), len(t))
         s1, t1 = (1,) * (n - len(s)) + tuple(s), (1,) * (n - len(t)) + t
         axis = next(i for i in range(n) if s1[i] != 1 and t1[i] != 1 and s1[i] != t1[i])
-        name = ctx.value_names.get(id(ins[0]), node.input[0])
+        name = ctx.value_names.get(ins[0], node.input[0])
         fixed = f"the export's fixed-shape tensor {name!r} {list(s)}"
         if ctx.seq is not None and t1[axis] == ctx.seq:
             return (f"seq {ctx.seq} is over the {s1[axis]} positions of {fixed} (it cannot expand to {list(t)}) "
@@ -1021,7 +1024,7 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
         arr = numpy_helper.to_array(init)
         env[init.name] = arr
         ctx.held_bytes += arr.nbytes
-        ctx.value_names[id(arr)] = init.name
+        ctx.value_names[arr] = init.name
     for vi in g.input:
         if vi.name in env:
             continue
@@ -1081,7 +1084,7 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
             if out_name:
                 env[out_name] = v
                 if isinstance(v, np.ndarray):
-                    ctx.value_names.setdefault(id(v), out_name)
+                    ctx.value_names.setdefault(v, out_name)
     if unmapped:
         listing = "; ".join(f"{op} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
                             for op, names in sorted(unmapped.items()))

@@ -27,6 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..ir import Graph, Node, Op
+from ..ir.identity import IdentityMap
 from ..ir.ops import BLAS
 from .trace import Rejection, layer_of
 
@@ -109,22 +110,20 @@ class LayerArchitecture:
 
 
 _Entry = tuple[Graph, Graph, dict[int | None, LayerArchitecture], tuple[Rejection, ...]]
-_PREPARED: dict[int, _Entry] = {}
+_PREPARED: IdentityMap[Graph, _Entry] = IdentityMap(limit=4)
 
 
 def _entry(graph: Graph) -> _Entry:
-    hit = _PREPARED.get(id(graph))
-    if hit is not None and hit[0] is graph:
+    hit = _PREPARED.get(graph)
+    if hit is not None:
         return hit
     from .pipeline import Pipeline  # pipeline imports the rules; keep this module importable on its own
 
     trace = Pipeline(list(_PREFIX)).run(graph)
-    if len(_PREPARED) >= 4:
-        _PREPARED.pop(next(iter(_PREPARED)))
     gelus = tuple(r for r in trace.rejections if r.pass_name == "canonicalize_gelu" and r.stage == "guard"
                   and r.guard == "gelu_constants" and r.headline)
-    _PREPARED[id(graph)] = (graph, trace.final, {}, gelus)
-    return _PREPARED[id(graph)]
+    entry = _PREPARED[graph] = (graph, trace.final, {}, gelus)
+    return entry
 
 
 def prepared(graph: Graph) -> Graph:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..ir import Graph, Node, Op, format_graph, format_node
+from ..ir.identity import IdentityMap
 from .devices import mx_device, precision_policy, resolve_device
 from .lowering import MX_DTYPES, LoweringError, LoweringOptions, MlxEmitter, lower_node
 from .mlx_backend import mx
@@ -223,17 +224,16 @@ class MlxExecutor:
         self.precision = precision_policy(self.device)
         self.compile_graph = compile_graph
         self._programs: dict[tuple[str, LoweringOptions, bool], Program] = {}
-        self._keys: dict[int, tuple[Graph, str]] = {}
+        self._keys: IdentityMap[Graph, str] = IdentityMap()
         self._weights: dict[str, tuple[Any, mx.array]] = {}
         self._static: dict[tuple[str, LoweringOptions], tuple[tuple[mx.array, ...], list[mx.array]]] = {}
 
     # -- caches --------------------------------------------------------------------------------
     def key_of(self, graph: Graph) -> str:
-        hit = self._keys.get(id(graph))
-        if hit is not None and hit[0] is graph:
-            return hit[1]
-        k = graph_key(graph)
-        self._keys[id(graph)] = (graph, k)  # holding the graph keeps its id from being reused
+        hit = self._keys.get(graph)
+        if hit is not None:
+            return hit
+        k = self._keys[graph] = graph_key(graph)
         return k
 
     def program(self, graph: Graph) -> Program:

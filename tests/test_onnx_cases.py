@@ -1,0 +1,75 @@
+"""The handed ONNX exports (tests/fixtures/onnx/cases, copied from shared/cases/onnx): each imports with the
+exporter's own numbers (its outputs are stored in the npz as `out:NAME`), on the reference interpreter, for the
+input version and the final version of the canonical pipeline. An import that changes the numbers can never
+pass silently; and no cache in rlxviz is keyed by the `id()` of an object it does not hold (the Falcon bug:
+a freed NumPy temporary's id reused, a later constant bound to an earlier node)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlxviz.ir.identity import IdentityMap
+from rlxviz.models.onnx_import import load_onnx
+from rlxviz.passes import Pipeline
+from rlxviz.runtime import run_reference
+
+CASES = Path(__file__).parent / "fixtures" / "onnx" / "cases"
+
+
+def _io(name: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    d = dict(np.load(CASES / f"{name}_io.npz"))
+    return ({k: v for k, v in d.items() if not k.startswith("out:")},
+            {k[4:]: v for k, v in d.items() if k.startswith("out:")})
+
+
+def _load(name: str):
+    feeds, want = _io(name)
+    return load_onnx(CASES / f"{name}.onnx", input_shapes={k: v.shape for k, v in feeds.items()}), feeds, want
+
+
+@pytest.mark.parametrize("name", ["falcon"])
+def test_export_imports_with_the_exporters_numbers(name):
+    m, feeds, want = _load(name)
+    (out,) = want.values()
+    got = run_reference(m.graph, feeds, m.weights)[0]
+    np.testing.assert_allclose(got, out, atol=1e-5, rtol=0)
+    trace = Pipeline.canonical().run(m.graph)
+    assert not [s.error for s in trace.steps if s.error]
+    np.testing.assert_allclose(run_reference(trace.final, feeds, m.weights)[0], out, atol=1e-5, rtol=0)
+
+
+def test_importing_twice_gives_the_same_graph():
+    """The id() reuse made the bound constant depend on the allocator: the graph differed between imports."""
+    a, _, _ = _load("falcon")
+    b, _, _ = _load("falcon")
+    assert a.graph.nodes == b.graph.nodes
+
+
+def test_identity_map_holds_its_keys_so_an_id_is_never_reused():
+    m: IdentityMap[np.ndarray, int] = IdentityMap()
+    for i in range(200):  # each temporary would be freed at once without the map holding it
+        m[np.zeros(3) + i] = i
+    assert len(m) == 200 and sorted(m.get(k) for k in m) == list(range(200))
+    other = np.zeros(3)
+    assert other not in m and m.get(other) is None
+    bounded: IdentityMap[object, int] = IdentityMap(limit=2)
+    keys = [object() for _ in range(3)]
+    for i, k in enumerate(keys):
+        bounded[k] = i
+    assert keys[0] not in bounded and bounded[keys[2]] == 2
+
+
+def test_no_module_keys_a_cache_by_id_outside_identity_map():
+    root = Path(__file__).parent.parent / "rlxviz"
+    calls = []
+    for p in root.rglob("*.py"):
+        if p.name == "identity.py":
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "id":
+                calls.append(f"{p.relative_to(root)}:{node.lineno}")
+    assert calls == []
