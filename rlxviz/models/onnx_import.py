@@ -40,6 +40,8 @@ import numpy as np
 from ..ir import Builder, DType, Graph, Op, lint
 from ..ir.emitter import Ref
 from ..ir.identity import IdentityMap
+from ..ir.lint import problems
+from .onnx_fold import FOLDABLE, FoldError, check_fold, fold
 from .presets import Model
 
 OPSETS = range(13, 22)
@@ -467,9 +469,17 @@ def _conv(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
 
 # -- normalisation and softmax -----------------------------------------------------------------------------
 
+def _axis(ctx: _Ctx, axis: int, rank: int, what: str = "axis") -> int:
+    """`axis` in [0, rank) from ONNX's [-rank, rank - 1]; outside it, the node is refused (never wrapped to
+    another axis)."""
+    if not -rank <= axis < rank:
+        raise ctx.fail(f"{what} {axis} is outside [-{rank}, {rank - 1}] for a rank-{rank} operand")
+    return axis % rank
+
+
 def _last_axis(ctx: _Ctx, v: Value, axis: int) -> None:
     r = len(ctx.shape(v))
-    if axis % r != r - 1:
+    if _axis(ctx, axis, r) != r - 1:
         raise ctx.fail(f"normalisation over axis {axis} of rank {r}: only the last axis is supported")
 
 
@@ -537,7 +547,8 @@ def _reduce(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]
             return [x[0]]
         axes = list(range(rank))
     fn = {"ReduceMean": ctx.b.reduce_mean, "ReduceSum": ctx.b.reduce_sum, "ReduceMax": ctx.b.reduce_max}[n.op_type]
-    return [fn(ctx.ref(x[0]), tuple(v % rank for v in axes), keepdims=bool(a.get("keepdims", 1)))]
+    picked = tuple(_axis(ctx, v, rank, "reduce axis") for v in axes)
+    return [fn(ctx.ref(x[0]), picked, keepdims=bool(a.get("keepdims", 1)))]
 
 
 # -- data movement ---------------------------------------------------------------------------------------
@@ -575,14 +586,17 @@ def _reshape(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value
 @handles("Flatten")
 def _flatten(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
     s = ctx.shape(x[0])
-    k = int(a.get("axis", 1)) % (len(s) + 1)
+    k = _axis(ctx, int(a.get("axis", 1)), len(s) + 1)
     return [_reshape_to(ctx, x[0], (math.prod(s[:k]), math.prod(s[k:])))]
 
 
 @handles("Unsqueeze")
 def _unsqueeze(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
     s = list(ctx.shape(x[0]))
-    axes = sorted(v % (len(s) + len(_ints(ctx, x[1], "axes"))) for v in _ints(ctx, x[1], "axes"))
+    new = _ints(ctx, x[1], "axes")
+    axes = sorted(_axis(ctx, v, len(s) + len(new), "unsqueeze axis") for v in new)
+    if len(set(axes)) != len(axes):
+        raise ctx.fail(f"unsqueeze axes {new} repeat an axis")
     for ax in axes:
         s.insert(ax, 1)
     return [_reshape_to(ctx, x[0], s)]
@@ -592,7 +606,9 @@ def _unsqueeze(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Val
 def _squeeze(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
     s = ctx.shape(x[0])
     if len(x) > 1 and x[1] is not None:
-        axes = {v % len(s) for v in _ints(ctx, x[1], "axes")}
+        axes = {_axis(ctx, v, len(s), "squeeze axis") for v in _ints(ctx, x[1], "axes")}
+        if wide := [i for i in sorted(axes) if s[i] != 1]:
+            raise ctx.fail(f"squeeze of axis {wide[0]}, which holds {s[wide[0]]} (only size-1 axes can be squeezed)")
     else:
         axes = {i for i, d in enumerate(s) if d == 1}
     return [_reshape_to(ctx, x[0], [d for i, d in enumerate(s) if i not in axes])]
@@ -630,7 +646,7 @@ def _narrow(ctx: _Ctx, v: Value, axis: int, start: int, length: int) -> Value:
 def _split(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
     """Sizes from the second input, the `split` attribute, or equal parts (`num_outputs` / output count)."""
     s = ctx.shape(x[0])
-    axis = int(a.get("axis", 0)) % len(s)
+    axis = _axis(ctx, int(a.get("axis", 0)), len(s))
     if len(x) > 1 and x[1] is not None:
         sizes = _ints(ctx, x[1], "split")
     elif "split" in a:
@@ -639,6 +655,9 @@ def _split(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
         k = len(n.output)
         step = -(-s[axis] // k)
         sizes = [min(step, s[axis] - i * step) for i in range(k)]
+    if sum(sizes) != s[axis] or any(size < 0 for size in sizes) or len(sizes) != len(n.output):
+        raise ctx.fail(f"split sizes {sizes} into {len(n.output)} output(s) do not cover axis {axis} of "
+                       f"{list(s)} (the sizes must be non-negative, one per output, and add up to {s[axis]})")
     outs, start = [], 0
     for size in sizes:
         outs.append(_narrow(ctx, x[0], axis, start, size))
@@ -657,7 +676,7 @@ def _slice(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
         raise ctx.fail(f"steps {steps}: only step 1 is supported")
     v = x[0]
     for st, en, ax in zip(starts, ends, axes, strict=True):
-        ax %= len(s)
+        ax = _axis(ctx, ax, len(s), "slice axis")
         d = s[ax]
         st = max(0, min(d, st + d if st < 0 else st))
         en = max(0, min(d, en + d if en < 0 else en))
@@ -671,7 +690,7 @@ def _gather(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]
     narrow (+ reshape for a scalar index) when they are one contiguous run, else to `gather` on axis 0."""
     data, idx = x
     s = ctx.shape(data)
-    axis = int(a.get("axis", 0)) % len(s)
+    axis = _axis(ctx, int(a.get("axis", 0)), len(s))
     b = ctx.b
     if isinstance(idx, np.ndarray):
         ids = np.where(idx < 0, idx + s[axis], idx).astype(np.int64)
@@ -797,89 +816,6 @@ def _ort_mha(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value
 
 # -- folding and the driver ----------------------------------------------------------------------------------
 
-def _gather_elements(node: Any, x: list[np.ndarray | None], a: dict[str, Any]) -> list[np.ndarray]:
-    data, idx = x[0], np.asarray(x[1])
-    axis = int(a.get("axis", 0)) % data.ndim
-    return [np.take_along_axis(data, np.where(idx < 0, idx + data.shape[axis], idx), axis=axis)]
-
-
-_NUMPY_FOLDS = {"GatherElements": _gather_elements}
-"""Folds done in NumPy where onnx.reference is wrong (its GatherElements breaks past 32 choices, onnx 1.23)."""
-
-
-def _fold(node: Any, inputs: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
-    """Evaluate one standard node on constant inputs with ONNX's reference evaluator."""
-    from onnx.reference import ReferenceEvaluator
-
-    if node.op_type in _NUMPY_FOLDS:
-        return _NUMPY_FOLDS[node.op_type](node, inputs, _attrs(node))
-
-    feeds = {name: arr for name, arr in zip(node.input, inputs, strict=True) if name}
-    ev = ReferenceEvaluator(node, opsets={"": opset})
-    return [np.asarray(o) for o in ev.run(None, feeds)]
-
-
-_SMALL_FEED = 4096
-"""Constant inputs up to this many elements go to shape inference with their values (shapes, repeats, ranges),
-larger ones by their shape and type only."""
-
-
-def _fold_bytes(node: Any, inputs: list[np.ndarray | None], opset: int) -> list[tuple[tuple[int, ...], np.dtype]]:
-    """The shapes and dtypes `_fold` would produce for `node`, from ONNX shape inference (with data propagation
-    over the small constant inputs), without evaluating it; an output whose shape is not inferred is left out.
-    Raises nothing."""
-    onnx = _onnx()
-    from onnx import helper, numpy_helper
-
-    try:
-        inits, feeds = [], []
-        for name, arr in zip(node.input, inputs, strict=False):
-            if not name or arr is None:
-                continue
-            if arr.size <= _SMALL_FEED:
-                inits.append(numpy_helper.from_array(np.asarray(arr), name))
-            else:
-                code = helper.np_dtype_to_tensor_dtype(arr.dtype)
-                feeds.append(helper.make_tensor_value_info(name, code, list(arr.shape)))
-        outs = [helper.make_empty_tensor_value_info(o) for o in node.output if o]
-        g = helper.make_graph([node], "fold", feeds, outs, initializer=inits)
-        opsets = [helper.make_opsetid("", opset)]
-        m = helper.make_model(g, opset_imports=opsets, ir_version=onnx.IR_VERSION)
-        m = onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
-    except Exception:  # noqa: BLE001 - inference is best effort; the fold itself names real errors
-        return []
-    found = []
-    for vi in list(m.graph.output) + list(m.graph.value_info):
-        t = vi.type.tensor_type
-        if not t.elem_type or not t.HasField("shape"):
-            continue
-        if any(not d.HasField("dim_value") for d in t.shape.dim):
-            continue
-        try:
-            dt = np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type))
-        except Exception:  # noqa: BLE001
-            continue
-        found.append((tuple(int(d.dim_value) for d in t.shape.dim), dt))
-    return found
-
-
-def _check_fold(ctx: _Ctx, node: Any, inputs: list[np.ndarray | None]) -> None:
-    """Refuse a fold whose constant output, with the constants already held, would pass `ctx.max_bytes`:
-    checked from the inferred shapes before anything is allocated. Raises OnnxImportError (one line)."""
-    if ctx.max_bytes is None:
-        return
-    from ..session.limits import human_bytes
-
-    for shape, dt in _fold_bytes(node, inputs, ctx.opset):
-        need = math.prod(shape) * dt.itemsize
-        if ctx.held_bytes + need > ctx.max_bytes:
-            held = (f" (with {human_bytes(ctx.held_bytes)} of constants already held)"
-                    if need <= ctx.max_bytes else "")
-            raise ctx.fail(f"folding it would materialize a constant {dt.name}{list(shape)} of {human_bytes(need)}"
-                           f"{held}, over the limit of {human_bytes(ctx.max_bytes)}; use smaller shapes, or raise "
-                           f"RLXVIZ_MAX_MEMORY_MB (CLI: --max-memory-mb) if the machine has the memory")
-
-
 def _shape_op(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> np.ndarray:
     s = ctx.shape(x[0])
     if n.op_type == "Size":
@@ -957,6 +893,25 @@ def default_opset(proto: Any) -> int:
     return opset
 
 
+def validate(proto: Any) -> None:
+    """Refuse a model that breaks a rule of its ops' ONNX definitions (an axis outside the rank, a reshape target
+    with two -1, mismatched types, ...), as ONNX Runtime does, instead of importing it with another meaning: ONNX's
+    strict shape inference over the whole graph (external data not needed: it reads shapes only).
+
+    Raises:
+        OnnxImportError: the first rule broken, naming the op (and node, when ONNX names it), in one line.
+    """
+    onnx = _onnx()
+    try:
+        onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
+    except Exception as e:  # noqa: BLE001 - InferenceError / ValidationError: the model is invalid
+        text = " ".join(str(e).split())
+        for prefix in ("[ShapeInferenceError] Inference error(s):", "[TypeInferenceError] Inference error(s):"):
+            text = text.replace(prefix, "").strip()
+        raise OnnxImportError(f"invalid ONNX model (rejected by ONNX shape inference, as ONNX Runtime would): "
+                              f"{text[:400]}") from None
+
+
 def _misfit(ctx: _Ctx, node: Any, ins: list[Value]) -> str | None:
     """Why the bound shapes do not fit what the export fixed, in one sentence naming the limit, or None: a Gather
     whose constant indices run past a table (a position table of N rows: `seq 65 is over the 64 positions of the
@@ -1014,6 +969,7 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
     from onnx import numpy_helper
 
     opset = default_opset(proto)
+    validate(proto)
     g = proto.graph
     shapes = dict(input_shapes or {})
     b = Builder(name or g.name or "onnx")
@@ -1054,12 +1010,13 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
                 raise OnnxImportError(misfit)
             if domain == "" and node.op_type in ("Shape", "Size"):
                 outs: list[Value] = [_shape_op(ctx, node, ins, attrs)]
-            elif domain == "" and node.op_type == "Constant":
-                _check_fold(ctx, node, [])
-                outs = _fold(node, [], opset)
-            elif domain == "" and all(isinstance(v, np.ndarray) or v is None for v in ins):
-                _check_fold(ctx, node, ins)  # type: ignore[arg-type]
-                outs = _fold(node, ins, opset)  # type: ignore[arg-type]
+            elif domain == "" and node.op_type in FOLDABLE and all(isinstance(v, np.ndarray) or v is None
+                                                                  for v in ins):
+                try:
+                    check_fold(node, ins, opset, ctx.held_bytes, ctx.max_bytes)  # type: ignore[arg-type]
+                except FoldError as e:
+                    raise ctx.fail(str(e)) from None
+                outs = fold(node, ins, opset)  # type: ignore[arg-type]
                 ctx.held_bytes += sum(o.nbytes for o in outs if isinstance(o, np.ndarray))
             elif (domain, node.op_type) in HANDLERS:
                 b.path = node_path(node)
@@ -1102,7 +1059,14 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
     b.output(*outs)
     from ..passes.pipeline import run_pass
 
-    graph = lint(run_pass(b.build(), "dead_code_elimination"), "onnx import")
+    built = b.build()
+    if bad := problems(built):  # a rank, dtype or attribute the IR cannot hold: named by the ONNX node it came from
+        nid, msg = bad[0]
+        made = provenance.get(nid) if nid is not None else None
+        where = (f"{made[0]} node {made[1]!r}" if made else
+                 f"{built[nid].op.value} {built[nid].attrs.get('name')!r}" if nid is not None else "the graph")
+        raise OnnxImportError(f"{where} (opset {opset}): {msg}")
+    graph = lint(run_pass(built, "dead_code_elimination"), "onnx import")
     used = {n.name for n in graph.params}
     return graph, {k: v for k, v in weights.items() if k in used}, provenance
 
@@ -1162,4 +1126,4 @@ def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Ma
                        "onnx_nodes": provenance})
 
 
-__all__ = ["OPSETS", "OnnxImportError", "import_graph", "load_onnx", "node_path", "onnx_dtype"]
+__all__ = ["OPSETS", "OnnxImportError", "import_graph", "load_onnx", "node_path", "onnx_dtype", "validate"]
