@@ -16,6 +16,9 @@ from rlxviz.ir.identity import IdentityMap
 from rlxviz.models.onnx_import import load_onnx
 from rlxviz.passes import Pipeline
 from rlxviz.runtime import run_reference
+from rlxviz.runtime.executor import MlxExecutor
+from rlxviz.runtime.lowering import LoweringOptions
+from rlxviz.session import check_fusion
 
 CASES = Path(__file__).parent / "fixtures" / "onnx" / "cases"
 
@@ -31,15 +34,24 @@ def _load(name: str):
     return load_onnx(CASES / f"{name}.onnx", input_shapes={k: v.shape for k, v in feeds.items()}), feeds, want
 
 
-@pytest.mark.parametrize("name", ["falcon"])
+@pytest.mark.parametrize("name", ["falcon", "roberta", "gpt-neox.legacy-sdpa"])
 def test_export_imports_with_the_exporters_numbers(name):
+    """Falcon (wrong numbers before), RoBERTa (CumSum position ids, GatherElements token types), GPT-NeoX's
+    TorchScript sdpa export (IsNaN guard, partial rotary): input and final version, reference and MLX."""
     m, feeds, want = _load(name)
     (out,) = want.values()
-    got = run_reference(m.graph, feeds, m.weights)[0]
-    np.testing.assert_allclose(got, out, atol=1e-5, rtol=0)
     trace = Pipeline.canonical().run(m.graph)
     assert not [s.error for s in trace.steps if s.error]
-    np.testing.assert_allclose(run_reference(trace.final, feeds, m.weights)[0], out, atol=1e-5, rtol=0)
+    ex = MlxExecutor(LoweringOptions(fast_math=False))
+    for g in (m.graph, trace.final):
+        np.testing.assert_allclose(run_reference(g, feeds, m.weights)[0], out, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(np.asarray(ex.run(g, feeds, m.weights)[0]), out, atol=1e-5, rtol=0)
+
+
+def test_roberta_layers_fuse_fully():
+    m, _, _ = _load("roberta")
+    check = check_fusion(Pipeline.canonical().run(m.graph), "roberta")
+    assert [r.layer for r in check.layers] == [0, 1] and all(r.fused for r in check.layers)
 
 
 def test_importing_twice_gives_the_same_graph():

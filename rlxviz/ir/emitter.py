@@ -153,6 +153,9 @@ class Emitter(ABC, Generic[V]):
     def erf(self, x: V) -> V: return self.emit(Op.ERF, (x,))
     def abs(self, x: V) -> V: return self.emit(Op.ABS, (x,))
     def isnan(self, x: V) -> V: return self.emit(Op.ISNAN, (x,))
+    def sin(self, x: V) -> V: return self.emit(Op.SIN, (x,))
+    def cos(self, x: V) -> V: return self.emit(Op.COS, (x,))
+    def floor(self, x: V) -> V: return self.emit(Op.FLOOR, (x,))
 
     # reductions
     def reduce_sum(self, x: V, axes: Sequence[int], keepdims: bool = False) -> V:
@@ -166,6 +169,15 @@ class Emitter(ABC, Generic[V]):
 
     def softmax(self, x: V, axis: int = -1) -> V:
         return self.emit(Op.SOFTMAX, (x,), axis=axis)
+
+    def argmax(self, x: V, axis: int, keepdims: bool = False) -> V:
+        """Index (i64) of the first largest value along `axis` (ONNX ArgMax with select_last_index=0)."""
+        return self.emit(Op.ARGMAX, (x,), axis=axis, keepdims=keepdims)
+
+    def cumsum(self, x: V, axis: int, exclusive: bool = False, reverse: bool = False) -> V:
+        """Running sum along `axis` (ONNX CumSum): `exclusive` leaves out the element itself, `reverse` sums
+        from the end. Same shape and dtype as `x` (ints stay ints: position ids from a mask)."""
+        return self.emit(Op.CUMSUM, (x,), axis=axis, exclusive=exclusive, reverse=reverse)
 
     # normalisation
     def layer_norm(self, x: V, gamma: V, beta: V, eps: float = 1e-12) -> V:

@@ -123,6 +123,28 @@ def _predicate(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     return TensorType(x[0].shape, DType.bool)
 
 
+@rule(Op.ARGMAX)
+def _argmax(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    """The index of the first largest value along `axis`, as i64 (ONNX ArgMax, select_last_index=0)."""
+    _check(len(x[0].shape) >= 1, f"needs rank >= 1, got {_fmt(x[0])}")
+    ax = norm_axis(attrs["axis"], len(x[0].shape))
+    shape = list(x[0].shape)
+    if attrs.get("keepdims", False):
+        shape[ax] = 1
+    else:
+        del shape[ax]
+    return TensorType(tuple(shape), DType.i64)
+
+
+@rule(Op.CUMSUM)
+def _cumsum(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    """Running sum along `axis` (ONNX CumSum): same shape and dtype; not for bool."""
+    _check(len(x[0].shape) >= 1, f"needs rank >= 1, got {_fmt(x[0])}")
+    _check(x[0].dtype != DType.bool, f"needs a numeric operand, got {_fmt(x[0])}")
+    norm_axis(attrs["axis"], len(x[0].shape))
+    return x[0]
+
+
 @rule(Op.WHERE)
 def _where(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     _check(x[0].dtype == DType.bool, f"condition must be bool, got {_fmt(x[0])}")

@@ -44,6 +44,9 @@ class Op(StrEnum):
     NEG = "neg"
     ERF = "erf"
     ABS = "abs"
+    SIN = "sin"
+    COS = "cos"
+    FLOOR = "floor"
     # predicates -> bool
     ISNAN = "isnan"
     # compare -> bool
@@ -60,6 +63,8 @@ class Op(StrEnum):
     REDUCE_MEAN = "reduce_mean"
     REDUCE_MAX = "reduce_max"
     SOFTMAX = "softmax"
+    ARGMAX = "argmax"
+    CUMSUM = "cumsum"
     # normalisation
     LAYER_NORM = "layer_norm"
     RMS_NORM = "rms_norm"
@@ -87,7 +92,7 @@ LEAF = frozenset({Op.INPUT, Op.PARAM, Op.CONST})
 BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.POW, Op.MAX, Op.MIN})
 COMMUTATIVE = frozenset({Op.ADD, Op.MUL, Op.MAX, Op.MIN})
 UNARY = frozenset({Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.SIGMOID, Op.TANH, Op.EXP, Op.LOG,
-                   Op.SQRT, Op.RSQRT, Op.NEG, Op.ERF, Op.ABS})
+                   Op.SQRT, Op.RSQRT, Op.NEG, Op.ERF, Op.ABS, Op.SIN, Op.COS, Op.FLOOR})
 ACTIVATIONS = frozenset({Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.SIGMOID, Op.TANH})
 COMPARE = frozenset({Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE})
 PREDICATES = frozenset({Op.ISNAN})
@@ -129,7 +134,8 @@ def family(op: Op) -> str:
 
 
 _FAMILIES = (("leaf", LEAF), ("blas", BLAS - FUSED), ("binary", BINARY), ("unary", UNARY),
-             ("compare", COMPARE | PREDICATES | {Op.WHERE, Op.CAST}), ("reduce", REDUCE | {Op.SOFTMAX}),
+             ("compare", COMPARE | PREDICATES | {Op.WHERE, Op.CAST}),
+             ("reduce", REDUCE | {Op.SOFTMAX, Op.ARGMAX, Op.CUMSUM}),
              ("norm", {Op.LAYER_NORM, Op.RMS_NORM}), ("movement", MOVEMENT),
              ("attention", {Op.ATTENTION, Op.ROPE}), ("fused", FUSED))
 
@@ -175,6 +181,9 @@ SPECS: dict[Op, OpSpec] = {
     **{op: OpSpec((1,), {"axes": _a(tuple, items=_INT), "keepdims": _a(bool, required=False, default=False)})
        for op in REDUCE},
     Op.SOFTMAX: OpSpec((1,), {"axis": _a(int, required=False, default=-1)}),
+    Op.ARGMAX: OpSpec((1,), {"axis": _a(int), "keepdims": _a(bool, required=False, default=False)}),
+    Op.CUMSUM: OpSpec((1,), {"axis": _a(int), "exclusive": _a(bool, required=False, default=False),
+                             "reverse": _a(bool, required=False, default=False)}),
     Op.LAYER_NORM: OpSpec((3,), {"eps": _a(int, float), "axis": _a(int, required=False, default=-1)}),
     Op.RMS_NORM: OpSpec((2, 3), {"eps": _a(int, float), "axis": _a(int, required=False, default=-1)}),
     Op.RESHAPE: OpSpec((1,), {"shape": _a(tuple, items=_INT)}),

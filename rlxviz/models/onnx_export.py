@@ -79,7 +79,8 @@ class _Writer:
 _SIMPLE = {Op.MATMUL: "MatMul", Op.ADD: "Add", Op.SUB: "Sub", Op.MUL: "Mul", Op.DIV: "Div", Op.POW: "Pow",
            Op.MAX: "Max", Op.MIN: "Min", Op.EQ: "Equal", Op.LT: "Less", Op.LE: "LessOrEqual", Op.GT: "Greater",
            Op.GE: "GreaterOrEqual", Op.WHERE: "Where", Op.RELU: "Relu", Op.SIGMOID: "Sigmoid", Op.TANH: "Tanh",
-           Op.EXP: "Exp", Op.LOG: "Log", Op.SQRT: "Sqrt", Op.NEG: "Neg", Op.ERF: "Erf"}
+           Op.EXP: "Exp", Op.LOG: "Log", Op.SQRT: "Sqrt", Op.NEG: "Neg", Op.ERF: "Erf", Op.ABS: "Abs",
+           Op.ISNAN: "IsNaN", Op.SIN: "Sin", Op.COS: "Cos", Op.FLOOR: "Floor"}
 
 
 def _gelu(w: _Writer, x: str, out: str) -> str:
@@ -188,6 +189,11 @@ def _node(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
         w.op(kind, [ins[0], w.ints(a["axes"])], out, keepdims=int(bool(a.get("keepdims", False))))
     elif op == Op.SOFTMAX:
         w.op("Softmax", ins, out, axis=int(a.get("axis", -1)))
+    elif op == Op.ARGMAX:
+        w.op("ArgMax", ins, out, axis=int(a["axis"]), keepdims=int(bool(a.get("keepdims", False))))
+    elif op == Op.CUMSUM:
+        w.op("CumSum", [ins[0], w.ints([int(a["axis"])])], out, exclusive=int(bool(a.get("exclusive"))),
+             reverse=int(bool(a.get("reverse"))))
     elif op == Op.LAYER_NORM:
         w.op("LayerNormalization", ins, out, axis=-1, epsilon=float(a["eps"]))
     elif op == Op.RMS_NORM:

@@ -316,12 +316,46 @@ def _hf_rope(ctx: _Ctx, a: Value, b: Value) -> Ref | None:
 
 
 _UNARY = {"Sqrt": "sqrt", "Erf": "erf", "Tanh": "tanh", "Sigmoid": "sigmoid", "Exp": "exp", "Log": "log",
-          "Neg": "neg", "Relu": "relu"}
+          "Neg": "neg", "Relu": "relu", "Abs": "abs", "IsNaN": "isnan", "Sin": "sin", "Cos": "cos", "Floor": "floor"}
 
 
 @handles(*_UNARY)
 def _unary(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
     return [ctx.b.unary(_UNARY[n.op_type], ctx.ref(x[0]))]
+
+
+@handles("Clip")
+def _clip(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """Clip(x, min, max) = min(max(x, lo), hi), each bound optional (opset >= 11: inputs). Exact: the same
+    comparisons elementwise; a NaN x stays NaN (NumPy's and MLX's maximum/minimum propagate it, as Clip does)."""
+    y = ctx.ref(x[0])
+    lo = x[1] if len(x) > 1 else None
+    hi = x[2] if len(x) > 2 else None
+    if lo is not None and hi is not None and isinstance(lo, np.ndarray) and isinstance(hi, np.ndarray) \
+            and float(np.asarray(lo).reshape(())) > float(np.asarray(hi).reshape(())):
+        raise ctx.fail(f"min {float(lo)} is above max {float(hi)}")
+    if lo is not None:
+        y = ctx.b.maximum(y, ctx.ref(lo))
+    if hi is not None:
+        y = ctx.b.minimum(y, ctx.ref(hi))
+    return [y]
+
+
+@handles("CumSum")
+def _cumsum(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """CumSum(x, axis) with a constant axis -> `cumsum` (RoBERTa's position ids: cumsum of the mask)."""
+    (axis,) = _ints(ctx, x[1], "axis")
+    ax = _axis(ctx, axis, len(ctx.shape(x[0])))
+    return [ctx.b.cumsum(ctx.ref(x[0]), ax, exclusive=bool(a.get("exclusive", 0)), reverse=bool(a.get("reverse", 0)))]
+
+
+@handles("ArgMax")
+def _argmax(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """ArgMax (the first largest index; select_last_index=1 is refused), i64 (CLIP's text pooling)."""
+    if a.get("select_last_index", 0):
+        raise ctx.fail("select_last_index=1 is not supported (the IR's argmax takes the first largest)")
+    ax = _axis(ctx, int(a.get("axis", 0)), len(ctx.shape(x[0])))
+    return [ctx.b.argmax(ctx.ref(x[0]), ax, keepdims=bool(a.get("keepdims", 1)))]
 
 
 @handles("Reciprocal")
@@ -672,15 +706,23 @@ def _slice(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
     starts, ends = _ints(ctx, x[1], "starts"), _ints(ctx, x[2], "ends")
     axes = _ints(ctx, x[3], "axes") if len(x) > 3 and x[3] is not None else list(range(len(starts)))
     steps = _ints(ctx, x[4], "steps") if len(x) > 4 and x[4] is not None else [1] * len(starts)
-    if any(st != 1 for st in steps):
-        raise ctx.fail(f"steps {steps}: only step 1 is supported")
+    if len(steps) != len(starts) or len(ends) != len(starts) or len(axes) != len(starts) or 0 in steps:
+        raise ctx.fail(f"starts {starts}, ends {ends}, axes {axes}, steps {steps}: one of each per sliced axis, "
+                       f"steps not 0")
     v = x[0]
-    for st, en, ax in zip(starts, ends, axes, strict=True):
+    for st, en, ax, step in zip(starts, ends, axes, steps, strict=True):
         ax = _axis(ctx, ax, len(s), "slice axis")
         d = s[ax]
-        st = max(0, min(d, st + d if st < 0 else st))
-        en = max(0, min(d, en + d if en < 0 else en))
-        v = _narrow(ctx, v, ax, st, max(0, en - st))
+        if step == 1:
+            st = max(0, min(d, st + d if st < 0 else st))
+            en = max(0, min(d, en + d if en < 0 else en))
+            v = _narrow(ctx, v, ax, st, max(0, en - st))
+            continue
+        # a strided slice is a gather of the indices Python's slice picks (ONNX clamps as slice.indices does)
+        picked = np.arange(d, dtype=np.int64)[slice(st, en, step)].copy()
+        if picked.size == 0:
+            raise ctx.fail(f"the slice {st}:{en}:{step} of axis {ax} is empty (empty tensors are not supported)")
+        v = _gather_axis(ctx, v, ax, picked)
     return [v]
 
 
@@ -691,7 +733,6 @@ def _gather(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]
     data, idx = x
     s = ctx.shape(data)
     axis = _axis(ctx, int(a.get("axis", 0)), len(s))
-    b = ctx.b
     if isinstance(idx, np.ndarray):
         ids = np.where(idx < 0, idx + s[axis], idx).astype(np.int64)
         flat = ids.reshape(-1)
@@ -699,14 +740,47 @@ def _gather(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]
             out = _narrow(ctx, data, axis, int(flat[0]), int(flat.size))
             return [_reshape_to(ctx, out, (*s[:axis], *ids.shape, *s[axis + 1:]))]
         idx = ids
-    if axis != 0:
-        perm = (axis, *[i for i in range(len(s)) if i != axis])
-        moved = b.transpose(ctx.ref(data), perm)
-        g = b.gather(moved, ctx.ref(idx))
-        r = len(ctx.shape(idx))
-        back = (*range(r, r + axis), *range(r), *range(r + axis, r + len(s) - 1))
-        return [b.transpose(g, back)]
-    return [b.gather(ctx.ref(data), ctx.ref(idx))]
+    return [_gather_axis(ctx, data, axis, idx)]
+
+
+@handles("GatherElements")
+def _gather_elements(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """GatherElements with computed indices (constant ones are folded): `out[i] = data[i with i[axis] =
+    idx[i]]` as one axis-0 gather from the flattened data, at flat index `offsets + idx' * stride[axis]` with
+    `offsets` the constant row-major offset of every other coordinate and `idx' = where(idx < 0, idx + d, idx)`.
+    Exact for indices in [-d, d - 1] (ONNX's domain; the runtime checks gather indices before running).
+    RoBERTa's token-type buffer read at the position ids is this form."""
+    data, idx = x
+    s, t = ctx.shape(data), ctx.shape(idx)
+    if len(s) != len(t) or any(ti > si for k, (ti, si) in enumerate(zip(t, s, strict=True)) if k != a.get("axis", 0)):
+        raise ctx.fail(f"indices {list(t)} do not fit data {list(s)} (same rank, no larger on the other axes)")
+    ax = _axis(ctx, int(a.get("axis", 0)), len(s))
+    b = ctx.b
+    strides = [math.prod(s[k + 1:]) for k in range(len(s))]
+    grid = np.indices(t, dtype=np.int64)
+    offsets = sum(grid[k] * strides[k] for k in range(len(s)) if k != ax)
+    i = ctx.ref(idx)
+    if ctx.dtype(idx) != DType.i64:
+        i = b.cast(i, DType.i64)
+    d = ctx.ref(np.asarray(s[ax], dtype=np.int64))
+    i = b.where(b.lt(i, ctx.ref(np.asarray(0, dtype=np.int64))), b.add(i, d), i)
+    if strides[ax] != 1:
+        i = b.mul(i, ctx.ref(np.asarray(strides[ax], dtype=np.int64)))
+    if np.any(offsets):
+        i = b.add(i, ctx.ref(np.asarray(offsets, dtype=np.int64)))
+    table = _reshape_to(ctx, data, (math.prod(s), 1))
+    return [_reshape_to(ctx, b.gather(ctx.ref(table), i), t)]
+
+
+def _gather_axis(ctx: _Ctx, data: Value, axis: int, idx: Value) -> Ref:
+    """`take(data, idx, axis)` as the IR's axis-0 gather: the axis moved to the front and back (exact)."""
+    b, s = ctx.b, ctx.shape(data)
+    if axis == 0:
+        return b.gather(ctx.ref(data), ctx.ref(idx))
+    perm = (axis, *[i for i in range(len(s)) if i != axis])
+    g = b.gather(b.transpose(ctx.ref(data), perm), ctx.ref(idx))
+    r = len(ctx.shape(idx))
+    return b.transpose(g, (*range(r, r + axis), *range(r), *range(r + axis, r + len(s) - 1)))
 
 
 def _broadcast_view(flat: np.ndarray, dims: tuple[int, ...]) -> tuple[int, ...] | None:

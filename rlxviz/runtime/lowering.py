@@ -350,7 +350,7 @@ _SIMPLE: dict[Op, Callable[..., mx.array]] = {
     Op.EQ: mx.equal, Op.NE: mx.not_equal, Op.LT: mx.less, Op.LE: mx.less_equal, Op.GT: mx.greater,
     Op.GE: mx.greater_equal, Op.WHERE: mx.where,
     Op.RELU: lambda x: mx.maximum(x, 0.0), Op.LOG: mx.log, Op.SQRT: mx.sqrt, Op.RSQRT: mx.rsqrt,
-    Op.NEG: mx.negative, Op.ABS: mx.abs, Op.ISNAN: mx.isnan,
+    Op.NEG: mx.negative, Op.ABS: mx.abs, Op.ISNAN: mx.isnan, Op.SIN: mx.sin, Op.COS: mx.cos, Op.FLOOR: mx.floor,
 }
 for _op, _fn in _SIMPLE.items():
     LOWERINGS[_op] = (lambda fn: lambda e, a, *xs: fn(*xs))(_fn)
@@ -375,6 +375,16 @@ def _mean(e: MlxEmitter, a: dict, x: mx.array) -> mx.array:
 @lowers(Op.REDUCE_MAX)
 def _max(e: MlxEmitter, a: dict, x: mx.array) -> mx.array:
     return mx.max(x, axis=list(a["axes"]), keepdims=a.get("keepdims", False))
+
+
+@lowers(Op.ARGMAX)
+def _argmax(e: MlxEmitter, a: dict, x: mx.array) -> mx.array:
+    return mx.argmax(x, axis=a["axis"], keepdims=a.get("keepdims", False)).astype(mx.int64)
+
+
+@lowers(Op.CUMSUM)
+def _cumsum(e: MlxEmitter, a: dict, x: mx.array) -> mx.array:
+    return mx.cumsum(x, axis=a["axis"], reverse=a.get("reverse", False), inclusive=not a.get("exclusive", False))
 
 
 @lowers(Op.SOFTMAX)

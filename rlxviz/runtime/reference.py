@@ -39,9 +39,26 @@ for _op, _fn in {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DI
                  Op.NE: np.not_equal, Op.LT: np.less, Op.LE: np.less_equal, Op.GT: np.greater,
                  Op.GE: np.greater_equal, Op.TANH: np.tanh, Op.EXP: np.exp, Op.LOG: np.log,
                  Op.SQRT: np.sqrt, Op.NEG: np.negative, Op.ERF: special.erf, Op.MATMUL: np.matmul,
-                 Op.ABS: np.abs, Op.ISNAN: np.isnan,
+                 Op.ABS: np.abs, Op.ISNAN: np.isnan, Op.SIN: np.sin, Op.COS: np.cos, Op.FLOOR: np.floor,
                  Op.WHERE: np.where}.items():
     IMPLS[_op] = _f(_fn)
+
+
+@impl(Op.ARGMAX)
+def _argmax(a: dict, x: np.ndarray) -> np.ndarray:
+    return np.argmax(x, axis=a["axis"], keepdims=bool(a.get("keepdims", False))).astype(np.int64)
+
+
+@impl(Op.CUMSUM)
+def _cumsum(a: dict, x: np.ndarray) -> np.ndarray:
+    """ONNX CumSum: inclusive running sum along `axis`; `exclusive` shifts it by one (a zero first), `reverse`
+    runs from the end."""
+    ax = a["axis"] % x.ndim
+    y = np.flip(x, ax) if a.get("reverse") else x
+    c = np.cumsum(y, axis=ax, dtype=x.dtype)
+    if a.get("exclusive"):
+        c = c - y
+    return np.flip(c, ax) if a.get("reverse") else c
 
 
 @impl(Op.GELU)

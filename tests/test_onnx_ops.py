@@ -1,0 +1,115 @@
+"""The ops Hugging Face exports use, imported with computed (not constant) operands, each equal to ONNX's own
+reference evaluator on the same model and inputs: IsNaN, Abs, Sin, Cos, Floor, Clip (both bounds, one, none),
+CumSum (exclusive/reverse, int position ids), ArgMax, strided Slice (positive and negative steps), and
+GatherElements with computed indices on each axis (RoBERTa's token-type buffer read at the position ids)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from rlxviz.models.onnx_import import load_onnx
+from rlxviz.runtime import run_reference
+from rlxviz.runtime.executor import MlxExecutor
+from rlxviz.runtime.lowering import LoweringOptions
+
+rng = np.random.default_rng(20)
+X = (rng.standard_normal((2, 4, 6)) * 3).astype(np.float32)
+X[1, 2, 3] = np.nan
+
+
+def _i64(name, v):
+    return numpy_helper.from_array(np.asarray(v, dtype=np.int64), name)
+
+
+def _f32(name, v):
+    return numpy_helper.from_array(np.asarray(v, dtype=np.float32), name)
+
+
+def _model(tmp_path: Path, nodes, inits=(), inputs=(("x", TensorProto.FLOAT, [2, 4, 6]),), out_type=None):
+    ins = [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs]
+    out = helper.make_tensor_value_info("y", out_type or TensorProto.FLOAT, None)
+    g = helper.make_graph(nodes, "g", ins, [out], initializer=list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 8
+    p = tmp_path / "m.onnx"
+    onnx.save(m, p)
+    return p, m
+
+
+def _check(tmp_path, nodes, inits=(), feeds=None, inputs=None, out_type=None, mlx=True, want=None):
+    feeds = feeds or {"x": X}
+    kw = {} if inputs is None else {"inputs": inputs}
+    p, m = _model(tmp_path, nodes, inits, out_type=out_type, **kw)
+    want = ReferenceEvaluator(m).run(None, feeds)[0] if want is None else want
+    model = load_onnx(p, input_shapes={k: v.shape for k, v in feeds.items()})
+    got = run_reference(model.graph, feeds, model.weights)[0]
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    if mlx:
+        out = MlxExecutor(LoweringOptions(fast_math=False)).run(model.graph, feeds, model.weights)[0]
+        np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5, atol=1e-5)
+    return model
+
+
+@pytest.mark.parametrize("op", ["IsNaN", "Abs", "Sin", "Cos", "Floor"])
+def test_unary_ops(tmp_path, op):
+    nodes = [helper.make_node(op, ["x"], ["u"])]
+    if op == "IsNaN":
+        nodes.append(helper.make_node("Cast", ["u"], ["y"], to=TensorProto.FLOAT))
+    else:
+        nodes[0].output[0] = "y"
+    _check(tmp_path, nodes)
+
+
+@pytest.mark.parametrize("bounds", [("lo", "hi"), ("lo", ""), ("", "hi"), ()])
+def test_clip(tmp_path, bounds):
+    _check(tmp_path, [helper.make_node("Clip", ["x", *bounds], ["y"])], [_f32("lo", -1.5), _f32("hi", 2.0)])
+
+
+@pytest.mark.parametrize("exclusive,reverse,axis", [(0, 0, 1), (1, 0, 2), (0, 1, -1), (1, 1, 0)])
+def test_cumsum(tmp_path, exclusive, reverse, axis):
+    _check(tmp_path, [helper.make_node("CumSum", ["x", "a"], ["y"], exclusive=exclusive, reverse=reverse)],
+           [_i64("a", axis)], feeds={"x": np.nan_to_num(X)})
+
+
+def test_cumsum_of_a_mask_gives_roberta_position_ids(tmp_path):
+    mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=np.int64)
+    nodes = [helper.make_node("CumSum", ["m", "a"], ["c"]), helper.make_node("Mul", ["c", "m"], ["p"]),
+             helper.make_node("Add", ["p", "one"], ["y"])]
+    _check(tmp_path, nodes, [_i64("a", 1), _i64("one", 1)], feeds={"m": mask},
+           inputs=(("m", TensorProto.INT64, [2, 5]),), out_type=TensorProto.INT64)
+
+
+@pytest.mark.parametrize("axis,keepdims", [(2, 1), (1, 0), (-1, 0)])
+def test_argmax(tmp_path, axis, keepdims):
+    x = np.nan_to_num(X)
+    x[0, 0, :2] = 5.0  # a tie: the first index
+    _check(tmp_path, [helper.make_node("ArgMax", ["x"], ["y"], axis=axis, keepdims=keepdims)], feeds={"x": x},
+           out_type=TensorProto.INT64)
+
+
+@pytest.mark.parametrize("starts,ends,axes,steps", [([0], [6], [2], [2]), ([5], [-100], [2], [-1]),
+                                                    ([1, 0], [4, 6], [1, 2], [2, 3]), ([-1], [0], [1], [-2])])
+def test_strided_slice(tmp_path, starts, ends, axes, steps):
+    inits = [_i64("s", starts), _i64("e", ends), _i64("a", axes), _i64("t", steps)]
+    _check(tmp_path, [helper.make_node("Slice", ["x", "s", "e", "a", "t"], ["y"])], inits)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1])
+def test_gather_elements_with_computed_indices(tmp_path, axis):
+    d = X.shape[axis]
+    shape = list(X.shape)
+    shape[axis] = 5  # indices may be longer or shorter than the data along the gathered axis
+    idx = rng.integers(-d, d, size=shape)
+    nodes = [helper.make_node("Identity", ["i"], ["j"]), helper.make_node("GatherElements", ["x", "j"], ["y"],
+                                                                            axis=axis)]
+    # onnx.reference 1.2x refuses a negative axis here, so the expectation is NumPy's take_along_axis (the spec)
+    want = np.take_along_axis(X, np.where(idx < 0, idx + d, idx), axis=axis)
+    _check(tmp_path, nodes, feeds={"x": X, "i": idx.astype(np.int64)},
+           inputs=(("x", TensorProto.FLOAT, [2, 4, 6]), ("i", TensorProto.INT64, list(idx.shape))), want=want)
