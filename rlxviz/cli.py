@@ -111,6 +111,37 @@ def resolve_onnx(path: str, shapes: dict[str, tuple[int, ...]]) -> Model:
         raise CLIError(str(e).splitlines()[0]) from None
 
 
+def _expect_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--expect", default=None, metavar="OUT.npz",
+                   help="outputs the model must give on these inputs (arrays named like its outputs, or out:NAME): "
+                        "version 0 is checked against them, exit 1 if it differs. Members out:NAME of the "
+                        "--inputs file are checked the same way")
+
+
+def _import_checks(model: Model, feeds: dict[str, np.ndarray], user: Any, expect: str | None,
+                   with_onnx: bool = True) -> list[Any]:
+    """Version 0 against the model itself (`session.fidelity`): the ONNX file it came from (`with_onnx`), the
+    `out:NAME` arrays of the inputs file, the `--expect` file. Raises CLIError for an unreadable --expect file or
+    a name that is no output."""
+    from .session import npz_headers
+    from .session.fidelity import against_expected, against_onnx
+
+    out = []
+    try:
+        if with_onnx and (c := against_onnx(model, feeds)) is not None:
+            out.append(c)
+        if user is not None and user.expected:
+            out.append(against_expected(model, feeds, user.expected, Path(user.what.split(" ", 1)[-1]).name))
+        if expect is not None:
+            npz_headers(expect)  # the file's arrays are named and typed before any is read
+            with np.load(expect, allow_pickle=False) as z:
+                want = {k.removeprefix("out:"): np.asarray(z[k]) for k in z.files}
+            out.append(against_expected(model, feeds, want, Path(expect).name))
+    except ValueError as e:
+        raise CLIError(str(e).splitlines()[0]) from None
+    return out
+
+
 def _warn(command: str, message: str) -> None:
     _emit(f"rlxviz {command}: warning: {message}", sys.stderr)
 
@@ -161,12 +192,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = _output_file(args.output, "a .npz file name")
     headers = npz_headers(args.inputs)  # names, shapes, dtypes: no array is read before the model checks them
     if args.model.lower().endswith(".onnx") and Path(args.model).is_file():
-        model = resolve_onnx(args.model, {k: shape for k, (shape, _) in headers.items()})
+        model = resolve_onnx(args.model, {k: shape for k, (shape, _) in headers.items() if not k.startswith("out:")})
     else:
         batch, seq = _static_shape(headers, args.inputs)
         model = resolve_model(args.model, batch, seq, args.style)
     _remember(model)  # before any message names its inputs
-    feeds = load_inputs(args.inputs, model.graph).feeds  # the one check of user inputs, as `time` and the app
+    user = load_inputs(args.inputs, model.graph)  # the one check of user inputs, as `time` and the app
+    feeds = user.feeds
+    checks = _import_checks(model, feeds, user, args.expect, with_onnx=False)
     outputs = executor(args.backend, args.device)(model.graph, feeds, model.weights)
     _warn_nonfinite("run", model, all_finite(outputs))
     named = {"last_hidden_state": np.asarray(outputs[0], dtype=np.float32)}
@@ -176,7 +209,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.quiet:
         shape = "x".join(map(str, named["last_hidden_state"].shape))
         _emit(f"{model.name}: {args.backend} -> {out} (last_hidden_state float32 {shape})", sys.stderr)
-    return 0
+    for c in checks:
+        if not args.quiet or not c.ok:
+            _emit(f"{model.name}: {c.line()}", sys.stderr)
+    return 0 if all(c.ok for c in checks) else 1
 
 
 @subcommand
@@ -192,6 +228,7 @@ def add_run(sub: SubParsers) -> None:
                                                    "or an .onnx export")
     p.add_argument("--inputs", "-i", required=True, metavar="IN.npz", help="input arrays")
     p.add_argument("--output", "-o", required=True, metavar="OUT.npz", help="where to write last_hidden_state")
+    _expect_arg(p)
     p.add_argument("--backend", choices=BACKENDS, default="reference", help="executor (default: %(default)s)")
     _device_arg(p)
     p.add_argument("--style", choices=("hf", "rlx"), default="hf",
@@ -227,10 +264,12 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variant-layer", type=int, default=None, metavar="N",
                    help="layer the variant changes (default: the one layer asked for, explain --layer N or "
                         "render --focus N; else 0)")
-    p.add_argument("--batch", type=int, default=DEFAULT_BATCH,
-                   help="batch size the graph is built for (default: %(default)s, as in the app)")
-    p.add_argument("--seq", type=int, default=DEFAULT_SEQ,
-                   help="sequence length the graph is built for (default: %(default)s, as in the app)")
+    p.add_argument("--batch", type=int, default=None,
+                   help=f"batch size the graph is built for (default: {DEFAULT_BATCH}, as in the app; time --inputs: "
+                        f"the inputs')")
+    p.add_argument("--seq", type=int, default=None,
+                   help=f"sequence length the graph is built for (default: {DEFAULT_SEQ}, as in the app; time "
+                        f"--inputs: the inputs')")
     p.add_argument("--style", choices=("hf", "rlx"), default=None,
                    help="BERT graph form (default: the preset's own; hf for checkpoint folders)")
     p.add_argument("--max-memory-mb", type=int, default=None, metavar="MIB",
@@ -296,8 +335,19 @@ def _variant_layer(args: argparse.Namespace) -> int:
 def _run_model(args: argparse.Namespace, warn_crashes: bool = True) -> tuple[Model, Trace]:
     """(Model, Trace) for the shared options (with `warn_crashes`, a warning per crashed pass).
     Raises SessionError/CLIError for bad input."""
-    from .session import Limits, build_pipeline, effective_threshold, load, run_pipeline, variant_named
+    from .session import (
+        DEFAULT_BATCH,
+        DEFAULT_SEQ,
+        Limits,
+        build_pipeline,
+        effective_threshold,
+        load,
+        run_pipeline,
+        variant_named,
+    )
 
+    args.batch = DEFAULT_BATCH if args.batch is None else args.batch
+    args.seq = DEFAULT_SEQ if args.seq is None else args.seq
     if args.batch < 1 or args.seq < 1:
         raise CLIError(f"--batch and --seq must be >= 1, got {args.batch} and {args.seq}")
     if args.threshold is not None and args.threshold < 1:
@@ -350,11 +400,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     model, trace = _run_model(args, warn_crashes=False)
     _warn_nonfinite("explain", model)
+    checks = _import_checks(model, model.random_feeds(seed=0), None, None)
     check = check_fusion(trace, model.name, None if args.layer is None else [args.layer])
     if args.json:
-        _out(json.dumps(check.to_dict(), indent=2, default=str))
+        _out(json.dumps({**check.to_dict(), "import_checks": [c.line() for c in checks]}, indent=2, default=str))
     else:
-        _out(check.render(verbose=args.verbose))
+        _out("".join(f"{c.line()}\n" for c in checks) + check.render(verbose=args.verbose))
+    if not all(c.ok for c in checks):
+        return EXPLAIN_NOT_FUSED
     if check.crashed:
         more = f" (and {len(check.crashed) - 1} more)" if len(check.crashed) > 1 else ""
         raise InternalError(f"a pass crashed{more}, its result discarded, so this report is incomplete: "
@@ -519,11 +572,17 @@ def add_export(sub: SubParsers) -> None:
 
 def cmd_time(args: argparse.Namespace) -> int:
     """`rlxviz time MODEL`: every graph version timed on MLX, checked against the NumPy reference."""
-    from .session import format_timings, input_sets, load_inputs, shape_summary, time_versions
+    from .session import format_timings, input_sets, load_inputs, npz_headers, shape_summary, time_versions
 
+    if args.inputs is not None:  # batch and seq from the user's arrays, as `run` takes them
+        headers = {k: v for k, v in npz_headers(args.inputs).items() if not k.startswith("out:")}
+        if any(k in headers for k in ("input_ids", "hidden_states")):
+            batch, seq = _static_shape(headers, args.inputs)
+            args.batch, args.seq = args.batch or batch, args.seq or seq
     model, trace = _run_model(args)  # refuses inputs + params over the memory limit before feeds are made
     user = load_inputs(args.inputs, model.graph) if args.inputs is not None else None
     feeds = user.feeds if user is not None else model.random_feeds(seed=0)
+    checks = _import_checks(model, feeds, user, args.expect)
     sets = input_sets(model.graph, feeds, user, args.battery)  # the user's arrays first, then the battery
     rows = time_versions(trace, feeds, model.weights, warmup=args.warmup, repeat=args.repeat, device=args.device,
                          inputs=sets)
@@ -538,13 +597,15 @@ def cmd_time(args: argparse.Namespace) -> int:
 
         _out(json.dumps({"model": model.name, "pipeline": trace.pipeline, "context": where, "repeat": args.repeat,
                          "precision": policy.describe(), "inputs": sets.names, "skipped": dict(sets.skipped),
-                         "versions": [{**dataclasses.asdict(r), "verdict": r.verdict} for r in rows]},
+                         "versions": [{**dataclasses.asdict(r), "verdict": r.verdict} for r in rows],
+                         "import_checks": [{**dataclasses.asdict(c), "line": c.line()} for c in checks]},
                         indent=2, default=str))
-        return 0 if all(r.ok is not False for r in rows) else 1
+        return 0 if all(r.ok is not False for r in rows) and all(c.ok for c in checks) else 1
     _out(f"{model.name} ({trace.pipeline} pipeline), {shape_summary(model, args.batch, args.seq)}; {where}; "
          f"{args.repeat} interleaved round(s) on {sets.sets[0].name} inputs\n"
-         f"{policy.describe()}\n{sets.describe()}\n" + format_timings(rows))
-    return 0 if all(r.ok is not False for r in rows) else 1
+         + "".join(f"{c.line()}\n" for c in checks)
+         + f"{policy.describe()}\n{sets.describe()}\n" + format_timings(rows))
+    return 0 if all(r.ok is not False for r in rows) and all(c.ok for c in checks) else 1
 
 
 @subcommand
@@ -564,6 +625,7 @@ def add_time(sub: SubParsers) -> None:
     _model_args(p)
     p.add_argument("--inputs", "-i", default=None, metavar="IN.npz",
                    help="your input arrays (.npz, one array per graph input by name): timed, and checked first")
+    _expect_arg(p)
     p.add_argument("--battery", action=argparse.BooleanOptionalAction, default=True,
                    help="also check the input battery (default: on)")
     p.add_argument("--repeat", "-r", type=_int_in(1, MAX_REPEAT), default=DEFAULT_REPEAT, metavar="N",

@@ -1197,6 +1197,7 @@ def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Ma
     producer = f"{proto.producer_name} {proto.producer_version}".strip()
     return Model(name or p.stem, graph, weights, None, f"ONNX export {p.name}" + (f" ({producer})" if producer else ""),
                  meta={"onnx_file": str(p), "opset": default_opset(proto), "producer": producer,
+                       "onnx_outputs": [o.name for o in proto.graph.output],
                        "onnx_nodes": provenance})
 
 

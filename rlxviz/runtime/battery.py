@@ -59,6 +59,9 @@ class InputSet:
     name: str
     what: str
     feeds: dict[str, np.ndarray] = field(repr=False)
+    expected: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    """Outputs the user already has for these inputs (npz members `out:NAME`, e.g. an exporter's own outputs),
+    by output name; compared with what the model computes (`session.fidelity`)."""
 
 
 @dataclass(frozen=True)
@@ -224,11 +227,17 @@ def npz_headers(path: NpzSource, name: str | None = None) -> dict[str, tuple[tup
     return out
 
 
+EXPECTED_PREFIX = "out:"
+"""An `.npz` member named `out:NAME` holds the expected value of the model's output NAME, not an input."""
+
+
 def load_inputs(path: NpzSource, graph: Graph, name: str | None = None) -> InputSet:
     """The user's arrays from an `.npz` file (a path, or its bytes: an upload), checked against the graph's
     inputs: names, shapes and dtype kinds from the headers (`npz_headers`) before any array is read, then
     the values (`check_inputs`). The one loader of user inputs: `rlxviz run`, `rlxviz time --inputs` and
     the app's uploads call it.
+
+    Members named `out:NAME` (`EXPECTED_PREFIX`) are expected outputs, set aside in `InputSet.expected`.
 
     Returns:
         `InputSet("user", ...)` with one array per graph input, in the input's dtype.
@@ -240,7 +249,7 @@ def load_inputs(path: NpzSource, graph: Graph, name: str | None = None) -> Input
     p = _npz_name(path, name)
     what = f"inputs {p.name}"
     headers = npz_headers(path, name)
-    _check_kinds({k: h for k, h in headers.items()}, graph, what)  # before any array is read into memory
+    _check_kinds({k: h for k, h in headers.items() if not k.startswith(EXPECTED_PREFIX)}, graph, what)
     _, z = _open_npz(path, name)
     try:
         with z:
@@ -248,7 +257,9 @@ def load_inputs(path: NpzSource, graph: Graph, name: str | None = None) -> Input
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"{p}: not a readable .npz file of arrays ({why})") from None
-    return check_inputs(arrays, graph, what)
+    expected = {k[len(EXPECTED_PREFIX):]: arrays.pop(k) for k in list(arrays) if k.startswith(EXPECTED_PREFIX)}
+    checked = check_inputs(arrays, graph, what)
+    return InputSet(checked.name, checked.what, checked.feeds, expected)
 
 
 def _check_kinds(found: Mapping[str, tuple[tuple[int, ...], np.dtype]], graph: Graph, what: str) -> None:

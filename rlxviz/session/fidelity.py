@@ -1,0 +1,115 @@
+"""Does version 0 compute what the model computes? The import check every front end shows.
+
+An importer that changes the numbers is the worst failure of a fusion explorer: every later version is then
+compared with a wrong baseline and every check says ok (Falcon imported with max abs error 2.2). So version 0 (the
+imported graph, on the NumPy reference interpreter) is compared with the model itself on the same inputs:
+
+* `against_onnx`: the ONNX file run by ONNX Runtime when it is installed, else by onnx's reference evaluator;
+* `against_expected`: outputs the user already has (`out:NAME` members of an inputs `.npz`, `--expect`).
+
+Both give a `Fidelity`, judged with the oracle tolerance of the graph's dtype (`runtime.tolerance`), whose
+`line()` the CLI, the app and the notebooks print as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..models import Model
+from ..runtime import run_reference
+from ..runtime.compare import close, max_abs
+from ..runtime.tolerance import Tolerance, policy_for
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """Version 0 against the model itself.
+
+    Attributes:
+        against: what it was compared with, in words (`the ONNX model (ONNX Runtime 1.22.0)`).
+        outputs: the output names compared.
+        max_err: max |version 0 - model| over those outputs (inf: a shape differs; nan: non-finite on one side).
+        tol: the tolerance it was judged with.
+        ok: every element within `tol` (`|got - want| <= atol + rtol * |want|`), the same inf/nan counting as equal.
+    """
+
+    against: str
+    outputs: tuple[str, ...]
+    max_err: float
+    tol: Tolerance
+    ok: bool
+
+    def line(self) -> str:
+        """One line: `version 0 equals the ONNX model (ONNX Runtime 1.22.0): max err 1.3e-06 on last_hidden_state`."""
+        outs = ", ".join(self.outputs)
+        if self.ok:
+            return f"version 0 equals {self.against}: max err {self.max_err:.1e} on {outs}"
+        return (f"version 0 DIFFERS from {self.against}: max err {self.max_err:.3g} on {outs} (allowed: "
+                f"{self.tol}); the import changed the numbers, so no later check can be trusted")
+
+
+def output_names(model: Model) -> list[str]:
+    """The model's output names: the ONNX graph's for an import, else `last_hidden_state`, `output_1`, ...
+    (the names `rlxviz run` saves)."""
+    names = model.meta.get("onnx_outputs") if model.meta else None
+    if names and len(names) == len(model.graph.outputs):
+        return list(names)
+    return ["last_hidden_state", *[f"output_{i}" for i in range(1, len(model.graph.outputs))]]
+
+
+def _judge(model: Model, got: Sequence[np.ndarray], want: Sequence[np.ndarray], names: Sequence[str],
+           against: str) -> Fidelity:
+    tol = policy_for(model.graph, "cpu").oracle
+    got, want = list(got), list(want)
+    return Fidelity(against, tuple(names), max_abs(got, want, same_nonfinite=True), tol,
+                    close(got, want, tol, same_nonfinite=True))
+
+
+def against_expected(model: Model, feeds: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray],
+                     source: str) -> Fidelity:
+    """Version 0 on `feeds` against `expected` (output name -> array), e.g. an exporter's own outputs.
+
+    Raises:
+        ValueError: an expected name that is not an output of the model (names both), or a shape that differs.
+    """
+    names = output_names(model)
+    unknown = sorted(set(expected) - set(names))
+    if unknown:
+        raise ValueError(f"{source}: out:{unknown[0]} names no output of the model (its outputs: {', '.join(names)})")
+    got = run_reference(model.graph, feeds, model.weights)
+    pick = [i for i, n in enumerate(names) if n in expected]
+    for i in pick:
+        if tuple(np.shape(got[i])) != tuple(np.shape(expected[names[i]])):
+            raise ValueError(f"{source}: out:{names[i]} has shape {list(np.shape(expected[names[i]]))}, the model's "
+                             f"output is {list(np.shape(got[i]))}")
+    return _judge(model, [got[i] for i in pick], [expected[names[i]] for i in pick], [names[i] for i in pick],
+                  f"the expected outputs in {source}")
+
+
+def against_onnx(model: Model, feeds: Mapping[str, np.ndarray]) -> Fidelity | None:
+    """Version 0 against the ONNX file it was imported from (None for a model that is not an ONNX import), run by
+    ONNX Runtime when installed, else by `onnx.reference` (slow on large models). Raises nothing the file's
+    runtime raises: a model ONNX Runtime cannot run is compared by the reference evaluator instead."""
+    path = model.meta.get("onnx_file") if model.meta else None
+    if not path:
+        return None
+    feeds = dict(feeds)
+    names = output_names(model)
+    got = run_reference(model.graph, feeds, model.weights)
+    try:
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        want, who = sess.run(names, feeds), f"ONNX Runtime {ort.__version__}"
+    except Exception:  # noqa: BLE001 - not installed, or a model ORT refuses: the reference evaluator decides
+        import onnx
+        from onnx.reference import ReferenceEvaluator
+
+        want, who = ReferenceEvaluator(str(path)).run(names, feeds), f"onnx.reference {onnx.__version__}"
+    return _judge(model, got, [np.asarray(w) for w in want], names, f"the ONNX model ({who})")
+
+
+__all__ = ["Fidelity", "against_expected", "against_onnx", "output_names"]
