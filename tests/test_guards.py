@@ -905,6 +905,30 @@ def _dependent_weight():
 NEAR_MISSES += [("fuse_shared_input_matmul.concat_weights", "operands_independent", _dependent_weight, "s", {})]
 
 
+def _exported_scores(fill: float = float(np.finfo(np.float32).min), dtype: str = "f32", keep_shape=(2, 1, 1, 4),
+                     nan_fill: float | None = None):
+    """softmax(q k^T + where(keep, 0, fill)) guarded by where(isnan(p), 0, p): the sdpa form of an export."""
+    b = Builder("exported_scores")
+    q, k = b.input("q", (2, 2, 4, 8), dtype), b.input("k", (2, 2, 4, 8), dtype)
+    scores = b.matmul(q, b.transpose(k, (0, 1, 3, 2)))
+    if nan_fill is not None:
+        scores = b.add(scores, b.const(nan_fill, dtype))
+    bias = b.where(b.input("keep", keep_shape, "bool"), 0.0, fill)
+    s = b.add(scores, bias)
+    p = b.softmax(s, -1)
+    b.output(b.where(b.isnan(p), 0.0, p))
+    return b.build(), {"bias": int(bias), "s": int(scores), "p": int(p)}
+
+
+NEAR_MISSES += [
+    ("canonicalize_exported.where_bias", "bias_fills", lambda: _exported_scores(fill=-1e9), "bias", {}),
+    ("canonicalize_exported.where_bias", "scores_f32", lambda: _exported_scores(dtype="f16", fill=-6e4), "s", {}),
+    ("canonicalize_exported.where_bias", "bias_no_widen",
+     lambda: _exported_scores(keep_shape=(3, 1, 1, 1, 4)), "bias", {}),
+    ("canonicalize_exported.nan_guard", "scores_finite", lambda: _exported_scores(nan_fill=float("-inf")), "p", {}),
+]
+
+
 def test_near_miss_table_covers_every_guard_of_every_rule():
     have = {(rule, guard) for rule, guard, *_ in NEAR_MISSES}
     want = {(r.name, gname) for p in PASSES.values() for r in p.rules for gname in r.guard_names

@@ -180,16 +180,7 @@ def _binary(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]
         keep = _identity_operand(ctx, x[0], x[1], n.op_type == "Add")
         if keep is not None:
             return [keep]
-    if n.op_type == "Mul" and len(x) == 2:
-        for a_, s_ in ((x[0], x[1]), (x[1], x[0])):
-            # torch.onnx writes silu as x * sigmoid(x); the IR's silu is that formula
-            if isinstance(s_, Ref) and (sn := ctx.b.lookup(s_)).op == Op.SIGMOID and isinstance(a_, Ref) \
-                    and sn.inputs[0] == int(a_):
-                return [ctx.b.silu(a_)]
     if n.op_type == "Add" and len(x) == 2:
-        masked = _where_bias(ctx, x[0], x[1])
-        if masked is not None:
-            return [masked]
         rotated = _hf_rope(ctx, x[0], x[1])
         if rotated is not None:
             return [rotated]
@@ -212,37 +203,6 @@ def _identity_operand(ctx: _Ctx, a: Value, b: Value, commutative: bool) -> Value
         if isinstance(x, Ref) and _is_zero(z) and ctx.dtype(x) == ctx.dtype(z) \
                 and tuple(np.broadcast_shapes(ctx.shape(x), z.shape)) == ctx.shape(x):
             return x
-    return None
-
-
-_F32_MIN = float(np.finfo(np.float32).min)
-
-
-def _scalar_const(ctx: _Ctx, i: int) -> float | None:
-    n = ctx.b.lookup(i)
-    v = n.attrs.get("value") if n.op == Op.CONST else None
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-
-def _where_bias(ctx: _Ctx, a: Value, b: Value) -> Ref | None:
-    """`scores + where(keep, 0, finfo(f32).min)` -> `where(keep, scores, finfo(f32).min)` (torch.onnx's
-    export of transformers' padding mask), with expands of `keep` dropped where broadcasting gives the
-    same shape. The form `fuse_sdpa`'s where-mask rule matches. Exact when |scores| < 2^103 (~1e31):
-    adding f32's min to such a score rounds to f32's min, the value `where` puts there."""
-    for s, w in ((a, b), (b, a)):
-        if not (isinstance(s, Ref) and isinstance(w, Ref)) or ctx.dtype(s) != DType.f32:
-            continue
-        wn = ctx.b.lookup(w)
-        if wn.op != Op.WHERE or _scalar_const(ctx, wn.inputs[1]) != 0.0 or _scalar_const(ctx, wn.inputs[2]) != _F32_MIN:
-            continue
-        out = ctx.shape(s)
-        if tuple(np.broadcast_shapes(out, wn.shape)) != out:
-            continue
-        cond = Ref(wn.inputs[0])
-        while (cn := ctx.b.lookup(cond)).op == Op.EXPAND and \
-                tuple(np.broadcast_shapes(out, ctx.b.lookup(cn.inputs[0]).shape)) == out:
-            cond = Ref(cn.inputs[0])
-        return ctx.b.where(cond, s, ctx.ref(np.asarray(_F32_MIN, dtype=np.float32)))
     return None
 
 
@@ -360,9 +320,7 @@ def _argmax(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]
 
 @handles("Reciprocal")
 def _reciprocal(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
-    """1 / x; Reciprocal(Sqrt(y)) is `rsqrt(y)` (the same 1 / sqrt(y): how torch.onnx writes torch.rsqrt)."""
-    if isinstance(x[0], Ref) and (sq := ctx.b.lookup(x[0])).op == Op.SQRT:
-        return [ctx.b.rsqrt(Ref(sq.inputs[0]))]
+    """1 / x (Reciprocal(Sqrt(y)) becomes rsqrt(y) in the pass canonicalize_exported.rsqrt)."""
     return [ctx.b.div(1.0, ctx.ref(x[0]))]
 
 

@@ -34,7 +34,7 @@ from .trace import Rejection, layer_of
 _ATTENTION = frozenset({Op.ATTENTION, Op.FUSED_ATTENTION_BLOCK, Op.FUSED_TRANSFORMER_LAYER})
 _NORMS = frozenset({Op.LAYER_NORM, Op.RMS_NORM, Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM})
 _ACTS = frozenset({Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.FUSED_SWIGLU})
-_PREFIX = ("canonicalize_norm", "canonicalize_gelu", "fuse_sdpa")
+_PREFIX = ("canonicalize_exported", "canonicalize_norm", "canonicalize_gelu", "fuse_sdpa")
 KINDS = ("post_ln", "pre_ln", "llama", "parallel", "attention_only", "no_attention")
 
 DESCRIPTIONS = {

@@ -2,7 +2,9 @@
 
 The canonical order starts from RLX's newer order (rlx-notes §2.2) and fixes it:
 
-0. `canonicalize_norm`, `canonicalize_gelu` - new: LayerNorm / RMSNorm / GELU written as primitives become
+0. `canonicalize_exported` - new: the forms exporters write (`x * sigmoid(x)`, `1 / sqrt`, the padding-mask sum,
+   the sdpa NaN guard) become the ops the rules below match; the ONNX importer maps one to one and leaves them here.
+   `canonicalize_norm`, `canonicalize_gelu` - new: LayerNorm / RMSNorm / GELU written as primitives become
    `layer_norm` / `rms_norm` / `gelu` / `gelu_tanh` (or a named rejection says why not), so the fusions below,
    which match those ops, see them.
 1. `fuse_sdpa` - new (RLX has no pass for Hugging Face attention primitives). Must come first:
@@ -40,6 +42,7 @@ from ..ir import Graph, lint
 from .engine import Pass
 from .rules.attention import fuse_attention_block, fuse_sdpa, scale_origin
 from .rules.cleanup import dead_code_elimination, mark_elementwise_regions, unfuse
+from .rules.export_forms import canonicalize_exported
 from .rules.gelu_forms import canonicalize_gelu
 from .rules.layer import fuse_transformer_layer
 from .rules.linear import fuse_matmul_bias_act, fuse_shared_input_matmul
@@ -49,12 +52,12 @@ from .rules.swiglu import fuse_swiglu
 from .trace import PassStep, Rejection, Trace
 
 PASSES: dict[str, Pass] = {p.name: p for p in (
-    canonicalize_norm, canonicalize_gelu,
+    canonicalize_exported, canonicalize_norm, canonicalize_gelu,
     fuse_sdpa, fuse_swiglu, fuse_shared_input_matmul, fuse_matmul_bias_act, fuse_attention_block, fuse_residual_ln,
     fuse_residual_rms_norm, fuse_transformer_layer, dead_code_elimination, mark_elementwise_regions, unfuse)}
 """Every pass by name."""
 
-CANONICAL_ORDER = ("canonicalize_norm", "canonicalize_gelu",
+CANONICAL_ORDER = ("canonicalize_exported", "canonicalize_norm", "canonicalize_gelu",
                    "fuse_sdpa", "fuse_swiglu", "fuse_shared_input_matmul", "fuse_matmul_bias_act",
                    "fuse_attention_block", "fuse_residual_ln", "fuse_residual_rms_norm", "fuse_transformer_layer",
                    "dead_code_elimination", "mark_elementwise_regions", "dead_code_elimination")

@@ -1,0 +1,127 @@
+"""`canonicalize_exported`: the forms exporters write are rewritten by a pass with match and rejection records,
+not by the importer while reading. Each rule fires on its form and keeps the numbers (reference and MLX, a fully
+masked row included), and refuses with a named guard where the rewrite would change them (a -inf fill under the
+NaN guard, a mask fill that is not f32's min). The ONNX importer leaves `x * sigmoid(x)` as it is; the pass makes
+it silu, and turning the pass off leaves it."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from rlxviz.ir import Builder, Op
+from rlxviz.models.onnx_import import load_onnx
+from rlxviz.passes import Pipeline
+from rlxviz.runtime import run_reference
+from rlxviz.runtime.executor import MlxExecutor
+from rlxviz.runtime.lowering import LoweringOptions
+
+F32_MIN = float(np.finfo(np.float32).min)
+rng = np.random.default_rng(7)
+
+
+def _run(g):
+    trace = Pipeline(["canonicalize_exported", "dead_code_elimination"]).run(g)
+    return trace, trace.final
+
+
+def _same_numbers(before, after, feeds):
+    want = run_reference(before, feeds)
+    for got in (run_reference(after, feeds), MlxExecutor(LoweringOptions(fast_math=False)).run(after, feeds)):
+        for w, o in zip(want, got, strict=True):
+            np.testing.assert_allclose(np.asarray(o), w, rtol=1e-6, atol=1e-6)
+
+
+def _rules(trace):
+    return {m.rule for m in trace.matches}, {(r.rule, r.guard) for r in trace.rejections}
+
+
+def test_silu_and_rsqrt_forms_become_ops_with_equal_numbers():
+    b = Builder("forms")
+    x = b.input("x", (2, 8))
+    y = b.mul(b.sigmoid(x), x)
+    z = b.mul(y, b.div(1.0, b.sqrt(b.add(b.mul(x, x), 1.0))))
+    b.output(z)
+    g = b.build()
+    trace, final = _run(g)
+    assert _rules(trace)[0] == {"canonicalize_exported.silu", "canonicalize_exported.rsqrt"}
+    ops = {n.op for n in final}
+    assert Op.SILU in ops and Op.RSQRT in ops and Op.SIGMOID not in ops and Op.SQRT not in ops
+    _same_numbers(g, final, {"x": rng.standard_normal((2, 8)).astype(np.float32) * 4})
+
+
+def test_a_sigmoid_read_elsewhere_is_not_absorbed():
+    b = Builder("shared")
+    x = b.input("x", (2, 8))
+    s = b.sigmoid(x)
+    b.output(b.mul(x, s), s)
+    trace, final = _run(b.build())
+    assert ("canonicalize_exported.silu", "absorbed_escape") in _rules(trace)[1]
+    assert Op.SILU not in {n.op for n in final}
+
+
+def _scores(b, fill=F32_MIN, zero=0.0, nan_guard=True):
+    """softmax(q k^T + where(keep, zero, fill)) [guarded by where(isnan(p), 0, p)] @ v, heads [2, 2, 4, 8]."""
+    q, k, v = (b.input(n, (2, 2, 4, 8)) for n in "qkv")
+    keep = b.input("keep", (2, 1, 1, 4), "bool")
+    s = b.add(b.matmul(q, b.transpose(k, (0, 1, 3, 2))), b.where(keep, zero, fill))
+    p = b.softmax(s, -1)
+    if nan_guard:
+        p = b.where(b.isnan(p), 0.0, p)
+    b.output(b.matmul(p, v))
+    return b.build()
+
+
+def _attention_feeds(all_masked_row: bool = True):
+    f = {n: rng.standard_normal((2, 2, 4, 8)).astype(np.float32) for n in "qkv"}
+    keep = np.ones((2, 1, 1, 4), bool)
+    keep[0, ..., 2:] = False
+    if all_masked_row:
+        keep[1] = False  # every key masked: uniform weights with the f32-min fill, never NaN
+    f["keep"] = keep
+    return f
+
+
+def test_the_padding_mask_sum_and_the_sdpa_nan_guard_are_rewritten_exactly():
+    g = _scores(Builder("sdpa"))
+    trace, final = _run(g)
+    assert _rules(trace)[0] == {"canonicalize_exported.where_bias", "canonicalize_exported.nan_guard"}
+    ops = [n.op for n in final]
+    assert Op.ISNAN not in ops and ops.count(Op.WHERE) == 1
+    _same_numbers(g, final, _attention_feeds())
+
+
+def test_a_minus_inf_fill_keeps_the_nan_guard_and_another_fill_keeps_the_sum():
+    g = _scores(Builder("inf"), fill=float("-inf"))
+    trace, final = _run(g)
+    rejected = _rules(trace)[1]
+    assert ("canonicalize_exported.nan_guard", "scores_finite") in rejected
+    assert ("canonicalize_exported.where_bias", "bias_fills") in rejected
+    assert Op.ISNAN in {n.op for n in final}
+    feeds = _attention_feeds()
+    out = run_reference(final, feeds)[0]
+    assert np.isfinite(out).all() and not out[1].any()  # the fully masked rows are 0, as the guard makes them
+
+
+@pytest.mark.parametrize("fill", [-1e4, -1e9])
+def test_other_mask_fills_are_left_as_a_sum(fill):
+    trace, _ = _run(_scores(Builder("fill"), fill=fill, nan_guard=False))
+    assert ("canonicalize_exported.where_bias", "bias_fills") in _rules(trace)[1]
+
+
+def test_the_importer_maps_silu_one_to_one_and_the_pass_records_the_rewrite(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])]
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "silu.onnx")
+    model = load_onnx(tmp_path / "silu.onnx", batch=1, seq=4)
+    assert {n.op for n in model.graph} >= {Op.SIGMOID, Op.MUL}  # version 0 is what the file says
+    trace = Pipeline.canonical().run(model.graph)
+    assert any(mt.rule == "canonicalize_exported.silu" for mt in trace.matches)
+    off = Pipeline.canonical()
+    off.disabled.add("canonicalize_exported")
+    assert Op.SILU not in {n.op for n in off.run(model.graph).final}
