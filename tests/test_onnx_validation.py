@@ -121,3 +121,44 @@ def test_the_handed_hostile_onnx_files_are_one_line_within_seconds(name):
     with pytest.raises(OnnxImportError) as e:
         load_onnx(REL / name, max_bytes=64 << 20)
     assert time.perf_counter() - t < 10 and "\n" not in str(e.value)
+
+
+def _external_model(tmp_path: Path, entries: dict[str, str], data: bytes) -> Path:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])
+    w = onnx.TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[2, 2], data_location=TensorProto.EXTERNAL)
+    for k, v in {"location": "w.bin", **entries}.items():
+        w.external_data.add(key=k, value=v)
+    (tmp_path / "w.bin").write_bytes(data)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], initializer=[w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "m.onnx")
+    return tmp_path / "m.onnx"
+
+
+def test_external_data_is_read_only_within_the_declared_size(tmp_path):
+    vals = np.arange(4, dtype=np.float32)
+    big = vals.tobytes() + b"\xff" * (1 << 20)  # a 16-byte tensor in a 1 MiB file: no length given
+    m = load_onnx(_external_model(tmp_path, {"offset": "0"}, big))
+    np.testing.assert_array_equal(next(iter(m.weights.values())), vals.reshape(2, 2))
+
+
+@pytest.mark.parametrize("entries,data,fragment", [
+    ({"length": "64"}, b"\x00" * 64, "declares 64 bytes of external data; its dims [2, 2] need 16"),
+    ({"offset": "8"}, b"\x00" * 16, "needs bytes 8..24 of 'w.bin', which holds 16"),
+    ({"offset": "x"}, b"\x00" * 16, "unreadable external data entry"),
+])
+def test_external_data_that_does_not_fit_its_declaration_is_refused(tmp_path, entries, data, fragment):
+    with pytest.raises(OnnxImportError) as e:
+        load_onnx(_external_model(tmp_path, entries, data))
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("value", ["[" * 5000 + "]" * 5000, repr(["x" * 50] * 20_000), "{1: 2}", "not python"])
+def test_hostile_name_scope_metadata_is_bounded_and_ignored(value):
+    from rlxviz.models.onnx_import import node_path
+
+    n = helper.make_node("Relu", ["x"], ["y"], name="/enc/layer.0/Relu")
+    n.metadata_props.add(key="pkg.torch.onnx.name_scopes", value=value)
+    assert node_path(n) == "enc.layer.0"  # the legacy node name still gives the path

@@ -12,7 +12,7 @@ Keys may carry a `bert.` prefix (e.g. `BertForMaskedLM` checkpoints) or none (`B
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -254,8 +254,22 @@ def _bfloat16(f: Path, n: int, key: str, info: dict) -> np.ndarray:
     return (raw.astype(np.uint32) << 16).view(np.float32).reshape(shape)
 
 
-def read_tensors(files: Sequence[Path]) -> dict[str, np.ndarray]:
-    """All tensors of the safetensors `files` as NumPy arrays (float16 and bfloat16 widened to float32, exactly).
+def tensor_keys(files: Sequence[Path]) -> list[str]:
+    """Every tensor name of the safetensors `files`, from their headers alone (no tensor data is read).
+    Raises CheckpointError for a missing or unreadable file."""
+    keys: list[str] = []
+    for f in files:
+        if not f.is_file():
+            raise CheckpointError(f"{f}: missing safetensors file")
+        _, header = _header(f) or (0, {})
+        keys += [k for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)]
+    return keys
+
+
+def read_tensors(files: Sequence[Path], keep: Callable[[str], bool] | None = None) -> dict[str, np.ndarray]:
+    """The tensors of the safetensors `files` that `keep` accepts (default: all) as NumPy arrays (float16 and
+    bfloat16 widened to float32, exactly). A tensor `keep` refuses is never read: a checkpoint's unused 1 GiB
+    tensor costs nothing.
 
     Raises:
         CheckpointError: missing, truncated or corrupted file, or a dtype rlxviz cannot read (e.g. float8), naming
@@ -276,6 +290,8 @@ def read_tensors(files: Sequence[Path]) -> dict[str, np.ndarray]:
             raise CheckpointError(f"{f}: truncated or corrupted safetensors file ({e})") from None
         with handle:
             for key in handle.keys():
+                if keep is not None and not keep(key):
+                    continue
                 if key in bf16:
                     out[key] = _bfloat16(f, n, key, header[key])
                     continue
@@ -283,6 +299,11 @@ def read_tensors(files: Sequence[Path]) -> dict[str, np.ndarray]:
                     arr = handle.get_tensor(key)
                 except (SafetensorError, TypeError, ValueError, AttributeError) as e:
                     raise CheckpointError(f"{f}: cannot read tensor {key!r} ({e})") from None
+                except BaseException as e:  # safetensors' Rust panic (out of memory) derives from BaseException
+                    if type(e).__name__ != "PanicException":
+                        raise
+                    raise CheckpointError(f"{f}: cannot read tensor {key!r} (the reader failed: "
+                                          f"{str(e).splitlines()[0][:200]})") from None
                 out[key] = arr.astype(np.float32) if arr.dtype == np.float16 else arr
     return out
 
@@ -385,10 +406,11 @@ def load_checkpoint(folder: str | Path, batch: int = 1, seq: int = 128,
     if max_bytes is not None:
         peak = _memory.peak_memory(graph).peak_bytes
         _memory.check_bytes([("a run at its peak", peak)], max_bytes, str(path))
-    tensors = read_tensors(files)
+    wanted = {p + n.attrs["name"] for n in hf_graph.params for p in KEY_PREFIXES}
+    tensors = read_tensors(files, keep=wanted.__contains__)  # unused tensors are never read
     weights = hf_weights(tensors, hf_graph)
     prefix = _prefix(tensors)
-    unused = sorted(k for k in tensors if not (k.startswith(prefix) and k[len(prefix):] in weights))
+    unused = sorted(k for k in tensor_keys(files) if not (k.startswith(prefix) and k[len(prefix):] in weights))
     if style == "rlx":
         weights = rlx_weights_from_hf(weights, cfg)
     tok = path / "tokenizer.json"
@@ -400,4 +422,4 @@ def load_checkpoint(folder: str | Path, batch: int = 1, seq: int = 128,
 
 
 __all__ = ["CONFIG_BOUNDS", "KEY_PREFIXES", "PICKLE_SUFFIXES", "CheckpointError", "check_within", "config_bytes",
-           "hf_weights", "load_checkpoint", "read_config", "read_tensors", "resolve_folder"]
+           "hf_weights", "load_checkpoint", "read_config", "read_tensors", "resolve_folder", "tensor_keys"]

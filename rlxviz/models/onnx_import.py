@@ -861,6 +861,8 @@ def _shape_op(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> np.ndarra
 
 
 _NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+MAX_SCOPES_TEXT = 8192
+"""The longest name-scope metadata read (a real one is a few hundred bytes); longer is ignored, the node name used."""
 
 
 def node_path(node: Any) -> str:
@@ -868,9 +870,13 @@ def node_path(node: Any) -> str:
     `/a/b.0/c/Op` node name as `a.b.0.c`; '' when neither is present."""
     for p in node.metadata_props:
         if p.key == _NAME_SCOPES:
+            if len(p.value) > MAX_SCOPES_TEXT:  # parsed with a bound: 400 KB of it took 179 MB
+                break
             try:
                 scopes = ast.literal_eval(p.value)
-            except (ValueError, SyntaxError):
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                break
+            if not isinstance(scopes, list | tuple):
                 break
             mods = [s for s in scopes[:-1] if isinstance(s, str) and s]
             return mods[-1] if mods else ""
@@ -1107,6 +1113,40 @@ def _size(n: int) -> str:
     return f"{n} bytes" if n < 2**20 else f"{n / 2**20:.1f} MiB"
 
 
+def _bound_external_data(proto: Any, folder: Path, path: str | Path) -> None:
+    """Make each external initializer read exactly the bytes its dims and dtype declare: a missing `length` is set
+    to that size (ONNX would read to the end of the file: a 4-byte tensor read a 1 GB file), a `length` that
+    differs, or data running past the end of its file, is refused before anything is read.
+
+    Raises:
+        OnnxImportError: naming the initializer, its declared size and what the file holds.
+    """
+    onnx = _onnx()
+    for t in proto.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        try:
+            need = math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+            offset = int(info.get("offset", 0) or 0)
+            length = int(info["length"]) if info.get("length") else None
+        except (ValueError, KeyError, TypeError) as e:
+            raise OnnxImportError(f"{path}: initializer {t.name!r}: unreadable external data entry ({e})") from None
+        where = info.get("location", "")
+        f = folder / where
+        inside = where and f.resolve().is_relative_to(folder.resolve())  # outside: refused by onnx, unread here
+        size = f.stat().st_size if inside and f.is_file() else None
+        if length is not None and length != need:
+            raise OnnxImportError(f"{path}: initializer {t.name!r} declares {length} bytes of external data; its "
+                                  f"dims {list(t.dims)} need {need}")
+        if size is not None and (offset < 0 or offset + need > size):
+            raise OnnxImportError(f"{path}: initializer {t.name!r} needs bytes {offset}..{offset + need} of {where!r}, "
+                                  f"which holds {size}")
+        if length is None:
+            entry = t.external_data.add()
+            entry.key, entry.value = "length", str(need)
+
+
 def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Mapping[str, Sequence[int]] | None = None,
               external_data_dir: str | Path | None = None, name: str | None = None,
               max_bytes: int | None = None) -> Model:
@@ -1142,6 +1182,7 @@ def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Ma
         if need > max_bytes:
             raise OnnxImportError(f"{path}: its initializers need {_size(need)}, over the limit of {_size(max_bytes)} "
                                   f"(--max-memory-mb / RLXVIZ_MAX_MEMORY_MB)")
+    _bound_external_data(proto, Path(external_data_dir or p.parent), path)
     try:
         from onnx.external_data_helper import load_external_data_for_model
 
