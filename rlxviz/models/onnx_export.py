@@ -170,7 +170,11 @@ def _rope(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> str:
 
 def _node(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
     op, a = n.op, n.attrs
-    if op in _SIMPLE:
+    if op == Op.WHERE and n.dtype == DType.bool:
+        # ONNX Runtime has no bool Where kernel: (c and a) or (not c and b), the same truth table, broadcast alike
+        c, a_, b_ = ins
+        w.op("Or", [w.op("And", [c, a_]), w.op("And", [w.op("Not", [c]), b_])], out)
+    elif op in _SIMPLE:
         w.op(_SIMPLE[op], ins, out)
     elif op == Op.NE:
         w.op("Not", [w.op("Equal", ins)], out)
