@@ -334,8 +334,8 @@ def test_render_second_run_of_a_pass_and_bad_inputs(tmp_path, capsys):
     code, _, err = run(capsys, "render", "bert-tiny", "--after", "dead_code_elimination#3", "-o", tmp_path / "a.dot")
     one_line_error(err, "render", "run 3 of 'dead_code_elimination' is not in this pipeline")
     code, _, err = run(capsys, "render", "bert-tiny", "--after", "unfuse", "-o", tmp_path / "a.dot")
-    one_line_error(err, "render", "pass 'unfuse' is not in this pipeline; it ran: canonicalize_norm, "
-                                  "canonicalize_gelu, fuse_sdpa")
+    one_line_error(err, "render", "pass 'unfuse' is not in this pipeline; it ran: canonicalize_exported, "
+                                  "canonicalize_norm, canonicalize_gelu, fuse_sdpa")
     code, _, err = run(capsys, "render", "bert-tiny", "-o", tmp_path / "a.txt")
     one_line_error(err, "render", "unsupported suffix '.txt'")
     code, _, err = run(capsys, "render", "bert-tiny", "-o", tmp_path / "missing" / "a.svg")

@@ -85,3 +85,13 @@ def test_no_module_keys_a_cache_by_id_outside_identity_map():
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "id":
                 calls.append(f"{p.relative_to(root)}:{node.lineno}")
     assert calls == []
+
+
+def test_a_seq_past_a_computed_position_table_is_one_line(capsys):
+    """RoBERTa's position ids are computed (cumsum of the mask), so no import-time check sees seq 128 run past its
+    64-row table; the reference refuses the gather naming it (was: IndexError, exit 3)."""
+    from clirun import one_line_error, run
+
+    code, _, err = run(capsys, "explain", CASES / "roberta.onnx", "--batch", "1", "--seq", "128")
+    assert code == 2
+    one_line_error(err, "explain", "index values 1..128 lie outside the 64 rows of")

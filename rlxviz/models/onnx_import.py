@@ -557,7 +557,10 @@ def _reshape_to(ctx: _Ctx, v: Value, shape: Sequence[int]) -> Value:
     order), so a flatten-then-restore pair leaves the source itself."""
     shape = tuple(int(d) for d in shape)
     if isinstance(v, np.ndarray):
-        return v.reshape(shape)
+        out = v.reshape(shape)
+        if (name := ctx.value_names.get(v)) is not None:  # a reshaped constant keeps its ONNX name in messages
+            ctx.value_names.setdefault(out, name)
+        return out
     v = _reshape_source(ctx, v)
     return v if ctx.shape(v) == shape else ctx.b.reshape(v, shape)
 

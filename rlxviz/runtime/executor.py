@@ -109,20 +109,14 @@ def check_gather_indices(graph: Graph, feeds: Mapping[str, Any], weights: Mappin
         sub = Graph([n for n in graph if n.id in need], computed, graph.name)
         names = {n.attrs.get("name") for n in sub if n.op in (Op.INPUT, Op.PARAM)}
         arrays = {k: np.asarray(v) for k, v in {**(weights or {}), **feeds}.items() if k in names}
-        try:
-            outs = run_reference(sub, arrays, arrays)
-        except IndexError as e:  # a gather among the index's own operands is out of range
-            raise ValueError(f"graph {graph.name}: a gather index is out of range ({e})") from None
+        outs = run_reference(sub, arrays, arrays)  # a gather among the index's own operands: its own ValueError
         values.update(zip(computed, outs, strict=True))
+    from .reference import gather_out_of_range
+
     for n in gathers:
         v = values.get(n.inputs[1])
-        rows = graph[n.inputs[0]].shape[0] if graph[n.inputs[0]].shape else 0
-        if v is None or v.size == 0:
-            continue
-        lo, hi = int(np.min(v)), int(np.max(v))
-        if lo < -rows or hi >= rows:  # -rows..-1 count from the end, in NumPy and MLX alike
-            raise ValueError(f"gather %{n.id}: index values {lo}..{hi} lie outside its table's {rows} rows "
-                             f"({-rows}..{rows - 1}); MLX would read outside the table")
+        if v is not None and (why := gather_out_of_range(graph, n, v)):
+            raise ValueError(why)
 
 
 def _eval_nodes(nodes: list[Node], env: dict[int, mx.array], frees: list[list[int]], e: MlxEmitter) -> None:

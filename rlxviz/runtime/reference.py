@@ -247,6 +247,24 @@ def quiet_numerics() -> Iterator[None]:
         yield
 
 
+def gather_out_of_range(graph: Graph, n: Node, indices: np.ndarray) -> str | None:
+    """Why gather `n` cannot read these `indices`, in one line naming the gather and its table, or None when every
+    index is in `-rows..rows-1` (negatives count from the end, in NumPy and MLX alike). The one wording of this
+    check for the reference and MLX (`executor.check_gather_indices`)."""
+    table = graph[n.inputs[0]]
+    rows = table.shape[0] if table.shape else 0
+    v = np.asarray(indices)
+    if v.size == 0:
+        return None
+    lo, hi = int(np.min(v)), int(np.max(v))
+    if -rows <= lo and hi < rows:
+        return None
+    what = f"{table.attrs['name']!r}" if table.op == Op.PARAM else f"%{table.id} ({table.op.value})"
+    at = f", {n.path}" if n.path else ""
+    return (f"gather %{n.id}{at}: index values {lo}..{hi} lie outside the {rows} rows of {what} ({-rows}..{rows - 1}); "
+            f"a longer sequence than the model's position table, or token ids past its vocabulary")
+
+
 def run_reference(graph: Graph, feeds: Mapping[str, np.ndarray],
                   weights: Mapping[str, np.ndarray] | None = None, float_dtype: Any = None) -> list[np.ndarray]:
     """Execute `graph` in NumPy; returns the graph outputs in order.
@@ -279,6 +297,8 @@ def _run_reference(graph: Graph, feeds: Mapping[str, np.ndarray], weights: Mappi
             env[n.id] = bind_leaf(n, feeds, weights, e.numpy_dtype(n.dtype))
         else:
             args = [env[i] for i in n.inputs]
+            if n.op == Op.GATHER and (why := gather_out_of_range(graph, n, args[1])):
+                raise ValueError(why)
             out = e.emit(n.op, args, **n.attrs)
             if tuple(out.shape) != n.shape:
                 raise RuntimeError(f"[run_reference] %{n.id} ({n.op.value}) computed shape {list(out.shape)}, "
