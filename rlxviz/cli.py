@@ -264,12 +264,12 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variant-layer", type=int, default=None, metavar="N",
                    help="layer the variant changes (default: the one layer asked for, explain --layer N or "
                         "render --focus N; else 0)")
-    p.add_argument("--batch", type=int, default=None,
-                   help=f"batch size the graph is built for (default: {DEFAULT_BATCH}, as in the app; time --inputs: "
-                        f"the inputs')")
-    p.add_argument("--seq", type=int, default=None,
-                   help=f"sequence length the graph is built for (default: {DEFAULT_SEQ}, as in the app; time "
-                        f"--inputs: the inputs')")
+    p.add_argument("--batch", type=int, default=DEFAULT_BATCH,
+                   help="batch size the graph is built for (default: %(default)s, as in the app; time --inputs: "
+                        "the inputs')")
+    p.add_argument("--seq", type=int, default=DEFAULT_SEQ,
+                   help="sequence length the graph is built for (default: %(default)s, as in the app; time "
+                        "--inputs: the inputs')")
     p.add_argument("--style", choices=("hf", "rlx"), default=None,
                    help="BERT graph form (default: the preset's own; hf for checkpoint folders)")
     p.add_argument("--max-memory-mb", type=int, default=None, metavar="MIB",
@@ -335,19 +335,8 @@ def _variant_layer(args: argparse.Namespace) -> int:
 def _run_model(args: argparse.Namespace, warn_crashes: bool = True) -> tuple[Model, Trace]:
     """(Model, Trace) for the shared options (with `warn_crashes`, a warning per crashed pass).
     Raises SessionError/CLIError for bad input."""
-    from .session import (
-        DEFAULT_BATCH,
-        DEFAULT_SEQ,
-        Limits,
-        build_pipeline,
-        effective_threshold,
-        load,
-        run_pipeline,
-        variant_named,
-    )
+    from .session import Limits, build_pipeline, effective_threshold, load, run_pipeline, variant_named
 
-    args.batch = DEFAULT_BATCH if args.batch is None else args.batch
-    args.seq = DEFAULT_SEQ if args.seq is None else args.seq
     if args.batch < 1 or args.seq < 1:
         raise CLIError(f"--batch and --seq must be >= 1, got {args.batch} and {args.seq}")
     if args.threshold is not None and args.threshold < 1:
@@ -396,6 +385,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     """`rlxviz explain MODEL`: per layer, fused or the first rejecting guard; exit 1 if any layer did not fuse."""
     import json
 
+    from .ir.onnx_op import describe_host
     from .session import check_fusion
 
     model, trace = _run_model(args, warn_crashes=False)
@@ -405,7 +395,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.json:
         _out(json.dumps({**check.to_dict(), "import_checks": [c.line() for c in checks]}, indent=2, default=str))
     else:
-        _out("".join(f"{c.line()}\n" for c in checks) + check.render(verbose=args.verbose))
+        host = describe_host(model.graph)
+        _out("".join(f"{c.line()}\n" for c in checks) + (f"{host}\n" if host else "")
+             + check.render(verbose=args.verbose))
     if not all(c.ok for c in checks):
         return EXPLAIN_NOT_FUSED
     if check.crashed:
@@ -572,13 +564,13 @@ def add_export(sub: SubParsers) -> None:
 
 def cmd_time(args: argparse.Namespace) -> int:
     """`rlxviz time MODEL`: every graph version timed on MLX, checked against the NumPy reference."""
+    from .ir.onnx_op import describe_host
     from .session import format_timings, input_sets, load_inputs, npz_headers, shape_summary, time_versions
 
     if args.inputs is not None:  # batch and seq from the user's arrays, as `run` takes them
         headers = {k: v for k, v in npz_headers(args.inputs).items() if not k.startswith("out:")}
         if any(k in headers for k in ("input_ids", "hidden_states")):
-            batch, seq = _static_shape(headers, args.inputs)
-            args.batch, args.seq = args.batch or batch, args.seq or seq
+            args.batch, args.seq = _static_shape(headers, args.inputs)
     model, trace = _run_model(args)  # refuses inputs + params over the memory limit before feeds are made
     user = load_inputs(args.inputs, model.graph) if args.inputs is not None else None
     feeds = user.feeds if user is not None else model.random_feeds(seed=0)
@@ -604,6 +596,7 @@ def cmd_time(args: argparse.Namespace) -> int:
     _out(f"{model.name} ({trace.pipeline} pipeline), {shape_summary(model, args.batch, args.seq)}; {where}; "
          f"{args.repeat} interleaved round(s) on {sets.sets[0].name} inputs\n"
          + "".join(f"{c.line()}\n" for c in checks)
+         + (f"{host}\n" if (host := describe_host(model.graph)) else "")
          + f"{policy.describe()}\n{sets.describe()}\n" + format_timings(rows))
     return 0 if all(r.ok is not False for r in rows) and all(c.ok for c in checks) else 1
 

@@ -10,10 +10,12 @@ from collections.abc import Callable
 import numpy as np
 import onnxruntime as ort
 import pytest
+from onnx import helper
 
 from rlxviz.ir import Builder, Graph, Op
 from rlxviz.ir.fused import DECOMPOSITIONS
 from rlxviz.ir.infer import RULES
+from rlxviz.ir.onnx_op import encode
 from rlxviz.ir.ops import FUSED, LEAF, SPECS
 from rlxviz.models.onnx_export import export_onnx
 from rlxviz.runtime import run_reference
@@ -72,6 +74,8 @@ SAMPLES: dict[Op, Callable[[Builder], None]] = {
     Op.GATHER: lambda b: b.output(b.gather(b.param("table", (6, 8)), b.input("ids", IDS.shape, "i64"))),
     Op.ATTENTION: lambda b: (x := _x(b), b.output(b.attention(x, x, x, num_heads=2, head_dim=4))),
     Op.ROPE: lambda b: b.output(b.rope(_x(b), b.param("cos", (3, 2)), b.param("sin", (3, 2)), 4)),
+    Op.ONNX_OP: lambda b: b.output(b.emit(Op.ONNX_OP, (_x(b),), op_type="Hardmax", node=encode(
+        helper.make_node("Hardmax", ["a"], ["y"], axis=-1)), opset=18, shape=X.shape, dtype="f32")),
 }
 
 

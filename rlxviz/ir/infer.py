@@ -123,6 +123,15 @@ def _predicate(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     return TensorType(x[0].shape, DType.bool)
 
 
+@rule(Op.ONNX_OP)
+def _onnx_op(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    """The type ONNX shape inference gave the node at import (held in its attributes)."""
+    try:
+        return TensorType(tuple(attrs["shape"]), DType(attrs["dtype"]))
+    except ValueError:
+        raise ShapeError(f"unknown dtype {attrs['dtype']!r}") from None
+
+
 @rule(Op.ARGMAX)
 def _argmax(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     """The index of the first largest value along `axis`, as i64 (ONNX ArgMax, select_last_index=0)."""

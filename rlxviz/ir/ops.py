@@ -78,6 +78,8 @@ class Op(StrEnum):
     # transformer blocks
     ATTENTION = "attention"
     ROPE = "rope"
+    # an ONNX node the IR has no op for, evaluated on the host (`ir.onnx_op`)
+    ONNX_OP = "onnx_op"
     # fused ops (RLX names)
     FUSED_MATMUL_BIAS_ACT = "FusedMatMulBiasAct"
     FUSED_RESIDUAL_LN = "FusedResidualLN"
@@ -216,6 +218,8 @@ SPECS: dict[Op, OpSpec] = {
         "activation": _a(str, choices=_ACT_NAMES), "has_bias": _a(bool, required=False, default=True),
         "mask_fill": _a(int, float, _NONE, required=False, default=None)}),
     Op.ELEMENTWISE_REGION: OpSpec(None, {"chain": _a(tuple, items=_TUP)}),
+    Op.ONNX_OP: OpSpec(None, {"op_type": _a(str), "name": _a(str, required=False, default=""), "node": _a(str),
+                              "opset": _a(int), "shape": _a(tuple, items=_INT), "dtype": _a(str)}),
 }
 
 FTL_INPUTS = ("hidden", "qkv_w", "qkv_b", "out_w", "out_b", "ln1_g", "ln1_b",

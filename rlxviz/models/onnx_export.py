@@ -213,6 +213,15 @@ def _node(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
         w.op("Concat", ins, out, axis=int(a["axis"]))
     elif op == Op.GATHER:
         w.op("Gather", ins, out, axis=0)
+    elif op == Op.ONNX_OP:  # the ONNX node it was imported from, on the export's value names
+        from ..ir.onnx_op import decode
+
+        node = decode(a)
+        it = iter(ins)
+        node.input[:] = [next(it) if i else "" for i in node.input]
+        node.output[:] = [out]
+        node.name = f"{w.prefix}{node.op_type}_{len(w.nodes)}"
+        w.nodes.append(node)
     elif op == Op.ATTENTION:
         _attention(w, g, n, ins, out)
     elif op == Op.ROPE:

@@ -851,6 +851,53 @@ def _ort_mha(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value
 
 # -- folding and the driver ----------------------------------------------------------------------------------
 
+_NEVER_ON_HOST = frozenset({"If", "Loop", "Scan", "SequenceMap", "RegexFullMatch", "StringConcat", "StringSplit",
+                            "StringNormalizer", "RandomNormal", "RandomUniform", "RandomNormalLike",
+                            "RandomUniformLike", "Multinomial", "Bernoulli", "Optional", "OptionalGetElement"})
+"""Ops never kept as host nodes: control flow (unbounded work), strings, random (no fixed numbers), optionals."""
+
+
+def _host_op(ctx: _Ctx, node: Any, ins: list[Value], domain: str) -> Ref | None:
+    """An `onnx_op` node for a default-domain ONNX node no handler maps (`ir.onnx_op`): one output, no
+    subgraph, inputs the IR can hold, and an output type ONNX shape inference fixes from the bound input shapes.
+    None when any of these fails (the op is then listed as unmapped). Raises nothing."""
+    from onnx import helper, numpy_helper
+
+    from ..ir.onnx_op import encode
+
+    outs = [o for o in node.output if o]
+    if domain or node.op_type in _NEVER_ON_HOST or "Sequence" in node.op_type or len(outs) != 1 \
+            or len(node.output) != 1 or any(at.type in (5, 10) for at in node.attribute):  # 5/10: GRAPH(S)
+        return None
+    try:
+        feeds, inits = [], []
+        for name, v in zip(node.input, ins, strict=True):
+            if not name:
+                continue
+            if isinstance(v, np.ndarray) and v.size <= 4096:
+                inits.append(numpy_helper.from_array(v, name))
+            else:
+                dt = ctx.dtype(v)
+                feeds.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dt.numpy)),
+                                                           list(ctx.shape(v))))
+        g = helper.make_graph([node], "host", feeds, [helper.make_empty_tensor_value_info(outs[0])],
+                              initializer=inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", ctx.opset)])
+        m = _onnx().shape_inference.infer_shapes(m, strict_mode=True, data_prop=True)
+        t = m.graph.output[0].type.tensor_type
+        if not t.HasField("shape") or any(not d.HasField("dim_value") for d in t.shape.dim):
+            return None
+        dtype = onnx_dtype(t.elem_type)
+        shape = tuple(int(d.dim_value) for d in t.shape.dim)
+    except Exception:  # noqa: BLE001 - not inferable: the op stays unmapped, named in the one error
+        return None
+    operands = [ctx.ref(v) for name, v in zip(node.input, ins, strict=True) if name]
+    if not operands:
+        return None
+    return Ref(ctx.b.emit(Op.ONNX_OP, tuple(operands), op_type=node.op_type, name=node.name or "", node=encode(node),
+                      opset=ctx.opset, shape=shape, dtype=dtype.value))
+
+
 def _shape_op(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> np.ndarray:
     s = ctx.shape(x[0])
     if n.op_type == "Size":
@@ -1065,6 +1112,10 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
                 outs = HANDLERS[(domain, node.op_type)](ctx, node, ins, attrs)
                 for i in range(first, b._next):
                     provenance[i] = (node.op_type, node.name, node.doc_string)
+            elif (host := _host_op(ctx, node, ins, domain)) is not None:
+                b.path = node_path(node)
+                provenance[int(host)] = (node.op_type, node.name, node.doc_string)
+                outs = [host]
             else:
                 key = node.op_type if domain == "" else f"{domain}.{node.op_type}"
                 unmapped.setdefault(key, []).append(node.name or "(unnamed)")

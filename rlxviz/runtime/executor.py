@@ -183,7 +183,8 @@ def build_program(graph: Graph, emitter: MlxEmitter, compile_graph: bool, key: s
         _eval_nodes(dynamic, env, d_frees, emitter)
         return [env[o] for o in graph.outputs]
 
-    inner = mx.compile(walk) if compile_graph else walk
+    on_host = any(n.op == Op.ONNX_OP for n in dynamic)  # host nodes read values: no tracing through them
+    inner = mx.compile(walk) if compile_graph and not on_host else walk
 
     def run(*args: mx.array) -> list[mx.array]:
         with mx.stream(device):

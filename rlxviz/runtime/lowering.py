@@ -377,6 +377,17 @@ def _max(e: MlxEmitter, a: dict, x: mx.array) -> mx.array:
     return mx.max(x, axis=list(a["axes"]), keepdims=a.get("keepdims", False))
 
 
+@lowers(Op.ONNX_OP)
+def _onnx_op(e: MlxEmitter, a: dict, *xs: mx.array) -> mx.array:
+    """On the host: the operands evaluated and copied to NumPy, the ONNX node run by onnx.reference, the result
+    copied back (so a graph holding one is never compiled whole: `executor.build_program`)."""
+    import numpy as np
+
+    from ..ir.onnx_op import evaluate
+
+    return mx.array(evaluate(a, [np.asarray(x) for x in xs]))
+
+
 @lowers(Op.ARGMAX)
 def _argmax(e: MlxEmitter, a: dict, x: mx.array) -> mx.array:
     return mx.argmax(x, axis=a["axis"], keepdims=a.get("keepdims", False)).astype(mx.int64)

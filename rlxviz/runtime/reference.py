@@ -44,6 +44,13 @@ for _op, _fn in {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DI
     IMPLS[_op] = _f(_fn)
 
 
+@impl(Op.ONNX_OP)
+def _onnx_op(a: dict, *xs: np.ndarray) -> np.ndarray:
+    from ..ir.onnx_op import evaluate
+
+    return evaluate(a, xs)
+
+
 @impl(Op.ARGMAX)
 def _argmax(a: dict, x: np.ndarray) -> np.ndarray:
     return np.argmax(x, axis=a["axis"], keepdims=bool(a.get("keepdims", False))).astype(np.int64)

@@ -1,0 +1,71 @@
+"""`onnx_op`: an ONNX node the IR has no op for, kept as it is and evaluated on the host.
+
+No valid model is refused for an op: an ONNX node of the default domain that no importer handler maps (and that
+is not control flow, a string, sequence or random op) becomes one `onnx_op` node holding the ONNX node itself
+(serialized, base64), the opset it was written for, and the output type ONNX shape inference gave it. It is
+drawn, printed and exported as that node; the passes match nothing through it (so it blocks a fusion it sits
+in, and `explain` names it); the NumPy reference and the MLX runtime evaluate it with `onnx.reference` on the
+host (`evaluate`), and every report names the nodes that ran there (`host_nodes`).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .graph import Graph, Node
+from .ops import Op
+
+
+def encode(node_proto: Any) -> str:
+    """The ONNX NodeProto as the `node` attribute's text (base64 of its serialized bytes)."""
+    return base64.b64encode(node_proto.SerializeToString()).decode("ascii")
+
+
+def decode(attrs: dict[str, Any]) -> Any:
+    """The ONNX NodeProto held by an `onnx_op` node's attributes."""
+    from onnx import NodeProto
+
+    n = NodeProto()
+    n.ParseFromString(base64.b64decode(attrs["node"]))
+    return n
+
+
+def evaluate(attrs: dict[str, Any], arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """Run the held ONNX node on `arrays` (its non-empty inputs, in order) with `onnx.reference`; the first output,
+    cast to the declared dtype. Raises ValueError naming the op when the evaluator fails."""
+    from onnx.reference import ReferenceEvaluator
+
+    from .dtype import DType
+
+    node = decode(attrs)
+    names = [i for i in node.input if i]
+    try:
+        ev = ReferenceEvaluator(node, opsets={"": int(attrs["opset"])})
+        out = ev.run(None, dict(zip(names, arrays, strict=True)))[0]
+    except Exception as e:  # noqa: BLE001 - the evaluator's own error, named
+        raise ValueError(f"onnx_op {attrs['op_type']}: onnx.reference failed ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    return np.asarray(out).astype(DType(attrs["dtype"]).numpy, copy=False)
+
+
+def host_nodes(graph: Graph) -> list[Node]:
+    """The `onnx_op` nodes of `graph`: what runs on the host, outside MLX."""
+    return [n for n in graph if n.op == Op.ONNX_OP]
+
+
+def describe_host(graph: Graph) -> str | None:
+    """One line naming the nodes that run on the host (None when there are none):
+    `2 node(s) the IR has no op for ran on the host (onnx.reference): %12 Hardmax 'hm', %20 Hardmax 'hm2'`."""
+    nodes = host_nodes(graph)
+    if not nodes:
+        return None
+    listed = ", ".join(f"%{n.id} {n.attrs['op_type']} {n.attrs.get('name', '')!r}" for n in nodes[:6])
+    more = f", and {len(nodes) - 6} more" if len(nodes) > 6 else ""
+    return f"{len(nodes)} node(s) the IR has no op for ran on the host (onnx.reference): {listed}{more}"
+
+
+__all__ = ["decode", "describe_host", "encode", "evaluate", "host_nodes"]

@@ -1,0 +1,86 @@
+"""No valid model is refused for an op: an ONNX node the IR has no op for (Hardmax, LpNormalization, Mod, ...)
+becomes one `onnx_op` node run on the host by onnx.reference. The model loads, draws, prints and parses back as
+IR text, explains and times (each naming the host nodes), exports to a file ONNX Runtime runs, and computes
+ONNX Runtime's numbers on the reference and on MLX. Control flow, random and string ops are still refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from clirun import run
+from onnx import TensorProto, helper, numpy_helper
+
+from rlxviz.ir import Op, format_graph, parse_ir
+from rlxviz.models.onnx_export import export_onnx
+from rlxviz.models.onnx_import import OnnxImportError, load_onnx
+from rlxviz.runtime import run_reference
+from rlxviz.runtime.executor import MlxExecutor
+
+rng = np.random.default_rng(3)
+X = rng.standard_normal((2, 3, 8)).astype(np.float32)
+
+HOST = {
+    "Hardmax": (helper.make_node("Hardmax", ["r"], ["h"], axis=-1, name="hm"), []),
+    "LpNormalization": (helper.make_node("LpNormalization", ["r"], ["h"], axis=-1, p=2, name="lp"), []),
+    "Mod": (helper.make_node("Mod", ["r", "k"], ["h"], fmod=1, name="mod"),
+            [numpy_helper.from_array(np.asarray(0.7, np.float32), "k")]),
+}
+
+
+def _model(tmp_path: Path, op: str) -> Path:
+    node, inits = HOST[op]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), node, helper.make_node("Add", ["h", "x"], ["y"])]
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], [y], initializer=inits),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    p = tmp_path / f"{op}.onnx"
+    onnx.save(m, p)
+    return p
+
+
+def _ort(model, feeds):
+    src = str(model) if isinstance(model, Path) else model.SerializeToString()
+    return ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+@pytest.mark.parametrize("op", list(HOST))
+def test_an_op_the_ir_lacks_runs_on_the_host_with_onnx_runtimes_numbers(tmp_path, op):
+    p = _model(tmp_path, op)
+    m = load_onnx(p, batch=2, seq=3)
+    host = [n for n in m.graph if n.op == Op.ONNX_OP]
+    assert [n.attrs["op_type"] for n in host] == [op]
+    want = _ort(p, {"x": X})
+    np.testing.assert_allclose(run_reference(m.graph, {"x": X}, m.weights)[0], want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(MlxExecutor().run(m.graph, {"x": X}, m.weights)[0]), want, rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_allclose(_ort(export_onnx(m.graph, m.weights), {"x": X}), want, rtol=1e-6, atol=1e-6)
+    text = format_graph(m.graph)
+    assert format_graph(parse_ir(text)) == text  # the IR text holds the node
+
+
+def test_explain_time_and_render_name_the_host_nodes(tmp_path, capsys):
+    p = _model(tmp_path, "Hardmax")
+    for command, extra in (("explain", []), ("time", ["--repeat", "1", "--no-battery"])):
+        code, out, _ = run(capsys, command, p, "--batch", 2, "--seq", 3, *extra)
+        assert code == 0 and "1 node(s) the IR has no op for ran on the host (onnx.reference): %2 Hardmax 'hm'" in out
+    code, _, _ = run(capsys, "render", p, "--batch", 2, "--seq", 3, "-o", tmp_path / "g.svg")
+    assert code == 0 and "Hardmax" in (tmp_path / "g.svg").read_text() or "onnx_op" in (tmp_path / "g.svg").read_text()
+
+
+@pytest.mark.parametrize("node", [helper.make_node("RandomNormalLike", ["x"], ["h"], name="rnd"),
+                                  helper.make_node("Unique", ["x"], ["h", "i", "j", "c"], name="uq")])
+def test_random_and_multi_output_ops_are_still_refused_by_name(tmp_path, node):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    g = helper.make_graph([node, helper.make_node("Add", ["h", "x"], ["y"])], "g", [x], [y])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "r.onnx")
+    with pytest.raises(OnnxImportError, match=f"cannot be mapped to the IR.*{node.op_type}"):
+        load_onnx(tmp_path / "r.onnx")
