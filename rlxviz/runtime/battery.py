@@ -15,8 +15,14 @@ ones that do not apply are listed in `Battery.skipped` with the reason.
 | `large_magnitude` | float inputs uniform in [-300, 300] (squares overflow float16) |
 | `constant_rows` | float inputs constant along the last axis (LayerNorm variance 0) |
 
-A mask input is an input of rank 2 whose name contains `mask` (any dtype; its values are 0/1). User arrays
-(`load_inputs`, `.npz`) are checked against the graph's inputs by name, shape and dtype kind.
+A mask input is an input of rank 2 or more whose name contains `mask` (`[batch, seq]`, `[batch, 1, 1, seq]`,
+`[batch, heads, q, k]`, `[q, k]`). Its form (`mask_form`) decides its values: `bool` (True = keep), `keep` (an
+integer or float 0/1 keep mask) or `additive` (a float mask the graph adds to the scores: 0 = keep, the dtype's
+lowest finite value = masked). A mask set writes its pattern along the first axis (the row: batch, or the query
+of a `[q, k]` mask) and the last axis (the key), the same at every other index. A set that cannot apply to an
+input (`constant_rows` on a 0-d input) leaves that input at its base value; a set that applies to no input is
+skipped with the reason. User arrays (`load_inputs`, `.npz`) are checked against the graph's inputs by name,
+shape and dtype kind.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..ir import Graph, Node, Op
+from ..ir import DType, Graph, Node, Op
 
 KINDS = ("random", "fully_masked_row", "left_padding", "holes", "single_token", "large_magnitude",
          "constant_rows")
@@ -84,8 +90,34 @@ class Battery:
 
 
 def mask_inputs(graph: Graph) -> list[Node]:
-    """Inputs that are padding masks `[batch, seq]` (1 = token, 0 = padding): rank 2, a name containing `mask`."""
-    return [n for n in graph.inputs if n.rank == 2 and "mask" in n.attrs["name"].lower()]
+    """Inputs that are attention masks: rank 2 or more, a name containing `mask` (see `mask_form`)."""
+    return [n for n in graph.inputs if n.rank >= 2 and "mask" in n.attrs["name"].lower()]
+
+
+_MASK_PASSTHROUGH = (Op.RESHAPE, Op.EXPAND, Op.TRANSPOSE, Op.NARROW, Op.CONCAT)
+"""Data movement: the mask's values reach the next op unchanged."""
+
+
+def mask_form(graph: Graph, node: Node) -> str:
+    """`bool`, `keep` or `additive`: how the mask input `node` holds "masked".
+
+    bool dtype: `bool` (True = keep); integer: `keep` (1 = keep, 0 = masked); float: `additive` when its values
+    reach an `add` through data movement and float casts alone (the graph adds it to the scores: 0 = keep, a
+    large negative value = masked), else `keep` (a 0/1 mask the graph turns into a bias itself, HF's
+    `(1 - m) * min`)."""
+    if node.dtype == DType.bool:
+        return "bool"
+    if not node.dtype.is_float:
+        return "keep"
+    seen, todo = {node.id}, [node.id]
+    while todo:
+        for u in graph.users(todo.pop()):
+            if u.op == Op.ADD:
+                return "additive"
+            if (u.op in _MASK_PASSTHROUGH or (u.op == Op.CAST and u.dtype.is_float)) and u.id not in seen:
+                seen.add(u.id)
+                todo.append(u.id)
+    return "keep"
 
 
 def float_inputs(graph: Graph) -> list[Node]:
@@ -95,26 +127,41 @@ def float_inputs(graph: Graph) -> list[Node]:
 
 
 def _masks(kind: str, shape: tuple[int, ...]) -> np.ndarray:
-    b, s = shape
-    m = np.ones((b, s), np.int64)
+    """The keep pattern (True = keep) of a mask set on `shape`: rows along axis 0, keys along the last axis."""
+    b, s = shape[0], shape[-1]
+    m = np.ones((b, s), bool)
     if kind == "fully_masked_row":
-        m[b - 1] = 0
+        m[b - 1] = False
     elif kind == "left_padding":
         for r in range(b):
-            m[r, :min(r + 1, s - 1)] = 0
+            m[r, :min(r + 1, s - 1)] = False
     elif kind == "holes":
-        m[:, 1::3] = 0
-        m[:, 0] = 1
+        m[:, 1::3] = False
+        m[:, 0] = True
     elif kind == "single_token":
-        m[:, 1:] = 0
-    return m
+        m[:, 1:] = False
+    return np.broadcast_to(m.reshape((b,) + (1,) * (len(shape) - 2) + (s,)), shape)
+
+
+def mask_values(keep: np.ndarray, form: str, dtype: np.dtype) -> np.ndarray:
+    """A keep pattern (True = keep) as a mask input of `form` (`mask_form`) in `dtype`: bool as is, `keep` 1/0,
+    `additive` 0 / the dtype's lowest finite value (HF's `finfo.min`)."""
+    if form == "additive":
+        return np.where(keep, 0.0, np.finfo(dtype).min).astype(dtype)
+    return np.ascontiguousarray(keep).astype(dtype)
+
+
+def _constant_rows(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return np.broadcast_to(rng.standard_normal((*shape[:-1], 1)), shape).copy()
 
 
 _MASK_KINDS = ("fully_masked_row", "left_padding", "holes", "single_token")
 _FLOAT_KINDS: dict[str, Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]] = {
     "large_magnitude": lambda rng, shape: rng.uniform(-300.0, 300.0, size=shape),
-    "constant_rows": lambda rng, shape: np.broadcast_to(rng.standard_normal((*shape[:-1], 1)), shape).copy(),
+    "constant_rows": _constant_rows,
 }
+_FLOAT_MIN_RANK = {"large_magnitude": 0, "constant_rows": 1}
+"""The least rank an input needs for a float kind to apply to it (constant along the last axis needs one)."""
 
 
 def battery(graph: Graph, base: Mapping[str, np.ndarray], seed: int = 0,
@@ -144,12 +191,14 @@ def battery(graph: Graph, base: Mapping[str, np.ndarray], seed: int = 0,
                 skipped.append((kind, "no mask input"))
                 continue
             for n in masks:
-                feeds[n.attrs["name"]] = _masks(kind, n.shape).astype(n.dtype.numpy)
+                feeds[n.attrs["name"]] = mask_values(_masks(kind, n.shape), mask_form(graph, n), n.dtype.numpy)
         elif kind in _FLOAT_KINDS:
-            if not floats:
-                skipped.append((kind, "no float input"))
+            fit = [n for n in floats if n.rank >= _FLOAT_MIN_RANK[kind]]
+            if not fit:
+                skipped.append((kind, "no float input" if not floats else
+                                f"no float input of rank {_FLOAT_MIN_RANK[kind]} or more"))
                 continue
-            for n in floats:
+            for n in fit:
                 feeds[n.attrs["name"]] = _FLOAT_KINDS[kind](rng, n.shape).astype(n.dtype.numpy)
         sets.append(InputSet(kind, DESCRIPTIONS[kind], feeds))
     return Battery(tuple(sets), tuple(skipped))
@@ -310,23 +359,30 @@ def check_inputs(arrays: Mapping[str, np.ndarray], graph: Graph, what: str = "us
     """`arrays` as an `InputSet("user")` after checking them against the graph's inputs: the one check of user
     inputs (`load_inputs` calls it after the headers; the notebooks call it on arrays).
 
-    Checks names, shapes and dtype kinds (`_check_kinds`), then values: float inputs finite; mask inputs
-    (`mask_inputs`) only 0 and 1; integer inputs that index a table (`index_bounds`: token ids into an
+    Checks names, shapes and dtype kinds (`_check_kinds`), then values: float inputs finite; keep and bool mask
+    inputs (`mask_inputs`, `mask_form`) only 0 and 1, additive masks only 0 and negative values (-inf allowed);
+    integer inputs that index a table (`index_bounds`: token ids into an
     embedding, any gather fed by an input) inside it.
 
     Raises:
         ValueError: one line naming the input, what it must hold and what it holds.
     """
     _check_kinds({k: (tuple(np.shape(a)), np.asarray(a).dtype) for k, a in arrays.items()}, graph, what)
-    masks = {n.attrs["name"] for n in mask_inputs(graph)}
+    forms = {n.attrs["name"]: mask_form(graph, n) for n in mask_inputs(graph)}
     bounds = index_bounds(graph)
     feeds: dict[str, np.ndarray] = {}
     for n in graph.inputs:
         name = n.attrs["name"]
         a = np.asarray(arrays[name])
-        if n.dtype.is_float and a.dtype.kind == "f" and not np.isfinite(a).all():
+        if forms.get(name) == "additive":
+            wrong = np.isnan(a) | (a > 0)
+            if wrong.any():
+                bad = a[wrong].flat[0]
+                raise ValueError(f"{what}: input {name!r} is an additive mask and must hold 0 (keep) or negative "
+                                 f"values (masked: -inf or a large negative number), got {bad}")
+        elif n.dtype.is_float and a.dtype.kind == "f" and not np.isfinite(a).all():
             raise ValueError(f"{what}: input {name!r} must hold finite numbers (it holds NaN or infinity)")
-        if name in masks and a.size and not np.isin(a, (0, 1)).all():
+        if forms.get(name) in ("keep", "bool") and a.size and not np.isin(a, (0, 1)).all():
             bad = a[~np.isin(a, (0, 1))].flat[0]
             raise ValueError(f"{what}: input {name!r} is a mask and must hold only 0 and 1, got {bad}")
         for rows, label in bounds.get(name, ()):
@@ -338,4 +394,4 @@ def check_inputs(arrays: Mapping[str, np.ndarray], graph: Graph, what: str = "us
 
 
 __all__ = ["DESCRIPTIONS", "KINDS", "Battery", "InputSet", "battery", "check_inputs", "float_inputs",
-           "index_bounds", "load_inputs", "mask_inputs", "npz_headers"]
+           "index_bounds", "load_inputs", "mask_form", "mask_inputs", "mask_values", "npz_headers"]

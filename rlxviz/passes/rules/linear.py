@@ -260,13 +260,16 @@ def _group(c: Ctx) -> Fail | None:
 
 
 def _dependent_operand(c: Ctx) -> tuple[int, int] | None:
-    """`(operand, member)`: a weight (or a bias added to a member) computed from a member matmul, else None.
-    Merging it would make the packed weight / bias depend on the packed matmul: a cycle."""
+    """`(operand, member)`: an operand the rewrite merges (a weight, or a vector bias `[N]` added to a member,
+    `_bias_of`) computed from a member matmul, else None. Merging it would make the packed weight / bias
+    depend on the packed matmul: a cycle. Any other user of a member (`x@W + (x@A)@B`, LoRA: the add of two
+    products) is not merged, so what it reads is no dependency of the packed matmul."""
     g = c.graph
     members = {c.id(m) for m in _members(c)}
     for m in _members(c):
-        operands = [c.id(f"w{m[2:]}")] + [next(i for i in u.inputs if i != c.id(m)) for u in c.users(m)
-                                          if u.op == Op.ADD and len(set(u.inputs)) == 2]
+        mm = c[m]
+        biases = [_bias_of(g, u, mm) for u in c.users(m) if u.op == Op.ADD]
+        operands = [c.id(f"w{m[2:]}")] + [b for b in biases if b is not None]
         for start in operands:
             if start in members:  # mm_i + mm_j: no bias, nothing merged into a concat
                 continue

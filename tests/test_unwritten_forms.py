@@ -1,0 +1,251 @@
+"""Forms nobody wrote a rule for (issue 21; ../shared/cases/n3-*, copied to tests/data/cases) and two or more
+inputs of each kind written here.
+
+* LoRA `x@W + (x@A)@B`: the shared-input merge of x@W and x@A is legal (the add of two products is merged by
+  nobody, so it is no dependency of the packed matmul); a weight computed from a member is still a cycle.
+* A 0-d float input: `rlxviz time` runs; an input set that cannot apply to it (`constant_rows`) leaves it alone.
+* Mask input sets reach every mask form: rank 2 and rank 4, int keep, bool, float additive (fully masked rows).
+* `time --inputs` takes a real additive causal mask (0 / finfo.min, or -inf).
+Every version keeps the unfused numbers on the reference interpreter and on MLX.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from clirun import run as cli_run
+
+from rlxviz.ir import Graph, Op, parse_ir
+from rlxviz.passes import Pipeline, missed_fusions
+from rlxviz.runtime import run_reference
+from rlxviz.runtime.battery import battery, check_inputs, mask_form, mask_inputs
+from rlxviz.runtime.executor import run_mlx
+
+CASES = Path(__file__).parent / "data" / "cases"
+
+
+def case(name: str) -> Graph:
+    return parse_ir(next(CASES.glob(f"n3-{name}.rlx")).read_text())
+
+
+def random_feeds(g: Graph, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    feeds = {}
+    for n in g.inputs:
+        if n.dtype.is_float:
+            feeds[n.name] = rng.standard_normal(n.shape).astype(n.dtype.numpy)
+        else:  # a 0/1 keep mask with padding, every row keeps key 0
+            m = (rng.random(n.shape) > 0.3).astype(n.dtype.numpy)
+            m[..., 0] = 1
+            feeds[n.name] = m
+    return feeds
+
+
+def equal_numbers(g: Graph, pipeline: Pipeline | None = None, rtol: float = 1e-4, atol: float = 1e-5):
+    """Run the pipeline; every version's outputs equal the unfused graph's, on the reference and on MLX."""
+    t = (pipeline or Pipeline.canonical()).run(g)
+    assert not [s.error for s in t.steps if s.error]
+    rng = np.random.default_rng(0)
+    feeds = random_feeds(g, rng)
+    w = {n.name: (0.2 * rng.standard_normal(n.shape)).astype(n.dtype.numpy) for n in g.params}
+    ref = run_reference(g, feeds, w)
+    for label, v in t.versions()[1:]:
+        for run in (run_reference, run_mlx):
+            for a, b in zip(ref, run(v, feeds, w), strict=True):
+                np.testing.assert_allclose(np.asarray(b, np.float64), np.asarray(a, np.float64), rtol=rtol,
+                                           atol=atol, err_msg=f"{label} on {run.__name__}")
+    return t
+
+
+def ops(g: Graph) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for n in g:
+        out[n.op.value] = out.get(n.op.value, 0) + 1
+    return out
+
+
+# -- LoRA: the shared-input merge is legal -----------------------------------------------------------
+
+LORA_BIASED = """graph lora_biased {
+  %0 = input {name="x"} : f32[16, 32]
+  %1 = param {name="W"} : f32[32, 32]
+  %2 = matmul(%0, %1) : f32[16, 32]
+  %3 = param {name="b"} : f32[32]
+  %4 = add(%2, %3) : f32[16, 32]
+  %5 = param {name="A"} : f32[32, 4]
+  %6 = matmul(%0, %5) : f32[16, 4]
+  %7 = param {name="B"} : f32[4, 32]
+  %8 = matmul(%6, %7) : f32[16, 32]
+  %9 = add(%4, %8) : f32[16, 32]
+  return %9
+}"""
+
+LORA_SCALED = """graph lora_scaled {
+  %0 = input {name="x"} : f32[2, 8, 32]
+  %1 = param {name="W"} : f32[32, 48]
+  %2 = matmul(%0, %1) : f32[2, 8, 48]
+  %3 = param {name="A"} : f32[32, 4]
+  %4 = matmul(%0, %3) : f32[2, 8, 4]
+  %5 = param {name="B"} : f32[4, 48]
+  %6 = matmul(%4, %5) : f32[2, 8, 48]
+  %7 = const {value=0.5} : f32[]
+  %8 = mul(%6, %7) : f32[2, 8, 48]
+  %9 = add(%8, %2) : f32[2, 8, 48]
+  return %9
+}"""
+
+
+@pytest.mark.parametrize("source", ["case", LORA_BIASED, LORA_SCALED])
+def test_lora_shared_input_merge_is_legal_and_keeps_the_numbers(source):
+    g = case("lora-shared-input") if source == "case" else parse_ir(source)
+    t = equal_numbers(g)
+    assert not [r for r in missed_fusions(t) if r.guard == "operands_independent"]
+    assert "a cycle" not in " ".join(r.message for s in t.steps for r in s.rejections)
+    # x@W and x@A became one matmul over concat(W, A): one matmul (or fused matmul) fewer
+    def products(graph: Graph) -> int:
+        return sum(k for op, k in ops(graph).items() if "matmul" in op.lower())
+
+    assert products(t.final) == products(g) - 1
+    assert ops(t.final).get("concat", 0) >= 1
+
+
+# -- input sets that cannot apply are skipped ----------------------------------------------------------
+
+SCALAR_ONLY = """graph scalar_only {
+  %0 = input {name="s"} : f32[]
+  %1 = input {name="t"} : f32[]
+  %2 = mul(%0, %1) : f32[]
+  return %2
+}"""
+
+SCALAR_F16 = """graph scalar_f16 {
+  %0 = input {name="x"} : f16[3, 4, 5]
+  %1 = input {name="temperature"} : f16[]
+  %2 = div(%0, %1) : f16[3, 4, 5]
+  %3 = softmax(%2) {axis=-1} : f16[3, 4, 5]
+  return %3
+}"""
+
+
+@pytest.mark.parametrize("source", ["case", SCALAR_ONLY, SCALAR_F16])
+def test_time_runs_on_a_0d_float_input(capsys, tmp_path, source):
+    if source == "case":
+        path = next(CASES.glob("n3-scalar-input-time.rlx"))
+    else:
+        path = tmp_path / "g.ir"
+        path.write_text(source)
+    code, out, err = cli_run(capsys, "time", path, "--repeat", 1, "--warmup", 0)
+    assert code == 0, err
+    assert "large_magnitude" in out and "error" not in err
+    g = parse_ir(path.read_text())
+    bat = battery(g, random_feeds(g, np.random.default_rng(0)))
+    by = {s.name: s for s in bat.sets}
+    if all(n.rank == 0 for n in g.inputs):
+        assert "constant_rows" not in by and ("constant_rows", "no float input of rank 1 or more") in bat.skipped
+    else:  # constant along the last axis for the inputs that have one; the 0-d input keeps its base value
+        rows = next(n.name for n in g.inputs if n.rank)
+        scalar = next(n.name for n in g.inputs if not n.rank)
+        a = by["constant_rows"].feeds[rows]
+        assert (a == a[..., :1]).all()
+        assert by["constant_rows"].feeds[scalar] == by["random"].feeds[scalar]
+
+
+# -- mask input sets for every mask form --------------------------------------------------------------
+
+def _masked_attention(mask_type: str, form: str) -> str:
+    """A [2, 2, 4, 4] scores softmax with a mask input of `mask_type`: `form` additive (added), keep (HF's
+    (1 - m) * min), bool (where)."""
+    head = f"""graph masked {{
+  %0 = input {{name="x"}} : f32[2, 2, 4, 4]
+  %1 = input {{name="attention_mask"}} : {mask_type}
+"""
+    if form == "additive":
+        body = """  %2 = add(%0, %1) : f32[2, 2, 4, 4]
+  %3 = softmax(%2) {axis=-1} : f32[2, 2, 4, 4]
+  return %3
+}"""
+    elif form == "bool":
+        body = """  %2 = const {value=-3.4028234663852886e+38} : f32[]
+  %3 = where(%1, %0, %2) : f32[2, 2, 4, 4]
+  %4 = softmax(%3) {axis=-1} : f32[2, 2, 4, 4]
+  return %4
+}"""
+    else:
+        body = """  %2 = cast(%1) {dtype="f32"} : """ + mask_type.replace("i64", "f32") + """
+  %3 = const {value=1.0} : f32[]
+  %4 = sub(%3, %2) : """ + mask_type.replace("i64", "f32") + """
+  %5 = const {value=-3.4028234663852886e+38} : f32[]
+  %6 = mul(%4, %5) : """ + mask_type.replace("i64", "f32") + """
+  %7 = add(%0, %6) : f32[2, 2, 4, 4]
+  %8 = softmax(%7) {axis=-1} : f32[2, 2, 4, 4]
+  return %8
+}"""
+    return head + body
+
+
+@pytest.mark.parametrize("mask_type, form", [
+    ("f32[2, 1, 4, 4]", "additive"), ("f32[2, 2, 4, 4]", "additive"), ("f32[2, 1, 1, 4]", "additive"),
+    ("bool[2, 1, 4, 4]", "bool"), ("bool[2, 2, 4, 4]", "bool"), ("i64[2, 1, 1, 4]", "keep"),
+    ("f32[2, 1, 1, 4]", "keep")])
+def test_mask_sets_reach_rank4_additive_and_bool_masks(mask_type, form):
+    g = parse_ir(_masked_attention(mask_type, form))
+    (m,) = mask_inputs(g)
+    assert mask_form(g, m) == form
+    rng = np.random.default_rng(0)
+    bat = battery(g, random_feeds(g, rng))
+    assert {"fully_masked_row", "left_padding", "holes", "single_token"} <= set(bat.names)
+    by = {s.name: s.feeds["attention_mask"] for s in bat.sets}
+    full = by["fully_masked_row"]
+    masked = {"additive": np.finfo(np.float32).min, "keep": 0, "bool": False}[form]
+    kept = {"additive": 0.0, "keep": 1, "bool": True}[form]
+    assert (full[-1] == masked).all() and (full[0] == kept).all()  # the last row masks every key
+    assert (by["single_token"][..., 0] == kept).all() and (by["single_token"][..., 1:] == masked).all()
+    x = {"x": rng.standard_normal((2, 2, 4, 4)).astype(np.float32)}
+    out = run_reference(g, {**x, "attention_mask": by["single_token"]}, {})[0]
+    np.testing.assert_allclose(out[..., 0], 1.0, rtol=1e-6)  # the one visible key takes all the weight
+    for s in bat.sets:  # every mask set is a valid input of this mask form
+        if s.name in ("fully_masked_row", "left_padding", "holes", "single_token"):
+            check_inputs(s.feeds, g)
+
+
+CAUSAL = """graph causal_additive {
+  %0 = input {name="x"} : f32[2, 4, 4]
+  %1 = input {name="causal_mask"} : f32[4, 4]
+  %2 = add(%0, %1) : f32[2, 4, 4]
+  %3 = softmax(%2) {axis=-1} : f32[2, 4, 4]
+  return %3
+}"""
+
+
+@pytest.mark.parametrize("fill", [np.finfo(np.float32).min, -np.inf, -10000.0])
+def test_time_inputs_accepts_a_real_additive_causal_mask(capsys, tmp_path, fill):
+    (tmp_path / "g.ir").write_text(CAUSAL)
+    causal = np.triu(np.full((4, 4), fill, np.float32), 1)
+    x = np.random.default_rng(0).standard_normal((2, 4, 4)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", x=x, causal_mask=causal)
+    code, out, err = cli_run(capsys, "time", tmp_path / "g.ir", "--repeat", 1, "--warmup", 0, "--inputs",
+                             tmp_path / "in.npz")
+    assert code == 0, err
+    assert "user" in out
+
+
+@pytest.mark.parametrize("bad, fragment", [(1.0, "additive mask"), (np.nan, "additive mask")])
+def test_an_additive_mask_with_a_positive_or_nan_value_is_refused(bad, fragment):
+    g = parse_ir(CAUSAL)
+    causal = np.triu(np.full((4, 4), -1e9, np.float32), 1)
+    causal[0, 0] = bad
+    with pytest.raises(ValueError, match=fragment):
+        check_inputs({"x": np.zeros((2, 4, 4), np.float32), "causal_mask": causal}, g)
+
+
+def test_a_keep_mask_still_holds_only_0_and_1():
+    g = parse_ir(_masked_attention("i64[2, 1, 1, 4]", "keep"))
+    with pytest.raises(ValueError, match="must hold only 0 and 1, got 2"):
+        check_inputs({"x": np.zeros((2, 2, 4, 4), np.float32),
+                      "attention_mask": np.full((2, 1, 1, 4), 2, np.int64)}, g)
+
+
+def test_the_fused_graph_of_a_shared_input_uses_one_matmul_node():
+    """The merged LoRA graph holds the concat of W and A as the packed weight (the rewrite, not a copy)."""
+    t = Pipeline.canonical().run(case("lora-shared-input"))
+    (cat,) = [n for n in t.final if n.op == Op.CONCAT]
+    assert [t.final[i].name for i in cat.inputs] == ["W", "A"]
