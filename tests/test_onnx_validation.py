@@ -155,3 +155,14 @@ def test_hostile_name_scope_metadata_is_bounded_and_ignored(value):
     n = helper.make_node("Relu", ["x"], ["y"], name="/enc/layer.0/Relu")
     n.metadata_props.add(key="pkg.torch.onnx.name_scopes", value=value)
     assert node_path(n) == "enc.layer.0"  # the legacy node name still gives the path
+
+
+def test_an_import_stops_at_its_wall_time_bound(tmp_path, monkeypatch):
+    import rlxviz.models.onnx_import as imp
+
+    names = ["x", *[f"r{k}" for k in range(49)], "y"]
+    nodes = [helper.make_node("Relu", [names[k]], [names[k + 1]]) for k in range(50)]
+    p = _save(tmp_path, nodes)
+    monkeypatch.setattr(imp, "MAX_IMPORT_SECONDS", 0.0)
+    with pytest.raises(OnnxImportError, match=r"the import has taken over 0 s; stopped here \(a graph of 50 nodes\)"):
+        load_onnx(p, batch=2, seq=4)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,10 @@ from ..ir.identity import IdentityMap
 from ..ir.lint import problems
 from .onnx_fold import FOLDABLE, FoldError, check_fold, fold
 from .presets import Model
+
+MAX_IMPORT_SECONDS = 120.0
+"""Wall time one import may take (an export of a 7B model maps in seconds); past it the import stops, naming the
+node it reached, so no upload holds a server's worker for long."""
 
 OPSETS = range(13, 22)
 """Default-domain opsets the importer accepts (13..21)."""
@@ -1081,7 +1086,12 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
     unmapped: dict[str, list[str]] = {}
     errors: list[str] = []
     poisoned: set[str] = set()
+    deadline = time.monotonic() + MAX_IMPORT_SECONDS
     for node in g.node:
+        if time.monotonic() > deadline:  # every step is bounded; this bounds their sum (a graph of 10^6 nodes)
+            ctx.node = node
+            raise OnnxImportError(str(ctx.fail(f"the import has taken over {MAX_IMPORT_SECONDS:g} s; stopped here "
+                                               f"(a graph of {len(g.node):,} nodes)")))
         if any(i in poisoned for i in node.input if i):
             poisoned.update(node.output)
             continue
