@@ -119,3 +119,40 @@ def test_zero_scale_is_refused_with_a_named_guard():
     trace = Pipeline(["fuse_sdpa"]).run(parse_ir(text))
     assert not any(n.op == Op.ATTENTION for n in trace.versions()[-1][1])
     assert any(r.guard == "scale_finite" for r in trace.steps[0].rejections)
+
+
+def _transformers_order(graph):
+    """bert-tiny with its extended mask written as transformers writes it: `(1 - cast(m[:, None, None, :])) * min`
+    (the unsqueeze first), instead of `reshape((1 - cast(m)) * min)`."""
+    from rlxviz.ir import Rewriter
+    from rlxviz.passes.pipeline import run_pass
+
+    ext = next(n for n in graph if n.op == Op.RESHAPE and n.path == "mask")
+    mul = graph[ext.inputs[0]]
+    fill = next(graph[i] for i in mul.inputs if graph[i].op == Op.CONST)
+    mask_i = next(n for n in graph.inputs if n.attrs["name"] == "attention_mask")
+    rw = Rewriter(graph, "test")
+    with rw.provenance([ext.id], path="mask"):
+        r = rw.reshape(mask_i.id, ext.shape)
+        new = rw.mul(rw.sub(1.0, rw.cast(r, "f32")), fill.attrs["value"])
+    rw.replace(ext.id, new)
+    return run_pass(rw.finish(), "dead_code_elimination")
+
+
+@pytest.mark.parametrize("row", ["padded", "all_zero"])
+def test_transformers_mask_order_is_a_keep_mask_and_keeps_the_numbers(row):
+    from rlxviz.models import load_model
+    from rlxviz.runtime.executor import MlxExecutor
+
+    m = load_model("bert-tiny", batch=2, seq=8, style="hf")
+    g = _transformers_order(m.graph)
+    trace = Pipeline.canonical().run(g)
+    assert trace.final.op_counts().get("FusedTransformerLayer") == 2
+    mask = np.ones((2, 8), np.int64)
+    mask[1, 5:] = 0
+    if row == "all_zero":
+        mask[0] = 0
+    feeds = {"input_ids": np.arange(16, dtype=np.int64).reshape(2, 8) % 30, "attention_mask": mask}
+    want = run_reference(g, feeds, m.weights)[0]
+    np.testing.assert_allclose(run_reference(trace.final, feeds, m.weights)[0], want, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(MlxExecutor().run(trace.final, feeds, m.weights)[0]), want, atol=1e-4)

@@ -166,3 +166,13 @@ def test_an_import_stops_at_its_wall_time_bound(tmp_path, monkeypatch):
     monkeypatch.setattr(imp, "MAX_IMPORT_SECONDS", 0.0)
     with pytest.raises(OnnxImportError, match=r"the import has taken over 0 s; stopped here \(a graph of 50 nodes\)"):
         load_onnx(p, batch=2, seq=4)
+
+
+def test_a_file_that_crashes_onnx_shape_inference_is_refused_not_a_crash(tmp_path):
+    """GatherND with batch_dims -5 segfaults onnx's native shape inference (found by tests/test_fuzz_onnx.py with
+    RLXVIZ_FUZZ_N=500); it runs in a forked child, so the file is refused in one line and this process goes on."""
+    node = helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=-5)
+    p = _save(tmp_path, [node], [_i64("i", [[0, 1], [1, 2]])])
+    with pytest.raises(OnnxImportError, match=r"ONNX's shape inference crashed on this file \(SIGSEGV\)"):
+        load_onnx(p)
+    assert load_onnx(_save(tmp_path, [helper.make_node("Relu", ["x"], ["y"])], name="ok.onnx"), batch=2, seq=4)

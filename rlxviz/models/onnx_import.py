@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import ast
 import math
+import os
 import re
+import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -989,11 +991,25 @@ def default_opset(proto: Any) -> int:
 def validate(proto: Any) -> None:
     """Refuse a model that breaks a rule of its ops' ONNX definitions (an axis outside the rank, a reshape target
     with two -1, mismatched types, ...), as ONNX Runtime does, instead of importing it with another meaning: ONNX's
-    strict shape inference over the whole graph (external data not needed: it reads shapes only).
+    strict shape inference over the whole graph (external data not needed: it reads shapes only). The inference
+    is native code that a malformed file can crash (a GatherND with batch_dims -5 segfaults onnx 1.2x), so it runs
+    in a forked child where the platform has fork: a crash or a run past `VALIDATE_SECONDS` refuses the file.
 
     Raises:
-        OnnxImportError: the first rule broken, naming the op (and node, when ONNX names it), in one line.
+        OnnxImportError: the first rule broken, naming the op (and node, when ONNX names it), in one line; or that
+            the inference crashed or took too long on this file.
     """
+    why = _isolated(lambda: _strict_inference(proto)) if hasattr(os, "fork") else _strict_inference(proto)
+    if why:
+        raise OnnxImportError(why)
+
+
+VALIDATE_SECONDS = 60.0
+"""Wall time ONNX's whole-model shape inference may take in its child process."""
+
+
+def _strict_inference(proto: Any) -> str:
+    """'' when ONNX's strict shape inference accepts `proto`, else why not (one line)."""
     onnx = _onnx()
     try:
         onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
@@ -1001,8 +1017,45 @@ def validate(proto: Any) -> None:
         text = " ".join(str(e).split())
         for prefix in ("[ShapeInferenceError] Inference error(s):", "[TypeInferenceError] Inference error(s):"):
             text = text.replace(prefix, "").strip()
-        raise OnnxImportError(f"invalid ONNX model (rejected by ONNX shape inference, as ONNX Runtime would): "
-                              f"{text[:400]}") from None
+        return f"invalid ONNX model (rejected by ONNX shape inference, as ONNX Runtime would): {text[:400]}"
+    return ""
+
+
+def _isolated(check: Callable[[], str]) -> str:
+    """Run `check` in a forked child and return its text; a child killed by a signal, or still running after
+    `VALIDATE_SECONDS`, gives a refusal saying so. The child shares the parent's memory copy-on-write, so the model
+    is not serialized again."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: run the check, write its text, leave without running any Python cleanup
+        os.close(r)
+        code = 0
+        try:
+            os.write(w, check().encode("utf-8", "replace"))
+        except BaseException:  # noqa: BLE001 - anything else: say nothing, the parent reports a failed check
+            code = 1
+        os._exit(code)
+    os.close(w)
+    deadline = time.monotonic() + VALIDATE_SECONDS
+    status = 0
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(r)
+            return f"ONNX's shape inference took over {VALIDATE_SECONDS:g} s on this file; refused"
+        time.sleep(0.005)
+    with os.fdopen(r, "rb") as f:
+        text = f.read().decode("utf-8", "replace")
+    if os.WIFSIGNALED(status):
+        return (f"ONNX's shape inference crashed on this file ({signal.Signals(os.WTERMSIG(status)).name}): it is "
+                f"malformed; refused")
+    if os.WEXITSTATUS(status):
+        return "ONNX's shape inference failed on this file; refused"
+    return text
 
 
 def _misfit(ctx: _Ctx, node: Any, ins: list[Value]) -> str | None:

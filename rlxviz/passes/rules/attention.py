@@ -222,6 +222,8 @@ def _mask_form(c: Ctx) -> Fail | None:
     b, s = c["q_reshape"].shape[0], c["k_reshape"].shape[1]
     chain = []
     why = None
+    if m.op == Op.MUL and m.shape == (b, 1, 1, s) and _reshaped_first(c, m, b, s):
+        return None
     if m.op != Op.RESHAPE or m.shape != (b, 1, 1, s):
         why = f"{c.the('mask', 'mask')} is {m.op.value} {list(m.shape)}, not reshape(..., [{b}, 1, 1, {s}])"
     else:
@@ -253,6 +255,31 @@ def _mask_form(c: Ctx) -> Fail | None:
                 fix="recognize this mask formula (e.g. a where-based boolean mask) as a keep mask")
 
 
+def _reshaped_first(c: Ctx, mul: Node, b: int, s: int) -> bool:
+    """transformers' own order, `mul(sub(1, cast(reshape(m, [B, 1, 1, S]))), fill)` (the mask unsqueezed, then
+    cast and scaled): recognized as the keep mask `m` with `mask_fill=fill` (True, `c.data` set). Exact:
+    elementwise ops keep every element's position, so it equals `reshape(mul(sub(1, cast(m)), fill), [B, 1, 1,
+    S])`, the form below, element for element; the keep operand `cast(m)` in the mask's dtype is made by the
+    rewrite (`keep_from`). False for anything else (the checks below then name what differs)."""
+    g = c.graph
+    neg_id = next((i for i in mul.inputs if is_const(g[i])), None)
+    if neg_id is None:
+        return False
+    neg, sub = typed_value(g[neg_id]), g[next(i for i in mul.inputs if i != neg_id)]
+    if neg is None or not neg <= -1e4 or sub.op != Op.SUB or not is_const(g[sub.inputs[0]]) \
+            or typed_value(g[sub.inputs[0]]) != 1.0:
+        return False
+    cast = g[sub.inputs[1]]
+    if cast.op != Op.CAST or g[cast.inputs[0]].op != Op.RESHAPE:
+        return False
+    src = g[g[cast.inputs[0]].inputs[0]]
+    if src.shape != (b, s) or src.dtype.is_float or not cast.dtype == sub.dtype == mul.dtype:
+        return False
+    c.data["keep_from"], c.data["keep_dtype"], c.data["fill"] = src.id, cast.dtype, neg
+    c.data["keep"] = c.id("mask")  # a placeholder: _sdpa_rewrite puts cast(m) there
+    return True
+
+
 def _sdpa_build(c: Ctx) -> tuple[Op, list[int], dict]:
     r = c["q_reshape"]
     ins = [c.id("q"), c.id("k"), c.id("v")]
@@ -274,6 +301,8 @@ def _sdpa_rewrite(c: Ctx, rw: Rewriter) -> int:
     with rw.provenance(absorbed):
         if "mask_where" in c:
             ins[3] = where_mask.keep_operand(c, rw)
+        elif "keep_from" in c.data:
+            ins[3] = rw.cast(c.data["keep_from"], c.data["keep_dtype"])
         new = rw.emit(op, ins, **attrs)
     rw.remove([a for a in absorbed if a != c.id("merge")])
     rw.replace(c.id("merge"), new)
