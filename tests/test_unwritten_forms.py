@@ -249,3 +249,48 @@ def test_the_fused_graph_of_a_shared_input_uses_one_matmul_node():
     t = Pipeline.canonical().run(case("lora-shared-input"))
     (cat,) = [n for n in t.final if n.op == Op.CONCAT]
     assert [t.final[i].name for i in cat.inputs] == ["W", "A"]
+
+
+# -- attention with the heads folded into the batch ----------------------------------------------------
+
+def explain_json(capsys, path) -> tuple[int, dict]:
+    import json
+
+    code, out, err = cli_run(capsys, "explain", path, "--json")
+    assert "Traceback" not in err
+    return code, json.loads(out)
+
+
+def test_case_08_folded_heads_fuse_like_the_4d_control(capsys):
+    folded = equal_numbers(case("08-bart-bmm-3d-heads"))
+    control = equal_numbers(case("08c-bart-4d-control"))
+    assert ops(folded.final) == ops(control.final)
+    assert ops(folded.final).get("FusedAttentionBlock") == 1
+    assert any(m.rule == "fuse_sdpa.unfold_heads" for s in folded.steps for m in s.matches)
+    code, out, _ = cli_run(capsys, "explain", next(CASES.glob("n3-08-*.rlx")))
+    assert code == 0 and "no attention" not in out and "FusedAttentionBlock" in out
+
+
+@pytest.mark.parametrize("name, product", [("08v-folded-scaled-scores", "attention"),
+                                           ("08w-folded-position-bias", "attention")])
+def test_folded_heads_variants_become_packed_attention(name, product):
+    t = equal_numbers(case(name))
+    assert ops(t.final).get(product) == 1
+    assert not any(n.op == Op.SOFTMAX for n in t.final)
+
+
+def test_folded_heads_attention_the_lift_cannot_take_is_flagged(capsys):
+    path = next(CASES.glob("n3-08x-*.rlx"))
+    code, out, _ = cli_run(capsys, "explain", path)
+    assert code == 1 and "no attention" not in out
+    assert "unrecognized.attention" in out and "heads folded into the batch" in out
+    equal_numbers(case("08x-folded-bias-not-liftable"))
+
+
+def test_unfold_heads_keeps_a_3d_value_read_elsewhere():
+    """A lifted value also read outside the chain (the attention probabilities returned) keeps its 3-D form."""
+    src = next(CASES.glob("n3-08v-*.rlx")).read_text()
+    src = src.replace("  return %26", "  return %26, %20")
+    t = equal_numbers(parse_ir(src))
+    out = t.final[t.final.outputs[1]]
+    assert out.shape == (4, 4, 4)

@@ -113,6 +113,8 @@ class LayerStatus:
                 lines.append(f"  no rejection: {self.silent}")
             lines += [f"  also rejected: {o.rule}: {o.guard} ({o.kind})" for o in self.rejections
                       if o is not self.first]
+            lines += [f"  also unrecognized: {m}" for m in self.misses if m.startswith("unrecognized.")
+                      and (self.first is None or not m.startswith(self.first.rule + " "))]
             if self.expected_kind is not self.architecture:
                 lines.append(f"  layer kind: {self.architecture.description}; its sibling layers are "
                              f"{self.expected_kind.description}, so it is expected to fuse like them")

@@ -50,14 +50,14 @@ default scale (guard `default_scale`) and a keep mask, so it holds for every inp
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ...ir import Node, Op, Rewriter
+from ...ir import Graph, Node, Op, Rewriter
 from ...ir.ops import kv_heads, operand_roles
-from ..engine import rule_pass
+from ..engine import Pass, PassResult, rule_pass
 from ..guard import (
     ILLEGAL,
     NOT_RECOGNIZED,
@@ -76,6 +76,7 @@ from ..rule import QUIET, Fail, Rule, Shape, Soft, User, reports
 from ..trace import Rejection
 from . import where_mask
 from .gqa import explain_heads, heads_match, kv_heads_pattern, kv_repeat_guard, num_kv_heads, repeat_roles
+from .heads import unfold_heads
 from .where_mask import where_scores
 
 # -- fuse_sdpa -----------------------------------------------------------------------------------
@@ -322,7 +323,18 @@ SDPA = Rule(
     doc="HF head split (+ Q/K pre-scale) + matmul/scale/mask/softmax/matmul + merge -> packed attention "
         "(keep mask traced)")
 
-fuse_sdpa = rule_pass("fuse_sdpa", [SDPA], "Hugging Face scaled-dot-product attention -> packed attention op")
+_sdpa_rules = rule_pass("fuse_sdpa", [SDPA], "")
+
+
+def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
+    """Lift folded-heads chains to the 4-D head layout (`heads.unfold_heads`, exact), then match `SDPA`."""
+    lifted, unfolded = unfold_heads(graph)
+    r = _sdpa_rules(lifted, params)
+    return PassResult(r.graph, unfolded + r.matches, r.rejections)
+
+
+fuse_sdpa = Pass("fuse_sdpa", _fuse_sdpa, (SDPA,), doc="Hugging Face scaled-dot-product attention -> packed "
+                 "attention op (heads folded into the batch lifted to [B, H, S, d] first)")
 
 # -- fuse_attention_block --------------------------------------------------------------------------
 
@@ -381,6 +393,8 @@ def scale_origin(steps: Sequence[Any], r: Rejection) -> str:
         parts, product = [], 1.0
         for op_role, const_role in (*_FACTORS[1:], _FACTORS[0]):  # in dataflow order: Q, K, then the scores
             if op_role not in b or const_role not in b:
+                continue
+            if b[op_role] not in g or b[const_role] not in g:  # a scale lifted by unfold_heads: a new node
                 continue
             node, v = g[b[op_role]], typed_value(g[b[const_role]])
             if v is None:
