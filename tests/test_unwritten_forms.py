@@ -20,6 +20,7 @@ from rlxviz.passes import Pipeline, missed_fusions
 from rlxviz.runtime import run_reference
 from rlxviz.runtime.battery import battery, check_inputs, mask_form, mask_inputs
 from rlxviz.runtime.executor import run_mlx
+from rlxviz.session.status import check_fusion
 
 CASES = Path(__file__).parent / "data" / "cases"
 
@@ -294,3 +295,112 @@ def test_unfold_heads_keeps_a_3d_value_read_elsewhere():
     t = equal_numbers(parse_ir(src))
     out = t.final[t.final.outputs[1]]
     assert out.shape == (4, 4, 4)
+
+
+# -- advice that keeps the model: additive terms that are not padding masks, cross-attention ----------
+
+def _with_term(decl: str) -> Graph:
+    """n3-17b with its [1, 1, 8, 8] band replaced by `decl` (a node %15 added to the [2, 4, 8, 8] scores)."""
+    src = next(CASES.glob("n3-17b-*.rlx")).read_text().splitlines()
+    out = [f"  %15 = {decl} @model.layers.0.self_attn" if ln.startswith("  %15 = ") else ln for ln in src]
+    return parse_ir("\n".join(out))
+
+
+def _causal_const() -> str:
+    rows = [[0.0 if k <= q else -1e9 for k in range(8)] for q in range(8)]
+    return f"const {{value=[[{rows}]]}} : f32[1, 1, 8, 8]".replace("[[[[", "[[[[").replace("'", "")
+
+
+TERMS = {
+    "sliding_window": None,  # the case itself
+    "causal_band": _causal_const(),
+    "relative_position_bias": 'param {name="rel_pos_bias"} : f32[1, 4, 8, 8]',
+    "alibi": 'param {name="alibi_slopes_x_positions"} : f32[1, 4, 1, 8]',
+}
+
+
+@pytest.mark.parametrize("name", list(TERMS))
+def test_an_additive_term_that_is_not_a_padding_mask_is_kept_as_an_operand(capsys, tmp_path, name):
+    from rlxviz.ir.printer import format_graph
+
+    g = case("17b-sliding-window-additive") if TERMS[name] is None else _with_term(TERMS[name])
+    t = equal_numbers(g)
+    (attn,) = [n for n in t.final if n.op == Op.ATTENTION]
+    assert attn.attrs["mask"] == "additive"
+    assert check_fusion(t).ok and not [m for m in missed_fusions(t) if m.guard in ("mask_form", "mask_model_term")]
+    path = tmp_path / "g.ir"
+    path.write_text(format_graph(g))
+    code, out, _ = cli_run(capsys, "explain", path)
+    assert code == 0, out
+    assert "mask_model_term [the model's own term]" in out and "not a padding mask" in out
+    assert "extended-mask formula" not in out and "keep mask" not in out.split("left something out")[1]
+
+
+def test_a_per_key_additive_mask_still_gets_the_padding_advice():
+    """[B, 1, 1, S] varies only by batch and key: it can be a padding keep mask, so the advice stands."""
+    g = _with_term('param {name="pad_bias"} : f32[2, 1, 1, 8]')
+    t = Pipeline.canonical().run(g)
+    (m,) = [m for m in missed_fusions(t) if m.guard == "mask_form"]
+    assert "extended-mask formula" in m.hint
+
+
+def _cross(sq: int, bias: bool, sk: int = 6) -> str:
+    """Cross-attention (2 heads of 8): Q from `hidden_states` [2, sq, 16], K/V from `encoder_hidden_states`
+    [2, sk, 16], an encoder keep mask over the sk keys (HF's extended mask), with or without projection biases."""
+    at = " @decoder.layers.0.encoder_attn"
+    lines = [f'  %0 = input {{name="hidden_states"}} : f32[2, {sq}, 16]',
+             f'  %1 = input {{name="encoder_hidden_states"}} : f32[2, {sk}, 16]',
+             f'  %2 = input {{name="encoder_attention_mask"}} : i64[2, {sk}]',
+             f'  %3 = cast(%2) {{dtype="f32"}} : f32[2, {sk}]{at}',
+             f"  %4 = const {{value=1.0}} : f32[]{at}",
+             f"  %5 = sub(%4, %3) : f32[2, {sk}]{at}",
+             f"  %6 = const {{value=-3.4028234663852886e+38}} : f32[]{at}",
+             f"  %7 = mul(%5, %6) : f32[2, {sk}]{at}",
+             f"  %8 = reshape(%7) {{shape=[2, 1, 1, {sk}]}} : f32[2, 1, 1, {sk}]{at}"]
+    nid = 9
+    heads = {}
+    for name, src, s in (("q", 0, sq), ("k", 1, sk), ("v", 1, sk)):
+        lines.append(f'  %{nid} = param {{name="{name}_proj.weight"}} : f32[16, 16]{at}')
+        lines.append(f"  %{nid + 1} = matmul(%{src}, %{nid}) : f32[2, {s}, 16]{at}")
+        val = nid + 1
+        nid += 2
+        if bias:
+            lines.append(f'  %{nid} = param {{name="{name}_proj.bias"}} : f32[16]{at}')
+            lines.append(f"  %{nid + 1} = add(%{val}, %{nid}) : f32[2, {s}, 16]{at}")
+            val = nid + 1
+            nid += 2
+        lines.append(f"  %{nid} = reshape(%{val}) {{shape=[2, {s}, 2, 8]}} : f32[2, {s}, 2, 8]{at}")
+        lines.append(f"  %{nid + 1} = transpose(%{nid}) {{perm=[0, 2, 1, 3]}} : f32[2, 2, {s}, 8]{at}")
+        heads[name] = nid + 1
+        nid += 2
+    lines += [f"  %{nid} = transpose(%{heads['k']}) {{perm=[0, 1, 3, 2]}} : f32[2, 2, 8, {sk}]{at}",
+              f"  %{nid + 1} = matmul(%{heads['q']}, %{nid}) : f32[2, 2, {sq}, {sk}]{at}",
+              f"  %{nid + 2} = const {{value=2.8284271247461903}} : f32[]{at}",
+              f"  %{nid + 3} = div(%{nid + 1}, %{nid + 2}) : f32[2, 2, {sq}, {sk}]{at}",
+              f"  %{nid + 4} = add(%{nid + 3}, %8) : f32[2, 2, {sq}, {sk}]{at}",
+              f"  %{nid + 5} = softmax(%{nid + 4}) {{axis=-1}} : f32[2, 2, {sq}, {sk}]{at}",
+              f"  %{nid + 6} = matmul(%{nid + 5}, %{heads['v']}) : f32[2, 2, {sq}, 8]{at}",
+              f"  %{nid + 7} = transpose(%{nid + 6}) {{perm=[0, 2, 1, 3]}} : f32[2, {sq}, 2, 8]{at}",
+              f"  %{nid + 8} = reshape(%{nid + 7}) {{shape=[2, {sq}, 16]}} : f32[2, {sq}, 16]{at}",
+              f'  %{nid + 9} = param {{name="out_proj.weight"}} : f32[16, 16]{at}',
+              f"  %{nid + 10} = matmul(%{nid + 8}, %{nid + 9}) : f32[2, {sq}, 16]{at}",
+              f"  return %{nid + 10}"]
+    return "graph cross {\n" + "\n".join(lines) + "\n}\n"
+
+
+@pytest.mark.parametrize("variant", ["case", "sq6", "no_bias"])
+def test_cross_attention_packs_attention_and_the_block_refuses_naming_the_inputs(capsys, tmp_path, variant):
+    src = {"case": None, "sq6": lambda: _cross(6, True), "no_bias": lambda: _cross(3, False)}[variant]
+    path = next(CASES.glob("n3-09-*.rlx"))
+    if src is not None:
+        path = tmp_path / "g.ir"
+        path.write_text(src())
+    g = parse_ir(path.read_text())
+    t = equal_numbers(g)
+    assert ops(t.final).get("attention") == 1 and "FusedAttentionBlock" not in ops(t.final)
+    assert check_fusion(t).ok and not [m for m in missed_fusions(t) if m.pattern.startswith("fuse_attention_block")]
+    code, out, _ = cli_run(capsys, "explain", path)
+    assert code == 0, out
+    assert "self_attention [the model's own term]: Q and K/V come from different inputs" in out
+    assert "hidden_states" in out and "encoder_hidden_states" in out
+    assert "had no candidate here" not in out

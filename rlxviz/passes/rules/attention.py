@@ -60,6 +60,7 @@ from ...ir.ops import kv_heads, operand_roles
 from ..engine import Pass, PassResult, rule_pass
 from ..guard import (
     ILLEGAL,
+    MODEL_TERM,
     NOT_RECOGNIZED,
     Ctx,
     Guard,
@@ -213,9 +214,26 @@ def _prescale_kept(c: Ctx) -> Fail | None:
     return None
 
 
-@reports("mask_form", reads=("mask", "q_reshape", "k_reshape"))
+def model_term(m: Node) -> str:
+    """Why the additive score term `m` cannot be a padding keep mask, or "": a padding mask varies only along the
+    batch and the key axis (`[B, 1, 1, Sk]`), so a term with more than one row per head (`[.., H, .., ..]`: ALiBi,
+    a relative position bias) or per query (`[.., .., Sq, Sk]`: a causal or sliding-window band) is the model's
+    own: the attention takes it as an additive operand, unchanged."""
+    shape = (1,) * max(0, 4 - m.rank) + tuple(m.shape)
+    heads, queries = shape[-3], shape[-2]
+    if heads > 1:
+        return f"it has one row per head ({heads} heads: a per-head bias such as ALiBi or a relative position bias)"
+    if queries > 1:
+        return f"it has one row per query ({queries} queries: a causal or sliding-window band, or a position bias)"
+    return ""
+
+
+@reports("mask_form", "mask_model_term", reads=("mask", "q_reshape", "k_reshape"),
+         kinds={"mask_model_term": MODEL_TERM})
 def _mask_form(c: Ctx) -> Fail | None:
-    """Trace HF's additive mask to the keep mask (soft: otherwise keep it additive)."""
+    """Trace HF's additive mask to the keep mask (soft: otherwise keep it additive). A term that cannot be a
+    padding mask (`model_term`) is kept as the attention's additive operand and said so (`mask_model_term`, the
+    model's own term: no miss, no advice to rewrite the model)."""
     if "mask" not in c:
         return QUIET
     g = c.graph
@@ -223,6 +241,12 @@ def _mask_form(c: Ctx) -> Fail | None:
     b, s = c["q_reshape"].shape[0], c["k_reshape"].shape[1]
     chain = []
     why = None
+    term = model_term(m)
+    if term:
+        return Fail("guard", "mask_model_term",
+                    f"additive score term kept as the attention's operand: {c.the('mask', 'mask')} is {m.op.value} "
+                    f"{list(m.shape)}; {term}, so it is not a padding mask and the fused attention adds it as it is "
+                    f"(exact)", (), (), "nothing to change in the model", subject=m.id, kind=MODEL_TERM, fix="")
     if m.op != Op.RESHAPE or m.shape != (b, 1, 1, s):
         why = f"{c.the('mask', 'mask')} is {m.op.value} {list(m.shape)}, not reshape(..., [{b}, 1, 1, {s}])"
     else:
@@ -484,6 +508,43 @@ def _block_rewrite(c: Ctx, rw: Rewriter) -> int:
     return rw.fuse(Op.FUSED_ATTENTION_BLOCK, ins, attrs, absorbed=absorbed, result=c.id("out"))
 
 
+def _projected_from(g: Graph, i: int) -> int | None:
+    """The input a Q/K/V operand is projected from: `x` of `matmul(x, w)` / `FusedMatMulBiasAct(x, ...)`, through
+    a bias add and a narrow of a packed projection; None when it is not a projection (a norm, a rotation)."""
+    for _ in range(4):
+        n = g[i]
+        if n.op in (Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT):
+            return n.inputs[0]
+        if n.op == Op.NARROW:
+            i = n.inputs[0]
+        elif n.op == Op.ADD:
+            mm = [j for j in n.inputs if g[j].op == Op.MATMUL]
+            if len(mm) != 1:
+                return None
+            i = mm[0]
+        else:
+            return None
+    return None
+
+
+@reports("self_attention", kind=MODEL_TERM, reads=("attn",))
+def _self_attention(c: Ctx) -> Fail | None:
+    """Q and K/V projected from one input (self-attention). Cross-attention (Q from the decoder, K/V from the
+    encoder) is the model's own structure: the block, one QKV projection of one hidden input, cannot hold it."""
+    g, attn = c.graph, c["attn"]
+    q, k, v = (_projected_from(g, i) for i in attn.inputs[:3])
+    if q is None or k is None or v is None or q == k == v:
+        return None
+    kv = k if k == v else None
+    what = (f"K and V from {c.name_of(kv)}" if kv is not None
+            else f"K from {c.name_of(k)} and V from {c.name_of(v)}")
+    return Fail("guard", "self_attention",
+                f"Q and K/V come from different inputs: Q is projected from {c.name_of(q)}, {what} "
+                f"(cross-attention); FusedAttentionBlock is the self-attention of one hidden input (one QKV "
+                f"projection)", (), (), "nothing to change in the model: cross-attention keeps its packed attention",
+                subject=q, kind=MODEL_TERM, fix="a cross-attention block (a Q projection and a packed K/V projection)")
+
+
 BLOCK = Rule(
     "fuse_attention_block.qkv_attention_out", P(Op.ATTENTION, name="attn"),
     steps=(
@@ -493,6 +554,7 @@ BLOCK = Rule(
                 fix="give FusedAttentionBlock additive and causal mask kinds"),
         attr_eq("attn", "scale", None, "default_scale", "the block uses 1/sqrt(head_dim)",
                 fix="give FusedAttentionBlock a scale attribute", explain=_explain_block_scale),
+        _self_attention,
         Shape("qkv_packed", "attn", P(Op.ATTENTION, P(Op.NARROW, P.var("qkv"), name="q"),
                                       P(Op.NARROW, P.var("qkv"), name="k"), P(Op.NARROW, P.var("qkv"), name="v"),
                                       P.var("mask"), name="attn"),
