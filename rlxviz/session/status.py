@@ -236,6 +236,17 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
                        done, list(ignored.values()), _blocker(first, made))
 
 
+def verdict_pass(trace: Trace, layer: int) -> str | None:
+    """The pass of the layer's verdict: the pass whose rejection `layer_status` names first (the one "why didn't
+    layer N fuse" answers with), or None when the layer fused as expected or its first rejection is no pass of
+    the run (an `unrecognized.*` finding). The drawing's "why" side (`render._why`) reads this, so the picture
+    beside the text is always the text's rejection."""
+    first = layer_status(trace, layer).first
+    if first is None or first.pass_name not in {s.pass_name for s in trace.steps}:
+        return None
+    return first.pass_name
+
+
 def _blocker(first: Outcome | None, made: set[tuple[str, str]]) -> str:
     """`packed attention made, but additive mask kept (mask_form)` when `first` (the layer's first counted
     rejection) is a soft guard of a fusion that still happened in the layer (`made`: (rule, soft guard) of the
@@ -349,4 +360,4 @@ def check_fusion(trace: Trace, model: str = "", layers: Iterable[int] | None = N
 
 
 __all__ = ["LAYER_PASS", "PRODUCTS", "FusionCheck", "LayerStatus", "check_fusion", "check_layer", "expected_misses",
-           "judged_kind", "layer_status", "recognized"]
+           "judged_kind", "layer_status", "recognized", "verdict_pass"]
