@@ -404,3 +404,77 @@ def test_cross_attention_packs_attention_and_the_block_refuses_naming_the_inputs
     assert "self_attention [the model's own term]: Q and K/V come from different inputs" in out
     assert "hidden_states" in out and "encoder_hidden_states" in out
     assert "had no candidate here" not in out
+
+
+# -- an f16 / bf16 RMSNorm wrapped in its f32 casts ---------------------------------------------------
+
+def _rms_casts(dtype: str = "f16", gamma_first: bool = True, residual: bool = True, eps: str = "1e-06",
+               extra_reader: bool = False) -> str:
+    """HF LlamaRMSNorm in a half-precision model: cast to f32, statistics and normalization in f32, cast back,
+    times the half-precision weight."""
+    at = " @model.layers.0.post_attention_layernorm"
+    x = "%2" if residual else "%0"
+    mul = "mul(%11, %10)" if gamma_first else "mul(%10, %11)"
+    lines = [f'  %0 = input {{name="hidden_states"}} : {dtype}[2, 4, 32]',
+             f'  %1 = input {{name="residual"}} : {dtype}[2, 4, 32]',
+             f"  %2 = add(%0, %1) : {dtype}[2, 4, 32]{at}",
+             f'  %3 = cast({x}) {{dtype="f32"}} : f32[2, 4, 32]{at}',
+             f"  %4 = mul(%3, %3) : f32[2, 4, 32]{at}",
+             f"  %5 = reduce_mean(%4) {{axes=[2], keepdims=true}} : f32[2, 4, 1]{at}",
+             f"  %6 = const {{value={eps}}} : f32[]{at}",
+             f"  %7 = add(%5, %6) : f32[2, 4, 1]{at}",
+             f"  %8 = rsqrt(%7) : f32[2, 4, 1]{at}",
+             f"  %9 = mul(%3, %8) : f32[2, 4, 32]{at}",
+             f'  %10 = cast(%9) {{dtype="{dtype}"}} : {dtype}[2, 4, 32]{at}',
+             f'  %11 = param {{name="post_attention_layernorm.weight"}} : {dtype}[32]{at}',
+             f"  %12 = {mul} : {dtype}[2, 4, 32]{at}"]
+    out = "%12"
+    if extra_reader:
+        lines.append(f"  %13 = neg(%10) : {dtype}[2, 4, 32]{at}")
+        out += ", %13"
+    return "graph rms_casts {\n" + "\n".join(lines) + f"\n  return {out}\n}}\n"
+
+
+def _half_numbers(g: Graph, t, scale: float = 1.0):
+    """Every version within f16/bf16 tolerance of the unfused graph on reference and MLX (inputs times `scale`)."""
+    rng = np.random.default_rng(1)
+    feeds = {n.name: (scale * rng.standard_normal(n.shape)).astype(n.dtype.numpy) for n in g.inputs}
+    w = {n.name: (1.0 + 0.2 * rng.standard_normal(n.shape)).astype(n.dtype.numpy) for n in g.params}
+    ref = run_reference(g, feeds, w)
+    tol = 1e-2 if "bf16" in str(g.inputs[0].dtype) else 2e-3
+    for label, v in t.versions()[1:]:
+        for run in (run_reference, run_mlx):
+            for a, b in zip(ref, run(v, feeds, w), strict=True):
+                np.testing.assert_allclose(np.asarray(b, np.float64), np.asarray(a, np.float64), rtol=tol,
+                                           atol=tol, err_msg=f"{label} on {run.__name__}")
+
+
+@pytest.mark.parametrize("source", ["case", "bf16_x_times_w", "f16_no_residual"])
+def test_half_rmsnorm_casts_absorbed_with_f32_statistics(source):
+    src = {"case": None, "bf16_x_times_w": _rms_casts("bf16", gamma_first=False),
+           "f16_no_residual": _rms_casts("f16", residual=False)}[source]
+    g = case("16-f16-rmsnorm-casts") if src is None else parse_ir(src)
+    t = Pipeline.canonical().run(g)
+    assert not [s.error for s in t.steps if s.error]
+    assert "cast" not in ops(t.final) and "mul" not in ops(t.final)  # both casts and the gamma multiply absorbed
+    want = "FusedResidualRmsNorm" if source != "f16_no_residual" else "rms_norm"
+    assert ops(t.final).get(want) == 1, ops(t.final)
+    norm = next(n for n in t.final if n.op.value == want)
+    assert norm.dtype == g.inputs[0].dtype  # in x's dtype: the kernel keeps the statistics in f32
+    assert any(m.rule == "canonicalize_norm.rms_norm_casts" for s in t.steps for m in s.matches)
+    for scale in (1.0, 300.0):  # large magnitudes: the squares overflow f16, the f32 statistics do not
+        _half_numbers(g, t, scale)
+
+
+@pytest.mark.parametrize("kw, fragment", [({"extra_reader": True}, "has another reader"),
+                                          ({"eps": "1e-09"}, "rounds to 0 in f16")])
+def test_half_rmsnorm_casts_left_are_named(capsys, tmp_path, kw, fragment):
+    path = tmp_path / "g.ir"
+    path.write_text(_rms_casts("f16", **kw))
+    g = parse_ir(path.read_text())
+    t = Pipeline.canonical().run(g)
+    (r,) = [r for s in t.steps for r in s.rejections if r.guard == "casts_absorbable"]
+    assert fragment in r.message and "wrapped in casts that stay" in r.message
+    code, out, _ = cli_run(capsys, "explain", path)
+    assert code == 1 and "casts_absorbable" in out and fragment in out
+    _half_numbers(g, t)
