@@ -607,13 +607,18 @@ def test_explain_layer_moves_the_variant_there(capsys):
 
 
 def test_explain_headline_names_the_soft_blocker_not_products_it_has(capsys):
-    """GPT-2: every expected product is made, only the soft mask_form complains; the headline says so, and the
-    guard's sentence names the mask once (`the mask (node ...)`, not `the mask mask`)."""
+    """GPT-2: every expected product is made, only the soft epilogue_activation complains (FC1's gelu_tanh); the
+    headline says so. Its causal bias [1, 1, S, S] is the model's own term, kept as the attention's operand: a
+    "left something out" line (mask_model_term), not a miss, and the guard's sentence names the mask once
+    (`the mask (node ...)`, not `the mask mask`)."""
     code, out, _ = run(capsys, "explain", ROOT / "tests/fixtures/onnx/gpt2.onnx", "--seq", 8, "--layer", 0)
     assert code == 1
-    assert "layer 0: NOT fused: packed attention made, but additive mask kept (mask_form)" in out
+    assert ("layer 0: NOT fused: FusedMatMulBiasAct made, but guard epilogue_activation failed "
+            "(epilogue_activation)") in out
     assert "NOT fused (expected" not in out
-    assert "additive mask kept: the mask (node " in out and "mask mask" not in out
+    assert "mask_model_term [the model's own term]: additive score term kept as the attention's operand: the mask " \
+           "(node " in out and "mask mask" not in out
+    assert "extended-mask formula" not in out
 
 
 def test_guard_sentences_name_a_role_once():

@@ -929,6 +929,30 @@ NEAR_MISSES += [
 ]
 
 
+def _case_graph(name: str, passes: tuple[str, ...] = ()):
+    from pathlib import Path
+
+    from rlxviz.ir import parse_ir
+    g = parse_ir(next((Path(__file__).parent / "data" / "cases").glob(f"{name}-*.rlx")).read_text())
+    return run_passes(g, list(passes)).final if passes else g
+
+
+def _band_mask():
+    """An additive [1, 1, S, S] band (sliding window): the model's own term, kept as the attention's operand."""
+    g = _case_graph("n3-17b")
+    return g, {"s": next(n.id for n in g if n.op == Op.CONST and n.shape == (1, 1, 8, 8))}
+
+
+def _cross_attention():
+    """Q from the decoder states, K/V from the encoder output: FusedAttentionBlock (self-attention) refuses."""
+    g = _case_graph("n3-09", ("fuse_sdpa", "fuse_shared_input_matmul", "fuse_matmul_bias_act"))
+    return g, {"s": next(n.id for n in g.inputs if n.name == "hidden_states")}
+
+
+NEAR_MISSES += [(_SDPA, "mask_model_term", _band_mask, "s", {}),
+                ("fuse_attention_block.qkv_attention_out", "self_attention", _cross_attention, "s", {})]
+
+
 def test_near_miss_table_covers_every_guard_of_every_rule():
     have = {(rule, guard) for rule, guard, *_ in NEAR_MISSES}
     want = {(r.name, gname) for p in PASSES.values() for r in p.rules for gname in r.guard_names
@@ -984,3 +1008,4 @@ def test_every_failing_guard_is_reported_headline_first():
     assert "also fails: mask_kind_keep (not recognized): " in explain(t, 0).render()
     (m,) = [m for m in missed_fusions(t) if m.pattern.startswith("fuse_attention_block")]
     assert m.guard == "attention_size_gate" and m.also[0].startswith("mask_kind_keep (not recognized): ")
+

@@ -20,6 +20,7 @@ from rlxviz.passes import Pipeline, missed_fusions
 from rlxviz.runtime import run_reference
 from rlxviz.runtime.battery import battery, check_inputs, mask_form, mask_inputs
 from rlxviz.runtime.executor import run_mlx
+from rlxviz.session.status import check_fusion
 
 CASES = Path(__file__).parent / "data" / "cases"
 
@@ -249,3 +250,231 @@ def test_the_fused_graph_of_a_shared_input_uses_one_matmul_node():
     t = Pipeline.canonical().run(case("lora-shared-input"))
     (cat,) = [n for n in t.final if n.op == Op.CONCAT]
     assert [t.final[i].name for i in cat.inputs] == ["W", "A"]
+
+
+# -- attention with the heads folded into the batch ----------------------------------------------------
+
+def explain_json(capsys, path) -> tuple[int, dict]:
+    import json
+
+    code, out, err = cli_run(capsys, "explain", path, "--json")
+    assert "Traceback" not in err
+    return code, json.loads(out)
+
+
+def test_case_08_folded_heads_fuse_like_the_4d_control(capsys):
+    folded = equal_numbers(case("08-bart-bmm-3d-heads"))
+    control = equal_numbers(case("08c-bart-4d-control"))
+    assert ops(folded.final) == ops(control.final)
+    assert ops(folded.final).get("FusedAttentionBlock") == 1
+    assert any(m.rule == "fuse_sdpa.unfold_heads" for s in folded.steps for m in s.matches)
+    code, out, _ = cli_run(capsys, "explain", next(CASES.glob("n3-08-*.rlx")))
+    assert code == 0 and "no attention" not in out and "FusedAttentionBlock" in out
+
+
+@pytest.mark.parametrize("name, product", [("08v-folded-scaled-scores", "attention"),
+                                           ("08w-folded-position-bias", "attention")])
+def test_folded_heads_variants_become_packed_attention(name, product):
+    t = equal_numbers(case(name))
+    assert ops(t.final).get(product) == 1
+    assert not any(n.op == Op.SOFTMAX for n in t.final)
+
+
+def test_folded_heads_attention_the_lift_cannot_take_is_flagged(capsys):
+    path = next(CASES.glob("n3-08x-*.rlx"))
+    code, out, _ = cli_run(capsys, "explain", path)
+    assert code == 1 and "no attention" not in out
+    assert "unrecognized.attention" in out and "heads folded into the batch" in out
+    equal_numbers(case("08x-folded-bias-not-liftable"))
+
+
+def test_unfold_heads_keeps_a_3d_value_read_elsewhere():
+    """A lifted value also read outside the chain (the attention probabilities returned) keeps its 3-D form."""
+    src = next(CASES.glob("n3-08v-*.rlx")).read_text()
+    src = src.replace("  return %26", "  return %26, %20")
+    t = equal_numbers(parse_ir(src))
+    out = t.final[t.final.outputs[1]]
+    assert out.shape == (4, 4, 4)
+
+
+# -- advice that keeps the model: additive terms that are not padding masks, cross-attention ----------
+
+def _with_term(decl: str) -> Graph:
+    """n3-17b with its [1, 1, 8, 8] band replaced by `decl` (a node %15 added to the [2, 4, 8, 8] scores)."""
+    src = next(CASES.glob("n3-17b-*.rlx")).read_text().splitlines()
+    out = [f"  %15 = {decl} @model.layers.0.self_attn" if ln.startswith("  %15 = ") else ln for ln in src]
+    return parse_ir("\n".join(out))
+
+
+def _causal_const() -> str:
+    rows = [[0.0 if k <= q else -1e9 for k in range(8)] for q in range(8)]
+    return f"const {{value=[[{rows}]]}} : f32[1, 1, 8, 8]".replace("[[[[", "[[[[").replace("'", "")
+
+
+TERMS = {
+    "sliding_window": None,  # the case itself
+    "causal_band": _causal_const(),
+    "relative_position_bias": 'param {name="rel_pos_bias"} : f32[1, 4, 8, 8]',
+    "alibi": 'param {name="alibi_slopes_x_positions"} : f32[1, 4, 1, 8]',
+}
+
+
+@pytest.mark.parametrize("name", list(TERMS))
+def test_an_additive_term_that_is_not_a_padding_mask_is_kept_as_an_operand(capsys, tmp_path, name):
+    from rlxviz.ir.printer import format_graph
+
+    g = case("17b-sliding-window-additive") if TERMS[name] is None else _with_term(TERMS[name])
+    t = equal_numbers(g)
+    (attn,) = [n for n in t.final if n.op == Op.ATTENTION]
+    assert attn.attrs["mask"] == "additive"
+    assert check_fusion(t).ok and not [m for m in missed_fusions(t) if m.guard in ("mask_form", "mask_model_term")]
+    path = tmp_path / "g.ir"
+    path.write_text(format_graph(g))
+    code, out, _ = cli_run(capsys, "explain", path)
+    assert code == 0, out
+    assert "mask_model_term [the model's own term]" in out and "not a padding mask" in out
+    assert "extended-mask formula" not in out and "keep mask" not in out.split("left something out")[1]
+
+
+def test_a_per_key_additive_mask_still_gets_the_padding_advice():
+    """[B, 1, 1, S] varies only by batch and key: it can be a padding keep mask, so the advice stands."""
+    g = _with_term('param {name="pad_bias"} : f32[2, 1, 1, 8]')
+    t = Pipeline.canonical().run(g)
+    (m,) = [m for m in missed_fusions(t) if m.guard == "mask_form"]
+    assert "extended-mask formula" in m.hint
+
+
+def _cross(sq: int, bias: bool, sk: int = 6) -> str:
+    """Cross-attention (2 heads of 8): Q from `hidden_states` [2, sq, 16], K/V from `encoder_hidden_states`
+    [2, sk, 16], an encoder keep mask over the sk keys (HF's extended mask), with or without projection biases."""
+    at = " @decoder.layers.0.encoder_attn"
+    lines = [f'  %0 = input {{name="hidden_states"}} : f32[2, {sq}, 16]',
+             f'  %1 = input {{name="encoder_hidden_states"}} : f32[2, {sk}, 16]',
+             f'  %2 = input {{name="encoder_attention_mask"}} : i64[2, {sk}]',
+             f'  %3 = cast(%2) {{dtype="f32"}} : f32[2, {sk}]{at}',
+             f"  %4 = const {{value=1.0}} : f32[]{at}",
+             f"  %5 = sub(%4, %3) : f32[2, {sk}]{at}",
+             f"  %6 = const {{value=-3.4028234663852886e+38}} : f32[]{at}",
+             f"  %7 = mul(%5, %6) : f32[2, {sk}]{at}",
+             f"  %8 = reshape(%7) {{shape=[2, 1, 1, {sk}]}} : f32[2, 1, 1, {sk}]{at}"]
+    nid = 9
+    heads = {}
+    for name, src, s in (("q", 0, sq), ("k", 1, sk), ("v", 1, sk)):
+        lines.append(f'  %{nid} = param {{name="{name}_proj.weight"}} : f32[16, 16]{at}')
+        lines.append(f"  %{nid + 1} = matmul(%{src}, %{nid}) : f32[2, {s}, 16]{at}")
+        val = nid + 1
+        nid += 2
+        if bias:
+            lines.append(f'  %{nid} = param {{name="{name}_proj.bias"}} : f32[16]{at}')
+            lines.append(f"  %{nid + 1} = add(%{val}, %{nid}) : f32[2, {s}, 16]{at}")
+            val = nid + 1
+            nid += 2
+        lines.append(f"  %{nid} = reshape(%{val}) {{shape=[2, {s}, 2, 8]}} : f32[2, {s}, 2, 8]{at}")
+        lines.append(f"  %{nid + 1} = transpose(%{nid}) {{perm=[0, 2, 1, 3]}} : f32[2, 2, {s}, 8]{at}")
+        heads[name] = nid + 1
+        nid += 2
+    lines += [f"  %{nid} = transpose(%{heads['k']}) {{perm=[0, 1, 3, 2]}} : f32[2, 2, 8, {sk}]{at}",
+              f"  %{nid + 1} = matmul(%{heads['q']}, %{nid}) : f32[2, 2, {sq}, {sk}]{at}",
+              f"  %{nid + 2} = const {{value=2.8284271247461903}} : f32[]{at}",
+              f"  %{nid + 3} = div(%{nid + 1}, %{nid + 2}) : f32[2, 2, {sq}, {sk}]{at}",
+              f"  %{nid + 4} = add(%{nid + 3}, %8) : f32[2, 2, {sq}, {sk}]{at}",
+              f"  %{nid + 5} = softmax(%{nid + 4}) {{axis=-1}} : f32[2, 2, {sq}, {sk}]{at}",
+              f"  %{nid + 6} = matmul(%{nid + 5}, %{heads['v']}) : f32[2, 2, {sq}, 8]{at}",
+              f"  %{nid + 7} = transpose(%{nid + 6}) {{perm=[0, 2, 1, 3]}} : f32[2, {sq}, 2, 8]{at}",
+              f"  %{nid + 8} = reshape(%{nid + 7}) {{shape=[2, {sq}, 16]}} : f32[2, {sq}, 16]{at}",
+              f'  %{nid + 9} = param {{name="out_proj.weight"}} : f32[16, 16]{at}',
+              f"  %{nid + 10} = matmul(%{nid + 8}, %{nid + 9}) : f32[2, {sq}, 16]{at}",
+              f"  return %{nid + 10}"]
+    return "graph cross {\n" + "\n".join(lines) + "\n}\n"
+
+
+@pytest.mark.parametrize("variant", ["case", "sq6", "no_bias"])
+def test_cross_attention_packs_attention_and_the_block_refuses_naming_the_inputs(capsys, tmp_path, variant):
+    src = {"case": None, "sq6": lambda: _cross(6, True), "no_bias": lambda: _cross(3, False)}[variant]
+    path = next(CASES.glob("n3-09-*.rlx"))
+    if src is not None:
+        path = tmp_path / "g.ir"
+        path.write_text(src())
+    g = parse_ir(path.read_text())
+    t = equal_numbers(g)
+    assert ops(t.final).get("attention") == 1 and "FusedAttentionBlock" not in ops(t.final)
+    assert check_fusion(t).ok and not [m for m in missed_fusions(t) if m.pattern.startswith("fuse_attention_block")]
+    code, out, _ = cli_run(capsys, "explain", path)
+    assert code == 0, out
+    assert "self_attention [the model's own term]: Q and K/V come from different inputs" in out
+    assert "hidden_states" in out and "encoder_hidden_states" in out
+    assert "had no candidate here" not in out
+
+
+# -- an f16 / bf16 RMSNorm wrapped in its f32 casts ---------------------------------------------------
+
+def _rms_casts(dtype: str = "f16", gamma_first: bool = True, residual: bool = True, eps: str = "1e-06",
+               extra_reader: bool = False) -> str:
+    """HF LlamaRMSNorm in a half-precision model: cast to f32, statistics and normalization in f32, cast back,
+    times the half-precision weight."""
+    at = " @model.layers.0.post_attention_layernorm"
+    x = "%2" if residual else "%0"
+    mul = "mul(%11, %10)" if gamma_first else "mul(%10, %11)"
+    lines = [f'  %0 = input {{name="hidden_states"}} : {dtype}[2, 4, 32]',
+             f'  %1 = input {{name="residual"}} : {dtype}[2, 4, 32]',
+             f"  %2 = add(%0, %1) : {dtype}[2, 4, 32]{at}",
+             f'  %3 = cast({x}) {{dtype="f32"}} : f32[2, 4, 32]{at}',
+             f"  %4 = mul(%3, %3) : f32[2, 4, 32]{at}",
+             f"  %5 = reduce_mean(%4) {{axes=[2], keepdims=true}} : f32[2, 4, 1]{at}",
+             f"  %6 = const {{value={eps}}} : f32[]{at}",
+             f"  %7 = add(%5, %6) : f32[2, 4, 1]{at}",
+             f"  %8 = rsqrt(%7) : f32[2, 4, 1]{at}",
+             f"  %9 = mul(%3, %8) : f32[2, 4, 32]{at}",
+             f'  %10 = cast(%9) {{dtype="{dtype}"}} : {dtype}[2, 4, 32]{at}',
+             f'  %11 = param {{name="post_attention_layernorm.weight"}} : {dtype}[32]{at}',
+             f"  %12 = {mul} : {dtype}[2, 4, 32]{at}"]
+    out = "%12"
+    if extra_reader:
+        lines.append(f"  %13 = neg(%10) : {dtype}[2, 4, 32]{at}")
+        out += ", %13"
+    return "graph rms_casts {\n" + "\n".join(lines) + f"\n  return {out}\n}}\n"
+
+
+def _half_numbers(g: Graph, t, scale: float = 1.0):
+    """Every version within f16/bf16 tolerance of the unfused graph on reference and MLX (inputs times `scale`)."""
+    rng = np.random.default_rng(1)
+    feeds = {n.name: (scale * rng.standard_normal(n.shape)).astype(n.dtype.numpy) for n in g.inputs}
+    w = {n.name: (1.0 + 0.2 * rng.standard_normal(n.shape)).astype(n.dtype.numpy) for n in g.params}
+    ref = run_reference(g, feeds, w)
+    tol = 1e-2 if "bf16" in str(g.inputs[0].dtype) else 2e-3
+    for label, v in t.versions()[1:]:
+        for run in (run_reference, run_mlx):
+            for a, b in zip(ref, run(v, feeds, w), strict=True):
+                np.testing.assert_allclose(np.asarray(b, np.float64), np.asarray(a, np.float64), rtol=tol,
+                                           atol=tol, err_msg=f"{label} on {run.__name__}")
+
+
+@pytest.mark.parametrize("source", ["case", "bf16_x_times_w", "f16_no_residual"])
+def test_half_rmsnorm_casts_absorbed_with_f32_statistics(source):
+    src = {"case": None, "bf16_x_times_w": _rms_casts("bf16", gamma_first=False),
+           "f16_no_residual": _rms_casts("f16", residual=False)}[source]
+    g = case("16-f16-rmsnorm-casts") if src is None else parse_ir(src)
+    t = Pipeline.canonical().run(g)
+    assert not [s.error for s in t.steps if s.error]
+    assert "cast" not in ops(t.final) and "mul" not in ops(t.final)  # both casts and the gamma multiply absorbed
+    want = "FusedResidualRmsNorm" if source != "f16_no_residual" else "rms_norm"
+    assert ops(t.final).get(want) == 1, ops(t.final)
+    norm = next(n for n in t.final if n.op.value == want)
+    assert norm.dtype == g.inputs[0].dtype  # in x's dtype: the kernel keeps the statistics in f32
+    assert any(m.rule == "canonicalize_norm.rms_norm_casts" for s in t.steps for m in s.matches)
+    for scale in (1.0, 300.0):  # large magnitudes: the squares overflow f16, the f32 statistics do not
+        _half_numbers(g, t, scale)
+
+
+@pytest.mark.parametrize("kw, fragment", [({"extra_reader": True}, "has another reader"),
+                                          ({"eps": "1e-09"}, "rounds to 0 in f16")])
+def test_half_rmsnorm_casts_left_are_named(capsys, tmp_path, kw, fragment):
+    path = tmp_path / "g.ir"
+    path.write_text(_rms_casts("f16", **kw))
+    g = parse_ir(path.read_text())
+    t = Pipeline.canonical().run(g)
+    (r,) = [r for s in t.steps for r in s.rejections if r.guard == "casts_absorbable"]
+    assert fragment in r.message and "wrapped in casts that stay" in r.message
+    code, out, _ = cli_run(capsys, "explain", path)
+    assert code == 1 and "casts_absorbable" in out and fragment in out
+    _half_numbers(g, t)

@@ -191,11 +191,29 @@ def classify_layer(graph: Graph, layer: int | None) -> LayerArchitecture:
     return known[layer]
 
 
+def attention_softmax(g: Graph, n: Node) -> bool:
+    """A softmax of attention weights: rank 4 (`[B, H, Sq, Sk]`), or rank 3 or more and read (through reshapes,
+    casts) as the left operand of a matmul (`P @ V`; heads folded into the batch: `[B*H, Sq, Sk]`)."""
+    if n.op != Op.SOFTMAX:
+        return False
+    if n.rank == 4:
+        return True
+    todo = [n.id] if n.rank >= 3 else []
+    while todo:
+        v = todo.pop()
+        for u in g.users(v):
+            if u.op == Op.MATMUL and u.inputs[0] == v:
+                return True
+            if u.op in (Op.RESHAPE, Op.CAST):
+                todo.append(u.id)
+    return False
+
+
 def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) -> LayerArchitecture:
     nodes = [n for n in g if n.op not in (Op.INPUT, Op.PARAM, Op.CONST)
              and (layer is None or layer_of(n.path) == layer)]
     ids = {n.id for n in nodes}
-    attn = [n for n in nodes if n.op in _ATTENTION or (n.op == Op.SOFTMAX and n.rank == 4)]
+    attn = [n for n in nodes if n.op in _ATTENTION or attention_softmax(g, n)]
     norms = [n for n in nodes if n.op in _NORMS]
     acts = [n for n in nodes if _is_activation(n)]
     evidence: list[str] = []
@@ -267,4 +285,4 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
                              tuple(evidence))
 
 
-__all__ = ["DESCRIPTIONS", "KINDS", "LayerArchitecture", "classify_layer", "prepared"]
+__all__ = ["DESCRIPTIONS", "KINDS", "LayerArchitecture", "attention_softmax", "classify_layer", "prepared"]

@@ -26,12 +26,16 @@ the fused epilogue computes exact-erf GELU only, so a tanh-GELU FFN keeps a sepa
 ILLEGAL = "illegal"
 NOT_RECOGNIZED = "not recognized"
 NOT_PROFITABLE = "not profitable"
+MODEL_TERM = "the model's own term"
 KINDS: dict[str, str] = {
     ILLEGAL: "fusing would change what the program computes or returns (an extra reader, a graph output of a "
              "single-output op)",
     NOT_RECOGNIZED: "a pattern limit: the computation could be fused, but no rule takes this form (operand order, "
                     "an activation off the allow-list, a layout or form no rule knows); the fix is in the compiler",
     NOT_PROFITABLE: "a gate or cost test decided against it (a size gate, a merge that would cost other fusions)",
+    MODEL_TERM: "nothing was refused: the fusion kept a computation of the model's own as an operand, exactly (an "
+                "additive score term that is not a padding mask: a causal band, a sliding window, ALiBi, a relative "
+                "position bias); rewriting the model would change what it computes",
 }
 """What kind of "no" a guard says (issue 17): every guard declares one."""
 
@@ -340,7 +344,7 @@ def guard(name: str, check: Callable[[Ctx], bool], explain: Callable[[Ctx], str]
     return Guard(name, check, explain, highlight, hint, tuple(requires), kind, fix, tuple(reads), subject)
 
 
-__all__ = ["EPILOGUE_ACTIVATIONS", "ILLEGAL", "KINDS", "NOT_PROFITABLE", "NOT_RECOGNIZED", "Ctx", "Guard",
+__all__ = ["EPILOGUE_ACTIVATIONS", "ILLEGAL", "KINDS", "MODEL_TERM", "NOT_PROFITABLE", "NOT_RECOGNIZED", "Ctx", "Guard",
            "Highlight", "RuleError", "activation_in", "all_single_use", "attr_eq",
            "guard", "not_output", "operands_are", "rank_eq", "rank_le", "same_shape", "single_user", "size_le",
            "static_dim", "user_count"]

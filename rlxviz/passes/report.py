@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from ..ir import Graph
+from .guard import MODEL_TERM
 from .pipeline import Pipeline
 from .trace import Rejection, Trace
 
@@ -113,6 +114,8 @@ def missed_fusions(source: Graph | Trace, pipeline: Pipeline | None = None) -> l
     for k, s in enumerate(trace.steps):
         own = s.pass_name == REGION_PASS
         for r in s.rejections:
+            if r.kind == MODEL_TERM:  # the model's own structure, kept as it is: reported by `left_out`
+                continue
             if not r.headline or not any(i in final or (not own and i in regioned)
                                          for i in (r.anchor, *r.offending)):
                 continue
@@ -126,10 +129,14 @@ def missed_fusions(source: Graph | Trace, pipeline: Pipeline | None = None) -> l
 
 def left_out(trace: Trace) -> list[str]:
     """What fusions that happened left out (their soft rejections, e.g. a refused merge, an additive mask
-    kept, an activation not absorbed), one line each, except those already reported as missed fusions."""
+    kept, an activation not absorbed) and what the model's own structure kept out of a fusion (a `MODEL_TERM`
+    refusal whose anchor survives: cross-attention and FusedAttentionBlock), one line each, except those already
+    reported as missed fusions."""
     missed = {(m.pattern, m.node) for m in missed_fusions(trace)}
+    final = trace.final
     return [f"{r.rule} @ %{r.anchor} ({r.path or '-'}): {r.guard} [{r.kind}]: {r.message}"
-            for r in trace.rejections if r.soft and (r.rule, r.anchor) not in missed]
+            for r in trace.rejections if (r.rule, r.anchor) not in missed and (
+                r.soft or (r.kind == MODEL_TERM and r.headline and r.anchor in final))]
 
 
 def format_report(trace: Trace) -> str:

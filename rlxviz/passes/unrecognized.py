@@ -11,7 +11,8 @@ matched or rejected (no `Match`/`Rejection` binds, anchors or names any of them)
 * `gelu`: `erf`, or `tanh` whose user adds a constant (`1 + tanh(...)`);
 * `glu`: an activation whose result multiplies a matmul's (a gated linear unit);
 * `where_mask`: `where` feeding a softmax (a boolean attention mask);
-* `attention`: a rank-4 softmax left as primitives.
+* `attention`: an attention softmax left as primitives (rank 4, or rank 3+ read as the left operand of `P @ V`:
+  heads folded into the batch, `architecture.attention_softmax`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..ir import Graph, Node, Op
+from .architecture import attention_softmax
 from .report import MissedFusion
 from .trace import Trace
 
@@ -104,8 +106,10 @@ def _signatures(g: Graph) -> list[tuple[str, tuple[int, ...], str]]:
         elif n.op == Op.WHERE and any(u.op == Op.SOFTMAX for u in g.users(n.id)):
             sm = next(u for u in g.users(n.id) if u.op == Op.SOFTMAX)
             found.append(("where_mask", (n.id, sm.id), f"where %{n.id} masks the scores of softmax %{sm.id}"))
-        elif n.op == Op.SOFTMAX and n.rank == 4:
-            found.append(("attention", (n.id,), f"softmax %{n.id} over [B, heads, Sq, Sk] scores"))
+        elif attention_softmax(g, n):
+            scores = "[B, heads, Sq, Sk]" if n.rank == 4 else f"{list(n.shape)} (heads folded into the batch)"
+            found.append(("attention", (n.id,), f"softmax %{n.id} over {scores} scores, read by P @ V"
+                          if n.rank != 4 else f"softmax %{n.id} over {scores} scores"))
     return found
 
 

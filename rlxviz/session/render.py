@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..ir import Graph
-from ..passes import Trace, explain, layer_of
+from ..passes import Trace, layer_of
 from ..viz import Overlay, Verdict, render_dot, render_svg
 from .cache import LRUCache
 from .loading import model_layers
 from .pipeline import graph_digest
-from .status import layer_status
+from .status import layer_status, verdict_pass
 
 RENDERS = LRUCache(maxsize=512)
 """SVG text by (source key, View), shared by every session of the process."""
@@ -56,9 +56,12 @@ class View:
 
 
 def _why(trace: Trace, layer: int | None, i: int) -> tuple[Graph, Overlay | None]:
-    rejected = explain(trace, layer).rejected if layer is not None else []
-    if rejected:
-        s = trace.step(rejected[0].pass_name)
+    """The "why" side: the graph before the pass of the layer's verdict (`status.verdict_pass`, the rejection
+    `layer_status` names first), with its marks; a layer that fused as expected (or no layer) shows version
+    `i`. One verdict: the text and the picture never name different rejections."""
+    name = verdict_pass(trace, layer) if layer is not None and layer in model_layers(trace.input) else None
+    if name is not None:
+        s = trace.step(name)
         return s.before, Overlay.before(s)
     step = trace.steps[i - 1] if i > 0 else None
     return (step.after, Overlay.after(step)) if step is not None else (trace.input, None)

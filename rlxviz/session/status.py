@@ -12,6 +12,7 @@ from typing import Any
 from ..ir import Op
 from ..ir.ops import FUSED
 from ..passes import PASSES, MissedFusion, Outcome, Trace, explain, layer_of, missed_fusions
+from ..passes.guard import MODEL_TERM
 from ..passes.report import left_out
 from ..passes.unrecognized import unrecognized
 from .architecture import Architecture, classify
@@ -113,6 +114,8 @@ class LayerStatus:
                 lines.append(f"  no rejection: {self.silent}")
             lines += [f"  also rejected: {o.rule}: {o.guard} ({o.kind})" for o in self.rejections
                       if o is not self.first]
+            lines += [f"  also unrecognized: {m}" for m in self.misses if m.startswith("unrecognized.")
+                      and (self.first is None or not m.startswith(self.first.rule + " "))]
             if self.expected_kind is not self.architecture:
                 lines.append(f"  layer kind: {self.architecture.description}; its sibling layers are "
                              f"{self.expected_kind.description}, so it is expected to fuse like them")
@@ -205,7 +208,7 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
     misses, ignored = expected_misses(trace, arch, layer)
     skipped = list(ignored)
     miss_keys = {(m.pattern, m.node) for m in misses}
-    rejected = [o for o in ex.rejected if o.rule not in skipped]
+    rejected = [o for o in ex.rejected if o.rule not in skipped and o.kind != MODEL_TERM]
     surviving = [o for o in rejected if any((o.rule, a) in miss_keys for a in o.nodes)]
     fused = (bool(ftl) or not expect_ftl) and not misses
     first = None if fused else (surviving[0] if surviving else (rejected[0] if rejected else None))
@@ -231,6 +234,17 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
     return LayerStatus(layer, fused, ftl[0] if ftl else None, expected, first, own, arch, silent, rejected,
                        [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(),
                        done, list(ignored.values()), _blocker(first, made))
+
+
+def verdict_pass(trace: Trace, layer: int) -> str | None:
+    """The pass of the layer's verdict: the pass whose rejection `layer_status` names first (the one "why didn't
+    layer N fuse" answers with), or None when the layer fused as expected or its first rejection is no pass of
+    the run (an `unrecognized.*` finding). The drawing's "why" side (`render._why`) reads this, so the picture
+    beside the text is always the text's rejection."""
+    first = layer_status(trace, layer).first
+    if first is None or first.pass_name not in {s.pass_name for s in trace.steps}:
+        return None
+    return first.pass_name
 
 
 def _blocker(first: Outcome | None, made: set[tuple[str, str]]) -> str:
@@ -346,4 +360,4 @@ def check_fusion(trace: Trace, model: str = "", layers: Iterable[int] | None = N
 
 
 __all__ = ["LAYER_PASS", "PRODUCTS", "FusionCheck", "LayerStatus", "check_fusion", "check_layer", "expected_misses",
-           "judged_kind", "layer_status", "recognized"]
+           "judged_kind", "layer_status", "recognized", "verdict_pass"]

@@ -50,16 +50,17 @@ default scale (guard `default_scale`) and a keep mask, so it holds for every inp
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ...ir import Node, Op, Rewriter
+from ...ir import Graph, Node, Op, Rewriter
 from ...ir.ops import kv_heads, operand_roles
-from ..engine import rule_pass
+from ..engine import Pass, PassResult, rule_pass
 from ..guard import (
     ILLEGAL,
+    MODEL_TERM,
     NOT_RECOGNIZED,
     Ctx,
     Guard,
@@ -76,6 +77,7 @@ from ..rule import QUIET, Fail, Rule, Shape, Soft, User, reports
 from ..trace import Rejection
 from . import where_mask
 from .gqa import explain_heads, heads_match, kv_heads_pattern, kv_repeat_guard, num_kv_heads, repeat_roles
+from .heads import unfold_heads
 from .where_mask import where_scores
 
 # -- fuse_sdpa -----------------------------------------------------------------------------------
@@ -212,9 +214,26 @@ def _prescale_kept(c: Ctx) -> Fail | None:
     return None
 
 
-@reports("mask_form", reads=("mask", "q_reshape", "k_reshape"))
+def model_term(m: Node) -> str:
+    """Why the additive score term `m` cannot be a padding keep mask, or "": a padding mask varies only along the
+    batch and the key axis (`[B, 1, 1, Sk]`), so a term with more than one row per head (`[.., H, .., ..]`: ALiBi,
+    a relative position bias) or per query (`[.., .., Sq, Sk]`: a causal or sliding-window band) is the model's
+    own: the attention takes it as an additive operand, unchanged."""
+    shape = (1,) * max(0, 4 - m.rank) + tuple(m.shape)
+    heads, queries = shape[-3], shape[-2]
+    if heads > 1:
+        return f"it has one row per head ({heads} heads: a per-head bias such as ALiBi or a relative position bias)"
+    if queries > 1:
+        return f"it has one row per query ({queries} queries: a causal or sliding-window band, or a position bias)"
+    return ""
+
+
+@reports("mask_form", "mask_model_term", reads=("mask", "q_reshape", "k_reshape"),
+         kinds={"mask_model_term": MODEL_TERM})
 def _mask_form(c: Ctx) -> Fail | None:
-    """Trace HF's additive mask to the keep mask (soft: otherwise keep it additive)."""
+    """Trace HF's additive mask to the keep mask (soft: otherwise keep it additive). A term that cannot be a
+    padding mask (`model_term`) is kept as the attention's additive operand and said so (`mask_model_term`, the
+    model's own term: no miss, no advice to rewrite the model)."""
     if "mask" not in c:
         return QUIET
     g = c.graph
@@ -224,6 +243,12 @@ def _mask_form(c: Ctx) -> Fail | None:
     why = None
     if m.op == Op.MUL and m.shape == (b, 1, 1, s) and _reshaped_first(c, m, b, s):
         return None
+    term = model_term(m)
+    if term:
+        return Fail("guard", "mask_model_term",
+                    f"additive score term kept as the attention's operand: {c.the('mask', 'mask')} is {m.op.value} "
+                    f"{list(m.shape)}; {term}, so it is not a padding mask and the fused attention adds it as it is "
+                    f"(exact)", (), (), "nothing to change in the model", subject=m.id, kind=MODEL_TERM, fix="")
     if m.op != Op.RESHAPE or m.shape != (b, 1, 1, s):
         why = f"{c.the('mask', 'mask')} is {m.op.value} {list(m.shape)}, not reshape(..., [{b}, 1, 1, {s}])"
     else:
@@ -351,7 +376,18 @@ SDPA = Rule(
     doc="HF head split (+ Q/K pre-scale) + matmul/scale/mask/softmax/matmul + merge -> packed attention "
         "(keep mask traced)")
 
-fuse_sdpa = rule_pass("fuse_sdpa", [SDPA], "Hugging Face scaled-dot-product attention -> packed attention op")
+_sdpa_rules = rule_pass("fuse_sdpa", [SDPA], "")
+
+
+def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
+    """Lift folded-heads chains to the 4-D head layout (`heads.unfold_heads`, exact), then match `SDPA`."""
+    lifted, unfolded = unfold_heads(graph)
+    r = _sdpa_rules(lifted, params)
+    return PassResult(r.graph, unfolded + r.matches, r.rejections)
+
+
+fuse_sdpa = Pass("fuse_sdpa", _fuse_sdpa, (SDPA,), doc="Hugging Face scaled-dot-product attention -> packed "
+                 "attention op (heads folded into the batch lifted to [B, H, S, d] first)")
 
 # -- fuse_attention_block --------------------------------------------------------------------------
 
@@ -410,6 +446,8 @@ def scale_origin(steps: Sequence[Any], r: Rejection) -> str:
         parts, product = [], 1.0
         for op_role, const_role in (*_FACTORS[1:], _FACTORS[0]):  # in dataflow order: Q, K, then the scores
             if op_role not in b or const_role not in b:
+                continue
+            if b[op_role] not in g or b[const_role] not in g:  # a scale lifted by unfold_heads: a new node
                 continue
             node, v = g[b[op_role]], typed_value(g[b[const_role]])
             if v is None:
@@ -499,6 +537,43 @@ def _block_rewrite(c: Ctx, rw: Rewriter) -> int:
     return rw.fuse(Op.FUSED_ATTENTION_BLOCK, ins, attrs, absorbed=absorbed, result=c.id("out"))
 
 
+def _projected_from(g: Graph, i: int) -> int | None:
+    """The input a Q/K/V operand is projected from: `x` of `matmul(x, w)` / `FusedMatMulBiasAct(x, ...)`, through
+    a bias add and a narrow of a packed projection; None when it is not a projection (a norm, a rotation)."""
+    for _ in range(4):
+        n = g[i]
+        if n.op in (Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT):
+            return n.inputs[0]
+        if n.op == Op.NARROW:
+            i = n.inputs[0]
+        elif n.op == Op.ADD:
+            mm = [j for j in n.inputs if g[j].op == Op.MATMUL]
+            if len(mm) != 1:
+                return None
+            i = mm[0]
+        else:
+            return None
+    return None
+
+
+@reports("self_attention", kind=MODEL_TERM, reads=("attn",))
+def _self_attention(c: Ctx) -> Fail | None:
+    """Q and K/V projected from one input (self-attention). Cross-attention (Q from the decoder, K/V from the
+    encoder) is the model's own structure: the block, one QKV projection of one hidden input, cannot hold it."""
+    g, attn = c.graph, c["attn"]
+    q, k, v = (_projected_from(g, i) for i in attn.inputs[:3])
+    if q is None or k is None or v is None or q == k == v:
+        return None
+    kv = k if k == v else None
+    what = (f"K and V from {c.name_of(kv)}" if kv is not None
+            else f"K from {c.name_of(k)} and V from {c.name_of(v)}")
+    return Fail("guard", "self_attention",
+                f"Q and K/V come from different inputs: Q is projected from {c.name_of(q)}, {what} "
+                f"(cross-attention); FusedAttentionBlock is the self-attention of one hidden input (one QKV "
+                f"projection)", (), (), "nothing to change in the model: cross-attention keeps its packed attention",
+                subject=q, kind=MODEL_TERM, fix="a cross-attention block (a Q projection and a packed K/V projection)")
+
+
 BLOCK = Rule(
     "fuse_attention_block.qkv_attention_out", P(Op.ATTENTION, name="attn"),
     steps=(
@@ -508,6 +583,7 @@ BLOCK = Rule(
                 fix="give FusedAttentionBlock additive and causal mask kinds"),
         attr_eq("attn", "scale", None, "default_scale", "the block uses 1/sqrt(head_dim)",
                 fix="give FusedAttentionBlock a scale attribute", explain=_explain_block_scale),
+        _self_attention,
         Shape("qkv_packed", "attn", P(Op.ATTENTION, P(Op.NARROW, P.var("qkv"), name="q"),
                                       P(Op.NARROW, P.var("qkv"), name="k"), P(Op.NARROW, P.var("qkv"), name="v"),
                                       P.var("mask"), name="attn"),

@@ -27,13 +27,16 @@ and adversarial inputs in `tests/test_forms.py`):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
 
 from ...ir import DType, Graph, Node, Op, Rewriter
-from ..engine import rule_pass
+from ..engine import Pass, PassResult, rule_pass
 from ..guard import ILLEGAL, NOT_RECOGNIZED, Ctx, guard
 from ..pattern import P, const_value, is_const
 from ..rule import QUIET, Fail, Rule, reports
+from .norm_casts import absorb_casts
 
 _AFFINE_LEAVES = (Op.PARAM, Op.CONST)
 
@@ -289,7 +292,22 @@ RMS_NORM = Rule(
     labels={"var": "mean square", "normed": "normalized x"},
     doc="x * rsqrt(mean(x^2) + eps) [* gamma] as primitives -> rms_norm")
 
-canonicalize_norm = rule_pass("canonicalize_norm", [LAYER_NORM, RMS_NORM],
-                              "LayerNorm / RMSNorm written as primitives -> layer_norm / rms_norm")
+_norm_rules = rule_pass("canonicalize_norm", [LAYER_NORM, RMS_NORM], "")
+
+
+def _canonicalize_norm(graph: Graph, params: Mapping[str, Any]) -> PassResult:
+    """The norm rules, then the casts around a recognized half-precision RMSNorm absorbed
+    (`norm_casts.absorb_casts`: `gamma * cast(rms_norm(cast(x, f32)), f16)` -> `rms_norm(x, gamma)`)."""
+    r = _norm_rules(graph, params)
+    g, matches, refused = absorb_casts(r.graph)
+    moved = {m.bindings["norm"]: m.fused for m in matches}  # a recognized norm whose casts were absorbed
+    first = [replace(m, fused=moved.get(m.fused, m.fused)) for m in r.matches]
+    casts = [replace(m, fused=None) for m in matches]  # the norm's own match names the product once
+    return PassResult(g, first + casts, r.rejections + refused)
+
+
+canonicalize_norm = Pass("canonicalize_norm", _canonicalize_norm, (LAYER_NORM, RMS_NORM),
+                         doc="LayerNorm / RMSNorm written as primitives -> layer_norm / rms_norm (an f16 RMSNorm's "
+                             "f32 casts absorbed)")
 
 __all__ = ["LAYER_NORM", "RMS_NORM", "canonicalize_norm"]

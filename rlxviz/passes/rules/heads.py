@@ -1,0 +1,134 @@
+"""Attention with the heads folded into the batch (BART / Marian / T5 eager, fairseq): `bmm` on `[B*H, S, d]`.
+
+The exporter writes `q3 = reshape(q4, [B*H, S, d])` (q4 `[B, H, S, d]`), `bmm(q3, transpose(k3, [0, 2, 1]))`,
+a softmax over a rank-3 tensor, `bmm(p3, v3)` and `reshape(o3, [B, H, S, d])` back (the mask is often added on
+a `[B, H, S, S]` view in between). `unfold_heads` lifts that chain to the 4-D head layout, so `fuse_sdpa`'s rule
+sees the same attention as the 4-D form:
+
+* a fold `reshape(x4 [B, H, a, b] -> [B*H, a, b])` is read as x4;
+* `transpose(f, [0, 2, 1])` of a folded f -> `transpose(x4, [0, 1, 3, 2])`;
+* `matmul(f1, f2)` of two folded operands with the same (B, H) -> `matmul(x4_1, x4_2)`;
+* `softmax(f, axis=-1)` (or axis 2) -> `softmax(x4, axis=-1)`;
+* `mul` / `div` of a folded value by a 0-d operand (the score scale) -> the same op on x4;
+* `add(f, bias)` with a `[B*H, a, b]` bias (T5's position bias) -> `add(x4, reshape(bias, [B, H, a, b]))`, and
+  with a `[a, b]` or `[b]` bias -> `add(x4, bias)` (it broadcasts over the leading axes either way);
+* an unfold `reshape(f -> [B, H, a, b])` of a lifted value -> the lifted 4-D value itself.
+
+Validity (numbers equal for every input): the fold merges the two leading axes row-major (batch index
+`b * H + h`), and each lifted op acts on each leading index alone (batched matmul, a swap of the last two axes,
+a softmax over the last axis, a product with one scalar, a sum with a bias folded the same way or broadcast
+over the leading axes), so `op3(reshape(x4)) == reshape(op4(x4))` element
+for element with the same arithmetic per row. A lifted value read by anything else keeps its 3-D form
+(`reshape(op4, [B*H, a, b])`).
+The rewrite runs only on a chain that holds a softmax and two matmuls (an attention); it is reported as a
+`fuse_sdpa.unfold_heads` match.
+"""
+
+from __future__ import annotations
+
+from ...ir import Graph, Node, Op, Rewriter
+from ..trace import Match
+
+RULE = "fuse_sdpa.unfold_heads"
+
+
+def _fold_source(g: Graph, n: Node) -> tuple[int, int, int] | None:
+    """`(x4, B, H)` when `n` is `reshape(x4 [B, H, a, b] -> [B*H, a, b])`, else None."""
+    if n.op != Op.RESHAPE or n.rank != 3:
+        return None
+    x = g[n.inputs[0]]
+    if x.rank != 4 or x.shape[2:] != n.shape[1:] or x.shape[0] * x.shape[1] != n.shape[0]:
+        return None
+    return x.id, x.shape[0], x.shape[1]
+
+
+def _other(n: Node, i: int) -> int:
+    """`n`'s operand that is not `i`."""
+    return n.inputs[1] if n.inputs[0] == i else n.inputs[0]
+
+
+def _plan(g: Graph) -> tuple[dict[int, tuple[int, int]], dict[int, str], dict[int, int]]:
+    """Which nodes lift: `folded` (node -> (B, H)) for folds and lifted ops, `kind` (node -> 'fold', 'transpose',
+    'matmul', 'softmax', 'scalar', 'bias'), `unfold` (reshape node -> the folded node it unfolds)."""
+    folded: dict[int, tuple[int, int]] = {}
+    kind: dict[int, str] = {}
+    unfold: dict[int, int] = {}
+    for n in g:
+        src = _fold_source(g, n)
+        if src is not None:
+            folded[n.id], kind[n.id] = src[1:], "fold"
+            continue
+        ins = [i for i in n.inputs if i in folded]
+        if not ins:
+            continue
+        bh = folded[ins[0]]
+        if n.op == Op.TRANSPOSE and tuple(n.attrs["perm"]) == (0, 2, 1):
+            folded[n.id], kind[n.id] = bh, "transpose"
+        elif n.op == Op.MATMUL and len(ins) == 2 and len(n.inputs) == 2 and folded[ins[1]] == bh and n.rank == 3:
+            folded[n.id], kind[n.id] = bh, "matmul"
+        elif n.op == Op.SOFTMAX and int(n.attrs.get("axis", -1)) in (-1, 2):
+            folded[n.id], kind[n.id] = bh, "softmax"
+        elif n.op in (Op.MUL, Op.DIV) and len(ins) == 1 and len(n.inputs) == 2 and all(
+                g[i].rank == 0 for i in n.inputs if i not in folded):
+            folded[n.id], kind[n.id] = bh, "scalar"
+        elif n.op == Op.ADD and len(ins) == 1 and len(n.inputs) == 2 and n.shape == g[ins[0]].shape and (
+                g[_other(n, ins[0])].shape in (n.shape, n.shape[1:], n.shape[2:])):
+            folded[n.id], kind[n.id] = bh, "bias"
+        elif n.op == Op.RESHAPE and kind[ins[0]] != "fold" and n.shape == (*bh, *g[ins[0]].shape[1:]):
+            unfold[n.id] = ins[0]
+    return folded, kind, unfold
+
+
+def unfold_heads(g: Graph) -> tuple[Graph, list[Match]]:
+    """`g` with every folded-heads attention chain lifted to the 4-D head layout (see the module doc), and one
+    `Match` per chain's softmax; `(g, [])` when there is none."""
+    folded, kind, unfold = _plan(g)
+    softmaxes = [i for i, k in kind.items() if k == "softmax"]
+    if not softmaxes or sum(k == "matmul" for k in kind.values()) < 2:
+        return g, []
+    rw = Rewriter(g, "fuse_sdpa")
+    four: dict[int, int] = {}  # folded node -> its 4-D value
+    lifted = {i for i, k in kind.items() if k != "fold"}
+    for n in g:
+        k = kind.get(n.id)
+        if k == "fold":
+            four[n.id] = four.get(n.inputs[0], n.inputs[0])
+            continue
+        if k is None:
+            continue
+        with rw.provenance([n.id]):
+            if k == "transpose":
+                four[n.id] = rw.transpose(four[n.inputs[0]], (0, 1, 3, 2))
+            elif k == "matmul":
+                four[n.id] = rw.matmul(four[n.inputs[0]], four[n.inputs[1]])
+            elif k == "bias":
+                f = next(i for i in n.inputs if i in folded)
+                other = _other(n, f)
+                if g[other].rank == 3:  # a [B*H, a, b] bias: the same fold, read back as [B, H, a, b]
+                    other = rw.reshape(other, (*folded[f], *g[other].shape[1:]))
+                pair = (four[f], other) if n.inputs[0] == f else (other, four[f])
+                four[n.id] = rw.add(*pair)
+            elif k == "scalar":
+                four[n.id] = rw.emit(n.op, [four.get(i, i) for i in n.inputs])
+            else:
+                four[n.id] = rw.softmax(four[n.inputs[0]], -1)
+    for u, src in unfold.items():
+        rw.replace(u, four[src])
+    done = lifted | set(unfold)
+    for i in folded:
+        if i in unfold:
+            continue
+        others = [u for u in g.users(i) if u.id not in done] or g.is_output(i)
+        if i in lifted:
+            if others:
+                with rw.provenance([i]):
+                    rw.replace(i, rw.reshape(four[i], g[i].shape))
+            else:
+                rw.remove([i])
+        elif not others:  # a fold read only by lifted ops
+            rw.remove([i])
+    matches = [Match("fuse_sdpa", RULE, s, {"softmax": s}, None, g[s].path) for s in softmaxes]
+    return rw.finish(), matches
+
+
+__all__ = ["RULE", "unfold_heads"]
