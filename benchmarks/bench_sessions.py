@@ -53,7 +53,7 @@ class Opened:
 async def one(browser, url: str, timeout_s: float, keep: list | None = None) -> Opened:
     """Open one page and time it; its context is closed at the end, or appended to `keep` for the caller to close
     (after it read the CPU seconds: a closed context's renderer process is gone, and its seconds with it)."""
-    ctx = await browser.new_context(viewport={"width": 1400, "height": 900})
+    ctx = await browser.new_context(viewport={"width": 1600, "height": 900})  # wide: the sidebar opens unfolded
     page = await ctx.new_page()
     out = Opened()
     t0 = time.perf_counter()

@@ -132,6 +132,19 @@ def open_tab(pg: Page, name: str) -> None:
     expect(tab).to_have_class(re.compile(r"\bbk-active\b"))
 
 
+def open_sidebar(pg: Page) -> None:
+    """Unfold the sidebar if the page opened with it folded (a window narrower than `layout.NARROW_PX`)."""
+    if pg.locator("#sidebar.hidden").count():
+        pg.locator("#sidebar-button").click()
+    expect(pg.locator("#sidebar")).not_to_have_class(re.compile(r"\bhidden\b"))
+
+
+def close_inspector(pg: Page) -> None:
+    """Close the node drawer (it covers the after pane's right edge while open)."""
+    pg.locator(".rv-inspector-close button").click()
+    expect(pg.locator(".rv-inspector-drawer")).to_be_hidden()
+
+
 def choose_version(pg: Page, label: str) -> None:
     """Select the version whose label contains `label` and wait until the after-pane shows it."""
     sel = pg.locator(".rv-version select")

@@ -9,7 +9,18 @@ import time
 
 import pytest
 from playwright.sync_api import expect
-from served import ART, choose_version, chromium, context, free_port, open_tab, served_app, watched_page
+from served import (
+    ART,
+    choose_version,
+    chromium,
+    close_inspector,
+    context,
+    free_port,
+    open_sidebar,
+    open_tab,
+    served_app,
+    watched_page,
+)
 
 from rlxviz import session
 from rlxviz.app.state import VARIANT_LABELS
@@ -261,6 +272,7 @@ def test_debugger_flow_keeps_the_view_and_finds_nodes(watched):
     open_tab(pg, "Graph")
     expect(pg.locator(".rv-inspector")).to_contain_text(f"%{other}")
     pg.locator(f".rv-after g#n{other}.rv-sel").wait_for()
+    close_inspector(pg)  # the drawer covers the after pane's right edge
     # the layer view: a click on a layer box opens it in place (tests/test_browser_nav.py folds it back); the
     # focus view then shows the layer clicked
     pg.locator(".rv-view select").select_option("collapsed")
@@ -274,6 +286,7 @@ def test_debugger_flow_keeps_the_view_and_finds_nodes(watched):
 
 def test_teacher_flow_every_variant_and_pipeline(watched):
     pg = watched
+    open_sidebar(pg)  # folded at 1280 px
     for name in ("output_intermediate", "extra_h1_user", "tanh_gelu", "pre_ln", "swapped_residual",
                  "over_threshold"):
         pg.locator(f".rv-variant-{name} button").click()
@@ -317,7 +330,8 @@ def test_ir_paste_small_and_large_and_a_parse_error(watched):
     shown version" with an edit, then a parse error marks the line and the previous drawing stale. Each wait is for
     text only the new state shows (the old drawing stays on screen while a load runs)."""
     pg = watched
-    pg.get_by_role("button", name="IR text").click()
+    open_sidebar(pg)
+    pg.get_by_role("button", name="IR text").click()  # opens the IR editor tab
     expect(pg.locator(".rv-message")).not_to_contain_text("empty")
     small = format_graph(session.load("bert-tiny").graph)
     assert 6_000 < len(small.encode()) < 7_500
@@ -345,14 +359,16 @@ def test_ir_paste_small_and_large_and_a_parse_error(watched):
     expect(pg.locator(".rv-after svg")).to_contain_text("model_edited")
     expect(pg.locator(".rv-version select")).to_contain_text("0: input (196 ops)")
 
+    open_tab(pg, "IR editor")
     _type_ir(pg, SMALL_IR.replace("exp(%1)", "exp(%1"))
-    pg.locator(".rv-load-ir button").click()
+    pg.locator(".rv-load-ir button").click()  # the Graph tab, then back to the editor on the parse error
     expect(pg.locator(".rv-message")).to_contain_text("line 4")
     expect(pg.locator(".rv-ir-text .ace_error")).to_have_count(1)
+    open_tab(pg, "Graph")
     expect(pg.locator(".rv-stale-graph")).to_contain_text("Stale: showing the previous model (model_edited)")
     open_tab(pg, "Why didn't layer N fuse?")
     expect(pg.locator(".rv-stale-why")).to_contain_text("Stale: showing the previous model")
-    open_tab(pg, "Graph")
+    open_tab(pg, "IR editor")
     _type_ir(pg, SMALL_IR)
     pg.locator(".rv-load-ir button").click()
     expect(pg.locator(".rv-version select")).to_contain_text("0: input (3 ops)", timeout=60_000)
@@ -373,6 +389,7 @@ def test_version_slider_follows_the_model(watched):
     options = pg.locator(".rv-version select option")
     n = options.count()
     assert n > 2 and _slider(pg) == (n - 1, 0, 0)
+    open_sidebar(pg)
     sel = pg.locator(".rv-version select")
     sel.select_option(value=options.last.get_attribute("value"))
     expect(pg.locator(".rv-counts span").last).to_have_css("color", "rgb(255, 255, 255)")  # the last is current
@@ -390,6 +407,7 @@ def test_node_search_matches_the_node_itself(watched):
     """On bert-tiny's input version, `gelu` finds the gelu nodes only (not the matmuls that take a gelu as an
     operand, named in their tooltips), and `%37` finds n37 only (not n38, whose operand it is)."""
     pg = watched
+    open_sidebar(pg)
     pg.locator(".rv-preset select").select_option("bert-tiny")
     expect(pg.locator(".rv-version select")).to_contain_text("(", timeout=60_000)
     expect(pg.locator(".rv-player input[type=range]")).to_have_attribute("max", re.compile(r"^[0-7]$"))
@@ -407,3 +425,40 @@ def test_node_search_matches_the_node_itself(watched):
     assert pg.locator(".rv-after g.rv-found-node").evaluate_all("gs => gs.map((g) => g.id)") == ["n37"]
     box.fill("encoder.layer.0.output.dense")  # a path: the nodes of that module, by their own path
     expect(pg.locator(".rv-after .rv-found")).to_have_text(re.compile(r"^1/\d+$"))
+
+
+# ------------------------------------------------------------------ layout on a laptop and a desktop screen
+
+BOXES = """() => { const all = (root, sel, out = []) => { root.querySelectorAll(sel).forEach((e) => out.push(e));
+    root.querySelectorAll('*').forEach((e) => e.shadowRoot && all(e.shadowRoot, sel, out)); return out; };
+  const box = (e) => { const r = e.getBoundingClientRect(); return { left: r.left, top: r.top, width: r.width,
+    bottom: r.bottom }; };
+  return { panes: ['.rv-before', '.rv-after'].map((s) => box(all(document, s)[0])),
+    titles: all(document, '.rv-title').map((e) => [e.textContent, e.scrollWidth, e.clientWidth]),
+    sidebar: box(document.getElementById('sidebar')), tabs: box(all(document, '.rv-tabs')[0]) }; }"""
+
+
+@pytest.mark.parametrize("width,height", [(1280, 800), (1920, 1080)])
+def test_layout_gives_the_graph_the_room(browser, server, width, height):
+    """Before and after panes at least 560 px wide each, their titles whole, their bottom above the fold; the node
+    drawer takes no width (open or not); the sidebar folded below 1600 px (☰ unfolds it); the IR editor fills its
+    tab. Screenshots: test-artifacts/app-WxH.png (docs/img/ holds copies)."""
+    with watched_page(browser, server[0], width, height) as pg:
+        choose_version(pg, "after fuse_residual_ln")
+        pg.locator(".rv-before g.node").first.wait_for()
+        expect(pg.locator(".rv-inspector-drawer")).to_be_hidden()
+        got = pg.evaluate(BOXES)
+        for pane in got["panes"]:
+            assert pane["width"] >= 560 and pane["bottom"] <= height, got
+        assert [t[0] for t in got["titles"]] == ["before fuse_residual_ln", "after fuse_residual_ln"]
+        assert all(scroll <= client for _, scroll, client in got["titles"]), got["titles"]  # not cut off
+        assert (got["sidebar"]["width"] == 0) == (width < 1600), got["sidebar"]
+        _shot(pg, f"{width}x{height}")
+        pg.locator(".rv-after g.node").nth(3).click()
+        expect(pg.locator(".rv-inspector-drawer")).to_be_visible()
+        assert pg.evaluate(BOXES)["panes"] == got["panes"]  # the drawer lies over the pane, takes no width
+        close_inspector(pg)
+        open_tab(pg, "IR editor")
+        editor = pg.locator(".rv-ir-text").bounding_box()
+        assert editor["width"] >= 0.9 * got["tabs"]["width"] and editor["height"] >= 0.5 * height, editor
+        open_tab(pg, "Graph")

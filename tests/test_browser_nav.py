@@ -11,7 +11,18 @@ import re
 
 import pytest
 from playwright.sync_api import expect
-from served import ART, WAIT_MS, choose_version, chromium, free_port, open_tab, served_app, watched_page
+from served import (
+    ART,
+    WAIT_MS,
+    choose_version,
+    chromium,
+    close_inspector,
+    free_port,
+    open_sidebar,
+    open_tab,
+    served_app,
+    watched_page,
+)
 
 expect.set_options(timeout=WAIT_MS)
 
@@ -88,6 +99,7 @@ def _minimap_and_layer_expand_in_place(pg):
     pg.screenshot(path=str(ART / "nav-expanded.png"))
     inner.click()  # a node inside an open layer is a node: the inspector shows it
     expect(pg.locator(".rv-inspector")).to_contain_text("FusedTransformerLayer")
+    close_inspector(pg)
     # a click on the open layer's frame folds it back
     pg.locator(".rv-after g#layer2.cluster text").first.click()
     pg.locator(".rv-after g#layer2.node").wait_for()
@@ -119,6 +131,7 @@ def _minimap_and_layer_expand_in_place(pg):
 
 
 def _culprit_drawn_for_extra_h1_user(pg):
+    open_sidebar(pg)
     pg.locator(".rv-variant-extra_h1_user button").click()
     expect(pg.locator(".rv-message")).to_contain_text("h1")
     expect(pg.locator(".rv-progress-text")).to_be_hidden()

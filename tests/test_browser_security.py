@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
-from served import ART, chromium, context, free_port, served_app
+from served import ART, chromium, close_inspector, context, free_port, open_tab, served_app
 
 DATA = Path(__file__).parent / "data" / "reliability"
 
@@ -106,6 +106,8 @@ def _inspected_text(pg) -> str:
         pg.locator(".rv-after g.node").nth(i).click()
         pg.wait_for_timeout(400)
         shown.append(pg.locator(".rv-inspector").first.evaluate(DEEP_TEXT))
+        if pg.locator(".rv-inspector-drawer").is_visible():  # a node that is not an IR node opens none
+            close_inspector(pg)
     return "\n".join(shown)
 
 
@@ -132,8 +134,7 @@ def test_hostile_model_text_is_shown_as_text_everywhere(browser, server):
         _assert_clean(pg, seen)
         # an invalid graph whose error message quotes the hostile lines: the status bar shows them as text
         bad = (DATA / "xss_paths.ir").read_text().replace("exp(%2) : f32[2, 4]", "exp(%2) : f32[3, 4]")
-        pg.locator(".bk-tab", has_text="Graph").click()
-        pg.get_by_role("button", name="IR text").click()
+        open_tab(pg, "IR editor")  # the source is IR text already
         _paste_ir(pg, bad)
         pg.locator(".rv-load-ir button").click()
         expect(pg.locator(".rv-message")).to_contain_text("@![t](http://example.org/leak.png)")

@@ -48,12 +48,14 @@ class ModelControls(Viewer):
         self.upload_doc = pn.pane.Markdown(f"Select **config.json** and **model.safetensors** together, or one "
                                            f"**.onnx** export (at most {limit:.0f} MB).", styles={"font-size": "12px"})
         # Ace editor: line numbers, no length cap (the server's memory budget limits the graph, not the text)
-        self.ir = pn.widgets.CodeEditor(value=s.ir_text, language="text", height=320, sizing_mode="stretch_width",
+        self.ir = pn.widgets.CodeEditor(value=s.ir_text, language="text", min_height=300, sizing_mode="stretch_both",
                                         css_classes=["rv-ir-text"], print_margin=False, indent=2, soft_tabs=True)
-        self.ir_doc = pn.pane.Markdown("Type or paste a graph (the IR tab shows the syntax), or start from "
-                                       "**Edit the shown version**.", styles={"font-size": "12px"},
-                                       css_classes=["rv-ir-doc"])
-        self.ir_file = pn.widgets.FileInput(accept=".txt,.ir,.rlx", sizing_mode="stretch_width")
+        self.ir_doc = pn.pane.Markdown("Type or paste a graph (the *IR & diff* tab shows the syntax), or start from "
+                                       "**Edit the shown version**, then **Load IR**.", styles={"font-size": "12px"},
+                                       css_classes=["rv-ir-doc"], margin=(0, 10))
+        self.ir_hint = pn.pane.Markdown("The editor is the **IR editor** tab, at the full size of the page.",
+                                        styles={"font-size": "12px"}, css_classes=["rv-ir-hint"])
+        self.ir_file = pn.widgets.FileInput(accept=".txt,.ir,.rlx", width=260)
         self.ir_file.param.watch(self._on_ir_file, "value")
         self.ir_btn = pn.widgets.Button(label="Load IR", color="primary", css_classes=["rv-load-ir"])
         self.ir_btn.on_click(lambda e: s.param.update(ir_text=self.ir.value, source="ir"))
@@ -124,12 +126,19 @@ class ModelControls(Viewer):
             "preset": [self.preset, preset_doc],
             "checkpoint": [self.folder, self.folder_btn],
             "upload": [self.upload, self.upload_doc],
-            "ir": [self.ir_doc, self.ir, self.ir_file, pn.Row(self.ir_btn, self.ir_copy)],
+            "ir": [self.ir_hint],
         }
         box = pn.Column(*by_source[self.shown], sizing_mode="stretch_width")
         self.param.watch(lambda e: setattr(box, "objects", by_source[e.new]), "shown")
         return pn.Column("### Model", self.source, box, self.style, pn.Row(self.batch, self.seq), self.text,
                          self.shape_note, sizing_mode="stretch_width")
+
+
+    def editor(self) -> pn.viewable.Viewable:
+        """The IR editor at the size of its tab: the text, a file to read it from, Load IR and Edit the shown
+        version (the sidebar's "IR text" source opens this tab; `main.follow_editor`)."""
+        return pn.Column(pn.Row(self.ir_btn, self.ir_copy, self.ir_file, sizing_mode="stretch_width"), self.ir_doc,
+                         self.ir, sizing_mode="stretch_both", css_classes=["rv-ir-editor"])
 
 
 class VariantControls(Viewer):

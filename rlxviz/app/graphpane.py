@@ -156,7 +156,8 @@ _CSS = """
 :host { display: flex; flex-direction: column; border: 1px solid #ddd; border-radius: 4px; background: #fff; }
 .rv-bar { display: flex; flex-wrap: wrap; gap: 4px; align-items: center; padding: 3px 6px; border-bottom: 1px solid #eee;
           font: 12px sans-serif; background: #fafafa; }
-.rv-title { flex: 1; font-weight: 600; color: #333; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
+.rv-title { flex: 1 0 auto; max-width: 100%; font-weight: 600; color: #333; white-space: nowrap; overflow: hidden;
+            text-overflow: ellipsis; }
 .rv-btn { border: 1px solid #ccc; background: #fff; border-radius: 3px; padding: 0 7px; cursor: pointer; font: 12px sans-serif; }
 .rv-btn.rv-off { color: #999; text-decoration: line-through; }
 .rv-search { width: 130px; font: 12px sans-serif; padding: 1px 4px; border: 1px solid #ccc; border-radius: 3px; }

@@ -14,7 +14,8 @@ from panel.viewable import Viewer
 from .access import refusal
 from .controls import ModelControls, PipelineControls, StatusBar, VariantControls
 from .jobs import Runner
-from .panels import DecisionTable, GraphCompare, IRView, NodeInspector, TimingView, VersionStepper, WhyView
+from .layout import FoldSidebar, follow_editor
+from .panels import DecisionTable, IRView, TimingView, VersionStepper, WhyView, graph_tab
 from .state import AppState
 from .text import md_escape
 
@@ -112,17 +113,20 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
             pn.state.onload(lambda: _start(state))
         else:
             _start(state)
+    model = ModelControls(state=state)
     tabs = pn.Tabs(
-        ("Graph", pn.Row(GraphCompare(state=state), NodeInspector(state=state), sizing_mode="stretch_both")),
+        ("Graph", graph_tab(state)),
         ("Matches & rejections", _when_shown(lambda: DecisionTable(state=state))),
         ("Why didn't layer N fuse?", _when_shown(lambda: WhyView(state=state))),
         ("Timing", _when_shown(lambda: TimingView(state=state))),
         ("IR & diff", _when_shown(lambda: IRView(state=state))),
+        ("IR editor", model.editor()),
         dynamic=True, sizing_mode="stretch_both", css_classes=["rv-tabs"])
+    follow_editor(tabs, len(tabs) - 1, model, state, model.ir_btn)
     tmpl = pn.template.FastListTemplate(
         title=TITLE, sidebar_width=340, accent="#1565c0", header_background="#0d47a1", theme_toggle=False,
         design=LocalFast, font=FONT, font_url="",
-        sidebar=[ModelControls(state=state), VariantControls(state=state), PipelineControls(state=state)],
+        sidebar=[model, VariantControls(state=state), PipelineControls(state=state)], header=[FoldSidebar()],
         main=[pn.Column(StatusBar(state=state), VersionStepper(state=state), tabs, sizing_mode="stretch_both")])
     tmpl.state = state  # type: ignore[attr-defined]  # handy for tests and notebooks
     return tmpl

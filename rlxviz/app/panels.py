@@ -81,7 +81,7 @@ class VersionStepper(Viewer):
         # versions; max 1 with 9): redraw the range whenever `start` or `end` change.
         self.player.jscallback(start=PLAYER_RANGE_JS, end=PLAYER_RANGE_JS)
         self.hide = pn.widgets.Checkbox.from_param(s.param.hide_unchanged, name="hide passes that changed nothing",
-                                                   align="end")
+                                                   align="end", width=240, sizing_mode="fixed")
         self.view = pn.widgets.Select.from_param(s.param.view, name="View", width=110, css_classes=["rv-view"])
         self.layer = pn.widgets.Select(name="Layer", options=self._layers(), value=s.selected_layer, width=100,
                                        css_classes=["rv-focus-layer"], visible=s.view == "focus")
@@ -130,7 +130,7 @@ class VersionStepper(Viewer):
             cells.append(f"<span style='{style}padding:2px 6px;border-radius:10px;margin:2px;display:inline-block;"
                          f"font-size:12px' title='{html_text(r['version'])}'>{html_text(r['version'])}: "
                          f"<b>{r['nodes']}</b>{delta}</span>")
-        return "<div>ops per version: " + "".join(cells) + "</div>"
+        return ("<div style='white-space:nowrap;overflow-x:auto'>ops per version: " + "".join(cells) + "</div>")
 
     def _sync(self, *events: param.parameterized.Event) -> None:
         s = self.state
@@ -153,8 +153,10 @@ class GraphCompare(Viewer):
     def __init__(self, **params: object) -> None:
         super().__init__(**params)
         s = self.state
-        self.before = SvgGraph(sizing_mode="stretch_both", min_height=480, css_classes=["rv-before"], sync="compare")
-        self.after = SvgGraph(sizing_mode="stretch_both", min_height=480, css_classes=["rv-after"], sync="compare")
+        # min_height: the panes fill the tab down to the window's bottom (stretch_both); 360 px is the least
+        # they keep on a short window, where the page scrolls
+        self.before = SvgGraph(sizing_mode="stretch_both", min_height=360, css_classes=["rv-before"], sync="compare")
+        self.after = SvgGraph(sizing_mode="stretch_both", min_height=360, css_classes=["rv-after"], sync="compare")
         for g in (self.before, self.after):
             g.param.watch(lambda e: setattr(s, "selected_node", e.obj.clicked), "clicks")
             g.param.watch(lambda e: s.toggle_layer(e.obj.layer_clicked), "layer_clicks")  # expand / fold in place
@@ -205,15 +207,30 @@ class GraphCompare(Viewer):
 
 
 class NodeInspector(Viewer):
-    """The clicked node: op, attributes, shapes, provenance, operands, users, every guard evaluated on it."""
+    """The clicked node: op, attributes, shapes, provenance, operands, users, every guard evaluated on it.
+
+    A drawer over the right edge of the graph tab (`rv-inspector-drawer`, absolutely placed in `GraphTab`): it
+    takes no width from the panes, shows when a node is selected and hides on its ✕ (which clears the selection).
+    """
 
     state = param.ClassSelector(class_=AppState)
 
     def __init__(self, **params: object) -> None:
         super().__init__(**params)
+        s = self.state
         self.pane = pn.pane.Markdown(self._text(), sizing_mode="stretch_width", css_classes=["rv-inspector"])
-        self.state.param.watch(lambda *e: setattr(self.pane, "object", self._text()),
-                               ["selected_node", "version", "trace"])
+        self.close = pn.widgets.Button(label="✕", width=36, color="light", css_classes=["rv-inspector-close"],
+                                       description="close the node panel", align="end")
+        self.close.on_click(lambda e: s.param.update(selected_node=None))
+        self.drawer = pn.Column(pn.Row(pn.pane.Markdown("### Node", margin=(0, 10)), pn.HSpacer(), self.close,
+                                       sizing_mode="stretch_width"), self.pane,
+                                width=DRAWER_PX, scroll=True, visible=s.selected_node is not None,
+                                css_classes=["rv-inspector-drawer"], styles=DRAWER_STYLE)
+        s.param.watch(self._update, ["selected_node", "version", "trace"])
+
+    def _update(self, *events: param.parameterized.Event) -> None:
+        self.pane.object = self._text()
+        self.drawer.visible = self.state.selected_node is not None
 
     def _text(self) -> str:
         s = self.state
@@ -225,7 +242,21 @@ class NodeInspector(Viewer):
         return f"*Node %{s.selected_node} is not in this version.*"
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column("### Node", self.pane, width=330, scroll=True, max_height=900)
+        return self.drawer
+
+
+DRAWER_PX = 360
+"""Width of the node drawer, px: it covers the after pane's right edge while open, never the panes' width (below
+the pane's bar, 30 px, whose search box and buttons stay reachable)."""
+DRAWER_STYLE = {"position": "absolute", "right": "0", "top": "30px", "height": "calc(100% - 30px)", "z-index": "20",
+                "background": "#fff", "border-left": "1px solid #cfd8dc", "box-shadow": "-2px 0 10px rgba(0,0,0,.18)",
+                "overflow-y": "auto"}
+
+
+def graph_tab(state: AppState) -> pn.viewable.Viewable:
+    """The Graph tab: the before/after panes at full width and the node drawer over their right edge."""
+    return pn.Column(GraphCompare(state=state), NodeInspector(state=state), sizing_mode="stretch_both",
+                     styles={"position": "relative"}, css_classes=["rv-graph-tab"])
 
 
 class DecisionTable(Viewer):

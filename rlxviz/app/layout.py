@@ -1,0 +1,40 @@
+"""Page layout helpers: the sidebar folded on a laptop-sized window, and the tab that follows the IR editor.
+
+At 1280 px the sidebar (340 px) left the before and after panes 265 px each; folded, they get about 600 px each.
+The sidebar's ☰ button (the template's own) opens and folds it at any width.
+"""
+
+from __future__ import annotations
+
+import panel as pn
+import param
+from panel.custom import JSComponent
+
+from .state import AppState
+
+NARROW_PX = 1600
+"""A window narrower than this opens with the sidebar folded: beside an open sidebar (357 px with its border) two
+panes of 560 px and the page's margins need about 1600 px."""
+
+
+class FoldSidebar(JSComponent):
+    """Folds the template's sidebar once, when the page is first drawn in a window narrower than `narrow` px
+    (calls the template's own `closeNav`, so its ☰ button opens it again). Draws nothing."""
+
+    narrow = param.Integer(NARROW_PX)
+
+    _esm = """
+export function render({ model, el }) {
+  el.style.display = 'none';
+  if (window.innerWidth < model.narrow && typeof window.closeNav === 'function') window.closeNav();
+}
+"""
+
+
+def follow_editor(tabs: pn.Tabs, editor_tab: int, shown: param.Parameterized, state: AppState,
+                  load_button: pn.widgets.Button) -> None:
+    """Open the IR editor tab when the sidebar's source becomes "IR text" (`shown.shown`) or an IR text fails to
+    load (`state.ir_error`, its line marked there); go to the Graph tab (0) when "Load IR" is pressed."""
+    shown.param.watch(lambda e: e.new == "ir" and setattr(tabs, "active", editor_tab), "shown")
+    state.param.watch(lambda e: e.new is not None and setattr(tabs, "active", editor_tab), "ir_error")
+    load_button.on_click(lambda e: setattr(tabs, "active", 0))
