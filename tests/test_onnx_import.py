@@ -195,6 +195,7 @@ def test_app_loads_an_onnx_upload():
     s = _app_state()
     s.load_upload({"gpt2.onnx": (FIX / "gpt2.onnx").read_bytes()})
     assert s.message_kind != "danger", s.message
+    assert s.message.startswith("version 0 equals the ONNX model (ONNX Runtime"), s.message  # as the CLI says it
     assert s.source == "upload" and s.model.meta["onnx_file"].endswith("model.onnx")
     assert any(n.path.startswith("h.1.attn") for n in s.trace.final)  # the exporter's names reach the app
     s.load_upload({"gpt2.onnx": b"not protobuf", "x.json": b"{}"})

@@ -86,6 +86,18 @@ def scrub_paths(text: str, upload_dir: str, temp_dir: str) -> str:
     return text
 
 
+def import_check(model: Model) -> tuple[str, bool]:
+    """(`session.fidelity.against_onnx`'s line on the model's random inputs, whether it equals), or why it could
+    not run (a gather past its table at these shapes: not equal)."""
+    from ..session.fidelity import against_onnx
+
+    try:
+        f = against_onnx(model, model.random_feeds(seed=0))
+    except ValueError as e:
+        return f"version 0 could not be checked against the ONNX model: {str(e).splitlines()[0]}", False
+    return (f.line(), f.ok) if f is not None else ("", True)
+
+
 class AppState(param.Parameterized):
     """Everything the app shows, and the actions that change it.
 
@@ -309,6 +321,10 @@ class AppState(param.Parameterized):
             model = self._load_model() if key != self._model_key or self.model is None else self.model
             if gen != self._generation:
                 return
+            checked = None
+            if model is not self.model and model.meta.get("onnx_file"):  # does version 0 equal the file itself?
+                page(lambda: self._set_progress(30, "Checking version 0 against the ONNX model…"))
+                checked = import_check(model)
             page(lambda: self._set_progress(40, "Running the fusion pipeline…"))
             try:
                 trace = self._run_pipeline(model)
@@ -328,6 +344,8 @@ class AppState(param.Parameterized):
                 # model and trace change together: views never see the new model with the old trace
                 self._set_trace(trace, model if new else None)
                 self._notice_variant()
+                if checked is not None:  # the CLI's line, word for word (`session.fidelity`)
+                    self.param.update(message=checked[0], message_kind="info" if checked[1] else "danger")
                 self._set_progress(80, "Drawing the graph…")
 
             page(show)
