@@ -246,7 +246,8 @@ def _rope_table(t: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
 def _hf_rope(ctx: _Ctx, a: Value, b: Value) -> Ref | None:
     """transformers' `apply_rotary_pos_emb` after the head split: `x * cos + cat(-x2, x1) * sin` with
     `x = transpose(reshape(p, [B, S, h, d]), [0, 2, 1, 3])` and constant cos/sin -> the IR's NeoX `rope` on the
-    packed `p`, then the same head split (the form attention patterns match). Exact: the same products and
+    packed `p` (any `[B, S, h, d]` source of the head transpose: a reshaped projection, or a narrow of a fused QKV as
+    Falcon's), then the same head split (the form attention patterns match). Exact: the same products and
     sums per element (`x1*c + (-x2)*s == x1*c - x2*s` in IEEE arithmetic), given cos/sin equal over batch and
     heads and equal in their two halves (checked on the constants)."""
     bld = ctx.b
@@ -258,9 +259,7 @@ def _hf_rope(ctx: _Ctx, a: Value, b: Value) -> Ref | None:
         xn, rn = bld.lookup(xh), bld.lookup(rot)
         if xn.op != Op.TRANSPOSE or xn.attrs["perm"] != (0, 2, 1, 3) or xn.rank != 4 or rn.op != Op.CONCAT:
             continue
-        rs = bld.lookup(xn.inputs[0])
-        if rs.op != Op.RESHAPE or bld.lookup(rs.inputs[0]).rank != 3:
-            continue
+        rs = bld.lookup(xn.inputs[0])  # [B, S, h, d]: a reshape of the projection, or a narrow of a fused QKV's
         d = xn.shape[-1]
         half = d // 2
         if d % 2 or rn.attrs["axis"] % 4 != 3 or len(rn.inputs) != 2:
@@ -276,8 +275,9 @@ def _hf_rope(ctx: _Ctx, a: Value, b: Value) -> Ref | None:
         c, s_ = _rope_table(cos, xn.shape), _rope_table(sin, xn.shape)
         if c is None or s_ is None:
             continue
-        packed = Ref(rs.inputs[0])
-        out = bld.rope(packed, ctx.ref(c), ctx.ref(s_), d)
+        bsz, seq, heads, _ = rs.shape
+        packed = _reshape_to(ctx, Ref(rs.id), (bsz, seq, heads * d))  # rope acts per head on the packed layout
+        out = bld.rope(ctx.ref(packed), ctx.ref(c), ctx.ref(s_), d)
         return bld.transpose(bld.reshape(out, rs.shape), (0, 2, 1, 3))
     return None
 

@@ -26,6 +26,7 @@ PRODUCTS: dict[str, str] = {
     "fuse_residual_ln": "FusedResidualLN", "fuse_residual_rms_norm": "FusedResidualRmsNorm",
     "fuse_transformer_layer": "FusedTransformerLayer",
     "canonicalize_norm": "layer_norm / rms_norm", "canonicalize_gelu": "gelu / gelu_tanh",
+    "canonicalize_exported": "the exporter's forms as IR ops (silu, rsqrt, where mask)",
 }
 """What each pattern pass produces, as named in a layer's expectations."""
 
