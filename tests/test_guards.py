@@ -949,7 +949,13 @@ def _cross_attention():
     return g, {"s": next(n.id for n in g.inputs if n.name == "hidden_states")}
 
 
-NEAR_MISSES += [(_SDPA, "mask_model_term", _band_mask, "s", {}),
+def _rope_heads():
+    """RoPE as q * cos + rotate_half(q) * sin on the heads, in front of the scores."""
+    g = _case_graph("n3-01")
+    return g, {"s": 28}
+
+
+NEAR_MISSES += [(_SDPA, "mask_model_term", _band_mask, "s", {}), (_SDPA, "rope_on_heads", _rope_heads, "s", {}),
                 ("fuse_attention_block.qkv_attention_out", "self_attention", _cross_attention, "s", {})]
 
 

@@ -478,3 +478,56 @@ def test_half_rmsnorm_casts_left_are_named(capsys, tmp_path, kw, fragment):
     code, out, _ = cli_run(capsys, "explain", path)
     assert code == 1 and "casts_absorbable" in out and fragment in out
     _half_numbers(g, t)
+
+
+# -- RoPE on the heads, QK-norm: named refusals, no false blame -------------------------------------------
+
+def _rope_variant(k_only: bool = False, concat_order: str = "neg_first") -> str:
+    """n3-01 with the rotation on K only (Q plain), or rotate_half written with the other operand order of the
+    add (`rot * sin + q * cos`)."""
+    src = next(CASES.glob("n3-01-*.rlx")).read_text()
+    if k_only:  # Q's scores operand is the plain head split (%21)
+        src = src.replace("  %41 = matmul(%28, %40)", "  %41 = matmul(%21, %40)")
+    if concat_order == "sum_swapped":
+        src = src.replace("  %28 = add(%22, %27)", "  %28 = add(%27, %22)").replace("  %37 = add(%31, %36)",
+                                                                                     "  %37 = add(%36, %31)")
+    return src
+
+
+@pytest.mark.parametrize("variant", ["case", "k_only", "sum_swapped"])
+def test_rope_on_heads_is_named_and_the_numbers_kept(capsys, tmp_path, variant):
+    path = next(CASES.glob("n3-01-*.rlx"))
+    if variant != "case":
+        path = tmp_path / "g.ir"
+        path.write_text(_rope_variant(k_only=variant == "k_only",
+                                      concat_order="sum_swapped" if variant == "sum_swapped" else "neg_first"))
+    g = parse_ir(path.read_text())
+    t = equal_numbers(g)
+    (r,) = [r for s in t.steps for r in s.rejections if r.guard == "rope_on_heads" and r.headline]
+    assert ("K rotated" if variant == "k_only" else "Q and K rotated") in r.message
+    assert "rotate_half" in r.message
+    code, out, _ = cli_run(capsys, "explain", path)
+    assert code == 1 and "rope_on_heads" in out and "RoPE" in out
+
+
+def test_case_01c_rope_op_packs_the_attention_without_false_blame(capsys):
+    t = equal_numbers(case("01c-rope-op-control"))
+    assert ops(t.final).get("attention") == 1
+    code, out, _ = cli_run(capsys, "explain", next(CASES.glob("n3-01c-*.rlx")))
+    assert "rope (node" in out  # the block's refusal names the rotation
+    assert "had no candidate here" not in out and "fuse_shared_input_matmul ran before and did its part" in out
+
+
+@pytest.mark.parametrize("where", ["case", "k_only"])
+def test_case_04b_qk_norm_packs_attention_and_names_the_norm_without_false_blame(capsys, tmp_path, where):
+    path = next(CASES.glob("n3-04b-*.rlx"))
+    if where == "k_only":  # the norm on K only: Q reads the projection directly
+        path = tmp_path / "g.ir"
+        path.write_text(path_text := next(CASES.glob("n3-04b-*.rlx")).read_text().replace(
+            "  %30 = reshape(%21)", "  %30 = reshape(%9)"))
+        assert "reshape(%9)" in path_text
+    t = equal_numbers(parse_ir(path.read_text()))
+    assert ops(t.final).get("attention") == 1  # packed attention reading the normed Q/K
+    code, out, _ = cli_run(capsys, "explain", path)
+    assert "rms_norm (node" in out and "qkv_packed" in out
+    assert "had no candidate here" not in out

@@ -191,6 +191,28 @@ def classify_layer(graph: Graph, layer: int | None) -> LayerArchitecture:
     return known[layer]
 
 
+def rotate_half_rope(g: Graph, n: Node) -> tuple[int, int] | None:
+    """`(add, concat)` when `n` is RoPE written on the heads, `h * cos + rotate_half(h) * sin` with
+    `rotate_half(h) = concat(-h[..., d/2:], h[..., :d/2])` (Hugging Face's eager form), else None."""
+    if n.op != Op.ADD or len(n.inputs) != 2:
+        return None
+    a, b = (g[i] for i in n.inputs)
+    for plain, rot in ((a, b), (b, a)):
+        if plain.op != Op.MUL or rot.op != Op.MUL:
+            continue
+        cat = next((g[i] for i in rot.inputs if g[i].op == Op.CONCAT), None)
+        if cat is None or len(cat.inputs) != 2:
+            continue
+        neg = next((g[i] for i in cat.inputs if g[i].op == Op.NEG), None)
+        halves = [g[i] if g[i].op == Op.NARROW else g[g[i].inputs[0]] for i in cat.inputs]
+        if neg is None or any(h.op != Op.NARROW for h in halves):
+            continue
+        source = {h.inputs[0] for h in halves}
+        if len(source) == 1 and source <= set(plain.inputs):
+            return n.id, cat.id
+    return None
+
+
 def attention_softmax(g: Graph, n: Node) -> bool:
     """A softmax of attention weights: rank 4 (`[B, H, Sq, Sk]`), or rank 3 or more and read (through reshapes,
     casts) as the left operand of a matmul (`P @ V`; heads folded into the batch: `[B*H, Sq, Sk]`)."""
@@ -225,8 +247,8 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
             else "LayerNorm" if norms else "none")
     swiglu = any(n.op == Op.FUSED_SWIGLU or (n.op == Op.SILU and any(u.op == Op.MUL for u in g.users(n.id)))
                  for n in nodes)
-    rope = any(n.op == Op.ROPE for n in nodes) or any(n.op == Op.FUSED_ATTENTION_BLOCK and n.attrs.get("has_rope")
-                                                      for n in nodes)
+    rope = any(n.op == Op.ROPE or rotate_half_rope(g, n) is not None for n in nodes) or any(
+        n.op == Op.FUSED_ATTENTION_BLOCK and n.attrs.get("has_rope") for n in nodes)
     mask: str | None = None
     if attn:
         a = attn[0]
@@ -285,4 +307,5 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
                              tuple(evidence))
 
 
-__all__ = ["DESCRIPTIONS", "KINDS", "LayerArchitecture", "attention_softmax", "classify_layer", "prepared"]
+__all__ = ["DESCRIPTIONS", "KINDS", "LayerArchitecture", "attention_softmax", "classify_layer", "prepared",
+           "rotate_half_rope"]

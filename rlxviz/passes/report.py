@@ -58,7 +58,9 @@ _RUN_FIRST = re.compile(r"run (\w+) first")
 def in_context(trace: Trace, step: int, r: Rejection) -> tuple[str, str]:
     """`(message, hint)` of rejection `r` (recorded by `trace.steps[step]`), with a "run P first" advice
     replaced by what P decided when P already ran before this pass: its rejection on the same nodes
-    (e.g. `biases_mergeable`, `merge_keeps_fusions`), or that it had no candidate there."""
+    (e.g. `biases_mergeable`, `merge_keeps_fusions`), that it fused nodes a few edges above these (its product
+    then feeds what this pattern refused: a RoPE, a norm between the QKV projection and the attention), or that
+    it had no candidate there."""
     m = _RUN_FIRST.search(r.hint) or _RUN_FIRST.search(r.message)
     if m is None:
         return r.message, r.hint
@@ -68,9 +70,16 @@ def in_context(trace: Trace, step: int, r: Rejection) -> tuple[str, str]:
     mine = {*r.bindings.values(), *r.offending, r.anchor}
     related = [x for s in earlier for x in s.rejections
                if x.headline and ({*x.bindings.values(), *x.offending, x.anchor} & _producers(s.before, mine))]
+    near = _producers(trace.steps[step].before, mine, depth=4)
+    made = [(x, s.after) for s in earlier for x in s.matches if x.fused is not None and x.fused in near]
     if related:
         x = related[-1]
         said = f"{m.group(1)} ran before and said no here: {x.guard} ({x.kind}): {x.message}"
+    elif made:  # P did its part on these nodes: what blocks is between its product and this pattern
+        x, after = made[-1]
+        what = after[x.fused].op.value if x.fused in after else "its product"
+        said = (f"{m.group(1)} ran before and did its part here ({x.rule} -> {what}, node {x.fused}); what this "
+                f"pattern does not take stands between that product and this one")
     else:
         said = f"{m.group(1)} ran before but had no candidate here (its pattern did not match these nodes)"
     return r.message.replace(m.group(0), said), r.hint.replace(m.group(0), said)

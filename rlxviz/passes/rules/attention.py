@@ -57,6 +57,7 @@ import numpy as np
 
 from ...ir import Graph, Node, Op, Rewriter
 from ...ir.ops import kv_heads, operand_roles
+from ..architecture import rotate_half_rope
 from ..engine import Pass, PassResult, rule_pass
 from ..guard import (
     ILLEGAL,
@@ -334,6 +335,43 @@ def _sdpa_rewrite(c: Ctx, rw: Rewriter) -> int:
     return new
 
 
+def _scores_matmul(g: Graph, softmax: Node) -> Node | None:
+    """The `Q @ K^T` matmul under a softmax, through at most three mask adds / scale muls or divs."""
+    todo = [(softmax.inputs[0], 0)]
+    while todo:
+        i, d = todo.pop()
+        n = g[i]
+        if n.op == Op.MATMUL and n.rank == 4:
+            return n
+        if d < 3 and n.op in (Op.ADD, Op.MUL, Op.DIV):
+            todo += [(j, d + 1) for j in n.inputs]
+    return None
+
+
+@reports("rope_on_heads", reads=("softmax",))
+def _rope_on_heads(c: Ctx) -> Fail | None:
+    """Name RoPE written on the heads (`q * cos + rotate_half(q) * sin` after the head split) in front of the
+    scores: the HF pattern takes Q and K straight from the head split, so the rotation is what blocks it."""
+    g = c.graph
+    mm = _scores_matmul(g, c["softmax"])
+    if mm is None:
+        return None
+    k = g[mm.inputs[1]]
+    k = g[k.inputs[0]] if k.op == Op.TRANSPOSE else k
+    found = [(who, rotate_half_rope(g, n)) for who, n in (("Q", g[mm.inputs[0]]), ("K", k))]
+    found = [(who, r) for who, r in found if r is not None]
+    if not found:
+        return None
+    who, (add, cat) = found[0]
+    both = " and K" if len(found) == 2 else ""
+    return Fail("guard", "rope_on_heads",
+                f"{who}{both} rotated by RoPE written on the heads: {c.name_of(add)} = h * cos + rotate_half(h) * sin "
+                f"(rotate_half: {c.name_of(cat)}); the attention pattern takes Q and K straight from the head split",
+                (add,), (), "apply the rope op to the Q/K projections before the head split (rlxviz's rope op, "
+                "NeoX half split), so the attention packs", subject=add, kind=NOT_RECOGNIZED,
+                fix="recognize rotate_half RoPE on the heads as the rope op (half split) and fold it into the block")
+
+
 SDPA = Rule(
     "fuse_sdpa.hf_attention", P(Op.SOFTMAX, name="softmax", where=lambda n: n.rank == 4),
     steps=(
@@ -341,6 +379,7 @@ SDPA = Rule(
               lambda c: f"{c.d('softmax')} is over axis {c['softmax'].attrs.get('axis')}; needs the key axis (-1)",
               requires=("softmax",), kind=NOT_RECOGNIZED,
               fix="none for attention: a softmax over another axis is not key-axis attention"),
+        _rope_on_heads,
         Shape("scores_form", "softmax", P(Op.SOFTMAX, _SCORES, name="softmax"),
               "scores must be matmul(q_heads, transpose(k_heads)) [scaled] [+ mask]"),
         User("pv_form", "pv", "softmax", P(Op.MATMUL, P.var("softmax"), kv_heads_pattern("v", _heads("v")), name="pv"),
