@@ -126,6 +126,9 @@ class VersionStepper(Viewer):
         for r in rows:
             cur = r["#"] == self.state.version
             delta = f" ({r['change']:+d})" if r["change"] else ""
+            if r.get("matches") or r.get("rejections"):
+                delta += (f" <span title='matches / rejections of this pass'>✓{r['matches']}"
+                          f" <span style='color:#c62828'>✗{r['rejections']}</span></span>")
             if r.get("crashed"):
                 delta += " <b style='color:#c62828'>CRASHED</b>"
             style = "background:#1565c0;color:#fff;" if cur else "background:#f1f3f5;"

@@ -538,7 +538,9 @@ class AppState(param.Parameterized):
     def _compute_visible(trace: Trace, hide: bool) -> list[tuple[int, str]]:
         out = []
         for k, (label, _g) in enumerate(trace.versions()):
-            if k == 0 or not hide or trace.steps[k - 1].changed or trace.steps[k - 1].error:  # a crash stays shown
+            step = trace.steps[k - 1] if k else None
+            # a crash stays shown, and so does a pass whose only events are rejections (the one an engineer looks for)
+            if step is None or not hide or step.changed or step.error or any(not r.soft for r in step.rejections):
                 out.append((k, label))
         return out
 
@@ -602,7 +604,8 @@ class AppState(param.Parameterized):
         self.version = labels.index(label)
 
     def version_rows(self) -> list[dict[str, Any]]:
-        """One row per shown version: label, compute-node count, fused-node count, change in nodes."""
+        """One row per shown version: label, compute-node count, fused-node count, change in nodes, the pass's
+        matches and (hard) rejections."""
         if self.trace is None:
             return []
         versions = self.trace.versions()
@@ -611,7 +614,10 @@ class AppState(param.Parameterized):
             g = versions[i][1]
             n = len(g.compute_nodes())
             prev = len(versions[i - 1][1].compute_nodes()) if i else n
+            step = self.trace.steps[i - 1] if i else None
             rows.append({"#": k, "version": label, "nodes": n, "change": n - prev,
+                         "matches": len(step.matches) if step else 0,
+                         "rejections": sum(not r.soft for r in step.rejections) if step else 0,
                          "crashed": bool(i and self.trace.steps[i - 1].error),
                          "fused": sum(1 for x in g if x.pass_name), "ms": (self.trace.steps[i - 1].seconds * 1e3
                                                                           if i else 0.0)})
