@@ -518,3 +518,25 @@ def test_timing_runs_in_a_worker_process(monkeypatch):
     assert s.timings == first and len(calls) == 1  # the last figures, not a new measurement
     s.time_all(fresh=True)
     assert len(calls) == 2 and [r["version"] for r in s.timings] == [r["version"] for r in first]
+
+
+def test_default_filter_keeps_passes_whose_only_events_are_rejections():
+    """Over the attention threshold, fuse_attention_block and fuse_transformer_layer change nothing and only
+    reject: "hide passes that changed nothing" keeps them (they are what an engineer looks for), hides the passes
+    with no event at all, and each version's row counts its pass's matches and rejections (for the chips)."""
+    s = tiny()
+    s.apply_variant("over_threshold")
+    only_rejecting = [st.pass_name for st in s.trace.steps
+                      if not st.changed and not st.matches and any(not r.soft for r in st.rejections)]
+    assert only_rejecting == ["fuse_attention_block", "fuse_transformer_layer"]
+    assert s.hide_unchanged
+    shown = s.version_labels
+    for name in only_rejecting:
+        assert f"after {name}" in shown
+    silent = [st.pass_name for st in s.trace.steps if not st.changed and not st.rejections and not st.error]
+    assert silent and not any(f"after {name}" in shown for name in silent)
+    rows = {r["version"]: r for r in s.version_rows()}
+    ftl = rows["after fuse_transformer_layer"]
+    assert ftl["rejections"] == 2 and ftl["matches"] == 0
+    fused = next(st for st in s.trace.steps if st.matches)
+    assert rows[f"after {fused.pass_name}"]["matches"] == len(fused.matches)

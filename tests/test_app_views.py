@@ -1,6 +1,9 @@
 """The sidebar views without a browser: what each control does to the state (Panel widgets, no server)."""
 
+import re
 from pathlib import Path
+
+import numpy as np
 
 from rlxviz.app.controls import ModelControls, PipelineControls, VariantControls
 from rlxviz.app.jobs import Runner
@@ -132,7 +135,7 @@ def test_failed_loads_and_runs_mark_the_panes_stale(monkeypatch):
         return [v.stale.banner.visible and v.stale.banner.object == md_escape(s.stale) and bool(s.stale) for v in views]
 
     def greyed() -> list[bool]:
-        return [p.styles.get("opacity") == "0.45" for v in views for p in v.stale.panes]
+        return [p.styles.get("opacity", "1") == "0.45" for v in views for p in v.stale.panes]
 
     assert s.stale == "" and marked() == [False] * 4 and not any(greyed())
     good = format_graph(s.model.graph)
@@ -224,3 +227,84 @@ def test_bidi_and_control_characters_in_model_text_are_shown_escaped():
         out = helper(text)
         assert "\u202e" not in out and "\x1b" not in out, (helper.__name__, out)
         assert "\\u202e" in out and "\\x1b" in out and "\n" in out, (helper.__name__, out)
+
+
+def test_why_tab_answers_for_a_graph_without_layer_paths():
+    """IR text whose nodes name no layer: the Why tab gives the whole-graph answer `rlxviz explain` prints (graph
+    kind, evidence, each missed fusion with its guard), not "Pick a layer" with nothing to pick."""
+    import re
+
+    from rlxviz import session
+    from rlxviz.app.panels import WhyView
+
+    s = tiny()
+    why = WhyView(state=s)
+    assert why.layer.visible and "Pick a layer" in why.text.object  # bert-tiny has layers: the picker
+    text = re.sub(r' @"[^"]*"| @\S+', "", format_graph(s.model.graph))  # every node path dropped
+    s.param.update(ir_text=text, source="ir")
+    assert s.layers() == [] and s.message_kind != "danger"
+    shown = why.text.object
+    assert "Pick a layer" not in shown and not why.layer.visible and not why.graph.visible
+    check = session.check_fusion(s.trace, s.model.name)
+    assert check.misses  # this graph has a missed fusion: the residual add of mismatched shapes
+    for line in check.render(verbose=True).splitlines():
+        assert md_escape(line).replace("  ", "&nbsp;&nbsp;") in shown, line
+    assert "residual\\_same\\_shape" in shown and "post-LN" in shown
+    s.param.update(source="preset")  # a model with layers again: the picker is back
+    assert why.layer.visible and why.graph.visible and "whole graph" not in why.text.object
+
+
+def test_panes_are_not_faded_after_a_failed_load_then_a_good_one():
+    """A variant, then gpt2.onnx uploaded (refused: variants do not apply to ONNX), then "none (as built)": the
+    panes' opacity is set back to 1 (an emptied style dict left the browser's opacity 0.45 in place)."""
+    from rlxviz.app.panels import GraphCompare
+
+    s = tiny()
+    graph = GraphCompare(state=s)
+    s.apply_variant("extra_h1_user")
+    s.load_upload({"gpt2.onnx": (ROOT / "tests/fixtures/onnx/gpt2.onnx").read_bytes()})
+    assert s.message_kind == "danger" and s.stale and graph.after.styles["opacity"] == "0.45"
+    s.apply_variant("none")
+    assert s.message_kind != "danger" and s.stale == ""
+    assert graph.after.styles["opacity"] == "1" and graph.before.styles["opacity"] == "1"
+
+
+def _timed(i, label, samples, same_as=None):
+    from rlxviz.session import VersionTiming
+
+    if same_as is not None:
+        return VersionTiming(i, label, 5, same_as=same_as)
+    q1, q3 = np.percentile(samples, [25, 75])
+    med = float(np.median(samples))
+    return VersionTiming(i, label, 5, median_ms=med, min_ms=min(samples), first_call_ms=1.0, max_abs=1e-7,
+                         iqr_ms=float(q3 - q1), speedup=None, samples_ms=tuple(samples))
+
+
+def test_timing_rows_say_within_noise_and_chart_factors_are_unique():
+    """Overlapping IQRs read "within noise" against the input and the previous version; separate ones "N.NNx
+    faster"; with unchanged passes shown, a label that repeats (dead_code_elimination twice) still gets its own
+    chart factor (Bokeh's "duplicate factor" error made the chart vanish); whiskers span p25..p75."""
+    from rlxviz.app.panels import speedup_label, timing_factor, timing_figure
+
+    rows = [_timed(0, "input", [10.0, 11.0, 30.0, 40.0]),
+            _timed(1, "after dead_code_elimination", [9.0, 12.0, 25.0, 35.0]),  # overlaps the input
+            _timed(2, "after fuse_sdpa", [2.0, 2.1, 2.2, 2.3]),  # clearly faster
+            _timed(3, "after dead_code_elimination", [], same_as=2)]
+    for r in rows[1:3]:
+        r.speedup = rows[0].median_ms / r.median_ms
+    visible = [(r.index, r.label) for r in rows]
+    out = AppState._timing_rows(rows, visible)
+    assert [r["vs_input"] for r in out] == ["", "within noise", out[2]["vs_input"], out[2]["vs_input"]]
+    assert re.fullmatch(r"\d+\.\d\dx faster", out[2]["vs_input"]) and out[3]["vs_previous"] == "within noise"
+    assert out[2]["vs_previous"].endswith("faster") and out[1]["vs_previous"] == "within noise"
+    assert speedup_label(out[1]).endswith("within noise") and "noise" not in speedup_label(out[2])
+    assert (out[0]["p25_ms"], out[0]["p75_ms"]) == tuple(round(float(x), 3) for x in
+                                                         np.percentile(rows[0].samples_ms, [25, 75]))
+    factors = [timing_factor(r) for r in out]
+    assert len(set(factors)) == len(factors) == 4
+    p = timing_figure(out).children[0]
+    assert sorted(p.y_range.factors) == sorted(factors)
+    from bokeh.models import Whisker
+
+    w = next(a for a in p.center if isinstance(a, Whisker)).source.data
+    assert list(w["low"]) == [r["p25_ms"] for r in out] and p.x_range.end >= max(w["high"])

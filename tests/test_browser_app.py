@@ -139,6 +139,18 @@ def test_timing_one_row_per_version(page):
     errs = page.locator(".rv-timings .tabulator-row .tabulator-cell[tabulator-field=max_err]").all_inner_texts()
     assert len(errs) == n and all(re.fullmatch(r"\d\.\d\de[-+]\d+|0\.0", e.strip()) for e in errs), errs
     _shot(page, "timing")
+    # every column within the table (speedup, verdict and the comparisons were cut off)
+    table = page.locator(".rv-timings").bounding_box()
+    for field in ("speedup", "vs_input", "verdict"):
+        cell = page.locator(f".rv-timings .tabulator-row .tabulator-cell[tabulator-field={field}]").first.bounding_box()
+        assert cell["x"] + cell["width"] <= table["x"] + table["width"] + 1, (field, cell, table)
+    # unchanged passes shown: dead_code_elimination's label repeats, the chart still draws (unique factors)
+    page.locator(".rv-hide input").uncheck()
+    expect(page.locator(".rv-version select option")).not_to_have_count(n)
+    m = page.locator(".rv-version select option").count()
+    page.locator(".rv-time button").click()  # this run's figures (no new measurement), one row per shown version
+    expect(rows).to_have_count(m)
+    page.locator(".rv-timing-chart canvas").first.wait_for()
 
 
 def test_corrupted_upload_shows_error(page, tmp_path):
@@ -373,6 +385,7 @@ def test_ir_paste_small_and_large_and_a_parse_error(watched):
     pg.locator(".rv-load-ir button").click()
     expect(pg.locator(".rv-version select")).to_contain_text("0: input (3 ops)", timeout=60_000)
     expect(pg.locator(".rv-stale-graph")).to_be_hidden()
+    expect(pg.locator(".rv-after")).to_have_css("opacity", "1")  # not left faded by the failed load
     _shot(pg, "ir-paste-1280")
 
 

@@ -41,7 +41,9 @@ class StaleMark:
         stale = self.state.stale
         self.banner.param.update(object=md_escape(stale), visible=bool(stale))
         for p in self.panes:
-            p.styles = {"opacity": "0.45"} if stale else {}
+            # "1", not {}: the browser keeps a style property whose key is left out, so the panes stayed faded
+            # after the next good load (Bokeh applies the keys it is sent; it removes none)
+            p.styles = {**p.styles, "opacity": "0.45" if stale else "1"}
 
 
 PLAYER_RANGE_JS = """
@@ -81,7 +83,7 @@ class VersionStepper(Viewer):
         # versions; max 1 with 9): redraw the range whenever `start` or `end` change.
         self.player.jscallback(start=PLAYER_RANGE_JS, end=PLAYER_RANGE_JS)
         self.hide = pn.widgets.Checkbox.from_param(s.param.hide_unchanged, name="hide passes that changed nothing",
-                                                   align="end", width=240, sizing_mode="fixed")
+                                                   align="end", width=240, sizing_mode="fixed", css_classes=["rv-hide"])
         self.view = pn.widgets.Select.from_param(s.param.view, name="View", width=110, css_classes=["rv-view"])
         self.layer = pn.widgets.Select(name="Layer", options=self._layers(), value=s.selected_layer, width=100,
                                        css_classes=["rv-focus-layer"], visible=s.view == "focus")
@@ -124,6 +126,9 @@ class VersionStepper(Viewer):
         for r in rows:
             cur = r["#"] == self.state.version
             delta = f" ({r['change']:+d})" if r["change"] else ""
+            if r.get("matches") or r.get("rejections"):
+                delta += (f" <span title='matches / rejections of this pass'>✓{r['matches']}"
+                          f" <span style='color:#c62828'>✗{r['rejections']}</span></span>")
             if r.get("crashed"):
                 delta += " <b style='color:#c62828'>CRASHED</b>"
             style = "background:#1565c0;color:#fff;" if cur else "background:#f1f3f5;"
@@ -325,6 +330,13 @@ class WhyView(Viewer):
     def _update(self, *events: param.parameterized.Event) -> None:
         s = self.state
         self.layer.param.update(options=self._layers(), value=s.selected_layer)
+        self.layer.visible = bool(s.layers()) or s.trace is None
+        if s.trace is not None and not s.layers():  # no layer paths: the whole graph's answer, as `rlxviz explain`
+            text, err = _safe(s.why_graph)
+            self.text.object = text if text else f"**Not shown:** {md_escape(err or '')}"
+            self.graph.param.update(svg="", visible=False)
+            return
+        self.graph.visible = True
         if s.selected_layer is None:
             self.text.object = "*Pick a layer to see each pattern's outcome and the first guard that failed.*"
             self.graph.svg = ""
@@ -363,8 +375,10 @@ class TimingView(Viewer):
         self.policy = pn.pane.Markdown("", css_classes=["rv-precision"])
         self.inputs = pn.widgets.FileInput(accept=".npz", name="Your inputs (.npz)", css_classes=["rv-inputs"])
         self.inputs.param.watch(lambda e: s.set_user_inputs(e.new, self.inputs.filename or "inputs.npz"), "value")
+        # fit_columns: every column within the pane's width (speed-up, verdict, vs_input were cut off at 1280 px)
         self.table = pn.widgets.Tabulator(pd.DataFrame(), show_index=False, disabled=True, sizing_mode="stretch_width",
-                                          css_classes=["rv-timings"], layout="fit_data_stretch",
+                                          css_classes=["rv-timings"], layout="fit_columns", widths={"version": 240},
+                                          hidden_columns=["#", "p25_ms", "p75_ms"],  # the chart's axis and whiskers
                                           formatters={"max_err": error_formatter()})
         self.chart = pn.pane.Bokeh(None, sizing_mode="stretch_width", height=340, css_classes=["rv-timing-chart"])
         self.stale = StaleMark(s, "timing", self.chart, self.table)
@@ -376,7 +390,8 @@ class TimingView(Viewer):
     def _update(self, *events: param.parameterized.Event) -> None:
         s = self.state
         self.blas.object = (f"**Measured in:** {md_escape(s.blas)}. Bars: median over the rounds; whiskers: the "
-                            "interquartile range (IQR) around it." if s.blas else "")
+                            "interquartile range (p25 to p75). *Within noise*: the two versions' IQRs overlap, so "
+                            "these rounds do not tell them apart; time again with more rounds." if s.blas else "")
         self.policy.object = md_escape(s.timing_policy)
         rows = s.timings
         self.table.value = pd.DataFrame(rows)
@@ -398,37 +413,50 @@ def error_formatter() -> Any:
     return ScientificFormatter(precision=2, power_limit_low=0, power_limit_high=0, nan_format="–")
 
 
-LABEL_ROOM = 1.25
-"""The timing chart's x axis ends at the largest whisker end times this: room for its speed-up label."""
+LABEL_ROOM = 1.45
+"""The timing chart's x axis ends at the largest whisker end times this: room for its speed-up label (up to
+"0.88× within noise", about 110 px)."""
+
+
+def timing_factor(row: dict[str, Any]) -> str:
+    """A timing row's place on the chart's axis: `#: version` (unique where a pass runs twice, e.g. two
+    `after dead_code_elimination` when unchanged passes are shown; Bokeh refuses repeated factors)."""
+    return f"{row['#']}: {row['version']}" if "#" in row else row["version"]
+
+
+def speedup_label(row: dict[str, Any]) -> str:
+    """The bar's label: the speed-up over the input, and "within noise" when the IQRs overlap."""
+    noise = " within noise" if row.get("vs_input") == "within noise" else ""
+    return f"{row['speedup']:.2f}×{noise}"
 
 
 def timing_figure(rows: list[dict[str, Any]]) -> Any:
-    """Bokeh figure: median ms per version (bars, speed-up labels, whiskers one IQR wide around the median) and
+    """Bokeh figure: median ms per version (bars, speed-up labels, whiskers from p25 to p75 of the rounds) and
     max error (second plot)."""
     from bokeh.layouts import row
     from bokeh.models import ColumnDataSource, LabelSet, Range1d, Whisker
     from bokeh.plotting import figure
 
-    labels = [r["version"] for r in rows]
-    low = [r["median_ms"] - r.get("iqr_ms", 0.0) / 2 for r in rows]
-    high = [r["median_ms"] + r.get("iqr_ms", 0.0) / 2 for r in rows]
+    labels = [timing_factor(r) for r in rows]
+    low = [r.get("p25_ms", r["median_ms"] - r.get("iqr_ms", 0.0) / 2) for r in rows]
+    high = [r.get("p75_ms", r["median_ms"] + r.get("iqr_ms", 0.0) / 2) for r in rows]
     src = ColumnDataSource({"version": labels, "ms": [r["median_ms"] for r in rows], "low": low, "high": high,
-                            "speedup": [f"{r['speedup']:.2f}×" for r in rows],
+                            "speedup": [speedup_label(r) for r in rows],
                             "err": [max(r["max_err"], 1e-12) for r in rows]})
-    p = figure(y_range=labels[::-1], height=320, sizing_mode="stretch_width",
-               title="median ms per version (MLX); whisker: IQR", toolbar_location=None,
-               x_axis_label="ms")
+    p = figure(y_range=labels[::-1], height=320, sizing_mode="stretch_width", min_width=380,
+               title="median ms per version (MLX)", toolbar_location=None, x_axis_label="ms; whisker: p25 to p75")
+    p.title.align = "left"
     p.hbar(y="version", right="ms", height=0.7, source=src, color="#1565c0")
     p.add_layout(Whisker(base="version", lower="low", upper="high", dimension="width", source=src,
                          line_color="#333"))
     p.add_layout(LabelSet(x="high", y="version", text="speedup", source=src, x_offset=6, y_offset=-7,
                           text_font_size="11px"))
     # Bokeh's automatic range covers the bars only (not annotations): set it so every whisker end and the
-    # speed-up label after it (about 45 px; a quarter of the span leaves room down to a ~250 px wide plot) show.
+    # speed-up label after it show.
     p.x_range = Range1d(start=min(0.0, *low), end=max(1e-6, *high) * LABEL_ROOM)
     hi = max(1e-2, 10 * max(r["max_err"] for r in rows))
-    q = figure(y_range=p.y_range, height=320, width=280, x_axis_type="log", x_range=(1e-9, hi),
-               title="max |error| vs NumPy reference", toolbar_location=None)
+    q = figure(y_range=p.y_range, height=320, width=240, x_axis_type="log", x_range=(1e-9, hi),
+               title="max |error| vs NumPy", toolbar_location=None)
     q.xaxis.ticker.desired_num_ticks = 4
     q.scatter(x="err", y="version", source=src, size=9, color="#c62828")
     q.yaxis.visible = False

@@ -556,7 +556,9 @@ class AppState(param.Parameterized):
     def _compute_visible(trace: Trace, hide: bool) -> list[tuple[int, str]]:
         out = []
         for k, (label, _g) in enumerate(trace.versions()):
-            if k == 0 or not hide or trace.steps[k - 1].changed or trace.steps[k - 1].error:  # a crash stays shown
+            step = trace.steps[k - 1] if k else None
+            # a crash stays shown, and so does a pass whose only events are rejections (the one an engineer looks for)
+            if step is None or not hide or step.changed or step.error or any(not r.soft for r in step.rejections):
                 out.append((k, label))
         return out
 
@@ -620,7 +622,8 @@ class AppState(param.Parameterized):
         self.version = labels.index(label)
 
     def version_rows(self) -> list[dict[str, Any]]:
-        """One row per shown version: label, compute-node count, fused-node count, change in nodes."""
+        """One row per shown version: label, compute-node count, fused-node count, change in nodes, the pass's
+        matches and (hard) rejections."""
         if self.trace is None:
             return []
         versions = self.trace.versions()
@@ -629,7 +632,10 @@ class AppState(param.Parameterized):
             g = versions[i][1]
             n = len(g.compute_nodes())
             prev = len(versions[i - 1][1].compute_nodes()) if i else n
+            step = self.trace.steps[i - 1] if i else None
             rows.append({"#": k, "version": label, "nodes": n, "change": n - prev,
+                         "matches": len(step.matches) if step else 0,
+                         "rejections": sum(not r.soft for r in step.rejections) if step else 0,
                          "crashed": bool(i and self.trace.steps[i - 1].error),
                          "fused": sum(1 for x in g if x.pass_name), "ms": (self.trace.steps[i - 1].seconds * 1e3
                                                                           if i else 0.0)})
@@ -774,9 +780,20 @@ class AppState(param.Parameterized):
     def why_layer(self, layer: int) -> str:
         """"Why didn't layer N fuse?" as Markdown: the session's text (`LayerStatus.render`, the same the CLI
         prints), every line escaped, under a heading."""
-        text = self.layer_status(layer).render(verbose=True)
-        return f"### Layer {layer}\n\n" + "  \n".join(md_escape(line).replace("  ", "&nbsp;&nbsp;")
-                                                     for line in text.splitlines())
+        return f"### Layer {layer}\n\n" + _md_lines(self.layer_status(layer).render(verbose=True))
+
+    def why_graph(self) -> str:
+        """The Why tab for a graph without layer paths, as Markdown: the whole-graph answer `rlxviz explain` prints
+        for it (`session.check_fusion`: the graph kind and its evidence, each missed fusion with its guard), every
+        line escaped.
+
+        Raises:
+            SessionError: no run yet.
+        """
+        if self.trace is None:
+            raise SessionError("no pipeline run yet: load a model first")
+        text = session.check_fusion(self.trace, self.model.name if self.model is not None else "").render(verbose=True)
+        return "### The whole graph (no node path names a layer)\n\n" + _md_lines(text)
 
     def svg_why(self) -> str:
         """The selected layer, focused, in the graph before the pass that first rejected something in it."""
@@ -854,15 +871,23 @@ class AppState(param.Parameterized):
     @staticmethod
     def _timing_rows(rows: list[session.VersionTiming], visible: list[tuple[int, str]]) -> list[dict[str, Any]]:
         """The timing table's rows for the shown versions (an unchanged version repeats the numbers of the
-        version it equals): median, min and IQR over the interleaved rounds, speed-up over the input."""
+        version it equals): `#` (index into the run's versions, unique where labels repeat), median, min, IQR and
+        its ends `p25_ms`/`p75_ms` over the interleaved rounds, speed-up over the input, and in words
+        `vs_input` / `vs_previous` (the shown version before): "within noise" when the IQRs overlap
+        (`session.compare_to_input`), else "N.NNx faster/slower"."""
         out = []
-        for i, label in visible:
-            r = rows[i]
-            t = rows[r.same_as] if r.same_as is not None else r
-            out.append({"version": label, "ops": r.nodes, "median_ms": round(t.median_ms, 3),
+        timed = [rows[r.same_as] if r.same_as is not None else r for r in rows]
+        for n, (i, label) in enumerate(visible):
+            r, t = rows[i], timed[i]
+            p25, p75 = t.quartiles()
+            prev = timed[visible[n - 1][0]] if n else None
+            out.append({"#": i, "version": label, "ops": r.nodes, "median_ms": round(t.median_ms, 3),
                         "min_ms": round(t.min_ms, 3), "iqr_ms": round(t.iqr_ms or 0.0, 3),
+                        "p25_ms": round(p25, 3), "p75_ms": round(p75, 3),
                         "first_call_ms": round(t.first_call_ms, 1), "max_err": float(t.max_abs),
                         "speedup": round(t.speedup, 2) if t.speedup is not None else float("nan"),
+                        "vs_input": _compare(t, timed[0]) if n else "",
+                        "vs_previous": _compare(t, prev) if prev else "",
                         "verdict": r.verdict})
         return out
 
@@ -905,3 +930,16 @@ class AppState(param.Parameterized):
             return f"The graph is invalid: {e}\nFix the node shown and load again."
         return (f"Error while {what}: {type(e).__name__}: {e}\nChange the settings and try again; details:\n"
                 + "".join(traceback.format_exception_only(e)).strip())
+
+
+def _md_lines(text: str) -> str:
+    """Plain text as Markdown lines: each line escaped, its line break and indentation kept."""
+    return "  \n".join(md_escape(line).replace("  ", "&nbsp;&nbsp;") for line in text.splitlines())
+
+
+def _compare(row: session.VersionTiming, base: session.VersionTiming) -> str:
+    """`row` against `base` in words (`session.compare_to_input`); "-" where either was not timed."""
+    try:
+        return session.compare_to_input(row, base)
+    except ValueError:
+        return "-"
