@@ -371,6 +371,9 @@ class TimingView(Viewer):
         self.policy = pn.pane.Markdown("", css_classes=["rv-precision"])
         self.inputs = pn.widgets.FileInput(accept=".npz", name="Your inputs (.npz)", css_classes=["rv-inputs"])
         self.inputs.param.watch(lambda e: s.set_user_inputs(e.new, self.inputs.filename or "inputs.npz"), "value")
+        # the file chooser follows the state: a new model drops the arrays, and the chooser no longer names a file
+        s.param.watch(lambda e: e.new is None and self.inputs.value is not None and self._clear_inputs(),
+                      "user_inputs")
         # fit_columns: every column within the pane's width (speed-up, verdict, vs_input were cut off at 1280 px)
         self.table = pn.widgets.Tabulator(pd.DataFrame(), show_index=False, disabled=True, sizing_mode="stretch_width",
                                           css_classes=["rv-timings"], layout="fit_columns", widths={"version": 240},
@@ -382,6 +385,11 @@ class TimingView(Viewer):
         s.param.watch(lambda e: self.button.param.update(disabled=e.new), "busy")
         s.param.watch(lambda e: self.again.param.update(disabled=e.new), "busy")
         self._update()
+
+    def _clear_inputs(self) -> None:
+        """Empty the file chooser: in the browser (`clear`) and here (its value and file name)."""
+        self.inputs.clear()
+        self.inputs.param.update(value=None, filename=None)
 
     def _update(self, *events: param.parameterized.Event) -> None:
         s = self.state

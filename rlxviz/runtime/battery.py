@@ -224,11 +224,17 @@ def npz_headers(path: NpzSource, name: str | None = None) -> dict[str, tuple[tup
     return out
 
 
+EXPECTED_PREFIX = "out:"
+"""Arrays of an inputs `.npz` named `out:NAME` are expected outputs (the exporters' `*_io.npz` files keep the
+reference output beside the inputs, e.g. `out:last_hidden_state`): `load_inputs` sets them aside."""
+
+
 def load_inputs(path: NpzSource, graph: Graph, name: str | None = None) -> InputSet:
     """The user's arrays from an `.npz` file (a path, or its bytes: an upload), checked against the graph's
     inputs: names, shapes and dtype kinds from the headers (`npz_headers`) before any array is read, then
-    the values (`check_inputs`). The one loader of user inputs: `rlxviz run`, `rlxviz time --inputs` and
-    the app's uploads call it.
+    the values (`check_inputs`). Arrays named `out:NAME` (expected outputs, `EXPECTED_PREFIX`) are set aside,
+    never read. The one loader of user inputs: `rlxviz run`, `rlxviz time --inputs` and the app's uploads
+    call it.
 
     Returns:
         `InputSet("user", ...)` with one array per graph input, in the input's dtype.
@@ -240,11 +246,11 @@ def load_inputs(path: NpzSource, graph: Graph, name: str | None = None) -> Input
     p = _npz_name(path, name)
     what = f"inputs {p.name}"
     headers = npz_headers(path, name)
-    _check_kinds({k: h for k, h in headers.items()}, graph, what)  # before any array is read into memory
+    _check_kinds({k: h for k, h in headers.items() if not k.startswith(EXPECTED_PREFIX)}, graph, what)  # unread yet
     _, z = _open_npz(path, name)
     try:
         with z:
-            arrays = {k: np.asarray(z[k]) for k in z.files}
+            arrays = {k: np.asarray(z[k]) for k in z.files if not k.startswith(EXPECTED_PREFIX)}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"{p}: not a readable .npz file of arrays ({why})") from None
