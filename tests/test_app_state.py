@@ -540,3 +540,21 @@ def test_default_filter_keeps_passes_whose_only_events_are_rejections():
     assert ftl["rejections"] == 2 and ftl["matches"] == 0
     fused = next(st for st in s.trace.steps if st.matches)
     assert rows[f"after {fused.pass_name}"]["matches"] == len(fused.matches)
+
+
+def test_an_uploaded_npz_with_expected_outputs_times_and_is_dropped_with_the_model():
+    """gpt2.onnx uploaded, then the project's gpt2.npz (input_ids and out:last_hidden_state): accepted, the
+    expected output set aside and named; a new model drops the arrays and the Timing tab's file chooser."""
+    from rlxviz.app.panels import TimingView
+
+    root = Path(__file__).resolve().parents[1] / "tests/fixtures/onnx"
+    s = tiny(batch=2)  # gpt2.npz holds input_ids [2, 8]
+    view = TimingView(state=s)
+    s.load_upload({"gpt2.onnx": (root / "gpt2.onnx").read_bytes()})
+    assert s.message_kind != "danger", s.message
+    data = (root / "gpt2.npz").read_bytes()
+    view.inputs.param.update(filename="gpt2.npz", value=data)  # as the browser's file chooser sets it
+    assert s.user_inputs is not None and list(s.user_inputs.feeds) == ["input_ids"]
+    assert "set aside 1 expected output(s): out:last_hidden_state" in s.message and s.message_kind == "info"
+    s.source = "preset"  # back to bert-tiny: gpt2's arrays are not its inputs
+    assert s.model.name == "bert-tiny" and s.user_inputs is None and view.inputs.value is None

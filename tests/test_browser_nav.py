@@ -58,8 +58,9 @@ def _frame(pg, pane=".rv-after"):
 
 def test_navigation_flow(page):
     """One session (a page load costs 20-50 s on the shared 2-core machine): the minimap, a layer expanded in
-    place and folded back, focus, then the extra_h1_user variant's culprit."""
+    place and folded back, focus, a search hit inside a folded layer, then the extra_h1_user variant's culprit."""
     _minimap_and_layer_expand_in_place(page)
+    _search_opens_a_folded_layer(page)
     _culprit_drawn_for_extra_h1_user(page)
 
 
@@ -127,6 +128,32 @@ def _minimap_and_layer_expand_in_place(pg):
     pg.locator(".rv-view select").select_option("focus")
     expect(pg.locator(".rv-focus-layer select option:checked")).to_have_text("layer 0")
     expect(pg.locator(".rv-after .rv-title")).to_be_visible()
+    expect(pg.locator(".rv-after svg")).to_contain_text("layer 0")
+
+
+def _search_opens_a_folded_layer(pg):
+    """In the collapsed overview, `%130` (an add of layer 2, folded) is found through its layer's box; Enter opens
+    the layer and the search finds the node itself inside it. Leaves the focus view on layer 0."""
+    choose_version(pg, "input")
+    pg.locator(".rv-view select").select_option("collapsed")
+    pg.locator(".rv-after g#layer2.node").wait_for()
+    box = pg.locator(".rv-after .rv-search")
+    box.fill("%130")
+    expect(pg.locator(".rv-after .rv-found")).to_have_text("1/1")
+    assert pg.locator(".rv-after g.rv-found-node").evaluate_all("gs => gs.map((g) => g.id)") == ["layer2"]
+    box.fill("encoder.layer.3.output")  # a path: found through layer 3's box
+    expect(pg.locator(".rv-after g#layer3.rv-found-node")).to_have_count(1)
+    box.fill("%130")
+    box.press("Enter")  # the hit is a folded layer: it opens
+    pg.locator(".rv-after g#layer2.cluster").wait_for()
+    expect(pg.locator(".rv-after g#n130.rv-found-node")).to_have_count(1)
+    expect(pg.locator(".rv-after .rv-found")).to_have_text("1/1")
+    pg.screenshot(path=str(ART / "nav-search-folded.png"))
+    box.fill("")
+    pg.locator(".rv-fold button").click()
+    pg.locator(".rv-after g#layer2.node").wait_for()
+    pg.locator(".rv-view select").select_option("focus")
+    pg.locator(".rv-focus-layer select").select_option(label="layer 0")
     expect(pg.locator(".rv-after svg")).to_contain_text("layer 0")
 
 

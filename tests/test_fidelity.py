@@ -72,3 +72,14 @@ def test_explain_and_time_say_whether_version_0_equals_the_onnx_model(capsys, co
     if command == "time":  # shapes from the inputs (2 x 8), not the default 1 x 16; and the out: member checked
         assert "batch 2, seq 8" in out and "version 0 equals the expected outputs in falcon_io.npz" in out
         assert code == 0
+
+
+def test_an_expected_output_larger_than_every_output_is_refused_from_its_header(tmp_path):
+    """An `out:` array is read to be compared, so its size is bounded first: a 1 GiB header is one line, unread."""
+    d = dict(np.load(FALCON_IO))
+    p = tmp_path / "huge.npz"
+    np.savez(p, **{k: v for k, v in d.items() if not k.startswith("out:")}, **{"out:last_hidden_state": np.zeros(
+        (2, 8, 64, 40), np.float32)})
+    m = load_onnx(FALCON, batch=2, seq=8)
+    with pytest.raises(ValueError, match="out:last_hidden_state has shape .*larger than every output of the graph"):
+        load_inputs(p, m.graph)

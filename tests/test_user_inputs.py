@@ -171,3 +171,41 @@ def test_computed_gather_indices_out_of_range_refused_before_mlx(tmp_path, capsy
     assert np.array_equal(out, np.take(table, np.array([-2, -1, 0, 1, 2, -1]), axis=0))
     with pytest.raises(ValueError, match=r"gather %4: index values -4\.\.2 lie outside the 3 rows of"):
         MlxExecutor().run(g, {"tok": np.array([-2, 1, 2, 3, 4, 1])}, {"table": table})
+
+
+def _npz(**arrays) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("expected", [
+    {"out:last_hidden_state": np.zeros((2, 8, 64), np.float32)},  # as the exporters write it
+    {"out:y": np.zeros((3,), np.int64), "out:z": np.ones((1, 1, 1), np.float16)},  # any shape, dtype, count
+    {"out:input_ids": np.zeros((5,), np.float64)},  # an expected output named like an input is still set aside
+])
+def test_expected_outputs_in_an_inputs_npz_are_set_aside(expected):
+    """An `.npz` holding `out:NAME` arrays beside the inputs (tests/fixtures/onnx/gpt2.npz, the cases'
+    `*_io.npz`) is accepted: the outputs are not inputs, so they are neither checked nor read; any other
+    unknown name is still refused."""
+    from rlxviz import session
+
+    g = session.load("bert-tiny").graph  # input_ids, attention_mask: i64[1, 16]
+    feeds = _bert_inputs(3)
+    got = load_inputs(_npz(**feeds, **expected), g, "io.npz")
+    assert set(got.feeds) == set(feeds) and all(np.array_equal(got.feeds[k], feeds[k]) for k in feeds)
+    with pytest.raises(ValueError, match=r"unknown input\(s\) output"):
+        load_inputs(_npz(**feeds, **expected, output=np.zeros(3)), g, "io.npz")
+
+
+def test_the_projects_gpt2_npz_loads_for_its_onnx_export():
+    from pathlib import Path
+
+    from rlxviz import session
+
+    root = Path(__file__).resolve().parents[1] / "tests/fixtures/onnx"
+    model = session.load(str(root / "gpt2.onnx"), batch=2, seq=8)  # the shapes its arrays were saved at
+    got = load_inputs(root / "gpt2.npz", model.graph)
+    with np.load(root / "gpt2.npz") as z:
+        assert set(z.files) == {"input_ids", "out:last_hidden_state"}
+        assert list(got.feeds) == ["input_ids"] and np.array_equal(got.feeds["input_ids"], z["input_ids"])

@@ -224,3 +224,26 @@ def test_expanded_layer_keeps_model_text_as_text():
     assert "script" not in tags and "img" not in tags
     assert any(evil in (el.text or "") for el in root.iter(f"{SVG}text"))  # shown, as text
     assert "subgraph" not in svg and "<script" not in svg
+
+
+def test_search_index_of_folded_layers_matches_the_drawn_boxes():
+    """The collapsed view's panes carry, per folded layer box, the nodes drawn inside it (`SvgGraph.folded`): the
+    search finds an op, `%id` or a path inside a folded layer through its box. Its keys are the boxes
+    the SVG draws; every compute node is either drawn or listed under its box; an opened layer is not listed."""
+    from rlxviz.app.panels import GraphCompare
+
+    s = _state(preset="bert-tiny", view="collapsed")
+    view = GraphCompare(state=s)
+    boxes = set(re.findall(r'<g id="(layer\d+|g_[^"]+)" class="node"', view.after.svg))
+    folded = view.after.folded
+    assert {"layer0", "layer1", "g_embeddings"} <= boxes and set(folded) == boxes
+    drawn = {int(i) for i in re.findall(r'<g id="n(\d+)" class="node"', view.after.svg)}
+    listed = {nid for rows in folded.values() for nid, _ in rows}
+    assert {n.id for n in s.current_graph.compute_nodes()} <= drawn | listed and not drawn & listed
+    texts = [t for rows in folded.values() for _, t in rows]
+    assert any(t.startswith("layer_norm -> f32") for t in texts) and all(t == t.lower() for t in texts)
+    assert any("path: encoder.layer.1." in t for _, t in folded["layer1"])
+    s.toggle_layer(1)
+    assert "layer1" not in view.after.folded and "layer0" in view.after.folded
+    s.view = "full"
+    assert view.after.folded == {}

@@ -17,6 +17,9 @@ from __future__ import annotations
 import param
 from panel.custom import JSComponent
 
+from ..ir import Graph
+from ..viz import layer_groups
+
 _ESM = r"""
 const BUS = 'rlxviz-view';
 export function render({ model, el }) {
@@ -109,10 +112,19 @@ export function render({ model, el }) {
     const lines = tip.split('\n');
     return [lines[0].replace(/^%\d+\s*/, ''), ...lines.slice(1).filter((l) => /^(path|attrs): /.test(l))]
       .join('\n').toLowerCase(); };
+  // A box of the layer view (`g.node#layerN`, `g.node#g_embeddings`) is a hit when a node inside it is:
+  // `model.folded` lists them ({layerN: [[id, own text], ...]}); Enter on a layer's box opens the layer, and the
+  // search runs again in it.
+  const inside = (g, test) => !/^n\d+$/.test(g.id) && ((model.folded || {})[g.id] || []).some(test);
   const matches = (q) => { const id = /^%(\d+)$/.exec(q);  // %37: that node only, not %370 nor its users
-    return id ? (g) => g.id === `n${id[1]}` : (g) => own(g).includes(q); };
+    return id ? (g) => g.id === `n${id[1]}` || inside(g, (n) => n[0] === Number(id[1]))
+      : (g) => own(g).includes(q) || inside(g, (n) => n[1].includes(q)); };
+  const open = (g) => { reveal = g.id; model.layer_clicked = parseInt(g.id.slice(5));
+    model.layer_clicks = (model.layer_clicks || 0) + 1; };
   const find = (step) => { inner.querySelectorAll('.rv-found-node').forEach((g) => g.classList.remove('rv-found-node'));
     const q = search.value.trim().toLowerCase(); if (!q) { hits = []; found.textContent = ''; return; }
+    if (step && hits.length && hit >= 0 && /^layer\d+$/.test(hits[hit].id) && hits[hit].isConnected) {
+      open(hits[hit]); return; }  // Enter on a folded layer holding a hit: open it
     if (!step || !hits.length) { hits = [...inner.querySelectorAll('g.node')].filter(matches(q)); hit = -1; }
     hits.forEach((g) => g.classList.add('rv-found-node'));
     if (!hits.length) { found.textContent = 'no match'; return; }
@@ -142,8 +154,7 @@ export function render({ model, el }) {
   wrap.addEventListener('click', (e) => { if (dragged) { dragged = false; return; }
     const g = e.target.closest('g.node') || e.target.closest('g.cluster'); if (!g) return;
     if (/^n\d+$/.test(g.id)) { model.clicked = parseInt(g.id.slice(1)); model.clicks = (model.clicks || 0) + 1; }
-    else if (/^layer\d+$/.test(g.id)) { reveal = g.id; model.layer_clicked = parseInt(g.id.slice(5));
-      model.layer_clicks = (model.layer_clicks || 0) + 1; } });
+    else if (/^layer\d+$/.test(g.id)) open(g); });
   model.on('svg', setSvg); model.on('highlight', () => mark(true)); model.on('selected', () => mark(false));
   model.on('title', () => { title.textContent = model.title || ''; });
   model.on('after_layout', () => { if (!touched) fit(); else miniSync(); mark(!touched); });
@@ -197,6 +208,8 @@ class SvgGraph(JSComponent):
         scope: what the picture belongs to (e.g. the model); a new SVG in the same scope keeps the user's zoom
             and pan, a new scope fits the picture.
         sync: panes with the same non-empty group share zoom and pan.
+        folded: for the layer view, the nodes inside each folded layer box, `{"layer<i>": [[id, text], ...]}`
+            (`folded_index`): the search finds them through their box, and Enter on that hit opens the layer.
     """
 
     svg = param.String("")
@@ -210,6 +223,24 @@ class SvgGraph(JSComponent):
     follow = param.Boolean(True)
     scope = param.String("")
     sync = param.String("")
+    folded = param.Dict(default={})
 
     _esm = _ESM
     _stylesheets = [_CSS]
+
+
+def folded_index(graph: Graph, open_layers: list[int]) -> dict[str, list[list[int | str]]]:
+    """The nodes of each box of the layer view, for the search (`SvgGraph.folded`): the box's id (`layer<i>`,
+    `g_embeddings`, as `viz.layer_groups` groups them for the drawing) -> `[id, text]` per node in it, `text` the
+    lower-cased words the search matches in a drawn node (op, dtype and shape, path, attributes; never its
+    operands or users). Layers in `open_layers` are drawn node by node, so they are left out."""
+    out: dict[str, list[list[int | str]]] = {}
+    for key, group in layer_groups(graph).items():
+        if group.layer is not None and group.layer in open_layers:
+            continue
+        out[key] = [[n.id, f"{n.op.value} -> {n.dtype}{list(n.shape)}\npath: {n.path}\nattrs: "
+                     + ", ".join(f"{k}={v}" for k, v in n.attrs.items())]
+                    for n in group.nodes]
+        for row in out[key]:
+            row[1] = str(row[1]).lower()
+    return out

@@ -12,8 +12,9 @@ import panel as pn
 import param
 from panel.viewable import Viewer
 
+from ..ir import Graph
 from .explain import decision_rows, node_report, report_markdown
-from .graphpane import SvgGraph
+from .graphpane import SvgGraph, folded_index
 from .irtext import IRText
 from .state import AppState
 from .text import html_text, md_escape
@@ -126,9 +127,10 @@ class VersionStepper(Viewer):
         for r in rows:
             cur = r["#"] == self.state.version
             delta = f" ({r['change']:+d})" if r["change"] else ""
-            if r.get("matches") or r.get("rejections"):
-                delta += (f" <span title='matches / rejections of this pass'>✓{r['matches']}"
-                          f" <span style='color:#c62828'>✗{r['rejections']}</span></span>")
+            if r.get("matches"):
+                delta += f" <span title='matches of this pass'>✓{r['matches']}</span>"
+            if r.get("rejections"):
+                delta += f" <span title='rejections of this pass' style='color:#c62828'>✗{r['rejections']}</span>"
             if r.get("crashed"):
                 delta += " <b style='color:#c62828'>CRASHED</b>"
             style = "background:#1565c0;color:#fff;" if cur else "background:#f1f3f5;"
@@ -190,17 +192,22 @@ class GraphCompare(Viewer):
         scope = self._scope()
         svg, err = _safe(s.svg, k)
         step = s.current_step
+        folded = s.resolved_view() == "collapsed"
         self.after.param.update(svg=svg or "", title=f"{s.version_labels[k] if s.version_labels else 'input'}",
-                                scope=scope)
+                                scope=scope, folded=self._folded(s.current_graph) if folded else {})
         if step is not None:
             prev, err2 = _safe(s.svg_before, k)
-            self.before.param.update(svg=prev or "", title=f"before {step.pass_name}", scope=scope)
+            self.before.param.update(svg=prev or "", title=f"before {step.pass_name}", scope=scope,
+                                     folded=self._folded(s.previous_graph) if folded else {})
             err = err or err2
         want = [self.before, self.after] if step is not None else [self.after]
         if list(self.row.objects) != want:
             self.row.objects = want
         self.note.object = f"**Not shown:** {md_escape(err)}" if err else ""
         self._mark()
+
+    def _folded(self, graph: Graph | None) -> dict[str, list[list[int | str]]]:
+        return folded_index(graph, list(self.state.expanded_layers)) if graph is not None else {}
 
     def _mark(self, *events: param.parameterized.Event) -> None:
         s = self.state
@@ -375,6 +382,9 @@ class TimingView(Viewer):
         self.policy = pn.pane.Markdown("", css_classes=["rv-precision"])
         self.inputs = pn.widgets.FileInput(accept=".npz", name="Your inputs (.npz)", css_classes=["rv-inputs"])
         self.inputs.param.watch(lambda e: s.set_user_inputs(e.new, self.inputs.filename or "inputs.npz"), "value")
+        # the file chooser follows the state: a new model drops the arrays, and the chooser no longer names a file
+        s.param.watch(lambda e: e.new is None and self.inputs.value is not None and self._clear_inputs(),
+                      "user_inputs")
         # fit_columns: every column within the pane's width (speed-up, verdict, vs_input were cut off at 1280 px)
         self.table = pn.widgets.Tabulator(pd.DataFrame(), show_index=False, disabled=True, sizing_mode="stretch_width",
                                           css_classes=["rv-timings"], layout="fit_columns", widths={"version": 240},
@@ -386,6 +396,11 @@ class TimingView(Viewer):
         s.param.watch(lambda e: self.button.param.update(disabled=e.new), "busy")
         s.param.watch(lambda e: self.again.param.update(disabled=e.new), "busy")
         self._update()
+
+    def _clear_inputs(self) -> None:
+        """Empty the file chooser: in the browser (`clear`) and here (its value and file name)."""
+        self.inputs.clear()
+        self.inputs.param.update(value=None, filename=None)
 
     def _update(self, *events: param.parameterized.Event) -> None:
         s = self.state

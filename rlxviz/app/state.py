@@ -28,6 +28,7 @@ from .. import session
 from ..ir import Graph, GraphError, IRSyntaxError, format_graph
 from ..models import VARIANTS, BertConfig, Model
 from ..passes import CANONICAL_ORDER, DEFAULT_PARAMS, PASSES, PassStep, Trace, layer_of
+from ..runtime.battery import EXPECTED_PREFIX
 from ..runtime.devices import available_devices
 from ..session import OVER_THRESHOLD, LayerStatus, Limits, SessionError, View
 from ..session import render as drawing
@@ -853,9 +854,18 @@ class AppState(param.Parameterized):
             return
         try:
             self.user_inputs = session.load_inputs(data, self.model.graph, filename)
+            aside = [k for k in session.npz_headers(data, filename) if k.startswith(EXPECTED_PREFIX)]
+            if aside:
+                self.param.update(message=f"{filename}: the next timing runs on its arrays; set aside "
+                                          f"{len(aside)} expected output(s): {', '.join(aside)}.", message_kind="info")
         except ValueError as e:
             self.user_inputs = None
             self._error(str(e), kind="warning")
+
+    @param.depends("model", watch=True)
+    def _drop_user_inputs(self) -> None:
+        """Arrays uploaded for one model are not the next model's: a new model starts on its own inputs."""
+        self.user_inputs = None
 
     def _inputs_fit(self, model: Model) -> bool:
         """The uploaded arrays still match `model`'s inputs (the model may have changed since)."""

@@ -28,6 +28,7 @@ shape and dtype kind.
 from __future__ import annotations
 
 import io
+import math
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -277,16 +278,17 @@ def npz_headers(path: NpzSource, name: str | None = None) -> dict[str, tuple[tup
 
 
 EXPECTED_PREFIX = "out:"
-"""An `.npz` member named `out:NAME` holds the expected value of the model's output NAME, not an input."""
+"""Arrays of an inputs `.npz` named `out:NAME` are expected outputs (the exporters' `*_io.npz` files keep the
+reference output beside the inputs, e.g. `out:last_hidden_state`): `load_inputs` sets them aside in
+`InputSet.expected`, for `session.fidelity` to compare with the model's output NAME."""
 
 
 def load_inputs(path: NpzSource, graph: Graph, name: str | None = None) -> InputSet:
     """The user's arrays from an `.npz` file (a path, or its bytes: an upload), checked against the graph's
     inputs: names, shapes and dtype kinds from the headers (`npz_headers`) before any array is read, then
-    the values (`check_inputs`). The one loader of user inputs: `rlxviz run`, `rlxviz time --inputs` and
-    the app's uploads call it.
-
-    Members named `out:NAME` (`EXPECTED_PREFIX`) are expected outputs, set aside in `InputSet.expected`.
+    the values (`check_inputs`). Arrays named `out:NAME` (expected outputs, `EXPECTED_PREFIX`) are set aside in
+    `InputSet.expected`, each no larger than the graph's largest output (checked from its header). The one loader
+    of user inputs: `rlxviz run`, `rlxviz time --inputs` and the app's uploads call it.
 
     Returns:
         `InputSet("user", ...)` with one array per graph input, in the input's dtype.
@@ -298,7 +300,12 @@ def load_inputs(path: NpzSource, graph: Graph, name: str | None = None) -> Input
     p = _npz_name(path, name)
     what = f"inputs {p.name}"
     headers = npz_headers(path, name)
-    _check_kinds({k: h for k, h in headers.items() if not k.startswith(EXPECTED_PREFIX)}, graph, what)
+    _check_kinds({k: h for k, h in headers.items() if not k.startswith(EXPECTED_PREFIX)}, graph, what)  # unread yet
+    largest = max((math.prod(graph[o].shape) * np.dtype(graph[o].dtype.numpy).itemsize for o in graph.outputs),
+                  default=0)
+    for k, (shape, dtype) in headers.items():  # an expected output is no larger than the graph's largest output
+        if k.startswith(EXPECTED_PREFIX) and math.prod(shape) * dtype.itemsize > largest:
+            raise ValueError(f"{what}: {k} has shape {list(shape)}, larger than every output of the graph")
     _, z = _open_npz(path, name)
     try:
         with z:
