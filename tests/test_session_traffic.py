@@ -1,8 +1,12 @@
 """Traffic of the executed program (what the MLX lowering runs as one kernel) and timing read aloud."""
 
+import numpy as np
+
 from rlxviz import session
 from rlxviz.ir import Builder
+from rlxviz.models import random_weights
 from rlxviz.passes import run_passes
+from rlxviz.session.program import VIEWS
 from rlxviz.session.timing import VersionTiming
 
 
@@ -18,13 +22,18 @@ def ffn():
 def test_executed_traffic_counts_only_what_one_kernel_computes():
     trace = run_passes(ffn(), ["fuse_matmul_bias_act", "fuse_residual_ln"])
     fmba, rln = trace.steps
+    # ideal: fc1's matmul + add [2, 8, 32] and fc2's matmul [2, 8, 16], f32, each written once, read once
+    ideal = 2 * (2 * 2 * 8 * 32 + 2 * 8 * 16) * 4
+    gpu = session.executed_traffic_saved(fmba, "gpu")
+    assert gpu.ideal.total == ideal
+    assert {op for _, op, *_ in gpu.saved} == {"matmul"}  # a GEMM epilogue reads the bias: no matmul output
+    assert gpu.total == 2 * (2 * 8 * 32 + 2 * 8 * 16) * 4
+    assert [op for _, op, *_ in gpu.still_moved] == ["add"]  # the bias add feeds a separate gelu kernel
+    cpu = session.executed_traffic_saved(fmba, "cpu")
+    assert cpu.total == 0 and cpu.still_total == cpu.ideal.total == ideal  # CPU addmm: bias pre-filled, beta = 1
+    assert all("beta = 1" in why for *_, op, why in [(r[0], r[1], r[4]) for r in cpu.still_moved] if op == "matmul")
     for device in ("cpu", "gpu"):
         run = session.executed_traffic_saved(fmba, device)
-        # ideal: fc1's matmul + add [2, 8, 32] and fc2's matmul [2, 8, 16], f32, each written once, read once
-        assert run.ideal.total == 2 * (2 * 2 * 8 * 32 + 2 * 8 * 16) * 4
-        assert {op for _, op, *_ in run.saved} == {"matmul"}  # addmm: the matmul's output never reaches memory
-        assert run.total == 2 * (2 * 8 * 32 + 2 * 8 * 16) * 4
-        assert [op for _, op, *_ in run.still_moved] == ["add"]  # the bias add feeds a separate gelu kernel
         assert run.total + run.still_total == run.ideal.total
         norm = session.executed_traffic_saved(rln, device)
         assert norm.total == 0 and norm.still_total == norm.ideal.total == 2 * 2 * 8 * 16 * 4
@@ -50,3 +59,45 @@ def test_horizontal_merge_removes_no_intermediate():
     assert session.traffic_saved(step).total == 0  # the per-projection matmul -> add pairs become one merged pair
     assert session.executed_traffic_saved(step, "cpu").total == 0
     assert session.shared_input_saved(step) == (2 * 2 * 8 * 16 * 4, 2)
+
+
+def test_attention_saving_needs_a_head_dim_the_fused_kernel_takes():
+    assert session.sdpa_fused(64) and session.sdpa_fused(128)
+    assert not session.sdpa_fused(32) and not session.sdpa_fused(None)  # MiniLM: head_dim 32 falls back
+
+
+def test_minilm_gpu_attention_is_not_credited_at_head_dim_32():
+    from rlxviz.models import load_model
+    from rlxviz.passes import Pipeline
+
+    trace = Pipeline.canonical().run(load_model("minilm", batch=1, seq=8).graph)
+    sdpa = session.executed_traffic_saved(trace.step("fuse_sdpa"), "gpu")
+    assert sdpa.ideal.total > 0 and sdpa.total == 0
+    assert all("falls back" in why for *_, why in sdpa.still_moved)
+
+
+def test_program_primitives_are_read_from_mlx():
+    from rlxviz.session.program import mlx_primitives, version_primitives
+
+    g = ffn()
+    feeds = {"x": np.ones((2, 8, 16), np.float32)}
+    weights = random_weights(g, seed=0)
+    p = mlx_primitives(g, feeds, weights, "cpu")
+    counts = p.counts()
+    assert counts.get("Matmul") == 2 and "AddMM" not in counts  # unfused: matmul, then a separate bias add
+    assert p.compiled  # the CPU's fast-math GELU: compiled elementwise kernels
+    assert p.kernels == p.count - sum(v for k, v in counts.items() if k in VIEWS) and p.kernels < p.count
+    # mx.fast.layer_norm falls back on the CPU: its reductions are primitives of the program
+    assert "LayerNorm" not in counts and counts.get("Sum", 0) >= 2 and "Rsqrt" in counts
+    rows = version_primitives(run_passes(g, ["fuse_matmul_bias_act", "fuse_residual_ln"]), feeds, weights, "cpu")
+    assert [r.index for r in rows] == [0, 1, 2] and rows[0].ops > rows[-1].ops
+    fused = rows[1].program.counts()
+    assert fused.get("AddMM") == 2 and "Matmul" not in fused  # FusedMatMulBiasAct: x @ w + b as one mx.addmm
+    assert rows[2].program.counts() == fused  # FusedResidualLN: the same primitives as add + layer_norm
+
+
+def test_dot_primitives_reads_rectangles_only():
+    from rlxviz.session.program import dot_primitives
+
+    dot = '{ 1 [label ="AddMM", shape=rectangle]; }\n{ "A"; }\n{ 2 [label ="CompiledExpAdd", shape=rectangle]; }'
+    assert dot_primitives(dot) == ("AddMM", "CompiledExpAdd")
