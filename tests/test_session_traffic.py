@@ -1,13 +1,14 @@
 """Traffic of the executed program (what the MLX lowering runs as one kernel) and timing read aloud."""
 
 import numpy as np
+import pytest
 
 from rlxviz import session
 from rlxviz.ir import Builder
 from rlxviz.models import random_weights
 from rlxviz.passes import run_passes
 from rlxviz.session.program import VIEWS
-from rlxviz.session.timing import VersionTiming
+from rlxviz.session.timing import VersionTiming, paired_verdict
 
 
 def ffn():
@@ -39,14 +40,49 @@ def test_executed_traffic_counts_only_what_one_kernel_computes():
         assert norm.total == 0 and norm.still_total == norm.ideal.total == 2 * 2 * 8 * 16 * 4
 
 
-def test_compare_to_input_reads_the_quartiles():
-    base = VersionTiming(0, "input", 7, median_ms=10.0, samples_ms=(9.0, 9.5, 10.0, 10.5, 11.0))
-    near = VersionTiming(1, "a", 4, median_ms=10.4, samples_ms=(10.0, 10.2, 10.4, 10.6, 10.8))
-    fast = VersionTiming(2, "b", 3, median_ms=5.0, samples_ms=(4.9, 5.0, 5.0, 5.0, 5.1))
-    slow = VersionTiming(3, "c", 3, median_ms=20.0, samples_ms=(19.0, 20.0, 20.0, 20.0, 21.0))
-    assert session.compare_to_input(near, base) == "within noise"
+def timed(index, samples):
+    s = tuple(float(v) for v in samples)
+    return VersionTiming(index, f"v{index}", 3, median_ms=float(np.median(s)), min_ms=min(s), samples_ms=s)
+
+
+def test_compare_to_input_reads_paired_rounds():
+    rng = np.random.default_rng(1)
+    drift = 10.0 + 3.0 * rng.random(31)  # a machine whose speed wanders from round to round
+    base = timed(0, drift)
+    same = timed(1, drift * (1 + 0.01 * rng.standard_normal(31)))  # paired: no difference beyond 1% jitter
+    fast = timed(2, drift / 2)
+    slow = timed(3, drift * 2)
+    assert session.compare_to_input(same, base) == "within noise"
     assert session.compare_to_input(fast, base) == "2.00x faster"
     assert session.compare_to_input(slow, base) == "2.00x slower"
+    v = paired_verdict(base, same)
+    assert v.low <= 1.0 <= v.high and v.rounds == 31 and paired_verdict(base, same) == v  # seeded bootstrap
+
+
+def test_paired_rounds_separate_what_quartiles_cannot():
+    rng = np.random.default_rng(2)
+    drift = 10.0 + 5.0 * rng.random(41)  # IQRs overlap widely: the machine's wander dominates
+    base, faster = timed(0, drift), timed(1, drift * 0.95)  # 5% faster in every round
+    (q1, q3), (r1, r3) = base.quartiles(), faster.quartiles()
+    assert r1 <= q3 and q1 <= r3
+    assert session.compare_to_input(faster, base) == "1.05x faster"
+
+
+def test_too_few_rounds_and_busy_runs_are_said():
+    base, row = timed(0, [10.0] * 7), timed(1, [5.0] * 7)
+    assert session.compare_to_input(row, base).startswith("too few rounds (7 < 21)")
+    busy = timed(2, [0.6] + [40.0] * 20)
+    quiet = timed(3, [1.0] * 21)
+    assert "unusable run" in paired_verdict(quiet, busy).warning and not paired_verdict(quiet, quiet).warning
+    with pytest.raises(ValueError, match="time them together"):
+        paired_verdict(base, quiet)
+
+
+def test_compare_versions_pairs_each_version_with_the_previous():
+    rows = [timed(0, [10.0] * 21), timed(1, [5.0] * 21), VersionTiming(2, "v2", 3, same_as=1), timed(3, [5.0] * 21)]
+    pairs = session.compare_versions(rows)
+    assert [(p.index, r.index) for p, r, _ in pairs] == [(0, 1), (1, 3)]
+    assert [v.words for *_, v in pairs] == ["2.00x faster", "within noise"]
 
 
 def test_horizontal_merge_removes_no_intermediate():

@@ -52,12 +52,15 @@ from .roofline import (
 from .status import FusionCheck, LayerStatus, check_fusion, check_layer, layer_status
 from .text import ModelText, shown
 from .timing import (
+    PairedVerdict,
     VersionTiming,
     all_finite,
     compare_to_input,
+    compare_versions,
     format_timings,
     input_sets,
     nonfinite_arrays,
+    paired_verdict,
     time_versions,
 )
 from .tolerance import precision_policy, tolerance
@@ -100,4 +103,5 @@ __all__ = ["ModelText", "shown",
            "unknown_model", "variant_named", "variant_unavailable", "version_index",
            "OpCost", "Ridge", "VersionRoofline", "graph_flops", "machine_ridge", "op_costs", "program_bytes",
            "roofline", "ProgramPrimitives", "VersionPrimitives", "format_primitives", "mlx_primitives",
-           "version_primitives", "sdpa_fused", "ERF_FLOPS", "attainable_ms", "bound"]
+           "version_primitives", "sdpa_fused", "ERF_FLOPS", "attainable_ms", "bound",
+           "PairedVerdict", "compare_versions", "paired_verdict"]
