@@ -94,7 +94,7 @@ def test_horizontal_merge_removes_no_intermediate():
     assert len(step.matches) == 1
     assert session.traffic_saved(step).total == 0  # the per-projection matmul -> add pairs become one merged pair
     assert session.executed_traffic_saved(step, "cpu").total == 0
-    assert session.shared_input_saved(step) == (2 * 2 * 8 * 16 * 4, 2)
+    assert session.shared_input_saved(step) == (2 * 2 * 8 * 16 * 4, 4)  # 2 matmul + 2 bias-add launches
 
 
 def test_attention_saving_needs_a_head_dim_the_fused_kernel_takes():

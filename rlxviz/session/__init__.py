@@ -55,6 +55,7 @@ from .timing import (
     PairedVerdict,
     VersionTiming,
     all_finite,
+    busy_warning,
     compare_to_input,
     compare_versions,
     format_timings,
@@ -104,4 +105,4 @@ __all__ = ["ModelText", "shown",
            "OpCost", "Ridge", "VersionRoofline", "graph_flops", "machine_ridge", "op_costs", "program_bytes",
            "roofline", "ProgramPrimitives", "VersionPrimitives", "format_primitives", "mlx_primitives",
            "version_primitives", "sdpa_fused", "ERF_FLOPS", "attainable_ms", "bound",
-           "PairedVerdict", "compare_versions", "paired_verdict"]
+           "PairedVerdict", "busy_warning", "compare_versions", "paired_verdict"]

@@ -205,16 +205,21 @@ def shared_input_saved(step: PassStep) -> tuple[int, int]:
     """What a horizontal fusion (`fuse_shared_input_matmul`) saves: `(bytes, launches)`.
 
     n matmuls reading one `x` become one matmul over concatenated weights: `x` is read once instead
-    of n times (n - 1 reads of `x.nbytes` saved) and n - 1 kernel launches are saved. No intermediate
-    disappears (the outputs are the same bytes, written as slices of one tensor).
+    of n times (n - 1 reads of `x.nbytes` saved); n - 1 matmul launches are saved, and n - 1 bias-add
+    launches when their biases were merged too (roles `add0`, `add1`, ...; the weight and bias `concat`s
+    are static, computed once per set of weights, and the `narrow`s are views). No intermediate
+    disappears (the outputs are the same bytes, written as slices of one tensor). The launch count is
+    checked against MLX's own program by `session.program.version_primitives` (MiniLM: 339 -> 315
+    non-view primitives, 24 launches).
     """
     before = step.before
     nbytes = launches = 0
     for m in step.matches:
         group = [k for k in m.bindings if k.startswith("mm")]
+        adds = [k for k in m.bindings if k.startswith("add")]
         x = m.bindings.get("x")
         if x is None or len(group) < 2:
             continue
         nbytes += (len(group) - 1) * before[x].nbytes
-        launches += len(group) - 1
+        launches += len(group) - 1 + max(len(adds) - 1, 0)
     return nbytes, launches
