@@ -22,11 +22,12 @@ def ex01() -> tuple[int, int]:
 def ex02() -> tuple[int, int]:
     """(bytes, launches) fuse_shared_input_matmul saves in all-MiniLM-L6-v2 at batch 1, seq 16.
 
-    Per layer Q, K and V read hidden [1, 16, 384] f32 (24,576 B) three times; merged, once: 2 reads and
-    2 launches saved per layer, 6 layers.
+    Per layer Q, K and V read hidden [1, 16, 384] f32 (24,576 B) three times; merged, once: 2 reads saved
+    per layer. Three matmuls become one and three bias adds become one: 4 launches saved per layer (MLX's
+    program: 339 -> 315 non-view primitives), 6 layers.
     """
     x = 1 * 16 * 384 * F32
-    return 6 * 2 * x, 6 * 2
+    return 6 * 2 * x, 6 * (2 + 2)
 
 
 def ex03(text: str) -> str:

@@ -131,3 +131,55 @@ def expect_ints(answer: Any, names: tuple[str, ...]) -> tuple[int, ...]:
         if not isinstance(v, numbers.Integral) and not float(v).is_integer():
             raise AssertionError(f"{name}: {v!r} is not a whole number; counts of bytes and launches are")
     return tuple(int(v) for v in answer)
+
+
+def roofline_svg(gflops: float, gbps: float, points: list[tuple[str, float, float]], width: int = 560,
+                 height: int = 360) -> str:
+    """A log-log roofline as SVG text: the ceiling `min(gflops, intensity * gbps)` and one dot per point.
+
+    Args:
+        gflops / gbps: the measured compute (1e9 FLOP/s) and bandwidth (1e9 B/s) ceilings.
+        points: `(label, intensity FLOP/B, achieved 1e9 FLOP/s)` per measured version.
+
+    Raises:
+        ValueError: a ceiling or a point that is not positive (a log axis has no place for it).
+    """
+    import math
+
+    if gflops <= 0 or gbps <= 0 or any(i <= 0 or f <= 0 for _, i, f in points):
+        raise ValueError("[roofline_svg] ceilings and points must be positive")
+    ridge = gflops / gbps
+    xs = [ridge, *(i for _, i, _ in points)]
+    ys = [gflops, *(f for _, _, f in points)]
+    x0, x1 = math.log10(min(xs) / 10), math.log10(max(xs) * 10)
+    y0, y1 = math.log10(min(min(ys), min(xs) / 10 * gbps) / 2), math.log10(gflops * 2)
+    pad = 48
+
+    def px(i: float) -> float:
+        return pad + (math.log10(i) - x0) / (x1 - x0) * (width - 2 * pad)
+
+    def py(f: float) -> float:
+        return height - pad - (math.log10(f) - y0) / (y1 - y0) * (height - 2 * pad)
+
+    lo = 10 ** x0
+    roof = f"{px(lo):.1f},{py(lo * gbps):.1f} {px(ridge):.1f},{py(gflops):.1f} {px(10 ** x1):.1f},{py(gflops):.1f}"
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+             'font-size="11">',
+             f'<rect x="{pad}" y="{pad}" width="{width - 2 * pad}" height="{height - 2 * pad}" fill="none" '
+             'stroke="#999"/>',
+             f'<polyline points="{roof}" fill="none" stroke="#333" stroke-width="2"/>',
+             f'<text x="{px(ridge) + 4:.1f}" y="{py(gflops) - 6:.1f}">ridge {ridge:.1f} FLOP/B; peak {gflops:.1f} '
+             'GFLOP/s</text>',
+             f'<text x="{width / 2:.0f}" y="{height - 12}" text-anchor="middle">arithmetic intensity '
+             '(FLOP/B, log)</text>',
+             f'<text x="14" y="{height / 2:.0f}" transform="rotate(-90 14 {height / 2:.0f})" text-anchor="middle">'
+             'achieved GFLOP/s (log)</text>']
+    for k, (label, i, f) in enumerate(points):
+        parts.append(f'<circle cx="{px(i):.1f}" cy="{py(f):.1f}" r="4" fill="#c33"/>')
+        parts.append(f'<text x="{px(i) + 6:.1f}" y="{py(f) + 4 + 12 * (k % 3 - 1):.1f}">#{k} '
+                     f'{html.escape(label)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+__all__ += ["roofline_svg"]

@@ -61,9 +61,13 @@ PROBES = {
         "probe-single-number": "teach.feedback(check_ex01, 131072);",
         "probe-strings": "teach.feedback(check_ex01, ('131072', '0'));",
         "probe-three": "teach.feedback(check_ex01, (131072, 0, 0));",
+        "probe-write-only": "teach.feedback(check_ex01, (65536, 0));",
+        "probe-executed-ideal": "teach.feedback(check_ex01, (131072, 131072));",
     },
     "02_fusing_a_bert_layer.ipynb": {
         "probe-float": "teach.feedback(check_ex02, (49152.5, 12));",
+        "probe-matmuls-only": "teach.feedback(check_ex02, (294912, 12));",
+        "probe-reads-before": "teach.feedback(check_ex02, (442368, 24));",
     },
     "03_why_did_my_layer_not_fuse.ipynb": {
         "probe-no-return": "def fix_ir(text):\n    text.replace('x', 'x')\n\n\nteach.feedback(check_ex03, fix_ir);",
@@ -205,23 +209,37 @@ def test_01_what_is_fusion(executed):
     # each written once and read once
     text, _ = t["traffic-fmba"]
     ideal = 2 * (2 * 2 * 64 * 512 + 2 * 64 * 128) * 4  # fc1's matmul and add, fc2's matmul: 1 write + 1 read
-    addmm = 2 * (2 * 64 * 512 + 2 * 64 * 128) * 4  # MLX runs matmul + bias as one addmm; gelu is its own kernel
+    gpu_addmm = 2 * (2 * 64 * 512 + 2 * 64 * 128) * 4  # a GPU GEMM epilogue reads the bias (a model)
+    addmm = 0  # the CPU's addmm pre-fills the output with the bias, BLAS beta = 1: the bytes of matmul + add
     assert f"ideal kernel: traffic saved by fuse_matmul_bias_act (bytes): {ideal}" in text
-    assert f"executed on MLX: traffic saved by fuse_matmul_bias_act (bytes): {addmm}" in text
-    assert f"executed on MLX: bytes still written and read: {ideal - addmm}" in text
+    assert f"executed on MLX cpu: traffic saved by fuse_matmul_bias_act (bytes): {addmm}" in text
+    assert f"executed on MLX cpu: bytes still written and read: {ideal}" in text
+    assert f"model for a GPU (GEMM epilogue reads the bias): saved (bytes): {gpu_addmm}" in text
     doc = (ROOT / "docs" / "teach-and-debug.md").read_text(encoding="utf-8")  # pasted there from a real run
     pasted = re.search(r"cell `traffic-fmba`.*?```text\n(.*?)```", doc, re.S).group(1)
     assert pasted.strip() == text.strip(), "docs/teach-and-debug.md: re-paste notebook 01's traffic-fmba output"
     text, _ = t["step-rln"]
-    assert "fuse_residual_ln.residual" in text and f"(bytes): {2 * 2 * 64 * 128 * 4}" in text
-    assert "executed on MLX: traffic saved by fuse_residual_ln (bytes): 0" in text  # add + mx.fast.layer_norm
-    assert "FusedResidualLN(%15, %0, %11, %12)" in text
+    assert "fuse_residual_ln.residual" in text and "FusedResidualLN(%15, %0, %11, %12)" in text
+    assert str(2 * 2 * 64 * 128 * 4) not in text and "KiB" not in text  # the exercise's answers come later
+    # what MLX runs, read from MLX: the linears become addmm, the norm fusion leaves the program unchanged
+    text, _ = t["primitives"]
+    prims = re.findall(r"^\s*(\d)\s+(input|after \S+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$", text, re.M)
+    assert [(p[0], p[2]) for p in prims] == [("0", "7"), ("1", "4"), ("2", "3")]
+    k0, k1, k2 = (int(p[4]) for p in prims)
+    assert k1 == k0 - 2 and k2 == k1  # two Matmul + Add pairs became two AddMM; fuse_residual_ln: same program
+    assert "{'Add': 5, 'Matmul': 2" in text and "'AddMM': 2" in text
+    fallback = "mx.fast.layer_norm is one kernel here: False" in text
+    md_text = markdown_of(nb, "primitives-read-aloud")
+    assert f"MLX runs {k0} non-view primitives for the input, {k1} after" in md_text
+    assert "the same program: the norm fusion changed the graph, not what MLX runs" in md_text
+    assert ("MLX runs its fallback" in md_text) == fallback
     # the roofline: FLOPs from the shapes, bytes of the executed program, a ridge measured now
     text, _ = t["roofline"]
     ridge = float(re.search(r"-> ridge (\S+) FLOP/B", text).group(1))
     ops = re.findall(r"^%(\d+)\s+(\w+)\s+(\d+)\s+(\d+)\s+(\S+)\s+(memory|compute)$", text, re.M)
     assert [o[1] for o in ops] == ["matmul", "add", "gelu", "matmul", "add", "add", "layer_norm"]
     assert int(ops[0][2]) == 2 * 2 * 64 * 128 * 512 and int(ops[6][2]) == 8 * 2 * 64 * 128
+    assert int(ops[2][2]) == 29 * 2 * 64 * 512  # GELU: erf's 25 FLOPs + 4 per element, not 1
     for _, _, flops, nbytes, intensity, bound in ops:
         assert abs(float(intensity) - int(flops) / int(nbytes)) < 0.006
         assert bound == ("memory" if int(flops) / int(nbytes) < ridge else "compute")
@@ -232,10 +250,13 @@ def test_01_what_is_fusion(executed):
     b0 = sum(int(o[3]) for o in ops)
     assert [(int(v[2]), int(v[3])) for v in versions] == [  # the traffic cells' own savings
         (b0, b0), (b0 - addmm, b0 - ideal), (b0 - addmm, b0 - ideal - 2 * 2 * 64 * 128 * 4)]
+    predicted = dict(re.findall(r"^prediction #(\d): (compute|memory)-bound, at best \S+ ms$", text, re.M))
+    assert predicted == {v[0]: ("compute" if float(v[4]) >= ridge else "memory") for v in versions}
     md_text = markdown_of(nb, "roofline-read-aloud")
     assert f"a rough ridge of {ridge:.1f} FLOP/B" in md_text and f"{flops} FLOPs in every version" in md_text
-    assert f"intensity rises from {versions[0][4]} to {versions[2][4]} FLOP/B (ideal kernels: {versions[2][5]})" \
-        in md_text
+    assert f"intensity {versions[0][4]} to {versions[2][4]} FLOP/B; ideal kernels: {versions[2][5]})" in md_text
+    all_compute = set(predicted.values()) == {"compute"}
+    assert ("every version is **compute-bound** on this machine" in md_text) == all_compute
     n_mem = sum(o[5] == "memory" for o in ops)
     assert (f"{n_mem} of the 7 ops are memory-bound" in md_text) if n_mem else ("no op falls below it" in md_text)
     text, _ = t["timing"]
@@ -249,14 +270,32 @@ def test_01_what_is_fusion(executed):
     text, _ = t["read-aloud"]
     verdicts = re.findall(r"^verdict (after \S+): (within noise|\d+\.\d\dx (?:faster|slower))$", text, re.M)
     assert [v[0] for v in verdicts] == ["after fuse_matmul_bias_act", "after fuse_residual_ln"], text
-    md_text = "".join(o.data["text/markdown"] for c in nb.cells if "read-aloud" in c.metadata.get("tags", [])
-                      for o in c.outputs if "text/markdown" in o.get("data", {}))
-    for label, verdict in verdicts:
-        assert f"**{label}**: median {medians[label.replace(' ', '')]} ms (IQR " in md_text
-        assert f"**{verdict}**" in md_text
-        if verdict == "within noise":
-            assert f"**{verdict}** on MLX CPU" in md_text
-    assert f"saves {addmm} B of {ideal + 2 * 2 * 64 * 128 * 4} B" in md_text
+    md_text = markdown_of(nb, "read-aloud")
+    assert "21 paired rounds" in md_text
+    prev = "input"
+    for label, verdict in verdicts:  # each version against the previous one, the table's own medians
+        said = re.search(rf"\*\*{label}\*\* vs #\d: median {medians[label.replace(' ', '')]} vs "
+                         rf"{medians[prev.replace(' ', '')]} ms; per-round ratio (\S+) \(95% CI (\S+)\.\.(\S+)\): "
+                         rf"\*\*{verdict}\*\*", md_text)
+        assert said, (label, md_text)
+        ratio, low, high = (float(x) for x in said.groups())
+        assert low <= ratio <= high and ((low <= 1.0 <= high) == (verdict == "within noise"))
+        prev = label
+    held = all_compute and all(v == "within noise" for _, v in verdicts)
+    assert ("the paired rounds agree, no version differs" in md_text) == held
+    text, _ = t["roofline-measured"]
+    measured = re.findall(r"^measured (.+?)\s+(\S+) FLOP/B  (\S+) GFLOP/s", text, re.M)
+    assert [m[1] for m in measured] == [v[4] for v in versions]  # the roofline's own intensities
+    for (label, _, achieved), v in zip(measured, versions, strict=True):  # FLOPs over the table's median
+        want = int(v[1]) / float(medians[label.replace(" ", "")]) / 1e6
+        assert abs(float(achieved) - want) <= 0.01 * want + 0.006, (label, achieved, want)
+    svg = [o.data["text/html"] for c in nb.cells if "roofline-measured" in c.metadata.get("tags", [])
+           for o in c.outputs if "text/html" in o.get("data", {})]
+    assert svg and svg[0].count("<circle") == 3 and "<polyline" in svg[0]
+    md_text = markdown_of(nb, "roofline-conclusion")
+    n_compute = sum(float(m[1]) >= ridge for m in measured)
+    assert f"{n_compute} of 3 versions sit right of the ridge ({ridge:.1f} FLOP/B)" in md_text
+    assert ("**all are compute-bound**, so removing bytes cannot help" in md_text) == (n_compute == 3)
     text, _ = t["recorded-gpu"]
     assert text.startswith("RECORDED (issue 12, H200, mlx-cuda 0.32.4) - not measured")
     assert "2.50 ms  (1.42x input)" in text and "3.54 ms  (1.00x input)" in text
@@ -264,11 +303,14 @@ def test_01_what_is_fusion(executed):
     md_text = markdown_of(nb, "recorded-gpu-read-aloud")  # the prose quotes the final version too
     assert "(3.44-3.52 ms vs 3.54 ms)" in md_text and "2.50 ms, a speed-up of 1.42x over the input" in md_text
     assert "torch.compile's 1.42 ms in the table is a time" in md_text
-    assert "3.12 ms, 1.13x the input's speed, 1.25x the time after the layer pass" in md_text
-    assert "gave back 60% of what the layer pass had gained" in md_text
+    assert "1.04 ms saved" in md_text and "**overhead-bound**" in md_text
+    assert "3.12 ms (after `mark_elementwise_regions`) is **one unpaired run**" in md_text
+    assert "do not show that the elementwise regions hurt" in md_text
     assert "give a tuple of 2 numbers, (ideal, executed); you gave a single int" in probe(t, "probe-single-number")
     assert "ideal: '131072' is text (in quotes)" in probe(t, "probe-strings")
     assert "yours has 3" in probe(t, "probe-three")
+    assert "you counted the write of the sum only" in probe(t, "probe-write-only")
+    assert "compare the primitives of versions 1 and 2 above" in probe(t, "probe-executed-ideal")
     exercise_feedback(nb, t)
     # drawings are inline SVG in a scrolling box
     svgs = [o.data["text/html"] for c in nb.cells if c.cell_type == "code" for o in c.outputs
@@ -301,14 +343,28 @@ def test_02_fusing_a_bert_layer(executed):
     assert re.search(r"FusedTransformerLayer\s+x6\s+cpu: its decomposition, op by op\s+gpu: one mx.compile'd", text)
     text, _ = t["traffic"]
     rows = {ln.split()[0]: ln.split()[1:] for ln in text.splitlines()[1:] if re.match(r"fuse_\w+\s+\d", ln)}
-    x = 1 * 16 * 384 * 4  # the hidden state Q, K and V read: 2 reads and 2 launches saved in each of 6 layers
+    x = 1 * 16 * 384 * 4  # the hidden state Q, K and V read: 2 reads and 4 launches (2 matmul, 2 add) per layer
     assert rows["fuse_shared_input_matmul"][:3] == ["0", "0", "0"]  # no intermediate credited
-    assert f"{6 * 2 * x} B, 12 launches" in text
+    assert f"{6 * 2 * x} B, 24 launches" in text
     assert rows["fuse_residual_ln"][1:3] == ["0", "0"]  # add + mx.fast.layer_norm on both devices
-    assert rows["fuse_sdpa"][1] == "0" and rows["fuse_sdpa"][2] == rows["fuse_sdpa"][0]  # composed vs mx.fast SDPA
-    assert 0 < int(rows["fuse_matmul_bias_act"][1]) < int(rows["fuse_matmul_bias_act"][0])
+    assert rows["fuse_sdpa"][1:3] == ["0", "0"]  # composed on the CPU; MLX's SDPA falls back at head_dim 32
+    assert rows["fuse_matmul_bias_act"][1] == "0"  # the CPU's addmm pre-fills the bias (beta = 1)
+    assert 0 < int(rows["fuse_matmul_bias_act"][2]) < int(rows["fuse_matmul_bias_act"][0])  # GPU epilogue model
     ftl = rows["fuse_transformer_layer"]
     assert f"fuse_transformer_layer on cpu: executed saving {ftl[1]} B of {ftl[0]} B ideal" in text
+    # MLX's own primitives: the launch count the traffic model credits is the program's own
+    text, _ = t["primitives"]
+    prims = re.findall(r"^\s*(\d+)\s+(input|after \S+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$", text, re.M)
+    assert len(prims) == len(CANONICAL_ORDER) + 1 and prims[0][2] == "196"
+    kernels = {p[1] if p[1] == "input" else f"{p[0]} {p[1]}": int(p[4]) for p in prims}
+    by_index = [int(p[4]) for p in prims]
+    k = [p[1] for p in prims].index("after fuse_shared_input_matmul")
+    assert by_index[k - 1] - by_index[k] == 24  # the 24 launches of the traffic table
+    f = [p[1] for p in prims].index("after fuse_transformer_layer")
+    assert by_index[f] == by_index[f - 1] and by_index[-1] < by_index[0] and len(kernels) == len(prims)
+    md_text = markdown_of(nb, "primitives-read-aloud")
+    assert f"MLX's program from {by_index[0]} to {by_index[-1]} non-view primitives" in md_text
+    assert "`fuse_transformer_layer` takes the graph from 52 to 28 ops and changes nothing MLX runs" in md_text
     text, _ = t["timing"]
     assert "all match the reference: True" in text and " on cpu" in text
     assert "after fuse_transformer_layer" in text and "(unchanged: same as #" in text
@@ -316,14 +372,22 @@ def test_02_fusing_a_bert_layer(executed):
     table = {ln.split()[1] + " " + ln.split()[2]: ln.split() for ln in text.splitlines()
              if re.match(r"\s*\d+\s+(input|after)", ln) and "unchanged" not in ln}
     text, _ = t["read-aloud"]
-    verdicts = dict(re.findall(r"^verdict (after \S+): (.+)$", text, re.M))
-    assert set(verdicts) == set(table) - {"input (196"} or len(verdicts) == len(table) - 1, (verdicts, table)
-    md_text = "".join(o.data["text/markdown"] for c in nb.cells if "read-aloud" in c.metadata.get("tags", [])
-                      for o in c.outputs if "text/markdown" in o.get("data", {}))
+    verdicts = re.findall(r"^verdict (after \S+): (within noise|\d+\.\d\dx (?:faster|slower)) \(vs #(\d+); "
+                          r"ratio (\S+), 95% CI (\S+)\.\.(\S+)\)$", text, re.M)
+    assert len(verdicts) == len(table) - 1, (verdicts, table)
+    timed_idx = [int(v[0]) for v in table.values()]
+    assert [int(v[2]) for v in verdicts] == timed_idx[:-1]  # each against the previous timed version
+    for _, words, _, ratio, low, high in verdicts:
+        assert float(low) <= float(ratio) <= float(high)
+        assert (float(low) <= 1.0 <= float(high)) == (words == "within noise")
+    md_text = markdown_of(nb, "read-aloud")
     last = list(table)[-1]
-    assert f"median {table[last][-8]} vs {table[list(table)[0]][-8]} ms, **{verdicts[last]}**" in md_text
-    n_noise = sum(v == "within noise" for v in verdicts.values())
-    assert f"{n_noise} of {len(verdicts)} versions are within noise" in md_text
+    assert "21 paired rounds" in md_text
+    assert f"median {table[last][-8]} vs {table[list(table)[0]][-8]} ms, **" in md_text
+    n_noise = sum(v[1] == "within noise" for v in verdicts)
+    assert f"{n_noise} of {len(verdicts)} steps are within noise" in md_text
+    mins = [(float(v[-8]), float(v[-7])) for v in table.values()]
+    assert ("a busy machine" in md_text) == any(m > 2 * lo for m, lo in mins)
     assert f"executed saving on the CPU is {ftl[1]} B" in md_text
     text, _ = t["order-silent"]
     assert "fuse_transformer_layer first: 0 matches, 0 rejections; fused layers at the end: 0" in text
@@ -355,6 +419,8 @@ def test_02_fusing_a_bert_layer(executed):
     assert ("Nothing here shows the fused block losing above 64 tokens" in md_text) == (not losing)
     exercise_feedback(nb, t)
     assert "bytes: 49152.5 is not a whole number" in probe(t, "probe-float")
+    assert "and so do their three bias adds: count both kinds of launch" in probe(t, "probe-matmuls-only")
+    assert "three reads became one: count the reads saved" in probe(t, "probe-reads-before")
 
 
 def test_03_why_did_my_layer_not_fuse(executed):
@@ -394,6 +460,14 @@ def test_03_why_did_my_layer_not_fuse(executed):
     assert "canonical order: h1_user_count" in text and "fused layers = 2" in text
     text, _ = t["fix-pipeline"]
     assert "fused layers = 2" in text
+    text, _ = t["pre-ln-second"]  # pre-LN's second blocker: the layer rule matches post-LN layers only
+    from rlxviz.passes.rules.layer import LAYER
+
+    assert f"post_ln_order kind: {LAYER.guard_kinds['post_ln_order']}" in text
+    text, _ = t["eps-outside"]  # the truly illegal case: refused whatever the kernel
+    assert "eps inside the sqrt: 1 match(es); rejection: -" in text
+    assert "eps outside the sqrt: 0 match(es); rejection: eps_inside_sqrt (illegal): " in text
+    assert float(re.search(r"x of std 1e-3: largest difference (\S+)", text).group(1)) > 0.1
     exercise_feedback(nb, t)
     text, _ = t["exercise"]
     assert "fix_ir returned the text unchanged" in text  # the stub is told what is wrong

@@ -1,9 +1,14 @@
 """Traffic of the executed program (what the MLX lowering runs as one kernel) and timing read aloud."""
 
+import numpy as np
+import pytest
+
 from rlxviz import session
 from rlxviz.ir import Builder
+from rlxviz.models import random_weights
 from rlxviz.passes import run_passes
-from rlxviz.session.timing import VersionTiming
+from rlxviz.session.program import VIEWS
+from rlxviz.session.timing import VersionTiming, paired_verdict
 
 
 def ffn():
@@ -18,26 +23,66 @@ def ffn():
 def test_executed_traffic_counts_only_what_one_kernel_computes():
     trace = run_passes(ffn(), ["fuse_matmul_bias_act", "fuse_residual_ln"])
     fmba, rln = trace.steps
+    # ideal: fc1's matmul + add [2, 8, 32] and fc2's matmul [2, 8, 16], f32, each written once, read once
+    ideal = 2 * (2 * 2 * 8 * 32 + 2 * 8 * 16) * 4
+    gpu = session.executed_traffic_saved(fmba, "gpu")
+    assert gpu.ideal.total == ideal
+    assert {op for _, op, *_ in gpu.saved} == {"matmul"}  # a GEMM epilogue reads the bias: no matmul output
+    assert gpu.total == 2 * (2 * 8 * 32 + 2 * 8 * 16) * 4
+    assert [op for _, op, *_ in gpu.still_moved] == ["add"]  # the bias add feeds a separate gelu kernel
+    cpu = session.executed_traffic_saved(fmba, "cpu")
+    assert cpu.total == 0 and cpu.still_total == cpu.ideal.total == ideal  # CPU addmm: bias pre-filled, beta = 1
+    assert all("beta = 1" in why for *_, op, why in [(r[0], r[1], r[4]) for r in cpu.still_moved] if op == "matmul")
     for device in ("cpu", "gpu"):
         run = session.executed_traffic_saved(fmba, device)
-        # ideal: fc1's matmul + add [2, 8, 32] and fc2's matmul [2, 8, 16], f32, each written once, read once
-        assert run.ideal.total == 2 * (2 * 2 * 8 * 32 + 2 * 8 * 16) * 4
-        assert {op for _, op, *_ in run.saved} == {"matmul"}  # addmm: the matmul's output never reaches memory
-        assert run.total == 2 * (2 * 8 * 32 + 2 * 8 * 16) * 4
-        assert [op for _, op, *_ in run.still_moved] == ["add"]  # the bias add feeds a separate gelu kernel
         assert run.total + run.still_total == run.ideal.total
         norm = session.executed_traffic_saved(rln, device)
         assert norm.total == 0 and norm.still_total == norm.ideal.total == 2 * 2 * 8 * 16 * 4
 
 
-def test_compare_to_input_reads_the_quartiles():
-    base = VersionTiming(0, "input", 7, median_ms=10.0, samples_ms=(9.0, 9.5, 10.0, 10.5, 11.0))
-    near = VersionTiming(1, "a", 4, median_ms=10.4, samples_ms=(10.0, 10.2, 10.4, 10.6, 10.8))
-    fast = VersionTiming(2, "b", 3, median_ms=5.0, samples_ms=(4.9, 5.0, 5.0, 5.0, 5.1))
-    slow = VersionTiming(3, "c", 3, median_ms=20.0, samples_ms=(19.0, 20.0, 20.0, 20.0, 21.0))
-    assert session.compare_to_input(near, base) == "within noise"
+def timed(index, samples):
+    s = tuple(float(v) for v in samples)
+    return VersionTiming(index, f"v{index}", 3, median_ms=float(np.median(s)), min_ms=min(s), samples_ms=s)
+
+
+def test_compare_to_input_reads_paired_rounds():
+    rng = np.random.default_rng(1)
+    drift = 10.0 + 3.0 * rng.random(31)  # a machine whose speed wanders from round to round
+    base = timed(0, drift)
+    same = timed(1, drift * (1 + 0.01 * rng.standard_normal(31)))  # paired: no difference beyond 1% jitter
+    fast = timed(2, drift / 2)
+    slow = timed(3, drift * 2)
+    assert session.compare_to_input(same, base) == "within noise"
     assert session.compare_to_input(fast, base) == "2.00x faster"
     assert session.compare_to_input(slow, base) == "2.00x slower"
+    v = paired_verdict(base, same)
+    assert v.low <= 1.0 <= v.high and v.rounds == 31 and paired_verdict(base, same) == v  # seeded bootstrap
+
+
+def test_paired_rounds_separate_what_quartiles_cannot():
+    rng = np.random.default_rng(2)
+    drift = 10.0 + 5.0 * rng.random(41)  # IQRs overlap widely: the machine's wander dominates
+    base, faster = timed(0, drift), timed(1, drift * 0.95)  # 5% faster in every round
+    (q1, q3), (r1, r3) = base.quartiles(), faster.quartiles()
+    assert r1 <= q3 and q1 <= r3
+    assert session.compare_to_input(faster, base) == "1.05x faster"
+
+
+def test_too_few_rounds_and_busy_runs_are_said():
+    base, row = timed(0, [10.0] * 7), timed(1, [5.0] * 7)
+    assert session.compare_to_input(row, base).startswith("too few rounds (7 < 21)")
+    busy = timed(2, [0.6] + [40.0] * 20)
+    quiet = timed(3, [1.0] * 21)
+    assert "unusable run" in paired_verdict(quiet, busy).warning and not paired_verdict(quiet, quiet).warning
+    with pytest.raises(ValueError, match="time them together"):
+        paired_verdict(base, quiet)
+
+
+def test_compare_versions_pairs_each_version_with_the_previous():
+    rows = [timed(0, [10.0] * 21), timed(1, [5.0] * 21), VersionTiming(2, "v2", 3, same_as=1), timed(3, [5.0] * 21)]
+    pairs = session.compare_versions(rows)
+    assert [(p.index, r.index) for p, r, _ in pairs] == [(0, 1), (1, 3)]
+    assert [v.words for *_, v in pairs] == ["2.00x faster", "within noise"]
 
 
 def test_horizontal_merge_removes_no_intermediate():
@@ -49,4 +94,46 @@ def test_horizontal_merge_removes_no_intermediate():
     assert len(step.matches) == 1
     assert session.traffic_saved(step).total == 0  # the per-projection matmul -> add pairs become one merged pair
     assert session.executed_traffic_saved(step, "cpu").total == 0
-    assert session.shared_input_saved(step) == (2 * 2 * 8 * 16 * 4, 2)
+    assert session.shared_input_saved(step) == (2 * 2 * 8 * 16 * 4, 4)  # 2 matmul + 2 bias-add launches
+
+
+def test_attention_saving_needs_a_head_dim_the_fused_kernel_takes():
+    assert session.sdpa_fused(64) and session.sdpa_fused(128)
+    assert not session.sdpa_fused(32) and not session.sdpa_fused(None)  # MiniLM: head_dim 32 falls back
+
+
+def test_minilm_gpu_attention_is_not_credited_at_head_dim_32():
+    from rlxviz.models import load_model
+    from rlxviz.passes import Pipeline
+
+    trace = Pipeline.canonical().run(load_model("minilm", batch=1, seq=8).graph)
+    sdpa = session.executed_traffic_saved(trace.step("fuse_sdpa"), "gpu")
+    assert sdpa.ideal.total > 0 and sdpa.total == 0
+    assert all("falls back" in why for *_, why in sdpa.still_moved)
+
+
+def test_program_primitives_are_read_from_mlx():
+    from rlxviz.session.program import mlx_primitives, version_primitives
+
+    g = ffn()
+    feeds = {"x": np.ones((2, 8, 16), np.float32)}
+    weights = random_weights(g, seed=0)
+    p = mlx_primitives(g, feeds, weights, "cpu")
+    counts = p.counts()
+    assert counts.get("Matmul") == 2 and "AddMM" not in counts  # unfused: matmul, then a separate bias add
+    assert p.compiled  # the CPU's fast-math GELU: compiled elementwise kernels
+    assert p.kernels == p.count - sum(v for k, v in counts.items() if k in VIEWS) and p.kernels < p.count
+    # mx.fast.layer_norm falls back on the CPU: its reductions are primitives of the program
+    assert "LayerNorm" not in counts and counts.get("Sum", 0) >= 2 and "Rsqrt" in counts
+    rows = version_primitives(run_passes(g, ["fuse_matmul_bias_act", "fuse_residual_ln"]), feeds, weights, "cpu")
+    assert [r.index for r in rows] == [0, 1, 2] and rows[0].ops > rows[-1].ops
+    fused = rows[1].program.counts()
+    assert fused.get("AddMM") == 2 and "Matmul" not in fused  # FusedMatMulBiasAct: x @ w + b as one mx.addmm
+    assert rows[2].program.counts() == fused  # FusedResidualLN: the same primitives as add + layer_norm
+
+
+def test_dot_primitives_reads_rectangles_only():
+    from rlxviz.session.program import dot_primitives
+
+    dot = '{ 1 [label ="AddMM", shape=rectangle]; }\n{ "A"; }\n{ 2 [label ="CompiledExpAdd", shape=rectangle]; }'
+    assert dot_primitives(dot) == ("AddMM", "CompiledExpAdd")

@@ -11,7 +11,8 @@ One module per job:
 * `architecture` / `status`: what kind each layer is, and "why didn't layer N fuse" (`layer_status`).
 * `tolerance` / `timing`: time every version on MLX with a verdict from one tolerance table.
 * `render`: a drawing as a pure function of (trace, view), cached by the trace's content key.
-* `traffic`: the memory traffic a pass's fusions removed.
+* `traffic`: the memory traffic a pass's fusions removed (a model of the executed program).
+* `program`: what the backend runs, read from the backend (MLX's primitives of a lowered version).
 * `roofline`: FLOPs, bytes moved and arithmetic intensity per op and per version.
 
 Errors a user can fix are `SessionError`s (one line); front ends match them by type.
@@ -33,21 +34,46 @@ from .loading import (
     unknown_model,
 )
 from .pipeline import build_pipeline, format_passes, pass_catalog, run_pipeline, version_index
+from .program import ProgramPrimitives, VersionPrimitives, format_primitives, mlx_primitives, version_primitives
 from .render import View
-from .roofline import OpCost, Ridge, VersionRoofline, graph_flops, machine_ridge, op_costs, program_bytes, roofline
+from .roofline import (
+    ERF_FLOPS,
+    OpCost,
+    Ridge,
+    VersionRoofline,
+    attainable_ms,
+    bound,
+    graph_flops,
+    machine_ridge,
+    op_costs,
+    program_bytes,
+    roofline,
+)
 from .status import FusionCheck, LayerStatus, check_fusion, check_layer, layer_status
 from .text import ModelText, shown
 from .timing import (
+    PairedVerdict,
     VersionTiming,
     all_finite,
+    busy_warning,
     compare_to_input,
+    compare_versions,
     format_timings,
     input_sets,
     nonfinite_arrays,
+    paired_verdict,
     time_versions,
 )
 from .tolerance import precision_policy, tolerance
-from .traffic import ExecutedTraffic, Traffic, executed_traffic_saved, runs_as, shared_input_saved, traffic_saved
+from .traffic import (
+    ExecutedTraffic,
+    Traffic,
+    executed_traffic_saved,
+    runs_as,
+    sdpa_fused,
+    shared_input_saved,
+    traffic_saved,
+)
 from .variants import (
     OVER_THRESHOLD,
     RLX_THRESHOLD,
@@ -77,4 +103,6 @@ __all__ = ["ModelText", "shown",
            "tolerance", "traffic_saved",
            "unknown_model", "variant_named", "variant_unavailable", "version_index",
            "OpCost", "Ridge", "VersionRoofline", "graph_flops", "machine_ridge", "op_costs", "program_bytes",
-           "roofline"]
+           "roofline", "ProgramPrimitives", "VersionPrimitives", "format_primitives", "mlx_primitives",
+           "version_primitives", "sdpa_fused", "ERF_FLOPS", "attainable_ms", "bound",
+           "PairedVerdict", "busy_warning", "compare_versions", "paired_verdict"]

@@ -3,9 +3,12 @@
 Conventions (the same as `traffic`): every compute node's output is written once and read once per
 operand use; the static part of a program (nodes that read only params and constants, e.g. a Q|K|V weight
 `concat`, computed once per set of weights by `runtime.executor.build_program`) is not per-call traffic.
-FLOPs count multiply-adds as 2 (a matmul `[M, K] x [K, N]` is `2*M*K*N`), every elementwise op and
-activation as 1 per output element, a reduction as 1 per input element, `softmax` as 5 and `layer_norm`
-/ `rms_norm` as 8 / 6 per element, data movement as 0; a fused op counts its decomposition (`unfuse`).
+FLOPs count multiply-adds as 2 (a matmul `[M, K] x [K, N]` is `2*M*K*N`), every arithmetic elementwise op
+as 1 per output element, a transcendental as the arithmetic of the formulation the CPU lowering runs
+(`TRANSCENDENTAL_FLOPS`, counted from `runtime.fast`: erf 25, so exact GELU 29 per element), a reduction
+as 1 per input element, `softmax` as its exp plus 4, `layer_norm` / `rms_norm` as 8 / 6 per element,
+data movement as 0; a fused op counts its decomposition (`unfuse`). These counts are a **model** of the
+arithmetic (MLX's GPU `mx.erf` is another formulation of about the same size), not a hardware counter.
 FLOPs are counted on each version's decomposition: a fusion changes none (canonicalizing a primitive norm into
 `layer_norm` or removing dead code may, slightly); a version's bytes are the input's minus what each pass saves
 in the executed program (`executed_traffic_saved`, `shared_input_saved`).
@@ -22,7 +25,27 @@ from ..ir.ops import ELEMENTWISE, FUSED, MOVEMENT, REDUCE
 from ..passes.trace import Trace
 from .traffic import executed_traffic_saved, shared_input_saved
 
-_PER_ELEMENT = {Op.SOFTMAX: 5, Op.LAYER_NORM: 8, Op.RMS_NORM: 6, Op.ROPE: 3}
+ERF_FLOPS = 2 + 1 + 2 * 6 + 2 * 4 + 2
+"""erf as `runtime.fast.erf` computes it: clip (2), x^2 (1), Horner P of degree 6 (12) and Q of degree 4
+(8), the product by x and the division (2) = 25 FLOPs per element (the rational approximation XLA and
+Eigen also use; MLX's own CPU `erf` is scalar code of a similar polynomial)."""
+TANH_FLOPS = 2 + 1 + 2 * 6 + 2 * 3 + 2
+"""tanh as `runtime.fast.tanh`: clip (2), x^2 (1), P degree 6 (12), Q degree 3 (6), x * P / Q (2) = 23."""
+EXP_FLOPS = 20
+"""exp as `runtime.fast.exp`: range reduction (4), a degree-7 polynomial by Estrin's scheme (14), 2^k from
+the exponent bits (2): about 20 (bit operations counted as FLOPs)."""
+TRANSCENDENTAL_FLOPS: dict[Op, int] = {
+    Op.ERF: ERF_FLOPS,
+    Op.GELU: ERF_FLOPS + 4,  # 0.5 * x * (1 + erf(x * sqrt(1/2)))
+    Op.GELU_TANH: TANH_FLOPS + 8,  # 0.5 * x * (1 + tanh(c * (x + 0.044715 * x^3)))
+    Op.TANH: TANH_FLOPS,
+    Op.EXP: EXP_FLOPS,
+    Op.SIGMOID: EXP_FLOPS + 3,  # 1 / (1 + exp(-x))
+    Op.SILU: EXP_FLOPS + 4,  # x * sigmoid(x)
+}
+"""FLOPs per output element of the transcendental ops, counted from the CPU formulation (`runtime.fast`)."""
+
+_PER_ELEMENT = {Op.SOFTMAX: EXP_FLOPS + 4, Op.LAYER_NORM: 8, Op.RMS_NORM: 6, Op.ROPE: 3, **TRANSCENDENTAL_FLOPS}
 
 
 def _size(shape: tuple[int, ...]) -> int:
@@ -153,6 +176,8 @@ class Ridge:
         device: `cpu` or `gpu`.
         gflops: FLOP/s of a `[n, n] x [n, n]` f32 matmul graph, in 1e9 per second (median call).
         gbps: bytes/s of an f32 `add` of two `elements`-long vectors (2 reads + 1 write), in 1e9 per second.
+            On the CPU MLX runs an elementwise op on **one thread**: this is the bandwidth one MLX CPU kernel
+            gets, not the memory system's peak (a multi-threaded stream would reach more).
         matmul_ms / add_ms: the two medians.
     """
 
@@ -197,5 +222,20 @@ def machine_ridge(device: str = "cpu", n: int = 1024, elements: int = 1 << 23, r
                  mm.median_ms, add.median_ms)
 
 
-__all__ = ["OpCost", "Ridge", "VersionRoofline", "graph_flops", "machine_ridge", "op_costs", "op_flops",
+def bound(intensity: float, ridge: Ridge) -> str:
+    """`compute` when `intensity` (FLOP/B) is at or above the ridge, else `memory` (the roofline's two regimes).
+
+    A third regime, *overhead-bound*, is not a point on this plot: a program of many small kernels whose
+    time is dispatch and launch (compare its time with FLOPs / peak and bytes / bandwidth, `attainable_ms`).
+    """
+    return "compute" if intensity >= ridge.ridge else "memory"
+
+
+def attainable_ms(flops: int, nbytes: int, ridge: Ridge) -> float:
+    """The roofline's lower bound on a program's time (ms): max(FLOPs / peak, bytes / bandwidth)."""
+    return max(flops / (ridge.gflops * 1e6), nbytes / (ridge.gbps * 1e6))
+
+
+__all__ = ["ERF_FLOPS", "TRANSCENDENTAL_FLOPS", "OpCost", "Ridge", "attainable_ms", "bound", "VersionRoofline",
+           "graph_flops", "machine_ridge", "op_costs", "op_flops",
            "program_bytes", "roofline"]

@@ -109,7 +109,8 @@ def arrays_digest(*groups: Mapping[str, np.ndarray]) -> str:
 
 def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
                   warmup: int = 1, repeat: int = 5, progress: Progress | None = None,
-                  device: str | None = None, inputs: Any = None, policy: Any = None) -> list[VersionTiming]:
+                  device: str | None = None, inputs: Any = None, policy: Any = None,
+                  fresh: bool = False) -> list[VersionTiming]:
     """Time every distinct graph version of a run on MLX and check it on a battery of inputs.
 
     The versions are timed together in interleaved rounds on one device
@@ -128,6 +129,8 @@ def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mappin
             `input_sets(trace.input, feeds)`: the whole battery that applies.
         policy: `runtime.tolerance.PrecisionPolicy`; default: the graph's dtype on that device
             (`precision_policy`, TF32 on CUDA included).
+        fresh: measure again even when `TIMINGS` holds a run with the same key (a notebook's "rerun this
+            cell" must measure anew); the new run replaces the cached one.
 
     Returns:
         One `VersionTiming` per version of `trace.versions()`, in order.
@@ -152,7 +155,7 @@ def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mappin
     distinct = [i for i in range(len(versions)) if i == 0 or trace.steps[i - 1].changed]
     data = arrays_digest(feeds, weights, *(s.feeds for s in items))
     key = (trace.key, data, tuple(s.name for s in items), warmup, repeat, ex.device, policy)
-    hit = TIMINGS.get(key)
+    hit = None if fresh else TIMINGS.get(key)
     if hit is None:
         def told(j: int) -> None:
             if progress is not None:
@@ -214,26 +217,95 @@ def format_timings(rows: Sequence[VersionTiming]) -> str:
     return "\n".join(lines)
 
 
-def compare_to_input(row: VersionTiming, base: VersionTiming) -> str:
-    """Read one timed version against the input version, in words (for a table read aloud).
+MIN_VERDICT_ROUNDS = 21
+"""Fewest paired rounds a faster/slower verdict is read from (with 7, a notebook printed "1.37x faster" in
+1 of 9 runs where 41 paired rounds showed no difference, issue 23)."""
 
-    `within noise` when the two interquartile ranges (p25..p75 of the interleaved rounds) overlap: the
-    middle halves of the two samples share values, so the rounds do not separate the versions; otherwise
-    `N.NNx faster` / `N.NNx slower` (ratio of the medians).
+BUSY_RATIO = 2.0
+"""A version whose median is more than this many times its minimum was timed on a busy machine."""
+
+
+@dataclass(frozen=True)
+class PairedVerdict:
+    """One version against another, read from paired rounds (round r of both ran back to back).
+
+    Attributes:
+        ratio: the median over rounds of `base[r] / row[r]` (> 1: `row` is faster).
+        low / high: a 95% bootstrap confidence interval of that median (rounds resampled with replacement,
+            2000 resamples, seeded: the same samples give the same interval).
+        rounds: paired rounds.
+        words: `within noise` (the interval contains 1), `N.NNx faster` / `N.NNx slower`, or
+            `too few rounds` (fewer than `MIN_VERDICT_ROUNDS`).
+        warning: why the run is unusable (a busy machine: median above `BUSY_RATIO` x min), or "".
+    """
+
+    ratio: float
+    low: float
+    high: float
+    rounds: int
+    words: str
+    warning: str = ""
+
+    def __str__(self) -> str:
+        ci = f"median ratio {self.ratio:.3f}, 95% CI {self.low:.3f}..{self.high:.3f}, {self.rounds} paired rounds"
+        return f"{self.words} ({ci})" + (f"; {self.warning}" if self.warning else "")
+
+
+def busy_warning(*rows: VersionTiming) -> str:
+    """"" or a sentence naming the versions whose median is more than `BUSY_RATIO` times their minimum."""
+    bad = [r for r in rows if r.median_ms and r.min_ms and r.median_ms > BUSY_RATIO * r.min_ms]
+    if not bad:
+        return ""
+    worst = max(bad, key=lambda r: r.median_ms / r.min_ms)
+    return (f"unusable run: median {worst.median_ms:.2f} ms is {worst.median_ms / worst.min_ms:.1f}x the minimum "
+            f"{worst.min_ms:.2f} ms on #{worst.index} (a busy machine): measure again")
+
+
+def paired_verdict(base: VersionTiming, row: VersionTiming, resamples: int = 2000, seed: int = 0) -> PairedVerdict:
+    """`row` against `base` from their paired rounds: median per-round ratio and its bootstrap interval.
 
     Raises:
-        ValueError: either row was not timed (`same_as` set).
+        ValueError: either row was not timed, or they hold different numbers of rounds.
     """
     if row.median_ms is None or base.median_ms is None:
         raise ValueError(f"version {row.index if row.median_ms is None else base.index} was not timed")
-    lo, hi = base.quartiles()
-    rlo, rhi = row.quartiles()
-    if rlo <= hi and lo <= rhi:
-        return "within noise"
-    ratio = base.median_ms / row.median_ms
-    return f"{ratio:.2f}x faster" if ratio > 1 else f"{1 / ratio:.2f}x slower"
+    a, b = np.asarray(base.samples_ms, float), np.asarray(row.samples_ms, float)
+    if len(a) != len(b) or not len(a):
+        raise ValueError(f"versions #{base.index} and #{row.index} hold {len(a)} and {len(b)} rounds: "
+                         "time them together (interleaved) to pair them")
+    r = a / b
+    ratio = float(np.median(r))
+    idx = np.random.default_rng(seed).integers(0, len(r), size=(resamples, len(r)))
+    low, high = (float(v) for v in np.percentile(np.median(r[idx], axis=1), [2.5, 97.5]))
+    if len(r) < MIN_VERDICT_ROUNDS:
+        words = f"too few rounds ({len(r)} < {MIN_VERDICT_ROUNDS}) for a verdict"
+    elif low <= 1.0 <= high:
+        words = "within noise"
+    else:
+        words = f"{ratio:.2f}x faster" if ratio > 1 else f"{1 / ratio:.2f}x slower"
+    return PairedVerdict(ratio, low, high, len(r), words, busy_warning(base, row))
 
 
-__all__ = ["TIMINGS", "Progress", "VersionTiming", "all_finite", "arrays_digest", "compare_to_input", "format_timings",
-           "input_sets",
+def compare_to_input(row: VersionTiming, base: VersionTiming) -> str:
+    """Read one timed version against `base` in words (`paired_verdict(base, row).words`).
+
+    `within noise` when the 95% bootstrap interval of the median per-round ratio contains 1; otherwise
+    `N.NNx faster` / `N.NNx slower` (the median per-round ratio); `too few rounds ...` below
+    `MIN_VERDICT_ROUNDS`.
+
+    Raises:
+        ValueError: either row was not timed (`same_as` set), or the two were not timed together.
+    """
+    return paired_verdict(base, row).words
+
+
+def compare_versions(rows: Sequence[VersionTiming]) -> list[tuple[VersionTiming, VersionTiming, PairedVerdict]]:
+    """Each timed version against the previous timed one: `(previous, row, verdict)` in order."""
+    timed = [r for r in rows if r.same_as is None]
+    return [(p, r, paired_verdict(p, r)) for p, r in zip(timed[:-1], timed[1:], strict=True)]
+
+
+__all__ = ["BUSY_RATIO", "MIN_VERDICT_ROUNDS", "TIMINGS", "PairedVerdict", "Progress", "VersionTiming", "all_finite",
+           "arrays_digest", "busy_warning", "compare_to_input", "compare_versions", "format_timings", "input_sets",
+           "paired_verdict",
            "nonfinite_arrays", "time_versions"]
