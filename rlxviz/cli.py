@@ -140,25 +140,40 @@ def _not_a_directory(output: str, want: str) -> None:
         raise CLIError(f"output path {output} ends in '/', naming a directory; give {want}")
 
 
-def _output_file(output: str, want: str) -> Path:
-    """The path of an output file `run`, `render` and `export` write: not a directory, in a folder that exists.
+def _output_file(output: str, want: str, sources: Sequence[str | None] = ()) -> Path:
+    """The path of an output file `run`, `render` and `export` write: not a directory, in a folder that exists,
+    and none of the command's own input files (`sources`: MODEL, `--inputs`), which it would overwrite.
 
     Raises:
-        CLIError: `output` is or names a directory (`_not_a_directory`), or its folder does not exist
-            (`OUT: folder DIR does not exist`).
+        CLIError: `output` is or names a directory (`_not_a_directory`), its folder does not exist
+            (`OUT: folder DIR does not exist`), or it is one of `sources` (the same file, by any path or link).
     """
     _not_a_directory(output, want)
     out = Path(output)
     if not out.parent.is_dir():
         raise CLIError(f"{output}: folder {out.parent} does not exist")
+    for src in sources:
+        if src is not None and _same_file(out, Path(src)):
+            raise CLIError(f"output path {output} is the input {src}; writing it would overwrite the input: "
+                           f"give another file name")
     return out
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """True when `a` and `b` name one file (the same resolved path, or the same inode: a hard link)."""
+    try:
+        if a.resolve() == b.resolve():
+            return True
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except (OSError, RuntimeError):
+        return False
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """`rlxviz run MODEL --inputs IN.npz -o OUT.npz`: run a model and save `last_hidden_state`."""
     from .session import all_finite, load_inputs, npz_headers
 
-    out = _output_file(args.output, "a .npz file name")
+    out = _output_file(args.output, "a .npz file name", (args.inputs, args.model))
     headers = npz_headers(args.inputs)  # names, shapes, dtypes: no array is read before the model checks them
     if args.model.lower().endswith(".onnx") and Path(args.model).is_file():
         model = resolve_onnx(args.model, {k: shape for k, (shape, _) in headers.items()})
@@ -293,9 +308,9 @@ def _variant_layer(args: argparse.Namespace) -> int:
     return 0 if layer is None else int(layer)
 
 
-def _run_model(args: argparse.Namespace, warn_crashes: bool = True) -> tuple[Model, Trace]:
-    """(Model, Trace) for the shared options (with `warn_crashes`, a warning per crashed pass).
-    Raises SessionError/CLIError for bad input."""
+def _run_model(args: argparse.Namespace, allow_crashes: bool = False) -> tuple[Model, Trace]:
+    """(Model, Trace) for the shared options. Raises SessionError/CLIError for bad input, and InternalError (exit 3)
+    when a pass crashed, unless `allow_crashes` (`explain` prints its report first, then exits 3)."""
     from .session import Limits, build_pipeline, effective_threshold, load, run_pipeline, variant_named
 
     if args.batch < 1 or args.seq < 1:
@@ -310,10 +325,17 @@ def _run_model(args: argparse.Namespace, warn_crashes: bool = True) -> tuple[Mod
     _remember(model)
     trace = run_pipeline(model.graph, pipe)
     _remember(trace)
-    for s in trace.steps:
-        if s.error and warn_crashes:
-            _warn(args.command, f"pass failed, its result discarded: {s.error.splitlines()[0]}")
+    crashed = [s.error for s in trace.steps if s.error]
+    if crashed and not allow_crashes:
+        raise InternalError(_crash_message(crashed))
     return model, trace
+
+
+def _crash_message(crashed: Sequence[str]) -> str:
+    """The one line of an internal error for the passes that raised (a bug in rlxviz: exit 3)."""
+    more = f" (and {len(crashed) - 1} more)" if len(crashed) > 1 else ""
+    return (f"a pass crashed{more}, its result discarded: {crashed[0].splitlines()[0]} "
+            "(a bug in rlxviz; please report it)")
 
 
 def cmd_passes(args: argparse.Namespace) -> int:
@@ -348,7 +370,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     from .session import check_fusion
 
-    model, trace = _run_model(args, warn_crashes=False)
+    model, trace = _run_model(args, allow_crashes=True)
     _warn_nonfinite("explain", model)
     check = check_fusion(trace, model.name, None if args.layer is None else [args.layer])
     if args.json:
@@ -356,9 +378,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     else:
         _out(check.render(verbose=args.verbose))
     if check.crashed:
-        more = f" (and {len(check.crashed) - 1} more)" if len(check.crashed) > 1 else ""
-        raise InternalError(f"a pass crashed{more}, its result discarded, so this report is incomplete: "
-                            f"{check.crashed[0].splitlines()[0]}")
+        raise InternalError(_crash_message(check.crashed).replace("discarded:", "discarded, so this report is "
+                                                                  "incomplete:"))
     return EXPLAIN_OK if check.ok else EXPLAIN_NOT_FUSED
 
 
@@ -400,7 +421,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     _not_a_directory(args.output, "a file name ending in .svg, .dot, .png or .pdf")
     if out.suffix.lower() not in (".svg", ".dot", ".gv", ".png", ".pdf"):
         raise CLIError(f"{args.output}: unsupported suffix {out.suffix!r}; use .svg, .dot, .gv, .png or .pdf")
-    _output_file(args.output, "a file name ending in .svg, .dot, .png or .pdf")
+    _output_file(args.output, "a file name ending in .svg, .dot, .png or .pdf", (args.model,))
 
     if args.focus is not None and args.view == "layers":
         raise CLIError("--focus N draws layer N of the full view; it cannot be combined with --view layers "
@@ -485,7 +506,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     suffix = out.suffix.lower()
     if suffix not in (".onnx", ".json"):
         raise CLIError(f"{args.out}: the output must end in .onnx (ONNX model) or .json (Model Explorer graphs)")
-    _output_file(args.out, "a file name ending in .onnx or .json")
+    _output_file(args.out, "a file name ending in .onnx or .json", (args.model,))
     model, trace = _run_model(args)
     if suffix == ".onnx":
         from .models.onnx_export import export_onnx

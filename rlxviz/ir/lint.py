@@ -8,6 +8,7 @@ input/param names, const payloads, and the shape and dtype of every node, fused 
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
@@ -257,6 +258,15 @@ def _const_fits(x: object, dtype: DType) -> str | None:
     return None
 
 
+_LINE_BREAKS = re.compile("[\x00-\x1f\x7f\u2028\u2029]")
+
+
+def _one_line(text: str) -> str:
+    """`text` with its control characters and line breaks written as escapes (`\\n`), so a node path or name
+    holding a line break cannot cut the reason off where a front end keeps a message's first line."""
+    return _LINE_BREAKS.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 def lint(graph: Graph, stage: str = "") -> Graph:
     """Verify `graph`; returns it unchanged when valid.
 
@@ -268,12 +278,13 @@ def lint(graph: Graph, stage: str = "") -> Graph:
     if not found:
         return graph
     nid, msg = found[0]
+    msg = _one_line(msg)
     where = f" after {stage}" if stage else ""
     head = f"lint{where}: graph {graph.name!r}: "
     reason = msg
     if nid is not None and nid in graph:
         n = graph[nid]
-        reason = f"%{nid} ({n.op.value}{' @' + n.path if n.path else ''}): {msg}"
+        reason = _one_line(f"%{nid} ({n.op.value}{' @' + n.path if n.path else ''}): {msg}")
         head += f"{reason}\n{window(graph, nid)}"
     else:
         head += msg
