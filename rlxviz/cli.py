@@ -171,7 +171,7 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """`rlxviz run MODEL --inputs IN.npz -o OUT.npz`: run a model and save `last_hidden_state`."""
-    from .session import all_finite, load_inputs, npz_headers
+    from .session import Limits, all_finite, load_inputs, npz_headers
 
     out = _output_file(args.output, "a .npz file name", (args.inputs, args.model))
     headers = npz_headers(args.inputs)  # names, shapes, dtypes: no array is read before the model checks them
@@ -181,6 +181,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         batch, seq = _static_shape(headers, args.inputs)
         model = resolve_model(args.model, batch, seq, args.style)
     _remember(model)  # before any message names its inputs
+    Limits.resolve().check(model.graph, args.model, "run-mlx" if args.backend == "mlx" else "run")  # before running
     feeds = load_inputs(args.inputs, model.graph).feeds  # the one check of user inputs, as `time` and the app
     outputs = executor(args.backend, args.device)(model.graph, feeds, model.weights)
     _warn_nonfinite("run", model, all_finite(outputs))
@@ -308,9 +309,11 @@ def _variant_layer(args: argparse.Namespace) -> int:
     return 0 if layer is None else int(layer)
 
 
-def _run_model(args: argparse.Namespace, allow_crashes: bool = False) -> tuple[Model, Trace]:
-    """(Model, Trace) for the shared options. Raises SessionError/CLIError for bad input, and InternalError (exit 3)
-    when a pass crashed, unless `allow_crashes` (`explain` prints its report first, then exits 3)."""
+def _run_model(args: argparse.Namespace, allow_crashes: bool = False, workload: str = "load") -> tuple[Model, Trace]:
+    """(Model, Trace) for the shared options, the model checked against the memory limit for `workload` (`time`:
+    the oracle and MLX copies too; `Limits.check`) before the pipeline runs. Raises SessionError/CLIError for bad
+    input, LimitError over the limit, and InternalError (exit 3) when a pass crashed, unless `allow_crashes`
+    (`explain` prints its report first, then exits 3)."""
     from .session import Limits, build_pipeline, effective_threshold, load, run_pipeline, variant_named
 
     if args.batch < 1 or args.seq < 1:
@@ -320,9 +323,12 @@ def _run_model(args: argparse.Namespace, allow_crashes: bool = False) -> tuple[M
     args.variant_layer = _variant_layer(args)
     gate = effective_threshold(variant_named(args.variant, args.variant_layer), args.threshold)
     pipe = build_pipeline(args.pipeline, {} if gate is None else {"fab_max_tokens": gate})
-    model = load(args.model, args.batch, args.seq, args.style, args.variant, args.variant_layer,
-                 Limits.resolve(args.max_memory_mb), args.threshold)
+    limits = Limits.resolve(args.max_memory_mb)
+    model = load(args.model, args.batch, args.seq, args.style, args.variant, args.variant_layer, limits,
+                 args.threshold)
     _remember(model)
+    if workload != "load":  # `load` checked the graph's own run; this adds what the command copies
+        limits.check(model.graph, args.model, workload)
     trace = run_pipeline(model.graph, pipe)
     _remember(trace)
     crashed = [s.error for s in trace.steps if s.error]
@@ -542,7 +548,7 @@ def cmd_time(args: argparse.Namespace) -> int:
     """`rlxviz time MODEL`: every graph version timed on MLX, checked against the NumPy reference."""
     from .session import format_timings, input_sets, load_inputs, shape_summary, time_versions
 
-    model, trace = _run_model(args)  # refuses inputs + params over the memory limit before feeds are made
+    model, trace = _run_model(args, workload="time")  # refused over the memory limit before feeds are made
     user = load_inputs(args.inputs, model.graph) if args.inputs is not None else None
     feeds = user.feeds if user is not None else model.random_feeds(seed=0)
     sets = input_sets(model.graph, feeds, user, args.battery)  # the user's arrays first, then the battery

@@ -2,7 +2,7 @@
 
 Checks what RLX's debug-only `verify` checks (rlx-notes §1.6) and what it misses (§7.12):
 dangling ids, cycles and order, unique output ids, arity, attribute names/types/choices, unique
-input/param names, const payloads, and the shape and dtype of every node, fused ones included.
+non-empty input/param names, const payloads, and the shape and dtype of every node, fused ones included.
 """
 
 from __future__ import annotations
@@ -52,6 +52,10 @@ def problems(graph: Graph) -> list[tuple[int | None, str]]:
             continue
         if n.op in (Op.INPUT, Op.PARAM):
             key = (n.op, n.attrs["name"])
+            if not str(key[1]).strip():
+                out.append((n.id, f"{n.op.value} name {key[1]!r} is empty; give every input and param a name "
+                                  "(inputs are fed and exported by name)"))
+                continue
             if key in names:
                 out.append((n.id, f"{n.op.value} name {n.attrs['name']!r} already used by %{names[key]}"))
             names[key] = n.id
