@@ -171,25 +171,41 @@ def _not_a_directory(output: str, want: str) -> None:
         raise CLIError(f"output path {output} ends in '/', naming a directory; give {want}")
 
 
-def _output_file(output: str, want: str) -> Path:
-    """The path of an output file `run`, `render` and `export` write: not a directory, in a folder that exists.
+def _output_file(output: str, want: str, sources: Sequence[str | None] = ()) -> Path:
+    """The path of an output file `run`, `render` and `export` write: not a directory, in a folder that exists,
+    and none of the command's own input files (`sources`: MODEL, `--inputs`), which it would overwrite.
 
     Raises:
-        CLIError: `output` is or names a directory (`_not_a_directory`), or its folder does not exist
-            (`OUT: folder DIR does not exist`).
+        CLIError: `output` is or names a directory (`_not_a_directory`), its folder does not exist
+            (`OUT: folder DIR does not exist`), or it is one of `sources` (the same file, by any path or link).
     """
     _not_a_directory(output, want)
     out = Path(output)
     if not out.parent.is_dir():
         raise CLIError(f"{output}: folder {out.parent} does not exist")
+    for src in sources:
+        if src is not None and _same_file(out, Path(src)):
+            raise CLIError(f"output path {output} is the input {src}; writing it would overwrite the input: "
+                           f"give another file name")
     return out
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """True when `a` and `b` name one file (the same resolved path, or the same inode: a hard link)."""
+    try:
+        if a.resolve() == b.resolve():
+            return True
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except (OSError, RuntimeError):
+        return False
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """`rlxviz run MODEL --inputs IN.npz -o OUT.npz`: run a model and save `last_hidden_state`."""
-    from .session import all_finite, load_inputs, npz_headers
+    from .session import Limits, all_finite, load_inputs, npz_headers
+    from .session.fidelity import output_names
 
-    out = _output_file(args.output, "a .npz file name")
+    out = _output_file(args.output, "a .npz file name", (args.inputs, args.model))
     headers = npz_headers(args.inputs)  # names, shapes, dtypes: no array is read before the model checks them
     if args.model.lower().endswith(".onnx") and Path(args.model).is_file():
         model = resolve_onnx(args.model, {k: shape for k, (shape, _) in headers.items() if not k.startswith("out:")})
@@ -197,18 +213,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         batch, seq = _static_shape(headers, args.inputs)
         model = resolve_model(args.model, batch, seq, args.style)
     _remember(model)  # before any message names its inputs
+    Limits.resolve().check(model.graph, args.model, "run-mlx" if args.backend == "mlx" else "run")  # before running
     user = load_inputs(args.inputs, model.graph)  # the one check of user inputs, as `time` and the app
     feeds = user.feeds
-    checks = _import_checks(model, feeds, user, args.expect, with_onnx=False)
+    checks = _import_checks(model, feeds, user, args.expect)
     outputs = executor(args.backend, args.device)(model.graph, feeds, model.weights)
     _warn_nonfinite("run", model, all_finite(outputs))
-    named = {"last_hidden_state": np.asarray(outputs[0], dtype=np.float32)}
-    named.update({f"output_{i}": np.asarray(o) for i, o in enumerate(outputs[1:], 1)})
+    # each output under the model's own name (an ONNX graph's, else last_hidden_state, output_1...), in its dtype
+    names = output_names(model)
+    named = {n: np.asarray(o, dtype=np.dtype(model.graph[i].dtype.numpy))
+             for n, o, i in zip(names, outputs, model.graph.outputs, strict=True)}
     with out.open("wb") as f:  # an open file keeps numpy from appending `.npz` to the name
         np.savez(f, **named)
     if not args.quiet:
-        shape = "x".join(map(str, named["last_hidden_state"].shape))
-        _emit(f"{model.name}: {args.backend} -> {out} (last_hidden_state float32 {shape})", sys.stderr)
+        first = named[names[0]]
+        shape = "x".join(map(str, first.shape))
+        _emit(f"{model.name}: {args.backend} -> {out} ({names[0]} {first.dtype} {shape})", sys.stderr)
     for c in checks:
         if not args.quiet or not c.ok:
             _emit(f"{model.name}: {c.line()}", sys.stderr)
@@ -332,9 +352,11 @@ def _variant_layer(args: argparse.Namespace) -> int:
     return 0 if layer is None else int(layer)
 
 
-def _run_model(args: argparse.Namespace, warn_crashes: bool = True) -> tuple[Model, Trace]:
-    """(Model, Trace) for the shared options (with `warn_crashes`, a warning per crashed pass).
-    Raises SessionError/CLIError for bad input."""
+def _run_model(args: argparse.Namespace, allow_crashes: bool = False, workload: str = "load") -> tuple[Model, Trace]:
+    """(Model, Trace) for the shared options, the model checked against the memory limit for `workload` (`time`:
+    the oracle and MLX copies too; `Limits.check`) before the pipeline runs. Raises SessionError/CLIError for bad
+    input, LimitError over the limit, and InternalError (exit 3) when a pass crashed, unless `allow_crashes`
+    (`explain` prints its report first, then exits 3)."""
     from .session import Limits, build_pipeline, effective_threshold, load, run_pipeline, variant_named
 
     if args.batch < 1 or args.seq < 1:
@@ -344,15 +366,25 @@ def _run_model(args: argparse.Namespace, warn_crashes: bool = True) -> tuple[Mod
     args.variant_layer = _variant_layer(args)
     gate = effective_threshold(variant_named(args.variant, args.variant_layer), args.threshold)
     pipe = build_pipeline(args.pipeline, {} if gate is None else {"fab_max_tokens": gate})
-    model = load(args.model, args.batch, args.seq, args.style, args.variant, args.variant_layer,
-                 Limits.resolve(args.max_memory_mb), args.threshold)
+    limits = Limits.resolve(args.max_memory_mb)
+    model = load(args.model, args.batch, args.seq, args.style, args.variant, args.variant_layer, limits,
+                 args.threshold)
     _remember(model)
+    if workload != "load":  # `load` checked the graph's own run; this adds what the command copies
+        limits.check(model.graph, args.model, workload)
     trace = run_pipeline(model.graph, pipe)
     _remember(trace)
-    for s in trace.steps:
-        if s.error and warn_crashes:
-            _warn(args.command, f"pass failed, its result discarded: {s.error.splitlines()[0]}")
+    crashed = [s.error for s in trace.steps if s.error]
+    if crashed and not allow_crashes:
+        raise InternalError(_crash_message(crashed))
     return model, trace
+
+
+def _crash_message(crashed: Sequence[str]) -> str:
+    """The one line of an internal error for the passes that raised (a bug in rlxviz: exit 3)."""
+    more = f" (and {len(crashed) - 1} more)" if len(crashed) > 1 else ""
+    return (f"a pass crashed{more}, its result discarded: {crashed[0].splitlines()[0]} "
+            "(a bug in rlxviz; please report it)")
 
 
 def cmd_passes(args: argparse.Namespace) -> int:
@@ -388,7 +420,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from .ir.onnx_op import describe_host
     from .session import check_fusion
 
-    model, trace = _run_model(args, warn_crashes=False)
+    model, trace = _run_model(args, allow_crashes=True)
     _warn_nonfinite("explain", model)
     checks = _import_checks(model, model.random_feeds(seed=0), None, None)
     check = check_fusion(trace, model.name, None if args.layer is None else [args.layer])
@@ -401,9 +433,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if not all(c.ok for c in checks):
         return EXPLAIN_NOT_FUSED
     if check.crashed:
-        more = f" (and {len(check.crashed) - 1} more)" if len(check.crashed) > 1 else ""
-        raise InternalError(f"a pass crashed{more}, its result discarded, so this report is incomplete: "
-                            f"{check.crashed[0].splitlines()[0]}")
+        raise InternalError(_crash_message(check.crashed).replace("discarded:", "discarded, so this report is "
+                                                                  "incomplete:"))
     return EXPLAIN_OK if check.ok else EXPLAIN_NOT_FUSED
 
 
@@ -445,7 +476,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     _not_a_directory(args.output, "a file name ending in .svg, .dot, .png or .pdf")
     if out.suffix.lower() not in (".svg", ".dot", ".gv", ".png", ".pdf"):
         raise CLIError(f"{args.output}: unsupported suffix {out.suffix!r}; use .svg, .dot, .gv, .png or .pdf")
-    _output_file(args.output, "a file name ending in .svg, .dot, .png or .pdf")
+    _output_file(args.output, "a file name ending in .svg, .dot, .png or .pdf", (args.model,))
 
     if args.focus is not None and args.view == "layers":
         raise CLIError("--focus N draws layer N of the full view; it cannot be combined with --view layers "
@@ -530,7 +561,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     suffix = out.suffix.lower()
     if suffix not in (".onnx", ".json"):
         raise CLIError(f"{args.out}: the output must end in .onnx (ONNX model) or .json (Model Explorer graphs)")
-    _output_file(args.out, "a file name ending in .onnx or .json")
+    _output_file(args.out, "a file name ending in .onnx or .json", (args.model,))
     model, trace = _run_model(args)
     if suffix == ".onnx":
         from .models.onnx_export import export_onnx
@@ -571,7 +602,7 @@ def cmd_time(args: argparse.Namespace) -> int:
         headers = {k: v for k, v in npz_headers(args.inputs).items() if not k.startswith("out:")}
         if any(k in headers for k in ("input_ids", "hidden_states")):
             args.batch, args.seq = _static_shape(headers, args.inputs)
-    model, trace = _run_model(args)  # refuses inputs + params over the memory limit before feeds are made
+    model, trace = _run_model(args, workload="time")  # refused over the memory limit before feeds are made
     user = load_inputs(args.inputs, model.graph) if args.inputs is not None else None
     feeds = user.feeds if user is not None else model.random_feeds(seed=0)
     checks = _import_checks(model, feeds, user, args.expect)

@@ -76,7 +76,7 @@ def test_in_process_checkpoint_folder_and_rlx_style(tmp_path, capsys):
     feeds = tokenize(["The quick brown fox.", "Jumps."], 7)
     np.savez(tmp_path / "in.npz", **feeds)
     assert cli.main(["run", str(minilm_dir()), "-i", str(tmp_path / "in.npz"), "-o", str(tmp_path / "a.npz")]) == 0
-    assert "last_hidden_state float32 2x7x384" in capsys.readouterr().err
+    assert "last_hidden_state float32 2x7x384" in capsys.readouterr().err  # its name and dtype
     assert cli.main(["run", "minilm", "--style", "rlx", "-q", "-i", str(tmp_path / "in.npz"),
                      "-o", str(tmp_path / "b.npz")]) == 0
     assert capsys.readouterr().err == ""

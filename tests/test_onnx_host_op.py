@@ -26,6 +26,8 @@ X = rng.standard_normal((2, 3, 8)).astype(np.float32)
 HOST = {
     "Hardmax": (helper.make_node("Hardmax", ["r"], ["h"], axis=-1, name="hm"), []),
     "LpNormalization": (helper.make_node("LpNormalization", ["r"], ["h"], axis=-1, p=2, name="lp"), []),
+    # onnx.reference computes p=1 wrongly on negative inputs (1.2x): host nodes run on ONNX Runtime
+    "LpNormalization_p1": (helper.make_node("LpNormalization", ["x"], ["h"], axis=-1, p=1, name="lp1"), []),
     "Mod": (helper.make_node("Mod", ["r", "k"], ["h"], fmod=1, name="mod"),
             [numpy_helper.from_array(np.asarray(0.7, np.float32), "k")]),
 }
@@ -54,7 +56,7 @@ def test_an_op_the_ir_lacks_runs_on_the_host_with_onnx_runtimes_numbers(tmp_path
     p = _model(tmp_path, op)
     m = load_onnx(p, batch=2, seq=3)
     host = [n for n in m.graph if n.op == Op.ONNX_OP]
-    assert [n.attrs["op_type"] for n in host] == [op]
+    assert [n.attrs["op_type"] for n in host] == [op.split("_")[0]]
     want = _ort(p, {"x": X})
     np.testing.assert_allclose(run_reference(m.graph, {"x": X}, m.weights)[0], want, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(np.asarray(MlxExecutor().run(m.graph, {"x": X}, m.weights)[0]), want, rtol=1e-5,
@@ -68,8 +70,9 @@ def test_explain_time_and_render_name_the_host_nodes(tmp_path, capsys):
     p = _model(tmp_path, "Hardmax")
     for command, extra in (("explain", []), ("time", ["--repeat", "1", "--no-battery"])):
         code, out, _ = run(capsys, command, p, "--batch", 2, "--seq", 3, *extra)
-        assert code == 0 and "1 node(s) the IR has no op for ran on the host (onnx.reference): %2 Hardmax 'hm'" in out
-    code, _, _ = run(capsys, "render", p, "--batch", 2, "--seq", 3, "-o", tmp_path / "g.svg")
+        assert code == 0 and "1 node(s) the IR has no op for ran on the host (ONNX Runtime): %2 Hardmax 'hm'" in out
+    code, _, err = run(capsys, "render", p, "--batch", 2, "--seq", 3, "-o", tmp_path / "g.svg")
+    assert code == 0, err
     assert code == 0 and "Hardmax" in (tmp_path / "g.svg").read_text() or "onnx_op" in (tmp_path / "g.svg").read_text()
 
 

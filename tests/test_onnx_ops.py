@@ -113,3 +113,38 @@ def test_gather_elements_with_computed_indices(tmp_path, axis):
     want = np.take_along_axis(X, np.where(idx < 0, idx + d, idx), axis=axis)
     _check(tmp_path, nodes, feeds={"x": X, "i": idx.astype(np.int64)},
            inputs=(("x", TensorProto.FLOAT, [2, 4, 6]), ("i", TensorProto.INT64, list(idx.shape))), want=want)
+
+
+def test_clip_with_min_above_max_gives_max_everywhere(tmp_path):
+    """Valid ONNX: every element is max (min(max(x, lo), hi) with lo > hi); it was refused."""
+    _check(tmp_path, [helper.make_node("Clip", ["x", "lo", "hi"], ["y"])], [_f32("lo", 20.0), _f32("hi", 5.0)],
+           feeds={"x": np.nan_to_num(X)})
+
+
+def test_argmax_select_last_index_runs_on_the_host(tmp_path):
+    x = np.nan_to_num(X)
+    x[0, 0, :3] = 9.0  # a tie of three: the last index wins
+    m = _check(tmp_path, [helper.make_node("ArgMax", ["x"], ["y"], axis=2, keepdims=0, select_last_index=1)],
+               feeds={"x": x}, out_type=TensorProto.INT64)
+    assert any(n.op.value == "onnx_op" for n in m.graph)
+
+
+def test_run_writes_each_output_under_its_name_in_its_dtype(tmp_path, capsys):
+    """Integer outputs stay integers (an int64 cumsum past 2^24 was written as float32) under the ONNX names."""
+    from clirun import run
+
+    x = helper.make_tensor_value_info("x", TensorProto.INT64, [1, 3])
+    outs = [helper.make_tensor_value_info(n, TensorProto.INT64, None) for n in ("total", "twice")]
+    g = helper.make_graph([helper.make_node("CumSum", ["x", "a"], ["total"]),
+                           helper.make_node("Add", ["total", "total"], ["twice"])], "g", [x], outs,
+                          initializer=[_i64("a", 1)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "c.onnx")
+    big = np.array([[2**40 + 1, 1, 2**53 + 1]], np.int64)
+    np.savez(tmp_path / "in.npz", x=big)
+    code, _, err = run(capsys, "run", tmp_path / "c.onnx", "-i", tmp_path / "in.npz", "-o", tmp_path / "o.npz")
+    assert code == 0, err
+    with np.load(tmp_path / "o.npz") as z:
+        assert set(z.files) == {"total", "twice"} and z["total"].dtype == np.int64
+        np.testing.assert_array_equal(z["total"], np.cumsum(big, axis=1))

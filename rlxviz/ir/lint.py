@@ -2,12 +2,13 @@
 
 Checks what RLX's debug-only `verify` checks (rlx-notes §1.6) and what it misses (§7.12):
 dangling ids, cycles and order, unique output ids, arity, attribute names/types/choices, unique
-input/param names, const payloads, and the shape and dtype of every node, fused ones included.
+non-empty input/param names, const payloads, and the shape and dtype of every node, fused ones included.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
@@ -51,6 +52,10 @@ def problems(graph: Graph) -> list[tuple[int | None, str]]:
             continue
         if n.op in (Op.INPUT, Op.PARAM):
             key = (n.op, n.attrs["name"])
+            if not str(key[1]).strip():
+                out.append((n.id, f"{n.op.value} name {key[1]!r} is empty; give every input and param a name "
+                                  "(inputs are fed and exported by name)"))
+                continue
             if key in names:
                 out.append((n.id, f"{n.op.value} name {n.attrs['name']!r} already used by %{names[key]}"))
             names[key] = n.id
@@ -257,6 +262,15 @@ def _const_fits(x: object, dtype: DType) -> str | None:
     return None
 
 
+_LINE_BREAKS = re.compile("[\x00-\x1f\x7f\u2028\u2029]")
+
+
+def _one_line(text: str) -> str:
+    """`text` with its control characters and line breaks written as escapes (`\\n`), so a node path or name
+    holding a line break cannot cut the reason off where a front end keeps a message's first line."""
+    return _LINE_BREAKS.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 def lint(graph: Graph, stage: str = "") -> Graph:
     """Verify `graph`; returns it unchanged when valid.
 
@@ -268,12 +282,13 @@ def lint(graph: Graph, stage: str = "") -> Graph:
     if not found:
         return graph
     nid, msg = found[0]
+    msg = _one_line(msg)
     where = f" after {stage}" if stage else ""
     head = f"lint{where}: graph {graph.name!r}: "
     reason = msg
     if nid is not None and nid in graph:
         n = graph[nid]
-        reason = f"%{nid} ({n.op.value}{' @' + n.path if n.path else ''}): {msg}"
+        reason = _one_line(f"%{nid} ({n.op.value}{' @' + n.path if n.path else ''}): {msg}")
         head += f"{reason}\n{window(graph, nid)}"
     else:
         head += msg

@@ -6,6 +6,8 @@ The limit itself is the session's limits record (`rlxviz.session.Limits`: `--max
 (`runtime.reference`, `runtime.executor`): inputs and params are allocated up front and stay live;
 each compute node's output is allocated when it runs, while its operands are still live, and freed
 after its last user; graph outputs are never freed. Temporaries inside one op's kernel are not counted.
+What a command holds beyond one run (the MLX copies, the float64 oracle of `time`, the saved outputs) is
+`workload_peak`'s: the one estimate `run`, `time`, `explain`, the app and the notebooks check.
 
 Model builders check their config's sizes the same way before building (`check_bytes`).
 """
@@ -26,13 +28,15 @@ class MemoryBudgetError(ValueError):
     """A model whose memory need exceeds the limit; the message says what and how to raise it."""
 
 
-def node_bytes(node: Node) -> int:
+def node_bytes(node: Node, itemsize: int | None = None) -> int:
     """Bytes of `node`'s output as the executors hold it: elements x max(IR itemsize, NumPy itemsize)
-    (bf16 is computed as float32 by the reference)."""
+    (bf16 is computed as float32 by the reference); with `itemsize`, elements x max(that, the dtype's)
+    (8: the float64 oracle of `time`)."""
     n = 1
     for d in node.shape:
         n *= d
-    return n * max(node.dtype.itemsize, node.dtype.numpy.itemsize)
+    own = max(node.dtype.itemsize, node.dtype.numpy.itemsize)
+    return n * (own if itemsize is None else max(own, itemsize))
 
 
 def format_bytes(n: int) -> str:
@@ -60,10 +64,11 @@ class MemoryPeak:
     largest: Node | None
 
 
-def peak_memory(graph: Graph) -> MemoryPeak:
-    """Peak live bytes of one run of `graph` in node order (see the module docstring for the model)."""
+def peak_memory(graph: Graph, itemsize: int | None = None) -> MemoryPeak:
+    """Peak live bytes of one run of `graph` in node order (see the module docstring for the model); with
+    `itemsize`, every tensor counted at least that many bytes an element (`node_bytes`)."""
     leaves = [n for n in graph if n.op in (Op.INPUT, Op.PARAM, Op.CONST)]
-    leaf_bytes = sum(node_bytes(n) for n in leaves)
+    leaf_bytes = sum(node_bytes(n, itemsize) for n in leaves)
     remaining = {n.id: graph.use_count(n) for n in graph}
     outputs = set(graph.outputs)
     size: dict[int, int] = {}
@@ -73,7 +78,7 @@ def peak_memory(graph: Graph) -> MemoryPeak:
     for n in graph:
         if n.op in (Op.INPUT, Op.PARAM, Op.CONST):
             continue
-        size[n.id] = b = node_bytes(n)
+        size[n.id] = b = node_bytes(n, itemsize)
         live += b
         if live > peak:
             peak, at = live, n.id
@@ -84,6 +89,58 @@ def peak_memory(graph: Graph) -> MemoryPeak:
         if remaining[n.id] == 0 and n.id not in outputs:  # a dead node: freed at once
             live -= b
     return MemoryPeak(peak, leaf_bytes, at, largest)
+
+
+WORKLOADS = {
+    "load": "the weights and one run's live tensors",
+    "run": "the weights, one run's live tensors and the saved outputs",
+    "run-mlx": "the NumPy weights, their MLX copies, one run's live tensors on MLX and the saved outputs",
+    "time": "the NumPy weights, every input set with its float64 oracle and unfused outputs kept for the error "
+            "check, the oracle's run in float64 and two versions on MLX",
+}
+"""What each workload holds at its peak (`workload_peak`), as refusals name it."""
+
+MAX_INPUT_SETS = 8
+"""Input sets `time` may check at once (the battery's kinds, `runtime.battery.KINDS`, plus the user's arrays)."""
+
+SLACK_BYTES, SLACK_FRACTION = 32 * MIB, 1 / 16
+"""Added to every executed workload's count: allocator pages, the parser's and executor's own objects, NumPy
+temporaries inside one op (e.g. random weights drawn before their cast)."""
+
+
+def workload_peak(graph: Graph, workload: str = "load", input_sets: int = MAX_INPUT_SETS) -> tuple[int, MemoryPeak]:
+    """Bytes a command holds at its peak for `graph`, counted from shapes and dtypes alone (an upper bound: every
+    copy the executors materialize is counted as live at once), and the graph's own `peak_memory`.
+
+    Workloads (`WORKLOADS`): `load` (explain, render, ir, export: random weights, plus one run's live tensors,
+    as every front end checks on load); `run` (the NumPy reference: the run's peak, plus the outputs twice:
+    the float32 copy and the archive `np.savez` writes); `run-mlx` (the NumPy weights kept next to the MLX
+    run's own peak, leaves copied, plus the outputs twice); `time` (the NumPy weights; `input_sets` copies of
+    the inputs, each set's oracle output in float64 and unfused output kept for the error check; the oracle's
+    run in float64 (8 bytes an element); twice the MLX peak, the unfused and the timed version each holding
+    their leaves and live tensors; and the error check's float64 temporaries, four outputs' worth). Broadcasts
+    and expands are node outputs, so counted in every run. Executed workloads add `SLACK_BYTES` and
+    `SLACK_FRACTION` of their count.
+
+    Raises:
+        ValueError: an unknown workload.
+    """
+    if workload not in WORKLOADS:
+        raise ValueError(f"unknown memory workload {workload!r}; one of {', '.join(WORKLOADS)}")
+    p = peak_memory(graph)
+    if workload == "load":
+        return p.peak_bytes, p
+    outs = [graph[i] for i in set(graph.outputs)]
+    out, out64 = sum(node_bytes(n) for n in outs), sum(node_bytes(n, 8) for n in outs)
+    if workload == "run":
+        need = p.peak_bytes + 2 * out
+    elif workload == "run-mlx":
+        need = p.leaf_bytes + p.peak_bytes + 2 * out
+    else:
+        inputs = sum(node_bytes(n) for n in graph if n.op == Op.INPUT)
+        kept = input_sets * (inputs + out64 + out)
+        need = p.leaf_bytes + kept + peak_memory(graph, itemsize=8).peak_bytes + 2 * p.peak_bytes + 4 * out64
+    return need + SLACK_BYTES + int(need * SLACK_FRACTION), p
 
 
 def check_bytes(parts: Iterable[tuple[str, int]], max_bytes: int, source: str) -> int:
@@ -103,4 +160,5 @@ def check_bytes(parts: Iterable[tuple[str, int]], max_bytes: int, source: str) -
     return total
 
 
-__all__ = ["MIB", "MemoryBudgetError", "MemoryPeak", "check_bytes", "format_bytes", "node_bytes", "peak_memory"]
+__all__ = ["MAX_INPUT_SETS", "MIB", "SLACK_BYTES", "SLACK_FRACTION", "WORKLOADS", "MemoryBudgetError", "MemoryPeak",
+           "check_bytes", "format_bytes", "node_bytes", "peak_memory", "workload_peak"]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import io
 import math
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -234,6 +234,9 @@ def _open_npz(path: NpzSource, name: str | None = None) -> tuple[Path, np.lib.np
             raise ValueError("a single .npy array; save named arrays with numpy.savez")
         if head != b"PK\x03\x04":  # not a zip: refuse before NumPy reads a whole .npy into memory
             raise ValueError("not a zip archive; save named arrays with numpy.savez")
+        if not isinstance(source, io.BytesIO):  # a truncated archive: refused here, where the file is closed
+            with zipfile.ZipFile(source):      # (np.load would leave its handle open: a ResourceWarning line)
+                pass
         return p, np.load(source, allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         why = (e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0] if str(e)
@@ -241,8 +244,11 @@ def _open_npz(path: NpzSource, name: str | None = None) -> tuple[Path, np.lib.np
         raise ValueError(f"{p}: not a readable .npz file of arrays ({why})") from None
 
 
-def _member(z: np.lib.npyio.NpzFile, key: str) -> str:
-    names = z.zip.namelist()
+def _member(z: np.lib.npyio.NpzFile, key: str, names: Container[str] | None = None) -> str:
+    """The zip member holding array `key` (`key.npy`, or `key` itself); `names`: the archive's member names
+    as a set, made once by a caller that looks up many keys (a list scan per key was quadratic: 52 s for
+    50,000 members)."""
+    names = set(z.zip.namelist()) if names is None else names
     return key + ".npy" if key + ".npy" in names else key
 
 
@@ -258,9 +264,10 @@ def npz_headers(path: NpzSource, name: str | None = None) -> dict[str, tuple[tup
     out: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
     try:
         with z:
+            names = set(z.zip.namelist())
             for k in z.files:
                 try:
-                    with z.zip.open(_member(z, k)) as f:
+                    with z.zip.open(_member(z, k, names)) as f:
                         version = np.lib.format.read_magic(f)
                         read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                                 else np.lib.format.read_array_header_2_0)

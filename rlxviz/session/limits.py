@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..ir import Graph
-from ..ir.memory import node_bytes, peak_memory
+from ..ir.memory import WORKLOADS, node_bytes, workload_peak
 from .errors import LimitError, SessionError
 
 DEFAULT_MAX_MEMORY_MB = 2048
@@ -87,24 +87,26 @@ class Limits:
             return cls(_positive(old, f"{DEPRECATED_MEMORY_ENV}={old!r}"), DEPRECATED_MEMORY_ENV)
         return cls()
 
-    def check(self, graph: Graph, source: str) -> int:
-        """Refuse `graph` when one run of it would hold more than the limit at once: inputs, params and
-        every node's output while it is live (`ir.memory.peak_memory`, from shapes and dtypes), checked
-        before anything is allocated for them.
+    def check(self, graph: Graph, source: str, workload: str = "load") -> int:
+        """Refuse `graph` when `workload` would hold more than the limit at once: inputs, params and every
+        node's output while it is live, and the copies the command makes (`ir.memory.workload_peak`: for
+        `run` the saved outputs, for `run-mlx` the MLX copies, for `time` the float64 oracle and the MLX
+        versions too), from shapes and dtypes, checked before anything is allocated for them.
 
         Args:
             graph: the graph whose schedule is counted.
             source: what the graph came from, named first in the message (a preset, a file, `IR text`).
+            workload: `load` (every front end, on load), `run`, `run-mlx` or `time` (`ir.memory.WORKLOADS`).
 
         Returns:
-            The peak bytes of a run.
+            The peak bytes of the workload.
 
         Raises:
             LimitError: over the limit; the message names the peak, where it is reached, the largest
                 tensor and how to raise the limit.
         """
-        p = peak_memory(graph)
-        if p.peak_bytes > self.max_bytes:
+        need, p = workload_peak(graph, workload)
+        if need > self.max_bytes:
             where = f" at %{p.at_node} ({graph[p.at_node].op.value})" if p.at_node is not None else ""
             big = ""
             if p.largest is not None:
@@ -112,11 +114,12 @@ class Limits:
                 label = f' "{name}"' if isinstance(name, str) else ""
                 big = (f" (the largest tensor, %{p.largest.id}{label} {p.largest.type}, "
                        f"{human_bytes(node_bytes(p.largest))})")
+            what = "a run needs" if workload == "load" else f"{workload} needs ({WORKLOADS[workload]})"
             raise LimitError(
-                f"{source}: a run needs {human_bytes(p.peak_bytes)} at its peak{where}{big}, over the limit of "
+                f"{source}: {what} {human_bytes(need)} at its peak{where}{big}, over the limit of "
                 f"{human_bytes(self.max_bytes)} ({self.source}); use smaller shapes, or raise {MAX_MEMORY_ENV} "
-                "(CLI: --max-memory-mb) if the machine has the memory", p.peak_bytes, self.max_bytes)
-        return p.peak_bytes
+                "(CLI: --max-memory-mb) if the machine has the memory", need, self.max_bytes)
+        return need
 
 
 __all__ = ["DEFAULT_MAX_MEMORY_MB", "DEPRECATED_MEMORY_ENV", "MAX_MEMORY_ENV", "Limits", "human_bytes"]

@@ -169,11 +169,12 @@ def _value(g: Graph, mm: Node) -> int:
 
 
 def _bias_of(g: Graph, add: Node, mm: Node) -> int | None:
-    """The vector bias `[N]` that `add` adds to `mm`, or None."""
+    """The vector bias `[N]` of `mm`'s dtype that `add` adds to `mm`, or None (a bias of another dtype, e.g. bool,
+    cannot be concatenated with the others: that add stays a separate user of the member's narrow)."""
     if add.inputs.count(mm.id) != 1:
         return None
     other = add.inputs[1] if add.inputs[0] == mm.id else add.inputs[0]
-    return other if g[other].shape == (mm.shape[-1],) else None
+    return other if g[other].shape == (mm.shape[-1],) and g[other].dtype == mm.dtype else None
 
 
 def _epilogue_of(g: Graph, mm: Node) -> Node | None:

@@ -1,0 +1,301 @@
+"""Issue 25 (non-ONNX part): each handed file in `tests/data/reliability/` (`budget_*`, `pass_crash_*`, `ir_*`,
+`onnx_outer_no_budget/`) gives its right outcome, and each kind is checked on other inputs of the same kind.
+
+Kinds: a pass meeting a dtype it cannot merge (a guard refuses, no crash); a crashed pass exits 3 in every
+subcommand; the memory budget's estimate counts what each command materializes (`run`, `run-mlx`, `time`) and
+`run` checks it before running; an error whose node path holds a line break stays one line, reason included;
+`export` of an empty input/param name is exit 2 naming it; `run -o` never overwrites its inputs; npz archives
+(many members, truncated) give one stderr line; the sibling-layer diff of `explain` (near linear).
+"""
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from clirun import one_line, run
+
+from rlxviz import cli
+from rlxviz.ir import parse_ir, problems
+from rlxviz.ir.memory import MAX_INPUT_SETS, node_bytes, peak_memory, workload_peak
+from rlxviz.passes import Pipeline
+from rlxviz.passes.explain import DIFF_WINDOW, layer_diff
+from rlxviz.runtime import run_reference
+from rlxviz.runtime.battery import KINDS, npz_headers
+from rlxviz.session import LimitError, Limits, load_ir_text
+
+DATA = Path(__file__).parent / "data" / "reliability"
+
+
+def ir(*lines: str, name: str = "t") -> str:
+    return "graph " + name + " {\n" + "".join(f"  {ln}\n" for ln in lines) + "}\n"
+
+
+# ------------------------------------------------------------------------ a dtype a pass cannot merge
+
+def _shared_input(bias_dtype: str, bias_first: bool, members: int) -> str:
+    lines = ['%0 = input {name="x"} : f32[2, 64]']
+    k = 1
+    ws, bs = [], []
+    for i in range(members):
+        lines.append(f'%{k} = param {{name="w{i}"}} : f32[64, 64]')
+        ws.append(k)
+        k += 1
+        dtype = bias_dtype if i == members - 1 else "f32"
+        lines.append(f'%{k} = param {{name="b{i}"}} : {dtype}[64]')
+        bs.append(k)
+        k += 1
+    adds = []
+    for w, b in zip(ws, bs, strict=True):
+        lines.append(f"%{k} = matmul(%0, %{w}) : f32[2, 64]")
+        operands = f"%{b}, %{k}" if bias_first else f"%{k}, %{b}"
+        lines.append(f"%{k + 1} = add({operands}) : f32[2, 64]")
+        adds.append(k + 1)
+        k += 2
+    acc = adds[0]
+    for a in adds[1:]:
+        lines.append(f"%{k} = add(%{acc}, %{a}) : f32[2, 64]")
+        acc, k = k, k + 1
+    return ir(*lines, f"return %{acc}")
+
+
+def _pipeline_keeps_numbers(text: str) -> None:
+    m = load_ir_text(text)
+    trace = Pipeline.canonical().run(m.graph)
+    assert [s.error for s in trace.steps if s.error] == []
+    feeds = m.random_feeds(seed=1)
+    want = run_reference(m.graph, feeds, m.weights)[0]
+    np.testing.assert_allclose(run_reference(trace.final, feeds, m.weights)[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_handed_bool_bias_is_not_merged_and_nothing_crashes(capsys):
+    text = (DATA / "pass_crash_shared_input_bool_bias.ir").read_text()
+    _pipeline_keeps_numbers(text)
+    for command in ("explain", "ir"):
+        code, _, err = run(capsys, command, DATA / "pass_crash_shared_input_bool_bias.ir")
+        assert code == 0 and err == "", err
+
+
+@pytest.mark.parametrize("dtype", ["bool", "i32", "f16", "bf16"])  # i64 + f32 is f64: lint refuses it
+@pytest.mark.parametrize("bias_first", [False, True])
+@pytest.mark.parametrize("members", [2, 3])
+def test_a_bias_of_another_dtype_is_refused_for_any_layout(dtype, bias_first, members):
+    _pipeline_keeps_numbers(_shared_input(dtype, bias_first, members))
+
+
+def test_dtype_fuzz_of_the_shared_input_block_crashes_no_pass():
+    """Lint-accepted dtype mutations of the bias/weight params: no pass crashes on any of them."""
+    rng = random.Random(25)
+    base = _shared_input("f32", False, 3).splitlines()
+    params = [i for i, line in enumerate(base) if "= param" in line and "[64]" in line]
+    checked = 0
+    for _ in range(40):
+        lines = list(base)
+        for i in rng.sample(params, 2):
+            lines[i] = lines[i].replace("f32[", rng.choice(["bool", "i32", "f16", "bf16", "i64"]) + "[")
+        text = "\n".join(lines)
+        if problems(parse_ir(text, verify=False)):
+            continue
+        _pipeline_keeps_numbers(text)
+        checked += 1
+    assert checked >= 10
+
+
+# ------------------------------------------------------------------- a crashed pass: exit 3 everywhere
+
+@pytest.mark.parametrize("command, extra", [
+    ("explain", ()), ("ir", ()), ("ir", ("--after", "final")), ("render", ("-o", "{tmp}/g.svg")),
+    ("export", ("{tmp}/g.onnx",)), ("export", ("{tmp}/g.json",)), ("time", ("-r", "1", "--warmup", "0")),
+])
+def test_a_crashed_pass_exits_3_in_every_subcommand(capsys, tmp_path, command, extra):
+    args = [a.format(tmp=tmp_path) for a in extra]
+    code, out, err = run(capsys, command, DATA / "ir_scalar_bias_layer1.ir", *args)
+    assert code == cli.EXIT_INTERNAL == 3, (out, err)
+    line = one_line(err, command, "internal error")
+    assert "a pass crashed" in line and "fuse_transformer_layer" in line
+    assert not list(tmp_path.iterdir())  # nothing written from a discarded result
+
+
+# ------------------------------------------------------------------------------ one line, reason included
+
+def test_handed_path_with_line_breaks_keeps_the_reason_on_one_line(capsys):
+    for command in ("explain", "ir", "time"):
+        code, _, err = run(capsys, command, DATA / "ir_error_cut_at_path_newline.ir")
+        assert code == 2
+        line = one_line(err, command)
+        assert "line 10:" in line and "declared type f32[2, 9] but operands give f32[2, 8]" in line
+        assert "| a | b |\\n|---|---|" in line
+
+
+@pytest.mark.parametrize("path", ["a\\nb", "a\\rb", "x\\u2028y", "\\n", "q\\tk\\u001b[2J"])
+def test_any_control_character_in_a_path_keeps_the_error_whole(capsys, tmp_path, path):
+    f = tmp_path / "g.ir"
+    f.write_text(ir('%0 = input {name="x"} : f32[2]', f'%1 = relu(%0) : f32[3] @"{path}"', "return %1"))
+    code, _, err = run(capsys, "ir", f)
+    assert code == 2
+    assert "declared type f32[3] but operands give f32[2]" in one_line(err, "ir")
+
+
+# ---------------------------------------------------------------------------------- export: empty names
+
+@pytest.mark.parametrize("line", ['%0 = input {name=""} : f32[2]', '%0 = input {name="  "} : f32[2]'])
+@pytest.mark.parametrize("suffix", [".onnx", ".json"])
+def test_export_of_an_empty_input_name_is_exit_2_naming_it(capsys, tmp_path, line, suffix):
+    f = tmp_path / "g.ir"
+    f.write_text(ir(line, "%1 = relu(%0) : f32[2]", "return %1"))
+    code, _, err = run(capsys, "export", f, tmp_path / f"out{suffix}")
+    assert code == 2
+    assert "input name" in one_line(err, "export") and "is empty" in err and "line 2" in err
+
+
+def test_export_of_an_empty_param_name_is_exit_2_naming_it(capsys, tmp_path):
+    f = tmp_path / "g.ir"
+    f.write_text(ir('%0 = input {name="x"} : f32[2]', '%1 = param {name=""} : f32[2]', "%2 = add(%0, %1) : f32[2]",
+                    "return %2"))
+    code, _, err = run(capsys, "export", f, tmp_path / "out.onnx")
+    assert code == 2 and "param name '' is empty" in one_line(err, "export")
+
+
+# --------------------------------------------------------------------------- run -o never overwrites inputs
+
+def _inputs(path: Path) -> bytes:
+    np.savez(path, input_ids=np.ones((1, 8), np.int64), attention_mask=np.ones((1, 8), np.int64))
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("how", ["same", "relative", "symlink", "hardlink"])
+def test_run_output_equal_to_its_inputs_is_refused(capsys, tmp_path, monkeypatch, how):
+    src = tmp_path / "in.npz"
+    before = _inputs(src)
+    out = src
+    if how == "relative":
+        monkeypatch.chdir(tmp_path)
+        out = Path("./sub/../in.npz")
+        (tmp_path / "sub").mkdir()
+    elif how == "symlink":
+        out = tmp_path / "link.npz"
+        out.symlink_to(src)
+    elif how == "hardlink":
+        out = tmp_path / "hard.npz"
+        os.link(src, out)
+    code, _, err = run(capsys, "run", "bert-tiny", "--inputs", src, "-o", out)
+    assert code == 2 and "would overwrite the input" in one_line(err, "run")
+    assert src.read_bytes() == before
+
+
+def test_render_and_export_refuse_to_overwrite_the_model_file(capsys, tmp_path):
+    f = tmp_path / "g.json"
+    f.write_text('{"not": "a graph"}')
+    code, _, err = run(capsys, "export", f, f)
+    assert code == 2 and "would overwrite the input" in one_line(err, "export")
+    assert f.read_text() == '{"not": "a graph"}'
+
+
+# ------------------------------------------------------------------------------------------ npz archives
+
+def test_an_npz_of_many_members_reads_every_header(tmp_path):
+    arrays = {f"a{i}": np.zeros(1, np.float32) for i in range(5000)}
+    np.savez(tmp_path / "many.npz", **arrays)
+    headers = npz_headers(tmp_path / "many.npz")
+    assert len(headers) == 5000 and headers["a4999"] == ((1,), np.dtype(np.float32))
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.9, -10, -1])
+@pytest.mark.parametrize("command", ["run", "time"])
+def test_a_truncated_npz_is_exactly_one_stderr_line(capsys, tmp_path, cut, command):
+    good = tmp_path / "in.npz"
+    data = _inputs(good)
+    bad = tmp_path / "cut.npz"
+    bad.write_bytes(data[:int(len(data) * cut)] if isinstance(cut, float) else data[:cut])
+    args = ["-o", tmp_path / "o.npz"] if command == "run" else ["--seq", 8]
+    code, _, err = run(capsys, command, "bert-tiny", "--inputs", bad, *args)
+    assert code == 2
+    assert "not a readable .npz" in one_line(err, command)  # no 'unclosed file' warning line
+
+
+# --------------------------------------------------------------------------------------- the memory budget
+
+def test_handed_param_381mb_time_is_refused_by_an_estimate_above_its_peak(capsys):
+    code, _, err = run(capsys, "time", DATA / "budget_param_381mb.ir", "--max-memory-mb", 512)
+    assert code == 2
+    line = one_line(err, "time")
+    assert "time needs" in line and "over the limit of 512.0 MiB" in line
+    need, p = workload_peak(parse_ir((DATA / "budget_param_381mb.ir").read_text()), "time")
+    assert p.peak_bytes < 512 << 20  # the old check (one run's live tensors) accepted it
+    assert need > 1632304 << 10  # above the 1.6 GB peak RSS `time` reached on it (benchmarks/bench_memory_budget.py)
+
+
+def test_handed_onnx_outer_run_is_refused_before_running(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("RLXVIZ_MAX_MEMORY_MB", "64")
+    d = DATA / "onnx_outer_no_budget"
+    out = tmp_path / "X.npz"
+    code, _, err = run(capsys, "run", d / "outer.onnx", "--inputs", d / "outer_12000.npz", "-o", out)
+    assert code == 2 and "over the limit of 64.0 MiB" in one_line(err, "run")
+    assert not out.exists()
+
+
+def _fixture_graphs():
+    texts = [p.read_text() for p in sorted((Path(__file__).parent / "data" / "cases").glob("*.rlx"))]
+    texts += [(DATA / n).read_text() for n in ("budget_param_381mb.ir", "ir_outer_3gb.ir", "ir_expand_huge.ir",
+                                               "pass_crash_shared_input_bool_bias.ir")]
+    return [parse_ir(t, verify=False) for t in texts]
+
+
+def test_each_workload_counts_at_least_what_the_one_before_it_holds():
+    """`load` <= `run` <= `run-mlx` <= `time`, and each executed workload above the graph's own peak plus the
+    copies it makes: the MLX leaves (`run-mlx`), the float64 oracle and the kept outputs (`time`)."""
+    for g in _fixture_graphs():
+        p = peak_memory(g)
+        load, run_, mlx, time = (workload_peak(g, w)[0] for w in ("load", "run", "run-mlx", "time"))
+        assert load == p.peak_bytes <= run_ <= mlx <= time
+        assert mlx >= p.peak_bytes + p.leaf_bytes
+        assert time >= peak_memory(g, itemsize=8).peak_bytes + p.leaf_bytes + 2 * p.peak_bytes
+
+
+def test_broadcasts_and_kept_outputs_are_counted():
+    g = parse_ir(ir('%0 = input {name="x"} : f32[1]', "%1 = expand(%0) {shape=[1000, 1000]} : f32[1000, 1000]",
+                    "return %1"))
+    out = node_bytes(g[1])
+    assert workload_peak(g, "run")[0] >= 3 * out  # the expand, its float32 copy and the archive
+    assert workload_peak(g, "time")[0] >= MAX_INPUT_SETS * (out + 2 * out) + 2 * out  # f32 + f64 per input set
+    assert MAX_INPUT_SETS >= len(KINDS) + 1  # every battery kind and the user's arrays
+
+
+def test_limits_check_names_the_workload_and_refuses_what_load_accepts():
+    g = parse_ir((DATA / "budget_param_381mb.ir").read_text())
+    limits = Limits(512)
+    assert limits.check(g, "f") < 512 << 20
+    for workload in ("run-mlx", "time"):
+        with pytest.raises(LimitError, match=f"f: {workload} needs"):
+            limits.check(g, "f", workload)
+    with pytest.raises(ValueError, match="unknown memory workload"):
+        workload_peak(g, "fly")
+
+
+# -------------------------------------------------------------------------- explain: the sibling diff
+
+def test_handed_4000_node_layers_explain(capsys):
+    code, out, err = run(capsys, "explain", DATA / "ir_layered_4000_explain_15s.ir")
+    assert code == 0 and err == ""
+    assert "12/12 layer(s) fused as expected" in out
+
+
+def test_layer_diff_reports_the_differing_lines_in_order():
+    theirs = [f"op{i}" for i in range(20)]
+    mine = list(theirs)
+    mine[7] = "op7 users=3"
+    mine.insert(12, "reduce_mean@probe")
+    assert layer_diff(theirs, mine) == [("-", "op7"), ("+", "op7 users=3"), ("+", "reduce_mean@probe")]
+    assert layer_diff(theirs, theirs) == []
+
+
+@pytest.mark.parametrize("n", [DIFF_WINDOW // 2, DIFF_WINDOW * 3])
+def test_layer_diff_of_long_layers_finds_each_change(n):
+    theirs = [f"neg@n{i}(x) users=1" for i in range(n)]
+    mine = list(theirs)
+    mine[1] = "relu@n1(x) users=1"  # a change near each end: the middle part is longer than the window
+    mine[-2] = "neg@n-2(x) users=2"
+    got = layer_diff(theirs, mine)
+    assert sorted(got) == sorted([("-", theirs[1]), ("+", mine[1]), ("-", theirs[-2]), ("+", mine[-2])])
+
