@@ -65,7 +65,8 @@ In this notebook you will
 3. count the bytes of intermediates an *ideal* fused kernel would not move, then the bytes the program
    MLX **actually executes** saves (a fused op is only a name in the graph; the lowering decides the
    kernels), and place every op and version on a roofline measured on this machine,
-4. time every version on MLX in interleaved rounds and read the table honestly (median, IQR, noise),
+4. time every version on MLX in paired, interleaved rounds and read the table honestly (a verdict with
+   its confidence interval, or "within noise"), then put the measured points on the roofline,
 5. check your understanding in an exercise with feedback.
 
 Graphs are drawn by the same renderer as the app; big drawings scroll inside their box.
@@ -307,7 +308,8 @@ achieved (its FLOPs over its median time). The line is the roofline measured abo
 """),
     code('''
 points = [(r.label, v.intensity, v.flops / r.median_ms / 1e6) for r, v in zip(rows, roof, strict=True)]
-display(HTML(teach.roofline_svg(ridge.gflops, ridge.gbps, points)))
+display(HTML(teach.svg_html(teach.roofline_svg(ridge.gflops, ridge.gbps, points),
+                           caption="roofline measured on this machine; dots: the timed versions")))
 for label, intensity, achieved in points:
     print(f"measured {label:<27} {intensity:.2f} FLOP/B  {achieved:.2f} GFLOP/s "
           f"({achieved / ridge.gflops:.0%} of the matmul peak)")
@@ -573,14 +575,15 @@ print(f"fuse_shared_input_matmul: {prims[k - 1].program.kernels} -> {prims[k].pr
     code('''
 from IPython.display import Markdown
 
-ftl = next(r for r in prims if r.label == "after fuse_transformer_layer")
-ftl_changed = ftl in changed
+ftl_prims = next(r for r in prims if r.label == "after fuse_transformer_layer")
+ftl_changed = ftl_prims in changed
 display(Markdown(
     f"Read aloud: the graph goes from {prims[0].ops} to {prims[-1].ops} ops, MLX's program from "
     f"{prims[0].program.kernels} to {prims[-1].program.kernels} non-view primitives. The program changes only at "
     + ", ".join(f"**{r.label}** ({prims[r.index - 1].program.kernels} -> {r.program.kernels})" for r in changed)
     + ". " + ("`fuse_transformer_layer` changes the program too." if ftl_changed else
-              f"`fuse_transformer_layer` takes the graph from {prims[ftl.index - 1].ops} to {ftl.ops} ops and changes "
+              f"`fuse_transformer_layer` takes the graph from {prims[ftl_prims.index - 1].ops} to {ftl_prims.ops} ops "
+              "and changes "
               "nothing MLX runs on the CPU: it renames groups of ops; the backend runs the same kernels.")))''',
          "primitives-read-aloud"),
     md("""

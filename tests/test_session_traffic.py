@@ -66,6 +66,10 @@ def test_paired_rounds_separate_what_quartiles_cannot():
     (q1, q3), (r1, r3) = base.quartiles(), faster.quartiles()
     assert r1 <= q3 and q1 <= r3
     assert session.compare_to_input(faster, base) == "1.05x faster"
+    tiny = timed(2, drift * 0.997)  # 0.3% faster in every round: significant, but under PRACTICAL
+    v = paired_verdict(base, tiny)
+    assert v.high < 1.0 or v.low > 1.0
+    assert v.words == "within noise"
 
 
 def test_too_few_rounds_and_busy_runs_are_said():

@@ -221,6 +221,10 @@ MIN_VERDICT_ROUNDS = 21
 """Fewest paired rounds a faster/slower verdict is read from (with 7, a notebook printed "1.37x faster" in
 1 of 9 runs where 41 paired rounds showed no difference, issue 23)."""
 
+PRACTICAL = 0.01
+"""An interval inside 1 +- this is read as within noise too: a difference under 1% is below what a timing on a
+shared machine can be trusted to (it would read "1.00x slower")."""
+
 BUSY_RATIO = 2.0
 """A version whose median is more than this many times its minimum was timed on a busy machine."""
 
@@ -234,8 +238,8 @@ class PairedVerdict:
         low / high: a 95% bootstrap confidence interval of that median (rounds resampled with replacement,
             2000 resamples, seeded: the same samples give the same interval).
         rounds: paired rounds.
-        words: `within noise` (the interval contains 1), `N.NNx faster` / `N.NNx slower`, or
-            `too few rounds` (fewer than `MIN_VERDICT_ROUNDS`).
+        words: `within noise` (the interval contains 1, or lies within 1 +- `PRACTICAL`), `N.NNx faster` /
+            `N.NNx slower`, or `too few rounds` (fewer than `MIN_VERDICT_ROUNDS`).
         warning: why the run is unusable (a busy machine: median above `BUSY_RATIO` x min), or "".
     """
 
@@ -279,7 +283,7 @@ def paired_verdict(base: VersionTiming, row: VersionTiming, resamples: int = 200
     low, high = (float(v) for v in np.percentile(np.median(r[idx], axis=1), [2.5, 97.5]))
     if len(r) < MIN_VERDICT_ROUNDS:
         words = f"too few rounds ({len(r)} < {MIN_VERDICT_ROUNDS}) for a verdict"
-    elif low <= 1.0 <= high:
+    elif low <= 1.0 <= high or (1 - PRACTICAL <= low and high <= 1 + PRACTICAL):
         words = "within noise"
     else:
         words = f"{ratio:.2f}x faster" if ratio > 1 else f"{1 / ratio:.2f}x slower"
@@ -289,7 +293,8 @@ def paired_verdict(base: VersionTiming, row: VersionTiming, resamples: int = 200
 def compare_to_input(row: VersionTiming, base: VersionTiming) -> str:
     """Read one timed version against `base` in words (`paired_verdict(base, row).words`).
 
-    `within noise` when the 95% bootstrap interval of the median per-round ratio contains 1; otherwise
+    `within noise` when the 95% bootstrap interval of the median per-round ratio contains 1 or lies within
+    1 +- `PRACTICAL` (1%); otherwise
     `N.NNx faster` / `N.NNx slower` (the median per-round ratio); `too few rounds ...` below
     `MIN_VERDICT_ROUNDS`.
 
@@ -305,7 +310,8 @@ def compare_versions(rows: Sequence[VersionTiming]) -> list[tuple[VersionTiming,
     return [(p, r, paired_verdict(p, r)) for p, r in zip(timed[:-1], timed[1:], strict=True)]
 
 
-__all__ = ["BUSY_RATIO", "MIN_VERDICT_ROUNDS", "TIMINGS", "PairedVerdict", "Progress", "VersionTiming", "all_finite",
+__all__ = ["BUSY_RATIO", "MIN_VERDICT_ROUNDS", "PRACTICAL", "TIMINGS", "PairedVerdict", "Progress", "VersionTiming",
+           "all_finite",
            "arrays_digest", "busy_warning", "compare_to_input", "compare_versions", "format_timings", "input_sets",
            "paired_verdict",
            "nonfinite_arrays", "time_versions"]

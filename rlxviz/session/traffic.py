@@ -172,9 +172,13 @@ def executed_traffic_saved(step: PassStep, device: str = "cpu") -> ExecutedTraff
 
 
 SDPA_HEAD_DIMS = (64, 80, 128)
-"""Head dims MLX 0.32's fused `scaled_dot_product_attention` takes for a full (not one-token) query; other
-head dims run its fallback (matmul, softmax, matmul). A model of MLX's dispatch, checked by
-`session.program.mlx_primitives` where a GPU is present."""
+"""Head dims for which this model credits MLX's fused `scaled_dot_product_attention` on the GPU with a
+full (not one-token) query: those of the Metal full-attention kernel. Other head dims run MLX's fallback
+(matmul, softmax, matmul). MLX's CUDA backend, in the source read for issue 23
+(`mlx/backend/cuda/scaled_dot_product_attention.cu`, `use_fallback`), takes only one-token queries (its
+vector kernel, head dims 64/96/128/256) and falls back for every longer query, so on CUDA even these head
+dims are credited too much. A model of MLX's dispatch; `session.program.mlx_primitives` on the device is
+the reading that settles it."""
 
 
 def sdpa_fused(head_dim: int | None) -> bool:
