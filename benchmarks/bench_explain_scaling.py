@@ -56,10 +56,13 @@ def seconds(text: str) -> tuple[float, float, int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max", type=int, default=8000, help="largest layer/node count (default: %(default)s)")
+    ap.add_argument("--layouts", default="many,wide", help="comma-separated (default: %(default)s)")
     args = ap.parse_args()
     sizes = [n for n in (1000, 2000, 4000, 8000, 16000) if n <= args.max]
     print(f"{'layout':>6} {'N':>6} {'layers':>6} {'pipeline s':>10} {'explain s':>9} {'x prev':>6}")
-    for name, make in (("many", many_layers_ir), ("wide", lambda n: layered_ir(n, 12))):
+    layouts = {"many": many_layers_ir, "wide": lambda n: layered_ir(n, 12)}
+    for name in args.layouts.split(","):
+        make = layouts[name]
         prev = None
         for n in sizes:
             pipe, sec, layers = seconds(make(n))

@@ -111,8 +111,9 @@ def test_format_value(value, text):
 @pytest.mark.parametrize("name", ["g", "bert.tiny-2/x", "has space", "inf", "nan.x", "-inf", "true", "next_id",
                                   "", "7up", 'q"uote'])
 def test_names_and_paths_round_trip(name):
-    """Graph names, model paths and pass names that are not plain identifiers are quoted."""
-    nodes = [Node(0, Op.INPUT, (), (2,), DType.f32, {"name": name}),
+    """Graph names, input names, model paths and pass names that are not plain identifiers are quoted (an empty
+    input name is refused by lint: inputs are fed by name)."""
+    nodes = [Node(0, Op.INPUT, (), (2,), DType.f32, {"name": name or "x"}),
              Node(1, Op.RELU, (0,), (2,), DType.f32, {}, name, name or "p", (0,))]
     g = Graph(nodes, (1,), name or "x")
     same(parse_ir(format_graph(g)), g)

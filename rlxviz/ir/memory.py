@@ -96,7 +96,7 @@ WORKLOADS = {
     "run": "the weights, one run's live tensors and the saved outputs",
     "run-mlx": "the NumPy weights, their MLX copies, one run's live tensors on MLX and the saved outputs",
     "time": "the NumPy weights, every input set with its float64 oracle and unfused outputs kept for the error "
-            "check, the oracle's run in float64 and two versions on MLX",
+            "check, the oracle's run in float64, the MLX leaves and two versions' live tensors",
 }
 """What each workload holds at its peak (`workload_peak`), as refusals name it."""
 
@@ -117,9 +117,9 @@ def workload_peak(graph: Graph, workload: str = "load", input_sets: int = MAX_IN
     the float32 copy and the archive `np.savez` writes); `run-mlx` (the NumPy weights kept next to the MLX
     run's own peak, leaves copied, plus the outputs twice); `time` (the NumPy weights; `input_sets` copies of
     the inputs, each set's oracle output in float64 and unfused output kept for the error check; the oracle's
-    run in float64 (8 bytes an element); twice the MLX peak, the unfused and the timed version each holding
-    their leaves and live tensors; and the error check's float64 temporaries, four outputs' worth). Broadcasts
-    and expands are node outputs, so counted in every run. Executed workloads add `SLACK_BYTES` and
+    run in float64 (8 bytes an element); the MLX peak, its leaves converted once, plus a second version's live
+    tensors (the unfused and the timed version); and the error check's float64 temporaries, four outputs'
+    worth). Broadcasts and expands are node outputs, so counted in every run. Executed workloads add `SLACK_BYTES` and
     `SLACK_FRACTION` of their count.
 
     Raises:
@@ -139,7 +139,8 @@ def workload_peak(graph: Graph, workload: str = "load", input_sets: int = MAX_IN
     else:
         inputs = sum(node_bytes(n) for n in graph if n.op == Op.INPUT)
         kept = input_sets * (inputs + out64 + out)
-        need = p.leaf_bytes + kept + peak_memory(graph, itemsize=8).peak_bytes + 2 * p.peak_bytes + 4 * out64
+        live = p.peak_bytes - p.leaf_bytes  # a second version's live tensors; the MLX leaves are converted once
+        need = p.leaf_bytes + kept + peak_memory(graph, itemsize=8).peak_bytes + p.peak_bytes + live + 4 * out64
     return need + SLACK_BYTES + int(need * SLACK_FRACTION), p
 
 
