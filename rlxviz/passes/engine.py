@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..ir import Graph, Rewriter
-from .guard import NOT_PROFITABLE, Ctx
+from ..ir.emitter import normalize_attrs
+from ..ir.infer import ShapeError, infer
+from .guard import ILLEGAL, NOT_PROFITABLE, Ctx
 from .rule import Fail, Rule, escape_check, run_step
 from .trace import Match, Rejection
 
@@ -111,6 +113,29 @@ def try_rule(rule: Rule, graph: Graph, anchor: int, params: Mapping[str, Any]) -
     return fails[0] if fails else ctx
 
 
+def _build_type_error(rule: Rule, ctx: Ctx) -> Fail | None:
+    """For a one-node rewrite (`Rule.build`), a failure when the fused op's shape rule refuses the matched operands
+    or gives another type than the node it replaces (a scalar fc2 bias made FusedTransformerLayer raise mid-pass:
+    every pass then crashed instead of refusing the match); None when it fits. Guards cannot foresee every dtype
+    and shape a graph holds, so the fused node's own type rule decides before anything is rewritten."""
+    if rule.build is None:
+        return None
+    op, inputs, attrs = rule.build(ctx)
+    g = ctx.graph
+    result = g[ctx.id(rule.result_role(ctx))]
+    try:
+        t = infer(op, normalize_attrs(op, dict(attrs)), [g[i].type for i in inputs])
+    except ShapeError as e:
+        why = str(e)
+    else:
+        if t == result.type:
+            return None
+        why = f"it would give {t}, where {ctx.d(rule.result_role(ctx))} is {result.type}"
+    return Fail("guard", "fused_types", f"{op.value} cannot replace the match: {why}", (result.id,), (),
+                "none in the model: the fused op's operands must have the shapes and dtypes it is defined for",
+                subject=result.id, kind=ILLEGAL, fix=f"extend {op.value} to these operand types")
+
+
 def find(graph: Graph, pass_name: str, rules: Sequence[Rule], params: Mapping[str, Any]
          ) -> tuple[list[Found], list[Rejection]]:
     """All non-overlapping matches of `rules` on `graph`, plus the rejections (near-misses).
@@ -141,6 +166,9 @@ def find(graph: Graph, pass_name: str, rules: Sequence[Rule], params: Mapping[st
                                          f"nodes {sorted(ids & claimed)} were already taken by another match of "
                                          f"{pass_name}", dict(ctx.bindings), tuple(sorted(ids & claimed)), (),
                                          node.path, kind=NOT_PROFITABLE))
+                continue
+            if (bad := _build_type_error(rule, ctx)) is not None:  # the fused node could not hold these operands
+                pending.append(_rejection(pass_name, rule, node.id, bad, ctx))
                 continue
             claimed |= ids
             found.append(Found(rule, node.id, ctx))
