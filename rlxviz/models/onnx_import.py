@@ -1029,6 +1029,10 @@ def _isolated(check: Callable[[], str]) -> str:
     pid = os.fork()
     if pid == 0:  # the child: run the check, write its text, leave without running any Python cleanup
         os.close(r)
+        import faulthandler
+
+        faulthandler.disable()  # a crash is reported by the parent in one line, not as a dump on stderr
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
         code = 0
         try:
             os.write(w, check().encode("utf-8", "replace"))
