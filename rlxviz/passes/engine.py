@@ -118,7 +118,7 @@ def _build_type_error(rule: Rule, ctx: Ctx) -> Fail | None:
     or gives another type than the node it replaces (a scalar fc2 bias made FusedTransformerLayer raise mid-pass:
     every pass then crashed instead of refusing the match); None when it fits. Guards cannot foresee every dtype
     and shape a graph holds, so the fused node's own type rule decides before anything is rewritten."""
-    if rule.build is None:
+    if rule.build is None or rule.rewrite is not None:  # a custom rewrite may replace build's placeholders
         return None
     op, inputs, attrs = rule.build(ctx)
     g = ctx.graph
