@@ -231,9 +231,25 @@ def attention_softmax(g: Graph, n: Node) -> bool:
     return False
 
 
+_BY_LAYER: IdentityMap[Graph, dict[int | None, list[Node]]] = IdentityMap(limit=4)
+
+
+def _layer_nodes(g: Graph, layer: int | None) -> list[Node]:
+    """The compute nodes of `layer` (None: all), from one pass over `g` shared by every layer's classification."""
+    index = _BY_LAYER.get(g)
+    if index is None:
+        index = {None: []}
+        for n in g:
+            if n.op not in (Op.INPUT, Op.PARAM, Op.CONST):
+                index[None].append(n)
+                if (k := layer_of(n.path)) is not None:
+                    index.setdefault(k, []).append(n)
+        _BY_LAYER[g] = index
+    return index.get(layer, [])
+
+
 def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) -> LayerArchitecture:
-    nodes = [n for n in g if n.op not in (Op.INPUT, Op.PARAM, Op.CONST)
-             and (layer is None or layer_of(n.path) == layer)]
+    nodes = _layer_nodes(g, layer)
     ids = {n.id for n in nodes}
     attn = [n for n in nodes if n.op in _ATTENTION or attention_softmax(g, n)]
     norms = [n for n in nodes if n.op in _NORMS]

@@ -7,6 +7,7 @@ Everything serializes to JSON for notebooks, the app and the CLI.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -18,8 +19,10 @@ from ..ir import Graph, format_graph, graph_to_dict
 _LAYER = re.compile(r"(?:^|\.)(?:layer|layers|h|blocks?)\.(\d+)(?:\.|$)")
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def layer_of(path: str) -> int | None:
-    """The layer index in a model path (`encoder.layer.3.attention` -> 3), or None."""
+    """The layer index in a model path (`encoder.layer.3.attention` -> 3), or None. Cached by path: every per-layer
+    view asks it of every node."""
     m = _LAYER.search(path or "")
     return int(m.group(1)) if m else None
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..ir import Op
+from ..ir.identity import IdentityMap
 from ..ir.ops import FUSED
 from ..passes import PASSES, MissedFusion, Outcome, Trace, explain, layer_of, missed_fusions
 from ..passes.guard import MODEL_TERM
@@ -166,10 +167,27 @@ def judged_kind(trace: Trace, layer: int) -> tuple[Architecture, Architecture]:
     own = classify(trace.input, layer)
     if own.post_ln:
         return own, own
-    others = [classify(trace.input, i) for i in model_layers(trace.input) if i != layer]
-    if others and all(o.post_ln for o in others):
-        return own, others[0]
-    return own, own
+    first = None
+    for i in model_layers(trace.input):  # stops at the first sibling that is not post-LN
+        if i == layer:
+            continue
+        o = classify(trace.input, i)
+        if not o.post_ln:
+            return own, own
+        first = first or o
+    return (own, first) if first is not None else (own, own)
+
+
+_MISSES: IdentityMap[Trace, tuple[MissedFusion, ...]] = IdentityMap(limit=4)
+
+
+def _run_misses(trace: Trace) -> tuple[MissedFusion, ...]:
+    """The run's missed fusions and unrecognized findings, computed once per trace (every layer's status reads
+    them: a whole-graph scan per layer was quadratic in the layer count)."""
+    hit = _MISSES.get(trace)
+    if hit is None:
+        hit = _MISSES[trace] = (*missed_fusions(trace), *(u.as_missed() for u in unrecognized(trace)))
+    return hit
 
 
 def expected_misses(trace: Trace, arch: Architecture, layer: int | None
@@ -177,7 +195,7 @@ def expected_misses(trace: Trace, arch: Architecture, layer: int | None
     """The misses of `layer` (None: the whole graph) that count for `arch`, and `pattern -> "pattern (guard):
     why not expected"` for those that do not. Misses are the run's missed fusions plus its "no rule
     recognizes this" findings (`passes.unrecognized`: a family-shaped chain no rule made a candidate)."""
-    found = [*missed_fusions(trace), *(u.as_missed() for u in unrecognized(trace))]
+    found = _run_misses(trace)
     kept: list[MissedFusion] = []
     ignored: dict[str, str] = {}
     for m in found:
