@@ -558,3 +558,15 @@ def test_an_uploaded_npz_with_expected_outputs_times_and_is_dropped_with_the_mod
     assert "set aside 1 expected output(s): out:last_hidden_state" in s.message and s.message_kind == "info"
     s.source = "preset"  # back to bert-tiny: gpt2's arrays are not its inputs
     assert s.model.name == "bert-tiny" and s.user_inputs is None and view.inputs.value is None
+
+
+def test_timing_checks_the_memory_budget_of_timing_first(monkeypatch):
+    """The Timing tab refuses what `rlxviz time` refuses: the time workload's estimate (oracle, MLX copies, input
+    sets) is checked before any timing process is asked, and the message says so."""
+    from rlxviz.app import timeproc
+
+    s = tiny(repeat=2)
+    monkeypatch.setenv("RLXVIZ_MAX_MEMORY_MB", "1")
+    monkeypatch.setattr(timeproc, "time_in_worker", lambda *a, **k: pytest.fail("timed past the budget"))
+    s.time_all()
+    assert s.message_kind == "danger" and "MiB" in s.message and not s.timings, s.message

@@ -819,6 +819,7 @@ class AppState(param.Parameterized):
                                  "the measurement)", still=True))
         trace, model = self.trace, self.model  # one consistent pair, even if a reload is queued
         try:
+            Limits.resolve().check(model.graph, model.name, "time")  # what timing holds, as `rlxviz time` checks
             user = self.user_inputs if self._inputs_fit(model) else None
             feeds = user.feeds if user is not None else session.feeds(model, self.text)
             sets = session.input_sets(model.graph, feeds, user)  # the user's arrays first, then the battery
