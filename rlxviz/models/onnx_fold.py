@@ -21,7 +21,7 @@ Errors are `FoldError` (a ValueError, one line), which the importer turns into i
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -58,10 +58,32 @@ class FoldError(ValueError):
     """A constant node that is not evaluated at import: the reason, in words (one line)."""
 
 
-def _attrs(node: Any) -> dict[str, Any]:
+def node_attrs(node: Any) -> dict[str, Any]:
+    """An ONNX node's attributes by name, as Python values."""
     from onnx import helper
 
     return {at.name: helper.get_attribute_value(at) for at in node.attribute}
+
+
+def single_node_model(node: Any, opset: int, consts: Mapping[str, np.ndarray],
+                      typed: Mapping[str, tuple[np.dtype, tuple[int, ...]]]) -> Any:
+    """A ModelProto holding `node` alone, for ONNX shape inference: constants up to `SMALL_FEED` elements as
+    initializers (so data propagation reads their values: shapes, repeats, ranges), larger ones and the computed
+    inputs (`typed`: name -> (dtype, shape)) as typed graph inputs; outputs untyped."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    inits, feeds = [], []
+    for name, arr in consts.items():
+        if arr.size <= SMALL_FEED:
+            inits.append(numpy_helper.from_array(np.asarray(arr), name))
+        else:
+            typed = {**typed, name: (arr.dtype, tuple(arr.shape))}
+    for name, (dt, shape) in typed.items():
+        feeds.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dt)), list(shape)))
+    outs = [helper.make_empty_tensor_value_info(o) for o in node.output if o]
+    g = helper.make_graph([node], "single", feeds, outs, initializer=inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=onnx.IR_VERSION)
 
 
 def _range_shape(inputs: list[np.ndarray | None]) -> tuple[int, ...]:
@@ -81,7 +103,7 @@ def inferred_outputs(node: Any, inputs: list[np.ndarray | None], opset: int) -> 
     shape inference with data propagation over the small inputs; None for an output it cannot fix.
     Raises nothing."""
     import onnx
-    from onnx import helper, numpy_helper
+    from onnx import helper
 
     n_out = len([o for o in node.output if o])
     if node.op_type == "Range" and len(inputs) == 3 and all(v is not None for v in inputs):
@@ -93,18 +115,8 @@ def inferred_outputs(node: Any, inputs: list[np.ndarray | None], opset: int) -> 
         x = np.asarray(inputs[0])
         return [((x.ndim, x.size), np.dtype(np.int64))]
     try:
-        inits, feeds = [], []
-        for name, arr in zip(node.input, inputs, strict=False):
-            if not name or arr is None:
-                continue
-            if arr.size <= SMALL_FEED:
-                inits.append(numpy_helper.from_array(np.asarray(arr), name))
-            else:
-                code = helper.np_dtype_to_tensor_dtype(arr.dtype)
-                feeds.append(helper.make_tensor_value_info(name, code, list(arr.shape)))
-        outs = [helper.make_empty_tensor_value_info(o) for o in node.output if o]
-        g = helper.make_graph([node], "fold", feeds, outs, initializer=inits)
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=onnx.IR_VERSION)
+        consts = {name: arr for name, arr in zip(node.input, inputs, strict=False) if name and arr is not None}
+        m = single_node_model(node, opset, consts, {})
         m = onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - inference failing means the shapes are unknown: refused by check_fold
         return [None] * n_out
@@ -128,7 +140,7 @@ def _flops(node: Any, inputs: list[np.ndarray | None], out: tuple[int, ...]) -> 
     distinct input dimension, an upper bound)."""
     if node.op_type == "Einsum":
         dims: dict[str, int] = {}
-        spec = _attrs(node).get("equation", b"")
+        spec = node_attrs(node).get("equation", b"")
         lhs = (spec.decode() if isinstance(spec, bytes) else str(spec)).split("->")[0].replace(" ", "")
         for term, arr in zip(lhs.split(","), inputs, strict=False):
             if arr is None or "." in term:
@@ -139,7 +151,7 @@ def _flops(node: Any, inputs: list[np.ndarray | None], out: tuple[int, ...]) -> 
     a = inputs[0]
     if a is None or a.ndim == 0:
         return math.prod(out)
-    k = a.shape[0] if node.op_type == "Gemm" and _attrs(node).get("transA", 0) else a.shape[-1]
+    k = a.shape[0] if node.op_type == "Gemm" and node_attrs(node).get("transA", 0) else a.shape[-1]
     return math.prod(out) * int(k)
 
 
@@ -203,10 +215,11 @@ def fold(node: Any, inputs: list[np.ndarray | None], opset: int) -> list[np.ndar
     from onnx.reference import ReferenceEvaluator
 
     if node.op_type in _NUMPY_FOLDS:
-        return _NUMPY_FOLDS[node.op_type](node, inputs, _attrs(node))
+        return _NUMPY_FOLDS[node.op_type](node, inputs, node_attrs(node))
     feeds = {name: arr for name, arr in zip(node.input, inputs, strict=True) if name}
     ev = ReferenceEvaluator(node, opsets={"": opset})
     return [np.asarray(o) for o in ev.run(None, feeds)]
 
 
-__all__ = ["FOLDABLE", "MAX_FOLD_ELEMENTS", "MAX_FOLD_FLOPS", "FoldError", "check_fold", "fold", "inferred_outputs"]
+__all__ = ["FOLDABLE", "MAX_FOLD_ELEMENTS", "MAX_FOLD_FLOPS", "FoldError", "check_fold", "fold", "inferred_outputs",
+           "node_attrs", "single_node_model"]

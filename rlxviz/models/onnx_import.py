@@ -44,7 +44,7 @@ from ..ir import Builder, DType, Graph, Op, lint
 from ..ir.emitter import Ref
 from ..ir.identity import IdentityMap
 from ..ir.lint import problems
-from .onnx_fold import FOLDABLE, FoldError, check_fold, fold
+from .onnx_fold import FOLDABLE, FoldError, check_fold, fold, node_attrs, single_node_model
 from .presets import Model
 
 MAX_IMPORT_SECONDS = 120.0
@@ -868,8 +868,6 @@ def _host_op(ctx: _Ctx, node: Any, ins: list[Value], domain: str) -> Ref | None:
     """An `onnx_op` node for a default-domain ONNX node no handler maps (`ir.onnx_op`): one output, no
     subgraph, inputs the IR can hold, and an output type ONNX shape inference fixes from the bound input shapes.
     None when any of these fails (the op is then listed as unmapped). Raises nothing."""
-    from onnx import helper, numpy_helper
-
     from ..ir.onnx_op import encode
 
     outs = [o for o in node.output if o]
@@ -877,19 +875,10 @@ def _host_op(ctx: _Ctx, node: Any, ins: list[Value], domain: str) -> Ref | None:
             or len(node.output) != 1 or any(at.type in (5, 10) for at in node.attribute):  # 5/10: GRAPH(S)
         return None
     try:
-        feeds, inits = [], []
-        for name, v in zip(node.input, ins, strict=True):
-            if not name:
-                continue
-            if isinstance(v, np.ndarray) and v.size <= 4096:
-                inits.append(numpy_helper.from_array(v, name))
-            else:
-                dt = ctx.dtype(v)
-                feeds.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dt.numpy)),
-                                                           list(ctx.shape(v))))
-        g = helper.make_graph([node], "host", feeds, [helper.make_empty_tensor_value_info(outs[0])],
-                              initializer=inits)
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", ctx.opset)])
+        named = [(name, v) for name, v in zip(node.input, ins, strict=True) if name]
+        consts = {name: v for name, v in named if isinstance(v, np.ndarray)}
+        typed = {name: (np.dtype(ctx.dtype(v).numpy), ctx.shape(v)) for name, v in named if name not in consts}
+        m = single_node_model(node, ctx.opset, consts, typed)
         m = _onnx().shape_inference.infer_shapes(m, strict_mode=True, data_prop=True)
         t = m.graph.output[0].type.tensor_type
         if not t.HasField("shape") or any(not d.HasField("dim_value") for d in t.shape.dim):
@@ -941,12 +930,6 @@ def node_path(node: Any) -> str:
     if name.startswith("/"):
         return ".".join(part for part in name.split("/")[1:-1] if part)
     return ""
-
-
-def _attrs(node: Any) -> dict[str, Any]:
-    from onnx import helper
-
-    return {at.name: helper.get_attribute_value(at) for at in node.attribute}
 
 
 _BATCH_RE = re.compile(r"batch", re.I)
@@ -1075,7 +1058,7 @@ def _misfit(ctx: _Ctx, node: Any, ins: list[Value]) -> str | None:
         shape = ctx.shape(ins[0])
         if not shape:
             return None
-        axis = int(_attrs(node).get("axis", 0)) % len(shape)
+        axis = int(node_attrs(node).get("axis", 0)) % len(shape)
         rows, hi, lo = shape[axis], int(ins[1].max()), int(ins[1].min())
         if lo >= -rows and hi < rows:
             return None
@@ -1157,7 +1140,7 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
             raise OnnxImportError(str(ctx.fail(f"reads {missing!r}, which no earlier node or input produces "
                                                f"(a cycle or a dangling input)")))
         ins: list[Value] = [env[i] if i else None for i in node.input]
-        attrs = _attrs(node)
+        attrs = node_attrs(node)
         ctx.node = node
         domain = "" if node.domain in ("", "ai.onnx") else node.domain
         try:
