@@ -123,8 +123,8 @@ def _import_checks(model: Model, feeds: dict[str, np.ndarray], user: Any, expect
     """Version 0 against the model itself (`session.fidelity`): the ONNX file it came from (`with_onnx`), the
     `out:NAME` arrays of the inputs file, the `--expect` file. Raises CLIError for an unreadable --expect file or
     a name that is no output."""
-    from .session import npz_headers
     from .session.fidelity import against_expected, against_onnx
+    from .session.inputs import load_expected
 
     out = []
     try:
@@ -133,10 +133,7 @@ def _import_checks(model: Model, feeds: dict[str, np.ndarray], user: Any, expect
         if user is not None and user.expected:
             out.append(against_expected(model, feeds, user.expected, Path(user.what.split(" ", 1)[-1]).name))
         if expect is not None:
-            npz_headers(expect)  # the file's arrays are named and typed before any is read
-            with np.load(expect, allow_pickle=False) as z:
-                want = {k.removeprefix("out:"): np.asarray(z[k]) for k in z.files}
-            out.append(against_expected(model, feeds, want, Path(expect).name))
+            out.append(against_expected(model, feeds, load_expected(expect, model.graph), Path(expect).name))
     except ValueError as e:
         raise CLIError(str(e).splitlines()[0]) from None
     return out

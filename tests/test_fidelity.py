@@ -83,3 +83,13 @@ def test_an_expected_output_larger_than_every_output_is_refused_from_its_header(
     m = load_onnx(FALCON, batch=2, seq=8)
     with pytest.raises(ValueError, match="out:last_hidden_state has shape .*larger than every output of the graph"):
         load_inputs(p, m.graph)
+
+
+def test_an_expect_file_is_bounded_from_its_headers_too(tmp_path, capsys):
+    d = dict(np.load(FALCON_IO))
+    inputs, expect = tmp_path / "in.npz", tmp_path / "want.npz"
+    np.savez(inputs, **{k: v for k, v in d.items() if not k.startswith("out:")})
+    np.savez(expect, last_hidden_state=np.zeros((2, 8, 64, 40), np.float32))
+    code, _, err = run(capsys, "run", FALCON, "-i", inputs, "-o", tmp_path / "o.npz", "--expect", expect)
+    assert code == 2
+    one_line_error(err, "run", "last_hidden_state has shape [2, 8, 64, 40], larger than every output of the graph")

@@ -290,6 +290,34 @@ reference output beside the inputs, e.g. `out:last_hidden_state`): `load_inputs`
 `InputSet.expected`, for `session.fidelity` to compare with the model's output NAME."""
 
 
+def _check_expected_sizes(found: Mapping[str, tuple[tuple[int, ...], np.dtype]], graph: Graph, what: str) -> None:
+    """Expected outputs are read to be compared, so each is bounded first, from its header: no larger than the
+    graph's largest output. Raises ValueError (one line) naming the array."""
+    largest = max((math.prod(graph[o].shape) * np.dtype(graph[o].dtype.numpy).itemsize for o in graph.outputs),
+                  default=0)
+    for k, (shape, dtype) in found.items():
+        if math.prod(shape) * dtype.itemsize > largest:
+            raise ValueError(f"{what}: {k} has shape {list(shape)}, larger than every output of the graph")
+
+
+def load_expected(path: NpzSource, graph: Graph, name: str | None = None) -> dict[str, np.ndarray]:
+    """The expected outputs in an `.npz` (`rlxviz run/time --expect`): each array by output name (an `out:` prefix
+    dropped), bounded from its header (`_check_expected_sizes`) before any is read.
+
+    Raises:
+        ValueError: not a readable `.npz` of arrays, or an array larger than every output (one line).
+    """
+    p = _npz_name(path, name)
+    _check_expected_sizes(npz_headers(path, name), graph, f"expected outputs {p.name}")
+    _, z = _open_npz(path, name)
+    try:
+        with z:
+            return {k.removeprefix(EXPECTED_PREFIX): np.asarray(z[k]) for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"{p}: not a readable .npz file of arrays ({why})") from None
+
+
 def load_inputs(path: NpzSource, graph: Graph, name: str | None = None) -> InputSet:
     """The user's arrays from an `.npz` file (a path, or its bytes: an upload), checked against the graph's
     inputs: names, shapes and dtype kinds from the headers (`npz_headers`) before any array is read, then
@@ -308,11 +336,7 @@ def load_inputs(path: NpzSource, graph: Graph, name: str | None = None) -> Input
     what = f"inputs {p.name}"
     headers = npz_headers(path, name)
     _check_kinds({k: h for k, h in headers.items() if not k.startswith(EXPECTED_PREFIX)}, graph, what)  # unread yet
-    largest = max((math.prod(graph[o].shape) * np.dtype(graph[o].dtype.numpy).itemsize for o in graph.outputs),
-                  default=0)
-    for k, (shape, dtype) in headers.items():  # an expected output is no larger than the graph's largest output
-        if k.startswith(EXPECTED_PREFIX) and math.prod(shape) * dtype.itemsize > largest:
-            raise ValueError(f"{what}: {k} has shape {list(shape)}, larger than every output of the graph")
+    _check_expected_sizes({k: h for k, h in headers.items() if k.startswith(EXPECTED_PREFIX)}, graph, what)
     _, z = _open_npz(path, name)
     try:
         with z:

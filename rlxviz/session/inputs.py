@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..models import Model, tokenize
-from ..runtime.battery import InputSet, check_inputs, index_bounds, load_inputs, npz_headers
+from ..runtime.battery import InputSet, check_inputs, index_bounds, load_expected, load_inputs, npz_headers
 
 
 def feeds(model: Model, text: str = "") -> dict[str, np.ndarray]:
@@ -24,4 +24,4 @@ def feeds(model: Model, text: str = "") -> dict[str, np.ndarray]:
     return model.random_feeds(seed=0)
 
 
-__all__ = ["InputSet", "check_inputs", "feeds", "index_bounds", "load_inputs", "npz_headers"]
+__all__ = ["InputSet", "check_inputs", "feeds", "index_bounds", "load_expected", "load_inputs", "npz_headers"]
