@@ -24,3 +24,17 @@ def one_line(err: str, command: str, kind: str = "error") -> str:
 def one_line_error(err: str, command: str, fragment: str) -> None:
     """`one_line` of an error that contains `fragment`."""
     assert fragment in one_line(err, command), err
+
+
+def inject_crash(monkeypatch, pass_name: str) -> None:
+    """Make pass `pass_name` raise `RuntimeError("injected failure")` for this test, with no cached run to hide it."""
+    import dataclasses
+
+    from rlxviz.passes import PASSES
+    from rlxviz.session import pipeline as session_pipeline
+
+    def boom(graph, params):
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setitem(PASSES, pass_name, dataclasses.replace(PASSES[pass_name], fn=boom))
+    monkeypatch.setattr(session_pipeline, "TRACES", type(session_pipeline.TRACES)(maxsize=4))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clirun import one_line, run
+from clirun import inject_crash, one_line, run
 
 from rlxviz import cli
 from rlxviz.ir import GraphError, IRSyntaxError, Op, from_json, lint, parse_ir, to_json
@@ -247,16 +247,7 @@ def test_handed_scalar_bias_is_refused_by_a_guard_not_a_crash(capsys):
 
 @pytest.mark.parametrize("victim", ["fuse_sdpa", "dead_code_elimination", "mark_elementwise_regions"])
 def test_any_pass_that_raises_makes_explain_exit_3(capsys, monkeypatch, victim):
-    import dataclasses
-
-    from rlxviz.passes import PASSES
-    from rlxviz.session import pipeline as session_pipeline
-
-    def boom(g, p):
-        raise RuntimeError("injected failure")
-
-    monkeypatch.setitem(PASSES, victim, dataclasses.replace(PASSES[victim], fn=boom))
-    monkeypatch.setattr(session_pipeline, "TRACES", type(session_pipeline.TRACES)(maxsize=4))  # no cached run
+    inject_crash(monkeypatch, victim)
     code, out, err = run(capsys, "explain", "bert-tiny", "--seq", 8)
     assert code == 3, (out, err)
     assert f"CRASHED pass {victim}: RuntimeError: injected failure" in out
@@ -289,19 +280,10 @@ def test_only_the_crashing_pass_is_discarded(monkeypatch):
     """A pass that raises (injected into fuse_transformer_layer) is discarded alone; the run goes on and its final
     graph is valid. Without the injection the scalar fc2 bias no longer crashes it: layer 1 is refused, layer 0
     fuses."""
-    import dataclasses
-
-    from rlxviz.passes import PASSES
-
     g = parse_ir((DATA / "ir_scalar_bias_layer1.ir").read_text())
     clean = Pipeline(list(CANONICAL_ORDER)).run(g)
     assert not [s for s in clean.steps if s.error] and clean.final.op_counts().get("FusedTransformerLayer") == 1
-
-    def boom(graph, params):
-        raise RuntimeError("injected failure")
-
-    monkeypatch.setitem(PASSES, "fuse_transformer_layer", dataclasses.replace(PASSES["fuse_transformer_layer"],
-                                                                                 fn=boom))
+    inject_crash(monkeypatch, "fuse_transformer_layer")
     trace = Pipeline(list(CANONICAL_ORDER)).run(g)
     assert [s.pass_name for s in trace.steps if s.error] == ["fuse_transformer_layer"]
     assert lint(trace.final) is trace.final

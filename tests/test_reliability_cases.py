@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clirun import one_line, run
+from clirun import inject_crash, one_line, run
 
 from rlxviz import cli
 from rlxviz.ir import parse_ir, problems
@@ -111,17 +111,7 @@ def test_dtype_fuzz_of_the_shared_input_block_crashes_no_pass():
 def test_a_crashed_pass_exits_3_in_every_subcommand(capsys, tmp_path, monkeypatch, command, extra):
     """A pass that raises (injected here: the handed scalar-bias file no longer crashes one, its match is refused
     by the engine's `fused_types` check) is an internal error, exit 3, in every subcommand."""
-    import dataclasses
-
-    from rlxviz.passes import PASSES
-    from rlxviz.session import pipeline as session_pipeline
-
-    def boom(g, p):
-        raise RuntimeError("injected failure")
-
-    monkeypatch.setitem(PASSES, "fuse_transformer_layer", dataclasses.replace(PASSES["fuse_transformer_layer"],
-                                                                                 fn=boom))
-    monkeypatch.setattr(session_pipeline, "TRACES", type(session_pipeline.TRACES)(maxsize=4))  # no cached run
+    inject_crash(monkeypatch, "fuse_transformer_layer")
     args = [a.format(tmp=tmp_path) for a in extra]
     code, out, err = run(capsys, command, DATA / "ir_scalar_bias_layer1.ir", *args)
     assert code == cli.EXIT_INTERNAL == 3, (out, err)
