@@ -125,3 +125,41 @@ def test_the_importer_maps_silu_one_to_one_and_the_pass_records_the_rewrite(tmp_
     off = Pipeline.canonical()
     off.disabled.add("canonicalize_exported")
     assert Op.SILU not in {n.op for n in off.run(model.graph).final}
+
+
+@pytest.mark.parametrize("b, h, s, d, lead", [(2, 4, 5, 8, 2), (1, 3, 7, 4, 2), (3, 2, 1, 6, 1)])
+def test_the_sdpa_split_scale_and_folded_transpose_are_rewritten_with_equal_numbers(b, h, s, d, lead):
+    """torch's sdpa decomposition: K^T written on heads folded into the batch, q and k^T each scaled by sqrt(scale).
+    `lead` = how many leading axes the fold merges (2: [B*H, S, d]; 1: only the batch, a no-op fold)."""
+    g_b = Builder("sdpa_split")
+    q, k = g_b.input("q", (b, h, s, d)), g_b.input("k", (b, h, s, d))
+    fold = (b * h, s, d) if lead == 2 else (b, h, s, d)
+    kt = g_b.reshape(g_b.transpose(g_b.reshape(k, fold), (0, 2, 1) if lead == 2 else (0, 1, 3, 2)), (b, h, d, s))
+    half = float(np.float32(d ** -0.25))
+    g_b.output(g_b.softmax(g_b.matmul(g_b.mul(q, half), g_b.mul(kt, half)), -1))
+    g = g_b.build()
+    trace, final = _run(g)
+    matched, _ = _rules(trace)
+    want = {"canonicalize_exported.split_scale"} | ({"canonicalize_exported.folded_transpose"} if lead == 2 else set())
+    assert want <= matched
+    (mm,) = [n for n in final if n.op == Op.MATMUL]
+    assert final[mm.inputs[1]].op == Op.TRANSPOSE and final[mm.inputs[1]].attrs["perm"] == (0, 1, 3, 2)
+    (scale,) = [n for n in final if n.op == Op.MUL]
+    assert mm.id in scale.inputs
+    feeds = {"q": rng.standard_normal((b, h, s, d)).astype(np.float32) * 3,
+             "k": rng.standard_normal((b, h, s, d)).astype(np.float32) * 3}
+    _same_numbers(g, final, feeds)
+
+
+def test_a_zero_split_scale_is_refused_and_other_reshape_chains_are_not_records():
+    g_b = Builder("zero_scale")
+    q, k = g_b.input("q", (2, 2, 4, 8)), g_b.input("k", (2, 2, 4, 8))
+    x = g_b.input("x", (2, 4, 8))
+    heads = g_b.reshape(g_b.transpose(g_b.reshape(x, (2, 4, 2, 4)), (0, 2, 1, 3)), (2, 2, 16))  # a head split
+    g_b.output(g_b.matmul(g_b.mul(q, 0.0), g_b.mul(g_b.transpose(k, (0, 1, 3, 2)), 0.5)), heads)
+    trace, final = _run(g_b.build())
+    matched, rejected = _rules(trace)
+    assert "canonicalize_exported.split_scale" not in matched
+    assert ("canonicalize_exported.split_scale", "scales_finite") in rejected
+    assert not any(r.rule == "canonicalize_exported.folded_transpose" for r in trace.rejections)
+    assert "canonicalize_exported.folded_transpose" not in matched

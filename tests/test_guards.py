@@ -888,7 +888,7 @@ NEAR_MISSES += [
     ("canonicalize_gelu.tanh", "gelu_constants", lambda: _forms("gelu_tanh"), "s", {}),
     (_SDPA, "kv_repeat_form", lambda: _forms("kv_tile"), "s", {}),
     (_SDPA, "where_mask_fill", lambda: _forms("where_fill"), "s", {}),
-    (_SDPA, "where_mask_per_key", lambda: _forms("where_per_key"), "s", {}),
+    (_SDPA, "where_mask_additive", lambda: _forms("where_per_key"), "s", {}),
 ]
 
 
@@ -927,6 +927,19 @@ NEAR_MISSES += [
      lambda: _exported_scores(keep_shape=(3, 1, 1, 1, 4)), "bias", {}),
     ("canonicalize_exported.nan_guard", "scores_finite", lambda: _exported_scores(nan_fill=float("-inf")), "p", {}),
 ]
+
+
+def _split_scale(c1: float = 0.0):
+    """(q * c1) @ (k^T * 0.5): torch's sdpa split scale, with a scale that is not one."""
+    b = Builder("split_scale")
+    q, k = b.input("q", (2, 2, 4, 8)), b.input("k", (2, 2, 4, 8))
+    kt = b.transpose(k, (0, 1, 3, 2))
+    c = b.const(c1)
+    b.output(b.matmul(b.mul(q, c), b.mul(kt, 0.5)))
+    return b.build(), {"s": int(c)}
+
+
+NEAR_MISSES += [("canonicalize_exported.split_scale", "scales_finite", _split_scale, "s", {})]
 
 
 def _case_graph(name: str, passes: tuple[str, ...] = ()):

@@ -87,3 +87,43 @@ def test_random_and_multi_output_ops_are_still_refused_by_name(tmp_path, node):
     onnx.save(m, tmp_path / "r.onnx")
     with pytest.raises(OnnxImportError, match=f"cannot be mapped to the IR.*{node.op_type}"):
         load_onnx(tmp_path / "r.onnx")
+
+
+def _conv_model(tmp_path: Path, kernel: tuple[int, ...], pads: list[int], strides: list[int],
+                channels: int = 4) -> Path:
+    """Conv with a constant kernel on x [batch, channels, *spatial], then Relu (Whisper's 1-D stem, a padded 2-D)."""
+    w = numpy_helper.from_array(rng.standard_normal(kernel).astype(np.float32) * 0.3, "w")
+    bias = numpy_helper.from_array(rng.standard_normal(kernel[0]).astype(np.float32), "b")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", channels] + [12] * (len(kernel) - 2))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=pads, strides=strides, name="conv"),
+             helper.make_node("Relu", ["c"], ["y"])]
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], [y], initializer=[w, bias]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    p = tmp_path / "conv.onnx"
+    onnx.save(m, p)
+    return p
+
+
+@pytest.mark.parametrize("kernel, pads, strides", [
+    ((6, 4, 3), [1, 1], [1]),           # Whisper's conv1: 1-D, padded
+    ((6, 4, 3), [1, 1], [2]),           # Whisper's conv2: strided
+    ((5, 4, 3, 3), [1, 1, 1, 1], [1, 1]),  # a padded 2-D conv (not a patch embedding)
+])
+def test_a_conv_that_is_not_a_patch_embedding_runs_on_the_host(tmp_path, kernel, pads, strides):
+    p = _conv_model(tmp_path, kernel, pads, strides)
+    m = load_onnx(p, batch=2)
+    assert [n.attrs["op_type"] for n in m.graph if n.op == Op.ONNX_OP] == ["Conv"], \
+        [(n.op.value, n.attrs.get("op_type")) for n in m.graph if n.op == Op.ONNX_OP]
+    x = rng.standard_normal((2, 4) + (12,) * (len(kernel) - 2)).astype(np.float32)
+    want = _ort(p, {"x": x})
+    np.testing.assert_allclose(run_reference(m.graph, {"x": x}, m.weights)[0], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(MlxExecutor().run(m.graph, {"x": x}, m.weights)[0]), want,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_conv_whose_input_does_not_fit_its_kernel_is_refused(tmp_path):
+    p = _conv_model(tmp_path, (6, 3, 3), [1, 1], [1], channels=4)  # kernel takes 3 channels, the input has 4
+    with pytest.raises(OnnxImportError, match="does not fit the kernel"):
+        load_onnx(p, batch=2)

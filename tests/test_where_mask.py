@@ -6,6 +6,7 @@ import pytest
 
 from rlxviz.ir import Builder, DType, Graph, Op
 from rlxviz.passes import Pipeline
+from rlxviz.passes.guard import MODEL_TERM
 from rlxviz.runtime import run_reference
 from rlxviz.runtime.executor import MlxExecutor
 from rlxviz.runtime.lowering import LoweringOptions
@@ -69,7 +70,6 @@ def test_where_mask_becomes_a_keep_mask_with_equal_numbers():
 @pytest.mark.parametrize("fill, cond_shape, guard, fragment", [
     (-1e9, (B, 1, 1, S), "where_mask_fill", "the where fill"),
     (float("-inf"), (B, 1, 1, S), "where_mask_fill", "-inf"),
-    (NEG, (1, 1, S, S), "where_mask_per_key", "one value per key"),
 ])
 def test_where_mask_refused_with_reason(fill, cond_shape, guard, fragment):
     g = where_attention(fill, cond_shape)
@@ -136,14 +136,28 @@ def test_expanded_per_key_where_mask_fuses_with_equal_numbers(form):
     ((B, S), (("reshape", (B, 1, S, 1)), ("expand", (B, 1, S, S))), "varies along the query axis"),
     # a per-key mask shared by the batch: not [B, Sk]
     ((1, 1, 1, S), (("expand", (B, 1, S, S)),), "not one value per batch row and key"),
+    # transformers' combined causal + padding mask, as it reaches the where: [B, 1, Sq, Sk]
+    ((B, 1, S, S), (), "varies along the query axis"),
 ])
-def test_query_varying_expanded_where_mask_refused(cond_shape, chain, fragment):
+def test_query_varying_where_mask_packs_as_an_additive_operand(cond_shape, chain, fragment):
+    """A where-mask that is not one value per key (causal, causal + padding, per head) packs as attention with the
+    additive operand where(cond, 0, fill), says so (the model's own term, no advice), and keeps the numbers."""
     g = where_attention(cond_shape=cond_shape, chain=chain)
     trace = Pipeline.canonical().run(g)
-    assert not any(n.op in (Op.ATTENTION, Op.FUSED_ATTENTION_BLOCK) for n in trace.final)
-    (rej,) = [r for r in trace.rejections if r.rule == "fuse_sdpa.hf_attention" and r.headline]
-    assert rej.guard == "where_mask_per_key" and fragment in rej.message and "one value per key" in rej.message
-    assert f"bool{list(cond_shape)}" in rej.message  # names the source it traced
-    f, w = feeds(cond_shape), weights(g)
-    f["keep"][..., 0] = True
-    np.testing.assert_allclose(run_reference(trace.final, f, w)[0], run_reference(g, f, w)[0], rtol=1e-5, atol=1e-5)
+    (att,) = [n for n in Pipeline(["fuse_sdpa"]).run(g).final if n.op == Op.ATTENTION]
+    assert att.attrs["mask"] == "additive"
+    notes = [r for r in trace.rejections if r.rule == "fuse_sdpa.hf_attention"]
+    assert [r.guard for r in notes] == ["where_mask_additive"]
+    assert fragment in notes[0].message and f"bool{list(cond_shape)}" in notes[0].message
+    assert notes[0].kind == MODEL_TERM and not notes[0].fix
+    r = np.random.default_rng(3)
+    w = weights(g, r)
+    for _ in range(3):
+        f = feeds(cond_shape, r)  # keep[0] all False: fully masked rows, uniform in both forms
+        want = run_reference(g, f, w)[0]
+        assert np.isfinite(want).all()
+        for version in (Pipeline(["fuse_sdpa"]).run(g).final, trace.final):
+            np.testing.assert_allclose(run_reference(version, f, w)[0], want, rtol=1e-5, atol=1e-5)
+            for opts in (LoweringOptions(attention="composed"), LoweringOptions(attention="sdpa", fast_math=False)):
+                np.testing.assert_allclose(np.asarray(MlxExecutor(opts).run(version, f, w)[0]), want,
+                                           rtol=1e-4, atol=1e-4)

@@ -439,22 +439,27 @@ def _gemm(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
 
 @handles("Conv")
 def _conv(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
-    """2-D patch embedding only: kernel == strides, no padding, dilation 1, group 1, H and W divisible by
-    the kernel (ViT). Written as patchify (reshape + transpose), matmul with the flattened kernel, bias."""
+    """A 2-D patch embedding (kernel == strides, no padding, dilation 1, group 1, H and W divisible by the kernel:
+    ViT) is written as patchify (reshape + transpose), matmul with the flattened kernel, bias. Any other Conv
+    (Whisper's 1-D stem, padded or strided kernels) is a host node (`ir.onnx_op`, run by ONNX Runtime)."""
     b = ctx.b
     w = _const(x[1])
-    if w is None or w.ndim != 4:
-        raise ctx.fail("only a 2-D convolution with a constant kernel is supported")
-    o, c, kh, kw = w.shape
     xs = ctx.shape(x[0])
+    group = int(a.get("group", 1))
+    if w is not None and (len(xs) != w.ndim or w.ndim < 3 or xs[1] != w.shape[1] * group):
+        raise ctx.fail(f"input {list(xs)} does not fit the kernel {list(w.shape)} with group {group} (ONNX Conv needs "
+                       f"[N, C, *spatial] of the kernel's rank with C = kernel channels * group)")
+    if w is None or w.ndim != 4:
+        return _conv_on_host(ctx, n, x, "a convolution that is not a 2-D patch embedding with a constant kernel")
+    o, c, kh, kw = w.shape
     strides = list(a.get("strides", [1, 1]))
     pads = list(a.get("pads", [0, 0, 0, 0]))
     ok = (len(xs) == 4 and strides == [kh, kw] and not any(pads) and int(a.get("group", 1)) == 1
           and list(a.get("dilations", [1, 1])) == [1, 1] and a.get("auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET")
           and xs[2] % kh == 0 and xs[3] % kw == 0 and xs[1] == c)
     if not ok:
-        raise ctx.fail(f"only a patch embedding (kernel == strides, no padding, no groups) is supported; got kernel "
-                       f"{[kh, kw]}, strides {strides}, pads {pads}, input {list(xs)}")
+        return _conv_on_host(ctx, n, x, f"kernel {[kh, kw]}, strides {strides}, pads {pads}, input {list(xs)} is not a "
+                                        "patch embedding (kernel == strides, no padding, no groups)")
     bn, hp, wp = xs[0], xs[2] // kh, xs[3] // kw
     t = b.reshape(ctx.ref(x[0]), (bn, c, hp, kh, wp, kw))
     t = b.transpose(t, (0, 2, 4, 1, 3, 5))
@@ -464,6 +469,12 @@ def _conv(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
         y = b.add(y, ctx.ref(x[2]))
     y = b.transpose(b.reshape(y, (bn, hp, wp, o)), (0, 3, 1, 2))
     return [y]
+
+
+def _conv_on_host(ctx: _Ctx, n: Any, x: list[Value], why: str) -> list[Value]:
+    if (host := _host_op(ctx, n, x, "")) is None:
+        raise ctx.fail(f"{why}, and ONNX shape inference does not fix its output type for a host node")
+    return [host]
 
 
 # -- normalisation and softmax -----------------------------------------------------------------------------

@@ -229,12 +229,17 @@ def model_term(m: Node) -> str:
     return ""
 
 
-@reports("mask_form", "mask_model_term", reads=("mask", "q_reshape", "k_reshape"),
-         kinds={"mask_model_term": MODEL_TERM})
+@reports("mask_form", "mask_model_term", "where_mask_additive",
+         reads=("mask", "q_reshape", "k_reshape", "mask_where", "mask_cond", "mask_fill"),
+         kinds={"mask_model_term": MODEL_TERM, "where_mask_additive": MODEL_TERM})
 def _mask_form(c: Ctx) -> Fail | None:
     """Trace HF's additive mask to the keep mask (soft: otherwise keep it additive). A term that cannot be a
     padding mask (`model_term`) is kept as the attention's additive operand and said so (`mask_model_term`, the
-    model's own term: no miss, no advice to rewrite the model)."""
+    model's own term: no miss, no advice to rewrite the model). A where-mask that is not per key (causal,
+    causal + padding, a band) is kept additive the same way (`where_mask_additive`)."""
+    if "mask_where" in c and where_mask.is_additive(c):
+        return Fail("guard", "where_mask_additive", where_mask.additive_note(c), (), (),
+                    "nothing to change in the model", subject=c.id("mask_cond"), kind=MODEL_TERM, fix="")
     if "mask" not in c:
         return QUIET
     g = c.graph
@@ -311,8 +316,8 @@ def _sdpa_build(c: Ctx) -> tuple[Op, list[int], dict]:
     ins = [c.id("q"), c.id("k"), c.id("v")]
     kind = "none"
     if "mask_where" in c:
-        kind = "keep"
-        ins.append(c.id("mask_cond"))  # replaced by the keep operand in _sdpa_rewrite
+        kind = "additive" if where_mask.is_additive(c) else "keep"
+        ins.append(c.id("mask_cond"))  # replaced by the keep or additive operand in _sdpa_rewrite
     elif "mask" in c:
         kind = "keep" if "keep" in c.data else "additive"
         ins.append(c.data.get("keep", c.id("mask")))
@@ -326,7 +331,8 @@ def _sdpa_rewrite(c: Ctx, rw: Rewriter) -> int:
     absorbed = [c.id(r) for r in (*_INTERNAL, "merge") if r in c]
     with rw.provenance(absorbed):
         if "mask_where" in c:
-            ins[3] = where_mask.keep_operand(c, rw)
+            additive = attrs["mask"] == "additive"
+            ins[3] = where_mask.additive_operand(c, rw) if additive else where_mask.keep_operand(c, rw)
         elif "keep_from" in c.data:
             ins[3] = rw.cast(c.data["keep_from"], c.data["keep_dtype"])
         new = rw.emit(op, ins, **attrs)

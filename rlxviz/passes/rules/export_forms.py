@@ -18,6 +18,23 @@ no match record, no near-miss, nothing to toggle) is a rule here, at the head of
   denominator is >= 1 and no output is NaN. Inputs are finite (every front end checks them) and the exporters'
   masks fill with f32's min, so the guard `scores_finite` refuses only a constant fill of -inf/+inf/NaN among
   the nodes computing `s` (there a fully masked row is NaN and the guard gives 0: the rewrite would change it).
+* `canonicalize_exported.split_scale`: `(a * c1) @ (b * c2)` with scalar constants (torch's sdpa export scales
+  q and k^T each by `sqrt(scale)`) -> `(a @ b) * (c1 * c2)`, the scaled-scores form attention rules match. Exact
+  in real arithmetic (a matmul is bilinear); in floating point the product is rounded once where the export
+  rounded each operand: within a few ulp of the export (the same reassociation `fuse_sdpa` makes with
+  `1/sqrt(d)`). Guard: both constants finite and non-zero (`scales_finite`); the pattern's constants are scalars
+  (rank 0), so neither multiply changes its operand's shape.
+* `canonicalize_exported.folded_transpose`: `reshape(transpose(reshape(x, [B*H, S, d]), [0, 2, 1]), [B, H, d, S])`
+  (a transpose written on heads folded into the batch, as torch's sdpa decomposition writes `k.transpose(-2,
+  -1)`) -> `transpose(x, [0, 1, 3, 2])`; when the outer reshape groups the leading axes otherwise (GQA's
+  `[B, Hkv, rep, S, d]` folded to `[B*H, S, d]` and split to `[B, H, d, S]`), `transpose(reshape(x, [B, H, S, d]))`.
+  Exact (data movement only: merging or regrouping leading axes keeps the row-major order of the trailing ones).
+  Matched only when the inner reshape merges leading axes of x into axis 0 and keeps the rest, the transpose keeps
+  axis 0 and the outer reshape splits axis 0 into leading axes of the same product (any other reshape/transpose
+  chain is another layout: no record).
+* `canonicalize_exported.noop_cast`: `cast(x, dtype)` where x already has that dtype (the TorchScript exporter
+  writes a `Cast` to f32 after each f32 softmax) -> `x`. Exact: the IR's cast of a value to its own dtype is the
+  identity (reference: `astype` to the same dtype; MLX: `astype` likewise).
 
 Left in the importer (they need constant values, which a pass does not read): `x + 0` with an all-zero constant
 and transformers' RoPE tables (`models.onnx_import._hf_rope`).
@@ -142,8 +159,104 @@ def _drop_guard(c: Ctx, rw: Rewriter) -> int:
     return c.id("p")
 
 
-canonicalize_exported = rule_pass(
-    "canonicalize_exported", [SILU, RSQRT, WHERE_BIAS, NAN_GUARD],
-    "forms exporters write (x*sigmoid(x), 1/sqrt, the padding-mask sum, the sdpa NaN guard) -> the IR's ops")
+def _scales_ok(c: Ctx) -> bool:
+    v1, v2 = const_value(c["c1"]), const_value(c["c2"])
+    return v1 is not None and v2 is not None and all(math.isfinite(v) and v != 0.0 for v in (v1, v2))
 
-__all__ = ["NAN_GUARD", "RSQRT", "SILU", "WHERE_BIAS", "canonicalize_exported"]
+
+SPLIT_SCALE = Rule(
+    "canonicalize_exported.split_scale",
+    P(Op.MATMUL,
+      P(Op.MUL, P.var("a"), P.var("c1", where=is_const, what="a scalar constant"), name="ma", commutative=True),
+      P(Op.MUL, P.var("b"), P.var("c2", where=is_const, what="a scalar constant"), name="mb", commutative=True),
+      name="mm"),
+    steps=(
+        guard("scales_finite", _scales_ok,
+              lambda c: f"{c.d('c1')} = {const_value(c['c1'])!r}, {c.d('c2')} = {const_value(c['c2'])!r}; needs "
+                        "finite non-zero scales", requires=("c1", "c2"), kind=NOT_RECOGNIZED,
+              fix="none: a zero or infinite scale is not a split attention scale"),
+    ),
+    result="mm", absorb=("ma", "mb", "mm"),
+    rewrite=lambda c, rw: _join_scales(c, rw),
+    doc="(a * c1) @ (b * c2) -> (a @ b) * (c1 * c2) (scalar constants)")
+
+
+def _join_scales(c: Ctx, rw: Rewriter) -> int:
+    mm = c["mm"]
+    with rw.provenance([c.id("ma"), c.id("mb"), c.id("mm")]):
+        prod = rw.emit(Op.MATMUL, [c.id("a"), c.id("b")])
+        scale = rw.const(float(np.float64(const_value(c["c1"])) * np.float64(const_value(c["c2"]))), mm.dtype)
+        out = rw.emit(Op.MUL, [prod, scale])
+    rw.remove([c.id("ma"), c.id("mb")])
+    rw.replace(c.id("mm"), out)
+    return out
+
+
+def _batch_fold(c: Ctx) -> bool:
+    """x [*lead, *rest] -> r1 [prod(lead), *rest] -> t (axis 0 kept) -> r2 [*lead2, *t.shape[1:]], prod(lead2) ==
+    prod(lead) (lead2 may group the leading axes differently: [B, Hkv, rep] folded, [B, Hkv*rep] unfolded)."""
+    x, r1, t, r2 = c["x"], c["r1"], c["t"], c["r2"]
+    perm = list(t.attrs.get("perm", ()))
+    if not perm or perm[0] != 0 or len(r1.shape) < 2:
+        return False
+    rest = r1.shape[1:]
+    k, k2 = len(x.shape) - len(rest), len(r2.shape) - len(rest)
+    if k < 1 or k2 < 1 or tuple(x.shape[k:]) != tuple(rest) or math.prod(x.shape[:k]) != r1.shape[0]:
+        return False
+    return tuple(r2.shape[k2:]) == tuple(t.shape[1:]) and math.prod(r2.shape[:k2]) == r1.shape[0]
+
+
+def _unfold(c: Ctx, rw: Rewriter) -> int:
+    """transpose(reshape(x, [*lead2, *rest])) (no reshape when lead2 is x's own leading axes)."""
+    x, r1, t, r2 = c["x"], c["r1"], c["t"], c["r2"]
+    rest = tuple(r1.shape[1:])
+    k2 = len(r2.shape) - len(rest)
+    lead2 = tuple(r2.shape[:k2])
+    perm = list(range(k2)) + [k2 - 1 + p for p in t.attrs["perm"][1:]]
+    with rw.provenance([c.id("r1"), c.id("t"), c.id("r2")]):
+        src = c.id("x") if lead2 == tuple(x.shape[:len(x.shape) - len(rest)]) else rw.reshape(c.id("x"), lead2 + rest)
+        out = rw.emit(Op.TRANSPOSE, [src], perm=perm)
+    rw.remove([c.id("r1"), c.id("t")])
+    rw.replace(c.id("r2"), out)
+    return out
+
+
+@reports(reads=("x", "r1", "t", "r2"))
+def _is_batch_fold(c: Ctx) -> Fail | None:
+    """Only a batch fold is this form; any other reshape/transpose/reshape is another layout (not a near-miss)."""
+    return None if _batch_fold(c) else QUIET
+
+
+FOLDED_TRANSPOSE = Rule(
+    "canonicalize_exported.folded_transpose",
+    P(Op.RESHAPE, P(Op.TRANSPOSE, P(Op.RESHAPE, P.var("x"), name="r1"), name="t"), name="r2"),
+    steps=(_is_batch_fold,),
+    result="r2", absorb=("r1", "t", "r2"), rewrite=lambda c, rw: _unfold(c, rw),
+    doc="reshape(transpose(reshape(x, [B*H, ...]), [0, ...]), [B, H, ...]) -> transpose(x, ...)")
+
+
+
+@reports(reads=("x", "cast"))
+def _same_dtype(c: Ctx) -> Fail | None:
+    """Only a cast to the value's own dtype is a no-op (any other cast converts: not a near-miss)."""
+    return None if c["cast"].dtype == c["x"].dtype else QUIET
+
+
+def _drop_cast(c: Ctx, rw: Rewriter) -> int:
+    rw.replace(c.id("cast"), c.id("x"))
+    return c.id("x")
+
+
+NOOP_CAST = Rule(
+    "canonicalize_exported.noop_cast", P(Op.CAST, P.var("x"), name="cast"),
+    steps=(_same_dtype,), result="cast", absorb=("cast",), rewrite=lambda c, rw: _drop_cast(c, rw),
+    doc="cast(x, dtype of x) -> x")
+
+
+canonicalize_exported = rule_pass(
+    "canonicalize_exported", [SILU, RSQRT, WHERE_BIAS, NAN_GUARD, FOLDED_TRANSPOSE, SPLIT_SCALE, NOOP_CAST],
+    "forms exporters write (x*sigmoid(x), 1/sqrt, the padding-mask sum, the sdpa NaN guard, its split scale and "
+    "folded transpose, no-op casts) -> the IR's ops")
+
+__all__ = ["FOLDED_TRANSPOSE", "NAN_GUARD", "NOOP_CAST", "RSQRT", "SILU", "SPLIT_SCALE", "WHERE_BIAS",
+           "canonicalize_exported"]

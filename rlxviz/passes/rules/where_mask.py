@@ -19,6 +19,14 @@ rlxviz.runtime.reference), so the rewrite to a keep mask `cast(reshape(keep, [B,
   against the scores without enlarging them (axes 1 and 2 are 1 or the scores' size). A mask that varies over
   queries (causal `[1, 1, Sq, Sk]`, any 2-D `[Sq, Sk]` mask, expanded or not) or heads has no keep-mask form, and
   the refusal names the condition's axis that varies.
+
+A condition that varies over queries or heads (transformers' combined causal + padding mask `[B, 1, Sq, Sk]`, a
+sliding band, any constant causal table) becomes the attention's **additive** operand `where(cond, 0, fill)`
+instead (`mask="additive"`, `where_mask_additive` says so). Exact under the same two guards: where the condition
+holds, `s + 0 == s`; where it does not, `s + fill` rounds to `fill` for every |s| < 2^103 (~1e31: f32 min's ulp is
+2^104), the value the unfused where writes there, so softmax sees the same row (a fully masked row is uniform in
+both). The condition cannot enlarge the scores: they are the full `[B, heads, Sq, Sk]` of the matched matmul and the
+where is rank 4 (the anchor), so a bool condition broadcasting against them is no larger.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir import DType, Graph, Node, Op, Rewriter
-from ..guard import ILLEGAL, NOT_RECOGNIZED, Ctx, Guard, guard
+from ..guard import ILLEGAL, Ctx, Guard, guard
 from ..pattern import P, const_value, describe, is_const
 
 NEG = float(np.finfo(np.float32).min)
@@ -98,6 +106,11 @@ def _per_key(c: Ctx) -> bool:
     return per_key_source(c) is not None
 
 
+def is_additive(c: Ctx) -> bool:
+    """The where-mask is taken as an additive operand (it is not one value per batch row and key)."""
+    return not _per_key(c)
+
+
 _AXES = ("batch", "head", "query", "key")
 
 
@@ -137,13 +150,6 @@ def _fill_ok(c: Ctx) -> bool:
 
 def guards() -> tuple[Guard, ...]:
     return (
-        guard("where_mask_per_key", _per_key,
-              _why_not_per_key,
-              "mask padding per key ([B, 1, 1, Sk], or its expand over heads/queries); a causal where-mask has no "
-              "keep-mask form here",
-              requires=("mask_where",), reads=("mask_cond", "mask_where", "q_reshape", "k_reshape"),
-              kind=NOT_RECOGNIZED,
-              subject=lambda c: c.id("mask_cond"), fix="a causal or per-query mask kind for where-masks"),
         guard("where_mask_fill", _fill_ok,
               lambda c: f"the where fill {c.d('mask_fill')} is {c['mask_fill'].dtype} {const_value(c['mask_fill'])} "
                         f"on {c['mask_where'].dtype} scores; the keep mask fills masked scores with the scores' "
@@ -151,6 +157,18 @@ def guards() -> tuple[Guard, ...]:
               "fill with torch.finfo(scores.dtype).min", requires=("mask_where",), reads=("mask_fill", "mask_where"),
               kind=ILLEGAL, subject=lambda c: c.id("mask_fill")),
     )
+
+
+def additive_note(c: Ctx) -> str:
+    """Why the where-mask became an additive operand rather than a keep mask (for `where_mask_additive`)."""
+    return f"where-mask kept as the attention's additive operand where(cond, 0, fill): {_why_not_per_key(c)}"
+
+
+def additive_operand(c: Ctx, rw: Rewriter) -> int:
+    """Emit `where(cond, 0, fill)` in the scores' dtype (module docstring: exact where the fill is the lowest
+    finite value)."""
+    d = c["mask_where"].dtype
+    return rw.emit(Op.WHERE, [c.id("mask_cond"), rw.const(0.0, d), c.id("mask_fill")])
 
 
 def keep_operand(c: Ctx, rw: Rewriter) -> int:
@@ -161,4 +179,4 @@ def keep_operand(c: Ctx, rw: Rewriter) -> int:
     return rw.cast(rw.reshape(src, _dims(c)), DType.f32)
 
 
-__all__ = ["NEG", "guards", "keep_operand", "where_scores"]
+__all__ = ["NEG", "additive_note", "additive_operand", "guards", "is_additive", "keep_operand", "where_scores"]

@@ -1,0 +1,89 @@
+"""The ONNX zoo (tests/fixtures/onnx/zoo, written by scripts/make_onnx_zoo.py): tiny random-weight Hugging Face models
+exported the ways users export them (torch.onnx dynamo with eager and with sdpa attention, the TorchScript exporter),
+each with PyTorch's own output. Every file imports; version 0 and the final version give PyTorch's numbers (NumPy
+reference and MLX); attention packs in every file whose scores are plain `QK^T * scale + mask`, and where it does
+not, `explain` names what blocks it on the layer's line."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlxviz.ir import Op
+from rlxviz.models.onnx_import import load_onnx
+from rlxviz.passes import Pipeline
+from rlxviz.runtime import run_reference
+from rlxviz.runtime.executor import MlxExecutor
+from rlxviz.runtime.lowering import LoweringOptions
+from rlxviz.session import check_fusion
+
+ZOO = Path(__file__).parent / "fixtures" / "onnx" / "zoo"
+FILES = sorted(p.stem for p in ZOO.glob("*.onnx"))
+TOL = 1e-5
+PACKED_OPS = (Op.ATTENTION, Op.FUSED_ATTENTION_BLOCK, Op.FUSED_TRANSFORMER_LAYER)
+
+# Scores that carry a term of the model's own (not `QK^T * scale + mask`): attention stays unpacked there. (T5's
+# sdpa export adds its position bias into the mask, so the attention packs with that additive operand.)
+MODEL_TERMS = {
+    "bloom.dynamo-eager": "ALiBi position bias (baddbmm)", "deberta-v2.dynamo-eager": "disentangled attention",
+    "t5-encoder.dynamo-eager": "relative position bias", "t5-encoder.ts-eager": "relative position bias",
+    "falcon.dynamo-eager": "RoPE on K through the fused QKV", "falcon.dynamo-sdpa": "RoPE on K through the fused QKV",
+    "gpt-neox.dynamo-eager": "partial rotary RoPE", "gpt-neox.dynamo-sdpa": "partial rotary RoPE",
+    "modernbert.dynamo-eager": "fused QKV head split", "modernbert.dynamo-sdpa": "fused QKV head split",
+}
+
+
+@cache
+def _load(stem: str):
+    io = dict(np.load(ZOO / f"{stem}.npz"))
+    feeds = {k: v for k, v in io.items() if not k.startswith("out:")}
+    want = io["out:last_hidden_state"]
+    m = load_onnx(ZOO / f"{stem}.onnx", input_shapes={k: v.shape for k, v in feeds.items()})
+    return m, feeds, want, Pipeline.canonical().run(m.graph)
+
+
+def test_the_zoo_covers_the_architectures_and_forms_the_issue_names():
+    arch = {s.split(".")[0] for s in FILES}
+    need = {"bert", "roberta", "distilbert", "deberta-v2", "modernbert", "t5-encoder", "bart-encoder",
+            "whisper-encoder", "clip-text", "clip-vision", "vit", "gpt2", "gpt-neox", "falcon", "llama", "qwen2",
+            "mistral", "phi3", "gemma", "bloom"}
+    assert need <= arch
+    assert len({s for s in FILES if s.endswith(".ts-eager")}) >= 6
+    assert len({s for s in FILES if s.endswith(".dynamo-sdpa")}) >= 15
+    assert sum((ZOO / f"{s}.onnx").stat().st_size for s in FILES) < 30e6
+    record = json.loads((ZOO / "zoo.json").read_text())
+    assert set(record["files"]) == set(FILES)  # every file is recorded with its config and versions
+
+
+@pytest.mark.parametrize("stem", FILES)
+def test_every_zoo_export_imports_with_pytorchs_numbers(stem):
+    m, feeds, want, trace = _load(stem)
+    for version in (m.graph, trace.final):
+        got = run_reference(version, feeds, m.weights)[0]
+        assert got.shape == want.shape
+        assert np.max(np.abs(got - want)) <= TOL, (stem, version is m.graph)
+
+
+@pytest.mark.parametrize("stem", [s for s in FILES if s.split(".")[0] in ("bert", "llama", "gpt2", "whisper-encoder",
+                                                                          "clip-text", "qwen2")])
+def test_zoo_final_versions_give_pytorchs_numbers_on_mlx(stem):
+    m, feeds, want, trace = _load(stem)
+    got = np.asarray(MlxExecutor(LoweringOptions(fast_math=False)).run(trace.final, feeds, m.weights)[0])
+    assert np.max(np.abs(got - want)) <= 1e-4, stem
+
+
+@pytest.mark.parametrize("stem", FILES)
+def test_attention_packs_where_the_scores_are_plain_and_explain_names_the_block_elsewhere(stem):
+    m, _, _, trace = _load(stem)
+    packed = any(n.op in PACKED_OPS for n in trace.final)
+    if stem not in MODEL_TERMS:
+        assert packed, stem
+        return
+    assert not packed, f"{stem} packs now: move it out of MODEL_TERMS"
+    check = check_fusion(trace, m.name)
+    text = check.render()
+    assert "first rejection:" in text or "also unrecognized:" in text, text  # a named guard, not silence
