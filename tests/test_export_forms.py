@@ -163,3 +163,25 @@ def test_a_zero_split_scale_is_refused_and_other_reshape_chains_are_not_records(
     assert ("canonicalize_exported.split_scale", "scales_finite") in rejected
     assert not any(r.rule == "canonicalize_exported.folded_transpose" for r in trace.rejections)
     assert "canonicalize_exported.folded_transpose" not in matched
+
+
+def test_a_position_bias_then_the_padding_mask_become_one_additive_term_with_equal_numbers():
+    """T5: (q k^T + bias) + where(keep, 0, f32 min) -> q k^T + (bias + where(...)); a fully masked row included."""
+    g_b = Builder("t5_scores")
+    q, k = g_b.input("q", (2, 2, 5, 8)), g_b.input("k", (2, 2, 5, 8))
+    keep = g_b.input("keep", (2, 1, 1, 5), "bool")
+    s = g_b.add(g_b.matmul(q, g_b.transpose(k, (0, 1, 3, 2))), g_b.input("bias", (1, 2, 5, 5)))
+    g_b.output(g_b.softmax(g_b.add(s, g_b.where(keep, 0.0, F32_MIN)), -1))
+    g = g_b.build()
+    trace, final = _run(g)
+    matched, _ = _rules(trace)
+    assert "canonicalize_exported.bias_then_mask" in matched and "canonicalize_exported.where_bias" not in matched
+    (sm,) = [n for n in final if n.op == Op.SOFTMAX]
+    top = final[sm.inputs[0]]
+    assert top.op == Op.ADD and Op.MATMUL in {final[i].op for i in top.inputs}
+    mask = rng.random((2, 1, 1, 5)) > 0.4
+    mask[0] = False
+    feeds = {"q": rng.standard_normal((2, 2, 5, 8)).astype(np.float32) * 3,
+             "k": rng.standard_normal((2, 2, 5, 8)).astype(np.float32) * 3,
+             "bias": rng.standard_normal((1, 2, 5, 5)).astype(np.float32) * 5, "keep": mask}
+    _same_numbers(g, final, feeds)

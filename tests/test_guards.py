@@ -942,6 +942,24 @@ def _split_scale(c1: float = 0.0):
 NEAR_MISSES += [("canonicalize_exported.split_scale", "scales_finite", _split_scale, "s", {})]
 
 
+def _bias_then_mask(fill: float = float(np.finfo(np.float32).min), dtype: str = "f32"):
+    """(q k^T + bias) + where(keep, 0, fill): T5's position bias, then the padding mask."""
+    b = Builder("bias_then_mask")
+    q, k = b.input("q", (2, 2, 4, 8), dtype), b.input("k", (2, 2, 4, 8), dtype)
+    s = b.matmul(q, b.transpose(k, (0, 1, 3, 2)))
+    mask = b.where(b.input("keep", (2, 1, 1, 4), "bool"), 0.0, fill)
+    mm = s
+    s = b.add(mm, b.param("bias", (1, 2, 4, 4), dtype))
+    b.output(b.softmax(b.add(s, mask), -1))
+    return b.build(), {"mask": int(mask), "s": int(mm)}
+
+
+NEAR_MISSES += [
+    ("canonicalize_exported.bias_then_mask", "bias_fills", lambda: _bias_then_mask(fill=-1e9), "mask", {}),
+    ("canonicalize_exported.bias_then_mask", "scores_f32", lambda: _bias_then_mask(dtype="f16"), "s", {}),
+]
+
+
 def _case_graph(name: str, passes: tuple[str, ...] = ()):
     from pathlib import Path
 

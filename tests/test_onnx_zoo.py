@@ -27,10 +27,9 @@ TOL = 1e-5
 PACKED_OPS = (Op.ATTENTION, Op.FUSED_ATTENTION_BLOCK, Op.FUSED_TRANSFORMER_LAYER)
 
 # Scores that carry a term of the model's own (not `QK^T * scale + mask`): attention stays unpacked there. (T5's
-# sdpa export adds its position bias into the mask, so the attention packs with that additive operand.)
+# relative position bias packs: it is one additive operand with the padding mask, canonicalize_exported.bias_then_mask.)
 MODEL_TERMS = {
     "bloom.dynamo-eager": "ALiBi position bias (baddbmm)", "deberta-v2.dynamo-eager": "disentangled attention",
-    "t5-encoder.dynamo-eager": "relative position bias", "t5-encoder.ts-eager": "relative position bias",
     "falcon.dynamo-eager": "RoPE on K through the fused QKV", "falcon.dynamo-sdpa": "RoPE on K through the fused QKV",
     "gpt-neox.dynamo-eager": "partial rotary RoPE", "gpt-neox.dynamo-sdpa": "partial rotary RoPE",
     "modernbert.dynamo-eager": "fused QKV head split", "modernbert.dynamo-sdpa": "fused QKV head split",

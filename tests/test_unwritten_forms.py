@@ -531,3 +531,12 @@ def test_case_04b_qk_norm_packs_attention_and_names_the_norm_without_false_blame
     code, out, _ = cli_run(capsys, "explain", path)
     assert "rms_norm (node" in out and "qkv_packed" in out
     assert "had no candidate here" not in out
+
+
+def test_folded_heads_bias_of_lower_rank_keeps_its_numbers():
+    """A bias shared by every (batch, head) pair, `[S, S]`, broadcast over the folded batch: lifted as an operand
+    (the lift adds node ids, never reads one as a number), numbers equal."""
+    src = next(CASES.glob("n3-08w-*.rlx")).read_text()
+    src = src.replace('%18 = param {name="position_bias"} : f32[4, 4, 4]', '%18 = param {name="position_bias"} : f32[4, 4]')
+    t = equal_numbers(parse_ir(src))
+    assert ops(t.final).get("attention") == 1

@@ -32,6 +32,11 @@ no match record, no near-miss, nothing to toggle) is a rule here, at the head of
   Matched only when the inner reshape merges leading axes of x into axis 0 and keeps the rest, the transpose keeps
   axis 0 and the outer reshape splits axis 0 into leading axes of the same product (any other reshape/transpose
   chain is another layout: no record).
+* `canonicalize_exported.bias_then_mask`: `(s + bias) + where(keep, 0, finfo(f32).min)` with `s` a (scaled) score
+  matmul (T5: a relative position bias, then the padding mask) -> `s + (bias + where(keep, 0, min))`, one additive
+  score term the attention takes as its operand. Exact where kept (`+ 0`); where masked, both sides round to `min`
+  for |s|, |bias| < 2^103 (min's ulp is 2^104). Guards as `where_bias` (`bias_fills`, `scores_f32`); only a sum
+  with a score-matmul operand is this form (anything else: no record). `where_bias` leaves such a sum to it.
 * `canonicalize_exported.noop_cast`: `cast(x, dtype)` where x already has that dtype (the TorchScript exporter
   writes a `Cast` to f32 after each f32 softmax) -> `x`. Exact: the IR's cast of a value to its own dtype is the
   identity (reference: `astype` to the same dtype; MLX: `astype` likewise).
@@ -46,7 +51,7 @@ import math
 
 import numpy as np
 
-from ...ir import DType, Graph, Op, Rewriter
+from ...ir import DType, Graph, Node, Op, Rewriter
 from ...ir.infer import broadcast
 from ..engine import rule_pass
 from ..guard import ILLEGAL, NOT_RECOGNIZED, Ctx, guard
@@ -83,12 +88,19 @@ def _fills_ok(c: Ctx) -> bool:
     return const_value(c["zero"]) == 0.0 and const_value(c["fill"]) == F32_MIN
 
 
+@reports(reads=("s",))
+def _not_biased_scores(c: Ctx) -> Fail | None:
+    """`(scores + bias) + mask` is `bias_then_mask`'s form, not this one's."""
+    return QUIET if _biased_scores(c.graph, c["s"]) else None
+
+
 WHERE_BIAS = Rule(
     "canonicalize_exported.where_bias",
     P(Op.ADD, P.var("s"), P(Op.WHERE, P.var("keep"), P.var("zero", where=is_const, what="a scalar constant"),
                             P.var("fill", where=is_const, what="a scalar constant"), name="bias"),
       name="add", commutative=True),
     steps=(
+        _not_biased_scores,
         guard("bias_fills", _fills_ok,
               lambda c: f"{c.d('bias')} fills {const_value(c['zero']):.9g} where kept and "
                         f"{const_value(c['fill']):.9g} where masked; needs 0 and finfo(f32).min "
@@ -214,7 +226,7 @@ def _unfold(c: Ctx, rw: Rewriter) -> int:
     lead2 = tuple(r2.shape[:k2])
     perm = list(range(k2)) + [k2 - 1 + p for p in t.attrs["perm"][1:]]
     with rw.provenance([c.id("r1"), c.id("t"), c.id("r2")]):
-        src = c.id("x") if lead2 == tuple(x.shape[:len(x.shape) - len(rest)]) else rw.reshape(c.id("x"), lead2 + rest)
+        src = c.id("x") if lead2 == tuple(x.shape[:len(x.shape) - len(rest)]) else rw.emit(Op.RESHAPE, [c.id("x")], shape=lead2 + rest)
         out = rw.emit(Op.TRANSPOSE, [src], perm=perm)
     rw.remove([c.id("r1"), c.id("t")])
     rw.replace(c.id("r2"), out)
@@ -236,6 +248,56 @@ FOLDED_TRANSPOSE = Rule(
 
 
 
+def _is_score_matmul(g: Graph, i: int) -> bool:
+    """A score matmul, or one scaled by mul/div."""
+    n = g[i]
+    if n.op in (Op.MUL, Op.DIV):
+        return any(g[j].op == Op.MATMUL and g[j].rank >= 3 for j in n.inputs)
+    return n.op == Op.MATMUL and n.rank >= 3
+
+
+def _biased_scores(g: Graph, n: Node) -> bool:
+    """`scores + bias`: a sum with one score-matmul operand (T5's position bias)."""
+    return n.op == Op.ADD and any(_is_score_matmul(g, i) for i in n.inputs)
+
+
+@reports(reads=("sum",))
+def _sum_of_scores(c: Ctx) -> Fail | None:
+    """Only a sum whose one operand is a (scaled) score matmul is this form."""
+    return None if _biased_scores(c.graph, c["sum"]) and _is_score_matmul(c.graph, c.id("s")) else QUIET
+
+
+BIAS_THEN_MASK = Rule(
+    "canonicalize_exported.bias_then_mask",
+    P(Op.ADD, P(Op.ADD, P.var("s"), P.var("bias"), name="sum", commutative=True),
+      P(Op.WHERE, P.var("keep"), P.var("zero", where=is_const, what="a scalar constant"),
+        P.var("fill", where=is_const, what="a scalar constant"), name="mask"),
+      name="add", commutative=True),
+    steps=(
+        _sum_of_scores,
+        guard("bias_fills", _fills_ok,
+              lambda c: f"{c.d('mask')} fills {const_value(c['zero']):.9g} where kept and "
+                        f"{const_value(c['fill']):.9g} where masked; needs 0 and finfo(f32).min ({F32_MIN:.9g})",
+              requires=("mask", "zero", "fill"), kind=NOT_RECOGNIZED,
+              fix="none: another fill is a different mask"),
+        guard("scores_f32", lambda c: c["s"].dtype == c["bias"].dtype == DType.f32,
+              lambda c: f"{c.d('s')} is {c['s'].dtype} and {c.d('bias')} {c['bias'].dtype}; needs f32 (the fill is "
+                        "f32's min)", requires=("s", "bias"), kind=NOT_RECOGNIZED),
+    ),
+    result="add", absorb=("sum", "add"),
+    rewrite=lambda c, rw: _bias_plus_mask(c, rw),
+    doc="(scores + bias) + where(keep, 0, f32 min) -> scores + (bias + where(keep, 0, f32 min))")
+
+
+def _bias_plus_mask(c: Ctx, rw: Rewriter) -> int:
+    with rw.provenance([c.id("sum"), c.id("add")]):
+        term = rw.emit(Op.ADD, [c.id("bias"), c.id("mask")])  # ids, not Python numbers: emit, not rw.add
+        out = rw.emit(Op.ADD, [c.id("s"), term])
+    rw.remove([c.id("sum")])
+    rw.replace(c.id("add"), out)
+    return out
+
+
 @reports(reads=("x", "cast"))
 def _same_dtype(c: Ctx) -> Fail | None:
     """Only a cast to the value's own dtype is a no-op (any other cast converts: not a near-miss)."""
@@ -254,9 +316,9 @@ NOOP_CAST = Rule(
 
 
 canonicalize_exported = rule_pass(
-    "canonicalize_exported", [SILU, RSQRT, WHERE_BIAS, NAN_GUARD, FOLDED_TRANSPOSE, SPLIT_SCALE, NOOP_CAST],
+    "canonicalize_exported", [SILU, RSQRT, WHERE_BIAS, NAN_GUARD, FOLDED_TRANSPOSE, SPLIT_SCALE, BIAS_THEN_MASK, NOOP_CAST],
     "forms exporters write (x*sigmoid(x), 1/sqrt, the padding-mask sum, the sdpa NaN guard, its split scale and "
     "folded transpose, no-op casts) -> the IR's ops")
 
-__all__ = ["FOLDED_TRANSPOSE", "NAN_GUARD", "NOOP_CAST", "RSQRT", "SILU", "SPLIT_SCALE", "WHERE_BIAS",
+__all__ = ["FOLDED_TRANSPOSE", "NAN_GUARD", "NOOP_CAST", "RSQRT", "SILU", "SPLIT_SCALE", "WHERE_BIAS", "BIAS_THEN_MASK",
            "canonicalize_exported"]

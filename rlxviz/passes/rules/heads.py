@@ -107,7 +107,7 @@ def unfold_heads(g: Graph) -> tuple[Graph, list[Match]]:
                 if g[other].rank == 3:  # a [B*H, a, b] bias: the same fold, read back as [B, H, a, b]
                     other = rw.reshape(other, (*folded[f], *g[other].shape[1:]))
                 pair = (four[f], other) if n.inputs[0] == f else (other, four[f])
-                four[n.id] = rw.add(*pair)
+                four[n.id] = rw.emit(Op.ADD, list(pair))  # node ids: rw.add would read a plain int as a number
             elif k == "scalar":
                 four[n.id] = rw.emit(n.op, [four.get(i, i) for i in n.inputs])
             else:
