@@ -226,7 +226,8 @@ def _unfold(c: Ctx, rw: Rewriter) -> int:
     lead2 = tuple(r2.shape[:k2])
     perm = list(range(k2)) + [k2 - 1 + p for p in t.attrs["perm"][1:]]
     with rw.provenance([c.id("r1"), c.id("t"), c.id("r2")]):
-        src = c.id("x") if lead2 == tuple(x.shape[:len(x.shape) - len(rest)]) else rw.emit(Op.RESHAPE, [c.id("x")], shape=lead2 + rest)
+        same = lead2 == tuple(x.shape[:len(x.shape) - len(rest)])
+        src = c.id("x") if same else rw.emit(Op.RESHAPE, [c.id("x")], shape=lead2 + rest)
         out = rw.emit(Op.TRANSPOSE, [src], perm=perm)
     rw.remove([c.id("r1"), c.id("t")])
     rw.replace(c.id("r2"), out)
@@ -316,7 +317,8 @@ NOOP_CAST = Rule(
 
 
 canonicalize_exported = rule_pass(
-    "canonicalize_exported", [SILU, RSQRT, WHERE_BIAS, NAN_GUARD, FOLDED_TRANSPOSE, SPLIT_SCALE, BIAS_THEN_MASK, NOOP_CAST],
+    "canonicalize_exported", [SILU, RSQRT, WHERE_BIAS, NAN_GUARD, FOLDED_TRANSPOSE, SPLIT_SCALE, BIAS_THEN_MASK,
+                              NOOP_CAST],
     "forms exporters write (x*sigmoid(x), 1/sqrt, the padding-mask sum, the sdpa NaN guard, its split scale and "
     "folded transpose, no-op casts) -> the IR's ops")
 
