@@ -3,17 +3,19 @@ fuses.
 
     .venv/bin/python scripts/onnx_coverage.py [EXTRA.onnx ...]          # prints a Markdown table
 
-Rows: the committed exports (tests/fixtures/onnx/*.onnx with their `NAME.npz`, and the handed cases with
-`NAME_io.npz`: inputs plus the exporter's outputs as `out:NAME`) and any extra file given (checked against ONNX
-Runtime on random inputs). Columns: imports (or the first line of the refusal), layers found, fused ops by kind in
+Rows: the committed exports (tests/fixtures/onnx/*.onnx with their `NAME.npz`, the handed cases with
+`NAME_io.npz`: inputs plus the exporter's outputs as `out:NAME`, and the zoo, tests/fixtures/onnx/zoo, with PyTorch's
+outputs) and any extra file given (checked against ONNX Runtime on random inputs). Columns: imports (or the first line of the refusal), layers found, fused ops by kind in
 the final version, whether attention was packed (an `attention` op or a fused block holding one), max error of
 version 0 and of the final version against the exporter's outputs (else ONNX Runtime), host nodes (ops the IR lacks),
-and `explain`'s verdict line. Everything runs on the NumPy reference (no timing): the figures do not depend on the
+`explain`'s verdict line, and for the zoo what ONNX Runtime's transformer optimizer fuses on the same file (read
+from `zoo/ort_optimizer.json`, which `scripts/ort_optimizer_stats.py` writes: the optimizer needs sympy and torch). Everything runs on the NumPy reference (no timing): the figures do not depend on the
 machine.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -30,7 +32,22 @@ def _cases() -> list[tuple[str, Path, Path | None]]:
         rows.append((p.stem, p, FIX / f"{p.stem}.npz"))
     for p in sorted((FIX / "cases").glob("*.onnx")):
         rows.append((p.stem, p, FIX / "cases" / f"{p.stem}_io.npz"))
+    for p in sorted((FIX / "zoo").glob("*.onnx")):
+        rows.append((p.stem, p, FIX / "zoo" / f"{p.stem}.npz"))
     return rows + [(Path(a).stem, Path(a), None) for a in sys.argv[1:]]
+
+
+def _ort_fused(name: str) -> str:
+    """ORT's transformer optimizer on the zoo file `name` (its fused-op statistics), or '' for other rows."""
+    rec = FIX / "zoo" / "ort_optimizer.json"
+    if not rec.is_file():
+        return ""
+    row = json.loads(rec.read_text())["files"].get(name)
+    if row is None:
+        return ""
+    if "error" in row:
+        return f"optimizer failed ({row['error'].split(':')[0]})"
+    return ", ".join(f"{k} x{v}" for k, v in sorted(row["fused"].items())) or "none"
 
 
 def _row(name: str, path: Path, io: Path | None) -> str:
@@ -54,7 +71,7 @@ def _row(name: str, path: Path, io: Path | None) -> str:
         shapes = {k: v.shape for k, v in feeds.items()} if feeds else None
         m = load_onnx(path, batch=2, seq=8, input_shapes=shapes, external_data_dir=ext)
     except OnnxImportError as e:
-        return f"| {name} | no: {str(e).split(': ', 1)[-1][:90]} | | | | | | | |"
+        return f"| {name} | no: {str(e).split(': ', 1)[-1][:90]} | | | | | | | | |"
     if feeds is None:
         feeds = m.random_feeds(seed=0)
     trace = Pipeline.canonical().run(m.graph)
@@ -74,13 +91,13 @@ def _row(name: str, path: Path, io: Path | None) -> str:
     kinds = ", ".join(f"{k} x{v}" for k, v in sorted(fused.items())) or "none"
     layers = len(check.layers)
     return (f"| {name} | yes | {layers} | {kinds} | {'yes' if packed else 'no'} | {e0:.1e} ({against}) | {e1:.1e} | "
-            f"{len(host_nodes(m.graph))} | {verdict} |")
+            f"{len(host_nodes(m.graph))} | {verdict} | {_ort_fused(name)} |")
 
 
 def main() -> None:
     print("| export | imports | layers | fused ops (final version) | attention packed | max err, version 0 | "
-          "max err, final | host nodes | explain |")
-    print("|---|---|---:|---|---|---:|---:|---:|---|")
+          "max err, final | host nodes | explain | ONNX Runtime's optimizer (zoo) |")
+    print("|---|---|---:|---|---|---:|---:|---:|---|---|")
     for name, path, io in _cases():
         print(_row(name, path, io))
 
