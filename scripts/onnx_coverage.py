@@ -3,14 +3,15 @@ fuses.
 
     .venv/bin/python scripts/onnx_coverage.py [EXTRA.onnx ...]          # prints a Markdown table
 
-Rows: the committed exports (tests/fixtures/onnx/*.onnx with their `NAME.npz`, the handed cases with
-`NAME_io.npz`: inputs plus the exporter's outputs as `out:NAME`, and the zoo, tests/fixtures/onnx/zoo, with PyTorch's
-outputs) and any extra file given (checked against ONNX Runtime on random inputs). Columns: imports (or the first line of the refusal), layers found, fused ops by kind in
-the final version, whether attention was packed (an `attention` op or a fused block holding one), max error of
-version 0 and of the final version against the exporter's outputs (else ONNX Runtime), host nodes (ops the IR lacks),
-`explain`'s verdict line, and for the zoo what ONNX Runtime's transformer optimizer fuses on the same file (read
-from `zoo/ort_optimizer.json`, which `scripts/ort_optimizer_stats.py` writes: the optimizer needs sympy and torch). Everything runs on the NumPy reference (no timing): the figures do not depend on the
-machine.
+Rows: the committed exports (tests/fixtures/onnx/*.onnx with their `NAME.npz`), the handed cases (`NAME_io.npz`:
+inputs plus the exporter's outputs as `out:NAME`), the zoo (tests/fixtures/onnx/zoo, with PyTorch's outputs) and any
+extra file given (checked against ONNX Runtime on random inputs). Columns: imports (or the first line of the
+refusal), layers found, fused ops by kind in the final version, whether attention was packed (an `attention` op or a
+fused block holding one), max error of version 0 and of the final version against the exporter's outputs (else ONNX
+Runtime), host nodes (ops the IR lacks), `explain`'s verdict line, and for the zoo what ONNX Runtime's transformer
+optimizer fuses on the same file (read from `zoo/ort_optimizer.json`, which `scripts/ort_optimizer_stats.py` writes:
+the optimizer needs sympy and torch). Everything runs on the NumPy reference (no timing): the figures do not depend
+on the machine.
 """
 
 from __future__ import annotations
