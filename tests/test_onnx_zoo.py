@@ -86,3 +86,18 @@ def test_attention_packs_where_the_scores_are_plain_and_explain_names_the_block_
     check = check_fusion(trace, m.name)
     text = check.render()
     assert "first rejection:" in text or "also unrecognized:" in text, text  # a named guard, not silence
+
+
+@pytest.mark.parametrize("stem", FILES)
+def test_every_zoo_version_exports_to_onnx_that_onnx_runtime_runs_with_the_same_numbers(stem):
+    import onnxruntime as ort
+
+    from rlxviz.models.onnx_export import export_onnx
+
+    m, feeds, want, trace = _load(stem)
+    for version in (m.graph, trace.final):
+        sess = ort.InferenceSession(export_onnx(version, m.weights).SerializeToString(),
+                                    providers=["CPUExecutionProvider"])
+        names = {i.name for i in sess.get_inputs()}
+        got = sess.run(None, {k: v for k, v in feeds.items() if k in names})[0]
+        assert np.max(np.abs(got - want)) <= 1e-4, stem
