@@ -1,4 +1,4 @@
-"""Write the teaching notebooks (`01_...` to `04_...`) from this script, without outputs.
+"""Write the teaching notebooks (`01_...` to `06_...`) from this script, without outputs.
 
 Run `python notebooks/make_notebooks.py` after editing a cell here; `tests/test_notebooks.py` checks
 that the stored notebooks are exactly what this script writes and executes each one top to bottom.
@@ -1309,11 +1309,273 @@ controls = widgets.interact(try_it, variant=widgets.Dropdown(options=["swapped_r
                             pipeline=widgets.Dropdown(options=list(PIPELINES), value="strict rule"))'''),
 ]
 
+# ------------------------------------------------------------------------------------------------- 05
+
+NB05 = [
+    md("""
+# 05 — Bring your own model
+
+Notebooks 01-04 used models built by rlxviz. Here the model comes from outside: an **ONNX file**
+exported by PyTorch (`torch.onnx`, dynamo) from Hugging Face's GPT-2 — a tiny configuration (2 layers,
+hidden size 64, 4 heads) with random weights, `tests/fixtures/onnx/gpt2.onnx`, 0.6 MB. Any ONNX file
+of yours goes through the same cells (the `Try it` control at the end runs the project's other
+fixtures: BERT, LLaMA, ViT, RoBERTa, Falcon).
+
+In this notebook you will
+
+1. read the file as ONNX sees it (its operators, opset, inputs),
+2. import it and **check the import against ONNX Runtime** (`session.fidelity`: version 0 must compute
+   what the file computes, or no later check means anything),
+3. read its layers as rlxviz classifies them,
+4. run the canonical pipeline and read **why the layers did not fuse**,
+5. compare with **ONNX Runtime's own optimizer** on the same file,
+6. check your reading in an exercise.
+
+Every figure below is printed by the cell that states it.
+"""),
+    code(SETUP, "setup"),
+    md("""
+## 1. The file, as ONNX reads it
+
+`onnx.load` gives the graph the exporter wrote: one node per ONNX operator, the weights as
+initializers, and the exporter's record (`gpt2.json`, written next to the file when it was made).
+"""),
+    code('''
+import json
+from collections import Counter
+from pathlib import Path
+
+import onnx
+
+PATH = Path("../tests/fixtures/onnx/gpt2.onnx")
+onnx_model = onnx.load(str(PATH))
+made_by = json.loads(PATH.with_suffix(".json").read_text())["versions"]
+print(f"{PATH.name}: {PATH.stat().st_size} bytes, producer {onnx_model.producer_name} "
+      f"{onnx_model.producer_version}, opset {[o.version for o in onnx_model.opset_import]}")
+print("exported with:", ", ".join(f"{k} {v}" for k, v in made_by.items()))
+for i in onnx_model.graph.input:
+    dims = [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
+    print(f"input {i.name}: {onnx.TensorProto.DataType.Name(i.type.tensor_type.elem_type)} {dims}")
+print("outputs:", [o.name for o in onnx_model.graph.output], "| initializers:", len(onnx_model.graph.initializer))
+onnx_ops = Counter(n.op_type for n in onnx_model.graph.node)
+print(f"ONNX nodes: {sum(onnx_ops.values())}")
+print("  " + ", ".join(f"{op} {k}" for op, k in onnx_ops.most_common()))''', "onnx-file"),
+    md("""
+Many of those nodes compute **shapes**, not tensors (`Shape`, `Concat`, `Unsqueeze`, `Range`,
+`Expand`, the mask's `Equal`/`And`/`Where`): the exporter keeps `batch` and `seq` symbolic. rlxviz's
+importer builds the graph for one shape (batch 1, 16 tokens by default) and folds every node whose
+value follows from shapes and weights alone, within a budget (`models/onnx_fold.py`).
+
+## 2. Import, checked against ONNX Runtime
+
+`teach.load` is the importer the CLI (`rlxviz explain gpt2.onnx`) and the app use. It checks the
+model against the memory limit first (the `load` workload); then `session.fidelity.against_onnx` runs
+**the ONNX file itself** in ONNX Runtime on the same input and compares it with version 0 on rlxviz's
+NumPy reference interpreter, with the oracle tolerance of float32.
+"""),
+    code('''
+from rlxviz import session
+from rlxviz.session.fidelity import against_onnx
+
+model = teach.load(str(PATH))
+graph = model.graph
+feeds = model.random_feeds(0)
+print(model.description, "|", {k: list(v.shape) for k, v in feeds.items()})
+print(teach.check_memory(graph, PATH.name, "load"))
+print(teach.check_memory(graph, PATH.name, "run"))
+fidelity = against_onnx(model, feeds)
+print(fidelity.line())
+print(f"ONNX nodes {sum(onnx_ops.values())} -> rlxviz compute nodes {len(graph.compute_nodes())}")
+print("rlxviz ops:", dict(sorted(graph.op_counts().items(), key=lambda kv: -kv[1])))''', "import"),
+    md("""
+The two memory lines are the checks `rlxviz explain` (load) and `rlxviz run` make, from shapes and
+dtypes alone, before anything is allocated (`ir.memory.workload_peak`); set `RLXVIZ_MAX_MEMORY_MB`
+below the figure and the cell refuses in one line, as the CLI does.
+
+## 3. Its layers, explained
+
+`session.model_layers` finds the layers from the model paths the exporter kept (`h.0...`, `h.1...`);
+`session.classify` says which kind of layer each is, with the evidence it read from the graph. The
+kind decides what fusion is *expected*: not every layer is a BERT layer.
+"""),
+    code('''
+layers = session.model_layers(graph)
+print("layers:", layers)
+for layer in layers:
+    kind = session.classify(graph, layer)
+    ops = Counter(n.op.value for n in graph.compute_nodes() if n.path.startswith(f"h.{layer}."))
+    print(f"layer {layer}: {kind.description}")
+    for line in kind.evidence:
+        print(f"    evidence: {line}")
+    print(f"    ops: {dict(ops.most_common())}")
+norms = [n for n in graph if n.op.value == "layer_norm"]
+print(f"layer norms in the model: {len(norms)} ({', '.join(n.path for n in norms)})")''', "layers"),
+    md("""
+GPT-2 is **pre-LN**: each sublayer reads `LayerNorm(h)` and adds its result to `h` itself, so every
+residual sum `h` has two readers — the next norm *and* the next residual add. BERT (notebook 02) is
+post-LN: the norm is the only reader of its sum. The final `ln_f` reads the last sum alone.
+
+## 4. The pipeline, and why the layers did not fuse
+"""),
+    code('''
+from rlxviz.passes import Pipeline
+
+trace = Pipeline.canonical().run(graph)
+check = teach.check_fusion(trace, "gpt2")
+print(f"fused layers: {sum(s.fused for s in check.layers)} of {len(check.layers)}; final version: "
+      f"{len(trace.final.compute_nodes())} compute nodes")
+print("final ops:", dict(sorted(trace.final.op_counts().items(), key=lambda kv: -kv[1])))
+print()
+print(teach.layer_status(trace, 0).render())''', "pipeline"),
+    code('''
+from IPython.display import Markdown
+
+st = teach.layer_status(trace, 0)
+rln = trace.step("fuse_residual_ln")
+refused = [r for r in rln.rejections if r.headline]
+rln_guards = sorted({r.guard for r in refused})
+n_rln = trace.final.op_counts().get("FusedResidualLN", 0)
+n_fmba = trace.final.op_counts().get("FusedMatMulBiasAct", 0)
+n_gelu = trace.final.op_counts().get("gelu_tanh", 0)
+display(Markdown(
+    f"Layer 0's first rejection is `{st.first.guard}` (*{st.first.kind}*): GPT-2's `gelu_new` is the tanh "
+    f"approximation of GELU, and the epilogue of `FusedMatMulBiasAct` takes `gelu` and `silu` only. So "
+    f"{n_fmba} linears fuse with their bias, and {n_gelu} `gelu_tanh` nodes stay separate. The product's "
+    f"fix is on the compiler's side (*{st.first.fix}*): switching the model to exact GELU would change "
+    f"its numbers (notebook 03 measures by how much).\\n\\n"
+    f"The norms: `fuse_residual_ln` fused **{n_rln} of the {len(norms)}** norms "
+    f"({', '.join(m.path or 'the final ln_f' for m in rln.matches) or 'none'}) and refused "
+    f"{len(refused)}, each by `{'`, `'.join(rln_guards)}`: a pre-LN sum is also read by the next residual "
+    f"add, and `FusedResidualLN` returns only the normalized value. That is *illegal* for this op, "
+    f"whatever its kernel, and *expected* for a pre-LN layer (the `not expected here` lines above); "
+    f"notebook 06 writes the two-output rule that makes these norms fuse."))''', "why-read-aloud"),
+    md("""
+## 5. ONNX Runtime's optimizer on the same file
+
+ONNX Runtime optimizes every model it loads. Its graph optimizer (C++, `ORT_ENABLE_ALL`) fuses what
+its CPU kernels have a fused form for, and can write the optimized model back to a file; its
+**transformer optimizer** (`onnxruntime.transformers.optimizer`, Python) adds attention fusions on top.
+`session.ort_optimizer.ort_optimized` runs the first on the same file, counts the node types the
+optimizer added, checks the optimized model's numbers against the unoptimized one, and says whether
+the second can run here.
+"""),
+    code('''
+from rlxviz.session.ort_optimizer import ort_optimized
+
+ort_run = ort_optimized(PATH, feeds)
+print(f"ONNX Runtime {ort_run.version}, graph optimizer at ORT_ENABLE_ALL: nodes {ort_run.nodes_before} -> "
+      f"{ort_run.nodes_after}; optimized vs source model: max err {ort_run.max_err:.1e}")
+for op, k in ort_run.fused.items():
+    print(f"  made {k} x {op} (outputs per node: {list(ort_run.node_outputs[op])})")
+print("LayerNormalization nodes left:", ort_run.ops_after.get("LayerNormalization", 0),
+      "of", ort_run.ops_before.get("LayerNormalization", 0))
+why = ort_run.transformer_optimizer
+print("transformer optimizer:", "available here" if why is None else f"not available here ({why})")''', "ort"),
+    code('''
+skip_ln = ort_run.fused.get("com.microsoft.SkipLayerNormalization", 0)
+fast_gelu = ort_run.fused.get("com.microsoft.FastGelu", 0)
+n_ln = ort_run.ops_before.get("LayerNormalization", 0)
+rows = [("residual add + LayerNorm", f"{skip_ln} SkipLayerNormalization of {n_ln} norms",
+         f"{n_rln} FusedResidualLN of {len(norms)} norms"),
+        ("tanh GELU", f"{fast_gelu} FastGelu (the activation alone)",
+         f"{n_gelu} gelu_tanh (one op; not in an epilogue)"),
+        ("linear + bias", "Gemm (ONNX's Gemm already adds the bias)", f"{n_fmba} FusedMatMulBiasAct"),
+        ("attention", f"{ort_run.fused.get('com.microsoft.FusedMatMul', 0)} FusedMatMul (Q @ K^T with its scale)",
+         f"{trace.final.op_counts().get('attention', 0)} attention (fuse_sdpa: scores, mask, softmax, @ V)")]
+print(f"{'':<26}{'ONNX Runtime ' + ort_run.version:<44}rlxviz canonical pipeline")
+for what, ort_says, we_say in rows:
+    print(f"{what:<26}{ort_says:<44}{we_say}")''', "ort-vs-rlxviz"),
+    code('''
+one_output = all(k == 1 for k in ort_run.node_outputs.get("com.microsoft.SkipLayerNormalization", ()))
+display(Markdown(
+    f"ONNX Runtime's graph optimizer fused **{skip_ln} of {n_ln}** norms with their residual add; rlxviz fused "
+    f"**{n_rln} of {len(norms)}**. " + ("The same count, and for the same reason: " if skip_ln == n_rln else
+    "Different counts; read the table. ") +
+    ("every SkipLayerNormalization it made has one output, so it too fuses only the norm whose sum has no "
+     "other reader (`ln_f`). " if one_output and skip_ln else "") +
+    "ONNX Runtime's SkipLayerNormalization *has* an optional fourth output, the sum itself "
+    "(`input_skip_bias_sum`), and the transformer optimizer uses it when the residual add has another reader "
+    "(`onnxruntime/transformers/fusion_skiplayernorm.py`): the two-output fusion notebook 06 builds. The graph "
+    "optimizer's attention stops at `FusedMatMul` (the scores' matmul with its scale); rlxviz's `attention` "
+    "takes the whole `softmax(Q K^T / sqrt(d) + mask) V`. ONNX Runtime fuses the tanh GELU into one `FastGelu` kernel, as rlxviz makes it one `gelu_tanh` "
+    "op; neither absorbs it into the linear. "
+    + ("The transformer optimizer was not compared here: it cannot run in this environment "
+       f"({why}); install `sympy` to try it (`optimizer.optimize_model(path, model_type='gpt2', num_heads=4, "
+       "hidden_size=64)`)." if why else "The transformer optimizer is available here: try "
+       "`optimizer.optimize_model(path, model_type='gpt2', num_heads=4, hidden_size=64)`.")))''',
+         "ort-read-aloud"),
+    md("""
+## Exercise: read the norms
+
+From the cells above (not from memory), fill in three values:
+
+* `rlxviz`: how many of GPT-2's norms the canonical pipeline fused into `FusedResidualLN`,
+* `ort`: how many ONNX Runtime's graph optimizer fused into `SkipLayerNormalization`,
+* `guard`: the name of the guard that refused the other norms in rlxviz (a string).
+
+The check says what is wrong, if anything. Solution: `notebooks/solutions.py` (`ex05`), run by the
+collapsed cell below.
+"""),
+    code('''
+def check_ex05(answer):
+    assert isinstance(answer, (tuple, list)) and len(answer) == 3, (
+        "give a tuple of 3 values, (rlxviz norms, ONNX Runtime norms, 'guard name')")
+    assert all(v is not None for v in answer), "fill in all three values"
+    *counts, guard = answer
+    rlx, ort_n = teach.expect_ints(tuple(counts), ("rlxviz", "ort"))
+    assert rlx != len(norms), (f"rlxviz: {len(norms)} is every norm in the model; fuse_residual_ln refused "
+                               f"some: read its rejections in the pipeline cell")
+    assert rlx == n_rln, "rlxviz: count FusedResidualLN in the final version (the pipeline cell's final ops)"
+    assert ort_n == skip_ln, ("ort: count com.microsoft.SkipLayerNormalization in what the optimizer made (the "
+                              "ONNX Runtime cell)")
+    assert isinstance(guard, str), f"guard: give the guard's name as a string, e.g. 'name'; you gave {guard!r}"
+    assert guard != st.first.guard, (f"guard: {guard} refused the FFN's activation, not a norm; the norms were "
+                                     "refused by fuse_residual_ln")
+    assert guard in rln_guards, (f"guard: {guard!r} did not refuse a norm; read the fuse_residual_ln.residual "
+                                 "line of the layer status")
+    return (f"rlxviz {rlx}, ONNX Runtime {ort_n}; the other norms' sums have a second reader ({guard}): a "
+            "two-output rule is the fix (notebook 06)")
+
+
+ex05_answer = (None, None, None)  # YOUR ANSWER: (rlxviz norms, ONNX Runtime norms, "guard name")
+teach.feedback(check_ex05, ex05_answer);''', "exercise"),
+    code('''
+import solutions
+
+teach.feedback(check_ex05, solutions.ex05());''', "solution", hidden=True),
+    md("""
+## Try it
+
+The project's other ONNX fixtures, through the same cells: the import check, each layer's kind and
+verdict, and ONNX Runtime's fusions (the output under the cell before the control is a static copy,
+for exports). Put your own file in the dictionary to read yours.
+"""),
+    code('''
+FIXTURES = {p.stem: p for p in [*sorted(Path("../tests/fixtures/onnx").glob("*.onnx")),
+                                *sorted(Path("../tests/fixtures/onnx/cases").glob("*.onnx"))]}
+
+
+def read_model(name="gpt2"):
+    m = teach.load(str(FIXTURES[name]))
+    f = m.random_feeds(0)
+    print(against_onnx(m, f).line())
+    t = Pipeline.canonical().run(m.graph)
+    for s in teach.check_fusion(t, name).layers:
+        print(f"layer {s.layer} ({s.architecture.kind}): " + ("fused" if s.fused else "NOT fused: " + s.blocker))
+    o = ort_optimized(FIXTURES[name], f)
+    print("ONNX Runtime made:", o.fused or "nothing")
+
+
+read_model()  # static output for exports
+controls = widgets.interact(read_model, name=widgets.Dropdown(options=list(FIXTURES), value="gpt2"))'''),
+]
+
 NOTEBOOKS = {
     "01_what_is_fusion.ipynb": NB01,
     "02_fusing_a_bert_layer.ipynb": NB02,
     "03_why_did_my_layer_not_fuse.ipynb": NB03,
     "04_write_your_own_pattern_and_guard.ipynb": NB04,
+    "05_bring_your_own_model.ipynb": NB05,
 }
 
 

@@ -99,3 +99,14 @@ def ex04b():
                 build=lambda c: (fmba, [c.id("x"), c.id("w"), c.id("bias")], {"activation": "gelu_tanh"}),
                 doc="FusedMatMulBiasAct(None) + gelu_tanh -> FusedMatMulBiasAct(gelu_tanh)")
     return rule_pass("fuse_gelu_tanh_epilogue", [rule], "a gelu_tanh after a fused linear -> its epilogue")
+
+
+def ex05() -> tuple[int, int, str]:
+    """(rlxviz norms, ONNX Runtime norms, guard) for GPT-2's ONNX export (tests/fixtures/onnx/gpt2.onnx).
+
+    Of its 5 LayerNorms only the final `ln_f` reads a residual sum nobody else reads: rlxviz's
+    fuse_residual_ln fuses it (1 FusedResidualLN) and ONNX Runtime's graph optimizer fuses it (1
+    SkipLayerNormalization). The 4 pre-LN norms read a sum that the next residual add reads too: guard
+    `sum_single_user` (illegal for the single-output FusedResidualLN).
+    """
+    return 1, 1, "sum_single_user"

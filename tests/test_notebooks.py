@@ -28,9 +28,9 @@ GEN = _generator()
 NAMES = list(GEN.NOTEBOOKS)
 
 
-def test_four_notebooks_exist_and_match_the_generator():
+def test_notebooks_exist_and_match_the_generator():
     assert NAMES == ["01_what_is_fusion.ipynb", "02_fusing_a_bert_layer.ipynb", "03_why_did_my_layer_not_fuse.ipynb",
-                     "04_write_your_own_pattern_and_guard.ipynb"]
+                     "04_write_your_own_pattern_and_guard.ipynb", "05_bring_your_own_model.ipynb"]
     for name in NAMES:
         path = NB_DIR / name
         assert path.read_text(encoding="utf-8") == GEN.render(name), f"{name} is stale: run notebooks/make_notebooks.py"
@@ -78,6 +78,11 @@ PROBES = {
         "probe-absorb-act-only": "from dataclasses import replace as _replace\n\n"
                                  "_rule = _replace(solutions.ex04b().rules[0], absorb=('act',))\n"
                                  "teach.feedback(check_ex04b, rule_pass('fuse_gelu_tanh_epilogue', [_rule]));",
+    },
+    "05_bring_your_own_model.ipynb": {
+        "probe-every-norm": "teach.feedback(check_ex05, (5, 5, 'sum_single_user'));",
+        "probe-activation-guard": "teach.feedback(check_ex05, (1, 1, 'epilogue_activation'));",
+        "probe-two-values": "teach.feedback(check_ex05, (1, 1));",
     },
 }
 
@@ -565,3 +570,52 @@ def test_04_solutions_are_checked_passes():
     b.output(b.gelu_tanh(pre), pre)  # the pre-activation is a graph output
     last = run_passes(b.build(), ["fuse_matmul_bias_act", solutions.ex04b()]).steps[-1]
     assert not last.matches and {(r.guard, r.kind) for r in last.rejections} >= {("fc_not_output", "illegal")}
+
+
+def test_05_bring_your_own_model(executed):
+    import onnx
+
+    nb = executed("05_bring_your_own_model.ipynb")
+    t = common(nb)
+    path = ROOT / "tests" / "fixtures" / "onnx" / "gpt2.onnx"
+    src = onnx.load(str(path))
+    text, _ = t["onnx-file"]  # the file's own figures, read again here
+    assert f"gpt2.onnx: {path.stat().st_size} bytes, producer pytorch " in text
+    assert f"ONNX nodes: {len(src.graph.node)}" in text and "input input_ids: INT64 ['batch', 'seq']" in text
+    text, _ = t["import"]
+    assert re.search(r"^version 0 equals the ONNX model \(ONNX Runtime \S+\): max err \S+ on last_hidden_state$",
+                     text, re.M), text
+    assert re.search(r"^memory check \(load\): estimated peak .+ of the .+ limit \(default\)$", text, re.M)
+    assert re.search(r"^memory check \(run\): estimated peak ", text, re.M)
+    n_ir = int(re.search(rf"ONNX nodes {len(src.graph.node)} -> rlxviz compute nodes (\d+)", text).group(1))
+    assert 0 < n_ir < len(src.graph.node)  # shape arithmetic folded
+    text, _ = t["layers"]
+    assert text.count("pre-LN (GPT-2, ViT)") == 2 and "layer norms in the model: 5 (h.0.ln_1, h.0.ln_2, h.1.ln_1, " \
+                                                       "h.1.ln_2, ln_f)" in text
+    text, _ = t["pipeline"]
+    final = eval(re.search(r"^final ops: (\{.*\})$", text, re.M).group(1))  # the cell's own dict
+    assert "fused layers: 0 of 2" in text and "guard epilogue_activation (not recognized)" in text
+    md_text = markdown_of(nb, "why-read-aloud")  # the prose quotes the pipeline cell's counts
+    assert f"So {final['FusedMatMulBiasAct']} linears fuse with their bias, and {final['gelu_tanh']} `gelu_tanh`" \
+        in md_text
+    assert f"fused **{final['FusedResidualLN']} of the 5** norms (the final ln_f) and refused 4, each by " \
+           "`sum_single_user`" in md_text
+    text, _ = t["ort"]
+    made = dict((op, int(k)) for k, op in re.findall(r"^  made (\d+) x (\S+) ", text, re.M))
+    assert made.get("com.microsoft.SkipLayerNormalization") == 1 and made.get("com.microsoft.FastGelu") == 2
+    assert float(re.search(r"optimized vs source model: max err (\S+)", text).group(1)) < 1e-5
+    assert "LayerNormalization nodes left: 4 of 5" in text
+    unavailable = "transformer optimizer: not available here (" in text
+    assert unavailable or "transformer optimizer: available here" in text
+    text, _ = t["ort-vs-rlxviz"]
+    assert re.search(r"residual add \+ LayerNorm\s+1 SkipLayerNormalization of 5 norms\s+"
+                     rf"{final['FusedResidualLN']} FusedResidualLN of 5 norms", text), text
+    md_text = markdown_of(nb, "ort-read-aloud")
+    assert f"fused **{made['com.microsoft.SkipLayerNormalization']} of 5** norms" in md_text
+    assert f"rlxviz fused **{final['FusedResidualLN']} of 5**" in md_text
+    assert ("cannot run in this environment" in md_text) == unavailable
+    exercise_feedback(nb, t)
+    assert "fill in all three values" in t["exercise"][0]
+    assert "rlxviz: 5 is every norm in the model" in probe(t, "probe-every-norm")
+    assert "epilogue_activation refused the FFN's activation, not a norm" in probe(t, "probe-activation-guard")
+    assert "give a tuple of 3 values" in probe(t, "probe-two-values")
