@@ -110,3 +110,45 @@ def ex05() -> tuple[int, int, str]:
     `sum_single_user` (illegal for the single-output FusedResidualLN).
     """
     return 1, 1, "sum_single_user"
+
+
+def ex06():
+    """Notebook 06: a two-output residual LayerNorm for pre-LN layers (the sum has another reader).
+
+    `LayerNorm(add(x, residual))` whose sum is also read outside the match -> one
+    `FusedResidualLN(x, residual, gamma, beta, with_sum=True)` producing both values, `outputs=("sum",)`: the
+    engine lets the sum's other readers stay and reads each value back by a `narrow`.
+
+    Validity: the fused op computes `s = x + residual` and `LayerNorm(s)` with the matched eps, the same ops in the
+    same order, and returns `s` itself; so every reader of the sum and of the norm gets the same bits. Guards: x and
+    residual have one shape (`residual_same_shape`: a broadcast add is not a residual, and the op's type rule
+    demands it); the norm is over the last axis (`norm_last_axis`). A sum with no other reader is not a candidate
+    (`QUIET`): the single-output `fuse_residual_ln` takes it, and packing a sum nobody reads would only copy it.
+    """
+    from rlxviz.ir import Op
+    from rlxviz.passes.engine import rule_pass
+    from rlxviz.passes.guard import guard, same_shape
+    from rlxviz.passes.pattern import P
+    from rlxviz.passes.rule import QUIET, Rule, reports
+
+    @reports(reads=("sum", "norm"))
+    def sum_read_elsewhere(c):
+        """Not a candidate unless the sum has a reader besides the norm (or is a graph output)."""
+        others = [u for u in c.users("sum") if u.id != c.id("norm")]
+        return None if others or c.graph.is_output(c.id("sum")) else QUIET
+
+    last_axis = guard("norm_last_axis", lambda c: c["norm"].attrs.get("axis", -1) in (-1, c["norm"].rank - 1),
+                      lambda c: f"{c.d('norm')} normalizes axis {c['norm'].attrs.get('axis')}; the fused op "
+                                "normalizes the last axis", "normalize over the last axis", requires=("norm",),
+                      kind="not recognized")
+    rule = Rule("fuse_residual_ln_two_outputs.pre_ln",
+                P(Op.LAYER_NORM, P(Op.ADD, P.var("x"), P.var("residual"), name="sum"), P.var("gamma"),
+                  P.var("beta"), name="norm"),
+                steps=(sum_read_elsewhere,
+                       same_shape("x", "residual", "residual_same_shape", "a residual add has equal operand shapes"),
+                       last_axis),
+                result="norm", outputs=("sum",), absorb=("sum", "norm"),
+                build=lambda c: (Op.FUSED_RESIDUAL_LN, [c.id(r) for r in ("x", "residual", "gamma", "beta")],
+                                 {"eps": c["norm"].attrs["eps"], "with_sum": True}),
+                doc="LayerNorm(x + residual), the sum read elsewhere -> FusedResidualLN(with_sum) [norm, sum]")
+    return rule_pass("fuse_residual_ln_two_outputs", [rule], "pre-LN residual norm: returns the sum too")

@@ -30,7 +30,8 @@ NAMES = list(GEN.NOTEBOOKS)
 
 def test_notebooks_exist_and_match_the_generator():
     assert NAMES == ["01_what_is_fusion.ipynb", "02_fusing_a_bert_layer.ipynb", "03_why_did_my_layer_not_fuse.ipynb",
-                     "04_write_your_own_pattern_and_guard.ipynb", "05_bring_your_own_model.ipynb"]
+                     "04_write_your_own_pattern_and_guard.ipynb", "05_bring_your_own_model.ipynb",
+                     "06_a_multi_output_fusion.ipynb"]
     for name in NAMES:
         path = NB_DIR / name
         assert path.read_text(encoding="utf-8") == GEN.render(name), f"{name} is stale: run notebooks/make_notebooks.py"
@@ -83,6 +84,17 @@ PROBES = {
         "probe-every-norm": "teach.feedback(check_ex05, (5, 5, 'sum_single_user'));",
         "probe-activation-guard": "teach.feedback(check_ex05, (1, 1, 'epilogue_activation'));",
         "probe-two-values": "teach.feedback(check_ex05, (1, 1));",
+    },
+    "06_a_multi_output_fusion.ipynb": {  # the solution's rule with one thing wrong each
+        "probe-no-outputs": "from dataclasses import replace as _r\n_s = solutions.ex06().rules[0]\n"
+                            "_b = lambda c: (Op.FUSED_RESIDUAL_LN, [c.id(k) for k in ('x', 'residual', 'gamma', "
+                            "'beta')], {'eps': c['norm'].attrs['eps']})\n"
+                            "teach.feedback(check_ex06, rule_pass('p', [_r(_s, outputs=(), build=_b)]));",
+        "probe-norm-only": "teach.feedback(check_ex06, rule_pass('p', [_r(_s, outputs=(), absorb=('norm',), "
+                           "build=_b)]));",
+        "probe-no-quiet": "teach.feedback(check_ex06, rule_pass('p', [_r(_s, steps=_s.steps[1:])]));",
+        "probe-no-same-shape": "teach.feedback(check_ex06, rule_pass('p', [_r(_s, steps=(_s.steps[0], "
+                               "_s.steps[2]))]));",
     },
 }
 
@@ -619,3 +631,41 @@ def test_05_bring_your_own_model(executed):
     assert "rlxviz: 5 is every norm in the model" in probe(t, "probe-every-norm")
     assert "epilogue_activation refused the FFN's activation, not a norm" in probe(t, "probe-activation-guard")
     assert "give a tuple of 3 values" in probe(t, "probe-two-values")
+
+
+def test_06_a_multi_output_fusion(executed):
+    nb = executed("06_a_multi_output_fusion.ipynb")
+    t = common(nb)
+    text, _ = t["refusal"]
+    assert text.count("sum_single_user (illegal): ") == 4 and "fused: 1 (ln_f); refused: 4" in text
+    assert "compiler fix: a two-output FusedResidualLN that also returns the sum" in text
+    assert re.search(r"^memory check \(run\): estimated peak ", text, re.M)
+    text, _ = t["demo"]  # the packed value and its two narrows, read from the printed IR
+    assert re.search(r"FusedResidualLN\(%0, %1, %3, %4\) \{eps=1e-12, has_bias=false, with_sum=true\} : "
+                     r"f32\[2, 4, 16\]", text), text
+    assert "['%9 narrow(start=0, length=8)', '%10 narrow(start=8, length=8)']" in text
+    assert "%7 = add(%10, %6)" in text  # the next residual add reads the sum's narrow
+    exercise_feedback(nb, t)
+    text, _ = t["solution"]
+    assert "4 norms fused with two outputs, verifier passed, outputs equal bit for bit" in text
+    assert "post-LN untouched; the bias add refused by residual_same_shape (not recognized)" in text
+    assert float(re.search(r"whole pipeline vs the ONNX import: (\S+)\)", text).group(1)) < 1e-6
+    assert "declare outputs=('sum',)" in probe(t, "probe-no-outputs")
+    assert "the residual sums are still computed by add nodes" in probe(t, "probe-norm-only")
+    assert "on post-LN bert-tiny your pass fused" in probe(t, "probe-no-quiet")
+    assert "only the engine's fused_types refused the bias add" in probe(t, "probe-no-same-shape")
+    text, _ = t["after"]
+    rows = dict((label, (int(g), int(p), int(k))) for label, g, p, k in re.findall(
+        r"^(canonical|with two-output)\s+graph ops\s+(\d+)\s+MLX primitives\s+(\d+)\s+not views\s+(\d+)", text,
+        re.M))
+    counts = {label: eval(d) for label, d in re.findall(r"^(canonical|with two-output) .*?not views\s+\d+\s+(\{.*\})$",
+                                                          text, re.M)}
+    assert "'FusedResidualLN': 5" in text and "'layer_norm'" not in text.split("with two-output:")[1].splitlines()[0]
+    md_text = markdown_of(nb, "after-read-aloud")  # the prose quotes the cell's own counts
+    (g0, _, k0), (g1, _, k1) = rows["canonical"], rows["with two-output"]
+    assert f"The graph went from {g0} to {g1} ops (4 adds and 4 norms became 4 fused ops and 8 `narrow`s)" in md_text
+    assert f"MLX's program from {k0} to **{k1}** non-view primitives" in md_text
+    concat = counts["with two-output"].get("Concatenate", 0) - counts["canonical"].get("Concatenate", 0)
+    assert concat == 4 and f"'Concatenate': {concat}" in md_text  # one packing copy per fused norm
+    assert ("More, not fewer: " in md_text) == (k1 > k0)
+    assert "16384 B for the 4 norms (a **model** of that kernel" in md_text  # 4 sums of [1, 16, 64] f32
