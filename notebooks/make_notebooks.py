@@ -1349,10 +1349,13 @@ import onnx
 
 PATH = Path("../tests/fixtures/onnx/gpt2.onnx")
 onnx_model = onnx.load(str(PATH))
-made_by = json.loads(PATH.with_suffix(".json").read_text())["versions"]
+record = json.loads(PATH.with_suffix(".json").read_text())
+made_by, cfg = record["versions"], record["config"]
 print(f"{PATH.name}: {PATH.stat().st_size} bytes, producer {onnx_model.producer_name} "
       f"{onnx_model.producer_version}, opset {[o.version for o in onnx_model.opset_import]}")
 print("exported with:", ", ".join(f"{k} {v}" for k, v in made_by.items()))
+print(f"config: {cfg['model_type']}, {cfg['n_layer']} layers, hidden size {cfg['n_embd']}, {cfg['n_head']} heads, "
+      f"activation {cfg['activation_function']}, random weights")
 for i in onnx_model.graph.input:
     dims = [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
     print(f"input {i.name}: {onnx.TensorProto.DataType.Name(i.type.tensor_type.elem_type)} {dims}")
@@ -1616,7 +1619,9 @@ refused = [r for r in rln.rejections if r.headline]
 for r in refused:
     print(f"{r.path:<8} {r.guard} ({r.kind}): {r.message}")
 print("compiler fix:", refused[0].fix)
-print(f"fused: {len(rln.matches)} ({', '.join(m.path or 'ln_f' for m in rln.matches)}); refused: {len(refused)}")''',
+n_norms = sum(n.op == Op.LAYER_NORM for n in gpt2.graph)
+print(f"LayerNorms in the model: {n_norms}; fused by fuse_residual_ln: {len(rln.matches)} "
+      f"({', '.join(m.path or 'ln_f' for m in rln.matches)}); refused: {len(refused)} of {n_norms} LayerNorms")''',
          "refusal"),
     md("""
 ## 2. Two outputs in a one-value IR

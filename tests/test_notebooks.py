@@ -594,6 +594,7 @@ def test_05_bring_your_own_model(executed):
     text, _ = t["onnx-file"]  # the file's own figures, read again here
     assert f"gpt2.onnx: {path.stat().st_size} bytes, producer pytorch " in text
     assert f"ONNX nodes: {len(src.graph.node)}" in text and "input input_ids: INT64 ['batch', 'seq']" in text
+    assert "config: gpt2, 2 layers, hidden size 64, 4 heads, activation gelu_new" in text  # gpt2.json
     text, _ = t["import"]
     assert re.search(r"^version 0 equals the ONNX model \(ONNX Runtime \S+\): max err \S+ on last_hidden_state$",
                      text, re.M), text
@@ -637,7 +638,8 @@ def test_06_a_multi_output_fusion(executed):
     nb = executed("06_a_multi_output_fusion.ipynb")
     t = common(nb)
     text, _ = t["refusal"]
-    assert text.count("sum_single_user (illegal): ") == 4 and "fused: 1 (ln_f); refused: 4" in text
+    assert text.count("sum_single_user (illegal): ") == 4
+    assert "LayerNorms in the model: 5; fused by fuse_residual_ln: 1 (ln_f); refused: 4 of 5 LayerNorms" in text
     assert "compiler fix: a two-output FusedResidualLN that also returns the sum" in text
     assert re.search(r"^memory check \(run\): estimated peak ", text, re.M)
     text, _ = t["demo"]  # the packed value and its two narrows, read from the printed IR
@@ -669,3 +671,68 @@ def test_06_a_multi_output_fusion(executed):
     assert concat == 4 and f"'Concatenate': {concat}" in md_text  # one packing copy per fused norm
     assert ("More, not fewer: " in md_text) == (k1 > k0)
     assert "16384 B for the 4 norms (a **model** of that kernel" in md_text  # 4 sums of [1, 16, 64] f32
+
+
+
+COUNTED = ("layer", "head", "norm", "match", "op", "add", "node", "primitive", "rejection", "output", "value", "byte")
+
+
+def prose_figures(nb):
+    """The figures a notebook's written (not computed) prose quotes, as (number, unit, counted noun): numbers
+    outside section numbers, list markers and notebook references (`notebook 05`, `01-04`), with the unit that
+    follows (`MB`, `B`, `ms`, `x`) and, for a small count, the noun it counts later in its sentence (`4 heads`,
+    `4 of GPT-2's 5 LayerNorms`: norm)."""
+    found = []
+    for c in nb.cells:
+        if c.cell_type != "markdown":
+            continue
+        text = re.sub(r"^#+ \d+\.|^\s*\d+\.\s", "", c.source, flags=re.M)  # section numbers, list markers
+        text = re.sub(r"\b(?:[Nn]otebooks? )?0\d(?:-0\d)?\b", "", text)  # notebook references
+        for m in re.finditer(r"(?<![\w.%\[`-])(\d+(?:\.\d+)?)(?![\w\]`])(?: ?(MB|B|ms|x)\b)?", text):
+            rest = re.split(r"[.;:(]\s", text[m.end():], maxsplit=1)[0].lower()
+            noun = next((w for w in re.findall(r"[a-z]+", rest) if any(w.startswith(k) or w.endswith(k + "s")
+                                                                         for k in COUNTED)), "")
+            found.append((m.group(1), m.group(2) or "", noun))
+    return found
+
+
+def assert_prose_figures_printed(nb, size_of=None):
+    """Every figure of `prose_figures(nb)` is printed by a code cell of `nb` (or is a literal of its code): a count
+    below 10 next to the noun it counts (within 40 characters), any other number anywhere; an `MB` figure is
+    `size_of`'s bytes, printed, to one decimal."""
+    shown = " ".join(o.get("text", "") + "".join(str(v) for v in o.get("data", {}).values())
+                     for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    code = " ".join(c.source for c in nb.cells if c.cell_type == "code")
+    figures = prose_figures(nb)
+    assert figures, "the prose quotes no figure: the grep is broken"
+    for number, unit, noun in figures:
+        if unit == "MB":  # a file size, printed in bytes
+            assert size_of is not None and f"{size_of} bytes" in shown and abs(size_of / 1e6 - float(number)) < 0.05
+        elif float(number) < 10 and noun:
+            stem = next(k for k in COUNTED if noun.startswith(k) or noun.endswith(k + "s"))
+            near = rf"(?<![\d.]){number}(?![\d.]).{{0,40}}{stem}|{stem}.{{0,40}}(?<![\d.]){number}(?![\d.])"
+            assert re.search(near, shown, re.I | re.S), f"prose says {number} ({noun}); no cell prints it"
+        elif float(number) >= 10 or "." in number:
+            assert re.search(rf"(?<![\d.]){re.escape(number)}(?![\d])", shown + " " + code), \
+                f"prose says {number} {unit}; no cell prints it"
+
+
+def test_prose_grep_fails_on_a_figure_no_cell_prints():
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("It fused 3 of the 5 norms in 12.5 ms."),
+                                         nbformat.v4.new_code_cell("print('fused norms: 3 of 5')")])
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="fused norms: 3 of 5; 12.5 ms\n")]
+    assert [f[:2] for f in prose_figures(nb)] == [("3", ""), ("5", ""), ("12.5", "ms")]
+    assert_prose_figures_printed(nb)
+    nb.cells[1].outputs[0].text = "fused norms: 2 of 5; 12.5 ms\n"
+    with pytest.raises(AssertionError, match=r"prose says 3 \(norms\)"):
+        assert_prose_figures_printed(nb)
+    nb.cells[1].outputs[0].text = "fused norms: 3 of 5; 12.4 ms\n"
+    with pytest.raises(AssertionError, match="prose says 12.5 ms"):
+        assert_prose_figures_printed(nb)
+
+
+@pytest.mark.parametrize("name", ["05_bring_your_own_model.ipynb", "06_a_multi_output_fusion.ipynb"])
+def test_prose_figures_are_printed_by_a_cell(executed, name):
+    """Every figure the written prose of 05 and 06 quotes is printed by a cell: a figure no cell computes would be
+    a claim nobody checks (the computed paragraphs are checked against their cells in each notebook's test)."""
+    assert_prose_figures_printed(executed(name), (ROOT / "tests" / "fixtures" / "onnx" / "gpt2.onnx").stat().st_size)
