@@ -267,6 +267,7 @@ the rounds; `x input` is the ratio of medians. Two error columns:
   the same MLX device, in the same dtype** — what the rewrite changed.
 """),
     code('''
+print(teach.check_memory(both.input, "ffn_block", "time"))  # the check `rlxviz time` makes; time_versions repeats it
 rows = teach.time_versions(both, feeds, weights, warmup=2, repeat=21, device="cpu", fresh=True)  # fresh: measure again
 print("timed on:", rows[0].context)
 print(teach.format_timings(rows))
@@ -595,7 +596,9 @@ the float64 NumPy oracle; `vs unfused` compares each version with the unfused gr
 device — what the rewrites changed.
 """),
     code('''
-rows = teach.time_versions(trace, feeds, model.weights, warmup=1, repeat=21, device="cpu", fresh=True)
+print(teach.check_memory(trace.input, "minilm", "time"))  # the check `rlxviz time` makes; time_versions repeats it
+rows = teach.time_versions(trace, feeds, model.weights, warmup=1, repeat=21, device="cpu", fresh=True,
+                           source="minilm")
 print("timed on:", rows[0].context)
 print(teach.format_timings(rows))
 print("versions timed:", sum(r.same_as is None for r in rows), "| all match the reference:",

@@ -290,6 +290,7 @@ def test_01_what_is_fusion(executed):
     assert (f"{n_mem} of the 7 ops are memory-bound" in md_text) if n_mem else ("no op falls below it" in md_text)
     text, _ = t["timing"]
     assert "all versions match the reference: True" in text and "timed on: MLX" in text and " on cpu" in text
+    assert re.search(r"^memory check \(time\): estimated peak .+ of the .+ limit", text, re.M)  # as `rlxviz time`
     assert len([ln for ln in text.splitlines() if ln.rstrip().endswith("yes")]) == 3
     errs = [float(v) for v in re.findall(r"error vs input on MLX: (\S+)", text)]
     assert len(errs) == 3 and errs[0] == 0.0 and max(errs) < 1e-5  # same backend: what the rewrite changed
@@ -398,6 +399,7 @@ def test_02_fusing_a_bert_layer(executed):
     assert "`fuse_transformer_layer` takes the graph from 52 to 28 ops and changes nothing MLX runs" in md_text
     text, _ = t["timing"]
     assert "all match the reference: True" in text and " on cpu" in text
+    assert re.search(r"^memory check \(time\): estimated peak .+ of the .+ limit", text, re.M)  # as `rlxviz time`
     assert "after fuse_transformer_layer" in text and "(unchanged: same as #" in text
     assert float(re.search(r"largest error vs input on MLX: (\S+)", text).group(1)) < 1e-4
     table = {ln.split()[1] + " " + ln.split()[2]: ln.split() for ln in text.splitlines()
@@ -736,3 +738,20 @@ def test_prose_figures_are_printed_by_a_cell(executed, name):
     """Every figure the written prose of 05 and 06 quotes is printed by a cell: a figure no cell computes would be
     a claim nobody checks (the computed paragraphs are checked against their cells in each notebook's test)."""
     assert_prose_figures_printed(executed(name), (ROOT / "tests" / "fixtures" / "onnx" / "gpt2.onnx").stat().st_size)
+
+
+def test_teach_time_versions_makes_the_cli_memory_check():
+    """The notebooks' timing is refused over the memory limit as `rlxviz time` is (`Limits.check(..., "time")`),
+    before anything is allocated, with the same one-line message."""
+    from rlxviz import teach
+    from rlxviz.passes import Pipeline
+    from rlxviz.session import LimitError, Limits
+
+    model = teach.load("bert-tiny", seq=8)
+    trace = Pipeline.canonical().run(model.graph)
+    need = Limits().check(model.graph, "bert-tiny", "time")
+    assert teach.check_memory(model.graph, "bert-tiny", "time").startswith("memory check (time): estimated peak ")
+    small = Limits(need / (1 << 20) / 2, "test")  # half of what `time` needs, more than `load` needs
+    assert Limits().check(model.graph, "bert-tiny", "load") < small.max_bytes
+    with pytest.raises(LimitError, match=r"^bert-tiny: time needs .* over the limit of .* \(test\)"):
+        teach.time_versions(trace, model.random_feeds(0), model.weights, source="bert-tiny", limits=small)
