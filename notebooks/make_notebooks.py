@@ -248,7 +248,9 @@ display(Markdown(
     f"Read aloud: on this machine (a rough ridge of {ridge.ridge:.1f} FLOP/B, measured now) {where}; the matmuls "
     f"do {min(c.intensity for c in costs if c.op == 'matmul'):.1f} FLOP/B. The program does "
     + (f"{flops[0]} FLOPs in every version" if len(flops) == 1 else f"{flops[0]}..{flops[-1]} FLOPs")
-    + f"; the bytes the executed program moves go from {roof[0].bytes} to {roof[-1].bytes} (intensity "
+    + f"; the bytes the executed program moves (a **model**: each kernel's output written once and its operands "
+    f"read once, from the shapes of the ops the lowering runs; MLX reports no byte counts) go from "
+    f"{roof[0].bytes} to {roof[-1].bytes} (intensity "
     f"{roof[0].intensity:.2f} to {roof[-1].intensity:.2f} FLOP/B; ideal kernels: {roof[-1].ideal_intensity:.2f}). "
     + ("Prediction: every version is **compute-bound** on this machine, so removing bytes cannot make it faster; "
        "expect the timing below to show no difference." if set(predicted.values()) == {"compute"} else
@@ -1810,7 +1812,9 @@ display(Markdown(
 ## Try it
 
 Pick a model and a pipeline; the cell prints the norms fused and whether the numbers held (the output
-under the cell before the control is a static copy, for exports).
+under the cell before the control is a static copy, for exports). Your rule is for LayerNorm: LLaMA's
+RMSNorms stay unfused. `FusedResidualRmsNorm` takes `with_sum` too; its twin rule is a next exercise
+(LLaMA's norm has no beta: `fuse_residual_rms_norm.residual_no_beta` shows how to give it a zero one).
 """),
     code('''
 MODELS = {"gpt2 (ONNX)": lambda: gpt2, "llama (ONNX, RMSNorm)": lambda: teach.load("../tests/fixtures/onnx/llama.onnx"),
