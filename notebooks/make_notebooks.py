@@ -1324,7 +1324,7 @@ Notebooks 01-04 used models built by rlxviz. Here the model comes from outside: 
 exported by PyTorch (`torch.onnx`, dynamo) from Hugging Face's GPT-2 — a tiny configuration (2 layers,
 hidden size 64, 4 heads) with random weights, `tests/fixtures/onnx/gpt2.onnx`, 0.6 MB. Any ONNX file
 of yours goes through the same cells (the `Try it` control at the end runs the project's other
-fixtures: BERT, LLaMA, ViT, RoBERTa, Falcon).
+fixtures: BERT, MiniLM, LLaMA, ViT, RoBERTa, Falcon, GPT-NeoX).
 
 In this notebook you will
 
@@ -1398,7 +1398,8 @@ print("rlxviz ops:", dict(sorted(graph.op_counts().items(), key=lambda kv: -kv[1
     md("""
 The two memory lines are the checks `rlxviz explain` (load) and `rlxviz run` make, from shapes and
 dtypes alone, before anything is allocated (`ir.memory.workload_peak`); set `RLXVIZ_MAX_MEMORY_MB`
-below the figure and the cell refuses in one line, as the CLI does.
+below the figure (in the notebook: `os.environ["RLXVIZ_MAX_MEMORY_MB"] = ...`) and the cell stops with the
+CLI's one-line `LimitError` before anything is allocated.
 
 ## 3. Its layers, explained
 
@@ -1434,29 +1435,14 @@ print(f"fused layers: {sum(s.fused for s in check.layers)} of {len(check.layers)
       f"{len(trace.final.compute_nodes())} compute nodes")
 print("final ops:", dict(sorted(trace.final.op_counts().items(), key=lambda kv: -kv[1])))
 print()
-print(teach.layer_status(trace, 0).render())''', "pipeline"),
-    code('''
-from IPython.display import Markdown
-
 st = teach.layer_status(trace, 0)
+print(st.render())
 rln = trace.step("fuse_residual_ln")
 refused = [r for r in rln.rejections if r.headline]
 rln_guards = sorted({r.guard for r in refused})
 n_rln = trace.final.op_counts().get("FusedResidualLN", 0)
 n_fmba = trace.final.op_counts().get("FusedMatMulBiasAct", 0)
-n_gelu = trace.final.op_counts().get("gelu_tanh", 0)
-display(Markdown(
-    f"Layer 0's first rejection is `{st.first.guard}` (*{st.first.kind}*): GPT-2's `gelu_new` is the tanh "
-    f"approximation of GELU, and the epilogue of `FusedMatMulBiasAct` takes `gelu` and `silu` only. So "
-    f"{n_fmba} linears fuse with their bias, and {n_gelu} `gelu_tanh` nodes stay separate. The product's "
-    f"fix is on the compiler's side (*{st.first.fix}*): switching the model to exact GELU would change "
-    f"its numbers (notebook 03 measures by how much).\\n\\n"
-    f"The norms: `fuse_residual_ln` fused **{n_rln} of the {len(norms)}** norms "
-    f"({', '.join(m.path or 'the final ln_f' for m in rln.matches) or 'none'}) and refused "
-    f"{len(refused)}, each by `{'`, `'.join(rln_guards)}`: a pre-LN sum is also read by the next residual "
-    f"add, and `FusedResidualLN` returns only the normalized value. That is *illegal* for this op, "
-    f"whatever its kernel, and *expected* for a pre-LN layer (the `not expected here` lines above); "
-    f"notebook 06 writes the two-output rule that makes these norms fuse."))''', "why-read-aloud"),
+n_gelu = trace.final.op_counts().get("gelu_tanh", 0)''', "pipeline"),
     md("""
 ## 5. ONNX Runtime's optimizer on the same file
 
@@ -1478,44 +1464,15 @@ for op, k in ort_run.fused.items():
 print("LayerNormalization nodes left:", ort_run.ops_after.get("LayerNormalization", 0),
       "of", ort_run.ops_before.get("LayerNormalization", 0))
 why = ort_run.transformer_optimizer
-print("transformer optimizer:", "available here" if why is None else f"not available here ({why})")''', "ort"),
-    code('''
+print("transformer optimizer:", "available here" if why is None else f"not available here ({why})")
 skip_ln = ort_run.fused.get("com.microsoft.SkipLayerNormalization", 0)
 fast_gelu = ort_run.fused.get("com.microsoft.FastGelu", 0)
-n_ln = ort_run.ops_before.get("LayerNormalization", 0)
-rows = [("residual add + LayerNorm", f"{skip_ln} SkipLayerNormalization of {n_ln} norms",
-         f"{n_rln} FusedResidualLN of {len(norms)} norms"),
-        ("tanh GELU", f"{fast_gelu} FastGelu (the activation alone)",
-         f"{n_gelu} gelu_tanh (one op; not in an epilogue)"),
-        ("linear + bias", "Gemm (ONNX's Gemm already adds the bias)", f"{n_fmba} FusedMatMulBiasAct"),
-        ("attention", f"{ort_run.fused.get('com.microsoft.FusedMatMul', 0)} FusedMatMul (Q @ K^T with its scale)",
-         f"{trace.final.op_counts().get('attention', 0)} attention (fuse_sdpa: scores, mask, softmax, @ V)")]
-print(f"{'':<26}{'ONNX Runtime ' + ort_run.version:<44}rlxviz canonical pipeline")
-for what, ort_says, we_say in rows:
-    print(f"{what:<26}{ort_says:<44}{we_say}")''', "ort-vs-rlxviz"),
-    code('''
-one_output = all(k == 1 for k in ort_run.node_outputs.get("com.microsoft.SkipLayerNormalization", ()))
-display(Markdown(
-    f"ONNX Runtime's graph optimizer fused **{skip_ln} of {n_ln}** norms with their residual add; rlxviz fused "
-    f"**{n_rln} of {len(norms)}**. " + ("The same count, and for the same reason: " if skip_ln == n_rln else
-    "Different counts; read the table. ") +
-    ("every SkipLayerNormalization it made has one output, so it too fuses only the norm whose sum has no "
-     "other reader (`ln_f`). " if one_output and skip_ln else "") +
-    "ONNX Runtime's SkipLayerNormalization *has* an optional fourth output, the sum itself "
-    "(`input_skip_bias_sum`), and the transformer optimizer uses it when the residual add has another reader "
-    "(`onnxruntime/transformers/fusion_skiplayernorm.py`): the two-output fusion notebook 06 builds. The graph "
-    "optimizer's attention stops at `FusedMatMul` (the scores' matmul with its scale); rlxviz's `attention` "
-    "takes the whole `softmax(Q K^T / sqrt(d) + mask) V`. ONNX Runtime fuses the tanh GELU into one `FastGelu` kernel, as rlxviz makes it one `gelu_tanh` "
-    "op; neither absorbs it into the linear. "
-    + ("The transformer optimizer was not compared here: it cannot run in this environment "
-       f"({why}); install `sympy` to try it (`optimizer.optimize_model(path, model_type='gpt2', num_heads=4, "
-       "hidden_size=64)`)." if why else "The transformer optimizer is available here: try "
-       "`optimizer.optimize_model(path, model_type='gpt2', num_heads=4, hidden_size=64)`.")))''',
-         "ort-read-aloud"),
+n_ln = ort_run.ops_before.get("LayerNormalization", 0)''', "ort"),
     md("""
 ## Exercise: read the norms
 
-From the cells above (not from memory), fill in three values:
+From the raw outputs of the pipeline and ONNX Runtime cells above (the next section reads them aloud;
+run the check first), fill in three values:
 
 * `rlxviz`: how many of GPT-2's norms the canonical pipeline fused into `FusedResidualLN`,
 * `ort`: how many ONNX Runtime's graph optimizer fused into `SkipLayerNormalization`,
@@ -1551,6 +1508,56 @@ teach.feedback(check_ex05, ex05_answer);''', "exercise"),
 import solutions
 
 teach.feedback(check_ex05, solutions.ex05());''', "solution", hidden=True),
+    md("""
+## 6. Read aloud: rlxviz and ONNX Runtime side by side
+
+The next cells write out what the raw outputs above say, from the same variables.
+"""),
+    code('''
+from IPython.display import Markdown
+
+display(Markdown(
+    f"Layer 0's first rejection is `{st.first.guard}` (*{st.first.kind}*): GPT-2's `gelu_new` is the tanh "
+    f"approximation of GELU, and the epilogue of `FusedMatMulBiasAct` takes `gelu` and `silu` only. So "
+    f"{n_fmba} linears fuse with their bias, and {n_gelu} `gelu_tanh` nodes stay separate. The product's "
+    f"fix is on the compiler's side (*{st.first.fix}*): switching the model to exact GELU would change "
+    f"its numbers (notebook 03 measures by how much).\\n\\n"
+    f"The norms: `fuse_residual_ln` fused **{n_rln} of the {len(norms)}** norms "
+    f"({', '.join(m.path or 'the final ln_f' for m in rln.matches) or 'none'}) and refused "
+    f"{len(refused)}, each by `{'`, `'.join(rln_guards)}`: a pre-LN sum is also read by the next residual "
+    f"add, and `FusedResidualLN` returns only the normalized value. That is *illegal* for this op, "
+    f"whatever its kernel, and *expected* for a pre-LN layer (the `not expected here` lines above); "
+    f"notebook 06 writes the two-output rule that makes these norms fuse."))''', "why-read-aloud"),
+    code('''
+rows = [("residual add + LayerNorm", f"{skip_ln} SkipLayerNormalization of {n_ln} norms",
+         f"{n_rln} FusedResidualLN of {len(norms)} norms"),
+        ("tanh GELU", f"{fast_gelu} FastGelu (the activation alone)",
+         f"{n_gelu} gelu_tanh (one op; not in an epilogue)"),
+        ("linear + bias", "Gemm (ONNX's Gemm already adds the bias)", f"{n_fmba} FusedMatMulBiasAct"),
+        ("attention", f"{ort_run.fused.get('com.microsoft.FusedMatMul', 0)} FusedMatMul (Q @ K^T with its scale)",
+         f"{trace.final.op_counts().get('attention', 0)} attention (fuse_sdpa: scores, mask, softmax, @ V)")]
+print(f"{'':<26}{'ONNX Runtime ' + ort_run.version:<44}rlxviz canonical pipeline")
+for what, ort_says, we_say in rows:
+    print(f"{what:<26}{ort_says:<44}{we_say}")''', "ort-vs-rlxviz"),
+    code('''
+one_output = all(k == 1 for k in ort_run.node_outputs.get("com.microsoft.SkipLayerNormalization", ()))
+display(Markdown(
+    f"ONNX Runtime's graph optimizer fused **{skip_ln} of {n_ln}** norms with their residual add; rlxviz fused "
+    f"**{n_rln} of {len(norms)}**. " + ("The same count, and for the same reason: " if skip_ln == n_rln else
+    "Different counts; read the table. ") +
+    ("every SkipLayerNormalization it made has one output, so it too fuses only the norm whose sum has no "
+     "other reader (`ln_f`). " if one_output and skip_ln else "") +
+    "ONNX Runtime's SkipLayerNormalization *has* an optional fourth output, the sum itself "
+    "(`input_skip_bias_sum`), and the transformer optimizer uses it when the residual add has another reader "
+    "(`onnxruntime/transformers/fusion_skiplayernorm.py`): the two-output fusion notebook 06 builds. The graph "
+    "optimizer's attention stops at `FusedMatMul` (the scores' matmul with its scale); rlxviz's `attention` "
+    "takes the whole `softmax(Q K^T / sqrt(d) + mask) V`. ONNX Runtime fuses the tanh GELU into one `FastGelu` kernel, as rlxviz makes it one `gelu_tanh` "
+    "op; neither absorbs it into the linear. "
+    + ("The transformer optimizer was not compared here: it cannot run in this environment "
+       f"({why}); install `sympy` to try it (`optimizer.optimize_model(path, model_type='gpt2', num_heads=4, "
+       "hidden_size=64)`)." if why else "The transformer optimizer is available here: try "
+       "`optimizer.optimize_model(path, model_type='gpt2', num_heads=4, hidden_size=64)`.")))''',
+         "ort-read-aloud"),
     md("""
 ## Try it
 
