@@ -857,8 +857,8 @@ Read per kind:
   output), and a one-output layer op would no longer produce h1. Dead-code elimination does **not**
   fix it: the probe is a graph output, so it is live. Two fixes: in the model, drop the probe output;
   in the compiler, **multi-output fusion** — a layer op that also returns h1 as a second output, which
-  the probe then reads (notebook 04's exercise writes a one-output rule; no product rule builds the
-  two-output one yet). With the probe output dropped, the probe is dead, and a dead reader is **not a
+  the probe then reads (the engine can express it, `Rule(outputs=...)`, and notebook 06 writes a
+  two-output residual norm; no product rule builds a two-output layer op). With the probe output dropped, the probe is dead, and a dead reader is **not a
   user**: no output depends on what it reads. The guard `h1_user_count` still counts it (it counts
   readers, live or not) — a limit of the guard, not a reason; the canonical order removes dead code
   only *after* the layer pass, so run `dead_code_elimination` first as the workaround. The next cell
@@ -873,7 +873,7 @@ Read per kind:
 * **pre_ln** — **two** blockers, so it is not expected to become `FusedTransformerLayer`. First
   (*illegal* for a single-output op, the guard printed above): the residual sum feeds the norm and the
   next residual, and a one-output `FusedResidualLN` would hide it; a two-output op (as vLLM's
-  `fused_add_rms_norm`) fixes that one. Second: the layer rule matches a **post-LN** layer only (its
+  `fused_add_rms_norm`) fixes that one — notebook 06 writes that rule. Second: the layer rule matches a **post-LN** layer only (its
   step `post_ln_order`, printed below); a pre-LN layer (norm -> sublayer -> add) is another op, which
   no rule here builds.
 * **output_intermediate** — *illegal* for a single-output op: h1 is returned, and a one-output layer op
