@@ -221,9 +221,10 @@ def assert_verdict(words, ratio, low, high, eps=0.0005):
     holds_one = low - eps <= 1.0 <= high + eps
     practical = low + eps >= 0.99 and high - eps <= 1.01
     if words == "within noise":
-        assert holds_one or low >= 0.99 - eps and high <= 1.01 + eps, (words, low, high)
+        assert holds_one or low >= 0.99 - eps and high <= 1.01 + eps or abs(ratio - 1) < 0.01 + eps, (words, low, high)
     else:
         assert not (low + eps < 1.0 < high - eps) and not practical, (words, low, high)
+        assert abs(ratio - 1) >= 0.01 - eps, (words, ratio)
         assert words.endswith("faster") == (ratio > 1.0), (words, ratio)
 
 
