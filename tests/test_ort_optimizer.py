@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from rlxviz.session.ort_optimizer import ort_optimized, transformer_optimizer_unavailable
+from rlxviz.session.ort_optimizer import ort_optimized, transformer_optimized, transformer_optimizer_unavailable
 
 
 def residual_norm_model(path, second_reader: bool):
@@ -48,5 +48,8 @@ def test_transformer_optimizer_availability_is_what_imports():
     has_sympy = importlib.util.find_spec("sympy") is not None
     if not has_sympy:  # the transformer optimizer's symbolic shape inference needs it
         assert why is not None and "sympy" in why
+    if why is not None:  # refused in one line naming why, before anything runs
+        with pytest.raises(ImportError, match="cannot run here: .*Error"):
+            transformer_optimized("missing.onnx", "gpt2", 4, 64)
     if why is not None:
         assert "\n" not in why and why.split(":")[0].endswith("Error")

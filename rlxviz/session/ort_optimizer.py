@@ -103,4 +103,45 @@ def ort_optimized(path: str | Path, feeds: Mapping[str, np.ndarray]) -> OrtFusio
                       {k: tuple(v) for k, v in outputs.items()}, err, transformer_optimizer_unavailable())
 
 
-__all__ = ["OrtFusions", "ort_optimized", "transformer_optimizer_unavailable"]
+@dataclass(frozen=True)
+class TransformerFusions:
+    """ONNX Runtime's transformer optimizer on one file (`optimize_model(..., opt_level=0)`: its Python fusions only).
+
+    Attributes:
+        version: `onnxruntime.__version__`. nodes_after: node count of the optimized model.
+        fused: fused op type -> count, as its `get_fused_operator_statistics` reports them (zeros dropped).
+        norm_outputs: per `SkipLayerNormalization` node in graph order, how many outputs it produces (2: the
+            normalized value and the residual sum, the two-output form; 1: the value only).
+        layer_norms_left: model paths (the `.weight` initializer's prefix) of the `LayerNormalization` nodes left.
+    """
+
+    version: str
+    nodes_after: int
+    fused: dict[str, int]
+    norm_outputs: tuple[int, ...]
+    layer_norms_left: tuple[str, ...]
+
+
+def transformer_optimized(path: str | Path, model_type: str, num_heads: int, hidden_size: int) -> TransformerFusions:
+    """Run `onnxruntime.transformers.optimizer.optimize_model` on `path` (no C++ graph optimization: `opt_level=0`).
+
+    Raises:
+        ImportError: the transformer optimizer cannot run here (`transformer_optimizer_unavailable` says why).
+    """
+    why = transformer_optimizer_unavailable()
+    if why is not None:
+        raise ImportError(f"onnxruntime.transformers.optimizer cannot run here: {why}")
+    import onnxruntime as ort
+    from onnxruntime.transformers import optimizer
+
+    m = optimizer.optimize_model(str(path), model_type=model_type, num_heads=num_heads, hidden_size=hidden_size,
+                                 opt_level=0)
+    nodes = list(m.model.graph.node)
+    stats = {k: v for k, v in m.get_fused_operator_statistics().items() if v}
+    outs = tuple(sum(1 for o in n.output if o) for n in nodes if n.op_type == "SkipLayerNormalization")
+    left = tuple(n.input[1].removesuffix(".weight") for n in nodes if n.op_type == "LayerNormalization")
+    return TransformerFusions(ort.__version__, len(nodes), stats, outs, left)
+
+
+__all__ = ["OrtFusions", "TransformerFusions", "ort_optimized", "transformer_optimized",
+           "transformer_optimizer_unavailable"]
