@@ -1618,7 +1618,8 @@ kind *illegal*. In a pre-LN layer the residual sum `h = x + sublayer(...)` has t
 norm and the next residual add — and `FusedResidualLN` returns only the normalized value, so fusing
 would take `h` away from the add. The fix the product names is a **two-output** op that returns the
 sum too: vLLM's `fused_add_rms_norm` writes the sum back in place, and ONNX Runtime's
-`SkipLayerNormalization` has an optional output for it.
+`SkipLayerNormalization` has an optional output for it (notebook 05 shows ONNX Runtime's transformer
+optimizer using it on this very model).
 
 In this notebook you will
 
