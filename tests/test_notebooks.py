@@ -75,10 +75,18 @@ PROBES = {
         "probe-typo": "teach.feedback(check_ex03, lambda text: text.replace('return', 'retrun'));",
         "probe-not-callable": "teach.feedback(check_ex03, ir_text);",
     },
-    "04_write_your_own_pattern_and_guard.ipynb": {  # the right rule, but absorbing only the activation
+    "04_write_your_own_pattern_and_guard.ipynb": {  # the solutions' rules with one thing wrong each
         "probe-absorb-act-only": "from dataclasses import replace as _replace\n\n"
                                  "_rule = _replace(solutions.ex04b().rules[0], absorb=('act',))\n"
                                  "teach.feedback(check_ex04b, rule_pass('fuse_gelu_tanh_epilogue', [_rule]));",
+        "probe-no-size-gate": "_rule = solutions.ex04b().rules[0]\n"
+                              "teach.feedback(check_ex04b, rule_pass('fuse_gelu_tanh_epilogue', "
+                              "[_replace(_rule, steps=_rule.steps[:2])]));",
+        "probe-swap-every-add": "teach.feedback(check_ex04a, rule_pass('canonicalize_add', "
+                                "[_replace(solutions.ex04a().rules[0], steps=())]));",
+        "probe-swap-keeps-order": "_rule = solutions.ex04a().rules[0]\n"
+                                  "teach.feedback(check_ex04a, rule_pass('canonicalize_add', [_replace(_rule, "
+                                  "build=lambda c: (Op.ADD, [c.id('a'), c.id('b')], {}))]));",
     },
     "05_bring_your_own_model.ipynb": {
         "probe-every-norm": "teach.feedback(check_ex05, (5, 5, 'sum_single_user'));",
@@ -554,6 +562,9 @@ def test_04_write_your_own_pattern_and_guard(executed):
     text = probe(t, "probe-absorb-act-only")  # the old pre-activation node would stay: not accepted
     assert "the old pre-activation node is still there (FusedMatMulBiasAct 8 -> 9, compute nodes 32 -> 32" in text
     assert "absorb both fc and act" in text
+    assert "with epilogue_max_rows=4 the 8-row FFN still fused: add a size_le gate" in probe(t, "probe-no-size-gate")
+    assert "only the 2 residual adds of layer 0 are out of order" in probe(t, "probe-swap-every-add")
+    assert "the operand computed later (the larger id) must come first" in probe(t, "probe-swap-keeps-order")
     text, _ = t["after-epilogue"]
     assert "epilogue matches: 1; fused layers = 1" in text
     assert f"layer 0: guard fc1_activation ({LAYER.guard_kinds['fc1_activation']}): " in text
