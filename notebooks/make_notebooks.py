@@ -1,4 +1,4 @@
-"""Write the teaching notebooks (`01_...` to `04_...`) from this script, without outputs.
+"""Write the teaching notebooks (`01_...` to `06_...`) from this script, without outputs.
 
 Run `python notebooks/make_notebooks.py` after editing a cell here; `tests/test_notebooks.py` checks
 that the stored notebooks are exactly what this script writes and executes each one top to bottom.
@@ -248,7 +248,9 @@ display(Markdown(
     f"Read aloud: on this machine (a rough ridge of {ridge.ridge:.1f} FLOP/B, measured now) {where}; the matmuls "
     f"do {min(c.intensity for c in costs if c.op == 'matmul'):.1f} FLOP/B. The program does "
     + (f"{flops[0]} FLOPs in every version" if len(flops) == 1 else f"{flops[0]}..{flops[-1]} FLOPs")
-    + f"; the bytes the executed program moves go from {roof[0].bytes} to {roof[-1].bytes} (intensity "
+    + f"; the bytes the executed program moves (a **model**: each kernel's output written once and its operands "
+    f"read once, from the shapes of the ops the lowering runs; MLX reports no byte counts) go from "
+    f"{roof[0].bytes} to {roof[-1].bytes} (intensity "
     f"{roof[0].intensity:.2f} to {roof[-1].intensity:.2f} FLOP/B; ideal kernels: {roof[-1].ideal_intensity:.2f}). "
     + ("Prediction: every version is **compute-bound** on this machine, so removing bytes cannot make it faster; "
        "expect the timing below to show no difference." if set(predicted.values()) == {"compute"} else
@@ -267,6 +269,7 @@ the rounds; `x input` is the ratio of medians. Two error columns:
   the same MLX device, in the same dtype** — what the rewrite changed.
 """),
     code('''
+print(teach.check_memory(both.input, "ffn_block", "time"))  # the check `rlxviz time` makes; time_versions repeats it
 rows = teach.time_versions(both, feeds, weights, warmup=2, repeat=21, device="cpu", fresh=True)  # fresh: measure again
 print("timed on:", rows[0].context)
 print(teach.format_timings(rows))
@@ -595,7 +598,9 @@ the float64 NumPy oracle; `vs unfused` compares each version with the unfused gr
 device — what the rewrites changed.
 """),
     code('''
-rows = teach.time_versions(trace, feeds, model.weights, warmup=1, repeat=21, device="cpu", fresh=True)
+print(teach.check_memory(trace.input, "minilm", "time"))  # the check `rlxviz time` makes; time_versions repeats it
+rows = teach.time_versions(trace, feeds, model.weights, warmup=1, repeat=21, device="cpu", fresh=True,
+                           source="minilm")
 print("timed on:", rows[0].context)
 print(teach.format_timings(rows))
 print("versions timed:", sum(r.same_as is None for r in rows), "| all match the reference:",
@@ -852,8 +857,8 @@ Read per kind:
   output), and a one-output layer op would no longer produce h1. Dead-code elimination does **not**
   fix it: the probe is a graph output, so it is live. Two fixes: in the model, drop the probe output;
   in the compiler, **multi-output fusion** — a layer op that also returns h1 as a second output, which
-  the probe then reads (notebook 04's exercise writes a one-output rule; no product rule builds the
-  two-output one yet). With the probe output dropped, the probe is dead, and a dead reader is **not a
+  the probe then reads (the engine can express it, `Rule(outputs=...)`, and notebook 06 writes a
+  two-output residual norm; no product rule builds a two-output layer op). With the probe output dropped, the probe is dead, and a dead reader is **not a
   user**: no output depends on what it reads. The guard `h1_user_count` still counts it (it counts
   readers, live or not) — a limit of the guard, not a reason; the canonical order removes dead code
   only *after* the layer pass, so run `dead_code_elimination` first as the workaround. The next cell
@@ -868,7 +873,7 @@ Read per kind:
 * **pre_ln** — **two** blockers, so it is not expected to become `FusedTransformerLayer`. First
   (*illegal* for a single-output op, the guard printed above): the residual sum feeds the norm and the
   next residual, and a one-output `FusedResidualLN` would hide it; a two-output op (as vLLM's
-  `fused_add_rms_norm`) fixes that one. Second: the layer rule matches a **post-LN** layer only (its
+  `fused_add_rms_norm`) fixes that one — notebook 06 writes that rule. Second: the layer rule matches a **post-LN** layer only (its
   step `post_ln_order`, printed below); a pre-LN layer (norm -> sublayer -> add) is another op, which
   no rule here builds.
 * **output_intermediate** — *illegal* for a single-output op: h1 is returned, and a one-output layer op
@@ -1309,11 +1314,567 @@ controls = widgets.interact(try_it, variant=widgets.Dropdown(options=["swapped_r
                             pipeline=widgets.Dropdown(options=list(PIPELINES), value="strict rule"))'''),
 ]
 
+# ------------------------------------------------------------------------------------------------- 05
+
+NB05 = [
+    md("""
+# 05 — Bring your own model
+
+Notebooks 01-04 used models built by rlxviz. Here the model comes from outside: an **ONNX file**
+exported by PyTorch (`torch.onnx`, dynamo) from Hugging Face's GPT-2 — a tiny configuration (2 layers,
+hidden size 64, 4 heads) with random weights, `tests/fixtures/onnx/gpt2.onnx`, 0.6 MB. Any ONNX file
+of yours goes through the same cells (the `Try it` control at the end runs the project's other
+fixtures: BERT, MiniLM, LLaMA, ViT, RoBERTa, Falcon, GPT-NeoX).
+
+In this notebook you will
+
+1. read the file as ONNX sees it (its operators, opset, inputs),
+2. import it and **check the import against ONNX Runtime** (`session.fidelity`: version 0 must compute
+   what the file computes, or no later check means anything),
+3. read its layers as rlxviz classifies them,
+4. run the canonical pipeline and read **why the layers did not fuse**,
+5. compare with **ONNX Runtime's own optimizer** on the same file,
+6. check your reading in an exercise.
+
+Every figure below is printed by the cell that states it.
+"""),
+    code(SETUP, "setup"),
+    md("""
+## 1. The file, as ONNX reads it
+
+`onnx.load` gives the graph the exporter wrote: one node per ONNX operator, the weights as
+initializers, and the exporter's record (`gpt2.json`, written next to the file when it was made).
+"""),
+    code('''
+import json
+from collections import Counter
+from pathlib import Path
+
+import onnx
+
+PATH = Path("../tests/fixtures/onnx/gpt2.onnx")
+onnx_model = onnx.load(str(PATH))
+record = json.loads(PATH.with_suffix(".json").read_text())
+made_by, cfg = record["versions"], record["config"]
+print(f"{PATH.name}: {PATH.stat().st_size} bytes, producer {onnx_model.producer_name} "
+      f"{onnx_model.producer_version}, opset {[o.version for o in onnx_model.opset_import]}")
+print("exported with:", ", ".join(f"{k} {v}" for k, v in made_by.items()))
+print(f"config: {cfg['model_type']}, {cfg['n_layer']} layers, hidden size {cfg['n_embd']}, {cfg['n_head']} heads, "
+      f"activation {cfg['activation_function']}, random weights")
+for i in onnx_model.graph.input:
+    dims = [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
+    print(f"input {i.name}: {onnx.TensorProto.DataType.Name(i.type.tensor_type.elem_type)} {dims}")
+print("outputs:", [o.name for o in onnx_model.graph.output], "| initializers:", len(onnx_model.graph.initializer))
+onnx_ops = Counter(n.op_type for n in onnx_model.graph.node)
+print(f"ONNX nodes: {sum(onnx_ops.values())}")
+print("  " + ", ".join(f"{op} {k}" for op, k in onnx_ops.most_common()))''', "onnx-file"),
+    md("""
+Many of those nodes compute **shapes**, not tensors (`Shape`, `Concat`, `Unsqueeze`, `Range`,
+`Expand`, the mask's `Equal`/`And`/`Where`): the exporter keeps `batch` and `seq` symbolic. rlxviz's
+importer builds the graph for one shape (batch 1, 16 tokens by default) and folds every node whose
+value follows from shapes and weights alone, within a budget (`models/onnx_fold.py`).
+
+## 2. Import, checked against ONNX Runtime
+
+`teach.load` is the importer the CLI (`rlxviz explain gpt2.onnx`) and the app use. It checks the
+model against the memory limit first (the `load` workload); then `session.fidelity.against_onnx` runs
+**the ONNX file itself** in ONNX Runtime on the same input and compares it with version 0 on rlxviz's
+NumPy reference interpreter, with the oracle tolerance of float32.
+"""),
+    code('''
+from rlxviz import session
+from rlxviz.session.fidelity import against_onnx
+
+model = teach.load(str(PATH))
+graph = model.graph
+feeds = model.random_feeds(0)
+print(model.description, "|", {k: list(v.shape) for k, v in feeds.items()})
+print(teach.check_memory(graph, PATH.name, "load"))
+print(teach.check_memory(graph, PATH.name, "run"))
+fidelity = against_onnx(model, feeds)
+print(fidelity.line())
+print(f"ONNX nodes {sum(onnx_ops.values())} -> rlxviz compute nodes {len(graph.compute_nodes())}")
+print("rlxviz ops:", dict(sorted(graph.op_counts().items(), key=lambda kv: -kv[1])))''', "import"),
+    md("""
+The two memory lines are the checks `rlxviz explain` (load) and `rlxviz run` make, from shapes and
+dtypes alone, before anything is allocated (`ir.memory.workload_peak`); set `RLXVIZ_MAX_MEMORY_MB`
+below the figure (in the notebook: `os.environ["RLXVIZ_MAX_MEMORY_MB"] = ...`) and the cell stops with the
+CLI's one-line `LimitError` before anything is allocated.
+
+## 3. Its layers, explained
+
+`session.model_layers` finds the layers from the model paths the exporter kept (`h.0...`, `h.1...`);
+`session.classify` says which kind of layer each is, with the evidence it read from the graph. The
+kind decides what fusion is *expected*: not every layer is a BERT layer.
+"""),
+    code('''
+layers = session.model_layers(graph)
+print("layers:", layers)
+for layer in layers:
+    kind = session.classify(graph, layer)
+    ops = Counter(n.op.value for n in graph.compute_nodes() if n.path.startswith(f"h.{layer}."))
+    print(f"layer {layer}: {kind.description}")
+    for line in kind.evidence:
+        print(f"    evidence: {line}")
+    print(f"    ops: {dict(ops.most_common())}")
+norms = [n for n in graph if n.op.value == "layer_norm"]
+print(f"layer norms in the model: {len(norms)} ({', '.join(n.path for n in norms)})")''', "layers"),
+    md("""
+GPT-2 is **pre-LN**: each sublayer reads `LayerNorm(h)` and adds its result to `h` itself, so every
+residual sum `h` has two readers — the next norm *and* the next residual add. BERT (notebook 02) is
+post-LN: the norm is the only reader of its sum. The final `ln_f` reads the last sum alone.
+
+## 4. The pipeline, and why the layers did not fuse
+"""),
+    code('''
+from rlxviz.passes import Pipeline
+
+trace = Pipeline.canonical().run(graph)
+check = teach.check_fusion(trace, "gpt2")
+print(f"fused layers: {sum(s.fused for s in check.layers)} of {len(check.layers)}; final version: "
+      f"{len(trace.final.compute_nodes())} compute nodes")
+print("final ops:", dict(sorted(trace.final.op_counts().items(), key=lambda kv: -kv[1])))
+print()
+st = teach.layer_status(trace, 0)
+print(st.render())
+rln = trace.step("fuse_residual_ln")
+refused = [r for r in rln.rejections if r.headline]
+rln_guards = sorted({r.guard for r in refused})
+n_rln = trace.final.op_counts().get("FusedResidualLN", 0)
+n_fmba = trace.final.op_counts().get("FusedMatMulBiasAct", 0)
+n_gelu = trace.final.op_counts().get("gelu_tanh", 0)''', "pipeline"),
+    md("""
+## 5. ONNX Runtime's optimizer on the same file
+
+ONNX Runtime optimizes every model it loads. Its graph optimizer (C++, `ORT_ENABLE_ALL`) fuses what
+its CPU kernels have a fused form for, and can write the optimized model back to a file; its
+**transformer optimizer** (`onnxruntime.transformers.optimizer`, Python) adds attention fusions on top.
+`session.ort_optimizer.ort_optimized` runs the first on the same file, counts the node types the
+optimizer added, checks the optimized model's numbers against the unoptimized one, and says whether
+the second can run here.
+"""),
+    code('''
+from rlxviz.session.ort_optimizer import ort_optimized
+
+ort_run = ort_optimized(PATH, feeds)
+print(f"ONNX Runtime {ort_run.version}, graph optimizer at ORT_ENABLE_ALL: nodes {ort_run.nodes_before} -> "
+      f"{ort_run.nodes_after}; optimized vs source model: max err {ort_run.max_err:.1e}")
+for op, k in ort_run.fused.items():
+    print(f"  made {k} x {op} (outputs per node: {list(ort_run.node_outputs[op])})")
+print("LayerNormalization nodes left:", ort_run.ops_after.get("LayerNormalization", 0),
+      "of", ort_run.ops_before.get("LayerNormalization", 0))
+why = ort_run.transformer_optimizer
+print("transformer optimizer:", "available here" if why is None else f"not available here ({why})")
+skip_ln = ort_run.fused.get("com.microsoft.SkipLayerNormalization", 0)
+fast_gelu = ort_run.fused.get("com.microsoft.FastGelu", 0)
+n_ln = ort_run.ops_before.get("LayerNormalization", 0)''', "ort"),
+    md("""
+The transformer optimizer, where it can run, is run live by the next cell; where it cannot (here
+without `sympy`), the cell prints what it made of this same file on 2026-12-02 (onnxruntime 1.32.0,
+`sympy` 1.14.0 put on the path for that run only), labelled **RECORDED**.
+"""),
+    code('''
+from rlxviz.session.ort_optimizer import TransformerFusions, transformer_optimized
+
+RECORDED_TF = TransformerFusions("1.32.0", 101, {"FastGelu": 2, "LayerNormalization": 1, "SkipLayerNormalization": 4},
+                                 (2, 2, 2, 1), ("h.0.ln_1",))
+if why is None:
+    tf = transformer_optimized(PATH, "gpt2", cfg["n_head"], cfg["n_embd"])
+    print(f"MEASURED here: ONNX Runtime {tf.version} transformer optimizer (opt_level=0)")
+else:
+    tf = RECORDED_TF
+    print(f"RECORDED (2026-12-02, ONNX Runtime {tf.version} + sympy 1.14.0) - not measured in this notebook")
+print(f"  nodes after: {tf.nodes_after}; fused: {tf.fused}")
+print(f"  SkipLayerNormalization outputs per node: {list(tf.norm_outputs)} "
+      f"({sum(k == 2 for k in tf.norm_outputs)} also return the residual sum)")
+print(f"  LayerNormalization left: {', '.join(tf.layer_norms_left) or 'none'}")''', "transformer-optimizer"),
+    md("""
+## Exercise: read the norms
+
+From the raw outputs of the pipeline and ONNX Runtime cells above (the next section reads them aloud;
+run the check first), fill in three values:
+
+* `rlxviz`: how many of GPT-2's norms the canonical pipeline fused into `FusedResidualLN`,
+* `ort`: how many ONNX Runtime's graph optimizer fused into `SkipLayerNormalization`,
+* `guard`: the name of the guard that refused the other norms in rlxviz (a string).
+
+The check says what is wrong, if anything. Solution: `notebooks/solutions.py` (`ex05`), run by the
+collapsed cell below.
+"""),
+    code('''
+def check_ex05(answer):
+    assert isinstance(answer, (tuple, list)) and len(answer) == 3, (
+        "give a tuple of 3 values, (rlxviz norms, ONNX Runtime norms, 'guard name')")
+    assert all(v is not None for v in answer), "fill in all three values"
+    *counts, guard = answer
+    rlx, ort_n = teach.expect_ints(tuple(counts), ("rlxviz", "ort"))
+    assert rlx != len(norms), (f"rlxviz: {len(norms)} is every norm in the model; fuse_residual_ln refused "
+                               f"some: read its rejections in the pipeline cell")
+    assert rlx == n_rln, "rlxviz: count FusedResidualLN in the final version (the pipeline cell's final ops)"
+    assert ort_n == skip_ln, ("ort: count com.microsoft.SkipLayerNormalization in what the optimizer made (the "
+                              "ONNX Runtime cell)")
+    assert isinstance(guard, str), f"guard: give the guard's name as a string, e.g. 'name'; you gave {guard!r}"
+    assert guard != st.first.guard, (f"guard: {guard} refused the FFN's activation, not a norm; the norms were "
+                                     "refused by fuse_residual_ln")
+    assert guard in rln_guards, (f"guard: {guard!r} did not refuse a norm; read the fuse_residual_ln.residual "
+                                 "line of the layer status")
+    return (f"rlxviz {rlx}, ONNX Runtime {ort_n}; the other norms' sums have a second reader ({guard}): a "
+            "two-output rule is the fix (notebook 06)")
+
+
+ex05_answer = (None, None, None)  # YOUR ANSWER: (rlxviz norms, ONNX Runtime norms, "guard name")
+teach.feedback(check_ex05, ex05_answer);''', "exercise"),
+    code('''
+import solutions
+
+teach.feedback(check_ex05, solutions.ex05());''', "solution", hidden=True),
+    md("""
+## 6. Read aloud: rlxviz and ONNX Runtime side by side
+
+The next cells write out what the raw outputs above say, from the same variables.
+"""),
+    code('''
+from IPython.display import Markdown
+
+display(Markdown(
+    f"Layer 0's first rejection is `{st.first.guard}` (*{st.first.kind}*): GPT-2's `gelu_new` is the tanh "
+    f"approximation of GELU, and the epilogue of `FusedMatMulBiasAct` takes `gelu` and `silu` only. So "
+    f"{n_fmba} linears fuse with their bias, and {n_gelu} `gelu_tanh` nodes stay separate. The product's "
+    f"fix is on the compiler's side (*{st.first.fix}*): switching the model to exact GELU would change "
+    f"its numbers (notebook 03 measures by how much).\\n\\n"
+    f"The norms: `fuse_residual_ln` fused **{n_rln} of the {len(norms)}** norms "
+    f"({', '.join(m.path or 'the final ln_f' for m in rln.matches) or 'none'}) and refused "
+    f"{len(refused)}, each by `{'`, `'.join(rln_guards)}`: a pre-LN sum is also read by the next residual "
+    f"add, and `FusedResidualLN` returns only the normalized value. That is *illegal* for this op, "
+    f"whatever its kernel, and *expected* for a pre-LN layer (the `not expected here` lines above); "
+    f"notebook 06 writes the two-output rule that makes these norms fuse."))''', "why-read-aloud"),
+    code('''
+rows = [("residual add + LayerNorm", f"{skip_ln} SkipLayerNormalization of {n_ln} norms",
+         f"{n_rln} FusedResidualLN of {len(norms)} norms"),
+        ("tanh GELU", f"{fast_gelu} FastGelu (the activation alone)",
+         f"{n_gelu} gelu_tanh (one op; not in an epilogue)"),
+        ("linear + bias", "Gemm (ONNX's Gemm already adds the bias)", f"{n_fmba} FusedMatMulBiasAct"),
+        ("attention", f"{ort_run.fused.get('com.microsoft.FusedMatMul', 0)} FusedMatMul (Q @ K^T with its scale)",
+         f"{trace.final.op_counts().get('attention', 0)} attention (fuse_sdpa: scores, mask, softmax, @ V)")]
+print(f"{'':<26}{'ONNX Runtime ' + ort_run.version:<44}rlxviz canonical pipeline")
+for what, ort_says, we_say in rows:
+    print(f"{what:<26}{ort_says:<44}{we_say}")''', "ort-vs-rlxviz"),
+    code('''
+one_output = all(k == 1 for k in ort_run.node_outputs.get("com.microsoft.SkipLayerNormalization", ()))
+display(Markdown(
+    f"ONNX Runtime's graph optimizer fused **{skip_ln} of {n_ln}** norms with their residual add; rlxviz fused "
+    f"**{n_rln} of {len(norms)}**. " + ("The same count, and for the same reason: " if skip_ln == n_rln else
+    "Different counts; read the table. ") +
+    ("every SkipLayerNormalization it made has one output, so it too fuses only the norm whose sum has no "
+     "other reader (`ln_f`). " if one_output and skip_ln else "") +
+    "ONNX Runtime's SkipLayerNormalization *has* an optional fourth output, the sum itself "
+    "(`input_skip_bias_sum`), and the transformer optimizer uses it when the residual add has another reader "
+    "(`onnxruntime/transformers/fusion_skiplayernorm.py`): the two-output fusion notebook 06 builds. The graph "
+    "optimizer's attention stops at `FusedMatMul` (the scores' matmul with its scale); rlxviz's `attention` "
+    "takes the whole `softmax(Q K^T / sqrt(d) + mask) V`. ONNX Runtime fuses the tanh GELU into one `FastGelu` kernel, as rlxviz makes it one `gelu_tanh` "
+    "op; neither absorbs it into the linear. "
+    + ("The transformer optimizer " + ("(recorded, not run here: " + why + ") " if why else "(run here) ")
+       + f"fuses **{len(tf.norm_outputs)} of {n_ln}** norms, **{sum(k == 2 for k in tf.norm_outputs)}** of them "
+       "with the sum as a second output — the two-output form; it leaves "
+       f"{', '.join(tf.layer_norms_left) or 'no norm'}, whose sum adds the token and position embeddings (two "
+       "Gathers): embedding sums are left to its EmbedLayerNormalization fusion, which did not match this "
+       "export (`fusion_skiplayernorm.py`). rlxviz with notebook 06's rule fuses that one too.")))''',
+         "ort-read-aloud"),
+    md("""
+## Try it
+
+The project's other ONNX fixtures, through the same cells: the import check, each layer's kind and
+verdict, and ONNX Runtime's fusions (the output under the cell before the control is a static copy,
+for exports). Put your own file in the dictionary to read yours.
+"""),
+    code('''
+FIXTURES = {p.stem: p for p in [*sorted(Path("../tests/fixtures/onnx").glob("*.onnx")),
+                                *sorted(Path("../tests/fixtures/onnx/cases").glob("*.onnx"))]}
+
+
+def read_model(name="gpt2"):
+    m = teach.load(str(FIXTURES[name]))
+    f = m.random_feeds(0)
+    print(against_onnx(m, f).line())
+    t = Pipeline.canonical().run(m.graph)
+    for s in teach.check_fusion(t, name).layers:
+        print(f"layer {s.layer} ({s.architecture.kind}): " + ("fused" if s.fused else "NOT fused: " + s.blocker))
+    o = ort_optimized(FIXTURES[name], f)
+    print("ONNX Runtime made:", o.fused or "nothing")
+
+
+read_model()  # static output for exports
+controls = widgets.interact(read_model, name=widgets.Dropdown(options=list(FIXTURES), value="gpt2"))'''),
+]
+
+# ------------------------------------------------------------------------------------------------- 06
+
+NB06 = [
+    md("""
+# 06 — A multi-output fusion: the pre-LN residual norm
+
+In notebook 05, 4 of GPT-2's 5 LayerNorms did not fuse with their residual add: guard `sum_single_user`,
+kind *illegal*. In a pre-LN layer the residual sum `h = x + sublayer(...)` has two readers — the next
+norm and the next residual add — and `FusedResidualLN` returns only the normalized value, so fusing
+would take `h` away from the add. The fix the product names is a **two-output** op that returns the
+sum too: vLLM's `fused_add_rms_norm` writes the sum back in place, and ONNX Runtime's
+`SkipLayerNormalization` has an optional output for it (notebook 05 shows ONNX Runtime's transformer
+optimizer using it on this very model).
+
+In this notebook you will
+
+1. read the refusal again, from the product,
+2. see how this IR says "two outputs" (one value per node: the outputs are **packed**, then read back
+   by `narrow`s) and how a rule declares it (`Rule(outputs=...)`),
+3. **write the rule** that makes GPT-2's pre-LN norms fuse, checked as notebook 04 checks (the
+   numbers, the verifier, the matcher's records),
+4. see what MLX then runs — and why the graph getting smaller does not make the program smaller.
+"""),
+    code(SETUP, "setup"),
+    md("""
+## 1. The refusal, from the product
+
+GPT-2's ONNX export again (`tests/fixtures/onnx/gpt2.onnx`), the canonical pipeline, and every
+headline rejection of `fuse_residual_ln`:
+"""),
+    code('''
+from collections import Counter
+
+from rlxviz import session
+from rlxviz.ir import Op, format_graph, lint
+from rlxviz.passes import CANONICAL_ORDER, Pipeline, run_passes
+from rlxviz.passes.engine import Pass, rule_pass
+from rlxviz.runtime.reference import run_reference
+
+gpt2 = teach.load("../tests/fixtures/onnx/gpt2.onnx")
+print(teach.check_memory(gpt2.graph, "gpt2.onnx", "run"))
+canonical = Pipeline.canonical().run(gpt2.graph)
+rln = canonical.step("fuse_residual_ln")
+refused = [r for r in rln.rejections if r.headline]
+for r in refused:
+    print(f"{r.path:<8} {r.guard} ({r.kind}): {r.message}")
+print("compiler fix:", refused[0].fix)
+n_norms = sum(n.op == Op.LAYER_NORM for n in gpt2.graph)
+print(f"LayerNorms in the model: {n_norms}; fused by fuse_residual_ln: {len(rln.matches)} "
+      f"({', '.join(m.path or 'ln_f' for m in rln.matches)}); refused: {len(refused)} of {n_norms} LayerNorms")''',
+         "refusal"),
+    md("""
+## 2. Two outputs in a one-value IR
+
+Every node here has one value. A fused op with two outputs therefore returns them **packed on the
+last axis**: `FusedResidualLN(x, residual, gamma, beta, with_sum=True)` computes `s = x + residual`
+and gives `[LayerNorm(s), s]`, shape `[..., 2H]`; two `narrow` nodes read the halves back (the layout
+`fuse_shared_input_matmul` uses for Q, K and V). A rule declares it with `outputs`: the absorbed roles
+whose values the fused node *also* produces. The engine then
+
+* lets those roles keep readers outside the match (its generic `absorbed_escape` guard exempts them),
+* checks the packed type against the op's own type rule before rewriting (`fused_types`),
+* rewrites with `Rewriter.fuse_packed`: one fused node, one `narrow` per value, each reader redirected.
+
+A small pre-LN block, before and after a rule like the one you will write:
+"""),
+    code('''
+from rlxviz.ir import Builder
+
+b = Builder("pre_ln_block")
+x = b.input("x", (2, 4, 8))
+h = b.add(x, b.gelu(x))  # the residual sum h
+with b.scope("ln"):
+    y = b.layer_norm(h, b.param("ln.weight", (8,)), b.param("ln.bias", (8,)))
+b.output(b.add(h, b.gelu(y)))  # h is read again by the next residual add
+block = b.build()
+
+import solutions
+
+demo = run_passes(block, [solutions.ex06()]).steps[0]
+print(format_graph(block))
+print()
+print(format_graph(demo.after))
+fused = demo.after[demo.matches[0].fused]
+print(f"\\n{fused.op.value}(with_sum={fused.attrs['with_sum']}) {list(fused.shape)} is read by",
+      [f"%{u.id} narrow(start={u.attrs['start']}, length={u.attrs['length']})" for u in demo.after.users(fused.id)])''',
+         "demo"),
+    md("""
+## 3. Exercise: the two-output rule
+
+Write a pass `fuse_residual_ln_two_outputs` with one rule:
+
+* **anchor**: `P(Op.LAYER_NORM, P(Op.ADD, P.var("x"), P.var("residual"), name="sum"), P.var("gamma"),
+  P.var("beta"), name="norm")`;
+* **steps**:
+  1. *not a candidate* (return `QUIET`) when the sum has no reader besides the norm and is not a graph
+     output: the single-output `fuse_residual_ln` takes those, and packing a sum nobody reads would
+     only copy it (a step function with `@reports(reads=("sum", "norm"))`; `c.users("sum")` lists the
+     sum's readers, `c.graph.is_output(c.id("sum"))` says whether it is an output);
+  2. `same_shape("x", "residual", "residual_same_shape")`: a broadcast add (a bias) is not a residual;
+* **rewrite**: `result="norm"`, `outputs=("sum",)`, `absorb=("sum", "norm")`,
+  `build=lambda c: (Op.FUSED_RESIDUAL_LN, [x, residual, gamma, beta ids], {"eps": c["norm"].attrs["eps"],
+  "with_sum": True})`.
+
+**Validity condition** (write it in your rule's `doc`): the fused op computes `s = x + residual` and
+`LayerNorm(s)` with the matched `eps`, the same ops in the same order, and returns `s` itself, so every
+reader of the sum and of the norm gets the same bits — the check demands outputs equal to the last bit
+on the NumPy reference executor.
+
+The check runs your pass right after `fuse_residual_ln` in the canonical pipeline on GPT-2, runs the
+verifier, compares the numbers, reads the matcher's records, and tries two more graphs: a post-LN
+BERT (`bert-tiny`), where nothing should change, and a norm reading a bias add.
+"""),
+    code('''
+from rlxviz.passes.guard import same_shape
+from rlxviz.passes.pattern import P
+from rlxviz.passes.rule import QUIET, Rule, reports
+
+PRE = list(CANONICAL_ORDER[:CANONICAL_ORDER.index("fuse_residual_ln") + 1])
+post_ln = teach.load("bert-tiny", seq=8)
+
+
+def with_pass(my_pass):
+    """The canonical order with `my_pass` right after fuse_residual_ln."""
+    order = list(CANONICAL_ORDER)
+    order.insert(order.index("fuse_residual_ln") + 1, my_pass)
+    return order
+
+
+def bias_norm_graph():
+    """LayerNorm(x + bias) whose biased sum is also an output: a broadcast add, not a residual."""
+    b = Builder("bias_norm")
+    x = b.input("x", (2, 4, 8))
+    s = b.add(x, b.param("bias", (8,)))
+    b.output(b.layer_norm(s, b.param("g", (8,)), b.param("b", (8,))), s)
+    return b.build()
+
+
+def max_diff(g, h, model=gpt2):
+    """Largest |difference| between the outputs of graphs `g` and `h` on the NumPy reference, same feeds."""
+    f = model.random_feeds(0)
+    return max(float(abs(a - b).max()) for a, b in zip(run_reference(g, f, model.weights),
+                                                       run_reference(h, f, model.weights), strict=True))
+
+
+def check_ex06(my_pass):
+    assert my_pass is not None, "build your pass: my_two_output = rule_pass('fuse_residual_ln_two_outputs', [rule])"
+    assert isinstance(my_pass, Pass), f"rule_pass(...) returns a Pass; you gave a {type(my_pass).__name__}"
+    run = Pipeline(with_pass(my_pass)).run(gpt2.graph)
+    step = run.step(my_pass.name)
+    assert not step.error, f"your pass failed (or the verifier rejected its graph): {step.error}"
+    g = lint(step.after)  # the verifier, once more, on your graph
+    escaped = [r for r in step.rejections if r.guard == "absorbed_escape"]
+    assert step.matches or not escaped, (
+        f"the engine refused every candidate: {escaped[0].message}; declare outputs=('sum',) so the fused node "
+        "returns the sum to its other readers")
+    n = len(step.matches)
+    assert n == len(refused), (f"your pass made {n} matches; the {len(refused)} norms fuse_residual_ln refused "
+                               f"({', '.join(r.path for r in refused)}) should fuse")
+    before, after = (Counter(n.op for n in x) for x in (step.before, g))
+    assert after[Op.ADD] == before[Op.ADD] - n, (
+        f"the residual sums are still computed by add nodes ({before[Op.ADD]} adds before your pass, "
+        f"{after[Op.ADD]} after): absorb the sum too, absorb=('sum', 'norm'), so each is computed once, inside "
+        "the fused op")
+    assert after[Op.LAYER_NORM] == before[Op.LAYER_NORM] - n, "a layer_norm is left: absorb the norm"
+    new = [g[m.fused] for m in step.matches]
+    assert all(f.op == Op.FUSED_RESIDUAL_LN and f.attrs.get("with_sum") for f in new), (
+        f"the rewrite made {sorted({(f.op.value, str(dict(f.attrs))) for f in new})}; expected "
+        "FusedResidualLN(with_sum=True)")
+    d = max_diff(step.before, g)
+    assert d == 0.0, f"outputs changed by up to {d:.3e}: the fused op computes the same ops in the same order"
+    d_all = max_diff(gpt2.graph, run.final)
+    quiet = run_passes(post_ln.graph, [my_pass]).steps[0]  # post-LN: every residual sum feeds its norm only
+    assert not quiet.matches, (
+        f"on post-LN bert-tiny your pass fused {len(quiet.matches)} norms whose sum has no other reader: those are "
+        "fuse_residual_ln's (single output); leave them alone (QUIET), packing a sum nobody reads only copies it")
+    bias = run_passes(bias_norm_graph(), [my_pass]).steps[0]
+    assert not bias.matches, "your pass fused a norm reading a bias add (x [2, 4, 8] + bias [8]): not a residual"
+    mine = [r for r in bias.rejections if r.guard not in ("absorbed_escape", "fused_types")]
+    assert mine, ("only the engine's fused_types refused the bias add: add your own guard that names the problem "
+                  "(same_shape on x and residual)")
+    return (f"{n} norms fused with two outputs, verifier passed, outputs equal bit for bit (whole pipeline vs the "
+            f"ONNX import: {d_all:.1e}); post-LN untouched; the bias add refused by {mine[0].guard} ({mine[0].kind})")
+
+
+my_two_output = None  # YOUR PASS: rule_pass("fuse_residual_ln_two_outputs", [a Rule as described above])
+teach.feedback(check_ex06, my_two_output);''', "exercise"),
+    code('''
+teach.feedback(check_ex06, solutions.ex06());''', "solution", hidden=True),
+    md("""
+## 4. What the product says now, and what MLX runs
+
+With the solution's pass in the pipeline, GPT-2's norms are all fused. Count two things: the graph's
+ops (the `narrow`s that read the packed values are ops too), and what MLX runs —
+`session.version_primitives` lowers each version and lists MLX's own primitives (views — reshapes,
+slices — counted apart).
+"""),
+    code('''
+two = solutions.ex06()  # or your my_two_output, once its check says correct
+after = Pipeline(with_pass(two)).run(gpt2.graph)
+print("final ops, canonical:      ", dict(sorted(canonical.final.op_counts().items())))
+print("final ops, with two-output:", dict(sorted(after.final.op_counts().items())))
+feeds = gpt2.random_feeds(0)
+prims = {label: session.version_primitives(run, feeds, gpt2.weights, device="cpu")[-1]
+         for label, run in (("canonical", canonical), ("with two-output", after))}
+for label, p in prims.items():
+    print(f"{label:<16} graph ops {p.ops:>3}  MLX primitives {p.program.count:>4}  not views "
+          f"{p.program.kernels:>4}  {p.program.counts()}")''', "after"),
+    code('''
+from IPython.display import Markdown
+
+c0, c1 = (p.program.counts() for p in prims.values())
+k0, k1 = (p.program.kernels for p in prims.values())
+g0, g1 = (p.ops for p in prims.values())
+extra = {k: c1.get(k, 0) - c0.get(k, 0) for k in sorted(set(c0) | set(c1)) if c1.get(k, 0) != c0.get(k, 0)}
+two_step = after.step(two.name)
+sum_bytes = [two_step.before[m.bindings["sum"]].nbytes for m in two_step.matches]
+n_two = len(two_step.matches)
+display(Markdown(
+    f"The graph went from {g0} to {g1} ops ({n_two} adds and {n_two} norms became {n_two} fused ops and "
+    f"{2 * n_two} `narrow`s), and MLX's program from {k0} to **{k1}** non-view primitives "
+    f"(changes: {extra or 'none'}). " +
+    ("More, not fewer: " if k1 > k0 else "Not fewer: " if k1 == k0 else "Fewer: ") +
+    "the MLX lowering runs `FusedResidualLN` as its decomposition (an add, then the norm, then a "
+    "`concatenate` that packs the two values), so the packing is a copy the unfused graph never made. "
+    "The rule is right — the numbers are equal and every reader gets its value — but on this backend the "
+    "fusion changes the graph, not the work. A kernel that pays writes both values in one pass over the "
+    f"data: per norm it would save one read of the sum (the norm uses it while it is still in registers), "
+    f"{sum_bytes[0] if sum_bytes else 0} B here, {sum(sum_bytes)} B for the {len(sum_bytes)} norms "
+    "(a **model** of that kernel, from the sum's shape and dtype, not something MLX ran). That needs the "
+    "lowering to keep the two outputs apart, as vLLM's `fused_add_rms_norm` does."))''', "after-read-aloud"),
+    md("""
+## Try it
+
+Pick a model and a pipeline; the cell prints the norms fused and whether the numbers held (the output
+under the cell before the control is a static copy, for exports). Your rule is for LayerNorm: LLaMA's
+RMSNorms stay unfused. `FusedResidualRmsNorm` takes `with_sum` too; its twin rule is a next exercise
+(LLaMA's norm has no beta: `fuse_residual_rms_norm.residual_no_beta` shows how to give it a zero one).
+"""),
+    code('''
+MODELS = {"gpt2 (ONNX)": lambda: gpt2, "llama (ONNX, RMSNorm)": lambda: teach.load("../tests/fixtures/onnx/llama.onnx"),
+          "bert-tiny (post-LN)": lambda: post_ln, "bert-tiny pre_ln variant": lambda: teach.load(
+              "bert-tiny", seq=8, variant="pre_ln")}
+PIPES = {"canonical": lambda: Pipeline.canonical(), "with two-output": lambda: Pipeline(with_pass(two))}
+
+
+def try_it(model="gpt2 (ONNX)", pipeline="with two-output"):
+    m = MODELS[model]()
+    run = PIPES[pipeline]().run(m.graph)
+    ops = run.final.op_counts()
+    left = ops.get("layer_norm", 0) + ops.get("rms_norm", 0)
+    print(f"{model} / {pipeline}: FusedResidualLN {ops.get('FusedResidualLN', 0)}, FusedResidualRmsNorm "
+          f"{ops.get('FusedResidualRmsNorm', 0)}, norms left unfused {left}; max |diff| vs the input graph "
+          f"{max_diff(m.graph, run.final, m):.1e}")
+
+
+try_it()  # static output for exports
+controls = widgets.interact(try_it, model=widgets.Dropdown(options=list(MODELS)),
+                            pipeline=widgets.Dropdown(options=list(PIPES), value="with two-output"))'''),
+]
+
 NOTEBOOKS = {
     "01_what_is_fusion.ipynb": NB01,
     "02_fusing_a_bert_layer.ipynb": NB02,
     "03_why_did_my_layer_not_fuse.ipynb": NB03,
     "04_write_your_own_pattern_and_guard.ipynb": NB04,
+    "05_bring_your_own_model.ipynb": NB05,
+    "06_a_multi_output_fusion.ipynb": NB06,
 }
 
 

@@ -99,3 +99,56 @@ def ex04b():
                 build=lambda c: (fmba, [c.id("x"), c.id("w"), c.id("bias")], {"activation": "gelu_tanh"}),
                 doc="FusedMatMulBiasAct(None) + gelu_tanh -> FusedMatMulBiasAct(gelu_tanh)")
     return rule_pass("fuse_gelu_tanh_epilogue", [rule], "a gelu_tanh after a fused linear -> its epilogue")
+
+
+def ex05() -> tuple[int, int, str]:
+    """(rlxviz norms, ONNX Runtime norms, guard) for GPT-2's ONNX export (tests/fixtures/onnx/gpt2.onnx).
+
+    Of its 5 LayerNorms only the final `ln_f` reads a residual sum nobody else reads: rlxviz's
+    fuse_residual_ln fuses it (1 FusedResidualLN) and ONNX Runtime's graph optimizer fuses it (1
+    SkipLayerNormalization). The 4 pre-LN norms read a sum that the next residual add reads too: guard
+    `sum_single_user` (illegal for the single-output FusedResidualLN).
+    """
+    return 1, 1, "sum_single_user"
+
+
+def ex06():
+    """Notebook 06: a two-output residual LayerNorm for pre-LN layers (the sum has another reader).
+
+    `LayerNorm(add(x, residual))` whose sum is also read outside the match -> one
+    `FusedResidualLN(x, residual, gamma, beta, with_sum=True)` producing both values, `outputs=("sum",)`: the
+    engine lets the sum's other readers stay and reads each value back by a `narrow`.
+
+    Validity: the fused op computes `s = x + residual` and `LayerNorm(s)` with the matched eps, the same ops in the
+    same order, and returns `s` itself; so every reader of the sum and of the norm gets the same bits. Guards: x and
+    residual have one shape (`residual_same_shape`: a broadcast add is not a residual, and the op's type rule
+    demands it); the norm is over the last axis (`norm_last_axis`). A sum with no other reader is not a candidate
+    (`QUIET`): the single-output `fuse_residual_ln` takes it, and packing a sum nobody reads would only copy it.
+    """
+    from rlxviz.ir import Op
+    from rlxviz.passes.engine import rule_pass
+    from rlxviz.passes.guard import guard, same_shape
+    from rlxviz.passes.pattern import P
+    from rlxviz.passes.rule import QUIET, Rule, reports
+
+    @reports(reads=("sum", "norm"))
+    def sum_read_elsewhere(c):
+        """Not a candidate unless the sum has a reader besides the norm (or is a graph output)."""
+        others = [u for u in c.users("sum") if u.id != c.id("norm")]
+        return None if others or c.graph.is_output(c.id("sum")) else QUIET
+
+    last_axis = guard("norm_last_axis", lambda c: c["norm"].attrs.get("axis", -1) in (-1, c["norm"].rank - 1),
+                      lambda c: f"{c.d('norm')} normalizes axis {c['norm'].attrs.get('axis')}; the fused op "
+                                "normalizes the last axis", "normalize over the last axis", requires=("norm",),
+                      kind="not recognized")
+    rule = Rule("fuse_residual_ln_two_outputs.pre_ln",
+                P(Op.LAYER_NORM, P(Op.ADD, P.var("x"), P.var("residual"), name="sum"), P.var("gamma"),
+                  P.var("beta"), name="norm"),
+                steps=(sum_read_elsewhere,
+                       same_shape("x", "residual", "residual_same_shape", "a residual add has equal operand shapes"),
+                       last_axis),
+                result="norm", outputs=("sum",), absorb=("sum", "norm"),
+                build=lambda c: (Op.FUSED_RESIDUAL_LN, [c.id(r) for r in ("x", "residual", "gamma", "beta")],
+                                 {"eps": c["norm"].attrs["eps"], "with_sum": True}),
+                doc="LayerNorm(x + residual), the sum read elsewhere -> FusedResidualLN(with_sum) [norm, sum]")
+    return rule_pass("fuse_residual_ln_two_outputs", [rule], "pre-LN residual norm: returns the sum too")

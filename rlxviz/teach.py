@@ -30,9 +30,9 @@ from .session import (
     load,
     model_layers,
     teaching_cases,
-    time_versions,
     traffic_saved,
 )
+from .session import time_versions as _time_versions
 from .viz import Overlay
 
 TeachError = SessionError
@@ -182,4 +182,30 @@ def roofline_svg(gflops: float, gbps: float, points: list[tuple[str, float, floa
     return "".join(parts)
 
 
-__all__ += ["roofline_svg"]
+def check_memory(graph: Graph, source: str, workload: str, limits: Limits | None = None) -> str:
+    """The memory check the CLI and the app make before a command (`Limits.check`, `ir.memory.workload_peak`):
+    one line naming the workload's estimated peak and the limit, or `LimitError` (a `TeachError`, one line).
+
+    Args:
+        graph: the graph the command runs (for `time`: the unfused version 0).
+        source: what it came from, named in a refusal. workload: `load`, `run`, `run-mlx` or `time`.
+        limits: default `Limits.resolve()` (`$RLXVIZ_MAX_MEMORY_MB`, else 2048 MiB), as the CLI resolves them.
+    """
+    from .session import human_bytes
+
+    limits = limits or Limits.resolve()
+    need = limits.check(graph, source, workload)
+    return f"memory check ({workload}): estimated peak {human_bytes(need)} of the {human_bytes(limits.max_bytes)} " \
+           f"limit ({limits.source})"
+
+
+def time_versions(trace: Trace, feeds: Any, weights: Any, *args: Any, source: str = "the notebook's model",
+                  limits: Limits | None = None, **kw: Any) -> list[VersionTiming]:
+    """`session.time_versions`, after the memory check `rlxviz time` makes (`check_memory(..., "time")`: the
+    float64 oracle, the battery and the MLX copies counted), so a notebook is refused as the CLI is, in one line,
+    before anything is allocated. Arguments as `session.time_versions`."""
+    check_memory(trace.input, source, "time", limits)
+    return _time_versions(trace, feeds, weights, *args, **kw)
+
+
+__all__ += ["check_memory", "roofline_svg"]

@@ -70,6 +70,11 @@ def test_paired_rounds_separate_what_quartiles_cannot():
     v = paired_verdict(base, tiny)
     assert v.high < 1.0 or v.low > 1.0
     assert v.words == "within noise"
+    rounds = np.r_[[1.003] * 21, [1.08] * 20]  # the median ratio 1.003, its interval 1.003..1.08: excludes 1
+    skewed = timed(3, drift / rounds)
+    v = paired_verdict(base, skewed)
+    assert v.low > 1.0 and v.high > 1 + 0.01 and abs(v.ratio - 1.003) < 1e-9
+    assert v.words == "within noise"  # was "1.00x faster": a 0.3% median gain read as a verdict
 
 
 def test_too_few_rounds_and_busy_runs_are_said():

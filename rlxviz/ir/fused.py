@@ -51,18 +51,27 @@ def _residual(e: Emitter[V], op: Op, a: dict[str, Any], x: Sequence[V]) -> tuple
     return s, r["gamma"], r["beta"]
 
 
+def _with_sum(e: Emitter[V], a: dict[str, Any], y: V, s: V) -> V:
+    """`with_sum`: the two outputs packed on the last axis, `concat([y, s], -1)` (`[..., 2H]`); else `y`. The IR
+    holds one value per node, so a two-output op packs its outputs and `narrow`s read them (as a merged QKV
+    matmul's outputs are read); an executor may keep them apart."""
+    if not a.get("with_sum", False):
+        return y
+    return e.concat([y, s], len(e.shape_of(s)) - 1)
+
+
 @decomposition(Op.FUSED_RESIDUAL_LN)
 def residual_ln(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
-    """`LayerNorm(x + residual [+ bias])` over the last axis."""
+    """`LayerNorm(x + residual [+ bias])` over the last axis; with `with_sum`, `[LayerNorm(s), s]` packed."""
     s, g, b = _residual(e, Op.FUSED_RESIDUAL_LN, a, x)
-    return e.layer_norm(s, g, b, a["eps"])
+    return _with_sum(e, a, e.layer_norm(s, g, b, a["eps"]), s)
 
 
 @decomposition(Op.FUSED_RESIDUAL_RMS_NORM)
 def residual_rms_norm(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
-    """`RmsNorm(x + residual [+ bias]) * gamma + beta` over the last axis."""
+    """`RmsNorm(x + residual [+ bias]) * gamma + beta` over the last axis; with `with_sum`, `[y, s]` packed."""
     s, g, b = _residual(e, Op.FUSED_RESIDUAL_RMS_NORM, a, x)
-    return e.rms_norm(s, g, b, a["eps"])
+    return _with_sum(e, a, e.rms_norm(s, g, b, a["eps"]), s)
 
 
 @decomposition(Op.FUSED_SWIGLU)

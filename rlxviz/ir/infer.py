@@ -369,6 +369,9 @@ def _fused_residual_norm(attrs: dict[str, Any], x: Sequence[TensorType]) -> Tens
     _check(len(x) == 4 + has_bias, f"has_bias={has_bias} takes {4 + has_bias} operands, got {len(x)}")
     _check(x[0].shape == x[1].shape, f"x {_fmt(x[0])} and residual {_fmt(x[1])} differ")
     _norm_params(x[0], x[2:] if not has_bias else (x[3], x[4], x[2]), "residual norm")
+    if attrs.get("with_sum", False):  # two outputs packed on the last axis: [normalized, sum]
+        _check(len(x[0].shape) >= 1, f"with_sum packs on the last axis; x is {_fmt(x[0])}")
+        return TensorType((*x[0].shape[:-1], 2 * x[0].shape[-1]), x[0].dtype)
     return x[0]
 
 

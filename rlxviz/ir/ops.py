@@ -203,9 +203,11 @@ SPECS: dict[Op, OpSpec] = {
     Op.ROPE: OpSpec((3,), {"head_dim": _a(int), "n_rot": _a(int)}),
     Op.FUSED_MATMUL_BIAS_ACT: OpSpec((3,), {
         "activation": _a(str, _NONE, required=False, default=None, choices=(None, *_ACT_NAMES))}),
-    Op.FUSED_RESIDUAL_LN: OpSpec((4, 5), {"eps": _a(int, float), "has_bias": _a(bool, required=False, default=False)}),
+    Op.FUSED_RESIDUAL_LN: OpSpec((4, 5), {"eps": _a(int, float), "has_bias": _a(bool, required=False, default=False),
+                                          "with_sum": _a(bool, required=False, default=False)}),
     Op.FUSED_RESIDUAL_RMS_NORM: OpSpec((4, 5), {"eps": _a(int, float),
-                                                "has_bias": _a(bool, required=False, default=False)}),
+                                                "has_bias": _a(bool, required=False, default=False),
+                                                "with_sum": _a(bool, required=False, default=False)}),
     Op.FUSED_SWIGLU: OpSpec((1,), {"gate_first": _a(bool, required=False, default=False)}),
     Op.FUSED_ATTENTION_BLOCK: OpSpec((4, 6, 8), {
         "num_heads": _a(int), "head_dim": _a(int),

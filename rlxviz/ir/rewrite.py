@@ -76,6 +76,10 @@ class Rewriter(NodeEmitter):
         """Uses of `old` (and graph outputs) now read `new`; `old` is removed."""
         self._replace[old] = new
 
+    def replaced(self, i: int) -> bool:
+        """Whether `replace(i, ...)` was called: the readers of `i` read another value now."""
+        return i in self._replace
+
     def remove(self, ids: Sequence[int]) -> None:
         """Remove `ids`; `finish` fails if anything outside still reads them."""
         self._remove.update(ids)
@@ -89,6 +93,36 @@ class Rewriter(NodeEmitter):
             new = self.emit(op, inputs, **attrs)
         self.remove([a for a in absorbed if a != result])
         self.replace(result, new)
+        return new
+
+    def fuse_packed(self, op: Op, inputs: Sequence[int], attrs: dict, *, absorbed: Sequence[int],
+                    results: Sequence[int], path: str | None = None) -> int:
+        """A multi-output rewrite: replace the subgraph `absorbed` by one `op` node that produces the values of
+        every node in `results` (each absorbed), packed in that order on the last axis, and one `narrow` per
+        result that reads its slice back; each result's readers then read its `narrow`. Returns the new node's id.
+
+        Raises:
+            RewriteError: the new node's type is not the results' types packed on the last axis (the op's type
+                rule disagrees with what it replaces), or a result is not absorbed.
+        """
+        if not results or any(r not in absorbed for r in results):
+            raise RewriteError(f"{self.pass_name}: every result of a multi-output rewrite is absorbed; results "
+                               f"{list(results)}, absorbed {list(absorbed)}", results[0] if results else None)
+        with self.provenance(absorbed, path):
+            new = self.emit(op, inputs, **attrs)
+            t, parts = self.lookup(new).type, [self.graph[r].type for r in results]
+            lead, axis = parts[0].shape[:-1], len(parts[0].shape) - 1
+            if (t.shape != (*lead, sum(p.shape[-1] for p in parts)) or any(p.shape[:-1] != lead for p in parts)
+                    or any(p.dtype != t.dtype for p in parts)):
+                raise RewriteError(f"{self.pass_name}: {op.value} gives {t}, not the results "
+                                   f"{', '.join(map(str, parts))} packed on the last axis", new)
+            start, slices = 0, []
+            for p in parts:
+                slices.append(self.narrow(new, axis, start, p.shape[-1]))
+                start += p.shape[-1]
+        self.remove([a for a in absorbed if a not in results])
+        for r, s in zip(results, slices, strict=True):
+            self.replace(r, s)
         return new
 
     def _resolve(self, i: int) -> int:

@@ -276,8 +276,12 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
     post = pre = False
     for n in norms:
         if n.op in (Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM):
-            post = True
-            evidence.append(f"{_label(n)}: a residual sum fused into its norm (post-norm)")
+            if n.attrs.get("with_sum", False):  # the sum is also returned: it has other readers
+                pre = True
+                evidence.append(f"{_label(n)}: a residual sum fused into its norm and returned too (pre-norm)")
+            else:
+                post = True
+                evidence.append(f"{_label(n)}: a residual sum fused into its norm (post-norm)")
             continue
         s = g[n.inputs[0]]
         others = [u for u in g.users(s.id) if u.id != n.id]

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..ir import Graph, Rewriter
 from ..ir.emitter import normalize_attrs
-from ..ir.infer import ShapeError, infer
+from ..ir.infer import ShapeError, TensorType, infer
 from .guard import ILLEGAL, NOT_PROFITABLE, Ctx
 from .rule import Fail, Rule, escape_check, run_step
 from .trace import Match, Rejection
@@ -123,14 +123,25 @@ def _build_type_error(rule: Rule, ctx: Ctx) -> Fail | None:
     op, inputs, attrs = rule.build(ctx)
     g = ctx.graph
     result = g[ctx.id(rule.result_role(ctx))]
+    want, what = result.type, f"{ctx.d(rule.result_role(ctx))} is {result.type}"
+    if rule.outputs:  # a multi-output rewrite: the values packed on the last axis (`Rewriter.fuse_packed`)
+        parts = [result, *(g[ctx.id(r)] for r in rule.outputs)]
+        want = TensorType((*result.shape[:-1], sum(p.shape[-1] if p.shape else 1 for p in parts)), result.dtype)
+        what = f"the packed outputs {', '.join(f'{ctx.d(r)} {g[ctx.id(r)].type}' for r in rule.outputs)} " \
+               f"and {what} make {want}"
+        if any(p.shape[:-1] != result.shape[:-1] or p.dtype != result.dtype or not p.shape for p in parts):
+            return Fail("guard", "fused_types", f"{op.value} cannot replace the match: outputs of a multi-output "
+                        f"rewrite pack on the last axis, and {what}", (result.id,), (),
+                        "none in the model: the outputs must agree in every dim but the last, and in dtype",
+                        subject=result.id, kind=ILLEGAL, fix=f"a {op.value} with separate outputs")
     try:
         t = infer(op, normalize_attrs(op, dict(attrs)), [g[i].type for i in inputs])
     except ShapeError as e:
         why = str(e)
     else:
-        if t == result.type:
+        if t == want:
             return None
-        why = f"it would give {t}, where {ctx.d(rule.result_role(ctx))} is {result.type}"
+        why = f"it would give {t}, where {what}"
     return Fail("guard", "fused_types", f"{op.value} cannot replace the match: {why}", (result.id,), (),
                 "none in the model: the fused op's operands must have the shapes and dtypes it is defined for",
                 subject=result.id, kind=ILLEGAL, fix=f"extend {op.value} to these operand types")

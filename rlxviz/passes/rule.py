@@ -198,6 +198,11 @@ class Rule:
         absorb: roles replaced by the rewrite (the result included).
         build: `ctx -> (op, operand ids, attrs)` for a one-node rewrite, or
         rewrite: `(ctx, rewriter) -> new id` for anything else.
+        outputs: further absorbed roles whose values the fused node also produces (a multi-output rewrite, e.g.
+            a residual norm that returns the sum too). Their readers outside the match are allowed (the engine's
+            `absorbed_escape` exempts them); with `build`, the fused node's value is the result's and the
+            outputs' values packed in that order on the last axis and each is read back by a `narrow`
+            (`Rewriter.fuse_packed`); a custom `rewrite` must `replace` each itself.
         labels: role -> display name in messages (e.g. `ln1 -> h1`).
         doc: one line for the UI.
     """
@@ -209,6 +214,7 @@ class Rule:
     absorb: tuple[str, ...]
     build: Build | None = None
     rewrite: Callable[[Ctx, Rewriter], int] | None = None
+    outputs: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
     doc: str = ""
     source: str = field(default="", compare=False)
@@ -258,11 +264,19 @@ class Rule:
 
     def apply(self, ctx: Ctx, rw: Rewriter) -> int:
         if self.rewrite is not None:
-            return self.rewrite(ctx, rw)
+            new = self.rewrite(ctx, rw)
+            missing = [r for r in self.outputs if r in ctx and not rw.replaced(ctx.id(r))]
+            if missing:
+                raise RuleError(f"[Rule {self.name}] its rewrite did not replace the outputs {missing}: a "
+                                f"multi-output rewrite gives each output's readers its new value (rw.replace)")
+            return new
         assert self.build is not None
         op, inputs, attrs = self.build(ctx)
-        return rw.fuse(op, list(inputs), attrs, absorbed=[ctx.id(r) for r in self.absorb if r in ctx],
-                       result=ctx.id(self.result_role(ctx)))
+        absorbed = [ctx.id(r) for r in self.absorb if r in ctx]
+        if self.outputs:
+            return rw.fuse_packed(op, list(inputs), attrs, absorbed=absorbed,
+                                  results=[ctx.id(r) for r in (self.result_role(ctx), *self.outputs)])
+        return rw.fuse(op, list(inputs), attrs, absorbed=absorbed, result=ctx.id(self.result_role(ctx)))
 
 
 def _bound(role: str, bound: set[str]) -> bool:
@@ -302,15 +316,19 @@ def check_roles(rule: Rule) -> None:
             raise RuleError(f"[Rule {rule.name}] custom step {getattr(s, '__name__', s)!r} must declare what it "
                             f"reads, binds and reports with @reports(...)")
     results = (rule.result,) if isinstance(rule.result, str) else rule.result
-    need([*results, *rule.absorb, *rule.labels], "result/absorb/labels")
+    need([*results, *rule.absorb, *rule.outputs, *rule.labels], "result/absorb/outputs/labels")
+    if any(o not in rule.absorb for o in rule.outputs):
+        raise RuleError(f"[Rule {rule.name}] outputs {list(rule.outputs)} must be absorbed roles (absorb="
+                        f"{list(rule.absorb)}): the fused node produces their values")
 
 
 def escape_check(rule: Rule, ctx: Ctx) -> Fail | None:
     """Absorbed values other than the result must be read only inside the match and not be outputs."""
     absorbed = {ctx.id(r) for r in rule.absorb if r in ctx}
     result = ctx.id(rule.result_role(ctx))
+    produced = {result, *(ctx.id(r) for r in rule.outputs if r in ctx)}  # the fused node gives these values
     for r in rule.absorb:
-        if r not in ctx or ctx.id(r) == result:
+        if r not in ctx or ctx.id(r) in produced:
             continue
         i = ctx.id(r)
         outside = [u for u in ctx.graph.users(i) if u.id not in absorbed]

@@ -283,8 +283,8 @@ def paired_verdict(base: VersionTiming, row: VersionTiming, resamples: int = 200
     low, high = (float(v) for v in np.percentile(np.median(r[idx], axis=1), [2.5, 97.5]))
     if len(r) < MIN_VERDICT_ROUNDS:
         words = f"too few rounds ({len(r)} < {MIN_VERDICT_ROUNDS}) for a verdict"
-    elif low <= 1.0 <= high or (1 - PRACTICAL <= low and high <= 1 + PRACTICAL):
-        words = "within noise"
+    elif low <= 1.0 <= high or (1 - PRACTICAL <= low and high <= 1 + PRACTICAL) or abs(ratio - 1) < PRACTICAL:
+        words = "within noise"  # the median ratio itself under 1%: below what a shared CPU resolves
     else:
         words = f"{ratio:.2f}x faster" if ratio > 1 else f"{1 / ratio:.2f}x slower"
     return PairedVerdict(ratio, low, high, len(r), words, busy_warning(base, row))
@@ -294,7 +294,7 @@ def compare_to_input(row: VersionTiming, base: VersionTiming) -> str:
     """Read one timed version against `base` in words (`paired_verdict(base, row).words`).
 
     `within noise` when the 95% bootstrap interval of the median per-round ratio contains 1 or lies within
-    1 +- `PRACTICAL` (1%); otherwise
+    1 +- `PRACTICAL` (1%), or the median ratio itself is within 1%; otherwise
     `N.NNx faster` / `N.NNx slower` (the median per-round ratio); `too few rounds ...` below
     `MIN_VERDICT_ROUNDS`.
 
