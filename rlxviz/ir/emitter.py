@@ -103,6 +103,12 @@ class Emitter(ABC, Generic[V]):
         y = self.matmul(x, w)
         return self.add(y, b) if b is not None else y
 
+    def linear_act(self, x: V, w: V, b: V | None, act: str | None) -> V:
+        """`act(x @ w (+ b))`: `linear`, then the unary op `act` (None: no activation). One method so a
+        backend can run the bias add and the activation as one kernel (the MLX emitter's CPU kernels)."""
+        y = self.linear(x, w, b)
+        return y if act is None else self.unary(act, y)
+
     # binary
     def add(self, a: V | Scalar, b: V | Scalar) -> V: return self._bin(Op.ADD, a, b)
     def sub(self, a: V | Scalar, b: V | Scalar) -> V: return self._bin(Op.SUB, a, b)

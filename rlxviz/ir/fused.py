@@ -32,15 +32,11 @@ def expand(e: Emitter[V], op: Op, attrs: dict[str, Any], operands: Sequence[V]) 
     return DECOMPOSITIONS[op](e, attrs, operands)
 
 
-def _act(e: Emitter[V], name: str | None, x: V) -> V:
-    return x if name is None else e.unary(name, x)
-
-
 @decomposition(Op.FUSED_MATMUL_BIAS_ACT)
 def matmul_bias_act(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
     """`act(x @ w + bias)`, bias rank <= 1 broadcast over rows (`Emitter.linear`: matmul, then add)."""
     r = unpack(Op.FUSED_MATMUL_BIAS_ACT, a, x)
-    return _act(e, a.get("activation"), e.linear(r["x"], r["w"], r["bias"]))
+    return e.linear_act(r["x"], r["w"], r["bias"], a.get("activation"))
 
 
 def _residual(e: Emitter[V], op: Op, a: dict[str, Any], x: Sequence[V]) -> tuple[V, V, V]:
@@ -115,7 +111,7 @@ def transformer_layer(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
     att = attention_block(e, a["num_heads"], a["head_dim"], hidden, r["qkv_w"], r["out_w"], r["mask"],
                           r["qkv_b"], r["out_b"], mask_fill=a.get("mask_fill"))
     h1 = e.layer_norm(e.add(att, hidden), r["ln1_g"], r["ln1_b"], a["eps1"])
-    mid = e.unary(a["activation"], e.linear(h1, r["fc1_w"], r["fc1_b"]))
+    mid = e.linear_act(h1, r["fc1_w"], r["fc1_b"], a["activation"])
     return e.layer_norm(e.add(e.linear(mid, r["fc2_w"], r["fc2_b"]), h1), r["ln2_g"], r["ln2_b"], a["eps2"])
 
 

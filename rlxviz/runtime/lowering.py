@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from .. import kernels
 from ..ir import DType, Emitter, Node, Op, format_node
 from ..ir.emitter import normalize_attrs
 from ..ir.fused import DECOMPOSITIONS, expand
@@ -38,6 +39,9 @@ from . import fast
 from .devices import cpu_cores
 from .formulas import merge_heads, rope, split_heads
 from .mlx_backend import mx
+
+KERNEL_ACTS = frozenset({"gelu", "gelu_tanh", "silu", "relu"})
+"""Activations the `bias_act` CPU kernel computes (others take the activation's own lowering)."""
 
 NEG = -3.4028234663852886e38  # finfo(float32).min, as the NumPy reference uses for masked scores
 
@@ -71,6 +75,8 @@ class LoweringOptions:
         cpu_streams: on the CPU, run each fast-math kernel on this many CPU streams, split along
             axis 0 (MLX runs one elementwise kernel on one thread; separate streams run
             concurrently). 1 turns it off. CPU default: the cores this process may use.
+        kernels: run fused ops' attention and bias + activation with rlxviz's own CPU kernels
+            (`rlxviz.kernels`, float32) when they are available; CPU only. Unfused ops keep MLX's.
     """
 
     fast_math: bool | None = None
@@ -79,6 +85,7 @@ class LoweringOptions:
     compile_layers: bool | None = None
     regions: str | None = None
     cpu_streams: int | None = None
+    kernels: bool | None = None
 
     def for_device(self, device: str) -> LoweringOptions:
         """These options with every `None` (or `attention="auto"`) replaced by `device`'s choice.
@@ -118,6 +125,8 @@ DEVICE_LOWERING: dict[str, dict[str, Choice]] = {
                                       "(fast softmax [8,12,128,128] 11.2 -> 7.4 ms)"),
         "cpu_streams": Choice(cpu_cores(), "one CPU stream per core this process may use; MLX runs one "
                                            "elementwise kernel on one thread (measurements: README, runtime)"),
+        "kernels": Choice(True, "rlxviz's CPU kernels (one pass per head for attention, one for bias + GELU, "
+                                "threaded): see docs/performance.md for the measured rows"),
     },
     "gpu": {
         "fast_math": Choice(False, "MLX's own GPU kernels: the fast-math formulation ran 1.46x slower than "
@@ -129,6 +138,7 @@ DEVICE_LOWERING: dict[str, dict[str, Choice]] = {
         "regions": Choice("inline", "compiled regions made the final version slower on the H200 (3.12 vs "
                                     "2.50 ms, issue 12); inline leaves the steps to MLX as in the faster version"),
         "cpu_streams": Choice(1, "row-parallel CPU streams do not apply on the GPU"),
+        "kernels": Choice(False, "rlxviz's kernels are CPU code; the GPU keeps MLX's fused kernels"),
     },
 }
 """The lowering chosen per device, with the measurement behind each choice. GPU rows come from the
@@ -212,6 +222,10 @@ class MlxEmitter(Emitter[mx.array]):
         self.options = (options or LoweringOptions()).for_device(device)
         self._kernels: dict[tuple[Any, ...], Callable[..., mx.array]] = {}
         self._compiled: dict[tuple[Any, ...], Callable[..., mx.array]] = {}
+        self.cpu_kernels = kernels.load() if self.options.kernels and device == "cpu" else None
+        """rlxviz's CPU kernels module (`rlxviz.kernels`), None when off, unavailable or not on the CPU."""
+        self.kernels_ran: set[str] = set()
+        """The rlxviz kernels this emitter has emitted (`attention`, `bias+gelu`, ...), for timing headers."""
 
     # Emitter interface
     def emit(self, op: Op, inputs: Sequence[mx.array], **attrs: Any) -> mx.array:
@@ -255,6 +269,18 @@ class MlxEmitter(Emitter[mx.array]):
         if mx.result_type(x, w, b) != mx.float32:
             return mx.matmul(x, w) + b
         return mx.addmm(b, x, w)
+
+    def linear_act(self, x: mx.array, w: mx.array, b: mx.array | None, act: str | None) -> mx.array:
+        """Override of `Emitter.linear_act` (`act(x @ w + b)`): with rlxviz's CPU kernels and float32
+        operands, `mx.matmul` then one `bias_act` kernel (bias add and activation in one pass, the
+        activation in `fast`'s formulas); otherwise `linear`, then the activation's lowering."""
+        k = self.cpu_kernels
+        if (k is not None and act in KERNEL_ACTS and x.dtype == w.dtype == mx.float32
+                and (b is None or (b.dtype == mx.float32 and b.ndim <= 1))):
+            self.kernels_ran.add(f"bias+{act}")
+            return k.bias_act(mx.matmul(x, w), b, act)
+        y = self.linear(x, w, b)
+        return y if act is None else self.unary(act, y)
 
     # kernels
     def kernel(self, fn: Callable[..., mx.array], *static: Any) -> Callable[[mx.array], mx.array]:
@@ -493,6 +519,10 @@ def attention(e: MlxEmitter, q: mx.array, k: mx.array, v: mx.array, mask: mx.arr
         bias = mask.astype(q.dtype)
     else:
         bias = None
+    if e.cpu_kernels is not None and q.dtype == k.dtype == v.dtype == mx.float32:
+        e.kernels_ran.add("attention")
+        b = None if bias is None else bias.astype(mx.float32)
+        return e.cpu_kernels.attention(q, k, v, b, heads, kv, head_dim, scale)
     if e.options.attention == "sdpa":
         o = mx.fast.scaled_dot_product_attention(qh, kh, vh, scale=scale, mask=bias)  # GQA-aware
     else:
@@ -552,7 +582,8 @@ OVERRIDES[Op.ELEMENTWISE_REGION] = Override(
     _check_region, lambda o: o.regions == "compiled" and o.compile_fused,
     "the region's chain traced once into one mx.compile'd function (same ops, fused into one kernel)")
 
-EMITTER_OVERRIDES: dict[str, str] = {"linear": MlxEmitter.linear.__doc__ or ""}
+EMITTER_OVERRIDES: dict[str, str] = {"linear": MlxEmitter.linear.__doc__ or "",
+                                     "linear_act": MlxEmitter.linear_act.__doc__ or ""}
 """`Emitter` methods the MLX emitter replaces (used by the decompositions), with why."""
 
 __all__ = ["DEVICE_LOWERING", "LOWERINGS", "OVERRIDES", "LoweringError", "LoweringOptions", "MlxEmitter",
