@@ -204,6 +204,33 @@ def test_softmax_kernel_matches_reference(n):
     close(k.softmax(mx.array(y).T), special.softmax(y.T.astype(np.float64), axis=-1))
 
 
+@pytest.mark.parametrize("op", [Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM], ids=str)
+@pytest.mark.parametrize("has_bias", [False, True])
+@pytest.mark.parametrize("shape", [(1, 1, 1), (2, 3, 7), (2, 5, 384), (3, 1, 1537)], ids=str)
+def test_residual_norm_kernel_matches_reference(op, has_bias, shape):
+    n = shape[-1]
+    shapes = [shape, shape] + ([(n,)] if has_bias else []) + [(n,), (n,)]
+    g = Builder("residual_norm")
+    ins = [g.input(f"x{i}", s) for i, s in enumerate(shapes)]
+    g.output(g.emit(op, ins, eps=1e-5, has_bias=has_bias))
+    g = g.build()
+    feeds = {f"x{i}": randn(*s, scale=3) + 1 for i, s in enumerate(shapes)}
+    KERNELS.emitter.kernels_ran.clear()
+    close(KERNELS.run(g, feeds)[0], run_reference(g, feeds)[0])
+    kind = "layer_norm" if op == Op.FUSED_RESIDUAL_LN else "rms_norm"
+    assert KERNELS.emitter.kernels_ran == {f"residual+{kind}"}
+
+
+def test_residual_norm_kernel_on_views_and_without_beta():
+    k = kernels.load()
+    x, r, gamma = randn(9, 5), randn(5, 9), randn(9)
+    s = x.T.astype(np.float64) + r
+    y = np.array(k.residual_norm(mx.array(x).T, mx.array(r), None, mx.array(gamma), None, 1e-6, True))
+    close(y, s / np.sqrt(np.mean(s * s, -1, keepdims=True) + 1e-6) * gamma)
+    with pytest.raises(ValueError, match="one shape"):
+        k.residual_norm(mx.array(x), mx.array(r), None, mx.array(gamma), None, 1e-6, False)
+
+
 # -- the lowering that uses them --------------------------------------------------------------------------------
 def ftl_feeds(b=2, s=6, h=2, d=8, inter=32):
     hid = h * d
@@ -220,15 +247,17 @@ def ftl_feeds(b=2, s=6, h=2, d=8, inter=32):
 
 
 def test_fused_layer_runs_the_kernels_and_its_unfused_form_only_attention():
-    """FusedTransformerLayer: attention and bias+GELU kernels. Unfused (the `unfuse` pass: primitives plus the
-    ATTENTION node, fuse_sdpa's op) only the attention kernel: matmul, add and GELU stay MLX's. Off: none."""
+    """FusedTransformerLayer: attention, bias+GELU and residual+LayerNorm kernels. Unfused (the `unfuse` pass:
+    primitives plus the ATTENTION node, fuse_sdpa's op) only the attention kernel: matmul, add, GELU and
+    LayerNorm stay MLX's. Off: none."""
     from rlxviz.passes import PASSES
 
     fused, feeds = ftl_feeds()
     want = run_reference(fused, feeds)[0]
     unfused = PASSES["unfuse"].fn(fused, {}).graph
     assert Op.FUSED_TRANSFORMER_LAYER not in {n.op for n in unfused}
-    for graph, options, ran in ((fused, {}, {"attention", "bias+gelu"}), (unfused, {}, {"attention"}),
+    for graph, options, ran in ((fused, {}, {"attention", "bias+gelu", "residual+layer_norm"}),
+                                (unfused, {}, {"attention"}),
                                 (fused, {"kernels": False}, set())):
         ex = MlxExecutor(LoweringOptions(**options))
         close(ex.run(graph, feeds)[0], want)

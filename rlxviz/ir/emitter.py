@@ -196,6 +196,17 @@ class Emitter(ABC, Generic[V]):
         ins = (x, gamma) if beta is None else (x, gamma, beta)
         return self.emit(Op.RMS_NORM, ins, eps=float(eps), axis=-1)
 
+    def residual_norm(self, x: V, residual: V, bias: V | None, gamma: V, beta: V | None, eps: float,
+                      kind: str = "layer_norm") -> V:
+        """`norm(x + residual [+ bias])` over the last axis, `kind` `layer_norm` or `rms_norm` (see those):
+        two adds, then the norm. One method so a backend can run it as one pass (the MLX emitter's CPU kernels)."""
+        s = self.add(x, residual)
+        if bias is not None:
+            s = self.add(s, bias)
+        if kind == "layer_norm":
+            return self.layer_norm(s, gamma, beta, eps)  # type: ignore[arg-type]
+        return self.rms_norm(s, gamma, beta, eps)
+
     # data movement
     def reshape(self, x: V, shape: Sequence[int]) -> V:
         return self.emit(Op.RESHAPE, (x,), shape=tuple(shape))

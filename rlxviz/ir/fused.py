@@ -39,26 +39,21 @@ def matmul_bias_act(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
     return e.linear_act(r["x"], r["w"], r["bias"], a.get("activation"))
 
 
-def _residual(e: Emitter[V], op: Op, a: dict[str, Any], x: Sequence[V]) -> tuple[V, V, V]:
+def _residual(e: Emitter[V], op: Op, a: dict[str, Any], x: Sequence[V], kind: str) -> V:
     r = unpack(op, a, x)
-    s = e.add(r["x"], r["residual"])
-    if "bias" in r:
-        s = e.add(s, r["bias"])
-    return s, r["gamma"], r["beta"]
+    return e.residual_norm(r["x"], r["residual"], r.get("bias"), r["gamma"], r["beta"], a["eps"], kind)
 
 
 @decomposition(Op.FUSED_RESIDUAL_LN)
 def residual_ln(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
     """`LayerNorm(x + residual [+ bias])` over the last axis."""
-    s, g, b = _residual(e, Op.FUSED_RESIDUAL_LN, a, x)
-    return e.layer_norm(s, g, b, a["eps"])
+    return _residual(e, Op.FUSED_RESIDUAL_LN, a, x, "layer_norm")
 
 
 @decomposition(Op.FUSED_RESIDUAL_RMS_NORM)
 def residual_rms_norm(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
     """`RmsNorm(x + residual [+ bias]) * gamma + beta` over the last axis."""
-    s, g, b = _residual(e, Op.FUSED_RESIDUAL_RMS_NORM, a, x)
-    return e.rms_norm(s, g, b, a["eps"])
+    return _residual(e, Op.FUSED_RESIDUAL_RMS_NORM, a, x, "rms_norm")
 
 
 @decomposition(Op.FUSED_SWIGLU)
@@ -110,9 +105,9 @@ def transformer_layer(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
     hidden = r["hidden"]
     att = attention_block(e, a["num_heads"], a["head_dim"], hidden, r["qkv_w"], r["out_w"], r["mask"],
                           r["qkv_b"], r["out_b"], mask_fill=a.get("mask_fill"))
-    h1 = e.layer_norm(e.add(att, hidden), r["ln1_g"], r["ln1_b"], a["eps1"])
+    h1 = e.residual_norm(att, hidden, None, r["ln1_g"], r["ln1_b"], a["eps1"])
     mid = e.linear_act(h1, r["fc1_w"], r["fc1_b"], a["activation"])
-    return e.layer_norm(e.add(e.linear(mid, r["fc2_w"], r["fc2_b"]), h1), r["ln2_g"], r["ln2_b"], a["eps2"])
+    return e.residual_norm(e.linear(mid, r["fc2_w"], r["fc2_b"]), h1, None, r["ln2_g"], r["ln2_b"], a["eps2"])
 
 
 @decomposition(Op.ELEMENTWISE_REGION)

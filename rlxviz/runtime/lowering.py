@@ -271,16 +271,40 @@ class MlxEmitter(Emitter[mx.array]):
         return mx.addmm(b, x, w)
 
     def linear_act(self, x: mx.array, w: mx.array, b: mx.array | None, act: str | None) -> mx.array:
-        """Override of `Emitter.linear_act` (`act(x @ w + b)`): with rlxviz's CPU kernels and float32
-        operands, `mx.matmul` then one `bias_act` kernel (bias add and activation in one pass, the
+        """Override of `Emitter.linear_act` (`act(x @ w + b)`): where `bias_act_kernel_applies`,
+        `mx.matmul` then rlxviz's `bias_act` CPU kernel (bias add and activation in one pass, the
         activation in `fast`'s formulas); otherwise `linear`, then the activation's lowering."""
-        k = self.cpu_kernels
-        if (k is not None and act in KERNEL_ACTS and x.dtype == w.dtype == mx.float32
-                and (b is None or (b.dtype == mx.float32 and b.ndim <= 1))):
+        if self.bias_act_kernel_applies(x, w, b, act):
             self.kernels_ran.add(f"bias+{act}")
-            return k.bias_act(mx.matmul(x, w), b, act)
+            return self.cpu_kernels.bias_act(mx.matmul(x, w), b, act)
         y = self.linear(x, w, b)
         return y if act is None else self.unary(act, y)
+
+    def bias_act_kernel_applies(self, x: mx.array, w: mx.array, b: mx.array | None, act: str | None) -> bool:
+        """Whether `linear_act` runs the `bias_act` kernel: kernels loaded, an activation it computes,
+        float32 operands and a bias of rank <= 1."""
+        return (self.cpu_kernels is not None and act in KERNEL_ACTS and x.dtype == w.dtype == mx.float32
+                and (b is None or (b.dtype == mx.float32 and b.ndim <= 1)))
+
+    def residual_norm(self, x: mx.array, residual: mx.array, bias: mx.array | None, gamma: mx.array,
+                      beta: mx.array | None, eps: float, kind: str = "layer_norm") -> mx.array:
+        """Override of `Emitter.residual_norm`: with rlxviz's CPU kernels, float32 operands, `x` and
+        `residual` of one shape and `[N]` bias/gamma/beta, one `residual_norm` kernel (sum, statistics and
+        scale in one pass over each row, float32 like `mx.fast.layer_norm`); otherwise the two adds and the norm."""
+        if self.residual_norm_kernel_applies(x, residual, bias, gamma, beta):
+            self.kernels_ran.add(f"residual+{kind}")
+            return self.cpu_kernels.residual_norm(x, residual, bias, gamma, beta, float(eps), kind == "rms_norm")
+        return super().residual_norm(x, residual, bias, gamma, beta, eps, kind)
+
+    def residual_norm_kernel_applies(self, x: mx.array, residual: mx.array, bias: mx.array | None, gamma: mx.array,
+                                     beta: mx.array | None) -> bool:
+        """Whether `residual_norm` runs the kernel: kernels loaded, float32, `x` and `residual` of one
+        shape, bias/gamma/beta of rank <= 1 and size 1 or the last axis."""
+        n = x.shape[-1] if x.ndim else 0
+        vecs = [v for v in (bias, gamma, beta) if v is not None]
+        return (self.cpu_kernels is not None and x.ndim > 0 and x.shape == residual.shape
+                and x.dtype == residual.dtype == mx.float32
+                and all(v.dtype == mx.float32 and v.ndim <= 1 and v.size in (1, n) for v in vecs))
 
     # kernels
     def kernel(self, fn: Callable[..., mx.array], *static: Any) -> Callable[[mx.array], mx.array]:
@@ -583,7 +607,8 @@ OVERRIDES[Op.ELEMENTWISE_REGION] = Override(
     "the region's chain traced once into one mx.compile'd function (same ops, fused into one kernel)")
 
 EMITTER_OVERRIDES: dict[str, str] = {"linear": MlxEmitter.linear.__doc__ or "",
-                                     "linear_act": MlxEmitter.linear_act.__doc__ or ""}
+                                     "linear_act": MlxEmitter.linear_act.__doc__ or "",
+                                     "residual_norm": MlxEmitter.residual_norm.__doc__ or ""}
 """`Emitter` methods the MLX emitter replaces (used by the decompositions), with why."""
 
 __all__ = ["DEVICE_LOWERING", "LOWERINGS", "OVERRIDES", "LoweringError", "LoweringOptions", "MlxEmitter",

@@ -34,6 +34,9 @@ NB_MODULE(_rlxviz_kernels, m) {
         "broadcastable to [B, heads, Sq, Sk] or None -> [B, Sq, heads*head_dim] (float32, CPU stream).");
   m.def("bias_act", &rlxviz::bias_act, "x"_a, "bias"_a.none(), "act"_a,
         "act(x + bias) over the last axis: bias [N] or None; act one of none, gelu, gelu_tanh, silu, relu.");
+  m.def("residual_norm", &rlxviz::residual_norm, "x"_a, "residual"_a, "bias"_a.none(), "gamma"_a, "beta"_a.none(),
+        "eps"_a, "rms"_a,
+        "norm(x + residual [+ bias]) * gamma [+ beta] over the last axis: LayerNorm, or RMSNorm when rms.");
   m.def("softmax", &rlxviz::softmax, "x"_a, "Softmax over the last axis (float32, CPU stream).");
   m.def("set_threads", &rlxviz::set_threads, "n"_a, "Threads the kernels use; n < 1: the CPUs this process may use.");
   m.def("threads", &rlxviz::threads, "Threads the kernels use.");

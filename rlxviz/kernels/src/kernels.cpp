@@ -137,10 +137,16 @@ void attention_item(const AttentionArgs& a, int b, int h, int i0, int i1) {
           }
         }
         float mt = m[r];
-        for (int j = 0; j < n; ++j) mt = sr[j] > mt ? sr[j] : mt;
-        for (int j = 0; j < n; ++j) mt = sr[j] != sr[j] ? sr[j] : mt;  // a NaN score makes the row NaN
+        int nan = 0;
+#pragma omp simd reduction(max : mt) reduction(| : nan)
+        for (int j = 0; j < n; ++j) {
+          mt = sr[j] > mt ? sr[j] : mt;
+          nan |= sr[j] != sr[j];
+        }
+        if (nan) mt = std::numeric_limits<float>::quiet_NaN();  // a NaN score makes the row NaN
         const float corr = std::exp(m[r] - mt);  // 0 on the first tile; NaN for a row of -inf (as the reference)
         float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
         for (int j = 0; j < n; ++j) {
           sr[j] = vm::exp(sr[j] - mt);
           sum += sr[j];
@@ -189,15 +195,47 @@ void softmax_rows(const float* __restrict x, float* __restrict y, int64_t r0, in
     const float* xr = x + r * n;
     float* yr = y + r * n;
     float m = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < n; ++j) m = xr[j] > m ? xr[j] : m;
-    for (int64_t j = 0; j < n; ++j) m = xr[j] != xr[j] ? xr[j] : m;
+    int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+    for (int64_t j = 0; j < n; ++j) {
+      m = xr[j] > m ? xr[j] : m;
+      nan |= xr[j] != xr[j];
+    }
+    if (nan) m = std::numeric_limits<float>::quiet_NaN();
     float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < n; ++j) {
       yr[j] = vm::exp(xr[j] - m);
       sum += yr[j];
     }
     const float inv = 1.0f / sum;
     for (int64_t j = 0; j < n; ++j) yr[j] *= inv;
+  }
+}
+
+// One row of norm(x + r [+ b]) * g [+ beta]: the sum is written to y first, its statistics read from there.
+void residual_norm_row(const float* __restrict x, const float* __restrict r, const float* __restrict b,
+                       const float* __restrict g, const float* __restrict beta, float* __restrict y, int64_t n,
+                       float eps, bool rms) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) {
+    float v = x[j] + r[j];
+    if (b) v += b[j];
+    y[j] = v;
+    sum += v;
+  }
+  const float mu = rms ? 0.0f : sum / static_cast<float>(n);
+  float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+  for (int64_t j = 0; j < n; ++j) sq += (y[j] - mu) * (y[j] - mu);
+  const float inv = 1.0f / std::sqrt(sq / static_cast<float>(n) + eps);
+  if (beta) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) y[j] = (y[j] - mu) * inv * g[j] + beta[j];
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) y[j] = (y[j] - mu) * inv * g[j];
   }
 }
 
@@ -297,13 +335,16 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   a.d = head_dim_;
   a.scale = scale_;
   enc.dispatch([a, keep = inputs]() {
-    const int blocks = (a.sq + kQueryBlock - 1) / kQueryBlock;
-    const int items = a.batch * a.heads * blocks;
-    if (a.sk == 0 || items == 0) return;
-    Pool::get().parallel_for(items, [&](int it) {
+    if (a.sk == 0 || a.sq == 0 || a.batch == 0) return;
+    // Work items: (batch, head, query block). Whole heads when there are 4+ per thread (K/V of a head are
+    // then copied once); else blocks of kQueryBlock queries, so a batch of 1 still fills every thread.
+    const int heads = a.batch * a.heads;
+    const int block = heads >= 4 * Pool::get().threads() ? a.sq : std::min(a.sq, kQueryBlock);
+    const int blocks = (a.sq + block - 1) / block;
+    Pool::get().parallel_for(heads * blocks, [&](int it) {
       const int blk = it % blocks, bh = it / blocks;
-      const int i0 = blk * kQueryBlock;
-      attention_item(a, bh / a.heads, bh % a.heads, i0, std::min(a.sq, i0 + kQueryBlock));
+      const int i0 = blk * block;
+      attention_item(a, bh / a.heads, bh % a.heads, i0, std::min(a.sq, i0 + block));
     });
   });
 }
@@ -373,6 +414,63 @@ void BiasAct::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
 bool BiasAct::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const BiasAct&>(other);
   return act_ == o.act_ && has_bias_ == o.has_bias_;
+}
+
+// ---- residual + LayerNorm / RMSNorm ---------------------------------------------------------------------------
+mx::array residual_norm(const mx::array& x, const mx::array& residual, const std::optional<mx::array>& bias,
+                        const mx::array& gamma, const std::optional<mx::array>& beta, float eps, bool rms) {
+  if (x.ndim() < 1 || residual.shape() != x.shape())
+    throw std::invalid_argument("[rlxviz.residual_norm] x and residual must have one shape [..., N]");
+  const int n = x.shape(-1);
+  std::vector<mx::array> inputs = {x, residual};
+  auto s = mx::to_stream({});
+  check_cpu(s, "residual_norm");
+  auto vec = [&](const mx::array& a, const char* what) {
+    check_f32(a, "residual_norm");
+    if (a.ndim() > 1 || (a.ndim() == 1 && a.shape(0) != n && a.shape(0) != 1))
+      throw std::invalid_argument(std::string("[rlxviz.residual_norm] ") + what + " must be [N]");
+    inputs.push_back(mx::broadcast_to(a, {n}, s));
+  };
+  check_f32(x, "residual_norm");
+  check_f32(residual, "residual_norm");
+  if (bias) vec(*bias, "bias");
+  vec(gamma, "gamma");
+  if (beta) vec(*beta, "beta");
+  return mx::array(x.shape(), mx::float32,
+                   std::make_shared<ResidualNorm>(s, eps, rms, bias.has_value(), beta.has_value()), inputs);
+}
+
+void ResidualNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  auto& out = outputs[0];
+  std::vector<Rows> rows;
+  for (const auto& in : inputs) rows.push_back(contiguous_rows(in));
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (auto& in : inputs) enc.set_input_array(in);
+  enc.set_output_array(out);
+  const int64_t n = out.shape(-1), count = n ? static_cast<int64_t>(out.size()) / n : 0;
+  enc.dispatch([rows, inputs, yp = out.data<float>(), n, count, eps = eps_, rms = rms_, has_bias = has_bias_,
+                has_beta = has_beta_]() {
+    for (size_t i = 0; i < inputs.size(); ++i) fill(inputs[i], rows[i]);
+    const float* x = rows[0].data();
+    const float* r = rows[1].data();
+    size_t k = 2;
+    const float* b = has_bias ? rows[k++].data() : nullptr;
+    const float* g = rows[k++].data();
+    const float* beta = has_beta ? rows[k].data() : nullptr;
+    for_row_chunks(count, n, [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0; i < r1; ++i) residual_norm_row(x + i * n, r + i * n, b, g, beta, yp + i * n, n, eps, rms);
+    });
+  });
+}
+
+void ResidualNorm::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("[rlxviz.residual_norm] has no GPU kernel");
+}
+
+bool ResidualNorm::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const ResidualNorm&>(other);
+  return eps_ == o.eps_ && rms_ == o.rms_ && has_bias_ == o.has_bias_ && has_beta_ == o.has_beta_;
 }
 
 // ---- softmax ----------------------------------------------------------------------------------------------

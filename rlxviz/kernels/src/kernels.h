@@ -31,6 +31,11 @@ mx::array bias_act(const mx::array& x, const std::optional<mx::array>& bias, con
 // Softmax over the last axis.
 mx::array softmax(const mx::array& x);
 
+// norm(x + residual [+ bias]) * gamma [+ beta] over the last axis: LayerNorm (rms=false) or RMSNorm (rms=true).
+// x and residual [..., N] of one shape; bias, gamma, beta [N].
+mx::array residual_norm(const mx::array& x, const mx::array& residual, const std::optional<mx::array>& bias,
+                        const mx::array& gamma, const std::optional<mx::array>& beta, float eps, bool rms);
+
 // Worker threads the kernels use (the calling thread included); n < 1 means the CPUs this process may use.
 void set_threads(int n);
 int threads();
@@ -62,6 +67,20 @@ class BiasAct : public mx::Primitive {
  private:
   Act act_;
   bool has_bias_;
+};
+
+class ResidualNorm : public mx::Primitive {
+ public:
+  ResidualNorm(mx::Stream s, float eps, bool rms, bool has_bias, bool has_beta)
+      : mx::Primitive(s), eps_(eps), rms_(rms), has_bias_(has_bias), has_beta_(has_beta) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return rms_ ? "RlxvizResidualRmsNorm" : "RlxvizResidualLayerNorm"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  float eps_;
+  bool rms_, has_bias_, has_beta_;
 };
 
 class Softmax : public mx::Primitive {
