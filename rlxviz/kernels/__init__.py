@@ -35,8 +35,10 @@ def load() -> ModuleType | None:
 
 
 def status() -> KernelStatus:
-    """Whether this process has the kernels (building them on first call), and why not."""
-    return _ensure()[0]
+    """Whether this process has the kernels (building them on first call), and why not; `threads` is the
+    count the kernels use now (`set_threads`)."""
+    st, module = _ensure()
+    return st if module is None else replace(st, threads=module.threads())
 
 
 def _ensure() -> tuple[KernelStatus, ModuleType | None]:
