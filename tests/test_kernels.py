@@ -307,7 +307,8 @@ def test_a_failed_build_falls_back_and_is_remembered(tmp_path):
     _tool(bin_dir, "ninja", "exit 0")
     st, module = build_kernels(root=tmp_path / "cache", path=str(bin_dir), quiet=True)
     assert module is None and st.state == "unavailable" and st.reason.startswith("build failed: cmake exited 1")
-    log = st.reason.split("(log ")[1].rstrip(")")
+    assert st.reason.endswith("to retry")
+    log = st.reason.split("(log ")[1].split(")")[0]
     assert "CMake Error: no" in open(log).read()
     again, _ = build_kernels(root=tmp_path / "cache", path=str(bin_dir), quiet=True)
     assert again.reason == st.reason

@@ -223,8 +223,9 @@ def build_kernels(root: Path | None = None, path: str | None = None, quiet: bool
             t0 = time.perf_counter()
             err = _compile(tools, out, out / "build.log")
             if err is not None:
-                failed.write_text("build failed: " + err + "\n")
-                return KernelStatus("unavailable", "build failed: " + err), None
+                why = f"build failed: {err}; remove {out} to retry"
+                failed.write_text(why + "\n")
+                return KernelStatus("unavailable", why), None
             record.write_text(json.dumps({"build_s": round(time.perf_counter() - t0, 1), "cxx": tools.cxx}))
             state = "built"
     try:

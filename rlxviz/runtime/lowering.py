@@ -9,7 +9,11 @@ against the plain decomposition (`tests/test_runtime_lowering.py`):
 
 * `Emitter.linear` (`x @ w + b`, used by every fused linear) -> one `mx.addmm` (BLAS beta=1 epilogue) in f32;
 * FusedTransformerLayer -> its decomposition traced once into `mx.compile` (`compile_layers`);
-* ElementwiseRegion -> its decomposition traced once into `mx.compile` (`regions="compiled"`).
+* ElementwiseRegion -> its decomposition traced once into `mx.compile` (`regions="compiled"`);
+* on the CPU in float32, where `rlxviz.kernels` built (`LoweringOptions.kernels`): `attention` as one
+  `RlxvizAttention` kernel, `Emitter.linear_act` as `mx.matmul` + one `RlxvizBiasAct`, and
+  `Emitter.residual_norm` as one `RlxvizResidualLayerNorm` / `RlxvizResidualRmsNorm` (rlxviz's own C++
+  primitives; the unfused versions' matmul / add / GELU / norm nodes keep MLX's kernels).
 
 RLX's MLX-lowering bugs (rlx-notes §4.2–4.5) are fixed in the primitives: the keep mask `[B, Sk]`
 becomes additive (binary: 0 / the dtype's lowest finite value; with `mask_fill`: HF's
@@ -75,8 +79,9 @@ class LoweringOptions:
         cpu_streams: on the CPU, run each fast-math kernel on this many CPU streams, split along
             axis 0 (MLX runs one elementwise kernel on one thread; separate streams run
             concurrently). 1 turns it off. CPU default: the cores this process may use.
-        kernels: run fused ops' attention and bias + activation with rlxviz's own CPU kernels
-            (`rlxviz.kernels`, float32) when they are available; CPU only. Unfused ops keep MLX's.
+        kernels: run attention, the bias + activation of fused linears and residual + norm with
+            rlxviz's own CPU kernels (`rlxviz.kernels`, float32) when they are available; CPU only.
+            Unfused ops keep MLX's.
     """
 
     fast_math: bool | None = None
@@ -125,8 +130,9 @@ DEVICE_LOWERING: dict[str, dict[str, Choice]] = {
                                       "(fast softmax [8,12,128,128] 11.2 -> 7.4 ms)"),
         "cpu_streams": Choice(cpu_cores(), "one CPU stream per core this process may use; MLX runs one "
                                            "elementwise kernel on one thread (measurements: README, runtime)"),
-        "kernels": Choice(True, "rlxviz's CPU kernels (one pass per head for attention, one for bias + GELU, "
-                                "threaded): see docs/performance.md for the measured rows"),
+        "kernels": Choice(True, "rlxviz's CPU kernels (attention in one pass over K/V per head, bias + GELU, "
+                                "residual + LayerNorm; threaded): MiniLM fully fused, B=8, one thread, 301 vs "
+                                "411 ms CPU time with MLX's lowering (`bench_kernels.py`, load 7, 2026-12-02)"),
     },
     "gpu": {
         "fast_math": Choice(False, "MLX's own GPU kernels: the fast-math formulation ran 1.46x slower than "
