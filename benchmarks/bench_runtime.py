@@ -45,7 +45,7 @@ from rlxviz.runtime.devices import available_devices, mx_device, resolve_device
 from rlxviz.runtime.executor import MlxExecutor, graph_key
 from rlxviz.runtime.lowering import LoweringOptions, MlxEmitter, attention, options_for
 from rlxviz.runtime.mlx_backend import blas_summary, mx
-from rlxviz.runtime.timing import diff, timing_context
+from rlxviz.runtime.timing import diff, kernels_line, timing_context
 
 
 # -- model and weights ---------------------------------------------------------------------------------
@@ -435,6 +435,12 @@ def side_by_side(batch: int, args: argparse.Namespace) -> list[str]:
         prog, xs = ex.bind(g, feeds, hf.weights)
         add(f"rlxviz {name.replace('canonical: ', '')} ({len(g.compute_nodes())} ops)",
             lambda p=prog, xs=xs: mx.eval(p.fn(*xs)), lambda g=g: ex.run(g, feeds, hf.weights)[0], mlx_where)
+    if args.device == "cpu":  # the final version once more without rlxviz's CPU kernels: what they buy
+        off = MlxExecutor(LoweringOptions(kernels=False), device="cpu")
+        prog, xs = off.bind(g, feeds, hf.weights)
+        add(f"rlxviz {name.replace('canonical: ', '')} ({len(g.compute_nodes())} ops), MLX lowering without "
+            "rlxviz CPU kernels", lambda p=prog, xs=xs: mx.eval(p.fn(*xs)),
+            lambda g=g: off.run(g, feeds, hf.weights)[0], mlx_where)
     ids_mx, mask_mx = mx.array(feeds["input_ids"]), mx.array(feeds["attention_mask"])
     for label, fast in (("hand-written MLX (erf GELU, mx.fast SDPA, compiled)", False),
                         ("hand-written MLX (rlxviz fast math, compiled)", True)):
@@ -494,6 +500,8 @@ def side_by_side(batch: int, args: argparse.Namespace) -> list[str]:
         x = f"{med[r.name] / ort_ms:.2f}" if ort_ms else "-"
         out.append(f"| {r.name} | {r.where} | {med[r.name]:.1f} | {q[2] - q[0]:.1f} | {min(r.samples):.1f} | {x} "
                    f"| {r.max_abs:.1e} |")
+    if args.device == "cpu":
+        out += ["", kernels_line(ex) + "."]
     return out
 
 

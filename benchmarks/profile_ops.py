@@ -9,7 +9,7 @@ export of the input graph, grouped by ONNX op type (fastest of `--repeat` runs p
 lazy end-to-end medians of both are printed. Prints the active BLAS and the load average.
 
 Usage: .venv/bin/python benchmarks/profile_ops.py [--batch 8] [--seq 128] [--version input|final]
-       [--inside] [--ort] [--repeat 3]
+       [--inside] [--ort] [--repeat 3] [--no-kernels]
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from rlxviz.ir.fused import DECOMPOSITIONS
 from rlxviz.models import load_model
 from rlxviz.passes import Pipeline
 from rlxviz.runtime.executor import MlxExecutor
-from rlxviz.runtime.lowering import LOWERINGS, OVERRIDES, MlxEmitter
+from rlxviz.runtime.lowering import LOWERINGS, OVERRIDES, LoweringOptions, MlxEmitter
 from rlxviz.runtime.mlx_backend import blas_summary, mx
+from rlxviz.runtime.timing import kernels_line
 
 
 class TimedEmitter(MlxEmitter):
@@ -76,6 +77,8 @@ class TimedEmitter(MlxEmitter):
         if descend or self._depth:
             return super().emit(op, inputs, **attrs)
         label = op.value + (" (compiled)" if ov and ov.applies(self.options) else "")
+        if op == Op.ATTENTION and self.cpu_kernels is not None:
+            label += " (rlxviz kernel)"
         return self._timed(label, lambda: super(TimedEmitter, self).emit(op, inputs, **attrs), inputs)
 
     def softmax(self, x: mx.array, axis: int = -1) -> mx.array:
@@ -90,10 +93,27 @@ class TimedEmitter(MlxEmitter):
     def linear(self, x: mx.array, w: mx.array, b: mx.array | None = None) -> mx.array:
         return self._timed("linear (addmm)", lambda: super(TimedEmitter, self).linear(x, w, b), (x, w, b))
 
+    def linear_act(self, x: mx.array, w: mx.array, b: mx.array | None, act: str | None) -> mx.array:
+        if self._depth or not self.bias_act_kernel_applies(x, w, b, act):
+            return super().linear_act(x, w, b, act)
+        self.kernels_ran.add(f"bias+{act}")
+        y = self._timed("matmul (before bias+act)", lambda: mx.matmul(x, w), (x, w))
+        return self._timed(f"bias+{act} (rlxviz kernel)", lambda: self.cpu_kernels.bias_act(y, b, act), (y, b))
 
-def mlx_profile(graph, feeds, weights, repeat: int, inside: bool) -> list[tuple[str, float]]:  # noqa: ANN001
-    """(label, best ms) per kernel of one eager run of `graph` on the default CPU executor."""
-    ex = MlxExecutor(device="cpu")
+    def residual_norm(self, x: mx.array, residual: mx.array, bias: mx.array | None, gamma: mx.array,
+                      beta: mx.array | None, eps: float, kind: str = "layer_norm") -> mx.array:
+        plain = super().residual_norm
+        if self._depth or not self.residual_norm_kernel_applies(x, residual, bias, gamma, beta):
+            return plain(x, residual, bias, gamma, beta, eps, kind)
+        return self._timed(f"residual+{kind} (rlxviz kernel)", lambda: plain(x, residual, bias, gamma, beta, eps, kind),
+                           (x, residual, bias, gamma, beta))
+
+
+def mlx_profile(graph, feeds, weights, repeat: int, inside: bool,  # noqa: ANN001
+                kernels: bool = True) -> list[tuple[str, float]]:
+    """(label, best ms) per kernel of one eager run of `graph` on the CPU executor (rlxviz's CPU kernels
+    on or off)."""
+    ex = MlxExecutor(LoweringOptions(kernels=kernels), device="cpu")
     if not inside:
         return [(r["op"], r["ms"]) for r in ex.profile(graph, feeds, weights, repeat=repeat)]
     timed = TimedEmitter(ex.emitter, repeat)
@@ -168,6 +188,7 @@ def main() -> None:
     ap.add_argument("--version", choices=("input", "final"), default="input")
     ap.add_argument("--inside", action="store_true", help="time the kernels inside fused ops")
     ap.add_argument("--ort", action="store_true", help="also ONNX Runtime's per-node profile (input graph export)")
+    ap.add_argument("--no-kernels", action="store_true", help="MLX's composed lowering instead of rlxviz's CPU kernels")
     args = ap.parse_args()
 
     model = load_model("minilm", args.batch, args.seq)
@@ -175,10 +196,12 @@ def main() -> None:
     graph = model.graph if args.version == "input" else Pipeline.canonical().run(model.graph).final
     print(f"all-MiniLM-L6-v2, {args.version} graph ({len(graph.compute_nodes())} ops), batch {args.batch}, "
           f"seq {args.seq}; {blas_summary()}; load average {os.getloadavg()[0]:.2f}")
-    rows = mlx_profile(graph, feeds, model.weights, args.repeat, args.inside)
+    rows = mlx_profile(graph, feeds, model.weights, args.repeat, args.inside, not args.no_kernels)
     table(f"MLX CPU, {args.version} version{' (kernels inside fused ops)' if args.inside else ''}", rows)
-    ex = MlxExecutor(device="cpu")
+    ex = MlxExecutor(LoweringOptions(kernels=not args.no_kernels), device="cpu")
     prog, xs = ex.bind(graph, feeds, model.weights)
+    mx.eval(prog.fn(*xs))
+    print(kernels_line(ex))
     lazy = {"MLX (lazy, whole graph)": lambda: mx.eval(prog.fn(*xs))}
     if args.ort:
         ort_rows, ort_call = ort_profile(model, feeds, args.repeat)

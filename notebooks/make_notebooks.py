@@ -175,6 +175,7 @@ most one kernel; `Compiled...` is one `mx.compile`d kernel (here the CPU's fast-
     code('''
 import numpy as np
 
+from rlxviz import kernels
 from rlxviz.models import random_weights
 
 weights = random_weights(graph, seed=0)
@@ -182,20 +183,27 @@ feeds = {"x": np.random.default_rng(0).standard_normal((B, S, H)).astype(np.floa
 both = run_passes(graph, ["fuse_matmul_bias_act", "fuse_residual_ln"])
 prims = session.version_primitives(both, feeds, weights, device="cpu")
 print(session.format_primitives(prims))
+shown = ("Matmul", "AddMM", "Add", "Sum", "Rsqrt", "RlxvizBiasAct", "RlxvizResidualLayerNorm")
 for r in prims:
-    top = {k: v for k, v in r.program.counts().items() if k in ("Matmul", "AddMM", "Add", "Sum", "Rsqrt")}
+    top = {k: v for k, v in r.program.counts().items() if k in shown}
     print(f"  #{r.index} {r.label:<27} {top}")
-layer_norm_kernel = "LayerNorm" in prims[-1].program.counts()
-print("mx.fast.layer_norm is one kernel here:", layer_norm_kernel)''', "primitives"),
+layer_norm_kernel = "LayerNorm" in prims[0].program.counts()
+print("mx.fast.layer_norm is one kernel here:", layer_norm_kernel)
+print(kernels.status())''', "primitives"),
     code('''
 from IPython.display import Markdown
 
 p0, p1, p2 = (r.program for r in prims)
+ours = "RlxvizBiasAct" in p1.counts()  # rlxviz's own CPU kernels ran (rlxviz.kernels)
 display(Markdown(
     f"Read aloud: MLX runs {p0.kernels} non-view primitives for the input, {p1.kernels} after "
-    f"`fuse_matmul_bias_act` (each `Matmul` + `Add` became one `AddMM`) and {p2.kernels} after "
-    f"`fuse_residual_ln`" + (" — the same program: the norm fusion changed the graph, not what MLX runs"
-                             if p2.counts() == p1.counts() else "") + ". "
+    "`fuse_matmul_bias_act` ("
+    + ("the linear that GELU reads became a `Matmul` and one `RlxvizBiasAct`, rlxviz's CPU kernel for bias + GELU "
+       "in one pass; the other `Matmul` + `Add` one `AddMM`" if ours else "each `Matmul` + `Add` became one `AddMM`")
+    + f") and {p2.kernels} after `fuse_residual_ln`"
+    + (" — the same program: the norm fusion changed the graph, not what MLX runs" if p2.counts() == p1.counts()
+       else " — the residual `Add` and the norm became one `RlxvizResidualLayerNorm` kernel"
+       if "RlxvizResidualLayerNorm" in p2.counts() else "") + ". "
     + ("`mx.fast.layer_norm` is one `LayerNorm` kernel on this device." if layer_norm_kernel else
        "`mx.fast.layer_norm` is not one kernel on this device: MLX runs its fallback "
        "(`Sum`, `Rsqrt`, ... above).")))''',

@@ -39,10 +39,12 @@ def test_side_by_side_table_has_every_version_and_runtime_on_the_same_numbers():
     names = [r.split(" | ")[0][2:] for r in rows]
     hf = bench.load(2, 16, "bert-tiny")[0]
     n_versions = 1 + len(bench.pass_versions(hf.graph))
-    assert sum(n.startswith("rlxviz ") for n in names) == n_versions
+    assert sum(n.startswith("rlxviz ") for n in names) == n_versions + 1  # + the final without the kernels
     final_ops = len(Pipeline.canonical().run(hf.graph).final.compute_nodes())
     assert names[0].startswith("rlxviz input")
-    assert f"({final_ops} ops)" in [n for n in names if n.startswith("rlxviz ")][-1]
+    versions = [n for n in names if n.startswith("rlxviz ")]
+    assert f"({final_ops} ops)" in versions[-2] and versions[-1].endswith("without rlxviz CPU kernels")
+    assert any(ln.startswith("rlxviz CPU kernels: ") for ln in lines)
     assert sum(n.startswith("hand-written MLX") for n in names) == 2
     assert any(n.startswith("ONNX Runtime") and "rlxviz export" in n for n in names)
     assert any(n.startswith("PyTorch") for n in names)

@@ -17,11 +17,14 @@ from rlxviz.runtime.mlx_backend import mx
 from rlxviz.runtime.timing import equivalence, time_version
 
 RTOL, ATOL = 1e-4, 1e-5
-FAST = MlxExecutor(LoweringOptions(fast_math=True, attention="composed"))
-OPTION_SETS = {
+FAST = MlxExecutor(LoweringOptions(fast_math=True, attention="composed", kernels=False))
+OPTION_SETS = {  # MLX's own lowerings (kernels=False), then rlxviz's CPU kernels (the CPU default)
     "fast-composed": FAST,
-    "plain-sdpa": MlxExecutor(LoweringOptions(fast_math=False, attention="sdpa", compile_fused=False)),
-    "fast-sdpa-graphcompile": MlxExecutor(LoweringOptions(fast_math=True, attention="sdpa"), compile_graph=True),
+    "plain-sdpa": MlxExecutor(LoweringOptions(fast_math=False, attention="sdpa", compile_fused=False, kernels=False)),
+    "fast-sdpa-graphcompile": MlxExecutor(LoweringOptions(fast_math=True, attention="sdpa", kernels=False),
+                                          compile_graph=True),
+    "rlxviz-kernels": MlxExecutor(LoweringOptions(kernels=True)),
+    "rlxviz-kernels-graphcompile": MlxExecutor(LoweringOptions(kernels=True), compile_graph=True),
 }
 rng = np.random.default_rng(0)
 

@@ -103,6 +103,12 @@ class Emitter(ABC, Generic[V]):
         y = self.matmul(x, w)
         return self.add(y, b) if b is not None else y
 
+    def linear_act(self, x: V, w: V, b: V | None, act: str | None) -> V:
+        """`act(x @ w (+ b))`: `linear`, then the unary op `act` (None: no activation). One method so a
+        backend can run the bias add and the activation as one kernel (the MLX emitter's CPU kernels)."""
+        y = self.linear(x, w, b)
+        return y if act is None else self.unary(act, y)
+
     # binary
     def add(self, a: V | Scalar, b: V | Scalar) -> V: return self._bin(Op.ADD, a, b)
     def sub(self, a: V | Scalar, b: V | Scalar) -> V: return self._bin(Op.SUB, a, b)
@@ -189,6 +195,17 @@ class Emitter(ABC, Generic[V]):
         Without `beta` the node has two operands (LLaMA's form)."""
         ins = (x, gamma) if beta is None else (x, gamma, beta)
         return self.emit(Op.RMS_NORM, ins, eps=float(eps), axis=-1)
+
+    def residual_norm(self, x: V, residual: V, bias: V | None, gamma: V, beta: V | None, eps: float,
+                      kind: str = "layer_norm") -> V:
+        """`norm(x + residual [+ bias])` over the last axis, `kind` `layer_norm` or `rms_norm` (see those):
+        two adds, then the norm. One method so a backend can run it as one pass (the MLX emitter's CPU kernels)."""
+        s = self.add(x, residual)
+        if bias is not None:
+            s = self.add(s, bias)
+        if kind == "layer_norm":
+            return self.layer_norm(s, gamma, beta, eps)  # type: ignore[arg-type]
+        return self.rms_norm(s, gamma, beta, eps)
 
     # data movement
     def reshape(self, x: V, shape: Sequence[int]) -> V:

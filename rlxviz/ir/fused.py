@@ -32,23 +32,24 @@ def expand(e: Emitter[V], op: Op, attrs: dict[str, Any], operands: Sequence[V]) 
     return DECOMPOSITIONS[op](e, attrs, operands)
 
 
-def _act(e: Emitter[V], name: str | None, x: V) -> V:
-    return x if name is None else e.unary(name, x)
-
-
 @decomposition(Op.FUSED_MATMUL_BIAS_ACT)
 def matmul_bias_act(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
     """`act(x @ w + bias)`, bias rank <= 1 broadcast over rows (`Emitter.linear`: matmul, then add)."""
     r = unpack(Op.FUSED_MATMUL_BIAS_ACT, a, x)
-    return _act(e, a.get("activation"), e.linear(r["x"], r["w"], r["bias"]))
+    return e.linear_act(r["x"], r["w"], r["bias"], a.get("activation"))
 
 
-def _residual(e: Emitter[V], op: Op, a: dict[str, Any], x: Sequence[V]) -> tuple[V, V, V]:
+def _residual(e: Emitter[V], op: Op, a: dict[str, Any], x: Sequence[V], kind: str) -> V:
+    """`norm(x + residual [+ bias])` (`Emitter.residual_norm`: one pass where a backend has the kernel); with
+    `with_sum`, the sum is an output too: the two adds, the norm, and `[y, s]` packed (`_with_sum`)."""
     r = unpack(op, a, x)
+    if not a.get("with_sum", False):
+        return e.residual_norm(r["x"], r["residual"], r.get("bias"), r["gamma"], r["beta"], a["eps"], kind)
     s = e.add(r["x"], r["residual"])
     if "bias" in r:
         s = e.add(s, r["bias"])
-    return s, r["gamma"], r["beta"]
+    norm = e.layer_norm if kind == "layer_norm" else e.rms_norm
+    return _with_sum(e, a, norm(s, r["gamma"], r["beta"], a["eps"]), s)  # type: ignore[operator]
 
 
 def _with_sum(e: Emitter[V], a: dict[str, Any], y: V, s: V) -> V:
@@ -63,15 +64,13 @@ def _with_sum(e: Emitter[V], a: dict[str, Any], y: V, s: V) -> V:
 @decomposition(Op.FUSED_RESIDUAL_LN)
 def residual_ln(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
     """`LayerNorm(x + residual [+ bias])` over the last axis; with `with_sum`, `[LayerNorm(s), s]` packed."""
-    s, g, b = _residual(e, Op.FUSED_RESIDUAL_LN, a, x)
-    return _with_sum(e, a, e.layer_norm(s, g, b, a["eps"]), s)
+    return _residual(e, Op.FUSED_RESIDUAL_LN, a, x, "layer_norm")
 
 
 @decomposition(Op.FUSED_RESIDUAL_RMS_NORM)
 def residual_rms_norm(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
     """`RmsNorm(x + residual [+ bias]) * gamma + beta` over the last axis; with `with_sum`, `[y, s]` packed."""
-    s, g, b = _residual(e, Op.FUSED_RESIDUAL_RMS_NORM, a, x)
-    return _with_sum(e, a, e.rms_norm(s, g, b, a["eps"]), s)
+    return _residual(e, Op.FUSED_RESIDUAL_RMS_NORM, a, x, "rms_norm")
 
 
 @decomposition(Op.FUSED_SWIGLU)
@@ -123,9 +122,9 @@ def transformer_layer(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
     hidden = r["hidden"]
     att = attention_block(e, a["num_heads"], a["head_dim"], hidden, r["qkv_w"], r["out_w"], r["mask"],
                           r["qkv_b"], r["out_b"], mask_fill=a.get("mask_fill"))
-    h1 = e.layer_norm(e.add(att, hidden), r["ln1_g"], r["ln1_b"], a["eps1"])
-    mid = e.unary(a["activation"], e.linear(h1, r["fc1_w"], r["fc1_b"]))
-    return e.layer_norm(e.add(e.linear(mid, r["fc2_w"], r["fc2_b"]), h1), r["ln2_g"], r["ln2_b"], a["eps2"])
+    h1 = e.residual_norm(att, hidden, None, r["ln1_g"], r["ln1_b"], a["eps1"])
+    mid = e.linear_act(h1, r["fc1_w"], r["fc1_b"], a["activation"])
+    return e.residual_norm(e.linear(mid, r["fc2_w"], r["fc2_b"]), h1, None, r["ln2_g"], r["ln2_b"], a["eps2"])
 
 
 @decomposition(Op.ELEMENTWISE_REGION)

@@ -9,7 +9,11 @@ against the plain decomposition (`tests/test_runtime_lowering.py`):
 
 * `Emitter.linear` (`x @ w + b`, used by every fused linear) -> one `mx.addmm` (BLAS beta=1 epilogue) in f32;
 * FusedTransformerLayer -> its decomposition traced once into `mx.compile` (`compile_layers`);
-* ElementwiseRegion -> its decomposition traced once into `mx.compile` (`regions="compiled"`).
+* ElementwiseRegion -> its decomposition traced once into `mx.compile` (`regions="compiled"`);
+* on the CPU in float32, where `rlxviz.kernels` built (`LoweringOptions.kernels`): `attention` as one
+  `RlxvizAttention` kernel, `Emitter.linear_act` as `mx.matmul` + one `RlxvizBiasAct`, and
+  `Emitter.residual_norm` as one `RlxvizResidualLayerNorm` / `RlxvizResidualRmsNorm` (rlxviz's own C++
+  primitives; the unfused versions' matmul / add / GELU / norm nodes keep MLX's kernels).
 
 RLX's MLX-lowering bugs (rlx-notes §4.2–4.5) are fixed in the primitives: the keep mask `[B, Sk]`
 becomes additive (binary: 0 / the dtype's lowest finite value; with `mask_fill`: HF's
@@ -29,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from .. import kernels
 from ..ir import DType, Emitter, Node, Op, format_node
 from ..ir.emitter import normalize_attrs
 from ..ir.fused import DECOMPOSITIONS, expand
@@ -38,6 +43,9 @@ from . import fast
 from .devices import cpu_cores
 from .formulas import merge_heads, rope, split_heads
 from .mlx_backend import mx
+
+KERNEL_ACTS = frozenset({"gelu", "gelu_tanh", "silu", "relu"})
+"""Activations the `bias_act` CPU kernel computes (others take the activation's own lowering)."""
 
 NEG = -3.4028234663852886e38  # finfo(float32).min, as the NumPy reference uses for masked scores
 
@@ -71,6 +79,9 @@ class LoweringOptions:
         cpu_streams: on the CPU, run each fast-math kernel on this many CPU streams, split along
             axis 0 (MLX runs one elementwise kernel on one thread; separate streams run
             concurrently). 1 turns it off. CPU default: the cores this process may use.
+        kernels: run attention, the bias + activation of fused linears and residual + norm with
+            rlxviz's own CPU kernels (`rlxviz.kernels`, float32) when they are available; CPU only.
+            Unfused ops keep MLX's.
     """
 
     fast_math: bool | None = None
@@ -79,6 +90,7 @@ class LoweringOptions:
     compile_layers: bool | None = None
     regions: str | None = None
     cpu_streams: int | None = None
+    kernels: bool | None = None
 
     def for_device(self, device: str) -> LoweringOptions:
         """These options with every `None` (or `attention="auto"`) replaced by `device`'s choice.
@@ -118,6 +130,9 @@ DEVICE_LOWERING: dict[str, dict[str, Choice]] = {
                                       "(fast softmax [8,12,128,128] 11.2 -> 7.4 ms)"),
         "cpu_streams": Choice(cpu_cores(), "one CPU stream per core this process may use; MLX runs one "
                                            "elementwise kernel on one thread (measurements: README, runtime)"),
+        "kernels": Choice(True, "rlxviz's CPU kernels (attention in one pass over K/V per head, bias + GELU, "
+                                "residual + LayerNorm; threaded): MiniLM fully fused, B=8, one thread, 301 vs "
+                                "411 ms CPU time with MLX's lowering (`bench_kernels.py`, load 7, 2026-12-02)"),
     },
     "gpu": {
         "fast_math": Choice(False, "MLX's own GPU kernels: the fast-math formulation ran 1.46x slower than "
@@ -129,6 +144,7 @@ DEVICE_LOWERING: dict[str, dict[str, Choice]] = {
         "regions": Choice("inline", "compiled regions made the final version slower on the H200 (3.12 vs "
                                     "2.50 ms, issue 12); inline leaves the steps to MLX as in the faster version"),
         "cpu_streams": Choice(1, "row-parallel CPU streams do not apply on the GPU"),
+        "kernels": Choice(False, "rlxviz's kernels are CPU code; the GPU keeps MLX's fused kernels"),
     },
 }
 """The lowering chosen per device, with the measurement behind each choice. GPU rows come from the
@@ -212,6 +228,10 @@ class MlxEmitter(Emitter[mx.array]):
         self.options = (options or LoweringOptions()).for_device(device)
         self._kernels: dict[tuple[Any, ...], Callable[..., mx.array]] = {}
         self._compiled: dict[tuple[Any, ...], Callable[..., mx.array]] = {}
+        self.cpu_kernels = kernels.load() if self.options.kernels and device == "cpu" else None
+        """rlxviz's CPU kernels module (`rlxviz.kernels`), None when off, unavailable or not on the CPU."""
+        self.kernels_ran: set[str] = set()
+        """The rlxviz kernels this emitter has emitted (`attention`, `bias+gelu`, ...), for timing headers."""
 
     # Emitter interface
     def emit(self, op: Op, inputs: Sequence[mx.array], **attrs: Any) -> mx.array:
@@ -255,6 +275,42 @@ class MlxEmitter(Emitter[mx.array]):
         if mx.result_type(x, w, b) != mx.float32:
             return mx.matmul(x, w) + b
         return mx.addmm(b, x, w)
+
+    def linear_act(self, x: mx.array, w: mx.array, b: mx.array | None, act: str | None) -> mx.array:
+        """Override of `Emitter.linear_act` (`act(x @ w + b)`): where `bias_act_kernel_applies`,
+        `mx.matmul` then rlxviz's `bias_act` CPU kernel (bias add and activation in one pass, the
+        activation in `fast`'s formulas); otherwise `linear`, then the activation's lowering."""
+        if self.bias_act_kernel_applies(x, w, b, act):
+            self.kernels_ran.add(f"bias+{act}")
+            return self.cpu_kernels.bias_act(mx.matmul(x, w), b, act)
+        y = self.linear(x, w, b)
+        return y if act is None else self.unary(act, y)
+
+    def bias_act_kernel_applies(self, x: mx.array, w: mx.array, b: mx.array | None, act: str | None) -> bool:
+        """Whether `linear_act` runs the `bias_act` kernel: kernels loaded, an activation it computes,
+        float32 operands and a bias of rank <= 1."""
+        return (self.cpu_kernels is not None and act in KERNEL_ACTS and x.dtype == w.dtype == mx.float32
+                and (b is None or (b.dtype == mx.float32 and b.ndim <= 1)))
+
+    def residual_norm(self, x: mx.array, residual: mx.array, bias: mx.array | None, gamma: mx.array,
+                      beta: mx.array | None, eps: float, kind: str = "layer_norm") -> mx.array:
+        """Override of `Emitter.residual_norm`: with rlxviz's CPU kernels, float32 operands, `x` and
+        `residual` of one shape and `[N]` bias/gamma/beta, one `residual_norm` kernel (sum, statistics and
+        scale in one pass over each row, float32 like `mx.fast.layer_norm`); otherwise the two adds and the norm."""
+        if self.residual_norm_kernel_applies(x, residual, bias, gamma, beta):
+            self.kernels_ran.add(f"residual+{kind}")
+            return self.cpu_kernels.residual_norm(x, residual, bias, gamma, beta, float(eps), kind == "rms_norm")
+        return super().residual_norm(x, residual, bias, gamma, beta, eps, kind)
+
+    def residual_norm_kernel_applies(self, x: mx.array, residual: mx.array, bias: mx.array | None, gamma: mx.array,
+                                     beta: mx.array | None) -> bool:
+        """Whether `residual_norm` runs the kernel: kernels loaded, float32, `x` and `residual` of one
+        shape, bias/gamma/beta of rank <= 1 and size 1 or the last axis."""
+        n = x.shape[-1] if x.ndim else 0
+        vecs = [v for v in (bias, gamma, beta) if v is not None]
+        return (self.cpu_kernels is not None and x.ndim > 0 and x.shape == residual.shape
+                and x.dtype == residual.dtype == mx.float32
+                and all(v.dtype == mx.float32 and v.ndim <= 1 and v.size in (1, n) for v in vecs))
 
     # kernels
     def kernel(self, fn: Callable[..., mx.array], *static: Any) -> Callable[[mx.array], mx.array]:
@@ -493,6 +549,10 @@ def attention(e: MlxEmitter, q: mx.array, k: mx.array, v: mx.array, mask: mx.arr
         bias = mask.astype(q.dtype)
     else:
         bias = None
+    if e.cpu_kernels is not None and q.dtype == k.dtype == v.dtype == mx.float32:
+        e.kernels_ran.add("attention")
+        b = None if bias is None else bias.astype(mx.float32)
+        return e.cpu_kernels.attention(q, k, v, b, heads, kv, head_dim, scale)
     if e.options.attention == "sdpa":
         o = mx.fast.scaled_dot_product_attention(qh, kh, vh, scale=scale, mask=bias)  # GQA-aware
     else:
@@ -552,7 +612,9 @@ OVERRIDES[Op.ELEMENTWISE_REGION] = Override(
     _check_region, lambda o: o.regions == "compiled" and o.compile_fused,
     "the region's chain traced once into one mx.compile'd function (same ops, fused into one kernel)")
 
-EMITTER_OVERRIDES: dict[str, str] = {"linear": MlxEmitter.linear.__doc__ or ""}
+EMITTER_OVERRIDES: dict[str, str] = {"linear": MlxEmitter.linear.__doc__ or "",
+                                     "linear_act": MlxEmitter.linear_act.__doc__ or "",
+                                     "residual_norm": MlxEmitter.residual_norm.__doc__ or ""}
 """`Emitter` methods the MLX emitter replaces (used by the decompositions), with why."""
 
 __all__ = ["DEVICE_LOWERING", "LOWERINGS", "OVERRIDES", "LoweringError", "LoweringOptions", "MlxEmitter",

@@ -38,6 +38,7 @@ class TimingContext:
         blas: the CBLAS MLX's CPU matmul calls (`blas.BlasRecord`), with its thread count.
         mlx: MLX version.
         cpu_streams: CPU streams the row-parallel kernels use (1 = off).
+        kernels: which of rlxviz's own CPU kernels ran (`kernels_line`); "" where they do not apply (GPU).
     """
 
     device: str
@@ -45,16 +46,34 @@ class TimingContext:
     blas: str
     mlx: str
     cpu_streams: int
+    kernels: str = ""
 
     def __str__(self) -> str:
         return (f"MLX {self.mlx} on {self.device}, {self.precision} matmuls, BLAS {self.blas}, "
-                f"{self.cpu_streams} CPU stream{'s' if self.cpu_streams != 1 else ''}")
+                f"{self.cpu_streams} CPU stream{'s' if self.cpu_streams != 1 else ''}"
+                + (f"; {self.kernels}" if self.kernels else ""))
+
+
+def kernels_line(executor: MlxExecutor) -> str:
+    """One line for a timing header: rlxviz's CPU kernels' status and the ones this executor ran, e.g.
+    `rlxviz CPU kernels: cached (avx512, 2 threads), ran attention, bias+gelu`; "" on the GPU."""
+    if executor.device != "cpu":
+        return ""
+    from .. import kernels
+
+    if not executor.options.kernels:
+        return "rlxviz CPU kernels: off (lowering option kernels=False); fused ops run MLX's composed lowering"
+    st = kernels.status()
+    ran = sorted(executor.emitter.kernels_ran)
+    if not st.available:
+        return str(st)
+    return f"{st}, ran {', '.join(ran)}" if ran else f"{st}, none ran (no fused op they take)"
 
 
 def timing_context(executor: MlxExecutor) -> TimingContext:
     """The `TimingContext` of runs on `executor`."""
     return TimingContext(executor.device, executor.precision.name, str(active_blas() or "unknown"), mx.__version__,
-                         executor.options.cpu_streams or 1)
+                         executor.options.cpu_streams or 1, kernels_line(executor))
 
 
 @dataclass(frozen=True)

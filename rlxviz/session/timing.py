@@ -154,7 +154,8 @@ def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mappin
     versions = trace.versions()
     distinct = [i for i in range(len(versions)) if i == 0 or trace.steps[i - 1].changed]
     data = arrays_digest(feeds, weights, *(s.feeds for s in items))
-    key = (trace.key, data, tuple(s.name for s in items), warmup, repeat, ex.device, policy)
+    kernels = ex.emitter.cpu_kernels is not None  # rlxviz's CPU kernels change what runs: part of the key
+    key = (trace.key, data, tuple(s.name for s in items), warmup, repeat, ex.device, policy, kernels)
     hit = None if fresh else TIMINGS.get(key)
     if hit is None:
         def told(j: int) -> None:

@@ -1,0 +1,58 @@
+"""rlxviz's own CPU kernels as MLX primitives (C++ in `src/`, built on first use by `build`).
+
+Three float32 kernels, each an `mlx::core::Primitive` with `eval_cpu` (vectorized for the machine that
+built it, threaded over rows or (batch, head, query block) work items on the CPUs this process may use):
+
+* `attention(q, k, v, bias, heads, kv_heads, head_dim, scale)`: scores, scale, additive bias, softmax and
+  `P V` per head in one pass over K/V tiles (online softmax, flash-attention style). A row whose bias is
+  the lowest float everywhere is uniform, as in the NumPy reference; a row of -inf is NaN, as there.
+* `bias_act(x, bias, act)`: `act(x + bias)` over the last axis, `act` one of none, gelu, gelu_tanh, silu, relu.
+* `softmax(x)`: over the last axis.
+
+Their transcendentals are `rlxviz.runtime.fast`'s formulas (exp 2e-7 relative, erf 4.2e-7 and tanh
+3.6e-7 absolute), so they agree with the fast-math lowering they replace to float32 rounding.
+
+`load()` returns the module (or None) and `status()` says which: `built` / `cached` / `off`
+(`RLXVIZ_KERNELS=0`) / `unavailable` with the reason. The lowering (`runtime.lowering`) uses them
+for fused ops on the CPU only; everything else keeps MLX's kernels.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from types import ModuleType
+
+from .build import KernelStatus, build_kernels, cache_root, find_toolchain
+
+_LOCK = threading.Lock()
+_LOADED: tuple[KernelStatus, ModuleType | None] | None = None
+
+
+def load() -> ModuleType | None:
+    """The kernels module of this process (built or loaded from the cache once), or None."""
+    return _ensure()[1]
+
+
+def status() -> KernelStatus:
+    """Whether this process has the kernels (building them on first call), and why not; `threads` is the
+    count the kernels use now (`set_threads`)."""
+    st, module = _ensure()
+    return st if module is None else replace(st, threads=module.threads())
+
+
+def _ensure() -> tuple[KernelStatus, ModuleType | None]:
+    global _LOADED
+    with _LOCK:
+        if _LOADED is None:
+            st, module = build_kernels()
+            if module is not None:
+                from ..runtime.devices import cpu_cores
+
+                module.set_threads(cpu_cores())
+                st = replace(st, threads=module.threads())
+            _LOADED = (st, module)
+        return _LOADED
+
+
+__all__ = ["KernelStatus", "build_kernels", "cache_root", "find_toolchain", "load", "status"]

@@ -1,0 +1,11 @@
+"""Session set-up: rlxviz's CPU kernels are built (or loaded from the cache) once, before any test, so the
+first build (~30 s of CPU) never lands inside a test with a time bound of its own (the fuzz watchdogs)."""
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cpu_kernels_built():
+    from rlxviz import kernels
+
+    kernels.status()
