@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from ..ir import Graph, Node, Op
 from ..ir.identity import IdentityMap
 from ..ir.ops import BLAS
+from .activations import activation_form
 from .trace import Rejection, layer_of
 
 _ATTENTION = frozenset({Op.ATTENTION, Op.FUSED_ATTENTION_BLOCK, Op.FUSED_TRANSFORMER_LAYER})
@@ -259,6 +260,12 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
         if n not in acts:
             acts.append(n)
             evidence.append(why)
+    forms = []
+    for n in nodes:  # QuickGELU, Swish, squared ReLU as primitives: a recognized family is never dropped
+        if (f := activation_form(g, n)) is not None and n not in acts:
+            acts.append(n)
+            forms.append(f.name)
+            evidence.append(f"{_label(n)}: {f.describe()}, an activation: the layer has an MLP")
     norm = ("RMSNorm" if any(n.op in (Op.RMS_NORM, Op.FUSED_RESIDUAL_RMS_NORM) for n in norms)
             else "LayerNorm" if norms else "none")
     swiglu = any(n.op == Op.FUSED_SWIGLU or (n.op == Op.SILU and any(u.op == Op.MUL for u in g.users(n.id)))
@@ -317,6 +324,7 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
     else:
         kind = "pre_ln"
     extras = [norm if norm != "none" else "no norm"] + (["RoPE"] if rope else []) + (["SwiGLU"] if swiglu else [])
+    extras += list(dict.fromkeys(forms))
     if mask is not None:
         extras.append(f"{mask} mask" if mask != "none" else "no mask")
     return LayerArchitecture(kind, f"{DESCRIPTIONS[kind]}; {', '.join(extras)}", norm, mask, rope, swiglu,
