@@ -14,6 +14,8 @@ Q and K may also be scaled by a constant before the scores (CLIP and Whisper sca
 1/sqrt(dh), Whisper's reference code scales both heads by dh**-0.25): the pre-scales are folded into the
 attention's `scale` (the product of all factors; None when it equals the default 1/sqrt(dh)), so a
 pre-scaled Q with unscaled scores gets the default scale and the block fusion still applies.
+A scale further down K's (or Q's) path (after K's own transpose, after `repeat_kv`, between the head reshape
+and transpose) is first moved next to the head split (`scale_path.hoist_scales`, bit-exact), so it folds too.
 
 -> `attention(q, k, v[, mask], num_heads=nh, head_dim=dh)`. The mask guard traces HF's extended
 mask `reshape(mul(sub(1, cast(m)), fill), [B, 1, 1, S])` back to the integer keep mask and emits
@@ -79,6 +81,7 @@ from ..trace import Rejection
 from . import where_mask
 from .gqa import explain_heads, heads_match, kv_heads_pattern, kv_repeat_guard, num_kv_heads, repeat_roles
 from .heads import unfold_heads
+from .scale_path import hoist_scales
 from .where_mask import where_scores
 
 # -- fuse_sdpa -----------------------------------------------------------------------------------
@@ -419,14 +422,17 @@ _sdpa_rules = rule_pass("fuse_sdpa", [SDPA], "")
 
 
 def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
-    """Lift folded-heads chains to the 4-D head layout (`heads.unfold_heads`, exact), then match `SDPA`."""
+    """Lift folded-heads chains to the 4-D head layout (`heads.unfold_heads`, exact), move Q/K scales next to the
+    head split (`scale_path.hoist_scales`, exact), then match `SDPA`."""
     lifted, unfolded = unfold_heads(graph)
-    r = _sdpa_rules(lifted, params)
-    return PassResult(r.graph, unfolded + r.matches, r.rejections)
+    hoisted, moved = hoist_scales(lifted)
+    r = _sdpa_rules(hoisted, params)
+    return PassResult(r.graph, unfolded + moved + r.matches, r.rejections)
 
 
 fuse_sdpa = Pass("fuse_sdpa", _fuse_sdpa, (SDPA,), doc="Hugging Face scaled-dot-product attention -> packed "
-                 "attention op (heads folded into the batch lifted to [B, H, S, d] first)")
+                 "attention op (heads folded into the batch lifted to [B, H, S, d] first, Q/K scales moved next to "
+                 "the head split)")
 
 # -- fuse_attention_block --------------------------------------------------------------------------
 
