@@ -955,8 +955,24 @@ def _rope_heads():
     return g, {"s": 28}
 
 
+def _block_ropes(**kw):
+    """RoPE on the heads rewritten to rope ops (fuse_sdpa), QKV merged: the block's rotation checks; the subject is
+    the first rope the attention reads (Q's, or K's when Q is plain)."""
+    from test_rope_heads import rope_attention
+
+    from rlxviz.ir import parse_ir
+    g = run_passes(parse_ir(rope_attention(**kw)), ["fuse_sdpa", "fuse_shared_input_matmul",
+                                                    "fuse_matmul_bias_act"]).final
+    (attn,) = [n for n in g if n.op == Op.ATTENTION]
+    return g, {"s": next(i for i in attn.inputs[:2] if g[i].op == Op.ROPE)}
+
+
 NEAR_MISSES += [(_SDPA, "mask_model_term", _band_mask, "s", {}), (_SDPA, "rope_on_heads", _rope_heads, "s", {}),
-                ("fuse_attention_block.qkv_attention_out", "self_attention", _cross_attention, "s", {})]
+                ("fuse_attention_block.qkv_attention_out", "self_attention", _cross_attention, "s", {}),
+                ("fuse_attention_block.qkv_attention_out", "rope_q_and_k", lambda: _block_ropes(k_only=True), "s",
+                 {}),
+                ("fuse_attention_block.qkv_attention_out", "rope_full_rotary", lambda: _block_ropes(n_rot=8), "s",
+                 {})]
 
 
 def test_near_miss_table_covers_every_guard_of_every_rule():

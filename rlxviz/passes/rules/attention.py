@@ -81,6 +81,7 @@ from ..trace import Rejection
 from . import where_mask
 from .gqa import explain_heads, heads_match, kv_heads_pattern, kv_repeat_guard, num_kv_heads, repeat_roles
 from .heads import unfold_heads
+from .rope_heads import rope_heads
 from .scale_path import hoist_scales
 from .where_mask import where_scores
 
@@ -372,7 +373,8 @@ def _rope_on_heads(c: Ctx) -> Fail | None:
                 f"(rotate_half: {c.name_of(cat)}); the attention pattern takes Q and K straight from the head split",
                 (add,), (), "apply the rope op to the Q/K projections before the head split (rlxviz's rope op, "
                 "NeoX half split), so the attention packs", subject=add, kind=NOT_RECOGNIZED,
-                fix="recognize rotate_half RoPE on the heads as the rope op (half split) and fold it into the block")
+                fix="fuse_sdpa.rope_heads rewrites h * cos + rotate_half(h) * sin with cos = concat(t, t) of an "
+                    "[S, d/2] table and no other reader of its products; teach it this form")
 
 
 SDPA = Rule(
@@ -422,12 +424,14 @@ _sdpa_rules = rule_pass("fuse_sdpa", [SDPA], "")
 
 
 def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
-    """Lift folded-heads chains to the 4-D head layout (`heads.unfold_heads`, exact), move Q/K scales next to the
-    head split (`scale_path.hoist_scales`, exact), then match `SDPA`."""
+    """Lift folded-heads chains to the 4-D head layout (`heads.unfold_heads`, exact), RoPE written on the heads to
+    the rope op (`rope_heads.rope_heads`, exact), move Q/K scales next to the head split (`scale_path.hoist_scales`,
+    exact), then match `SDPA`."""
     lifted, unfolded = unfold_heads(graph)
-    hoisted, moved = hoist_scales(lifted)
+    rotated, ropes = rope_heads(lifted)
+    hoisted, moved = hoist_scales(rotated)
     r = _sdpa_rules(hoisted, params)
-    return PassResult(r.graph, unfolded + moved + r.matches, r.rejections)
+    return PassResult(r.graph, unfolded + ropes + moved + r.matches, r.rejections)
 
 
 fuse_sdpa = Pass("fuse_sdpa", _fuse_sdpa, (SDPA,), doc="Hugging Face scaled-dot-product attention -> packed "
@@ -568,9 +572,9 @@ def _block_rewrite(c: Ctx, rw: Rewriter) -> int:
     `expand(0.0, [N])` as its bias operand: `x @ w + 0 == x @ w` for every input, so the block computes
     the matched chain exactly."""
     attn = c["attn"].attrs
-    attrs = {"num_heads": attn["num_heads"], "head_dim": attn["head_dim"], "has_bias": True, "has_rope": False,
-             "num_kv_heads": attn.get("num_kv_heads"), "mask_fill": attn.get("mask_fill")}
-    absorbed = [c.id(r) for r in ("qkv", "q", "k", "v", "attn", "out")]
+    attrs = {"num_heads": attn["num_heads"], "head_dim": attn["head_dim"], "has_bias": True,
+             "has_rope": "q_rope" in c, "num_kv_heads": attn.get("num_kv_heads"), "mask_fill": attn.get("mask_fill")}
+    absorbed = [c.id(r) for r in ("qkv", "q", "k", "q_rope", "k_rope", "v", "attn", "out") if r in c]
     ins = []
     with rw.provenance(absorbed):
         for r in operand_roles(Op.FUSED_ATTENTION_BLOCK, attrs, 0):
@@ -619,6 +623,38 @@ def _self_attention(c: Ctx) -> Fail | None:
                 subject=q, kind=MODEL_TERM, fix="a cross-attention block (a Q projection and a packed K/V projection)")
 
 
+def _rotated(tag: str) -> P:
+    """Q or K of the block: a narrow of the packed QKV projection, or that narrow rotated by the rope op (the
+    block's `has_rope`: one cos/sin table pair for Q and K)."""
+    narrow = P(Op.NARROW, P.var("qkv"), name=tag)
+    return P(Op.ROPE, narrow, P.var("rope_cos"), P.var("rope_sin"), name=f"{tag}_rope") | narrow
+
+
+@reports("rope_q_and_k", "rope_full_rotary", reads=("attn", "q_rope", "k_rope"))
+def _block_rope(c: Ctx) -> Fail | None:
+    """The block's RoPE rotates Q and K, every dim of each head (NeoX half split, `n_rot == head_dim`), with the
+    attention's head_dim: a rotation of one of them or of part of each head stays outside (named)."""
+    ropes = [r for r in ("q_rope", "k_rope") if r in c]
+    if not ropes:
+        return None
+    d = c["attn"].attrs["head_dim"]
+    if len(ropes) == 1:
+        who = ropes[0][0].upper()
+        return Fail("guard", "rope_q_and_k", f"{c.d(ropes[0])} rotates {who} only; FusedAttentionBlock's RoPE rotates "
+                    f"Q and K with one cos/sin table pair", (c.id(ropes[0]),), (), "nothing to change in the model: "
+                    "the packed attention keeps the rotation as its operand", subject=c.id(ropes[0]),
+                    kind=NOT_RECOGNIZED, fix="a block RoPE applied to Q or K alone")
+    for r in ropes:
+        a = c[r].attrs
+        if a["head_dim"] != d or a["n_rot"] != d:
+            return Fail("guard", "rope_full_rotary",
+                        f"{c.d(r)} rotates {a['n_rot']} of {a['head_dim']} dims per head (partial rotary) on heads "
+                        f"of {d}; FusedAttentionBlock's RoPE rotates every dim of each head", (c.id(r),), (),
+                        "nothing to change in the model: partial rotary keeps its packed attention",
+                        subject=c.id(r), kind=NOT_RECOGNIZED, fix="an n_rot attribute on FusedAttentionBlock")
+    return None
+
+
 BLOCK = Rule(
     "fuse_attention_block.qkv_attention_out", P(Op.ATTENTION, name="attn"),
     steps=(
@@ -629,10 +665,11 @@ BLOCK = Rule(
         attr_eq("attn", "scale", None, "default_scale", "the block uses 1/sqrt(head_dim)",
                 fix="give FusedAttentionBlock a scale attribute", explain=_explain_block_scale),
         _self_attention,
-        Shape("qkv_packed", "attn", P(Op.ATTENTION, P(Op.NARROW, P.var("qkv"), name="q"),
-                                      P(Op.NARROW, P.var("qkv"), name="k"), P(Op.NARROW, P.var("qkv"), name="v"),
+        Shape("qkv_packed", "attn", P(Op.ATTENTION, _rotated("q"), _rotated("k"), P(Op.NARROW, P.var("qkv"), name="v"),
                                       P.var("mask"), name="attn"),
-              "q, k and v must be narrows of one QKV projection: run fuse_shared_input_matmul first"),
+              "q, k and v must be narrows of one QKV projection (q and k may be rotated by one rope): run "
+              "fuse_shared_input_matmul first"),
+        _block_rope,
         guard("qkv_split", _split_at, _explain_split, "split Q/K/V at 0/H/2H of the last axis",
               requires=("qkv", "attn", "q", "k", "v"), kind=NOT_RECOGNIZED,
               fix="permute the packed weight's columns to Q/K/V order, or slice the extra width off"),
@@ -657,7 +694,7 @@ BLOCK = Rule(
               requires=("out",), kind=NOT_RECOGNIZED, subject=lambda c: c.id("out"),
               fix="take the bias add into the block when the raw product has other readers"),
     ),
-    result="out", absorb=("qkv", "q", "k", "v", "attn", "out"), rewrite=_block_rewrite,
+    result="out", absorb=("qkv", "q", "k", "q_rope", "k_rope", "v", "attn", "out"), rewrite=_block_rewrite,
     doc="QKV linear -> narrows -> attention(keep) -> out linear -> FusedAttentionBlock (a bias-less QKV or "
         "output projection gets a zero bias: exact)")
 
