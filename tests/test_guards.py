@@ -975,6 +975,22 @@ NEAR_MISSES += [(_SDPA, "mask_model_term", _band_mask, "s", {}), (_SDPA, "rope_o
                  {})]
 
 
+def _norm_terms(**kw):
+    """Gemma's (1 + w) of a parameter (gamma add: node 11) / an f16 eps of 1e-8 (node 5), written as primitives."""
+    from test_norm_terms import gemma_norm
+
+    from rlxviz.ir import parse_ir
+    return parse_ir(gemma_norm(**kw)), {"add": 11, "eps": 5}
+
+
+_F16_EPS = {"eps": "const {value=1e-08} : f16[]"}
+NEAR_MISSES += [(f"canonicalize_norm.{r}", "gamma_computed", lambda r=r: _norm_terms(layer_norm=r == "layer_norm"),
+                 "add", {}) for r in ("rms_norm", "layer_norm")]
+NEAR_MISSES += [(f"canonicalize_norm.{r}", "eps_rounds_to_zero",
+                 lambda r=r: _norm_terms(weight="const", layer_norm=r == "layer_norm", **_F16_EPS), "eps", {})
+                for r in ("rms_norm", "layer_norm")]
+
+
 def test_near_miss_table_covers_every_guard_of_every_rule():
     have = {(rule, guard) for rule, guard, *_ in NEAR_MISSES}
     want = {(r.name, gname) for p in PASSES.values() for r in p.rules for gname in r.guard_names
