@@ -991,6 +991,19 @@ NEAR_MISSES += [(f"canonicalize_norm.{r}", "eps_rounds_to_zero",
                 for r in ("rms_norm", "layer_norm")]
 
 
+def _decode_step():
+    """A decode step's attention reading its KV cache (packed by fuse_sdpa), QKV merged: the block refuses the cache."""
+    from test_kv_cache import decode
+
+    from rlxviz.ir import parse_ir
+    g = run_passes(parse_ir(decode()), ["fuse_sdpa", "fuse_shared_input_matmul", "fuse_matmul_bias_act"]).final
+    (attn,) = [n for n in g if n.op == Op.ATTENTION]
+    return g, {"s": attn.inputs[1]}
+
+
+NEAR_MISSES += [("fuse_attention_block.qkv_attention_out", "kv_cache", _decode_step, "s", {})]
+
+
 def test_near_miss_table_covers_every_guard_of_every_rule():
     have = {(rule, guard) for rule, guard, *_ in NEAR_MISSES}
     want = {(r.name, gname) for p in PASSES.values() for r in p.rules for gname in r.guard_names

@@ -92,6 +92,9 @@ def _written_here() -> dict[str, str]:
         "param": {}, "const": {"weight": "const"}, "ln": {"layer_norm": True},
         "f16-eps": {"eps": "const {value=1e-08} : f16[]"}}.items()}
     out |= {f"scale-{k}": f(_bert()) for k, f in VARIANTS.items()}
+    from test_kv_cache import VARIANTS as DECODE
+    from test_kv_cache import decode
+    out |= {f"decode-{k}": decode(**kw) for k, kw in DECODE.items()}
     return out
 
 

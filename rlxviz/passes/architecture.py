@@ -72,6 +72,8 @@ class LayerArchitecture:
     rope: bool = False
     swiglu: bool = False
     evidence: tuple[str, ...] = field(default_factory=tuple)
+    kv_cache: bool = False
+    """The attention reads K/V through a KV cache (a decode step): FusedAttentionBlock cannot take it."""
 
     @property
     def post_ln(self) -> bool:
@@ -88,6 +90,9 @@ class LayerArchitecture:
         """Why a rejection of `pass_name` at `guard` does not count in this layer (None: it counts)."""
         if pass_name == "fuse_transformer_layer" and not self.post_ln:
             return f"FusedTransformerLayer is the post-LN BERT layer; this layer is {self.description}"
+        if pass_name == "fuse_attention_block" and self.kv_cache:
+            return ("FusedAttentionBlock projects K and V from the hidden states; this layer's attention reads a KV "
+                    "cache (a decode step)")
         if pass_name == "fuse_attention_block" and not self.post_ln and self.mask != "keep":
             return (f"FusedAttentionBlock takes a binary keep mask; this layer's attention mask is "
                     f"{self.mask or 'absent'}")
@@ -103,7 +108,7 @@ class LayerArchitecture:
         if self.mask is not None:
             out.append("packed attention" + (" (grouped-query)" if "grouped-query" in " ".join(self.evidence)
                                              else ""))
-            if self.mask == "keep":
+            if self.mask == "keep" and not self.kv_cache:
                 out.append("FusedAttentionBlock")
         if self.swiglu:
             out.append("FusedSwiGLU")
@@ -273,10 +278,15 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
     rope = any(n.op == Op.ROPE or rotate_half_rope(g, n) is not None for n in nodes) or any(
         n.op == Op.FUSED_ATTENTION_BLOCK and n.attrs.get("has_rope") for n in nodes)
     mask: str | None = None
+    kv_cache = False
     if attn:
         a = attn[0]
         mask = (a.attrs.get("mask", "none") if a.op == Op.ATTENTION else "keep" if a.op in _ATTENTION
                 else "unknown")
+        if a.op == Op.ATTENTION and any(g[i].op == Op.CONCAT for i in a.inputs[1:3]):
+            kv_cache = True
+            evidence.append(f"{_label(a)}: K/V read through a KV cache ({a.shape[1]} queries against "
+                            f"{g[a.inputs[1]].shape[1]} keys: a decode step)")
         if a.op == Op.ATTENTION and a.attrs.get("num_kv_heads") not in (None, a.attrs.get("num_heads")):
             evidence.append(f"{_label(a)}: grouped-query ({a.attrs['num_heads']} query heads, "
                             f"{a.attrs['num_kv_heads']} kv heads)")
@@ -327,8 +337,10 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
     extras += list(dict.fromkeys(forms))
     if mask is not None:
         extras.append(f"{mask} mask" if mask != "none" else "no mask")
+    if kv_cache:
+        extras.append("KV cache (decode step)")
     return LayerArchitecture(kind, f"{DESCRIPTIONS[kind]}; {', '.join(extras)}", norm, mask, rope, swiglu,
-                             tuple(evidence))
+                             tuple(evidence), kv_cache)
 
 
 __all__ = ["DESCRIPTIONS", "KINDS", "LayerArchitecture", "attention_softmax", "classify_layer", "prepared",

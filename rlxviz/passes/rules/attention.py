@@ -81,6 +81,7 @@ from ..trace import Rejection
 from . import where_mask
 from .gqa import explain_heads, heads_match, kv_heads_pattern, kv_repeat_guard, num_kv_heads, repeat_roles
 from .heads import unfold_heads
+from .kv_cache import pack_cache
 from .rope_heads import rope_heads
 from .scale_path import hoist_scales
 from .where_mask import where_scores
@@ -425,13 +426,15 @@ _sdpa_rules = rule_pass("fuse_sdpa", [SDPA], "")
 
 def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
     """Lift folded-heads chains to the 4-D head layout (`heads.unfold_heads`, exact), RoPE written on the heads to
-    the rope op (`rope_heads.rope_heads`, exact), move Q/K scales next to the head split (`scale_path.hoist_scales`,
+    the rope op (`rope_heads.rope_heads`, exact), a decode step's KV-cache concat read packed (`kv_cache.pack_cache`,
+    exact), move Q/K scales next to the head split (`scale_path.hoist_scales`,
     exact), then match `SDPA`."""
     lifted, unfolded = unfold_heads(graph)
     rotated, ropes = rope_heads(lifted)
-    hoisted, moved = hoist_scales(rotated)
+    cached, caches = pack_cache(rotated)
+    hoisted, moved = hoist_scales(cached)
     r = _sdpa_rules(hoisted, params)
-    return PassResult(r.graph, unfolded + ropes + moved + r.matches, r.rejections)
+    return PassResult(r.graph, unfolded + ropes + caches + moved + r.matches, r.rejections)
 
 
 fuse_sdpa = Pass("fuse_sdpa", _fuse_sdpa, (SDPA,), doc="Hugging Face scaled-dot-product attention -> packed "
@@ -655,6 +658,26 @@ def _block_rope(c: Ctx) -> Fail | None:
     return None
 
 
+@reports("kv_cache", kind=MODEL_TERM, reads=("attn",))
+def _kv_cache(c: Ctx) -> Fail | None:
+    """K or V read through a KV cache (a decode step: `concat(past, this step's K)`, `kv_cache.pack_cache`): the
+    block projects K and V from the hidden states only, so it cannot hold the cache (the model's own structure)."""
+    g, attn = c.graph, c["attn"]
+    for who, i in (("K", attn.inputs[1]), ("V", attn.inputs[2])):
+        n = g[i]
+        if n.op == Op.CONCAT and len(n.inputs) == 2 and n.attrs["axis"] in (1, -2):
+            past = g[g[n.inputs[0]].inputs[0]] if g[n.inputs[0]].op == Op.RESHAPE else g[n.inputs[0]]
+            past = g[past.inputs[0]] if past.op == Op.TRANSPOSE else past
+            return Fail("guard", "kv_cache",
+                        f"{who} is {c.name_of(n.id)}: the cache {c.name_of(past.id)} and this step's {who} (a decode "
+                        f"step with a KV cache, {attn.shape[1]} quer{'y' if attn.shape[1] == 1 else 'ies'} against "
+                        f"{n.shape[1]} keys); FusedAttentionBlock projects K and V from the hidden states, so the "
+                        f"cache stays outside the packed attention's block", (n.id,), (),
+                        "nothing to change in the model: the decode step keeps its packed attention", subject=n.id,
+                        kind=MODEL_TERM, fix="a block that appends this step's K/V to a cache operand")
+    return None
+
+
 BLOCK = Rule(
     "fuse_attention_block.qkv_attention_out", P(Op.ATTENTION, name="attn"),
     steps=(
@@ -665,6 +688,7 @@ BLOCK = Rule(
         attr_eq("attn", "scale", None, "default_scale", "the block uses 1/sqrt(head_dim)",
                 fix="give FusedAttentionBlock a scale attribute", explain=_explain_block_scale),
         _self_attention,
+        _kv_cache,
         Shape("qkv_packed", "attn", P(Op.ATTENTION, _rotated("q"), _rotated("k"), P(Op.NARROW, P.var("qkv"), name="v"),
                                       P.var("mask"), name="attn"),
               "q, k and v must be narrows of one QKV projection (q and k may be rotated by one rope): run "
