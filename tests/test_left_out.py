@@ -87,7 +87,8 @@ def _written_here() -> dict[str, str]:
     out["mlp-quick-gelu-biasless"] = BIASLESS
     out |= {f"rope-{k}": rope_attention(**kw) for k, kw in {
         "full": {}, "swapped": {"swapped": True}, "partial": {"n_rot": 8}, "k_only": {"k_only": True},
-        "gathered": {"gathered": True}, "halves_differ": {"duplicated": False}}.items()}
+        "gathered": {"gathered": True}, "halves_differ": {"duplicated": False},
+        "interleaved": {"interleaved": True}}.items()}
     out |= {f"gemma-{k}": gemma_norm(**kw) for k, kw in {
         "param": {}, "const": {"weight": "const"}, "ln": {"layer_norm": True},
         "f16-eps": {"eps": "const {value=1e-08} : f16[]"}}.items()}

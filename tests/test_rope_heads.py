@@ -26,11 +26,12 @@ AT = " @model.layers.0.self_attn"
 
 
 def rope_attention(n_rot: int = 16, k_only: bool = False, swapped: bool = False, gathered: bool = False,
-                   table_rank: int = 4, duplicated: bool = True) -> str:
+                   table_rank: int = 4, duplicated: bool = True, interleaved: bool = False) -> str:
     """One LLaMA-style attention (4 heads of 16, S = 8, a padding keep mask) with RoPE written on the heads over
     the first `n_rot` dims of each head; `swapped`: every product and the sum in the other operand order;
     `gathered`: the tables read by `gather(table, position_ids)`; `table_rank`: the duplicated table's view;
-    `duplicated=False`: a full `[S, n_rot]` table whose halves differ (not a rotation: no rope op computes it)."""
+    `duplicated=False`: a full `[S, n_rot]` table whose halves differ (not a rotation: no rope op computes it);
+    `interleaved`: GPT-J's rotate_every_two (pairs h[2i], h[2i+1]) with full `[S, d]` tables."""
     half = n_rot // 2
     lines = ['  %0 = input {name="hidden_states"} : f32[2, 8, 64]', '  %1 = input {name="attention_mask"} : i64[2, 8]']
     if gathered:
@@ -60,7 +61,7 @@ def rope_attention(n_rot: int = 16, k_only: bool = False, swapped: bool = False,
             tab = emit(f"gather({full}, %2) {{axis=0}} : f32[8, {half}]")
         else:
             tab = emit(f'param {{name="rotary_emb.{name}_cached"}} : f32[8, {half}]')
-        dup = emit(f"concat({tab}, {tab}) {{axis=1}} : f32[8, {n_rot}]") if duplicated else emit(
+        dup = emit(f"concat({tab}, {tab}) {{axis=1}} : f32[8, {n_rot}]") if duplicated and not interleaved else emit(
             f'param {{name="rotary_emb.{name}_full"}} : f32[8, {n_rot}]')
         view = [1, 1, 8, n_rot] if table_rank == 4 else [1, 8, n_rot]
         tables[name] = emit(f"reshape({dup}) {{shape={view}}} : f32{view}")
@@ -74,10 +75,18 @@ def rope_attention(n_rot: int = 16, k_only: bool = False, swapped: bool = False,
         ty = f"f32[2, 4, 8, {n_rot}]"
         a = f"mul({tables['cos']}, {part})" if swapped else f"mul({part}, {tables['cos']})"
         plain = emit(f"{a} : {ty}")
-        lo = emit(f"narrow({part}) {{axis=3, start=0, length={half}}} : f32[2, 4, 8, {half}]")
-        hi = emit(f"narrow({part}) {{axis=3, start={half}, length={half}}} : f32[2, 4, 8, {half}]")
-        neg = emit(f"neg({hi}) : f32[2, 4, 8, {half}]")
-        cat = emit(f"concat({neg}, {lo}) {{axis=3}} : {ty}")
+        if interleaved:  # rotate_every_two: reshape to pairs, (-x2, x1) per pair, back
+            pairs = emit(f"reshape({part}) {{shape=[2, 4, 8, {half}, 2]}} : f32[2, 4, 8, {half}, 2]")
+            x1 = emit(f"narrow({pairs}) {{axis=4, start=0, length=1}} : f32[2, 4, 8, {half}, 1]")
+            x2 = emit(f"narrow({pairs}) {{axis=4, start=1, length=1}} : f32[2, 4, 8, {half}, 1]")
+            neg = emit(f"neg({x2}) : f32[2, 4, 8, {half}, 1]")
+            both = emit(f"concat({neg}, {x1}) {{axis=4}} : f32[2, 4, 8, {half}, 2]")
+            cat = emit(f"reshape({both}) {{shape=[2, 4, 8, {n_rot}]}} : {ty}")
+        else:
+            lo = emit(f"narrow({part}) {{axis=3, start=0, length={half}}} : f32[2, 4, 8, {half}]")
+            hi = emit(f"narrow({part}) {{axis=3, start={half}, length={half}}} : f32[2, 4, 8, {half}]")
+            neg = emit(f"neg({hi}) : f32[2, 4, 8, {half}]")
+            cat = emit(f"concat({neg}, {lo}) {{axis=3}} : {ty}")
         b = f"mul({tables['sin']}, {cat})" if swapped else f"mul({cat}, {tables['sin']})"
         rot = emit(f"{b} : {ty}")
         out = emit(f"add({rot}, {plain}) : {ty}" if swapped else f"add({plain}, {rot}) : {ty}")
@@ -208,3 +217,18 @@ def test_a_table_whose_halves_differ_is_not_a_rotation_and_stays_named(capsys, t
     assert "rotate_half" in r.message
     code, out, _ = cli_run(capsys, "explain", path)
     assert code == 1 and "rope_on_heads" in out
+
+
+@pytest.mark.parametrize("k_only", [False, True])
+def test_interleaved_rope_is_named_not_dropped(capsys, tmp_path, k_only):
+    """GPT-J's rotate_every_two rotates pairs (h[2i], h[2i+1]); the rope op rotates halves: not rewritten, the
+    attention stays primitives and `rope_on_heads` names the interleaved rotation; the layer kind says RoPE."""
+    path = tmp_path / "g.ir"
+    path.write_text(rope_attention(interleaved=True, k_only=k_only))
+    g = parse_ir(path.read_text())
+    assert rope_heads(g)[1] == []
+    t = equal_numbers(g)
+    (r,) = [r for r in t.rejections if r.guard == "rope_on_heads" and r.headline]
+    assert "interleaved (rotate_every_two" in r.message and ("K rotated" if k_only else "Q and K rotated") in r.message
+    code, out, _ = cli_run(capsys, "explain", path)
+    assert code == 1 and "rope_on_heads" in out and "RoPE" in out

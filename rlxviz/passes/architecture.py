@@ -219,6 +219,34 @@ def rotate_half_rope(g: Graph, n: Node) -> tuple[int, int] | None:
     return None
 
 
+def interleaved_rope(g: Graph, n: Node) -> tuple[int, int] | None:
+    """`(add, concat)` when `n` is RoPE written interleaved (GPT-J / GPT-NeoX-interleaved `rotate_every_two`):
+    `h * cos + rotate_every_two(h) * sin`, `rotate_every_two(h) = reshape(concat(-r[..., 1:2], r[..., 0:1], axis=-1),
+    h.shape)` with `r = reshape(h, [..., d/2, 2])`: pairs `(h[2i], h[2i+1])` rotated, where the rope op rotates
+    `(h[i], h[i + d/2])`. None otherwise."""
+    if n.op != Op.ADD or len(n.inputs) != 2:
+        return None
+    a, b = (g[i] for i in n.inputs)
+    for plain, rot in ((a, b), (b, a)):
+        if plain.op != Op.MUL or rot.op != Op.MUL:
+            continue
+        back = next((g[i] for i in rot.inputs if g[i].op == Op.RESHAPE), None)
+        cat = g[back.inputs[0]] if back is not None else None
+        if cat is None or cat.op != Op.CONCAT or len(cat.inputs) != 2 or cat.shape[-1:] != (2,):
+            continue
+        neg = g[cat.inputs[0]]
+        halves = [g[neg.inputs[0]] if neg.op == Op.NEG else neg, g[cat.inputs[1]]]
+        if neg.op != Op.NEG or any(h.op != Op.NARROW for h in halves):
+            continue
+        pairs = {h.inputs[0] for h in halves}
+        if len(pairs) != 1:
+            continue
+        r = g[next(iter(pairs))]
+        if r.op == Op.RESHAPE and r.inputs[0] in plain.inputs:
+            return n.id, cat.id
+    return None
+
+
 def attention_softmax(g: Graph, n: Node) -> bool:
     """A softmax of attention weights: rank 4 (`[B, H, Sq, Sk]`), or rank 3 or more and read (through reshapes,
     casts) as the left operand of a matmul (`P @ V`; heads folded into the batch: `[B*H, Sq, Sk]`)."""
@@ -275,7 +303,8 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
             else "LayerNorm" if norms else "none")
     swiglu = any(n.op == Op.FUSED_SWIGLU or (n.op == Op.SILU and any(u.op == Op.MUL for u in g.users(n.id)))
                  for n in nodes)
-    rope = any(n.op == Op.ROPE or rotate_half_rope(g, n) is not None for n in nodes) or any(
+    rope = any(n.op == Op.ROPE or rotate_half_rope(g, n) is not None or interleaved_rope(g, n) is not None
+               for n in nodes) or any(
         n.op == Op.FUSED_ATTENTION_BLOCK and n.attrs.get("has_rope") for n in nodes)
     mask: str | None = None
     kv_cache = False
@@ -343,5 +372,5 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
                              tuple(evidence), kv_cache)
 
 
-__all__ = ["DESCRIPTIONS", "KINDS", "LayerArchitecture", "attention_softmax", "classify_layer", "prepared",
-           "rotate_half_rope"]
+__all__ = ["DESCRIPTIONS", "KINDS", "LayerArchitecture", "attention_softmax", "classify_layer", "interleaved_rope",
+           "prepared", "rotate_half_rope"]

@@ -59,7 +59,7 @@ import numpy as np
 
 from ...ir import Graph, Node, Op, Rewriter
 from ...ir.ops import kv_heads, operand_roles
-from ..architecture import rotate_half_rope
+from ..architecture import interleaved_rope, rotate_half_rope
 from ..engine import Pass, PassResult, rule_pass
 from ..guard import (
     ILLEGAL,
@@ -363,7 +363,21 @@ def _rope_on_heads(c: Ctx) -> Fail | None:
         return None
     k = g[mm.inputs[1]]
     k = g[k.inputs[0]] if k.op == Op.TRANSPOSE else k
-    found = [(who, rotate_half_rope(g, n)) for who, n in (("Q", g[mm.inputs[0]]), ("K", k))]
+    operands = [(who, n) for who, n in (("Q", g[mm.inputs[0]]), ("K", k))]
+    operands += [(who, g[n.inputs[0]]) for who, n in operands if n.op == Op.TRANSPOSE]  # rotated before the split
+    twos = [(who, r) for who, n in operands if (r := interleaved_rope(g, n)) is not None]
+    if twos:
+        who, (add, cat) = twos[0]
+        both = " and K" if len({w for w, _ in twos}) == 2 else ""
+        return Fail("guard", "rope_on_heads",
+                    f"{who}{both} rotated by RoPE written interleaved (rotate_every_two, GPT-J): {c.name_of(add)} = "
+                    f"h * cos + rotate_every_two(h) * sin (pairs h[2i], h[2i+1]: {c.name_of(cat)}); the rope op "
+                    f"rotates the halves h[i], h[i + d/2] (NeoX), so no rule takes this rotation", (add,), (),
+                    "nothing to change in the model: an interleaved rotation keeps its attention as primitives",
+                    subject=add, kind=NOT_RECOGNIZED,
+                    fix="an interleaved rope op, or Q and K head dims permuted alike to the half split (the scores "
+                        "are unchanged by one permutation of both)")
+    found = [(who, rotate_half_rope(g, n)) for who, n in operands[:2]]
     found = [(who, r) for who, r in found if r is not None]
     if not found:
         return None
