@@ -232,3 +232,19 @@ def test_interleaved_rope_is_named_not_dropped(capsys, tmp_path, k_only):
     assert "interleaved (rotate_every_two" in r.message and ("K rotated" if k_only else "Q and K rotated") in r.message
     code, out, _ = cli_run(capsys, "explain", path)
     assert code == 1 and "rope_on_heads" in out and "RoPE" in out
+
+
+@pytest.mark.parametrize("source, who", [("falcon", "K rotated"), ("gpt-neox.legacy-sdpa", "Q and K rotated"),
+                                         ("partial_full_tables", "Q and K rotated")])
+def test_rope_the_rewrite_cannot_take_is_named_with_the_reason(capsys, tmp_path, source, who):
+    """Real exports: Falcon's K rotated on the heads behind a where mask, GPT-NeoX's partial rotary behind a Q
+    pre-scale, both with full-width [1, 1, S, r] table parameters (their halves are not known to be equal): named
+    by rope_on_heads with that reason (it said scores_form at the add); a partial rotary written here too."""
+    if source == "partial_full_tables":
+        path = tmp_path / "g.ir"
+        path.write_text(rope_attention(n_rot=8, duplicated=False))
+    else:
+        path = Path(__file__).parent / "fixtures" / "onnx" / "cases" / f"{source}.onnx"
+    code, out, _ = cli_run(capsys, "explain", path)
+    assert code == 1 and "guard rope_on_heads" in out and who in out
+    assert "is not concat(t, t) of one" in out and "guard scores_form" not in out

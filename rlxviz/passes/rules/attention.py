@@ -83,6 +83,7 @@ from .gqa import explain_heads, heads_match, kv_heads_pattern, kv_repeat_guard, 
 from .heads import unfold_heads
 from .kv_cache import pack_cache
 from .rope_heads import rope_heads
+from .rope_heads import why_not as rope_why_not
 from .scale_path import hoist_scales
 from .where_mask import where_scores
 
@@ -348,9 +349,25 @@ def _scores_matmul(g: Graph, softmax: Node) -> Node | None:
         n = g[i]
         if n.op == Op.MATMUL and n.rank == 4:
             return n
-        if d < 3 and n.op in (Op.ADD, Op.MUL, Op.DIV):
+        if d < 3 and n.op in (Op.ADD, Op.MUL, Op.DIV, Op.WHERE):
             todo += [(j, d + 1) for j in n.inputs]
     return None
+
+
+def _under(g: Graph, n: Node) -> list[Node]:
+    """`n` and what a rotation reaches the scores through: a transpose, a scalar-constant scale, the rotated part of
+    a partial-rotary `concat(rot, pass)` (up to three steps)."""
+    out = [n]
+    for _ in range(3):
+        if n.op == Op.TRANSPOSE or (n.op == Op.CONCAT and len(n.inputs) == 2):
+            n = g[n.inputs[0]]
+        elif n.op in (Op.MUL, Op.DIV) and len(n.inputs) == 2 and any(is_const(g[i]) for i in n.inputs):
+            n = g[next(i for i in n.inputs if not is_const(g[i]))] if not all(is_const(g[i]) for i in n.inputs) \
+                else n
+        else:
+            break
+        out.append(n)
+    return out
 
 
 @reports("rope_on_heads", reads=("softmax",))
@@ -363,8 +380,7 @@ def _rope_on_heads(c: Ctx) -> Fail | None:
         return None
     k = g[mm.inputs[1]]
     k = g[k.inputs[0]] if k.op == Op.TRANSPOSE else k
-    operands = [(who, n) for who, n in (("Q", g[mm.inputs[0]]), ("K", k))]
-    operands += [(who, g[n.inputs[0]]) for who, n in operands if n.op == Op.TRANSPOSE]  # rotated before the split
+    operands = [(who, m) for who, n in (("Q", g[mm.inputs[0]]), ("K", k)) for m in _under(g, n)]
     twos = [(who, r) for who, n in operands if (r := interleaved_rope(g, n)) is not None]
     if twos:
         who, (add, cat) = twos[0]
@@ -377,15 +393,17 @@ def _rope_on_heads(c: Ctx) -> Fail | None:
                     subject=add, kind=NOT_RECOGNIZED,
                     fix="an interleaved rope op, or Q and K head dims permuted alike to the half split (the scores "
                         "are unchanged by one permutation of both)")
-    found = [(who, rotate_half_rope(g, n)) for who, n in operands[:2]]
+    found = [(who, rotate_half_rope(g, n)) for who, n in operands]
     found = [(who, r) for who, r in found if r is not None]
     if not found:
         return None
     who, (add, cat) = found[0]
-    both = " and K" if len(found) == 2 else ""
+    both = " and K" if len({w for w, _ in found}) == 2 else ""
+    why = rope_why_not(g, add)
     return Fail("guard", "rope_on_heads",
                 f"{who}{both} rotated by RoPE written on the heads: {c.name_of(add)} = h * cos + rotate_half(h) * sin "
-                f"(rotate_half: {c.name_of(cat)}); the attention pattern takes Q and K straight from the head split",
+                f"(rotate_half: {c.name_of(cat)}); the attention pattern takes Q and K straight from the head split"
+                + (f"; fuse_sdpa.rope_heads did not rewrite it: {why}" if why else ""),
                 (add,), (), "apply the rope op to the Q/K projections before the head split (rlxviz's rope op, "
                 "NeoX half split), so the attention packs", subject=add, kind=NOT_RECOGNIZED,
                 fix="fuse_sdpa.rope_heads rewrites h * cos + rotate_half(h) * sin with cos = concat(t, t) of an "

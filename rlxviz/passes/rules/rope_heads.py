@@ -145,6 +145,22 @@ def _form(g: Graph, add: Node) -> _Form | None:
     return _Form(result, x, split, cos, sin, r, tuple(core), shared)
 
 
+def why_not(g: Graph, add: int) -> str:
+    """Why the rotation summed by node `add` was not rewritten (for `rope_on_heads`' message), or ""."""
+    found = _rotation(g, g[add])
+    if found is None:
+        return ""
+    _, r, cos4, sin4, _ = found
+    for name, i in (("cos", cos4), ("sin", sin4)):
+        t = g[i]
+        if _table(g, i, t.shape[-2] if t.rank >= 2 else 0, r)[0] is None:
+            return (f"its {name} table {t.op.value} (node {t.id}) {list(t.shape)} is not concat(t, t) of one "
+                    f"[S, {r // 2}] table, so its two halves are not known to be equal (the rope op reads one half)")
+    if _form(g, g[add]) is None:
+        return "a product of the form is read elsewhere, or its dtypes differ, or it is not on a head split"
+    return ""
+
+
 def rope_heads(g: Graph) -> tuple[Graph, list[Match]]:
     """`g` with every rotation written on the heads rewritten to the `rope` op (see the module doc), and one `Match`
     per rewrite; `(g, [])` when there is none."""
@@ -174,4 +190,4 @@ def rope_heads(g: Graph) -> tuple[Graph, list[Match]]:
     return rw.finish(), matches
 
 
-__all__ = ["RULE", "rope_heads"]
+__all__ = ["RULE", "rope_heads", "why_not"]

@@ -64,7 +64,7 @@ def _scores_matmuls(g: Graph) -> list[Node]:
                 if n not in out:
                     out.append(n)
                 break
-            if d < 3 and n.op in (Op.ADD, Op.MUL, Op.DIV):
+            if d < 3 and n.op in (Op.ADD, Op.MUL, Op.DIV, Op.WHERE):
                 todo += [(j, d + 1) for j in n.inputs]
     return out
 
