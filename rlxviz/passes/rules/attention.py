@@ -361,9 +361,8 @@ def _under(g: Graph, n: Node) -> list[Node]:
     for _ in range(3):
         if n.op == Op.TRANSPOSE or (n.op == Op.CONCAT and len(n.inputs) == 2):
             n = g[n.inputs[0]]
-        elif n.op in (Op.MUL, Op.DIV) and len(n.inputs) == 2 and any(is_const(g[i]) for i in n.inputs):
-            n = g[next(i for i in n.inputs if not is_const(g[i]))] if not all(is_const(g[i]) for i in n.inputs) \
-                else n
+        elif n.op in (Op.MUL, Op.DIV) and len(n.inputs) == 2 and sum(is_const(g[i]) for i in n.inputs) == 1:
+            n = g[next(i for i in n.inputs if not is_const(g[i]))]
         else:
             break
         out.append(n)
