@@ -986,8 +986,53 @@ def _rope_heads():
     return g, {"s": 28}
 
 
+def _block_ropes(**kw):
+    """RoPE on the heads rewritten to rope ops (fuse_sdpa), QKV merged: the block's rotation checks; the subject is
+    the first rope the attention reads (Q's, or K's when Q is plain)."""
+    from test_rope_heads import rope_attention
+
+    from rlxviz.ir import parse_ir
+    g = run_passes(parse_ir(rope_attention(**kw)), ["fuse_sdpa", "fuse_shared_input_matmul",
+                                                    "fuse_matmul_bias_act"]).final
+    (attn,) = [n for n in g if n.op == Op.ATTENTION]
+    return g, {"s": next(i for i in attn.inputs[:2] if g[i].op == Op.ROPE)}
+
+
 NEAR_MISSES += [(_SDPA, "mask_model_term", _band_mask, "s", {}), (_SDPA, "rope_on_heads", _rope_heads, "s", {}),
-                ("fuse_attention_block.qkv_attention_out", "self_attention", _cross_attention, "s", {})]
+                ("fuse_attention_block.qkv_attention_out", "self_attention", _cross_attention, "s", {}),
+                ("fuse_attention_block.qkv_attention_out", "rope_q_and_k", lambda: _block_ropes(k_only=True), "s",
+                 {}),
+                ("fuse_attention_block.qkv_attention_out", "rope_full_rotary", lambda: _block_ropes(n_rot=8), "s",
+                 {})]
+
+
+def _norm_terms(**kw):
+    """Gemma's (1 + w) of a parameter (gamma add: node 11) / an f16 eps of 1e-8 (node 5), written as primitives."""
+    from test_norm_terms import gemma_norm
+
+    from rlxviz.ir import parse_ir
+    return parse_ir(gemma_norm(**kw)), {"add": 11, "eps": 5}
+
+
+_F16_EPS = {"eps": "const {value=1e-08} : f16[]"}
+NEAR_MISSES += [(f"canonicalize_norm.{r}", "gamma_computed", lambda r=r: _norm_terms(layer_norm=r == "layer_norm"),
+                 "add", {}) for r in ("rms_norm", "layer_norm")]
+NEAR_MISSES += [(f"canonicalize_norm.{r}", "eps_rounds_to_zero",
+                 lambda r=r: _norm_terms(weight="const", layer_norm=r == "layer_norm", **_F16_EPS), "eps", {})
+                for r in ("rms_norm", "layer_norm")]
+
+
+def _decode_step():
+    """A decode step's attention reading its KV cache (packed by fuse_sdpa), QKV merged: the block refuses the cache."""
+    from test_kv_cache import decode
+
+    from rlxviz.ir import parse_ir
+    g = run_passes(parse_ir(decode()), ["fuse_sdpa", "fuse_shared_input_matmul", "fuse_matmul_bias_act"]).final
+    (attn,) = [n for n in g if n.op == Op.ATTENTION]
+    return g, {"s": attn.inputs[1]}
+
+
+NEAR_MISSES += [("fuse_attention_block.qkv_attention_out", "kv_cache", _decode_step, "s", {})]
 
 
 def test_near_miss_table_covers_every_guard_of_every_rule():

@@ -495,7 +495,9 @@ def _rope_variant(k_only: bool = False, concat_order: str = "neg_first") -> str:
 
 
 @pytest.mark.parametrize("variant", ["case", "k_only", "sum_swapped"])
-def test_rope_on_heads_is_named_and_the_numbers_kept(capsys, tmp_path, variant):
+def test_rope_on_heads_is_recognized_and_the_numbers_kept(capsys, tmp_path, variant):
+    """n3-01: the rotation becomes the rope op (fuse_sdpa.rope_heads) and the block's rope; on K only, the attention
+    packs reading the rotated K and the block refuses naming it (tests/test_rope_heads.py has the other forms)."""
     path = next(CASES.glob("n3-01-*.rlx"))
     if variant != "case":
         path = tmp_path / "g.ir"
@@ -503,19 +505,23 @@ def test_rope_on_heads_is_named_and_the_numbers_kept(capsys, tmp_path, variant):
                                       concat_order="sum_swapped" if variant == "sum_swapped" else "neg_first"))
     g = parse_ir(path.read_text())
     t = equal_numbers(g)
-    (r,) = [r for s in t.steps for r in s.rejections if r.guard == "rope_on_heads" and r.headline]
-    assert ("K rotated" if variant == "k_only" else "Q and K rotated") in r.message
-    assert "rotate_half" in r.message
+    assert any(m.rule == "fuse_sdpa.rope_heads" for s in t.steps for m in s.matches)
+    assert not [r for r in t.rejections if r.guard == "rope_on_heads"]
     code, out, _ = cli_run(capsys, "explain", path)
-    assert code == 1 and "rope_on_heads" in out and "RoPE" in out
+    if variant == "k_only":
+        assert ops(t.final).get("attention") == 1 and ops(t.final).get("rope") == 1
+        assert code == 1 and "rope_q_and_k" in out and "rotates K only" in out
+    else:
+        (blk,) = [n for n in t.final if n.op == Op.FUSED_ATTENTION_BLOCK]
+        assert blk.attrs["has_rope"] and code == 0, out
 
 
-def test_case_01c_rope_op_packs_the_attention_without_false_blame(capsys):
+def test_case_01c_rope_op_becomes_the_blocks_rope_without_false_blame(capsys):
     t = equal_numbers(case("01c-rope-op-control"))
-    assert ops(t.final).get("attention") == 1
+    (blk,) = [n for n in t.final if n.op == Op.FUSED_ATTENTION_BLOCK]
+    assert blk.attrs["has_rope"]
     code, out, _ = cli_run(capsys, "explain", next(CASES.glob("n3-01c-*.rlx")))
-    assert "rope (node" in out  # the block's refusal names the rotation
-    assert "had no candidate here" not in out and "fuse_shared_input_matmul ran before and did its part" in out
+    assert code == 0 and "1/1 layer(s) fused as expected" in out and "had no candidate here" not in out
 
 
 @pytest.mark.parametrize("where", ["case", "k_only"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..ir import Graph, Node, format_node, operand_roles
+from ..passes.report import in_context
 from ..passes.trace import Trace, layer_of
 from .text import md_code, md_escape, md_pre
 
@@ -55,8 +56,10 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None) -> dict[
 
     Returns:
         dict with `id, op, attrs, shape, dtype, path, layer, pass_name, absorbed, ir, operands` (role lines),
-        `users` (lines), `is_output`, and `decisions`: one dict per match/rejection in `trace` whose anchor,
-        bindings, offending nodes or fused node is this node (`pass, rule, role, outcome, guard, message, hint`).
+        `users` (lines), `is_output`, `decisions`: one dict per match/rejection in `trace` whose anchor,
+        bindings, offending nodes or fused node is this node (`pass, rule, role, outcome, guard, message, hint`;
+        a rejection's message and hint as `explain` words them, `report.in_context`: a "run P first" whose P ran
+        says what P did; plus `kind, fix, anchor`), and `verdict`: the node's layer's verdict (`_verdict`).
 
     Raises:
         KeyError: no such node in `graph`.
@@ -71,11 +74,11 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None) -> dict[
         "ir": format_node(n), "is_output": graph.is_output(n),
         "operands": [_node_line(graph, i, roles[k] if k < len(roles) else None) for k, i in enumerate(n.inputs)],
         "users": [_node_line(graph, u.id) for u in graph.users(n)],
-        "decisions": [],
+        "decisions": [], "verdict": None,
     }
     if trace is None:
         return report
-    for s in trace.steps:
+    for k, s in enumerate(trace.steps):
         for m in s.matches:
             role = next((r for r, i in m.bindings.items() if i == node_id), None)
             if m.anchor == node_id or role or m.fused == node_id:
@@ -86,11 +89,29 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None) -> dict[
         for r in s.rejections:
             role = next((k for k, i in r.bindings.items() if i == node_id), None)
             if r.anchor == node_id or role or node_id in r.offending:
+                message, hint = in_context(trace, k, r)  # what explain and the Why tab say of a "run P first"
                 report["decisions"].append({"pass": s.pass_name, "rule": r.rule,
                                             "role": role or ("anchor" if r.anchor == node_id else "offending"),
                                             "outcome": f"rejected ({r.stage})", "guard": r.guard,
-                                            "message": r.message, "hint": r.hint})
+                                            "message": message, "hint": hint, "kind": r.kind, "fix": r.fix,
+                                            "anchor": r.anchor})
+    report["verdict"] = _verdict(trace, layer_of(n.path))
     return report
+
+
+def _verdict(trace: Trace, layer: int | None) -> dict[str, Any] | None:
+    """The session's verdict for the node's layer (`session.layer_status`, what `explain` and the Why tab say):
+    `layer, fused, rule, guard, fix, hint` (rule/guard/fix/hint empty when it fused or nothing rejected), or None
+    outside a layer of the model."""
+    from ..session.loading import model_layers
+    from ..session.status import layer_status
+
+    if layer is None or layer not in model_layers(trace.input):
+        return None
+    st = layer_status(trace, layer)
+    f = st.first
+    return {"layer": layer, "fused": st.fused, "rule": f.rule if f else "", "guard": f.guard if f else "",
+            "fix": f.fix if f else "", "hint": f.hint if f else ""}
 
 
 def report_markdown(rep: dict[str, Any]) -> str:
@@ -103,6 +124,17 @@ def report_markdown(rep: dict[str, Any]) -> str:
     if rep["pass_name"]:
         lines.append(f"**created by** {md_code(rep['pass_name'])}, replacing "
                      f"{', '.join(f'%{i}' for i in rep['absorbed'])}")
+    v = rep.get("verdict")
+    if v is not None:  # the layer's verdict, as explain and the Why tab state it
+        if v["fused"]:
+            lines.append(f"**layer {v['layer']}: fused as expected**")
+        elif v["rule"]:
+            fix = f" *Fix:* {md_escape(v['hint'])}" if v["hint"] else ""
+            comp = f" *Compiler fix:* {md_escape(v['fix'])}" if v["fix"] else ""
+            lines.append(f"**layer {v['layer']}: NOT fused**, first rejection {md_code(v['rule'])}: "
+                         f"**{md_escape(v['guard'])}**{fix}{comp}")
+        else:
+            lines.append(f"**layer {v['layer']}: NOT fused**")
     if rep["attrs"]:
         lines.append("**attributes** " + ", ".join(md_code(f"{k}={v!r}") for k, v in rep["attrs"].items()))
     if rep["is_output"]:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from ..ir import Graph, Node, Op
 from ..ir.identity import IdentityMap
 from ..ir.ops import BLAS
+from .activations import activation_form
 from .trace import Rejection, layer_of
 
 _ATTENTION = frozenset({Op.ATTENTION, Op.FUSED_ATTENTION_BLOCK, Op.FUSED_TRANSFORMER_LAYER})
@@ -71,6 +72,8 @@ class LayerArchitecture:
     rope: bool = False
     swiglu: bool = False
     evidence: tuple[str, ...] = field(default_factory=tuple)
+    kv_cache: bool = False
+    """The attention reads K/V through a KV cache (a decode step): FusedAttentionBlock cannot take it."""
 
     @property
     def post_ln(self) -> bool:
@@ -87,6 +90,9 @@ class LayerArchitecture:
         """Why a rejection of `pass_name` at `guard` does not count in this layer (None: it counts)."""
         if pass_name == "fuse_transformer_layer" and not self.post_ln:
             return f"FusedTransformerLayer is the post-LN BERT layer; this layer is {self.description}"
+        if pass_name == "fuse_attention_block" and self.kv_cache:
+            return ("FusedAttentionBlock projects K and V from the hidden states; this layer's attention reads a KV "
+                    "cache (a decode step)")
         if pass_name == "fuse_attention_block" and not self.post_ln and self.mask != "keep":
             return (f"FusedAttentionBlock takes a binary keep mask; this layer's attention mask is "
                     f"{self.mask or 'absent'}")
@@ -102,7 +108,7 @@ class LayerArchitecture:
         if self.mask is not None:
             out.append("packed attention" + (" (grouped-query)" if "grouped-query" in " ".join(self.evidence)
                                              else ""))
-            if self.mask == "keep":
+            if self.mask == "keep" and not self.kv_cache:
                 out.append("FusedAttentionBlock")
         if self.swiglu:
             out.append("FusedSwiGLU")
@@ -213,6 +219,34 @@ def rotate_half_rope(g: Graph, n: Node) -> tuple[int, int] | None:
     return None
 
 
+def interleaved_rope(g: Graph, n: Node) -> tuple[int, int] | None:
+    """`(add, concat)` when `n` is RoPE written interleaved (GPT-J / GPT-NeoX-interleaved `rotate_every_two`):
+    `h * cos + rotate_every_two(h) * sin`, `rotate_every_two(h) = reshape(concat(-r[..., 1:2], r[..., 0:1], axis=-1),
+    h.shape)` with `r = reshape(h, [..., d/2, 2])`: pairs `(h[2i], h[2i+1])` rotated, where the rope op rotates
+    `(h[i], h[i + d/2])`. None otherwise."""
+    if n.op != Op.ADD or len(n.inputs) != 2:
+        return None
+    a, b = (g[i] for i in n.inputs)
+    for plain, rot in ((a, b), (b, a)):
+        if plain.op != Op.MUL or rot.op != Op.MUL:
+            continue
+        back = next((g[i] for i in rot.inputs if g[i].op == Op.RESHAPE), None)
+        cat = g[back.inputs[0]] if back is not None else None
+        if cat is None or cat.op != Op.CONCAT or len(cat.inputs) != 2 or cat.shape[-1:] != (2,):
+            continue
+        neg = g[cat.inputs[0]]
+        halves = [g[neg.inputs[0]] if neg.op == Op.NEG else neg, g[cat.inputs[1]]]
+        if neg.op != Op.NEG or any(h.op != Op.NARROW for h in halves):
+            continue
+        pairs = {h.inputs[0] for h in halves}
+        if len(pairs) != 1:
+            continue
+        r = g[next(iter(pairs))]
+        if r.op == Op.RESHAPE and r.inputs[0] in plain.inputs:
+            return n.id, cat.id
+    return None
+
+
 def attention_softmax(g: Graph, n: Node) -> bool:
     """A softmax of attention weights: rank 4 (`[B, H, Sq, Sk]`), or rank 3 or more and read (through reshapes,
     casts) as the left operand of a matmul (`P @ V`; heads folded into the batch: `[B*H, Sq, Sk]`)."""
@@ -259,17 +293,29 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
         if n not in acts:
             acts.append(n)
             evidence.append(why)
+    forms = []
+    for n in nodes:  # QuickGELU, Swish, squared ReLU as primitives: a recognized family is never dropped
+        if (f := activation_form(g, n)) is not None and n not in acts:
+            acts.append(n)
+            forms.append(f.name)
+            evidence.append(f"{_label(n)}: {f.describe()}, an activation: the layer has an MLP")
     norm = ("RMSNorm" if any(n.op in (Op.RMS_NORM, Op.FUSED_RESIDUAL_RMS_NORM) for n in norms)
             else "LayerNorm" if norms else "none")
     swiglu = any(n.op == Op.FUSED_SWIGLU or (n.op == Op.SILU and any(u.op == Op.MUL for u in g.users(n.id)))
                  for n in nodes)
-    rope = any(n.op == Op.ROPE or rotate_half_rope(g, n) is not None for n in nodes) or any(
+    rope = any(n.op == Op.ROPE or rotate_half_rope(g, n) is not None or interleaved_rope(g, n) is not None
+               for n in nodes) or any(
         n.op == Op.FUSED_ATTENTION_BLOCK and n.attrs.get("has_rope") for n in nodes)
     mask: str | None = None
+    kv_cache = False
     if attn:
         a = attn[0]
         mask = (a.attrs.get("mask", "none") if a.op == Op.ATTENTION else "keep" if a.op in _ATTENTION
                 else "unknown")
+        if a.op == Op.ATTENTION and any(g[i].op == Op.CONCAT for i in a.inputs[1:3]):
+            kv_cache = True
+            evidence.append(f"{_label(a)}: K/V read through a KV cache ({a.shape[1]} queries against "
+                            f"{g[a.inputs[1]].shape[1]} keys: a decode step)")
         if a.op == Op.ATTENTION and a.attrs.get("num_kv_heads") not in (None, a.attrs.get("num_heads")):
             evidence.append(f"{_label(a)}: grouped-query ({a.attrs['num_heads']} query heads, "
                             f"{a.attrs['num_kv_heads']} kv heads)")
@@ -321,11 +367,14 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
     else:
         kind = "pre_ln"
     extras = [norm if norm != "none" else "no norm"] + (["RoPE"] if rope else []) + (["SwiGLU"] if swiglu else [])
+    extras += list(dict.fromkeys(forms))
     if mask is not None:
         extras.append(f"{mask} mask" if mask != "none" else "no mask")
+    if kv_cache:
+        extras.append("KV cache (decode step)")
     return LayerArchitecture(kind, f"{DESCRIPTIONS[kind]}; {', '.join(extras)}", norm, mask, rope, swiglu,
-                             tuple(evidence))
+                             tuple(evidence), kv_cache)
 
 
-__all__ = ["DESCRIPTIONS", "KINDS", "LayerArchitecture", "attention_softmax", "classify_layer", "prepared",
-           "rotate_half_rope"]
+__all__ = ["DESCRIPTIONS", "KINDS", "LayerArchitecture", "attention_softmax", "classify_layer", "interleaved_rope",
+           "prepared", "rotate_half_rope"]

@@ -10,6 +10,8 @@ matched or rejected (no `Match`/`Rejection` binds, anchors or names any of them)
 * `norm`: `reduce_mean` reaching `sqrt`/`rsqrt` within a few users (LayerNorm/RMSNorm statistics);
 * `gelu`: `erf`, or `tanh` whose user adds a constant (`1 + tanh(...)`);
 * `glu`: an activation whose result multiplies a matmul's (a gated linear unit);
+* `activation`: an activation written as primitives (`activations.activation_form`: QuickGELU
+  `x * sigmoid(1.702 x)`, Swish, squared ReLU), never mistaken for a gate;
 * `where_mask`: `where` feeding a softmax (a boolean attention mask);
 * `attention`: an attention softmax left as primitives (rank 4, or rank 3+ read as the left operand of `P @ V`:
   heads folded into the batch, `architecture.attention_softmax`).
@@ -21,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..ir import Graph, Node, Op
+from .activations import activation_form
 from .architecture import attention_softmax
 from .report import MissedFusion
 from .trace import Trace
@@ -35,6 +38,8 @@ FAMILIES = {
     "glu": ("a gated linear unit", "only the SiLU-gated form (SwiGLU) has a fused op"),
     "where_mask": ("a where-based attention mask", "use an additive or keep mask (HF's extended mask)"),
     "attention": ("scaled-dot-product attention", "see the fuse_sdpa pattern in docs/passes.md"),
+    "activation": ("an activation written as primitives", "keep the model's activation: no fused op takes this form "
+                   "(the epilogue allow-list is gelu, silu); the compiler fix is an op and an epilogue for it"),
 }
 
 
@@ -97,8 +102,12 @@ def _signatures(g: Graph) -> list[tuple[str, tuple[int, ...], str]]:
                                                          for u in g.users(n.id))):
             found.append(("gelu", (n.id, *(u.id for u in g.users(n.id))), f"{n.op.value} %{n.id} inside a "
                                                                           f"0.5 * x * (1 + ...) product"))
+        elif (form := activation_form(g, n)) is not None:
+            found.append(("activation", (form.out, *form.nodes[:-1]), f"{form.name} {form.formula}"))
         elif n.op in (Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.SIGMOID):
             for u in g.users(n.id):
+                if activation_form(g, u) is not None:  # x * sigmoid(k x): an activation, not a gate
+                    continue
                 other = next((g[i] for i in u.inputs if i != n.id), None) if u.op == Op.MUL else None
                 if other is not None and other.op in (Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT, Op.NARROW):
                     found.append(("glu", (u.id, n.id, other.id), f"{n.op.value} %{n.id} gates {other.op.value} "

@@ -14,6 +14,8 @@ Q and K may also be scaled by a constant before the scores (CLIP and Whisper sca
 1/sqrt(dh), Whisper's reference code scales both heads by dh**-0.25): the pre-scales are folded into the
 attention's `scale` (the product of all factors; None when it equals the default 1/sqrt(dh)), so a
 pre-scaled Q with unscaled scores gets the default scale and the block fusion still applies.
+A scale further down K's (or Q's) path (after K's own transpose, after `repeat_kv`, between the head reshape
+and transpose) is first moved next to the head split (`scale_path.hoist_scales`, bit-exact), so it folds too.
 
 -> `attention(q, k, v[, mask], num_heads=nh, head_dim=dh)`. The mask guard traces HF's extended
 mask `reshape(mul(sub(1, cast(m)), fill), [B, 1, 1, S])` back to the integer keep mask and emits
@@ -57,7 +59,7 @@ import numpy as np
 
 from ...ir import Graph, Node, Op, Rewriter
 from ...ir.ops import kv_heads, operand_roles
-from ..architecture import rotate_half_rope
+from ..architecture import interleaved_rope, rotate_half_rope
 from ..engine import Pass, PassResult, rule_pass
 from ..guard import (
     ILLEGAL,
@@ -79,6 +81,10 @@ from ..trace import Rejection
 from . import where_mask
 from .gqa import explain_heads, heads_match, kv_heads_pattern, kv_repeat_guard, num_kv_heads, repeat_roles
 from .heads import unfold_heads
+from .kv_cache import pack_cache
+from .rope_heads import rope_heads
+from .rope_heads import why_not as rope_why_not
+from .scale_path import hoist_scales
 from .where_mask import where_scores
 
 # -- fuse_sdpa -----------------------------------------------------------------------------------
@@ -349,9 +355,24 @@ def _scores_matmul(g: Graph, softmax: Node) -> Node | None:
         n = g[i]
         if n.op == Op.MATMUL and n.rank == 4:
             return n
-        if d < 3 and n.op in (Op.ADD, Op.MUL, Op.DIV):
+        if d < 3 and n.op in (Op.ADD, Op.MUL, Op.DIV, Op.WHERE):
             todo += [(j, d + 1) for j in n.inputs]
     return None
+
+
+def _under(g: Graph, n: Node) -> list[Node]:
+    """`n` and what a rotation reaches the scores through: a transpose, a scalar-constant scale, the rotated part of
+    a partial-rotary `concat(rot, pass)` (up to three steps)."""
+    out = [n]
+    for _ in range(3):
+        if n.op == Op.TRANSPOSE or (n.op == Op.CONCAT and len(n.inputs) == 2):
+            n = g[n.inputs[0]]
+        elif n.op in (Op.MUL, Op.DIV) and len(n.inputs) == 2 and sum(is_const(g[i]) for i in n.inputs) == 1:
+            n = g[next(i for i in n.inputs if not is_const(g[i]))]
+        else:
+            break
+        out.append(n)
+    return out
 
 
 @reports("rope_on_heads", reads=("softmax",))
@@ -364,18 +385,34 @@ def _rope_on_heads(c: Ctx) -> Fail | None:
         return None
     k = g[mm.inputs[1]]
     k = g[k.inputs[0]] if k.op == Op.TRANSPOSE else k
-    found = [(who, rotate_half_rope(g, n)) for who, n in (("Q", g[mm.inputs[0]]), ("K", k))]
+    operands = [(who, m) for who, n in (("Q", g[mm.inputs[0]]), ("K", k)) for m in _under(g, n)]
+    twos = [(who, r) for who, n in operands if (r := interleaved_rope(g, n)) is not None]
+    if twos:
+        who, (add, cat) = twos[0]
+        both = " and K" if len({w for w, _ in twos}) == 2 else ""
+        return Fail("guard", "rope_on_heads",
+                    f"{who}{both} rotated by RoPE written interleaved (rotate_every_two, GPT-J): {c.name_of(add)} = "
+                    f"h * cos + rotate_every_two(h) * sin (pairs h[2i], h[2i+1]: {c.name_of(cat)}); the rope op "
+                    f"rotates the halves h[i], h[i + d/2] (NeoX), so no rule takes this rotation", (add,), (),
+                    "nothing to change in the model: an interleaved rotation keeps its attention as primitives",
+                    subject=add, kind=NOT_RECOGNIZED,
+                    fix="an interleaved rope op, or Q and K head dims permuted alike to the half split (the scores "
+                        "are unchanged by one permutation of both)")
+    found = [(who, rotate_half_rope(g, n)) for who, n in operands]
     found = [(who, r) for who, r in found if r is not None]
     if not found:
         return None
     who, (add, cat) = found[0]
-    both = " and K" if len(found) == 2 else ""
+    both = " and K" if len({w for w, _ in found}) == 2 else ""
+    why = rope_why_not(g, add)
     return Fail("guard", "rope_on_heads",
                 f"{who}{both} rotated by RoPE written on the heads: {c.name_of(add)} = h * cos + rotate_half(h) * sin "
-                f"(rotate_half: {c.name_of(cat)}); the attention pattern takes Q and K straight from the head split",
+                f"(rotate_half: {c.name_of(cat)}); the attention pattern takes Q and K straight from the head split"
+                + (f"; fuse_sdpa.rope_heads did not rewrite it: {why}" if why else ""),
                 (add,), (), "apply the rope op to the Q/K projections before the head split (rlxviz's rope op, "
                 "NeoX half split), so the attention packs", subject=add, kind=NOT_RECOGNIZED,
-                fix="recognize rotate_half RoPE on the heads as the rope op (half split) and fold it into the block")
+                fix="fuse_sdpa.rope_heads rewrites h * cos + rotate_half(h) * sin with cos = concat(t, t) of an "
+                    "[S, d/2] table and no other reader of its products; teach it this form")
 
 
 SDPA = Rule(
@@ -425,14 +462,21 @@ _sdpa_rules = rule_pass("fuse_sdpa", [SDPA], "")
 
 
 def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
-    """Lift folded-heads chains to the 4-D head layout (`heads.unfold_heads`, exact), then match `SDPA`."""
+    """Lift folded-heads chains to the 4-D head layout (`heads.unfold_heads`, exact), RoPE written on the heads to
+    the rope op (`rope_heads.rope_heads`, exact), a decode step's KV-cache concat read packed (`kv_cache.pack_cache`,
+    exact), move Q/K scales next to the head split (`scale_path.hoist_scales`,
+    exact), then match `SDPA`."""
     lifted, unfolded = unfold_heads(graph)
-    r = _sdpa_rules(lifted, params)
-    return PassResult(r.graph, unfolded + r.matches, r.rejections)
+    rotated, ropes = rope_heads(lifted)
+    cached, caches = pack_cache(rotated)
+    hoisted, moved = hoist_scales(cached)
+    r = _sdpa_rules(hoisted, params)
+    return PassResult(r.graph, unfolded + ropes + caches + moved + r.matches, r.rejections)
 
 
 fuse_sdpa = Pass("fuse_sdpa", _fuse_sdpa, (SDPA,), doc="Hugging Face scaled-dot-product attention -> packed "
-                 "attention op (heads folded into the batch lifted to [B, H, S, d] first)")
+                 "attention op (heads folded into the batch lifted to [B, H, S, d] first, Q/K scales moved next to "
+                 "the head split)")
 
 # -- fuse_attention_block --------------------------------------------------------------------------
 
@@ -568,9 +612,9 @@ def _block_rewrite(c: Ctx, rw: Rewriter) -> int:
     `expand(0.0, [N])` as its bias operand: `x @ w + 0 == x @ w` for every input, so the block computes
     the matched chain exactly."""
     attn = c["attn"].attrs
-    attrs = {"num_heads": attn["num_heads"], "head_dim": attn["head_dim"], "has_bias": True, "has_rope": False,
-             "num_kv_heads": attn.get("num_kv_heads"), "mask_fill": attn.get("mask_fill")}
-    absorbed = [c.id(r) for r in ("qkv", "q", "k", "v", "attn", "out")]
+    attrs = {"num_heads": attn["num_heads"], "head_dim": attn["head_dim"], "has_bias": True,
+             "has_rope": "q_rope" in c, "num_kv_heads": attn.get("num_kv_heads"), "mask_fill": attn.get("mask_fill")}
+    absorbed = [c.id(r) for r in ("qkv", "q", "k", "q_rope", "k_rope", "v", "attn", "out") if r in c]
     ins = []
     with rw.provenance(absorbed):
         for r in operand_roles(Op.FUSED_ATTENTION_BLOCK, attrs, 0):
@@ -619,6 +663,58 @@ def _self_attention(c: Ctx) -> Fail | None:
                 subject=q, kind=MODEL_TERM, fix="a cross-attention block (a Q projection and a packed K/V projection)")
 
 
+def _rotated(tag: str) -> P:
+    """Q or K of the block: a narrow of the packed QKV projection, or that narrow rotated by the rope op (the
+    block's `has_rope`: one cos/sin table pair for Q and K)."""
+    narrow = P(Op.NARROW, P.var("qkv"), name=tag)
+    return P(Op.ROPE, narrow, P.var("rope_cos"), P.var("rope_sin"), name=f"{tag}_rope") | narrow
+
+
+@reports("rope_q_and_k", "rope_full_rotary", reads=("attn", "q_rope", "k_rope"))
+def _block_rope(c: Ctx) -> Fail | None:
+    """The block's RoPE rotates Q and K, every dim of each head (NeoX half split, `n_rot == head_dim`), with the
+    attention's head_dim: a rotation of one of them or of part of each head stays outside (named)."""
+    ropes = [r for r in ("q_rope", "k_rope") if r in c]
+    if not ropes:
+        return None
+    d = c["attn"].attrs["head_dim"]
+    if len(ropes) == 1:
+        who = ropes[0][0].upper()
+        return Fail("guard", "rope_q_and_k", f"{c.d(ropes[0])} rotates {who} only; FusedAttentionBlock's RoPE rotates "
+                    f"Q and K with one cos/sin table pair", (c.id(ropes[0]),), (), "nothing to change in the model: "
+                    "the packed attention keeps the rotation as its operand", subject=c.id(ropes[0]),
+                    kind=NOT_RECOGNIZED, fix="a block RoPE applied to Q or K alone")
+    for r in ropes:
+        a = c[r].attrs
+        if a["head_dim"] != d or a["n_rot"] != d:
+            return Fail("guard", "rope_full_rotary",
+                        f"{c.d(r)} rotates {a['n_rot']} of {a['head_dim']} dims per head (partial rotary) on heads "
+                        f"of {d}; FusedAttentionBlock's RoPE rotates every dim of each head", (c.id(r),), (),
+                        "nothing to change in the model: partial rotary keeps its packed attention",
+                        subject=c.id(r), kind=NOT_RECOGNIZED, fix="an n_rot attribute on FusedAttentionBlock")
+    return None
+
+
+@reports("kv_cache", kind=MODEL_TERM, reads=("attn",))
+def _kv_cache(c: Ctx) -> Fail | None:
+    """K or V read through a KV cache (a decode step: `concat(past, this step's K)`, `kv_cache.pack_cache`): the
+    block projects K and V from the hidden states only, so it cannot hold the cache (the model's own structure)."""
+    g, attn = c.graph, c["attn"]
+    for who, i in (("K", attn.inputs[1]), ("V", attn.inputs[2])):
+        n = g[i]
+        if n.op == Op.CONCAT and len(n.inputs) == 2 and n.attrs["axis"] in (1, -2):
+            past = g[g[n.inputs[0]].inputs[0]] if g[n.inputs[0]].op == Op.RESHAPE else g[n.inputs[0]]
+            past = g[past.inputs[0]] if past.op == Op.TRANSPOSE else past
+            return Fail("guard", "kv_cache",
+                        f"{who} is {c.name_of(n.id)}: the cache {c.name_of(past.id)} and this step's {who} (a decode "
+                        f"step with a KV cache, {attn.shape[1]} quer{'y' if attn.shape[1] == 1 else 'ies'} against "
+                        f"{n.shape[1]} keys); FusedAttentionBlock projects K and V from the hidden states, so the "
+                        f"cache stays outside the packed attention's block", (n.id,), (),
+                        "nothing to change in the model: the decode step keeps its packed attention", subject=n.id,
+                        kind=MODEL_TERM, fix="a block that appends this step's K/V to a cache operand")
+    return None
+
+
 BLOCK = Rule(
     "fuse_attention_block.qkv_attention_out", P(Op.ATTENTION, name="attn"),
     steps=(
@@ -629,10 +725,12 @@ BLOCK = Rule(
         attr_eq("attn", "scale", None, "default_scale", "the block uses 1/sqrt(head_dim)",
                 fix="give FusedAttentionBlock a scale attribute", explain=_explain_block_scale),
         _self_attention,
-        Shape("qkv_packed", "attn", P(Op.ATTENTION, P(Op.NARROW, P.var("qkv"), name="q"),
-                                      P(Op.NARROW, P.var("qkv"), name="k"), P(Op.NARROW, P.var("qkv"), name="v"),
+        _kv_cache,
+        Shape("qkv_packed", "attn", P(Op.ATTENTION, _rotated("q"), _rotated("k"), P(Op.NARROW, P.var("qkv"), name="v"),
                                       P.var("mask"), name="attn"),
-              "q, k and v must be narrows of one QKV projection: run fuse_shared_input_matmul first"),
+              "q, k and v must be narrows of one QKV projection (q and k may be rotated by one rope): run "
+              "fuse_shared_input_matmul first"),
+        _block_rope,
         guard("qkv_split", _split_at, _explain_split, "split Q/K/V at 0/H/2H of the last axis",
               requires=("qkv", "attn", "q", "k", "v"), kind=NOT_RECOGNIZED,
               fix="permute the packed weight's columns to Q/K/V order, or slice the extra width off"),
@@ -657,7 +755,7 @@ BLOCK = Rule(
               requires=("out",), kind=NOT_RECOGNIZED, subject=lambda c: c.id("out"),
               fix="take the bias add into the block when the raw product has other readers"),
     ),
-    result="out", absorb=("qkv", "q", "k", "v", "attn", "out"), rewrite=_block_rewrite,
+    result="out", absorb=("qkv", "q", "k", "q_rope", "k_rope", "v", "attn", "out"), rewrite=_block_rewrite,
     doc="QKV linear -> narrows -> attention(keep) -> out linear -> FusedAttentionBlock (a bias-less QKV or "
         "output projection gets a zero bias: exact)")
 

@@ -9,7 +9,8 @@
   its operand's region when that operand has exactly one use; cross-dtype casts are excluded.
   Limits come from pipeline params `max_region_steps` (32) and `max_region_inputs` (16), as RLX's
   GPU limits. A chain that would exceed a limit is *split* there (a new region starts; a
-  `region_max_steps` / `region_max_inputs` rejection records it); a region is never half-built.
+  `region_max_steps` / `region_max_inputs` soft rejection, kind not profitable, records it: a line of `explain`
+  and of `--json`'s `left_out`); a region is never half-built.
 
 Validity (numbers equal for every input): DCE removes only nodes no output reaches. `unfuse` emits
 the decomposition that defines each fused op. A region replays its steps in order on the same
@@ -28,6 +29,7 @@ from ...ir.fused import DECOMPOSITIONS, expand
 from ...ir.infer import broadcast
 from ...ir.ops import FUSED_REGION_OPS
 from ..engine import Pass, PassResult
+from ..guard import NOT_PROFITABLE
 from ..trace import Match, Rejection
 
 
@@ -106,7 +108,8 @@ def _regions(graph: Graph, params: Mapping[str, Any]) -> PassResult:
                                             f"region ending at node {members[root][-1]} has {len(members[root])} "
                                             f"steps; the limit (param max_region_steps) is {max_steps}: split "
                                             f"before {n.op.value} (node {n.id})", {"tail": members[root][-1]},
-                                            (n.id,), (), n.path, "raise max_region_steps"))
+                                            (n.id,), (), n.path, "raise max_region_steps", subject=n.id,
+                                            kind=NOT_PROFITABLE, soft=True))
                 root = None
             elif len(externals[root]) + len(new_ext) > max_inputs:
                 rejections.append(Rejection("mark_elementwise_regions", "mark_elementwise_regions.chain", n.id,
@@ -115,7 +118,8 @@ def _regions(graph: Graph, params: Mapping[str, Any]) -> PassResult:
                                             f"{len(externals[root]) + len(new_ext)} external inputs; the limit "
                                             f"(param max_region_inputs) is {max_inputs}: split here",
                                             {"tail": members[root][-1]}, (n.id,), (), n.path,
-                                            "raise max_region_inputs"))
+                                            "raise max_region_inputs", subject=n.id, kind=NOT_PROFITABLE,
+                                            soft=True))
                 root = None
             else:
                 externals[root] += new_ext

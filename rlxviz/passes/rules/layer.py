@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from ...ir import Op
 from ...ir.ops import operand_roles
+from ..activations import activation_of
 from ..engine import rule_pass
 from ..guard import (
     EPILOGUE_ACTIVATIONS,
@@ -40,7 +41,7 @@ from ..guard import (
     user_count,
 )
 from ..pattern import P
-from ..rule import Rule, Shape, User, reports
+from ..rule import Fail, Rule, Shape, User, reports
 from .attention import size_gate
 
 _RLN = ("x", "residual", "gamma", "beta")
@@ -72,10 +73,42 @@ def _explain_post_ln(c: Ctx) -> str:
 def _explain_act(c: Ctx) -> str:
     act = c["fc1"].attrs.get("activation")
     users = c.users("fc1")
-    after = f", followed by a separate {users[0].op.value} (node {users[0].id})" if len(users) == 1 and act is None \
-        else ""
+    form = activation_of(c.graph, c.id("fc1")) if act is None else None
+    after = ""
+    if form is not None:
+        after = f", followed by {form.describe()} as primitives"
+    elif len(users) == 1 and act is None:
+        after = f", followed by a separate {users[0].op.value} (node {users[0].id})"
     return (f"{c.d('fc1')} is FusedMatMulBiasAct(activation={act}){after}; needs an activation from the epilogue "
             f"allow-list ({', '.join(EPILOGUE_ACTIVATIONS)})")
+
+
+def _act_fix(c: Ctx) -> str:
+    """The compiler-side fix naming the layer's own activation."""
+    act = c["fc1"].attrs.get("activation")
+    users = c.users("fc1")
+    form = activation_of(c.graph, c.id("fc1")) if act is None else None
+    name = act or (users[0].op.value if len(users) == 1 and form is None else None)
+    if name == "gelu_tanh":
+        return ("add gelu_tanh to the epilogue allow-list (a tanh-GELU epilogue kernel); changing the model to exact "
+                "GELU changes its numbers")
+    if form is not None:
+        return (f"an op for {form.name} ({form.formula}) and a fused {form.name} epilogue in the allow-list; "
+                f"changing the model's activation changes its numbers")
+    what = name or "the layer's activation"
+    return (f"add {what} to the epilogue allow-list (a fused {what} epilogue kernel); changing the model's "
+            f"activation changes its numbers")
+
+
+@reports("fc1_activation", reads=("fc1",))
+def _fc1_activation(c: Ctx) -> Fail | None:
+    """FFN.1's activation is on the epilogue allow-list (FusedTransformerLayer applies it in the FC1 epilogue)."""
+    if c["fc1"].attrs.get("activation") in EPILOGUE_ACTIVATIONS:
+        return None
+    shown = tuple(u.id for u in c.users("fc1")) + (c.id("fc1"),)
+    return Fail("guard", "fc1_activation", _explain_act(c), shown, (),
+                "exact GELU (gelu) or silu fuse, but switching the model to them changes its numbers: prefer the "
+                "compiler fix", subject=c.id("fc1"), kind=NOT_RECOGNIZED, fix=_act_fix(c))
 
 
 @reports(reads=("ln1", "ln2"), binds=("ln1_g", "ln1_b", "ln2_g", "ln2_b"))
@@ -136,12 +169,7 @@ LAYER = Rule(
                    highlight=_extra_h1_users),
         User("fc1_is_fused_linear", "fc1", "ln1", P(FMBA, P.var("ln1"), P.var("fc1_w"), P.var("fc1_b"), name="fc1"),
              "FFN.1 as FusedMatMulBiasAct(h1, ...)", "run fuse_matmul_bias_act first"),
-        guard("fc1_activation", lambda c: c["fc1"].attrs.get("activation") in EPILOGUE_ACTIVATIONS, _explain_act,
-              "exact GELU (gelu) or silu fuse, but switching the model to them changes its numbers: prefer the "
-              "compiler fix",
-              lambda c: (tuple(u.id for u in c.users("fc1")) + (c.id("fc1"),), ()), ("fc1",), kind=NOT_RECOGNIZED,
-              fix="add gelu_tanh to the epilogue allow-list (a tanh-GELU epilogue kernel); changing the model to "
-                  "exact GELU changes its numbers"),
+        _fc1_activation,
         single_user("fc1", "fc1_single_user"),
         not_output("fc1", "fc1_not_output"),
         User("fc2_is_fused_linear", "fc2", "fc1",

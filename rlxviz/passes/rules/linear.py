@@ -31,6 +31,7 @@ along the wrong axis), and merged biases are `[N_i]` vectors concatenated in the
 from __future__ import annotations
 
 from ...ir import Graph, Node, Op, Rewriter
+from ..activations import activation_of, owns_users
 from ..engine import rule_pass
 from ..guard import (
     EPILOGUE_ACTIVATIONS,
@@ -65,6 +66,15 @@ def _bias_len_ok(c: Ctx) -> bool:
 def _epilogue(c: Ctx) -> Fail | None:
     """Absorb the add's activation user when allowed; otherwise say why not (soft)."""
     users = c.users("add")
+    form = activation_of(c.graph, c.id("add"))
+    if form is not None and owns_users(c.graph, form):  # QuickGELU, Swish, ... written as primitives
+        return Fail("guard", "epilogue_activation",
+                    f"{c.d('add')} feeds {form.describe()}, an activation written as primitives that no fused op "
+                    f"takes (the epilogue allow-list is {', '.join(EPILOGUE_ACTIVATIONS)}), so the linear is fused "
+                    f"without it and the activation stays outside", form.nodes,
+                    tuple((c.id("add"), u.id) for u in users), "keep the model's activation: the fix is in the "
+                    "compiler", subject=form.out, kind=NOT_RECOGNIZED,
+                    fix=f"an op for {form.name} and a fused {form.name} epilogue in the allow-list")
     if len(users) != 1 or users[0].op.value not in {a.value for a in _ACTS}:
         return QUIET  # no activation epilogue to absorb: not a near-miss
     act = users[0]

@@ -23,6 +23,12 @@ and adversarial inputs in `tests/test_forms.py`):
 * `stats_dtype`: x is f32 (the decomposition's statistics in f16 round differently from the fused kernels,
   which accumulate in f32).
 * `gamma_shape` / `beta_shape`: rank-1 `[hidden]` over the normalized axis.
+
+The model's own terms, kept exactly and named (soft, kind "the model's own term"): Gemma's `* (1 + w)` is the
+gamma (`c + w`, c a scalar constant): a constant w is folded to `gamma' = 1 + w` computed in the add's dtype (the
+value the add produces); a parameter w keeps its `[H]` add outside as the norm's gamma operand (`gamma_computed`).
+An eps constant that rounds to 0 in its dtype (an f16 1e-8) is built as eps = 0, as the graph adds it
+(`eps_rounds_to_zero`); every eps is read as its dtype holds it.
 """
 
 from __future__ import annotations
@@ -31,14 +37,69 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from ...ir import DType, Graph, Node, Op, Rewriter
 from ..engine import Pass, PassResult, rule_pass
-from ..guard import ILLEGAL, NOT_RECOGNIZED, Ctx, guard
+from ..guard import ILLEGAL, MODEL_TERM, NOT_RECOGNIZED, Ctx, guard
 from ..pattern import P, const_value, is_const
-from ..rule import QUIET, Fail, Rule, reports
+from ..rule import QUIET, Fail, Rule, Soft, reports
 from .norm_casts import absorb_casts
 
 _AFFINE_LEAVES = (Op.PARAM, Op.CONST)
+
+
+def _offset_weight(g: Graph, i: int) -> int | None:
+    """The weight w when node i is `c + w` (either order; c a scalar constant, w a parameter or constant leaf):
+    Gemma's RMSNorm scales by `1 + w`. None otherwise."""
+    n = g[i]
+    if n.op != Op.ADD or len(n.inputs) != 2:
+        return None
+    a, b = (g[j] for j in n.inputs)
+    for k, w in ((a, b), (b, a)):
+        if k.op == Op.CONST and k.shape in ((), (1,)) and w.op in _AFFINE_LEAVES and w.shape == n.shape:
+            return w.id
+    return None
+
+
+def typed(node: Node) -> float:
+    """A scalar constant's value as its dtype holds it (an f16 1e-8 is 0.0)."""
+    with np.errstate(over="ignore", under="ignore"):
+        return float(np.asarray(node.attrs.get("value", 0.0)).astype(node.dtype.numpy))
+
+
+@reports("gamma_computed", kind=MODEL_TERM, reads=("gamma", "gamma_w"))
+def _gamma_term(c: Ctx) -> Fail | None:
+    """Gemma's `gamma = 1 + w` (soft): computed from a parameter, it stays outside as an `[H]` add the norm reads
+    as its gamma (named); a constant w is folded (`gamma' = 1 + w` computed in the dtype: exactly the add's value)."""
+    g = c.graph
+    if "gamma_w" in c:
+        add, w = c["gamma"], c["gamma_w"]
+        if w.op == Op.CONST and len({g[i].dtype for i in add.inputs} | {add.dtype}) == 1 and \
+                len(c.users("gamma")) == 1 and not g.is_output(add.id):
+            c.data["gamma_fold"] = True
+        else:
+            return Fail("guard", "gamma_computed",
+                        f"the gamma add (node {add.id}{', ' + add.path if add.path else ''}) = "
+                        f"{typed(g[next(i for i in add.inputs if i != w.id)]):g} + {w.op.value} {w.name or ''} "
+                        f"(node {w.id}) is computed in the graph (Gemma's 1 + w): the norm reads it as its gamma "
+                        f"operand and the [{add.shape[0]}] add stays outside (exact)", (add.id,), (),
+                        "nothing to change in the model", subject=add.id, kind=MODEL_TERM,
+                        fix="fold 1 + w into the weight when the checkpoint loads (a weight transform)")
+    return None
+
+
+@reports("eps_rounds_to_zero", kind=MODEL_TERM, reads=("eps",))
+def _eps_term(c: Ctx) -> Fail | None:
+    """An eps constant that rounds to 0 in its dtype (soft): the norm is built with eps = 0, as the graph adds it."""
+    e = c["eps"]
+    if e.attrs.get("value") and typed(e) == 0.0:
+        return Fail("guard", "eps_rounds_to_zero",
+                    f"{c.d('eps')} = {e.attrs['value']} is a {e.dtype} constant and rounds to 0 in {e.dtype}: the "
+                    f"graph adds 0, so the norm is built with eps=0.0, as the graph computes it (a row of zeros "
+                    f"gives NaN in both)", (e.id,), (), "store eps in a dtype that holds it (f32) if 0 was not meant",
+                    subject=e.id, kind=MODEL_TERM, fix="")
+    return None
 
 
 def _users(g: Graph, i: int, op: Op | tuple[Op, ...]) -> list[Node]:
@@ -120,8 +181,11 @@ def _tail(c: Ctx, stat_role: str, num: int) -> bool:
     scales = _users(g, normed.id, Op.MUL)
     if len(g.users(normed.id)) == 1 and scales:
         gam = _other(scales[0], normed.id)
-        if gam is not None and g[gam].op in _AFFINE_LEAVES:
+        offset = _offset_weight(g, gam) if gam is not None else None
+        if gam is not None and (g[gam].op in _AFFINE_LEAVES or offset is not None):
             b["scale"], b["gamma"] = scales[0].id, gam
+            if offset is not None:  # Gemma's (1 + w)
+                b["gamma_w"] = offset
             shifts = _users(g, scales[0].id, Op.ADD)
             if len(g.users(scales[0].id)) == 1 and shifts:
                 bet = _other(shifts[0], scales[0].id)
@@ -130,7 +194,8 @@ def _tail(c: Ctx, stat_role: str, num: int) -> bool:
     return True
 
 
-_TAIL_ROLES = ("var_r", "eps_add", "eps", "root", "normed", "normed_cast", "scale", "gamma", "shift", "beta")
+_TAIL_ROLES = ("var_r", "eps_add", "eps", "root", "normed", "normed_cast", "scale", "gamma", "gamma_w", "shift",
+               "beta")
 """The roles `_tail` binds."""
 
 
@@ -247,6 +312,8 @@ def _common_guards(family: str, stats: tuple[str, ...]) -> tuple:
               kind=ILLEGAL),
         _affine_guard("gamma"),
         _affine_guard("beta"),
+        Soft(_gamma_term),
+        Soft(_eps_term),
     )
 
 
@@ -260,14 +327,20 @@ def _rewrite(op: Op) -> object:
         absorbed = [c.id(r) for r in _ABSORB if r in c]
         x = c["x"]
         h = x.shape[-1]
+        if c.data.get("gamma_fold"):
+            absorbed.append(c.id("gamma"))
         with rw.provenance(absorbed):
             gamma = c.id("gamma") if "gamma" in c else rw.const((1.0,) * h, x.dtype)
+            if c.data.get("gamma_fold"):  # 1 + w of a constant w, in the add's dtype: the value the add computes
+                add = c["gamma"]
+                a, b = (np.asarray(c.graph[i].attrs["value"], c.graph[i].dtype.numpy) for i in add.inputs)
+                gamma = rw.const(tuple((a + b).astype(add.dtype.numpy).tolist()), add.dtype)
             ins = [c.id("x"), gamma]
             if "beta" in c:
                 ins.append(c.id("beta"))
             elif op == Op.LAYER_NORM:
                 ins.append(rw.const((0.0,) * h, x.dtype))
-            new = rw.emit(op, ins, eps=float(const_value(c["eps"]) or 0.0), axis=-1)
+            new = rw.emit(op, ins, eps=typed(c["eps"]), axis=-1)
         result = next(c.id(r) for r in _RESULT if r in c)
         rw.remove([a for a in absorbed if a != result])
         rw.replace(result, new)
