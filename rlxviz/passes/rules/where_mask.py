@@ -8,7 +8,7 @@ rlxviz.runtime.reference), so the rewrite to a keep mask `cast(reshape(keep, [B,
   refused, its rounding of the fill is not checked here). Another fill (-1e4, -1e9, -inf) gives different numbers
   where a kept score is within ~104 of the fill, and -inf turns a fully masked row into NaN where the keep
   mask gives uniform weights;
-* `where_mask_per_key`: the condition is a bool `[B, 1, 1, Sk]` padding mask (one value per key), or such a
+* per key (`keep`): the condition is a bool `[B, 1, 1, Sk]` padding mask (one value per key), or such a
   mask broadcast along the head and query axes only: `expand`s (numpy broadcasting) and `reshape`s that only insert
   or drop size-1 axes of a bool per-key source `[B, 1, 1, Sk]` or `[B, Sk]` (Hugging Face's SDPA-path padding mask
   `expand(mask[:, None, None, :], [B, 1, Sq, Sk])`). Valid because the trace follows each source axis to the
@@ -85,7 +85,7 @@ def _dims(c: Ctx) -> tuple[int, int]:
 
 def per_key_source(c: Ctx) -> int | None:
     """The bool per-key mask (`[B, 1, 1, Sk]` or `[B, Sk]`) the where condition equals at every head and query
-    position, or None (module docstring, `where_mask_per_key`)."""
+    position, or None (module docstring, per key)."""
     b, sk = _dims(c)
     cond, where = c["mask_cond"], c["mask_where"]
     scores = c.graph[where.inputs[1]]
@@ -175,7 +175,7 @@ def keep_operand(c: Ctx, rw: Rewriter) -> int:
     """Emit the keep mask `[B, Sk]` f32 (1 = attend) from the where condition's per-key source (the condition
     itself, or the `[B, 1, 1, Sk]` / `[B, Sk]` mask it expands, `per_key_source`)."""
     src = per_key_source(c)
-    assert src is not None, "where_mask_per_key passed"
+    assert src is not None, "the where condition is per key"
     return rw.cast(rw.reshape(src, _dims(c)), DType.f32)
 
 
