@@ -310,3 +310,19 @@ def test_timing_rows_say_within_noise_and_chart_factors_are_unique():
 
     w = next(a for a in p.center if isinstance(a, Whisker)).source.data
     assert list(w["low"]) == [r["p25_ms"] for r in out] and p.x_range.end >= max(w["high"])
+
+
+def test_downloads_are_named_after_the_model_and_version():
+    from rlxviz.app.panels import IRView
+    from rlxviz.app.text import download_name
+
+    s = tiny()
+    view = IRView(state=s)
+    names = [b.filename for b in view.downloads]
+    assert names == ["bert-tiny.input.ir.txt", "bert-tiny.input.dot", "bert-tiny.input.svg", "bert-tiny.trace.json"]
+    s.step_to("after fuse_transformer_layer")
+    assert [b.filename for b in view.downloads][:3] == [f"bert-tiny.after-fuse_transformer_layer.{e}"
+                                                        for e in ("ir.txt", "dot", "svg")]
+    # the model's name is data from its file: no path, quote or control character reaches the file name
+    assert download_name("../../etc/pass wd\"\x1b", "after fuse_sdpa", "svg") == "etc-pass-wd.after-fuse_sdpa.svg"
+    assert download_name("...", None, "trace.json") == "model.trace.json"

@@ -17,7 +17,7 @@ from .explain import decision_rows, node_report, report_markdown
 from .graphpane import SvgGraph, folded_index
 from .irtext import IRText
 from .state import AppState
-from .text import html_text, md_escape
+from .text import download_name, html_text, md_escape
 
 
 def _safe(fn: Any, *args: Any) -> tuple[Any, str | None]:
@@ -492,18 +492,27 @@ class IRView(Viewer):
         s.param.watch(lambda e: setattr(self.ir, "selected", e.new), "selected_node")
         self.diff = pn.pane.HTML("", sizing_mode="stretch_width", css_classes=["rv-diff"],
                                  styles={"max-height": "600px", "overflow": "auto"})
-        dl = dict(button_type="light", embed=False, width=150)
+        dl = dict(color="light", embed=False, width=150)
         self.downloads = [
-            pn.widgets.FileDownload(callback=lambda: self._bytes(s.ir_current()), filename="graph.ir.txt",
-                                    label="IR text", **dl),
-            pn.widgets.FileDownload(callback=lambda: self._bytes(s.dot()), filename="graph.dot", label="DOT", **dl),
-            pn.widgets.FileDownload(callback=lambda: self._bytes(s.svg()), filename="graph.svg", label="SVG", **dl),
-            pn.widgets.FileDownload(callback=lambda: self._bytes(s.trace_json()), filename="trace.json",
-                                    label="trace JSON", **dl),
+            pn.widgets.FileDownload(callback=lambda: self._bytes(s.ir_current()), label="IR text", **dl),
+            pn.widgets.FileDownload(callback=lambda: self._bytes(s.dot()), label="DOT", **dl),
+            pn.widgets.FileDownload(callback=lambda: self._bytes(s.svg()), label="SVG", **dl),
+            pn.widgets.FileDownload(callback=lambda: self._bytes(s.trace_json()), label="trace JSON", **dl),
         ]
+        self._kinds = [("ir.txt", True), ("dot", True), ("svg", True), ("trace.json", False)]
         self.stale = StaleMark(s, "ir", self.ir, self.diff)
         s.param.watch(self._update, ["trace", "version"])
         self._update()
+
+    def _name_downloads(self) -> None:
+        """Each download named after the model and the selected version (`minilm.after-fuse_sdpa.svg`), the trace
+        after the model (`minilm.trace.json`)."""
+        s = self.state
+        model = s.model.name if s.model is not None else "model"
+        labels = s.version_labels
+        label = labels[s.version] if s.version < len(labels) else "input"
+        for button, (ext, per_version) in zip(self.downloads, self._kinds, strict=True):
+            button.filename = download_name(model, label if per_version else None, ext)
 
     @staticmethod
     def _bytes(text: str) -> io.BytesIO:
@@ -513,6 +522,7 @@ class IRView(Viewer):
         s = self.state
         self.ir.text = s.ir_current()
         self.diff.object = diff_html(s.ir_diff())
+        self._name_downloads()
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(pn.Row("**Download:**", *self.downloads), self.stale.banner,
