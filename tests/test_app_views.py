@@ -285,6 +285,7 @@ def test_timing_rows_say_within_noise_and_chart_factors_are_unique():
     faster"; with unchanged passes shown, a label that repeats (dead_code_elimination twice) still gets its own
     chart factor (Bokeh's "duplicate factor" error made the chart vanish); whiskers span p25..p75."""
     from rlxviz.app.panels import speedup_label, timing_factor, timing_figure
+    from rlxviz.session import paired_verdict, timing_table
 
     rng = np.random.default_rng(5)
     base = 10.0 + rng.random(24)  # 24 paired rounds: enough for a verdict (session.paired_verdict wants >= 21)
@@ -296,6 +297,15 @@ def test_timing_rows_say_within_noise_and_chart_factors_are_unique():
         r.speedup = rows[0].median_ms / r.median_ms
     visible = [(r.index, r.label) for r in rows]
     out = AppState._timing_rows(rows, visible)
+    assert out == timing_table(rows)  # the app's rows are the session's (one function for every front end)
+    # each speed-up is the paired median ratio over the input, inside its 95% bootstrap interval; "within noise"
+    # exactly when that interval holds 1 (the notebooks' paired_verdict)
+    for r, row in zip(out[1:], rows[1:], strict=True):
+        v = paired_verdict(rows[0], row if row.same_as is None else rows[row.same_as])
+        assert r["speedup"] == round(v.ratio, 2) and r["ci"] == f"{v.low:.2f}..{v.high:.2f}"
+        assert r["ci_low"] <= v.ratio <= r["ci_high"] and (r["vs_input"] == "within noise") == (v.low <= 1 <= v.high)
+    assert out[0]["speedup"] == 1.0 and out[0]["ci"] == "" and out[0]["vs_input"] == ""
+    assert re.fullmatch(r"0\.2\d× \(0\.\d\d–0\.\d\d\)|[45]\.\d\d× \(\d\.\d\d–\d\.\d\d\)", speedup_label(out[2]))
     assert [r["vs_input"] for r in out] == ["", "within noise", out[2]["vs_input"], out[2]["vs_input"]]
     assert re.fullmatch(r"\d+\.\d\dx faster", out[2]["vs_input"]) and out[3]["vs_previous"] == "within noise"
     assert out[2]["vs_previous"].endswith("faster") and out[1]["vs_previous"] == "within noise"

@@ -359,6 +359,11 @@ class WhyView(Viewer):
                                                    sizing_mode="stretch_both"), sizing_mode="stretch_both")
 
 
+TIMING_HIDDEN = ["#", "p25_ms", "p75_ms", "ci_low", "ci_high", "min_ms", "iqr_ms"]
+"""Timing columns the table leaves out: the chart's axis, whiskers (the IQR) and label numbers, so the rest (speed-up,
+its interval, both verdicts) fits a 1280 px window."""
+
+
 class TimingView(Viewer):
     """Time every version on MLX in a worker process, in interleaved rounds (`session.time_versions`, as the CLI);
     median ms per version as a Bokeh bar chart with the IQR as a whisker and the speed-up over the unfused graph,
@@ -388,7 +393,7 @@ class TimingView(Viewer):
         # fit_columns: every column within the pane's width (speed-up, verdict, vs_input were cut off at 1280 px)
         self.table = pn.widgets.Tabulator(pd.DataFrame(), show_index=False, disabled=True, sizing_mode="stretch_width",
                                           css_classes=["rv-timings"], layout="fit_columns", widths={"version": 240},
-                                          hidden_columns=["#", "p25_ms", "p75_ms"],  # the chart's axis and whiskers
+                                          hidden_columns=TIMING_HIDDEN,
                                           formatters={"max_err": error_formatter()})
         self.chart = pn.pane.Bokeh(None, sizing_mode="stretch_width", height=340, css_classes=["rv-timing-chart"])
         self.stale = StaleMark(s, "timing", self.chart, self.table)
@@ -405,8 +410,11 @@ class TimingView(Viewer):
     def _update(self, *events: param.parameterized.Event) -> None:
         s = self.state
         self.blas.object = (f"**Measured in:** {md_escape(s.blas)}. Bars: median over the rounds; whiskers: the "
-                            "interquartile range (p25 to p75). *Within noise*: the two versions' IQRs overlap, so "
-                            "these rounds do not tell them apart; time again with more rounds." if s.blas else "")
+                            "interquartile range (p25 to p75). Speed-up: the median of the per-round ratios (round "
+                            "*r* of every version ran back to back), with its 95% bootstrap interval (*ci*). *Within "
+                            "noise*: that interval holds 1 (or lies within 1 ± 1%), so these rounds do not tell the "
+                            "two versions apart; time again with more rounds (21 at least for a verdict)."
+                            if s.blas else "")
         self.policy.object = md_escape(s.timing_policy)
         rows = s.timings
         self.table.value = pd.DataFrame(rows)
@@ -428,9 +436,9 @@ def error_formatter() -> Any:
     return ScientificFormatter(precision=2, power_limit_low=0, power_limit_high=0, nan_format="–")
 
 
-LABEL_ROOM = 1.45
+LABEL_ROOM = 1.6
 """The timing chart's x axis ends at the largest whisker end times this: room for its speed-up label (up to
-"0.88× within noise", about 110 px)."""
+"0.88× (0.80–0.95)" or "0.88× within noise", about 120 px)."""
 
 
 def timing_factor(row: dict[str, Any]) -> str:
@@ -440,9 +448,14 @@ def timing_factor(row: dict[str, Any]) -> str:
 
 
 def speedup_label(row: dict[str, Any]) -> str:
-    """The bar's label: the speed-up over the input, and "within noise" when the IQRs overlap."""
-    noise = " within noise" if row.get("vs_input") == "within noise" else ""
-    return f"{row['speedup']:.2f}×{noise}"
+    """The bar's label: the paired speed-up over the input, and "within noise" when its 95% interval holds 1, else
+    the interval (`1.25× (1.18–1.31)`); the input's own bar reads `1.00×`."""
+    if row.get("vs_input") == "within noise":
+        return f"{row['speedup']:.2f}× within noise"
+    lo, hi = row.get("ci_low"), row.get("ci_high")
+    if row.get("vs_input") and lo is not None and hi is not None and lo == lo and hi == hi:
+        return f"{row['speedup']:.2f}× ({lo:.2f}–{hi:.2f})"
+    return f"{row['speedup']:.2f}×"
 
 
 def timing_figure(rows: list[dict[str, Any]]) -> Any:

@@ -881,26 +881,9 @@ class AppState(param.Parameterized):
 
     @staticmethod
     def _timing_rows(rows: list[session.VersionTiming], visible: list[tuple[int, str]]) -> list[dict[str, Any]]:
-        """The timing table's rows for the shown versions (an unchanged version repeats the numbers of the
-        version it equals): `#` (index into the run's versions, unique where labels repeat), median, min, IQR and
-        its ends `p25_ms`/`p75_ms` over the interleaved rounds, speed-up over the input, and in words
-        `vs_input` / `vs_previous` (the shown version before): "within noise" when the IQRs overlap
-        (`session.compare_to_input`), else "N.NNx faster/slower"."""
-        out = []
-        timed = [rows[r.same_as] if r.same_as is not None else r for r in rows]
-        for n, (i, label) in enumerate(visible):
-            r, t = rows[i], timed[i]
-            p25, p75 = t.quartiles()
-            prev = timed[visible[n - 1][0]] if n else None
-            out.append({"#": i, "version": label, "ops": r.nodes, "median_ms": round(t.median_ms, 3),
-                        "min_ms": round(t.min_ms, 3), "iqr_ms": round(t.iqr_ms or 0.0, 3),
-                        "p25_ms": round(p25, 3), "p75_ms": round(p75, 3),
-                        "first_call_ms": round(t.first_call_ms, 1), "max_err": float(t.max_abs),
-                        "speedup": round(t.speedup, 2) if t.speedup is not None else float("nan"),
-                        "vs_input": _compare(t, timed[0]) if n else "",
-                        "vs_previous": _compare(t, prev) if prev else "",
-                        "verdict": r.verdict})
-        return out
+        """The timing table's rows for the shown versions (`session.timing.timing_table`: paired verdicts, the
+        notebooks' too)."""
+        return session.timing_table(rows, visible)
 
     @staticmethod
     def _timing_hint(e: BaseException) -> str:
@@ -946,11 +929,3 @@ class AppState(param.Parameterized):
 def _md_lines(text: str) -> str:
     """Plain text as Markdown lines: each line escaped, its line break and indentation kept."""
     return "  \n".join(md_escape(line).replace("  ", "&nbsp;&nbsp;") for line in text.splitlines())
-
-
-def _compare(row: session.VersionTiming, base: session.VersionTiming) -> str:
-    """`row` against `base` in words (`session.compare_to_input`); "-" where either was not timed."""
-    try:
-        return session.compare_to_input(row, base)
-    except ValueError:
-        return "-"
