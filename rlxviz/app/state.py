@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import difflib
+import hashlib
 import shutil
 import tempfile
 import traceback
@@ -34,7 +35,15 @@ from ..session import OVER_THRESHOLD, LayerStatus, Limits, SessionError, View
 from ..session import render as drawing
 from . import timeproc
 from .jobs import Runner
-from .sources import ONNX_UPLOAD_NAME, SourceError, allowed_dirs, check_checkpoint_dir, check_ir_text, save_upload
+from .sources import (
+    ONNX_UPLOAD_NAME,
+    SourceError,
+    allowed_dirs,
+    check_checkpoint_dir,
+    check_ir_text,
+    check_upload,
+    store_upload,
+)
 from .text import md_escape
 
 SHAPE_VARIANT = OVER_THRESHOLD
@@ -152,7 +161,8 @@ class AppState(param.Parameterized):
     busy = param.Boolean(False, doc="A job is running.")
     progress = param.Integer(-1, bounds=(-1, 100), doc="Progress of the running job in % (-1: indeterminate).")
     progress_text = param.String("", doc="What the running job does.")
-    upload_dir = param.String("", doc="Temp folder holding the last accepted upload.")
+    upload_id = param.String("", doc="Content digest of the last accepted upload ('' for none). Its files are held in "
+                                     "memory; a load writes them to a private temp folder and removes it when done.")
     ir_error = param.Parameter(None, doc="(line, column, reason) of the last IR text that did not parse or load "
                                          "(1-based; a lint error: the line defining the node it names), else None.")
     repeat = param.Integer(session.DEFAULT_REPEAT, bounds=(1, session.MAX_REPEAT),
@@ -174,6 +184,8 @@ class AppState(param.Parameterized):
         self._generation = 0
         self._variant_notice = ""
         self._seq_raised: tuple[int, int] | None = None
+        self._upload: dict[str, bytes] = {}  # the accepted upload's files (`load_upload`)
+        self._upload_tmp = self._last_upload_tmp = ""  # the temp folder a load wrote them to (removed after it)
         if not self.passes:
             self.passes = self.canonical_passes()
         self._sync_shape_seq()
@@ -220,7 +232,7 @@ class AppState(param.Parameterized):
         elif self.source == "checkpoint":
             src = ("checkpoint", self.checkpoint_dir)
         elif self.source == "upload":
-            src = ("upload", self.upload_dir)
+            src = ("upload", self.upload_id)
         else:
             src = ("ir", self.ir_text)
             return src
@@ -275,9 +287,9 @@ class AppState(param.Parameterized):
             roots = check_checkpoint_dir(self.checkpoint_dir, allowed_dirs())
             where = self.checkpoint_dir
         else:
-            if not self.upload_dir:
+            if not self._upload:
                 raise SourceError("Upload a checkpoint's config.json and model.safetensors (or an .onnx file) first.")
-            where = self.upload_dir
+            where = self._upload_tmp = str(store_upload(self._upload))  # removed when the load ends (`_load_job`)
             if (onnx_file := Path(where) / ONNX_UPLOAD_NAME).is_file():
                 where = str(onnx_file)
         return session.load(where, self.batch, self.effective_seq, None if self.style == "default" else self.style,
@@ -356,6 +368,7 @@ class AppState(param.Parameterized):
         except Exception as e:  # noqa: BLE001 - every failure becomes a message; the app keeps working
             page(lambda err=e: self._failed(err))
         finally:
+            self._remove_upload_copy()
             page(self._stop)
         if done:  # after the job: the page is usable while the other versions are drawn
             self.runner.submit("prerender", lambda: self.prerender(gen))
@@ -468,16 +481,27 @@ class AppState(param.Parameterized):
 
     # ============================================================ upload / IR / variants
     def load_upload(self, files: dict[str, bytes]) -> None:
-        """Accept an uploaded `config.json` + `model.safetensors` (size-limited) and load it."""
+        """Accept an uploaded `config.json` + `model.safetensors` or one `.onnx` file (size-limited) and load it.
+
+        The files stay in memory (`upload_id` is their digest); each load writes them to a private temp folder and
+        removes it when the load ends, failed or not, so no upload outlives its session on the server's disk."""
         try:
-            folder = save_upload(files)
+            checked = check_upload(files)
         except SourceError as e:
             self._error(str(e))
             return
-        old = self.upload_dir
-        self.param.update(upload_dir=str(folder), source="upload")
-        if old and old != str(folder):
-            shutil.rmtree(old, ignore_errors=True)
+        h = hashlib.sha256()
+        for name in sorted(checked):
+            h.update(f"{name}:{len(checked[name])};".encode())
+            h.update(checked[name])
+        self._upload = checked
+        self.param.update(upload_id=h.hexdigest()[:24], source="upload")
+
+    def _remove_upload_copy(self) -> None:
+        """Remove the temp folder the last load wrote the upload to (none: nothing to do)."""
+        if self._upload_tmp:
+            shutil.rmtree(self._upload_tmp, ignore_errors=True)
+            self._last_upload_tmp, self._upload_tmp = self._upload_tmp, ""
 
     def variant_unavailable(self, name: str) -> str:
         """Why teaching variant `name` does not apply to the current model, in plain words ('' when it does).
@@ -518,7 +542,7 @@ class AppState(param.Parameterized):
             self._error(f"Teaching variant dropped: {reason}", "warning")
 
     @param.depends("source", "preset", "checkpoint_dir", "ir_text", "style", "batch", "seq", "variant",
-                   "variant_layer", "passes", "disabled", "threshold", "upload_dir", watch=True)
+                   "variant_layer", "passes", "disabled", "threshold", "upload_id", watch=True)
     def _reload(self) -> None:
         if self._sync_shape_seq():
             return  # the seq change reloads
@@ -910,7 +934,8 @@ class AppState(param.Parameterized):
         self.param.update(busy=False, progress=-1, progress_text="")
 
     def _error(self, text: str, kind: str = "danger") -> None:
-        self.param.update(message=scrub_paths(text, self.upload_dir, tempfile.gettempdir()), message_kind=kind)
+        upload = self._upload_tmp or self._last_upload_tmp
+        self.param.update(message=scrub_paths(text, upload, tempfile.gettempdir()), message_kind=kind)
 
     def _explain_error(self, e: Exception) -> str:
         """An exception as a message with what to do, matched by its type."""
