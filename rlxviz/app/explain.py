@@ -7,10 +7,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from ..ir import Graph, Node, format_node, operand_roles
+import numpy as np
+
+from ..ir import Graph, Node, Op, format_node, operand_roles
 from ..passes.trace import Trace, layer_of
+from ..session.tensors import summarize
 from .text import md_code, md_escape, md_pre
 
 
@@ -50,13 +54,34 @@ def _node_line(g: Graph, nid: int, role: str | None = None) -> str:
     return f"{role + ': ' if role else ''}%{n.id} {n.op.value} {n.dtype}{list(n.shape)}{where}"
 
 
-def node_report(graph: Graph, node_id: int, trace: Trace | None = None) -> dict[str, Any]:
+WEIGHTS_SHOWN = 4
+"""Most weight tensors the node panel summarizes for one node (its own, or its first param operands)."""
+
+
+def node_weights(graph: Graph, n: Node, weights: Mapping[str, np.ndarray]) -> list[tuple[str, list[str]]]:
+    """(param name, `session.tensors.TensorSummary.lines()`) for the weights a node holds: a param node's own, or
+    a compute node's param operands (at most `WEIGHTS_SHOWN`); each summary reads a bounded sample."""
+    params = [n] if n.op is Op.PARAM else [graph[i] for i in n.inputs if i in graph and graph[i].op is Op.PARAM]
+    out = []
+    for p in params[:WEIGHTS_SHOWN]:
+        name = p.attrs.get("name", "")
+        if name in weights:
+            out.append((name, summarize(weights[name]).lines()))
+    return out
+
+
+def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
+                weights: Mapping[str, np.ndarray] | None = None) -> dict[str, Any]:
     """Everything the inspector shows about `node_id` in `graph`.
+
+    Args:
+        weights: the model's params by name: the report then summarizes the node's weights (`node_weights`).
 
     Returns:
         dict with `id, op, attrs, shape, dtype, path, layer, pass_name, absorbed, ir, operands` (role lines),
-        `users` (lines), `is_output`, and `decisions`: one dict per match/rejection in `trace` whose anchor,
-        bindings, offending nodes or fused node is this node (`pass, rule, role, outcome, guard, message, hint`).
+        `users` (lines), `is_output`, `weights` ((name, lines) per weight tensor), and `decisions`: one dict per
+        match/rejection in `trace` whose anchor, bindings, offending nodes or fused node is this node (`pass, rule,
+        role, outcome, guard, message, hint`).
 
     Raises:
         KeyError: no such node in `graph`.
@@ -71,6 +96,7 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None) -> dict[
         "ir": format_node(n), "is_output": graph.is_output(n),
         "operands": [_node_line(graph, i, roles[k] if k < len(roles) else None) for k, i in enumerate(n.inputs)],
         "users": [_node_line(graph, u.id) for u in graph.users(n)],
+        "weights": node_weights(graph, n, weights) if weights else [],
         "decisions": [],
     }
     if trace is None:
@@ -109,6 +135,8 @@ def report_markdown(rep: dict[str, Any]) -> str:
         lines.append("**graph output**")
     if rep["operands"]:
         lines.append("**operands**\n" + "\n".join(f"- {md_escape(x)}" for x in rep["operands"]))
+    for name, stats in rep.get("weights", []):
+        lines.append(f"**weights** {md_code(name)}\n" + "\n".join(f"- {md_escape(x)}" for x in stats))
     lines.append("**users**\n" + ("\n".join(f"- {md_escape(x)}" for x in rep["users"]) if rep["users"] else "- none"))
     if rep["decisions"]:
         lines.append("**guards evaluated on this node**")

@@ -250,7 +250,8 @@ class NodeInspector(Viewer):
             return "*Click a node in the graph to inspect it.*"
         for g in (s.current_graph, s.previous_graph):
             if g is not None and s.selected_node in g:
-                return report_markdown(node_report(g, s.selected_node, s.trace))
+                weights = s.model.weights if s.model is not None else None
+                return report_markdown(node_report(g, s.selected_node, s.trace, weights))
         return f"*Node %{s.selected_node} is not in this version.*"
 
     def __panel__(self) -> pn.viewable.Viewable:
