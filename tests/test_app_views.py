@@ -336,3 +336,26 @@ def test_downloads_are_named_after_the_model_and_version():
     # the model's name is data from its file: no path, quote or control character reaches the file name
     assert download_name("../../etc/pass wd\"\x1b", "after fuse_sdpa", "svg") == "etc-pass-wd.after-fuse_sdpa.svg"
     assert download_name("...", None, "trace.json") == "model.trace.json"
+
+
+def test_panes_sync_the_selected_node_by_identity():
+    """A node selected in one pane is marked in the other: itself where the pass kept it, else what it became (the
+    fused node whose absorbed ids name it) or what it was made from; the node panel says which."""
+    from rlxviz.app.panels import GraphCompare, NodeInspector
+
+    s = tiny()
+    graph, inspector = GraphCompare(state=s), NodeInspector(state=s)
+    s.step_to("after fuse_attention_block")
+    prev, cur = s.previous_graph, s.current_graph
+    fused = next(n for n in cur if n.pass_name == "fuse_attention_block")
+    gone = next(int(i) for i in fused.absorbed if int(i) not in cur)
+    s.selected_node = gone  # clicked in the before pane: the after pane marks the fused node
+    assert graph.before.selected == gone and graph.after.related == [fused.id] and graph.before.related == []
+    assert "became" in inspector.pane.object and f"%{fused.id}" in inspector.pane.object
+    s.selected_node = fused.id  # clicked in the after pane: the before pane marks what it absorbed
+    assert sorted(graph.before.related) == sorted(int(i) for i in fused.absorbed if int(i) in prev)
+    assert gone in graph.before.related and "made by" in inspector.pane.object
+    kept = next(n.id for n in cur if n.id in prev)
+    s.selected_node = kept
+    assert graph.before.related == graph.after.related == [] and graph.after.selected == kept
+    assert "became" not in inspector.pane.object and "made by" not in inspector.pane.object

@@ -54,6 +54,40 @@ def _node_line(g: Graph, nid: int, role: str | None = None) -> str:
     return f"{role + ': ' if role else ''}%{n.id} {n.op.value} {n.dtype}{list(n.shape)}{where}"
 
 
+def counterparts(before: Graph, after: Graph, node_id: int) -> tuple[list[int], list[int]]:
+    """Where node `node_id` is in the graphs before and after a pass: (ids in `before`, ids in `after`).
+
+    A node the pass kept has the same id in both. A node it replaced is shown in `after` by what it became: the
+    nodes whose `absorbed` ids name it (the rewrite's record); a node the pass made is shown in `before` by the nodes
+    it absorbed. A node removed without a replacement (dead code) has no counterpart: an empty list.
+    """
+    in_before = [node_id] if node_id in before else []
+    in_after = [node_id] if node_id in after else []
+    if in_before and not in_after:
+        in_after = [n.id for n in after if any(int(i) == node_id for i in n.absorbed)]
+    elif in_after and not in_before:
+        in_before = [int(i) for i in after[node_id].absorbed if i in before]
+    return in_before, in_after
+
+
+def counterpart_line(before: Graph, after: Graph, node_id: int, pass_name: str) -> str:
+    """One Markdown line saying what node `node_id` became in the pass `pass_name` (or was made from), '' for a node
+    the pass kept; op names come from the op table, ids are numbers."""
+    in_before, in_after = counterparts(before, after, node_id)
+    if node_id in before and node_id in after:
+        return ""
+    name = md_code(pass_name)
+    if node_id in before:
+        if not in_after:
+            return f"**{name} removed this node** (no node of the version after it replaces it)"
+        made = ", ".join(f"%{i} {md_code(after[i].op.value)}" for i in in_after)
+        return f"**became** {made} after {name} (marked in the after pane)"
+    if node_id in after and in_before:
+        return (f"**made by** {name} from " + ", ".join(f"%{i}" for i in in_before)
+                + " (marked in the before pane)")
+    return ""
+
+
 WEIGHTS_SHOWN = 4
 """Most weight tensors the node panel summarizes for one node (its own, or its first param operands)."""
 

@@ -13,7 +13,7 @@ import param
 from panel.viewable import Viewer
 
 from ..ir import Graph
-from .explain import decision_rows, node_report, report_markdown
+from .explain import counterpart_line, counterparts, decision_rows, node_report, report_markdown
 from .graphpane import SvgGraph, folded_index
 from .irtext import IRText
 from .state import AppState
@@ -210,9 +210,15 @@ class GraphCompare(Viewer):
         return folded_index(graph, list(self.state.expanded_layers)) if graph is not None else {}
 
     def _mark(self, *events: param.parameterized.Event) -> None:
+        """Highlights, and the selected node in both panes by identity: where a pane does not hold it, the pane
+        marks what it became (after) or what it was made from (before) instead (`explain.counterparts`)."""
         s = self.state
-        for g in (self.before, self.after):
-            g.param.update(highlight=list(s.highlight), selected=s.selected_node)
+        sel, prev, cur = s.selected_node, s.previous_graph, s.current_graph
+        related: tuple[list[int], list[int]] = ([], [])
+        if sel is not None and prev is not None and cur is not None and s.current_step is not None:
+            related = counterparts(prev, cur, sel)
+        for g, rel in zip((self.before, self.after), related, strict=True):
+            g.param.update(highlight=list(s.highlight), selected=sel, related=[i for i in rel if i != sel])
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(self.stale.banner, self.note, self.row, sizing_mode="stretch_both")
@@ -251,7 +257,14 @@ class NodeInspector(Viewer):
         for g in (s.current_graph, s.previous_graph):
             if g is not None and s.selected_node in g:
                 weights = s.model.weights if s.model is not None else None
-                return report_markdown(node_report(g, s.selected_node, s.trace, weights))
+                text = report_markdown(node_report(g, s.selected_node, s.trace, weights))
+                step = s.current_step
+                if step is not None and s.previous_graph is not None and s.current_graph is not None:
+                    line = counterpart_line(s.previous_graph, s.current_graph, s.selected_node, step.pass_name)
+                    if line:  # under the node's heading
+                        head, _, rest = text.partition("\n\n")
+                        text = f"{head}\n\n{line}\n\n{rest}"
+                return text
         return f"*Node %{s.selected_node} is not in this version.*"
 
     def __panel__(self) -> pn.viewable.Viewable:
