@@ -12,9 +12,10 @@ import panel as pn
 import param
 from panel.viewable import Viewer
 
-from ..ir import Graph
+from ..ir import Graph, format_graph
 from .explain import counterpart_line, counterparts, decision_rows, node_report, report_markdown
 from .graphpane import SvgGraph, folded_index
+from .irdiff import diff_table, side_by_side
 from .irtext import IRText
 from .state import AppState
 from .text import download_name, html_text, md_escape
@@ -506,7 +507,8 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
 
 
 class IRView(Viewer):
-    """The selected version's IR text, a difflib diff against the version before, and downloads."""
+    """The selected version's IR text, a side-by-side diff of any two versions (by default the one before the
+    selected pass and the selected one; `irdiff`), and downloads."""
 
     state = param.ClassSelector(class_=AppState)
 
@@ -517,8 +519,12 @@ class IRView(Viewer):
         self.ir.param.watch(lambda e: s.param.update(selected_node=e.obj.clicked, highlight=[e.obj.clicked]),
                             "clicks")
         s.param.watch(lambda e: setattr(self.ir, "selected", e.new), "selected_node")
+        self.left = pn.widgets.Select(label="Left", options={}, width=300, css_classes=["rv-diff-left"])
+        self.right = pn.widgets.Select(label="Right", options={}, width=300, css_classes=["rv-diff-right"])
+        for w in (self.left, self.right):
+            w.param.watch(self._draw_diff, "value")
         self.diff = pn.pane.HTML("", sizing_mode="stretch_width", css_classes=["rv-diff"],
-                                 styles={"max-height": "600px", "overflow": "auto"})
+                                 styles={"max-height": "560px", "overflow": "auto"})
         dl = dict(color="light", embed=False, width=150)
         self.downloads = [
             pn.widgets.FileDownload(callback=lambda: self._bytes(s.ir_current()), label="IR text", **dl),
@@ -546,25 +552,33 @@ class IRView(Viewer):
         return io.BytesIO(text.encode("utf-8"))
 
     def _update(self, *events: param.parameterized.Event) -> None:
+        """A new run or version: its IR, and the diff reset to the version before the selected one vs it."""
         s = self.state
         self.ir.text = s.ir_current()
-        self.diff.object = diff_html(s.ir_diff())
+        labels = s.version_labels or ["input"]
+        options = {f"{k}: {lbl}": k for k, lbl in enumerate(labels)}
+        k = min(s.version, len(labels) - 1)
+        self._drawing = True  # one diff for both selects' change
+        self.left.param.update(options=options, value=max(k - 1, 0))
+        self.right.param.update(options=options, value=k)
+        self._drawing = False
+        self._draw_diff()
         self._name_downloads()
+
+    def _draw_diff(self, *events: param.parameterized.Event) -> None:
+        if getattr(self, "_drawing", False):
+            return
+        s = self.state
+        a, b = self.left.value, self.right.value
+        ga, gb = (s.graph_at(a), s.graph_at(b)) if a is not None and b is not None else (None, None)
+        if ga is None or gb is None:
+            self.diff.object = "<i>no run yet</i>"
+            return
+        labels = s.version_labels or ["input"]
+        self.diff.object = diff_table(side_by_side(format_graph(ga), format_graph(gb)), labels[a], labels[b])
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(pn.Row("**Download:**", *self.downloads), self.stale.banner,
-                         pn.Row(pn.Column("#### IR of this version", self.ir, sizing_mode="stretch_width"),
-                                pn.Column("#### Diff against the previous version", self.diff,
-                                          sizing_mode="stretch_width"), sizing_mode="stretch_width"),
+                         pn.Row(pn.pane.Markdown("#### Side by side", margin=(18, 10, 0, 10)), self.left, self.right),
+                         self.diff, pn.pane.Markdown("#### IR of the selected version"), self.ir,
                          sizing_mode="stretch_width")
-
-
-def diff_html(diff: str) -> str:
-    """A unified diff as coloured HTML (added green, removed red)."""
-    if not diff:
-        return "<i>no change (or the input version)</i>"
-    out = []
-    for line in diff.splitlines():
-        color = {"+": "#e6ffec", "-": "#ffebe9", "@": "#ddf4ff"}.get(line[:1], "")
-        out.append(f"<div style='background:{color}'>{html_text(line) or '&nbsp;'}</div>")
-    return "<pre style='font-size:12px;margin:0'>" + "".join(out) + "</pre>"
