@@ -29,7 +29,7 @@ def test_three_clicks_step_break_and_ask_why():
 def test_break_is_off_for_a_model_without_variants():
     s = tiny(preset="llama-block")
     start = StartHere(state=s, show_why=lambda: None)
-    assert start.brk.disabled and "not a BERT encoder" in start.brk.description
+    assert start.brk.disabled and "not a BERT encoder" in start.note.object
     start.break_layer()
     assert s.variant == "none" and "not a BERT encoder" in start.note.object
 
@@ -39,5 +39,7 @@ def test_a_dropped_onnx_file_loads_and_half_a_checkpoint_waits():
     drop = ModelControls(state=s).make_dropper()
     drop.value = {"config.json": '{"model_type": "bert"}'}  # text files arrive decoded
     assert s.source == "preset" and "now drop the checkpoint's model.safetensors" in s.message
+    s.apply_variant(BREAK_VARIANT)  # the start strip's second click, then one's own model: it loads as built
     drop.value = {"gpt2.onnx": (FIX / "gpt2.onnx").read_bytes()}
     assert s.source == "upload" and s.model.meta.get("onnx_file") and s.trace is not None
+    assert s.variant == "none" and s.message_kind != "danger" and not s.stale, s.message

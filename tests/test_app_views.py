@@ -255,16 +255,18 @@ def test_why_tab_answers_for_a_graph_without_layer_paths():
 
 
 def test_panes_are_not_faded_after_a_failed_load_then_a_good_one():
-    """A variant, then gpt2.onnx uploaded (refused: variants do not apply to ONNX), then "none (as built)": the
-    panes' opacity is set back to 1 (an emptied style dict left the browser's opacity 0.45 in place)."""
+    """A corrupted upload (refused), then the built-in model again: the panes' opacity is set back to 1 (an emptied
+    style dict left the browser's opacity 0.45 in place). (The issue's sequence, a variant then gpt2.onnx, now
+    loads the ONNX file as built: tests/test_app_start.py.)"""
     from rlxviz.app.panels import GraphCompare
+    from rlxviz.models.minilm import minilm_dir
 
     s = tiny()
     graph = GraphCompare(state=s)
-    s.apply_variant("extra_h1_user")
-    s.load_upload({"gpt2.onnx": (ROOT / "tests/fixtures/onnx/gpt2.onnx").read_bytes()})
+    cfg = (minilm_dir() / "config.json").read_bytes()
+    s.load_upload({"config.json": cfg, "model.safetensors": b"\x10" + b"\x00" * 7 + b'{"a": broken'})
     assert s.message_kind == "danger" and s.stale and graph.after.styles["opacity"] == "0.45"
-    s.apply_variant("none")
+    s.source = "preset"
     assert s.message_kind != "danger" and s.stale == ""
     assert graph.after.styles["opacity"] == "1" and graph.before.styles["opacity"] == "1"
 

@@ -117,10 +117,10 @@ class ModelControls(Viewer):
         """A drop zone for a model file (Panel's FileDropper): one `.onnx` export, or `config.json` and
         `model.safetensors` (together or one after the other); the upload's size limit applies."""
         limit = max_upload_bytes() / 2**20
+        # no accepted_filetypes: the browser gives an .onnx file no MIME type, which FilePond's type check refused
+        # ("invalid type"); `sources.check_upload` judges the files by name instead
         drop = pn.widgets.FileDropper(multiple=True, max_files=2, max_total_file_size=f"{limit:.0f}MB",
-                                      layout="compact", width=240, height=56, sizing_mode="fixed",
-                                      css_classes=["rv-drop"],
-                                      accepted_filetypes=[".onnx", ".json", ".safetensors"])
+                                      layout="compact", width=240, css_classes=["rv-drop"])
         drop.param.watch(self._on_drop, "value")
         return drop
 

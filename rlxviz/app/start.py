@@ -41,15 +41,12 @@ class StartHere(Viewer):
         self.show_why = show_why
         fixed = dict(color="primary", sizing_mode="fixed", height=34, align="center")
         self.step = pn.widgets.Button(label="① Step through the passes ▶", width=220, **fixed,
-                                      css_classes=["rv-start-step"],
-                                      description="show the next version: the graph after the next pass")
-        self.brk = pn.widgets.Button(label="② Break a layer", width=140, **fixed, css_classes=["rv-start-break"],
-                                     description="give layer 1's attention output a second user (a teaching variant)")
-        self.why = pn.widgets.Button(label="③ Ask why", width=110, **fixed, css_classes=["rv-start-why"],
-                                     description="open the Why tab on the broken layer")
+                                      css_classes=["rv-start-step"])
+        self.brk = pn.widgets.Button(label="② Break a layer", width=140, **fixed, css_classes=["rv-start-break"])
+        self.why = pn.widgets.Button(label="③ Ask why", width=110, **fixed, css_classes=["rv-start-why"])
+        # no tooltips: a button's popover lay over its neighbour and took its click
         self.hide = pn.widgets.Button(label="✕", color="light", width=36, sizing_mode="fixed", align="center",
-                                      css_classes=["rv-start-hide"],
-                                      description="hide this strip (the sidebar's ☰ holds every control)")
+                                      css_classes=["rv-start-hide"])
         self.note = pn.pane.Markdown(STEPS, css_classes=["rv-start-note"], margin=(0, 8), align="center",
                                      styles={"font-size": "12px", "line-height": "1.25"}, sizing_mode="stretch_width")
         self.title = pn.pane.Markdown("**Start here**", margin=(0, 4, 0, 10), align="center", width=90,
@@ -68,7 +65,9 @@ class StartHere(Viewer):
 
     def _enable(self, *_: object) -> None:
         reason = self.state.variant_unavailable(BREAK_VARIANT)
-        self.brk.param.update(disabled=bool(reason), description=reason or self.brk.description)
+        self.brk.disabled = bool(reason)
+        if reason:
+            self.note.object = md_escape(reason)
 
     def next_version(self) -> None:
         """Show the next version (after the last: the input again)."""

@@ -495,7 +495,9 @@ class AppState(param.Parameterized):
             h.update(f"{name}:{len(checked[name])};".encode())
             h.update(checked[name])
         self._upload = checked
-        self.param.update(upload_id=h.hexdigest()[:24], source="upload")
+        # a new model starts as built: a teaching variant of the last one would refuse an ONNX file (a variant, then
+        # a dropped gpt2.onnx, showed an error and the old model)
+        self.param.update(upload_id=h.hexdigest()[:24], source="upload", variant="none")
 
     def _remove_upload_copy(self) -> None:
         """Remove the temp folder the last load wrote the upload to (none: nothing to do)."""
