@@ -22,8 +22,13 @@ def test_three_clicks_step_break_and_ask_why():
     assert "layer 1 NOT fused" in s.message and "guard" in s.message, s.message
     start.why.clicks += 1
     assert opened == [True] and s.selected_layer == 1
-    start.hide.clicks += 1
+    start.show_on(False)  # another tab than Graph and Why
     assert not start.strip.visible
+    start.show_on(True)
+    assert start.strip.visible
+    start.hide.clicks += 1
+    start.show_on(True)
+    assert not start.strip.visible  # dismissed for the session
 
 
 def test_break_is_off_for_a_model_without_variants():

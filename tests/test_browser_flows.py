@@ -77,6 +77,8 @@ def test_lecturer_flow_start_here(browser, server, width, height):
         panes = [pg.locator(p).bounding_box() for p in (".rv-before", ".rv-after")]
         assert all(p["width"] >= 560 for p in panes), panes
         expect(pg.locator(".rv-start-note")).to_contain_text("Showing after")
+        pg.wait_for_timeout(300)  # the panes' fit after the new picture
+        pg.screenshot(path=str(ART / f"flow-step-{width}x{height}.png"))
         pg.locator(".rv-start-break button").click()  # ② break layer 1
         expect(pg.locator(".rv-message")).to_contain_text("layer 1 NOT fused")
         expect(pg.locator(".rv-message")).to_contain_text("guard")
@@ -122,6 +124,8 @@ def test_engineer_flow_sync_weights_diff_download_drop(browser, server):
         assert got.value.suggested_filename == "minilm.after-fuse_attention_block.svg", got.value.suggested_filename
 
         open_tab(pg, "Graph")
+        expect(pg.locator(".rv-drop")).to_be_visible()  # the strip shows on the Graph tab again (not on IR & diff)
+        pg.wait_for_timeout(300)
         pg.evaluate(DROP_JS, [base64.b64encode((ROOT / "tests/fixtures/onnx/gpt2.onnx").read_bytes()).decode(),
                               "gpt2.onnx"])
         expect(pg.locator(".rv-message")).to_contain_text("equals the ONNX model", timeout=3 * WAIT_MS)

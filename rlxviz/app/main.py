@@ -127,6 +127,7 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
         dynamic=True, sizing_mode="stretch_both", css_classes=["rv-tabs"])
     follow_editor(tabs, len(tabs) - 1, model, state, model.ir_btn)
     start = StartHere(state=state, show_why=lambda: setattr(tabs, "active", WHY_TAB), dropper=model.make_dropper())
+    tabs.param.watch(lambda e: start.show_on(e.new in (0, WHY_TAB)), "active")
     tmpl = pn.template.FastListTemplate(
         title=TITLE, sidebar_width=340, accent="#1565c0", header_background="#0d47a1", theme_toggle=False,
         design=LocalFast, font=FONT, font_url="",

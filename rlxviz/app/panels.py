@@ -19,6 +19,7 @@ from .irdiff import diff_table, side_by_side
 from .irtext import IRText
 from .state import AppState
 from .text import download_name, html_text, md_escape
+from .views import COLLAPSED, FOCUS
 
 
 def _safe(fn: Any, *args: Any) -> tuple[Any, str | None]:
@@ -88,15 +89,15 @@ class VersionStepper(Viewer):
                                                    align="end", width=240, sizing_mode="fixed", css_classes=["rv-hide"])
         self.view = pn.widgets.Select.from_param(s.param.view, name="View", width=110, css_classes=["rv-view"])
         self.layer = pn.widgets.Select(name="Layer", options=self._layers(), value=s.selected_layer, width=100,
-                                       css_classes=["rv-focus-layer"], visible=s.view == "focus")
+                                       css_classes=["rv-focus-layer"], visible=s.view == FOCUS)
         self.layer.param.watch(lambda e: setattr(s, "selected_layer", e.new), "value")
         s.param.watch(self._focus, ["view", "selected_layer", "trace"])
         self.fold = pn.widgets.Button(label="Fold all layers", width=120, align="end", css_classes=["rv-fold"],
-                                      visible=bool(s.expanded_layers) and s.resolved_view() == "collapsed",
+                                      visible=bool(s.expanded_layers) and s.resolved_view() == COLLAPSED,
                                       description="collapse every layer expanded in place back to its box")
         self.fold.on_click(lambda e: setattr(s, "expanded_layers", []))
         s.param.watch(lambda *e: setattr(self.fold, "visible", bool(s.expanded_layers)
-                                         and s.resolved_view() == "collapsed"), ["expanded_layers", "view", "trace"])
+                                         and s.resolved_view() == COLLAPSED), ["expanded_layers", "view", "trace"])
         self.counts = pn.pane.HTML(self._counts(), sizing_mode="stretch_width", css_classes=["rv-counts"])
         s.param.watch(self._sync, ["trace", "version", "hide_unchanged"])
 
@@ -107,10 +108,10 @@ class VersionStepper(Viewer):
         """The focus view needs a layer: show the picker, and take the first layer when none is chosen."""
         s = self.state
         layers = s.layers()
-        if s.view == "focus" and s.selected_layer is None and layers:
+        if s.view == FOCUS and s.selected_layer is None and layers:
             s.selected_layer = layers[0]
             return
-        self.layer.param.update(options=self._layers(), value=s.selected_layer, visible=s.view == "focus")
+        self.layer.param.update(options=self._layers(), value=s.selected_layer, visible=s.view == FOCUS)
 
     def _options(self) -> dict[str, int]:
         rows = self.state.version_rows()
@@ -193,7 +194,7 @@ class GraphCompare(Viewer):
         scope = self._scope()
         svg, err = _safe(s.svg, k)
         step = s.current_step
-        folded = s.resolved_view() == "collapsed"
+        folded = s.resolved_view() == COLLAPSED
         self.after.param.update(svg=svg or "", title=f"{s.version_labels[k] if s.version_labels else 'input'}",
                                 scope=scope, folded=self._folded(s.current_graph) if folded else {})
         if step is not None:

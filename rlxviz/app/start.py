@@ -59,7 +59,8 @@ class StartHere(Viewer):
         self.strip = pn.Row(self.title, self.step, self.brk, self.why, self.note, *drop, self.hide,
                             sizing_mode="stretch_width", css_classes=["rv-start"],
                             styles={"background": "#e3f2fd", "border-radius": "6px"})
-        self.hide.on_click(lambda e: setattr(self.strip, "visible", False))
+        self.dismissed = False
+        self.hide.on_click(lambda e: self.dismiss())
         s.param.watch(self._enable, ["model", "source", "preset"])
         self._enable()
 
@@ -76,8 +77,8 @@ class StartHere(Viewer):
         if n:
             s.version = (s.version + 1) % n
             self.note.object = (f"Showing **{md_escape(s.version_labels[s.version])}** ({s.version} of {n - 1}): "
-                                "the left pane is the graph before this pass, the right one after it; boxes with a "
-                                "thick border are what it fused. Click again for the next pass, then ②.")
+                                "the left pane is the graph before this pass (what it matched framed in green), the "
+                                "right one after it. Click again for the next pass, then ②.")
 
     def break_layer(self) -> None:
         """Apply `BREAK_VARIANT` to `BREAK_LAYER` (or layer 0) and re-run; the banner names the guard it trips."""
@@ -101,6 +102,16 @@ class StartHere(Viewer):
         self.show_why()
         self.note.object = ("The Why tab lists each pattern's outcome on the layer and the first guard that failed. "
                             "More: the Matches & rejections table, the Timing tab, the sidebar (☰).")
+
+    def dismiss(self) -> None:
+        """Hide the strip for the rest of the session (its ✕)."""
+        self.dismissed = True
+        self.strip.visible = False
+
+    def show_on(self, shown: bool) -> None:
+        """Show the strip (unless dismissed) or hide it: the page shows it on the tabs its steps use (Graph and
+        Why), not over the table, timing, IR and editor tabs, whose room it would take."""
+        self.strip.visible = shown and not self.dismissed
 
     def __panel__(self) -> pn.viewable.Viewable:
         return self.strip

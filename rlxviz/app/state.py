@@ -18,7 +18,6 @@ import difflib
 import hashlib
 import shutil
 import tempfile
-import traceback
 import weakref
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from typing import Any
 import param
 
 from .. import session
-from ..ir import Graph, GraphError, IRSyntaxError, format_graph
+from ..ir import Graph, IRSyntaxError, format_graph
 from ..models import VARIANTS, BertConfig, Model
 from ..passes import CANONICAL_ORDER, DEFAULT_PARAMS, PASSES, PassStep, Trace, layer_of
 from ..runtime.battery import EXPECTED_PREFIX
@@ -44,7 +43,8 @@ from .sources import (
     check_upload,
     store_upload,
 )
-from .text import md_escape
+from .views import AUTO, COLLAPSED, FOCUS, FULL, VIEWS
+from .wording import explain_error, md_lines, scrub_paths, timing_hint
 
 SHAPE_VARIANT = OVER_THRESHOLD
 VARIANT_LABELS: dict[str, str] = {name: v.label for name, v in VARIANTS.items()}
@@ -84,16 +84,6 @@ def move_position(order: list[str], off: list[int], i: int, delta: int) -> tuple
     moved[i], moved[j] = moved[j], moved[i]
     swap = {i: j, j: i}
     return moved, sorted(swap.get(k, k) for k in off)
-
-
-def scrub_paths(text: str, upload_dir: str, temp_dir: str) -> str:
-    """`text` without the server's private folders: the upload's temp folder reads as `upload`, any other path
-    under the temp folder as `<temp>/...` (messages never show where the server keeps files)."""
-    if upload_dir:
-        text = text.replace(upload_dir.rstrip("/"), "upload")
-    if temp_dir:
-        text = text.replace(temp_dir.rstrip("/") + "/", "<temp>/")
-    return text
 
 
 def import_check(model: Model) -> tuple[str, bool]:
@@ -139,7 +129,7 @@ class AppState(param.Parameterized):
     # -- navigation -------------------------------------------------------------------------------
     version = param.Integer(0, bounds=(0, None), doc="Index into `version_labels`.")
     hide_unchanged = param.Boolean(True, doc="Hide versions of passes that changed nothing.")
-    view = param.Selector(objects=["auto", "full", "collapsed", "focus"], default="auto",
+    view = param.Selector(objects=list(VIEWS), default=AUTO,
                           doc="Graph view: all nodes, one box per layer, or the selected layer only.")
     selected_node = param.Integer(None, allow_None=True, doc="Node id clicked in the graph.")
     selected_layer = param.Integer(None, allow_None=True, doc="Layer asked about in 'why didn't it fuse'.")
@@ -382,7 +372,7 @@ class AppState(param.Parameterized):
         # a syntax error's place, or the line defining the node a lint error names: the editor marks it
         at = (e.line, e.col, e.reason) if isinstance(e, IRSyntaxError | session.GraphTextError) and e.line else None
         self.ir_error = at if self.source == "ir" else None
-        self._error(self._explain_error(e))
+        self._error(explain_error(e, self.source, self.preset))
         self.stale = self._stale_reason()
 
     def _draw_ahead(self, trace: Trace) -> None:
@@ -701,11 +691,11 @@ class AppState(param.Parameterized):
         if source is None:
             raise ValueError("no model loaded yet")
         i = self.version_index(k, trace) if trace is not None else 0
-        focus = self.selected_layer if view == "focus" or side == "why" else None
-        if view == "focus" and focus is None:
+        focus = self.selected_layer if view == FOCUS or side == "why" else None
+        if view == FOCUS and focus is None:
             raise ValueError("pick a layer to focus on")
-        expanded = tuple(sorted(set(self.expanded_layers))) if view == "collapsed" else ()
-        return source, View(i, "layers" if view == "collapsed" else "full", side, focus, expanded)
+        expanded = tuple(sorted(set(self.expanded_layers))) if view == COLLAPSED else ()
+        return source, View(i, "layers" if view == COLLAPSED else "full", side, focus, expanded)
 
     def render_key(self, k: int | None = None, view: str | None = None) -> tuple:
         """Cache key of a drawing, derived from the graph it draws: the trace's content key (`Trace.key`), the
@@ -717,14 +707,14 @@ class AppState(param.Parameterized):
         """`auto` is the full graph for small models, one box per layer for big ones: more than
         `FULL_VIEW_LIMIT` nodes or `FULL_VIEW_LAYERS` layers in the run's input graph (decided once per run,
         so stepping through versions never switches the view)."""
-        if self.view != "auto":
+        if self.view != AUTO:
             return self.view
         trace = self.trace if trace is None else trace
         g = trace.input if trace is not None else (self.model.graph if self.model is not None else None)
         if g is None:
-            return "full"
+            return FULL
         big = len(g) > FULL_VIEW_LIMIT or len(session.model_layers(g)) > FULL_VIEW_LAYERS
-        return "collapsed" if big else "full"
+        return COLLAPSED if big else FULL
 
     def toggle_layer(self, layer: int) -> None:
         """A click on layer `layer` in the collapsed view: expand it in place, or fold it back when it is open;
@@ -781,7 +771,7 @@ class AppState(param.Parameterized):
             self.version = labels.index(target)
         nodes = [int(i) for i in row["nodes"]]
         expanded = list(self.expanded_layers)
-        if self.resolved_view() == "collapsed":
+        if self.resolved_view() == COLLAPSED:
             graphs = [g for g in (self.previous_graph, self.current_graph) if g is not None]
             paths = [g[i].path for i in nodes for g in graphs if i in g]
             expanded += [k for k in dict.fromkeys(map(layer_of, paths)) if k is not None and k not in expanded]
@@ -807,7 +797,7 @@ class AppState(param.Parameterized):
     def why_layer(self, layer: int) -> str:
         """"Why didn't layer N fuse?" as Markdown: the session's text (`LayerStatus.render`, the same the CLI
         prints), every line escaped, under a heading."""
-        return f"### Layer {layer}\n\n" + _md_lines(self.layer_status(layer).render(verbose=True))
+        return f"### Layer {layer}\n\n" + md_lines(self.layer_status(layer).render(verbose=True))
 
     def why_graph(self) -> str:
         """The Why tab for a graph without layer paths, as Markdown: the whole-graph answer `rlxviz explain` prints
@@ -820,11 +810,11 @@ class AppState(param.Parameterized):
         if self.trace is None:
             raise SessionError("no pipeline run yet: load a model first")
         text = session.check_fusion(self.trace, self.model.name if self.model is not None else "").render(verbose=True)
-        return "### The whole graph (no node path names a layer)\n\n" + _md_lines(text)
+        return "### The whole graph (no node path names a layer)\n\n" + md_lines(text)
 
     def svg_why(self) -> str:
         """The selected layer, focused, in the graph before the pass that first rejected something in it."""
-        return drawing.svg(*self._drawing(None, "focus", side="why"))
+        return drawing.svg(*self._drawing(None, FOCUS, side="why"))
 
     def time_all(self, fresh: bool = False) -> None:
         """Time every version on MLX (a job with progress); fills `timings` and `blas`.
@@ -865,7 +855,7 @@ class AppState(param.Parameterized):
                       f"in a worker process (pid {run.pid}), as `rlxviz time --repeat {self.repeat}`"),
                 timings=self._timing_rows(run.rows, self._visible(trace))))
         except Exception as e:  # noqa: BLE001
-            text = f"Timing failed: {type(e).__name__}: {e}\n{self._timing_hint(e)}"
+            text = f"Timing failed: {type(e).__name__}: {e}\n{timing_hint(e)}"
             page(lambda: self._error(text))
         finally:
             page(self._stop)
@@ -911,17 +901,6 @@ class AppState(param.Parameterized):
         notebooks' too)."""
         return session.timing_table(rows, visible)
 
-    @staticmethod
-    def _timing_hint(e: BaseException) -> str:
-        """What to do about a timing failure, by its kind."""
-        text = str(e).lower()
-        if isinstance(e, MemoryError) or any(w in text for w in ("out of memory", "unable to allocate", "malloc")):
-            return ("The graph's tensors do not fit in this machine's memory: lower batch or sequence length, or the "
-                    f"shapes in the IR text (the server refuses graphs over {session.MAX_MEMORY_ENV}).")
-        if isinstance(e, NotImplementedError):
-            return "A version uses an op the MLX runtime cannot lower; disable the pass that creates it and re-run."
-        return "Timing a version failed; the details above say where. Change the pipeline or the model and re-run."
-
     # ============================================================ status helpers
     def _start(self, text: str, still: bool = False) -> None:
         """Show a job as running: an animated (indeterminate) bar, or with `still` a full, unmoving one (a timing run:
@@ -938,21 +917,3 @@ class AppState(param.Parameterized):
     def _error(self, text: str, kind: str = "danger") -> None:
         upload = self._upload_tmp or self._last_upload_tmp
         self.param.update(message=scrub_paths(text, upload, tempfile.gettempdir()), message_kind=kind)
-
-    def _explain_error(self, e: Exception) -> str:
-        """An exception as a message with what to do, matched by its type."""
-        what = {"preset": f"building preset {self.preset!r}", "checkpoint": "loading the checkpoint folder",
-                "upload": "loading the uploaded checkpoint", "ir": "reading the IR text"}[self.source]
-        if isinstance(e, SourceError | SessionError):
-            return str(e)
-        if isinstance(e, IRSyntaxError):
-            return f"The IR text does not parse: {e}\nFix the line shown (see the IR tab of any preset for the syntax)."
-        if isinstance(e, GraphError):
-            return f"The graph is invalid: {e}\nFix the node shown and load again."
-        return (f"Error while {what}: {type(e).__name__}: {e}\nChange the settings and try again; details:\n"
-                + "".join(traceback.format_exception_only(e)).strip())
-
-
-def _md_lines(text: str) -> str:
-    """Plain text as Markdown lines: each line escaped, its line break and indentation kept."""
-    return "  \n".join(md_escape(line).replace("  ", "&nbsp;&nbsp;") for line in text.splitlines())
