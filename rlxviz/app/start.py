@@ -45,11 +45,11 @@ class StartHere(Viewer):
         self.brk = pn.widgets.Button(label="② Break a layer", width=140, **fixed, css_classes=["rv-start-break"])
         self.why = pn.widgets.Button(label="③ Ask why", width=110, **fixed, css_classes=["rv-start-why"])
         # no tooltips: a button's popover lay over its neighbour and took its click
-        self.hide = pn.widgets.Button(label="✕", color="light", width=36, sizing_mode="fixed", align="center",
-                                      css_classes=["rv-start-hide"])
+        self.hide = pn.widgets.Button(label="✕", color="light", width=36, height=34, sizing_mode="fixed",
+                                      align="center", css_classes=["rv-start-hide"])
         self.note = pn.pane.Markdown(STEPS, css_classes=["rv-start-note"], margin=(0, 8), align="center",
                                      styles={"font-size": "12px", "line-height": "1.25"}, sizing_mode="stretch_width")
-        self.title = pn.pane.Markdown("**Start here**", margin=(0, 4, 0, 10), align="center", width=90,
+        self.title = pn.pane.Markdown("**Start here**", margin=(0, 4, 0, 10), align="center", width=90, height=24,
                                       sizing_mode="fixed", css_classes=["rv-start-title"])
         self.step.on_click(lambda e: self.next_version())
         self.brk.on_click(lambda e: self.break_layer())
