@@ -301,17 +301,29 @@ def test_checkpoint_folder_only_under_allowed_dirs(monkeypatch, tmp_path):
     assert s.model.meta["folder"] == str(minilm_dir()) and ftl_count(s.trace.final) == 6
 
 
-def test_upload_good_and_corrupted(monkeypatch):
+def test_upload_good_and_corrupted(monkeypatch, tmp_path):
+    """Every load of an upload, failed or not, removes the temp folder it read (145 `rlxviz-upload-*` folders of
+    earlier test runs and sessions were left in /tmp, up to 90 MB each); a new shape reloads from the files held
+    in memory; a message never names the temp folder."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where mkdtemp writes, for this test only
     folder = minilm_dir()
     cfg = (folder / "config.json").read_bytes()
     s = tiny()
     s.load_upload({"config.json": cfg, "model.safetensors": b"\x10" + b"\x00" * 7 + b'{"a": broken'})
     assert s.message_kind == "danger" and "corrupted" in s.message, s.message
-    assert s.source == "upload"
-    first = s.upload_dir
+    assert s.source == "upload" and str(tmp_path) not in s.message and "upload" in s.message
+    assert not list(tmp_path.glob("rlxviz-upload-*"))
     s.load_upload({"config.json": cfg, "model.safetensors": (folder / "model.safetensors").read_bytes()})
     assert s.message_kind != "danger", s.message
-    assert ftl_count(s.trace.final) == 6 and not Path(first).exists()
+    assert ftl_count(s.trace.final) == 6 and not list(tmp_path.glob("rlxviz-upload-*"))
+    s.seq = 12  # the folder is gone: the files held in memory are written again for the new shape
+    assert s.model.graph.inputs[0].shape[1] == 12 and s.message_kind != "danger", s.message
+    assert not list(tmp_path.glob("rlxviz-upload-*"))
+    s.load_upload({"gpt2.onnx": (Path(__file__).parent / "fixtures/onnx/gpt2.onnx").read_bytes()})
+    assert s.model.meta.get("onnx_file") and "equals the ONNX model" in s.message, s.message
+    assert not list(tmp_path.glob("rlxviz-upload-*"))
     monkeypatch.setenv("RLXVIZ_MAX_UPLOAD_MB", "1")
     s.load_upload({"config.json": cfg, "model.safetensors": b"x" * (2 << 20)})
     assert "at most 1 MB" in s.message

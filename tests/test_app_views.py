@@ -255,16 +255,18 @@ def test_why_tab_answers_for_a_graph_without_layer_paths():
 
 
 def test_panes_are_not_faded_after_a_failed_load_then_a_good_one():
-    """A variant, then gpt2.onnx uploaded (refused: variants do not apply to ONNX), then "none (as built)": the
-    panes' opacity is set back to 1 (an emptied style dict left the browser's opacity 0.45 in place)."""
+    """A corrupted upload (refused), then the built-in model again: the panes' opacity is set back to 1 (an emptied
+    style dict left the browser's opacity 0.45 in place). (The issue's sequence, a variant then gpt2.onnx, now
+    loads the ONNX file as built: tests/test_app_start.py.)"""
     from rlxviz.app.panels import GraphCompare
+    from rlxviz.models.minilm import minilm_dir
 
     s = tiny()
     graph = GraphCompare(state=s)
-    s.apply_variant("extra_h1_user")
-    s.load_upload({"gpt2.onnx": (ROOT / "tests/fixtures/onnx/gpt2.onnx").read_bytes()})
+    cfg = (minilm_dir() / "config.json").read_bytes()
+    s.load_upload({"config.json": cfg, "model.safetensors": b"\x10" + b"\x00" * 7 + b'{"a": broken'})
     assert s.message_kind == "danger" and s.stale and graph.after.styles["opacity"] == "0.45"
-    s.apply_variant("none")
+    s.source = "preset"
     assert s.message_kind != "danger" and s.stale == ""
     assert graph.after.styles["opacity"] == "1" and graph.before.styles["opacity"] == "1"
 
@@ -285,6 +287,7 @@ def test_timing_rows_say_within_noise_and_chart_factors_are_unique():
     faster"; with unchanged passes shown, a label that repeats (dead_code_elimination twice) still gets its own
     chart factor (Bokeh's "duplicate factor" error made the chart vanish); whiskers span p25..p75."""
     from rlxviz.app.panels import speedup_label, timing_factor, timing_figure
+    from rlxviz.session import paired_verdict, timing_table
 
     rng = np.random.default_rng(5)
     base = 10.0 + rng.random(24)  # 24 paired rounds: enough for a verdict (session.paired_verdict wants >= 21)
@@ -296,6 +299,15 @@ def test_timing_rows_say_within_noise_and_chart_factors_are_unique():
         r.speedup = rows[0].median_ms / r.median_ms
     visible = [(r.index, r.label) for r in rows]
     out = AppState._timing_rows(rows, visible)
+    assert out == timing_table(rows)  # the app's rows are the session's (one function for every front end)
+    # each speed-up is the paired median ratio over the input, inside its 95% bootstrap interval; "within noise"
+    # exactly when that interval holds 1 (the notebooks' paired_verdict)
+    for r, row in zip(out[1:], rows[1:], strict=True):
+        v = paired_verdict(rows[0], row if row.same_as is None else rows[row.same_as])
+        assert r["speedup"] == round(v.ratio, 2) and r["ci"] == f"{v.low:.2f}..{v.high:.2f}"
+        assert r["ci_low"] <= v.ratio <= r["ci_high"] and (r["vs_input"] == "within noise") == (v.low <= 1 <= v.high)
+    assert out[0]["speedup"] == 1.0 and out[0]["ci"] == "" and out[0]["vs_input"] == ""
+    assert re.fullmatch(r"0\.2\d× \(0\.\d\d–0\.\d\d\)|[45]\.\d\d× \(\d\.\d\d–\d\.\d\d\)", speedup_label(out[2]))
     assert [r["vs_input"] for r in out] == ["", "within noise", out[2]["vs_input"], out[2]["vs_input"]]
     assert re.fullmatch(r"\d+\.\d\dx faster", out[2]["vs_input"]) and out[3]["vs_previous"] == "within noise"
     assert out[2]["vs_previous"].endswith("faster") and out[1]["vs_previous"] == "within noise"
@@ -310,3 +322,42 @@ def test_timing_rows_say_within_noise_and_chart_factors_are_unique():
 
     w = next(a for a in p.center if isinstance(a, Whisker)).source.data
     assert list(w["low"]) == [r["p25_ms"] for r in out] and p.x_range.end >= max(w["high"])
+
+
+def test_downloads_are_named_after_the_model_and_version():
+    from rlxviz.app.panels import IRView
+    from rlxviz.app.text import download_name
+
+    s = tiny()
+    view = IRView(state=s)
+    names = [b.filename for b in view.downloads]
+    assert names == ["bert-tiny.input.ir.txt", "bert-tiny.input.dot", "bert-tiny.input.svg", "bert-tiny.trace.json"]
+    s.step_to("after fuse_transformer_layer")
+    assert [b.filename for b in view.downloads][:3] == [f"bert-tiny.after-fuse_transformer_layer.{e}"
+                                                        for e in ("ir.txt", "dot", "svg")]
+    # the model's name is data from its file: no path, quote or control character reaches the file name
+    assert download_name("../../etc/pass wd\"\x1b", "after fuse_sdpa", "svg") == "etc-pass-wd.after-fuse_sdpa.svg"
+    assert download_name("...", None, "trace.json") == "model.trace.json"
+
+
+def test_panes_sync_the_selected_node_by_identity():
+    """A node selected in one pane is marked in the other: itself where the pass kept it, else what it became (the
+    fused node whose absorbed ids name it) or what it was made from; the node panel says which."""
+    from rlxviz.app.panels import GraphCompare, NodeInspector
+
+    s = tiny()
+    graph, inspector = GraphCompare(state=s), NodeInspector(state=s)
+    s.step_to("after fuse_attention_block")
+    prev, cur = s.previous_graph, s.current_graph
+    fused = next(n for n in cur if n.pass_name == "fuse_attention_block")
+    gone = next(int(i) for i in fused.absorbed if int(i) not in cur)
+    s.selected_node = gone  # clicked in the before pane: the after pane marks the fused node
+    assert graph.before.selected == gone and graph.after.related == [fused.id] and graph.before.related == []
+    assert "became" in inspector.pane.object and f"%{fused.id}" in inspector.pane.object
+    s.selected_node = fused.id  # clicked in the after pane: the before pane marks what it absorbed
+    assert sorted(graph.before.related) == sorted(int(i) for i in fused.absorbed if int(i) in prev)
+    assert gone in graph.before.related and "made by" in inspector.pane.object
+    kept = next(n.id for n in cur if n.id in prev)
+    s.selected_node = kept
+    assert graph.before.related == graph.after.related == [] and graph.after.selected == kept
+    assert "became" not in inspector.pane.object and "made by" not in inspector.pane.object

@@ -141,7 +141,7 @@ def test_timing_one_row_per_version(page):
     _shot(page, "timing")
     # every column within the table (speedup, verdict and the comparisons were cut off)
     table = page.locator(".rv-timings").bounding_box()
-    for field in ("speedup", "vs_input", "verdict"):
+    for field in ("speedup", "ci", "vs_input", "vs_previous", "verdict"):
         cell = page.locator(f".rv-timings .tabulator-row .tabulator-cell[tabulator-field={field}]").first.bounding_box()
         assert cell["x"] + cell["width"] <= table["x"] + table["width"] + 1, (field, cell, table)
     # unchanged passes shown: dead_code_elimination's label repeats, the chart still draws (unique factors)

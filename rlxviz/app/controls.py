@@ -113,6 +113,33 @@ class ModelControls(Viewer):
         values = event.new if isinstance(event.new, list) else [event.new]
         self.state.load_upload(dict(zip(names, values, strict=False)))
 
+    def make_dropper(self) -> pn.widgets.FileDropper:
+        """A drop zone for a model file (Panel's FileDropper): one `.onnx` export, or `config.json` and
+        `model.safetensors` (together or one after the other); the upload's size limit applies."""
+        limit = max_upload_bytes() / 2**20
+        # no accepted_filetypes: the browser gives an .onnx file no MIME type, which FilePond's type check refused
+        # ("invalid type"); `sources.check_upload` judges the files by name instead
+        drop = pn.widgets.FileDropper(multiple=True, max_files=2, max_total_file_size=f"{limit:.0f}MB",
+                                      layout="compact", width=240, css_classes=["rv-drop"])
+        drop.param.watch(self._on_drop, "value")
+        return drop
+
+    def _on_drop(self, event: param.parameterized.Event) -> None:
+        """Load what was dropped once it is a whole model: the last `.onnx` alone, or a `.json` and a `.safetensors`
+        (the latest of each); one half of a checkpoint waits for the other."""
+        files = {k: v.encode("utf-8") if isinstance(v, str) else v for k, v in (event.new or {}).items()}
+        onnx = [k for k in files if k.lower().endswith(".onnx")]
+        cfg = [k for k in files if k.lower().endswith(".json")]
+        st = [k for k in files if k.lower().endswith(".safetensors")]
+        if onnx:
+            self.state.load_upload({onnx[-1]: files[onnx[-1]]})
+        elif cfg and st:
+            self.state.load_upload({cfg[-1]: files[cfg[-1]], st[-1]: files[st[-1]]})
+        elif cfg or st:
+            self.state.param.update(message=f"Dropped {(cfg or st)[-1]}: now drop the checkpoint's "
+                                            f"{'model.safetensors' if cfg else 'config.json'} too.",
+                                    message_kind="info")
+
     def _on_ir_file(self, event: param.parameterized.Event) -> None:
         if event.new:
             self.ir.value = event.new.decode("utf-8", errors="replace")
@@ -125,7 +152,7 @@ class ModelControls(Viewer):
         by_source = {
             "preset": [self.preset, preset_doc],
             "checkpoint": [self.folder, self.folder_btn],
-            "upload": [self.upload, self.upload_doc],
+            "upload": [self.upload, self.make_dropper(), self.upload_doc],
             "ir": [self.ir_hint],
         }
         box = pn.Column(*by_source[self.shown], sizing_mode="stretch_width")

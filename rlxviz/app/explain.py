@@ -7,11 +7,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from ..ir import Graph, Node, format_node, operand_roles
+import numpy as np
+
+from ..ir import Graph, Node, Op, format_node, operand_roles
 from ..passes.report import in_context
 from ..passes.trace import Trace, layer_of
+from ..session.tensors import summarize
 from .text import md_code, md_escape, md_pre
 
 
@@ -51,15 +55,70 @@ def _node_line(g: Graph, nid: int, role: str | None = None) -> str:
     return f"{role + ': ' if role else ''}%{n.id} {n.op.value} {n.dtype}{list(n.shape)}{where}"
 
 
-def node_report(graph: Graph, node_id: int, trace: Trace | None = None) -> dict[str, Any]:
+def counterparts(before: Graph, after: Graph, node_id: int) -> tuple[list[int], list[int]]:
+    """Where node `node_id` is in the graphs before and after a pass: (ids in `before`, ids in `after`).
+
+    A node the pass kept has the same id in both. A node it replaced is shown in `after` by what it became: the
+    nodes whose `absorbed` ids name it (the rewrite's record); a node the pass made is shown in `before` by the nodes
+    it absorbed. A node removed without a replacement (dead code) has no counterpart: an empty list.
+    """
+    in_before = [node_id] if node_id in before else []
+    in_after = [node_id] if node_id in after else []
+    if in_before and not in_after:
+        in_after = [n.id for n in after if any(int(i) == node_id for i in n.absorbed)]
+    elif in_after and not in_before:
+        in_before = [int(i) for i in after[node_id].absorbed if i in before]
+    return in_before, in_after
+
+
+def counterpart_line(before: Graph, after: Graph, node_id: int, pass_name: str) -> str:
+    """One Markdown line saying what node `node_id` became in the pass `pass_name` (or was made from), '' for a node
+    the pass kept; op names come from the op table, ids are numbers."""
+    in_before, in_after = counterparts(before, after, node_id)
+    if node_id in before and node_id in after:
+        return ""
+    name = md_code(pass_name)
+    if node_id in before:
+        if not in_after:
+            return f"**{name} removed this node** (no node of the version after it replaces it)"
+        made = ", ".join(f"%{i} {md_code(after[i].op.value)}" for i in in_after)
+        return f"**became** {made} after {name} (marked in the after pane)"
+    if node_id in after and in_before:
+        return (f"**made by** {name} from " + ", ".join(f"%{i}" for i in in_before)
+                + " (marked in the before pane)")
+    return ""
+
+
+WEIGHTS_SHOWN = 4
+"""Most weight tensors the node panel summarizes for one node (its own, or its first param operands)."""
+
+
+def node_weights(graph: Graph, n: Node, weights: Mapping[str, np.ndarray]) -> list[tuple[str, list[str]]]:
+    """(param name, `session.tensors.TensorSummary.lines()`) for the weights a node holds: a param node's own, or
+    a compute node's param operands (at most `WEIGHTS_SHOWN`); each summary reads a bounded sample."""
+    params = [n] if n.op is Op.PARAM else [graph[i] for i in n.inputs if i in graph and graph[i].op is Op.PARAM]
+    out = []
+    for p in params[:WEIGHTS_SHOWN]:
+        name = p.attrs.get("name", "")
+        if name in weights:
+            out.append((name, summarize(weights[name]).lines()))
+    return out
+
+
+def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
+                weights: Mapping[str, np.ndarray] | None = None) -> dict[str, Any]:
     """Everything the inspector shows about `node_id` in `graph`.
+
+    Args:
+        weights: the model's params by name: the report then summarizes the node's weights (`node_weights`).
 
     Returns:
         dict with `id, op, attrs, shape, dtype, path, layer, pass_name, absorbed, ir, operands` (role lines),
-        `users` (lines), `is_output`, `decisions`: one dict per match/rejection in `trace` whose anchor,
-        bindings, offending nodes or fused node is this node (`pass, rule, role, outcome, guard, message, hint`;
-        a rejection's message and hint as `explain` words them, `report.in_context`: a "run P first" whose P ran
-        says what P did; plus `kind, fix, anchor`), and `verdict`: the node's layer's verdict (`_verdict`).
+        `users` (lines), `is_output`, `weights` ((name, lines) per weight tensor), `decisions`: one dict per
+        match/rejection in `trace` whose anchor, bindings, offending nodes or fused node is this node (`pass, rule,
+        role, outcome, guard, message, hint`; a rejection's message and hint as `explain` words them,
+        `report.in_context`: a "run P first" whose P ran says what P did; plus `kind, fix, anchor`), and `verdict`:
+        the node's layer's verdict (`_verdict`).
 
     Raises:
         KeyError: no such node in `graph`.
@@ -74,6 +133,7 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None) -> dict[
         "ir": format_node(n), "is_output": graph.is_output(n),
         "operands": [_node_line(graph, i, roles[k] if k < len(roles) else None) for k, i in enumerate(n.inputs)],
         "users": [_node_line(graph, u.id) for u in graph.users(n)],
+        "weights": node_weights(graph, n, weights) if weights else [],
         "decisions": [], "verdict": None,
     }
     if trace is None:
@@ -141,6 +201,8 @@ def report_markdown(rep: dict[str, Any]) -> str:
         lines.append("**graph output**")
     if rep["operands"]:
         lines.append("**operands**\n" + "\n".join(f"- {md_escape(x)}" for x in rep["operands"]))
+    for name, stats in rep.get("weights", []):
+        lines.append(f"**weights** {md_code(name)}\n" + "\n".join(f"- {md_escape(x)}" for x in stats))
     lines.append("**users**\n" + ("\n".join(f"- {md_escape(x)}" for x in rep["users"]) if rep["users"] else "- none"))
     if rep["decisions"]:
         lines.append("**guards evaluated on this node**")

@@ -96,7 +96,8 @@ export function render({ model, el }) {
     if (!inner.querySelector('svg')) { miniImg.removeAttribute('src'); return; }
     miniUrl = URL.createObjectURL(new Blob([model.svg], { type: 'image/svg+xml' })); miniImg.src = miniUrl; };
   const mark = (recentre) => {
-    inner.querySelectorAll('.rv-hl, .rv-sel').forEach((g) => g.classList.remove('rv-hl', 'rv-sel'));
+    inner.querySelectorAll('.rv-hl, .rv-sel, .rv-rel').forEach((g) => g.classList.remove('rv-hl', 'rv-sel', 'rv-rel'));
+    for (const id of model.related || []) { const g = inner.querySelector(`g#n${id}`); if (g) g.classList.add('rv-rel'); }
     let first = null;
     for (const id of model.highlight || []) { const g = inner.querySelector(`g#n${id}`);
       if (g) { g.classList.add('rv-hl'); first = first || g; } }
@@ -156,6 +157,7 @@ export function render({ model, el }) {
     if (/^n\d+$/.test(g.id)) { model.clicked = parseInt(g.id.slice(1)); model.clicks = (model.clicks || 0) + 1; }
     else if (/^layer\d+$/.test(g.id)) open(g); });
   model.on('svg', setSvg); model.on('highlight', () => mark(true)); model.on('selected', () => mark(false));
+  model.on('related', () => mark(false));
   model.on('title', () => { title.textContent = model.title || ''; });
   model.on('after_layout', () => { if (!touched) fit(); else miniSync(); mark(!touched); });
   model.on('remove', () => { window.removeEventListener(BUS, onBus); if (miniUrl) URL.revokeObjectURL(miniUrl); });
@@ -190,6 +192,8 @@ _CSS = """
           stroke-width: 5 !important; }
 .rv-inner g.rv-sel polygon, .rv-inner g.rv-sel ellipse, .rv-inner g.rv-sel path { stroke: #1565c0 !important;
           stroke-width: 4 !important; stroke-dasharray: 5 2; }
+.rv-inner g.rv-rel polygon, .rv-inner g.rv-rel ellipse, .rv-inner g.rv-rel path { stroke: #1565c0 !important;
+          stroke-width: 4 !important; stroke-dasharray: 2 2; }
 .rv-inner g.rv-found-node polygon, .rv-inner g.rv-found-node ellipse, .rv-inner g.rv-found-node path {
           fill: #fff59d !important; }
 """  # noqa: E501
@@ -203,6 +207,8 @@ class SvgGraph(JSComponent):
         title: a caption shown above the picture.
         highlight: node ids drawn with a thick orange border (the first is centred when `follow`).
         selected: node id drawn with a dashed blue border.
+        related: node ids drawn with a dotted blue border: the selected node of the other pane, as this pane shows
+            it (what it became, or what it was made from; `explain.counterparts`).
         clicked: set by the browser when a node is clicked (`clicks` counts clicks, so the same node twice fires).
         layer_clicked: set when a box of the layer view is clicked (`layer_clicks` counts those clicks).
         scope: what the picture belongs to (e.g. the model); a new SVG in the same scope keeps the user's zoom
@@ -216,6 +222,7 @@ class SvgGraph(JSComponent):
     title = param.String("")
     highlight = param.List(default=[], item_type=int)
     selected = param.Integer(None, allow_None=True)
+    related = param.List(default=[], item_type=int)
     clicked = param.Integer(None, allow_None=True)
     clicks = param.Integer(0)
     layer_clicked = param.Integer(None, allow_None=True)

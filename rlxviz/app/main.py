@@ -16,9 +16,12 @@ from .controls import ModelControls, PipelineControls, StatusBar, VariantControl
 from .jobs import Runner
 from .layout import FoldSidebar, follow_editor
 from .panels import DecisionTable, IRView, TimingView, VersionStepper, WhyView, graph_tab
+from .start import StartHere
 from .state import AppState
 from .text import md_escape
 
+WHY_TAB = 2
+"""Index of the "Why didn't layer N fuse?" tab (the start strip's third click opens it)."""
 TITLE = "rlxviz: why did (or didn't) it fuse?"
 FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
 """Fonts the machine has: the page loads nothing from outside the server it came from."""
@@ -96,7 +99,7 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
     """
     serve_css_locally()
     no_mathjax()
-    pn.extension("tabulator", "codeeditor", notifications=False, sizing_mode="stretch_width")
+    pn.extension("tabulator", "codeeditor", "filedropper", notifications=False, sizing_mode="stretch_width")
     refused = _refusal()
     if refused is not None:  # before any state, model or file is touched
         page = pn.template.FastListTemplate(title=TITLE, design=LocalFast, font=FONT, font_url="", theme_toggle=False,
@@ -123,11 +126,13 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
         ("IR editor", model.editor()),
         dynamic=True, sizing_mode="stretch_both", css_classes=["rv-tabs"])
     follow_editor(tabs, len(tabs) - 1, model, state, model.ir_btn)
+    start = StartHere(state=state, show_why=lambda: setattr(tabs, "active", WHY_TAB), dropper=model.make_dropper())
+    tabs.param.watch(lambda e: start.show_on(e.new in (0, WHY_TAB)), "active")
     tmpl = pn.template.FastListTemplate(
         title=TITLE, sidebar_width=340, accent="#1565c0", header_background="#0d47a1", theme_toggle=False,
         design=LocalFast, font=FONT, font_url="",
         sidebar=[model, VariantControls(state=state), PipelineControls(state=state)], header=[FoldSidebar()],
-        main=[pn.Column(StatusBar(state=state), VersionStepper(state=state), tabs, sizing_mode="stretch_both")])
+        main=[pn.Column(start, StatusBar(state=state), VersionStepper(state=state), tabs, sizing_mode="stretch_both")])
     tmpl.state = state  # type: ignore[attr-defined]  # handy for tests and notebooks
     return tmpl
 

@@ -12,12 +12,14 @@ import panel as pn
 import param
 from panel.viewable import Viewer
 
-from ..ir import Graph
-from .explain import decision_rows, node_report, report_markdown
+from ..ir import Graph, format_graph
+from .explain import counterpart_line, counterparts, decision_rows, node_report, report_markdown
 from .graphpane import SvgGraph, folded_index
+from .irdiff import diff_table, side_by_side
 from .irtext import IRText
 from .state import AppState
-from .text import html_text, md_escape
+from .text import download_name, html_text, md_escape
+from .views import COLLAPSED, FOCUS
 
 
 def _safe(fn: Any, *args: Any) -> tuple[Any, str | None]:
@@ -87,15 +89,15 @@ class VersionStepper(Viewer):
                                                    align="end", width=240, sizing_mode="fixed", css_classes=["rv-hide"])
         self.view = pn.widgets.Select.from_param(s.param.view, name="View", width=110, css_classes=["rv-view"])
         self.layer = pn.widgets.Select(name="Layer", options=self._layers(), value=s.selected_layer, width=100,
-                                       css_classes=["rv-focus-layer"], visible=s.view == "focus")
+                                       css_classes=["rv-focus-layer"], visible=s.view == FOCUS)
         self.layer.param.watch(lambda e: setattr(s, "selected_layer", e.new), "value")
         s.param.watch(self._focus, ["view", "selected_layer", "trace"])
         self.fold = pn.widgets.Button(label="Fold all layers", width=120, align="end", css_classes=["rv-fold"],
-                                      visible=bool(s.expanded_layers) and s.resolved_view() == "collapsed",
+                                      visible=bool(s.expanded_layers) and s.resolved_view() == COLLAPSED,
                                       description="collapse every layer expanded in place back to its box")
         self.fold.on_click(lambda e: setattr(s, "expanded_layers", []))
         s.param.watch(lambda *e: setattr(self.fold, "visible", bool(s.expanded_layers)
-                                         and s.resolved_view() == "collapsed"), ["expanded_layers", "view", "trace"])
+                                         and s.resolved_view() == COLLAPSED), ["expanded_layers", "view", "trace"])
         self.counts = pn.pane.HTML(self._counts(), sizing_mode="stretch_width", css_classes=["rv-counts"])
         s.param.watch(self._sync, ["trace", "version", "hide_unchanged"])
 
@@ -106,10 +108,10 @@ class VersionStepper(Viewer):
         """The focus view needs a layer: show the picker, and take the first layer when none is chosen."""
         s = self.state
         layers = s.layers()
-        if s.view == "focus" and s.selected_layer is None and layers:
+        if s.view == FOCUS and s.selected_layer is None and layers:
             s.selected_layer = layers[0]
             return
-        self.layer.param.update(options=self._layers(), value=s.selected_layer, visible=s.view == "focus")
+        self.layer.param.update(options=self._layers(), value=s.selected_layer, visible=s.view == FOCUS)
 
     def _options(self) -> dict[str, int]:
         rows = self.state.version_rows()
@@ -192,7 +194,7 @@ class GraphCompare(Viewer):
         scope = self._scope()
         svg, err = _safe(s.svg, k)
         step = s.current_step
-        folded = s.resolved_view() == "collapsed"
+        folded = s.resolved_view() == COLLAPSED
         self.after.param.update(svg=svg or "", title=f"{s.version_labels[k] if s.version_labels else 'input'}",
                                 scope=scope, folded=self._folded(s.current_graph) if folded else {})
         if step is not None:
@@ -210,9 +212,15 @@ class GraphCompare(Viewer):
         return folded_index(graph, list(self.state.expanded_layers)) if graph is not None else {}
 
     def _mark(self, *events: param.parameterized.Event) -> None:
+        """Highlights, and the selected node in both panes by identity: where a pane does not hold it, the pane
+        marks what it became (after) or what it was made from (before) instead (`explain.counterparts`)."""
         s = self.state
-        for g in (self.before, self.after):
-            g.param.update(highlight=list(s.highlight), selected=s.selected_node)
+        sel, prev, cur = s.selected_node, s.previous_graph, s.current_graph
+        related: tuple[list[int], list[int]] = ([], [])
+        if sel is not None and prev is not None and cur is not None and s.current_step is not None:
+            related = counterparts(prev, cur, sel)
+        for g, rel in zip((self.before, self.after), related, strict=True):
+            g.param.update(highlight=list(s.highlight), selected=sel, related=[i for i in rel if i != sel])
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(self.stale.banner, self.note, self.row, sizing_mode="stretch_both")
@@ -250,7 +258,15 @@ class NodeInspector(Viewer):
             return "*Click a node in the graph to inspect it.*"
         for g in (s.current_graph, s.previous_graph):
             if g is not None and s.selected_node in g:
-                return report_markdown(node_report(g, s.selected_node, s.trace))
+                weights = s.model.weights if s.model is not None else None
+                text = report_markdown(node_report(g, s.selected_node, s.trace, weights))
+                step = s.current_step
+                if step is not None and s.previous_graph is not None and s.current_graph is not None:
+                    line = counterpart_line(s.previous_graph, s.current_graph, s.selected_node, step.pass_name)
+                    if line:  # under the node's heading
+                        head, _, rest = text.partition("\n\n")
+                        text = f"{head}\n\n{line}\n\n{rest}"
+                return text
         return f"*Node %{s.selected_node} is not in this version.*"
 
     def __panel__(self) -> pn.viewable.Viewable:
@@ -359,6 +375,11 @@ class WhyView(Viewer):
                                                    sizing_mode="stretch_both"), sizing_mode="stretch_both")
 
 
+TIMING_HIDDEN = ["#", "p25_ms", "p75_ms", "ci_low", "ci_high", "min_ms", "iqr_ms"]
+"""Timing columns the table leaves out: the chart's axis, whiskers (the IQR) and label numbers, so the rest (speed-up,
+its interval, both verdicts) fits a 1280 px window."""
+
+
 class TimingView(Viewer):
     """Time every version on MLX in a worker process, in interleaved rounds (`session.time_versions`, as the CLI);
     median ms per version as a Bokeh bar chart with the IQR as a whisker and the speed-up over the unfused graph,
@@ -388,7 +409,7 @@ class TimingView(Viewer):
         # fit_columns: every column within the pane's width (speed-up, verdict, vs_input were cut off at 1280 px)
         self.table = pn.widgets.Tabulator(pd.DataFrame(), show_index=False, disabled=True, sizing_mode="stretch_width",
                                           css_classes=["rv-timings"], layout="fit_columns", widths={"version": 240},
-                                          hidden_columns=["#", "p25_ms", "p75_ms"],  # the chart's axis and whiskers
+                                          hidden_columns=TIMING_HIDDEN,
                                           formatters={"max_err": error_formatter()})
         self.chart = pn.pane.Bokeh(None, sizing_mode="stretch_width", height=340, css_classes=["rv-timing-chart"])
         self.stale = StaleMark(s, "timing", self.chart, self.table)
@@ -405,8 +426,11 @@ class TimingView(Viewer):
     def _update(self, *events: param.parameterized.Event) -> None:
         s = self.state
         self.blas.object = (f"**Measured in:** {md_escape(s.blas)}. Bars: median over the rounds; whiskers: the "
-                            "interquartile range (p25 to p75). *Within noise*: the two versions' IQRs overlap, so "
-                            "these rounds do not tell them apart; time again with more rounds." if s.blas else "")
+                            "interquartile range (p25 to p75). Speed-up: the median of the per-round ratios (round "
+                            "*r* of every version ran back to back), with its 95% bootstrap interval (*ci*). *Within "
+                            "noise*: that interval holds 1 (or lies within 1 ± 1%), so these rounds do not tell the "
+                            "two versions apart; time again with more rounds (21 at least for a verdict)."
+                            if s.blas else "")
         self.policy.object = md_escape(s.timing_policy)
         rows = s.timings
         self.table.value = pd.DataFrame(rows)
@@ -428,9 +452,9 @@ def error_formatter() -> Any:
     return ScientificFormatter(precision=2, power_limit_low=0, power_limit_high=0, nan_format="–")
 
 
-LABEL_ROOM = 1.45
+LABEL_ROOM = 1.6
 """The timing chart's x axis ends at the largest whisker end times this: room for its speed-up label (up to
-"0.88× within noise", about 110 px)."""
+"0.88× (0.80–0.95)" or "0.88× within noise", about 120 px)."""
 
 
 def timing_factor(row: dict[str, Any]) -> str:
@@ -440,9 +464,14 @@ def timing_factor(row: dict[str, Any]) -> str:
 
 
 def speedup_label(row: dict[str, Any]) -> str:
-    """The bar's label: the speed-up over the input, and "within noise" when the IQRs overlap."""
-    noise = " within noise" if row.get("vs_input") == "within noise" else ""
-    return f"{row['speedup']:.2f}×{noise}"
+    """The bar's label: the paired speed-up over the input, and "within noise" when its 95% interval holds 1, else
+    the interval (`1.25× (1.18–1.31)`); the input's own bar reads `1.00×`."""
+    if row.get("vs_input") == "within noise":
+        return f"{row['speedup']:.2f}× within noise"
+    lo, hi = row.get("ci_low"), row.get("ci_high")
+    if row.get("vs_input") and lo is not None and hi is not None and lo == lo and hi == hi:
+        return f"{row['speedup']:.2f}× ({lo:.2f}–{hi:.2f})"
+    return f"{row['speedup']:.2f}×"
 
 
 def timing_figure(rows: list[dict[str, Any]]) -> Any:
@@ -479,7 +508,8 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
 
 
 class IRView(Viewer):
-    """The selected version's IR text, a difflib diff against the version before, and downloads."""
+    """The selected version's IR text, a side-by-side diff of any two versions (by default the one before the
+    selected pass and the selected one; `irdiff`), and downloads."""
 
     state = param.ClassSelector(class_=AppState)
 
@@ -490,44 +520,66 @@ class IRView(Viewer):
         self.ir.param.watch(lambda e: s.param.update(selected_node=e.obj.clicked, highlight=[e.obj.clicked]),
                             "clicks")
         s.param.watch(lambda e: setattr(self.ir, "selected", e.new), "selected_node")
+        self.left = pn.widgets.Select(label="Left", options={}, width=300, css_classes=["rv-diff-left"])
+        self.right = pn.widgets.Select(label="Right", options={}, width=300, css_classes=["rv-diff-right"])
+        for w in (self.left, self.right):
+            w.param.watch(self._draw_diff, "value")
         self.diff = pn.pane.HTML("", sizing_mode="stretch_width", css_classes=["rv-diff"],
-                                 styles={"max-height": "600px", "overflow": "auto"})
-        dl = dict(button_type="light", embed=False, width=150)
+                                 styles={"max-height": "560px", "overflow": "auto"})
+        dl = dict(color="light", embed=False, width=150)
         self.downloads = [
-            pn.widgets.FileDownload(callback=lambda: self._bytes(s.ir_current()), filename="graph.ir.txt",
-                                    label="IR text", **dl),
-            pn.widgets.FileDownload(callback=lambda: self._bytes(s.dot()), filename="graph.dot", label="DOT", **dl),
-            pn.widgets.FileDownload(callback=lambda: self._bytes(s.svg()), filename="graph.svg", label="SVG", **dl),
-            pn.widgets.FileDownload(callback=lambda: self._bytes(s.trace_json()), filename="trace.json",
-                                    label="trace JSON", **dl),
+            pn.widgets.FileDownload(callback=lambda: self._bytes(s.ir_current()), label="IR text", **dl),
+            pn.widgets.FileDownload(callback=lambda: self._bytes(s.dot()), label="DOT", **dl),
+            pn.widgets.FileDownload(callback=lambda: self._bytes(s.svg()), label="SVG", **dl),
+            pn.widgets.FileDownload(callback=lambda: self._bytes(s.trace_json()), label="trace JSON", **dl),
         ]
+        self._kinds = [("ir.txt", True), ("dot", True), ("svg", True), ("trace.json", False)]
         self.stale = StaleMark(s, "ir", self.ir, self.diff)
         s.param.watch(self._update, ["trace", "version"])
         self._update()
+
+    def _name_downloads(self) -> None:
+        """Each download named after the model and the selected version (`minilm.after-fuse_sdpa.svg`), the trace
+        after the model (`minilm.trace.json`)."""
+        s = self.state
+        model = s.model.name if s.model is not None else "model"
+        labels = s.version_labels
+        label = labels[s.version] if s.version < len(labels) else "input"
+        for button, (ext, per_version) in zip(self.downloads, self._kinds, strict=True):
+            button.filename = download_name(model, label if per_version else None, ext)
 
     @staticmethod
     def _bytes(text: str) -> io.BytesIO:
         return io.BytesIO(text.encode("utf-8"))
 
     def _update(self, *events: param.parameterized.Event) -> None:
+        """A new run or version: its IR, and the diff reset to the version before the selected one vs it."""
         s = self.state
         self.ir.text = s.ir_current()
-        self.diff.object = diff_html(s.ir_diff())
+        labels = s.version_labels or ["input"]
+        options = {f"{k}: {lbl}": k for k, lbl in enumerate(labels)}
+        k = min(s.version, len(labels) - 1)
+        self._drawing = True  # one diff for both selects' change
+        self.left.param.update(options=options, value=max(k - 1, 0))
+        self.right.param.update(options=options, value=k)
+        self._drawing = False
+        self._draw_diff()
+        self._name_downloads()
+
+    def _draw_diff(self, *events: param.parameterized.Event) -> None:
+        if getattr(self, "_drawing", False):
+            return
+        s = self.state
+        a, b = self.left.value, self.right.value
+        ga, gb = (s.graph_at(a), s.graph_at(b)) if a is not None and b is not None else (None, None)
+        if ga is None or gb is None:
+            self.diff.object = "<i>no run yet</i>"
+            return
+        labels = s.version_labels or ["input"]
+        self.diff.object = diff_table(side_by_side(format_graph(ga), format_graph(gb)), labels[a], labels[b])
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(pn.Row("**Download:**", *self.downloads), self.stale.banner,
-                         pn.Row(pn.Column("#### IR of this version", self.ir, sizing_mode="stretch_width"),
-                                pn.Column("#### Diff against the previous version", self.diff,
-                                          sizing_mode="stretch_width"), sizing_mode="stretch_width"),
+                         pn.Row(pn.pane.Markdown("#### Side by side", margin=(18, 10, 0, 10)), self.left, self.right),
+                         self.diff, pn.pane.Markdown("#### IR of the selected version"), self.ir,
                          sizing_mode="stretch_width")
-
-
-def diff_html(diff: str) -> str:
-    """A unified diff as coloured HTML (added green, removed red)."""
-    if not diff:
-        return "<i>no change (or the input version)</i>"
-    out = []
-    for line in diff.splitlines():
-        color = {"+": "#e6ffec", "-": "#ffebe9", "@": "#ddf4ff"}.get(line[:1], "")
-        out.append(f"<div style='background:{color}'>{html_text(line) or '&nbsp;'}</div>")
-    return "<pre style='font-size:12px;margin:0'>" + "".join(out) + "</pre>"

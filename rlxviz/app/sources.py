@@ -99,7 +99,7 @@ ONNX_UPLOAD_NAME = "model.onnx"
 
 def save_upload(files: dict[str, bytes], limit: int | None = None) -> Path:
     """Validate uploaded `config.json` + `model.safetensors` (or one `.onnx` export with its weights inside)
-    and write them to a new private temp folder.
+    and write them to a new private temp folder (`check_upload`, then `store_upload`).
 
     Args:
         files: file name -> content, as a file-upload widget gives them (names are matched by suffix:
@@ -112,6 +112,16 @@ def save_upload(files: dict[str, bytes], limit: int | None = None) -> Path:
     Raises:
         SourceError: a missing or extra file, or too large. The contents are checked by the loader.
     """
+    return store_upload(check_upload(files, limit))
+
+
+def check_upload(files: dict[str, bytes], limit: int | None = None) -> dict[str, bytes]:
+    """The files of a valid upload under the names the loader reads (`config.json` + `model.safetensors`, or
+    `model.onnx`), nothing written.
+
+    Raises:
+        SourceError: a missing or extra file, or too large (as `save_upload`).
+    """
     limit = max_upload_bytes() if limit is None else limit
     total = sum(len(v) for v in files.values())
     if total > limit:
@@ -122,7 +132,7 @@ def save_upload(files: dict[str, bytes], limit: int | None = None) -> Path:
         if len(files) != 1:
             raise SourceError("Upload one .onnx file alone (with its weights inside; external data files cannot be "
                               f"uploaded), or config.json + model.safetensors (got: {', '.join(sorted(files))}).")
-        return _store({ONNX_UPLOAD_NAME: onnx_files[0]})
+        return {ONNX_UPLOAD_NAME: onnx_files[0]}
     cfg = [v for k, v in files.items() if k.lower().endswith(".json")]
     st = [v for k, v in files.items() if k.lower().endswith(".safetensors")]
     if len(cfg) != 1 or len(st) != 1:
@@ -130,11 +140,21 @@ def save_upload(files: dict[str, bytes], limit: int | None = None) -> Path:
                           f"(got: {', '.join(sorted(files)) or 'nothing'}).")
     if len(cfg[0]) > MAX_CONFIG_BYTES:
         raise SourceError("config.json is larger than 1 MB; that is not a Hugging Face config.")
-    return _store({"config.json": cfg[0], "model.safetensors": st[0]})
+    return {"config.json": cfg[0], "model.safetensors": st[0]}
 
 
-def _store(files: dict[str, bytes]) -> Path:
-    folder = Path(tempfile.mkdtemp(prefix="rlxviz-upload-"))
+UPLOAD_PREFIX = "rlxviz-upload-"
+"""Name prefix of the temp folders an upload is written to while a load reads it."""
+
+
+def store_upload(files: dict[str, bytes]) -> Path:
+    """Write `check_upload`'s files to a new private temp folder (`UPLOAD_PREFIX`...; mode 0700); the caller removes
+    it (`AppState` does once the load that reads it has ended, whether it failed or not).
+
+    Raises:
+        SourceError: the folder could not be written (it is removed).
+    """
+    folder = Path(tempfile.mkdtemp(prefix=UPLOAD_PREFIX))
     try:
         for name, data in files.items():
             (folder / name).write_bytes(data)

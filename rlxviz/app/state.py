@@ -15,9 +15,9 @@ Example:
 from __future__ import annotations
 
 import difflib
+import hashlib
 import shutil
 import tempfile
-import traceback
 import weakref
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from typing import Any
 import param
 
 from .. import session
-from ..ir import Graph, GraphError, IRSyntaxError, format_graph
+from ..ir import Graph, IRSyntaxError, format_graph
 from ..models import VARIANTS, BertConfig, Model
 from ..passes import CANONICAL_ORDER, DEFAULT_PARAMS, PASSES, PassStep, Trace, layer_of
 from ..runtime.battery import EXPECTED_PREFIX
@@ -34,8 +34,17 @@ from ..session import OVER_THRESHOLD, LayerStatus, Limits, SessionError, View
 from ..session import render as drawing
 from . import timeproc
 from .jobs import Runner
-from .sources import ONNX_UPLOAD_NAME, SourceError, allowed_dirs, check_checkpoint_dir, check_ir_text, save_upload
-from .text import md_escape
+from .sources import (
+    ONNX_UPLOAD_NAME,
+    SourceError,
+    allowed_dirs,
+    check_checkpoint_dir,
+    check_ir_text,
+    check_upload,
+    store_upload,
+)
+from .views import AUTO, COLLAPSED, FOCUS, FULL, VIEWS
+from .wording import explain_error, md_lines, scrub_paths, timing_hint
 
 SHAPE_VARIANT = OVER_THRESHOLD
 VARIANT_LABELS: dict[str, str] = {name: v.label for name, v in VARIANTS.items()}
@@ -75,16 +84,6 @@ def move_position(order: list[str], off: list[int], i: int, delta: int) -> tuple
     moved[i], moved[j] = moved[j], moved[i]
     swap = {i: j, j: i}
     return moved, sorted(swap.get(k, k) for k in off)
-
-
-def scrub_paths(text: str, upload_dir: str, temp_dir: str) -> str:
-    """`text` without the server's private folders: the upload's temp folder reads as `upload`, any other path
-    under the temp folder as `<temp>/...` (messages never show where the server keeps files)."""
-    if upload_dir:
-        text = text.replace(upload_dir.rstrip("/"), "upload")
-    if temp_dir:
-        text = text.replace(temp_dir.rstrip("/") + "/", "<temp>/")
-    return text
 
 
 def import_check(model: Model) -> tuple[str, bool]:
@@ -130,7 +129,7 @@ class AppState(param.Parameterized):
     # -- navigation -------------------------------------------------------------------------------
     version = param.Integer(0, bounds=(0, None), doc="Index into `version_labels`.")
     hide_unchanged = param.Boolean(True, doc="Hide versions of passes that changed nothing.")
-    view = param.Selector(objects=["auto", "full", "collapsed", "focus"], default="auto",
+    view = param.Selector(objects=list(VIEWS), default=AUTO,
                           doc="Graph view: all nodes, one box per layer, or the selected layer only.")
     selected_node = param.Integer(None, allow_None=True, doc="Node id clicked in the graph.")
     selected_layer = param.Integer(None, allow_None=True, doc="Layer asked about in 'why didn't it fuse'.")
@@ -152,7 +151,8 @@ class AppState(param.Parameterized):
     busy = param.Boolean(False, doc="A job is running.")
     progress = param.Integer(-1, bounds=(-1, 100), doc="Progress of the running job in % (-1: indeterminate).")
     progress_text = param.String("", doc="What the running job does.")
-    upload_dir = param.String("", doc="Temp folder holding the last accepted upload.")
+    upload_id = param.String("", doc="Content digest of the last accepted upload ('' for none). Its files are held in "
+                                     "memory; a load writes them to a private temp folder and removes it when done.")
     ir_error = param.Parameter(None, doc="(line, column, reason) of the last IR text that did not parse or load "
                                          "(1-based; a lint error: the line defining the node it names), else None.")
     repeat = param.Integer(session.DEFAULT_REPEAT, bounds=(1, session.MAX_REPEAT),
@@ -174,6 +174,8 @@ class AppState(param.Parameterized):
         self._generation = 0
         self._variant_notice = ""
         self._seq_raised: tuple[int, int] | None = None
+        self._upload: dict[str, bytes] = {}  # the accepted upload's files (`load_upload`)
+        self._upload_tmp = self._last_upload_tmp = ""  # the temp folder a load wrote them to (removed after it)
         if not self.passes:
             self.passes = self.canonical_passes()
         self._sync_shape_seq()
@@ -220,7 +222,7 @@ class AppState(param.Parameterized):
         elif self.source == "checkpoint":
             src = ("checkpoint", self.checkpoint_dir)
         elif self.source == "upload":
-            src = ("upload", self.upload_dir)
+            src = ("upload", self.upload_id)
         else:
             src = ("ir", self.ir_text)
             return src
@@ -275,9 +277,9 @@ class AppState(param.Parameterized):
             roots = check_checkpoint_dir(self.checkpoint_dir, allowed_dirs())
             where = self.checkpoint_dir
         else:
-            if not self.upload_dir:
+            if not self._upload:
                 raise SourceError("Upload a checkpoint's config.json and model.safetensors (or an .onnx file) first.")
-            where = self.upload_dir
+            where = self._upload_tmp = str(store_upload(self._upload))  # removed when the load ends (`_load_job`)
             if (onnx_file := Path(where) / ONNX_UPLOAD_NAME).is_file():
                 where = str(onnx_file)
         return session.load(where, self.batch, self.effective_seq, None if self.style == "default" else self.style,
@@ -356,6 +358,7 @@ class AppState(param.Parameterized):
         except Exception as e:  # noqa: BLE001 - every failure becomes a message; the app keeps working
             page(lambda err=e: self._failed(err))
         finally:
+            self._remove_upload_copy()
             page(self._stop)
         if done:  # after the job: the page is usable while the other versions are drawn
             self.runner.submit("prerender", lambda: self.prerender(gen))
@@ -369,7 +372,7 @@ class AppState(param.Parameterized):
         # a syntax error's place, or the line defining the node a lint error names: the editor marks it
         at = (e.line, e.col, e.reason) if isinstance(e, IRSyntaxError | session.GraphTextError) and e.line else None
         self.ir_error = at if self.source == "ir" else None
-        self._error(self._explain_error(e))
+        self._error(explain_error(e, self.source, self.preset))
         self.stale = self._stale_reason()
 
     def _draw_ahead(self, trace: Trace) -> None:
@@ -468,16 +471,29 @@ class AppState(param.Parameterized):
 
     # ============================================================ upload / IR / variants
     def load_upload(self, files: dict[str, bytes]) -> None:
-        """Accept an uploaded `config.json` + `model.safetensors` (size-limited) and load it."""
+        """Accept an uploaded `config.json` + `model.safetensors` or one `.onnx` file (size-limited) and load it.
+
+        The files stay in memory (`upload_id` is their digest); each load writes them to a private temp folder and
+        removes it when the load ends, failed or not, so no upload outlives its session on the server's disk."""
         try:
-            folder = save_upload(files)
+            checked = check_upload(files)
         except SourceError as e:
             self._error(str(e))
             return
-        old = self.upload_dir
-        self.param.update(upload_dir=str(folder), source="upload")
-        if old and old != str(folder):
-            shutil.rmtree(old, ignore_errors=True)
+        h = hashlib.sha256()
+        for name in sorted(checked):
+            h.update(f"{name}:{len(checked[name])};".encode())
+            h.update(checked[name])
+        self._upload = checked
+        # a new model starts as built: a teaching variant of the last one would refuse an ONNX file (a variant, then
+        # a dropped gpt2.onnx, showed an error and the old model)
+        self.param.update(upload_id=h.hexdigest()[:24], source="upload", variant="none")
+
+    def _remove_upload_copy(self) -> None:
+        """Remove the temp folder the last load wrote the upload to (none: nothing to do)."""
+        if self._upload_tmp:
+            shutil.rmtree(self._upload_tmp, ignore_errors=True)
+            self._last_upload_tmp, self._upload_tmp = self._upload_tmp, ""
 
     def variant_unavailable(self, name: str) -> str:
         """Why teaching variant `name` does not apply to the current model, in plain words ('' when it does).
@@ -518,7 +534,7 @@ class AppState(param.Parameterized):
             self._error(f"Teaching variant dropped: {reason}", "warning")
 
     @param.depends("source", "preset", "checkpoint_dir", "ir_text", "style", "batch", "seq", "variant",
-                   "variant_layer", "passes", "disabled", "threshold", "upload_dir", watch=True)
+                   "variant_layer", "passes", "disabled", "threshold", "upload_id", watch=True)
     def _reload(self) -> None:
         if self._sync_shape_seq():
             return  # the seq change reloads
@@ -675,11 +691,11 @@ class AppState(param.Parameterized):
         if source is None:
             raise ValueError("no model loaded yet")
         i = self.version_index(k, trace) if trace is not None else 0
-        focus = self.selected_layer if view == "focus" or side == "why" else None
-        if view == "focus" and focus is None:
+        focus = self.selected_layer if view == FOCUS or side == "why" else None
+        if view == FOCUS and focus is None:
             raise ValueError("pick a layer to focus on")
-        expanded = tuple(sorted(set(self.expanded_layers))) if view == "collapsed" else ()
-        return source, View(i, "layers" if view == "collapsed" else "full", side, focus, expanded)
+        expanded = tuple(sorted(set(self.expanded_layers))) if view == COLLAPSED else ()
+        return source, View(i, "layers" if view == COLLAPSED else "full", side, focus, expanded)
 
     def render_key(self, k: int | None = None, view: str | None = None) -> tuple:
         """Cache key of a drawing, derived from the graph it draws: the trace's content key (`Trace.key`), the
@@ -691,14 +707,14 @@ class AppState(param.Parameterized):
         """`auto` is the full graph for small models, one box per layer for big ones: more than
         `FULL_VIEW_LIMIT` nodes or `FULL_VIEW_LAYERS` layers in the run's input graph (decided once per run,
         so stepping through versions never switches the view)."""
-        if self.view != "auto":
+        if self.view != AUTO:
             return self.view
         trace = self.trace if trace is None else trace
         g = trace.input if trace is not None else (self.model.graph if self.model is not None else None)
         if g is None:
-            return "full"
+            return FULL
         big = len(g) > FULL_VIEW_LIMIT or len(session.model_layers(g)) > FULL_VIEW_LAYERS
-        return "collapsed" if big else "full"
+        return COLLAPSED if big else FULL
 
     def toggle_layer(self, layer: int) -> None:
         """A click on layer `layer` in the collapsed view: expand it in place, or fold it back when it is open;
@@ -755,7 +771,7 @@ class AppState(param.Parameterized):
             self.version = labels.index(target)
         nodes = [int(i) for i in row["nodes"]]
         expanded = list(self.expanded_layers)
-        if self.resolved_view() == "collapsed":
+        if self.resolved_view() == COLLAPSED:
             graphs = [g for g in (self.previous_graph, self.current_graph) if g is not None]
             paths = [g[i].path for i in nodes for g in graphs if i in g]
             expanded += [k for k in dict.fromkeys(map(layer_of, paths)) if k is not None and k not in expanded]
@@ -781,7 +797,7 @@ class AppState(param.Parameterized):
     def why_layer(self, layer: int) -> str:
         """"Why didn't layer N fuse?" as Markdown: the session's text (`LayerStatus.render`, the same the CLI
         prints), every line escaped, under a heading."""
-        return f"### Layer {layer}\n\n" + _md_lines(self.layer_status(layer).render(verbose=True))
+        return f"### Layer {layer}\n\n" + md_lines(self.layer_status(layer).render(verbose=True))
 
     def why_graph(self) -> str:
         """The Why tab for a graph without layer paths, as Markdown: the whole-graph answer `rlxviz explain` prints
@@ -794,11 +810,11 @@ class AppState(param.Parameterized):
         if self.trace is None:
             raise SessionError("no pipeline run yet: load a model first")
         text = session.check_fusion(self.trace, self.model.name if self.model is not None else "").render(verbose=True)
-        return "### The whole graph (no node path names a layer)\n\n" + _md_lines(text)
+        return "### The whole graph (no node path names a layer)\n\n" + md_lines(text)
 
     def svg_why(self) -> str:
         """The selected layer, focused, in the graph before the pass that first rejected something in it."""
-        return drawing.svg(*self._drawing(None, "focus", side="why"))
+        return drawing.svg(*self._drawing(None, FOCUS, side="why"))
 
     def time_all(self, fresh: bool = False) -> None:
         """Time every version on MLX (a job with progress); fills `timings` and `blas`.
@@ -839,7 +855,7 @@ class AppState(param.Parameterized):
                       f"in a worker process (pid {run.pid}), as `rlxviz time --repeat {self.repeat}`"),
                 timings=self._timing_rows(run.rows, self._visible(trace))))
         except Exception as e:  # noqa: BLE001
-            text = f"Timing failed: {type(e).__name__}: {e}\n{self._timing_hint(e)}"
+            text = f"Timing failed: {type(e).__name__}: {e}\n{timing_hint(e)}"
             page(lambda: self._error(text))
         finally:
             page(self._stop)
@@ -881,37 +897,9 @@ class AppState(param.Parameterized):
 
     @staticmethod
     def _timing_rows(rows: list[session.VersionTiming], visible: list[tuple[int, str]]) -> list[dict[str, Any]]:
-        """The timing table's rows for the shown versions (an unchanged version repeats the numbers of the
-        version it equals): `#` (index into the run's versions, unique where labels repeat), median, min, IQR and
-        its ends `p25_ms`/`p75_ms` over the interleaved rounds, speed-up over the input, and in words
-        `vs_input` / `vs_previous` (the shown version before): "within noise" when the IQRs overlap
-        (`session.compare_to_input`), else "N.NNx faster/slower"."""
-        out = []
-        timed = [rows[r.same_as] if r.same_as is not None else r for r in rows]
-        for n, (i, label) in enumerate(visible):
-            r, t = rows[i], timed[i]
-            p25, p75 = t.quartiles()
-            prev = timed[visible[n - 1][0]] if n else None
-            out.append({"#": i, "version": label, "ops": r.nodes, "median_ms": round(t.median_ms, 3),
-                        "min_ms": round(t.min_ms, 3), "iqr_ms": round(t.iqr_ms or 0.0, 3),
-                        "p25_ms": round(p25, 3), "p75_ms": round(p75, 3),
-                        "first_call_ms": round(t.first_call_ms, 1), "max_err": float(t.max_abs),
-                        "speedup": round(t.speedup, 2) if t.speedup is not None else float("nan"),
-                        "vs_input": _compare(t, timed[0]) if n else "",
-                        "vs_previous": _compare(t, prev) if prev else "",
-                        "verdict": r.verdict})
-        return out
-
-    @staticmethod
-    def _timing_hint(e: BaseException) -> str:
-        """What to do about a timing failure, by its kind."""
-        text = str(e).lower()
-        if isinstance(e, MemoryError) or any(w in text for w in ("out of memory", "unable to allocate", "malloc")):
-            return ("The graph's tensors do not fit in this machine's memory: lower batch or sequence length, or the "
-                    f"shapes in the IR text (the server refuses graphs over {session.MAX_MEMORY_ENV}).")
-        if isinstance(e, NotImplementedError):
-            return "A version uses an op the MLX runtime cannot lower; disable the pass that creates it and re-run."
-        return "Timing a version failed; the details above say where. Change the pipeline or the model and re-run."
+        """The timing table's rows for the shown versions (`session.timing.timing_table`: paired verdicts, the
+        notebooks' too)."""
+        return session.timing_table(rows, visible)
 
     # ============================================================ status helpers
     def _start(self, text: str, still: bool = False) -> None:
@@ -927,30 +915,5 @@ class AppState(param.Parameterized):
         self.param.update(busy=False, progress=-1, progress_text="")
 
     def _error(self, text: str, kind: str = "danger") -> None:
-        self.param.update(message=scrub_paths(text, self.upload_dir, tempfile.gettempdir()), message_kind=kind)
-
-    def _explain_error(self, e: Exception) -> str:
-        """An exception as a message with what to do, matched by its type."""
-        what = {"preset": f"building preset {self.preset!r}", "checkpoint": "loading the checkpoint folder",
-                "upload": "loading the uploaded checkpoint", "ir": "reading the IR text"}[self.source]
-        if isinstance(e, SourceError | SessionError):
-            return str(e)
-        if isinstance(e, IRSyntaxError):
-            return f"The IR text does not parse: {e}\nFix the line shown (see the IR tab of any preset for the syntax)."
-        if isinstance(e, GraphError):
-            return f"The graph is invalid: {e}\nFix the node shown and load again."
-        return (f"Error while {what}: {type(e).__name__}: {e}\nChange the settings and try again; details:\n"
-                + "".join(traceback.format_exception_only(e)).strip())
-
-
-def _md_lines(text: str) -> str:
-    """Plain text as Markdown lines: each line escaped, its line break and indentation kept."""
-    return "  \n".join(md_escape(line).replace("  ", "&nbsp;&nbsp;") for line in text.splitlines())
-
-
-def _compare(row: session.VersionTiming, base: session.VersionTiming) -> str:
-    """`row` against `base` in words (`session.compare_to_input`); "-" where either was not timed."""
-    try:
-        return session.compare_to_input(row, base)
-    except ValueError:
-        return "-"
+        upload = self._upload_tmp or self._last_upload_tmp
+        self.param.update(message=scrub_paths(text, upload, tempfile.gettempdir()), message_kind=kind)

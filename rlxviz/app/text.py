@@ -64,4 +64,21 @@ def html_text(text: str) -> str:
     return html.escape(_visible(text), quote=True)
 
 
-__all__ = ["html_text", "md_code", "md_escape", "md_pre"]
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def download_name(model: str, version: str | None, ext: str) -> str:
+    """A download's file name after the model and the version it holds: `minilm.after-fuse_sdpa.svg`, or
+    `minilm.trace.json` for the whole run (`version=None`). The model's name is data from its file: every run of
+    characters other than letters, digits, `.`, `_` and `-` becomes one `-` (no path, no quote, no control
+    character), a leading `.` is dropped, and it is cut to 80 characters; an empty name reads `model`."""
+    def part(text: str) -> str:
+        return _UNSAFE_NAME.sub("-", text).strip("-.")[:80]
+
+    stem = part(model) or "model"
+    if version:
+        stem += "." + (part(version) or "version")
+    return f"{stem}.{ext}"
+
+
+__all__ = ["download_name", "html_text", "md_code", "md_escape", "md_pre"]

@@ -63,6 +63,7 @@ from .timing import (
     nonfinite_arrays,
     paired_verdict,
     time_versions,
+    timing_table,
 )
 from .tolerance import precision_policy, tolerance
 from .traffic import (
@@ -105,4 +106,4 @@ __all__ = ["ModelText", "shown",
            "OpCost", "Ridge", "VersionRoofline", "graph_flops", "machine_ridge", "op_costs", "program_bytes",
            "roofline", "ProgramPrimitives", "VersionPrimitives", "format_primitives", "mlx_primitives",
            "version_primitives", "sdpa_fused", "ERF_FLOPS", "attainable_ms", "bound",
-           "PairedVerdict", "busy_warning", "compare_versions", "paired_verdict"]
+           "PairedVerdict", "busy_warning", "compare_versions", "paired_verdict", "timing_table"]

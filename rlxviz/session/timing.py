@@ -305,6 +305,58 @@ def compare_to_input(row: VersionTiming, base: VersionTiming) -> str:
     return paired_verdict(base, row).words
 
 
+def timing_table(rows: Sequence[VersionTiming],
+                 visible: Sequence[tuple[int, str]] | None = None) -> list[dict[str, Any]]:
+    """The per-version timing table as rows of plain values, for the app's table and chart (and any front end).
+
+    Every comparison is a paired verdict (`paired_verdict`, the one the notebooks print): `speedup` is the median
+    per-round ratio over the input, `ci_low`/`ci_high` its 95% bootstrap interval and `ci` the same as text
+    (`0.97..1.04`), `vs_input` / `vs_previous` the verdict's words against the input and against the shown version
+    before ("within noise" when the interval holds 1). A version a pass left unchanged repeats the numbers of the
+    version it equals. Times in ms: median, min, IQR and its ends `p25_ms`/`p75_ms` over the rounds, first call.
+
+    Args:
+        rows: `time_versions`' rows, one per version of the trace.
+        visible: (index into `rows`, label) of the versions to list, in order (default: every row).
+
+    Returns:
+        One dict per listed version: `#` (index into `rows`, unique where labels repeat), `version`, `ops`, the
+        times, `max_err` (vs the float64 oracle), `speedup`, `ci`, `ci_low`, `ci_high`, `vs_input`,
+        `vs_previous`, `verdict`. A comparison that cannot be made (a version not timed) reads "-", its numbers NaN.
+    """
+    visible = [(r.index, r.label) for r in rows] if visible is None else list(visible)
+    timed = [rows[r.same_as] if r.same_as is not None else r for r in rows]
+    nan = float("nan")
+
+    def verdict(base: VersionTiming, row: VersionTiming) -> PairedVerdict | None:
+        try:
+            return paired_verdict(base, row)
+        except ValueError:
+            return None
+
+    out = []
+    for n, (i, label) in enumerate(visible):
+        r, t = rows[i], timed[i]
+        p25, p75 = t.quartiles()
+        first = timed[visible[0][0]]
+        prev = timed[visible[n - 1][0]] if n else None
+        vi = verdict(first, t) if n else None
+        vp = verdict(prev, t) if prev is not None else None
+        ci = (vi.low, vi.high) if vi is not None else ((1.0, 1.0) if not n else (nan, nan))
+        out.append({"#": i, "version": label, "ops": r.nodes, "median_ms": round(t.median_ms or nan, 3),
+                    "min_ms": round(t.min_ms or nan, 3), "iqr_ms": round(t.iqr_ms or 0.0, 3),
+                    "p25_ms": round(p25, 3), "p75_ms": round(p75, 3),
+                    "first_call_ms": round(t.first_call_ms or nan, 1),
+                    "max_err": float(t.max_abs) if t.max_abs is not None else nan,
+                    "speedup": 1.0 if not n else (round(vi.ratio, 2) if vi is not None else nan),
+                    "ci": f"{ci[0]:.2f}..{ci[1]:.2f}" if n and vi is not None else ("" if not n else "-"),
+                    "ci_low": round(ci[0], 3), "ci_high": round(ci[1], 3),
+                    "vs_input": (vi.words if vi is not None else "-") if n else "",
+                    "vs_previous": (vp.words if vp is not None else "-") if prev is not None else "",
+                    "verdict": r.verdict})
+    return out
+
+
 def compare_versions(rows: Sequence[VersionTiming]) -> list[tuple[VersionTiming, VersionTiming, PairedVerdict]]:
     """Each timed version against the previous timed one: `(previous, row, verdict)` in order."""
     timed = [r for r in rows if r.same_as is None]
@@ -315,4 +367,4 @@ __all__ = ["BUSY_RATIO", "MIN_VERDICT_ROUNDS", "PRACTICAL", "TIMINGS", "PairedVe
            "all_finite",
            "arrays_digest", "busy_warning", "compare_to_input", "compare_versions", "format_timings", "input_sets",
            "paired_verdict",
-           "nonfinite_arrays", "time_versions"]
+           "nonfinite_arrays", "time_versions", "timing_table"]

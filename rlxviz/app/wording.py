@@ -1,0 +1,56 @@
+"""The app's wording: what a failure means and what to do, in plain words, and model text made safe to show (no
+Panel import). `AppState` calls these; the texts are the same the CLI prints where the CLI has one.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+from .. import session
+from ..ir import GraphError, IRSyntaxError
+from ..session import SessionError
+from .sources import SourceError
+from .text import md_escape
+
+
+def scrub_paths(text: str, upload_dir: str, temp_dir: str) -> str:
+    """`text` without the server's private folders: the upload's temp folder reads as `upload`, any other path
+    under the temp folder as `<temp>/...` (messages never show where the server keeps files)."""
+    if upload_dir:
+        text = text.replace(upload_dir.rstrip("/"), "upload")
+    if temp_dir:
+        text = text.replace(temp_dir.rstrip("/") + "/", "<temp>/")
+    return text
+
+
+def timing_hint(e: BaseException) -> str:
+    """What to do about a timing failure, by its kind."""
+    text = str(e).lower()
+    if isinstance(e, MemoryError) or any(w in text for w in ("out of memory", "unable to allocate", "malloc")):
+        return ("The graph's tensors do not fit in this machine's memory: lower batch or sequence length, or the "
+                f"shapes in the IR text (the server refuses graphs over {session.MAX_MEMORY_ENV}).")
+    if isinstance(e, NotImplementedError):
+        return "A version uses an op the MLX runtime cannot lower; disable the pass that creates it and re-run."
+    return "Timing a version failed; the details above say where. Change the pipeline or the model and re-run."
+
+
+def explain_error(e: Exception, source: str, preset: str) -> str:
+    """An exception as a message with what to do, matched by its type."""
+    what = {"preset": f"building preset {preset!r}", "checkpoint": "loading the checkpoint folder",
+            "upload": "loading the uploaded checkpoint", "ir": "reading the IR text"}[source]
+    if isinstance(e, SourceError | SessionError):
+        return str(e)
+    if isinstance(e, IRSyntaxError):
+        return f"The IR text does not parse: {e}\nFix the line shown (see the IR tab of any preset for the syntax)."
+    if isinstance(e, GraphError):
+        return f"The graph is invalid: {e}\nFix the node shown and load again."
+    return (f"Error while {what}: {type(e).__name__}: {e}\nChange the settings and try again; details:\n"
+            + "".join(traceback.format_exception_only(e)).strip())
+
+
+def md_lines(text: str) -> str:
+    """Plain text as Markdown lines: each line escaped, its line break and indentation kept."""
+    return "  \n".join(md_escape(line).replace("  ", "&nbsp;&nbsp;") for line in text.splitlines())
+
+
+__all__ = ["explain_error", "md_lines", "scrub_paths", "timing_hint"]

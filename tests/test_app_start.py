@@ -1,0 +1,50 @@
+"""The "start here" strip (three clicks: step, break a layer, ask why) and the model drop zone, without a browser."""
+
+from pathlib import Path
+
+from test_app_views import tiny
+
+from rlxviz.app.controls import ModelControls
+from rlxviz.app.start import BREAK_VARIANT, StartHere
+
+FIX = Path(__file__).parent / "fixtures/onnx"
+
+
+def test_three_clicks_step_break_and_ask_why():
+    s = tiny()
+    opened = []
+    start = StartHere(state=s, show_why=lambda: opened.append(True))
+    assert s.version == 0 and not start.brk.disabled
+    start.step.clicks += 1
+    assert s.version == 1 and s.version_labels[1] in start.note.object.replace("\\", "")
+    start.brk.clicks += 1
+    assert s.variant == BREAK_VARIANT and s.variant_layer == 1
+    assert "layer 1 NOT fused" in s.message and "guard" in s.message, s.message
+    start.why.clicks += 1
+    assert opened == [True] and s.selected_layer == 1
+    start.show_on(False)  # another tab than Graph and Why
+    assert not start.strip.visible
+    start.show_on(True)
+    assert start.strip.visible
+    start.hide.clicks += 1
+    start.show_on(True)
+    assert not start.strip.visible  # dismissed for the session
+
+
+def test_break_is_off_for_a_model_without_variants():
+    s = tiny(preset="llama-block")
+    start = StartHere(state=s, show_why=lambda: None)
+    assert start.brk.disabled and "not a BERT encoder" in start.note.object
+    start.break_layer()
+    assert s.variant == "none" and "not a BERT encoder" in start.note.object
+
+
+def test_a_dropped_onnx_file_loads_and_half_a_checkpoint_waits():
+    s = tiny()
+    drop = ModelControls(state=s).make_dropper()
+    drop.value = {"config.json": '{"model_type": "bert"}'}  # text files arrive decoded
+    assert s.source == "preset" and "now drop the checkpoint's model.safetensors" in s.message
+    s.apply_variant(BREAK_VARIANT)  # the start strip's second click, then one's own model: it loads as built
+    drop.value = {"gpt2.onnx": (FIX / "gpt2.onnx").read_bytes()}
+    assert s.source == "upload" and s.model.meta.get("onnx_file") and s.trace is not None
+    assert s.variant == "none" and s.message_kind != "danger" and not s.stale, s.message
