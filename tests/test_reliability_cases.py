@@ -8,6 +8,7 @@ subcommand; the memory budget's estimate counts what each command materializes (
 (many members, truncated) give one stderr line; the sibling-layer diff of `explain` (near linear).
 """
 
+import dataclasses
 import os
 import random
 from pathlib import Path
@@ -302,3 +303,62 @@ def test_layer_diff_of_long_layers_finds_each_change(n):
     got = layer_diff(theirs, mine)
     assert sorted(got) == sorted([("-", theirs[1]), ("+", mine[1]), ("-", theirs[-2]), ("+", mine[-2])])
 
+
+
+def _explain_by_scan(trace, layer: int) -> tuple[list[tuple], int | None]:
+    """What `explain` reports for `layer`, computed the plain way: every step's matches and rejections scanned for
+    the layer, the sibling the nearest other layer where the rule fused (the lower on a tie)."""
+    from rlxviz.passes import PASSES
+
+    outcomes, fused_elsewhere = [], {}
+    for step in trace.steps:
+        rules = [r.name for r in PASSES[step.pass_name].rules] if step.pass_name in PASSES else []
+        rules += [r for r in dict.fromkeys([m.rule for m in step.matches] + [r.rule for r in step.rejections])
+                  if r not in rules]
+        for rule in rules:
+            ms = [m for m in step.matches if m.rule == rule]
+            for m in ms:
+                if m.layer is not None and m.layer != layer:
+                    fused_elsewhere.setdefault(rule, set()).add(m.layer)
+            mine = [m.fused for m in ms if m.layer == layer and m.fused is not None]
+            rej = [r for r in step.rejections if r.rule == rule and r.layer == layer]
+            status = "fused" if any(m.layer == layer for m in ms) else "rejected" if rej else "not applicable"
+            guard = next((x for x in rej if x.headline and not x.soft), rej[0]).guard if status == "rejected" else ""
+            outcomes.append((step.pass_name, rule, status, guard, tuple(mine) if status == "fused" else ()))
+    sibling = None
+    for o in outcomes:
+        if o[2] == "rejected" and fused_elsewhere.get(o[1]):
+            sibling = min(fused_elsewhere[o[1]], key=lambda s: (abs(s - layer), s))
+            break
+    return outcomes, sibling
+
+
+@pytest.mark.parametrize("variant", ["extra_h1_user", "tanh_gelu", "output_intermediate"])
+def test_explain_from_its_per_trace_index_equals_a_plain_scan(variant):
+    from rlxviz.models import VARIANTS, load_model
+    from rlxviz.passes.explain import explain
+
+    for where in (0, 1):
+        g = load_model("bert-tiny", seq=8, variant=dataclasses.replace(VARIANTS[variant], layer=where)).graph
+        trace = Pipeline.canonical().run(g)
+        for layer in (0, 1):
+            ex = explain(trace, layer)
+            outcomes, sibling = _explain_by_scan(trace, layer)
+            got = [(o.pass_name, o.rule, o.status, o.guard or "", o.nodes if o.status == "fused" else ())
+                   for o in ex.outcomes]
+            assert got == outcomes
+            assert ex.sibling == sibling
+            if layer == where:  # the variant's layer is rejected and compared with the other, which fused
+                assert ex.rejected and sibling == 1 - where and ex.differences
+
+
+def test_the_nearest_sibling_is_the_nearest_other_layer_lower_on_a_tie():
+    from rlxviz.passes.explain import _nearest
+
+    rng = random.Random(5)
+    for _ in range(2000):
+        layers = sorted(rng.sample(range(40), rng.randint(0, 12)))
+        layer = rng.randrange(-2, 42)
+        others = [s for s in layers if s != layer]
+        want = min(others, key=lambda s: (abs(s - layer), s)) if others else None
+        assert _nearest(layers, layer) == want, (layers, layer)
