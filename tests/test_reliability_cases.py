@@ -362,3 +362,48 @@ def test_the_nearest_sibling_is_the_nearest_other_layer_lower_on_a_tie():
         others = [s for s in layers if s != layer]
         want = min(others, key=lambda s: (abs(s - layer), s)) if others else None
         assert _nearest(layers, layer) == want, (layers, layer)
+
+
+# -------------------------------------------------------------------------- notebooks: the run and time workloads
+
+def _never(*args, **kwargs):
+    raise AssertionError("ran past the memory check")
+
+
+def test_notebook_timing_checks_the_time_workload_as_the_cli_does(capsys, monkeypatch):
+    from rlxviz import session, teach
+
+    text = (DATA / "budget_param_381mb.ir").read_text()
+    limits = session.Limits(512)
+    model = session.load_ir_text(text, limits)  # the load workload fits
+    trace = session.run_pipeline(model.graph, session.build_pipeline(["fuse_sdpa"]))
+    monkeypatch.setattr(teach, "session_time_versions", _never)
+    with pytest.raises(session.LimitError) as e:
+        teach.time_versions(trace, model.random_feeds(), model.weights, limits=limits)
+    code, _, err = run(capsys, "time", DATA / "budget_param_381mb.ir", "--max-memory-mb", 512)
+    assert code == 2
+    msg = str(e.value)
+    estimate = msg[msg.index("time needs"):msg.index(", over the limit of 512.0 MiB")]  # the same estimate
+    assert "1.6 GiB at its peak" in estimate and estimate in one_line(err, "time")
+
+
+@pytest.mark.parametrize("shape", [(2048, 2048), (64, 128, 512), (3, 1 << 20)])
+def test_notebook_runs_check_the_run_workload_where_load_fits(shape, monkeypatch):
+    from rlxviz import session, teach
+    from rlxviz.ir import Builder
+
+    b = Builder("wide_out")
+    x = b.input("x", shape)
+    b.output(b.relu(b.neg(x)))
+    g = b.build()
+    load_need, _ = workload_peak(g, "load")
+    run_need, _ = workload_peak(g, "run")
+    assert run_need > load_need
+    limits = session.Limits((load_need + run_need) / 2 / (1 << 20))  # between the two: load fits, run does not
+    limits.check(g, "g", "load")
+    monkeypatch.setattr("rlxviz.runtime.reference.run_reference", _never)
+    with pytest.raises(session.LimitError, match=r"run needs .* over the limit"):
+        teach.run_reference(g, {"x": np.zeros(shape, np.float32)}, {}, limits=limits)
+    monkeypatch.undo()
+    small = teach.run_reference(g, {"x": -np.ones(shape, np.float32)}, {}, limits=session.Limits(4096))
+    assert small[0].shape == shape and float(small[0].min()) == 1.0
