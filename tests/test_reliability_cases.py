@@ -407,3 +407,68 @@ def test_notebook_runs_check_the_run_workload_where_load_fits(shape, monkeypatch
     monkeypatch.undo()
     small = teach.run_reference(g, {"x": -np.ones(shape, np.float32)}, {}, limits=session.Limits(4096))
     assert small[0].shape == shape and float(small[0].min()) == 1.0
+
+
+# -------------------------------------------------------------------------- every handed file, one sweep
+
+SWEEP_S = 10
+"""Each handed file gives its one-line error or its right result within this many seconds (the issue's bound)."""
+
+HANDED = {
+    # file (or folder): (command line after the file, exit code, a fragment of the one error line or of stdout)
+    "budget_param_381mb.ir": (["explain"], 2, "a run needs 381.5 MiB at its peak"),
+    "config_1e6_layers.json": (["explain"], 2, "num_hidden_layers 1000000 is over the limit"),
+    "ir_bool_scale_const.ir": (["explain"], 2, "invalid graph"),
+    "ir_error_cut_at_path_newline.ir": (["explain"], 2, "invalid graph"),
+    "ir_expand_huge.ir": (["explain"], 2, "a run needs 3.6 TiB at its peak"),
+    "ir_huge_int_dim.ir": (["explain"], 2, "IR syntax error: number with 5000 characters"),
+    "ir_layered_4000_explain_15s.ir": (["explain"], 0, "12/12 layer(s) fused as expected"),
+    "ir_nesting_min.ir": (["explain"], 2, "IR syntax error: attribute value nested deeper"),
+    "ir_outer_3gb.ir": (["explain"], 2, "a run needs 2.9 GiB at its peak"),
+    "ir_reduce_no_keepdims.ir": (["explain"], 0, "0 missed fusion(s)"),
+    "ir_scalar_bias_layer1.ir": (["explain"], 1, "guard fused_types (guard, illegal)"),
+    "onnx_if_branch_1p5gib_under_64mib.onnx": (["explain"], 2, "If"),
+    "onnx_input_rank64_exit3.onnx": (["explain"], 2, "has rank 64"),
+    "onnx_regex_redos_11s.onnx": (["explain"], 2, "RegexFullMatch"),
+    "onnx_silent_reduce_axes_oob.onnx": (["explain"], 2, "invalid ONNX model"),
+    "pass_crash_shared_input_bool_bias.ir": (["explain"], 0, "0 missed fusion(s)"),
+    "xss_paths.ir": (["explain"], 0, "0 missed fusion(s)"),
+    "onnx_outer_no_budget": (["run", "outer.onnx", "--inputs", "outer_12000.npz", "-o", "{tmp}/o.npz"], 2,
+                             "over the limit of 64.0 MiB"),
+}
+
+
+def test_the_sweep_names_every_handed_file():
+    assert sorted(HANDED) == sorted(p.name for p in DATA.iterdir())
+
+
+@pytest.mark.parametrize("name", sorted(HANDED))
+def test_every_handed_file_is_one_line_or_its_right_result_within_seconds_and_budget(name, capsys, monkeypatch,
+                                                                                      tmp_path):
+    """The command under `RLXVIZ_MAX_MEMORY_MB=64`: exit code and fragment as listed, a refusal one stderr line
+    naming the file, a result with no stderr and no crashed pass; the process's peak RSS grows by at most the
+    budget plus the imports' own (a blow-up past the budget would show), all within `SWEEP_S` seconds."""
+    import resource
+
+    from walltime import within
+
+    monkeypatch.setenv("RLXVIZ_MAX_MEMORY_MB", "64")
+    command, want_code, fragment = HANDED[name]
+    path = DATA / name
+    if path.is_dir():
+        args = [command[0], *(str(path / a) if not a.startswith(("-", "{")) else a.format(tmp=tmp_path)
+                              for a in command[1:])]
+    else:
+        args = [command[0], str(path), *command[1:]]
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
+    with within(SWEEP_S, f"rlxviz {' '.join(args)}"):
+        code, out, err = run(capsys, *args)
+    assert code == want_code, (out, err)
+    if code == 2:
+        line = one_line(err, args[0])
+        assert fragment in line and str(path if path.is_file() else path / command[1]) in line, line
+    else:
+        assert err == "" and fragment in out and "CRASHED" not in out, (out, err)
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10) - rss0
+    assert grown <= (64 << 20) + (256 << 20), f"peak RSS grew by {grown >> 20} MiB"
+    assert not (tmp_path / "o.npz").exists()
