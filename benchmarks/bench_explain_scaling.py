@@ -6,8 +6,10 @@
 - `wide`: 12 layers holding N nodes between them (the layout of the held-back case
   `ir_layered_4000_explain_15s.ir`, where the sibling diff was close to cubic: 15 s at 4,000).
 
+`explain s` is what scales with the layers; `pipeline s` (the passes, run once) is printed beside it.
+
 Prints the seconds and the ratio to the previous size (near linear: about 2x per doubling).
-Run: .venv/bin/python benchmarks/bench_explain_scaling.py [--max 8000]
+Run: .venv/bin/python benchmarks/bench_explain_scaling.py [--max 8000] [--sizes 1000,4000,10000]
 """
 
 import argparse
@@ -57,8 +59,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max", type=int, default=8000, help="largest layer/node count (default: %(default)s)")
     ap.add_argument("--layouts", default="many,wide", help="comma-separated (default: %(default)s)")
+    ap.add_argument("--sizes", default="1000,2000,4000,8000,16000",
+                    help="comma-separated layer/node counts, up to --max (default: %(default)s)")
     args = ap.parse_args()
-    sizes = [n for n in (1000, 2000, 4000, 8000, 16000) if n <= args.max]
+    sizes = [n for n in map(int, args.sizes.split(",")) if n <= args.max]
     print(f"{'layout':>6} {'N':>6} {'layers':>6} {'pipeline s':>10} {'explain s':>9} {'x prev':>6}")
     layouts = {"many": many_layers_ir, "wide": lambda n: layered_ir(n, 12)}
     for name in args.layouts.split(","):

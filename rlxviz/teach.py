@@ -2,14 +2,19 @@
 
 Everything that answers a question (loading a model, a pipeline, a layer's status, timing, the traffic a
 fusion saves) is `rlxviz.session`, the same code the CLI and the app call; it is re-exported here so a
-notebook needs one import. What is added here is presentation only: SVG wrapped for Jupyter so large
-graphs scroll instead of being clipped (`svg_html`, `pair_html`, `show`, `show_step`).
+notebook needs one import. Running and timing go through the memory check `rlxviz run` / `rlxviz time` make
+first (`Limits.check` with the `run` / `time` workload: `run_reference`, `time_versions`). What is added here
+is presentation only: SVG wrapped for Jupyter so large graphs scroll instead of being clipped (`svg_html`,
+`pair_html`, `show`, `show_step`).
 """
 
 from __future__ import annotations
 
 import html
+from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from .ir import Graph
 from .passes.trace import PassStep, Trace
@@ -40,6 +45,24 @@ TeachError = SessionError
 
 TEACHING_CASES: dict[str, str] = teaching_cases()
 """Every teaching variant but `none`, with what it changes (from `models.VARIANTS`)."""
+
+
+def run_reference(graph: Graph, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray] | None = None,
+                  float_dtype: Any = None, limits: Limits | None = None) -> list[np.ndarray]:
+    """`runtime.run_reference` (the NumPy executor: the graph's outputs in order), after the memory check
+    `rlxviz run` makes: `Limits.check(graph, ..., "run")` (one run's live tensors and the outputs' copies).
+
+    Args:
+        limits: the memory limits (default `Limits.resolve()`).
+
+    Raises:
+        LimitError: the run would hold more than the limit (one line, nothing allocated); else what
+            `runtime.run_reference` raises.
+    """
+    from .runtime.reference import run_reference as reference
+
+    (limits or Limits.resolve()).check(graph, graph.name, "run")
+    return reference(graph, feeds, weights, float_dtype)
 
 
 def svg_html(svg: str, max_height: int = 560, caption: str = "") -> str:
@@ -82,7 +105,8 @@ def show(graph: Graph, overlay: Overlay | None = None, max_height: int = 560, ca
 
 __all__ = ["OVER_THRESHOLD", "RLX_THRESHOLD", "TEACHING_CASES", "FusionCheck", "LayerStatus", "Limits", "TeachError",
            "Traffic", "VersionTiming", "build_pipeline", "check_fusion", "format_timings", "layer_status", "load",
-           "model_layers", "pair_html", "show", "show_step", "svg_html", "time_versions", "traffic_saved",
+           "model_layers", "pair_html", "run_reference", "show", "show_step", "svg_html", "time_versions",
+           "traffic_saved",
            "expect_ints", "feedback"]
 
 

@@ -2,19 +2,19 @@
 loaded the way every front end loads them (`session.load_ir_text`, `session.load`).
 
 Asserted for every input: it loads, or it fails with a documented error class (`IRSyntaxError` with a line
-and column, or a `SessionError`, one line); nothing takes over 5 s (a SIGALRM watchdog); nothing loaded
+and column, or a `SessionError`, one line); nothing takes over 5 s (`walltime.within`); nothing loaded
 exceeds the memory budget (`Limits`) and the process does not grow past it. Seeded, so a failure reproduces.
 """
 
 import json
 import random
 import resource
-import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
+from walltime import within
 
 from rlxviz.ir import IRSyntaxError, format_graph
 from rlxviz.ir.memory import peak_memory
@@ -64,36 +64,20 @@ def _mutate(rng: random.Random, text: str) -> str:
     return text
 
 
-class _Hang(Exception):
-    pass
-
-
-def _alarm(signum, frame):
-    raise _Hang
-
-
-@pytest.fixture
-def watchdog():
-    old = signal.signal(signal.SIGALRM, _alarm)
-    yield lambda: signal.setitimer(signal.ITIMER_REAL, HANG_S)
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    signal.signal(signal.SIGALRM, old)
-
-
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def test_mutated_ir_only_documented_errors_no_hang_within_budget(watchdog):
+def test_mutated_ir_only_documented_errors_no_hang_within_budget():
     rng = random.Random(15)
     seeds = _seeds()
     rss0 = _rss_mb()
     outcomes = {"loaded": 0, "syntax": 0, "session": 0, "ran": 0}
     for k in range(2000):
         text = _mutate(rng, rng.choice(seeds))
-        watchdog()
         try:
-            model = load_ir_text(text, LIMIT)
+            with within(HANG_S, f"loading mutant #{k} ({text[:300]!r})"):
+                model = load_ir_text(text, LIMIT)
         except IRSyntaxError as e:
             assert e.line >= 1 and e.col >= 1 and "\n" not in e.reason, repr(text[:200])
             outcomes["syntax"] += 1
@@ -102,24 +86,15 @@ def test_mutated_ir_only_documented_errors_no_hang_within_budget(watchdog):
             assert "\n" not in str(e).strip(), str(e)
             outcomes["session"] += 1
             continue
-        except _Hang:
-            pytest.fail(f"loading mutant #{k} took over {HANG_S} s: {text[:300]!r}")
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
         outcomes["loaded"] += 1
         assert peak_memory(model.graph).peak_bytes <= LIMIT.max_bytes
         if k % 5 == 0:  # a pass may crash (recorded in the trace), never raise; the reference runs what loaded
-            watchdog()
-            try:
+            with within(HANG_S, f"running mutant #{k} ({text[:300]!r})"):
                 trace = Pipeline(list(CANONICAL_ORDER)).run(model.graph)
                 assert trace.final is not None
                 with np.errstate(all="ignore"):
                     run_reference(model.graph, model.random_feeds(), model.weights)
-                outcomes["ran"] += 1
-            except _Hang:
-                pytest.fail(f"running mutant #{k} took over {HANG_S} s: {text[:300]!r}")
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
+            outcomes["ran"] += 1
     MODELS.clear()
     assert sum(outcomes.values()) - outcomes["ran"] == 2000, outcomes
     assert outcomes["loaded"] and outcomes["syntax"] and outcomes["session"], outcomes  # every path was taken
@@ -167,7 +142,7 @@ def _corrupt(rng: random.Random, good_cfg: str, good_st: bytes) -> tuple[str, by
     return cfg, bytes(st)
 
 
-def test_corrupted_checkpoints_only_documented_errors_no_hang(tmp_path, watchdog):
+def test_corrupted_checkpoints_only_documented_errors_no_hang(tmp_path):
     rng = random.Random(150)
     _checkpoint(tmp_path / "good")
     good_cfg = (tmp_path / "good" / "config.json").read_text()
@@ -179,17 +154,27 @@ def test_corrupted_checkpoints_only_documented_errors_no_hang(tmp_path, watchdog
         cfg, st = _corrupt(rng, good_cfg, good_st)
         (folder / "config.json").write_text(cfg)
         (folder / "model.safetensors").write_bytes(st)
-        watchdog()
         try:
-            model = load(str(folder), 1, 4, limits=LIMIT)
+            with within(HANG_S, f"checkpoint #{k} to load or refuse"):
+                model = load(str(folder), 1, 4, limits=LIMIT)
             assert peak_memory(model.graph).peak_bytes <= LIMIT.max_bytes
             outcomes["loaded"] += 1
         except SessionError as e:
             assert "\n" not in str(e).strip() and str(e).strip(), str(e)
             outcomes["refused"] += 1
-        except _Hang:
-            pytest.fail(f"checkpoint #{k} took over {HANG_S} s to load or refuse")
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
     MODELS.clear()
     assert outcomes["refused"] >= 100 and outcomes["loaded"] >= 1, outcomes
+
+
+def test_the_watchdog_fails_a_block_past_its_time_and_restores_the_handler():
+    import signal
+    import time
+
+    before = signal.getsignal(signal.SIGALRM)
+    with pytest.raises(pytest.fail.Exception, match=r"^sleeping took over 0\.2 s$"):
+        with within(0.2, "sleeping"):
+            time.sleep(5)
+    assert signal.getsignal(signal.SIGALRM) is before
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    with within(5, "a quick block"):
+        pass

@@ -8,6 +8,7 @@ subcommand; the memory budget's estimate counts what each command materializes (
 (many members, truncated) give one stderr line; the sibling-layer diff of `explain` (near linear).
 """
 
+import dataclasses
 import os
 import random
 from pathlib import Path
@@ -302,3 +303,172 @@ def test_layer_diff_of_long_layers_finds_each_change(n):
     got = layer_diff(theirs, mine)
     assert sorted(got) == sorted([("-", theirs[1]), ("+", mine[1]), ("-", theirs[-2]), ("+", mine[-2])])
 
+
+
+def _explain_by_scan(trace, layer: int) -> tuple[list[tuple], int | None]:
+    """What `explain` reports for `layer`, computed the plain way: every step's matches and rejections scanned for
+    the layer, the sibling the nearest other layer where the rule fused (the lower on a tie)."""
+    from rlxviz.passes import PASSES
+
+    outcomes, fused_elsewhere = [], {}
+    for step in trace.steps:
+        rules = [r.name for r in PASSES[step.pass_name].rules] if step.pass_name in PASSES else []
+        rules += [r for r in dict.fromkeys([m.rule for m in step.matches] + [r.rule for r in step.rejections])
+                  if r not in rules]
+        for rule in rules:
+            ms = [m for m in step.matches if m.rule == rule]
+            for m in ms:
+                if m.layer is not None and m.layer != layer:
+                    fused_elsewhere.setdefault(rule, set()).add(m.layer)
+            mine = [m.fused for m in ms if m.layer == layer and m.fused is not None]
+            rej = [r for r in step.rejections if r.rule == rule and r.layer == layer]
+            status = "fused" if any(m.layer == layer for m in ms) else "rejected" if rej else "not applicable"
+            guard = next((x for x in rej if x.headline and not x.soft), rej[0]).guard if status == "rejected" else ""
+            outcomes.append((step.pass_name, rule, status, guard, tuple(mine) if status == "fused" else ()))
+    sibling = None
+    for o in outcomes:
+        if o[2] == "rejected" and fused_elsewhere.get(o[1]):
+            sibling = min(fused_elsewhere[o[1]], key=lambda s: (abs(s - layer), s))
+            break
+    return outcomes, sibling
+
+
+@pytest.mark.parametrize("variant", ["extra_h1_user", "tanh_gelu", "output_intermediate"])
+def test_explain_from_its_per_trace_index_equals_a_plain_scan(variant):
+    from rlxviz.models import VARIANTS, load_model
+    from rlxviz.passes.explain import explain
+
+    for where in (0, 1):
+        g = load_model("bert-tiny", seq=8, variant=dataclasses.replace(VARIANTS[variant], layer=where)).graph
+        trace = Pipeline.canonical().run(g)
+        for layer in (0, 1):
+            ex = explain(trace, layer)
+            outcomes, sibling = _explain_by_scan(trace, layer)
+            got = [(o.pass_name, o.rule, o.status, o.guard or "", o.nodes if o.status == "fused" else ())
+                   for o in ex.outcomes]
+            assert got == outcomes
+            assert ex.sibling == sibling
+            if layer == where:  # the variant's layer is rejected and compared with the other, which fused
+                assert ex.rejected and sibling == 1 - where and ex.differences
+
+
+def test_the_nearest_sibling_is_the_nearest_other_layer_lower_on_a_tie():
+    from rlxviz.passes.explain import _nearest
+
+    rng = random.Random(5)
+    for _ in range(2000):
+        layers = sorted(rng.sample(range(40), rng.randint(0, 12)))
+        layer = rng.randrange(-2, 42)
+        others = [s for s in layers if s != layer]
+        want = min(others, key=lambda s: (abs(s - layer), s)) if others else None
+        assert _nearest(layers, layer) == want, (layers, layer)
+
+
+# -------------------------------------------------------------------------- notebooks: the run and time workloads
+
+def _never(*args, **kwargs):
+    raise AssertionError("ran past the memory check")
+
+
+def test_notebook_timing_checks_the_time_workload_as_the_cli_does(capsys, monkeypatch):
+    from rlxviz import session, teach
+
+    text = (DATA / "budget_param_381mb.ir").read_text()
+    limits = session.Limits(512)
+    model = session.load_ir_text(text, limits)  # the load workload fits
+    trace = session.run_pipeline(model.graph, session.build_pipeline(["fuse_sdpa"]))
+    monkeypatch.setattr(teach, "session_time_versions", _never)
+    with pytest.raises(session.LimitError) as e:
+        teach.time_versions(trace, model.random_feeds(), model.weights, limits=limits)
+    code, _, err = run(capsys, "time", DATA / "budget_param_381mb.ir", "--max-memory-mb", 512)
+    assert code == 2
+    msg = str(e.value)
+    estimate = msg[msg.index("time needs"):msg.index(", over the limit of 512.0 MiB")]  # the same estimate
+    assert "1.6 GiB at its peak" in estimate and estimate in one_line(err, "time")
+
+
+@pytest.mark.parametrize("shape", [(2048, 2048), (64, 128, 512), (3, 1 << 20)])
+def test_notebook_runs_check_the_run_workload_where_load_fits(shape, monkeypatch):
+    from rlxviz import session, teach
+    from rlxviz.ir import Builder
+
+    b = Builder("wide_out")
+    x = b.input("x", shape)
+    b.output(b.relu(b.neg(x)))
+    g = b.build()
+    load_need, _ = workload_peak(g, "load")
+    run_need, _ = workload_peak(g, "run")
+    assert run_need > load_need
+    limits = session.Limits((load_need + run_need) / 2 / (1 << 20))  # between the two: load fits, run does not
+    limits.check(g, "g", "load")
+    monkeypatch.setattr("rlxviz.runtime.reference.run_reference", _never)
+    with pytest.raises(session.LimitError, match=r"run needs .* over the limit"):
+        teach.run_reference(g, {"x": np.zeros(shape, np.float32)}, {}, limits=limits)
+    monkeypatch.undo()
+    small = teach.run_reference(g, {"x": -np.ones(shape, np.float32)}, {}, limits=session.Limits(4096))
+    assert small[0].shape == shape and float(small[0].min()) == 1.0
+
+
+# -------------------------------------------------------------------------- every handed file, one sweep
+
+SWEEP_S = 10
+"""Each handed file gives its one-line error or its right result within this many seconds (the issue's bound)."""
+
+HANDED = {
+    # file (or folder): (command line after the file, exit code, a fragment of the one error line or of stdout)
+    "budget_param_381mb.ir": (["explain"], 2, "a run needs 381.5 MiB at its peak"),
+    "config_1e6_layers.json": (["explain"], 2, "num_hidden_layers 1000000 is over the limit"),
+    "ir_bool_scale_const.ir": (["explain"], 2, "invalid graph"),
+    "ir_error_cut_at_path_newline.ir": (["explain"], 2, "invalid graph"),
+    "ir_expand_huge.ir": (["explain"], 2, "a run needs 3.6 TiB at its peak"),
+    "ir_huge_int_dim.ir": (["explain"], 2, "IR syntax error: number with 5000 characters"),
+    "ir_layered_4000_explain_15s.ir": (["explain"], 0, "12/12 layer(s) fused as expected"),
+    "ir_nesting_min.ir": (["explain"], 2, "IR syntax error: attribute value nested deeper"),
+    "ir_outer_3gb.ir": (["explain"], 2, "a run needs 2.9 GiB at its peak"),
+    "ir_reduce_no_keepdims.ir": (["explain"], 0, "0 missed fusion(s)"),
+    "ir_scalar_bias_layer1.ir": (["explain"], 1, "guard fused_types (guard, illegal)"),
+    "onnx_if_branch_1p5gib_under_64mib.onnx": (["explain"], 2, "If"),
+    "onnx_input_rank64_exit3.onnx": (["explain"], 2, "has rank 64"),
+    "onnx_regex_redos_11s.onnx": (["explain"], 2, "RegexFullMatch"),
+    "onnx_silent_reduce_axes_oob.onnx": (["explain"], 2, "invalid ONNX model"),
+    "pass_crash_shared_input_bool_bias.ir": (["explain"], 0, "0 missed fusion(s)"),
+    "xss_paths.ir": (["explain"], 0, "0 missed fusion(s)"),
+    "onnx_outer_no_budget": (["run", "outer.onnx", "--inputs", "outer_12000.npz", "-o", "{tmp}/o.npz"], 2,
+                             "over the limit of 64.0 MiB"),
+}
+
+
+def test_the_sweep_names_every_handed_file():
+    assert sorted(HANDED) == sorted(p.name for p in DATA.iterdir())
+
+
+@pytest.mark.parametrize("name", sorted(HANDED))
+def test_every_handed_file_is_one_line_or_its_right_result_within_seconds_and_budget(name, capsys, monkeypatch,
+                                                                                      tmp_path):
+    """The command under `RLXVIZ_MAX_MEMORY_MB=64`: exit code and fragment as listed, a refusal one stderr line
+    naming the file, a result with no stderr and no crashed pass; the process's peak RSS grows by at most the
+    budget plus the imports' own (a blow-up past the budget would show), all within `SWEEP_S` seconds."""
+    import resource
+
+    from walltime import within
+
+    monkeypatch.setenv("RLXVIZ_MAX_MEMORY_MB", "64")
+    command, want_code, fragment = HANDED[name]
+    path = DATA / name
+    if path.is_dir():
+        args = [command[0], *(str(path / a) if not a.startswith(("-", "{")) else a.format(tmp=tmp_path)
+                              for a in command[1:])]
+    else:
+        args = [command[0], str(path), *command[1:]]
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
+    with within(SWEEP_S, f"rlxviz {' '.join(args)}"):
+        code, out, err = run(capsys, *args)
+    assert code == want_code, (out, err)
+    if code == 2:
+        line = one_line(err, args[0])
+        assert fragment in line and str(path if path.is_file() else path / command[1]) in line, line
+    else:
+        assert err == "" and fragment in out and "CRASHED" not in out, (out, err)
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10) - rss0
+    assert grown <= (64 << 20) + (256 << 20), f"peak RSS grew by {grown >> 20} MiB"
+    assert not (tmp_path / "o.npz").exists()

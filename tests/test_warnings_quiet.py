@@ -63,3 +63,53 @@ def test_cli_prints_any_python_warning_as_one_line(capsys, monkeypatch):
     out, err = capsys.readouterr()
     assert out == "fine\n"
     assert err == "rlxviz passes: warning: first problem (and 1 more warning(s))\n", err
+
+
+def _cli_process(*args: str, env: dict[str, str | None] | None = None) -> tuple[int, str]:
+    """(exit code, stderr) of `python -W default -m rlxviz.cli ARGS` in a new process: pytest records warnings
+    in its own process, so only a real one shows what would reach a terminal (`-W default`: every warning once
+    per place, DeprecationWarning included)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    full = dict(os.environ, PYTHONPATH=str(root), RLXVIZ_MAX_MEMORY_MB="64")
+    for k, v in (env or {}).items():
+        if v is None:
+            full.pop(k, None)
+        else:
+            full[k] = v
+    p = subprocess.run([sys.executable, "-W", "default", "-m", "rlxviz.cli", *args], capture_output=True, text=True,
+                       env=full, cwd=root, timeout=120)
+    return p.returncode, p.stderr
+
+
+@pytest.mark.parametrize("case", ["regex-onnx", "outer-run", "truncated-npz", "budget-ir", "deprecated-env"])
+def test_no_raw_warning_reaches_the_terminal_on_hostile_files(case, tmp_path):
+    from pathlib import Path
+
+    rel = Path(__file__).parent / "data" / "reliability"
+    env: dict[str, str | None] | None = None
+    if case == "regex-onnx":
+        args = ["explain", str(rel / "onnx_regex_redos_11s.onnx")]
+    elif case == "outer-run":
+        d = rel / "onnx_outer_no_budget"
+        args = ["run", str(d / "outer.onnx"), "--inputs", str(d / "outer_12000.npz"), "-o", str(tmp_path / "o.npz")]
+    elif case == "truncated-npz":
+        np.savez(tmp_path / "ok.npz", input_ids=np.zeros((1, 4), np.int64), attention_mask=np.ones((1, 4), np.int64))
+        data = (tmp_path / "ok.npz").read_bytes()
+        (tmp_path / "cut.npz").write_bytes(data[: len(data) // 2])
+        args = ["run", "bert-tiny", "--inputs", str(tmp_path / "cut.npz"), "-o", str(tmp_path / "o.npz")]
+    elif case == "budget-ir":
+        args = ["time", str(rel / "budget_param_381mb.ir"), "--max-memory-mb", "512"]
+    else:  # the deprecated variable warns: one line, then the command's own error line
+        env = {"RLXVIZ_MAX_TENSOR_MB": "64", "RLXVIZ_MAX_MEMORY_MB": None}
+        args = ["explain", str(rel / "ir_outer_3gb.ir")]
+    code, err = _cli_process(*args, env=env)
+    lines = err.strip().splitlines()
+    assert code == 2 and lines, err
+    assert all(line.startswith(f"rlxviz {args[0]}: ") for line in lines), err  # every line is the CLI's own
+    assert "Traceback" not in err and ".py:" not in err and "Warning:" not in err, err
+    assert len(lines) == (2 if case == "deprecated-env" else 1), err

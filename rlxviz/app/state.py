@@ -282,8 +282,10 @@ class AppState(param.Parameterized):
             where = self._upload_tmp = str(store_upload(self._upload))  # removed when the load ends (`_load_job`)
             if (onnx_file := Path(where) / ONNX_UPLOAD_NAME).is_file():
                 where = str(onnx_file)
-        return session.load(where, self.batch, self.effective_seq, None if self.style == "default" else self.style,
-                            self.variant, self.variant_layer, limits, self.threshold, roots)
+        # a file a user brings loads in a child process killed past its wall time (`session.isolated`)
+        return session.load_isolated(where, self.batch, self.effective_seq,
+                                     None if self.style == "default" else self.style, self.variant,
+                                     self.variant_layer, limits, self.threshold, roots)
 
     def _run_pipeline(self, model: Model) -> Trace:
         pipe = session.build_pipeline(self.enabled_passes, {"fab_max_tokens": self.effective_threshold}, name="app")

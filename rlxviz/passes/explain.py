@@ -11,11 +11,14 @@ is near linear in the layers' sizes (`layer_diff`), so a 10^4-layer model stays 
 
 from __future__ import annotations
 
+import bisect
 import difflib
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..ir import Graph, Node, Op
+from ..ir.identity import IdentityMap
 from .pipeline import PASSES, Pipeline
 from .report import in_context
 from .trace import Trace, layer_of
@@ -174,6 +177,65 @@ def _signature(g: Graph, layer: int) -> list[str]:
     return lines
 
 
+@dataclass(frozen=True)
+class _StepIndex:
+    """One pipeline step's decisions grouped once: its rules in report order (the pass's own, then any other rule
+    a match or rejection names), and its matches and rejections by `(rule, layer)` in trace order."""
+
+    rules: tuple[str, ...]
+    matches: dict[tuple[str, int | None], list[Any]]
+    rejections: dict[tuple[str, int | None], list[Any]]
+
+
+_STEPS: IdentityMap[Trace, tuple[_StepIndex, ...]] = IdentityMap(limit=4)
+_FUSED: IdentityMap[Trace, dict[str, list[int]]] = IdentityMap(limit=4)
+
+
+def _step_index(trace: Trace) -> tuple[_StepIndex, ...]:
+    """`_StepIndex` per step of `trace`, made once per trace (each layer's explanation had rescanned every
+    decision of the run: 10^4 layers x 10^4 decisions)."""
+    hit = _STEPS.get(trace)
+    if hit is not None:
+        return hit
+    out = []
+    for step in trace.steps:
+        rules = [r.name for r in PASSES[step.pass_name].rules] if step.pass_name in PASSES else []
+        rules += [r for r in dict.fromkeys([m.rule for m in step.matches] + [r.rule for r in step.rejections])
+                  if r not in rules]
+        matches: dict[tuple[str, int | None], list[Any]] = {}
+        for m in step.matches:
+            matches.setdefault((m.rule, m.layer), []).append(m)
+        rejections: dict[tuple[str, int | None], list[Any]] = {}
+        for r in step.rejections:
+            rejections.setdefault((r.rule, r.layer), []).append(r)
+        out.append(_StepIndex(tuple(rules), matches, rejections))
+    hit = _STEPS[trace] = tuple(out)
+    return hit
+
+
+def _fused_layers(trace: Trace, steps: tuple[_StepIndex, ...]) -> dict[str, list[int]]:
+    """rule -> the sorted layers where it fused anywhere in the run (made once per trace)."""
+    hit = _FUSED.get(trace)
+    if hit is None:
+        found: dict[str, set[int]] = {}
+        for at in steps:
+            for rule, layer in at.matches:
+                if layer is not None:
+                    found.setdefault(rule, set()).add(layer)
+        hit = _FUSED[trace] = {rule: sorted(layers) for rule, layers in found.items()}
+    return hit
+
+
+def _nearest(layers: list[int] | tuple[()], layer: int) -> int | None:
+    """The layer of sorted `layers` other than `layer` nearest to it (the lower one on a tie), or None."""
+    i = bisect.bisect_left(layers, layer)
+    below = next((layers[j] for j in (i - 1, i - 2) if 0 <= j < len(layers) and layers[j] != layer), None)
+    above = next((layers[j] for j in (i, i + 1) if j < len(layers) and layers[j] != layer), None)
+    if below is None or above is None:
+        return above if below is None else below
+    return below if layer - below <= above - layer else above
+
+
 def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None) -> LayerExplanation:
     """Explain every pattern's outcome for `layer` (by provenance path, see `layer_of`).
 
@@ -192,18 +254,12 @@ def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None)
     """
     trace = source if isinstance(source, Trace) else (pipeline or Pipeline.canonical()).run(source)
     ex = LayerExplanation(layer, trace.pipeline)
-    fused_elsewhere: dict[str, set[int]] = {}
+    steps = _step_index(trace)
     for k, step in enumerate(trace.steps):
-        rules = [r.name for r in PASSES[step.pass_name].rules] if step.pass_name in PASSES else []
-        rules += [r for r in dict.fromkeys([m.rule for m in step.matches] + [r.rule for r in step.rejections])
-                  if r not in rules]
-        for rule in rules:
-            ms = [m for m in step.matches if m.rule == rule]
-            for m in ms:
-                if m.layer is not None and m.layer != layer:
-                    fused_elsewhere.setdefault(rule, set()).add(m.layer)
-            mine = [m for m in ms if m.layer == layer]
-            rej = [r for r in step.rejections if r.rule == rule and r.layer == layer]
+        at = steps[k]
+        for rule in at.rules:
+            mine = at.matches.get((rule, layer), [])
+            rej = at.rejections.get((rule, layer), [])
             if mine:
                 soft = tuple((r.guard, r.kind, r.message) for r in rej if r.soft)
                 ex.outcomes.append(Outcome(step.pass_name, rule, "fused",
@@ -217,10 +273,11 @@ def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None)
                                            (r.anchor,), r.kind, r.fix, r.subject, also))
             else:
                 ex.outcomes.append(Outcome(step.pass_name, rule, "not applicable"))
+    fused_in = _fused_layers(trace, steps)
     for o in ex.rejected:
-        sibs = fused_elsewhere.get(o.rule)
-        if sibs:
-            ex.sibling = min(sibs, key=lambda s: (abs(s - layer), s))
+        sibling = _nearest(fused_in.get(o.rule, ()), layer)
+        if sibling is not None:
+            ex.sibling = sibling
             ex.sibling_rule = o.rule
             mine, theirs = _signature(trace.input, layer), _signature(trace.input, ex.sibling)
             ex.differences = [f"layer {layer if sign == '+' else ex.sibling}: {line}"

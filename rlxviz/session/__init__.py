@@ -7,6 +7,7 @@ One module per job:
 * `limits`: one limits record (`Limits`, `RLXVIZ_MAX_MEMORY_MB`) checked before tensors are allocated.
 * `variants`: the teaching variants (`models.VARIANTS`) and the shape rule of `over_threshold`.
 * `loading`: a model from a preset, a checkpoint folder, an IR file or IR text, cached by content.
+* `isolated`: the same load in a child process killed past its wall time, its address space capped.
 * `pipeline`: building a checked pipeline (`Pass.requires`), running it (cached), finding versions.
 * `architecture` / `status`: what kind each layer is, and "why didn't layer N fuse" (`layer_status`).
 * `tolerance` / `timing`: time every version on MLX with a verdict from one tolerance table.
@@ -20,8 +21,9 @@ Errors a user can fix are `SessionError`s (one line); front ends match them by t
 
 from .architecture import Architecture, classify
 from .defaults import DEFAULT_BATCH, DEFAULT_REPEAT, DEFAULT_SEQ, DEFAULT_WARMUP, MAX_REPEAT, MAX_WARMUP, check_rounds
-from .errors import GraphTextError, LimitError, PipelineError, SessionError
+from .errors import GraphTextError, LimitError, PipelineError, SessionError, StoppedError
 from .inputs import check_inputs, feeds, index_bounds, load_inputs, npz_headers
+from .isolated import load_isolated, run_isolated
 from .limits import DEFAULT_MAX_MEMORY_MB, DEPRECATED_MEMORY_ENV, MAX_MEMORY_ENV, Limits, human_bytes
 from .loading import (
     default_preset,
@@ -91,7 +93,7 @@ __all__ = ["ModelText", "shown",
            "DEPRECATED_MEMORY_ENV", "MAX_MEMORY_ENV", "MAX_REPEAT", "MAX_WARMUP", "check_rounds",
            "OVER_THRESHOLD", "RLX_THRESHOLD",
            "Architecture", "FusionCheck", "GraphTextError", "LayerStatus", "LimitError", "Limits", "PipelineError",
-           "SessionError",
+           "SessionError", "StoppedError", "load_isolated", "run_isolated",
            "ExecutedTraffic", "Traffic", "VersionTiming", "compare_to_input",
            "executed_traffic_saved", "runs_as", "shared_input_saved", "View", "all_finite", "build_pipeline",
            "check_fusion",

@@ -35,8 +35,13 @@ class GraphTextError(SessionError):
         self.line, self.col, self.reason = line, col, reason or message
 
 
+class StoppedError(SessionError):
+    """A load stopped from outside: past its wall-time limit, out of memory under its address-space cap, or its
+    process died (`session.isolated`)."""
+
+
 class PipelineError(SessionError):
     """A pipeline that cannot be built: an unknown pass, an empty list, or a pass whose required pass is missing."""
 
 
-__all__ = ["GraphTextError", "LimitError", "PipelineError", "SessionError"]
+__all__ = ["GraphTextError", "LimitError", "PipelineError", "SessionError", "StoppedError"]

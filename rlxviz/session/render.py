@@ -18,7 +18,7 @@ from ..ir import Graph
 from ..passes import Trace, layer_of
 from ..viz import Overlay, Verdict, render_dot, render_svg
 from .cache import LRUCache
-from .loading import model_layers
+from .loading import layer_indices, model_layers
 from .pipeline import graph_digest
 from .status import layer_status, verdict_pass
 
@@ -59,7 +59,7 @@ def _why(trace: Trace, layer: int | None, i: int) -> tuple[Graph, Overlay | None
     """The "why" side: the graph before the pass of the layer's verdict (`status.verdict_pass`, the rejection
     `layer_status` names first), with its marks; a layer that fused as expected (or no layer) shows version
     `i`. One verdict: the text and the picture never name different rejections."""
-    name = verdict_pass(trace, layer) if layer is not None and layer in model_layers(trace.input) else None
+    name = verdict_pass(trace, layer) if layer is not None and layer in layer_indices(trace.input) else None
     if name is not None:
         s = trace.step(name)
         return s.before, Overlay.before(s)

@@ -18,7 +18,7 @@ from ..passes.report import left_out
 from ..passes.unrecognized import unrecognized
 from .architecture import Architecture, classify
 from .errors import SessionError
-from .loading import model_layers
+from .loading import layer_indices, model_layers
 
 PRODUCTS: dict[str, str] = {
     "fuse_sdpa": "packed attention", "fuse_swiglu": "FusedSwiGLU",
@@ -168,7 +168,7 @@ def judged_kind(trace: Trace, layer: int) -> tuple[Architecture, Architecture]:
     if own.post_ln:
         return own, own
     first = None
-    for i in model_layers(trace.input):  # stops at the first sibling that is not post-LN
+    for i in layer_indices(trace.input):  # stops at the first sibling that is not post-LN
         if i == layer:
             continue
         o = classify(trace.input, i)
@@ -209,6 +209,22 @@ def expected_misses(trace: Trace, arch: Architecture, layer: int | None
     return kept, ignored
 
 
+_PRODUCTS: IdentityMap[Trace, dict[int | None, list[int]]] = IdentityMap(limit=4)
+
+
+def _layer_products(trace: Trace) -> dict[int | None, list[int]]:
+    """layer -> ids of the FusedTransformerLayer nodes of the run's final graph in it, made once per trace (a scan
+    of the final graph per layer was quadratic in the layer count)."""
+    hit = _PRODUCTS.get(trace)
+    if hit is None:
+        hit = {}
+        for n in trace.final:
+            if n.op == Op.FUSED_TRANSFORMER_LAYER:
+                hit.setdefault(layer_of(n.path), []).append(n.id)
+        _PRODUCTS[trace] = hit
+    return hit
+
+
 def layer_status(trace: Trace, layer: int) -> LayerStatus:
     """`LayerStatus` of `layer` in a pipeline run.
 
@@ -223,7 +239,7 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
     ran = {s.pass_name for s in trace.steps}  # a crashed pass was still expected to fuse
     crashed = {s.pass_name: s.error for s in trace.steps if s.error}
     expect_ftl = LAYER_PASS in ran and arch.post_ln
-    ftl = [n.id for n in trace.final if n.op == Op.FUSED_TRANSFORMER_LAYER and layer_of(n.path) == layer]
+    ftl = _layer_products(trace).get(layer, [])
     misses, ignored = expected_misses(trace, arch, layer)
     skipped = list(ignored)
     miss_keys = {(m.pattern, m.node) for m in misses}
@@ -365,8 +381,10 @@ def check_fusion(trace: Trace, model: str = "", layers: Iterable[int] | None = N
     """
     have = model_layers(trace.input)
     wanted = list(have if layers is None else layers)
+    known = set(have)
     for i in wanted:
-        check_layer(trace, i, model)
+        if i not in known:
+            check_layer(trace, i, model)  # raises, naming the layers the model has
     statuses = [layer_status(trace, i) for i in wanted]
     crashed = [s.error for s in trace.steps if s.error]
     if have:

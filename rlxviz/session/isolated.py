@@ -1,0 +1,272 @@
+"""Loading a user's file in a child process that can be stopped: bounded in wall time and in address space.
+
+Why a process: an import runs Python and native code (protobuf, ONNX shape inference, NumPy) that a thread cannot
+interrupt; a file that makes one step slow would hold the server's GIL and its worker thread until the step ends.
+A child process is killed at its deadline, and its memory is capped by the kernel (`RLIMIT_AS`), so one upload
+never stalls or starves another session.
+
+Each call has its own child: a fresh interpreter (`python -c`, not a fork of the server: none of its threads or
+locks), which imports the loader's modules (`PRELOAD`) and waits for one request on its stdin. One such child is
+kept started as a spare, so that a load does not wait for the imports (`spare_ready`). The child runs
+`loading.load` (its own budget checks included: `Limits.check`, the importer's bounds) and writes the `Model`
+back pickled on a pipe of its own (its stdout; anything the loaded code prints goes to stderr). Pickling is
+exact: the graph's text (`format_graph`), node for node equality, weights (values and dtypes), meta, and the host
+nodes' encoded ONNX nodes (tests/test_isolated.py checks it).
+
+Example:
+    >>> m = load_isolated("upload/model.onnx", batch=1, seq=16, timeout_s=60)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import os
+import pickle
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..models import PRESETS, Model
+from .defaults import DEFAULT_BATCH, DEFAULT_SEQ
+from .errors import SessionError, StoppedError
+from .limits import Limits, human_bytes
+from .loading import MODELS, first_line, load
+
+T = TypeVar("T")
+
+LOAD_SECONDS = 120.0
+"""Wall-time limit (seconds) on one load, from the request; the child is killed past it."""
+
+ADDRESS_FACTOR = 3
+"""The child's address space may grow by this many times the memory limit: the file's bytes, the weights made
+from them, and the pickle sent back each take about the weights' size at the peak."""
+
+ADDRESS_SLACK_BYTES = 512 << 20
+"""Address space allowed on top of `ADDRESS_FACTOR` x the limit (bytes): the loader's own temporaries, thread stacks
+and allocator arenas."""
+
+PRELOAD = ("numpy", "onnx", "onnx.reference", "rlxviz.session.loading", "rlxviz.models.onnx_import")
+"""Modules a child imports before it reads its request."""
+
+_CHILD = "from rlxviz.session import isolated; isolated.serve()"
+_SPARE: tuple[tuple, subprocess.Popen] | None = None
+_SPARE_LOCK = threading.Lock()
+
+
+def address_space() -> int:
+    """This process's virtual address space now, in bytes (`/proc/self/statm`; 0 where there is none)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def _cap_address_space(extra: int) -> None:
+    """(In the child) limit the address space to what it holds now plus `extra` bytes (never above a hard limit
+    already set)."""
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = address_space() + extra
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+
+
+def _portable(e: BaseException) -> BaseException:
+    """`e` if it survives pickling with its type and message, else a SessionError (a user error) or RuntimeError
+    (anything else) holding its type name and first line."""
+    try:
+        back = pickle.loads(pickle.dumps(e))
+        if type(back) is type(e) and str(back) == str(e):
+            return e
+    except Exception:  # noqa: BLE001 - any exception type may refuse to pickle
+        pass
+    kind = SessionError if isinstance(e, SessionError) else RuntimeError
+    return kind(f"{type(e).__name__}: {first_line(e)}")
+
+
+def _call(fn: Callable[..., Any], args: tuple, kwargs: dict, extra_address: int) -> tuple[str, Any, list]:
+    """(In the child) `fn(*args, **kwargs)` under the address-space cap, as `(status, value, warnings)`: `ok` with
+    the result, `error` with the exception, `memory` when the cap was met."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            if extra_address:
+                _cap_address_space(extra_address)
+            result: tuple[str, Any] = ("ok", fn(*args, **kwargs))
+        except MemoryError:
+            result = ("memory", None)
+        except BaseException as e:  # noqa: BLE001 - every outcome goes back to the parent
+            result = ("error", _portable(e))
+    return (*result, [(str(w.message), w.category) for w in caught])
+
+
+def serve() -> None:
+    """(The child's main) import `PRELOAD`, read one pickled request `(fn, args, kwargs, extra_address)` from
+    stdin, write the pickled `_call` outcome to the original stdout. An empty stdin (a spare never used, or the
+    parent gone) exits at once."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # what the loaded code prints goes to stderr, never into the reply
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent, which kills the child
+    for name in PRELOAD:
+        importlib.import_module(name)
+    raw = sys.stdin.buffer.read()
+    if not raw:
+        return
+    outcome = _call(*pickle.loads(raw))
+    try:
+        reply = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
+    except MemoryError:
+        reply = pickle.dumps(("memory", None, outcome[2]))
+    out.write(reply)
+    out.flush()
+
+
+def _environment() -> tuple:
+    """What a child must share with this process: the interpreter and the import path."""
+    return (sys.executable, tuple(sys.path))
+
+
+def _start() -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    return subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env=env, close_fds=True)
+
+
+def _take() -> subprocess.Popen:
+    """The spare child if it is alive and shares this environment, else a new child. The spare is taken, not
+    replaced: `run_isolated` starts the next one after its load (a spare's imports would compete with the load)."""
+    global _SPARE
+    with _SPARE_LOCK:
+        spare, _SPARE = _SPARE, None
+    if spare is not None and spare[0] == _environment() and spare[1].poll() is None:
+        return spare[1]
+    if spare is not None:
+        _stop(spare[1])
+    return _start()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for f in (proc.stdin, proc.stdout):
+        if f is not None:
+            f.close()
+
+
+@atexit.register
+def shutdown() -> None:
+    """Stop the spare child (the next call starts a new one)."""
+    global _SPARE
+    with _SPARE_LOCK:
+        spare, _SPARE = _SPARE, None
+    if spare is not None:
+        _stop(spare[1])
+
+
+def spare_ready() -> None:
+    """Start the spare child now (a server calls this at start-up, so that its first load does not wait for the
+    imports)."""
+    global _SPARE
+    with _SPARE_LOCK:
+        if _SPARE is None or _SPARE[0] != _environment() or _SPARE[1].poll() is not None:
+            if _SPARE is not None:
+                _stop(_SPARE[1])
+            _SPARE = (_environment(), _start())
+
+
+def run_isolated(fn: Callable[..., T], *args: Any, timeout_s: float = LOAD_SECONDS, max_bytes: int | None = None,
+                 what: str = "the load", **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)` run in a child process that is killed after `timeout_s` seconds.
+
+    `fn` and its arguments are pickled to the child (`fn` by reference: a module-level function of a module on
+    `sys.path`), its result pickled back. The caller's thread waits; other threads and other calls run on (each
+    call has its own child). Warnings the child raised are raised again here.
+
+    Args:
+        fn: a module-level function.
+        timeout_s: wall-time limit in seconds, from the request.
+        max_bytes: the memory limit (bytes): the child's address space may then grow by
+            `ADDRESS_FACTOR * max_bytes + ADDRESS_SLACK_BYTES` (None: no cap).
+        what: the work, for messages (`reliability/x.onnx`).
+
+    Raises:
+        StoppedError: past `timeout_s` (the child is killed), out of memory under the cap, or the child died
+            (a signal in native code). One line, naming `what`.
+        Whatever `fn` raised in the child (SessionError and friends keep their type; a type that does not pickle
+        becomes SessionError or RuntimeError with its name and first line).
+    """
+    extra = 0 if max_bytes is None else ADDRESS_FACTOR * max_bytes + ADDRESS_SLACK_BYTES
+    request = pickle.dumps((fn, args, kwargs, extra), protocol=pickle.HIGHEST_PROTOCOL)
+    proc = _take()
+    try:
+        reply, _ = proc.communicate(request, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise StoppedError(f"{what}: stopped after {timeout_s:g} s (the wall-time limit on a load)") from None
+    finally:
+        _stop(proc)
+        spare_ready()
+    if not reply:
+        code = proc.returncode
+        how = (f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.Signals._value2member_map_
+               else f"exit {code}")
+        raise StoppedError(f"{what}: the loading process died ({how}): out of memory or a crash in native code")
+    status, value, notes = pickle.loads(reply)
+    for message, category in notes:
+        warnings.warn(message, category, stacklevel=2)
+    if status == "memory":
+        raise StoppedError(f"{what}: out of memory while loading (the loader may use "
+                           f"{human_bytes(extra)} of address space for a memory limit of "
+                           f"{human_bytes(max_bytes or 0)})")
+    if status == "error":
+        raise value
+    return value
+
+
+def _signature(p: Path) -> tuple:
+    """What identifies the content at `p` for the cache: size and mtime of the file, or of a folder's files."""
+    try:
+        if p.is_dir():
+            return tuple(sorted((c.name, c.stat().st_size, c.stat().st_mtime_ns) for c in p.iterdir()
+                                if c.is_file())[:64])
+        st = p.stat()
+        return (st.st_size, st.st_mtime_ns)
+    except OSError:
+        return ()
+
+
+def load_isolated(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: str | None = None,
+                  variant: str | None = None, variant_layer: int = 0, limits: Limits | None = None,
+                  threshold: int | None = None, allowed_roots: Sequence[Path] | None = None,
+                  max_seq: int | None = None, timeout_s: float = LOAD_SECONDS) -> Model:
+    """`loading.load` with the same arguments, run in a child process (`run_isolated`) for anything but a preset.
+
+    The child's address space is capped from `limits` and it is killed after `timeout_s` seconds; the model comes
+    back pickled and is cached in `MODELS` by the file's (or folder's files') size and mtime and the arguments.
+    Presets are built in this process (no user file is read).
+
+    Raises:
+        SessionError: what `load` raises (one line), and `StoppedError` past `timeout_s`, out of memory, or when
+            the loading process died.
+    """
+    limits = limits or Limits.resolve()
+    call = (model, batch, seq, style, variant, variant_layer, limits, threshold,
+            None if allowed_roots is None else tuple(Path(r) for r in allowed_roots), max_seq)
+    if model in PRESETS:
+        return load(*call)
+    p = Path(model)
+    key = ("isolated", str(p.expanduser().resolve()), _signature(p), *call[1:])
+    return MODELS.get_or_compute(key, lambda: run_isolated(load, *call, timeout_s=timeout_s,
+                                                           max_bytes=limits.max_bytes, what=model))
+
+
+__all__ = ["ADDRESS_FACTOR", "ADDRESS_SLACK_BYTES", "LOAD_SECONDS", "PRELOAD", "address_space", "load_isolated",
+           "run_isolated", "serve", "shutdown", "spare_ready"]

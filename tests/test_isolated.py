@@ -1,0 +1,104 @@
+"""Loading in a child process that can be stopped (`session.isolated`): the model comes back exact, a load that
+never returns is killed at its wall-time limit while another load in the same process completes, memory past the
+address-space cap and a native crash are one line, and every error keeps its type and message."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import isolation_helpers as helpers
+import numpy as np
+import pytest
+
+from rlxviz import session
+from rlxviz.ir import format_graph
+from rlxviz.session import isolated, loading
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT2 = ROOT / "tests/fixtures/onnx/gpt2.onnx"
+HOSTILE = sorted((ROOT / "tests/data/reliability").glob("onnx_*.onnx"))
+
+
+def _same_model(a, b) -> None:
+    assert format_graph(a.graph) == format_graph(b.graph)
+    assert list(a.graph) == list(b.graph) and a.graph.outputs == b.graph.outputs
+    assert a.graph.next_id == b.graph.next_id and a.graph.name == b.graph.name
+    assert a.weights.keys() == b.weights.keys()
+    for k, w in a.weights.items():
+        assert w.dtype == b.weights[k].dtype and np.array_equal(w, b.weights[k]), k
+    assert (a.name, a.description, a.meta) == (b.name, b.description, b.meta)
+
+
+def test_an_isolated_load_returns_the_same_model(monkeypatch):
+    monkeypatch.setattr(loading, "MODELS", type(loading.MODELS)(maxsize=4))
+    monkeypatch.setattr(isolated, "MODELS", loading.MODELS)
+    child = session.load_isolated(str(GPT2), 1, 8)
+    _same_model(session.load(str(GPT2), 1, 8), child)
+    assert session.load_isolated(str(GPT2), 1, 8) is child  # cached by the file's size and mtime
+
+
+def test_a_model_with_host_nodes_comes_back_exact(tmp_path):
+    from test_onnx_host_op import _model
+
+    path = _model(tmp_path, "Mod")  # a host node holding its ONNX node, and an initializer
+    child = isolated.run_isolated(loading.load, str(path), 2, 3)
+    host = [n for n in child.graph if n.op.value == "onnx_op"]
+    assert host, "the fixture has no host node"
+    _same_model(loading.load(str(path), 2, 3), child)
+
+
+def test_a_load_that_never_returns_is_stopped_while_another_completes(tmp_path):
+    pid_file = tmp_path / "pid"
+    outcome: dict[str, BaseException] = {}
+
+    def hostile() -> None:
+        try:
+            isolated.run_isolated(helpers.load_with_stuck_step, str(GPT2), str(pid_file), timeout_s=15,
+                                  what="stuck.onnx")
+        except BaseException as e:  # noqa: BLE001 - kept for the assertions
+            outcome["error"] = e
+
+    t = threading.Thread(target=hostile)
+    t.start()
+    other = isolated.run_isolated(loading.load, str(GPT2), 1, 8)  # the other session's load, meanwhile
+    assert t.is_alive(), "the stuck load should still be running when the other one completes"
+    assert len(other.graph) > 0
+    t.join(60)
+    e = outcome["error"]
+    assert isinstance(e, session.StoppedError)
+    assert str(e) == "stuck.onnx: stopped after 15 s (the wall-time limit on a load)"
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # killed and reaped
+
+
+def test_memory_past_the_cap_is_one_line():
+    with pytest.raises(session.StoppedError, match=r"^big: out of memory while loading \(the loader may use "
+                                                   r"704\.0 MiB of address space for a memory limit of 64\.0 MiB\)$"):
+        isolated.run_isolated(helpers.allocate, 4 << 30, max_bytes=64 << 20, what="big")
+    assert isolated.run_isolated(helpers.allocate, 32 << 20, max_bytes=64 << 20) == 32 << 20
+
+
+def test_a_native_crash_is_one_line():
+    with pytest.raises(session.StoppedError, match=r"^x\.onnx: the loading process died \(signal SIGSEGV\)"):
+        isolated.run_isolated(helpers.crash, what="x.onnx")
+
+
+def test_warnings_of_the_child_are_raised_again_here():
+    with pytest.warns(UserWarning, match="a warning from the child"):
+        assert isolated.run_isolated(helpers.warn_and_return, 7) == 7
+
+
+@pytest.mark.parametrize("path", HOSTILE, ids=lambda p: p.name)
+def test_hostile_files_give_the_same_one_line_error_isolated(path, monkeypatch):
+    monkeypatch.setattr(loading, "MODELS", type(loading.MODELS)(maxsize=4))
+    monkeypatch.setattr(isolated, "MODELS", loading.MODELS)
+    limits = session.Limits(64)
+    with pytest.raises(session.SessionError) as here:
+        session.load(str(path), 1, 8, limits=limits)
+    with pytest.raises(session.SessionError) as there:
+        session.load_isolated(str(path), 1, 8, limits=limits)
+    assert type(there.value) is type(here.value) and str(there.value) == str(here.value)
+    assert len(str(there.value).splitlines()) == 1
