@@ -185,3 +185,21 @@ def test_a_position_bias_then_the_padding_mask_become_one_additive_term_with_equ
              "k": rng.standard_normal((2, 2, 5, 8)).astype(np.float32) * 3,
              "bias": rng.standard_normal((1, 2, 5, 5)).astype(np.float32) * 5, "keep": mask}
     _same_numbers(g, final, feeds)
+
+
+@pytest.mark.parametrize("test_op, const", [("eq", False), ("ne", True)])
+def test_an_inverted_where_mask_is_swapped_with_equal_numbers(test_op, const):
+    """torch's scores.masked_fill(~mask, min): where(eq(m, false), min, s) -> where(m, s, min)."""
+    g_b = Builder("inverted_where")
+    s = g_b.input("s", (2, 2, 4, 4))
+    m = g_b.input("m", (2, 1, 4, 4), "bool")
+    test = g_b.eq(m, g_b.const(const, "bool")) if test_op == "eq" else g_b.ne(m, g_b.const(const, "bool"))
+    g_b.output(g_b.softmax(g_b.where(test, F32_MIN, s), -1))
+    g = g_b.build()
+    trace, final = _run(g)
+    assert "canonicalize_exported.inverted_where" in _rules(trace)[0]
+    (w,) = [n for n in final if n.op == Op.WHERE]
+    assert final[w.inputs[0]].op == Op.INPUT and final[w.inputs[1]].op == Op.INPUT
+    mask = rng.random((2, 1, 4, 4)) > 0.5
+    mask[0, 0, 0] = False  # a fully masked row
+    _same_numbers(g, final, {"s": rng.standard_normal((2, 2, 4, 4)).astype(np.float32), "m": mask})

@@ -108,17 +108,30 @@ _QK = P(Op.MATMUL, _heads("q", True), P(Op.TRANSPOSE, kv_heads_pattern("k", _hea
         name="qk")
 _CONST = P.var("scale_c", where=is_const, what="a scalar constant")
 _SCALED = (P(Op.DIV, _QK, _CONST, name="scale") | P(Op.MUL, _QK, _CONST, name="scale", commutative=True) | _QK)
-_SCORES = P(Op.ADD, _SCALED, P.var("mask"), name="mask_add") | P(Op.ADD, P.var("mask"), _SCALED, name="mask_add") \
-    | where_scores(_SCALED) | _SCALED
+_BIASED = P(Op.ADD, _SCALED, P.var("bias"), name="bias_add", commutative=True)
+"""Scores plus the model's own term before a where-mask (BLOOM's ALiBi, `baddbmm`): the bias joins the mask."""
+_SCORES = (P(Op.ADD, _SCALED, P.var("mask"), name="mask_add") | P(Op.ADD, P.var("mask"), _SCALED, name="mask_add")
+           | where_scores(_BIASED) | where_scores(_SCALED) | _SCALED)
 _INTERNAL = ("q_prescale", "q_reshape", "q_heads", "k_prescale", "k_reshape", "k_heads", "k_t", "qk", "scale",
-             "mask_add", "mask_where", "softmax", "v_reshape", "v_heads", "pv", "merge_t", *repeat_roles("k"),
+             "mask_add", "bias_add", "mask_where", "softmax", "v_reshape", "v_heads", "pv", "merge_t",
+             *repeat_roles("k"),
              *repeat_roles("v"))
 
 
 def _split_ok(c: Ctx, tag: str) -> bool:
     r, t, x = c[f"{tag}_reshape"], c[f"{tag}_heads"], c[tag]
-    return (x.rank == 3 and r.rank == 4 and r.shape[:2] == x.shape[:2] and r.shape[2] * r.shape[3] == x.shape[2]
-            and t.attrs["perm"] == (0, 2, 1, 3))
+    return (x.rank >= 3 and r.rank == 4 and r.shape[:2] == x.shape[:2]
+            and r.shape[2] * r.shape[3] == math.prod(x.shape[2:]) and t.attrs["perm"] == (0, 2, 1, 3))
+
+
+def _packed(c: Ctx, rw: Rewriter, tag: str) -> int:
+    """Q/K/V as the attention takes them, `[B, S, heads*head_dim]`: the head split's source, or a reshape of it when
+    it holds the heads on more axes (BLOOM's and ModernBERT's fused QKV `[B, S, H, 1, d]`). Exact: a reshape to
+    `[B, S, H, d]` reads the same row-major order whether or not its source is first reshaped to `[B, S, H*d]`."""
+    x = c[tag]
+    if x.rank == 3:
+        return c.id(tag)
+    return rw.emit(Op.RESHAPE, [c.id(tag)], shape=(*x.shape[:2], math.prod(x.shape[2:])))
 
 
 def _split_guard(tag: str) -> Guard:
@@ -236,13 +249,20 @@ def model_term(m: Node) -> str:
 
 
 @reports("mask_form", "mask_model_term", "where_mask_additive",
-         reads=("mask", "q_reshape", "k_reshape", "mask_where", "mask_cond", "mask_fill"),
+         reads=("mask", "q_reshape", "k_reshape", "mask_where", "mask_cond", "mask_fill", "bias_add", "bias"),
          kinds={"mask_model_term": MODEL_TERM, "where_mask_additive": MODEL_TERM})
 def _mask_form(c: Ctx) -> Fail | None:
     """Trace HF's additive mask to the keep mask (soft: otherwise keep it additive). A term that cannot be a
     padding mask (`model_term`) is kept as the attention's additive operand and said so (`mask_model_term`, the
     model's own term: no miss, no advice to rewrite the model). A where-mask that is not per key (causal,
     causal + padding, a band) is kept additive the same way (`where_mask_additive`)."""
+    if "bias_add" in c:
+        b = c["bias"]
+        return Fail("guard", "where_mask_additive",
+                    f"score term kept as the attention's additive operand {c.the('bias', 'bias')} + where(cond, 0, "
+                    f"fill): {b.op.value} {list(b.shape)} is added to the scores before the where-mask; "
+                    f"{model_term(b) or 'a term of the model'} (exact)", (), (), "nothing to change in the model",
+                    subject=b.id, kind=MODEL_TERM, fix="")
     if "mask_where" in c and where_mask.is_additive(c):
         return Fail("guard", "where_mask_additive", where_mask.additive_note(c), (), (),
                     "nothing to change in the model", subject=c.id("mask_cond"), kind=MODEL_TERM, fix="")
@@ -336,9 +356,12 @@ def _sdpa_rewrite(c: Ctx, rw: Rewriter) -> int:
     op, ins, attrs = _sdpa_build(c)
     absorbed = [c.id(r) for r in (*_INTERNAL, "merge") if r in c]
     with rw.provenance(absorbed):
+        ins[:3] = [_packed(c, rw, t) for t in "qkv"]
         if "mask_where" in c:
             additive = attrs["mask"] == "additive"
             ins[3] = where_mask.additive_operand(c, rw) if additive else where_mask.keep_operand(c, rw)
+            if "bias_add" in c:  # where(m, s + b, fill) == s + (b + where(m, 0, fill)): where_mask's condition
+                ins[3] = rw.emit(Op.ADD, [c.id("bias"), ins[3]])
         elif "keep_from" in c.data:
             ins[3] = rw.cast(c.data["keep_from"], c.data["keep_dtype"])
         new = rw.emit(op, ins, **attrs)

@@ -37,6 +37,10 @@ no match record, no near-miss, nothing to toggle) is a rule here, at the head of
   score term the attention takes as its operand. Exact where kept (`+ 0`); where masked, both sides round to `min`
   for |s|, |bias| < 2^103 (min's ulp is 2^104). Guards as `where_bias` (`bias_fills`, `scores_f32`); only a sum
   with a score-matmul operand is this form (anything else: no record). `where_bias` leaves such a sum to it.
+* `canonicalize_exported.inverted_where`: `where(eq(b, false), x, y)` or `where(ne(b, true), x, y)` with b bool
+  (torch's `scores.masked_fill(~mask, min)` as exported: the mask inverted by a comparison) -> `where(b, y, x)`.
+  Exact: for a bool b, `eq(b, false)` and `ne(b, true)` are `not b` element for element, and `where(not b, x, y)`
+  picks what `where(b, y, x)` picks.
 * `canonicalize_exported.noop_cast`: `cast(x, dtype)` where x already has that dtype (the TorchScript exporter
   writes a `Cast` to f32 after each f32 softmax) -> `x`. Exact: the IR's cast of a value to its own dtype is the
   identity (reference: `astype` to the same dtype; MLX: `astype` likewise).
@@ -299,6 +303,36 @@ def _bias_plus_mask(c: Ctx, rw: Rewriter) -> int:
     return out
 
 
+def _bool_const(node: Node, value: bool) -> bool:
+    return is_const(node) and node.dtype == DType.bool and const_value(node) == float(value)
+
+
+@reports(reads=("test", "b", "c"))
+def _is_not(c: Ctx) -> Fail | None:
+    """`eq(b, false)` / `ne(b, true)` on a bool b: `not b` (anything else: another condition, no record)."""
+    t, b, k = c["test"], c["b"], c["c"]
+    if b.dtype != DType.bool or b.shape != t.shape:
+        return QUIET
+    return None if (t.op == Op.EQ and _bool_const(k, False)) or (t.op == Op.NE and _bool_const(k, True)) else QUIET
+
+
+def _swap_where(c: Ctx, rw: Rewriter) -> int:
+    with rw.provenance([c.id("where")]):
+        out = rw.emit(Op.WHERE, [c.id("b"), c.id("y"), c.id("x")])
+    rw.replace(c.id("where"), out)
+    return out
+
+
+INVERTED_WHERE = Rule(
+    "canonicalize_exported.inverted_where",
+    P(Op.WHERE, P(Op.EQ, P.var("b"), P.var("c", where=is_const, what="a constant"), name="test", commutative=True)
+      | P(Op.NE, P.var("b"), P.var("c", where=is_const, what="a constant"), name="test", commutative=True),
+      P.var("x"), P.var("y"), name="where"),
+    steps=(_is_not,), result="where", absorb=("where",),  # the test is left to DCE: every layer reads one mask
+    rewrite=lambda c, rw: _swap_where(c, rw),
+    doc="where(not b, x, y) -> where(b, y, x)")
+
+
 @reports(reads=("x", "cast"))
 def _same_dtype(c: Ctx) -> Fail | None:
     """Only a cast to the value's own dtype is a no-op (any other cast converts: not a near-miss)."""
@@ -318,9 +352,9 @@ NOOP_CAST = Rule(
 
 canonicalize_exported = rule_pass(
     "canonicalize_exported", [SILU, RSQRT, WHERE_BIAS, NAN_GUARD, FOLDED_TRANSPOSE, SPLIT_SCALE, BIAS_THEN_MASK,
-                              NOOP_CAST],
+                              INVERTED_WHERE, NOOP_CAST],
     "forms exporters write (x*sigmoid(x), 1/sqrt, the padding-mask sum, the sdpa NaN guard, its split scale and "
     "folded transpose, no-op casts) -> the IR's ops")
 
-__all__ = ["FOLDED_TRANSPOSE", "NAN_GUARD", "NOOP_CAST", "RSQRT", "SILU", "SPLIT_SCALE", "WHERE_BIAS", "BIAS_THEN_MASK",
-           "canonicalize_exported"]
+__all__ = ["BIAS_THEN_MASK", "FOLDED_TRANSPOSE", "INVERTED_WHERE", "NAN_GUARD", "NOOP_CAST", "RSQRT", "SILU",
+           "SPLIT_SCALE", "WHERE_BIAS", "canonicalize_exported"]

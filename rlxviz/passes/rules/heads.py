@@ -10,7 +10,8 @@ sees the same attention as the 4-D form:
 * `matmul(f1, f2)` of two folded operands with the same (B, H) -> `matmul(x4_1, x4_2)`;
 * `softmax(f, axis=-1)` (or axis 2) -> `softmax(x4, axis=-1)`;
 * `mul` / `div` of a folded value by a 0-d operand (the score scale) -> the same op on x4;
-* `add(f, bias)` with a `[B*H, a, b]` bias (T5's position bias) -> `add(x4, reshape(bias, [B, H, a, b]))`, and
+* `add(f, bias)` with a `[B*H, a, b]` bias (T5's position bias; `a` or `b` may be 1, BLOOM's ALiBi `[B*H, 1, Sk]`)
+  -> `add(x4, reshape(bias, [B, H, a, b]))`, and
   with a `[a, b]` or `[b]` bias -> `add(x4, bias)` (it broadcasts over the leading axes either way);
 * an unfold `reshape(f -> [B, H, a, b])` of a lifted value -> the lifted 4-D value itself.
 
@@ -20,7 +21,8 @@ a softmax over the last axis, a product with one scalar, a sum with a bias folde
 over the leading axes), so `op3(reshape(x4)) == reshape(op4(x4))` element
 for element with the same arithmetic per row. A lifted value read by anything else keeps its 3-D form
 (`reshape(op4, [B*H, a, b])`).
-The rewrite runs only on a chain that holds a softmax and two matmuls (an attention); it is reported as a
+The rewrite runs only on a chain that holds a softmax and two matmuls (an attention; the softmax folded, or a 4-D
+softmax whose probabilities are folded into the second bmm, as DeBERTa and BLOOM write it); it is reported as a
 `fuse_sdpa.unfold_heads` match.
 """
 
@@ -45,6 +47,15 @@ def _fold_source(g: Graph, n: Node) -> tuple[int, int, int] | None:
 def _other(n: Node, i: int) -> int:
     """`n`'s operand that is not `i`."""
     return n.inputs[1] if n.inputs[0] == i else n.inputs[0]
+
+
+def _bias_fits(bias: tuple[int, ...], scores: tuple[int, ...]) -> bool:
+    """A bias the lift can take: `[B*H, a|1, b|1]` (folded the same way; BLOOM's ALiBi is `[B*H, 1, Sk]`), or
+    `[a, b]` / `[b]` broadcast over the leading axes."""
+    if bias in (scores[1:], scores[2:]):
+        return True
+    return len(bias) == 3 and bias[0] == scores[0] and all(d in (1, s) for d, s in zip(bias[1:], scores[1:],
+                                                                                      strict=True))
 
 
 def _plan(g: Graph) -> tuple[dict[int, tuple[int, int]], dict[int, str], dict[int, int]]:
@@ -72,7 +83,7 @@ def _plan(g: Graph) -> tuple[dict[int, tuple[int, int]], dict[int, str], dict[in
                 g[i].rank == 0 for i in n.inputs if i not in folded):
             folded[n.id], kind[n.id] = bh, "scalar"
         elif n.op == Op.ADD and len(ins) == 1 and len(n.inputs) == 2 and n.shape == g[ins[0]].shape and (
-                g[_other(n, ins[0])].shape in (n.shape, n.shape[1:], n.shape[2:])):
+                _bias_fits(g[_other(n, ins[0])].shape, n.shape)):
             folded[n.id], kind[n.id] = bh, "bias"
         elif n.op == Op.RESHAPE and kind[ins[0]] != "fold" and n.shape == (*bh, *g[ins[0]].shape[1:]):
             unfold[n.id] = ins[0]
@@ -84,6 +95,8 @@ def unfold_heads(g: Graph) -> tuple[Graph, list[Match]]:
     `Match` per chain's softmax; `(g, [])` when there is none."""
     folded, kind, unfold = _plan(g)
     softmaxes = [i for i, k in kind.items() if k == "softmax"]
+    # a 4-D softmax between the two bmms (DeBERTa, BLOOM: the scores unfolded for the mask, then folded again)
+    softmaxes += [g[i].inputs[0] for i, k in kind.items() if k == "fold" and g[g[i].inputs[0]].op == Op.SOFTMAX]
     if not softmaxes or sum(k == "matmul" for k in kind.values()) < 2:
         return g, []
     rw = Rewriter(g, "fuse_sdpa")

@@ -107,8 +107,9 @@ def _per_key(c: Ctx) -> bool:
 
 
 def is_additive(c: Ctx) -> bool:
-    """The where-mask is taken as an additive operand (it is not one value per batch row and key)."""
-    return not _per_key(c)
+    """The where-mask is taken as an additive operand: it is not one value per batch row and key, or the scores carry
+    a term of the model's own before it (`bias_add`: the operand is `bias + where(cond, 0, fill)`)."""
+    return "bias_add" in c or not _per_key(c)
 
 
 _AXES = ("batch", "head", "query", "key")
