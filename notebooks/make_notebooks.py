@@ -937,7 +937,7 @@ import numpy as np
 
 from rlxviz.ir import Builder
 from rlxviz.passes import run_passes
-from rlxviz.runtime.reference import run_reference
+from rlxviz.teach import run_reference  # the run memory check rlxviz run makes, then the reference
 
 
 def hand_norm(eps_inside_sqrt):
@@ -1128,7 +1128,7 @@ def residual_adds(g):
 def max_diff(g, model=swapped):
     """Largest |difference| between the outputs of `g` and of the unfused `model.graph` on the NumPy reference
     executor (`rlxviz.runtime.reference`, float32), same inputs and weights."""
-    from rlxviz.runtime.reference import run_reference
+    from rlxviz.teach import run_reference
 
     f = model.random_feeds(0)
     want, got = run_reference(model.graph, f, model.weights), run_reference(g, f, model.weights)
@@ -1652,7 +1652,7 @@ from rlxviz import session
 from rlxviz.ir import Op, format_graph, lint
 from rlxviz.passes import CANONICAL_ORDER, Pipeline, run_passes
 from rlxviz.passes.engine import Pass, rule_pass
-from rlxviz.runtime.reference import run_reference
+from rlxviz.teach import run_reference  # the run memory check rlxviz run makes, then the reference
 
 gpt2 = teach.load("../tests/fixtures/onnx/gpt2.onnx")
 print(teach.check_memory(gpt2.graph, "gpt2.onnx", "run"))

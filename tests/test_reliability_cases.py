@@ -377,7 +377,7 @@ def test_notebook_timing_checks_the_time_workload_as_the_cli_does(capsys, monkey
     limits = session.Limits(512)
     model = session.load_ir_text(text, limits)  # the load workload fits
     trace = session.run_pipeline(model.graph, session.build_pipeline(["fuse_sdpa"]))
-    monkeypatch.setattr(teach, "session_time_versions", _never)
+    monkeypatch.setattr(teach, "_time_versions", _never)
     with pytest.raises(session.LimitError) as e:
         teach.time_versions(trace, model.random_feeds(), model.weights, limits=limits)
     code, _, err = run(capsys, "time", DATA / "budget_param_381mb.ir", "--max-memory-mb", 512)
