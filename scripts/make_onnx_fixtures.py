@@ -64,7 +64,7 @@ def _export(name: str, model: torch.nn.Module, inputs: dict[str, torch.Tensor], 
     return path
 
 
-def _randomize(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+def _randomize(model: torch.nn.Module, seed: int, scale: float = 0.05) -> torch.nn.Module:
     """Random weights everywhere (HF init leaves biases 0 and norm gammas 1, which would hide a swapped or
     dropped bias; the exporter would also merge the identical zero tensors into one initializer)."""
     g = torch.Generator().manual_seed(seed)
@@ -74,7 +74,7 @@ def _randomize(model: torch.nn.Module, seed: int) -> torch.nn.Module:
             if p.ndim == 1 and "norm" in name.lower() and name.endswith("weight"):
                 p.copy_(1.0 + 0.1 * noise)
             else:
-                p.copy_((0.02 if p.ndim == 1 else 0.05) * noise)
+                p.copy_((0.02 if p.ndim == 1 else scale) * noise)
     return model
 
 

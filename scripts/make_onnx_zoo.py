@@ -32,6 +32,7 @@ import numpy as np
 import onnx
 import torch
 import transformers
+from make_onnx_fixtures import _randomize  # the fixtures' random weights: norm gammas near 1
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "onnx" / "zoo"
 BATCH, SEQ, VOCAB = 2, 8, 96
@@ -47,18 +48,6 @@ class _LastHidden(torch.nn.Module):
 
     def forward(self, *args: torch.Tensor) -> torch.Tensor:
         return self.model(**dict(zip(self.names, args, strict=True))).last_hidden_state
-
-
-def _randomize(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if p.ndim == 1 and "norm" in name.lower() and name.endswith("weight"):
-                p.copy_(1.0 + 0.1 * noise)
-            else:
-                p.copy_((0.02 if p.ndim == 1 else 0.08) * noise)
-    return model
 
 
 def _text(seed: int, mask: bool = True, ids: str = "input_ids") -> dict[str, torch.Tensor]:
@@ -206,7 +195,7 @@ def _export(arch: str, form: str, make: Callable) -> dict:
     exporter, attn = form.split("-")
     torch.manual_seed(0)
     model, inputs, cfg = make(attn)
-    model = _randomize(model.eval(), zlib.crc32(arch.encode()) % 1000)
+    model = _randomize(model.eval(), zlib.crc32(arch.encode()) % 1000, scale=0.08)
     names = list(inputs)
     wrapped = _LastHidden(model, names).eval()
     args = tuple(inputs[k] for k in names)
