@@ -104,3 +104,34 @@ def test_only_the_servers_own_warm_up_document_skips_the_client_check(monkeypatc
         assert not main._warm_up_session() and "only serves this machine" in main._refusal()
     with set_curdoc(session_with(SimpleNamespace(remote_ip=None))):
         assert not main._warm_up_session() and main._refusal() is not None, "an unknown address is refused"
+
+
+def test_the_server_start_session_starts_the_spare_loader_and_pages_do_not(monkeypatch):
+    """`panel serve --warm` builds one document at server start: it starts the spare child that uploads load in
+    (`session.isolated.spare_ready`), so a user's first upload does not wait for a cold interpreter; a page does not."""
+    import threading
+    from types import SimpleNamespace
+
+    from bokeh.document import Document
+    from bokeh.server.contexts import BokehSessionContext, _RequestProxy
+    from panel.io.state import set_curdoc
+
+    from rlxviz.app import main
+
+    started = threading.Event()
+    monkeypatch.setattr(main, "spare_ready", started.set)
+    monkeypatch.setattr(main.AppState, "start_cached", lambda self: True)  # no model run: only the start-up matters
+
+    def session_with(request):
+        doc = Document()
+        ctx = BokehSessionContext("id", None, doc)
+        ctx._request = _RequestProxy(request, arguments={}, cookies={}, headers={})
+        doc._session_context = lambda: ctx
+        return doc
+
+    with set_curdoc(session_with(SimpleNamespace(remote_ip="127.0.0.1"))):
+        main.build_app()
+    assert not started.wait(0.5)
+    with set_curdoc(session_with(None)):
+        main.build_app()
+    assert started.wait(10)

@@ -5,12 +5,14 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import panel as pn
 from panel.theme.fast import Fast
 from panel.viewable import Viewer
 
+from ..session.isolated import spare_ready
 from .access import refusal
 from .controls import ModelControls, PipelineControls, StatusBar, VariantControls
 from .jobs import Runner
@@ -109,6 +111,8 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
         page.state = None  # type: ignore[attr-defined]
         return page
     if state is None:
+        if _warm_up_session():  # server start (`panel serve --warm`): the first upload need not wait for a cold child
+            threading.Thread(target=spare_ready, name="rlxviz-spare-loader", daemon=True).start()
         state = AppState(runner=Runner(background=True, page=_page_thread()), autorun=False)
         if state.start_cached():  # a run of these settings is done (`panel serve --warm`): the page shows it
             pass
