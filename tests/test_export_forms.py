@@ -128,7 +128,7 @@ def test_the_importer_maps_silu_one_to_one_and_the_pass_records_the_rewrite(tmp_
 
 
 @pytest.mark.parametrize("b, h, s, d, lead", [(2, 4, 5, 8, 2), (1, 3, 7, 4, 2), (3, 2, 1, 6, 1)])
-def test_the_sdpa_split_scale_and_folded_transpose_are_rewritten_with_equal_numbers(b, h, s, d, lead):
+def test_the_sdpa_folded_transpose_is_rewritten_with_equal_numbers(b, h, s, d, lead):
     """torch's sdpa decomposition: K^T written on heads folded into the batch, q and k^T each scaled by sqrt(scale).
     `lead` = how many leading axes the fold merges (2: [B*H, S, d]; 1: only the batch, a no-op fold)."""
     g_b = Builder("sdpa_split")
@@ -140,29 +140,56 @@ def test_the_sdpa_split_scale_and_folded_transpose_are_rewritten_with_equal_numb
     g = g_b.build()
     trace, final = _run(g)
     matched, _ = _rules(trace)
-    want = {"canonicalize_exported.split_scale"} | ({"canonicalize_exported.folded_transpose"} if lead == 2 else set())
-    assert want <= matched
+    assert "canonicalize_exported.folded_transpose" in matched  # lead 1: the batch alone "folds" (a no-op fold)
     (mm,) = [n for n in final if n.op == Op.MATMUL]
-    assert final[mm.inputs[1]].op == Op.TRANSPOSE and final[mm.inputs[1]].attrs["perm"] == (0, 1, 3, 2)
-    (scale,) = [n for n in final if n.op == Op.MUL]
-    assert mm.id in scale.inputs
+    kt_mul = final[mm.inputs[1]]
+    assert kt_mul.op == Op.MUL and final[kt_mul.inputs[0]].op == Op.TRANSPOSE
+    assert final[kt_mul.inputs[0]].attrs["perm"] == (0, 1, 3, 2)
     feeds = {"q": rng.standard_normal((b, h, s, d)).astype(np.float32) * 3,
              "k": rng.standard_normal((b, h, s, d)).astype(np.float32) * 3}
     _same_numbers(g, final, feeds)
 
 
-def test_a_zero_split_scale_is_refused_and_other_reshape_chains_are_not_records():
-    g_b = Builder("zero_scale")
-    q, k = g_b.input("q", (2, 2, 4, 8)), g_b.input("k", (2, 2, 4, 8))
+@pytest.mark.parametrize("heads, head_dim", [(4, 8), (2, 6)])
+def test_the_sdpa_split_scale_packs_into_one_attention_with_equal_numbers(heads, head_dim):
+    """torch's sdpa export: q and k^T each times head_dim**-0.25, K^T folded into the batch. No rule of
+    canonicalize_exported joins the scales: fuse_sdpa.hoist_scale moves K's next to its head split and fuse_sdpa
+    folds both into the attention's default scale."""
+    bsz, seq, hid = 2, 5, heads * head_dim
+    g_b = Builder("sdpa_attention")
+    x = g_b.input("x", (bsz, seq, hid))
+
+    def split(name):
+        p = g_b.matmul(x, g_b.param(f"{name}.weight", (hid, hid)))
+        return g_b.transpose(g_b.reshape(p, (bsz, seq, heads, head_dim)), (0, 2, 1, 3))
+
+    q, k, v = split("q"), split("k"), split("v")
+    kt = g_b.reshape(g_b.transpose(g_b.reshape(k, (bsz * heads, seq, head_dim)), (0, 2, 1)),
+                     (bsz, heads, head_dim, seq))
+    c = float(np.float32(head_dim ** -0.25))
+    p = g_b.softmax(g_b.matmul(g_b.mul(q, c), g_b.mul(kt, c)), -1)
+    g_b.output(g_b.reshape(g_b.transpose(g_b.matmul(p, v), (0, 2, 1, 3)), (bsz, seq, hid)))
+    g = g_b.build()
+    trace = Pipeline(["canonicalize_exported", "fuse_sdpa", "dead_code_elimination"]).run(g)
+    rules = {m.rule for s in trace.steps for m in s.matches}
+    assert {"canonicalize_exported.folded_transpose", "fuse_sdpa.hoist_scale", "fuse_sdpa.hf_attention"} <= rules
+    (att,) = [n for n in trace.final if n.op == Op.ATTENTION]
+    assert att.attrs["scale"] is None  # c * c is 1/sqrt(head_dim): the default
+    w = {n.name: (rng.standard_normal(n.shape) * 0.3).astype(np.float32) for n in g.params}
+    feeds = {"x": rng.standard_normal((bsz, seq, hid)).astype(np.float32)}
+    want = run_reference(g, feeds, w)[0]
+    np.testing.assert_allclose(run_reference(trace.final, feeds, w)[0], want, rtol=1e-5, atol=1e-5)
+    got = MlxExecutor(LoweringOptions(fast_math=False)).run(trace.final, feeds, w)[0]
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
+
+
+def test_other_reshape_chains_are_not_records():
+    g_b = Builder("head_split")
     x = g_b.input("x", (2, 4, 8))
-    heads = g_b.reshape(g_b.transpose(g_b.reshape(x, (2, 4, 2, 4)), (0, 2, 1, 3)), (2, 2, 16))  # a head split
-    g_b.output(g_b.matmul(g_b.mul(q, 0.0), g_b.mul(g_b.transpose(k, (0, 1, 3, 2)), 0.5)), heads)
-    trace, final = _run(g_b.build())
-    matched, rejected = _rules(trace)
-    assert "canonicalize_exported.split_scale" not in matched
-    assert ("canonicalize_exported.split_scale", "scales_finite") in rejected
+    g_b.output(g_b.reshape(g_b.transpose(g_b.reshape(x, (2, 4, 2, 4)), (0, 2, 1, 3)), (2, 2, 16)))  # a head split
+    trace, _ = _run(g_b.build())
     assert not any(r.rule == "canonicalize_exported.folded_transpose" for r in trace.rejections)
-    assert "canonicalize_exported.folded_transpose" not in matched
+    assert "canonicalize_exported.folded_transpose" not in _rules(trace)[0]
 
 
 def test_a_position_bias_then_the_padding_mask_become_one_additive_term_with_equal_numbers():

@@ -929,17 +929,6 @@ NEAR_MISSES += [
 ]
 
 
-def _split_scale(c1: float = 0.0):
-    """(q * c1) @ (k^T * 0.5): torch's sdpa split scale, with a scale that is not one."""
-    b = Builder("split_scale")
-    q, k = b.input("q", (2, 2, 4, 8)), b.input("k", (2, 2, 4, 8))
-    kt = b.transpose(k, (0, 1, 3, 2))
-    c = b.const(c1)
-    b.output(b.matmul(b.mul(q, c), b.mul(kt, 0.5)))
-    return b.build(), {"s": int(c)}
-
-
-NEAR_MISSES += [("canonicalize_exported.split_scale", "scales_finite", _split_scale, "s", {})]
 
 
 def _bias_then_mask(fill: float = float(np.finfo(np.float32).min), dtype: str = "f32"):

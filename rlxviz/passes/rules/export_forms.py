@@ -18,12 +18,9 @@ no match record, no near-miss, nothing to toggle) is a rule here, at the head of
   denominator is >= 1 and no output is NaN. Inputs are finite (every front end checks them) and the exporters'
   masks fill with f32's min, so the guard `scores_finite` refuses only a constant fill of -inf/+inf/NaN among
   the nodes computing `s` (there a fully masked row is NaN and the guard gives 0: the rewrite would change it).
-* `canonicalize_exported.split_scale`: `(a * c1) @ (b * c2)` with scalar constants (torch's sdpa export scales
-  q and k^T each by `sqrt(scale)`) -> `(a @ b) * (c1 * c2)`, the scaled-scores form attention rules match. Exact
-  in real arithmetic (a matmul is bilinear); in floating point the product is rounded once where the export
-  rounded each operand: within a few ulp of the export (the same reassociation `fuse_sdpa` makes with
-  `1/sqrt(d)`). Guard: both constants finite and non-zero (`scales_finite`); the pattern's constants are scalars
-  (rank 0), so neither multiply changes its operand's shape.
+(torch's sdpa split scale, `(q * sqrt(s)) @ (k^T * sqrt(s))`, needs no rule here: `fuse_sdpa.hoist_scale` moves
+K's scale next to its head split, bit-exact, and `fuse_sdpa` folds both pre-scales into the attention's scale.)
+
 * `canonicalize_exported.folded_transpose`: `reshape(transpose(reshape(x, [B*H, S, d]), [0, 2, 1]), [B, H, d, S])`
   (a transpose written on heads folded into the batch, as torch's sdpa decomposition writes `k.transpose(-2,
   -1)`) -> `transpose(x, [0, 1, 3, 2])`; when the outer reshape groups the leading axes otherwise (GQA's
@@ -92,6 +89,20 @@ def _fills_ok(c: Ctx) -> bool:
     return const_value(c["zero"]) == 0.0 and const_value(c["fill"]) == F32_MIN
 
 
+def _padding_mask(name: str) -> P:
+    """`where(keep, 0, fill)` with scalar-constant fills: transformers' padding mask as torch.onnx exports it."""
+    return P(Op.WHERE, P.var("keep"), P.var("zero", where=is_const, what="a scalar constant"),
+             P.var("fill", where=is_const, what="a scalar constant"), name=name)
+
+
+def _fills_guard(mask: str, fix: str):  # noqa: ANN202 - a Guard
+    """`bias_fills`: the mask role `mask` fills exactly 0 where kept and f32's min where masked."""
+    return guard("bias_fills", _fills_ok,
+                 lambda c: f"{c.d(mask)} fills {const_value(c['zero']):.9g} where kept and "
+                           f"{const_value(c['fill']):.9g} where masked; needs 0 and finfo(f32).min ({F32_MIN:.9g})",
+                 requires=(mask, "zero", "fill"), kind=NOT_RECOGNIZED, fix=fix)
+
+
 @reports(reads=("s",))
 def _not_biased_scores(c: Ctx) -> Fail | None:
     """`(scores + bias) + mask` is `bias_then_mask`'s form, not this one's."""
@@ -100,16 +111,10 @@ def _not_biased_scores(c: Ctx) -> Fail | None:
 
 WHERE_BIAS = Rule(
     "canonicalize_exported.where_bias",
-    P(Op.ADD, P.var("s"), P(Op.WHERE, P.var("keep"), P.var("zero", where=is_const, what="a scalar constant"),
-                            P.var("fill", where=is_const, what="a scalar constant"), name="bias"),
-      name="add", commutative=True),
+    P(Op.ADD, P.var("s"), _padding_mask("bias"), name="add", commutative=True),
     steps=(
         _not_biased_scores,
-        guard("bias_fills", _fills_ok,
-              lambda c: f"{c.d('bias')} fills {const_value(c['zero']):.9g} where kept and "
-                        f"{const_value(c['fill']):.9g} where masked; needs 0 and finfo(f32).min "
-                        f"({F32_MIN:.9g})", requires=("bias", "zero", "fill"), kind=NOT_RECOGNIZED,
-              fix="none: another fill is a different mask (the sum is not a where)"),
+        _fills_guard("bias", "none: another fill is a different mask (the sum is not a where)"),
         guard("scores_f32", lambda c: c["s"].dtype == DType.f32,
               lambda c: f"{c.d('s')} is {c['s'].dtype}; needs f32 (the fill is f32's min)", requires=("s",),
               kind=NOT_RECOGNIZED),
@@ -175,39 +180,6 @@ def _drop_guard(c: Ctx, rw: Rewriter) -> int:
     return c.id("p")
 
 
-def _scales_ok(c: Ctx) -> bool:
-    v1, v2 = const_value(c["c1"]), const_value(c["c2"])
-    return v1 is not None and v2 is not None and all(math.isfinite(v) and v != 0.0 for v in (v1, v2))
-
-
-SPLIT_SCALE = Rule(
-    "canonicalize_exported.split_scale",
-    P(Op.MATMUL,
-      P(Op.MUL, P.var("a"), P.var("c1", where=is_const, what="a scalar constant"), name="ma", commutative=True),
-      P(Op.MUL, P.var("b"), P.var("c2", where=is_const, what="a scalar constant"), name="mb", commutative=True),
-      name="mm"),
-    steps=(
-        guard("scales_finite", _scales_ok,
-              lambda c: f"{c.d('c1')} = {const_value(c['c1'])!r}, {c.d('c2')} = {const_value(c['c2'])!r}; needs "
-                        "finite non-zero scales", requires=("c1", "c2"), kind=NOT_RECOGNIZED,
-              fix="none: a zero or infinite scale is not a split attention scale"),
-    ),
-    result="mm", absorb=("ma", "mb", "mm"),
-    rewrite=lambda c, rw: _join_scales(c, rw),
-    doc="(a * c1) @ (b * c2) -> (a @ b) * (c1 * c2) (scalar constants)")
-
-
-def _join_scales(c: Ctx, rw: Rewriter) -> int:
-    mm = c["mm"]
-    with rw.provenance([c.id("ma"), c.id("mb"), c.id("mm")]):
-        prod = rw.emit(Op.MATMUL, [c.id("a"), c.id("b")])
-        scale = rw.const(float(np.float64(const_value(c["c1"])) * np.float64(const_value(c["c2"]))), mm.dtype)
-        out = rw.emit(Op.MUL, [prod, scale])
-    rw.remove([c.id("ma"), c.id("mb")])
-    rw.replace(c.id("mm"), out)
-    return out
-
-
 def _batch_fold(c: Ctx) -> bool:
     """x [*lead, *rest] -> r1 [prod(lead), *rest] -> t (axis 0 kept) -> r2 [*lead2, *t.shape[1:]], prod(lead2) ==
     prod(lead) (lead2 may group the leading axes differently: [B, Hkv, rep] folded, [B, Hkv*rep] unfolded)."""
@@ -266,25 +238,19 @@ def _biased_scores(g: Graph, n: Node) -> bool:
     return n.op == Op.ADD and any(_is_score_matmul(g, i) for i in n.inputs)
 
 
-@reports(reads=("sum",))
+@reports(reads=("s",))
 def _sum_of_scores(c: Ctx) -> Fail | None:
-    """Only a sum whose one operand is a (scaled) score matmul is this form."""
-    return None if _biased_scores(c.graph, c["sum"]) and _is_score_matmul(c.graph, c.id("s")) else QUIET
+    """Only a sum whose `s` operand is a (scaled) score matmul is this form."""
+    return None if _is_score_matmul(c.graph, c.id("s")) else QUIET
 
 
 BIAS_THEN_MASK = Rule(
     "canonicalize_exported.bias_then_mask",
-    P(Op.ADD, P(Op.ADD, P.var("s"), P.var("bias"), name="sum", commutative=True),
-      P(Op.WHERE, P.var("keep"), P.var("zero", where=is_const, what="a scalar constant"),
-        P.var("fill", where=is_const, what="a scalar constant"), name="mask"),
+    P(Op.ADD, P(Op.ADD, P.var("s"), P.var("bias"), name="sum", commutative=True), _padding_mask("mask"),
       name="add", commutative=True),
     steps=(
         _sum_of_scores,
-        guard("bias_fills", _fills_ok,
-              lambda c: f"{c.d('mask')} fills {const_value(c['zero']):.9g} where kept and "
-                        f"{const_value(c['fill']):.9g} where masked; needs 0 and finfo(f32).min ({F32_MIN:.9g})",
-              requires=("mask", "zero", "fill"), kind=NOT_RECOGNIZED,
-              fix="none: another fill is a different mask"),
+        _fills_guard("mask", "none: another fill is a different mask"),
         guard("scores_f32", lambda c: c["s"].dtype == c["bias"].dtype == DType.f32,
               lambda c: f"{c.d('s')} is {c['s'].dtype} and {c.d('bias')} {c['bias'].dtype}; needs f32 (the fill is "
                         "f32's min)", requires=("s", "bias"), kind=NOT_RECOGNIZED),
@@ -351,10 +317,10 @@ NOOP_CAST = Rule(
 
 
 canonicalize_exported = rule_pass(
-    "canonicalize_exported", [SILU, RSQRT, WHERE_BIAS, NAN_GUARD, FOLDED_TRANSPOSE, SPLIT_SCALE, BIAS_THEN_MASK,
+    "canonicalize_exported", [SILU, RSQRT, WHERE_BIAS, NAN_GUARD, FOLDED_TRANSPOSE, BIAS_THEN_MASK,
                               INVERTED_WHERE, NOOP_CAST],
-    "forms exporters write (x*sigmoid(x), 1/sqrt, the padding-mask sum, the sdpa NaN guard, its split scale and "
-    "folded transpose, no-op casts) -> the IR's ops")
+    "forms exporters write (x*sigmoid(x), 1/sqrt, the padding-mask sum, the sdpa NaN guard, its folded transpose, "
+    "T5's bias then mask, an inverted where, no-op casts) -> the IR's ops")
 
 __all__ = ["BIAS_THEN_MASK", "FOLDED_TRANSPOSE", "INVERTED_WHERE", "NAN_GUARD", "NOOP_CAST", "RSQRT", "SILU",
-           "SPLIT_SCALE", "WHERE_BIAS", "canonicalize_exported"]
+           "WHERE_BIAS", "canonicalize_exported"]
