@@ -197,15 +197,19 @@ def classify_layer(graph: Graph, layer: int | None) -> LayerArchitecture:
     return known[layer]
 
 
+def _rope_products(g: Graph, n: Node) -> list[tuple[Node, Node]]:
+    """`(plain, rotated)` readings of `n` as RoPE's `h * cos + rotated(h) * sin`: both orders of an add of two
+    products (empty for anything else)."""
+    if n.op != Op.ADD or len(n.inputs) != 2:
+        return []
+    a, b = (g[i] for i in n.inputs)
+    return [(p, r) for p, r in ((a, b), (b, a)) if p.op == Op.MUL and r.op == Op.MUL]
+
+
 def rotate_half_rope(g: Graph, n: Node) -> tuple[int, int] | None:
     """`(add, concat)` when `n` is RoPE written on the heads, `h * cos + rotate_half(h) * sin` with
     `rotate_half(h) = concat(-h[..., d/2:], h[..., :d/2])` (Hugging Face's eager form), else None."""
-    if n.op != Op.ADD or len(n.inputs) != 2:
-        return None
-    a, b = (g[i] for i in n.inputs)
-    for plain, rot in ((a, b), (b, a)):
-        if plain.op != Op.MUL or rot.op != Op.MUL:
-            continue
+    for plain, rot in _rope_products(g, n):
         cat = next((g[i] for i in rot.inputs if g[i].op == Op.CONCAT), None)
         if cat is None or len(cat.inputs) != 2:
             continue
@@ -224,12 +228,7 @@ def interleaved_rope(g: Graph, n: Node) -> tuple[int, int] | None:
     `h * cos + rotate_every_two(h) * sin`, `rotate_every_two(h) = reshape(concat(-r[..., 1:2], r[..., 0:1], axis=-1),
     h.shape)` with `r = reshape(h, [..., d/2, 2])`: pairs `(h[2i], h[2i+1])` rotated, where the rope op rotates
     `(h[i], h[i + d/2])`. None otherwise."""
-    if n.op != Op.ADD or len(n.inputs) != 2:
-        return None
-    a, b = (g[i] for i in n.inputs)
-    for plain, rot in ((a, b), (b, a)):
-        if plain.op != Op.MUL or rot.op != Op.MUL:
-            continue
+    for plain, rot in _rope_products(g, n):
         back = next((g[i] for i in rot.inputs if g[i].op == Op.RESHAPE), None)
         cat = g[back.inputs[0]] if back is not None else None
         if cat is None or cat.op != Op.CONCAT or len(cat.inputs) != 2 or cat.shape[-1:] != (2,):
