@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -38,12 +39,16 @@ def _cases() -> list[tuple[str, Path, Path | None]]:
     return rows + [(Path(a).stem, Path(a), None) for a in sys.argv[1:]]
 
 
+@cache
+def _ort_record() -> dict:
+    """zoo/ort_optimizer.json's rows by file, read once ({} without the record)."""
+    rec = FIX / "zoo" / "ort_optimizer.json"
+    return json.loads(rec.read_text())["files"] if rec.is_file() else {}
+
+
 def _ort_fused(name: str) -> str:
     """ORT's transformer optimizer on the zoo file `name` (its fused-op statistics), or '' for other rows."""
-    rec = FIX / "zoo" / "ort_optimizer.json"
-    if not rec.is_file():
-        return ""
-    row = json.loads(rec.read_text())["files"].get(name)
+    row = _ort_record().get(name)
     if row is None:
         return ""
     if "error" in row:
