@@ -485,16 +485,14 @@ def cmd_render(args: argparse.Namespace) -> int:
     expanded = tuple(sorted(set(args.expand or ())))
     view = View(i, args.view, "before" if args.before else "after", args.focus, expanded)
     graph = picture(trace, view)[0]
-    missing = [k for k in expanded if k not in model_layers(graph)]
+    have = model_layers(graph)
+    present = set(have)
+    span = f"layers: {have[0]}..{have[-1]}" if have else "no node path names a layer"
+    missing = [k for k in expanded if k not in present]
     if missing:
-        have = model_layers(graph)
-        span = f"layers: {have[0]}..{have[-1]}" if have else "no node path names a layer"
         raise CLIError(f"--expand {missing[0]}: layer {missing[0]} is not in {args.model} ({span})")
-    if args.focus is not None:
-        have = model_layers(graph)
-        if args.focus not in have:
-            span = f"layers: {have[0]}..{have[-1]}" if have else "no node path names a layer"
-            raise CLIError(f"--focus {args.focus}: layer {args.focus} is not in {args.model} ({span})")
+    if args.focus is not None and args.focus not in present:
+        raise CLIError(f"--focus {args.focus}: layer {args.focus} is not in {args.model} ({span})")
     dot = render_dot(trace, view)
     try:
         save(out, dot)
