@@ -294,7 +294,7 @@ def run_batch(batch: int, args: argparse.Namespace) -> None:
         rows.append(Row(name, call, first, diff(np.asarray(output()), ref).max_abs, where))
 
     default = MlxExecutor(device=dev)
-    mlx_where = f"mlx {dev} {default.precision}"
+    mlx_where = f"mlx {dev} {default.precision.matmuls}"
     for label, fast in (("hand MLX (std: erf GELU, mx.fast SDPA)", False), ("hand MLX (fast math)", True)):
         fn = hand_mlx(cfg, rlx.weights, fast)
 

@@ -17,7 +17,7 @@ from rlxviz.runtime import run_reference
 from rlxviz.runtime.executor import MlxExecutor
 from rlxviz.runtime.lowering import LoweringOptions
 from rlxviz.runtime.mlx_backend import mx
-from rlxviz.runtime.tolerance import TABLE
+from rlxviz.runtime.precision import TABLE
 
 TOL = TABLE[DType.f32, "cpu"][1]  # fused vs unfused on one backend, f32: what a kernel may differ by
 KERNELS = MlxExecutor(LoweringOptions(kernels=True))

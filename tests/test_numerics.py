@@ -15,7 +15,7 @@ from rlxviz.passes import Pass, PassResult, Pipeline
 from rlxviz.runtime import LoweringOptions, MlxExecutor, run_oracle, run_reference
 from rlxviz.runtime.battery import KINDS, Battery, battery, load_inputs, mask_inputs
 from rlxviz.runtime.compare import Baseline, baselines, check_version, check_versions, judge
-from rlxviz.runtime.tolerance import TABLE, Tolerance, graph_dtype, policy_for
+from rlxviz.runtime.precision import TABLE, Tolerance, graph_dtype, precision_policy
 
 CASE05 = Path(__file__).parent / "data" / "cases" / "05-fully-masked-row.rlx"
 
@@ -108,14 +108,15 @@ def test_load_inputs_checks_names_shapes_and_dtypes_before_reading(tmp_path):
 def test_policy_comes_from_one_table_per_dtype_and_device():
     g32 = parse_ir(CASE05.read_text())
     assert graph_dtype(g32) == DType.f32 and graph_dtype(_to(g32, "f16")) == DType.f16
-    p = policy_for(g32, "cpu")
+    p = precision_policy(g32, "cpu")
     assert (p.oracle, p.same_backend) == TABLE[DType.f32, "cpu"]
-    tf32 = policy_for(g32, "cuda+tf32")
+    tf32 = precision_policy(g32, "cuda+tf32")
     assert tf32.tf32 and tf32.oracle.atol >= 4.1e-3 > p.oracle.atol  # the 4.1e-3 TF32 error measured on an H200
     assert "TF32" in tf32.describe() and "float64" in p.describe()
-    assert policy_for(_to(g32, "bf16"), "cpu").oracle.rtol > policy_for(_to(g32, "f16"), "cpu").oracle.rtol
+    assert precision_policy(_to(g32, "bf16"), "cpu").oracle.rtol > precision_policy(_to(g32, "f16"), "cpu").oracle.rtol
+    assert precision_policy(DType.bf16, "cpu") == precision_policy(_to(g32, "bf16"), "cpu")  # a dtype or a graph
     with pytest.raises(KeyError, match="no tolerance for f64 on metal"):
-        policy_for(_to(g32, "f64"), "metal")
+        precision_policy(_to(g32, "f64"), "metal")
 
 
 def test_oracle_is_float64_and_sees_the_rounded_leaves():
@@ -170,13 +171,13 @@ def test_f16_layer_norm_op_is_not_marked_wrong():
     g = parse_ir(LN16)
     trace = Pipeline.canonical().run(g)
     assert any(n.op == Op.FUSED_RESIDUAL_LN for n in trace.final)
-    verdicts = check_versions(_changed(trace), battery(g, _ln_feeds()), _weights(g), policy_for(g))
+    verdicts = check_versions(_changed(trace), battery(g, _ln_feeds()), _weights(g), precision_policy(g))
     assert all(v.ok for v in verdicts), [v.note for v in verdicts]
 
 
 def test_f16_overflow_is_reported_as_overflow_with_the_input_and_node():
     g = parse_ir(LN16_DECOMPOSED)
-    v = check_versions([("input", g)], battery(g, _ln_feeds()), _weights(g), policy_for(g))[0]
+    v = check_versions([("input", g)], battery(g, _ln_feeds()), _weights(g), precision_policy(g))[0]
     assert v.status == "overflow" and v.broke_on == "large_magnitude"
     assert "%7 mul f16[2, 8, 64]" in v.note and "in the unfused graph" in v.note
     assert "outputs stay finite" in v.note  # rsqrt(inf) = 0: the overflow is inside, the outputs are finite
@@ -189,13 +190,13 @@ def test_an_f16_residual_sum_that_overflows_is_not_ok():
     feeds["x"][..., 0] = feeds["r"][..., 0] = 40000.0  # finite in f16; the sum 80000 > 65504 is not
     user = battery(g, feeds, kinds=("random",))
     v = check_versions([("input", g), ("fused", Pipeline(["fuse_residual_ln"]).run(g).final)], user, _weights(g),
-                       policy_for(g))
+                       precision_policy(g))
     for verdict in v:
         assert verdict.status == "overflow" and "%4 add f16[2, 8, 64]" in verdict.note, verdict.note
 
 
 def test_judge_separates_a_fusion_bug_from_conditioning():
-    pol = policy_for(parse_ir(LN16), "cpu")
+    pol = precision_policy(parse_ir(LN16), "cpu")
     oracle, unfused = [np.ones(4)], [np.array([1.0, 1.0, 1.0, 1.5], np.float16)]
     assert judge([np.ones(4, np.float16)], oracle, unfused, pol).status == "ok"  # closer than unfused: fine
     assert judge(unfused, oracle, unfused, pol).status == "precision"
@@ -235,7 +236,7 @@ def test_a_broken_rewrite_is_caught_and_named_with_the_input_that_broke_it(sourc
     trace = Pipeline(["fuse_sdpa", BROKEN, "fuse_shared_input_matmul", "fuse_matmul_bias_act",
                       "fuse_attention_block"]).run(g)
     versions = trace.versions()
-    verdicts = check_versions(versions, battery(g, base), w, policy_for(g))
+    verdicts = check_versions(versions, battery(g, base), w, precision_policy(g))
     by = dict(zip([label for label, _ in versions], verdicts, strict=True))
     # the unfused graph may itself lose precision (f32 scores - 10000 on the empty row): never a fusion fault
     assert by["input"].status in ("ok", "precision") and by["after fuse_sdpa"].status == by["input"].status
@@ -268,7 +269,7 @@ def test_mask_battery_through_every_version(model, dtype):
     trace = Pipeline.canonical().run(g)
     versions = _changed(trace)
     assert len(versions) >= 3
-    verdicts = check_versions(versions, battery(g, base), w, policy_for(g))
+    verdicts = check_versions(versions, battery(g, base), w, precision_policy(g))
     unfused = [c.status for c in verdicts[0].checks]
     assert unfused[0] == "ok"  # random inputs (case05 in f32: the empty row loses precision, -10000 fill)
     for (label, _), v in zip(versions, verdicts, strict=True):  # a version is ok, or exactly as off as unfused
@@ -291,7 +292,7 @@ def test_random_transformers_fused_equal_unfused_on_mlx_f32_and_f16(case):
         versions = _changed(Pipeline.canonical().run(g))
         bases = baselines(g, battery(g, case.feeds), case.weights, run)
         for label, v in versions[1:]:
-            verdict = check_version(v, bases, case.weights, policy_for(g), run)
+            verdict = check_version(v, bases, case.weights, precision_policy(g), run)
             assert verdict.status != "fusion", f"{dtype} {label}: {verdict.note}"
 
 
@@ -314,7 +315,7 @@ def test_a_version_as_far_from_the_oracle_as_unfused_is_not_blamed_on_a_pass():
     from unfused but is no farther from the oracle, names no pass. Farther than 2x that: the pass is named."""
     from rlxviz.runtime.compare import InputCheck, Verdict, attribute_changes
 
-    pol = policy_for(parse_ir(LN16), "cpu")
+    pol = precision_policy(parse_ir(LN16), "cpu")
     oracle, unfused = [np.ones(4)], [np.array([1.0, 1.0, 1.0, 1.5], np.float16)]
     same = judge(unfused, oracle, unfused, pol, "fully_masked_row")
     moved = judge([np.array([1.0, 1.0, 1.0, 0.6])], oracle, unfused, pol, "fully_masked_row")

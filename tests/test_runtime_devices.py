@@ -4,12 +4,14 @@ choice functions are asked for each device, and the GPU's lowering runs (on the 
 import numpy as np
 import pytest
 
+from rlxviz.ir import DType
 from rlxviz.models import load_model
 from rlxviz.passes import Pipeline
 from rlxviz.runtime import devices, run_reference
-from rlxviz.runtime.devices import DeviceError, precision_policy, resolve_device
+from rlxviz.runtime.devices import DeviceError, resolve_device
 from rlxviz.runtime.executor import MlxExecutor
 from rlxviz.runtime.lowering import DEVICE_LOWERING, LoweringOptions, lowering_table, options_for
+from rlxviz.runtime.precision import TABLE, precision_policy
 from rlxviz.runtime.timing import equivalence
 
 
@@ -49,15 +51,31 @@ def test_available_devices_and_default(monkeypatch):
 
 
 def test_precision_policy_and_its_tolerance():
-    assert precision_policy("cpu", env={}).name == "f32"
-    assert precision_policy("gpu", "metal", env={}).name == "f32"
-    tf32 = precision_policy("gpu", "cuda", env={})
-    assert tf32.name == "tf32" and "unset" in tf32.note
-    assert precision_policy("gpu", "cuda", env={"MLX_ENABLE_TF32": "1"}).name == "tf32"
-    strict = precision_policy("gpu", "cuda", env={"MLX_ENABLE_TF32": "0"})
-    assert strict.name == "f32" and (strict.rtol, strict.atol) == devices.TOLERANCE["f32"]
-    assert tf32.rtol > strict.rtol and tf32.atol > strict.atol
-    assert MlxExecutor(device="cpu").precision.name == "f32"
+    assert precision_policy(device="cpu", env={}).matmuls == "f32"
+    metal = precision_policy(device="gpu", backend="metal", env={})
+    assert (metal.matmuls, metal.device) == ("f32", "metal")
+    tf32 = precision_policy(device="gpu", backend="cuda", env={})
+    assert (tf32.matmuls, tf32.device) == ("tf32", "cuda+tf32") and "unset" in tf32.note
+    assert precision_policy(device="gpu", backend="cuda", env={"MLX_ENABLE_TF32": "1"}).matmuls == "tf32"
+    strict = precision_policy(device="gpu", backend="cuda", env={"MLX_ENABLE_TF32": "0"})
+    assert (strict.matmuls, strict.device) == ("f32", "cuda") and "=0" in strict.note
+    assert (strict.oracle, strict.same_backend) == TABLE[DType.f32, "cuda"]
+    assert tf32.oracle.rtol > strict.oracle.rtol and tf32.oracle.atol > strict.oracle.atol
+    assert MlxExecutor(device="cpu").precision == precision_policy(DType.f32, "cpu")
+
+
+def test_precision_policy_reads_this_machine_only_for_cpu_gpu(monkeypatch):
+    """`gpu` is looked up (its backend, then the TF32 switch); a device kind is taken as given; a bad name
+    is one DeviceError naming both vocabularies."""
+    monkeypatch.setattr(devices, "gpu_backend", lambda: "cuda")
+    assert precision_policy(device="gpu", env={}).device == "cuda+tf32"
+    assert precision_policy(device="auto", env={"MLX_ENABLE_TF32": " 0 "}).device == "cuda"
+    monkeypatch.setattr(devices, "gpu_backend", lambda: None)
+    assert precision_policy(device="cuda+tf32").tf32 and precision_policy(DType.f16, "metal").dtype == DType.f16
+    with pytest.raises(DeviceError, match="no GPU"):
+        precision_policy(device="gpu")
+    with pytest.raises(DeviceError, match="unknown device 'tpu'.*cuda\\+tf32"):
+        precision_policy(device="tpu")
 
 
 @pytest.mark.parametrize("name,style", [("bert-tiny", "hf"), ("llama-block", None)])

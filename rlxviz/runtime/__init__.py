@@ -18,7 +18,7 @@ _LAZY = {
     "MlxEmitter": "lowering", "options_for": "lowering", "DEVICE_LOWERING": "lowering",
     "time_versions_interleaved": "timing", "InterleavedTimings": "timing", "TimingContext": "timing",
     "available_devices": "devices", "default_device": "devices", "resolve_device": "devices",
-    "precision_policy": "devices", "DeviceError": "devices",
+    "DeviceError": "devices", "PrecisionPolicy": "precision", "precision_policy": "precision",
 }
 
 

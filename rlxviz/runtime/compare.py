@@ -24,7 +24,7 @@ any correctly rounded evaluation may land that far off, so a version as far from
 version farther from the oracle than the bar is blamed on a pass (`fusion`, naming the first pass where the
 error vs unfused jumps: `attribute_changes`).
 
-Tolerances come from `tolerance.TABLE` (`PrecisionPolicy`). The first input set on which a version is
+Tolerances come from `precision.TABLE` (`PrecisionPolicy`). The first input set on which a version is
 not `ok` is named in its verdict.
 """
 
@@ -38,8 +38,8 @@ import numpy as np
 
 from ..ir import Graph, Op
 from .battery import Battery, InputSet
+from .precision import PrecisionPolicy, Tolerance
 from .reference import NumpyEmitter, bind_leaf, run_oracle
-from .tolerance import PrecisionPolicy, Tolerance
 
 Runner = Callable[[Graph, Mapping[str, np.ndarray], Mapping[str, np.ndarray]], list[np.ndarray]]
 """`run(graph, feeds, weights) -> outputs`: the backend under test (default: MLX, dtype-true)."""

@@ -25,9 +25,10 @@ import numpy as np
 
 from ..ir import Graph, Node, Op, format_graph, format_node
 from ..ir.identity import IdentityMap
-from .devices import mx_device, precision_policy, resolve_device
+from .devices import mx_device, resolve_device
 from .lowering import MX_DTYPES, LoweringError, LoweringOptions, MlxEmitter, lower_node
 from .mlx_backend import mx
+from .precision import precision_policy
 
 
 def graph_key(graph: Graph) -> str:
@@ -216,7 +217,7 @@ class MlxExecutor:
         self.device = resolve_device(device)
         self.emitter = MlxEmitter(options, self.device)
         self.options = self.emitter.options
-        self.precision = precision_policy(self.device)
+        self.precision = precision_policy(device=self.device)
         self.compile_graph = compile_graph
         self._programs: dict[tuple[str, LoweringOptions, bool], Program] = {}
         self._keys: IdentityMap[Graph, str] = IdentityMap()

@@ -34,7 +34,7 @@ class TimingContext:
 
     Attributes:
         device: `cpu` or `gpu`.
-        precision: float32 matmul policy, `f32` or `tf32` (`devices.precision_policy`).
+        precision: float32 matmul policy, `f32` or `tf32` (`precision.PrecisionPolicy.matmuls`).
         blas: the CBLAS MLX's CPU matmul calls (`blas.BlasRecord`), with its thread count.
         mlx: MLX version.
         cpu_streams: CPU streams the row-parallel kernels use (1 = off).
@@ -72,7 +72,7 @@ def kernels_line(executor: MlxExecutor) -> str:
 
 def timing_context(executor: MlxExecutor) -> TimingContext:
     """The `TimingContext` of runs on `executor`."""
-    return TimingContext(executor.device, executor.precision.name, str(active_blas() or "unknown"), mx.__version__,
+    return TimingContext(executor.device, executor.precision.matmuls, str(active_blas() or "unknown"), mx.__version__,
                          executor.options.cpu_streams or 1, kernels_line(executor))
 
 

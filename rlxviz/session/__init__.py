@@ -10,7 +10,7 @@ One module per job:
 * `isolated`: the same load in a child process killed past its wall time, its address space capped.
 * `pipeline`: building a checked pipeline (`Pass.requires`), running it (cached), finding versions.
 * `architecture` / `status`: what kind each layer is, and "why didn't layer N fuse" (`layer_status`).
-* `tolerance` / `timing`: time every version on MLX with a verdict from one tolerance table.
+* `timing`: time every version on MLX with a verdict from one tolerance table (`runtime.precision`).
 * `render`: a drawing as a pure function of (trace, view), cached by the trace's content key.
 * `traffic`: the memory traffic a pass's fusions removed (a model of the executed program).
 * `program`: what the backend runs, read from the backend (MLX's primitives of a lowered version).
@@ -67,7 +67,6 @@ from .timing import (
     time_versions,
     timing_table,
 )
-from .tolerance import precision_policy, tolerance
 from .traffic import (
     ExecutedTraffic,
     Traffic,
@@ -101,9 +100,9 @@ __all__ = ["ModelText", "shown",
            "check_inputs", "classify", "default_preset", "effective_seq", "effective_threshold", "feeds",
            "format_passes", "format_timings", "human_bytes", "input_sets", "layer_status", "load", "load_inputs",
            "npz_headers", "index_bounds",
-           "load_ir_file", "load_ir_text", "model_layers", "nonfinite_arrays", "pass_catalog", "precision_policy",
+           "load_ir_file", "load_ir_text", "model_layers", "nonfinite_arrays", "pass_catalog",
            "preset_is_bert", "presets", "run_pipeline", "shape_summary", "teaching_cases", "time_versions",
-           "tolerance", "traffic_saved",
+           "traffic_saved",
            "unknown_model", "variant_named", "variant_unavailable", "version_index",
            "OpCost", "Ridge", "VersionRoofline", "graph_flops", "machine_ridge", "op_costs", "program_bytes",
            "roofline", "ProgramPrimitives", "VersionPrimitives", "format_primitives", "mlx_primitives",

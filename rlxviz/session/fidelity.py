@@ -7,7 +7,7 @@ imported graph, on the NumPy reference interpreter) is compared with the model i
 * `against_onnx`: the ONNX file run by ONNX Runtime when it is installed, else by onnx's reference evaluator;
 * `against_expected`: outputs the user already has (`out:NAME` members of an inputs `.npz`, `--expect`).
 
-Both give a `Fidelity`, judged with the oracle tolerance of the graph's dtype (`runtime.tolerance`), whose
+Both give a `Fidelity`, judged with the oracle tolerance of the graph's dtype (`runtime.precision`), whose
 `line()` the CLI, the app and the notebooks print as it is.
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 from ..models import Model
 from ..runtime import run_reference
 from ..runtime.compare import close, max_abs
-from ..runtime.tolerance import Tolerance, policy_for
+from ..runtime.precision import Tolerance, precision_policy
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def output_names(model: Model) -> list[str]:
 
 def _judge(model: Model, got: Sequence[np.ndarray], want: Sequence[np.ndarray], names: Sequence[str],
            against: str) -> Fidelity:
-    tol = policy_for(model.graph, "cpu").oracle
+    tol = precision_policy(model.graph, "cpu").oracle
     got, want = list(got), list(want)
     return Fidelity(against, tuple(names), max_abs(got, want, same_nonfinite=True), tol,
                     close(got, want, tol, same_nonfinite=True))

@@ -4,7 +4,7 @@ One function (`time_versions`) for every front end: versions a pass left unchang
 `same_as` and not re-timed; every other version is timed in interleaved rounds and runs, in the
 graph's dtype, on every input set (`input_sets`: the user's arrays and/or the battery), compared with
 the float64 oracle and with the unfused graph on the same device and dtype (`runtime.compare`), with
-tolerances from `runtime.tolerance.TABLE`. NaN never counts as correct. Results are cached by the
+tolerances from `runtime.precision.TABLE`. NaN never counts as correct. Results are cached by the
 trace's content key, the inputs' digest and the run settings.
 """
 
@@ -46,7 +46,7 @@ class VersionTiming:
         ok: `ok` on every input set (`runtime.compare.Verdict`); NaN never counts as correct.
         status / note / broke_on: the verdict: `ok`, `fusion`, `overflow`, `precision` or `nonfinite`, one
             line saying why, and the input set that broke the version (None when ok).
-        policy: the precision policy it was judged by (`runtime.tolerance.PrecisionPolicy`).
+        policy: the precision policy it was judged by (`runtime.precision.PrecisionPolicy`).
         finite: both errors are finite (no NaN or infinity on either side).
         same_as: index of an earlier identical version (the pass changed nothing; not re-timed).
     """
@@ -127,8 +127,8 @@ def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mappin
         device: `cpu`, `gpu` or None (the GPU when MLX has one here).
         inputs: the input sets to check (`runtime.battery.Battery` or a list of `InputSet`); default
             `input_sets(trace.input, feeds)`: the whole battery that applies.
-        policy: `runtime.tolerance.PrecisionPolicy`; default: the graph's dtype on that device
-            (`precision_policy`, TF32 on CUDA included).
+        policy: `runtime.precision.PrecisionPolicy`; default: the graph's dtype on that device
+            (`runtime.precision.precision_policy`, TF32 on CUDA included).
         fresh: measure again even when `TIMINGS` holds a run with the same key (a notebook's "rerun this
             cell" must measure anew); the new run replaces the cached one.
 
@@ -142,15 +142,15 @@ def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mappin
     """
     from ..runtime.compare import attribute_changes, baselines, check_version
     from ..runtime.executor import MlxExecutor
+    from ..runtime.precision import precision_policy
     from ..runtime.timing import time_versions_interleaved
     from .defaults import check_rounds
-    from .tolerance import precision_policy
 
     check_rounds(repeat, warmup)
     ex = MlxExecutor(device=device)
     sets = input_sets(trace.input, feeds) if inputs is None else inputs
     items = tuple(sets.sets if hasattr(sets, "sets") else sets)
-    policy = policy or precision_policy(trace.input, ex)
+    policy = policy or precision_policy(trace.input, ex.device)
     versions = trace.versions()
     distinct = [i for i in range(len(versions)) if i == 0 or trace.steps[i - 1].changed]
     data = arrays_digest(feeds, weights, *(s.feeds for s in items))

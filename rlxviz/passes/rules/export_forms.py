@@ -7,7 +7,7 @@ no match record, no near-miss, nothing to toggle) is a rule here, at the head of
   `silu(x)` as that product (reference and MLX).
 * `canonicalize_exported.rsqrt`: `1 / sqrt(y)` (torch.onnx writes `torch.rsqrt` as Reciprocal(Sqrt)) ->
   `rsqrt(y)`. Exact on the reference (its rsqrt is `1 / sqrt`); MLX's rsqrt kernel may round the last bit
-  differently (within every tolerance of `runtime.tolerance`).
+  differently (within every tolerance of `runtime.precision`).
 * `canonicalize_exported.where_bias`: `scores + where(keep, 0, finfo(f32).min)` (transformers' padding mask
   as torch.onnx exports it) -> `where(keep, scores, finfo(f32).min)`, the form `fuse_sdpa`'s where-mask rule
   matches. Exact where keep is true (`s + 0 == s`); where it is false, `s + min` rounds to `min` for every
