@@ -268,7 +268,12 @@ def main(argv: list[str]) -> None:
                 record["files"][key] = _export(arch, form, zoo[arch])
                 record["refused"].pop(key, None)
             except Exception as e:  # noqa: BLE001 - an exporter's refusal is a row of the record, not a stop
+                root = e
+                while root.__cause__ is not None:  # the exporter wraps the op it could not convert
+                    root = root.__cause__
                 msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+                if root is not e:
+                    msg += f" (cause: {type(root).__name__}: {str(root).strip()[:300]})"
                 print(f"{key}: exporter refused: {msg}", flush=True)
                 record["refused"][key] = msg
                 for suffix in (".onnx", ".npz"):
