@@ -108,3 +108,66 @@ def test_plain_scores_have_no_extra_term():
     g = b.build()
     (sm,) = [n for n in g if n.op == Op.SOFTMAX]
     assert score_terms(g, sm) == []
+
+
+# -- QK-norm on the heads (Qwen3, OLMo 2, Gemma 3): plain scores after the norm, so attention packs ---------------
+
+def qk_norm_attention(where: str, norm: str = "rms") -> Graph:
+    """Q and K normalized per head over head_dim: on `[B, S, H, d]` before the head transpose (`before`, Qwen3's
+    export), on `[B, H, S, d]` after it (`after`), or on the full `[B, S, H*d]` projection (`full`, OLMo 2)."""
+    b = Builder(f"qk_norm_{where}_{norm}")
+    q, k, v = (b.input(n, (B, S, H * D)) for n in "qkv")
+
+    def normed(x: int, tag: str) -> int:
+        width = H * D if where == "full" else D
+        gamma = b.param(f"{tag}_norm.weight", (width,))
+        if norm == "rms":
+            return b.rms_norm(x, gamma, eps=1e-6)
+        return b.layer_norm(x, gamma, b.param(f"{tag}_norm.bias", (width,)), eps=1e-5)
+
+    def heads(x: int, tag: str) -> int:
+        if where == "full":
+            return _heads(b, normed(x, tag))
+        r = b.reshape(x, (B, S, H, D))
+        if where == "before":
+            return b.transpose(normed(r, tag), (0, 2, 1, 3))
+        return normed(b.transpose(r, (0, 2, 1, 3)), tag)
+
+    qh, kh, vh = heads(q, "q"), heads(k, "k"), _heads(b, v)
+    s = b.mul(b.matmul(qh, b.transpose(kh, (0, 1, 3, 2))), 1 / np.sqrt(D))
+    b.output(b.reshape(b.transpose(b.matmul(b.softmax(s, -1), vh), (0, 2, 1, 3)), (B, S, H * D)))
+    return b.build()
+
+
+@pytest.mark.parametrize("norm", ["rms", "layer"])
+@pytest.mark.parametrize("where", ["before", "after", "full"])
+def test_qk_norm_on_the_heads_packs_with_the_same_numbers(where, norm):
+    g = qk_norm_attention(where, norm)
+    trace = Pipeline.canonical().run(g)
+    assert sum(n.op == Op.ATTENTION for n in trace.final) == 1, where
+    assert not any(n.op == Op.SOFTMAX for n in trace.final)
+    hoisted = [m for s in trace.steps for m in s.matches if m.rule == "fuse_sdpa.hoist_head_norm"]
+    assert len(hoisted) == (0 if where == "full" else 2)
+    _numbers(g, trace.final)
+
+
+def test_hoisting_the_head_norm_is_bit_exact():
+    from rlxviz.passes.rules.head_norm import hoist_head_norms
+
+    g = qk_norm_attention("after")
+    moved, matches = hoist_head_norms(g)
+    assert len(matches) == 2 and moved is not g
+    feeds = {n.attrs["name"]: (rng.standard_normal(n.shape) * 10).astype(np.float32) for n in g.inputs}
+    weights = {n.attrs["name"]: rng.standard_normal(n.shape).astype(np.float32) for n in g.params}
+    assert np.array_equal(run_reference(moved, feeds, weights)[0], run_reference(g, feeds, weights)[0])
+
+
+def test_a_head_norm_whose_transpose_is_read_elsewhere_stays():
+    from rlxviz.passes.rules.head_norm import hoist_head_norms
+
+    b = Builder("qk_norm_shared")
+    q = b.input("q", (B, S, H * D))
+    t = b.transpose(b.reshape(q, (B, S, H, D)), (0, 2, 1, 3))
+    b.output(b.rms_norm(t, b.param("q_norm.weight", (D,))), t)
+    g = b.build()
+    assert hoist_head_norms(g) == (g, [])

@@ -81,6 +81,7 @@ from ..score_terms import ALIBI, CONTENT_POSITION, RELATIVE_BIAS, SINKS, SOFT_CA
 from ..trace import Rejection
 from . import where_mask
 from .gqa import explain_heads, heads_match, kv_heads_pattern, kv_repeat_guard, num_kv_heads, repeat_roles
+from .head_norm import hoist_head_norms
 from .heads import unfold_heads
 from .kv_cache import pack_cache
 from .rope_heads import rope_heads
@@ -513,16 +514,18 @@ _sdpa_rules = rule_pass("fuse_sdpa", [SDPA], "")
 
 
 def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
-    """Lift folded-heads chains to the 4-D head layout (`heads.unfold_heads`, exact), RoPE written on the heads to
+    """Lift folded-heads chains to the 4-D head layout (`heads.unfold_heads`, exact), a QK-norm on transposed heads
+    in front of the transpose (`head_norm.hoist_head_norms`, exact), RoPE written on the heads to
     the rope op (`rope_heads.rope_heads`, exact), a decode step's KV-cache concat read packed (`kv_cache.pack_cache`,
     exact), move Q/K scales next to the head split (`scale_path.hoist_scales`,
     exact), then match `SDPA`."""
     lifted, unfolded = unfold_heads(graph)
-    rotated, ropes = rope_heads(lifted)
+    normed, norms = hoist_head_norms(lifted)
+    rotated, ropes = rope_heads(normed)
     cached, caches = pack_cache(rotated)
     hoisted, moved = hoist_scales(cached)
     r = _sdpa_rules(hoisted, params)
-    return PassResult(r.graph, unfolded + ropes + caches + moved + r.matches, r.rejections)
+    return PassResult(r.graph, unfolded + norms + ropes + caches + moved + r.matches, r.rejections)
 
 
 fuse_sdpa = Pass("fuse_sdpa", _fuse_sdpa, (SDPA,), doc="Hugging Face scaled-dot-product attention -> packed "
