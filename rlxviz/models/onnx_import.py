@@ -875,15 +875,15 @@ _NEVER_ON_HOST = frozenset({"If", "Loop", "Scan", "SequenceMap", "RegexFullMatch
 """Ops never kept as host nodes: control flow (unbounded work), strings, random (no fixed numbers), optionals."""
 
 
-def _host_op(ctx: _Ctx, node: Any, ins: list[Value], domain: str) -> Ref | None:
-    """An `onnx_op` node for a default-domain ONNX node no handler maps (`ir.onnx_op`): one output, no
-    subgraph, inputs the IR can hold, and an output type ONNX shape inference fixes from the bound input shapes.
+def _host_op(ctx: _Ctx, node: Any, ins: list[Value], domain: str) -> list[Ref | None] | None:
+    """`onnx_op` nodes for a default-domain ONNX node no handler maps (`ir.onnx_op`): one per output the graph
+    names (TopK's values and indices are two nodes, each evaluating the ONNX node and keeping its `output`), no
+    subgraph, inputs the IR can hold, and output types ONNX shape inference fixes from the bound input shapes.
     None when any of these fails (the op is then listed as unmapped). Raises nothing."""
     from ..ir.onnx_op import encode
 
-    outs = [o for o in node.output if o]
-    if domain or node.op_type in _NEVER_ON_HOST or "Sequence" in node.op_type or len(outs) != 1 \
-            or len(node.output) != 1 or any(at.type in (5, 10) for at in node.attribute):  # 5/10: GRAPH(S)
+    if domain or node.op_type in _NEVER_ON_HOST or "Sequence" in node.op_type or not any(node.output) \
+            or any(at.type in (5, 10) for at in node.attribute):  # 5/10: GRAPH(S)
         return None
     try:
         named = [(name, v) for name, v in zip(node.input, ins, strict=True) if name]
@@ -891,18 +891,30 @@ def _host_op(ctx: _Ctx, node: Any, ins: list[Value], domain: str) -> Ref | None:
         typed = {name: (np.dtype(ctx.dtype(v).numpy), ctx.shape(v)) for name, v in named if name not in consts}
         m = single_node_model(node, ctx.opset, consts, typed)
         m = _onnx().shape_inference.infer_shapes(m, strict_mode=True, data_prop=True)
-        t = m.graph.output[0].type.tensor_type
-        if not t.HasField("shape") or any(not d.HasField("dim_value") for d in t.shape.dim):
+        types: dict[str, tuple[DType, tuple[int, ...]]] = {}
+        for out in m.graph.output:
+            t = out.type.tensor_type
+            if not t.HasField("shape") or any(not d.HasField("dim_value") for d in t.shape.dim):
+                return None
+            types[out.name] = (onnx_dtype(t.elem_type), tuple(int(d.dim_value) for d in t.shape.dim))
+        if any(o and o not in types for o in node.output):
             return None
-        dtype = onnx_dtype(t.elem_type)
-        shape = tuple(int(d.dim_value) for d in t.shape.dim)
     except Exception:  # noqa: BLE001 - not inferable: the op stays unmapped, named in the one error
         return None
     operands = [ctx.ref(v) for name, v in zip(node.input, ins, strict=True) if name]
     if not operands:
         return None
-    return Ref(ctx.b.emit(Op.ONNX_OP, tuple(operands), op_type=node.op_type, name=node.name or "", node=encode(node),
-                      opset=ctx.opset, shape=shape, dtype=dtype.value))
+    text, several = encode(node), sum(1 for o in node.output if o) > 1 or len(node.output) > 1
+    refs: list[Ref | None] = []
+    for k, o in enumerate(node.output):
+        if not o:
+            refs.append(None)
+            continue
+        dtype, shape = types[o]
+        extra = {"output": k} if several else {}
+        refs.append(Ref(ctx.b.emit(Op.ONNX_OP, tuple(operands), op_type=node.op_type, name=node.name or "",
+                                   node=text, opset=ctx.opset, shape=shape, dtype=dtype.value, **extra)))
+    return refs
 
 
 def _shape_op(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> np.ndarray:
@@ -1170,13 +1182,22 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
             elif (domain, node.op_type) in HANDLERS:
                 b.path = node_path(node)
                 first = b._next
-                outs = HANDLERS[(domain, node.op_type)](ctx, node, ins, attrs)
+                try:
+                    outs = HANDLERS[(domain, node.op_type)](ctx, node, ins, attrs)
+                except OnnxImportError:
+                    # a form the handler does not map (GatherND with computed indices): an opaque host node
+                    # when it refused before emitting anything and the host can type it; else its error
+                    if b._next != first or (hosts := _host_op(ctx, node, ins, domain)) is None:
+                        raise
+                    outs = hosts  # type: ignore[assignment]
                 for i in range(first, b._next):
                     provenance[i] = (node.op_type, node.name, node.doc_string)
-            elif (host := _host_op(ctx, node, ins, domain)) is not None:
+            elif (hosts := _host_op(ctx, node, ins, domain)) is not None:
                 b.path = node_path(node)
-                provenance[int(host)] = (node.op_type, node.name, node.doc_string)
-                outs = [host]
+                for host in hosts:
+                    if host is not None:
+                        provenance[int(host)] = (node.op_type, node.name, node.doc_string)
+                outs = hosts  # type: ignore[assignment]
             else:
                 key = node.op_type if domain == "" else f"{domain}.{node.op_type}"
                 unmapped.setdefault(key, []).append(node.name or "(unnamed)")
