@@ -207,7 +207,8 @@ def _zoo() -> dict[str, Callable[[str], tuple[torch.nn.Module, dict[str, torch.T
         "olmo2": decoder("Olmo2Model", "Olmo2Config", 28, num_key_value_heads=2, max_position_embeddings=64),
         "qwen2-moe": decoder("Qwen2MoeModel", "Qwen2MoeConfig", 29, num_key_value_heads=2, max_position_embeddings=64,
                              num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                             shared_expert_intermediate_size=32),
+                             shared_expert_intermediate_size=32,
+                             experts_implementation="batched_mm"),  # torch.onnx has no grouped_mm; batched is dense
         "bloom": bloom,
         "opt": opt,
     }

@@ -34,6 +34,13 @@ MODEL_TERMS = {
     "gpt-neox.dynamo-eager": "partial rotary RoPE", "gpt-neox.dynamo-sdpa": "partial rotary RoPE",
 }
 
+# What explain must say for a term of the model's own (`passes/score_terms.py`): the term's kind, named.
+NAMED_TERMS = {
+    "gemma2.dynamo-eager": "guard score_term (guard, illegal): score term soft-cap: tanh(s / 50) * 50",
+    "deberta-v2.dynamo-eager": "guard score_term (guard, illegal): score term content-position term",
+}
+MODEL_TERMS.update({"gemma2.dynamo-eager": "attention soft-cap tanh(s / 50) * 50 (Gemma 2)"})
+
 
 @cache
 def _load(stem: str):
@@ -50,6 +57,7 @@ def test_the_zoo_covers_the_architectures_and_forms_the_issue_names():
             "whisper-encoder", "clip-text", "clip-vision", "vit", "gpt2", "gpt-neox", "falcon", "llama", "qwen2",
             "mistral", "phi3", "gemma", "bloom"}
     assert need <= arch
+    assert {"qwen3", "gemma2", "albert", "mpnet", "olmo2", "qwen2-moe", "swin"} <= arch  # QK-norm, soft-cap, MoE
     assert len({s for s in FILES if s.endswith(".ts-eager")}) >= 6
     assert len({s for s in FILES if s.endswith(".dynamo-sdpa")}) >= 15
     assert sum((ZOO / f"{s}.onnx").stat().st_size for s in FILES) < 30e6
@@ -85,6 +93,7 @@ def test_attention_packs_where_the_scores_are_plain_and_explain_names_the_block_
     check = check_fusion(trace, m.name)
     text = check.render()
     assert "first rejection:" in text or "also unrecognized:" in text, text  # a named guard, not silence
+    assert NAMED_TERMS.get(stem, "") in text, text
 
 
 @pytest.mark.parametrize("stem", FILES)
