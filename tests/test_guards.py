@@ -1024,6 +1024,17 @@ def _decode_step():
 NEAR_MISSES += [("fuse_attention_block.qkv_attention_out", "kv_cache", _decode_step, "s", {})]
 
 
+def _soft_cap():
+    """Gemma 2's soft-cap tanh(s / 30) * 30 on the scores: score_term names the cap's mul."""
+    from test_score_terms import SOFT_CAP, attention_with
+
+    g = attention_with(SOFT_CAP)
+    return g, {"s": next(n.id for n in g if n.op == Op.MUL and any(g[i].op == Op.TANH for i in n.inputs))}
+
+
+NEAR_MISSES += [(_SDPA, "score_term", _soft_cap, "s", {})]
+
+
 def test_near_miss_table_covers_every_guard_of_every_rule():
     have = {(rule, guard) for rule, guard, *_ in NEAR_MISSES}
     want = {(r.name, gname) for p in PASSES.values() for r in p.rules for gname in r.guard_names
