@@ -61,6 +61,11 @@ class OnnxImportError(ValueError):
     """An ONNX file that cannot be imported; the message names the file, op, node and opset."""
 
 
+class UnsupportedForm(OnnxImportError):
+    """A valid node in a form its handler does not map (GatherND with computed indices, ArgMax with
+    select_last_index): the driver makes it an opaque host node when ONNX can type it, else reports this."""
+
+
 def _onnx() -> Any:
     try:
         import onnx
@@ -104,10 +109,14 @@ class _Ctx:
     held_bytes: int = 0
     """Bytes of NumPy constants held so far: the initializers and every folded output."""
 
-    def fail(self, why: str) -> OnnxImportError:
+    def fail(self, why: str, kind: type[OnnxImportError] = OnnxImportError) -> OnnxImportError:
         n = self.node
         label = repr(n.name) if n.name else f"(unnamed, output {n.output[0]!r})" if n.output else "(unnamed)"
-        return OnnxImportError(f"{n.op_type} node {label} (opset {self.opset}): {why}")
+        return kind(f"{n.op_type} node {label} (opset {self.opset}): {why}")
+
+    def unsupported(self, why: str) -> OnnxImportError:
+        """`fail` for a valid form the handler does not map (`UnsupportedForm`: the host may run it)."""
+        return self.fail(why, UnsupportedForm)
 
     def ref(self, v: Value, dtype: DType | None = None) -> Ref:
         """A node for `v`: constants of one element become `const`, larger ones a named param."""
@@ -320,7 +329,7 @@ def _argmax(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]
     if a.get("select_last_index", 0):  # the IR's argmax takes the first largest: the last one runs on the host
         if (host := _host_op(ctx, n, x, "")) is None:
             raise ctx.fail("select_last_index=1 is not supported (the IR's argmax takes the first largest)")
-        return [host]
+        return host
     ax = _axis(ctx, int(a.get("axis", 0)), len(ctx.shape(x[0])))
     return [ctx.b.argmax(ctx.ref(x[0]), ax, keepdims=bool(a.get("keepdims", 1)))]
 
@@ -399,7 +408,7 @@ def _identity(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Valu
 @handles("MatMul")
 def _matmul(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
     if len(ctx.shape(x[0])) < 2 or len(ctx.shape(x[1])) < 2:
-        raise ctx.fail("rank-1 operands are not supported (the IR's matmul takes rank >= 2)")
+        raise ctx.unsupported("rank-1 operands are not supported (the IR's matmul takes rank >= 2)")
     return [ctx.b.matmul(ctx.ref(x[0]), ctx.ref(x[1]))]
 
 
@@ -474,7 +483,7 @@ def _conv(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
 def _conv_on_host(ctx: _Ctx, n: Any, x: list[Value], why: str) -> list[Value]:
     if (host := _host_op(ctx, n, x, "")) is None:
         raise ctx.fail(f"{why}, and ONNX shape inference does not fix its output type for a host node")
-    return [host]
+    return host
 
 
 # -- normalisation and softmax -----------------------------------------------------------------------------
@@ -490,7 +499,7 @@ def _axis(ctx: _Ctx, axis: int, rank: int, what: str = "axis") -> int:
 def _last_axis(ctx: _Ctx, v: Value, axis: int) -> None:
     r = len(ctx.shape(v))
     if _axis(ctx, axis, r) != r - 1:
-        raise ctx.fail(f"normalisation over axis {axis} of rank {r}: only the last axis is supported")
+        raise ctx.unsupported(f"normalisation over axis {axis} of rank {r}: only the last axis is supported")
 
 
 def _zeros_like_gamma(ctx: _Ctx, g: Value) -> Ref:
@@ -503,7 +512,7 @@ def _layer_norm(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Va
     """LayerNormalization over the last axis; a missing bias is zeros. Mean / InvStdDev outputs unsupported."""
     _last_axis(ctx, x[0], int(a.get("axis", -1)))
     if len(n.output) > 1 and any(n.output[1:]):
-        raise ctx.fail("the Mean / InvStdDev outputs are not supported")
+        raise ctx.unsupported("the Mean / InvStdDev outputs are not supported")
     beta = ctx.ref(x[2]) if len(x) > 2 and x[2] is not None else _zeros_like_gamma(ctx, x[1])
     return [ctx.b.layer_norm(ctx.ref(x[0]), ctx.ref(x[1]), beta, float(a.get("epsilon", 1e-5)))]
 
@@ -523,7 +532,7 @@ def _skip_ln(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value
     b = ctx.b
     simplified = n.op_type.startswith("SkipSimplified")
     if any(o for i, o in enumerate(n.output) if i in (1, 2)):
-        raise ctx.fail("the mean / inv_std_var outputs are not supported")
+        raise ctx.unsupported("the mean / inv_std_var outputs are not supported")
     s = b.add(ctx.ref(x[0]), ctx.ref(x[1]))
     bias_at = 3 if simplified else 4
     if len(x) > bias_at and x[bias_at] is not None:
@@ -779,7 +788,7 @@ def _gather_nd(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Val
     flatten + gather with the flattened indices."""
     data, idx = x
     if int(a.get("batch_dims", 0)) != 0 or not isinstance(idx, np.ndarray):
-        raise ctx.fail("only constant indices with batch_dims 0 are supported")
+        raise ctx.unsupported("only constant indices with batch_dims 0 are supported")
     s = ctx.shape(data)
     k = idx.shape[-1]
     lead, rest = s[:k], s[k:]
@@ -1184,8 +1193,8 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
                 first = b._next
                 try:
                     outs = HANDLERS[(domain, node.op_type)](ctx, node, ins, attrs)
-                except OnnxImportError:
-                    # a form the handler does not map (GatherND with computed indices): an opaque host node
+                except UnsupportedForm:
+                    # a valid form the handler does not map (GatherND with computed indices): an opaque host node
                     # when it refused before emitting anything and the host can type it; else its error
                     if b._next != first or (hosts := _host_op(ctx, node, ins, domain)) is None:
                         raise
