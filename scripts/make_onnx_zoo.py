@@ -209,6 +209,13 @@ def _zoo() -> dict[str, Callable[[str], tuple[torch.nn.Module, dict[str, torch.T
                              num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                              shared_expert_intermediate_size=32,
                              experts_implementation="batched_mm"),  # torch.onnx has no grouped_mm; batched is dense
+        "mixtral": decoder("MixtralModel", "MixtralConfig", 32, num_key_value_heads=2, max_position_embeddings=64,
+                           num_local_experts=4, num_experts_per_tok=2, sliding_window=None,
+                           experts_implementation="batched_mm"),
+        "gpt-oss": decoder("GptOssModel", "GptOssConfig", 31, num_key_value_heads=2, head_dim=8,
+                           max_position_embeddings=64, num_local_experts=4, num_experts_per_tok=2,
+                           sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+                           experts_implementation="batched_mm"),  # attention sinks
         "bloom": bloom,
         "opt": opt,
     }

@@ -38,8 +38,10 @@ MODEL_TERMS = {
 NAMED_TERMS = {
     "gemma2.dynamo-eager": "guard score_term (guard, illegal): score term soft-cap: tanh(s / 50) * 50",
     "deberta-v2.dynamo-eager": "guard score_term (guard, illegal): score term content-position term",
+    "gpt-oss.dynamo-eager": "guard score_term (guard, illegal): score term sinks: 1 sink logit(s) per head",
 }
-MODEL_TERMS.update({"gemma2.dynamo-eager": "attention soft-cap tanh(s / 50) * 50 (Gemma 2)"})
+MODEL_TERMS.update({"gemma2.dynamo-eager": "attention soft-cap tanh(s / 50) * 50 (Gemma 2)",
+                    "gpt-oss.dynamo-eager": "attention sinks: a per-head logit concatenated to the scores"})
 
 
 @cache
@@ -57,7 +59,7 @@ def test_the_zoo_covers_the_architectures_and_forms_the_issue_names():
             "whisper-encoder", "clip-text", "clip-vision", "vit", "gpt2", "gpt-neox", "falcon", "llama", "qwen2",
             "mistral", "phi3", "gemma", "bloom"}
     assert need <= arch
-    assert {"qwen3", "gemma2", "albert", "mpnet", "olmo2", "qwen2-moe", "swin"} <= arch  # QK-norm, soft-cap, MoE
+    assert {"qwen3", "gemma2", "albert", "mpnet", "olmo2", "qwen2-moe", "swin", "gpt-oss"} <= arch  # QK-norm, caps, MoE
     assert len({s for s in FILES if s.endswith(".ts-eager")}) >= 6
     assert len({s for s in FILES if s.endswith(".dynamo-sdpa")}) >= 15
     assert sum((ZOO / f"{s}.onnx").stat().st_size for s in FILES) < 30e6
