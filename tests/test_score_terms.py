@@ -31,11 +31,13 @@ def attention_with(term: str, variant: int = 0) -> Graph:
     out_of_softmax = None
     if term == SOFT_CAP:
         cap = 30.0
-        s = b.mul(b.tanh(b.div(s, cap) if variant == 0 else b.mul(s, 1 / cap)), cap)
+        t = b.tanh(b.div(s, cap) if variant == 0 else b.mul(s, 1 / cap))
+        s = b.mul(t, cap) if variant < 2 else b.mul(cap, t)  # variant 2: the cap first, scaled by 1/c
     elif term == SINKS:  # GPT-OSS: cat([s, sinks], -1) - max, softmax, drop the sink column
         sink = b.expand(b.reshape(b.param("sinks", (H,)), (1, H, 1, 1)), (B, H, S, 1))
         s = b.concat([s, sink], -1)
-        s = b.sub(s, b.reduce_max(s, [-1], keepdims=True))
+        if variant == 0:  # GPT-OSS subtracts the row max first; variant 1 leaves it to the softmax
+            s = b.sub(s, b.reduce_max(s, [-1], keepdims=True))
         out_of_softmax = lambda p: b.narrow(p, -1, 0, S)  # noqa: E731
     elif term == ALIBI:
         slopes = b.const([[[[2.0 ** -(i + 1)]] for i in range(H)]])  # [1, H, 1, 1]
@@ -60,7 +62,8 @@ def _numbers(g: Graph, after: Graph) -> None:
                                rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind, variant", [(SOFT_CAP, 0), (SOFT_CAP, 1), (SINKS, 0), (CONTENT_POSITION, 0)])
+@pytest.mark.parametrize("kind, variant", [(SOFT_CAP, 0), (SOFT_CAP, 1), (SOFT_CAP, 2), (SINKS, 0), (SINKS, 1),
+                                           (CONTENT_POSITION, 0)])
 def test_a_blocking_score_term_is_named_with_its_kind_and_keeps_the_attention_unpacked(kind, variant):
     g = attention_with(kind, variant)
     (sm,) = [n for n in g if n.op == Op.SOFTMAX]
