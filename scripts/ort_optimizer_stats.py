@@ -27,6 +27,7 @@ ZOO = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "onnx" / "
 MODEL_TYPE = {"bart-encoder": "bart", "clip-text": "clip", "clip-vision": "clip", "vit": "vit", "gpt2": "gpt2",
               "gpt-neox": "gpt_neox", "t5-encoder": "t5", "phi3": "phi", "bloom": "gpt2", "falcon": "gpt2",
               "opt": "gpt2", "llama": "gpt2", "qwen2": "gpt2", "mistral": "gpt2", "gemma": "gpt2"}
+MODEL_TYPE.update({a: "gpt2" for a in ("qwen3", "gemma2", "olmo2", "qwen2-moe", "mixtral", "gpt-oss")})  # decoders
 
 
 def main(archs: list[str]) -> None:
