@@ -356,7 +356,8 @@ def test_tanh_gelu_forms_become_gelu_tanh_within_the_stated_bound(arg, outer):
     assert [n.op for n in after.compute_nodes() if n.op not in (Op.ADD, Op.MUL)] == [Op.GELU_TANH]
     ex = MlxExecutor(LoweringOptions(fast_math=False))
     for x in _sweep():
-        for run in (lambda gr: run_reference(gr, {"x": x}, {})[0], lambda gr: np.asarray(ex.run(gr, {"x": x}, {})[0])):
+        for run in (lambda gr, x=x: run_reference(gr, {"x": x}, {})[0],
+                    lambda gr, x=x: np.asarray(ex.run(gr, {"x": x}, {})[0])):
             want, got = run(g), run(after)
             assert np.all(np.abs(got - want) <= 5e-7 * np.maximum(1.0, np.abs(want))), (arg, outer)
 
