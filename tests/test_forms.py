@@ -323,9 +323,11 @@ TANH_ARGS = {  # the tanh's argument as a function of x: every one is sqrt(2/pi)
     "square_pow": lambda b, x: b.mul(b.mul(K, x), b.add(b.mul(C, b.pow(x, 2.0)), 1.0)),
 }
 OUTERS = {
-    "x_half_first": lambda b, x, t: b.mul(b.mul(x, 0.5), b.add(1.0, t)),
-    "half_last": lambda b, x, t: b.mul(b.mul(b.add(t, 1.0), x), 0.5),
-    "halved": lambda b, x, t: b.div(b.mul(x, b.add(1.0, t)), 2.0),
+    "x_half_first": lambda b, x, t: b.mul(b.mul(x, 0.5), b.add(1.0, b.tanh(t))),
+    "half_last": lambda b, x, t: b.mul(b.mul(b.add(b.tanh(t), 1.0), x), 0.5),
+    "halved": lambda b, x, t: b.div(b.mul(x, b.add(1.0, b.tanh(t))), 2.0),
+    "sigmoid": lambda b, x, t: b.mul(x, b.sigmoid(b.mul(2.0, t))),  # 0.5 (1 + tanh z) == sigmoid(2 z)
+    "sigmoid_x_last": lambda b, x, t: b.mul(b.sigmoid(b.mul(t, 2.0)), x),
 }
 
 
@@ -334,7 +336,7 @@ def tanh_gelu_form(arg: str, outer: str = "x_half_first", k_scale: float = 1.0) 
     x = b.input("x", (4, 64))
     h = b.add(b.mul(x, 1.0), 0.0) if arg == "bloom" else x  # a computed x read by every branch, as exported
     t = TANH_ARGS[arg](b, h)
-    b.output(OUTERS[outer](b, h, b.tanh(b.mul(t, k_scale) if k_scale != 1.0 else t)))
+    b.output(OUTERS[outer](b, h, b.mul(t, k_scale) if k_scale != 1.0 else t))
     return b.build()
 
 
@@ -353,7 +355,8 @@ def test_tanh_gelu_forms_become_gelu_tanh_within_the_stated_bound(arg, outer):
 
     g = tanh_gelu_form(arg, outer)
     after = canonicalized(g).final
-    assert [n.op for n in after.compute_nodes() if n.op not in (Op.ADD, Op.MUL)] == [Op.GELU_TANH]
+    assert [n.op for n in after.compute_nodes() if n.op not in (Op.ADD, Op.MUL)] == [Op.GELU_TANH], outer
+    assert canonicalized(g).rejections == []
     ex = MlxExecutor(LoweringOptions(fast_math=False))
     for x in _sweep():
         for run in (lambda gr, x=x: run_reference(gr, {"x": x}, {})[0],
@@ -362,11 +365,13 @@ def test_tanh_gelu_forms_become_gelu_tanh_within_the_stated_bound(arg, outer):
             assert np.all(np.abs(got - want) <= 5e-7 * np.maximum(1.0, np.abs(want))), (arg, outer)
 
 
-@pytest.mark.parametrize("arg", ["bloom", "distributed"])
-def test_tanh_gelu_with_a_wrong_coefficient_is_refused_naming_it(arg):
-    trace = canonicalized(tanh_gelu_form(arg, k_scale=1.1))
+@pytest.mark.parametrize("arg, outer, named", [("bloom", "x_half_first", "sqrt(2/pi) is 0.877"),
+                                               ("distributed", "x_half_first", "sqrt(2/pi) is 0.877"),
+                                               ("bloom", "sigmoid", "2*sqrt(2/pi) is 1.75")])
+def test_tanh_gelu_with_a_wrong_coefficient_is_refused_naming_it(arg, outer, named):
+    trace = canonicalized(tanh_gelu_form(arg, outer, k_scale=1.1))
     (rej,) = trace.rejections
-    assert rej.guard == "gelu_constants" and "sqrt(2/pi) is 0.877" in rej.message
+    assert rej.guard == "gelu_constants" and named in rej.message
     assert not any(n.op == Op.GELU_TANH for n in trace.final)
 
 

@@ -6,6 +6,9 @@
   `pow(x, 3)`, `x*x*x`, the factored `x * (1 + 0.044715 * x*x)`, BLOOM's `(0.79788456 * x) * (1 + 0.044715 * x *
   x)`, FastGELU's `x * 0.7978845608 * (1 + 0.044715 * x * x)`, the distributed `k * x + k * 0.044715 * x^3`.
 
+* `canonicalize_gelu.sigmoid`: the same GELU through `0.5 * (1 + tanh(z)) == sigmoid(2z)`: `x * sigmoid(2 *
+  sqrt(2/pi) * (x + 0.044715 * x^3))` (the argument read as for tanh) -> `gelu_tanh(x)`.
+
 The outer product `0.5 * x * (1 + t)` is accepted in any association (`(0.5*x)*(1+t)`, `x*(0.5*(1+t))`,
 `((1+t)*x)*0.5`, `x*(1+t)/2`, ...). Anchored on the `erf` / `tanh` node, so each chain is one candidate.
 Validity: the constants equal the formula's to 1e-6 relative (guard `gelu_constants`, which names the
@@ -13,9 +16,11 @@ constant that differs; for tanh the argument's x coefficient is sqrt(2/pi), its 
 every other power has coefficient 0); then the rewrite changes only rounding: the same real function, evaluated
 in another order (BLOOM's 0.79788456 is sqrt(2/pi) to 1e-8; float32 holds both as the same number). No written
 form is bit-exact against the op: the NumPy reference evaluates `gelu_tanh` partly in float64, MLX's kernel in its
-own order. Measured (2026-12-02, `tests/test_forms.py::test_tanh_gelu_forms_become_gelu_tanh_within_the_stated_bound`,
-7 argument forms x 3 outer products, x in [-12, 12], N(0, 1) and N(0, 1e3)): largest |diff| / max(1, |y|) 1.5e-7 on
-the reference and 1.8e-7 on MLX (about 1.5 float32 ulps); none is bit-exact; the test asserts 5e-7.
+own order (the sigmoid form also rounds `sigmoid(2z)` where the op rounds `0.5 * (1 + tanh(z))`). Measured
+(2026-12-02, `tests/test_forms.py::test_tanh_gelu_forms_become_gelu_tanh_within_the_stated_bound`, 7 argument
+forms x 5 outer products (3 tanh, 2 sigmoid), x in [-12, 12], N(0, 1) and N(0, 1e3)): largest |diff| / max(1, |y|)
+1.5e-7 on the reference and 1.8e-7 on MLX (about 1.5 float32 ulps); no form is bit-exact on every input (equal
+only where the GELU saturates); the test asserts 5e-7.
 """
 
 from __future__ import annotations
@@ -144,32 +149,50 @@ def polynomial(g: Graph, root: int, x: int) -> dict[int, float] | None:
     return walk(root, 0)
 
 
-@reports(reads=("fn",), binds=("arg", "x"))
-def _tanh_arg(c: Ctx) -> Fail | None:
-    """The tanh's argument as a polynomial `a1 * x + a3 * x^3` in some node `x` read at least twice under it (the
-    nearest such node that makes the argument a polynomial): every association and factoring exporters write,
-    `sqrt(2/pi) * (x + 0.044715 * x^3)`, BLOOM's `(0.79788456 * x) * (1 + 0.044715 * x * x)`, `x * k * (1 + ...)`,
-    the distributed `k * x + k * 0.044715 * x^3`, `pow(x, 3)` or `x*x*x`. The constants checked are a1 (as
-    sqrt(2/pi)) and a3 / a1 (as 0.044715); any other power must have coefficient 0."""
-    g, arg = c.graph, c.graph[c["fn"].inputs[0]]
-    if arg.op not in _POLY_OPS:
+def _cubic_arg(factor: float, name: str) -> Callable[[Ctx], Fail | None]:
+    """The step reading the tanh's (`factor` 1) or the sigmoid's (`factor` 2: `0.5 * (1 + tanh(z)) == sigmoid(2z)`)
+    argument as a polynomial `a1 * x + a3 * x^3` in some node `x` read at least twice under it (the nearest such
+    node that makes the argument a polynomial): every association and factoring exporters write, `sqrt(2/pi) * (x +
+    0.044715 * x^3)`, BLOOM's `(0.79788456 * x) * (1 + 0.044715 * x * x)`, `x * k * (1 + ...)`, the distributed `k *
+    x + k * 0.044715 * x^3`, `pow(x, 3)` or `x*x*x`. The constants checked are a1 (as `factor * sqrt(2/pi)`, shown
+    as `name`) and a3 / a1 (as 0.044715); any other power must have coefficient 0, and a3 must not be 0 (a sigmoid
+    of `k * x` alone is the swish family, `activations.py`)."""
+
+    @reports(reads=("fn",), binds=("arg", "x"))
+    def step(c: Ctx) -> Fail | None:
+        g, arg = c.graph, c.graph[c["fn"].inputs[0]]
+        if arg.op not in _POLY_OPS:
+            return QUIET
+        nodes = _subtree(g, arg.id)
+        reads: dict[int, int] = {}
+        for i in nodes:
+            for j in g[i].inputs:
+                reads[j] = reads.get(j, 0) + 1
+        for x in (j for j in dict.fromkeys(j for i in nodes for j in g[i].inputs) if reads[j] >= 2):
+            if _const(g, x) is not None or (poly := polynomial(g, arg.id, x)) is None:
+                continue
+            a1, a3 = poly.get(1, 0.0), poly.get(3, 0.0)
+            if not a1 or not a3 or any(abs(v) > 1e-12 * abs(a1) for p, v in poly.items() if p not in (1, 3)):
+                continue
+            c.bindings.update(arg=arg.id, x=x)
+            c.data["constants"] = [(name, a1, factor * SQRT_2_OVER_PI), ("0.044715", a3 / a1, CUBIC)]
+            c.data["inner"] = [arg.id, *_inner_nodes(g, arg, x)]
+            return None
         return QUIET
-    nodes = _subtree(g, arg.id)
-    reads: dict[int, int] = {}
-    for i in nodes:
-        for j in g[i].inputs:
-            reads[j] = reads.get(j, 0) + 1
-    for x in (j for j in dict.fromkeys(j for i in nodes for j in g[i].inputs) if reads[j] >= 2):
-        if _const(g, x) is not None or (poly := polynomial(g, arg.id, x)) is None:
-            continue
-        a1, a3 = poly.get(1, 0.0), poly.get(3, 0.0)
-        if not a1 or any(abs(v) > 1e-12 * abs(a1) for p, v in poly.items() if p not in (1, 3)):
-            continue
-        c.bindings.update(arg=arg.id, x=x)
-        c.data["constants"] = [("sqrt(2/pi)", a1, SQRT_2_OVER_PI), ("0.044715", a3 / a1, CUBIC)]
-        c.data["inner"] = [arg.id, *_inner_nodes(g, arg, x)]
-        return None
-    return QUIET
+
+    step.__name__ = f"_{name}_arg"
+    return step
+
+
+@reports(reads=("fn", "x"), binds=("out",))
+def _times_x(c: Ctx) -> Fail | None:
+    """Bind `out = x * sigmoid(...)` (either operand order), the sigmoid's one reader."""
+    g, fn, x = c.graph, c.id("fn"), c.id("x")
+    users = g.users(fn)
+    if len(users) != 1 or users[0].op != Op.MUL or set(users[0].inputs) != {fn, x}:
+        return QUIET
+    c.bindings["out"] = users[0].id
+    return None
 
 
 @reports(reads=("fn", "x"), binds=("one", "out"))
@@ -238,10 +261,11 @@ _CONSTANTS = guard("gelu_constants", _constants_ok, _constants_explain,
 _INNER = tuple(f"inner{k}" for k in range(12))
 
 
-@reports(reads=("fn", "one", "out"), binds=("inner*",))
+@reports(reads=("fn", "out"), binds=("inner*",))
 def _bind_inner(c: Ctx) -> Fail | None:
     """Bind the chain's other nodes as `inner0..` so the engine's `absorbed_escape` checks them too."""
-    nodes = [i for i in dict.fromkeys(c.data["inner"]) if i not in (c.id("fn"), c.id("one"), c.id("out"))]
+    named = {c.id(r) for r in ("fn", "one", "out") if r in c}
+    nodes = [i for i in dict.fromkeys(c.data["inner"]) if i not in named]
     if len(nodes) > len(_INNER):
         return QUIET
     c.bindings.update(zip(_INNER, nodes, strict=False))
@@ -264,10 +288,16 @@ ERF = Rule("canonicalize_gelu.erf", P(Op.ERF, name="fn"),
            result="out", absorb=("fn", "one", *_INNER, "out"), rewrite=_rewrite(Op.GELU),
            doc="0.5 * x * (1 + erf(x / sqrt(2))) -> gelu")
 TANH = Rule("canonicalize_gelu.tanh", P(Op.TANH, name="fn"),
-            steps=(_tanh_arg, _outer_product, _bind_inner, _CONSTANTS),
+            steps=(_cubic_arg(1.0, "sqrt(2/pi)"), _outer_product, _bind_inner, _CONSTANTS),
             result="out", absorb=("fn", "one", *_INNER, "out"), rewrite=_rewrite(Op.GELU_TANH),
             doc="0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))) -> gelu_tanh")
 
-canonicalize_gelu = rule_pass("canonicalize_gelu", [ERF, TANH], "GELU written as primitives -> gelu / gelu_tanh")
+SIGMOID = Rule("canonicalize_gelu.sigmoid", P(Op.SIGMOID, name="fn"),
+               steps=(_cubic_arg(2.0, "2*sqrt(2/pi)"), _times_x, _bind_inner, _CONSTANTS),
+               result="out", absorb=("fn", *_INNER, "out"), rewrite=_rewrite(Op.GELU_TANH),
+               doc="x * sigmoid(2 sqrt(2/pi) * (x + 0.044715 x^3)) -> gelu_tanh")
 
-__all__ = ["ERF", "TANH", "canonicalize_gelu"]
+canonicalize_gelu = rule_pass("canonicalize_gelu", [ERF, TANH, SIGMOID],
+                              "GELU written as primitives -> gelu / gelu_tanh")
+
+__all__ = ["ERF", "SIGMOID", "TANH", "canonicalize_gelu"]
