@@ -111,3 +111,15 @@ def test_every_zoo_version_exports_to_onnx_that_onnx_runtime_runs_with_the_same_
         names = {i.name for i in sess.get_inputs()}
         got = sess.run(None, {k: v for k, v in feeds.items() if k in names})[0]
         assert np.max(np.abs(got - want)) <= 1e-4, stem
+
+
+# Additive score terms that pack as the attention's operand, named by kind on the kept-operand line.
+KEPT_TERMS = {"bloom.dynamo-eager": "score term ALiBi: per-head slopes"}
+
+
+@pytest.mark.parametrize("stem", sorted(KEPT_TERMS))
+def test_an_additive_score_term_that_packs_is_named_by_its_kind(stem):
+    _, _, _, trace = _load(stem)
+    kept = [r.message for s in trace.steps for r in s.rejections
+            if r.guard in ("mask_model_term", "where_mask_additive") and "score term" in r.message]
+    assert kept and all(KEPT_TERMS[stem] in m for m in kept), kept
