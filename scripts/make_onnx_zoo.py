@@ -153,8 +153,26 @@ def _zoo() -> dict[str, Callable[[str], tuple[torch.nn.Module, dict[str, torch.T
                         use_cache=False)
         return t.OPTModel(c), _text(14), c
 
+    def albert(attn: str):
+        c = t.AlbertConfig(vocab_size=VOCAB, embedding_size=16, max_position_embeddings=64,
+                           attn_implementation=attn, **SMALL)
+        return t.AlbertModel(c, add_pooling_layer=False), _text(24), c
+
+    def mpnet(attn: str):
+        c = t.MPNetConfig(vocab_size=VOCAB, max_position_embeddings=64,  # 32 buckets: compute_position_bias fixes it
+                          attn_implementation=attn, pad_token_id=1, **SMALL)
+        return t.MPNetModel(c, add_pooling_layer=False), _text(25), c
+
+    def swin(attn: str):
+        c = t.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4,
+                         attn_implementation=attn)
+        return t.SwinModel(c, add_pooling_layer=False), _image(30), c
+
     return {
         "bert": bert_like("BertModel", "BertConfig", 1),
+        "albert": albert,
+        "mpnet": mpnet,
+        "swin": swin,
         "roberta": bert_like("RobertaModel", "RobertaConfig", 2, pad_token_id=1),
         "xlm-roberta": bert_like("XLMRobertaModel", "XLMRobertaConfig", 3, pad_token_id=1),
         "electra": bert_like("ElectraModel", "ElectraConfig", 15, embedding_size=32),
@@ -181,6 +199,23 @@ def _zoo() -> dict[str, Callable[[str], tuple[torch.nn.Module, dict[str, torch.T
                         pad_token_id=0),
         "gemma": decoder("GemmaModel", "GemmaConfig", 23, num_key_value_heads=1, head_dim=8,
                          max_position_embeddings=64),
+        "qwen3": decoder("Qwen3Model", "Qwen3Config", 26, num_key_value_heads=2, head_dim=8,
+                         max_position_embeddings=64),
+        "gemma2": decoder("Gemma2Model", "Gemma2Config", 27, num_key_value_heads=2, head_dim=8,
+                          max_position_embeddings=64, sliding_window=4, attn_logit_softcapping=50.0,
+                          query_pre_attn_scalar=8),
+        "olmo2": decoder("Olmo2Model", "Olmo2Config", 28, num_key_value_heads=2, max_position_embeddings=64),
+        "qwen2-moe": decoder("Qwen2MoeModel", "Qwen2MoeConfig", 29, num_key_value_heads=2, max_position_embeddings=64,
+                             num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                             shared_expert_intermediate_size=32,
+                             experts_implementation="batched_mm"),  # torch.onnx has no grouped_mm; batched is dense
+        "mixtral": decoder("MixtralModel", "MixtralConfig", 32, num_key_value_heads=2, max_position_embeddings=64,
+                           num_local_experts=4, num_experts_per_tok=2, sliding_window=None,
+                           experts_implementation="batched_mm"),
+        "gpt-oss": decoder("GptOssModel", "GptOssConfig", 31, num_key_value_heads=2, head_dim=8,
+                           max_position_embeddings=64, num_local_experts=4, num_experts_per_tok=2,
+                           sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+                           experts_implementation="batched_mm"),  # attention sinks
         "bloom": bloom,
         "opt": opt,
     }
@@ -241,7 +276,12 @@ def main(argv: list[str]) -> None:
                 record["files"][key] = _export(arch, form, zoo[arch])
                 record["refused"].pop(key, None)
             except Exception as e:  # noqa: BLE001 - an exporter's refusal is a row of the record, not a stop
+                root = e
+                while root.__cause__ is not None:  # the exporter wraps the op it could not convert
+                    root = root.__cause__
                 msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+                if root is not e:
+                    msg += f" (cause: {type(root).__name__}: {str(root).strip()[:300]})"
                 print(f"{key}: exporter refused: {msg}", flush=True)
                 record["refused"][key] = msg
                 for suffix in (".onnx", ".npz"):

@@ -308,3 +308,77 @@ def test_mlx_numbers_equal_before_and_after_the_rewrite(graph):
         want = np.asarray(ex.run(graph, feeds, weights)[0])
         got = np.asarray(ex.run(after, feeds, weights)[0])
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+# -- tanh GELU as exporters rearrange it (BLOOM, FastGELU, distributed, divided) ------------------------------
+
+K, C = 0.7978845608028654, 0.044715
+TANH_ARGS = {  # the tanh's argument as a function of x: every one is sqrt(2/pi) * (x + 0.044715 x^3)
+    "bloom": lambda b, x: b.mul(b.mul(x, 0.79788456), b.add(1.0, b.mul(b.mul(x, C), x))),
+    "fast_gelu": lambda b, x: b.mul(b.mul(x, 0.7978845608), b.add(1.0, b.mul(b.mul(C, x), x))),
+    "x_first": lambda b, x: b.mul(x, b.mul(K, b.add(b.mul(C, b.mul(x, x)), 1.0))),
+    "distributed": lambda b, x: b.add(b.mul(K, x), b.mul(K * C, b.pow(x, 3.0))),
+    "cube_chain": lambda b, x: b.mul(b.add(x, b.mul(b.mul(b.mul(x, x), x), C)), K),
+    "divided": lambda b, x: b.div(b.add(x, b.mul(C, b.pow(x, 3.0))), 1 / K),
+    "square_pow": lambda b, x: b.mul(b.mul(K, x), b.add(b.mul(C, b.pow(x, 2.0)), 1.0)),
+}
+OUTERS = {
+    "x_half_first": lambda b, x, t: b.mul(b.mul(x, 0.5), b.add(1.0, b.tanh(t))),
+    "half_last": lambda b, x, t: b.mul(b.mul(b.add(b.tanh(t), 1.0), x), 0.5),
+    "halved": lambda b, x, t: b.div(b.mul(x, b.add(1.0, b.tanh(t))), 2.0),
+    "sigmoid": lambda b, x, t: b.mul(x, b.sigmoid(b.mul(2.0, t))),  # 0.5 (1 + tanh z) == sigmoid(2 z)
+    "sigmoid_x_last": lambda b, x, t: b.mul(b.sigmoid(b.mul(t, 2.0)), x),
+}
+
+
+def tanh_gelu_form(arg: str, outer: str = "x_half_first", k_scale: float = 1.0) -> Graph:
+    b = Builder(f"gelu_tanh_{arg}_{outer}")
+    x = b.input("x", (4, 64))
+    h = b.add(b.mul(x, 1.0), 0.0) if arg == "bloom" else x  # a computed x read by every branch, as exported
+    t = TANH_ARGS[arg](b, h)
+    b.output(OUTERS[outer](b, h, b.mul(t, k_scale) if k_scale != 1.0 else t))
+    return b.build()
+
+
+def _sweep() -> list[np.ndarray]:
+    return [np.linspace(-12, 12, 256, dtype=np.float32).reshape(4, 64), rng.standard_normal((4, 64)).astype(np.float32),
+            (rng.standard_normal((4, 64)) * 1e3).astype(np.float32)]
+
+
+@pytest.mark.parametrize("outer", list(OUTERS))
+@pytest.mark.parametrize("arg", list(TANH_ARGS))
+def test_tanh_gelu_forms_become_gelu_tanh_within_the_stated_bound(arg, outer):
+    """Every rearranged tanh-GELU becomes one gelu_tanh; the numbers move only by rounding: within
+    5e-7 * max(1, |y|) of the primitives on the reference and on MLX (the bound docs/passes.md states)."""
+    from rlxviz.runtime.executor import MlxExecutor
+    from rlxviz.runtime.lowering import LoweringOptions
+
+    g = tanh_gelu_form(arg, outer)
+    after = canonicalized(g).final
+    assert [n.op for n in after.compute_nodes() if n.op not in (Op.ADD, Op.MUL)] == [Op.GELU_TANH], outer
+    assert canonicalized(g).rejections == []
+    ex = MlxExecutor(LoweringOptions(fast_math=False))
+    for x in _sweep():
+        for run in (lambda gr, x=x: run_reference(gr, {"x": x}, {})[0],
+                    lambda gr, x=x: np.asarray(ex.run(gr, {"x": x}, {})[0])):
+            want, got = run(g), run(after)
+            assert np.all(np.abs(got - want) <= 5e-7 * np.maximum(1.0, np.abs(want))), (arg, outer)
+
+
+@pytest.mark.parametrize("arg, outer, named", [("bloom", "x_half_first", "sqrt(2/pi) is 0.877"),
+                                               ("distributed", "x_half_first", "sqrt(2/pi) is 0.877"),
+                                               ("bloom", "sigmoid", "2*sqrt(2/pi) is 1.75")])
+def test_tanh_gelu_with_a_wrong_coefficient_is_refused_naming_it(arg, outer, named):
+    trace = canonicalized(tanh_gelu_form(arg, outer, k_scale=1.1))
+    (rej,) = trace.rejections
+    assert rej.guard == "gelu_constants" and named in rej.message
+    assert not any(n.op == Op.GELU_TANH for n in trace.final)
+
+
+def test_a_tanh_argument_with_another_power_is_not_a_gelu():
+    b = Builder("gelu_tanh_quadratic")
+    x = b.input("x", (4, 64))
+    t = b.tanh(b.mul(K, b.add(x, b.mul(C, b.mul(x, x)))))  # x + c x^2: not the GELU's cubic
+    b.output(b.mul(b.mul(x, 0.5), b.add(1.0, t)))
+    trace = canonicalized(b.build())
+    assert not trace.rejections and not any(n.op == Op.GELU_TANH for n in trace.final)

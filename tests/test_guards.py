@@ -803,6 +803,14 @@ def _nth(g, op, k=0, where=lambda n: True):
     return [n.id for n in g if n.op == op and where(n)][k]
 
 
+def _gelu_sigmoid():
+    """x * sigmoid(1.1 * 2 sqrt(2/pi) * (...)): a tanh-GELU through the sigmoid with the wrong coefficient."""
+    from test_forms import tanh_gelu_form
+
+    g = tanh_gelu_form("bloom", "sigmoid", k_scale=1.1)
+    return g, {"s": _nth(g, Op.SIGMOID)}
+
+
 def _forms(kind):
     """Near misses of the canonicalization passes (graphs from tests/test_forms.py, and small ones here)."""
     from test_forms import gelu_graph, layer_norm_graph, rms_norm_graph
@@ -886,6 +894,7 @@ NEAR_MISSES += [
     (_RMS, "beta_shape", lambda: _forms("rms_beta"), "s", {}),
     ("canonicalize_gelu.erf", "gelu_constants", lambda: _forms("gelu_erf"), "s", {}),
     ("canonicalize_gelu.tanh", "gelu_constants", lambda: _forms("gelu_tanh"), "s", {}),
+    ("canonicalize_gelu.sigmoid", "gelu_constants", lambda: _gelu_sigmoid(), "s", {}),
     (_SDPA, "kv_repeat_form", lambda: _forms("kv_tile"), "s", {}),
     (_SDPA, "where_mask_fill", lambda: _forms("where_fill"), "s", {}),
     (_SDPA, "where_mask_additive", lambda: _forms("where_per_key"), "s", {}),
@@ -1022,6 +1031,17 @@ def _decode_step():
 
 
 NEAR_MISSES += [("fuse_attention_block.qkv_attention_out", "kv_cache", _decode_step, "s", {})]
+
+
+def _soft_cap():
+    """Gemma 2's soft-cap tanh(s / 30) * 30 on the scores: score_term names the cap's mul."""
+    from test_score_terms import SOFT_CAP, attention_with
+
+    g = attention_with(SOFT_CAP)
+    return g, {"s": next(n.id for n in g if n.op == Op.MUL and any(g[i].op == Op.TANH for i in n.inputs))}
+
+
+NEAR_MISSES += [(_SDPA, "score_term", _soft_cap, "s", {})]
 
 
 def test_near_miss_table_covers_every_guard_of_every_rule():

@@ -127,3 +127,45 @@ def test_a_conv_whose_input_does_not_fit_its_kernel_is_refused(tmp_path):
     p = _conv_model(tmp_path, (6, 3, 3), [1, 1], [1], channels=4)  # kernel takes 3 channels, the input has 4
     with pytest.raises(OnnxImportError, match="does not fit the kernel"):
         load_onnx(p, batch=2)
+
+
+def _router_model(tmp_path: Path, which: str) -> Path:
+    """An MoE router as torch exports it: TopK's values and indices both read (`topk`), or a GatherND whose indices
+    are computed from the input (`gathernd`: the IR's gather takes constant indices only)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    k = numpy_helper.from_array(np.asarray([2], np.int64), "k")
+    if which == "topk":
+        nodes = [helper.make_node("Softmax", ["x"], ["p"], axis=-1),
+                 helper.make_node("TopK", ["p", "k"], ["vals", "idx"], axis=-1, name="router_topk"),
+                 helper.make_node("Cast", ["idx"], ["fidx"], to=TensorProto.FLOAT),
+                 helper.make_node("Add", ["vals", "fidx"], ["y"])]
+        inits = [k]
+    else:
+        nodes = [helper.make_node("ArgMax", ["x"], ["am"], axis=-1, keepdims=1),  # [2, 3, 1], computed
+                 helper.make_node("GatherND", ["x", "am"], ["g"], batch_dims=2, name="pick"),
+                 helper.make_node("Relu", ["g"], ["y"])]
+        inits = []
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], [y], initializer=inits),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    p = tmp_path / f"{which}.onnx"
+    onnx.save(m, p)
+    return p
+
+
+@pytest.mark.parametrize("which, op_types", [("topk", ["TopK", "TopK"]), ("gathernd", ["GatherND"])])
+def test_a_multi_output_or_unmapped_form_runs_on_the_host_with_onnx_runtimes_numbers(tmp_path, which, op_types):
+    """TopK's two outputs are two host nodes (`output` 0 and 1); a GatherND with computed indices, which the
+    handler does not map, is a host node too. Reference, MLX and the exported file give ONNX Runtime's numbers."""
+    p = _router_model(tmp_path, which)
+    m = load_onnx(p)
+    host = [n for n in m.graph if n.op == Op.ONNX_OP]
+    assert [n.attrs["op_type"] for n in host] == op_types
+    if which == "topk":
+        assert [n.attrs.get("output", 0) for n in host] == [0, 1] and host[1].dtype.value == "i64"
+    want = _ort(p, {"x": X})
+    np.testing.assert_allclose(run_reference(m.graph, {"x": X}, m.weights)[0], want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(MlxExecutor().run(m.graph, {"x": X}, m.weights)[0]), want,
+                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(_ort(export_onnx(m.graph, m.weights), {"x": X}), want, rtol=1e-6, atol=1e-6)

@@ -34,6 +34,15 @@ MODEL_TERMS = {
     "gpt-neox.dynamo-eager": "partial rotary RoPE", "gpt-neox.dynamo-sdpa": "partial rotary RoPE",
 }
 
+# What explain must say for a term of the model's own (`passes/score_terms.py`): the term's kind, named.
+NAMED_TERMS = {
+    "gemma2.dynamo-eager": "guard score_term (guard, illegal): score term soft-cap: tanh(s / 50) * 50",
+    "deberta-v2.dynamo-eager": "guard score_term (guard, illegal): score term content-position term",
+    "gpt-oss.dynamo-eager": "guard score_term (guard, illegal): score term sinks: 1 sink logit(s) per head",
+}
+MODEL_TERMS.update({"gemma2.dynamo-eager": "attention soft-cap tanh(s / 50) * 50 (Gemma 2)",
+                    "gpt-oss.dynamo-eager": "attention sinks: a per-head logit concatenated to the scores"})
+
 
 @cache
 def _load(stem: str):
@@ -50,6 +59,7 @@ def test_the_zoo_covers_the_architectures_and_forms_the_issue_names():
             "whisper-encoder", "clip-text", "clip-vision", "vit", "gpt2", "gpt-neox", "falcon", "llama", "qwen2",
             "mistral", "phi3", "gemma", "bloom"}
     assert need <= arch
+    assert {"qwen3", "gemma2", "albert", "mpnet", "olmo2", "qwen2-moe", "swin", "gpt-oss"} <= arch  # QK-norm, caps, MoE
     assert len({s for s in FILES if s.endswith(".ts-eager")}) >= 6
     assert len({s for s in FILES if s.endswith(".dynamo-sdpa")}) >= 15
     assert sum((ZOO / f"{s}.onnx").stat().st_size for s in FILES) < 30e6
@@ -85,6 +95,7 @@ def test_attention_packs_where_the_scores_are_plain_and_explain_names_the_block_
     check = check_fusion(trace, m.name)
     text = check.render()
     assert "first rejection:" in text or "also unrecognized:" in text, text  # a named guard, not silence
+    assert NAMED_TERMS.get(stem, "") in text, text
 
 
 @pytest.mark.parametrize("stem", FILES)
@@ -100,3 +111,15 @@ def test_every_zoo_version_exports_to_onnx_that_onnx_runtime_runs_with_the_same_
         names = {i.name for i in sess.get_inputs()}
         got = sess.run(None, {k: v for k, v in feeds.items() if k in names})[0]
         assert np.max(np.abs(got - want)) <= 1e-4, stem
+
+
+# Additive score terms that pack as the attention's operand, named by kind on the kept-operand line.
+KEPT_TERMS = {"bloom.dynamo-eager": "score term ALiBi: per-head slopes"}
+
+
+@pytest.mark.parametrize("stem", sorted(KEPT_TERMS))
+def test_an_additive_score_term_that_packs_is_named_by_its_kind(stem):
+    _, _, _, trace = _load(stem)
+    kept = [r.message for s in trace.steps for r in s.rejections
+            if r.guard in ("mask_model_term", "where_mask_additive") and "score term" in r.message]
+    assert kept and all(KEPT_TERMS[stem] in m for m in kept), kept

@@ -39,7 +39,8 @@ def evaluate(attrs: dict[str, Any], arrays: Sequence[np.ndarray]) -> np.ndarray:
     """Run the held ONNX node on `arrays` (its non-empty inputs, in order): with ONNX Runtime (the engine the
     import check compares with; `onnx.reference` computes some ops wrongly, e.g. LpNormalization p=1 on negative
     inputs), else (not installed, or no kernel for these dtypes: the float64 oracle) with `onnx.reference`; the
-    first output, cast to the declared dtype. Raises ValueError naming the op when the engine fails."""
+    output numbered `attrs["output"]` (0 when absent: TopK's indices are output 1), cast to the declared dtype.
+    Raises ValueError naming the op when the engine fails."""
     from .dtype import DType
 
     node = decode(attrs)
@@ -51,17 +52,18 @@ def evaluate(attrs: dict[str, Any], arrays: Sequence[np.ndarray]) -> np.ndarray:
                                 tuple((n, str(a.dtype), a.shape) for n, a in feeds.items()))
         except Exception:  # noqa: BLE001 - no kernel for these types (e.g. Hardmax in float64, the oracle's)
             sess = None
-        out = sess.run(None, feeds)[0] if sess is not None else _reference(node, int(attrs["opset"]), feeds)
+        k = int(attrs.get("output", 0))
+        out = sess.run(None, feeds)[k] if sess is not None else _reference(node, int(attrs["opset"]), feeds)[k]
     except Exception as e:  # noqa: BLE001 - the engine's own error, named
         raise ValueError(f"onnx_op {attrs['op_type']}: the host evaluation failed ({type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else ''})") from None
     return np.asarray(out).astype(DType(attrs["dtype"]).numpy, copy=False)
 
 
-def _reference(node: Any, opset: int, feeds: dict[str, np.ndarray]) -> np.ndarray:
+def _reference(node: Any, opset: int, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     from onnx.reference import ReferenceEvaluator
 
-    return ReferenceEvaluator(node, opsets={"": opset}).run(None, feeds)[0]
+    return ReferenceEvaluator(node, opsets={"": opset}).run(None, feeds)
 
 
 @functools.lru_cache(maxsize=64)
@@ -76,8 +78,8 @@ def _ort_session(node_text: str, opset: int, inputs: tuple[tuple[str, str, tuple
     node = decode({"node": node_text})
     ins = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.dtype(dt)), list(shape))
            for n, dt, shape in inputs]
-    outs = [helper.make_empty_tensor_value_info(o) for o in node.output if o][:1]
-    node.output[:] = [outs[0].name]
+    node.output[:] = [o or f"unused_{k}" for k, o in enumerate(node.output)]  # every output, in order
+    outs = [helper.make_empty_tensor_value_info(o) for o in node.output]
     graph = helper.make_graph([node], "host", ins, outs)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = min(model.ir_version, 9)

@@ -221,7 +221,8 @@ SPECS: dict[Op, OpSpec] = {
         "mask_fill": _a(int, float, _NONE, required=False, default=None)}),
     Op.ELEMENTWISE_REGION: OpSpec(None, {"chain": _a(tuple, items=_TUP)}),
     Op.ONNX_OP: OpSpec(None, {"op_type": _a(str), "name": _a(str, required=False, default=""), "node": _a(str),
-                              "opset": _a(int), "shape": _a(tuple, items=_INT), "dtype": _a(str)}),
+                              "opset": _a(int), "shape": _a(tuple, items=_INT), "dtype": _a(str),
+                              "output": _a(int, required=False, default=0)}),
 }
 
 FTL_INPUTS = ("hidden", "qkv_w", "qkv_b", "out_w", "out_b", "ln1_g", "ln1_b",

@@ -219,7 +219,8 @@ def _node(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
         node = decode(a)
         it = iter(ins)
         node.input[:] = [next(it) if i else "" for i in node.input]
-        node.output[:] = [out]
+        k = int(a.get("output", 0))  # one IR node per output: the others get names nothing reads
+        node.output[:] = [out if j == k else f"{out}.unused{j}" for j in range(max(len(node.output), k + 1))]
         node.name = f"{w.prefix}{node.op_type}_{len(w.nodes)}"
         w.nodes.append(node)
     elif op == Op.ATTENTION:

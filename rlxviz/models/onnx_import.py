@@ -61,6 +61,11 @@ class OnnxImportError(ValueError):
     """An ONNX file that cannot be imported; the message names the file, op, node and opset."""
 
 
+class UnsupportedForm(OnnxImportError):
+    """A valid node in a form its handler does not map (GatherND with computed indices, ArgMax with
+    select_last_index): the driver makes it an opaque host node when ONNX can type it, else reports this."""
+
+
 def _onnx() -> Any:
     try:
         import onnx
@@ -104,10 +109,14 @@ class _Ctx:
     held_bytes: int = 0
     """Bytes of NumPy constants held so far: the initializers and every folded output."""
 
-    def fail(self, why: str) -> OnnxImportError:
+    def fail(self, why: str, kind: type[OnnxImportError] = OnnxImportError) -> OnnxImportError:
         n = self.node
         label = repr(n.name) if n.name else f"(unnamed, output {n.output[0]!r})" if n.output else "(unnamed)"
-        return OnnxImportError(f"{n.op_type} node {label} (opset {self.opset}): {why}")
+        return kind(f"{n.op_type} node {label} (opset {self.opset}): {why}")
+
+    def unsupported(self, why: str) -> OnnxImportError:
+        """`fail` for a valid form the handler does not map (`UnsupportedForm`: the host may run it)."""
+        return self.fail(why, UnsupportedForm)
 
     def ref(self, v: Value, dtype: DType | None = None) -> Ref:
         """A node for `v`: constants of one element become `const`, larger ones a named param."""
@@ -320,7 +329,7 @@ def _argmax(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]
     if a.get("select_last_index", 0):  # the IR's argmax takes the first largest: the last one runs on the host
         if (host := _host_op(ctx, n, x, "")) is None:
             raise ctx.fail("select_last_index=1 is not supported (the IR's argmax takes the first largest)")
-        return [host]
+        return host
     ax = _axis(ctx, int(a.get("axis", 0)), len(ctx.shape(x[0])))
     return [ctx.b.argmax(ctx.ref(x[0]), ax, keepdims=bool(a.get("keepdims", 1)))]
 
@@ -399,7 +408,7 @@ def _identity(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Valu
 @handles("MatMul")
 def _matmul(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
     if len(ctx.shape(x[0])) < 2 or len(ctx.shape(x[1])) < 2:
-        raise ctx.fail("rank-1 operands are not supported (the IR's matmul takes rank >= 2)")
+        raise ctx.unsupported("rank-1 operands are not supported (the IR's matmul takes rank >= 2)")
     return [ctx.b.matmul(ctx.ref(x[0]), ctx.ref(x[1]))]
 
 
@@ -474,7 +483,7 @@ def _conv(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
 def _conv_on_host(ctx: _Ctx, n: Any, x: list[Value], why: str) -> list[Value]:
     if (host := _host_op(ctx, n, x, "")) is None:
         raise ctx.fail(f"{why}, and ONNX shape inference does not fix its output type for a host node")
-    return [host]
+    return host
 
 
 # -- normalisation and softmax -----------------------------------------------------------------------------
@@ -490,7 +499,7 @@ def _axis(ctx: _Ctx, axis: int, rank: int, what: str = "axis") -> int:
 def _last_axis(ctx: _Ctx, v: Value, axis: int) -> None:
     r = len(ctx.shape(v))
     if _axis(ctx, axis, r) != r - 1:
-        raise ctx.fail(f"normalisation over axis {axis} of rank {r}: only the last axis is supported")
+        raise ctx.unsupported(f"normalisation over axis {axis} of rank {r}: only the last axis is supported")
 
 
 def _zeros_like_gamma(ctx: _Ctx, g: Value) -> Ref:
@@ -503,7 +512,7 @@ def _layer_norm(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Va
     """LayerNormalization over the last axis; a missing bias is zeros. Mean / InvStdDev outputs unsupported."""
     _last_axis(ctx, x[0], int(a.get("axis", -1)))
     if len(n.output) > 1 and any(n.output[1:]):
-        raise ctx.fail("the Mean / InvStdDev outputs are not supported")
+        raise ctx.unsupported("the Mean / InvStdDev outputs are not supported")
     beta = ctx.ref(x[2]) if len(x) > 2 and x[2] is not None else _zeros_like_gamma(ctx, x[1])
     return [ctx.b.layer_norm(ctx.ref(x[0]), ctx.ref(x[1]), beta, float(a.get("epsilon", 1e-5)))]
 
@@ -523,7 +532,7 @@ def _skip_ln(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value
     b = ctx.b
     simplified = n.op_type.startswith("SkipSimplified")
     if any(o for i, o in enumerate(n.output) if i in (1, 2)):
-        raise ctx.fail("the mean / inv_std_var outputs are not supported")
+        raise ctx.unsupported("the mean / inv_std_var outputs are not supported")
     s = b.add(ctx.ref(x[0]), ctx.ref(x[1]))
     bias_at = 3 if simplified else 4
     if len(x) > bias_at and x[bias_at] is not None:
@@ -779,7 +788,7 @@ def _gather_nd(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Val
     flatten + gather with the flattened indices."""
     data, idx = x
     if int(a.get("batch_dims", 0)) != 0 or not isinstance(idx, np.ndarray):
-        raise ctx.fail("only constant indices with batch_dims 0 are supported")
+        raise ctx.unsupported("only constant indices with batch_dims 0 are supported")
     s = ctx.shape(data)
     k = idx.shape[-1]
     lead, rest = s[:k], s[k:]
@@ -875,15 +884,15 @@ _NEVER_ON_HOST = frozenset({"If", "Loop", "Scan", "SequenceMap", "RegexFullMatch
 """Ops never kept as host nodes: control flow (unbounded work), strings, random (no fixed numbers), optionals."""
 
 
-def _host_op(ctx: _Ctx, node: Any, ins: list[Value], domain: str) -> Ref | None:
-    """An `onnx_op` node for a default-domain ONNX node no handler maps (`ir.onnx_op`): one output, no
-    subgraph, inputs the IR can hold, and an output type ONNX shape inference fixes from the bound input shapes.
+def _host_op(ctx: _Ctx, node: Any, ins: list[Value], domain: str) -> list[Ref | None] | None:
+    """`onnx_op` nodes for a default-domain ONNX node no handler maps (`ir.onnx_op`): one per output the graph
+    names (TopK's values and indices are two nodes, each evaluating the ONNX node and keeping its `output`), no
+    subgraph, inputs the IR can hold, and output types ONNX shape inference fixes from the bound input shapes.
     None when any of these fails (the op is then listed as unmapped). Raises nothing."""
     from ..ir.onnx_op import encode
 
-    outs = [o for o in node.output if o]
-    if domain or node.op_type in _NEVER_ON_HOST or "Sequence" in node.op_type or len(outs) != 1 \
-            or len(node.output) != 1 or any(at.type in (5, 10) for at in node.attribute):  # 5/10: GRAPH(S)
+    if domain or node.op_type in _NEVER_ON_HOST or "Sequence" in node.op_type or not any(node.output) \
+            or any(at.type in (5, 10) for at in node.attribute):  # 5/10: GRAPH(S)
         return None
     try:
         named = [(name, v) for name, v in zip(node.input, ins, strict=True) if name]
@@ -891,18 +900,30 @@ def _host_op(ctx: _Ctx, node: Any, ins: list[Value], domain: str) -> Ref | None:
         typed = {name: (np.dtype(ctx.dtype(v).numpy), ctx.shape(v)) for name, v in named if name not in consts}
         m = single_node_model(node, ctx.opset, consts, typed)
         m = _onnx().shape_inference.infer_shapes(m, strict_mode=True, data_prop=True)
-        t = m.graph.output[0].type.tensor_type
-        if not t.HasField("shape") or any(not d.HasField("dim_value") for d in t.shape.dim):
+        types: dict[str, tuple[DType, tuple[int, ...]]] = {}
+        for out in m.graph.output:
+            t = out.type.tensor_type
+            if not t.HasField("shape") or any(not d.HasField("dim_value") for d in t.shape.dim):
+                return None
+            types[out.name] = (onnx_dtype(t.elem_type), tuple(int(d.dim_value) for d in t.shape.dim))
+        if any(o and o not in types for o in node.output):
             return None
-        dtype = onnx_dtype(t.elem_type)
-        shape = tuple(int(d.dim_value) for d in t.shape.dim)
     except Exception:  # noqa: BLE001 - not inferable: the op stays unmapped, named in the one error
         return None
     operands = [ctx.ref(v) for name, v in zip(node.input, ins, strict=True) if name]
     if not operands:
         return None
-    return Ref(ctx.b.emit(Op.ONNX_OP, tuple(operands), op_type=node.op_type, name=node.name or "", node=encode(node),
-                      opset=ctx.opset, shape=shape, dtype=dtype.value))
+    text, several = encode(node), sum(1 for o in node.output if o) > 1 or len(node.output) > 1
+    refs: list[Ref | None] = []
+    for k, o in enumerate(node.output):
+        if not o:
+            refs.append(None)
+            continue
+        dtype, shape = types[o]
+        extra = {"output": k} if several else {}
+        refs.append(Ref(ctx.b.emit(Op.ONNX_OP, tuple(operands), op_type=node.op_type, name=node.name or "",
+                                   node=text, opset=ctx.opset, shape=shape, dtype=dtype.value, **extra)))
+    return refs
 
 
 def _shape_op(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> np.ndarray:
@@ -1170,13 +1191,22 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
             elif (domain, node.op_type) in HANDLERS:
                 b.path = node_path(node)
                 first = b._next
-                outs = HANDLERS[(domain, node.op_type)](ctx, node, ins, attrs)
+                try:
+                    outs = HANDLERS[(domain, node.op_type)](ctx, node, ins, attrs)
+                except UnsupportedForm:
+                    # a valid form the handler does not map (GatherND with computed indices): an opaque host node
+                    # when it refused before emitting anything and the host can type it; else its error
+                    if b._next != first or (hosts := _host_op(ctx, node, ins, domain)) is None:
+                        raise
+                    outs = hosts  # type: ignore[assignment]
                 for i in range(first, b._next):
                     provenance[i] = (node.op_type, node.name, node.doc_string)
-            elif (host := _host_op(ctx, node, ins, domain)) is not None:
+            elif (hosts := _host_op(ctx, node, ins, domain)) is not None:
                 b.path = node_path(node)
-                provenance[int(host)] = (node.op_type, node.name, node.doc_string)
-                outs = [host]
+                for host in hosts:
+                    if host is not None:
+                        provenance[int(host)] = (node.op_type, node.name, node.doc_string)
+                outs = hosts  # type: ignore[assignment]
             else:
                 key = node.op_type if domain == "" else f"{domain}.{node.op_type}"
                 unmapped.setdefault(key, []).append(node.name or "(unnamed)")

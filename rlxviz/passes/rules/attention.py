@@ -77,9 +77,11 @@ from ..guard import (
 )
 from ..pattern import P, const_value, is_const
 from ..rule import QUIET, Fail, Rule, Shape, Soft, User, reports
+from ..score_terms import ALIBI, CONTENT_POSITION, RELATIVE_BIAS, SINKS, SOFT_CAP, additive_term, score_terms
 from ..trace import Rejection
 from . import where_mask
 from .gqa import explain_heads, heads_match, kv_heads_pattern, kv_repeat_guard, num_kv_heads, repeat_roles
+from .head_norm import hoist_head_norms
 from .heads import unfold_heads
 from .kv_cache import pack_cache
 from .rope_heads import rope_heads
@@ -234,18 +236,43 @@ def _prescale_kept(c: Ctx) -> Fail | None:
     return None
 
 
-def model_term(m: Node) -> str:
+def model_term(m: Node, g: Graph | None = None, heads: int = 0) -> str:
     """Why the additive score term `m` cannot be a padding keep mask, or "": a padding mask varies only along the
     batch and the key axis (`[B, 1, 1, Sk]`), so a term with more than one row per head (`[.., H, .., ..]`: ALiBi,
     a relative position bias) or per query (`[.., .., Sq, Sk]`: a causal or sliding-window band) is the model's
-    own: the attention takes it as an additive operand, unchanged."""
+    own: the attention takes it as an additive operand, unchanged. With the graph, the term's kind is named
+    (`score_terms.additive_term`: ALiBi, relative position bias, ...)."""
     shape = (1,) * max(0, 4 - m.rank) + tuple(m.shape)
-    heads, queries = shape[-3], shape[-2]
-    if heads > 1:
-        return f"it has one row per head ({heads} heads: a per-head bias such as ALiBi or a relative position bias)"
+    rows, queries = shape[-3], shape[-2]
+    term = additive_term(g, m.id, heads or rows) if g is not None else None
+    kind = f"; score term {term.kind}: {term.formula}" if term is not None and term.kind in (ALIBI, RELATIVE_BIAS) \
+        else ""
+    if rows > 1:
+        return (f"it has one row per head ({rows} heads: a per-head bias such as ALiBi or a relative position "
+                f"bias){kind}")
     if queries > 1:
-        return f"it has one row per query ({queries} queries: a causal or sliding-window band, or a position bias)"
+        return (f"it has one row per query ({queries} queries: a causal or sliding-window band, or a position "
+                f"bias){kind}")
     return ""
+
+
+@reports("score_term", reads=("softmax",), kind=ILLEGAL)
+def _score_term(c: Ctx) -> Fail | None:
+    """Name the first score term the attention op cannot take (`score_terms.BLOCKING`: soft-cap, sinks, a
+    content-position term) in front of the scores' pattern, with its kind. Illegal: packing would drop the term
+    and change the numbers; the term is the model's own, so nothing is to change in the model."""
+    terms = [t for t in score_terms(c.graph, c["softmax"]) if t.blocks]
+    if not terms:
+        return None
+    t = terms[0]
+    needs = {SOFT_CAP: "a soft-cap attribute (tanh(s / c) * c before the mask)",
+             SINKS: "per-head sink logits (one more softmax column, dropped after it)",
+             CONTENT_POSITION: "a term computed from Q (disentangled attention)"}[t.kind]
+    return Fail("guard", "score_term",
+                f"score term {t.kind}: {t.formula}, at {c.name_of(t.node)}; the attention op computes "
+                f"softmax(QK^T * scale + mask) @ V and has no {t.kind}, so these scores stay as primitives",
+                (t.node,), (), "nothing to change in the model: the term is the model's own", subject=t.node,
+                kind=ILLEGAL, fix=f"an attention op that takes {needs}")
 
 
 @reports("mask_form", "mask_model_term", "where_mask_additive",
@@ -258,10 +285,11 @@ def _mask_form(c: Ctx) -> Fail | None:
     causal + padding, a band) is kept additive the same way (`where_mask_additive`)."""
     if "bias_add" in c:
         b = c["bias"]
+        why = model_term(b, c.graph, c["q_reshape"].shape[2]) or "a term of the model"
         return Fail("guard", "where_mask_additive",
                     f"score term kept as the attention's additive operand {c.the('bias', 'bias')} + where(cond, 0, "
                     f"fill): {b.op.value} {list(b.shape)} is added to the scores before the where-mask; "
-                    f"{model_term(b) or 'a term of the model'} (exact)", (), (), "nothing to change in the model",
+                    f"{why} (exact)", (), (), "nothing to change in the model",
                     subject=b.id, kind=MODEL_TERM, fix="")
     if "mask_where" in c and where_mask.is_additive(c):
         return Fail("guard", "where_mask_additive", where_mask.additive_note(c), (), (),
@@ -275,7 +303,7 @@ def _mask_form(c: Ctx) -> Fail | None:
     why = None
     if m.op == Op.MUL and m.shape == (b, 1, 1, s) and _reshaped_first(c, m, b, s):
         return None
-    term = model_term(m)
+    term = model_term(m, g, c["q_reshape"].shape[2])
     if term:
         return Fail("guard", "mask_model_term",
                     f"additive score term kept as the attention's operand: {c.the('mask', 'mask')} is {m.op.value} "
@@ -446,6 +474,7 @@ SDPA = Rule(
               requires=("softmax",), kind=NOT_RECOGNIZED,
               fix="none for attention: a softmax over another axis is not key-axis attention"),
         _rope_on_heads,
+        _score_term,
         Shape("scores_form", "softmax", P(Op.SOFTMAX, _SCORES, name="softmax"),
               "scores must be matmul(q_heads, transpose(k_heads)) [scaled] [+ mask]"),
         User("pv_form", "pv", "softmax", P(Op.MATMUL, P.var("softmax"), kv_heads_pattern("v", _heads("v")), name="pv"),
@@ -485,16 +514,18 @@ _sdpa_rules = rule_pass("fuse_sdpa", [SDPA], "")
 
 
 def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
-    """Lift folded-heads chains to the 4-D head layout (`heads.unfold_heads`, exact), RoPE written on the heads to
+    """Lift folded-heads chains to the 4-D head layout (`heads.unfold_heads`, exact), a QK-norm on transposed heads
+    in front of the transpose (`head_norm.hoist_head_norms`, exact), RoPE written on the heads to
     the rope op (`rope_heads.rope_heads`, exact), a decode step's KV-cache concat read packed (`kv_cache.pack_cache`,
     exact), move Q/K scales next to the head split (`scale_path.hoist_scales`,
     exact), then match `SDPA`."""
     lifted, unfolded = unfold_heads(graph)
-    rotated, ropes = rope_heads(lifted)
+    normed, norms = hoist_head_norms(lifted)
+    rotated, ropes = rope_heads(normed)
     cached, caches = pack_cache(rotated)
     hoisted, moved = hoist_scales(cached)
     r = _sdpa_rules(hoisted, params)
-    return PassResult(r.graph, unfolded + ropes + caches + moved + r.matches, r.rejections)
+    return PassResult(r.graph, unfolded + norms + ropes + caches + moved + r.matches, r.rejections)
 
 
 fuse_sdpa = Pass("fuse_sdpa", _fuse_sdpa, (SDPA,), doc="Hugging Face scaled-dot-product attention -> packed "
