@@ -153,6 +153,11 @@ def _zoo() -> dict[str, Callable[[str], tuple[torch.nn.Module, dict[str, torch.T
                         use_cache=False)
         return t.OPTModel(c), _text(14), c
 
+    def gptj(attn: str):  # interleaved RoPE (rotate_every_two) on the first rotary_dim of each head
+        c = t.GPTJConfig(vocab_size=VOCAB, n_embd=32, n_head=4, n_layer=2, n_inner=64, rotary_dim=4, n_positions=64,
+                         attn_implementation=attn, use_cache=False)
+        return t.GPTJModel(c), _text(26), c
+
     return {
         "bert": bert_like("BertModel", "BertConfig", 1),
         "roberta": bert_like("RobertaModel", "RobertaConfig", 2, pad_token_id=1),
@@ -182,6 +187,10 @@ def _zoo() -> dict[str, Callable[[str], tuple[torch.nn.Module, dict[str, torch.T
         "gemma": decoder("GemmaModel", "GemmaConfig", 23, num_key_value_heads=1, head_dim=8,
                          max_position_embeddings=64),
         "bloom": bloom,
+        "phi": decoder("PhiModel", "PhiConfig", 24, partial_rotary_factor=0.5, max_position_embeddings=64),
+        "stablelm": decoder("StableLmModel", "StableLmConfig", 25, num_key_value_heads=2, partial_rotary_factor=0.25,
+                            max_position_embeddings=64),
+        "gptj": gptj,
         "opt": opt,
     }
 
