@@ -42,6 +42,7 @@ import numpy as np
 
 from ..ir import Builder, DType, Graph, Op, lint
 from ..ir.emitter import Ref
+from ..ir.graph import SMALL_VALUE
 from ..ir.identity import IdentityMap
 from ..ir.lint import problems
 from .onnx_fold import FOLDABLE, FoldError, check_fold, fold, node_attrs, single_node_model
@@ -1221,7 +1222,9 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
         raise OnnxImportError(f"{where} (opset {opset}): {msg}")
     graph = lint(run_pass(built, "dead_code_elimination"), "onnx import")
     used = {n.name for n in graph.params}
-    return graph, {k: v for k, v in weights.items() if k in used}, provenance
+    weights = {k: v for k, v in weights.items() if k in used}
+    small = {k: v for k, v in weights.items() if v.size <= SMALL_VALUE}  # what guards on constant tables read
+    return graph.with_values(small), weights, provenance
 
 
 def _size(n: int) -> str:

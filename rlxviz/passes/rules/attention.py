@@ -80,6 +80,7 @@ from ..rule import QUIET, Fail, Rule, Shape, Soft, User, reports
 from ..trace import Rejection
 from . import where_mask
 from .gqa import explain_heads, heads_match, kv_heads_pattern, kv_repeat_guard, num_kv_heads, repeat_roles
+from .head_layout import canonical_heads, repeat_broadcast_kv
 from .heads import unfold_heads
 from .kv_cache import pack_cache
 from .rope_heads import rope_heads
@@ -490,11 +491,13 @@ def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
     exact), move Q/K scales next to the head split (`scale_path.hoist_scales`,
     exact), then match `SDPA`."""
     lifted, unfolded = unfold_heads(graph)
-    rotated, ropes = rope_heads(lifted)
-    cached, caches = pack_cache(rotated)
+    laid, layouts = canonical_heads(lifted)
+    rotated, ropes = rope_heads(laid)
+    repeated, repeats = repeat_broadcast_kv(rotated)
+    cached, caches = pack_cache(repeated)
     hoisted, moved = hoist_scales(cached)
     r = _sdpa_rules(hoisted, params)
-    return PassResult(r.graph, unfolded + ropes + caches + moved + r.matches, r.rejections)
+    return PassResult(r.graph, unfolded + layouts + ropes + repeats + caches + moved + r.matches, r.rejections)
 
 
 fuse_sdpa = Pass("fuse_sdpa", _fuse_sdpa, (SDPA,), doc="Hugging Face scaled-dot-product attention -> packed "
