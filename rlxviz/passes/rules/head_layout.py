@@ -183,26 +183,56 @@ def repeat_broadcast_kv(g: Graph) -> tuple[Graph, list[Match]]:
         a, b = (g[i] for i in m.inputs)
         if a.shape[1] != m.shape[1] or b.shape[1] != 1:
             continue
-        if b.op == Op.TRANSPOSE and tuple(b.attrs["perm"]) == (0, 1, 3, 2) and _one_head(g, b.inputs[0]):
-            found.append((m, b, b.inputs[0]))  # K^T: repeat K, then transpose
-        elif _one_head(g, b.id):
-            found.append((m, None, b.id))
+        path = _to_one_head(g, b)
+        if path is not None:
+            found.append((m, path))
     if not found:
         return g, []
     rw = Rewriter(g, "fuse_sdpa")
     matches = []
-    for m, kt, kv in found:
+    for m, path in found:
+        kv, ops = path[0], path[1:]
         bsz, _, s, d = g[kv].shape
         h = m.shape[1]
-        with rw.provenance([m.id]):
-            rep = rw.reshape(rw.expand(rw.reshape(kv, (bsz, 1, 1, s, d)), (bsz, 1, h, s, d)), (bsz, h, s, d))
-            operand = rw.transpose(rep, (0, 1, 3, 2)) if kt is not None else rep
-            new = rw.emit(Op.MATMUL, [m.inputs[0], operand])
+        with rw.provenance([m.id, *ops]):
+            v = rw.reshape(rw.expand(rw.reshape(kv, (bsz, 1, 1, s, d)), (bsz, 1, h, s, d)), (bsz, h, s, d))
+            for prev, i in zip(path, ops, strict=False):  # the transpose and scalar scales, now on H heads
+                n = g[i]
+                v = rw.emit(n.op, [v if j == prev else j for j in n.inputs], **dict(n.attrs))
+            new = rw.emit(Op.MATMUL, [m.inputs[0], v])
         rw.replace(m.id, new)
-        if kt is not None and all(u.id == m.id for u in g.users(kt.id)) and not g.is_output(kt.id):
-            rw.remove([kt.id])
+        dead = {m.id}
+        for i in reversed(ops):  # the old path goes when only the replaced matmul read it
+            if not g.is_output(i) and all(u.id in dead for u in g.users(i)):
+                rw.remove([i])
+                dead.add(i)
         matches.append(Match("fuse_sdpa", RULE, m.id, {"matmul": m.id, "kv_heads": kv}, new, m.path))
     return rw.finish(), matches
+
+
+def _scalar(g: Graph, i: int) -> bool:
+    n = g[i]
+    return n.op == Op.CONST and n.rank <= 1 and all(k == 1 for k in n.shape)
+
+
+def _to_one_head(g: Graph, b: Node) -> list[int] | None:
+    """`[kv, ..., b]`: from a one-head head split kv `[B, 1, S, d]` through a transpose of the last two axes and
+    products / quotients by a scalar constant to the matmul operand b, or None."""
+    path = [b.id]
+    n = b
+    for _ in range(4):
+        if _one_head(g, n.id):
+            return path[::-1]
+        if n.op == Op.TRANSPOSE and tuple(n.attrs["perm"]) == (0, 1, 3, 2):
+            n = g[n.inputs[0]]
+        elif n.op in (Op.MUL, Op.DIV) and len(n.inputs) == 2 and _scalar(g, n.inputs[1]):
+            n = g[n.inputs[0]]
+        elif n.op == Op.MUL and len(n.inputs) == 2 and _scalar(g, n.inputs[0]):
+            n = g[n.inputs[1]]
+        else:
+            return None
+        path.append(n.id)
+    return None
 
 
 __all__ = ["MAX_INDEX", "RULE", "HeadSplit", "canonical_heads", "emit_heads", "head_split", "repeat_broadcast_kv"]
