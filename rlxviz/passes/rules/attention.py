@@ -719,6 +719,12 @@ def _block_rope(c: Ctx) -> Fail | None:
                         f"of {d}; FusedAttentionBlock's RoPE rotates every dim of each head", (c.id(r),), (),
                         "nothing to change in the model: partial rotary keeps its packed attention",
                         subject=c.id(r), kind=NOT_RECOGNIZED, fix="an n_rot attribute on FusedAttentionBlock")
+        if a.get("interleaved", False):
+            return Fail("guard", "rope_full_rotary",
+                        f"{c.d(r)} rotates interleaved pairs (GPT-J, rotate_every_two); FusedAttentionBlock's RoPE "
+                        "rotates the NeoX halves", (c.id(r),), (),
+                        "nothing to change in the model: the interleaved rotation keeps its packed attention",
+                        subject=c.id(r), kind=NOT_RECOGNIZED, fix="an interleaved attribute on FusedAttentionBlock")
     return None
 
 
