@@ -292,7 +292,7 @@ def test_a_full_width_table_whose_halves_differ_is_refused_with_the_entry():
     assert matches == []
     t = Pipeline.canonical().run(g)
     (r,) = [r for r in t.rejections if r.guard == "rope_on_heads" and r.headline]
-    assert "its sin table: the two halves of param 'rotary_emb.sin_full' [8, 8] differ (at [5, 3]" in r.message
+    assert "its sin table: the two halves of param 'rotary_emb.sin_full' [8, 8] differ (at [5, 3] the first holds" in r.message
 
 
 def test_a_full_width_table_whose_values_are_not_known_is_named(capsys, tmp_path):

@@ -85,6 +85,7 @@ from .heads import unfold_heads
 from .kv_cache import pack_cache
 from .rope_heads import rope_heads
 from .rope_heads import why_not as rope_why_not
+from .rope_pairs import rope_pairs
 from .scale_path import hoist_scales, scalar_scales
 from .where_mask import where_scores
 
@@ -492,13 +493,15 @@ def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
     exact), then match `SDPA`."""
     lifted, unfolded = unfold_heads(graph)
     laid, layouts = canonical_heads(lifted)
-    rotated, ropes = rope_heads(laid)
+    halved, ropes = rope_heads(laid)
+    rotated, pairs = rope_pairs(halved)
     repeated, repeats = repeat_broadcast_kv(rotated)
     cached, caches = pack_cache(repeated)
     scalars, scaled = scalar_scales(cached)
     hoisted, moved = hoist_scales(scalars)
     r = _sdpa_rules(hoisted, params)
-    return PassResult(r.graph, unfolded + layouts + ropes + repeats + caches + scaled + moved + r.matches, r.rejections)
+    return PassResult(r.graph, unfolded + layouts + ropes + pairs + repeats + caches + scaled + moved + r.matches,
+                      r.rejections)
 
 
 fuse_sdpa = Pass("fuse_sdpa", _fuse_sdpa, (SDPA,), doc="Hugging Face scaled-dot-product attention -> packed "

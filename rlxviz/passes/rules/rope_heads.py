@@ -61,17 +61,19 @@ def _narrow(g: Graph, i: int, src: int, start: int, length: int) -> bool:
             and n.attrs["start"] == start and n.attrs["length"] == length)
 
 
-def _halves(g: Graph, i: int) -> str:
-    """"" when every row of table node i has two equal halves on its last axis, read through ops that move or pick
-    rows and keep the last axis, or act elementwise (reshape, gather, narrow, transpose, cast, cos, sin, a scalar
-    product) down to `concat(t, t)` or a param whose values the graph carries (`Graph.values`, compared exactly);
-    else why not, one line."""
+def _halves(g: Graph, i: int, pairs: bool = False) -> str:
+    """"" when every row of table node i has two equal halves on its last axis (`pairs`: equal neighbours,
+    `t[..., 2i] == t[..., 2i + 1]`, the interleaved form's `repeat_interleave` tables), read through ops that move
+    or pick rows and keep the last axis, or act elementwise (reshape, gather, narrow, transpose, cast, cos, sin, a
+    scalar product) down to `concat(t, t)` (halves) or a param whose values the graph carries (`Graph.values`,
+    compared exactly); else why not, one line."""
     n = g[i]
     while True:
-        if n.op == Op.CONCAT and len(set(n.inputs)) == 1 and len(n.inputs) == 2 and n.attrs["axis"] in (-1, _last(n)):
+        if not pairs and n.op == Op.CONCAT and len(set(n.inputs)) == 1 and len(n.inputs) == 2 \
+                and n.attrs["axis"] in (-1, _last(n)):
             return ""
         if n.op == Op.PARAM:
-            return _param_halves(g, n)
+            return _param_halves(g, n, pairs)
         if n.op == Op.MUL and len(n.inputs) == 2 and sum(is_const(g[j]) for j in n.inputs) == 1:
             n = g[next(j for j in n.inputs if not is_const(g[j]))]
         elif _keeps_rows(g, n):
@@ -89,22 +91,24 @@ def _keeps_rows(g: Graph, n: Node) -> bool:
             or (n.op == Op.TRANSPOSE and n.attrs["perm"][-1] == last))
 
 
-def _param_halves(g: Graph, n: Node) -> str:
+def _param_halves(g: Graph, n: Node, pairs: bool = False) -> str:
     name = f"param {n.attrs['name']!r} {list(n.shape)}"
+    what = "neighbour pairs" if pairs else "two halves"
     v = g.param_value(n.id)
     if v is None:
         return (f"the values of {name} are not known to the pass (not among the small constants the importer "
-                "carries), so its two halves are not known to be equal")
+                f"carries), so its {what} are not known to be equal")
     v = np.asarray(v)
-    half = v.shape[-1] // 2 if v.ndim else 0
     if not v.ndim or v.shape[-1] % 2:
         return f"{name} has an odd last axis"
-    diff = np.argwhere(v[..., :half] != v[..., half:])
+    half = v.shape[-1] // 2
+    a, b = (v[..., 0::2], v[..., 1::2]) if pairs else (v[..., :half], v[..., half:])
+    diff = np.argwhere(a != b)
     if not len(diff):
         return ""
     at = tuple(int(j) for j in diff[0])
-    return (f"the two halves of {name} differ (at {list(at)} the first half holds {float(v[at]):.9g}, the second "
-            f"{float(v[(*at[:-1], at[-1] + half)]):.9g}), so it is no table the rope op reads")
+    return (f"the {what} of {name} differ (at {list(at)} the first holds {float(a[at]):.9g}, the second "
+            f"{float(b[at]):.9g}), so it is no table the rope op reads")
 
 
 def _table(g: Graph, i: int, s: int, r: int) -> tuple[int | None, list[int], bool]:
