@@ -86,6 +86,7 @@ from .kv_cache import pack_cache
 from .rope_heads import rope_heads
 from .rope_heads import why_not as rope_why_not
 from .rope_pairs import rope_pairs
+from .rope_pairs import why_not as rope_pairs_why_not
 from .scale_path import hoist_scales, scalar_scales
 from .where_mask import where_scores
 
@@ -418,11 +419,13 @@ def _rope_on_heads(c: Ctx) -> Fail | None:
         return Fail("guard", "rope_on_heads",
                     f"{who}{both} rotated by RoPE written interleaved (rotate_every_two, GPT-J): {c.name_of(add)} = "
                     f"h * cos + rotate_every_two(h) * sin (pairs h[2i], h[2i+1]: {c.name_of(cat)}); the rope op "
-                    f"rotates the halves h[i], h[i + d/2] (NeoX), so no rule takes this rotation", (add,), (),
+                    f"rotates them with rope(interleaved=True), but fuse_sdpa.rope_pairs did not rewrite it: "
+                    f"{rope_pairs_why_not(g, add) or 'a product of the form is read elsewhere'}", (add,), (),
                     "nothing to change in the model: an interleaved rotation keeps its attention as primitives",
                     subject=add, kind=NOT_RECOGNIZED,
-                    fix="an interleaved rope op, or Q and K head dims permuted alike to the half split (the scores "
-                        "are unchanged by one permutation of both)")
+                    fix="fuse_sdpa.rope_pairs rewrites h * cos + rotate_every_two(h) * sin with neighbour-equal "
+                        "[S, d] tables whose values are known and no other reader of its products; teach it this "
+                        "form")
     found = [(who, rotate_half_rope(g, n)) for who, n in operands]
     found = [(who, r) for who, r in found if r is not None]
     if not found:
