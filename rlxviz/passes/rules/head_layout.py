@@ -33,8 +33,10 @@ _MOVES = (Op.RESHAPE, Op.TRANSPOSE, Op.NARROW, Op.GATHER)
 
 @dataclass(frozen=True)
 class HeadSplit:
-    """Heads `[B, nh, S, d]` equal to the standard head split of the column block `[start, start + nh*d)` of
-    `root` `[B, S, W]`; `chain` is the chain's nodes from the root's reader to the heads (the root excluded)."""
+    """Heads `[B, nh, S, d]` whose row `[b, :, s, :]` is read from token row `[b, s, :]` of `root` `[B, S, W]`:
+    the standard head split of the column block `[start, start + nh*d)` of the root when `block`, else
+    (`start == -1`) another per-token layout (GPT-NeoX's per-head `[q, k, v]`); `chain` is the chain's nodes from
+    the root's reader to the heads (the root excluded)."""
 
     root: int
     start: int
@@ -42,6 +44,10 @@ class HeadSplit:
     d: int
     chain: tuple[int, ...]
     standard: bool  # already transpose(reshape(x, [B, S, nh, d]), [0, 2, 1, 3]) of a rank-3 x
+
+    @property
+    def block(self) -> bool:
+        return self.start >= 0
 
 
 def _const_index(g: Graph, i: int) -> np.ndarray | None:
@@ -94,14 +100,18 @@ def head_split(g: Graph, i: int) -> HeadSplit | None:
             got = _apply(g, n, got)
     except (ValueError, IndexError):
         return None
-    start = int(got.flat[0])
-    if got.shape != (b, nh, s, d) or not 0 <= start <= w - nh * d:
+    if got.shape != (b, nh, s, d):
         return None
-    want = idx[:, :, start:start + nh * d].reshape(b, s, nh, d).transpose(0, 2, 1, 3)
-    if not np.array_equal(got, want):
-        return None
-    standard = [n.op for n in moves] == [Op.RESHAPE, Op.TRANSPOSE] and tuple(moves[1].attrs["perm"]) == (0, 2, 1, 3)
-    return HeadSplit(root.id, start, nh, d, tuple(n.id for n in moves), standard)
+    rows = (np.arange(b)[:, None, None, None] * s + np.arange(s)[None, None, :, None]) * w
+    if not np.array_equal(got - got % w, np.broadcast_to(rows, got.shape)):
+        return None  # some element comes from another token's row: no head layout (e.g. K^T when S == d)
+    start = int(got.flat[0]) % w
+    want = idx[:, :, start:start + nh * d].reshape(b, s, nh, d).transpose(0, 2, 1, 3) \
+        if 0 <= start <= w - nh * d else None
+    block = want is not None and np.array_equal(got, want)
+    standard = block and [n.op for n in moves] == [Op.RESHAPE, Op.TRANSPOSE] \
+        and tuple(moves[1].attrs["perm"]) == (0, 2, 1, 3)
+    return HeadSplit(root.id, start if block else -1, nh, d, tuple(n.id for n in moves), standard)
 
 
 def emit_heads(rw: Rewriter, x: int, hs: HeadSplit, w: int) -> int:
@@ -118,34 +128,27 @@ def _matmul_operand(g: Graph, n: Node) -> bool:
                for u in g.users(n.id))
 
 
-def _moved_heads(g: Graph, n: Node) -> tuple[HeadSplit | None, tuple[int, ...]] | None:
-    """`(split, chain)` for heads `n` `[B, nh, S, d]` made by data movement from a rank-3 `[B, S, W]` value and not
-    already the standard split: `split` when they are a column block (`head_split`), None when they are not
-    (GPT-NeoX's per-head `[q, k, v]` layout); None when `n` is no such chain."""
+def _moved_heads(g: Graph, n: Node) -> HeadSplit | None:
+    """The `head_split` of heads `n` `[B, nh, S, d]` when it is not already the standard split, else None."""
     if n.rank != 4 or n.op not in (Op.TRANSPOSE, Op.GATHER, Op.NARROW):
         return None
-    chain = _chain(g, n.id, n.shape[0], n.shape[2])
-    if chain is None:
-        return None
     hs = head_split(g, n.id)
-    if hs is not None and hs.standard:
-        return None
-    return hs, tuple(m.id for m in chain[1:])
+    return None if hs is None or hs.standard else hs
 
 
 def canonical_heads(g: Graph) -> tuple[Graph, list[Match]]:
     """`g` with every non-standard head split read by a matmul rewritten to the standard one: of the column block
     of the root (`narrow`), or, when the heads are no column block, of `reshape(transpose(heads, [0, 2, 1, 3]),
     [B, S, nh*d])` (module doc)."""
-    found = [(n, *m) for n in g if _matmul_operand(g, n) and (m := _moved_heads(g, n)) is not None]
+    found = [(n, hs) for n in g if _matmul_operand(g, n) and (hs := _moved_heads(g, n)) is not None]
     if not found:
         return g, []
     rw = Rewriter(g, "fuse_sdpa")
     matches = []
-    for n, hs, chain in found:
+    for n, hs in found:
         b, nh, s, d = n.shape
-        with rw.provenance(list(chain)):
-            if hs is not None:
+        with rw.provenance(list(hs.chain)):
+            if hs.block:
                 new = emit_heads(rw, hs.root, hs, g[hs.root].shape[2])
             else:
                 same = rw.emit(n.op, list(n.inputs), **dict(n.attrs))  # n itself, read by the copy
@@ -153,15 +156,15 @@ def canonical_heads(g: Graph) -> tuple[Graph, list[Match]]:
                 new = rw.transpose(rw.reshape(packed, (b, s, nh, d)), (0, 2, 1, 3))
         rw.replace(n.id, new)
         matches.append(Match("fuse_sdpa", RULE, n.id, {"heads": n.id}, new, n.path))
-    gone = {n.id for n, _, _ in found}
+    gone = {n.id for n, _ in found}
     changed = True
-    while changed:
+    while changed:  # a block's chain goes once nothing else reads it (the copy of another layout reads it)
         changed = False
-        for i in {i for _, hs, chain in found if hs is not None for i in chain} - gone:
+        for i in {i for _, hs in found if hs.block for i in hs.chain} - gone:
             if not g.is_output(i) and all(u.id in gone for u in g.users(i)):
                 gone.add(i)
                 changed = True
-    rw.remove(sorted(gone - {n.id for n, _, _ in found}))
+    rw.remove(sorted(gone - {n.id for n, _ in found}))
     return rw.finish(), matches
 
 

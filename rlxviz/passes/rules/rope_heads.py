@@ -201,7 +201,7 @@ def _form(g: Graph, add: Node) -> _Form | None:
     inside = {*core, result}
     if any(g.is_output(i) or any(u.id not in inside for u in g.users(i)) for i in core):
         return None  # a product of the form is read elsewhere: the form stays (rope_on_heads names it)
-    chain = hs.chain if hs is not None else ()
+    chain = hs.chain if hs is not None and hs.block else ()  # another layout: the copy reads the heads
     return _Form(result, split, hs, cos, sin, c_half, r, tuple(core), (*cos_nodes, *sin_nodes, *chain))
 
 
@@ -227,7 +227,7 @@ def _packed(rw: Rewriter, g: Graph, f: _Form) -> int:
     projection it splits (`head_layout.head_split`), else `reshape(transpose(heads, [0, 2, 1, 3]))` (a copy)."""
     b, nh, s, d = g[f.split].shape
     hs = f.heads
-    if hs is None:
+    if hs is None or not hs.block:
         return rw.reshape(rw.transpose(f.split, (0, 2, 1, 3)), (b, s, nh * d))
     w = g[hs.root].shape[2]
     return hs.root if (hs.start, nh * d) == (0, w) else rw.narrow(hs.root, 2, hs.start, nh * d)
