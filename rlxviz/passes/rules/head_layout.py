@@ -130,10 +130,15 @@ def _matmul_operand(g: Graph, n: Node) -> bool:
 
 def _moved_heads(g: Graph, n: Node) -> HeadSplit | None:
     """The `head_split` of heads `n` `[B, nh, S, d]` when it is not already the standard split, else None."""
-    if n.rank != 4 or n.op not in (Op.TRANSPOSE, Op.GATHER, Op.NARROW):
-        return None
+    if n.rank != 4 or n.op not in (Op.TRANSPOSE, Op.GATHER, Op.NARROW) or _no_op(g, n):
+        return None  # a no-op on heads (an identity transpose) is the model's own layout question: guards name it
     hs = head_split(g, n.id)
     return None if hs is None or hs.standard else hs
+
+
+def _no_op(g: Graph, n: Node) -> bool:
+    return (n.op == Op.TRANSPOSE and tuple(n.attrs["perm"]) == tuple(range(n.rank))) or (
+        n.op == Op.NARROW and n.shape == g[n.inputs[0]].shape)
 
 
 def canonical_heads(g: Graph) -> tuple[Graph, list[Match]]:
