@@ -12,12 +12,20 @@ can take the rotation as its `has_rope`. Partial rotary (GPT-NeoX, Phi): `h_rot 
 with `[S, r/2]` tables and `concat(out_rot, h[..., r:], axis=-1)` -> `rope(..., n_rot=r)`.
 
 Recognized: the multiplies and the sum in either operand order; the tables as `concat(t, t)` on the last axis of
-a rank-2 `[S, r/2]` t, optionally reshaped to `[1, 1, S, r]` (or `[1, S, r]`); the narrows on the last axis.
+a rank-2 `[S, r/2]` t, optionally reshaped to `[1, 1, S, r]` (or `[1, S, r]`), or as a full-width `[S, r]`,
+`[1, S, r]` or `[1, 1, S, r]` table whose two halves are equal (guard: read through reshapes, row gathers, casts,
+cos/sin and scalar products down to `concat(t, t)` or a param whose values the graph carries, `Graph.values`,
+compared exactly; refused naming the first entry that differs, or that the values are not known), which the rope
+op reads as `reshape(narrow(t, -1, 0, r/2), [S, r/2])`; the narrows on the last axis. The heads may be any
+per-token layout of a `[B, S, W]` projection (`head_layout.head_split`: a column block, as Falcon's gather of its
+fused QKV, is read by the rope op as `narrow(qkv, -1, a, nh*d)`; another layout, as GPT-NeoX's per-head
+`[q, k, v]`, as `reshape(transpose(heads, [0, 2, 1, 3]), [B, S, nh*d])`, a copy).
 
 Validity (numbers equal, bit for bit on the reference): the rope op computes `[x1 c - x2 s, x2 c + x1 s]` per
 head with `c = cos[p, :r/2]` at sequence position p; the form computes `x1 c + (-x2) s` and `x2 c + x1 s`, and
 `a + (-b) == a - b`, `(-x) s == -(x s)` exactly in IEEE arithmetic. The rope op reads row p of its table operand
-at position p, and the form reads row p of `concat(t, t)`: so t must have exactly S rows and r/2 columns (guarded),
+at position p, and the form reads row p of `concat(t, t)` (or of a full table whose halves are that t): so t must
+have exactly S rows and r/2 columns (guarded),
 whatever computes it (a cached table, or `gather(table, position_ids)` for any ids: the gathered rows are t);
 x, both tables and every node of the form share one dtype. A table whose halves are not one table is no
 rotation the rope op computes: not rewritten (`fuse_sdpa`'s `rope_on_heads` names it).
