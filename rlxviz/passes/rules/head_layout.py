@@ -130,7 +130,7 @@ def _matmul_operand(g: Graph, n: Node) -> bool:
 
 def _moved_heads(g: Graph, n: Node) -> HeadSplit | None:
     """The `head_split` of heads `n` `[B, nh, S, d]` when it is not already the standard split, else None."""
-    if n.rank != 4 or n.op not in (Op.TRANSPOSE, Op.GATHER, Op.NARROW) or _no_op(g, n):
+    if n.rank != 4 or n.op not in (Op.TRANSPOSE, Op.GATHER, Op.NARROW, Op.RESHAPE) or _no_op(g, n):
         return None  # a no-op on heads (an identity transpose) is the model's own layout question: guards name it
     hs = head_split(g, n.id)
     return None if hs is None or hs.standard else hs
