@@ -14,8 +14,9 @@ from .node import Node
 from .ops import FUSED, Op
 
 NodeRef = Node | int
-SMALL_VALUE = 1 << 20
-"""The most elements of a param value a graph carries in `Graph.values` (4 MiB at f32)."""
+SMALL_VALUE = 1 << 18
+"""The most elements of a param value a graph carries in `Graph.values` (1 MiB at f32: a RoPE table of 2048
+positions x 128 dims, not a BERT-base weight matrix, so hashing them for cache keys and pickling them stays cheap)."""
 
 
 class GraphError(ValueError):
