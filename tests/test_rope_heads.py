@@ -236,9 +236,10 @@ def test_interleaved_rope_is_named_not_dropped(capsys, tmp_path, k_only):
 
 @pytest.mark.parametrize("source, stem", [("falcon", "falcon"), ("gpt-neox.legacy-sdpa", "gpt-neox.legacy-sdpa")])
 def test_real_exports_with_full_width_constant_tables_are_rewritten(source, stem):
-    """Falcon's K rotated through a gather of the fused QKV, GPT-NeoX's partial rotary on its per-head [q, k, v]
-    layout, both with full-width [1, 1, S, r] constant tables: their halves are checked on the values and the rope
-    op takes them; Falcon's attention packs (one broadcast K/V head read as num_kv_heads=1)."""
+    """Falcon's Q and K (K through a gather of the fused QKV), GPT-NeoX's partial rotary on its per-head [q, k, v]
+    layout, both with full-width [1, 1, S, r] constant tables: the importer maps them one to one, the pass checks
+    their halves on the values and the rope op takes them; Falcon's attention packs (one broadcast K/V head read as
+    num_kv_heads=1)."""
     from rlxviz.models.onnx_import import load_onnx
 
     cases = Path(__file__).parent / "fixtures" / "onnx" / "cases"
@@ -246,7 +247,7 @@ def test_real_exports_with_full_width_constant_tables_are_rewritten(source, stem
     feeds = {k: v for k, v in io.items() if not k.startswith("out:")}
     m = load_onnx(cases / f"{source}.onnx", input_shapes={k: v.shape for k, v in feeds.items()})
     t = Pipeline.canonical().run(m.graph)
-    assert sum(m_.rule == RULE for s in t.steps for m_ in s.matches) == (2 if source == "falcon" else 4)
+    assert sum(m_.rule == RULE for s in t.steps for m_ in s.matches) == 4  # Q and K of both layers: a pass, not import
     assert not any(r.guard == "rope_on_heads" for r in t.rejections)
     if source == "falcon":
         assert any(n.op == Op.ATTENTION for n in t.final)
@@ -292,7 +293,8 @@ def test_a_full_width_table_whose_halves_differ_is_refused_with_the_entry():
     assert matches == []
     t = Pipeline.canonical().run(g)
     (r,) = [r for r in t.rejections if r.guard == "rope_on_heads" and r.headline]
-    assert "its sin table: the two halves of param 'rotary_emb.sin_full' [8, 8] differ (at [5, 3] the first holds" in r.message
+    assert "its sin table: the two halves of param 'rotary_emb.sin_full' [8, 8] differ (at [5, 3] the first holds" \
+        in r.message
 
 
 def test_a_full_width_table_whose_values_are_not_known_is_named(capsys, tmp_path):
