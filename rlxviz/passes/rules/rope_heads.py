@@ -190,13 +190,13 @@ def _form(g: Graph, add: Node) -> _Form | None:
     split, result, hn, users = h, add.id, g[h], g.users(add.id)
     if hn.op == Op.NARROW and hn.attrs["start"] == 0 and hn.attrs["axis"] in (-1, _last(hn)) and len(users) == 1 \
             and g[hn.inputs[0]].shape[-1] > r:  # partial rotary: h = heads[..., :r], then concat(out, heads[..., r:])
-        split, tail = hn.inputs[0], users[0]
-        d = g[split].shape[-1]
-        if tail.op != Op.CONCAT or len(tail.inputs) != 2 or tail.inputs[0] != add.id or \
-                tail.attrs["axis"] not in (-1, _last(tail)) or not _narrow(g, tail.inputs[1], split, r, d - r):
-            return None
-        core += [add.id, h, tail.inputs[1]]
-        result = tail.id
+        heads, tail = hn.inputs[0], users[0]
+        d = g[heads].shape[-1]
+        if tail.op == Op.CONCAT and len(tail.inputs) == 2 and tail.inputs[0] == add.id and \
+                tail.attrs["axis"] in (-1, _last(tail)) and _narrow(g, tail.inputs[1], heads, r, d - r):
+            split = heads
+            core += [add.id, h, tail.inputs[1]]
+            result = tail.id  # else h itself is the heads (GPT-NeoX's Q: the first d of a per-head [q, k, v])
     if g[split].rank != 4:
         return None
     hs = head_split(g, split)

@@ -162,13 +162,13 @@ def _form(g: Graph, add: Node) -> _Form | None:
     r = hn.shape[-1]
     if hn.op == Op.NARROW and hn.attrs["start"] == 0 and hn.attrs["axis"] in (-1, _last(hn)) and len(users) == 1 \
             and g[hn.inputs[0]].shape[-1] > r:
-        heads, tail = hn.inputs[0], users[0]
-        d = g[heads].shape[-1]
-        if tail.op != Op.CONCAT or len(tail.inputs) != 2 or tail.inputs[0] != add.id or \
-                tail.attrs["axis"] not in (-1, _last(tail)) or not _narrow(g, tail.inputs[1], heads, r, d - r):
-            return None
-        core += [add.id, h, tail.inputs[1]]
-        result = tail.id
+        whole, tail = hn.inputs[0], users[0]
+        d = g[whole].shape[-1]
+        if tail.op == Op.CONCAT and len(tail.inputs) == 2 and tail.inputs[0] == add.id and \
+                tail.attrs["axis"] in (-1, _last(tail)) and _narrow(g, tail.inputs[1], whole, r, d - r):
+            heads = whole
+            core += [add.id, h, tail.inputs[1]]
+            result = tail.id  # else h itself is the heads
     hs = g[heads].shape
     seq = next((ax for ax in (1, 2) if all(_tables_fit(g, t, hs[ax], r) == ax for t in (cos, sin))), None)
     if seq is None or any(_halves(g, t, pairs=True) for t in (cos, sin)):
