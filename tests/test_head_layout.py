@@ -89,3 +89,37 @@ def test_the_values_a_graph_carries_are_part_of_its_cache_key():
     other = g.with_values({"qkv.weight": w["qkv.weight"] + 1})
     assert len({graph_digest(g), graph_digest(same), graph_digest(other)}) == 3
     assert graph_digest(same) == graph_digest(g.with_values(dict(w)))
+
+
+@pytest.mark.parametrize("n_rot", [D, D // 2])
+def test_rope_on_gpt_neox_per_head_qkv_is_rewritten_for_q_at_offset_zero_too(n_rot):
+    """GPT-NeoX's Q is `narrow(heads, -1, 0, d)` of the per-head `[q, k, v]`: with full rotary no concat completes
+    it, and it is the heads themselves (not a partial rotary of wider heads); both Q and K are rewritten."""
+    from rlxviz.passes.rules.rope_heads import rope_heads
+
+    b = Builder("neox_rope")
+    x = b.input("x", (B, S, 32))
+    t = b.transpose(b.reshape(b.matmul(x, b.param("qkv.weight", (32, 3 * H * D))), (B, S, H, 3 * D)), (0, 2, 1, 3))
+    tabs = [b.param(f"rotary.{n}", (1, 1, S, n_rot)) for n in ("cos", "sin")]
+
+    def rot(h: int) -> int:
+        part = h if n_rot == D else b.narrow(h, 3, 0, n_rot)
+        half = n_rot // 2
+        r = b.concat([b.neg(b.narrow(part, 3, half, half)), b.narrow(part, 3, 0, half)], 3)
+        out = b.add(b.mul(part, tabs[0]), b.mul(r, tabs[1]))
+        return out if n_rot == D else b.concat([out, b.narrow(h, 3, n_rot, D - n_rot)], 3)
+
+    q, k, v = (b.narrow(t, 3, i * D, D) for i in range(3))
+    s = b.mul(b.matmul(rot(q), b.transpose(rot(k), (0, 1, 3, 2))), 1 / np.sqrt(D))
+    b.output(b.reshape(b.transpose(b.matmul(b.softmax(s), v), (0, 2, 1, 3)), (B, S, H * D)))
+    ang = np.arange(S, dtype=np.float32)[:, None] * np.linspace(0.1, 1, n_rot // 2, dtype=np.float32)
+    vals = {"rotary.cos": np.cos(np.concatenate([ang, ang], -1))[None, None],
+            "rotary.sin": np.sin(np.concatenate([ang, ang], -1))[None, None]}
+    g = b.build().with_values(vals)
+    rng = np.random.default_rng(2)
+    w = {"qkv.weight": (rng.standard_normal((32, 3 * H * D)) / 6).astype(np.float32), **vals}
+    feeds = {"x": rng.standard_normal((B, S, 32)).astype(np.float32)}
+    h, matches = rope_heads(g)
+    assert len(matches) == 2
+    assert np.array_equal(run_reference(h, feeds, w)[0], run_reference(g, feeds, w)[0])
+    assert any(n.op == Op.ATTENTION for n in Pipeline.canonical().run(g).final)
