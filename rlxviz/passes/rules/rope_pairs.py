@@ -117,8 +117,16 @@ def _every_two(idx: np.ndarray) -> np.ndarray:
     return np.stack([-p[..., 1], p[..., 0]], axis=-1).reshape(idx.shape)
 
 
-def _rotation(g: Graph, add: Node) -> tuple[int, int, int, list[int]] | None:
-    """`(h, cos, sin, nodes)` when `add` is `h * cos + rotate_every_two(h) * sin` (module doc), else None."""
+def every_two(g: Graph, add: Node) -> tuple[int, int] | None:
+    """`(add, rotated)` when `add` is `h * cos + rotate_every_two(h) * sin`, `rotated` the node computing
+    rotate_every_two(h) (any spelling: read by its index map), else None (`architecture.interleaved_rope`)."""
+    found = _rotation(g, add)
+    return None if found is None else (add.id, found[4])
+
+
+def _rotation(g: Graph, add: Node) -> tuple[int, int, int, list[int], int] | None:
+    """`(h, cos, sin, nodes, rotated)` when `add` is `h * cos + rotate_every_two(h) * sin` (module doc), else
+    None."""
     if add.op != Op.ADD or len(add.inputs) != 2:
         return None
     for pi, ri in (add.inputs, add.inputs[::-1]):
@@ -137,7 +145,7 @@ def _rotation(g: Graph, add: Node) -> tuple[int, int, int, list[int]] | None:
                     continue
                 cos, sin = _other(plain, h), _other(rot, r)
                 if cos is not None and sin is not None:
-                    return h, cos, sin, [plain.id, rot.id, *found[1]]
+                    return h, cos, sin, [plain.id, rot.id, *found[1]], r
     return None
 
 
@@ -157,7 +165,7 @@ def _form(g: Graph, add: Node) -> _Form | None:
     found = _rotation(g, add)
     if found is None:
         return None
-    h, cos, sin, core = found
+    h, cos, sin, core, _ = found
     heads, result, hn, users = h, add.id, g[h], g.users(add.id)
     r = hn.shape[-1]
     if hn.op == Op.NARROW and hn.attrs["start"] == 0 and hn.attrs["axis"] in (-1, _last(hn)) and len(users) == 1 \
@@ -186,7 +194,7 @@ def why_not(g: Graph, add: int) -> str:
     found = _rotation(g, g[add])
     if found is None or _form(g, g[add]) is not None:
         return ""
-    _, cos, sin, _ = found
+    _, cos, sin, _, _ = found
     for name, t in (("cos", cos), ("sin", sin)):
         if why := _halves(g, t, pairs=True):
             return f"its {name} table: {why}"
@@ -226,4 +234,4 @@ def rope_pairs(g: Graph) -> tuple[Graph, list[Match]]:
     return rw.finish(), matches
 
 
-__all__ = ["RULE", "rope_pairs", "why_not"]
+__all__ = ["RULE", "every_two", "rope_pairs", "why_not"]
