@@ -4,16 +4,21 @@ The head split the attention rules match is `transpose(reshape(x [B, S, nh*d], [
 with `x` a projection or a column block `narrow(qkv, -1, a, nh*d)` of a fused QKV. Exporters write the same
 values other ways: Falcon (multi-query) `transpose(gather(transpose(reshape(qkv, [B, S, H+2, d]), [2, 0, 1, 3]),
 [H]), [1, 0, 2, 3])` for K, a `[B, S, 3, H, d]` view with a permute and a gather or narrow, a narrow on the heads
-axis. `head_split` reads a chain of `reshape`, `transpose`, `narrow` and `gather` with a constant index from a
-rank-3 `[B, S, W]` root by the map it computes (each output element's flat index into the root, evaluated on an
-index array) and says which column block `[a, a + nh*d)` of the root it is, when it is one.
+axis, GPT-NeoX's per-head `[q, k, v]` (`narrow(transpose(reshape(qkv, [B, S, H, 3d])), -1, i*d, d)`).
+`head_split` reads a chain of `reshape`, `transpose`, `narrow` and `gather` with a constant index from a rank-3
+`[B, S, W]` root by the map it computes (each output element's flat index into the root, evaluated on an index
+array): the heads are a per-token layout when element `[b, h, s, :]` is read from root row `[b, s, :]`, and a
+column block `[a, a + nh*d)` when they equal the standard split of that block.
 
-`canonical_heads` rewrites such a chain that is read by a matmul (V in `P @ V`, K through its transpose) into the
-standard head split of `narrow(root, -1, a, nh*d)` (the narrow left out when the block is all of W), so
-`fuse_sdpa`'s pattern sees it. Validity (numbers equal for every input, bit for bit): every op of both chains only
-moves elements, and both read the same root element at every output position (checked on the index map, which
-is exact); the chain's nodes read elsewhere stay for those readers. Each rewrite is a `fuse_sdpa.head_layout`
-match. Chains over roots of more than `MAX_INDEX` elements are not read (the map is materialized).
+`canonical_heads` rewrites such a chain read by a matmul (V in `P @ V`, K through its transpose) into the
+standard head split of `narrow(root, -1, a, nh*d)` (the narrow left out when the block is all of W), or, for
+another per-token layout, of `reshape(transpose(heads, [0, 2, 1, 3]), [B, S, nh*d])`, so `fuse_sdpa`'s pattern
+sees it. `repeat_broadcast_kv` writes one K/V head broadcast over the query heads by the matmul as `repeat_kv`.
+Validity (numbers equal for every input, bit for bit): every op of both chains only moves elements, and both
+read the same root element at every output position (checked on the index map, which is exact); a matmul
+broadcasts a size-1 batch axis by repeating it; the chain's nodes read elsewhere stay for those readers. Each
+rewrite is a `fuse_sdpa.head_layout` match. Chains over roots of more than `MAX_INDEX` elements are not read (the
+map is materialized). An identity transpose of heads is left as written (the `k_layout` guard names it).
 """
 
 from __future__ import annotations
