@@ -31,8 +31,8 @@ from ...ir import Graph, Node, Op, Rewriter
 from ..trace import Match
 
 RULE = "fuse_sdpa.head_layout"
-MAX_INDEX = 1 << 22
-"""The most root elements whose index map `head_split` materializes (int64: 32 MiB)."""
+MAX_INDEX = 1 << 24
+"""The most root elements whose index map `head_split` materializes (int32: 64 MiB; the standard split needs none)."""
 _MOVES = (Op.RESHAPE, Op.TRANSPOSE, Op.NARROW, Op.GATHER)
 
 
@@ -96,9 +96,13 @@ def head_split(g: Graph, i: int) -> HeadSplit | None:
         return None
     root, moves = chain[0], chain[1:]
     w = root.shape[2]
+    ids = tuple(n.id for n in moves)
+    if [n.op for n in moves] == [Op.RESHAPE, Op.TRANSPOSE] and tuple(moves[1].attrs["perm"]) == (0, 2, 1, 3) \
+            and moves[0].shape == (b, s, nh, d) and w == nh * d:
+        return HeadSplit(root.id, 0, nh, d, ids, True)  # the standard split itself: no map to evaluate
     if b * s * w > MAX_INDEX:
         return None
-    idx = np.arange(b * s * w, dtype=np.int64).reshape(b, s, w)
+    idx = np.arange(b * s * w, dtype=np.int32).reshape(b, s, w)
     try:
         got = idx
         for n in moves:
@@ -107,7 +111,7 @@ def head_split(g: Graph, i: int) -> HeadSplit | None:
         return None
     if got.shape != (b, nh, s, d):
         return None
-    rows = (np.arange(b)[:, None, None, None] * s + np.arange(s)[None, None, :, None]) * w
+    rows = (np.arange(b, dtype=np.int64)[:, None, None, None] * s + np.arange(s)[None, None, :, None]) * w
     if not np.array_equal(got - got % w, np.broadcast_to(rows, got.shape)):
         return None  # some element comes from another token's row: no head layout (e.g. K^T when S == d)
     start = int(got.flat[0]) % w
@@ -116,7 +120,7 @@ def head_split(g: Graph, i: int) -> HeadSplit | None:
     block = want is not None and np.array_equal(got, want)
     standard = block and [n.op for n in moves] == [Op.RESHAPE, Op.TRANSPOSE] \
         and tuple(moves[1].attrs["perm"]) == (0, 2, 1, 3)
-    return HeadSplit(root.id, start if block else -1, nh, d, tuple(n.id for n in moves), standard)
+    return HeadSplit(root.id, start if block else -1, nh, d, ids, standard)
 
 
 def emit_heads(rw: Rewriter, x: int, hs: HeadSplit, w: int) -> int:

@@ -35,8 +35,8 @@ from ..trace import Match
 from .rope_heads import _halves, _last, _narrow, _other
 
 RULE = "fuse_sdpa.rope_pairs"
-MAX_INDEX = 1 << 22
-"""The most elements of h whose signed index map is evaluated."""
+MAX_INDEX = 1 << 24
+"""The most elements of h whose signed index map is evaluated (int32: 64 MiB)."""
 _MAP_OPS = (Op.NARROW, Op.GATHER, Op.TRANSPOSE, Op.RESHAPE, Op.CONCAT, Op.NEG, Op.EXPAND)
 
 
@@ -66,7 +66,7 @@ def _signed_map(g: Graph, h: int, top: int) -> tuple[np.ndarray, set[int]] | Non
     hn = g[h]
     if int(np.prod(hn.shape)) > MAX_INDEX:
         return None
-    memo: dict[int, np.ndarray] = {h: np.arange(1, int(np.prod(hn.shape)) + 1, dtype=np.int64).reshape(hn.shape)}
+    memo: dict[int, np.ndarray] = {h: _ids(hn)}
     seen: set[int] = set()
 
     def ev(i: int, depth: int) -> np.ndarray | None:
@@ -150,7 +150,7 @@ def _rotation(g: Graph, add: Node) -> tuple[int, int, int, list[int], int] | Non
 
 
 def _ids(n: Node) -> np.ndarray:
-    return np.arange(1, int(np.prod(n.shape)) + 1, dtype=np.int64).reshape(n.shape)
+    return np.arange(1, int(np.prod(n.shape)) + 1, dtype=np.int32).reshape(n.shape)
 
 
 def _tables_fit(g: Graph, t: int, s: int, r: int) -> int | None:
