@@ -168,6 +168,11 @@ def _zoo() -> dict[str, Callable[[str], tuple[torch.nn.Module, dict[str, torch.T
                          attn_implementation=attn)
         return t.SwinModel(c, add_pooling_layer=False), _image(30), c
 
+    def gptj(attn: str):  # interleaved RoPE (rotate_every_two) on the first rotary_dim of each head
+        c = t.GPTJConfig(vocab_size=VOCAB, n_embd=32, n_head=4, n_layer=2, n_inner=64, rotary_dim=4, n_positions=64,
+                         attn_implementation=attn, use_cache=False)
+        return t.GPTJModel(c), _text(26), c
+
     return {
         "bert": bert_like("BertModel", "BertConfig", 1),
         "albert": albert,
@@ -217,6 +222,10 @@ def _zoo() -> dict[str, Callable[[str], tuple[torch.nn.Module, dict[str, torch.T
                            sliding_window=4, layer_types=["sliding_attention", "full_attention"],
                            experts_implementation="batched_mm"),  # attention sinks
         "bloom": bloom,
+        "phi": decoder("PhiModel", "PhiConfig", 24, partial_rotary_factor=0.5, max_position_embeddings=64),
+        "stablelm": decoder("StableLmModel", "StableLmConfig", 25, num_key_value_heads=2, partial_rotary_factor=0.25,
+                            max_position_embeddings=64),
+        "gptj": gptj,
         "opt": opt,
     }
 

@@ -30,8 +30,6 @@ PACKED_OPS = (Op.ATTENTION, Op.FUSED_ATTENTION_BLOCK, Op.FUSED_TRANSFORMER_LAYER
 # relative position bias packs: it is one additive operand with the padding mask, canonicalize_exported.bias_then_mask.)
 MODEL_TERMS = {
     "deberta-v2.dynamo-eager": "disentangled attention: the content-to-position term reads Q's heads",
-    "falcon.dynamo-eager": "RoPE on K through the fused QKV", "falcon.dynamo-sdpa": "RoPE on K through the fused QKV",
-    "gpt-neox.dynamo-eager": "partial rotary RoPE", "gpt-neox.dynamo-sdpa": "partial rotary RoPE",
 }
 
 # What explain must say for a term of the model's own (`passes/score_terms.py`): the term's kind, named.

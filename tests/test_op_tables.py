@@ -73,7 +73,9 @@ SAMPLES: dict[Op, Callable[[Builder], None]] = {
     Op.EXPAND: lambda b: b.output(b.expand(b.reshape(b.narrow(_x(b), 0, 0, 1), (1, 3, 8)), (4, 3, 8))),
     Op.GATHER: lambda b: b.output(b.gather(b.param("table", (6, 8)), b.input("ids", IDS.shape, "i64"))),
     Op.ATTENTION: lambda b: (x := _x(b), b.output(b.attention(x, x, x, num_heads=2, head_dim=4))),
-    Op.ROPE: lambda b: b.output(b.rope(_x(b), b.param("cos", (3, 2)), b.param("sin", (3, 2)), 4)),
+    Op.ROPE: lambda b: (x := _x(b), t := (b.param("cos", (3, 2)), b.param("sin", (3, 2))),
+                        b.output(b.rope(x, *t, 4), b.rope(x, *t, 4, interleaved=True),
+                                 b.rope(x, *t, 8, n_rot=4, interleaved=True))),
     Op.ONNX_OP: lambda b: b.output(b.emit(Op.ONNX_OP, (_x(b),), op_type="Hardmax", node=encode(
         helper.make_node("Hardmax", ["a"], ["y"], axis=-1)), opset=18, shape=X.shape, dtype="f32")),
 }

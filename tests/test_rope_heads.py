@@ -234,17 +234,73 @@ def test_interleaved_rope_is_named_not_dropped(capsys, tmp_path, k_only):
     assert code == 1 and "rope_on_heads" in out and "RoPE" in out
 
 
-@pytest.mark.parametrize("source, who", [("falcon", "K rotated"), ("gpt-neox.legacy-sdpa", "Q and K rotated"),
-                                         ("partial_full_tables", "Q and K rotated")])
-def test_rope_the_rewrite_cannot_take_is_named_with_the_reason(capsys, tmp_path, source, who):
-    """Real exports: Falcon's K rotated on the heads behind a where mask, GPT-NeoX's partial rotary behind a Q
-    pre-scale, both with full-width [1, 1, S, r] table parameters (their halves are not known to be equal): named
-    by rope_on_heads with that reason (it said scores_form at the add); a partial rotary written here too."""
-    if source == "partial_full_tables":
-        path = tmp_path / "g.ir"
-        path.write_text(rope_attention(n_rot=8, duplicated=False))
-    else:
-        path = Path(__file__).parent / "fixtures" / "onnx" / "cases" / f"{source}.onnx"
+@pytest.mark.parametrize("source, stem", [("falcon", "falcon"), ("gpt-neox.legacy-sdpa", "gpt-neox.legacy-sdpa")])
+def test_real_exports_with_full_width_constant_tables_are_rewritten(source, stem):
+    """Falcon's Q and K (K through a gather of the fused QKV), GPT-NeoX's partial rotary on its per-head [q, k, v]
+    layout, both with full-width [1, 1, S, r] constant tables: the importer maps them one to one, the pass checks
+    their halves on the values and the rope op takes them; Falcon's attention packs (one broadcast K/V head read as
+    num_kv_heads=1)."""
+    from rlxviz.models.onnx_import import load_onnx
+
+    cases = Path(__file__).parent / "fixtures" / "onnx" / "cases"
+    io = dict(np.load(cases / f"{stem}_io.npz"))
+    feeds = {k: v for k, v in io.items() if not k.startswith("out:")}
+    m = load_onnx(cases / f"{source}.onnx", input_shapes={k: v.shape for k, v in feeds.items()})
+    t = Pipeline.canonical().run(m.graph)
+    assert sum(m_.rule == RULE for s in t.steps for m_ in s.matches) == 4  # Q and K of both layers: a pass, not import
+    assert not any(r.guard == "rope_on_heads" for r in t.rejections)
+    if source == "falcon":
+        assert any(n.op == Op.ATTENTION for n in t.final)
+    want = [v for k, v in io.items() if k.startswith("out:")][0]
+    for v in (m.graph, t.final):
+        assert np.max(np.abs(run_reference(v, feeds, m.weights)[0] - want)) <= 1e-5
+        assert np.max(np.abs(np.asarray(run_mlx(v, feeds, m.weights)[0]) - want)) <= 1e-5
+
+
+def _full_tables(g: Graph, n_rot: int, equal: bool) -> Graph:
+    """`g` (from `rope_attention(duplicated=False)`) carrying values for its full-width `[S, n_rot]` tables: true
+    cos/sin tables (`concat(f, f)` of the LLaMA frequencies) or, with `equal=False`, one entry changed."""
+    pos = np.arange(8, dtype=np.float32)[:, None]
+    freqs = pos / (10000.0 ** (np.arange(0, n_rot, 2, dtype=np.float32) / n_rot))
+    values = {"rotary_emb.cos_full": np.cos(np.concatenate([freqs, freqs], -1)),
+              "rotary_emb.sin_full": np.sin(np.concatenate([freqs, freqs], -1))}
+    if not equal:
+        values["rotary_emb.sin_full"][5, n_rot - 1] += 0.25
+    return g.with_values(values)
+
+
+@pytest.mark.parametrize("n_rot", [16, 8, 4, 2])
+def test_a_full_width_constant_table_with_equal_halves_is_rewritten_exactly(n_rot):
+    """The rope op reads the first half of the table (`narrow`); with equal halves every element is the same
+    product as the form's (bit for bit on the reference), for full and partial rotary."""
+    g = _full_tables(parse_ir(rope_attention(n_rot=n_rot, duplicated=False)), n_rot, equal=True)
+    h, matches = rope_heads(g)
+    assert len(matches) == 2 and not any(n.op == Op.NEG for n in h)
+    assert all(n.attrs["n_rot"] == n_rot for n in h if n.op == Op.ROPE)
+    feeds, w = _feeds(g)
+    w.update(g.values)
+    for a, b in zip(run_reference(g, feeds, w), run_reference(h, feeds, w), strict=True):
+        assert np.array_equal(a, b)
+    t = Pipeline.canonical().run(g)
+    assert any(n.op in (Op.ATTENTION, Op.FUSED_ATTENTION_BLOCK) for n in t.final)
+    for a, b in zip(run_reference(g, feeds, w), run_mlx(t.final, feeds, w), strict=True):
+        np.testing.assert_allclose(np.asarray(b), a, rtol=1e-5, atol=1e-5)
+
+
+def test_a_full_width_table_whose_halves_differ_is_refused_with_the_entry():
+    g = _full_tables(parse_ir(rope_attention(n_rot=8, duplicated=False)), 8, equal=False)
+    h, matches = rope_heads(g)
+    assert matches == []
+    t = Pipeline.canonical().run(g)
+    (r,) = [r for r in t.rejections if r.guard == "rope_on_heads" and r.headline]
+    assert "its sin table: the two halves of param 'rotary_emb.sin_full' [8, 8] differ (at [5, 3] the first holds" \
+        in r.message
+
+
+def test_a_full_width_table_whose_values_are_not_known_is_named(capsys, tmp_path):
+    """IR text carries no param values: the halves are not known to be equal, and explain says so."""
+    path = tmp_path / "g.ir"
+    path.write_text(rope_attention(n_rot=8, duplicated=False))
     code, out, _ = cli_run(capsys, "explain", path)
-    assert code == 1 and "guard rope_on_heads" in out and who in out
-    assert "is not concat(t, t) of one" in out and "guard scores_form" not in out
+    assert code == 1 and "guard rope_on_heads" in out and "Q and K rotated" in out
+    assert "are not known to the pass" in out and "guard scores_form" not in out

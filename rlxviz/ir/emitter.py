@@ -245,9 +245,12 @@ class Emitter(ABC, Generic[V]):
                          scale=None if scale is None else float(scale), num_kv_heads=num_kv_heads,
                          mask_fill=None if mask_fill is None else float(mask_fill))
 
-    def rope(self, x: V, cos: V, sin: V, head_dim: int, n_rot: int | None = None) -> V:
-        """NeoX-style rotary embedding on packed `[B, S, heads*head_dim]`; `cos`/`sin` are
-        `[max_pos, n_rot/2]` tables indexed by sequence position (Su et al. 2021)."""
+    def rope(self, x: V, cos: V, sin: V, head_dim: int, n_rot: int | None = None, interleaved: bool = False) -> V:
+        """Rotary embedding on packed `[B, S, heads*head_dim]` (`runtime.formulas.rope`): NeoX halves, or
+        `interleaved` neighbour pairs (GPT-J); `cos`/`sin` are `[max_pos, n_rot/2]` tables indexed by sequence
+        position (Su et al. 2021)."""
+        if interleaved:
+            return self.emit(Op.ROPE, (x, cos, sin), head_dim=head_dim, n_rot=n_rot or head_dim, interleaved=True)
         return self.emit(Op.ROPE, (x, cos, sin), head_dim=head_dim, n_rot=n_rot or head_dim)
 
     # fused ops

@@ -7,13 +7,16 @@ once per snapshot, and graph outputs count as uses in one place (`use_count`, `i
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .node import Node
 from .ops import FUSED, Op
 
 NodeRef = Node | int
+SMALL_VALUE = 1 << 18
+"""The most elements of a param value a graph carries in `Graph.values` (1 MiB at f32: a RoPE table of 2048
+positions x 128 dims, not a BERT-base weight matrix, so hashing them for cache keys and pickling them stays cheap)."""
 
 
 class GraphError(ValueError):
@@ -36,7 +39,10 @@ class Graph:
     """A dataflow graph of `Node`s in topological order, with its outputs.
 
     Graphs are treated as immutable: passes produce new graphs with `Rewriter`. Node ids are
-    stable across versions; `next_id` is the first id a rewrite may allocate.
+    stable across versions; `next_id` is the first id a rewrite may allocate. `values` maps param names to
+    the NumPy values the importer knew for small params (at most `SMALL_VALUE` elements: constant tables, masks;
+    read-only, shared by every version of the graph), so a guard can check a constant table's entries; a graph
+    built without them has `{}` and such guards refuse with "values not known".
 
     Example:
         >>> from rlxviz.ir import Builder
@@ -45,10 +51,10 @@ class Graph:
         ['input', 'relu']
     """
 
-    __slots__ = ("name", "outputs", "next_id", "_nodes", "_users", "_pos")
+    __slots__ = ("name", "outputs", "next_id", "values", "_nodes", "_users", "_pos")
 
     def __init__(self, nodes: Iterable[Node], outputs: Sequence[int], name: str = "graph",
-                 next_id: int | None = None) -> None:
+                 next_id: int | None = None, values: Mapping[str, Any] | None = None) -> None:
         self._nodes: dict[int, Node] = {}
         for n in nodes:
             if n.id in self._nodes:
@@ -57,6 +63,7 @@ class Graph:
         self.outputs: tuple[int, ...] = tuple(outputs)
         self.name = name
         self.next_id = max(next_id or 0, max(self._nodes, default=-1) + 1)
+        self.values: Mapping[str, Any] = values if values is not None else {}
         self._users: dict[int, tuple[int, ...]] | None = None
         self._pos: dict[int, int] | None = None
 
@@ -152,7 +159,16 @@ class Graph:
 
     def with_outputs(self, outputs: Sequence[int]) -> Graph:
         """The same nodes with different outputs (e.g. to expose an intermediate)."""
-        return Graph(self._nodes.values(), outputs, self.name, self.next_id)
+        return Graph(self._nodes.values(), outputs, self.name, self.next_id, self.values)
+
+    def with_values(self, values: Mapping[str, Any]) -> Graph:
+        """The same graph carrying `values` (param name -> NumPy array) for guards that read constants."""
+        return Graph(self._nodes.values(), self.outputs, self.name, self.next_id, values)
+
+    def param_value(self, ref: NodeRef) -> Any | None:
+        """The value of param node `ref` when the graph carries it (`values`), else None."""
+        n = self[ref]
+        return self.values.get(n.attrs["name"]) if n.op == Op.PARAM else None
 
     def topo_sorted(self) -> Graph:
         """The same graph with nodes re-ordered so every operand precedes its users (stable).
@@ -161,7 +177,7 @@ class Graph:
             GraphError: a dangling operand or a cycle; the message names a node on the cycle.
         """
         order = toposort(self._nodes)
-        return Graph((self._nodes[i] for i in order), self.outputs, self.name, self.next_id)
+        return Graph((self._nodes[i] for i in order), self.outputs, self.name, self.next_id, self.values)
 
 
 def toposort(nodes: dict[int, Node], key: dict[int, tuple[int, ...]] | None = None) -> list[int]:

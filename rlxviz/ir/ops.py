@@ -200,7 +200,8 @@ SPECS: dict[Op, OpSpec] = {
         "scale": _a(int, float, _NONE, required=False, default=None),
         "num_kv_heads": _a(int, _NONE, required=False, default=None),
         "mask_fill": _a(int, float, _NONE, required=False, default=None)}),
-    Op.ROPE: OpSpec((3,), {"head_dim": _a(int), "n_rot": _a(int)}),
+    Op.ROPE: OpSpec((3,), {"head_dim": _a(int), "n_rot": _a(int), "interleaved": _a(bool, required=False,
+                                                                                   default=False)}),
     Op.FUSED_MATMUL_BIAS_ACT: OpSpec((3,), {
         "activation": _a(str, _NONE, required=False, default=None, choices=(None, *_ACT_NAMES))}),
     Op.FUSED_RESIDUAL_LN: OpSpec((4, 5), {"eps": _a(int, float), "has_bias": _a(bool, required=False, default=False),

@@ -164,7 +164,7 @@ class Rewriter(NodeEmitter):
             order = toposort(nodes, keyed)
         except GraphError as e:
             raise RewriteError(f"{self.pass_name}: {e}", e.node_id) from e
-        return Graph((nodes[i] for i in order), outputs, self.graph.name, self._next)
+        return Graph((nodes[i] for i in order), outputs, self.graph.name, self._next, self.graph.values)
 
     def _remap(self, n: Node, gone: set[int]) -> Node:
         ins = tuple(self._resolve(i) for i in n.inputs)

@@ -145,7 +145,8 @@ def _attention(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> str:
 
 
 def _rope(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> str:
-    """NeoX rotary embedding on packed [B, S, heads*head_dim] with cos/sin tables [max_pos, >= n_rot/2]."""
+    """Rotary embedding (NeoX halves, or `interleaved` neighbour pairs) on packed [B, S, heads*head_dim] with cos/sin
+    tables [max_pos, >= n_rot/2]."""
     d, n_rot = n.attrs["head_dim"], n.attrs["n_rot"]
     b, s, hd = g[n.inputs[0]].shape
     half = n_rot // 2
@@ -160,9 +161,18 @@ def _rope(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> str:
     def cut(lo: int, hi: int) -> str:
         return w.op("Slice", [xh, w.ints([lo]), w.ints([hi]), w.ints([3])])
 
-    x1, x2 = cut(0, half), cut(half, n_rot)
-    parts = [w.op("Sub", [w.op("Mul", [x1, c]), w.op("Mul", [x2, sn])]),
-             w.op("Add", [w.op("Mul", [x2, c]), w.op("Mul", [x1, sn])])]
+    if n.attrs.get("interleaved", False):  # pairs (x[2i], x[2i+1]): a [.., n_rot/2, 2] view, rotated, back in place
+        pairs = w.op("Reshape", [cut(0, n_rot), w.ints([b, s, hd // d, half, 2])])
+        x1, x2 = (w.op("Squeeze", [w.op("Slice", [pairs, w.ints([k]), w.ints([k + 1]), w.ints([4])]), w.ints([4])])
+                  for k in (0, 1))
+        rot = [w.op("Unsqueeze", [r, w.ints([4])]) for r in (
+            w.op("Sub", [w.op("Mul", [x1, c]), w.op("Mul", [x2, sn])]),
+            w.op("Add", [w.op("Mul", [x2, c]), w.op("Mul", [x1, sn])]))]
+        parts = [w.op("Reshape", [w.op("Concat", rot, axis=-1), w.ints([b, s, hd // d, n_rot])])]
+    else:
+        x1, x2 = cut(0, half), cut(half, n_rot)
+        parts = [w.op("Sub", [w.op("Mul", [x1, c]), w.op("Mul", [x2, sn])]),
+                 w.op("Add", [w.op("Mul", [x2, c]), w.op("Mul", [x1, sn])])]
     if n_rot < d:
         parts.append(cut(n_rot, d))
     return w.op("Reshape", [w.op("Concat", parts, axis=-1), w.ints([b, s, hd])], out)

@@ -42,6 +42,7 @@ import numpy as np
 
 from ..ir import Builder, DType, Graph, Op, lint
 from ..ir.emitter import Ref
+from ..ir.graph import SMALL_VALUE
 from ..ir.identity import IdentityMap
 from ..ir.lint import problems
 from .onnx_fold import FOLDABLE, FoldError, check_fold, fold, node_attrs, single_node_model
@@ -196,10 +197,6 @@ def _binary(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]
         keep = _identity_operand(ctx, x[0], x[1], n.op_type == "Add")
         if keep is not None:
             return [keep]
-    if n.op_type == "Add" and len(x) == 2:
-        rotated = _hf_rope(ctx, x[0], x[1])
-        if rotated is not None:
-            return [rotated]
     fn = getattr(ctx.b, _BINARY[n.op_type])
     acc = ctx.ref(x[0])
     for y in x[1:]:
@@ -219,75 +216,6 @@ def _identity_operand(ctx: _Ctx, a: Value, b: Value, commutative: bool) -> Value
         if isinstance(x, Ref) and _is_zero(z) and ctx.dtype(x) == ctx.dtype(z) \
                 and tuple(np.broadcast_shapes(ctx.shape(x), z.shape)) == ctx.shape(x):
             return x
-    return None
-
-
-def _param_value(ctx: _Ctx, i: int) -> np.ndarray | None:
-    n = ctx.b.lookup(i)
-    return ctx.weights.get(n.attrs["name"]) if n.op == Op.PARAM else None
-
-
-def _split_mul(ctx: _Ctx, v: Value) -> tuple[Ref, np.ndarray] | None:
-    """`(x, table)` of `mul(x, param)` in either order."""
-    if not isinstance(v, Ref) or (n := ctx.b.lookup(v)).op != Op.MUL:
-        return None
-    for a, t in ((n.inputs[0], n.inputs[1]), (n.inputs[1], n.inputs[0])):
-        val = _param_value(ctx, t)
-        if val is not None and ctx.b.lookup(a).op != Op.PARAM:
-            return Ref(a), val
-    return None
-
-
-def _rope_table(t: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
-    """The `[S, d/2]` table of a HF cos/sin tensor broadcast to `shape` `[B, h, S, d]`, if it is the same for
-    every batch row and head and its two halves are equal (`cat(freqs, freqs)`); else None."""
-    try:
-        full = np.broadcast_to(t, shape)
-    except ValueError:
-        return None
-    one = full[0, 0]
-    half = shape[-1] // 2
-    if not np.array_equal(full, np.broadcast_to(one, shape)) or not np.array_equal(one[:, :half], one[:, half:]):
-        return None
-    return np.ascontiguousarray(one[:, :half])
-
-
-def _hf_rope(ctx: _Ctx, a: Value, b: Value) -> Ref | None:
-    """transformers' `apply_rotary_pos_emb` after the head split: `x * cos + cat(-x2, x1) * sin` with
-    `x = transpose(reshape(p, [B, S, h, d]), [0, 2, 1, 3])` and constant cos/sin -> the IR's NeoX `rope` on the
-    packed `p` (any `[B, S, h, d]` source of the head transpose: a reshaped projection, or a narrow of a fused QKV as
-    Falcon's), then the same head split (the form attention patterns match). Exact: the same products and
-    sums per element (`x1*c + (-x2)*s == x1*c - x2*s` in IEEE arithmetic), given cos/sin equal over batch and
-    heads and equal in their two halves (checked on the constants)."""
-    bld = ctx.b
-    for m1, m2 in ((a, b), (b, a)):
-        p1, p2 = _split_mul(ctx, m1), _split_mul(ctx, m2)
-        if p1 is None or p2 is None:
-            continue
-        (xh, cos), (rot, sin) = p1, p2
-        xn, rn = bld.lookup(xh), bld.lookup(rot)
-        if xn.op != Op.TRANSPOSE or xn.attrs["perm"] != (0, 2, 1, 3) or xn.rank != 4 or rn.op != Op.CONCAT:
-            continue
-        rs = bld.lookup(xn.inputs[0])  # [B, S, h, d]: a reshape of the projection, or a narrow of a fused QKV's
-        d = xn.shape[-1]
-        half = d // 2
-        if d % 2 or rn.attrs["axis"] % 4 != 3 or len(rn.inputs) != 2:
-            continue
-        neg, lo = (bld.lookup(i) for i in rn.inputs)
-        hi = bld.lookup(neg.inputs[0]) if neg.op == Op.NEG else None
-        def cut(n: Any) -> tuple:
-            return (n.op, n.inputs[0], n.attrs["axis"] % 4, n.attrs["start"], n.attrs["length"])
-
-        if hi is None or lo.op != Op.NARROW or hi.op != Op.NARROW \
-                or (cut(hi), cut(lo)) != ((Op.NARROW, int(xh), 3, half, half), (Op.NARROW, int(xh), 3, 0, half)):
-            continue
-        c, s_ = _rope_table(cos, xn.shape), _rope_table(sin, xn.shape)
-        if c is None or s_ is None:
-            continue
-        bsz, seq, heads, _ = rs.shape
-        packed = _reshape_to(ctx, Ref(rs.id), (bsz, seq, heads * d))  # rope acts per head on the packed layout
-        out = bld.rope(ctx.ref(packed), ctx.ref(c), ctx.ref(s_), d)
-        return bld.transpose(bld.reshape(out, rs.shape), (0, 2, 1, 3))
     return None
 
 
@@ -1251,7 +1179,9 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
         raise OnnxImportError(f"{where} (opset {opset}): {msg}")
     graph = lint(run_pass(built, "dead_code_elimination"), "onnx import")
     used = {n.name for n in graph.params}
-    return graph, {k: v for k, v in weights.items() if k in used}, provenance
+    weights = {k: v for k, v in weights.items() if k in used}
+    small = {k: v for k, v in weights.items() if v.size <= SMALL_VALUE}  # what guards on constant tables read
+    return graph.with_values(small), weights, provenance
 
 
 def _size(n: int) -> str:

@@ -224,26 +224,13 @@ def rotate_half_rope(g: Graph, n: Node) -> tuple[int, int] | None:
 
 
 def interleaved_rope(g: Graph, n: Node) -> tuple[int, int] | None:
-    """`(add, concat)` when `n` is RoPE written interleaved (GPT-J / GPT-NeoX-interleaved `rotate_every_two`):
-    `h * cos + rotate_every_two(h) * sin`, `rotate_every_two(h) = reshape(concat(-r[..., 1:2], r[..., 0:1], axis=-1),
-    h.shape)` with `r = reshape(h, [..., d/2, 2])`: pairs `(h[2i], h[2i+1])` rotated, where the rope op rotates
-    `(h[i], h[i + d/2])`. None otherwise."""
-    for plain, rot in _rope_products(g, n):
-        back = next((g[i] for i in rot.inputs if g[i].op == Op.RESHAPE), None)
-        cat = g[back.inputs[0]] if back is not None else None
-        if cat is None or cat.op != Op.CONCAT or len(cat.inputs) != 2 or cat.shape[-1:] != (2,):
-            continue
-        neg = g[cat.inputs[0]]
-        halves = [g[neg.inputs[0]] if neg.op == Op.NEG else neg, g[cat.inputs[1]]]
-        if neg.op != Op.NEG or any(h.op != Op.NARROW for h in halves):
-            continue
-        pairs = {h.inputs[0] for h in halves}
-        if len(pairs) != 1:
-            continue
-        r = g[next(iter(pairs))]
-        if r.op == Op.RESHAPE and r.inputs[0] in plain.inputs:
-            return n.id, cat.id
-    return None
+    """`(add, rotated)` when `n` is RoPE written interleaved (GPT-J / GPT-NeoX-interleaved `rotate_every_two`):
+    `h * cos + rotate_every_two(h) * sin`, pairs `(h[2i], h[2i+1])` rotated, in any spelling (read by the index map
+    of its movement chain, `rules.rope_pairs.every_two`, the reading `fuse_sdpa.rope_pairs` rewrites). None
+    otherwise."""
+    from .rules.rope_pairs import every_two
+
+    return every_two(g, n)
 
 
 def attention_softmax(g: Graph, n: Node) -> bool:

@@ -25,18 +25,29 @@ def merge_heads(x: A) -> A:
     return x.transpose(0, 2, 1, 3).reshape(b, s, h * d)  # type: ignore[attr-defined]
 
 
-def rope(x: A, cos: A, sin: A, head_dim: int, n_rot: int, concatenate: Callable[[Sequence[Any], int], A]) -> A:
-    """NeoX half-split rotary embedding (Su et al. 2021) of packed `[B, S, heads*head_dim]`.
+def rope(x: A, cos: A, sin: A, head_dim: int, n_rot: int, concatenate: Callable[[Sequence[Any], int], A],
+         interleaved: bool = False) -> A:
+    """Rotary embedding (Su et al. 2021) of packed `[B, S, heads*head_dim]`.
 
-    In each head the first `n_rot` dims are split into halves `x1 | x2` and rotated:
-    `[x1 c - x2 s, x2 c + x1 s]`; dims beyond `n_rot` pass through. `cos`/`sin` are
-    `[max_pos, >= n_rot/2]` tables indexed by sequence position 0..S-1. Returns `x`'s shape.
+    In each head the first `n_rot` dims hold `n_rot/2` pairs `(x1_i, x2_i)`, each rotated by angle i:
+    `(x1 c - x2 s, x2 c + x1 s)`; dims beyond `n_rot` pass through. NeoX (default) pairs the halves,
+    `x1 = x[:n_rot/2]`, `x2 = x[n_rot/2:n_rot]`; `interleaved` (GPT-J's rotate_every_two, MLX `traditional`)
+    pairs neighbours, `x1 = x[0:n_rot:2]`, `x2 = x[1:n_rot:2]`, and writes each pair back in place. `cos`/`sin`
+    are `[max_pos, >= n_rot/2]` tables indexed by sequence position 0..S-1. Returns `x`'s shape.
     """
     b, s, hd = x.shape  # type: ignore[attr-defined]
     xh = x.reshape(b, s, hd // head_dim, head_dim)  # type: ignore[attr-defined]
     half = n_rot // 2
     c = cos[:s, :half][None, :, None, :]  # type: ignore[index]
     sn = sin[:s, :half][None, :, None, :]  # type: ignore[index]
+    if interleaved:
+        pairs = xh[..., :n_rot].reshape(b, s, hd // head_dim, half, 2)  # type: ignore[attr-defined]
+        x1, x2 = pairs[..., 0], pairs[..., 1]
+        out = [(x1 * c - x2 * sn)[..., None], (x2 * c + x1 * sn)[..., None]]
+        parts = [concatenate(out, -1).reshape(b, s, hd // head_dim, n_rot)]  # type: ignore[attr-defined]
+        if n_rot < head_dim:
+            parts.append(xh[..., n_rot:])
+        return concatenate(parts, -1).reshape(b, s, hd)  # type: ignore[attr-defined]
     x1, x2 = xh[..., :half], xh[..., half:n_rot]
     parts = [x1 * c - x2 * sn, x2 * c + x1 * sn]
     if n_rot < head_dim:

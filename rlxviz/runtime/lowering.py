@@ -574,8 +574,10 @@ def _attention(e: MlxEmitter, a: dict, q: mx.array, k: mx.array, v: mx.array, ma
 
 @lowers(Op.ROPE)
 def _rope(e: MlxEmitter, a: dict, x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
-    """NeoX half-split rotation (`formulas.rope`, shared with the NumPy reference)."""
-    return rope(x, cos, sin, a["head_dim"], a["n_rot"], lambda xs, axis: mx.concatenate(xs, axis=axis))
+    """NeoX half-split or interleaved rotation (`formulas.rope`, shared with the NumPy reference: the op takes
+    arbitrary cos/sin tables, which `mx.fast.rope` cannot, as it computes its angles from a base or freqs)."""
+    return rope(x, cos, sin, a["head_dim"], a["n_rot"], lambda xs, axis: mx.concatenate(xs, axis=axis),
+                a.get("interleaved", False))
 
 
 # -- overrides of fused ops ----------------------------------------------------------------------------------------

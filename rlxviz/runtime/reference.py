@@ -176,7 +176,7 @@ def _attention(a: dict, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.nd
 
 @impl(Op.ROPE)
 def _rope(a: dict, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    return rope(x, cos, sin, a["head_dim"], a["n_rot"], np.concatenate).astype(x.dtype)
+    return rope(x, cos, sin, a["head_dim"], a["n_rot"], np.concatenate, a.get("interleaved", False)).astype(x.dtype)
 
 
 class NumpyEmitter(Emitter[np.ndarray]):

@@ -59,10 +59,16 @@ def build_pipeline(spec: str | Sequence[str] = "canonical", params: Mapping[str,
 
 
 def graph_digest(graph: Graph) -> str:
-    """A content hash of a graph (its IR text), for cache keys."""
+    """A content hash of a graph (its IR text and the param values it carries, `Graph.values`, which guards on
+    constant tables read), for cache keys."""
     import hashlib
 
-    return hashlib.sha256(format_graph(graph).encode()).hexdigest()[:16]
+    h = hashlib.sha256(format_graph(graph).encode())
+    for name in sorted(graph.values):
+        v = graph.values[name]
+        h.update(f"{name}:{v.dtype}:{v.shape}".encode())
+        h.update(v.tobytes())
+    return h.hexdigest()[:16]
 
 
 def run_pipeline(graph: Graph, pipe: Pipeline) -> Trace:

@@ -81,12 +81,15 @@ from ..score_terms import ALIBI, CONTENT_POSITION, RELATIVE_BIAS, SINKS, SOFT_CA
 from ..trace import Rejection
 from . import where_mask
 from .gqa import explain_heads, heads_match, kv_heads_pattern, kv_repeat_guard, num_kv_heads, repeat_roles
+from .head_layout import canonical_heads, repeat_broadcast_kv
 from .head_norm import hoist_head_norms
 from .heads import unfold_heads
 from .kv_cache import pack_cache
 from .rope_heads import rope_heads
 from .rope_heads import why_not as rope_why_not
-from .scale_path import hoist_scales
+from .rope_pairs import rope_pairs
+from .rope_pairs import why_not as rope_pairs_why_not
+from .scale_path import hoist_scales, scalar_scales
 from .where_mask import where_scores
 
 # -- fuse_sdpa -----------------------------------------------------------------------------------
@@ -444,11 +447,13 @@ def _rope_on_heads(c: Ctx) -> Fail | None:
         return Fail("guard", "rope_on_heads",
                     f"{who}{both} rotated by RoPE written interleaved (rotate_every_two, GPT-J): {c.name_of(add)} = "
                     f"h * cos + rotate_every_two(h) * sin (pairs h[2i], h[2i+1]: {c.name_of(cat)}); the rope op "
-                    f"rotates the halves h[i], h[i + d/2] (NeoX), so no rule takes this rotation", (add,), (),
+                    f"rotates them with rope(interleaved=True), but fuse_sdpa.rope_pairs did not rewrite it: "
+                    f"{rope_pairs_why_not(g, add) or 'a product of the form is read elsewhere'}", (add,), (),
                     "nothing to change in the model: an interleaved rotation keeps its attention as primitives",
                     subject=add, kind=NOT_RECOGNIZED,
-                    fix="an interleaved rope op, or Q and K head dims permuted alike to the half split (the scores "
-                        "are unchanged by one permutation of both)")
+                    fix="fuse_sdpa.rope_pairs rewrites h * cos + rotate_every_two(h) * sin with neighbour-equal "
+                        "[S, d] tables whose values are known and no other reader of its products; teach it this "
+                        "form")
     found = [(who, rotate_half_rope(g, n)) for who, n in operands]
     found = [(who, r) for who, r in found if r is not None]
     if not found:
@@ -514,18 +519,26 @@ _sdpa_rules = rule_pass("fuse_sdpa", [SDPA], "")
 
 
 def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
-    """Lift folded-heads chains to the 4-D head layout (`heads.unfold_heads`, exact), a QK-norm on transposed heads
-    in front of the transpose (`head_norm.hoist_head_norms`, exact), RoPE written on the heads to
-    the rope op (`rope_heads.rope_heads`, exact), a decode step's KV-cache concat read packed (`kv_cache.pack_cache`,
-    exact), move Q/K scales next to the head split (`scale_path.hoist_scales`,
-    exact), then match `SDPA`."""
+    """The exact canonicalizations, in order, then `SDPA`: folded-heads chains lifted to the 4-D head layout
+    (`heads.unfold_heads`); exported head layouts (a gather or view of a fused QKV) read as a plain head split
+    (`head_layout.canonical_heads`); a QK-norm on the heads moved in front of the split
+    (`head_norm.hoist_head_norms`); RoPE written on the heads (`rope_heads.rope_heads`) and its interleaved form
+    (`rope_pairs.rope_pairs`) to the rope op; one broadcast K/V head as `repeat_kv`
+    (`head_layout.repeat_broadcast_kv`); a decode step's KV-cache concat read packed (`kv_cache.pack_cache`);
+    `[1]`-shaped Q/K scales as scalars (`scale_path.scalar_scales`) moved next to the head split
+    (`scale_path.hoist_scales`)."""
     lifted, unfolded = unfold_heads(graph)
-    normed, norms = hoist_head_norms(lifted)
-    rotated, ropes = rope_heads(normed)
-    cached, caches = pack_cache(rotated)
-    hoisted, moved = hoist_scales(cached)
+    laid, layouts = canonical_heads(lifted)
+    normed, norms = hoist_head_norms(laid)
+    halved, ropes = rope_heads(normed)
+    rotated, pairs = rope_pairs(halved)
+    repeated, repeats = repeat_broadcast_kv(rotated)
+    cached, caches = pack_cache(repeated)
+    scalars, scaled = scalar_scales(cached)
+    hoisted, moved = hoist_scales(scalars)
     r = _sdpa_rules(hoisted, params)
-    return PassResult(r.graph, unfolded + norms + ropes + caches + moved + r.matches, r.rejections)
+    return PassResult(r.graph, unfolded + layouts + norms + ropes + pairs + repeats + caches + scaled + moved
+                      + r.matches, r.rejections)
 
 
 fuse_sdpa = Pass("fuse_sdpa", _fuse_sdpa, (SDPA,), doc="Hugging Face scaled-dot-product attention -> packed "
@@ -746,6 +759,12 @@ def _block_rope(c: Ctx) -> Fail | None:
                         f"of {d}; FusedAttentionBlock's RoPE rotates every dim of each head", (c.id(r),), (),
                         "nothing to change in the model: partial rotary keeps its packed attention",
                         subject=c.id(r), kind=NOT_RECOGNIZED, fix="an n_rot attribute on FusedAttentionBlock")
+        if a.get("interleaved", False):
+            return Fail("guard", "rope_full_rotary",
+                        f"{c.d(r)} rotates interleaved pairs (GPT-J, rotate_every_two); FusedAttentionBlock's RoPE "
+                        "rotates the NeoX halves", (c.id(r),), (),
+                        "nothing to change in the model: the interleaved rotation keeps its packed attention",
+                        subject=c.id(r), kind=NOT_RECOGNIZED, fix="an interleaved attribute on FusedAttentionBlock")
     return None
 
 

@@ -42,8 +42,9 @@ K's scale next to its head split, bit-exact, and `fuse_sdpa` folds both pre-scal
   writes a `Cast` to f32 after each f32 softmax) -> `x`. Exact: the IR's cast of a value to its own dtype is the
   identity (reference: `astype` to the same dtype; MLX: `astype` likewise).
 
-Left in the importer (they need constant values, which a pass does not read): `x + 0` with an all-zero constant
-and transformers' RoPE tables (`models.onnx_import._hf_rope`).
+Left in the importer (it needs constant values): `x + 0` with an all-zero constant. transformers' RoPE with
+constant tables is `fuse_sdpa.rope_heads` / `.rope_pairs`', which read the small param values the graph carries
+(`Graph.values`).
 """
 
 from __future__ import annotations

@@ -12,12 +12,20 @@ can take the rotation as its `has_rope`. Partial rotary (GPT-NeoX, Phi): `h_rot 
 with `[S, r/2]` tables and `concat(out_rot, h[..., r:], axis=-1)` -> `rope(..., n_rot=r)`.
 
 Recognized: the multiplies and the sum in either operand order; the tables as `concat(t, t)` on the last axis of
-a rank-2 `[S, r/2]` t, optionally reshaped to `[1, 1, S, r]` (or `[1, S, r]`); the narrows on the last axis.
+a rank-2 `[S, r/2]` t, optionally reshaped to `[1, 1, S, r]` (or `[1, S, r]`), or as a full-width `[S, r]`,
+`[1, S, r]` or `[1, 1, S, r]` table whose two halves are equal (guard: read through reshapes, row gathers, casts,
+cos/sin and scalar products down to `concat(t, t)` or a param whose values the graph carries, `Graph.values`,
+compared exactly; refused naming the first entry that differs, or that the values are not known), which the rope
+op reads as `reshape(narrow(t, -1, 0, r/2), [S, r/2])`; the narrows on the last axis. The heads may be any
+per-token layout of a `[B, S, W]` projection (`head_layout.head_split`: a column block, as Falcon's gather of its
+fused QKV, is read by the rope op as `narrow(qkv, -1, a, nh*d)`; another layout, as GPT-NeoX's per-head
+`[q, k, v]`, as `reshape(transpose(heads, [0, 2, 1, 3]), [B, S, nh*d])`, a copy).
 
 Validity (numbers equal, bit for bit on the reference): the rope op computes `[x1 c - x2 s, x2 c + x1 s]` per
 head with `c = cos[p, :r/2]` at sequence position p; the form computes `x1 c + (-x2) s` and `x2 c + x1 s`, and
 `a + (-b) == a - b`, `(-x) s == -(x s)` exactly in IEEE arithmetic. The rope op reads row p of its table operand
-at position p, and the form reads row p of `concat(t, t)`: so t must have exactly S rows and r/2 columns (guarded),
+at position p, and the form reads row p of `concat(t, t)` (or of a full table whose halves are that t): so t must
+have exactly S rows and r/2 columns (guarded),
 whatever computes it (a cached table, or `gather(table, position_ids)` for any ids: the gathered rows are t);
 x, both tables and every node of the form share one dtype. A table whose halves are not one table is no
 rotation the rope op computes: not rewritten (`fuse_sdpa`'s `rope_on_heads` names it).
@@ -28,8 +36,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ...ir import Graph, Node, Op, Rewriter
+from ..pattern import is_const
 from ..trace import Match
+from .head_layout import HeadSplit, head_split
 
 RULE = "fuse_sdpa.rope_heads"
 
@@ -37,10 +49,11 @@ RULE = "fuse_sdpa.rope_heads"
 @dataclass(frozen=True)
 class _Form:
     result: int  # the node the rotated heads replace (the add, or the partial form's concat)
-    x: int  # the packed projection [B, S, nh*d]
-    split: int  # the head split transpose
+    split: int  # the heads [B, nh, S, d] the rotation reads
+    heads: HeadSplit | None  # `split` as a column block of a projection, when it is one
     cos: int
     sin: int
+    half: bool  # the tables are the [S, r/2] halves (True) or full-width tables with equal halves (False)
     n_rot: int
     core: tuple[int, ...]  # the form's own nodes, read only inside the form (the result excluded)
     shared: tuple[int, ...]  # the table and head-split nodes, removed when nothing else reads them
@@ -56,33 +69,88 @@ def _narrow(g: Graph, i: int, src: int, start: int, length: int) -> bool:
             and n.attrs["start"] == start and n.attrs["length"] == length)
 
 
-def _table(g: Graph, i: int, s: int, r: int) -> tuple[int | None, list[int]]:
-    """`(t, nodes)` when node i is `concat(t, t)` on the last axis of a `[s, r/2]` table t, optionally reshaped to
-    `[1, 1, s, r]` / `[1, s, r]`; `(None, [])` otherwise."""
+def _halves(g: Graph, i: int, pairs: bool = False) -> str:
+    """"" when every row of table node i has two equal halves on its last axis (`pairs`: equal neighbours,
+    `t[..., 2i] == t[..., 2i + 1]`, the interleaved form's `repeat_interleave` tables), read through ops that move
+    or pick rows and keep the last axis, or act elementwise (reshape, gather, narrow, transpose, cast, cos, sin, a
+    scalar product) down to `concat(t, t)` (halves) or a param whose values the graph carries (`Graph.values`,
+    compared exactly); else why not, one line."""
+    n = g[i]
+    while True:
+        if not pairs and n.op == Op.CONCAT and len(set(n.inputs)) == 1 and len(n.inputs) == 2 \
+                and n.attrs["axis"] in (-1, _last(n)):
+            return ""
+        if n.op == Op.PARAM:
+            return _param_halves(g, n, pairs)
+        if n.op == Op.MUL and len(n.inputs) == 2 and sum(is_const(g[j]) for j in n.inputs) == 1:
+            n = g[next(j for j in n.inputs if not is_const(g[j]))]
+        elif _keeps_rows(g, n):
+            n = g[n.inputs[0]]
+        else:
+            return f"{n.op.value} (node {n.id}) {list(n.shape)} is neither concat(t, t) nor a constant"
+
+
+def _keeps_rows(g: Graph, n: Node) -> bool:
+    """`n` moves, picks or maps elements of its first operand and keeps its last axis as it is."""
+    last = _last(n)
+    return ((n.op == Op.RESHAPE and g[n.inputs[0]].shape[-1:] == n.shape[-1:]) or n.op in (Op.CAST, Op.COS, Op.SIN)
+            or (n.op == Op.GATHER and n.attrs.get("axis", 0) % n.rank != last and g[n.inputs[0]].rank == n.rank)
+            or (n.op == Op.NARROW and n.attrs["axis"] % n.rank != last)
+            or (n.op == Op.TRANSPOSE and n.attrs["perm"][-1] == last))
+
+
+def _param_halves(g: Graph, n: Node, pairs: bool = False) -> str:
+    name = f"param {n.attrs['name']!r} {list(n.shape)}"
+    what = "neighbour pairs" if pairs else "two halves"
+    v = g.param_value(n.id)
+    if v is None:
+        return (f"the values of {name} are not known to the pass (not among the small constants the importer "
+                f"carries), so its {what} are not known to be equal")
+    v = np.asarray(v)
+    if not v.ndim or v.shape[-1] % 2:
+        return f"{name} has an odd last axis"
+    half = v.shape[-1] // 2
+    a, b = (v[..., 0::2], v[..., 1::2]) if pairs else (v[..., :half], v[..., half:])
+    diff = np.argwhere(a != b)
+    if not len(diff):
+        return ""
+    at = tuple(int(j) for j in diff[0])
+    return (f"the {what} of {name} differ (at {list(at)} the first holds {float(a[at]):.9g}, the second "
+            f"{float(b[at]):.9g}), so it is no table the rope op reads")
+
+
+def _table(g: Graph, i: int, s: int, r: int) -> tuple[int | None, list[int], bool]:
+    """`(t, nodes, half)` for table node i of a rotation over r dims at S = s: `concat(t, t)` on the last axis of
+    a `[s, r/2]` table t, optionally reshaped to `[1, 1, s, r]` / `[1, s, r]` (`half`: the rope op reads t); or a
+    full-width `[s, r]` / `[1, s, r]` / `[1, 1, s, r]` table i with equal halves (`_halves`; not `half`: the rope op
+    reads its first half); `(None, [], False)` otherwise."""
     nodes = []
     n = g[i]
     if n.op == Op.RESHAPE and n.shape in ((1, 1, s, r), (1, s, r)):
         nodes.append(n.id)
         n = g[n.inputs[0]]
-    if n.op != Op.CONCAT or len(n.inputs) != 2 or n.inputs[0] != n.inputs[1] or n.attrs["axis"] not in (-1, 1):
-        return None, []
-    t = g[n.inputs[0]]
-    if t.rank != 2 or t.shape != (s, r // 2):
-        return None, []
-    return t.id, [*nodes, n.id]
+    if n.op == Op.CONCAT and len(n.inputs) == 2 and n.inputs[0] == n.inputs[1] and n.attrs["axis"] in (-1, 1):
+        t = g[n.inputs[0]]
+        if t.rank == 2 and t.shape == (s, r // 2):
+            return t.id, [*nodes, n.id], True
+    if g[i].shape in ((s, r), (1, s, r), (1, 1, s, r)) and not _halves(g, i):
+        return i, [], False
+    return None, [], False
 
 
-def _head_split(g: Graph, i: int) -> tuple[int, int] | None:
-    """`(x, S)` when node i is `transpose(reshape(x [B, S, nh*d], [B, S, nh, d]), [0, 2, 1, 3])`."""
+def _table_why(g: Graph, i: int, s: int, r: int) -> str:
+    """Why table node i is no `[S, r/2]` table the rope op reads, or ""."""
     t = g[i]
-    if t.op != Op.TRANSPOSE or tuple(t.attrs["perm"]) != (0, 2, 1, 3):
-        return None
-    r = g[t.inputs[0]]
-    if r.op != Op.RESHAPE or r.rank != 4:
-        return None
-    x = g[r.inputs[0]]
-    b, s, nh, d = r.shape
-    return (x.id, s) if x.rank == 3 and x.shape == (b, s, nh * d) else None
+    if _table(g, i, s, r)[0] is not None:
+        return ""
+    if t.shape not in ((s, r), (1, s, r), (1, 1, s, r)):
+        return f"{t.op.value} (node {t.id}) {list(t.shape)} is no [S, {r}] table of S = {s} rows"
+    return _halves(g, i)
+
+
+def _half_table(rw: Rewriter, t: int, half: bool, s: int, r: int) -> int:
+    """The `[s, r/2]` table the rope op reads: t, or the first half of the full-width table t."""
+    return t if half else rw.reshape(rw.narrow(t, rw.lookup(t).rank - 1, 0, r // 2), (s, r // 2))
 
 
 def _other(n: Node, i: int) -> int | None:
@@ -119,30 +187,30 @@ def _form(g: Graph, add: Node) -> _Form | None:
     if found is None:
         return None
     h, r, cos4, sin4, core = found
-    split, result = h, add.id
-    hs = _head_split(g, h)
-    if hs is None:  # partial rotary: h = heads[..., :r], then concat(out, heads[..., r:])
-        hn, users = g[h], g.users(add.id)
-        if hn.op != Op.NARROW or hn.attrs["start"] != 0 or hn.attrs["axis"] not in (-1, _last(hn)) or len(users) != 1:
-            return None
-        split, tail = hn.inputs[0], users[0]
-        hs = _head_split(g, split)
-        d = g[split].shape[-1]
-        if hs is None or tail.op != Op.CONCAT or len(tail.inputs) != 2 or tail.inputs[0] != add.id or \
-                tail.attrs["axis"] not in (-1, _last(tail)) or not _narrow(g, tail.inputs[1], split, r, d - r):
-            return None
-        core += [add.id, h, tail.inputs[1]]
-        result = tail.id
-    x, s = hs
-    cos, cos_nodes = _table(g, cos4, s, r)
-    sin, sin_nodes = _table(g, sin4, s, r)
-    if cos is None or sin is None or len({g[i].dtype for i in (x, cos, sin, *core, result)}) != 1:
+    split, result, hn, users = h, add.id, g[h], g.users(add.id)
+    if hn.op == Op.NARROW and hn.attrs["start"] == 0 and hn.attrs["axis"] in (-1, _last(hn)) and len(users) == 1 \
+            and g[hn.inputs[0]].shape[-1] > r:  # partial rotary: h = heads[..., :r], then concat(out, heads[..., r:])
+        heads, tail = hn.inputs[0], users[0]
+        d = g[heads].shape[-1]
+        if tail.op == Op.CONCAT and len(tail.inputs) == 2 and tail.inputs[0] == add.id and \
+                tail.attrs["axis"] in (-1, _last(tail)) and _narrow(g, tail.inputs[1], heads, r, d - r):
+            split = heads
+            core += [add.id, h, tail.inputs[1]]
+            result = tail.id  # else h itself is the heads (GPT-NeoX's Q: the first d of a per-head [q, k, v])
+    if g[split].rank != 4:
+        return None
+    hs = head_split(g, split)
+    s = g[split].shape[2]
+    cos, cos_nodes, c_half = _table(g, cos4, s, r)
+    sin, sin_nodes, s_half = _table(g, sin4, s, r)
+    if cos is None or sin is None or c_half != s_half \
+            or len({g[i].dtype for i in (split, cos, sin, *core, result)}) != 1:
         return None
     inside = {*core, result}
     if any(g.is_output(i) or any(u.id not in inside for u in g.users(i)) for i in core):
         return None  # a product of the form is read elsewhere: the form stays (rope_on_heads names it)
-    shared = (*cos_nodes, *sin_nodes, split, g[split].inputs[0])
-    return _Form(result, x, split, cos, sin, r, tuple(core), shared)
+    chain = hs.chain if hs is not None and hs.block else ()  # another layout: the copy reads the heads
+    return _Form(result, split, hs, cos, sin, c_half, r, tuple(core), (*cos_nodes, *sin_nodes, *chain))
 
 
 def why_not(g: Graph, add: int) -> str:
@@ -150,15 +218,27 @@ def why_not(g: Graph, add: int) -> str:
     found = _rotation(g, g[add])
     if found is None:
         return ""
-    _, r, cos4, sin4, _ = found
+    h, r, cos4, sin4, _ = found
+    hn = g[h]
+    s = hn.shape[2] if hn.rank == 4 else 0
     for name, i in (("cos", cos4), ("sin", sin4)):
-        t = g[i]
-        if _table(g, i, t.shape[-2] if t.rank >= 2 else 0, r)[0] is None:
-            return (f"its {name} table {t.op.value} (node {t.id}) {list(t.shape)} is not concat(t, t) of one "
-                    f"[S, {r // 2}] table, so its two halves are not known to be equal (the rope op reads one half)")
+        if why := _table_why(g, i, s, r):
+            return f"its {name} table: {why} (the rope op reads one half of an [S, {r}] table)"
     if _form(g, g[add]) is None:
-        return "a product of the form is read elsewhere, or its dtypes differ, or it is not on a head split"
+        return ("a product of the form is read elsewhere, or its dtypes differ, or it is not on a head split (a "
+                "column block of a [B, S, W] projection)")
     return ""
+
+
+def _packed(rw: Rewriter, g: Graph, f: _Form) -> int:
+    """The heads `f.split` `[B, nh, S, d]` as the packed `[B, S, nh*d]` the rope op reads: the column block of the
+    projection it splits (`head_layout.head_split`), else `reshape(transpose(heads, [0, 2, 1, 3]))` (a copy)."""
+    b, nh, s, d = g[f.split].shape
+    hs = f.heads
+    if hs is None or not hs.block:
+        return rw.reshape(rw.transpose(f.split, (0, 2, 1, 3)), (b, s, nh * d))
+    w = g[hs.root].shape[2]
+    return hs.root if (hs.start, nh * d) == (0, w) else rw.narrow(hs.root, 2, hs.start, nh * d)
 
 
 def rope_heads(g: Graph) -> tuple[Graph, list[Match]]:
@@ -179,10 +259,12 @@ def rope_heads(g: Graph) -> tuple[Graph, list[Match]]:
                 changed = True
     matches = []
     for f in forms:
-        reshape = g[g[f.split].inputs[0]]
+        b, nh, s, d = g[f.split].shape
         with rw.provenance([*f.core, f.result]):
-            rot = rw.emit(Op.ROPE, [f.x, f.cos, f.sin], head_dim=reshape.shape[3], n_rot=f.n_rot)
-            heads = rw.transpose(rw.reshape(rot, reshape.shape), (0, 2, 1, 3))
+            x = _packed(rw, g, f)
+            cos, sin = (_half_table(rw, t, f.half, s, f.n_rot) for t in (f.cos, f.sin))
+            rot = rw.emit(Op.ROPE, [x, cos, sin], head_dim=d, n_rot=f.n_rot)
+            heads = rw.transpose(rw.reshape(rot, (b, s, nh, d)), (0, 2, 1, 3))
         rw.replace(f.result, heads)
         matches.append(Match("fuse_sdpa", RULE, f.result, {"rope_sum": f.result, "head_split": f.split}, rot,
                              g[f.result].path))

@@ -132,4 +132,30 @@ def hoist_scales(g: Graph) -> tuple[Graph, list[Match]]:
     return rw.finish(), matches
 
 
-__all__ = ["RULE", "hoist_scales"]
+def scalar_scales(g: Graph) -> tuple[Graph, list[Match]]:
+    """`g` with each Q/K scale by a `[1]`-shaped constant on a scores operand's path (torch's sdpa export of Falcon
+    writes `q * [c]`) read as the same scale by the scalar constant `c` (what `fuse_sdpa`'s pattern and the
+    attention's `scale` take). Exact: the scaled operand has rank >= 1, so the broadcast shape, the dtype and every
+    product are the same. One `fuse_sdpa.hoist_scale` match per scale."""
+    found: list[tuple[Node, int]] = []
+    for mm in _scores_matmuls(g):
+        for k in (0, 1):
+            path, _ = _path(g, mm.inputs[k])
+            for n in path:
+                c = next((i for i in n.inputs if _scalar_const(g, i) and g[i].shape == (1,)), None)
+                if c is not None and _scale_operand(g, n) is not None and n not in [f for f, _ in found]:
+                    found.append((n, c))
+    if not found:
+        return g, []
+    rw = Rewriter(g, "fuse_sdpa")
+    matches = []
+    for n, c in found:
+        with rw.provenance([n.id]):
+            one = rw.const(g[c].attrs["value"][0], g[c].dtype)
+            new = rw.emit(n.op, [one if i == c else i for i in n.inputs])
+        rw.replace(n.id, new)
+        matches.append(Match("fuse_sdpa", RULE, n.id, {"scale": n.id}, new, n.path))
+    return rw.finish(), matches
+
+
+__all__ = ["RULE", "hoist_scales", "scalar_scales"]

@@ -1,0 +1,237 @@
+"""RoPE written interleaved (GPT-J's `rotate_every_two`, how some exporters write LLaMA) -> `rope(interleaved=True)`.
+
+    out = h * cos + rotate_every_two(h) * sin,   rotate_every_two(h)[..., 2i] = -h[..., 2i + 1],
+                                                 rotate_every_two(h)[..., 2i + 1] = h[..., 2i]
+
+with `h` the heads `[B, S, nh, r]` (GPT-J rotates before its head transpose) or `[B, nh, S, r]`, and `cos`/`sin`
+full-width tables whose neighbours are equal (`repeat_interleave(t, 2)`), viewed as `[1, S, 1, r]` (the first
+layout) or `[S, r]`, `[1, S, r]`, `[1, 1, S, r]` (the second). Partial rotary: `h = heads[..., :r]` and
+`concat(out, heads[..., r:])`. Exporters write `rotate_every_two` many ways (strided slices, `gather` of a
+transposed view with an index table, reshape to pairs, stack and flatten): the rule reads it by the map it
+computes, evaluating the chain from `h` (movement ops and `neg`) on a signed index array (element k of h is
+k + 1, negated by `neg`), so any chain of those ops that computes `rotate_every_two` is recognized, and nothing
+else is.
+
+Rewrite: `rope(x, t_cos, t_sin, head_dim=d, n_rot=r, interleaved=True)` on the packed heads x `[B, S, nh*d]`
+(`reshape` of the `[B, S, nh, d]` heads, or of their transpose), back to the heads' layout by `reshape` (and
+`transpose`); the tables are the even columns of the full ones (`t[..., 0::2]` as `[S, r/2]`).
+
+Validity (numbers equal, bit for bit on the reference): the rope op computes per pair `(x1 c - x2 s, x2 c + x1 s)`
+with `c = t_cos[p, i]` at position p; the form computes `x1 c + (-x2) s` and `x2 c + x1 s` with the table's
+entries `2i` and `2i + 1`, which are equal (guarded on the values the graph carries, `Graph.values`, or the
+table is refused with the entry that differs); `a + (-b) == a - b` and `(-x) s == -(x s)` in IEEE arithmetic. The
+tables must have exactly S rows on the heads' sequence axis; x, the tables and every node of the form share one
+dtype; a node of the form read elsewhere keeps the form. Each rewrite is a `fuse_sdpa.rope_pairs` match.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...ir import Graph, Node, Op, Rewriter
+from ..trace import Match
+from .rope_heads import _halves, _last, _narrow, _other
+
+RULE = "fuse_sdpa.rope_pairs"
+MAX_INDEX = 1 << 24
+"""The most elements of h whose signed index map is evaluated (int32: 64 MiB)."""
+_MAP_OPS = (Op.NARROW, Op.GATHER, Op.TRANSPOSE, Op.RESHAPE, Op.CONCAT, Op.NEG, Op.EXPAND)
+
+
+@dataclass(frozen=True)
+class _Form:
+    result: int  # the add, or the partial form's concat
+    heads: int  # the heads [B, S, nh, d] or [B, nh, S, d] (the rotated part is their first r dims)
+    seq_axis: int  # 1 or 2
+    cos: int
+    sin: int
+    n_rot: int
+    core: tuple[int, ...]
+
+
+def _index(g: Graph, i: int) -> np.ndarray | None:
+    n = g[i]
+    v = n.attrs.get("value") if n.op == Op.CONST else g.param_value(i)
+    if v is None or isinstance(v, float):
+        return None
+    a = np.asarray(v)
+    return a.astype(np.int64) if a.dtype.kind in "iu" else None
+
+
+def _signed_map(g: Graph, h: int, top: int) -> tuple[np.ndarray, set[int]] | None:
+    """Node `top` as a signed index map of `h` (h's element k is k + 1; `neg` flips the sign) and the nodes between
+    them, when every node from `top` up to h is a movement op or `neg` (and index tables are constants)."""
+    hn = g[h]
+    if int(np.prod(hn.shape)) > MAX_INDEX:
+        return None
+    memo: dict[int, np.ndarray] = {h: _ids(hn)}
+    seen: set[int] = set()
+
+    def ev(i: int, depth: int) -> np.ndarray | None:
+        if i in memo:
+            return memo[i]
+        n = g[i]
+        if depth > 16 or n.op not in _MAP_OPS:
+            return None
+        a = ev(n.inputs[0], depth + 1)
+        if a is None:
+            return None
+        try:
+            if n.op == Op.NEG:
+                out = -a
+            elif n.op == Op.RESHAPE:
+                out = a.reshape(n.shape)
+            elif n.op == Op.TRANSPOSE:
+                out = a.transpose(n.attrs["perm"])
+            elif n.op == Op.EXPAND:
+                out = np.broadcast_to(a, n.shape)
+            elif n.op == Op.NARROW:
+                ax, st = n.attrs["axis"] % a.ndim, n.attrs["start"]
+                out = np.take(a, range(st, st + n.attrs["length"]), axis=ax)
+            elif n.op == Op.GATHER:
+                idx = _index(g, n.inputs[1])
+                if idx is None:
+                    return None
+                out = np.take(a, idx, axis=n.attrs.get("axis", 0) % a.ndim)
+            else:  # concat
+                parts = [a] + [ev(j, depth + 1) for j in n.inputs[1:]]
+                if any(p is None for p in parts):
+                    return None
+                out = np.concatenate(parts, axis=n.attrs["axis"] % a.ndim)
+        except (ValueError, IndexError):
+            return None
+        if out.shape != n.shape:
+            return None
+        memo[i] = out
+        seen.add(i)
+        return out
+
+    got = ev(top, 0)
+    return None if got is None else (got, seen)
+
+
+def _every_two(idx: np.ndarray) -> np.ndarray:
+    p = idx.reshape(*idx.shape[:-1], idx.shape[-1] // 2, 2)
+    return np.stack([-p[..., 1], p[..., 0]], axis=-1).reshape(idx.shape)
+
+
+def every_two(g: Graph, add: Node) -> tuple[int, int] | None:
+    """`(add, rotated)` when `add` is `h * cos + rotate_every_two(h) * sin`, `rotated` the node computing
+    rotate_every_two(h) (any spelling: read by its index map), else None (`architecture.interleaved_rope`)."""
+    found = _rotation(g, add)
+    return None if found is None else (add.id, found[4])
+
+
+def _rotation(g: Graph, add: Node) -> tuple[int, int, int, list[int], int] | None:
+    """`(h, cos, sin, nodes, rotated)` when `add` is `h * cos + rotate_every_two(h) * sin` (module doc), else
+    None."""
+    if add.op != Op.ADD or len(add.inputs) != 2:
+        return None
+    for pi, ri in (add.inputs, add.inputs[::-1]):
+        plain, rot = g[pi], g[ri]
+        if plain.op != Op.MUL or rot.op != Op.MUL or len(plain.inputs) != 2 or len(rot.inputs) != 2:
+            continue
+        for h in dict.fromkeys(plain.inputs):
+            hn = g[h]
+            if hn.rank != 4 or hn.shape[-1] % 2 or hn.shape != add.shape:
+                continue
+            for r in dict.fromkeys(rot.inputs):
+                if g[r].shape != hn.shape:
+                    continue
+                found = _signed_map(g, h, r)
+                if found is None or not np.array_equal(found[0], _every_two(_ids(hn))):
+                    continue
+                cos, sin = _other(plain, h), _other(rot, r)
+                if cos is not None and sin is not None:
+                    return h, cos, sin, [plain.id, rot.id, *found[1]], r
+    return None
+
+
+def _ids(n: Node) -> np.ndarray:
+    return np.arange(1, int(np.prod(n.shape)) + 1, dtype=np.int32).reshape(n.shape)
+
+
+def _tables_fit(g: Graph, t: int, s: int, r: int) -> int | None:
+    """The sequence axis of the heads the `[.., S, .., r]` table node t is laid out for (1 or 2), or None."""
+    shape = g[t].shape
+    if shape == (1, s, 1, r):
+        return 1
+    return 2 if shape in ((s, r), (1, s, r), (1, 1, s, r)) else None
+
+
+def _form(g: Graph, add: Node) -> _Form | None:
+    found = _rotation(g, add)
+    if found is None:
+        return None
+    h, cos, sin, core, _ = found
+    heads, result, hn, users = h, add.id, g[h], g.users(add.id)
+    r = hn.shape[-1]
+    if hn.op == Op.NARROW and hn.attrs["start"] == 0 and hn.attrs["axis"] in (-1, _last(hn)) and len(users) == 1 \
+            and g[hn.inputs[0]].shape[-1] > r:
+        whole, tail = hn.inputs[0], users[0]
+        d = g[whole].shape[-1]
+        if tail.op == Op.CONCAT and len(tail.inputs) == 2 and tail.inputs[0] == add.id and \
+                tail.attrs["axis"] in (-1, _last(tail)) and _narrow(g, tail.inputs[1], whole, r, d - r):
+            heads = whole
+            core += [add.id, h, tail.inputs[1]]
+            result = tail.id  # else h itself is the heads
+    hs = g[heads].shape
+    seq = next((ax for ax in (1, 2) if all(_tables_fit(g, t, hs[ax], r) == ax for t in (cos, sin))), None)
+    if seq is None or any(_halves(g, t, pairs=True) for t in (cos, sin)):
+        return None
+    if len({g[i].dtype for i in (heads, cos, sin, *core, result)}) != 1:
+        return None
+    inside = {*core, result}
+    if any(g.is_output(i) or any(u.id not in inside for u in g.users(i)) for i in core):
+        return None
+    return _Form(result, heads, seq, cos, sin, r, tuple(core))
+
+
+def why_not(g: Graph, add: int) -> str:
+    """Why the interleaved rotation summed by `add` was not rewritten, or "" (also when it is no such rotation)."""
+    found = _rotation(g, g[add])
+    if found is None or _form(g, g[add]) is not None:
+        return ""
+    _, cos, sin, _, _ = found
+    for name, t in (("cos", cos), ("sin", sin)):
+        if why := _halves(g, t, pairs=True):
+            return f"its {name} table: {why}"
+    return ("its tables are not [S, r] rows on the heads' sequence axis, a product of the form is read elsewhere, "
+            "or its dtypes differ")
+
+
+def _pair_table(rw: Rewriter, t: int, s: int, r: int) -> int:
+    """The `[s, r/2]` even columns of the full-width table t (its neighbours are equal)."""
+    pairs = rw.reshape(t, (s, r // 2, 2))
+    return rw.reshape(rw.narrow(pairs, 2, 0, 1), (s, r // 2))
+
+
+def rope_pairs(g: Graph) -> tuple[Graph, list[Match]]:
+    """`g` with every interleaved rotation rewritten to `rope(interleaved=True)` (module doc), one `Match` each."""
+    forms = [f for n in g if (f := _form(g, n)) is not None]
+    if not forms:
+        return g, []
+    rw = Rewriter(g, "fuse_sdpa")
+    matches = []
+    for f in forms:
+        hs = g[f.heads].shape
+        b, d = hs[0], hs[3]
+        s, nh = (hs[1], hs[2]) if f.seq_axis == 1 else (hs[2], hs[1])
+        with rw.provenance([*f.core, f.result]):
+            src = f.heads if f.seq_axis == 1 else rw.transpose(f.heads, (0, 2, 1, 3))
+            x = rw.reshape(src, (b, s, nh * d))
+            cos, sin = (_pair_table(rw, t, s, f.n_rot) for t in (f.cos, f.sin))
+            rot = rw.emit(Op.ROPE, [x, cos, sin], head_dim=d, n_rot=f.n_rot, interleaved=True)
+            out = rw.reshape(rot, (b, s, nh, d))
+            if f.seq_axis == 2:
+                out = rw.transpose(out, (0, 2, 1, 3))
+        rw.replace(f.result, out)
+        matches.append(Match("fuse_sdpa", RULE, f.result, {"rope_sum": f.result, "heads": f.heads}, rot,
+                             g[f.result].path))
+    rw.remove(sorted({i for f in forms for i in f.core} - {f.result for f in forms}))
+    return rw.finish(), matches
+
+
+__all__ = ["RULE", "every_two", "rope_pairs", "why_not"]
