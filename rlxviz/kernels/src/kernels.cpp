@@ -10,6 +10,7 @@
 #include "mlx/backend/common/utils.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/utils.h"
+#include "common.h"
 #include "pool.h"
 #include "vmath.h"
 
@@ -23,14 +24,6 @@ constexpr int kKeyTile = 128;  // keys per score tile (online softmax across til
 constexpr int kQueryBlock = 32;  // queries per work item
 
 int round_up(int n, int m) { return (n + m - 1) / m * m; }
-
-void check_cpu(const mx::Stream& s, const char* what) {
-  if (s.device != mx::Device::cpu) throw std::invalid_argument(std::string("[rlxviz.") + what + "] CPU only");
-}
-
-void check_f32(const mx::array& a, const char* what) {
-  if (a.dtype() != mx::float32) throw std::invalid_argument(std::string("[rlxviz.") + what + "] float32 only");
-}
 
 // GCC/Clang vector extension: kCols floats, lowered to the widest registers -march allows (one zmm,
 // two ymm, four xmm), so the micro-kernels' accumulators stay in registers on every ISA.
@@ -168,15 +161,6 @@ void attention_item(const AttentionArgs& a, int b, int h, int i0, int i1) {
 }
 
 template <Act A>
-inline float act(float x) {
-  if constexpr (A == Act::gelu) return vm::gelu(x);
-  else if constexpr (A == Act::gelu_tanh) return vm::gelu_tanh(x);
-  else if constexpr (A == Act::silu) return vm::silu(x);
-  else if constexpr (A == Act::relu) return vm::relu(x);
-  else return x;
-}
-
-template <Act A>
 void bias_act_rows(const float* __restrict x, const float* __restrict bias, float* __restrict y, int64_t r0,
                    int64_t r1, int64_t n) {
   for (int64_t r = r0; r < r1; ++r) {
@@ -246,29 +230,6 @@ void for_row_chunks(int64_t rows, int64_t n, const std::function<void(int64_t, i
   Pool::get().parallel_for(static_cast<int>(chunks), [&](int c) {
     f(rows * c / chunks, rows * (c + 1) / chunks);
   });
-}
-
-// A row-contiguous float32 view of `in`: `in` itself, or a buffer allocated here that `fill()` (run on
-// the stream's thread, when the input is computed) fills from the strided view.
-struct Rows {
-  mx::array arr;
-  bool copy = false;
-  const float* data() const { return arr.data<float>(); }
-};
-
-Rows contiguous_rows(const mx::array& in) {
-  if (in.flags().row_contiguous) return {in, false};
-  mx::array c(in.shape(), in.dtype(), nullptr, {});
-  c.set_data(mx::allocator::malloc(c.nbytes()));
-  return {c, true};
-}
-
-void fill(const mx::array& in, const Rows& rows) {
-  if (!rows.copy) return;
-  const float* src = in.data<float>();
-  float* dst = const_cast<float*>(rows.data());
-  for (size_t i = 0; i < in.size(); ++i)
-    dst[i] = src[mx::elem_to_loc(static_cast<int64_t>(i), in.shape(), in.strides())];
 }
 
 // `out` backed by `in`'s buffer when MLX allows (donation: no new allocation), else a new buffer.
@@ -361,13 +322,7 @@ bool Attention::is_equivalent(const mx::Primitive& other) const {
 
 // ---- bias + activation ------------------------------------------------------------------------------------
 mx::array bias_act(const mx::array& x, const std::optional<mx::array>& bias, const std::string& act) {
-  Act a;
-  if (act == "none") a = Act::none;
-  else if (act == "gelu") a = Act::gelu;
-  else if (act == "gelu_tanh") a = Act::gelu_tanh;
-  else if (act == "silu") a = Act::silu;
-  else if (act == "relu") a = Act::relu;
-  else throw std::invalid_argument("[rlxviz.bias_act] unknown activation " + act);
+  const Act a = parse_act(act, "bias_act");
   check_f32(x, "bias_act");
   if (x.ndim() < 1) throw std::invalid_argument("[rlxviz.bias_act] x must have at least one axis");
   auto s = mx::to_stream({});
