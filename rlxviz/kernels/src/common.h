@@ -29,15 +29,6 @@ inline Act parse_act(const std::string& act, const char* what) {
   throw std::invalid_argument(std::string("[rlxviz.") + what + "] unknown activation " + act);
 }
 
-template <Act A>
-inline float act(float x) {
-  if constexpr (A == Act::gelu) return vm::gelu(x);
-  else if constexpr (A == Act::gelu_tanh) return vm::gelu_tanh(x);
-  else if constexpr (A == Act::silu) return vm::silu(x);
-  else if constexpr (A == Act::relu) return vm::relu(x);
-  else return x;
-}
-
 // A row-contiguous float32 view of `in`: `in` itself, or a buffer allocated here that `fill()` (run on
 // the stream's thread, when the input is computed) fills from the strided view.
 struct Rows {

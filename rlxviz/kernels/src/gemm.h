@@ -9,21 +9,11 @@
 #include <optional>
 #include <string>
 
+#include "gemm_core.h"
 #include "kernels.h"
 
 namespace rlxviz {
 
-#if defined(__AVX512F__)
-constexpr int kGemmVec = 16;  // floats per vector register (zmm)
-constexpr int kGemmMR = 12;   // 12 x 32 tile: 24 accumulators + 2 B vectors + 1 broadcast of 32 registers
-#elif defined(__AVX2__) || defined(__AVX__)
-constexpr int kGemmVec = 8;  // ymm
-constexpr int kGemmMR = 6;   // 6 x 16 tile: 12 accumulators + 2 B vectors + 1 broadcast of 16 registers
-#else
-constexpr int kGemmVec = 4;  // xmm / NEON
-constexpr int kGemmMR = 6;
-#endif
-constexpr int kGemmNR = 2 * kGemmVec;  // columns per packed panel
 
 // w [K, N] (any strides) -> packed [ceil(N / kNR), K, kNR] float32, columns past N zero.
 mx::array pack_weights(const mx::array& w);
