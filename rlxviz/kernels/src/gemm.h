@@ -24,7 +24,7 @@ mx::array gemm(const mx::array& x, const mx::array& packed, int n, const std::op
                const std::optional<mx::array>& residual, const std::string& act);
 
 // The tile the micro-kernel computes: (rows, columns).
-inline std::pair<int, int> gemm_tile() { return {kGemmMR, kGemmNR}; }
+inline std::pair<int, int> gemm_tile() { return {gemm_core::kGemmMR, gemm_core::kGemmNR}; }
 
 class PackWeights : public mx::Primitive {
  public:
