@@ -61,14 +61,14 @@ def main() -> None:
         ref = run_reference(hf.graph, feeds, hf.weights)[0]
         final = Pipeline.canonical().run(hf.graph).final
         rows: list[tuple[str, Callable[[], object], float]] = []
-        on = MlxExecutor(LoweringOptions(kernels=True, cpu_streams=args.threads), device="cpu")
+        on = MlxExecutor(LoweringOptions(kernels=True, gemm=True, cpu_streams=args.threads), device="cpu")
         no_gemm = MlxExecutor(LoweringOptions(kernels=True, gemm=False, cpu_streams=args.threads), device="cpu")
         off = MlxExecutor(LoweringOptions(kernels=False, cpu_streams=args.threads), device="cpu")
         n_final = len(final.compute_nodes())
         for name, g, ex in ((f"rlxviz input ({len(hf.graph.compute_nodes())} ops)", hf.graph, on),
                             (f"rlxviz final ({n_final} ops), rlxviz CPU kernels + GEMM", final, on),
-                            (f"rlxviz final ({n_final} ops), rlxviz CPU kernels, OpenBLAS dense layers", final,
-                             no_gemm),
+                            (f"rlxviz final ({n_final} ops), rlxviz CPU kernels, OpenBLAS dense layers (default)",
+                             final, no_gemm),
                             (f"rlxviz final ({n_final} ops), MLX lowering only", final, off)):
             prog, xs = ex.bind(g, feeds, hf.weights)
             err = float(np.abs(ex.run(g, feeds, hf.weights)[0] - ref).max())

@@ -17,7 +17,7 @@ from rlxviz import kernels
 from rlxviz.ir import Builder, Op
 from rlxviz.runtime import run_reference
 from rlxviz.runtime.executor import MlxExecutor
-from rlxviz.runtime.lowering import LoweringOptions
+from rlxviz.runtime.lowering import LoweringOptions, MlxEmitter
 from rlxviz.runtime.mlx_backend import mx
 
 EPS = float(np.finfo(np.float32).eps)
@@ -144,12 +144,23 @@ def test_fused_matmul_bias_act_lowers_to_the_gemm(act):
     graph, feeds = linear_graph(act)
     want, bound = reference(feeds["x"], feeds["w"], feeds["b"], None, act)
     np.testing.assert_allclose(run_reference(graph, feeds)[0], want, atol=1e-5, rtol=1e-5)
-    ex = MlxExecutor(LoweringOptions(kernels=True), device="cpu")
+    ex = MlxExecutor(LoweringOptions(kernels=True, gemm=True), device="cpu")
     check(ex.run(graph, feeds)[0], want, bound)
     assert ex.emitter.kernels_ran == {"gemm+bias" + ("" if act == "none" else f"+{act}")}
     off = MlxExecutor(LoweringOptions(kernels=True, gemm=False), device="cpu")
     check(off.run(graph, feeds)[0], want, bound)
     assert not any(k.startswith("gemm") for k in off.emitter.kernels_ran)
+
+
+def test_the_gemm_is_off_by_default_on_the_cpu_and_never_on_the_gpu():
+    """It did not beat OpenBLAS end to end where measured (lowering.DEVICE_LOWERING): opt-in on the CPU."""
+    assert LoweringOptions().for_device("cpu").gemm is False
+    assert LoweringOptions().for_device("gpu").gemm is False
+    assert MlxEmitter(LoweringOptions(kernels=True, gemm=True), "gpu").cpu_kernels is None  # CPU code only
+    graph, feeds = linear_graph("gelu")
+    ex = MlxExecutor(LoweringOptions(kernels=True), device="cpu")
+    ex.run(graph, feeds)
+    assert ex.emitter.kernels_ran == {"bias+gelu"}
 
 
 def test_each_weight_is_packed_once_per_executor():
@@ -159,7 +170,7 @@ def test_each_weight_is_packed_once_per_executor():
     w, b = weights_as_params.param("w", (40, 72)), weights_as_params.param("b", (72,))
     weights_as_params.output(weights_as_params.emit(Op.FUSED_MATMUL_BIAS_ACT, [x, w, b], activation="gelu"))
     g = weights_as_params.build()
-    ex = MlxExecutor(LoweringOptions(kernels=True), device="cpu")
+    ex = MlxExecutor(LoweringOptions(kernels=True, gemm=True), device="cpu")
     first = ex.run(g, {"x": feeds["x"]}, {"w": feeds["w"], "b": feeds["b"]})[0]
     packed = dict(ex.emitter._packed)
     again = ex.run(g, {"x": feeds["x"] * 2}, {"w": feeds["w"], "b": feeds["b"]})[0]

@@ -87,6 +87,7 @@ class LoweringOptions:
         gemm: with `kernels`, run the dense layers of fused ops (`Emitter.linear` / `linear_act`: QKV, output
             projection, FFN, FusedMatMulBiasAct) as rlxviz's GEMM with the bias + activation in its epilogue
             and the weight packed once per weight array; False keeps `mx.addmm` / `mx.matmul` (OpenBLAS).
+            CPU default off: it did not beat OpenBLAS end to end where measured (`DEVICE_LOWERING`).
     """
 
     fast_math: bool | None = None
@@ -139,8 +140,10 @@ DEVICE_LOWERING: dict[str, dict[str, Choice]] = {
         "kernels": Choice(True, "rlxviz's CPU kernels (attention in one pass over K/V per head, bias + GELU, "
                                 "residual + LayerNorm; threaded): MiniLM fully fused, B=8, one thread, 301 vs "
                                 "411 ms CPU time with MLX's lowering (`bench_kernels.py`, load 7, 2026-12-02)"),
-        "gemm": Choice(True, "rlxviz's GEMM (packed weights, bias + activation in its store) against OpenBLAS's "
-                             "addmm at MiniLM's shapes: see docs/performance.md section 0 (`bench_gemm.py`)"),
+        "gemm": Choice(False, "rlxviz's GEMM ties OpenBLAS on 2 AMD EPYC cores (AVX2), 1 thread: 0.85-1.05x its "
+                              "min CPU time at MiniLM's shapes (`bench_gemm.py`), 8% less per op in the profile "
+                              "but 12-22% more CPU time end to end, B=8 / B=1 (`bench_kernels.py`, load 5-6, "
+                              "2026-12-02); not measured on AVX-512 (docs/performance.md section 0.1)"),
     },
     "gpu": {
         "fast_math": Choice(False, "MLX's own GPU kernels: the fast-math formulation ran 1.46x slower than "
