@@ -140,10 +140,11 @@ DEVICE_LOWERING: dict[str, dict[str, Choice]] = {
         "kernels": Choice(True, "rlxviz's CPU kernels (attention in one pass over K/V per head, bias + GELU, "
                                 "residual + LayerNorm; threaded): MiniLM fully fused, B=8, one thread, 301 vs "
                                 "411 ms CPU time with MLX's lowering (`bench_kernels.py`, load 7, 2026-12-02)"),
-        "gemm": Choice(False, "rlxviz's GEMM ties OpenBLAS on 2 AMD EPYC cores (AVX2), 1 thread: 0.85-1.05x its "
-                              "min CPU time at MiniLM's shapes (`bench_gemm.py`), 8% less per op in the profile "
-                              "but 12-22% more CPU time end to end, B=8 / B=1 (`bench_kernels.py`, load 5-6, "
-                              "2026-12-02); not measured on AVX-512 (docs/performance.md section 0.1)"),
+        "gemm": Choice(False, "rlxviz's GEMM ties OpenBLAS on 2 AMD EPYC cores (AVX2), 1 thread: OpenBLAS "
+                              "takes 0.93-1.12x its min CPU time at MiniLM's shapes (`bench_gemm.py`); the fused "
+                              "version's dense layers 320 vs 347 ms per op (profile), but 13-22% more CPU time "
+                              "end to end, B=8 / B=1 (`bench_kernels.py`, load 5-6, 2026-12-02); AVX-512 not "
+                              "measured (docs/performance.md 0.1)"),
     },
     "gpu": {
         "fast_math": Choice(False, "MLX's own GPU kernels: the fast-math formulation ran 1.46x slower than "
