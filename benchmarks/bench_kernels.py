@@ -1,10 +1,12 @@
-"""What rlxviz's CPU kernels buy: MiniLM's input version, its final fused version with and without the kernels,
-and ONNX Runtime, on `--threads` threads everywhere, in wall time and in CPU time.
+"""What rlxviz's CPU kernels buy: MiniLM's input version, its final fused version with the kernels (with and
+without rlxviz's GEMM for the dense layers) and without them, PyTorch eager (when torch imports; the row says
+"not installed" otherwise) and ONNX Runtime, on `--threads` threads everywhere, in wall time and in CPU time.
 
 On a shared machine the wall time of a 2-thread run follows the other processes' load; the CPU time of a
-1-thread run (`--threads 1`: one OpenBLAS thread, one kernel thread, one CPU stream, one ORT intra-op thread)
-barely does, since a single thread is either running or waiting. So `--threads 1` gives ratios that hold
-under load, `--threads 2` the figures the targets are stated in (read them with the load average printed).
+1-thread run (`--threads 1`: one OpenBLAS thread, one kernel thread, one CPU stream, one ORT intra-op thread,
+`torch.set_num_threads(1)`) barely does, since a single thread is either running or waiting. So `--threads 1`
+gives ratios that hold under load, `--threads 2` the figures the targets are stated in (read them with the
+load average printed).
 
 Rows are timed in interleaved rounds (each round calls every row once, in rotated order), each call ending
 in `mx.eval` (MLX) or returning NumPy arrays (ORT); per row: median and min wall ms, median CPU ms (this
@@ -59,14 +61,21 @@ def main() -> None:
         ref = run_reference(hf.graph, feeds, hf.weights)[0]
         final = Pipeline.canonical().run(hf.graph).final
         rows: list[tuple[str, Callable[[], object], float]] = []
-        on = MlxExecutor(LoweringOptions(kernels=True, cpu_streams=args.threads), device="cpu")
+        on = MlxExecutor(LoweringOptions(kernels=True, gemm=True, cpu_streams=args.threads), device="cpu")
+        no_gemm = MlxExecutor(LoweringOptions(kernels=True, gemm=False, cpu_streams=args.threads), device="cpu")
         off = MlxExecutor(LoweringOptions(kernels=False, cpu_streams=args.threads), device="cpu")
+        n_final = len(final.compute_nodes())
         for name, g, ex in ((f"rlxviz input ({len(hf.graph.compute_nodes())} ops)", hf.graph, on),
-                            (f"rlxviz final ({len(final.compute_nodes())} ops), rlxviz CPU kernels", final, on),
-                            (f"rlxviz final ({len(final.compute_nodes())} ops), MLX lowering only", final, off)):
+                            (f"rlxviz final ({n_final} ops), rlxviz CPU kernels + GEMM", final, on),
+                            (f"rlxviz final ({n_final} ops), rlxviz CPU kernels, OpenBLAS dense layers (default)",
+                             final, no_gemm),
+                            (f"rlxviz final ({n_final} ops), MLX lowering only", final, off)):
             prog, xs = ex.bind(g, feeds, hf.weights)
             err = float(np.abs(ex.run(g, feeds, hf.weights)[0] - ref).max())
             rows.append((name, lambda p=prog, xs=xs: mx.eval(p.fn(*xs)), err))
+        torch_row = torch_eager(_rlx, feeds, ref, args.threads)
+        if torch_row is not None:
+            rows.append(torch_row)
         with tempfile.TemporaryDirectory() as tmp:
             import onnxruntime as ort
 
@@ -98,7 +107,31 @@ def main() -> None:
         for i, (name, _call, err) in enumerate(rows):
             print(f"| {name} | {med[i]:.1f} | {min(wall[i]):.1f} | {cmed[i]:.1f} | {med[i] / med[-1]:.2f} | "
                   f"{cmed[i] / cmed[-1]:.2f} | {cmed[0] / cmed[i]:.2f} | {err:.1e} |")
+        if torch_row is None:
+            print("| PyTorch eager | not installed (pip install torch) | | | | | | |")
         sys.stdout.flush()
+
+
+def torch_eager(rlx, feeds, ref, threads: int):  # noqa: ANN001, ANN201
+    """(row name, call, max abs err) for the same encoder in PyTorch eager (`bench_runtime.torch_encoder`) on
+    `threads` threads, or None when torch does not import."""
+    from bench_runtime import torch_encoder
+
+    tt = torch_encoder(rlx.config, rlx.weights)
+    if tt is None:
+        return None
+    import numpy as np
+
+    model, torch = tt
+    torch.set_num_threads(threads)
+    ids, mask = torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])
+
+    def call():  # noqa: ANN202
+        with torch.inference_mode():
+            return model(ids, mask).numpy()
+
+    err = float(np.abs(call() - ref).max())
+    return f"PyTorch {torch.__version__} eager", call, err
 
 
 if __name__ == "__main__":

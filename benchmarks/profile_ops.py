@@ -9,7 +9,7 @@ export of the input graph, grouped by ONNX op type (fastest of `--repeat` runs p
 lazy end-to-end medians of both are printed. Prints the active BLAS and the load average.
 
 Usage: .venv/bin/python benchmarks/profile_ops.py [--batch 8] [--seq 128] [--version input|final]
-       [--inside] [--ort] [--repeat 3] [--no-kernels]
+       [--inside] [--ort] [--repeat 3] [--no-kernels] [--gemm]
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from rlxviz.runtime.timing import kernels_line
 class TimedEmitter(MlxEmitter):
     """An `MlxEmitter` that evaluates every kernel it emits on its own and records `(label, ms)`:
     fused ops without an override in force are descended into (their decomposition's kernels are
-    timed); `linear` (the `mx.addmm` override) is timed as `linear (addmm)`."""
+    timed); `linear` / `linear_act` are timed as `linear (rlxviz gemm)` / `linear+gelu (rlxviz gemm)` where
+    rlxviz's GEMM runs them (its weights packed once, before the best-of-`repeat`), else `linear (addmm)`."""
 
     def __init__(self, base: MlxEmitter, repeat: int) -> None:
         super().__init__(base.options, base.device)
@@ -91,9 +92,13 @@ class TimedEmitter(MlxEmitter):
         return out
 
     def linear(self, x: mx.array, w: mx.array, b: mx.array | None = None) -> mx.array:
-        return self._timed("linear (addmm)", lambda: super(TimedEmitter, self).linear(x, w, b), (x, w, b))
+        label = "linear (rlxviz gemm)" if self.gemm_applies(x, w, b, None) else "linear (addmm)"
+        return self._timed(label, lambda: super(TimedEmitter, self).linear(x, w, b), (x, w, b))
 
     def linear_act(self, x: mx.array, w: mx.array, b: mx.array | None, act: str | None) -> mx.array:
+        if not self._depth and self.gemm_applies(x, w, b, act):
+            run = super().linear_act
+            return self._timed(f"linear+{act} (rlxviz gemm)", lambda: run(x, w, b, act), (x, w, b))
         if self._depth or not self.bias_act_kernel_applies(x, w, b, act):
             return super().linear_act(x, w, b, act)
         self.kernels_ran.add(f"bias+{act}")
@@ -110,10 +115,10 @@ class TimedEmitter(MlxEmitter):
 
 
 def mlx_profile(graph, feeds, weights, repeat: int, inside: bool,  # noqa: ANN001
-                kernels: bool = True) -> list[tuple[str, float]]:
+                kernels: bool = True, gemm: bool = False) -> list[tuple[str, float]]:
     """(label, best ms) per kernel of one eager run of `graph` on the CPU executor (rlxviz's CPU kernels
-    on or off)."""
-    ex = MlxExecutor(LoweringOptions(kernels=kernels), device="cpu")
+    on or off; `gemm`: rlxviz's GEMM for the dense layers of fused ops, else OpenBLAS's)."""
+    ex = MlxExecutor(LoweringOptions(kernels=kernels, gemm=gemm), device="cpu")
     if not inside:
         return [(r["op"], r["ms"]) for r in ex.profile(graph, feeds, weights, repeat=repeat)]
     timed = TimedEmitter(ex.emitter, repeat)
@@ -189,6 +194,7 @@ def main() -> None:
     ap.add_argument("--inside", action="store_true", help="time the kernels inside fused ops")
     ap.add_argument("--ort", action="store_true", help="also ONNX Runtime's per-node profile (input graph export)")
     ap.add_argument("--no-kernels", action="store_true", help="MLX's composed lowering instead of rlxviz's CPU kernels")
+    ap.add_argument("--gemm", action="store_true", help="rlxviz's GEMM for fused ops' dense layers (default: OpenBLAS)")
     args = ap.parse_args()
 
     model = load_model("minilm", args.batch, args.seq)
@@ -196,9 +202,9 @@ def main() -> None:
     graph = model.graph if args.version == "input" else Pipeline.canonical().run(model.graph).final
     print(f"all-MiniLM-L6-v2, {args.version} graph ({len(graph.compute_nodes())} ops), batch {args.batch}, "
           f"seq {args.seq}; {blas_summary()}; load average {os.getloadavg()[0]:.2f}")
-    rows = mlx_profile(graph, feeds, model.weights, args.repeat, args.inside, not args.no_kernels)
+    rows = mlx_profile(graph, feeds, model.weights, args.repeat, args.inside, not args.no_kernels, args.gemm)
     table(f"MLX CPU, {args.version} version{' (kernels inside fused ops)' if args.inside else ''}", rows)
-    ex = MlxExecutor(LoweringOptions(kernels=not args.no_kernels), device="cpu")
+    ex = MlxExecutor(LoweringOptions(kernels=not args.no_kernels, gemm=args.gemm), device="cpu")
     prog, xs = ex.bind(graph, feeds, model.weights)
     mx.eval(prog.fn(*xs))
     print(kernels_line(ex))

@@ -247,16 +247,20 @@ def ftl_feeds(b=2, s=6, h=2, d=8, inter=32):
 
 
 def test_fused_layer_runs_the_kernels_and_its_unfused_form_only_attention():
-    """FusedTransformerLayer: attention, bias+GELU and residual+LayerNorm kernels. Unfused (the `unfuse` pass:
-    primitives plus the ATTENTION node, fuse_sdpa's op) only the attention kernel: matmul, add, GELU and
-    LayerNorm stay MLX's. Off: none."""
+    """FusedTransformerLayer: attention, the GEMM (QKV and output projection with their bias, FFN with bias +
+    GELU in its store; `gemm=True`) and residual+LayerNorm kernels; by default (`gemm` off on the CPU) MLX's
+    matmul and the bias+GELU kernel.
+    Unfused (the `unfuse` pass: primitives plus the ATTENTION node, fuse_sdpa's op) only the attention kernel:
+    matmul, add, GELU and LayerNorm stay MLX's. Off: none."""
     from rlxviz.passes import PASSES
 
     fused, feeds = ftl_feeds()
     want = run_reference(fused, feeds)[0]
     unfused = PASSES["unfuse"].fn(fused, {}).graph
     assert Op.FUSED_TRANSFORMER_LAYER not in {n.op for n in unfused}
-    for graph, options, ran in ((fused, {}, {"attention", "bias+gelu", "residual+layer_norm"}),
+    for graph, options, ran in ((fused, {"gemm": True}, {"attention", "gemm+bias", "gemm+bias+gelu",
+                                                          "residual+layer_norm"}),
+                                (fused, {}, {"attention", "bias+gelu", "residual+layer_norm"}),
                                 (unfused, {}, {"attention"}),
                                 (fused, {"kernels": False}, set())):
         ex = MlxExecutor(LoweringOptions(**options))

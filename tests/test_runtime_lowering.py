@@ -367,17 +367,25 @@ def test_weight_only_nodes_are_computed_once():
 
 # -- overrides: each one against the plain decomposition ------------------------------------------------------
 def test_linear_override_matches_emitter_linear():
-    """`MlxEmitter.linear` (one mx.addmm) vs `Emitter.linear` (matmul, then add) on the same arrays."""
+    """`MlxEmitter.linear` without rlxviz's GEMM (one mx.addmm) vs `Emitter.linear` (matmul, then add) on the
+    same arrays; with the GEMM (another summation order than BLAS's) within K * eps * sum |x w| of float64."""
     from rlxviz.ir import Emitter
     from rlxviz.runtime.lowering import EMITTER_OVERRIDES, MlxEmitter
 
-    e = MlxEmitter(LoweringOptions(), "cpu")
+    e = MlxEmitter(LoweringOptions(gemm=False), "cpu")
     x, w, b = mx.array(randn(3, 7, 16)), mx.array(randn(16, 24)), mx.array(randn(24))
     fast_path = np.array(e.linear(x, w, b))
     plain = np.array(Emitter.linear(e, x, w, b))
     np.testing.assert_allclose(fast_path, plain, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(np.array(e.linear(x, w)), np.array(Emitter.linear(e, x, w)), rtol=0, atol=0)
-    assert "addmm" in EMITTER_OVERRIDES["linear"]
+    assert "addmm" in EMITTER_OVERRIDES["linear"] and "RlxvizGemm" in EMITTER_OVERRIDES["linear"]
+    g = MlxEmitter(LoweringOptions(kernels=True, gemm=True), "cpu")
+    assert g.cpu_kernels is not None  # the kernels build wherever the tests run (tests/test_kernels.py)
+    x64, w64, b64 = (np.array(a, np.float64) for a in (x, w, b))
+    bound = 16 * np.finfo(np.float32).eps * (np.abs(x64) @ np.abs(w64) + np.abs(b64))
+    assert np.all(np.abs(np.array(g.linear(x, w, b)) - (x64 @ w64 + b64)) <= bound)
+    assert np.all(np.abs(plain - (x64 @ w64 + b64)) <= bound)
+    assert g.kernels_ran == {"gemm+bias"}
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

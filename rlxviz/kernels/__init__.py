@@ -1,6 +1,6 @@
 """rlxviz's own CPU kernels as MLX primitives (C++ in `src/`, built on first use by `build`).
 
-Three float32 kernels, each an `mlx::core::Primitive` with `eval_cpu` (vectorized for the machine that
+Float32 kernels, each an `mlx::core::Primitive` with `eval_cpu` (vectorized for the machine that
 built it, threaded over rows or (batch, head, query block) work items on the CPUs this process may use):
 
 * `attention(q, k, v, bias, heads, kv_heads, head_dim, scale)`: scores, scale, additive bias, softmax and
@@ -8,6 +8,11 @@ built it, threaded over rows or (batch, head, query block) work items on the CPU
   the lowest float everywhere is uniform, as in the NumPy reference; a row of -inf is NaN, as there.
 * `bias_act(x, bias, act)`: `act(x + bias)` over the last axis, `act` one of none, gelu, gelu_tanh, silu, relu.
 * `softmax(x)`: over the last axis.
+* `residual_norm(x, residual, bias, gamma, beta, eps, rms)`: LayerNorm / RMSNorm of `x + residual [+ bias]`.
+* `pack_weights(w)` and `gemm(x, packed, n, bias, residual, act)`: `act(x @ w + bias) + residual` on a weight
+  packed once into column panels (`gemm_tile()` gives the micro-kernel's rows x columns: 6 x 16 on AVX2,
+  12 x 32 on AVX-512); each output sums K products in order, within `K * eps * sum |x w|` of the exact
+  product like BLAS's (`tests/test_gemm.py`). The lowering uses it only with `LoweringOptions(gemm=True)`.
 
 Their transcendentals are `rlxviz.runtime.fast`'s formulas (exp 2e-7 relative, erf 4.2e-7 and tanh
 3.6e-7 absolute), so they agree with the fast-math lowering they replace to float32 rounding.

@@ -260,6 +260,7 @@ class MlxExecutor:
         self._keys.clear()
         self._weights.clear()
         self._static.clear()
+        self.emitter.clear_packed()
 
     # -- running ---------------------------------------------------------------------------------
     def bind(self, graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str, Any] | None = None

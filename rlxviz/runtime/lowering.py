@@ -11,9 +11,11 @@ against the plain decomposition (`tests/test_runtime_lowering.py`):
 * FusedTransformerLayer -> its decomposition traced once into `mx.compile` (`compile_layers`);
 * ElementwiseRegion -> its decomposition traced once into `mx.compile` (`regions="compiled"`);
 * on the CPU in float32, where `rlxviz.kernels` built (`LoweringOptions.kernels`): `attention` as one
-  `RlxvizAttention` kernel, `Emitter.linear_act` as `mx.matmul` + one `RlxvizBiasAct`, and
-  `Emitter.residual_norm` as one `RlxvizResidualLayerNorm` / `RlxvizResidualRmsNorm` (rlxviz's own C++
-  primitives; the unfused versions' matmul / add / GELU / norm nodes keep MLX's kernels).
+  `RlxvizAttention` kernel, `Emitter.linear` / `Emitter.linear_act` as one `RlxvizGemm` (the weight packed
+  once by `RlxvizPackWeights`, the bias and activation applied in the GEMM's store; `LoweringOptions.gemm`),
+  else `mx.matmul` + one `RlxvizBiasAct`, and `Emitter.residual_norm` as one `RlxvizResidualLayerNorm` /
+  `RlxvizResidualRmsNorm` (rlxviz's own C++ primitives; the unfused versions' matmul / add / GELU / norm
+  nodes keep MLX's kernels, so the gain of a fused linear includes a different GEMM than OpenBLAS's).
 
 RLX's MLX-lowering bugs (rlx-notes §4.2–4.5) are fixed in the primitives: the keep mask `[B, Sk]`
 becomes additive (binary: 0 / the dtype's lowest finite value; with `mask_fill`: HF's
@@ -82,6 +84,10 @@ class LoweringOptions:
         kernels: run attention, the bias + activation of fused linears and residual + norm with
             rlxviz's own CPU kernels (`rlxviz.kernels`, float32) when they are available; CPU only.
             Unfused ops keep MLX's.
+        gemm: with `kernels`, run the dense layers of fused ops (`Emitter.linear` / `linear_act`: QKV, output
+            projection, FFN, FusedMatMulBiasAct) as rlxviz's GEMM with the bias + activation in its epilogue
+            and the weight packed once per weight array; False keeps `mx.addmm` / `mx.matmul` (OpenBLAS).
+            CPU default off: it did not beat OpenBLAS end to end where measured (`DEVICE_LOWERING`).
     """
 
     fast_math: bool | None = None
@@ -91,6 +97,7 @@ class LoweringOptions:
     regions: str | None = None
     cpu_streams: int | None = None
     kernels: bool | None = None
+    gemm: bool | None = None
 
     def for_device(self, device: str) -> LoweringOptions:
         """These options with every `None` (or `attention="auto"`) replaced by `device`'s choice.
@@ -133,6 +140,11 @@ DEVICE_LOWERING: dict[str, dict[str, Choice]] = {
         "kernels": Choice(True, "rlxviz's CPU kernels (attention in one pass over K/V per head, bias + GELU, "
                                 "residual + LayerNorm; threaded): MiniLM fully fused, B=8, one thread, 301 vs "
                                 "411 ms CPU time with MLX's lowering (`bench_kernels.py`, load 7, 2026-12-02)"),
+        "gemm": Choice(False, "rlxviz's GEMM ties OpenBLAS on 2 AMD EPYC cores (AVX2), 1 thread: OpenBLAS "
+                              "takes 0.93-1.12x its min CPU time at MiniLM's shapes (`bench_gemm.py`); the fused "
+                              "version's dense layers 320 vs 347 ms per op (profile), but 13-22% more CPU time "
+                              "end to end, B=8 / B=1 (`bench_kernels.py`, load 5-6, 2026-12-02); AVX-512 not "
+                              "measured (docs/performance.md 0.1)"),
     },
     "gpu": {
         "fast_math": Choice(False, "MLX's own GPU kernels: the fast-math formulation ran 1.46x slower than "
@@ -145,6 +157,7 @@ DEVICE_LOWERING: dict[str, dict[str, Choice]] = {
                                     "2.50 ms, issue 12); inline leaves the steps to MLX as in the faster version"),
         "cpu_streams": Choice(1, "row-parallel CPU streams do not apply on the GPU"),
         "kernels": Choice(False, "rlxviz's kernels are CPU code; the GPU keeps MLX's fused kernels"),
+        "gemm": Choice(False, "rlxviz's GEMM is CPU code; the GPU keeps MLX's matmul"),
     },
 }
 """The lowering chosen per device, with the measurement behind each choice. GPU rows come from the
@@ -232,6 +245,7 @@ class MlxEmitter(Emitter[mx.array]):
         """rlxviz's CPU kernels module (`rlxviz.kernels`), None when off, unavailable or not on the CPU."""
         self.kernels_ran: set[str] = set()
         """The rlxviz kernels this emitter has emitted (`attention`, `bias+gelu`, ...), for timing headers."""
+        self._packed: dict[int, tuple[mx.array, mx.array]] = {}
 
     # Emitter interface
     def emit(self, op: Op, inputs: Sequence[mx.array], **attrs: Any) -> mx.array:
@@ -265,11 +279,15 @@ class MlxEmitter(Emitter[mx.array]):
 
     # override: linear
     def linear(self, x: mx.array, w: mx.array, b: mx.array | None = None) -> mx.array:
-        """Override of `Emitter.linear` (matmul, then add): `x @ w + b` as one `mx.addmm`, the BLAS
-        beta=1 epilogue, when there is a bias and the result is float32 (same numbers up to float32
-        rounding of the add). In f16/bf16 it stays matmul, then add: addmm adds the bias to the float32
-        accumulator and rounds once, the unfused graph rounds the matmul and then the sum, so they differ
-        by one ulp in about a quarter of the elements (up to 3e-2 in bf16), which a fused linear must not do."""
+        """Override of `Emitter.linear` (matmul, then add). Where `gemm_applies`: one `RlxvizGemm`, the bias
+        added in the GEMM's store (float32 throughout, as the unfused graph). Else `x @ w + b` as one
+        `mx.addmm`, the BLAS beta=1 epilogue, when there is a bias and the result is float32 (same numbers up
+        to float32 rounding of the add). In f16/bf16 it stays matmul, then add: addmm adds the bias to the
+        float32 accumulator and rounds once, the unfused graph rounds the matmul and then the sum, so they
+        differ by one ulp in about a quarter of the elements (up to 3e-2 in bf16), which a fused linear must
+        not do."""
+        if self.gemm_applies(x, w, b, None):
+            return self.gemm(x, w, b, None)
         if b is None:
             return mx.matmul(x, w)
         if mx.result_type(x, w, b) != mx.float32:
@@ -277,14 +295,49 @@ class MlxEmitter(Emitter[mx.array]):
         return mx.addmm(b, x, w)
 
     def linear_act(self, x: mx.array, w: mx.array, b: mx.array | None, act: str | None) -> mx.array:
-        """Override of `Emitter.linear_act` (`act(x @ w + b)`): where `bias_act_kernel_applies`,
-        `mx.matmul` then rlxviz's `bias_act` CPU kernel (bias add and activation in one pass, the
-        activation in `fast`'s formulas); otherwise `linear`, then the activation's lowering."""
+        """Override of `Emitter.linear_act` (`act(x @ w + b)`): where `gemm_applies`, one `RlxvizGemm` (bias
+        and activation in its store, the activation in `fast`'s formulas); else where
+        `bias_act_kernel_applies`, `mx.matmul` then rlxviz's `bias_act` CPU kernel (bias add and activation
+        in one pass); otherwise `linear`, then the activation's lowering."""
+        if self.gemm_applies(x, w, b, act):
+            return self.gemm(x, w, b, act)
         if self.bias_act_kernel_applies(x, w, b, act):
             self.kernels_ran.add(f"bias+{act}")
             return self.cpu_kernels.bias_act(mx.matmul(x, w), b, act)
         y = self.linear(x, w, b)
         return y if act is None else self.unary(act, y)
+
+    def gemm_applies(self, x: mx.array, w: mx.array, b: mx.array | None, act: str | None) -> bool:
+        """Whether `linear` / `linear_act` run rlxviz's GEMM: kernels loaded and `gemm` on, float32 `x [..., K]`
+        and `w [K, N]`, a bias of rank <= 1 and size 1 or N (or none), and no activation or one the epilogue
+        computes (`KERNEL_ACTS`)."""
+        return (self.cpu_kernels is not None and bool(self.options.gemm) and hasattr(self.cpu_kernels, "gemm")
+                and (act is None or act in KERNEL_ACTS) and x.dtype == w.dtype == mx.float32
+                and w.ndim == 2 and x.ndim >= 1 and x.shape[-1] == w.shape[0] and w.shape[1] > 0
+                and (b is None or (b.dtype == mx.float32 and b.ndim <= 1 and b.size in (1, w.shape[1]))))
+
+    def gemm(self, x: mx.array, w: mx.array, b: mx.array | None, act: str | None) -> mx.array:
+        """`act(x @ w + b)` as one `RlxvizGemm` on `w` packed once (`packed_weight`): `x [..., K]`, `w [K, N]`,
+        `b [N]` or None -> `[..., N]` float32. Each output is a float32 sum over K in another order than
+        BLAS's (both within `K * eps * sum |x w|` of the exact product, `tests/test_kernels.py`)."""
+        self.kernels_ran.add("gemm" + ("+bias" if b is not None else "") + (f"+{act}" if act else ""))
+        return self.cpu_kernels.gemm(x, self.packed_weight(w), int(w.shape[1]), b, None, act or "none")
+
+    def packed_weight(self, w: mx.array) -> mx.array:
+        """`w [K, N]` in the GEMM's panel layout (`RlxvizPackWeights`), packed once per weight array: weights
+        are the same `mx.array` on every call of a program (the executor converts them once), so the lazy
+        packed array is kept here, evaluated with the first call's graph and reused after (`clear_packed`).
+        Keyed by the array's identity; a new array (new weights) is packed anew."""
+        hit = self._packed.get(id(w))
+        if hit is not None and hit[0] is w:
+            return hit[1]
+        packed = self.cpu_kernels.pack_weights(w)
+        self._packed[id(w)] = (w, packed)
+        return packed
+
+    def clear_packed(self) -> None:
+        """Drop the packed weights (`MlxExecutor.clear`)."""
+        self._packed.clear()
 
     def bias_act_kernel_applies(self, x: mx.array, w: mx.array, b: mx.array | None, act: str | None) -> bool:
         """Whether `linear_act` runs the `bias_act` kernel: kernels loaded, an activation it computes,

@@ -2,8 +2,10 @@
 // mlx.core's array type is shared with this module.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 
+#include "gemm.h"
 #include "kernels.h"
 
 namespace nb = nanobind;
@@ -37,6 +39,12 @@ NB_MODULE(_rlxviz_kernels, m) {
   m.def("residual_norm", &rlxviz::residual_norm, "x"_a, "residual"_a, "bias"_a.none(), "gamma"_a, "beta"_a.none(),
         "eps"_a, "rms"_a,
         "norm(x + residual [+ bias]) * gamma [+ beta] over the last axis: LayerNorm, or RMSNorm when rms.");
+  m.def("pack_weights", &rlxviz::pack_weights, "w"_a,
+        "w [K, N] float32 -> packed column panels [ceil(N / nr), K, nr] for gemm (pack a constant once).");
+  m.def("gemm", &rlxviz::gemm, "x"_a, "packed"_a, "n"_a, "bias"_a.none(), "residual"_a.none(), "act"_a,
+        "act(x @ w + bias) + residual, w given as pack_weights(w) with n columns: x [..., K], bias [n] or None, "
+        "residual x.shape[:-1] + [n] or None; act one of none, gelu, gelu_tanh, silu, relu.");
+  m.def("gemm_tile", &rlxviz::gemm_tile, "The micro-kernel's tile (rows, columns) in this build.");
   m.def("softmax", &rlxviz::softmax, "x"_a, "Softmax over the last axis (float32, CPU stream).");
   m.def("set_threads", &rlxviz::set_threads, "n"_a, "Threads the kernels use; n < 1: the CPUs this process may use.");
   m.def("threads", &rlxviz::threads, "Threads the kernels use.");

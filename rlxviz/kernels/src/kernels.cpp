@@ -10,6 +10,8 @@
 #include "mlx/backend/common/utils.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/utils.h"
+#include "common.h"
+#include "gemm_core.h"
 #include "pool.h"
 #include "vmath.h"
 
@@ -18,24 +20,20 @@ namespace rlxviz {
 namespace {
 
 constexpr int kRows = 4;      // query rows per micro-kernel
-constexpr int kCols = 16;     // columns per micro-kernel chunk (one AVX-512 / two AVX2 registers)
+constexpr int kCols = 16;     // columns per micro-kernel chunk (one AVX-512 / two AVX2 / four SSE registers)
 constexpr int kKeyTile = 128;  // keys per score tile (online softmax across tiles)
 constexpr int kQueryBlock = 32;  // queries per work item
 
 int round_up(int n, int m) { return (n + m - 1) / m * m; }
 
-void check_cpu(const mx::Stream& s, const char* what) {
-  if (s.device != mx::Device::cpu) throw std::invalid_argument(std::string("[rlxviz.") + what + "] CPU only");
-}
-
-void check_f32(const mx::array& a, const char* what) {
-  if (a.dtype() != mx::float32) throw std::invalid_argument(std::string("[rlxviz.") + what + "] float32 only");
-}
-
-// GCC/Clang vector extension: kCols floats, lowered to the widest registers -march allows (one zmm,
-// two ymm, four xmm), so the micro-kernels' accumulators stay in registers on every ISA.
-typedef float vf __attribute__((vector_size(kCols * sizeof(float))));
-typedef float vfu __attribute__((vector_size(kCols * sizeof(float)), aligned(sizeof(float))));
+// GCC/Clang vector extension at the width of the registers -march allows (kVec floats: one zmm, one ymm, one
+// xmm); a chunk of kCols columns is kParts of them. (A kCols-wide vector type is not lowered to registers
+// where it is wider than the ISA's: on AVX2 GCC 12 spilled every accumulator to the stack.)
+constexpr int kVec = gemm_core::kGemmVec;
+constexpr int kParts = kCols / kVec;
+static_assert(kCols % kVec == 0, "a chunk is whole registers");
+typedef float vf __attribute__((vector_size(kVec * sizeof(float))));
+typedef float vfu __attribute__((vector_size(kVec * sizeof(float)), aligned(sizeof(float))));
 inline vf load(const float* p) { return *reinterpret_cast<const vfu*>(p); }
 inline void store(float* p, vf v) { *reinterpret_cast<vfu*>(p) = v; }
 static_assert(kRows == 4, "the micro-kernels hold four accumulator rows");
@@ -44,18 +42,23 @@ static_assert(kRows == 4, "the micro-kernels hold four accumulator rows");
 inline void scores_block(const float* __restrict q, int d, const float* __restrict kt, int ldk,
                          float* __restrict s, int lds, int ncols) {
   for (int j0 = 0; j0 < ncols; j0 += kCols) {
-    vf a0 = {}, a1 = {}, a2 = {}, a3 = {};
+    vf acc[kRows][kParts];
+#pragma GCC unroll 16
+    for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 16
+      for (int h = 0; h < kParts; ++h) acc[r][h] = vf{};
     for (int c = 0; c < d; ++c) {
-      const vf kv = load(kt + static_cast<size_t>(c) * ldk + j0);
-      a0 += q[c] * kv;
-      a1 += q[d + c] * kv;
-      a2 += q[2 * d + c] * kv;
-      a3 += q[3 * d + c] * kv;
+#pragma GCC unroll 16
+      for (int h = 0; h < kParts; ++h) {
+        const vf kv = load(kt + static_cast<size_t>(c) * ldk + j0 + h * kVec);
+#pragma GCC unroll 16
+        for (int r = 0; r < kRows; ++r) acc[r][h] += q[r * d + c] * kv;
+      }
     }
-    store(s + j0, a0);
-    store(s + lds + j0, a1);
-    store(s + 2 * lds + j0, a2);
-    store(s + 3 * lds + j0, a3);
+#pragma GCC unroll 16
+    for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 16
+      for (int h = 0; h < kParts; ++h) store(s + r * lds + j0 + h * kVec, acc[r][h]);
   }
 }
 
@@ -63,18 +66,23 @@ inline void scores_block(const float* __restrict q, int d, const float* __restri
 inline void pv_block(const float* __restrict p, int ldp, int n, const float* __restrict v, int dp,
                      float* __restrict o) {
   for (int c0 = 0; c0 < dp; c0 += kCols) {
-    vf a0 = load(o + c0), a1 = load(o + dp + c0), a2 = load(o + 2 * dp + c0), a3 = load(o + 3 * dp + c0);
+    vf acc[kRows][kParts];
+#pragma GCC unroll 16
+    for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 16
+      for (int h = 0; h < kParts; ++h) acc[r][h] = load(o + r * dp + c0 + h * kVec);
     for (int j = 0; j < n; ++j) {
-      const vf vv = load(v + static_cast<size_t>(j) * dp + c0);
-      a0 += p[j] * vv;
-      a1 += p[ldp + j] * vv;
-      a2 += p[2 * ldp + j] * vv;
-      a3 += p[3 * ldp + j] * vv;
+#pragma GCC unroll 16
+      for (int h = 0; h < kParts; ++h) {
+        const vf vv = load(v + static_cast<size_t>(j) * dp + c0 + h * kVec);
+#pragma GCC unroll 16
+        for (int r = 0; r < kRows; ++r) acc[r][h] += p[r * ldp + j] * vv;
+      }
     }
-    store(o + c0, a0);
-    store(o + dp + c0, a1);
-    store(o + 2 * dp + c0, a2);
-    store(o + 3 * dp + c0, a3);
+#pragma GCC unroll 16
+    for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 16
+      for (int h = 0; h < kParts; ++h) store(o + r * dp + c0 + h * kVec, acc[r][h]);
   }
 }
 
@@ -168,15 +176,6 @@ void attention_item(const AttentionArgs& a, int b, int h, int i0, int i1) {
 }
 
 template <Act A>
-inline float act(float x) {
-  if constexpr (A == Act::gelu) return vm::gelu(x);
-  else if constexpr (A == Act::gelu_tanh) return vm::gelu_tanh(x);
-  else if constexpr (A == Act::silu) return vm::silu(x);
-  else if constexpr (A == Act::relu) return vm::relu(x);
-  else return x;
-}
-
-template <Act A>
 void bias_act_rows(const float* __restrict x, const float* __restrict bias, float* __restrict y, int64_t r0,
                    int64_t r1, int64_t n) {
   for (int64_t r = r0; r < r1; ++r) {
@@ -246,29 +245,6 @@ void for_row_chunks(int64_t rows, int64_t n, const std::function<void(int64_t, i
   Pool::get().parallel_for(static_cast<int>(chunks), [&](int c) {
     f(rows * c / chunks, rows * (c + 1) / chunks);
   });
-}
-
-// A row-contiguous float32 view of `in`: `in` itself, or a buffer allocated here that `fill()` (run on
-// the stream's thread, when the input is computed) fills from the strided view.
-struct Rows {
-  mx::array arr;
-  bool copy = false;
-  const float* data() const { return arr.data<float>(); }
-};
-
-Rows contiguous_rows(const mx::array& in) {
-  if (in.flags().row_contiguous) return {in, false};
-  mx::array c(in.shape(), in.dtype(), nullptr, {});
-  c.set_data(mx::allocator::malloc(c.nbytes()));
-  return {c, true};
-}
-
-void fill(const mx::array& in, const Rows& rows) {
-  if (!rows.copy) return;
-  const float* src = in.data<float>();
-  float* dst = const_cast<float*>(rows.data());
-  for (size_t i = 0; i < in.size(); ++i)
-    dst[i] = src[mx::elem_to_loc(static_cast<int64_t>(i), in.shape(), in.strides())];
 }
 
 // `out` backed by `in`'s buffer when MLX allows (donation: no new allocation), else a new buffer.
@@ -361,13 +337,7 @@ bool Attention::is_equivalent(const mx::Primitive& other) const {
 
 // ---- bias + activation ------------------------------------------------------------------------------------
 mx::array bias_act(const mx::array& x, const std::optional<mx::array>& bias, const std::string& act) {
-  Act a;
-  if (act == "none") a = Act::none;
-  else if (act == "gelu") a = Act::gelu;
-  else if (act == "gelu_tanh") a = Act::gelu_tanh;
-  else if (act == "silu") a = Act::silu;
-  else if (act == "relu") a = Act::relu;
-  else throw std::invalid_argument("[rlxviz.bias_act] unknown activation " + act);
+  const Act a = parse_act(act, "bias_act");
   check_f32(x, "bias_act");
   if (x.ndim() < 1) throw std::invalid_argument("[rlxviz.bias_act] x must have at least one axis");
   auto s = mx::to_stream({});

@@ -11,13 +11,12 @@
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "act.h"
 
 namespace rlxviz {
 
 namespace mx = mlx::core;
 
-// Activation applied by bias_act, by name in Python ("none", "gelu", "gelu_tanh", "silu", "relu").
-enum class Act { none, gelu, gelu_tanh, silu, relu };
 
 // Attention on packed heads: q [B, Sq, heads*head_dim], k/v [B, Sk, kv_heads*head_dim], bias broadcast
 // to [B, heads, Sq, Sk] (additive, any strides) or none -> [B, Sq, heads*head_dim]. Query head h reads

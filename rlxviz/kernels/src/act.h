@@ -1,0 +1,20 @@
+// The activations rlxviz's kernels apply in their epilogues, in vmath.h's formulas.
+#pragma once
+
+#include "vmath.h"
+
+namespace rlxviz {
+
+// Activation applied by bias_act / gemm, by name in Python ("none", "gelu", "gelu_tanh", "silu", "relu").
+enum class Act { none, gelu, gelu_tanh, silu, relu };
+
+template <Act A>
+inline float act(float x) {
+  if constexpr (A == Act::gelu) return vm::gelu(x);
+  else if constexpr (A == Act::gelu_tanh) return vm::gelu_tanh(x);
+  else if constexpr (A == Act::silu) return vm::silu(x);
+  else if constexpr (A == Act::relu) return vm::relu(x);
+  else return x;
+}
+
+}  // namespace rlxviz

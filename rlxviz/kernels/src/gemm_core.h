@@ -1,0 +1,205 @@
+// The GEMM's blocking, micro-kernel and epilogue, free of MLX (gemm.cpp wraps them as primitives), so that they
+// can be compiled and timed alone. See gemm.cpp for the loop order and the numerics.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "act.h"
+#include "pool.h"
+
+namespace rlxviz {
+namespace gemm_core {
+
+#if defined(__AVX512F__)
+constexpr int kGemmVec = 16;  // floats per vector register (zmm)
+constexpr int kGemmMR = 12;   // 12 x 32 tile: 24 accumulators + 2 B vectors + 1 broadcast of 32 registers
+#elif defined(__AVX2__) || defined(__AVX__)
+constexpr int kGemmVec = 8;  // ymm
+constexpr int kGemmMR = 6;   // 6 x 16 tile: 12 accumulators + 2 B vectors + 1 broadcast of 16 registers
+#else
+constexpr int kGemmVec = 4;  // xmm / NEON
+constexpr int kGemmMR = 6;
+#endif
+constexpr int kGemmNR = 2 * kGemmVec;  // columns per packed panel
+
+
+constexpr int kMR = kGemmMR, kNR = kGemmNR, kVec = kGemmVec;
+// Block sizes (overridable to tune them with a stand-alone build of this header): kKC 256 / kMC 16 groups /
+// all panels per item measured best of {128, 256, 384, 512} x {8, 16, 32} x {8, all} on 2 AMD EPYC cores
+// (AVX2) at MiniLM's shapes, 1 thread: 59-80 GFLOP/s with 8 panels per item, 77-86 with all.
+#ifndef RLXVIZ_GEMM_KC
+#define RLXVIZ_GEMM_KC 256
+#define RLXVIZ_GEMM_MC_GROUPS 16
+#define RLXVIZ_GEMM_PANELS (1 << 20)
+#endif
+constexpr int kKC = RLXVIZ_GEMM_KC;                  // reduction block: kKC * kNR * 4 bytes of B per panel slice
+constexpr int kMC = RLXVIZ_GEMM_MC_GROUPS * kMR;     // rows per work item at most (A block kMC x kKC in L2)
+constexpr int kPanels = RLXVIZ_GEMM_PANELS;          // packed panels per work item at most (all: B streams from L3)
+
+typedef float vec __attribute__((vector_size(kVec * sizeof(float))));
+typedef float vecu __attribute__((vector_size(kVec * sizeof(float)), aligned(sizeof(float))));
+inline vec vload(const float* p) { return *reinterpret_cast<const vecu*>(p); }
+inline void vstore(float* p, vec v) { *reinterpret_cast<vecu*>(p) = v; }
+
+// c[i][0:kNR] (+)= sum_k a[k][i] * b[k][0:kNR], i < kMR: a is kMR-interleaved [kc][kMR], b one panel slice
+// [kc][kNR], c row stride ldc. The accumulators live in registers (the loops over i unroll fully).
+inline void micro_kernel(const float* __restrict a, const float* __restrict b, int kc, float* __restrict c,
+                         int64_t ldc, bool accumulate) {
+  vec acc0[kMR], acc1[kMR];
+#pragma GCC unroll 16
+  for (int i = 0; i < kMR; ++i) {
+    acc0[i] = accumulate ? vload(c + i * ldc) : vec{};
+    acc1[i] = accumulate ? vload(c + i * ldc + kVec) : vec{};
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < kc; ++k) {
+    const vec b0 = vload(b + k * kNR), b1 = vload(b + k * kNR + kVec);
+    const float* ak = a + k * kMR;
+#pragma GCC unroll 16
+    for (int i = 0; i < kMR; ++i) {
+      acc0[i] += ak[i] * b0;
+      acc1[i] += ak[i] * b1;
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < kMR; ++i) {
+    vstore(c + i * ldc, acc0[i]);
+    vstore(c + i * ldc + kVec, acc1[i]);
+  }
+}
+
+// y[0:n] = act(y + bias) + res over one row of a tile (bias / res may be null).
+template <Act A>
+inline void epilogue_row(float* __restrict y, const float* __restrict bias, const float* __restrict res, int n) {
+  if (bias && res) {
+#pragma omp simd
+    for (int j = 0; j < n; ++j) y[j] = act<A>(y[j] + bias[j]) + res[j];
+  } else if (bias) {
+#pragma omp simd
+    for (int j = 0; j < n; ++j) y[j] = act<A>(y[j] + bias[j]);
+  } else if (res) {
+#pragma omp simd
+    for (int j = 0; j < n; ++j) y[j] = act<A>(y[j]) + res[j];
+  } else if constexpr (A != Act::none) {
+#pragma omp simd
+    for (int j = 0; j < n; ++j) y[j] = act<A>(y[j]);
+  }
+}
+
+inline void epilogue_row(Act a, float* y, const float* bias, const float* res, int n) {
+  switch (a) {
+    case Act::gelu: return epilogue_row<Act::gelu>(y, bias, res, n);
+    case Act::gelu_tanh: return epilogue_row<Act::gelu_tanh>(y, bias, res, n);
+    case Act::silu: return epilogue_row<Act::silu>(y, bias, res, n);
+    case Act::relu: return epilogue_row<Act::relu>(y, bias, res, n);
+    case Act::none: return epilogue_row<Act::none>(y, bias, res, n);
+  }
+}
+
+// w [k, n] (element (kk, j) at w[kk * s0 + j * s1]) -> panels [ceil(n / kNR)][k][kNR], columns past n zero.
+inline void pack_panels(const float* w, int64_t s0, int64_t s1, int k, int n, float* dst) {
+  const int panels = (n + kNR - 1) / kNR;
+  for (int p = 0; p < panels; ++p)
+    for (int kk = 0; kk < k; ++kk) {
+      float* row = dst + (static_cast<int64_t>(p) * k + kk) * kNR;
+      for (int j = 0; j < kNR; ++j) {
+        const int col = p * kNR + j;
+        row[j] = col < n ? w[kk * s0 + col * s1] : 0.0f;
+      }
+    }
+}
+
+struct GemmArgs {
+  const float *a, *b, *bias, *res;  // a: element (m, k) at a[m * rs + k * cs]; b packed; res [M, N] rows
+  float* out;                       // [M, N] rows
+  int64_t rs, cs;
+  int m, n, k, panels;
+  Act act;
+};
+
+// Rows [m0, m1) x packed panels [p0, p1).
+inline void gemm_item(const GemmArgs& g, int m0, int m1, int p0, int p1) {
+  thread_local std::vector<float> apack;
+  const int rows = m1 - m0, groups = (rows + kMR - 1) / kMR;
+  const int kblocks = (g.k + kKC - 1) / kKC, kc_max = (g.k + kblocks - 1) / kblocks;
+  apack.resize(static_cast<size_t>(groups) * kMR * kc_max);
+  float tile[kMR * kNR];
+  for (int kb = 0; kb < kblocks; ++kb) {
+    const int k0 = static_cast<int>(static_cast<int64_t>(g.k) * kb / kblocks);
+    const int kc = static_cast<int>(static_cast<int64_t>(g.k) * (kb + 1) / kblocks) - k0;
+    const bool first = kb == 0, last = kb == kblocks - 1;
+    for (int gi = 0; gi < groups; ++gi) {  // pack A[m0 + gi*kMR .., k0 .. k0+kc) kMR-interleaved, zero rows past m1
+      float* dst = apack.data() + static_cast<size_t>(gi) * kMR * kc;
+      for (int i = 0; i < kMR; ++i) {
+        const int r = m0 + gi * kMR + i;
+        if (r < m1) {
+          const float* src = g.a + r * g.rs + k0 * g.cs;
+          if (g.cs == 1) {
+            for (int kk = 0; kk < kc; ++kk) dst[kk * kMR + i] = src[kk];
+          } else {
+            for (int kk = 0; kk < kc; ++kk) dst[kk * kMR + i] = src[kk * g.cs];
+          }
+        } else {
+          for (int kk = 0; kk < kc; ++kk) dst[kk * kMR + i] = 0.0f;
+        }
+      }
+    }
+    for (int p = p0; p < p1; ++p) {
+      const float* bp = g.b + (static_cast<int64_t>(p) * g.k + k0) * kNR;
+      const int j0 = p * kNR, nv = std::min(kNR, g.n - j0);
+      for (int gi = 0; gi < groups; ++gi) {
+        const int r0 = m0 + gi * kMR, mv = std::min(kMR, m1 - r0);
+        const float* ap = apack.data() + static_cast<size_t>(gi) * kMR * kc;
+        float* c = g.out + static_cast<int64_t>(r0) * g.n + j0;
+        if (mv == kMR && nv == kNR) {
+          micro_kernel(ap, bp, kc, c, g.n, !first);
+        } else {  // an edge tile: through a full-size scratch tile, only the valid part copied back
+          if (!first)
+            for (int i = 0; i < mv; ++i) std::memcpy(tile + i * kNR, c + static_cast<int64_t>(i) * g.n, nv * sizeof(float));
+          micro_kernel(ap, bp, kc, tile, kNR, !first);
+          for (int i = 0; i < mv; ++i) std::memcpy(c + static_cast<int64_t>(i) * g.n, tile + i * kNR, nv * sizeof(float));
+        }
+        if (last && (g.bias || g.res || g.act != Act::none)) {
+          for (int i = 0; i < mv; ++i) {
+            const int64_t row = static_cast<int64_t>(r0 + i) * g.n;
+            epilogue_row(g.act, g.out + row + j0, g.bias ? g.bias + j0 : nullptr, g.res ? g.res + row + j0 : nullptr,
+                         nv);
+          }
+        }
+      }
+    }
+  }
+}
+
+inline void run_gemm(const GemmArgs& g) {
+  if (g.m == 0 || g.n == 0) return;
+  if (g.k == 0) {  // an empty sum: the epilogue on zeros
+    std::fill(g.out, g.out + static_cast<int64_t>(g.m) * g.n, 0.0f);
+    for (int i = 0; i < g.m; ++i) {
+      const int64_t row = static_cast<int64_t>(i) * g.n;
+      epilogue_row(g.act, g.out + row, g.bias, g.res ? g.res + row : nullptr, g.n);
+    }
+    return;
+  }
+  // Work items: row blocks (balanced, multiples of kMR, at most kMC, their count a multiple of the threads
+  // where there are rows enough) x panel blocks (at most kPanels), and more panel blocks while there are
+  // fewer than 2 items per thread.
+  const int threads = Pool::get().threads(), groups = (g.m + kMR - 1) / kMR;
+  int rblocks = (g.m + kMC - 1) / kMC;
+  rblocks = std::min(groups, (rblocks + threads - 1) / threads * threads);
+  const int mc = (groups + rblocks - 1) / rblocks * kMR;
+  const int rb = (g.m + mc - 1) / mc;
+  int pblocks = (g.panels + kPanels - 1) / kPanels;
+  while (rb * pblocks < 2 * threads && pblocks < g.panels) ++pblocks;
+  Pool::get().parallel_for(rb * pblocks, [&](int it) {
+    const int r = it / pblocks, p = it % pblocks;
+    gemm_item(g, r * mc, std::min(g.m, (r + 1) * mc), g.panels * p / pblocks, g.panels * (p + 1) / pblocks);
+  });
+}
+
+}  // namespace gemm_core
+
+}  // namespace rlxviz
