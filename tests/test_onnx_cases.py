@@ -95,3 +95,25 @@ def test_a_seq_past_a_computed_position_table_is_one_line(capsys):
     code, _, err = run(capsys, "explain", CASES / "roberta.onnx", "--batch", "1", "--seq", "128")
     assert code == 2
     one_line_error(err, "explain", "index values 1..128 lie outside the 64 rows of")
+
+
+def test_torchscript_sdpa_guard_with_an_infinite_fill_packs_and_keeps_fully_masked_rows_zero():
+    """TorchScript's sdpa export masks with `where(m, 0, -inf)` (as `[1]` tensors) and guards the softmax with
+    `where(isnan(p), [0], p)`: a fully masked query row (left padding under the causal mask) is 0 there, not NaN.
+    `canonicalize_exported.nan_guard_moved` moves the guard after the head merge, so the attention packs, and every
+    version keeps those rows' numbers (checked against ONNX Runtime on the file, reference and MLX)."""
+    import onnxruntime as ort
+
+    m, feeds, _ = _load("gpt-neox.legacy-sdpa")
+    trace = Pipeline.canonical().run(m.graph)
+    assert [n.op.value for n in trace.final if n.op.value == "attention"] == ["attention"] * 2
+    assert any(mt.rule == "canonicalize_exported.nan_guard_moved" for s in trace.steps for mt in s.matches)
+    left = {**feeds, "attention_mask": np.array([[0, 0, 0, 1, 1, 1, 1, 1], [1] * 8], dtype=np.int64)}
+    (want,) = ort.InferenceSession(str(CASES / "gpt-neox.legacy-sdpa.onnx"),
+                                   providers=["CPUExecutionProvider"]).run(None, left)
+    assert np.isfinite(want).all()
+    exact, fast = MlxExecutor(LoweringOptions(fast_math=False)), MlxExecutor()  # fast: rlxviz's CPU kernels
+    for _, g in trace.versions():
+        np.testing.assert_allclose(run_reference(g, left, m.weights)[0], want, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(np.asarray(exact.run(g, left, m.weights)[0]), want, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(np.asarray(fast.run(g, left, m.weights)[0]), want, atol=1e-4, rtol=0)

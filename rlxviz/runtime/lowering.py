@@ -39,6 +39,7 @@ from .. import kernels
 from ..ir import DType, Emitter, Node, Op, format_node
 from ..ir.emitter import normalize_attrs
 from ..ir.fused import DECOMPOSITIONS, expand
+from ..ir.identity import IdentityMap
 from ..ir.infer import parse_step
 from ..ir.ops import FUSED_REGION_OPS
 from . import fast
@@ -245,7 +246,7 @@ class MlxEmitter(Emitter[mx.array]):
         """rlxviz's CPU kernels module (`rlxviz.kernels`), None when off, unavailable or not on the CPU."""
         self.kernels_ran: set[str] = set()
         """The rlxviz kernels this emitter has emitted (`attention`, `bias+gelu`, ...), for timing headers."""
-        self._packed: dict[int, tuple[mx.array, mx.array]] = {}
+        self._packed: IdentityMap[mx.array, mx.array] = IdentityMap()
 
     # Emitter interface
     def emit(self, op: Op, inputs: Sequence[mx.array], **attrs: Any) -> mx.array:
@@ -328,12 +329,10 @@ class MlxEmitter(Emitter[mx.array]):
         are the same `mx.array` on every call of a program (the executor converts them once), so the lazy
         packed array is kept here, evaluated with the first call's graph and reused after (`clear_packed`).
         Keyed by the array's identity; a new array (new weights) is packed anew."""
-        hit = self._packed.get(id(w))
-        if hit is not None and hit[0] is w:
-            return hit[1]
-        packed = self.cpu_kernels.pack_weights(w)
-        self._packed[id(w)] = (w, packed)
-        return packed
+        hit = self._packed.get(w)
+        if hit is None:
+            hit = self._packed[w] = self.cpu_kernels.pack_weights(w)
+        return hit
 
     def clear_packed(self) -> None:
         """Drop the packed weights (`MlxExecutor.clear`)."""

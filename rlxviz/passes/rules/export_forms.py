@@ -18,6 +18,13 @@ no match record, no near-miss, nothing to toggle) is a rule here, at the head of
   denominator is >= 1 and no output is NaN. Inputs are finite (every front end checks them) and the exporters'
   masks fill with f32's min, so the guard `scores_finite` refuses only a constant fill of -inf/+inf/NaN among
   the nodes computing `s` (there a fully masked row is NaN and the guard gives 0: the rewrite would change it).
+* `canonicalize_exported.nan_guard_moved`: the same guard where the scores do read a -inf fill (TorchScript's sdpa
+  export: `where(m, [0], [-inf])`, its 0 a `[1]` tensor) and `P @ V` reads it -> `where(isnan(o), 0, o)` after the
+  head merge `o = merge(softmax(s) @ v)`, so the attention packs. Exact for finite Q, K, V: a row that is not fully
+  masked has a finite max, so its softmax and `P @ V` are finite and both forms pass them unchanged; a fully masked
+  row is NaN in every softmax entry, the guard makes it 0 and `0 @ V` is +0 in each of the row's outputs, where the
+  unguarded product is NaN in exactly those outputs, which the moved guard makes +0; the merge's transpose and
+  reshape carry each element unchanged.
 (torch's sdpa split scale, `(q * sqrt(s)) @ (k^T * sqrt(s))`, needs no rule here: `fuse_sdpa.hoist_scale` moves
 K's scale next to its head split, bit-exact, and `fuse_sdpa` folds both pre-scales into the attention's scale.)
 
@@ -86,6 +93,27 @@ RSQRT = Rule(
     doc="1 / sqrt(y) -> rsqrt(y)")
 
 
+def _values(node: Node) -> tuple[float, ...] | None:
+    """Every entry of a const node (a scalar, or the tuple a small constant holds, e.g. `[0.0]`), else None."""
+    if node.op != Op.CONST:
+        return None
+    v = node.attrs.get("value")
+    vals = v if isinstance(v, tuple) else (v,)
+    try:
+        return tuple(float(x) for x in vals)
+    except (TypeError, ValueError):
+        return None
+
+
+def _zero_fill(node: Node) -> bool:
+    """The constant 0 as a scalar or a one-element `[1]` tensor (TorchScript writes `[0.0]`): where it fills a rank
+    >= 1 value it broadcasts to that value's shape either way."""
+    return _values(node) == (0.0,) and node.rank <= 1
+
+
+_zero_fill.__doc__ = "the constant 0"
+
+
 def _fills_ok(c: Ctx) -> bool:
     return const_value(c["zero"]) == 0.0 and const_value(c["fill"]) == F32_MIN
 
@@ -141,9 +169,9 @@ def _nonfinite_const(g: Graph, root: int) -> int | None:
             continue
         seen.add(i)
         n = g[i]
-        if is_const(n):
-            v = const_value(n)
-            if v is not None and not math.isfinite(v):
+        if n.op == Op.CONST:  # a scalar or a small tensor constant (`[-inf]` from TorchScript)
+            vals = _values(n)
+            if vals is not None and not all(math.isfinite(v) for v in vals):
                 return i
             continue
         if n.op in (Op.MATMUL, Op.INPUT, Op.PARAM, Op.CONST):
@@ -179,6 +207,54 @@ def _drop_guard(c: Ctx, rw: Rewriter) -> int:
     rw.remove([c.id("isnan")])
     rw.replace(c.id("guard"), c.id("p"))
     return c.id("p")
+
+
+_MERGE_STEPS = 3
+"""Movement ops followed from `P @ V` (the head merge: transpose, reshape; a few at most)."""
+
+
+def _merge_chain(g: Graph, i: int) -> list[int]:
+    """The head merge reading node i: its single-reader transposes / reshapes, in order (none is a graph output)."""
+    chain: list[int] = []
+    while len(chain) < _MERGE_STEPS and not g.is_output(i) and g.use_count(i) == 1:
+        (user,) = g.users(i)
+        if user.op not in (Op.TRANSPOSE, Op.RESHAPE):
+            break
+        chain.append(user.id)
+        i = user.id
+    return chain
+
+
+@reports(reads=("p",))
+def _nonfinite_scores(c: Ctx) -> Fail | None:
+    """Scores with a non-finite constant (a -inf fill) are this form; finite ones are `nan_guard`'s."""
+    return None if _nonfinite_const(c.graph, c["p"].inputs[0]) is not None else QUIET
+
+
+NAN_GUARD_MOVED = Rule(
+    "canonicalize_exported.nan_guard_moved",
+    P(Op.MATMUL, P(Op.WHERE, P(Op.ISNAN, P.var("p"), name="isnan"),
+                   P.var("zero", where=_zero_fill, what="the constant 0"), P.var("p2"), name="guard"),
+      P.var("v"), name="pv"),
+    steps=(_guards_the_softmax, _nonfinite_scores),
+    result="pv", absorb=("isnan", "guard", "pv"),
+    rewrite=lambda c, rw: _guard_after_merge(c, rw),
+    doc="where(isnan(softmax(s)), 0, softmax(s)) @ v -> where(isnan(o), 0, o), o = softmax(s) @ v (head merge "
+        "in between)")
+
+
+def _guard_after_merge(c: Ctx, rw: Rewriter) -> int:
+    g = c.graph
+    chain = _merge_chain(g, c.id("pv"))
+    with rw.provenance([c.id("isnan"), c.id("guard"), c.id("pv"), *chain]):
+        out = rw.emit(Op.MATMUL, [c.id("p"), c.id("v")])
+        for i in chain:
+            out = rw.emit(g[i].op, [out], **g[i].attrs)
+        fixed = rw.emit(Op.WHERE, [rw.emit(Op.ISNAN, [out]), c.id("zero"), out])
+    last = chain[-1] if chain else c.id("pv")
+    rw.remove([c.id("isnan"), c.id("guard"), *([c.id("pv")] + chain)[:-1]])
+    rw.replace(last, fixed)
+    return fixed
 
 
 def _batch_fold(c: Ctx) -> bool:
@@ -318,10 +394,11 @@ NOOP_CAST = Rule(
 
 
 canonicalize_exported = rule_pass(
-    "canonicalize_exported", [SILU, RSQRT, WHERE_BIAS, NAN_GUARD, FOLDED_TRANSPOSE, BIAS_THEN_MASK,
+    "canonicalize_exported", [SILU, RSQRT, WHERE_BIAS, NAN_GUARD, NAN_GUARD_MOVED, FOLDED_TRANSPOSE, BIAS_THEN_MASK,
                               INVERTED_WHERE, NOOP_CAST],
     "forms exporters write (x*sigmoid(x), 1/sqrt, the padding-mask sum, the sdpa NaN guard, its folded transpose, "
     "T5's bias then mask, an inverted where, no-op casts) -> the IR's ops")
 
-__all__ = ["BIAS_THEN_MASK", "FOLDED_TRANSPOSE", "INVERTED_WHERE", "NAN_GUARD", "NOOP_CAST", "RSQRT", "SILU",
+__all__ = ["BIAS_THEN_MASK", "FOLDED_TRANSPOSE", "INVERTED_WHERE", "NAN_GUARD", "NAN_GUARD_MOVED", "NOOP_CAST", "RSQRT",
+           "SILU",
            "WHERE_BIAS", "canonicalize_exported"]
