@@ -26,11 +26,12 @@ def test_views_cost_the_storage_under_them_and_an_input_is_read_once():
         ("Slice", [arr("z", 2, 3, 4)], [arr("s", 2, 1, 4)]),  # a slice costs the slice
         ("Exp", [arr("s", 2, 1, 4)], [arr("e", 2, 1, 4)]),
         ("AddMM", [arr("a", 3, 5), arr("w", 5, 4), arr("b", 4)], [arr("o", 3, 4)]),
+        ("Gather", [arr("table", 1000, 8), arr("ids", 1, 3)], [arr("rows", 1, 3, 1, 8)]),  # reads 3 rows of 1000
     ]
     moved = tape_bytes(records, "cpu")
-    assert [k.name for k in moved.kernels] == ["Add", "Multiply", "Exp", "AddMM"]  # views are not kernels
+    assert [k.name for k in moved.kernels] == ["Add", "Multiply", "Exp", "AddMM", "Gather"]  # views are not kernels
     assert [(k.read, k.written) for k in moved.kernels] == [
-        ((24 + 4) * F, 24 * F), (24 * F, 24 * F), (8 * F, 8 * F), ((15 + 20 + 4) * F, 12 * F)]
+        ((24 + 4) * F, 24 * F), (24 * F, 24 * F), (8 * F, 8 * F), ((15 + 20 + 4) * F, 12 * F), ((24 + 3) * F, 24 * F)]
     assert moved.modelled == MODELLED_EXTRA[("cpu", "AddMM")] * 12 * F  # CPU AddMM's bias pre-fill, a model
     assert tape_bytes(records, "gpu").modelled == 0
     assert moved.total == moved.read + moved.written + moved.modelled
@@ -113,3 +114,15 @@ def test_roofline_reads_version_bytes_from_mlx_when_given_inputs():
     assert [r.bytes for r in read] == [p.program.bytes.total for p in prims]
     assert {r.bytes_source for r in read} == {"MLX's graph"} and {r.bytes_source for r in model} == {"model"}
     assert [r.flops for r in read] == [r.flops for r in model]  # FLOPs come from the graph either way
+
+
+def test_a_compiled_function_called_twice_is_two_kernels():
+    """mx.compile reuses one Primitive object per call of a compiled function: the walk must not merge the calls."""
+    import mlx.core as mx
+
+    f = mx.compile(lambda x: mx.exp(x) * 2 + 1)
+    a = mx.ones((4, 8))
+    mx.eval(a)
+    moved = program_bytes_of(lambda x: [f(f(x))], [a], "cpu")
+    assert [k.name.startswith("Compiled") for k in moved.kernels] == [True, True]
+    assert moved.read == 2 * 4 * 8 * F + 2 * 2 * F and moved.written == 2 * 4 * 8 * F  # + the two scalar constants

@@ -40,6 +40,9 @@ lets BLAS read and rewrite it (beta = 1): one more write and one more read of th
 `inputs -> output`. A **model** of MLX's source (`mlx/backend/cpu/matmul.cpp`), kept apart
 (`ProgramBytes.modelled`) from the bytes read off the graph."""
 
+GATHERS = frozenset({"Gather", "GatherAxis"})
+"""Primitives whose first input (the table) is read only where the indices point (`ProgramBytes`)."""
+
 _PRIMITIVE = re.compile(r'\[label ="([^"]+)", shape=rectangle\]')
 
 
@@ -67,7 +70,9 @@ class ProgramBytes:
     Conventions: every non-view primitive (`VIEWS`) is one kernel that reads each distinct input once and
     writes each output once (its compulsory traffic: caches and in-kernel re-reads are not seen); a view
     moves nothing, and reading through it costs at most the storage under it (a `Broadcast` bias of `[N]`
-    read as `[B, S, N]` costs `N` elements; a `Slice` costs the slice). Evaluated arguments (inputs,
+    read as `[B, S, N]` costs `N` elements; a `Slice` costs the slice); a gather (`GATHERS`) reads the rows it
+    takes, at most its output's bytes of its table (an embedding lookup does not read the whole vocabulary).
+    Evaluated arguments (inputs,
     weights) and constants are leaves: read by the kernels that use them, never written.
 
     Attributes:
@@ -135,9 +140,10 @@ def tape_bytes(records: list[TapeRecord], device: str, source: str = "test",
                 storage[a[0]] = min(a[3], src)
             continue
         seen: dict[Any, int] = {}
-        for a in ins:
-            seen.setdefault(a[0], storage.get(a[0], a[3]))
         written = sum(a[3] for a in outs)
+        for k, a in enumerate(ins):
+            cost = storage.get(a[0], a[3])
+            seen.setdefault(a[0], min(cost, written) if k == 0 and name in GATHERS else cost)
         for a in outs:
             storage[a[0]] = a[3]
         extra = MODELLED_EXTRA.get((device, name), 0) * written
@@ -290,6 +296,6 @@ def format_primitives(rows: list[VersionPrimitives]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MODELLED_EXTRA", "VIEWS", "KernelBytes", "ProgramBytes", "ProgramPrimitives", "program_bytes_of",
+__all__ = ["GATHERS", "MODELLED_EXTRA", "VIEWS", "KernelBytes", "ProgramBytes", "ProgramPrimitives", "program_bytes_of",
            "tape_bytes", "VersionPrimitives", "dot_primitives", "format_primitives",
            "mlx_primitives", "version_primitives"]

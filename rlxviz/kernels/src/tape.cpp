@@ -24,9 +24,12 @@ nb::tuple array_record(const mx::array& a) {
 
 nb::list program_tape(const std::vector<mx::array>& outputs) {
   nb::list records;
-  std::unordered_set<std::uintptr_t> seen;  // primitive ids (siblings share one)
+  // array ids already recorded (a primitive's outputs all at once). Not primitive ids: mx.compile reuses one
+  // Primitive object for every call of a compiled function, so six layers share their primitives' pointers.
+  std::unordered_set<std::uintptr_t> seen;
   std::function<void(const mx::array&)> visit = [&](const mx::array& a) {
-    if (!a.has_primitive() || !seen.insert(a.primitive_id()).second) return;
+    if (!a.has_primitive() || seen.count(a.id())) return;
+    for (const auto& out : a.outputs()) seen.insert(out.id());
     for (const auto& in : a.inputs()) visit(in);
     nb::list ins, outs;
     for (const auto& in : a.inputs()) ins.append(array_record(in));
