@@ -668,6 +668,52 @@ display(Markdown(
     + "On the CPU `FusedTransformerLayer` runs op by op (see above), so the layer pass changes the drawing, not "
     f"the kernels; its executed saving on the CPU is {ftl.total} B."))''', "read-aloud"),
     md("""
+### Numerics of the fused versions
+
+A fusion is valid when it computes the same function; it need not give the same **bits**. Three sources,
+each measured by the next cell on this model and this machine (nothing below is typed in):
+
+* **reassociation**: `fuse_sdpa` folds the scores' scale `1/sqrt(d)` into one multiply where the model
+  divided (`docs/passes.md`: valid up to rounding). The float32 NumPy reference executor shows it alone:
+  every other pass computes the same ops in the same order there;
+* **fast-math transcendentals**: the CPU lowering computes `erf`/`exp`/`tanh` with rational and polynomial
+  formulas (`rlxviz/runtime/fast.py`, also inside rlxviz's CPU kernels), not libm's;
+* **`mx.addmm`**: the bias is added inside the GEMM's accumulation, rounded differently from a matmul
+  followed by an add: a few float32 ulps, visible in bfloat16.
+"""),
+    code('''
+import mlx.core as mx
+import numpy as np
+from scipy.special import erf as exact_erf
+
+from rlxviz.runtime.fast import erf as fast_erf
+
+mlx_err = [r.err_unfused if r.same_as is None else rows[r.same_as].err_unfused for r in rows]
+ref = [teach.run_reference(g, feeds, model.weights, np.float32)[0] for _, g in versions]
+print(f"{'#':>2}  {'version':<32} {'f32 reference vs input':>22} {'MLX cpu vs input':>17}")
+for (label, _), out, row, e in zip(versions, ref, rows, mlx_err, strict=True):
+    print(f"{row.index:>2}  {label:<32} {float(np.abs(out - ref[0]).max()):>22.1e} {e:>17.1e}")
+first = next((versions[i][0] for i in range(1, len(ref)) if np.abs(ref[i] - ref[i - 1]).max() > 0), "none")
+print("first version whose f32 reference output changes:", first)
+grid = np.linspace(-6, 6, 200001, dtype=np.float32)
+err_fast = float(np.abs(np.asarray(fast_erf(mx.array(grid))) - exact_erf(grid.astype(np.float64))).max())
+print(f"fast erf vs exact on [-6, 6]: largest difference {err_fast:.1e}")
+rng = np.random.default_rng(0)
+x, w, bias = (mx.array(rng.standard_normal(shape).astype(np.float32)) for shape in ((16, 384), (384, 384), (384,)))
+for dt in (mx.float32, mx.bfloat16):
+    a, b, c = x.astype(dt), w.astype(dt), bias.astype(dt)
+    d = mx.abs(mx.addmm(c, a, b).astype(mx.float32) - (a @ b + c).astype(mx.float32)).max().item()
+    print(f"addmm vs matmul + add, {dt}: largest difference {d:.1e}")''', "numerics"),
+    code('''
+lines = [f"Read aloud: on the float32 reference the first version whose output moves is **{first}** "
+         f"(by {max(float(np.abs(o - ref[0]).max()) for o in ref):.1e} at most), the reassociation, if that is "
+         "`after fuse_sdpa`; every later pass adds nothing there. On MLX the versions also differ by the "
+         f"lowering (largest {max(mlx_err):.1e}): fast-math transcendentals (the fast erf is "
+         f"within {err_fast:.1e} of the exact one), rlxviz's kernels, `mx.addmm`. All are rounding, far below what "
+         "the model's outputs can resolve; the tolerance table (`session.tolerance`) says how far a version may "
+         "differ before the timing table says no."]
+display(Markdown(" ".join(lines)))''', "numerics-read-aloud"),
+    md("""
 ## 6. Order matters
 
 `fuse_transformer_layer` does not look for primitives: it matches the **outputs of other passes**

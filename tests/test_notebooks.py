@@ -3,6 +3,7 @@ executed top to bottom with nbclient on this venv's Python; tagged cells' output
 
 import importlib.util
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -114,8 +115,11 @@ def execute(name):
         cell = nbformat.v4.new_code_cell(source)
         cell.metadata["tags"] = [tag]
         nb.cells.append(cell)
+    # the kernel's own stdin/stdout/stderr (not the cells' outputs, which come over ZMQ) go to /dev/null: inheriting
+    # pytest's captured file descriptors made the first kernel of a session take ~240 s longer to finish
+    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     NotebookClient(nb, kernel_name=KERNEL, timeout=240, allow_errors=False,
-                   resources={"metadata": {"path": str(NB_DIR)}}).execute()
+                   resources={"metadata": {"path": str(NB_DIR)}}).execute(**quiet)
     return nb
 
 
