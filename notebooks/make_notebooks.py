@@ -693,25 +693,34 @@ ref = [teach.run_reference(g, feeds, model.weights, np.float32)[0] for _, g in v
 print(f"{'#':>2}  {'version':<32} {'f32 reference vs input':>22} {'MLX cpu vs input':>17}")
 for (label, _), out, row, e in zip(versions, ref, rows, mlx_err, strict=True):
     print(f"{row.index:>2}  {label:<32} {float(np.abs(out - ref[0]).max()):>22.1e} {e:>17.1e}")
-first = next((versions[i][0] for i in range(1, len(ref)) if np.abs(ref[i] - ref[i - 1]).max() > 0), "none")
-print("first version whose f32 reference output changes:", first)
+moves = [i for i in range(1, len(ref)) if np.abs(ref[i] - ref[i - 1]).max() > 0]
+first = versions[moves[0]][0] if moves else "none"
+print("first version whose f32 reference output changes:", first, "| versions that change it:", len(moves))
 grid = np.linspace(-6, 6, 200001, dtype=np.float32)
 err_fast = float(np.abs(np.asarray(fast_erf(mx.array(grid))) - exact_erf(grid.astype(np.float64))).max())
 print(f"fast erf vs exact on [-6, 6]: largest difference {err_fast:.1e}")
 rng = np.random.default_rng(0)
 x, w, bias = (mx.array(rng.standard_normal(shape).astype(np.float32)) for shape in ((16, 384), (384, 384), (384,)))
-for dt in (mx.float32, mx.bfloat16):
+addmm_err = {}
+for name, dt in (("float32", mx.float32), ("bfloat16", mx.bfloat16)):
     a, b, c = x.astype(dt), w.astype(dt), bias.astype(dt)
-    d = mx.abs(mx.addmm(c, a, b).astype(mx.float32) - (a @ b + c).astype(mx.float32)).max().item()
-    print(f"addmm vs matmul + add, {dt}: largest difference {d:.1e}")''', "numerics"),
+    split = (a @ b + c).astype(mx.float32)
+    d = mx.abs(mx.addmm(c, a, b).astype(mx.float32) - split).max().item()
+    ulp = 2.0 ** (np.floor(np.log2(mx.abs(split).max().item())) - (23 if name == "float32" else 7))
+    addmm_err[name] = (d, d / ulp)
+    print(f"addmm vs matmul + add, {name}: largest difference {d:.1e} "
+          f"({d / ulp:.0f} ulp at the largest output)")''', "numerics"),
     code('''
-lines = [f"Read aloud: on the float32 reference the first version whose output moves is **{first}** "
-         f"(by {max(float(np.abs(o - ref[0]).max()) for o in ref):.1e} at most), the reassociation, if that is "
-         "`after fuse_sdpa`; every later pass adds nothing there. On MLX the versions also differ by the "
-         f"lowering (largest {max(mlx_err):.1e}): fast-math transcendentals (the fast erf is "
-         f"within {err_fast:.1e} of the exact one), rlxviz's kernels, `mx.addmm`. All are rounding, far below what "
-         "the model's outputs can resolve; the tolerance table (`session.tolerance`) says how far a version may "
-         "differ before the timing table says no."]
+ref_max = max(float(np.abs(o - ref[0]).max()) for o in ref)
+lines = [f"Read aloud: on the float32 reference {len(moves)} version(s) change the output, the first **{first}** "
+         f"(by {ref_max:.1e} at most)"
+         + ("; that is `fuse_sdpa`'s reassociation of the scale, and no other pass changes a bit there. "
+            if [versions[i][0] for i in moves] == ["after fuse_sdpa"] else ". ")
+         + f"On MLX the versions also differ by the lowering (largest {max(mlx_err):.1e}): fast-math "
+         f"transcendentals (the fast erf is within {err_fast:.1e} of the exact one), rlxviz's kernels, `mx.addmm` "
+         f"({addmm_err['float32'][0]:.1e}, {addmm_err['float32'][1]:.0f} ulp, in float32; "
+         f"{addmm_err['bfloat16'][0]:.1e}, {addmm_err['bfloat16'][1]:.0f} ulp, in bfloat16). The tolerance table "
+         "(`session.tolerance`) says how far a version may differ before the timing table says no."]
 display(Markdown(" ".join(lines)))''', "numerics-read-aloud"),
     md("""
 ## 6. Order matters

@@ -432,6 +432,17 @@ def test_02_fusing_a_bert_layer(executed):
     assert "`fuse_transformer_layer` takes the graph from 52 to 28 ops and changes nothing MLX runs" in md_text
     assert f"Bytes per call, read from the same programs: {totals[0]} for the input, {totals[-1]} for" in md_text
     assert "rlxviz CPU kernels in the programs: RlxvizAttention" in text  # built in CI
+    text, _ = t["numerics"]  # measured in the cell: the reference changes at fuse_sdpa's reassociation only
+    ref = re.findall(r"^\s*(\d+)\s+(input|after \S+)\s+(\S+)\s+(\S+)$", text, re.M)
+    assert len(ref) == len(CANONICAL_ORDER) + 1 and float(ref[0][2]) == float(ref[0][3]) == 0.0
+    k_sdpa = [r[1] for r in ref].index("after fuse_sdpa")
+    assert all(float(r[2]) == 0.0 for r in ref[:k_sdpa]) and 0 < float(ref[k_sdpa][2]) < 1e-4
+    assert "first version whose f32 reference output changes: after fuse_sdpa | versions that change it: 1" in text
+    assert float(re.search(r"fast erf vs exact on \[-6, 6\]: largest difference (\S+)", text).group(1)) < 1e-6
+    f32, bf16 = (float(v) for v in re.findall(r"addmm vs matmul \+ add, \w+: largest difference (\S+)", text))
+    assert 0 <= f32 < 1e-4 and bf16 > f32  # bf16 rounds the bias add far more coarsely
+    md_text = markdown_of(nb, "numerics-read-aloud")
+    assert "that is `fuse_sdpa`'s reassociation of the scale, and no other pass changes a bit there" in md_text
     text, _ = t["timing"]
     assert "all match the reference: True" in text and " on cpu" in text
     assert re.search(r"^memory check \(time\): estimated peak .+ of the .+ limit", text, re.M)  # as `rlxviz time`
