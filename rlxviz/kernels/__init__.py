@@ -9,6 +9,10 @@ built it, threaded over rows or (batch, head, query block) work items on the CPU
 * `bias_act(x, bias, act)`: `act(x + bias)` over the last axis, `act` one of none, gelu, gelu_tanh, silu, relu.
 * `softmax(x)`: over the last axis.
 
+Beside the kernels, `program_tape(outputs)` (`src/tape.cpp`) reads MLX's unevaluated graph of `outputs`: one
+record per primitive with the shape, dtype and nbytes of its inputs and outputs (`session.program.ProgramBytes`
+counts the bytes a lowered version moves from it).
+
 Their transcendentals are `rlxviz.runtime.fast`'s formulas (exp 2e-7 relative, erf 4.2e-7 and tanh
 3.6e-7 absolute), so they agree with the fast-math lowering they replace to float32 rounding.
 
