@@ -668,6 +668,29 @@ display(Markdown(
     + "On the CPU `FusedTransformerLayer` runs op by op (see above), so the layer pass changes the drawing, not "
     f"the kernels; its executed saving on the CPU is {ftl.total} B."))''', "read-aloud"),
     md("""
+### The same versions on a GPU, where MLX has one
+
+Where MLX has a GPU (Metal on Apple silicon, CUDA on Linux with `mlx-cuda`), the next cell times every
+version there too, with the same paired rounds; on a machine without one it says so and times nothing.
+On the GPU the lowering differs (`FusedTransformerLayer` is one `mx.compile`d function per layer; MLX's
+own kernels, not rlxviz's CPU ones), and a version's time is often set by how many kernels it launches
+(*overhead-bound*, section "Recorded" of notebook 01).
+"""),
+    code('''
+from rlxviz.runtime.devices import available_devices
+
+here = available_devices()
+print("MLX devices here:", ", ".join(f"{d.name} = {d.label}" for d in here))
+if any(d.name == "gpu" for d in here):
+    gpu_rows = teach.time_versions(trace, feeds, model.weights, warmup=2, repeat=21, device="gpu", fresh=True,
+                                   source="minilm")
+    print(teach.format_timings(gpu_rows))
+    for prev, r, v in session.compare_versions(gpu_rows):
+        print(f"gpu verdict {r.label}: {v.words} (vs #{prev.index}; 95% CI {v.low:.3f}..{v.high:.3f})")
+else:
+    print("no GPU for MLX on this machine: nothing timed here (Apple silicon, or Linux with mlx-cuda, has one)")''',
+         "gpu-timing"),
+    md("""
 ### Numerics of the fused versions
 
 A fusion is valid when it computes the same function; it need not give the same **bits**. Three sources,

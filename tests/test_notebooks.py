@@ -432,6 +432,11 @@ def test_02_fusing_a_bert_layer(executed):
     assert "`fuse_transformer_layer` takes the graph from 52 to 28 ops and changes nothing MLX runs" in md_text
     assert f"Bytes per call, read from the same programs: {totals[0]} for the input, {totals[-1]} for" in md_text
     assert "rlxviz CPU kernels in the programs: RlxvizAttention" in text  # built in CI
+    text, _ = t["gpu-timing"]  # offered where MLX has a GPU; says so where it has none
+    has_gpu = "gpu = GPU (" in text
+    assert text.startswith("MLX devices here: ") and "cpu = CPU (" in text
+    assert ("no GPU for MLX on this machine" in text) == (not has_gpu)
+    assert ("gpu verdict after " in text) == has_gpu
     text, _ = t["numerics"]  # measured in the cell: the reference changes at fuse_sdpa's reassociation only
     ref = re.findall(r"^\s*(\d+)\s+(input|after \S+)\s+(\S+)\s+(\S+)$", text, re.M)
     assert len(ref) == len(CANONICAL_ORDER) + 1 and float(ref[0][2]) == float(ref[0][3]) == 0.0
