@@ -21,7 +21,7 @@ SETUP = '''\
 import sys
 
 import ipywidgets as widgets
-from IPython.display import HTML, display
+from IPython.display import display
 
 import rlxviz
 from rlxviz import teach
@@ -82,13 +82,13 @@ the model path shown after `@`.
     code('''
 from rlxviz.ir import Builder, format_graph
 
-B, S, H, I = 2, 64, 128, 512
+B, S, H, FF = 2, 64, 128, 512
 b = Builder("ffn_block")
 x = b.input("x", (B, S, H))
 with b.scope("ffn.fc1"):
-    h = b.gelu(b.linear(x, b.param("ffn.fc1.weight", (H, I)), b.param("ffn.fc1.bias", (I,))))
+    h = b.gelu(b.linear(x, b.param("ffn.fc1.weight", (H, FF)), b.param("ffn.fc1.bias", (FF,))))
 with b.scope("ffn.fc2"):
-    y = b.linear(h, b.param("ffn.fc2.weight", (I, H)), b.param("ffn.fc2.bias", (H,)))
+    y = b.linear(h, b.param("ffn.fc2.weight", (FF, H)), b.param("ffn.fc2.bias", (H,)))
 with b.scope("ffn.norm"):
     out = b.layer_norm(b.add(y, x), b.param("ffn.norm.weight", (H,)), b.param("ffn.norm.bias", (H,)))
 b.output(out)
@@ -124,10 +124,11 @@ But the MLX lowering (`rlxviz/runtime/lowering.py`) runs `FusedMatMulBiasAct` as
 `x @ w + b` as **one `mx.addmm`**, then the activation as a **separate kernel**. One `mx.addmm` is not
 one pass over memory: on the **CPU**, MLX 0.32 first fills the output with the broadcast bias and lets
 BLAS read and rewrite it (`beta = 1`), so it moves the bytes that matmul + add move — **0 B saved**
-(measured for issue 23: 12.008 ms matmul + add vs 11.981 ms addmm). On the GPU a GEMM epilogue reads the
+(issue 23 timed the two and found them equal within a fraction of a percent). On the GPU a GEMM epilogue reads the
 bias, and the matmul's output never reaches memory. `session.executed_traffic_saved` splits the ideal
-saving by what the lowering on a device runs as one kernel; it is a **model** of the kernels, checked
-below against the primitives MLX really runs.
+saving by what MLX's own lowering on a device runs as one kernel; it is a **model** of MLX's kernels that
+does not know rlxviz's own CPU kernels (which run bias + GELU in one pass): the bytes MLX's program really
+moves are read from MLX below ("What MLX runs").
 """),
     code('''
 from rlxviz import session
@@ -139,8 +140,8 @@ for node_id, op, nbytes, users, why in run1.saved + run1.still_moved:
     print(f"  %{node_id:<3} {op:<8} {list(graph[node_id].shape)}  {nbytes:>8} B x (1 write + {users} read): "
           f"{state:<11} ({why})")
 print("ideal kernel: traffic saved by fuse_matmul_bias_act (bytes):", saved1.total)
-print("executed on MLX cpu: traffic saved by fuse_matmul_bias_act (bytes):", run1.total)
-print("executed on MLX cpu: bytes still written and read:", run1.still_total)
+print("model of MLX's own cpu lowering (no rlxviz kernels): saved (bytes):", run1.total)
+print("model of MLX's own cpu lowering (no rlxviz kernels): still written and read (bytes):", run1.still_total)
 print("model for a GPU (GEMM epilogue reads the bias): saved (bytes):",
       session.executed_traffic_saved(step1, device="gpu").total)''', "traffic-fmba"),
     md("""
@@ -150,18 +151,18 @@ print("model for a GPU (GEMM epilogue reads the bias): saved (bytes):",
 `residual` its second, as the model wrote them. The order does not change the numbers (float addition is
 commutative), and the transformer-layer fusion later accepts the residual in either order (notebooks 03
 and 04).
-On MLX it runs as an `add` and then `mx.fast.layer_norm` — and on the CPU `mx.fast.layer_norm` itself
-is not one kernel: MLX 0.32 runs its fallback, a chain of primitives (read from MLX in the next
-section). The fusion is a graph-level name that a later lowering (a fused add+norm kernel, as vLLM's
-`fused_add_rms_norm`) could exploit. (What it saves is the exercise at the end of this notebook.)
+How it runs is the lowering's choice. MLX's own lowering runs an `add` and then `mx.fast.layer_norm` —
+and on the CPU `mx.fast.layer_norm` itself is not one kernel: MLX 0.32 runs its fallback, a chain of
+primitives. rlxviz now has **its own CPU kernels** (`rlxviz/kernels`, `docs/performance.md` section 0):
+where they are built, the CPU runs residual add + LayerNorm as **one** kernel, as vLLM's
+`fused_add_rms_norm` does on a GPU. Which of the two ran here is read from MLX in the next section, not
+assumed. (What it saves is the exercise at the end of this notebook.)
 """),
     code('''
 trace2 = run_passes(step1.after, ["fuse_residual_ln"])
 step2 = trace2.steps[0]
 for m in step2.matches:
     print(f"{m.rule}: anchor %{m.anchor} -> %{m.fused}  roles {m.bindings}")
-saved2 = teach.traffic_saved(step2)  # the exercise asks for these two numbers: not printed here
-run2 = session.executed_traffic_saved(step2, device="cpu")
 print(format_graph(step2.after))''', "step-rln"),
     code('''teach.show_step(step2)'''),
     md("""
@@ -170,7 +171,14 @@ print(format_graph(step2.after))''', "step-rln"),
 The traffic above is a model. MLX can say what it runs: `session.version_primitives` lowers every
 version, calls it once without evaluating, and reads MLX's own graph of **primitives** back
 (`mx.export_to_dot`). *Views* (`Broadcast`, `Reshape`, ...) move no data; every other primitive is at
-most one kernel; `Compiled...` is one `mx.compile`d kernel (here the CPU's fast-math GELU).
+most one kernel; `Compiled...` is one `mx.compile`d kernel (here the CPU's fast-math GELU); `Rlxviz...`
+is one of rlxviz's own CPU kernels.
+
+The **bytes** come from the same graph (`ProgramBytes`: MLX's arrays give every primitive's input and output
+shapes and dtypes): each kernel reads each distinct input once and writes each output once; reading through a
+view costs the storage under it. That is each kernel's compulsory traffic (caches are not seen). One column
+is a **model**, kept apart: the CPU `AddMM` pre-fills its output with the bias and lets BLAS read and rewrite
+it (`beta = 1`), one more write and read of the output than the graph shows (`+ modelled`).
 """),
     code('''
 import numpy as np
@@ -189,6 +197,9 @@ for r in prims:
     print(f"  #{r.index} {r.label:<27} {top}")
 layer_norm_kernel = "LayerNorm" in prims[0].program.counts()
 print("mx.fast.layer_norm is one kernel here:", layer_norm_kernel)
+moved = [r.program.bytes for r in prims]
+for r, m in zip(prims, moved, strict=True):
+    print(f"  #{r.index} bytes per call, read from MLX's graph: {m.from_graph} (+ {m.modelled} modelled) = {m.total}")
 print(kernels.status())''', "primitives"),
     code('''
 from IPython.display import Markdown
@@ -206,7 +217,9 @@ display(Markdown(
        if "RlxvizResidualLayerNorm" in p2.counts() else "") + ". "
     + ("`mx.fast.layer_norm` is one `LayerNorm` kernel on this device." if layer_norm_kernel else
        "`mx.fast.layer_norm` is not one kernel on this device: MLX runs its fallback "
-       "(`Sum`, `Rsqrt`, ... above).")))''',
+       "(`Sum`, `Rsqrt`, ... above).")
+    + f" The bytes each call moves, read from the same program: {moved[0].total}, {moved[1].total} and "
+    f"{moved[2].total} B (of which {moved[1].modelled} B in versions 1 and 2 are the modelled `AddMM` pre-fill)."))''',
          "primitives-read-aloud"),
     md("""
 ### The roofline: FLOPs per byte
@@ -217,8 +230,9 @@ The next cell measures the two ceilings on this machine with the product's timin
 (`session.machine_ridge`): **compute**, a 1024 x 1024 f32 matmul on MLX (multi-threaded BLAS);
 **bandwidth**, a streaming f32 add of two 4 Mi-element vectors — which MLX's CPU runs on **one thread**,
 so it is the bandwidth one MLX CPU kernel gets, not the memory system's peak. It then places every op
-and every version on the roofline (`session.op_costs`, `session.roofline`: FLOPs from the graph, bytes
-of the executed program's model and of ideal kernels) and **predicts**, before anything is timed, which
+and every version on the roofline (`session.op_costs`: each graph op's FLOPs and bytes from its shapes;
+`session.roofline`: FLOPs from the graph, each version's bytes **read from the program MLX runs** (the
+table above), and the bytes of ideal kernels, a model) and **predicts**, before anything is timed, which
 bound each version is under and its fastest possible time (`session.attainable_ms`).
 
 FLOPs are counted honestly: GELU is not 1 FLOP per element. Its `erf`, as the CPU lowering computes it
@@ -236,7 +250,7 @@ for c in costs:
     bound = "memory" if c.intensity < ridge.ridge else "compute"
     print(f"%{c.node:<5}{c.op:<12}{c.flops:>10}{c.bytes:>9}{c.intensity:>8.2f}  {bound}")
 both = run_passes(graph, ["fuse_matmul_bias_act", "fuse_residual_ln"])
-roof = session.roofline(both, "cpu")
+roof = session.roofline(both, "cpu", feeds, weights)  # feeds given: bytes read from MLX's program
 for v in roof:
     print(f"version {v.index} {v.label:<27} FLOPs {v.flops}  bytes executed {v.bytes} (ideal {v.ideal_bytes})  "
           f"FLOP/B executed {v.intensity:.2f} (ideal {v.ideal_intensity:.2f})")
@@ -256,8 +270,8 @@ display(Markdown(
     f"Read aloud: on this machine (a rough ridge of {ridge.ridge:.1f} FLOP/B, measured now) {where}; the matmuls "
     f"do {min(c.intensity for c in costs if c.op == 'matmul'):.1f} FLOP/B. The program does "
     + (f"{flops[0]} FLOPs in every version" if len(flops) == 1 else f"{flops[0]}..{flops[-1]} FLOPs")
-    + f"; the bytes the executed program moves (a **model**: each kernel's output written once and its operands "
-    f"read once, from the shapes of the ops the lowering runs; MLX reports no byte counts) go from "
+    + f"; the bytes the executed program moves (read from MLX's graph of each version, {roof[0].bytes_source}; "
+    "the ideal kernels' bytes are a model) go from "
     f"{roof[0].bytes} to {roof[-1].bytes} (intensity "
     f"{roof[0].intensity:.2f} to {roof[-1].intensity:.2f} FLOP/B; ideal kernels: {roof[-1].ideal_intensity:.2f}). "
     + ("Prediction: every version is **compute-bound** on this machine, so removing bytes cannot make it faster; "
@@ -318,6 +332,8 @@ Each timed version as a point: its intensity (FLOPs over the executed program's 
 achieved (its FLOPs over its median time). The line is the roofline measured above.
 """),
     code('''
+from IPython.display import HTML
+
 points = [(r.label, v.intensity, v.flops / r.median_ms / 1e6) for r, v in zip(rows, roof, strict=True)]
 display(HTML(teach.svg_html(teach.roofline_svg(ridge.gflops, ridge.gbps, points),
                            caption="roofline measured on this machine; dots: the timed versions")))
@@ -415,7 +431,8 @@ Graph `graph`, version after both passes, run by MLX on the CPU. The `FusedResid
 `y + x` for `x` of shape `[2, 64, 128]` float32. Fill in two numbers (bytes, write + reads):
 
 * `ideal`: the traffic an ideal single kernel for `FusedResidualLN` saves,
-* `executed`: the traffic the MLX lowering of `FusedResidualLN` saves today.
+* `executed`: the bytes per call the program MLX runs here moves less after `fuse_residual_ln` than before
+  it (read from MLX: the table of "What MLX runs" above).
 
 Run the cell: the check says what is wrong, if anything. A solution is in
 `notebooks/solutions.py` (`ex01`); the collapsed cell at the end runs it through the same check.
@@ -426,9 +443,12 @@ def check_ex01(answer):
     nbytes = 2 * 64 * 128 * 4
     assert ideal != nbytes, "you counted the write of the sum only: it is also read once by the norm"
     assert ideal == 2 * nbytes, f"ideal: the sum [2, 64, 128] f32 is {nbytes} B, written once and read once"
-    assert executed != ideal, ("executed: MLX runs FusedResidualLN as add + mx.fast.layer_norm, separate "
-                               "kernels: compare the primitives of versions 1 and 2 above")
-    assert executed == run2.total, "executed: what does the lowering still write and read?"
+    saved = moved[1].total - moved[2].total  # read from MLX's program, versions 1 and 2
+    assert executed != ideal, ("executed: not the ideal kernel's saving: compare the primitives of versions 1 and 2 "
+                               "above and the bytes MLX's program moves in each")
+    assert saved == 0 or executed != -saved, ("executed: the saving is version 1's bytes minus version 2's, "
+                                              "not the other way")
+    assert executed == saved, "executed: subtract the two versions' bytes per call in the table above"
     return "both right"
 
 
@@ -437,7 +457,7 @@ teach.feedback(check_ex01, ex01_answer);''', "exercise"),
     code('''
 import solutions
 
-teach.feedback(check_ex01, solutions.ex01());''', "solution", hidden=True),
+teach.feedback(check_ex01, solutions.ex01(prims));''', "solution", hidden=True),
 ]
 
 # ------------------------------------------------------------------------------------------------- 02
@@ -503,8 +523,10 @@ from rlxviz.viz import Overlay
 
 versions = trace.versions()
 
+LAST = len(versions) - 1
 
-def show_version(k=len(versions) - 1, view="layers"):
+
+def show_version(k=LAST, view="layers"):
     label, g = versions[k]
     overlay = Overlay.after(trace.steps[k - 1]) if k and view == "full" else Overlay.trace_summary(trace)
     print(f"version {k}: {label} — {len(g.compute_nodes())} compute nodes")
@@ -551,8 +573,10 @@ for op in fused_ops:
     md("""
 ## 4. Traffic each pass saves — ideal kernel vs executed program
 
-Per pass: bytes of intermediates an ideal one-kernel fused op would not write and read, and the part the
-MLX program on each device really saves (`session.executed_traffic_saved`). Horizontal fusion
+Per pass: bytes of intermediates an ideal one-kernel fused op would not write and read, and the part
+MLX's own lowering on each device would save (`session.executed_traffic_saved`, a **model** of MLX's
+kernels; it does not know rlxviz's own CPU kernels, so its `cpu B` column is MLX's lowering without them).
+The bytes the program run here really moves are read from MLX in the next section. Horizontal fusion
 (`fuse_shared_input_matmul`: Q, K and V read the same hidden state) removes **no** intermediate; it is
 credited with what it saves — reads of the shared input and kernel launches (`session.shared_input_saved`).
 """),
@@ -572,7 +596,10 @@ print("fuse_transformer_layer on cpu: executed saving", ftl.total, "B of", ftl.i
 
 The bytes above are a model of the kernels. MLX's own primitive count per version (`session.version_primitives`:
 each version lowered, called once, MLX's lazy graph read back; views excluded) is the honest story: how
-many primitives the backend dispatches per call, version by version.
+many primitives the backend dispatches per call, version by version — and, from the same graph, the bytes
+each call moves (each kernel's distinct inputs read once and outputs written once; `+ modelled` is the CPU
+`AddMM`'s bias pre-fill, a model kept apart). With rlxviz's CPU kernels built, the fused versions run them
+(`Rlxviz...` primitives, `docs/performance.md` section 0).
 """),
     code('''
 prims = session.version_primitives(trace, feeds, model.weights, device="cpu")
@@ -581,7 +608,12 @@ changed = [r for p, r in zip(prims[:-1], prims[1:], strict=True) if r.program.co
 print("versions whose MLX program changed:", ", ".join(f"#{r.index} {r.label}" for r in changed))
 k = next(i for i, s in enumerate(trace.steps, 1) if s.pass_name == "fuse_shared_input_matmul")
 launches_saved = prims[k - 1].program.kernels - prims[k].program.kernels
-print(f"fuse_shared_input_matmul: {prims[k - 1].program.kernels} -> {prims[k].program.kernels} non-view primitives")''',
+print(f"fuse_shared_input_matmul: {prims[k - 1].program.kernels} -> {prims[k].program.kernels} non-view primitives")
+for p, r in zip(prims[:-1], prims[1:], strict=True):
+    saved = p.program.bytes.total - r.program.bytes.total
+    print(f"  #{r.index} {r.label:<30} bytes per call saved, read from MLX: {saved}")
+ours = sorted({name for r in prims for name in r.program.counts() if name.startswith("Rlxviz")})
+print("rlxviz CPU kernels in the programs:", ", ".join(ours) or "none")''',
          "primitives"),
     code('''
 from IPython.display import Markdown
@@ -595,7 +627,10 @@ display(Markdown(
     + ". " + ("`fuse_transformer_layer` changes the program too." if ftl_changed else
               f"`fuse_transformer_layer` takes the graph from {prims[ftl_prims.index - 1].ops} to {ftl_prims.ops} ops "
               "and changes "
-              "nothing MLX runs on the CPU: it renames groups of ops; the backend runs the same kernels.")))''',
+              "nothing MLX runs on the CPU: it renames groups of ops; the backend runs the same kernels.")
+    + f" Bytes per call, read from the same programs: {prims[0].program.bytes.total} for the input, "
+    f"{prims[-1].program.bytes.total} for the final version"
+    + (f", which runs rlxviz's own CPU kernels ({', '.join(ours)})." if ours else " (MLX's own lowering).")))''',
          "primitives-read-aloud"),
     md("""
 ## 5. Timing every version
@@ -632,6 +667,84 @@ display(Markdown(
     "before them. " + (f"**{busy}**: these verdicts are not to be read. " if busy else "")
     + "On the CPU `FusedTransformerLayer` runs op by op (see above), so the layer pass changes the drawing, not "
     f"the kernels; its executed saving on the CPU is {ftl.total} B."))''', "read-aloud"),
+    md("""
+### The same versions on a GPU, where MLX has one
+
+Where MLX has a GPU (Metal on Apple silicon, CUDA on Linux with `mlx-cuda`), the next cell times every
+version there too, with the same paired rounds; on a machine without one it says so and times nothing.
+On the GPU the lowering differs (`FusedTransformerLayer` is one `mx.compile`d function per layer; MLX's
+own kernels, not rlxviz's CPU ones), and a version's time is often set by how many kernels it launches
+(*overhead-bound*, section "Recorded" of notebook 01).
+"""),
+    code('''
+from rlxviz.runtime.devices import available_devices
+
+here = available_devices()
+print("MLX devices here:", ", ".join(f"{d.name} = {d.label}" for d in here))
+if any(d.name == "gpu" for d in here):
+    gpu_rows = teach.time_versions(trace, feeds, model.weights, warmup=2, repeat=21, device="gpu", fresh=True,
+                                   source="minilm")
+    print(teach.format_timings(gpu_rows))
+    for prev, r, v in session.compare_versions(gpu_rows):
+        print(f"gpu verdict {r.label}: {v.words} (vs #{prev.index}; 95% CI {v.low:.3f}..{v.high:.3f})")
+else:
+    print("no GPU for MLX on this machine: nothing timed here (Apple silicon, or Linux with mlx-cuda, has one)")''',
+         "gpu-timing"),
+    md("""
+### Numerics of the fused versions
+
+A fusion is valid when it computes the same function; it need not give the same **bits**. Three sources,
+each measured by the next cell on this model and this machine (nothing below is typed in):
+
+* **reassociation**: `fuse_sdpa` folds the scores' scale `1/sqrt(d)` into one multiply where the model
+  divided (`docs/passes.md`: valid up to rounding). The float32 NumPy reference executor shows it alone:
+  every other pass computes the same ops in the same order there;
+* **fast-math transcendentals**: the CPU lowering computes `erf`/`exp`/`tanh` with rational and polynomial
+  formulas (`rlxviz/runtime/fast.py`, also inside rlxviz's CPU kernels), not libm's;
+* **`mx.addmm`**: the bias is added inside the GEMM's accumulation, rounded differently from a matmul
+  followed by an add: a few float32 ulps, visible in bfloat16.
+"""),
+    code('''
+import mlx.core as mx
+import numpy as np
+from scipy.special import erf as exact_erf
+
+from rlxviz.runtime.fast import erf as fast_erf
+
+mlx_err = [r.err_unfused if r.same_as is None else rows[r.same_as].err_unfused for r in rows]
+ref = [teach.run_reference(g, feeds, model.weights, np.float32)[0] for _, g in versions]
+print(f"{'#':>2}  {'version':<32} {'f32 reference vs input':>22} {'MLX cpu vs input':>17}")
+for (label, _), out, row, e in zip(versions, ref, rows, mlx_err, strict=True):
+    print(f"{row.index:>2}  {label:<32} {float(np.abs(out - ref[0]).max()):>22.1e} {e:>17.1e}")
+moves = [i for i in range(1, len(ref)) if np.abs(ref[i] - ref[i - 1]).max() > 0]
+first = versions[moves[0]][0] if moves else "none"
+print("first version whose f32 reference output changes:", first, "| versions that change it:", len(moves))
+grid = np.linspace(-6, 6, 200001, dtype=np.float32)
+err_fast = float(np.abs(np.asarray(fast_erf(mx.array(grid))) - exact_erf(grid.astype(np.float64))).max())
+print(f"fast erf vs exact on [-6, 6]: largest difference {err_fast:.1e}")
+rng = np.random.default_rng(0)
+x, w, bias = (mx.array(rng.standard_normal(shape).astype(np.float32)) for shape in ((16, 384), (384, 384), (384,)))
+addmm_err = {}
+for name, dt in (("float32", mx.float32), ("bfloat16", mx.bfloat16)):
+    a, b, c = x.astype(dt), w.astype(dt), bias.astype(dt)
+    split = (a @ b + c).astype(mx.float32)
+    d = mx.abs(mx.addmm(c, a, b).astype(mx.float32) - split).max().item()
+    ulp = 2.0 ** (np.floor(np.log2(mx.abs(split).max().item())) - (23 if name == "float32" else 7))
+    addmm_err[name] = (d, d / ulp)
+    print(f"addmm vs matmul + add, {name}: largest difference {d:.1e} "
+          f"({d / ulp:.0f} ulp at the largest output)")''', "numerics"),
+    code('''
+ref_max = max(float(np.abs(o - ref[0]).max()) for o in ref)
+lines = [f"Read aloud: on the float32 reference {len(moves)} version(s) change the output, the first **{first}** "
+         f"(by {ref_max:.1e} at most)"
+         + ("; that is `fuse_sdpa`'s reassociation of the scale, and no other pass changes a bit there. "
+            if [versions[i][0] for i in moves] == ["after fuse_sdpa"] else ". ")
+         + f"On MLX the versions also differ by the lowering (largest {max(mlx_err):.1e}): fast-math "
+         f"transcendentals (the fast erf is within {err_fast:.1e} of the exact one), rlxviz's kernels, `mx.addmm` "
+         f"({addmm_err['float32'][0]:.1e}, {addmm_err['float32'][1]:.0f} ulp, in float32; "
+         f"{addmm_err['bfloat16'][0]:.1e}, {addmm_err['bfloat16'][1]:.0f} ulp, in bfloat16). The tolerance table "
+         "(`session.tolerance`) says how far a version may differ before the timing table says no."]
+display(Markdown(" ".join(lines)))''', "numerics-read-aloud"),
     md("""
 ## 6. Order matters
 
@@ -672,7 +785,8 @@ the same report from a shell and exits 1, so CI can fail when a model stops fusi
 
 RLX fuses an attention block only when batch*seq <= 64 (`RLX_FUSE_ATTN_THRESHOLD`, rlx-notes §2.3.2
 and §2.5). The reason (`docs/passes.md`): RLX's fused CPU kernel pays only while one block's working set
-stays in cache; above that its separate kernels do as well or better. rlxviz has the same gate as a **guard of kind *not profitable***,
+stays in cache; above that its separate kernels do as well or better. rlxviz has the same gate as a **guard
+of kind *not profitable***,
 `attention_size_gate`, reading the pipeline parameter `fab_max_tokens` (the `rlx` profile sets 64; the
 canonical profile has no gate). Nothing is wrong with the fusion when it says no — it is legal and
 recognized; a cost model decided.
@@ -692,27 +806,30 @@ for label, (batch, seq) in sizes.items():
     heads = [r for r in fab.rejections if r.headline]
     print(f"{label}: batch*seq = {batch * seq}: fuse_attention_block with the gate at 64: {len(fab.matches)} fused, "
           f"{len(heads)} rejected")
-    print(f"  ungated, per layer: ideal kernel saves {cpu.ideal.total // 6} B; executed on MLX saves "
+    print(f"  ungated, per layer: ideal kernel saves {cpu.ideal.total // 6} B; model of MLX's own lowering saves "
           f"cpu {cpu.total} B, gpu {gpu.total} B (all 6 layers)")
     if heads:
         print(f"  {heads[0].guard} ({heads[0].kind}): {heads[0].message}")
-print("FusedAttentionBlock runs as:", ", ".join(f"{d}: {session.runs_as('FusedAttentionBlock', d)}" for d in ("cpu", "gpu")))''',
+print("FusedAttentionBlock runs as:",
+      ", ".join(f"{d}: {session.runs_as('FusedAttentionBlock', d)}" for d in ("cpu", "gpu")))''',
          "gate"),
     md("""
 What the numbers say: the ideal saving grows with the tokens (16 times the tokens, 16 times the bytes:
 the QKV projection and the attention output are per token), so a fused kernel that keeps them in cache
 stops paying at some size; RLX put that size at 64 tokens for its CPU kernel. But MLX runs
-`FusedAttentionBlock` as its decomposition on both devices (printed above), so the program that executes saves **0 B** at
-both sizes: on MLX the gate has no saving to weigh. Timing is measured next on bert-tiny (2 layers, so
-the cell takes seconds): the version before `fuse_attention_block` against the one after, interleaved
-rounds, at 16 and 256 tokens.
+`FusedAttentionBlock` as its decomposition on both devices (printed above), and the model of MLX's
+own kernels finds nothing it saves at either size: on MLX the gate has no saving to weigh. (On the CPU the
+attention inside the block is already rlxviz's `RlxvizAttention` kernel once `fuse_sdpa` packed it, so
+the block pass adds no kernel.) The next cell checks this against MLX: it reads the bytes the two
+programs move and times them on bert-tiny (2 layers, so the cell takes seconds): the version before
+`fuse_attention_block` against the one after, interleaved rounds, at 16 and 256 tokens.
 """),
     code('''
 from rlxviz.passes.trace import Trace
 from rlxviz.runtime.battery import check_inputs
 
 UPTO_FAB = list(CANONICAL_ORDER[:CANONICAL_ORDER.index("fuse_attention_block") + 1])
-verdict_at = {}
+verdict_at, read_saving = {}, {}
 for label, (batch, seq) in {"small": (1, 16), "large": (4, 64)}.items():
     tiny = load_model("bert-tiny", batch=batch, seq=seq)
     tf = tiny.random_feeds(0)
@@ -721,17 +838,21 @@ for label, (batch, seq) in {"small": (1, 16), "large": (4, 64)}.items():
     t = teach.time_versions(pair, tf, tiny.weights, warmup=2, repeat=21, device="cpu",
                             inputs=[check_inputs(tf, tiny.graph)], fresh=True)
     verdict_at[label] = session.compare_to_input(t[1], t[0])
+    moved = [session.mlx_primitives(g, tf, tiny.weights, "cpu").bytes.total for g in (fab.before, fab.after)]
+    read_saving[label] = moved[0] - moved[1]  # bytes per call, read from MLX's two programs
     (q1, q3), (r1, r3) = t[0].quartiles(), t[1].quartiles()
     print(f"{label}: batch*seq = {batch * seq}: unfused {t[0].median_ms:.2f} ms (IQR {q1:.2f}..{q3:.2f}), fused "
-          f"{t[1].median_ms:.2f} ms (IQR {r1:.2f}..{r3:.2f}): {verdict_at[label]}; executed saving "
-          f"{session.executed_traffic_saved(fab, 'cpu').total} B; error vs unfused {t[1].err_unfused:.1e}")''',
+          f"{t[1].median_ms:.2f} ms (IQR {r1:.2f}..{r3:.2f}): {verdict_at[label]}; bytes per call saved, read from "
+          f"MLX: {read_saving[label]} B; error vs unfused {t[1].err_unfused:.1e}")''',
          "gate-timing"),
     code('''
 losing = [k for k, v in verdict_at.items() if v.endswith("slower")]
 display(Markdown(
     f"Measured on **{t[0].context.device}** in interleaved rounds: at 16 tokens the fused attention block is "
-    f"**{verdict_at['small']}**, at 256 tokens **{verdict_at['large']}**. With 0 B saved by the executed program, "
-    "a difference can only come from dispatching fewer graph nodes or from noise. "
+    f"**{verdict_at['small']}**, at 256 tokens **{verdict_at['large']}**. The programs MLX runs move "
+    f"{read_saving['small']} B and {read_saving['large']} B less per call after the fusion (read from MLX): "
+    + ("with no bytes saved, a difference can only come from dispatching fewer graph nodes or from noise. "
+       if not any(read_saving.values()) else "a difference comes from those bytes, fewer dispatches, or noise. ")
     + ("Nothing here shows the fused block losing above 64 tokens, so a gate at 64 would only hide fusions on "
        "MLX: the canonical profile sets none (`docs/passes.md` records the same on MiniLM). " if "large" not in losing
        else "Here the fused block measured slower at 256 tokens (paired rounds, 95% interval excluding 1); the "
@@ -745,10 +866,12 @@ display(Markdown(
 `fuse_shared_input_matmul` merged, in each of the 6 layers, the Q, K and V projections that read the same
 hidden state `[1, 16, 384]` float32 into one matmul. The graph gets *more* nodes, not fewer (the op-count
 change printed in section 1): the weights and the biases are joined by `concat`s, and `narrow`s split the
-merged output back into Q, K and V — the merge saves reads and launches, not nodes. Give `(bytes, launches)` it saves for the whole
+merged output back into Q, K and V — the merge saves reads and launches, not nodes. Give `(bytes, launches)`
+it saves for the whole
 model: bytes of reads of the shared input no longer made, and kernel launches per call no longer made
 (the `concat`s run once per set of weights, the `narrow`s are views). The check compares with MLX's own
-primitive count of the two versions and tells you what is off. Solution: `notebooks/solutions.py` (`ex02`), run by the collapsed cell below.
+primitive count of the two versions and tells you what is off. Solution: `notebooks/solutions.py` (`ex02`),
+run by the collapsed cell below.
 """),
     code('''
 def check_ex02(answer):
@@ -781,7 +904,8 @@ NB03 = [
 
 Each **teaching variant** changes one thing in layer 0 of a 2-layer BERT (bert-tiny), so layer 1 is
 a fused sibling to compare with — except `over_threshold`, a pipeline gate on the token count that
-applies to every layer (layer 1 does not fuse either: the table below says so). For each you will see the rejecting guard with actual vs required
+applies to every layer (layer 1 does not fuse either: the table below says so). For each you will see the
+rejecting guard with actual vs required
 values, the drawing of the rejection, and **what kind of "no"** it is — the kind decides where the fix
 belongs:
 
@@ -866,7 +990,8 @@ Read per kind:
   fix it: the probe is a graph output, so it is live. Two fixes: in the model, drop the probe output;
   in the compiler, **multi-output fusion** — a layer op that also returns h1 as a second output, which
   the probe then reads (the engine can express it, `Rule(outputs=...)`, and notebook 06 writes a
-  two-output residual norm; no product rule builds a two-output layer op). With the probe output dropped, the probe is dead, and a dead reader is **not a
+  two-output residual norm; no product rule builds a two-output layer op). With the probe output dropped, the
+probe is dead, and a dead reader is **not a
   user**: no output depends on what it reads. The guard `h1_user_count` still counts it (it counts
   readers, live or not) — a limit of the guard, not a reason; the canonical order removes dead code
   only *after* the layer pass, so run `dead_code_elimination` first as the workaround. The next cell
@@ -881,7 +1006,8 @@ Read per kind:
 * **pre_ln** — **two** blockers, so it is not expected to become `FusedTransformerLayer`. First
   (*illegal* for a single-output op, the guard printed above): the residual sum feeds the norm and the
   next residual, and a one-output `FusedResidualLN` would hide it; a two-output op (as vLLM's
-  `fused_add_rms_norm`) fixes that one — notebook 06 writes that rule. Second: the layer rule matches a **post-LN** layer only (its
+  `fused_add_rms_norm`) fixes that one — notebook 06 writes that rule. Second: the layer rule matches a
+**post-LN** layer only (its
   step `post_ln_order`, printed below); a pre-LN layer (norm -> sublayer -> add) is another op, which
   no rule here builds.
 * **output_intermediate** — *illegal* for a single-output op: h1 is returned, and a one-output layer op
@@ -969,7 +1095,8 @@ print("rlx profile with the gate unset: fused layers =", ungated.final.op_counts
 In `output_intermediate`, h1 (layer 0's post-attention LayerNorm) is also returned as a graph output:
 fusing the layer would hide a tensor the caller asked for, so `h1_not_output` says the fusion is
 *illegal*. Without changing the pipeline, make layer 0 fuse **by editing the IR text**: return only
-the model's first output (the return line, `return %a, %b`, is the one just before the closing `}`), parse the text back with
+the model's first output (the return line, `return %a, %b`, is the one just before the closing `}`), parse
+the text back with
 `parse_ir`, and run the canonical pipeline. Fill in `fix_ir` below.
 """),
     code('''
@@ -1579,7 +1706,8 @@ display(Markdown(
     "(`input_skip_bias_sum`), and the transformer optimizer uses it when the residual add has another reader "
     "(`onnxruntime/transformers/fusion_skiplayernorm.py`): the two-output fusion notebook 06 builds. The graph "
     "optimizer's attention stops at `FusedMatMul` (the scores' matmul with its scale); rlxviz's `attention` "
-    "takes the whole `softmax(Q K^T / sqrt(d) + mask) V`. ONNX Runtime fuses the tanh GELU into one `FastGelu` kernel, as rlxviz makes it one `gelu_tanh` "
+    "takes the whole `softmax(Q K^T / sqrt(d) + mask) V`. ONNX Runtime fuses the tanh GELU into one `FastGelu` "
+    "kernel, as rlxviz makes it one `gelu_tanh` "
     "op; neither absorbs it into the linear. "
     + ("The transformer optimizer " + ("(recorded, not run here: " + why + ") " if why else "(run here) ")
        + f"fuses **{len(tf.norm_outputs)} of {n_ln}** norms, **{sum(k == 2 for k in tf.norm_outputs)}** of them "

@@ -9,14 +9,16 @@ from __future__ import annotations
 F32 = 4  # bytes per float32 value
 
 
-def ex01() -> tuple[int, int]:
+def ex01(prims) -> tuple[int, int]:
     """(ideal, executed) bytes saved by FusedResidualLN on x [2, 64, 128] f32.
 
-    Ideal: the sum is written once and read once by the norm: 2 * 65,536 B. Executed: MLX lowers
-    FusedResidualLN as add, then mx.fast.layer_norm: two kernels, the sum still goes through memory: 0 B.
+    Ideal: the sum is written once and read once by the norm: 2 * 65,536 B. Executed: read from MLX, the bytes
+    per call of version 1's program minus version 2's (`prims`: `session.version_primitives`). With rlxviz's
+    CPU kernels the add and the whole LayerNorm fallback chain become one kernel, so it saves more than the
+    ideal count of the one sum; with MLX's own lowering (add, then mx.fast.layer_norm) it saves 0 B.
     """
     nbytes = 2 * 64 * 128 * F32
-    return 2 * nbytes, 0
+    return 2 * nbytes, prims[1].program.bytes.total - prims[2].program.bytes.total
 
 
 def ex02() -> tuple[int, int]:

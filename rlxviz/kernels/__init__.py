@@ -14,6 +14,10 @@ built it, threaded over rows or (batch, head, query block) work items on the CPU
   12 x 32 on AVX-512); each output sums K products in order, within `K * eps * sum |x w|` of the exact
   product like BLAS's (`tests/test_gemm.py`). The lowering uses it only with `LoweringOptions(gemm=True)`.
 
+Beside the kernels, `program_tape(outputs)` (`src/tape.cpp`) reads MLX's unevaluated graph of `outputs`: one
+record per primitive with the shape, dtype and nbytes of its inputs and outputs (`session.program.ProgramBytes`
+counts the bytes a lowered version moves from it).
+
 Their transcendentals are `rlxviz.runtime.fast`'s formulas (exp 2e-7 relative, erf 4.2e-7 and tanh
 3.6e-7 absolute), so they agree with the fast-math lowering they replace to float32 rounding.
 

@@ -13,7 +13,8 @@ One module per job:
 * `timing`: time every version on MLX with a verdict from one tolerance table (`runtime.precision`).
 * `render`: a drawing as a pure function of (trace, view), cached by the trace's content key.
 * `traffic`: the memory traffic a pass's fusions removed (a model of the executed program).
-* `program`: what the backend runs, read from the backend (MLX's primitives of a lowered version).
+* `program`: what the backend runs, read from the backend (MLX's primitives of a lowered version and the
+  bytes they move, `ProgramBytes`).
 * `roofline`: FLOPs, bytes moved and arithmetic intensity per op and per version.
 
 Errors a user can fix are `SessionError`s (one line); front ends match them by type.
@@ -36,7 +37,15 @@ from .loading import (
     unknown_model,
 )
 from .pipeline import build_pipeline, format_passes, pass_catalog, run_pipeline, version_index
-from .program import ProgramPrimitives, VersionPrimitives, format_primitives, mlx_primitives, version_primitives
+from .program import (
+    KernelBytes,
+    ProgramBytes,
+    ProgramPrimitives,
+    VersionPrimitives,
+    format_primitives,
+    mlx_primitives,
+    version_primitives,
+)
 from .render import View
 from .roofline import (
     ERF_FLOPS,
@@ -106,5 +115,5 @@ __all__ = ["ModelText", "shown",
            "unknown_model", "variant_named", "variant_unavailable", "version_index",
            "OpCost", "Ridge", "VersionRoofline", "graph_flops", "machine_ridge", "op_costs", "program_bytes",
            "roofline", "ProgramPrimitives", "VersionPrimitives", "format_primitives", "mlx_primitives",
-           "version_primitives", "sdpa_fused", "ERF_FLOPS", "attainable_ms", "bound",
+           "version_primitives", "KernelBytes", "ProgramBytes", "sdpa_fused", "ERF_FLOPS", "attainable_ms", "bound",
            "PairedVerdict", "busy_warning", "compare_versions", "paired_verdict", "timing_table"]

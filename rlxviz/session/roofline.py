@@ -10,15 +10,20 @@ as 1 per input element, `softmax` as its exp plus 4, `layer_norm` / `rms_norm` a
 data movement as 0; a fused op counts its decomposition (`unfuse`). These counts are a **model** of the
 arithmetic (MLX's GPU `mx.erf` is another formulation of about the same size), not a hardware counter.
 FLOPs are counted on each version's decomposition: a fusion changes none (canonicalizing a primitive norm into
-`layer_norm` or removing dead code may, slightly); a version's bytes are the input's minus what each pass saves
-in the executed program (`executed_traffic_saved`, `shared_input_saved`).
+`layer_norm` or removing dead code may, slightly). A version's bytes are **read from MLX** when `roofline`
+is given the inputs: the bytes of the program MLX runs for one call (`program.ProgramBytes`: each kernel's
+distinct inputs read once and outputs written once, from MLX's graph, plus CPU AddMM's modelled bias
+pre-fill); without inputs they are a **model**, the input's bytes minus what each pass saves in the
+executed program (`executed_traffic_saved`, `shared_input_saved`).
 `machine_ridge` measures where this machine's roofline bends.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
 
 from ..ir import Graph, Node, Op
 from ..ir.ops import ELEMENTWISE, FUSED, MOVEMENT, REDUCE
@@ -127,13 +132,15 @@ def program_bytes(graph: Graph) -> int:
 @dataclass(frozen=True)
 class VersionRoofline:
     """One graph version: `flops` per call, bytes moved by the program MLX runs on `device` (`bytes`) and by
-    one ideal kernel per fused op (`ideal_bytes`)."""
+    one ideal kernel per fused op (`ideal_bytes`, a model); `bytes_source` says where `bytes` came from:
+    `MLX's graph` (read from the lowered program, `program.ProgramBytes.total`) or `model` (`traffic`)."""
 
     index: int
     label: str
     flops: int
     bytes: int
     ideal_bytes: int
+    bytes_source: str = "model"
 
     @property
     def intensity(self) -> float:
@@ -145,12 +152,31 @@ class VersionRoofline:
         return self.flops / self.ideal_bytes
 
 
-def roofline(trace: Trace, device: str = "cpu") -> list[VersionRoofline]:
+def roofline(trace: Trace, device: str = "cpu", feeds: Mapping[str, Any] | None = None,
+             weights: Mapping[str, Any] | None = None) -> list[VersionRoofline]:
     """FLOPs, bytes and intensity of every version of `trace` (version 0 is its input, a primitive graph).
+
+    Args:
+        trace: a pipeline run from an unfused graph.
+        device: `cpu` or `gpu`.
+        feeds / weights: the inputs and params by name (NumPy or MLX arrays). Given, each version's `bytes`
+            is read from the program MLX runs (`program.version_primitives`); omitted, it is the model.
 
     Raises:
         ValueError: unknown device; a fused op in the input graph (start from the unfused model).
+        DeviceError / KeyError: as `program.mlx_primitives` (only when `feeds` is given).
     """
+    rows = _model_roofline(trace, device)
+    if feeds is None:
+        return rows
+    from .program import version_primitives
+
+    read = version_primitives(trace, feeds, weights, device)
+    return [replace(r, bytes=p.program.bytes.total if p.program.bytes else r.bytes, bytes_source="MLX's graph")
+            for r, p in zip(rows, read, strict=True)]
+
+
+def _model_roofline(trace: Trace, device: str) -> list[VersionRoofline]:
     if any(n.op in FUSED for n in trace.input):
         raise ValueError("[roofline] the run's input graph has fused ops: start from the unfused model")
     flops, base = graph_flops(trace.input), program_bytes(trace.input)

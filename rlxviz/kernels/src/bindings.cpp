@@ -4,9 +4,11 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "gemm.h"
 #include "kernels.h"
+#include "tape.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -48,5 +50,8 @@ NB_MODULE(_rlxviz_kernels, m) {
   m.def("softmax", &rlxviz::softmax, "x"_a, "Softmax over the last axis (float32, CPU stream).");
   m.def("set_threads", &rlxviz::set_threads, "n"_a, "Threads the kernels use; n < 1: the CPUs this process may use.");
   m.def("threads", &rlxviz::threads, "Threads the kernels use.");
+  m.def("program_tape", &rlxviz::program_tape, "outputs"_a,
+        "MLX's unevaluated graph of `outputs`: [(primitive, [(id, shape, dtype, nbytes) per input], [... per "
+        "output])], inputs before readers; arrays without a primitive are leaves (not listed).");
   m.def("isa", &isa, "The vector instruction set this build was compiled for.");
 }
