@@ -59,7 +59,6 @@ import numpy as np
 
 from ...ir import Graph, Node, Op, Rewriter
 from ...ir.ops import kv_heads, operand_roles
-from ..architecture import interleaved_rope, rotate_half_rope
 from ..engine import Pass, PassResult, rule_pass
 from ..guard import (
     ILLEGAL,
@@ -76,6 +75,7 @@ from ..guard import (
     user_count,
 )
 from ..pattern import P, const_value, is_const
+from ..rope_forms import interleaved_rope, rotate_half_rope
 from ..rule import QUIET, Fail, Rule, Shape, Soft, User, reports
 from ..score_terms import ALIBI, CONTENT_POSITION, RELATIVE_BIAS, SINKS, SOFT_CAP, additive_term, score_terms
 from ..trace import Rejection

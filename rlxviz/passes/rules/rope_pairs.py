@@ -119,7 +119,7 @@ def _every_two(idx: np.ndarray) -> np.ndarray:
 
 def every_two(g: Graph, add: Node) -> tuple[int, int] | None:
     """`(add, rotated)` when `add` is `h * cos + rotate_every_two(h) * sin`, `rotated` the node computing
-    rotate_every_two(h) (any spelling: read by its index map), else None (`architecture.interleaved_rope`)."""
+    rotate_every_two(h) (any spelling: read by its index map), else None (`rope_forms.interleaved_rope`)."""
     found = _rotation(g, add)
     return None if found is None else (add.id, found[4])
 
