@@ -117,3 +117,16 @@ def test_torchscript_sdpa_guard_with_an_infinite_fill_packs_and_keeps_fully_mask
         np.testing.assert_allclose(run_reference(g, left, m.weights)[0], want, atol=1e-5, rtol=0)
         np.testing.assert_allclose(np.asarray(exact.run(g, left, m.weights)[0]), want, atol=1e-5, rtol=0)
         np.testing.assert_allclose(np.asarray(fast.run(g, left, m.weights)[0]), want, atol=1e-4, rtol=0)
+
+
+def test_the_fused_list_names_only_nodes_a_version_holds():
+    """`fuse_sdpa` rewrites a head split and then reads it into the rope op within one pass: the split's node is
+    in no version, and the layer's "fused as expected" list named it `? %182`. It lists what a version holds."""
+    m, _, _ = _load("gpt-neox.legacy-sdpa")
+    trace = Pipeline.canonical().run(m.graph)
+    held = {n.id: n.op.value for _, g in trace.versions() for n in g}
+    for layer in check_fusion(trace, "gpt-neox").layers:
+        assert layer.done
+        for entry in layer.done:
+            op, node = entry.split()[:2]
+            assert held[int(node[1:])] == op, entry

@@ -134,12 +134,13 @@ class LayerStatus:
         return "\n".join(lines)
 
 
-def _op_of(trace: Trace, node: int) -> str:
-    """The op of node id `node` in the first version that has it."""
+def _op_of(trace: Trace, node: int) -> str | None:
+    """The op of node id `node` in the first version that has it; None for a node a later rewrite of the same
+    pass consumed (e.g. `fuse_sdpa`'s head split, read into the rope op before the pass's version is taken)."""
     for _, g in trace.versions():
         if node in g:
             return g[node].op.value
-    return "?"
+    return None
 
 
 def _silent(trace: Trace, layer: int, pass_name: str) -> str:
@@ -261,8 +262,8 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
     done: list[str] = []
     expected = PRODUCTS[LAYER_PASS] if expect_ftl else ""
     if not arch.post_ln:
-        done = [f"{_op_of(trace, n)} %{n} ({o.pass_name})" for o in ex.outcomes if o.status == "fused"
-                for n in o.nodes]
+        done = [f"{op} %{n} ({o.pass_name})" for o in ex.outcomes if o.status == "fused"
+                for n in o.nodes if (op := _op_of(trace, n)) is not None]
         wanted = [o.pass_name for o in ex.outcomes if o.status == "fused" or o in rejected]
         expected = ", ".join(PRODUCTS.get(n, n) for n in dict.fromkeys(wanted))
     made = {(o.rule, g) for o in ex.outcomes if o.status == "fused" for g, _, _ in o.soft}
