@@ -181,22 +181,32 @@ def _rotation(g: Graph, add: Node) -> tuple[int, int, int, int, list[int]] | Non
     return None
 
 
+def partial_rotary(g: Graph, add: Node, h: int, r: int) -> tuple[int, list[int], int] | None:
+    """`(heads, core, result)` when the rotation `add` of `h = heads[..., :r]` is partial rotary:
+    `concat(add, heads[..., r:], axis=-1)` (GPT-NeoX, Phi); `core` the form's extra nodes, `result` the concat.
+    None when h is the whole heads (GPT-NeoX's Q with full rotary: the first d of a per-head [q, k, v])."""
+    hn, users = g[h], g.users(add.id)
+    if hn.op != Op.NARROW or hn.attrs["start"] != 0 or hn.attrs["axis"] not in (-1, _last(hn)) or len(users) != 1 \
+            or g[hn.inputs[0]].shape[-1] <= r:
+        return None
+    heads, tail = hn.inputs[0], users[0]
+    d = g[heads].shape[-1]
+    if tail.op == Op.CONCAT and len(tail.inputs) == 2 and tail.inputs[0] == add.id and \
+            tail.attrs["axis"] in (-1, _last(tail)) and _narrow(g, tail.inputs[1], heads, r, d - r):
+        return heads, [add.id, h, tail.inputs[1]], tail.id
+    return None
+
+
 def _form(g: Graph, add: Node) -> _Form | None:
     """The rotation whose sum is `add`, full or partial (see the module doc), or None."""
     found = _rotation(g, add)
     if found is None:
         return None
     h, r, cos4, sin4, core = found
-    split, result, hn, users = h, add.id, g[h], g.users(add.id)
-    if hn.op == Op.NARROW and hn.attrs["start"] == 0 and hn.attrs["axis"] in (-1, _last(hn)) and len(users) == 1 \
-            and g[hn.inputs[0]].shape[-1] > r:  # partial rotary: h = heads[..., :r], then concat(out, heads[..., r:])
-        heads, tail = hn.inputs[0], users[0]
-        d = g[heads].shape[-1]
-        if tail.op == Op.CONCAT and len(tail.inputs) == 2 and tail.inputs[0] == add.id and \
-                tail.attrs["axis"] in (-1, _last(tail)) and _narrow(g, tail.inputs[1], heads, r, d - r):
-            split = heads
-            core += [add.id, h, tail.inputs[1]]
-            result = tail.id  # else h itself is the heads (GPT-NeoX's Q: the first d of a per-head [q, k, v])
+    split, result = h, add.id
+    if (partial := partial_rotary(g, add, h, r)) is not None:
+        split, extra, result = partial
+        core += extra
     if g[split].rank != 4:
         return None
     hs = head_split(g, split)

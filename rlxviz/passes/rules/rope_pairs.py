@@ -32,7 +32,7 @@ import numpy as np
 
 from ...ir import Graph, Node, Op, Rewriter
 from ..trace import Match
-from .rope_heads import _halves, _last, _narrow, _other
+from .rope_heads import _halves, _other, partial_rotary
 
 RULE = "fuse_sdpa.rope_pairs"
 MAX_INDEX = 1 << 24
@@ -166,17 +166,11 @@ def _form(g: Graph, add: Node) -> _Form | None:
     if found is None:
         return None
     h, cos, sin, core, _ = found
-    heads, result, hn, users = h, add.id, g[h], g.users(add.id)
-    r = hn.shape[-1]
-    if hn.op == Op.NARROW and hn.attrs["start"] == 0 and hn.attrs["axis"] in (-1, _last(hn)) and len(users) == 1 \
-            and g[hn.inputs[0]].shape[-1] > r:
-        whole, tail = hn.inputs[0], users[0]
-        d = g[whole].shape[-1]
-        if tail.op == Op.CONCAT and len(tail.inputs) == 2 and tail.inputs[0] == add.id and \
-                tail.attrs["axis"] in (-1, _last(tail)) and _narrow(g, tail.inputs[1], whole, r, d - r):
-            heads = whole
-            core += [add.id, h, tail.inputs[1]]
-            result = tail.id  # else h itself is the heads
+    heads, result = h, add.id
+    r = g[h].shape[-1]
+    if (partial := partial_rotary(g, add, h, r)) is not None:
+        heads, extra, result = partial
+        core += extra
     hs = g[heads].shape
     seq = next((ax for ax in (1, 2) if all(_tables_fit(g, t, hs[ax], r) == ax for t in (cos, sin))), None)
     if seq is None or any(_halves(g, t, pairs=True) for t in (cos, sin)):
