@@ -1,7 +1,6 @@
 """Per-node overlays (`session.overlays`): node identity across versions, the error of each node against version
 0's reference, the time share, their bounds (memory budget, time limit), the colours (`viz.heat`) and the CLI."""
 
-import numpy as np
 import pytest
 from clirun import one_line_error, run
 
