@@ -8,9 +8,15 @@ import traceback
 
 from .. import session
 from ..ir import GraphError, IRSyntaxError
-from ..session import SessionError
+from ..models import VARIANTS
+from ..session import OVER_THRESHOLD, SessionError
 from .sources import SourceError
 from .text import md_escape
+
+SHAPE_VARIANT = OVER_THRESHOLD
+VARIANT_LABELS: dict[str, str] = {name: v.label for name, v in VARIANTS.items()}
+"""Teaching variants, one click each (the labels of `models.VARIANTS`). All but `over_threshold` change one
+layer of the model; `over_threshold` raises the sequence length so batch*seq exceeds the attention threshold."""
 
 
 def scrub_paths(text: str, upload_dir: str, temp_dir: str) -> str:
