@@ -11,8 +11,9 @@ from typing import Any
 from .. import session
 from ..ir import Graph, format_graph
 from ..passes import PassStep, Trace
-from ..session import LayerStatus, SessionError, View
+from ..session import LayerStatus, SessionError, View, overlays
 from ..session import render as drawing
+from ..viz.heat import legend
 from .views import AUTO, COLLAPSED, FOCUS, FULL
 from .wording import md_lines
 
@@ -174,8 +175,21 @@ class Derived:
         return drawing.dot(*self._drawing(k, view or self.resolved_view()))
 
     def svg(self, k: int | None = None, view: str | None = None) -> str:
-        """SVG of shown version `k` with its pass's fused nodes marked (cached by trace content, version, view)."""
-        return drawing.svg(*self._drawing(k, view or self.resolved_view()))
+        """SVG of shown version `k` with its pass's fused nodes marked, and the node colours of `overlay` when they
+        were measured for it (cached by trace content, version, view and colours)."""
+        return drawing.svg(*self._drawing(k, view or self.resolved_view()), self.heat(k))
+
+    def heat(self, k: int | None = None) -> drawing.Heat:
+        """The node fills of `node_figures` (`session.overlays.heat`) when they belong to shown version `k` of the
+        run shown, else none (op colours)."""
+        f = self.node_figures
+        if f is None or self.trace is None or self.overlay != f.kind or f.version != self.version_index(k):
+            return ()
+        return overlays.heat(f)
+
+    def overlay_legend(self) -> list[tuple[str, str]]:
+        """(fill, range) per colour of the chosen overlay (`viz.heat.legend`); [] for none."""
+        return legend(self.overlay) if self.overlay != "none" else []
 
     def svg_before(self, k: int | None = None, view: str | None = None) -> str:
         """SVG of the graph before version `k`'s pass, with its matches clustered and rejections marked."""

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import html
 import io
 from typing import Any
 
@@ -13,6 +14,7 @@ import param
 from panel.viewable import Viewer
 
 from ..ir import Graph, format_graph
+from ..session.overlays import UNITS
 from .explain import counterpart_line, counterparts, decision_rows, node_report, report_markdown
 from .graphpane import SvgGraph, folded_index
 from .irdiff import diff_table, side_by_side
@@ -61,6 +63,24 @@ for (const view of Bokeh.index.find(source)) {
 """Browser code run when the version player's range changes: its range input takes the new min and max."""
 
 
+OVERLAY_CHOICES = {"op (no overlay)": "none", "time share": "time", "error vs input": "error"}
+"""The overlay selector's labels for `AppState.overlay`'s values."""
+
+
+def legend_html(rows: list[tuple[str, str]], unit: str, status: str) -> str:
+    """The overlay's legend: its unit, one swatch per colour with its range, and the measurement's status; every
+    text escaped (they are the app's own words and numbers, never a model's)."""
+    if not rows:
+        return ""
+    sw = "".join(f'<span class="rv-swatch" style="background:{html.escape(c)}"></span>'
+                 f'<span class="rv-range">{html.escape(r)}</span>' for c, r in rows)
+    note = f' <span class="rv-legend-status">{html.escape(status)}</span>' if status else ""
+    return (f'<div class="rv-legend-body"><b>Node colour:</b> {html.escape(unit)}{note}<br>{sw}</div>'
+            "<style>.rv-swatch{display:inline-block;width:14px;height:11px;border:1px solid #999;"
+            "margin:0 3px 0 8px;vertical-align:middle}.rv-range{font-size:12px}"
+            ".rv-legend-status{color:#8a6d00}</style>")
+
+
 class VersionStepper(Viewer):
     """Step through versions: ◀ / ▶, a list of versions, a player; hide unchanged passes; node counts."""
 
@@ -98,6 +118,12 @@ class VersionStepper(Viewer):
         self.fold.on_click(lambda e: setattr(s, "expanded_layers", []))
         s.param.watch(lambda *e: setattr(self.fold, "visible", bool(s.expanded_layers)
                                          and s.resolved_view() == COLLAPSED), ["expanded_layers", "view", "trace"])
+        self.overlay = pn.widgets.Select(name="Colour nodes by", options=OVERLAY_CHOICES, value=s.overlay, width=150,
+                                         css_classes=["rv-overlay"],
+                                         description="colour the after pane's nodes by a figure measured on this "
+                                                     "version (in the timing process)")
+        self.overlay.param.watch(lambda e: setattr(s, "overlay", e.new), "value")
+        s.param.watch(lambda e: setattr(self.overlay, "value", e.new), "overlay")
         self.counts = pn.pane.HTML(self._counts(), sizing_mode="stretch_width", css_classes=["rv-counts"])
         s.param.watch(self._sync, ["trace", "version", "hide_unchanged"])
 
@@ -150,7 +176,8 @@ class VersionStepper(Viewer):
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(pn.FlexBox(self.prev, self.select, self.next, self.player, self.hide, self.view, self.layer,
-                                    self.fold, flex_wrap="wrap", align_items="flex-end", sizing_mode="stretch_width"),
+                                    self.fold, self.overlay, flex_wrap="wrap", align_items="flex-end",
+                                    sizing_mode="stretch_width"),
                          self.counts, sizing_mode="stretch_width")
 
 
@@ -170,11 +197,14 @@ class GraphCompare(Viewer):
             g.param.watch(lambda e: setattr(s, "selected_node", e.obj.clicked), "clicks")
             g.param.watch(lambda e: s.toggle_layer(e.obj.layer_clicked), "layer_clicks")  # expand / fold in place
         self.note = pn.pane.Markdown("", css_classes=["rv-graph-note"], margin=(0, 10))
+        self.legend = pn.pane.HTML("", css_classes=["rv-legend"], margin=(0, 10), sizing_mode="stretch_width")
+        s.param.watch(self._legend, ["overlay", "node_figures", "overlay_status"])
         self.row = pn.Row(self.after, sizing_mode="stretch_both")
         self.stale = StaleMark(s, "graph", self.before, self.after)
         self._scoped_model: object = None
         self._model_seq = 0
-        s.param.watch(self._draw, ["model", "trace", "version", "view", "selected_layer", "expanded_layers"])
+        s.param.watch(self._draw, ["model", "trace", "version", "view", "selected_layer", "expanded_layers",
+                                   "node_figures"])
         s.param.watch(self._mark, ["highlight", "selected_node"])
         self._draw()
 
@@ -208,6 +238,13 @@ class GraphCompare(Viewer):
         self.note.object = f"**Not shown:** {md_escape(err)}" if err else ""
         self._mark()
 
+    def _legend(self, *events: param.parameterized.Event) -> None:
+        s = self.state
+        unit = UNITS.get(s.overlay, "")
+        if s.node_figures is not None and s.node_figures.unmatched:
+            unit += f"; {len(s.node_figures.unmatched)} node(s) hold values version 0 has not (no colour)"
+        self.legend.object = legend_html(s.overlay_legend(), unit, s.overlay_status)
+
     def _folded(self, graph: Graph | None) -> dict[str, list[list[int | str]]]:
         return folded_index(graph, list(self.state.expanded_layers)) if graph is not None else {}
 
@@ -223,7 +260,7 @@ class GraphCompare(Viewer):
             g.param.update(highlight=list(s.highlight), selected=sel, related=[i for i in rel if i != sel])
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column(self.stale.banner, self.note, self.row, sizing_mode="stretch_both")
+        return pn.Column(self.stale.banner, self.note, self.legend, self.row, sizing_mode="stretch_both")
 
 
 class NodeInspector(Viewer):

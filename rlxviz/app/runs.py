@@ -31,6 +31,9 @@ from .sources import (
 )
 from .wording import SHAPE_VARIANT, VARIANT_LABELS, explain_error, scrub_paths, timing_hint
 
+OVERLAY_TIME_LIMIT_S = 60.0
+"""Wall time one overlay measurement may take in the timing process; past it the figures measured so far show."""
+
 RUNS = session.cache.LRUCache(maxsize=8)
 """Finished loads by (`AppState.model_key`, `AppState.pipeline_key`): a weak reference to the `Model` and its
 `Trace`, shared read-only by every session of the process (neither is ever changed in place: a new variant or
@@ -45,6 +48,11 @@ NO_TIMING: dict[str, Any] = {"timings": [], "timing_policy": "", "blas": ""}
 TIMING_RUNS = session.cache.LRUCache(maxsize=16)
 """The last timing runs (`timeproc.WorkerTiming`) by (trace key, data digest, repeat), for all sessions:
 "Time every version" shows them, "Time again" measures anew."""
+
+
+OVERLAY_RUNS = session.cache.LRUCache(maxsize=32)
+"""Per-node figures (`session.overlays.NodeFigures`) by (trace key, version index, kind, data digest, device), for
+all sessions: stepping back to a measured version shows its colours at once."""
 
 
 def import_check(model: Model) -> tuple[str, bool]:
@@ -353,6 +361,54 @@ class Runs:
         except Exception as e:  # noqa: BLE001
             text = f"Timing failed: {type(e).__name__}: {e}\n{timing_hint(e)}"
             page(lambda: self._error(text))
+        finally:
+            page(self._stop)
+
+    def measure_overlay(self) -> None:
+        """Fill `node_figures` for the shown version and the chosen `overlay` (none: clear them): from
+        `OVERLAY_RUNS`, else measured as a job in the timing process (`timeproc.figures_in_worker`: the memory
+        budget checked first, a time limit between nodes)."""
+        if self.overlay == "none" or self.trace is None or self.model is None:
+            self.param.update(node_figures=None, overlay_status="")
+            return
+        key = self._overlay_key()
+        hit = OVERLAY_RUNS.get(key)
+        if hit is not None:
+            self.param.update(node_figures=hit, overlay_status=hit.note)
+            return
+        self.param.update(node_figures=None, overlay_status="measuring…")
+        self.runner.submit("overlay", lambda: self._overlay_job(key))
+
+    def _overlay_key(self) -> tuple:
+        model = self.model
+        user = self.user_inputs if self._inputs_fit(model) else None
+        feeds = user.feeds if user is not None else session.feeds(model, self.text)
+        return (self.trace.key, self.version_index(), self.overlay,
+                session.timing.arrays_digest(feeds, model.weights), self.device)
+
+    def _overlay_job(self, key: tuple) -> None:
+        """Measure in the timing process; the state changes on the page's thread, only if the page still asks
+        for this (trace, version, kind)."""
+        page = self.runner.on_page
+        trace, model, version, kind = self.trace, self.model, self.version_index(), self.overlay
+        what = "time share" if kind == "time" else "error against version 0's reference"
+        page(lambda: self._start(f"Measuring each node's {what} in the timing process…", still=kind == "time"))
+        try:
+            user = self.user_inputs if self._inputs_fit(model) else None
+            feeds = user.feeds if user is not None else session.feeds(model, self.text)
+            figs = OVERLAY_RUNS.put(key, timeproc.figures_in_worker(
+                trace, version, kind, feeds, model.weights, device=self.device, limits=Limits.resolve(),
+                time_limit_s=OVERLAY_TIME_LIMIT_S))
+
+            def show() -> None:
+                if self.trace is trace and self.version_index() == version and self.overlay == kind:
+                    self.param.update(node_figures=figs, overlay_status=figs.note)
+
+            page(show)
+        except Exception as e:  # noqa: BLE001 - a refusal or failure is a message
+            why = str(e) if isinstance(e, SessionError) else f"{type(e).__name__}: {e}\n{timing_hint(e)}"
+            text = f"The {what} overlay failed: {why}"
+            page(lambda: (self.param.update(overlay_status="not measured"), self._error(text)))
         finally:
             page(self._stop)
 

@@ -26,6 +26,7 @@ from .. import session
 from ..models import VARIANTS, BertConfig, Model
 from ..passes import CANONICAL_ORDER, DEFAULT_PARAMS, PASSES, Trace, layer_of
 from ..runtime.devices import available_devices
+from ..session.overlays import KINDS
 from .derived import FULL_VIEW_LAYERS, FULL_VIEW_LIMIT, Derived
 from .jobs import Runner
 from .runs import NO_TIMING, RUNS, TIMING_RUNS, Runs, import_check
@@ -33,6 +34,9 @@ from .views import AUTO, COLLAPSED, VIEWS
 from .wording import SHAPE_VARIANT, VARIANT_LABELS, scrub_paths
 
 SOURCES = ("preset", "checkpoint", "upload", "ir")
+
+OVERLAYS = ("none", *KINDS)
+"""The overlay selector's choices: op colours, or a per-node figure (`session.overlays.KINDS`)."""
 
 
 def move_position(order: list[str], off: list[int], i: int, delta: int) -> tuple[list[str], list[int]] | None:
@@ -85,6 +89,9 @@ class AppState(Runs, Derived, param.Parameterized):
     expanded_layers = param.List(default=[], item_type=int,
                                  doc="Layers drawn open in place in the collapsed view (the others stay boxes).")
     highlight = param.List(default=[], item_type=int, doc="Node ids highlighted (a table row's match/rejection).")
+    overlay = param.Selector(objects=list(OVERLAYS), default="none",
+                             doc="Node colours of the shown version: none (op colours), each node's share of the "
+                                 "measured time, or its error against version 0's reference (`session.overlays`).")
 
     # -- results (set by jobs) --------------------------------------------------------------------
     model = param.ClassSelector(class_=Model, default=None, allow_None=True, doc="The loaded `Model`.")
@@ -93,6 +100,10 @@ class AppState(Runs, Derived, param.Parameterized):
     blas = param.String("", doc="Which BLAS MLX uses.")
     user_inputs = param.Parameter(None, doc="The user's input arrays (`runtime.battery.InputSet`) or None.")
     timing_policy = param.String("", doc="The precision policy and the input sets of the last timing run.")
+    node_figures = param.Parameter(None, doc="`session.overlays.NodeFigures` of the shown version for `overlay` "
+                                             "(None: none chosen, or not measured yet).")
+    overlay_status = param.String("", doc="Where the overlay's measurement stands: 'measuring…', why it is "
+                                          "partial (the time limit), 'not measured' after a failure, or ''.")
     message = param.String("", doc="The last error or notice, in plain words with what to do.")
     stale = param.String("", doc="Why the panes show an older model or run than the controls ask for (the last load "
                                  "or pipeline run failed), in plain words; '' when they show what was asked.")
@@ -354,6 +365,11 @@ class AppState(Runs, Derived, param.Parameterized):
 
 
 
+    @param.depends("overlay", "version", "trace", "hide_unchanged", "device", watch=True)
+    def _overlay_changed(self) -> None:
+        """A new overlay choice, version or run: the colours of the version shown, measured when not yet."""
+        self.measure_overlay()
+
     @param.depends("model", watch=True)
     def _drop_user_inputs(self) -> None:
         """Arrays uploaded for one model are not the next model's: a new model starts on its own inputs."""
@@ -365,4 +381,4 @@ class AppState(Runs, Derived, param.Parameterized):
 
 
 __all__ = ["FULL_VIEW_LAYERS", "FULL_VIEW_LIMIT", "NO_TIMING", "RUNS", "SHAPE_VARIANT", "SOURCES", "TIMING_RUNS",
-           "VARIANT_LABELS", "AppState", "import_check", "move_position", "scrub_paths"]
+           "VARIANT_LABELS", "OVERLAYS", "AppState", "import_check", "move_position", "scrub_paths"]
