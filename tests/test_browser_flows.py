@@ -9,7 +9,6 @@ machine. Screenshots go to test-artifacts/flow-*.png (docs/img/ holds copies).
 """
 
 import base64
-import os
 import re
 
 import pytest
@@ -18,29 +17,19 @@ from served import (
     ART,
     ROOT,
     WAIT_MS,
+    browser_fixture,
     choose_version,
-    chromium,
     close_inspector,
-    free_port,
     open_tab,
-    served_app,
+    server_fixture,
     watched_page,
 )
 
 expect.set_options(timeout=WAIT_MS)
 
 
-@pytest.fixture(scope="module")
-def server():
-    port = free_port()
-    with served_app(port, "127.0.0.1", [f"127.0.0.1:{port}"], dict(os.environ), "server-flows.log") as t0:
-        yield f"http://127.0.0.1:{port}/app", t0
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as b:
-        yield b
+server = server_fixture("server-flows.log")
+browser = browser_fixture()
 
 
 DROP_JS = """([b64, name]) => {

@@ -182,7 +182,8 @@ class VariantControls(Viewer):
                                   sizing_mode="stretch_width", css_classes=[f"rv-variant-{name}"], margin=(2, 5))
             b.on_click(lambda e, n=name: s.apply_variant(n))
             self.buttons[name] = b
-        self.layer = pn.widgets.IntInput.from_param(s.param.variant_layer, name="Layer to break", width=120)
+        self.layer = pn.widgets.IntInput.from_param(s.param.variant_layer, name="Layer to break", width=120,
+                                                  css_classes=["rv-variant-layer"])
         self.why_off = pn.pane.Markdown("", styles={"font-size": "12px"}, css_classes=["rv-variant-note"])
         s.param.watch(self._mark, "variant")
         s.param.watch(self._enable, ["source", "preset", "model"])

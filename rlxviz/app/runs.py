@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import session
 from ..ir import IRSyntaxError
-from ..models import Model
+from ..models import VARIANTS, Model
 from ..passes import Trace
 from ..runtime.battery import EXPECTED_PREFIX
 from ..session import Limits, SessionError
@@ -213,6 +213,8 @@ class Runs:
         labels = self._visible(trace)
         version = min(self.version, len(labels) - 1) if self.trace is None else self._same_version(trace, labels)
         new = {"model": model, "selected_node": None} if model is not None else {}
+        if model is not None:
+            self._bound_variant_layer(model)
         self.param.version.bounds = (0, max(len(labels) - 1, 0))
         self.param.update(**new, trace=trace, version=max(version, 0), highlight=[], stale="", **NO_TIMING)
         self._shown_key = (self._model_key, self.pipeline_key())
@@ -226,6 +228,14 @@ class Runs:
                         kind="danger")
         elif self.message_kind == "danger":
             self.param.update(message="", message_kind="info")
+
+    def _bound_variant_layer(self, model: Model) -> None:
+        """"Layer to break" takes only the layers `model` has (0..N-1); a value already past them is left for the
+        load to refuse in words."""
+        n = len(session.model_layers(model.graph))
+        hi = max(n - 1, 0)
+        if self.variant_layer <= hi:
+            self.param.variant_layer.bounds = (0, hi)
 
     def _same_version(self, trace: Trace, labels: list[tuple[int, str]]) -> int:
         """Keep the selected version's pass when re-running (else the nearest earlier one)."""
@@ -270,8 +280,19 @@ class Runs:
         else:
             where = "" if layer is None else f" in layer {layer}"
             text = f"Teaching variant '{label}':{shape} no pass rejected anything{where}."
+        text = text.replace(f"Teaching variant '{label}':", f"Teaching variant '{label}' ({self._variant_meant()}):", 1)
         self._variant_notice = text
         self.param.update(message=text, message_kind="info")
+
+    def _variant_meant(self) -> str:
+        """What the chosen teaching variant is meant to show (`Variant.breaks`), and whether the run agrees."""
+        v = VARIANTS[self.variant]
+        layer = None if self.variant == SHAPE_VARIANT else self.variant_layer
+        fused = (self.layer_status(layer).fused if layer is not None and layer in self.layers()
+                 else not any(not r.soft for r in self.trace.rejections))
+        if v.breaks:
+            return "meant to break the fusion" + ("; yet it fused" if fused else "")
+        return "meant to keep the fusion: the rules should still fuse it" + ("" if fused else "; yet it did not fuse")
 
     def load_upload(self, files: dict[str, bytes]) -> None:
         """Accept an uploaded `config.json` + `model.safetensors` or one `.onnx` file (size-limited) and load it.
