@@ -417,6 +417,15 @@ TIMING_HIDDEN = ["#", "p25_ms", "p75_ms", "ci_low", "ci_high", "min_ms", "iqr_ms
 its interval, both verdicts) fits a 1280 px window."""
 
 
+TIMING_TITLES = {"median_ms": "median ms", "first_call_ms": "first call ms", "max_err": "max err",
+                 "speedup": "speed-up", "ci": "95% ci", "vs_input": "vs input", "vs_previous": "vs previous"}
+"""Column titles in words, so they wrap in a narrow column instead of being cut off."""
+
+TIMING_HEADER_CSS = (".tabulator-col .tabulator-col-title { white-space: normal; overflow-wrap: anywhere; "
+                     "font-size: 12px; line-height: 1.2; }")
+"""Timing table headers wrap (at 1280 px with the sidebar open each column is about 75 px wide)."""
+
+
 class TimingView(Viewer):
     """Time every version on MLX in a worker process, in interleaved rounds (`session.time_versions`, as the CLI);
     median ms per version as a Bokeh bar chart with the IQR as a whisker and the speed-up over the unfused graph,
@@ -445,8 +454,9 @@ class TimingView(Viewer):
                       "user_inputs")
         # fit_columns: every column within the pane's width (speed-up, verdict, vs_input were cut off at 1280 px)
         self.table = pn.widgets.Tabulator(pd.DataFrame(), show_index=False, disabled=True, sizing_mode="stretch_width",
-                                          css_classes=["rv-timings"], layout="fit_columns", widths={"version": 240},
-                                          hidden_columns=TIMING_HIDDEN,
+                                          css_classes=["rv-timings"], layout="fit_columns", widths={"version": 200},
+                                          hidden_columns=TIMING_HIDDEN, titles=TIMING_TITLES,
+                                          stylesheets=[TIMING_HEADER_CSS],
                                           formatters={"max_err": error_formatter()})
         self.chart = pn.pane.Bokeh(None, sizing_mode="stretch_width", height=340, css_classes=["rv-timing-chart"])
         self.stale = StaleMark(s, "timing", self.chart, self.table)
