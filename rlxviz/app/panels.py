@@ -421,8 +421,9 @@ TIMING_TITLES = {"median_ms": "median ms", "first_call_ms": "first call ms", "ma
                  "speedup": "speed-up", "ci": "95% ci", "vs_input": "vs input", "vs_previous": "vs previous"}
 """Column titles in words, so they wrap in a narrow column instead of being cut off."""
 
-TIMING_HEADER_CSS = (".tabulator-col .tabulator-col-title { white-space: normal; overflow-wrap: anywhere; "
-                     "font-size: 12px; line-height: 1.2; }")
+TIMING_HEADER_CSS = (".tabulator .tabulator-header .tabulator-col .tabulator-col-content .tabulator-col-title "
+                     "{ white-space: normal !important; overflow-wrap: anywhere; text-overflow: clip; font-size: 12px; "
+                     "line-height: 1.2; }")
 """Timing table headers wrap (at 1280 px with the sidebar open each column is about 75 px wide)."""
 
 
