@@ -374,6 +374,7 @@ class Runs:
             policy = next((r.policy for r in run.rows if r.policy is not None), None)
             where = next((r.context for r in run.rows if r.context is not None), None)
             # device, precision policy (f32 / TF32), BLAS and its threads, and where the timing ran
+            self._timed = (trace, run.rows)
             page(lambda: self.trace is trace and self.param.update(  # not over a newer run's tab
                 timing_policy=(policy.describe() + "\n\n" if policy else "") + sets.describe(),
                 blas=(f"{where if where is not None else 'MLX'}; {self.repeat} interleaved round(s) per version, "
