@@ -199,7 +199,6 @@ class VariantControls(Viewer):
         off = list(dict.fromkeys(r for r in reasons.values() if r))
         self.why_off.object = " ".join(f"*{md_escape(r)}*" for r in off)
         self.layer.disabled = all(reasons[n] for n in self.buttons if n not in ("none", SHAPE_VARIANT))
-        self.layer.param.update(start=0, end=self.state.param.variant_layer.bounds[1])  # the model's layers only
 
     def _layer_typed(self, event: param.parameterized.Event) -> None:
         """A layer the model has becomes the variant's layer; any other value is put back, with the range said."""
