@@ -118,12 +118,6 @@ class VersionStepper(Viewer):
         self.fold.on_click(lambda e: setattr(s, "expanded_layers", []))
         s.param.watch(lambda *e: setattr(self.fold, "visible", bool(s.expanded_layers)
                                          and s.resolved_view() == COLLAPSED), ["expanded_layers", "view", "trace"])
-        self.overlay = pn.widgets.Select(name="Colour nodes by", options=OVERLAY_CHOICES, value=s.overlay, width=150,
-                                         css_classes=["rv-overlay"],
-                                         description="colour the after pane's nodes by a figure measured on this "
-                                                     "version (in the timing process)")
-        self.overlay.param.watch(lambda e: setattr(s, "overlay", e.new), "value")
-        s.param.watch(lambda e: setattr(self.overlay, "value", e.new), "overlay")
         self.counts = pn.pane.HTML(self._counts(), sizing_mode="stretch_width", css_classes=["rv-counts"])
         s.param.watch(self._sync, ["trace", "version", "hide_unchanged"])
 
@@ -176,7 +170,7 @@ class VersionStepper(Viewer):
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(pn.FlexBox(self.prev, self.select, self.next, self.player, self.hide, self.view, self.layer,
-                                    self.fold, self.overlay, flex_wrap="wrap", align_items="flex-end",
+                                    self.fold, flex_wrap="wrap", align_items="flex-end",
                                     sizing_mode="stretch_width"),
                          self.counts, sizing_mode="stretch_width")
 
@@ -197,6 +191,12 @@ class GraphCompare(Viewer):
             g.param.watch(lambda e: setattr(s, "selected_node", e.obj.clicked), "clicks")
             g.param.watch(lambda e: s.toggle_layer(e.obj.layer_clicked), "layer_clicks")  # expand / fold in place
         self.note = pn.pane.Markdown("", css_classes=["rv-graph-note"], margin=(0, 10))
+        # the overlay's choice sits with its legend over the panes (not in the version row: an extra row there took
+        # the IR editor's height at 1280x800)
+        self.overlay = pn.widgets.Select(options=OVERLAY_CHOICES, value=s.overlay, width=150, margin=(2, 10),
+                                         css_classes=["rv-overlay"])
+        self.overlay.param.watch(lambda e: setattr(s, "overlay", e.new), "value")
+        s.param.watch(lambda e: setattr(self.overlay, "value", e.new), "overlay")
         self.legend = pn.pane.HTML("", css_classes=["rv-legend"], margin=(0, 10), sizing_mode="stretch_width")
         s.param.watch(self._legend, ["overlay", "node_figures", "overlay_status"])
         self.row = pn.Row(self.after, sizing_mode="stretch_both")
@@ -260,7 +260,9 @@ class GraphCompare(Viewer):
             g.param.update(highlight=list(s.highlight), selected=sel, related=[i for i in rel if i != sel])
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column(self.stale.banner, self.note, self.legend, self.row, sizing_mode="stretch_both")
+        bar = pn.Row(pn.pane.HTML("Colour nodes by", margin=(8, 0, 0, 10), styles={"font-size": "13px"}),
+                     self.overlay, self.legend, sizing_mode="stretch_width")
+        return pn.Column(self.stale.banner, self.note, bar, self.row, sizing_mode="stretch_both")
 
 
 class NodeInspector(Viewer):
