@@ -656,6 +656,46 @@ def add_time(sub: SubParsers) -> None:
     p.set_defaults(func=cmd_time)
 
 
+def cmd_overlay(args: argparse.Namespace) -> int:
+    """`rlxviz overlay MODEL --kind time|error [--after PASS]`: each node's share of the measured time, or its
+    error against version 0's reference, largest first (`session.overlays.node_figures`, as the app's overlay)."""
+    from .session import Limits, version_index
+    from .session.overlays import node_figures
+
+    if not 0 < args.time_limit < float("inf"):
+        raise CLIError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
+    model, trace = _run_model(args, workload="time")
+    k = version_index(trace, args.after)
+    figs = node_figures(trace, k, args.kind, model.random_feeds(seed=0), model.weights, repeat=args.repeat,
+                        device=args.device, limits=Limits.resolve(args.max_memory_mb), time_limit_s=args.time_limit)
+    _out(figs.render(trace.versions()[k][1], args.top))
+    return 0
+
+
+@subcommand
+def add_overlay(sub: SubParsers) -> None:
+    from .session.overlays import DEFAULT_TIME_LIMIT_S, KINDS
+
+    p = sub.add_parser("overlay", help="per-node time share or numeric error of a graph version",
+                       description="Each compute node of MODEL's version after PASS: with --kind time its share "
+                                   "of the per-node time (each node evaluated on its own on MLX, fastest of "
+                                   "--repeat), with --kind error max |value - reference| against the float64 "
+                                   "reference of the same node in the input graph (matched by node identity). "
+                                   "The app's overlay selector colours the graph with the same figures.")
+    _model_args(p)
+    p.add_argument("--kind", "-k", choices=KINDS, default="time", help="what to show per node (default: time)")
+    p.add_argument("--after", "-a", default="final", metavar="PASS",
+                   help="'final' (default), 'input', a pass name (its first run) or NAME#K (its K-th run)")
+    p.add_argument("--repeat", "-r", type=_int_in(1, 50), default=3, metavar="N",
+                   help="--kind time: evaluations per node, the fastest counts (default: %(default)s)")
+    p.add_argument("--top", type=_int_in(1, 100000), default=20, metavar="N",
+                   help="lines printed, largest first (default: %(default)s)")
+    p.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="S",
+                   help="stop between nodes after S seconds and print what was measured (default: %(default)s)")
+    _device_arg(p)
+    p.set_defaults(func=cmd_overlay)
+
+
 # ---------------------------------------------------------------------------------------------- main
 
 def _int_in(lo: int, hi: int) -> Callable[[str], int]:

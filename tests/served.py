@@ -168,3 +168,29 @@ def child_cpu_seconds() -> dict[str, float]:
         if kind:
             out[kind] += t.user + t.system
     return out
+
+
+def server_fixture(log_name: str, env: dict[str, str] | None = None):  # noqa: ANN201 - a pytest fixture
+    """A module-scoped fixture serving the app (`served_app` on a free localhost port, `env` over the environment);
+    it yields (page URL, server start time). One definition for every browser test module."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def server() -> Iterator[tuple[str, float]]:
+        port = free_port()
+        with served_app(port, "127.0.0.1", [f"127.0.0.1:{port}"], {**os.environ, **(env or {})}, log_name) as t0:
+            yield f"http://127.0.0.1:{port}/app", t0
+
+    return server
+
+
+def browser_fixture():  # noqa: ANN201 - a pytest fixture
+    """A module-scoped fixture: Debian's chromium, headless (`chromium`)."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def browser() -> Iterator[Browser]:
+        with chromium() as b:
+            yield b
+
+    return browser

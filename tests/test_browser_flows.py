@@ -9,7 +9,6 @@ machine. Screenshots go to test-artifacts/flow-*.png (docs/img/ holds copies).
 """
 
 import base64
-import os
 import re
 
 import pytest
@@ -18,29 +17,19 @@ from served import (
     ART,
     ROOT,
     WAIT_MS,
+    browser_fixture,
     choose_version,
-    chromium,
     close_inspector,
-    free_port,
     open_tab,
-    served_app,
+    server_fixture,
     watched_page,
 )
 
 expect.set_options(timeout=WAIT_MS)
 
 
-@pytest.fixture(scope="module")
-def server():
-    port = free_port()
-    with served_app(port, "127.0.0.1", [f"127.0.0.1:{port}"], dict(os.environ), "server-flows.log") as t0:
-        yield f"http://127.0.0.1:{port}/app", t0
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as b:
-        yield b
+server = server_fixture("server-flows.log")
+browser = browser_fixture()
 
 
 DROP_JS = """([b64, name]) => {
@@ -131,3 +120,42 @@ def test_engineer_flow_sync_weights_diff_download_drop(browser, server):
         expect(pg.locator(".rv-message")).to_contain_text("equals the ONNX model", timeout=3 * WAIT_MS)
         expect(pg.locator(".rv-version select")).to_contain_text("input")
         pg.screenshot(path=str(ART / "flow-dropped.png"))
+
+
+@pytest.mark.parametrize("kind,label,unit", [("time share", "time: ", "% of the per-node time"),
+                                             ("error vs input", "error vs version 0's reference: ",
+                                              "max |value - reference of version 0|")])
+def test_engineer_colours_nodes_by_time_share_and_error(browser, server, kind, label, unit):
+    """The overlay selector: the after pane's nodes take the palette's fills, each tooltip gives the node's figure,
+    the legend names the unit; back to "op" the op colours return. Screenshot test-artifacts/flow-overlay-*.png."""
+    with watched_page(browser, server[0], 1280, 800) as pg:
+        choose_version(pg, "after fuse_attention_block")
+        pg.locator(".rv-after g.node").first.wait_for()
+        pg.locator(".rv-overlay select").select_option(label=kind)
+        expect(pg.locator(".rv-legend")).to_contain_text(unit, timeout=3 * WAIT_MS)
+        tips = _tips(pg, label)
+        assert tips, "no node tooltip names its figure"
+        fills = pg.locator(".rv-after g.node path, .rv-after g.node polygon").evaluate_all(
+            "ps => ps.map((p) => p.getAttribute('fill'))")
+        assert {"#ffffb2", "#fed976", "#feb24c", "#fd8d3c", "#fc4e2a", "#e31a1c", "#b10026"} & set(fills), fills
+        pg.wait_for_timeout(300)
+        pg.screenshot(path=str(ART / f"flow-overlay-{kind.split()[0]}-1280x800.png"))
+        pg.locator(".rv-overlay select").select_option(label="op (no overlay)")
+        for _ in range(120):
+            if not _tips(pg, label, wait=False):
+                break
+            pg.wait_for_timeout(250)
+        assert not _tips(pg, label, wait=False)
+
+
+def _tips(pg, label, wait=True):
+    """The after pane's node tooltips (Graphviz writes them as the xlink:title of each node's link) that hold
+    `label`; with `wait`, polled until one does (the figures are measured in the timing process)."""
+    js = ("as => as.map((a) => a.getAttribute('xlink:title') || a.getAttributeNS('http://www.w3.org/1999/xlink', "
+          "'title') || '')")
+    for _ in range(240 if wait else 1):
+        got = [t for t in pg.locator(".rv-after g.node a").evaluate_all(js) if label in t]
+        if got or not wait:
+            return got
+        pg.wait_for_timeout(250)
+    return []

@@ -6,7 +6,6 @@ page's console must stay free of errors and no request may leave the machine. Sc
 test-artifacts/nav-*.png.
 """
 
-import os
 import re
 
 import pytest
@@ -14,30 +13,20 @@ from playwright.sync_api import expect
 from served import (
     ART,
     WAIT_MS,
+    browser_fixture,
     choose_version,
-    chromium,
     close_inspector,
-    free_port,
     open_sidebar,
     open_tab,
-    served_app,
+    server_fixture,
     watched_page,
 )
 
 expect.set_options(timeout=WAIT_MS)
 
 
-@pytest.fixture(scope="module")
-def server():
-    port = free_port()
-    with served_app(port, "127.0.0.1", [f"127.0.0.1:{port}"], dict(os.environ), "server-nav.log") as t0:
-        yield f"http://127.0.0.1:{port}/app", t0
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as b:
-        yield b
+server = server_fixture("server-nav.log")
+browser = browser_fixture()
 
 
 @pytest.fixture

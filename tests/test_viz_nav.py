@@ -182,7 +182,7 @@ def test_toggle_layer_expands_and_folds_in_the_app_state():
 def test_auto_view_is_the_overview_for_big_models_and_stays_across_versions(monkeypatch):
     """`auto`: more layers than FULL_VIEW_LAYERS (6: MiniLM is drawn whole, BERT-base's 12 layers are not) means
     the overview, decided on the input graph, so every version of the run gets the same view."""
-    from rlxviz.app import state as app_state
+    from rlxviz.app import derived as app_state  # where `resolved_view` reads it
 
     s = _state(preset="bert-tiny")
     assert app_state.FULL_VIEW_LAYERS == 6 and s.resolved_view() == "full"

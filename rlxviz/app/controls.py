@@ -182,7 +182,10 @@ class VariantControls(Viewer):
                                   sizing_mode="stretch_width", css_classes=[f"rv-variant-{name}"], margin=(2, 5))
             b.on_click(lambda e, n=name: s.apply_variant(n))
             self.buttons[name] = b
-        self.layer = pn.widgets.IntInput.from_param(s.param.variant_layer, name="Layer to break", width=120)
+        self.layer = pn.widgets.IntInput(name="Layer to break", value=s.variant_layer, start=0, width=120,
+                                         css_classes=["rv-variant-layer"])
+        self.layer.param.watch(self._layer_typed, "value")
+        s.param.watch(lambda e: setattr(self.layer, "value", e.new), "variant_layer")
         self.why_off = pn.pane.Markdown("", styles={"font-size": "12px"}, css_classes=["rv-variant-note"])
         s.param.watch(self._mark, "variant")
         s.param.watch(self._enable, ["source", "preset", "model"])
@@ -196,6 +199,16 @@ class VariantControls(Viewer):
         off = list(dict.fromkeys(r for r in reasons.values() if r))
         self.why_off.object = " ".join(f"*{md_escape(r)}*" for r in off)
         self.layer.disabled = all(reasons[n] for n in self.buttons if n not in ("none", SHAPE_VARIANT))
+
+    def _layer_typed(self, event: param.parameterized.Event) -> None:
+        """A layer the model has becomes the variant's layer; any other value is put back, with the range said."""
+        s = self.state
+        lo, hi = s.param.variant_layer.bounds
+        if event.new is not None and lo <= event.new and (hi is None or event.new <= hi):
+            s.variant_layer = event.new
+            return
+        self.layer.value = s.variant_layer
+        s._error(f"Layer to break: {event.new} is not a layer of this model (layers {lo}..{hi}).", "warning")
 
     def _mark(self, event: param.parameterized.Event) -> None:
         for name, b in self.buttons.items():

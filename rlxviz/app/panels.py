@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import html
 import io
 from typing import Any
 
@@ -13,6 +14,7 @@ import param
 from panel.viewable import Viewer
 
 from ..ir import Graph, format_graph
+from ..session.overlays import UNITS
 from .explain import counterpart_line, counterparts, decision_rows, node_report, report_markdown
 from .graphpane import SvgGraph, folded_index
 from .irdiff import diff_table, side_by_side
@@ -59,6 +61,24 @@ for (const view of Bokeh.index.find(source)) {
 }
 """
 """Browser code run when the version player's range changes: its range input takes the new min and max."""
+
+
+OVERLAY_CHOICES = {"op (no overlay)": "none", "time share": "time", "error vs input": "error"}
+"""The overlay selector's labels for `AppState.overlay`'s values."""
+
+
+def legend_html(rows: list[tuple[str, str]], unit: str, status: str) -> str:
+    """The overlay's legend: its unit, one swatch per colour with its range, and the measurement's status; every
+    text escaped (they are the app's own words and numbers, never a model's)."""
+    if not rows:
+        return ""
+    sw = "".join(f'<span class="rv-swatch" style="background:{html.escape(c)}"></span>'
+                 f'<span class="rv-range">{html.escape(r)}</span>' for c, r in rows)
+    note = f' <span class="rv-legend-status">{html.escape(status)}</span>' if status else ""
+    return (f'<div class="rv-legend-body"><b>Node colour:</b> {html.escape(unit)}{note}<br>{sw}</div>'
+            "<style>.rv-swatch{display:inline-block;width:14px;height:11px;border:1px solid #999;"
+            "margin:0 3px 0 8px;vertical-align:middle}.rv-range{font-size:12px}"
+            ".rv-legend-status{color:#8a6d00}</style>")
 
 
 class VersionStepper(Viewer):
@@ -150,7 +170,8 @@ class VersionStepper(Viewer):
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(pn.FlexBox(self.prev, self.select, self.next, self.player, self.hide, self.view, self.layer,
-                                    self.fold, flex_wrap="wrap", align_items="flex-end", sizing_mode="stretch_width"),
+                                    self.fold, flex_wrap="wrap", align_items="flex-end",
+                                    sizing_mode="stretch_width"),
                          self.counts, sizing_mode="stretch_width")
 
 
@@ -170,11 +191,20 @@ class GraphCompare(Viewer):
             g.param.watch(lambda e: setattr(s, "selected_node", e.obj.clicked), "clicks")
             g.param.watch(lambda e: s.toggle_layer(e.obj.layer_clicked), "layer_clicks")  # expand / fold in place
         self.note = pn.pane.Markdown("", css_classes=["rv-graph-note"], margin=(0, 10))
+        # the overlay's choice sits with its legend over the panes (not in the version row: an extra row there took
+        # the IR editor's height at 1280x800)
+        self.overlay = pn.widgets.Select(options=OVERLAY_CHOICES, value=s.overlay, width=150, margin=(2, 10),
+                                         css_classes=["rv-overlay"])
+        self.overlay.param.watch(lambda e: setattr(s, "overlay", e.new), "value")
+        s.param.watch(lambda e: setattr(self.overlay, "value", e.new), "overlay")
+        self.legend = pn.pane.HTML("", css_classes=["rv-legend"], margin=(0, 10), sizing_mode="stretch_width")
+        s.param.watch(self._legend, ["overlay", "node_figures", "overlay_status"])
         self.row = pn.Row(self.after, sizing_mode="stretch_both")
         self.stale = StaleMark(s, "graph", self.before, self.after)
         self._scoped_model: object = None
         self._model_seq = 0
-        s.param.watch(self._draw, ["model", "trace", "version", "view", "selected_layer", "expanded_layers"])
+        s.param.watch(self._draw, ["model", "trace", "version", "view", "selected_layer", "expanded_layers",
+                                   "node_figures"])
         s.param.watch(self._mark, ["highlight", "selected_node"])
         self._draw()
 
@@ -208,6 +238,13 @@ class GraphCompare(Viewer):
         self.note.object = f"**Not shown:** {md_escape(err)}" if err else ""
         self._mark()
 
+    def _legend(self, *events: param.parameterized.Event) -> None:
+        s = self.state
+        unit = UNITS.get(s.overlay, "")
+        if s.node_figures is not None and s.node_figures.unmatched:
+            unit += f"; {len(s.node_figures.unmatched)} node(s) hold values version 0 has not (no colour)"
+        self.legend.object = legend_html(s.overlay_legend(), unit, s.overlay_status)
+
     def _folded(self, graph: Graph | None) -> dict[str, list[list[int | str]]]:
         return folded_index(graph, list(self.state.expanded_layers)) if graph is not None else {}
 
@@ -223,7 +260,9 @@ class GraphCompare(Viewer):
             g.param.update(highlight=list(s.highlight), selected=sel, related=[i for i in rel if i != sel])
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column(self.stale.banner, self.note, self.row, sizing_mode="stretch_both")
+        bar = pn.Row(pn.pane.HTML("Colour nodes by", margin=(8, 0, 0, 10), styles={"font-size": "13px"}),
+                     self.overlay, self.legend, sizing_mode="stretch_width")
+        return pn.Column(self.stale.banner, self.note, bar, self.row, sizing_mode="stretch_both")
 
 
 class NodeInspector(Viewer):
@@ -380,6 +419,16 @@ TIMING_HIDDEN = ["#", "p25_ms", "p75_ms", "ci_low", "ci_high", "min_ms", "iqr_ms
 its interval, both verdicts) fits a 1280 px window."""
 
 
+TIMING_TITLES = {"median_ms": "median ms", "first_call_ms": "first call ms", "max_err": "max err",
+                 "speedup": "speed-up", "ci": "95% ci", "vs_input": "vs input", "vs_previous": "vs previous"}
+"""Column titles in words, so they wrap in a narrow column instead of being cut off."""
+
+TIMING_HEADER_CSS = (".tabulator .tabulator-header .tabulator-col .tabulator-col-content .tabulator-col-title "
+                     "{ white-space: normal !important; overflow-wrap: anywhere; text-overflow: clip; font-size: 12px; "
+                     "line-height: 1.2; }")
+"""Timing table headers wrap (at 1280 px with the sidebar open each column is about 75 px wide)."""
+
+
 class TimingView(Viewer):
     """Time every version on MLX in a worker process, in interleaved rounds (`session.time_versions`, as the CLI);
     median ms per version as a Bokeh bar chart with the IQR as a whisker and the speed-up over the unfused graph,
@@ -408,8 +457,9 @@ class TimingView(Viewer):
                       "user_inputs")
         # fit_columns: every column within the pane's width (speed-up, verdict, vs_input were cut off at 1280 px)
         self.table = pn.widgets.Tabulator(pd.DataFrame(), show_index=False, disabled=True, sizing_mode="stretch_width",
-                                          css_classes=["rv-timings"], layout="fit_columns", widths={"version": 240},
-                                          hidden_columns=TIMING_HIDDEN,
+                                          css_classes=["rv-timings"], layout="fit_columns", widths={"version": 200},
+                                          hidden_columns=TIMING_HIDDEN, titles=TIMING_TITLES,
+                                          stylesheets=[TIMING_HEADER_CSS],
                                           formatters={"max_err": error_formatter()})
         self.chart = pn.pane.Bokeh(None, sizing_mode="stretch_width", height=340, css_classes=["rv-timing-chart"])
         self.stale = StaleMark(s, "timing", self.chart, self.table)

@@ -67,6 +67,14 @@ def _pool() -> ProcessPoolExecutor:
         return _POOL
 
 
+def _figures(trace: Any, version: int, kind: str, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
+             device: str | None, limits: Any, time_limit_s: float) -> Any:
+    """(In the worker) `session.overlays.node_figures`."""
+    from ..session.overlays import node_figures
+
+    return node_figures(trace, version, kind, feeds, weights, device=device, limits=limits, time_limit_s=time_limit_s)
+
+
 def shutdown() -> None:
     """Stop the worker process (the next request starts a new one)."""
     global _POOL
@@ -104,3 +112,19 @@ def time_in_worker(trace: Any, feeds: Mapping[str, np.ndarray], weights: Mapping
             shutdown()
             raise RuntimeError("the timing process stopped (killed for memory?); lower batch or sequence length "
                                "and time again") from None
+
+
+def figures_in_worker(trace: Any, version: int, kind: str, feeds: Mapping[str, np.ndarray],
+                      weights: Mapping[str, np.ndarray], *, device: str | None = None, limits: Any = None,
+                      time_limit_s: float = 60.0) -> Any:
+    """`session.overlays.node_figures` of version `version` (index into `trace.versions()`) in the worker process,
+    one request at a time with the timing runs (a per-node time measured beside another run would be charged for
+    it). Raises as `time_in_worker`, and `LimitError` over the memory budget."""
+    with _RUN_LOCK:
+        try:
+            return _pool().submit(_figures, trace, version, kind, dict(feeds), dict(weights), device, limits,
+                                  time_limit_s).result()
+        except BrokenProcessPool:
+            shutdown()
+            raise RuntimeError("the timing process stopped (killed for memory?); lower batch or sequence length "
+                               "and try the overlay again") from None

@@ -4,13 +4,20 @@ Panel import). `AppState` calls these; the texts are the same the CLI prints whe
 
 from __future__ import annotations
 
+import re
 import traceback
 
 from .. import session
 from ..ir import GraphError, IRSyntaxError
-from ..session import SessionError
+from ..models import VARIANTS
+from ..session import OVER_THRESHOLD, SessionError
 from .sources import SourceError
 from .text import md_escape
+
+SHAPE_VARIANT = OVER_THRESHOLD
+VARIANT_LABELS: dict[str, str] = {name: v.label for name, v in VARIANTS.items()}
+"""Teaching variants, one click each (the labels of `models.VARIANTS`). All but `over_threshold` change one
+layer of the model; `over_threshold` raises the sequence length so batch*seq exceeds the attention threshold."""
 
 
 def scrub_paths(text: str, upload_dir: str, temp_dir: str) -> str:
@@ -34,12 +41,16 @@ def timing_hint(e: BaseException) -> str:
     return "Timing a version failed; the details above say where. Change the pipeline or the model and re-run."
 
 
+INTERNAL_NAME = re.compile(r"\[[A-Za-z_][\w.]*\] ")
+"""The bracketed function name errors start with (`[build_bert] ...`): for a developer, left out of the page."""
+
+
 def explain_error(e: Exception, source: str, preset: str) -> str:
     """An exception as a message with what to do, matched by its type."""
     what = {"preset": f"building preset {preset!r}", "checkpoint": "loading the checkpoint folder",
             "upload": "loading the uploaded checkpoint", "ir": "reading the IR text"}[source]
     if isinstance(e, SourceError | SessionError):
-        return str(e)
+        return INTERNAL_NAME.sub("", str(e))  # `bert-tiny: variant layer 5 ...`, not `[build_bert] variant ...`
     if isinstance(e, IRSyntaxError):
         return f"The IR text does not parse: {e}\nFix the line shown (see the IR tab of any preset for the syntax)."
     if isinstance(e, GraphError):

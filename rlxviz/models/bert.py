@@ -68,6 +68,8 @@ class Variant:
         over_threshold: not a graph change: the session raises batch*seq above the attention-fusion gate
             (RLX's 64 tokens when no gate is set), so the size guard rejects attention fusion.
         label: a few words for menus. doc: one line on what the variant changes.
+        breaks: what the variant is meant to show: True, a fusion the layer had is refused (a guard says why);
+            False, the rules still fuse the layer (a form they accept, e.g. either operand order of an add).
     """
 
     layer: int = 0
@@ -79,6 +81,7 @@ class Variant:
     over_threshold: bool = False
     label: str = field(default="", compare=False)
     doc: str = field(default="", compare=False)
+    breaks: bool = field(default=True, compare=False)
 
     def active(self, i: int) -> Variant | None:
         return self if i == self.layer else None
@@ -91,7 +94,7 @@ class Variant:
 
 
 VARIANTS: dict[str, Variant] = {
-    "none": Variant(label="none (as built)", doc="the model as built"),
+    "none": Variant(label="none (as built)", doc="the model as built", breaks=False),
     "output_intermediate": Variant(output_intermediate=True, label="intermediate h1 as a graph output",
                                    doc="h1 (the post-attention LayerNorm) is also returned as a graph output"),
     "extra_h1_user": Variant(extra_h1_user=True, label="extra user of h1",
@@ -101,7 +104,7 @@ VARIANTS: dict[str, Variant] = {
     "pre_ln": Variant(pre_ln=True, label="pre-LN ordering",
                       doc="pre-LayerNorm ordering x + attn(LN(x)), as in GPT-2 / LLaMA"),
     "swapped_residual": Variant(swapped_residual=True, label="swapped residual operands",
-                                doc="residual adds written skip-first: add(hidden, branch)"),
+                                doc="residual adds written skip-first: add(hidden, branch)", breaks=False),
     "over_threshold": Variant(over_threshold=True, label="batch*seq over the attention threshold",
                               doc="batch*seq above RLX's attention-fusion gate of 64 tokens (rlx profile)"),
 }

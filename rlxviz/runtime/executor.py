@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -320,30 +320,33 @@ class MlxExecutor:
         return [np.array(o.astype(mx.float32) if o.dtype == mx.bfloat16 else o)
                 for o in self.run_mx(graph, feeds, weights)]
 
-    def profile(self, graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str, Any] | None = None,
-                repeat: int = 3) -> list[dict[str, Any]]:
-        """Per-op wall time of an eager run (each node evaluated on its own, best of `repeat`).
+    def eager(self, graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str, Any] | None = None,
+              repeat: int = 1) -> Iterator[tuple[Node, mx.array, float]]:
+        """Evaluate `graph` node by node (eager: each compute node on its own, `mx.eval` after it), in
+        topological order; yields `(node, value, seconds)` per compute node, `seconds` the fastest of
+        `repeat` evaluations. A value is dropped after its last use (and once the caller moves on), so
+        at most the live values of the schedule are held, as in a lazy run.
 
-        Returns:
-            One dict per compute node: `id`, `op`, `path`, `ms` (fastest of `repeat` runs).
-            Eager evaluation forgoes MLX's cross-op scheduling, so the sum exceeds a lazy run.
+        Raises:
+            KeyError / ValueError: as `bind` (names, shapes, gather indices).
         """
         self.bind(graph, feeds, weights)  # validates names and shapes
         weights = weights or {}
+        remaining = {n.id: graph.use_count(n) for n in graph}
+        keep = set(graph.outputs)
         env: dict[int, mx.array] = {}
-        for n in graph:
-            if n.op == Op.INPUT:
-                v = feeds[n.attrs["name"]]
-                env[n.id] = v if isinstance(v, mx.array) else mx.array(_f32(np.asarray(v)))
-            elif n.op == Op.PARAM:
-                env[n.id] = self.weight(n.attrs["name"], weights[n.attrs["name"]])
-        rows = []
         with mx.stream(mx_device(self.device)):
             for n in graph:
+                if n.op == Op.INPUT:
+                    v = feeds[n.attrs["name"]]
+                    env[n.id] = v if isinstance(v, mx.array) else mx.array(_f32(np.asarray(v)))
+                    continue
+                if n.op == Op.PARAM:
+                    env[n.id] = self.weight(n.attrs["name"], weights[n.attrs["name"]])
+                    continue
                 if n.op == Op.CONST:
                     env[n.id] = _const(n)
                     mx.eval(env[n.id])
-                if n.op in (Op.INPUT, Op.PARAM, Op.CONST):
                     continue
                 operands = [env[i] for i in n.inputs]
                 best = float("inf")
@@ -353,8 +356,24 @@ class MlxExecutor:
                     mx.eval(out)
                     best = min(best, time.perf_counter() - t)
                 env[n.id] = out
-                rows.append({"id": n.id, "op": n.op.value, "path": n.path, "ms": best * 1e3})
-        return rows
+                for i in set(n.inputs):
+                    remaining[i] -= 1
+                    if remaining[i] == 0 and i not in keep:
+                        del env[i]
+                yield n, out, best
+                if remaining[n.id] == 0 and n.id not in keep:
+                    env.pop(n.id, None)
+
+    def profile(self, graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str, Any] | None = None,
+                repeat: int = 3) -> list[dict[str, Any]]:
+        """Per-op wall time of an eager run (each node evaluated on its own, best of `repeat`; `eager`).
+
+        Returns:
+            One dict per compute node: `id`, `op`, `path`, `ms` (fastest of `repeat` runs).
+            Eager evaluation forgoes MLX's cross-op scheduling, so the sum exceeds a lazy run.
+        """
+        return [{"id": n.id, "op": n.op.value, "path": n.path, "ms": s * 1e3}
+                for n, _v, s in self.eager(graph, feeds, weights, repeat)]
 
 
 def _f32(a: np.ndarray) -> np.ndarray:

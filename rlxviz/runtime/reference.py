@@ -8,7 +8,7 @@ after their last use.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -291,11 +291,23 @@ def run_reference(graph: Graph, feeds: Mapping[str, np.ndarray],
             disagreement; the message names the node).
     """
     with quiet_numerics():
-        return _run_reference(graph, feeds, weights or {}, float_dtype)
+        env = _run_reference(graph, feeds, weights or {}, float_dtype, frozenset())
+    return [env[o] for o in graph.outputs]
+
+
+def reference_values(graph: Graph, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray] | None,
+                     keep: Iterable[int], float_dtype: Any = None) -> dict[int, np.ndarray]:
+    """The values of the nodes `keep` (ids of `graph`) in one NumPy run of `graph` (as `run_reference`; with
+    `float_dtype=np.float64` the oracle's values): node id -> array. Every other value is dropped after its last
+    use, so the run holds the schedule's live values plus the kept ones. Raises as `run_reference`."""
+    keep = frozenset(keep)
+    with quiet_numerics():
+        env = _run_reference(graph, feeds, weights or {}, float_dtype, keep)
+    return {i: env[i] for i in keep if i in env}
 
 
 def _run_reference(graph: Graph, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
-                   float_dtype: Any) -> list[np.ndarray]:
+                   float_dtype: Any, keep: frozenset[int]) -> dict[int, np.ndarray]:
     e = NumpyEmitter(float_dtype)
     remaining = {n.id: graph.use_count(n) for n in graph}
     env: dict[int, np.ndarray] = {}
@@ -315,9 +327,9 @@ def _run_reference(graph: Graph, feeds: Mapping[str, np.ndarray], weights: Mappi
             env[n.id] = out if out.dtype == want else out.astype(want)
             for i in set(n.inputs):
                 remaining[i] -= 1
-                if remaining[i] == 0:
+                if remaining[i] == 0 and i not in keep:
                     del env[i]
-    return [env[o] for o in graph.outputs]
+    return env
 
 
 def run_oracle(graph: Graph, feeds: Mapping[str, np.ndarray],

@@ -11,7 +11,7 @@ The layers view of a run's final graph labels each layer box with the session's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..ir import Graph
@@ -108,8 +108,14 @@ def is_final(trace: Trace, version: int) -> bool:
     return not any(s.changed for s in trace.steps[version:])
 
 
-def picture(source: Trace | Graph, v: View) -> tuple[Graph, Overlay | None, dict[str, Any]]:
-    """(graph, overlay, `viz.render_dot` keyword arguments) of `v` in a run (or of a bare graph)."""
+Heat = tuple[tuple[int, str, str], ...]
+"""Per-node fills with their tooltip lines, `(node id, fill, line)` sorted by id (`overlays.heat`): hashable, so
+a drawing's cache key holds it."""
+
+
+def picture(source: Trace | Graph, v: View, heat: Heat = ()) -> tuple[Graph, Overlay | None, dict[str, Any]]:
+    """(graph, overlay, `viz.render_dot` keyword arguments) of `v` in a run (or of a bare graph); `heat` colours
+    the nodes it names (a per-node overlay of time share or error)."""
     if isinstance(source, Graph):
         g, ov, trace = source, None, None
     else:
@@ -132,12 +138,14 @@ def picture(source: Trace | Graph, v: View) -> tuple[Graph, Overlay | None, dict
         ov = Overlay.trace_summary(trace)
     if v.view == "layers" and trace is not None:
         kw["verdicts"] = settled_verdicts(trace, g)  # a layer as it ends up: its box says what the "why" view says
+    if heat:
+        ov = replace(ov or Overlay(), heat={i: (fill, line) for i, fill, line in heat if i in g})
     return g, ov, kw
 
 
-def dot(source: Trace | Graph, v: View) -> str:
+def dot(source: Trace | Graph, v: View, heat: Heat = ()) -> str:
     """DOT source of `v` (see `picture`)."""
-    g, ov, kw = picture(source, v)
+    g, ov, kw = picture(source, v, heat)
     return render_dot(g, ov, **kw)
 
 
@@ -146,10 +154,11 @@ def source_key(source: Trace | Graph) -> tuple[str, str]:
     return ("graph", graph_digest(source)) if isinstance(source, Graph) else ("trace", source.key)
 
 
-def svg(source: Trace | Graph, v: View) -> str:
-    """SVG of `v`, cached by (content key, view)."""
-    return RENDERS.get_or_compute(("svg", source_key(source), v), lambda: render_svg(dot(source, v)).svg)
+def svg(source: Trace | Graph, v: View, heat: Heat = ()) -> str:
+    """SVG of `v` (with `heat`'s node fills), cached by (content key, view, heat)."""
+    return RENDERS.get_or_compute(("svg", source_key(source), v, heat),
+                                  lambda: render_svg(dot(source, v, heat)).svg)
 
 
-__all__ = ["RENDERS", "SIDES", "VIEWS", "View", "dot", "is_final", "picture", "settled_verdicts", "source_key", "svg",
-           "verdicts"]
+__all__ = ["Heat", "RENDERS", "SIDES", "VIEWS", "View", "dot", "is_final", "picture", "settled_verdicts", "source_key",
+           "svg", "verdicts"]

@@ -26,6 +26,7 @@ from ..ir import Graph, Node, Op, operand_roles
 from ..ir.ops import FUSED
 from ..passes.trace import Rejection
 from . import styles as st
+from .heat import text_color
 from .overlay import INPUT_ROLES, Overlay
 from .styles import fmt_attrs, fmt_shape, human_count, op_color, short_name, tint
 
@@ -261,6 +262,8 @@ class _Drawer:
         if n.absorbed:
             parts.append(f"absorbed: {' '.join(f'%{i}' for i in n.absorbed)}")
         parts += self.rejection_tips.get(n.id, [])
+        if n.id in self.ov.heat:
+            parts.append(self.ov.heat[n.id][1])
         return "\n".join(parts)
 
     def _node_attrs(self, n: Node) -> dict[str, object]:
@@ -268,6 +271,9 @@ class _Drawer:
         style = ["rounded", "filled"]
         fill = self.fill.get(n.id, op_color(n.op))
         fontcolor = "black"
+        if n.id in self.ov.heat:
+            fill = self.ov.heat[n.id][0]
+            fontcolor = text_color(fill)
         if n.id in self.ghosts:
             color, fill, fontcolor, dashed = st.REMOVED, "#fafafa", st.REMOVED, True
         if dashed:

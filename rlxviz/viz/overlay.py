@@ -34,6 +34,8 @@ class Overlay:
         added: ids new in this version (green border).
         removed: nodes of an older version that this one dropped (drawn ghosted, with their edges).
         origin: the graph that `Node.absorbed` ids refer to, to name absorbed ops in labels.
+        heat: node id -> (fill, tooltip line): a per-node figure drawn as the node's fill (`viz.heat`), its value
+            in the tooltip; replaces the op colour of those nodes.
     """
 
     title: str = ""
@@ -45,6 +47,7 @@ class Overlay:
     added: frozenset[int] = frozenset()
     removed: tuple[Node, ...] = ()
     origin: Graph | None = None
+    heat: dict[int, tuple[str, str]] = field(default_factory=dict)
 
     @classmethod
     def before(cls, step: PassStep, rejections: bool = True, trace: Trace | None = None) -> Overlay:

@@ -1,0 +1,234 @@
+"""`Derived`: what the app shows, derived from `AppState`'s parameters and its run (a mixin of `AppState`, no
+Panel import): the shown versions and their graphs, the IR text views, the drawings (cached by content) and the
+session's answers about layers ("why didn't layer N fuse?"). Nothing here changes a parameter.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from .. import session
+from ..ir import Graph, format_graph
+from ..passes import PassStep, Trace
+from ..session import LayerStatus, SessionError, View, overlays
+from ..session import render as drawing
+from ..viz.heat import legend
+from .views import AUTO, COLLAPSED, FOCUS, FULL
+from .wording import md_lines
+
+FULL_VIEW_LIMIT = 400
+"""`auto` view: graphs with more nodes than this are drawn one box per layer."""
+FULL_VIEW_LAYERS = 6
+"""`auto` view: models with more layers than this are drawn one box per layer (a layer expands in place)."""
+
+
+class Derived:
+    """Derived values of `AppState` (its versions, graphs, texts and drawings); read-only."""
+
+    def _visible(self, trace: Trace) -> list[tuple[int, str]]:
+        """(index into trace.versions(), label) of the versions shown (memoized per trace content and setting)."""
+        key = (trace.key, self.hide_unchanged)
+        memo = getattr(self, "_visible_memo", None)
+        if memo is not None and memo[0] == key:
+            return memo[1]
+        out = self._compute_visible(trace, self.hide_unchanged)
+        self._visible_memo = (key, out)
+        return out
+
+    @staticmethod
+    def _compute_visible(trace: Trace, hide: bool) -> list[tuple[int, str]]:
+        out = []
+        for k, (label, _g) in enumerate(trace.versions()):
+            step = trace.steps[k - 1] if k else None
+            # a crash stays shown, and so does a pass whose only events are rejections (the one an engineer looks for)
+            if step is None or not hide or step.changed or step.error or any(not r.soft for r in step.rejections):
+                out.append((k, label))
+        return out
+
+    @property
+    def version_labels(self) -> list[str]:
+        """Labels of the shown versions: "input", "after fuse_matmul_bias_act", ..."""
+        return [lbl for _, lbl in self._visible(self.trace)] if self.trace is not None else []
+
+    def version_index(self, k: int | None = None, trace: Trace | None = None) -> int:
+        """Index into `trace.versions()` of shown version `k` (default: the selected one) of `trace` (default:
+        the state's trace)."""
+        trace = self.trace if trace is None else trace
+        vis = self._visible(trace) if trace is not None else [(0, "input")]
+        k = self.version if k is None else k
+        return vis[min(k, len(vis) - 1)][0]
+
+    def graph_at(self, k: int | None = None) -> Graph | None:
+        """The graph of shown version `k` (default: the selected one)."""
+        if self.trace is None:
+            return self.model.graph if self.model is not None else None
+        return self.trace.versions()[self.version_index(k)][1]
+
+    @property
+    def current_graph(self) -> Graph | None:
+        return self.graph_at()
+
+    @property
+    def previous_graph(self) -> Graph | None:
+        """The graph before the selected version's pass (the version itself for the input)."""
+        if self.trace is None:
+            return self.current_graph
+        i = self.version_index()
+        return self.trace.versions()[max(i - 1, 0)][1]
+
+    @property
+    def current_step(self) -> PassStep | None:
+        """The `PassStep` that produced the selected version (None for the input)."""
+        i = self.version_index() if self.trace is not None else 0
+        return self.trace.steps[i - 1] if i > 0 else None
+
+    def step_to(self, label: str) -> None:
+        """Select the shown version with `label` (e.g. "after fuse_transformer_layer").
+
+        Raises:
+            ValueError: no shown version has that label.
+        """
+        labels = self.version_labels
+        if label not in labels:
+            raise ValueError(f"no version {label!r}; shown: {labels}")
+        self.version = labels.index(label)
+
+    def version_rows(self) -> list[dict[str, Any]]:
+        """One row per shown version: label, compute-node count, fused-node count, change in nodes, the pass's
+        matches and (hard) rejections."""
+        if self.trace is None:
+            return []
+        versions = self.trace.versions()
+        rows = []
+        for k, (i, label) in enumerate(self._visible(self.trace)):
+            g = versions[i][1]
+            n = len(g.compute_nodes())
+            prev = len(versions[i - 1][1].compute_nodes()) if i else n
+            step = self.trace.steps[i - 1] if i else None
+            rows.append({"#": k, "version": label, "nodes": n, "change": n - prev,
+                         "matches": len(step.matches) if step else 0,
+                         "rejections": sum(not r.soft for r in step.rejections) if step else 0,
+                         "crashed": bool(i and self.trace.steps[i - 1].error),
+                         "fused": sum(1 for x in g if x.pass_name), "ms": (self.trace.steps[i - 1].seconds * 1e3
+                                                                          if i else 0.0)})
+        return rows
+
+    def ir_current(self) -> str:
+        g = self.current_graph
+        return format_graph(g) if g is not None else ""
+
+    def ir_diff(self) -> str:
+        """Unified diff (difflib) of the selected version's IR against the version before it."""
+        cur, prev = self.current_graph, self.previous_graph
+        if cur is None or prev is None or cur is prev:
+            return ""
+        step = self.current_step
+        name = step.pass_name if step is not None else "input"
+        return "".join(difflib.unified_diff(format_graph(prev).splitlines(True), format_graph(cur).splitlines(True),
+                                            f"before {name}", f"after {name}", n=1))
+
+    def trace_json(self) -> str:
+        return self.trace.to_json(graphs=True, indent=1) if self.trace is not None else "{}"
+
+    def _drawing(self, k: int | None, view: str, side: str = "after",
+                 trace: Trace | None = None) -> tuple[Trace | Graph, View]:
+        """What to draw for shown version `k` in the app's `view` (`full`, `collapsed`, `focus`): the source
+        (the trace, or the bare model graph before a run) and the session's `View`.
+
+        Raises:
+            ValueError: no model loaded yet, or `focus` with no layer selected.
+        """
+        trace = self.trace if trace is None else trace
+        source: Trace | Graph | None = trace if trace is not None else (
+            self.model.graph if self.model is not None else None)
+        if source is None:
+            raise ValueError("no model loaded yet")
+        i = self.version_index(k, trace) if trace is not None else 0
+        focus = self.selected_layer if view == FOCUS or side == "why" else None
+        if view == FOCUS and focus is None:
+            raise ValueError("pick a layer to focus on")
+        expanded = tuple(sorted(set(self.expanded_layers))) if view == COLLAPSED else ()
+        return source, View(i, "layers" if view == COLLAPSED else "full", side, focus, expanded)
+
+    def render_key(self, k: int | None = None, view: str | None = None) -> tuple:
+        """Cache key of a drawing, derived from the graph it draws: the trace's content key (`Trace.key`), the
+        version index, the view (and layer for `focus`)."""
+        source, v = self._drawing(k, view or self.resolved_view())
+        return ("svg", drawing.source_key(source), v)
+
+    def resolved_view(self, trace: Trace | None = None) -> str:
+        """`auto` is the full graph for small models, one box per layer for big ones: more than
+        `FULL_VIEW_LIMIT` nodes or `FULL_VIEW_LAYERS` layers in the run's input graph (decided once per run,
+        so stepping through versions never switches the view)."""
+        if self.view != AUTO:
+            return self.view
+        trace = self.trace if trace is None else trace
+        g = trace.input if trace is not None else (self.model.graph if self.model is not None else None)
+        if g is None:
+            return FULL
+        big = len(g) > FULL_VIEW_LIMIT or len(session.model_layers(g)) > FULL_VIEW_LAYERS
+        return COLLAPSED if big else FULL
+
+    def dot(self, k: int | None = None, view: str | None = None) -> str:
+        """DOT source of shown version `k` in `view`, with the pass's overlay."""
+        return drawing.dot(*self._drawing(k, view or self.resolved_view()))
+
+    def svg(self, k: int | None = None, view: str | None = None) -> str:
+        """SVG of shown version `k` with its pass's fused nodes marked, and the node colours of `overlay` when they
+        were measured for it (cached by trace content, version, view and colours)."""
+        return drawing.svg(*self._drawing(k, view or self.resolved_view()), self.heat(k))
+
+    def heat(self, k: int | None = None) -> drawing.Heat:
+        """The node fills of `node_figures` (`session.overlays.heat`) when they belong to shown version `k` of the
+        run shown, else none (op colours)."""
+        f = self.node_figures
+        if f is None or self.trace is None or self.overlay != f.kind or f.version != self.version_index(k):
+            return ()
+        return overlays.heat(f)
+
+    def overlay_legend(self) -> list[tuple[str, str]]:
+        """(fill, range) per colour of the chosen overlay (`viz.heat.legend`); [] for none."""
+        return legend(self.overlay) if self.overlay != "none" else []
+
+    def svg_before(self, k: int | None = None, view: str | None = None) -> str:
+        """SVG of the graph before version `k`'s pass, with its matches clustered and rejections marked."""
+        return drawing.svg(*self._drawing(k, view or self.resolved_view(), side="before"))
+
+    def layers(self) -> list[int]:
+        """Layer indices found in the input graph's provenance."""
+        g = self.trace.input if self.trace is not None else (self.model.graph if self.model else None)
+        return session.model_layers(g) if g is not None else []
+
+    def layer_status(self, layer: int) -> LayerStatus:
+        """The session's status of `layer` in the current run (`session.layer_status`).
+
+        Raises:
+            SessionError: no run yet, or no such layer.
+        """
+        if self.trace is None:
+            raise SessionError("no pipeline run yet: load a model first")
+        session.check_layer(self.trace, layer, self.model.name if self.model is not None else "")
+        return session.layer_status(self.trace, layer)
+
+    def why_layer(self, layer: int) -> str:
+        """"Why didn't layer N fuse?" as Markdown: the session's text (`LayerStatus.render`, the same the CLI
+        prints), every line escaped, under a heading."""
+        return f"### Layer {layer}\n\n" + md_lines(self.layer_status(layer).render(verbose=True))
+
+    def why_graph(self) -> str:
+        """The Why tab for a graph without layer paths, as Markdown: the whole-graph answer `rlxviz explain` prints
+        for it (`session.check_fusion`: the graph kind and its evidence, each missed fusion with its guard), every
+        line escaped.
+
+        Raises:
+            SessionError: no run yet.
+        """
+        if self.trace is None:
+            raise SessionError("no pipeline run yet: load a model first")
+        text = session.check_fusion(self.trace, self.model.name if self.model is not None else "").render(verbose=True)
+        return "### The whole graph (no node path names a layer)\n\n" + md_lines(text)
+
+    def svg_why(self) -> str:
+        """The selected layer, focused, in the graph before the pass that first rejected something in it."""
+        return drawing.svg(*self._drawing(None, FOCUS, side="why"))

@@ -1,0 +1,487 @@
+"""`Runs`: the jobs of `AppState` (a mixin, no Panel import): loading a model and running the pipeline, an
+upload's files, timing every version in the timing process, the per-node overlay, and the status they report
+(busy, progress, message). Each job runs on the state's `Runner`; its state changes are made on the page's thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Any
+
+from .. import session
+from ..ir import IRSyntaxError
+from ..models import VARIANTS, Model
+from ..passes import Trace
+from ..runtime.battery import EXPECTED_PREFIX
+from ..session import Limits, SessionError
+from ..session import render as drawing
+from . import timeproc
+from .sources import (
+    ONNX_UPLOAD_NAME,
+    SourceError,
+    allowed_dirs,
+    check_checkpoint_dir,
+    check_ir_text,
+    check_upload,
+    store_upload,
+)
+from .wording import SHAPE_VARIANT, VARIANT_LABELS, explain_error, scrub_paths, timing_hint
+
+OVERLAY_TIME_LIMIT_S = 60.0
+"""Wall time one overlay measurement may take in the timing process; past it the figures measured so far show."""
+
+RUNS = session.cache.LRUCache(maxsize=8)
+"""Finished loads by (`AppState.model_key`, `AppState.pipeline_key`): a weak reference to the `Model` and its
+`Trace`, shared read-only by every session of the process (neither is ever changed in place: a new variant or
+pipeline is a new key and a new run). A new session whose settings were already run (the default model, which
+`panel serve --warm` runs at server start) shows the run at once (`AppState.start_cached`), without a job or a
+second round trip. The model is held weakly: its weights stay alive only while `session.MODELS` or a session
+holds them, so this table adds no memory beyond the model cache's."""
+
+NO_TIMING: dict[str, Any] = {"timings": [], "timing_policy": "", "blas": ""}
+"""A new model or run shows no timing (rows, policy and input sets, where it ran) until it is timed."""
+
+TIMING_RUNS = session.cache.LRUCache(maxsize=16)
+"""The last timing runs (`timeproc.WorkerTiming`) by (trace key, data digest, repeat), for all sessions:
+"Time every version" shows them, "Time again" measures anew."""
+
+
+OVERLAY_RUNS = session.cache.LRUCache(maxsize=32)
+"""Per-node figures (`session.overlays.NodeFigures`) by (trace key, version index, kind, data digest, device), for
+all sessions: stepping back to a measured version shows its colours at once."""
+
+
+def import_check(model: Model) -> tuple[str, bool]:
+    """(`session.fidelity.against_onnx`'s line on the model's random inputs, whether it equals), or why it could
+    not run (a gather past its table at these shapes: not equal)."""
+    from ..session.fidelity import against_onnx
+
+    try:
+        f = against_onnx(model, model.random_feeds(seed=0))
+    except ValueError as e:
+        return f"version 0 could not be checked against the ONNX model: {str(e).splitlines()[0]}", False
+    return (f.line(), f.ok) if f is not None else ("", True)
+
+
+class Runs:
+    """The jobs of `AppState` and the status they show."""
+
+    def _load_model(self) -> Model:
+        limits = Limits.resolve()
+        if self.source == "ir":
+            return session.load_ir_text(check_ir_text(self.ir_text), limits)
+        roots = None
+        if self.source == "preset":
+            where = self.preset
+        elif self.source == "checkpoint":
+            roots = check_checkpoint_dir(self.checkpoint_dir, allowed_dirs())
+            where = self.checkpoint_dir
+        else:
+            if not self._upload:
+                raise SourceError("Upload a checkpoint's config.json and model.safetensors (or an .onnx file) first.")
+            where = self._upload_tmp = str(store_upload(self._upload))  # removed when the load ends (`_load_job`)
+            if (onnx_file := Path(where) / ONNX_UPLOAD_NAME).is_file():
+                where = str(onnx_file)
+        # a file a user brings loads in a child process killed past its wall time (`session.isolated`)
+        return session.load_isolated(where, self.batch, self.effective_seq,
+                                     None if self.style == "default" else self.style, self.variant,
+                                     self.variant_layer, limits, self.threshold, roots)
+
+    def _run_pipeline(self, model: Model) -> Trace:
+        pipe = session.build_pipeline(self.enabled_passes, {"fab_max_tokens": self.effective_threshold}, name="app")
+        return session.run_pipeline(model.graph, pipe)
+
+    def load(self) -> None:
+        """Load the model (if its key changed) and run the pipeline, as one job."""
+        self._generation += 1
+        gen = self._generation
+        self.runner.submit("load", lambda: self._load_job(gen))
+
+    def start_cached(self) -> bool:
+        """Show the run another session already finished for these settings (`RUNS`) at once, in the caller's
+        thread and without a job; autorun is then on. False (nothing changed) when there is none: call `load`."""
+        key = self.model_key()
+        hit = RUNS.get((key, self.pipeline_key()))
+        model = hit[0]() if hit is not None else None
+        if model is None:
+            return False
+        trace = hit[1]
+        self._model_key = key
+        self._set_trace(trace, model)
+        self._notice_variant()
+        self.autorun = True
+        return True
+
+    def _load_job(self, gen: int) -> None:
+        """Load and run in the runner's thread; every change of the state (progress, the new trace, a failure)
+        is made on the page's thread (`Runner.on_page`), as one step, so the page sees them in order."""
+        page = self.runner.on_page
+        page(lambda: self._start("Loading the model…"))
+        done = False
+        try:
+            key = self.model_key()
+            pipeline_key = self.pipeline_key()
+            model = self._load_model() if key != self._model_key or self.model is None else self.model
+            if gen != self._generation:
+                return
+            checked = None
+            if model is not self.model and model.meta.get("onnx_file"):  # does version 0 equal the file itself?
+                page(lambda: self._set_progress(30, "Checking version 0 against the ONNX model…"))
+                checked = import_check(model)
+            page(lambda: self._set_progress(40, "Running the fusion pipeline…"))
+            try:
+                trace = self._run_pipeline(model)
+            except SessionError:
+                if model is not self.model:
+                    page(lambda: self._show_model(key, model))
+                raise
+            if gen != self._generation:
+                return
+            self._draw_ahead(trace)  # here, so that the page's thread finds the pictures it shows drawn
+
+            def show() -> None:
+                self.ir_error = None
+                new = model is not self.model
+                if new:
+                    self._model_key = key
+                # model and trace change together: views never see the new model with the old trace
+                self._set_trace(trace, model if new else None)
+                self._notice_variant()
+                if checked is not None:  # the CLI's line, word for word (`session.fidelity`)
+                    self.param.update(message=checked[0], message_kind="info" if checked[1] else "danger")
+                self._set_progress(80, "Drawing the graph…")
+
+            page(show)
+            self._draw_shown()
+            RUNS.put((key, pipeline_key), (weakref.ref(model), trace))
+            done = True
+        except Exception as e:  # noqa: BLE001 - every failure becomes a message; the app keeps working
+            page(lambda err=e: self._failed(err))
+        finally:
+            self._remove_upload_copy()
+            page(self._stop)
+        if done:  # after the job: the page is usable while the other versions are drawn
+            self.runner.submit("prerender", lambda: self.prerender(gen))
+
+    def _show_model(self, key: tuple, model: Model) -> None:
+        """The new model, whose pipeline run failed: shown without a trace."""
+        self._model_key = key
+        self.param.update(model=model, trace=None, selected_node=None, highlight=[], **NO_TIMING)
+
+    def _failed(self, e: Exception) -> None:
+        # a syntax error's place, or the line defining the node a lint error names: the editor marks it
+        at = (e.line, e.col, e.reason) if isinstance(e, IRSyntaxError | session.GraphTextError) and e.line else None
+        self.ir_error = at if self.source == "ir" else None
+        self._error(explain_error(e, self.source, self.preset))
+        self.stale = self._stale_reason()
+
+    def _draw_ahead(self, trace: Trace) -> None:
+        """Draw the version `_set_trace(trace)` will select (after, and before its pass) into the cache, from the
+        runner's thread: the views then draw it from the cache. A guess (the variant notice may still change the
+        selected layer): a miss is drawn by the view."""
+        try:
+            labels = self._visible(trace)
+            k = max(min(self.version, len(labels) - 1) if self.trace is None else self._same_version(trace, labels),
+                    0)
+            view = self.resolved_view(trace)
+            drawing.svg(*self._drawing(k, view, trace=trace))
+            if labels[k][0] > 0:
+                drawing.svg(*self._drawing(k, view, side="before", trace=trace))
+        except Exception:  # noqa: BLE001 - the view shows the error
+            pass
+
+    def _stale_reason(self) -> str:
+        """After a failed load or run: what the panes still show instead of what the controls ask for ('' when
+        they show nothing, or the new model's graph with no run)."""
+        if self.model is None:
+            return ""
+        name = self.model.name
+        if self._model_key != self.model_key():
+            return (f"Stale: showing the previous model ({name}); loading the new one failed (see the message "
+                    "above). Fix the input or go back to a model that loads.")
+        if self.trace is not None and self._shown_key != (self._model_key, self.pipeline_key()):
+            return (f"Stale: showing the previous pipeline run of {name}; the new pipeline failed (see the message "
+                    "above). Change the pipeline and apply again.")
+        return ""
+
+    def _set_trace(self, trace: Trace, model: Model | None = None) -> None:
+        """Show `trace` (and `model`, when it is new) in one update."""
+        labels = self._visible(trace)
+        version = min(self.version, len(labels) - 1) if self.trace is None else self._same_version(trace, labels)
+        new = {"model": model, "selected_node": None} if model is not None else {}
+        if model is not None:
+            self._bound_variant_layer(model)
+        self.param.version.bounds = (0, max(len(labels) - 1, 0))
+        self.param.update(**new, trace=trace, version=max(version, 0), highlight=[], stale="", **NO_TIMING)
+        self._shown_key = (self._model_key, self.pipeline_key())
+        errors = [s for s in trace.steps if s.error]
+        if errors:
+            s = errors[0]
+            more = f" (and {len(errors) - 1} more pass(es))" if len(errors) > 1 else ""
+            self._error(f"Pass {s.pass_name} CRASHED{more}: an internal error, so its result was discarded and the "
+                        f"pipeline went on with the graph before it; the fusion report is incomplete:\n{s.error}\n"
+                        "Disable or move that pass (Pipeline) and re-run, and report the bug with the IR (IR tab).",
+                        kind="danger")
+        elif self.message_kind == "danger":
+            self.param.update(message="", message_kind="info")
+
+    def _bound_variant_layer(self, model: Model) -> None:
+        """"Layer to break" takes only the layers `model` has (0..N-1); a value already past them is left for the
+        load to refuse in words."""
+        n = len(session.model_layers(model.graph))
+        hi = max(n - 1, 0)
+        if self.variant_layer <= hi:
+            self.param.variant_layer.bounds = (0, hi)
+
+    def _same_version(self, trace: Trace, labels: list[tuple[int, str]]) -> int:
+        """Keep the selected version's pass when re-running (else the nearest earlier one)."""
+        old = self.version_labels[self.version] if self.version < len(self.version_labels) else "input"
+        names = [lbl for _, lbl in labels]
+        return names.index(old) if old in names else min(self.version, len(names) - 1)
+
+    def _notice_variant(self) -> None:
+        """Say which guard the teaching variant trips (and clear the last variant's notice when it no longer
+        applies, e.g. after "none (as built)")."""
+        stale = bool(self._variant_notice) and self.message == self._variant_notice
+        if self.variant == "none" or self.trace is None:
+            if stale:
+                self.param.update(message="", message_kind="info")
+            self._variant_notice = ""
+            return
+        layer = None if self.variant == SHAPE_VARIANT else self.variant_layer
+        rej = [r for r in self.trace.rejections if layer is None or r.layer == layer]
+        label = VARIANT_LABELS[self.variant]
+        shape = ""
+        if self.variant == SHAPE_VARIANT and self.effective_threshold is not None:
+            b, sq, limit = self.batch, self.effective_seq, self.effective_threshold
+            raised = (f"The sequence length was raised from {self._seq_raised[0]} to {sq} (see Sequence length) so "
+                      if self._seq_raised else "")
+            over = "is over" if b * sq > limit else "is still not over"
+            shape = f" {raised}batch*seq = {b}*{sq} = {b * sq} {over} the attention threshold {limit}."
+        status = self.layer_status(layer) if layer is not None and layer in self.layers() else None
+        if status is not None and status.first is not None:  # the Why tab's answer, word for word
+            first = status.first
+            shown = next((r for r in rej if (r.rule, r.guard) == (first.rule, first.guard)), None)
+            self.param.update(selected_layer=layer, highlight=list(
+                (shown.offending or (shown.anchor,)) if shown is not None else first.nodes))
+            verdict = "fused" if status.fused else "NOT fused"
+            text = (f"Teaching variant '{label}':{shape} layer {layer} {verdict}; first rejection {first.rule} at "
+                    f"guard {first.guard}: {first.message}")
+        elif rej:
+            first = rej[0]
+            self.param.update(selected_layer=layer if layer is not None else first.layer,
+                              highlight=list(first.offending or (first.anchor,)))
+            text = (f"Teaching variant '{label}':{shape} {first.pass_name} rejected at guard {first.guard}: "
+                    f"{first.message}")
+        else:
+            where = "" if layer is None else f" in layer {layer}"
+            text = f"Teaching variant '{label}':{shape} no pass rejected anything{where}."
+        text = text.replace(f"Teaching variant '{label}':", f"Teaching variant '{label}' ({self._variant_meant()}):", 1)
+        self._variant_notice = text
+        self.param.update(message=text, message_kind="info")
+
+    def _variant_meant(self) -> str:
+        """What the chosen teaching variant is meant to show (`Variant.breaks`), and whether the run agrees."""
+        v = VARIANTS[self.variant]
+        layer = None if self.variant == SHAPE_VARIANT else self.variant_layer
+        fused = (self.layer_status(layer).fused if layer is not None and layer in self.layers()
+                 else not any(not r.soft for r in self.trace.rejections))
+        if v.breaks:
+            return "meant to break the fusion" + ("; yet it fused" if fused else "")
+        return "meant to keep the fusion: the rules should still fuse it" + ("" if fused else "; yet it did not fuse")
+
+    def load_upload(self, files: dict[str, bytes]) -> None:
+        """Accept an uploaded `config.json` + `model.safetensors` or one `.onnx` file (size-limited) and load it.
+
+        The files stay in memory (`upload_id` is their digest); each load writes them to a private temp folder and
+        removes it when the load ends, failed or not, so no upload outlives its session on the server's disk."""
+        try:
+            checked = check_upload(files)
+        except SourceError as e:
+            self._error(str(e))
+            return
+        h = hashlib.sha256()
+        for name in sorted(checked):
+            h.update(f"{name}:{len(checked[name])};".encode())
+            h.update(checked[name])
+        self._upload = checked
+        # a new model starts as built: a teaching variant of the last one would refuse an ONNX file (a variant, then
+        # a dropped gpt2.onnx, showed an error and the old model)
+        self.param.update(upload_id=h.hexdigest()[:24], source="upload", variant="none")
+
+    def _remove_upload_copy(self) -> None:
+        """Remove the temp folder the last load wrote the upload to (none: nothing to do)."""
+        if self._upload_tmp:
+            shutil.rmtree(self._upload_tmp, ignore_errors=True)
+            self._last_upload_tmp, self._upload_tmp = self._upload_tmp, ""
+
+    def _draw_shown(self) -> None:
+        """Render the selected version's SVGs (after, and before its pass) into the cache."""
+        try:
+            self.svg()
+            if self.current_step is not None:
+                self.svg_before()
+        except Exception:  # noqa: BLE001 - the view shows the error
+            pass
+
+    def prerender(self, gen: int | None = None) -> None:
+        """Render every shown version's SVGs (before and after) into the cache, so stepping is a lookup. Runs as
+        its own job after a load; stops as soon as a newer load (`gen` no longer current) is asked for."""
+        for k in range(len(self.version_labels)):
+            if gen is not None and gen != self._generation:
+                return
+            try:
+                self.svg(k)
+                if k:
+                    self.svg_before(k)
+            except Exception:  # noqa: BLE001 - the view shows the error when this version is selected
+                pass
+
+    def time_all(self, fresh: bool = False) -> None:
+        """Time every version on MLX (a job with progress); fills `timings` and `blas`.
+
+        Args:
+            fresh: measure again even when this model, pipeline and setting were timed before.
+        """
+        self.runner.submit("time", lambda: self._time_job(fresh))
+
+    def _time_job(self, fresh: bool = False) -> None:
+        """Time in the timing process; the state changes are made on the page's thread (`Runner.on_page`)."""
+        page = self.runner.on_page
+        if self.trace is None or self.model is None:
+            page(lambda: self._error("Nothing to time yet: load a model and run the pipeline first.", kind="warning"))
+            return
+        page(lambda: self._start(f"Timing every version on MLX in the timing process ({self.repeat} interleaved "
+                                 "rounds)… (the page holds still meanwhile: an animation would take CPU time from "
+                                 "the measurement)", still=True))
+        trace, model = self.trace, self.model  # one consistent pair, even if a reload is queued
+        try:
+            Limits.resolve().check(model.graph, model.name, "time")  # what timing holds, as `rlxviz time` checks
+            user = self.user_inputs if self._inputs_fit(model) else None
+            feeds = user.feeds if user is not None else session.feeds(model, self.text)
+            sets = session.input_sets(model.graph, feeds, user)  # the user's arrays first, then the battery
+            key = ("timing", trace.key, session.timing.arrays_digest(feeds, model.weights), user is not None,
+                   self.warmup, self.repeat, self.device)
+            run = None if fresh else TIMING_RUNS.get(key)
+            if run is None:
+                run = TIMING_RUNS.put(key, timeproc.time_in_worker(trace, feeds, model.weights, warmup=self.warmup,
+                                                                   repeat=self.repeat, device=self.device,
+                                                                   inputs=sets))
+            policy = next((r.policy for r in run.rows if r.policy is not None), None)
+            where = next((r.context for r in run.rows if r.context is not None), None)
+            # device, precision policy (f32 / TF32), BLAS and its threads, and where the timing ran
+            self._timed = (trace, run.rows)
+            page(lambda: self.trace is trace and self.param.update(  # not over a newer run's tab
+                timing_policy=(policy.describe() + "\n\n" if policy else "") + sets.describe(),
+                blas=(f"{where if where is not None else 'MLX'}; {self.repeat} interleaved round(s) per version, "
+                      f"in a worker process (pid {run.pid}), as `rlxviz time --repeat {self.repeat}`"),
+                timings=self._timing_rows(run.rows, self._visible(trace))))
+        except Exception as e:  # noqa: BLE001
+            text = f"Timing failed: {type(e).__name__}: {e}\n{timing_hint(e)}"
+            page(lambda: self._error(text))
+        finally:
+            page(self._stop)
+
+    def measure_overlay(self) -> None:
+        """Fill `node_figures` for the shown version and the chosen `overlay` (none: clear them): from
+        `OVERLAY_RUNS`, else measured as a job in the timing process (`timeproc.figures_in_worker`: the memory
+        budget checked first, a time limit between nodes)."""
+        if self.overlay == "none" or self.trace is None or self.model is None:
+            self.param.update(node_figures=None, overlay_status="")
+            return
+        key = self._overlay_key()
+        hit = OVERLAY_RUNS.get(key)
+        if hit is not None:
+            self.param.update(node_figures=hit, overlay_status=hit.note)
+            return
+        self.param.update(node_figures=None, overlay_status="measuring…")
+        self.runner.submit("overlay", lambda: self._overlay_job(key))
+
+    def _overlay_key(self) -> tuple:
+        model = self.model
+        user = self.user_inputs if self._inputs_fit(model) else None
+        feeds = user.feeds if user is not None else session.feeds(model, self.text)
+        return (self.trace.key, self.version_index(), self.overlay,
+                session.timing.arrays_digest(feeds, model.weights), self.device)
+
+    def _overlay_job(self, key: tuple) -> None:
+        """Measure in the timing process; the state changes on the page's thread, only if the page still asks
+        for this (trace, version, kind)."""
+        page = self.runner.on_page
+        trace, model, version, kind = self.trace, self.model, self.version_index(), self.overlay
+        what = "time share" if kind == "time" else "error against version 0's reference"
+        page(lambda: self._start(f"Measuring each node's {what} in the timing process…", still=kind == "time"))
+        try:
+            user = self.user_inputs if self._inputs_fit(model) else None
+            feeds = user.feeds if user is not None else session.feeds(model, self.text)
+            figs = OVERLAY_RUNS.put(key, timeproc.figures_in_worker(
+                trace, version, kind, feeds, model.weights, device=self.device, limits=Limits.resolve(),
+                time_limit_s=OVERLAY_TIME_LIMIT_S))
+
+            def show() -> None:
+                if self.trace is trace and self.version_index() == version and self.overlay == kind:
+                    self.param.update(node_figures=figs, overlay_status=figs.note)
+
+            page(show)
+        except Exception as e:  # noqa: BLE001 - a refusal or failure is a message
+            why = str(e) if isinstance(e, SessionError) else f"{type(e).__name__}: {e}\n{timing_hint(e)}"
+            text = f"The {what} overlay failed: {why}"
+            page(lambda: (self.param.update(overlay_status="not measured"), self._error(text)))
+        finally:
+            page(self._stop)
+
+    def set_user_inputs(self, data: bytes | None, filename: str = "inputs.npz") -> None:
+        """Use the arrays of an uploaded `.npz` (one per graph input, by name) in the next timing run, or
+        drop them (`data=None`). A bad file is a message, never a traceback."""
+        if not data:
+            self.user_inputs = None
+            return
+        if self.model is None:
+            self._error("Load a model first: its graph decides which input arrays it takes.", kind="warning")
+            return
+        try:
+            self.user_inputs = session.load_inputs(data, self.model.graph, filename)
+            aside = [k for k in session.npz_headers(data, filename) if k.startswith(EXPECTED_PREFIX)]
+            if aside:
+                self.param.update(message=f"{filename}: the next timing runs on its arrays; set aside "
+                                          f"{len(aside)} expected output(s): {', '.join(aside)}.", message_kind="info")
+        except ValueError as e:
+            self.user_inputs = None
+            self._error(str(e), kind="warning")
+
+    def _inputs_fit(self, model: Model) -> bool:
+        """The uploaded arrays still match `model`'s inputs (the model may have changed since)."""
+        u = self.user_inputs
+        if u is None:
+            return False
+        ok = {n.attrs["name"]: n.shape for n in model.graph.inputs} == {k: v.shape for k, v in u.feeds.items()}
+        if not ok:
+            self._error("The uploaded input arrays do not fit this model's inputs; timing on its own inputs.",
+                        kind="warning")
+        return ok
+
+    @staticmethod
+    def _timing_rows(rows: list[session.VersionTiming], visible: list[tuple[int, str]]) -> list[dict[str, Any]]:
+        """The timing table's rows for the shown versions (`session.timing.timing_table`: paired verdicts, the
+        notebooks' too)."""
+        return session.timing_table(rows, visible)
+
+    def _start(self, text: str, still: bool = False) -> None:
+        """Show a job as running: an animated (indeterminate) bar, or with `still` a full, unmoving one (a timing run:
+        the browser redrawing an animation on the same cores inflated the app's timings, see
+        `benchmarks/bench_app_vs_cli_timing.py`)."""
+        self.param.update(busy=True, progress=100 if still else -1, progress_text=text)
+
+    def _set_progress(self, pct: int, text: str) -> None:
+        self.param.update(progress=max(-1, min(100, pct)), progress_text=text)
+
+    def _stop(self) -> None:
+        self.param.update(busy=False, progress=-1, progress_text="")
+
+    def _error(self, text: str, kind: str = "danger") -> None:
+        upload = self._upload_tmp or self._last_upload_tmp
+        self.param.update(message=scrub_paths(text, upload, tempfile.gettempdir()), message_kind=kind)

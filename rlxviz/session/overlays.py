@@ -1,0 +1,240 @@
+"""Per-node figures of one graph version for colour overlays: each node's share of the measured time, or each
+node's numeric error against the reference evaluation of version 0. One service for every front end: the app's
+overlay selector and `rlxviz overlay` call `node_figures`.
+
+* `time`: every compute node of the version evaluated on its own on MLX (`MlxExecutor.eager`, fastest of
+  `repeat`), its share of the sum. Eager evaluation forgoes MLX's cross-op scheduling: the shares say where the
+  time goes, the sum exceeds a lazy run (as `benchmarks/profile_ops.py`, which calls the same executor walk).
+* `error`: each node's value in this version on MLX against the float64 oracle (`runtime.reference`) of the
+  same node in version 0, matched by identity (`origins`): max |value - reference|, in the tensor's own units.
+
+Both are bounded: the memory budget (`Limits`) is checked before anything is allocated, and a run past its time
+limit stops between nodes and says how far it got (`NodeFigures.note`).
+
+Example:
+    >>> figs = node_figures(trace, 3, "error", feeds, weights)   # doctest: +SKIP
+    >>> figs.lines()[0]                                            # doctest: +SKIP
+    '%41 layer_norm  2.4e-07'
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..ir import Graph, Op
+from ..ir.memory import node_bytes, workload_peak
+from ..passes import Trace
+from .errors import LimitError, SessionError
+from .limits import Limits, human_bytes
+
+KINDS = ("time", "error")
+"""What a node overlay shows: its share of the measured time, or its error against version 0's reference."""
+
+UNITS = {"time": "% of the per-node time (each node on its own, fastest of the rounds)",
+         "error": "max |value - reference of version 0| (float64 oracle), in the tensor's own units"}
+"""The legend's unit line per kind."""
+
+DEFAULT_TIME_LIMIT_S = 60.0
+"""Wall time one overlay run may take; past it the run stops between nodes and keeps what it measured."""
+
+
+@dataclass(frozen=True)
+class NodeFigures:
+    """One figure per node of one version.
+
+    Attributes:
+        kind: `time` or `error` (`KINDS`).
+        version: index into `trace.versions()`; label: its label (`after fuse_sdpa`).
+        values: node id -> figure: for `time` the node's ms, for `error` its max abs error (nan: not finite
+            where the reference is, or the other way round).
+        total_ms: `time` only: the sum of the nodes' ms.
+        unmatched: `error` only: compute nodes with no counterpart in version 0 (no figure).
+        note: why the figures are partial (time limit), '' when complete.
+    """
+
+    kind: str
+    version: int
+    label: str
+    values: dict[int, float] = field(default_factory=dict)
+    total_ms: float = 0.0
+    unmatched: tuple[int, ...] = ()
+    note: str = ""
+
+    @property
+    def unit(self) -> str:
+        return UNITS[self.kind]
+
+    def share(self, node_id: int) -> float:
+        """`time`: the node's fraction of `total_ms` (0..1)."""
+        return self.values.get(node_id, 0.0) / self.total_ms if self.total_ms > 0 else 0.0
+
+    def figure(self, node_id: int) -> str:
+        """The node's figure in words ('' for a node without one): `12.3% (0.41 ms)` or `2.4e-07`."""
+        if node_id not in self.values:
+            return ""
+        v = self.values[node_id]
+        if self.kind == "time":
+            return f"{self.share(node_id):.1%} ({v:.3g} ms)"
+        return "not finite" if v != v else f"{v:.2g}"
+
+    def lines(self, graph: Graph | None = None, top: int | None = None) -> list[str]:
+        """One line per node with a figure, largest first (`%41 layer_norm  2.4e-07`)."""
+        order = sorted(self.values, key=lambda i: (-(self.values[i] if self.values[i] == self.values[i]
+                                                      else float("inf")), i))
+        out = []
+        for i in order[:top]:
+            op = f" {graph[i].op.value}" if graph is not None and i in graph else ""
+            out.append(f"%{i}{op}  {self.figure(i)}")
+        return out
+
+    def render(self, graph: Graph | None = None, top: int = 20) -> str:
+        """The CLI's text: a heading with the unit, then the `top` largest figures."""
+        head = f"{self.kind} per node, {self.label}: {self.unit}"
+        if self.kind == "time":
+            head += f"; sum {self.total_ms:.3g} ms"
+        if self.unmatched:
+            head += f"; {len(self.unmatched)} node(s) without a counterpart in version 0"
+        body = self.lines(graph, top)
+        more = len(self.values) - len(body)
+        tail = [f"... {more} more"] if more > 0 else []
+        return "\n".join([head, *([self.note] if self.note else []), *body, *tail])
+
+
+def origins(trace: Trace, version: int) -> dict[int, int]:
+    """Node id in version `version` -> the id in version 0 whose value it stands for.
+
+    A node a pass kept has the same id before and after it (the same value). A node a pass made stands for the
+    node whose readers it took over: a reader kept by the pass reads it where it read that node before (at the
+    same operand position), or it is the graph output at the position that node held; else (its readers were made
+    by the same pass: chained fusions) the one node it absorbed, of its type, that something outside the absorbed
+    set reads (the engine's `absorbed_escape` guard lets only the result escape). The types must agree. Followed
+    pass by pass; a node with no such counterpart (several candidates: a multi-output rewrite's narrows) is left
+    out.
+    """
+    steps = trace.steps[:version]
+    now = {n.id: n.id for n in trace.input}
+    for s in steps:
+        before, after = s.before, s.after
+        nxt = {i: now[i] for i in now if i in after and i in before}
+        for n in after:
+            if n.id in before or n.op in (Op.INPUT, Op.PARAM, Op.CONST):
+                continue
+            was = _replaced(before, after, n.id)
+            if was is not None and was in now and before[was].type == n.type:
+                nxt[n.id] = now[was]
+        now = nxt
+    return now
+
+
+def _replaced(before: Graph, after: Graph, new: int) -> int | None:
+    """The id in `before` that node `new` of `after` replaced (see `origins`), or None."""
+    for u in after.users(new):
+        if u.id in before and len(before[u.id].inputs) == len(u.inputs):
+            for k, j in enumerate(u.inputs):
+                if j == new and before[u.id].inputs[k] not in after:
+                    return before[u.id].inputs[k]
+    for k, j in enumerate(after.outputs):
+        if j == new and k < len(before.outputs) and before.outputs[k] not in after:
+            return before.outputs[k]
+    absorbed = {int(i) for i in after[new].absorbed} & {n.id for n in before}
+    escaping = [a for a in absorbed if before[a].type == after[new].type
+                and (a in before.outputs or any(u.id not in absorbed for u in before.users(a)))]
+    return escaping[0] if len(escaping) == 1 else None
+
+
+def node_figures(trace: Trace, version: int, kind: str, feeds: Mapping[str, np.ndarray],
+                 weights: Mapping[str, np.ndarray], *, repeat: int = 3, device: str | None = "cpu",
+                 limits: Limits | None = None, time_limit_s: float = DEFAULT_TIME_LIMIT_S) -> NodeFigures:
+    """The figure of every compute node of version `version` of `trace` (see the module docstring).
+
+    Args:
+        trace: the pipeline run.
+        version: index into `trace.versions()` (0: the input).
+        kind: `time` or `error`.
+        feeds / weights: NumPy arrays by name (the session's inputs).
+        repeat: `time`: evaluations per node (the fastest counts).
+        device: MLX device (`cpu`, `gpu`, None: MLX's default).
+        limits: the memory budget (default `Limits.resolve()`).
+        time_limit_s: wall time after which the run stops between nodes (partial figures, `note` says so).
+
+    Raises:
+        SessionError: an unknown kind or version.
+        LimitError: the run would hold more than the memory budget (checked before anything is allocated).
+    """
+    from ..runtime.executor import MlxExecutor
+    from ..runtime.reference import reference_values
+
+    versions = trace.versions()
+    if kind not in KINDS:
+        raise SessionError(f"unknown overlay {kind!r}; one of {', '.join(KINDS)}")
+    if not 0 <= version < len(versions):
+        raise SessionError(f"version {version} is not in this run (0..{len(versions) - 1})")
+    label, g = versions[version]
+    limits = limits or Limits.resolve()
+    deadline = time.perf_counter() + time_limit_s
+    ex = MlxExecutor(device=device)
+    if kind == "time":
+        limits.check(g, label, "run-mlx")
+        values, done = {}, 0
+        for n, _v, s in ex.eager(g, feeds, weights, repeat):
+            values[n.id], done = s * 1e3, done + 1
+            if time.perf_counter() > deadline:
+                break
+        return NodeFigures(kind, version, label, values, sum(values.values()), note=_stopped(g, done, time_limit_s))
+    match = origins(trace, version)
+    ref_graph = trace.input
+    wanted = {match[n.id] for n in g.compute_nodes() if n.id in match}
+    _check_error_memory(ref_graph, g, wanted, limits, label)
+    ref = reference_values(ref_graph, feeds, weights, wanted, np.float64)
+    values, done = {}, 0
+    for n, v, _s in ex.eager(g, feeds, weights):
+        done += 1
+        if n.id in match and match[n.id] in ref:
+            values[n.id] = _max_abs(v, ref[match[n.id]])
+        if time.perf_counter() > deadline:
+            break
+    unmatched = tuple(n.id for n in g.compute_nodes() if n.id not in match)
+    return NodeFigures(kind, version, label, values, unmatched=unmatched, note=_stopped(g, done, time_limit_s))
+
+
+def heat(figs: NodeFigures) -> tuple[tuple[int, str, str], ...]:
+    """The drawing's node fills for `figs` (`viz.heat` bins; `render.Heat`): (node id, fill, tooltip line)."""
+    from ..viz.heat import heat_colors
+
+    values = {i: figs.share(i) for i in figs.values} if figs.kind == "time" else dict(figs.values)
+    fills = heat_colors(figs.kind, values)
+    what = "time" if figs.kind == "time" else "error vs version 0's reference"
+    return tuple((i, fills[i], f"{what}: {figs.figure(i)}") for i in sorted(fills))
+
+
+def _max_abs(got: object, want: np.ndarray) -> float:
+    """Max |got - want| in float64 (nan where one side is not finite and the other is, or they differ there)."""
+    from ..runtime.compare import max_abs
+    from ..runtime.mlx_backend import mx
+
+    a = np.array(got.astype(mx.float32) if got.dtype == mx.bfloat16 else got)  # type: ignore[union-attr]
+    return max_abs([a], [want], same_nonfinite=True)
+
+
+def _stopped(g: Graph, done: int, limit_s: float) -> str:
+    total = len(g.compute_nodes())
+    return "" if done >= total else (f"stopped after {done} of {total} nodes: the time limit of {limit_s:g} s "
+                                     "was reached (the figures shown are those measured)")
+
+
+def _check_error_memory(ref_graph: Graph, g: Graph, kept: set[int], limits: Limits, label: str) -> None:
+    """Refuse an error overlay whose kept reference values (float64) plus both runs exceed the budget."""
+    keep = sum(node_bytes(ref_graph[i], 8) for i in kept)
+    need = workload_peak(ref_graph, "run")[0] + workload_peak(g, "run-mlx")[0] + keep
+    if need > limits.max_bytes:
+        raise LimitError(f"{label}: the error overlay needs {human_bytes(need)} (both runs and "
+                         f"{human_bytes(keep)} of float64 reference values kept for {len(kept)} nodes), over the "
+                         f"limit of {human_bytes(limits.max_bytes)} ({limits.source}); use smaller shapes or raise "
+                         "RLXVIZ_MAX_MEMORY_MB", need, limits.max_bytes)
+
+
+__all__ = ["DEFAULT_TIME_LIMIT_S", "KINDS", "UNITS", "NodeFigures", "heat", "node_figures", "origins"]

@@ -1,0 +1,68 @@
+"""Per-node figures as fill colours: fixed bins over Bokeh's ColorBrewer `YlOrRd` palette, and the legend.
+
+The bins are fixed per kind (not scaled to the graph), so a colour means the same figure in every version and
+every model: time share in steps of the per-node total, error in decades of max |value - reference|. A node
+without a figure keeps its op colour; a non-finite error gets `NONFINITE`.
+
+Example:
+    >>> heat_colors("error", {3: 2e-7, 4: 0.0})
+    {3: '#feb24c', 4: '#ffffb2'}
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from bokeh.palettes import YlOrRd
+
+PALETTE: tuple[str, ...] = tuple(reversed(YlOrRd[7]))
+"""Seven fills from light (small) to dark (large): ColorBrewer's YlOrRd as Bokeh ships it."""
+
+NONFINITE = "#7b3294"
+"""Fill of a node whose error is not finite (nan / inf where the reference is finite, or the other way)."""
+
+EDGES: dict[str, tuple[float, ...]] = {
+    "time": (0.01, 0.02, 0.05, 0.10, 0.20, 0.40),
+    "error": (1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3),
+}
+"""Upper edges of the first six bins per kind (the seventh is open): time as a fraction of the per-node total,
+error as an absolute difference."""
+
+DARK_BINS = 2
+"""The darkest bins take white text."""
+
+
+def bin_of(kind: str, value: float) -> int:
+    """Bin index 0..6 of `value` (`EDGES[kind]`); -1 for a non-finite value."""
+    if not math.isfinite(value):
+        return -1
+    return sum(value >= e for e in EDGES[kind])
+
+
+def heat_colors(kind: str, values: Mapping[int, float]) -> dict[int, str]:
+    """Node id -> fill for each figure (`values`: time shares 0..1, or errors)."""
+    return {i: NONFINITE if (b := bin_of(kind, v)) < 0 else PALETTE[b] for i, v in values.items()}
+
+
+def text_color(fill: str) -> str:
+    """Black on the light fills, white on the dark ones."""
+    return "white" if fill == NONFINITE or fill in PALETTE[-DARK_BINS:] else "black"
+
+
+def _fmt(kind: str, x: float) -> str:
+    return f"{x:.0%}" if kind == "time" else f"{x:.0e}"
+
+
+def legend(kind: str) -> list[tuple[str, str]]:
+    """(fill, range in words) per bin, small to large, then the non-finite fill for `error`."""
+    e = EDGES[kind]
+    rows = [(PALETTE[0], f"< {_fmt(kind, e[0])}")]
+    rows += [(PALETTE[k], f"{_fmt(kind, e[k - 1])} – {_fmt(kind, e[k])}") for k in range(1, len(e))]
+    rows.append((PALETTE[len(e)], f"≥ {_fmt(kind, e[-1])}"))
+    if kind == "error":
+        rows.append((NONFINITE, "not finite"))
+    return rows
+
+
+__all__ = ["EDGES", "NONFINITE", "PALETTE", "bin_of", "heat_colors", "legend", "text_color"]
