@@ -102,3 +102,17 @@ def test_hostile_files_give_the_same_one_line_error_isolated(path, monkeypatch):
         session.load_isolated(str(path), 1, 8, limits=limits)
     assert type(there.value) is type(here.value) and str(there.value) == str(here.value)
     assert len(str(there.value).splitlines()) == 1
+
+
+def test_the_check_against_the_onnx_file_runs_in_the_child_with_the_same_line():
+    """The app's import check (ONNX Runtime reading the user's file) runs where the load did, in a child: the same
+    line as in process; past its wall-time limit one line, not equal."""
+    from rlxviz.app.runs import import_check
+    from rlxviz.session.fidelity import onnx_check
+
+    m = loading.load(str(Path(__file__).parent / "fixtures" / "onnx" / "bert.onnx"))
+    here = onnx_check(m)
+    assert here[1] and here[0].startswith("version 0 equals the ONNX model")
+    assert isolated.check_isolated(m) == here == import_check(m)
+    line, ok = isolated.check_isolated(m, timeout_s=0.01)
+    assert not ok and line.startswith("checking version 0 against the ONNX model: stopped after") and "\n" not in line

@@ -56,15 +56,11 @@ all sessions: stepping back to a measured version shows its colours at once."""
 
 
 def import_check(model: Model) -> tuple[str, bool]:
-    """(`session.fidelity.against_onnx`'s line on the model's random inputs, whether it equals), or why it could
-    not run (a gather past its table at these shapes: not equal)."""
-    from ..session.fidelity import against_onnx
+    """Version 0 against the ONNX file it came from: `session.fidelity.onnx_check`'s `(line, equal)`, run in a
+    child process (`session.isolated.check_isolated`: ONNX Runtime reads the user's file there, not here)."""
+    from ..session.isolated import check_isolated
 
-    try:
-        f = against_onnx(model, model.random_feeds(seed=0))
-    except ValueError as e:
-        return f"version 0 could not be checked against the ONNX model: {str(e).splitlines()[0]}", False
-    return (f.line(), f.ok) if f is not None else ("", True)
+    return check_isolated(model)
 
 
 class Runs:

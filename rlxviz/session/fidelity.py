@@ -112,4 +112,15 @@ def against_onnx(model: Model, feeds: Mapping[str, np.ndarray]) -> Fidelity | No
     return _judge(model, got, [np.asarray(w) for w in want], names, f"the ONNX model ({who})")
 
 
-__all__ = ["Fidelity", "against_expected", "against_onnx", "output_names"]
+def onnx_check(model: Model) -> tuple[str, bool]:
+    """`(line, equal)`: `against_onnx`'s line on the model's random inputs (seed 0) and whether version 0 equals the
+    file, `("", True)` for a model that is not an ONNX import; a ValueError of the run (a gather past its table at
+    these shapes) is its line, not equal. The app runs it in a child process (`isolated.check_isolated`)."""
+    try:
+        f = against_onnx(model, model.random_feeds(seed=0))
+    except ValueError as e:
+        return f"version 0 could not be checked against the ONNX model: {str(e).splitlines()[0]}", False
+    return (f.line(), f.ok) if f is not None else ("", True)
+
+
+__all__ = ["Fidelity", "against_expected", "against_onnx", "onnx_check", "output_names"]
