@@ -169,3 +169,25 @@ def test_a_multi_output_or_unmapped_form_runs_on_the_host_with_onnx_runtimes_num
     np.testing.assert_allclose(np.asarray(MlxExecutor().run(m.graph, {"x": X}, m.weights)[0]), want,
                                rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(_ort(export_onnx(m.graph, m.weights), {"x": X}), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("host", ["Hardmax", "TopK"])
+def test_a_host_node_carries_its_own_onnx_nodes_module_path(tmp_path, host):
+    """The host node is emitted under the module path of the ONNX node it holds, not the previous node's (the
+    path was set only after the host node was built, so explain and the drawing put it in the wrong layer)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    k = numpy_helper.from_array(np.asarray([2], np.int64), "k")
+    held = (helper.make_node("Hardmax", ["r"], ["h"], axis=-1, name="/encoder/layer.1/pick/Hardmax")
+            if host == "Hardmax" else
+            helper.make_node("TopK", ["r", "k"], ["h", "i"], axis=-1, name="/encoder/layer.1/pick/TopK"))
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="/encoder/layer.0/act/Relu"), held,
+             helper.make_node("Neg", ["h"], ["y"], name="/encoder/layer.2/out/Neg")]
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], [y], initializer=[k] if host == "TopK" else []),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    p = tmp_path / "paths.onnx"
+    onnx.save(m, p)
+    g = load_onnx(p).graph
+    paths = {n.op: n.path for n in g if n.op in (Op.RELU, Op.ONNX_OP, Op.NEG)}
+    assert paths == {Op.RELU: "encoder.layer.0.act", Op.ONNX_OP: "encoder.layer.1.pick", Op.NEG: "encoder.layer.2.out"}

@@ -1102,6 +1102,7 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
         ins: list[Value] = [env[i] if i else None for i in node.input]
         attrs = node_attrs(node)
         ctx.node = node
+        b.path = node_path(node)  # before anything emits: a handler's nodes and a host node carry this node's path
         domain = "" if node.domain in ("", "ai.onnx") else node.domain
         try:
             if (misfit := _misfit(ctx, node, ins)) is not None:
@@ -1117,7 +1118,6 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
                 outs = fold(node, ins, opset)  # type: ignore[arg-type]
                 ctx.held_bytes += sum(o.nbytes for o in outs if isinstance(o, np.ndarray))
             elif (domain, node.op_type) in HANDLERS:
-                b.path = node_path(node)
                 first = b._next
                 try:
                     outs = HANDLERS[(domain, node.op_type)](ctx, node, ins, attrs)
@@ -1130,7 +1130,6 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
                 for i in range(first, b._next):
                     provenance[i] = (node.op_type, node.name, node.doc_string)
             elif (hosts := _host_op(ctx, node, ins, domain)) is not None:
-                b.path = node_path(node)
                 for host in hosts:
                     if host is not None:
                         provenance[int(host)] = (node.op_type, node.name, node.doc_string)
