@@ -489,11 +489,9 @@ def _max(e: MlxEmitter, a: dict, x: mx.array) -> mx.array:
 def _onnx_op(e: MlxEmitter, a: dict, *xs: mx.array) -> mx.array:
     """On the host: the operands evaluated and copied to NumPy, the ONNX node run by onnx.reference, the result
     copied back (so a graph holding one is never compiled whole: `executor.build_program`)."""
-    import numpy as np
-
     from ..ir.onnx_op import evaluate
 
-    return mx.array(evaluate(a, [np.asarray(x) for x in xs]))
+    return mx.array(evaluate(a, xs))  # the MLX arrays themselves: the run's cache keys on their identity
 
 
 @lowers(Op.ARGMAX)

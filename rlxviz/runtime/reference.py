@@ -290,7 +290,9 @@ def run_reference(graph: Graph, feeds: Mapping[str, np.ndarray],
         RuntimeError: a computed shape differs from the node's declared shape (an inference/NumPy
             disagreement; the message names the node).
     """
-    with quiet_numerics():
+    from ..ir.onnx_op import host_run
+
+    with quiet_numerics(), host_run():
         return _run_reference(graph, feeds, weights or {}, float_dtype)
 
 
