@@ -121,3 +121,14 @@ def test_an_additive_score_term_that_packs_is_named_by_its_kind(stem):
     kept = [r.message for s in trace.steps for r in s.rejections
             if r.guard in ("mask_model_term", "where_mask_additive") and "score term" in r.message]
     assert kept and all(KEPT_TERMS[stem] in m for m in kept), kept
+
+
+@pytest.mark.parametrize("stem", [s for s in FILES if s.startswith("swin")])
+def test_swins_window_padding_is_an_ir_pad_that_runs_on_mlx(stem):
+    """Swin pads its feature map to whole windows with ONNX Pad: an IR `pad` (no host node left; zero pads are no
+    node at all), with PyTorch's numbers on MLX (checked for every file above). `swin-pad` (windows of 3 on 8x8 and
+    4x4 maps) pads in both stages."""
+    m, _, _, trace = _load(stem)
+    assert not [n for n in m.graph if n.op == Op.ONNX_OP] and not [n for n in trace.final if n.op == Op.ONNX_OP]
+    if stem.startswith("swin-pad."):
+        assert sum(1 for n in m.graph if n.op == Op.PAD) >= 2, stem

@@ -548,6 +548,21 @@ def _narrow(e: MlxEmitter, a: dict, x: mx.array) -> mx.array:
     return x[idx]
 
 
+@lowers(Op.PAD)
+def _pad(e: MlxEmitter, a: dict, x: mx.array) -> mx.array:
+    """`mx.pad` for constant and edge; reflect as one gather per padded axis (indices b..1, 0..n-1, n-2..n-1-e)."""
+    r, pads, mode = x.ndim, a["pads"], a.get("mode", "constant")
+    width = [(pads[i], pads[r + i]) for i in range(r)]
+    if mode != "reflect":
+        return mx.pad(x, width, mode=mode, constant_values=mx.array(a.get("value", 0.0), dtype=x.dtype))
+    for ax, (lo, hi) in enumerate(width):
+        if lo or hi:
+            n = x.shape[ax]
+            idx = list(range(lo, 0, -1)) + list(range(n)) + list(range(n - 2, n - 2 - hi, -1))
+            x = mx.take(x, mx.array(idx, dtype=mx.int32), axis=ax)
+    return x
+
+
 # -- attention, RoPE --------------------------------------------------------------------------------------------
 def lowest(dtype: Any) -> float:
     """The lowest finite value of float dtype `dtype` (a masked score: finite, so an all-masked row is uniform)."""

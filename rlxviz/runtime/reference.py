@@ -51,6 +51,16 @@ def _onnx_op(a: dict, *xs: np.ndarray) -> np.ndarray:
     return evaluate(a, xs)
 
 
+@impl(Op.PAD)
+def _pad(a: dict, x: np.ndarray) -> np.ndarray:
+    """ONNX Pad: `np.pad` with ONNX's begins-then-ends `pads`; reflect and edge are NumPy's modes of the names."""
+    r, pads, mode = x.ndim, a["pads"], a.get("mode", "constant")
+    width = [(pads[i], pads[r + i]) for i in range(r)]
+    if mode == "constant":
+        return np.pad(x, width, mode="constant", constant_values=np.asarray(a.get("value", 0.0)).astype(x.dtype))
+    return np.pad(x, width, mode=mode)
+
+
 @impl(Op.ARGMAX)
 def _argmax(a: dict, x: np.ndarray) -> np.ndarray:
     return np.argmax(x, axis=a["axis"], keepdims=bool(a.get("keepdims", False))).astype(np.int64)
