@@ -46,6 +46,7 @@ from ..ir.graph import SMALL_VALUE
 from ..ir.identity import IdentityMap
 from ..ir.lint import problems
 from ..ir.ops import PAD_MODES
+from .module_calls import number_calls
 from .onnx_fold import FOLDABLE, FoldError, check_fold, fold, node_attrs, single_node_model
 from .presets import Model
 
@@ -1138,7 +1139,8 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
     errors: list[str] = []
     poisoned: set[str] = set()
     deadline = time.monotonic() + MAX_IMPORT_SECONDS
-    for node in g.node:
+    paths = number_calls([node_path(node) for node in g.node])  # one layer module called N times: N layers
+    for node, path in zip(g.node, paths, strict=True):
         if time.monotonic() > deadline:  # every step is bounded; this bounds their sum (a graph of 10^6 nodes)
             ctx.node = node
             raise OnnxImportError(str(ctx.fail(f"the import has taken over {MAX_IMPORT_SECONDS:g} s; stopped here "
@@ -1153,7 +1155,7 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
         ins: list[Value] = [env[i] if i else None for i in node.input]
         attrs = node_attrs(node)
         ctx.node = node
-        b.path = node_path(node)  # before anything emits: a handler's nodes and a host node carry this node's path
+        b.path = path  # before anything emits: a handler's nodes and a host node carry this node's path
         domain = "" if node.domain in ("", "ai.onnx") else node.domain
         try:
             if (misfit := _misfit(ctx, node, ins)) is not None:
