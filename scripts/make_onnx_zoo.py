@@ -168,6 +168,11 @@ def _zoo() -> dict[str, Callable[[str], tuple[torch.nn.Module, dict[str, torch.T
                          attn_implementation=attn)
         return t.SwinModel(c, add_pooling_layer=False), _image(30), c
 
+    def swin_pad(attn: str):  # windows of 3 on 8x8 and 4x4 maps: both stages pad to whole windows (ONNX Pad)
+        c = t.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=3,
+                         attn_implementation=attn)
+        return t.SwinModel(c, add_pooling_layer=False), _image(31), c
+
     def gptj(attn: str):  # interleaved RoPE (rotate_every_two) on the first rotary_dim of each head
         c = t.GPTJConfig(vocab_size=VOCAB, n_embd=32, n_head=4, n_layer=2, n_inner=64, rotary_dim=4, n_positions=64,
                          attn_implementation=attn, use_cache=False)
@@ -178,6 +183,7 @@ def _zoo() -> dict[str, Callable[[str], tuple[torch.nn.Module, dict[str, torch.T
         "albert": albert,
         "mpnet": mpnet,
         "swin": swin,
+        "swin-pad": swin_pad,
         "roberta": bert_like("RobertaModel", "RobertaConfig", 2, pad_token_id=1),
         "xlm-roberta": bert_like("XLMRobertaModel", "XLMRobertaConfig", 3, pad_token_id=1),
         "electra": bert_like("ElectraModel", "ElectraConfig", 15, embedding_size=32),
@@ -232,7 +238,7 @@ def _zoo() -> dict[str, Callable[[str], tuple[torch.nn.Module, dict[str, torch.T
 
 # The TorchScript form for these (at least six, the issue asks): encoders and decoders both.
 TS_ARCHS = ("bert", "roberta", "distilbert", "vit", "gpt2", "llama", "qwen2", "clip-text", "t5-encoder",
-            "bart-encoder")
+            "bart-encoder", "phi", "stablelm", "gptj", "qwen3", "olmo2", "albert", "mpnet")
 
 
 def _export(arch: str, form: str, make: Callable) -> dict:

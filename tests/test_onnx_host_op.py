@@ -169,3 +169,79 @@ def test_a_multi_output_or_unmapped_form_runs_on_the_host_with_onnx_runtimes_num
     np.testing.assert_allclose(np.asarray(MlxExecutor().run(m.graph, {"x": X}, m.weights)[0]), want,
                                rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(_ort(export_onnx(m.graph, m.weights), {"x": X}), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("host", ["Hardmax", "TopK"])
+def test_a_host_node_carries_its_own_onnx_nodes_module_path(tmp_path, host):
+    """The host node is emitted under the module path of the ONNX node it holds, not the previous node's (the
+    path was set only after the host node was built, so explain and the drawing put it in the wrong layer)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    k = numpy_helper.from_array(np.asarray([2], np.int64), "k")
+    held = (helper.make_node("Hardmax", ["r"], ["h"], axis=-1, name="/encoder/layer.1/pick/Hardmax")
+            if host == "Hardmax" else
+            helper.make_node("TopK", ["r", "k"], ["h", "i"], axis=-1, name="/encoder/layer.1/pick/TopK"))
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="/encoder/layer.0/act/Relu"), held,
+             helper.make_node("Neg", ["h"], ["y"], name="/encoder/layer.2/out/Neg")]
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], [y], initializer=[k] if host == "TopK" else []),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    p = tmp_path / "paths.onnx"
+    onnx.save(m, p)
+    g = load_onnx(p).graph
+    paths = {n.op: n.path for n in g if n.op in (Op.RELU, Op.ONNX_OP, Op.NEG)}
+    assert paths == {Op.RELU: "encoder.layer.0.act", Op.ONNX_OP: "encoder.layer.1.pick", Op.NEG: "encoder.layer.2.out"}
+
+
+def _count_host_evaluations(monkeypatch) -> list[str]:
+    import rlxviz.ir.onnx_op as onnx_op
+
+    calls: list[str] = []
+    real = onnx_op._evaluate_all
+
+    def counted(attrs, arrays):
+        calls.append(attrs["op_type"])
+        return real(attrs, arrays)
+
+    monkeypatch.setattr(onnx_op, "_evaluate_all", counted)
+    return calls
+
+
+@pytest.mark.parametrize("engine", ["reference", "mlx", "mlx-compiled"])
+def test_a_multi_output_host_node_runs_once_per_run(tmp_path, monkeypatch, engine):
+    """TopK's values and indices are two IR nodes over one ONNX node: each run evaluates that node once (the
+    run's cache, keyed by the node and the identity of its input arrays), and every run evaluates it anew."""
+    p = _router_model(tmp_path, "topk")
+    m = load_onnx(p)
+    assert sum(1 for n in m.graph if n.op == Op.ONNX_OP) == 2
+    want = _ort(p, {"x": X})
+    calls = _count_host_evaluations(monkeypatch)
+    ex = MlxExecutor(compile_graph=engine == "mlx-compiled")
+    for r in range(2):
+        x = X * (1 + r)  # a new input each run: a cache kept across runs would answer the first run's numbers
+        got = (run_reference(m.graph, {"x": x}, m.weights)[0] if engine == "reference"
+               else np.asarray(ex.run(m.graph, {"x": x}, m.weights)[0]))
+        np.testing.assert_allclose(got, _ort(p, {"x": x}) if r else want, rtol=1e-6, atol=1e-6)
+        assert calls == ["TopK"] * (r + 1)
+
+
+def test_two_host_nodes_of_the_same_onnx_node_on_different_arrays_each_run(tmp_path, monkeypatch):
+    """Two TopK nodes of equal shapes, on x and on -x, are each evaluated once in a run, each with its own numbers
+    (the run's cache answers only the same node on the very same input arrays)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    k = numpy_helper.from_array(np.asarray([2], np.int64), "k")
+    nodes = [helper.make_node("Neg", ["x"], ["nx"]),
+             helper.make_node("TopK", ["x", "k"], ["v1", "i1"], axis=-1),
+             helper.make_node("TopK", ["nx", "k"], ["v2", "i2"], axis=-1),
+             helper.make_node("Add", ["v1", "v2"], ["y"])]
+    mp = helper.make_model(helper.make_graph(nodes, "g", [x], [y], initializer=[k]),
+                           opset_imports=[helper.make_opsetid("", 17)])
+    mp.ir_version = 8
+    p = tmp_path / "two_topk.onnx"
+    onnx.save(mp, p)
+    m = load_onnx(p)
+    calls = _count_host_evaluations(monkeypatch)
+    np.testing.assert_allclose(run_reference(m.graph, {"x": X}, m.weights)[0], _ort(p, {"x": X}), rtol=1e-6,
+                               atol=1e-6)
+    assert calls == ["TopK", "TopK"]

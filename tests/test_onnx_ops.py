@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from rlxviz.ir import Op
 from rlxviz.models.onnx_import import load_onnx
 from rlxviz.runtime import run_reference
 from rlxviz.runtime.executor import MlxExecutor
@@ -148,3 +149,42 @@ def test_run_writes_each_output_under_its_name_in_its_dtype(tmp_path, capsys):
     with np.load(tmp_path / "o.npz") as z:
         assert set(z.files) == {"total", "twice"} and z["total"].dtype == np.int64
         np.testing.assert_array_equal(z["total"], np.cumsum(big, axis=1))
+
+
+@pytest.mark.parametrize("mode,pads,axes,fill", [
+    ("constant", [0, 1, 2, 0, 0, 3], None, 0.0),          # Swin's window padding: zeros after the rows
+    ("constant", [1, 0, 0, 2, 3, 1], None, -2.5),         # a fill value, both ends of every axis
+    ("constant", [0, -1, 2, 0, 1, -2], None, 0.5),        # negative pads crop (a narrow, then the pad)
+    ("constant", [2, 1], [-1], 1.0),                      # opset 18 axes: the last axis only
+    ("reflect", [0, 3, 1, 1, 2, 5], None, None),          # mirrors without the edge: each pad < the axis size
+    ("edge", [1, 0, 4, 0, 2, 1], None, None)])
+def test_pad_is_an_ir_op_in_every_mode(tmp_path, mode, pads, axes, fill):
+    ins = ["r", "p", "v" if fill is not None else ""] + (["ax"] if axes else [])
+    inits = [_i64("p", pads)] + ([_f32("v", fill)] if fill is not None else []) + ([_i64("ax", axes)] if axes else [])
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Pad", ins, ["y"], mode=mode)]
+    import onnxruntime as ort  # onnx.reference refuses negative pads: ONNX Runtime's numbers
+
+    _, m = _model(tmp_path, nodes, inits)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
+    model = _check(tmp_path, nodes, inits, want=want)
+    assert Op.PAD in {n.op for n in model.graph} and Op.ONNX_OP not in {n.op for n in model.graph}
+
+
+def test_pad_of_int_position_ids_keeps_the_dtype(tmp_path):
+    ids = np.arange(8, dtype=np.int64).reshape(2, 4)
+    nodes = [helper.make_node("Add", ["ids", "one"], ["s"]), helper.make_node("Pad", ["s", "p", "v"], ["y"])]
+    _check(tmp_path, nodes, [_i64("one", 1), _i64("p", [0, 2, 0, 1]), _i64("v", 9)], feeds={"ids": ids},
+           inputs=(("ids", TensorProto.INT64, [2, 4]),), out_type=TensorProto.INT64)
+
+
+def test_pad_wrap_and_computed_pads_run_on_the_host(tmp_path):
+    """`wrap` (opset 19) is not an IR pad mode; the pads computed from the input's values are not constant:
+    both are valid forms, run on the host with ONNX's numbers."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Pad", ["r", "p"], ["y"], mode="wrap")]
+    p, m = _model(tmp_path, nodes, [_i64("p", [0, 1, 2, 0, 0, 3])])
+    m.opset_import[0].version = 19
+    onnx.save(m, p)
+    model = load_onnx(p)
+    assert [n.attrs["op_type"] for n in model.graph if n.op == Op.ONNX_OP] == ["Pad"]
+    want = ReferenceEvaluator(m).run(None, {"x": X})[0]
+    np.testing.assert_allclose(run_reference(model.graph, {"x": X}, model.weights)[0], want)

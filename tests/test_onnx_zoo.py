@@ -121,3 +121,32 @@ def test_an_additive_score_term_that_packs_is_named_by_its_kind(stem):
     kept = [r.message for s in trace.steps for r in s.rejections
             if r.guard in ("mask_model_term", "where_mask_additive") and "score term" in r.message]
     assert kept and all(KEPT_TERMS[stem] in m for m in kept), kept
+
+
+@pytest.mark.parametrize("stem", [s for s in FILES if s.startswith("swin")])
+def test_swins_window_padding_is_an_ir_pad_that_runs_on_mlx(stem):
+    """Swin pads its feature map to whole windows with ONNX Pad: an IR `pad` (no host node left; zero pads are no
+    node at all), with PyTorch's numbers on MLX (checked for every file above). `swin-pad` (windows of 3 on 8x8 and
+    4x4 maps) pads in both stages."""
+    m, _, _, trace = _load(stem)
+    assert not [n for n in m.graph if n.op == Op.ONNX_OP] and not [n for n in trace.final if n.op == Op.ONNX_OP]
+    if stem.startswith("swin-pad."):
+        assert sum(1 for n in m.graph if n.op == Op.PAD) >= 2, stem
+
+
+@pytest.mark.parametrize("stem", [s for s in FILES if s.startswith("albert.")])
+def test_albert_s_one_layer_module_called_twice_is_two_layers_that_each_fuse(stem):
+    """ALBERT calls one layer module per layer and the exporter gives each call the same path: the k-th call is
+    numbered layer k (`albert_layers.0@k`, models/module_calls.py), so explain answers per layer: layers 0 and 1,
+    each with its attention packed and its own fused ops, and the same named guard on both (tanh-GELU)."""
+    from rlxviz.passes.trace import layer_of
+    from rlxviz.session.loading import layer_indices
+
+    m, _, _, trace = _load(stem)
+    assert layer_indices(m.graph) == (0, 1)
+    for k in (0, 1):
+        fused = {n.op for n in trace.final if layer_of(n.path) == k}
+        assert fused & set(PACKED_OPS) and Op.FUSED_MATMUL_BIAS_ACT in fused, (k, fused)
+    text = check_fusion(trace, m.name).render()
+    assert "no node path names a layer" not in text
+    assert text.count("guard fc1_activation") == 2 and "layer 0:" in text and "layer 1:" in text, text

@@ -304,3 +304,20 @@ def test_a_full_width_table_whose_values_are_not_known_is_named(capsys, tmp_path
     code, out, _ = cli_run(capsys, "explain", path)
     assert code == 1 and "guard rope_on_heads" in out and "Q and K rotated" in out
     assert "are not known to the pass" in out and "guard scores_form" not in out
+
+
+@pytest.mark.parametrize("rows", [(2, 1, 8, 8), (2, 8, 8)])
+def test_tables_that_differ_by_batch_row_are_refused_by_name_and_keep_their_numbers(rows):
+    """Position ids that differ by row (left padding, ids from a cumsum of the mask) give `[B, 1, S, r]` tables:
+    the rope op reads one table for every row, so the form stays as it is, named; the numbers are unchanged."""
+    t = rope_attention(n_rot=8, duplicated=False)
+    for w in ("cos", "sin"):
+        t = t.replace(f'rotary_emb.{w}_full"}} : f32[8, 8]', f'rotary_emb.{w}_full"}} : f32{list(rows)}')
+    g = parse_ir(t.replace("{shape=[1, 1, 8, 8]} : f32[1, 1, 8, 8]", "{shape=[2, 1, 8, 8]} : f32[2, 1, 8, 8]"))
+    assert rope_heads(g)[1] == []
+    tr = Pipeline.canonical().run(g)
+    (r,) = [r for r in tr.rejections if r.guard == "rope_on_heads" and r.headline]
+    assert "[2, 1, 8, 8] is a table per batch row" in r.message and "one [S, 4] table for every row" in r.message
+    feeds, w = _feeds(g)
+    for a, b in zip(run_reference(g, feeds, w), run_reference(tr.final, feeds, w), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)

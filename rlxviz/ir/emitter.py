@@ -214,6 +214,12 @@ class Emitter(ABC, Generic[V]):
     def transpose(self, x: V, perm: Sequence[int]) -> V:
         return self.emit(Op.TRANSPOSE, (x,), perm=tuple(perm))
 
+    def pad(self, x: V, pads: Sequence[int], mode: str = "constant", value: float = 0.0) -> V:
+        """ONNX Pad: `pads` = [begin_0, ..., begin_{r-1}, end_0, ..., end_{r-1}] (each >= 0) elements added on
+        each axis; `mode` `constant` (fill `value`, in `x`'s dtype), `reflect` or `edge` (`ops.PAD_MODES`).
+        Same dtype as `x`; axis i grows by begin_i + end_i (Swin's window padding)."""
+        return self.emit(Op.PAD, (x,), pads=tuple(int(p) for p in pads), mode=mode, value=value)
+
     def narrow(self, x: V, axis: int, start: int, length: int) -> V:
         return self.emit(Op.NARROW, (x,), axis=axis, start=start, length=length)
 

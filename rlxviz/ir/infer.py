@@ -154,6 +154,24 @@ def _cumsum(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     return x[0]
 
 
+@rule(Op.PAD)
+def _pad(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
+    """ONNX Pad: `pads` = [begin_0, ..., begin_{r-1}, end_0, ..., end_{r-1}], each >= 0; axis i grows by
+    begin_i + end_i. `reflect` needs every pad < that axis's size, `edge` a non-empty axis where it pads."""
+    shape, r, pads = x[0].shape, len(x[0].shape), tuple(attrs["pads"])
+    _check(r >= 1, f"needs rank >= 1, got {_fmt(x[0])}")
+    _check(len(pads) == 2 * r, f"pads needs {2 * r} values (begins, then ends) for {_fmt(x[0])}, got {len(pads)}")
+    _check(all(p >= 0 for p in pads), f"pads must be >= 0 (a crop is a narrow), got {list(pads)}")
+    mode = attrs.get("mode", "constant")
+    for i, n in enumerate(shape):
+        if mode == "reflect":
+            _check(max(pads[i], pads[r + i]) < n, f"reflect pads axis {i} by {max(pads[i], pads[r + i])}, "
+                                                  f"needs < its size {n}")
+        elif mode == "edge":
+            _check(n > 0 or pads[i] == pads[r + i] == 0, f"edge pads the empty axis {i}")
+    return TensorType(tuple(n + pads[i] + pads[r + i] for i, n in enumerate(shape)), x[0].dtype)
+
+
 @rule(Op.WHERE)
 def _where(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     _check(x[0].dtype == DType.bool, f"condition must be bool, got {_fmt(x[0])}")

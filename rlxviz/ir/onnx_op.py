@@ -11,13 +11,16 @@ host (`evaluate`), and every report names the nodes that ran there (`host_nodes`
 from __future__ import annotations
 
 import base64
+import contextlib
+import contextvars
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from .graph import Graph, Node
+from .identity import IdentityMap
 from .ops import Op
 
 
@@ -35,29 +38,84 @@ def decode(attrs: dict[str, Any]) -> Any:
     return n
 
 
-def evaluate(attrs: dict[str, Any], arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """Run the held ONNX node on `arrays` (its non-empty inputs, in order): with ONNX Runtime (the engine the
-    import check compares with; `onnx.reference` computes some ops wrongly, e.g. LpNormalization p=1 on negative
-    inputs), else (not installed, or no kernel for these dtypes: the float64 oracle) with `onnx.reference`; the
-    output numbered `attrs["output"]` (0 when absent: TopK's indices are output 1), cast to the declared dtype.
+def evaluate(attrs: dict[str, Any], arrays: Sequence[Any]) -> np.ndarray:
+    """Run the held ONNX node on `arrays` (its non-empty inputs, in order; NumPy or MLX arrays): with ONNX Runtime
+    (the engine the import check compares with; `onnx.reference` computes some ops wrongly, e.g. LpNormalization
+    p=1 on negative inputs), else (not installed, or no kernel for these dtypes: the float64 oracle) with
+    `onnx.reference`; the output numbered `attrs["output"]` (0 when absent: TopK's indices are output 1), cast to
+    the declared dtype. Inside `host_run()` the node runs once per run: its other outputs (TopK's values and
+    indices are two IR nodes) are read from that run's cache, keyed by the node and its input arrays' identity.
     Raises ValueError naming the op when the engine fails."""
     from .dtype import DType
 
+    cache = _RUN.get()
+    outs = cache.get(attrs, arrays) if cache is not None else None
+    if outs is None:
+        outs = _evaluate_all(attrs, [np.asarray(a) for a in arrays])
+        if cache is not None:
+            cache.put(attrs, arrays, outs)
+    return np.asarray(outs[int(attrs.get("output", 0))]).astype(DType(attrs["dtype"]).numpy, copy=False)
+
+
+def _evaluate_all(attrs: dict[str, Any], arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """Every output of the held ONNX node on `arrays`, in order. Raises ValueError naming the op."""
     node = decode(attrs)
     names = [i for i in node.input if i]
-    feeds = dict(zip(names, (np.asarray(a) for a in arrays), strict=True))
+    feeds = dict(zip(names, arrays, strict=True))
     try:
         try:
             sess = _ort_session(attrs["node"], int(attrs["opset"]),
                                 tuple((n, str(a.dtype), a.shape) for n, a in feeds.items()))
         except Exception:  # noqa: BLE001 - no kernel for these types (e.g. Hardmax in float64, the oracle's)
             sess = None
-        k = int(attrs.get("output", 0))
-        out = sess.run(None, feeds)[k] if sess is not None else _reference(node, int(attrs["opset"]), feeds)[k]
+        return list(sess.run(None, feeds) if sess is not None else _reference(node, int(attrs["opset"]), feeds))
     except Exception as e:  # noqa: BLE001 - the engine's own error, named
         raise ValueError(f"onnx_op {attrs['op_type']}: the host evaluation failed ({type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else ''})") from None
-    return np.asarray(out).astype(DType(attrs["dtype"]).numpy, copy=False)
+
+
+class HostRunCache:
+    """The outputs of each host-evaluated ONNX node within one run, keyed by the node (its serialized text and
+    opset) and the identity of its input arrays (`IdentityMap`, never `id()`: the arrays are held while the run
+    lasts, so no freed array's address can match). A hit needs every input to be the very same array object."""
+
+    __slots__ = ("_by_first",)
+
+    def __init__(self) -> None:
+        self._by_first: IdentityMap[Any, list[tuple[str, int, tuple[Any, ...], list[np.ndarray]]]] = IdentityMap()
+
+    def get(self, attrs: dict[str, Any], arrays: Sequence[Any]) -> list[np.ndarray] | None:
+        if not arrays:
+            return None
+        for text, opset, held, outs in self._by_first.get(arrays[0]) or ():
+            if text == attrs["node"] and opset == int(attrs["opset"]) and len(held) == len(arrays) \
+                    and all(a is b for a, b in zip(held, arrays, strict=True)):
+                return outs
+        return None
+
+    def put(self, attrs: dict[str, Any], arrays: Sequence[Any], outs: list[np.ndarray]) -> None:
+        if arrays:
+            self._by_first.setdefault(arrays[0], []).append((attrs["node"], int(attrs["opset"]), tuple(arrays), outs))
+
+
+_RUN: contextvars.ContextVar[HostRunCache | None] = contextvars.ContextVar("rlxviz_host_run", default=None)
+
+
+@contextlib.contextmanager
+def host_run() -> Iterator[HostRunCache]:
+    """One run of a graph (the reference interpreter's, one MLX program call): host nodes evaluated inside it share
+    one `HostRunCache`, so a multi-output ONNX node (TopK) runs once, not once per output. Nested: the outer run's
+    cache is kept."""
+    outer = _RUN.get()
+    if outer is not None:
+        yield outer
+        return
+    cache = HostRunCache()
+    token = _RUN.set(cache)
+    try:
+        yield cache
+    finally:
+        _RUN.reset(token)
 
 
 def _reference(node: Any, opset: int, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -112,4 +170,4 @@ def _engine() -> str:
     return "ONNX Runtime"
 
 
-__all__ = ["decode", "describe_host", "encode", "evaluate", "host_nodes"]
+__all__ = ["HostRunCache", "decode", "describe_host", "encode", "evaluate", "host_nodes", "host_run"]

@@ -75,6 +75,7 @@ class Op(StrEnum):
     CONCAT = "concat"
     EXPAND = "expand"
     GATHER = "gather"
+    PAD = "pad"
     # transformer blocks
     ATTENTION = "attention"
     ROPE = "rope"
@@ -103,7 +104,7 @@ ELEMENTWISE = BINARY | UNARY | COMPARE | PREDICATES | {Op.WHERE, Op.CAST}
 FUSED_REGION_OPS = ELEMENTWISE
 """Ops allowed as steps of an ElementwiseRegion chain."""
 REDUCE = frozenset({Op.REDUCE_SUM, Op.REDUCE_MEAN, Op.REDUCE_MAX})
-MOVEMENT = frozenset({Op.RESHAPE, Op.TRANSPOSE, Op.NARROW, Op.CONCAT, Op.EXPAND, Op.GATHER})
+MOVEMENT = frozenset({Op.RESHAPE, Op.TRANSPOSE, Op.NARROW, Op.CONCAT, Op.EXPAND, Op.GATHER, Op.PAD})
 FUSED = frozenset({Op.FUSED_MATMUL_BIAS_ACT, Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM,
                    Op.FUSED_SWIGLU, Op.FUSED_ATTENTION_BLOCK, Op.FUSED_TRANSFORMER_LAYER,
                    Op.ELEMENTWISE_REGION})
@@ -117,6 +118,10 @@ def kv_heads(attrs: dict[str, Any]) -> int:
     kv = attrs.get("num_kv_heads")
     return attrs["num_heads"] if kv is None else kv
 
+
+PAD_MODES = ("constant", "reflect", "edge")
+"""`pad` modes, as ONNX Pad's: `constant` fills with `value`; `reflect` mirrors without repeating the edge
+(`[a b c]` padded by 2 on the left: `[c b a b c]`); `edge` repeats the edge value."""
 
 MASK_KINDS = ("none", "causal", "keep", "additive")
 """Attention mask kinds. `keep`: a `[B, Sk]` mask, 1 = attend, 0 = padding (RLX `Custom`); with the
@@ -194,6 +199,9 @@ SPECS: dict[Op, OpSpec] = {
     Op.CONCAT: OpSpec(None, {"axis": _a(int)}),
     Op.EXPAND: OpSpec((1,), {"shape": _a(tuple, items=_INT)}),
     Op.GATHER: OpSpec((2,), {"axis": _a(int, required=False, default=0)}),
+    Op.PAD: OpSpec((1,), {"pads": _a(tuple, items=_INT), "mode": _a(str, required=False, default="constant",
+                                                                   choices=PAD_MODES),
+                          "value": _a(int, float, bool, required=False, default=0.0)}),
     Op.ATTENTION: OpSpec((3, 4), {
         "num_heads": _a(int), "head_dim": _a(int),
         "mask": _a(str, required=False, default="none", choices=MASK_KINDS),

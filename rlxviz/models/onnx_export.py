@@ -223,6 +223,10 @@ def _node(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
         w.op("Concat", ins, out, axis=int(a["axis"]))
     elif op == Op.GATHER:
         w.op("Gather", ins, out, axis=0)
+    elif op == Op.PAD:
+        mode = a.get("mode", "constant")
+        fill = [w.c(a.get("value", 0.0), n.dtype.numpy)] if mode == "constant" else []
+        w.op("Pad", [ins[0], w.ints(a["pads"]), *fill], out, mode=mode)
     elif op == Op.ONNX_OP:  # the ONNX node it was imported from, on the export's value names
         from ..ir.onnx_op import decode
 

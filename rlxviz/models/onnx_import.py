@@ -45,6 +45,8 @@ from ..ir.emitter import Ref
 from ..ir.graph import SMALL_VALUE
 from ..ir.identity import IdentityMap
 from ..ir.lint import problems
+from ..ir.ops import PAD_MODES
+from .module_calls import number_calls
 from .onnx_fold import FOLDABLE, FoldError, check_fold, fold, node_attrs, single_node_model
 from .presets import Model
 
@@ -642,6 +644,56 @@ def _slice(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
     return [v]
 
 
+@handles("Pad")
+def _pad(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """Pad(data, pads[, constant_value[, axes]]) (opset 13+) with constant pads, an optional constant fill value
+    and `axes` (opset 18) -> `pad` (constant, reflect, edge); a negative pad (a crop) of constant mode is a narrow
+    first (crop and fill on one axis commute in constant mode). `wrap`, computed pads or fill, and a negative
+    pad in reflect/edge mode are valid forms left to the host (`UnsupportedForm`)."""
+    s = ctx.shape(x[0])
+    r = len(s)
+    mode = a.get("mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode not in PAD_MODES:
+        raise ctx.unsupported(f"mode {mode!r} is not an IR pad mode ({', '.join(PAD_MODES)})")
+    if not isinstance(x[1], np.ndarray):
+        raise ctx.unsupported("the pads are computed from a model input (the IR's pad takes constant pads)")
+    pads = _ints(ctx, x[1], "pads")
+    fill = x[2] if len(x) > 2 else None
+    if fill is not None and not isinstance(fill, np.ndarray):
+        raise ctx.unsupported("the constant value is computed (the IR's pad takes a constant fill)")
+    value = np.asarray(fill).reshape(-1)[0].item() if fill is not None and np.asarray(fill).size else 0.0
+    if len(x) > 3 and x[3] is not None:  # axes: pads for those axes only, the others 0
+        axes = [_axis(ctx, ax, r, "pad axis") for ax in _ints(ctx, x[3], "axes")]
+        if len(pads) != 2 * len(axes) or len(set(axes)) != len(axes):
+            raise ctx.fail(f"pads {pads} needs 2 values per axis of {axes}, each axis once")
+        full = [0] * (2 * r)
+        for k, ax in enumerate(axes):
+            full[ax], full[r + ax] = pads[k], pads[len(axes) + k]
+        pads = full
+    if len(pads) != 2 * r:
+        raise ctx.fail(f"pads {pads} needs {2 * r} values (begins, then ends) for a rank-{r} input")
+    v = x[0]
+    if any(p < 0 for p in pads):
+        if mode != "constant":
+            raise ctx.unsupported(f"a negative pad in {mode} mode (pads {pads})")
+        for ax in range(r):
+            lo, hi = max(0, -pads[ax]), max(0, -pads[r + ax])
+            if lo or hi:
+                if lo + hi >= s[ax]:
+                    raise ctx.fail(f"pads {pads} crop axis {ax} of size {s[ax]} to nothing (empty tensors are not "
+                                   f"supported)")
+                v = _narrow(ctx, v, ax, lo, s[ax] - lo - hi)
+        pads = [max(0, p) for p in pads]
+    if mode == "reflect" and any(max(pads[i], pads[r + i]) >= ctx.shape(v)[i] for i in range(r)):
+        raise ctx.fail(f"reflect pads {pads} reach past the edge of {list(ctx.shape(v))} (each pad < its axis)")
+    if not any(pads):
+        return [v]
+    dtype = ctx.dtype(x[0])
+    fill_value = bool(value) if dtype == DType.bool else int(value) if not dtype.is_float else float(value)
+    return [ctx.b.pad(ctx.ref(v), pads, mode=mode, value=fill_value)]
+
+
 @handles("Gather")
 def _gather(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
     """Embedding lookups (axis 0, computed indices) map to `gather`; constant indices on any axis map to
@@ -1087,7 +1139,8 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
     errors: list[str] = []
     poisoned: set[str] = set()
     deadline = time.monotonic() + MAX_IMPORT_SECONDS
-    for node in g.node:
+    paths = number_calls([node_path(node) for node in g.node])  # one layer module called N times: N layers
+    for node, path in zip(g.node, paths, strict=True):
         if time.monotonic() > deadline:  # every step is bounded; this bounds their sum (a graph of 10^6 nodes)
             ctx.node = node
             raise OnnxImportError(str(ctx.fail(f"the import has taken over {MAX_IMPORT_SECONDS:g} s; stopped here "
@@ -1102,6 +1155,7 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
         ins: list[Value] = [env[i] if i else None for i in node.input]
         attrs = node_attrs(node)
         ctx.node = node
+        b.path = path  # before anything emits: a handler's nodes and a host node carry this node's path
         domain = "" if node.domain in ("", "ai.onnx") else node.domain
         try:
             if (misfit := _misfit(ctx, node, ins)) is not None:
@@ -1117,7 +1171,6 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
                 outs = fold(node, ins, opset)  # type: ignore[arg-type]
                 ctx.held_bytes += sum(o.nbytes for o in outs if isinstance(o, np.ndarray))
             elif (domain, node.op_type) in HANDLERS:
-                b.path = node_path(node)
                 first = b._next
                 try:
                     outs = HANDLERS[(domain, node.op_type)](ctx, node, ins, attrs)
@@ -1130,7 +1183,6 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
                 for i in range(first, b._next):
                     provenance[i] = (node.op_type, node.name, node.doc_string)
             elif (hosts := _host_op(ctx, node, ins, domain)) is not None:
-                b.path = node_path(node)
                 for host in hosts:
                     if host is not None:
                         provenance[int(host)] = (node.op_type, node.name, node.doc_string)

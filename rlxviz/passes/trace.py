@@ -16,7 +16,9 @@ from typing import Any
 
 from ..ir import Graph, format_graph, graph_to_dict
 
-_LAYER = re.compile(r"(?:^|\.)(?:layer|layers|h|blocks?)\.(\d+)(?:\.|$)")
+_LAYER = re.compile(r"(?:^|\.)(?:layer|layers|h|blocks?)\.(\d+)(?:\.|$)|@(\d+)(?:\.|$)")
+"""A layer in a path: `encoder.layer.3`, `h.3`, `blocks.3`, or the 3rd call of a module called once per layer
+(`albert_layers.0@3`, `models.module_calls`)."""
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -24,7 +26,7 @@ def layer_of(path: str) -> int | None:
     """The layer index in a model path (`encoder.layer.3.attention` -> 3), or None. Cached by path: every per-layer
     view asks it of every node."""
     m = _LAYER.search(path or "")
-    return int(m.group(1)) if m else None
+    return int(m.group(1) if m.group(1) is not None else m.group(2)) if m else None
 
 
 @dataclass(frozen=True)

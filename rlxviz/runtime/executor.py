@@ -25,6 +25,7 @@ import numpy as np
 
 from ..ir import Graph, Node, Op, format_graph, format_node
 from ..ir.identity import IdentityMap
+from ..ir.onnx_op import host_run
 from .devices import mx_device, resolve_device
 from .lowering import MX_DTYPES, LoweringError, LoweringOptions, MlxEmitter, lower_node
 from .mlx_backend import mx
@@ -121,6 +122,11 @@ def check_gather_indices(graph: Graph, feeds: Mapping[str, Any], weights: Mappin
 
 
 def _eval_nodes(nodes: list[Node], env: dict[int, mx.array], frees: list[list[int]], e: MlxEmitter) -> None:
+    with host_run():  # a multi-output host node (TopK) runs once per call, not once per output
+        _eval_each(nodes, env, frees, e)
+
+
+def _eval_each(nodes: list[Node], env: dict[int, mx.array], frees: list[list[int]], e: MlxEmitter) -> None:
     for n, done in zip(nodes, frees, strict=True):
         try:
             env[n.id] = lower_node(e, n, [env[i] for i in n.inputs])

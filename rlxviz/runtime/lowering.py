@@ -489,11 +489,9 @@ def _max(e: MlxEmitter, a: dict, x: mx.array) -> mx.array:
 def _onnx_op(e: MlxEmitter, a: dict, *xs: mx.array) -> mx.array:
     """On the host: the operands evaluated and copied to NumPy, the ONNX node run by onnx.reference, the result
     copied back (so a graph holding one is never compiled whole: `executor.build_program`)."""
-    import numpy as np
-
     from ..ir.onnx_op import evaluate
 
-    return mx.array(evaluate(a, [np.asarray(x) for x in xs]))
+    return mx.array(evaluate(a, xs))  # the MLX arrays themselves: the run's cache keys on their identity
 
 
 @lowers(Op.ARGMAX)
@@ -548,6 +546,21 @@ def _narrow(e: MlxEmitter, a: dict, x: mx.array) -> mx.array:
     axis = a["axis"] % x.ndim
     idx = (slice(None),) * axis + (slice(a["start"], a["start"] + a["length"]),)
     return x[idx]
+
+
+@lowers(Op.PAD)
+def _pad(e: MlxEmitter, a: dict, x: mx.array) -> mx.array:
+    """`mx.pad` for constant and edge; reflect as one gather per padded axis (indices b..1, 0..n-1, n-2..n-1-e)."""
+    r, pads, mode = x.ndim, a["pads"], a.get("mode", "constant")
+    width = [(pads[i], pads[r + i]) for i in range(r)]
+    if mode != "reflect":
+        return mx.pad(x, width, mode=mode, constant_values=mx.array(a.get("value", 0.0), dtype=x.dtype))
+    for ax, (lo, hi) in enumerate(width):
+        if lo or hi:
+            n = x.shape[ax]
+            idx = list(range(lo, 0, -1)) + list(range(n)) + list(range(n - 2, n - 2 - hi, -1))
+            x = mx.take(x, mx.array(idx, dtype=mx.int32), axis=ax)
+    return x
 
 
 # -- attention, RoPE --------------------------------------------------------------------------------------------

@@ -51,6 +51,16 @@ def _onnx_op(a: dict, *xs: np.ndarray) -> np.ndarray:
     return evaluate(a, xs)
 
 
+@impl(Op.PAD)
+def _pad(a: dict, x: np.ndarray) -> np.ndarray:
+    """ONNX Pad: `np.pad` with ONNX's begins-then-ends `pads`; reflect and edge are NumPy's modes of the names."""
+    r, pads, mode = x.ndim, a["pads"], a.get("mode", "constant")
+    width = [(pads[i], pads[r + i]) for i in range(r)]
+    if mode == "constant":
+        return np.pad(x, width, mode="constant", constant_values=np.asarray(a.get("value", 0.0)).astype(x.dtype))
+    return np.pad(x, width, mode=mode)
+
+
 @impl(Op.ARGMAX)
 def _argmax(a: dict, x: np.ndarray) -> np.ndarray:
     return np.argmax(x, axis=a["axis"], keepdims=bool(a.get("keepdims", False))).astype(np.int64)
@@ -290,7 +300,9 @@ def run_reference(graph: Graph, feeds: Mapping[str, np.ndarray],
         RuntimeError: a computed shape differs from the node's declared shape (an inference/NumPy
             disagreement; the message names the node).
     """
-    with quiet_numerics():
+    from ..ir.onnx_op import host_run
+
+    with quiet_numerics(), host_run():
         env = _run_reference(graph, feeds, weights or {}, float_dtype, frozenset())
     return [env[o] for o in graph.outputs]
 
@@ -300,8 +312,10 @@ def reference_values(graph: Graph, feeds: Mapping[str, np.ndarray], weights: Map
     """The values of the nodes `keep` (ids of `graph`) in one NumPy run of `graph` (as `run_reference`; with
     `float_dtype=np.float64` the oracle's values): node id -> array. Every other value is dropped after its last
     use, so the run holds the schedule's live values plus the kept ones. Raises as `run_reference`."""
+    from ..ir.onnx_op import host_run
+
     keep = frozenset(keep)
-    with quiet_numerics():
+    with quiet_numerics(), host_run():
         env = _run_reference(graph, feeds, weights or {}, float_dtype, keep)
     return {i: env[i] for i in keep if i in env}
 

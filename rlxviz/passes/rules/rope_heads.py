@@ -143,6 +143,9 @@ def _table_why(g: Graph, i: int, s: int, r: int) -> str:
     t = g[i]
     if _table(g, i, s, r)[0] is not None:
         return ""
+    if t.rank in (3, 4) and t.shape[0] > 1 and t.shape[-2:] == (s, r) and (t.rank == 3 or t.shape[1] == 1):
+        return (f"{t.op.value} (node {t.id}) {list(t.shape)} is a table per batch row (position ids that differ by "
+                f"row, e.g. left padding's cumsum): the rope op reads one [S, {r // 2}] table for every row")
     if t.shape not in ((s, r), (1, s, r), (1, 1, s, r)):
         return f"{t.op.value} (node {t.id}) {list(t.shape)} is no [S, {r}] table of S = {s} rows"
     return _halves(g, i)
