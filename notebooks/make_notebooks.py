@@ -326,6 +326,47 @@ lines.append("The roofline predicted every version compute-bound: " + (
     "timing cell again to see whether the verdict holds."))
 display(Markdown("\\n".join(lines)))''', "read-aloud"),
     md("""
+### What fusion changes in the numbers
+
+A fusion is valid when it computes the same function (`docs/passes.md` states each rule's condition); its
+kernels need not give the same **bits**. The next cell measures, on this block and this machine:
+
+* the float32 **NumPy reference** executor on every version: these two passes compute the same ops in the
+  same order there, so any difference would be the rewrite's own;
+* MLX on the CPU, every version against the unfused graph in the same dtype (the timing table's
+  `vs unfused`), which adds what the **lowering** changes:
+* **fast-math transcendentals**: the CPU lowering and rlxviz's kernels compute GELU's `erf` with a
+  rational approximation (`rlxviz/runtime/fast.py`), not libm's; its largest error on a fine grid;
+* **`mx.addmm`** (what a fused linear emits): the bias enters the GEMM's accumulation, so it can round
+  differently from a matmul followed by an add; measured in float32 and in bfloat16 at fc1's shape.
+"""),
+    code('''
+ref32 = [teach.run_reference(g, feeds, weights, np.float32)[0] for _, g in both.versions()]
+for (label, _), out, r in zip(both.versions(), ref32, rows, strict=True):
+    print(f"#{r.index} {label:<27} f32 reference vs input {float(np.abs(out - ref32[0]).max()):.1e}; "
+          f"MLX cpu vs input {r.err_unfused:.1e}")
+err_fast = session.fast_erf_error(-6, 6)
+print(f"fast erf vs exact on [-6, 6]: largest difference {err_fast:.1e}")
+addmm = {name: session.addmm_rounding(B * S, H, FF, name) for name in ("float32", "bfloat16")}
+for name, a in addmm.items():
+    print(f"addmm vs matmul + add, {name}: largest difference {a.max_diff:.1e} ({a.ulps:.0f} ulp at the largest "
+          "output)")''', "numerics"),
+    code('''
+ref_moves = [r.index for r, out in zip(rows, ref32, strict=True) if np.abs(out - ref32[0]).max() > 0]
+display(Markdown(
+    "Read aloud: on the float32 reference "
+    + ("no version changes a bit: the two rewrites compute the same ops in the same order. " if not ref_moves else
+       f"versions {ref_moves} change the output (by {max(float(np.abs(o - ref32[0]).max()) for o in ref32):.1e} "
+       "at most). ")
+    + f"On MLX the versions differ from the unfused graph by {max(r.err_unfused for r in rows):.1e} at most: "
+    f"the fast erf is within {err_fast:.1e} of the exact one, and one `mx.addmm` differs from matmul + add by "
+    + (f"{addmm['float32'].max_diff:.1e} ({addmm['float32'].ulps:.0f} ulp)" if addmm["float32"].max_diff else
+       "nothing (the same bits here)")
+    + f" in float32 and "
+    f"{addmm['bfloat16'].max_diff:.1e} ({addmm['bfloat16'].ulps:.0f} ulp) in bfloat16. Neither comes from the "
+    "graph rewrite: both are the lowering's rounding, inside the tolerance the timing table checks."))''',
+         "numerics-read-aloud"),
+    md("""
 ### The roofline with the measured points
 
 Each timed version as a point: its intensity (FLOPs over the executed program's bytes) and the FLOP/s it
@@ -401,7 +442,8 @@ display(Markdown(
     md("""
 ## 5. Try it
 
-Pick an **order** of passes and see the resulting graph with its ideal and executed traffic. Try
+Pick an **order** of passes and see the resulting graph with its ideal traffic and the traffic model of
+MLX's own CPU lowering (without rlxviz's kernels; what runs here is read from MLX above). Try
 `fuse_residual_ln` alone: it still fires, because it does not depend on the first pass. The output
 printed under this cell before the control is a static copy (what an exported HTML page shows).
 """),
@@ -418,7 +460,7 @@ def run_and_draw(order="fuse_matmul_bias_act, fuse_residual_ln"):
     ideal = sum(teach.traffic_saved(s).total for s in t.steps) if t else 0
     executed = sum(session.executed_traffic_saved(s, "cpu").total for s in t.steps) if t else 0
     print(f"passes: {passes or 'none'} -> {len(g.compute_nodes())} compute nodes; traffic saved: "
-          f"ideal {ideal} B, executed on MLX CPU {executed} B")
+          f"ideal {ideal} B, model of MLX's own CPU lowering (no rlxviz kernels) {executed} B")
     display(teach.show(g))
 
 
@@ -590,7 +632,8 @@ for s in trace.steps:
     extra = f"  {reads} B, {launches} launches" if launches else ""
     print(f"{s.pass_name:<26} {cpu.ideal.total:>9} {cpu.total:>9} {gpu.total:>9}{extra}")
 ftl = session.executed_traffic_saved(trace.step("fuse_transformer_layer"), "cpu")
-print("fuse_transformer_layer on cpu: executed saving", ftl.total, "B of", ftl.ideal.total, "B ideal")''', "traffic"),
+print("fuse_transformer_layer, model of MLX's own cpu lowering (no rlxviz kernels): executed saving", ftl.total,
+      "B of", ftl.ideal.total, "B ideal")''', "traffic"),
     md("""
 ### What MLX runs, read from MLX
 
@@ -633,6 +676,57 @@ display(Markdown(
     + (f", which runs rlxviz's own CPU kernels ({', '.join(ours)})." if ours else " (MLX's own lowering).")))''',
          "primitives-read-aloud"),
     md("""
+### One fused op's kernels, on the CPU and on the GPU
+
+A fused op is a name in the graph; what runs is a list of MLX primitives. The next cell builds one
+`FusedMatMulBiasAct` (MiniLM's FFN input projection with its GELU, at this notebook's tokens) and reads
+from MLX the non-view primitives one call runs, in MLX's order: on the CPU with rlxviz's kernels (the
+default), on the CPU with MLX's own lowering, and on the GPU where MLX has one here. Without a GPU it
+says so: no list of the GPU's primitives was ever recorded for this op, so none is shown.
+"""),
+    code('''
+import numpy as np
+
+from rlxviz.ir import Builder
+from rlxviz.models import random_weights
+from rlxviz.passes import run_passes
+from rlxviz.runtime.devices import available_devices
+from rlxviz.runtime.executor import MlxExecutor
+from rlxviz.runtime.lowering import LoweringOptions
+from rlxviz.session.program import VIEWS
+
+ob = Builder("one_fused_linear")
+ox = ob.input("x", (1, SEQ, 384))
+ob.output(ob.gelu(ob.linear(ox, ob.param("w", (384, 1536)), ob.param("b", (1536,)))))
+one = run_passes(ob.build(), ["fuse_matmul_bias_act"]).final
+one_w = random_weights(one, seed=0)
+one_x = {"x": np.random.default_rng(0).standard_normal((1, SEQ, 384)).astype(np.float32)}
+print("graph:", {k: v for k, v in one.op_counts().items() if k not in ("input", "param")})
+here = available_devices()
+runs = {"cpu, rlxviz's kernels (default)": MlxExecutor(device="cpu"),
+        "cpu, MLX's own lowering": MlxExecutor(LoweringOptions(kernels=False), device="cpu")}
+if any(d.name == "gpu" for d in here):
+    runs["gpu (read from MLX here)"] = MlxExecutor(device="gpu")
+op_kernels = {}
+for label, ex in runs.items():
+    p = session.mlx_primitives(one, one_x, one_w, executor=ex, bytes=False)
+    op_kernels[label] = [k for k in p.primitives if k not in VIEWS]
+    print(f"{label}: {len(op_kernels[label])} kernels: {' -> '.join(op_kernels[label])}")
+if not any(d.name == "gpu" for d in here):
+    print("gpu: no GPU for MLX on this machine, so its kernels cannot be read here; no GPU primitive list was "
+          "recorded for this op (benchmarks/gpu_check.sh records timings only)")''', "op-kernels"),
+    code('''
+cpu_ours, cpu_mlx = op_kernels["cpu, rlxviz's kernels (default)"], op_kernels["cpu, MLX's own lowering"]
+display(Markdown(
+    f"Read aloud: one `FusedMatMulBiasAct` is **{len(cpu_ours)}** kernel(s) on this CPU with rlxviz's kernels "
+    f"({', '.join(f'`{k}`' for k in cpu_ours)}: the matmul stays OpenBLAS's, bias + GELU is one pass) and "
+    f"**{len(cpu_mlx)}** with MLX's own lowering ({', '.join(f'`{k}`' for k in cpu_mlx)}). "
+    + (f"On the GPU here MLX runs {len(op_kernels['gpu (read from MLX here)'])}: "
+       + ", ".join(f"`{k}`" for k in op_kernels["gpu (read from MLX here)"]) + "."
+       if "gpu (read from MLX here)" in op_kernels else
+       "There is no GPU on this machine, so what the GPU runs is not shown: it was never recorded for this op.")))''',
+         "op-kernels-read-aloud"),
+    md("""
 ## 5. Timing every version
 
 Each distinct version runs on MLX, all versions **interleaved** round by round on one device (a busy
@@ -666,7 +760,8 @@ display(Markdown(
     f"{overall.low:.3f}..{overall.high:.3f}). {len(noise)} of {len(pairs)} steps are within noise of the version "
     "before them. " + (f"**{busy}**: these verdicts are not to be read. " if busy else "")
     + "On the CPU `FusedTransformerLayer` runs op by op (see above), so the layer pass changes the drawing, not "
-    f"the kernels; its executed saving on the CPU is {ftl.total} B."))''', "read-aloud"),
+    f"the kernels; the traffic model of MLX's own CPU lowering (without rlxviz's kernels) credits its executed "
+    f"saving on the CPU with {ftl.total} B."))''', "read-aloud"),
     md("""
 ### The same versions on a GPU, where MLX has one
 
@@ -691,6 +786,67 @@ else:
     print("no GPU for MLX on this machine: nothing timed here (Apple silicon, or Linux with mlx-cuda, has one)")''',
          "gpu-timing"),
     md("""
+### Fusion that does not pay: compiling a whole layer on the CPU
+
+On the GPU the lowering traces each `FusedTransformerLayer` into one `mx.compile`d function. On the CPU
+it does not, because there it did not pay (`docs/performance.md` sections 2 and 3). Why, from MLX's CPU
+backend (its source and its kernel cache, read for issue 12): `mx.compile` on the CPU writes C++ loops
+for the elementwise chains and builds them without `-march` (baseline x86-64), splits a chain at a depth
+and array limit and at every op that is not elementwise, and runs each compiled kernel on **one thread**
+of one stream, while the op-by-op lowering splits GELU and the softmax by rows over one CPU stream per
+core. The matmuls, most of a layer's time, are the same BLAS calls either way, so compiling can only
+change the elementwise part, and it serializes it.
+
+The next cell measures it here, on the final MiniLM version: MLX's lowering op by op, each layer
+compiled, the whole graph compiled, and the default (rlxviz's CPU kernels), timed **together** in
+paired rounds (`session.time_lowerings`; the same statistics as the timing table:
+`session.paired_verdict`, each lowering against MLX's op-by-op one). It also prints the figures
+recorded on an idle machine at MiniLM's full shape, as recorded data.
+"""),
+    code('''
+from rlxviz.session import Lowering
+
+RECORDED_COMPILE = {  # docs/performance.md section 3 (idle 2-core EPYC, 2026-11-30), batch 8, seq 128, ms
+    "whole FusedTransformerLayer compiled vs op by op": (272, 230), "whole graph compiled vs not": (265, 221)}
+plain = LoweringOptions(kernels=False)
+lowerings = [Lowering("MLX's lowering, op by op", plain),
+             Lowering("MLX's lowering, each layer mx.compile'd", LoweringOptions(kernels=False, compile_layers=True)),
+             Lowering("MLX's lowering, whole graph mx.compile'd", plain, compile_graph=True),
+             Lowering("rlxviz's CPU kernels (the default)")]
+low_rows, low_progs = session.time_lowerings(trace.final, feeds, model.weights, lowerings, warmup=1, repeat=21,
+                                             device="cpu")
+w = max(len(lw.label) for lw in lowerings)
+print(f"{'lowering':<{w}}  {'median ms':>9}  {'min ms':>7}  {'kernels':>7}  {'compiled':>8}  {'max diff':>8}")
+for r, p in zip(low_rows, low_progs, strict=True):
+    print(f"{r.label:<{w}}  {r.median_ms:>9.2f}  {r.min_ms:>7.2f}  {p.kernels:>7}  {p.compiled:>8}  "
+          f"{r.err_unfused:>8.1e}")
+low_verdicts = [session.paired_verdict(low_rows[0], r) for r in low_rows[1:]]  # each against op by op
+for r, v in zip(low_rows[1:], low_verdicts, strict=True):
+    print(f"lowering verdict {r.label}: {v.words} (vs {low_rows[0].label}; ratio {v.ratio:.3f}, 95% CI "
+          f"{v.low:.3f}..{v.high:.3f})")
+for what, (compiled_ms, plain_ms) in RECORDED_COMPILE.items():
+    print(f"RECORDED, not measured here: {what}: {compiled_ms} vs {plain_ms} ms "
+          f"({compiled_ms / plain_ms:.2f}x slower)")''',
+         "compile-layer"),
+    code('''
+v_layer, v_graph, v_kernels = low_verdicts
+busy_low = session.busy_warning(*low_rows)
+display(Markdown(
+    f"Read aloud, {v_layer.rounds} paired rounds on **{low_rows[0].context.device}**: compiling each layer is "
+    f"**{v_layer.words}** against MLX's op-by-op lowering (ratio {v_layer.ratio:.3f}, 95% CI {v_layer.low:.3f}.."
+    f"{v_layer.high:.3f}) and compiling the whole graph **{v_graph.words}** (ratio {v_graph.ratio:.3f}, 95% CI "
+    f"{v_graph.low:.3f}..{v_graph.high:.3f}); MLX runs {low_progs[1].compiled} and {low_progs[2].compiled} compiled "
+    f"kernels in those programs (against {low_progs[0].compiled} op by op). rlxviz's own CPU kernels, which fuse "
+    f"in C++ vectorized for this CPU and threaded, are **{v_kernels.words}** against the same baseline. "
+    + (f"**{busy_low}**: do not read these verdicts; run the cell again. " if busy_low else "")
+    + ("Here, at this small shape, compiling did not make the layer faster: the fusion `mx.compile` adds does "
+       "not pay on the CPU. " if not any(v.words.endswith("faster") for v in (v_layer, v_graph)) else
+       "Here compiling measured faster at this small shape; the recorded figures below are at the full shape. ")
+    + "Recorded on an idle machine at batch 8, seq 128 (not measured here): "
+    + "; ".join(f"{k} {a} vs {b} ms" for k, (a, b) in RECORDED_COMPILE.items())
+    + ". That is why `compile_layers` is off on the CPU and on on the GPU: a fusion pays only where the "
+      "backend runs the fused code better than the pieces."))''', "compile-layer-read-aloud"),
+    md("""
 ### Numerics of the fused versions
 
 A fusion is valid when it computes the same function; it need not give the same **bits**. Three sources,
@@ -705,11 +861,7 @@ each measured by the next cell on this model and this machine (nothing below is 
   followed by an add: a few float32 ulps, visible in bfloat16.
 """),
     code('''
-import mlx.core as mx
 import numpy as np
-from scipy.special import erf as exact_erf
-
-from rlxviz.runtime.fast import erf as fast_erf
 
 mlx_err = [r.err_unfused if r.same_as is None else rows[r.same_as].err_unfused for r in rows]
 ref = [teach.run_reference(g, feeds, model.weights, np.float32)[0] for _, g in versions]
@@ -719,20 +871,14 @@ for (label, _), out, row, e in zip(versions, ref, rows, mlx_err, strict=True):
 moves = [i for i in range(1, len(ref)) if np.abs(ref[i] - ref[i - 1]).max() > 0]
 first = versions[moves[0]][0] if moves else "none"
 print("first version whose f32 reference output changes:", first, "| versions that change it:", len(moves))
-grid = np.linspace(-6, 6, 200001, dtype=np.float32)
-err_fast = float(np.abs(np.asarray(fast_erf(mx.array(grid))) - exact_erf(grid.astype(np.float64))).max())
+err_fast = session.fast_erf_error(-6, 6)  # runtime.fast.erf vs scipy's float64 erf on a float32 grid
 print(f"fast erf vs exact on [-6, 6]: largest difference {err_fast:.1e}")
-rng = np.random.default_rng(0)
-x, w, bias = (mx.array(rng.standard_normal(shape).astype(np.float32)) for shape in ((16, 384), (384, 384), (384,)))
 addmm_err = {}
-for name, dt in (("float32", mx.float32), ("bfloat16", mx.bfloat16)):
-    a, b, c = x.astype(dt), w.astype(dt), bias.astype(dt)
-    split = (a @ b + c).astype(mx.float32)
-    d = mx.abs(mx.addmm(c, a, b).astype(mx.float32) - split).max().item()
-    ulp = 2.0 ** (np.floor(np.log2(mx.abs(split).max().item())) - (23 if name == "float32" else 7))
-    addmm_err[name] = (d, d / ulp)
-    print(f"addmm vs matmul + add, {name}: largest difference {d:.1e} "
-          f"({d / ulp:.0f} ulp at the largest output)")''', "numerics"),
+for name in ("float32", "bfloat16"):  # x [16, 384] @ w [384, 384] + bias, standard normal
+    a = session.addmm_rounding(16, 384, 384, name)
+    addmm_err[name] = (a.max_diff, a.ulps)
+    print(f"addmm vs matmul + add, {name}: largest difference {a.max_diff:.1e} "
+          f"({a.ulps:.0f} ulp at the largest output)")''', "numerics"),
     code('''
 ref_max = max(float(np.abs(o - ref[0]).max()) for o in ref)
 lines = [f"Read aloud: on the float32 reference {len(moves)} version(s) change the output, the first **{first}** "

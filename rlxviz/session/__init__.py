@@ -12,7 +12,8 @@ One module per job:
 * `architecture` / `status`: what kind each layer is, and "why didn't layer N fuse" (`layer_status`).
 * `timing`: time every version on MLX with a verdict from one tolerance table (`runtime.precision`).
 * `render`: a drawing as a pure function of (trace, view), cached by the trace's content key.
-* `traffic`: the memory traffic a pass's fusions removed (a model of the executed program).
+* `traffic`: the memory traffic a pass's fusions removed (a model of MLX's own lowering, without rlxviz's
+  CPU kernels).
 * `program`: what the backend runs, read from the backend (MLX's primitives of a lowered version and the
   bytes they move, `ProgramBytes`).
 * `roofline`: FLOPs, bytes moved and arithmetic intensity per op and per version.
