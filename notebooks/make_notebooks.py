@@ -66,7 +66,8 @@ In this notebook you will
    MLX **actually executes** saves (a fused op is only a name in the graph; the lowering decides the
    kernels), and place every op and version on a roofline measured on this machine,
 4. time every version on MLX in paired, interleaved rounds and read the table honestly (a verdict with
-   its confidence interval, or "within noise"), then put the measured points on the roofline,
+   its confidence interval, or "within noise"), measure what the lowering changes in the numbers, then
+   put the measured points on the roofline,
 5. check your understanding in an exercise with feedback.
 
 Graphs are drawn by the same renderer as the app; big drawings scroll inside their box.
@@ -120,15 +121,15 @@ An intermediate is an absorbed node whose every reader was absorbed too. Unfused
 (`node.nbytes` bytes) is written once and read once per user. An **ideal** fused kernel moves neither;
 the match's *result* is still written by the fused node, so it does not count.
 
-But the MLX lowering (`rlxviz/runtime/lowering.py`) runs `FusedMatMulBiasAct` as its decomposition:
-`x @ w + b` as **one `mx.addmm`**, then the activation as a **separate kernel**. One `mx.addmm` is not
-one pass over memory: on the **CPU**, MLX 0.32 first fills the output with the broadcast bias and lets
-BLAS read and rewrite it (`beta = 1`), so it moves the bytes that matmul + add move — **0 B saved**
-(issue 23 timed the two and found them equal within a fraction of a percent). On the GPU a GEMM epilogue reads the
-bias, and the matmul's output never reaches memory. `session.executed_traffic_saved` splits the ideal
-saving by what MLX's own lowering on a device runs as one kernel; it is a **model** of MLX's kernels that
-does not know rlxviz's own CPU kernels (which run bias + GELU in one pass): the bytes MLX's program really
-moves are read from MLX below ("What MLX runs").
+MLX's own lowering (`rlxviz/runtime/lowering.py` with rlxviz's CPU kernels off) runs `FusedMatMulBiasAct` as
+its decomposition: `x @ w + b` as **one `mx.addmm`**, then the activation as **separate kernels**. One
+`mx.addmm` is not one pass over memory: on the **CPU**, MLX 0.32 first fills the output with the broadcast
+bias and lets BLAS read and rewrite it (`beta = 1`), so it moves the bytes that matmul + add move — **0 B
+saved** (recorded, not measured here: issue 23 timed the two on this project's CPU and found them equal within
+a fraction of a percent). On the GPU a GEMM epilogue reads the bias, and the matmul's output never reaches
+memory. `session.executed_traffic_saved` splits the ideal saving by what MLX's own lowering on a device runs
+as one kernel; it is a **model** of MLX's kernels that does not know rlxviz's own CPU kernels (which run bias
++ GELU in one pass): the bytes MLX's program really moves are read from MLX below ("What MLX runs").
 """),
     code('''
 from rlxviz import session
@@ -282,8 +283,8 @@ display(Markdown(
 ## 4. Same numbers, less time?
 
 Both passes in one pipeline, then every version timed **together in interleaved rounds** (round *r*
-runs version 0, 1, 2 in turn, so a busy machine slows them alike): median, min and IQR (p25..p75) of
-the rounds; `x input` is the ratio of medians. Two error columns:
+runs every version once, the one that starts rotating, so a busy machine slows them alike): median,
+min and IQR (p25..p75) of the rounds; `x input` is the ratio of medians. Two error columns:
 
 * `vs oracle`: MLX against the float64 NumPy oracle of the unfused graph — it mixes in the difference
   between the two backends and precisions, so it is **not** what fusion changed;
@@ -305,8 +306,9 @@ The next cell writes the sentences from the numbers above, each version against 
 (`session.compare_versions`). Round *r* of two versions ran back to back, so the rounds are **paired**:
 the statistic is the median over rounds of the per-round ratio, with a 95% bootstrap confidence
 interval (rounds resampled with replacement, 2000 times, seeded). A version is *within noise* when the
-interval contains 1; a verdict needs at least 21 rounds; a run whose median is more than twice its
-minimum is flagged as unusable (a busy machine). Rerunning the timing cell measures again.
+interval contains 1, or when the median ratio is within 1% of 1 (below what a shared CPU resolves); a
+verdict needs at least 21 rounds; a run whose median is more than twice its minimum is flagged as
+unusable (a busy machine). Rerunning the timing cell measures again.
 """),
     code('''
 from IPython.display import Markdown
@@ -513,9 +515,11 @@ safetensors checkpoint as Hugging Face primitives, run through the whole canonic
 
 1. step through every graph version with a slider,
 2. read the six `FusedTransformerLayer` matches and the role each node plays,
-3. see what each fused op **runs as** on MLX, and the traffic each pass saves in the executed program
-   (horizontal fusion included),
-4. time every version on MLX in interleaved rounds and read the table honestly,
+3. see what each fused op **runs as** on MLX, the traffic each pass saves (ideal, and modelled for MLX's
+   own lowering; horizontal fusion included), what MLX really runs per version and for one fused op,
+   read from MLX,
+4. time every version on MLX in paired, interleaved rounds and read the table honestly; time
+   `mx.compile` of whole layers on the CPU (a fusion that does not pay) and measure the numerics,
 5. learn why pass **order** matters by running the layer pass first and reading its rejections,
 6. learn why RLX gates attention fusion at 64 tokens (a guard of kind *not profitable*) and measure
    whether that gate pays on MLX,
@@ -602,7 +606,8 @@ print("FusedTransformerLayer matches:", len(step.matches))''', "ftl-matches"),
 one layer as one thing. It is not one kernel. How it runs is the lowering's choice per device
 (`rlxviz/runtime/lowering.py`, `DEVICE_LOWERING`): on the **GPU** its decomposition is traced into
 **one `mx.compile`d function** per layer; on the **CPU** it runs its decomposition op by op (a compiled
-CPU graph ran its elementwise work on one thread and was slower). The next cell reads this from the
+CPU layer ran its elementwise work on one thread and was slower: measured live in section 5, "Fusion that
+does not pay"). The next cell reads this from the
 lowering for every fused op in the final graph.
 """),
     code('''
@@ -797,24 +802,30 @@ of one stream, while the op-by-op lowering splits GELU and the softmax by rows o
 core. The matmuls, most of a layer's time, are the same BLAS calls either way, so compiling can only
 change the elementwise part, and it serializes it.
 
-The next cell measures it here, on the final MiniLM version: MLX's lowering op by op, each layer
-compiled, the whole graph compiled, and the default (rlxviz's CPU kernels), timed **together** in
-paired rounds (`session.time_lowerings`; the same statistics as the timing table:
-`session.paired_verdict`, each lowering against MLX's op-by-op one). It also prints the figures
-recorded on an idle machine at MiniLM's full shape, as recorded data.
+The next cell measures it here, on the final MiniLM version at batch 4, seq 32 (small enough for a class,
+with a batch the op-by-op lowering can split over streams): MLX's lowering op by op, each layer compiled,
+the whole graph compiled, and the default (rlxviz's CPU kernels), timed **together** in paired rounds
+(`session.time_lowerings`; the same statistics as the timing table: `session.paired_verdict`, each
+lowering against MLX's op-by-op one). It also prints, as recorded data, the figures measured at MiniLM's
+full shape (batch 8, seq 128), where a run takes about a minute (`benchmarks/bench_compile_layers.py`).
 """),
     code('''
 from rlxviz.session import Lowering
 
 RECORDED_COMPILE = {  # docs/performance.md section 3 (idle 2-core EPYC, 2026-11-30), batch 8, seq 128, ms
     "whole FusedTransformerLayer compiled vs op by op": (272, 230), "whole graph compiled vs not": (265, 221)}
+RECORDED_PAIRED = (  # benchmarks/bench_compile_layers.py, 2-core EPYC, 2026-12-02 04:43 UTC, load 4.1-4.4, b8 s128
+    "21 paired rounds: each layer compiled 1.25x slower (95% CI of the ratio 0.754..0.882), whole graph "
+    "1.19x slower (0.787..0.858) than MLX's op-by-op lowering")
+cm = load_model("minilm", batch=4, seq=32)
+cm_final = Pipeline.canonical().run(cm.graph).final
 plain = LoweringOptions(kernels=False)
 lowerings = [Lowering("MLX's lowering, op by op", plain),
              Lowering("MLX's lowering, each layer mx.compile'd", LoweringOptions(kernels=False, compile_layers=True)),
              Lowering("MLX's lowering, whole graph mx.compile'd", plain, compile_graph=True),
              Lowering("rlxviz's CPU kernels (the default)")]
-low_rows, low_progs = session.time_lowerings(trace.final, feeds, model.weights, lowerings, warmup=1, repeat=21,
-                                             device="cpu")
+low_rows, low_progs = session.time_lowerings(cm_final, cm.random_feeds(0), cm.weights, lowerings, warmup=1,
+                                             repeat=21, device="cpu")
 w = max(len(lw.label) for lw in lowerings)
 print(f"{'lowering':<{w}}  {'median ms':>9}  {'min ms':>7}  {'kernels':>7}  {'compiled':>8}  {'max diff':>8}")
 for r, p in zip(low_rows, low_progs, strict=True):
@@ -826,26 +837,30 @@ for r, v in zip(low_rows[1:], low_verdicts, strict=True):
           f"{v.low:.3f}..{v.high:.3f})")
 for what, (compiled_ms, plain_ms) in RECORDED_COMPILE.items():
     print(f"RECORDED, not measured here: {what}: {compiled_ms} vs {plain_ms} ms "
-          f"({compiled_ms / plain_ms:.2f}x slower)")''',
+          f"({compiled_ms / plain_ms:.2f}x slower)")
+print("RECORDED, not measured here (2026-12-02, batch 8, seq 128):", RECORDED_PAIRED)''',
          "compile-layer"),
     code('''
 v_layer, v_graph, v_kernels = low_verdicts
 busy_low = session.busy_warning(*low_rows)
 display(Markdown(
-    f"Read aloud, {v_layer.rounds} paired rounds on **{low_rows[0].context.device}**: compiling each layer is "
+    f"Read aloud, {v_layer.rounds} paired rounds on **{low_rows[0].context.device}** at batch 4, seq 32: "
+    "compiling each layer is "
     f"**{v_layer.words}** against MLX's op-by-op lowering (ratio {v_layer.ratio:.3f}, 95% CI {v_layer.low:.3f}.."
     f"{v_layer.high:.3f}) and compiling the whole graph **{v_graph.words}** (ratio {v_graph.ratio:.3f}, 95% CI "
     f"{v_graph.low:.3f}..{v_graph.high:.3f}); MLX runs {low_progs[1].compiled} and {low_progs[2].compiled} compiled "
     f"kernels in those programs (against {low_progs[0].compiled} op by op). rlxviz's own CPU kernels, which fuse "
     f"in C++ vectorized for this CPU and threaded, are **{v_kernels.words}** against the same baseline. "
     + (f"**{busy_low}**: do not read these verdicts; run the cell again. " if busy_low else "")
-    + ("Here, at this small shape, compiling did not make the layer faster: the fusion `mx.compile` adds does "
-       "not pay on the CPU. " if not any(v.words.endswith("faster") for v in (v_layer, v_graph)) else
-       "Here compiling measured faster at this small shape; the recorded figures below are at the full shape. ")
-    + "Recorded on an idle machine at batch 8, seq 128 (not measured here): "
-    + "; ".join(f"{k} {a} vs {b} ms" for k, (a, b) in RECORDED_COMPILE.items())
-    + ". That is why `compile_layers` is off on the CPU and on on the GPU: a fusion pays only where the "
-      "backend runs the fused code better than the pieces."))''', "compile-layer-read-aloud"),
+    + ("Here compiling did not make the model faster: the fusion `mx.compile` adds does not pay on this CPU. "
+       if not any(v.words.endswith("faster") for v in (v_layer, v_graph)) else
+       "Here compiling measured faster at this shape (at 16 tokens, where elementwise work is tiny, fewer "
+       "dispatches can win); the recorded figures below are at the full shape. ")
+    + "Recorded at batch 8, seq 128 (not measured here): "
+    + "; ".join(f"{k} {a} vs {b} ms (idle, 2026-11-30)" for k, (a, b) in RECORDED_COMPILE.items())
+    + f"; and on 2026-12-02, {RECORDED_PAIRED}. That is why `compile_layers` is off on the CPU and on on the "
+      "GPU: a fusion pays only where the backend runs the fused code better than the pieces."))''',
+         "compile-layer-read-aloud"),
     md("""
 ### Numerics of the fused versions
 
@@ -857,8 +872,8 @@ each measured by the next cell on this model and this machine (nothing below is 
   every other pass computes the same ops in the same order there;
 * **fast-math transcendentals**: the CPU lowering computes `erf`/`exp`/`tanh` with rational and polynomial
   formulas (`rlxviz/runtime/fast.py`, also inside rlxviz's CPU kernels), not libm's;
-* **`mx.addmm`**: the bias is added inside the GEMM's accumulation, rounded differently from a matmul
-  followed by an add: a few float32 ulps, visible in bfloat16.
+* **`mx.addmm`**: the bias enters the GEMM's accumulation, so it can round differently from a matmul
+  followed by an add; measured below in float32 and in bfloat16 (`session.addmm_rounding`).
 """),
     code('''
 import numpy as np
@@ -939,7 +954,8 @@ recognized; a cost model decided.
 
 The next cell runs the canonical pipeline with the gate at 64 on MiniLM at 16 tokens and at 2 x 128 =
 256 tokens, and computes what the fusion would save: the intermediates an ideal fused attention block
-keeps out of memory, and what the MLX program really saves (`session.executed_traffic_saved`).
+keeps out of memory, and what the traffic model of MLX's own lowering says it saves
+(`session.executed_traffic_saved`; what the program really moves is read from MLX in the cell after next).
 """),
     code('''
 sizes = {"small": (1, 16), "large": (2, 128)}

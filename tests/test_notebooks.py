@@ -509,7 +509,8 @@ def test_02_fusing_a_bert_layer(executed):
         assert_verdict(words, float(ratio), float(lo), float(hi))
     assert "RECORDED, not measured here: whole FusedTransformerLayer compiled vs op by op: 272 vs 230 ms" in text
     md_text = markdown_of(nb, "compile-layer-read-aloud")
-    assert "21 paired rounds" in md_text and f"compiling each layer is **{lv[0][1]}**" in md_text
+    assert "21 paired rounds" in md_text and "at batch 4, seq 32" in md_text
+    assert f"compiling each layer is **{lv[0][1]}**" in md_text
     assert ("a busy machine" in md_text) == any(float(x[1]) > 2 * float(x[2]) for x in low)
     text, _ = t["order-silent"]
     assert "fuse_transformer_layer first: 0 matches, 0 rejections; fused layers at the end: 0" in text
