@@ -1513,7 +1513,8 @@ both into one `FusedMatMulBiasAct(activation="gelu_tanh")` with operands `x, w, 
 ops in the same order, so on the NumPy reference executor the numbers equal the unfused graph's (the
 check demands it). On MLX they need not: the lowering runs the fused op's `x @ w + bias` as one
 `mx.addmm`, which adds the bias inside the GEMM's accumulation and rounds differently from a matmul
-followed by an add — a difference in the last bits in float32, visible in bfloat16.
+followed by an add (notebooks 01 and 02 measure by how much, in float32 and bfloat16:
+`session.addmm_rounding`).
 """),
     code('''
 def probe_graph():
