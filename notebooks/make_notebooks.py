@@ -1148,16 +1148,15 @@ for case, (_, trace, st) in results.items():
 Read per kind:
 
 * **extra_h1_user** — *illegal* for a single-output op: h1 has a third reader (a probe returned as an
-  output), and a one-output layer op would no longer produce h1. Dead-code elimination does **not**
-  fix it: the probe is a graph output, so it is live. Two fixes: in the model, drop the probe output;
-  in the compiler, **multi-output fusion** — a layer op that also returns h1 as a second output, which
-  the probe then reads (the engine can express it, `Rule(outputs=...)`, and notebook 06 writes a
-  two-output residual norm; no product rule builds a two-output layer op). With the probe output dropped, the
-probe is dead, and a dead reader is **not a
-  user**: no output depends on what it reads. The guard `h1_user_count` still counts it (it counts
-  readers, live or not) — a limit of the guard, not a reason; the canonical order removes dead code
-  only *after* the layer pass, so run `dead_code_elimination` first as the workaround. The next cell
-  runs all three.
+  output), and a one-output layer op would no longer produce h1. Dead-code elimination does **not** fix it:
+  the probe is a graph output, so it is live. Two fixes: in the model, drop the probe output; in the
+  compiler, **multi-output fusion** — a layer op that also returns h1 as a second output, which the probe
+  then reads (the engine can express it, `Rule(outputs=...)`, and notebook 06 writes a two-output residual
+  norm; no product rule builds a two-output layer op). With the probe output dropped, the probe is dead, and
+  a dead reader is **not a user**: no output depends on what it reads. The guard `h1_user_count` still
+  counts it (it counts readers, live or not) — a limit of the guard, not a reason; the canonical order
+  removes dead code only *after* the layer pass, so run `dead_code_elimination` first as the workaround. The
+  next cell runs all three.
 * **tanh_gelu** — *not recognized*: the FFN is fused without its activation, because `gelu_tanh` is not
   on the epilogue allow-list. Switching the model to exact GELU would fuse, but it changes the model:
   the cell after next measures by how much. (The product's hint also names SiLU because the allow-list
@@ -1165,13 +1164,12 @@ probe is dead, and a dead reader is **not a
   allow-list (notebook 04 writes the epilogue rule).
 * **swapped_residual** — fuses: the layer rule accepts either operand order. RLX's strict rule rejects
   it (*not recognized*); notebook 04 rebuilds that rule and fixes it with a canonicalization pass.
-* **pre_ln** — **two** blockers, so it is not expected to become `FusedTransformerLayer`. First
-  (*illegal* for a single-output op, the guard printed above): the residual sum feeds the norm and the
-  next residual, and a one-output `FusedResidualLN` would hide it; a two-output op (as vLLM's
-  `fused_add_rms_norm`) fixes that one — notebook 06 writes that rule. Second: the layer rule matches a
-**post-LN** layer only (its
-  step `post_ln_order`, printed below); a pre-LN layer (norm -> sublayer -> add) is another op, which
-  no rule here builds.
+* **pre_ln** — **two** blockers, so it is not expected to become `FusedTransformerLayer`. First (*illegal*
+  for a single-output op, the guard printed above): the residual sum feeds the norm and the next residual,
+  and a one-output `FusedResidualLN` would hide it; a two-output op (as vLLM's `fused_add_rms_norm`) fixes
+  that one — notebook 06 writes that rule. Second: the layer rule matches a **post-LN** layer only (its step
+  `post_ln_order`, printed below); a pre-LN layer (norm -> sublayer -> add) is another op, which no rule
+  here builds.
 * **output_intermediate** — *illegal* for a single-output op: h1 is returned, and a one-output layer op
   would hide it. Fix the model (the exercise below); in the compiler, a layer op with h1 as a second
   output would do (no rule builds one).
