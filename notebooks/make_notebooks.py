@@ -66,7 +66,8 @@ In this notebook you will
    MLX **actually executes** saves (a fused op is only a name in the graph; the lowering decides the
    kernels), and place every op and version on a roofline measured on this machine,
 4. time every version on MLX in paired, interleaved rounds and read the table honestly (a verdict with
-   its confidence interval, or "within noise"), then put the measured points on the roofline,
+   its confidence interval, or "within noise"), measure what the lowering changes in the numbers, then
+   put the measured points on the roofline,
 5. check your understanding in an exercise with feedback.
 
 Graphs are drawn by the same renderer as the app; big drawings scroll inside their box.
@@ -120,15 +121,15 @@ An intermediate is an absorbed node whose every reader was absorbed too. Unfused
 (`node.nbytes` bytes) is written once and read once per user. An **ideal** fused kernel moves neither;
 the match's *result* is still written by the fused node, so it does not count.
 
-But the MLX lowering (`rlxviz/runtime/lowering.py`) runs `FusedMatMulBiasAct` as its decomposition:
-`x @ w + b` as **one `mx.addmm`**, then the activation as a **separate kernel**. One `mx.addmm` is not
-one pass over memory: on the **CPU**, MLX 0.32 first fills the output with the broadcast bias and lets
-BLAS read and rewrite it (`beta = 1`), so it moves the bytes that matmul + add move — **0 B saved**
-(issue 23 timed the two and found them equal within a fraction of a percent). On the GPU a GEMM epilogue reads the
-bias, and the matmul's output never reaches memory. `session.executed_traffic_saved` splits the ideal
-saving by what MLX's own lowering on a device runs as one kernel; it is a **model** of MLX's kernels that
-does not know rlxviz's own CPU kernels (which run bias + GELU in one pass): the bytes MLX's program really
-moves are read from MLX below ("What MLX runs").
+MLX's own lowering (`rlxviz/runtime/lowering.py` with rlxviz's CPU kernels off) runs `FusedMatMulBiasAct` as
+its decomposition: `x @ w + b` as **one `mx.addmm`**, then the activation as **separate kernels**. One
+`mx.addmm` is not one pass over memory: on the **CPU**, MLX 0.32 first fills the output with the broadcast
+bias and lets BLAS read and rewrite it (`beta = 1`), so it moves the bytes that matmul + add move — **0 B
+saved** (recorded, not measured here: issue 23 timed the two on this project's CPU and found them equal within
+a fraction of a percent). On the GPU a GEMM epilogue reads the bias, and the matmul's output never reaches
+memory. `session.executed_traffic_saved` splits the ideal saving by what MLX's own lowering on a device runs
+as one kernel; it is a **model** of MLX's kernels that does not know rlxviz's own CPU kernels (which run bias
++ GELU in one pass): the bytes MLX's program really moves are read from MLX below ("What MLX runs").
 """),
     code('''
 from rlxviz import session
@@ -282,8 +283,8 @@ display(Markdown(
 ## 4. Same numbers, less time?
 
 Both passes in one pipeline, then every version timed **together in interleaved rounds** (round *r*
-runs version 0, 1, 2 in turn, so a busy machine slows them alike): median, min and IQR (p25..p75) of
-the rounds; `x input` is the ratio of medians. Two error columns:
+runs every version once, the one that starts rotating, so a busy machine slows them alike): median,
+min and IQR (p25..p75) of the rounds; `x input` is the ratio of medians. Two error columns:
 
 * `vs oracle`: MLX against the float64 NumPy oracle of the unfused graph — it mixes in the difference
   between the two backends and precisions, so it is **not** what fusion changed;
@@ -305,8 +306,9 @@ The next cell writes the sentences from the numbers above, each version against 
 (`session.compare_versions`). Round *r* of two versions ran back to back, so the rounds are **paired**:
 the statistic is the median over rounds of the per-round ratio, with a 95% bootstrap confidence
 interval (rounds resampled with replacement, 2000 times, seeded). A version is *within noise* when the
-interval contains 1; a verdict needs at least 21 rounds; a run whose median is more than twice its
-minimum is flagged as unusable (a busy machine). Rerunning the timing cell measures again.
+interval contains 1, or when the median ratio is within 1% of 1 (below what a shared CPU resolves); a
+verdict needs at least 21 rounds; a run whose median is more than twice its minimum is flagged as
+unusable (a busy machine). Rerunning the timing cell measures again.
 """),
     code('''
 from IPython.display import Markdown
@@ -325,6 +327,47 @@ lines.append("The roofline predicted every version compute-bound: " + (
     "the paired rounds do not simply agree (" + "; ".join(verdicts) + "): read the intervals above, and run the "
     "timing cell again to see whether the verdict holds."))
 display(Markdown("\\n".join(lines)))''', "read-aloud"),
+    md("""
+### What fusion changes in the numbers
+
+A fusion is valid when it computes the same function (`docs/passes.md` states each rule's condition); its
+kernels need not give the same **bits**. The next cell measures, on this block and this machine:
+
+* the float32 **NumPy reference** executor on every version: these two passes compute the same ops in the
+  same order there, so any difference would be the rewrite's own;
+* MLX on the CPU, every version against the unfused graph in the same dtype (the timing table's
+  `vs unfused`), which adds what the **lowering** changes:
+* **fast-math transcendentals**: the CPU lowering and rlxviz's kernels compute GELU's `erf` with a
+  rational approximation (`rlxviz/runtime/fast.py`), not libm's; its largest error on a fine grid;
+* **`mx.addmm`** (what a fused linear emits): the bias enters the GEMM's accumulation, so it can round
+  differently from a matmul followed by an add; measured in float32 and in bfloat16 at fc1's shape.
+"""),
+    code('''
+ref32 = [teach.run_reference(g, feeds, weights, np.float32)[0] for _, g in both.versions()]
+for (label, _), out, r in zip(both.versions(), ref32, rows, strict=True):
+    print(f"#{r.index} {label:<27} f32 reference vs input {float(np.abs(out - ref32[0]).max()):.1e}; "
+          f"MLX cpu vs input {r.err_unfused:.1e}")
+err_fast = session.fast_erf_error(-6, 6)
+print(f"fast erf vs exact on [-6, 6]: largest difference {err_fast:.1e}")
+addmm = {name: session.addmm_rounding(B * S, H, FF, name) for name in ("float32", "bfloat16")}
+for name, a in addmm.items():
+    print(f"addmm vs matmul + add, {name}: largest difference {a.max_diff:.1e} ({a.ulps:.0f} ulp at the largest "
+          "output)")''', "numerics"),
+    code('''
+ref_moves = [r.index for r, out in zip(rows, ref32, strict=True) if np.abs(out - ref32[0]).max() > 0]
+display(Markdown(
+    "Read aloud: on the float32 reference "
+    + ("no version changes a bit: the two rewrites compute the same ops in the same order. " if not ref_moves else
+       f"versions {ref_moves} change the output (by {max(float(np.abs(o - ref32[0]).max()) for o in ref32):.1e} "
+       "at most). ")
+    + f"On MLX the versions differ from the unfused graph by {max(r.err_unfused for r in rows):.1e} at most: "
+    f"the fast erf is within {err_fast:.1e} of the exact one, and one `mx.addmm` differs from matmul + add by "
+    + (f"{addmm['float32'].max_diff:.1e} ({addmm['float32'].ulps:.0f} ulp)" if addmm["float32"].max_diff else
+       "nothing (the same bits here)")
+    + f" in float32 and "
+    f"{addmm['bfloat16'].max_diff:.1e} ({addmm['bfloat16'].ulps:.0f} ulp) in bfloat16. Neither comes from the "
+    "graph rewrite: both are the lowering's rounding, inside the tolerance the timing table checks."))''',
+         "numerics-read-aloud"),
     md("""
 ### The roofline with the measured points
 
@@ -401,7 +444,8 @@ display(Markdown(
     md("""
 ## 5. Try it
 
-Pick an **order** of passes and see the resulting graph with its ideal and executed traffic. Try
+Pick an **order** of passes and see the resulting graph with its ideal traffic and the traffic model of
+MLX's own CPU lowering (without rlxviz's kernels; what runs here is read from MLX above). Try
 `fuse_residual_ln` alone: it still fires, because it does not depend on the first pass. The output
 printed under this cell before the control is a static copy (what an exported HTML page shows).
 """),
@@ -418,7 +462,7 @@ def run_and_draw(order="fuse_matmul_bias_act, fuse_residual_ln"):
     ideal = sum(teach.traffic_saved(s).total for s in t.steps) if t else 0
     executed = sum(session.executed_traffic_saved(s, "cpu").total for s in t.steps) if t else 0
     print(f"passes: {passes or 'none'} -> {len(g.compute_nodes())} compute nodes; traffic saved: "
-          f"ideal {ideal} B, executed on MLX CPU {executed} B")
+          f"ideal {ideal} B, model of MLX's own CPU lowering (no rlxviz kernels) {executed} B")
     display(teach.show(g))
 
 
@@ -471,9 +515,11 @@ safetensors checkpoint as Hugging Face primitives, run through the whole canonic
 
 1. step through every graph version with a slider,
 2. read the six `FusedTransformerLayer` matches and the role each node plays,
-3. see what each fused op **runs as** on MLX, and the traffic each pass saves in the executed program
-   (horizontal fusion included),
-4. time every version on MLX in interleaved rounds and read the table honestly,
+3. see what each fused op **runs as** on MLX, the traffic each pass saves (ideal, and modelled for MLX's
+   own lowering; horizontal fusion included), what MLX really runs per version and for one fused op,
+   read from MLX,
+4. time every version on MLX in paired, interleaved rounds and read the table honestly; time
+   `mx.compile` of whole layers on the CPU (a fusion that does not pay) and measure the numerics,
 5. learn why pass **order** matters by running the layer pass first and reading its rejections,
 6. learn why RLX gates attention fusion at 64 tokens (a guard of kind *not profitable*) and measure
    whether that gate pays on MLX,
@@ -560,7 +606,8 @@ print("FusedTransformerLayer matches:", len(step.matches))''', "ftl-matches"),
 one layer as one thing. It is not one kernel. How it runs is the lowering's choice per device
 (`rlxviz/runtime/lowering.py`, `DEVICE_LOWERING`): on the **GPU** its decomposition is traced into
 **one `mx.compile`d function** per layer; on the **CPU** it runs its decomposition op by op (a compiled
-CPU graph ran its elementwise work on one thread and was slower). The next cell reads this from the
+CPU layer ran its elementwise work on one thread and was slower: measured live in section 5, "Fusion that
+does not pay"). The next cell reads this from the
 lowering for every fused op in the final graph.
 """),
     code('''
@@ -590,7 +637,8 @@ for s in trace.steps:
     extra = f"  {reads} B, {launches} launches" if launches else ""
     print(f"{s.pass_name:<26} {cpu.ideal.total:>9} {cpu.total:>9} {gpu.total:>9}{extra}")
 ftl = session.executed_traffic_saved(trace.step("fuse_transformer_layer"), "cpu")
-print("fuse_transformer_layer on cpu: executed saving", ftl.total, "B of", ftl.ideal.total, "B ideal")''', "traffic"),
+print("fuse_transformer_layer, model of MLX's own cpu lowering (no rlxviz kernels): executed saving", ftl.total,
+      "B of", ftl.ideal.total, "B ideal")''', "traffic"),
     md("""
 ### What MLX runs, read from MLX
 
@@ -633,6 +681,57 @@ display(Markdown(
     + (f", which runs rlxviz's own CPU kernels ({', '.join(ours)})." if ours else " (MLX's own lowering).")))''',
          "primitives-read-aloud"),
     md("""
+### One fused op's kernels, on the CPU and on the GPU
+
+A fused op is a name in the graph; what runs is a list of MLX primitives. The next cell builds one
+`FusedMatMulBiasAct` (MiniLM's FFN input projection with its GELU, at this notebook's tokens) and reads
+from MLX the non-view primitives one call runs, in MLX's order: on the CPU with rlxviz's kernels (the
+default), on the CPU with MLX's own lowering, and on the GPU where MLX has one here. Without a GPU it
+says so: no list of the GPU's primitives was ever recorded for this op, so none is shown.
+"""),
+    code('''
+import numpy as np
+
+from rlxviz.ir import Builder
+from rlxviz.models import random_weights
+from rlxviz.passes import run_passes
+from rlxviz.runtime.devices import available_devices
+from rlxviz.runtime.executor import MlxExecutor
+from rlxviz.runtime.lowering import LoweringOptions
+from rlxviz.session.program import VIEWS
+
+ob = Builder("one_fused_linear")
+ox = ob.input("x", (1, SEQ, 384))
+ob.output(ob.gelu(ob.linear(ox, ob.param("w", (384, 1536)), ob.param("b", (1536,)))))
+one = run_passes(ob.build(), ["fuse_matmul_bias_act"]).final
+one_w = random_weights(one, seed=0)
+one_x = {"x": np.random.default_rng(0).standard_normal((1, SEQ, 384)).astype(np.float32)}
+print("graph:", {k: v for k, v in one.op_counts().items() if k not in ("input", "param")})
+here = available_devices()
+runs = {"cpu, rlxviz's kernels (default)": MlxExecutor(device="cpu"),
+        "cpu, MLX's own lowering": MlxExecutor(LoweringOptions(kernels=False), device="cpu")}
+if any(d.name == "gpu" for d in here):
+    runs["gpu (read from MLX here)"] = MlxExecutor(device="gpu")
+op_kernels = {}
+for label, ex in runs.items():
+    p = session.mlx_primitives(one, one_x, one_w, executor=ex, bytes=False)
+    op_kernels[label] = [k for k in p.primitives if k not in VIEWS]
+    print(f"{label}: {len(op_kernels[label])} kernels: {' -> '.join(op_kernels[label])}")
+if not any(d.name == "gpu" for d in here):
+    print("gpu: no GPU for MLX on this machine, so its kernels cannot be read here; no GPU primitive list was "
+          "recorded for this op (benchmarks/gpu_check.sh records timings only)")''', "op-kernels"),
+    code('''
+cpu_ours, cpu_mlx = op_kernels["cpu, rlxviz's kernels (default)"], op_kernels["cpu, MLX's own lowering"]
+display(Markdown(
+    f"Read aloud: one `FusedMatMulBiasAct` is **{len(cpu_ours)}** kernel(s) on this CPU with rlxviz's kernels "
+    f"({', '.join(f'`{k}`' for k in cpu_ours)}: the matmul stays OpenBLAS's, bias + GELU is one pass) and "
+    f"**{len(cpu_mlx)}** with MLX's own lowering ({', '.join(f'`{k}`' for k in cpu_mlx)}). "
+    + (f"On the GPU here MLX runs {len(op_kernels['gpu (read from MLX here)'])}: "
+       + ", ".join(f"`{k}`" for k in op_kernels["gpu (read from MLX here)"]) + "."
+       if "gpu (read from MLX here)" in op_kernels else
+       "There is no GPU on this machine, so what the GPU runs is not shown: it was never recorded for this op.")))''',
+         "op-kernels-read-aloud"),
+    md("""
 ## 5. Timing every version
 
 Each distinct version runs on MLX, all versions **interleaved** round by round on one device (a busy
@@ -666,7 +765,8 @@ display(Markdown(
     f"{overall.low:.3f}..{overall.high:.3f}). {len(noise)} of {len(pairs)} steps are within noise of the version "
     "before them. " + (f"**{busy}**: these verdicts are not to be read. " if busy else "")
     + "On the CPU `FusedTransformerLayer` runs op by op (see above), so the layer pass changes the drawing, not "
-    f"the kernels; its executed saving on the CPU is {ftl.total} B."))''', "read-aloud"),
+    f"the kernels; the traffic model of MLX's own CPU lowering (without rlxviz's kernels) credits its executed "
+    f"saving on the CPU with {ftl.total} B."))''', "read-aloud"),
     md("""
 ### The same versions on a GPU, where MLX has one
 
@@ -691,6 +791,77 @@ else:
     print("no GPU for MLX on this machine: nothing timed here (Apple silicon, or Linux with mlx-cuda, has one)")''',
          "gpu-timing"),
     md("""
+### Fusion that does not pay: compiling a whole layer on the CPU
+
+On the GPU the lowering traces each `FusedTransformerLayer` into one `mx.compile`d function. On the CPU
+it does not, because there it did not pay (`docs/performance.md` sections 2 and 3). Why, from MLX's CPU
+backend (its source and its kernel cache, read for issue 12): `mx.compile` on the CPU writes C++ loops
+for the elementwise chains and builds them without `-march` (baseline x86-64), splits a chain at a depth
+and array limit and at every op that is not elementwise, and runs each compiled kernel on **one thread**
+of one stream, while the op-by-op lowering splits GELU and the softmax by rows over one CPU stream per
+core. The matmuls, most of a layer's time, are the same BLAS calls either way, so compiling can only
+change the elementwise part, and it serializes it.
+
+The next cell measures it here, on the final MiniLM version at batch 4, seq 32 (small enough for a class,
+with a batch the op-by-op lowering can split over streams): MLX's lowering op by op, each layer compiled,
+the whole graph compiled, and the default (rlxviz's CPU kernels), timed **together** in paired rounds
+(`session.time_lowerings`; the same statistics as the timing table: `session.paired_verdict`, each
+lowering against MLX's op-by-op one). It also prints, as recorded data, the figures measured at MiniLM's
+full shape (batch 8, seq 128), where a run takes about a minute (`benchmarks/bench_compile_layers.py`).
+"""),
+    code('''
+from rlxviz.session import Lowering
+
+RECORDED_COMPILE = {  # docs/performance.md section 3 (idle 2-core EPYC, 2026-11-30), batch 8, seq 128, ms
+    "whole FusedTransformerLayer compiled vs op by op": (272, 230), "whole graph compiled vs not": (265, 221)}
+RECORDED_PAIRED = (  # benchmarks/bench_compile_layers.py, 2-core EPYC, 2026-12-02 04:43 UTC, load 4.1-4.4, b8 s128
+    "21 paired rounds: each layer compiled 1.25x slower (95% CI of the ratio 0.754..0.882), whole graph "
+    "1.19x slower (0.787..0.858) than MLX's op-by-op lowering")
+cm = load_model("minilm", batch=4, seq=32)
+cm_final = Pipeline.canonical().run(cm.graph).final
+plain = LoweringOptions(kernels=False)
+lowerings = [Lowering("MLX's lowering, op by op", plain),
+             Lowering("MLX's lowering, each layer mx.compile'd", LoweringOptions(kernels=False, compile_layers=True)),
+             Lowering("MLX's lowering, whole graph mx.compile'd", plain, compile_graph=True),
+             Lowering("rlxviz's CPU kernels (the default)")]
+low_rows, low_progs = session.time_lowerings(cm_final, cm.random_feeds(0), cm.weights, lowerings, warmup=1,
+                                             repeat=21, device="cpu")
+w = max(len(lw.label) for lw in lowerings)
+print(f"{'lowering':<{w}}  {'median ms':>9}  {'min ms':>7}  {'kernels':>7}  {'compiled':>8}  {'max diff':>8}")
+for r, p in zip(low_rows, low_progs, strict=True):
+    print(f"{r.label:<{w}}  {r.median_ms:>9.2f}  {r.min_ms:>7.2f}  {p.kernels:>7}  {p.compiled:>8}  "
+          f"{r.err_unfused:>8.1e}")
+low_verdicts = [session.paired_verdict(low_rows[0], r) for r in low_rows[1:]]  # each against op by op
+for r, v in zip(low_rows[1:], low_verdicts, strict=True):
+    print(f"lowering verdict {r.label}: {v.words} (vs {low_rows[0].label}; ratio {v.ratio:.3f}, 95% CI "
+          f"{v.low:.3f}..{v.high:.3f})")
+for what, (compiled_ms, plain_ms) in RECORDED_COMPILE.items():
+    print(f"RECORDED, not measured here: {what}: {compiled_ms} vs {plain_ms} ms "
+          f"({compiled_ms / plain_ms:.2f}x slower)")
+print("RECORDED, not measured here (2026-12-02, batch 8, seq 128):", RECORDED_PAIRED)''',
+         "compile-layer"),
+    code('''
+v_layer, v_graph, v_kernels = low_verdicts
+busy_low = session.busy_warning(*low_rows)
+display(Markdown(
+    f"Read aloud, {v_layer.rounds} paired rounds on **{low_rows[0].context.device}** at batch 4, seq 32: "
+    "compiling each layer is "
+    f"**{v_layer.words}** against MLX's op-by-op lowering (ratio {v_layer.ratio:.3f}, 95% CI {v_layer.low:.3f}.."
+    f"{v_layer.high:.3f}) and compiling the whole graph **{v_graph.words}** (ratio {v_graph.ratio:.3f}, 95% CI "
+    f"{v_graph.low:.3f}..{v_graph.high:.3f}); MLX runs {low_progs[1].compiled} and {low_progs[2].compiled} compiled "
+    f"kernels in those programs (against {low_progs[0].compiled} op by op). rlxviz's own CPU kernels, which fuse "
+    f"in C++ vectorized for this CPU and threaded, are **{v_kernels.words}** against the same baseline. "
+    + (f"**{busy_low}**: do not read these verdicts; run the cell again. " if busy_low else "")
+    + ("Here compiling did not make the model faster: the fusion `mx.compile` adds does not pay on this CPU. "
+       if not any(v.words.endswith("faster") for v in (v_layer, v_graph)) else
+       "Here compiling measured faster at this shape (at 16 tokens, where elementwise work is tiny, fewer "
+       "dispatches can win); the recorded figures below are at the full shape. ")
+    + "Recorded at batch 8, seq 128 (not measured here): "
+    + "; ".join(f"{k} {a} vs {b} ms (idle, 2026-11-30)" for k, (a, b) in RECORDED_COMPILE.items())
+    + f"; and on 2026-12-02, {RECORDED_PAIRED}. That is why `compile_layers` is off on the CPU and on on the "
+      "GPU: a fusion pays only where the backend runs the fused code better than the pieces."))''',
+         "compile-layer-read-aloud"),
+    md("""
 ### Numerics of the fused versions
 
 A fusion is valid when it computes the same function; it need not give the same **bits**. Three sources,
@@ -701,15 +872,11 @@ each measured by the next cell on this model and this machine (nothing below is 
   every other pass computes the same ops in the same order there;
 * **fast-math transcendentals**: the CPU lowering computes `erf`/`exp`/`tanh` with rational and polynomial
   formulas (`rlxviz/runtime/fast.py`, also inside rlxviz's CPU kernels), not libm's;
-* **`mx.addmm`**: the bias is added inside the GEMM's accumulation, rounded differently from a matmul
-  followed by an add: a few float32 ulps, visible in bfloat16.
+* **`mx.addmm`**: the bias enters the GEMM's accumulation, so it can round differently from a matmul
+  followed by an add; measured below in float32 and in bfloat16 (`session.addmm_rounding`).
 """),
     code('''
-import mlx.core as mx
 import numpy as np
-from scipy.special import erf as exact_erf
-
-from rlxviz.runtime.fast import erf as fast_erf
 
 mlx_err = [r.err_unfused if r.same_as is None else rows[r.same_as].err_unfused for r in rows]
 ref = [teach.run_reference(g, feeds, model.weights, np.float32)[0] for _, g in versions]
@@ -719,20 +886,14 @@ for (label, _), out, row, e in zip(versions, ref, rows, mlx_err, strict=True):
 moves = [i for i in range(1, len(ref)) if np.abs(ref[i] - ref[i - 1]).max() > 0]
 first = versions[moves[0]][0] if moves else "none"
 print("first version whose f32 reference output changes:", first, "| versions that change it:", len(moves))
-grid = np.linspace(-6, 6, 200001, dtype=np.float32)
-err_fast = float(np.abs(np.asarray(fast_erf(mx.array(grid))) - exact_erf(grid.astype(np.float64))).max())
+err_fast = session.fast_erf_error(-6, 6)  # runtime.fast.erf vs scipy's float64 erf on a float32 grid
 print(f"fast erf vs exact on [-6, 6]: largest difference {err_fast:.1e}")
-rng = np.random.default_rng(0)
-x, w, bias = (mx.array(rng.standard_normal(shape).astype(np.float32)) for shape in ((16, 384), (384, 384), (384,)))
 addmm_err = {}
-for name, dt in (("float32", mx.float32), ("bfloat16", mx.bfloat16)):
-    a, b, c = x.astype(dt), w.astype(dt), bias.astype(dt)
-    split = (a @ b + c).astype(mx.float32)
-    d = mx.abs(mx.addmm(c, a, b).astype(mx.float32) - split).max().item()
-    ulp = 2.0 ** (np.floor(np.log2(mx.abs(split).max().item())) - (23 if name == "float32" else 7))
-    addmm_err[name] = (d, d / ulp)
-    print(f"addmm vs matmul + add, {name}: largest difference {d:.1e} "
-          f"({d / ulp:.0f} ulp at the largest output)")''', "numerics"),
+for name in ("float32", "bfloat16"):  # x [16, 384] @ w [384, 384] + bias, standard normal
+    a = session.addmm_rounding(16, 384, 384, name)
+    addmm_err[name] = (a.max_diff, a.ulps)
+    print(f"addmm vs matmul + add, {name}: largest difference {a.max_diff:.1e} "
+          f"({a.ulps:.0f} ulp at the largest output)")''', "numerics"),
     code('''
 ref_max = max(float(np.abs(o - ref[0]).max()) for o in ref)
 lines = [f"Read aloud: on the float32 reference {len(moves)} version(s) change the output, the first **{first}** "
@@ -793,7 +954,8 @@ recognized; a cost model decided.
 
 The next cell runs the canonical pipeline with the gate at 64 on MiniLM at 16 tokens and at 2 x 128 =
 256 tokens, and computes what the fusion would save: the intermediates an ideal fused attention block
-keeps out of memory, and what the MLX program really saves (`session.executed_traffic_saved`).
+keeps out of memory, and what the traffic model of MLX's own lowering says it saves
+(`session.executed_traffic_saved`; what the program really moves is read from MLX in the cell after next).
 """),
     code('''
 sizes = {"small": (1, 16), "large": (2, 128)}
@@ -986,16 +1148,15 @@ for case, (_, trace, st) in results.items():
 Read per kind:
 
 * **extra_h1_user** — *illegal* for a single-output op: h1 has a third reader (a probe returned as an
-  output), and a one-output layer op would no longer produce h1. Dead-code elimination does **not**
-  fix it: the probe is a graph output, so it is live. Two fixes: in the model, drop the probe output;
-  in the compiler, **multi-output fusion** — a layer op that also returns h1 as a second output, which
-  the probe then reads (the engine can express it, `Rule(outputs=...)`, and notebook 06 writes a
-  two-output residual norm; no product rule builds a two-output layer op). With the probe output dropped, the
-probe is dead, and a dead reader is **not a
-  user**: no output depends on what it reads. The guard `h1_user_count` still counts it (it counts
-  readers, live or not) — a limit of the guard, not a reason; the canonical order removes dead code
-  only *after* the layer pass, so run `dead_code_elimination` first as the workaround. The next cell
-  runs all three.
+  output), and a one-output layer op would no longer produce h1. Dead-code elimination does **not** fix it:
+  the probe is a graph output, so it is live. Two fixes: in the model, drop the probe output; in the
+  compiler, **multi-output fusion** — a layer op that also returns h1 as a second output, which the probe
+  then reads (the engine can express it, `Rule(outputs=...)`, and notebook 06 writes a two-output residual
+  norm; no product rule builds a two-output layer op). With the probe output dropped, the probe is dead, and
+  a dead reader is **not a user**: no output depends on what it reads. The guard `h1_user_count` still
+  counts it (it counts readers, live or not) — a limit of the guard, not a reason; the canonical order
+  removes dead code only *after* the layer pass, so run `dead_code_elimination` first as the workaround. The
+  next cell runs all three.
 * **tanh_gelu** — *not recognized*: the FFN is fused without its activation, because `gelu_tanh` is not
   on the epilogue allow-list. Switching the model to exact GELU would fuse, but it changes the model:
   the cell after next measures by how much. (The product's hint also names SiLU because the allow-list
@@ -1003,13 +1164,12 @@ probe is dead, and a dead reader is **not a
   allow-list (notebook 04 writes the epilogue rule).
 * **swapped_residual** — fuses: the layer rule accepts either operand order. RLX's strict rule rejects
   it (*not recognized*); notebook 04 rebuilds that rule and fixes it with a canonicalization pass.
-* **pre_ln** — **two** blockers, so it is not expected to become `FusedTransformerLayer`. First
-  (*illegal* for a single-output op, the guard printed above): the residual sum feeds the norm and the
-  next residual, and a one-output `FusedResidualLN` would hide it; a two-output op (as vLLM's
-  `fused_add_rms_norm`) fixes that one — notebook 06 writes that rule. Second: the layer rule matches a
-**post-LN** layer only (its
-  step `post_ln_order`, printed below); a pre-LN layer (norm -> sublayer -> add) is another op, which
-  no rule here builds.
+* **pre_ln** — **two** blockers, so it is not expected to become `FusedTransformerLayer`. First (*illegal*
+  for a single-output op, the guard printed above): the residual sum feeds the norm and the next residual,
+  and a one-output `FusedResidualLN` would hide it; a two-output op (as vLLM's `fused_add_rms_norm`) fixes
+  that one — notebook 06 writes that rule. Second: the layer rule matches a **post-LN** layer only (its step
+  `post_ln_order`, printed below); a pre-LN layer (norm -> sublayer -> add) is another op, which no rule
+  here builds.
 * **output_intermediate** — *illegal* for a single-output op: h1 is returned, and a one-output layer op
   would hide it. Fix the model (the exercise below); in the compiler, a layer op with h1 as a second
   output would do (no rule builds one).
@@ -1351,7 +1511,8 @@ both into one `FusedMatMulBiasAct(activation="gelu_tanh")` with operands `x, w, 
 ops in the same order, so on the NumPy reference executor the numbers equal the unfused graph's (the
 check demands it). On MLX they need not: the lowering runs the fused op's `x @ w + bias` as one
 `mx.addmm`, which adds the bias inside the GEMM's accumulation and rounds differently from a matmul
-followed by an add — a difference in the last bits in float32, visible in bfloat16.
+followed by an add (notebooks 01 and 02 measure by how much, in float32 and bfloat16:
+`session.addmm_rounding`).
 """),
     code('''
 def probe_graph():

@@ -258,6 +258,17 @@ def test_01_what_is_fusion(executed):
     assert f"model of MLX's own cpu lowering (no rlxviz kernels): saved (bytes): {addmm}" in text
     assert f"model of MLX's own cpu lowering (no rlxviz kernels): still written and read (bytes): {ideal}" in text
     assert f"model for a GPU (GEMM epilogue reads the bias): saved (bytes): {gpu_addmm}" in text
+    # numerics, measured in the cell: the reference executor sees no change; MLX's lowering rounds
+    ntext, _ = t["numerics"]
+    num = re.findall(r"^#(\d) .+? f32 reference vs input (\S+); MLX cpu vs input (\S+)$", ntext, re.M)
+    assert [n[0] for n in num] == ["0", "1", "2"] and all(float(n[1]) == 0.0 for n in num), ntext
+    assert float(num[0][2]) == 0.0 and all(float(n[2]) < 1e-4 for n in num)
+    assert float(re.search(r"fast erf vs exact on \[-6, 6\]: largest difference (\S+)", ntext).group(1)) < 1e-6
+    f32, bf16 = (float(v) for v in re.findall(r"addmm vs matmul \+ add, \w+: largest difference (\S+)", ntext))
+    assert 0 <= f32 < 1e-4 and bf16 > f32
+    md_text = markdown_of(nb, "numerics-read-aloud")
+    assert "no version changes a bit" in md_text
+    assert f"differ from the unfused graph by {max(float(n[2]) for n in num):.1e} at most" in md_text
     doc = (ROOT / "docs" / "teach-and-debug.md").read_text(encoding="utf-8")  # pasted there from a real run
     pasted = re.search(r"cell `traffic-fmba`.*?```text\n(.*?)```", doc, re.S).group(1)
     assert pasted.strip() == text.strip(), "docs/teach-and-debug.md: re-paste notebook 01's traffic-fmba output"
@@ -412,7 +423,8 @@ def test_02_fusing_a_bert_layer(executed):
     assert rows["fuse_matmul_bias_act"][1] == "0"  # the CPU's addmm pre-fills the bias (beta = 1)
     assert 0 < int(rows["fuse_matmul_bias_act"][2]) < int(rows["fuse_matmul_bias_act"][0])  # GPU epilogue model
     ftl = rows["fuse_transformer_layer"]
-    assert f"fuse_transformer_layer on cpu: executed saving {ftl[1]} B of {ftl[0]} B ideal" in text
+    assert (f"fuse_transformer_layer, model of MLX's own cpu lowering (no rlxviz kernels): executed saving {ftl[1]} "
+            f"B of {ftl[0]} B ideal") in text
     # MLX's own primitives: the launch count the traffic model credits is the program's own
     text, _ = t["primitives"]
     prims = re.findall(r"^\s*(\d+)\s+(input|after \S+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d,]+)\s+([\d,]+)$",
@@ -472,7 +484,34 @@ def test_02_fusing_a_bert_layer(executed):
     assert f"{n_noise} of {len(verdicts)} steps are within noise" in md_text
     mins = [(float(v[-8]), float(v[-7])) for v in table.values()]
     assert ("a busy machine" in md_text) == any(m > 2 * lo for m, lo in mins)
-    assert f"executed saving on the CPU is {ftl[1]} B" in md_text
+    assert f"credits its executed saving on the CPU with {ftl[1]} B" in md_text
+    # one fused op's kernels, read from MLX: rlxviz's bias + GELU kernel vs MLX's own lowering; the GPU said plainly
+    text, _ = t["op-kernels"]
+    ops = dict(re.findall(r"^(cpu, [^:]+|gpu \(read from MLX here\)): \d+ kernels: (.+)$", text, re.M))
+    assert ops["cpu, rlxviz's kernels (default)"].split(" -> ") == ["Matmul", "RlxvizBiasAct"], ops
+    mlx_own = ops["cpu, MLX's own lowering"].split(" -> ")
+    assert "AddMM" in mlx_own and not any(k.startswith("Rlxviz") for k in mlx_own), ops
+    assert ("gpu: no GPU for MLX on this machine" in text) == (not has_gpu) == ("gpu (read from MLX here)" not in ops)
+    md_text = markdown_of(nb, "op-kernels-read-aloud")
+    assert "is **2** kernel(s) on this CPU with rlxviz's kernels" in md_text
+    assert f"**{len(mlx_own)}** with MLX's own lowering" in md_text
+    # fusion that does not pay, live: four lowerings of the final version in paired rounds, verdicts as printed
+    text, _ = t["compile-layer"]
+    low = re.findall(r"^(MLX's lowering, [^\d]+?|rlxviz's CPU kernels \(the default\))\s+(\d+\.\d\d)\s+(\d+\.\d\d)\s+"
+                     r"(\d+)\s+(\d+)\s+(\S+)$", text, re.M)
+    assert len(low) == 4, text
+    assert int(low[1][4]) > int(low[0][4]) and int(low[2][4]) >= 1  # each layer / the graph: compiled kernels
+    assert all(float(x[5]) < 1e-4 for x in low)  # the same function under every lowering
+    lv = re.findall(r"^lowering verdict (.+?): (within noise|\d+\.\d\dx (?:faster|slower)) \(vs .+?; ratio (\S+), "
+                    r"95% CI (\S+)\.\.(\S+)\)$", text, re.M)
+    assert len(lv) == 3
+    for _, words, ratio, lo, hi in lv:
+        assert_verdict(words, float(ratio), float(lo), float(hi))
+    assert "RECORDED, not measured here: whole FusedTransformerLayer compiled vs op by op: 272 vs 230 ms" in text
+    md_text = markdown_of(nb, "compile-layer-read-aloud")
+    assert "21 paired rounds" in md_text and "at batch 4, seq 32" in md_text
+    assert f"compiling each layer is **{lv[0][1]}**" in md_text
+    assert ("a busy machine" in md_text) == any(float(x[1]) > 2 * float(x[2]) for x in low)
     text, _ = t["order-silent"]
     assert "fuse_transformer_layer first: 0 matches, 0 rejections; fused layers at the end: 0" in text
     text, _ = t["order"]

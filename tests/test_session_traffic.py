@@ -156,3 +156,17 @@ def test_dot_primitives_reads_rectangles_only():
 
     dot = '{ 1 [label ="AddMM", shape=rectangle]; }\n{ "A"; }\n{ 2 [label ="CompiledExpAdd", shape=rectangle]; }'
     assert dot_primitives(dot) == ("AddMM", "CompiledExpAdd")
+
+
+def test_interleaved_samples_stay_in_round_order():
+    from rlxviz.runtime.timing import summarize
+
+    t = summarize([0.003, 0.001, 0.002], 0.01)  # rounds 0, 1, 2: round 1 was fastest
+    assert t.samples_ms == pytest.approx((3.0, 1.0, 2.0)) and t.min_ms == pytest.approx(1.0)
+    assert t.median_ms == pytest.approx(2.0)
+    # per-round ratios that vary from round to round survive only if each version's samples keep the round order
+    rng = np.random.default_rng(3)
+    drift, gain = 10.0 + 5.0 * rng.random(21), 1.0 + 0.2 * rng.random(21)
+    a, b = summarize(list(drift / 1e3), 0.0), summarize(list(drift / gain / 1e3), 0.0)
+    assert np.allclose(np.asarray(a.samples_ms) / np.asarray(b.samples_ms), gain)
+    assert paired_verdict(timed(0, a.samples_ms), timed(1, b.samples_ms)).ratio == pytest.approx(np.median(gain))

@@ -84,7 +84,8 @@ class Timing:
         median_ms / min_ms: over `repeat` timed calls (each ends with `mx.eval` of all outputs).
         iqr_ms: interquartile range (p75 - p25) of the timed calls.
         first_call_ms: the first call on a fresh program (program build + trace + compile + run).
-        samples_ms: every timed call.
+        samples_ms: every timed call, in the order the calls ran (round k of interleaved versions is
+            element k of each: `session.paired_verdict` pairs them by position, so they are never sorted).
         context: device, precision policy and BLAS of the run (None when not recorded).
     """
 
@@ -101,10 +102,11 @@ class Timing:
 
 
 def summarize(samples_s: Sequence[float], first_s: float, context: TimingContext | None = None) -> Timing:
-    """A `Timing` from per-call seconds (at least one) and the first call's seconds."""
-    ms = sorted(s * 1e3 for s in samples_s)
+    """A `Timing` from per-call seconds (at least one, in call order) and the first call's seconds;
+    `samples_ms` keeps the call order (the rounds stay paired across interleaved versions)."""
+    ms = [s * 1e3 for s in samples_s]
     q = statistics.quantiles(ms, n=4) if len(ms) >= 2 else [ms[0], ms[0], ms[0]]
-    return Timing(statistics.median(ms), ms[0], q[2] - q[0], first_s * 1e3, tuple(ms), context)
+    return Timing(statistics.median(ms), min(ms), q[2] - q[0], first_s * 1e3, tuple(ms), context)
 
 
 def _fresh(ex: MlxExecutor, graph: Graph, feeds_mx: Mapping[str, Any], weights: Mapping[str, Any] | None

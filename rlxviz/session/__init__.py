@@ -12,10 +12,13 @@ One module per job:
 * `architecture` / `status`: what kind each layer is, and "why didn't layer N fuse" (`layer_status`).
 * `timing`: time every version on MLX with a verdict from one tolerance table (`runtime.precision`).
 * `render`: a drawing as a pure function of (trace, view), cached by the trace's content key.
-* `traffic`: the memory traffic a pass's fusions removed (a model of the executed program).
+* `traffic`: the memory traffic a pass's fusions removed (a model of MLX's own lowering, without rlxviz's
+  CPU kernels).
 * `program`: what the backend runs, read from the backend (MLX's primitives of a lowered version and the
   bytes they move, `ProgramBytes`).
 * `roofline`: FLOPs, bytes moved and arithmetic intensity per op and per version.
+* `lowerings`: one version under several MLX lowerings (e.g. `mx.compile` of each layer), timed in paired rounds.
+* `numerics`: what the fused lowering changes in the numbers (fast-math erf, `mx.addmm`'s rounding), measured.
 
 Errors a user can fix are `SessionError`s (one line); front ends match them by type.
 """
@@ -36,6 +39,8 @@ from .loading import (
     shape_summary,
     unknown_model,
 )
+from .lowerings import Lowering, time_lowerings
+from .numerics import AddmmRounding, addmm_rounding, fast_erf_error
 from .pipeline import build_pipeline, format_passes, pass_catalog, run_pipeline, version_index
 from .program import (
     KernelBytes,
@@ -116,4 +121,5 @@ __all__ = ["ModelText", "shown",
            "OpCost", "Ridge", "VersionRoofline", "graph_flops", "machine_ridge", "op_costs", "program_bytes",
            "roofline", "ProgramPrimitives", "VersionPrimitives", "format_primitives", "mlx_primitives",
            "version_primitives", "KernelBytes", "ProgramBytes", "sdpa_fused", "ERF_FLOPS", "attainable_ms", "bound",
-           "PairedVerdict", "busy_warning", "compare_versions", "paired_verdict", "timing_table"]
+           "PairedVerdict", "busy_warning", "compare_versions", "paired_verdict", "timing_table",
+           "Lowering", "time_lowerings", "AddmmRounding", "addmm_rounding", "fast_erf_error"]

@@ -13,8 +13,8 @@ FLOPs are counted on each version's decomposition: a fusion changes none (canoni
 `layer_norm` or removing dead code may, slightly). A version's bytes are **read from MLX** when `roofline`
 is given the inputs: the bytes of the program MLX runs for one call (`program.ProgramBytes`: each kernel's
 distinct inputs read once and outputs written once, from MLX's graph, plus CPU AddMM's modelled bias
-pre-fill); without inputs they are a **model**, the input's bytes minus what each pass saves in the
-executed program (`executed_traffic_saved`, `shared_input_saved`).
+pre-fill); without inputs they are a **model**, the input's bytes minus what each pass saves in the program
+MLX's own lowering executes (`executed_traffic_saved`, `shared_input_saved`; rlxviz's CPU kernels not modelled).
 `machine_ridge` measures where this machine's roofline bends.
 """
 

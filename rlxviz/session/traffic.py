@@ -68,7 +68,12 @@ __all__ = ["SDPA_HEAD_DIMS", "ExecutedTraffic", "Traffic", "executed_traffic_sav
 
 @dataclass(frozen=True)
 class ExecutedTraffic:
-    """The part of a pass's `Traffic` that the MLX program on one device really saves.
+    """The part of a pass's `Traffic` that MLX's own lowering on one device saves (a model).
+
+    It models **MLX's own lowering only**: rlxviz's CPU kernels (`rlxviz.kernels`: attention, bias + GELU,
+    residual + norm in one pass each, the CPU's default where they are built) are not modelled, so on a CPU
+    that runs them the `cpu` figures are those of `LoweringOptions(kernels=False)`. What the program run
+    here moves, kernels included, is read from MLX: `session.program.mlx_primitives(...).bytes`.
 
     A fused op runs on MLX as its decomposition (`ir.fused.expand`), op by op, except where the
     lowering merges steps into one kernel (`runtime.lowering`): `Emitter.linear` runs `x @ w + b` as one
@@ -82,6 +87,7 @@ class ExecutedTraffic:
 
     Attributes:
         device: `cpu` or `gpu` (whose lowering options were read).
+        lowering: what the figures model, said wherever they are printed.
         ideal: `traffic_saved(step)`: what one ideal kernel per fused op would save (bytes).
         saved / still_moved: per intermediate of `ideal.intermediates`, `(node id, op, bytes, users, why)`.
     """
@@ -90,6 +96,7 @@ class ExecutedTraffic:
     ideal: Traffic
     saved: tuple[tuple[int, str, int, int, str], ...]
     still_moved: tuple[tuple[int, str, int, int, str], ...]
+    lowering: str = "MLX's own lowering (rlxviz's CPU kernels not modelled)"
 
     @property
     def total(self) -> int:
@@ -113,7 +120,8 @@ def executed_traffic_saved(step: PassStep, device: str = "cpu") -> ExecutedTraff
     as MiniLM's head_dim 32 does on both GPU backends); or, inside a fused op whose compiled override
     applies on `device`, an elementwise op read only by elementwise ops.
 
-    This is a **model** of the executed program (which kernels MLX's ops become), not a reading of it:
+    This is a **model** of the program MLX's own lowering executes (which kernels MLX's ops become; rlxviz's CPU
+    kernels are not modelled, see `ExecutedTraffic`), not a reading of it:
     `session.program.mlx_primitives` reads the primitives MLX really runs, and is the check on this model.
 
     Raises:
