@@ -24,6 +24,14 @@ ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-net
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 START_TIMEOUT_S = 60
 WAIT_MS = 60_000  # every wait and navigation: ends as soon as met; a loaded 2-core runner answers slowly
+SMALL_IR = """graph small {
+  %0 = input {name="x"} : f32[2, 8]
+  %1 = tanh(%0) : f32[2, 8]
+  %2 = exp(%1) : f32[2, 8]
+  %3 = add(%1, %2) : f32[2, 8]
+  return %3
+}"""
+"""IR text without layer paths (four ops): typed into the IR editor by the browser tests."""
 
 
 def free_port() -> int:

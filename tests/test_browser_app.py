@@ -11,6 +11,7 @@ import pytest
 from playwright.sync_api import expect
 from served import (
     ART,
+    SMALL_IR,
     choose_version,
     chromium,
     close_inspector,
@@ -170,13 +171,6 @@ def test_corrupted_upload_shows_error(page, tmp_path):
     page.locator(".rv-after g.node").first.wait_for()
 
 
-SMALL_IR = """graph small {
-  %0 = input {name="x"} : f32[2, 8]
-  %1 = tanh(%0) : f32[2, 8]
-  %2 = exp(%1) : f32[2, 8]
-  %3 = add(%1, %2) : f32[2, 8]
-  return %3
-}"""
 
 
 def _type_ir(pg, text):

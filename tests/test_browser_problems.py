@@ -9,6 +9,7 @@ from pathlib import Path
 
 from playwright.sync_api import expect
 from served import (
+    SMALL_IR,
     WAIT_MS,
     browser_fixture,
     choose_version,
@@ -29,13 +30,6 @@ browser = browser_fixture()
 
 W, H = 1280, 800
 ONNX = Path(__file__).parent / "fixtures" / "onnx"
-NO_PATHS_IR = """graph small {
-  %0 = input {name="x"} : f32[2, 8]
-  %1 = tanh(%0) : f32[2, 8]
-  %2 = exp(%1) : f32[2, 8]
-  %3 = add(%1, %2) : f32[2, 8]
-  return %3
-}"""
 
 
 def _page(browser, server):
@@ -87,7 +81,7 @@ def test_2_the_why_tab_answers_for_a_graph_without_layer_paths(browser, server):
         pg.get_by_role("button", name="IR text").click()
         pg.locator(".rv-ir-text .ace_content").click()
         pg.keyboard.press("Control+a")
-        pg.keyboard.insert_text(NO_PATHS_IR)
+        pg.keyboard.insert_text(SMALL_IR)
         pg.locator(".rv-load-ir button").click()
         expect(pg.locator(".rv-version select")).to_contain_text("0: input (3 ops)")
         open_tab(pg, "Why didn't layer N fuse?")
