@@ -4,6 +4,7 @@ Each test reproduces the problem's steps and asserts the fixed behaviour; on the
 (181d0a4) each fails. Every page is watched (tests/served.py): no console error, no request off the machine.
 """
 
+import base64
 import re
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from served import (
 )
 
 from rlxviz.app.jobs import Runner
+from rlxviz.app.start import STEPS
 from rlxviz.app.state import AppState
 
 expect.set_options(timeout=WAIT_MS)
@@ -248,3 +250,91 @@ def test_8_variants_layers_zoom_and_start(browser, server):
         _idle(pg)
         expect(pg.locator(".rv-message")).not_to_contain_text("[build_bert]")
         expect(pg.locator(".rv-message")).not_to_contain_text("out of range")
+
+
+# --- a fresh user's second trial (issue #22): the start strip, uploads and drops ---
+
+DROP_JS = """([b64, name]) => {
+  const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+  const dt = new DataTransfer(); dt.items.add(new File([bytes], name));
+  const all = (root, out) => { root.querySelectorAll('.filepond--drop-label').forEach((e) => out.push(e));
+    root.querySelectorAll('*').forEach((e) => e.shadowRoot && all(e.shadowRoot, out)); return out; };
+  const target = all(document, []).find((e) => e.getBoundingClientRect().width > 0);
+  const r = target.getBoundingClientRect();
+  const opts = { dataTransfer: dt, bubbles: true, cancelable: true, composed: true,
+                 clientX: r.x + r.width / 2, clientY: r.y + r.height / 2 };
+  for (const t of ['dragenter', 'dragover', 'drop']) target.dispatchEvent(new DragEvent(t, opts));
+}"""
+"""A file dragged onto the first visible drop zone and let go (as tests/test_browser_flows.py's DROP_JS)."""
+
+
+def _drop(pg, path, name=None):
+    pg.evaluate(DROP_JS, [base64.b64encode(Path(path).read_bytes()).decode(), name or Path(path).name])
+
+
+def test_trial_1_the_start_strip_keeps_its_text_with_the_sidebar_open(browser, server):
+    """With the sidebar open at 1280x800 the strip's text keeps a readable width (it collapsed to 0 px) on one line
+    (a wrapped strip pushed the panes below the fold), the whole text in its tooltip."""
+    with _page(browser, server) as pg:
+        open_sidebar(pg)
+        note = pg.locator(".rv-start-note")
+        for _ in range(40):  # the sidebar slides open
+            if pg.locator("#sidebar").bounding_box()["width"] > 300:
+                break
+            pg.wait_for_timeout(100)
+        pg.wait_for_timeout(500)
+        assert note.bounding_box()["width"] >= 150, note.bounding_box()
+        assert pg.locator(".rv-start").bounding_box()["height"] <= 60, pg.locator(".rv-start").bounding_box()
+        expect(pg.locator(".rv-start-note [title]")).to_have_attribute("title", STEPS)
+
+
+def test_trial_2_the_start_strip_follows_the_model(browser, server):
+    """After ① and a change of model the strip names the model and version now shown (it kept the old ones)."""
+    with _page(browser, server) as pg:
+        pg.locator(".rv-start-step button").click()
+        note = pg.locator(".rv-start-note")
+        expect(note).to_contain_text("Showing after")
+        _preset(pg, "bert-tiny")
+        n = pg.locator(".rv-version select option").count()
+        title = pg.locator(".rv-after .rv-title").inner_text()
+        expect(note).to_contain_text("bert-tiny")
+        expect(note).to_contain_text(f"{title} (")
+        expect(note).to_contain_text(f" of {n - 1})")
+
+
+def test_trial_3_4_uploads_are_emptied_and_errors_name_the_users_file(browser, server):
+    """After every load, failed or not, the file input and the drop zone are empty (they kept the last file's name);
+    an error names the user's file, as text (it said `upload/model.onnx`)."""
+    name = "my<b>net</b>.onnx"
+    with _page(browser, server) as pg:
+        _upload(pg, [{"name": name, "mimeType": "application/octet-stream", "buffer": b"not an onnx file"}])
+        msg = pg.locator(".rv-message")
+        expect(msg).to_contain_text(name, timeout=3 * WAIT_MS)
+        expect(msg).not_to_contain_text("upload/model.onnx")
+        expect(pg.locator(".rv-message b")).to_have_count(0)  # the name is not markup
+        _idle(pg)
+        expect(pg.locator(".rv-upload input[type=file]")).to_have_js_property("value", "")
+        pg.locator(".rv-upload input[type=file]").set_input_files(str(ONNX / "gpt2.onnx"))
+        expect(msg).to_contain_text("equals the ONNX model", timeout=3 * WAIT_MS)
+        _idle(pg)
+        expect(pg.locator(".rv-upload input[type=file]")).to_have_js_property("value", "")
+        _drop(pg, ONNX / "gpt2.onnx")
+        _idle(pg)
+        pg.wait_for_timeout(1000)
+        expect(pg.locator(".filepond--item")).to_have_count(0)
+
+
+def test_trial_5_every_drop_loads(browser, server):
+    """A second drop loads too (it did nothing): a broken file, then gpt2.onnx, then gpt2.onnx again after a
+    built-in model."""
+    with _page(browser, server) as pg:
+        msg = pg.locator(".rv-message")
+        _drop(pg, ONNX / "gpt2.onnx")
+        expect(msg).to_contain_text("equals the ONNX model", timeout=3 * WAIT_MS)
+        _idle(pg)
+        _preset(pg, "bert-tiny")
+        expect(msg).not_to_contain_text("equals the ONNX model")
+        pg.locator("#sidebar-button").click()  # fold the sidebar again: the strip's drop zone
+        _drop(pg, ONNX / "gpt2.onnx")
+        expect(msg).to_contain_text("equals the ONNX model", timeout=3 * WAIT_MS)
+        expect(pg.locator(".rv-version select")).not_to_contain_text("bert")
