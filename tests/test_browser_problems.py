@@ -24,6 +24,7 @@ from served import (
 from rlxviz.app.jobs import Runner
 from rlxviz.app.start import STEPS
 from rlxviz.app.state import AppState
+from rlxviz.session.defaults import MIN_VERDICT_ROUNDS
 
 expect.set_options(timeout=WAIT_MS)
 
@@ -338,3 +339,19 @@ def test_trial_5_every_drop_loads(browser, server):
         _drop(pg, ONNX / "gpt2.onnx")
         expect(msg).to_contain_text("equals the ONNX model", timeout=3 * WAIT_MS)
         expect(pg.locator(".rv-version select")).not_to_contain_text("bert")
+
+
+def test_trial_6_the_default_timing_run_gives_a_verdict(browser, server):
+    """The Timing tab's run as it opens (rounds untouched) compares versions with a verdict or "within noise" (its
+    10 rounds said "too few rounds" in every row)."""
+    with _page(browser, server) as pg:
+        _preset(pg, "bert-tiny")
+        open_tab(pg, "Timing")
+        expect(pg.locator(".rv-repeat input")).to_have_value(str(MIN_VERDICT_ROUNDS))
+        pg.locator(".rv-time button").click()
+        table = pg.locator(".rv-timings")
+        expect(table).to_contain_text("after", timeout=5 * WAIT_MS)
+        _idle(pg)
+        cells = table.locator(".tabulator-cell[tabulator-field='vs_previous']").all_inner_texts()
+        assert any(re.search(r"within noise|faster|slower", c) for c in cells), cells
+        assert not any("too few rounds" in c for c in cells), cells

@@ -14,6 +14,7 @@ import param
 from panel.viewable import Viewer
 
 from ..ir import Graph, format_graph
+from ..session.defaults import MIN_VERDICT_ROUNDS
 from ..session.overlays import UNITS
 from .explain import counterpart_line, counterparts, decision_rows, node_report, report_markdown
 from .graphpane import SvgGraph, folded_index
@@ -22,6 +23,7 @@ from .irtext import IRText
 from .state import AppState
 from .text import download_name, html_text, md_escape
 from .views import COLLAPSED, FOCUS
+from .wording import version_name
 
 
 def _safe(fn: Any, *args: Any) -> tuple[Any, str | None]:
@@ -135,7 +137,9 @@ class VersionStepper(Viewer):
 
     def _options(self) -> dict[str, int]:
         rows = self.state.version_rows()
-        return {f"{r['#']}: {r['version']} ({r['nodes']} ops)": r["#"] for r in rows} or {"input": 0}
+        s = self.state
+        return ({f"{version_name(s.version_index(r['#']), r['version'])} ({r['nodes']} ops)": r["#"] for r in rows}
+                or {"input": 0})
 
     def _move(self, d: int) -> None:
         s = self.state
@@ -479,7 +483,8 @@ class TimingView(Viewer):
                             "interquartile range (p25 to p75). Speed-up: the median of the per-round ratios (round "
                             "*r* of every version ran back to back), with its 95% bootstrap interval (*ci*). *Within "
                             "noise*: that interval holds 1 (or lies within 1 ± 1%), so these rounds do not tell the "
-                            "two versions apart; time again with more rounds (21 at least for a verdict)."
+                            f"two versions apart; time again with more rounds ({MIN_VERDICT_ROUNDS} at least for a "
+                            "verdict)."
                             if s.blas else "")
         self.policy.object = md_escape(s.timing_policy)
         rows = s.timings
@@ -510,7 +515,7 @@ LABEL_ROOM = 1.6
 def timing_factor(row: dict[str, Any]) -> str:
     """A timing row's place on the chart's axis: `#: version` (unique where a pass runs twice, e.g. two
     `after dead_code_elimination` when unchanged passes are shown; Bokeh refuses repeated factors)."""
-    return f"{row['#']}: {row['version']}" if "#" in row else row["version"]
+    return version_name(row["#"], row["version"]) if "#" in row else row["version"]
 
 
 def speedup_label(row: dict[str, Any]) -> str:

@@ -35,6 +35,13 @@ def scrub_paths(text: str, upload_dir: str, temp_dir: str, names: dict[str, str]
     return text
 
 
+def version_name(number: int, label: str) -> str:
+    """A version as every view numbers it: `N: label`, N its place in the whole trace (0 the input, N after the
+    N-th pass), as `rlxviz time` and the timing table count. One numbering: the version list counted only the shown
+    versions while the timing chart counted the trace's, so one version had two numbers when passes were hidden."""
+    return f"{number}: {label}"
+
+
 def one_line(name: str) -> str:
     """A user's file name on one line (a line break in it would split the message's first line)."""
     return " ".join(name.splitlines()) or "?"
