@@ -326,19 +326,21 @@ def test_trial_3_4_uploads_are_emptied_and_errors_name_the_users_file(browser, s
 
 
 def test_trial_5_every_drop_loads(browser, server):
-    """A second drop loads too (it did nothing): a broken file, then gpt2.onnx, then gpt2.onnx again after a
-    built-in model."""
+    """Every drop loads (after the first, the drop zone held its file and later drops did nothing): gpt2.onnx, a
+    broken file, gpt2.onnx again. (The same file twice in a row: tests/test_app_start.py.)"""
     with _page(browser, server) as pg:
         msg = pg.locator(".rv-message")
         _drop(pg, ONNX / "gpt2.onnx")
         expect(msg).to_contain_text("equals the ONNX model", timeout=3 * WAIT_MS)
         _idle(pg)
-        _preset(pg, "bert-tiny")
-        expect(msg).not_to_contain_text("equals the ONNX model")
-        pg.locator("#sidebar-button").click()  # fold the sidebar again: the strip's drop zone
+        pg.wait_for_timeout(500)
+        pg.evaluate(DROP_JS, [base64.b64encode(b"not an onnx file").decode(), "broken.onnx"])
+        expect(msg).to_contain_text("broken.onnx", timeout=3 * WAIT_MS)
+        expect(msg).to_contain_text("not a readable ONNX model")
+        _idle(pg)
+        pg.wait_for_timeout(500)
         _drop(pg, ONNX / "gpt2.onnx")
         expect(msg).to_contain_text("equals the ONNX model", timeout=3 * WAIT_MS)
-        expect(pg.locator(".rv-version select")).not_to_contain_text("bert")
 
 
 def test_trial_6_the_default_timing_run_gives_a_verdict(browser, server):
@@ -355,3 +357,35 @@ def test_trial_6_the_default_timing_run_gives_a_verdict(browser, server):
         cells = table.locator(".tabulator-cell[tabulator-field='vs_previous']").all_inner_texts()
         assert any(re.search(r"within noise|faster|slower", c) for c in cells), cells
         assert not any("too few rounds" in c for c in cells), cells
+
+
+PALETTE_FILLS = {"#ffffb2", "#fed976", "#feb24c", "#fd8d3c", "#fc4e2a", "#e31a1c", "#b10026"}
+
+
+def test_trial_8_9_the_overlay_colours_both_panes_and_its_legend_fits(browser, server):
+    """"Colour nodes by" colours the before pane's nodes the pass kept too (it coloured the after pane only), and its
+    legend keeps to two lines at 1280 px, the swatches on one (the error legend wrapped)."""
+    with _page(browser, server) as pg:
+        choose_version(pg, "after fuse_attention_block")
+        pg.locator(".rv-before g.node").first.wait_for()
+        pg.locator(".rv-overlay select").select_option(label="error vs input")
+        legend = pg.locator(".rv-legend")
+        expect(legend).to_contain_text("max |value - reference of version 0|", timeout=3 * WAIT_MS)
+        js = ("as => as.map((a) => a.getAttribute('xlink:title') || a.getAttributeNS('http://www.w3.org/1999/xlink', "
+              "'title') || '')")  # Graphviz writes a node's tooltip as its link's xlink:title
+        for _ in range(240):  # the figures are measured in the timing process
+            tips = [t for t in pg.locator(".rv-before g.node a").evaluate_all(js) if "kept this node" in t]
+            if tips:
+                break
+            pg.wait_for_timeout(500)
+        assert tips, "no before-pane node shows the overlay's figure"
+        fills = pg.locator(".rv-before g.node path, .rv-before g.node polygon").evaluate_all(
+            "ps => ps.map((p) => p.getAttribute('fill'))")
+        assert PALETTE_FILLS & set(fills), fills
+        tops = pg.locator(".rv-legend .rv-swatch").evaluate_all(
+            "els => els.map((e) => Math.round(e.getBoundingClientRect().top))")
+        assert len(tops) == 8 and len(set(tops)) == 1, tops  # one line of swatches
+        assert legend.bounding_box()["height"] <= 48, legend.bounding_box()
+        for pane in (".rv-before", ".rv-after"):
+            box = pg.locator(pane).first.bounding_box()
+            assert box["y"] + box["height"] <= H, (pane, box)

@@ -71,15 +71,21 @@ OVERLAY_CHOICES = {"op (no overlay)": "none", "time share": "time", "error vs in
 
 def legend_html(rows: list[tuple[str, str]], unit: str, status: str) -> str:
     """The overlay's legend: its unit, one swatch per colour with its range, and the measurement's status; every
-    text escaped (they are the app's own words and numbers, never a model's)."""
+    text escaped (they are the app's own words and numbers, never a model's). Two lines that never wrap: the unit
+    line is cut with an ellipsis (the whole line in its tooltip), the swatches sit close (at 1280 px the error
+    legend's eight swatches wrapped to a third line and pushed the panes down)."""
     if not rows:
         return ""
     sw = "".join(f'<span class="rv-swatch" style="background:{html.escape(c)}"></span>'
-                 f'<span class="rv-range">{html.escape(r)}</span>' for c, r in rows)
+                 f'<span class="rv-range">{html.escape(r.replace(" – ", "–"))}</span>' for c, r in rows)
     note = f' <span class="rv-legend-status">{html.escape(status)}</span>' if status else ""
-    return (f'<div class="rv-legend-body"><b>Node colour:</b> {html.escape(unit)}{note}<br>{sw}</div>'
-            "<style>.rv-swatch{display:inline-block;width:14px;height:11px;border:1px solid #999;"
-            "margin:0 3px 0 8px;vertical-align:middle}.rv-range{font-size:12px}"
+    whole = html.escape(f"Node colour: {unit}" + (f" {status}" if status else ""), quote=True)
+    return (f'<div class="rv-legend-body"><div class="rv-legend-unit" title="{whole}"><b>Node colour:</b> '
+            f'{html.escape(unit)}{note}</div><div class="rv-legend-swatches">{sw}</div></div>'
+            "<style>.rv-legend-unit,.rv-legend-swatches{white-space:nowrap;overflow:hidden;text-overflow:ellipsis;"
+            "line-height:18px}.rv-legend-unit{font-size:12px}"
+            ".rv-swatch{display:inline-block;width:12px;height:10px;border:1px solid #999;"
+            "margin:0 2px 0 6px;vertical-align:middle}.rv-range{font-size:11px}"
             ".rv-legend-status{color:#8a6d00}</style>")
 
 
