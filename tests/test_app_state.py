@@ -180,7 +180,8 @@ def test_decision_rows_and_show_decision():
     s = tiny(variant="extra_h1_user")
     rows = decision_rows(s.trace)
     kinds = {r["kind"] for r in rows}
-    assert kinds == {"fused", "rejected"}
+    assert kinds == {"fused", "rejected", "not a candidate"}  # the embeddings' broadcast sum: no near-miss
+    assert {r["guard"] for r in rows if r["kind"] == "not a candidate"} == {"residual_same_shape"}
     row = next(r for r in rows if r["guard"] == "h1_user_count")
     assert row["layer"] == 0 and row["nodes"] and row["why"] == "illegal"
     soft = [r for r in decision_rows(tiny(variant="tanh_gelu").trace) if r["kind"] == "left out"]

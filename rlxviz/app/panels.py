@@ -14,6 +14,7 @@ import param
 from panel.viewable import Viewer
 
 from ..ir import Graph, format_graph
+from ..passes.guard import NOT_A_CANDIDATE
 from ..session.defaults import MIN_VERDICT_ROUNDS
 from ..session.overlays import UNITS
 from .explain import counterpart_line, counterparts, decision_rows, node_report, report_markdown
@@ -348,7 +349,8 @@ class DecisionTable(Viewer):
             self._frame(), show_index=False, sizing_mode="stretch_width", height=420, pagination=None,
             disabled=True, selectable=1, layout="fit_data_stretch", css_classes=["rv-decisions"],
             sorters=[{"field": "kind", "dir": "desc"}],
-            header_filters={"kind": {"type": "list", "values": ["fused", "rejected", "left out"], "clearable": True},
+            header_filters={"kind": {"type": "list", "values": ["fused", "rejected", "left out", NOT_A_CANDIDATE],
+                                     "clearable": True},
                             "pass": {"type": "input", "func": "like", "placeholder": "pass"},
                             "layer": {"type": "number", "func": "=", "placeholder": "layer"},
                             "guard": {"type": "input", "func": "like", "placeholder": "guard"}},
