@@ -63,8 +63,8 @@ def test_the_line_follows_the_model_and_fits_one_line():
     start = StartHere(state=s, show_why=lambda: None)
     start.step.clicks += 1
     s.preset = "bert-tiny"
-    n = len(s.version_labels)
-    assert s.model.name in start.note.object and f"({s.version} of {n - 1})" in start.note.object, start.note.object
+    label, number = s.version_labels[s.version], s.version_index()  # numbered as the version list numbers it
+    assert f"Showing <b>{label}</b> (version {number}) of <b>{s.model.name}</b>" in start.note.object, start.note.object
     assert note_html([("<b>x</b>", True)]).count("<b>") == 1  # a name is text, not markup
     start.brk.clicks += 1
     start.why.clicks += 1

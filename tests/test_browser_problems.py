@@ -260,13 +260,15 @@ DROP_JS = """([b64, name]) => {
   const dt = new DataTransfer(); dt.items.add(new File([bytes], name));
   const all = (root, out) => { root.querySelectorAll('.filepond--drop-label').forEach((e) => out.push(e));
     root.querySelectorAll('*').forEach((e) => e.shadowRoot && all(e.shadowRoot, out)); return out; };
-  const target = all(document, []).find((e) => e.getBoundingClientRect().width > 0);
+  const shown = (e) => { const r = e.getBoundingClientRect();  // a folded sidebar's zone lies left of the window
+    return r.width > 0 && r.left >= 0 && r.right <= window.innerWidth; };
+  const target = all(document, []).find(shown);
   const r = target.getBoundingClientRect();
   const opts = { dataTransfer: dt, bubbles: true, cancelable: true, composed: true,
                  clientX: r.x + r.width / 2, clientY: r.y + r.height / 2 };
   for (const t of ['dragenter', 'dragover', 'drop']) target.dispatchEvent(new DragEvent(t, opts));
 }"""
-"""A file dragged onto the first visible drop zone and let go (as tests/test_browser_flows.py's DROP_JS)."""
+"""A file dragged onto the first drop zone inside the window and let go (as tests/test_browser_flows.py's DROP_JS)."""
 
 
 def _drop(pg, path, name=None):
@@ -296,11 +298,20 @@ def test_trial_2_the_start_strip_follows_the_model(browser, server):
         note = pg.locator(".rv-start-note")
         expect(note).to_contain_text("Showing after")
         _preset(pg, "bert-tiny")
-        n = pg.locator(".rv-version select option").count()
-        title = pg.locator(".rv-after .rv-title").inner_text()
-        expect(note).to_contain_text("bert-tiny")
-        expect(note).to_contain_text(f"{title} (")
-        expect(note).to_contain_text(f" of {n - 1})")
+        expect(note).to_contain_text("of bert-tiny")
+        sel = pg.locator(".rv-version select")
+        def line():  # "N: after P (K ops)" in the list -> "Showing after P (version N) of bert-tiny" in the strip
+            number, label = sel.evaluate("e => e.options[e.selectedIndex].text").rsplit(" (", 1)[0].split(": ", 1)
+            return f"Showing {label} (version {number}) of bert-tiny"
+
+        for _ in range(120):  # the line names the version the list shows, numbered as the list numbers it
+            if line() in note.inner_text():
+                break
+            pg.wait_for_timeout(250)
+        assert line() in note.inner_text(), (line(), note.inner_text())
+        pg.locator(".rv-start-step button").click()  # and the next one
+        expect(sel).not_to_have_value("0")
+        expect(note).to_contain_text(line())
 
 
 def test_trial_3_4_uploads_are_emptied_and_errors_name_the_users_file(browser, server):

@@ -110,7 +110,8 @@ class StartHere(Viewer):
             return
         k = min(s.version, n - 1)
         name = s.model.name if s.model is not None else "the model"
-        self._say([("Showing ", False), (s.version_labels[k], True), (f" ({k} of {n - 1}) of ", False), (name, True),
+        number = s.version_index(k)  # as the version list and the timing chart number it (`version_name`)
+        self._say([("Showing ", False), (s.version_labels[k], True), (f" (version {number}) of ", False), (name, True),
                    (": the left pane is the graph before this pass (what it matched framed in green), the right one "
                     "after it. Click again for the next pass, then ②.", False)], "step")
 
