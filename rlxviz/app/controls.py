@@ -122,7 +122,7 @@ class ModelControls(Viewer):
         `model.safetensors` (together or one after the other); the upload's size limit applies. It comes in a
         holder whose FileDropper is replaced by an empty one once its files are taken: the zone kept the last file
         (its name shown) and a second drop of it did nothing."""
-        holder = pn.Column(self._new_drop(), margin=0, width=190, sizing_mode="fixed", align="center")
+        holder = pn.Column(self._new_drop(), margin=0, width=170, sizing_mode="fixed", align="center")
         self._drop_holders.append(holder)
         return holder
 
@@ -131,7 +131,7 @@ class ModelControls(Viewer):
         # no accepted_filetypes: the browser gives an .onnx file no MIME type, which FilePond's type check refused
         # ("invalid type"); `sources.check_upload` judges the files by name instead
         drop = pn.widgets.FileDropper(multiple=True, max_files=2, max_total_file_size=f"{limit:.0f}MB",
-                                      layout="compact", width=180, css_classes=["rv-drop"])
+                                      layout="compact", width=165, css_classes=["rv-drop"])
         drop.param.watch(self._on_drop, "value")
         return drop
 

@@ -54,16 +54,17 @@ class StartHere(Viewer):
         s = self.state
         self.show_why = show_why
         fixed = dict(color="primary", sizing_mode="fixed", height=34, align="center")
-        self.step = pn.widgets.Button(label="① Step through passes ▶", width=180, **fixed,
-                                      css_classes=["rv-start-step"])
-        self.brk = pn.widgets.Button(label="② Break a layer", width=130, **fixed, css_classes=["rv-start-break"])
+        # widths: beside an open sidebar at 1280 px the strip is 866 px wide; the buttons, the drop zone and ✕ leave
+        # the line 100 px at least on one row (with 220 + 140 + 110 px buttons and a 240 px zone it got 0)
+        self.step = pn.widgets.Button(label="① Step passes ▶", width=140, **fixed, css_classes=["rv-start-step"])
+        self.brk = pn.widgets.Button(label="② Break a layer", width=140, **fixed, css_classes=["rv-start-break"])
         self.why = pn.widgets.Button(label="③ Ask why", width=96, **fixed, css_classes=["rv-start-why"])
         # no tooltips: a button's popover lay over its neighbour and took its click
         self.hide = pn.widgets.Button(label="✕", color="light", width=36, height=34, sizing_mode="fixed",
                                       align="center", css_classes=["rv-start-hide"])
         # min_width: beside an open sidebar at 1280 px the fixed widgets took the whole row and the text got 0 px
         self.note = pn.pane.HTML(note_html([(STEPS, False)]), css_classes=["rv-start-note"], margin=(0, 8),
-                                 align="center", height=34, min_width=150, sizing_mode="stretch_width",
+                                 align="center", height=34, min_width=100, sizing_mode="stretch_width",
                                  stylesheets=[NOTE_CSS])
         self._mode = "steps"
         self._model_name = ""
