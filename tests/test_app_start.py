@@ -5,7 +5,7 @@ from pathlib import Path
 from test_app_views import tiny
 
 from rlxviz.app.controls import ModelControls
-from rlxviz.app.start import BREAK_VARIANT, StartHere
+from rlxviz.app.start import BREAK_VARIANT, StartHere, note_html
 
 FIX = Path(__file__).parent / "fixtures/onnx"
 
@@ -41,10 +41,32 @@ def test_break_is_off_for_a_model_without_variants():
 
 def test_a_dropped_onnx_file_loads_and_half_a_checkpoint_waits():
     s = tiny()
-    drop = ModelControls(state=s).make_dropper()
-    drop.value = {"config.json": '{"model_type": "bert"}'}  # text files arrive decoded
+    holder = ModelControls(state=s).make_dropper()
+    first = holder[0]
+    first.value = {"config.json": '{"model_type": "bert"}'}  # text files arrive decoded
     assert s.source == "preset" and "now drop the checkpoint's model.safetensors" in s.message
     s.apply_variant(BREAK_VARIANT)  # the start strip's second click, then one's own model: it loads as built
-    drop.value = {"gpt2.onnx": (FIX / "gpt2.onnx").read_bytes()}
+    assert holder[0] is not first and not holder[0].value  # the zone is emptied once its files are taken
+    holder[0].value = {"gpt2.onnx": (FIX / "gpt2.onnx").read_bytes()}
     assert s.source == "upload" and s.model.meta.get("onnx_file") and s.trace is not None
     assert s.variant == "none" and s.message_kind != "danger" and not s.stale, s.message
+    assert not holder[0].value
+    s.message = ""
+    holder[0].value = {"gpt2.onnx": (FIX / "gpt2.onnx").read_bytes()}  # the same file again: it loads again
+    assert "equals the ONNX model" in s.message and s.model.meta.get("onnx_file"), s.message
+
+
+def test_the_line_follows_the_model_and_fits_one_line():
+    """After ① and a new model the line names the new model and version (it kept the old ones); it is one line with
+    the whole text as its tooltip, names escaped."""
+    s = tiny(preset="llama-block")
+    start = StartHere(state=s, show_why=lambda: None)
+    start.step.clicks += 1
+    s.preset = "bert-tiny"
+    label, number = s.version_labels[s.version], s.version_index()  # numbered as the version list numbers it
+    assert f"Showing <b>{label}</b> (version {number}) of <b>{s.model.name}</b>" in start.note.object, start.note.object
+    assert note_html([("<b>x</b>", True)]).count("<b>") == 1  # a name is text, not markup
+    start.brk.clicks += 1
+    start.why.clicks += 1
+    s.preset = "minilm-shaped"  # the lines of ② and ③ belonged to the last model: the three steps again
+    assert 'title="Three clicks' in start.note.object and "rv-note-line" in start.note.object

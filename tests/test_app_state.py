@@ -180,7 +180,8 @@ def test_decision_rows_and_show_decision():
     s = tiny(variant="extra_h1_user")
     rows = decision_rows(s.trace)
     kinds = {r["kind"] for r in rows}
-    assert kinds == {"fused", "rejected"}
+    assert kinds == {"fused", "rejected", "not a candidate"}  # the embeddings' broadcast sum: no near-miss
+    assert {r["guard"] for r in rows if r["kind"] == "not a candidate"} == {"residual_same_shape"}
     row = next(r for r in rows if r["guard"] == "h1_user_count")
     assert row["layer"] == 0 and row["nodes"] and row["why"] == "illegal"
     soft = [r for r in decision_rows(tiny(variant="tanh_gelu").trace) if r["kind"] == "left out"]
@@ -311,9 +312,11 @@ def test_upload_good_and_corrupted(monkeypatch, tmp_path):
     folder = minilm_dir()
     cfg = (folder / "config.json").read_bytes()
     s = tiny()
-    s.load_upload({"config.json": cfg, "model.safetensors": b"\x10" + b"\x00" * 7 + b'{"a": broken'})
+    s.load_upload({"config.json": cfg, "my-bert.safetensors": b"\x10" + b"\x00" * 7 + b'{"a": broken'})
     assert s.message_kind == "danger" and "corrupted" in s.message, s.message
-    assert s.source == "upload" and str(tmp_path) not in s.message and "upload" in s.message
+    # the message names the user's file, not the name it is stored under (it said upload/model.safetensors)
+    assert s.source == "upload" and str(tmp_path) not in s.message and "my-bert.safetensors" in s.message
+    assert "upload/model.safetensors" not in s.message and len(s.message.splitlines()) <= 3, s.message
     assert not list(tmp_path.glob("rlxviz-upload-*"))
     s.load_upload({"config.json": cfg, "model.safetensors": (folder / "model.safetensors").read_bytes()})
     assert s.message_kind != "danger", s.message

@@ -246,7 +246,10 @@ def test_why_tab_answers_for_a_graph_without_layer_paths():
     shown = why.text.object
     assert "Pick a layer" not in shown and not why.layer.visible and not why.graph.visible
     check = session.check_fusion(s.trace, s.model.name)
-    assert check.misses  # this graph has a missed fusion: the residual add of mismatched shapes
+    # the add of mismatched shapes (the embeddings' broadcast sum) is not a candidate, no missed fusion: listed
+    # with what was left out, in the app as `rlxviz explain` says it
+    assert not any("residual_same_shape" in m for m in check.misses), check.misses
+    assert any("residual_same_shape [not a candidate]" in x for x in check.left_out), check.left_out
     for line in check.render(verbose=True).splitlines():
         assert md_escape(line).replace("  ", "&nbsp;&nbsp;") in shown, line
     assert "residual\\_same\\_shape" in shown and "post-LN" in shown
@@ -361,3 +364,18 @@ def test_panes_sync_the_selected_node_by_identity():
     s.selected_node = kept
     assert graph.before.related == graph.after.related == [] and graph.after.selected == kept
     assert "became" not in inspector.pane.object and "made by" not in inspector.pane.object
+
+
+def test_one_version_numbering_in_the_list_and_the_timing_chart():
+    """With unchanged passes hidden, a version has one number in the version list and on the timing chart: its
+    place in the whole trace (the list counted the shown versions, the chart the trace's)."""
+    from rlxviz.app.panels import VersionStepper, timing_factor
+
+    s = tiny()
+    assert s.hide_unchanged
+    vis = s._visible(s.trace)
+    assert any(i != k for k, (i, _) in enumerate(vis)), vis  # a hidden pass: the two numberings differ
+    rows = [_timed(i, lbl, [1.0 + 0.01 * j for j in range(21)]) for i, (lbl, _) in enumerate(s.trace.versions())]
+    chart = [timing_factor(r) for r in AppState._timing_rows(rows, vis)]
+    listed = [name.rsplit(" (", 1)[0] for name in VersionStepper(state=s)._options()]
+    assert listed == chart, (listed, chart)

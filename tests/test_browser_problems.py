@@ -4,6 +4,7 @@ Each test reproduces the problem's steps and asserts the fixed behaviour; on the
 (181d0a4) each fails. Every page is watched (tests/served.py): no console error, no request off the machine.
 """
 
+import base64
 import re
 from pathlib import Path
 
@@ -21,7 +22,9 @@ from served import (
 )
 
 from rlxviz.app.jobs import Runner
+from rlxviz.app.start import STEPS
 from rlxviz.app.state import AppState
+from rlxviz.session.defaults import MIN_VERDICT_ROUNDS
 
 expect.set_options(timeout=WAIT_MS)
 
@@ -248,3 +251,158 @@ def test_8_variants_layers_zoom_and_start(browser, server):
         _idle(pg)
         expect(pg.locator(".rv-message")).not_to_contain_text("[build_bert]")
         expect(pg.locator(".rv-message")).not_to_contain_text("out of range")
+
+
+# --- a fresh user's second trial (issue #22): the start strip, uploads and drops ---
+
+DROP_JS = """([b64, name]) => {
+  const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+  const dt = new DataTransfer(); dt.items.add(new File([bytes], name));
+  const all = (root, out) => { root.querySelectorAll('.filepond--drop-label').forEach((e) => out.push(e));
+    root.querySelectorAll('*').forEach((e) => e.shadowRoot && all(e.shadowRoot, out)); return out; };
+  const shown = (e) => { const r = e.getBoundingClientRect(); return r.width > 0 && r.right <= window.innerWidth; };
+  const target = all(document, []).filter(shown).pop();  // the start strip's zone: the page's last
+  const r = target.getBoundingClientRect();
+  const opts = { dataTransfer: dt, bubbles: true, cancelable: true, composed: true,
+                 clientX: r.x + r.width / 2, clientY: r.y + r.height / 2 };
+  for (const t of ['dragenter', 'dragover', 'drop']) target.dispatchEvent(new DragEvent(t, opts));
+}"""
+"""A file dragged onto the start strip's drop zone and let go (as tests/test_browser_flows.py's DROP_JS; once the
+source is Upload the folded sidebar holds a zone too, earlier in the page)."""
+
+
+def _drop(pg, path, name=None):
+    pg.evaluate(DROP_JS, [base64.b64encode(Path(path).read_bytes()).decode(), name or Path(path).name])
+
+
+def test_trial_1_the_start_strip_keeps_its_text_with_the_sidebar_open(browser, server):
+    """With the sidebar open at 1280x800 the strip's text keeps a readable width (it collapsed to 0 px) on one line
+    (a wrapped strip pushed the panes below the fold), the whole text in its tooltip."""
+    with _page(browser, server) as pg:
+        open_sidebar(pg)
+        note = pg.locator(".rv-start-note")
+        for _ in range(40):  # the sidebar slides open
+            if pg.locator("#sidebar").bounding_box()["width"] > 300:
+                break
+            pg.wait_for_timeout(100)
+        pg.wait_for_timeout(500)
+        assert note.bounding_box()["width"] >= 100, note.bounding_box()
+        strip = pg.locator(".rv-start").bounding_box()
+        assert strip["height"] <= 110, strip  # as test_browser_flows' lecturer flow: the panes keep the room
+        line = pg.locator(".rv-start-note .rv-note-line").bounding_box()
+        assert line["height"] <= 40, line  # one line of text (a wrapped one made the strip 157 px tall)
+        step, hide = (pg.locator(c).bounding_box() for c in (".rv-start-step", ".rv-start-hide"))
+        assert abs(step["y"] + step["height"] / 2 - hide["y"] - hide["height"] / 2) < 10, (step, hide)  # one row
+        expect(pg.locator(".rv-start-note [title]")).to_have_attribute("title", STEPS)
+
+
+def test_trial_2_the_start_strip_follows_the_model(browser, server):
+    """After ① and a change of model the strip names the model and version now shown (it kept the old ones)."""
+    with _page(browser, server) as pg:
+        pg.locator(".rv-start-step button").click()
+        note = pg.locator(".rv-start-note")
+        expect(note).to_contain_text("Showing after")
+        _preset(pg, "bert-tiny")
+        expect(note).to_contain_text("of bert-tiny")
+        sel = pg.locator(".rv-version select")
+        text = pg.locator(".rv-start-note .rv-note-line")  # the pane's text lies in its shadow root
+        def line():  # "N: after P (K ops)" in the list -> "Showing after P (version N) of bert-tiny" in the strip
+            number, label = sel.evaluate("e => e.options[e.selectedIndex].text").rsplit(" (", 1)[0].split(": ", 1)
+            return f"Showing {label} (version {number}) of bert-tiny"
+
+        for _ in range(120):  # the line names the version the list shows, numbered as the list numbers it
+            if line() in text.inner_text():
+                break
+            pg.wait_for_timeout(250)
+        assert line() in text.inner_text(), (line(), text.inner_text())
+        pg.locator(".rv-start-step button").click()  # and the next one
+        expect(sel).not_to_have_value("0")
+        expect(note).to_contain_text(line())
+
+
+def test_trial_3_4_uploads_are_emptied_and_errors_name_the_users_file(browser, server):
+    """After every load, failed or not, the file input and the drop zone are empty (they kept the last file's name);
+    an error names the user's file, as text (it said `upload/model.onnx`)."""
+    name = "my<b>net</b>.onnx"
+    with _page(browser, server) as pg:
+        _upload(pg, [{"name": name, "mimeType": "application/octet-stream", "buffer": b"not an onnx file"}])
+        msg = pg.locator(".rv-message")
+        expect(msg).to_contain_text(name, timeout=3 * WAIT_MS)
+        expect(msg).not_to_contain_text("upload/model.onnx")
+        expect(pg.locator(".rv-message b")).to_have_count(0)  # the name is not markup
+        _idle(pg)
+        expect(pg.locator(".rv-upload input[type=file]")).to_have_js_property("value", "")
+        pg.locator(".rv-upload input[type=file]").set_input_files(str(ONNX / "gpt2.onnx"))
+        expect(msg).to_contain_text("equals the ONNX model", timeout=3 * WAIT_MS)
+        _idle(pg)
+        expect(pg.locator(".rv-upload input[type=file]")).to_have_js_property("value", "")
+        _drop(pg, ONNX / "gpt2.onnx")
+        _idle(pg)
+        pg.wait_for_timeout(1000)
+        expect(pg.locator(".filepond--item")).to_have_count(0)
+
+
+def test_trial_5_every_drop_loads(browser, server):
+    """Every drop loads (after the first, the drop zone held its file and later drops did nothing): gpt2.onnx, a
+    broken file, gpt2.onnx again. (The same file twice in a row: tests/test_app_start.py.)"""
+    with _page(browser, server) as pg:
+        msg = pg.locator(".rv-message")
+        _drop(pg, ONNX / "gpt2.onnx")
+        expect(msg).to_contain_text("equals the ONNX model", timeout=3 * WAIT_MS)
+        _idle(pg)
+        pg.wait_for_timeout(500)
+        pg.evaluate(DROP_JS, [base64.b64encode(b"not an onnx file").decode(), "broken.onnx"])
+        expect(msg).to_contain_text("broken.onnx", timeout=3 * WAIT_MS)
+        expect(msg).to_contain_text("not a readable ONNX model")
+        _idle(pg)
+        pg.wait_for_timeout(500)
+        _drop(pg, ONNX / "gpt2.onnx")
+        expect(msg).to_contain_text("equals the ONNX model", timeout=3 * WAIT_MS)
+
+
+def test_trial_6_the_default_timing_run_gives_a_verdict(browser, server):
+    """The Timing tab's run as it opens (rounds untouched) compares versions with a verdict or "within noise" (its
+    10 rounds said "too few rounds" in every row)."""
+    with _page(browser, server) as pg:
+        _preset(pg, "bert-tiny")
+        open_tab(pg, "Timing")
+        expect(pg.locator(".rv-repeat input")).to_have_value(str(MIN_VERDICT_ROUNDS))
+        pg.locator(".rv-time button").click()
+        table = pg.locator(".rv-timings")
+        expect(table).to_contain_text("after", timeout=5 * WAIT_MS)
+        _idle(pg)
+        cells = table.locator(".tabulator-cell[tabulator-field='vs_previous']").all_inner_texts()
+        assert any(re.search(r"within noise|faster|slower", c) for c in cells), cells
+        assert not any("too few rounds" in c for c in cells), cells
+
+
+PALETTE_FILLS = {"#ffffb2", "#fed976", "#feb24c", "#fd8d3c", "#fc4e2a", "#e31a1c", "#b10026"}
+
+
+def test_trial_8_9_the_overlay_colours_both_panes_and_its_legend_fits(browser, server):
+    """"Colour nodes by" colours the before pane's nodes the pass kept too (it coloured the after pane only), and its
+    legend keeps to two lines at 1280 px, the swatches on one (the error legend wrapped)."""
+    with _page(browser, server) as pg:
+        choose_version(pg, "after fuse_attention_block")
+        pg.locator(".rv-before g.node").first.wait_for()
+        pg.locator(".rv-overlay select").select_option(label="error vs input")
+        legend = pg.locator(".rv-legend")
+        expect(legend).to_contain_text("max |value - reference of version 0|", timeout=3 * WAIT_MS)
+        js = ("as => as.map((a) => a.getAttribute('xlink:title') || a.getAttributeNS('http://www.w3.org/1999/xlink', "
+              "'title') || '')")  # Graphviz writes a node's tooltip as its link's xlink:title
+        for _ in range(240):  # the figures are measured in the timing process
+            tips = [t for t in pg.locator(".rv-before g.node a").evaluate_all(js) if "kept this node" in t]
+            if tips:
+                break
+            pg.wait_for_timeout(500)
+        assert tips, "no before-pane node shows the overlay's figure"
+        fills = pg.locator(".rv-before g.node path, .rv-before g.node polygon").evaluate_all(
+            "ps => ps.map((p) => p.getAttribute('fill'))")
+        assert PALETTE_FILLS & set(fills), fills
+        tops = pg.locator(".rv-legend .rv-swatch").evaluate_all(
+            "els => els.map((e) => Math.round(e.getBoundingClientRect().top))")
+        assert len(tops) == 8 and len(set(tops)) == 1, tops  # one line of swatches
+        assert legend.bounding_box()["height"] <= 48, legend.bounding_box()
+        for pane in (".rv-before", ".rv-after"):
+            box = pg.locator(pane).first.bounding_box()
+            assert box["y"] + box["height"] <= H, (pane, box)

@@ -45,6 +45,18 @@ def test_canonical_pipeline_fuses_every_layer(name, style):
     assert not any(n.op in (Op.FUSED_RESIDUAL_LN, Op.FUSED_TRANSFORMER_LAYER) and n.path.startswith("embeddings")
                    for n in t.final)
     assert "residual_same_shape" in {r.guard for r in t.rejections if r.path.startswith("embeddings")}
+    # the embeddings' broadcast sum is not a candidate, not a near-miss: one answer for the app's table, `rlxviz
+    # explain` and the notebooks (every BERT run's table started with a "not recognized" row there)
+    from rlxviz.app.explain import decision_rows
+    from rlxviz.passes.guard import NOT_A_CANDIDATE
+    from rlxviz.passes.report import left_out, missed_fusions
+
+    emb = [r for r in t.rejections if r.guard == "residual_same_shape" and r.path.startswith("embeddings")]
+    assert emb and all(r.kind == NOT_A_CANDIDATE for r in emb)
+    assert not any(m.guard == "residual_same_shape" for m in missed_fusions(t))
+    assert any("residual_same_shape [not a candidate]" in line for line in left_out(t)), left_out(t)
+    rows = [r for r in decision_rows(t) if r["guard"] == "residual_same_shape"]
+    assert rows and {r["kind"] for r in rows} == {NOT_A_CANDIDATE}
 
 
 @pytest.mark.parametrize("batch,seq", [(1, 8), (4, 32), (8, 128)])

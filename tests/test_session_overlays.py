@@ -127,3 +127,22 @@ def test_cli_overlay_prints_the_same_figures(capsys):
     code, _, err = run(capsys, "overlay", "bert-tiny", "--time-limit", "0")
     assert code == 2
     one_line_error(err, "overlay", "--time-limit must be a positive number")
+
+
+def test_heat_before_colours_the_nodes_the_pass_kept():
+    """The "before" pane's fills: the figures of the nodes a pass kept (same id, op and type before and after it),
+    in the after pane's colours; the nodes it replaced keep their op colours (the overlay coloured the after pane
+    only); none for the input, which no pass precedes."""
+    from rlxviz.session.overlays import NodeFigures, heat_before
+
+    _m, tr = _run("bert-tiny")
+    k = next(i for i, s in enumerate(tr.steps, 1) if s.matches)  # a pass that fused something
+    after, before = tr.versions()[k][1], tr.steps[k - 1].before
+    values = {n.id: 0.1 + 0.01 * j for j, n in enumerate(after.compute_nodes())}
+    figs = NodeFigures("time", k, tr.versions()[k][0], values, sum(values.values()))
+    got = {i: (fill, tip) for i, fill, tip in heat_before(figs, tr)}
+    kept = {i for i in values if i in before and before[i].op == after[i].op and before[i].type == after[i].type}
+    assert got and set(got) == kept and set(values) - kept  # some nodes are new: those have no colour
+    assert {i: f for i, f, _ in heat(figs) if i in kept} == {i: f for i, (f, _) in got.items()}
+    assert all("kept" in tip for _, tip in got.values())
+    assert heat_before(NodeFigures("time", 0, "input", values, 1.0), tr) == ()

@@ -106,6 +106,9 @@ def test_one_set_of_defaults_for_the_cli_the_app_and_the_session():
         assert (args.batch, args.seq) == (session.DEFAULT_BATCH, session.DEFAULT_SEQ), name
     timed = sub["time"].parse_args(["bert-tiny"])
     assert (timed.repeat, timed.warmup) == (session.DEFAULT_REPEAT, session.DEFAULT_WARMUP)
+    from rlxviz.session.defaults import MIN_VERDICT_ROUNDS
+
+    assert session.DEFAULT_REPEAT >= MIN_VERDICT_ROUNDS  # the default run gives a verdict (10 rounds never did)
     state = AppState(runner=Runner(background=False), autorun=False)
     assert (state.batch, state.seq, state.repeat, state.warmup) == (
         session.DEFAULT_BATCH, session.DEFAULT_SEQ, session.DEFAULT_REPEAT, session.DEFAULT_WARMUP)

@@ -30,6 +30,8 @@ class ModelControls(Viewer):
         super().__init__(**params)
         s = self.state
         self.shown = s.source
+        self._drop_holders: list[pn.Column] = []  # each drop zone's holder (`make_dropper`)
+        self._dropped: dict[str, bytes] = {}  # half a checkpoint dropped, waiting for its other file
         self.source = pn.widgets.RadioButtonGroup(name="Source", options={SOURCE_LABELS[k]: k for k in SOURCES},
                                                   value=s.source, button_type="light", sizing_mode="stretch_width")
         self.source.param.watch(self._on_source, "value")
@@ -111,29 +113,49 @@ class ModelControls(Viewer):
             return
         names = self.upload.filename if isinstance(self.upload.filename, list) else [self.upload.filename]
         values = event.new if isinstance(event.new, list) else [event.new]
-        self.state.load_upload(dict(zip(names, values, strict=False)))
+        files = dict(zip(names, values, strict=False))
+        self.upload.clear()  # emptied on every load, good or bad (it kept the last file's name)
+        self.state.load_upload(files)
 
-    def make_dropper(self) -> pn.widgets.FileDropper:
+    def make_dropper(self) -> pn.Column:
         """A drop zone for a model file (Panel's FileDropper): one `.onnx` export, or `config.json` and
-        `model.safetensors` (together or one after the other); the upload's size limit applies."""
+        `model.safetensors` (together or one after the other); the upload's size limit applies. It comes in a
+        holder whose FileDropper is replaced by an empty one once its files are taken: the zone kept the last file
+        (its name shown) and a second drop of it did nothing."""
+        holder = pn.Column(self._new_drop(), margin=0, width=170, sizing_mode="fixed", align="center")
+        self._drop_holders.append(holder)
+        return holder
+
+    def _new_drop(self) -> pn.widgets.FileDropper:
         limit = max_upload_bytes() / 2**20
         # no accepted_filetypes: the browser gives an .onnx file no MIME type, which FilePond's type check refused
         # ("invalid type"); `sources.check_upload` judges the files by name instead
         drop = pn.widgets.FileDropper(multiple=True, max_files=2, max_total_file_size=f"{limit:.0f}MB",
-                                      layout="compact", width=240, css_classes=["rv-drop"])
+                                      layout="compact", width=165, css_classes=["rv-drop"])
         drop.param.watch(self._on_drop, "value")
         return drop
 
+    def _empty_drops(self) -> None:
+        """Put an empty drop zone in every holder (the dropped files are taken: `_dropped` holds a half checkpoint)."""
+        for holder in self._drop_holders:
+            holder.objects = [self._new_drop()]
+
     def _on_drop(self, event: param.parameterized.Event) -> None:
         """Load what was dropped once it is a whole model: the last `.onnx` alone, or a `.json` and a `.safetensors`
-        (the latest of each); one half of a checkpoint waits for the other."""
-        files = {k: v.encode("utf-8") if isinstance(v, str) else v for k, v in (event.new or {}).items()}
-        onnx = [k for k in files if k.lower().endswith(".onnx")]
+        (the latest of each, this drop's or an earlier one's); one half of a checkpoint waits for the other."""
+        if not event.new:
+            return
+        self._dropped.update({k: v.encode("utf-8") if isinstance(v, str) else v for k, v in event.new.items()})
+        files = self._dropped
+        onnx = [k for k in event.new if k.lower().endswith(".onnx")]
         cfg = [k for k in files if k.lower().endswith(".json")]
         st = [k for k in files if k.lower().endswith(".safetensors")]
+        self._empty_drops()
         if onnx:
+            self._dropped = {}
             self.state.load_upload({onnx[-1]: files[onnx[-1]]})
         elif cfg and st:
+            self._dropped = {}
             self.state.load_upload({cfg[-1]: files[cfg[-1]], st[-1]: files[st[-1]]})
         elif cfg or st:
             self.state.param.update(message=f"Dropped {(cfg or st)[-1]}: now drop the checkpoint's "

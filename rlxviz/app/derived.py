@@ -192,8 +192,17 @@ class Derived:
         return legend(self.overlay) if self.overlay != "none" else []
 
     def svg_before(self, k: int | None = None, view: str | None = None) -> str:
-        """SVG of the graph before version `k`'s pass, with its matches clustered and rejections marked."""
-        return drawing.svg(*self._drawing(k, view or self.resolved_view(), side="before"))
+        """SVG of the graph before version `k`'s pass, with its matches clustered and rejections marked, and the
+        overlay's colours on the nodes the pass kept (`heat_before`)."""
+        return drawing.svg(*self._drawing(k, view or self.resolved_view(), side="before"), self.heat_before(k))
+
+    def heat_before(self, k: int | None = None) -> drawing.Heat:
+        """The node fills of `node_figures` on the graph before shown version `k`'s pass: the nodes it kept
+        (`session.overlays.heat_before`); none when the figures are not version `k`'s."""
+        f = self.node_figures
+        if f is None or self.trace is None or self.overlay != f.kind or f.version != self.version_index(k):
+            return ()
+        return overlays.heat_before(f, self.trace)
 
     def layers(self) -> list[int]:
         """Layer indices found in the input graph's provenance."""

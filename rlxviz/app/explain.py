@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..ir import Graph, Node, Op, format_node, operand_roles
+from ..passes.guard import NOT_A_CANDIDATE
 from ..passes.report import in_context
 from ..passes.trace import Trace, layer_of
 from ..session.tensors import summarize
@@ -22,7 +23,8 @@ from .text import md_code, md_escape, md_pre
 def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
     """One row per match and per rejection, in pipeline order.
 
-    Columns: `kind` (`fused` / `rejected` / `left out`: a soft rejection of a rule that fused), `step` (index
+    Columns: `kind` (`fused` / `rejected` / `left out`: a soft rejection of a rule that fused / `not a
+    candidate`: nodes that only look like the rule's input, a broadcast sum; no near-miss), `step` (index
     into `trace.steps`), `pass`, `rule`, `layer` (int or None), `stage`, `guard`, `why` (the guard's kind of
     "no": `illegal`, `not recognized`, `not profitable`; `also: ...` for a further failing guard of the same
     candidate), `anchor`, `message`, `hint`, `fix` (compiler-side), `nodes` (ids to highlight).
@@ -41,7 +43,8 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
         for r in s.rejections:
             nodes = list(dict.fromkeys([*r.offending, r.anchor]))
             why = r.kind if r.headline else f"also: {r.kind}"
-            rows.append({"kind": "left out" if r.soft else "rejected", "step": k, "pass": s.pass_name, "rule": r.rule,
+            kind = "left out" if r.soft else NOT_A_CANDIDATE if r.kind == NOT_A_CANDIDATE else "rejected"
+            rows.append({"kind": kind, "step": k, "pass": s.pass_name, "rule": r.rule,
                          "layer": r.layer, "stage": r.stage, "guard": r.guard, "why": why, "fix": r.fix,
                          "anchor": r.anchor, "message": r.message, "hint": r.hint, "path": r.path, "nodes": nodes})
     return rows

@@ -14,6 +14,8 @@ import param
 from panel.viewable import Viewer
 
 from ..ir import Graph, format_graph
+from ..passes.guard import NOT_A_CANDIDATE
+from ..session.defaults import MIN_VERDICT_ROUNDS
 from ..session.overlays import UNITS
 from .explain import counterpart_line, counterparts, decision_rows, node_report, report_markdown
 from .graphpane import SvgGraph, folded_index
@@ -22,6 +24,7 @@ from .irtext import IRText
 from .state import AppState
 from .text import download_name, html_text, md_escape
 from .views import COLLAPSED, FOCUS
+from .wording import version_name
 
 
 def _safe(fn: Any, *args: Any) -> tuple[Any, str | None]:
@@ -69,15 +72,21 @@ OVERLAY_CHOICES = {"op (no overlay)": "none", "time share": "time", "error vs in
 
 def legend_html(rows: list[tuple[str, str]], unit: str, status: str) -> str:
     """The overlay's legend: its unit, one swatch per colour with its range, and the measurement's status; every
-    text escaped (they are the app's own words and numbers, never a model's)."""
+    text escaped (they are the app's own words and numbers, never a model's). Two lines that never wrap: the unit
+    line is cut with an ellipsis (the whole line in its tooltip), the swatches sit close (at 1280 px the error
+    legend's eight swatches wrapped to a third line and pushed the panes down)."""
     if not rows:
         return ""
     sw = "".join(f'<span class="rv-swatch" style="background:{html.escape(c)}"></span>'
-                 f'<span class="rv-range">{html.escape(r)}</span>' for c, r in rows)
+                 f'<span class="rv-range">{html.escape(r.replace(" – ", "–"))}</span>' for c, r in rows)
     note = f' <span class="rv-legend-status">{html.escape(status)}</span>' if status else ""
-    return (f'<div class="rv-legend-body"><b>Node colour:</b> {html.escape(unit)}{note}<br>{sw}</div>'
-            "<style>.rv-swatch{display:inline-block;width:14px;height:11px;border:1px solid #999;"
-            "margin:0 3px 0 8px;vertical-align:middle}.rv-range{font-size:12px}"
+    whole = html.escape(f"Node colour: {unit}" + (f" {status}" if status else ""), quote=True)
+    return (f'<div class="rv-legend-body"><div class="rv-legend-unit" title="{whole}"><b>Node colour:</b> '
+            f'{html.escape(unit)}{note}</div><div class="rv-legend-swatches">{sw}</div></div>'
+            "<style>.rv-legend-unit,.rv-legend-swatches{white-space:nowrap;overflow:hidden;text-overflow:ellipsis;"
+            "line-height:18px}.rv-legend-unit{font-size:12px}"
+            ".rv-swatch{display:inline-block;width:12px;height:10px;border:1px solid #999;"
+            "margin:0 2px 0 6px;vertical-align:middle}.rv-range{font-size:11px}"
             ".rv-legend-status{color:#8a6d00}</style>")
 
 
@@ -135,7 +144,9 @@ class VersionStepper(Viewer):
 
     def _options(self) -> dict[str, int]:
         rows = self.state.version_rows()
-        return {f"{r['#']}: {r['version']} ({r['nodes']} ops)": r["#"] for r in rows} or {"input": 0}
+        s = self.state
+        return ({f"{version_name(s.version_index(r['#']), r['version'])} ({r['nodes']} ops)": r["#"] for r in rows}
+                or {"input": 0})
 
     def _move(self, d: int) -> None:
         s = self.state
@@ -338,7 +349,8 @@ class DecisionTable(Viewer):
             self._frame(), show_index=False, sizing_mode="stretch_width", height=420, pagination=None,
             disabled=True, selectable=1, layout="fit_data_stretch", css_classes=["rv-decisions"],
             sorters=[{"field": "kind", "dir": "desc"}],
-            header_filters={"kind": {"type": "list", "values": ["fused", "rejected", "left out"], "clearable": True},
+            header_filters={"kind": {"type": "list", "values": ["fused", "rejected", "left out", NOT_A_CANDIDATE],
+                                     "clearable": True},
                             "pass": {"type": "input", "func": "like", "placeholder": "pass"},
                             "layer": {"type": "number", "func": "=", "placeholder": "layer"},
                             "guard": {"type": "input", "func": "like", "placeholder": "guard"}},
@@ -479,7 +491,8 @@ class TimingView(Viewer):
                             "interquartile range (p25 to p75). Speed-up: the median of the per-round ratios (round "
                             "*r* of every version ran back to back), with its 95% bootstrap interval (*ci*). *Within "
                             "noise*: that interval holds 1 (or lies within 1 ± 1%), so these rounds do not tell the "
-                            "two versions apart; time again with more rounds (21 at least for a verdict)."
+                            f"two versions apart; time again with more rounds ({MIN_VERDICT_ROUNDS} at least for a "
+                            "verdict)."
                             if s.blas else "")
         self.policy.object = md_escape(s.timing_policy)
         rows = s.timings
@@ -510,7 +523,7 @@ LABEL_ROOM = 1.6
 def timing_factor(row: dict[str, Any]) -> str:
     """A timing row's place on the chart's axis: `#: version` (unique where a pass runs twice, e.g. two
     `after dead_code_elimination` when unchanged passes are shown; Bokeh refuses repeated factors)."""
-    return f"{row['#']}: {row['version']}" if "#" in row else row["version"]
+    return version_name(row["#"], row["version"]) if "#" in row else row["version"]
 
 
 def speedup_label(row: dict[str, Any]) -> str:

@@ -29,7 +29,7 @@ from .sources import (
     check_upload,
     store_upload,
 )
-from .wording import SHAPE_VARIANT, VARIANT_LABELS, explain_error, scrub_paths, timing_hint
+from .wording import SHAPE_VARIANT, VARIANT_LABELS, explain_error, scrub_paths, timing_hint, upload_names
 
 OVERLAY_TIME_LIMIT_S = 60.0
 """Wall time one overlay measurement may take in the timing process; past it the figures measured so far show."""
@@ -305,9 +305,15 @@ class Runs:
             h.update(f"{name}:{len(checked[name])};".encode())
             h.update(checked[name])
         self._upload = checked
+        self._upload_names = upload_names(files, checked)
         # a new model starts as built: a teaching variant of the last one would refuse an ONNX file (a variant, then
         # a dropped gpt2.onnx, showed an error and the old model)
-        self.param.update(upload_id=h.hexdigest()[:24], source="upload", variant="none")
+        upload_id = h.hexdigest()[:24]
+        again = upload_id == self.upload_id and self.source == "upload" and self.variant == "none"
+        self.param.update(upload_id=upload_id, source="upload", variant="none")
+        if again and self.autorun:  # the same file once more: every drop loads (nothing changed, so no watcher did)
+            self._model_key = ()  # read from the file again, checked again, as a first drop is
+            self.load()
 
     def _remove_upload_copy(self) -> None:
         """Remove the temp folder the last load wrote the upload to (none: nothing to do)."""
@@ -480,4 +486,5 @@ class Runs:
 
     def _error(self, text: str, kind: str = "danger") -> None:
         upload = self._upload_tmp or self._last_upload_tmp
-        self.param.update(message=scrub_paths(text, upload, tempfile.gettempdir()), message_kind=kind)
+        text = scrub_paths(text, upload, tempfile.gettempdir(), self._upload_names)
+        self.param.update(message=text, message_kind=kind)

@@ -11,7 +11,7 @@ import param
 from panel.viewable import Viewer
 
 from .state import AppState
-from .text import md_escape
+from .text import html_text
 
 BREAK_VARIANT = "extra_h1_user"
 """The variant the second click applies: a second user of the attention output h1, which the layer fusion's guard
@@ -21,6 +21,20 @@ BREAK_LAYER = 1
 
 STEPS = ("Three clicks: watch the graph shrink pass by pass, break a layer on purpose, ask why it did not fuse. "
          "Or drop your own model (.onnx) at the right.")
+
+NOTE_CSS = """
+.rv-note-line { white-space: nowrap; overflow: hidden; text-overflow: ellipsis; font-size: 12px; line-height: 34px; }
+"""
+"""The strip's line: one line, cut with an ellipsis where the window is narrow (its tooltip holds the whole text).
+A wrapped line made the strip 157 px tall and pushed the graph panes below a laptop's fold."""
+
+
+def note_html(parts: list[tuple[str, bool]]) -> str:
+    """The strip's line as HTML from (text, bold) pieces: each piece escaped (`html_text`: model and version names
+    are data), the whole text, plain, as its tooltip."""
+    plain = "".join(t for t, _ in parts)
+    body = "".join(f"<b>{html_text(t)}</b>" if bold else html_text(t) for t, bold in parts)
+    return f'<div class="rv-note-line" title="{html_text(plain)}">{body}</div>'
 
 
 class StartHere(Viewer):
@@ -40,16 +54,21 @@ class StartHere(Viewer):
         s = self.state
         self.show_why = show_why
         fixed = dict(color="primary", sizing_mode="fixed", height=34, align="center")
-        self.step = pn.widgets.Button(label="① Step through the passes ▶", width=220, **fixed,
-                                      css_classes=["rv-start-step"])
+        # widths: beside an open sidebar at 1280 px the strip is 866 px wide; the buttons, the drop zone and ✕ leave
+        # the line 100 px at least on one row (with 220 + 140 + 110 px buttons and a 240 px zone it got 0)
+        self.step = pn.widgets.Button(label="① Step passes ▶", width=140, **fixed, css_classes=["rv-start-step"])
         self.brk = pn.widgets.Button(label="② Break a layer", width=140, **fixed, css_classes=["rv-start-break"])
-        self.why = pn.widgets.Button(label="③ Ask why", width=110, **fixed, css_classes=["rv-start-why"])
+        self.why = pn.widgets.Button(label="③ Ask why", width=96, **fixed, css_classes=["rv-start-why"])
         # no tooltips: a button's popover lay over its neighbour and took its click
         self.hide = pn.widgets.Button(label="✕", color="light", width=36, height=34, sizing_mode="fixed",
                                       align="center", css_classes=["rv-start-hide"])
-        self.note = pn.pane.Markdown(STEPS, css_classes=["rv-start-note"], margin=(0, 8), align="center",
-                                     styles={"font-size": "12px", "line-height": "1.25"}, sizing_mode="stretch_width")
-        self.title = pn.pane.Markdown("**Start here**", margin=(0, 4, 0, 10), align="center", width=90, height=24,
+        # min_width: beside an open sidebar at 1280 px the fixed widgets took the whole row and the text got 0 px
+        self.note = pn.pane.HTML(note_html([(STEPS, False)]), css_classes=["rv-start-note"], margin=(0, 8),
+                                 align="center", height=34, min_width=100, sizing_mode="stretch_width",
+                                 stylesheets=[NOTE_CSS])
+        self._mode = "steps"
+        self._model_name = ""
+        self.title = pn.pane.Markdown("**Start here**", margin=(0, 2, 0, 8), align="center", width=84, height=24,
                                       sizing_mode="fixed", css_classes=["rv-start-title"])
         self.step.on_click(lambda e: self.next_version())
         self.brk.on_click(lambda e: self.break_layer())
@@ -62,36 +81,63 @@ class StartHere(Viewer):
         self.dismissed = False
         self.hide.on_click(lambda e: self.dismiss())
         s.param.watch(self._enable, ["model", "source", "preset"])
+        s.param.watch(self._follow, ["version", "trace", "hide_unchanged"])
         self._enable()
 
     def _enable(self, *_: object) -> None:
         reason = self.state.variant_unavailable(BREAK_VARIANT)
         self.brk.disabled = bool(reason)
         if reason:
-            self.note.object = md_escape(reason)
+            self._say([(reason, False)], "reason")
+
+    def _say(self, parts: list[tuple[str, bool]], mode: str) -> None:
+        self._mode = mode
+        self.note.object = note_html(parts)
+
+    def _follow(self, *_: object) -> None:
+        """Keep the line true to what is shown: after ① it names the model and version now shown (a new model or
+        another version chosen elsewhere); the lines of ② and ③ belong to their model, so a new model's list of
+        versions puts back the three steps. (The line kept naming the last model's version.)"""
+        if self._mode == "step":
+            self._say_version()
+        elif self._mode in ("break", "why") and self.state.model is not None \
+                and self.state.model.name != self._model_name:
+            self._say([(STEPS, False)], "steps")
+
+    def _say_version(self) -> None:
+        s = self.state
+        n = len(s.version_labels)
+        if not n:
+            return
+        k = min(s.version, n - 1)
+        name = s.model.name if s.model is not None else "the model"
+        number = s.version_index(k)  # as the version list and the timing chart number it (`version_name`)
+        self._say([("Showing ", False), (s.version_labels[k], True), (f" (version {number}) of ", False), (name, True),
+                   (": the left pane is the graph before this pass (what it matched framed in green), the right one "
+                    "after it. Click again for the next pass, then ②.", False)], "step")
 
     def next_version(self) -> None:
         """Show the next version (after the last: the input again)."""
         s = self.state
         n = len(s.version_labels)
         if n:
+            self._mode = "step"
             s.version = (s.version + 1) % n
-            self.note.object = (f"Showing **{md_escape(s.version_labels[s.version])}** ({s.version} of {n - 1}): "
-                                "the left pane is the graph before this pass (what it matched framed in green), the "
-                                "right one after it. Click again for the next pass, then ②.")
+            self._say_version()
 
     def break_layer(self) -> None:
         """Apply `BREAK_VARIANT` to `BREAK_LAYER` (or layer 0) and re-run; the banner names the guard it trips."""
         s = self.state
         reason = s.variant_unavailable(BREAK_VARIANT)
         if reason:
-            self.note.object = md_escape(reason)
+            self._say([(reason, False)], "reason")
             return
         layers = s.layers()
         layer = BREAK_LAYER if BREAK_LAYER in layers else (layers[0] if layers else 0)
         s.param.update(variant_layer=layer, variant=BREAK_VARIANT)
-        self.note.object = (f"Layer {layer} now has an extra user of its attention output, so it must stay unfused: "
-                            "the message above names the guard that refused it. Now ③.")
+        self._model_name = s.model.name if s.model is not None else ""
+        self._say([(f"Layer {layer} now has an extra user of its attention output, so it must stay unfused: the "
+                    "message above names the guard that refused it. Now ③.", False)], "break")
 
     def ask_why(self) -> None:
         """Open the Why tab on the broken layer (or the selected one, or the first)."""
@@ -100,8 +146,9 @@ class StartHere(Viewer):
         if s.selected_layer is None and layers:
             s.selected_layer = s.variant_layer if s.variant_layer in layers else layers[0]
         self.show_why()
-        self.note.object = ("The Why tab lists each pattern's outcome on the layer and the first guard that failed. "
-                            "More: the Matches & rejections table, the Timing tab, the sidebar (☰).")
+        self._model_name = s.model.name if s.model is not None else ""
+        self._say([("The Why tab lists each pattern's outcome on the layer and the first guard that failed. More: "
+                    "the Matches & rejections table, the Timing tab, the sidebar (☰).", False)], "why")
 
     def dismiss(self) -> None:
         """Hide the strip for the rest of the session (its ✕)."""
@@ -117,4 +164,4 @@ class StartHere(Viewer):
         return self.strip
 
 
-__all__ = ["BREAK_LAYER", "BREAK_VARIANT", "STEPS", "StartHere"]
+__all__ = ["BREAK_LAYER", "BREAK_VARIANT", "STEPS", "StartHere", "note_html"]

@@ -137,6 +137,7 @@ class AppState(Runs, Derived, param.Parameterized):
         self._timed: tuple[Trace, list] | None = None  # the run last timed and its rows (`_time_job`)
         self._upload: dict[str, bytes] = {}  # the accepted upload's files (`load_upload`)
         self._upload_tmp = self._last_upload_tmp = ""  # the temp folder a load wrote them to (removed after it)
+        self._upload_names: dict[str, str] = {}  # stored name -> the user's file name (messages name the latter)
         if not self.passes:
             self.passes = self.canonical_passes()
         self._sync_shape_seq()

@@ -20,14 +20,42 @@ VARIANT_LABELS: dict[str, str] = {name: v.label for name, v in VARIANTS.items()}
 layer of the model; `over_threshold` raises the sequence length so batch*seq exceeds the attention threshold."""
 
 
-def scrub_paths(text: str, upload_dir: str, temp_dir: str) -> str:
-    """`text` without the server's private folders: the upload's temp folder reads as `upload`, any other path
-    under the temp folder as `<temp>/...` (messages never show where the server keeps files)."""
+def scrub_paths(text: str, upload_dir: str, temp_dir: str, names: dict[str, str] | None = None) -> str:
+    """`text` without the server's private folders: a file of the upload's temp folder reads as the name the user
+    gave it (`names`: stored name -> user's name; an error said `upload/model.onnx` for `my-net.onnx`), the folder
+    itself as `upload`, any other path under the temp folder as `<temp>/...` (messages never show where the server
+    keeps files). The names stay text: the message pane escapes them."""
     if upload_dir:
-        text = text.replace(upload_dir.rstrip("/"), "upload")
+        base = upload_dir.rstrip("/")
+        for stored, given in (names or {}).items():
+            text = text.replace(f"{base}/{stored}", one_line(given))
+        text = text.replace(base, "upload")
     if temp_dir:
         text = text.replace(temp_dir.rstrip("/") + "/", "<temp>/")
     return text
+
+
+def version_name(number: int, label: str) -> str:
+    """A version as every view numbers it: `N: label`, N its place in the whole trace (0 the input, N after the
+    N-th pass), as `rlxviz time` and the timing table count. One numbering: the version list counted only the shown
+    versions while the timing chart counted the trace's, so one version had two numbers when passes were hidden."""
+    return f"{number}: {label}"
+
+
+def one_line(name: str) -> str:
+    """A user's file name on one line (a line break in it would split the message's first line)."""
+    return " ".join(name.splitlines()) or "?"
+
+
+def upload_names(files: dict[str, bytes], checked: dict[str, bytes]) -> dict[str, str]:
+    """Stored name -> the user's file name, for the files `sources.check_upload` kept (matched by content)."""
+    out = {}
+    for stored, data in checked.items():
+        given = next((k for k, v in files.items() if v is data), None)
+        if given is None:
+            given = next((k for k, v in files.items() if v == data), stored)
+        out[stored] = given
+    return out
 
 
 def timing_hint(e: BaseException) -> str:

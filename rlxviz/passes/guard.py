@@ -27,6 +27,7 @@ ILLEGAL = "illegal"
 NOT_RECOGNIZED = "not recognized"
 NOT_PROFITABLE = "not profitable"
 MODEL_TERM = "the model's own term"
+NOT_A_CANDIDATE = "not a candidate"
 KINDS: dict[str, str] = {
     ILLEGAL: "fusing would change what the program computes or returns (an extra reader, a graph output of a "
              "single-output op)",
@@ -36,7 +37,13 @@ KINDS: dict[str, str] = {
     MODEL_TERM: "nothing was refused: the fusion kept a computation of the model's own as an operand, exactly (an "
                 "additive score term that is not a padding mask: a causal band, a sliding window, ALiBi, a relative "
                 "position bias); rewriting the model would change what it computes",
+    NOT_A_CANDIDATE: "the nodes only look like the fusion's input: a broadcast sum (the embeddings' word + position + "
+                     "type tables) is not a residual; nothing to fix, not a near-miss (every BERT run showed one at "
+                     "embeddings.LayerNorm as `not recognized`)",
 }
+NOT_NEAR_MISSES = (MODEL_TERM, NOT_A_CANDIDATE)
+"""Kinds of refusal that are no missed fusion: `report.missed_fusions` and `session.status` leave them out,
+`report.left_out` lists them (one answer for the app, `rlxviz explain` and the notebooks)."""
 """What kind of "no" a guard says (issue 17): every guard declares one."""
 
 
@@ -301,12 +308,14 @@ def size_le(param: str, measure: Callable[[Ctx], tuple[int, str]], what: str, na
                  hint or f"raise or unset {param} (the canonical pipeline has no gate)", (role,), NOT_PROFITABLE, fix)
 
 
-def same_shape(a: str, b: str, name: str | None = None, hint: str = "", fix: str = "") -> Guard:
-    """`a` and `b` have the same shape (no broadcasting)."""
+def same_shape(a: str, b: str, name: str | None = None, hint: str = "", fix: str = "",
+               kind: str = NOT_RECOGNIZED) -> Guard:
+    """`a` and `b` have the same shape (no broadcasting); `kind` what a refusal says (`NOT_A_CANDIDATE` where a
+    broadcast is a different computation, not a form of the fused one)."""
     return Guard(name or f"{a}_{b}_same_shape", lambda c: c[a].shape == c[b].shape,
                  lambda c: f"{c.d(a)} has shape {list(c[a].shape)} but {c.d(b)} has {list(c[b].shape)}; "
                            f"needs equal shapes (no broadcast)",
-                 lambda c: ((c.id(a), c.id(b)), ()), hint, (a, b), NOT_RECOGNIZED, fix)
+                 lambda c: ((c.id(a), c.id(b)), ()), hint, (a, b), kind, fix)
 
 
 def all_single_use(roles: Sequence[str], name: str, hint: str = "", fix: str = "") -> Guard:
@@ -344,7 +353,8 @@ def guard(name: str, check: Callable[[Ctx], bool], explain: Callable[[Ctx], str]
     return Guard(name, check, explain, highlight, hint, tuple(requires), kind, fix, tuple(reads), subject)
 
 
-__all__ = ["EPILOGUE_ACTIVATIONS", "ILLEGAL", "KINDS", "MODEL_TERM", "NOT_PROFITABLE", "NOT_RECOGNIZED", "Ctx", "Guard",
+__all__ = ["EPILOGUE_ACTIVATIONS", "ILLEGAL", "KINDS", "MODEL_TERM", "NOT_A_CANDIDATE", "NOT_NEAR_MISSES",
+           "NOT_PROFITABLE", "NOT_RECOGNIZED", "Ctx", "Guard",
            "Highlight", "RuleError", "activation_in", "all_single_use", "attr_eq",
            "guard", "not_output", "operands_are", "rank_eq", "rank_le", "same_shape", "single_user", "size_le",
            "static_dim", "user_count"]

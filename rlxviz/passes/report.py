@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from ..ir import Graph
-from .guard import MODEL_TERM
+from .guard import NOT_NEAR_MISSES
 from .pipeline import Pipeline
 from .trace import Rejection, Trace
 
@@ -123,7 +123,7 @@ def missed_fusions(source: Graph | Trace, pipeline: Pipeline | None = None) -> l
     for k, s in enumerate(trace.steps):
         own = s.pass_name == REGION_PASS
         for r in s.rejections:
-            if r.kind == MODEL_TERM:  # the model's own structure, kept as it is: reported by `left_out`
+            if r.kind in NOT_NEAR_MISSES:  # the model's own structure, or not a candidate: reported by `left_out`
                 continue
             if not r.headline or not any(i in final or (not own and i in regioned)
                                          for i in (r.anchor, *r.offending)):
@@ -145,7 +145,7 @@ def left_out(trace: Trace) -> list[str]:
     final = trace.final
     return [f"{r.rule} @ %{r.anchor} ({r.path or '-'}): {r.guard} [{r.kind}]: {r.message}"
             for r in trace.rejections if (r.rule, r.anchor) not in missed and (
-                r.soft or (r.kind == MODEL_TERM and r.headline and r.anchor in final))]
+                r.soft or (r.kind in NOT_NEAR_MISSES and r.headline and r.anchor in final))]
 
 
 def format_report(trace: Trace) -> str:

@@ -13,9 +13,10 @@ Why these values:
   tokens MiniLM's versions take ~10 ms on an idle 2-core CPU, well above the timer's resolution, and
   the per-op work that fusion removes is a visible share of it. Measure large shapes explicitly
   (`--batch 8 --seq 128`, as README "Measurements" does).
-* `DEFAULT_REPEAT = 10` interleaved rounds after `DEFAULT_WARMUP = 2` untimed ones: the interquartile
-  range of 10 rounds rests on several samples per quartile (with 5 rounds each quartile is one sample),
-  and every round times every version once, so a load spike hits all versions alike.
+* `DEFAULT_REPEAT = MIN_VERDICT_ROUNDS` (21) interleaved rounds after `DEFAULT_WARMUP = 2` untimed ones: the
+  fewest paired rounds a faster/slower verdict is read from (with the 10 rounds of before, the app's Timing tab
+  and `rlxviz time` never gave one), and every round times every version once, so a load spike hits all
+  versions alike. 21 rounds of MiniLM's versions take about 2 s.
 """
 
 from __future__ import annotations
@@ -26,8 +27,12 @@ DEFAULT_BATCH = 1
 DEFAULT_SEQ = 16
 """Sequence length (tokens) a model is built for."""
 
-DEFAULT_REPEAT = 10
-"""Timed interleaved rounds (each round runs every version once)."""
+MIN_VERDICT_ROUNDS = 21
+"""Fewest paired rounds a faster/slower verdict is read from (with 7, a notebook printed "1.37x faster" in
+1 of 9 runs where 41 paired rounds showed no difference, issue 23). `session.timing` reads its verdicts by it."""
+
+DEFAULT_REPEAT = MIN_VERDICT_ROUNDS
+"""Timed interleaved rounds (each round runs every version once): enough for a verdict."""
 
 DEFAULT_WARMUP = 2
 """Untimed rounds after each version's first call."""
@@ -55,4 +60,4 @@ def check_rounds(repeat: object, warmup: object) -> None:
 
 
 __all__ = ["DEFAULT_BATCH", "DEFAULT_REPEAT", "DEFAULT_SEQ", "DEFAULT_WARMUP", "MAX_REPEAT", "MAX_WARMUP",
-           "check_rounds"]
+           "MIN_VERDICT_ROUNDS", "check_rounds"]

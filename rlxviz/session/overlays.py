@@ -211,6 +211,21 @@ def heat(figs: NodeFigures) -> tuple[tuple[int, str, str], ...]:
     return tuple((i, fills[i], f"{what}: {figs.figure(i)}") for i in sorted(fills))
 
 
+def heat_before(figs: NodeFigures, trace: Trace) -> tuple[tuple[int, str, str], ...]:
+    """The node fills for the graph before `figs`' version's pass (the "before" pane): a node the pass kept (same
+    id, op and type in both graphs: the same value, computed the same way) takes its figure from `figs`, in the
+    same colour bins; a node the pass replaced has no figure (it was not run), so it keeps its op colour. Empty for
+    the input (no pass before it). The overlay coloured the "after" pane only."""
+    if not 0 < figs.version < len(trace.steps) + 1:
+        return ()
+    step = trace.steps[figs.version - 1]
+    before, after = step.before, step.after
+    kept = {i for i in figs.values if i in before and i in after and before[i].op == after[i].op
+            and before[i].type == after[i].type}
+    note = f" (measured {figs.label}: the pass kept this node)"
+    return tuple((i, fill, tip + note) for i, fill, tip in heat(figs) if i in kept)
+
+
 def _max_abs(got: object, want: np.ndarray) -> float:
     """Max |got - want| in float64 (nan where one side is not finite and the other is, or they differ there)."""
     from ..runtime.compare import max_abs
@@ -237,4 +252,4 @@ def _check_error_memory(ref_graph: Graph, g: Graph, kept: set[int], limits: Limi
                          "RLXVIZ_MAX_MEMORY_MB", need, limits.max_bytes)
 
 
-__all__ = ["DEFAULT_TIME_LIMIT_S", "KINDS", "UNITS", "NodeFigures", "heat", "node_figures", "origins"]
+__all__ = ["DEFAULT_TIME_LIMIT_S", "KINDS", "UNITS", "NodeFigures", "heat", "heat_before", "node_figures", "origins"]

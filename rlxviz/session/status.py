@@ -13,7 +13,7 @@ from ..ir import Op
 from ..ir.identity import IdentityMap
 from ..ir.ops import FUSED
 from ..passes import PASSES, MissedFusion, Outcome, Trace, explain, layer_of, missed_fusions
-from ..passes.guard import MODEL_TERM
+from ..passes.guard import NOT_NEAR_MISSES
 from ..passes.report import left_out
 from ..passes.unrecognized import unrecognized
 from .architecture import Architecture, classify
@@ -244,7 +244,7 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
     misses, ignored = expected_misses(trace, arch, layer)
     skipped = list(ignored)
     miss_keys = {(m.pattern, m.node) for m in misses}
-    rejected = [o for o in ex.rejected if o.rule not in skipped and o.kind != MODEL_TERM]
+    rejected = [o for o in ex.rejected if o.rule not in skipped and o.kind not in NOT_NEAR_MISSES]
     surviving = [o for o in rejected if any((o.rule, a) in miss_keys for a in o.nodes)]
     fused = (bool(ftl) or not expect_ftl) and not misses
     first = None if fused else (surviving[0] if surviving else (rejected[0] if rejected else None))

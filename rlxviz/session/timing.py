@@ -20,6 +20,7 @@ import numpy as np
 from ..ir import Graph
 from ..passes import Trace
 from .cache import LRUCache
+from .defaults import MIN_VERDICT_ROUNDS
 
 TIMINGS = LRUCache(maxsize=64)
 """A run's (InterleavedTimings, Verdict per timed version) by (trace key, arrays digest, input sets, warmup,
@@ -218,9 +219,6 @@ def format_timings(rows: Sequence[VersionTiming]) -> str:
     return "\n".join(lines)
 
 
-MIN_VERDICT_ROUNDS = 21
-"""Fewest paired rounds a faster/slower verdict is read from (with 7, a notebook printed "1.37x faster" in
-1 of 9 runs where 41 paired rounds showed no difference, issue 23)."""
 
 PRACTICAL = 0.01
 """An interval inside 1 +- this is read as within noise too: a difference under 1% is below what a timing on a

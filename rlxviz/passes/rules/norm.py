@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ...ir import Op, Rewriter
 from ..engine import rule_pass
-from ..guard import NOT_RECOGNIZED, Ctx, guard, not_output, same_shape, single_user
+from ..guard import NOT_A_CANDIDATE, NOT_RECOGNIZED, Ctx, guard, not_output, same_shape, single_user
 from ..pattern import P
 from ..rule import Rule
 
@@ -39,8 +39,8 @@ def _rules(pass_name: str, norm: Op, fused: Op, label: str) -> list[Rule]:
                     f"a two-output {fused.value} that also returns the sum (as vLLM's fused_add_rms_norm does); "
                     f"illegal for the single-output op"),
         not_output("sum", "sum_not_output"),
-        same_shape("x", "residual", "residual_same_shape", "a residual add has equal operand shapes",
-                   "none: a broadcast add is not a residual"),
+        same_shape("x", "residual", "residual_same_shape", "not a candidate: a broadcast sum, not a residual",
+                   "none: a broadcast add is not a residual", kind=NOT_A_CANDIDATE),
         last_axis,
     )
 
