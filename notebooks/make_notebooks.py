@@ -1156,10 +1156,10 @@ Read per kind:
   a dead reader is **not a user**: no output depends on what it reads. The guard `h1_user_count` still
   counts it (it counts readers, live or not) — a limit of the guard, not a reason; the canonical order
   removes dead code only *after* the layer pass, so run `dead_code_elimination` first as the workaround. The
-  next cell runs all three.
+  cell after the layer rule's steps (below) runs all three.
 * **tanh_gelu** — *not recognized*: the FFN is fused without its activation, because `gelu_tanh` is not
   on the epilogue allow-list. Switching the model to exact GELU would fuse, but it changes the model:
-  the cell after next measures by how much. (The product's hint also names SiLU because the allow-list
+  the cell after that measures by how much. (The product's hint also names SiLU because the allow-list
   holds it; switching a GELU model to SiLU is a different model, not a fix.) The compiler fix is the
   allow-list (notebook 04 writes the epilogue rule).
 * **swapped_residual** — fuses: the layer rule accepts either operand order. RLX's strict rule rejects
@@ -1168,8 +1168,9 @@ Read per kind:
   for a single-output op, the guard printed above): the residual sum feeds the norm and the next residual,
   and a one-output `FusedResidualLN` would hide it; a two-output op (as vLLM's `fused_add_rms_norm`) fixes
   that one — notebook 06 writes that rule. Second: the layer rule matches a **post-LN** layer only (its step
-  `post_ln_order`, printed below); a pre-LN layer (norm -> sublayer -> add) is another op, which no rule
-  here builds.
+  `post_ln_order`, printed below with the rejection it made on pre_ln's layer 0); a pre-LN layer (norm ->
+  sublayer -> add) is another op, which no rule here builds. (The status line of `pre_ln` in the explorer
+  above says *expected FusedTransformerLayer* only because its sibling layer 1 is post-LN and fuses.)
 * **output_intermediate** — *illegal* for a single-output op: h1 is returned, and a one-output layer op
   would hide it. Fix the model (the exercise below); in the compiler, a layer op with h1 as a second
   output would do (no rule builds one).
@@ -1177,13 +1178,18 @@ Read per kind:
   02 measures whether the gate pays on MLX.
 
 None of these is *illegal* in the strong sense — a rewrite that would change the numbers whatever the
-compiler did. The next-but-one cell shows one that is.
+compiler did. The section *The truly illegal case* below shows one that is.
 """),
     code('''
 from rlxviz.passes.rules.layer import LAYER
 
 print("layer rule steps:", ", ".join(LAYER.guard_kinds))
-print("post_ln_order kind:", LAYER.guard_kinds["post_ln_order"])''', "pre-ln-second"),
+print("post_ln_order kind:", LAYER.guard_kinds["post_ln_order"])
+_, pre_trace, _ = results["pre_ln"]
+second = [r for r in pre_trace.step("fuse_transformer_layer").rejections
+          if r.headline and r.path.startswith("encoder.layer.0")]
+for r in second:
+    print(f"pre_ln layer 0, fuse_transformer_layer: {r.guard} ({r.kind}): {r.message}")''', "pre-ln-second"),
     code('''
 from rlxviz.passes import CANONICAL_ORDER
 
