@@ -1701,7 +1701,8 @@ print("rlxviz ops:", dict(sorted(graph.op_counts().items(), key=lambda kv: -kv[1
 The two memory lines are the checks `rlxviz explain` (load) and `rlxviz run` make, from shapes and
 dtypes alone, before anything is allocated (`ir.memory.workload_peak`); set `RLXVIZ_MAX_MEMORY_MB`
 below the figure (in the notebook: `os.environ["RLXVIZ_MAX_MEMORY_MB"] = ...`) and the cell stops with the
-CLI's one-line `LimitError` before anything is allocated.
+CLI's one-line message before anything is allocated: a `LimitError` naming the workload, or, for a limit
+below the size of the file's weights, the importer's refusal of the initializers.
 
 ## 3. Its layers, explained
 
@@ -1771,8 +1772,8 @@ skip_ln = ort_run.fused.get("com.microsoft.SkipLayerNormalization", 0)
 fast_gelu = ort_run.fused.get("com.microsoft.FastGelu", 0)
 n_ln = ort_run.ops_before.get("LayerNormalization", 0)''', "ort"),
     md("""
-The transformer optimizer, where it can run, is run live by the next cell; where it cannot (here
-without `sympy`), the cell prints what it made of this same file on 2026-12-02 (onnxruntime 1.32.0,
+The transformer optimizer, where it can run, is run live by the next cell; where it cannot (the cell
+above names why, e.g. `sympy` missing), the cell prints what it made of this same file on 2026-12-02 (onnxruntime 1.32.0,
 `sympy` 1.14.0 put on the path for that run only), labelled **RECORDED**.
 """),
     code('''
