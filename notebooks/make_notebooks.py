@@ -1773,8 +1773,8 @@ fast_gelu = ort_run.fused.get("com.microsoft.FastGelu", 0)
 n_ln = ort_run.ops_before.get("LayerNormalization", 0)''', "ort"),
     md("""
 The transformer optimizer, where it can run, is run live by the next cell; where it cannot (the cell
-above names why, e.g. `sympy` missing), the cell prints what it made of this same file on 2026-12-02 (onnxruntime 1.32.0,
-`sympy` 1.14.0 put on the path for that run only), labelled **RECORDED**.
+above names why, e.g. `sympy` missing), the cell prints what it made of this same file on 2026-12-02
+(onnxruntime 1.32.0, `sympy` 1.14.0 put on the path for that run only), labelled **RECORDED**.
 """),
     code('''
 from rlxviz.session.ort_optimizer import TransformerFusions, transformer_optimized
