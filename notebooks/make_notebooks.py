@@ -1159,9 +1159,9 @@ Read per kind:
   cell after the layer rule's steps (below) runs all three.
 * **tanh_gelu** — *not recognized*: the FFN is fused without its activation, because `gelu_tanh` is not
   on the epilogue allow-list. Switching the model to exact GELU would fuse, but it changes the model:
-  the cell after that measures by how much. (The product's hint also names SiLU because the allow-list
-  holds it; switching a GELU model to SiLU is a different model, not a fix.) The compiler fix is the
-  allow-list (notebook 04 writes the epilogue rule).
+  the cell after that measures by how much. (SiLU is on the allow-list too, but it is another activation,
+  not a form of GELU: the product's hint names exact GELU only.) The compiler fix is the allow-list
+  (notebook 04 writes the epilogue rule).
 * **swapped_residual** — fuses: the layer rule accepts either operand order. RLX's strict rule rejects
   it (*not recognized*); notebook 04 rebuilds that rule and fixes it with a canonicalization pass.
 * **pre_ln** — **two** blockers, so it is not expected to become `FusedTransformerLayer`. First (*illegal*

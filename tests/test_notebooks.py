@@ -606,6 +606,7 @@ def test_03_why_did_my_layer_not_fuse(executed):
     assert "swapped_residual: fused (fuse_transformer_layer.bert_post_ln; the residual add is accepted" in text
     assert "compiler fix: add gelu_tanh to the epilogue allow-list" in text
     assert "compiler fix: a two-output FusedResidualLN that also returns the sum" in text
+    assert "fix:          exact GELU (gelu) fuses, but switching the model to it changes" in text  # not "or silu"
     text, _ = t["tanh-cost"]  # "use exact GELU" changes the model: by how much, computed
     gap = float(re.search(r"largest difference (\S+) at x = ", text).group(1))
     assert 4e-4 < gap < 5e-4
