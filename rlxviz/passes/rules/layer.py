@@ -84,6 +84,10 @@ def _explain_act(c: Ctx) -> str:
             f"allow-list ({', '.join(EPILOGUE_ACTIVATIONS)})")
 
 
+_H1_OUT_FIX = ("multi-output fusion: a layer op that also returns h1 as a second output (Rule(outputs=('ln1',))); "
+               "no product rule builds one")
+
+
 def _act_name(c: Ctx) -> str | None:
     """The layer's own activation: fc1's epilogue, or the one op that reads fc1 (None for primitives)."""
     act = c["fc1"].attrs.get("activation")
@@ -170,9 +174,11 @@ LAYER = Rule(
         operands_are("ln1", {0: "attn", 1: "hidden"}, _RLN, "ln1_operand_order",
                      "the post-attention residual must add the attention output and the layer input hidden",
                      "none: FusedTransformerLayer's first residual is its own input", commutative=True),
-        not_output("ln1", "h1_not_output", "do not return h1 (the post-attention LayerNorm) from the model"),
+        not_output("ln1", "h1_not_output", "do not return h1 (the post-attention LayerNorm) from the model",
+                   fix=_H1_OUT_FIX),
         user_count("ln1", 2, "FFN.1 and the ln2 residual", "h1_user_count",
                    "make h1 feed only FFN.1 and the second residual (remove the extra reader)",
+                   fix=_H1_OUT_FIX + "; a dead extra reader is counted too: run dead_code_elimination first",
                    highlight=_extra_h1_users),
         User("fc1_is_fused_linear", "fc1", "ln1", P(FMBA, P.var("ln1"), P.var("fc1_w"), P.var("fc1_b"), name="fc1"),
              "FFN.1 as FusedMatMulBiasAct(h1, ...)", "run fuse_matmul_bias_act first"),
