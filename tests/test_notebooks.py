@@ -78,6 +78,8 @@ PROBES = {
         "probe-no-return": "def fix_ir(text):\n    text.replace('x', 'x')\n\n\nteach.feedback(check_ex03, fix_ir);",
         "probe-typo": "teach.feedback(check_ex03, lambda text: text.replace('return', 'retrun'));",
         "probe-not-callable": "teach.feedback(check_ex03, ir_text);",
+        "probe-keeps-probe": "import re\n\nteach.feedback(check_ex03, lambda text: re.sub(r'return (%\\d+), (%\\d+)', "
+                             "r'return \\2', text));",  # returns the probe of h1, drops the model's output
     },
     "04_write_your_own_pattern_and_guard.ipynb": {  # the solutions' rules with one thing wrong each
         "probe-absorb-act-only": "from dataclasses import replace as _replace\n\n"
@@ -640,6 +642,7 @@ def test_03_why_did_my_layer_not_fuse(executed):
     assert "fix_ir returned None: end it with `return`" in probe(t, "probe-no-return")
     assert "parse_ir cannot read your text: " in probe(t, "probe-typo")
     assert "pass the function itself" in probe(t, "probe-not-callable")
+    assert "keep the model's output (the first one), drop the probe of h1" in probe(t, "probe-keeps-probe")
 
 
 def catalog_kinds():
