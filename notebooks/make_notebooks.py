@@ -606,8 +606,9 @@ print("FusedTransformerLayer matches:", len(step.matches))''', "ftl-matches"),
 one layer as one thing. It is not one kernel. How it runs is the lowering's choice per device
 (`rlxviz/runtime/lowering.py`, `DEVICE_LOWERING`): on the **GPU** its decomposition is traced into
 **one `mx.compile`d function** per layer; on the **CPU** it runs its decomposition op by op (a compiled
-CPU layer ran its elementwise work on one thread and was slower: measured live in section 5, "Fusion that
-does not pay"). The next cell reads this from the
+CPU layer ran its elementwise work on one thread and was slower in the recorded paired runs at MiniLM's
+full shape; section 5, "Fusion that does not pay", prints that record and measures it live at a class-sized
+shape, where the verdict may differ). The next cell reads this from the
 lowering for every fused op in the final graph.
 """),
     code('''
