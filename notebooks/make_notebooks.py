@@ -606,8 +606,9 @@ print("FusedTransformerLayer matches:", len(step.matches))''', "ftl-matches"),
 one layer as one thing. It is not one kernel. How it runs is the lowering's choice per device
 (`rlxviz/runtime/lowering.py`, `DEVICE_LOWERING`): on the **GPU** its decomposition is traced into
 **one `mx.compile`d function** per layer; on the **CPU** it runs its decomposition op by op (a compiled
-CPU layer ran its elementwise work on one thread and was slower: measured live in section 5, "Fusion that
-does not pay"). The next cell reads this from the
+CPU layer ran its elementwise work on one thread and was slower in the recorded paired runs at MiniLM's
+full shape; section 5, "Fusion that does not pay", prints that record and measures it live at a class-sized
+shape, where the verdict may differ). The next cell reads this from the
 lowering for every fused op in the final graph.
 """),
     code('''
@@ -1156,20 +1157,21 @@ Read per kind:
   a dead reader is **not a user**: no output depends on what it reads. The guard `h1_user_count` still
   counts it (it counts readers, live or not) — a limit of the guard, not a reason; the canonical order
   removes dead code only *after* the layer pass, so run `dead_code_elimination` first as the workaround. The
-  next cell runs all three.
+  cell after the layer rule's steps (below) runs all three.
 * **tanh_gelu** — *not recognized*: the FFN is fused without its activation, because `gelu_tanh` is not
   on the epilogue allow-list. Switching the model to exact GELU would fuse, but it changes the model:
-  the cell after next measures by how much. (The product's hint also names SiLU because the allow-list
-  holds it; switching a GELU model to SiLU is a different model, not a fix.) The compiler fix is the
-  allow-list (notebook 04 writes the epilogue rule).
+  the cell after that measures by how much. (SiLU is on the allow-list too, but it is another activation,
+  not a form of GELU: the product's hint names exact GELU only.) The compiler fix is the allow-list
+  (notebook 04 writes the epilogue rule).
 * **swapped_residual** — fuses: the layer rule accepts either operand order. RLX's strict rule rejects
   it (*not recognized*); notebook 04 rebuilds that rule and fixes it with a canonicalization pass.
 * **pre_ln** — **two** blockers, so it is not expected to become `FusedTransformerLayer`. First (*illegal*
   for a single-output op, the guard printed above): the residual sum feeds the norm and the next residual,
   and a one-output `FusedResidualLN` would hide it; a two-output op (as vLLM's `fused_add_rms_norm`) fixes
   that one — notebook 06 writes that rule. Second: the layer rule matches a **post-LN** layer only (its step
-  `post_ln_order`, printed below); a pre-LN layer (norm -> sublayer -> add) is another op, which no rule
-  here builds.
+  `post_ln_order`, printed below with the rejection it made on pre_ln's layer 0); a pre-LN layer (norm ->
+  sublayer -> add) is another op, which no rule here builds. (The status line of `pre_ln` in the explorer
+  above says *expected FusedTransformerLayer* only because its sibling layer 1 is post-LN and fuses.)
 * **output_intermediate** — *illegal* for a single-output op: h1 is returned, and a one-output layer op
   would hide it. Fix the model (the exercise below); in the compiler, a layer op with h1 as a second
   output would do (no rule builds one).
@@ -1177,13 +1179,18 @@ Read per kind:
   02 measures whether the gate pays on MLX.
 
 None of these is *illegal* in the strong sense — a rewrite that would change the numbers whatever the
-compiler did. The next-but-one cell shows one that is.
+compiler did. The section *The truly illegal case* below shows one that is.
 """),
     code('''
 from rlxviz.passes.rules.layer import LAYER
 
 print("layer rule steps:", ", ".join(LAYER.guard_kinds))
-print("post_ln_order kind:", LAYER.guard_kinds["post_ln_order"])''', "pre-ln-second"),
+print("post_ln_order kind:", LAYER.guard_kinds["post_ln_order"])
+_, pre_trace, _ = results["pre_ln"]
+second = [r for r in pre_trace.step("fuse_transformer_layer").rejections
+          if r.headline and r.path.startswith("encoder.layer.0")]
+for r in second:
+    print(f"pre_ln layer 0, fuse_transformer_layer: {r.guard} ({r.kind}): {r.message}")''', "pre-ln-second"),
     code('''
 from rlxviz.passes import CANONICAL_ORDER
 
@@ -1695,7 +1702,8 @@ print("rlxviz ops:", dict(sorted(graph.op_counts().items(), key=lambda kv: -kv[1
 The two memory lines are the checks `rlxviz explain` (load) and `rlxviz run` make, from shapes and
 dtypes alone, before anything is allocated (`ir.memory.workload_peak`); set `RLXVIZ_MAX_MEMORY_MB`
 below the figure (in the notebook: `os.environ["RLXVIZ_MAX_MEMORY_MB"] = ...`) and the cell stops with the
-CLI's one-line `LimitError` before anything is allocated.
+CLI's one-line message before anything is allocated: a `LimitError` naming the workload, or, for a limit
+below the size of the file's weights, the importer's refusal of the initializers.
 
 ## 3. Its layers, explained
 
@@ -1765,9 +1773,9 @@ skip_ln = ort_run.fused.get("com.microsoft.SkipLayerNormalization", 0)
 fast_gelu = ort_run.fused.get("com.microsoft.FastGelu", 0)
 n_ln = ort_run.ops_before.get("LayerNormalization", 0)''', "ort"),
     md("""
-The transformer optimizer, where it can run, is run live by the next cell; where it cannot (here
-without `sympy`), the cell prints what it made of this same file on 2026-12-02 (onnxruntime 1.32.0,
-`sympy` 1.14.0 put on the path for that run only), labelled **RECORDED**.
+The transformer optimizer, where it can run, is run live by the next cell; where it cannot (the cell
+above names why, e.g. `sympy` missing), the cell prints what it made of this same file on 2026-12-02
+(onnxruntime 1.32.0, `sympy` 1.14.0 put on the path for that run only), labelled **RECORDED**.
 """),
     code('''
 from rlxviz.session.ort_optimizer import TransformerFusions, transformer_optimized

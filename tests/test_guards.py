@@ -75,6 +75,15 @@ def test_tanh_gelu_is_not_in_the_epilogue_allow_list():
     r, t = rejected_by(bert(variant=VARIANTS["tanh_gelu"]), ["fuse_matmul_bias_act"], "epilogue_activation")
     assert "gelu_tanh" in r.message
     assert t.final.find(Op.GELU_TANH)
+    # the model-side hint names exact GELU only: SiLU is on the allow-list but is not a form of GELU
+    assert r.hint.startswith("exact GELU (gelu) fuses") and "silu" not in r.hint
+
+
+def test_activation_hint_names_gelu_for_a_gelu_form_only():
+    from rlxviz.passes.guard import activation_hint
+
+    assert "silu" not in activation_hint("gelu_tanh") and "exact GELU" in activation_hint("gelu_tanh")
+    assert "(gelu, silu)" in activation_hint("relu") and "exact GELU" not in activation_hint("relu")
 
 
 @pytest.mark.parametrize("style", ["rlx", "hf"])

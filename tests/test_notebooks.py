@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from queue import Empty
+from time import monotonic
 
 import nbformat
 import pytest
@@ -76,6 +78,8 @@ PROBES = {
         "probe-no-return": "def fix_ir(text):\n    text.replace('x', 'x')\n\n\nteach.feedback(check_ex03, fix_ir);",
         "probe-typo": "teach.feedback(check_ex03, lambda text: text.replace('return', 'retrun'));",
         "probe-not-callable": "teach.feedback(check_ex03, ir_text);",
+        "probe-keeps-probe": "import re\n\nteach.feedback(check_ex03, lambda text: re.sub(r'return (%\\d+), (%\\d+)', "
+                             "r'return \\2', text));",  # returns the probe of h1, drops the model's output
     },
     "04_write_your_own_pattern_and_guard.ipynb": {  # the solutions' rules with one thing wrong each
         "probe-absorb-act-only": "from dataclasses import replace as _replace\n\n"
@@ -109,6 +113,37 @@ PROBES = {
 }
 
 
+class _Client(NotebookClient):
+    """nbclient's client whose waits on the kernel's shell and IOPub sockets poll in steps of at most 1 s.
+
+    On a loaded 2-core machine a reply can sit in the client's socket with no wake-up of the event loop (pyzmq's
+    asyncio poll on the edge-triggered ZMQ_FD; ipykernel 7.4, pyzmq 27.3): the kernel has run the cell and gone
+    idle, IOPub said so, and nbclient still waits on the shell socket until its per-cell timeout (240 s) ends the
+    poll, which then finds the reply and goes on without an error. Seen here as cells that took 240.00 s (a 1 s cell
+    of 02, a 0.1 s cell of 03) and as the 9 min 42 s runs; a poll that times out re-reads the socket's events, so
+    short polls bound each such stall to about a second."""
+
+    async def async_start_new_kernel_client(self):
+        kc = await super().async_start_new_kernel_client()
+        for channel in (kc.shell_channel, kc.iopub_channel):
+            channel.get_msg = _stepped(channel.get_msg)
+        return kc
+
+
+def _stepped(get_msg, step=1.0):
+    async def get(timeout=None):
+        deadline = None if timeout is None else monotonic() + timeout
+        while True:
+            left = step if deadline is None else min(step, max(0.0, deadline - monotonic()))
+            try:
+                return await get_msg(timeout=left)
+            except Empty:
+                if deadline is not None and monotonic() >= deadline:
+                    raise
+
+    return get
+
+
 def execute(name):
     nb = nbformat.read(NB_DIR / name, as_version=4)
     for tag, source in PROBES.get(name, {}).items():
@@ -118,7 +153,7 @@ def execute(name):
     # the kernel's own stdin/stdout/stderr (not the cells' outputs, which come over ZMQ) go to /dev/null: inheriting
     # pytest's captured file descriptors made the first kernel of a session take ~240 s longer to finish
     quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    NotebookClient(nb, kernel_name=KERNEL, timeout=240, allow_errors=False,
+    _Client(nb, kernel_name=KERNEL, timeout=240, allow_errors=False,
                    resources={"metadata": {"path": str(NB_DIR)}}).execute(**quiet)
     return nb
 
@@ -358,8 +393,9 @@ def test_01_what_is_fusion(executed):
     measured = re.findall(r"^measured (.+?)\s+(\S+) FLOP/B  (\S+) GFLOP/s", text, re.M)
     assert [m[1] for m in measured] == [v[4] for v in versions]  # the roofline's own intensities
     for (label, _, achieved), v in zip(measured, versions, strict=True):  # FLOPs over the table's median
-        want = int(v[1]) / float(medians[label.replace(" ", "")]) / 1e6
-        assert abs(float(achieved) - want) <= 0.01 * want + 0.006, (label, achieved, want)
+        median = float(medians[label.replace(" ", "")])  # printed to 0.01 ms: 1.4% at 0.37 ms
+        low, high = (int(v[1]) / (median + d) / 1e6 for d in (0.005, -0.005))
+        assert low - 0.006 <= float(achieved) <= high + 0.006, (label, achieved, low, high)
     svg = [o.data["text/html"] for c in nb.cells if "roofline-measured" in c.metadata.get("tags", [])
            for o in c.outputs if "text/html" in o.get("data", {})]
     assert svg and svg[0].count("<circle") == 3 and "<polyline" in svg[0]
@@ -572,6 +608,9 @@ def test_03_why_did_my_layer_not_fuse(executed):
     assert "swapped_residual: fused (fuse_transformer_layer.bert_post_ln; the residual add is accepted" in text
     assert "compiler fix: add gelu_tanh to the epilogue allow-list" in text
     assert "compiler fix: a two-output FusedResidualLN that also returns the sum" in text
+    assert "fix:          exact GELU (gelu) fuses, but switching the model to it changes" in text  # not "or silu"
+    assert text.count("compiler fix: multi-output fusion: a layer op that also returns h1 as a second output") == 2
+    assert "a dead extra reader is counted too: run dead_code_elimination first" in text  # extra_h1_user's
     text, _ = t["tanh-cost"]  # "use exact GELU" changes the model: by how much, computed
     gap = float(re.search(r"largest difference (\S+) at x = ", text).group(1))
     assert 4e-4 < gap < 5e-4
@@ -590,6 +629,7 @@ def test_03_why_did_my_layer_not_fuse(executed):
     from rlxviz.passes.rules.layer import LAYER
 
     assert f"post_ln_order kind: {LAYER.guard_kinds['post_ln_order']}" in text
+    assert "pre_ln layer 0, fuse_transformer_layer: post_ln_order (not recognized): " in text  # measured, not said
     text, _ = t["eps-outside"]  # the truly illegal case: refused whatever the kernel
     assert "eps inside the sqrt: 1 match(es); rejection: -" in text
     assert "eps outside the sqrt: 0 match(es); rejection: eps_inside_sqrt (illegal): " in text
@@ -602,6 +642,7 @@ def test_03_why_did_my_layer_not_fuse(executed):
     assert "fix_ir returned None: end it with `return`" in probe(t, "probe-no-return")
     assert "parse_ir cannot read your text: " in probe(t, "probe-typo")
     assert "pass the function itself" in probe(t, "probe-not-callable")
+    assert "keep the model's output (the first one), drop the probe of h1" in probe(t, "probe-keeps-probe")
 
 
 def catalog_kinds():

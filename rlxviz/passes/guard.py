@@ -19,6 +19,15 @@ from ..ir import Graph, Node
 from .pattern import Bindings, describe, op_label
 
 EPILOGUE_ACTIVATIONS = ("gelu", "silu")
+
+
+def activation_hint(name: str | None) -> str:
+    """The model-side fix for an activation off the epilogue allow-list: for a GELU form (tanh-GELU, ...) exact GELU
+    only (SiLU is on the allow-list too, but it is another activation, not a form of GELU)."""
+    if name and name.startswith("gelu"):
+        return "exact GELU (gelu) fuses, but switching the model to it changes its numbers: prefer the compiler fix"
+    return (f"an allow-listed activation ({', '.join(EPILOGUE_ACTIVATIONS)}) fuses, but changing the model's "
+            "activation changes its numbers: prefer the compiler fix")
 """Activations `fuse_matmul_bias_act` absorbs (as RLX's epilogue allow-list). `gelu_tanh` is NOT in it:
 the fused epilogue computes exact-erf GELU only, so a tanh-GELU FFN keeps a separate activation node."""
 

@@ -32,6 +32,7 @@ from ..guard import (
     EPILOGUE_ACTIVATIONS,
     NOT_RECOGNIZED,
     Ctx,
+    activation_hint,
     attr_eq,
     guard,
     not_output,
@@ -83,12 +84,23 @@ def _explain_act(c: Ctx) -> str:
             f"allow-list ({', '.join(EPILOGUE_ACTIVATIONS)})")
 
 
-def _act_fix(c: Ctx) -> str:
-    """The compiler-side fix naming the layer's own activation."""
+_H1_OUT_FIX = ("multi-output fusion: a layer op that also returns h1 as a second output (Rule(outputs=('ln1',))); "
+               "no product rule builds one")
+
+
+def _act_name(c: Ctx) -> str | None:
+    """The layer's own activation: fc1's epilogue, or the one op that reads fc1 (None for primitives)."""
     act = c["fc1"].attrs.get("activation")
     users = c.users("fc1")
     form = activation_of(c.graph, c.id("fc1")) if act is None else None
-    name = act or (users[0].op.value if len(users) == 1 and form is None else None)
+    return act or (users[0].op.value if len(users) == 1 and form is None else None)
+
+
+def _act_fix(c: Ctx) -> str:
+    """The compiler-side fix naming the layer's own activation."""
+    act = c["fc1"].attrs.get("activation")
+    form = activation_of(c.graph, c.id("fc1")) if act is None else None
+    name = _act_name(c)
     if name == "gelu_tanh":
         return ("add gelu_tanh to the epilogue allow-list (a tanh-GELU epilogue kernel); changing the model to exact "
                 "GELU changes its numbers")
@@ -107,8 +119,7 @@ def _fc1_activation(c: Ctx) -> Fail | None:
         return None
     shown = tuple(u.id for u in c.users("fc1")) + (c.id("fc1"),)
     return Fail("guard", "fc1_activation", _explain_act(c), shown, (),
-                "exact GELU (gelu) or silu fuse, but switching the model to them changes its numbers: prefer the "
-                "compiler fix", subject=c.id("fc1"), kind=NOT_RECOGNIZED, fix=_act_fix(c))
+                activation_hint(_act_name(c)), subject=c.id("fc1"), kind=NOT_RECOGNIZED, fix=_act_fix(c))
 
 
 @reports(reads=("ln1", "ln2"), binds=("ln1_g", "ln1_b", "ln2_g", "ln2_b"))
@@ -163,9 +174,11 @@ LAYER = Rule(
         operands_are("ln1", {0: "attn", 1: "hidden"}, _RLN, "ln1_operand_order",
                      "the post-attention residual must add the attention output and the layer input hidden",
                      "none: FusedTransformerLayer's first residual is its own input", commutative=True),
-        not_output("ln1", "h1_not_output", "do not return h1 (the post-attention LayerNorm) from the model"),
+        not_output("ln1", "h1_not_output", "do not return h1 (the post-attention LayerNorm) from the model",
+                   fix=_H1_OUT_FIX),
         user_count("ln1", 2, "FFN.1 and the ln2 residual", "h1_user_count",
                    "make h1 feed only FFN.1 and the second residual (remove the extra reader)",
+                   fix=_H1_OUT_FIX + "; a dead extra reader is counted too: run dead_code_elimination first",
                    highlight=_extra_h1_users),
         User("fc1_is_fused_linear", "fc1", "ln1", P(FMBA, P.var("ln1"), P.var("fc1_w"), P.var("fc1_b"), name="fc1"),
              "FFN.1 as FusedMatMulBiasAct(h1, ...)", "run fuse_matmul_bias_act first"),

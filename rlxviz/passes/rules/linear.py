@@ -39,6 +39,7 @@ from ..guard import (
     NOT_PROFITABLE,
     NOT_RECOGNIZED,
     Ctx,
+    activation_hint,
     guard,
     not_output,
     rank_le,
@@ -83,8 +84,7 @@ def _epilogue(c: Ctx) -> Fail | None:
                     f"{c.d('add')} feeds {act.op.value} (node {act.id}); the epilogue allow-list is "
                     f"{', '.join(EPILOGUE_ACTIVATIONS)}, so the linear is fused without activation",
                     (act.id,), ((c.id("add"), act.id),),
-                    "gelu/silu fuse, but changing the model's activation changes its numbers: prefer the compiler "
-                    "fix", subject=act.id, kind=NOT_RECOGNIZED,
+                    activation_hint(act.op.value), subject=act.id, kind=NOT_RECOGNIZED,
                     fix=f"add {act.op.value} to the epilogue allow-list (a fused {act.op.value} epilogue kernel)")
     if c.graph.is_output(c.id("add")):
         return Fail("guard", "add_not_output",
