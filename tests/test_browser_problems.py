@@ -342,23 +342,6 @@ def test_trial_3_4_uploads_are_emptied_and_errors_name_the_users_file(browser, s
         expect(pg.locator(".filepond--item")).to_have_count(0)
 
 
-def test_trial_5_every_drop_loads(browser, server):
-    """Every drop loads (after the first, the drop zone held its file and later drops did nothing): gpt2.onnx, a
-    broken file, gpt2.onnx again. (The same file twice in a row: tests/test_app_start.py.)"""
-    with _page(browser, server) as pg:
-        msg = pg.locator(".rv-message")
-        _drop(pg, ONNX / "gpt2.onnx")
-        expect(msg).to_contain_text("equals the ONNX model", timeout=3 * WAIT_MS)
-        _idle(pg)
-        pg.wait_for_timeout(500)
-        pg.evaluate(DROP_JS, [base64.b64encode(b"not an onnx file").decode(), "broken.onnx"])
-        expect(msg).to_contain_text("broken.onnx", timeout=3 * WAIT_MS)
-        expect(msg).to_contain_text("not a readable ONNX model")
-        _idle(pg)
-        pg.wait_for_timeout(500)
-        _drop(pg, ONNX / "gpt2.onnx")
-        expect(msg).to_contain_text("equals the ONNX model", timeout=3 * WAIT_MS)
-
 
 def test_trial_6_the_default_timing_run_gives_a_verdict(browser, server):
     """The Timing tab's run as it opens (rounds untouched) compares versions with a verdict or "within noise" (its
