@@ -10,12 +10,13 @@ the node, the guard that said no, and the guard's hint.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from ..ir import Graph
 from .guard import NOT_NEAR_MISSES
 from .pipeline import Pipeline
-from .trace import Rejection, Trace
+from .trace import Rejection, Trace, layer_of
 
 
 @dataclass(frozen=True)
@@ -136,15 +137,17 @@ def missed_fusions(source: Graph | Trace, pipeline: Pipeline | None = None) -> l
     return list(out.values())
 
 
-def left_out(trace: Trace) -> list[str]:
+def left_out(trace: Trace, layers: Collection[int] | None = None) -> list[str]:
     """What fusions that happened left out (their soft rejections, e.g. a refused merge, an additive mask
     kept, an activation not absorbed) and what the model's own structure kept out of a fusion (a `MODEL_TERM`
     refusal whose anchor survives: cross-attention and FusedAttentionBlock), one line each, except those already
-    reported as missed fusions."""
+    reported as missed fusions. With `layers`, only rejections whose node path lies in one of those layers (a
+    question about layer N is not answered with the embeddings' line)."""
     missed = {(m.pattern, m.node) for m in missed_fusions(trace)}
     final = trace.final
     return [f"{r.rule} @ %{r.anchor} ({r.path or '-'}): {r.guard} [{r.kind}]: {r.message}"
-            for r in trace.rejections if (r.rule, r.anchor) not in missed and (
+            for r in trace.rejections if (r.rule, r.anchor) not in missed
+            and (layers is None or layer_of(r.path or "") in layers) and (
                 r.soft or (r.kind in NOT_NEAR_MISSES and r.headline and r.anchor in final))]
 
 

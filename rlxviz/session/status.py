@@ -389,8 +389,8 @@ def check_fusion(trace: Trace, model: str = "", layers: Iterable[int] | None = N
     statuses = [layer_status(trace, i) for i in wanted]
     crashed = [s.error for s in trace.steps if s.error]
     if have:
-        return FusionCheck(model, trace.pipeline, statuses, trace.final.fused_op_counts(), left_out=left_out(trace),
-                           crashed=crashed)
+        return FusionCheck(model, trace.pipeline, statuses, trace.final.fused_op_counts(),
+                           left_out=left_out(trace, None if layers is None else set(wanted)), crashed=crashed)
     arch = classify(trace.input, None)
     misses, ignored = expected_misses(trace, arch, None)
     return FusionCheck(model, trace.pipeline, statuses, trace.final.fused_op_counts(), [str(m) for m in misses],
