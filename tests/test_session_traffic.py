@@ -158,6 +158,15 @@ def test_dot_primitives_reads_rectangles_only():
     assert dot_primitives(dot) == ("AddMM", "CompiledExpAdd")
 
 
+def test_short_primitive_counts_the_pieces_of_a_compiled_name():
+    from rlxviz.session import short_primitive
+
+    assert short_primitive("CompiledBroadcastMultiplyAddMultiplyBroadcastAddDivide") == \
+        "Compiled(Multiply x2, Add x2, Divide)"  # Broadcast is a view inside the kernel: left out
+    assert short_primitive("AddMM") == "AddMM" and short_primitive("RlxvizBiasAct") == "RlxvizBiasAct"
+    assert short_primitive("Compiled") == "Compiled"
+
+
 def test_interleaved_samples_stay_in_round_order():
     from rlxviz.runtime.timing import summarize
 

@@ -49,6 +49,7 @@ from .program import (
     VersionPrimitives,
     format_primitives,
     mlx_primitives,
+    short_primitive,
     version_primitives,
 )
 from .render import View
@@ -120,6 +121,7 @@ __all__ = ["ModelText", "shown",
            "unknown_model", "variant_named", "variant_unavailable", "version_index",
            "OpCost", "Ridge", "VersionRoofline", "graph_flops", "machine_ridge", "op_costs", "program_bytes",
            "roofline", "ProgramPrimitives", "VersionPrimitives", "format_primitives", "mlx_primitives",
-           "version_primitives", "KernelBytes", "ProgramBytes", "sdpa_fused", "ERF_FLOPS", "attainable_ms", "bound",
+           "short_primitive", "version_primitives", "KernelBytes", "ProgramBytes", "sdpa_fused", "ERF_FLOPS",
+           "attainable_ms", "bound",
            "PairedVerdict", "busy_warning", "compare_versions", "paired_verdict", "timing_table",
            "Lowering", "time_lowerings", "AddmmRounding", "addmm_rounding", "fast_erf_error"]

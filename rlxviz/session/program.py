@@ -221,6 +221,18 @@ class ProgramPrimitives:
         return f"{self.count} MLX primitives on {self.device} ({self.kernels} not views): {top}"
 
 
+def short_primitive(name: str) -> str:
+    """A readable label for one primitive name: a `Compiled...` name (MLX joins the names of every primitive the
+    compiled function fuses: `CompiledBroadcastMultiplyAddMultiply...`, often 200 characters) becomes
+    `Compiled(Multiply x3, Add)`: the capitalized pieces of the name in order of first appearance with their
+    counts, `Broadcast` left out (a view inside the kernel). A primitive whose own name has two capitals
+    (`LogAddExp`) shows as its pieces. Any other name is returned as it is."""
+    if not name.startswith("Compiled") or name == "Compiled":
+        return name
+    pieces = Counter(w for w in re.findall(r"[A-Z][a-z0-9]*", name[len("Compiled"):]) if w != "Broadcast")
+    return "Compiled(" + ", ".join(w if k == 1 else f"{w} x{k}" for w, k in pieces.items()) + ")"
+
+
 def dot_primitives(dot: str) -> tuple[str, ...]:
     """Primitive names from the text `mx.export_to_dot` writes (one per `shape=rectangle` node, in order)."""
     return tuple(_PRIMITIVE.findall(dot))
@@ -297,5 +309,5 @@ def format_primitives(rows: list[VersionPrimitives]) -> str:
 
 
 __all__ = ["GATHERS", "MODELLED_EXTRA", "VIEWS", "KernelBytes", "ProgramBytes", "ProgramPrimitives", "program_bytes_of",
-           "tape_bytes", "VersionPrimitives", "dot_primitives", "format_primitives",
+           "tape_bytes", "VersionPrimitives", "dot_primitives", "format_primitives", "short_primitive",
            "mlx_primitives", "version_primitives"]
