@@ -271,7 +271,7 @@ display(Markdown(
     f"Read aloud: on this machine (a rough ridge of {ridge.ridge:.1f} FLOP/B, measured now) {where}; the matmuls "
     f"do {min(c.intensity for c in costs if c.op == 'matmul'):.1f} FLOP/B. The program does "
     + (f"{flops[0]} FLOPs in every version" if len(flops) == 1 else f"{flops[0]}..{flops[-1]} FLOPs")
-    + f"; the bytes the executed program moves (read from MLX's graph of each version, {roof[0].bytes_source}; "
+    + f"; the bytes the executed program moves (source: {roof[0].bytes_source}, per version; "
     "the ideal kernels' bytes are a model) go from "
     f"{roof[0].bytes} to {roof[-1].bytes} (intensity "
     f"{roof[0].intensity:.2f} to {roof[-1].intensity:.2f} FLOP/B; ideal kernels: {roof[-1].ideal_intensity:.2f}). "
@@ -284,7 +284,8 @@ display(Markdown(
 
 Both passes in one pipeline, then every version timed **together in interleaved rounds** (round *r*
 runs every version once, the one that starts rotating, so a busy machine slows them alike): median,
-min and IQR (p25..p75) of the rounds; `x input` is the ratio of medians. Two error columns:
+min and IQR (p25..p75) of the rounds; `x input` is the ratio of medians; `first ms` is the first call of a
+fresh program (MLX builds, traces and runs it), kept out of the rounds. Two error columns:
 
 * `vs oracle`: MLX against the float64 NumPy oracle of the unfused graph — it mixes in the difference
   between the two backends and precisions, so it is **not** what fusion changed;
@@ -314,17 +315,21 @@ unusable (a busy machine). Rerunning the timing cell measures again.
 from IPython.display import Markdown
 
 base = rows[0]
-lines = [f"Measured on **{base.context.device}** ({base.context}), {len(base.samples_ms)} paired rounds."]
+busy = session.busy_warning(*rows)  # one warning for the run: a median far above its minimum
+lines = [f"Measured on **{base.context.device}** ({base.context}), {len(base.samples_ms)} paired rounds."
+         + (f" **{busy}**: the verdicts below are printed, not to be read." if busy else "")]
 for prev, r, v in session.compare_versions(rows):
     lines.append(f"- **{r.label}** vs #{prev.index}: median {r.median_ms:.2f} vs {prev.median_ms:.2f} ms; per-round "
-                 f"ratio {v.ratio:.3f} (95% CI {v.low:.3f}..{v.high:.3f}): **{v.words}**"
-                 + (f" — {v.warning}" if v.warning else "") + ".")
+                 f"ratio {v.ratio:.3f} (95% CI {v.low:.3f}..{v.high:.3f}): **{v.words}**.")
     print(f"verdict {r.label}: {v.words}")
 verdicts = [v.words for *_, v in session.compare_versions(rows)]
 held = set(predicted.values()) == {"compute"} and all(w == "within noise" for w in verdicts)
-lines.append("The roofline predicted every version compute-bound: " + (
-    "the paired rounds agree, no version differs from the one before." if held else
-    "the paired rounds do not simply agree (" + "; ".join(verdicts) + "): read the intervals above, and run the "
+said = ("every version compute-bound" if set(predicted.values()) == {"compute"} else
+        ", ".join(f"#{k} {b}-bound" for k, b in predicted.items()))
+lines.append(f"The roofline predicted {said}" + (
+    ": this run cannot confirm or refute it (a busy machine); run the timing cell again, it measures anew." if busy
+    else ": the paired rounds agree, no version differs from the one before." if held else
+    ": the paired rounds do not simply agree (" + "; ".join(verdicts) + "): read the intervals above, and run the "
     "timing cell again to see whether the verdict holds."))
 display(Markdown("\\n".join(lines)))''', "read-aloud"),
     md("""
@@ -386,26 +391,45 @@ for label, intensity, achieved in points:
 compute_bound = [label for label, i, _ in points if i >= ridge.ridge]
 print("compute-bound versions:", ", ".join(compute_bound) or "none")''', "roofline-measured"),
     code('''
+best = min(session.attainable_ms(v.flops, v.bytes, ridge) for v in roof)  # the roofline's own fastest time
+medians, fastest = [r.median_ms for r in rows], min(r.min_ms for r in rows)
+dispatched = [r.program.kernels for r in prims]
+achieved = [a for *_, a in points]
 display(Markdown(
     f"Read aloud: {len(compute_bound)} of {len(points)} versions sit right of the ridge ({ridge.ridge:.1f} FLOP/B): "
-    + ("**all are compute-bound**, so removing bytes cannot help them; their time is arithmetic (the matmuls, and "
-       "GELU's 29 FLOPs per element) and MLX's dispatch of each primitive. " if len(compute_bound) == len(points) else
+    + ("**all are compute-bound**, so removing bytes cannot help them: on the roofline their best time is set by "
+       "arithmetic alone (the matmuls, and GELU's 29 FLOPs per element). " if len(compute_bound) == len(points) else
        "those left of it are memory-bound and can gain from removed bytes. ")
-    + f"They achieve {min(a for *_, a in points):.2f}-{max(a for *_, a in points):.2f} GFLOP/s of the "
-    f"{ridge.gflops:.1f} the matmul alone reaches, far below the roof: neither the bytes nor the peak FLOP rate "
-    f"sets their time, but what each call pays besides (MLX dispatches {prims[0].program.kernels} non-view "
-    "primitives per call, above)"
-    + (", and this timing run was flagged as taken on a busy machine: measure again before reading more into it."
-       if any(v.warning for *_, v in session.compare_versions(rows)) else ".")))''', "roofline-conclusion"),
+    + f"A roofline is a ceiling, not a time: its best is {best:.3f} ms, and the versions took {min(medians):.2f}-"
+    f"{max(medians):.2f} ms (median; fastest round {fastest:.2f} ms), so they achieve {min(achieved):.2f}-"
+    f"{max(achieved):.2f} GFLOP/s of the {ridge.gflops:.1f} the matmul alone reaches. "
+    + ("More than 3 times the ceiling's time: what sets it is what the roofline leaves out, such as the dispatch "
+       "of " + (f"{min(dispatched)} to {max(dispatched)}" if min(dispatched) != max(dispatched) else
+                f"{dispatched[0]}")
+       + " non-view primitives per call (the table of what MLX runs), each kernel's own pass over its data, and "
+         "other work on the machine" if min(medians) > 3 * best else
+       "Within 3 times the ceiling's time: the arithmetic sets most of it")
+    + ("; and this timing run was flagged as taken on a busy machine: measure again before reading more into it."
+       if session.busy_warning(*rows) else ".")))''', "roofline-conclusion"),
     md("""
 ### Recorded, not measured here: MiniLM on an H200 GPU
 
 These figures were **recorded** on an NVIDIA H200 host (16 CPU cores) with mlx-cuda 0.32.4 (CUDA 13),
 `MLX_ENABLE_TF32=0`, all-MiniLM-L6-v2-shaped encoder, f32, batch 8, seq 128, as reported in issue 12
-(filed before 2026-12-01; the issue gives no day). This notebook does **not** measure them; they are data
-to compare with, like a table in a paper.
+(filed before 2026-12-01; the issue gives no day), and two figures issue 23 adds. This notebook does **not**
+measure them; they are data to compare with, like a table in a paper. The project's own benchmark logs
+(`benchmarks/logs/`) would be the better source: the cell first reads which devices they were measured on.
 """),
     code('''
+import re
+from pathlib import Path
+
+logs = sorted(Path("../benchmarks/logs").glob("*.txt"))  # `rlxviz` and the benchmarks print MLX's Device(...)
+devices = {p.name: sorted(set(re.findall(r"Device\\((\\w+)", p.read_text(encoding="utf-8")))) for p in logs}
+gpu_logs = [name for name, d in devices.items() if "gpu" in d]
+measured_on = sorted({x for d in devices.values() for x in d})
+print(f"benchmarks/logs/: {len(logs)} logs, measured on {measured_on}; "
+      f"GPU logs: {', '.join(gpu_logs) or 'none (benchmarks/gpu_check.sh writes them on a lent GPU)'}")
 RECORDED_GPU = {  # issue 12: NVIDIA H200, mlx-cuda 0.32.4, CUDA 13, TF32 off, MiniLM-shaped, batch 8, seq 128
     "input (109 ops)": 3.54,
     "after fuse_matmul_bias_act": 3.52,
@@ -416,9 +440,17 @@ RECORDED_GPU = {  # issue 12: NVIDIA H200, mlx-cuda 0.32.4, CUDA 13, TF32 off, M
     "PyTorch 2.11 eager CUDA (HF BertModel, sdpa, strict f32)": 2.76,
     "torch.compile, same model": 1.42,
 }
+RECORDED_ISSUE_23 = {  # issue 23 (2026-12-01), from the same H200 runs
+    "bytes the compiled layers keep out of HBM, at H200 bandwidth (ms)": 0.029,
+    "second log of the same day: after fuse_transformer_layer (ms)": 2.49,
+    "second log of the same day: after mark_elementwise_regions (ms)": 2.52,
+}
 print("RECORDED (issue 12, H200, mlx-cuda 0.32.4) - not measured in this notebook")
 for label, ms in RECORDED_GPU.items():
-    print(f"  {label:<60} {ms:>5.2f} ms  ({RECORDED_GPU['input (109 ops)'] / ms:.2f}x input)")''', "recorded-gpu"),
+    print(f"  {label:<60} {ms:>5.2f} ms  ({RECORDED_GPU['input (109 ops)'] / ms:.2f}x input)")
+print("RECORDED (issue 23) - not measured in this notebook")
+for label, ms in RECORDED_ISSUE_23.items():
+    print(f"  {label:<67} {ms}")''', "recorded-gpu"),
     code('''
 from IPython.display import Markdown
 
@@ -427,6 +459,7 @@ gpu_in = gpu["input (109 ops)"]
 per_op = [gpu[k] for k in ("after fuse_matmul_bias_act", "after fuse_attention_block", "after fuse_residual_ln")]
 layer = gpu["after fuse_transformer_layer (13 ops, compiled per layer)"]
 final = gpu["after mark_elementwise_regions (12 ops)"]
+hbm, *second = RECORDED_ISSUE_23.values()
 display(Markdown(
     f"Read aloud (recorded figures, not measured here): on that GPU the per-op fusions alone stayed within a few "
     f"percent of the input ({min(per_op):.2f}-{max(per_op):.2f} ms vs {gpu_in:.2f} ms). The gain came from "
@@ -434,12 +467,15 @@ display(Markdown(
     f"`compile_layers` is on for the GPU, off for the CPU): {layer:.2f} ms, a speed-up of {gpu_in / layer:.2f}x over "
     f"the input (a ratio of times; torch.compile's {gpu['torch.compile, same model']:.2f} ms in the table is a "
     f"time). What was gained is mostly **overhead**, not bytes: {gpu_in - layer:.2f} ms saved, of which the bytes "
-    "the compiled layer keeps out of HBM account for about 0.029 ms (issue 23's count at H200 bandwidth); the rest "
+    f"the compiled layer keeps out of HBM account for about {hbm} ms (issue 23's count at H200 bandwidth); the rest "
     "is per-op host dispatch and kernel launches, one per primitive. That is a third regime beside memory- and "
     "compute-bound: **overhead-bound**, where the number of kernels, not their bytes or FLOPs, sets the time. "
     f"The final version's {final:.2f} ms (after `mark_elementwise_regions`) is **one unpaired run**; a second log "
-    "of the same day gave 2.49 vs 2.52 ms for the two last versions, so these figures do not show that the "
-    "elementwise regions hurt."))''',
+    f"of the same day gave {second[0]:.2f} vs {second[1]:.2f} ms for the two last versions, so these figures do not "
+    "show that the elementwise regions hurt. "
+    + (f"`benchmarks/logs/` holds no GPU run ({len(logs)} logs, all on {', '.join(measured_on)}): "
+       "these issue figures are the only GPU record, and they are not paired rounds." if not gpu_logs else
+       f"`benchmarks/logs/` holds GPU runs ({', '.join(gpu_logs)}): compare them with these figures.")))''',
          "recorded-gpu-read-aloud"),
     md("""
 ## 5. Try it

@@ -388,7 +388,12 @@ def test_01_what_is_fusion(executed):
         assert_verdict(verdict, ratio, low, high)
         prev = label
     held = all_compute and all(v == "within noise" for _, v in verdicts)
-    assert ("the paired rounds agree, no version differs" in md_text) == held
+    timed_rows = [ln.split() for ln in t["timing"][0].splitlines() if re.match(r"\s*\d+\s+(input|after)", ln)]
+    busy = any(float(r[-8]) > 2 * float(r[-7]) for r in timed_rows)  # median > 2 x min: the run is not read
+    assert ("the verdicts below are printed, not to be read" in md_text) == busy
+    assert md_text.count("unusable run") == int(busy)  # said once, not on every line
+    assert ("the paired rounds agree, no version differs" in md_text) == (held and not busy)
+    assert ("this run cannot confirm or refute it" in md_text) == busy
     text, _ = t["roofline-measured"]
     measured = re.findall(r"^measured (.+?)\s+(\S+) FLOP/B  (\S+) GFLOP/s", text, re.M)
     assert [m[1] for m in measured] == [v[4] for v in versions]  # the roofline's own intensities
@@ -403,8 +408,19 @@ def test_01_what_is_fusion(executed):
     n_compute = sum(float(m[1]) >= ridge for m in measured)
     assert f"{n_compute} of 3 versions sit right of the ridge ({ridge:.1f} FLOP/B)" in md_text
     assert ("**all are compute-bound**, so removing bytes cannot help" in md_text) == (n_compute == 3)
+    best = min(float(x) for x in re.findall(r"^prediction #\d: \w+-bound, at best (\S+) ms$", t["roofline"][0], re.M))
+    assert f"A roofline is a ceiling, not a time: its best is {best:.3f} ms" in md_text
+    meds = [float(r[-8]) for r in timed_rows]
+    assert f"the versions took {min(meds):.2f}-{max(meds):.2f} ms (median; fastest round " in md_text
+    assert ("More than 3 times the ceiling's time" in md_text) == (min(meds) > 3 * best + 0.01)
+    assert ("busy machine" in md_text) == busy
     text, _ = t["recorded-gpu"]
-    assert text.startswith("RECORDED (issue 12, H200, mlx-cuda 0.32.4) - not measured")
+    logs = sorted((ROOT / "benchmarks" / "logs").glob("*.txt"))  # which devices the project's own logs are from
+    on_gpu = [p.name for p in logs if "Device(gpu" in p.read_text(encoding="utf-8")]
+    assert text.startswith(f"benchmarks/logs/: {len(logs)} logs, measured on ")
+    assert ("GPU logs: none (" in text) == (not on_gpu)
+    assert "\nRECORDED (issue 12, H200, mlx-cuda 0.32.4) - not measured" in text
+    assert "RECORDED (issue 23) - not measured in this notebook" in text and " 0.029\n" in text
     assert "2.50 ms  (1.42x input)" in text and "3.54 ms  (1.00x input)" in text
     assert "3.12 ms  (1.13x input)" in text
     md_text = markdown_of(nb, "recorded-gpu-read-aloud")  # the prose quotes the final version too
@@ -413,6 +429,8 @@ def test_01_what_is_fusion(executed):
     assert "1.04 ms saved" in md_text and "**overhead-bound**" in md_text
     assert "3.12 ms (after `mark_elementwise_regions`) is **one unpaired run**" in md_text
     assert "do not show that the elementwise regions hurt" in md_text
+    assert "about 0.029 ms (issue 23's count" in md_text and "gave 2.49 vs 2.52 ms" in md_text
+    assert ("`benchmarks/logs/` holds no GPU run" in md_text) == (not on_gpu)
     assert "give a tuple of 2 numbers, (ideal, executed); you gave a single int" in probe(t, "probe-single-number")
     assert "ideal: '131072' is text (in quotes)" in probe(t, "probe-strings")
     assert "yours has 3" in probe(t, "probe-three")
