@@ -714,7 +714,8 @@ display(Markdown(
               "and changes "
               "nothing MLX runs on the CPU: it renames groups of ops; the backend runs the same kernels.")
     + f" Bytes per call, read from the same programs: {prims[0].program.bytes.total} for the input, "
-    f"{prims[-1].program.bytes.total} for the final version"
+    f"{prims[-1].program.bytes.total} for the final version ({prims[-1].program.bytes.from_graph} from MLX's graph "
+    f"+ {prims[-1].program.bytes.modelled} modelled `AddMM` pre-fill)"
     + (f", which runs rlxviz's own CPU kernels ({', '.join(ours)})." if ours else " (MLX's own lowering).")))''',
          "primitives-read-aloud"),
     md("""
@@ -724,7 +725,9 @@ A fused op is a name in the graph; what runs is a list of MLX primitives. The ne
 `FusedMatMulBiasAct` (MiniLM's FFN input projection with its GELU, at this notebook's tokens) and reads
 from MLX the non-view primitives one call runs, in MLX's order: on the CPU with rlxviz's kernels (the
 default), on the CPU with MLX's own lowering, and on the GPU where MLX has one here. Without a GPU it
-says so: no list of the GPU's primitives was ever recorded for this op, so none is shown.
+says so: no list of the GPU's primitives was ever recorded for this op, so none is shown. A `Compiled(...)`
+kernel is one `mx.compile`d function; MLX names it after every primitive it fuses, shown here as those
+names with their counts (`Multiply x10`: ten multiplies inside that one kernel).
 """),
     code('''
 import numpy as np
@@ -752,7 +755,7 @@ if any(d.name == "gpu" for d in here):
 op_kernels = {}
 for label, ex in runs.items():
     p = session.mlx_primitives(one, one_x, one_w, executor=ex, bytes=False)
-    op_kernels[label] = [k for k in p.primitives if k not in VIEWS]
+    op_kernels[label] = [session.short_primitive(k) for k in p.primitives if k not in VIEWS]
     print(f"{label}: {len(op_kernels[label])} kernels: {' -> '.join(op_kernels[label])}")
 if not any(d.name == "gpu" for d in here):
     print("gpu: no GPU for MLX on this machine, so its kernels cannot be read here; no GPU primitive list was "
@@ -797,10 +800,11 @@ busy = session.busy_warning(*(r for r in rows if r.same_as is None))
 noise = [r.label for _, r, v in pairs if v.words == "within noise"]
 display(Markdown(
     f"Measured on **{base.context.device}**, {len(base.samples_ms)} paired rounds. "
-    f"The final version ({last.nodes} ops) vs the input ({base.nodes} ops): median {last.median_ms:.2f} vs "
+    + (f"**{busy}**: the verdicts of this run are printed, not to be read. " if busy else "")
+    + f"The final version ({last.nodes} ops) vs the input ({base.nodes} ops): median {last.median_ms:.2f} vs "
     f"{base.median_ms:.2f} ms, **{overall.words}** (per-round ratio {overall.ratio:.3f}, 95% CI "
     f"{overall.low:.3f}..{overall.high:.3f}). {len(noise)} of {len(pairs)} steps are within noise of the version "
-    "before them. " + (f"**{busy}**: these verdicts are not to be read. " if busy else "")
+    "before them. "
     + "On the CPU `FusedTransformerLayer` runs op by op (see above), so the layer pass changes the drawing, not "
     f"the kernels; the traffic model of MLX's own CPU lowering (without rlxviz's kernels) credits its executed "
     f"saving on the CPU with {ftl.total} B."))''', "read-aloud"),
@@ -854,7 +858,8 @@ RECORDED_COMPILE = {  # docs/performance.md section 3 (idle 2-core EPYC, 2026-11
 RECORDED_PAIRED = (  # benchmarks/bench_compile_layers.py, 2-core EPYC, 2026-12-02 04:43 UTC, load 4.1-4.4, b8 s128
     "21 paired rounds: each layer compiled 1.25x slower (95% CI of the ratio 0.754..0.882), whole graph "
     "1.19x slower (0.787..0.858) than MLX's op-by-op lowering")
-cm = load_model("minilm", batch=4, seq=32)
+CM_BATCH, CM_SEQ = 4, 32  # a class-sized shape
+cm = load_model("minilm", batch=CM_BATCH, seq=CM_SEQ)
 cm_final = Pipeline.canonical().run(cm.graph).final
 plain = LoweringOptions(kernels=False)
 lowerings = [Lowering("MLX's lowering, op by op", plain),
@@ -881,18 +886,20 @@ print("RECORDED, not measured here (2026-12-02, batch 8, seq 128):", RECORDED_PA
 v_layer, v_graph, v_kernels = low_verdicts
 busy_low = session.busy_warning(*low_rows)
 display(Markdown(
-    f"Read aloud, {v_layer.rounds} paired rounds on **{low_rows[0].context.device}** at batch 4, seq 32: "
+    f"Read aloud, {v_layer.rounds} paired rounds on **{low_rows[0].context.device}** at batch {CM_BATCH}, seq "
+    f"{CM_SEQ}: "
     "compiling each layer is "
     f"**{v_layer.words}** against MLX's op-by-op lowering (ratio {v_layer.ratio:.3f}, 95% CI {v_layer.low:.3f}.."
     f"{v_layer.high:.3f}) and compiling the whole graph **{v_graph.words}** (ratio {v_graph.ratio:.3f}, 95% CI "
     f"{v_graph.low:.3f}..{v_graph.high:.3f}); MLX runs {low_progs[1].compiled} and {low_progs[2].compiled} compiled "
     f"kernels in those programs (against {low_progs[0].compiled} op by op). rlxviz's own CPU kernels, which fuse "
     f"in C++ vectorized for this CPU and threaded, are **{v_kernels.words}** against the same baseline. "
-    + (f"**{busy_low}**: do not read these verdicts; run the cell again. " if busy_low else "")
-    + ("Here compiling did not make the model faster: the fusion `mx.compile` adds does not pay on this CPU. "
+    + (f"**{busy_low}**: do not read these verdicts, and draw no conclusion from them; run the cell again. "
+       if busy_low else
+       "Here compiling did not make the model faster: the fusion `mx.compile` adds does not pay on this CPU. "
        if not any(v.words.endswith("faster") for v in (v_layer, v_graph)) else
-       "Here compiling measured faster at this shape (at 16 tokens, where elementwise work is tiny, fewer "
-       "dispatches can win); the recorded figures below are at the full shape. ")
+       f"Here compiling measured faster at this shape ({CM_BATCH * CM_SEQ} tokens, where the elementwise work is small and "
+       "fewer dispatches can win); the recorded figures below are at the full shape. ")
     + "Recorded at batch 8, seq 128 (not measured here): "
     + "; ".join(f"{k} {a} vs {b} ms (idle, 2026-11-30)" for k, (a, b) in RECORDED_COMPILE.items())
     + f"; and on 2026-12-02, {RECORDED_PAIRED}. That is why `compile_layers` is off on the CPU and on on the "
