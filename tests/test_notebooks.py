@@ -98,6 +98,7 @@ PROBES = {
         "probe-every-norm": "teach.feedback(check_ex05, (5, 5, 'sum_single_user'));",
         "probe-activation-guard": "teach.feedback(check_ex05, (1, 1, 'epilogue_activation'));",
         "probe-two-values": "teach.feedback(check_ex05, (1, 1));",
+        "probe-transformer-count": "teach.feedback(check_ex05, (1, 4, 'sum_single_user'));",  # the other optimizer
     },
     "06_a_multi_output_fusion.ipynb": {  # the solution's rule with one thing wrong each
         "probe-no-outputs": "from dataclasses import replace as _r\n_s = solutions.ex06().rules[0]\n"
@@ -800,6 +801,7 @@ def test_05_bring_your_own_model(executed):
     assert "rlxviz: 5 is every norm in the model" in probe(t, "probe-every-norm")
     assert "epilogue_activation refused the FFN's activation, not a norm" in probe(t, "probe-activation-guard")
     assert "give a tuple of 3 values" in probe(t, "probe-two-values")
+    assert "ort: 4 is what the transformer optimizer made" in probe(t, "probe-transformer-count")
 
 
 def test_06_a_multi_output_fusion(executed):
@@ -838,6 +840,10 @@ def test_06_a_multi_output_fusion(executed):
     concat = counts["with two-output"].get("Concatenate", 0) - counts["canonical"].get("Concatenate", 0)
     assert concat == 4 and f"'Concatenate': {concat}" in md_text  # one packing copy per fused norm
     assert ("More, not fewer: " in md_text) == (k1 > k0)
+    assert all(len(k) < 60 for c in counts.values() for k in c), counts  # Compiled(...) kernels by their pieces
+    ours = counts["with two-output"].get("RlxvizResidualLayerNorm", 0)
+    assert ours == counts["canonical"].get("RlxvizResidualLayerNorm", 0)  # the one-output kernel: ln_f only
+    assert f"`RlxvizResidualLayerNorm` x{ours} in both programs" in md_text
     assert "16384 B for the 4 norms (a **model** of that kernel" in md_text  # 4 sums of [1, 16, 64] f32
 
 
