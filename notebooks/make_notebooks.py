@@ -556,7 +556,8 @@ safetensors checkpoint as Hugging Face primitives, run through the whole canonic
    read from MLX,
 4. time every version on MLX in paired, interleaved rounds and read the table honestly; time
    `mx.compile` of whole layers on the CPU (a fusion that does not pay) and measure the numerics,
-5. learn why pass **order** matters by running the layer pass first and reading its rejections,
+5. learn why pass **order** matters by running the layer pass too early: first it is silent, then it
+   rejects every layer,
 6. learn why RLX gates attention fusion at 64 tokens (a guard of kind *not profitable*) and measure
    whether that gate pays on MLX,
 7. check yourself in an exercise with feedback.
