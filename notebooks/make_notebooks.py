@@ -329,8 +329,11 @@ said = ("every version compute-bound" if set(predicted.values()) == {"compute"} 
 lines.append(f"The roofline predicted {said}" + (
     ": this run cannot confirm or refute it (a busy machine); run the timing cell again, it measures anew." if busy
     else ": the paired rounds agree, no version differs from the one before." if held else
-    ": the paired rounds do not simply agree (" + "; ".join(verdicts) + "): read the intervals above, and run the "
-    "timing cell again to see whether the verdict holds."))
+    f": yet the paired rounds find a difference ({'; '.join(verdicts)}). The fused versions dispatch fewer kernels "
+    f"({prims[0].program.kernels} -> {prims[-1].program.kernels} non-view primitives, the table of what MLX runs), "
+    "and each kernel costs a launch and its own pass over its data, which a roofline of FLOPs and compulsory bytes "
+    "does not count; the roofline section below puts the measured points against it. Run the timing cell again (it "
+    "measures anew) to see whether the verdict holds."))
 display(Markdown("\\n".join(lines)))''', "read-aloud"),
     md("""
 ### What fusion changes in the numbers
@@ -395,22 +398,35 @@ best = min(session.attainable_ms(v.flops, v.bytes, ridge) for v in roof)  # the 
 medians, fastest = [r.median_ms for r in rows], min(r.min_ms for r in rows)
 dispatched = [r.program.kernels for r in prims]
 achieved = [a for *_, a in points]
-display(Markdown(
-    f"Read aloud: {len(compute_bound)} of {len(points)} versions sit right of the ridge ({ridge.ridge:.1f} FLOP/B): "
-    + ("**all are compute-bound**, so removing bytes cannot help them: on the roofline their best time is set by "
-       "arithmetic alone (the matmuls, and GELU's 29 FLOPs per element). " if len(compute_bound) == len(points) else
-       "those left of it are memory-bound and can gain from removed bytes. ")
-    + f"A roofline is a ceiling, not a time: its best is {best:.3f} ms, and the versions took {min(medians):.2f}-"
-    f"{max(medians):.2f} ms (median; fastest round {fastest:.2f} ms), so they achieve {min(achieved):.2f}-"
-    f"{max(achieved):.2f} GFLOP/s of the {ridge.gflops:.1f} the matmul alone reaches. "
-    + ("More than 3 times the ceiling's time: what sets it is what the roofline leaves out, such as the dispatch "
-       "of " + (f"{min(dispatched)} to {max(dispatched)}" if min(dispatched) != max(dispatched) else
-                f"{dispatched[0]}")
-       + " non-view primitives per call (the table of what MLX runs), each kernel's own pass over its data, and "
-         "other work on the machine" if min(medians) > 3 * best else
-       "Within 3 times the ceiling's time: the arithmetic sets most of it")
-    + ("; and this timing run was flagged as taken on a busy machine: measure again before reading more into it."
-       if session.busy_warning(*rows) else ".")))''', "roofline-conclusion"),
+busy_roof = session.busy_warning(*rows)
+differ = not busy_roof and any(v.words != "within noise" for *_, v in session.compare_versions(rows))
+span = f"{max(dispatched)} to {min(dispatched)}" if min(dispatched) != max(dispatched) else f"{dispatched[0]}"
+text = (f"Read aloud: {len(compute_bound)} of {len(points)} versions sit right of the ridge ({ridge.ridge:.1f} "
+        "FLOP/B): " + ("**all are compute-bound**, so removing bytes cannot help them: on the roofline their best "
+                       "time is set by arithmetic alone (the matmuls, and GELU's 29 FLOPs per element). "
+                       if len(compute_bound) == len(points) else
+                       "those left of it are memory-bound and can gain from removed bytes. ")
+        + f"A roofline is a ceiling, not a time: its best is {best:.3f} ms, and the versions took {min(medians):.2f}-"
+        f"{max(medians):.2f} ms (median; fastest round {fastest:.2f} ms), so they achieve {min(achieved):.2f}-"
+        f"{max(achieved):.2f} GFLOP/s of the {ridge.gflops:.1f} the matmul alone reaches. ")
+if max(achieved) > ridge.gflops:
+    text += ("That is above the measured peak: the ceiling the roofline cell measured is too low (the machine was "
+             "busier then, or one 1024 x 1024 matmul is not this machine's fastest), so rerun that cell before "
+             "reading the points against it. ")
+if busy_roof:
+    text += "This timing run was flagged as taken on a busy machine: measure again before reading more into it."
+elif differ:
+    text += (f"The versions do the same FLOPs, yet the paired rounds find them different: what changed between "
+             f"them is the kernels MLX dispatches ({span} non-view primitives per call) and the bytes those move, so "
+             "the arithmetic does not set their time. The cost per kernel does (a launch, and each kernel's own pass "
+             "over its data), which this roofline does not count: **overhead**, the regime of the GPU section below.")
+elif min(medians) > 3 * best:
+    text += (f"More than 3 times the ceiling's time, and alike: what sets it is what the roofline leaves out, such "
+             f"as the dispatch of {span} non-view primitives per call (the table of what MLX runs), each kernel's "
+             "own pass over its data, and other work on the machine.")
+else:
+    text += "Alike, and within 3 times the ceiling's time: the arithmetic sets most of it."
+display(Markdown(text))''', "roofline-conclusion"),
     md("""
 ### Recorded, not measured here: MiniLM on an H200 GPU
 
