@@ -323,17 +323,23 @@ for prev, r, v in session.compare_versions(rows):
                  f"ratio {v.ratio:.3f} (95% CI {v.low:.3f}..{v.high:.3f}): **{v.words}**.")
     print(f"verdict {r.label}: {v.words}")
 verdicts = [v.words for *_, v in session.compare_versions(rows)]
-held = set(predicted.values()) == {"compute"} and all(w == "within noise" for w in verdicts)
-said = ("every version compute-bound" if set(predicted.values()) == {"compute"} else
-        ", ".join(f"#{k} {b}-bound" for k, b in predicted.items()))
-lines.append(f"The roofline predicted {said}" + (
-    ": this run cannot confirm or refute it (a busy machine); run the timing cell again, it measures anew." if busy
-    else ": the paired rounds agree, no version differs from the one before." if held else
-    f": yet the paired rounds find a difference ({'; '.join(verdicts)}). The fused versions dispatch fewer kernels "
-    f"({prims[0].program.kernels} -> {prims[-1].program.kernels} non-view primitives, the table of what MLX runs), "
-    "and each kernel costs a launch and its own pass over its data, which a roofline of FLOPs and compulsory bytes "
-    "does not count; the roofline section below puts the measured points against it. Run the timing cell again (it "
-    "measures anew) to see whether the verdict holds."))
+all_compute = set(predicted.values()) == {"compute"}
+differs = [w for w in verdicts if w != "within noise"]
+said = "every version compute-bound" if all_compute else ", ".join(f"#{k} {b}-bound" for k, b in predicted.items())
+if busy:
+    tail = ": this run cannot confirm or refute it (a busy machine); run the timing cell again, it measures anew."
+elif not differs:
+    tail = (": the paired rounds agree, no version differs from the one before." if all_compute else
+            ": the paired rounds find no version different from the one before, so the bytes removed bought nothing "
+            "measurable here.")
+else:
+    tail = ((": yet" if all_compute else ";") + f" the paired rounds find a difference ({'; '.join(verdicts)}). The "
+            f"fused versions dispatch fewer kernels ({prims[0].program.kernels} -> {prims[-1].program.kernels} "
+            "non-view primitives, the table of what MLX runs), and each kernel costs a launch and its own pass over "
+            "its data, which a roofline of FLOPs and compulsory bytes does not count; the roofline section below puts "
+            "the measured points against it. Run the timing cell again (it measures anew) to see whether the verdict "
+            "holds.")
+lines.append(f"The roofline predicted {said}{tail}")
 display(Markdown("\\n".join(lines)))''', "read-aloud"),
     md("""
 ### What fusion changes in the numbers
