@@ -921,8 +921,8 @@ display(Markdown(
        if busy_low else
        "Here compiling did not make the model faster: the fusion `mx.compile` adds does not pay on this CPU. "
        if not any(v.words.endswith("faster") for v in (v_layer, v_graph)) else
-       f"Here compiling measured faster at this shape ({CM_BATCH * CM_SEQ} tokens, where the elementwise work is small and "
-       "fewer dispatches can win); the recorded figures below are at the full shape. ")
+       f"Here compiling measured faster at this shape ({CM_BATCH * CM_SEQ} tokens, where the elementwise work is "
+       "small and fewer dispatches can win); the recorded figures below are at the full shape. ")
     + "Recorded at batch 8, seq 128 (not measured here): "
     + "; ".join(f"{k} {a} vs {b} ms (idle, 2026-11-30)" for k, (a, b) in RECORDED_COMPILE.items())
     + f"; and on 2026-12-02, {RECORDED_PAIRED}. That is why `compile_layers` is off on the CPU and on on the "
@@ -2223,7 +2223,8 @@ display(Markdown(
 
 Pick a model and a pipeline; the cell prints the norms fused and whether the numbers held (the output
 under the cell before the control is a static copy, for exports). Your rule is for LayerNorm, so LLaMA's
-pre-LN RMSNorms stay unfused (pick it: only the norm the product's single-output rule takes fuses). `FusedResidualRmsNorm` takes `with_sum` too; its twin rule is a next exercise
+pre-LN RMSNorms stay unfused (pick it: only the norm the product's single-output rule takes fuses).
+`FusedResidualRmsNorm` takes `with_sum` too; its twin rule is a next exercise
 (LLaMA's norm has no beta: `fuse_residual_rms_norm.residual_no_beta` shows how to give it a zero one).
 """),
     code('''
