@@ -14,10 +14,15 @@ from rlxviz.passes.unrecognized import unrecognized
 CASES = Path(__file__).parent / "data" / "cases"
 
 
-def pre_ln_model(layers: int = 2, mask: str = "causal", act: str = "gelu_tanh", h: int = 32) -> Graph:
-    """GPT-2 (causal, tanh GELU) or ViT (no mask, erf GELU): x + attn(ln1(x)); x + mlp(ln2(x)), paths h.N."""
+def pre_ln_model(layers: int = 2, mask: str = "causal", act: str = "gelu_tanh", h: int = 32, *,
+                 rope: bool = False, parallel: bool = False) -> Graph:
+    """GPT-2 (causal, tanh GELU) or ViT (no mask, erf GELU): x + attn(ln1(x)); x + mlp(ln2(x)), paths h.N.
+
+    `rope`: rotary embeddings on q and k (NeoX halves). `parallel`: GPT-NeoX's `use_parallel_residual`,
+    `x + attn(ln1(x)) + mlp(ln2(x))`: two norms of the same stream, the MLP not downstream of the attention."""
     b = Builder(f"pre_ln_{mask}")
     x = b.input("x", (2, 6, h))
+    cos, sin = b.param("rope.cos", (6, h // 8)), b.param("rope.sin", (6, h // 8))
     for i in range(layers):
         with b.scope(f"h.{i}"):
             def ln(t, name, i=i):
@@ -31,10 +36,14 @@ def pre_ln_model(layers: int = 2, mask: str = "causal", act: str = "gelu_tanh", 
             a = ln(x, "ln_1")
             qkv = lin(a, "attn.c_attn", h, 3 * h)
             q, k, v = (b.narrow(qkv, 2, j * h, h) for j in range(3))
+            if rope:
+                q, k = (b.rope(t, cos, sin, head_dim=h // 4) for t in (q, k))
             att = b.attention(q, k, v, num_heads=4, head_dim=h // 4, mask_kind=mask)
-            x = b.add(x, lin(att, "attn.c_proj", h, h))
-            m = lin(ln(x, "ln_2"), "mlp.c_fc", h, 4 * h)
-            x = b.add(x, lin(b.unary(act, m), "mlp.c_proj", 4 * h, h))
+            attn_out = lin(att, "attn.c_proj", h, h)
+            stream = x if parallel else b.add(x, attn_out)
+            m = lin(ln(stream, "ln_2"), "mlp.c_fc", h, 4 * h)
+            mlp_out = lin(b.unary(act, m), "mlp.c_proj", 4 * h, h)
+            x = b.add(b.add(x, attn_out), mlp_out) if parallel else b.add(stream, mlp_out)
     b.output(x)
     return b.build()
 
@@ -71,6 +80,25 @@ def test_parallel_block_case_16():
     assert arch.kind == "parallel" and arch.pre_norm and arch.mask == "keep"
     assert arch.not_expected("fuse_attention_block", "qkv_split") is None  # the block is expected here
     assert arch.not_expected("fuse_transformer_layer") is not None
+
+
+def test_gpt_neox_parallel_residual_two_norms_is_parallel():
+    """GPT-NeoX (`use_parallel_residual`): ln1 feeds the attention, ln2 of the same stream the MLP. Once read
+    as LLaMA because of its RoPE, though it has LayerNorms and a GELU MLP."""
+    for rope in (False, True):
+        arch = classify_layer(pre_ln_model(mask="causal", act="gelu", rope=rope, parallel=True), 0)
+        assert arch.kind == "parallel" and arch.pre_norm, (rope, arch)
+        assert any("of the same input" in e for e in arch.evidence), arch.evidence
+        assert "LLaMA" not in arch.description and ("RoPE" in arch.description) == rope
+
+
+def test_layer_norm_with_rope_is_pre_ln_not_llama():
+    """A sequential pre-LN layer with RoPE, LayerNorm and a GELU MLP (GPT-NeoX without the parallel residual,
+    Phi-1) is pre-LN: LLaMA means RMSNorm and/or SwiGLU."""
+    arch = classify_layer(pre_ln_model(mask="causal", act="gelu", rope=True), 0)
+    assert (arch.kind, arch.norm, arch.rope) == ("pre_ln", "LayerNorm", True)
+    assert arch.description.startswith("pre-LN") and "RoPE" in arch.description
+    assert classify_layer(load_model("llama-block", seq=8).graph, 0).kind == "llama"
 
 
 def test_attention_only_graphs():

@@ -8,9 +8,10 @@ on a copy, so decomposed norms, GELUs and Hugging Face attention are seen as ops
 * `post_ln` (BERT): a residual sum feeds only a LayerNorm (`norm(x + sublayer(x))`).
 * `pre_ln` (GPT-2, ViT): a norm reads the residual stream, which also feeds the residual add
   (`x + sublayer(norm(x))`).
-* `llama`: pre-norm with RMSNorm, and SwiGLU and/or RoPE.
-* `parallel` (GPT-J, PaLM, Phi-2): one norm output feeds both the attention and the MLP, whose
-  activation is not downstream of the attention.
+* `llama`: pre-norm with RMSNorm and/or SwiGLU (RoPE with a LayerNorm and a plain MLP is `pre_ln`).
+* `parallel` (GPT-J, GPT-NeoX, PaLM, Phi-2): the attention and the MLP read the same residual stream, through
+  one norm (GPT-J) or one norm each (GPT-NeoX's `use_parallel_residual`), and the MLP's activation is not
+  downstream of the attention.
 * `attention_only`: attention and no MLP activation.
 * `no_attention`: everything else with no attention (an MLP, an embedding).
 
@@ -43,7 +44,7 @@ DESCRIPTIONS = {
     "post_ln": "post-LN (BERT): attention -> residual add -> LayerNorm",
     "pre_ln": "pre-LN (GPT-2, ViT): norm -> sublayer -> residual add",
     "llama": "LLaMA: pre-norm RMSNorm",
-    "parallel": "parallel block (GPT-J, PaLM, Phi-2): one norm feeds attention and MLP",
+    "parallel": "parallel block (GPT-J, GPT-NeoX, PaLM, Phi-2): attention and MLP read the same residual stream",
     "attention_only": "attention only (no MLP)",
     "no_attention": "no attention",
 }
@@ -295,13 +296,22 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
     parallel = False
     if attn and acts:
         a_reach = _reach(g, attn[0].id, ids) | {attn[0].id}
+        reach = {n.id: _reach(g, n.id, ids) for n in norms}
         for n in norms:
-            r = _reach(g, n.id, ids)
-            act = next((x for x in acts if x.id in r and x.id not in a_reach), None)
-            if attn[0].id in r and act is not None:
+            if attn[0].id not in reach[n.id]:
+                continue
+            # The MLP's norm: this one (GPT-J, PaLM) or another norm of the same residual stream (GPT-NeoX).
+            for m in [n] + [m for m in norms if m.id != n.id and m.inputs[0] == n.inputs[0]]:
+                act = next((x for x in acts if x.id in reach[m.id] and x.id not in a_reach), None)
+                if act is None:
+                    continue
                 parallel = True
-                evidence.append(f"{_label(n)} feeds both {_label(attn[0])} and {_label(act)}, which does not "
-                                f"depend on the attention (parallel block)")
+                via = (f"{_label(n)} feeds both {_label(attn[0])} and {_label(act)}" if m is n else
+                       f"{_label(n)} feeds {_label(attn[0])} and {_label(m)}, of the same input "
+                       f"{_label(g[n.inputs[0]])}, feeds {_label(act)}")
+                evidence.append(f"{via}, which does not depend on the attention (parallel block)")
+                break
+            if parallel:
                 break
     if not attn:
         kind = "no_attention"
@@ -313,7 +323,7 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
         kind = "parallel"
     elif post and not pre and norm == "LayerNorm":
         kind = "post_ln"
-    elif norm == "RMSNorm" or swiglu or rope:
+    elif norm == "RMSNorm" or swiglu:  # RoPE alone is GPT-NeoX's and Phi's too: a pre-LN layer with RoPE
         kind = "llama"
     else:
         kind = "pre_ln"
