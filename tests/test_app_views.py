@@ -379,3 +379,17 @@ def test_one_version_numbering_in_the_list_and_the_timing_chart():
     chart = [timing_factor(r) for r in AppState._timing_rows(rows, vis)]
     listed = [name.rsplit(" (", 1)[0] for name in VersionStepper(state=s)._options()]
     assert listed == chart, (listed, chart)
+
+
+def test_ir_diff_selects_number_versions_as_the_version_list():
+    """The IR & diff tab's Left/Right lists give each version the version list's number (they counted the shown
+    versions, so 'version 4' named two graphs on one page when passes were hidden), also after the filter changes."""
+    from rlxviz.app.panels import IRView, VersionStepper
+
+    s = tiny()
+    stepper, view = VersionStepper(state=s), IRView(state=s)
+    assert s.hide_unchanged and any(i != k for k, (i, _) in enumerate(s._visible(s.trace)))  # numberings differ
+    for hide in (True, False):
+        s.hide_unchanged = hide
+        listed = [name.rsplit(" (", 1)[0] for name in stepper._options()]
+        assert list(view.left.options) == list(view.right.options) == listed, (hide, listed, view.left.options)

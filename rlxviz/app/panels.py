@@ -598,7 +598,7 @@ class IRView(Viewer):
         ]
         self._kinds = [("ir.txt", True), ("dot", True), ("svg", True), ("trace.json", False)]
         self.stale = StaleMark(s, "ir", self.ir, self.diff)
-        s.param.watch(self._update, ["trace", "version"])
+        s.param.watch(self._update, ["trace", "version", "hide_unchanged"])
         self._update()
 
     def _name_downloads(self) -> None:
@@ -620,7 +620,7 @@ class IRView(Viewer):
         s = self.state
         self.ir.text = s.ir_current()
         labels = s.version_labels or ["input"]
-        options = {f"{k}: {lbl}": k for k, lbl in enumerate(labels)}
+        options = {version_name(s.version_index(k), lbl): k for k, lbl in enumerate(labels)}  # as the list numbers them
         k = min(s.version, len(labels) - 1)
         self._drawing = True  # one diff for both selects' change
         self.left.param.update(options=options, value=max(k - 1, 0))
