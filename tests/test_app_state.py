@@ -585,3 +585,22 @@ def test_timing_checks_the_memory_budget_of_timing_first(monkeypatch):
     monkeypatch.setattr(timeproc, "time_in_worker", lambda *a, **k: pytest.fail("timed past the budget"))
     s.time_all()
     assert s.message_kind == "danger" and "MiB" in s.message and not s.timings, s.message
+
+
+def test_an_uploaded_onnx_file_is_named_after_the_users_file():
+    """The model shown and its downloads are named as the CLI names the file (`falcon.onnx` -> `falcon`), not after
+    the stored copy (`model.onnx`: every upload was `model`, so after two uploads nothing said which was shown)."""
+    from rlxviz.app.panels import IRView
+    from rlxviz.app.wording import upload_model_name
+
+    data = (Path(__file__).resolve().parents[1] / "tests/fixtures/onnx/gpt2.onnx").read_bytes()
+    s = tiny()
+    view = IRView(state=s)
+    s.load_upload({"my-net.onnx": data})
+    assert s.message_kind != "danger" and s.model.name == "my-net", (s.model.name, s.message)
+    assert view.downloads[0].filename == "my-net.input.ir.txt"
+    s.load_upload({"other name.onnx": data})  # the same bytes under another name: that name is shown
+    assert s.model.name == "other name", s.model.name
+    assert upload_model_name({"model.onnx": "C:\\\\exports\\\\bert.ONNX"}, "model") == "bert"
+    assert upload_model_name({"model.onnx": ".onnx"}, "model") == "model"
+    assert upload_model_name({"config.json": "config.json"}, "/tmp/rlxviz-upload-ab12") == "uploaded checkpoint"

@@ -29,7 +29,15 @@ from .sources import (
     check_upload,
     store_upload,
 )
-from .wording import SHAPE_VARIANT, VARIANT_LABELS, explain_error, scrub_paths, timing_hint, upload_names
+from .wording import (
+    SHAPE_VARIANT,
+    VARIANT_LABELS,
+    explain_error,
+    scrub_paths,
+    timing_hint,
+    upload_model_name,
+    upload_names,
+)
 
 OVERLAY_TIME_LIMIT_S = 60.0
 """Wall time one overlay measurement may take in the timing process; past it the figures measured so far show."""
@@ -83,9 +91,12 @@ class Runs:
             if (onnx_file := Path(where) / ONNX_UPLOAD_NAME).is_file():
                 where = str(onnx_file)
         # a file a user brings loads in a child process killed past its wall time (`session.isolated`)
-        return session.load_isolated(where, self.batch, self.effective_seq,
-                                     None if self.style == "default" else self.style, self.variant,
-                                     self.variant_layer, limits, self.threshold, roots)
+        model = session.load_isolated(where, self.batch, self.effective_seq,
+                                      None if self.style == "default" else self.style, self.variant,
+                                      self.variant_layer, limits, self.threshold, roots)
+        if self.source == "upload":  # named after the user's file, as `rlxviz explain falcon.onnx` names it
+            model.name = upload_model_name(self._upload_names, model.name)
+        return model
 
     def _run_pipeline(self, model: Model) -> Trace:
         pipe = session.build_pipeline(self.enabled_passes, {"fab_max_tokens": self.effective_threshold}, name="app")
@@ -301,11 +312,12 @@ class Runs:
             self._error(str(e))
             return
         h = hashlib.sha256()
-        for name in sorted(checked):
-            h.update(f"{name}:{len(checked[name])};".encode())
+        names = upload_names(files, checked)
+        for name in sorted(checked):  # the user's name too: the model shown is named after it
+            h.update(f"{name}:{names[name]}:{len(checked[name])};".encode())
             h.update(checked[name])
         self._upload = checked
-        self._upload_names = upload_names(files, checked)
+        self._upload_names = names
         # a new model starts as built: a teaching variant of the last one would refuse an ONNX file (a variant, then
         # a dropped gpt2.onnx, showed an error and the old model)
         upload_id = h.hexdigest()[:24]

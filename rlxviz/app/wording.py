@@ -11,7 +11,7 @@ from .. import session
 from ..ir import GraphError, IRSyntaxError
 from ..models import VARIANTS
 from ..session import OVER_THRESHOLD, SessionError
-from .sources import SourceError
+from .sources import ONNX_UPLOAD_NAME, UPLOAD_PREFIX, SourceError
 from .text import md_escape
 
 SHAPE_VARIANT = OVER_THRESHOLD
@@ -56,6 +56,18 @@ def upload_names(files: dict[str, bytes], checked: dict[str, bytes]) -> dict[str
             given = next((k for k, v in files.items() if v == data), stored)
         out[stored] = given
     return out
+
+
+def upload_model_name(names: dict[str, str], loaded: str) -> str:
+    """The name an uploaded model is shown and downloaded under (`names`: `upload_names`' stored name -> the user's).
+
+    An `.onnx` file: its stem as the user named it (`falcon.onnx` -> `falcon`, as `rlxviz explain falcon.onnx`
+    names it; the stored copy is `model.onnx`, so every upload was called `model`), else `loaded`. A checkpoint
+    upload: `loaded`, unless that is the temp folder's name (`uploaded checkpoint` then)."""
+    if ONNX_UPLOAD_NAME not in names:
+        return "uploaded checkpoint" if loaded.rsplit("/", 1)[-1].startswith(UPLOAD_PREFIX) else loaded
+    given = one_line(names[ONNX_UPLOAD_NAME]).replace("\\", "/").rsplit("/", 1)[-1]
+    return (given[:-5] if given.lower().endswith(".onnx") else given) or loaded
 
 
 def timing_hint(e: BaseException) -> str:
