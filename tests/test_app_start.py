@@ -17,11 +17,15 @@ def test_three_clicks_step_break_and_ask_why():
     assert s.version == 0 and not start.brk.disabled
     start.step.clicks += 1
     assert s.version == 1 and s.version_labels[1] in start.note.object.replace("\\", "")
+    text = start.note.object.split(">", 1)[1]  # each text says the next click first: a cut keeps it
+    assert text.startswith("<b>Next: ① again, then ②."), text
     start.brk.clicks += 1
     assert s.variant == BREAK_VARIANT and s.variant_layer == 1
     assert "layer 1 NOT fused" in s.message and "guard" in s.message, s.message
+    assert start.note.object.split(">", 1)[1].startswith("<b>Next: ③."), start.note.object
     start.why.clicks += 1
     assert opened == [True] and s.selected_layer == 1
+    assert start.note.object.split(">", 1)[1].startswith("<b>Next: the Why tab"), start.note.object
     start.show_on(False)  # another tab than Graph and Why
     assert not start.strip.visible
     start.show_on(True)

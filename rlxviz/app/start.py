@@ -19,14 +19,17 @@ refuses (the Why tab then names that guard)."""
 BREAK_LAYER = 1
 """The layer the second click breaks (layer 0 when the model has only one)."""
 
-STEPS = ("Three clicks: watch the graph shrink pass by pass, break a layer on purpose, ask why it did not fuse. "
-         "Or drop your own model (.onnx) at the right.")
+STEPS = ("Three clicks: ① watch the graph shrink pass by pass, ② break a layer on purpose, ③ ask why it did not "
+         "fuse. Or drop your own model (.onnx) at the right.")
 
 NOTE_CSS = """
-.rv-note-line { white-space: nowrap; overflow: hidden; text-overflow: ellipsis; font-size: 12px; line-height: 34px; }
+.rv-note-line { display: -webkit-box; -webkit-box-orient: vertical; -webkit-line-clamp: 2; overflow: hidden;
+                font-size: 12px; line-height: 16px; max-height: 32px; }
 """
-"""The strip's line: one line, cut with an ellipsis where the window is narrow (its tooltip holds the whole text).
-A wrapped line made the strip 157 px tall and pushed the graph panes below a laptop's fold."""
+"""The strip's text: at most two lines of 16 px in the buttons' 34 px row, cut with an ellipsis past that (its
+tooltip holds the whole text). Each text says the next click first, so a cut never loses it (on one line the
+next step, at the end, was cut at both 1280 and 1920 px). A text left to wrap made the strip 157 px tall and
+pushed the graph panes below a laptop's fold."""
 
 
 def note_html(parts: list[tuple[str, bool]]) -> str:
@@ -112,9 +115,10 @@ class StartHere(Viewer):
         k = min(s.version, n - 1)
         name = s.model.name if s.model is not None else "the model"
         number = s.version_index(k)  # as the version list and the timing chart number it (`version_name`)
-        self._say([("Showing ", False), (s.version_labels[k], True), (f" (version {number}) of ", False), (name, True),
-                   (": the left pane is the graph before this pass (what it matched framed in green), the right one "
-                    "after it. Click again for the next pass, then ②.", False)], "step")
+        self._say([("Next: ① again, then ②. ", True), ("Showing ", False), (s.version_labels[k], True),
+                   (f" (version {number}) of ", False), (name, True),
+                   (": left, the graph before this pass (what it matched framed in green); right, after it.", False)],
+                  "step")
 
     def next_version(self) -> None:
         """Show the next version (after the last: the input again)."""
@@ -136,8 +140,9 @@ class StartHere(Viewer):
         layer = BREAK_LAYER if BREAK_LAYER in layers else (layers[0] if layers else 0)
         s.param.update(variant_layer=layer, variant=BREAK_VARIANT)
         self._model_name = s.model.name if s.model is not None else ""
-        self._say([(f"Layer {layer} now has an extra user of its attention output, so it must stay unfused: the "
-                    "message above names the guard that refused it. Now ③.", False)], "break")
+        self._say([("Next: ③. ", True), (f"Layer {layer} now has an extra user of its attention output, so it must "
+                                          "stay unfused: the banner above names the guard that refused it.", False)],
+                  "break")
 
     def ask_why(self) -> None:
         """Open the Why tab on the broken layer (or the selected one, or the first)."""
@@ -147,8 +152,9 @@ class StartHere(Viewer):
             s.selected_layer = s.variant_layer if s.variant_layer in layers else layers[0]
         self.show_why()
         self._model_name = s.model.name if s.model is not None else ""
-        self._say([("The Why tab lists each pattern's outcome on the layer and the first guard that failed. More: "
-                    "the Matches & rejections table, the Timing tab, the sidebar (☰).", False)], "why")
+        self._say([("Next: the Why tab below. ", True), ("It lists each pattern's outcome on the layer and the first "
+                                                        "guard that failed. More: the Matches & rejections table, "
+                                                        "the Timing tab, the sidebar (☰).", False)], "why")
 
     def dismiss(self) -> None:
         """Hide the strip for the rest of the session (its ✕)."""
