@@ -23,6 +23,8 @@ def test_three_clicks_step_break_and_ask_why():
     assert s.variant == BREAK_VARIANT and s.variant_layer == 1
     assert "layer 1 NOT fused" in s.message and "guard" in s.message, s.message
     assert start.note.object.split(">", 1)[1].startswith("<b>Next: ③."), start.note.object
+    refused = s.layer_status(1).first  # the panes show the pass that refused the layer, its rejection marked
+    assert s.version_labels[s.version] == f"after {refused.pass_name}", (s.version_labels[s.version], refused)
     start.why.clicks += 1
     assert opened == [True] and s.selected_layer == 1
     assert start.note.object.split(">", 1)[1].startswith("<b>Next: the Why tab"), start.note.object

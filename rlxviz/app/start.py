@@ -10,6 +10,7 @@ import panel as pn
 import param
 from panel.viewable import Viewer
 
+from ..session import SessionError
 from .state import AppState
 from .text import html_text
 
@@ -70,6 +71,7 @@ class StartHere(Viewer):
                                  align="center", height=34, min_width=100, sizing_mode="stretch_width",
                                  stylesheets=[NOTE_CSS])
         self._mode = "steps"
+        self._jump: int | None = None
         self._model_name = ""
         self.title = pn.pane.Markdown("**Start here**", margin=(0, 2, 0, 8), align="center", width=84, height=24,
                                       sizing_mode="fixed", css_classes=["rv-start-title"])
@@ -101,11 +103,27 @@ class StartHere(Viewer):
         """Keep the line true to what is shown: after ① it names the model and version now shown (a new model or
         another version chosen elsewhere); the lines of ② and ③ belong to their model, so a new model's list of
         versions puts back the three steps. (The line kept naming the last model's version.)"""
+        self._show_refusal()
         if self._mode == "step":
             self._say_version()
         elif self._mode in ("break", "why") and self.state.model is not None \
                 and self.state.model.name != self._model_name:
             self._say([(STEPS, False)], "steps")
+
+    def _show_refusal(self) -> None:
+        """After ②, once its run is shown: step to the version of the pass whose guard refused the broken layer, so
+        the panes show that rejection (they stayed at the version shown before, a pass that refused nothing)."""
+        s, layer = self.state, self._jump
+        if layer is None or s.trace is None or s.variant != BREAK_VARIANT or s.variant_layer != layer:
+            return
+        try:
+            first = s.layer_status(layer).first
+        except SessionError:  # a run without that layer: nothing to show, the banner says why
+            first = None
+        self._jump = None
+        label = f"after {first.pass_name}" if first is not None else None
+        if label in s.version_labels:
+            s.version = s.version_labels.index(label)
 
     def _say_version(self) -> None:
         s = self.state
@@ -138,7 +156,9 @@ class StartHere(Viewer):
             return
         layers = s.layers()
         layer = BREAK_LAYER if BREAK_LAYER in layers else (layers[0] if layers else 0)
+        self._jump = layer  # the run this starts shows the pass that refused the layer (`_show_refusal`)
         s.param.update(variant_layer=layer, variant=BREAK_VARIANT)
+        self._show_refusal()
         self._model_name = s.model.name if s.model is not None else ""
         self._say([("Next: ③. ", True), (f"Layer {layer} now has an extra user of its attention output, so it must "
                                           "stay unfused: the banner above names the guard that refused it.", False)],
