@@ -71,6 +71,8 @@ def test_lecturer_flow_start_here(browser, server, width, height):
         pg.locator(".rv-start-break button").click()  # ② break layer 1
         expect(pg.locator(".rv-message")).to_contain_text("layer 1 NOT fused")
         expect(pg.locator(".rv-message")).to_contain_text("guard")
+        # the panes step to the pass that refused it (h1_user_count of fuse_transformer_layer)
+        expect(pg.locator(".rv-version select option:checked")).to_contain_text("after fuse_transformer_layer")
         pg.locator(".rv-start-why button").click()  # ③ ask why
         expect(pg.locator(".bk-tab.bk-active")).to_have_text(re.compile("Why"))
         expect(pg.locator(".rv-why")).to_contain_text("Layer 1")

@@ -71,7 +71,7 @@ class StartHere(Viewer):
                                  align="center", height=34, min_width=100, sizing_mode="stretch_width",
                                  stylesheets=[NOTE_CSS])
         self._mode = "steps"
-        self._jump: int | None = None
+        self._jump: tuple[int, object] | None = None  # (the layer ② broke, the trace shown when it was clicked)
         self._model_name = ""
         self.title = pn.pane.Markdown("**Start here**", margin=(0, 2, 0, 8), align="center", width=84, height=24,
                                       sizing_mode="fixed", css_classes=["rv-start-title"])
@@ -113,8 +113,12 @@ class StartHere(Viewer):
     def _show_refusal(self) -> None:
         """After ②, once its run is shown: step to the version of the pass whose guard refused the broken layer, so
         the panes show that rejection (they stayed at the version shown before, a pass that refused nothing)."""
-        s, layer = self.state, self._jump
-        if layer is None or s.trace is None or s.variant != BREAK_VARIANT or s.variant_layer != layer:
+        s = self.state
+        if self._jump is None or s.trace is None or s.trace is self._jump[1]:  # not yet the run ② started
+            return
+        layer = self._jump[0]
+        if s.variant != BREAK_VARIANT or s.variant_layer != layer:  # changed meanwhile: show what was chosen
+            self._jump = None
             return
         try:
             first = s.layer_status(layer).first
@@ -156,7 +160,7 @@ class StartHere(Viewer):
             return
         layers = s.layers()
         layer = BREAK_LAYER if BREAK_LAYER in layers else (layers[0] if layers else 0)
-        self._jump = layer  # the run this starts shows the pass that refused the layer (`_show_refusal`)
+        self._jump = (layer, s.trace)  # the run this starts shows the pass that refused the layer (`_show_refusal`)
         s.param.update(variant_layer=layer, variant=BREAK_VARIANT)
         self._show_refusal()
         self._model_name = s.model.name if s.model is not None else ""
