@@ -8,6 +8,7 @@ import base64
 import re
 from pathlib import Path
 
+from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import expect
 from served import (
     SMALL_IR,
@@ -351,6 +352,57 @@ def test_trial_3_4_uploads_are_emptied_and_errors_name_the_users_file(browser, s
         pg.wait_for_timeout(1000)
         expect(pg.locator(".filepond--item")).to_have_count(0)
 
+
+
+SEEN_JS = """() => { window.rvSeen = new Set(); clearInterval(window.rvSampler);
+  const all = (root, out) => { root.querySelectorAll('.rv-progress-text').forEach((e) => out.push(e));
+    root.querySelectorAll('*').forEach((e) => e.shadowRoot && all(e.shadowRoot, out)); return out; };
+  window.rvSampler = setInterval(() => all(document, []).forEach((e) => {
+    const t = [...(e.shadowRoot || e).children].filter((c) => !['STYLE', 'LINK'].includes(c.tagName))
+      .map((c) => c.textContent).join(' ').trim(); if (t) window.rvSeen.add(t); }), 20);
+}"""
+"""From now on, every text the progress line shows (sampled every 20 ms) into `window.rvSeen`: a load leaves its
+steps there even when its message is the last one's, word for word."""
+
+
+def test_trial_5_every_drop_on_the_start_strip_loads(browser, server):
+    """A file dropped on the start strip's zone loads, every time: gpt2.onnx, the same file again (it is read and
+    checked against the ONNX model again; the zone held the file and the second drop did nothing), a broken file
+    (the error names the user's file), gpt2.onnx once more. The files go into the strip's own zone, through its
+    file input (the sidebar's zone is not the one used)."""
+    check = "Checking version 0 against the ONNX model"
+    with _page(browser, server) as pg:
+        msg = pg.locator(".rv-message")
+        zone = pg.locator(".rv-start .rv-drop input[type=file]")  # FilePond's input, in the zone's shadow root
+
+        def drop(files):
+            pg.evaluate(SEEN_JS)
+            expect(zone).to_have_count(1)  # the strip's zone (an emptied zone is a new one: found again each time)
+            zone.set_input_files(files)
+
+        def loaded_again(n):
+            """Drop `n` loaded: its progress showed the check against the ONNX model (the message alone may be the
+            last drop's, word for word), then the page is idle with that check's line."""
+            try:
+                pg.wait_for_function("t => [...window.rvSeen].some((s) => s.includes(t))", arg=check,
+                                     timeout=3 * WAIT_MS)
+            except PlaywrightError:
+                raise AssertionError((n, pg.evaluate("() => [...window.rvSeen]"))) from None
+            _idle(pg)
+            expect(msg).to_contain_text("equals the ONNX model")
+
+        drop(str(ONNX / "gpt2.onnx"))
+        loaded_again(1)
+        expect(pg.locator(".rv-version select")).not_to_contain_text("196 ops")
+        drop(str(ONNX / "gpt2.onnx"))
+        loaded_again(2)
+        drop([{"name": "my-net.onnx", "mimeType": "application/octet-stream", "buffer": b"not an onnx file"}])
+        expect(msg).to_contain_text("my-net.onnx", timeout=3 * WAIT_MS)
+        expect(msg).to_contain_text("not a readable ONNX model")
+        expect(msg).not_to_contain_text("upload/")
+        _idle(pg)
+        drop(str(ONNX / "gpt2.onnx"))
+        loaded_again(3)
 
 
 def test_trial_6_the_default_timing_run_gives_a_verdict(browser, server):
