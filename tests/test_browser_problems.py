@@ -451,3 +451,15 @@ def test_trial_8_9_the_overlay_colours_both_panes_and_its_legend_fits(browser, s
         for pane in (".rv-before", ".rv-after"):
             box = pg.locator(pane).first.bounding_box()
             assert box["y"] + box["height"] <= H, (pane, box)
+        open_sidebar(pg)  # beside the open sidebar: the swatches whole, the unit line whole or in its tooltip
+        for _ in range(40):  # the sidebar slides open
+            if pg.locator("#sidebar").bounding_box()["width"] > 300:
+                break
+            pg.wait_for_timeout(100)
+        pg.wait_for_timeout(500)
+        fit = "e => [e.scrollWidth <= e.clientWidth, e.textContent.replace(/\\s+/g, ' ').trim(), e.title]"
+        whole, text, _ = pg.locator(".rv-legend-swatches").evaluate(fit)
+        assert whole, f"the swatches are cut (the label took the row): {text}"  # was cut after the fourth colour
+        whole, text, tip = pg.locator(".rv-legend-unit").evaluate(fit)
+        assert whole or tip == text, (text, tip)
+        assert legend.bounding_box()["height"] <= 48, legend.bounding_box()
