@@ -305,6 +305,9 @@ def test_trial_1_the_start_strip_keeps_its_text_with_the_sidebar_open(browser, s
         step, hide = (pg.locator(c).bounding_box() for c in (".rv-start-step", ".rv-start-hide"))
         assert abs(step["y"] + step["height"] / 2 - hide["y"] - hide["height"] / 2) < 10, (step, hide)  # one row
         expect(pg.locator(".rv-start-note [title]")).to_have_attribute("title", STEPS)
+        zone, words = (pg.locator(f".rv-start {c}").bounding_box() for c in (".rv-drop", ".filepond--drop-label label"))
+        assert zone["x"] <= words["x"] and words["x"] + words["width"] <= zone["x"] + zone["width"], (zone, words)
+        expect(pg.locator(".rv-start .filepond--drop-label label")).to_contain_text("Browse")  # (was cut at "Brow")
 
 
 def test_trial_2_the_start_strip_follows_the_model(browser, server):
