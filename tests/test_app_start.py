@@ -60,6 +60,10 @@ def test_a_dropped_onnx_file_loads_and_half_a_checkpoint_waits():
     s.message = ""
     holder[0].value = {"gpt2.onnx": (FIX / "gpt2.onnx").read_bytes()}  # the same file again: it loads again
     assert "equals the ONNX model" in s.message and s.model.meta.get("onnx_file"), s.message
+    holder[0].value = {"my-net.onnx": b"not an onnx file"}  # a broken file: its error names it, the panes go stale
+    assert "my-net.onnx" in s.message and s.message_kind == "danger" and s.stale, s.message
+    holder[0].value = {"gpt2.onnx": (FIX / "gpt2.onnx").read_bytes()}  # the good file again: read and checked again
+    assert "equals the ONNX model" in s.message and not s.stale, s.message  # (the broken file's error stayed up)
 
 
 def test_the_line_follows_the_model_and_fits_one_line():

@@ -16,6 +16,12 @@ from .text import md_escape, md_pre
 SOURCE_LABELS = {"preset": "Built-in", "checkpoint": "Folder", "upload": "Upload", "ir": "IR text"}
 
 
+DROP_CSS = """
+.filepond--drop-label label { white-space: normal; font-size: 12px; line-height: 1.3; padding: 0 4px; }
+"""
+"""The drop zone's words on two lines: on one ("Drag & Drop your files or Browse") they were cut at "Brow" in the
+zone's 165 px."""
+
 class ModelControls(Viewer):
     """Model source (preset, checkpoint folder, upload, IR text), graph style, batch, seq and text.
 
@@ -131,7 +137,8 @@ class ModelControls(Viewer):
         # no accepted_filetypes: the browser gives an .onnx file no MIME type, which FilePond's type check refused
         # ("invalid type"); `sources.check_upload` judges the files by name instead
         drop = pn.widgets.FileDropper(multiple=True, max_files=2, max_total_file_size=f"{limit:.0f}MB",
-                                      layout="compact", width=165, css_classes=["rv-drop"])
+                                      layout="compact", width=165, css_classes=["rv-drop"],
+                                      stylesheets=[DROP_CSS])
         drop.param.watch(self._on_drop, "value")
         return drop
 

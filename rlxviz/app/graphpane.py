@@ -156,7 +156,12 @@ export function render({ model, el }) {
     const g = e.target.closest('g.node') || e.target.closest('g.cluster'); if (!g) return;
     if (/^n\d+$/.test(g.id)) { model.clicked = parseInt(g.id.slice(1)); model.clicks = (model.clicks || 0) + 1; }
     else if (/^layer\d+$/.test(g.id)) open(g); });
-  model.on('svg', setSvg); model.on('highlight', () => mark(true)); model.on('selected', () => mark(false));
+  // a new scope fits the picture whichever comes first: a patch that sets svg and scope together hands them over one
+  // at a time, svg first, so `setSvg` saw the old scope and kept the last model's zoom (an empty view)
+  const rescope = () => { if (model.scope === scope) return; scope = model.scope;
+    if (inner.querySelector('svg')) { fit(); mark(true); } else touched = false; };
+  model.on('svg', setSvg); model.on('scope', rescope);
+  model.on('highlight', () => mark(true)); model.on('selected', () => mark(false));
   model.on('related', () => mark(false));
   model.on('title', () => { title.textContent = model.title || ''; });
   model.on('after_layout', () => { if (!touched) fit(); else miniSync(); mark(!touched); });

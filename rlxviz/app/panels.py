@@ -81,12 +81,13 @@ def legend_html(rows: list[tuple[str, str]], unit: str, status: str) -> str:
                  f'<span class="rv-range">{html.escape(r.replace(" – ", "–"))}</span>' for c, r in rows)
     note = f' <span class="rv-legend-status">{html.escape(status)}</span>' if status else ""
     whole = html.escape(f"Node colour: {unit}" + (f" {status}" if status else ""), quote=True)
+    ranges = html.escape(", ".join(r for _, r in rows), quote=True)
     return (f'<div class="rv-legend-body"><div class="rv-legend-unit" title="{whole}"><b>Node colour:</b> '
-            f'{html.escape(unit)}{note}</div><div class="rv-legend-swatches">{sw}</div></div>'
+            f'{html.escape(unit)}{note}</div><div class="rv-legend-swatches" title="{ranges}">{sw}</div></div>'
             "<style>.rv-legend-unit,.rv-legend-swatches{white-space:nowrap;overflow:hidden;text-overflow:ellipsis;"
             "line-height:18px}.rv-legend-unit{font-size:12px}"
             ".rv-swatch{display:inline-block;width:12px;height:10px;border:1px solid #999;"
-            "margin:0 2px 0 6px;vertical-align:middle}.rv-range{font-size:11px}"
+            "margin:0 2px 0 4px;vertical-align:middle}.rv-range{font-size:11px}"
             ".rv-legend-status{color:#8a6d00}</style>")
 
 
@@ -204,7 +205,7 @@ class GraphCompare(Viewer):
         self.note = pn.pane.Markdown("", css_classes=["rv-graph-note"], margin=(0, 10))
         # the overlay's choice sits with its legend over the panes (not in the version row: an extra row there took
         # the IR editor's height at 1280x800)
-        self.overlay = pn.widgets.Select(options=OVERLAY_CHOICES, value=s.overlay, width=150, margin=(2, 10),
+        self.overlay = pn.widgets.Select(options=OVERLAY_CHOICES, value=s.overlay, width=140, margin=(2, 8),
                                          css_classes=["rv-overlay"])
         self.overlay.param.watch(lambda e: setattr(s, "overlay", e.new), "value")
         s.param.watch(lambda e: setattr(self.overlay, "value", e.new), "overlay")
@@ -271,7 +272,10 @@ class GraphCompare(Viewer):
             g.param.update(highlight=list(s.highlight), selected=sel, related=[i for i in rel if i != sel])
 
     def __panel__(self) -> pn.viewable.Viewable:
-        bar = pn.Row(pn.pane.HTML("Colour nodes by", margin=(8, 0, 0, 10), styles={"font-size": "13px"}),
+        # the label at its own width: stretched, it took half the row, and beside an open sidebar at 1280 px the legend
+        # got 330 px, its swatches cut after the fourth colour
+        bar = pn.Row(pn.pane.HTML("Colour nodes by", margin=(8, 0, 0, 10), width=100, sizing_mode="fixed",
+                                  styles={"font-size": "13px", "white-space": "nowrap"}),
                      self.overlay, self.legend, sizing_mode="stretch_width")
         return pn.Column(self.stale.banner, self.note, bar, self.row, sizing_mode="stretch_both")
 

@@ -322,9 +322,12 @@ class Runs:
         # a dropped gpt2.onnx, showed an error and the old model)
         upload_id = h.hexdigest()[:24]
         again = upload_id == self.upload_id and self.source == "upload" and self.variant == "none"
+        # every upload is read from its file and checked again, as a first one is: the model shown may be this
+        # file's already (the same file twice, or gpt2.onnx, a broken file, gpt2.onnx: the last load reused the
+        # model on screen, checked nothing and left the broken file's error up)
+        self._model_key = ()
         self.param.update(upload_id=upload_id, source="upload", variant="none")
-        if again and self.autorun:  # the same file once more: every drop loads (nothing changed, so no watcher did)
-            self._model_key = ()  # read from the file again, checked again, as a first drop is
+        if again and self.autorun:  # the same file once more: nothing changed, so no watcher loads it
             self.load()
 
     def _remove_upload_copy(self) -> None:
