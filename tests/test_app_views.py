@@ -239,7 +239,7 @@ def test_why_tab_answers_for_a_graph_without_layer_paths():
 
     s = tiny()
     why = WhyView(state=s)
-    assert why.layer.visible and "Pick a layer" in why.text.object  # bert-tiny has layers: the picker
+    assert why.layer.visible and "### Layer 0" in why.text.object  # bert-tiny has layers: the picker, one picked
     text = re.sub(r' @"[^"]*"| @\S+', "", format_graph(s.model.graph))  # every node path dropped
     s.param.update(ir_text=text, source="ir")
     assert s.layers() == [] and s.message_kind != "danger"
@@ -393,3 +393,24 @@ def test_ir_diff_selects_number_versions_as_the_version_list():
         s.hide_unchanged = hide
         listed = [name.rsplit(" (", 1)[0] for name in stepper._options()]
         assert list(view.left.options) == list(view.right.options) == listed, (hide, listed, view.left.options)
+
+
+def test_why_tab_opens_on_a_layer_after_an_upload():
+    """After a model loads, the Why tab answers for a layer at once: the first that did not fuse as expected, else
+    the first (an uploaded gpt2.onnx opened on "Pick a layer" with nothing picked); a layer the user picks is kept
+    across runs of that model."""
+    from rlxviz.app.panels import WhyView
+
+    s = tiny()
+    view = WhyView(state=s)
+    assert s.selected_layer == 0 and "Layer 0" in view.text.object  # bert-tiny: every layer fused
+    s.load_upload({"gpt2.onnx": (ROOT / "tests/fixtures/onnx/gpt2.onnx").read_bytes()})
+    assert s.trace is not None and s.layers(), s.message
+    want = next((i for i in s.layers() if not s.layer_status(i).fused), s.layers()[0])
+    assert s.selected_layer == want and f"Layer {want}" in view.text.object and "Pick a layer" not in view.text.object
+    s.source = "preset"  # bert-tiny again, then layer 1 broken: the new run opens on the layer that did not fuse
+    s.param.update(variant_layer=1, variant="extra_h1_user")
+    assert s.selected_layer == 1, s.selected_layer
+    view.layer.value = 0  # the user's pick: kept when the run changes
+    s.param.update(variant="none")
+    assert s.selected_layer == 0 and "Layer 0" in view.text.object

@@ -15,6 +15,7 @@ from panel.viewable import Viewer
 
 from ..ir import Graph, format_graph
 from ..passes.guard import NOT_A_CANDIDATE
+from ..session import SessionError
 from ..session.defaults import MIN_VERDICT_ROUNDS
 from ..session.overlays import UNITS
 from .explain import counterpart_line, counterparts, decision_rows, node_report, report_markdown
@@ -393,11 +394,14 @@ class WhyView(Viewer):
         s = self.state
         self.layer = pn.widgets.Select(name="Layer", options=self._layers(), value=s.selected_layer, width=120,
                                        css_classes=["rv-why-layer"])
-        self.layer.param.watch(lambda e: setattr(s, "selected_layer", e.new), "value")
+        self._auto = True  # the layer shown was picked here, not by the user: each new run picks again
+        self._syncing = False
+        self.layer.param.watch(self._chosen, "value")
         self.text = pn.pane.Markdown("", sizing_mode="stretch_width", css_classes=["rv-why"])
         self.graph = SvgGraph(sizing_mode="stretch_both", min_height=520, css_classes=["rv-why-graph"])
         self.graph.param.watch(lambda e: setattr(s, "selected_node", e.obj.clicked), "clicks")
         self.stale = StaleMark(s, "why", self.text, self.graph)
+        s.param.watch(lambda e: setattr(self, "_auto", True), "model")
         s.param.watch(self._update, ["trace", "selected_layer", "version"])
         s.param.watch(lambda e: setattr(self.graph, "highlight", list(e.new)), "highlight")
         self._update()
@@ -405,9 +409,36 @@ class WhyView(Viewer):
     def _layers(self) -> dict[str, int | None]:
         return {"choose": None, **{f"layer {i}": i for i in self.state.layers()}}
 
+    def _chosen(self, event: param.parameterized.Event) -> None:
+        if not self._syncing:  # the user's choice: kept across runs of this model
+            self._auto = False
+            self.state.selected_layer = event.new
+
+    def _default_layer(self) -> int | None:
+        """The layer the tab opens on: the first that did not fuse as expected, else the first (an uploaded model
+        opened on "Pick a layer" with nothing picked, while `rlxviz explain` answers at once)."""
+        s = self.state
+        for i in s.layers():
+            try:
+                if not s.layer_status(i).fused:
+                    return i
+            except SessionError:
+                continue
+        return next(iter(s.layers()), None)
+
     def _update(self, *events: param.parameterized.Event) -> None:
         s = self.state
-        self.layer.param.update(options=self._layers(), value=s.selected_layer)
+        new_run = not events or any(e.name == "trace" for e in events)
+        if self._auto and s.trace is not None and s.layers() and (s.selected_layer is None or new_run):
+            pick = self._default_layer()
+            if pick != s.selected_layer:
+                s.selected_layer = pick  # its watcher draws the tab
+                return
+        self._syncing = True
+        try:
+            self.layer.param.update(options=self._layers(), value=s.selected_layer)
+        finally:
+            self._syncing = False
         self.layer.visible = bool(s.layers()) or s.trace is None
         if s.trace is not None and not s.layers():  # no layer paths: the whole graph's answer, as `rlxviz explain`
             text, err = _safe(s.why_graph)
