@@ -4,6 +4,7 @@ drop zone for one's own model. Each click does the step itself and says what to 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import panel as pn
@@ -125,9 +126,9 @@ class StartHere(Viewer):
         except SessionError:  # a run without that layer: nothing to show, the banner says why
             first = None
         self._jump = None
-        label = f"after {first.pass_name}" if first is not None else None
-        if label in s.version_labels:
-            s.version = s.version_labels.index(label)
+        if first is not None:
+            with contextlib.suppress(ValueError):  # the pass is not shown (the filter hides it): stay
+                s.step_to(f"after {first.pass_name}")
 
     def _say_version(self) -> None:
         s = self.state

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import traceback
+from pathlib import PureWindowsPath
 
 from .. import session
 from ..ir import GraphError, IRSyntaxError
@@ -65,8 +66,8 @@ def upload_model_name(names: dict[str, str], loaded: str) -> str:
     names it; the stored copy is `model.onnx`, so every upload was called `model`), else `loaded`. A checkpoint
     upload: `loaded`, unless that is the temp folder's name (`uploaded checkpoint` then)."""
     if ONNX_UPLOAD_NAME not in names:
-        return "uploaded checkpoint" if loaded.rsplit("/", 1)[-1].startswith(UPLOAD_PREFIX) else loaded
-    given = one_line(names[ONNX_UPLOAD_NAME]).replace("\\", "/").rsplit("/", 1)[-1]
+        return "uploaded checkpoint" if PureWindowsPath(loaded).name.startswith(UPLOAD_PREFIX) else loaded
+    given = PureWindowsPath(one_line(names[ONNX_UPLOAD_NAME])).name  # the file's own name, after any / or backslash
     return (given[:-5] if given.lower().endswith(".onnx") else given) or loaded
 
 

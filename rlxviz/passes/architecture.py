@@ -297,22 +297,18 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
     if attn and acts:
         a_reach = _reach(g, attn[0].id, ids) | {attn[0].id}
         reach = {n.id: _reach(g, n.id, ids) for n in norms}
-        for n in norms:
-            if attn[0].id not in reach[n.id]:
-                continue
-            # The MLP's norm: this one (GPT-J, PaLM) or another norm of the same residual stream (GPT-NeoX).
-            for m in [n] + [m for m in norms if m.id != n.id and m.inputs[0] == n.inputs[0]]:
-                act = next((x for x in acts if x.id in reach[m.id] and x.id not in a_reach), None)
-                if act is None:
-                    continue
-                parallel = True
-                via = (f"{_label(n)} feeds both {_label(attn[0])} and {_label(act)}" if m is n else
-                       f"{_label(n)} feeds {_label(attn[0])} and {_label(m)}, of the same input "
-                       f"{_label(g[n.inputs[0]])}, feeds {_label(act)}")
-                evidence.append(f"{via}, which does not depend on the attention (parallel block)")
-                break
-            if parallel:
-                break
+        # (the attention's norm, the MLP's norm, its activation): one norm (GPT-J, PaLM), or two of the same residual
+        # stream (GPT-NeoX), with the activation not downstream of the attention
+        hit = next(((n, m, x) for n in norms if attn[0].id in reach[n.id]
+                    for m in (n, *(o for o in norms if o is not n and o.inputs[0] == n.inputs[0]))
+                    for x in acts if x.id in reach[m.id] and x.id not in a_reach), None)
+        if hit is not None:
+            n, m, act = hit
+            parallel = True
+            via = (f"{_label(n)} feeds both {_label(attn[0])} and {_label(act)}" if m is n else
+                   f"{_label(n)} feeds {_label(attn[0])} and {_label(m)}, of the same input "
+                   f"{_label(g[n.inputs[0]])}, feeds {_label(act)}")
+            evidence.append(f"{via}, which does not depend on the attention (parallel block)")
     if not attn:
         kind = "no_attention"
     elif not acts:
