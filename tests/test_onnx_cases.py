@@ -130,3 +130,15 @@ def test_the_fused_list_names_only_nodes_a_version_holds():
         for entry in layer.done:
             op, node = entry.split()[:2]
             assert held[int(node[1:])] == op, entry
+
+
+def test_gpt_neox_export_layers_are_parallel_blocks_not_llama():
+    """GPT-NeoX's layers (LayerNorm, RoPE, a GELU MLP, `use_parallel_residual`: ln1 feeds the attention, ln2 of the same
+    stream the MLP) are parallel blocks; `rlxviz explain` called them "LLaMA: pre-norm RMSNorm; LayerNorm"."""
+    m, _, _ = _load("gpt-neox.legacy-sdpa")
+    layers = check_fusion(Pipeline.canonical().run(m.graph), "gpt-neox").layers
+    assert layers
+    for layer in layers:
+        arch = layer.architecture
+        assert (arch.kind, arch.norm, arch.rope) == ("parallel", "LayerNorm", True), arch
+        assert "LLaMA" not in arch.description and any("of the same input" in e for e in arch.evidence), arch
