@@ -529,7 +529,13 @@ def test_02_fusing_a_bert_layer(executed):
     assert "all match the reference: True" in text and " on cpu" in text
     assert re.search(r"^memory check \(time\): estimated peak .+ of the .+ limit", text, re.M)  # as `rlxviz time`
     assert "after fuse_transformer_layer" in text and "(unchanged: same as #" in text
-    assert float(re.search(r"largest error vs input on MLX: (\S+)", text).group(1)) < 1e-4
+    # the same-dtype tolerance, per element; MiniLM's outputs stay within |10| (6.3 at most over the battery), so
+    # no element may differ by more than atol + 10 rtol. The summation order of the kernels differs by vector
+    # width: 1.13e-4 on AVX2 at a 2.0 output (2026-12-03), under 1e-4 on AVX-512. A broken pass gives 1e-1 and up.
+    err, rtol, atol = (float(v) for v in re.search(
+        r"largest error vs input on MLX: (\S+) \(after \w+; each element is judged by \|fused - input\| <= "
+        r"atol \+ rtol \* \|input\|, rtol (\S+), atol (\S+)\)", text).groups())
+    assert 0 < err <= atol + 10 * rtol and (rtol, atol) == (1e-4, 1e-4)
     table = {ln.split()[1] + " " + ln.split()[2]: ln.split() for ln in text.splitlines()
              if re.match(r"\s*\d+\s+(input|after)", ln) and "unchanged" not in ln}
     text, _ = t["read-aloud"]
