@@ -10,12 +10,13 @@ in a fresh process — load, lower, `--warmup` untimed calls, then `--calls` tim
 program does — and the processes of all configurations alternate for `--rounds` rounds, so a load spike from
 other processes hits every configuration alike.
 
-Configurations (`--configs`, default all):
+Configurations (`--configs`; default ort default gemm openblas):
   ort            ONNX Runtime on rlxviz's ONNX export of the input graph, `--threads` intra-op threads
   default        the final version, the CPU's default lowering (`LoweringOptions()` on the CPU)
   gemm           ... with rlxviz's GEMM for the fused dense layers (`gemm=True`)
   openblas       ... with OpenBLAS's sgemm for them (`gemm=False`)
   nokernels      ... without rlxviz's CPU kernels (`RLXVIZ_KERNELS=0`: MLX's own lowering)
+  blas-timeout4  ... with `OPENBLAS_THREAD_TIMEOUT=4` (OpenBLAS's workers sleep at once instead of spinning)
   input          the input version (196 ops), the CPU's default lowering
 
 Per configuration: the median of all its timed calls (wall ms), the median of its processes' medians, the
@@ -129,7 +130,7 @@ def main() -> None:
         cpu: dict[str, list[float]] = {c: [] for c in args.configs}
         errs = dict.fromkeys(args.configs, 0.0)
         medians: dict[str, list[float]] = {c: [] for c in args.configs}
-        status = ""
+        statuses: dict[str, str] = {}
         load_before = os.getloadavg()[0]
         for k in range(args.rounds):
             for j in range(len(args.configs)):
@@ -147,10 +148,11 @@ def main() -> None:
                 samples[name] += got["ms"]
                 cpu[name] += got["cpu_ms"]
                 medians[name].append(statistics.median(got["ms"]))
-                status = got["kernels"] or status
+                if got["kernels"]:
+                    statuses.setdefault(got["kernels"], name)
         ort = statistics.median(samples["ort"]) if "ort" in samples else None
         print(f"\n**MiniLM, f32, batch {batch}, seq {args.seq}** (load average {load_before:.2f} before, "
-              f"{os.getloadavg()[0]:.2f} after; {status})\n")
+              f"{os.getloadavg()[0]:.2f} after; " + "; ".join(f"{n}: {st}" for st, n in statuses.items()) + ")\n")
         print("| configuration | median ms | median of process medians | min ms | CPU ms | x ORT | max abs err |")
         print("|---|---:|---:|---:|---:|---:|---:|")
         for name in args.configs:
