@@ -6,8 +6,6 @@ HOST   ?= 127.0.0.1
 PORT   ?= 5006
 # MLX backend extra on Linux: cpu (default) or cuda (NVIDIA, CUDA 13). Exactly one is installed.
 MLX_BACKEND ?= cpu
-# pytest-xdist workers for `make test` (each test file runs whole in one worker); 0 runs in this process.
-TEST_WORKERS ?= 2
 # Browser origins allowed to open the app's websocket; add yours when exposing it deliberately.
 ORIGINS ?= localhost:$(PORT) 127.0.0.1:$(PORT)
 
@@ -45,7 +43,7 @@ lint: setup-dev
 	$(VENV)/bin/ruff check rlxviz tests benchmarks app.py
 
 test: setup-dev lint
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(VENV)/bin/pytest -q
 
 # For one run on a lent NVIDIA H200 (benchmarks/gpu_check.sh says how): MLX's CUDA build packed by the workplace's
 # tool (~25 MB, sm_90 only) and the pure-Python wheel the machine lacks, into the git-ignored .gpu/.
