@@ -122,6 +122,8 @@ def main() -> None:
         return
     import platform
 
+    from bench_runtime import cpu_name
+
     print(f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {cpu_name()}, {os.cpu_count()} "
           f"CPU(s), Python {platform.python_version()}; {args.threads} thread(s) everywhere; {args.rounds} rounds "
           f"of one process per configuration, {args.warmup} warm-up + {args.calls} timed calls each.")
@@ -169,19 +171,6 @@ def describe(name: str) -> str:
     text = {"ort": "ONNX Runtime", "final": "fused, CPU default", "final-gemm": "fused, rlxviz GEMM",
             "final-openblas": "fused, OpenBLAS GEMM", "input": "input version"}[what]
     return ", ".join([text, *(f"{k}={v}" for k, v in env.items())])
-
-
-def cpu_name() -> str:
-    """`lscpu`'s model name, else the platform's processor string."""
-    try:
-        for line in open("/proc/cpuinfo"):  # noqa: SIM115 - a short read
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or "unknown CPU"
 
 
 if __name__ == "__main__":

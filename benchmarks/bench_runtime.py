@@ -508,7 +508,6 @@ def side_by_side(batch: int, args: argparse.Namespace) -> list[str]:
 def table_header(device: str) -> list[str]:
     """Machine, date and versions, for the README table."""
     import datetime
-    import platform
 
     versions = [f"mlx {mx.__version__}"]
     for mod in ("onnxruntime", "torch"):
@@ -516,12 +515,22 @@ def table_header(device: str) -> list[str]:
             versions.append(f"{mod} {__import__(mod).__version__}")
         except ImportError:
             versions.append(f"{mod} not installed")
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
-               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
-    return [f"Measured {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC on {cpu}, {cpu_cores()} "
+    return [f"Measured {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC on {cpu_name()}, {cpu_cores()} "
             f"core(s) ({device}); {', '.join(versions)}; {blas_summary()}.",
             "Command: `.venv/bin/python benchmarks/bench_runtime.py --table` (x ORT: median / fastest "
             "ONNX Runtime median; max abs err: vs the NumPy reference of the input graph).", ""]
+
+
+def cpu_name() -> str:
+    """The CPU's model name (`/proc/cpuinfo`'s `model name`), else the platform's processor string."""
+    import platform
+
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+        if name:
+            return name
+    return platform.processor() or "unknown CPU"
 
 
 # -- main --------------------------------------------------------------------------------------------------------
