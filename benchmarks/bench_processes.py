@@ -12,9 +12,10 @@ other processes hits every configuration alike.
 
 Configurations (`--configs`; default ort default gemm openblas):
   ort            ONNX Runtime on rlxviz's ONNX export of the input graph, `--threads` intra-op threads
-  default        the final version, the CPU's default lowering (`LoweringOptions()` on the CPU)
+  default        the final version, the CPU's default lowering (`LoweringOptions()` on the CPU; `gemm="auto"`)
   gemm           ... with rlxviz's GEMM for the fused dense layers (`gemm=True`)
   openblas       ... with OpenBLAS's sgemm for them (`gemm=False`)
+  nospin         ... with the kernels' pool waits blocking at once (`RLXVIZ_POOL_SPIN_US=0`; default 50 us)
   nokernels      ... without rlxviz's CPU kernels (`RLXVIZ_KERNELS=0`: MLX's own lowering)
   blas-timeout4  ... with `OPENBLAS_THREAD_TIMEOUT=4` (OpenBLAS's workers sleep at once instead of spinning)
   input          the input version (196 ops), the CPU's default lowering
@@ -48,6 +49,7 @@ CONFIGS: dict[str, tuple[str, dict[str, str]]] = {
     "nokernels": ("final", {"RLXVIZ_KERNELS": "0"}),
     "blas-timeout4": ("final", {"OPENBLAS_THREAD_TIMEOUT": "4"}),
     "input": ("input", {}),
+    "nospin": ("final", {"RLXVIZ_POOL_SPIN_US": "0"}),
 }
 
 

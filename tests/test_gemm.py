@@ -139,6 +139,43 @@ def linear_graph(act, m=2, s=9, k=40, n=72):
     return g.build(), {"x": randn(m, s, k), "w": randn(k, n) / 4, "b": randn(n)}
 
 
+POOL_STRESS = """
+import hashlib, numpy as np
+from rlxviz import kernels
+from rlxviz.runtime.mlx_backend import mx
+k = kernels.load()
+k.set_threads(4)  # more workers than this machine may have cores: spinning ones must still let others run
+rng = np.random.default_rng(5)
+x, w, b = (mx.array(rng.standard_normal(s).astype(np.float32)) for s in ((37, 70), (70, 90), (90,)))
+q, kk, v = (mx.array(rng.standard_normal((1, 19, 24)).astype(np.float32)) for _ in range(3))
+p = k.pack_weights(w)
+h = hashlib.sha256()
+for i in range(300):  # back-to-back jobs, each smaller than a wake-up: the spin and the blocking path both run
+    y = k.gemm(x * (1 + i % 3), p, 90, b, None, "gelu")
+    a = k.attention(q, kk, v, None, 3, 3, 8, 0.35)
+    mx.eval(y, a)
+    h.update(np.array(y).tobytes()); h.update(np.array(a).tobytes())
+print(h.hexdigest())
+"""
+
+
+def test_the_pool_gives_the_same_numbers_whether_its_waits_spin_or_block():
+    """rlxviz/kernels/src/pool.h: workers and the caller poll for RLXVIZ_POOL_SPIN_US (default 50 us) before
+    blocking. With no spin (every wait blocks), the default, and a spin longer than the whole run (no wait
+    ever blocks), 4 workers on this machine's cores run 600 jobs to the same bits and none hangs."""
+    import os
+    import subprocess
+    import sys
+
+    digests = set()
+    for spin in ("0", "", "2000000"):
+        env = {**os.environ, "RLXVIZ_POOL_SPIN_US": spin}
+        out = subprocess.run([sys.executable, "-c", POOL_STRESS], env=env, capture_output=True, text=True,
+                             timeout=120, check=True)
+        digests.add(out.stdout.strip().splitlines()[-1])
+    assert len(digests) == 1
+
+
 @pytest.mark.parametrize("act", sorted(ACTS))
 def test_fused_matmul_bias_act_lowers_to_the_gemm(act):
     graph, feeds = linear_graph(act)
@@ -152,15 +189,30 @@ def test_fused_matmul_bias_act_lowers_to_the_gemm(act):
     assert not any(k.startswith("gemm") for k in off.emitter.kernels_ran)
 
 
-def test_the_gemm_is_off_by_default_on_the_cpu_and_never_on_the_gpu():
-    """It did not beat OpenBLAS end to end where measured (lowering.DEVICE_LOWERING): opt-in on the CPU."""
-    assert LoweringOptions().for_device("cpu").gemm is False
+def test_the_gemm_is_auto_on_the_cpu_and_never_on_the_gpu():
+    """CPU default "auto" (lowering.DEVICE_LOWERING): rlxviz's GEMM where the kernels target AVX-512 and the
+    layer has at most GEMM_AUTO_MAX_ROWS rows, OpenBLAS above that and on other ISAs; True / False force it."""
+    from rlxviz.runtime.lowering import GEMM_AUTO_MAX_ROWS
+
+    assert LoweringOptions().for_device("cpu").gemm == "auto"
     assert LoweringOptions().for_device("gpu").gemm is False
     assert MlxEmitter(LoweringOptions(kernels=True, gemm=True), "gpu").cpu_kernels is None  # CPU code only
-    graph, feeds = linear_graph("gelu")
-    ex = MlxExecutor(LoweringOptions(kernels=True), device="cpu")
-    ex.run(graph, feeds)
-    assert ex.emitter.kernels_ran == {"bias+gelu"}
+    with pytest.raises(ValueError, match="gemm must be"):
+        LoweringOptions(gemm="yes").for_device("cpu")
+    graph, feeds = linear_graph("gelu")  # x [2, 9, 40]: 18 rows
+    for isa, ran in (("avx512", {"gemm+bias+gelu"}), ("avx2", {"bias+gelu"})):
+        ex = MlxExecutor(LoweringOptions(kernels=True), device="cpu")
+        ex.emitter.kernels_isa = isa
+        check(ex.run(graph, feeds)[0], *reference(feeds["x"], feeds["w"], feeds["b"], None, "gelu"))
+        assert ex.emitter.kernels_ran == ran, isa
+    e = MlxEmitter(LoweringOptions(kernels=True), "cpu")
+    e.kernels_isa = "avx512"
+    at, over = mx.zeros((2, GEMM_AUTO_MAX_ROWS // 2, 8)), mx.zeros((GEMM_AUTO_MAX_ROWS + 1, 8))
+    assert e.gemm_wanted(at) and not e.gemm_wanted(over)
+    for forced in (True, False):
+        f = MlxEmitter(LoweringOptions(kernels=True, gemm=forced), "cpu")
+        f.kernels_isa = "avx2"
+        assert f.gemm_wanted(over) is forced and f.gemm_wanted(at) is forced
 
 
 def test_each_weight_is_packed_once_per_executor():

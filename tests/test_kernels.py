@@ -248,8 +248,8 @@ def ftl_feeds(b=2, s=6, h=2, d=8, inter=32):
 
 def test_fused_layer_runs_the_kernels_and_its_unfused_form_only_attention():
     """FusedTransformerLayer: attention, the GEMM (QKV and output projection with their bias, FFN with bias +
-    GELU in its store; `gemm=True`) and residual+LayerNorm kernels; by default (`gemm` off on the CPU) MLX's
-    matmul and the bias+GELU kernel.
+    GELU in its store; `gemm=True`) and residual+LayerNorm kernels; with `gemm=False` MLX's matmul and the
+    bias+GELU kernel.
     Unfused (the `unfuse` pass: primitives plus the ATTENTION node, fuse_sdpa's op) only the attention kernel:
     matmul, add, GELU and LayerNorm stay MLX's. Off: none."""
     from rlxviz.passes import PASSES
@@ -260,7 +260,7 @@ def test_fused_layer_runs_the_kernels_and_its_unfused_form_only_attention():
     assert Op.FUSED_TRANSFORMER_LAYER not in {n.op for n in unfused}
     for graph, options, ran in ((fused, {"gemm": True}, {"attention", "gemm+bias", "gemm+bias+gelu",
                                                           "residual+layer_norm"}),
-                                (fused, {}, {"attention", "bias+gelu", "residual+layer_norm"}),
+                                (fused, {"gemm": False}, {"attention", "bias+gelu", "residual+layer_norm"}),
                                 (unfused, {}, {"attention"}),
                                 (fused, {"kernels": False}, set())):
         ex = MlxExecutor(LoweringOptions(**options))

@@ -87,8 +87,9 @@ class LoweringOptions:
             Unfused ops keep MLX's.
         gemm: with `kernels`, run the dense layers of fused ops (`Emitter.linear` / `linear_act`: QKV, output
             projection, FFN, FusedMatMulBiasAct) as rlxviz's GEMM with the bias + activation in its epilogue
-            and the weight packed once per weight array; False keeps `mx.addmm` / `mx.matmul` (OpenBLAS).
-            CPU default off: it did not beat OpenBLAS end to end where measured (`DEVICE_LOWERING`).
+            and the weight packed once per weight array; False keeps `mx.addmm` / `mx.matmul` (OpenBLAS);
+            `"auto"` (the CPU's default) runs it where the kernels target AVX-512 and `x` has at most
+            `GEMM_AUTO_MAX_ROWS` rows, OpenBLAS elsewhere (the measurements: `DEVICE_LOWERING`).
     """
 
     fast_math: bool | None = None
@@ -98,7 +99,7 @@ class LoweringOptions:
     regions: str | None = None
     cpu_streams: int | None = None
     kernels: bool | None = None
-    gemm: bool | None = None
+    gemm: bool | str | None = None
 
     def for_device(self, device: str) -> LoweringOptions:
         """These options with every `None` (or `attention="auto"`) replaced by `device`'s choice.
@@ -115,7 +116,14 @@ class LoweringOptions:
             raise ValueError(f"attention must be 'sdpa', 'composed' or 'auto', got {filled['attention']!r}")
         if filled["regions"] not in ("compiled", "inline"):
             raise ValueError(f"regions must be 'compiled' or 'inline', got {filled['regions']!r}")
+        if filled["gemm"] not in (True, False, "auto"):
+            raise ValueError(f"gemm must be True, False or 'auto', got {filled['gemm']!r}")
         return replace(self, **filled)
+
+
+GEMM_AUTO_MAX_ROWS = 512
+"""`gemm="auto"`: the most rows (batch x seq) a dense layer may have for rlxviz's GEMM (MiniLM at seq 128: up to
+batch 4); above it OpenBLAS's kernel was faster end to end (`DEVICE_LOWERING["cpu"]["gemm"]`)."""
 
 
 @dataclass(frozen=True)
@@ -141,11 +149,12 @@ DEVICE_LOWERING: dict[str, dict[str, Choice]] = {
         "kernels": Choice(True, "rlxviz's CPU kernels (attention in one pass over K/V per head, bias + GELU, "
                                 "residual + LayerNorm; threaded): MiniLM fully fused, B=8, one thread, 301 vs "
                                 "411 ms CPU time with MLX's lowering (`bench_kernels.py`, load 7, 2026-12-02)"),
-        "gemm": Choice(False, "rlxviz's GEMM ties OpenBLAS on 2 AMD EPYC cores (AVX2), 1 thread: OpenBLAS "
-                              "takes 0.93-1.12x its min CPU time at MiniLM's shapes (`bench_gemm.py`); the fused "
-                              "version's dense layers 320 vs 347 ms per op (profile), but 13-22% more CPU time "
-                              "end to end, B=8 / B=1 (`bench_kernels.py`, load 5-6, 2026-12-02); AVX-512 not "
-                              "measured (docs/performance.md 0.1)"),
+        "gemm": Choice("auto", "AVX-512, at most 512 rows: rlxviz's GEMM (one thread pool, kept warm, instead "
+                               "of OpenBLAS's beside it): MiniLM fused B=1 12.0-13.4 vs 13.8-15.8 ms, B=4 38.3 "
+                               "vs 40.8; at B=8 (1024 rows) OpenBLAS 72.6-75.9 vs 80.4-81.9 (2 AMD EPYC Zen 5 "
+                               "cores, own processes, `bench_processes.py`, 2026-12-03; docs/performance.md "
+                               "0.4). AVX2: OpenBLAS, as rlxviz's GEMM did not win end to end on 2 Zen 1 cores "
+                               "(B=1 mixed, 2026-12-03, section 0.3)"),
     },
     "gpu": {
         "fast_math": Choice(False, "MLX's own GPU kernels: the fast-math formulation ran 1.46x slower than "
@@ -244,6 +253,8 @@ class MlxEmitter(Emitter[mx.array]):
         self._compiled: dict[tuple[Any, ...], Callable[..., mx.array]] = {}
         self.cpu_kernels = kernels.load() if self.options.kernels and device == "cpu" else None
         """rlxviz's CPU kernels module (`rlxviz.kernels`), None when off, unavailable or not on the CPU."""
+        self.kernels_isa = self.cpu_kernels.isa() if self.cpu_kernels is not None else None
+        """The vector ISA the kernels were built for (`avx512`, `avx2`, ...), None without them."""
         self.kernels_ran: set[str] = set()
         """The rlxviz kernels this emitter has emitted (`attention`, `bias+gelu`, ...), for timing headers."""
         self._packed: IdentityMap[mx.array, mx.array] = IdentityMap()
@@ -312,10 +323,18 @@ class MlxEmitter(Emitter[mx.array]):
         """Whether `linear` / `linear_act` run rlxviz's GEMM: kernels loaded and `gemm` on, float32 `x [..., K]`
         and `w [K, N]`, a bias of rank <= 1 and size 1 or N (or none), and no activation or one the epilogue
         computes (`KERNEL_ACTS`)."""
-        return (self.cpu_kernels is not None and bool(self.options.gemm) and hasattr(self.cpu_kernels, "gemm")
+        return (self.cpu_kernels is not None and hasattr(self.cpu_kernels, "gemm") and self.gemm_wanted(x)
                 and (act is None or act in KERNEL_ACTS) and x.dtype == w.dtype == mx.float32
                 and w.ndim == 2 and x.ndim >= 1 and x.shape[-1] == w.shape[0] and w.shape[1] > 0
                 and (b is None or (b.dtype == mx.float32 and b.ndim <= 1 and b.size in (1, w.shape[1]))))
+
+    def gemm_wanted(self, x: mx.array) -> bool:
+        """`options.gemm` for `x [..., K]`: True / False as set; `"auto"`: the kernels target AVX-512 and `x`
+        has at most `GEMM_AUTO_MAX_ROWS` rows (the product of its leading axes)."""
+        if self.options.gemm != "auto":
+            return bool(self.options.gemm)
+        rows = x.size // x.shape[-1] if x.ndim and x.shape[-1] else 0
+        return self.kernels_isa == "avx512" and rows <= GEMM_AUTO_MAX_ROWS
 
     def gemm(self, x: mx.array, w: mx.array, b: mx.array | None, act: str | None) -> mx.array:
         """`act(x @ w + b)` as one `RlxvizGemm` on `w` packed once (`packed_weight`): `x [..., K]`, `w [K, N]`,
@@ -684,5 +703,5 @@ EMITTER_OVERRIDES: dict[str, str] = {"linear": MlxEmitter.linear.__doc__ or "",
                                      "residual_norm": MlxEmitter.residual_norm.__doc__ or ""}
 """`Emitter` methods the MLX emitter replaces (used by the decompositions), with why."""
 
-__all__ = ["DEVICE_LOWERING", "LOWERINGS", "OVERRIDES", "LoweringError", "LoweringOptions", "MlxEmitter",
-           "attention", "lower_node", "lowering_table", "options_for"]
+__all__ = ["DEVICE_LOWERING", "GEMM_AUTO_MAX_ROWS", "LOWERINGS", "OVERRIDES", "LoweringError", "LoweringOptions",
+           "MlxEmitter", "attention", "lower_node", "lowering_table", "options_for"]

@@ -3,10 +3,20 @@
 // One parallel_for runs at a time; a call made while another is running (a second MLX stream, or
 // a kernel started from inside a worker) runs serially on its own thread instead of waiting.
 // After fork() the child has no workers: the pool notices the new pid and starts its own.
+//
+// Waits spin, then block: a worker polls for the next job, and the caller for the workers' end, for up to
+// RLXVIZ_POOL_SPIN_US microseconds (default 50; 0 blocks at once) before sleeping on a condition variable.
+// A model's kernels run back to back (a MiniLM layer: 4 GEMMs, attention, 2 norms, each 0.1-0.6 ms at batch
+// 1), and waking a sleeping thread on an idle vCPU costs tens of microseconds in a VM; the spin keeps the
+// worker ready across those gaps and costs at most 50 us of one core after the last kernel of a call.
+// Measured 2026-12-03, 2-core AMD EPYC (Zen 5, AVX-512), MiniLM B=1 fused with rlxviz's GEMM, own processes
+// (`benchmarks/bench_processes.py`): 13.6 -> 12.0 ms median at 50 us; docs/performance.md section 0.4.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -48,14 +58,16 @@ class Pool {
       st->job = &f;
       st->total = n;
       st->next.store(0);
-      st->pending = want - 1;
+      st->pending.store(want - 1);
       st->active = want - 1;
-      ++st->generation;
+      st->generation.fetch_add(1, std::memory_order_release);
     }
     st->cv.notify_all();
     drain(*st);
-    std::unique_lock<std::mutex> lk(st->m);
-    st->done.wait(lk, [st] { return st->pending == 0; });
+    if (!spin_until([st] { return st->pending.load(std::memory_order_acquire) == 0; })) {
+      std::unique_lock<std::mutex> lk(st->m);
+      st->done.wait(lk, [st] { return st->pending.load() == 0; });
+    }
     st->job = nullptr;
   }
 
@@ -64,9 +76,9 @@ class Pool {
     std::mutex m;
     std::condition_variable cv, done;
     const std::function<void(int)>* job = nullptr;
-    std::atomic<int> next{0};
-    int total = 0, pending = 0, active = 0, workers = 0;
-    long generation = 0;
+    std::atomic<int> next{0}, pending{0};
+    std::atomic<long> generation{0};
+    int total = 0, active = 0, workers = 0;
   };
 
   Pool() : threads_(cpus()) {}
@@ -75,18 +87,53 @@ class Pool {
     for (int i; (i = st.next.fetch_add(1)) < st.total;) (*st.job)(i);
   }
 
+  // RLXVIZ_POOL_SPIN_US, read once: how long a wait polls before it blocks (us; default 50, <= 0: never).
+  static long spin_us() {
+    static const long us = [] {
+      const char* e = std::getenv("RLXVIZ_POOL_SPIN_US");
+      return e && *e ? std::atol(e) : 50L;
+    }();
+    return us;
+  }
+
+  static void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+
+  // Polls `ready` for up to spin_us(); true as soon as it holds, false when the time ran out first.
+  template <class F>
+  static bool spin_until(F ready) {
+    const long us = spin_us();
+    if (us <= 0) return ready();
+    const auto end = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
+    for (int i = 0;; ++i) {
+      if (ready()) return true;
+      cpu_relax();
+      if ((i & 63) == 63 && std::chrono::steady_clock::now() > end) return ready();
+    }
+  }
+
   static void worker(State* st, int index) {
     long seen = 0;
     for (;;) {
-      {
+      if (!spin_until([&] { return st->generation.load(std::memory_order_acquire) != seen; })) {
         std::unique_lock<std::mutex> lk(st->m);
-        st->cv.wait(lk, [&] { return st->generation != seen; });
-        seen = st->generation;
+        st->cv.wait(lk, [&] { return st->generation.load() != seen; });
+      }
+      {
+        std::lock_guard<std::mutex> lk(st->m);
+        seen = st->generation.load();
         if (index >= st->active) continue;  // not needed for this job
       }
       drain(*st);
-      std::lock_guard<std::mutex> lk(st->m);
-      if (--st->pending == 0) st->done.notify_one();
+      if (st->pending.fetch_sub(1) == 1) {
+        std::lock_guard<std::mutex> lk(st->m);
+        st->done.notify_one();
+      }
     }
   }
 
