@@ -5,7 +5,8 @@
 // more items); per item, for each block of the reduction
 // axis (at most kKC), the item's rows of A are packed kMR-interleaved (so each step of the micro-kernel reads
 // kMR consecutive floats), then every panel of the block runs the micro-kernel over every row group, with the
-// panel's kKC x kNR slice of B (16-32 KB) staying in L1. The items go to the pool (rlxviz/kernels/src/pool.h).
+// panel's kKC x kNR slice of B (16 KB with AVX2, 48 KB with AVX-512) staying in L1 or streaming from L2.
+// The items go to the pool (rlxviz/kernels/src/pool.h).
 //
 // Numerics: each output is a float32 sum of K products in the order k = 0, 1, ..., K-1, fused multiply-adds
 // (-ffp-contract=fast), so it differs from BLAS's order; both are within K * eps * sum_k |a[m,k] b[k,n]| of

@@ -29,9 +29,16 @@ constexpr int kGemmNR = 2 * kGemmVec;  // columns per packed panel
 constexpr int kMR = kGemmMR, kNR = kGemmNR, kVec = kGemmVec;
 // Block sizes (overridable to tune them with a stand-alone build of this header): kKC 256 / kMC 16 groups /
 // all panels per item measured best of {128, 256, 384, 512} x {8, 16, 32} x {8, all} on 2 AMD EPYC cores
-// (AVX2) at MiniLM's shapes, 1 thread: 59-80 GFLOP/s with 8 panels per item, 77-86 with all.
+// (AVX2) at MiniLM's shapes, 1 thread: 59-80 GFLOP/s with 8 panels per item, 77-86 with all. With AVX-512
+// kKC 384: on AMD EPYC Zen 5 (48 KB L1d) 5-10% less time than 256 at 128 rows in 5 alternated runs of
+// benchmarks/gemm_core_bench.cpp (2026-12-03; MiniLM's K = 384 is then one block), within the noise at 1024
+// rows. AVX-512 machines with a 32 KB L1d (Zen 4, Skylake-SP) were not re-measured with it.
 #ifndef RLXVIZ_GEMM_KC
+#if defined(__AVX512F__)
+#define RLXVIZ_GEMM_KC 384
+#else
 #define RLXVIZ_GEMM_KC 256
+#endif
 #define RLXVIZ_GEMM_MC_GROUPS 16
 #define RLXVIZ_GEMM_PANELS (1 << 20)
 #endif
