@@ -12,6 +12,7 @@ other processes hits every configuration alike.
 
 Configurations (`--configs`; default ort default gemm openblas):
   ort            ONNX Runtime on rlxviz's ONNX export of the input graph, `--threads` intra-op threads
+  torch          the same encoder in PyTorch eager (`bench_runtime.torch_encoder`), `--threads` threads
   default        the final version, the CPU's default lowering (`LoweringOptions()` on the CPU; `gemm="auto"`)
   gemm           ... with rlxviz's GEMM for the fused dense layers (`gemm=True`)
   openblas       ... with OpenBLAS's sgemm for them (`gemm=False`)
@@ -43,6 +44,7 @@ import time
 CONFIGS: dict[str, tuple[str, dict[str, str]]] = {
     # name: (what it runs, environment added to the child's)
     "ort": ("ort", {}),
+    "torch": ("torch", {}),
     "default": ("final", {}),
     "gemm": ("final-gemm", {}),
     "openblas": ("final-openblas", {}),
@@ -81,6 +83,13 @@ def child(what: str, batch: int, seq: int, threads: int, warmup: int, calls: int
 
         def call() -> object:
             return sess.run(None, inp)
+    elif what == "torch":
+        from bench_kernels import torch_eager
+
+        row = torch_eager(_rlx, feeds, run_reference(hf.graph, feeds, hf.weights)[0], threads)
+        if row is None:
+            sys.exit("torch does not import (pip install -r benchmarks/requirements.txt)")
+        call = row[1]
     else:
         mod = kernels.load()
         if mod is not None:
@@ -104,8 +113,8 @@ def child(what: str, batch: int, seq: int, threads: int, warmup: int, calls: int
         cpu.append((time.process_time() - c) * 1e3)
     first = np.asarray(out[0] if isinstance(out, list | tuple) else out)
     err = float(np.abs(first - run_reference(hf.graph, feeds, hf.weights)[0]).max())
-    print(json.dumps({"ms": samples, "cpu_ms": cpu, "kernels": str(kernels.status()) if what != "ort" else "",
-                      "err": err}))
+    status = "" if what in ("ort", "torch") else str(kernels.status())
+    print(json.dumps({"ms": samples, "cpu_ms": cpu, "kernels": status, "err": err}))
 
 
 def main() -> None:
@@ -170,8 +179,9 @@ def main() -> None:
 def describe(name: str) -> str:
     """The configuration's one-line meaning for the table."""
     what, env = CONFIGS[name]
-    text = {"ort": "ONNX Runtime", "final": "fused, CPU default", "final-gemm": "fused, rlxviz GEMM",
-            "final-openblas": "fused, OpenBLAS GEMM", "input": "input version"}[what]
+    text = {"ort": "ONNX Runtime", "torch": "PyTorch eager", "final": "fused, CPU default",
+            "final-gemm": "fused, rlxviz GEMM", "final-openblas": "fused, OpenBLAS GEMM",
+            "input": "input version"}[what]
     return ", ".join([text, *(f"{k}={v}" for k, v in env.items())])
 
 
