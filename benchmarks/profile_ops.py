@@ -9,7 +9,7 @@ export of the input graph, grouped by ONNX op type (fastest of `--repeat` runs p
 lazy end-to-end medians of both are printed. Prints the active BLAS and the load average.
 
 Usage: .venv/bin/python benchmarks/profile_ops.py [--batch 8] [--seq 128] [--version input|final]
-       [--inside] [--ort] [--repeat 3] [--no-kernels] [--gemm]
+       [--inside] [--ort] [--repeat 3] [--no-kernels] [--gemm auto|on|off]
 """
 
 from __future__ import annotations
@@ -115,9 +115,9 @@ class TimedEmitter(MlxEmitter):
 
 
 def mlx_profile(graph, feeds, weights, repeat: int, inside: bool,  # noqa: ANN001
-                kernels: bool = True, gemm: bool = False) -> list[tuple[str, float]]:
+                kernels: bool = True, gemm: bool | str | None = None) -> list[tuple[str, float]]:
     """(label, best ms) per kernel of one eager run of `graph` on the CPU executor (rlxviz's CPU kernels
-    on or off; `gemm`: rlxviz's GEMM for the dense layers of fused ops, else OpenBLAS's)."""
+    on or off; `gemm`: `LoweringOptions.gemm`, None the CPU's default)."""
     ex = MlxExecutor(LoweringOptions(kernels=kernels, gemm=gemm), device="cpu")
     if not inside:
         return [(r["op"], r["ms"]) for r in ex.profile(graph, feeds, weights, repeat=repeat)]
@@ -194,7 +194,8 @@ def main() -> None:
     ap.add_argument("--inside", action="store_true", help="time the kernels inside fused ops")
     ap.add_argument("--ort", action="store_true", help="also ONNX Runtime's per-node profile (input graph export)")
     ap.add_argument("--no-kernels", action="store_true", help="MLX's composed lowering instead of rlxviz's CPU kernels")
-    ap.add_argument("--gemm", action="store_true", help="rlxviz's GEMM for fused ops' dense layers (default: OpenBLAS)")
+    ap.add_argument("--gemm", choices=("auto", "on", "off"), default="auto",
+                    help="rlxviz's GEMM for fused ops' dense layers: the CPU's default rule (auto), always, never")
     args = ap.parse_args()
 
     model = load_model("minilm", args.batch, args.seq)
@@ -202,7 +203,8 @@ def main() -> None:
     graph = model.graph if args.version == "input" else Pipeline.canonical().run(model.graph).final
     print(f"all-MiniLM-L6-v2, {args.version} graph ({len(graph.compute_nodes())} ops), batch {args.batch}, "
           f"seq {args.seq}; {blas_summary()}; load average {os.getloadavg()[0]:.2f}")
-    rows = mlx_profile(graph, feeds, model.weights, args.repeat, args.inside, not args.no_kernels, args.gemm)
+    gemm = {"auto": None, "on": True, "off": False}[args.gemm]
+    rows = mlx_profile(graph, feeds, model.weights, args.repeat, args.inside, not args.no_kernels, gemm)
     table(f"MLX CPU, {args.version} version{' (kernels inside fused ops)' if args.inside else ''}", rows)
     ex = MlxExecutor(LoweringOptions(kernels=not args.no_kernels, gemm=args.gemm), device="cpu")
     prog, xs = ex.bind(graph, feeds, model.weights)
