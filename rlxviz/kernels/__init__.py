@@ -12,7 +12,11 @@ built it, threaded over rows or (batch, head, query block) work items on the CPU
 * `pack_weights(w)` and `gemm(x, packed, n, bias, residual, act)`: `act(x @ w + bias) + residual` on a weight
   packed once into column panels (`gemm_tile()` gives the micro-kernel's rows x columns: 6 x 16 on AVX2,
   12 x 32 on AVX-512); each output sums K products in order, within `K * eps * sum |x w|` of the exact
-  product like BLAS's (`tests/test_gemm.py`). The lowering uses it only with `LoweringOptions(gemm=True)`.
+  product like BLAS's (`tests/test_gemm.py`). The lowering uses it as `LoweringOptions.gemm` says (CPU default
+  `"auto"`: AVX-512 builds, layers of at most 512 rows).
+
+The work items run on one persistent pool (`src/pool.h`): its waits poll for `RLXVIZ_POOL_SPIN_US`
+microseconds (default 50; 0 blocks at once) before sleeping, so back-to-back kernels find the worker awake.
 
 Beside the kernels, `program_tape(outputs)` (`src/tape.cpp`) reads MLX's unevaluated graph of `outputs`: one
 record per primitive with the shape, dtype and nbytes of its inputs and outputs (`session.program.ProgramBytes`
