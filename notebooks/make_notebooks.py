@@ -129,7 +129,8 @@ saved** (recorded, not measured here: issue 23 timed the two on this project's C
 a fraction of a percent). On the GPU a GEMM epilogue reads the bias, and the matmul's output never reaches
 memory. `session.executed_traffic_saved` splits the ideal saving by what MLX's own lowering on a device runs
 as one kernel; it is a **model** of MLX's kernels that does not know rlxviz's own CPU kernels (which run bias
-+ GELU in one pass): the bytes MLX's program really moves are read from MLX below ("What MLX runs").
++ GELU in one pass, or on AVX-512 at small batches the whole linear as one GEMM with the bias and GELU in its
+store): the bytes MLX's program really moves are read from MLX below ("What MLX runs").
 """),
     code('''
 from rlxviz import session
@@ -192,7 +193,7 @@ feeds = {"x": np.random.default_rng(0).standard_normal((B, S, H)).astype(np.floa
 both = run_passes(graph, ["fuse_matmul_bias_act", "fuse_residual_ln"])
 prims = session.version_primitives(both, feeds, weights, device="cpu")
 print(session.format_primitives(prims))
-shown = ("Matmul", "AddMM", "Add", "Sum", "Rsqrt", "RlxvizBiasAct", "RlxvizResidualLayerNorm")
+shown = ("Matmul", "AddMM", "Add", "Sum", "Rsqrt", "RlxvizGemm", "RlxvizBiasAct", "RlxvizResidualLayerNorm")
 for r in prims:
     top = {k: v for k, v in r.program.counts().items() if k in shown}
     print(f"  #{r.index} {r.label:<27} {top}")
@@ -206,12 +207,15 @@ print(kernels.status())''', "primitives"),
 from IPython.display import Markdown
 
 p0, p1, p2 = (r.program for r in prims)
-ours = "RlxvizBiasAct" in p1.counts()  # rlxviz's own CPU kernels ran (rlxviz.kernels)
+c1 = p1.counts()  # which of rlxviz's own CPU kernels ran (rlxviz.kernels) is read from MLX's program
+linears = ("each linear (`Matmul` + `Add`, and GELU for the first) became one `RlxvizGemm`, rlxviz's GEMM "
+           "with the bias and GELU applied in its store" if "RlxvizGemm" in c1 else
+           "the linear that GELU reads became a `Matmul` and one `RlxvizBiasAct`, rlxviz's CPU kernel for bias + "
+           "GELU in one pass; the other `Matmul` + `Add` one `AddMM`" if "RlxvizBiasAct" in c1 else
+           "each `Matmul` + `Add` became one `AddMM`")
 display(Markdown(
     f"Read aloud: MLX runs {p0.kernels} non-view primitives for the input, {p1.kernels} after "
-    "`fuse_matmul_bias_act` ("
-    + ("the linear that GELU reads became a `Matmul` and one `RlxvizBiasAct`, rlxviz's CPU kernel for bias + GELU "
-       "in one pass; the other `Matmul` + `Add` one `AddMM`" if ours else "each `Matmul` + `Add` became one `AddMM`")
+    "`fuse_matmul_bias_act` (" + linears
     + f") and {p2.kernels} after `fuse_residual_ln`"
     + (" — the same program: the norm fusion changed the graph, not what MLX runs" if p2.counts() == p1.counts()
        else " — the residual `Add` and the norm became one `RlxvizResidualLayerNorm` kernel"
@@ -787,7 +791,9 @@ if not any(d.name == "gpu" for d in here):
 cpu_ours, cpu_mlx = op_kernels["cpu, rlxviz's kernels (default)"], op_kernels["cpu, MLX's own lowering"]
 display(Markdown(
     f"Read aloud: one `FusedMatMulBiasAct` is **{len(cpu_ours)}** kernel(s) on this CPU with rlxviz's kernels "
-    f"({', '.join(f'`{k}`' for k in cpu_ours)}: the matmul stays OpenBLAS's, bias + GELU is one pass) and "
+    f"({', '.join(f'`{k}`' for k in cpu_ours)}: "
+    + ("rlxviz's GEMM, the bias and GELU applied in its store" if cpu_ours == ["RlxvizGemm"] else
+       "the matmul stays OpenBLAS's, bias + GELU is one pass") + ") and "
     f"**{len(cpu_mlx)}** with MLX's own lowering ({', '.join(f'`{k}`' for k in cpu_mlx)}). "
     + (f"On the GPU here MLX runs {len(op_kernels['gpu (read from MLX here)'])}: "
        + ", ".join(f"`{k}`" for k in op_kernels["gpu (read from MLX here)"]) + "."

@@ -353,6 +353,10 @@ class MlxEmitter(Emitter[mx.array]):
             hit = self._packed[w] = self.cpu_kernels.pack_weights(w)
         return hit
 
+    def packed_weights(self) -> list[mx.array]:
+        """The packed weight arrays kept so far (lazy until the first call that uses them is evaluated)."""
+        return [self._packed[w] for w in self._packed]
+
     def clear_packed(self) -> None:
         """Drop the packed weights (`MlxExecutor.clear`)."""
         self._packed.clear()
