@@ -206,7 +206,7 @@ def main() -> None:
     gemm = {"auto": None, "on": True, "off": False}[args.gemm]
     rows = mlx_profile(graph, feeds, model.weights, args.repeat, args.inside, not args.no_kernels, gemm)
     table(f"MLX CPU, {args.version} version{' (kernels inside fused ops)' if args.inside else ''}", rows)
-    ex = MlxExecutor(LoweringOptions(kernels=not args.no_kernels, gemm=args.gemm), device="cpu")
+    ex = MlxExecutor(LoweringOptions(kernels=not args.no_kernels, gemm=gemm), device="cpu")
     prog, xs = ex.bind(graph, feeds, model.weights)
     mx.eval(prog.fn(*xs))
     print(kernels_line(ex))

@@ -161,14 +161,15 @@ print(h.hexdigest())
 
 def test_the_pool_gives_the_same_numbers_whether_its_waits_spin_or_block():
     """rlxviz/kernels/src/pool.h: workers and the caller poll for RLXVIZ_POOL_SPIN_US (default 50 us) before
-    blocking. With no spin (every wait blocks), the default, and a spin longer than the whole run (no wait
-    ever blocks), 4 workers on this machine's cores run 600 jobs to the same bits and none hangs."""
+    blocking. With no spin (every wait blocks), a value that is not an integer (no spin either), the default,
+    and the longest spin allowed (100 ms: the waits between back-to-back jobs never block), 4 workers on this
+    machine's cores run 600 jobs to the same bits and none hangs."""
     import os
     import subprocess
     import sys
 
     digests = set()
-    for spin in ("0", "", "2000000"):
+    for spin in ("0", "50us", "", "99999999999999999999"):  # the last one is clamped to 100000
         env = {**os.environ, "RLXVIZ_POOL_SPIN_US": spin}
         out = subprocess.run([sys.executable, "-c", POOL_STRESS], env=env, capture_output=True, text=True,
                              timeout=120, check=True)
@@ -197,8 +198,9 @@ def test_the_gemm_is_auto_on_the_cpu_and_never_on_the_gpu():
     assert LoweringOptions().for_device("cpu").gemm == "auto"
     assert LoweringOptions().for_device("gpu").gemm is False
     assert MlxEmitter(LoweringOptions(kernels=True, gemm=True), "gpu").cpu_kernels is None  # CPU code only
-    with pytest.raises(ValueError, match="gemm must be"):
-        LoweringOptions(gemm="yes").for_device("cpu")
+    for bad in ("yes", 1, 0.0):  # only the bools and "auto" (1 == True, but it is not a choice)
+        with pytest.raises(ValueError, match="gemm must be"):
+            LoweringOptions(gemm=bad).for_device("cpu")
     graph, feeds = linear_graph("gelu")  # x [2, 9, 40]: 18 rows
     for isa, ran in (("avx512", {"gemm+bias+gelu"}), ("avx2", {"bias+gelu"})):
         ex = MlxExecutor(LoweringOptions(kernels=True), device="cpu")

@@ -116,7 +116,7 @@ class LoweringOptions:
             raise ValueError(f"attention must be 'sdpa', 'composed' or 'auto', got {filled['attention']!r}")
         if filled["regions"] not in ("compiled", "inline"):
             raise ValueError(f"regions must be 'compiled' or 'inline', got {filled['regions']!r}")
-        if filled["gemm"] not in (True, False, "auto"):
+        if not (isinstance(filled["gemm"], bool) or filled["gemm"] == "auto"):
             raise ValueError(f"gemm must be True, False or 'auto', got {filled['gemm']!r}")
         return replace(self, **filled)
 
@@ -150,7 +150,7 @@ DEVICE_LOWERING: dict[str, dict[str, Choice]] = {
                                 "residual + LayerNorm; threaded): MiniLM fully fused, B=8, one thread, 301 vs "
                                 "411 ms CPU time with MLX's lowering (`bench_kernels.py`, load 7, 2026-12-02)"),
         "gemm": Choice("auto", "AVX-512, at most 512 rows: rlxviz's GEMM (one thread pool, kept warm, instead "
-                               "of OpenBLAS's beside it): MiniLM fused B=1 12.0-13.4 vs 13.8-15.8 ms, B=4 38.3 "
+                               "of OpenBLAS's beside it): MiniLM fused B=1 12.0-13.4 vs 12.7-15.5 ms, B=4 38.3 "
                                "vs 40.8; at B=8 (1024 rows) OpenBLAS 72.6-75.9 vs 80.4-81.9 (2 AMD EPYC Zen 5 "
                                "cores, own processes, `bench_processes.py`, 2026-12-03; docs/performance.md "
                                "0.4). AVX2: OpenBLAS, as rlxviz's GEMM did not win end to end on 2 Zen 1 cores "

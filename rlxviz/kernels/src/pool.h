@@ -8,11 +8,13 @@
 // RLXVIZ_POOL_SPIN_US microseconds (default 50; 0 blocks at once) before sleeping on a condition variable.
 // A model's kernels run back to back (a MiniLM layer: 4 GEMMs, attention, 2 norms, each 0.1-0.6 ms at batch
 // 1), and waking a sleeping thread on an idle vCPU costs tens of microseconds in a VM; the spin keeps the
-// worker ready across those gaps and costs at most 50 us of one core after the last kernel of a call.
+// workers ready across those gaps and costs each worker at most 50 us of its core after the last kernel of a
+// call. The setting is clamped to [0, 100000] us (a larger one would keep idle workers spinning for good).
 // Measured 2026-12-03, 2-core AMD EPYC (Zen 5, AVX-512), MiniLM B=1 fused with rlxviz's GEMM, own processes
 // (`benchmarks/bench_processes.py`): 13.6 -> 12.0 ms median at 50 us; docs/performance.md section 0.4.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -87,11 +89,15 @@ class Pool {
     for (int i; (i = st.next.fetch_add(1)) < st.total;) (*st.job)(i);
   }
 
-  // RLXVIZ_POOL_SPIN_US, read once: how long a wait polls before it blocks (us; default 50, <= 0: never).
+  // RLXVIZ_POOL_SPIN_US, read once: how long a wait polls before it blocks (us; default 50; 0, a negative
+  // value or anything but an integer: never; at most 100000).
   static long spin_us() {
     static const long us = [] {
       const char* e = std::getenv("RLXVIZ_POOL_SPIN_US");
-      return e && *e ? std::atol(e) : 50L;
+      if (!e || !*e) return 50L;
+      char* end = nullptr;
+      const long v = std::strtol(e, &end, 10);  // not a number: 0 (block at once)
+      return *end == '\0' ? std::clamp(v, 0L, 100000L) : 0L;
     }();
     return us;
   }
