@@ -323,14 +323,14 @@ def test_01_what_is_fusion(executed):
     assert "rlxviz CPU kernels: " in text and "not available" not in text
     assert k2 < k1 < k0 - 2
     assert "{'Add': 5, 'Matmul': 2" in text and "'RlxvizResidualLayerNorm': 1" in text
-    said = markdown_of(nb, "primitives-read-aloud")
+    md_text = markdown_of(nb, "primitives-read-aloud")
     gemm = default_gemm(rows=2 * 64)
     if gemm:
         assert "'RlxvizGemm': 2" in text and "'AddMM'" not in text and "'RlxvizBiasAct'" not in text
-        assert "each linear (`Matmul` + `Add`, and GELU for the first) became one `RlxvizGemm`" in said
+        assert "each linear (`Matmul` + `Add`, and GELU for the first) became one `RlxvizGemm`" in md_text
     else:
         assert "'AddMM': 1" in text and "'RlxvizBiasAct': 1" in text
-        assert "became a `Matmul` and one `RlxvizBiasAct`, rlxviz's CPU kernel for bias + GELU" in said
+        assert "became a `Matmul` and one `RlxvizBiasAct`, rlxviz's CPU kernel for bias + GELU" in md_text
     fallback = "mx.fast.layer_norm is one kernel here: False" in text
     # bytes per call read from MLX's graph: the table's columns, the lines below it and the prose agree
     moved = [(int(p[6].replace(",", "")), int(p[7].replace(",", ""))) for p in prims]
@@ -341,7 +341,6 @@ def test_01_what_is_fusion(executed):
     assert totals[0] > totals[1] > totals[2] and moved[0][1] == 0
     # fc2's AddMM [2, 64, 128]: 1 write + 1 read more than the graph shows; rlxviz's GEMM has no pre-fill
     assert moved[1][1] == moved[2][1] == (0 if gemm else 2 * 2 * 64 * 128 * 4)
-    md_text = markdown_of(nb, "primitives-read-aloud")
     assert f"MLX runs {k0} non-view primitives for the input, {k1} after" in md_text
     assert f"{totals[0]}, {totals[1]} and {totals[2]} B (of which {moved[1][1]} B" in md_text
     assert "the residual `Add` and the norm became one `RlxvizResidualLayerNorm` kernel" in md_text

@@ -126,15 +126,12 @@ class Pool {
   static void worker(State* st, int index) {
     long seen = 0;
     for (;;) {
-      if (!spin_until([&] { return st->generation.load(std::memory_order_acquire) != seen; })) {
-        std::unique_lock<std::mutex> lk(st->m);
-        st->cv.wait(lk, [&] { return st->generation.load() != seen; });
-      }
-      {
-        std::lock_guard<std::mutex> lk(st->m);
-        seen = st->generation.load();
-        if (index >= st->active) continue;  // not needed for this job
-      }
+      const bool woke = spin_until([&] { return st->generation.load(std::memory_order_acquire) != seen; });
+      std::unique_lock<std::mutex> lk(st->m);
+      if (!woke) st->cv.wait(lk, [&] { return st->generation.load() != seen; });
+      seen = st->generation.load();
+      if (index >= st->active) continue;  // not needed for this job
+      lk.unlock();
       drain(*st);
       if (st->pending.fetch_sub(1) == 1) {
         std::lock_guard<std::mutex> lk(st->m);
