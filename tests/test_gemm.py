@@ -72,6 +72,21 @@ def test_odd_shapes_with_bias_match_the_reference(m, k, n):
     check(run_gemm(x, w), *reference(x, w))
 
 
+def test_every_row_count_of_a_partial_group_and_rows_cut_from_a_wider_array():
+    """M from 1 to two groups and one past: each remainder runs its own micro-kernel (micro_kernel<rows>), and
+    x's rows may sit apart (a column slice of a wider array: row stride > K) on the vectorized A packing,
+    K = 40 being two 16-column transposes and a tail."""
+    mr = K_MOD.gemm_tile()[0]
+    k, n = 40, 70  # n: two full panels and a partial one on AVX-512 (32 columns), four and a partial on AVX2
+    w, b = randn(k, n), randn(n)
+    for m in range(1, 2 * mr + 2):
+        wide = randn(m, k + 5)
+        check(run_gemm(mx.array(wide)[:, 3:3 + k], w, b, None, "relu"), *reference(wide[:, 3:3 + k], w, b, None,
+                                                                                    "relu"))
+        x = randn(m, k)
+        check(run_gemm(x, w, b), *reference(x, w, b))
+
+
 @pytest.mark.parametrize("act", sorted(ACTS))
 def test_every_activation_and_the_residual_in_the_epilogue(act):
     m, k, n = 29, 70, 37
