@@ -169,7 +169,7 @@ def _compiled_walk(walk: Callable[..., list[mx.array]], n_inputs: int, emitter: 
 
     def run(*args: mx.array) -> list[mx.array]:
         static = args[n_inputs:]
-        if not held or len(held[0][0]) != len(static) or any(a is not b for a, b in zip(held[0][0], static)):
+        if not held or len(held[0][0]) != len(static) or any(a is not b for a, b in zip(held[0][0], static, strict=True)):
             before = {id(a) for a in emitter.packed_weights()}
             walk(*args)  # untraced, never evaluated: only the per-weight values it made are
             mx.eval([a for a in emitter.packed_weights() if id(a) not in before])
