@@ -16,6 +16,7 @@ per weight set, not on every call.
 from __future__ import annotations
 
 import hashlib
+import operator
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -169,7 +170,8 @@ def _compiled_walk(walk: Callable[..., list[mx.array]], n_inputs: int, emitter: 
 
     def run(*args: mx.array) -> list[mx.array]:
         static = args[n_inputs:]
-        if not held or len(held[0][0]) != len(static) or any(a is not b for a, b in zip(held[0][0], static, strict=True)):
+        same = held and len(held[0][0]) == len(static) and all(map(operator.is_, held[0][0], static))
+        if not same:
             before = {id(a) for a in emitter.packed_weights()}
             walk(*args)  # untraced, never evaluated: only the per-weight values it made are
             mx.eval([a for a in emitter.packed_weights() if id(a) not in before])
