@@ -20,7 +20,7 @@ int main() {
   openblas_set_num_threads(1); Pool::get().set_threads(1);
   int shapes[][3] = {{128,384,1152},{128,384,1536},{128,1536,384},{1024,384,1152},{1024,384,1536},{1024,1536,384}};
   std::mt19937 rng(1); std::normal_distribution<float> nd;
-  printf("tile %d x %d, KC %d, MC %d rows\n", kMR, kNR, kKC, kMC);
+  printf("tile %d x %d, KC %d, MC %d rows\n", kMR, kNR, kc_block(), kMC);
   for (auto& s : shapes) {
     int M=s[0],K=s[1],N=s[2];
     std::vector<float> a(M*K), w(K*N), b(N), c(M*N);

@@ -2,10 +2,10 @@
 //
 // Blocking (BLIS's loop order, without the outer N loop since B is packed whole once; gemm_core.h): a work
 // item is a block of rows (a multiple of kMR) times a block of packed panels (all of them unless threads need
-// more items); per item, for each block of the reduction
-// axis (at most kKC), the item's rows of A are packed kMR-interleaved (so each step of the micro-kernel reads
+// more items); per item, for each block of the reduction axis (at most kc_block(): 256, or 384 with AVX-512
+// and a 48 KB L1d), the item's rows of A are packed kMR-interleaved (so each step of the micro-kernel reads
 // kMR consecutive floats), then every panel of the block runs the micro-kernel over every row group, with the
-// panel's kKC x kNR slice of B (16 KB with AVX2, 48 KB with AVX-512) staying in L1 or streaming from L2.
+// panel's kc x kNR slice of B (16 KB with AVX2, 32 or 48 KB with AVX-512) staying in L1 or streaming from L2.
 // The items go to the pool (rlxviz/kernels/src/pool.h).
 //
 // Numerics: each output is a float32 sum of K products in the order k = 0, 1, ..., K-1, fused multiply-adds

@@ -2,7 +2,7 @@
 //   out[m, n] = act(sum_k a[m, k] * b[k, n] + bias[n]) + residual[m, n]
 // (bias and residual optional). B is a constant (a weight): `pack_weights` lays it out once in column
 // panels of kNR (zero-padded); `gemm` reads the packed panels. A register-blocked kMR x kNR micro-kernel
-// (chosen at build time from the ISA -march=native enables) accumulates in registers over blocks of kKC of
+// (chosen at build time from the ISA -march=native enables) accumulates in registers over blocks of kc_block() of
 // the reduction axis; the epilogue runs on each tile while it is in L1, right after its last block.
 #pragma once
 

@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include <unistd.h>
+
 #include "act.h"
 #include "pool.h"
 
@@ -32,23 +34,35 @@ constexpr int kGemmNR = 2 * kGemmVec;  // columns per packed panel
 
 
 constexpr int kMR = kGemmMR, kNR = kGemmNR, kVec = kGemmVec;
-// Block sizes (overridable to tune them with a stand-alone build of this header): kKC 256 / kMC 16 groups /
-// all panels per item measured best of {128, 256, 384, 512} x {8, 16, 32} x {8, all} on 2 AMD EPYC cores
-// (AVX2) at MiniLM's shapes, 1 thread: 59-80 GFLOP/s with 8 panels per item, 77-86 with all. With AVX-512
-// kKC 384: on AMD EPYC Zen 5 (48 KB L1d) 5-10% less time than 256 at 128 rows in 5 alternated runs of
-// benchmarks/gemm_core_bench.cpp (2026-12-03; MiniLM's K = 384 is then one block), within the noise at 1024
-// rows. AVX-512 machines with a 32 KB L1d (Zen 4, Skylake-SP) were not re-measured with it.
-#ifndef RLXVIZ_GEMM_KC
-#if defined(__AVX512F__)
-#define RLXVIZ_GEMM_KC 384
-#else
-#define RLXVIZ_GEMM_KC 256
-#endif
+// Block sizes (overridable to tune them with a stand-alone build of this header): kMC 16 groups / all panels per
+// item measured best of {8, 16, 32} x {8, all} on 2 AMD EPYC cores (AVX2) at MiniLM's shapes, 1 thread: 59-80
+// GFLOP/s with 8 panels per item, 77-86 with all. The reduction block (`kc_block`) follows the L1 data cache:
+// a panel slice is kc x kNR floats, reused by every group of a work item. KC 256 measured best of {128, 256,
+// 384, 512} on AVX2 with a 32 KB L1d (Zen 1; 16 KB slices); with AVX-512 and a 48 KB L1d (Zen 5) 384 took 5-10%
+// less time than 256 at 128 rows in 5 alternated runs of benchmarks/gemm_core_bench.cpp (2026-12-03; MiniLM's
+// K = 384 is then one block; within the noise at 1024 rows). AVX-512 machines with a 32 KB L1d (Zen 4,
+// Skylake-SP) keep 256, the value they were measured with (2026-12-02), not re-measured with 384.
+#ifndef RLXVIZ_GEMM_MC_GROUPS
 #define RLXVIZ_GEMM_MC_GROUPS 16
+#endif
+#ifndef RLXVIZ_GEMM_PANELS
 #define RLXVIZ_GEMM_PANELS (1 << 20)
 #endif
-constexpr int kKC = RLXVIZ_GEMM_KC;                  // reduction block: kKC * kNR * 4 bytes of B per panel slice
-constexpr int kMC = RLXVIZ_GEMM_MC_GROUPS * kMR;     // rows per work item at most (A block kMC x kKC in L2)
+
+// The reduction block: RLXVIZ_GEMM_KC when the build sets it; else 384 with AVX-512 and an L1 data cache of at
+// least 48 KB (glibc's sysconf; 0 where it does not know), 256 otherwise.
+inline int kc_block() {
+#ifdef RLXVIZ_GEMM_KC
+  return RLXVIZ_GEMM_KC;
+#else
+  static const int kc = [] {
+    const long l1d = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    return kVec == 16 && l1d >= 48 * 1024 ? 384 : 256;
+  }();
+  return kc;
+#endif
+}
+constexpr int kMC = RLXVIZ_GEMM_MC_GROUPS * kMR;     // rows per work item at most (A block kMC x kc_block() in L2)
 constexpr int kPanels = RLXVIZ_GEMM_PANELS;          // packed panels per work item at most (all: B streams from L3)
 
 typedef float vec __attribute__((vector_size(kVec * sizeof(float))));
@@ -209,7 +223,7 @@ struct GemmArgs {
 inline void gemm_item(const GemmArgs& g, int m0, int m1, int p0, int p1) {
   thread_local std::vector<float> apack;
   const int rows = m1 - m0, groups = (rows + kMR - 1) / kMR;
-  const int kblocks = (g.k + kKC - 1) / kKC, kc_max = (g.k + kblocks - 1) / kblocks;
+  const int kcb = kc_block(), kblocks = (g.k + kcb - 1) / kcb, kc_max = (g.k + kblocks - 1) / kblocks;
   apack.resize(static_cast<size_t>(groups) * kMR * kc_max);
   float tile[kMR * kNR];
   for (int kb = 0; kb < kblocks; ++kb) {
