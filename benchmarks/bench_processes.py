@@ -20,6 +20,9 @@ Configurations (`--configs`; default ort default gemm openblas):
   nokernels      ... without rlxviz's CPU kernels (`RLXVIZ_KERNELS=0`: MLX's own lowering)
   blas-timeout4  ... with `OPENBLAS_THREAD_TIMEOUT=4` (OpenBLAS's workers sleep at once instead of spinning)
   input          the input version (196 ops), the CPU's default lowering
+  baseline       `default` run by another checkout of rlxviz (`--baseline PATH`, its root on the child's
+                 PYTHONPATH; e.g. `git worktree add /tmp/before HEAD~1`): a change's A/B in one run, its
+                 kernels built from that checkout's sources into their own cache entry
 
 Per configuration: the median of all its timed calls (wall ms), the median of its processes' medians, the
 fastest call, the median CPU time per call (this process's `time.process_time`, all its threads: a thread that
@@ -28,7 +31,7 @@ against the NumPy reference of the input graph (over 1e-3 stops the run). Wall t
 the load average before and after.
 
 Usage: .venv/bin/python benchmarks/bench_processes.py [--batches 8 1] [--rounds 5] [--calls 15] [--threads 2]
-       [--configs ort default gemm openblas]
+       [--configs ort default gemm openblas] [--baseline PATH]
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ CONFIGS: dict[str, tuple[str, dict[str, str]]] = {
     "blas-timeout4": ("final", {"OPENBLAS_THREAD_TIMEOUT": "4"}),
     "input": ("input", {}),
     "nospin": ("final", {"RLXVIZ_POOL_SPIN_US": "0"}),
+    "baseline": ("final", {}),  # PYTHONPATH set from --baseline
 }
 
 
@@ -114,7 +118,9 @@ def child(what: str, batch: int, seq: int, threads: int, warmup: int, calls: int
     first = np.asarray(out[0] if isinstance(out, list | tuple) else out)
     err = float(np.abs(first - run_reference(hf.graph, feeds, hf.weights)[0]).max())
     status = "" if what in ("ort", "torch") else str(kernels.status())
-    print(json.dumps({"ms": samples, "cpu_ms": cpu, "kernels": status, "err": err}))
+    import rlxviz
+
+    print(json.dumps({"ms": samples, "cpu_ms": cpu, "kernels": status, "err": err, "rlxviz": rlxviz.__file__}))
 
 
 def main() -> None:
@@ -126,8 +132,18 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--configs", nargs="+", default=["ort", "default", "gemm", "openblas"], choices=CONFIGS)
+    ap.add_argument("--baseline", metavar="PATH", help="another rlxviz checkout, for the `baseline` configuration")
     ap.add_argument("--child", nargs=2, metavar=("WHAT", "BATCH"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.baseline:
+        root = os.path.abspath(args.baseline)
+        if not os.path.isfile(os.path.join(root, "rlxviz", "__init__.py")):
+            ap.error(f"--baseline {args.baseline}: not an rlxviz checkout (no rlxviz/__init__.py)")
+        CONFIGS["baseline"] = ("final", {"PYTHONPATH": root})
+        if "baseline" not in args.configs:
+            args.configs.append("baseline")
+    elif "baseline" in args.configs:
+        ap.error("the baseline configuration needs --baseline PATH")
     if args.child:
         child(args.child[0], int(args.child[1]), args.seq, args.threads, args.warmup, args.calls)
         return
@@ -155,6 +171,9 @@ def main() -> None:
                 if res.returncode != 0:
                     sys.exit(f"{name} (batch {batch}) failed: {res.stderr.strip().splitlines()[-1:]}")
                 got = json.loads(res.stdout.strip().splitlines()[-1])
+                root = env.get("PYTHONPATH")
+                if root and not got["rlxviz"].startswith(root + os.sep):
+                    sys.exit(f"{name} imported rlxviz from {got['rlxviz']}, not from {root}")
                 if not got["err"] <= 1e-3:  # NaN fails too
                     sys.exit(f"{name} (batch {batch}) differs from the reference: max abs err {got['err']}")
                 errs[name] = max(errs[name], got["err"])
@@ -182,6 +201,8 @@ def describe(name: str) -> str:
     text = {"ort": "ONNX Runtime", "torch": "PyTorch eager", "final": "fused, CPU default",
             "final-gemm": "fused, rlxviz GEMM", "final-openblas": "fused, OpenBLAS GEMM",
             "input": "input version"}[what]
+    if name == "baseline":
+        return f"{text}, the checkout at {env['PYTHONPATH']}"
     return ", ".join([text, *(f"{k}={v}" for k, v in env.items())])
 
 

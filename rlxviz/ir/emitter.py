@@ -49,7 +49,12 @@ def normalize_attrs(op: Op, attrs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_PLAIN = frozenset({int, float, str, bool, type(None)})
+
+
 def _freeze(v: Any) -> Any:
+    if type(v) in _PLAIN:  # most attrs, first: the MLX lowering normalizes every node's attrs on every call
+        return v
     if isinstance(v, list | tuple):
         return tuple(_freeze(x) for x in v)
     if isinstance(v, DType):
