@@ -172,9 +172,11 @@ def _compiled_walk(walk: Callable[..., list[mx.array]], n_inputs: int, emitter: 
         static = args[n_inputs:]
         same = held and len(held[0][0]) == len(static) and all(map(operator.is_, held[0][0], static))
         if not same:
-            before = {id(a) for a in emitter.packed_weights()}
+            before: IdentityMap[mx.array, bool] = IdentityMap()
+            for a in emitter.packed_weights():
+                before[a] = True
             walk(*args)  # untraced, never evaluated: only the per-weight values it made are
-            mx.eval([a for a in emitter.packed_weights() if id(a) not in before])
+            mx.eval([a for a in emitter.packed_weights() if a not in before])
             held[:] = [(static, mx.compile(lambda *xs: walk(*xs, *static)))]
         return held[0][1](*args[:n_inputs])
 
