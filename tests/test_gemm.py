@@ -175,6 +175,23 @@ def test_a_compiled_graph_reads_its_packed_weights_as_constants():
     check(ex.run(graph, {"x": x2}, weights)[0], *reference(x2, weights["w"], weights["b"], None, "gelu"))
 
 
+def test_program_primitives_after_a_trace_whose_weight_was_an_input():
+    """A compiled program whose GEMM weight is a traced input leaves a placeholder-derived packed weight in the
+    emitter's cache; `mlx_primitives` on that executor evaluates only the packed weights its own call made, so it
+    still reads the next program (weights as params) instead of failing to evaluate the placeholder."""
+    from rlxviz.session.program import mlx_primitives
+
+    ex = MlxExecutor(LoweringOptions(kernels=True, gemm=True), compile_graph=True, device="cpu")
+    graph, feeds = linear_graph("gelu")  # w is an input: traced
+    check(ex.run(graph, feeds)[0], *reference(feeds["x"], feeds["w"], feeds["b"], None, "gelu"))
+    g = Builder("mba_params2")
+    x = g.input("x", (2, 9, 40))
+    g.output(g.emit(Op.FUSED_MATMUL_BIAS_ACT, [x, g.param("w", (40, 72)), g.param("b", (72,))]))
+    counts = mlx_primitives(g.build(), {"x": randn(2, 9, 40)}, {"w": randn(40, 72), "b": randn(72)},
+                            executor=ex, bytes=False).counts()
+    assert counts.get("RlxvizGemm") == 1 and "RlxvizPackWeights" not in counts
+
+
 POOL_STRESS = """
 import hashlib, numpy as np
 from rlxviz import kernels

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..ir import Graph
+from ..ir.identity import IdentityMap
 from ..passes.trace import Trace
 
 VIEWS = frozenset({"Broadcast", "BroadcastAxes", "Reshape", "Transpose", "ExpandDims", "Squeeze", "Slice",
@@ -262,8 +263,13 @@ def mlx_primitives(graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str,
     ex = executor or MlxExecutor(device=device)
     prog, args = ex.bind(graph, feeds, weights)
     mx.eval(args)  # the arguments' own conversions (dtype casts) are not part of a call
+    before: IdentityMap[mx.array, bool] = IdentityMap()
+    for a in ex.emitter.packed_weights():
+        before[a] = True
     outs = prog.fn(*args)
-    if packed := ex.emitter.packed_weights():  # packed once, on the first call; kept evaluated for the next ones
+    # packed once, on the first call, and kept evaluated for the next ones; only those this call made (an earlier
+    # trace's entries may be placeholders, which cannot be evaluated)
+    if packed := [a for a in ex.emitter.packed_weights() if a not in before]:
         mx.eval(packed)
         outs = prog.fn(*args)
     buf = io.StringIO()
