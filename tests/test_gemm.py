@@ -175,6 +175,22 @@ def test_a_compiled_graph_reads_its_packed_weights_as_constants():
     check(ex.run(graph, {"x": x2}, weights)[0], *reference(x2, weights["w"], weights["b"], None, "gelu"))
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_new_weights_replace_the_old_ones_packed_copies(compiled):
+    """Weight set after weight set on one executor: the packed layouts of replaced weights are dropped with
+    them (`MlxExecutor.static_values` -> `MlxEmitter.drop_packed`), so one packed copy stays, not one per set;
+    each set's result is its own."""
+    g = Builder("mba_sets")
+    x = g.input("x", (3, 40))
+    g.output(g.emit(Op.FUSED_MATMUL_BIAS_ACT, [x, g.param("w", (40, 72)), g.param("b", (72,))], activation="relu"))
+    graph, feeds = g.build(), {"x": randn(3, 40)}
+    ex = MlxExecutor(LoweringOptions(kernels=True, gemm=True), compile_graph=compiled, device="cpu")
+    for _ in range(6):
+        weights = {"w": randn(40, 72), "b": randn(72)}
+        check(ex.run(graph, feeds, weights)[0], *reference(feeds["x"], weights["w"], weights["b"], None, "relu"))
+    assert len(ex.emitter.packed_weights()) == 1
+
+
 def test_program_primitives_after_a_trace_whose_weight_was_an_input():
     """A compiled program whose GEMM weight is a traced input leaves a placeholder-derived packed weight in the
     emitter's cache; `mlx_primitives` on that executor evaluates only the packed weights its own call made, so it

@@ -54,6 +54,14 @@ class IdentityMap(Generic[K, V]):
         self[key] = value
         return value
 
+    def pop(self, key: K, default: V | None = None) -> V | None:
+        """Remove `key`'s entry and return its value (`default` when there is none)."""
+        hit = self._items.get(id(key))
+        if hit is None or hit[0] is not key:
+            return default
+        del self._items[id(key)]
+        return hit[1]
+
     def clear(self) -> None:
         self._items.clear()
 

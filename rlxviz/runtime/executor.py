@@ -337,6 +337,8 @@ class MlxExecutor:
         hit = self._static.get(key)
         if hit is not None and len(hit[0]) == len(params) and all(a is b for a, b in zip(hit[0], params, strict=True)):
             return hit[1]
+        if hit is not None:  # new weights for this program: the old ones' packed layouts go with them
+            self.emitter.drop_packed(hit[1])
         values = prog.prepare(*params)
         mx.eval(values)
         self._static[key] = (tuple(params), values)

@@ -357,6 +357,12 @@ class MlxEmitter(Emitter[mx.array]):
         """The packed weight arrays kept so far (lazy until the first call that uses them is evaluated)."""
         return [self._packed[w] for w in self._packed]
 
+    def drop_packed(self, weights: Sequence[mx.array]) -> None:
+        """Forget the packed layouts of these weight arrays (replaced by new ones: `MlxExecutor.static_values`),
+        so that a session loading weight set after weight set keeps one packed copy, not one per set."""
+        for w in weights:
+            self._packed.pop(w)
+
     def clear_packed(self) -> None:
         """Drop the packed weights (`MlxExecutor.clear`)."""
         self._packed.clear()
