@@ -20,6 +20,8 @@ Configurations (`--configs`; default ort default gemm openblas):
   nokernels      ... without rlxviz's CPU kernels (`RLXVIZ_KERNELS=0`: MLX's own lowering)
   blas-timeout4  ... with `OPENBLAS_THREAD_TIMEOUT=4` (OpenBLAS's workers sleep at once instead of spinning)
   input          the input version (196 ops), the CPU's default lowering
+  compiled       `default` with the whole graph in `mx.compile` (`MlxExecutor(compile_graph=True)`)
+  input-compiled `input` with the whole graph in `mx.compile`
   baseline       `default` run by another checkout of rlxviz (`--baseline PATH`, its root on the child's
                  PYTHONPATH; e.g. `git worktree add /tmp/before HEAD~1`): a change's A/B in one run, its
                  kernels built from that checkout's sources into their own cache entry
@@ -55,6 +57,8 @@ CONFIGS: dict[str, tuple[str, dict[str, str]]] = {
     "blas-timeout4": ("final", {"OPENBLAS_THREAD_TIMEOUT": "4"}),
     "input": ("input", {}),
     "nospin": ("final", {"RLXVIZ_POOL_SPIN_US": "0"}),
+    "compiled": ("final-compiled", {}),
+    "input-compiled": ("input-compiled", {}),
     "baseline": ("final", {}),  # PYTHONPATH set from --baseline
 }
 
@@ -99,8 +103,9 @@ def child(what: str, batch: int, seq: int, threads: int, warmup: int, calls: int
         if mod is not None:
             mod.set_threads(threads)
         gemm = {"final-gemm": True, "final-openblas": False}.get(what)
-        graph = hf.graph if what == "input" else Pipeline.canonical().run(hf.graph).final
-        ex = MlxExecutor(LoweringOptions(gemm=gemm, cpu_streams=threads), device="cpu")
+        graph = hf.graph if what.startswith("input") else Pipeline.canonical().run(hf.graph).final
+        ex = MlxExecutor(LoweringOptions(gemm=gemm, cpu_streams=threads), compile_graph=what.endswith("-compiled"),
+                         device="cpu")
         prog, xs = ex.bind(graph, feeds, hf.weights)
 
         def call() -> object:
@@ -200,7 +205,8 @@ def describe(name: str) -> str:
     what, env = CONFIGS[name]
     text = {"ort": "ONNX Runtime", "torch": "PyTorch eager", "final": "fused, CPU default",
             "final-gemm": "fused, rlxviz GEMM", "final-openblas": "fused, OpenBLAS GEMM",
-            "input": "input version"}[what]
+            "input": "input version", "final-compiled": "fused, CPU default, whole graph mx.compile'd",
+            "input-compiled": "input version, whole graph mx.compile'd"}[what]
     if name == "baseline":
         return f"{text}, the checkout at {env['PYTHONPATH']}"
     return ", ".join([text, *(f"{k}={v}" for k, v in env.items())])
