@@ -158,9 +158,8 @@ def _compiled_walk(walk: Callable[..., list[mx.array]], n_inputs: int, emitter: 
     """`walk(*inputs, *static)` with `walk` traced by `mx.compile` over the inputs only: the static values
     (weights, and what the program computed from them once) are captured as the trace's constants, one trace
     per set of static arrays (by identity; a new set, e.g. new weights, traces anew and drops the old one).
-    Before tracing, the walk is built once untraced and the emitter's once-per-weight values made from it
-    (`MlxEmitter.packed_weights` new since: the GEMM's panel layout) are evaluated, so the trace reads them as
-    constants.
+    Before tracing, the walk is built once untraced and the emitter's once-per-weight values made from it (the
+    GEMM's panel layout: `MlxEmitter.with_packing_evaluated`) are evaluated, so the trace reads them as constants.
 
     Why: an array made inside a trace is a step of the trace, and a traced argument is a placeholder, so with
     the weights traced as arguments or packed during tracing the packing would rerun on every call. Measured
@@ -172,11 +171,7 @@ def _compiled_walk(walk: Callable[..., list[mx.array]], n_inputs: int, emitter: 
         static = args[n_inputs:]
         same = held and len(held[0][0]) == len(static) and all(map(operator.is_, held[0][0], static))
         if not same:
-            before: IdentityMap[mx.array, bool] = IdentityMap()
-            for a in emitter.packed_weights():
-                before[a] = True
-            walk(*args)  # untraced, never evaluated: only the per-weight values it made are
-            mx.eval([a for a in emitter.packed_weights() if a not in before])
+            emitter.with_packing_evaluated(lambda: walk(*args))  # untraced; only the packed weights are evaluated
             held[:] = [(static, mx.compile(lambda *xs: walk(*xs, *static)))]
         return held[0][1](*args[:n_inputs])
 

@@ -33,7 +33,7 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import kernels
 from ..ir import DType, Emitter, Node, Op, format_node
@@ -46,6 +46,8 @@ from . import fast
 from .devices import cpu_cores
 from .formulas import merge_heads, rope, split_heads
 from .mlx_backend import mx
+
+T = TypeVar("T")
 
 KERNEL_ACTS = frozenset({"gelu", "gelu_tanh", "silu", "relu"})
 """Activations the `bias_act` CPU kernel computes (others take the activation's own lowering)."""
@@ -356,6 +358,19 @@ class MlxEmitter(Emitter[mx.array]):
     def packed_weights(self) -> list[mx.array]:
         """The packed weight arrays kept so far (lazy until the first call that uses them is evaluated)."""
         return [self._packed[w] for w in self._packed]
+
+    def with_packing_evaluated(self, build: Callable[[], T]) -> tuple[T, bool]:
+        """`build()` (lowering a program's call), then the packed weights it made evaluated, so that the next
+        build reads them as constants: packing is once per weight, not part of every call. Only those this build
+        made: an earlier trace's entries may be placeholders, which cannot be evaluated. Returns what `build`
+        returned and whether it packed any weight."""
+        before: IdentityMap[mx.array, bool] = IdentityMap()
+        for a in self.packed_weights():
+            before[a] = True
+        out = build()
+        if made := [a for a in self.packed_weights() if a not in before]:
+            mx.eval(made)
+        return out, bool(made)
 
     def drop_packed(self, weights: Sequence[mx.array]) -> None:
         """Forget the packed layouts of these weight arrays (replaced by new ones: `MlxExecutor.static_values`),

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..ir import Graph
-from ..ir.identity import IdentityMap
 from ..passes.trace import Trace
 
 VIEWS = frozenset({"Broadcast", "BroadcastAxes", "Reshape", "Transpose", "ExpandDims", "Squeeze", "Slice",
@@ -263,14 +262,8 @@ def mlx_primitives(graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str,
     ex = executor or MlxExecutor(device=device)
     prog, args = ex.bind(graph, feeds, weights)
     mx.eval(args)  # the arguments' own conversions (dtype casts) are not part of a call
-    before: IdentityMap[mx.array, bool] = IdentityMap()
-    for a in ex.emitter.packed_weights():
-        before[a] = True
-    outs = prog.fn(*args)
-    # packed once, on the first call, and kept evaluated for the next ones; only those this call made (an earlier
-    # trace's entries may be placeholders, which cannot be evaluated)
-    if packed := [a for a in ex.emitter.packed_weights() if a not in before]:
-        mx.eval(packed)
+    outs, packed = ex.emitter.with_packing_evaluated(lambda: prog.fn(*args))
+    if packed:  # packed once, on the first call, and kept evaluated: the next calls read it
         outs = prog.fn(*args)
     buf = io.StringIO()
     mx.export_to_dot(buf, *outs)
