@@ -123,12 +123,15 @@ def pass_versions(graph: Graph, profile: str = "canonical") -> list[tuple[str, G
 
 
 # -- hand-written MLX encoder ---------------------------------------------------------------------------
-def hand_mlx(cfg: BertConfig, weights: dict[str, np.ndarray], fast: bool) -> Callable[..., mx.array]:
-    """A compiled MLX encoder written by hand from RLX-style weights: `fn(ids, mask) -> [B, S, H]`."""
+def hand_mlx(cfg: BertConfig, weights: dict[str, np.ndarray], fast: bool, device: str) -> Callable[..., mx.array]:
+    """A compiled MLX encoder written by hand from RLX-style weights: `fn(ids, mask) -> [B, S, H]`.
+
+    `device` ('cpu' or 'gpu') is where it runs: the attention helper routes to rlxviz's CPU kernel only on 'cpu'
+    (on the GPU that kernel raises "CPU only")."""
     w = {k: mx.array(v) for k, v in weights.items()}
     mx.eval(list(w.values()))
     h, heads, d, eps = cfg.hidden, cfg.heads, cfg.head_dim, cfg.eps
-    emitter = MlxEmitter(LoweringOptions(fast_math=True, attention="composed" if fast else "sdpa"), "cpu")
+    emitter = MlxEmitter(LoweringOptions(fast_math=True, attention="composed" if fast else "sdpa"), device)
 
     def gelu(x: mx.array) -> mx.array:
         return fastmath.gelu(x) if fast else 0.5 * x * (1.0 + mx.erf(x * (1 / math.sqrt(2.0))))
@@ -172,14 +175,16 @@ def time_fn(fn: Callable[[], object], warmup: int, repeat: int) -> tuple[float, 
 
 
 # -- PyTorch / ONNX Runtime ----------------------------------------------------------------------------
-def torch_encoder(cfg: BertConfig, weights: dict[str, np.ndarray]):
-    """The same encoder in PyTorch (functional, eager). Returns (module, torch) or None."""
+def torch_encoder(cfg: BertConfig, weights: dict[str, np.ndarray], device: str = "cpu"):
+    """The same encoder in PyTorch (functional, eager), its weights on `device` ('cpu' or 'cuda').
+
+    Returns (module, torch) or None when torch is not installed."""
     try:
         import torch
         import torch.nn.functional as F  # noqa: N812
     except ImportError:
         return None
-    w = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in weights.items()}
+    w = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in weights.items()}
     h, heads, d, eps = cfg.hidden, cfg.heads, cfg.head_dim, cfg.eps
 
     class Encoder(torch.nn.Module):
@@ -296,7 +301,7 @@ def run_batch(batch: int, args: argparse.Namespace) -> None:
     default = MlxExecutor(device=dev)
     mlx_where = f"mlx {dev} {default.precision.matmuls}"
     for label, fast in (("hand MLX (std: erf GELU, mx.fast SDPA)", False), ("hand MLX (fast math)", True)):
-        fn = hand_mlx(cfg, rlx.weights, fast)
+        fn = hand_mlx(cfg, rlx.weights, fast, dev)
 
         def hand(fn=fn):  # noqa: ANN001, ANN202
             with mx.stream(on_dev):
@@ -353,6 +358,19 @@ def run_batch(batch: int, args: argparse.Namespace) -> None:
 
             add(f"torch {torch.__version__} eager ({torch.get_num_threads()} threads)", torch_call, torch_call,
                 "torch cpu f32")
+            if dev == "gpu" and torch.cuda.is_available():  # the GPU's own eager baseline, full f32 (no TF32)
+                torch.backends.cuda.matmul.allow_tf32 = False
+                cuda_model = torch_encoder(cfg, rlx.weights, "cuda")[0]
+                cid, cmask = tid.cuda(), tmask.cuda()
+
+                def torch_cuda(m=cuda_model, a=cid, b=cmask, t=torch):  # noqa: ANN001, ANN202
+                    with t.inference_mode():
+                        out = m(a, b)
+                    t.cuda.synchronize()
+                    return out
+
+                add(f"torch {torch.__version__} eager on CUDA", torch_cuda,
+                    lambda f=torch_cuda: f().cpu().numpy(), "torch cuda f32")
             sess = onnx_session(model, torch, feeds["input_ids"], feeds["attention_mask"],
                                 f"/tmp/rlxviz_minilm_b{batch}.onnx")
             if sess is not None:
@@ -444,7 +462,7 @@ def side_by_side(batch: int, args: argparse.Namespace) -> list[str]:
     ids_mx, mask_mx = mx.array(feeds["input_ids"]), mx.array(feeds["attention_mask"])
     for label, fast in (("hand-written MLX (erf GELU, mx.fast SDPA, compiled)", False),
                         ("hand-written MLX (rlxviz fast math, compiled)", True)):
-        fn = hand_mlx(cfg, rlx.weights, fast)
+        fn = hand_mlx(cfg, rlx.weights, fast, args.device)
 
         def hand(fn=fn):  # noqa: ANN001, ANN202
             with mx.stream(mx_device(args.device)):

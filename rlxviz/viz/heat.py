@@ -13,11 +13,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from functools import cache
 
-from bokeh.palettes import YlOrRd
 
-PALETTE: tuple[str, ...] = tuple(reversed(YlOrRd[7]))
-"""Seven fills from light (small) to dark (large): ColorBrewer's YlOrRd as Bokeh ships it."""
+@cache
+def _palette() -> tuple[str, ...]:
+    """Seven fills from light (small) to dark (large): ColorBrewer's YlOrRd as Bokeh ships it.
+
+    Imported on first use, so the CLI's `run`/`time` paths (which draw nothing) do not load Bokeh."""
+    from bokeh.palettes import YlOrRd
+
+    return tuple(reversed(YlOrRd[7]))
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    """`PALETTE`: `_palette()`, resolved on first access (PEP 562)."""
+    if name == "PALETTE":
+        return _palette()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 NONFINITE = "#7b3294"
 """Fill of a node whose error is not finite (nan / inf where the reference is finite, or the other way)."""
@@ -42,12 +55,12 @@ def bin_of(kind: str, value: float) -> int:
 
 def heat_colors(kind: str, values: Mapping[int, float]) -> dict[int, str]:
     """Node id -> fill for each figure (`values`: time shares 0..1, or errors)."""
-    return {i: NONFINITE if (b := bin_of(kind, v)) < 0 else PALETTE[b] for i, v in values.items()}
+    return {i: NONFINITE if (b := bin_of(kind, v)) < 0 else _palette()[b] for i, v in values.items()}
 
 
 def text_color(fill: str) -> str:
     """Black on the light fills, white on the dark ones."""
-    return "white" if fill == NONFINITE or fill in PALETTE[-DARK_BINS:] else "black"
+    return "white" if fill == NONFINITE or fill in _palette()[-DARK_BINS:] else "black"
 
 
 def _fmt(kind: str, x: float) -> str:
@@ -57,12 +70,13 @@ def _fmt(kind: str, x: float) -> str:
 def legend(kind: str) -> list[tuple[str, str]]:
     """(fill, range in words) per bin, small to large, then the non-finite fill for `error`."""
     e = EDGES[kind]
-    rows = [(PALETTE[0], f"< {_fmt(kind, e[0])}")]
-    rows += [(PALETTE[k], f"{_fmt(kind, e[k - 1])} – {_fmt(kind, e[k])}") for k in range(1, len(e))]
-    rows.append((PALETTE[len(e)], f"≥ {_fmt(kind, e[-1])}"))
+    palette = _palette()
+    rows = [(palette[0], f"< {_fmt(kind, e[0])}")]
+    rows += [(palette[k], f"{_fmt(kind, e[k - 1])} – {_fmt(kind, e[k])}") for k in range(1, len(e))]
+    rows.append((palette[len(e)], f"≥ {_fmt(kind, e[-1])}"))
     if kind == "error":
         rows.append((NONFINITE, "not finite"))
     return rows
 
 
-__all__ = ["EDGES", "NONFINITE", "PALETTE", "bin_of", "heat_colors", "legend", "text_color"]
+__all__ = ["EDGES", "NONFINITE", "bin_of", "heat_colors", "legend", "text_color"]
