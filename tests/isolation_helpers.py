@@ -42,3 +42,24 @@ def warn_and_return(value: int) -> int:
 
     warnings.warn("a warning from the child", UserWarning, stacklevel=1)
     return value
+
+
+def server_with_stuck_job(ready_file: str) -> None:
+    """(A process's main) what a serving app holds when it is stopped mid-work: the SIGTERM handler installed,
+    an upload folder of its own, and a child running a job that never returns. Writes `pid child_pid folder` to
+    `ready_file`, then waits for a signal."""
+    import threading
+
+    from rlxviz.app.main import stop_on_sigterm
+    from rlxviz.app.sources import store_upload
+    from rlxviz.session import isolated
+
+    stop_on_sigterm()
+    folder = store_upload({"model.onnx": b"x" * 1024})
+    threading.Thread(target=lambda: isolated.run_isolated(time.sleep, 10_000, timeout_s=10_000), daemon=True).start()
+    while not isolated._RUNNING:
+        time.sleep(0.05)
+    child = next(iter(isolated._RUNNING)).pid
+    Path(ready_file).write_text(f"{os.getpid()} {child} {folder}")
+    while True:
+        time.sleep(1)

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import Callable
 
@@ -12,12 +14,13 @@ import panel as pn
 from panel.theme.fast import Fast
 from panel.viewable import Viewer
 
-from ..session.isolated import spare_ready
+from ..session.isolated import spare_ready, stop_children
 from .access import refusal
 from .controls import ModelControls, PipelineControls, StatusBar, VariantControls
 from .jobs import Runner
 from .layout import FoldSidebar, follow_editor
 from .panels import DecisionTable, IRView, TimingView, VersionStepper, WhyView, graph_tab
+from .sources import remove_stale_uploads, remove_uploads
 from .start import StartHere
 from .state import AppState
 from .text import md_escape
@@ -88,6 +91,35 @@ def no_mathjax() -> None:
     resources._panel_use_mathjax = never
 
 
+_SERVER_READY = threading.Event()
+
+
+def server_start() -> None:
+    """Once per server process: remove the upload folders a killed server left (`remove_stale_uploads`) and
+    make SIGTERM stop the server within a moment (`stop_on_sigterm`)."""
+    if _SERVER_READY.is_set():
+        return
+    _SERVER_READY.set()
+    remove_stale_uploads()
+    stop_on_sigterm()
+
+
+def stop_on_sigterm() -> None:
+    """Install the SIGTERM handler (main thread only; elsewhere nothing): every child process killed (loads,
+    timings, overlays: `session.isolated.stop_children`), this server's upload folders removed, then the process
+    exits with 143 (128 + SIGTERM) at once. Waiting for the job threads instead could take a job's whole time
+    limit: a stopping server keeps nothing a session made."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        stop_children()
+        remove_uploads()
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
     """The app for one session.
 
@@ -99,6 +131,8 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
     Returns:
         A `FastListTemplate`; call `.servable()` on it.
     """
+    if _client_address() is not False:  # a served page (not a test or a notebook): this process is the server
+        server_start()
     serve_css_locally()
     no_mathjax()
     pn.extension("tabulator", "codeeditor", "filedropper", notifications=False, sizing_mode="stretch_width")

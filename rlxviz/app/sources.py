@@ -144,7 +144,47 @@ def check_upload(files: dict[str, bytes], limit: int | None = None) -> dict[str,
 
 
 UPLOAD_PREFIX = "rlxviz-upload-"
-"""Name prefix of the temp folders an upload is written to while a load reads it."""
+"""Name prefix of the temp folders an upload is written to while a load reads it: `rlxviz-upload-PID-XXXX`, PID
+the server process that owns it (`remove_uploads` and `remove_stale_uploads` read it)."""
+
+
+def _upload_owner(folder: Path) -> int | None:
+    """The pid in an upload folder's name (`rlxviz-upload-PID-...`), else None."""
+    head = folder.name[len(UPLOAD_PREFIX):].split("-", 1)[0]
+    return int(head) if folder.name.startswith(UPLOAD_PREFIX) and head.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_uploads(owner: int | None = None, root: Path | None = None) -> list[Path]:
+    """Remove the upload folders of server process `owner` (default: this one) under `root` (default: the temp
+    folder). Returns what was removed. Called when the server stops (SIGTERM), so no user's file stays behind."""
+    owner = os.getpid() if owner is None else owner
+    root = Path(tempfile.gettempdir()) if root is None else root
+    gone = [f for f in root.glob(UPLOAD_PREFIX + "*") if f.is_dir() and _upload_owner(f) == owner]
+    for f in gone:
+        shutil.rmtree(f, ignore_errors=True)
+    return gone
+
+
+def remove_stale_uploads(root: Path | None = None) -> list[Path]:
+    """Remove the upload folders whose server process is gone (killed before it could clean up) under `root`
+    (default: the temp folder), and those without an owner in their name (written before owners were recorded).
+    Returns what was removed. Called at server start."""
+    root = Path(tempfile.gettempdir()) if root is None else root
+    gone = [f for f in root.glob(UPLOAD_PREFIX + "*")
+            if f.is_dir() and ((pid := _upload_owner(f)) is None or not _alive(pid))]
+    for f in gone:
+        shutil.rmtree(f, ignore_errors=True)
+    return gone
 
 
 def store_upload(files: dict[str, bytes]) -> Path:
@@ -154,7 +194,7 @@ def store_upload(files: dict[str, bytes]) -> Path:
     Raises:
         SourceError: the folder could not be written (it is removed).
     """
-    folder = Path(tempfile.mkdtemp(prefix=UPLOAD_PREFIX))
+    folder = Path(tempfile.mkdtemp(prefix=f"{UPLOAD_PREFIX}{os.getpid()}-"))
     try:
         for name, data in files.items():
             (folder / name).write_bytes(data)

@@ -1,4 +1,4 @@
-"""Timing graph versions in a separate worker process (no Panel import).
+"""Timing graph versions in a child process (no Panel import), bounded in wall time and address space.
 
 Why a process: the app's server runs other Python threads (its event loop, other sessions' jobs). The MLX
 runtime builds every call op by op from Python and releases the GIL in `mx.eval`; each release lets a busy
@@ -6,9 +6,14 @@ Python thread hold the GIL for up to `sys.getswitchinterval()` (5 ms) before the
 so a version timed from a server thread is charged for other threads' work
 (`benchmarks/bench_app_vs_cli_timing.py --cause` measures it). A child process has a GIL of its own.
 
-The worker runs exactly what `rlxviz time` runs: `session.time_versions` (every version timed in
-interleaved rounds, median, min, IQR, speed-up, where it ran), with the worker's own timing cache cleared
-first so every request measures.
+Why bounded: a version may run what a file says (a host op), and one job must never hold the server or another
+session. Each job runs through `session.run_isolated`, the helper every isolation uses: its own child, killed
+past `timing_seconds()` (`RLXVIZ_TIMING_SECONDS`), its address space capped from the memory budget. At most
+`max_jobs()` (`RLXVIZ_TIMING_JOBS`) run at once across sessions; a session's own jobs already run one at a time
+(`jobs.Runner`), so one session's stuck job delays no other session while a slot is free.
+
+The child runs exactly what `rlxviz time` runs: `session.time_versions` (every version timed in
+interleaved rounds, median, min, IQR, speed-up, where it ran), measuring anew.
 
 Example:
     >>> run = time_in_worker(trace, feeds, weights, warmup=2, repeat=10)   # doctest: +SKIP
@@ -17,12 +22,9 @@ Example:
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import threading
 from collections.abc import Mapping
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +37,7 @@ class WorkerTiming:
 
     Attributes:
         rows: `session.VersionTiming` per version of the trace (`trace.versions()` order).
-        pid: the worker process's id (not the server's: the timing ran outside the server's GIL).
+        pid: the child process's id (not the server's: the timing ran outside the server's GIL).
     """
 
     rows: list[Any]
@@ -44,7 +46,7 @@ class WorkerTiming:
 
 def _time(trace: Any, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray], warmup: int, repeat: int,
           device: str | None, inputs: Any) -> WorkerTiming:
-    """(In the worker) `session.time_versions`, measuring anew."""
+    """(In the child) `session.time_versions`, measuring anew."""
     from ..session import timing
 
     timing.TIMINGS.clear()
@@ -53,78 +55,92 @@ def _time(trace: Any, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.
     return WorkerTiming(rows, os.getpid())
 
 
-_POOL: ProcessPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-_RUN_LOCK = threading.Lock()
+TIMING_SECONDS_ENV = "RLXVIZ_TIMING_SECONDS"
+DEFAULT_TIMING_SECONDS = 300.0
+"""Wall-time limit (s) on one timing or overlay job unless `RLXVIZ_TIMING_SECONDS` says otherwise."""
+
+TIMING_JOBS_ENV = "RLXVIZ_TIMING_JOBS"
+DEFAULT_TIMING_JOBS = 2
+"""Timing/overlay jobs that may run at once across sessions unless `RLXVIZ_TIMING_JOBS` says otherwise."""
 
 
-def _pool() -> ProcessPoolExecutor:
-    """The shared worker (one process, started with `spawn`: no copy of the server's threads or locks)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-        return _POOL
+def _positive(env: str, default: float) -> float:
+    raw = os.environ.get(env, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+def timing_seconds() -> float:
+    """The wall-time limit (s) on one job: `$RLXVIZ_TIMING_SECONDS` (a positive number), else 300."""
+    return _positive(TIMING_SECONDS_ENV, DEFAULT_TIMING_SECONDS)
+
+
+def max_jobs() -> int:
+    """How many jobs may run at once: `$RLXVIZ_TIMING_JOBS` (a positive integer), else 2. Read once per process."""
+    return max(1, int(_positive(TIMING_JOBS_ENV, DEFAULT_TIMING_JOBS)))
+
+
+_SLOTS: threading.BoundedSemaphore | None = None
+_SLOTS_LOCK = threading.Lock()
+
+
+def _slots() -> threading.BoundedSemaphore:
+    global _SLOTS
+    with _SLOTS_LOCK:
+        if _SLOTS is None:
+            _SLOTS = threading.BoundedSemaphore(max_jobs())
+        return _SLOTS
+
+
+def _bounded(fn: Any, *args: Any, what: str) -> Any:
+    """`fn(*args)` in its own child through `session.run_isolated`: killed past `timing_seconds()`, its address
+    space capped from the memory budget, at most `max_jobs()` at once. Raises `StoppedError` (one line) when
+    stopped, else whatever `fn` raised."""
+    from ..session import Limits, isolated
+
+    with _slots():
+        return isolated.run_isolated(fn, *args, timeout_s=timing_seconds(), max_bytes=Limits.resolve().max_bytes,
+                                     what=what, job=isolated.TIMING)
 
 
 def _figures(trace: Any, version: int, kind: str, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
              device: str | None, limits: Any, time_limit_s: float) -> Any:
-    """(In the worker) `session.overlays.node_figures`."""
+    """(In the child) `session.overlays.node_figures`."""
     from ..session.overlays import node_figures
 
     return node_figures(trace, version, kind, feeds, weights, device=device, limits=limits, time_limit_s=time_limit_s)
 
 
-def shutdown() -> None:
-    """Stop the worker process (the next request starts a new one)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is not None:
-            _POOL.shutdown(wait=False, cancel_futures=True)
-        _POOL = None
-
-
 def time_in_worker(trace: Any, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray], *,
                    warmup: int = 2, repeat: int = 10, device: str | None = None, inputs: Any = None) -> WorkerTiming:
-    """Time every version of `trace` with `session.time_versions` in the worker process.
-
-    Requests from all sessions run one at a time (one worker): two timings at once would share the CPUs and
-    slow each other down.
+    """Time every version of `trace` with `session.time_versions` in a bounded child process.
 
     Args:
-        trace: a pipeline `Trace` (pickled to the worker with `feeds` and `weights`).
+        trace: a pipeline `Trace` (pickled to the child with `feeds` and `weights`).
         feeds / weights: NumPy arrays by name.
         warmup / repeat: untimed and timed interleaved rounds, as `rlxviz time --warmup/--repeat`.
         device: `cpu`, `gpu` or None (MLX's default), as `rlxviz time --device`.
         inputs: the input sets the versions are judged on (`session.input_sets`; None: the session's default).
 
     Returns:
-        `WorkerTiming`: the rows and the worker's pid.
+        `WorkerTiming`: the rows and the child's pid.
 
     Raises:
-        RuntimeError: the worker process died (e.g. killed for memory); the next request starts a new one.
-        Whatever the runtime raised in the worker (MemoryError, NotImplementedError, DeviceError, ...).
+        StoppedError: past `timing_seconds()` (the child is killed), out of memory under its cap, or the child died;
+            one line naming the model.
+        Whatever the runtime raised in the child (MemoryError, NotImplementedError, DeviceError, ...).
     """
-    with _RUN_LOCK:
-        try:
-            return _pool().submit(_time, trace, dict(feeds), dict(weights), warmup, repeat, device, inputs).result()
-        except BrokenProcessPool:
-            shutdown()
-            raise RuntimeError("the timing process stopped (killed for memory?); lower batch or sequence length "
-                               "and time again") from None
+    what = f"timing {getattr(trace.input, 'name', '') or 'the model'}"
+    return _bounded(_time, trace, dict(feeds), dict(weights), warmup, repeat, device, inputs, what=what)
 
 
 def figures_in_worker(trace: Any, version: int, kind: str, feeds: Mapping[str, np.ndarray],
                       weights: Mapping[str, np.ndarray], *, device: str | None = None, limits: Any = None,
                       time_limit_s: float = 60.0) -> Any:
-    """`session.overlays.node_figures` of version `version` (index into `trace.versions()`) in the worker process,
-    one request at a time with the timing runs (a per-node time measured beside another run would be charged for
-    it). Raises as `time_in_worker`, and `LimitError` over the memory budget."""
-    with _RUN_LOCK:
-        try:
-            return _pool().submit(_figures, trace, version, kind, dict(feeds), dict(weights), device, limits,
-                                  time_limit_s).result()
-        except BrokenProcessPool:
-            shutdown()
-            raise RuntimeError("the timing process stopped (killed for memory?); lower batch or sequence length "
-                               "and try the overlay again") from None
+    """`session.overlays.node_figures` of version `version` (index into `trace.versions()`) in a bounded child
+    process, as `time_in_worker`. Raises as `time_in_worker`, and `LimitError` over the memory budget."""
+    return _bounded(_figures, trace, version, kind, dict(feeds), dict(weights), device, limits, time_limit_s,
+                    what=f"the {kind} overlay")

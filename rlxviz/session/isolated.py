@@ -30,6 +30,8 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -55,9 +57,22 @@ and allocator arenas."""
 PRELOAD = ("numpy", "onnx", "onnx.reference", "rlxviz.session.loading", "rlxviz.models.onnx_import")
 """Modules a child imports before it reads its request."""
 
-_CHILD = "from rlxviz.session import isolated; isolated.serve()"
+_PARENT_ENV = "RLXVIZ_ISOLATED_PARENT"
+PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal the kernel sends this process when its parent dies (Linux)."""
+_CHILD = ("import os, signal, sys\n"
+          "if sys.platform.startswith('linux'):\n"
+          "    import ctypes\n"
+          f"    ctypes.CDLL(None).prctl({PR_SET_PDEATHSIG}, signal.SIGKILL)\n"
+          f"    if os.environ.get({_PARENT_ENV!r}) != str(os.getppid()): os._exit(1)\n"
+          "from rlxviz.session import isolated; isolated.serve()")
+"""The child's program. Its first statements make the kernel kill it when the server dies, however it dies
+(SIGKILL included), before the imports that take seconds: a job that never returns never outlives the server
+(`prctl(PR_SET_PDEATHSIG)`; a parent already gone by then ends it at once)."""
 _SPARE: tuple[tuple, subprocess.Popen] | None = None
 _SPARE_LOCK = threading.Lock()
+_RUNNING: set[subprocess.Popen] = set()
+"""Children serving a call now (`run_isolated`); `stop_children` kills them."""
 
 
 def address_space() -> int:
@@ -134,10 +149,20 @@ def _environment() -> tuple:
     return (sys.executable, tuple(sys.path))
 
 
-def _start() -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlxviz-spawner")
+"""The one long-lived thread that starts every child: Linux sends PR_SET_PDEATHSIG when the *thread* that started
+the child ends, so a child started from a short-lived thread (the server's warm-up) would be killed with it."""
+
+
+def _popen() -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **{_PARENT_ENV: str(os.getpid())})
     return subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             env=env, close_fds=True)
+
+
+def _start() -> subprocess.Popen:
+    """A new child, started from `_SPAWNER`'s thread."""
+    return _SPAWNER.submit(_popen).result()
 
 
 def _take() -> subprocess.Popen:
@@ -172,6 +197,17 @@ def shutdown() -> None:
         _stop(spare[1])
 
 
+def stop_children() -> None:
+    """Kill every child: the spare and those serving a call now (each such call raises `StoppedError`). For a
+    server that is stopping (SIGTERM)."""
+    shutdown()
+    with _SPARE_LOCK:
+        running = list(_RUNNING)
+    for proc in running:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def spare_ready() -> None:
     """Start the spare child now (a server calls this at start-up, so that its first load does not wait for the
     imports)."""
@@ -183,8 +219,22 @@ def spare_ready() -> None:
             _SPARE = (_environment(), _start())
 
 
+@dataclass(frozen=True)
+class Job:
+    """The words a stopped child's message uses for its work: `noun` ("a load"), `gerund` ("loading") and
+    `agent` ("the loader")."""
+
+    noun: str
+    gerund: str
+    agent: str
+
+
+LOAD = Job("a load", "loading", "the loader")
+TIMING = Job("a timing job", "timing", "the timing job")
+
+
 def run_isolated(fn: Callable[..., T], *args: Any, timeout_s: float = LOAD_SECONDS, max_bytes: int | None = None,
-                 what: str = "the load", **kwargs: Any) -> T:
+                 what: str = "the load", job: Job = LOAD, **kwargs: Any) -> T:
     """`fn(*args, **kwargs)` run in a child process that is killed after `timeout_s` seconds.
 
     `fn` and its arguments are pickled to the child (`fn` by reference: a module-level function of a module on
@@ -197,6 +247,7 @@ def run_isolated(fn: Callable[..., T], *args: Any, timeout_s: float = LOAD_SECON
         max_bytes: the memory limit (bytes): the child's address space may then grow by
             `ADDRESS_FACTOR * max_bytes + ADDRESS_SLACK_BYTES` (None: no cap).
         what: the work, for messages (`reliability/x.onnx`).
+        job: the kind of work, for messages (`LOAD`, `TIMING`).
 
     Raises:
         StoppedError: past `timeout_s` (the child is killed), out of memory under the cap, or the child died
@@ -207,23 +258,27 @@ def run_isolated(fn: Callable[..., T], *args: Any, timeout_s: float = LOAD_SECON
     extra = 0 if max_bytes is None else ADDRESS_FACTOR * max_bytes + ADDRESS_SLACK_BYTES
     request = pickle.dumps((fn, args, kwargs, extra), protocol=pickle.HIGHEST_PROTOCOL)
     proc = _take()
+    with _SPARE_LOCK:
+        _RUNNING.add(proc)
     try:
         reply, _ = proc.communicate(request, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        raise StoppedError(f"{what}: stopped after {timeout_s:g} s (the wall-time limit on a load)") from None
+        raise StoppedError(f"{what}: stopped after {timeout_s:g} s (the wall-time limit on {job.noun})") from None
     finally:
+        with _SPARE_LOCK:
+            _RUNNING.discard(proc)
         _stop(proc)
         spare_ready()
     if not reply:
         code = proc.returncode
         how = (f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.Signals._value2member_map_
                else f"exit {code}")
-        raise StoppedError(f"{what}: the loading process died ({how}): out of memory or a crash in native code")
+        raise StoppedError(f"{what}: the {job.gerund} process died ({how}): out of memory or a crash in native code")
     status, value, notes = pickle.loads(reply)
     for message, category in notes:
         warnings.warn(message, category, stacklevel=2)
     if status == "memory":
-        raise StoppedError(f"{what}: out of memory while loading (the loader may use "
+        raise StoppedError(f"{what}: out of memory while {job.gerund} ({job.agent} may use "
                            f"{human_bytes(extra)} of address space for a memory limit of "
                            f"{human_bytes(max_bytes or 0)})")
     if status == "error":
