@@ -26,7 +26,9 @@ Their transcendentals are `rlxviz.runtime.fast`'s formulas (exp 2e-7 relative, e
 3.6e-7 absolute), so they agree with the fast-math lowering they replace to float32 rounding.
 
 `load()` returns the module (or None) and `status()` says which: `built` / `cached` / `off`
-(`RLXVIZ_KERNELS=0`) / `unavailable` with the reason. The lowering (`runtime.lowering`) uses them
+(`RLXVIZ_KERNELS=0`) / `unavailable` with the reason, which for a fault of the cache (a library that differs
+from its build record and cannot be built again, an unwritable cache, a build lock held past its deadline)
+names the path to remove and is printed as one line on stderr (`build`). The lowering (`runtime.lowering`) uses them
 for fused ops on the CPU only; everything else keeps MLX's kernels.
 """
 
