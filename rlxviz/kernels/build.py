@@ -43,6 +43,7 @@ from types import ModuleType
 SRC = Path(__file__).with_name("src")
 MODULE = "_rlxviz_kernels"
 BUILD_TIMEOUT_S = 900
+CACHE_ENV = "RLXVIZ_KERNELS_CACHE"
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class KernelStatus:
 
 def cache_root() -> Path:
     """`$RLXVIZ_KERNELS_CACHE`, else `$XDG_CACHE_HOME/rlxviz/kernels`, else `~/.cache/rlxviz/kernels`."""
-    env = os.environ.get("RLXVIZ_KERNELS_CACHE")
+    env = os.environ.get(CACHE_ENV)
     if env:
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -370,9 +371,10 @@ def _cached_or_built(tools: Toolchain, out: Path, quiet: bool) -> tuple[KernelSt
         out.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as err:
-        what = "it holds no kernels" if damage is None else damage
-        return _unavailable(f"cache folder {out} is not writable ({err.strerror or err}) and {what}; "
-                            f"remove {out} or make it writable to build them", quiet)
+        fix = (f"set {CACHE_ENV} to a writable folder to build them" if damage is None
+               else f"{damage}; remove {out} or make it writable to build them")
+        return _unavailable(f"cache folder {out} is not writable ({err.strerror or err}) and "
+                            f"{'holds no kernels; ' if damage is None else ''}{fix}", quiet)
     state = "cached"
     try:
         if (why := _take_lock(fd, lock, quiet)) is not None:
