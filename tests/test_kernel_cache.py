@@ -326,6 +326,22 @@ def test_a_read_only_bind_mount_is_used_when_valid(cache, good, tmp_path):
     assert len(lines(err)) == 1 and "not writable" in err
 
 
+
+@pytest.mark.parametrize("fault", ["lock is a folder", "cache key folder is a file"])
+def test_a_broken_cache_folder_is_one_line_and_mlx_lowering(fault, cache, capsys, monkeypatch):
+    if fault == "lock is a folder":
+        library(cache).unlink()
+        (cache / "lock").mkdir()
+        said = f"cannot open the build lock {cache / 'lock'} (Is a directory); remove {cache} to rebuild"
+    else:
+        shutil.rmtree(cache)
+        cache.write_text("not a folder")
+        said = f"cannot open the cache folder {cache} (File exists); remove {cache} to rebuild"
+    calls = rebuild_fails(monkeypatch)
+    assert_runs_mlx_lowering()
+    (line,) = lines(capsys.readouterr().err)
+    assert said in line and calls == [], line
+
 # -- a lock held by a stuck build -------------------------------------------------------------------------------
 def hold_lock(out: Path, content: bytes):
     """Take the build lock as another process would (its own open file), writing `content` as its holder."""

@@ -23,6 +23,7 @@ line on stderr where the cache is at fault, and rlxviz then runs the composed ML
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import importlib.machinery
@@ -367,13 +368,18 @@ def _cached_or_built(tools: Toolchain, out: Path, quiet: bool) -> tuple[KernelSt
     damage = check_library(target, record)
     if damage == "":  # valid: load without the lock, which a read-only cache could not take
         return _load(target, record, "cached", out, quiet)
+    step = f"the cache folder {out}"
     try:
         out.mkdir(parents=True, exist_ok=True)
+        step = f"the build lock {lock}"
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as err:
+        why = err.strerror or str(err)
+        if err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):  # e.g. the lock is a folder, `out` a file
+            return _unavailable(f"cannot open {step} ({why}); remove {out} to rebuild", quiet)
         fix = (f"set {CACHE_ENV} to a writable folder to build them" if damage is None
                else f"{damage}; remove {out} or make it writable to build them")
-        return _unavailable(f"cache folder {out} is not writable ({err.strerror or err}) and "
+        return _unavailable(f"cache folder {out} is not writable ({why}) and "
                             f"{'holds no kernels; ' if damage is None else ''}{fix}", quiet)
     state = "cached"
     try:
