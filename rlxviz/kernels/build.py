@@ -391,7 +391,7 @@ def _cached_or_built(tools: Toolchain, out: Path, quiet: bool) -> tuple[KernelSt
         if damage != "":
             if not quiet:
                 doing = (f"building the CPU kernels once into {out}" if damage is None
-                         else f"the CPU kernels in {out} are damaged ({damage}); building them again")
+                         else f"building the CPU kernels again into {out} ({damage})")
                 print(f"rlxviz: {doing} ...", file=sys.stderr, flush=True)
             record.unlink(missing_ok=True)  # no record until the new library is whole
             t0 = time.perf_counter()
