@@ -278,7 +278,7 @@ def _holder(lock: Path) -> str:
         return "a process that recorded no pid (an older rlxviz?)"
     host = _printable(str(data.get("host", "?")))
     since = f" since {_printable(str(data['since']), 40)}" if data.get("since") else ""
-    return f"pid {data['pid']} on host {host}{since}"
+    return f"pid {_printable(str(data['pid']), 20)} on host {host}{since}"
 
 
 def _take_lock(fd: int, lock: Path, quiet: bool) -> str | None:
