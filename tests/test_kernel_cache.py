@@ -422,6 +422,26 @@ def test_a_build_that_ends_while_waited_on_is_loaded(cache, good, capsys, monkey
     assert json.loads((cache / "lock").read_text())["pid"] == os.getpid()  # the lock now names its last holder
 
 
+def test_a_process_that_gave_up_waiting_gets_the_kernels_once_the_build_is_done(cache, good, capsys, monkeypatch):
+    """A long-lived process (the app's server) that ran out of wait is not without kernels for its life: later
+    calls ask again without waiting (every RETRY_S seconds; 0 here) and load the holder's build once it is done."""
+    library(cache).unlink()
+    (cache / "build.json").unlink()
+    calls = rebuild_fails(monkeypatch)
+    monkeypatch.setenv(build.LOCK_WAIT_ENV, "0.2")
+    monkeypatch.setattr(kernels, "RETRY_S", 0.0)
+    fh = hold_lock(cache, HOLDERS["this rlxviz"][0])
+    try:
+        first = kernels.status()
+        assert first.retry and kernels.load() is None and kernels.status() == first  # still held: same answer
+        shutil.copy2(good, cache / good.name)
+        (cache / "build.json").write_text(json.dumps({"build_s": 2.0, **build.library_record(cache / good.name)}))
+    finally:
+        fh.close()
+    assert kernels.load() is not None and kernels.status().state == "cached" and calls == []
+    assert len(lines(capsys.readouterr().err)) == 1  # the one wait line; the asks after it wait for nothing
+    assert_runs_kernels()
+
 @pytest.mark.parametrize("value, want", [("", 120.0), ("0.25", 0.25), ("0", 0.0), ("soon", 120.0), ("-3", 120.0),
                                          ("nan", 120.0)])
 def test_lock_wait_from_the_environment(value, want, monkeypatch):

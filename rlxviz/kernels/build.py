@@ -59,6 +59,8 @@ class KernelStatus:
         isa: the vector ISA the build targets (`avx512`, `avx2`, `neon`, `baseline`), else None.
         threads: threads the kernels use, else None.
         build_s: wall-clock seconds of the build that made `path` (from its record), else None.
+        retry: `unavailable` only because another process's build held the lock past the wait: a later call may
+            find its kernels (`rlxviz.kernels` asks again, without waiting).
     """
 
     state: str
@@ -67,6 +69,7 @@ class KernelStatus:
     isa: str | None = None
     threads: int | None = None
     build_s: float | None = None
+    retry: bool = False
 
     @property
     def available(self) -> bool:
@@ -281,16 +284,15 @@ def _holder(lock: Path) -> str:
     return f"pid {_printable(str(data['pid']), 20)} on host {host}{since}"
 
 
-def _take_lock(fd: int, lock: Path, quiet: bool) -> str | None:
-    """Take the exclusive build lock on `fd` (open on `lock`) within `lock_wait_s()` seconds, printing one line
-    naming the holder when it has to wait; then write this process's pid, host and time into the lock file.
-    Returns None once held, else one line saying whose build held it too long."""
-    wait = lock_wait_s()
+def _take_lock(fd: int, lock: Path, quiet: bool, wait: float) -> str | None:
+    """Take the exclusive build lock on `fd` (open on `lock`) within `wait` seconds, printing one line naming the
+    holder when it has to wait (none when `wait` is 0); then write this process's pid, host and time into the lock
+    file. Returns None once held, else one line saying whose build held it too long."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = _holder(lock)
-        if not quiet:
+        if not quiet and wait > 0:
             print(f"rlxviz: waiting up to {wait:g} s for the CPU kernels build of {holder} (lock {lock}; "
                   f"{LOCK_WAIT_ENV} sets the wait), then fused ops run MLX's composed lowering",
                   file=sys.stderr, flush=True)
@@ -328,7 +330,7 @@ def _unavailable(reason: str, quiet: bool, say: bool = True) -> tuple[KernelStat
     return st, None
 
 
-def build_kernels(root: Path | None = None, path: str | None = None, quiet: bool = False
+def build_kernels(root: Path | None = None, path: str | None = None, quiet: bool = False, wait: float | None = None
                   ) -> tuple[KernelStatus, ModuleType | None]:
     """Load the kernels from the cache, building them first when the cache has none or a damaged one.
 
@@ -337,6 +339,8 @@ def build_kernels(root: Path | None = None, path: str | None = None, quiet: bool
         path: the search path for cmake / the compiler / ninja (default `$PATH`).
         quiet: print nothing on stderr (else: one line announcing a build, one while waiting for another
             process's build, one when the cache or a build fails).
+        wait: seconds to wait for another process's build (default `lock_wait_s()`); past it the status is
+            `unavailable` with `retry` set.
 
     Returns:
         (status, module): the module is None exactly when `status.available` is False. Never raises: a
@@ -355,13 +359,13 @@ def build_kernels(root: Path | None = None, path: str | None = None, quiet: bool
         return _unavailable(f"cache key: {err}", quiet)
     out = root / key
     try:
-        return _cached_or_built(tools, out, quiet)
+        return _cached_or_built(tools, out, quiet, lock_wait_s() if wait is None else wait)
     except Exception as err:  # noqa: BLE001 - the whole cached path fails soft: the run goes on without kernels
         detail = getattr(err, "strerror", None) or (str(err).splitlines() or ["(no message)"])[0]
         return _unavailable(f"kernel cache {out}: {type(err).__name__}: {detail}; remove {out} to rebuild", quiet)
 
 
-def _cached_or_built(tools: Toolchain, out: Path, quiet: bool) -> tuple[KernelStatus, ModuleType | None]:
+def _cached_or_built(tools: Toolchain, out: Path, quiet: bool, wait: float) -> tuple[KernelStatus, ModuleType | None]:
     """`build_kernels` for the cache folder `out` (see there); exceptions are the caller's to turn into a status."""
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     target, record, failed, lock = out / (MODULE + suffix), out / "build.json", out / "failed.txt", out / "lock"
@@ -383,8 +387,8 @@ def _cached_or_built(tools: Toolchain, out: Path, quiet: bool) -> tuple[KernelSt
                             f"{'holds no kernels; ' if damage is None else ''}{fix}", quiet)
     state = "cached"
     try:
-        if (why := _take_lock(fd, lock, quiet)) is not None:
-            return _unavailable(why, quiet, say=False)  # the wait line said what happens next
+        if (why := _take_lock(fd, lock, quiet, wait)) is not None:
+            return KernelStatus("unavailable", why, retry=True), None  # the wait line said what happens next
         if failed.exists():
             return _unavailable(_printable(failed.read_text(errors="replace").strip(), 2000), quiet, say=False)
         damage = check_library(target, record)  # again: another process may have built it while we waited
