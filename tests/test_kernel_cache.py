@@ -302,9 +302,12 @@ def test_a_damaged_read_only_cache_is_one_line_and_mlx_lowering(fault, cache, ca
 def test_a_read_only_bind_mount_is_used_when_valid(cache, good, tmp_path):
     """The same on a real read-only file system: the cache folder bind-mounted read-only in a private mount
     namespace (`unshare -m`), a child process loads the kernels from it; a damaged copy there is one line."""
+    probe_dir = tmp_path / "probe"
+    probe_dir.mkdir()
+    bind = f"mount --bind {probe_dir} {probe_dir} && mount -o remount,ro,bind {probe_dir}"
     if shutil.which("unshare") is None or subprocess.run(
-            ["unshare", "-m", "true"], capture_output=True).returncode != 0:
-        pytest.skip("no private mount namespace here (unshare -m); the mocked read-only tests cover the logic")
+            ["unshare", "-m", "sh", "-c", bind], capture_output=True).returncode != 0:
+        pytest.skip("no read-only bind mount here (unshare -m, mount); the mocked read-only tests cover the logic")
     probe = ("import json; from rlxviz.kernels import build; st, m = build.build_kernels(); "
              "print(json.dumps([st.state, st.reason]))")
     root = cache.parent
