@@ -26,13 +26,16 @@ Their transcendentals are `rlxviz.runtime.fast`'s formulas (exp 2e-7 relative, e
 3.6e-7 absolute), so they agree with the fast-math lowering they replace to float32 rounding.
 
 `load()` returns the module (or None) and `status()` says which: `built` / `cached` / `off`
-(`RLXVIZ_KERNELS=0`) / `unavailable` with the reason. The lowering (`runtime.lowering`) uses them
+(`RLXVIZ_KERNELS=0`) / `unavailable` with the reason, which for a fault of the cache (a library that differs
+from its build record and cannot be built again, an unwritable cache, a build lock held past its deadline)
+names the path to remove and is printed as one line on stderr (`build`). The lowering (`runtime.lowering`) uses them
 for fused ops on the CPU only; everything else keeps MLX's kernels.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 from types import ModuleType
 
@@ -40,6 +43,9 @@ from .build import KernelStatus, build_kernels, cache_root, find_toolchain
 
 _LOCK = threading.Lock()
 _LOADED: tuple[KernelStatus, ModuleType | None] | None = None
+RETRY_S = 10.0
+"""Seconds between asks after a wait for another process's build ran out (`KernelStatus.retry`)."""
+_RETRY_AT = 0.0
 
 
 def load() -> ModuleType | None:
@@ -55,10 +61,17 @@ def status() -> KernelStatus:
 
 
 def _ensure() -> tuple[KernelStatus, ModuleType | None]:
-    global _LOADED
+    """The cached (status, module); built or loaded on first call. A first call that gave up waiting for another
+    process's build (`retry`) is asked again, without waiting, at most every `RETRY_S` seconds, so that a
+    long-lived process (the app's server and workers) gets the kernels once that build is done."""
+    global _LOADED, _RETRY_AT
     with _LOCK:
-        if _LOADED is None:
-            st, module = build_kernels()
+        again = _LOADED is not None and _LOADED[0].retry and time.monotonic() >= _RETRY_AT
+        if _LOADED is None or again:
+            st, module = build_kernels(wait=0.0) if again else build_kernels()
+            _RETRY_AT = time.monotonic() + RETRY_S
+            if again and st.retry:
+                st = _LOADED[0]  # still held: keep the first answer (it names the wait that ran out)
             if module is not None:
                 from ..runtime.devices import cpu_cores
 

@@ -48,6 +48,7 @@ from ..ir.lint import problems
 from ..ir.ops import PAD_MODES
 from .module_calls import number_calls
 from .onnx_fold import FOLDABLE, FoldError, check_fold, fold, node_attrs, single_node_model
+from .onnx_size import over_budget
 from .presets import Model
 
 MAX_IMPORT_SECONDS = 120.0
@@ -1286,7 +1287,8 @@ def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Ma
         external_data_dir: where the external-data files live (default: the model's folder).
         name: the model name (default: the file's stem).
         max_bytes: refuse a model whose initializers (external data included) would take more bytes,
-            checked from their declared shapes before the external data is read.
+            checked from their declared shapes before the external data is read, and a file whose size or text
+            counts more (`onnx_size.over_budget`), checked before it is parsed.
 
     Raises:
         OnnxImportError: unreadable or invalid file, too large, missing external data, or anything
@@ -1296,6 +1298,8 @@ def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Ma
     p = Path(path)
     if not p.is_file():
         raise OnnxImportError(f"{path}: no such file")
+    if max_bytes is not None and (why := over_budget(p, max_bytes)) is not None:  # before parsing (onnx_size)
+        raise OnnxImportError(f"{path}: {why}")
     try:
         proto = onnx.load(str(p), load_external_data=False)
     except Exception as e:  # noqa: BLE001 - protobuf DecodeError and friends
