@@ -42,3 +42,20 @@ def warn_and_return(value: int) -> int:
 
     warnings.warn("a warning from the child", UserWarning, stacklevel=1)
     return value
+
+
+def spin(seconds: float) -> float:
+    """Compute (a busy loop, no sleeping) for `seconds` of this process's CPU time; returns the CPU time used. A load
+    that keeps a core busy, as a hostile file's import does."""
+    start = time.process_time()
+    x = 0
+    while time.process_time() - start < seconds:
+        x += 1
+    return time.process_time() - start
+
+
+def idle(seconds: float, value: int) -> int:
+    """Sleep `seconds` of wall time using almost no CPU, then return `value`: a load on a machine so busy that its
+    wall time passes while it waits for a core."""
+    time.sleep(seconds)
+    return value

@@ -36,7 +36,7 @@ class GraphTextError(SessionError):
 
 
 class StoppedError(SessionError):
-    """A load stopped from outside: past its wall-time limit, out of memory under its address-space cap, or its
+    """A load stopped from outside: past its CPU-time limit (or its wall-clock backstop), out of memory under its address-space cap, or its
     process died (`session.isolated`)."""
 
 
