@@ -232,3 +232,14 @@ def test_layer_view_keeps_the_stacks_apart():
     keys = [k for k, grp in layer_groups(g).items() if grp.layer is not None]
     assert len(keys) == 4 and {grp.title for grp in layer_groups(g).values() if grp.layer is not None} == {
         "encoder.layers.0", "encoder.layers.1", "decoder.layers.0", "decoder.layers.1"}
+
+
+def test_bart_full_explain_from_the_cli_numbers_layers_per_stack(capsys):
+    from clirun import run
+
+    code, out, _ = run(capsys, "explain", CASES / "bart-full.onnx", "--batch", 2, "--seq", 8)
+    assert code == 0 and "4/4 layer(s) fused as expected" in out
+    for label in ("encoder layer 0: fused -> FusedTransformerLayer", "encoder layer 1: fused -> FusedTransformerLayer",
+                  "decoder layer 0: fused as expected", "decoder layer 1: fused as expected"):
+        assert label in out
+    assert "NOT fused" not in out

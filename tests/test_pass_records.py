@@ -31,6 +31,8 @@ from rlxviz.passes.engine import PassResult, check_records, dead_refs, settle
 from rlxviz.passes.pipeline import DEFAULT_PARAMS, PASSES
 from rlxviz.passes.trace import Match, Rejection
 from rlxviz.runtime import run_reference
+from rlxviz.runtime.executor import MlxExecutor
+from rlxviz.runtime.lowering import LoweringOptions
 from rlxviz.session import check_fusion
 
 CASES = Path(__file__).parent / "fixtures" / "onnx" / "cases"
@@ -152,6 +154,17 @@ def test_every_pass_names_live_nodes_on_random_graphs(case):
     _check_every_pass(case)
 
 
+@_SETTINGS
+@given(st.one_of(hf_attention_layers(), random_transformer_like_graphs()),
+       st.lists(st.sampled_from(sorted(PASSES)), min_size=1, max_size=10))
+def test_any_pass_order_crashes_no_pass_and_explains(case, order):
+    """A later pass reads an earlier pass's records (the crash: `fuse_attention_block`'s scale advice reading
+    `fuse_sdpa`'s match): in any order, no pass crashes and the report reads every step."""
+    trace = Pipeline(order).run(case.graph)
+    assert not [s.error for s in trace.steps if s.error], order
+    check_fusion(trace, case.graph.name)
+
+
 def test_granite_explains_without_a_crashed_pass_with_its_numbers():
     """Granite (embedding/residual/attention multipliers, dynamo eager): no crashed pass, the exporter's numbers in
     the input and final versions, attention packed in both layers."""
@@ -162,8 +175,10 @@ def test_granite_explains_without_a_crashed_pass_with_its_numbers():
     trace = Pipeline.canonical().run(m.graph)
     assert [s.error for s in trace.steps if s.error] == []
     assert all(dead_refs(s.before, PassResult(s.after, s.matches, s.rejections)) == [] for s in trace.steps)
+    ex = MlxExecutor(LoweringOptions(fast_math=False))
     for g in (m.graph, trace.final):
         np.testing.assert_allclose(run_reference(g, feeds, m.weights)[0], want, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(np.asarray(ex.run(g, feeds, m.weights)[0]), want, atol=1e-5, rtol=0)
     assert trace.final.op_counts().get(Op.ATTENTION.value, 0) == 2
     assert [r.layer for r in check_fusion(trace, "granite").layers] == [0, 1]
 
@@ -232,3 +247,11 @@ def test_settle_keeps_live_names_and_maps_a_dead_anchor_to_its_origin():
     (r,) = res.rejections
     assert (r.anchor, r.bindings, r.offending, r.offending_edges, r.subject) == (1, {}, (2,), (), None)
     assert dead_refs(g0, res) == []
+
+
+def test_granite_explain_from_the_cli_exits_0_without_a_crashed_pass(capsys):
+    from clirun import run
+
+    code, out, err = run(capsys, "explain", CASES / "granite.onnx", "--batch", 2, "--seq", 8)
+    assert code == 0 and "CRASHED" not in out + err and "internal error" not in err
+    assert "2/2 layer(s) fused as expected" in out
