@@ -34,6 +34,8 @@ from rlxviz.runtime import run_reference
 from rlxviz.runtime.executor import MlxExecutor
 from rlxviz.runtime.lowering import LoweringOptions
 from rlxviz.session import check_fusion
+from rlxviz.viz.dot import graph_to_dot
+from rlxviz.viz.overlay import Overlay
 
 CASES = Path(__file__).parent / "fixtures" / "onnx" / "cases"
 DATA = Path(__file__).parent / "data" / "cases"
@@ -163,6 +165,9 @@ def test_any_pass_order_crashes_no_pass_and_explains(case, order):
     trace = Pipeline(order).run(case.graph)
     assert not [s.error for s in trace.steps if s.error], order
     check_fusion(trace, case.graph.name)
+    for step in trace.steps:  # the drawings read every record against the step's graphs
+        graph_to_dot(step.before, Overlay.before(step, trace=trace))
+        graph_to_dot(step.after, Overlay.after(step, trace=trace))
 
 
 def test_granite_explains_without_a_crashed_pass_with_its_numbers():
