@@ -209,7 +209,7 @@ def apply(graph: Graph, pass_name: str, found: Sequence[Found]) -> tuple[Graph, 
         j = rw.resolve(i) if i is not None else None
         return j if j is not None and j in out else None
 
-    return out, [m if m.fused == product(m.fused) else replace(m, fused=product(m.fused)) for m in matches]
+    return out, [replace(m, fused=product(m.fused)) for m in matches]
 
 
 def rule_pass(name: str, rules: Sequence[Rule], doc: str = "", requires: Sequence[str] = ()) -> Pass:
