@@ -159,6 +159,7 @@ def test_own_encoder_decoder_layers_are_numbered_per_stack(kind):
     dec = [s for s in check.layers if s.layer.stack == "decoder"]
     assert all(s.architecture.kind == "cross_decoder" for s in dec)
     assert all(not s.bert_style for s in dec) and all("FusedTransformerLayer" not in s.expected for s in dec)
+    assert all(s.fused for s in dec), text  # what a decoder layer can legally get, it got (pre-norm: no residual norm)
     feeds, w = _feeds_weights(g)
     for a, b in zip(run_reference(g, feeds, w), run_reference(trace.final, feeds, w), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
