@@ -63,3 +63,20 @@ def server_with_stuck_job(ready_file: str) -> None:
     Path(ready_file).write_text(f"{os.getpid()} {child} {folder}")
     while True:
         time.sleep(1)
+
+
+def spin(seconds: float) -> float:
+    """Compute (a busy loop, no sleeping) for `seconds` of this process's CPU time; returns the CPU time used. A load
+    that keeps a core busy, as a hostile file's import does."""
+    start = time.process_time()
+    x = 0
+    while time.process_time() - start < seconds:
+        x += 1
+    return time.process_time() - start
+
+
+def idle(seconds: float, value: int) -> int:
+    """Sleep `seconds` of wall time using almost no CPU, then return `value`: a load on a machine so busy that its
+    wall time passes while it waits for a core."""
+    time.sleep(seconds)
+    return value

@@ -102,8 +102,8 @@ def _bounded(fn: Any, *args: Any, what: str) -> Any:
     from ..session import Limits, isolated
 
     with _slots():
-        return isolated.run_isolated(fn, *args, timeout_s=timing_seconds(), max_bytes=Limits.resolve().max_bytes,
-                                     what=what, job=isolated.TIMING)
+        return isolated.run_isolated(fn, *args, timeout_s=None, wall_s=timing_seconds(),
+                                     max_bytes=Limits.resolve().max_bytes, what=what, job=isolated.TIMING)
 
 
 def _figures(trace: Any, version: int, kind: str, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],

@@ -125,6 +125,14 @@ class Rewriter(NodeEmitter):
             self.replace(r, s)
         return new
 
+    def resolve(self, i: int) -> int:
+        """The id whose value now stands for `i`: `i` followed through every `replace` (itself if none).
+
+        Raises:
+            RewriteError: the replacements form a cycle.
+        """
+        return self._resolve(i)
+
     def _resolve(self, i: int) -> int:
         seen = 0
         while i in self._replace:

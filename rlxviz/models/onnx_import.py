@@ -46,14 +46,16 @@ from ..ir.graph import SMALL_VALUE
 from ..ir.identity import IdentityMap
 from ..ir.lint import problems
 from ..ir.ops import PAD_MODES
+from .cpu_limit import WALL_FACTOR, CpuTimeExceeded, Deadline, cap_cpu
 from .module_calls import number_calls
 from .onnx_fold import FOLDABLE, FoldError, check_fold, fold, node_attrs, single_node_model
 from .onnx_size import over_budget
 from .presets import Model
 
 MAX_IMPORT_SECONDS = 120.0
-"""Wall time one import may take (an export of a 7B model maps in seconds); past it the import stops, naming the
-node it reached, so no upload holds a server's worker for long."""
+"""CPU time one import may take (an export of a 7B model maps in seconds); past it, or past `cpu_limit.WALL_FACTOR`
+times it in wall time (a stopped or starved process), the import stops, naming the node it reached, so no upload
+holds a server's worker for long. CPU time, not wall time: a busy machine does not refuse a good file."""
 
 OPSETS = range(13, 22)
 """Default-domain opsets the importer accepts (13..21)."""
@@ -1001,7 +1003,8 @@ def validate(proto: Any) -> None:
 
 
 VALIDATE_SECONDS = 60.0
-"""Wall time ONNX's whole-model shape inference may take in its child process."""
+"""CPU time ONNX's whole-model shape inference may take in its child process (`cpu_limit.cap_cpu`); its wall time
+is bounded at `cpu_limit.WALL_FACTOR` times it."""
 
 
 def _strict_inference(proto: Any) -> str:
@@ -1015,6 +1018,10 @@ def _strict_inference(proto: Any) -> str:
             text = text.replace(prefix, "").strip()
         return f"invalid ONNX model (rejected by ONNX shape inference, as ONNX Runtime would): {text[:400]}"
     return ""
+
+
+_OVER_CPU = 3
+"""The exit status of `_isolated`'s child past its CPU-time limit."""
 
 
 def _isolated(check: Callable[[], str]) -> str:
@@ -1031,12 +1038,15 @@ def _isolated(check: Callable[[], str]) -> str:
         os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
         code = 0
         try:
+            cap_cpu(VALIDATE_SECONDS)
             os.write(w, check().encode("utf-8", "replace"))
+        except CpuTimeExceeded:
+            code = _OVER_CPU
         except BaseException:  # noqa: BLE001 - anything else: say nothing, the parent reports a failed check
             code = 1
         os._exit(code)
     os.close(w)
-    deadline = time.monotonic() + VALIDATE_SECONDS
+    deadline = time.monotonic() + VALIDATE_SECONDS * WALL_FACTOR
     status = 0
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
@@ -1046,13 +1056,16 @@ def _isolated(check: Callable[[], str]) -> str:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
             os.close(r)
-            return f"ONNX's shape inference took over {VALIDATE_SECONDS:g} s on this file; refused"
+            return (f"ONNX's shape inference took over {VALIDATE_SECONDS * WALL_FACTOR:g} s of wall time on this file "
+                    f"(stopped or starved); refused")
         time.sleep(0.005)
     with os.fdopen(r, "rb") as f:
         text = f.read().decode("utf-8", "replace")
     if os.WIFSIGNALED(status):
         return (f"ONNX's shape inference crashed on this file ({signal.Signals(os.WTERMSIG(status)).name}): it is "
                 f"malformed; refused")
+    if os.WEXITSTATUS(status) == _OVER_CPU:
+        return f"ONNX's shape inference took over {VALIDATE_SECONDS:g} s of CPU time on this file; refused"
     if os.WEXITSTATUS(status):
         return "ONNX's shape inference failed on this file; refused"
     return text
@@ -1139,13 +1152,13 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
     unmapped: dict[str, list[str]] = {}
     errors: list[str] = []
     poisoned: set[str] = set()
-    deadline = time.monotonic() + MAX_IMPORT_SECONDS
+    deadline = Deadline(MAX_IMPORT_SECONDS)
     paths = number_calls([node_path(node) for node in g.node])  # one layer module called N times: N layers
     for node, path in zip(g.node, paths, strict=True):
-        if time.monotonic() > deadline:  # every step is bounded; this bounds their sum (a graph of 10^6 nodes)
+        if late := deadline.exceeded():  # every step is bounded; this bounds their sum (a graph of 10^6 nodes)
             ctx.node = node
-            raise OnnxImportError(str(ctx.fail(f"the import has taken over {MAX_IMPORT_SECONDS:g} s; stopped here "
-                                               f"(a graph of {len(g.node):,} nodes)")))
+            raise OnnxImportError(str(ctx.fail(f"the import has {late}; stopped here (a graph of {len(g.node):,} "
+                                               f"nodes)")))
         if any(i in poisoned for i in node.input if i):
             poisoned.update(node.output)
             continue

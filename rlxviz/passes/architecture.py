@@ -12,6 +12,11 @@ on a copy, so decomposed norms, GELUs and Hugging Face attention are seen as ops
 * `parallel` (GPT-J, GPT-NeoX, PaLM, Phi-2): the attention and the MLP read the same residual stream, through
   one norm (GPT-J) or one norm each (GPT-NeoX's `use_parallel_residual`), and the MLP's activation is not
   downstream of the attention.
+* `cross_decoder` (BART, T5, Whisper, Marian decoders): a self-attention and a cross-attention (Q from the
+  decoder's stream, K/V projected from another input: the encoder's output), post- or pre-norm. Neither
+  FusedTransformerLayer nor FusedAttentionBlock can hold the cross-attention (one hidden input projected to
+  Q/K/V); what is legal: packed attention for both, FusedAttentionBlock for the self-attention when its mask is
+  a keep mask, residual-norm fusions where post-norm, the MLP's fusions.
 * `attention_only`: attention and no MLP activation.
 * `no_attention`: everything else with no attention (an MLP, an embedding).
 
@@ -38,13 +43,15 @@ _ATTENTION = frozenset({Op.ATTENTION, Op.FUSED_ATTENTION_BLOCK, Op.FUSED_TRANSFO
 _NORMS = frozenset({Op.LAYER_NORM, Op.RMS_NORM, Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM})
 _ACTS = frozenset({Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.FUSED_SWIGLU})
 _PREFIX = ("canonicalize_exported", "canonicalize_norm", "canonicalize_gelu", "fuse_sdpa")
-KINDS = ("post_ln", "pre_ln", "llama", "parallel", "attention_only", "no_attention")
+KINDS = ("post_ln", "pre_ln", "llama", "parallel", "cross_decoder", "attention_only", "no_attention")
 
 DESCRIPTIONS = {
     "post_ln": "post-LN (BERT): attention -> residual add -> LayerNorm",
     "pre_ln": "pre-LN (GPT-2, ViT): norm -> sublayer -> residual add",
     "llama": "LLaMA: pre-norm RMSNorm",
     "parallel": "parallel block (GPT-J, GPT-NeoX, PaLM, Phi-2): attention and MLP read the same residual stream",
+    "cross_decoder": "decoder layer with self- and cross-attention (BART, T5, Whisper): cross-attention reads the "
+                     "encoder's output",
     "attention_only": "attention only (no MLP)",
     "no_attention": "no attention",
 }
@@ -86,7 +93,7 @@ class LayerArchitecture:
     def pre_norm(self) -> bool:
         """The residual sum also feeds the next residual add, so residual-norm fusions are illegal."""
         return self.kind in ("pre_ln", "llama", "parallel") or (
-            self.kind == "attention_only" and any("pre-norm" in e for e in self.evidence))
+            self.kind in ("attention_only", "cross_decoder") and any("pre-norm" in e for e in self.evidence))
 
     def not_expected(self, pass_name: str, guard: str = "") -> str | None:
         """Why a rejection of `pass_name` at `guard` does not count in this layer (None: it counts)."""
@@ -234,6 +241,42 @@ def _layer_nodes(g: Graph, layer: int | None) -> list[Node]:
     return index.get(layer, [])
 
 
+_THROUGH = frozenset({Op.RESHAPE, Op.TRANSPOSE, Op.NARROW, Op.ROPE, Op.CAST, Op.EXPAND})
+
+
+def _projected_input(g: Graph, i: int) -> int | None:
+    """The input `x` a Q/K/V operand is projected from (`matmul(x, w)`, `FusedMatMulBiasAct(x, ...)`), through head
+    reshapes, transposes, narrows of a packed projection, a rope, casts, a bias add or a scale; None when it is no
+    projection within a few steps."""
+    for _ in range(8):
+        n = g[i]
+        if n.op in (Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT):
+            return n.inputs[0]
+        if n.op in _THROUGH:
+            i = n.inputs[0]
+        elif n.op in (Op.ADD, Op.MUL, Op.DIV):
+            proj = [j for j in n.inputs if g[j].op not in (Op.PARAM, Op.CONST) and g[j].rank == n.rank]
+            if len(proj) != 1:
+                return None
+            i = proj[0]
+        else:
+            return None
+    return None
+
+
+def cross_attention(g: Graph, a: Node) -> str | None:
+    """Evidence that the packed attention `a` is a cross-attention: its Q and its K/V are projected from different
+    inputs (a decoder's stream and the encoder's output); None for a self-attention or an operand that is no plain
+    projection."""
+    if a.op != Op.ATTENTION or len(a.inputs) < 3:
+        return None
+    q, k, v = (_projected_input(g, i) for i in a.inputs[:3])
+    if q is None or k is None or q == k or k != v:
+        return None
+    return (f"{_label(a)}: cross-attention: Q projected from {_label(g[q])}, K and V from {_label(g[k])}"
+            + (f" ({g[k].path})" if g[k].path else ""))
+
+
 def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) -> LayerArchitecture:
     nodes = _layer_nodes(g, layer)
     ids = {n.id for n in nodes}
@@ -271,6 +314,8 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
         if a.op == Op.ATTENTION and a.attrs.get("num_kv_heads") not in (None, a.attrs.get("num_heads")):
             evidence.append(f"{_label(a)}: grouped-query ({a.attrs['num_heads']} query heads, "
                             f"{a.attrs['num_kv_heads']} kv heads)")
+    crossed = [(a, why) for a in attn if (why := cross_attention(g, a)) is not None]
+    evidence += [why for _, why in crossed]
     post = pre = False
     for n in norms:
         if n.op in (Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM):
@@ -311,6 +356,10 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
             evidence.append(f"{via}, which does not depend on the attention (parallel block)")
     if not attn:
         kind = "no_attention"
+    elif crossed and len(attn) > len(crossed):  # a self-attention and a cross-attention: a decoder layer
+        kind = "cross_decoder"
+        if pre:
+            evidence.append("pre-norm residual")
     elif not acts:
         kind = "attention_only"
         if pre:
@@ -333,5 +382,6 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
                              tuple(evidence), kv_cache)
 
 
-__all__ = ["DESCRIPTIONS", "KINDS", "LayerArchitecture", "attention_softmax", "classify_layer", "interleaved_rope",
+__all__ = ["DESCRIPTIONS", "KINDS", "LayerArchitecture", "attention_softmax", "classify_layer", "cross_attention",
+           "interleaved_rope",
            "prepared", "rotate_half_rope"]

@@ -8,10 +8,10 @@ one `Rewriter` builds the next version. RLX re-scans every node per candidate (r
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..ir import Graph, Rewriter
+from ..ir import Graph, GraphError, Node, Rewriter
 from ..ir.emitter import normalize_attrs
 from ..ir.infer import ShapeError, TensorType, infer
 from .guard import ILLEGAL, NOT_PROFITABLE, Ctx
@@ -202,7 +202,14 @@ def apply(graph: Graph, pass_name: str, found: Sequence[Found]) -> tuple[Graph, 
         new = f.rule.apply(f.ctx, rw)
         matches.append(Match(pass_name, f.rule.name, f.anchor, dict(f.ctx.bindings), new,
                              rw.lookup(new).path if new is not None else graph[f.anchor].path))
-    return rw.finish(), matches
+    out = rw.finish()
+    # A match's product may itself be replaced by a later match of the same sweep (a no-op cast of a no-op cast: the
+    # first match's product is the second's cast): it is the value the replacements lead to, if that survives.
+    def product(i: int | None) -> int | None:
+        j = rw.resolve(i) if i is not None else None
+        return j if j is not None and j in out else None
+
+    return out, [replace(m, fused=product(m.fused)) for m in matches]
 
 
 def rule_pass(name: str, rules: Sequence[Rule], doc: str = "", requires: Sequence[str] = ()) -> Pass:
@@ -217,4 +224,125 @@ def rule_pass(name: str, rules: Sequence[Rule], doc: str = "", requires: Sequenc
     return Pass(name, run, rules, tuple(requires), doc)
 
 
-__all__ = ["Found", "Pass", "PassFn", "PassResult", "apply", "attempt", "find", "rule_pass", "try_rule"]
+def dead_refs(before: Graph, result: PassResult) -> list[str]:
+    """What a pass's records name that is in neither its input graph `before` nor its output graph: every match's
+    anchor and bindings and every rejection's anchor, bindings, offending nodes and edges and subject must be a
+    node of one of the two (the nodes it matched, or nodes it made that survive), and a match's `fused` a node of
+    the output. One line per dead reference; empty when every record names live nodes.
+
+    A pass made of stages (`compose`) binds its later stages' matches on graphs between the two: a node an earlier
+    stage made and a later one removed is in neither, and a reader of the trace that looks it up in the step's
+    graphs fails (`GraphError: no node %N`, the Granite crash of `fuse_attention_block` reading `fuse_sdpa`'s
+    match).
+    """
+    after = result.graph
+
+    def live(i: int) -> bool:
+        return i in before or i in after
+
+    out: list[str] = []
+    for m in result.matches:
+        refs = [("anchor", m.anchor), *m.bindings.items()]
+        out += [f"match {m.rule} @ %{m.anchor}: {what} names %{int(i)}, a node of neither its input nor its output "
+                f"graph" for what, i in refs if not live(i)]
+        if m.fused is not None and m.fused not in after:
+            out.append(f"match {m.rule} @ %{m.anchor}: fused names %{int(m.fused)}, not a node of its output graph")
+    for r in result.rejections:
+        refs = [("anchor", r.anchor), *r.bindings.items(), *(("offending", i) for i in r.offending),
+                *(("offending edge", i) for e in r.offending_edges for i in e),
+                *((("subject", r.subject),) if r.subject is not None else ())]
+        out += [f"rejection {r.rule}.{r.guard} @ %{r.anchor}: {what} names %{int(i)}, a node of neither its input "
+                f"nor its output graph" for what, i in refs if not live(i)]
+    return out
+
+
+def check_records(before: Graph, result: PassResult, pass_name: str) -> None:
+    """The verifier's half for records (`lint` checks the graph): raises when `dead_refs` finds any.
+
+    Raises:
+        GraphError: naming the first dead reference and how many there are.
+    """
+    dead = dead_refs(before, result)
+    if dead:
+        more = f" (and {len(dead) - 1} more)" if len(dead) > 1 else ""
+        raise GraphError(f"[{pass_name}] a record names a removed node: {dead[0]}{more}")
+
+
+def settle(before: Graph, result: PassResult, between: Sequence[Graph] = ()) -> PassResult:
+    """`result`'s records re-validated against the pass's input `before` and output `result.graph`, for a pass run
+    as stages whose later records were bound on the `between` graphs (`compose`). Kept: every reference to a live
+    node (in `before` or the output). A dead node (made by an earlier stage, removed by a later one) is dropped from
+    bindings, offending nodes and edges and `subject`; a dead `fused` becomes None (nothing in the output stands
+    for that match alone: a later stage absorbed it); a dead anchor becomes the last node of `before` it was made
+    from (following `Node.absorbed` through `between`), else the match's live fused node, else its first live
+    binding; a record with none of these is dropped (it names nothing the trace holds)."""
+    after = result.graph
+    made: dict[int, Node] = {n.id: n for g in between for n in g if n.id not in before}
+    seen: dict[int, tuple[int, ...]] = {}
+
+    def live(i: int) -> bool:
+        return i in before or i in after
+
+    def origins(i: int) -> tuple[int, ...]:
+        """The nodes of `before` that node `i` was made from (through every stage's provenance)."""
+        if i in before:
+            return (i,)
+        if i not in seen:
+            seen[i] = ()  # a cycle cannot occur (absorbed ids are older), but never recurse forever
+            n = made.get(i) or after.get(i)
+            seen[i] = tuple(dict.fromkeys(o for a in (n.absorbed if n is not None else ()) for o in origins(a)))
+        return seen[i]
+
+    def anchor(i: int, fused: int | None, bound: Sequence[int]) -> int | None:
+        if live(i):
+            return i
+        src = origins(i)
+        if src:
+            return max(src, key=before.position)
+        return next((j for j in (fused, *bound) if j is not None and live(j)), None)
+
+    matches: list[Match] = []
+    for m in result.matches:
+        fused = m.fused if m.fused is not None and m.fused in after else None
+        bindings = {r: i for r, i in m.bindings.items() if live(i)}
+        a = anchor(m.anchor, fused, list(bindings.values()))
+        if a is not None:
+            matches.append(replace(m, anchor=int(a), bindings=bindings, fused=fused))
+    rejections: list[Rejection] = []
+    for r in result.rejections:
+        bindings = {k: i for k, i in r.bindings.items() if live(i)}
+        a = anchor(r.anchor, None, list(bindings.values()))
+        if a is None:
+            continue
+        rejections.append(replace(r, anchor=int(a), bindings=bindings,
+                                  offending=tuple(i for i in r.offending if live(i)),
+                                  offending_edges=tuple(e for e in r.offending_edges if live(e[0]) and live(e[1])),
+                                  subject=r.subject if r.subject is not None and live(r.subject) else None))
+    return PassResult(after, matches, rejections)
+
+
+def staged(fn: Callable[[Graph], tuple[Graph, list[Match]]]) -> PassFn:
+    """A `(graph) -> (graph, matches)` canonicalization as a stage of `compose`."""
+
+    def run(graph: Graph, params: Mapping[str, Any]) -> PassResult:
+        g, matches = fn(graph)
+        return PassResult(g, list(matches))
+
+    return run
+
+
+def compose(graph: Graph, params: Mapping[str, Any], stages: Sequence[PassFn]) -> PassResult:
+    """Run `stages` in order, each on the graph the one before it made, as one pass: the last graph, every stage's
+    matches and rejections in stage order, `settle`d so they name only nodes of `graph` or of the last graph."""
+    g, matches, rejections, between = graph, [], [], []
+    for stage in stages:
+        r = stage(g, params)
+        matches += r.matches
+        rejections += r.rejections
+        g = r.graph
+        between.append(g)
+    return settle(graph, PassResult(g, matches, rejections), between[:-1])
+
+
+__all__ = ["Found", "Pass", "PassFn", "PassResult", "apply", "attempt", "check_records", "compose", "dead_refs",
+           "find", "rule_pass", "settle", "staged", "try_rule"]

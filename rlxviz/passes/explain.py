@@ -21,7 +21,7 @@ from ..ir import Graph, Node, Op
 from ..ir.identity import IdentityMap
 from .pipeline import PASSES, Pipeline
 from .report import in_context
-from .trace import Trace, layer_of
+from .trace import Trace, layer_label, layer_of, same_stack_as
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class LayerExplanation:
 
     def render(self) -> str:
         """Plain-text rendering, one line per rule, then the sibling comparison."""
-        lines = [f"layer {self.layer} ({self.pipeline} pipeline)"]
+        lines = [f"{layer_label(self.layer)} ({self.pipeline} pipeline)"]
         for o in self.outcomes:
             if o.status == "fused":
                 lines.append(f"  [fused]    {o.rule}: -> node(s) {', '.join(map(str, o.nodes))}")
@@ -105,7 +105,7 @@ class LayerExplanation:
             else:
                 lines.append(f"  [-]        {o.rule}: not applicable")
         if self.sibling is not None:
-            lines.append(f"  compared with layer {self.sibling}, where {self.sibling_rule} fused:")
+            lines.append(f"  compared with {layer_label(self.sibling)}, where {self.sibling_rule} fused:")
             lines += [f"    {d}" for d in self.differences] or ["    (same primitive structure)"]
         return "\n".join(lines)
 
@@ -275,12 +275,13 @@ def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None)
                 ex.outcomes.append(Outcome(step.pass_name, rule, "not applicable"))
     fused_in = _fused_layers(trace, steps)
     for o in ex.rejected:
-        sibling = _nearest(fused_in.get(o.rule, ()), layer)
+        same_stack = [k for k in fused_in.get(o.rule, ()) if same_stack_as(k, layer)]
+        sibling = _nearest(same_stack, layer)  # an encoder layer is no sibling of a decoder layer
         if sibling is not None:
             ex.sibling = sibling
             ex.sibling_rule = o.rule
             mine, theirs = _signature(trace.input, layer), _signature(trace.input, ex.sibling)
-            ex.differences = [f"layer {layer if sign == '+' else ex.sibling}: {line}"
+            ex.differences = [f"{layer_label(layer if sign == '+' else ex.sibling)}: {line}"
                               for sign, line in layer_diff(theirs, mine)]
             break
     return ex

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..ir import Graph, lint
-from .engine import Pass
+from .engine import Pass, check_records
 from .rules.attention import fuse_attention_block, fuse_sdpa, scale_origin
 from .rules.cleanup import dead_code_elimination, mark_elementwise_regions, unfuse
 from .rules.export_forms import canonicalize_exported
@@ -166,7 +166,8 @@ class Pipeline:
     def run(self, graph: Graph, params: Mapping[str, Any] | None = None) -> Trace:
         """Run the enabled passes in order; lint after each.
 
-        A pass that raises or produces a graph the verifier rejects is recorded in its
+        A pass that raises, produces a graph the verifier rejects, or records a match or rejection naming a node of
+        neither its input nor its output graph (`engine.check_records`) is recorded in its
         `PassStep.error` (prefixed with the pass name) and its result is discarded; the run goes on
         with the previous graph.
         """
@@ -178,6 +179,7 @@ class Pipeline:
             try:
                 res = ps(g, p)
                 lint(res.graph, stage=ps.name)
+                check_records(g, res, ps.name)
                 step = PassStep(ps.name, g, res.graph, res.matches, _in_run(trace, res.rejections), params=_used(p))
             except Exception as e:  # noqa: BLE001 - recorded in the trace, not raised
                 step = PassStep(ps.name, g, g, [], [], error=f"{ps.name}: {type(e).__name__}: {e}", params=_used(p))

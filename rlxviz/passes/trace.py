@@ -11,6 +11,7 @@ import functools
 import hashlib
 import json
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,12 +22,125 @@ _LAYER = re.compile(r"(?:^|\.)(?:layer|layers|h|blocks?)\.(\d+)(?:\.|$)|@(\d+)(?
 (`albert_layers.0@3`, `models.module_calls`)."""
 
 
+_STACK = re.compile(r"(?:^|.*\.)[^.]*(?:encoder|decoder)[^.]*(?=\.)", re.IGNORECASE)
+"""The stack part of the path before a layer: up to its last component naming an encoder or a decoder
+(`encoder`, `model.decoder`, `text_model.encoder`)."""
+
+
+class Layer(int):
+    """A layer key: its index within its stack (the int value) and the stack (`encoder`, `decoder`,
+    `text_model.encoder`; "" when the path names neither an encoder nor a decoder: `model.layers.3`, `h.3`).
+
+    An encoder-decoder model numbers its layers per stack (`encoder.layers.0` and `decoder.layers.0` are two
+    layers): two `Layer`s are equal when index and stack are. A plain int N equals every stack's layer N (the
+    hash is the index's), so callers of a one-stack model (`explain --layer 0`, `r.layer == 0`) are unchanged;
+    `resolve_layers` turns a plain int into the graph's own keys. Ordering: by stack (encoders first, then
+    decoders, by name), then by index.
+
+    Attributes:
+        stack: as above.
+        qualified: the graph this key was listed from has more than one stack (`layer_keys`): its `label` names
+            the stack (`decoder layer 0`), else it is `layer 0`. Not part of equality.
+    """
+
+    stack: str
+    qualified: bool
+
+    def __new__(cls, index: int, stack: str = "", qualified: bool = False) -> Layer:
+        self = super().__new__(cls, index)
+        self.stack, self.qualified = stack, qualified
+        return self
+
+    def __getnewargs__(self) -> tuple[int, str, bool]:  # pickling and deepcopy (dataclasses.asdict) keep the stack
+        return int(self), self.stack, self.qualified
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Layer):
+            return int(self) == int(other) and self.stack == other.stack
+        return int(self) == other
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = int.__hash__
+
+    def _key(self) -> tuple[int, str, int]:
+        s = self.stack.lower()
+        return (0 if not s else 1 if "encoder" in s else 2, s, int(self))
+
+    def __lt__(self, other: object) -> bool:
+        return self._key() < other._key() if isinstance(other, Layer) else int(self) < other  # type: ignore[operator]
+
+    def __le__(self, other: object) -> bool:
+        return self == other or self < other
+
+    def __gt__(self, other: object) -> bool:
+        return not self <= other
+
+    def __ge__(self, other: object) -> bool:
+        return not self < other
+
+    def __repr__(self) -> str:
+        return f"Layer({int(self)}, {self.stack!r})" if self.stack else repr(int(self))
+
+    def __str__(self) -> str:  # the index, as for an int (`f"layer {k}"`, path components); `label` names the stack
+        return str(int(self))
+
+    @property
+    def label(self) -> str:
+        """`layer 3`, or with the stack named when its model has several (`decoder layer 3`, a leading `model.`
+        left out)."""
+        if not self.qualified or not self.stack:
+            return f"layer {int(self)}"
+        stack = self.stack[len("model."):] if self.stack.startswith("model.") else self.stack
+        return f"{stack} layer {int(self)}"
+
+
+def layer_label(layer: int | None) -> str:
+    """`layer 3` / `decoder layer 3` (a `Layer`'s label), `layer 3` for a plain int, `no layer` for None."""
+    if layer is None:
+        return "no layer"
+    return layer.label if isinstance(layer, Layer) else f"layer {layer}"
+
+
 @functools.lru_cache(maxsize=1 << 16)
-def layer_of(path: str) -> int | None:
-    """The layer index in a model path (`encoder.layer.3.attention` -> 3), or None. Cached by path: every per-layer
-    view asks it of every node."""
-    m = _LAYER.search(path or "")
-    return int(m.group(1) if m.group(1) is not None else m.group(2)) if m else None
+def layer_of(path: str) -> Layer | None:
+    """The layer in a model path (`encoder.layer.3.attention` -> 3, in stack `encoder`; `decoder.block.1.layer.0`
+    -> 1 in stack `decoder`), or None. Cached by path: every per-layer view asks it of every node."""
+    path = path or ""
+    m = _LAYER.search(path)
+    if not m:
+        return None
+    st = _STACK.match(path[:m.start() + 1])
+    stack = st.group(0) if st else ""
+    stack = stack[len("model."):] if stack.startswith("model.") else stack
+    return Layer(int(m.group(1) if m.group(1) is not None else m.group(2)), stack)
+
+
+def layer_keys(layers: Iterable[Layer | int]) -> tuple[Layer | int, ...]:
+    """The distinct layer keys of one model, sorted, each `qualified` when the model has more than one stack (so
+    its label names the stack)."""
+    keys = set(layers)
+    stacks = {k.stack for k in keys if isinstance(k, Layer)}
+    if len(stacks) > 1:
+        keys = {Layer(int(k), k.stack, True) if isinstance(k, Layer) else k for k in keys}
+    return tuple(sorted(keys))
+
+
+def same_stack_as(a: Layer | int, b: Layer | int) -> bool:
+    """Whether layers `a` and `b` are of one stack; a plain int (a layer asked for by index alone) is of any."""
+    return not isinstance(a, Layer) or not isinstance(b, Layer) or a.stack == b.stack
+
+
+def resolve_layers(have: Sequence[Layer | int], wanted: Iterable[Layer | int]) -> list[Layer | int]:
+    """`wanted` as keys of `have` (a model's `layer_keys`): a `Layer` stays itself (qualified as in `have`); a
+    plain int N becomes every stack's layer N (in an encoder-decoder model, `--layer 0` is the encoder's and the
+    decoder's layer 0); one that is in no stack is kept as is (for the caller's "not in the model" error)."""
+    out: list[Layer | int] = []
+    for w in wanted:
+        hits = [k for k in have if (k == w if isinstance(w, Layer) else int(k) == w)]
+        out += hits or [w]
+    return list(dict.fromkeys(out))
 
 
 @dataclass(frozen=True)

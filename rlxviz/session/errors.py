@@ -36,8 +36,8 @@ class GraphTextError(SessionError):
 
 
 class StoppedError(SessionError):
-    """A load stopped from outside: past its wall-time limit, out of memory under its address-space cap, or its
-    process died (`session.isolated`)."""
+    """A load stopped from outside: past its CPU-time limit (or its wall-clock backstop), out of memory under its
+    address-space cap, or its process died (`session.isolated`)."""
 
 
 class PipelineError(SessionError):

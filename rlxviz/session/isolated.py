@@ -1,9 +1,12 @@
-"""Loading a user's file in a child process that can be stopped: bounded in wall time and in address space.
+"""Loading a user's file in a child process that can be stopped: bounded in CPU time (with a wall-clock backstop)
+and in address space.
 
 Why a process: an import runs Python and native code (protobuf, ONNX shape inference, NumPy) that a thread cannot
 interrupt; a file that makes one step slow would hold the server's GIL and its worker thread until the step ends.
-A child process is killed at its deadline, and its memory is capped by the kernel (`RLIMIT_AS`), so one upload
-never stalls or starves another session.
+A child process is stopped past its CPU-time limit (`RLIMIT_CPU`, `models.cpu_limit.cap_cpu`: a busy machine does
+not refuse a good file, as a wall-clock limit did) or, as a backstop, past `WALL_FACTOR` times it in wall time (a
+stopped or starved child), and its memory is capped by the kernel (`RLIMIT_AS`), so one upload never stalls or
+starves another session.
 
 Each call has its own child: a fresh interpreter (`python -c`, not a fork of the server: none of its threads or
 locks), which imports the loader's modules (`PRELOAD`) and waits for one request on its stdin. One such child is
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..models import PRESETS, Model
+from ..models.cpu_limit import WALL_FACTOR, CpuTimeExceeded, cap_cpu
 from .defaults import DEFAULT_BATCH, DEFAULT_SEQ
 from .errors import SessionError, StoppedError
 from .limits import Limits, human_bytes
@@ -44,7 +48,8 @@ from .loading import MODELS, first_line, load
 T = TypeVar("T")
 
 LOAD_SECONDS = 120.0
-"""Wall-time limit (seconds) on one load, from the request; the child is killed past it."""
+"""CPU-time limit (seconds) on one load, from the request; the child is stopped past it, and killed past
+`WALL_FACTOR` times it in wall time."""
 
 ADDRESS_FACTOR = 3
 """The child's address space may grow by this many times the memory limit: the file's bytes, the weights made
@@ -107,17 +112,23 @@ def _portable(e: BaseException) -> BaseException:
     return kind(f"{type(e).__name__}: {first_line(e)}")
 
 
-def _call(fn: Callable[..., Any], args: tuple, kwargs: dict, extra_address: int) -> tuple[str, Any, list]:
-    """(In the child) `fn(*args, **kwargs)` under the address-space cap, as `(status, value, warnings)`: `ok` with
-    the result, `error` with the exception, `memory` when the cap was met."""
+def _call(fn: Callable[..., Any], args: tuple, kwargs: dict, extra_address: int,
+          cpu_s: float | None = None) -> tuple[str, Any, list]:
+    """(In the child) `fn(*args, **kwargs)` under the address-space cap and the CPU-time limit `cpu_s` (seconds; None:
+    none), as `(status, value, warnings)`: `ok` with the result, `error` with the exception, `memory` when the cap
+    was met, `cpu` past the CPU-time limit."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             if extra_address:
                 _cap_address_space(extra_address)
+            if cpu_s is not None:
+                cap_cpu(cpu_s)
             result: tuple[str, Any] = ("ok", fn(*args, **kwargs))
         except MemoryError:
             result = ("memory", None)
+        except CpuTimeExceeded:
+            result = ("cpu", None)
         except BaseException as e:  # noqa: BLE001 - every outcome goes back to the parent
             result = ("error", _portable(e))
     return (*result, [(str(w.message), w.category) for w in caught])
@@ -233,9 +244,11 @@ LOAD = Job("a load", "loading", "the loader")
 TIMING = Job("a timing job", "timing", "the timing job")
 
 
-def run_isolated(fn: Callable[..., T], *args: Any, timeout_s: float = LOAD_SECONDS, max_bytes: int | None = None,
-                 what: str = "the load", job: Job = LOAD, **kwargs: Any) -> T:
-    """`fn(*args, **kwargs)` run in a child process that is killed after `timeout_s` seconds.
+def run_isolated(fn: Callable[..., T], *args: Any, timeout_s: float | None = LOAD_SECONDS,
+                 wall_s: float | None = None, max_bytes: int | None = None, what: str = "the load", job: Job = LOAD,
+                 **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)` run in a child process that is stopped after `timeout_s` seconds of CPU time, or killed
+    after `wall_s` seconds of wall time (default `WALL_FACTOR * timeout_s`: a stopped or starved child).
 
     `fn` and its arguments are pickled to the child (`fn` by reference: a module-level function of a module on
     `sys.path`), its result pickled back. The caller's thread waits; other threads and other calls run on (each
@@ -243,27 +256,39 @@ def run_isolated(fn: Callable[..., T], *args: Any, timeout_s: float = LOAD_SECON
 
     Args:
         fn: a module-level function.
-        timeout_s: wall-time limit in seconds, from the request.
+        timeout_s: CPU-time limit in seconds, from the request (the child's own CPU time: a machine busy with other
+            work does not count against it); None: none (then `wall_s` is required).
+        wall_s: wall-time limit in seconds, from the request: a measurement whose time is the point (a timing job)
+            is bounded in wall time; None: `WALL_FACTOR * timeout_s`, the backstop of a CPU-time limit.
         max_bytes: the memory limit (bytes): the child's address space may then grow by
             `ADDRESS_FACTOR * max_bytes + ADDRESS_SLACK_BYTES` (None: no cap).
         what: the work, for messages (`reliability/x.onnx`).
         job: the kind of work, for messages (`LOAD`, `TIMING`).
 
     Raises:
-        StoppedError: past `timeout_s` (the child is killed), out of memory under the cap, or the child died
-            (a signal in native code). One line, naming `what`.
+        StoppedError: past `timeout_s` of CPU time or its wall-clock backstop (the child is killed), out of memory
+            under the cap, or the child died (a signal in native code). One line, naming `what`.
         Whatever `fn` raised in the child (SessionError and friends keep their type; a type that does not pickle
         becomes SessionError or RuntimeError with its name and first line).
     """
     extra = 0 if max_bytes is None else ADDRESS_FACTOR * max_bytes + ADDRESS_SLACK_BYTES
-    request = pickle.dumps((fn, args, kwargs, extra), protocol=pickle.HIGHEST_PROTOCOL)
+    request = pickle.dumps((fn, args, kwargs, extra, timeout_s), protocol=pickle.HIGHEST_PROTOCOL)
+    if timeout_s is None and wall_s is None:
+        raise ValueError("run_isolated needs a CPU-time or a wall-time limit")
+    over_cpu = ("" if timeout_s is None
+                else f"{what}: stopped after {timeout_s:g} s of CPU time (the CPU-time limit on {job.noun})")
     proc = _take()
     with _SPARE_LOCK:
         _RUNNING.add(proc)
+    wall, cpu0 = wall_s if wall_s is not None else timeout_s * WALL_FACTOR, _children_cpu()
     try:
-        reply, _ = proc.communicate(request, timeout=timeout_s)
+        reply, _ = proc.communicate(request, timeout=wall)
     except subprocess.TimeoutExpired:
-        raise StoppedError(f"{what}: stopped after {timeout_s:g} s (the wall-time limit on {job.noun})") from None
+        if wall_s is not None:
+            raise StoppedError(f"{what}: stopped after {wall:g} s (the wall-time limit on {job.noun})") from None
+        raise StoppedError(f"{what}: stopped after {wall:g} s of wall time (the backstop on {job.noun}, "
+                           f"{WALL_FACTOR:g}x its {timeout_s:g} s CPU-time limit: the process was stopped or "
+                           "starved)") from None
     finally:
         with _SPARE_LOCK:
             _RUNNING.discard(proc)
@@ -271,12 +296,17 @@ def run_isolated(fn: Callable[..., T], *args: Any, timeout_s: float = LOAD_SECON
         spare_ready()
     if not reply:
         code = proc.returncode
+        if timeout_s is not None and (code == -signal.SIGXCPU
+                                      or (code == -signal.SIGKILL and _children_cpu() - cpu0 >= timeout_s)):
+            raise StoppedError(over_cpu)  # SIGKILL: the hard limit, native code never returned to Python
         how = (f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.Signals._value2member_map_
                else f"exit {code}")
         raise StoppedError(f"{what}: the {job.gerund} process died ({how}): out of memory or a crash in native code")
     status, value, notes = pickle.loads(reply)
     for message, category in notes:
         warnings.warn(message, category, stacklevel=2)
+    if status == "cpu":
+        raise StoppedError(over_cpu)
     if status == "memory":
         raise StoppedError(f"{what}: out of memory while {job.gerund} ({job.agent} may use "
                            f"{human_bytes(extra)} of address space for a memory limit of "
@@ -284,6 +314,12 @@ def run_isolated(fn: Callable[..., T], *args: Any, timeout_s: float = LOAD_SECON
     if status == "error":
         raise value
     return value
+
+
+def _children_cpu() -> float:
+    """CPU seconds used by this process's reaped children (a child's counts once it is waited for)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def _signature(p: Path) -> tuple:

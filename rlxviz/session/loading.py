@@ -21,6 +21,7 @@ from ..models import PRESETS, CheckpointError, Model, load_checkpoint, load_mode
 from ..models.checkpoint import read_config_file
 from ..models.onnx_import import load_onnx
 from ..passes import layer_of
+from ..passes.trace import layer_keys
 from .cache import LRUCache
 from .defaults import DEFAULT_BATCH, DEFAULT_SEQ
 from .errors import GraphTextError, LimitError, SessionError
@@ -72,12 +73,13 @@ _LAYERS: IdentityMap[Graph, tuple[int, ...]] = IdentityMap(limit=8)
 
 
 def layer_indices(graph: Graph) -> tuple[int, ...]:
-    """Layer indices present in the graph's node paths (`encoder.layer.3...` -> 3), sorted, as the cached tuple
+    """Layer indices present in the graph's node paths (`encoder.layer.3...` -> 3; per stack in an encoder-decoder
+    model, `passes.trace.Layer`, qualified so their labels name the stack), sorted, as the cached tuple
     itself (graphs are immutable; the per-layer views ask it once per layer: 2,000 whole-graph scans at 1,000
     layers, and a copy per call at 10^4)."""
     hit = _LAYERS.get(graph)
     if hit is None:
-        hit = _LAYERS[graph] = tuple(sorted({i for n in graph if (i := layer_of(n.path)) is not None}))
+        hit = _LAYERS[graph] = layer_keys(i for n in graph if (i := layer_of(n.path)) is not None)
     return hit
 
 

@@ -15,6 +15,7 @@ from ..ir.ops import FUSED
 from ..passes import PASSES, MissedFusion, Outcome, Trace, explain, layer_of, missed_fusions
 from ..passes.guard import NOT_NEAR_MISSES
 from ..passes.report import left_out
+from ..passes.trace import layer_label, resolve_layers, same_stack_as
 from ..passes.unrecognized import unrecognized
 from .architecture import Architecture, classify
 from .errors import SessionError
@@ -93,6 +94,7 @@ class LayerStatus:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (outcomes and the architecture as dicts)."""
         d = dataclasses.asdict(self)
+        d["layer"], d["stack"], d["label"] = int(self.layer), getattr(self.layer, "stack", ""), layer_label(self.layer)
         d["status"] = "fused" if self.fused else "not fused"
         d["bert_style"] = self.bert_style
         return d
@@ -102,13 +104,13 @@ class LayerStatus:
         the fix, the sibling difference, and for non-BERT layers what the architecture expects."""
         if self.fused and self.bert_style:
             where = f" -> {self.expected} %{self.fused_node}" if self.fused_node is not None else ""
-            lines = [f"layer {self.layer}: fused{where}"]
+            lines = [f"{layer_label(self.layer)}: fused{where}"]
         elif self.fused:
-            lines = [f"layer {self.layer}: fused as expected: " + (", ".join(self.done) or "nothing to fuse")]
+            lines = [f"{layer_label(self.layer)}: fused as expected: " + (", ".join(self.done) or "nothing to fuse")]
         else:
             why = (f": {self.blocker}" if self.blocker else
                    f" (expected {self.expected})" if self.expected else "")
-            lines = [f"layer {self.layer}: NOT fused{why}"]
+            lines = [f"{layer_label(self.layer)}: NOT fused{why}"]
             if self.first is not None:
                 lines.append(f"  first rejection: {self.first.rule}")
                 lines += self.first.lines("    ")  # guard (stage, kind), fix, compiler fix, further failing guards
@@ -122,7 +124,7 @@ class LayerStatus:
                 lines.append(f"  layer kind: {self.architecture.description}; its sibling layers are "
                              f"{self.expected_kind.description}, so it is expected to fuse like them")
             if self.sibling is not None:
-                lines.append(f"  layer {self.sibling} fused with {self.sibling_rule}; the layers differ in:")
+                lines.append(f"  {layer_label(self.sibling)} fused with {self.sibling_rule}; the layers differ in:")
                 lines += [f"    {d}" for d in self.differences] or ["    (same primitive structure)"]
         if not self.bert_style:
             lines.append(f"  layer kind: {self.architecture.description}")
@@ -170,7 +172,7 @@ def judged_kind(trace: Trace, layer: int) -> tuple[Architecture, Architecture]:
         return own, own
     first = None
     for i in layer_indices(trace.input):  # stops at the first sibling that is not post-LN
-        if i == layer:
+        if i == layer or not same_stack_as(i, layer):  # an encoder layer is no sibling of a decoder layer
             continue
         o = classify(trace.input, i)
         if not o.post_ln:
@@ -381,7 +383,7 @@ def check_fusion(trace: Trace, model: str = "", layers: Iterable[int] | None = N
         SessionError: a requested layer is not in the model (the message gives the layers it has).
     """
     have = model_layers(trace.input)
-    wanted = list(have if layers is None else layers)
+    wanted = list(have if layers is None else resolve_layers(have, layers))
     known = set(have)
     for i in wanted:
         if i not in known:

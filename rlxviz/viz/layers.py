@@ -74,12 +74,15 @@ class LayerGroup:
         return [n for n in self.nodes if n.op in FUSED]
 
 
-def _group_key(n: Node) -> tuple[str, str, int | None]:
+def _group_key(n: Node, stacked: bool = False) -> tuple[str, str, int | None]:
+    """(group key, title, layer) of `n`; `stacked`: the graph has several stacks (an encoder-decoder model), whose
+    layers of one index are apart (`layer0` / `layer_decoder_0`)."""
     layer = layer_of(n.path)
     if layer is not None:
         parts = n.path.split(".")
         idx = next(k for k in range(len(parts) - 1) if parts[k + 1] == str(layer))
-        return f"layer{layer}", ".".join(parts[:idx + 2]), layer
+        key = f"layer_{layer.stack}_{layer}" if stacked and layer.stack else f"layer{layer}"
+        return key, ".".join(parts[:idx + 2]), layer
     head = n.path.split(".")[0] if n.path else "other"
     return f"g_{head}", head, None
 
@@ -108,10 +111,11 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
     """
     groups: dict[str, LayerGroup] = {}
     of: dict[int, str] = {}
+    stacked = len({k.stack for n in graph if (k := layer_of(n.path)) is not None}) > 1
     for n in graph:
         if n.op in (Op.INPUT, Op.PARAM, Op.CONST):
             continue
-        key, title, layer = _group_key(n)
+        key, title, layer = _group_key(n, stacked)
         grp = groups.get(key) or groups.setdefault(key, LayerGroup(key, title, layer))
         grp.nodes.append(n)
         of[n.id] = key
@@ -306,7 +310,9 @@ def focus_ids(graph: Graph, layer: int, radius: int = 0) -> set[int]:
     Raises:
         ValueError: no node of `graph` belongs to `layer`.
     """
-    ids = {n.id for n in graph if (k := layer_of(n.path)) is not None and abs(k - layer) <= radius}
+    stack = getattr(layer, "stack", None)  # a stack-qualified layer: neighbours in its own stack only
+    ids = {n.id for n in graph if (k := layer_of(n.path)) is not None and abs(k - layer) <= radius
+           and (stack is None or k.stack == stack)}
     if not ids:
         layers = sorted({k for n in graph if (k := layer_of(n.path)) is not None})
         raise ValueError(f"[focus] no node of {graph.name!r} is in layer {layer}; layers: {layers}")

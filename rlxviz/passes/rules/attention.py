@@ -59,7 +59,7 @@ import numpy as np
 
 from ...ir import Graph, Node, Op, Rewriter
 from ...ir.ops import kv_heads, operand_roles
-from ..engine import Pass, PassResult, rule_pass
+from ..engine import Pass, PassResult, compose, rule_pass, staged
 from ..guard import (
     ILLEGAL,
     MODEL_TERM,
@@ -526,19 +526,13 @@ def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
     (`rope_pairs.rope_pairs`) to the rope op; one broadcast K/V head as `repeat_kv`
     (`head_layout.repeat_broadcast_kv`); a decode step's KV-cache concat read packed (`kv_cache.pack_cache`);
     `[1]`-shaped Q/K scales as scalars (`scale_path.scalar_scales`) moved next to the head split
-    (`scale_path.hoist_scales`)."""
-    lifted, unfolded = unfold_heads(graph)
-    laid, layouts = canonical_heads(lifted)
-    normed, norms = hoist_head_norms(laid)
-    halved, ropes = rope_heads(normed)
-    rotated, pairs = rope_pairs(halved)
-    repeated, repeats = repeat_broadcast_kv(rotated)
-    cached, caches = pack_cache(repeated)
-    scalars, scaled = scalar_scales(cached)
-    hoisted, moved = hoist_scales(scalars)
-    r = _sdpa_rules(hoisted, params)
-    return PassResult(r.graph, unfolded + layouts + norms + ropes + pairs + repeats + caches + scaled + moved
-                      + r.matches, r.rejections)
+    (`scale_path.hoist_scales`).
+
+    Run as one pass (`engine.compose`): its records name only nodes of its input or output graph, never a node one
+    stage made and a later one absorbed (a rope `rope_heads` made, then packed into the attention)."""
+    stages = (unfold_heads, canonical_heads, hoist_head_norms, rope_heads, rope_pairs, repeat_broadcast_kv,
+              pack_cache, scalar_scales, hoist_scales)
+    return compose(graph, params, [*map(staged, stages), _sdpa_rules])
 
 
 fuse_sdpa = Pass("fuse_sdpa", _fuse_sdpa, (SDPA,), doc="Hugging Face scaled-dot-product attention -> packed "
@@ -615,7 +609,8 @@ def scale_origin(steps: Sequence[Any], r: Rejection) -> str:
             parts.append(f"{_ROLE_NAMES[op_role]} {node.op.value} ({where}) {how}")
         if not parts:
             return "; the scores are not scaled (scale 1.0): scale them by 1/sqrt(head_dim)"
-        d = g[b["q_reshape"]].shape[3] if "q_reshape" in b else None
+        packed = step.after.get(m.fused) if m.fused is not None else None
+        d = packed.attrs.get("head_dim") if packed is not None else None
         out = f"; fuse_sdpa folded it from {', '.join(parts)}"
         if len(parts) > 1:
             out += f": product {product:.6g}"

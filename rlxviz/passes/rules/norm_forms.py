@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from ...ir import DType, Graph, Node, Op, Rewriter
-from ..engine import Pass, PassResult, rule_pass
+from ..engine import Pass, PassResult, rule_pass, settle
 from ..guard import ILLEGAL, MODEL_TERM, NOT_RECOGNIZED, Ctx, guard
 from ..pattern import P, const_value, is_const
 from ..rule import QUIET, Fail, Rule, Soft, reports
@@ -376,7 +376,7 @@ def _canonicalize_norm(graph: Graph, params: Mapping[str, Any]) -> PassResult:
     moved = {m.bindings["norm"]: m.fused for m in matches}  # a recognized norm whose casts were absorbed
     first = [replace(m, fused=moved.get(m.fused, m.fused)) for m in r.matches]
     casts = [replace(m, fused=None) for m in matches]  # the norm's own match names the product once
-    return PassResult(g, first + casts, r.rejections + refused)
+    return settle(graph, PassResult(g, first + casts, r.rejections + refused), [r.graph])
 
 
 canonicalize_norm = Pass("canonicalize_norm", _canonicalize_norm, (LAYER_NORM, RMS_NORM),
