@@ -7,7 +7,8 @@
 (`../shared/cases/*.rlx`, `../shared/cases/onnx/*.onnx`), the test data (`tests/data/**/*.rlx`), the ONNX fixtures
 and zoo (`tests/fixtures/onnx/**/*.onnx`) and the presets, and keeps for each: the exit code, the verdict, every
 layer's fused flag and first rejection (rule, guard), and the final op counts. For an ONNX file with a sibling
-`_io.npz`/`.npz`, `rlxviz run FILE --inputs NPZ` is recorded too (its exit code and its last line), so a change in
+`_io.npz`/`.npz`, `rlxviz run FILE --inputs NPZ -o TMP` is recorded too (its outputs checked against the npz's
+`out:NAME` arrays) (its exit code and its last line), so a change in
 the numbers' verdict shows. `compare` prints each file whose record differs, one line per difference, and exits 1
 when any differs (0 when the records agree).
 """
@@ -17,6 +18,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -70,9 +72,10 @@ def outcome(model: str) -> dict:
     npz = _inputs_for(model)
     if npz is not None:
         try:
-            r = _cli("run", model, "--inputs", str(npz))
-            rec["run_rc"] = r.returncode
-            rec["run_last"] = ((r.stdout + r.stderr).strip().splitlines() or [""])[-1][:300]
+            with tempfile.TemporaryDirectory() as tmp:
+                r = _cli("run", model, "--inputs", str(npz), "--output", str(Path(tmp) / "out.npz"))
+                rec["run_rc"] = r.returncode
+                rec["run_last"] = ((r.stdout + r.stderr).strip().splitlines() or [""])[-1][:300]
         except subprocess.TimeoutExpired:
             rec["run_rc"] = "timeout"
     return rec
