@@ -290,7 +290,7 @@ def _mask_form(c: Ctx) -> Fail | None:
         b = c["bias"]
         why = model_term(b, c.graph, c["q_reshape"].shape[2]) or "a term of the model"
         return Fail("guard", "where_mask_additive",
-                    f"score term kept as the attention's additive operand {c.the('bias', 'bias')} + where(cond, 0, "
+                    f"score term kept in the attention's additive operand where(cond, {c.the('bias', 'bias')}, "
                     f"fill): {b.op.value} {list(b.shape)} is added to the scores before the where-mask; "
                     f"{why} (exact)", (), (), "nothing to change in the model",
                     subject=b.id, kind=MODEL_TERM, fix="")
@@ -390,9 +390,10 @@ def _sdpa_rewrite(c: Ctx, rw: Rewriter) -> int:
         ins[:3] = [_packed(c, rw, t) for t in "qkv"]
         if "mask_where" in c:
             additive = attrs["mask"] == "additive"
-            ins[3] = where_mask.additive_operand(c, rw) if additive else where_mask.keep_operand(c, rw)
-            if "bias_add" in c:  # where(m, s + b, fill) == s + (b + where(m, 0, fill)): where_mask's condition
-                ins[3] = rw.emit(Op.ADD, [c.id("bias"), ins[3]])
+            if "bias_add" in c:  # where(m, s + b, fill) == s + where(m, b, fill): where_mask.biased_operand
+                ins[3] = where_mask.biased_operand(c, rw)
+            else:
+                ins[3] = where_mask.additive_operand(c, rw) if additive else where_mask.keep_operand(c, rw)
         elif "keep_from" in c.data:
             ins[3] = rw.cast(c.data["keep_from"], c.data["keep_dtype"])
         new = rw.emit(op, ins, **attrs)

@@ -27,6 +27,15 @@ holds, `s + 0 == s`; where it does not, `s + fill` rounds to `fill` for every |s
 2^104), the value the unfused where writes there, so softmax sees the same row (a fully masked row is uniform in
 both). The condition cannot enlarge the scores: they are the full `[B, heads, Sq, Sk]` of the matched matmul and the
 where is rank 4 (the anchor), so a bool condition broadcasting against them is no larger.
+
+Scores that carry a term of the model's own before the where (`where(cond, s + bias, fill)`: BLOOM's ALiBi, or
+the padding mask's `(1 - m) * finfo.min` added before Llama 4's chunked where) take the one additive operand
+`where(cond, bias, fill)` (`biased_operand`), never `bias + where(cond, 0, fill)`: that sum adds two `finfo.min`
+fills where a padded key is also masked by the condition and overflows to -inf, so a fully masked row turns NaN or
+attends to other keys than the unfused graph's uniform row. Exact under the same condition as above and nothing
+on the bias: where the condition holds the attention adds `bias` to `s` as the unfused add does (`s + bias`, the
+same op in the same dtype); where it does not, `s + fill` rounds to `fill` for |s| < 2^103 in f32 (half the ulp
+of `finfo(f32).min`; in f16 |s| < 16, half the ulp of -65504), the value the unfused where writes there.
 """
 
 from __future__ import annotations
@@ -172,6 +181,14 @@ def additive_operand(c: Ctx, rw: Rewriter) -> int:
     return rw.emit(Op.WHERE, [c.id("mask_cond"), rw.const(0.0, d), c.id("mask_fill")])
 
 
+def biased_operand(c: Ctx, rw: Rewriter) -> int:
+    """Emit `where(cond, bias, fill)`, the one additive operand for `where(cond, scores + bias, fill)` (module
+    docstring: the fills are never added to each other, so no finfo.min + finfo.min overflow to -inf). Its shape is
+    the broadcast of the condition's and the bias's (e.g. `[B, 1, Sq, Sk]` from `[1, 1, Sq, Sk]` and `[B, 1, 1,
+    Sk]`), in the scores' dtype."""
+    return rw.emit(Op.WHERE, [c.id("mask_cond"), c.id("bias"), c.id("mask_fill")])
+
+
 def keep_operand(c: Ctx, rw: Rewriter) -> int:
     """Emit the keep mask `[B, Sk]` f32 (1 = attend) from the where condition's per-key source (the condition
     itself, or the `[B, 1, 1, Sk]` / `[B, Sk]` mask it expands, `per_key_source`)."""
@@ -180,4 +197,5 @@ def keep_operand(c: Ctx, rw: Rewriter) -> int:
     return rw.cast(rw.reshape(src, _dims(c)), DType.f32)
 
 
-__all__ = ["NEG", "additive_note", "additive_operand", "guards", "is_additive", "keep_operand", "where_scores"]
+__all__ = ["NEG", "additive_note", "additive_operand", "biased_operand", "guards", "is_additive", "keep_operand",
+           "where_scores"]

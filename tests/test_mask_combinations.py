@@ -1,0 +1,211 @@
+"""Every mask combination `fuse_sdpa` accepts keeps the unfused numbers, fully masked rows and left padding included
+(issue 38, case n4-03: Llama 4's chunked attention, a bool `where` after the padding-mask add).
+
+The rewrite of `where(cond, s + bias, fill)` used to emit the operand `bias + where(cond, 0, fill)`, which adds the
+padding mask's `finfo.min` to the where's `finfo.min` and overflows to -inf (0.45 off on a fully masked row); it now
+emits `where(cond, bias, fill)` (`where_mask.biased_operand`). The combinations: an additive padding mask (Hugging
+Face's `(1 - m) * fill`, fill finfo.min or -1e4), an additive band (sliding window), both summed, each alone or
+before a bool `where` whose condition is per key, causal, chunked (block-diagonal causal), per head, or a `[B, 1, S,
+S]` input; f32 and f16. Inputs: fully masked rows, left padding, holes. The f16 graphs' scores stay within the
+stated validity condition (|s| < 16: s + finfo(f16).min rounds to finfo(f16).min, `where_mask` docstring).
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+from clirun import run
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlxviz.ir import Builder, DType, Graph, Op, parse_ir
+from rlxviz.passes import Pipeline
+from rlxviz.runtime import run_reference
+from rlxviz.runtime.executor import MlxExecutor
+from rlxviz.runtime.lowering import LoweringOptions
+
+CASES = Path(__file__).parent / "data" / "cases"
+N403 = CASES / "n4-03-chunked-attn-llama4.rlx"
+B, S, H, NH = 2, 8, 16, 2
+DH = H // NH
+NP = {"f32": np.float32, "f16": np.float16}
+
+_causal = np.tril(np.ones((S, S), bool))
+_chunk = _causal & (np.arange(S)[:, None] // 4 == np.arange(S)[None, :] // 4)  # Llama 4: chunks of 4 tokens
+_window = _causal & (np.arange(S)[:, None] - np.arange(S)[None, :] < 3)  # a sliding window of 3
+CONDS = {
+    "per_key": None,  # the padding mask itself as a bool [B, 1, 1, S]
+    "causal": _causal[None, None],
+    "chunked": _chunk[None, None],
+    "per_head": np.stack([_causal, _window])[None],
+    "input": None,  # a bool [B, 1, S, S] input (causal and padding combined)
+}
+MASKS = {
+    "fully_masked": np.array([[0] * S, [0, 0, 0, 0, 0, 1, 1, 1]]),
+    "left_padding": np.array([[1] * S, [0, 0, 0, 0, 0, 1, 1, 1]]),
+    "holes": np.array([[1, 0, 1, 0, 0, 1, 0, 1], [0, 1, 1, 0, 1, 0, 0, 0]]),
+}
+
+
+def lowest(dtype: str) -> float:
+    return float(np.finfo(NP[dtype]).min)
+
+
+def chunked_attention(dtype: str = "f32", pad: str | None = "hf", band: bool = False, cond: str | None = "chunked",
+                      pad_fill: float | None = None) -> Graph:
+    """softmax(where(cond, q k^T / sqrt(d) + bias, finfo.min)) @ v with heads [B, NH, S, DH] in `dtype`.
+
+    `pad`: None or "hf" (Hugging Face's `reshape((1 - cast(m)) * pad_fill, [B, 1, 1, S])`, pad_fill default the
+    dtype's finfo.min); `band`: a constant additive sliding-window band `[1, 1, S, S]` (0 / finfo.min) added too;
+    `cond`: None (no where: the additive terms alone) or a `CONDS` key."""
+    dt, low = DType(dtype), lowest(dtype)
+    b = Builder(f"masks_{dtype}_{pad}_{band}_{cond}")
+    x = b.input("x", (B, S, H), dt)
+    m = b.input("attention_mask", (B, S), DType.i64)
+
+    def heads(name: str) -> int:
+        t = b.matmul(x, b.param(f"{name}.weight", (H, H), dt))
+        return b.transpose(b.reshape(t, (B, S, NH, DH)), (0, 2, 1, 3))
+
+    q, k, v = heads("q"), heads("k"), heads("v")
+    s = b.div(b.matmul(q, b.transpose(k, (0, 1, 3, 2))), b.const(float(np.sqrt(DH)), dt))
+    terms = []
+    if pad == "hf":
+        fill = b.const(low if pad_fill is None else pad_fill, dt)
+        terms.append(b.reshape(b.mul(b.sub(b.const(1.0, dt), b.cast(m, dt)), fill), (B, 1, 1, S)))
+    if band:
+        terms.append(b.const(np.where(_window, 0.0, low)[None, None].tolist(), dt))
+    bias = terms[0] if len(terms) == 1 else b.add(terms[0], terms[1]) if terms else None
+    if bias is not None:
+        s = b.add(s, bias)
+    if cond is not None:
+        if cond == "per_key":
+            c = b.reshape(b.cast(m, DType.bool), (B, 1, 1, S))
+        elif cond == "input":
+            c = b.input("keep4", (B, 1, S, S), DType.bool)
+        else:
+            c = b.const(CONDS[cond].tolist(), DType.bool)
+        s = b.where(c, s, b.const(low, dt))
+    ctx = b.reshape(b.transpose(b.matmul(b.softmax(s, -1), v), (0, 2, 1, 3)), (B, S, H))
+    b.output(b.matmul(ctx, b.param("o.weight", (H, H), dt)))
+    return b.build()
+
+
+def feeds_for(g: Graph, mask: np.ndarray, rng: np.random.Generator, magnitude: float = 1.0) -> dict[str, np.ndarray]:
+    """x ~ N(0, magnitude) in the graph's dtype; `keep4` (when an input) the causal table and the padding mask."""
+    dt = NP[g.inputs[0].dtype.value]
+    f = {"x": (rng.standard_normal((B, S, H)) * magnitude).astype(dt), "attention_mask": mask.astype(np.int64)}
+    if any(n.name == "keep4" for n in g.inputs):
+        f["keep4"] = _causal[None, None] & (mask[:, None, None, :] > 0)
+    return f
+
+
+def weights_for(g: Graph, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {p.name: (rng.standard_normal(p.shape) / np.sqrt(p.shape[0])).astype(NP[p.dtype.value]) for p in g.params}
+
+
+def assert_versions_equal(g: Graph, feeds: dict[str, np.ndarray], w: dict[str, np.ndarray], mlx: bool = False) -> None:
+    """Every pipeline version's outputs equal the unfused graph's (NaN where it is NaN), on the reference
+    interpreter and, with `mlx`, on MLX's sdpa and composed attention against the unfused graph on MLX."""
+    tol = 1e-5 if g.inputs[0].dtype == DType.f32 else 1e-2  # f16: `rlxviz time`'s same-dtype tolerance
+    with np.errstate(all="ignore"):
+        want = run_reference(g, feeds, w)[0]
+        versions = Pipeline.canonical().run(g).versions()[1:]
+        for label, v in versions:
+            np.testing.assert_allclose(run_reference(v, feeds, w)[0].astype(np.float64), want.astype(np.float64),
+                                       rtol=tol, atol=tol, err_msg=f"{g.name} {label} (reference)")
+    if mlx:
+        for opts in (LoweringOptions(attention="sdpa", fast_math=False), LoweringOptions(attention="composed")):
+            base = np.asarray(MlxExecutor(opts).run(g, feeds, w)[0]).astype(np.float64)
+            got = np.asarray(MlxExecutor(opts).run(versions[-1][1], feeds, w)[0]).astype(np.float64)
+            np.testing.assert_allclose(got, base, rtol=5 * tol, atol=5 * tol,
+                                       err_msg=f"{g.name} {versions[-1][0]} (MLX {opts.attention})")
+
+
+COMBOS = [(d, p, bd, c) for d, p, bd, c in itertools.product(("f32", "f16"), (None, "hf"), (False, True),
+                                                              (None, *CONDS)) if p or bd or c]
+
+
+@pytest.mark.parametrize("dtype, pad, band, cond", COMBOS)
+def test_every_mask_combination_packs_and_keeps_the_numbers(dtype, pad, band, cond):
+    """The attention packs (one attention op) and every version equals the unfused graph on a fully masked row,
+    left padding and holes, on the reference and on MLX."""
+    g = chunked_attention(dtype, pad, band, cond)
+    fused = Pipeline(["fuse_sdpa"]).run(g).final
+    assert [n.op for n in fused if n.op == Op.ATTENTION] == [Op.ATTENTION]
+    rng = np.random.default_rng(7)
+    w = weights_for(g, rng)
+    for name, mask in MASKS.items():
+        assert_versions_equal(g, feeds_for(g, mask, rng), w, mlx=name == "fully_masked")
+
+
+def test_padding_plus_where_operand_never_sums_two_fills():
+    """The operand of where(cond, s + pad, fill) is where(cond, pad, fill): finite everywhere, so a fully masked row
+    is uniform (the mean of V) as in the unfused graph, not NaN or a row over other keys."""
+    g = chunked_attention()
+    (att,) = [n for n in Pipeline(["fuse_sdpa"]).run(g).final if n.op == Op.ATTENTION]
+    fused = Pipeline(["fuse_sdpa"]).run(g).final
+    operand = fused[att.inputs[3]]
+    assert att.attrs["mask"] == "additive" and operand.op == Op.WHERE
+    rng = np.random.default_rng(0)
+    f, w = feeds_for(g, MASKS["fully_masked"], rng), weights_for(g, rng)
+    want = run_reference(g, f, w)[0]
+    assert np.isfinite(want).all()
+    np.testing.assert_allclose(run_reference(fused, f, w)[0], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fill", [-1e4, -1e9])
+def test_other_padding_fills_before_the_where_keep_the_numbers(fill):
+    """HF's mask with a fill other than finfo.min (-1e4 as older BERTs, -1e9) before a chunked where."""
+    g = chunked_attention("f32", "hf", False, "chunked", pad_fill=fill)
+    rng = np.random.default_rng(2)
+    w = weights_for(g, rng)
+    for mask in MASKS.values():
+        assert_versions_equal(g, feeds_for(g, mask, rng, magnitude=3.0), w)
+
+
+@settings(max_examples=25, deadline=None)
+@given(dtype=st.sampled_from(["f32", "f16"]), pad=st.sampled_from([None, "hf"]), band=st.booleans(),
+       cond=st.sampled_from([None, *CONDS]), seed=st.integers(0, 2**16), keep_p=st.floats(0.0, 1.0),
+       left=st.integers(0, S), magnitude=st.floats(0.1, 3.0))
+def test_random_masks_over_every_combination_keep_the_numbers(dtype, pad, band, cond, seed, keep_p, left, magnitude):
+    """Random keep masks (any row may be fully masked) with `left` padded positions in row 1, scores within the
+    rewrite's validity condition (f16: |s| < 16, and the scale 1/sqrt(8) rounds in f16 at another step than the
+    unfused div: `rlxviz time`'s f16 tolerance)."""
+    if not (pad or band or cond):
+        cond = "chunked"
+    if dtype == "f16":
+        magnitude = min(magnitude, 1.0)  # |s| ~ N(0, magnitude^2): within |s| < 16
+    g = chunked_attention(dtype, pad, band, cond)
+    rng = np.random.default_rng(seed)
+    mask = (rng.random((B, S)) < keep_p).astype(np.int64)
+    mask[1, :left] = 0
+    assert_versions_equal(g, feeds_for(g, mask, rng, magnitude), weights_for(g, rng))
+
+
+@pytest.mark.parametrize("npz", ["n4-03-masked.npz", "n4-03-leftpad5.npz"])
+def test_n4_03_time_shows_every_version_ok(capsys, npz):
+    """`rlxviz time` on the handed case with its inputs (and the battery): every version ok, exit 0."""
+    import json
+
+    code, out, err = run(capsys, "time", N403, "--inputs", CASES / npz, "--repeat", 1, "--warmup", 0, "--json")
+    assert code == 0, out + err
+    versions = json.loads(out)["versions"]
+    assert [v["label"] for v in versions if v["same_as"] is None and v["ok"] is not True] == []
+    assert any(v["label"] == "after fuse_sdpa" and v["same_as"] is None for v in versions)
+
+
+def test_n4_03_fuses_with_one_additive_operand():
+    """The case packs its attention with the padding mask and the chunk table in one additive operand."""
+    g = parse_ir(N403.read_text())
+    fused = Pipeline(["fuse_sdpa"]).run(g).final
+    (att,) = [n for n in fused if n.op == Op.ATTENTION]
+    assert att.attrs["mask"] == "additive"
+    z = np.load(CASES / "n4-03-masked.npz")
+    f = {k: z[k] for k in z.files}
+    rng = np.random.default_rng(0)
+    w = {p.name: (rng.standard_normal(p.shape) / 8).astype(np.float32) for p in g.params}
+    np.testing.assert_allclose(run_reference(fused, f, w)[0], run_reference(g, f, w)[0], rtol=1e-5, atol=1e-6)
