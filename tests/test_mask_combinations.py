@@ -21,7 +21,7 @@ from clirun import run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlxviz.ir import Builder, DType, Graph, Op, parse_ir
+from rlxviz.ir import Builder, DType, Graph, Op, format_graph, parse_ir
 from rlxviz.passes import Pipeline
 from rlxviz.runtime import run_reference
 from rlxviz.runtime.executor import MlxExecutor
@@ -209,3 +209,52 @@ def test_n4_03_fuses_with_one_additive_operand():
     rng = np.random.default_rng(0)
     w = {p.name: (rng.standard_normal(p.shape) / 8).astype(np.float32) for p in g.params}
     np.testing.assert_allclose(run_reference(fused, f, w)[0], run_reference(g, f, w)[0], rtol=1e-5, atol=1e-6)
+
+
+def _old_operand(c, rw):
+    """The operand before issue 38: bias + where(cond, 0, fill) (sums two finfo.min fills to -inf)."""
+    from rlxviz.passes.rules import where_mask
+
+    return rw.emit(Op.ADD, [c.id("bias"), where_mask.additive_operand(c, rw)])
+
+
+@pytest.fixture
+def old_operand(monkeypatch):
+    """fuse_sdpa with the old overflowing operand, and no cached pipeline run to hide it."""
+    from rlxviz.passes.rules import where_mask
+    from rlxviz.session import pipeline as session_pipeline
+
+    monkeypatch.setattr(where_mask, "biased_operand", _old_operand)
+    monkeypatch.setattr(session_pipeline, "TRACES", type(session_pipeline.TRACES)(maxsize=4))
+
+
+def test_explain_fails_naming_the_pass_that_changed_the_numbers(capsys, old_operand):
+    """explain runs the fully masked and left-padded rows: a pass whose rewrite is stated exact but changes the
+    numbers is a failed check (exit 1) naming the pass, in the text and in --json."""
+    import json
+
+    code, out, err = run(capsys, "explain", N403)
+    assert code == 1, out + err
+    line = next(ln for ln in out.splitlines() if ln.startswith("numbers:"))
+    assert "after fuse_sdpa DIFFERS from the unfused graph on fully_masked_row" in line
+    assert "fuse_sdpa changed the numbers" in line
+    code, out, _ = run(capsys, "explain", N403, "--json")
+    got = json.loads(out)["numeric_check"]
+    assert code == 1 and not got["ok"] and got["changed"][0]["pass"] == "fuse_sdpa"
+
+
+def test_explain_checks_the_numbers_of_the_fixed_case(capsys):
+    """The case now: exit 0, and --verbose says which versions were compared on which inputs."""
+    code, out, err = run(capsys, "explain", N403, "--verbose")
+    assert code == 0, out + err
+    assert "version(s) equal the unfused graph on fully_masked_row, left_padding" in out
+
+
+@pytest.mark.parametrize("cond", ["per_head", "input"])
+def test_explain_catches_the_old_operand_on_variants(capsys, tmp_path, old_operand, cond):
+    """Two more graphs of the kind (padding mask, then a per-head or a [B, 1, S, S] input where): the numeric
+    check fails them under the old operand, naming fuse_sdpa."""
+    path = tmp_path / f"v-{cond}.rlx"
+    path.write_text(format_graph(chunked_attention("f32", "hf", False, cond)))
+    code, out, err = run(capsys, "explain", path)
+    assert code == 1 and "fuse_sdpa changed the numbers" in out, out + err
