@@ -145,10 +145,9 @@ def test_every_mask_combination_packs_and_keeps_the_numbers(dtype, pad, band, co
     fused = dict(Pipeline.canonical().run(g).versions())["after fuse_sdpa"]
     packed = [n.op for n in fused if n.op == Op.ATTENTION] == [Op.ATTENTION]
     # not packed, numbers kept: canonicalize_exported rewrites torch.onnx's (s + band) + where(keep, 0, min) for f32
-    # scores only (scores_f32); f32 s + where(keep, 0, min) under a bool where becomes two nested wheres
-    # (where_bias), which fuse_sdpa does not match
-    nested = (dtype, pad, band) == ("f32", "where", False) and cond is not None
-    assert packed == ((dtype, pad, band) != ("f16", "where", True) and not nested)
+    # scores only (scores_f32). f32 s + where(keep, 0, min) under a bool where becomes two nested wheres
+    # (where_bias): one additive operand (where_mask.nested_operand)
+    assert packed == ((dtype, pad, band) != ("f16", "where", True))
     rng = np.random.default_rng(7)
     w = weights_for(g, rng)
     for name, mask in MASKS.items():
@@ -271,3 +270,42 @@ def test_explain_catches_the_old_operand_on_variants(capsys, tmp_path, old_opera
     path.write_text(format_graph(chunked_attention("f32", "hf", False, cond)))
     code, out, err = run(capsys, "explain", path)
     assert code == 1 and "fuse_sdpa changed the numbers" in out, out + err
+
+
+def test_nested_where_masks_pack_as_one_operand_and_refuse_another_inner_fill():
+    """where(chunk, where(keep, s, fill2), min): one additive operand when fill2 is finfo.min too; with fill2 = -1e4
+    (s + -1e4 is not -1e4) the attention is refused by where_mask_fill naming the inner fill."""
+    from rlxviz.passes.guard import MODEL_TERM
+
+    def graph(fill2: float) -> Graph:
+        b = Builder("nested")
+        x = b.input("x", (B, S, H))
+        m = b.input("attention_mask", (B, S), DType.i64)
+
+        def heads(name: str) -> int:
+            return b.transpose(b.reshape(b.matmul(x, b.param(f"{name}.weight", (H, H))), (B, S, NH, DH)), (0, 2, 1, 3))
+
+        q, k, v = heads("q"), heads("k"), heads("v")
+        s = b.div(b.matmul(q, b.transpose(k, (0, 1, 3, 2))), b.const(float(np.sqrt(DH))))
+        s = b.where(b.reshape(b.cast(m, DType.bool), (B, 1, 1, S)), s, b.const(fill2))
+        s = b.where(b.const(_chunk[None, None].tolist(), DType.bool), s, b.const(lowest("f32")))
+        b.output(b.reshape(b.transpose(b.matmul(b.softmax(s, -1), v), (0, 2, 1, 3)), (B, S, H)))
+        return b.build()
+
+    g = graph(lowest("f32"))
+    trace = Pipeline.canonical().run(g)
+    (att,) = [n for n in dict(trace.versions())["after fuse_sdpa"] if n.op == Op.ATTENTION]
+    assert att.attrs["mask"] == "additive"
+    (note,) = [r for r in trace.rejections if r.rule == "fuse_sdpa.hf_attention"]
+    assert note.guard == "where_mask_additive" and note.kind == MODEL_TERM and "two where-masks" in note.message
+    rng = np.random.default_rng(4)
+    w = weights_for(g, rng)
+    for mask in MASKS.values():
+        assert_versions_equal(g, feeds_for(g, mask, rng, magnitude=2.0), w, mlx=True)
+    g = graph(-1e4)
+    trace = Pipeline.canonical().run(g)
+    assert not [n for n in trace.final if n.op == Op.ATTENTION]
+    (r,) = [r for r in trace.rejections if r.guard == "where_mask_fill"]
+    assert "-10000" in r.message and g[r.subject].op == Op.CONST
+    for mask in MASKS.values():
+        assert_versions_equal(g, feeds_for(g, mask, rng), w)

@@ -36,6 +36,12 @@ attends to other keys than the unfused graph's uniform row. Exact under the same
 on the bias: where the condition holds the attention adds `bias` to `s` as the unfused add does (`s + bias`, the
 same op in the same dtype); where it does not, `s + fill` rounds to `fill` for |s| < 2^103 in f32 (half the ulp
 of `finfo(f32).min`; in f16 |s| < 16, half the ulp of -65504), the value the unfused where writes there.
+
+Two where-masks one after the other, `where(cond, where(cond2, s, fill2), fill)` (torch.onnx's padding mask
+`s + where(keep, 0, min)`, made a where by `canonicalize_exported.where_bias`, under a chunked or causal where), take
+the one additive operand `where(cond, where(cond2, 0, fill2), fill)` (`nested_operand`). Exact when both fills are
+the lowest finite value (`where_mask_fill` checks both): where both conditions hold `s + 0 == s`; where either does
+not, `s + fill` rounds to that fill (|s| < 2^103 in f32), the value the unfused wheres write.
 """
 
 from __future__ import annotations
@@ -53,6 +59,14 @@ def where_scores(scaled: P) -> P:
     """`where(cond, scaled_scores, fill)` with a scalar-constant fill."""
     return P(Op.WHERE, P.var("mask_cond"), scaled, P.var("mask_fill", where=is_const, what="a scalar constant"),
              name="mask_where")
+
+
+def inner_where(scaled: P) -> P:
+    """`where(cond2, scaled_scores, fill2)` under the where-mask (`where_scores`): two masks applied one after the
+    other (torch.onnx's padding `s + where(keep, 0, min)` made a where by `canonicalize_exported.where_bias`, then
+    a chunked or causal where)."""
+    return P(Op.WHERE, P.var("inner_cond"), scaled,
+             P.var("inner_fill", where=is_const, what="a scalar constant"), name="inner_where")
 
 
 def _size1_reshape(n: Node, src: Node) -> bool:
@@ -118,7 +132,7 @@ def _per_key(c: Ctx) -> bool:
 def is_additive(c: Ctx) -> bool:
     """The where-mask is taken as an additive operand: it is not one value per batch row and key, or the scores carry
     a term of the model's own before it (`bias_add`: the operand is `bias + where(cond, 0, fill)`)."""
-    return "bias_add" in c or not _per_key(c)
+    return "bias_add" in c or "inner_where" in c or not _per_key(c)
 
 
 _AXES = ("batch", "head", "query", "key")
@@ -147,10 +161,8 @@ def _lowest(c: Ctx) -> float:
     return float(np.finfo(d.numpy).min) if d.is_float and d != DType.bf16 else NEG
 
 
-def _fill_ok(c: Ctx) -> bool:
-    """The fill, as its dtype holds it, is the lowest finite value of the scores' dtype (what the keep mask
-    uses: an f16 const of finfo(f32).min is -inf, which makes a fully masked row NaN)."""
-    fill, where = c["mask_fill"], c["mask_where"]
+def _lowest_fill(c: Ctx, role: str) -> bool:
+    fill, where = c[role], c["mask_where"]
     v = const_value(fill)
     if v is None or fill.dtype != where.dtype or not where.dtype.is_float or where.dtype == DType.bf16:
         return False
@@ -158,14 +170,27 @@ def _fill_ok(c: Ctx) -> bool:
         return float(np.asarray(v).astype(fill.dtype.numpy)) == _lowest(c)
 
 
+def _fill_ok(c: Ctx) -> bool:
+    """The fill (and a nested where's, `inner_where`), as its dtype holds it, is the lowest finite value of the
+    scores' dtype (what the keep mask uses: an f16 const of finfo(f32).min is -inf, which makes a fully masked row
+    NaN)."""
+    return _lowest_fill(c, "mask_fill") and ("inner_where" not in c or _lowest_fill(c, "inner_fill"))
+
+
+def _bad_fill(c: Ctx) -> str:
+    return "inner_fill" if "inner_where" in c and _lowest_fill(c, "mask_fill") else "mask_fill"
+
+
 def guards() -> tuple[Guard, ...]:
     return (
         guard("where_mask_fill", _fill_ok,
-              lambda c: f"the where fill {c.d('mask_fill')} is {c['mask_fill'].dtype} {const_value(c['mask_fill'])} "
-                        f"on {c['mask_where'].dtype} scores; the keep mask fills masked scores with the scores' "
-                        f"finfo(dtype).min ({_lowest(c):.9g}), and another fill gives different numbers",
-              "fill with torch.finfo(scores.dtype).min", requires=("mask_where",), reads=("mask_fill", "mask_where"),
-              kind=ILLEGAL, subject=lambda c: c.id("mask_fill")),
+              lambda c: f"the where fill {c.d(_bad_fill(c))} is {c[_bad_fill(c)].dtype} "
+                        f"{const_value(c[_bad_fill(c)])} on {c['mask_where'].dtype} scores; the keep mask fills "
+                        f"masked scores with the scores' finfo(dtype).min ({_lowest(c):.9g}), and another fill gives "
+                        f"different numbers",
+              "fill with torch.finfo(scores.dtype).min", requires=("mask_where",),
+              reads=("mask_fill", "mask_where", "inner_where", "inner_fill"),
+              kind=ILLEGAL, subject=lambda c: c.id(_bad_fill(c))),
     )
 
 
@@ -179,6 +204,24 @@ def additive_operand(c: Ctx, rw: Rewriter) -> int:
     finite value)."""
     d = c["mask_where"].dtype
     return rw.emit(Op.WHERE, [c.id("mask_cond"), rw.const(0.0, d), c.id("mask_fill")])
+
+
+def nested_note(c: Ctx) -> str:
+    """The `where_mask_additive` note of two nested where-masks (`nested_operand`)."""
+    inner, outer = c["inner_cond"], c["mask_cond"]
+    return (f"two where-masks kept as the attention's one additive operand where(cond, where(cond2, 0, fill), fill): "
+            f"{c.d('inner_where')} on a {inner.dtype}{list(inner.shape)} condition, then {c.d('mask_where')} on a "
+            f"{outer.dtype}{list(outer.shape)} condition (exact)")
+
+
+def nested_operand(c: Ctx, rw: Rewriter) -> int:
+    """Emit `where(cond, where(cond2, 0, fill2), fill)` for `where(cond, where(cond2, s, fill2), fill)` (module
+    docstring: both fills the lowest finite value, guard `where_mask_fill`; where both conditions hold `s + 0`,
+    elsewhere `s + fill` rounds to the fill the unfused where writes). Its shape is the broadcast of the two
+    conditions', in the scores' dtype."""
+    d = c["mask_where"].dtype
+    inner = rw.emit(Op.WHERE, [c.id("inner_cond"), rw.const(0.0, d), c.id("inner_fill")])
+    return rw.emit(Op.WHERE, [c.id("mask_cond"), inner, c.id("mask_fill")])
 
 
 def biased_operand(c: Ctx, rw: Rewriter) -> int:
@@ -197,5 +240,5 @@ def keep_operand(c: Ctx, rw: Rewriter) -> int:
     return rw.cast(rw.reshape(src, _dims(c)), DType.f32)
 
 
-__all__ = ["NEG", "additive_note", "additive_operand", "biased_operand", "guards", "is_additive", "keep_operand",
-           "where_scores"]
+__all__ = ["NEG", "additive_note", "additive_operand", "biased_operand", "guards", "inner_where", "is_additive",
+           "keep_operand", "nested_note", "nested_operand", "where_scores"]
