@@ -863,6 +863,11 @@ def _forms(kind):
         g = where_attention(-1e9) if kind == "where_fill" else where_attention(cond_shape=(1, 1, S, S))
         w = g[_nth(g, Op.WHERE)]
         return g, {"s": w.inputs[2] if kind == "where_fill" else w.inputs[0]}
+    if kind == "where_rows_f16":  # f16 where(chunk, s + padding, min): a row can be fully masked (issue 38)
+        from test_mask_combinations import chunked_attention
+        g = chunked_attention("f16", "hf", False, "chunked")
+        w = g[_nth(g, Op.WHERE)]
+        return g, {"s": g[w.inputs[1]].inputs[1]}
     if kind == "kv_tile":
         g = gqa_graph(expand="tile")
         return g, {"s": _nth(g, Op.RESHAPE, where=lambda n: g[n.inputs[0]].op == Op.EXPAND)}
@@ -920,6 +925,7 @@ NEAR_MISSES += [
     (_SDPA, "kv_repeat_form", lambda: _forms("kv_tile"), "s", {}),
     (_SDPA, "where_mask_fill", lambda: _forms("where_fill"), "s", {}),
     (_SDPA, "where_mask_additive", lambda: _forms("where_per_key"), "s", {}),
+    (_SDPA, "where_mask_rows", lambda: _forms("where_rows_f16"), "s", {}),
 ]
 
 

@@ -37,6 +37,13 @@ on the bias: where the condition holds the attention adds `bias` to `s` as the u
 same op in the same dtype); where it does not, `s + fill` rounds to `fill` for |s| < 2^103 in f32 (half the ulp
 of `finfo(f32).min`; in f16 |s| < 16, half the ulp of -65504), the value the unfused where writes there.
 
+In f16 the fill's ulp is 32, so `s + finfo(f16).min` rounds to the fill only for |s| < 16 (and overflows to
+-inf below -16): rows that keep a key still match (`exp(fill - max)` and `exp(s + fill - max)` are both 0), but a
+fully masked row, uniform under the where, is not under the operand. Guard `where_mask_rows` (illegal) takes the
+additive form in such a dtype only where no row can be fully masked: no term added before the where, no nested
+where, and a constant condition (through expands and reshapes) with a kept key in every row (causal, chunked,
+banded tables). A per-key condition takes the keep mask, exact in every dtype.
+
 Two where-masks one after the other, `where(cond, where(cond2, s, fill2), fill)` (torch.onnx's padding mask
 `s + where(keep, 0, min)`, made a where by `canonicalize_exported.where_bias`, under a chunked or causal where), take
 the one additive operand `where(cond, where(cond2, 0, fill2), fill)` (`nested_operand`). Exact when both fills are
@@ -181,6 +188,60 @@ def _bad_fill(c: Ctx) -> str:
     return "inner_fill" if "inner_where" in c and _lowest_fill(c, "mask_fill") else "mask_fill"
 
 
+_WIDE_ULP = 2.0 ** 60
+"""Half an ulp of the fill at or above which `s + fill == fill` for every realistic score (f32: 2^103)."""
+
+
+def _half_ulp(c: Ctx) -> float:
+    low = np.asarray(_lowest(c), dtype=c["mask_where"].dtype.numpy)
+    return float(np.nextafter(low, low.dtype.type(0)) - low) / 2  # the ulp just above the fill (f16: 32)
+
+
+def _const_cond(c: Ctx) -> np.ndarray | None:
+    """The where condition's values when it is a constant (a const, or a param whose values the graph carries,
+    `Graph.values`), or expands and reshapes of one (else None)."""
+    chain = _chain(c.graph, c.id("mask_cond"))
+    src = chain[-1]
+    v = src.attrs.get("value") if src.op == Op.CONST else c.graph.values.get(src.name) if src.op == Op.PARAM else None
+    if v is None:
+        return None
+    arr = np.broadcast_to(np.asarray(v).astype(bool), src.shape)
+    for n in reversed(chain[:-1]):
+        arr = arr.reshape(n.shape) if n.op == Op.RESHAPE else np.broadcast_to(arr, n.shape)
+    return arr
+
+
+def _row_risk(c: Ctx) -> tuple[str, int] | None:
+    """Why a row of the scores can be fully masked, with the node that can do it (None: it cannot): a term added
+    before the where, a nested where, a condition that is not a constant, or a constant with a row of no key."""
+    if "bias_add" in c:
+        return f"the term {c.d('bias')} added before the where can mask every key the where keeps", c.id("bias")
+    if "inner_where" in c:
+        return f"{c.d('inner_where')} can mask every key the outer where keeps", c.id("inner_cond")
+    cond = _const_cond(c)
+    if cond is None:
+        return f"the condition {c.d('mask_cond')} is not a constant, so a row of it may keep no key", c.id("mask_cond")
+    if not np.any(cond, axis=-1).all():
+        return f"the condition {c.d('mask_cond')} has a row that keeps no key", c.id("mask_cond")
+    return None
+
+
+def _rows_ok(c: Ctx) -> bool:
+    """The additive operand is exact: the keep path is, and so is an f32 fill (|s| < 2^103); in a narrower dtype
+    (f16: |s| < 16) only where no row can be fully masked (module docstring)."""
+    if not is_additive(c) or not c["mask_where"].dtype.is_float or c["mask_where"].dtype == DType.bf16:
+        return True
+    return _half_ulp(c) >= _WIDE_ULP or _row_risk(c) is None
+
+
+def _rows_explain(c: Ctx) -> str:
+    risk = _row_risk(c)
+    d, low = c["mask_where"].dtype, _lowest(c)
+    return (f"in {d}, s + {low:.6g} rounds to {low:.6g} only for |s| < {_half_ulp(c):.6g}, so on a fully masked row "
+            f"the attention's additive operand gives other numbers than the where, which writes {low:.6g} at every "
+            f"key (a uniform row); {risk[0] if risk else 'a row can be fully masked'}")
+
+
 def guards() -> tuple[Guard, ...]:
     return (
         guard("where_mask_fill", _fill_ok,
@@ -191,6 +252,13 @@ def guards() -> tuple[Guard, ...]:
               "fill with torch.finfo(scores.dtype).min", requires=("mask_where",),
               reads=("mask_fill", "mask_where", "inner_where", "inner_fill"),
               kind=ILLEGAL, subject=lambda c: c.id(_bad_fill(c))),
+        guard("where_mask_rows", _rows_ok, _rows_explain,
+              "nothing to change in the model: its where is exact in its dtype, the additive operand is not",
+              requires=("mask_where",),
+              reads=("mask_cond", "mask_fill", "bias_add", "bias", "inner_where", "inner_cond", "q_reshape",
+                     "k_reshape"),
+              kind=ILLEGAL, subject=lambda c: (_row_risk(c) or ("", c.id("mask_cond")))[1],
+              fix="an attention op with a select mask (masked scores set to the fill, as where does)"),
     )
 
 
