@@ -357,3 +357,18 @@ def test_f16_keep_mask_on_mlx_keeps_a_fully_masked_row_uniform_for_large_scores(
     want = np.asarray(MlxExecutor(opts).run(g, f, w)[0]).astype(np.float64)
     got = np.asarray(MlxExecutor(opts).run(fused, f, w)[0]).astype(np.float64)
     np.testing.assert_allclose(got[0], want[0], rtol=2e-3, atol=2e-3)  # row 0: every key masked
+
+
+@pytest.mark.parametrize("mask", [np.zeros((2, 8), np.int64),  # every row of every batch fully masked
+                                  np.array([[0, 0, 0, 0, 0, 0, 0, 1], [1, 0, 1, 0, 0, 0, 0, 1]])])  # left pad 7, holes
+def test_n4_03_time_with_more_inputs_of_the_kind(capsys, tmp_path, mask):
+    """Two more input files of the case's kind (written here): every version ok under `rlxviz time`, exit 0."""
+    import json
+
+    rng = np.random.default_rng(5)
+    path = tmp_path / "inputs.npz"
+    np.savez(path, hidden_states=(rng.standard_normal((2, 8, 64)) * 3).astype(np.float32), attention_mask=mask)
+    code, out, err = run(capsys, "time", N403, "--inputs", path, "--repeat", 1, "--warmup", 0, "--no-battery",
+                         "--json")
+    assert code == 0, out + err
+    assert [v["label"] for v in json.loads(out)["versions"] if v["same_as"] is None and v["ok"] is not True] == []
