@@ -92,9 +92,11 @@ class ExactnessCheck:
                 f"input set)")
 
     def to_dict(self) -> dict[str, object]:
+        """JSON-ready (a non-finite error as the string `nan` / `inf`, which strict JSON cannot hold as a number)."""
         return {"ok": self.ok, "inputs": list(self.inputs), "checked": list(self.checked),
                 "skipped": self.skipped or None,
-                "changed": [{"version": d.label, "inputs": d.inputs, "max_err": d.err, "pass": d.changed_by}
+                "changed": [{"version": d.label, "inputs": d.inputs,
+                             "max_err": d.err if math.isfinite(d.err) else str(d.err), "pass": d.changed_by}
                             for d in self.bad]}
 
 
