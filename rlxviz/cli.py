@@ -416,18 +416,22 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     from .ir.onnx_op import describe_host
     from .session import check_fusion
+    from .session.exactness import check_exactness
 
     model, trace = _run_model(args, allow_crashes=True)
     _warn_nonfinite("explain", model)
     checks = _import_checks(model, model.random_feeds(seed=0), None, None)
+    exact = check_exactness(trace, model.random_feeds(seed=0), model.weights)
     check = check_fusion(trace, model.name, None if args.layer is None else [args.layer])
     if args.json:
-        _out(json.dumps({**check.to_dict(), "import_checks": [c.line() for c in checks]}, indent=2, default=str))
+        _out(json.dumps({**check.to_dict(), "import_checks": [c.line() for c in checks],
+                         "numeric_check": None if exact is None else exact.to_dict()}, indent=2, default=str))
     else:
         host = describe_host(model.graph)
-        _out("".join(f"{c.line()}\n" for c in checks) + (f"{host}\n" if host else "")
+        numbers = f"{exact.line()}\n" if exact is not None and (args.verbose or not exact.ok) else ""
+        _out("".join(f"{c.line()}\n" for c in checks) + numbers + (f"{host}\n" if host else "")
              + check.render(verbose=args.verbose))
-    if not all(c.ok for c in checks):
+    if not all(c.ok for c in checks) or (exact is not None and not exact.ok):
         return EXPLAIN_NOT_FUSED
     if check.crashed:
         raise InternalError(_crash_message(check.crashed).replace("discarded:", "discarded, so this report is "

@@ -603,6 +603,17 @@ def _bare_linear(readers=False, outputs=False):
     return b.build(), ids
 
 
+def _scaled_linear(bias=True):
+    """gelu(x @ w * s [+ b]): a per-column scale between the matmul and its bias (a dequantize scale, issue 38)."""
+    b = Builder("scaled")
+    x = b.input("x", (2, 4, 8))
+    ids = {"mm": b.matmul(x, b.param("w", (8, 8)))}
+    ids["scale_mul"] = b.mul(ids["mm"], b.param("s", (8,)))
+    y = b.add(ids["scale_mul"], b.param("b", (8,))) if bias else ids["scale_mul"]
+    b.output(b.gelu(y))
+    return b.build(), ids
+
+
 def _residual(norm="layer_norm", biased=False, no_beta=False, **kw):
     b = Builder("res")
     x = b.input("x", (2, 4, 8))
@@ -720,6 +731,8 @@ NEAR_MISSES = [
     (_FAB, "out_bias_absorbed", lambda: _block(unfused_out=True), "out_mm", {}),
     ("fuse_matmul_bias_act.zero_bias_act", "mm_single_user", lambda: _bare_linear(readers=True), "mm", {}),
     ("fuse_matmul_bias_act.zero_bias_act", "mm_not_output", lambda: _bare_linear(outputs=True), "mm", {}),
+    ("fuse_matmul_bias_act.scale_before_bias", "scale_before_bias", _scaled_linear, "scale_mul", {}),
+    ("fuse_matmul_bias_act.scale_before_act", "scale_before_act", lambda: _scaled_linear(False), "scale_mul", {}),
     *[(f"{p}.{rule}", guard, make, subject, {}) for p, norm in _RLN.items() for rule, guard, make, subject in [
         ("residual", "sum_single_user", lambda norm=norm: _residual(norm, readers=("sum",)), "sum"),
         ("residual", "sum_not_output", lambda norm=norm: _residual(norm, outputs=("sum",)), "sum"),
@@ -850,6 +863,11 @@ def _forms(kind):
         g = where_attention(-1e9) if kind == "where_fill" else where_attention(cond_shape=(1, 1, S, S))
         w = g[_nth(g, Op.WHERE)]
         return g, {"s": w.inputs[2] if kind == "where_fill" else w.inputs[0]}
+    if kind == "where_rows_f16":  # f16 where(chunk, s + padding, min): a row can be fully masked (issue 38)
+        from test_mask_combinations import chunked_attention
+        g = chunked_attention("f16", "hf", False, "chunked")
+        w = g[_nth(g, Op.WHERE)]
+        return g, {"s": g[w.inputs[1]].inputs[1]}
     if kind == "kv_tile":
         g = gqa_graph(expand="tile")
         return g, {"s": _nth(g, Op.RESHAPE, where=lambda n: g[n.inputs[0]].op == Op.EXPAND)}
@@ -907,6 +925,7 @@ NEAR_MISSES += [
     (_SDPA, "kv_repeat_form", lambda: _forms("kv_tile"), "s", {}),
     (_SDPA, "where_mask_fill", lambda: _forms("where_fill"), "s", {}),
     (_SDPA, "where_mask_additive", lambda: _forms("where_per_key"), "s", {}),
+    (_SDPA, "where_mask_rows", lambda: _forms("where_rows_f16"), "s", {}),
 ]
 
 

@@ -9,7 +9,9 @@ matched or rejected (no `Match`/`Rejection` binds, anchors or names any of them)
 
 * `norm`: `reduce_mean` reaching `sqrt`/`rsqrt` within a few users (LayerNorm/RMSNorm statistics);
 * `gelu`: `erf`, or `tanh` whose user adds a constant (`1 + tanh(...)`);
-* `glu`: an activation whose result multiplies a matmul's (a gated linear unit);
+* `glu`: an activation whose result multiplies a matmul's of the same shape (a gated linear unit: gate and value
+  halves of one width). An activation broadcast over the other operand (Qwen2-MoE's shared-expert gate
+  `sigmoid(x @ w_g)` `[B, S, 1]` times the expert's `[B, S, H]` output) scales a whole output and is no GLU;
 * `activation`: an activation written as primitives (`activations.activation_form`: QuickGELU
   `x * sigmoid(1.702 x)`, Swish, squared ReLU), never mistaken for a gate;
 * `where_mask`: `where` feeding a softmax (a boolean attention mask);
@@ -109,7 +111,8 @@ def _signatures(g: Graph) -> list[tuple[str, tuple[int, ...], str]]:
                 if activation_form(g, u) is not None:  # x * sigmoid(k x): an activation, not a gate
                     continue
                 other = next((g[i] for i in u.inputs if i != n.id), None) if u.op == Op.MUL else None
-                if other is not None and other.op in (Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT, Op.NARROW):
+                if other is not None and other.op in (Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT, Op.NARROW) \
+                        and n.shape == other.shape:  # a gate broadcast over the other's features scales it
                     found.append(("glu", (u.id, n.id, other.id), f"{n.op.value} %{n.id} gates {other.op.value} "
                                                                  f"%{other.id} in mul %{u.id}"))
         elif n.op == Op.WHERE and any(u.op == Op.SOFTMAX for u in g.users(n.id)):

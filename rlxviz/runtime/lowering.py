@@ -650,7 +650,12 @@ def attention(e: MlxEmitter, q: mx.array, k: mx.array, v: mx.array, mask: mx.arr
     qh, kh, vh = split_heads(q, heads), split_heads(k, kv), split_heads(v, kv)
     sq, sk = qh.shape[2], kh.shape[2]
     bias: mx.array | None
-    if kind == "keep":
+    select: mx.array | None = None
+    if kind == "keep" and fill is None and q.dtype != mx.float32:
+        # where semantics in a narrow dtype: s + finfo(f16).min is the fill only for |s| < 16, so an additive keep
+        # mask would change a fully masked row (uniform under where); a bool mask is exact in every dtype
+        select, bias = (mask > 0.5).reshape(mask.shape[0], 1, 1, mask.shape[-1]), None
+    elif kind == "keep":
         bias = keep_to_additive(mask, q.dtype, fill)
     elif kind == "causal":
         bias = causal_additive(sq, sk, q.dtype)
@@ -662,14 +667,16 @@ def attention(e: MlxEmitter, q: mx.array, k: mx.array, v: mx.array, mask: mx.arr
         e.kernels_ran.add("attention")
         b = None if bias is None else bias.astype(mx.float32)
         return e.cpu_kernels.attention(q, k, v, b, heads, kv, head_dim, scale)
-    if e.options.attention == "sdpa":
-        o = mx.fast.scaled_dot_product_attention(qh, kh, vh, scale=scale, mask=bias)  # GQA-aware
+    if e.options.attention == "sdpa":  # GQA-aware; a bool mask: a fully masked row is uniform, as under where
+        o = mx.fast.scaled_dot_product_attention(qh, kh, vh, scale=scale, mask=bias if select is None else select)
     else:
         if kv != heads:
             kh, vh = mx.repeat(kh, heads // kv, axis=1), mx.repeat(vh, heads // kv, axis=1)
         s = (qh * scale) @ kh.transpose(0, 1, 3, 2)
         if bias is not None:
             s = s + bias
+        if select is not None:
+            s = mx.where(select, s, mx.array(lowest(s.dtype), s.dtype))
         o = e.softmax(s, -1) @ vh
     return merge_heads(o)
 

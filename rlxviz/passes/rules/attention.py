@@ -116,9 +116,9 @@ _SCALED = (P(Op.DIV, _QK, _CONST, name="scale") | P(Op.MUL, _QK, _CONST, name="s
 _BIASED = P(Op.ADD, _SCALED, P.var("bias"), name="bias_add", commutative=True)
 """Scores plus the model's own term before a where-mask (BLOOM's ALiBi, `baddbmm`): the bias joins the mask."""
 _SCORES = (P(Op.ADD, _SCALED, P.var("mask"), name="mask_add") | P(Op.ADD, P.var("mask"), _SCALED, name="mask_add")
-           | where_scores(_BIASED) | where_scores(_SCALED) | _SCALED)
+           | where_scores(_BIASED) | where_scores(where_mask.inner_where(_SCALED)) | where_scores(_SCALED) | _SCALED)
 _INTERNAL = ("q_prescale", "q_reshape", "q_heads", "k_prescale", "k_reshape", "k_heads", "k_t", "qk", "scale",
-             "mask_add", "bias_add", "mask_where", "softmax", "v_reshape", "v_heads", "pv", "merge_t",
+             "mask_add", "bias_add", "inner_where", "mask_where", "softmax", "v_reshape", "v_heads", "pv", "merge_t",
              *repeat_roles("k"),
              *repeat_roles("v"))
 
@@ -279,7 +279,8 @@ def _score_term(c: Ctx) -> Fail | None:
 
 
 @reports("mask_form", "mask_model_term", "where_mask_additive",
-         reads=("mask", "q_reshape", "k_reshape", "mask_where", "mask_cond", "mask_fill", "bias_add", "bias"),
+         reads=("mask", "q_reshape", "k_reshape", "mask_where", "mask_cond", "mask_fill", "bias_add", "bias",
+                "inner_where", "inner_cond", "inner_fill"),
          kinds={"mask_model_term": MODEL_TERM, "where_mask_additive": MODEL_TERM})
 def _mask_form(c: Ctx) -> Fail | None:
     """Trace HF's additive mask to the keep mask (soft: otherwise keep it additive). A term that cannot be a
@@ -290,10 +291,13 @@ def _mask_form(c: Ctx) -> Fail | None:
         b = c["bias"]
         why = model_term(b, c.graph, c["q_reshape"].shape[2]) or "a term of the model"
         return Fail("guard", "where_mask_additive",
-                    f"score term kept as the attention's additive operand {c.the('bias', 'bias')} + where(cond, 0, "
+                    f"score term kept in the attention's additive operand where(cond, {c.the('bias', 'bias')}, "
                     f"fill): {b.op.value} {list(b.shape)} is added to the scores before the where-mask; "
                     f"{why} (exact)", (), (), "nothing to change in the model",
                     subject=b.id, kind=MODEL_TERM, fix="")
+    if "inner_where" in c:
+        return Fail("guard", "where_mask_additive", where_mask.nested_note(c), (), (),
+                    "nothing to change in the model", subject=c.id("mask_cond"), kind=MODEL_TERM, fix="")
     if "mask_where" in c and where_mask.is_additive(c):
         return Fail("guard", "where_mask_additive", where_mask.additive_note(c), (), (),
                     "nothing to change in the model", subject=c.id("mask_cond"), kind=MODEL_TERM, fix="")
@@ -390,9 +394,12 @@ def _sdpa_rewrite(c: Ctx, rw: Rewriter) -> int:
         ins[:3] = [_packed(c, rw, t) for t in "qkv"]
         if "mask_where" in c:
             additive = attrs["mask"] == "additive"
-            ins[3] = where_mask.additive_operand(c, rw) if additive else where_mask.keep_operand(c, rw)
-            if "bias_add" in c:  # where(m, s + b, fill) == s + (b + where(m, 0, fill)): where_mask's condition
-                ins[3] = rw.emit(Op.ADD, [c.id("bias"), ins[3]])
+            if "bias_add" in c:  # where(m, s + b, fill) == s + where(m, b, fill): where_mask.biased_operand
+                ins[3] = where_mask.biased_operand(c, rw)
+            elif "inner_where" in c:  # where(m, where(k, s, f2), f) == s + where(m, where(k, 0, f2), f)
+                ins[3] = where_mask.nested_operand(c, rw)
+            else:
+                ins[3] = where_mask.additive_operand(c, rw) if additive else where_mask.keep_operand(c, rw)
         elif "keep_from" in c.data:
             ins[3] = rw.cast(c.data["keep_from"], c.data["keep_dtype"])
         new = rw.emit(op, ins, **attrs)

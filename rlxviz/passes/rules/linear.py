@@ -8,6 +8,13 @@ list: the fused epilogue is exact-erf GELU, so a tanh-GELU FFN keeps its activat
 node and the rejection `epilogue_activation` says so. A bias-less `act(matmul(x, w))` with an allow-listed
 activation (GPT-style FC1 + GELU) fuses too (`zero_bias_act`), with a zero bias `expand(0.0, [N])`.
 
+A scale between the matmul and its bias (`act(x @ w * s + bias)`, or `act(x @ w * s)`: weight-only quantization's
+per-output-channel dequantize scale, or a scalar) is not taken: FusedMatMulBiasAct has no scale, and moving `s`
+onto the weight's columns changes the rounding. The near-miss rules `scale_before_bias` / `scale_before_act` name
+the mul (not recognized; the compiler fix is an epilogue scale operand), so the layer is not reported fused with
+its matmul silently left out. They apply only to a weight-side (param/const) scalar or `[N]` scale of a rank-2
+weight's matmul and a scalar or `[N]` bias; they never rewrite.
+
 `fuse_shared_input_matmul` (§2.3.7): matmuls sharing an lhs `x` (Q/K/V) -> one matmul over a
 `concat` of the weights + `narrow`s. Weights stay as they are: the concatenation is a new `concat`
 node of the original params (so checkpoints load unchanged and every weight keeps its name); the
@@ -30,6 +37,8 @@ along the wrong axis), and merged biases are `[N_i]` vectors concatenated in the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ...ir import Graph, Node, Op, Rewriter
 from ..activations import activation_of, owns_users
 from ..engine import rule_pass
@@ -39,6 +48,7 @@ from ..guard import (
     NOT_PROFITABLE,
     NOT_RECOGNIZED,
     Ctx,
+    Guard,
     activation_hint,
     guard,
     not_output,
@@ -157,7 +167,75 @@ ZERO_BIAS_ACT = Rule(
     doc="act(x @ w) with no bias (GPT-style FC1) -> FusedMatMulBiasAct with a zero bias (exact: x + 0 == x), "
         "activation from the allow-list gelu, silu")
 
-fuse_matmul_bias_act = rule_pass("fuse_matmul_bias_act", [BIAS_ACT, ZERO_BIAS_ACT],
+# -- a scale between the matmul and its bias (weight-only quantization's dequantize scale) -------------------------
+
+def _static(g: Graph, i: int) -> bool:
+    """`i` is a param or constant, through casts, reshapes and expands (a weight-side value, not the input's)."""
+    n = g[i]
+    while n.op in (Op.CAST, Op.RESHAPE, Op.EXPAND) and n.inputs:
+        n = g[n.inputs[0]]
+    return n.op in (Op.PARAM, Op.CONST)
+
+
+def _column_scale(bias: bool) -> Callable[[Ctx], Fail | None]:
+    @reports(reads=("mm", "scale", "scale_mul", *(("bias",) if bias else ())))
+    def column_scale(c: Ctx) -> Fail | None:
+        """Only a weight-side scale of the matmul's output columns is this near-miss (quiet otherwise): a scalar or
+        a `[N]` (`[1, .., 1, N]`) static vector, N the matmul's width, on a rank-2 weight; the mul's output is the
+        matmul's shape (the scale does not broadcast it larger); the bias (if any) a scalar or `[N]`. Attention
+        scores (`q @ k^T * c + mask`: a 4-D weight-less matmul, a mask of rank > 1) and a scaled LoRA branch added
+        to the base projection (a full-size add) are never this."""
+        mm, sc = c["mm"], c["scale"]
+        n = mm.shape[-1] if mm.shape else 0
+        per_column = all(d == 1 for d in sc.shape[:-1]) and (not sc.shape or sc.shape[-1] in (1, n))
+        ok = (c.graph[mm.inputs[1]].rank == 2 and per_column and c["scale_mul"].shape == mm.shape
+              and _static(c.graph, c.id("scale")) and (not bias or c["bias"].shape in ((), (1,), (n,))))
+        return None if ok else QUIET
+    return column_scale
+
+
+def _scale_explain(c: Ctx) -> str:
+    sc, after = c["scale"], c.d("add") if "add" in c else c.d("act")
+    what = "per-output-channel" if sc.shape and sc.shape[-1] > 1 else "scalar"
+    return (f"{c.d('scale_mul')} multiplies {c.d('mm')} by {c.d('scale')}, a {what} {sc.dtype}{list(sc.shape)} "
+            f"scale (a dequantize scale of weight-only quantization), between the matmul and {after}; "
+            f"FusedMatMulBiasAct computes act(x @ w + bias) and has no scale, so this matmul stays a "
+            f"separate op and the mul, the bias and the activation run as elementwise ops")
+
+
+_SCALE_FIX = ("an epilogue scale operand for FusedMatMulBiasAct (act(x @ w * s + bias), exact), or fold the scale "
+              "into the weight columns (x @ (w * s): a rounding-level change, to be shown as its own rewrite)")
+
+
+def _scale_guard(after: str) -> Guard:
+    return guard("scale_before_bias" if after == "add" else "scale_before_act", lambda c: False, _scale_explain,
+                 "nothing to change in the model: the scale is the quantized weight's own (moving it onto the "
+                 "weight changes the rounding)", requires=("scale_mul", "mm", "scale"), reads=(after,),
+                 kind=NOT_RECOGNIZED, fix=_SCALE_FIX, subject=lambda c: c.id("scale_mul"))
+
+
+_SCALE_LABELS = {"mm": "the matmul", "scale_mul": "the scale mul", "scale": "the scale"}
+_SCALED_MM = P(Op.MUL, P(Op.MATMUL, P.var("x"), P.var("w"), name="mm"), P.var("scale"), name="scale_mul",
+               commutative=True)
+
+SCALE_BIAS = Rule(
+    "fuse_matmul_bias_act.scale_before_bias",
+    P(Op.ADD, _SCALED_MM, P.var("bias"), name="add", commutative=True),
+    steps=(_column_scale(True), _scale_guard("add")),
+    result="add", absorb=("mm", "scale_mul", "add"), rewrite=lambda c, rw: c.id("add"),
+    labels={**_SCALE_LABELS, "add": "its bias add"},
+    doc="act(x @ w * s + bias), s a weight-side scalar or per-column scale (a dequantize scale): named, not fused "
+        "(FusedMatMulBiasAct has no scale)")
+
+SCALE_ACT = Rule(
+    "fuse_matmul_bias_act.scale_before_act",
+    P(_EPILOGUE_OPS, _SCALED_MM, name="act"),
+    steps=(_column_scale(False), _scale_guard("act")),
+    result="act", absorb=("mm", "scale_mul", "act"), rewrite=lambda c, rw: c.id("act"),
+    labels={**_SCALE_LABELS, "act": "its activation"},
+    doc="act(x @ w * s) with no bias, s a weight-side scale: named, not fused (FusedMatMulBiasAct has no scale)")
+
+fuse_matmul_bias_act = rule_pass("fuse_matmul_bias_act", [BIAS_ACT, ZERO_BIAS_ACT, SCALE_BIAS, SCALE_ACT],
                                  "matmul + bias (+ gelu/silu) -> FusedMatMulBiasAct; a bias-less matmul + gelu/silu "
                                  "with a zero bias")
 

@@ -27,6 +27,28 @@ holds, `s + 0 == s`; where it does not, `s + fill` rounds to `fill` for every |s
 2^104), the value the unfused where writes there, so softmax sees the same row (a fully masked row is uniform in
 both). The condition cannot enlarge the scores: they are the full `[B, heads, Sq, Sk]` of the matched matmul and the
 where is rank 4 (the anchor), so a bool condition broadcasting against them is no larger.
+
+Scores that carry a term of the model's own before the where (`where(cond, s + bias, fill)`: BLOOM's ALiBi, or
+the padding mask's `(1 - m) * finfo.min` added before Llama 4's chunked where) take the one additive operand
+`where(cond, bias, fill)` (`biased_operand`), never `bias + where(cond, 0, fill)`: that sum adds two `finfo.min`
+fills where a padded key is also masked by the condition and overflows to -inf, so a fully masked row turns NaN or
+attends to other keys than the unfused graph's uniform row. Exact under the same condition as above and nothing
+on the bias: where the condition holds the attention adds `bias` to `s` as the unfused add does (`s + bias`, the
+same op in the same dtype); where it does not, `s + fill` rounds to `fill` for |s| < 2^103 in f32 (half the ulp
+of `finfo(f32).min`; in f16 |s| < 16, half the ulp of -65504), the value the unfused where writes there.
+
+In f16 the fill's ulp is 32, so `s + finfo(f16).min` rounds to the fill only for |s| < 16 (and overflows to
+-inf below -16): rows that keep a key still match (`exp(fill - max)` and `exp(s + fill - max)` are both 0), but a
+fully masked row, uniform under the where, is not under the operand. Guard `where_mask_rows` (illegal) takes the
+additive form in such a dtype only where no row can be fully masked: no term added before the where, no nested
+where, and a constant condition (through expands and reshapes) with a kept key in every row (causal, chunked,
+banded tables). A per-key condition takes the keep mask, exact in every dtype.
+
+Two where-masks one after the other, `where(cond, where(cond2, s, fill2), fill)` (torch.onnx's padding mask
+`s + where(keep, 0, min)`, made a where by `canonicalize_exported.where_bias`, under a chunked or causal where), take
+the one additive operand `where(cond, where(cond2, 0, fill2), fill)` (`nested_operand`). Exact when both fills are
+the lowest finite value (`where_mask_fill` checks both): where both conditions hold `s + 0 == s`; where either does
+not, `s + fill` rounds to that fill (|s| < 2^103 in f32), the value the unfused wheres write.
 """
 
 from __future__ import annotations
@@ -44,6 +66,14 @@ def where_scores(scaled: P) -> P:
     """`where(cond, scaled_scores, fill)` with a scalar-constant fill."""
     return P(Op.WHERE, P.var("mask_cond"), scaled, P.var("mask_fill", where=is_const, what="a scalar constant"),
              name="mask_where")
+
+
+def inner_where(scaled: P) -> P:
+    """`where(cond2, scaled_scores, fill2)` under the where-mask (`where_scores`): two masks applied one after the
+    other (torch.onnx's padding `s + where(keep, 0, min)` made a where by `canonicalize_exported.where_bias`, then
+    a chunked or causal where)."""
+    return P(Op.WHERE, P.var("inner_cond"), scaled,
+             P.var("inner_fill", where=is_const, what="a scalar constant"), name="inner_where")
 
 
 def _size1_reshape(n: Node, src: Node) -> bool:
@@ -109,7 +139,7 @@ def _per_key(c: Ctx) -> bool:
 def is_additive(c: Ctx) -> bool:
     """The where-mask is taken as an additive operand: it is not one value per batch row and key, or the scores carry
     a term of the model's own before it (`bias_add`: the operand is `bias + where(cond, 0, fill)`)."""
-    return "bias_add" in c or not _per_key(c)
+    return "bias_add" in c or "inner_where" in c or not _per_key(c)
 
 
 _AXES = ("batch", "head", "query", "key")
@@ -138,10 +168,8 @@ def _lowest(c: Ctx) -> float:
     return float(np.finfo(d.numpy).min) if d.is_float and d != DType.bf16 else NEG
 
 
-def _fill_ok(c: Ctx) -> bool:
-    """The fill, as its dtype holds it, is the lowest finite value of the scores' dtype (what the keep mask
-    uses: an f16 const of finfo(f32).min is -inf, which makes a fully masked row NaN)."""
-    fill, where = c["mask_fill"], c["mask_where"]
+def _lowest_fill(c: Ctx, role: str) -> bool:
+    fill, where = c[role], c["mask_where"]
     v = const_value(fill)
     if v is None or fill.dtype != where.dtype or not where.dtype.is_float or where.dtype == DType.bf16:
         return False
@@ -149,14 +177,88 @@ def _fill_ok(c: Ctx) -> bool:
         return float(np.asarray(v).astype(fill.dtype.numpy)) == _lowest(c)
 
 
+def _fill_ok(c: Ctx) -> bool:
+    """The fill (and a nested where's, `inner_where`), as its dtype holds it, is the lowest finite value of the
+    scores' dtype (what the keep mask uses: an f16 const of finfo(f32).min is -inf, which makes a fully masked row
+    NaN)."""
+    return _lowest_fill(c, "mask_fill") and ("inner_where" not in c or _lowest_fill(c, "inner_fill"))
+
+
+def _bad_fill(c: Ctx) -> str:
+    return "inner_fill" if "inner_where" in c and _lowest_fill(c, "mask_fill") else "mask_fill"
+
+
+_WIDE_ULP = 2.0 ** 60
+"""Half an ulp of the fill at or above which `s + fill == fill` for every realistic score (f32: 2^103)."""
+
+
+def _half_ulp(c: Ctx) -> float:
+    low = np.asarray(_lowest(c), dtype=c["mask_where"].dtype.numpy)
+    return float(np.nextafter(low, low.dtype.type(0)) - low) / 2  # the ulp just above the fill (f16: 32)
+
+
+def _const_cond(c: Ctx) -> np.ndarray | None:
+    """The where condition's values when it is a constant (a const, or a param whose values the graph carries,
+    `Graph.values`), or expands and reshapes of one (else None)."""
+    chain = _chain(c.graph, c.id("mask_cond"))
+    src = chain[-1]
+    v = src.attrs.get("value") if src.op == Op.CONST else c.graph.values.get(src.name) if src.op == Op.PARAM else None
+    if v is None:
+        return None
+    arr = np.broadcast_to(np.asarray(v).astype(bool), src.shape)
+    for n in reversed(chain[:-1]):
+        arr = arr.reshape(n.shape) if n.op == Op.RESHAPE else np.broadcast_to(arr, n.shape)
+    return arr
+
+
+def _row_risk(c: Ctx) -> tuple[str, int] | None:
+    """Why a row of the scores can be fully masked, with the node that can do it (None: it cannot): a term added
+    before the where, a nested where, a condition that is not a constant, or a constant with a row of no key."""
+    if "bias_add" in c:
+        return f"the term {c.d('bias')} added before the where can mask every key the where keeps", c.id("bias")
+    if "inner_where" in c:
+        return f"{c.d('inner_where')} can mask every key the outer where keeps", c.id("inner_cond")
+    cond = _const_cond(c)
+    if cond is None:
+        return f"the condition {c.d('mask_cond')} is not a constant, so a row of it may keep no key", c.id("mask_cond")
+    if not np.any(cond, axis=-1).all():
+        return f"the condition {c.d('mask_cond')} has a row that keeps no key", c.id("mask_cond")
+    return None
+
+
+def _rows_ok(c: Ctx) -> bool:
+    """The additive operand is exact: the keep path is, and so is an f32 fill (|s| < 2^103); in a narrower dtype
+    (f16: |s| < 16) only where no row can be fully masked (module docstring)."""
+    if not is_additive(c) or not c["mask_where"].dtype.is_float or c["mask_where"].dtype == DType.bf16:
+        return True
+    return _half_ulp(c) >= _WIDE_ULP or _row_risk(c) is None
+
+
+def _rows_explain(c: Ctx) -> str:
+    risk = _row_risk(c)
+    d, low = c["mask_where"].dtype, _lowest(c)
+    return (f"in {d}, s + {low:.6g} rounds to {low:.6g} only for |s| < {_half_ulp(c):.6g}, so on a fully masked row "
+            f"the attention's additive operand gives other numbers than the where, which writes {low:.6g} at every "
+            f"key (a uniform row); {risk[0] if risk else 'a row can be fully masked'}")
+
+
 def guards() -> tuple[Guard, ...]:
     return (
         guard("where_mask_fill", _fill_ok,
-              lambda c: f"the where fill {c.d('mask_fill')} is {c['mask_fill'].dtype} {const_value(c['mask_fill'])} "
-                        f"on {c['mask_where'].dtype} scores; the keep mask fills masked scores with the scores' "
-                        f"finfo(dtype).min ({_lowest(c):.9g}), and another fill gives different numbers",
-              "fill with torch.finfo(scores.dtype).min", requires=("mask_where",), reads=("mask_fill", "mask_where"),
-              kind=ILLEGAL, subject=lambda c: c.id("mask_fill")),
+              lambda c: f"the where fill {c.d(_bad_fill(c))} is {c[_bad_fill(c)].dtype} "
+                        f"{const_value(c[_bad_fill(c)])} on {c['mask_where'].dtype} scores; the keep mask fills "
+                        f"masked scores with the scores' finfo(dtype).min ({_lowest(c):.9g}), and another fill gives "
+                        f"different numbers",
+              "fill with torch.finfo(scores.dtype).min", requires=("mask_where",),
+              reads=("mask_fill", "mask_where", "inner_where", "inner_fill"),
+              kind=ILLEGAL, subject=lambda c: c.id(_bad_fill(c))),
+        guard("where_mask_rows", _rows_ok, _rows_explain,
+              "nothing to change in the model: its where is exact in its dtype, the additive operand is not",
+              requires=("mask_where",),
+              reads=("mask_cond", "mask_fill", "bias_add", "bias", "inner_where", "inner_cond", "q_reshape",
+                     "k_reshape"),
+              kind=ILLEGAL, subject=lambda c: (_row_risk(c) or ("", c.id("mask_cond")))[1],
+              fix="an attention op with a select mask (masked scores set to the fill, as where does)"),
     )
 
 
@@ -172,6 +274,32 @@ def additive_operand(c: Ctx, rw: Rewriter) -> int:
     return rw.emit(Op.WHERE, [c.id("mask_cond"), rw.const(0.0, d), c.id("mask_fill")])
 
 
+def nested_note(c: Ctx) -> str:
+    """The `where_mask_additive` note of two nested where-masks (`nested_operand`)."""
+    inner, outer = c["inner_cond"], c["mask_cond"]
+    return (f"two where-masks kept as the attention's one additive operand where(cond, where(cond2, 0, fill), fill): "
+            f"{c.d('inner_where')} on a {inner.dtype}{list(inner.shape)} condition, then {c.d('mask_where')} on a "
+            f"{outer.dtype}{list(outer.shape)} condition (exact)")
+
+
+def nested_operand(c: Ctx, rw: Rewriter) -> int:
+    """Emit `where(cond, where(cond2, 0, fill2), fill)` for `where(cond, where(cond2, s, fill2), fill)` (module
+    docstring: both fills the lowest finite value, guard `where_mask_fill`; where both conditions hold `s + 0`,
+    elsewhere `s + fill` rounds to the fill the unfused where writes). Its shape is the broadcast of the two
+    conditions', in the scores' dtype."""
+    d = c["mask_where"].dtype
+    inner = rw.emit(Op.WHERE, [c.id("inner_cond"), rw.const(0.0, d), c.id("inner_fill")])
+    return rw.emit(Op.WHERE, [c.id("mask_cond"), inner, c.id("mask_fill")])
+
+
+def biased_operand(c: Ctx, rw: Rewriter) -> int:
+    """Emit `where(cond, bias, fill)`, the one additive operand for `where(cond, scores + bias, fill)` (module
+    docstring: the fills are never added to each other, so no finfo.min + finfo.min overflow to -inf). Its shape is
+    the broadcast of the condition's and the bias's (e.g. `[B, 1, Sq, Sk]` from `[1, 1, Sq, Sk]` and `[B, 1, 1,
+    Sk]`), in the scores' dtype."""
+    return rw.emit(Op.WHERE, [c.id("mask_cond"), c.id("bias"), c.id("mask_fill")])
+
+
 def keep_operand(c: Ctx, rw: Rewriter) -> int:
     """Emit the keep mask `[B, Sk]` f32 (1 = attend) from the where condition's per-key source (the condition
     itself, or the `[B, 1, 1, Sk]` / `[B, Sk]` mask it expands, `per_key_source`)."""
@@ -180,4 +308,5 @@ def keep_operand(c: Ctx, rw: Rewriter) -> int:
     return rw.cast(rw.reshape(src, _dims(c)), DType.f32)
 
 
-__all__ = ["NEG", "additive_note", "additive_operand", "guards", "is_additive", "keep_operand", "where_scores"]
+__all__ = ["NEG", "additive_note", "additive_operand", "biased_operand", "guards", "inner_where", "is_additive",
+           "keep_operand", "nested_note", "nested_operand", "where_scores"]
