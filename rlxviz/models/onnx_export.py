@@ -40,7 +40,7 @@ def _tp(dtype: DType) -> int:
 
     return {DType.f32: TensorProto.FLOAT, DType.f16: TensorProto.FLOAT16, DType.bf16: TensorProto.FLOAT,
             DType.f64: TensorProto.DOUBLE, DType.i32: TensorProto.INT32, DType.i64: TensorProto.INT64,
-            DType.bool: TensorProto.BOOL}[dtype]
+            DType.bool: TensorProto.BOOL, DType.i8: TensorProto.INT8, DType.u8: TensorProto.UINT8}[dtype]
 
 
 class _Writer:

@@ -77,7 +77,8 @@ def _onnx() -> Any:
     return onnx
 
 
-_DTYPES = {1: DType.f32, 10: DType.f16, 16: DType.bf16, 11: DType.f64, 6: DType.i32, 7: DType.i64, 9: DType.bool}
+_DTYPES = {1: DType.f32, 10: DType.f16, 16: DType.bf16, 11: DType.f64, 6: DType.i32, 7: DType.i64, 9: DType.bool,
+           2: DType.u8, 3: DType.i8}
 """ONNX TensorProto element type -> DType."""
 
 
@@ -86,7 +87,7 @@ def onnx_dtype(code: int) -> DType:
     if code not in _DTYPES:
         name = _onnx().TensorProto.DataType.Name(code)
         raise OnnxImportError(f"element type {name} has no IR dtype (supported: float, float16, bfloat16, "
-                              f"double, int32, int64, bool)")
+                              f"double, int8, uint8, int32, int64, bool)")
     return _DTYPES[code]
 
 
@@ -1326,5 +1327,7 @@ def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Ma
                        "onnx_outputs": [o.name for o in proto.graph.output],
                        "onnx_nodes": provenance})
 
+
+from . import onnx_quant  # noqa: E402,F401 - registers the quantized ops' handlers
 
 __all__ = ["OPSETS", "OnnxImportError", "import_graph", "load_onnx", "node_path", "onnx_dtype", "validate"]
