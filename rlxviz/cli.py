@@ -415,18 +415,21 @@ def cmd_explain(args: argparse.Namespace) -> int:
     import json
 
     from .ir.onnx_op import describe_host
+    from .models.onnx_notes import imported_forms
     from .session import check_fusion
 
     model, trace = _run_model(args, allow_crashes=True)
     _warn_nonfinite("explain", model)
     checks = _import_checks(model, model.random_feeds(seed=0), None, None)
     check = check_fusion(trace, model.name, None if args.layer is None else [args.layer])
+    imported = imported_forms(model)  # what the file had already fused (ORT contrib ops), its quantization
     if args.json:
-        _out(json.dumps({**check.to_dict(), "import_checks": [c.line() for c in checks]}, indent=2, default=str))
+        _out(json.dumps({**check.to_dict(), "import_checks": [c.line() for c in checks], "imported_forms": imported},
+                        indent=2, default=str))
     else:
         host = describe_host(model.graph)
         _out("".join(f"{c.line()}\n" for c in checks) + (f"{host}\n" if host else "")
-             + check.render(verbose=args.verbose))
+             + "".join(f"{line}\n" for line in imported) + check.render(verbose=args.verbose))
     if not all(c.ok for c in checks):
         return EXPLAIN_NOT_FUSED
     if check.crashed:

@@ -54,8 +54,8 @@ class DType(StrEnum):
 
 
 _FLOATS = frozenset({DType.f32, DType.f16, DType.bf16, DType.f64})
-_ITEMSIZE = {DType.f32: 4, DType.f16: 2, DType.bf16: 2, DType.f64: 8, DType.i8: 1, DType.u8: 1, DType.i32: 4, DType.i64: 8,
-             DType.bool: 1}
+_ITEMSIZE = {DType.f32: 4, DType.f16: 2, DType.bf16: 2, DType.f64: 8, DType.i8: 1, DType.u8: 1, DType.i32: 4,
+             DType.i64: 8, DType.bool: 1}
 _NUMPY = {
     DType.f32: "float32", DType.f16: "float16", DType.bf16: "float32", DType.f64: "float64",
     DType.i8: "int8", DType.u8: "uint8", DType.i32: "int32", DType.i64: "int64", DType.bool: "bool",

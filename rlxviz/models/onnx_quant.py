@@ -32,7 +32,7 @@ import numpy as np
 
 from ..ir import DType
 from ..ir.emitter import Ref
-from .onnx_import import Value, _Ctx, _axis, handles
+from .onnx_import import Value, _axis, _Ctx, handles
 
 _RANGES = {DType.u8: (0, 255), DType.i8: (-128, 127)}
 """The saturation range of each quantized type."""
@@ -69,8 +69,9 @@ def round_half_even(ctx: _Ctx, v: Ref) -> Ref:
 
 
 def _f32(ctx: _Ctx, v: Value) -> Ref:
-    """`v` as an f32 node (a constant is converted at import: exact for int8/uint8/int32 values)."""
-    if isinstance(v, np.ndarray):
+    """`v` as an f32 node: a quantized tensor (an int8/uint8 constant of more than one element: a weight) stays its
+    1-byte param, cast on the graph; any other constant is converted at import (exact for int8/uint8/int32)."""
+    if isinstance(v, np.ndarray) and (v.size <= 1 or v.dtype not in (np.int8, np.uint8)):
         return ctx.ref(np.asarray(v, dtype=np.float32))
     r = ctx.ref(v)
     return r if ctx.dtype(r) == DType.f32 else ctx.b.cast(r, DType.f32)

@@ -1,0 +1,379 @@
+"""ONNX Runtime's contrib ops (domain `com.microsoft`, what `onnxruntime.transformers.optimizer` writes), imported with
+their meaning (registered into `onnx_import.HANDLERS`; semantics from onnxruntime's docs/ContribOperators.md).
+
+Each op becomes the rlxviz op that computes it (`attention`, `layer_norm`, `rms_norm`, `gelu`, `gelu_tanh`) or its
+decomposition into IR primitives, exact under the condition its handler states; any other form is refused in one
+line naming the node (never approximated):
+
+| op | IR |
+|---|---|
+| SkipLayerNormalization, SkipSimplifiedLayerNormalization | `add` (input + skip [+ bias]) -> `layer_norm`/`rms_norm` |
+| SimplifiedLayerNormalization | `rms_norm` (zero beta) |
+| Gelu, BiasGelu, FastGelu, QuickGelu | `gelu` / `add -> gelu` / `add -> gelu_tanh` / `x * sigmoid(alpha x)` |
+| BiasAdd | `add -> add` (X + bias + skip) |
+| EmbedLayerNormalization | `gather`s -> `add`s -> `layer_norm` (+ mask_index, embedding_sum) |
+| RotaryEmbedding | `gather` of cos/sin at position_ids -> `x * cos + rotate_half(x) * sin` (Hugging Face's form) |
+| Attention, MultiHeadAttention | (QKV `matmul` ->) `attention` with a keep mask filled with mask_filter_value |
+
+**Paths.** ORT names the nodes it makes `SkipLayerNorm_AddBias_0`, `Gelu_AddBias_1`: no module path, so the
+layer kind would lose them (a layer read as "attention only (no MLP)"). A contrib node without a path takes the
+module path of what it writes (a legacy exporter's value name `/layers.0/mlp/act/Mul_output_0`), else of the
+parameter it reads (`layers.0.layernorm_after.weight`), else of its first input's value name.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from ..ir import DType
+from ..ir.emitter import Ref
+from .onnx_import import CONTRIB, Value, _const, _Ctx, _last_axis, _zeros_like_gamma, handles
+
+ORT_MASK_FILTER = -10000.0
+"""ORT's default `mask_filter_value`: a masked key gets this added to its score."""
+
+_VALUE_PATH = re.compile(r"^/(.+)/[^/]+$")
+
+
+def _path_of_value(ctx: _Ctx, name: str, value: Value = None) -> str:
+    """Module path in an ONNX value name: `/a/b.0/c/Op_output_0` -> `a.b.0.c`; an initializer `a.b.weight` ->
+    `a.b`; '' when neither."""
+    if m := _VALUE_PATH.match(name or ""):
+        return ".".join(p for p in m.group(1).split("/") if p)
+    if isinstance(value, np.ndarray) and name and "." in name and "/" not in name and "::" not in name:
+        return name.rsplit(".", 1)[0]
+    return ""
+
+
+def adopt_path(ctx: _Ctx, n: Any, x: list[Value], outputs: tuple[int, ...] = (0,),
+               params: tuple[int, ...] = ()) -> str:
+    """Give the nodes this handler emits a module path when the ORT node has none (see the module docstring):
+    from output names `outputs`, then the parameters at input positions `params`, then input 0. Returns it."""
+    if ctx.b.path:
+        return ctx.b.path
+    cands = [n.output[i] for i in outputs if i < len(n.output)]
+    cands += [n.input[i] for i in params if i < len(n.input)]
+    for name in cands:
+        k = list(n.input).index(name) if name in n.input else None
+        if p := _path_of_value(ctx, name, x[k] if k is not None else None):
+            ctx.b.path = p
+            return p
+    if n.input and (p := _path_of_value(ctx, n.input[0], x[0] if x else None)):
+        ctx.b.path = p
+    return ctx.b.path
+
+
+# -- activations ---------------------------------------------------------------------------------------------
+
+@handles("Gelu", domain=CONTRIB)
+def gelu(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """ORT Gelu(X) = erf-GELU(X)."""
+    adopt_path(ctx, n, x)
+    return [ctx.b.gelu(ctx.ref(x[0]))]
+
+
+@handles("BiasGelu", domain=CONTRIB)
+def bias_gelu(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """ORT BiasGelu(A, B) = erf-GELU(A + B): the bias add takes the path of the bias parameter (the linear's), the
+    GELU that of the output."""
+    b = ctx.b
+    out = adopt_path(ctx, n, x)
+    if (p := _path_of_value(ctx, n.input[1], x[1])) and not out.startswith(p):
+        b.path = p
+    s = b.add(ctx.ref(x[0]), ctx.ref(x[1]))
+    b.path = out
+    return [b.gelu(s)]
+
+
+@handles("FastGelu", domain=CONTRIB)
+def fast_gelu(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """ORT FastGelu(X[, bias]) = tanh-GELU(X + bias): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    out = adopt_path(ctx, n, x)
+    y = ctx.ref(x[0])
+    if len(x) > 1 and x[1] is not None:
+        if p := _path_of_value(ctx, n.input[1], x[1]):
+            ctx.b.path = p
+        y = ctx.b.add(y, ctx.ref(x[1]))
+        ctx.b.path = out
+    return [ctx.b.gelu_tanh(y)]
+
+
+@handles("QuickGelu", domain=CONTRIB)
+def quick_gelu(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """ORT QuickGelu(X) = X * sigmoid(alpha X) (alpha default 1.702, CLIP's QuickGELU; 1.0 is SiLU)."""
+    adopt_path(ctx, n, x)
+    b = ctx.b
+    v = ctx.ref(x[0])
+    alpha = float(a.get("alpha", 1.702))
+    if alpha == 1.0:
+        return [b.silu(v)]
+    return [b.mul(v, b.sigmoid(b.mul(v, ctx.ref(np.asarray(alpha, dtype=ctx.dtype(v).numpy)))))]
+
+
+@handles("BiasAdd", domain=CONTRIB)
+def bias_add(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """ORT BiasAdd(X, bias, skip) = (X + bias) + skip."""
+    adopt_path(ctx, n, x)
+    b = ctx.b
+    return [b.add(b.add(ctx.ref(x[0]), ctx.ref(x[1])), ctx.ref(x[2]))]
+
+
+# -- normalisation -----------------------------------------------------------------------------------------
+
+@handles("SimplifiedLayerNormalization")
+@handles("SimplifiedLayerNormalization", domain=CONTRIB)
+def simplified_ln(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """ORT RMSNorm: x / sqrt(mean(x^2) + eps) * scale over the last axis (IR rms_norm with a zero beta). The
+    inv_std_var output is not supported."""
+    adopt_path(ctx, n, x, params=(1,))
+    _last_axis(ctx, x[0], int(a.get("axis", -1)))
+    if len(n.output) > 1 and any(n.output[1:]):
+        raise ctx.unsupported("the inv_std_var output is not supported")
+    return [ctx.b.rms_norm(ctx.ref(x[0]), ctx.ref(x[1]), _zeros_like_gamma(ctx, x[1]), float(a.get("epsilon", 1e-5)))]
+
+
+@handles("SkipLayerNormalization", "SkipSimplifiedLayerNormalization", domain=CONTRIB)
+def skip_ln(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """ORT SkipLayerNormalization(input, skip, gamma[, beta][, bias]): s = input + skip (+ bias);
+    output 0 = LayerNorm(s) (RMSNorm for the simplified form, whose inputs are input, skip, gamma[, bias]),
+    output 3 = s. The mean / inv_std_var outputs (1, 2) are not supported. The sum takes the module path of
+    output 3 (the residual add ORT fused), else of the skip's producer; the norm that of output 0, else of gamma."""
+    b = ctx.b
+    simplified = n.op_type.startswith("SkipSimplified")
+    if any(o for i, o in enumerate(n.output) if i in (1, 2)):
+        raise ctx.unsupported("the mean / inv_std_var outputs are not supported")
+    given = b.path
+    if not given:
+        adopt_path(ctx, n, x, outputs=(3,), params=(0,))
+    bias_at = 3 if simplified else 4
+    s = b.add(ctx.ref(x[0]), ctx.ref(x[1]))
+    if len(x) > bias_at and x[bias_at] is not None:
+        s = b.add(s, ctx.ref(x[bias_at]))
+    if not given:
+        b.path = ""
+        adopt_path(ctx, n, x, outputs=(0,), params=(2,))
+    eps = float(a.get("epsilon", 1e-12))
+    if simplified:
+        out = b.rms_norm(s, ctx.ref(x[2]), _zeros_like_gamma(ctx, x[2]), eps)
+    else:
+        beta = ctx.ref(x[3]) if len(x) > 3 and x[3] is not None else _zeros_like_gamma(ctx, x[2])
+        out = b.layer_norm(s, ctx.ref(x[2]), beta, eps)
+    outs: list[Value] = [out, None, None, s]
+    return outs[:len(n.output)]
+
+
+@handles("EmbedLayerNormalization", domain=CONTRIB)
+def embed_layer_norm(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """ORT EmbedLayerNormalization(input_ids, segment_ids?, word_embedding, position_embedding,
+    segment_embedding?, gamma, beta, mask?, position_ids?): e = word[ids] + position[position_ids or 0..S-1]
+    (+ segment[segment_ids]); output 0 = LayerNorm(e), output 1 (mask_index, i32 [B]) = the number of mask entries
+    equal to 1 per row (ORT's CPU kernel), 0 without a mask; output 2 = e."""
+    def opt(i: int) -> Value:
+        return x[i] if len(x) > i else None
+
+    b = ctx.b
+    adopt_path(ctx, n, x, params=(2,))
+    ids = ctx.ref(x[0])
+    bsz, seq = ctx.shape(ids)
+    e = b.gather(ctx.ref(x[2]), ids)
+    pos = opt(8)
+    if pos is None:
+        pos = np.arange(seq, dtype=np.int64).reshape(1, seq)
+    pe = b.gather(ctx.ref(x[3]), ctx.ref(pos))
+    e = b.add(e, pe)
+    if opt(1) is not None and opt(4) is not None:
+        e = b.add(e, b.gather(ctx.ref(x[4]), ctx.ref(x[1])))
+    out = b.layer_norm(e, ctx.ref(x[5]), ctx.ref(x[6]), float(a.get("epsilon", 1e-12)))
+    mask = opt(7)
+    if mask is not None:
+        mi = b.reduce_sum(b.cast(b.eq(ctx.ref(mask), ctx.ref(np.asarray(1, dtype=ctx.dtype(mask).numpy))),
+                                 DType.i32), (1,))
+    else:
+        mi = ctx.ref(np.zeros(bsz, np.int32))
+    outs: list[Value] = [out, mi, e]
+    return outs[:len(n.output)]
+
+
+# -- rotary embedding --------------------------------------------------------------------------------------
+
+@handles("RotaryEmbedding", domain=CONTRIB)
+def rotary_embedding(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """ORT RotaryEmbedding(input, position_ids, cos_cache, sin_cache): input [B, S, N*H] (num_heads given, or
+    the head size read from the cache when rotary_embedding_dim is 0) or [B, N, S, H]; position_ids [B, S], or
+    [1] (an offset: positions offset..offset+S-1); the caches [max_pos, R/2]. The first R = 2 * cache width
+    features of each head rotate, the rest pass: `x * cos + rotate_half(x) * sin` on the heads (non-interleaved;
+    Hugging Face's form, so the rope recognizer reads it), interleaved pairs `(x[2i], x[2i+1])` otherwise.
+    is_packed_batching and a scale other than 1 are refused."""
+    adopt_path(ctx, n, x)
+    b = ctx.b
+    if int(a.get("is_packed_batching", 0)):
+        raise ctx.fail("is_packed_batching=1 is not supported")
+    if float(a.get("scale", 1.0)) != 1.0:
+        raise ctx.fail("a scale other than 1.0 is not supported")
+    inp, pids, cos, sin = x[:4]
+    s = ctx.shape(inp)
+    half = ctx.shape(cos)[-1]
+    rot = 2 * half
+    heads = int(a.get("num_heads", 0))
+    if len(s) == 3:
+        bsz, seq, hidden = s
+        if not heads:
+            if int(a.get("rotary_embedding_dim", 0)) and int(a["rotary_embedding_dim"]) != rot:
+                raise ctx.fail("rotary_embedding_dim without num_heads")
+            heads = hidden // rot
+        hd = hidden // heads
+        v = b.reshape(ctx.ref(inp), (bsz, seq, heads, hd))
+        seq_axis = 1
+    elif len(s) == 4:
+        bsz, heads, seq, hd = s
+        v = ctx.ref(inp)
+        seq_axis = 2
+    else:
+        raise ctx.fail(f"input of rank {len(s)}: 3 ([B, S, N*H]) or 4 ([B, N, S, H]) needed")
+    if rot > hd or (len(s) == 3 and s[2] % heads):
+        raise ctx.fail(f"cos/sin cache width {half} does not fit head size {hd}")
+    ps = ctx.shape(pids)
+    if ps == (1,) or ps == ():
+        off = _const(pids)
+        if off is None:
+            raise ctx.fail("a computed position offset ([1] position_ids) is not supported")
+        pos = ctx.ref((np.arange(seq, dtype=np.int64) + int(np.asarray(off).reshape(-1)[0])).reshape(1, seq))
+        pb = 1
+    elif ps == (bsz, seq):
+        pos, pb = ctx.ref(pids), bsz
+    else:
+        raise ctx.fail(f"position_ids {list(ps)}: [batch, seq] or [1] needed")
+    bshape = (pb, seq, 1, half) if seq_axis == 1 else (pb, 1, seq, half)
+    c = b.reshape(b.gather(ctx.ref(cos), pos), bshape)
+    sn = b.reshape(b.gather(ctx.ref(sin), pos), bshape)
+    last = 3
+    part = v if rot == hd else b.narrow(v, last, 0, rot)
+    if int(a.get("interleaved", 0)):
+        pairs = b.reshape(part, (*ctx.shape(part)[:-1], half, 2))
+        x1 = b.reshape(b.narrow(pairs, 4, 0, 1), ctx.shape(part)[:-1] + (half,))
+        x2 = b.reshape(b.narrow(pairs, 4, 1, 1), ctx.shape(part)[:-1] + (half,))
+        y1 = b.sub(b.mul(x1, c), b.mul(x2, sn))
+        y2 = b.add(b.mul(x2, c), b.mul(x1, sn))
+        both = b.concat([b.reshape(y1, (*ctx.shape(y1), 1)), b.reshape(y2, (*ctx.shape(y2), 1))], 4)
+        y = b.reshape(both, ctx.shape(part))
+    else:
+        cf, sf = b.concat([c, c], last), b.concat([sn, sn], last)
+        x1, x2 = b.narrow(part, last, 0, half), b.narrow(part, last, half, half)
+        y = b.add(b.mul(part, cf), b.mul(b.concat([b.neg(x2), x1], last), sf))
+    if rot != hd:
+        y = b.concat([y, b.narrow(v, last, rot, hd - rot)], last)
+    return [b.reshape(y, s) if len(s) == 3 else y]
+
+
+# -- attention ---------------------------------------------------------------------------------------------
+
+def _key_mask(ctx: _Ctx, m: Value, batch: int, kv: int) -> Ref | None:
+    """A keep mask `[batch, kv]` f32 from ORT's mask forms: raw 0/1 `[B, T]`, or `[B]` key lengths (right
+    padding: key j kept when j < length). Others are refused."""
+    if m is None:
+        return None
+    b = ctx.b
+    shape = ctx.shape(m)
+    if shape == (batch, kv):
+        return b.cast(ctx.ref(m), DType.f32)
+    if shape == (batch,):
+        lens = b.reshape(b.cast(ctx.ref(m), DType.i64), (batch, 1))
+        return b.cast(b.lt(ctx.ref(np.arange(kv, dtype=np.int64).reshape(1, kv)), lens), DType.f32)
+    raise ctx.fail(f"mask shape {list(shape)}: a raw [batch, kv_len] 0/1 mask or [batch] key lengths are supported")
+
+
+def _sdpa(ctx: _Ctx, a: dict[str, Any], q: Ref, k: Ref, v: Ref, heads: int, mask: Ref | None, bias: Value) -> Ref:
+    """ORT's attention: softmax(q k^T * scale + (1 - mask) * mask_filter_value [+ attention_bias]) v, scale
+    default 1/sqrt(head size), unidirectional: causal (bottom-right aligned). A padding mask together with
+    unidirectional=1, or with an attention_bias, is refused."""
+    causal = bool(a.get("unidirectional", 0))
+    hd = ctx.shape(q)[-1] // heads
+    kv_heads = ctx.shape(k)[-1] // hd
+    kvh = None if kv_heads == heads else kv_heads
+    scale = float(a.get("scale", 0.0) or 0.0) or None
+    fill = float(a.get("mask_filter_value", ORT_MASK_FILTER))
+    if causal and (mask is not None or bias is not None):
+        raise ctx.fail("a padding mask or attention_bias together with unidirectional=1 is not supported")
+    if bias is not None:
+        if mask is not None:
+            raise ctx.fail("a key padding mask together with attention_bias is not supported")
+        return ctx.b.attention(q, k, v, ctx.ref(bias), num_heads=heads, head_dim=hd, mask_kind="additive",
+                               scale=scale, num_kv_heads=kvh)
+    kind = "keep" if mask is not None else "causal" if causal else "none"
+    return ctx.b.attention(q, k, v, mask, num_heads=heads, head_dim=hd, mask_kind=kind, scale=scale,
+                           num_kv_heads=kvh, mask_fill=fill if mask is not None else None)
+
+
+@handles("Attention", domain=CONTRIB)
+def ort_attention(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """ORT Attention(input, weights [Hin, Hq + Hk + Hv], bias?, mask_index?, past?, attention_bias?): the packed
+    QKV projection, split by qkv_hidden_sizes (default three equal parts), then attention. past / present,
+    do_rotary and past_present_share_buffer are refused."""
+    if len(n.output) > 1 and any(n.output[1:]) or len(x) > 4 and x[4] is not None:
+        raise ctx.fail("past / present state is not supported")
+    if int(a.get("do_rotary", 0)) or int(a.get("past_present_share_buffer", 0)):
+        raise ctx.fail("do_rotary / past_present_share_buffer are not supported")
+    adopt_path(ctx, n, x, params=(1,))
+    b = ctx.b
+    heads = int(a["num_heads"])
+    qkv = b.matmul(ctx.ref(x[0]), ctx.ref(x[1]))
+    if len(x) > 2 and x[2] is not None:
+        qkv = b.add(qkv, ctx.ref(x[2]))
+    width = ctx.shape(qkv)[-1]
+    sizes = [int(v) for v in a.get("qkv_hidden_sizes", [])] or [width // 3] * 3
+    if len(sizes) != 3 or sum(sizes) != width or any(s % heads for s in sizes):
+        raise ctx.fail(f"qkv_hidden_sizes {sizes} do not split the {width} projected features into 3 multiples of "
+                       f"num_heads {heads}")
+    rank = len(ctx.shape(qkv)) - 1
+    q, k, v = (b.narrow(qkv, rank, sum(sizes[:i]), sizes[i]) for i in range(3))
+    bs = ctx.shape(x[0])
+    mask = _key_mask(ctx, x[3] if len(x) > 3 else None, bs[0], bs[1])
+    return [_sdpa(ctx, a, q, k, v, heads, mask, x[5] if len(x) > 5 else None)]
+
+
+@handles("MultiHeadAttention", domain=CONTRIB)
+def ort_mha(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """ORT MultiHeadAttention(query, key?, value?, bias?, key_padding_mask?, attention_bias?): separate query, key,
+    value [B, S, H] each, or packed QKV [B, S, N, 3, h] in query alone; bias [Hq + Hk + Hv] added to each. Past /
+    present state and the cache inputs are refused."""
+    if len(n.output) > 1 and any(n.output[1:]) or len(x) > 6 and any(v is not None for v in x[6:]):
+        raise ctx.fail("past / present state is not supported")
+    adopt_path(ctx, n, x)
+    b = ctx.b
+    heads = int(a["num_heads"])
+    qs = ctx.shape(x[0])
+    key = x[1] if len(x) > 1 else None
+    if len(qs) == 5 and key is None:  # packed QKV [B, S, N, 3, h]
+        bsz, seq, nh, three, hd = qs
+        if three != 3 or nh != heads:
+            raise ctx.fail(f"packed QKV {list(qs)}: [batch, seq, num_heads, 3, head_size] needed")
+        q, k, v = (b.reshape(b.narrow(ctx.ref(x[0]), 3, i, 1), (bsz, seq, nh * hd)) for i in range(3))
+    elif len(qs) == 3 and key is not None and len(x) > 2 and x[2] is not None and len(ctx.shape(key)) == 3:
+        q, k, v = (ctx.ref(t) for t in x[:3])
+    else:
+        raise ctx.fail("only separate query, key and value [batch, seq, hidden] or packed QKV [batch, seq, heads, 3, "
+                       "head] are supported")
+    if len(x) > 3 and x[3] is not None:
+        bias = _const(x[3])
+        if bias is None:
+            raise ctx.fail("the bias must be a constant")
+        widths = [ctx.shape(t)[-1] for t in (q, k, v)]
+        if sum(widths) != bias.shape[0]:
+            raise ctx.fail(f"bias of {bias.shape[0]} values for Q/K/V widths {widths}")
+        starts = np.cumsum([0, *widths])
+        q, k, v = (b.add(t, ctx.ref(np.ascontiguousarray(bias[starts[i]:starts[i + 1]])))
+                   for i, t in enumerate((q, k, v)))
+    bs = ctx.shape(q)
+    mask = _key_mask(ctx, x[4] if len(x) > 4 else None, bs[0], ctx.shape(k)[1])
+    return [_sdpa(ctx, a, q, k, v, heads, mask, x[5] if len(x) > 5 else None)]
+
+
+CONTRIB_OPS = ("Attention", "BiasAdd", "BiasGelu", "EmbedLayerNormalization", "FastGelu", "Gelu", "MultiHeadAttention",
+               "QuickGelu", "RotaryEmbedding", "SimplifiedLayerNormalization", "SkipLayerNormalization",
+               "SkipSimplifiedLayerNormalization")
+"""The com.microsoft ops this module maps."""
+
+__all__ = ["CONTRIB_OPS", "ORT_MASK_FILTER", "adopt_path"]

@@ -1,0 +1,146 @@
+"""Quantized ONNX files (`models.onnx_quant`): quantize_dynamic output (esm.qdyn, handed), a QDQ model and a
+quantize_dynamic MLP built here, each imported with ONNX Runtime's numbers on the reference and on MLX, with the
+quantized tensors kept as int8/uint8 (the quantization a visible step of the graph)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from rlxviz.ir import DType, Op
+from rlxviz.models.onnx_import import OnnxImportError, load_onnx
+from rlxviz.passes import Pipeline
+from rlxviz.runtime import run_reference
+from rlxviz.runtime.executor import MlxExecutor
+from rlxviz.runtime.lowering import LoweringOptions
+
+CASES = Path(__file__).parent / "fixtures" / "onnx" / "cases"
+
+
+def _ort(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _check(path: Path, feeds: dict[str, np.ndarray], want: list[np.ndarray], atol: float = 1e-5) -> None:
+    m = load_onnx(path, input_shapes={k: v.shape for k, v in feeds.items()})
+    trace = Pipeline.canonical().run(m.graph)
+    assert not [s.error for s in trace.steps if s.error]
+    ex = MlxExecutor(LoweringOptions(fast_math=False))
+    for g in (m.graph, trace.final):
+        for got in (run_reference(g, feeds, m.weights), [np.asarray(o) for o in ex.run(g, feeds, m.weights)]):
+            for a, b in zip(got, want, strict=True):
+                np.testing.assert_allclose(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64),
+                                           atol=atol, rtol=0)
+    return m
+
+
+def test_esm_quantize_dynamic_imports_with_onnx_runtimes_numbers():
+    """Was: `ValueError: [DType.from_numpy] unsupported numpy dtype 'uint8'` on the quantized embedding's Gather."""
+    d = dict(np.load(CASES / "esm.qdyn_io.npz"))
+    feeds = {k: v for k, v in d.items() if not k.startswith("out:")}
+    m = _check(CASES / "esm.qdyn.onnx", feeds, [d["out:last_hidden_state"]])
+    dtypes = {n.dtype for n in m.graph.params}
+    assert {DType.u8, DType.i8} <= dtypes  # the embedding table (u8) and the weights (i8) stay quantized
+    made = {op for op, _, _ in m.meta["onnx_nodes"].values()}
+    assert {"DynamicQuantizeLinear", "MatMulInteger", "DequantizeLinear"} <= made
+
+
+def _qdq_model(path: Path, per_channel: bool) -> dict[str, np.ndarray]:
+    """x [2, 5, 16] -> Q/DQ (u8, scale 0.05, zp 128) -> MatMul with a DQ'd i8 weight [16, 8] (+ bias) -> Relu."""
+    rng = np.random.default_rng(3)
+    k, n = 16, 8
+    wq = rng.integers(-127, 128, size=(k, n)).astype(np.int8)
+    wscale = (rng.uniform(0.005, 0.02, size=n) if per_channel else np.asarray(0.01)).astype(np.float32)
+    wzp = np.zeros(n if per_channel else (), np.int8)
+    inits = [numpy_helper.from_array(wq, "w_q"), numpy_helper.from_array(wscale, "w_scale"),
+             numpy_helper.from_array(wzp, "w_zp"), numpy_helper.from_array(np.asarray(0.05, np.float32), "x_scale"),
+             numpy_helper.from_array(np.asarray(128, np.uint8), "x_zp"),
+             numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "bias")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zp"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zp"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zp"], ["w"], axis=1),
+             helper.make_node("MatMul", ["xd", "w"], ["mm"]),
+             helper.make_node("Add", ["mm", "bias"], ["pre"]),
+             helper.make_node("Relu", ["pre"], ["y"])]
+    g = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", n])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    x = rng.standard_normal((2, 5, k)).astype(np.float32) * 3
+    x[0, 0, :4] = [0.025, 0.075, -0.025, 100.0]  # ties (0.5, 1.5, -0.5 steps) and a value that saturates
+    return {"x": x}
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_qdq_matmul_has_onnx_runtimes_numbers(tmp_path, per_channel):
+    feeds = _qdq_model(tmp_path / "qdq.onnx", per_channel)
+    m = _check(tmp_path / "qdq.onnx", feeds, _ort(tmp_path / "qdq.onnx", feeds))
+    # the weight stays an i8 param, dequantized on the graph (cast -> mul) before the matmul
+    (w,) = [n for n in m.graph.params if n.dtype == DType.i8]
+    assert any(u.op == Op.CAST for u in m.graph.users(w.id))
+
+
+def _mlp(path: Path, k: int = 24, h: int = 48) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(rng.standard_normal((k, h)).astype(np.float32) * 0.2, "fc1.weight"),
+             numpy_helper.from_array(rng.standard_normal(h).astype(np.float32) * 0.1, "fc1.bias"),
+             numpy_helper.from_array(rng.standard_normal((h, k)).astype(np.float32) * 0.2, "fc2.weight"),
+             numpy_helper.from_array(rng.standard_normal(k).astype(np.float32) * 0.1, "fc2.bias")]
+    nodes = [helper.make_node("MatMul", ["x", "fc1.weight"], ["a"], name="/fc1/MatMul"),
+             helper.make_node("Add", ["a", "fc1.bias"], ["b"], name="/fc1/Add"),
+             helper.make_node("Relu", ["b"], ["c"], name="/act/Relu"),
+             helper.make_node("MatMul", ["c", "fc2.weight"], ["d"], name="/fc2/MatMul"),
+             helper.make_node("Add", ["d", "fc2.bias"], ["y"], name="/fc2/Add")]
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", k])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return {"x": rng.standard_normal((2, 6, k)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("weight_type", ["QInt8", "QUInt8"])
+def test_quantize_dynamic_mlp_has_onnx_runtimes_numbers(tmp_path, weight_type):
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    feeds = _mlp(tmp_path / "mlp.onnx")
+    quantize_dynamic(str(tmp_path / "mlp.onnx"), str(tmp_path / "q.onnx"), weight_type=getattr(QuantType, weight_type))
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "q.onnx")).graph.node}
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops
+    _check(tmp_path / "q.onnx", feeds, _ort(tmp_path / "q.onnx", feeds))
+
+
+def test_matmul_integer_is_exact_past_f32s_integers(tmp_path):
+    """K = 700 at the extremes (255 - 0) * (-128 - 0) sums to -22.8M, past 2**24: written in chunks, each exact,
+    added in i32, the int32 result equals ONNX Runtime's to the unit."""
+    k = 700
+    b = np.full((k, 3), -128, np.int8)
+    b[:, 1] = 127
+    b[::7, 2] = 5
+    g = helper.make_graph([helper.make_node("MatMulInteger", ["a", "b", "azp"], ["y"])], "mi",
+                          [helper.make_tensor_value_info("a", TensorProto.UINT8, [2, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.INT32, [2, 3])],
+                          [numpy_helper.from_array(b, "b"), numpy_helper.from_array(np.asarray(0, np.uint8), "azp")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "mi.onnx"))
+    a = np.full((2, k), 255, np.uint8)
+    a[1, ::3] = 1
+    want = _ort(tmp_path / "mi.onnx", {"a": a})
+    assert abs(int(want[0].min())) > 1 << 24
+    m = load_onnx(tmp_path / "mi.onnx")
+    assert sum(1 for n in m.graph if n.op == Op.MATMUL) > 1  # chunked
+    np.testing.assert_array_equal(run_reference(m.graph, {"a": a}, m.weights)[0], want[0])
+    ex = MlxExecutor(LoweringOptions(fast_math=False))
+    np.testing.assert_array_equal(np.asarray(ex.run(m.graph, {"a": a}, m.weights)[0]), want[0])
+
+
+def test_an_unsupported_quantized_form_is_one_line(tmp_path):
+    """Blocked quantization (opset 21 block_size) is refused naming the node, never a raw ValueError."""
+    g = helper.make_graph([helper.make_node("DequantizeLinear", ["x", "s"], ["y"], name="dq", axis=1, block_size=2)],
+                          "bq", [helper.make_tensor_value_info("x", TensorProto.INT8, [2, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+                          [numpy_helper.from_array(np.ones((2, 2), np.float32), "s")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), str(tmp_path / "bq.onnx"))
+    with pytest.raises(OnnxImportError, match=r"DequantizeLinear node 'dq' \(opset 21\): blocked quantization"):
+        load_onnx(tmp_path / "bq.onnx")
