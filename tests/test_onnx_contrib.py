@@ -160,7 +160,9 @@ def test_rotary_embedding_at_position_ids_then_multi_head_attention(tmp_path, in
           [_f("y", B, S, H)], inits)
     feeds = {k: rng.standard_normal((B, S, H)).astype(np.float32) for k in ("q", "k", "v")}
     feeds["pid"] = np.stack([np.arange(S), np.arange(S) + 7]).astype(np.int64)  # per-row positions
-    _check(tmp_path / "m.onnx", feeds)
+    m, _ = _check(tmp_path / "m.onnx", feeds)
+    ropes = [n for n in m.graph if n.op == Op.ROPE]  # the rope op with one cos/sin table per batch row
+    assert len(ropes) == 2 and all(m.graph[r.inputs[1]].shape == (B, S, H // N // 2) for r in ropes)
 
 
 def test_an_unmapped_contrib_form_is_one_line(tmp_path):

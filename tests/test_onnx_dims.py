@@ -12,6 +12,7 @@ import pytest
 from clirun import one_line_error, run
 from onnx import TensorProto, helper, numpy_helper
 
+from rlxviz.ir import Op
 from rlxviz.models.onnx_dims import DimError, bind_input_shapes, parse_dim
 from rlxviz.passes import Pipeline
 from rlxviz.runtime import run_reference
@@ -25,7 +26,8 @@ LLAMA_IO = CASES / "optimum.llama-with-past_io.npz"
 def test_optimum_decoder_with_past_explains_from_the_cli_on_its_inputs(capsys):
     """Was refused: "index 23 is outside the 16 rows" (the mask's `past + seq` dim bound to seq alone)."""
     code, out, err = run(capsys, "explain", LLAMA, "--inputs", LLAMA_IO)
-    assert code in (0, 1), err  # a verdict, not a refusal
+    assert code == 0, out + err  # RoPE at per-row position ids packs too (one cos/sin table per batch row)
+    assert "2/2 layer(s) fused as expected" in out
     assert "equals the expected outputs in optimum.llama-with-past_io.npz" in out
     assert "equals the ONNX model" in out
 
@@ -37,15 +39,28 @@ def test_optimum_decoder_with_past_explains_with_no_flags_and_packs(capsys):
     assert "2/2 layer(s) fused as expected" in out and "attention" in out
 
 
-def test_optimum_decoder_with_past_keeps_the_files_numbers_in_every_version():
+def test_optimum_decoder_with_past_keeps_the_files_numbers_in_every_version(tmp_path):
+    """Every version (the rope op reading [B, S, d/2] tables gathered at position_ids) and the exported final
+    version (run by ONNX Runtime) give the file's numbers."""
+    import onnxruntime as ort
+
+    from rlxviz.models.onnx_export import export_onnx
+
     d = dict(np.load(LLAMA_IO))
     feeds = {k: v for k, v in d.items() if not k.startswith("out:")}
     m = load(str(LLAMA), input_shapes={k: v.shape for k, v in feeds.items()})
     trace = Pipeline.canonical().run(m.graph)
+    assert sum(n.op == Op.ATTENTION for n in trace.final) == 2
+    assert sum(n.op == Op.ROPE and trace.final[n.inputs[1]].shape == (2, 8, 8) for n in trace.final) == 4
     want = [d[f"out:{name}"] for name in m.meta["onnx_outputs"]]
     for _, g in trace.versions():
         for got, w in zip(run_reference(g, feeds, m.weights), want, strict=True):
             np.testing.assert_allclose(got, w, atol=1e-5, rtol=0)
+    export_onnx(trace.final, m.weights, tmp_path / "final.onnx")
+    sess = ort.InferenceSession(str(tmp_path / "final.onnx"), providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    for got, w in zip(sess.run(None, {k: v for k, v in feeds.items() if k in names}), want, strict=True):
+        np.testing.assert_allclose(got, w, atol=1e-5, rtol=0)
 
 
 def test_dims_named_on_the_command_line_bind_every_input(capsys):

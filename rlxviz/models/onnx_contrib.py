@@ -12,7 +12,7 @@ line naming the node (never approximated):
 | Gelu, BiasGelu, FastGelu, QuickGelu | `gelu` / `add -> gelu` / `add -> gelu_tanh` / `x * sigmoid(alpha x)` |
 | BiasAdd | `add -> add` (X + bias + skip) |
 | EmbedLayerNormalization | `gather`s -> `add`s -> `layer_norm` (+ mask_index, embedding_sum) |
-| RotaryEmbedding | `gather` of cos/sin at position_ids -> `x * cos + rotate_half(x) * sin` (Hugging Face's form) |
+| RotaryEmbedding | `gather` of cos/sin at position_ids -> `rope` with one table per batch row |
 | Attention, MultiHeadAttention | (QKV `matmul` ->) `attention` with a keep mask filled with mask_filter_value |
 
 **Paths.** ORT names the nodes it makes `SkipLayerNorm_AddBias_0`, `Gelu_AddBias_1`: no module path, so the
@@ -204,9 +204,10 @@ def rotary_embedding(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> li
     """ORT RotaryEmbedding(input, position_ids, cos_cache, sin_cache): input [B, S, N*H] (num_heads given, or
     the head size read from the cache when rotary_embedding_dim is 0) or [B, N, S, H]; position_ids [B, S], or
     [1] (an offset: positions offset..offset+S-1); the caches [max_pos, R/2]. The first R = 2 * cache width
-    features of each head rotate, the rest pass: `x * cos + rotate_half(x) * sin` on the heads (non-interleaved;
-    Hugging Face's form, so the rope recognizer reads it), interleaved pairs `(x[2i], x[2i+1])` otherwise.
-    is_packed_batching and a scale other than 1 are refused."""
+    features of each head rotate, the rest pass: the IR's `rope` op on the packed `[B, S, N*H]` tensor with the
+    cos/sin rows gathered at position_ids (`[B or 1, S, R/2]`, one table per batch row): NeoX halves, or
+    interleaved pairs `(x[2i], x[2i+1])`; exactly ORT's rotation. is_packed_batching and a scale other than 1 are
+    refused."""
     adopt_path(ctx, n, x)
     b = ctx.b
     if int(a.get("is_packed_batching", 0)):
@@ -221,8 +222,6 @@ def rotary_embedding(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> li
     if len(s) == 3:
         bsz, seq, hidden = s
         if not heads:
-            if int(a.get("rotary_embedding_dim", 0)) and int(a["rotary_embedding_dim"]) != rot:
-                raise ctx.fail("rotary_embedding_dim without num_heads")
             heads = hidden // rot
         hd = hidden // heads
         v = b.reshape(ctx.ref(inp), (bsz, seq, heads, hd))
@@ -233,6 +232,8 @@ def rotary_embedding(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> li
         seq_axis = 2
     else:
         raise ctx.fail(f"input of rank {len(s)}: 3 ([B, S, N*H]) or 4 ([B, N, S, H]) needed")
+    if int(a.get("rotary_embedding_dim", 0)) not in (0, rot):
+        raise ctx.fail(f"rotary_embedding_dim {a['rotary_embedding_dim']} differs from the cache's {rot} (2 x width)")
     if rot > hd or (len(s) == 3 and s[2] % heads):
         raise ctx.fail(f"cos/sin cache width {half} does not fit head size {hd}")
     ps = ctx.shape(pids)
@@ -241,31 +242,18 @@ def rotary_embedding(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> li
         if off is None:
             raise ctx.fail("a computed position offset ([1] position_ids) is not supported")
         pos = ctx.ref((np.arange(seq, dtype=np.int64) + int(np.asarray(off).reshape(-1)[0])).reshape(1, seq))
-        pb = 1
     elif ps == (bsz, seq):
-        pos, pb = ctx.ref(pids), bsz
+        pos = ctx.ref(pids)
     else:
         raise ctx.fail(f"position_ids {list(ps)}: [batch, seq] or [1] needed")
-    bshape = (pb, seq, 1, half) if seq_axis == 1 else (pb, 1, seq, half)
-    c = b.reshape(b.gather(ctx.ref(cos), pos), bshape)
-    sn = b.reshape(b.gather(ctx.ref(sin), pos), bshape)
-    last = 3
-    part = v if rot == hd else b.narrow(v, last, 0, rot)
-    if int(a.get("interleaved", 0)):
-        pairs = b.reshape(part, (*ctx.shape(part)[:-1], half, 2))
-        x1 = b.reshape(b.narrow(pairs, 4, 0, 1), ctx.shape(part)[:-1] + (half,))
-        x2 = b.reshape(b.narrow(pairs, 4, 1, 1), ctx.shape(part)[:-1] + (half,))
-        y1 = b.sub(b.mul(x1, c), b.mul(x2, sn))
-        y2 = b.add(b.mul(x2, c), b.mul(x1, sn))
-        both = b.concat([b.reshape(y1, (*ctx.shape(y1), 1)), b.reshape(y2, (*ctx.shape(y2), 1))], 4)
-        y = b.reshape(both, ctx.shape(part))
-    else:
-        cf, sf = b.concat([c, c], last), b.concat([sn, sn], last)
-        x1, x2 = b.narrow(part, last, 0, half), b.narrow(part, last, half, half)
-        y = b.add(b.mul(part, cf), b.mul(b.concat([b.neg(x2), x1], last), sf))
-    if rot != hd:
-        y = b.concat([y, b.narrow(v, last, rot, hd - rot)], last)
-    return [b.reshape(y, s) if len(s) == 3 else y]
+    c = b.gather(ctx.ref(cos), pos)  # [pb, S, R/2]: one table per batch row (pb = 1: shared)
+    sn = b.gather(ctx.ref(sin), pos)
+    packed = v if seq_axis == 1 else b.transpose(v, (0, 2, 1, 3))  # [B, S, N, H]
+    flat = b.reshape(packed, (bsz, seq, heads * hd))
+    y = b.rope(flat, c, sn, hd, n_rot=rot, interleaved=bool(int(a.get("interleaved", 0))))
+    if len(s) == 3:
+        return [y]
+    return [b.transpose(b.reshape(y, (bsz, seq, heads, hd)), (0, 2, 1, 3))]
 
 
 # -- attention ---------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ PREFUSED = {
     "FastGelu": "bias add + tanh-GELU: read as add -> gelu_tanh",
     "QuickGelu": "x * sigmoid(1.702 x): read as its primitives",
     "BiasAdd": "bias add + residual add: read as add -> add",
-    "RotaryEmbedding": "RoPE at position_ids: read as x * cos + rotate_half(x) * sin",
+    "RotaryEmbedding": "RoPE at position_ids: read as the rope op with one cos/sin table per batch row",
 }
 """ONNX Runtime's contrib fusions and how the importer reads each (`models.onnx_contrib`)."""
 
