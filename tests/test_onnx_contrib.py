@@ -165,6 +165,33 @@ def test_rotary_embedding_at_position_ids_then_multi_head_attention(tmp_path, in
     assert len(ropes) == 2 and all(m.graph[r.inputs[1]].shape == (B, S, H // N // 2) for r in ropes)
 
 
+@pytest.mark.parametrize(("packed", "rotary", "interleaved"), [(False, 0, 0), (True, 1, 0), (False, 1, 1)])
+def test_group_query_attention_on_a_prompt(tmp_path, packed, rotary, interleaved):
+    """GroupQueryAttention (4 query heads, 2 kv heads) on a whole prompt, with its present K/V: separate or packed
+    QKV, with and without ORT's rotary (half and interleaved; ORT's rotary needs a head size that is a multiple of
+    16)."""
+    rng = np.random.default_rng(6)
+    nh, kvh, hd = 4, 2, 16
+    inits = [numpy_helper.from_array(np.full(B, S - 1, np.int32), "seqlens"),
+             numpy_helper.from_array(np.asarray(S, np.int32), "total")]
+    ang = np.arange(16)[:, None] / 10000 ** (np.arange(0, hd, 2) / hd)[None, :]
+    inits += [numpy_helper.from_array(np.cos(ang).astype(np.float32), "cos"),
+              numpy_helper.from_array(np.sin(ang).astype(np.float32), "sin")]
+    qkv = ["qkv", "", ""] if packed else ["q", "k", "v"]
+    extra = ["cos", "sin"] if rotary else []
+    nodes = [helper.make_node("GroupQueryAttention", [*qkv, "", "", "seqlens", "total", *extra], ["y", "pk", "pv"],
+                              domain=MS, num_heads=nh, kv_num_heads=kvh, do_rotary=rotary,
+                              rotary_interleaved=interleaved)]
+    widths = {"qkv": (nh + 2 * kvh) * hd} if packed else {"q": nh * hd, "k": kvh * hd, "v": kvh * hd}
+    _save(tmp_path / "m.onnx", nodes, [_f(k, B, S, w) for k, w in widths.items()],
+          [_f("y", B, S, nh * hd), _f("pk", B, kvh, S, hd), _f("pv", B, kvh, S, hd)], inits)
+    m, trace = _check(tmp_path / "m.onnx", {k: rng.standard_normal((B, S, w)).astype(np.float32)
+                                            for k, w in widths.items()})
+    (att,) = [n for n in m.graph if n.op == Op.ATTENTION]
+    assert att.attrs["num_kv_heads"] == kvh and att.attrs["mask"] == "causal"
+    assert sum(n.op == Op.ROPE for n in m.graph) == 2 * rotary
+
+
 def test_an_unmapped_contrib_form_is_one_line(tmp_path):
     rng = np.random.default_rng(4)
     nodes = [helper.make_node("Attention", ["x", "w", "", "", "past"], ["y", "present"], domain=MS, num_heads=N,

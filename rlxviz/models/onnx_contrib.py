@@ -14,6 +14,7 @@ line naming the node (never approximated):
 | EmbedLayerNormalization | `gather`s -> `add`s -> `layer_norm` (+ mask_index, embedding_sum) |
 | RotaryEmbedding | `gather` of cos/sin at position_ids -> `rope` with one table per batch row |
 | Attention, MultiHeadAttention | (QKV `matmul` ->) `attention` with a keep mask filled with mask_filter_value |
+| GroupQueryAttention (a whole prompt) | (`rope` ->) causal grouped-query `attention`; present = the new K/V |
 
 **Paths.** ORT names the nodes it makes `SkipLayerNorm_AddBias_0`, `Gelu_AddBias_1`: no module path, so the
 layer kind would lose them (a layer read as "attention only (no MLP)"). A contrib node without a path takes the
@@ -359,9 +360,79 @@ def ort_mha(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]
     return [_sdpa(ctx, a, q, k, v, heads, mask, x[5] if len(x) > 5 else None)]
 
 
-CONTRIB_OPS = ("Attention", "BiasAdd", "BiasGelu", "EmbedLayerNormalization", "FastGelu", "Gelu", "MultiHeadAttention",
-               "QuickGelu", "RotaryEmbedding", "SimplifiedLayerNormalization", "SkipLayerNormalization",
-               "SkipSimplifiedLayerNormalization")
+@handles("GroupQueryAttention", domain=CONTRIB)
+def group_query_attention(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
+    """ORT GroupQueryAttention on a whole prompt: query [B, S, N*h] with key and value [B, S, Nkv*h] (or packed QKV
+    [B, S, (N + 2 Nkv) h] in query alone), no past state, seqlens_k a constant S - 1 for every row and
+    total_sequence_length S (every token valid): causal (or, with causal=0, full) grouped-query attention; with
+    do_rotary, Q and K rotated by the rope op at positions 0..S-1 of cos_cache / sin_cache (rotary_interleaved:
+    neighbour pairs). present_key / present_value are the (rotated) new K / V as [B, Nkv, S, h]. A KV cache step
+    (past_key / past_value), padded rows (another seqlens_k), position_ids, attention_bias, head_sink, quantized or
+    normed caches, softcap, a local window and smooth softmax are refused."""
+    def opt(i: int) -> Value:
+        return x[i] if len(x) > i else None
+
+    if opt(3) is not None or opt(4) is not None:
+        raise ctx.fail("past_key / past_value (a KV cache step) are not supported; a whole prompt without past is")
+    if any(opt(i) is not None for i in range(9, 17)):
+        raise ctx.fail("position_ids, attention_bias, head_sink, k/v scales, q/k norm weights and query_seqlens are "
+                       "not supported")
+    if float(a.get("softcap", 0.0) or 0.0) or int(a.get("local_window_size", -1)) != -1 \
+            or int(a.get("smooth_softmax", -1)) == 1 or int(a.get("sliding_window_cache", 0)) \
+            or int(a.get("qk_output", 0)) or len(n.output) > 3 and n.output[3]:
+        raise ctx.fail("softcap, local_window_size, smooth_softmax, sliding_window_cache and qk_output are not "
+                       "supported")
+    adopt_path(ctx, n, x)
+    b = ctx.b
+    heads, kvh = int(a["num_heads"]), int(a["kv_num_heads"])
+    if heads % kvh:
+        raise ctx.fail(f"num_heads {heads} is not a multiple of kv_num_heads {kvh}")
+    qs = ctx.shape(x[0])
+    if len(qs) != 3:
+        raise ctx.fail(f"query {list(qs)}: [batch, seq, hidden] needed")
+    bsz, seq, width = qs
+    if opt(1) is None:  # packed QKV
+        if width % (heads + 2 * kvh):
+            raise ctx.fail(f"packed QKV width {width} is not (num_heads + 2 kv_num_heads) * head_size")
+        hd = width // (heads + 2 * kvh)
+        q = b.narrow(ctx.ref(x[0]), 2, 0, heads * hd)
+        k = b.narrow(ctx.ref(x[0]), 2, heads * hd, kvh * hd)
+        v = b.narrow(ctx.ref(x[0]), 2, (heads + kvh) * hd, kvh * hd)
+    else:
+        if opt(2) is None or ctx.shape(x[1])[:2] != (bsz, seq) or ctx.shape(x[2]) != ctx.shape(x[1]):
+            raise ctx.fail("key and value must both be [batch, seq, kv_hidden] of the query's batch and seq")
+        hd = width // heads
+        q, k, v = (ctx.ref(t) for t in x[:3])
+        if ctx.shape(k)[2] != kvh * hd:
+            raise ctx.fail(f"key width {ctx.shape(k)[2]} is not kv_num_heads {kvh} * head_size {hd}")
+    lens, total = _const(opt(5)), _const(opt(6))
+    if lens is None or total is None or np.asarray(lens).reshape(-1).tolist() != [seq - 1] * bsz \
+            or int(np.asarray(total).reshape(-1)[0]) != seq:
+        raise ctx.fail(f"seqlens_k must be the constant {seq - 1} for each of the {bsz} rows and "
+                       f"total_sequence_length {seq} (a whole prompt, every token valid)")
+    if int(a.get("do_rotary", 0)):
+        cos, sin = opt(7), opt(8)
+        if cos is None or sin is None or len(ctx.shape(cos)) != 2 or ctx.shape(cos)[0] < seq:
+            raise ctx.fail("do_rotary needs cos_cache / sin_cache [max_seq >= seq, rotary_dim / 2]")
+        rot = 2 * ctx.shape(cos)[1]
+        if rot > hd:
+            raise ctx.fail(f"cos_cache width {rot // 2} does not fit head size {hd}")
+        inter = bool(int(a.get("rotary_interleaved", 0)))
+        q = b.rope(q, ctx.ref(cos), ctx.ref(sin), hd, n_rot=rot, interleaved=inter)
+        k = b.rope(k, ctx.ref(cos), ctx.ref(sin), hd, n_rot=rot, interleaved=inter)
+    scale = float(a.get("scale", 0.0) or 0.0) or None
+    causal = int(a.get("causal", 1))
+    y = b.attention(q, k, v, None, num_heads=heads, head_dim=hd, mask_kind="causal" if causal else "none",
+                    scale=scale, num_kv_heads=None if kvh == heads else kvh)
+    outs: list[Value] = [y]
+    for t in (k, v):
+        outs.append(b.transpose(b.reshape(t, (bsz, seq, kvh, hd)), (0, 2, 1, 3)))
+    return outs[:len(n.output)]
+
+
+CONTRIB_OPS = ("Attention", "BiasAdd", "BiasGelu", "EmbedLayerNormalization", "FastGelu", "Gelu",
+               "GroupQueryAttention", "MultiHeadAttention", "QuickGelu", "RotaryEmbedding",
+               "SimplifiedLayerNormalization", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization")
 """The com.microsoft ops this module maps."""
 
 __all__ = ["CONTRIB_OPS", "ORT_MASK_FILTER", "adopt_path"]

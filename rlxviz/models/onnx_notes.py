@@ -13,6 +13,7 @@ from typing import Any
 PREFUSED = {
     "Attention": "QKV projection + attention: read as matmul -> attention",
     "MultiHeadAttention": "attention: read as attention",
+    "GroupQueryAttention": "RoPE + grouped-query causal attention: read as rope -> attention",
     "SkipLayerNormalization": "residual add + LayerNorm: read as add -> layer_norm",
     "SkipSimplifiedLayerNormalization": "residual add + RMSNorm: read as add -> rms_norm",
     "SimplifiedLayerNormalization": "RMSNorm: read as rms_norm",
