@@ -84,6 +84,45 @@ def test_qdq_matmul_has_onnx_runtimes_numbers(tmp_path, per_channel):
     assert any(u.op == Op.CAST for u in m.graph.users(w.id))
 
 
+def _qdq_mlp(path: Path) -> dict[str, np.ndarray]:
+    """A layer `layers.0` whose fc1/fc2 weights are int8 constants dequantized (QDQ weights), bias, GELU between."""
+    rng = np.random.default_rng(7)
+    k, h = 16, 32
+    inits, nodes = [], []
+    for nm, shape in (("fc1", (k, h)), ("fc2", (h, k))):
+        w = f"layers.0.{nm}.weight"
+        inits += [numpy_helper.from_array(rng.integers(-127, 128, size=shape).astype(np.int8), w + "_q"),
+                  numpy_helper.from_array(np.asarray(0.01, np.float32), w + "_s"),
+                  numpy_helper.from_array(np.asarray(3, np.int8), w + "_z"),
+                  numpy_helper.from_array(rng.standard_normal(shape[1]).astype(np.float32), f"layers.0.{nm}.bias")]
+        nodes.append(helper.make_node("DequantizeLinear", [w + "_q", w + "_s", w + "_z"], [w],
+                                      name=f"/layers.0/{nm}/DequantizeLinear"))
+    nodes += [helper.make_node("MatMul", ["x", "layers.0.fc1.weight"], ["a"], name="/layers.0/fc1/MatMul"),
+              helper.make_node("Add", ["a", "layers.0.fc1.bias"], ["b"], name="/layers.0/fc1/Add"),
+              helper.make_node("Gelu", ["b"], ["c"], name="/layers.0/act/Gelu"),
+              helper.make_node("MatMul", ["c", "layers.0.fc2.weight"], ["d"], name="/layers.0/fc2/MatMul"),
+              helper.make_node("Add", ["d", "layers.0.fc2.bias"], ["y"], name="/layers.0/fc2/Add")]
+    io = [helper.make_tensor_value_info(v, TensorProto.FLOAT, ["batch", "seq", k]) for v in ("x", "y")]
+    g = helper.make_graph(nodes, "qdq_mlp", io[:1], io[1:], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)]), str(path))
+    return {"x": rng.standard_normal((2, 5, k)).astype(np.float32)}
+
+
+def test_dequantized_weights_keep_the_layers_fusions(tmp_path, capsys):
+    """A dequantized int8 weight is an f32 matmul operand: FusedMatMulBiasAct forms on both linears (GELU epilogue
+    on fc1) with ONNX Runtime's numbers, and explain names the quantization step."""
+    from clirun import run
+
+    feeds = _qdq_mlp(tmp_path / "m.onnx")
+    _check(tmp_path / "m.onnx", feeds, _ort(tmp_path / "m.onnx", feeds))
+    m = load_onnx(tmp_path / "m.onnx", input_shapes={"x": (2, 5, 16)})
+    final = Pipeline.canonical().run(m.graph).final
+    fused = [n for n in final if n.op == Op.FUSED_MATMUL_BIAS_ACT]
+    assert sorted(str(n.attrs.get("activation")) for n in fused) == ["None", "gelu"]
+    code, out, _ = run(capsys, "explain", tmp_path / "m.onnx")
+    assert code == 0 and "quantized: 2 DequantizeLinear" in out and "the matmul fusions apply to it" in out
+
+
 def _mlp(path: Path, k: int = 24, h: int = 48) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(5)
     inits = [numpy_helper.from_array(rng.standard_normal((k, h)).astype(np.float32) * 0.2, "fc1.weight"),

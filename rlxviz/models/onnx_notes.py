@@ -54,7 +54,9 @@ def imported_forms(model: Any) -> list[str]:
         parts = ", ".join(f"{k} {op}" for op, k in sorted(q.items()))
         why = (f"; its {q['MatMulInteger']} integer matmul(s) are written as f32 matmuls of the centered int8/uint8 "
                f"operands, exact in int32, then scaled: no float-matmul fusion (shared-input QKV, FusedMatMulBiasAct) "
-               f"applies to them" if q.get("MatMulInteger") else "")
+               f"applies to them" if q.get("MatMulInteger") else
+               "; a dequantized weight is an f32 matmul operand, so the matmul fusions apply to it"
+               if q.get("DequantizeLinear") else "")
         lines.append(f"quantized: {parts} (int8/uint8 tensors; each step read as casts, round-half-even and scales)"
                      + why)
     return lines
