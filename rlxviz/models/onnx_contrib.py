@@ -17,14 +17,14 @@ line naming the node (never approximated):
 | GroupQueryAttention (a whole prompt) | (`rope` ->) causal grouped-query `attention`; present = the new K/V |
 
 **Paths.** ORT names the nodes it makes `SkipLayerNorm_AddBias_0`, `Gelu_AddBias_1`: no module path, so the
-layer kind would lose them (a layer read as "attention only (no MLP)"). A contrib node without a path takes the
-module path of what it writes (a legacy exporter's value name `/layers.0/mlp/act/Mul_output_0`), else of the
-parameter it reads (`layers.0.layernorm_after.weight`), else of its first input's value name.
+layer kind would lose them (a layer read as "attention only (no MLP)"). Such a node takes the module path its
+values' names carry (`onnx_paths`: a legacy exporter's value name `/layers.0/mlp/act/Mul_output_0`, a parameter
+`layers.0.layernorm_after.weight`); SkipLayerNormalization's residual sum takes that of its sum output (or input),
+its norm that of its output (or gamma); a bias add that of its bias parameter.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
@@ -32,38 +32,28 @@ import numpy as np
 from ..ir import DType
 from ..ir.emitter import Ref
 from .onnx_import import CONTRIB, Value, _const, _Ctx, _last_axis, _zeros_like_gamma, handles
+from .onnx_paths import path_of_name
 
 ORT_MASK_FILTER = -10000.0
 """ORT's default `mask_filter_value`: a masked key gets this added to its score."""
 
-_VALUE_PATH = re.compile(r"^/(.+)/[^/]+$")
-
-
-def _path_of_value(ctx: _Ctx, name: str, value: Value = None) -> str:
-    """Module path in an ONNX value name: `/a/b.0/c/Op_output_0` -> `a.b.0.c`; an initializer `a.b.weight` ->
-    `a.b`; '' when neither."""
-    if m := _VALUE_PATH.match(name or ""):
-        return ".".join(p for p in m.group(1).split("/") if p)
-    if isinstance(value, np.ndarray) and name and "." in name and "/" not in name and "::" not in name:
-        return name.rsplit(".", 1)[0]
-    return ""
+def _has_own_path(n: Any) -> bool:
+    """The ONNX node names its module itself (torch.onnx name-scope metadata, or a `/a/b/Op` node name)."""
+    return (n.name or "").startswith("/") or any(p.key == "pkg.torch.onnx.name_scopes" for p in n.metadata_props)
 
 
 def adopt_path(ctx: _Ctx, n: Any, x: list[Value], outputs: tuple[int, ...] = (0,),
                params: tuple[int, ...] = ()) -> str:
-    """Give the nodes this handler emits a module path when the ORT node has none (see the module docstring):
-    from output names `outputs`, then the parameters at input positions `params`, then input 0. Returns it."""
-    if ctx.b.path:
+    """The module path for the nodes this handler emits (set on the builder and returned): the node's own when it
+    names one; else, for a node ORT made, the path carried by its output names `outputs`, then by the parameters at
+    input positions `params`, then by any of its values (`onnx_paths`), else the driver's."""
+    if _has_own_path(n):
         return ctx.b.path
-    cands = [n.output[i] for i in outputs if i < len(n.output)]
-    cands += [n.input[i] for i in params if i < len(n.input)]
-    for name in cands:
-        k = list(n.input).index(name) if name in n.input else None
-        if p := _path_of_value(ctx, name, x[k] if k is not None else None):
+    names = [n.output[i] for i in outputs if i < len(n.output)] + [n.input[i] for i in params if i < len(n.input)]
+    for name in names:
+        if p := path_of_name(name):
             ctx.b.path = p
             return p
-    if n.input and (p := _path_of_value(ctx, n.input[0], x[0] if x else None)):
-        ctx.b.path = p
     return ctx.b.path
 
 
@@ -81,9 +71,9 @@ def bias_gelu(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Valu
     """ORT BiasGelu(A, B) = erf-GELU(A + B): the bias add takes the path of the bias parameter (the linear's), the
     GELU that of the output."""
     b = ctx.b
-    out = adopt_path(ctx, n, x)
-    if (p := _path_of_value(ctx, n.input[1], x[1])) and not out.startswith(p):
-        b.path = p
+    out = adopt_path(ctx, n, x, params=(1,))
+    if not _has_own_path(n) and (p := path_of_name(n.input[1])):
+        b.path = p  # the bias add belongs to the linear whose bias it is
     s = b.add(ctx.ref(x[0]), ctx.ref(x[1]))
     b.path = out
     return [b.gelu(s)]
@@ -92,10 +82,10 @@ def bias_gelu(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Valu
 @handles("FastGelu", domain=CONTRIB)
 def fast_gelu(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
     """ORT FastGelu(X[, bias]) = tanh-GELU(X + bias): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
-    out = adopt_path(ctx, n, x)
+    out = adopt_path(ctx, n, x, params=(1,))
     y = ctx.ref(x[0])
     if len(x) > 1 and x[1] is not None:
-        if p := _path_of_value(ctx, n.input[1], x[1]):
+        if not _has_own_path(n) and (p := path_of_name(n.input[1])):
             ctx.b.path = p
         y = ctx.b.add(y, ctx.ref(x[1]))
         ctx.b.path = out
@@ -146,15 +136,14 @@ def skip_ln(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]
     simplified = n.op_type.startswith("SkipSimplified")
     if any(o for i, o in enumerate(n.output) if i in (1, 2)):
         raise ctx.unsupported("the mean / inv_std_var outputs are not supported")
-    given = b.path
-    if not given:
+    own = _has_own_path(n)
+    if not own:
         adopt_path(ctx, n, x, outputs=(3,), params=(0,))
     bias_at = 3 if simplified else 4
     s = b.add(ctx.ref(x[0]), ctx.ref(x[1]))
     if len(x) > bias_at and x[bias_at] is not None:
         s = b.add(s, ctx.ref(x[bias_at]))
-    if not given:
-        b.path = ""
+    if not own:
         adopt_path(ctx, n, x, outputs=(0,), params=(2,))
     eps = float(a.get("epsilon", 1e-12))
     if simplified:

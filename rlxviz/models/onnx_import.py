@@ -48,6 +48,7 @@ from ..ir.lint import problems
 from ..ir.ops import PAD_MODES
 from .module_calls import number_calls
 from .onnx_fold import FOLDABLE, FoldError, check_fold, fold, node_attrs, single_node_model
+from .onnx_paths import path_from_values
 from .presets import Model
 
 MAX_IMPORT_SECONDS = 120.0
@@ -821,7 +822,8 @@ MAX_SCOPES_TEXT = 8192
 
 def node_path(node: Any) -> str:
     """The exporter's module path of an ONNX node: torch.onnx's name-scope metadata, else a legacy
-    `/a/b.0/c/Op` node name as `a.b.0.c`; '' when neither is present."""
+    `/a/b.0/c/Op` node name as `a.b.0.c`, else the path its values' names carry (`onnx_paths.path_from_values`:
+    nodes a graph optimizer made); '' when none is present."""
     for p in node.metadata_props:
         if p.key == _NAME_SCOPES:
             if len(p.value) > MAX_SCOPES_TEXT:  # parsed with a bound: 400 KB of it took 179 MB
@@ -837,7 +839,7 @@ def node_path(node: Any) -> str:
     name = node.name or ""
     if name.startswith("/"):
         return ".".join(part for part in name.split("/")[1:-1] if part)
-    return ""
+    return path_from_values(node)  # a node an optimizer made: the path its values' names carry
 
 
 _BATCH_RE = re.compile(r"batch", re.I)
