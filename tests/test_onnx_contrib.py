@@ -72,6 +72,30 @@ def test_deit_ort_optimizer_output_keeps_its_mlp_and_says_what_was_fused(capsys)
     assert "attention only" not in out
 
 
+ORTOPT = Path(__file__).parent / "fixtures" / "onnx" / "ortopt"  # scripts/make_ortopt_cases.py
+
+
+@pytest.mark.parametrize(("name", "kind", "ops"), [
+    ("bert", "post_ln", {"Attention", "BiasGelu", "EmbedLayerNormalization", "SkipLayerNormalization"}),
+    ("distilbert", "post_ln", {"Attention", "BiasGelu", "EmbedLayerNormalization", "SkipLayerNormalization"}),
+    ("gpt2", "pre_ln", {"FastGelu", "SkipLayerNormalization"}),
+])
+def test_ort_transformer_optimizer_output_of_zoo_models(name, kind, ops):
+    """ORT's transformer optimizer on three zoo exports: ONNX Runtime's numbers on the optimized file, every layer
+    of its kind with its MLP (the optimizer's nodes carry no module path: read from their values' names), and
+    the prefusions named."""
+    d = dict(np.load(ORTOPT / f"{name}.ortopt_io.npz"))
+    feeds = {k: v for k, v in d.items() if not k.startswith("out:")}
+    m, trace = _check(ORTOPT / f"{name}.ortopt.onnx", feeds, atol=1e-5)
+    for out, got in zip(m.meta["onnx_outputs"], run_reference(trace.final, feeds, m.weights), strict=True):
+        np.testing.assert_allclose(got, d[f"out:{out}"], atol=1e-5, rtol=0)
+    layers = check_fusion(trace, name).layers
+    assert [lay.layer for lay in layers] == [0, 1]
+    assert all(lay.architecture.kind == kind for lay in layers), [lay.architecture for lay in layers]
+    (line,) = imported_forms(m)
+    assert all(op in line for op in ops)
+
+
 def test_attention_skip_layer_norm_fast_gelu_layer(tmp_path):
     """A BERT layer as ORT's optimizer writes it: Attention (packed QKV, raw 0/1 mask), SkipLayerNormalization with
     the output bias, FastGelu with its bias, SkipLayerNormalization with output 3 (the sum) read too."""
