@@ -151,6 +151,28 @@ def test_quantize_dynamic_mlp_has_onnx_runtimes_numbers(tmp_path, weight_type):
     _check(tmp_path / "q.onnx", feeds, _ort(tmp_path / "q.onnx", feeds))
 
 
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_quantize_static_qdq_mlp_has_onnx_runtimes_numbers(tmp_path, per_channel):
+    """onnxruntime.quantization.quantize_static in QDQ format (u8 activations, i8 weights) on the MLP."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    feeds = _mlp(tmp_path / "mlp.onnx")
+    rng = np.random.default_rng(8)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.left = [{"x": rng.standard_normal(feeds["x"].shape).astype(np.float32)} for _ in range(4)]
+
+        def get_next(self):
+            return self.left.pop() if self.left else None
+
+    quantize_static(str(tmp_path / "mlp.onnx"), str(tmp_path / "q.onnx"), Reader(), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=per_channel)
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "q.onnx")).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    _check(tmp_path / "q.onnx", feeds, _ort(tmp_path / "q.onnx", feeds))
+
+
 def test_matmul_integer_is_exact_past_f32s_integers(tmp_path):
     """K = 700 at the extremes (255 - 0) * (-128 - 0) sums to -22.8M, past 2**24: written in chunks, each exact,
     added in i32, the int32 result equals ONNX Runtime's to the unit."""
