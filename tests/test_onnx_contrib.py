@@ -72,6 +72,20 @@ def test_deit_ort_optimizer_output_keeps_its_mlp_and_says_what_was_fused(capsys)
     assert "attention only" not in out
 
 
+def test_deit_ortopt_exported_versions_load_in_onnx_runtime_with_its_numbers(tmp_path):
+    """`rlxviz export` of the input and the final version: ONNX Runtime runs each, with the file's numbers."""
+    from rlxviz.models.onnx_export import export_onnx
+
+    d = dict(np.load(CASES / "deit.ortopt_io.npz"))
+    feeds = {k: v for k, v in d.items() if not k.startswith("out:")}
+    m = load_onnx(CASES / "deit.ortopt.onnx", input_shapes={k: v.shape for k, v in feeds.items()})
+    for k, g in enumerate((m.graph, Pipeline.canonical().run(m.graph).final)):
+        export_onnx(g, m.weights, tmp_path / f"v{k}.onnx")
+        got = ort.InferenceSession(str(tmp_path / f"v{k}.onnx"), providers=["CPUExecutionProvider"]).run(None, feeds)
+        for name, o in zip(m.meta["onnx_outputs"], got, strict=True):
+            np.testing.assert_allclose(o, d[f"out:{name}"], atol=1e-5, rtol=0)
+
+
 ORTOPT = Path(__file__).parent / "fixtures" / "onnx" / "ortopt"  # scripts/make_ortopt_cases.py
 
 

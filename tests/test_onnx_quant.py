@@ -50,6 +50,20 @@ def test_esm_quantize_dynamic_imports_with_onnx_runtimes_numbers():
     assert {"DynamicQuantizeLinear", "MatMulInteger", "DequantizeLinear"} <= made
 
 
+def test_esm_qdyn_exported_versions_load_in_onnx_runtime_with_its_numbers(tmp_path):
+    """`rlxviz export` of the input and the final version: ONNX Runtime runs each, with the file's numbers."""
+    from rlxviz.models.onnx_export import export_onnx
+
+    d = dict(np.load(CASES / "esm.qdyn_io.npz"))
+    feeds = {k: v for k, v in d.items() if not k.startswith("out:")}
+    m = load_onnx(CASES / "esm.qdyn.onnx", input_shapes={k: v.shape for k, v in feeds.items()})
+    for k, g in enumerate((m.graph, Pipeline.canonical().run(m.graph).final)):
+        export_onnx(g, m.weights, tmp_path / f"v{k}.onnx")
+        got = ort.InferenceSession(str(tmp_path / f"v{k}.onnx"), providers=["CPUExecutionProvider"]).run(None, feeds)
+        for name, o in zip(m.meta["onnx_outputs"], got, strict=True):
+            np.testing.assert_allclose(o, d[f"out:{name}"], atol=1e-5, rtol=0)
+
+
 def _qdq_model(path: Path, per_channel: bool) -> dict[str, np.ndarray]:
     """x [2, 5, 16] -> Q/DQ (u8, scale 0.05, zp 128) -> MatMul with a DQ'd i8 weight [16, 8] (+ bias) -> Relu."""
     rng = np.random.default_rng(3)
