@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from rlxviz.ir import DType, Op
+from rlxviz.ir import DType, Graph, Op
 from rlxviz.models.onnx_import import OnnxImportError, load_onnx
 from rlxviz.passes import Pipeline
 from rlxviz.runtime import run_reference
@@ -219,3 +219,54 @@ def test_an_unsupported_quantized_form_is_one_line(tmp_path):
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), str(tmp_path / "bq.onnx"))
     with pytest.raises(OnnxImportError, match=r"DequantizeLinear node 'dq' \(opset 21\): blocked quantization"):
         load_onnx(tmp_path / "bq.onnx")
+
+
+def _dql_graph(tmp_path: Path):
+    g = helper.make_graph([helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"]),
+                           helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])], "dql",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "dql.onnx"))
+    return load_onnx(tmp_path / "dql.onnx").graph
+
+
+@pytest.mark.parametrize(("step", "x_moved", "flip"), [(1, 1e-6, True), (2, 1e-6, False), (1, 0.3, False)])
+def test_a_quantization_step_moved_by_rounding_is_told_from_a_pass_error(tmp_path, step, x_moved, flip):
+    """`quant_flip.quantization_flip`: a version whose quantized tensor moved by one step while what it rounds
+    agrees at rounding level is a flip; two steps, or a rounded value that differs for real, is not."""
+    from rlxviz.runtime.precision import Tolerance
+    from rlxviz.runtime.quant_flip import quantization_flip, quantizers
+
+    g = _dql_graph(tmp_path)
+    (q,) = [n for n in quantizers(g) if n.shape == (4,)]  # the data; the zero point is the other quantizer
+    version = Graph(g.nodes, g.outputs, name="version")  # the same graph, told apart by its name
+
+    def run(graph, feeds, weights):  # the backend under test, stubbed: each asked node's value in each graph
+        moved = graph.name == "version"
+        out = []
+        for i in graph.outputs:
+            n = graph[i]
+            if n.shape != (4,):
+                out.append(np.asarray(5, n.dtype.numpy))
+            elif n.op == Op.CAST:
+                out.append(np.asarray([10, 20, 30, 40], np.uint8) + np.asarray([step if moved else 0, 0, 0, 0],
+                                                                                 np.uint8))
+            else:
+                out.append(np.asarray([9.5, 20.0, 30.0, 40.0]) + (x_moved if moved else 0.0))
+        return out
+
+    why = quantization_flip(version, g, {"x": np.zeros(4, np.float32)}, {}, Tolerance(1e-3, 1e-4), run)
+    assert bool(why) == flip, why
+    if flip:
+        assert why.startswith(f"1 of 4 value(s) of the quantized tensor %{q.id}")
+
+
+def test_time_never_blames_a_pass_for_a_quantization_step(capsys):
+    """`rlxviz time` on esm.qdyn: MLX's fused attention rounds differently at the last bit; where that moves a
+    DynamicQuantizeLinear value by a step (the `holes` inputs, here), the note says so instead of "fuse_sdpa changed
+    the numbers"."""
+    from clirun import run
+
+    code, out, err = run(capsys, "time", CASES / "esm.qdyn.onnx", "--repeat", "1", "--warmup", "0")
+    assert "changed the numbers" not in out, out
+    assert code in (0, 1) and "Traceback" not in err
