@@ -135,3 +135,72 @@ def test_dims_are_refused_for_a_model_with_fixed_shapes(capsys):
     code, _, err = run(capsys, "explain", "bert-tiny", "--dim", "batch=2")
     assert code == 2
     one_line_error(err, "explain", "--dim / input shapes bind an .onnx file's symbolic dims")
+
+
+def _decoder_with_past(path: Path) -> None:
+    """One attention over [past K/V ; new K/V], optimum's input naming: hidden [batch_size, sequence_length, 8],
+    past_key/past_value [batch_size, 2, past_sequence_length, 4], attention_mask [batch_size,
+    past_sequence_length + sequence_length] (additive -1e4 fill), outputs y and present_key/present_value."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((8, 8)) * 0.3).astype(np.float32), f"w{c}") for c in "qkv"]
+    inits += [numpy_helper.from_array(np.asarray([0, 0, 2, 4], np.int64), "split"),
+              numpy_helper.from_array(np.asarray([0, 0, 8], np.int64), "merge"),
+              numpy_helper.from_array(np.asarray([1, 2], np.int64), "axes"),
+              numpy_helper.from_array(np.asarray(0.5, np.float32), "scale"),
+              numpy_helper.from_array(np.asarray(1.0, np.float32), "one"),
+              numpy_helper.from_array(np.asarray(-1e4, np.float32), "fill")]
+    nodes = []
+    for c in "qkv":
+        nodes += [helper.make_node("MatMul", ["x", f"w{c}"], [f"{c}0"]),
+                  helper.make_node("Reshape", [f"{c}0", "split"], [f"{c}1"]),
+                  helper.make_node("Transpose", [f"{c}1"], [f"{c}h"], perm=[0, 2, 1, 3])]
+    nodes += [helper.make_node("Concat", ["past_key", "kh"], ["present_key"], axis=2),
+              helper.make_node("Concat", ["past_value", "vh"], ["present_value"], axis=2),
+              helper.make_node("Transpose", ["present_key"], ["kt"], perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["qh", "kt"], ["s0"]),
+              helper.make_node("Mul", ["s0", "scale"], ["s1"]),
+              helper.make_node("Cast", ["attention_mask"], ["mf"], to=TensorProto.FLOAT),
+              helper.make_node("Sub", ["one", "mf"], ["inv"]),
+              helper.make_node("Mul", ["inv", "fill"], ["bias"]),
+              helper.make_node("Unsqueeze", ["bias", "axes"], ["bias4"]),
+              helper.make_node("Add", ["s1", "bias4"], ["s2"]),
+              helper.make_node("Softmax", ["s2"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "present_value"], ["o"]),
+              helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["ot", "merge"], ["y"])]
+    kv = ["batch_size", 2, "past_sequence_length", 4]
+    total = ["batch_size", 2, "past_sequence_length + sequence_length", 4]
+    g = helper.make_graph(nodes, "decoder", [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch_size", "sequence_length", 8]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
+                                      ["batch_size", "past_sequence_length + sequence_length"]),
+        helper.make_tensor_value_info("past_key", TensorProto.FLOAT, kv),
+        helper.make_tensor_value_info("past_value", TensorProto.FLOAT, kv)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch_size", "sequence_length", 8]),
+         helper.make_tensor_value_info("present_key", TensorProto.FLOAT, total),
+         helper.make_tensor_value_info("present_value", TensorProto.FLOAT, total)], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+
+
+def test_a_decoder_with_past_of_its_own_binds_past_plus_seq_everywhere(tmp_path, capsys):
+    """A decoder step built here: no flags, named dims, or the arrays of --inputs; each explains (the mask's
+    `past + seq` dim follows from the past and new lengths) with ONNX Runtime's numbers on the given inputs."""
+    import onnxruntime as ort
+
+    _decoder_with_past(tmp_path / "d.onnx")
+    code, out, err = run(capsys, "explain", tmp_path / "d.onnx")
+    assert code in (0, 1) and "equals the ONNX model" in out, out + err
+    assert "recognized: fuse_sdpa.hf_attention -> attention" in out and "KV cache" in out
+    code, out, err = run(capsys, "ir", tmp_path / "d.onnx", "--dim", "past_sequence_length=5", "--dim",
+                         "sequence_length=1", "--dim", "batch_size=3")
+    assert code == 0 and "i64[3, 6]" in out, out + err
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((2, 3, 8)).astype(np.float32),
+             "attention_mask": np.asarray([[1] * 7, [0, 0, 1, 1, 1, 1, 1]], np.int64),
+             "past_key": rng.standard_normal((2, 2, 4, 4)).astype(np.float32),
+             "past_value": rng.standard_normal((2, 2, 4, 4)).astype(np.float32)}
+    want = ort.InferenceSession(str(tmp_path / "d.onnx"), providers=["CPUExecutionProvider"]).run(None, feeds)
+    np.savez(tmp_path / "in.npz", **feeds, **{f"out:{k}": v for k, v in zip(("y", "present_key", "present_value"),
+                                                                           want, strict=True)})
+    code, out, err = run(capsys, "explain", tmp_path / "d.onnx", "--inputs", tmp_path / "in.npz")
+    assert code in (0, 1) and "equals the expected outputs in in.npz" in out, out + err

@@ -31,6 +31,9 @@ from .variants import effective_seq, graph_variant, preset_is_bert, variant_name
 MODELS = LRUCache(maxsize=4)
 """Loaded models by content key, shared by every session of the process."""
 
+SHAPES = LRUCache(maxsize=16)
+"""Bound input shapes of `.onnx` files (`onnx_dims`), so a cached model is found without parsing its file again."""
+
 MAX_IR_FILE_BYTES = 64 << 20
 """Largest IR text / graph JSON file read (bytes; also at most the memory limit)."""
 
@@ -248,7 +251,11 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
         elif p.suffix.lower() == ".onnx" and (p.is_file() or allowed_roots is not None):
             if allowed_roots is not None:  # a typed path (the app's folder box): inside the roots, checked first
                 p = _within_roots(p, allowed_roots)
-            shapes = onnx_input_shapes(p, batch, seq, dims, input_shapes)
+            st = p.stat()
+            key = ("onnx-shapes", str(p.resolve()), st.st_mtime_ns, st.st_size, batch, seq,
+                   tuple(sorted((dims or {}).items())),
+                   tuple(sorted((k, tuple(v)) for k, v in (input_shapes or {}).items())))
+            shapes = SHAPES.get_or_compute(key, lambda: onnx_input_shapes(p, batch, seq, dims, input_shapes))
             m = MODELS.get_or_compute(("onnx", str(p.resolve()), p.stat().st_mtime_ns, batch, seq, limits.max_bytes,
                                        tuple(sorted(shapes.items()))),
                                       lambda: load_onnx(p, batch, seq, input_shapes=shapes, max_bytes=limits.max_bytes))
