@@ -270,3 +270,19 @@ def test_time_never_blames_a_pass_for_a_quantization_step(capsys):
     code, out, err = run(capsys, "time", CASES / "esm.qdyn.onnx", "--repeat", "1", "--warmup", "0")
     assert "changed the numbers" not in out, out
     assert code in (0, 1) and "Traceback" not in err
+
+
+def test_conv_integer_runs_on_the_host_with_its_uint8_operands(tmp_path):
+    """ConvInteger (quantize_dynamic of a Conv) has no IR op: with uint8 in the IR's dtypes it is a host node that
+    ONNX Runtime evaluates, exactly (was: refused for its uint8 type)."""
+    w = np.random.default_rng(0).integers(0, 255, (4, 3, 2, 2)).astype(np.uint8)
+    g = helper.make_graph([helper.make_node("ConvInteger", ["x", "w", "xz"], ["y"], name="ci")], "c",
+                          [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 3, 5, 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 4, 4, 4])],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.asarray(3, np.uint8), "xz")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "ci.onnx"))
+    m = load_onnx(tmp_path / "ci.onnx")
+    assert [n.attrs["op_type"] for n in m.graph if n.op == Op.ONNX_OP] == ["ConvInteger"]
+    x = np.random.default_rng(1).integers(0, 255, (1, 3, 5, 5)).astype(np.uint8)
+    want = _ort(tmp_path / "ci.onnx", {"x": x})[0]
+    np.testing.assert_array_equal(run_reference(m.graph, {"x": x}, m.weights)[0], want)
