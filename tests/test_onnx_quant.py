@@ -286,3 +286,22 @@ def test_conv_integer_runs_on_the_host_with_its_uint8_operands(tmp_path):
     x = np.random.default_rng(1).integers(0, 255, (1, 3, 5, 5)).astype(np.uint8)
     want = _ort(tmp_path / "ci.onnx", {"x": x})[0]
     np.testing.assert_array_equal(run_reference(m.graph, {"x": x}, m.weights)[0], want)
+
+
+def test_dynamic_quantize_linear_rounds_ties_to_even_as_onnx_runtime(tmp_path):
+    """x spans [-1.25, 126.25]: scale 0.5 exactly, zero point -(-1.25) / 0.5 = 2.5, a tie (even: 2), and data ties
+    (0.25 / 0.5 = 0.5 -> 0, 0.75 / 0.5 = 1.5 -> 2): all three outputs equal ONNX Runtime's."""
+    g = helper.make_graph([helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])], "dql",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6])],
+                          [helper.make_tensor_value_info("y", TensorProto.UINT8, [6]),
+                           helper.make_tensor_value_info("s", TensorProto.FLOAT, []),
+                           helper.make_tensor_value_info("z", TensorProto.UINT8, [])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "d.onnx"))
+    x = np.asarray([-1.25, 126.25, 0.25, 0.75, -0.25, 3.0], np.float32)
+    want = _ort(tmp_path / "d.onnx", {"x": x})
+    assert int(want[2]) == 2  # the tie went to even
+    m = load_onnx(tmp_path / "d.onnx")
+    ex = MlxExecutor(LoweringOptions(fast_math=False))
+    for got in (run_reference(m.graph, {"x": x}, m.weights), ex.run(m.graph, {"x": x}, m.weights)):
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(np.asarray(a), b)

@@ -14,10 +14,9 @@
   integer below 2**24 (so each chunk's f32 matmul is exact in any summation order), each chunk cast to i32 and
   the chunks added in i32: exact for every input, as ONNX Runtime's int32 kernel.
 
-Rounding: QuantizeLinear and DynamicQuantizeLinear's data round half to even (`round_half_even`); the zero point of
-DynamicQuantizeLinear rounds half away from zero, as ONNX Runtime's kernel does (`std::round`; it only differs from
-half-to-even on an exact .5, which a zero point in [0, 255] computed from a float range almost never is). Both are
-decompositions through `floor`, exact for |v| < 2**23 (larger values saturate either way: the result is the same).
+Rounding: QuantizeLinear and DynamicQuantizeLinear (its data and its zero point) round half to even, as ONNX and
+ONNX Runtime's kernels (`nearbyint` of `x / scale`) do (`round_half_even`): a decomposition through `floor`, exact
+for |v| < 2**23 (larger values saturate either way: the result is the same).
 
 Forms refused in one line naming the node: blocked quantization (opset 21 `block_size`), float8/int4 types (no IR
 dtype), a computed (non-constant) scale for QuantizeLinear/DequantizeLinear along an axis.
@@ -149,8 +148,8 @@ def quantize_linear(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> lis
 def dynamic_quantize_linear(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
     """DynamicQuantizeLinear(x f32) -> (y u8, scale f32 [], zero_point u8 []), over the whole tensor:
     lo = min(0, min x), hi = max(0, max x); scale = (hi - lo) / 255 (1 when hi == lo, as ONNX Runtime: an all-zero
-    x); zero_point = round(clamp(-lo / scale, 0, 255)) (half away from zero, ONNX Runtime's `std::round`: the value
-    is >= 0, so floor(v + 0.5)); y = saturate(round_half_even(x / scale) + zero_point)."""
+    x); zero_point = round_half_even(clamp(-lo / scale, 0, 255)) (ONNX Runtime's `GetQuantizationParameter`);
+    y = saturate(round_half_even(x / scale) + zero_point), the division and rounding of its `MlasQuantizeLinear`."""
     b = ctx.b
     xf = ctx.ref(x[0])
     if ctx.dtype(xf) != DType.f32:
@@ -160,7 +159,7 @@ def dynamic_quantize_linear(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]
     lo = b.minimum(b.neg(b.reduce_max(b.neg(xf), axes)), 0.0)
     span = b.sub(hi, lo)
     scale = b.where(b.eq(span, 0.0), 1.0, b.div(span, 255.0))
-    zpf = b.floor(b.add(b.minimum(b.maximum(b.div(b.neg(lo), scale), 0.0), 255.0), 0.5))
+    zpf = round_half_even(ctx, b.minimum(b.maximum(b.div(b.neg(lo), scale), 0.0), 255.0))
     y = _quantize(ctx, xf, scale, zpf, DType.u8)
     outs: list[Value] = [y, scale, b.cast(zpf, DType.u8)]
     return outs[:len(n.output)]
