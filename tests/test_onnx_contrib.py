@@ -136,6 +136,34 @@ def test_attention_skip_layer_norm_fast_gelu_layer(tmp_path):
     assert any(n.op == Op.GELU_TANH for n in m.graph)
 
 
+@pytest.mark.parametrize(("form", "uni", "with_bias"), [
+    ("2d", 1, False), ("3d", 0, False), ("3d", 1, False), ("lengths", 1, False), ("2d", 0, True), ("none", 1, True)])
+def test_attention_masks_as_onnx_runtime_reads_them(tmp_path, form, uni, with_bias):
+    """ORT Attention's mask forms together: a raw [B, T] or [B, S, T] mask, [B] key lengths, unidirectional, an
+    attention_bias; each is (1 - mask) * -10000 plus -10000 on future keys plus the bias, as ORT's CPU kernel
+    computes (no row fully masked: such a row is ill-conditioned at -10000 in f32)."""
+    rng = np.random.default_rng(9)
+    masks = {"2d": np.asarray([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0]], np.int32),
+             "3d": np.ones((B, S, S), np.int32), "lengths": np.asarray([4, 6], np.int32)}
+    masks["3d"][0, :, 5] = 0
+    masks["3d"][1, 3:, 1] = 0
+    ins = [_f("x", B, S, H)]
+    names = ["x", "qkv_w", "qkv_b", "", "", ""]
+    feeds = {"x": rng.standard_normal((B, S, H)).astype(np.float32)}
+    if form != "none":
+        names[3] = "mask"
+        feeds["mask"] = masks[form]
+        ins.append(helper.make_tensor_value_info("mask", TensorProto.INT32, list(masks[form].shape)))
+    if with_bias:
+        names[5] = "ab"
+        feeds["ab"] = rng.standard_normal((1, N, S, S)).astype(np.float32)
+        ins.append(_f("ab", 1, N, S, S))
+    inits = [_w(rng, "qkv_w", H, 3 * H), _w(rng, "qkv_b", 3 * H)]
+    _save(tmp_path / "m.onnx", [helper.make_node("Attention", names, ["y"], domain=MS, num_heads=N,
+                                                 unidirectional=uni)], ins, [_f("y", B, S, H)], inits)
+    _check(tmp_path / "m.onnx", feeds)
+
+
 def test_quick_gelu_skip_simplified_layer_norm(tmp_path):
     rng = np.random.default_rng(1)
     inits = [_w(rng, "g", H), _w(rng, "sb", H)]

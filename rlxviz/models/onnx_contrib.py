@@ -248,41 +248,56 @@ def rotary_embedding(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> li
 
 # -- attention ---------------------------------------------------------------------------------------------
 
-def _key_mask(ctx: _Ctx, m: Value, batch: int, kv: int) -> Ref | None:
-    """A keep mask `[batch, kv]` f32 from ORT's mask forms: raw 0/1 `[B, T]`, or `[B]` key lengths (right
-    padding: key j kept when j < length). Others are refused."""
-    if m is None:
-        return None
+def _key_mask(ctx: _Ctx, m: Value, batch: int, kv: int) -> Ref:
+    """A keep mask `[batch, kv]` f32 from ORT's key mask forms: raw 0/1 `[B, T]`, or `[B]` key lengths (right
+    padding: key j kept when j < length)."""
     b = ctx.b
-    shape = ctx.shape(m)
-    if shape == (batch, kv):
+    if ctx.shape(m) == (batch, kv):
         return b.cast(ctx.ref(m), DType.f32)
-    if shape == (batch,):
-        lens = b.reshape(b.cast(ctx.ref(m), DType.i64), (batch, 1))
-        return b.cast(b.lt(ctx.ref(np.arange(kv, dtype=np.int64).reshape(1, kv)), lens), DType.f32)
-    raise ctx.fail(f"mask shape {list(shape)}: a raw [batch, kv_len] 0/1 mask or [batch] key lengths are supported")
+    lens = b.reshape(b.cast(ctx.ref(m), DType.i64), (batch, 1))
+    return b.cast(b.lt(ctx.ref(np.arange(kv, dtype=np.int64).reshape(1, kv)), lens), DType.f32)
 
 
-def _sdpa(ctx: _Ctx, a: dict[str, Any], q: Ref, k: Ref, v: Ref, heads: int, mask: Ref | None, bias: Value) -> Ref:
-    """ORT's attention: softmax(q k^T * scale + (1 - mask) * mask_filter_value [+ attention_bias]) v, scale
-    default 1/sqrt(head size), unidirectional: causal (bottom-right aligned). A padding mask together with
-    unidirectional=1, or with an attention_bias, is refused."""
+def _sdpa(ctx: _Ctx, a: dict[str, Any], q: Ref, k: Ref, v: Ref, heads: int, m: Value, bias: Value) -> Ref:
+    """ORT's attention (its CPU kernel's reading, checked against it): softmax(q k^T * scale + mask) v with scale
+    default 1/sqrt(head size) and mask the sum of `(1 - m) * mask_filter_value` for the mask input m (raw 0/1
+    `[B, T]` or `[B, S, T]`, or `[B]` key lengths), `mask_filter_value` on every future key when unidirectional
+    (key j of query i past `i + T - S`: bottom-right aligned), and attention_bias. A `[B, T]` / `[B]` mask alone is
+    the IR's keep mask with that fill, no mask and unidirectional its causal kind; any other combination an
+    additive `[B or 1, 1 or heads, S, T]` operand."""
+    b = ctx.b
     causal = bool(a.get("unidirectional", 0))
-    hd = ctx.shape(q)[-1] // heads
+    bsz, sq, hidden = ctx.shape(q)
+    kv = ctx.shape(k)[1]
+    hd = hidden // heads
     kv_heads = ctx.shape(k)[-1] // hd
     kvh = None if kv_heads == heads else kv_heads
     scale = float(a.get("scale", 0.0) or 0.0) or None
     fill = float(a.get("mask_filter_value", ORT_MASK_FILTER))
-    if causal and (mask is not None or bias is not None):
-        raise ctx.fail("a padding mask or attention_bias together with unidirectional=1 is not supported")
+    ms = ctx.shape(m) if m is not None else None
+    if ms is not None and ms not in ((bsz, kv), (bsz,), (bsz, sq, kv)):
+        raise ctx.fail(f"mask shape {list(ms)}: a raw [batch, kv_len] or [batch, seq, kv_len] 0/1 mask, or [batch] key "
+                       f"lengths, is supported")
+    if bias is None and (m is None or (not causal and ms != (bsz, sq, kv))):
+        kind = "keep" if m is not None else "causal" if causal else "none"
+        return b.attention(q, k, v, None if m is None else _key_mask(ctx, m, bsz, kv), num_heads=heads, head_dim=hd,
+                           mask_kind=kind, scale=scale, num_kv_heads=kvh, mask_fill=fill if m is not None else None)
+    terms: list[Ref] = []
+    f = ctx.ref(np.asarray(fill, np.float32))
+    if m is not None:
+        keep = b.cast(ctx.ref(m), DType.f32) if ms == (bsz, sq, kv) else _key_mask(ctx, m, bsz, kv)
+        pad = b.mul(b.sub(ctx.ref(np.asarray(1.0, np.float32)), keep), f)
+        terms.append(b.reshape(pad, (bsz, 1, sq, kv) if ms == (bsz, sq, kv) else (bsz, 1, 1, kv)))
+    if causal:
+        future = np.triu(np.ones((sq, kv), np.float32), kv - sq + 1) * np.float32(fill)
+        terms.append(ctx.ref(future.reshape(1, 1, sq, kv)))
     if bias is not None:
-        if mask is not None:
-            raise ctx.fail("a key padding mask together with attention_bias is not supported")
-        return ctx.b.attention(q, k, v, ctx.ref(bias), num_heads=heads, head_dim=hd, mask_kind="additive",
-                               scale=scale, num_kv_heads=kvh)
-    kind = "keep" if mask is not None else "causal" if causal else "none"
-    return ctx.b.attention(q, k, v, mask, num_heads=heads, head_dim=hd, mask_kind=kind, scale=scale,
-                           num_kv_heads=kvh, mask_fill=fill if mask is not None else None)
+        terms.append(ctx.ref(bias))
+    add = terms[0]
+    for t in terms[1:]:
+        add = b.add(add, t)
+    return b.attention(q, k, v, add, num_heads=heads, head_dim=hd, mask_kind="additive", scale=scale,
+                       num_kv_heads=kvh)
 
 
 @handles("Attention", domain=CONTRIB)
@@ -307,9 +322,7 @@ def ort_attention(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[
                        f"num_heads {heads}")
     rank = len(ctx.shape(qkv)) - 1
     q, k, v = (b.narrow(qkv, rank, sum(sizes[:i]), sizes[i]) for i in range(3))
-    bs = ctx.shape(x[0])
-    mask = _key_mask(ctx, x[3] if len(x) > 3 else None, bs[0], bs[1])
-    return [_sdpa(ctx, a, q, k, v, heads, mask, x[5] if len(x) > 5 else None)]
+    return [_sdpa(ctx, a, q, k, v, heads, x[3] if len(x) > 3 else None, x[5] if len(x) > 5 else None)]
 
 
 @handles("MultiHeadAttention", domain=CONTRIB)
@@ -344,9 +357,7 @@ def ort_mha(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]
         starts = np.cumsum([0, *widths])
         q, k, v = (b.add(t, ctx.ref(np.ascontiguousarray(bias[starts[i]:starts[i + 1]])))
                    for i, t in enumerate((q, k, v)))
-    bs = ctx.shape(q)
-    mask = _key_mask(ctx, x[4] if len(x) > 4 else None, bs[0], ctx.shape(k)[1])
-    return [_sdpa(ctx, a, q, k, v, heads, mask, x[5] if len(x) > 5 else None)]
+    return [_sdpa(ctx, a, q, k, v, heads, x[4] if len(x) > 4 else None, x[5] if len(x) > 5 else None)]
 
 
 @handles("GroupQueryAttention", domain=CONTRIB)
