@@ -258,11 +258,28 @@ def test_group_query_attention_on_a_prompt(tmp_path, packed, rotary, interleaved
     assert sum(n.op == Op.ROPE for n in m.graph) == 2 * rotary
 
 
+def test_attention_with_past_is_a_kv_cache_step(tmp_path):
+    """GPT-2 decoding as ORT's optimizer writes it: Attention with past [2, B, N, P, h], a [B, P + S] mask and
+    unidirectional, and its present output; the attention reads the concatenated K/V (a KV cache step)."""
+    rng = np.random.default_rng(4)
+    p = 3
+    nodes = [helper.make_node("Attention", ["x", "w", "wb", "mask", "past"], ["y", "present"], domain=MS,
+                              num_heads=N, unidirectional=1, name="attn")]
+    _save(tmp_path / "m.onnx", nodes, [_f("x", B, S, H), helper.make_tensor_value_info("mask", TensorProto.INT32,
+                                                                                          [B, p + S]),
+                                       _f("past", 2, B, N, p, H // N)],
+          [_f("y", B, S, H), _f("present", 2, B, N, S + p, H // N)], [_w(rng, "w", H, 3 * H), _w(rng, "wb", 3 * H)])
+    mask = np.ones((B, p + S), np.int32)
+    mask[1, :2] = 0  # left padding in the cache
+    m, _ = _check(tmp_path / "m.onnx", {"x": rng.standard_normal((B, S, H)).astype(np.float32), "mask": mask,
+                                        "past": rng.standard_normal((2, B, N, p, H // N)).astype(np.float32)})
+    (att,) = [n for n in m.graph if n.op == Op.ATTENTION]
+    assert m.graph[att.inputs[1]].shape == (B, p + S, H)
+
+
 def test_an_unmapped_contrib_form_is_one_line(tmp_path):
     rng = np.random.default_rng(4)
-    nodes = [helper.make_node("Attention", ["x", "w", "", "", "past"], ["y", "present"], domain=MS, num_heads=N,
-                              name="attn")]
-    _save(tmp_path / "m.onnx", nodes, [_f("x", B, S, H), _f("past", 2, B, N, 3, H // N)],
-          [_f("y", B, S, H), _f("present", 2, B, N, S + 3, H // N)], [_w(rng, "w", H, 3 * H)])
-    with pytest.raises(OnnxImportError, match=r"Attention node 'attn' \(opset 17\): past / present state"):
+    nodes = [helper.make_node("Attention", ["x", "w"], ["y"], domain=MS, num_heads=N, do_rotary=1, name="attn")]
+    _save(tmp_path / "m.onnx", nodes, [_f("x", B, S, H)], [_f("y", B, S, H)], [_w(rng, "w", H, 3 * H)])
+    with pytest.raises(OnnxImportError, match=r"Attention node 'attn' \(opset 17\): do_rotary"):
         load_onnx(tmp_path / "m.onnx")

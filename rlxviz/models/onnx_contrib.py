@@ -303,12 +303,15 @@ def _sdpa(ctx: _Ctx, a: dict[str, Any], q: Ref, k: Ref, v: Ref, heads: int, m: V
 @handles("Attention", domain=CONTRIB)
 def ort_attention(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
     """ORT Attention(input, weights [Hin, Hq + Hk + Hv], bias?, mask_index?, past?, attention_bias?): the packed
-    QKV projection, split by qkv_hidden_sizes (default three equal parts), then attention. past / present,
-    do_rotary and past_present_share_buffer are refused."""
-    if len(n.output) > 1 and any(n.output[1:]) or len(x) > 4 and x[4] is not None:
-        raise ctx.fail("past / present state is not supported")
-    if int(a.get("do_rotary", 0)) or int(a.get("past_present_share_buffer", 0)):
-        raise ctx.fail("do_rotary / past_present_share_buffer are not supported")
+    QKV projection, split by qkv_hidden_sizes (default three equal parts), then attention. With past
+    `[2, B, N, P, h]` (GPT-2 decoding), K and V are the past ones followed by this step's (the keys a KV cache
+    reads: `[B, P + S, N*h]`, the mask over all P + S keys), and present is `[2, B, N, P + S, h]` of them.
+    do_rotary, past_present_share_buffer and past_sequence_length are refused."""
+    if int(a.get("do_rotary", 0)) or int(a.get("past_present_share_buffer", 0)) or len(x) > 6 and x[6] is not None:
+        raise ctx.fail("do_rotary / past_present_share_buffer / past_sequence_length are not supported")
+    past = x[4] if len(x) > 4 else None
+    if len(n.output) > 1 and n.output[1] and past is None:
+        raise ctx.fail("a present output without a past input is not supported")
     adopt_path(ctx, n, x, params=(1,))
     b = ctx.b
     heads = int(a["num_heads"])
@@ -322,7 +325,24 @@ def ort_attention(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[
                        f"num_heads {heads}")
     rank = len(ctx.shape(qkv)) - 1
     q, k, v = (b.narrow(qkv, rank, sum(sizes[:i]), sizes[i]) for i in range(3))
-    return [_sdpa(ctx, a, q, k, v, heads, x[3] if len(x) > 3 else None, x[5] if len(x) > 5 else None)]
+    outs: list[Value] = []
+    if past is not None:
+        bsz, seq = ctx.shape(x[0])[:2]
+        hd = sizes[0] // heads
+        ps = ctx.shape(past)
+        if len(set(sizes)) != 1 or len(ps) != 5 or ps[:3] != (2, bsz, heads) or ps[4] != hd:
+            raise ctx.fail(f"past {list(ps)}: [2, batch, num_heads, past_len, head_size] with equal Q/K/V sizes needed")
+        p = ps[3]
+        cached = []
+        for i, new in ((0, k), (1, v)):
+            old = b.reshape(b.narrow(ctx.ref(past), 0, i, 1), (bsz, heads, p, hd))
+            cached.append(b.concat([b.reshape(b.transpose(old, (0, 2, 1, 3)), (bsz, p, heads * hd)), new], 1))
+        k, v = cached
+        heads_of = [b.reshape(b.transpose(b.reshape(t, (bsz, p + seq, heads, hd)), (0, 2, 1, 3)),
+                              (1, bsz, heads, p + seq, hd)) for t in (k, v)]
+        outs.append(b.concat(heads_of, 0))
+    y = _sdpa(ctx, a, q, k, v, heads, x[3] if len(x) > 3 else None, x[5] if len(x) > 5 else None)
+    return ([y, *outs])[:len(n.output)]
 
 
 @handles("MultiHeadAttention", domain=CONTRIB)
