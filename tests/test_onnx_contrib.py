@@ -277,6 +277,24 @@ def test_attention_with_past_is_a_kv_cache_step(tmp_path):
     assert m.graph[att.inputs[1]].shape == (B, p + S, H)
 
 
+def test_multi_head_attention_with_past_key_and_value(tmp_path):
+    """MultiHeadAttention of a decoder step: past_key / past_value [B, N, P, h], a [B, P + S] key padding mask,
+    unidirectional, and present_key / present_value."""
+    rng = np.random.default_rng(5)
+    p, hd = 3, H // N
+    nodes = [helper.make_node("MultiHeadAttention", ["q", "k", "v", "", "mask", "", "pk", "pv"], ["y", "ok", "ov"],
+                              domain=MS, num_heads=N, unidirectional=1)]
+    _save(tmp_path / "m.onnx", nodes, [_f("q", B, S, H), _f("k", B, S, H), _f("v", B, S, H),
+                                       helper.make_tensor_value_info("mask", TensorProto.INT32, [B, p + S]),
+                                       _f("pk", B, N, p, hd), _f("pv", B, N, p, hd)],
+          [_f("y", B, S, H), _f("ok", B, N, p + S, hd), _f("ov", B, N, p + S, hd)], [])
+    feeds = {k: rng.standard_normal((B, S, H)).astype(np.float32) for k in "qkv"}
+    feeds |= {k: rng.standard_normal((B, N, p, hd)).astype(np.float32) for k in ("pk", "pv")}
+    feeds["mask"] = np.ones((B, p + S), np.int32)
+    feeds["mask"][0, :1] = 0
+    _check(tmp_path / "m.onnx", feeds)
+
+
 def test_an_unmapped_contrib_form_is_one_line(tmp_path):
     rng = np.random.default_rng(4)
     nodes = [helper.make_node("Attention", ["x", "w"], ["y"], domain=MS, num_heads=N, do_rotary=1, name="attn")]

@@ -13,7 +13,7 @@ line naming the node (never approximated):
 | BiasAdd | `add -> add` (X + bias + skip) |
 | EmbedLayerNormalization | `gather`s -> `add`s -> `layer_norm` (+ mask_index, embedding_sum) |
 | RotaryEmbedding | `gather` of cos/sin at position_ids -> `rope` with one table per batch row |
-| Attention, MultiHeadAttention | (QKV `matmul` ->) `attention` with a keep mask filled with mask_filter_value |
+| Attention, MultiHeadAttention | (QKV `matmul` ->) `attention` (ORT's masks; past -> K/V cache `concat`s) |
 | GroupQueryAttention (a whole prompt) | (`rope` ->) causal grouped-query `attention`; present = the new K/V |
 
 **Paths.** ORT names the nodes it makes `SkipLayerNorm_AddBias_0`, `Gelu_AddBias_1`: no module path, so the
@@ -347,11 +347,18 @@ def ort_attention(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[
 
 @handles("MultiHeadAttention", domain=CONTRIB)
 def ort_mha(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
-    """ORT MultiHeadAttention(query, key?, value?, bias?, key_padding_mask?, attention_bias?): separate query, key,
-    value [B, S, H] each, or packed QKV [B, S, N, 3, h] in query alone; bias [Hq + Hk + Hv] added to each. Past /
-    present state and the cache inputs are refused."""
-    if len(n.output) > 1 and any(n.output[1:]) or len(x) > 6 and any(v is not None for v in x[6:]):
-        raise ctx.fail("past / present state is not supported")
+    """ORT MultiHeadAttention(query, key?, value?, bias?, key_padding_mask?, attention_bias?, past_key?,
+    past_value?): separate query, key, value [B, S, H] each, or packed QKV [B, S, N, 3, h] in query alone; bias
+    [Hq + Hk + Hv] added to each. With past_key / past_value [B, N, P, h] (a decoder step), K and V are the past ones
+    followed by this step's, and present_key / present_value [B, N, P + S, h] are them. The buffer-sharing and beam
+    inputs (past_sequence_length, cache_indirection) and the qk output are refused."""
+    def opt(i: int) -> Value:
+        return x[i] if len(x) > i else None
+
+    if opt(8) is not None or opt(9) is not None or len(n.output) > 3 and n.output[3]:
+        raise ctx.fail("past_sequence_length, cache_indirection and the qk output are not supported")
+    if (opt(6) is None) != (opt(7) is None) or (opt(6) is None and any(o for o in n.output[1:3])):
+        raise ctx.fail("past_key and past_value go together, and present_key / present_value need them")
     adopt_path(ctx, n, x)
     b = ctx.b
     heads = int(a["num_heads"])
@@ -377,7 +384,23 @@ def ort_mha(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]
         starts = np.cumsum([0, *widths])
         q, k, v = (b.add(t, ctx.ref(np.ascontiguousarray(bias[starts[i]:starts[i + 1]])))
                    for i, t in enumerate((q, k, v)))
-    return [_sdpa(ctx, a, q, k, v, heads, x[4] if len(x) > 4 else None, x[5] if len(x) > 5 else None)]
+    presents: list[Value] = []
+    if opt(6) is not None:
+        bsz, seq = ctx.shape(q)[:2]
+        cached = []
+        for old, new in ((opt(6), k), (opt(7), v)):
+            ps = ctx.shape(old)
+            hd = ctx.shape(new)[-1] // heads
+            if len(ps) != 4 or ps[:2] != (bsz, heads) or ps[3] != hd:
+                raise ctx.fail(f"past {list(ps)}: [batch, num_heads, past_len, head_size] needed")
+            packed = b.reshape(b.transpose(ctx.ref(old), (0, 2, 1, 3)), (bsz, ps[2], heads * hd))
+            cached.append(b.concat([packed, new], 1))
+        k, v = cached
+        for t in (k, v):
+            total, width = ctx.shape(t)[1:]
+            presents.append(b.transpose(b.reshape(t, (bsz, total, heads, width // heads)), (0, 2, 1, 3)))
+    y = _sdpa(ctx, a, q, k, v, heads, opt(4), opt(5))
+    return ([y, *presents])[:len(n.output)]
 
 
 @handles("GroupQueryAttention", domain=CONTRIB)
