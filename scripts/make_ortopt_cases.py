@@ -18,11 +18,14 @@ import numpy as np
 
 ZOO = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "onnx" / "zoo"
 OUT = ZOO.parent / "ortopt"
-CASES = {"bert.ts-eager": "bert", "gpt2.ts-eager": "gpt2", "distilbert.ts-eager": "bert"}
+CASES = {"bert.ts-eager": "bert", "gpt2.ts-eager": "gpt2", "distilbert.ts-eager": "bert",
+         "albert.ts-eager": "bert", "gemma.dynamo-eager": "gpt2", "clip-text.dynamo-eager": "clip",
+         "clip-vision.dynamo-eager": "clip", "falcon.dynamo-eager": "gpt2", "t5-encoder.ts-eager": "t5",
+         "whisper-encoder.dynamo-eager": "bart"}
+"""zoo file -> the optimizer's model_type; the output is named after the architecture (bert.ortopt.onnx)."""
 
 
 def main() -> None:
-    import onnx
     import onnxruntime as ort
     from onnxruntime.transformers import optimizer
 
@@ -30,8 +33,9 @@ def main() -> None:
     files = json.loads((ZOO / "zoo.json").read_text())["files"]
     for name, kind in CASES.items():
         cfg = files[name]["config"]
-        heads = cfg.get("num_attention_heads") or cfg.get("n_head") or cfg.get("n_heads")
-        hidden = cfg.get("hidden_size") or cfg.get("n_embd") or cfg.get("dim")
+        heads = (cfg.get("num_attention_heads") or cfg.get("n_head") or cfg.get("n_heads") or cfg.get("num_heads")
+                 or cfg.get("encoder_attention_heads") or 0)
+        hidden = cfg.get("hidden_size") or cfg.get("n_embd") or cfg.get("dim") or cfg.get("d_model") or 0
         m = optimizer.optimize_model(str(ZOO / f"{name}.onnx"), model_type=kind, num_heads=heads, hidden_size=hidden,
                                      opt_level=0)
         path = OUT / f"{name.split('.')[0]}.ortopt.onnx"

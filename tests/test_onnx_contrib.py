@@ -89,23 +89,31 @@ def test_deit_ortopt_exported_versions_load_in_onnx_runtime_with_its_numbers(tmp
 ORTOPT = Path(__file__).parent / "fixtures" / "onnx" / "ortopt"  # scripts/make_ortopt_cases.py
 
 
-@pytest.mark.parametrize(("name", "kind", "ops"), [
-    ("bert", "post_ln", {"Attention", "BiasGelu", "EmbedLayerNormalization", "SkipLayerNormalization"}),
-    ("distilbert", "post_ln", {"Attention", "BiasGelu", "EmbedLayerNormalization", "SkipLayerNormalization"}),
-    ("gpt2", "pre_ln", {"FastGelu", "SkipLayerNormalization"}),
-])
-def test_ort_transformer_optimizer_output_of_zoo_models(name, kind, ops):
-    """ORT's transformer optimizer on three zoo exports: ONNX Runtime's numbers on the optimized file, every layer
-    of its kind with its MLP (the optimizer's nodes carry no module path: read from their values' names), and
-    the prefusions named."""
+ZOO_OF = {"bert": "bert.ts-eager", "distilbert": "distilbert.ts-eager", "gpt2": "gpt2.ts-eager",
+          "albert": "albert.ts-eager", "gemma": "gemma.dynamo-eager", "clip-text": "clip-text.dynamo-eager",
+          "clip-vision": "clip-vision.dynamo-eager", "falcon": "falcon.dynamo-eager",
+          "t5-encoder": "t5-encoder.ts-eager", "whisper-encoder": "whisper-encoder.dynamo-eager"}
+"""Each ORT-optimized case and the zoo export it was made from (scripts/make_ortopt_cases.py)."""
+
+
+@pytest.mark.parametrize("name", sorted(ZOO_OF))
+def test_ort_transformer_optimizer_output_of_zoo_models(name):
+    """ORT's transformer optimizer on ten zoo exports (TorchScript and dynamo; Attention, EmbedLayerNormalization,
+    SkipLayerNormalization, SkipSimplifiedLayerNormalization, BiasGelu, FastGelu, Gelu, QuickGelu): ONNX Runtime's
+    numbers on the optimized file, and every layer of the kind the export it came from has (the optimizer's nodes
+    carry no module path: read from their values' names, their inputs' producers, ALBERT's per-call numbering),
+    with the prefusions named."""
     d = dict(np.load(ORTOPT / f"{name}.ortopt_io.npz"))
     feeds = {k: v for k, v in d.items() if not k.startswith("out:")}
     m, trace = _check(ORTOPT / f"{name}.ortopt.onnx", feeds, atol=1e-5)
     for out, got in zip(m.meta["onnx_outputs"], run_reference(trace.final, feeds, m.weights), strict=True):
         np.testing.assert_allclose(got, d[f"out:{out}"], atol=1e-5, rtol=0)
-    layers = check_fusion(trace, name).layers
-    assert [lay.layer for lay in layers] == [0, 1]
-    assert all(lay.architecture.kind == kind for lay in layers), [lay.architecture for lay in layers]
+    shapes = {k: v.shape for k, v in feeds.items()}
+    orig = load_onnx(Path(__file__).parent / "fixtures" / "onnx" / "zoo" / f"{ZOO_OF[name]}.onnx", input_shapes=shapes)
+    kinds = [lay.architecture.kind for lay in check_fusion(trace, name).layers]
+    assert kinds == [lay.architecture.kind for lay in check_fusion(Pipeline.canonical().run(orig.graph), name).layers]
+    assert len(kinds) == 2 and "attention_only" not in kinds and "no_attention" not in kinds
+    ops = {n.op_type for n in onnx.load(str(ORTOPT / f"{name}.ortopt.onnx")).graph.node if n.domain == MS}
     (line,) = imported_forms(m)
     assert all(op in line for op in ops)
 

@@ -42,18 +42,47 @@ def _has_own_path(n: Any) -> bool:
     return (n.name or "").startswith("/") or any(p.key == "pkg.torch.onnx.name_scopes" for p in n.metadata_props)
 
 
+def _numbered_like(driver: str, mine: str) -> str:
+    """`mine` with the call number the driver gave this node's module (`module_calls.number_calls`: ALBERT's one
+    layer module called per layer, `a.b.0@1.attention`) when `mine` lies in that module (`a.b.0.attention.LN` ->
+    `a.b.0@1.attention.LN`); else `mine`."""
+    parts = driver.split(".")
+    at = next((i for i, p in enumerate(parts) if "@" in p), None)
+    if at is None:
+        return mine
+    head = ".".join(parts[:at + 1])
+    base = ".".join([*parts[:at], parts[at].split("@")[0]])
+    return head + mine[len(base):] if mine == base or mine.startswith(base + ".") else mine
+
+
 def adopt_path(ctx: _Ctx, n: Any, x: list[Value], outputs: tuple[int, ...] = (0,),
                params: tuple[int, ...] = ()) -> str:
     """The module path for the nodes this handler emits (set on the builder and returned): the node's own when it
     names one; else, for a node ORT made, the path carried by its output names `outputs`, then by the parameters at
-    input positions `params`, then by any of its values (`onnx_paths`), else the driver's."""
+    input positions `params` (numbered per call as the driver numbered this node: `_numbered_like`), then by any of
+    its values (`onnx_paths`, the driver's), else (a dynamo export's `val_95` names carry none) the deepest path of
+    the IR nodes computing its inputs."""
+    key = (n.name, tuple(n.output))
+    stash = getattr(ctx, "_contrib_driver_path", None)
+    if stash is None or stash[0] != key:  # the path the driver gave this node, before a handler changed it
+        stash = (key, ctx.b.path)
+        ctx._contrib_driver_path = stash  # type: ignore[attr-defined]
+    driver = stash[1]
     if _has_own_path(n):
-        return ctx.b.path
+        ctx.b.path = driver
+        return driver
     names = [n.output[i] for i in outputs if i < len(n.output)] + [n.input[i] for i in params if i < len(n.input)]
     for name in names:
         if p := path_of_name(name):
-            ctx.b.path = p
-            return p
+            ctx.b.path = _numbered_like(driver, p)
+            return ctx.b.path
+    ctx.b.path = driver
+    if not driver:  # a dynamo export's value names (val_95) carry none: the deepest path of what computes its
+        # inputs (a residual add of the embeddings and a layer's output projection belongs to the layer)
+        paths = [ctx.b.lookup(v).path for v in x if isinstance(v, Ref)]  # on a tie the later input (ORT puts the
+        # sublayer's output after the residual stream it joins)
+        ranked = max(enumerate(paths), key=lambda kv: (kv[1].count(".") + (1 if kv[1] else 0), kv[0]), default=None)
+        ctx.b.path = ranked[1] if ranked is not None else ""
     return ctx.b.path
 
 
@@ -73,7 +102,7 @@ def bias_gelu(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Valu
     b = ctx.b
     out = adopt_path(ctx, n, x, params=(1,))
     if not _has_own_path(n) and (p := path_of_name(n.input[1])):
-        b.path = p  # the bias add belongs to the linear whose bias it is
+        b.path = _numbered_like(ctx._contrib_driver_path[1], p)  # type: ignore[attr-defined] # the bias's linear
     s = b.add(ctx.ref(x[0]), ctx.ref(x[1]))
     b.path = out
     return [b.gelu(s)]
@@ -86,7 +115,7 @@ def fast_gelu(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Valu
     y = ctx.ref(x[0])
     if len(x) > 1 and x[1] is not None:
         if not _has_own_path(n) and (p := path_of_name(n.input[1])):
-            ctx.b.path = p
+            ctx.b.path = _numbered_like(ctx._contrib_driver_path[1], p)  # type: ignore[attr-defined]
         y = ctx.b.add(y, ctx.ref(x[1]))
         ctx.b.path = out
     return [ctx.b.gelu_tanh(y)]
