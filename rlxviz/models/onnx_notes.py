@@ -14,7 +14,9 @@ PREFUSED = {
     "Attention": "QKV projection + attention: read as matmul -> attention",
     "MultiHeadAttention": "attention: read as attention",
     "GroupQueryAttention": "RoPE + grouped-query causal attention: read as rope -> attention",
-    "SkipLayerNormalization": "residual add + LayerNorm: read as add -> layer_norm",
+    "SkipLayerNormalization": "residual add + LayerNorm: read as add -> layer_norm, a bias input added after the "
+                              "residual as its kernel does ((x + skip) + bias), which FusedTransformerLayer (bias "
+                              "first) does not take exactly",
     "SkipSimplifiedLayerNormalization": "residual add + RMSNorm: read as add -> rms_norm",
     "SimplifiedLayerNormalization": "RMSNorm: read as rms_norm",
     "EmbedLayerNormalization": "embedding lookups + LayerNorm: read as gathers -> add -> layer_norm",
