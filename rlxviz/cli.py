@@ -292,6 +292,45 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-memory-mb", type=int, default=None, metavar="MIB",
                    help="refuse graphs whose inputs and params would need more than MIB MiB before allocating "
                         "them (default: $RLXVIZ_MAX_MEMORY_MB or 2048)")
+    p.add_argument("--dim", action="append", default=None, metavar="NAME=VALUE", type=_dim_arg,
+                   help="an .onnx file: bind the symbolic dim NAME to VALUE (repeatable: --dim height=224 --dim "
+                        "past_sequence_length=16); a dim written as an expression (past_sequence_length + "
+                        "sequence_length) follows from its names")
+    p.add_argument("--inputs", "-i", default=None, metavar="IN.npz",
+                   help="input arrays (.npz, one per graph input by name): an .onnx file's inputs take their shapes "
+                        "(and bind the dims they name); input_ids / hidden_states set --batch and --seq; explain and "
+                        "time check version 0 on them (and on out:NAME arrays in the file)")
+
+
+def _dim_arg(text: str) -> tuple[str, int]:
+    """argparse type of `--dim NAME=VALUE` (a bad one: argparse's usage error, exit 2)."""
+    from .models.onnx_dims import DimError, parse_dim
+
+    try:
+        return parse_dim(text)
+    except DimError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix(f"--dim {text!r}: ")) from None
+
+
+def _bound_shapes(args: argparse.Namespace) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
+    """(dims, input shapes) from `--dim` and `--inputs` (read from the npz headers: no array is loaded); an
+    `--inputs` file with input_ids / hidden_states also sets args.batch / args.seq, as `run` takes them. Input
+    shapes are kept for an .onnx MODEL only. Raises CLIError for a --dim given twice with two values."""
+    from .session import npz_headers
+
+    dims: dict[str, int] = {}
+    for name, value in getattr(args, "dim", None) or []:
+        if dims.get(name, value) != value:
+            raise CLIError(f"--dim {name} is given twice, as {dims[name]} and {value}")
+        dims[name] = value
+    shapes: dict[str, tuple[int, ...]] = {}
+    if getattr(args, "inputs", None) is not None:
+        headers = {k: v for k, v in npz_headers(args.inputs).items() if not k.startswith("out:")}
+        if any(k in headers for k in ("input_ids", "hidden_states")):
+            args.batch, args.seq = _static_shape(headers, args.inputs)
+        if args.model.lower().endswith(".onnx"):
+            shapes = {k: tuple(shape) for k, (shape, _) in headers.items()}
+    return dims, shapes
 
 
 def _device_arg(p: argparse.ArgumentParser) -> None:
@@ -363,9 +402,10 @@ def _run_model(args: argparse.Namespace, allow_crashes: bool = False, workload: 
     args.variant_layer = _variant_layer(args)
     gate = effective_threshold(variant_named(args.variant, args.variant_layer), args.threshold)
     pipe = build_pipeline(args.pipeline, {} if gate is None else {"fab_max_tokens": gate})
+    dims, shapes = _bound_shapes(args)
     limits = Limits.resolve(args.max_memory_mb)
     model = load(args.model, args.batch, args.seq, args.style, args.variant, args.variant_layer, limits,
-                 args.threshold)
+                 args.threshold, dims=dims, input_shapes=shapes)
     _remember(model)
     if workload != "load":  # `load` checked the graph's own run; this adds what the command copies
         limits.check(model.graph, args.model, workload)
@@ -415,22 +455,26 @@ def cmd_explain(args: argparse.Namespace) -> int:
     import json
 
     from .ir.onnx_op import describe_host
-    from .session import check_fusion
+    from .models.onnx_notes import imported_forms
+    from .session import check_fusion, load_inputs
     from .session.exactness import check_exactness
 
     model, trace = _run_model(args, allow_crashes=True)
     _warn_nonfinite("explain", model)
-    checks = _import_checks(model, model.random_feeds(seed=0), None, None)
-    exact = check_exactness(trace, model.random_feeds(seed=0), model.weights)
+    user = load_inputs(args.inputs, model.graph) if args.inputs is not None else None
+    feeds = user.feeds if user is not None else model.random_feeds(seed=0)
+    checks = _import_checks(model, feeds, user, None)
+    exact = check_exactness(trace, feeds, model.weights)
     check = check_fusion(trace, model.name, None if args.layer is None else [args.layer])
+    imported = imported_forms(model)  # what the file had already fused (ORT contrib ops), its quantization
     if args.json:
-        _out(json.dumps({**check.to_dict(), "import_checks": [c.line() for c in checks],
+        _out(json.dumps({**check.to_dict(), "import_checks": [c.line() for c in checks], "imported_forms": imported,
                          "numeric_check": None if exact is None else exact.to_dict()}, indent=2, default=str))
     else:
         host = describe_host(model.graph)
         numbers = f"{exact.line()}\n" if exact is not None and (args.verbose or not exact.ok) else ""
         _out("".join(f"{c.line()}\n" for c in checks) + numbers + (f"{host}\n" if host else "")
-             + check.render(verbose=args.verbose))
+             + "".join(f"{line}\n" for line in imported) + check.render(verbose=args.verbose))
     if not all(c.ok for c in checks) or (exact is not None and not exact.ok):
         return EXPLAIN_NOT_FUSED
     if check.crashed:
@@ -595,12 +639,8 @@ def add_export(sub: SubParsers) -> None:
 def cmd_time(args: argparse.Namespace) -> int:
     """`rlxviz time MODEL`: every graph version timed on MLX, checked against the NumPy reference."""
     from .ir.onnx_op import describe_host
-    from .session import format_timings, input_sets, load_inputs, npz_headers, shape_summary, time_versions
+    from .session import format_timings, input_sets, load_inputs, shape_summary, time_versions
 
-    if args.inputs is not None:  # batch and seq from the user's arrays, as `run` takes them
-        headers = {k: v for k, v in npz_headers(args.inputs).items() if not k.startswith("out:")}
-        if any(k in headers for k in ("input_ids", "hidden_states")):
-            args.batch, args.seq = _static_shape(headers, args.inputs)
     model, trace = _run_model(args, workload="time")  # refused over the memory limit before feeds are made
     user = load_inputs(args.inputs, model.graph) if args.inputs is not None else None
     feeds = user.feeds if user is not None else model.random_feeds(seed=0)
@@ -645,9 +685,7 @@ def add_time(sub: SubParsers) -> None:
                                    "verdict names the input that broke a version and whether a pass changed the "
                                    "numbers or the dtype cannot hold them. Exit code 1 if a version is not ok "
                                    "(NaN is never counted as correct).")
-    _model_args(p)
-    p.add_argument("--inputs", "-i", default=None, metavar="IN.npz",
-                   help="your input arrays (.npz, one array per graph input by name): timed, and checked first")
+    _model_args(p)  # --inputs: your arrays, timed and checked first
     _expect_arg(p)
     p.add_argument("--battery", action=argparse.BooleanOptionalAction, default=True,
                    help="also check the input battery (default: on)")
@@ -663,14 +701,15 @@ def add_time(sub: SubParsers) -> None:
 def cmd_overlay(args: argparse.Namespace) -> int:
     """`rlxviz overlay MODEL --kind time|error [--after PASS]`: each node's share of the measured time, or its
     error against version 0's reference, largest first (`session.overlays.node_figures`, as the app's overlay)."""
-    from .session import Limits, version_index
+    from .session import Limits, load_inputs, version_index
     from .session.overlays import node_figures
 
     if not 0 < args.time_limit < float("inf"):
         raise CLIError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
     model, trace = _run_model(args, workload="time")
     k = version_index(trace, args.after)
-    figs = node_figures(trace, k, args.kind, model.random_feeds(seed=0), model.weights, repeat=args.repeat,
+    feeds = load_inputs(args.inputs, model.graph).feeds if args.inputs is not None else model.random_feeds(seed=0)
+    figs = node_figures(trace, k, args.kind, feeds, model.weights, repeat=args.repeat,
                         device=args.device, limits=Limits.resolve(args.max_memory_mb), time_limit_s=args.time_limit)
     _out(figs.render(trace.versions()[k][1], args.top))
     return 0

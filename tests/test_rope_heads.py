@@ -307,17 +307,32 @@ def test_a_full_width_table_whose_values_are_not_known_is_named(capsys, tmp_path
 
 
 @pytest.mark.parametrize("rows", [(2, 1, 8, 8), (2, 8, 8)])
-def test_tables_that_differ_by_batch_row_are_refused_by_name_and_keep_their_numbers(rows):
-    """Position ids that differ by row (left padding, ids from a cumsum of the mask) give `[B, 1, S, r]` tables:
-    the rope op reads one table for every row, so the form stays as it is, named; the numbers are unchanged."""
+def test_tables_that_differ_by_batch_row_are_rewritten_to_per_row_tables_exactly(rows):
+    """Position ids that differ by row (optimum's position_ids input, left padding's cumsum) give `[B, 1, S, r]`
+    tables: the rope op reads them as one `[B, S, r/2]` table per batch row (issue 37; this form was refused
+    before), bit for bit on the reference, and the attention packs. Halves that differ are still refused by name."""
     t = rope_attention(n_rot=8, duplicated=False)
     for w in ("cos", "sin"):
         t = t.replace(f'rotary_emb.{w}_full"}} : f32[8, 8]', f'rotary_emb.{w}_full"}} : f32{list(rows)}')
     g = parse_ir(t.replace("{shape=[1, 1, 8, 8]} : f32[1, 1, 8, 8]", "{shape=[2, 1, 8, 8]} : f32[2, 1, 8, 8]"))
-    assert rope_heads(g)[1] == []
-    tr = Pipeline.canonical().run(g)
-    (r,) = [r for r in tr.rejections if r.guard == "rope_on_heads" and r.headline]
-    assert "[2, 1, 8, 8] is a table per batch row" in r.message and "one [S, 4] table for every row" in r.message
+    pos = np.stack([np.arange(8), np.arange(8) + 3]).astype(np.float32)[:, :, None]  # row 1 starts at position 3
+    freqs = pos / (10000.0 ** (np.arange(0, 8, 2, dtype=np.float32) / 8))
+    full = {w: fn(np.concatenate([freqs, freqs], -1)).reshape(rows) for w, fn in (("cos", np.cos), ("sin", np.sin))}
+    g = g.with_values({f"rotary_emb.{w}_full": v for w, v in full.items()})
+    h, matches = rope_heads(g)
+    assert len(matches) == 2
+    assert all(h[n.inputs[1]].shape == (2, 8, 4) for n in h if n.op == Op.ROPE)
     feeds, w = _feeds(g)
-    for a, b in zip(run_reference(g, feeds, w), run_reference(tr.final, feeds, w), strict=True):
-        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
+    w.update(g.values)
+    for a, b in zip(run_reference(g, feeds, w), run_reference(h, feeds, w), strict=True):
+        assert np.array_equal(a, b)
+    tr = Pipeline.canonical().run(g)
+    assert any(n.op in (Op.ATTENTION, Op.FUSED_ATTENTION_BLOCK) for n in tr.final)
+    for a, b in zip(run_reference(g, feeds, w), run_mlx(tr.final, feeds, w), strict=True):
+        np.testing.assert_allclose(np.asarray(b), a, rtol=1e-5, atol=1e-5)
+    full["sin"] = full["sin"].copy()
+    full["sin"][1, ..., 5, 7] += 0.25
+    bad = g.with_values({f"rotary_emb.{w}_full": v for w, v in full.items()})
+    assert rope_heads(bad)[1] == []
+    (r,) = [r for r in Pipeline.canonical().run(bad).rejections if r.guard == "rope_on_heads" and r.headline]
+    assert "its sin table: the two halves of param 'rotary_emb.sin_full'" in r.message

@@ -1,7 +1,8 @@
 """Element types of IR tensors.
 
 The names and promotion order follow RLX's `rlx-ir/src/dtype.rs` (see `rlx-notes.md` §1.3);
-only the dtypes a transformer inference graph needs are kept.
+only the dtypes a transformer inference graph needs are kept (i8/u8: the quantized tensors of QDQ and dynamically
+quantized exports; arithmetic on them is written by the importer as casts to wider types).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ class DType(StrEnum):
     f16 = "f16"
     bf16 = "bf16"
     f64 = "f64"
+    i8 = "i8"
+    u8 = "u8"
     i32 = "i32"
     i64 = "i64"
     bool = "bool"
@@ -28,7 +31,7 @@ class DType(StrEnum):
 
     @property
     def is_int(self) -> bool:
-        return self in (DType.i32, DType.i64)
+        return self in (DType.i8, DType.u8, DType.i32, DType.i64)
 
     @property
     def itemsize(self) -> int:
@@ -51,12 +54,14 @@ class DType(StrEnum):
 
 
 _FLOATS = frozenset({DType.f32, DType.f16, DType.bf16, DType.f64})
-_ITEMSIZE = {DType.f32: 4, DType.f16: 2, DType.bf16: 2, DType.f64: 8, DType.i32: 4, DType.i64: 8, DType.bool: 1}
+_ITEMSIZE = {DType.f32: 4, DType.f16: 2, DType.bf16: 2, DType.f64: 8, DType.i8: 1, DType.u8: 1, DType.i32: 4,
+             DType.i64: 8, DType.bool: 1}
 _NUMPY = {
     DType.f32: "float32", DType.f16: "float16", DType.bf16: "float32", DType.f64: "float64",
-    DType.i32: "int32", DType.i64: "int64", DType.bool: "bool",
+    DType.i8: "int8", DType.u8: "uint8", DType.i32: "int32", DType.i64: "int64", DType.bool: "bool",
 }
-_RANK = {DType.bool: 0, DType.bf16: 2, DType.f16: 3, DType.i32: 4, DType.i64: 5, DType.f32: 6, DType.f64: 7}
+_RANK = {DType.bool: 0, DType.u8: 1, DType.i8: 2, DType.bf16: 3, DType.f16: 4, DType.i32: 5, DType.i64: 6, DType.f32: 7,
+         DType.f64: 8}
 
 
 def promote(a: DType, b: DType) -> DType:

@@ -359,8 +359,11 @@ def _rope(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     _check(len(t.shape) == 3 and t.shape[-1] % d == 0, f"x must be packed [batch, seq, heads*{d}], got {_fmt(t)}")
     _check(n_rot % 2 == 0 and 0 < n_rot <= d, f"n_rot {n_rot} must be even and <= head_dim {d}")
     for name, c in (("cos", cos), ("sin", sin)):
-        _check(len(c.shape) == 2 and c.shape[0] >= t.shape[1] and c.shape[1] >= n_rot // 2,
-               f"{name} must be [max_pos >= {t.shape[1]}, >= {n_rot // 2}], got {_fmt(c)}")
+        per_row = len(c.shape) == 3 and c.shape[0] in (1, t.shape[0])  # [B or 1, S, n/2]: one table per batch row
+        _check((len(c.shape) == 2 or per_row) and c.shape[-2] >= t.shape[1] and c.shape[-1] >= n_rot // 2,
+               f"{name} must be [max_pos >= {t.shape[1]}, >= {n_rot // 2}] (or [{t.shape[0]} or 1, that, that] per "
+               f"batch row), got {_fmt(c)}")
+    _check(len(cos.shape) == len(sin.shape), f"cos {_fmt(cos)} and sin {_fmt(sin)} must have one rank")
     return t
 
 

@@ -234,7 +234,8 @@ def _flat(v: object) -> list[object]:
     return out
 
 
-_INT_RANGE = {DType.i32: (-(1 << 31), (1 << 31) - 1), DType.i64: (-(1 << 63), (1 << 63) - 1)}
+_INT_RANGE = {DType.i8: (-128, 127), DType.u8: (0, 255),
+              DType.i32: (-(1 << 31), (1 << 31) - 1), DType.i64: (-(1 << 63), (1 << 63) - 1)}
 _FLOAT_MAX = {DType.f16: (65504.0, 2.0**4), DType.bf16: ((2 - 2.0**-7) * 2.0**127, 2.0**119),
               DType.f32: ((2 - 2.0**-23) * 2.0**127, 2.0**103), DType.f64: (1.7976931348623157e308, math.inf)}
 """Largest finite value of each float dtype and half its last step: a value at or past `max + half` rounds to inf

@@ -40,7 +40,7 @@ def _tp(dtype: DType) -> int:
 
     return {DType.f32: TensorProto.FLOAT, DType.f16: TensorProto.FLOAT16, DType.bf16: TensorProto.FLOAT,
             DType.f64: TensorProto.DOUBLE, DType.i32: TensorProto.INT32, DType.i64: TensorProto.INT64,
-            DType.bool: TensorProto.BOOL}[dtype]
+            DType.bool: TensorProto.BOOL, DType.i8: TensorProto.INT8, DType.u8: TensorProto.UINT8}[dtype]
 
 
 class _Writer:
@@ -146,13 +146,17 @@ def _attention(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> str:
 
 def _rope(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> str:
     """Rotary embedding (NeoX halves, or `interleaved` neighbour pairs) on packed [B, S, heads*head_dim] with cos/sin
-    tables [max_pos, >= n_rot/2]."""
+    tables [max_pos, >= n_rot/2] (or [B or 1, >= S, >= n_rot/2], one per batch row)."""
     d, n_rot = n.attrs["head_dim"], n.attrs["n_rot"]
     b, s, hd = g[n.inputs[0]].shape
     half = n_rot // 2
     xh = w.op("Reshape", [ins[0], w.ints([b, s, hd // d, d])])
 
     def table(t: str) -> str:
+        if g[n.inputs[1]].rank == 3:  # one table per batch row: [B or 1, S, n_rot/2]
+            rows = g[n.inputs[1]].shape[0]
+            part = w.op("Slice", [t, w.ints([0, 0, 0]), w.ints([rows, s, half]), w.ints([0, 1, 2])])
+            return w.op("Reshape", [part, w.ints([rows, s, 1, half])])
         part = w.op("Slice", [t, w.ints([0, 0]), w.ints([s, half]), w.ints([0, 1])])
         return w.op("Reshape", [part, w.ints([1, s, 1, half])])
 

@@ -49,6 +49,7 @@ from ..ir.ops import PAD_MODES
 from .cpu_limit import WALL_FACTOR, CpuTimeExceeded, Deadline, cap_cpu
 from .module_calls import number_calls
 from .onnx_fold import FOLDABLE, FoldError, check_fold, fold, node_attrs, single_node_model
+from .onnx_paths import path_from_values
 from .onnx_size import over_budget
 from .presets import Model
 
@@ -80,7 +81,8 @@ def _onnx() -> Any:
     return onnx
 
 
-_DTYPES = {1: DType.f32, 10: DType.f16, 16: DType.bf16, 11: DType.f64, 6: DType.i32, 7: DType.i64, 9: DType.bool}
+_DTYPES = {1: DType.f32, 10: DType.f16, 16: DType.bf16, 11: DType.f64, 6: DType.i32, 7: DType.i64, 9: DType.bool,
+           2: DType.u8, 3: DType.i8}
 """ONNX TensorProto element type -> DType."""
 
 
@@ -89,7 +91,7 @@ def onnx_dtype(code: int) -> DType:
     if code not in _DTYPES:
         name = _onnx().TensorProto.DataType.Name(code)
         raise OnnxImportError(f"element type {name} has no IR dtype (supported: float, float16, bfloat16, "
-                              f"double, int32, int64, bool)")
+                              f"double, int8, uint8, int32, int64, bool)")
     return _DTYPES[code]
 
 
@@ -274,25 +276,9 @@ def _reciprocal(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Va
 
 
 @handles("Gelu")
-@handles("Gelu", domain=CONTRIB)
 def _gelu(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
     tanh = a.get("approximate", b"none") in (b"tanh", "tanh")
     return [ctx.b.gelu_tanh(ctx.ref(x[0])) if tanh else ctx.b.gelu(ctx.ref(x[0]))]
-
-
-@handles("BiasGelu", domain=CONTRIB)
-def _bias_gelu(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
-    """ORT BiasGelu(A, B) = erf-GELU(A + B)."""
-    return [ctx.b.gelu(ctx.b.add(ctx.ref(x[0]), ctx.ref(x[1])))]
-
-
-@handles("FastGelu", domain=CONTRIB)
-def _fast_gelu(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
-    """ORT FastGelu(X[, bias]) = tanh-GELU(X + bias)."""
-    y = ctx.ref(x[0])
-    if len(x) > 1 and x[1] is not None:
-        y = ctx.b.add(y, ctx.ref(x[1]))
-    return [ctx.b.gelu_tanh(y)]
 
 
 @handles("Where")
@@ -448,36 +434,6 @@ def _layer_norm(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Va
         raise ctx.unsupported("the Mean / InvStdDev outputs are not supported")
     beta = ctx.ref(x[2]) if len(x) > 2 and x[2] is not None else _zeros_like_gamma(ctx, x[1])
     return [ctx.b.layer_norm(ctx.ref(x[0]), ctx.ref(x[1]), beta, float(a.get("epsilon", 1e-5)))]
-
-
-@handles("SimplifiedLayerNormalization")
-@handles("SimplifiedLayerNormalization", domain=CONTRIB)
-def _simplified_ln(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
-    """ORT RMSNorm: x / sqrt(mean(x^2) + eps) * scale (IR rms_norm with a zero beta)."""
-    _last_axis(ctx, x[0], int(a.get("axis", -1)))
-    return [ctx.b.rms_norm(ctx.ref(x[0]), ctx.ref(x[1]), _zeros_like_gamma(ctx, x[1]), float(a.get("epsilon", 1e-5)))]
-
-
-@handles("SkipLayerNormalization", "SkipSimplifiedLayerNormalization", domain=CONTRIB)
-def _skip_ln(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
-    """ORT SkipLayerNormalization(input, skip, gamma[, beta][, bias]): s = input + skip (+ bias);
-    output 0 = LayerNorm(s) (RMSNorm for the simplified form), output 3 = s. Outputs 1, 2 unsupported."""
-    b = ctx.b
-    simplified = n.op_type.startswith("SkipSimplified")
-    if any(o for i, o in enumerate(n.output) if i in (1, 2)):
-        raise ctx.unsupported("the mean / inv_std_var outputs are not supported")
-    s = b.add(ctx.ref(x[0]), ctx.ref(x[1]))
-    bias_at = 3 if simplified else 4
-    if len(x) > bias_at and x[bias_at] is not None:
-        s = b.add(s, ctx.ref(x[bias_at]))
-    eps = float(a.get("epsilon", 1e-12))
-    if simplified:
-        out = b.rms_norm(s, ctx.ref(x[2]), _zeros_like_gamma(ctx, x[2]), eps)
-    else:
-        beta = ctx.ref(x[3]) if len(x) > 3 and x[3] is not None else _zeros_like_gamma(ctx, x[2])
-        out = b.layer_norm(s, ctx.ref(x[2]), beta, eps)
-    outs: list[Value] = [out, None, None, s]
-    return outs[:len(n.output)]
 
 
 @handles("Softmax")
@@ -800,65 +756,6 @@ def _expand(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]
     return [ctx.b.expand(r, target)]
 
 
-# -- attention (ORT contrib) ---------------------------------------------------------------------------------
-
-def _keep_mask(ctx: _Ctx, m: Value, batch: int, kv: int) -> Ref | None:
-    if m is None:
-        return None
-    if ctx.shape(m) != (batch, kv):
-        raise ctx.fail(f"mask shape {list(ctx.shape(m))}: only a raw [batch, kv_len] 0/1 mask is supported")
-    return ctx.b.cast(ctx.ref(m), DType.f32)
-
-
-def _sdpa(ctx: _Ctx, q: Ref, k: Ref, v: Ref, heads: int, mask: Ref | None, causal: bool, scale: float | None) -> Ref:
-    if mask is not None and causal:
-        raise ctx.fail("a padding mask together with unidirectional=1 is not supported")
-    hd = ctx.shape(q)[-1] // heads
-    kind = "keep" if mask is not None else "causal" if causal else "none"
-    return ctx.b.attention(q, k, v, mask, num_heads=heads, head_dim=hd, mask_kind=kind,
-                           scale=scale if scale else None)
-
-
-@handles("Attention", domain=CONTRIB)
-def _ort_attention(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
-    """ORT Attention(input, weights [H, 3H], bias [3H], mask_index [B, S]): packed QKV projection + SDPA.
-    Past state, attention_bias and qkv_hidden_sizes are not supported."""
-    if len(n.output) > 1 and any(n.output[1:]) or len(x) > 4 and any(v is not None for v in x[4:]):
-        raise ctx.fail("past / present state and attention_bias are not supported")
-    if a.get("qkv_hidden_sizes"):
-        raise ctx.fail("qkv_hidden_sizes is not supported")
-    b = ctx.b
-    heads = int(a["num_heads"])
-    qkv = b.matmul(ctx.ref(x[0]), ctx.ref(x[1]))
-    if len(x) > 2 and x[2] is not None:
-        qkv = b.add(qkv, ctx.ref(x[2]))
-    bs = ctx.shape(x[0])
-    h = ctx.shape(qkv)[-1] // 3
-    q, k, v = (b.narrow(qkv, 2, i * h, h) for i in range(3))
-    mask = _keep_mask(ctx, x[3] if len(x) > 3 else None, bs[0], bs[1])
-    return [_sdpa(ctx, q, k, v, heads, mask, bool(a.get("unidirectional", 0)), a.get("scale"))]
-
-
-@handles("MultiHeadAttention", domain=CONTRIB)
-def _ort_mha(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
-    """ORT MultiHeadAttention(query, key, value [B, S, H] each, bias [3H], key_padding_mask [B, Sk])."""
-    if len(x) < 3 or x[1] is None or x[2] is None or len(ctx.shape(x[1])) != 3:
-        raise ctx.fail("only separate query, key and value inputs [batch, seq, hidden] are supported")
-    if len(n.output) > 1 and any(n.output[1:]) or len(x) > 5 and any(v is not None for v in x[5:]):
-        raise ctx.fail("past / present state and attention_bias are not supported")
-    b = ctx.b
-    q, k, v = (ctx.ref(t) for t in x[:3])
-    if len(x) > 3 and x[3] is not None:
-        bias = _const(x[3])
-        if bias is None:
-            raise ctx.fail("the bias must be a constant")
-        h = bias.shape[0] // 3
-        q, k, v = (b.add(t, ctx.ref(np.ascontiguousarray(bias[i * h:(i + 1) * h]))) for i, t in enumerate((q, k, v)))
-    bs = ctx.shape(q)
-    mask = _keep_mask(ctx, x[4] if len(x) > 4 else None, bs[0], ctx.shape(k)[1])
-    return [_sdpa(ctx, q, k, v, int(a["num_heads"]), mask, bool(a.get("unidirectional", 0)), a.get("scale"))]
-
-
 # -- folding and the driver ----------------------------------------------------------------------------------
 
 _NEVER_ON_HOST = frozenset({"If", "Loop", "Scan", "SequenceMap", "RegexFullMatch", "StringConcat", "StringSplit",
@@ -928,7 +825,8 @@ MAX_SCOPES_TEXT = 8192
 
 def node_path(node: Any) -> str:
     """The exporter's module path of an ONNX node: torch.onnx's name-scope metadata, else a legacy
-    `/a/b.0/c/Op` node name as `a.b.0.c`; '' when neither is present."""
+    `/a/b.0/c/Op` node name as `a.b.0.c`, else the path its values' names carry (`onnx_paths.path_from_values`:
+    nodes a graph optimizer made); '' when none is present."""
     for p in node.metadata_props:
         if p.key == _NAME_SCOPES:
             if len(p.value) > MAX_SCOPES_TEXT:  # parsed with a bound: 400 KB of it took 179 MB
@@ -944,7 +842,7 @@ def node_path(node: Any) -> str:
     name = node.name or ""
     if name.startswith("/"):
         return ".".join(part for part in name.split("/")[1:-1] if part)
-    return ""
+    return path_from_values(node)  # a node an optimizer made: the path its values' names carry
 
 
 _BATCH_RE = re.compile(r"batch", re.I)
@@ -1343,5 +1241,7 @@ def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Ma
                        "onnx_outputs": [o.name for o in proto.graph.output],
                        "onnx_nodes": provenance})
 
+
+from . import onnx_contrib, onnx_quant  # noqa: E402,F401 - register ORT's contrib ops' and the quantized ops' handlers
 
 __all__ = ["OPSETS", "OnnxImportError", "import_graph", "load_onnx", "node_path", "onnx_dtype", "validate"]

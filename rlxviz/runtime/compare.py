@@ -15,6 +15,11 @@ Together they separate a fusion bug from conditioning (`Verdict`):
 | | | | cancellation: fused and unfused round differently, neither closer to the oracle) |
 | `nonfinite` | the oracle is not finite | | the graph's math is not finite even in float64 |
 
+A quantized graph (a cast to u8/i8 of a rounded float: QuantizeLinear, DynamicQuantizeLinear) turns a rounding-level
+difference before a quantizer into a whole step: a version whose first differing quantized tensor moved by at most
+one step, while what it rounds agrees within the same-dtype tolerance, is `precision` with that reason (`flip`,
+`quant_flip.quantization_flip`), never blamed on a pass.
+
 "2x unfused's error" reads the conditioning of the input set: the bar is 2x the larger of the unfused graph's
 error and `err_cond`, how far the oracle itself moves when the float inputs and weights move by one unit in
 the last place of the graph's dtype (`conditioning`; `Baseline.conditioning`, computed only for a version that
@@ -39,6 +44,7 @@ import numpy as np
 from ..ir import Graph, Op
 from .battery import Battery, InputSet
 from .precision import PrecisionPolicy, Tolerance
+from .quant_flip import quantization_flip
 from .reference import NumpyEmitter, bind_leaf, run_oracle
 
 Runner = Callable[[Graph, Mapping[str, np.ndarray], Mapping[str, np.ndarray]], list[np.ndarray]]
@@ -104,6 +110,8 @@ class InputCheck:
         err_base: max |unfused graph - oracle| on this input set (how far the unfused graph itself is off).
         err_cond: how far the oracle moves when the inputs are rounded to the dtype (`Baseline.conditioning`;
             0.0 when not computed).
+        flip: for a `precision` check of a quantized graph, why the difference is a quantization step moved by
+            rounding (`quant_flip.quantization_flip`), else ''.
     """
 
     inputs: str
@@ -114,12 +122,17 @@ class InputCheck:
     changed: bool = False
     err_base: float = 0.0
     err_cond: float = 0.0
+    flip: str = ""
 
     def brief(self) -> str:
         """This check's status in words, naming the input set (the verdict's note without `NO: `)."""
         if self.status == "fusion":
             return (f"changed the numbers on {self.inputs} ({self.err_unfused:.1e} vs unfused, over the same-dtype "
                     f"tolerance; {self.err_oracle:.1e} vs the oracle, unfused {self.err_base:.1e})")
+        if self.status == "precision" and self.flip:
+            return (f"differs from the unfused graph on {self.inputs} ({self.err_unfused:.1e}) by a quantization "
+                    f"step: {self.flip}; the graph quantizes at run time, so a rounding-level change moves whole "
+                    f"steps (not a pass)")
         if self.status == "precision" and self.changed:
             cond = (f"; rounding the inputs to the dtype alone moves the oracle by {self.err_cond:.1e}"
                     if self.err_cond else "")
@@ -320,6 +333,9 @@ def check_version(version: Graph, bases: Sequence[Baseline], weights: Mapping[st
             c = judge(got, b.oracle, b.unfused, policy, b.inputs.name)
             if c.status == "fusion" or (c.status == "precision" and c.changed):  # read the inputs' conditioning
                 c = judge(got, b.oracle, b.unfused, policy, b.inputs.name, b.conditioning(weights))
+            if c.status == "fusion" and b.graph is not None and (flip := quantization_flip(
+                    version, b.graph, b.inputs.feeds, weights, policy.same_backend, run)):
+                c = replace(c, status="precision", flip=flip)  # a quantization step moved by rounding
             if c.status in ("overflow", "precision"):
                 where = b.overflow_at(weights)
                 if where is not None:  # finite output, but an intermediate overflowed (e.g. rsqrt(inf) = 0)

@@ -33,13 +33,18 @@ def rope(x: A, cos: A, sin: A, head_dim: int, n_rot: int, concatenate: Callable[
     `(x1 c - x2 s, x2 c + x1 s)`; dims beyond `n_rot` pass through. NeoX (default) pairs the halves,
     `x1 = x[:n_rot/2]`, `x2 = x[n_rot/2:n_rot]`; `interleaved` (GPT-J's rotate_every_two, MLX `traditional`)
     pairs neighbours, `x1 = x[0:n_rot:2]`, `x2 = x[1:n_rot:2]`, and writes each pair back in place. `cos`/`sin`
-    are `[max_pos, >= n_rot/2]` tables indexed by sequence position 0..S-1. Returns `x`'s shape.
+    are `[max_pos, >= n_rot/2]` tables indexed by sequence position 0..S-1, or `[B or 1, >= S, >= n_rot/2]`: one
+    table per batch row (RoPE at `position_ids` that differ by row). Returns `x`'s shape.
     """
     b, s, hd = x.shape  # type: ignore[attr-defined]
     xh = x.reshape(b, s, hd // head_dim, head_dim)  # type: ignore[attr-defined]
     half = n_rot // 2
-    c = cos[:s, :half][None, :, None, :]  # type: ignore[index]
-    sn = sin[:s, :half][None, :, None, :]  # type: ignore[index]
+    if len(cos.shape) == 3:  # type: ignore[attr-defined]
+        c = cos[:, :s, :half][:, :, None, :]  # type: ignore[index]
+        sn = sin[:, :s, :half][:, :, None, :]  # type: ignore[index]
+    else:
+        c = cos[:s, :half][None, :, None, :]  # type: ignore[index]
+        sn = sin[:s, :half][None, :, None, :]  # type: ignore[index]
     if interleaved:
         pairs = xh[..., :n_rot].reshape(b, s, hd // head_dim, half, 2)  # type: ignore[attr-defined]
         x1, x2 = pairs[..., 0], pairs[..., 1]

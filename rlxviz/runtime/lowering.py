@@ -56,7 +56,7 @@ NEG = -3.4028234663852886e38  # finfo(float32).min, as the NumPy reference uses 
 
 MX_DTYPES: dict[DType, Any] = {
     DType.f32: mx.float32, DType.f16: mx.float16, DType.bf16: mx.bfloat16, DType.f64: mx.float64,
-    DType.i32: mx.int32, DType.i64: mx.int64, DType.bool: mx.bool_,
+    DType.i8: mx.int8, DType.u8: mx.uint8, DType.i32: mx.int32, DType.i64: mx.int64, DType.bool: mx.bool_,
 }
 _FROM_MX = {v: k for k, v in MX_DTYPES.items()}
 

@@ -9,7 +9,7 @@ line, column and caret) for front ends that show the caret.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..ir import Graph, GraphError, IRSyntaxError, from_json, lint, parse_ir, safejson
@@ -19,6 +19,7 @@ from ..ir.parser import node_line
 from ..ir.serialize import NotGraphJSON
 from ..models import PRESETS, CheckpointError, Model, load_checkpoint, load_model, random_weights
 from ..models.checkpoint import read_config_file
+from ..models.onnx_dims import onnx_input_shapes
 from ..models.onnx_import import load_onnx
 from ..passes import layer_of
 from ..passes.trace import layer_keys
@@ -30,6 +31,9 @@ from .variants import effective_seq, graph_variant, preset_is_bert, variant_name
 
 MODELS = LRUCache(maxsize=4)
 """Loaded models by content key, shared by every session of the process."""
+
+SHAPES = LRUCache(maxsize=16)
+"""Bound input shapes of `.onnx` files (`onnx_dims`), so a cached model is found without parsing its file again."""
 
 MAX_IR_FILE_BYTES = 64 << 20
 """Largest IR text / graph JSON file read (bytes; also at most the memory limit)."""
@@ -200,7 +204,8 @@ def _within_roots(p: Path, roots: Sequence[Path]) -> Path:
 
 def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: str | None = None,
          variant: str | None = None, variant_layer: int = 0, limits: Limits | None = None, threshold: int | None = None,
-         allowed_roots: Sequence[Path] | None = None, max_seq: int | None = None) -> Model:
+         allowed_roots: Sequence[Path] | None = None, max_seq: int | None = None,
+         dims: Mapping[str, int] | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Model:
     """A model by preset name, Hugging Face checkpoint folder, or IR text file, checked against `limits`.
 
     Args:
@@ -214,6 +219,10 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
             raises `seq` over the attention gate (`effective_seq` with `threshold`, capped at `max_seq`).
         limits: the memory limits (default `Limits.resolve()`: environment or 2048 MiB).
         allowed_roots: for folders, directories the folder must lie in (None: any folder).
+        dims, input_shapes: for an `.onnx` file, values of symbolic dim names (`--dim`) and full shapes of some
+            inputs (`--inputs`), bound before the import (`models.onnx_dims.bind_input_shapes`: a dim expression
+            such as `past_sequence_length + sequence_length` is the sum of the values the other inputs use).
+            Refused for any other model.
 
     Raises:
         SessionError: unknown model or variant, unreadable or malformed IR (with line and column), a variant
@@ -234,6 +243,9 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
     seq = effective_seq(v, batch, seq, threshold, max_seq)
     gv = graph_variant(v)
     kwargs = {"variant": gv} if style is None else {"variant": gv, "style": style}
+    if (dims or input_shapes) and not (p.suffix.lower() == ".onnx" and (p.is_file() or allowed_roots is not None)):
+        raise SessionError(f"{model}: --dim / input shapes bind an .onnx file's symbolic dims; this model has fixed "
+                           f"shapes (use --batch / --seq)")
     try:
         if model in PRESETS:
             m = MODELS.get_or_compute(("preset", model, batch, seq, style, gv),
@@ -241,8 +253,14 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
         elif p.suffix.lower() == ".onnx" and (p.is_file() or allowed_roots is not None):
             if allowed_roots is not None:  # a typed path (the app's folder box): inside the roots, checked first
                 p = _within_roots(p, allowed_roots)
-            m = MODELS.get_or_compute(("onnx", str(p.resolve()), p.stat().st_mtime_ns, batch, seq, limits.max_bytes),
-                                      lambda: load_onnx(p, batch, seq, max_bytes=limits.max_bytes))
+            st = p.stat()
+            key = ("onnx-shapes", str(p.resolve()), st.st_mtime_ns, st.st_size, batch, seq,
+                   tuple(sorted((dims or {}).items())),
+                   tuple(sorted((k, tuple(v)) for k, v in (input_shapes or {}).items())))
+            shapes = SHAPES.get_or_compute(key, lambda: onnx_input_shapes(p, batch, seq, dims, input_shapes))
+            m = MODELS.get_or_compute(("onnx", str(p.resolve()), p.stat().st_mtime_ns, batch, seq, limits.max_bytes,
+                                       tuple(sorted(shapes.items()))),
+                                      lambda: load_onnx(p, batch, seq, input_shapes=shapes, max_bytes=limits.max_bytes))
         elif p.is_dir() or allowed_roots is not None:  # with roots, the loader checks the folder before anything
             roots = None if allowed_roots is None else tuple(allowed_roots)
             m = MODELS.get_or_compute(("folder", str(p), roots, batch, seq, style, gv, limits.max_bytes),

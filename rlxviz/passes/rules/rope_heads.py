@@ -13,7 +13,10 @@ with `[S, r/2]` tables and `concat(out_rot, h[..., r:], axis=-1)` -> `rope(..., 
 
 Recognized: the multiplies and the sum in either operand order; the tables as `concat(t, t)` on the last axis of
 a rank-2 `[S, r/2]` t, optionally reshaped to `[1, 1, S, r]` (or `[1, S, r]`), or as a full-width `[S, r]`,
-`[1, S, r]` or `[1, 1, S, r]` table whose two halves are equal (guard: read through reshapes, row gathers, casts,
+`[1, S, r]` or `[1, 1, S, r]` table whose two halves are equal; with a batch B > 1, also one table per batch row
+(RoPE at `position_ids` that differ by row: optimum's decoder exports, left padding's cumsum), `[B, S, r/2]` t
+(`[B, 1, S, r]` after the concat) or a full-width `[B, S, r]` / `[B, 1, S, r]` table with equal halves, which the
+rope op reads as its `[B, S, r/2]` per-row table (guard: read through reshapes, row gathers, casts,
 cos/sin and scalar products down to `concat(t, t)` or a param whose values the graph carries, `Graph.values`,
 compared exactly; refused naming the first entry that differs, or that the values are not known), which the rope
 op reads as `reshape(narrow(t, -1, 0, r/2), [S, r/2])`; the narrows on the last axis. The heads may be any
@@ -119,41 +122,56 @@ def _param_halves(g: Graph, n: Node, pairs: bool = False) -> str:
             f"{float(b[at]):.9g}), so it is no table the rope op reads")
 
 
-def _table(g: Graph, i: int, s: int, r: int) -> tuple[int | None, list[int], bool]:
+def _table(g: Graph, i: int, s: int, r: int, b: int = 1) -> tuple[int | None, list[int], bool]:
     """`(t, nodes, half)` for table node i of a rotation over r dims at S = s: `concat(t, t)` on the last axis of
     a `[s, r/2]` table t, optionally reshaped to `[1, 1, s, r]` / `[1, s, r]` (`half`: the rope op reads t); or a
     full-width `[s, r]` / `[1, s, r]` / `[1, 1, s, r]` table i with equal halves (`_halves`; not `half`: the rope op
-    reads its first half); `(None, [], False)` otherwise."""
+    reads its first half); with batch `b` > 1 also one table per batch row (RoPE at `position_ids` that differ by
+    row): `concat(t, t)` of a `[b, s, r/2]` t reshaped to `[b, 1, s, r]`, or a full-width `[b, s, r]` /
+    `[b, 1, s, r]` table with equal halves; `(None, [], False)` otherwise."""
     nodes = []
     n = g[i]
-    if n.op == Op.RESHAPE and n.shape in ((1, 1, s, r), (1, s, r)):
+    rows = (1, b) if b > 1 else (1,)
+    if n.op == Op.RESHAPE and n.shape in {*((k, 1, s, r) for k in rows), *((k, s, r) for k in rows)}:
         nodes.append(n.id)
         n = g[n.inputs[0]]
-    if n.op == Op.CONCAT and len(n.inputs) == 2 and n.inputs[0] == n.inputs[1] and n.attrs["axis"] in (-1, 1):
+    if n.op == Op.CONCAT and len(n.inputs) == 2 and n.inputs[0] == n.inputs[1] and n.attrs["axis"] in (-1, _last(n)):
         t = g[n.inputs[0]]
-        if t.rank == 2 and t.shape == (s, r // 2):
+        if t.shape == (s, r // 2) or (b > 1 and t.shape == (b, s, r // 2)):
             return t.id, [*nodes, n.id], True
-    if g[i].shape in ((s, r), (1, s, r), (1, 1, s, r)) and not _halves(g, i):
+    full = {(s, r), *((k, s, r) for k in rows), *((k, 1, s, r) for k in rows)}
+    if g[i].shape in full and not _halves(g, i):
         return i, [], False
     return None, [], False
 
 
-def _table_why(g: Graph, i: int, s: int, r: int) -> str:
+def _per_row(g: Graph, t: int) -> bool:
+    """Table t holds one table per batch row (`[B > 1, ...]` of rank 3 or 4)."""
+    return g[t].rank in (3, 4) and g[t].shape[0] > 1
+
+
+def _table_why(g: Graph, i: int, s: int, r: int, b: int = 1) -> str:
     """Why table node i is no `[S, r/2]` table the rope op reads, or ""."""
     t = g[i]
-    if _table(g, i, s, r)[0] is not None:
+    if _table(g, i, s, r, b)[0] is not None:
         return ""
-    if t.rank in (3, 4) and t.shape[0] > 1 and t.shape[-2:] == (s, r) and (t.rank == 3 or t.shape[1] == 1):
-        return (f"{t.op.value} (node {t.id}) {list(t.shape)} is a table per batch row (position ids that differ by "
-                f"row, e.g. left padding's cumsum): the rope op reads one [S, {r // 2}] table for every row")
-    if t.shape not in ((s, r), (1, s, r), (1, 1, s, r)):
+    per_row = t.rank in (3, 4) and t.shape[0] > 1 and t.shape[-2:] == (s, r) and (t.rank == 3 or t.shape[1] == 1)
+    if per_row and t.shape[0] != b:
+        return (f"{t.op.value} (node {t.id}) {list(t.shape)} is a table per batch row of {t.shape[0]} rows for a "
+                f"batch of {b}: the rope op reads one [S, {r // 2}] table, or one per batch row")
+    if not per_row and t.shape not in ((s, r), (1, s, r), (1, 1, s, r)):
         return f"{t.op.value} (node {t.id}) {list(t.shape)} is no [S, {r}] table of S = {s} rows"
     return _halves(g, i)
 
 
 def _half_table(rw: Rewriter, t: int, half: bool, s: int, r: int) -> int:
-    """The `[s, r/2]` table the rope op reads: t, or the first half of the full-width table t."""
-    return t if half else rw.reshape(rw.narrow(t, rw.lookup(t).rank - 1, 0, r // 2), (s, r // 2))
+    """The `[s, r/2]` table the rope op reads (`[B, s, r/2]` for one table per batch row): t, or the first half of the
+    full-width table t."""
+    tn = rw.lookup(t)
+    if half:
+        return t
+    shape = (tn.shape[0], s, r // 2) if tn.rank in (3, 4) and tn.shape[0] > 1 else (s, r // 2)
+    return rw.reshape(rw.narrow(t, tn.rank - 1, 0, r // 2), shape)
 
 
 def _other(n: Node, i: int) -> int | None:
@@ -213,10 +231,10 @@ def _form(g: Graph, add: Node) -> _Form | None:
     if g[split].rank != 4:
         return None
     hs = head_split(g, split)
-    s = g[split].shape[2]
-    cos, cos_nodes, c_half = _table(g, cos4, s, r)
-    sin, sin_nodes, s_half = _table(g, sin4, s, r)
-    if cos is None or sin is None or c_half != s_half \
+    bsz, s = g[split].shape[0], g[split].shape[2]
+    cos, cos_nodes, c_half = _table(g, cos4, s, r, bsz)
+    sin, sin_nodes, s_half = _table(g, sin4, s, r, bsz)
+    if cos is None or sin is None or c_half != s_half or _per_row(g, cos) != _per_row(g, sin) \
             or len({g[i].dtype for i in (split, cos, sin, *core, result)}) != 1:
         return None
     inside = {*core, result}
@@ -234,8 +252,9 @@ def why_not(g: Graph, add: int) -> str:
     h, r, cos4, sin4, _ = found
     hn = g[h]
     s = hn.shape[2] if hn.rank == 4 else 0
+    bsz = hn.shape[0] if hn.rank == 4 else 1
     for name, i in (("cos", cos4), ("sin", sin4)):
-        if why := _table_why(g, i, s, r):
+        if why := _table_why(g, i, s, r, bsz):
             return f"its {name} table: {why} (the rope op reads one half of an [S, {r}] table)"
     if _form(g, g[add]) is None:
         return ("a product of the form is read elsewhere, or its dtypes differ, or it is not on a head split (a "
