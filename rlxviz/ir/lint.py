@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from .dtype import DType
 from .graph import Graph, GraphError, toposort
+from .host_rules import onnx_op_problem
 from .infer import ShapeError, TensorType, infer
 from .node import Node
 from .ops import SPECS, Op, const_shape
@@ -73,6 +76,8 @@ def problems(graph: Graph) -> list[tuple[int | None, str]]:
         if t != TensorType(n.shape, n.dtype):
             out.append((n.id, f"declared type {n.type} but operands give {t}"))
         elif n.op == Op.GATHER and (msg := _check_gather_consts(nodes, n)):
+            out.append((n.id, msg))
+        elif n.op == Op.ONNX_OP and (msg := _check_host_node(nodes, n, graph.values)):
             out.append((n.id, msg))
     return out
 
@@ -190,6 +195,21 @@ def _index_values(nodes: dict[int, Node], root: int) -> tuple[bool, np.ndarray] 
                 v = (True, a[tuple(sl)])
         memo[k] = v
     return memo[root]
+
+
+def _check_host_node(nodes: dict[int, Node], n: Node, values: Mapping[str, Any]) -> str | None:
+    """Why the `onnx_op` node `n` may not run on the host (`host_rules.onnx_op_problem`: the importer's rules), or
+    None. Operand values known to the check: const payloads and the params whose value the graph holds."""
+    known: list[np.ndarray | None] = []
+    for i in n.inputs:
+        src = nodes[i]
+        v: Any = None
+        if src.op == Op.CONST:
+            v = np.array(src.attrs["value"], dtype=src.dtype.numpy).reshape(src.shape)
+        elif src.op == Op.PARAM and src.attrs["name"] in values:
+            v = np.asarray(values[src.attrs["name"]])
+        known.append(v)
+    return onnx_op_problem(n.attrs, [(nodes[i].dtype, nodes[i].shape) for i in n.inputs], known)
 
 
 def _check_gather_consts(nodes: dict[int, Node], n: Node) -> str | None:

@@ -43,19 +43,17 @@ import numpy as np
 from ..ir import Builder, DType, Graph, Op, lint
 from ..ir.emitter import Ref
 from ..ir.graph import SMALL_VALUE
+from ..ir.host_rules import ONNX_DTYPES, OPSETS, form_refusal, inferred_types
 from ..ir.identity import IdentityMap
 from ..ir.lint import problems
 from ..ir.ops import PAD_MODES
 from .module_calls import number_calls
-from .onnx_fold import FOLDABLE, FoldError, check_fold, fold, node_attrs, single_node_model
+from .onnx_fold import FOLDABLE, FoldError, check_fold, fold, node_attrs
 from .presets import Model
 
 MAX_IMPORT_SECONDS = 120.0
 """Wall time one import may take (an export of a 7B model maps in seconds); past it the import stops, naming the
 node it reached, so no upload holds a server's worker for long."""
-
-OPSETS = range(13, 22)
-"""Default-domain opsets the importer accepts (13..21)."""
 
 CONTRIB = "com.microsoft"
 
@@ -77,7 +75,7 @@ def _onnx() -> Any:
     return onnx
 
 
-_DTYPES = {1: DType.f32, 10: DType.f16, 16: DType.bf16, 11: DType.f64, 6: DType.i32, 7: DType.i64, 9: DType.bool}
+_DTYPES = ONNX_DTYPES
 """ONNX TensorProto element type -> DType."""
 
 
@@ -858,12 +856,6 @@ def _ort_mha(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value
 
 # -- folding and the driver ----------------------------------------------------------------------------------
 
-_NEVER_ON_HOST = frozenset({"If", "Loop", "Scan", "SequenceMap", "RegexFullMatch", "StringConcat", "StringSplit",
-                            "StringNormalizer", "RandomNormal", "RandomUniform", "RandomNormalLike",
-                            "RandomUniformLike", "Multinomial", "Bernoulli", "Optional", "OptionalGetElement"})
-"""Ops never kept as host nodes: control flow (unbounded work), strings, random (no fixed numbers), optionals."""
-
-
 def _host_op(ctx: _Ctx, node: Any, ins: list[Value], domain: str) -> list[Ref | None] | None:
     """`onnx_op` nodes for a default-domain ONNX node no handler maps (`ir.onnx_op`): one per output the graph
     names (TopK's values and indices are two nodes, each evaluating the ONNX node and keeping its `output`), no
@@ -871,24 +863,16 @@ def _host_op(ctx: _Ctx, node: Any, ins: list[Value], domain: str) -> list[Ref | 
     None when any of these fails (the op is then listed as unmapped). Raises nothing."""
     from ..ir.onnx_op import encode
 
-    if domain or node.op_type in _NEVER_ON_HOST or "Sequence" in node.op_type or not any(node.output) \
-            or any(at.type in (5, 10) for at in node.attribute):  # 5/10: GRAPH(S)
+    if domain or form_refusal(node) is not None:  # the form rules lint applies to every `onnx_op` (ir.host_rules)
         return None
     try:
         named = [(name, v) for name, v in zip(node.input, ins, strict=True) if name]
         consts = {name: v for name, v in named if isinstance(v, np.ndarray)}
         typed = {name: (np.dtype(ctx.dtype(v).numpy), ctx.shape(v)) for name, v in named if name not in consts}
-        m = single_node_model(node, ctx.opset, consts, typed)
-        m = _onnx().shape_inference.infer_shapes(m, strict_mode=True, data_prop=True)
-        types: dict[str, tuple[DType, tuple[int, ...]]] = {}
-        for out in m.graph.output:
-            t = out.type.tensor_type
-            if not t.HasField("shape") or any(not d.HasField("dim_value") for d in t.shape.dim):
-                return None
-            types[out.name] = (onnx_dtype(t.elem_type), tuple(int(d.dim_value) for d in t.shape.dim))
-        if any(o and o not in types for o in node.output):
-            return None
-    except Exception:  # noqa: BLE001 - not inferable: the op stays unmapped, named in the one error
+    except Exception:  # noqa: BLE001 - an input the IR cannot hold: the op stays unmapped, named in the one error
+        return None
+    types = inferred_types(node, ctx.opset, consts, typed)
+    if isinstance(types, str):  # not inferable: the op stays unmapped, named in the one error
         return None
     operands = [ctx.ref(v) for name, v in zip(node.input, ins, strict=True) if name]
     if not operands:
@@ -1222,7 +1206,9 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
     b.output(*outs)
     from ..passes.pipeline import run_pass
 
-    built = b.build()
+    # the small weights' values go with the graph before lint: an `onnx_op` whose output shape ONNX infers from a
+    # constant input (Resize's sizes) is checked with that value, as `_host_op` typed it (`ir.host_rules`)
+    built = b.build().with_values({k: v for k, v in weights.items() if v.size <= SMALL_VALUE})
     if bad := problems(built):  # a rank, dtype or attribute the IR cannot hold: named by the ONNX node it came from
         nid, msg = bad[0]
         made = provenance.get(nid) if nid is not None else None
