@@ -421,6 +421,8 @@ HANDED = {
     "ir_bool_scale_const.ir": (["explain"], 2, "invalid graph"),
     "ir_error_cut_at_path_newline.ir": (["explain"], 2, "invalid graph"),
     "ir_expand_huge.ir": (["explain"], 2, "a run needs 3.6 TiB at its peak"),
+    "ir_hostop_loop_forever.ir": (["time"], 2, "labelled 'Hardmax' but its ONNX node is 'Loop'"),
+    "ir_hostop_optype_lie.ir": (["explain"], 2, "labelled 'Relu' but its ONNX node is 'Neg'"),
     "ir_huge_int_dim.ir": (["explain"], 2, "IR syntax error: number with 5000 characters"),
     "ir_layered_4000_explain_15s.ir": (["explain"], 0, "12/12 layer(s) fused as expected"),
     "ir_nesting_min.ir": (["explain"], 2, "IR syntax error: attribute value nested deeper"),
