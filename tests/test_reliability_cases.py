@@ -437,6 +437,8 @@ HANDED = {
     "xss_paths.ir": (["explain"], 0, "0 missed fusion(s)"),
     "onnx_outer_no_budget": (["run", "outer.onnx", "--inputs", "outer_12000.npz", "-o", "{tmp}/o.npz"], 2,
                              "over the limit of 64.0 MiB"),
+    "run_fixed_1x8": (["run", "run_fixed_1x8.onnx", "--inputs", "run_in_3x5x2.npz", "-o", "{tmp}/o.npz"], 2,
+                      "input 'x' has shape [3, 5, 2] (rank 3); the file's input is [1, 8] (rank 2)"),
 }
 
 

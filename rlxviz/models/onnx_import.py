@@ -940,6 +940,8 @@ def _bind_input(vi: Any, batch: int, seq: int, shapes: Mapping[str, Sequence[int
         if (bad := next((i for i, d in enumerate(given) if d <= 0), None)) is not None:
             raise OnnxImportError(f"input {vi.name!r}: dimension {bad} is {given[bad]}; a graph input's dimensions "
                                   f"must be positive")
+        if why := _binds(vi, given):
+            raise OnnxImportError(why)
         return given, dtype
     dims = []
     for i, d in enumerate(t.shape.dim):
@@ -958,6 +960,27 @@ def _bind_input(vi: Any, batch: int, seq: int, shapes: Mapping[str, Sequence[int
     return tuple(dims), dtype
 
 
+def _binds(vi: Any, given: tuple[int, ...]) -> str:
+    """Why the array shape `given` cannot bind the graph input `vi`, or '': an array binds only the symbolic
+    dimensions of the file's input (a `dim_param`, or none given); its rank and every fixed dimension must be the
+    file's, else the model would run under another meaning than the file's (ONNX Runtime refuses such inputs).
+    An input with no shape in the file binds any. Raises nothing."""
+    t = vi.type.tensor_type
+    if not t.HasField("shape"):
+        return ""
+    declared = [int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
+    shown = "[" + ", ".join(str(d) for d in declared) + "]"
+    where = f"input {vi.name!r} has shape {list(given)}"
+    if len(given) != len(declared):
+        return (f"{where} (rank {len(given)}); the file's input is {shown} (rank {len(declared)}): an array binds only "
+                f"the input's symbolic dimensions")
+    fixed = [i for i, d in enumerate(declared) if isinstance(d, int) and d != given[i]]
+    if fixed:
+        return (f"{where}; the file fixes it to {shown} (dimension {fixed[0]} is {declared[fixed[0]]}): an array "
+                f"binds only the input's symbolic dimensions")
+    return ""
+
+
 def default_opset(proto: Any) -> int:
     """The model's default-domain opset. Raises OnnxImportError outside `OPSETS`."""
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
@@ -974,13 +997,48 @@ def validate(proto: Any) -> None:
     is native code that a malformed file can crash (a GatherND with batch_dims -5 segfaults onnx 1.2x), so it runs
     in a forked child where the platform has fork: a crash or a run past `VALIDATE_SECONDS` refuses the file.
 
+    Then ONNX's checker (`_checker`): together with the strict inference, `onnx.checker`'s full check (an
+    initializer with dims [-1, 8], a ReduceMean with an `axes` attribute at opset 18+ are refused here, as ONNX
+    Runtime refuses them).
+
     Raises:
         OnnxImportError: the first rule broken, naming the op (and node, when ONNX names it), in one line; or that
             the inference crashed or took too long on this file.
     """
-    why = _isolated(lambda: _strict_inference(proto)) if hasattr(os, "fork") else _strict_inference(proto)
+    if hasattr(os, "fork"):  # the child may change its copy-on-write proto: the parent's is untouched
+        why = _isolated(lambda: _strict_inference(proto) or _checker(proto))
+    else:
+        why = _strict_inference(proto) or _checker(_copy(proto))
     if why:
         raise OnnxImportError(why)
+
+
+def _copy(proto: Any) -> Any:
+    out = type(proto)()
+    out.CopyFrom(proto)
+    return out
+
+
+def _checker(proto: Any) -> str:
+    """'' when ONNX's checker accepts `proto` (its structure against the schemas of its opset: attributes each op
+    defines, non-negative initializer dims, names, ...), else why not (one line). The checker also demands a type
+    and a shape on every graph input and output, which ONNX Runtime does not (exporters leave an output's type or
+    shape out; the strict inference, run first, checks the types that are there): those are given placeholders here
+    first, so this CHANGES `proto` (called on a forked child's copy, or on a copy)."""
+    onnx = _onnx()
+    for vi in (*proto.graph.input, *proto.graph.output):
+        if not vi.HasField("type"):
+            vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+        if vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape"):
+            vi.type.tensor_type.shape.SetInParent()
+    try:
+        onnx.checker.check_model(proto)
+    except Exception as e:  # noqa: BLE001 - ValidationError: the model is invalid
+        text = " ".join(str(e).split()).replace(" ==> Context: ", "; ")
+        if "must be topologically sorted" in text:  # the importer refuses each such node, naming the cycle or the
+            return ""                                # dangling input (`import_graph`: "reads 'b', which no ...")
+        return f"invalid ONNX model (rejected by the ONNX checker, as ONNX Runtime would): {text[:400]}"
+    return ""
 
 
 VALIDATE_SECONDS = 60.0
