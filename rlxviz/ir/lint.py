@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from typing import Any
 
 import numpy as np
@@ -75,7 +75,7 @@ def problems(graph: Graph) -> list[tuple[int | None, str]]:
             continue
         if t != TensorType(n.shape, n.dtype):
             out.append((n.id, f"declared type {n.type} but operands give {t}"))
-        elif n.op == Op.GATHER and (msg := _check_gather_consts(nodes, n)):
+        elif n.op == Op.GATHER and (msg := _check_gather_consts(nodes, n, {i for i, _ in out})):
             out.append((n.id, msg))
         elif n.op == Op.ONNX_OP and (msg := _check_host_node(nodes, n, graph.values)):
             out.append((n.id, msg))
@@ -147,12 +147,14 @@ _EXACT_CAP = 1 << 16
 """Largest index array lint evaluates exactly; past it (e.g. concats of concats) only the set of values is kept."""
 
 
-def _index_values(nodes: dict[int, Node], root: int) -> tuple[bool, np.ndarray] | None:
+def _index_values(nodes: dict[int, Node], root: int, invalid: Set[int | None] = frozenset()
+                  ) -> tuple[bool, np.ndarray] | None:
     """The values node `root` is known to hold when it is computed from consts alone by reshape, transpose, narrow,
     expand, concat and int -> i64 casts: `(True, array)` exactly, `(False, values)` when only the set of values
     is known (after an expand, or a concat with a non-const operand: every value listed still reaches the output),
     None when nothing is known. Bounded: exact arrays stay under `_EXACT_CAP` elements (the payloads are in the
-    text), expands are never materialized."""
+    text), expands are never materialized. A node of `invalid` (one lint already refused: an operand missing, an
+    attribute of the wrong type) is never read: its value is unknown."""
     memo: dict[int, tuple[bool, np.ndarray] | None] = {}
     order, todo = [], [root]
     while todo:  # post-order without recursion
@@ -160,6 +162,8 @@ def _index_values(nodes: dict[int, Node], root: int) -> tuple[bool, np.ndarray] 
         if k in memo:
             continue
         memo[k] = None
+        if k in invalid:
+            continue
         order.append(k)
         src = nodes[k]
         if src.op in (Op.RESHAPE, Op.TRANSPOSE, Op.NARROW, Op.EXPAND, Op.CONCAT, Op.CAST):
@@ -212,12 +216,15 @@ def _check_host_node(nodes: dict[int, Node], n: Node, values: Mapping[str, Any])
     return onnx_op_problem(n.attrs, [(nodes[i].dtype, nodes[i].shape) for i in n.inputs], known)
 
 
-def _check_gather_consts(nodes: dict[int, Node], n: Node) -> str | None:
+def _check_gather_consts(nodes: dict[int, Node], n: Node, invalid: Set[int | None] = frozenset()) -> str | None:
     """Why a gather's constant indices fall outside its table, or None. Indices computed from consts alone
-    (see `_index_values`) must lie in 0..rows-1 (negative ones wrap in NumPy, not in every lowering)."""
+    (see `_index_values`; the nodes of `invalid` read as unknown) must lie in 0..rows-1 (negative ones wrap in
+    NumPy, not in every lowering)."""
     table = nodes[n.inputs[0]]
+    if not table.shape:
+        return None
     rows = table.shape[0]
-    known = _index_values(nodes, n.inputs[1])
+    known = _index_values(nodes, n.inputs[1], invalid)
     if known is None:
         return None
     flat = known[1].ravel()

@@ -82,10 +82,25 @@ _DTYPES = ONNX_DTYPES
 def onnx_dtype(code: int) -> DType:
     """DType of an ONNX element type code. Raises OnnxImportError for types the IR lacks."""
     if code not in _DTYPES:
-        name = _onnx().TensorProto.DataType.Name(code)
+        name = dtype_name(code)
         raise OnnxImportError(f"element type {name} has no IR dtype (supported: float, float16, bfloat16, "
                               f"double, int32, int64, bool)")
     return _DTYPES[code]
+
+
+def node_label(n: Any) -> str:
+    """How a message names ONNX node `n`: `Expand node 'expand_3'`, or for a node with no name by its first output,
+    `Expand node (unnamed, output 'y')` (an empty name, `''`, names nothing)."""
+    label = repr(n.name) if n.name else f"(unnamed, output {n.output[0]!r})" if any(n.output) else "(unnamed)"
+    return f"{n.op_type or '(no op type)'} node {label}"
+
+
+def dtype_name(code: int) -> str:
+    """An ONNX element type code in words: `COMPLEX64`, or `999 (no ONNX data type)`."""
+    try:
+        return _onnx().TensorProto.DataType.Name(code)
+    except ValueError:
+        return f"{code} (no ONNX data type)"
 
 
 Value = Ref | np.ndarray | None
@@ -111,9 +126,7 @@ class _Ctx:
     """Bytes of NumPy constants held so far: the initializers and every folded output."""
 
     def fail(self, why: str, kind: type[OnnxImportError] = OnnxImportError) -> OnnxImportError:
-        n = self.node
-        label = repr(n.name) if n.name else f"(unnamed, output {n.output[0]!r})" if n.output else "(unnamed)"
-        return kind(f"{n.op_type} node {label} (opset {self.opset}): {why}")
+        return kind(f"{node_label(self.node)} (opset {self.opset}): {why}")
 
     def unsupported(self, why: str) -> OnnxImportError:
         """`fail` for a valid form the handler does not map (`UnsupportedForm`: the host may run it)."""
@@ -1107,7 +1120,7 @@ def _misfit(ctx: _Ctx, node: Any, ins: list[Value]) -> str | None:
     the limit, not NumPy's IndexError/broadcast message. Raises nothing."""
     if node.domain not in ("", "ai.onnx") or len(ins) < 2 or ins[0] is None or ins[1] is None:
         return None
-    where = f"({node.op_type} node {node.name!r})"
+    where = f"({node_label(node)})"
     if node.op_type == "Gather" and isinstance(ins[1], np.ndarray) and ins[1].size:
         shape = ctx.shape(ins[0])
         if not shape:
@@ -1123,6 +1136,8 @@ def _misfit(ctx: _Ctx, node: Any, ins: list[Value]) -> str | None:
         return f"index {bad} is outside the {rows} rows of {table!r} (axis {axis}) {where}"
     if node.op_type == "Expand" and isinstance(ins[1], np.ndarray):
         s, t = ctx.shape(ins[0]), tuple(int(d) for d in ins[1].reshape(-1))
+        if (neg := next((d for d in t if d < 0), None)) is not None:  # Expand has no -1 (Reshape's "infer")
+            return f"Expand's shape {list(t)} holds the negative dimension {neg} {where}"
         try:
             np.broadcast_shapes(s, t)
             return None
@@ -1130,7 +1145,9 @@ def _misfit(ctx: _Ctx, node: Any, ins: list[Value]) -> str | None:
             pass
         n = max(len(s), len(t))
         s1, t1 = (1,) * (n - len(s)) + tuple(s), (1,) * (n - len(t)) + t
-        axis = next(i for i in range(n) if s1[i] != 1 and t1[i] != 1 and s1[i] != t1[i])
+        axis = next((i for i in range(n) if s1[i] != 1 and t1[i] != 1 and s1[i] != t1[i]), None)
+        if axis is None:
+            return f"{list(s)} cannot expand to {list(t)} {where}"
         name = ctx.value_names.get(ins[0], node.input[0])
         fixed = f"the export's fixed-shape tensor {name!r} {list(s)}"
         if ctx.seq is not None and t1[axis] == ctx.seq:
@@ -1239,7 +1256,9 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
             poisoned.update(node.output)
             continue
         except Exception as e:  # noqa: BLE001 - a shape/type error in one node becomes a named error
-            errors.append(f"{node.op_type} node {node.name!r} (opset {opset}): {type(e).__name__}: {e}")
+            said = " ".join(str(e).split())
+            errors.append(f"{node_label(node)} (opset {opset}): {type(e).__name__}"
+                          f"{': ' + said if said else ' (with no message: a step of its import found no value)'}")
             poisoned.update(node.output)
             continue
         for out_name, v in zip(node.output, outs, strict=False):
@@ -1318,6 +1337,18 @@ def _bound_external_data(proto: Any, folder: Path, path: str | Path) -> None:
             entry.key, entry.value = "length", str(need)
 
 
+def _check_initializer_types(proto: Any, path: str | Path) -> None:
+    """Refuse an initializer whose data type code is no ONNX tensor type (999, UNDEFINED): nothing could size or
+    read it. Raises OnnxImportError naming the initializer and the code."""
+    onnx = _onnx()
+    for t in proto.graph.initializer:
+        try:
+            onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
+        except (KeyError, ValueError, TypeError):
+            raise OnnxImportError(f"{path}: initializer {t.name!r} has data type {dtype_name(t.data_type)}: no "
+                                  f"tensor of that type can be read; refused") from None
+
+
 def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Mapping[str, Sequence[int]] | None = None,
               external_data_dir: str | Path | None = None, name: str | None = None,
               max_bytes: int | None = None) -> Model:
@@ -1347,6 +1378,7 @@ def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Ma
     if not proto.HasField("graph"):
         why = "the file is empty" if p.stat().st_size == 0 else "it holds no graph"
         raise OnnxImportError(f"{path}: not an ONNX model ({why})")
+    _check_initializer_types(proto, path)  # before any size is computed from a data type
     if max_bytes is not None:
         need = sum(math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
                    for t in proto.graph.initializer)
@@ -1371,4 +1403,5 @@ def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Ma
                        "onnx_nodes": provenance})
 
 
-__all__ = ["OPSETS", "OnnxImportError", "import_graph", "load_onnx", "node_path", "onnx_dtype", "validate"]
+__all__ = ["OPSETS", "OnnxImportError", "dtype_name", "import_graph", "load_onnx", "node_label", "node_path",
+           "onnx_dtype", "validate"]
