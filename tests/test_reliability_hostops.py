@@ -234,3 +234,53 @@ def test_onnx_runtime_prints_nothing_raw(capfd):
     assert host.ort_options().log_severity_level == host.QUIET
     out, err = capfd.readouterr()
     assert out == "" and err == ""
+
+
+def test_a_node_that_crashes_onnx_shape_inference_is_refused_not_the_process(capsys, tmp_path):
+    """GatherND with batch_dims -5 segfaults ONNX's shape inference (onnx 1.2x): lint checks host nodes in a forked
+    child, so the file is refused in one line naming the node, and the process goes on."""
+    node = encode(helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=-5))
+    p = tmp_path / "gnd.ir"
+    p.write_text(_ir(node, "GatherND", operands="%0, %1", declared="f32[2]", shape="[2]",
+                     pre=('%1 = input {name="i"} : i64[2, 1]',)))
+    with within(BOUND_S, "explain gnd.ir"):
+        code, _, err = run(capsys, "explain", p)
+    assert code == 2, err
+    line = one_line(err, "explain")
+    assert "%9 (onnx_op)" in line and "GatherND cannot run on the host" in line, line
+    assert "crashed (SIG" in line, line
+
+
+def test_forked_says_how_the_child_ended():
+    import os
+    import signal
+
+    from rlxviz.ir.host_rules import ForkedFailure, forked
+
+    assert forked(lambda: "x" * 300_000, 10) == "x" * 300_000  # longer than a pipe's buffer
+    with pytest.raises(ForkedFailure) as e:
+        forked(lambda: os.kill(os.getpid(), signal.SIGSEGV) or "", 10)
+    assert e.value.said() == "crashed (SIGSEGV)"
+    t0 = time.monotonic()
+    with pytest.raises(ForkedFailure) as e:
+        forked(lambda: time.sleep(30) or "", 0.3)
+    assert e.value.timed_out and e.value.said() == "took over 0.3 s" and time.monotonic() - t0 < 5
+
+    def boom() -> str:
+        raise RuntimeError
+
+    with pytest.raises(ForkedFailure) as e:
+        forked(boom, 10)
+    assert e.value.said() == "failed"
+
+
+def test_one_crashing_node_among_good_ones_is_named_alone():
+    from rlxviz.ir.dtype import DType
+    from rlxviz.ir.host_rules import onnx_op_problems
+
+    good = {"node": _hardmax(name="fresh_one"), "op_type": "Hardmax", "opset": 17, "shape": (2, 8), "dtype": "f32"}
+    bad = {"node": encode(helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=-5, name="b2")),
+           "op_type": "GatherND", "opset": 17, "shape": (2,), "dtype": "f32"}
+    found = onnx_op_problems([(good, [(DType.f32, (2, 8))], [None]),
+                              (bad, [(DType.f32, (2, 8)), (DType.i64, (2, 1))], [None, None])])
+    assert found[0] is None and "crashed (SIGSEGV)" in str(found[1]), found

@@ -18,8 +18,11 @@ JSON, the app's editor), so a file cannot run on the host what an import would h
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Mapping, Sequence
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -121,34 +124,75 @@ def inferred_types(node: Any, opset: int, consts: Mapping[str, np.ndarray],
     return types
 
 
+HostCheck = tuple[Mapping[str, Any], Sequence[tuple[DType, tuple[int, ...]]], Sequence[np.ndarray | None]]
+"""One `onnx_op` node to check: its attributes, its operand types (dtype, shape) in order, and each operand's value
+where it is known (a const, a param whose value the graph holds), else None."""
+
+LINT_SECONDS = 20.0
+"""Wall time the forked child checking a graph's new `onnx_op` nodes may take (ONNX shape inference per node)."""
+
+_CACHE: dict[tuple[Any, ...], str | None] = {}
+_CACHE_LIMIT = 4096
+
+
 def onnx_op_problem(attrs: Mapping[str, Any], operands: Sequence[tuple[DType, tuple[int, ...]]],
                     values: Sequence[np.ndarray | None]) -> str | None:
-    """Why an `onnx_op` node with these attributes cannot run on the host, in one line, or None: the rules of
-    the module docstring. `operands` are the operand types (dtype, shape) in order, `values` each operand's value
-    where it is known (a const, a param whose value the graph holds), else None. Cached by node, opset, operand
-    types and small values (lint runs after every pass). Raises nothing."""
-    key = tuple((str(d), tuple(s)) for d, s in operands)
-    vals = tuple(None if v is None or v.size > SMALL_FEED else (str(v.dtype), v.shape, v.tobytes()) for v in values)
+    """Why an `onnx_op` node with these attributes cannot run on the host, in one line, or None (`onnx_op_problems`
+    for one node). Raises nothing."""
+    return onnx_op_problems([(attrs, operands, values)])[0]
+
+
+def onnx_op_problems(checks: Sequence[HostCheck]) -> list[str | None]:
+    """For each `onnx_op` node, why it cannot run on the host (one line), or None: the rules of the module
+    docstring. Cached by node, opset, operand types and small values (lint runs after every pass). ONNX's shape
+    inference is native code that a hostile node can crash (a GatherND with batch_dims -5 segfaults onnx 1.2x), so
+    the nodes not yet cached are checked in one forked child where the platform has fork (bounded by
+    `LINT_SECONDS`); when it crashes, each of them in its own child, so the refusal names the node. Raises nothing."""
+    keys = [_key(*c) for c in checks]
+    todo = sorted({k for k in keys if k is not None and k not in _CACHE}, key=repr)
+    if todo:
+        for k, why in zip(todo, _run_checks(todo), strict=True):
+            if len(_CACHE) >= _CACHE_LIMIT:
+                _CACHE.pop(next(iter(_CACHE)))
+            _CACHE[k] = why
+    return [_CACHE[k] if k is not None else "unreadable onnx_op attributes" for k in keys]
+
+
+def _key(attrs: Mapping[str, Any], operands: Sequence[tuple[DType, tuple[int, ...]]],
+         values: Sequence[np.ndarray | None]) -> tuple[Any, ...] | None:
     try:
-        return _problem(str(attrs["node"]), attrs["op_type"], int(attrs["opset"]), int(attrs.get("output", 0)),
-                        str(attrs["dtype"]), tuple(attrs["shape"]), key, vals)
-    except (KeyError, TypeError, ValueError) as e:  # lint's signature check names a missing attribute first
-        return f"unreadable onnx_op attributes ({type(e).__name__}: {e})"
+        types = tuple((str(d), tuple(int(x) for x in s)) for d, s in operands)
+        vals = tuple(None if v is None or v.size > SMALL_FEED else (str(v.dtype), tuple(v.shape), v.tobytes())
+                     for v in values)
+        return (str(attrs["node"]), str(attrs["op_type"]), int(attrs["opset"]), int(attrs.get("output", 0)),
+                str(attrs["dtype"]), tuple(int(x) for x in attrs["shape"]), types, vals)
+    except (KeyError, TypeError, ValueError):  # lint's signature check names a missing attribute first
+        return None
 
 
-@functools.lru_cache(maxsize=256)
+def _run_checks(keys: list[tuple[Any, ...]]) -> list[str | None]:
+    if not hasattr(os, "fork"):
+        return [_problem(*k) for k in keys]
+    import onnx.shape_inference  # noqa: F401 - imported once here, not in every child
+    try:
+        return json.loads(forked(lambda: json.dumps([_problem(*k) for k in keys]), LINT_SECONDS))
+    except ForkedFailure as e:
+        if len(keys) == 1:
+            return [f"{keys[0][1]} cannot run on the host: ONNX shape inference {e.said()} on this node"]
+    return [_run_checks([k])[0] for k in keys]  # one child each: the refusal names the node that crashed
+
+
 def _problem(text: str, label: str, opset: int, output: int, dtype: str, shape: tuple[int, ...],
              operands: tuple[tuple[str, tuple[int, ...]], ...],
              values: tuple[tuple[str, tuple[int, ...], bytes] | None, ...]) -> str | None:
     import base64
-    import binascii
 
     from onnx import NodeProto
 
     try:
         node = NodeProto()
         node.ParseFromString(base64.b64decode(text, validate=True))
-    except (binascii.Error, ValueError, Exception) as e:  # noqa: BLE001 - DecodeError: protobuf's own
+    except Exception as e:  # noqa: BLE001 - binascii.Error, protobuf's DecodeError
         return f"its node attribute is not a serialized ONNX node ({type(e).__name__})"
     if node.op_type != label:
         return (f"labelled {label!r} but its ONNX node is {node.op_type or '(no op type)'!r}: the label must be "
@@ -179,5 +223,76 @@ def _problem(text: str, label: str, opset: int, output: int, dtype: str, shape: 
     return None
 
 
-__all__ = ["NEVER_ON_HOST", "ONNX_DTYPES", "OPSETS", "SMALL_FEED", "form_refusal", "inferred_types", "node_domain",
-           "onnx_op_problem", "single_node_model"]
+class ForkedFailure(Exception):
+    """A forked check that gave no text: killed by a signal (`signal`: its name), past its deadline (`timed_out`),
+    or failed."""
+
+    def __init__(self, signal_name: str = "", timed_out: bool = False, seconds: float = 0.0) -> None:
+        super().__init__(signal_name or ("timed out" if timed_out else "failed"))
+        self.signal, self.timed_out, self.seconds = signal_name, timed_out, seconds
+
+    def said(self) -> str:
+        """`crashed (SIGSEGV)`, `took over 20 s` or `failed`."""
+        return (f"crashed ({self.signal})" if self.signal else f"took over {self.seconds:g} s" if self.timed_out
+                else "failed")
+
+
+def forked(check: Callable[[], str], seconds: float) -> str:
+    """Run `check` in a forked child and return its text (the importer's whole-model validation and lint's host
+    node checks: native code a hostile file can crash). The child shares the parent's memory copy-on-write,
+    writes nothing to the terminal, and is killed at `seconds`. Only where `os.fork` exists.
+
+    Raises:
+        ForkedFailure: the child was killed by a signal, ran past `seconds`, or its check raised.
+    """
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: run the check, write its text, leave without running any Python cleanup
+        os.close(r)
+        import faulthandler
+
+        faulthandler.disable()  # a crash is reported by the parent in one line, not as a dump on stderr
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+        code = 0
+        try:
+            data = check().encode("utf-8", "replace")
+            while data:
+                data = data[os.write(w, data):]
+        except BaseException:  # noqa: BLE001 - anything else: say nothing, the parent reports a failed check
+            code = 1
+        os._exit(code)
+    os.close(w)
+    deadline = time.monotonic() + seconds
+    chunks: list[bytes] = []
+    os.set_blocking(r, False)
+    try:
+        while True:
+            try:
+                while chunk := os.read(r, 1 << 16):  # drained while waiting: a long text cannot block the child
+                    chunks.append(chunk)
+            except BlockingIOError:
+                pass
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise ForkedFailure(timed_out=True, seconds=seconds)
+            time.sleep(0.005)
+        try:
+            while chunk := os.read(r, 1 << 16):
+                chunks.append(chunk)
+        except BlockingIOError:
+            pass
+    finally:
+        os.close(r)
+    if os.WIFSIGNALED(status):
+        raise ForkedFailure(signal.Signals(os.WTERMSIG(status)).name)
+    if os.WEXITSTATUS(status):
+        raise ForkedFailure()
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+__all__ = ["NEVER_ON_HOST", "ONNX_DTYPES", "OPSETS", "SMALL_FEED", "ForkedFailure", "form_refusal", "forked",
+           "inferred_types", "node_domain", "onnx_op_problem", "onnx_op_problems", "single_node_model"]

@@ -16,7 +16,7 @@ import numpy as np
 
 from .dtype import DType
 from .graph import Graph, GraphError, toposort
-from .host_rules import onnx_op_problem
+from .host_rules import HostCheck, onnx_op_problems
 from .infer import ShapeError, TensorType, infer
 from .node import Node
 from .ops import SPECS, Op, const_shape
@@ -38,6 +38,7 @@ def problems(graph: Graph) -> list[tuple[int | None, str]]:
         if o not in nodes:
             out.append((None, f"output %{o} does not exist"))
     names: dict[tuple[Op, str], int] = {}
+    hosts: list[Node] = []
     for n in graph:
         if not isinstance(n.dtype, DType) or not all(type(d) is int and d >= 0 for d in n.shape):
             out.append((n.id, f"declared type needs a DType and non-negative int dims, got {n.dtype!r} {n.shape!r}"))
@@ -77,8 +78,12 @@ def problems(graph: Graph) -> list[tuple[int | None, str]]:
             out.append((n.id, f"declared type {n.type} but operands give {t}"))
         elif n.op == Op.GATHER and (msg := _check_gather_consts(nodes, n, {i for i, _ in out})):
             out.append((n.id, msg))
-        elif n.op == Op.ONNX_OP and (msg := _check_host_node(nodes, n, graph.values)):
-            out.append((n.id, msg))
+        elif n.op == Op.ONNX_OP:
+            hosts.append(n)
+    if hosts:  # checked together: one forked child for the nodes not checked before (`host_rules`)
+        found = onnx_op_problems([_host_check(nodes, n, graph.values) for n in hosts])
+        out.extend((n.id, msg) for n, msg in zip(hosts, found, strict=True) if msg)
+        out.sort(key=lambda p: -1 if p[0] is None else pos.get(p[0], -1))  # stable: graph order, as before
     return out
 
 
@@ -201,9 +206,9 @@ def _index_values(nodes: dict[int, Node], root: int, invalid: Set[int | None] = 
     return memo[root]
 
 
-def _check_host_node(nodes: dict[int, Node], n: Node, values: Mapping[str, Any]) -> str | None:
-    """Why the `onnx_op` node `n` may not run on the host (`host_rules.onnx_op_problem`: the importer's rules), or
-    None. Operand values known to the check: const payloads and the params whose value the graph holds."""
+def _host_check(nodes: dict[int, Node], n: Node, values: Mapping[str, Any]) -> HostCheck:
+    """What `host_rules.onnx_op_problems` checks of the `onnx_op` node `n` (the importer's rules): its attributes,
+    operand types, and the operand values known (const payloads, the params whose value the graph holds)."""
     known: list[np.ndarray | None] = []
     for i in n.inputs:
         src = nodes[i]
@@ -213,7 +218,7 @@ def _check_host_node(nodes: dict[int, Node], n: Node, values: Mapping[str, Any])
         elif src.op == Op.PARAM and src.attrs["name"] in values:
             v = np.asarray(values[src.attrs["name"]])
         known.append(v)
-    return onnx_op_problem(n.attrs, [(nodes[i].dtype, nodes[i].shape) for i in n.inputs], known)
+    return n.attrs, [(nodes[i].dtype, nodes[i].shape) for i in n.inputs], known
 
 
 def _check_gather_consts(nodes: dict[int, Node], n: Node, invalid: Set[int | None] = frozenset()) -> str | None:

@@ -31,7 +31,6 @@ import ast
 import math
 import os
 import re
-import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ import numpy as np
 from ..ir import Builder, DType, Graph, Op, lint
 from ..ir.emitter import Ref
 from ..ir.graph import SMALL_VALUE
-from ..ir.host_rules import ONNX_DTYPES, OPSETS, form_refusal, inferred_types
+from ..ir.host_rules import ONNX_DTYPES, OPSETS, ForkedFailure, forked, form_refusal, inferred_types
 from ..ir.identity import IdentityMap
 from ..ir.lint import problems
 from ..ir.ops import PAD_MODES
@@ -1072,44 +1071,16 @@ def _strict_inference(proto: Any) -> str:
 
 
 def _isolated(check: Callable[[], str]) -> str:
-    """Run `check` in a forked child and return its text; a child killed by a signal, or still running after
-    `VALIDATE_SECONDS`, gives a refusal saying so. The child shares the parent's memory copy-on-write, so the model
-    is not serialized again."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: run the check, write its text, leave without running any Python cleanup
-        os.close(r)
-        import faulthandler
-
-        faulthandler.disable()  # a crash is reported by the parent in one line, not as a dump on stderr
-        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
-        code = 0
-        try:
-            os.write(w, check().encode("utf-8", "replace"))
-        except BaseException:  # noqa: BLE001 - anything else: say nothing, the parent reports a failed check
-            code = 1
-        os._exit(code)
-    os.close(w)
-    deadline = time.monotonic() + VALIDATE_SECONDS
-    status = 0
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            os.close(r)
+    """Run `check` in a forked child (`ir.host_rules.forked`, the one such runner) and return its text; a child
+    killed by a signal, or still running after `VALIDATE_SECONDS`, gives a refusal saying so."""
+    try:
+        return forked(check, VALIDATE_SECONDS)
+    except ForkedFailure as e:
+        if e.timed_out:
             return f"ONNX's shape inference took over {VALIDATE_SECONDS:g} s on this file; refused"
-        time.sleep(0.005)
-    with os.fdopen(r, "rb") as f:
-        text = f.read().decode("utf-8", "replace")
-    if os.WIFSIGNALED(status):
-        return (f"ONNX's shape inference crashed on this file ({signal.Signals(os.WTERMSIG(status)).name}): it is "
-                f"malformed; refused")
-    if os.WEXITSTATUS(status):
+        if e.signal:
+            return f"ONNX's shape inference crashed on this file ({e.signal}): it is malformed; refused"
         return "ONNX's shape inference failed on this file; refused"
-    return text
 
 
 def _misfit(ctx: _Ctx, node: Any, ins: list[Value]) -> str | None:
