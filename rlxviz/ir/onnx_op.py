@@ -1,11 +1,13 @@
 """`onnx_op`: an ONNX node the IR has no op for, kept as it is and evaluated on the host.
 
 No valid model is refused for an op: an ONNX node of the default domain that no importer handler maps (and that
-is not control flow, a string, sequence or random op) becomes one `onnx_op` node holding the ONNX node itself
-(serialized, base64), the opset it was written for, and the output type ONNX shape inference gave it. It is
-drawn, printed and exported as that node; the passes match nothing through it (so it blocks a fusion it sits
-in, and `explain` names it); the NumPy reference and the MLX runtime evaluate it with `onnx.reference` on the
-host (`evaluate`), and every report names the nodes that ran there (`host_nodes`).
+keeps the rules of `ir.host_rules`: not control flow, a string, sequence or random op, no subgraph, a type ONNX
+infers; lint checks every `onnx_op` against the same rules, whatever made it) becomes one `onnx_op` node holding
+the ONNX node itself (serialized, base64), the opset it was written for, and the output type ONNX shape
+inference gave it. It is drawn, printed and exported as that node; the passes match nothing through it (so it
+blocks a fusion it sits in, and `explain` names it); the NumPy reference and the MLX runtime evaluate it on the
+host with ONNX Runtime (`evaluate`; `onnx.reference` where ONNX Runtime has no kernel), and every report names
+the nodes that ran there (`host_nodes`).
 """
 
 from __future__ import annotations
@@ -64,9 +66,8 @@ def evaluate(attrs: dict[str, Any], arrays: Sequence[Any]) -> np.ndarray:
 
 
 def _evaluate_all(attrs: dict[str, Any], arrays: list[np.ndarray]) -> list[np.ndarray]:
-    """Every output of the held ONNX node on `arrays`, in order, in at most `HOST_SECONDS` on ONNX Runtime.
-    Raises ValueError naming the op (the engine's error, the time limit, or an output of another shape than the
-    node declares)."""
+    """Every output of the held ONNX node on `arrays`, in order (ONNX Runtime's run under `HOST_SECONDS`).
+    Raises ValueError naming the op (the engine's error, or the time limit)."""
     node = decode(attrs)
     names = [i for i in node.input if i]
     feeds = dict(zip(names, arrays, strict=True))
@@ -87,10 +88,11 @@ def _evaluate_all(attrs: dict[str, Any], arrays: list[np.ndarray]) -> list[np.nd
 
 
 HOST_SECONDS = 30.0
-"""Wall time one host evaluation of an ONNX node may take in ONNX Runtime; past it the run is stopped
-(`RunOptions.terminate`) and refused in one line. The rules lint applies (`ir.host_rules`: no control flow, the
-declared type equal to the inferred one) keep a node's work to its operands' and output's sizes, which the
-memory budget counts."""
+"""Wall time one host evaluation of an ONNX node may take in ONNX Runtime: past it the run's terminate flag is
+set (`RunOptions.terminate`) and the run refused in one line. ONNX Runtime reads the flag between kernels, so a
+kernel already running finishes first: what bounds one kernel's work is what lint lets onto the host
+(`ir.host_rules`: no control flow, no subgraph, the declared type equal to ONNX's inferred one, so the operands
+and the output are the sizes the memory budget counted)."""
 
 
 class HostTimeout(Exception):
