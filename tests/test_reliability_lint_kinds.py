@@ -177,3 +177,34 @@ def test_a_named_node_keeps_its_name(capsys, tmp_path, monkeypatch):
     monkeypatch.setitem(onnx_import.HANDLERS, ("", "Relu"), boom)
     line = _refused(capsys, _save(tmp_path, [helper.make_node("Relu", ["x"], ["y"], name="act")]))
     assert "Relu node 'act' (opset 17): KeyError: 'axis'" in line, line
+
+
+def _handler_cases() -> list[tuple[str, str, int]]:
+    from rlxviz.models.onnx_import import HANDLERS
+
+    return [(domain, op, k) for domain, op in sorted(HANDLERS) for k in (0, 1, 2, 7)]
+
+
+@pytest.mark.parametrize("domain, op, k", _handler_cases(), ids=lambda v: str(v))
+def test_every_import_handler_with_a_wrong_input_count_is_one_named_line(tmp_path, domain, op, k):
+    """Each op the importer maps, given 0, 1, 2 or 7 float inputs: imported, or refused in one line that names the
+    node and a cause (never `''`, an IndexError, or an empty message). The contrib ops (com.microsoft), which ONNX's
+    checker does not know, are checked against ONNX Runtime's schema before their handler reads an input."""
+    from rlxviz.models.onnx_import import OnnxImportError, load_onnx
+
+    ins = [f"x{i}" for i in range(k)]
+    vis = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 8]) for n in ins]
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    m = helper.make_model(helper.make_graph([helper.make_node(op, ins, ["y"], domain=domain)], "g", vis, [y]),
+                          opset_imports=opsets)
+    m.ir_version = 8
+    p = tmp_path / "m.onnx"
+    onnx.save(m, p)
+    try:
+        load_onnx(p)
+    except OnnxImportError as e:
+        msg = str(e)
+        assert len(msg.strip().splitlines()) == 1, msg
+        assert "''" not in msg and not msg.rstrip().endswith(":"), msg
+        assert "IndexError" not in msg and "StopIteration" not in msg, msg

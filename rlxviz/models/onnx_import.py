@@ -28,6 +28,7 @@ handler; a node outside that condition is an error, never an approximation.
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import os
 import re
@@ -173,6 +174,37 @@ class _Ctx:
 
 Handler = Callable[[_Ctx, Any, list[Value], dict[str, Any]], list[Value]]
 HANDLERS: dict[tuple[str, str], Handler] = {}
+
+
+@functools.cache
+def _ort_schemas() -> dict[tuple[str, str], tuple[int, int]]:
+    """(domain, op) -> (fewest, most) inputs, from ONNX Runtime's operator schemas (its contrib ops: ONNX's checker
+    knows none of them), the latest version of each; {} without ONNX Runtime. Raises nothing."""
+    try:
+        from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
+
+        found = sorted(ort_c.get_all_operator_schema(), key=lambda x: x.since_version)
+    except Exception:  # noqa: BLE001 - not installed, or a build without schemas
+        return {}
+    return {(x.domain, x.name): (int(x.min_input), int(x.max_input)) for x in found}
+
+
+def _contrib_inputs(node: Any, domain: str) -> str | None:
+    """Why the inputs of a non-default-domain node do not fit its op's schema in ONNX Runtime (its domain's, else
+    ORT's own default-domain registration: SimplifiedLayerNormalization), or None (fits, or no schema known):
+    a handler never reads an input the node does not have. Raises nothing."""
+    schemas = _ort_schemas()
+    arity = schemas.get((domain, node.op_type)) or schemas.get(("", node.op_type))
+    if arity is None:
+        return None
+    lo, hi = arity
+    n = len(node.input)
+    if not lo <= n <= hi:
+        want = f"{lo}" if lo == hi else f"{lo} to {hi}"
+        return f"takes {want} input(s) (ONNX Runtime's schema of {domain}.{node.op_type}); the node has {n}"
+    if (k := next((i for i in range(lo) if not node.input[i]), None)) is not None:
+        return f"its required input {k} is empty (ONNX Runtime's schema of {domain}.{node.op_type} needs {lo})"
+    return None
 
 
 def handles(*ops: str, domain: str = "") -> Callable[[Handler], Handler]:
@@ -1201,6 +1233,8 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
                 outs = fold(node, ins, opset)  # type: ignore[arg-type]
                 ctx.held_bytes += sum(o.nbytes for o in outs if isinstance(o, np.ndarray))
             elif (domain, node.op_type) in HANDLERS:
+                if domain and (why := _contrib_inputs(node, domain)):
+                    raise ctx.fail(why)
                 first = b._next
                 try:
                     outs = HANDLERS[(domain, node.op_type)](ctx, node, ins, attrs)
