@@ -284,3 +284,50 @@ def test_one_crashing_node_among_good_ones_is_named_alone():
     found = onnx_op_problems([(good, [(DType.f32, (2, 8))], [None]),
                               (bad, [(DType.f32, (2, 8)), (DType.i64, (2, 1))], [None, None])])
     assert found[0] is None and "crashed (SIGSEGV)" in str(found[1]), found
+
+
+def test_mutants_of_a_host_node_are_refused_by_lint_or_run_as_declared():
+    """60 seeded mutants of a valid Hardmax `onnx_op` (its node bytes, label, opset, declared shape and dtype):
+    lint raises nothing and either refuses the node, or the reference runs it to the declared type (or refuses the
+    run in one ValueError line). Bounded: the whole walk within 30 s."""
+    import random
+
+    from rlxviz.runtime import run_reference
+
+    rng = random.Random(40)
+    x = np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)
+    base = base64.b64decode(_hardmax())
+    accepted = refused = 0
+    with within(30, "host node mutants"):
+        for _ in range(60):
+            raw, label, opset, shape, dtype = bytearray(base), "Hardmax", 17, (2, 8), "f32"
+            field = rng.choice(["none", "bytes", "label", "opset", "shape", "dtype"])  # one field per mutant
+            if field == "bytes":
+                for _ in range(rng.randint(1, 3)):
+                    raw[rng.randrange(len(raw))] = rng.randrange(256)
+            elif field == "label":
+                label = rng.choice(["Relu", "Loop", "", "hardmax"])
+            elif field == "opset":
+                opset = rng.choice([13, 21, 22, 1, 10**6])
+            elif field == "shape":
+                shape = rng.choice([(8, 2), (4000, 4000), (2, 8, 1), (16,)])
+            elif field == "dtype":
+                dtype = rng.choice(["f64", "i64", "bool"])
+            text = _ir(base64.b64encode(bytes(raw)).decode(), label, opset=opset,
+                       declared=f"{dtype}[{', '.join(map(str, shape))}]", shape=f"[{', '.join(map(str, shape))}]",
+                       dtype=dtype)
+            g = parse_ir(text, verify=False)
+            found = problems(g)
+            if found:
+                refused += 1
+                assert all(isinstance(m, str) and m for _, m in found)
+                continue
+            accepted += 1
+            try:
+                (out,) = run_reference(g, {"x": x}, {})
+            except ValueError as e:
+                assert len(str(e).splitlines()) == 1, e
+                continue
+            assert out.shape == shape and str(out.dtype) == {"f32": "float32", "f64": "float64", "i64": "int64",
+                                                             "bool": "bool"}[dtype]
+    assert refused >= 20 and accepted >= 5, (refused, accepted)
