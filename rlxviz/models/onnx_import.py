@@ -1025,6 +1025,21 @@ def _binds(vi: Any, given: tuple[int, ...]) -> str:
     return ""
 
 
+def _same_symbols(vi: Any, shape: tuple[int, ...], bound: dict[str, tuple[int, str]]) -> str:
+    """Why the array shape `shape` binds a symbolic dimension of input `vi` to another size than an earlier input
+    bound the same symbol to (`bound`: symbol -> (size, input), updated), or '': one symbol has one size.
+    Raises nothing."""
+    t = vi.type.tensor_type
+    for i, d in enumerate(t.shape.dim if t.HasField("shape") else ()):
+        if not d.dim_param or i >= len(shape):
+            continue
+        size, by = bound.setdefault(d.dim_param, (shape[i], vi.name))
+        if size != shape[i]:
+            return (f"input {vi.name!r} has shape {list(shape)}: its dimension {i} ({d.dim_param!r}) is {shape[i]}, "
+                    f"but input {by!r} binds {d.dim_param!r} to {size}")
+    return ""
+
+
 def default_opset(proto: Any) -> int:
     """The model's default-domain opset. Raises OnnxImportError outside `OPSETS`."""
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
@@ -1188,10 +1203,13 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
         env[init.name] = arr
         ctx.held_bytes += arr.nbytes
         ctx.value_names[arr] = init.name
+    bound: dict[str, tuple[int, str]] = {}  # symbolic dimension -> (size, the input that bound it)
     for vi in g.input:
         if vi.name in env:
             continue
         shape, dtype = _bind_input(vi, batch, seq, shapes)
+        if vi.name in shapes and (why := _same_symbols(vi, shape, bound)):
+            raise OnnxImportError(why)
         if vi.name in shapes and len(shape) >= 2:
             ctx.seq = int(shape[1])  # shapes from the caller's arrays: their seq is the one bound
         env[vi.name] = b.input(vi.name, shape, dtype)
