@@ -331,3 +331,34 @@ def test_mutants_of_a_host_node_are_refused_by_lint_or_run_as_declared():
             assert out.shape == shape and str(out.dtype) == {"f32": "float32", "f64": "float64", "i64": "int64",
                                                              "bool": "bool"}[dtype]
     assert refused >= 20 and accepted >= 5, (refused, accepted)
+
+
+def test_a_crash_among_many_nodes_is_found_by_halves_and_a_timeout_is_not_split(monkeypatch):
+    from rlxviz.ir import host_rules
+    from rlxviz.ir.dtype import DType
+
+    children = []
+    real = host_rules.forked
+
+    def counting(check, seconds):
+        children.append(1)
+        return real(check, seconds)
+
+    monkeypatch.setattr(host_rules, "forked", counting)
+    goods = [({"node": _hardmax(name=f"h{i}_{time.monotonic_ns()}"), "op_type": "Hardmax", "opset": 17,
+               "shape": (2, 8), "dtype": "f32"}, [(DType.f32, (2, 8))], [None]) for i in range(15)]
+    bad = ({"node": encode(helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=-5,
+                                            name=f"b{time.monotonic_ns()}")),
+            "op_type": "GatherND", "opset": 17, "shape": (2,), "dtype": "f32"},
+           [(DType.f32, (2, 8)), (DType.i64, (2, 1))], [None, None])
+    found = host_rules.onnx_op_problems([*goods[:7], bad, *goods[7:]])
+    assert [f is None for f in found] == [True] * 7 + [False] + [True] * 8
+    assert "crashed (SIGSEGV) on this node" in found[7]
+    assert len(children) <= 1 + 2 * 4 + 1, len(children)  # halves: about 2 log2(16) children, not 16
+
+    monkeypatch.setattr(host_rules, "LINT_SECONDS", 0.2)
+    monkeypatch.setattr(host_rules, "_problem", lambda *a: time.sleep(5))  # in the forked child: past its deadline
+    children.clear()
+    slow = [({**g[0], "node": _hardmax(name=f"s{i}_{time.monotonic_ns()}")}, g[1], g[2]) for i, g in enumerate(goods)]
+    found = host_rules.onnx_op_problems(slow)
+    assert len(children) == 1 and all("took over 0.2 s on this graph's 15 host nodes" in f for f in found), found

@@ -147,7 +147,7 @@ def onnx_op_problems(checks: Sequence[HostCheck]) -> list[str | None]:
     docstring. Cached by node, opset, operand types and small values (lint runs after every pass). ONNX's shape
     inference is native code that a hostile node can crash (a GatherND with batch_dims -5 segfaults onnx 1.2x), so
     the nodes not yet cached are checked in one forked child where the platform has fork (bounded by
-    `LINT_SECONDS`); when it crashes, each of them in its own child, so the refusal names the node. Raises nothing."""
+    `LINT_SECONDS`); when it crashes, in halves, until the refusal names the node. Raises nothing."""
     keys = [_key(*c) for c in checks]
     todo = sorted({k for k in keys if k is not None and k not in _CACHE}, key=repr)
     if todo:
@@ -177,9 +177,11 @@ def _run_checks(keys: list[tuple[Any, ...]]) -> list[str | None]:
     try:
         return json.loads(forked(lambda: json.dumps([_problem(*k) for k in keys]), LINT_SECONDS))
     except ForkedFailure as e:
-        if len(keys) == 1:
-            return [f"{keys[0][1]} cannot run on the host: ONNX shape inference {e.said()} on this node"]
-    return [_run_checks([k])[0] for k in keys]  # one child each: the refusal names the node that crashed
+        if len(keys) == 1 or not e.signal:  # a time-out is not split: n children would take n times as long
+            where = "on this node" if len(keys) == 1 else f"on this graph's {len(keys)} host nodes"
+            return [f"{k[1]} cannot run on the host: ONNX shape inference {e.said()} {where}" for k in keys]
+    half = len(keys) // 2  # a crash: halves, until the refusal names the node that crashed (log2(n) children)
+    return _run_checks(keys[:half]) + _run_checks(keys[half:])
 
 
 def _problem(text: str, label: str, opset: int, output: int, dtype: str, shape: tuple[int, ...],
