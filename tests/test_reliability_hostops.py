@@ -362,3 +362,25 @@ def test_a_crash_among_many_nodes_is_found_by_halves_and_a_timeout_is_not_split(
     slow = [({**g[0], "node": _hardmax(name=f"s{i}_{time.monotonic_ns()}")}, g[1], g[2]) for i, g in enumerate(goods)]
     found = host_rules.onnx_op_problems(slow)
     assert len(children) == 1 and all("took over 0.2 s on this graph's 15 host nodes" in f for f in found), found
+
+
+def test_an_onnx_reference_evaluation_is_waited_for_at_most_its_time_limit(monkeypatch):
+    """Where ONNX Runtime has no kernel (Hardmax in float64, the oracle's), onnx.reference runs the node; the caller
+    waits for it at most HOST_SECONDS and gets one line."""
+    monkeypatch.setattr(host, "HOST_SECONDS", 0.2)
+    monkeypatch.setattr(host, "_reference", lambda *a: time.sleep(3) or [])
+    attrs = {"node": _hardmax(name="slow_ref"), "op_type": "Hardmax", "opset": 17, "shape": (2, 8), "dtype": "f64"}
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=r"onnx_op Hardmax: the host evaluation took over 0.2 s; stopped"):
+        host.evaluate(attrs, [np.ones((2, 8), np.float64)])
+    assert time.monotonic() - t0 < 2
+
+
+def test_an_onnx_reference_error_reaches_the_caller_in_one_line(monkeypatch):
+    def fails(*a):
+        raise RuntimeError("no such op here\nsecond line")
+
+    monkeypatch.setattr(host, "_reference", fails)
+    attrs = {"node": _hardmax(name="bad_ref"), "op_type": "Hardmax", "opset": 17, "shape": (2, 8), "dtype": "f64"}
+    with pytest.raises(ValueError, match=r"failed \(RuntimeError: no such op here\)$"):
+        host.evaluate(attrs, [np.ones((2, 8), np.float64)])

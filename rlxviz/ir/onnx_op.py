@@ -77,7 +77,7 @@ def _evaluate_all(attrs: dict[str, Any], arrays: list[np.ndarray]) -> list[np.nd
                                 tuple((n, str(a.dtype), a.shape) for n, a in feeds.items()))
         except Exception:  # noqa: BLE001 - no kernel for these types (e.g. Hardmax in float64, the oracle's)
             sess = None
-        outs = _run_bounded(sess, feeds) if sess is not None else _reference(node, int(attrs["opset"]), feeds)
+        outs = _run_bounded(sess, feeds) if sess is not None else _reference_bounded(node, int(attrs["opset"]), feeds)
     except HostTimeout:
         raise ValueError(f"onnx_op {attrs['op_type']}: the host evaluation took over {HOST_SECONDS:g} s; "
                          f"stopped") from None
@@ -88,8 +88,9 @@ def _evaluate_all(attrs: dict[str, Any], arrays: list[np.ndarray]) -> list[np.nd
 
 
 HOST_SECONDS = 30.0
-"""Wall time one host evaluation of an ONNX node may take in ONNX Runtime: past it the run's terminate flag is
-set (`RunOptions.terminate`) and the run refused in one line. ONNX Runtime reads the flag between kernels, so a
+"""Wall time one host evaluation of an ONNX node may take: in ONNX Runtime, past it the run's terminate flag is
+set (`RunOptions.terminate`) and the run refused in one line; in onnx.reference (no kernel in ONNX Runtime for
+these types) the caller stops waiting (`_reference_bounded`). ONNX Runtime reads the flag between kernels, so a
 kernel already running finishes first: what bounds one kernel's work is what lint lets onto the host
 (`ir.host_rules`: no control flow, no subgraph, the declared type equal to ONNX's inferred one, so the operands
 and the output are the sizes the memory budget counted)."""
@@ -200,6 +201,30 @@ def host_run() -> Iterator[HostRunCache]:
         yield cache
     finally:
         _RUN.reset(token)
+
+
+def _reference_bounded(node: Any, opset: int, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """`_reference` in a daemon thread the caller waits for at most `HOST_SECONDS` (onnx.reference is Python and
+    NumPy, which no flag stops): past it the caller gets HostTimeout and goes on, while the thread finishes its
+    work or ends with the process. Raises HostTimeout, else `_reference`'s own error."""
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["out"] = _reference(node, opset, feeds)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            box["err"] = e
+
+    t = threading.Thread(target=work, name="rlxviz-host-reference", daemon=True)
+    t.start()
+    t.join(HOST_SECONDS)
+    if t.is_alive():
+        raise HostTimeout
+    if "err" in box:
+        raise box["err"]
+    return box["out"]
 
 
 def _reference(node: Any, opset: int, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
