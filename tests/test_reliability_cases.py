@@ -421,6 +421,8 @@ HANDED = {
     "ir_bool_scale_const.ir": (["explain"], 2, "invalid graph"),
     "ir_error_cut_at_path_newline.ir": (["explain"], 2, "invalid graph"),
     "ir_expand_huge.ir": (["explain"], 2, "a run needs 3.6 TiB at its peak"),
+    "ir_hostop_loop_forever.ir": (["time"], 2, "labelled 'Hardmax' but its ONNX node is 'Loop'"),
+    "ir_hostop_optype_lie.ir": (["explain"], 2, "labelled 'Relu' but its ONNX node is 'Neg'"),
     "ir_huge_int_dim.ir": (["explain"], 2, "IR syntax error: number with 5000 characters"),
     "ir_layered_4000_explain_15s.ir": (["explain"], 0, "12/12 layer(s) fused as expected"),
     "ir_nesting_min.ir": (["explain"], 2, "IR syntax error: attribute value nested deeper"),
@@ -435,6 +437,8 @@ HANDED = {
     "xss_paths.ir": (["explain"], 0, "0 missed fusion(s)"),
     "onnx_outer_no_budget": (["run", "outer.onnx", "--inputs", "outer_12000.npz", "-o", "{tmp}/o.npz"], 2,
                              "over the limit of 64.0 MiB"),
+    "run_fixed_1x8": (["run", "run_fixed_1x8.onnx", "--inputs", "run_in_3x5x2.npz", "-o", "{tmp}/o.npz"], 2,
+                      "input 'x' has shape [3, 5, 2] (rank 3); the file's input is [1, 8] (rank 2)"),
 }
 
 

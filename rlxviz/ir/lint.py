@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping, Set
+from typing import Any
 
 import numpy as np
 
 from .dtype import DType
 from .graph import Graph, GraphError, toposort
+from .host_rules import HostCheck, onnx_op_problems
 from .infer import ShapeError, TensorType, infer
 from .node import Node
 from .ops import SPECS, Op, const_shape
@@ -35,6 +38,7 @@ def problems(graph: Graph) -> list[tuple[int | None, str]]:
         if o not in nodes:
             out.append((None, f"output %{o} does not exist"))
     names: dict[tuple[Op, str], int] = {}
+    hosts: list[Node] = []
     for n in graph:
         if not isinstance(n.dtype, DType) or not all(type(d) is int and d >= 0 for d in n.shape):
             out.append((n.id, f"declared type needs a DType and non-negative int dims, got {n.dtype!r} {n.shape!r}"))
@@ -72,8 +76,14 @@ def problems(graph: Graph) -> list[tuple[int | None, str]]:
             continue
         if t != TensorType(n.shape, n.dtype):
             out.append((n.id, f"declared type {n.type} but operands give {t}"))
-        elif n.op == Op.GATHER and (msg := _check_gather_consts(nodes, n)):
+        elif n.op == Op.GATHER and (msg := _check_gather_consts(nodes, n, {i for i, _ in out})):
             out.append((n.id, msg))
+        elif n.op == Op.ONNX_OP:
+            hosts.append(n)
+    if hosts:  # checked together: one forked child for the nodes not checked before (`host_rules`)
+        found = onnx_op_problems([_host_check(nodes, n, graph.values) for n in hosts])
+        out.extend((n.id, msg) for n, msg in zip(hosts, found, strict=True) if msg)
+        out.sort(key=lambda p: -1 if p[0] is None else pos.get(p[0], -1))  # stable: graph order, as before
     return out
 
 
@@ -142,12 +152,14 @@ _EXACT_CAP = 1 << 16
 """Largest index array lint evaluates exactly; past it (e.g. concats of concats) only the set of values is kept."""
 
 
-def _index_values(nodes: dict[int, Node], root: int) -> tuple[bool, np.ndarray] | None:
+def _index_values(nodes: dict[int, Node], root: int, invalid: Set[int | None] = frozenset()
+                  ) -> tuple[bool, np.ndarray] | None:
     """The values node `root` is known to hold when it is computed from consts alone by reshape, transpose, narrow,
     expand, concat and int -> i64 casts: `(True, array)` exactly, `(False, values)` when only the set of values
     is known (after an expand, or a concat with a non-const operand: every value listed still reaches the output),
     None when nothing is known. Bounded: exact arrays stay under `_EXACT_CAP` elements (the payloads are in the
-    text), expands are never materialized."""
+    text), expands are never materialized. A node of `invalid` (one lint already refused: an operand missing, an
+    attribute of the wrong type) is never read: its value is unknown."""
     memo: dict[int, tuple[bool, np.ndarray] | None] = {}
     order, todo = [], [root]
     while todo:  # post-order without recursion
@@ -155,6 +167,8 @@ def _index_values(nodes: dict[int, Node], root: int) -> tuple[bool, np.ndarray] 
         if k in memo:
             continue
         memo[k] = None
+        if k in invalid:
+            continue
         order.append(k)
         src = nodes[k]
         if src.op in (Op.RESHAPE, Op.TRANSPOSE, Op.NARROW, Op.EXPAND, Op.CONCAT, Op.CAST):
@@ -192,12 +206,30 @@ def _index_values(nodes: dict[int, Node], root: int) -> tuple[bool, np.ndarray] 
     return memo[root]
 
 
-def _check_gather_consts(nodes: dict[int, Node], n: Node) -> str | None:
+def _host_check(nodes: dict[int, Node], n: Node, values: Mapping[str, Any]) -> HostCheck:
+    """What `host_rules.onnx_op_problems` checks of the `onnx_op` node `n` (the importer's rules): its attributes,
+    operand types, and the operand values known (const payloads, the params whose value the graph holds)."""
+    known: list[np.ndarray | None] = []
+    for i in n.inputs:
+        src = nodes[i]
+        v: Any = None
+        if src.op == Op.CONST:
+            v = np.array(src.attrs["value"], dtype=src.dtype.numpy).reshape(src.shape)
+        elif src.op == Op.PARAM and src.attrs["name"] in values:
+            v = np.asarray(values[src.attrs["name"]])
+        known.append(v)
+    return n.attrs, [(nodes[i].dtype, nodes[i].shape) for i in n.inputs], known
+
+
+def _check_gather_consts(nodes: dict[int, Node], n: Node, invalid: Set[int | None] = frozenset()) -> str | None:
     """Why a gather's constant indices fall outside its table, or None. Indices computed from consts alone
-    (see `_index_values`) must lie in 0..rows-1 (negative ones wrap in NumPy, not in every lowering)."""
+    (see `_index_values`; the nodes of `invalid` read as unknown) must lie in 0..rows-1 (negative ones wrap in
+    NumPy, not in every lowering)."""
     table = nodes[n.inputs[0]]
+    if not table.shape:
+        return None
     rows = table.shape[0]
-    known = _index_values(nodes, n.inputs[1])
+    known = _index_values(nodes, n.inputs[1], invalid)
     if known is None:
         return None
     flat = known[1].ravel()

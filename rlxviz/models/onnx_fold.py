@@ -21,20 +21,18 @@ Errors are `FoldError` (a ValueError, one line), which the importer turns into i
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from ..ir.host_rules import single_node_model
 
 MAX_FOLD_ELEMENTS = 1 << 26
 """The most elements one folded output may hold (64 Mi: a [1, 1, 8192, 8192] causal table fits)."""
 
 MAX_FOLD_FLOPS = 2_000_000_000
 """The most multiply-adds one folded product may take (~0.1-1 s in NumPy on one core)."""
-
-SMALL_FEED = 4096
-"""Constant inputs up to this many elements go to shape inference with their values (shapes, repeats, ranges),
-larger ones by their shape and type only."""
 
 FOLDABLE = frozenset({
     # shape arithmetic and constant tables
@@ -63,27 +61,6 @@ def node_attrs(node: Any) -> dict[str, Any]:
     from onnx import helper
 
     return {at.name: helper.get_attribute_value(at) for at in node.attribute}
-
-
-def single_node_model(node: Any, opset: int, consts: Mapping[str, np.ndarray],
-                      typed: Mapping[str, tuple[np.dtype, tuple[int, ...]]]) -> Any:
-    """A ModelProto holding `node` alone, for ONNX shape inference: constants up to `SMALL_FEED` elements as
-    initializers (so data propagation reads their values: shapes, repeats, ranges), larger ones and the computed
-    inputs (`typed`: name -> (dtype, shape)) as typed graph inputs; outputs untyped."""
-    import onnx
-    from onnx import helper, numpy_helper
-
-    inits, feeds = [], []
-    for name, arr in consts.items():
-        if arr.size <= SMALL_FEED:
-            inits.append(numpy_helper.from_array(np.asarray(arr), name))
-        else:
-            typed = {**typed, name: (arr.dtype, tuple(arr.shape))}
-    for name, (dt, shape) in typed.items():
-        feeds.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dt)), list(shape)))
-    outs = [helper.make_empty_tensor_value_info(o) for o in node.output if o]
-    g = helper.make_graph([node], "single", feeds, outs, initializer=inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=onnx.IR_VERSION)
 
 
 def _range_shape(inputs: list[np.ndarray | None]) -> tuple[int, ...]:

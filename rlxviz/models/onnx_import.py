@@ -28,11 +28,11 @@ handler; a node outside that condition is an error, never an approximation.
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import os
 import re
-import signal
-import time
+import resource
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,12 +43,13 @@ import numpy as np
 from ..ir import Builder, DType, Graph, Op, lint
 from ..ir.emitter import Ref
 from ..ir.graph import SMALL_VALUE
+from ..ir.host_rules import ONNX_DTYPES, OPSETS, ForkedFailure, forked, form_refusal, inferred_types
 from ..ir.identity import IdentityMap
 from ..ir.lint import problems
 from ..ir.ops import PAD_MODES
-from .cpu_limit import WALL_FACTOR, CpuTimeExceeded, Deadline, cap_cpu
+from .cpu_limit import WALL_FACTOR, Deadline
 from .module_calls import number_calls
-from .onnx_fold import FOLDABLE, FoldError, check_fold, fold, node_attrs, single_node_model
+from .onnx_fold import FOLDABLE, FoldError, check_fold, fold, node_attrs
 from .onnx_paths import path_from_values
 from .onnx_size import over_budget
 from .presets import Model
@@ -57,9 +58,6 @@ MAX_IMPORT_SECONDS = 120.0
 """CPU time one import may take (an export of a 7B model maps in seconds); past it, or past `cpu_limit.WALL_FACTOR`
 times it in wall time (a stopped or starved process), the import stops, naming the node it reached, so no upload
 holds a server's worker for long. CPU time, not wall time: a busy machine does not refuse a good file."""
-
-OPSETS = range(13, 22)
-"""Default-domain opsets the importer accepts (13..21)."""
 
 CONTRIB = "com.microsoft"
 
@@ -81,18 +79,32 @@ def _onnx() -> Any:
     return onnx
 
 
-_DTYPES = {1: DType.f32, 10: DType.f16, 16: DType.bf16, 11: DType.f64, 6: DType.i32, 7: DType.i64, 9: DType.bool,
-           2: DType.u8, 3: DType.i8}
+_DTYPES = ONNX_DTYPES
 """ONNX TensorProto element type -> DType."""
 
 
 def onnx_dtype(code: int) -> DType:
     """DType of an ONNX element type code. Raises OnnxImportError for types the IR lacks."""
     if code not in _DTYPES:
-        name = _onnx().TensorProto.DataType.Name(code)
+        name = dtype_name(code)
         raise OnnxImportError(f"element type {name} has no IR dtype (supported: float, float16, bfloat16, "
                               f"double, int8, uint8, int32, int64, bool)")
     return _DTYPES[code]
+
+
+def node_label(n: Any) -> str:
+    """How a message names ONNX node `n`: `Expand node 'expand_3'`, or for a node with no name by its first output,
+    `Expand node (unnamed, output 'y')` (an empty name, `''`, names nothing)."""
+    label = repr(n.name) if n.name else f"(unnamed, output {n.output[0]!r})" if any(n.output) else "(unnamed)"
+    return f"{n.op_type or '(no op type)'} node {label}"
+
+
+def dtype_name(code: int) -> str:
+    """An ONNX element type code in words: `COMPLEX64`, or `999 (no ONNX data type)`."""
+    try:
+        return _onnx().TensorProto.DataType.Name(code)
+    except ValueError:
+        return f"{code} (no ONNX data type)"
 
 
 Value = Ref | np.ndarray | None
@@ -118,9 +130,7 @@ class _Ctx:
     """Bytes of NumPy constants held so far: the initializers and every folded output."""
 
     def fail(self, why: str, kind: type[OnnxImportError] = OnnxImportError) -> OnnxImportError:
-        n = self.node
-        label = repr(n.name) if n.name else f"(unnamed, output {n.output[0]!r})" if n.output else "(unnamed)"
-        return kind(f"{n.op_type} node {label} (opset {self.opset}): {why}")
+        return kind(f"{node_label(self.node)} (opset {self.opset}): {why}")
 
     def unsupported(self, why: str) -> OnnxImportError:
         """`fail` for a valid form the handler does not map (`UnsupportedForm`: the host may run it)."""
@@ -168,6 +178,37 @@ class _Ctx:
 
 Handler = Callable[[_Ctx, Any, list[Value], dict[str, Any]], list[Value]]
 HANDLERS: dict[tuple[str, str], Handler] = {}
+
+
+@functools.cache
+def _ort_schemas() -> dict[tuple[str, str], tuple[int, int]]:
+    """(domain, op) -> (fewest, most) inputs, from ONNX Runtime's operator schemas (its contrib ops: ONNX's checker
+    knows none of them), the latest version of each; {} without ONNX Runtime. Raises nothing."""
+    try:
+        from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
+
+        found = sorted(ort_c.get_all_operator_schema(), key=lambda x: x.since_version)
+    except Exception:  # noqa: BLE001 - not installed, or a build without schemas
+        return {}
+    return {(x.domain, x.name): (int(x.min_input), int(x.max_input)) for x in found}
+
+
+def _contrib_inputs(node: Any, domain: str) -> str | None:
+    """Why the inputs of a non-default-domain node do not fit its op's schema in ONNX Runtime (its domain's, else
+    ORT's own default-domain registration: SimplifiedLayerNormalization), or None (fits, or no schema known):
+    a handler never reads an input the node does not have. Raises nothing."""
+    schemas = _ort_schemas()
+    arity = schemas.get((domain, node.op_type)) or schemas.get(("", node.op_type))
+    if arity is None:
+        return None
+    lo, hi = arity
+    n = len(node.input)
+    if not lo <= n <= hi:
+        want = f"{lo}" if lo == hi else f"{lo} to {hi}"
+        return f"takes {want} input(s) (ONNX Runtime's schema of {domain}.{node.op_type}); the node has {n}"
+    if (k := next((i for i in range(lo) if not node.input[i]), None)) is not None:
+        return f"its required input {k} is empty (ONNX Runtime's schema of {domain}.{node.op_type} needs {lo})"
+    return None
 
 
 def handles(*ops: str, domain: str = "") -> Callable[[Handler], Handler]:
@@ -758,12 +799,6 @@ def _expand(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]
 
 # -- folding and the driver ----------------------------------------------------------------------------------
 
-_NEVER_ON_HOST = frozenset({"If", "Loop", "Scan", "SequenceMap", "RegexFullMatch", "StringConcat", "StringSplit",
-                            "StringNormalizer", "RandomNormal", "RandomUniform", "RandomNormalLike",
-                            "RandomUniformLike", "Multinomial", "Bernoulli", "Optional", "OptionalGetElement"})
-"""Ops never kept as host nodes: control flow (unbounded work), strings, random (no fixed numbers), optionals."""
-
-
 def _host_op(ctx: _Ctx, node: Any, ins: list[Value], domain: str) -> list[Ref | None] | None:
     """`onnx_op` nodes for a default-domain ONNX node no handler maps (`ir.onnx_op`): one per output the graph
     names (TopK's values and indices are two nodes, each evaluating the ONNX node and keeping its `output`), no
@@ -771,24 +806,16 @@ def _host_op(ctx: _Ctx, node: Any, ins: list[Value], domain: str) -> list[Ref | 
     None when any of these fails (the op is then listed as unmapped). Raises nothing."""
     from ..ir.onnx_op import encode
 
-    if domain or node.op_type in _NEVER_ON_HOST or "Sequence" in node.op_type or not any(node.output) \
-            or any(at.type in (5, 10) for at in node.attribute):  # 5/10: GRAPH(S)
+    if domain or form_refusal(node) is not None:  # the form rules lint applies to every `onnx_op` (ir.host_rules)
         return None
     try:
         named = [(name, v) for name, v in zip(node.input, ins, strict=True) if name]
         consts = {name: v for name, v in named if isinstance(v, np.ndarray)}
         typed = {name: (np.dtype(ctx.dtype(v).numpy), ctx.shape(v)) for name, v in named if name not in consts}
-        m = single_node_model(node, ctx.opset, consts, typed)
-        m = _onnx().shape_inference.infer_shapes(m, strict_mode=True, data_prop=True)
-        types: dict[str, tuple[DType, tuple[int, ...]]] = {}
-        for out in m.graph.output:
-            t = out.type.tensor_type
-            if not t.HasField("shape") or any(not d.HasField("dim_value") for d in t.shape.dim):
-                return None
-            types[out.name] = (onnx_dtype(t.elem_type), tuple(int(d.dim_value) for d in t.shape.dim))
-        if any(o and o not in types for o in node.output):
-            return None
-    except Exception:  # noqa: BLE001 - not inferable: the op stays unmapped, named in the one error
+    except Exception:  # noqa: BLE001 - an input the IR cannot hold: the op stays unmapped, named in the one error
+        return None
+    types = inferred_types(node, ctx.opset, consts, typed)
+    if isinstance(types, str):  # not inferable: the op stays unmapped, named in the one error
         return None
     operands = [ctx.ref(v) for name, v in zip(node.input, ins, strict=True) if name]
     if not operands:
@@ -857,6 +884,8 @@ def _bind_input(vi: Any, batch: int, seq: int, shapes: Mapping[str, Sequence[int
         if (bad := next((i for i, d in enumerate(given) if d <= 0), None)) is not None:
             raise OnnxImportError(f"input {vi.name!r}: dimension {bad} is {given[bad]}; a graph input's dimensions "
                                   f"must be positive")
+        if why := _binds(vi, given):
+            raise OnnxImportError(why)
         return given, dtype
     dims = []
     for i, d in enumerate(t.shape.dim):
@@ -875,6 +904,42 @@ def _bind_input(vi: Any, batch: int, seq: int, shapes: Mapping[str, Sequence[int
     return tuple(dims), dtype
 
 
+def _binds(vi: Any, given: tuple[int, ...]) -> str:
+    """Why the array shape `given` cannot bind the graph input `vi`, or '': an array binds only the symbolic
+    dimensions of the file's input (a `dim_param`, or none given); its rank and every fixed dimension must be the
+    file's, else the model would run under another meaning than the file's (ONNX Runtime refuses such inputs).
+    An input with no shape in the file binds any. Raises nothing."""
+    t = vi.type.tensor_type
+    if not t.HasField("shape"):
+        return ""
+    declared = [int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
+    shown = "[" + ", ".join(str(d) for d in declared) + "]"
+    where = f"input {vi.name!r} has shape {list(given)}"
+    if len(given) != len(declared):
+        return (f"{where} (rank {len(given)}); the file's input is {shown} (rank {len(declared)}): an array binds only "
+                f"the input's symbolic dimensions")
+    fixed = [i for i, d in enumerate(declared) if isinstance(d, int) and d != given[i]]
+    if fixed:
+        return (f"{where}; the file fixes it to {shown} (dimension {fixed[0]} is {declared[fixed[0]]}): an array "
+                f"binds only the input's symbolic dimensions")
+    return ""
+
+
+def _same_symbols(vi: Any, shape: tuple[int, ...], bound: dict[str, tuple[int, str]]) -> str:
+    """Why the array shape `shape` binds a symbolic dimension of input `vi` to another size than an earlier input
+    bound the same symbol to (`bound`: symbol -> (size, input), updated), or '': one symbol has one size.
+    Raises nothing."""
+    t = vi.type.tensor_type
+    for i, d in enumerate(t.shape.dim if t.HasField("shape") else ()):
+        if not d.dim_param or i >= len(shape):
+            continue
+        size, by = bound.setdefault(d.dim_param, (shape[i], vi.name))
+        if size != shape[i]:
+            return (f"input {vi.name!r} has shape {list(shape)}: its dimension {i} ({d.dim_param!r}) is {shape[i]}, "
+                    f"but input {by!r} binds {d.dim_param!r} to {size}")
+    return ""
+
+
 def default_opset(proto: Any) -> int:
     """The model's default-domain opset. Raises OnnxImportError outside `OPSETS`."""
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
@@ -891,17 +956,52 @@ def validate(proto: Any) -> None:
     is native code that a malformed file can crash (a GatherND with batch_dims -5 segfaults onnx 1.2x), so it runs
     in a forked child where the platform has fork: a crash or a run past `VALIDATE_SECONDS` refuses the file.
 
+    Then ONNX's checker (`_checker`): together with the strict inference, `onnx.checker`'s full check (an
+    initializer with dims [-1, 8], a ReduceMean with an `axes` attribute at opset 18+ are refused here, as ONNX
+    Runtime refuses them).
+
     Raises:
         OnnxImportError: the first rule broken, naming the op (and node, when ONNX names it), in one line; or that
             the inference crashed or took too long on this file.
     """
-    why = _isolated(lambda: _strict_inference(proto)) if hasattr(os, "fork") else _strict_inference(proto)
+    if hasattr(os, "fork"):  # the child may change its copy-on-write proto: the parent's is untouched
+        why = _isolated(lambda: _strict_inference(proto) or _checker(proto))
+    else:
+        why = _strict_inference(proto) or _checker(_copy(proto))
     if why:
         raise OnnxImportError(why)
 
 
+def _copy(proto: Any) -> Any:
+    out = type(proto)()
+    out.CopyFrom(proto)
+    return out
+
+
+def _checker(proto: Any) -> str:
+    """'' when ONNX's checker accepts `proto` (its structure against the schemas of its opset: attributes each op
+    defines, non-negative initializer dims, names, ...), else why not (one line). The checker also demands a type
+    and a shape on every graph input and output, which ONNX Runtime does not (exporters leave an output's type or
+    shape out; the strict inference, run first, checks the types that are there): those are given placeholders here
+    first, so this CHANGES `proto` (called on a forked child's copy, or on a copy)."""
+    onnx = _onnx()
+    for vi in (*proto.graph.input, *proto.graph.output):
+        if not vi.HasField("type"):
+            vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+        if vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape"):
+            vi.type.tensor_type.shape.SetInParent()
+    try:
+        onnx.checker.check_model(proto)
+    except Exception as e:  # noqa: BLE001 - ValidationError: the model is invalid
+        text = " ".join(str(e).split()).replace(" ==> Context: ", "; ")
+        if "must be topologically sorted" in text:  # the importer refuses each such node, naming the cycle or the
+            return ""                                # dangling input (`import_graph`: "reads 'b', which no ...")
+        return f"invalid ONNX model (rejected by the ONNX checker, as ONNX Runtime would): {text[:400]}"
+    return ""
+
+
 VALIDATE_SECONDS = 60.0
-"""CPU time ONNX's whole-model shape inference may take in its child process (`cpu_limit.cap_cpu`); its wall time
+"""CPU time ONNX's whole-model shape inference may take in its child process (`RLIMIT_CPU` there); its wall time
 is bounded at `cpu_limit.WALL_FACTOR` times it."""
 
 
@@ -918,55 +1018,30 @@ def _strict_inference(proto: Any) -> str:
     return ""
 
 
-_OVER_CPU = 3
-"""The exit status of `_isolated`'s child past its CPU-time limit."""
-
-
 def _isolated(check: Callable[[], str]) -> str:
-    """Run `check` in a forked child and return its text; a child killed by a signal, or still running after
-    `VALIDATE_SECONDS`, gives a refusal saying so. The child shares the parent's memory copy-on-write, so the model
-    is not serialized again."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: run the check, write its text, leave without running any Python cleanup
-        os.close(r)
-        import faulthandler
+    """Run `check` in a forked child (`ir.host_rules.forked`, the one such runner) and return its text. The child
+    may use `VALIDATE_SECONDS` of CPU time (`RLIMIT_CPU`: past it the kernel ends it with SIGXCPU) and
+    `cpu_limit.WALL_FACTOR` times that in wall time (a stopped or starved child); a child killed by a signal or past
+    either limit gives a refusal saying so."""
 
-        faulthandler.disable()  # a crash is reported by the parent in one line, not as a dump on stderr
-        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
-        code = 0
-        try:
-            cap_cpu(VALIDATE_SECONDS)
-            os.write(w, check().encode("utf-8", "replace"))
-        except CpuTimeExceeded:
-            code = _OVER_CPU
-        except BaseException:  # noqa: BLE001 - anything else: say nothing, the parent reports a failed check
-            code = 1
-        os._exit(code)
-    os.close(w)
-    deadline = time.monotonic() + VALIDATE_SECONDS * WALL_FACTOR
-    status = 0
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            os.close(r)
+    def capped() -> str:  # in the child
+        _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        soft = max(1, math.ceil(VALIDATE_SECONDS))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+        resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
+        return check()
+
+    try:
+        return forked(capped, VALIDATE_SECONDS * WALL_FACTOR)
+    except ForkedFailure as e:
+        if e.signal == "SIGXCPU":
+            return f"ONNX's shape inference took over {VALIDATE_SECONDS:g} s of CPU time on this file; refused"
+        if e.timed_out:
             return (f"ONNX's shape inference took over {VALIDATE_SECONDS * WALL_FACTOR:g} s of wall time on this file "
-                    f"(stopped or starved); refused")
-        time.sleep(0.005)
-    with os.fdopen(r, "rb") as f:
-        text = f.read().decode("utf-8", "replace")
-    if os.WIFSIGNALED(status):
-        return (f"ONNX's shape inference crashed on this file ({signal.Signals(os.WTERMSIG(status)).name}): it is "
-                f"malformed; refused")
-    if os.WEXITSTATUS(status) == _OVER_CPU:
-        return f"ONNX's shape inference took over {VALIDATE_SECONDS:g} s of CPU time on this file; refused"
-    if os.WEXITSTATUS(status):
+                    "(stopped or starved); refused")
+        if e.signal:
+            return f"ONNX's shape inference crashed on this file ({e.signal}): it is malformed; refused"
         return "ONNX's shape inference failed on this file; refused"
-    return text
 
 
 def _misfit(ctx: _Ctx, node: Any, ins: list[Value]) -> str | None:
@@ -977,7 +1052,7 @@ def _misfit(ctx: _Ctx, node: Any, ins: list[Value]) -> str | None:
     the limit, not NumPy's IndexError/broadcast message. Raises nothing."""
     if node.domain not in ("", "ai.onnx") or len(ins) < 2 or ins[0] is None or ins[1] is None:
         return None
-    where = f"({node.op_type} node {node.name!r})"
+    where = f"({node_label(node)})"
     if node.op_type == "Gather" and isinstance(ins[1], np.ndarray) and ins[1].size:
         shape = ctx.shape(ins[0])
         if not shape:
@@ -993,6 +1068,8 @@ def _misfit(ctx: _Ctx, node: Any, ins: list[Value]) -> str | None:
         return f"index {bad} is outside the {rows} rows of {table!r} (axis {axis}) {where}"
     if node.op_type == "Expand" and isinstance(ins[1], np.ndarray):
         s, t = ctx.shape(ins[0]), tuple(int(d) for d in ins[1].reshape(-1))
+        if (neg := next((d for d in t if d < 0), None)) is not None:  # Expand has no -1 (Reshape's "infer")
+            return f"Expand's shape {list(t)} holds the negative dimension {neg} {where}"
         try:
             np.broadcast_shapes(s, t)
             return None
@@ -1000,7 +1077,9 @@ def _misfit(ctx: _Ctx, node: Any, ins: list[Value]) -> str | None:
             pass
         n = max(len(s), len(t))
         s1, t1 = (1,) * (n - len(s)) + tuple(s), (1,) * (n - len(t)) + t
-        axis = next(i for i in range(n) if s1[i] != 1 and t1[i] != 1 and s1[i] != t1[i])
+        axis = next((i for i in range(n) if s1[i] != 1 and t1[i] != 1 and s1[i] != t1[i]), None)
+        if axis is None:
+            return f"{list(s)} cannot expand to {list(t)} {where}"
         name = ctx.value_names.get(ins[0], node.input[0])
         fixed = f"the export's fixed-shape tensor {name!r} {list(s)}"
         if ctx.seq is not None and t1[axis] == ctx.seq:
@@ -1038,10 +1117,13 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
         env[init.name] = arr
         ctx.held_bytes += arr.nbytes
         ctx.value_names[arr] = init.name
+    bound: dict[str, tuple[int, str]] = {}  # symbolic dimension -> (size, the input that bound it)
     for vi in g.input:
         if vi.name in env:
             continue
         shape, dtype = _bind_input(vi, batch, seq, shapes)
+        if vi.name in shapes and (why := _same_symbols(vi, shape, bound)):
+            raise OnnxImportError(why)
         if vi.name in shapes and len(shape) >= 2:
             ctx.seq = int(shape[1])  # shapes from the caller's arrays: their seq is the one bound
         env[vi.name] = b.input(vi.name, shape, dtype)
@@ -1083,6 +1165,8 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
                 outs = fold(node, ins, opset)  # type: ignore[arg-type]
                 ctx.held_bytes += sum(o.nbytes for o in outs if isinstance(o, np.ndarray))
             elif (domain, node.op_type) in HANDLERS:
+                if domain and (why := _contrib_inputs(node, domain)):
+                    raise ctx.fail(why)
                 first = b._next
                 try:
                     outs = HANDLERS[(domain, node.op_type)](ctx, node, ins, attrs)
@@ -1109,7 +1193,9 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
             poisoned.update(node.output)
             continue
         except Exception as e:  # noqa: BLE001 - a shape/type error in one node becomes a named error
-            errors.append(f"{node.op_type} node {node.name!r} (opset {opset}): {type(e).__name__}: {e}")
+            said = " ".join(str(e).split())
+            errors.append(f"{node_label(node)} (opset {opset}): {type(e).__name__}"
+                          f"{': ' + said if said else ' (with no message: a step of its import found no value)'}")
             poisoned.update(node.output)
             continue
         for out_name, v in zip(node.output, outs, strict=False):
@@ -1134,7 +1220,9 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
     b.output(*outs)
     from ..passes.pipeline import run_pass
 
-    built = b.build()
+    # the small weights' values go with the graph before lint: an `onnx_op` whose output shape ONNX infers from a
+    # constant input (Resize's sizes) is checked with that value, as `_host_op` typed it (`ir.host_rules`)
+    built = b.build().with_values({k: v for k, v in weights.items() if v.size <= SMALL_VALUE})
     if bad := problems(built):  # a rank, dtype or attribute the IR cannot hold: named by the ONNX node it came from
         nid, msg = bad[0]
         made = provenance.get(nid) if nid is not None else None
@@ -1186,6 +1274,18 @@ def _bound_external_data(proto: Any, folder: Path, path: str | Path) -> None:
             entry.key, entry.value = "length", str(need)
 
 
+def _check_initializer_types(proto: Any, path: str | Path) -> None:
+    """Refuse an initializer whose data type code is no ONNX tensor type (999, UNDEFINED): nothing could size or
+    read it. Raises OnnxImportError naming the initializer and the code."""
+    onnx = _onnx()
+    for t in proto.graph.initializer:
+        try:
+            onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
+        except (KeyError, ValueError, TypeError):
+            raise OnnxImportError(f"{path}: initializer {t.name!r} has data type {dtype_name(t.data_type)}: no "
+                                  f"tensor of that type can be read; refused") from None
+
+
 def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Mapping[str, Sequence[int]] | None = None,
               external_data_dir: str | Path | None = None, name: str | None = None,
               max_bytes: int | None = None) -> Model:
@@ -1218,6 +1318,7 @@ def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Ma
     if not proto.HasField("graph"):
         why = "the file is empty" if p.stat().st_size == 0 else "it holds no graph"
         raise OnnxImportError(f"{path}: not an ONNX model ({why})")
+    _check_initializer_types(proto, path)  # before any size is computed from a data type
     if max_bytes is not None:
         need = sum(math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
                    for t in proto.graph.initializer)
@@ -1244,4 +1345,5 @@ def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Ma
 
 from . import onnx_contrib, onnx_quant  # noqa: E402,F401 - register ORT's contrib ops' and the quantized ops' handlers
 
-__all__ = ["OPSETS", "OnnxImportError", "import_graph", "load_onnx", "node_path", "onnx_dtype", "validate"]
+__all__ = ["OPSETS", "OnnxImportError", "dtype_name", "import_graph", "load_onnx", "node_label", "node_path",
+           "onnx_dtype", "validate"]

@@ -363,6 +363,9 @@ def _check_kinds(found: Mapping[str, tuple[tuple[int, ...], np.dtype]], graph: G
             raise ValueError(f"{what}: input {name!r} has shape {list(shape)}, the graph needs {list(n.shape)}")
         if dtype.kind not in "biuf" or (dtype.kind == "f") != n.dtype.is_float:
             raise ValueError(f"{what}: input {name!r} is {dtype}, the graph needs {n.dtype}")
+        if dtype != n.dtype.numpy:
+            raise ValueError(f"{what}: input {name!r} is {dtype}, the graph needs {n.dtype} ({n.dtype.numpy}): cast "
+                             f"it first (numpy: a.astype(np.{n.dtype.numpy})); it is not converted silently")
 
 
 _INDEX_PASSTHROUGH = (Op.RESHAPE, Op.EXPAND, Op.TRANSPOSE, Op.NARROW, Op.CAST)

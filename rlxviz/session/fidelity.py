@@ -13,11 +13,14 @@ Both give a `Fidelity`, judged with the oracle tolerance of the graph's dtype (`
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from ..ir.onnx_op import ort_options, quiet_ort
 from ..models import Model
 from ..runtime import run_reference
 from ..runtime.compare import close, max_abs
@@ -91,25 +94,44 @@ def against_expected(model: Model, feeds: Mapping[str, np.ndarray], expected: Ma
 
 def against_onnx(model: Model, feeds: Mapping[str, np.ndarray]) -> Fidelity | None:
     """Version 0 against the ONNX file it was imported from (None for a model that is not an ONNX import), run by
-    ONNX Runtime when installed, else by `onnx.reference` (slow on large models). Raises nothing the file's
-    runtime raises: a model ONNX Runtime cannot run is compared by the reference evaluator instead."""
+    ONNX Runtime when installed, else by `onnx.reference` (slow on large models).
+
+    Raises:
+        ValueError: ONNX Runtime refuses the file or these inputs (one line, its reason): the model has no
+            meaning to compare with, and no other engine is asked in its place (`onnx.reference` accepts files and
+            inputs ONNX Runtime refuses: another rank than the file fixes, an initializer with dims [-1, 8]).
+    """
     path = model.meta.get("onnx_file") if model.meta else None
     if not path:
         return None
     feeds = dict(feeds)
     names = output_names(model)
-    got = run_reference(model.graph, feeds, model.weights)
-    try:
-        import onnxruntime as ort
-
-        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        want, who = sess.run(names, feeds), f"ONNX Runtime {ort.__version__}"
-    except Exception:  # noqa: BLE001 - not installed, or a model ORT refuses: the reference evaluator decides
+    got = run_reference(model.graph, feeds, model.weights)  # first: its own errors name the node (a gather's table)
+    ort = quiet_ort()
+    if ort is None:  # not installed: the reference evaluator is the file's runtime
         import onnx
         from onnx.reference import ReferenceEvaluator
 
         want, who = ReferenceEvaluator(str(path)).run(names, feeds), f"onnx.reference {onnx.__version__}"
-    return _judge(model, got, [np.asarray(w) for w in want], names, f"the ONNX model ({who})")
+        return _judge(model, got, [np.asarray(w) for w in want], names, f"the ONNX model ({who})")
+    try:
+        sess = ort.InferenceSession(str(path), ort_options(), providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - InvalidGraph, NotImplemented, Fail: ORT's own verdict on the file
+        raise ValueError(f"ONNX Runtime {ort.__version__} refuses {Path(path).name} ({_ort_reason(e)}); stopped: "
+                         f"it is not run under another engine") from None
+    try:
+        want = sess.run(names, feeds)
+    except Exception as e:  # noqa: BLE001 - InvalidArgument: a rank, a dimension or a dtype the file does not take
+        raise ValueError(f"ONNX Runtime {ort.__version__} refuses these inputs for {Path(path).name} "
+                         f"({_ort_reason(e)}); stopped: they are not run under another engine") from None
+    return _judge(model, got, [np.asarray(w) for w in want], names, f"the ONNX model (ONNX Runtime {ort.__version__})")
+
+
+def _ort_reason(e: BaseException) -> str:
+    """ONNX Runtime's message in one line, without its `[ONNXRuntimeError] : 2 : INVALID_ARGUMENT :` prefix."""
+    text = " ".join(str(e).split())
+    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+    return (text[:300] + "...") if len(text) > 300 else text or type(e).__name__
 
 
 def onnx_check(model: Model) -> tuple[str, bool]:
