@@ -55,6 +55,20 @@ NOT_NEAR_MISSES = (MODEL_TERM, NOT_A_CANDIDATE)
 `report.left_out` lists them (one answer for the app, `rlxviz explain` and the notebooks)."""
 """What kind of "no" a guard says (issue 17): every guard declares one."""
 
+IN_MODEL = "in the model"
+COMPILER_ONLY = "compiler only"
+REMEDIES: dict[str, str] = {
+    IN_MODEL: "the hint is a change to the model (or the pipeline) that keeps every number the model computes and "
+              "returns: an operand order, a layout written another way, a dead reader removed, a pass run first",
+    COMPILER_ONLY: "no change to the model keeps its numbers and makes the fusion legal (the extra reader is a probe "
+                   "the model returns, the intermediate is an output the caller asked for, the residual is scaled): "
+                   "the hint says why (`none in the model: ...`), the compiler fix is the fix",
+}
+"""Where a refusal can be fixed (issue 38): a guard declares it (`Guard.no_model_fix`), so no front end ever prints
+a fix line that would change the model's numbers or drop an output. A refusal that is `illegal` and `compiler only`
+is the model's own structure: the product is not expected of that layer (it is fused as far as legal)."""
+NO_MODEL_FIX = "none in the model: "
+
 
 class RuleError(ValueError):
     """A rule is malformed: a guard reads a role its pattern does not bind, an unknown kind, ..."""
@@ -141,6 +155,9 @@ class Guard:
         reads: every role the guard may read besides `requires` (optional roles); `name*` covers a
             numbered family (`mm*`: mm0, mm1, ...). A rule refuses to build when one is never bound.
         subject: `ctx -> node id` of the node the failure is about, when it is not `requires[0]`.
+        no_model_fix: `ctx -> None` when `hint` is a change to the model that keeps its numbers (the default:
+            no function), else `ctx -> why no such change exists` (then the refusal's hint is `none in the
+            model: <why>` and its remedy `COMPILER_ONLY`; `REMEDIES`).
 
     Raises:
         RuleError: `kind` is not one of `KINDS`.
@@ -156,6 +173,7 @@ class Guard:
     fix: str = ""
     reads: tuple[str, ...] = ()
     subject: Callable[[Ctx], int | None] | None = None
+    no_model_fix: Callable[[Ctx], str | None] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -175,8 +193,72 @@ class Guard:
             return self.subject(ctx)
         return ctx.bindings.get(self.requires[0]) if self.requires else None
 
+    def remedy_of(self, ctx: Ctx) -> tuple[str, str]:
+        """`(remedy, hint)` of a failure at `ctx`: `(IN_MODEL, hint)`, or `(COMPILER_ONLY, "none in the model:
+        <why>")` when no change to the model that keeps its numbers makes the fusion legal."""
+        why = self.no_model_fix(ctx) if self.no_model_fix is not None else None
+        return (IN_MODEL, self.hint) if why is None else (COMPILER_ONLY, NO_MODEL_FIX + why)
+
     def renamed(self, name: str, hint: str | None = None) -> Guard:
         return replace(self, name=name, hint=self.hint if hint is None else hint)
+
+
+REACH_LIMIT = 20_000
+"""Nodes `reaches_output` visits at most; past it a reader is taken as live (the refusal then says no model change
+keeps the numbers, which is the safe side: a fix line is never printed for a reader that might be live)."""
+
+
+def reaches_output(g: Graph, i: int, limit: int = REACH_LIMIT) -> int | None:
+    """The id of a graph output that node `i`'s value reaches through its users (`i` itself when it is an output),
+    or None when it reaches none: a dead reader, whose removal keeps every number the model returns. Visits at
+    most `limit` nodes (then returns `i`: taken as live)."""
+    seen, todo = {i}, [i]
+    while todo:
+        j = todo.pop()
+        if g.is_output(j):
+            return j
+        for u in g.users(j):
+            if u.id not in seen:
+                if len(seen) >= limit:
+                    return i
+                seen.add(u.id)
+                todo.append(u.id)
+    return None
+
+
+def extra_readers_why(c: Ctx, role: str, extra: Sequence[int]) -> str | None:
+    """Why no change to the model frees `role` of its `extra` readers, or None when every one of them is dead (then
+    removing it, as `dead_code_elimination` does, keeps the model's numbers): they are read on to a graph output,
+    so they are part of what the model returns (a probe, a second layer reading shared K/V)."""
+    g = c.graph
+    if g.is_output(c.id(role)):
+        return (f"{c.d(role)} is graph output #{g.outputs.index(c.id(role))}, which the caller asked for; "
+                f"hiding it changes what the model returns")
+    live = [(u, o) for u in extra if (o := reaches_output(g, u)) is not None]
+    if not live:
+        return None
+    u, o = live[0]
+    out = f"graph output #{g.outputs.index(o)}"
+    to = f" ({out})" if o == u else f" and on to {out} ({c.name_of(o)})"
+    more = f" (and {len(live) - 1} more reader(s))" if len(live) > 1 else ""
+    return (f"{c.name_of(u)} reads {c.label(role)}{to}{more}: it is part of what the model computes and returns, "
+            f"and removing or rerouting it changes the model's outputs")
+
+
+def _outside_readers(c: Ctx, role: str) -> list[int]:
+    """The users of `role` that are no bound role of the match (its own consumers are bound), else every user."""
+    bound = set(c.bindings.values())
+    us = [u.id for u in c.users(role)]
+    return [u for u in us if u not in bound] or us
+
+
+def _readers_no_fix(role: str) -> Callable[[Ctx], str | None]:
+    return lambda c: extra_readers_why(c, role, _outside_readers(c, role))
+
+
+def _output_no_fix(role: str) -> Callable[[Ctx], str | None]:
+    return lambda c: (f"{c.d(role)} is graph output #{c.graph.outputs.index(c.id(role))}, which the caller asked "
+                      f"for; hiding it changes what the model returns") if c.graph.is_output(c.id(role)) else None
 
 
 def _users_text(ctx: Ctx, role: str) -> str:
@@ -195,7 +277,8 @@ def single_user(role: str, name: str | None = None, hint: str = "", fix: str = "
     return Guard(name or f"{role}_single_user", lambda c: len(c.users(role)) == 1,
                  lambda c: f"{c.d(role)} has {len(c.users(role))} users ({_users_text(c, role)}); needs exactly 1",
                  lambda c: _edges_to_users(c, role),
-                 hint or f"make {role} single-use (or give the extra reader its own copy)", (role,), ILLEGAL, fix)
+                 hint or f"make {role} single-use (or give the extra reader its own copy)", (role,), ILLEGAL, fix,
+                 no_model_fix=_readers_no_fix(role))
 
 
 def not_output(role: str, name: str | None = None, hint: str = "", fix: str = "") -> Guard:
@@ -204,18 +287,20 @@ def not_output(role: str, name: str | None = None, hint: str = "", fix: str = ""
                  lambda c: f"{c.d(role)} is graph output #{c.graph.outputs.index(c.id(role))}; an absorbed "
                            f"intermediate must not be an output",
                  lambda c: ((c.id(role),), ()),
-                 hint or f"do not return {role} from the model (or accept the unfused form)", (role,), ILLEGAL, fix)
+                 hint or f"do not return {role} from the model (or accept the unfused form)", (role,), ILLEGAL, fix,
+                 no_model_fix=_output_no_fix(role))
 
 
 def user_count(role: str, n: int, purpose: str, name: str | None = None, hint: str = "", fix: str = "",
                highlight: Callable[[Ctx], Highlight] | None = None) -> Guard:
     """`role` has exactly `n` user nodes; `purpose` names them ("FFN.1 and the ln2 residual"). `highlight`
     picks the offending users (default: every user)."""
+    pick = highlight or (lambda c: _edges_to_users(c, role))
     return Guard(name or f"{role}_user_count", lambda c: len(c.users(role)) == n,
                  lambda c: f"{c.d(role)} has {len(c.users(role))} users ({_users_text(c, role)}); "
                            f"needs exactly {n}: {purpose}",
-                 highlight or (lambda c: _edges_to_users(c, role)),
-                 hint or f"make {role} feed only {purpose}", (role,), ILLEGAL, fix)
+                 pick, hint or f"make {role} feed only {purpose}", (role,), ILLEGAL, fix,
+                 no_model_fix=lambda c: extra_readers_why(c, role, pick(c)[0]))
 
 
 def rank_le(role: str, n: int, name: str | None = None, hint: str = "", fix: str = "") -> Guard:
@@ -350,20 +435,27 @@ def all_single_use(roles: Sequence[str], name: str, hint: str = "", fix: str = "
         r = bad(c)
         return c.id(r) if r else None
 
+    def no_fix(c: Ctx) -> str | None:
+        r = bad(c)
+        return extra_readers_why(c, r, _outside_readers(c, r)) if r else None
+
     return Guard(name, lambda c: bad(c) is None, explain, hl, hint or "make the intermediates single-use", (),
-                 ILLEGAL, fix, tuple(roles), subject)
+                 ILLEGAL, fix, tuple(roles), subject, no_fix)
 
 
 def guard(name: str, check: Callable[[Ctx], bool], explain: Callable[[Ctx], str], hint: str = "",
           highlight: Callable[[Ctx], Highlight] | None = None, requires: Sequence[str] = (), *, kind: str,
-          fix: str = "", reads: Sequence[str] = (), subject: Callable[[Ctx], int | None] | None = None) -> Guard:
+          fix: str = "", reads: Sequence[str] = (), subject: Callable[[Ctx], int | None] | None = None,
+          no_model_fix: Callable[[Ctx], str | None] | None = None) -> Guard:
     """A one-off guard (keyword-friendly constructor). `kind` is required: `illegal`, `not recognized` or
-    `not profitable`; `requires` (the first is the subject) and `reads` list every role the checks read."""
-    return Guard(name, check, explain, highlight, hint, tuple(requires), kind, fix, tuple(reads), subject)
+    `not profitable`; `requires` (the first is the subject) and `reads` list every role the checks read;
+    `no_model_fix` says why no model change keeping the numbers helps (`Guard.no_model_fix`)."""
+    return Guard(name, check, explain, highlight, hint, tuple(requires), kind, fix, tuple(reads), subject,
+                 no_model_fix)
 
 
-__all__ = ["EPILOGUE_ACTIVATIONS", "ILLEGAL", "KINDS", "MODEL_TERM", "NOT_A_CANDIDATE", "NOT_NEAR_MISSES",
+__all__ = ["COMPILER_ONLY", "EPILOGUE_ACTIVATIONS", "ILLEGAL", "IN_MODEL", "KINDS", "NO_MODEL_FIX", "REMEDIES", "MODEL_TERM", "NOT_A_CANDIDATE", "NOT_NEAR_MISSES",
            "NOT_PROFITABLE", "NOT_RECOGNIZED", "Ctx", "Guard",
            "Highlight", "RuleError", "activation_in", "all_single_use", "attr_eq",
-           "guard", "not_output", "operands_are", "rank_eq", "rank_le", "same_shape", "single_user", "size_le",
-           "static_dim", "user_count"]
+           "guard", "not_output", "operands_are", "rank_eq", "rank_le", "reaches_output", "extra_readers_why",
+           "same_shape", "single_user", "size_le", "static_dim", "user_count"]

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..ir import Node, Op, Rewriter
-from .guard import ILLEGAL, KINDS, NOT_RECOGNIZED, Ctx, Guard, RuleError, _dynamic
+from .guard import COMPILER_ONLY, ILLEGAL, KINDS, NO_MODEL_FIX, NOT_RECOGNIZED, Ctx, Guard, RuleError, _dynamic, \
+    extra_readers_why
 from .pattern import Miss, P, also_read, describe, op_label, where
 
 
@@ -49,6 +50,7 @@ class Fail:
     fix: str = ""  # the compiler-side fix, if any
     needed: tuple[str, ...] = ()  # structure failures: what the pattern needed at the failing edge
     found: str = ""  # structure failures: the op found there
+    remedy: str = ""  # guard.IN_MODEL ("" too) or guard.COMPILER_ONLY: whether `hint` changes the model's numbers
 
 
 QUIET = Fail("structure", "", "", quiet=True)
@@ -172,8 +174,9 @@ def run_step(step: Step, ctx: Ctx) -> Fail | None:
             if step.check(ctx):
                 return None
             nodes, edges = step.offending(ctx)
-            return Fail("guard", step.name, step.explain(ctx), tuple(nodes), tuple(edges), step.hint,
-                        subject=step.subject_of(ctx), kind=step.kind, fix=step.fix)
+            remedy, hint = step.remedy_of(ctx)
+            return Fail("guard", step.name, step.explain(ctx), tuple(nodes), tuple(edges), hint,
+                        subject=step.subject_of(ctx), kind=step.kind, fix=step.fix, remedy=remedy)
         finally:
             ctx.scope = outer
     f = step(ctx)
@@ -334,10 +337,13 @@ def escape_check(rule: Rule, ctx: Ctx) -> Fail | None:
         outside = [u for u in ctx.graph.users(i) if u.id not in absorbed]
         if outside or ctx.graph.is_output(i):
             who = ", ".join(ctx.name_of(u.id) for u in outside) or "the graph outputs"
+            why = extra_readers_why(ctx, r, [u.id for u in outside])
             return Fail("guard", "absorbed_escape",
                         f"{ctx.d(r)} would be absorbed but is also read by {who}; needs to be used only inside "
                         f"the fused pattern", tuple(u.id for u in outside), tuple((i, u.id) for u in outside),
-                        f"make {ctx.label(r)} single-use", subject=i, kind=ILLEGAL)
+                        f"make {ctx.label(r)} single-use (remove the dead reader)" if why is None else NO_MODEL_FIX + why,
+                        subject=i, kind=ILLEGAL, fix=f"a fused op that also returns {ctx.label(r)} (Rule.outputs)",
+                        remedy="" if why is None else COMPILER_ONLY)
     return None
 
 
