@@ -31,6 +31,7 @@ from ..ir import Graph, Node, Op
 from ..ir.identity import IdentityMap
 from ..ir.ops import BLAS
 from .activations import activation_form
+from .guard import COMPILER_ONLY, ILLEGAL
 from .rope_forms import interleaved_rope, rotate_half_rope
 from .trace import Rejection, layer_of
 
@@ -50,6 +51,8 @@ DESCRIPTIONS = {
 }
 
 RESIDUAL_NORM_PASSES = ("fuse_residual_ln", "fuse_residual_rms_norm")
+ILLEGAL_HERE = ("illegal for this layer: no change to the model that keeps its numbers makes it legal (the layer is "
+                "fused as far as legal)")
 PRE_NORM_ILLEGAL_GUARDS = frozenset({"sum_single_user", "biased_single_user"})
 
 
@@ -88,8 +91,11 @@ class LayerArchitecture:
         return self.kind in ("pre_ln", "llama", "parallel") or (
             self.kind == "attention_only" and any("pre-norm" in e for e in self.evidence))
 
-    def not_expected(self, pass_name: str, guard: str = "") -> str | None:
-        """Why a rejection of `pass_name` at `guard` does not count in this layer (None: it counts)."""
+    def not_expected(self, pass_name: str, guard: str = "", kind: str = "", remedy: str = "") -> str | None:
+        """Why a rejection of `pass_name` at `guard` does not count in this layer (None: it counts). A refusal that is
+        `illegal` and `compiler only` (its guard says no change to the model that keeps its numbers makes the
+        fusion legal: a probe or a later layer reads the intermediate, the caller asked for it as an output) never
+        counts: the product is not legal for this layer, which is then fused as far as legal (issue 38)."""
         if pass_name == "fuse_transformer_layer" and not self.post_ln:
             return f"FusedTransformerLayer is the post-LN BERT layer; this layer is {self.description}"
         if pass_name == "fuse_attention_block" and self.kv_cache:
@@ -100,6 +106,8 @@ class LayerArchitecture:
                     f"{self.mask or 'absent'}")
         if pass_name in RESIDUAL_NORM_PASSES and self.pre_norm and guard in PRE_NORM_ILLEGAL_GUARDS:
             return "pre-norm layout: the residual sum also feeds the next residual add, so it cannot be fused"
+        if kind == ILLEGAL and remedy == COMPILER_ONLY:
+            return ILLEGAL_HERE
         return None
 
     def expected(self) -> list[str]:
@@ -333,5 +341,5 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
                              tuple(evidence), kv_cache)
 
 
-__all__ = ["DESCRIPTIONS", "KINDS", "LayerArchitecture", "attention_softmax", "classify_layer", "interleaved_rope",
-           "prepared", "rotate_half_rope"]
+__all__ = ["DESCRIPTIONS", "ILLEGAL_HERE", "KINDS", "LayerArchitecture", "attention_softmax", "classify_layer",
+           "interleaved_rope", "prepared", "rotate_half_rope"]

@@ -171,7 +171,7 @@ def find(graph: Graph, pass_name: str, rules: Sequence[Rule], params: Mapping[st
                 if not fails[0].quiet:
                     pending += [_rejection(pass_name, rule, node.id, f, ctx, k == 0) for k, f in enumerate(fails)]
                 continue
-            ids = {ctx.id(r) for r in rule.absorb if r in ctx}
+            ids = {ctx.id(r) for r in rule.absorb if r in ctx and r not in rule.shared}
             if ids & claimed:
                 pending.append(Rejection(pass_name, rule.name, node.id, "structure", "already_fused",
                                          f"nodes {sorted(ids & claimed)} were already taken by another match of "

@@ -226,14 +226,17 @@ def reaches_output(g: Graph, i: int, limit: int = REACH_LIMIT) -> int | None:
     return None
 
 
-def extra_readers_why(c: Ctx, role: str, extra: Sequence[int]) -> str | None:
-    """Why no change to the model frees `role` of its `extra` readers, or None when every one of them is dead (then
-    removing it, as `dead_code_elimination` does, keeps the model's numbers): they are read on to a graph output,
-    so they are part of what the model returns (a probe, a second layer reading shared K/V)."""
+def extra_readers_why(c: Ctx, role: str | int, extra: Sequence[int]) -> str | None:
+    """Why no change to the model frees `role` (a bound role, or a node id) of its `extra` readers, or None when
+    every one of them is dead (then removing it, as `dead_code_elimination` does, keeps the model's numbers): they
+    are read on to a graph output, so they are part of what the model returns (a probe, a second layer reading
+    shared K/V)."""
     g = c.graph
-    if g.is_output(c.id(role)):
-        return (f"{c.d(role)} is graph output #{g.outputs.index(c.id(role))}, which the caller asked for; "
-                f"hiding it changes what the model returns")
+    i = c.id(role) if isinstance(role, str) else role
+    name, short = (c.d(role), c.label(role)) if isinstance(role, str) else (c.name_of(i), c.name_of(i))
+    if g.is_output(i):
+        return f"{name} is graph output #{g.outputs.index(i)}, which the caller asked for; hiding it changes what " \
+               f"the model returns"
     live = [(u, o) for u in extra if (o := reaches_output(g, u)) is not None]
     if not live:
         return None
@@ -241,7 +244,7 @@ def extra_readers_why(c: Ctx, role: str, extra: Sequence[int]) -> str | None:
     out = f"graph output #{g.outputs.index(o)}"
     to = f" ({out})" if o == u else f" and on to {out} ({c.name_of(o)})"
     more = f" (and {len(live) - 1} more reader(s))" if len(live) > 1 else ""
-    return (f"{c.name_of(u)} reads {c.label(role)}{to}{more}: it is part of what the model computes and returns, "
+    return (f"{c.name_of(u)} reads {short}{to}{more}: it is part of what the model computes and returns, "
             f"and removing or rerouting it changes the model's outputs")
 
 
@@ -454,7 +457,8 @@ def guard(name: str, check: Callable[[Ctx], bool], explain: Callable[[Ctx], str]
                  no_model_fix)
 
 
-__all__ = ["COMPILER_ONLY", "EPILOGUE_ACTIVATIONS", "ILLEGAL", "IN_MODEL", "KINDS", "NO_MODEL_FIX", "REMEDIES", "MODEL_TERM", "NOT_A_CANDIDATE", "NOT_NEAR_MISSES",
+__all__ = ["COMPILER_ONLY", "EPILOGUE_ACTIVATIONS", "ILLEGAL", "IN_MODEL", "KINDS", "MODEL_TERM", "NOT_A_CANDIDATE",
+           "NOT_NEAR_MISSES", "NO_MODEL_FIX", "REMEDIES",
            "NOT_PROFITABLE", "NOT_RECOGNIZED", "Ctx", "Guard",
            "Highlight", "RuleError", "activation_in", "all_single_use", "attr_eq",
            "guard", "not_output", "operands_are", "rank_eq", "rank_le", "reaches_output", "extra_readers_why",

@@ -13,7 +13,7 @@ from ..ir import Op
 from ..ir.identity import IdentityMap
 from ..ir.ops import FUSED
 from ..passes import PASSES, MissedFusion, Outcome, Trace, explain, layer_of, missed_fusions
-from ..passes.guard import NOT_NEAR_MISSES
+from ..passes.guard import COMPILER_ONLY, ILLEGAL, NOT_NEAR_MISSES
 from ..passes.report import left_out
 from ..passes.unrecognized import unrecognized
 from .architecture import Architecture, classify
@@ -65,6 +65,9 @@ class LayerStatus:
             packed attention that keeps an additive mask), what the fusion left that blocks the layer, e.g.
             `packed attention made, but additive mask kept (mask_form)`; the headline names it instead of
             listing products the layer has. "" otherwise.
+        illegal: the refusals of products that are illegal for this layer (`illegal` and `compiler only`: a probe,
+            an output the caller asked for, K/V a later layer reads; `passes.guard.REMEDIES`), in pipeline order.
+            They do not count: with no other miss the layer is "fused as far as legal".
     """
 
     layer: int
@@ -84,6 +87,7 @@ class LayerStatus:
     done: list[str] = field(default_factory=list)
     not_expected: list[str] = field(default_factory=list)
     blocker: str = ""
+    illegal: list[Outcome] = field(default_factory=list)
 
     @property
     def bert_style(self) -> bool:
@@ -100,7 +104,12 @@ class LayerStatus:
     def render(self, verbose: bool = False) -> str:
         """The answer to "why didn't layer N fuse": status, the first rejecting guard (actual vs required),
         the fix, the sibling difference, and for non-BERT layers what the architecture expects."""
-        if self.fused and self.bert_style:
+        if self.fused and self.illegal:
+            lines = [f"layer {self.layer}: fused as far as legal: " + (", ".join(self.done) or "nothing to fuse")]
+            for o in self.illegal:
+                lines.append(f"  illegal here: {o.rule}")
+                lines += o.lines("    ")
+        elif self.fused and self.bert_style:
             where = f" -> {self.expected} %{self.fused_node}" if self.fused_node is not None else ""
             lines = [f"layer {self.layer}: fused{where}"]
         elif self.fused:
@@ -124,10 +133,11 @@ class LayerStatus:
             if self.sibling is not None:
                 lines.append(f"  layer {self.sibling} fused with {self.sibling_rule}; the layers differ in:")
                 lines += [f"    {d}" for d in self.differences] or ["    (same primitive structure)"]
-        if not self.bert_style:
+        if not self.bert_style or (self.fused and self.illegal):
             lines.append(f"  layer kind: {self.architecture.description}")
-            lines.append(f"  expected: {self.expected or 'no fusion'} (FusedTransformerLayer only for post-LN "
-                         "BERT layers)")
+            why = ("FusedTransformerLayer is not legal for this layer" if self.bert_style else
+                   "FusedTransformerLayer only for post-LN BERT layers")
+            lines.append(f"  expected: {self.expected or 'no fusion'} ({why})")
             lines += [f"  not expected here: {x}" for x in self.not_expected]
         if verbose and self.explanation:
             lines += ["  " + ln for ln in self.explanation.splitlines()]
@@ -202,7 +212,7 @@ def expected_misses(trace: Trace, arch: Architecture, layer: int | None
     for m in found:
         if layer is not None and layer_of(m.path) != layer:
             continue
-        reason = arch.not_expected(m.pattern.split(".")[0], m.guard)
+        reason = arch.not_expected(m.pattern.split(".")[0], m.guard, m.kind, m.remedy)
         if reason is None:
             kept.append(m)
         elif m.pattern not in ignored:
@@ -226,6 +236,23 @@ def _layer_products(trace: Trace) -> dict[int | None, list[int]]:
     return hit
 
 
+def _illegal_here(trace: Trace, rejected: list[Outcome], layer: int) -> list[Outcome]:
+    """The layer's refusals that are `illegal` and `compiler only` (no change to the model that keeps its numbers makes
+    the product legal), in pipeline order, one per (rule, anchor): the layer's own outcome of the rule when it is that
+    refusal, else one made from the run's missed fusion (a rule that fused elsewhere in the layer, e.g. the second
+    residual norm, while its first norm was refused)."""
+    mine = {(o.rule, o.nodes[0]): o for o in rejected if o.nodes}
+    out = []
+    for m in _run_misses(trace):
+        if layer_of(m.path) != layer or m.kind != ILLEGAL or m.remedy != COMPILER_ONLY:
+            continue
+        o = mine.get((m.pattern, m.node))
+        out.append(o if o is not None and o.guard == m.guard else
+                   Outcome(m.pattern.split(".")[0], m.pattern, "rejected", m.guard, "guard", m.reason, m.hint,
+                           (m.node,), m.kind, m.fix, remedy=m.remedy))
+    return out
+
+
 def layer_status(trace: Trace, layer: int) -> LayerStatus:
     """`LayerStatus` of `layer` in a pipeline run.
 
@@ -239,10 +266,12 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
     own, arch = judged_kind(trace, layer)
     ran = {s.pass_name for s in trace.steps}  # a crashed pass was still expected to fuse
     crashed = {s.pass_name: s.error for s in trace.steps if s.error}
-    expect_ftl = LAYER_PASS in ran and arch.post_ln
-    ftl = _layer_products(trace).get(layer, [])
     misses, ignored = expected_misses(trace, arch, layer)
     skipped = list(ignored)
+    illegal = _illegal_here(trace, ex.rejected, layer)
+    ftl_illegal = any(o.pass_name == LAYER_PASS for o in illegal)  # the layer op is not legal here: its parts are
+    expect_ftl = LAYER_PASS in ran and arch.post_ln and not ftl_illegal
+    ftl = _layer_products(trace).get(layer, [])
     miss_keys = {(m.pattern, m.node) for m in misses}
     rejected = [o for o in ex.rejected if o.rule not in skipped and o.kind not in NOT_NEAR_MISSES]
     surviving = [o for o in rejected if any((o.rule, a) in miss_keys for a in o.nodes)]
@@ -261,7 +290,7 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
                         m.kind, m.fix)
     done: list[str] = []
     expected = PRODUCTS[LAYER_PASS] if expect_ftl else ""
-    if not arch.post_ln:
+    if not arch.post_ln or ftl_illegal:
         done = [f"{op} %{n} ({o.pass_name})" for o in ex.outcomes if o.status == "fused"
                 for n in o.nodes if (op := _op_of(trace, n)) is not None]
         wanted = [o.pass_name for o in ex.outcomes if o.status == "fused" or o in rejected]
@@ -269,7 +298,8 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
     made = {(o.rule, g) for o in ex.outcomes if o.status == "fused" for g, _, _ in o.soft}
     return LayerStatus(layer, fused, ftl[0] if ftl else None, expected, first, own, arch, silent, rejected,
                        [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(),
-                       done, list(ignored.values()), _blocker(first, made))
+                       done, [t for r, t in ignored.items() if r not in {o.rule for o in illegal}],
+                       _blocker(first, made), illegal if fused else [])
 
 
 def verdict_pass(trace: Trace, layer: int) -> str | None:
