@@ -31,7 +31,6 @@ from ..ir import Graph, Node, Op
 from ..ir.identity import IdentityMap
 from ..ir.ops import BLAS
 from .activations import activation_form
-from .guard import COMPILER_ONLY, ILLEGAL
 from .rope_forms import interleaved_rope, rotate_half_rope
 from .trace import Rejection, layer_of
 
@@ -91,11 +90,10 @@ class LayerArchitecture:
         return self.kind in ("pre_ln", "llama", "parallel") or (
             self.kind == "attention_only" and any("pre-norm" in e for e in self.evidence))
 
-    def not_expected(self, pass_name: str, guard: str = "", kind: str = "", remedy: str = "") -> str | None:
-        """Why a rejection of `pass_name` at `guard` does not count in this layer (None: it counts). A refusal that is
-        `illegal` and `compiler only` (its guard says no change to the model that keeps its numbers makes the
-        fusion legal: a probe or a later layer reads the intermediate, the caller asked for it as an output) never
-        counts: the product is not legal for this layer, which is then fused as far as legal (issue 38)."""
+    def not_expected(self, pass_name: str, guard: str = "") -> str | None:
+        """Why a rejection of `pass_name` at `guard` does not count in this layer (None: it counts). (A refusal that
+        is `illegal` and `compiler only`, the model's own structure, is excused per layer by
+        `session.status.layer_status`: `ILLEGAL_HERE`.)"""
         if pass_name == "fuse_transformer_layer" and not self.post_ln:
             return f"FusedTransformerLayer is the post-LN BERT layer; this layer is {self.description}"
         if pass_name == "fuse_attention_block" and self.kv_cache:
@@ -106,8 +104,6 @@ class LayerArchitecture:
                     f"{self.mask or 'absent'}")
         if pass_name in RESIDUAL_NORM_PASSES and self.pre_norm and guard in PRE_NORM_ILLEGAL_GUARDS:
             return "pre-norm layout: the residual sum also feeds the next residual add, so it cannot be fused"
-        if kind == ILLEGAL and remedy == COMPILER_ONLY:
-            return ILLEGAL_HERE
         return None
 
     def expected(self) -> list[str]:

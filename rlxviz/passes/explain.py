@@ -229,6 +229,11 @@ def _fused_layers(trace: Trace, steps: tuple[_StepIndex, ...]) -> dict[str, list
     return hit
 
 
+def fused_layers(trace: Trace) -> dict[str, list[int]]:
+    """rule -> the sorted layers where it fused anywhere in the run (cached per trace)."""
+    return _fused_layers(trace, _step_index(trace))
+
+
 def _nearest(layers: list[int] | tuple[()], layer: int) -> int | None:
     """The layer of sorted `layers` other than `layer` nearest to it (the lower one on a tie), or None."""
     i = bisect.bisect_left(layers, layer)
@@ -289,4 +294,4 @@ def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None)
     return ex
 
 
-__all__ = ["LayerExplanation", "Outcome", "explain", "layer_diff"]
+__all__ = ["LayerExplanation", "Outcome", "explain", "fused_layers", "layer_diff"]

@@ -13,6 +13,8 @@ from ..ir import Op
 from ..ir.identity import IdentityMap
 from ..ir.ops import FUSED
 from ..passes import PASSES, MissedFusion, Outcome, Trace, explain, layer_of, missed_fusions
+from ..passes.architecture import ILLEGAL_HERE
+from ..passes.explain import fused_layers
 from ..passes.guard import COMPILER_ONLY, ILLEGAL, NOT_NEAR_MISSES
 from ..passes.report import left_out
 from ..passes.unrecognized import unrecognized
@@ -125,6 +127,7 @@ class LayerStatus:
                 lines.append(f"  no rejection: {self.silent}")
             lines += [f"  also rejected: {o.rule}: {o.guard} ({o.kind})" for o in self.rejections
                       if o is not self.first]
+            lines += [f"  illegal here (not counted): {o.rule}: {o.guard} ({o.kind}): {o.hint}" for o in self.illegal]
             lines += [f"  also unrecognized: {m}" for m in self.misses if m.startswith("unrecognized.")
                       and (self.first is None or not m.startswith(self.first.rule + " "))]
             if self.expected_kind is not self.architecture:
@@ -212,7 +215,7 @@ def expected_misses(trace: Trace, arch: Architecture, layer: int | None
     for m in found:
         if layer is not None and layer_of(m.path) != layer:
             continue
-        reason = arch.not_expected(m.pattern.split(".")[0], m.guard, m.kind, m.remedy)
+        reason = arch.not_expected(m.pattern.split(".")[0], m.guard)
         if reason is None:
             kept.append(m)
         elif m.pattern not in ignored:
@@ -236,15 +239,25 @@ def _layer_products(trace: Trace) -> dict[int | None, list[int]]:
     return hit
 
 
-def _illegal_here(trace: Trace, rejected: list[Outcome], layer: int) -> list[Outcome]:
+def _illegal_here(trace: Trace, rejected: list[Outcome], layer: int, arch: Architecture) -> list[Outcome]:
     """The layer's refusals that are `illegal` and `compiler only` (no change to the model that keeps its numbers makes
     the product legal), in pipeline order, one per (rule, anchor): the layer's own outcome of the rule when it is that
     refusal, else one made from the run's missed fusion (a rule that fused elsewhere in the layer, e.g. the second
-    residual norm, while its first norm was refused)."""
+    residual norm, while its first norm was refused). A refusal the layer's kind already excuses (a pre-norm residual
+    sum, `Architecture.not_expected`) stays with that reason.
+
+    A rule that fused in a sibling layer is left out: then the illegality is this layer's deviation from its
+    siblings (one layer of a BERT stack with a stray output or a probe, the teaching variants `extra_h1_user`,
+    `output_intermediate`), and it stays a miss, named with the sibling difference and an honest fix line (`none in
+    the model: ...` and the compiler fix). When no other layer gets the product (every layer logs its sum, K/V
+    shared across layers, a one-layer graph), the refusal is the model's design: not expected."""
     mine = {(o.rule, o.nodes[0]): o for o in rejected if o.nodes}
+    siblings = fused_layers(trace)
     out = []
     for m in _run_misses(trace):
-        if layer_of(m.path) != layer or m.kind != ILLEGAL or m.remedy != COMPILER_ONLY:
+        if layer_of(m.path) != layer or m.kind != ILLEGAL or m.remedy != COMPILER_ONLY or \
+                arch.not_expected(m.pattern.split(".")[0], m.guard) is not None or \
+                any(k != layer for k in siblings.get(m.pattern, ())):
             continue
         o = mine.get((m.pattern, m.node))
         out.append(o if o is not None and o.guard == m.guard else
@@ -267,8 +280,11 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
     ran = {s.pass_name for s in trace.steps}  # a crashed pass was still expected to fuse
     crashed = {s.pass_name: s.error for s in trace.steps if s.error}
     misses, ignored = expected_misses(trace, arch, layer)
+    illegal = _illegal_here(trace, ex.rejected, layer, arch)
+    legal_only = {(o.rule, o.nodes[0]) for o in illegal}
+    misses = [m for m in misses if (m.pattern, m.node) not in legal_only]
+    ignored |= {o.rule: f"{o.rule} ({o.guard}): {ILLEGAL_HERE}" for o in illegal if o.rule not in ignored}
     skipped = list(ignored)
-    illegal = _illegal_here(trace, ex.rejected, layer)
     ftl_illegal = any(o.pass_name == LAYER_PASS for o in illegal)  # the layer op is not legal here: its parts are
     expect_ftl = LAYER_PASS in ran and arch.post_ln and not ftl_illegal
     ftl = _layer_products(trace).get(layer, [])
@@ -299,7 +315,7 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
     return LayerStatus(layer, fused, ftl[0] if ftl else None, expected, first, own, arch, silent, rejected,
                        [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(),
                        done, [t for r, t in ignored.items() if r not in {o.rule for o in illegal}],
-                       _blocker(first, made), illegal if fused else [])
+                       _blocker(first, made), illegal)
 
 
 def verdict_pass(trace: Trace, layer: int) -> str | None:
