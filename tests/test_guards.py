@@ -1067,7 +1067,16 @@ def _logged_sum():
     return _case_graph("n4-15", _BEFORE_LAYER), {"sum": 39}
 
 
-NEAR_MISSES += [("fuse_transformer_layer.bert_post_ln", "ln1_residual_scaled", _deepnorm, "mul1", {}),
+def _logged_ffn_sum():
+    """The probe of case n4-15 moved to the second residual sum (node 54): `ffn_sum_single_user` names it."""
+    from test_model_fixes import probed
+
+    from rlxviz.ir import parse_ir
+    return run_passes(parse_ir(probed("sum2")), list(_BEFORE_LAYER)).final, {"sum": 54}
+
+
+NEAR_MISSES += [("fuse_transformer_layer.bert_post_ln", "ffn_sum_single_user", _logged_ffn_sum, "sum", {}),
+                ("fuse_transformer_layer.bert_post_ln", "ln1_residual_scaled", _deepnorm, "mul1", {}),
                 ("fuse_transformer_layer.bert_post_ln", "ln2_residual_scaled", _deepnorm, "mul2", {}),
                 ("fuse_transformer_layer.bert_post_ln", "residual_sum_single_user", _logged_sum, "sum", {})]
 

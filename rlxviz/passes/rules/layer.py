@@ -69,15 +69,17 @@ def _pre_ln_add(c: Ctx) -> int | None:
     return s if any(w.op in _NORMS for w in later) and any(w.op == Op.ADD for w in later) else None
 
 
-def _residual_sum(c: Ctx) -> int | None:
-    """The residual add the attention's one user is (before `fuse_residual_ln` absorbed it), else None."""
-    users = c.users("attn")
+def _residual_sum(c: Ctx, of: str = "attn") -> int | None:
+    """The residual add that `of` (the attention, or FFN.2) has as its one user (before `fuse_residual_ln` absorbed
+    it), else None."""
+    users = c.users(of)
     return users[0].id if len(users) == 1 and users[0].op == Op.ADD else None
 
 
-def _sum_readers(c: Ctx) -> list[int]:
-    """The readers of the residual sum other than its norm: what keeps the sum from being absorbed (a probe)."""
-    s = _residual_sum(c)
+def _sum_readers(c: Ctx, of: str = "attn") -> list[int]:
+    """The readers of the residual sum after `of` other than its norm: what keeps the sum from being absorbed (a
+    probe)."""
+    s = _residual_sum(c, of)
     if s is None:
         return []
     us = c.graph.users(s)
@@ -85,24 +87,34 @@ def _sum_readers(c: Ctx) -> list[int]:
     return [w.id for w in us if w.id != norm]
 
 
-def _sum_single_use(c: Ctx) -> bool:
-    s = _residual_sum(c)
-    return s is None or _pre_ln_add(c) is not None or (not _sum_readers(c) and not c.graph.is_output(s))
+def _sum_guard(name: str, of: str, norm: str, h: str) -> Guard:
+    """The residual sum after `of` feeds only its norm (`norm`, producing `h`) and is no graph output: the layer op
+    absorbs it. A probe reading it (a logged statistic) makes the layer op illegal: the refusal names the probe, and
+    no change to the model that keeps its outputs helps (`extra_readers_why`)."""
+    def ok(c: Ctx) -> bool:
+        s = _residual_sum(c, of)
+        return s is None or (of == "attn" and _pre_ln_add(c) is not None) or (
+            not _sum_readers(c, of) and not c.graph.is_output(s))
 
+    def explain(c: Ctx) -> str:
+        s = _residual_sum(c, of)
+        assert s is not None
+        who = ", ".join(c.name_of(u) for u in _sum_readers(c, of))
+        out = f" and is graph output #{c.graph.outputs.index(s)}" if c.graph.is_output(s) else ""
+        read = f" is also read by {who}{out}" if who else out
+        return (f"the residual sum {c.name_of(s)} after {c.d(of)}{read}; FusedTransformerLayer absorbs it into "
+                f"{h} = {norm} and returns h2 only")
 
-def _explain_sum(c: Ctx) -> str:
-    s = _residual_sum(c)
-    assert s is not None
-    who = ", ".join(c.name_of(u) for u in _sum_readers(c))
-    out = f" and is graph output #{c.graph.outputs.index(s)}" if c.graph.is_output(s) else ""
-    read = f" is also read by {who}{out}" if who else out
-    return (f"the residual sum {c.name_of(s)} after {c.d('attn')}{read}; FusedTransformerLayer absorbs it into "
-            f"h1 = LN(attn + hidden) and returns h2 only")
+    def no_fix(c: Ctx) -> str | None:
+        s = _residual_sum(c, of)
+        return None if s is None else extra_readers_why(c, s, _sum_readers(c, of))
 
-
-def _sum_no_fix(c: Ctx) -> str | None:
-    s = _residual_sum(c)
-    return None if s is None else extra_readers_why(c, s, _sum_readers(c))
+    return guard(name, ok, explain, f"make the residual sum after {of} feed only its LayerNorm",
+                 highlight=lambda c: (tuple(_sum_readers(c, of)),
+                                      tuple((_residual_sum(c, of), u) for u in _sum_readers(c, of))),
+                 requires=(of,), kind=ILLEGAL, subject=lambda c: _residual_sum(c, of), no_model_fix=no_fix,
+                 fix=f"multi-output fusion: a layer op that also returns the residual sum before {h} (no product "
+                     f"rule builds one)")
 
 
 def _scaled(c: Ctx, role: str, base: str) -> tuple[int, float] | None:
@@ -251,11 +263,7 @@ LAYER = Rule(
               highlight=lambda c: (tuple(u.id for u in c.users("attn")), ()), requires=("attn",),
               kind=NOT_RECOGNIZED, fix="a pre-LN layer op (no rule builds one: pre-LN blocks keep their parts "
                                        "fused separately)"),
-        guard("residual_sum_single_user", _sum_single_use, _explain_sum,
-              "make the residual sum feed only the post-attention LayerNorm",
-              highlight=lambda c: (tuple(_sum_readers(c)), tuple((_residual_sum(c), u) for u in _sum_readers(c))),
-              requires=("attn",), kind=ILLEGAL, subject=_residual_sum, no_model_fix=_sum_no_fix,
-              fix="multi-output fusion: a layer op that also returns the residual sum (no product rule builds one)"),
+        _sum_guard("residual_sum_single_user", "attn", "LN(attn + hidden)", "h1"),
         User("ln1_is_residual_ln", "ln1", "attn", P(Op.FUSED_RESIDUAL_LN, name="ln1"),
              "FusedResidualLN", "run fuse_residual_ln first"),
         attr_eq("ln1", "has_bias", False, "ln1_no_bias", fix="a residual-bias operand on FusedTransformerLayer"),
@@ -280,6 +288,7 @@ LAYER = Rule(
              "FFN.2 as FusedMatMulBiasAct(fc1, ..., activation=None)", "run fuse_matmul_bias_act first"),
         single_user("fc2", "fc2_single_user"),
         not_output("fc2", "fc2_not_output"),
+        _sum_guard("ffn_sum_single_user", "fc2", "LN(fc2 + h1)", "h2"),
         User("ln2_is_residual_ln", "ln2", "fc2", P(Op.FUSED_RESIDUAL_LN, name="ln2"), "FusedResidualLN",
              "run fuse_residual_ln first"),
         attr_eq("ln2", "has_bias", False, "ln2_no_bias", fix="a residual-bias operand on FusedTransformerLayer"),
