@@ -14,6 +14,7 @@ Three kinds, each the outside case (tests/data/cases, copied from ../shared/case
 Every version of every graph keeps the unfused numbers (reference interpreter).
 """
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -215,6 +216,11 @@ def test_cross_layer_kv_sharing_explain_exits_0(capsys):
     code, out = explain_exit(capsys, next(CASES.glob("n4-13-*.rlx")))
     assert code == 0 and "layer 0: fused as far as legal" in out and "layer 1: fused as expected" in out
     assert "illegal here: fuse_attention_block.qkv_attention_out" in out
+    assert main(["explain", str(next(CASES.glob("n4-13-*.rlx"))), "--json"]) == 0  # the same verdict as data
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] and [x["status"] for x in doc["layers"]] == ["fused as far as legal", "fused"]
+    assert [(o["rule"], o["kind"], o["remedy"]) for o in doc["layers"][0]["illegal"]] == [
+        ("fuse_attention_block.qkv_attention_out", ILLEGAL, COMPILER_ONLY)]
 
 
 def test_unshared_layers_still_expect_their_blocks():

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..ir import Graph, Node
+from ..ir.identity import IdentityMap
 from .pattern import Bindings, describe, op_label
 
 EPILOGUE_ACTIVATIONS = ("gelu", "silu")
@@ -203,27 +204,45 @@ class Guard:
         return replace(self, name=name, hint=self.hint if hint is None else hint)
 
 
-REACH_LIMIT = 20_000
-"""Nodes `reaches_output` visits at most; past it a reader is taken as live (the refusal then says no model change
-keeps the numbers, which is the safe side: a fix line is never printed for a reader that might be live)."""
+REACH_LIMIT = 2_000
+"""Nodes `reaches_output` visits at most to name the output a live reader reaches (liveness itself is one reverse
+walk per graph, `live_nodes`); past it the output goes unnamed."""
+
+_LIVE: IdentityMap[Graph, frozenset[int]] = IdentityMap(limit=4)
+
+
+def live_nodes(g: Graph) -> frozenset[int]:
+    """The ids of the nodes whose value reaches a graph output (one reverse walk from the outputs, cached for the
+    last few graphs): a node outside it is dead, and removing it keeps every number the model returns."""
+    hit = _LIVE.get(g)
+    if hit is None:
+        seen, todo = set(g.outputs), list(g.outputs)
+        while todo:
+            for j in g[todo.pop()].inputs:
+                if j not in seen:
+                    seen.add(j)
+                    todo.append(j)
+        hit = _LIVE[g] = frozenset(seen)
+    return hit
 
 
 def reaches_output(g: Graph, i: int, limit: int = REACH_LIMIT) -> int | None:
-    """The id of a graph output that node `i`'s value reaches through its users (`i` itself when it is an output),
-    or None when it reaches none: a dead reader, whose removal keeps every number the model returns. Visits at
-    most `limit` nodes (then returns `i`: taken as live)."""
+    """The id of a graph output that node `i`'s value reaches through its users (`i` itself when it is an output, or
+    when the output lies more than `limit` nodes away), or None when it reaches none: a dead reader, whose removal
+    keeps every number the model returns."""
+    live = live_nodes(g)
+    if i not in live:
+        return None
     seen, todo = {i}, [i]
-    while todo:
+    while todo and len(seen) <= limit:
         j = todo.pop()
         if g.is_output(j):
             return j
         for u in g.users(j):
-            if u.id not in seen:
-                if len(seen) >= limit:
-                    return i
+            if u.id in live and u.id not in seen:
                 seen.add(u.id)
                 todo.append(u.id)
-    return None
+    return i
 
 
 def extra_readers_why(c: Ctx, role: str | int, extra: Sequence[int]) -> str | None:
@@ -241,8 +260,8 @@ def extra_readers_why(c: Ctx, role: str | int, extra: Sequence[int]) -> str | No
     if not live:
         return None
     u, o = live[0]
-    out = f"graph output #{g.outputs.index(o)}"
-    to = f" ({out})" if o == u else f" and on to {out} ({c.name_of(o)})"
+    out = f"graph output #{g.outputs.index(o)}" if g.is_output(o) else "the graph outputs"
+    to = f" ({out})" if o == u and g.is_output(o) else f" and on to {out}" + (f" ({c.name_of(o)})" if o != u else "")
     more = f" (and {len(live) - 1} more reader(s))" if len(live) > 1 else ""
     return (f"{c.name_of(u)} reads {short}{to}{more}: it is part of what the model computes and returns, "
             f"and removing or rerouting it changes the model's outputs")
@@ -461,5 +480,6 @@ __all__ = ["COMPILER_ONLY", "EPILOGUE_ACTIVATIONS", "ILLEGAL", "IN_MODEL", "KIND
            "NOT_NEAR_MISSES", "NO_MODEL_FIX", "REMEDIES",
            "NOT_PROFITABLE", "NOT_RECOGNIZED", "Ctx", "Guard",
            "Highlight", "RuleError", "activation_in", "all_single_use", "attr_eq",
-           "guard", "not_output", "operands_are", "rank_eq", "rank_le", "reaches_output", "extra_readers_why",
+           "guard", "not_output", "operands_are", "rank_eq", "rank_le", "reaches_output",
+           "extra_readers_why", "live_nodes",
            "same_shape", "single_user", "size_le", "static_dim", "user_count"]

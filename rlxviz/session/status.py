@@ -99,7 +99,8 @@ class LayerStatus:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (outcomes and the architecture as dicts)."""
         d = dataclasses.asdict(self)
-        d["status"] = "fused" if self.fused else "not fused"
+        d["status"] = ("fused as far as legal" if self.fused and self.illegal else "fused" if self.fused
+                       else "not fused")  # the text's headline word for word
         d["bert_style"] = self.bert_style
         return d
 
