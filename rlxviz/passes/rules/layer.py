@@ -93,8 +93,10 @@ def _sum_guard(name: str, of: str, norm: str, h: str) -> Guard:
     no change to the model that keeps its outputs helps (`extra_readers_why`)."""
     def ok(c: Ctx) -> bool:
         s = _residual_sum(c, of)
-        return s is None or (of == "attn" and _pre_ln_add(c) is not None) or (
-            not _sum_readers(c, of) and not c.graph.is_output(s))
+        if s is None or not any(w.op in _NORMS for w in c.graph.users(s)):  # no norm reads it: a form the layer
+            return True                                                   # rule's structure steps name
+        return (of == "attn" and _pre_ln_add(c) is not None) or (not _sum_readers(c, of)
+                                                                  and not c.graph.is_output(s))
 
     def explain(c: Ctx) -> str:
         s = _residual_sum(c, of)
