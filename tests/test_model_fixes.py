@@ -23,7 +23,7 @@ import pytest
 from rlxviz.cli import main
 from rlxviz.ir import Graph, Op, parse_ir
 from rlxviz.passes import Pipeline
-from rlxviz.passes.guard import COMPILER_ONLY, ILLEGAL, NO_MODEL_FIX
+from rlxviz.passes.guard import COMPILER_ONLY, ILLEGAL, NO_MODEL_FIX, READ_BY_MODEL
 from rlxviz.passes.pipeline import CANONICAL_ORDER
 from rlxviz.runtime import run_reference
 from rlxviz.session import check_fusion
@@ -63,7 +63,7 @@ def honest(check) -> None:
     model: ...` (never a change that drops a reader, an output or a scale), and it names a compiler fix."""
     for s in check.layers:
         for o in [*([s.first] if s.first else []), *s.rejections, *s.illegal]:
-            if o.remedy == COMPILER_ONLY:
+            if o.remedy in (COMPILER_ONLY, READ_BY_MODEL):
                 assert o.hint.startswith(NO_MODEL_FIX), o
                 assert o.fix, o
     text = check.render(verbose=True)
@@ -202,7 +202,7 @@ def test_cross_layer_kv_sharing_packs_every_attention(text):
     honest(check)
     first = check.layers[0]
     (block,) = [o for o in first.illegal if o.pass_name == "fuse_attention_block"]
-    assert block.kind == ILLEGAL and block.remedy == COMPILER_ONLY and "model.layers.1.self_attn" in block.hint
+    assert block.kind == ILLEGAL and block.remedy == READ_BY_MODEL and "model.layers.1.self_attn" in block.hint
     assert "returns the Q/K/V it projects" in block.fix
     for s in check.layers[1:]:
         assert s.fused and not s.illegal and "attention" in " ".join(s.done)
@@ -220,7 +220,7 @@ def test_cross_layer_kv_sharing_explain_exits_0(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["ok"] and [x["status"] for x in doc["layers"]] == ["fused as far as legal", "fused"]
     assert [(o["rule"], o["kind"], o["remedy"]) for o in doc["layers"][0]["illegal"]] == [
-        ("fuse_attention_block.qkv_attention_out", ILLEGAL, COMPILER_ONLY)]
+        ("fuse_attention_block.qkv_attention_out", ILLEGAL, READ_BY_MODEL)]
 
 
 def test_unshared_layers_still_expect_their_blocks():
@@ -293,7 +293,8 @@ def test_dead_probe_is_a_fix_in_the_model_checked_as_a_what_if():
     g = parse_ir(probed(returned=False))
     check = check_fusion(run_checked(g), "dead")
     (s,) = check.layers
-    assert not s.fused and not s.illegal and s.first.kind == ILLEGAL and s.first.remedy != COMPILER_ONLY
+    assert not s.fused and not s.illegal and s.first.kind == ILLEGAL
+    assert s.first.remedy not in (COMPILER_ONLY, READ_BY_MODEL)
     assert not s.first.hint.startswith(NO_MODEL_FIX), s.first
     fixed = run_checked(g, Pipeline(["dead_code_elimination", *CANONICAL_ORDER]))
     assert fixed.final.fused_op_counts().get("FusedTransformerLayer") == 1

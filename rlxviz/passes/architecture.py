@@ -92,7 +92,7 @@ class LayerArchitecture:
 
     def not_expected(self, pass_name: str, guard: str = "") -> str | None:
         """Why a rejection of `pass_name` at `guard` does not count in this layer (None: it counts). (A refusal that
-        is `illegal` and `compiler only`, the model's own structure, is excused per layer by
+        is `illegal` and `read by the model`, the model's own dataflow, is excused per layer by
         `session.status.layer_status`: `ILLEGAL_HERE`.)"""
         if pass_name == "fuse_transformer_layer" and not self.post_ln:
             return f"FusedTransformerLayer is the post-LN BERT layer; this layer is {self.description}"

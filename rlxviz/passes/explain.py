@@ -37,8 +37,8 @@ class Outcome:
         subject: the node the headline guard is about.
         also: further failing guards of the same candidate, in order: `(guard, kind, message)`.
         soft: status `fused`: what the fusion left out, `(guard, kind, message)` per soft rejection.
-        remedy: the headline's `guard.REMEDIES` entry: `compiler only` when no change to the model that keeps its
-            numbers makes the fusion legal (`hint` then says why: `none in the model: ...`).
+        remedy: the headline's `guard.REMEDIES` entry: `compiler only` or `read by the model` when no change to the
+            model that keeps its numbers makes the fusion legal (`hint` then says why: `none in the model: ...`).
     """
 
     pass_name: str

@@ -58,16 +58,21 @@ NOT_NEAR_MISSES = (MODEL_TERM, NOT_A_CANDIDATE)
 
 IN_MODEL = "in the model"
 COMPILER_ONLY = "compiler only"
+READ_BY_MODEL = "read by the model"
 REMEDIES: dict[str, str] = {
     IN_MODEL: "the hint is a change to the model (or the pipeline) that keeps every number the model computes and "
               "returns: an operand order, a layout written another way, a dead reader removed, a pass run first",
-    COMPILER_ONLY: "no change to the model keeps its numbers and makes the fusion legal (the extra reader is a probe "
-                   "the model returns, the intermediate is an output the caller asked for, the residual is scaled): "
-                   "the hint says why (`none in the model: ...`), the compiler fix is the fix",
+    COMPILER_ONLY: "no change to the model keeps its numbers and makes the fusion legal (the residual is scaled, the "
+                   "constants are not GELU's, eps sits outside the sqrt): the hint says why (`none in the model: "
+                   "...`), the compiler fix is the fix",
+    READ_BY_MODEL: "compiler only, because the value the fusion would absorb is read elsewhere by the model: a probe "
+                   "or a later layer reads it, or it is an output the caller asked for. The product is not legal "
+                   "for that layer (it is fused as far as legal); the compiler fix is an op that also returns it",
 }
-"""Where a refusal can be fixed (issue 38): a guard declares it (`Guard.no_model_fix`), so no front end ever prints
-a fix line that would change the model's numbers or drop an output. A refusal that is `illegal` and `compiler only`
-is the model's own structure: the product is not expected of that layer (it is fused as far as legal)."""
+"""Where a refusal can be fixed (issue 38): a guard declares it (`Guard.no_model_fix`, `Guard.remedy`), so no front
+end prints a fix line that would change the model's numbers or drop an output. A refusal that is `illegal` and
+`read by the model` is the model's own dataflow: the product is not expected of that layer
+(`session.status.layer_status`)."""
 NO_MODEL_FIX = "none in the model: "
 
 
@@ -158,7 +163,9 @@ class Guard:
         subject: `ctx -> node id` of the node the failure is about, when it is not `requires[0]`.
         no_model_fix: `ctx -> None` when `hint` is a change to the model that keeps its numbers (the default:
             no function), else `ctx -> why no such change exists` (then the refusal's hint is `none in the
-            model: <why>` and its remedy `COMPILER_ONLY`; `REMEDIES`).
+            model: <why>` and its remedy `remedy`; `REMEDIES`).
+        remedy: what a refusal is when `no_model_fix` gives a reason: `COMPILER_ONLY`, or `READ_BY_MODEL` when the
+            reason is a reader or an output of the model (the reader and output factories).
 
     Raises:
         RuleError: `kind` is not one of `KINDS`.
@@ -175,6 +182,7 @@ class Guard:
     reads: tuple[str, ...] = ()
     subject: Callable[[Ctx], int | None] | None = None
     no_model_fix: Callable[[Ctx], str | None] | None = None
+    remedy: str = COMPILER_ONLY
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -195,10 +203,10 @@ class Guard:
         return ctx.bindings.get(self.requires[0]) if self.requires else None
 
     def remedy_of(self, ctx: Ctx) -> tuple[str, str]:
-        """`(remedy, hint)` of a failure at `ctx`: `(IN_MODEL, hint)`, or `(COMPILER_ONLY, "none in the model:
+        """`(remedy, hint)` of a failure at `ctx`: `(IN_MODEL, hint)`, or `(self.remedy, "none in the model:
         <why>")` when no change to the model that keeps its numbers makes the fusion legal."""
         why = self.no_model_fix(ctx) if self.no_model_fix is not None else None
-        return (IN_MODEL, self.hint) if why is None else (COMPILER_ONLY, NO_MODEL_FIX + why)
+        return (IN_MODEL, self.hint) if why is None else (self.remedy, NO_MODEL_FIX + why)
 
     def renamed(self, name: str, hint: str | None = None) -> Guard:
         return replace(self, name=name, hint=self.hint if hint is None else hint)
@@ -300,7 +308,7 @@ def single_user(role: str, name: str | None = None, hint: str = "", fix: str = "
                  lambda c: f"{c.d(role)} has {len(c.users(role))} users ({_users_text(c, role)}); needs exactly 1",
                  lambda c: _edges_to_users(c, role),
                  hint or f"make {role} single-use (or give the extra reader its own copy)", (role,), ILLEGAL, fix,
-                 no_model_fix=_readers_no_fix(role))
+                 no_model_fix=_readers_no_fix(role), remedy=READ_BY_MODEL)
 
 
 def not_output(role: str, name: str | None = None, hint: str = "", fix: str = "") -> Guard:
@@ -310,7 +318,7 @@ def not_output(role: str, name: str | None = None, hint: str = "", fix: str = ""
                            f"intermediate must not be an output",
                  lambda c: ((c.id(role),), ()),
                  hint or f"do not return {role} from the model (or accept the unfused form)", (role,), ILLEGAL, fix,
-                 no_model_fix=_output_no_fix(role))
+                 no_model_fix=_output_no_fix(role), remedy=READ_BY_MODEL)
 
 
 def user_count(role: str, n: int, purpose: str, name: str | None = None, hint: str = "", fix: str = "",
@@ -322,7 +330,7 @@ def user_count(role: str, n: int, purpose: str, name: str | None = None, hint: s
                  lambda c: f"{c.d(role)} has {len(c.users(role))} users ({_users_text(c, role)}); "
                            f"needs exactly {n}: {purpose}",
                  pick, hint or f"make {role} feed only {purpose}", (role,), ILLEGAL, fix,
-                 no_model_fix=lambda c: extra_readers_why(c, role, pick(c)[0]))
+                 no_model_fix=lambda c: extra_readers_why(c, role, pick(c)[0]), remedy=READ_BY_MODEL)
 
 
 def rank_le(role: str, n: int, name: str | None = None, hint: str = "", fix: str = "") -> Guard:
@@ -462,22 +470,22 @@ def all_single_use(roles: Sequence[str], name: str, hint: str = "", fix: str = "
         return extra_readers_why(c, r, _outside_readers(c, r)) if r else None
 
     return Guard(name, lambda c: bad(c) is None, explain, hl, hint or "make the intermediates single-use", (),
-                 ILLEGAL, fix, tuple(roles), subject, no_fix)
+                 ILLEGAL, fix, tuple(roles), subject, no_fix, READ_BY_MODEL)
 
 
 def guard(name: str, check: Callable[[Ctx], bool], explain: Callable[[Ctx], str], hint: str = "",
           highlight: Callable[[Ctx], Highlight] | None = None, requires: Sequence[str] = (), *, kind: str,
           fix: str = "", reads: Sequence[str] = (), subject: Callable[[Ctx], int | None] | None = None,
-          no_model_fix: Callable[[Ctx], str | None] | None = None) -> Guard:
+          no_model_fix: Callable[[Ctx], str | None] | None = None, remedy: str = COMPILER_ONLY) -> Guard:
     """A one-off guard (keyword-friendly constructor). `kind` is required: `illegal`, `not recognized` or
     `not profitable`; `requires` (the first is the subject) and `reads` list every role the checks read;
     `no_model_fix` says why no model change keeping the numbers helps (`Guard.no_model_fix`)."""
     return Guard(name, check, explain, highlight, hint, tuple(requires), kind, fix, tuple(reads), subject,
-                 no_model_fix)
+                 no_model_fix, remedy)
 
 
 __all__ = ["COMPILER_ONLY", "EPILOGUE_ACTIVATIONS", "ILLEGAL", "IN_MODEL", "KINDS", "MODEL_TERM", "NOT_A_CANDIDATE",
-           "NOT_NEAR_MISSES", "NO_MODEL_FIX", "REMEDIES",
+           "NOT_NEAR_MISSES", "NO_MODEL_FIX", "READ_BY_MODEL", "REMEDIES",
            "NOT_PROFITABLE", "NOT_RECOGNIZED", "Ctx", "Guard",
            "Highlight", "RuleError", "activation_in", "all_single_use", "attr_eq",
            "guard", "not_output", "operands_are", "rank_eq", "rank_le", "reaches_output",

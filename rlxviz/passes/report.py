@@ -34,8 +34,8 @@ class MissedFusion:
         kind: `illegal`, `not recognized` or `not profitable` (see `guard.KINDS`).
         fix: the compiler-side fix, if any.
         also: the further failing guards of the same candidate, in order, as `guard (kind): message`.
-        remedy: `compiler only` when no change to the model that keeps its numbers makes it legal
-            (`guard.REMEDIES`).
+        remedy: `compiler only` or `read by the model` when no change to the model that keeps its numbers
+            makes it legal (`guard.REMEDIES`).
     """
 
     pattern: str

@@ -30,11 +30,11 @@ from typing import Any
 
 from ..ir import Node, Op, Rewriter
 from .guard import (
-    COMPILER_ONLY,
     ILLEGAL,
     KINDS,
     NO_MODEL_FIX,
     NOT_RECOGNIZED,
+    READ_BY_MODEL,
     Ctx,
     Guard,
     RuleError,
@@ -60,7 +60,7 @@ class Fail:
     fix: str = ""  # the compiler-side fix, if any
     needed: tuple[str, ...] = ()  # structure failures: what the pattern needed at the failing edge
     found: str = ""  # structure failures: the op found there
-    remedy: str = ""  # guard.IN_MODEL ("" too) or guard.COMPILER_ONLY: whether `hint` changes the model's numbers
+    remedy: str = ""  # guard.REMEDIES: IN_MODEL ("" too), COMPILER_ONLY or READ_BY_MODEL (the hint keeps the numbers?)
 
 
 QUIET = Fail("structure", "", "", quiet=True)
@@ -363,7 +363,7 @@ def escape_check(rule: Rule, ctx: Ctx) -> Fail | None:
                         f"the fused pattern", tuple(u.id for u in outside), tuple((i, u.id) for u in outside),
                         hint, subject=i, kind=ILLEGAL,
                         fix=f"a fused op that also returns {ctx.label(r)} (Rule.outputs)",
-                        remedy="" if why is None else COMPILER_ONLY)
+                        remedy="" if why is None else READ_BY_MODEL)
     return None
 
 

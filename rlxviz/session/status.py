@@ -15,7 +15,7 @@ from ..ir.ops import FUSED
 from ..passes import PASSES, MissedFusion, Outcome, Trace, explain, layer_of, missed_fusions
 from ..passes.architecture import ILLEGAL_HERE
 from ..passes.explain import fused_layers
-from ..passes.guard import COMPILER_ONLY, ILLEGAL, NOT_NEAR_MISSES
+from ..passes.guard import ILLEGAL, NOT_NEAR_MISSES, READ_BY_MODEL
 from ..passes.report import left_out
 from ..passes.unrecognized import unrecognized
 from .architecture import Architecture, classify
@@ -67,7 +67,7 @@ class LayerStatus:
             packed attention that keeps an additive mask), what the fusion left that blocks the layer, e.g.
             `packed attention made, but additive mask kept (mask_form)`; the headline names it instead of
             listing products the layer has. "" otherwise.
-        illegal: the refusals of products that are illegal for this layer (`illegal` and `compiler only`: a probe,
+        illegal: the refusals of products that are illegal for this layer (`illegal`, `read by the model`: a probe,
             an output the caller asked for, K/V a later layer reads; `passes.guard.REMEDIES`), in pipeline order.
             They do not count: with no other miss the layer is "fused as far as legal".
     """
@@ -241,11 +241,12 @@ def _layer_products(trace: Trace) -> dict[int | None, list[int]]:
 
 
 def _illegal_here(trace: Trace, rejected: list[Outcome], layer: int, arch: Architecture) -> list[Outcome]:
-    """The layer's refusals that are `illegal` and `compiler only` (no change to the model that keeps its numbers makes
-    the product legal), in pipeline order, one per (rule, anchor): the layer's own outcome of the rule when it is that
-    refusal, else one made from the run's missed fusion (a rule that fused elsewhere in the layer, e.g. the second
-    residual norm, while its first norm was refused). A refusal the layer's kind already excuses (a pre-norm residual
-    sum, `Architecture.not_expected`) stays with that reason.
+    """The layer's refusals that are `illegal` and `read by the model` (a reader or an output of the model keeps the
+    value: no change to the model that keeps its numbers makes the product legal), in pipeline order, one per
+    (rule, anchor): the layer's own outcome of the rule when it is that refusal, else one made from the run's
+    missed fusion (a rule that fused elsewhere in the layer, e.g. the second residual norm, while its first norm was
+    refused). A refusal the layer's kind already excuses (a pre-norm residual sum, `Architecture.not_expected`)
+    stays with that reason.
 
     A rule that fused in a sibling layer is left out: then the illegality is this layer's deviation from its
     siblings (one layer of a BERT stack with a stray output or a probe, the teaching variants `extra_h1_user`,
@@ -256,7 +257,7 @@ def _illegal_here(trace: Trace, rejected: list[Outcome], layer: int, arch: Archi
     siblings = fused_layers(trace)
     out = []
     for m in _run_misses(trace):
-        if layer_of(m.path) != layer or m.kind != ILLEGAL or m.remedy != COMPILER_ONLY or \
+        if layer_of(m.path) != layer or m.kind != ILLEGAL or m.remedy != READ_BY_MODEL or \
                 arch.not_expected(m.pattern.split(".")[0], m.guard) is not None or \
                 any(k != layer for k in siblings.get(m.pattern, ())):
             continue

@@ -541,7 +541,10 @@ SDPA = Rule(
                        "or an attention op that also returns it"),
         *where_mask.guards(),
         guard("scale_finite", _scale_ok, _explain_scale, "scale the scores by a finite, non-zero constant",
-              kind=ILLEGAL, reads=tuple(r for pair in _FACTORS for r in pair), subject=_bad_scale),
+              kind=ILLEGAL, reads=tuple(r for pair in _FACTORS for r in pair), subject=_bad_scale,
+              fix="none: the packed attention's scale is a finite, non-zero number",
+              no_model_fix=lambda c: "an infinite or zero factor is what the model computes (every score the "
+                                     "same, or NaN): another factor changes its numbers"),
         Soft(_mask_form),
     ),
     result="merge", absorb=(*_INTERNAL, "merge"), build=_sdpa_build, rewrite=lambda c, rw: _sdpa_rewrite(c, rw),

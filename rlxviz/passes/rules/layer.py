@@ -35,6 +35,7 @@ from ..guard import (
     EPILOGUE_ACTIVATIONS,
     ILLEGAL,
     NOT_RECOGNIZED,
+    READ_BY_MODEL,
     Ctx,
     Guard,
     activation_hint,
@@ -115,6 +116,7 @@ def _sum_guard(name: str, of: str, norm: str, h: str) -> Guard:
                  highlight=lambda c: (tuple(_sum_readers(c, of)),
                                       tuple((_residual_sum(c, of), u) for u in _sum_readers(c, of))),
                  requires=(of,), kind=ILLEGAL, subject=lambda c: _residual_sum(c, of), no_model_fix=no_fix,
+                 remedy=READ_BY_MODEL,
                  fix=f"multi-output fusion: a layer op that also returns the residual sum before {h} (no product "
                      f"rule builds one)")
 
@@ -262,6 +264,8 @@ LAYER = Rule(
         not_output("attn", "attn_not_output"),
         guard("post_ln_order", lambda c: _pre_ln_add(c) is None, _explain_post_ln,
               "only post-LN (BERT) layers fuse; pre-LN (GPT-2/LLaMA) blocks keep their parts fused separately",
+              no_model_fix=lambda c: "pre-LN is another computation than post-LN: moving the norm changes the "
+                                     "model's numbers; pre-LN blocks keep their parts fused separately",
               highlight=lambda c: (tuple(u.id for u in c.users("attn")), ()), requires=("attn",),
               kind=NOT_RECOGNIZED, fix="a pre-LN layer op (no rule builds one: pre-LN blocks keep their parts "
                                        "fused separately)"),
