@@ -223,6 +223,20 @@ def test_cross_layer_kv_sharing_explain_exits_0(capsys):
         ("fuse_attention_block.qkv_attention_out", ILLEGAL, READ_BY_MODEL)]
 
 
+def test_kv_source_layer_is_legal_only_even_when_other_layers_get_their_block():
+    """Gemma 3n's shape: layer 1 reuses layer 0's K/V, layer 2 projects its own (its block fuses). Layer 0's block is
+    still not expected: the reader of its K/V is another layer (the model's design, not a stray reader)."""
+    head = case_text("n4-13").split("  %40 = ")[0]
+    one, h, n = _layer(1, "%39", 100)
+    two, h, n = _layer(2, h, n, own_kv=True)
+    t = run_checked(parse_ir(head + "\n".join(one + two) + f"\n  return {h}\n}}\n"))
+    assert t.final.fused_op_counts().get("FusedAttentionBlock") == 1  # layer 2's
+    check = check_fusion(t, "kv")
+    assert check.ok, check.render()
+    assert [o.guard for o in check.layers[0].illegal] == ["qkv_narrows_single_use"]
+    honest(check)
+
+
 def test_unshared_layers_still_expect_their_blocks():
     """Control: the same three layers, each projecting its own K/V: no attention keeps a shared head split, every
     layer's block fuses (the shared-view change leaves single-use head splits absorbed as before)."""

@@ -240,6 +240,15 @@ def _layer_products(trace: Trace) -> dict[int | None, list[int]]:
     return hit
 
 
+def _read_in_another_layer(trace: Trace, m: MissedFusion, layer: int) -> bool:
+    """Whether one of the refusal's offending nodes (the extra reader) lies in another layer than `layer`."""
+    for i in m.offending:
+        path = next((g[i].path for _, g in trace.versions() if i in g), None)
+        if path is not None and layer_of(path) not in (None, layer):
+            return True
+    return False
+
+
 def _illegal_here(trace: Trace, rejected: list[Outcome], layer: int, arch: Architecture) -> list[Outcome]:
     """The layer's refusals that are `illegal` and `read by the model` (a reader or an output of the model keeps the
     value: no change to the model that keeps its numbers makes the product legal), in pipeline order, one per
@@ -248,18 +257,20 @@ def _illegal_here(trace: Trace, rejected: list[Outcome], layer: int, arch: Archi
     refused). A refusal the layer's kind already excuses (a pre-norm residual sum, `Architecture.not_expected`)
     stays with that reason.
 
-    A rule that fused in a sibling layer is left out: then the illegality is this layer's deviation from its
-    siblings (one layer of a BERT stack with a stray output or a probe, the teaching variants `extra_h1_user`,
-    `output_intermediate`), and it stays a miss, named with the sibling difference and an honest fix line (`none in
-    the model: ...` and the compiler fix). When no other layer gets the product (every layer logs its sum, K/V
-    shared across layers, a one-layer graph), the refusal is the model's design: not expected."""
+    A refusal whose reader sits in another layer (K/V a later layer reads: cross-layer KV sharing) is the model's
+    design. Otherwise a rule that fused in a sibling layer is left out: then the illegality is this layer's deviation
+    from its siblings (one layer of a BERT stack with a stray output or a probe, the teaching variants
+    `extra_h1_user`, `output_intermediate`), and it stays a miss, named with the sibling difference and an honest
+    fix line (`none in the model: ...` and the compiler fix). When no other layer gets the product (every layer logs
+    its sum, a one-layer graph), the refusal is the model's design: not expected."""
     mine = {(o.rule, o.nodes[0]): o for o in rejected if o.nodes}
     siblings = fused_layers(trace)
     out = []
     for m in _run_misses(trace):
         if layer_of(m.path) != layer or m.kind != ILLEGAL or m.remedy != READ_BY_MODEL or \
-                arch.not_expected(m.pattern.split(".")[0], m.guard) is not None or \
-                any(k != layer for k in siblings.get(m.pattern, ())):
+                arch.not_expected(m.pattern.split(".")[0], m.guard) is not None:
+            continue
+        if any(k != layer for k in siblings.get(m.pattern, ())) and not _read_in_another_layer(trace, m, layer):
             continue
         o = mine.get((m.pattern, m.node))
         out.append(o if o is not None and o.guard == m.guard else
