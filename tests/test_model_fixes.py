@@ -313,3 +313,30 @@ def test_dead_probe_is_a_fix_in_the_model_checked_as_a_what_if():
     fixed = run_checked(g, Pipeline(["dead_code_elimination", *CANONICAL_ORDER]))
     assert fixed.final.fused_op_counts().get("FusedTransformerLayer") == 1
     assert check_fusion(fixed, "dead").ok
+
+
+# ------------------------------------------------------------------------------------- the invariant, everywhere
+
+def _handed_and_variants():
+    from rlxviz.models import VARIANTS, load_model
+
+    out = [(p.stem, lambda p=p: parse_ir(p.read_text())) for p in sorted(CASES.glob("*.rlx"))]
+    return out + [(f"bert-tiny:{v}", lambda v=v: load_model("bert-tiny", seq=8, variant=VARIANTS[v]).graph)
+                  for v in VARIANTS if v != "none"]
+
+
+@pytest.mark.parametrize("name, make", _handed_and_variants(), ids=[n for n, _ in _handed_and_variants()])
+def test_no_fix_line_changes_the_model(name, make):
+    """Every refusal of every handed case and teaching variant whose guard says no model change keeps the numbers
+    prints `fix: none in the model: <why>` and names a compiler fix; a `read by the model` refusal names a reader
+    that reaches a graph output (or the value is itself one): removing it would change what the model returns."""
+    from rlxviz.passes.guard import reaches_output
+
+    t = Pipeline.canonical().run(make())
+    for s in t.steps:
+        for r in s.rejections:
+            if r.remedy in (COMPILER_ONLY, READ_BY_MODEL):
+                assert r.hint.startswith(NO_MODEL_FIX) and r.fix, (r.rule, r.guard, r.hint, r.fix)
+            if r.remedy == READ_BY_MODEL:
+                g = s.before
+                assert any(reaches_output(g, i) is not None for i in (*r.offending, r.subject) if i in g), r

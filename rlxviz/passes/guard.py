@@ -286,6 +286,11 @@ def _readers_no_fix(role: str) -> Callable[[Ctx], str | None]:
     return lambda c: extra_readers_why(c, role, _outside_readers(c, role))
 
 
+def _also_returns(role: str) -> str:
+    """The compiler fix of a value another reader or the caller keeps: the fused op returns it too."""
+    return f"a fused op that also returns {role} (a multi-output rewrite, Rule.outputs) for its other readers"
+
+
 def _output_no_fix(role: str) -> Callable[[Ctx], str | None]:
     return lambda c: (f"{c.d(role)} is graph output #{c.graph.outputs.index(c.id(role))}, which the caller asked "
                       f"for; hiding it changes what the model returns") if c.graph.is_output(c.id(role)) else None
@@ -307,8 +312,8 @@ def single_user(role: str, name: str | None = None, hint: str = "", fix: str = "
     return Guard(name or f"{role}_single_user", lambda c: len(c.users(role)) == 1,
                  lambda c: f"{c.d(role)} has {len(c.users(role))} users ({_users_text(c, role)}); needs exactly 1",
                  lambda c: _edges_to_users(c, role),
-                 hint or f"make {role} single-use (or give the extra reader its own copy)", (role,), ILLEGAL, fix,
-                 no_model_fix=_readers_no_fix(role), remedy=READ_BY_MODEL)
+                 hint or f"make {role} single-use (or give the extra reader its own copy)", (role,), ILLEGAL,
+                 fix or _also_returns(role), no_model_fix=_readers_no_fix(role), remedy=READ_BY_MODEL)
 
 
 def not_output(role: str, name: str | None = None, hint: str = "", fix: str = "") -> Guard:
@@ -317,8 +322,8 @@ def not_output(role: str, name: str | None = None, hint: str = "", fix: str = ""
                  lambda c: f"{c.d(role)} is graph output #{c.graph.outputs.index(c.id(role))}; an absorbed "
                            f"intermediate must not be an output",
                  lambda c: ((c.id(role),), ()),
-                 hint or f"do not return {role} from the model (or accept the unfused form)", (role,), ILLEGAL, fix,
-                 no_model_fix=_output_no_fix(role), remedy=READ_BY_MODEL)
+                 hint or f"do not return {role} from the model (or accept the unfused form)", (role,), ILLEGAL,
+                 fix or _also_returns(role), no_model_fix=_output_no_fix(role), remedy=READ_BY_MODEL)
 
 
 def user_count(role: str, n: int, purpose: str, name: str | None = None, hint: str = "", fix: str = "",
@@ -329,7 +334,7 @@ def user_count(role: str, n: int, purpose: str, name: str | None = None, hint: s
     return Guard(name or f"{role}_user_count", lambda c: len(c.users(role)) == n,
                  lambda c: f"{c.d(role)} has {len(c.users(role))} users ({_users_text(c, role)}); "
                            f"needs exactly {n}: {purpose}",
-                 pick, hint or f"make {role} feed only {purpose}", (role,), ILLEGAL, fix,
+                 pick, hint or f"make {role} feed only {purpose}", (role,), ILLEGAL, fix or _also_returns(role),
                  no_model_fix=lambda c: extra_readers_why(c, role, pick(c)[0]), remedy=READ_BY_MODEL)
 
 
@@ -470,7 +475,8 @@ def all_single_use(roles: Sequence[str], name: str, hint: str = "", fix: str = "
         return extra_readers_why(c, r, _outside_readers(c, r)) if r else None
 
     return Guard(name, lambda c: bad(c) is None, explain, hl, hint or "make the intermediates single-use", (),
-                 ILLEGAL, fix, tuple(roles), subject, no_fix, READ_BY_MODEL)
+                 ILLEGAL, fix or _also_returns("the intermediate read elsewhere"), tuple(roles), subject, no_fix,
+                 READ_BY_MODEL)
 
 
 def guard(name: str, check: Callable[[Ctx], bool], explain: Callable[[Ctx], str], hint: str = "",
