@@ -1072,6 +1072,34 @@ def _soft_cap():
 NEAR_MISSES += [(_SDPA, "score_term", _soft_cap, "s", {})]
 
 
+_BEFORE_LAYER = ("fuse_sdpa", "fuse_shared_input_matmul", "fuse_matmul_bias_act", "fuse_attention_block",
+                 "fuse_residual_ln")
+
+
+def _deepnorm():
+    """DeepNorm's LN(alpha * x + f(x)) on both residuals (case n4-06), fused up to the layer pass: the alpha muls."""
+    return _case_graph("n4-06", _BEFORE_LAYER), {"mul1": 40, "mul2": 55}
+
+
+def _logged_sum():
+    """A post-LN layer whose first residual sum is also read by a probe returned as output #1 (case n4-15)."""
+    return _case_graph("n4-15", _BEFORE_LAYER), {"sum": 39}
+
+
+def _logged_ffn_sum():
+    """The probe of case n4-15 moved to the second residual sum (node 54): `ffn_sum_single_user` names it."""
+    from test_model_fixes import probed
+
+    from rlxviz.ir import parse_ir
+    return run_passes(parse_ir(probed("sum2")), list(_BEFORE_LAYER)).final, {"sum": 54}
+
+
+NEAR_MISSES += [("fuse_transformer_layer.bert_post_ln", "ffn_sum_single_user", _logged_ffn_sum, "sum", {}),
+                ("fuse_transformer_layer.bert_post_ln", "ln1_residual_scaled", _deepnorm, "mul1", {}),
+                ("fuse_transformer_layer.bert_post_ln", "ln2_residual_scaled", _deepnorm, "mul2", {}),
+                ("fuse_transformer_layer.bert_post_ln", "residual_sum_single_user", _logged_sum, "sum", {})]
+
+
 def test_near_miss_table_covers_every_guard_of_every_rule():
     have = {(rule, guard) for rule, guard, *_ in NEAR_MISSES}
     want = {(r.name, gname) for p in PASSES.values() for r in p.rules for gname in r.guard_names
@@ -1127,4 +1155,5 @@ def test_every_failing_guard_is_reported_headline_first():
     assert "also fails: mask_kind_keep (not recognized): " in explain(t, 0).render()
     (m,) = [m for m in missed_fusions(t) if m.pattern.startswith("fuse_attention_block")]
     assert m.guard == "attention_size_gate" and m.also[0].startswith("mask_kind_keep (not recognized): ")
+
 

@@ -107,6 +107,9 @@ def _all_views(s: AppState, cli_args: list, capsys) -> int:
             (j["first"]["rule"], j["first"]["guard"], j["first"]["fix"]) if j["first"] else None) == first, layer
         why = _plain(s.why_layer(layer))
         assert ("NOT fused" in why) == (not st.fused), why
+        legal_only = st.fused and bool(st.illegal)  # issue 38: a product illegal for the layer is not expected
+        assert (f"layer {layer}: fused as far as legal" in why) == legal_only, why
+        assert (j["status"] == "fused as far as legal") == legal_only and len(j["illegal"]) == len(st.illegal)
         g, _, _ = picture(trace, View(version=last, side="why", focus=layer))
         if st.first is None:
             assert verdict_pass(trace, layer) is None or not st.fused
@@ -125,6 +128,8 @@ def _all_views(s: AppState, cli_args: list, capsys) -> int:
             assert said and said[0]["message"] == st.first.message and said[0]["hint"] == st.first.hint
             text = _plain(report_markdown(rep))
             assert f"layer {layer}: NOT fused" in text and st.first.guard in text
+        elif legal_only:
+            assert f"layer {layer}: fused as far as legal" in _plain(report_markdown(rep))
     return len(s.layers())
 
 

@@ -174,7 +174,7 @@ def _verdict(trace: Trace, layer: int | None) -> dict[str, Any] | None:
     st = layer_status(trace, layer)
     f = st.first
     return {"layer": layer, "fused": st.fused, "rule": f.rule if f else "", "guard": f.guard if f else "",
-            "fix": f.fix if f else "", "hint": f.hint if f else ""}
+            "fix": f.fix if f else "", "hint": f.hint if f else "", "legal_only": st.fused and bool(st.illegal)}
 
 
 def report_markdown(rep: dict[str, Any]) -> str:
@@ -190,7 +190,7 @@ def report_markdown(rep: dict[str, Any]) -> str:
     v = rep.get("verdict")
     if v is not None:  # the layer's verdict, as explain and the Why tab state it
         if v["fused"]:
-            lines.append(f"**layer {v['layer']}: fused as expected**")
+            lines.append(f"**layer {v['layer']}: fused as {'far as legal' if v.get('legal_only') else 'expected'}**")
         elif v["rule"]:
             fix = f" *Fix:* {md_escape(v['hint'])}" if v["hint"] else ""
             comp = f" *Compiler fix:* {md_escape(v['fix'])}" if v["fix"] else ""

@@ -80,6 +80,11 @@ class Rewriter(NodeEmitter):
         """Whether `replace(i, ...)` was called: the readers of `i` read another value now."""
         return i in self._replace
 
+    def removed(self, i: int) -> bool:
+        """Whether an earlier call of this rewriter removed or replaced `i` (a later match of the same pass then
+        need not keep `i` alive for that reader)."""
+        return i in self._remove or i in self._replace
+
     def remove(self, ids: Sequence[int]) -> None:
         """Remove `ids`; `finish` fails if anything outside still reads them."""
         self._remove.update(ids)

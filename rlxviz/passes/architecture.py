@@ -57,6 +57,8 @@ DESCRIPTIONS = {
 }
 
 RESIDUAL_NORM_PASSES = ("fuse_residual_ln", "fuse_residual_rms_norm")
+ILLEGAL_HERE = ("illegal for this layer: no change to the model that keeps its numbers makes it legal (the layer is "
+                "fused as far as legal)")
 PRE_NORM_ILLEGAL_GUARDS = frozenset({"sum_single_user", "biased_single_user"})
 
 
@@ -96,7 +98,9 @@ class LayerArchitecture:
             self.kind in ("attention_only", "cross_decoder") and any("pre-norm" in e for e in self.evidence))
 
     def not_expected(self, pass_name: str, guard: str = "") -> str | None:
-        """Why a rejection of `pass_name` at `guard` does not count in this layer (None: it counts)."""
+        """Why a rejection of `pass_name` at `guard` does not count in this layer (None: it counts). (A refusal that
+        is `illegal` and `read by the model`, the model's own dataflow, is excused per layer by
+        `session.status.layer_status`: `ILLEGAL_HERE`.)"""
         if pass_name == "fuse_transformer_layer" and not self.post_ln:
             return f"FusedTransformerLayer is the post-LN BERT layer; this layer is {self.description}"
         if pass_name == "fuse_attention_block" and self.kv_cache:
@@ -382,6 +386,5 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
                              tuple(evidence), kv_cache)
 
 
-__all__ = ["DESCRIPTIONS", "KINDS", "LayerArchitecture", "attention_softmax", "classify_layer", "cross_attention",
-           "interleaved_rope",
-           "prepared", "rotate_half_rope"]
+__all__ = ["DESCRIPTIONS", "ILLEGAL_HERE", "KINDS", "LayerArchitecture", "attention_softmax", "classify_layer",
+           "cross_attention", "interleaved_rope", "prepared", "rotate_half_rope"]

@@ -66,7 +66,7 @@ def _rejection(pass_name: str, rule: Rule, anchor: int, f: Fail, ctx: Ctx, headl
                soft: bool = False) -> Rejection:
     return Rejection(pass_name, rule.name, anchor, f.stage, f.guard, f.message, dict(ctx.bindings), f.offending,
                      f.edges, ctx.graph[anchor].path, f.hint, f.subject, f.kind, f.fix, f.needed, f.found, headline,
-                     soft)
+                     soft, f.remedy)
 
 
 def attempt(rule: Rule, graph: Graph, anchor: int, params: Mapping[str, Any]) -> tuple[Ctx, list[Fail]]:
@@ -171,7 +171,7 @@ def find(graph: Graph, pass_name: str, rules: Sequence[Rule], params: Mapping[st
                 if not fails[0].quiet:
                     pending += [_rejection(pass_name, rule, node.id, f, ctx, k == 0) for k, f in enumerate(fails)]
                 continue
-            ids = {ctx.id(r) for r in rule.absorb if r in ctx}
+            ids = {ctx.id(r) for r in rule.absorb if r in ctx and r not in rule.shared}
             if ids & claimed:
                 pending.append(Rejection(pass_name, rule.name, node.id, "structure", "already_fused",
                                          f"nodes {sorted(ids & claimed)} were already taken by another match of "

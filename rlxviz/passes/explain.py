@@ -37,6 +37,8 @@ class Outcome:
         subject: the node the headline guard is about.
         also: further failing guards of the same candidate, in order: `(guard, kind, message)`.
         soft: status `fused`: what the fusion left out, `(guard, kind, message)` per soft rejection.
+        remedy: the headline's `guard.REMEDIES` entry: `compiler only` or `read by the model` when no change to the
+            model that keeps its numbers makes the fusion legal (`hint` then says why: `none in the model: ...`).
     """
 
     pass_name: str
@@ -52,6 +54,7 @@ class Outcome:
     subject: int | None = None
     also: tuple[tuple[str, str, str], ...] = ()
     soft: tuple[tuple[str, str, str], ...] = ()
+    remedy: str = ""
 
     def lines(self, indent: str = "  ") -> list[str]:
         """The headline, its kind, hint and fix, then every further failing guard (or a fusion's soft
@@ -226,6 +229,11 @@ def _fused_layers(trace: Trace, steps: tuple[_StepIndex, ...]) -> dict[str, list
     return hit
 
 
+def fused_layers(trace: Trace) -> dict[str, list[int]]:
+    """rule -> the sorted layers where it fused anywhere in the run (cached per trace)."""
+    return _fused_layers(trace, _step_index(trace))
+
+
 def _nearest(layers: list[int] | tuple[()], layer: int) -> int | None:
     """The layer of sorted `layers` other than `layer` nearest to it (the lower one on a tie), or None."""
     i = bisect.bisect_left(layers, layer)
@@ -270,7 +278,7 @@ def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None)
                              if x is not r and x.anchor == r.anchor and not x.headline)
                 message, hint = in_context(trace, k, r)
                 ex.outcomes.append(Outcome(step.pass_name, rule, "rejected", r.guard, r.stage, message, hint,
-                                           (r.anchor,), r.kind, r.fix, r.subject, also))
+                                           (r.anchor,), r.kind, r.fix, r.subject, also, remedy=r.remedy))
             else:
                 ex.outcomes.append(Outcome(step.pass_name, rule, "not applicable"))
     fused_in = _fused_layers(trace, steps)
@@ -287,4 +295,4 @@ def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None)
     return ex
 
 
-__all__ = ["LayerExplanation", "Outcome", "explain", "layer_diff"]
+__all__ = ["LayerExplanation", "Outcome", "explain", "fused_layers", "layer_diff"]

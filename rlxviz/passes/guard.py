@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..ir import Graph, Node
+from ..ir.identity import IdentityMap
 from .pattern import Bindings, describe, op_label
 
 EPILOGUE_ACTIVATIONS = ("gelu", "silu")
@@ -54,6 +55,25 @@ NOT_NEAR_MISSES = (MODEL_TERM, NOT_A_CANDIDATE)
 """Kinds of refusal that are no missed fusion: `report.missed_fusions` and `session.status` leave them out,
 `report.left_out` lists them (one answer for the app, `rlxviz explain` and the notebooks)."""
 """What kind of "no" a guard says (issue 17): every guard declares one."""
+
+IN_MODEL = "in the model"
+COMPILER_ONLY = "compiler only"
+READ_BY_MODEL = "read by the model"
+REMEDIES: dict[str, str] = {
+    IN_MODEL: "the hint is a change to the model (or the pipeline) that keeps every number the model computes and "
+              "returns: an operand order, a layout written another way, a dead reader removed, a pass run first",
+    COMPILER_ONLY: "no change to the model keeps its numbers and makes the fusion legal (the residual is scaled, the "
+                   "constants are not GELU's, eps sits outside the sqrt): the hint says why (`none in the model: "
+                   "...`), the compiler fix is the fix",
+    READ_BY_MODEL: "compiler only, because the value the fusion would absorb is read elsewhere by the model: a probe "
+                   "or a later layer reads it, or it is an output the caller asked for. The product is not legal "
+                   "for that layer (it is fused as far as legal); the compiler fix is an op that also returns it",
+}
+"""Where a refusal can be fixed (issue 38): a guard declares it (`Guard.no_model_fix`, `Guard.remedy`), so no front
+end prints a fix line that would change the model's numbers or drop an output. A refusal that is `illegal` and
+`read by the model` is the model's own dataflow: the product is not expected of that layer
+(`session.status.layer_status`)."""
+NO_MODEL_FIX = "none in the model: "
 
 
 class RuleError(ValueError):
@@ -141,6 +161,11 @@ class Guard:
         reads: every role the guard may read besides `requires` (optional roles); `name*` covers a
             numbered family (`mm*`: mm0, mm1, ...). A rule refuses to build when one is never bound.
         subject: `ctx -> node id` of the node the failure is about, when it is not `requires[0]`.
+        no_model_fix: `ctx -> None` when `hint` is a change to the model that keeps its numbers (the default:
+            no function), else `ctx -> why no such change exists` (then the refusal's hint is `none in the
+            model: <why>` and its remedy `remedy`; `REMEDIES`).
+        remedy: what a refusal is when `no_model_fix` gives a reason: `COMPILER_ONLY`, or `READ_BY_MODEL` when the
+            reason is a reader or an output of the model (the reader and output factories).
 
     Raises:
         RuleError: `kind` is not one of `KINDS`.
@@ -156,6 +181,8 @@ class Guard:
     fix: str = ""
     reads: tuple[str, ...] = ()
     subject: Callable[[Ctx], int | None] | None = None
+    no_model_fix: Callable[[Ctx], str | None] | None = None
+    remedy: str = COMPILER_ONLY
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -175,8 +202,98 @@ class Guard:
             return self.subject(ctx)
         return ctx.bindings.get(self.requires[0]) if self.requires else None
 
+    def remedy_of(self, ctx: Ctx) -> tuple[str, str]:
+        """`(remedy, hint)` of a failure at `ctx`: `(IN_MODEL, hint)`, or `(self.remedy, "none in the model:
+        <why>")` when no change to the model that keeps its numbers makes the fusion legal."""
+        why = self.no_model_fix(ctx) if self.no_model_fix is not None else None
+        return (IN_MODEL, self.hint) if why is None else (self.remedy, NO_MODEL_FIX + why)
+
     def renamed(self, name: str, hint: str | None = None) -> Guard:
         return replace(self, name=name, hint=self.hint if hint is None else hint)
+
+
+REACH_LIMIT = 2_000
+"""Nodes `reaches_output` visits at most to name the output a live reader reaches (liveness itself is one reverse
+walk per graph, `live_nodes`); past it the output goes unnamed."""
+
+_LIVE: IdentityMap[Graph, frozenset[int]] = IdentityMap(limit=4)
+
+
+def live_nodes(g: Graph) -> frozenset[int]:
+    """The ids of the nodes whose value reaches a graph output (one reverse walk from the outputs, cached for the
+    last few graphs): a node outside it is dead, and removing it keeps every number the model returns."""
+    hit = _LIVE.get(g)
+    if hit is None:
+        seen, todo = set(g.outputs), list(g.outputs)
+        while todo:
+            for j in g[todo.pop()].inputs:
+                if j not in seen:
+                    seen.add(j)
+                    todo.append(j)
+        hit = _LIVE[g] = frozenset(seen)
+    return hit
+
+
+def reaches_output(g: Graph, i: int, limit: int = REACH_LIMIT) -> int | None:
+    """The id of a graph output that node `i`'s value reaches through its users (`i` itself when it is an output, or
+    when the output lies more than `limit` nodes away), or None when it reaches none: a dead reader, whose removal
+    keeps every number the model returns."""
+    live = live_nodes(g)
+    if i not in live:
+        return None
+    seen, todo = {i}, [i]
+    while todo and len(seen) <= limit:
+        j = todo.pop()
+        if g.is_output(j):
+            return j
+        for u in g.users(j):
+            if u.id in live and u.id not in seen:
+                seen.add(u.id)
+                todo.append(u.id)
+    return i
+
+
+def extra_readers_why(c: Ctx, role: str | int, extra: Sequence[int]) -> str | None:
+    """Why no change to the model frees `role` (a bound role, or a node id) of its `extra` readers, or None when
+    every one of them is dead (then removing it, as `dead_code_elimination` does, keeps the model's numbers): they
+    are read on to a graph output, so they are part of what the model returns (a probe, a second layer reading
+    shared K/V)."""
+    g = c.graph
+    i = c.id(role) if isinstance(role, str) else role
+    name, short = (c.d(role), c.label(role)) if isinstance(role, str) else (c.name_of(i), c.name_of(i))
+    if g.is_output(i):
+        return f"{name} is graph output #{g.outputs.index(i)}, which the caller asked for; hiding it changes what " \
+               f"the model returns"
+    live = [(u, o) for u in extra if (o := reaches_output(g, u)) is not None]
+    if not live:
+        return None
+    u, o = live[0]
+    out = f"graph output #{g.outputs.index(o)}" if g.is_output(o) else "the graph outputs"
+    to = f" ({out})" if o == u and g.is_output(o) else f" and on to {out}" + (f" ({c.name_of(o)})" if o != u else "")
+    more = f" (and {len(live) - 1} more reader(s))" if len(live) > 1 else ""
+    return (f"{c.name_of(u)} reads {short}{to}{more}: it is part of what the model computes and returns, "
+            f"and removing or rerouting it changes the model's outputs")
+
+
+def _outside_readers(c: Ctx, role: str) -> list[int]:
+    """The users of `role` that are no bound role of the match (its own consumers are bound), else every user."""
+    bound = set(c.bindings.values())
+    us = [u.id for u in c.users(role)]
+    return [u for u in us if u not in bound] or us
+
+
+def _readers_no_fix(role: str) -> Callable[[Ctx], str | None]:
+    return lambda c: extra_readers_why(c, role, _outside_readers(c, role))
+
+
+def _also_returns(role: str) -> str:
+    """The compiler fix of a value another reader or the caller keeps: the fused op returns it too."""
+    return f"a fused op that also returns {role} (a multi-output rewrite, Rule.outputs) for its other readers"
+
+
+def _output_no_fix(role: str) -> Callable[[Ctx], str | None]:
+    return lambda c: (f"{c.d(role)} is graph output #{c.graph.outputs.index(c.id(role))}, which the caller asked "
+                      f"for; hiding it changes what the model returns") if c.graph.is_output(c.id(role)) else None
 
 
 def _users_text(ctx: Ctx, role: str) -> str:
@@ -195,7 +312,8 @@ def single_user(role: str, name: str | None = None, hint: str = "", fix: str = "
     return Guard(name or f"{role}_single_user", lambda c: len(c.users(role)) == 1,
                  lambda c: f"{c.d(role)} has {len(c.users(role))} users ({_users_text(c, role)}); needs exactly 1",
                  lambda c: _edges_to_users(c, role),
-                 hint or f"make {role} single-use (or give the extra reader its own copy)", (role,), ILLEGAL, fix)
+                 hint or f"make {role} single-use (or give the extra reader its own copy)", (role,), ILLEGAL,
+                 fix or _also_returns(role), no_model_fix=_readers_no_fix(role), remedy=READ_BY_MODEL)
 
 
 def not_output(role: str, name: str | None = None, hint: str = "", fix: str = "") -> Guard:
@@ -204,18 +322,20 @@ def not_output(role: str, name: str | None = None, hint: str = "", fix: str = ""
                  lambda c: f"{c.d(role)} is graph output #{c.graph.outputs.index(c.id(role))}; an absorbed "
                            f"intermediate must not be an output",
                  lambda c: ((c.id(role),), ()),
-                 hint or f"do not return {role} from the model (or accept the unfused form)", (role,), ILLEGAL, fix)
+                 hint or f"do not return {role} from the model (or accept the unfused form)", (role,), ILLEGAL,
+                 fix or _also_returns(role), no_model_fix=_output_no_fix(role), remedy=READ_BY_MODEL)
 
 
 def user_count(role: str, n: int, purpose: str, name: str | None = None, hint: str = "", fix: str = "",
                highlight: Callable[[Ctx], Highlight] | None = None) -> Guard:
     """`role` has exactly `n` user nodes; `purpose` names them ("FFN.1 and the ln2 residual"). `highlight`
     picks the offending users (default: every user)."""
+    pick = highlight or (lambda c: _edges_to_users(c, role))
     return Guard(name or f"{role}_user_count", lambda c: len(c.users(role)) == n,
                  lambda c: f"{c.d(role)} has {len(c.users(role))} users ({_users_text(c, role)}); "
                            f"needs exactly {n}: {purpose}",
-                 highlight or (lambda c: _edges_to_users(c, role)),
-                 hint or f"make {role} feed only {purpose}", (role,), ILLEGAL, fix)
+                 pick, hint or f"make {role} feed only {purpose}", (role,), ILLEGAL, fix or _also_returns(role),
+                 no_model_fix=lambda c: extra_readers_why(c, role, pick(c)[0]), remedy=READ_BY_MODEL)
 
 
 def rank_le(role: str, n: int, name: str | None = None, hint: str = "", fix: str = "") -> Guard:
@@ -350,20 +470,30 @@ def all_single_use(roles: Sequence[str], name: str, hint: str = "", fix: str = "
         r = bad(c)
         return c.id(r) if r else None
 
+    def no_fix(c: Ctx) -> str | None:
+        r = bad(c)
+        return extra_readers_why(c, r, _outside_readers(c, r)) if r else None
+
     return Guard(name, lambda c: bad(c) is None, explain, hl, hint or "make the intermediates single-use", (),
-                 ILLEGAL, fix, tuple(roles), subject)
+                 ILLEGAL, fix or _also_returns("the intermediate read elsewhere"), tuple(roles), subject, no_fix,
+                 READ_BY_MODEL)
 
 
 def guard(name: str, check: Callable[[Ctx], bool], explain: Callable[[Ctx], str], hint: str = "",
           highlight: Callable[[Ctx], Highlight] | None = None, requires: Sequence[str] = (), *, kind: str,
-          fix: str = "", reads: Sequence[str] = (), subject: Callable[[Ctx], int | None] | None = None) -> Guard:
+          fix: str = "", reads: Sequence[str] = (), subject: Callable[[Ctx], int | None] | None = None,
+          no_model_fix: Callable[[Ctx], str | None] | None = None, remedy: str = COMPILER_ONLY) -> Guard:
     """A one-off guard (keyword-friendly constructor). `kind` is required: `illegal`, `not recognized` or
-    `not profitable`; `requires` (the first is the subject) and `reads` list every role the checks read."""
-    return Guard(name, check, explain, highlight, hint, tuple(requires), kind, fix, tuple(reads), subject)
+    `not profitable`; `requires` (the first is the subject) and `reads` list every role the checks read;
+    `no_model_fix` says why no model change keeping the numbers helps (`Guard.no_model_fix`)."""
+    return Guard(name, check, explain, highlight, hint, tuple(requires), kind, fix, tuple(reads), subject,
+                 no_model_fix, remedy)
 
 
-__all__ = ["EPILOGUE_ACTIVATIONS", "ILLEGAL", "KINDS", "MODEL_TERM", "NOT_A_CANDIDATE", "NOT_NEAR_MISSES",
+__all__ = ["COMPILER_ONLY", "EPILOGUE_ACTIVATIONS", "ILLEGAL", "IN_MODEL", "KINDS", "MODEL_TERM", "NOT_A_CANDIDATE",
+           "NOT_NEAR_MISSES", "NO_MODEL_FIX", "READ_BY_MODEL", "REMEDIES",
            "NOT_PROFITABLE", "NOT_RECOGNIZED", "Ctx", "Guard",
            "Highlight", "RuleError", "activation_in", "all_single_use", "attr_eq",
-           "guard", "not_output", "operands_are", "rank_eq", "rank_le", "same_shape", "single_user", "size_le",
-           "static_dim", "user_count"]
+           "guard", "not_output", "operands_are", "rank_eq", "rank_le", "reaches_output",
+           "extra_readers_why", "live_nodes",
+           "same_shape", "single_user", "size_le", "static_dim", "user_count"]

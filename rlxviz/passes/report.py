@@ -34,6 +34,9 @@ class MissedFusion:
         kind: `illegal`, `not recognized` or `not profitable` (see `guard.KINDS`).
         fix: the compiler-side fix, if any.
         also: the further failing guards of the same candidate, in order, as `guard (kind): message`.
+        remedy: `compiler only` or `read by the model` when no change to the model that keeps its numbers
+            makes it legal (`guard.REMEDIES`).
+        offending: the rejection's offending nodes (e.g. the extra reader), ids in the version the pass saw.
     """
 
     pattern: str
@@ -45,6 +48,8 @@ class MissedFusion:
     kind: str = ""
     fix: str = ""
     also: tuple[str, ...] = ()
+    remedy: str = ""
+    offending: tuple[int, ...] = ()
 
     def __str__(self) -> str:
         hint = f" -> {self.hint}" if self.hint and self.hint not in self.reason else ""
@@ -133,7 +138,7 @@ def missed_fusions(source: Graph | Trace, pipeline: Pipeline | None = None) -> l
                          if not o.headline and o.rule == r.rule and o.anchor == r.anchor)
             message, hint = in_context(trace, k, r)
             out[(r.rule, r.anchor)] = MissedFusion(r.rule, r.anchor, r.path, r.guard, message, hint, r.kind,
-                                                   r.fix, also)
+                                                   r.fix, also, r.remedy, r.offending)
     return list(out.values())
 
 

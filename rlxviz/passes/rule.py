@@ -29,7 +29,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..ir import Node, Op, Rewriter
-from .guard import ILLEGAL, KINDS, NOT_RECOGNIZED, Ctx, Guard, RuleError, _dynamic
+from .guard import (
+    ILLEGAL,
+    KINDS,
+    NO_MODEL_FIX,
+    NOT_RECOGNIZED,
+    READ_BY_MODEL,
+    Ctx,
+    Guard,
+    RuleError,
+    _dynamic,
+    extra_readers_why,
+)
 from .pattern import Miss, P, also_read, describe, op_label, where
 
 
@@ -49,6 +60,7 @@ class Fail:
     fix: str = ""  # the compiler-side fix, if any
     needed: tuple[str, ...] = ()  # structure failures: what the pattern needed at the failing edge
     found: str = ""  # structure failures: the op found there
+    remedy: str = ""  # guard.REMEDIES: IN_MODEL ("" too), COMPILER_ONLY or READ_BY_MODEL (the hint keeps the numbers?)
 
 
 QUIET = Fail("structure", "", "", quiet=True)
@@ -172,8 +184,9 @@ def run_step(step: Step, ctx: Ctx) -> Fail | None:
             if step.check(ctx):
                 return None
             nodes, edges = step.offending(ctx)
-            return Fail("guard", step.name, step.explain(ctx), tuple(nodes), tuple(edges), step.hint,
-                        subject=step.subject_of(ctx), kind=step.kind, fix=step.fix)
+            remedy, hint = step.remedy_of(ctx)
+            return Fail("guard", step.name, step.explain(ctx), tuple(nodes), tuple(edges), hint,
+                        subject=step.subject_of(ctx), kind=step.kind, fix=step.fix, remedy=remedy)
         finally:
             ctx.scope = outer
     f = step(ctx)
@@ -203,6 +216,11 @@ class Rule:
             `absorbed_escape` exempts them); with `build`, the fused node's value is the result's and the
             outputs' values packed in that order on the last axis and each is read back by a `narrow`
             (`Rewriter.fuse_packed`); a custom `rewrite` must `replace` each itself.
+        shared: absorbed roles the match may share with readers outside it: layout views of an operand the fused
+            node reads in its unsplit form (the K/V head split a second layer also reads, cross-layer KV sharing).
+            `absorbed_escape` and the overlap of two matches skip them; the rewrite must keep such a node (and
+            what it reads) while anything outside still reads it. Numbers are unchanged: the kept node computes
+            the value it computed before, for the readers it had.
         labels: role -> display name in messages (e.g. `ln1 -> h1`).
         doc: one line for the UI.
     """
@@ -215,6 +233,7 @@ class Rule:
     build: Build | None = None
     rewrite: Callable[[Ctx, Rewriter], int] | None = None
     outputs: tuple[str, ...] = ()
+    shared: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
     doc: str = ""
     source: str = field(default="", compare=False)
@@ -317,6 +336,9 @@ def check_roles(rule: Rule) -> None:
                             f"reads, binds and reports with @reports(...)")
     results = (rule.result,) if isinstance(rule.result, str) else rule.result
     need([*results, *rule.absorb, *rule.outputs, *rule.labels], "result/absorb/outputs/labels")
+    if any(o not in rule.absorb for o in rule.shared):
+        raise RuleError(f"[Rule {rule.name}] shared {list(rule.shared)} must be absorbed roles (absorb="
+                        f"{list(rule.absorb)})")
     if any(o not in rule.absorb for o in rule.outputs):
         raise RuleError(f"[Rule {rule.name}] outputs {list(rule.outputs)} must be absorbed roles (absorb="
                         f"{list(rule.absorb)}): the fused node produces their values")
@@ -328,16 +350,20 @@ def escape_check(rule: Rule, ctx: Ctx) -> Fail | None:
     result = ctx.id(rule.result_role(ctx))
     produced = {result, *(ctx.id(r) for r in rule.outputs if r in ctx)}  # the fused node gives these values
     for r in rule.absorb:
-        if r not in ctx or ctx.id(r) in produced:
+        if r not in ctx or ctx.id(r) in produced or r in rule.shared:
             continue
         i = ctx.id(r)
         outside = [u for u in ctx.graph.users(i) if u.id not in absorbed]
         if outside or ctx.graph.is_output(i):
             who = ", ".join(ctx.name_of(u.id) for u in outside) or "the graph outputs"
+            why = extra_readers_why(ctx, r, [u.id for u in outside])
+            hint = f"make {ctx.label(r)} single-use (remove the dead reader)" if why is None else NO_MODEL_FIX + why
             return Fail("guard", "absorbed_escape",
                         f"{ctx.d(r)} would be absorbed but is also read by {who}; needs to be used only inside "
                         f"the fused pattern", tuple(u.id for u in outside), tuple((i, u.id) for u in outside),
-                        f"make {ctx.label(r)} single-use", subject=i, kind=ILLEGAL)
+                        hint, subject=i, kind=ILLEGAL,
+                        fix=f"a fused op that also returns {ctx.label(r)} (Rule.outputs)",
+                        remedy="" if why is None else READ_BY_MODEL)
     return None
 
 

@@ -191,6 +191,9 @@ class Rejection:
         headline: the first failing guard of its candidate (False: a further failing guard of the same
             rule at the same anchor, reported after the headline).
         soft: the rule still fused; this records what it left out (e.g. an additive mask kept).
+        remedy: `compiler only` or `read by the model` when no change to the model that keeps its numbers makes the
+            fusion legal (the hint then says why, `none in the model: ...`); "" or `in the model`: the hint keeps
+            the numbers (`guard.REMEDIES`).
     """
 
     pass_name: str
@@ -211,6 +214,7 @@ class Rejection:
     found: str = ""
     headline: bool = True
     soft: bool = False
+    remedy: str = ""
 
     @property
     def layer(self) -> int | None:

@@ -13,7 +13,9 @@ from ..ir import Op
 from ..ir.identity import IdentityMap
 from ..ir.ops import FUSED
 from ..passes import PASSES, MissedFusion, Outcome, Trace, explain, layer_of, missed_fusions
-from ..passes.guard import NOT_NEAR_MISSES
+from ..passes.architecture import ILLEGAL_HERE
+from ..passes.explain import fused_layers
+from ..passes.guard import ILLEGAL, NOT_NEAR_MISSES, READ_BY_MODEL
 from ..passes.report import left_out
 from ..passes.trace import layer_label, resolve_layers, same_stack_as
 from ..passes.unrecognized import unrecognized
@@ -66,6 +68,9 @@ class LayerStatus:
             packed attention that keeps an additive mask), what the fusion left that blocks the layer, e.g.
             `packed attention made, but additive mask kept (mask_form)`; the headline names it instead of
             listing products the layer has. "" otherwise.
+        illegal: the refusals of products that are illegal for this layer (`illegal`, `read by the model`: a probe,
+            an output the caller asked for, K/V a later layer reads; `passes.guard.REMEDIES`), in pipeline order.
+            They do not count: with no other miss the layer is "fused as far as legal".
     """
 
     layer: int
@@ -85,6 +90,7 @@ class LayerStatus:
     done: list[str] = field(default_factory=list)
     not_expected: list[str] = field(default_factory=list)
     blocker: str = ""
+    illegal: list[Outcome] = field(default_factory=list)
 
     @property
     def bert_style(self) -> bool:
@@ -95,14 +101,20 @@ class LayerStatus:
         """JSON-ready form (outcomes and the architecture as dicts)."""
         d = dataclasses.asdict(self)
         d["layer"], d["stack"], d["label"] = int(self.layer), getattr(self.layer, "stack", ""), layer_label(self.layer)
-        d["status"] = "fused" if self.fused else "not fused"
+        d["status"] = ("fused as far as legal" if self.fused and self.illegal else "fused" if self.fused
+                       else "not fused")  # the text's headline word for word
         d["bert_style"] = self.bert_style
         return d
 
     def render(self, verbose: bool = False) -> str:
         """The answer to "why didn't layer N fuse": status, the first rejecting guard (actual vs required),
         the fix, the sibling difference, and for non-BERT layers what the architecture expects."""
-        if self.fused and self.bert_style:
+        if self.fused and self.illegal:
+            lines = [f"layer {self.layer}: fused as far as legal: " + (", ".join(self.done) or "nothing to fuse")]
+            for o in self.illegal:
+                lines.append(f"  illegal here: {o.rule}")
+                lines += o.lines("    ")
+        elif self.fused and self.bert_style:
             where = f" -> {self.expected} %{self.fused_node}" if self.fused_node is not None else ""
             lines = [f"{layer_label(self.layer)}: fused{where}"]
         elif self.fused:
@@ -118,6 +130,7 @@ class LayerStatus:
                 lines.append(f"  no rejection: {self.silent}")
             lines += [f"  also rejected: {o.rule}: {o.guard} ({o.kind})" for o in self.rejections
                       if o is not self.first]
+            lines += [f"  illegal here (not counted): {o.rule}: {o.guard} ({o.kind}): {o.hint}" for o in self.illegal]
             lines += [f"  also unrecognized: {m}" for m in self.misses if m.startswith("unrecognized.")
                       and (self.first is None or not m.startswith(self.first.rule + " "))]
             if self.expected_kind is not self.architecture:
@@ -126,10 +139,11 @@ class LayerStatus:
             if self.sibling is not None:
                 lines.append(f"  {layer_label(self.sibling)} fused with {self.sibling_rule}; the layers differ in:")
                 lines += [f"    {d}" for d in self.differences] or ["    (same primitive structure)"]
-        if not self.bert_style:
+        if not self.bert_style or (self.fused and self.illegal):
             lines.append(f"  layer kind: {self.architecture.description}")
-            lines.append(f"  expected: {self.expected or 'no fusion'} (FusedTransformerLayer only for post-LN "
-                         "BERT layers)")
+            why = ("FusedTransformerLayer is not legal for this layer" if self.bert_style else
+                   "FusedTransformerLayer only for post-LN BERT layers")
+            lines.append(f"  expected: {self.expected or 'no fusion'} ({why})")
             lines += [f"  not expected here: {x}" for x in self.not_expected]
         if verbose and self.explanation:
             lines += ["  " + ln for ln in self.explanation.splitlines()]
@@ -228,6 +242,45 @@ def _layer_products(trace: Trace) -> dict[int | None, list[int]]:
     return hit
 
 
+def _read_in_another_layer(trace: Trace, m: MissedFusion, layer: int) -> bool:
+    """Whether one of the refusal's offending nodes (the extra reader) lies in another layer than `layer`."""
+    for i in m.offending:
+        path = next((g[i].path for _, g in trace.versions() if i in g), None)
+        if path is not None and layer_of(path) not in (None, layer):
+            return True
+    return False
+
+
+def _illegal_here(trace: Trace, rejected: list[Outcome], layer: int, arch: Architecture) -> list[Outcome]:
+    """The layer's refusals that are `illegal` and `read by the model` (a reader or an output of the model keeps the
+    value: no change to the model that keeps its numbers makes the product legal), in pipeline order, one per
+    (rule, anchor): the layer's own outcome of the rule when it is that refusal, else one made from the run's
+    missed fusion (a rule that fused elsewhere in the layer, e.g. the second residual norm, while its first norm was
+    refused). A refusal the layer's kind already excuses (a pre-norm residual sum, `Architecture.not_expected`)
+    stays with that reason.
+
+    A refusal whose reader sits in another layer (K/V a later layer reads: cross-layer KV sharing) is the model's
+    design. Otherwise a rule that fused in a sibling layer is left out: then the illegality is this layer's deviation
+    from its siblings (one layer of a BERT stack with a stray output or a probe, the teaching variants
+    `extra_h1_user`, `output_intermediate`), and it stays a miss, named with the sibling difference and an honest
+    fix line (`none in the model: ...` and the compiler fix). When no other layer gets the product (every layer logs
+    its sum, a one-layer graph), the refusal is the model's design: not expected."""
+    mine = {(o.rule, o.nodes[0]): o for o in rejected if o.nodes}
+    siblings = fused_layers(trace)
+    out = []
+    for m in _run_misses(trace):
+        if layer_of(m.path) != layer or m.kind != ILLEGAL or m.remedy != READ_BY_MODEL or \
+                arch.not_expected(m.pattern.split(".")[0], m.guard) is not None:
+            continue
+        if any(k != layer for k in siblings.get(m.pattern, ())) and not _read_in_another_layer(trace, m, layer):
+            continue
+        o = mine.get((m.pattern, m.node))
+        out.append(o if o is not None and o.guard == m.guard else
+                   Outcome(m.pattern.split(".")[0], m.pattern, "rejected", m.guard, "guard", m.reason, m.hint,
+                           (m.node,), m.kind, m.fix, remedy=m.remedy))
+    return out
+
+
 def layer_status(trace: Trace, layer: int) -> LayerStatus:
     """`LayerStatus` of `layer` in a pipeline run.
 
@@ -241,10 +294,15 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
     own, arch = judged_kind(trace, layer)
     ran = {s.pass_name for s in trace.steps}  # a crashed pass was still expected to fuse
     crashed = {s.pass_name: s.error for s in trace.steps if s.error}
-    expect_ftl = LAYER_PASS in ran and arch.post_ln
-    ftl = _layer_products(trace).get(layer, [])
     misses, ignored = expected_misses(trace, arch, layer)
+    illegal = _illegal_here(trace, ex.rejected, layer, arch)
+    legal_only = {(o.rule, o.nodes[0]) for o in illegal}
+    misses = [m for m in misses if (m.pattern, m.node) not in legal_only]
+    ignored |= {o.rule: f"{o.rule} ({o.guard}): {ILLEGAL_HERE}" for o in illegal if o.rule not in ignored}
     skipped = list(ignored)
+    ftl_illegal = any(o.pass_name == LAYER_PASS for o in illegal)  # the layer op is not legal here: its parts are
+    expect_ftl = LAYER_PASS in ran and arch.post_ln and not ftl_illegal
+    ftl = _layer_products(trace).get(layer, [])
     miss_keys = {(m.pattern, m.node) for m in misses}
     rejected = [o for o in ex.rejected if o.rule not in skipped and o.kind not in NOT_NEAR_MISSES]
     surviving = [o for o in rejected if any((o.rule, a) in miss_keys for a in o.nodes)]
@@ -263,7 +321,7 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
                         m.kind, m.fix)
     done: list[str] = []
     expected = PRODUCTS[LAYER_PASS] if expect_ftl else ""
-    if not arch.post_ln:
+    if not arch.post_ln or ftl_illegal:
         done = [f"{op} %{n} ({o.pass_name})" for o in ex.outcomes if o.status == "fused"
                 for n in o.nodes if (op := _op_of(trace, n)) is not None]
         wanted = [o.pass_name for o in ex.outcomes if o.status == "fused" or o in rejected]
@@ -271,7 +329,8 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
     made = {(o.rule, g) for o in ex.outcomes if o.status == "fused" for g, _, _ in o.soft}
     return LayerStatus(layer, fused, ftl[0] if ftl else None, expected, first, own, arch, silent, rejected,
                        [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(),
-                       done, list(ignored.values()), _blocker(first, made))
+                       done, [t for r, t in ignored.items() if r not in {o.rule for o in illegal}],
+                       _blocker(first, made), illegal)
 
 
 def verdict_pass(trace: Trace, layer: int) -> str | None:

@@ -59,6 +59,7 @@ import numpy as np
 
 from ...ir import Graph, Node, Op, Rewriter
 from ...ir.ops import kv_heads, operand_roles
+from ...ir.rewrite import common_path
 from ..engine import Pass, PassResult, compose, rule_pass, staged
 from ..guard import (
     ILLEGAL,
@@ -78,7 +79,7 @@ from ..pattern import P, const_value, is_const
 from ..rope_forms import interleaved_rope, rotate_half_rope
 from ..rule import QUIET, Fail, Rule, Shape, Soft, User, reports
 from ..score_terms import ALIBI, CONTENT_POSITION, RELATIVE_BIAS, SINKS, SOFT_CAP, additive_term, score_terms
-from ..trace import Rejection
+from ..trace import Rejection, layer_of
 from . import where_mask
 from .gqa import explain_heads, heads_match, kv_heads_pattern, kv_repeat_guard, num_kv_heads, repeat_roles
 from .head_layout import canonical_heads, repeat_broadcast_kv
@@ -121,6 +122,30 @@ _INTERNAL = ("q_prescale", "q_reshape", "q_heads", "k_prescale", "k_reshape", "k
              "mask_add", "bias_add", "inner_where", "mask_where", "softmax", "v_reshape", "v_heads", "pv", "merge_t",
              *repeat_roles("k"),
              *repeat_roles("v"))
+_VIEWS = ("q_reshape", "q_heads", "k_reshape", "k_heads", "k_t", "v_reshape", "v_heads")
+"""The head split (and K's transpose) of Q, K and V: layout views of the packed attention's operands, which it
+reads unsplit (`[B, S, heads*head_dim]`). Another reader of one (a later layer reading this layer's K/V heads:
+cross-layer KV sharing, Gemma 3n / CLA) keeps it: the rule's `shared` roles, kept by `_kept_views`."""
+
+
+def _kept_views(c: Ctx, rw: Rewriter, absorbed: Sequence[int]) -> set[int]:
+    """The absorbed nodes the rewrite keeps: a head-split view (`_VIEWS`) that a node outside the match still reads
+    (one that no earlier match of this pass removed) or that is a graph output, and every absorbed node such a kept
+    node reads. Exact: a kept node computes what it computed before, for the readers it had."""
+    g = c.graph
+    views = {c.id(r) for r in _VIEWS if r in c}
+    inside = set(absorbed)
+    kept: set[int] = set()
+    grew = True
+    while grew:
+        grew = False
+        for i in inside - kept:
+            outside = g.is_output(i) or any(
+                u.id in kept or (u.id not in inside and not rw.removed(u.id)) for u in g.users(i))
+            if outside and (i in views or any(u.id in kept for u in g.users(i))):
+                kept.add(i)
+                grew = True
+    return kept
 
 
 def _split_ok(c: Ctx, tag: str) -> bool:
@@ -390,7 +415,12 @@ def _sdpa_rewrite(c: Ctx, rw: Rewriter) -> int:
     """`_sdpa_build`'s node; a where-mask's condition becomes the keep operand first (`where_mask`)."""
     op, ins, attrs = _sdpa_build(c)
     absorbed = [c.id(r) for r in (*_INTERNAL, "merge") if r in c]
-    with rw.provenance(absorbed):
+    kept = _kept_views(c, rw, absorbed)
+    absorbed = [a for a in absorbed if a not in kept]
+    g, layer = c.graph, layer_of(c["softmax"].path)
+    own = [a for a in absorbed if layer_of(g[a].path) == layer]  # a view of another layer's K/V: not its path
+    with rw.provenance(absorbed, None if len(own) == len(absorbed) or not own else
+                       common_path([g[a].path for a in own])):
         ins[:3] = [_packed(c, rw, t) for t in "qkv"]
         if "mask_where" in c:
             additive = attrs["mask"] == "additive"
@@ -512,13 +542,20 @@ SDPA = Rule(
                         f"{list(c['merge'].shape)}; needs transpose [0, 2, 1, 3] + reshape [B, S, heads*head_dim]",
               requires=("merge", "merge_t", "q_reshape"), kind=NOT_RECOGNIZED,
               fix="teach fuse_sdpa this head-merge layout"),
-        all_single_use(_INTERNAL, "internals_single_use", "attention intermediates must not be read elsewhere"),
+        all_single_use(tuple(r for r in _INTERNAL if r not in _VIEWS), "internals_single_use",
+                       "attention intermediates must not be read elsewhere",
+                       "keep the read intermediate beside the packed attention (computed again for its other reader), "
+                       "or an attention op that also returns it"),
         *where_mask.guards(),
         guard("scale_finite", _scale_ok, _explain_scale, "scale the scores by a finite, non-zero constant",
-              kind=ILLEGAL, reads=tuple(r for pair in _FACTORS for r in pair), subject=_bad_scale),
+              kind=ILLEGAL, reads=tuple(r for pair in _FACTORS for r in pair), subject=_bad_scale,
+              fix="none: the packed attention's scale is a finite, non-zero number",
+              no_model_fix=lambda c: "an infinite or zero factor is what the model computes (every score the "
+                                     "same, or NaN): another factor changes its numbers"),
         Soft(_mask_form),
     ),
     result="merge", absorb=(*_INTERNAL, "merge"), build=_sdpa_build, rewrite=lambda c, rw: _sdpa_rewrite(c, rw),
+    shared=_VIEWS,
     doc="HF head split (+ Q/K pre-scale) + matmul/scale/mask/softmax/matmul + merge -> packed attention "
         "(keep mask traced)")
 
@@ -725,6 +762,17 @@ def _self_attention(c: Ctx) -> Fail | None:
     kv = k if k == v else None
     what = (f"K and V from {c.name_of(kv)}" if kv is not None
             else f"K from {c.name_of(k)} and V from {c.name_of(v)}")
+    mine, theirs = layer_of(attn.path), {layer_of(g[i].path) for i in attn.inputs[1:3]}
+    if mine is not None and None not in theirs and mine not in theirs:  # cross-layer KV sharing (Gemma 3n, CLA)
+        owner = ", ".join(map(str, sorted(theirs)))
+        return Fail("guard", "self_attention",
+                    f"layer {mine}'s attention {c.d('attn')} reads K and V projected in layer {owner} ({what}): "
+                    f"cross-layer KV sharing; FusedAttentionBlock projects the K/V of its own layer (one QKV "
+                    f"projection)", (), (), "nothing to change in the model: sharing K/V is the model's own "
+                    "structure, and the attention stays packed over the shared K/V",
+                    subject=attn.inputs[1], kind=MODEL_TERM,
+                    fix="the block would need a KV input it does not own: a block variant that takes K/V as "
+                        "operands (its own Q projection, another layer's K/V)")
     return Fail("guard", "self_attention",
                 f"Q and K/V come from different inputs: Q is projected from {c.name_of(q)}, {what} "
                 f"(cross-attention); FusedAttentionBlock is the self-attention of one hidden input (one QKV "
@@ -809,7 +857,9 @@ BLOCK = Rule(
         guard("qkv_split", _split_at, _explain_split, "split Q/K/V at 0/H/2H of the last axis",
               requires=("qkv", "attn", "q", "k", "v"), kind=NOT_RECOGNIZED,
               fix="permute the packed weight's columns to Q/K/V order, or slice the extra width off"),
-        all_single_use(("q", "k", "v"), "qkv_narrows_single_use"),
+        all_single_use(("q", "k", "v"), "qkv_narrows_single_use",
+                       fix="a FusedAttentionBlock that also returns the Q/K/V it projects (Rule.outputs), for their "
+                           "other reader (a later layer sharing this layer's K/V)"),
         Shape("qkv_is_fused_linear", "qkv",
               P(Op.FUSED_MATMUL_BIAS_ACT, P.var("hidden"), P.var("qkv_w"), P.var("qkv_b"), name="qkv",
                 attrs={"activation": None}, what="FusedMatMulBiasAct(activation=None)")

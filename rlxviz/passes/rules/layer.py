@@ -24,16 +24,23 @@ matched `eps1` over `attn + hidden` (operand order checked), FFN with the matche
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+
 from ...ir import Op
 from ...ir.ops import operand_roles
 from ..activations import activation_of
 from ..engine import rule_pass
 from ..guard import (
     EPILOGUE_ACTIVATIONS,
+    ILLEGAL,
     NOT_RECOGNIZED,
+    READ_BY_MODEL,
     Ctx,
+    Guard,
     activation_hint,
     attr_eq,
+    extra_readers_why,
     guard,
     not_output,
     operands_are,
@@ -43,7 +50,7 @@ from ..guard import (
 )
 from ..pattern import P
 from ..rule import Fail, Rule, Shape, User, reports
-from .attention import size_gate
+from .attention import size_gate, typed_value
 
 _RLN = ("x", "residual", "gamma", "beta")
 FMBA = Op.FUSED_MATMUL_BIAS_ACT
@@ -53,13 +60,105 @@ _NORMS = (Op.LAYER_NORM, Op.RMS_NORM, Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RM
 
 
 def _pre_ln_add(c: Ctx) -> int | None:
-    """The residual add after the attention when it feeds a norm *and* something else (pre-LN: x + attn(LN(x)),
-    the sum goes on to the next residual), else None."""
-    users = c.users("attn")
-    if len(users) != 1 or users[0].op != Op.ADD:
+    """The residual add after the attention when it feeds a norm *and* another residual add (pre-LN: x + attn(LN(x)),
+    the sum goes on to the next residual), else None. A sum read by a norm and a probe (a `mul`, a reduce: a
+    logged statistic) is a post-LN layer with an extra reader (`residual_sum_single_user`), not pre-LN."""
+    s = _residual_sum(c)
+    if s is None:
         return None
-    later = c.graph.users(users[0].id)
-    return users[0].id if len(later) > 1 and any(w.op in _NORMS for w in later) else None
+    later = c.graph.users(s)
+    return s if any(w.op in _NORMS for w in later) and any(w.op == Op.ADD for w in later) else None
+
+
+def _residual_sum(c: Ctx, of: str = "attn") -> int | None:
+    """The residual add that `of` (the attention, or FFN.2) has as its one user (before `fuse_residual_ln` absorbed
+    it), else None."""
+    users = c.users(of)
+    return users[0].id if len(users) == 1 and users[0].op == Op.ADD else None
+
+
+def _sum_readers(c: Ctx, of: str = "attn") -> list[int]:
+    """The readers of the residual sum after `of` other than its norm: what keeps the sum from being absorbed (a
+    probe)."""
+    s = _residual_sum(c, of)
+    if s is None:
+        return []
+    us = c.graph.users(s)
+    norm = next((w.id for w in us if w.op in _NORMS), None)
+    return [w.id for w in us if w.id != norm]
+
+
+def _sum_guard(name: str, of: str, norm: str, h: str) -> Guard:
+    """The residual sum after `of` feeds only its norm (`norm`, producing `h`) and is no graph output: the layer op
+    absorbs it. A probe reading it (a logged statistic) makes the layer op illegal: the refusal names the probe, and
+    no change to the model that keeps its outputs helps (`extra_readers_why`)."""
+    def ok(c: Ctx) -> bool:
+        s = _residual_sum(c, of)
+        if s is None or not any(w.op in _NORMS for w in c.graph.users(s)):  # no norm reads it: a form the layer
+            return True                                                   # rule's structure steps name
+        return (of == "attn" and _pre_ln_add(c) is not None) or (not _sum_readers(c, of)
+                                                                  and not c.graph.is_output(s))
+
+    def explain(c: Ctx) -> str:
+        s = _residual_sum(c, of)
+        assert s is not None
+        who = ", ".join(c.name_of(u) for u in _sum_readers(c, of))
+        out = f" and is graph output #{c.graph.outputs.index(s)}" if c.graph.is_output(s) else ""
+        read = f" is also read by {who}{out}" if who else out
+        return (f"the residual sum {c.name_of(s)} after {c.d(of)}{read}; FusedTransformerLayer absorbs it into "
+                f"{h} = {norm} and returns h2 only")
+
+    def no_fix(c: Ctx) -> str | None:
+        s = _residual_sum(c, of)
+        return None if s is None else extra_readers_why(c, s, _sum_readers(c, of))
+
+    return guard(name, ok, explain, f"make the residual sum after {of} feed only its LayerNorm",
+                 highlight=lambda c: (tuple(_sum_readers(c, of)),
+                                      tuple((_residual_sum(c, of), u) for u in _sum_readers(c, of))),
+                 requires=(of,), kind=ILLEGAL, subject=lambda c: _residual_sum(c, of), no_model_fix=no_fix,
+                 remedy=READ_BY_MODEL,
+                 fix=f"multi-output fusion: a layer op that also returns the residual sum before {h} (no product "
+                     f"rule builds one)")
+
+
+def _scaled(c: Ctx, role: str, base: str) -> tuple[int, float] | None:
+    """`(the mul, alpha)` when `role`'s residual operand is `base * alpha` for a scalar constant alpha (DeepNorm's
+    `LN(alpha * x + f(x))`), else None."""
+    g = c.graph
+    for i in c[role].inputs[:2]:
+        n = g[i]
+        if n.op == Op.MUL and len(n.inputs) == 2 and c.id(base) in n.inputs:
+            k = g[next((j for j in n.inputs if j != c.id(base)), c.id(base))]
+            if k.op == Op.CONST and k.rank == 0 and (a := typed_value(k)) is not None:
+                return n.id, a
+    return None
+
+
+def _scaled_guard(role: str, base: str, sub: str) -> Guard:
+    """`role`'s residual is `base` itself, not `alpha * base` (DeepNorm): FusedTransformerLayer adds it unscaled."""
+    def explain(c: Ctx) -> str:
+        hit = _scaled(c, role, base)
+        assert hit is not None
+        mul, alpha = hit
+        return (f"{c.d(role)} adds {sub} and {c.name_of(mul)} = {c.label(base)} * {alpha:g}: a scaled residual "
+                f"LN(alpha * x + f(x)) (DeepNorm, alpha = {alpha:g}); FusedTransformerLayer adds {c.label(base)} "
+                f"unscaled")
+
+    return guard(f"{role}_residual_scaled", lambda c: _scaled(c, role, base) is None, explain,
+                 highlight=lambda c: ((h[0],), ((h[0], c.id(role)),)) if (h := _scaled(c, role, base)) else ((), ()),
+                 requires=(role, base), kind=NOT_RECOGNIZED,
+                 fix="a residual scale (alpha) on FusedTransformerLayer: h1 = LN(attn + alpha * hidden), h2 = "
+                     "LN(fc2 + alpha * h1); the residual norms already take alpha * x as their residual operand",
+                 subject=lambda c: (h[0] if (h := _scaled(c, role, base)) else None),
+                 no_model_fix=lambda c: "alpha scales the residual stream the norm reads: dropping it, or moving it to "
+                                        "the sublayer side, changes the model's numbers")
+
+
+def _operand_no_fix(role: str, want: str) -> Callable[[Ctx], str]:
+    """`ln1_operand_order`/`ln2_operand_order` fail only when the residual is another value (the adds are commutative):
+    adding `want` instead changes what the layer computes."""
+    return lambda c: (f"{c.label(role)} adds another value than {want}; adding {want} instead changes the model's "
+                      f"numbers")
 
 
 def _explain_post_ln(c: Ctx) -> str:
@@ -165,15 +264,20 @@ LAYER = Rule(
         not_output("attn", "attn_not_output"),
         guard("post_ln_order", lambda c: _pre_ln_add(c) is None, _explain_post_ln,
               "only post-LN (BERT) layers fuse; pre-LN (GPT-2/LLaMA) blocks keep their parts fused separately",
+              no_model_fix=lambda c: "pre-LN is another computation than post-LN: moving the norm changes the "
+                                     "model's numbers; pre-LN blocks keep their parts fused separately",
               highlight=lambda c: (tuple(u.id for u in c.users("attn")), ()), requires=("attn",),
               kind=NOT_RECOGNIZED, fix="a pre-LN layer op (no rule builds one: pre-LN blocks keep their parts "
                                        "fused separately)"),
+        _sum_guard("residual_sum_single_user", "attn", "LN(attn + hidden)", "h1"),
         User("ln1_is_residual_ln", "ln1", "attn", P(Op.FUSED_RESIDUAL_LN, name="ln1"),
              "FusedResidualLN", "run fuse_residual_ln first"),
         attr_eq("ln1", "has_bias", False, "ln1_no_bias", fix="a residual-bias operand on FusedTransformerLayer"),
-        operands_are("ln1", {0: "attn", 1: "hidden"}, _RLN, "ln1_operand_order",
-                     "the post-attention residual must add the attention output and the layer input hidden",
-                     "none: FusedTransformerLayer's first residual is its own input", commutative=True),
+        _scaled_guard("ln1", "hidden", "attn"),
+        replace(operands_are("ln1", {0: "attn", 1: "hidden"}, _RLN, "ln1_operand_order",
+                             "the post-attention residual must add the attention output and the layer input hidden",
+                             "none: FusedTransformerLayer's first residual is its own input", commutative=True),
+                no_model_fix=_operand_no_fix("ln1", "the layer input hidden")),
         not_output("ln1", "h1_not_output", "do not return h1 (the post-attention LayerNorm) from the model",
                    fix=_H1_OUT_FIX),
         user_count("ln1", 2, "FFN.1 and the ln2 residual", "h1_user_count",
@@ -190,12 +294,15 @@ LAYER = Rule(
              "FFN.2 as FusedMatMulBiasAct(fc1, ..., activation=None)", "run fuse_matmul_bias_act first"),
         single_user("fc2", "fc2_single_user"),
         not_output("fc2", "fc2_not_output"),
+        _sum_guard("ffn_sum_single_user", "fc2", "LN(fc2 + h1)", "h2"),
         User("ln2_is_residual_ln", "ln2", "fc2", P(Op.FUSED_RESIDUAL_LN, name="ln2"), "FusedResidualLN",
              "run fuse_residual_ln first"),
         attr_eq("ln2", "has_bias", False, "ln2_no_bias", fix="a residual-bias operand on FusedTransformerLayer"),
-        operands_are("ln2", {0: "fc2", 1: "ln1"}, _RLN, "ln2_operand_order",
-                     "the FFN residual must add the FFN output and h1",
-                     "none: FusedTransformerLayer's second residual is h1", commutative=True),
+        _scaled_guard("ln2", "ln1", "fc2"),
+        replace(operands_are("ln2", {0: "fc2", 1: "ln1"}, _RLN, "ln2_operand_order",
+                             "the FFN residual must add the FFN output and h1",
+                             "none: FusedTransformerLayer's second residual is h1", commutative=True),
+                no_model_fix=_operand_no_fix("ln2", "h1")),
         _ln_params,
         static_dim("fc1_w", -1, "fc1_weight_static"),
         guard("fc1_weight_rank2", lambda c: c["fc1_w"].rank == 2,

@@ -45,8 +45,10 @@ from ..engine import rule_pass
 from ..guard import (
     EPILOGUE_ACTIVATIONS,
     ILLEGAL,
+    NO_MODEL_FIX,
     NOT_PROFITABLE,
     NOT_RECOGNIZED,
+    READ_BY_MODEL,
     Ctx,
     Guard,
     activation_hint,
@@ -99,7 +101,10 @@ def _epilogue(c: Ctx) -> Fail | None:
     if c.graph.is_output(c.id("add")):
         return Fail("guard", "add_not_output",
                     f"{c.d('add')} is a graph output, so {act.op.value} (node {act.id}) is not absorbed",
-                    (c.id("add"),), (), "do not return the pre-activation value", subject=c.id("add"), kind=ILLEGAL)
+                    (c.id("add"),), (), NO_MODEL_FIX + f"{c.d('add')} is graph output "
+                    f"#{c.graph.outputs.index(c.id('add'))}, which the caller asked for; hiding it changes what the "
+                    f"model returns", subject=c.id("add"), kind=ILLEGAL, remedy=READ_BY_MODEL,
+                    fix="a FusedMatMulBiasAct that also returns the pre-activation value (Rule.outputs)")
     c.bindings["act"] = act.id
     return None
 
@@ -494,7 +499,11 @@ SHARED = Rule(
               fix="merge only the members of one dtype"),
         guard("not_outputs", lambda c: _output_member(c) is None, _explain_outputs,
               "do not return a projection's raw output from the model", reads=("mm*",),
-              subject=lambda c: c.id(_output_member(c) or "mm0"), kind=ILLEGAL),
+              subject=lambda c: c.id(_output_member(c) or "mm0"), kind=ILLEGAL,
+              fix="narrow the returned projection's columns out of the packed product for the caller",
+              no_model_fix=lambda c: (f"{_label(c.graph, c[r])} is graph output #{c.graph.outputs.index(c.id(r))}, "
+                                      f"which the caller asked for; not returning it changes what the model returns"
+                                      if (r := _output_member(c)) else None), remedy=READ_BY_MODEL),
         guard("operands_independent", lambda c: _dependent_operand(c) is None, _explain_dependent,
               "a projection whose weight is computed from another projection's output cannot share its matmul",
               reads=("mm*", "w*"), subject=lambda c: (_dependent_operand(c) or (c.id("w0"),))[0], kind=ILLEGAL),

@@ -22,12 +22,14 @@ from ..guard import NOT_RECOGNIZED, Ctx, all_single_use, guard
 from ..pattern import P
 from ..rule import Rule
 
+_SHARED_FIX = "a FusedSwiGLU that also returns the intermediate read elsewhere (Rule.outputs)"
+
 DUAL = Rule(
     "fuse_swiglu.dual_matmul",
     P(Op.MUL, P(Op.SILU, P(Op.MATMUL, P.var("x"), P.var("wg"), name="gate_mm"), name="silu"),
       P(Op.MATMUL, P.var("x"), P.var("wu"), name="up_mm"), name="mul", commutative=True),
     steps=(
-        all_single_use(("gate_mm", "up_mm", "silu"), "swiglu_single_use"),
+        all_single_use(("gate_mm", "up_mm", "silu"), "swiglu_single_use", fix=_SHARED_FIX),
         guard("weights_match", lambda c: c["wg"].rank == 2 and c["wg"].shape == c["wu"].shape,
               lambda c: f"{c.d('wg')} (gate weight) has shape {list(c['wg'].shape)} and {c.d('wu')} (up weight) "
                         f"{list(c['wu'].shape)}; needs equal [K, N]", "give gate and up equal [K, N] weights",
@@ -69,7 +71,7 @@ NARROW = Rule(
                         f"{list(c['src'].shape)}; needs the two halves of the last axis",
               "split the packed gate/up projection into its two halves", requires=("up", "gate", "src"),
               kind=NOT_RECOGNIZED, fix="none: FusedSwiGLU takes the two halves of one tensor"),
-        all_single_use(("gate", "up", "silu"), "swiglu_single_use"),
+        all_single_use(("gate", "up", "silu"), "swiglu_single_use", fix=_SHARED_FIX),
     ),
     result="mul", absorb=("gate", "up", "silu", "mul"),
     build=lambda c: (Op.FUSED_SWIGLU, [c.id("src")], {"gate_first": c["gate"].attrs["start"] == 0}),
