@@ -605,7 +605,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if suffix not in (".onnx", ".json"):
         raise CLIError(f"{args.out}: the output must end in .onnx (ONNX model) or .json (Model Explorer graphs)")
     _output_file(args.out, "a file name ending in .onnx or .json", (args.model,))
-    model, trace = _run_model(args)
+    model, trace = _run_model(args, workload="export" if suffix == ".onnx" else "load")
     if suffix == ".onnx":
         from .models.onnx_export import export_onnx
 

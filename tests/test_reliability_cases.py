@@ -230,6 +230,23 @@ def test_handed_param_381mb_time_is_refused_by_an_estimate_above_its_peak(capsys
     assert need > 1632304 << 10  # above the 1.6 GB peak RSS `time` reached on it (benchmarks/bench_memory_budget.py)
 
 
+def test_handed_param_381mb_export_is_refused_by_an_estimate_above_its_peak(capsys, tmp_path):
+    """`export` checks its workload as `time` does (issue 40: it peaked at 1,995 MB under 512 MiB, unchecked)."""
+    out = tmp_path / "x.onnx"
+    code, _, err = run(capsys, "export", DATA / "budget_param_381mb.ir", out, "--max-memory-mb", 512)
+    assert code == 2 and not out.exists()
+    line = one_line(err, "export")
+    assert "export needs" in line and "over the limit of 512.0 MiB" in line
+    need, _ = workload_peak(parse_ir((DATA / "budget_param_381mb.ir").read_text()), "export")
+    assert need > 2039368 << 10  # above the peak RSS `rlxviz export` reached on it unchecked (/usr/bin/time -v)
+
+
+def test_export_under_a_limit_it_fits_still_writes(capsys, tmp_path):
+    out = tmp_path / "x.onnx"
+    code, text, _ = run(capsys, "export", "bert-tiny", out, "--max-memory-mb", 512)
+    assert code == 0 and out.stat().st_size > 0 and "wrote" in text
+
+
 def test_handed_onnx_outer_run_is_refused_before_running(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("RLXVIZ_MAX_MEMORY_MB", "64")
     d = DATA / "onnx_outer_no_budget"

@@ -96,7 +96,7 @@ class Limits:
         Args:
             graph: the graph whose schedule is counted.
             source: what the graph came from, named first in the message (a preset, a file, `IR text`).
-            workload: `load` (every front end, on load), `run`, `run-mlx` or `time` (`ir.memory.WORKLOADS`).
+            workload: `load` (every front end, on load), `run`, `run-mlx`, `time` or `export` (`ir.memory.WORKLOADS`).
 
         Returns:
             The peak bytes of the workload.
