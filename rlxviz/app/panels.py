@@ -18,6 +18,7 @@ from ..passes.guard import NOT_A_CANDIDATE
 from ..session import SessionError
 from ..session.defaults import MIN_VERDICT_ROUNDS
 from ..session.overlays import UNITS
+from ..session.timing import BUSY_RATIO
 from .explain import counterpart_line, counterparts, decision_rows, node_report, report_markdown
 from .graphpane import SvgGraph, folded_index
 from .irdiff import diff_table, side_by_side
@@ -461,7 +462,7 @@ class WhyView(Viewer):
                                                    sizing_mode="stretch_both"), sizing_mode="stretch_both")
 
 
-TIMING_HIDDEN = ["#", "p25_ms", "p75_ms", "ci_low", "ci_high", "min_ms", "iqr_ms"]
+TIMING_HIDDEN = ["#", "p25_ms", "p75_ms", "ci_low", "ci_high", "min_ms", "iqr_ms", "busy"]
 """Timing columns the table leaves out: the chart's axis, whiskers (the IQR) and label numbers, so the rest (speed-up,
 its interval, both verdicts) fits a 1280 px window."""
 
@@ -496,6 +497,9 @@ class TimingView(Viewer):
                                                      css_classes=["rv-repeat"])
         self.device = pn.widgets.Select.from_param(s.param.device, name="Device", width=90)
         self.blas = pn.pane.Markdown("", css_classes=["rv-blas"])
+        # the run's verdict on the machine, above every ratio (the notebooks' `session.busy_warning`)
+        self.machine = pn.pane.Alert("", alert_type="light", visible=False, css_classes=["rv-machine"],
+                                     sizing_mode="stretch_width", margin=(5, 10))
         self.policy = pn.pane.Markdown("", css_classes=["rv-precision"])
         self.inputs = pn.widgets.FileInput(accept=".npz", name="Your inputs (.npz)", css_classes=["rv-inputs"])
         self.inputs.param.watch(lambda e: s.set_user_inputs(e.new, self.inputs.filename or "inputs.npz"), "value")
@@ -522,23 +526,41 @@ class TimingView(Viewer):
 
     def _update(self, *events: param.parameterized.Event) -> None:
         s = self.state
-        self.blas.object = (f"**Measured in:** {md_escape(s.blas)}. Bars: median over the rounds; whiskers: the "
-                            "interquartile range (p25 to p75). Speed-up: the median of the per-round ratios (round "
-                            "*r* of every version ran back to back), with its 95% bootstrap interval (*ci*). *Within "
-                            "noise*: that interval holds 1 (or lies within 1 ± 1%), so these rounds do not tell the "
-                            f"two versions apart; time again with more rounds ({MIN_VERDICT_ROUNDS} at least for a "
-                            "verdict)."
+        self.blas.object = (f"**Measured in:** {md_escape(s.blas)}. Left: the median ms over the rounds (whiskers: "
+                            "p25 to p75). Middle: the speed-up over the input, the median of the per-round ratios "
+                            "(round *r* of every version ran back to back), with its 95% bootstrap interval (*ci*); "
+                            "each bar is labelled with its own number. *Within noise*: that interval holds 1 (or lies "
+                            "within 1 ± 1%), so these rounds do not tell the two versions apart; time again with more "
+                            f"rounds ({MIN_VERDICT_ROUNDS} at least for a verdict)."
                             if s.blas else "")
         self.policy.object = md_escape(s.timing_policy)
         rows = s.timings
+        text, kind = machine_verdict(rows)
+        self.machine.param.update(object=text, alert_type=kind, visible=bool(text))
         self.table.value = pd.DataFrame(rows)
         self.chart.object = timing_figure(rows) if rows else None
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(pn.Row(self.button, self.again, self.repeat, self.device, self.inputs), self.stale.banner,
-                         self.blas,
+                         self.machine, self.blas,
                          self.policy, self.chart, self.table,
                          sizing_mode="stretch_width")
+
+
+def machine_verdict(rows: list[dict[str, Any]]) -> tuple[str, str]:
+    """The timing run's verdict on the machine, shown before any ratio: `(markdown, alert kind)`.
+
+    Busy (`rows[i]["busy"]`, `session.busy_warning`: a version's median above `BUSY_RATIO` times its minimum): the
+    warning and that no ratio below is a verdict ("danger"). Otherwise the run is usable ("success"). No rows: ("",
+    "light")."""
+    if not rows:
+        return "", "light"
+    busy = next((r["busy"] for r in rows if r.get("busy")), "")
+    if busy:
+        return (f"**Busy machine: {md_escape(busy)}.** The ratios below are not verdicts: this run cannot tell the "
+                "versions apart. Press *Time again* when the machine is quieter.", "danger")
+    return (f"**Quiet enough:** every version's median is within {BUSY_RATIO:g}× its minimum, so the verdicts below "
+            "can be read.", "success")
 
 
 def error_formatter() -> Any:
@@ -551,7 +573,7 @@ def error_formatter() -> Any:
 
 
 LABEL_ROOM = 1.6
-"""The timing chart's x axis ends at the largest whisker end times this: room for its speed-up label (up to
+"""The timing charts' x axes end at the largest whisker end times this: room for a bar's label after it (up to
 "0.88× (0.80–0.95)" or "0.88× within noise", about 120 px)."""
 
 
@@ -562,8 +584,11 @@ def timing_factor(row: dict[str, Any]) -> str:
 
 
 def speedup_label(row: dict[str, Any]) -> str:
-    """The bar's label: the paired speed-up over the input, and "within noise" when its 95% interval holds 1, else
-    the interval (`1.25× (1.18–1.31)`); the input's own bar reads `1.00×`."""
+    """The speed-up bar's label: the bar's own number (the paired speed-up over the input, `N.NN×`), then "within
+    noise" when its 95% interval holds 1, else the interval (`1.25× (1.18–1.31)`); on a run flagged busy
+    (`row["busy"]`) "not read" instead of either; the input's own bar reads `1.00×`."""
+    if row.get("busy") and row.get("vs_input"):
+        return f"{row['speedup']:.2f}× not read (busy)"
     if row.get("vs_input") == "within noise":
         return f"{row['speedup']:.2f}× within noise"
     lo, hi = row.get("ci_low"), row.get("ci_high")
@@ -572,37 +597,68 @@ def speedup_label(row: dict[str, Any]) -> str:
     return f"{row['speedup']:.2f}×"
 
 
+def ms_label(row: dict[str, Any]) -> str:
+    """The median bar's label: the bar's own number, `N.NN ms` (the median over the rounds)."""
+    return f"{row['median_ms']:.2f} ms"
+
+
 def timing_figure(rows: list[dict[str, Any]]) -> Any:
-    """Bokeh figure: median ms per version (bars, speed-up labels, whiskers from p25 to p75 of the rounds) and
-    max error (second plot)."""
+    """Three plots on one y axis (one row per version), each bar labelled with its own number:
+
+    * median ms per version (bars; whiskers p25 to p75 of the rounds; label `N.NN ms`);
+    * the speed-up over the input (bars: the median of the paired per-round ratios, `session.paired_verdict`;
+      whiskers: its 95% bootstrap interval; label `speedup_label`, that same number), a rule at 1;
+    * max |error| vs NumPy (log axis).
+
+    A bar and its label are one statistic: a median ms bar longer than the input's may sit next to a speed-up
+    above 1 (the medians and the per-round ratios are different statistics), but never inside one plot."""
     from bokeh.layouts import row
-    from bokeh.models import ColumnDataSource, LabelSet, Range1d, Whisker
+    from bokeh.models import ColumnDataSource, LabelSet, Range1d, Span, Whisker
     from bokeh.plotting import figure
 
     labels = [timing_factor(r) for r in rows]
     low = [r.get("p25_ms", r["median_ms"] - r.get("iqr_ms", 0.0) / 2) for r in rows]
     high = [r.get("p75_ms", r["median_ms"] + r.get("iqr_ms", 0.0) / 2) for r in rows]
+    speed = [r.get("speedup", float("nan")) for r in rows]
+    s_low = [r.get("ci_low", x) for r, x in zip(rows, speed, strict=True)]
+    s_high = [r.get("ci_high", x) for r, x in zip(rows, speed, strict=True)]
     src = ColumnDataSource({"version": labels, "ms": [r["median_ms"] for r in rows], "low": low, "high": high,
+                            "ms_label": [ms_label(r) for r in rows],
+                            "x": speed, "x_low": s_low, "x_high": s_high,
                             "speedup": [speedup_label(r) for r in rows],
                             "err": [max(r["max_err"], 1e-12) for r in rows]})
-    p = figure(y_range=labels[::-1], height=320, sizing_mode="stretch_width", min_width=380,
+    p = figure(y_range=labels[::-1], height=320, sizing_mode="stretch_width", min_width=300,
                title="median ms per version (MLX)", toolbar_location=None, x_axis_label="ms; whisker: p25 to p75")
     p.title.align = "left"
     p.hbar(y="version", right="ms", height=0.7, source=src, color="#1565c0")
     p.add_layout(Whisker(base="version", lower="low", upper="high", dimension="width", source=src,
                          line_color="#333"))
-    p.add_layout(LabelSet(x="high", y="version", text="speedup", source=src, x_offset=6, y_offset=-7,
+    p.add_layout(LabelSet(x="high", y="version", text="ms_label", source=src, x_offset=6, y_offset=-7,
                           text_font_size="11px"))
     # Bokeh's automatic range covers the bars only (not annotations): set it so every whisker end and the
-    # speed-up label after it show.
+    # label after it show.
     p.x_range = Range1d(start=min(0.0, *low), end=max(1e-6, *high) * LABEL_ROOM)
+    busy = any(r.get("busy") for r in rows)
+    sp = figure(y_range=p.y_range, height=320, sizing_mode="stretch_width", min_width=300, toolbar_location=None,
+                title="speed-up over the input" + (" — busy machine: not read" if busy else ""),
+                x_axis_label="× (median of paired per-round ratios); whisker: 95% interval")
+    sp.title.align = "left"
+    sp.hbar(y="version", right="x", height=0.7, source=src, color="#9e9e9e" if busy else "#2e7d32")
+    sp.add_layout(Whisker(base="version", lower="x_low", upper="x_high", dimension="width", source=src,
+                          line_color="#333"))
+    sp.add_layout(Span(location=1.0, dimension="height", line_color="#c62828", line_dash="dashed"))
+    sp.add_layout(LabelSet(x="x_high", y="version", text="speedup", source=src, x_offset=6, y_offset=-7,
+                           text_font_size="11px"))
+    ends = [v for v in (*s_high, *speed) if v == v]
+    sp.x_range = Range1d(start=0.0, end=max(1.0, *ends) * (LABEL_ROOM + 0.3))
+    sp.yaxis.visible = False
     hi = max(1e-2, 10 * max(r["max_err"] for r in rows))
-    q = figure(y_range=p.y_range, height=320, width=240, x_axis_type="log", x_range=(1e-9, hi),
+    q = figure(y_range=p.y_range, height=320, width=200, x_axis_type="log", x_range=(1e-9, hi),
                title="max |error| vs NumPy", toolbar_location=None)
-    q.xaxis.ticker.desired_num_ticks = 4
+    q.xaxis.ticker.desired_num_ticks = 3
     q.scatter(x="err", y="version", source=src, size=9, color="#c62828")
     q.yaxis.visible = False
-    return row(p, q, sizing_mode="stretch_width")
+    return row(p, sp, q, sizing_mode="stretch_width")
 
 
 class IRView(Viewer):
