@@ -146,3 +146,98 @@ def test_the_timing_view_puts_the_machine_verdict_before_the_charts():
     assert "busy" not in view.table.value.columns or "busy" in view.table.hidden_columns
     s.timings = timing_table([timed(0, "input", [1.0] * 21), timed(1, "after fuse_sdpa", [0.5] * 21)])
     assert view.machine.alert_type == "success"
+
+
+# --- fusion and kernels apart (issue 39): the final version on MLX's own lowering beside rlxviz's kernels ---
+
+
+def bert_tiny_trace():
+    from rlxviz import session
+    from rlxviz.passes import Pipeline
+
+    m = session.load("bert-tiny", 1, 8)
+    return m, Pipeline.canonical().run(m.graph), session.feeds(m, "two words")
+
+
+def test_fusion_and_kernels_pairs_the_input_and_the_final_version_on_both_lowerings():
+    from rlxviz.session import FusionAndKernels, fusion_and_kernels
+    from rlxviz.session.lowerings import FUSION_LABELS
+
+    m, trace, feeds = bert_tiny_trace()
+    split = fusion_and_kernels(trace.input, trace.final, feeds, m.weights, warmup=0, repeat=3)
+    assert isinstance(split, FusionAndKernels) and [r.label for r in split.rows] == list(FUSION_LABELS)
+    a, b, c = split.rows
+    assert a.nodes == len(trace.input.compute_nodes()) > b.nodes == c.nodes == len(trace.final.compute_nodes())
+    assert len(a.samples_ms) == len(b.samples_ms) == len(c.samples_ms) == 3  # one paired run
+    # rows 0 and 1 on MLX's own lowering (kernels off), row 2 on the default (rlxviz's kernels where they build)
+    assert "off (lowering option kernels=False)" in a.context.kernels and a.context.kernels == b.context.kernels
+    assert c.context.kernels == split.kernels_note and "kernels=False" not in c.context.kernels
+    # the three verdicts are the notebooks' paired verdicts of those rows, the same outputs within float32 rounding
+    assert split.fusion == paired_verdict(a, b) and split.kernels == paired_verdict(b, c)
+    assert split.total == paired_verdict(a, c) and split.warning == busy_warning(a, b, c)
+    assert b.err_unfused < 1e-4 and c.err_unfused < 1e-4
+
+
+def fabricated_split(busy: bool):
+    from rlxviz.session import FusionAndKernels
+    from rlxviz.session.lowerings import FUSION_LABELS
+
+    rng = np.random.default_rng(3)
+    base = 10 + rng.random(21)
+    if busy:
+        base[:6] = 3.0  # the input's median more than BUSY_RATIO x its minimum
+    rows = [timed(0, FUSION_LABELS[0], list(base)), timed(1, FUSION_LABELS[1], list(base * 0.8)),
+            timed(2, FUSION_LABELS[2], list(base * 0.25))]
+    rows[1].nodes = rows[2].nodes = 4
+    return FusionAndKernels(rows, paired_verdict(rows[0], rows[1]), paired_verdict(rows[1], rows[2]),
+                            paired_verdict(rows[0], rows[2]), busy_warning(*rows),
+                            "rlxviz CPU kernels: not available (see /home/someone/.cache/rlxviz/kernels/build.log)")
+
+
+def test_the_split_table_names_fusion_and_kernels_and_reads_no_verdict_when_busy():
+    from rlxviz.app.panels import fusion_kernels_markdown
+
+    quiet = fusion_kernels_markdown(fabricated_split(busy=False))
+    assert "fusion: 1.25×" in quiet and "kernels: 3.20×" in quiet and "4.00× over the input" in quiet
+    assert quiet.count("faster") == 2 and "Busy" not in quiet
+    assert "/home/someone" not in quiet and "build.log" in quiet  # no server path
+    busy = fusion_kernels_markdown(fabricated_split(busy=True))
+    assert "faster" not in busy and "slower" not in busy and busy.count("not read") >= 3
+    assert busy.index("Busy machine") < busy.index("fusion: ")  # the verdict on the machine before any ratio
+    assert "CPU only" in fusion_kernels_markdown(None)
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("BLAS cmeel-openblas (/srv/app/.venv/lib/python3.11/site-packages/cmeel.prefix/lib/libopenblas.so.0), 2 threads",
+     "BLAS cmeel-openblas (libopenblas.so.0), 2 threads"),
+    ("debian-openblas (/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3)", "debian-openblas (libblas.so.3)"),
+    ("kernels: not available (g++ failed, see /home/u/.cache/rlxviz/kernels/build.log); fused ops run MLX's",
+     "kernels: not available (g++ failed, see build.log); fused ops run MLX's"),
+    ("median 1.2/0.9 ms, 2 CPU streams", "median 1.2/0.9 ms, 2 CPU streams"),
+])
+def test_timing_text_names_files_not_server_paths(text, shown):
+    from rlxviz.app.wording import hide_server_paths
+
+    assert hide_server_paths(text) == shown
+
+
+def test_the_timing_tab_shows_the_split_and_no_server_path():
+    """One real timing run of bert-tiny in the timing process (3 rounds): the header names the BLAS library without
+    the server's virtualenv path, and the tab shows the three rows of the fusion / kernels split."""
+    import sys
+
+    from rlxviz.app.jobs import Runner
+    from rlxviz.app.panels import TimingView
+    from rlxviz.app.state import AppState
+    from rlxviz.session.lowerings import FUSION_LABELS
+
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8, repeat=3, warmup=0)
+    view = TimingView(state=s)
+    s.time_all(fresh=True)
+    assert s.timings and s.message_kind != "danger", s.message
+    assert sys.prefix not in s.blas and sys.prefix not in view.blas.object and "BLAS" in s.blas
+    if s.device == "cpu":
+        assert s.timing_split is not None and all(lbl in view.split.object for lbl in FUSION_LABELS)
+        assert sys.prefix not in view.split.object
+        order = list(view.__panel__().objects)
+        assert order.index(view.machine) < order.index(view.split)

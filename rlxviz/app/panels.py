@@ -26,7 +26,7 @@ from .irtext import IRText
 from .state import AppState
 from .text import download_name, html_text, md_escape
 from .views import COLLAPSED, FOCUS
-from .wording import version_name
+from .wording import hide_server_paths, version_name
 
 
 def _safe(fn: Any, *args: Any) -> tuple[Any, str | None]:
@@ -513,8 +513,9 @@ class TimingView(Viewer):
                                           stylesheets=[TIMING_HEADER_CSS],
                                           formatters={"max_err": error_formatter()})
         self.chart = pn.pane.Bokeh(None, sizing_mode="stretch_width", height=340, css_classes=["rv-timing-chart"])
+        self.split = pn.pane.Markdown("", css_classes=["rv-fusion-kernels"], sizing_mode="stretch_width")
         self.stale = StaleMark(s, "timing", self.chart, self.table)
-        s.param.watch(self._update, ["timings", "blas", "timing_policy"])
+        s.param.watch(self._update, ["timings", "blas", "timing_policy", "timing_split"])
         s.param.watch(lambda e: self.button.param.update(disabled=e.new), "busy")
         s.param.watch(lambda e: self.again.param.update(disabled=e.new), "busy")
         self._update()
@@ -539,11 +540,12 @@ class TimingView(Viewer):
         self.machine.param.update(object=text, alert_type=kind, visible=bool(text))
         self.table.value = pd.DataFrame(rows)
         self.chart.object = timing_figure(rows) if rows else None
+        self.split.object = fusion_kernels_markdown(s.timing_split) if rows else ""
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(pn.Row(self.button, self.again, self.repeat, self.device, self.inputs), self.stale.banner,
                          self.machine, self.blas,
-                         self.policy, self.chart, self.table,
+                         self.policy, self.chart, self.split, self.table,
                          sizing_mode="stretch_width")
 
 
@@ -561,6 +563,40 @@ def machine_verdict(rows: list[dict[str, Any]]) -> tuple[str, str]:
                 "versions apart. Press *Time again* when the machine is quieter.", "danger")
     return (f"**Quiet enough:** every version's median is within {BUSY_RATIO:g}× its minimum, so the verdicts below "
             "can be read.", "success")
+
+
+def fusion_kernels_markdown(split: Any) -> str:
+    """The final version on MLX's own lowering next to rlxviz's kernels (`session.FusionAndKernels`), as Markdown:
+    a table of the three rows (ops, median ms, the paired speed-up over the row above with its 95% interval and its
+    verdict) and one sentence splitting the final version's speed-up into the fusion's and the kernels'. A busy run
+    says so first and gives no verdict. None (timed on the GPU): why there is nothing to split."""
+    if split is None:
+        return ("#### Fusion or kernels?\nrlxviz's own kernels run on the CPU only: on the GPU every version runs "
+                "MLX's own lowering, so the speed-ups above are the fusion's alone.")
+    from ..session.timing import NOT_READ
+
+    busy = split.warning
+    steps = [None, ("fusion", split.fusion), ("kernels", split.kernels)]
+    lines = ["#### Fusion or kernels? The final version on MLX's own lowering and on rlxviz's kernels",
+             f"Timed together on the CPU in {split.fusion.rounds} paired rounds, after the versions above."]
+    if busy:
+        lines.append(f"**Busy machine: {md_escape(busy)}.** No verdict below.")
+    lines += ["", "| run | ops | median ms | speed-up over the row above (95% ci) | verdict |",
+              "|---|---:|---:|---|---|"]
+    for r, step in zip(split.rows, steps, strict=True):
+        if step is None:
+            lines.append(f"| {md_escape(r.label)} | {r.nodes} | {r.median_ms:.2f} | | |")
+            continue
+        what, v = step
+        words = NOT_READ if busy else v.words
+        lines.append(f"| {md_escape(r.label)} | {r.nodes} | {r.median_ms:.2f} | {what}: {v.ratio:.2f}× "
+                     f"({v.low:.2f}–{v.high:.2f}) | {words} |")
+    f, k, t = split.fusion, split.kernels, split.total
+    lines += ["", (f"Of the final version's {t.ratio:.2f}× over the input (paired, both rows above), the fusion on "
+                   f"MLX's own lowering gives {f.ratio:.2f}× and rlxviz's kernels on the same fused graph "
+                   f"{k.ratio:.2f}×" + (" (not read: a busy machine)." if busy else ".")),
+              "", f"*{md_escape(hide_server_paths(split.kernels_note))}*" if split.kernels_note else ""]
+    return "\n".join(lines)
 
 
 def error_formatter() -> Any:

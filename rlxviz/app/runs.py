@@ -33,6 +33,7 @@ from .wording import (
     SHAPE_VARIANT,
     VARIANT_LABELS,
     explain_error,
+    hide_server_paths,
     scrub_paths,
     timing_hint,
     upload_model_name,
@@ -50,7 +51,7 @@ pipeline is a new key and a new run). A new session whose settings were already 
 second round trip. The model is held weakly: its weights stay alive only while `session.MODELS` or a session
 holds them, so this table adds no memory beyond the model cache's."""
 
-NO_TIMING: dict[str, Any] = {"timings": [], "timing_policy": "", "blas": ""}
+NO_TIMING: dict[str, Any] = {"timings": [], "timing_policy": "", "blas": "", "timing_split": None}
 """A new model or run shows no timing (rows, policy and input sets, where it ran) until it is timed."""
 
 TIMING_RUNS = session.cache.LRUCache(maxsize=16)
@@ -394,9 +395,11 @@ class Runs:
             self._timed = (trace, run.rows)
             page(lambda: self.trace is trace and self.param.update(  # not over a newer run's tab
                 timing_policy=(policy.describe() + "\n\n" if policy else "") + sets.describe(),
-                blas=(f"{where if where is not None else 'MLX'}; {self.repeat} interleaved round(s) per version, "
-                      f"in a worker process (pid {run.pid}), as `rlxviz time --repeat {self.repeat}`"),
-                timings=self._timing_rows(run.rows, self._visible(trace))))
+                # the BLAS library by its file name, not its path on the server (issue 39)
+                blas=hide_server_paths(f"{where if where is not None else 'MLX'}; {self.repeat} interleaved round(s) "
+                                       f"per version, in a worker process (pid {run.pid}), as `rlxviz time --repeat "
+                                       f"{self.repeat}`"),
+                timings=self._timing_rows(run.rows, self._visible(trace)), timing_split=run.split))
         except Exception as e:  # noqa: BLE001
             text = f"Timing failed: {type(e).__name__}: {e}\n{timing_hint(e)}"
             page(lambda: self._error(text))
