@@ -230,14 +230,23 @@ class VariantControls(Viewer):
         self.layer.disabled = all(reasons[n] for n in self.buttons if n not in ("none", SHAPE_VARIANT))
 
     def _layer_typed(self, event: param.parameterized.Event) -> None:
-        """A layer the model has becomes the variant's layer; any other value is put back, with the range said."""
+        """A layer the model has becomes the variant's layer; a number past them is clamped to the nearest layer
+        (the last, or 0), with the range said; an empty box is put back."""
         s = self.state
         lo, hi = s.param.variant_layer.bounds
         if event.new is not None and lo <= event.new and (hi is None or event.new <= hi):
             s.variant_layer = event.new
             return
-        self.layer.value = s.variant_layer
-        s._error(f"Layer to break: {event.new} is not a layer of this model (layers {lo}..{hi}).", "warning")
+        if event.new is None:
+            self.layer.value = s.variant_layer
+            return
+        near = lo if event.new < lo else hi
+        text = f"Layer to break: this model has layers {lo}..{hi}, so {event.new} became {near}."
+        if s.variant in ("none", SHAPE_VARIANT) or near == s.variant_layer:
+            s._error(text, "info")  # nothing reloads (or no variant notice follows): said now
+        else:
+            s.layer_note = text  # said with the variant's notice after the reload (it replaces the message)
+        self.layer.value = near  # back here with a layer the model has: it becomes the variant's layer
 
     def _mark(self, event: param.parameterized.Event) -> None:
         for name, b in self.buttons.items():

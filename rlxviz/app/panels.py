@@ -170,10 +170,12 @@ class VersionStepper(Viewer):
             if r.get("crashed"):
                 delta += " <b style='color:#c62828'>CRASHED</b>"
             style = "background:#1565c0;color:#fff;" if cur else "background:#f1f3f5;"
-            cells.append(f"<span style='{style}padding:2px 6px;border-radius:10px;margin:2px;display:inline-block;"
-                         f"font-size:12px' title='{html_text(r['version'])}'>{html_text(r['version'])}: "
-                         f"<b>{r['nodes']}</b>{delta}</span>")
-        return ("<div style='white-space:nowrap;overflow-x:auto'>ops per version: " + "".join(cells) + "</div>")
+            cells.append(f"<span class='rv-chip' style='{style}padding:2px 6px;border-radius:10px;margin:2px;"
+                         f"display:inline-block;white-space:nowrap;font-size:12px' title='{html_text(r['version'])}'>"
+                         f"{html_text(r['version'])}: <b>{r['nodes']}</b>{delta}</span>")
+        # the chips wrap onto more lines inside the pane (on one line they ran off its right edge); each stays whole
+        return ("<div style='display:flex;flex-wrap:wrap;align-items:center;max-width:100%'>"
+                "<span style='margin-right:4px'>ops per version:</span>" + "".join(cells) + "</div>")
 
     def _sync(self, *events: param.parameterized.Event) -> None:
         s = self.state

@@ -289,6 +289,8 @@ class AppState(Runs, Derived, param.Parameterized):
     @param.depends("source", "preset", "checkpoint_dir", "ir_text", "style", "batch", "seq", "variant",
                    "variant_layer", "passes", "disabled", "threshold", "upload_id", watch=True)
     def _reload(self) -> None:
+        if self._quiet_layer:
+            return  # "Layer to break" moved to the layer the shown model was built for (`_bound_variant_layer`)
         if self._sync_shape_seq():
             return  # the seq change reloads
         if self.autorun:

@@ -1,0 +1,84 @@
+"""Issue 39's small faults in the app, without a browser: "Layer to break" clamped to the model's layers, the app's
+default sequence length the one the README's first command line uses, the ops-per-version chips wrapping."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from rlxviz import session
+from rlxviz.app.controls import VariantControls
+from rlxviz.app.jobs import Runner
+from rlxviz.app.state import AppState
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def app(**kw) -> AppState:
+    kw.setdefault("seq", 8)
+    return AppState(runner=Runner(background=False), **kw)
+
+
+@pytest.mark.parametrize("typed, becomes", [(9, 1), (2, 1), (-3, 0)])
+def test_a_layer_past_the_models_is_clamped_to_the_nearest(typed, becomes):
+    s = app(preset="bert-tiny")
+    vc = VariantControls(state=s)
+    s.apply_variant("extra_h1_user")
+    vc.layer.value = typed
+    assert s.variant_layer == becomes and vc.layer.value == becomes
+    assert s.trace is not None and s.model.name == "bert-tiny" and not s.stale
+    assert s.message_kind != "danger" and "layers 0..1" in s.message, s.message
+
+
+@pytest.mark.parametrize("variant", ["extra_h1_user", "tanh_gelu"])
+def test_a_smaller_model_takes_its_last_layer_instead_of_failing_to_load(variant):
+    """minilm's layer 5 broken, then bert-tiny (2 layers): it loaded as "variant layer 5 out of range 0..1" and the
+    panes stayed on minilm; now the variant breaks bert-tiny's last layer, in one pipeline run, and the message
+    says so."""
+    s = app(preset="minilm")
+    vc = VariantControls(state=s)
+    s.param.update(variant_layer=5, variant=variant)
+    assert s.model.name == "minilm" and s.variant_layer == 5
+    runs = []
+    s.param.watch(lambda e: runs.append(e.new), "trace")
+    s.preset = "bert-tiny"
+    assert s.model.name == "bert-tiny" and s.variant == variant and not s.stale, s.message
+    assert s.variant_layer == 1 and vc.layer.value == 1 and s.param.variant_layer.bounds == (0, 1)
+    assert "layer 5 became 1" in s.message and "out of range" not in s.message and s.message_kind != "danger"
+    assert len(runs) == 1
+    layers = {r.layer for r in s.trace.rejections}
+    assert 1 in layers and 0 not in layers  # the layer broken is the last one
+
+
+def test_without_a_variant_the_layer_follows_the_model_quietly():
+    s = app(preset="minilm")
+    s.variant_layer = 5
+    runs = []
+    s.param.watch(lambda e: runs.append(e.new), "trace")
+    s.preset = "bert-tiny"
+    assert s.variant_layer == 1 and s.param.variant_layer.bounds == (0, 1) and len(runs) == 1
+    assert "became" not in s.message and not s.stale
+
+
+def readme_quick_start_seq() -> int:
+    """`--seq N` of the README's first `rlxviz explain` command line (its quick start for your own model)."""
+    text = (ROOT / "README.md").read_text()
+    line = next(ln for ln in text.splitlines() if re.search(r"rlxviz explain \S+\.onnx", ln))
+    return int(re.search(r"--seq (\d+)", line).group(1))
+
+
+def test_the_readme_quick_start_builds_at_the_apps_sequence_length():
+    """The README's first command line built the model at seq 128 while the app, every CLI default and the notebooks
+    use 16: the same model gave two different first pictures and timings."""
+    assert readme_quick_start_seq() == session.DEFAULT_SEQ == AppState.param.seq.default
+
+
+def test_the_ops_per_version_chips_wrap():
+    """The chip row ran off the right edge (one line, `white-space: nowrap`): it wraps inside the pane now."""
+    from rlxviz.app.panels import VersionStepper
+
+    s = app(preset="bert-tiny")
+    html = VersionStepper(state=s)._counts()
+    row = re.match(r"<div style='([^']*)'", html).group(1)
+    assert "nowrap" not in row and "flex-wrap:wrap" in row.replace(" ", "")
+    assert html.count("rv-chip") == len(s.version_rows())
