@@ -82,3 +82,25 @@ def test_timing_tab_verdict_first_bars_agree_kernels_apart(browser, server, size
             for label in FUSION_LABELS:
                 expect(split).to_contain_text(label)
             assert sys.prefix not in _text(split)
+
+
+def test_search_enter_opens_the_folded_layer_and_centres_on_the_node(browser, server):
+    """One box per layer: a search whose hit is inside a folded layer, then Enter, opens the layer and shows the node
+    itself inside the pane (the layer's top was centred, and its last nodes lay below the pane's bottom)."""
+    with watched_page(browser, server[0], 1280, 800) as pg:
+        sel = pg.locator(".rv-version select")
+        sel.select_option(value=sel.locator("option", has_text="after fuse_sdpa").first.get_attribute("value"))
+        expect(pg.locator(".rv-after .rv-title")).to_have_text(re.compile("fuse_sdpa"))
+        pg.locator(".rv-view select").select_option("collapsed")
+        pg.locator(".rv-after g#layer4.node").wait_for()
+        box = pg.locator(".rv-after .rv-search")
+        box.fill("layer.4.output.layernorm")  # the last node of layer 4: inside its folded box
+        expect(pg.locator(".rv-after .rv-found")).to_have_text("1/1")
+        box.press("Enter")  # opens layer 4 and moves to the node
+        pg.locator(".rv-after g.cluster#layer4").wait_for()
+        hit = pg.locator(".rv-after g.rv-found-node[id^='n']").first
+        expect(hit).to_be_attached()
+        pg.wait_for_timeout(300)
+        node, pane = hit.bounding_box(), pg.locator(".rv-after .rv-wrap").bounding_box()
+        assert pane["x"] <= node["x"] and node["x"] + node["width"] <= pane["x"] + pane["width"], (node, pane)
+        assert pane["y"] <= node["y"] and node["y"] + node["height"] <= pane["y"] + pane["height"], (node, pane)
