@@ -82,3 +82,43 @@ def test_the_ops_per_version_chips_wrap():
     row = re.match(r"<div style='([^']*)'", html).group(1)
     assert "nowrap" not in row and "flex-wrap:wrap" in row.replace(" ", "")
     assert html.count("rv-chip") == len(s.version_rows())
+
+
+def test_the_inspector_names_the_onnx_node_a_node_came_from():
+    """A model read from ONNX: the inspector gives each node's ONNX node name and op type (what Netron and Model
+    Explorer show, to find it there), and for a node a pass made, the ONNX nodes it absorbed; a preset has none."""
+    from rlxviz.app.explain import node_report, report_markdown
+    from rlxviz.app.text import md_code
+    from rlxviz.passes import Pipeline
+
+    m = session.load(str(ROOT / "tests/fixtures/onnx/bert.onnx"), 1, 8)
+    onnx = m.meta["onnx_nodes"]
+    trace = Pipeline.canonical().run(m.graph)
+    gather = next(n for n in m.graph.compute_nodes() if n.id in onnx and onnx[n.id][0] == "Gather")
+    text = report_markdown(node_report(m.graph, gather.id, trace, m.weights, onnx))
+    assert "**ONNX node**" in text and f"{md_code(onnx[gather.id][1])} (Gather)" in text, text
+    g = next(g for label, g in trace.versions() if "fuse_residual_ln" in label)
+    fused = next(n for n in g.compute_nodes() if n.pass_name == "fuse_residual_ln")
+    text = report_markdown(node_report(g, fused.id, trace, m.weights, onnx))
+    names = {onnx[i][1] for i in fused.absorbed if i in onnx}
+    assert names and "**from ONNX nodes**" in text and all(md_code(nm) in text for nm in names), text
+    tiny = session.load("bert-tiny", 1, 8)
+    n = tiny.graph.compute_nodes()[0]
+    assert "ONNX node" not in report_markdown(node_report(tiny.graph, n.id, None, None, tiny.meta.get("onnx_nodes")))
+
+
+def test_the_inspector_view_passes_the_models_onnx_names(monkeypatch):
+    """The drawer's text is `report_markdown` of the report with the model's `onnx_nodes` (the wiring)."""
+    from rlxviz.app import panels
+
+    seen = {}
+    real = panels.node_report
+    monkeypatch.setattr(panels, "node_report", lambda *a, **k: seen.setdefault("args", a) and real(*a, **k))
+    s = app(preset="bert-tiny")
+    s.model.meta["onnx_nodes"] = {n.id: ("Op", f"onnx_{n.id}", "") for n in s.model.graph.compute_nodes()}
+    view = panels.NodeInspector(state=s)
+    s.version = 0
+    s.selected_node = s.current_graph.compute_nodes()[1].id
+    from rlxviz.app.text import md_code
+
+    assert seen["args"][4] == s.model.meta["onnx_nodes"] and md_code(f"onnx_{s.selected_node}") in view._text()

@@ -317,7 +317,8 @@ class NodeInspector(Viewer):
         for g in (s.current_graph, s.previous_graph):
             if g is not None and s.selected_node in g:
                 weights = s.model.weights if s.model is not None else None
-                text = report_markdown(node_report(g, s.selected_node, s.trace, weights))
+                onnx = s.model.meta.get("onnx_nodes") if s.model is not None else None
+                text = report_markdown(node_report(g, s.selected_node, s.trace, weights, onnx))
                 step = s.current_step
                 if step is not None and s.previous_graph is not None and s.current_graph is not None:
                     line = counterpart_line(s.previous_graph, s.current_graph, s.selected_node, step.pass_name)
