@@ -122,3 +122,21 @@ def test_the_inspector_view_passes_the_models_onnx_names(monkeypatch):
     from rlxviz.app.text import md_code
 
     assert seen["args"][4] == s.model.meta["onnx_nodes"] and md_code(f"onnx_{s.selected_node}") in view._text()
+
+
+@pytest.mark.parametrize("click", ["step", "brk", "why"])
+def test_the_start_strip_folds_to_one_row_once_a_step_is_used(click):
+    """The strip's title and drop zone (91 px at 1280x800, the drop zone's height) give their room to the graph once
+    any of its steps is used; the buttons and the line stay (the line says the next click); the sidebar's Upload
+    remains for one's own model."""
+    import panel as pn
+
+    from rlxviz.app.start import StartHere
+
+    s = app(preset="bert-tiny")
+    zone = pn.pane.Markdown("drop here")
+    start = StartHere(state=s, show_why=lambda: None, dropper=zone)
+    assert start.title.visible and zone.visible and not start.folded
+    getattr(start, click).clicks += 1
+    assert start.folded and not start.title.visible and not zone.visible
+    assert all(b.visible for b in (start.step, start.brk, start.why, start.note)) and start.strip.visible
