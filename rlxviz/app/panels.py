@@ -101,7 +101,7 @@ class VersionStepper(Viewer):
     def __init__(self, **params: object) -> None:
         super().__init__(**params)
         s = self.state
-        self.select = pn.widgets.Select(name="Version", options=self._options(), value=s.version, width=330,
+        self.select = pn.widgets.Select(name="Version", options=self._options(), value=s.version, width=270,
                                         css_classes=["rv-version"])
         self.select.param.watch(lambda e: setattr(s, "version", e.new), "value")
         self.prev = pn.widgets.Button(label="◀", width=40, align="end", css_classes=["rv-prev"])
@@ -110,7 +110,7 @@ class VersionStepper(Viewer):
         self.next.on_click(lambda e: self._move(1))
         self.player = pn.widgets.Player(start=0, end=max(len(s.version_labels) - 1, 1), value=s.version,
                                         interval=1500, loop_policy="once", show_value=False, show_loop_controls=False,
-                                        width=260, align="end", height=60, css_classes=["rv-player"],
+                                        width=230, align="end", height=60, css_classes=["rv-player"],
                                         visible_buttons=["first", "previous", "play", "pause", "next", "last"])
         self.player.param.watch(lambda e: setattr(s, "version", e.new), "value")
         # Panel's player view sets its range input's min/max only when `value` changes, so a new model (or the
@@ -132,6 +132,12 @@ class VersionStepper(Viewer):
                                          and s.resolved_view() == COLLAPSED), ["expanded_layers", "view", "trace"])
         self.counts = pn.pane.HTML(self._counts(), sizing_mode="stretch_width", css_classes=["rv-counts"])
         s.param.watch(self._sync, ["trace", "version", "hide_unchanged"])
+        # the overlay's choice in this row, where at 1280 px it fits beside the view (a row of its own over the panes
+        # took 52 px of graph height, issue 39); its legend stays over the panes, shown only with an overlay
+        self.overlay = pn.widgets.Select(name="Colour nodes by", options=OVERLAY_CHOICES, value=s.overlay, width=130,
+                                         css_classes=["rv-overlay"])
+        self.overlay.param.watch(lambda e: setattr(s, "overlay", e.new), "value")
+        s.param.watch(lambda e: setattr(self.overlay, "value", e.new), "overlay")
 
     def _layers(self) -> dict[str, int | None]:
         return {"choose": None, **{f"layer {i}": i for i in self.state.layers()}}
@@ -185,8 +191,8 @@ class VersionStepper(Viewer):
         self.counts.object = self._counts()
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column(pn.FlexBox(self.prev, self.select, self.next, self.player, self.hide, self.view, self.layer,
-                                    self.fold, flex_wrap="wrap", align_items="flex-end",
+        return pn.Column(pn.FlexBox(self.prev, self.select, self.next, self.player, self.hide, self.view,
+                                    self.overlay, self.layer, self.fold, flex_wrap="wrap", align_items="flex-end",
                                     sizing_mode="stretch_width"),
                          self.counts, sizing_mode="stretch_width")
 
@@ -207,13 +213,9 @@ class GraphCompare(Viewer):
             g.param.watch(lambda e: setattr(s, "selected_node", e.obj.clicked), "clicks")
             g.param.watch(lambda e: s.toggle_layer(e.obj.layer_clicked), "layer_clicks")  # expand / fold in place
         self.note = pn.pane.Markdown("", css_classes=["rv-graph-note"], margin=(0, 10))
-        # the overlay's choice sits with its legend over the panes (not in the version row: an extra row there took
-        # the IR editor's height at 1280x800)
-        self.overlay = pn.widgets.Select(options=OVERLAY_CHOICES, value=s.overlay, width=140, margin=(2, 8),
-                                         css_classes=["rv-overlay"])
-        self.overlay.param.watch(lambda e: setattr(s, "overlay", e.new), "value")
-        s.param.watch(lambda e: setattr(self.overlay, "value", e.new), "overlay")
-        self.legend = pn.pane.HTML("", css_classes=["rv-legend"], margin=(0, 10), sizing_mode="stretch_width")
+        # the overlay's legend over the panes, only while an overlay is chosen (its choice: `VersionStepper.overlay`)
+        self.legend = pn.pane.HTML("", css_classes=["rv-legend"], margin=(0, 10), sizing_mode="stretch_width",
+                                   visible=False)
         s.param.watch(self._legend, ["overlay", "node_figures", "overlay_status"])
         self.row = pn.Row(self.after, sizing_mode="stretch_both")
         self.stale = StaleMark(s, "graph", self.before, self.after)
@@ -260,6 +262,7 @@ class GraphCompare(Viewer):
         if s.node_figures is not None and s.node_figures.unmatched:
             unit += f"; {len(s.node_figures.unmatched)} node(s) hold values version 0 has not (no colour)"
         self.legend.object = legend_html(s.overlay_legend(), unit, s.overlay_status)
+        self.legend.visible = bool(self.legend.object) or s.overlay != "none"
 
     def _folded(self, graph: Graph | None) -> dict[str, list[list[int | str]]]:
         return folded_index(graph, list(self.state.expanded_layers)) if graph is not None else {}
@@ -276,12 +279,7 @@ class GraphCompare(Viewer):
             g.param.update(highlight=list(s.highlight), selected=sel, related=[i for i in rel if i != sel])
 
     def __panel__(self) -> pn.viewable.Viewable:
-        # the label at its own width: stretched, it took half the row, and beside an open sidebar at 1280 px the legend
-        # got 330 px, its swatches cut after the fourth colour
-        bar = pn.Row(pn.pane.HTML("Colour nodes by", margin=(8, 0, 0, 10), width=100, sizing_mode="fixed",
-                                  styles={"font-size": "13px", "white-space": "nowrap"}),
-                     self.overlay, self.legend, sizing_mode="stretch_width")
-        return pn.Column(self.stale.banner, self.note, bar, self.row, sizing_mode="stretch_both")
+        return pn.Column(self.stale.banner, self.note, self.legend, self.row, sizing_mode="stretch_both")
 
 
 class NodeInspector(Viewer):
