@@ -96,7 +96,7 @@ def test_search_enter_opens_the_folded_layer_and_centres_on_the_node(browser, se
         assert pg.locator(".rv-start").bounding_box()["height"] <= 50
         assert pg.locator(".rv-after").bounding_box()["y"] <= top - 40  # the graph got the room
         wrap = pg.locator(".rv-after .rv-wrap").bounding_box()  # the drawing's own area, inside the window
-        assert min(wrap["y"] + wrap["height"], 800) - wrap["y"] >= 400, wrap  # 379 px before, with a colour row
+        assert min(wrap["y"] + wrap["height"], 800) - wrap["y"] >= 450, wrap  # 379 px before (issue 39: 450)
         sel = pg.locator(".rv-version select")
         sel.select_option(value=sel.locator("option", has_text="after fuse_sdpa").first.get_attribute("value"))
         expect(pg.locator(".rv-after .rv-title")).to_have_text(re.compile("fuse_sdpa"))

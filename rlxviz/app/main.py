@@ -138,6 +138,7 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
     tabs.param.watch(lambda e: setattr(stepper.counts, "visible", e.new != editor_tab), "active")
     tmpl = pn.template.FastListTemplate(
         title=TITLE, sidebar_width=340, accent="#1565c0", header_background="#0d47a1", theme_toggle=False,
+        main_layout=None,  # no card round the main area: its margins took 30 px of the graph's height at 800 px
         design=LocalFast, font=FONT, font_url="",
         sidebar=[model, VariantControls(state=state), PipelineControls(state=state)], header=[FoldSidebar()],
         main=[pn.Column(start, StatusBar(state=state), stepper, tabs, sizing_mode="stretch_both")])
