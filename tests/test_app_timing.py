@@ -241,3 +241,22 @@ def test_the_timing_tab_shows_the_split_and_no_server_path():
         assert sys.prefix not in view.split.object
         order = list(view.__panel__().objects)
         assert order.index(view.machine) < order.index(view.split)
+
+
+def test_a_failed_split_leaves_the_versions_timed_and_says_why(monkeypatch):
+    """The split runs after the versions in the timing process; if it fails (memory, a lowering), the versions' rows
+    stand and the tab says why the split is missing (run in this process: `timeproc._time` is the worker's body)."""
+    from rlxviz.app import timeproc
+    from rlxviz.app.panels import fusion_kernels_markdown
+    from rlxviz.session import lowerings
+
+    def refuse(*a, **k):
+        raise MemoryError("no room at /srv/app/.venv/lib/x.so for the split")
+
+    monkeypatch.setattr(lowerings, "fusion_and_kernels", refuse)
+    m, trace, feeds = bert_tiny_trace()
+    run = timeproc._time(trace, feeds, m.weights, 0, 2, "cpu", None)
+    assert run.rows and all(r.median_ms for r in run.rows if r.same_as is None)
+    assert isinstance(run.split, str) and run.split.startswith("MemoryError")
+    text = fusion_kernels_markdown(run.split)
+    assert "Not measured: MemoryError" in text and "/srv/app" not in text and "x.so" in text

@@ -572,10 +572,13 @@ def fusion_kernels_markdown(split: Any) -> str:
     """The final version on MLX's own lowering next to rlxviz's kernels (`session.FusionAndKernels`), as Markdown:
     a table of the three rows (ops, median ms, the paired speed-up over the row above with its 95% interval and its
     verdict) and one sentence splitting the final version's speed-up into the fusion's and the kernels'. A busy run
-    says so first and gives no verdict. None (timed on the GPU): why there is nothing to split."""
+    says so first and gives no verdict. None (timed on the GPU): why there is nothing to split; a str: why the
+    split's run failed."""
     if split is None:
         return ("#### Fusion or kernels?\nrlxviz's own kernels run on the CPU only: on the GPU every version runs "
                 "MLX's own lowering, so the speed-ups above are the fusion's alone.")
+    if isinstance(split, str):  # the split's run failed; the versions above were timed
+        return f"#### Fusion or kernels?\nNot measured: {md_escape(hide_server_paths(split))}"
     from ..session.timing import NOT_READ
 
     busy = split.warning

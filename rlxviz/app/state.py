@@ -102,7 +102,7 @@ class AppState(Runs, Derived, param.Parameterized):
     timing_policy = param.String("", doc="The precision policy and the input sets of the last timing run.")
     timing_split = param.Parameter(None, doc="`session.FusionAndKernels` of the last timing run (the final version on "
                                              "MLX's own lowering beside rlxviz's kernels), None on the GPU or before "
-                                             "a run.")
+                                             "a run, or why its run failed (a str).")
     node_figures = param.Parameter(None, doc="`session.overlays.NodeFigures` of the shown version for `overlay` "
                                              "(None: none chosen, or not measured yet).")
     overlay_status = param.String("", doc="Where the overlay's measurement stands: 'measuring…', why it is "

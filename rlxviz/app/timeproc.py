@@ -37,8 +37,8 @@ class WorkerTiming:
         rows: `session.VersionTiming` per version of the trace (`trace.versions()` order).
         pid: the worker process's id (not the server's: the timing ran outside the server's GIL).
         split: on the CPU, `session.FusionAndKernels` (the input and the final version on MLX's own lowering and
-            the final version on rlxviz's kernels, timed together after the versions); None on the GPU, where
-            rlxviz's kernels do not run.
+            the final version on rlxviz's kernels, timed together after the versions), or why it failed (a str:
+            the versions' rows stand); None on the GPU, where rlxviz's kernels do not run.
     """
 
     rows: list[Any]
@@ -56,8 +56,13 @@ def _time(trace: Any, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.
     extra = {} if inputs is None else {"inputs": inputs}
     rows = timing.time_versions(trace, feeds, weights, warmup=warmup, repeat=repeat, device=device, **extra)
     where = next((r.context.device for r in rows if r.context is not None), None)
-    split = (lowerings.fusion_and_kernels(trace.input, trace.final, feeds, weights, warmup=warmup, repeat=repeat)
-             if where == "cpu" else None)
+    split: Any = None
+    if where == "cpu":
+        try:
+            split = lowerings.fusion_and_kernels(trace.input, trace.final, feeds, weights, warmup=warmup,
+                                                 repeat=repeat)
+        except Exception as e:  # noqa: BLE001 - the versions' timing stands; the split says why it is missing
+            split = f"{type(e).__name__}: {e}"
     return WorkerTiming(rows, os.getpid(), split)
 
 
