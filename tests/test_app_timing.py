@@ -203,7 +203,7 @@ def test_the_split_table_names_fusion_and_kernels_and_reads_no_verdict_when_busy
     assert "/home/someone" not in quiet and "build.log" in quiet  # no server path
     busy = fusion_kernels_markdown(fabricated_split(busy=True))
     assert "faster" not in busy and "slower" not in busy and busy.count("not read") >= 3
-    assert busy.index("Busy machine") < busy.index("fusion: ")  # the verdict on the machine before any ratio
+    assert busy.index("busy machine") < busy.index("fusion: ")  # the verdict on the machine before any ratio
     assert "CPU only" in fusion_kernels_markdown(None)
 
 

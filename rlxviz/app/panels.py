@@ -584,9 +584,9 @@ def fusion_kernels_markdown(split: Any) -> str:
     busy = split.warning
     steps = [None, ("fusion", split.fusion), ("kernels", split.kernels)]
     lines = ["#### Fusion or kernels? The final version on MLX's own lowering and on rlxviz's kernels",
-             f"Timed together on the CPU in {split.fusion.rounds} paired rounds, after the versions above."]
-    if busy:
-        lines.append(f"**Busy machine: {md_escape(busy)}.** No verdict below.")
+             f"Timed together on the CPU in {split.fusion.rounds} paired rounds, after the versions above, with a "
+             "machine check of its own: " + (f"**busy machine: {md_escape(busy)}.** No verdict below." if busy else
+                                             f"quiet enough (every median within {BUSY_RATIO:g}× its minimum).")]
     lines += ["", "| run | ops | median ms | speed-up over the row above (95% ci) | verdict |",
               "|---|---:|---:|---|---|"]
     for r, step in zip(split.rows, steps, strict=True):
@@ -695,9 +695,9 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     sp.x_range = Range1d(start=0.0, end=max(1.0, *ends) * (LABEL_ROOM + 0.3))
     sp.yaxis.visible = False
     hi = max(1e-2, 10 * max(r["max_err"] for r in rows))
-    q = figure(y_range=p.y_range, height=320, width=200, x_axis_type="log", x_range=(1e-9, hi),
+    q = figure(y_range=p.y_range, height=320, width=240, x_axis_type="log", x_range=(1e-9, hi),
                title="max |error| vs NumPy", toolbar_location=None)
-    q.xaxis.ticker.desired_num_ticks = 3
+    q.xaxis.ticker.desired_num_ticks = 4
     q.scatter(x="err", y="version", source=src, size=9, color="#c62828")
     q.yaxis.visible = False
     return row(p, sp, q, sizing_mode="stretch_width")

@@ -227,7 +227,7 @@ shared machine can be trusted to (it would read "1.00x slower")."""
 BUSY_RATIO = 2.0
 """A version whose median is more than this many times its minimum was timed on a busy machine."""
 
-NOT_READ = "not read: busy machine"
+NOT_READ = "busy: not read"
 """What a comparison reads on a run `busy_warning` flags (`timing_table`): no "faster" or "slower" from it."""
 
 
