@@ -108,12 +108,33 @@ def node_weights(graph: Graph, n: Node, weights: Mapping[str, np.ndarray]) -> li
     return out
 
 
+ONNX_NAMES_SHOWN = 6
+"""Most ONNX node names the inspector lists for a node made of several (the rest counted)."""
+
+
+def onnx_origin(n: Node, onnx_nodes: Mapping[int, tuple[str, str, str]] | None) -> list[tuple[str, str]]:
+    """The ONNX nodes `n` came from, as `(op type, node name)`: its own (an imported node keeps its id), else those
+    of the nodes a pass absorbed into it that were imported (one step back); [] for a model not read from ONNX.
+
+    Args:
+        onnx_nodes: `Model.meta["onnx_nodes"]` (IR node id -> (op type, node name, doc string), from the importer).
+    """
+    if not onnx_nodes:
+        return []
+    ids = [n.id] if n.id in onnx_nodes else list(n.absorbed)
+    seen = dict.fromkeys((onnx_nodes[i][0], onnx_nodes[i][1]) for i in ids if i in onnx_nodes)
+    return list(seen)
+
+
 def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
-                weights: Mapping[str, np.ndarray] | None = None) -> dict[str, Any]:
+                weights: Mapping[str, np.ndarray] | None = None,
+                onnx_nodes: Mapping[int, tuple[str, str, str]] | None = None) -> dict[str, Any]:
     """Everything the inspector shows about `node_id` in `graph`.
 
     Args:
         weights: the model's params by name: the report then summarizes the node's weights (`node_weights`).
+        onnx_nodes: `Model.meta["onnx_nodes"]` of a model read from ONNX: the report then names the ONNX nodes the
+            node came from (`onnx`: `onnx_origin`), to find it in Netron or Model Explorer.
 
     Returns:
         dict with `id, op, attrs, shape, dtype, path, layer, pass_name, absorbed, ir, operands` (role lines),
@@ -137,7 +158,8 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
         "operands": [_node_line(graph, i, roles[k] if k < len(roles) else None) for k, i in enumerate(n.inputs)],
         "users": [_node_line(graph, u.id) for u in graph.users(n)],
         "weights": node_weights(graph, n, weights) if weights else [],
-        "decisions": [], "verdict": None,
+        "decisions": [], "verdict": None, "onnx": onnx_origin(n, onnx_nodes), "onnx_own": bool(onnx_nodes)
+        and n.id in onnx_nodes,
     }
     if trace is None:
         return report
@@ -184,6 +206,12 @@ def report_markdown(rep: dict[str, Any]) -> str:
     if rep["path"]:
         layer = f" (layer {rep['layer']})" if rep["layer"] is not None else ""
         lines.append(f"**provenance** {md_code(rep['path'])}{layer}")
+    onnx = rep.get("onnx") or []
+    if onnx:  # the names Netron and Model Explorer show, so the node can be found there
+        named = [f"{md_code(name or '(unnamed)')} ({md_escape(op)})" for op, name in onnx[:ONNX_NAMES_SHOWN]]
+        more = f" and {len(onnx) - ONNX_NAMES_SHOWN} more" if len(onnx) > ONNX_NAMES_SHOWN else ""
+        what = "**ONNX node**" if rep.get("onnx_own") else "**from ONNX nodes**"
+        lines.append(f"{what} {', '.join(named)}{more}")
     if rep["pass_name"]:
         lines.append(f"**created by** {md_code(rep['pass_name'])}, replacing "
                      f"{', '.join(f'%{i}' for i in rep['absorbed'])}")

@@ -117,22 +117,27 @@ export function render({ model, el }) {
   // `model.folded` lists them ({layerN: [[id, own text], ...]}); Enter on a layer's box opens the layer, and the
   // search runs again in it.
   const inside = (g, test) => !/^n\d+$/.test(g.id) && ((model.folded || {})[g.id] || []).some(test);
+  const folded = (q) => { const id = /^%(\d+)$/.exec(q);  // a node of a box's list: [id, own text]
+    return id ? (n) => n[0] === Number(id[1]) : (n) => n[1].includes(q); };
   const matches = (q) => { const id = /^%(\d+)$/.exec(q);  // %37: that node only, not %370 nor its users
-    return id ? (g) => g.id === `n${id[1]}` || inside(g, (n) => n[0] === Number(id[1]))
-      : (g) => own(g).includes(q) || inside(g, (n) => n[1].includes(q)); };
-  const open = (g) => { reveal = g.id; model.layer_clicked = parseInt(g.id.slice(5));
+    const test = folded(q);
+    return id ? (g) => g.id === `n${id[1]}` || inside(g, test) : (g) => own(g).includes(q) || inside(g, test); };
+  // `ids`: the hits inside the box, centred once the layer is drawn open (the layer's top was centred, the node
+  // often below the pane)
+  const open = (g, ids) => { reveal = g.id; revealIds = ids || []; model.layer_clicked = parseInt(g.id.slice(5));
     model.layer_clicks = (model.layer_clicks || 0) + 1; };
   const find = (step) => { inner.querySelectorAll('.rv-found-node').forEach((g) => g.classList.remove('rv-found-node'));
     const q = search.value.trim().toLowerCase(); if (!q) { hits = []; found.textContent = ''; return; }
     if (step && hits.length && hit >= 0 && /^layer\d+$/.test(hits[hit].id) && hits[hit].isConnected) {
-      open(hits[hit]); return; }  // Enter on a folded layer holding a hit: open it
+      // Enter on a folded layer holding a hit: open it, and centre on the hit once it is drawn
+      open(hits[hit], ((model.folded || {})[hits[hit].id] || []).filter(folded(q)).map((n) => n[0])); return; }
     if (!step || !hits.length) { hits = [...inner.querySelectorAll('g.node')].filter(matches(q)); hit = -1; }
     hits.forEach((g) => g.classList.add('rv-found-node'));
     if (!hits.length) { found.textContent = 'no match'; return; }
     hit = (hit + 1) % hits.length; found.textContent = `${hit + 1}/${hits.length}`; center(hits[hit], true); };
   search.addEventListener('input', () => find(false));
   search.addEventListener('keydown', (e) => { e.stopPropagation(); if (e.key === 'Enter') find(true); });
-  let reveal = null;
+  let reveal = null, revealIds = [];
   const setSvg = () => { const had = inner.querySelector('svg'); const same = had && scope === model.scope;
     inner.innerHTML = model.svg || ''; scope = model.scope;
     const svg = inner.querySelector('svg');
@@ -141,8 +146,11 @@ export function render({ model, el }) {
     miniPicture();
     if (!(same && touched)) fit(); else apply(false);
     mark(!(same && touched)); hits = []; if (search.value) find(false); title.textContent = model.title || '';
-    if (reveal) { const g = inner.querySelector(`g#${reveal}`); reveal = null;
-      if (g) center(g, true, g.classList.contains('cluster')); } };
+    if (reveal) { const g = inner.querySelector(`g#${reveal}`); const ids = revealIds; reveal = null; revealIds = [];
+      const node = ids.map((i) => inner.querySelector(`g#n${i}`)).find((x) => x);
+      if (node) { const k = hits.indexOf(node);  // the search's next Enter goes on from this hit
+        if (k >= 0) { hit = k; found.textContent = `${k + 1}/${hits.length}`; } center(node, true); }
+      else if (g) center(g, true, g.classList.contains('cluster')); } };
   let drag = null, dragged = false;
   wrap.addEventListener('wheel', (e) => { e.preventDefault(); const r = wrap.getBoundingClientRect();
     zoomAt(e.deltaY < 0 ? 1.15 : 1 / 1.15, e.clientX - r.left, e.clientY - r.top); }, { passive: false });

@@ -166,11 +166,16 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
     follow_editor(tabs, len(tabs) - 1, model, state, model.ir_btn)
     start = StartHere(state=state, show_why=lambda: setattr(tabs, "active", WHY_TAB), dropper=model.make_dropper())
     tabs.param.watch(lambda e: start.show_on(e.new in (0, WHY_TAB)), "active")
+    stepper = VersionStepper(state=state)
+    # the ops-per-version chips wrap (two lines at 1280 px); the IR editor, which edits the input, gets their height
+    editor_tab = len(tabs) - 1
+    tabs.param.watch(lambda e: setattr(stepper.counts, "visible", e.new != editor_tab), "active")
     tmpl = pn.template.FastListTemplate(
         title=TITLE, sidebar_width=340, accent="#1565c0", header_background="#0d47a1", theme_toggle=False,
+        main_layout=None,  # no card round the main area: its margins took 30 px of the graph's height at 800 px
         design=LocalFast, font=FONT, font_url="",
         sidebar=[model, VariantControls(state=state), PipelineControls(state=state)], header=[FoldSidebar()],
-        main=[pn.Column(start, StatusBar(state=state), VersionStepper(state=state), tabs, sizing_mode="stretch_both")])
+        main=[pn.Column(start, StatusBar(state=state), stepper, tabs, sizing_mode="stretch_both")])
     tmpl.state = state  # type: ignore[attr-defined]  # handy for tests and notebooks
     return tmpl
 

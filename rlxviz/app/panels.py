@@ -18,6 +18,7 @@ from ..passes.guard import NOT_A_CANDIDATE
 from ..session import SessionError
 from ..session.defaults import MIN_VERDICT_ROUNDS
 from ..session.overlays import UNITS
+from ..session.timing import BUSY_RATIO
 from .explain import counterpart_line, counterparts, decision_rows, node_report, report_markdown
 from .graphpane import SvgGraph, folded_index
 from .irdiff import diff_table, side_by_side
@@ -25,7 +26,7 @@ from .irtext import IRText
 from .state import AppState
 from .text import download_name, html_text, md_escape
 from .views import COLLAPSED, FOCUS
-from .wording import version_name
+from .wording import hide_server_paths, version_name
 
 
 def _safe(fn: Any, *args: Any) -> tuple[Any, str | None]:
@@ -100,7 +101,7 @@ class VersionStepper(Viewer):
     def __init__(self, **params: object) -> None:
         super().__init__(**params)
         s = self.state
-        self.select = pn.widgets.Select(name="Version", options=self._options(), value=s.version, width=330,
+        self.select = pn.widgets.Select(name="Version", options=self._options(), value=s.version, width=270,
                                         css_classes=["rv-version"])
         self.select.param.watch(lambda e: setattr(s, "version", e.new), "value")
         self.prev = pn.widgets.Button(label="◀", width=40, align="end", css_classes=["rv-prev"])
@@ -109,7 +110,7 @@ class VersionStepper(Viewer):
         self.next.on_click(lambda e: self._move(1))
         self.player = pn.widgets.Player(start=0, end=max(len(s.version_labels) - 1, 1), value=s.version,
                                         interval=1500, loop_policy="once", show_value=False, show_loop_controls=False,
-                                        width=260, align="end", height=60, css_classes=["rv-player"],
+                                        width=230, align="end", height=60, css_classes=["rv-player"],
                                         visible_buttons=["first", "previous", "play", "pause", "next", "last"])
         self.player.param.watch(lambda e: setattr(s, "version", e.new), "value")
         # Panel's player view sets its range input's min/max only when `value` changes, so a new model (or the
@@ -131,6 +132,12 @@ class VersionStepper(Viewer):
                                          and s.resolved_view() == COLLAPSED), ["expanded_layers", "view", "trace"])
         self.counts = pn.pane.HTML(self._counts(), sizing_mode="stretch_width", css_classes=["rv-counts"])
         s.param.watch(self._sync, ["trace", "version", "hide_unchanged"])
+        # the overlay's choice in this row, where at 1280 px it fits beside the view (a row of its own over the panes
+        # took 52 px of graph height, issue 39); its legend stays over the panes, shown only with an overlay
+        self.overlay = pn.widgets.Select(name="Colour nodes by", options=OVERLAY_CHOICES, value=s.overlay, width=130,
+                                         css_classes=["rv-overlay"])
+        self.overlay.param.watch(lambda e: setattr(s, "overlay", e.new), "value")
+        s.param.watch(lambda e: setattr(self.overlay, "value", e.new), "overlay")
 
     def _layers(self) -> dict[str, int | None]:
         return {"choose": None, **{f"layer {i}": i for i in self.state.layers()}}
@@ -169,10 +176,14 @@ class VersionStepper(Viewer):
             if r.get("crashed"):
                 delta += " <b style='color:#c62828'>CRASHED</b>"
             style = "background:#1565c0;color:#fff;" if cur else "background:#f1f3f5;"
-            cells.append(f"<span style='{style}padding:2px 6px;border-radius:10px;margin:2px;display:inline-block;"
-                         f"font-size:12px' title='{html_text(r['version'])}'>{html_text(r['version'])}: "
-                         f"<b>{r['nodes']}</b>{delta}</span>")
-        return ("<div style='white-space:nowrap;overflow-x:auto'>ops per version: " + "".join(cells) + "</div>")
+            # 20 px a line (1 px padding and margin): wrapped to two lines at 1280 px, they cost the graph 40 px
+            cells.append(f"<span class='rv-chip' style='{style}padding:1px 6px;border-radius:10px;margin:1px 2px;"
+                         f"display:inline-block;white-space:nowrap;font-size:12px;line-height:16px' "
+                         f"title='{html_text(r['version'])}'>"
+                         f"{html_text(r['version'])}: <b>{r['nodes']}</b>{delta}</span>")
+        # the chips wrap onto more lines inside the pane (on one line they ran off its right edge); each stays whole
+        return ("<div style='display:flex;flex-wrap:wrap;align-items:center;max-width:100%'>"
+                "<span style='margin-right:4px'>ops per version:</span>" + "".join(cells) + "</div>")
 
     def _sync(self, *events: param.parameterized.Event) -> None:
         s = self.state
@@ -182,8 +193,8 @@ class VersionStepper(Viewer):
         self.counts.object = self._counts()
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column(pn.FlexBox(self.prev, self.select, self.next, self.player, self.hide, self.view, self.layer,
-                                    self.fold, flex_wrap="wrap", align_items="flex-end",
+        return pn.Column(pn.FlexBox(self.prev, self.select, self.next, self.player, self.hide, self.view,
+                                    self.overlay, self.layer, self.fold, flex_wrap="wrap", align_items="flex-end",
                                     sizing_mode="stretch_width"),
                          self.counts, sizing_mode="stretch_width")
 
@@ -204,13 +215,9 @@ class GraphCompare(Viewer):
             g.param.watch(lambda e: setattr(s, "selected_node", e.obj.clicked), "clicks")
             g.param.watch(lambda e: s.toggle_layer(e.obj.layer_clicked), "layer_clicks")  # expand / fold in place
         self.note = pn.pane.Markdown("", css_classes=["rv-graph-note"], margin=(0, 10))
-        # the overlay's choice sits with its legend over the panes (not in the version row: an extra row there took
-        # the IR editor's height at 1280x800)
-        self.overlay = pn.widgets.Select(options=OVERLAY_CHOICES, value=s.overlay, width=140, margin=(2, 8),
-                                         css_classes=["rv-overlay"])
-        self.overlay.param.watch(lambda e: setattr(s, "overlay", e.new), "value")
-        s.param.watch(lambda e: setattr(self.overlay, "value", e.new), "overlay")
-        self.legend = pn.pane.HTML("", css_classes=["rv-legend"], margin=(0, 10), sizing_mode="stretch_width")
+        # the overlay's legend over the panes, only while an overlay is chosen (its choice: `VersionStepper.overlay`)
+        self.legend = pn.pane.HTML("", css_classes=["rv-legend"], margin=(0, 10), sizing_mode="stretch_width",
+                                   visible=False)
         s.param.watch(self._legend, ["overlay", "node_figures", "overlay_status"])
         self.row = pn.Row(self.after, sizing_mode="stretch_both")
         self.stale = StaleMark(s, "graph", self.before, self.after)
@@ -257,6 +264,7 @@ class GraphCompare(Viewer):
         if s.node_figures is not None and s.node_figures.unmatched:
             unit += f"; {len(s.node_figures.unmatched)} node(s) hold values version 0 has not (no colour)"
         self.legend.object = legend_html(s.overlay_legend(), unit, s.overlay_status)
+        self.legend.visible = bool(self.legend.object) or s.overlay != "none"
 
     def _folded(self, graph: Graph | None) -> dict[str, list[list[int | str]]]:
         return folded_index(graph, list(self.state.expanded_layers)) if graph is not None else {}
@@ -273,12 +281,7 @@ class GraphCompare(Viewer):
             g.param.update(highlight=list(s.highlight), selected=sel, related=[i for i in rel if i != sel])
 
     def __panel__(self) -> pn.viewable.Viewable:
-        # the label at its own width: stretched, it took half the row, and beside an open sidebar at 1280 px the legend
-        # got 330 px, its swatches cut after the fourth colour
-        bar = pn.Row(pn.pane.HTML("Colour nodes by", margin=(8, 0, 0, 10), width=100, sizing_mode="fixed",
-                                  styles={"font-size": "13px", "white-space": "nowrap"}),
-                     self.overlay, self.legend, sizing_mode="stretch_width")
-        return pn.Column(self.stale.banner, self.note, bar, self.row, sizing_mode="stretch_both")
+        return pn.Column(self.stale.banner, self.note, self.legend, self.row, sizing_mode="stretch_both")
 
 
 class NodeInspector(Viewer):
@@ -314,7 +317,8 @@ class NodeInspector(Viewer):
         for g in (s.current_graph, s.previous_graph):
             if g is not None and s.selected_node in g:
                 weights = s.model.weights if s.model is not None else None
-                text = report_markdown(node_report(g, s.selected_node, s.trace, weights))
+                onnx = s.model.meta.get("onnx_nodes") if s.model is not None else None
+                text = report_markdown(node_report(g, s.selected_node, s.trace, weights, onnx))
                 step = s.current_step
                 if step is not None and s.previous_graph is not None and s.current_graph is not None:
                     line = counterpart_line(s.previous_graph, s.current_graph, s.selected_node, step.pass_name)
@@ -461,7 +465,7 @@ class WhyView(Viewer):
                                                    sizing_mode="stretch_both"), sizing_mode="stretch_both")
 
 
-TIMING_HIDDEN = ["#", "p25_ms", "p75_ms", "ci_low", "ci_high", "min_ms", "iqr_ms"]
+TIMING_HIDDEN = ["#", "p25_ms", "p75_ms", "ci_low", "ci_high", "min_ms", "iqr_ms", "busy"]
 """Timing columns the table leaves out: the chart's axis, whiskers (the IQR) and label numbers, so the rest (speed-up,
 its interval, both verdicts) fits a 1280 px window."""
 
@@ -496,6 +500,9 @@ class TimingView(Viewer):
                                                      css_classes=["rv-repeat"])
         self.device = pn.widgets.Select.from_param(s.param.device, name="Device", width=90)
         self.blas = pn.pane.Markdown("", css_classes=["rv-blas"])
+        # the run's verdict on the machine, above every ratio (the notebooks' `session.busy_warning`)
+        self.machine = pn.pane.Alert("", alert_type="light", visible=False, css_classes=["rv-machine"],
+                                     sizing_mode="stretch_width", margin=(5, 10))
         self.policy = pn.pane.Markdown("", css_classes=["rv-precision"])
         self.inputs = pn.widgets.FileInput(accept=".npz", name="Your inputs (.npz)", css_classes=["rv-inputs"])
         self.inputs.param.watch(lambda e: s.set_user_inputs(e.new, self.inputs.filename or "inputs.npz"), "value")
@@ -509,8 +516,9 @@ class TimingView(Viewer):
                                           stylesheets=[TIMING_HEADER_CSS],
                                           formatters={"max_err": error_formatter()})
         self.chart = pn.pane.Bokeh(None, sizing_mode="stretch_width", height=340, css_classes=["rv-timing-chart"])
+        self.split = pn.pane.Markdown("", css_classes=["rv-fusion-kernels"], sizing_mode="stretch_width")
         self.stale = StaleMark(s, "timing", self.chart, self.table)
-        s.param.watch(self._update, ["timings", "blas", "timing_policy"])
+        s.param.watch(self._update, ["timings", "blas", "timing_policy", "timing_split"])
         s.param.watch(lambda e: self.button.param.update(disabled=e.new), "busy")
         s.param.watch(lambda e: self.again.param.update(disabled=e.new), "busy")
         self._update()
@@ -522,23 +530,79 @@ class TimingView(Viewer):
 
     def _update(self, *events: param.parameterized.Event) -> None:
         s = self.state
-        self.blas.object = (f"**Measured in:** {md_escape(s.blas)}. Bars: median over the rounds; whiskers: the "
-                            "interquartile range (p25 to p75). Speed-up: the median of the per-round ratios (round "
-                            "*r* of every version ran back to back), with its 95% bootstrap interval (*ci*). *Within "
-                            "noise*: that interval holds 1 (or lies within 1 ± 1%), so these rounds do not tell the "
-                            f"two versions apart; time again with more rounds ({MIN_VERDICT_ROUNDS} at least for a "
-                            "verdict)."
+        self.blas.object = (f"**Measured in:** {md_escape(s.blas)}. Left: the median ms over the rounds (whiskers: "
+                            "p25 to p75). Middle: the speed-up over the input, the median of the per-round ratios "
+                            "(round *r* of every version ran back to back), with its 95% bootstrap interval (*ci*); "
+                            "each bar is labelled with its own number. *Within noise*: that interval holds 1 (or lies "
+                            "within 1 ± 1%), so these rounds do not tell the two versions apart; time again with more "
+                            f"rounds ({MIN_VERDICT_ROUNDS} at least for a verdict)."
                             if s.blas else "")
         self.policy.object = md_escape(s.timing_policy)
         rows = s.timings
+        text, kind = machine_verdict(rows)
+        self.machine.param.update(object=text, alert_type=kind, visible=bool(text))
         self.table.value = pd.DataFrame(rows)
         self.chart.object = timing_figure(rows) if rows else None
+        self.split.object = fusion_kernels_markdown(s.timing_split) if rows else ""
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(pn.Row(self.button, self.again, self.repeat, self.device, self.inputs), self.stale.banner,
-                         self.blas,
-                         self.policy, self.chart, self.table,
+                         self.machine, self.blas,
+                         self.policy, self.chart, self.split, self.table,
                          sizing_mode="stretch_width")
+
+
+def machine_verdict(rows: list[dict[str, Any]]) -> tuple[str, str]:
+    """The timing run's verdict on the machine, shown before any ratio: `(markdown, alert kind)`.
+
+    Busy (`rows[i]["busy"]`, `session.busy_warning`: a version's median above `BUSY_RATIO` times its minimum): the
+    warning and that no ratio below is a verdict ("danger"). Otherwise the run is usable ("success"). No rows: ("",
+    "light")."""
+    if not rows:
+        return "", "light"
+    busy = next((r["busy"] for r in rows if r.get("busy")), "")
+    if busy:
+        return (f"**Busy machine: {md_escape(busy)}.** The ratios below are not verdicts: this run cannot tell the "
+                "versions apart. Press *Time again* when the machine is quieter.", "danger")
+    return (f"**Quiet enough:** every version's median is within {BUSY_RATIO:g}× its minimum, so the verdicts below "
+            "can be read.", "success")
+
+
+def fusion_kernels_markdown(split: Any) -> str:
+    """The final version on MLX's own lowering next to rlxviz's kernels (`session.FusionAndKernels`), as Markdown:
+    a table of the three rows (ops, median ms, the paired speed-up over the row above with its 95% interval and its
+    verdict) and one sentence splitting the final version's speed-up into the fusion's and the kernels'. A busy run
+    says so first and gives no verdict. None (timed on the GPU): why there is nothing to split; a str: why the
+    split's run failed."""
+    if split is None:
+        return ("#### Fusion or kernels?\nrlxviz's own kernels run on the CPU only: on the GPU every version runs "
+                "MLX's own lowering, so the speed-ups above are the fusion's alone.")
+    if isinstance(split, str):  # the split's run failed; the versions above were timed
+        return f"#### Fusion or kernels?\nNot measured: {md_escape(hide_server_paths(split))}"
+    from ..session.timing import NOT_READ
+
+    busy = split.warning
+    steps = [None, ("fusion", split.fusion), ("kernels", split.kernels)]
+    lines = ["#### Fusion or kernels? The final version on MLX's own lowering and on rlxviz's kernels",
+             f"Timed together on the CPU in {split.fusion.rounds} paired rounds, after the versions above, with a "
+             "machine check of its own: " + (f"**busy machine: {md_escape(busy)}.** No verdict below." if busy else
+                                             f"quiet enough (every median within {BUSY_RATIO:g}× its minimum).")]
+    lines += ["", "| run | ops | median ms | speed-up over the row above (95% ci) | verdict |",
+              "|---|---:|---:|---|---|"]
+    for r, step in zip(split.rows, steps, strict=True):
+        if step is None:
+            lines.append(f"| {md_escape(r.label)} | {r.nodes} | {r.median_ms:.2f} | | |")
+            continue
+        what, v = step
+        words = NOT_READ if busy else v.words
+        lines.append(f"| {md_escape(r.label)} | {r.nodes} | {r.median_ms:.2f} | {what}: {v.ratio:.2f}× "
+                     f"({v.low:.2f}–{v.high:.2f}) | {words} |")
+    f, k, t = split.fusion, split.kernels, split.total
+    lines += ["", (f"Of the final version's {t.ratio:.2f}× over the input (paired, both rows above), the fusion on "
+                   f"MLX's own lowering gives {f.ratio:.2f}× and rlxviz's kernels on the same fused graph "
+                   f"{k.ratio:.2f}×" + (" (not read: a busy machine)." if busy else ".")),
+              "", f"*{md_escape(hide_server_paths(split.kernels_note))}*" if split.kernels_note else ""]
+    return "\n".join(lines)
 
 
 def error_formatter() -> Any:
@@ -551,7 +615,7 @@ def error_formatter() -> Any:
 
 
 LABEL_ROOM = 1.6
-"""The timing chart's x axis ends at the largest whisker end times this: room for its speed-up label (up to
+"""The timing charts' x axes end at the largest whisker end times this: room for a bar's label after it (up to
 "0.88× (0.80–0.95)" or "0.88× within noise", about 120 px)."""
 
 
@@ -562,8 +626,11 @@ def timing_factor(row: dict[str, Any]) -> str:
 
 
 def speedup_label(row: dict[str, Any]) -> str:
-    """The bar's label: the paired speed-up over the input, and "within noise" when its 95% interval holds 1, else
-    the interval (`1.25× (1.18–1.31)`); the input's own bar reads `1.00×`."""
+    """The speed-up bar's label: the bar's own number (the paired speed-up over the input, `N.NN×`), then "within
+    noise" when its 95% interval holds 1, else the interval (`1.25× (1.18–1.31)`); on a run flagged busy
+    (`row["busy"]`) "not read" instead of either; the input's own bar reads `1.00×`."""
+    if row.get("busy") and row.get("vs_input"):
+        return f"{row['speedup']:.2f}× not read (busy)"
     if row.get("vs_input") == "within noise":
         return f"{row['speedup']:.2f}× within noise"
     lo, hi = row.get("ci_low"), row.get("ci_high")
@@ -572,37 +639,68 @@ def speedup_label(row: dict[str, Any]) -> str:
     return f"{row['speedup']:.2f}×"
 
 
+def ms_label(row: dict[str, Any]) -> str:
+    """The median bar's label: the bar's own number, `N.NN ms` (the median over the rounds)."""
+    return f"{row['median_ms']:.2f} ms"
+
+
 def timing_figure(rows: list[dict[str, Any]]) -> Any:
-    """Bokeh figure: median ms per version (bars, speed-up labels, whiskers from p25 to p75 of the rounds) and
-    max error (second plot)."""
+    """Three plots on one y axis (one row per version), each bar labelled with its own number:
+
+    * median ms per version (bars; whiskers p25 to p75 of the rounds; label `N.NN ms`);
+    * the speed-up over the input (bars: the median of the paired per-round ratios, `session.paired_verdict`;
+      whiskers: its 95% bootstrap interval; label `speedup_label`, that same number), a rule at 1;
+    * max |error| vs NumPy (log axis).
+
+    A bar and its label are one statistic: a median ms bar longer than the input's may sit next to a speed-up
+    above 1 (the medians and the per-round ratios are different statistics), but never inside one plot."""
     from bokeh.layouts import row
-    from bokeh.models import ColumnDataSource, LabelSet, Range1d, Whisker
+    from bokeh.models import ColumnDataSource, LabelSet, Range1d, Span, Whisker
     from bokeh.plotting import figure
 
     labels = [timing_factor(r) for r in rows]
     low = [r.get("p25_ms", r["median_ms"] - r.get("iqr_ms", 0.0) / 2) for r in rows]
     high = [r.get("p75_ms", r["median_ms"] + r.get("iqr_ms", 0.0) / 2) for r in rows]
+    speed = [r.get("speedup", float("nan")) for r in rows]
+    s_low = [r.get("ci_low", x) for r, x in zip(rows, speed, strict=True)]
+    s_high = [r.get("ci_high", x) for r, x in zip(rows, speed, strict=True)]
     src = ColumnDataSource({"version": labels, "ms": [r["median_ms"] for r in rows], "low": low, "high": high,
+                            "ms_label": [ms_label(r) for r in rows],
+                            "x": speed, "x_low": s_low, "x_high": s_high,
                             "speedup": [speedup_label(r) for r in rows],
                             "err": [max(r["max_err"], 1e-12) for r in rows]})
-    p = figure(y_range=labels[::-1], height=320, sizing_mode="stretch_width", min_width=380,
+    p = figure(y_range=labels[::-1], height=320, sizing_mode="stretch_width", min_width=300,
                title="median ms per version (MLX)", toolbar_location=None, x_axis_label="ms; whisker: p25 to p75")
     p.title.align = "left"
     p.hbar(y="version", right="ms", height=0.7, source=src, color="#1565c0")
     p.add_layout(Whisker(base="version", lower="low", upper="high", dimension="width", source=src,
                          line_color="#333"))
-    p.add_layout(LabelSet(x="high", y="version", text="speedup", source=src, x_offset=6, y_offset=-7,
+    p.add_layout(LabelSet(x="high", y="version", text="ms_label", source=src, x_offset=6, y_offset=-7,
                           text_font_size="11px"))
     # Bokeh's automatic range covers the bars only (not annotations): set it so every whisker end and the
-    # speed-up label after it show.
+    # label after it show.
     p.x_range = Range1d(start=min(0.0, *low), end=max(1e-6, *high) * LABEL_ROOM)
+    busy = any(r.get("busy") for r in rows)
+    sp = figure(y_range=p.y_range, height=320, sizing_mode="stretch_width", min_width=300, toolbar_location=None,
+                title="speed-up over the input" + (" — busy machine: not read" if busy else ""),
+                x_axis_label="× (median of paired per-round ratios); whisker: 95% interval")
+    sp.title.align = "left"
+    sp.hbar(y="version", right="x", height=0.7, source=src, color="#9e9e9e" if busy else "#2e7d32")
+    sp.add_layout(Whisker(base="version", lower="x_low", upper="x_high", dimension="width", source=src,
+                          line_color="#333"))
+    sp.add_layout(Span(location=1.0, dimension="height", line_color="#c62828", line_dash="dashed"))
+    sp.add_layout(LabelSet(x="x_high", y="version", text="speedup", source=src, x_offset=6, y_offset=-7,
+                           text_font_size="11px"))
+    ends = [v for v in (*s_high, *speed) if v == v]
+    sp.x_range = Range1d(start=0.0, end=max(1.0, *ends) * (LABEL_ROOM + 0.3))
+    sp.yaxis.visible = False
     hi = max(1e-2, 10 * max(r["max_err"] for r in rows))
     q = figure(y_range=p.y_range, height=320, width=240, x_axis_type="log", x_range=(1e-9, hi),
                title="max |error| vs NumPy", toolbar_location=None)
     q.xaxis.ticker.desired_num_ticks = 4
     q.scatter(x="err", y="version", source=src, size=9, color="#c62828")
     q.yaxis.visible = False
-    return row(p, q, sizing_mode="stretch_width")
+    return row(p, sp, q, sizing_mode="stretch_width")
 
 
 class IRView(Viewer):

@@ -6,6 +6,7 @@ upload's files, timing every version in the timing process, the per-node overlay
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import tempfile
 import weakref
@@ -33,6 +34,7 @@ from .wording import (
     SHAPE_VARIANT,
     VARIANT_LABELS,
     explain_error,
+    hide_server_paths,
     scrub_paths,
     timing_hint,
     upload_model_name,
@@ -50,7 +52,7 @@ pipeline is a new key and a new run). A new session whose settings were already 
 second round trip. The model is held weakly: its weights stay alive only while `session.MODELS` or a session
 holds them, so this table adds no memory beyond the model cache's."""
 
-NO_TIMING: dict[str, Any] = {"timings": [], "timing_policy": "", "blas": ""}
+NO_TIMING: dict[str, Any] = {"timings": [], "timing_policy": "", "blas": "", "timing_split": None}
 """A new model or run shows no timing (rows, policy and input sets, where it ran) until it is timed."""
 
 TIMING_RUNS = session.cache.LRUCache(maxsize=16)
@@ -71,8 +73,19 @@ def import_check(model: Model) -> tuple[str, bool]:
     return check_isolated(model)
 
 
+VARIANT_LAYER_RANGE = re.compile(r"variant layer (\d+) out of range 0\.\.(\d+)")
+"""A model builder's refusal of a variant layer past its layers (`models.bert.build_bert`): (asked, last layer)."""
+
+
 class Runs:
     """The jobs of `AppState` and the status they show."""
+
+    _layer_clamped: int | None = None
+    """The last layer a load used instead of a "Layer to break" past the model's layers (None: as asked)."""
+    layer_note = ""
+    """Why "Layer to break" moved to the model's last layer (said with the variant's notice), or ""."""
+    _quiet_layer = False
+    """Set while `_bound_variant_layer` moves the layer to what was loaded: no reload for it."""
 
     def _load_model(self) -> Model:
         limits = Limits.resolve()
@@ -91,9 +104,17 @@ class Runs:
             if (onnx_file := Path(where) / ONNX_UPLOAD_NAME).is_file():
                 where = str(onnx_file)
         # a file a user brings loads in a child process killed past its wall time (`session.isolated`)
-        model = session.load_isolated(where, self.batch, self.effective_seq,
-                                      None if self.style == "default" else self.style, self.variant,
-                                      self.variant_layer, limits, self.threshold, roots)
+        shape = (where, self.batch, self.effective_seq, None if self.style == "default" else self.style, self.variant)
+        try:
+            model = session.load_isolated(*shape, self.variant_layer, limits, self.threshold, roots)
+        except SessionError as e:
+            # "Layer to break" past the new model's layers (layer 5 of minilm, then bert-tiny): its last layer
+            # instead of a failed load; `_bound_variant_layer` moves the control there and says so
+            past = VARIANT_LAYER_RANGE.search(str(e))
+            if past is None or int(past.group(1)) != self.variant_layer:
+                raise
+            self._layer_clamped = int(past.group(2))
+            model = session.load_isolated(*shape, self._layer_clamped, limits, self.threshold, roots)
         if self.source == "upload":  # named after the user's file, as `rlxviz explain falcon.onnx` names it
             model.name = upload_model_name(self._upload_names, model.name)
         return model
@@ -132,7 +153,10 @@ class Runs:
         try:
             key = self.model_key()
             pipeline_key = self.pipeline_key()
+            self._layer_clamped = None
             model = self._load_model() if key != self._model_key or self.model is None else self.model
+            if self._layer_clamped is not None and key and key[-1] == self.variant_layer:
+                key = (*key[:-1], self._layer_clamped)  # what was loaded: the state's layer moves there on show
             if gen != self._generation:
                 return
             checked = None
@@ -237,12 +261,23 @@ class Runs:
             self.param.update(message="", message_kind="info")
 
     def _bound_variant_layer(self, model: Model) -> None:
-        """"Layer to break" takes only the layers `model` has (0..N-1); a value already past them is left for the
-        load to refuse in words."""
+        """"Layer to break" takes only the layers `model` has (0..N-1): a value past them (left from a larger model)
+        becomes the last layer, without a reload (the load already used it, `_load_model`), and the message says so
+        (`layer_note`)."""
         n = len(session.model_layers(model.graph))
         hi = max(n - 1, 0)
-        if self.variant_layer <= hi:
-            self.param.variant_layer.bounds = (0, hi)
+        old = self.variant_layer
+        if old > hi:
+            self._quiet_layer = True  # the model shown was built for `hi` (or takes no layer): nothing to reload
+            try:
+                self.variant_layer = hi
+            finally:
+                self._quiet_layer = False
+            if self._model_key and self._model_key[-1] == old:
+                self._model_key = (*self._model_key[:-1], hi)
+            self.layer_note = (f"Layer to break: {model.name} has layers 0..{hi}, so layer {old} became {hi}."
+                               if self.variant not in ("none", SHAPE_VARIANT) else "")
+        self.param.variant_layer.bounds = (0, hi)
 
     def _same_version(self, trace: Trace, labels: list[tuple[int, str]]) -> int:
         """Keep the selected version's pass when re-running (else the nearest earlier one)."""
@@ -288,6 +323,8 @@ class Runs:
             where = "" if layer is None else f" in layer {layer}"
             text = f"Teaching variant '{label}':{shape} no pass rejected anything{where}."
         text = text.replace(f"Teaching variant '{label}':", f"Teaching variant '{label}' ({self._variant_meant()}):", 1)
+        if self.layer_note:  # the layer asked for was past the model's: say which one the variant changed
+            text, self.layer_note = f"{self.layer_note} {text}", ""
         self._variant_notice = text
         self.param.update(message=text, message_kind="info")
 
@@ -394,9 +431,11 @@ class Runs:
             self._timed = (trace, run.rows)
             page(lambda: self.trace is trace and self.param.update(  # not over a newer run's tab
                 timing_policy=(policy.describe() + "\n\n" if policy else "") + sets.describe(),
-                blas=(f"{where if where is not None else 'MLX'}; {self.repeat} interleaved round(s) per version, "
-                      f"in a worker process (pid {run.pid}), as `rlxviz time --repeat {self.repeat}`"),
-                timings=self._timing_rows(run.rows, self._visible(trace))))
+                # the BLAS library by its file name, not its path on the server (issue 39)
+                blas=hide_server_paths(f"{where if where is not None else 'MLX'}; {self.repeat} interleaved round(s) "
+                                       f"per version, in a worker process (pid {run.pid}), as `rlxviz time --repeat "
+                                       f"{self.repeat}`"),
+                timings=self._timing_rows(run.rows, self._visible(trace)), timing_split=run.split))
         except Exception as e:  # noqa: BLE001
             text = f"Timing failed: {type(e).__name__}: {e}\n{timing_hint(e)}"
             page(lambda: self._error(text))

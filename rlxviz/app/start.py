@@ -85,6 +85,7 @@ class StartHere(Viewer):
                             sizing_mode="stretch_width", css_classes=["rv-start"],
                             styles={"background": "#e3f2fd", "border-radius": "6px"})
         self.dismissed = False
+        self.folded = False  # `fold`: the title and the drop zone hidden once a step is used
         self.hide.on_click(lambda e: self.dismiss())
         s.param.watch(self._enable, ["model", "source", "preset"])
         s.param.watch(self._follow, ["version", "trace", "hide_unchanged"])
@@ -143,8 +144,19 @@ class StartHere(Viewer):
                    (": left, the graph before this pass (what it matched framed in green); right, after it.", False)],
                   "step")
 
+    def fold(self) -> None:
+        """Once a step is used, the strip folds to its buttons and line (one 34 px row): the title and the drop zone
+        (the sidebar's Upload does the same) give their height to the graph. Idempotent."""
+        if self.folded:
+            return
+        self.folded = True
+        self.title.visible = False
+        if self.dropper is not None:
+            self.dropper.visible = False
+
     def next_version(self) -> None:
         """Show the next version (after the last: the input again)."""
+        self.fold()
         s = self.state
         n = len(s.version_labels)
         if n:
@@ -154,6 +166,7 @@ class StartHere(Viewer):
 
     def break_layer(self) -> None:
         """Apply `BREAK_VARIANT` to `BREAK_LAYER` (or layer 0) and re-run; the banner names the guard it trips."""
+        self.fold()
         s = self.state
         reason = s.variant_unavailable(BREAK_VARIANT)
         if reason:
@@ -171,6 +184,7 @@ class StartHere(Viewer):
 
     def ask_why(self) -> None:
         """Open the Why tab on the broken layer (or the selected one, or the first)."""
+        self.fold()
         s = self.state
         layers = s.layers()
         if s.selected_layer is None and layers:

@@ -100,6 +100,9 @@ class AppState(Runs, Derived, param.Parameterized):
     blas = param.String("", doc="Which BLAS MLX uses.")
     user_inputs = param.Parameter(None, doc="The user's input arrays (`runtime.battery.InputSet`) or None.")
     timing_policy = param.String("", doc="The precision policy and the input sets of the last timing run.")
+    timing_split = param.Parameter(None, doc="`session.FusionAndKernels` of the last timing run (the final version on "
+                                             "MLX's own lowering beside rlxviz's kernels), None on the GPU or before "
+                                             "a run, or why its run failed (a str).")
     node_figures = param.Parameter(None, doc="`session.overlays.NodeFigures` of the shown version for `overlay` "
                                              "(None: none chosen, or not measured yet).")
     overlay_status = param.String("", doc="Where the overlay's measurement stands: 'measuring…', why it is "
@@ -286,6 +289,8 @@ class AppState(Runs, Derived, param.Parameterized):
     @param.depends("source", "preset", "checkpoint_dir", "ir_text", "style", "batch", "seq", "variant",
                    "variant_layer", "passes", "disabled", "threshold", "upload_id", watch=True)
     def _reload(self) -> None:
+        if self._quiet_layer:
+            return  # "Layer to break" moved to the layer the shown model was built for (`_bound_variant_layer`)
         if self._sync_shape_seq():
             return  # the seq change reloads
         if self.autorun:

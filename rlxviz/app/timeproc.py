@@ -38,21 +38,34 @@ class WorkerTiming:
     Attributes:
         rows: `session.VersionTiming` per version of the trace (`trace.versions()` order).
         pid: the child process's id (not the server's: the timing ran outside the server's GIL).
+        split: on the CPU, `session.FusionAndKernels` (the input and the final version on MLX's own lowering and
+            the final version on rlxviz's kernels, timed together after the versions), or why it failed (a str:
+            the versions' rows stand); None on the GPU, where rlxviz's kernels do not run.
     """
 
     rows: list[Any]
     pid: int
+    split: Any = None
 
 
 def _time(trace: Any, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray], warmup: int, repeat: int,
           device: str | None, inputs: Any) -> WorkerTiming:
-    """(In the child) `session.time_versions`, measuring anew."""
-    from ..session import timing
+    """(In the child) `session.time_versions`, measuring anew; on the CPU then `session.fusion_and_kernels` (the
+    fusion's share of the speed-up apart from rlxviz's kernels') with the same rounds."""
+    from ..session import lowerings, timing
 
     timing.TIMINGS.clear()
     extra = {} if inputs is None else {"inputs": inputs}
     rows = timing.time_versions(trace, feeds, weights, warmup=warmup, repeat=repeat, device=device, **extra)
-    return WorkerTiming(rows, os.getpid())
+    where = next((r.context.device for r in rows if r.context is not None), None)
+    split: Any = None
+    if where == "cpu":
+        try:
+            split = lowerings.fusion_and_kernels(trace.input, trace.final, feeds, weights, warmup=warmup,
+                                                 repeat=repeat)
+        except Exception as e:  # noqa: BLE001 - the versions' timing stands; the split says why it is missing
+            split = f"{type(e).__name__}: {e}"
+    return WorkerTiming(rows, os.getpid(), split)
 
 
 TIMING_SECONDS_ENV = "RLXVIZ_TIMING_SECONDS"

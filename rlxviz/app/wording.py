@@ -36,6 +36,17 @@ def scrub_paths(text: str, upload_dir: str, temp_dir: str, names: dict[str, str]
     return text
 
 
+SERVER_PATH = re.compile(r"(?<![\w.~/])(?:/[^\s/()\[\]'\",;:]+)+/([^\s/()\[\]'\",;:]+)")
+"""An absolute POSIX path of two or more parts (`/srv/app/.venv/lib/.../libopenblas.so.0`); group 1 its file name."""
+
+
+def hide_server_paths(text: str) -> str:
+    """`text` with every absolute path cut to its file name: a timing header named the BLAS library by its full path
+    on the server (`/srv/app/.venv/lib/python3.11/site-packages/.../libopenblas.so.0`), which tells a visitor
+    where the server is installed and under which account; `libopenblas.so.0` says what was used."""
+    return SERVER_PATH.sub(r"\1", text)
+
+
 def version_name(number: int, label: str) -> str:
     """A version as every view numbers it: `N: label`, N its place in the whole trace (0 the input, N after the
     N-th pass), as `rlxviz time` and the timing table count. One numbering: the version list counted only the shown
@@ -105,4 +116,4 @@ def md_lines(text: str) -> str:
     return "  \n".join(md_escape(line).replace("  ", "&nbsp;&nbsp;") for line in text.splitlines())
 
 
-__all__ = ["explain_error", "md_lines", "scrub_paths", "timing_hint"]
+__all__ = ["explain_error", "hide_server_paths", "md_lines", "scrub_paths", "timing_hint"]

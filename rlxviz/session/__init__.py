@@ -39,7 +39,7 @@ from .loading import (
     shape_summary,
     unknown_model,
 )
-from .lowerings import Lowering, time_lowerings
+from .lowerings import FusionAndKernels, Lowering, fusion_and_kernels, time_lowerings
 from .numerics import AddmmRounding, addmm_rounding, fast_erf_error
 from .pipeline import build_pipeline, format_passes, pass_catalog, run_pipeline, version_index
 from .program import (
@@ -124,4 +124,5 @@ __all__ = ["ModelText", "shown",
            "short_primitive", "version_primitives", "KernelBytes", "ProgramBytes", "sdpa_fused", "ERF_FLOPS",
            "attainable_ms", "bound",
            "PairedVerdict", "busy_warning", "compare_versions", "paired_verdict", "timing_table",
-           "Lowering", "time_lowerings", "AddmmRounding", "addmm_rounding", "fast_erf_error"]
+           "FusionAndKernels", "Lowering", "fusion_and_kernels", "time_lowerings",
+           "AddmmRounding", "addmm_rounding", "fast_erf_error"]

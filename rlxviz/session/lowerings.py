@@ -28,16 +28,19 @@ class Lowering:
         label: the row's name in a timing table.
         options: `runtime.lowering.LoweringOptions` (None: the device's choice).
         compile_graph: wrap the whole graph in `mx.compile` (`runtime.executor.MlxExecutor`).
+        graph: the version this row runs (None: the graph `time_lowerings` is given); another version of the same
+            model (same inputs and outputs) pairs a version with a lowering in one run (`fusion_and_kernels`).
     """
 
     label: str
     options: Any = None
     compile_graph: bool = False
+    graph: Graph | None = None
 
 
 def time_lowerings(graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str, Any] | None,
                    lowerings: Sequence[Lowering], warmup: int = 1, repeat: int = 21,
-                   device: str = "cpu") -> tuple[list[VersionTiming], list[ProgramPrimitives]]:
+                   device: str = "cpu", programs: bool = True) -> tuple[list[VersionTiming], list[ProgramPrimitives]]:
     """Time `graph` under each lowering in interleaved rounds (round k calls every lowering once, the
     starting one rotating) and read each lowering's MLX program.
 
@@ -46,11 +49,12 @@ def time_lowerings(graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str,
         lowerings: at least one; the first is the baseline of `err_unfused` and `speedup`.
         warmup: untimed rounds (0..MAX_WARMUP). repeat: timed rounds (1..MAX_REPEAT; a verdict needs 21).
         device: `cpu` or `gpu`.
+        programs: read each lowering's MLX program (`ProgramPrimitives`); False: an empty list (faster).
 
     Returns:
-        `(rows, programs)`: one `VersionTiming` per lowering (`index` its position, `err_unfused` the largest
-        |output - the first lowering's output|, `samples_ms` in round order) and its `ProgramPrimitives`
-        (MLX's primitives of one call; `bytes` not read).
+        `(rows, programs)`: one `VersionTiming` per lowering (`index` its position, `nodes` its graph's ops,
+        `err_unfused` the largest |output - the first lowering's output|, `samples_ms` in round order) and its
+        `ProgramPrimitives` (MLX's primitives of one call; `bytes` not read).
 
     Raises:
         SessionError: `repeat` or `warmup` outside its bound; ValueError: no lowerings.
@@ -68,7 +72,7 @@ def time_lowerings(graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str,
     built = []
     for lw in lowerings:
         ex = MlxExecutor(lw.options, lw.compile_graph, device)
-        prog, args = ex.bind(graph, feeds, weights)
+        prog, args = ex.bind(lw.graph or graph, feeds, weights)
         mx.eval(args)
         t = time.perf_counter()
         outs = prog.fn(*args)
@@ -87,18 +91,76 @@ def time_lowerings(graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str,
             mx.eval(prog.fn(*args))
             samples[i].append(time.perf_counter() - t)
     base_out = built[0][4]
-    rows, programs = [], []
-    nodes = len(graph.compute_nodes())
+    rows, read = [], []
     base_median = None
     for i, (lw, (ex, _prog, _args, first, outs), s) in enumerate(zip(lowerings, built, samples, strict=True)):
+        g = lw.graph or graph
         t = summarize(s, first, timing_context(ex))
         base_median = base_median or t.median_ms
         err = max((float(np.abs(a - b).max()) for a, b in zip(outs, base_out, strict=True)), default=0.0)
-        rows.append(VersionTiming(i, lw.label, nodes, t.median_ms, t.min_ms, t.first_call_ms, iqr_ms=t.iqr_ms,
-                                  speedup=base_median / t.median_ms, context=t.context, err_unfused=err,
-                                  samples_ms=t.samples_ms))
-        programs.append(mlx_primitives(graph, feeds, weights, executor=ex, bytes=False))
-    return rows, programs
+        rows.append(VersionTiming(i, lw.label, len(g.compute_nodes()), t.median_ms, t.min_ms, t.first_call_ms,
+                                  iqr_ms=t.iqr_ms, speedup=base_median / t.median_ms, context=t.context,
+                                  err_unfused=err, samples_ms=t.samples_ms))
+        if programs:
+            read.append(mlx_primitives(g, feeds, weights, executor=ex, bytes=False))
+    return rows, read
 
 
-__all__ = ["Lowering", "time_lowerings"]
+@dataclass(frozen=True)
+class FusionAndKernels:
+    """Which part of a speed-up is the fusion and which rlxviz's CPU kernels: three rows timed in one paired run.
+
+    Attributes:
+        rows: `VersionTiming` of (0) the input graph on MLX's own lowering, (1) the final version on MLX's own
+            lowering (`LoweringOptions(kernels=False)`), (2) the final version on the device's default lowering
+            (on the CPU: rlxviz's own kernels for the fused ops, as `rlxviz time` runs it).
+        fusion: row 1 against row 0 (`paired_verdict`): what the rewrites buy on MLX's own lowering.
+        kernels: row 2 against row 1: what rlxviz's kernels buy on the same fused graph.
+        total: row 2 against row 0: both (what the timing table credits to the final version).
+        warning: `busy_warning` over the three rows ("" on a usable run): the verdicts are not to be read.
+        kernels_note: which of rlxviz's kernels ran (`runtime.timing.kernels_line`), or why none did.
+    """
+
+    rows: list[VersionTiming]
+    fusion: Any
+    kernels: Any
+    total: Any
+    warning: str
+    kernels_note: str
+
+
+FUSION_LABELS = ("input, MLX's own lowering", "final, MLX's own lowering", "final, rlxviz's CPU kernels (default)")
+"""The three rows of `fusion_and_kernels`, in order."""
+
+
+def fusion_and_kernels(input_graph: Graph, final: Graph, feeds: Mapping[str, Any], weights: Mapping[str, Any] | None,
+                       warmup: int = 1, repeat: int = 21) -> FusionAndKernels:
+    """Tell the fusion's speed-up from the kernels': the input and the final version on MLX's own lowering, and the
+    final version on rlxviz's CPU kernels, timed together on the CPU in paired rounds (`time_lowerings`), as
+    `benchmarks/bench_runtime.py --table` sets the final version without the kernels beside it.
+
+    Args:
+        input_graph / final: the unfused graph and the pipeline's final version (same inputs and outputs).
+        feeds / weights: inputs and params by name (NumPy or MLX arrays).
+        warmup / repeat: untimed and timed rounds (a verdict needs `MIN_VERDICT_ROUNDS`).
+
+    Returns:
+        `FusionAndKernels` (rows, three paired verdicts, the busy warning, which kernels ran).
+
+    Raises:
+        SessionError: rounds outside their bounds. KeyError / ValueError: as `MlxExecutor.bind`.
+    """
+    from ..runtime.lowering import LoweringOptions
+    from .timing import busy_warning, paired_verdict
+
+    own = LoweringOptions(kernels=False)
+    rows, _ = time_lowerings(final, feeds, weights, [Lowering(FUSION_LABELS[0], own, graph=input_graph),
+                                                     Lowering(FUSION_LABELS[1], own),
+                                                     Lowering(FUSION_LABELS[2])],
+                             warmup=warmup, repeat=repeat, device="cpu", programs=False)
+    note = rows[2].context.kernels if rows[2].context is not None else ""
+    return FusionAndKernels(rows, paired_verdict(rows[0], rows[1]), paired_verdict(rows[1], rows[2]),
+                            paired_verdict(rows[0], rows[2]), busy_warning(*rows), note)
+
+
+__all__ = ["FUSION_LABELS", "FusionAndKernels", "Lowering", "fusion_and_kernels", "time_lowerings"]

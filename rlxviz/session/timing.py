@@ -227,6 +227,9 @@ shared machine can be trusted to (it would read "1.00x slower")."""
 BUSY_RATIO = 2.0
 """A version whose median is more than this many times its minimum was timed on a busy machine."""
 
+NOT_READ = "busy: not read"
+"""What a comparison reads on a run `busy_warning` flags (`timing_table`): no "faster" or "slower" from it."""
+
 
 @dataclass(frozen=True)
 class PairedVerdict:
@@ -311,7 +314,9 @@ def timing_table(rows: Sequence[VersionTiming],
     per-round ratio over the input, `ci_low`/`ci_high` its 95% bootstrap interval and `ci` the same as text
     (`0.97..1.04`), `vs_input` / `vs_previous` the verdict's words against the input and against the shown version
     before ("within noise" when the interval holds 1). A version a pass left unchanged repeats the numbers of the
-    version it equals. Times in ms: median, min, IQR and its ends `p25_ms`/`p75_ms` over the rounds, first call.
+    version it equals. On a busy machine (`busy_warning` over every timed version, as the notebooks read it) no
+    verdict is given: both read `NOT_READ`, and every row's `busy` holds the warning ("" on a usable run).
+    Times in ms: median, min, IQR and its ends `p25_ms`/`p75_ms` over the rounds, first call.
 
     Args:
         rows: `time_versions`' rows, one per version of the trace.
@@ -320,11 +325,17 @@ def timing_table(rows: Sequence[VersionTiming],
     Returns:
         One dict per listed version: `#` (index into `rows`, unique where labels repeat), `version`, `ops`, the
         times, `max_err` (vs the float64 oracle), `speedup`, `ci`, `ci_low`, `ci_high`, `vs_input`,
-        `vs_previous`, `verdict`. A comparison that cannot be made (a version not timed) reads "-", its numbers NaN.
+        `vs_previous`, `verdict`, `busy`. A comparison that cannot be made (a version not timed) reads "-", its
+        numbers NaN.
     """
     visible = [(r.index, r.label) for r in rows] if visible is None else list(visible)
     timed = [rows[r.same_as] if r.same_as is not None else r for r in rows]
     nan = float("nan")
+    # one verdict on the machine for the whole run, as the notebooks print it: every timed version, shown or not
+    busy = busy_warning(*(r for r in rows if r.same_as is None and r.median_ms is not None))
+
+    def words(v: PairedVerdict | None) -> str:
+        return "-" if v is None else (NOT_READ if busy else v.words)
 
     def verdict(base: VersionTiming, row: VersionTiming) -> PairedVerdict | None:
         try:
@@ -349,9 +360,9 @@ def timing_table(rows: Sequence[VersionTiming],
                     "speedup": 1.0 if not n else (round(vi.ratio, 2) if vi is not None else nan),
                     "ci": f"{ci[0]:.2f}..{ci[1]:.2f}" if n and vi is not None else ("" if not n else "-"),
                     "ci_low": round(ci[0], 3), "ci_high": round(ci[1], 3),
-                    "vs_input": (vi.words if vi is not None else "-") if n else "",
-                    "vs_previous": (vp.words if vp is not None else "-") if prev is not None else "",
-                    "verdict": r.verdict})
+                    "vs_input": words(vi) if n else "",
+                    "vs_previous": words(vp) if prev is not None else "",
+                    "verdict": r.verdict, "busy": busy})
     return out
 
 
@@ -361,7 +372,8 @@ def compare_versions(rows: Sequence[VersionTiming]) -> list[tuple[VersionTiming,
     return [(p, r, paired_verdict(p, r)) for p, r in zip(timed[:-1], timed[1:], strict=True)]
 
 
-__all__ = ["BUSY_RATIO", "MIN_VERDICT_ROUNDS", "PRACTICAL", "TIMINGS", "PairedVerdict", "Progress", "VersionTiming",
+__all__ = ["BUSY_RATIO", "MIN_VERDICT_ROUNDS", "NOT_READ", "PRACTICAL", "TIMINGS", "PairedVerdict", "Progress",
+           "VersionTiming",
            "all_finite",
            "arrays_digest", "busy_warning", "compare_to_input", "compare_versions", "format_timings", "input_sets",
            "paired_verdict",
