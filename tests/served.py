@@ -162,7 +162,7 @@ def choose_version(pg: Page, label: str) -> None:
 
 def child_cpu_seconds() -> dict[str, float]:
     """User+system CPU seconds so far of this process's children, by kind: the app server (`panel serve`), its
-    timing worker (a `multiprocessing` child of the server) and the browser (chromium). For the benchmarks."""
+    children (`session.isolated`: loads, timing and overlay jobs) and the browser (chromium). For the benchmarks."""
     import psutil
 
     out = {"server": 0.0, "timing worker": 0.0, "browser": 0.0}
@@ -171,7 +171,7 @@ def child_cpu_seconds() -> dict[str, float]:
             cmd, t = " ".join(p.cmdline()), p.cpu_times()
         except psutil.Error:
             continue
-        kind = ("timing worker" if "multiprocessing" in cmd else "server" if "panel" in cmd and "serve" in cmd
+        kind = ("timing worker" if "isolated.serve" in cmd else "server" if "panel" in cmd and "serve" in cmd
                 else "browser" if "chrom" in cmd else None)
         if kind:
             out[kind] += t.user + t.system
