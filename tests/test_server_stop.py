@@ -111,3 +111,56 @@ def test_a_spare_started_from_a_short_lived_thread_stays_alive():
         assert spare is not None and spare[1].poll() is None, "the spare died with the thread that asked for it"
     finally:
         isolated.shutdown()
+
+
+def test_sigterm_stops_a_served_app_with_its_children_and_uploads(tmp_path):
+    """The real server (`panel serve app.py`, a page open, its Timing job running in a child): SIGTERM ends it
+    within 5 s, its child processes and its upload folders with it."""
+    import tempfile
+    import urllib.request
+
+    import psutil
+    from served import ROOT as APP_ROOT
+    from served import chromium, free_port, open_tab
+
+    port = free_port()
+    panel = Path(sys.executable).parent / "panel"
+    proc = subprocess.Popen([str(panel), "serve", "app.py", "--address", "127.0.0.1", "--port", str(port),
+                             f"--allow-websocket-origin=127.0.0.1:{port}", "--num-procs", "1"],
+                            cwd=APP_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while True:  # up when its static files are served
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/static/extensions/panel/css/alerts.css", timeout=1)
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() - t0 < 120, "panel serve did not start"
+                time.sleep(0.2)
+        with chromium() as b:
+            pg = b.new_page()
+            pg.goto(f"http://127.0.0.1:{port}/app", timeout=180_000)
+            pg.locator(".rv-after g.node").first.wait_for(timeout=180_000)  # a session built the app
+            open_tab(pg, "Timing")
+            pg.locator(".rv-time button").click()  # the timing job runs in a child of the server
+            t0 = time.monotonic()
+            while True:
+                children = psutil.Process(proc.pid).children(recursive=True)
+                if any("isolated.serve" in " ".join(c.cmdline()) for c in children):
+                    break
+                assert time.monotonic() - t0 < 120, "no child to end"
+                time.sleep(0.2)
+            upload = Path(tempfile.mkdtemp(prefix=f"{sources.UPLOAD_PREFIX}{proc.pid}-"))  # a load reading it
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(10) == 128 + signal.SIGTERM and time.monotonic() - t0 < 5
+        deadline = time.monotonic() + 5
+        while any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children) and \
+                time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [c.pid for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+        assert not upload.exists()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
