@@ -651,10 +651,24 @@ def scale_origin(steps: Sequence[Any], r: Rejection) -> str:
             how = f"/ {v:.6g} (factor {f:.6g})" if node.op == Op.DIV else f"* {f:.6g}"
             where = f"node {node.id}" + (f", {node.path}" if node.path else "")
             parts.append(f"{_ROLE_NAMES[op_role]} {node.op.value} ({where}) {how}")
-        if not parts:
-            return "; the scores are not scaled (scale 1.0): scale them by 1/sqrt(head_dim)"
         packed = step.after.get(m.fused) if m.fused is not None else None
         d = packed.attrs.get("head_dim") if packed is not None else None
+        upstream = [(side, n, f) for side, n, f in (_upstream_scales(step.after, packed) if d else [])
+                    if any(math.isclose(f, d ** e, rel_tol=1e-3) for e in (-0.5, -0.25))]
+        earlier = ""
+        if upstream:  # e.g. ESM: Q scaled before its RoPE; the rotation sits between, so fuse_sdpa folds nothing
+            found = ", ".join(f"{side} {n.op.value} (node {n.id}{', ' + n.path if n.path else ''}) * {f:.6g}"
+                              for side, n, f in upstream)
+            total = product * math.prod(f for _, _, f in upstream)
+            default = 1.0 / math.sqrt(d)
+            verdict = (f"with them the scores are scaled by 1/sqrt({d}) in all, so scaling them again would apply it "
+                       "twice; no model change is needed, the block needs a scale attribute"
+                       if math.isclose(total, default, rel_tol=1e-3) else
+                       f"with them the scores are scaled by {total:.6g} in all, not 1/sqrt({d}) = {default:.6g}")
+            earlier = (f"; the scores are scaled earlier on the operands' path: {found}, where fuse_sdpa cannot fold "
+                       f"it (a rotation or another op sits between): {verdict}")
+        if not parts:
+            return earlier or "; the scores are not scaled (scale 1.0): scale them by 1/sqrt(head_dim)"
         out = f"; fuse_sdpa folded it from {', '.join(parts)}"
         if len(parts) > 1:
             out += f": product {product:.6g}"
@@ -665,10 +679,42 @@ def scale_origin(steps: Sequence[Any], r: Rejection) -> str:
                         f"the pre-scale or the scores' scale)")
             elif math.isclose(product, default, rel_tol=1e-6):
                 pass
-            else:
+            elif not earlier:
                 out += f", not 1/sqrt({d}) = {default:.6g}"
-        return out
+        return out + earlier
     return ""
+
+
+_SCALE_WALK_OPS = frozenset({Op.TRANSPOSE, Op.RESHAPE, Op.EXPAND, Op.CAST, Op.NARROW, Op.CONCAT, Op.NEG, Op.ADD,
+                             Op.SUB, Op.MUL, Op.DIV, Op.ROPE})
+"""Ops the scale search walks up through from an attention's Q/K operand: layout moves and the arithmetic a RoPE is
+written with (`q * cos + rotate_half(q) * sin`); it stops at anything else (a projection's matmul, a norm)."""
+
+
+def _upstream_scales(g: Graph, attn: Node, depth: int = 24) -> list[tuple[str, Node, float]]:
+    """Scalar constant scales (`x * c`, `c * x`, `x / c`) on the paths of `attn`'s Q and K operands up to the
+    first op outside `_SCALE_WALK_OPS` (at most `depth` nodes a side): `[(side, node, factor)]`. What a scale
+    advice must look for before it says the scores are not scaled (ESM scales Q before its RoPE); the caller keeps
+    the factors of an attention scale (1/sqrt(head_dim), or its square root on each side), not a dequantization's."""
+    out: list[tuple[str, Node, float]] = []
+    for side, start in (("Q", attn.inputs[0]), ("K", attn.inputs[1] if len(attn.inputs) > 1 else None)):
+        seen: set[int] = set()
+        todo = [start] if start is not None else []
+        while todo and len(seen) < depth:
+            i = todo.pop()
+            if i in seen or i not in g:
+                continue
+            seen.add(i)
+            n = g[i]
+            if n.op not in _SCALE_WALK_OPS:
+                continue
+            consts = [j for j in n.inputs if is_const(g[j]) and g[j].shape in ((), (1,))]
+            if n.op in (Op.MUL, Op.DIV) and len(n.inputs) == 2 and len(consts) == 1:
+                v = typed_value(g[consts[0]])
+                if v not in (None, 0.0) and not (n.op == Op.DIV and consts[0] == n.inputs[0]):
+                    out.append((side, n, 1.0 / v if n.op == Op.DIV else v))
+            todo += [j for j in n.inputs if not is_const(g[j])]
+    return out
 
 
 def _explain_split(c: Ctx) -> str:
