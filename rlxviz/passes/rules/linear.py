@@ -3,9 +3,11 @@
 `fuse_matmul_bias_act` (rlx-notes §2.3.1): `act(matmul(x, w) + bias)` -> `FusedMatMulBiasAct`.
 Guards: the matmul is single-use and not a graph output (RLX has no output guard), the bias has
 rank <= 1 and the matmul's output width (RLX checks neither length nor outputs), and the activation
-is absorbed only from the epilogue allow-list `gelu, silu`. `gelu_tanh` is deliberately not in the
-list: the fused epilogue is exact-erf GELU, so a tanh-GELU FFN keeps its activation as a separate
-node and the rejection `epilogue_activation` says so. A bias-less `act(matmul(x, w))` with an allow-listed
+is absorbed only from the epilogue allow-list (`guard.EPILOGUE_ACTIVATIONS`, from the one table
+`ir.ops.EPILOGUE_ACTIVATIONS`: `gelu, silu, relu2`; squared ReLU written as `relu(x)^2` reaches it as `relu2`
+through `canonicalize_exported.relu2`). `gelu_tanh` is deliberately not in the list: the fused epilogue is
+exact-erf GELU, so a tanh-GELU FFN keeps its activation as a separate node and the rejection
+`epilogue_activation` says so. A bias-less `act(matmul(x, w))` with an allow-listed
 activation (GPT-style FC1 + GELU) fuses too (`zero_bias_act`), with a zero bias `expand(0.0, [N])`.
 
 `fuse_shared_input_matmul` (§2.3.7): matmuls sharing an lhs `x` (Q/K/V) -> one matmul over a
@@ -31,6 +33,7 @@ along the wrong axis), and merged biases are `[N_i]` vectors concatenated in the
 from __future__ import annotations
 
 from ...ir import Graph, Node, Op, Rewriter
+from ...ir.ops import ACTIVATIONS
 from ..activations import activation_of, owns_users
 from ..engine import rule_pass
 from ..guard import (
@@ -94,7 +97,7 @@ def _epilogue(c: Ctx) -> Fail | None:
     return None
 
 
-_ACTS = frozenset({Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.SIGMOID, Op.TANH})
+_ACTS = ACTIVATIONS
 
 
 def _fmba(c: Ctx) -> tuple[Op, list[int], dict]:
@@ -123,7 +126,7 @@ BIAS_ACT = Rule(
         Soft(_epilogue),
     ),
     result=("act", "add"), absorb=("mm", "add", "act"), rewrite=_fmba_rewrite,
-    doc="act(x @ w + bias) -> FusedMatMulBiasAct (activation from the allow-list gelu, silu)")
+    doc=f"act(x @ w + bias) -> FusedMatMulBiasAct (activation from the allow-list {', '.join(EPILOGUE_ACTIVATIONS)})")
 
 def _zero_bias_rewrite(c: Ctx, rw: Rewriter) -> int:
     """FusedMatMulBiasAct(x, w, expand(0.0, [N]), activation=act): the bias-less linear with its epilogue."""
@@ -155,11 +158,11 @@ ZERO_BIAS_ACT = Rule(
     ),
     result="act", absorb=("mm", "act"), rewrite=_zero_bias_rewrite,
     doc="act(x @ w) with no bias (GPT-style FC1) -> FusedMatMulBiasAct with a zero bias (exact: x + 0 == x), "
-        "activation from the allow-list gelu, silu")
+        f"activation from the allow-list {', '.join(EPILOGUE_ACTIVATIONS)}")
 
 fuse_matmul_bias_act = rule_pass("fuse_matmul_bias_act", [BIAS_ACT, ZERO_BIAS_ACT],
-                                 "matmul + bias (+ gelu/silu) -> FusedMatMulBiasAct; a bias-less matmul + gelu/silu "
-                                 "with a zero bias")
+                                 f"matmul + bias (+ {'/'.join(EPILOGUE_ACTIVATIONS)}) -> FusedMatMulBiasAct; a "
+                                 f"bias-less matmul + {'/'.join(EPILOGUE_ACTIVATIONS)} with a zero bias")
 
 # -- fuse_shared_input_matmul --------------------------------------------------------------------
 #
