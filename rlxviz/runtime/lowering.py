@@ -49,7 +49,7 @@ from .mlx_backend import mx
 
 T = TypeVar("T")
 
-KERNEL_ACTS = frozenset({"gelu", "gelu_tanh", "silu", "relu"})
+KERNEL_ACTS = frozenset({"gelu", "gelu_tanh", "silu", "relu", "relu2"})
 """Activations the `bias_act` CPU kernel computes (others take the activation's own lowering)."""
 
 NEG = -3.4028234663852886e38  # finfo(float32).min, as the NumPy reference uses for masked scores
