@@ -271,3 +271,55 @@ def test_a_wrong_constant_in_float16_is_named_with_the_dtype_tolerance():
     t = Pipeline.canonical().run(parse_ir(src))
     (r,) = [r for r in t.rejections if r.guard == "gelu_constants"]
     assert "to 0.000977 (the rounding of f16)" in r.message
+
+
+@pytest.mark.parametrize("gate", ["gelu", "gelu_tanh", "silu"])
+def test_a_llama_layer_with_a_gelu_gate_is_judged_like_swiglu(gate, tmp_path, capsys):
+    """llama-block with its silu gate swapped for a GELU (a Gemma-style GeGLU MLP): the layer expects and gets
+    FusedSwiGLU (with that activation); with the gate fusion switched off the verdict is a miss."""
+    from rlxviz.ir.printer import format_graph
+    from rlxviz.models import load_model
+    from rlxviz.session.status import check_fusion
+
+    src = format_graph(load_model("llama-block", seq=8).graph).replace("= silu(", f"= {gate}(")
+    g = parse_ir(src)
+    t = numbers_unchanged(g, bit_exact=False)
+    (n,) = _fused(t, Op.FUSED_SWIGLU)
+    assert n.attrs["activation"] == gate
+    check = check_fusion(t, "geglu")
+    assert check.ok, check.misses
+    path = tmp_path / "geglu.ir"
+    path.write_text(src)
+    code, out, _ = cli_run(capsys, "explain", path)
+    assert code == 0 and "fused as expected: FusedSwiGLU" in out and ("GeGLU" in out) == (gate != "silu"), out
+    gate_id = re.search(rf"%(\d+) = {gate}\(", src).group(1)  # the gate also returned: swiglu_single_use refuses
+    held = parse_ir(re.sub(r"return (.*)", rf"return \1, %{gate_id}", src))
+    missed = check_fusion(Pipeline.canonical().run(held), "geglu")
+    (layer,) = missed.layers
+    assert not missed.ok and "FusedSwiGLU" in layer.expected and layer.first.guard == "swiglu_single_use"
+    assert layer.first.kind == "illegal" and "gate activation (node " in layer.first.message
+
+
+@pytest.mark.parametrize("form", ["pow", "cube", "onnx_gelu"])
+def test_onnx_tanh_gelu_after_a_linear_is_canonicalized_and_named(tmp_path, form):
+    """tanh GELU as exporters write it after FC1 + bias (Tanh with Pow 3 or x*x*x; ONNX Gelu approximate=tanh at
+    opset 20) becomes gelu_tanh; the fused linear names it (not recognized: the epilogue computes it, but it is
+    off the allow-list, see `guard.EPILOGUE_ACTIVATIONS`); numbers equal ONNX Runtime's."""
+    c = helper.make_node
+    inits = [_w("w1", 16, 32, seed=1), _w("b1", 32, seed=2), _w("w2", 32, 16, seed=3)]
+    for name, v in (("three", 3.0), ("k3", 0.044715), ("s", 0.7978845608028654), ("half", 0.5), ("one", 1.0)):
+        inits.append(numpy_helper.from_array(np.array(v, np.float32), name))
+    nodes = [c("MatMul", ["x", "w1"], ["h0"]), c("Add", ["h0", "b1"], ["h"])]
+    if form == "onnx_gelu":
+        nodes.append(c("Gelu", ["h"], ["a"], approximate="tanh"))
+    else:
+        nodes += ([c("Pow", ["h", "three"], ["h3"])] if form == "pow"
+                  else [c("Mul", ["h", "h"], ["h2"]), c("Mul", ["h2", "h"], ["h3"])])
+        nodes += [c("Mul", ["h3", "k3"], ["t0"]), c("Add", ["h", "t0"], ["t1"]), c("Mul", ["t1", "s"], ["t2"]),
+                  c("Tanh", ["t2"], ["t3"]), c("Add", ["t3", "one"], ["t4"]), c("Mul", ["h", "half"], ["t5"]),
+                  c("Mul", ["t5", "t4"], ["a"])]
+    nodes.append(c("MatMul", ["a", "w2"], ["y"]))
+    _, t = _against_ort(_onnx(tmp_path, f"gelu_tanh_{form}", nodes, inits, opset=20))
+    assert t.final.find(Op.GELU_TANH)
+    (r,) = [r for r in t.rejections if r.guard == "epilogue_activation"]
+    assert r.kind == "not recognized" and "gelu_tanh" in r.message
