@@ -323,3 +323,11 @@ def test_onnx_tanh_gelu_after_a_linear_is_canonicalized_and_named(tmp_path, form
     assert t.final.find(Op.GELU_TANH)
     (r,) = [r for r in t.rejections if r.guard == "epilogue_activation"]
     assert r.kind == "not recognized" and "gelu_tanh" in r.message
+
+
+def test_the_epilogue_fix_says_which_activations_already_have_kernels():
+    """`fuse_matmul_bias_act`'s compiler fix for an activation off the allow-list says when the kernels already
+    compute it (relu, gelu_tanh): the list it reads agrees with the kernels' list."""
+    from rlxviz.passes.rules.linear import _HAS_KERNEL
+
+    assert set(_HAS_KERNEL) == KERNEL_ACTS - set(EPILOGUE_ACTIVATIONS)

@@ -88,7 +88,8 @@ def _epilogue(c: Ctx) -> Fail | None:
                     f"{', '.join(EPILOGUE_ACTIVATIONS)}, so the linear is fused without activation",
                     (act.id,), ((c.id("add"), act.id),),
                     activation_hint(act.op.value), subject=act.id, kind=NOT_RECOGNIZED,
-                    fix=f"add {act.op.value} to the epilogue allow-list (a fused {act.op.value} epilogue kernel)")
+                    fix=f"add {act.op.value} to the epilogue allow-list ({_HAS_KERNEL.get(act.op.value, '')}"
+                        f"ir.ops.EPILOGUE_ACTIVATIONS)")
     if c.graph.is_output(c.id("add")):
         return Fail("guard", "add_not_output",
                     f"{c.d('add')} is a graph output, so {act.op.value} (node {act.id}) is not absorbed",
@@ -98,6 +99,10 @@ def _epilogue(c: Ctx) -> Fail | None:
 
 
 _ACTS = ACTIVATIONS
+_HAS_KERNEL = {"gelu_tanh": "the MLX lowering and rlxviz's CPU kernels already compute it: ",
+               "relu": "the MLX lowering and rlxviz's CPU kernels already compute it: "}
+"""What the compiler fix can say of an activation off the allow-list whose epilogue code exists already
+(`runtime.lowering.KERNEL_ACTS`; `tests/test_epilogue_forms.py` checks the two agree)."""
 
 
 def _fmba(c: Ctx) -> tuple[Op, list[int], dict]:
