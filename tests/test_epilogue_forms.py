@@ -331,3 +331,15 @@ def test_the_epilogue_fix_says_which_activations_already_have_kernels():
     from rlxviz.passes.rules.linear import _HAS_KERNEL
 
     assert set(_HAS_KERNEL) == KERNEL_ACTS - set(EPILOGUE_ACTIVATIONS)
+
+
+def test_fused_swiglu_activation_round_trips_and_a_bad_gate_is_one_line():
+    from rlxviz.ir.printer import format_graph
+
+    text = format_graph(Pipeline.canonical().run(case("geglu-tanh-dual")).final)
+    assert 'FusedSwiGLU(%' in text and 'activation="gelu_tanh"' in text
+    assert format_graph(parse_ir(text)) == text
+    with pytest.raises(Exception, match=r"activation='relu' must be one of \['silu', 'gelu', 'gelu_tanh'\]"):
+        parse_ir(text.replace('activation="gelu_tanh"', 'activation="relu"'))
+    unfused = Pipeline(["unfuse"]).run(parse_ir(text)).final
+    assert unfused.find(Op.GELU_TANH) and not unfused.find(Op.FUSED_SWIGLU)
