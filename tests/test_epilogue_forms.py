@@ -345,3 +345,21 @@ def test_fused_swiglu_activation_round_trips_and_a_bad_gate_is_one_line():
         parse_ir(text.replace('activation="gelu_tanh"', 'activation="relu"'))
     unfused = Pipeline(["unfuse"]).run(parse_ir(text)).final
     assert unfused.find(Op.GELU_TANH) and not unfused.find(Op.FUSED_SWIGLU)
+
+
+def test_a_widened_square_of_a_relu_is_named_not_called_an_unknown_activation():
+    """`pow(relu(h), 2)` whose result is wider than the relu (f64: how an int64 ONNX exponent imports today) is
+    not relu2 (the rewrite keeps dtypes); the fused linear's rejection says so instead of asking for an op."""
+    src = (CASES / "relu2-pow-nobias.rlx").read_text()
+    src = src.replace("%5 = pow(%3, %4) : f32[2, 4, 32]", "%5 = pow(%3, %4) : f64[2, 4, 32]")
+    src = src.replace("%7 = matmul(%5, %6) : f32[2, 4, 16]", "%7 = matmul(%5, %6) : f64[2, 4, 16]")
+    src = src.replace("%9 = add(%7, %8) : f32[2, 4, 16]", "%9 = add(%7, %8) : f64[2, 4, 16]")
+    src = src.replace("%4 = const {value=2.0} : f32[]", "%4 = const {value=2} : i64[]")
+    t = Pipeline.canonical().run(parse_ir(src.replace("%2 = matmul(%0, %1) : f32[2, 4, 32]\n",
+                                                      "%2 = matmul(%0, %1) : f32[2, 4, 32]\n  %20 = param "
+                                                      "{name=\"b\"} : f32[32]\n  %21 = add(%2, %20) : f32[2, 4, 32]\n")
+                                          .replace("relu(%2)", "relu(%21)")))
+    assert not t.final.find(Op.RELU2)
+    (r,) = [r for r in t.rejections if r.guard == "epilogue_activation"]
+    assert "relu2 is on the epilogue allow-list" in r.message and "f64[2, 4, 32]" in r.message
+    assert r.kind == "not recognized" and "an op for" not in r.fix

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from ...ir import Graph, Node, Op, Rewriter
 from ...ir.ops import ACTIVATIONS
-from ..activations import activation_of, owns_users
+from ..activations import SQUARED_RELU, activation_of, owns_users
 from ..engine import rule_pass
 from ..guard import (
     EPILOGUE_ACTIVATIONS,
@@ -71,6 +71,16 @@ def _epilogue(c: Ctx) -> Fail | None:
     """Absorb the add's activation user when allowed; otherwise say why not (soft)."""
     users = c.users("add")
     form = activation_of(c.graph, c.id("add"))
+    if form is not None and owns_users(c.graph, form) and form.name == SQUARED_RELU:  # relu2 refused it
+        sq = c.graph[form.out]
+        return Fail("guard", "epilogue_activation",
+                    f"{c.d('add')} feeds {form.describe()}; relu2 is on the epilogue allow-list, but "
+                    f"canonicalize_exported.relu2 did not form it: the square is {sq.type} where the relu is "
+                    f"{c.graph[form.nodes[0]].type} (it must keep the relu's dtype and shape), so the linear is "
+                    f"fused without it", form.nodes, tuple((c.id("add"), u.id) for u in users),
+                    "square the relu in its own dtype (an int exponent widens the ONNX import's pow)",
+                    subject=form.out, kind=NOT_RECOGNIZED,
+                    fix="read ONNX Pow's result in X's dtype (its exponent cast to it) at import")
     if form is not None and owns_users(c.graph, form):  # QuickGELU, Swish, ... written as primitives
         return Fail("guard", "epilogue_activation",
                     f"{c.d('add')} feeds {form.describe()}, an activation written as primitives that no fused op "
