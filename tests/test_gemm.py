@@ -24,6 +24,7 @@ EPS = float(np.finfo(np.float32).eps)
 ACTS = {
     "none": lambda v: v,
     "relu": lambda v: np.maximum(v, 0.0),
+    "relu2": lambda v: np.maximum(v, 0.0) ** 2,
     "gelu": lambda v: 0.5 * v * (1.0 + special.erf(v / np.sqrt(2.0))),
     "gelu_tanh": lambda v: 0.5 * v * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (v + 0.044715 * v ** 3))),
     "silu": lambda v: v / (1.0 + np.exp(-v)),

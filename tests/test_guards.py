@@ -71,7 +71,7 @@ def test_h1_user_count_message_states_actual_and_required():
 
 
 def test_tanh_gelu_is_not_in_the_epilogue_allow_list():
-    assert EPILOGUE_ACTIVATIONS == ("gelu", "silu")
+    assert EPILOGUE_ACTIVATIONS == ("gelu", "silu", "relu2")  # relu2: squared ReLU (issue 37)
     r, t = rejected_by(bert(variant=VARIANTS["tanh_gelu"]), ["fuse_matmul_bias_act"], "epilogue_activation")
     assert "gelu_tanh" in r.message
     assert t.final.find(Op.GELU_TANH)
@@ -83,7 +83,7 @@ def test_activation_hint_names_gelu_for_a_gelu_form_only():
     from rlxviz.passes.guard import activation_hint
 
     assert "silu" not in activation_hint("gelu_tanh") and "exact GELU" in activation_hint("gelu_tanh")
-    assert "(gelu, silu)" in activation_hint("relu") and "exact GELU" not in activation_hint("relu")
+    assert "(gelu, silu, relu2)" in activation_hint("relu") and "exact GELU" not in activation_hint("relu")
 
 
 @pytest.mark.parametrize("style", ["rlx", "hf"])

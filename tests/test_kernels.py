@@ -167,6 +167,7 @@ ACTS = {
     "gelu_tanh": lambda z: 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3))),
     "silu": lambda z: z * special.expit(z),
     "relu": lambda z: np.maximum(z, 0),
+    "relu2": lambda z: np.maximum(z, 0) ** 2,
     "none": lambda z: z,
 }
 

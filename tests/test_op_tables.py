@@ -49,7 +49,7 @@ SAMPLES: dict[Op, Callable[[Builder], None]] = {
     **{op: _binary(op) for op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX, Op.MIN, Op.EQ, Op.NE, Op.LT, Op.LE,
                                   Op.GT, Op.GE)},
     Op.POW: lambda b: b.output(b.pow(b.abs(_x(b)), 1.5)),
-    **{op: _unary(op) for op in (Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.SIGMOID, Op.TANH, Op.EXP, Op.NEG,
+    **{op: _unary(op) for op in (Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.RELU2, Op.SIGMOID, Op.TANH, Op.EXP, Op.NEG,
                                  Op.ERF, Op.ABS, Op.SIN, Op.COS, Op.FLOOR, Op.ISNAN)},
     Op.LOG: lambda b: b.output(b.log(b.add(b.abs(_x(b)), 0.5))),
     Op.SQRT: lambda b: b.output(b.sqrt(b.abs(_x(b)))),

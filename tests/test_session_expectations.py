@@ -13,7 +13,7 @@ from rlxviz.passes import Pipeline
 from rlxviz.session import check_fusion
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_architecture import geglu_graph, ln_e_x2_graph, pre_ln_model  # noqa: E402
+from test_architecture import ln_e_x2_graph, pre_ln_model, reglu_graph  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
 
@@ -37,7 +37,7 @@ def test_attention_only_with_a_qkv_split_rejection_does_not_pass():
 
 
 @pytest.mark.parametrize("graph, pattern", [(ln_e_x2_graph(), "unrecognized.norm"),
-                                            (geglu_graph(), "unrecognized.glu")])
+                                            (reglu_graph(), "unrecognized.glu")])
 def test_unrecognized_family_fails_the_check(graph, pattern):
     check = check_fusion(Pipeline.canonical().run(graph), graph.name)
     assert not check.ok and any(m.startswith(pattern) and "no_rule" in m for m in check.misses)

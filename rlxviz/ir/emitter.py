@@ -154,6 +154,7 @@ class Emitter(ABC, Generic[V]):
 
     def silu(self, x: V) -> V: return self.emit(Op.SILU, (x,))
     def relu(self, x: V) -> V: return self.emit(Op.RELU, (x,))
+    def relu2(self, x: V) -> V: return self.emit(Op.RELU2, (x,))  # squared ReLU, relu(x) * relu(x)
     def sigmoid(self, x: V) -> V: return self.emit(Op.SIGMOID, (x,))
     def tanh(self, x: V) -> V: return self.emit(Op.TANH, (x,))
     def exp(self, x: V) -> V: return self.emit(Op.EXP, (x,))

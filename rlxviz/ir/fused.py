@@ -4,8 +4,9 @@ Each function takes an `Emitter` and the fused node's operands and emits the pri
 reference interpreter's NumPy emitter it *computes* the fused op; with a `Rewriter` it *expands*
 the node (the `unfuse` pass). One definition, so the oracle and unfuse cannot disagree.
 Layouts follow RLX (rlx-notes §1.5, §3.2); RLX's known deviations are fixed here: RmsNorm adds
-its beta, FusedSwiGLU honours `gate_first`, the attention mask is the keep mask, binary or with
-Hugging Face's additive fill (`mask_fill`, so an all-zero mask row means what it means unfused).
+its beta, FusedSwiGLU honours `gate_first` (and takes a GELU gate, GeGLU, as `activation`), the attention mask
+is the keep mask, binary or with Hugging Face's additive fill (`mask_fill`, so an all-zero mask row means what it
+means unfused).
 """
 
 from __future__ import annotations
@@ -75,12 +76,13 @@ def residual_rms_norm(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
 
 @decomposition(Op.FUSED_SWIGLU)
 def swiglu(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
-    """`silu(gate) * up` from packed `[..., 2N]`; up is the low half unless `gate_first`."""
+    """`act(gate) * up` from packed `[..., 2N]` -> `[..., N]`; up is the low half unless `gate_first`; `act` the
+    `activation` (`silu`: SwiGLU; `gelu` / `gelu_tanh`: GeGLU), emitted as that unary op."""
     shape = e.shape_of(x[0])
     axis, n = len(shape) - 1, shape[-1] // 2
     lo, hi = e.narrow(x[0], axis, 0, n), e.narrow(x[0], axis, n, n)
     up, gate = (hi, lo) if a.get("gate_first", False) else (lo, hi)
-    return e.mul(e.silu(gate), up)
+    return e.mul(e.unary(a.get("activation") or "silu", gate), up)
 
 
 def attention_block(e: Emitter[V], heads: int, head_dim: int, hidden: V, qkv_w: V, out_w: V, mask: V,

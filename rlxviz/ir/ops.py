@@ -35,6 +35,7 @@ class Op(StrEnum):
     GELU_TANH = "gelu_tanh"
     SILU = "silu"
     RELU = "relu"
+    RELU2 = "relu2"  # squared ReLU, relu(x)^2 (Primer, Nemotron)
     SIGMOID = "sigmoid"
     TANH = "tanh"
     EXP = "exp"
@@ -94,9 +95,17 @@ class Op(StrEnum):
 LEAF = frozenset({Op.INPUT, Op.PARAM, Op.CONST})
 BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.POW, Op.MAX, Op.MIN})
 COMMUTATIVE = frozenset({Op.ADD, Op.MUL, Op.MAX, Op.MIN})
-UNARY = frozenset({Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.SIGMOID, Op.TANH, Op.EXP, Op.LOG,
+UNARY = frozenset({Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.RELU2, Op.SIGMOID, Op.TANH, Op.EXP, Op.LOG,
                    Op.SQRT, Op.RSQRT, Op.NEG, Op.ERF, Op.ABS, Op.SIN, Op.COS, Op.FLOOR})
-ACTIVATIONS = frozenset({Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.SIGMOID, Op.TANH})
+ACTIVATIONS = frozenset({Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.RELU2, Op.SIGMOID, Op.TANH})
+EPILOGUE_ACTIVATIONS: tuple[Op, ...] = (Op.GELU, Op.SILU, Op.RELU2)
+"""The one table of the activations a fused linear takes in its epilogue (`FusedMatMulBiasAct`'s `activation`,
+FusedTransformerLayer's fc1), in the order messages list them: `passes.guard.EPILOGUE_ACTIVATIONS` (names) and the
+rules' patterns derive from it. Which of them rlxviz's C++ kernels compute is `runtime.lowering.KERNEL_ACTS` (the
+others run the activation's own MLX lowering after the kernel's bias add; a test checks that list against the
+kernels' `Act`)."""
+GATE_ACTIVATIONS: tuple[Op, ...] = (Op.SILU, Op.GELU, Op.GELU_TANH)
+"""The gates `FusedSwiGLU` takes (`activation`): SwiGLU (silu) and GeGLU (gelu, gelu_tanh), first the default."""
 COMPARE = frozenset({Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE})
 PREDICATES = frozenset({Op.ISNAN})
 """Unary ops with a bool result."""
@@ -217,7 +226,9 @@ SPECS: dict[Op, OpSpec] = {
     Op.FUSED_RESIDUAL_RMS_NORM: OpSpec((4, 5), {"eps": _a(int, float),
                                                 "has_bias": _a(bool, required=False, default=False),
                                                 "with_sum": _a(bool, required=False, default=False)}),
-    Op.FUSED_SWIGLU: OpSpec((1,), {"gate_first": _a(bool, required=False, default=False)}),
+    Op.FUSED_SWIGLU: OpSpec((1,), {"gate_first": _a(bool, required=False, default=False),
+                                   "activation": _a(str, required=False, default="silu",
+                                                    choices=tuple(a.value for a in GATE_ACTIVATIONS))}),
     Op.FUSED_ATTENTION_BLOCK: OpSpec((4, 6, 8), {
         "num_heads": _a(int), "head_dim": _a(int),
         "has_bias": _a(bool, required=False, default=True), "has_rope": _a(bool, required=False, default=False),

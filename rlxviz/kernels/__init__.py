@@ -6,7 +6,8 @@ built it, threaded over rows or (batch, head, query block) work items on the CPU
 * `attention(q, k, v, bias, heads, kv_heads, head_dim, scale)`: scores, scale, additive bias, softmax and
   `P V` per head in one pass over K/V tiles (online softmax, flash-attention style). A row whose bias is
   the lowest float everywhere is uniform, as in the NumPy reference; a row of -inf is NaN, as there.
-* `bias_act(x, bias, act)`: `act(x + bias)` over the last axis, `act` one of none, gelu, gelu_tanh, silu, relu.
+* `bias_act(x, bias, act)`: `act(x + bias)` over the last axis, `act` one of none, gelu, gelu_tanh, silu, relu,
+  relu2.
 * `softmax(x)`: over the last axis.
 * `residual_norm(x, residual, bias, gamma, beta, eps, rms)`: LayerNorm / RMSNorm of `x + residual [+ bias]`.
 * `pack_weights(w)` and `gemm(x, packed, n, bias, residual, act)`: `act(x @ w + bias) + residual` on a weight

@@ -5,9 +5,10 @@ decomposition in `rlxviz/ir/fused.py`, the one definition of its math), then wri
 standard ONNX ops (default domain, opset 18) with static shapes:
 
 * one ONNX op where one exists (MatMul, Add, Softmax, LayerNormalization, Reshape, Slice for `narrow`, ...);
-* `gelu`, `gelu_tanh`, `silu`, `rsqrt`, `rms_norm`, `attention` and `rope` as the ONNX primitives of the
-  formulas the reference interpreter evaluates (`rlxviz/runtime/reference.py`), so the exported model
-  computes what the reference computes (round-trip test: atol 1e-5).
+* `gelu`, `gelu_tanh`, `silu`, `relu2` (Relu, then Mul of it by itself), `rsqrt`, `rms_norm`, `attention` and
+  `rope` as the ONNX primitives of the formulas the reference interpreter evaluates
+  (`rlxviz/runtime/reference.py`), so the exported model computes what the reference computes (round-trip
+  test: atol 1e-5).
 
 Params become initializers named after the param; inputs keep their names; outputs are `output_0`, ...
 Node names carry the IR path in the legacy exporter's form (`/encoder/layer.0/attention/MatMul_17`), so
@@ -198,6 +199,9 @@ def _node(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
         _gelu_tanh(w, ins[0], out)
     elif op == Op.SILU:
         w.op("Mul", [ins[0], w.op("Sigmoid", ins)], out)
+    elif op == Op.RELU2:
+        r = w.op("Relu", ins)
+        w.op("Mul", [r, r], out)
     elif op == Op.RSQRT:
         w.op("Reciprocal", [w.op("Sqrt", ins)], out)
     elif op == Op.CAST:

@@ -1,7 +1,8 @@
 """Activation forms exporters write as primitives, recognized by name so a layer's MLP is never lost.
 
-No fused op of rlxviz takes these forms (the epilogue allow-list is `guard.EPILOGUE_ACTIVATIONS`), so
-nothing is rewritten: `activation_form(g, n)` names the form whose result node is `n`, and the layer kind
+No fused op of rlxviz takes these forms as written (the epilogue allow-list is `guard.EPILOGUE_ACTIVATIONS`;
+squared ReLU enters it as `relu2` once `canonicalize_exported.relu2` rewrote it), so nothing is rewritten here:
+`activation_form(g, n)` names the form whose result node is `n`, and the layer kind
 (`architecture`), the epilogue rejection (`fuse_matmul_bias_act`), FusedTransformerLayer's `fc1_activation`
 and the unrecognized scan read that name. A CLIP layer (QuickGELU) is a layer with an MLP, never
 "attention only (no MLP)", and the activation the fused linear leaves outside is a line of `explain`.
@@ -14,7 +15,8 @@ Forms (each exact: recognized only when it computes that function of `x`, elemen
   by the outer product; a different node there is a gate (GLU), not this family.
 * squared ReLU `relu(x) * relu(x)` (one relu node read twice) or `pow(relu(x), 2)` (Primer).
 
-`SiLU` as `x * sigmoid(x)` is also rewritten to `silu` by `canonicalize_exported.silu`; the others stay as they are.
+`SiLU` as `x * sigmoid(x)` is also rewritten to `silu` by `canonicalize_exported.silu`, squared ReLU to `relu2`
+(an epilogue activation) by `canonicalize_exported.relu2`; the others stay as they are.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from dataclasses import dataclass
 from ..ir import Graph, Node, Op
 from .pattern import const_value, is_const
 
+SQUARED_RELU = "squared ReLU"
+"""`ActivationForm.name` of `relu(x)^2`."""
 QUICK_GELU_BETA = 1.702
 """CLIP's QuickGELU: `x * sigmoid(1.702 x)` (Hugging Face `QuickGELUActivation`)."""
 
@@ -97,7 +101,7 @@ def _squared_relu(g: Graph, n: Node) -> ActivationForm | None:
     if r.op != Op.RELU:
         return None
     if (n.op == Op.MUL and n.inputs == (r.id, r.id)) or (n.op == Op.POW and _scalar(g, n.inputs[1]) == 2.0):
-        return ActivationForm("squared ReLU", "relu(x)^2", r.inputs[0], n.id, (r.id, n.id))
+        return ActivationForm(SQUARED_RELU, "relu(x)^2", r.inputs[0], n.id, (r.id, n.id))
     return None
 
 
@@ -134,4 +138,4 @@ def owns_users(g: Graph, f: ActivationForm) -> bool:
     return all(u.id in inside for i in (f.x, *inner) for u in g.users(i)) and not any(g.is_output(i) for i in inner)
 
 
-__all__ = ["QUICK_GELU_BETA", "ActivationForm", "activation_form", "activation_of", "owns_users"]
+__all__ = ["QUICK_GELU_BETA", "SQUARED_RELU", "ActivationForm", "activation_form", "activation_of", "owns_users"]

@@ -34,14 +34,14 @@ from dataclasses import dataclass, field
 
 from ..ir import Graph, Node, Op
 from ..ir.identity import IdentityMap
-from ..ir.ops import BLAS
+from ..ir.ops import BLAS, GATE_ACTIVATIONS
 from .activations import activation_form
 from .rope_forms import interleaved_rope, rotate_half_rope
 from .trace import Rejection, layer_of
 
 _ATTENTION = frozenset({Op.ATTENTION, Op.FUSED_ATTENTION_BLOCK, Op.FUSED_TRANSFORMER_LAYER})
 _NORMS = frozenset({Op.LAYER_NORM, Op.RMS_NORM, Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM})
-_ACTS = frozenset({Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.FUSED_SWIGLU})
+_ACTS = frozenset({Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.RELU2, Op.FUSED_SWIGLU})
 _PREFIX = ("canonicalize_exported", "canonicalize_norm", "canonicalize_gelu", "fuse_sdpa")
 KINDS = ("post_ln", "pre_ln", "llama", "parallel", "cross_decoder", "attention_only", "no_attention")
 
@@ -72,7 +72,8 @@ class LayerArchitecture:
         norm: `LayerNorm`, `RMSNorm` or `none`.
         mask: the attention's mask kind after `fuse_sdpa` (`keep`, `causal`, `additive`, `none`), `unknown`
             when the attention stayed primitives, None without attention.
-        rope / swiglu: the layer has rotary embeddings / a SiLU-gated MLP.
+        rope / swiglu: the layer has rotary embeddings / a gated MLP (SiLU-gated SwiGLU or GELU-gated GeGLU: the
+            forms `FusedSwiGLU` takes).
         evidence: node-level facts behind the kind, e.g. `residual sum %12 feeds only layer_norm %13`.
     """
 
@@ -202,6 +203,17 @@ def _is_activation(n: Node) -> bool:
     return n.op in _ACTS or (n.op == Op.FUSED_MATMUL_BIAS_ACT and n.attrs.get("activation") is not None)
 
 
+def _gates(g: Graph, n: Node) -> bool:
+    """`n` gates a product (a gated MLP, `FusedSwiGLU`'s form): a silu read by a mul (SwiGLU), or a GELU read by a
+    mul of a computed value, not a constant (GeGLU)."""
+    if n.op not in GATE_ACTIVATIONS:
+        return False
+    muls = [u for u in g.users(n.id) if u.op == Op.MUL]
+    if n.op == Op.SILU:
+        return bool(muls)
+    return any(g[i].op != Op.CONST for u in muls for i in u.inputs if i != n.id)
+
+
 def classify_layer(graph: Graph, layer: int | None) -> LayerArchitecture:
     """The `LayerArchitecture` of `layer` (None: the whole graph) in `graph` (the unfused input graph)."""
     _, g, known, gelus = _entry(graph)
@@ -300,8 +312,10 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
             evidence.append(f"{_label(n)}: {f.describe()}, an activation: the layer has an MLP")
     norm = ("RMSNorm" if any(n.op in (Op.RMS_NORM, Op.FUSED_RESIDUAL_RMS_NORM) for n in norms)
             else "LayerNorm" if norms else "none")
-    swiglu = any(n.op == Op.FUSED_SWIGLU or (n.op == Op.SILU and any(u.op == Op.MUL for u in g.users(n.id)))
-                 for n in nodes)
+    gated = [n for n in nodes if n.op == Op.FUSED_SWIGLU or _gates(g, n)]
+    swiglu = bool(gated)  # SwiGLU or GeGLU: FusedSwiGLU is expected
+    geglu = any(n.attrs.get("activation", "silu") != "silu" if n.op == Op.FUSED_SWIGLU else n.op != Op.SILU
+                for n in gated)
     rope = any(n.op == Op.ROPE or rotate_half_rope(g, n) is not None or interleaved_rope(g, n) is not None
                for n in nodes) or any(
         n.op == Op.FUSED_ATTENTION_BLOCK and n.attrs.get("has_rope") for n in nodes)
@@ -372,11 +386,12 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
         kind = "parallel"
     elif post and not pre and norm == "LayerNorm":
         kind = "post_ln"
-    elif norm == "RMSNorm" or swiglu:  # RoPE alone is GPT-NeoX's and Phi's too: a pre-LN layer with RoPE
+    elif norm == "RMSNorm" or (swiglu and not geglu):  # RoPE alone is GPT-NeoX's and Phi's too: pre-LN with RoPE
         kind = "llama"
     else:
         kind = "pre_ln"
-    extras = [norm if norm != "none" else "no norm"] + (["RoPE"] if rope else []) + (["SwiGLU"] if swiglu else [])
+    extras = [norm if norm != "none" else "no norm"] + (["RoPE"] if rope else []) + (
+        [("GeGLU" if geglu else "SwiGLU")] if swiglu else [])
     extras += list(dict.fromkeys(forms))
     if mask is not None:
         extras.append(f"{mask} mask" if mask != "none" else "no mask")

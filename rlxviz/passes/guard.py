@@ -17,9 +17,10 @@ from typing import Any
 
 from ..ir import Graph, Node
 from ..ir.identity import IdentityMap
+from ..ir.ops import EPILOGUE_ACTIVATIONS as _EPILOGUE_OPS
 from .pattern import Bindings, describe, op_label
 
-EPILOGUE_ACTIVATIONS = ("gelu", "silu")
+EPILOGUE_ACTIVATIONS: tuple[str, ...] = tuple(a.value for a in _EPILOGUE_OPS)
 
 
 def activation_hint(name: str | None) -> str:
@@ -29,8 +30,9 @@ def activation_hint(name: str | None) -> str:
         return "exact GELU (gelu) fuses, but switching the model to it changes its numbers: prefer the compiler fix"
     return (f"an allow-listed activation ({', '.join(EPILOGUE_ACTIVATIONS)}) fuses, but changing the model's "
             "activation changes its numbers: prefer the compiler fix")
-"""Activations `fuse_matmul_bias_act` absorbs (as RLX's epilogue allow-list). `gelu_tanh` is NOT in it:
-the fused epilogue computes exact-erf GELU only, so a tanh-GELU FFN keeps a separate activation node."""
+"""Names of the activations `fuse_matmul_bias_act` absorbs: RLX's epilogue allow-list (gelu, silu) and squared
+ReLU (`relu2`), derived from the one table `ir.ops.EPILOGUE_ACTIVATIONS`. `gelu_tanh` is NOT in it: the fused
+epilogue computes exact-erf GELU only, so a tanh-GELU FFN keeps a separate activation node."""
 
 
 ILLEGAL = "illegal"

@@ -32,6 +32,8 @@ def op_label(node: Node) -> str:
         return f"{node.op.value}(activation={node.attrs.get('activation')})"
     if node.op == Op.ATTENTION:
         return f"attention(mask={node.attrs.get('mask')})"
+    if node.op == Op.FUSED_SWIGLU and node.attrs.get("activation", "silu") != "silu":  # GeGLU
+        return f"{node.op.value}(activation={node.attrs.get('activation')})"
     return node.op.value
 
 

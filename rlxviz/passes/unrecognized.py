@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from ..ir import Graph, Node, Op
 from .activations import activation_form
 from .architecture import attention_softmax
+from .guard import EPILOGUE_ACTIVATIONS
 from .report import MissedFusion
 from .trace import Trace
 
@@ -37,11 +38,13 @@ FAMILIES = {
     "norm": ("LayerNorm/RMSNorm statistics", "write it as (x - mean) / sqrt(var + eps) or x * rsqrt(mean(x^2) + eps) "
              "(see docs/passes.md, recognized forms), or emit layer_norm / rms_norm"),
     "gelu": ("a GELU", "write 0.5 * x * (1 + erf(x / sqrt(2))) or the tanh form, or emit gelu / gelu_tanh"),
-    "glu": ("a gated linear unit", "only the SiLU-gated form (SwiGLU) has a fused op"),
+    "glu": ("a gated linear unit", "only the SiLU- and GELU-gated forms (SwiGLU, GeGLU) have a fused op "
+            "(FusedSwiGLU with its activation)"),
     "where_mask": ("a where-based attention mask", "use an additive or keep mask (HF's extended mask)"),
     "attention": ("scaled-dot-product attention", "see the fuse_sdpa pattern in docs/passes.md"),
     "activation": ("an activation written as primitives", "keep the model's activation: no fused op takes this form "
-                   "(the epilogue allow-list is gelu, silu); the compiler fix is an op and an epilogue for it"),
+                   f"(the epilogue allow-list is {', '.join(EPILOGUE_ACTIVATIONS)}); the compiler fix is an op and "
+                   "an epilogue for it"),
 }
 
 
@@ -106,7 +109,7 @@ def _signatures(g: Graph) -> list[tuple[str, tuple[int, ...], str]]:
                                                                           f"0.5 * x * (1 + ...) product"))
         elif (form := activation_form(g, n)) is not None:
             found.append(("activation", (form.out, *form.nodes[:-1]), f"{form.name} {form.formula}"))
-        elif n.op in (Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.SIGMOID):
+        elif n.op in (Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.RELU2, Op.SIGMOID):
             for u in g.users(n.id):
                 if activation_form(g, u) is not None:  # x * sigmoid(k x): an activation, not a gate
                     continue

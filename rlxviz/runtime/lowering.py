@@ -49,7 +49,7 @@ from .mlx_backend import mx
 
 T = TypeVar("T")
 
-KERNEL_ACTS = frozenset({"gelu", "gelu_tanh", "silu", "relu"})
+KERNEL_ACTS = frozenset({"gelu", "gelu_tanh", "silu", "relu", "relu2"})
 """Activations the `bias_act` CPU kernel computes (others take the activation's own lowering)."""
 
 NEG = -3.4028234663852886e38  # finfo(float32).min, as the NumPy reference uses for masked scores
@@ -501,7 +501,8 @@ _SIMPLE: dict[Op, Callable[..., mx.array]] = {
     Op.POW: mx.power, Op.MAX: mx.maximum, Op.MIN: mx.minimum,
     Op.EQ: mx.equal, Op.NE: mx.not_equal, Op.LT: mx.less, Op.LE: mx.less_equal, Op.GT: mx.greater,
     Op.GE: mx.greater_equal, Op.WHERE: mx.where,
-    Op.RELU: lambda x: mx.maximum(x, 0.0), Op.LOG: mx.log, Op.SQRT: mx.sqrt, Op.RSQRT: mx.rsqrt,
+    Op.RELU: lambda x: mx.maximum(x, 0.0), Op.RELU2: lambda x: mx.square(mx.maximum(x, 0.0)),
+    Op.LOG: mx.log, Op.SQRT: mx.sqrt, Op.RSQRT: mx.rsqrt,
     Op.NEG: mx.negative, Op.ABS: mx.abs, Op.ISNAN: mx.isnan, Op.SIN: mx.sin, Op.COS: mx.cos, Op.FLOOR: mx.floor,
 }
 for _op, _fn in _SIMPLE.items():

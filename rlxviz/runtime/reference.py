@@ -103,6 +103,13 @@ def _relu(a: dict, x: np.ndarray) -> np.ndarray:
     return np.maximum(x, 0).astype(x.dtype)
 
 
+@impl(Op.RELU2)
+def _relu2(a: dict, x: np.ndarray) -> np.ndarray:
+    """Squared ReLU `r * r` with `r = relu(x)`, in x's dtype: the very product `relu(x) * relu(x)` computes."""
+    r = np.maximum(x, 0).astype(x.dtype)
+    return (r * r).astype(x.dtype)
+
+
 @impl(Op.RSQRT)
 def _rsqrt(a: dict, x: np.ndarray) -> np.ndarray:
     return (1.0 / np.sqrt(x)).astype(x.dtype)

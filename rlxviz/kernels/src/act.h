@@ -5,8 +5,9 @@
 
 namespace rlxviz {
 
-// Activation applied by bias_act / gemm, by name in Python ("none", "gelu", "gelu_tanh", "silu", "relu").
-enum class Act { none, gelu, gelu_tanh, silu, relu };
+// Activation applied by bias_act / gemm, by name in Python ("none", "gelu", "gelu_tanh", "silu", "relu", "relu2");
+// the names are `rlxviz.runtime.lowering.KERNEL_ACTS` plus none (tests/test_epilogue_forms.py checks both lists).
+enum class Act { none, gelu, gelu_tanh, silu, relu, relu2 };
 
 template <Act A>
 inline float act(float x) {
@@ -14,6 +15,7 @@ inline float act(float x) {
   else if constexpr (A == Act::gelu_tanh) return vm::gelu_tanh(x);
   else if constexpr (A == Act::silu) return vm::silu(x);
   else if constexpr (A == Act::relu) return vm::relu(x);
+  else if constexpr (A == Act::relu2) return vm::relu2(x);
   else return x;
 }
 

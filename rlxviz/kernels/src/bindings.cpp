@@ -37,7 +37,7 @@ NB_MODULE(_rlxviz_kernels, m) {
         "Fused attention: q [B, Sq, heads*head_dim], k/v [B, Sk, kv_heads*head_dim], additive bias "
         "broadcastable to [B, heads, Sq, Sk] or None -> [B, Sq, heads*head_dim] (float32, CPU stream).");
   m.def("bias_act", &rlxviz::bias_act, "x"_a, "bias"_a.none(), "act"_a,
-        "act(x + bias) over the last axis: bias [N] or None; act one of none, gelu, gelu_tanh, silu, relu.");
+        "act(x + bias) over the last axis: bias [N] or None; act one of none, gelu, gelu_tanh, silu, relu, relu2.");
   m.def("residual_norm", &rlxviz::residual_norm, "x"_a, "residual"_a, "bias"_a.none(), "gamma"_a, "beta"_a.none(),
         "eps"_a, "rms"_a,
         "norm(x + residual [+ bias]) * gamma [+ beta] over the last axis: LayerNorm, or RMSNorm when rms.");
@@ -45,7 +45,7 @@ NB_MODULE(_rlxviz_kernels, m) {
         "w [K, N] float32 -> packed column panels [ceil(N / nr), K, nr] for gemm (pack a constant once).");
   m.def("gemm", &rlxviz::gemm, "x"_a, "packed"_a, "n"_a, "bias"_a.none(), "residual"_a.none(), "act"_a,
         "act(x @ w + bias) + residual, w given as pack_weights(w) with n columns: x [..., K], bias [n] or None, "
-        "residual x.shape[:-1] + [n] or None; act one of none, gelu, gelu_tanh, silu, relu.");
+        "residual x.shape[:-1] + [n] or None; act one of none, gelu, gelu_tanh, silu, relu, relu2.");
   m.def("gemm_tile", &rlxviz::gemm_tile, "The micro-kernel's tile (rows, columns) in this build.");
   m.def("softmax", &rlxviz::softmax, "x"_a, "Softmax over the last axis (float32, CPU stream).");
   m.def("set_threads", &rlxviz::set_threads, "n"_a, "Threads the kernels use; n < 1: the CPUs this process may use.");

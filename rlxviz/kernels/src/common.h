@@ -19,13 +19,14 @@ inline void check_f32(const mx::array& a, const char* what) {
   if (a.dtype() != mx::float32) throw std::invalid_argument(std::string("[rlxviz.") + what + "] float32 only");
 }
 
-// "none", "gelu", "gelu_tanh", "silu", "relu" -> Act; anything else throws, naming `what`.
+// "none", "gelu", "gelu_tanh", "silu", "relu", "relu2" -> Act; anything else throws, naming `what`.
 inline Act parse_act(const std::string& act, const char* what) {
   if (act == "none") return Act::none;
   if (act == "gelu") return Act::gelu;
   if (act == "gelu_tanh") return Act::gelu_tanh;
   if (act == "silu") return Act::silu;
   if (act == "relu") return Act::relu;
+  if (act == "relu2") return Act::relu2;
   throw std::invalid_argument(std::string("[rlxviz.") + what + "] unknown activation " + act);
 }
 

@@ -143,6 +143,7 @@ inline void epilogue_row(Act a, float* y, const float* bias, const float* res, i
     case Act::gelu_tanh: return epilogue_row<Act::gelu_tanh>(y, bias, res, n);
     case Act::silu: return epilogue_row<Act::silu>(y, bias, res, n);
     case Act::relu: return epilogue_row<Act::relu>(y, bias, res, n);
+    case Act::relu2: return epilogue_row<Act::relu2>(y, bias, res, n);
     case Act::none: return epilogue_row<Act::none>(y, bias, res, n);
   }
 }

@@ -376,6 +376,7 @@ void BiasAct::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
         case Act::gelu_tanh: return bias_act_rows<Act::gelu_tanh>(xp, bp, yp, r0, r1, n);
         case Act::silu: return bias_act_rows<Act::silu>(xp, bp, yp, r0, r1, n);
         case Act::relu: return bias_act_rows<Act::relu>(xp, bp, yp, r0, r1, n);
+        case Act::relu2: return bias_act_rows<Act::relu2>(xp, bp, yp, r0, r1, n);
         case Act::none: return bias_act_rows<Act::none>(xp, bp, yp, r0, r1, n);
       }
     });

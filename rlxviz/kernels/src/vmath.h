@@ -80,4 +80,10 @@ inline float silu(float x) { return x * (1.0f / (1.0f + exp(-x))); }
 
 inline float relu(float x) { return x < 0.0f ? 0.0f : x; }
 
+// Squared ReLU (Primer, Nemotron): r * r with r = relu(x), the IR's relu2 exactly.
+inline float relu2(float x) {
+  const float r = relu(x);
+  return r * r;
+}
+
 }  // namespace rlxviz::vm

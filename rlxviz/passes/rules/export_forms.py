@@ -5,6 +5,13 @@ no match record, no near-miss, nothing to toggle) is a rule here, at the head of
 
 * `canonicalize_exported.silu`: `x * sigmoid(x)` (torch.onnx's silu) -> `silu(x)`. Exact: the IR defines
   `silu(x)` as that product (reference and MLX).
+* `canonicalize_exported.relu2`: squared ReLU as exporters write it (Primer, Nemotron: `relu(x) * relu(x)` with
+  one relu node read twice, or `pow(relu(x), 2)`; `activations.activation_form` recognizes both) -> `relu2(x)`,
+  the op `fuse_matmul_bias_act` takes as an epilogue. Exact: the IR defines `relu2(x)` as `r * r` with `r =
+  relu(x)` (reference and MLX, in x's dtype); `pow(r, 2)` is `r * r` on the reference (NumPy squares for
+  exponent 2) and on MLX's CPU (`powf` of an exact square, representable before rounding, rounds it as the
+  product does). Only a square of x's dtype and shape (a `[1]` exponent that would broadcast a scalar, or a
+  wider exponent dtype, is no record); a relu read by anything else stays (`absorbed_escape`).
 * `canonicalize_exported.rsqrt`: `1 / sqrt(y)` (torch.onnx writes `torch.rsqrt` as Reciprocal(Sqrt)) ->
   `rsqrt(y)`. Exact on the reference (its rsqrt is `1 / sqrt`); MLX's rsqrt kernel may round the last bit
   differently (within every tolerance of `runtime.precision`).
@@ -62,6 +69,7 @@ import numpy as np
 
 from ...ir import DType, Graph, Node, Op, Rewriter
 from ...ir.infer import broadcast
+from ..activations import SQUARED_RELU, activation_form
 from ..engine import rule_pass
 from ..guard import ILLEGAL, NOT_RECOGNIZED, Ctx, guard
 from ..pattern import P, const_value, is_const
@@ -83,6 +91,24 @@ SILU = Rule(
     steps=(), result="mul", absorb=("sig", "mul"),
     build=lambda c: (Op.SILU, [c.id("x")], {}),
     doc="x * sigmoid(x) -> silu(x)")
+
+@reports(reads=("relu",), binds=("sq",))
+def _squared(c: Ctx) -> Fail | None:
+    """Bind `sq`, the reader of the relu that squares it (`activation_form`: `r * r` or `pow(r, 2)`)."""
+    r = c["relu"]
+    for u in c.users("relu"):
+        f = activation_form(c.graph, u)
+        if f is not None and f.name == SQUARED_RELU and u.dtype == r.dtype and u.shape == r.shape:
+            c.bindings["sq"] = u.id
+            return None
+    return QUIET
+
+
+RELU2 = Rule(
+    "canonicalize_exported.relu2", P(Op.RELU, P.var("x"), name="relu"),
+    steps=(_squared,), result="sq", absorb=("relu", "sq"),
+    build=lambda c: (Op.RELU2, [c.id("x")], {}),
+    doc="relu(x) * relu(x) or pow(relu(x), 2) -> relu2(x)")
 
 RSQRT = Rule(
     "canonicalize_exported.rsqrt",
@@ -394,11 +420,10 @@ NOOP_CAST = Rule(
 
 
 canonicalize_exported = rule_pass(
-    "canonicalize_exported", [SILU, RSQRT, WHERE_BIAS, NAN_GUARD, NAN_GUARD_MOVED, FOLDED_TRANSPOSE, BIAS_THEN_MASK,
-                              INVERTED_WHERE, NOOP_CAST],
-    "forms exporters write (x*sigmoid(x), 1/sqrt, the padding-mask sum, the sdpa NaN guard, its folded transpose, "
-    "T5's bias then mask, an inverted where, no-op casts) -> the IR's ops")
+    "canonicalize_exported", [SILU, RELU2, RSQRT, WHERE_BIAS, NAN_GUARD, NAN_GUARD_MOVED, FOLDED_TRANSPOSE,
+                              BIAS_THEN_MASK, INVERTED_WHERE, NOOP_CAST],
+    "forms exporters write (x*sigmoid(x), relu(x)^2, 1/sqrt, the padding-mask sum, the sdpa NaN guard, its folded "
+    "transpose, T5's bias then mask, an inverted where, no-op casts) -> the IR's ops")
 
-__all__ = ["BIAS_THEN_MASK", "FOLDED_TRANSPOSE", "INVERTED_WHERE", "NAN_GUARD", "NAN_GUARD_MOVED", "NOOP_CAST", "RSQRT",
-           "SILU",
-           "WHERE_BIAS", "canonicalize_exported"]
+__all__ = ["BIAS_THEN_MASK", "FOLDED_TRANSPOSE", "INVERTED_WHERE", "NAN_GUARD", "NAN_GUARD_MOVED", "NOOP_CAST", "RELU2",
+           "RSQRT", "SILU", "WHERE_BIAS", "canonicalize_exported"]

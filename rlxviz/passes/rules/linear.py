@@ -3,9 +3,11 @@
 `fuse_matmul_bias_act` (rlx-notes §2.3.1): `act(matmul(x, w) + bias)` -> `FusedMatMulBiasAct`.
 Guards: the matmul is single-use and not a graph output (RLX has no output guard), the bias has
 rank <= 1 and the matmul's output width (RLX checks neither length nor outputs), and the activation
-is absorbed only from the epilogue allow-list `gelu, silu`. `gelu_tanh` is deliberately not in the
-list: the fused epilogue is exact-erf GELU, so a tanh-GELU FFN keeps its activation as a separate
-node and the rejection `epilogue_activation` says so. A bias-less `act(matmul(x, w))` with an allow-listed
+is absorbed only from the epilogue allow-list (`guard.EPILOGUE_ACTIVATIONS`, from the one table
+`ir.ops.EPILOGUE_ACTIVATIONS`: `gelu, silu, relu2`; squared ReLU written as `relu(x)^2` reaches it as `relu2`
+through `canonicalize_exported.relu2`). `gelu_tanh` is deliberately not in the list: the fused epilogue is
+exact-erf GELU, so a tanh-GELU FFN keeps its activation as a separate node and the rejection
+`epilogue_activation` says so. A bias-less `act(matmul(x, w))` with an allow-listed
 activation (GPT-style FC1 + GELU) fuses too (`zero_bias_act`), with a zero bias `expand(0.0, [N])`.
 
 A scale between the matmul and its bias (`act(x @ w * s + bias)`, or `act(x @ w * s)`: weight-only quantization's
@@ -40,7 +42,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ...ir import Graph, Node, Op, Rewriter
-from ..activations import activation_of, owns_users
+from ...ir.ops import ACTIVATIONS
+from ..activations import SQUARED_RELU, activation_of, owns_users
 from ..engine import rule_pass
 from ..guard import (
     EPILOGUE_ACTIVATIONS,
@@ -80,6 +83,16 @@ def _epilogue(c: Ctx) -> Fail | None:
     """Absorb the add's activation user when allowed; otherwise say why not (soft)."""
     users = c.users("add")
     form = activation_of(c.graph, c.id("add"))
+    if form is not None and owns_users(c.graph, form) and form.name == SQUARED_RELU:  # relu2 refused it
+        sq = c.graph[form.out]
+        return Fail("guard", "epilogue_activation",
+                    f"{c.d('add')} feeds {form.describe()}; relu2 is on the epilogue allow-list, but "
+                    f"canonicalize_exported.relu2 did not form it: the square is {sq.type} where the relu is "
+                    f"{c.graph[form.nodes[0]].type} (it must keep the relu's dtype and shape), so the linear is "
+                    f"fused without it", form.nodes, tuple((c.id("add"), u.id) for u in users),
+                    "square the relu in its own dtype (an int exponent widens the ONNX import's pow)",
+                    subject=form.out, kind=NOT_RECOGNIZED,
+                    fix="read ONNX Pow's result in X's dtype (its exponent cast to it) at import")
     if form is not None and owns_users(c.graph, form):  # QuickGELU, Swish, ... written as primitives
         return Fail("guard", "epilogue_activation",
                     f"{c.d('add')} feeds {form.describe()}, an activation written as primitives that no fused op "
@@ -97,7 +110,8 @@ def _epilogue(c: Ctx) -> Fail | None:
                     f"{', '.join(EPILOGUE_ACTIVATIONS)}, so the linear is fused without activation",
                     (act.id,), ((c.id("add"), act.id),),
                     activation_hint(act.op.value), subject=act.id, kind=NOT_RECOGNIZED,
-                    fix=f"add {act.op.value} to the epilogue allow-list (a fused {act.op.value} epilogue kernel)")
+                    fix=f"add {act.op.value} to the epilogue allow-list ({_HAS_KERNEL.get(act.op.value, '')}"
+                        f"ir.ops.EPILOGUE_ACTIVATIONS)")
     if c.graph.is_output(c.id("add")):
         return Fail("guard", "add_not_output",
                     f"{c.d('add')} is a graph output, so {act.op.value} (node {act.id}) is not absorbed",
@@ -109,7 +123,11 @@ def _epilogue(c: Ctx) -> Fail | None:
     return None
 
 
-_ACTS = frozenset({Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.SIGMOID, Op.TANH})
+_ACTS = ACTIVATIONS
+_HAS_KERNEL = {"gelu_tanh": "the MLX lowering and rlxviz's CPU kernels already compute it: ",
+               "relu": "the MLX lowering and rlxviz's CPU kernels already compute it: "}
+"""What the compiler fix can say of an activation off the allow-list whose epilogue code exists already
+(`runtime.lowering.KERNEL_ACTS`; `tests/test_epilogue_forms.py` checks the two agree)."""
 
 
 def _fmba(c: Ctx) -> tuple[Op, list[int], dict]:
@@ -138,7 +156,7 @@ BIAS_ACT = Rule(
         Soft(_epilogue),
     ),
     result=("act", "add"), absorb=("mm", "add", "act"), rewrite=_fmba_rewrite,
-    doc="act(x @ w + bias) -> FusedMatMulBiasAct (activation from the allow-list gelu, silu)")
+    doc=f"act(x @ w + bias) -> FusedMatMulBiasAct (activation from the allow-list {', '.join(EPILOGUE_ACTIVATIONS)})")
 
 def _zero_bias_rewrite(c: Ctx, rw: Rewriter) -> int:
     """FusedMatMulBiasAct(x, w, expand(0.0, [N]), activation=act): the bias-less linear with its epilogue."""
@@ -170,7 +188,7 @@ ZERO_BIAS_ACT = Rule(
     ),
     result="act", absorb=("mm", "act"), rewrite=_zero_bias_rewrite,
     doc="act(x @ w) with no bias (GPT-style FC1) -> FusedMatMulBiasAct with a zero bias (exact: x + 0 == x), "
-        "activation from the allow-list gelu, silu")
+        f"activation from the allow-list {', '.join(EPILOGUE_ACTIVATIONS)}")
 
 # -- a scale between the matmul and its bias (weight-only quantization's dequantize scale) -------------------------
 
@@ -241,8 +259,8 @@ SCALE_ACT = Rule(
     doc="act(x @ w * s) with no bias, s a weight-side scale: named, not fused (FusedMatMulBiasAct has no scale)")
 
 fuse_matmul_bias_act = rule_pass("fuse_matmul_bias_act", [BIAS_ACT, ZERO_BIAS_ACT, SCALE_BIAS, SCALE_ACT],
-                                 "matmul + bias (+ gelu/silu) -> FusedMatMulBiasAct; a bias-less matmul + gelu/silu "
-                                 "with a zero bias")
+                                 f"matmul + bias (+ {'/'.join(EPILOGUE_ACTIVATIONS)}) -> FusedMatMulBiasAct; a "
+                                 f"bias-less matmul + {'/'.join(EPILOGUE_ACTIVATIONS)} with a zero bias")
 
 # -- fuse_shared_input_matmul --------------------------------------------------------------------
 #

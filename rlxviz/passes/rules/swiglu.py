@@ -1,15 +1,19 @@
-"""`fuse_swiglu`: `silu(gate) * up` -> `FusedSwiGLU` (rlx-notes §2.3.6, §2.3.8), two rules.
+"""`fuse_swiglu`: `act(gate) * up` -> `FusedSwiGLU` (rlx-notes §2.3.6, §2.3.8), two rules, for every gate of
+`ir.ops.GATE_ACTIVATIONS`: SwiGLU (`silu`, LLaMA) and GeGLU (`gelu` / `gelu_tanh`: Gemma, T5 v1.1's gated-gelu),
+the gate recorded in the fused op's `activation` (default `silu`; one op, one decomposition, so a GeGLU
+takes the same packed GEMM and the same lowering as a SwiGLU: a GELU-gated `FusedGeGLU` would copy all of them).
 
-* `fuse_swiglu.dual_matmul`: `mul(silu(matmul(x, wg)), matmul(x, wu))` -> `FusedSwiGLU(matmul(x,
-  concat([wu, wg], 1)))`. Guards RLX lacks: both matmuls and the silu single-use and not outputs,
-  equal weight shapes.
-* `fuse_swiglu.narrow_pair`: `mul(silu(narrow(c, gate half)), narrow(c, up half))` -> `FusedSwiGLU(c,
-  gate_first)`. Guards RLX lacks: the narrows are on the last axis and `c` is exactly `2N` wide;
-  the narrows and the silu are single-use and not outputs. `gate_first` is honoured everywhere
+* `fuse_swiglu.dual_matmul`: `mul(act(matmul(x, wg)), matmul(x, wu))` -> `FusedSwiGLU(matmul(x,
+  concat([wu, wg], 1)), activation=act)`. Guards RLX lacks: both matmuls and the gate activation single-use and
+  not outputs, equal weight shapes.
+* `fuse_swiglu.narrow_pair`: `mul(act(narrow(c, gate half)), narrow(c, up half))` -> `FusedSwiGLU(c,
+  gate_first, activation=act)`. Guards RLX lacks: the narrows are on the last axis and `c` is exactly `2N` wide;
+  the narrows and the gate activation are single-use and not outputs. `gate_first` is honoured everywhere
   in rlxviz (RLX's MLX lowering and unfuse ignore it).
 
-Validity (numbers equal for every input, up to GEMM summation order): `FusedSwiGLU(c)` is
-`silu(gate) * up` on the two halves of `c`'s last axis; the dual-matmul rule packs `[wu | wg]` so the
+Validity (numbers equal for every input, up to GEMM summation order): `FusedSwiGLU(c, activation=act)` is
+`act(gate) * up` on the two halves of `c`'s last axis, `act` the very op the graph applied (its decomposition
+emits that op, so the activation's numbers are unchanged); the dual-matmul rule packs `[wu | wg]` so the
 low half is `x @ wu` (equal `[K, N]` weights, guard `weights_match`); the narrow rule requires the
 exact halves of the last axis (`halves_of_last_axis`) and records which half is the gate.
 """
@@ -17,6 +21,7 @@ exact halves of the last axis (`halves_of_last_axis`) and records which half is 
 from __future__ import annotations
 
 from ...ir import Op, Rewriter
+from ...ir.ops import GATE_ACTIVATIONS
 from ..engine import rule_pass
 from ..guard import NOT_RECOGNIZED, Ctx, all_single_use, guard
 from ..pattern import P
@@ -24,27 +29,36 @@ from ..rule import Rule
 
 _SHARED_FIX = "a FusedSwiGLU that also returns the intermediate read elsewhere (Rule.outputs)"
 
+_GATES = frozenset(GATE_ACTIVATIONS)
+_LABELS = {"act": "gate activation"}
+
+
+def _act(c: Ctx) -> str:
+    """The gate's activation name (`silu`, `gelu`, `gelu_tanh`): the fused op's `activation`."""
+    return c["act"].op.value
+
+
 DUAL = Rule(
     "fuse_swiglu.dual_matmul",
-    P(Op.MUL, P(Op.SILU, P(Op.MATMUL, P.var("x"), P.var("wg"), name="gate_mm"), name="silu"),
+    P(Op.MUL, P(_GATES, P(Op.MATMUL, P.var("x"), P.var("wg"), name="gate_mm"), name="act"),
       P(Op.MATMUL, P.var("x"), P.var("wu"), name="up_mm"), name="mul", commutative=True),
     steps=(
-        all_single_use(("gate_mm", "up_mm", "silu"), "swiglu_single_use", fix=_SHARED_FIX),
+        all_single_use(("gate_mm", "up_mm", "act"), "swiglu_single_use", fix=_SHARED_FIX),
         guard("weights_match", lambda c: c["wg"].rank == 2 and c["wg"].shape == c["wu"].shape,
               lambda c: f"{c.d('wg')} (gate weight) has shape {list(c['wg'].shape)} and {c.d('wu')} (up weight) "
                         f"{list(c['wu'].shape)}; needs equal [K, N]", "give gate and up equal [K, N] weights",
               requires=("wu", "wg"), kind=NOT_RECOGNIZED, fix="none: SwiGLU halves must be the same width"),
     ),
-    result="mul", absorb=("gate_mm", "up_mm", "silu", "mul"),
+    result="mul", absorb=("gate_mm", "up_mm", "act", "mul"), labels=_LABELS,
     rewrite=lambda c, rw: _dual(c, rw),
-    doc="silu(x @ wg) * (x @ wu) -> FusedSwiGLU(x @ concat([wu, wg]))")
+    doc="act(x @ wg) * (x @ wu), act silu/gelu/gelu_tanh -> FusedSwiGLU(x @ concat([wu, wg]), activation=act)")
 
 
 def _dual(c: Ctx, rw: Rewriter) -> int:
-    absorbed = [c.id(r) for r in ("gate_mm", "up_mm", "silu", "mul")]
+    absorbed = [c.id(r) for r in ("gate_mm", "up_mm", "act", "mul")]
     with rw.provenance(absorbed):
         packed = rw.matmul(c.id("x"), rw.concat([c.id("wu"), c.id("wg")], axis=1))
-        out = rw.emit(Op.FUSED_SWIGLU, [packed], gate_first=False)
+        out = rw.emit(Op.FUSED_SWIGLU, [packed], gate_first=False, activation=_act(c))
     rw.remove(absorbed[:-1])
     rw.replace(c.id("mul"), out)
     return out
@@ -60,7 +74,7 @@ def _halves(c: Ctx) -> bool:
 
 NARROW = Rule(
     "fuse_swiglu.narrow_pair",
-    P(Op.MUL, P(Op.SILU, P(Op.NARROW, P.var("src"), name="gate"), name="silu"),
+    P(Op.MUL, P(_GATES, P(Op.NARROW, P.var("src"), name="gate"), name="act"),
       P(Op.NARROW, P.var("src"), name="up"), name="mul", commutative=True),
     steps=(
         guard("halves_of_last_axis", _halves,
@@ -71,12 +85,14 @@ NARROW = Rule(
                         f"{list(c['src'].shape)}; needs the two halves of the last axis",
               "split the packed gate/up projection into its two halves", requires=("up", "gate", "src"),
               kind=NOT_RECOGNIZED, fix="none: FusedSwiGLU takes the two halves of one tensor"),
-        all_single_use(("gate", "up", "silu"), "swiglu_single_use", fix=_SHARED_FIX),
+        all_single_use(("gate", "up", "act"), "swiglu_single_use", fix=_SHARED_FIX),
     ),
-    result="mul", absorb=("gate", "up", "silu", "mul"),
-    build=lambda c: (Op.FUSED_SWIGLU, [c.id("src")], {"gate_first": c["gate"].attrs["start"] == 0}),
-    doc="silu(narrow(c, gate)) * narrow(c, up) -> FusedSwiGLU(c, gate_first)")
+    result="mul", absorb=("gate", "up", "act", "mul"), labels=_LABELS,
+    build=lambda c: (Op.FUSED_SWIGLU, [c.id("src")], {"gate_first": c["gate"].attrs["start"] == 0,
+                                                      "activation": _act(c)}),
+    doc="act(narrow(c, gate)) * narrow(c, up), act silu/gelu/gelu_tanh -> FusedSwiGLU(c, gate_first, activation)")
 
-fuse_swiglu = rule_pass("fuse_swiglu", [DUAL, NARROW], "SwiGLU (dual matmul or packed halves) -> FusedSwiGLU")
+fuse_swiglu = rule_pass("fuse_swiglu", [DUAL, NARROW],
+                        "SwiGLU / GeGLU (dual matmul or packed halves) -> FusedSwiGLU with its gate activation")
 
 __all__ = ["DUAL", "NARROW", "fuse_swiglu"]
