@@ -162,8 +162,10 @@ def build(s: Shape, out: Path, real: bool = False, seed: int = 0) -> Path:
         r = w.node("Reciprocal", [w.node("Sqrt", [w.node("Add", [m, eps], scope)], scope)], scope)
         return w.node("Mul", [g, w.node("Mul", [v, r], scope)], scope)
 
-    def linear(v: str, weight: str, n_in: int, n_out: int, scope: list[str]) -> str:
-        return w.node("MatMul", [v, w.weight(weight, (n_in, n_out), scale=1 / math.sqrt(n_in))], scope)
+    def linear(v: str, module: str, n_in: int, n_out: int, parent: list[str]) -> str:
+        """`v @ W` for the module's `[in, out]` weight, under the module's scope."""
+        weight = w.weight(f"{module}.weight", (n_in, n_out), scale=1 / math.sqrt(n_in))
+        return w.node("MatMul", [v, weight], [*parent, module])
 
     def heads(v: str, scope: list[str]) -> str:  # [B, S, n*hd] -> [B, n, S, hd]
         shape = w.node("Concat", [b0, s0, c["val_m1"], c["val_hd"]], scope, axis=0)
@@ -188,9 +190,9 @@ def build(s: Shape, out: Path, real: bool = False, seed: int = 0) -> Path:
         att = [*lay, f"model.layers.{i}.self_attn"]
         mlp = [*lay, f"model.layers.{i}.mlp"]
         h = rms(x, f"model.layers.{i}.input_layernorm.weight", [*lay, f"model.layers.{i}.input_layernorm"])
-        q = linear(h, f"model.layers.{i}.self_attn.q_proj.weight", s.hidden, s.hidden, [*att, f"{att[-1]}.q_proj"])
-        k = linear(h, f"model.layers.{i}.self_attn.k_proj.weight", s.hidden, s.kv_heads * hd, [*att, f"{att[-1]}.k_proj"])
-        v = linear(h, f"model.layers.{i}.self_attn.v_proj.weight", s.hidden, s.kv_heads * hd, [*att, f"{att[-1]}.v_proj"])
+        q = linear(h, f"{att[-1]}.q_proj", s.hidden, s.hidden, att)
+        k = linear(h, f"{att[-1]}.k_proj", s.hidden, s.kv_heads * hd, att)
+        v = linear(h, f"{att[-1]}.v_proj", s.hidden, s.kv_heads * hd, att)
         q, k, v = rope(heads(q, att), att), rope(heads(k, att), att), heads(v, att)
         k, v = repeat_kv(k, att), repeat_kv(v, att)
         kt = w.node("Transpose", [k], att, perm=[0, 1, 3, 2])
@@ -198,15 +200,14 @@ def build(s: Shape, out: Path, real: bool = False, seed: int = 0) -> Path:
         ctx = w.node("MatMul", [w.node("Softmax", [scores], att, axis=-1), v], att)
         flat = w.node("Concat", [b0, s0, c["val_m1"]], att, axis=0)
         ctx = w.node("Reshape", [w.node("Transpose", [ctx], att, perm=[0, 2, 1, 3]), flat], att, allowzero=1)
-        x = w.node("Add", [x, linear(ctx, f"model.layers.{i}.self_attn.o_proj.weight", s.hidden, s.hidden,
-                                     [*att, f"{att[-1]}.o_proj"])], lay)
+        x = w.node("Add", [x, linear(ctx, f"{att[-1]}.o_proj", s.hidden, s.hidden, att)], lay)
         h = rms(x, f"model.layers.{i}.post_attention_layernorm.weight",
                 [*lay, f"model.layers.{i}.post_attention_layernorm"])
-        gate = linear(h, f"model.layers.{i}.mlp.gate_proj.weight", s.hidden, s.intermediate, [*mlp, f"{mlp[-1]}.gate_proj"])
-        up = linear(h, f"model.layers.{i}.mlp.up_proj.weight", s.hidden, s.intermediate, [*mlp, f"{mlp[-1]}.up_proj"])
+        gate = linear(h, f"{mlp[-1]}.gate_proj", s.hidden, s.intermediate, mlp)
+        up = linear(h, f"{mlp[-1]}.up_proj", s.hidden, s.intermediate, mlp)
         act = w.node("Mul", [gate, w.node("Sigmoid", [gate], mlp)], mlp)
-        x = w.node("Add", [x, linear(w.node("Mul", [act, up], mlp), f"model.layers.{i}.mlp.down_proj.weight",
-                                     s.intermediate, s.hidden, [*mlp, f"{mlp[-1]}.down_proj"])], lay)
+        x = w.node("Add", [x, linear(w.node("Mul", [act, up], mlp), f"{mlp[-1]}.down_proj", s.intermediate, s.hidden,
+                                     mlp)], lay)
     out_name = "last_hidden_state"
     rms(x, "model.norm.weight", [*top, "model.norm"])
     w.nodes[-1].output[0] = out_name  # the final norm's last Mul writes the graph output
