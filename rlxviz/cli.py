@@ -199,6 +199,7 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """`rlxviz run MODEL --inputs IN.npz -o OUT.npz`: run a model and save `last_hidden_state`."""
+    from .models.onnx_weights import lazy_names
     from .session import Limits, all_finite, load_inputs, npz_headers
     from .session.fidelity import output_names
 
@@ -210,7 +211,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         batch, seq = _static_shape(headers, args.inputs)
         model = resolve_model(args.model, batch, seq, args.style)
     _remember(model)  # before any message names its inputs
-    Limits.resolve().check(model.graph, args.model, "run-mlx" if args.backend == "mlx" else "run")  # before running
+    Limits.resolve().check(model.graph, args.model, "run-mlx" if args.backend == "mlx" else "run",  # before running
+                           hint=_slice_hint() if lazy_names(model.weights) else "")
     user = load_inputs(args.inputs, model.graph)  # the one check of user inputs, as `time` and the app
     feeds = user.feeds
     checks = _import_checks(model, feeds, user, args.expect)
@@ -408,13 +410,21 @@ def _run_model(args: argparse.Namespace, allow_crashes: bool = False, workload: 
                  args.threshold, dims=dims, input_shapes=shapes)
     _remember(model)
     if workload != "load":  # `load` checked the graph's own run; this adds what the command copies
-        limits.check(model.graph, args.model, workload)
+        from .models.onnx_weights import lazy_names
+
+        limits.check(model.graph, args.model, workload, hint=_slice_hint() if lazy_names(model.weights) else "")
     trace = run_pipeline(model.graph, pipe)
     _remember(trace)
     crashed = [s.error for s in trace.steps if s.error]
     if crashed and not allow_crashes:
         raise InternalError(_crash_message(crashed))
     return model, trace
+
+
+def _slice_hint() -> str:
+    from .session.fidelity import SLICE_HINT
+
+    return SLICE_HINT
 
 
 def _crash_message(crashed: Sequence[str]) -> str:
@@ -608,7 +618,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     model, trace = _run_model(args, workload="export" if suffix == ".onnx" else "load")
     if suffix == ".onnx":
         from .models.onnx_export import export_onnx
+        from .models.onnx_weights import lazy_names
+        from .session import Limits
 
+        if lazy_names(model.weights):  # the file holds every weight: read them all only if they fit
+            Limits.resolve(args.max_memory_mb).check(model.graph, args.model, "load", hint=_slice_hint())
         graph = trace.versions()[version_index(trace, args.after or "final")][1]
         export_onnx(graph, model.weights, out)
         _out(f"wrote {out} ({graph.name}, {len(graph)} nodes before unfuse)")

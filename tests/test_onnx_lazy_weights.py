@@ -1,0 +1,201 @@
+"""Any size: an export whose weights are external data is explained, drawn and printed without reading them.
+
+The files are LLaMA-shaped decoders written by `scripts/make_big_onnx.py` (the dynamo exporter's op structure) with
+every initializer in an external-data file; sparse files (`truncate`: apparent size, nothing on disk) stand for
+models too large to read. Every byte read from an external-data file goes through `onnx_weights.read_bytes`, which
+the tests replace with a counting reader.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from rlxviz.ir import format_graph
+from rlxviz.ir.memory import peak_memory, workload_peak
+from rlxviz.models import onnx_weights
+from rlxviz.models.onnx_import import OnnxImportError, load_onnx
+from rlxviz.models.onnx_weights import LAZY_ELEMENTS, LazyWeights, lazy_names
+from rlxviz.runtime import run_reference
+from tests.clirun import one_line_error, run
+
+_spec = importlib.util.spec_from_file_location("make_big_onnx", Path(__file__).parents[1] / "scripts/make_big_onnx.py")
+make_big_onnx = importlib.util.module_from_spec(_spec)
+sys.modules["make_big_onnx"] = make_big_onnx  # dataclasses look their module up
+_spec.loader.exec_module(make_big_onnx)
+
+SMALL = dict(layers=2, hidden=512, heads=4, kv_heads=2, intermediate=1024, vocab=2048)
+"""Weights of 22 MiB: every matrix over `LAZY_ELEMENTS` elements, norm weights and `inv_freq` under it."""
+WIDE = dict(layers=2, hidden=384, heads=6, kv_heads=6, intermediate=768, vocab=512)
+"""A second kind: no grouped-query heads (kv_heads = heads), most bytes in the layers, not the embedding."""
+LIMIT_MB = "8"
+"""Under both models' weights: a load that read (or counted) them would be refused."""
+
+
+class Counter:
+    """A `read_bytes` that counts what it reads: calls as (file name, length)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.real = onnx_weights.read_bytes
+
+    def __call__(self, path: Path, offset: int, length: int) -> bytes:
+        self.calls.append((Path(path).name, length))
+        return self.real(path, offset, length)
+
+    @property
+    def total(self) -> int:
+        return sum(n for _, n in self.calls)
+
+
+@pytest.fixture
+def reads(monkeypatch) -> Counter:
+    c = Counter()
+    monkeypatch.setattr(onnx_weights, "read_bytes", c)
+    return c
+
+
+def _write(tmp_path: Path, shape: dict, real: bool, name: str = "m") -> Path:
+    return make_big_onnx.build(make_big_onnx.Shape(**shape), tmp_path / f"{name}.onnx", real=real)
+
+
+def _weight_bytes(path: Path) -> int:
+    m = onnx.load(str(path), load_external_data=False)
+    return sum(4 * math.prod(t.dims) for t in m.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL)
+
+
+def _feeds(vocab: int, batch: int = 2, seq: int = 8) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
+    mask = np.ones((batch, seq), np.int64)
+    mask[-1, :3] = 0  # left padding in the last row
+    return {"input_ids": rng.integers(0, vocab, (batch, seq)), "attention_mask": mask}
+
+
+def test_the_generated_file_is_sparse_and_valid(tmp_path):
+    p = _write(tmp_path, SMALL, real=False)
+    data = p.with_name(p.name + ".data")
+    assert data.stat().st_size >= _weight_bytes(p) > 8 << 20
+    assert data.stat().st_blocks * 512 < data.stat().st_size / 4  # mostly holes
+    onnx.checker.check_model(str(p), full_check=True)  # shape inference over the whole graph, no data read
+
+
+@pytest.mark.parametrize("shape", [SMALL, WIDE], ids=["gqa", "mha"])
+def test_explain_under_a_tiny_limit_reads_no_weight(shape, tmp_path, capsys, monkeypatch, reads):
+    p = _write(tmp_path, shape, real=False)
+    assert _weight_bytes(p) > float(LIMIT_MB) * (1 << 20)
+    monkeypatch.setenv("RLXVIZ_MAX_MEMORY_MB", LIMIT_MB)
+    code, out, err = run(capsys, "explain", p)
+    assert code == 0, out + err
+    assert "2/2 layer(s) fused as expected" in out
+    assert "version 0 not checked against the ONNX model: its weights" in out and "--layers 0-1" in out
+    assert all(n <= 4 * LAZY_ELEMENTS for _, n in reads.calls), reads.calls  # only the small constants
+    assert reads.total < 64 << 10, reads.calls
+
+
+@pytest.mark.parametrize("command", [("render", "--view", "layers", "-o", "g.svg"), ("ir",), ("export", "me.json")])
+def test_render_ir_and_model_explorer_json_read_no_weight(command, tmp_path, capsys, monkeypatch, reads):
+    p = _write(tmp_path, SMALL, real=False)
+    monkeypatch.setenv("RLXVIZ_MAX_MEMORY_MB", LIMIT_MB)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, command[0], p, *command[1:])
+    assert code == 0, err
+    assert all(n <= 4 * LAZY_ELEMENTS for _, n in reads.calls) and reads.total < 64 << 10, reads.calls
+
+
+@pytest.mark.parametrize("command", [("run", "-i", "in.npz", "-o", "out.npz"), ("time", "--repeat", "1"),
+                                     ("export", "x.onnx")])
+def test_commands_that_read_every_weight_refuse_in_one_line_and_offer_a_slice(command, tmp_path, capsys,
+                                                                              monkeypatch, reads):
+    p = _write(tmp_path, SMALL, real=False)
+    np.savez(tmp_path / "in.npz", **_feeds(SMALL["vocab"]))
+    monkeypatch.setenv("RLXVIZ_MAX_MEMORY_MB", LIMIT_MB)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, command[0], p, *command[1:])
+    assert code == 2
+    one_line_error(err, command[0], "--layers 0-1")
+    assert all(n <= 4 * LAZY_ELEMENTS for _, n in reads.calls), reads.calls  # refused before reading
+
+
+@pytest.mark.parametrize("shape", [SMALL, WIDE], ids=["gqa", "mha"])
+def test_lazy_import_is_the_eager_import(shape, tmp_path, reads):
+    """Same graph text, same param names, and the same numbers (bit for bit) as reading every weight at load."""
+    p = _write(tmp_path, shape, real=True)
+    lazy = load_onnx(p, batch=2, seq=8)
+    assert isinstance(lazy.weights, LazyWeights) and reads.total < 64 << 10
+    eager = load_onnx(p, batch=2, seq=8, lazy_elements=None)
+    assert not lazy_names(eager.weights)
+    assert format_graph(lazy.graph) == format_graph(eager.graph)
+    assert sorted(lazy.weights) == sorted(eager.weights)
+    feeds = _feeds(shape["vocab"])
+    before = reads.total
+    got = run_reference(lazy.graph, feeds, lazy.weights)[0]
+    np.testing.assert_array_equal(got, run_reference(eager.graph, feeds, eager.weights)[0])
+    assert reads.total - before == lazy.weights.lazy_bytes()  # each weight read once, on its first use
+
+
+def test_run_on_real_external_data_equals_onnx_runtime(tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    import onnxruntime as ort
+
+    p = _write(tmp_path, SMALL, real=True)
+    feeds = _feeds(SMALL["vocab"])
+    np.savez(tmp_path / "in.npz", **feeds)
+    code, out, err = run(capsys, "run", p, "-i", tmp_path / "in.npz", "-o", tmp_path / "out.npz")
+    assert code == 0, err
+    assert "version 0 equals the ONNX model" in err
+    want = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(np.load(tmp_path / "out.npz")["last_hidden_state"], want, atol=1e-4, rtol=1e-4)
+
+
+def test_weights_read_on_access_one_at_a_time(tmp_path, reads):
+    p = _write(tmp_path, SMALL, real=True)
+    w = load_onnx(p).weights
+    assert isinstance(w, LazyWeights)
+    name = next(k for k in w.lazy if "q_proj" in k)
+    shape, dtype = w.shape_dtype(name)
+    start, pending = reads.total, w.pending_bytes()
+    a = w[name]
+    assert a.shape == shape == (SMALL["hidden"], SMALL["hidden"]) and a.dtype == dtype == np.float32
+    assert reads.total - start == a.nbytes and w.pending_bytes() == pending - a.nbytes
+    assert w[name] is a and reads.total - start == a.nbytes  # kept, not read again
+    assert name in w.in_memory() and len(w) == len(list(w))
+
+
+def test_the_load_check_does_not_count_weights_left_in_the_file(tmp_path):
+    p = _write(tmp_path, SMALL, real=False)
+    m = load_onnx(p)
+    unloaded = lazy_names(m.weights)
+    full, lean = peak_memory(m.graph), peak_memory(m.graph, unloaded=unloaded)
+    proto = onnx.load(str(p), load_external_data=False)
+    big = sum(4 * math.prod(t.dims) for t in proto.graph.initializer if math.prod(t.dims) > LAZY_ELEMENTS)
+    assert full.leaf_bytes - lean.leaf_bytes == m.weights.lazy_bytes() == big > 0.99 * _weight_bytes(p)
+    assert workload_peak(m.graph, "run", unloaded=unloaded) == workload_peak(m.graph, "run")  # run reads them
+
+
+def test_a_small_limit_still_refuses_what_is_read_at_load(tmp_path):
+    """The initializers read at load (the small ones, and all of them with lazy_elements=None) still count."""
+    p = _write(tmp_path, SMALL, real=False)
+    with pytest.raises(OnnxImportError, match="initializers need"):
+        load_onnx(p, max_bytes=1 << 20, lazy_elements=None)
+    load_onnx(p, max_bytes=1 << 20)  # the 22 MiB of matrices stay in their file
+
+
+@pytest.mark.parametrize("where, message", [("../outside.bin", "outside the model's folder"),
+                                            ("missing.bin", "does not exist")])
+def test_a_bad_external_location_is_one_error_even_for_a_weight_left_in_the_file(where, message, tmp_path):
+    p = _write(tmp_path, SMALL, real=False)
+    m = onnx.load(str(p), load_external_data=False)
+    big = next(t for t in m.graph.initializer if math.prod(t.dims) > LAZY_ELEMENTS)
+    for e in big.external_data:
+        if e.key == "location":
+            e.value = where
+    q = tmp_path / "q.onnx"  # next to the data file the other initializers read
+    onnx.save(m, str(q))
+    with pytest.raises(OnnxImportError, match=message):
+        load_onnx(q)
