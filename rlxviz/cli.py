@@ -204,6 +204,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .session.fidelity import output_names
 
     out = _output_file(args.output, "a .npz file name", (args.inputs, args.model))
+    _slice_model(args)
     headers = npz_headers(args.inputs)  # names, shapes, dtypes: no array is read before the model checks them
     if args.model.lower().endswith(".onnx") and Path(args.model).is_file():
         model = resolve_onnx(args.model, {k: shape for k, (shape, _) in headers.items() if not k.startswith("out:")})
@@ -212,7 +213,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         model = resolve_model(args.model, batch, seq, args.style)
     _remember(model)  # before any message names its inputs
     Limits.resolve().check(model.graph, args.model, "run-mlx" if args.backend == "mlx" else "run",  # before running
-                           hint=_slice_hint() if lazy_names(model.weights) else "")
+                           hint=_slice_hint(args) if lazy_names(model.weights) else "")
     user = load_inputs(args.inputs, model.graph)  # the one check of user inputs, as `time` and the app
     feeds = user.feeds
     checks = _import_checks(model, feeds, user, args.expect)
@@ -253,6 +254,7 @@ def add_run(sub: SubParsers) -> None:
     p.add_argument("--style", choices=("hf", "rlx"), default="hf",
                    help="BERT graph form: Hugging Face primitives or RLX fused QKV (default: %(default)s)")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
+    _layers_arg(p)
     p.set_defaults(func=cmd_run)
 
 
@@ -412,7 +414,7 @@ def _run_model(args: argparse.Namespace, allow_crashes: bool = False, workload: 
     if workload != "load":  # `load` checked the graph's own run; this adds what the command copies
         from .models.onnx_weights import lazy_names
 
-        limits.check(model.graph, args.model, workload, hint=_slice_hint() if lazy_names(model.weights) else "")
+        limits.check(model.graph, args.model, workload, hint=_slice_hint(args) if lazy_names(model.weights) else "")
     trace = run_pipeline(model.graph, pipe)
     _remember(trace)
     crashed = [s.error for s in trace.steps if s.error]
@@ -421,9 +423,32 @@ def _run_model(args: argparse.Namespace, allow_crashes: bool = False, workload: 
     return model, trace
 
 
-def _slice_hint() -> str:
+def _layers_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layers", default=None, metavar="0-K",
+                   help="an .onnx export: run only its layers 0..K (the graph cut after layer K, their real weights), "
+                        "checked against ONNX Runtime on the same slice; for a model whose weights do not fit")
+
+
+def _slice_model(args: argparse.Namespace) -> None:
+    """With `--layers`, replace `args.model` (an .onnx export) by the file of that slice (`models.onnx_slice`).
+    Raises CLIError for a model that is no .onnx file or a range the file cannot be cut at."""
+    if getattr(args, "layers", None) is None:
+        return
+    from .models.onnx_slice import parse_layers, slice_layers
+
+    if not (args.model.lower().endswith(".onnx") and Path(args.model).is_file()):
+        raise CLIError(f"--layers applies to an .onnx export; {args.model} is not one")
+    first, last = parse_layers(args.layers)
+    args.model = str(slice_layers(args.model, first, last))
+    _remember(args.model)
+
+
+def _slice_hint(args: argparse.Namespace | None = None) -> str:
+    """What a refusal for a model whose weights do not fit suggests: a slice, or a shorter one under `--layers`."""
     from .session.fidelity import SLICE_HINT
 
+    if args is not None and getattr(args, "layers", None) is not None:
+        return f"a shorter slice than --layers {args.layers} may fit"
     return SLICE_HINT
 
 
@@ -618,11 +643,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     model, trace = _run_model(args, workload="export" if suffix == ".onnx" else "load")
     if suffix == ".onnx":
         from .models.onnx_export import export_onnx
-        from .models.onnx_weights import lazy_names
-        from .session import Limits
 
-        if lazy_names(model.weights):  # the file holds every weight: read them all only if they fit
-            Limits.resolve(args.max_memory_mb).check(model.graph, args.model, "load", hint=_slice_hint())
         graph = trace.versions()[version_index(trace, args.after or "final")][1]
         export_onnx(graph, model.weights, out)
         _out(f"wrote {out} ({graph.name}, {len(graph)} nodes before unfuse)")
@@ -655,6 +676,7 @@ def cmd_time(args: argparse.Namespace) -> int:
     from .ir.onnx_op import describe_host
     from .session import format_timings, input_sets, load_inputs, shape_summary, time_versions
 
+    _slice_model(args)
     model, trace = _run_model(args, workload="time")  # refused over the memory limit before feeds are made
     user = load_inputs(args.inputs, model.graph) if args.inputs is not None else None
     feeds = user.feeds if user is not None else model.random_feeds(seed=0)
@@ -709,6 +731,7 @@ def add_time(sub: SubParsers) -> None:
                    help=f"untimed rounds after the first call, 0..{MAX_WARMUP} (default: %(default)s, as the app)")
     _device_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable output (each version with its verdict)")
+    _layers_arg(p)
     p.set_defaults(func=cmd_time)
 
 

@@ -199,3 +199,76 @@ def test_a_bad_external_location_is_one_error_even_for_a_weight_left_in_the_file
     onnx.save(m, str(q))
     with pytest.raises(OnnxImportError, match=message):
         load_onnx(q)
+
+
+# -- --layers: a slice of a model that does not fit ------------------------------------------------------------------
+
+def _full_with_output(p: Path, value: str) -> Path:
+    """The model at `p` with `value` added as a graph output (same folder, same data file), for ONNX Runtime."""
+    from onnx import shape_inference
+
+    m = shape_inference.infer_shapes(onnx.load(str(p), load_external_data=False))
+    vi = next(v for v in m.graph.value_info if v.name == value)
+    m.graph.output.append(vi)
+    q = p.with_name("with_cut.onnx")
+    onnx.save(m, str(q))
+    return q
+
+
+@pytest.mark.parametrize("shape, last", [(SMALL, 0), (dict(WIDE, layers=3), 1)], ids=["0-0 gqa", "0-1 of 3 mha"])
+def test_run_layers_runs_the_slice_with_real_weights_and_checks_it(shape, last, tmp_path, capsys, monkeypatch,
+                                                                  reads):
+    pytest.importorskip("onnxruntime")
+    import onnxruntime as ort
+
+    p = _write(tmp_path, shape, real=True)
+    feeds = _feeds(shape["vocab"])
+    np.savez(tmp_path / "in.npz", **feeds)
+    from rlxviz.models.onnx_slice import slice_layers
+
+    need = [workload_peak(load_onnx(f, batch=2, seq=8).graph, "run")[0] for f in (p, slice_layers(p, 0, last))]
+    assert need[1] < need[0]
+    monkeypatch.setenv("RLXVIZ_MAX_MEMORY_MB", str((need[0] + need[1]) / 2 / (1 << 20)))  # the slice fits, not all
+    code, _, err = run(capsys, "run", p, "-i", tmp_path / "in.npz", "-o", tmp_path / "full.npz")
+    assert code == 2 and "--layers 0-1" in err
+    code, _, err = run(capsys, "run", p, "--layers", f"0-{last}", "-i", tmp_path / "in.npz", "-o", tmp_path / "out.npz")
+    assert code == 0, err
+    assert f"{p.stem}.layers0-{last}: version 0 equals the ONNX model" in err
+    out = dict(np.load(tmp_path / "out.npz"))
+    (name, got), = out.items()
+    assert got.shape == (2, 8, shape["hidden"])
+    # the original model's own value at the cut, from ONNX Runtime on the whole file
+    want = ort.InferenceSession(str(_full_with_output(p, name)), providers=["CPUExecutionProvider"]).run(
+        [name], feeds)[0]
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+    per_layer = sum(4 * math.prod(t.dims) for t in onnx.load(str(p), load_external_data=False).graph.initializer
+                    if ".layers.1." in t.name)
+    assert reads.total <= _weight_bytes(p) - (shape["layers"] - last - 1) * per_layer + (64 << 10)  # not the rest
+
+
+@pytest.mark.parametrize("layers, message", [("1-1", "a slice starts at the first layer (0): give 0-1"),
+                                             ("0-5", "layer 5 is not in this model (layers 0..1)"),
+                                             ("1-0", "the last layer 0 is before the first 1"),
+                                             ("first", "expected FIRST-LAST")])
+def test_a_bad_slice_is_one_line(layers, message, tmp_path, capsys):
+    p = _write(tmp_path, SMALL, real=False)
+    np.savez(tmp_path / "in.npz", **_feeds(SMALL["vocab"]))
+    code, _, err = run(capsys, "run", p, "--layers", layers, "-i", tmp_path / "in.npz", "-o", tmp_path / "o.npz")
+    assert code == 2
+    one_line_error(err, "run", message)
+
+
+def test_layers_needs_an_onnx_file(tmp_path, capsys):
+    np.savez(tmp_path / "in.npz", **_feeds(100))
+    code, _, err = run(capsys, "run", "llama-block", "--layers", "0-0", "-i", tmp_path / "in.npz", "-o",
+                       tmp_path / "o.npz")
+    assert code == 2
+    one_line_error(err, "run", "--layers applies to an .onnx export")
+
+
+def test_time_layers_checks_the_slice(tmp_path, capsys, monkeypatch):
+    p = _write(tmp_path, SMALL, real=True)
+    monkeypatch.setenv("RLXVIZ_MAX_MEMORY_MB", "300")
+    code, out, err = run(capsys, "time", p, "--layers", "0-0", "--repeat", "1", "--warmup", "0", "--no-battery")
+    assert code == 0, out + err
+    assert "version 0 equals the ONNX model" in out
