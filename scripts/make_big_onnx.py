@@ -12,11 +12,12 @@ carries the exporter's `pkg.torch.onnx.name_scopes` metadata, so layer paths are
 Every initializer points into one external-data file (`<name>.onnx.data`). With `--sparse` (the default) the file
 is made with `truncate`: its apparent size is the weights' bytes, nothing is on disk and every weight reads as
 zeros; the small tensors the import reads (norm weights, `inv_freq`) are written for real. With `--real` every
-weight is written with seeded random values (only for small shapes: it writes the bytes).
+weight is written with seeded random values (only for small shapes: it writes the bytes); with `--real-layers K`
+the embedding and layers 0..K-1 are (what `rlxviz run --layers 0-<K-1>` reads), the rest left a hole.
 
 Usage:
     python scripts/make_big_onnx.py OUT.onnx [--layers 32 --hidden 4096 --heads 32 --kv-heads 8
-        --intermediate 14336 --vocab 128256] [--real] [--seed 0]
+        --intermediate 14336 --vocab 128256] [--real | --real-layers K] [--seed 0]
     python scripts/make_big_onnx.py --shape 8b OUT.onnx      # LLaMA-3-8B shape (about 15 GB apparent, sparse)
 
 Needs only `onnx` and `numpy` (no torch).
@@ -103,19 +104,20 @@ class _Writer:
             e = tensor.external_data.add()
             e.key, e.value = key, value
         if fill is not None or self.real or count <= REAL_ALWAYS:
-            arr = fill if fill is not None else (self.rng.standard_normal(shape) * scale).astype(np.float32)
+            arr = fill if fill is not None else self.rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
             self.chunks.append((self.offset, np.ascontiguousarray(arr, dtype=np.float32).tobytes()))
         self.inits.append(tensor)
         self.offset += -(-4 * count // 64) * 64
         return name
 
 
-def build(s: Shape, out: Path, real: bool = False, seed: int = 0) -> Path:
-    """Write the model to `out` and its weights to `out` + `.data` (sparse unless `real`). Returns `out`."""
+def build(s: Shape, out: Path, real: bool = False, seed: int = 0, real_layers: int = 0) -> Path:
+    """Write the model to `out` and its weights to `out` + `.data` (sparse unless `real`; with `real_layers` K the
+    embedding and layers 0..K-1 written, the rest a hole). Returns `out`."""
     if s.hidden % s.heads or s.heads % s.kv_heads or s.head_dim % 2:
         raise ValueError(f"hidden {s.hidden} must split into {s.heads} heads of even size, heads into {s.kv_heads}")
     data = out.with_name(out.name + ".data")
-    w = _Writer(data.name, real, seed)
+    w = _Writer(data.name, real or real_layers > 0, seed)
     hd, rep = s.head_dim, s.heads // s.kv_heads
     f32min = np.float32(np.finfo(np.float32).min)
     # shape constants, as the exporter names them
@@ -186,6 +188,7 @@ def build(s: Shape, out: Path, real: bool = False, seed: int = 0) -> Path:
         return w.node("Reshape", [w.node("Expand", [u, shape5], scope), shape4], scope, allowzero=1)
 
     for i in range(s.layers):
+        w.real = real or i < real_layers
         lay = [*top, f"model.layers.{i}"]
         att = [*lay, f"model.layers.{i}.self_attn"]
         mlp = [*lay, f"model.layers.{i}.mlp"]
@@ -235,11 +238,13 @@ def main() -> None:
     for k in ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab"):
         p.add_argument(f"--{k.replace('_', '-')}", type=int, default=None)
     p.add_argument("--real", action="store_true", help="write every weight (seeded random), not a sparse file")
+    p.add_argument("--real-layers", type=int, default=0, metavar="K",
+                   help="write the embedding and layers 0..K-1 for real, the rest a hole")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
     sizes = dict(SHAPES[a.shape or "tiny"])
     sizes.update({k: getattr(a, k) for k in sizes if getattr(a, k) is not None})
-    out = build(Shape(**sizes), a.out, real=a.real, seed=a.seed)
+    out = build(Shape(**sizes), a.out, real=a.real, seed=a.seed, real_layers=a.real_layers)
     data = out.with_name(out.name + ".data")
     st = data.stat()
     print(f"wrote {out} ({out.stat().st_size} bytes) and {data.name}: {st.st_size / 2**30:.2f} GiB apparent, "

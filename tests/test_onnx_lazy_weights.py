@@ -272,3 +272,18 @@ def test_time_layers_checks_the_slice(tmp_path, capsys, monkeypatch):
     code, out, err = run(capsys, "time", p, "--layers", "0-0", "--repeat", "1", "--warmup", "0", "--no-battery")
     assert code == 0, out + err
     assert "version 0 equals the ONNX model" in out
+
+
+def test_the_session_loader_and_a_pickled_model_read_nothing(tmp_path, monkeypatch, reads):
+    """`session.load` (every front end, the app's child process too) under a limit below the weights, and the
+    model pickled back from that child: nothing big is read, and a weight still reads from its file afterwards."""
+    import pickle
+
+    from rlxviz.session import Limits, load
+
+    p = _write(tmp_path, SMALL, real=True)
+    m = load(str(p), limits=Limits(float(LIMIT_MB)))
+    back = pickle.loads(pickle.dumps(m))
+    assert len(pickle.dumps(m)) < 1 << 20 and reads.total < 64 << 10
+    name = next(iter(back.weights.lazy))
+    np.testing.assert_array_equal(back.weights[name], load_onnx(p, lazy_elements=None).weights[name])
