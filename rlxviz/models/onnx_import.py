@@ -59,6 +59,7 @@ from .onnx_weights import (
     LazyWeights,
     bind_external,
     eager_bytes,
+    externals_as_inputs,
     split_external,
 )
 from .presets import Model
@@ -994,6 +995,7 @@ def _checker(proto: Any) -> str:
     shape out; the strict inference, run first, checks the types that are there): those are given placeholders here
     first, so this CHANGES `proto` (called on a forked child's copy, or on a copy)."""
     onnx = _onnx()
+    externals_as_inputs(proto)  # weights left in their file (onnx_weights): checked as inputs of their type
     for vi in (*proto.graph.input, *proto.graph.output):
         if not vi.HasField("type"):
             vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT

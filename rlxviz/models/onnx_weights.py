@@ -142,6 +142,24 @@ def eager_bytes(proto: Any, external: Mapping[str, ExternalTensor] | frozenset[s
                for t in proto.graph.initializer if t.name not in external)
 
 
+def externals_as_inputs(proto: Any) -> None:
+    """Turn the initializers of `proto` still in an external-data file into graph inputs of the same type and shape,
+    CHANGING `proto` (call it on a copy): `onnx.checker` looks for external data relative to the working directory
+    when given a model in memory, and its structural checks need only the values' types (where the data lies is
+    checked by `split_external`)."""
+    from onnx import TensorProto, helper
+
+    kept = [t for t in proto.graph.initializer if t.data_location != TensorProto.EXTERNAL]
+    moved = [t for t in proto.graph.initializer if t.data_location == TensorProto.EXTERNAL]
+    if not moved:
+        return
+    declared = {vi.name for vi in proto.graph.input}
+    proto.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in moved
+                             if t.name not in declared)
+    del proto.graph.initializer[:]
+    proto.graph.initializer.extend(kept)
+
+
 class LazyWeights(Mapping[str, np.ndarray]):
     """Param name -> array, where the arrays of `pending` are read from their file on first access and kept.
 
@@ -220,4 +238,4 @@ def bind_external(pending: dict[str, ExternalTensor], names: Any, env: dict[str,
 
 
 __all__ = ["LAZY_ELEMENTS", "ExternalDataError", "ExternalTensor", "LazyWeights", "bind_external", "eager_bytes",
-           "in_memory", "lazy_names", "read_bytes", "split_external"]
+           "externals_as_inputs", "in_memory", "lazy_names", "read_bytes", "split_external"]
