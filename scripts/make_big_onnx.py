@@ -111,9 +111,11 @@ class _Writer:
         return name
 
 
-def build(s: Shape, out: Path, real: bool = False, seed: int = 0, real_layers: int = 0) -> Path:
+def build(s: Shape, out: Path, real: bool = False, seed: int = 0, real_layers: int = 0,
+          torch_layout: bool = False) -> Path:
     """Write the model to `out` and its weights to `out` + `.data` (sparse unless `real`; with `real_layers` K the
-    embedding and layers 0..K-1 written, the rest a hole). Returns `out`."""
+    embedding and layers 0..K-1 written, the rest a hole; with `torch_layout` linear weights `[out, in]` read through
+    a `Transpose` node). Returns `out`."""
     if s.hidden % s.heads or s.heads % s.kv_heads or s.head_dim % 2:
         raise ValueError(f"hidden {s.hidden} must split into {s.heads} heads of even size, heads into {s.kv_heads}")
     data = out.with_name(out.name + ".data")
@@ -165,8 +167,13 @@ def build(s: Shape, out: Path, real: bool = False, seed: int = 0, real_layers: i
         return w.node("Mul", [g, w.node("Mul", [v, r], scope)], scope)
 
     def linear(v: str, module: str, n_in: int, n_out: int, parent: list[str]) -> str:
-        """`v @ W` for the module's `[in, out]` weight, under the module's scope."""
-        weight = w.weight(f"{module}.weight", (n_in, n_out), scale=1 / math.sqrt(n_in))
+        """`v @ W` for the module's `[in, out]` weight, under the module's scope; with `torch_layout` the weight is
+        torch's `[out, in]` and a `Transpose` precedes the MatMul (the dynamo exporter without its optimizer)."""
+        if torch_layout:
+            weight = w.weight(f"{module}.weight", (n_out, n_in), scale=1 / math.sqrt(n_in))
+            weight = w.node("Transpose", [weight], [*parent, module], perm=[1, 0])
+        else:
+            weight = w.weight(f"{module}.weight", (n_in, n_out), scale=1 / math.sqrt(n_in))
         return w.node("MatMul", [v, weight], [*parent, module])
 
     def heads(v: str, scope: list[str]) -> str:  # [B, S, n*hd] -> [B, n, S, hd]
@@ -240,11 +247,15 @@ def main() -> None:
     p.add_argument("--real", action="store_true", help="write every weight (seeded random), not a sparse file")
     p.add_argument("--real-layers", type=int, default=0, metavar="K",
                    help="write the embedding and layers 0..K-1 for real, the rest a hole")
+    p.add_argument("--torch-layout", action="store_true",
+                   help="linear weights as torch stores them ([out, in]) behind a Transpose node, as the dynamo "
+                        "exporter writes them without its optimizer")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
     sizes = dict(SHAPES[a.shape or "tiny"])
     sizes.update({k: getattr(a, k) for k in sizes if getattr(a, k) is not None})
-    out = build(Shape(**sizes), a.out, real=a.real, seed=a.seed, real_layers=a.real_layers)
+    out = build(Shape(**sizes), a.out, real=a.real, seed=a.seed, real_layers=a.real_layers,
+                torch_layout=a.torch_layout)
     data = out.with_name(out.name + ".data")
     st = data.stat()
     print(f"wrote {out} ({out.stat().st_size} bytes) and {data.name}: {st.st_size / 2**30:.2f} GiB apparent, "

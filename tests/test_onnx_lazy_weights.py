@@ -61,8 +61,9 @@ def reads(monkeypatch) -> Counter:
     return c
 
 
-def _write(tmp_path: Path, shape: dict, real: bool, name: str = "m") -> Path:
-    return make_big_onnx.build(make_big_onnx.Shape(**shape), tmp_path / f"{name}.onnx", real=real)
+def _write(tmp_path: Path, shape: dict, real: bool, name: str = "m", torch_layout: bool = False) -> Path:
+    return make_big_onnx.build(make_big_onnx.Shape(**shape), tmp_path / f"{name}.onnx", real=real,
+                               torch_layout=torch_layout)
 
 
 def _weight_bytes(path: Path) -> int:
@@ -85,9 +86,10 @@ def test_the_generated_file_is_sparse_and_valid(tmp_path):
     onnx.checker.check_model(str(p), full_check=True)  # shape inference over the whole graph, no data read
 
 
-@pytest.mark.parametrize("shape", [SMALL, WIDE], ids=["gqa", "mha"])
-def test_explain_under_a_tiny_limit_reads_no_weight(shape, tmp_path, capsys, monkeypatch, reads):
-    p = _write(tmp_path, shape, real=False)
+@pytest.mark.parametrize("shape, torch_layout", [(SMALL, False), (WIDE, False), (WIDE, True)],
+                         ids=["gqa", "mha", "mha-transposed"])
+def test_explain_under_a_tiny_limit_reads_no_weight(shape, torch_layout, tmp_path, capsys, monkeypatch, reads):
+    p = _write(tmp_path, shape, real=False, torch_layout=torch_layout)
     assert _weight_bytes(p) > float(LIMIT_MB) * (1 << 20)
     monkeypatch.setenv("RLXVIZ_MAX_MEMORY_MB", LIMIT_MB)
     code, out, err = run(capsys, "explain", p)
@@ -122,10 +124,12 @@ def test_commands_that_read_every_weight_refuse_in_one_line_and_offer_a_slice(co
     assert all(n <= 4 * LAZY_ELEMENTS for _, n in reads.calls), reads.calls  # refused before reading
 
 
-@pytest.mark.parametrize("shape", [SMALL, WIDE], ids=["gqa", "mha"])
-def test_lazy_import_is_the_eager_import(shape, tmp_path, reads):
-    """Same graph text, same param names, and the same numbers (bit for bit) as reading every weight at load."""
-    p = _write(tmp_path, shape, real=True)
+@pytest.mark.parametrize("shape, torch_layout", [(SMALL, False), (WIDE, False), (SMALL, True)],
+                         ids=["gqa", "mha", "gqa-transposed"])
+def test_lazy_import_is_the_eager_import(shape, torch_layout, tmp_path, reads):
+    """Same graph text, same param names, and the same numbers (bit for bit) as reading every weight at load; with
+    torch's `[out, in]` weights behind a Transpose node too (read transposed, as the eager import folds them)."""
+    p = _write(tmp_path, shape, real=True, torch_layout=torch_layout)
     lazy = load_onnx(p, batch=2, seq=8)
     assert isinstance(lazy.weights, LazyWeights) and reads.total < 64 << 10
     eager = load_onnx(p, batch=2, seq=8, lazy_elements=None)

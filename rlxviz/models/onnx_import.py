@@ -61,6 +61,7 @@ from .onnx_weights import (
     eager_bytes,
     externals_as_inputs,
     split_external,
+    transposed_view,
 )
 from .presets import Model
 
@@ -1167,6 +1168,8 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
             poisoned.update(node.output)
             continue
         if pending:
+            if transposed_view(pending, node, env):  # a Transpose of a weight in its file: read transposed
+                continue
             b.path = path
             bind_external(pending, node.input, env, lazy_param)
         if (missing := next((i for i in node.input if i and i not in env), None)) is not None:

@@ -60,7 +60,8 @@ class ExternalTensor:
         file: the data file (inside the model's folder).
         offset, length: where its bytes are (length = elements x itemsize, checked at load).
         data_type: its ONNX element type code.
-        shape: its dims.
+        stored: its dims in the file.
+        perm: a transpose applied on reading (a `Transpose` node of the file over the weight), or None.
     """
 
     name: str
@@ -68,28 +69,37 @@ class ExternalTensor:
     offset: int
     length: int
     data_type: int
-    shape: tuple[int, ...]
+    stored: tuple[int, ...]
+    perm: tuple[int, ...] | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Its dims as the graph reads it (`stored`, permuted by `perm`)."""
+        return self.stored if self.perm is None else tuple(self.stored[i] for i in self.perm)
 
     @property
     def size(self) -> int:
         """Elements."""
-        return math.prod(self.shape)
+        return math.prod(self.stored)
 
     @property
     def nbytes(self) -> int:
         return self.length
 
     def load(self) -> np.ndarray:
-        """Its values, read through `read_bytes`, converted as `onnx.numpy_helper.to_array` converts them."""
+        """Its values, read through `read_bytes`, converted as `onnx.numpy_helper.to_array` converts them (and
+        transposed by `perm` into a contiguous array)."""
         from onnx import TensorProto, helper, numpy_helper
 
         raw = read_bytes(self.file, self.offset, self.length)
         if self.data_type in (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.INT32,
                               TensorProto.INT64, TensorProto.INT8, TensorProto.UINT8, TensorProto.BOOL):
             dtype = np.dtype(helper.tensor_dtype_to_np_dtype(self.data_type)).newbyteorder("<")
-            return np.frombuffer(raw, dtype=dtype).reshape(self.shape).astype(dtype.newbyteorder("="), copy=False)
-        t = TensorProto(name=self.name, data_type=self.data_type, dims=list(self.shape), raw_data=raw)
-        return numpy_helper.to_array(t)
+            arr = np.frombuffer(raw, dtype=dtype).reshape(self.stored).astype(dtype.newbyteorder("="), copy=False)
+        else:
+            arr = numpy_helper.to_array(TensorProto(name=self.name, data_type=self.data_type, dims=list(self.stored),
+                                                    raw_data=raw))
+        return arr if self.perm is None else np.ascontiguousarray(arr.transpose(self.perm))
 
 
 def _external_info(t: Any, folder: Path) -> tuple[Path, int, int]:
@@ -126,7 +136,8 @@ def split_external(proto: Any, folder: Path, lazy_elements: int | None = LAZY_EL
             continue
         f, offset, length = _external_info(t, folder)
         if lazy_elements is not None and math.prod(t.dims) > lazy_elements:
-            left[t.name] = ExternalTensor(t.name, f, offset, length, int(t.data_type), tuple(int(d) for d in t.dims))
+            left[t.name] = ExternalTensor(t.name, f, offset, length, int(t.data_type),
+                                          tuple(int(d) for d in t.dims))
             continue
         t.raw_data = read_bytes(f, offset, length)
         del t.external_data[:]
@@ -228,6 +239,26 @@ def in_memory(weights: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
     return weights.in_memory() if isinstance(weights, LazyWeights) else weights
 
 
+def transposed_view(pending: dict[str, ExternalTensor], node: Any, env: Mapping[str, Any]) -> bool:
+    """When `node` is a default-domain `Transpose` of a weight still pending in its file (torch's `[out, in]`
+    linear weight, which the dynamo exporter without its optimizer transposes in the graph), record its output
+    as a pending view of the same bytes read transposed, and return True (the node is then not imported: an eager
+    import folds it into a param the same way). Else False. Reads nothing."""
+    if node.domain not in ("", "ai.onnx") or node.op_type != "Transpose" or len(node.input) != 1 \
+            or len(node.output) != 1 or not node.output[0]:
+        return False
+    t = pending.get(node.input[0])
+    if t is None or node.input[0] in env or t.perm is not None:
+        return False
+    perm = next((tuple(int(i) for i in a.ints) for a in node.attribute if a.name == "perm"), None)
+    rank = len(t.stored)
+    perm = perm if perm is not None else tuple(reversed(range(rank)))
+    if sorted(perm) != list(range(rank)):
+        return False  # an invalid perm: the import's handler reports it
+    pending[node.output[0]] = ExternalTensor(node.output[0], t.file, t.offset, t.length, t.data_type, t.stored, perm)
+    return True
+
+
 def bind_external(pending: dict[str, ExternalTensor], names: Any, env: dict[str, Any],
                   make_param: Callable[[ExternalTensor], Any]) -> None:
     """Make each of `names` that is a pending external initializer a param (`make_param`, which the import
@@ -238,4 +269,4 @@ def bind_external(pending: dict[str, ExternalTensor], names: Any, env: dict[str,
 
 
 __all__ = ["LAZY_ELEMENTS", "ExternalDataError", "ExternalTensor", "LazyWeights", "bind_external", "eager_bytes",
-           "externals_as_inputs", "in_memory", "lazy_names", "read_bytes", "split_external"]
+           "externals_as_inputs", "in_memory", "lazy_names", "read_bytes", "split_external", "transposed_view"]
