@@ -212,7 +212,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         batch, seq = _static_shape(headers, args.inputs)
         model = resolve_model(args.model, batch, seq, args.style)
     _remember(model)  # before any message names its inputs
-    Limits.resolve().check(model.graph, args.model, "run-mlx" if args.backend == "mlx" else "run",  # before running
+    Limits.resolve().check(model.graph, _source(args), "run-mlx" if args.backend == "mlx" else "run",  # before running
                            hint=_slice_hint(args) if lazy_names(model.weights) else "")
     user = load_inputs(args.inputs, model.graph)  # the one check of user inputs, as `time` and the app
     feeds = user.feeds
@@ -414,7 +414,8 @@ def _run_model(args: argparse.Namespace, allow_crashes: bool = False, workload: 
     if workload != "load":  # `load` checked the graph's own run; this adds what the command copies
         from .models.onnx_weights import lazy_names
 
-        limits.check(model.graph, args.model, workload, hint=_slice_hint(args) if lazy_names(model.weights) else "")
+        limits.check(model.graph, _source(args), workload,
+                     hint=_slice_hint(args) if lazy_names(model.weights) else "")
     trace = run_pipeline(model.graph, pipe)
     _remember(trace)
     crashed = [s.error for s in trace.steps if s.error]
@@ -439,8 +440,14 @@ def _slice_model(args: argparse.Namespace) -> None:
     if not (args.model.lower().endswith(".onnx") and Path(args.model).is_file()):
         raise CLIError(f"--layers applies to an .onnx export; {args.model} is not one")
     first, last = parse_layers(args.layers)
+    args.model_label = f"{args.model} --layers {first}-{last}"
     args.model = str(slice_layers(args.model, first, last))
     _remember(args.model)
+
+
+def _source(args: argparse.Namespace) -> str:
+    """The model as messages name it: MODEL, or `MODEL --layers 0-K` for a slice (not its temporary file)."""
+    return getattr(args, "model_label", None) or args.model
 
 
 def _slice_hint(args: argparse.Namespace | None = None) -> str:
