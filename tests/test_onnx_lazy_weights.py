@@ -291,3 +291,52 @@ def test_the_session_loader_and_a_pickled_model_read_nothing(tmp_path, monkeypat
     assert len(pickle.dumps(m)) < 1 << 20 and reads.total < 64 << 10
     name = next(iter(back.weights.lazy))
     np.testing.assert_array_equal(back.weights[name], load_onnx(p, lazy_elements=None).weights[name])
+
+
+def _table_model(tmp_path: Path, select: str) -> Path:
+    """x [2, 8, 64] times rows 0..7 of an external [4096, 64] table (a RoPE cache: 256 Ki elements, over
+    `LAZY_ELEMENTS`), selected by a constant Gather or Slice, plus x @ an external [64, 4096] weight summed back."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(3)
+    table = rng.standard_normal((4096, 64)).astype(np.float32)
+    w = rng.standard_normal((64, 4096)).astype(np.float32)
+    data = tmp_path / "t.onnx.data"
+    data.write_bytes(table.tobytes() + w.tobytes())
+    inits = []
+    for name, arr, off in (("rope.cos_cached", table, 0), ("proj.weight", w, table.nbytes)):
+        t = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(arr.shape),
+                        data_location=TensorProto.EXTERNAL)
+        for k, v in (("location", data.name), ("offset", str(off)), ("length", str(arr.nbytes))):
+            t.external_data.add(key=k, value=v)
+        inits.append(t)
+    inits += [onnx.numpy_helper.from_array(np.arange(8, dtype=np.int64), "pos"),
+              onnx.numpy_helper.from_array(np.array([0], np.int64), "zero"),
+              onnx.numpy_helper.from_array(np.array([8], np.int64), "eight"),
+              onnx.numpy_helper.from_array(np.array([-1], np.int64), "last")]
+    sel = (helper.make_node("Gather", ["rope.cos_cached", "pos"], ["cos"], axis=0) if select == "gather" else
+           helper.make_node("Slice", ["rope.cos_cached", "zero", "eight", "zero"], ["cos"]))
+    nodes = [sel, helper.make_node("Mul", ["x", "cos"], ["xc"]),
+             helper.make_node("MatMul", ["xc", "proj.weight"], ["h"]),
+             helper.make_node("ReduceSum", ["h", "last"], ["s"], keepdims=1),
+             helper.make_node("Add", ["xc", "s"], ["y"])]
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 64])], inits)
+    p = tmp_path / "t.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), str(p))
+    return p
+
+
+@pytest.mark.parametrize("select", ["gather", "slice"])
+def test_a_table_selected_by_constants_is_read_on_demand_and_folded(select, tmp_path, reads):
+    """A weight the import must fold (a cache table gathered or sliced at constant positions) is read when that
+    node is reached, and the graph is the eager import's; the matmul weight next to it is not read."""
+    p = _table_model(tmp_path, select)
+    lazy = load_onnx(p)
+    assert reads.calls == [("t.onnx.data", 4096 * 64 * 4)]  # the table, once; not the projection
+    eager = load_onnx(p, lazy_elements=None)
+    assert format_graph(lazy.graph) == format_graph(eager.graph)
+    assert lazy_names(lazy.weights) == {"proj.weight"}
+    x = {"x": np.random.default_rng(0).standard_normal((2, 8, 64)).astype(np.float32)}
+    np.testing.assert_array_equal(run_reference(lazy.graph, x, lazy.weights)[0],
+                                  run_reference(eager.graph, x, eager.weights)[0])

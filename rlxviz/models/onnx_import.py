@@ -60,6 +60,7 @@ from .onnx_weights import (
     bind_external,
     eager_bytes,
     externals_as_inputs,
+    read_on_demand,
     split_external,
     transposed_view,
 )
@@ -1170,6 +1171,9 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
         if pending:
             if transposed_view(pending, node, env):  # a Transpose of a weight in its file: read transposed
                 continue
+            if (table := read_on_demand(pending, node, env)) is not None:  # a table selected by constants
+                ctx.held_bytes += table.nbytes
+                ctx.value_names[table] = node.input[0]
             b.path = path
             bind_external(pending, node.input, env, lazy_param)
         if (missing := next((i for i in node.input if i and i not in env), None)) is not None:

@@ -239,6 +239,32 @@ def in_memory(weights: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
     return weights.in_memory() if isinstance(weights, LazyWeights) else weights
 
 
+ON_DEMAND_OPS = frozenset({"Gather", "GatherElements", "GatherND", "Slice"})
+"""Ops that select part of their data operand: a weight left in its file that one of them reads with constant
+indices (a RoPE `cos_cached` table gathered at the bound positions, a position table sliced to `seq`) is read
+then, so the import folds the selection into the small constant the passes read, as an eager import does."""
+
+ON_DEMAND_ELEMENTS = 1 << 22
+"""The most elements (16 MiB at f32) a table read on demand may have; a larger one stays a param (the selection
+becomes an IR node computing the same values)."""
+
+
+def read_on_demand(pending: dict[str, ExternalTensor], node: Any, env: dict[str, Any]) -> np.ndarray | None:
+    """When `node` selects from a weight still pending in its file (`ON_DEMAND_OPS`, data operand first) with every
+    other operand a constant, read the weight (at most `ON_DEMAND_ELEMENTS`), put it in `env` under its name, and
+    return it (the caller counts its bytes); else None, reading nothing."""
+    if node.domain not in ("", "ai.onnx") or node.op_type not in ON_DEMAND_OPS or not node.input:
+        return None
+    name = node.input[0]
+    t = pending.get(name)
+    if t is None or name in env or t.size > ON_DEMAND_ELEMENTS:
+        return None
+    if any(i and not isinstance(env.get(i), np.ndarray) for i in node.input[1:]):
+        return None  # indices or bounds computed at run time: the selection is an IR node on a param
+    arr = env[name] = t.load()
+    return arr
+
+
 def transposed_view(pending: dict[str, ExternalTensor], node: Any, env: Mapping[str, Any]) -> bool:
     """When `node` is a default-domain `Transpose` of a weight still pending in its file (torch's `[out, in]`
     linear weight, which the dynamo exporter without its optimizer transposes in the graph), record its output
@@ -269,4 +295,5 @@ def bind_external(pending: dict[str, ExternalTensor], names: Any, env: dict[str,
 
 
 __all__ = ["LAZY_ELEMENTS", "ExternalDataError", "ExternalTensor", "LazyWeights", "bind_external", "eager_bytes",
-           "externals_as_inputs", "in_memory", "lazy_names", "read_bytes", "split_external", "transposed_view"]
+           "externals_as_inputs", "in_memory", "lazy_names", "read_bytes", "read_on_demand", "split_external",
+           "transposed_view"]
