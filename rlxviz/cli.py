@@ -199,10 +199,12 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """`rlxviz run MODEL --inputs IN.npz -o OUT.npz`: run a model and save `last_hidden_state`."""
+    from .models.onnx_weights import lazy_names
     from .session import Limits, all_finite, load_inputs, npz_headers
     from .session.fidelity import output_names
 
     out = _output_file(args.output, "a .npz file name", (args.inputs, args.model))
+    _slice_model(args)
     headers = npz_headers(args.inputs)  # names, shapes, dtypes: no array is read before the model checks them
     if args.model.lower().endswith(".onnx") and Path(args.model).is_file():
         model = resolve_onnx(args.model, {k: shape for k, (shape, _) in headers.items() if not k.startswith("out:")})
@@ -210,7 +212,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         batch, seq = _static_shape(headers, args.inputs)
         model = resolve_model(args.model, batch, seq, args.style)
     _remember(model)  # before any message names its inputs
-    Limits.resolve().check(model.graph, args.model, "run-mlx" if args.backend == "mlx" else "run")  # before running
+    Limits.resolve().check(model.graph, _source(args), "run-mlx" if args.backend == "mlx" else "run",  # before running
+                           hint=_slice_hint(args) if lazy_names(model.weights) else "")
     user = load_inputs(args.inputs, model.graph)  # the one check of user inputs, as `time` and the app
     feeds = user.feeds
     checks = _import_checks(model, feeds, user, args.expect)
@@ -251,6 +254,7 @@ def add_run(sub: SubParsers) -> None:
     p.add_argument("--style", choices=("hf", "rlx"), default="hf",
                    help="BERT graph form: Hugging Face primitives or RLX fused QKV (default: %(default)s)")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
+    _layers_arg(p)
     p.set_defaults(func=cmd_run)
 
 
@@ -408,13 +412,51 @@ def _run_model(args: argparse.Namespace, allow_crashes: bool = False, workload: 
                  args.threshold, dims=dims, input_shapes=shapes)
     _remember(model)
     if workload != "load":  # `load` checked the graph's own run; this adds what the command copies
-        limits.check(model.graph, args.model, workload)
+        from .models.onnx_weights import lazy_names
+
+        limits.check(model.graph, _source(args), workload,
+                     hint=_slice_hint(args) if lazy_names(model.weights) else "")
     trace = run_pipeline(model.graph, pipe)
     _remember(trace)
     crashed = [s.error for s in trace.steps if s.error]
     if crashed and not allow_crashes:
         raise InternalError(_crash_message(crashed))
     return model, trace
+
+
+def _layers_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layers", default=None, metavar="0-K",
+                   help="an .onnx export: run only its layers 0..K (the graph cut after layer K, their real weights), "
+                        "checked against ONNX Runtime on the same slice; for a model whose weights do not fit")
+
+
+def _slice_model(args: argparse.Namespace) -> None:
+    """With `--layers`, replace `args.model` (an .onnx export) by the file of that slice (`models.onnx_slice`).
+    Raises CLIError for a model that is no .onnx file or a range the file cannot be cut at."""
+    if getattr(args, "layers", None) is None:
+        return
+    from .models.onnx_slice import parse_layers, slice_layers
+
+    if not (args.model.lower().endswith(".onnx") and Path(args.model).is_file()):
+        raise CLIError(f"--layers applies to an .onnx export; {args.model} is not one")
+    first, last = parse_layers(args.layers)
+    args.model_label = f"{args.model} --layers {first}-{last}"
+    args.model = str(slice_layers(args.model, first, last))
+    _remember(args.model)
+
+
+def _source(args: argparse.Namespace) -> str:
+    """The model as messages name it: MODEL, or `MODEL --layers 0-K` for a slice (not its temporary file)."""
+    return getattr(args, "model_label", None) or args.model
+
+
+def _slice_hint(args: argparse.Namespace | None = None) -> str:
+    """What a refusal for a model whose weights do not fit suggests: a slice, or a shorter one under `--layers`."""
+    from .session.fidelity import SLICE_HINT
+
+    if args is not None and getattr(args, "layers", None) is not None:
+        return f"a shorter slice than --layers {args.layers} may fit"
+    return SLICE_HINT
 
 
 def _crash_message(crashed: Sequence[str]) -> str:
@@ -457,14 +499,18 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from .ir.onnx_op import describe_host
     from .models.onnx_notes import imported_forms
     from .session import check_fusion, load_inputs
-    from .session.exactness import check_exactness
+    from .session.exactness import ExactnessCheck, check_exactness
+    from .session.fidelity import unread_weights
 
     model, trace = _run_model(args, allow_crashes=True)
     _warn_nonfinite("explain", model)
     user = load_inputs(args.inputs, model.graph) if args.inputs is not None else None
     feeds = user.feeds if user is not None else model.random_feeds(seed=0)
     checks = _import_checks(model, feeds, user, None)
-    exact = check_exactness(trace, feeds, model.weights)
+    if (unread := unread_weights(model)) is None:
+        exact = check_exactness(trace, feeds, model.weights)
+    else:  # weights left in their file that the limit does not let a run read
+        exact = ExactnessCheck((), (), None, skipped=unread.split(": ", 1)[-1].split("; ")[0])
     check = check_fusion(trace, model.name, None if args.layer is None else [args.layer])
     imported = imported_forms(model)  # what the file had already fused (ORT contrib ops), its quantization
     if args.json:
@@ -641,6 +687,7 @@ def cmd_time(args: argparse.Namespace) -> int:
     from .ir.onnx_op import describe_host
     from .session import format_timings, input_sets, load_inputs, shape_summary, time_versions
 
+    _slice_model(args)
     model, trace = _run_model(args, workload="time")  # refused over the memory limit before feeds are made
     user = load_inputs(args.inputs, model.graph) if args.inputs is not None else None
     feeds = user.feeds if user is not None else model.random_feeds(seed=0)
@@ -695,6 +742,7 @@ def add_time(sub: SubParsers) -> None:
                    help=f"untimed rounds after the first call, 0..{MAX_WARMUP} (default: %(default)s, as the app)")
     _device_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable output (each version with its verdict)")
+    _layers_arg(p)
     p.set_defaults(func=cmd_time)
 
 

@@ -14,7 +14,7 @@ Model builders check their config's sizes the same way before building (`check_b
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from .graph import Graph
@@ -64,10 +64,12 @@ class MemoryPeak:
     largest: Node | None
 
 
-def peak_memory(graph: Graph, itemsize: int | None = None) -> MemoryPeak:
+def peak_memory(graph: Graph, itemsize: int | None = None, unloaded: Collection[str] = ()) -> MemoryPeak:
     """Peak live bytes of one run of `graph` in node order (see the module docstring for the model); with
-    `itemsize`, every tensor counted at least that many bytes an element (`node_bytes`)."""
-    leaves = [n for n in graph if n.op in (Op.INPUT, Op.PARAM, Op.CONST)]
+    `itemsize`, every tensor counted at least that many bytes an element (`node_bytes`). Params named in
+    `unloaded` (weights left in their file, `models.onnx_weights`) count nothing: the command never reads them."""
+    leaves = [n for n in graph if n.op in (Op.INPUT, Op.CONST)
+              or n.op == Op.PARAM and not (unloaded and n.attrs.get("name") in unloaded)]
     leaf_bytes = sum(node_bytes(n, itemsize) for n in leaves)
     remaining = {n.id: graph.use_count(n) for n in graph}
     outputs = set(graph.outputs)
@@ -112,7 +114,8 @@ SLACK_BYTES, SLACK_FRACTION = 32 * MIB, 1 / 16
 temporaries inside one op (e.g. random weights drawn before their cast)."""
 
 
-def workload_peak(graph: Graph, workload: str = "load", input_sets: int = MAX_INPUT_SETS) -> tuple[int, MemoryPeak]:
+def workload_peak(graph: Graph, workload: str = "load", input_sets: int = MAX_INPUT_SETS,
+                  unloaded: Collection[str] = ()) -> tuple[int, MemoryPeak]:
     """Bytes a command holds at its peak for `graph`, counted from shapes and dtypes alone (an upper bound: every
     copy the executors materialize is counted as live at once), and the graph's own `peak_memory`.
 
@@ -126,16 +129,18 @@ def workload_peak(graph: Graph, workload: str = "load", input_sets: int = MAX_IN
     worth); `export` (one run's live tensors and `EXPORT_PARAM_COPIES` more copies of the params: the random
     weights' float64 draws, the ONNX initializers, the serialized model, the bytes written). Broadcasts and expands
     are node outputs, so counted in every run. Executed workloads add `SLACK_BYTES` and
-    `SLACK_FRACTION` of their count.
+    `SLACK_FRACTION` of their count. `unloaded` (the `load` workload only): params that the command never reads
+    (`peak_memory`), not counted.
 
     Raises:
         ValueError: an unknown workload.
     """
     if workload not in WORKLOADS:
         raise ValueError(f"unknown memory workload {workload!r}; one of {', '.join(WORKLOADS)}")
-    p = peak_memory(graph)
     if workload == "load":
+        p = peak_memory(graph, unloaded=unloaded)
         return p.peak_bytes, p
+    p = peak_memory(graph)
     outs = [graph[i] for i in set(graph.outputs)]
     out, out64 = sum(node_bytes(n) for n in outs), sum(node_bytes(n, 8) for n in outs)
     if workload == "export":  # measured: a 381 MiB param, 2.0 GB peak (the weights and three copies of them)

@@ -52,6 +52,18 @@ from .module_calls import number_calls
 from .onnx_fold import FOLDABLE, FoldError, check_fold, fold, node_attrs
 from .onnx_paths import path_from_values
 from .onnx_size import over_budget
+from .onnx_weights import (
+    LAZY_ELEMENTS,
+    ExternalDataError,
+    ExternalTensor,
+    LazyWeights,
+    bind_external,
+    eager_bytes,
+    externals_as_inputs,
+    read_on_demand,
+    split_external,
+    transposed_view,
+)
 from .presets import Model
 
 MAX_IMPORT_SECONDS = 120.0
@@ -985,6 +997,7 @@ def _checker(proto: Any) -> str:
     shape out; the strict inference, run first, checks the types that are there): those are given placeholders here
     first, so this CHANGES `proto` (called on a forked child's copy, or on a copy)."""
     onnx = _onnx()
+    externals_as_inputs(proto)  # weights left in their file (onnx_weights): checked as inputs of their type
     for vi in (*proto.graph.input, *proto.graph.output):
         if not vi.HasField("type"):
             vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
@@ -1091,11 +1104,14 @@ def _misfit(ctx: _Ctx, node: Any, ins: list[Value]) -> str | None:
 
 def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mapping[str, Sequence[int]] | None = None,
                  name: str | None = None, max_bytes: int | None = None,
-                 ) -> tuple[Graph, dict[str, np.ndarray], dict[int, tuple[str, str, str]]]:
-    """An IR graph, its weights and per-node ONNX provenance from an `onnx.ModelProto` (external data loaded).
+                 external: Mapping[str, ExternalTensor] | None = None,
+                 ) -> tuple[Graph, Mapping[str, np.ndarray], dict[int, tuple[str, str, str]]]:
+    """An IR graph, its weights and per-node ONNX provenance from an `onnx.ModelProto` (external data loaded, except
+    the initializers in `external`: `onnx_weights.split_external`, left in their file, each a param at its first use).
 
     Returns:
-        (graph, weights: param name -> array, provenance: IR node id -> (op_type, node name, doc_string)).
+        (graph, weights: param name -> array (an `onnx_weights.LazyWeights` when `external` names a used
+        initializer), provenance: IR node id -> (op_type, node name, doc_string)).
 
     Raises:
         OnnxImportError: unsupported opset, dtype, unbound or non-positive dimension, a node reading a value
@@ -1112,14 +1128,24 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
     weights: dict[str, np.ndarray] = {}
     ctx = _Ctx(b, opset, weights, seq=seq, max_bytes=max_bytes)
     env: dict[str, Value] = {}
+    pending = dict(external or {})
+    lazy: dict[str, ExternalTensor] = {}
+
+    def lazy_param(t: ExternalTensor) -> Ref:  # named and placed as `_Ctx.ref` names and places an initializer
+        base = t.name if "." in t.name or not b.path else f"{b.path}.{t.name}"
+        lazy[pname := ctx._unique(base)] = t
+        return b.param(pname, t.shape, onnx_dtype(t.data_type))
+
     for init in g.initializer:
+        if init.name in pending:
+            continue
         arr = numpy_helper.to_array(init)
         env[init.name] = arr
         ctx.held_bytes += arr.nbytes
         ctx.value_names[arr] = init.name
     bound: dict[str, tuple[int, str]] = {}  # symbolic dimension -> (size, the input that bound it)
     for vi in g.input:
-        if vi.name in env:
+        if vi.name in env or vi.name in pending:
             continue
         shape, dtype = _bind_input(vi, batch, seq, shapes)
         if vi.name in shapes and (why := _same_symbols(vi, shape, bound)):
@@ -1142,6 +1168,14 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
         if any(i in poisoned for i in node.input if i):
             poisoned.update(node.output)
             continue
+        if pending:
+            if transposed_view(pending, node, env):  # a Transpose of a weight in its file: read transposed
+                continue
+            if (table := read_on_demand(pending, node, env)) is not None:  # a table selected by constants
+                ctx.held_bytes += table.nbytes
+                ctx.value_names[table] = node.input[0]
+            b.path = path
+            bind_external(pending, node.input, env, lazy_param)
         if (missing := next((i for i in node.input if i and i not in env), None)) is not None:
             ctx.node = node
             raise OnnxImportError(str(ctx.fail(f"reads {missing!r}, which no earlier node or input produces "
@@ -1211,6 +1245,7 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise OnnxImportError(errors[0] + more)
     b.path = ""
+    bind_external(pending, [o.name for o in g.output], env, lazy_param)
     outs = []
     for o in g.output:
         v = env.get(o.name)
@@ -1233,7 +1268,8 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
     used = {n.name for n in graph.params}
     weights = {k: v for k, v in weights.items() if k in used}
     small = {k: v for k, v in weights.items() if v.size <= SMALL_VALUE}  # what guards on constant tables read
-    return graph.with_values(small), weights, provenance
+    lazy = {k: t for k, t in lazy.items() if k in used}
+    return graph.with_values(small), LazyWeights(weights, lazy) if lazy else weights, provenance
 
 
 def _size(n: int) -> str:
@@ -1288,7 +1324,7 @@ def _check_initializer_types(proto: Any, path: str | Path) -> None:
 
 def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Mapping[str, Sequence[int]] | None = None,
               external_data_dir: str | Path | None = None, name: str | None = None,
-              max_bytes: int | None = None) -> Model:
+              max_bytes: int | None = None, lazy_elements: int | None = LAZY_ELEMENTS) -> Model:
     """A `Model` from an `.onnx` file.
 
     Args:
@@ -1297,9 +1333,12 @@ def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Ma
         input_shapes: full static shapes for some inputs (by name), overriding the binding.
         external_data_dir: where the external-data files live (default: the model's folder).
         name: the model name (default: the file's stem).
-        max_bytes: refuse a model whose initializers (external data included) would take more bytes,
-            checked from their declared shapes before the external data is read, and a file whose size or text
-            counts more (`onnx_size.over_budget`), checked before it is parsed.
+        max_bytes: refuse a model whose initializers held in memory (the file's own and the external ones of at
+            most `lazy_elements` elements) would take more bytes, checked from their declared shapes before the
+            external data is read, and a file whose size or text counts more (`onnx_size.over_budget`), checked
+            before it is parsed.
+        lazy_elements: external initializers with more elements stay in their file until their values are
+            needed (`onnx_weights`: the model's weights are then a `LazyWeights`); None reads them all at load.
 
     Raises:
         OnnxImportError: unreadable or invalid file, too large, missing external data, or anything
@@ -1319,21 +1358,22 @@ def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Ma
         why = "the file is empty" if p.stat().st_size == 0 else "it holds no graph"
         raise OnnxImportError(f"{path}: not an ONNX model ({why})")
     _check_initializer_types(proto, path)  # before any size is computed from a data type
+    folder = Path(external_data_dir or p.parent)
     if max_bytes is not None:
-        need = sum(math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-                   for t in proto.graph.initializer)
+        need = eager_bytes(proto, {t.name for t in proto.graph.initializer  # those left in their file: not held
+                                   if t.data_location == onnx.TensorProto.EXTERNAL and lazy_elements is not None
+                                   and math.prod(t.dims) > lazy_elements})
         if need > max_bytes:
             raise OnnxImportError(f"{path}: its initializers need {_size(need)}, over the limit of {_size(max_bytes)} "
                                   f"(--max-memory-mb / RLXVIZ_MAX_MEMORY_MB)")
-    _bound_external_data(proto, Path(external_data_dir or p.parent), path)
+    _bound_external_data(proto, folder, path)
     try:
-        from onnx.external_data_helper import load_external_data_for_model
-
-        load_external_data_for_model(proto, str(external_data_dir or p.parent))
-    except Exception as e:  # noqa: BLE001 - missing file, path escaping the folder, short read
+        external = split_external(proto, folder, lazy_elements)  # reads the small ones; the large stay in the file
+    except (ExternalDataError, OSError) as e:  # missing file, path escaping the folder, short read
         raise OnnxImportError(f"{path}: cannot load external data ({type(e).__name__}: {e})") from None
     try:
-        graph, weights, provenance = import_graph(proto, batch, seq, input_shapes, name or p.stem, max_bytes)
+        graph, weights, provenance = import_graph(proto, batch, seq, input_shapes, name or p.stem, max_bytes,
+                                                  external)
     except OnnxImportError as e:
         raise OnnxImportError(f"{path}: {e}") from None
     producer = f"{proto.producer_name} {proto.producer_version}".strip()

@@ -54,6 +54,42 @@ class Fidelity:
                 f"{self.tol}); the import changed the numbers, so no later check can be trusted")
 
 
+@dataclass(frozen=True)
+class Unchecked:
+    """Version 0 not compared with the model, and why (one clause): its weights were left in their file
+    (`models.onnx_weights`) and reading them would pass the memory limit. `ok` is True: nothing was found wrong;
+    the line says what was not checked."""
+
+    why: str
+    ok: bool = True
+
+    def line(self) -> str:
+        return f"version 0 not checked against the ONNX model: {self.why}"
+
+
+SLICE_HINT = "check a slice of the model that fits: --layers 0-1 (rlxviz run / time)"
+"""What a refusal for a model whose weights do not fit suggests instead."""
+
+
+def unread_weights(model: Model, workload: str = "run") -> str | None:
+    """Why `model`'s weights cannot all be read for `workload` under the memory limit (`Limits.resolve()`), in
+    one clause, or None when they can, or when none was left in its file (an ordinary model: the command's own
+    check decides). Reads nothing."""
+    from ..ir.memory import workload_peak
+    from ..models.onnx_weights import LazyWeights
+    from .limits import Limits, human_bytes
+
+    w = model.weights
+    if not isinstance(w, LazyWeights) or not w.pending_bytes():
+        return None
+    limits = Limits.resolve()
+    need = workload_peak(model.graph, workload)[0]
+    if need <= limits.max_bytes:
+        return None
+    return (f"its weights ({human_bytes(w.lazy_bytes())}) were left in their file: a run needs {human_bytes(need)}, "
+            f"over the limit of {human_bytes(limits.max_bytes)} ({limits.source}); {SLICE_HINT}")
+
+
 def output_names(model: Model) -> list[str]:
     """The model's output names: the ONNX graph's for an import, else `last_hidden_state`, `output_1`, ...
     (the names `rlxviz run` saves)."""
@@ -92,9 +128,10 @@ def against_expected(model: Model, feeds: Mapping[str, np.ndarray], expected: Ma
                   f"the expected outputs in {source}")
 
 
-def against_onnx(model: Model, feeds: Mapping[str, np.ndarray]) -> Fidelity | None:
+def against_onnx(model: Model, feeds: Mapping[str, np.ndarray]) -> Fidelity | Unchecked | None:
     """Version 0 against the ONNX file it was imported from (None for a model that is not an ONNX import), run by
-    ONNX Runtime when installed, else by `onnx.reference` (slow on large models).
+    ONNX Runtime when installed, else by `onnx.reference` (slow on large models); `Unchecked` when its weights were
+    left in their file and reading them would pass the memory limit (`unread_weights`: `explain` on an 8B export).
 
     Raises:
         ValueError: ONNX Runtime refuses the file or these inputs (one line, its reason): the model has no
@@ -104,6 +141,8 @@ def against_onnx(model: Model, feeds: Mapping[str, np.ndarray]) -> Fidelity | No
     path = model.meta.get("onnx_file") if model.meta else None
     if not path:
         return None
+    if (why := unread_weights(model)) is not None:
+        return Unchecked(why)
     feeds = dict(feeds)
     names = output_names(model)
     got = run_reference(model.graph, feeds, model.weights)  # first: its own errors name the node (a gather's table)
@@ -145,4 +184,5 @@ def onnx_check(model: Model) -> tuple[str, bool]:
     return (f.line(), f.ok) if f is not None else ("", True)
 
 
-__all__ = ["Fidelity", "against_expected", "against_onnx", "onnx_check", "output_names"]
+__all__ = ["SLICE_HINT", "Fidelity", "Unchecked", "against_expected", "against_onnx", "onnx_check", "output_names",
+           "unread_weights"]

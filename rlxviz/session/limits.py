@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from ..ir import Graph
@@ -87,7 +87,8 @@ class Limits:
             return cls(_positive(old, f"{DEPRECATED_MEMORY_ENV}={old!r}"), DEPRECATED_MEMORY_ENV)
         return cls()
 
-    def check(self, graph: Graph, source: str, workload: str = "load") -> int:
+    def check(self, graph: Graph, source: str, workload: str = "load", unloaded: Collection[str] = (),
+              hint: str = "") -> int:
         """Refuse `graph` when `workload` would hold more than the limit at once: inputs, params and every
         node's output while it is live, and the copies the command makes (`ir.memory.workload_peak`: for
         `run` the saved outputs, for `run-mlx` the MLX copies, for `time` the float64 oracle and the MLX
@@ -97,6 +98,8 @@ class Limits:
             graph: the graph whose schedule is counted.
             source: what the graph came from, named first in the message (a preset, a file, `IR text`).
             workload: `load` (every front end, on load), `run`, `run-mlx`, `time` or `export` (`ir.memory.WORKLOADS`).
+            unloaded: with `load`, params left in their file (`models.onnx_weights.lazy_names`): not counted.
+            hint: said after the refusal instead of "use smaller shapes" (e.g. how to run a slice of the model).
 
         Returns:
             The peak bytes of the workload.
@@ -105,7 +108,7 @@ class Limits:
             LimitError: over the limit; the message names the peak, where it is reached, the largest
                 tensor and how to raise the limit.
         """
-        need, p = workload_peak(graph, workload)
+        need, p = workload_peak(graph, workload, unloaded=unloaded)
         if need > self.max_bytes:
             where = f" at %{p.at_node} ({graph[p.at_node].op.value})" if p.at_node is not None else ""
             big = ""
@@ -117,8 +120,8 @@ class Limits:
             what = "a run needs" if workload == "load" else f"{workload} needs ({WORKLOADS[workload]})"
             raise LimitError(
                 f"{source}: {what} {human_bytes(need)} at its peak{where}{big}, over the limit of "
-                f"{human_bytes(self.max_bytes)} ({self.source}); use smaller shapes, or raise {MAX_MEMORY_ENV} "
-                "(CLI: --max-memory-mb) if the machine has the memory", need, self.max_bytes)
+                f"{human_bytes(self.max_bytes)} ({self.source}); {hint or 'use smaller shapes'}, or raise "
+                f"{MAX_MEMORY_ENV} (CLI: --max-memory-mb) if the machine has the memory", need, self.max_bytes)
         return need
 
 

@@ -21,6 +21,7 @@ from ..models import PRESETS, CheckpointError, Model, load_checkpoint, load_mode
 from ..models.checkpoint import read_config_file
 from ..models.onnx_dims import onnx_input_shapes
 from ..models.onnx_import import load_onnx
+from ..models.onnx_weights import lazy_names
 from ..passes import layer_of
 from ..passes.trace import layer_keys
 from .cache import LRUCache
@@ -277,7 +278,7 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
     except (ValueError, KeyError, OSError) as e:
         msg = first_line(e)
         raise SessionError(msg if msg.startswith(model) else f"{model}: {msg}") from None
-    limits.check(m.graph, model)
+    limits.check(m.graph, model, unloaded=lazy_names(m.weights))  # weights left in their file are read by run/time
     return m
 
 

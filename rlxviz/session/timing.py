@@ -93,8 +93,11 @@ def all_finite(arrays: Iterable[np.ndarray]) -> bool:
 
 
 def nonfinite_arrays(arrays: Mapping[str, np.ndarray]) -> list[str]:
-    """Names of the float arrays holding NaN or infinities (e.g. a checkpoint's corrupted weights)."""
-    return [k for k, a in arrays.items() if np.asarray(a).dtype.kind in "fc" and not np.isfinite(a).all()]
+    """Names of the float arrays holding NaN or infinities (e.g. a checkpoint's corrupted weights); of weights left
+    in their file (`models.onnx_weights.LazyWeights`), only those read so far (none is read here)."""
+    from ..models.onnx_weights import in_memory
+
+    return [k for k, a in in_memory(arrays).items() if np.asarray(a).dtype.kind in "fc" and not np.isfinite(a).all()]
 
 
 def arrays_digest(*groups: Mapping[str, np.ndarray]) -> str:

@@ -1,0 +1,164 @@
+"""The first layers of an ONNX export as an ONNX model of their own: what `rlxviz run/time --layers 0-K` runs when
+the whole model does not fit the memory limit.
+
+`slice_layers(path, 0, K)` cuts the file's graph after layer K: its outputs become the values that nodes of layers
+0..K produce and later nodes read (the residual stream after layer K: `[batch, seq, hidden]`), everything before
+them is kept (embedding, mask and RoPE tables, layers 0..K) with their real weights, and nothing after. The layers
+are the exporter's module paths (`onnx_import.node_path`, numbered as the import numbers them). The slice is written
+to a temporary folder (removed when the process exits) next to its weights: a hard link to the model's
+external-data file, else a sparse file holding only the byte ranges the slice's initializers use (the offsets
+unchanged), so ONNX Runtime, which reads external data only from the model's own folder, runs the same slice. Its
+numbers are the original model's numbers for those values: the kept nodes compute exactly what they computed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+_LAYERS = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+
+
+class SliceError(ValueError):
+    """A `--layers` range that the file cannot be cut at: one line naming the range and the file's layers."""
+
+
+def parse_layers(text: str) -> tuple[int, int]:
+    """`0-1` -> (0, 1), `3` -> (3, 3). Raises SliceError for anything else or a reversed range."""
+    m = _LAYERS.match(text or "")
+    if not m:
+        raise SliceError(f"--layers {text!r}: expected FIRST-LAST (e.g. 0-1) or one layer index")
+    first = int(m.group(1))
+    last = int(m.group(2)) if m.group(2) is not None else first
+    if last < first:
+        raise SliceError(f"--layers {text}: the last layer {last} is before the first {first}")
+    return first, last
+
+
+_TEMP: list[str] = []
+
+
+def _temp_dir() -> Path:
+    d = tempfile.mkdtemp(prefix="rlxviz-slice-")
+    if not _TEMP:
+        atexit.register(lambda: [shutil.rmtree(x, ignore_errors=True) for x in _TEMP])
+    _TEMP.append(d)
+    return Path(d)
+
+
+def _node_layers(graph: Any) -> list[int | None]:
+    from ..passes import layer_of
+    from .module_calls import number_calls
+    from .onnx_import import node_path
+
+    paths = number_calls([node_path(n) for n in graph.node])
+    return [None if (lay := layer_of(p)) is None else int(lay) for p in paths]
+
+
+def cut_values(graph: Any, last: int) -> list[str]:
+    """Names of the values that nodes of layers <= `last` produce and a later node (or the graph's output) reads.
+    Raises SliceError when no node names layer `last`, or when it is the file's last layer."""
+    layers = _node_layers(graph)
+    present = sorted({x for x in layers if x is not None})
+    if last not in present:
+        span = f"layers {present[0]}..{present[-1]}" if present else "no node path names a layer"
+        raise SliceError(f"--layers: layer {last} is not in this model ({span})")
+    end = max(i for i, x in enumerate(layers) if x == last)
+    produced: dict[str, int] = {}
+    for i, (n, x) in enumerate(zip(graph.node, layers, strict=True)):
+        if i <= end and x is not None and x <= last:
+            for o in n.output:
+                if o:
+                    produced[o] = i
+    later = {i for n in graph.node[end + 1:] for i in n.input} | {o.name for o in graph.output}
+    cut = [v for v in produced if v in later]
+    if not cut:
+        raise SliceError(f"--layers: nothing that layers 0..{last} compute is read after them")
+    return cut
+
+
+def slice_layers(path: str | Path, first: int, last: int) -> Path:
+    """Write layers `first`..`last` (`first` must be the model's first layer: the slice starts at the inputs) of the
+    ONNX file `path` as their own model (`<stem>.layers<first>-<last>.onnx` in a temporary folder) and return its path.
+    Reads no weight (the slice's data file is a hard link, or a sparse copy of the ranges it uses).
+
+    Raises:
+        SliceError: a range that does not start at the first layer, a layer the model lacks, a file that cannot be cut.
+        OSError: the temporary folder cannot be written.
+    """
+    import onnx
+    from onnx import shape_inference, utils
+
+    p = Path(path)
+    try:
+        proto = onnx.load(str(p), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - protobuf DecodeError and friends
+        raise SliceError(f"{path}: not a readable ONNX model ({type(e).__name__})") from None
+    layers = sorted({x for x in _node_layers(proto.graph) if x is not None})
+    if not layers:
+        raise SliceError(f"{path}: --layers: no node path names a layer, so the file cannot be cut by layer")
+    if first != layers[0]:
+        raise SliceError(f"--layers {first}-{last}: a slice starts at the first layer ({layers[0]}): give "
+                         f"{layers[0]}-{last}")
+    outs = cut_values(proto.graph, last)
+    inferred = shape_inference.infer_shapes(proto)  # types of the cut values (no data read)
+    inits = {t.name for t in proto.graph.initializer}
+    inputs = [i.name for i in proto.graph.input if i.name not in inits]
+    try:
+        part = utils.Extractor(inferred).extract_model(inputs, outs)
+    except Exception as e:  # noqa: BLE001 - a value without a type, a cut onnx refuses
+        raise SliceError(f"{path}: --layers {first}-{last}: cannot cut the graph ({type(e).__name__}: {e})") from None
+    part.graph.name = f"{proto.graph.name or p.stem} layers {first}-{last}"
+    out_dir = _temp_dir()
+    _place_external_data(part, p.parent, out_dir)
+    out = out_dir / f"{p.stem}.layers{first}-{last}.onnx"
+    onnx.save(part, str(out))
+    return out
+
+
+def _place_external_data(proto: Any, src: Path, dst: Path) -> None:
+    """Make each external-data file the slice's initializers name readable from `dst`: a hard link, else a sparse
+    file of the same size holding the byte ranges those initializers use (copied in 16 MiB pieces)."""
+    from onnx import TensorProto, helper
+
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    for t in proto.graph.initializer:
+        if t.data_location != TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        where = info.get("location", "")
+        size = math.prod(t.dims) * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+        ranges.setdefault(where, []).append((int(info.get("offset", 0) or 0), int(info.get("length") or size)))
+    for where, spans in ranges.items():
+        f, g = (src / where), (dst / where)
+        if not f.resolve().is_relative_to(src.resolve()) or Path(where).is_absolute() or ".." in Path(where).parts:
+            raise SliceError(f"external data location {where!r} is outside the model's folder")
+        g.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(f.resolve(), g)
+            continue
+        except OSError:
+            pass
+        with open(f, "rb") as r, open(g, "wb") as w:
+            w.truncate(f.stat().st_size)
+            for off, length in spans:
+                r.seek(off)
+                w.seek(off)
+                left = length
+                while left:
+                    chunk = r.read(min(left, 16 << 20))
+                    if not chunk:
+                        break
+                    w.write(chunk)
+                    left -= len(chunk)
+
+
+__all__ = ["SliceError", "cut_values", "parse_layers", "slice_layers"]
