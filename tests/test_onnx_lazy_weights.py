@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from clirun import one_line_error, run
 
 from rlxviz.ir import format_graph
 from rlxviz.ir.memory import peak_memory, workload_peak
@@ -23,7 +24,6 @@ from rlxviz.models import onnx_weights
 from rlxviz.models.onnx_import import OnnxImportError, load_onnx
 from rlxviz.models.onnx_weights import LAZY_ELEMENTS, LazyWeights, lazy_names
 from rlxviz.runtime import run_reference
-from tests.clirun import one_line_error, run
 
 _spec = importlib.util.spec_from_file_location("make_big_onnx", Path(__file__).parents[1] / "scripts/make_big_onnx.py")
 make_big_onnx = importlib.util.module_from_spec(_spec)

@@ -20,7 +20,8 @@ from ..ir.serialize import NotGraphJSON
 from ..models import PRESETS, CheckpointError, Model, load_checkpoint, load_model, random_weights
 from ..models.checkpoint import read_config_file
 from ..models.onnx_dims import onnx_input_shapes
-from ..models.onnx_import import load_onnx
+from ..models.onnx_import import OnnxImportError, load_onnx
+from ..models.onnx_size import over_budget
 from ..models.onnx_weights import lazy_names
 from ..passes import layer_of
 from ..passes.trace import layer_keys
@@ -254,6 +255,8 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
         elif p.suffix.lower() == ".onnx" and (p.is_file() or allowed_roots is not None):
             if allowed_roots is not None:  # a typed path (the app's folder box): inside the roots, checked first
                 p = _within_roots(p, allowed_roots)
+            if (why := over_budget(p, limits.max_bytes)) is not None:  # before any parse: onnx_dims reads the file
+                raise OnnxImportError(f"{model}: {why}")
             st = p.stat()
             key = ("onnx-shapes", str(p.resolve()), st.st_mtime_ns, st.st_size, batch, seq,
                    tuple(sorted((dims or {}).items())),
