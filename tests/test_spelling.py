@@ -75,6 +75,9 @@ CASES = {
     "role a build reads": ('R = Rule("t.b", ANCHOR, steps=(), result="add", absorb=("mm", "add"), '
                            'build=lambda c: (Op.FUSED_MATMUL_BIAS_ACT, [c.id("x"), c.id("w"), c.id("{w}")], '
                            '{{"activation": None}}))', "bias", "bais"),
+    "attribute a guard reads": ('R = Rule("t.a", P(Op.SOFTMAX, P.var("x"), name="sm"), steps=(guard("g", '
+                                'lambda c: c["sm"].attrs.get("{w}") == -1, lambda c: "", requires=("sm",), '
+                                'kind=NOT_RECOGNIZED),), result="sm", absorb=("sm",))', "axis", "axsi"),
     "role in labels": ('R = Rule("t.l", ANCHOR, steps=(), result="add", absorb=("mm", "add"), labels={{"{w}": "h"}})',
                        "mm", "mn"),
     "state field": ('''
@@ -205,3 +208,26 @@ def test_an_optional_role_a_step_declares_may_be_asked_for_unbound():
     rule = Rule("t.maybe", ANCHOR, steps=(maybe,), result="add", absorb=("mm", "add"))
     found, _ = find(_matmul_bias(), "t", [rule], {})
     assert len(found) == 1
+
+
+def test_a_gate_of_the_authors_own_is_a_parameter_of_pipelines_holding_its_pass():
+    """Notebook 04's exercise: a rule author's `size_le("epilogue_max_rows", ...)` declares a new parameter; a
+    pipeline with that pass accepts it, one without refuses it, and a name close to a field is a misspelling."""
+    from rlxviz.passes.engine import rule_pass
+    from rlxviz.passes.guard import size_le
+
+    gate = size_le("epilogue_max_rows", lambda c: (2, "2"), "rows", "epilogue_size_gate", "add")
+    assert gate.params == ("epilogue_max_rows",)
+    rule = Rule("mine.gate", ANCHOR, steps=(gate,), result="add", absorb=("mm", "add"),
+                build=lambda c: (Op.FUSED_MATMUL_BIAS_ACT, [c.id("x"), c.id("w"), c.id("bias")], {"activation": None}))
+    mine = rule_pass("mine", [rule])
+    assert mine.params == ("epilogue_max_rows",)
+    assert not Pipeline([mine], {"epilogue_max_rows": 1}).run(_matmul_bias()).steps[0].matches  # 2 rows > 1
+    assert len(Pipeline([mine], {"epilogue_max_rows": 2}).run(_matmul_bias()).steps[0].matches) == 1
+    with pytest.raises(ParamError, match="'epilogue_max_rows'"):
+        Pipeline(["fuse_matmul_bias_act"], {"epilogue_max_rows": 1})
+    from rlxviz.session.pipeline import build_pipeline
+    with pytest.raises(PipelineError, match="'epilogue_max_rows'"):
+        build_pipeline("canonical", {"epilogue_max_rows": 1})
+    with pytest.raises(ParamError, match="did you mean 'max_region_steps'"):
+        size_le("max_region_stps", lambda c: (2, "2"), "rows", "g", "add")

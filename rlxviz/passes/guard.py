@@ -17,7 +17,7 @@ from typing import Any
 
 from ..ir import Graph, Node
 from ..ir.identity import IdentityMap
-from .params import PARAM_NAMES, check_param
+from .params import ParamError, check_new_param
 from .pattern import Bindings, RuleError, describe, op_label
 from .spelling import close, scan
 
@@ -140,15 +140,17 @@ class Ctx:
         return describe(n, self.label(r) if r else f"{n.op.value} {n.name}" if n.name else op_label(n))
 
 
-def check_literals(who: str, fns: Sequence[Callable[..., Any] | None], roles: Sequence[str]) -> None:
+def check_literals(who: str, fns: Sequence[Callable[..., Any] | None], roles: Sequence[str]) -> tuple[str, ...]:
     """Every role a guard's (or step's) functions name by literal through the context (`c["bias"]`, `c.id("mm")`,
     `"act" in c`, `c.bindings.get("x")`) is one of `roles` (or of a declared `name*` family), and every pipeline
-    parameter they read (`c.params.get(...)`) is a `PipelineParams` field (`spelling.scan`).
+    parameter they read (`c.params.get(...)`) is a `PipelineParams` field or a new name not close to one
+    (`params.check_new_param`). Returns the parameters read.
 
     Raises:
-        RuleError: naming `who`, the undeclared role or parameter, and the close match.
+        RuleError: naming `who`, the undeclared role or the misspelt parameter, and the close match.
     """
     declared = frozenset(roles)
+    params: list[str] = []
     for fn in fns:
         u = scan(fn)
         if u is None:
@@ -158,8 +160,11 @@ def check_literals(who: str, fns: Sequence[Callable[..., Any] | None], roles: Se
                 raise RuleError(f"[{who}] {getattr(fn, '__name__', 'a function')} reads role {r!r}, which it does not "
                                 f"declare (declared: {', '.join(sorted(declared)) or 'none'}){close(r, declared)}")
         for k in sorted(u.params):
-            if k not in PARAM_NAMES:
-                raise RuleError(f"[{who}] reads pipeline parameter {k!r}, which no pass has{close(k, PARAM_NAMES)}")
+            try:
+                params.append(check_new_param(k, who))
+            except ParamError as e:
+                raise RuleError(f"[{who}] {e}") from None
+    return tuple(dict.fromkeys(params))
 
 
 def _dynamic(role: str, declared: frozenset[str]) -> bool:
@@ -194,6 +199,8 @@ class Guard:
             reason is a reader or an output of the model (the reader and output factories).
         optional: roles the guard only reads when bound (`"add" in c`), which a rule need not bind: a guard
             factory shared by rules of which only some bind them.
+        params: the pipeline parameters the guard reads (`size_le` gives its own; those its functions read by
+            literal, `c.params.get("x")`, are added when it is built). Its pass declares them (`Pass.params`).
 
     Raises:
         RuleError: `kind` is not one of `KINDS`.
@@ -212,13 +219,15 @@ class Guard:
     no_model_fix: Callable[[Ctx], str | None] | None = None
     remedy: str = COMPILER_ONLY
     optional: tuple[str, ...] = ()
+    params: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise RuleError(f"[Guard {self.name}] kind must be one of {', '.join(KINDS)}; got {self.kind!r}"
                             f"{close(str(self.kind), KINDS)}")
-        check_literals(f"Guard {self.name}", (self.check, self.explain, self.highlight, self.subject,
-                                              self.no_model_fix), (*self.roles, *self.optional))
+        read = check_literals(f"Guard {self.name}", (self.check, self.explain, self.highlight, self.subject,
+                                                     self.no_model_fix), (*self.roles, *self.optional))
+        object.__setattr__(self, "params", tuple(dict.fromkeys((*self.params, *read))))
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -457,10 +466,11 @@ def size_le(param: str, measure: Callable[[Ctx], tuple[int, str]], what: str, na
     `measure(ctx)` returns `(value, how it was computed)`, e.g. `(128, "1*128")`.
 
     Raises:
-        ParamError: `param` is no `PipelineParams` field (when the rule module is imported: a misspelt name would
-            read as "no limit" and switch the gate off).
+        ParamError: `param` is no `PipelineParams` field but close to one (when the rule module is imported: a
+            misspelt name would read as "no limit" and switch the gate off). A new name (a gate of the rule
+            author's own) is declared by the guard (`Guard.params`) and accepted by pipelines holding its pass.
     """
-    check_param(param, f"guard {name}")
+    check_new_param(param, f"guard {name}")
     def ok(c: Ctx) -> bool:
         limit = c.params.get(param)
         return limit is None or measure(c)[0] <= limit
@@ -471,7 +481,8 @@ def size_le(param: str, measure: Callable[[Ctx], tuple[int, str]], what: str, na
                f"{c.params.get(param)}"
 
     return Guard(name, ok, explain, lambda c: ((c.id(role),), ()),
-                 hint or f"raise or unset {param} (the canonical pipeline has no gate)", (role,), NOT_PROFITABLE, fix)
+                 hint or f"raise or unset {param} (the canonical pipeline has no gate)", (role,), NOT_PROFITABLE, fix,
+                 params=(param,))
 
 
 def same_shape(a: str, b: str, name: str | None = None, hint: str = "", fix: str = "",

@@ -40,7 +40,7 @@ from typing import Any
 
 from ..ir import Graph, lint
 from .engine import Pass, check_records
-from .params import PipelineParams, check_params
+from .params import PARAM_NAMES, PipelineParams, check_params
 from .rules.attention import fuse_attention_block, fuse_sdpa, scale_origin
 from .rules.cleanup import dead_code_elimination, mark_elementwise_regions, unfuse
 from .rules.export_forms import canonicalize_exported
@@ -91,8 +91,9 @@ class Pipeline:
 
     Args:
         passes: pass names or `Pass` objects, run in order (a pass may appear twice).
-        params: overrides of `DEFAULT_PARAMS`; each key a `PipelineParams` field (else `ParamError`, a
-            `KeyError` naming the close matches, here and wherever the params are read or run).
+        params: overrides of `DEFAULT_PARAMS`; each key a `PipelineParams` field or a parameter a listed pass
+            declares (`Pass.params`), else `ParamError`, a `KeyError` naming the close matches, here and wherever
+            the params are read or run.
         name: shown in the trace.
         disabled: names skipped by `run` (kept in the list so the UI can re-enable them).
 
@@ -109,7 +110,12 @@ class Pipeline:
     disabled: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        check_params(self.params, f"pipeline {self.name!r}")
+        check_params(self.params, f"pipeline {self.name!r}", self.known_params)
+
+    @property
+    def known_params(self) -> tuple[str, ...]:
+        """`PipelineParams`' fields and the parameters the listed passes declare (`Pass.params`)."""
+        return tuple(dict.fromkeys((*PARAM_NAMES, *(k for p in map(_resolve, self.passes) for k in p.params))))
 
     @classmethod
     def canonical(cls, **params: Any) -> Pipeline:
@@ -136,7 +142,7 @@ class Pipeline:
     def effective_params(self) -> dict[str, Any]:
         """`DEFAULT_PARAMS` with `params` over them. Raises `ParamError` for an unknown key (`params` is a mutable
         mapping: a key added after construction is checked here)."""
-        return {**DEFAULT_PARAMS, **check_params(self.params, f"pipeline {self.name!r}")}
+        return {**DEFAULT_PARAMS, **check_params(self.params, f"pipeline {self.name!r}", self.known_params)}
 
     def enable(self, name: str, at: int | None = None) -> Pipeline:
         """Re-enable `name`, or insert it (at index `at`, default the end) if absent."""
@@ -183,7 +189,7 @@ class Pipeline:
         Raises:
             ParamError: `params` (or `self.params`) names an unknown parameter; nothing runs.
         """
-        p = {**self.effective_params, **check_params(params or {}, f"pipeline {self.name!r}")}
+        p = {**self.effective_params, **check_params(params or {}, f"pipeline {self.name!r}", self.known_params)}
         trace = Trace(graph, [], self.name)
         g = graph
         for ps in self.active():

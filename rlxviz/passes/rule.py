@@ -171,7 +171,7 @@ def _check_step(fn: Callable[..., Any], guard_names: Sequence[str], reads: Seque
                 ) -> None:
     """`reports`' check of a step's body (see there)."""
     who = f"@reports step {getattr(fn, '__name__', fn)}"
-    check_literals(who, (fn,), (*reads, *binds))
+    fn.params = check_literals(who, (fn,), (*reads, *binds))  # type: ignore[attr-defined]
     u = scan(fn)
     if u is None:
         return
@@ -401,9 +401,45 @@ def check_roles(rule: Rule) -> None:
                                 f"op does not have (attributes: {', '.join(spec.attrs) or 'none'})"
                                 f"{close(bad[0], spec.attrs)}")
     _check_data(rule)
+    _check_attrs_read(rule)
     if any(o not in rule.absorb for o in rule.outputs):
         raise RuleError(f"[Rule {rule.name}] outputs {list(rule.outputs)} must be absorbed roles (absorb="
                         f"{list(rule.absorb)}): the fused node produces their values")
+
+
+def _role_ops(p: P, out: dict[str, set[Op] | None]) -> dict[str, set[Op] | None]:
+    """Role -> the ops its captures allow (None: some capture allows any op), over a pattern and its alternatives."""
+    if p.name:
+        have = out.get(p.name, set())
+        out[p.name] = None if p.ops is None or have is None else have | set(p.ops)
+    for q in (*p.alts, *(p.inputs or ())):
+        _role_ops(q, out)
+    return out
+
+
+def _check_attrs_read(rule: Rule) -> None:
+    """Every attribute a step, guard or rewrite reads by literal from a bound role (`c["norm"].attrs["eps"]`) is an
+    attribute of one of the ops the role's pattern allows (`SPECS`), so a misspelt key (a silent None) fails at
+    import."""
+    ops: dict[str, set[Op] | None] = _role_ops(rule.anchor, {})
+    fns: list[Any] = [rule.build, rule.rewrite]
+    for s in rule.steps:
+        s = s.step if isinstance(s, Soft) else s
+        if isinstance(s, Shape | User):
+            _role_ops(s.pattern, ops)
+        else:
+            fns += [s.check, s.explain, s.highlight, s.subject] if isinstance(s, Guard) else [s]
+    for fn in fns:
+        u = scan(fn)
+        for role, key in sorted(u.attrs_read if u else ()):
+            allowed = ops.get(role)
+            if not allowed or any(o not in SPECS for o in allowed):
+                continue
+            known = sorted({k for o in allowed for k in SPECS[o].attrs})
+            if key not in known:
+                raise RuleError(f"[Rule {rule.name}] {getattr(fn, '__name__', 'a step')} reads attribute {key!r} "
+                                f"of {role} ({', '.join(sorted(o.value for o in allowed))}), which it does not have "
+                                f"(attributes: {', '.join(known) or 'none'}){close(key, known)}")
 
 
 def _check_data(rule: Rule) -> None:
@@ -413,7 +449,8 @@ def _check_data(rule: Rule) -> None:
     fns: list[Any] = [rule.build, rule.rewrite]
     for s in rule.steps:
         s = s.step if isinstance(s, Soft) else s
-        fns += [s.check, s.explain, s.highlight, s.subject] if isinstance(s, Guard) else [s]
+        if not isinstance(s, Shape | User):
+            fns += [s.check, s.explain, s.highlight, s.subject] if isinstance(s, Guard) else [s]
     written, read = data_keys([f for f in fns if f is not None])
     for k in sorted(read - written - {"soft"}):
         raise RuleError(f"[Rule {rule.name}] its module reads the state field c.data[{k!r}], which nothing there "

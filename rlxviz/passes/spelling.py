@@ -42,6 +42,8 @@ class Uses:
     fail_guards: set[str] = field(default_factory=set)
     attrs_built: dict[str, set[str]] = field(default_factory=dict)
     """`(Op.NAME, operands, {"key": ...})` returned by a build: op member name -> attribute keys."""
+    attrs_read: set[tuple[str, str]] = field(default_factory=set)
+    """`c["role"].attrs["key"]` / `.attrs.get("key")`: (role, key)."""
 
 
 _TREES: dict[str, tuple[str, ast.Module, dict[int, list[ast.AST]]]] = {}
@@ -115,11 +117,20 @@ def _dict_keys(node: ast.AST) -> list[str]:
     return []
 
 
+def _attrs_of(node: ast.AST, names: frozenset[str]) -> str | None:
+    """The role in `c["role"].attrs` (or `c[...]` spelt through `c.bindings`), else None."""
+    if not (isinstance(node, ast.Attribute) and node.attr == "attrs" and isinstance(node.value, ast.Subscript)):
+        return None
+    return _str(node.value.slice) if _is(node.value.value, names) else None
+
+
 def _walk(body: ast.AST, names: frozenset[str], out: Uses) -> None:
     for n in ast.walk(body):
         if isinstance(n, ast.Subscript) and (key := _str(n.slice)) is not None:
             store = isinstance(n.ctx, ast.Store | ast.Del)
-            if _is(n.value, names):
+            if (role := _attrs_of(n.value, names)) is not None:
+                out.attrs_read.add((role, key))
+            elif _is(n.value, names):
                 out.roles_read.add(key)
             elif _field(n.value, names, "bindings"):
                 (out.roles_written if store else out.roles_read).add(key)
@@ -154,6 +165,9 @@ def _call(n: ast.Call, names: frozenset[str], out: Uses) -> None:
     if not isinstance(f, ast.Attribute):
         return
     first = _str(args[0]) if args else None
+    if f.attr == "get" and first is not None and (role := _attrs_of(f.value, names)) is not None:
+        out.attrs_read.add((role, first))
+        return
     if _is(f.value, names):
         if f.attr in CTX_READS and first is not None:
             out.roles_read.add(first)

@@ -46,10 +46,6 @@ def build_pipeline(spec: str | Sequence[str] = "canonical", params: Mapping[str,
             close matches: `{"fab_max_tokns": 1}` would otherwise switch the attention gate off), an empty list,
             or a pass whose required pass is missing (`check_requirements`).
     """
-    try:
-        check_params(params or {})
-    except ParamError as e:
-        raise PipelineError(str(e)) from None
     if isinstance(spec, str) and spec in PROFILES:
         pipe = Pipeline.profile(spec)
     else:
@@ -61,6 +57,10 @@ def build_pipeline(spec: str | Sequence[str] = "canonical", params: Mapping[str,
             raise PipelineError(f"unknown pass {unknown[0]!r}{close(unknown[0], PASSES)}; known: {', '.join(PASSES)} "
                                 "(or a profile: canonical, rlx)")
         pipe = Pipeline(names, {}, name or "custom")
+    try:
+        check_params(params or {}, known=pipe.known_params)
+    except ParamError as e:
+        raise PipelineError(str(e)) from None
     pipe.params.update(params or {})
     return check_requirements(pipe)
 
