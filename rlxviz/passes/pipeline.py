@@ -115,7 +115,8 @@ class Pipeline:
     @property
     def known_params(self) -> tuple[str, ...]:
         """`PipelineParams`' fields and the parameters the listed passes declare (`Pass.params`)."""
-        return tuple(dict.fromkeys((*PARAM_NAMES, *(k for p in map(_resolve, self.passes) for k in p.params))))
+        listed = [p if isinstance(p, Pass) else PASSES.get(p) for p in self.passes]  # unknown names fail elsewhere
+        return tuple(dict.fromkeys((*PARAM_NAMES, *(k for p in listed if p is not None for k in p.params))))
 
     @classmethod
     def canonical(cls, **params: Any) -> Pipeline:
