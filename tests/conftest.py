@@ -7,8 +7,8 @@ Speed tiers (issue 36): a test is `slow` when it drives a browser, executes note
 spends its time in child processes (a served app, a CLI subprocess, an isolated loader). `make test-fast` runs
 `pytest -m "not slow"` for every commit; `make test` (and CI) runs everything. `SLOW_FILES` marks whole files,
 `SLOW_TESTS` single tests of otherwise fast files (the name before any `[param]`); `@pytest.mark.slow` in a test
-file works too. A listed name that matches no collected test fails the run, so a rename cannot quietly move a slow
-test into the fast tier.
+file works too. A listed test its module does not define fails the run, so a rename cannot quietly move a slow test
+into the fast tier.
 """
 
 import os
@@ -31,21 +31,51 @@ SLOW_FILES: dict[str, str] = {
 """Test files whose every test is slow, with the reason."""
 
 SLOW_TESTS: dict[str, str] = {
+    # child processes: loads through the isolated loader (session.isolated), timing workers, CLI subprocesses
+    "test_one_verdict.py::test_every_view_reads_one_verdict_onnx_fixtures": "seven ONNX uploads, each loaded in a "
+                                                                            "child process, through every view",
+    "test_app_state.py::test_upload_good_and_corrupted": "uploads loaded in child processes",
+    "test_app_state.py::test_an_uploaded_onnx_file_is_named_after_the_users_file": "an upload loaded in a child",
+    "test_app_state.py::test_checkpoint_folder_only_under_allowed_dirs": "checkpoint loads in child processes",
+    "test_app_state.py::test_an_uploaded_npz_with_expected_outputs_times_and_is_dropped_with_the_model":
+        "an upload loaded and timed in child processes",
+    "test_app_start.py::test_a_dropped_onnx_file_loads_and_half_a_checkpoint_waits": "uploads in child processes",
+    "test_app_views.py::test_why_tab_opens_on_a_layer_after_an_upload": "an upload loaded in a child process",
+    "test_app_views.py::test_variants_disabled_for_an_uploaded_onnx_export": "an upload loaded in a child process",
+    "test_onnx_import.py::test_app_loads_an_onnx_path_only_under_the_allowed_dirs": "loads in child processes",
+    "test_onnx_import.py::test_app_loads_an_onnx_upload": "an upload loaded in a child process",
+    "test_session_parity.py::test_same_answers_from_the_cli_the_notebooks_and_the_app": "the CLI, the notebooks "
+                                                                                       "and the app on one model",
+    "test_reliability_cases.py::test_notebook_timing_checks_the_time_workload_as_the_cli_does": "times a model",
+    "test_cli_run.py::test_subprocess_minilm_matches_fixture": "the CLI in a subprocess on the real model",
+    "test_cli_run.py::test_bad_inputs_subprocess": "the CLI in a subprocess, per bad input",
+    "test_cli_debug.py::test_subprocess_errors_have_no_traceback": "the CLI in subprocesses",
+    "test_cli_debug.py::test_ir_pipe_closed_early_is_not_an_error": "a shell pipeline of the CLI",
+    "test_warnings_quiet.py::test_no_raw_warning_reaches_the_terminal_on_hostile_files": "the CLI in a "
+                                                                                        "subprocess per file",
+    # heavy compute: real-size models through every pass or version, stress of a thread pool
+    "test_passes.py::test_every_pass_and_the_pipeline_keep_numbers": "every pass on minilm-sized models, numbers "
+                                                                     "checked on the reference",
+    "test_runtime_versions.py::test_real_minilm_every_version_on_mlx_matches_transformers_fixture":
+        "every version of the real MiniLM on MLX",
+    "test_gemm.py::test_the_pool_gives_the_same_numbers_whether_its_waits_spin_or_block": "thread-pool stress",
+    "test_app_irdiff.py::test_big_graphs_diff_with_a_bounded_table": "diffs of big graphs",
 }
 """`file::test` (parameters dropped) of single slow tests in otherwise fast files, with the reason."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    seen_files = {item.path.name for item in items}
-    matched: set[str] = set()
+    modules = {}
     for item in items:
-        name = f"{item.path.name}::{item.originalname if hasattr(item, 'originalname') else item.name}"
+        name = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
         if item.path.name in SLOW_FILES or name in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
-            matched.add(name if name in SLOW_TESTS else item.path.name)
-    stale = [n for n in SLOW_TESTS if n.split("::")[0] in seen_files and n not in matched]
+        if getattr(item, "module", None) is not None:
+            modules[item.path.name] = item.module
+    stale = [n for n in SLOW_TESTS if n.split("::")[0] in modules and not hasattr(modules[n.split("::")[0]],
+                                                                                    n.split("::")[1])]
     if stale:
-        raise pytest.UsageError(f"conftest.SLOW_TESTS names tests that were not collected (renamed?): {stale}")
+        raise pytest.UsageError(f"conftest.SLOW_TESTS names tests that do not exist (renamed?): {stale}")
 
 
 @pytest.fixture(scope="session", autouse=True)
