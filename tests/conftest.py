@@ -27,6 +27,10 @@ SLOW_FILES: dict[str, str] = {
     "test_bench_processes.py": "a benchmark, one process per configuration",
     "test_bench_runtime.py": "a benchmark",
     "test_isolated.py": "child processes killed at their limits",
+    "test_cpu_limit.py": "busy child processes stopped at their CPU-time limits",
+    "test_server_stop.py": "served apps stopped, with their child processes",
+    "test_timeproc_bounds.py": "timing jobs in child processes, one stopped at its limit",
+    "test_app_overlay.py": "error and time overlays computed in child processes",
 }
 """Test files whose every test is slow, with the reason."""
 
@@ -39,6 +43,9 @@ SLOW_TESTS: dict[str, str] = {
     "test_app_state.py::test_checkpoint_folder_only_under_allowed_dirs": "checkpoint loads in child processes",
     "test_app_state.py::test_an_uploaded_npz_with_expected_outputs_times_and_is_dropped_with_the_model":
         "an upload loaded and timed in child processes",
+    "test_app_state.py::test_timing_runs_in_a_worker_process": "timing in a worker process",
+    "test_app_state.py::test_timing_says_the_precision_policy_and_runs_uploaded_inputs": "timing in a worker "
+                                                                                          "process",
     "test_app_start.py::test_a_dropped_onnx_file_loads_and_half_a_checkpoint_waits": "uploads in child processes",
     "test_app_views.py::test_why_tab_opens_on_a_layer_after_an_upload": "an upload loaded in a child process",
     "test_app_views.py::test_variants_disabled_for_an_uploaded_onnx_export": "an upload loaded in a child process",
