@@ -5,10 +5,10 @@ never lands inside a test with a time bound of its own (the fuzz watchdogs).
 
 Speed tiers (issue 36): a test is `slow` when it drives a browser, executes notebooks, fuzzes, runs a benchmark or
 spends its time in child processes (a served app, a CLI subprocess, an isolated loader). `make test-fast` runs
-`pytest -m "not slow"` for every commit; `make test` (and CI) runs everything. `SLOW_FILES` marks whole files,
-`SLOW_TESTS` single tests of otherwise fast files (the name before any `[param]`); `@pytest.mark.slow` in a test
-file works too. A listed test its module does not define fails the run, so a rename cannot quietly move a slow test
-into the fast tier.
+`pytest -m "not slow"` for every commit; `make test` (and CI) runs everything. `SLOW_PREFIXES` and `SLOW_FILES`
+mark whole files, `SLOW_TESTS` single tests of otherwise fast files (the name before any `[param]`);
+`@pytest.mark.slow` in a test file works too. A listed test its module does not define fails the run, so a rename
+cannot quietly move a slow test into the fast tier.
 """
 
 import os
@@ -33,6 +33,13 @@ SLOW_FILES: dict[str, str] = {
     "test_app_overlay.py": "error and time overlays computed in child processes",
 }
 """Test files whose every test is slow, with the reason."""
+
+SLOW_PREFIXES: dict[str, str] = {
+    "test_browser_": "browser (a served app driven by Playwright)",
+    "test_fuzz": "fuzzing",
+    "test_bench_": "a benchmark",
+}
+"""File name prefixes whose every file is slow (a new browser test is slow without an entry)."""
 
 SLOW_TESTS: dict[str, str] = {
     # child processes: loads through the isolated loader (session.isolated), timing workers, CLI subprocesses
@@ -75,7 +82,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     modules = {}
     for item in items:
         name = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
-        if item.path.name in SLOW_FILES or name in SLOW_TESTS:
+        if item.path.name in SLOW_FILES or name in SLOW_TESTS or item.path.name.startswith(tuple(SLOW_PREFIXES)):
             item.add_marker(pytest.mark.slow)
         if getattr(item, "module", None) is not None:
             modules[item.path.name] = item.module
