@@ -9,7 +9,7 @@ MLX_BACKEND ?= cpu
 # Browser origins allowed to open the app's websocket; add yours when exposing it deliberately.
 ORIGINS ?= localhost:$(PORT) 127.0.0.1:$(PORT)
 
-.PHONY: app test setup setup-dev lint notebooks clean gpu-pack
+.PHONY: app test test-fast setup setup-dev lint notebooks clean gpu-pack
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,8 +42,13 @@ notebooks: setup
 lint: setup-dev
 	$(VENV)/bin/ruff check rlxviz tests benchmarks app.py
 
+# The whole suite (CI runs this). test-fast leaves out the tests marked slow (browser, notebooks, fuzzing,
+# benchmarks, child processes: tests/conftest.py lists them), for every commit: under 4 minutes on 2 cores.
 test: setup-dev lint
 	$(VENV)/bin/pytest -q
+
+test-fast: setup-dev lint
+	$(VENV)/bin/pytest -q -m "not slow"
 
 # For one run on a lent NVIDIA H200 (benchmarks/gpu_check.sh says how): MLX's CUDA build packed by the workplace's
 # tool (~25 MB, sm_90 only) and the pure-Python wheel the machine lacks, into the git-ignored .gpu/.

@@ -1,9 +1,95 @@
-"""Session set-up: rlxviz's CPU kernels are built (or loaded from the cache) once, before any test, so the
-first build (~30 s of CPU) never lands inside a test with a time bound of its own (the fuzz watchdogs)."""
+"""Session set-up and the speed tiers.
+
+rlxviz's CPU kernels are built (or loaded from the cache) once, before any test, so the first build (~30 s of CPU)
+never lands inside a test with a time bound of its own (the fuzz watchdogs).
+
+Speed tiers (issue 36): a test is `slow` when it drives a browser, executes notebooks, fuzzes, runs a benchmark or
+spends its time in child processes (a served app, a CLI subprocess, an isolated loader). `make test-fast` runs
+`pytest -m "not slow"` for every commit; `make test` (and CI) runs everything. `SLOW_PREFIXES` and `SLOW_FILES`
+mark whole files, `SLOW_TESTS` single tests of otherwise fast files (the name before any `[param]`);
+`@pytest.mark.slow` in a test file works too. A listed test its module does not define fails the run, so a rename
+cannot quietly move a slow test into the fast tier.
+"""
 
 import os
 
 import pytest
+
+SLOW_FILES: dict[str, str] = {
+    "test_browser_app.py": "browser (a served app driven by Playwright)",
+    "test_browser_flows.py": "browser",
+    "test_browser_nav.py": "browser",
+    "test_browser_problems.py": "browser",
+    "test_browser_security.py": "browser",
+    "test_notebooks.py": "executes every notebook with nbclient",
+    "test_fuzz.py": "fuzzing: thousands of mutated inputs",
+    "test_fuzz_onnx.py": "fuzzing the ONNX importer",
+    "test_bench_processes.py": "a benchmark, one process per configuration",
+    "test_bench_runtime.py": "a benchmark",
+    "test_isolated.py": "child processes killed at their limits",
+    "test_cpu_limit.py": "busy child processes stopped at their CPU-time limits",
+    "test_server_stop.py": "served apps stopped, with their child processes",
+    "test_timeproc_bounds.py": "timing jobs in child processes, one stopped at its limit",
+    "test_app_overlay.py": "error and time overlays computed in child processes",
+}
+"""Test files whose every test is slow, with the reason."""
+
+SLOW_PREFIXES: dict[str, str] = {
+    "test_browser_": "browser (a served app driven by Playwright)",
+    "test_fuzz": "fuzzing",
+    "test_bench_": "a benchmark",
+}
+"""File name prefixes whose every file is slow (a new browser test is slow without an entry)."""
+
+SLOW_TESTS: dict[str, str] = {
+    # child processes: loads through the isolated loader (session.isolated), timing workers, CLI subprocesses
+    "test_one_verdict.py::test_every_view_reads_one_verdict_onnx_fixtures": "seven ONNX uploads, each loaded in a "
+                                                                            "child process, through every view",
+    "test_app_state.py::test_upload_good_and_corrupted": "uploads loaded in child processes",
+    "test_app_state.py::test_an_uploaded_onnx_file_is_named_after_the_users_file": "an upload loaded in a child",
+    "test_app_state.py::test_checkpoint_folder_only_under_allowed_dirs": "checkpoint loads in child processes",
+    "test_app_state.py::test_an_uploaded_npz_with_expected_outputs_times_and_is_dropped_with_the_model":
+        "an upload loaded and timed in child processes",
+    "test_app_state.py::test_timing_runs_in_a_worker_process": "timing in a worker process",
+    "test_app_state.py::test_timing_says_the_precision_policy_and_runs_uploaded_inputs": "timing in a worker "
+                                                                                          "process",
+    "test_app_start.py::test_a_dropped_onnx_file_loads_and_half_a_checkpoint_waits": "uploads in child processes",
+    "test_app_views.py::test_why_tab_opens_on_a_layer_after_an_upload": "an upload loaded in a child process",
+    "test_app_views.py::test_variants_disabled_for_an_uploaded_onnx_export": "an upload loaded in a child process",
+    "test_onnx_import.py::test_app_loads_an_onnx_path_only_under_the_allowed_dirs": "loads in child processes",
+    "test_onnx_import.py::test_app_loads_an_onnx_upload": "an upload loaded in a child process",
+    "test_session_parity.py::test_same_answers_from_the_cli_the_notebooks_and_the_app": "the CLI, the notebooks "
+                                                                                       "and the app on one model",
+    "test_reliability_cases.py::test_notebook_timing_checks_the_time_workload_as_the_cli_does": "times a model",
+    "test_cli_run.py::test_subprocess_minilm_matches_fixture": "the CLI in a subprocess on the real model",
+    "test_cli_run.py::test_bad_inputs_subprocess": "the CLI in a subprocess, per bad input",
+    "test_cli_debug.py::test_subprocess_errors_have_no_traceback": "the CLI in subprocesses",
+    "test_cli_debug.py::test_ir_pipe_closed_early_is_not_an_error": "a shell pipeline of the CLI",
+    "test_warnings_quiet.py::test_no_raw_warning_reaches_the_terminal_on_hostile_files": "the CLI in a "
+                                                                                        "subprocess per file",
+    # heavy compute: real-size models through every pass or version, stress of a thread pool
+    "test_passes.py::test_every_pass_and_the_pipeline_keep_numbers": "every pass on minilm-sized models, numbers "
+                                                                     "checked on the reference",
+    "test_runtime_versions.py::test_real_minilm_every_version_on_mlx_matches_transformers_fixture":
+        "every version of the real MiniLM on MLX",
+    "test_gemm.py::test_the_pool_gives_the_same_numbers_whether_its_waits_spin_or_block": "thread-pool stress",
+    "test_app_irdiff.py::test_big_graphs_diff_with_a_bounded_table": "diffs of big graphs",
+}
+"""`file::test` (parameters dropped) of single slow tests in otherwise fast files, with the reason."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    modules = {}
+    for item in items:
+        name = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
+        if item.path.name in SLOW_FILES or name in SLOW_TESTS or item.path.name.startswith(tuple(SLOW_PREFIXES)):
+            item.add_marker(pytest.mark.slow)
+        if getattr(item, "module", None) is not None:
+            modules[item.path.name] = item.module
+    stale = [n for n in SLOW_TESTS if n.split("::")[0] in modules and not hasattr(modules[n.split("::")[0]],
+                                                                                    n.split("::")[1])]
+    if stale:
+        raise pytest.UsageError(f"conftest.SLOW_TESTS names tests that do not exist (renamed?): {stale}")
 
 
 @pytest.fixture(scope="session", autouse=True)

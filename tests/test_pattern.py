@@ -149,7 +149,8 @@ def test_a_guard_reading_an_undeclared_role_raises_when_it_runs():
     @reports()
     def nothing(c):
         return None
-    sneaky = guard("sneaky", lambda c: c["bias"] is None, lambda c: "", requires=("mm",), kind=NOT_RECOGNIZED)
+    role = "bias"  # held in a variable: a literal c["bias"] now fails when the guard is built (test_spelling.py)
+    sneaky = guard("sneaky", lambda c: c[role] is None, lambda c: "", requires=("mm",), kind=NOT_RECOGNIZED)
     rule = Rule("t.sneaky", P(Op.ADD, P(Op.MATMUL, name="mm"), P.var("bias"), name="add"), steps=(nothing, sneaky),
                 result="add", absorb=("add",))
     b = Builder("l")

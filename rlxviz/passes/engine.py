@@ -15,7 +15,7 @@ from ..ir import Graph, GraphError, Node, Rewriter
 from ..ir.emitter import normalize_attrs
 from ..ir.infer import ShapeError, TensorType, infer
 from .guard import ILLEGAL, NOT_PROFITABLE, Ctx
-from .rule import Fail, Rule, escape_check, run_step
+from .rule import Fail, Rule, Soft, escape_check, run_step
 from .trace import Match, Rejection
 
 
@@ -51,6 +51,13 @@ class Pass:
 
     def __call__(self, graph: Graph, params: Mapping[str, Any] | None = None) -> PassResult:
         return self.fn(graph, params or {})
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        """The pipeline parameters its rules' guards and steps read (`Guard.params`): a pipeline holding the pass
+        accepts them besides `PipelineParams`' fields."""
+        steps = (s.step if isinstance(s, Soft) else s for r in self.rules for s in r.steps)
+        return tuple(dict.fromkeys(p for s in steps for p in getattr(s, "params", ())))
 
 
 @dataclass

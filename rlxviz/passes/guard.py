@@ -18,7 +18,9 @@ from typing import Any
 from ..ir import Graph, Node
 from ..ir.identity import IdentityMap
 from ..ir.ops import EPILOGUE_ACTIVATIONS as _EPILOGUE_OPS
-from .pattern import Bindings, describe, op_label
+from .params import ParamError, check_new_param
+from .pattern import Bindings, RuleError, describe, op_label
+from .spelling import close, scan
 
 EPILOGUE_ACTIVATIONS: tuple[str, ...] = tuple(a.value for a in _EPILOGUE_OPS)
 
@@ -78,10 +80,6 @@ end prints a fix line that would change the model's numbers or drop an output. A
 NO_MODEL_FIX = "none in the model: "
 
 
-class RuleError(ValueError):
-    """A rule is malformed: a guard reads a role its pattern does not bind, an unknown kind, ..."""
-
-
 @dataclass
 class Ctx:
     """What a guard sees: the graph snapshot, role -> node id bindings, pipeline params and role labels."""
@@ -92,11 +90,12 @@ class Ctx:
     labels: Mapping[str, str] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
     scope: tuple[str, frozenset[str]] | None = None
-    """While a guard runs: (its name, the roles it declared); reading any other role raises RuleError."""
+    """While a guard or a `@reports` step runs: (who, the roles it declared); reading any other role, or asking
+    whether it is bound, raises RuleError."""
 
     def _read(self, role: str) -> int:
         if self.scope is not None and role not in self.scope[1] and not _dynamic(role, self.scope[1]):
-            raise RuleError(f"[Guard {self.scope[0]}] reads role {role!r}, which it does not declare "
+            raise RuleError(f"[{self.scope[0]}] reads role {role!r}, which it does not declare "
                             f"(declared: {', '.join(sorted(self.scope[1])) or 'none'})")
         return self.bindings[role]
 
@@ -104,6 +103,11 @@ class Ctx:
         return self.graph[self._read(role)]
 
     def __contains__(self, role: str) -> bool:
+        """Whether `role` is bound. While a guard or step runs, asking about a role it does not declare raises
+        `RuleError` (a misspelt `"bais" in c` would otherwise be a silent False)."""
+        if self.scope is not None and role not in self.scope[1] and not _dynamic(role, self.scope[1]):
+            raise RuleError(f"[{self.scope[0]}] asks for role {role!r}, which it does not declare "
+                            f"(declared: {', '.join(sorted(self.scope[1])) or 'none'}){close(role, self.scope[1])}")
         return role in self.bindings
 
     def id(self, role: str) -> int:
@@ -138,6 +142,33 @@ class Ctx:
         return describe(n, self.label(r) if r else f"{n.op.value} {n.name}" if n.name else op_label(n))
 
 
+def check_literals(who: str, fns: Sequence[Callable[..., Any] | None], roles: Sequence[str]) -> tuple[str, ...]:
+    """Every role a guard's (or step's) functions name by literal through the context (`c["bias"]`, `c.id("mm")`,
+    `"act" in c`, `c.bindings.get("x")`) is one of `roles` (or of a declared `name*` family), and every pipeline
+    parameter they read (`c.params.get(...)`) is a `PipelineParams` field or a new name not close to one
+    (`params.check_new_param`). Returns the parameters read.
+
+    Raises:
+        RuleError: naming `who`, the undeclared role or the misspelt parameter, and the close match.
+    """
+    declared = frozenset(roles)
+    params: list[str] = []
+    for fn in fns:
+        u = scan(fn)
+        if u is None:
+            continue
+        for r in sorted(u.roles_read):
+            if r not in declared and not _dynamic(r, declared):
+                raise RuleError(f"[{who}] {getattr(fn, '__name__', 'a function')} reads role {r!r}, which it does not "
+                                f"declare (declared: {', '.join(sorted(declared)) or 'none'}){close(r, declared)}")
+        for k in sorted(u.params):
+            try:
+                params.append(check_new_param(k, who))
+            except ParamError as e:
+                raise RuleError(f"[{who}] {e}") from None
+    return tuple(dict.fromkeys(params))
+
+
 def _dynamic(role: str, declared: frozenset[str]) -> bool:
     """`mm3` is covered by a declared family `mm*` (roles bound in numbered groups, e.g. the Q/K/V matmuls)."""
     return any(d.endswith("*") and role.startswith(d[:-1]) and role[len(d) - 1:].isdigit() for d in declared)
@@ -168,6 +199,10 @@ class Guard:
             model: <why>` and its remedy `remedy`; `REMEDIES`).
         remedy: what a refusal is when `no_model_fix` gives a reason: `COMPILER_ONLY`, or `READ_BY_MODEL` when the
             reason is a reader or an output of the model (the reader and output factories).
+        optional: roles the guard only reads when bound (`"add" in c`), which a rule need not bind: a guard
+            factory shared by rules of which only some bind them.
+        params: the pipeline parameters the guard reads (`size_le` gives its own; those its functions read by
+            literal, `c.params.get("x")`, are added when it is built). Its pass declares them (`Pass.params`).
 
     Raises:
         RuleError: `kind` is not one of `KINDS`.
@@ -185,10 +220,16 @@ class Guard:
     subject: Callable[[Ctx], int | None] | None = None
     no_model_fix: Callable[[Ctx], str | None] | None = None
     remedy: str = COMPILER_ONLY
+    optional: tuple[str, ...] = ()
+    params: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise RuleError(f"[Guard {self.name}] kind must be one of {', '.join(KINDS)}; got {self.kind!r}")
+            raise RuleError(f"[Guard {self.name}] kind must be one of {', '.join(KINDS)}; got {self.kind!r}"
+                            f"{close(str(self.kind), KINDS)}")
+        read = check_literals(f"Guard {self.name}", (self.check, self.explain, self.highlight, self.subject,
+                                                     self.no_model_fix), (*self.roles, *self.optional))
+        object.__setattr__(self, "params", tuple(dict.fromkeys((*self.params, *read))))
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -425,7 +466,13 @@ def size_le(param: str, measure: Callable[[Ctx], tuple[int, str]], what: str, na
     """A size threshold read from pipeline parameter `param` (None = no limit).
 
     `measure(ctx)` returns `(value, how it was computed)`, e.g. `(128, "1*128")`.
+
+    Raises:
+        ParamError: `param` is no `PipelineParams` field but close to one (when the rule module is imported: a
+            misspelt name would read as "no limit" and switch the gate off). A new name (a gate of the rule
+            author's own) is declared by the guard (`Guard.params`) and accepted by pipelines holding its pass.
     """
+    check_new_param(param, f"guard {name}")
     def ok(c: Ctx) -> bool:
         limit = c.params.get(param)
         return limit is None or measure(c)[0] <= limit
@@ -436,7 +483,8 @@ def size_le(param: str, measure: Callable[[Ctx], tuple[int, str]], what: str, na
                f"{c.params.get(param)}"
 
     return Guard(name, ok, explain, lambda c: ((c.id(role),), ()),
-                 hint or f"raise or unset {param} (the canonical pipeline has no gate)", (role,), NOT_PROFITABLE, fix)
+                 hint or f"raise or unset {param} (the canonical pipeline has no gate)", (role,), NOT_PROFITABLE, fix,
+                 params=(param,))
 
 
 def same_shape(a: str, b: str, name: str | None = None, hint: str = "", fix: str = "",
@@ -484,12 +532,14 @@ def all_single_use(roles: Sequence[str], name: str, hint: str = "", fix: str = "
 def guard(name: str, check: Callable[[Ctx], bool], explain: Callable[[Ctx], str], hint: str = "",
           highlight: Callable[[Ctx], Highlight] | None = None, requires: Sequence[str] = (), *, kind: str,
           fix: str = "", reads: Sequence[str] = (), subject: Callable[[Ctx], int | None] | None = None,
-          no_model_fix: Callable[[Ctx], str | None] | None = None, remedy: str = COMPILER_ONLY) -> Guard:
+          no_model_fix: Callable[[Ctx], str | None] | None = None, remedy: str = COMPILER_ONLY,
+          optional: Sequence[str] = ()) -> Guard:
     """A one-off guard (keyword-friendly constructor). `kind` is required: `illegal`, `not recognized` or
-    `not profitable`; `requires` (the first is the subject) and `reads` list every role the checks read;
+    `not profitable`; `requires` (the first is the subject) and `reads` list every role the checks read, `optional`
+    the roles they read only when bound (`Guard.optional`);
     `no_model_fix` says why no model change keeping the numbers helps (`Guard.no_model_fix`)."""
     return Guard(name, check, explain, highlight, hint, tuple(requires), kind, fix, tuple(reads), subject,
-                 no_model_fix, remedy)
+                 no_model_fix, remedy, tuple(optional))
 
 
 __all__ = ["COMPILER_ONLY", "EPILOGUE_ACTIVATIONS", "ILLEGAL", "IN_MODEL", "KINDS", "MODEL_TERM", "NOT_A_CANDIDATE",

@@ -9,6 +9,7 @@ what was expected and what was found, so a rule can turn it into a `Rejection` (
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..ir import DType, Graph, Node, Op
+from ..ir.ops import SPECS
 
 Bindings = dict[str, int]
 
@@ -116,6 +118,11 @@ class P:
         what: a description for messages (default: derived from op and attrs).
         hint: appended to a structural rejection at this node (e.g. "run fuse_matmul_bias_act first").
 
+    Raises:
+        RuleError: `op` is not an `Op` (a string such as `"add"` would be read as its letters), an operand is not
+            a `P`, or an `attrs` key is an attribute of none of the pattern's ops (`ir.ops.SPECS`): a misspelt
+            attribute would make the pattern never match, silently, since anchors are quiet.
+
     Example:
         >>> p = P(Op.ADD, P(Op.MATMUL, P.var("x"), P.var("w"), name="mm"), P.var("bias"), name="add",
         ...       commutative=True)
@@ -128,6 +135,7 @@ class P:
                  what: str = "", hint: str = "", alts: tuple[P, ...] = ()) -> None:
         self.ops: frozenset[Op] | None = (None if op is None else frozenset({op}) if isinstance(op, Op)
                                           else frozenset(op))
+        _check_spelling(self.ops, op, inputs, attrs or {})
         self.inputs: tuple[P, ...] | None = tuple(inputs) if inputs else None
         self.name = name
         self.attrs = dict(attrs or {})
@@ -171,6 +179,32 @@ class P:
               role: str | None = None) -> Bindings | Miss:
         """Match at `node_id`; returns the extended bindings or the deepest `Miss`."""
         return _match(self, graph, node_id, dict(bindings or {}), role or self.name or "anchor", _Edge())
+
+
+class RuleError(ValueError):
+    """A rule is malformed: a guard reads a role its pattern does not bind, an unknown kind, a pattern attribute
+    its op does not have, ... (raised when the rule module is imported; re-exported by `passes.guard`)."""
+
+
+def _check_spelling(ops: frozenset[Any] | None, op: Any, inputs: tuple[Any, ...], attrs: Mapping[str, Any]) -> None:
+    """`P.__init__`'s checks (see there)."""
+    bad = [o for o in (ops or ()) if not isinstance(o, Op)]
+    if bad:
+        near = difflib.get_close_matches(str(bad[0]), [o.value for o in Op], n=2)
+        guess = f"; did you mean {' or '.join(f'Op({n!r})' for n in near)}?" if near else ""
+        raise RuleError(f"[P] op {op!r} is not an Op (write Op.ADD, not a string){guess}")
+    if any(not isinstance(i, P) for i in inputs):
+        raise RuleError(f"[P] operands must be patterns (P(...), P.var(name)); got {inputs!r}")
+    if ops and attrs:
+        known = {k for o in ops for k in (SPECS[o].attrs if o in SPECS else ())}
+        if all(o in SPECS for o in ops):
+            for k in attrs:
+                if k not in known:
+                    near = difflib.get_close_matches(k, sorted(known), n=2)
+                    guess = f"; did you mean {' or '.join(map(repr, near))}?" if near else ""
+                    raise RuleError(f"[P] attribute {k!r} is not an attribute of "
+                                       f"{', '.join(sorted(o.value for o in ops))} (attributes: "
+                                       f"{', '.join(sorted(known)) or 'none'}){guess}")
 
 
 @dataclass(frozen=True)
@@ -299,4 +333,5 @@ def const_value(node: Node) -> float | None:
         return None
 
 
-__all__ = ["Bindings", "Miss", "P", "also_read", "const_value", "describe", "is_const", "op_label", "where"]
+__all__ = ["Bindings", "Miss", "P", "RuleError", "also_read", "const_value", "describe", "is_const", "op_label",
+           "where"]

@@ -40,6 +40,7 @@ from typing import Any
 
 from ..ir import Graph, lint
 from .engine import Pass, check_records
+from .params import PARAM_NAMES, PipelineParams, check_params
 from .rules.attention import fuse_attention_block, fuse_sdpa, scale_origin
 from .rules.cleanup import dead_code_elimination, mark_elementwise_regions, unfuse
 from .rules.export_forms import canonicalize_exported
@@ -49,6 +50,7 @@ from .rules.linear import fuse_matmul_bias_act, fuse_shared_input_matmul
 from .rules.norm import fuse_residual_ln, fuse_residual_rms_norm
 from .rules.norm_forms import canonicalize_norm
 from .rules.swiglu import fuse_swiglu
+from .spelling import close
 from .trace import PassStep, Rejection, Trace
 
 PASSES: dict[str, Pass] = {p.name: p for p in (
@@ -70,15 +72,16 @@ RLX_ORDER = ("fuse_matmul_bias_act", "fuse_attention_block", "fuse_residual_ln",
 RLX_FAB_MAX_TOKENS = 64
 """RLX's batch*seq gate for attention-block fusion (`RLX_FUSE_ATTN_THRESHOLD` default, rlx-notes §2.3.2)."""
 
-DEFAULT_PARAMS: dict[str, Any] = {"fab_max_tokens": None, "max_region_steps": 32, "max_region_inputs": 16,
-                                  "merge_cost_test": True}
+DEFAULT_PARAMS: dict[str, Any] = {k: getattr(PipelineParams(), k) for k in ("fab_max_tokens", "max_region_steps",
+                                                                          "max_region_inputs", "merge_cost_test")}
+"""The parameters every pipeline shows (`PipelineParams`' defaults; `unfuse_ops` only when given)."""
 
 
 def _resolve(p: str | Pass) -> Pass:
     if isinstance(p, Pass):
         return p
     if p not in PASSES:
-        raise KeyError(f"[Pipeline] unknown pass {p!r}; known: {', '.join(PASSES)}")
+        raise KeyError(f"[Pipeline] unknown pass {p!r}{close(str(p), PASSES)}; known: {', '.join(PASSES)}")
     return PASSES[p]
 
 
@@ -88,7 +91,9 @@ class Pipeline:
 
     Args:
         passes: pass names or `Pass` objects, run in order (a pass may appear twice).
-        params: overrides of `DEFAULT_PARAMS`.
+        params: overrides of `DEFAULT_PARAMS`; each key a `PipelineParams` field or a parameter a listed pass
+            declares (`Pass.params`), else `ParamError`, a `KeyError` naming the close matches, here and wherever
+            the params are read or run.
         name: shown in the trace.
         disabled: names skipped by `run` (kept in the list so the UI can re-enable them).
 
@@ -103,6 +108,15 @@ class Pipeline:
     params: dict[str, Any] = field(default_factory=dict)
     name: str = "custom"
     disabled: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        check_params(self.params, f"pipeline {self.name!r}", self.known_params)
+
+    @property
+    def known_params(self) -> tuple[str, ...]:
+        """`PipelineParams`' fields and the parameters the listed passes declare (`Pass.params`)."""
+        listed = [p if isinstance(p, Pass) else PASSES.get(p) for p in self.passes]  # unknown names fail elsewhere
+        return tuple(dict.fromkeys((*PARAM_NAMES, *(k for p in listed if p is not None for k in p.params))))
 
     @classmethod
     def canonical(cls, **params: Any) -> Pipeline:
@@ -127,7 +141,9 @@ class Pipeline:
 
     @property
     def effective_params(self) -> dict[str, Any]:
-        return {**DEFAULT_PARAMS, **self.params}
+        """`DEFAULT_PARAMS` with `params` over them. Raises `ParamError` for an unknown key (`params` is a mutable
+        mapping: a key added after construction is checked here)."""
+        return {**DEFAULT_PARAMS, **check_params(self.params, f"pipeline {self.name!r}", self.known_params)}
 
     def enable(self, name: str, at: int | None = None) -> Pipeline:
         """Re-enable `name`, or insert it (at index `at`, default the end) if absent."""
@@ -170,8 +186,11 @@ class Pipeline:
         neither its input nor its output graph (`engine.check_records`) is recorded in its
         `PassStep.error` (prefixed with the pass name) and its result is discarded; the run goes on
         with the previous graph.
+
+        Raises:
+            ParamError: `params` (or `self.params`) names an unknown parameter; nothing runs.
         """
-        p = {**self.effective_params, **(params or {})}
+        p = {**self.effective_params, **check_params(params or {}, f"pipeline {self.name!r}", self.known_params)}
         trace = Trace(graph, [], self.name)
         g = graph
         for ps in self.active():

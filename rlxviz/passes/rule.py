@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..ir import Node, Op, Rewriter
+from ..ir.ops import SPECS
 from .guard import (
     ILLEGAL,
     KINDS,
@@ -39,9 +40,11 @@ from .guard import (
     Guard,
     RuleError,
     _dynamic,
+    check_literals,
     extra_readers_why,
 )
 from .pattern import Miss, P, also_read, describe, op_label, where
+from .spelling import close, data_keys, scan
 
 
 @dataclass(frozen=True)
@@ -125,28 +128,61 @@ class User:
 
 
 def reports(*guard_names: str, kind: str = NOT_RECOGNIZED, reads: tuple[str, ...] = (),
-            binds: tuple[str, ...] = (), kinds: dict[str, str] | None = None
+            binds: tuple[str, ...] = (), kinds: dict[str, str] | None = None, optional: tuple[str, ...] = ()
             ) -> Callable[[Callable[[Ctx], Fail | None]], Callable[[Ctx], Fail | None]]:
     """Declare what a custom step function does: the guard names it can fail with (none: it only binds
-    roles), their kind (`kinds` overrides it per guard name), the roles it reads and the roles it binds
-    (`name*`: a numbered family).
+    roles), their kind (`kinds` overrides it per guard name), the roles it reads (each bound before it runs, or the
+    rule refuses to build), the roles it binds (`name*`: a numbered family), and `optional` roles it only reads
+    when bound (a step shared by rules of which some bind the role: `"one" in c`).
+
+    The step's body is read when it is decorated (`spelling.scan`): every role it names by literal must be in
+    `reads` or `binds`, every role it writes (`c.bindings["act"] = ...`) in `binds`, every guard name it builds a
+    `Fail` with in `guard_names`, every pipeline parameter a `PipelineParams` field. When it runs, the context is
+    scoped to `reads` and `binds` (`Ctx.scope`), and a failure naming an undeclared guard raises.
 
     Raises:
-        RuleError: `kind` is not one of `guard.KINDS`.
+        RuleError: `kind` is not one of `guard.KINDS`; `kinds` names a guard not in `guard_names`; the body names an
+            undeclared role, written role, guard or parameter (each message names the close match).
     """
     per_guard = {g: kind for g in guard_names} | dict(kinds or {})
     if any(k not in KINDS for k in per_guard.values()) or kind not in KINDS:
-        raise RuleError(f"[reports] kind must be one of {', '.join(KINDS)}; got {kind!r} / {per_guard}")
+        bad = next((k for k in (kind, *per_guard.values()) if k not in KINDS), kind)
+        raise RuleError(f"[reports] kind must be one of {', '.join(KINDS)}; got {kind!r} / {per_guard}"
+                        f"{close(str(bad), KINDS)}")
+    stray = [g for g in (kinds or {}) if g not in guard_names]
+    if stray:
+        raise RuleError(f"[reports] kinds= names guard {stray[0]!r}, which is not among the guards the step reports "
+                        f"({', '.join(guard_names) or 'none'}){close(stray[0], guard_names)}")
 
     def mark(fn: Callable[[Ctx], Fail | None]) -> Callable[[Ctx], Fail | None]:
+        _check_step(fn, guard_names, (*reads, *optional), binds)
         fn.guard_names = guard_names  # type: ignore[attr-defined]
         fn.kind = kind  # type: ignore[attr-defined]
         fn.kinds = per_guard  # type: ignore[attr-defined]
         fn.reads = reads  # type: ignore[attr-defined]
         fn.binds = binds  # type: ignore[attr-defined]
+        fn.optional = optional  # type: ignore[attr-defined]
         return fn
 
     return mark
+
+
+def _check_step(fn: Callable[..., Any], guard_names: Sequence[str], reads: Sequence[str], binds: Sequence[str]
+                ) -> None:
+    """`reports`' check of a step's body (see there)."""
+    who = f"@reports step {getattr(fn, '__name__', fn)}"
+    fn.params = check_literals(who, (fn,), (*reads, *binds))  # type: ignore[attr-defined]
+    u = scan(fn)
+    if u is None:
+        return
+    declared = frozenset(binds)
+    for r in sorted(u.roles_written):
+        if r not in declared and not _dynamic(r, declared):
+            raise RuleError(f"[{who}] binds role {r!r}, which it does not declare in binds= "
+                            f"({', '.join(binds) or 'none'}){close(r, binds)}")
+    for g in sorted(u.fail_guards - set(guard_names)):
+        raise RuleError(f"[{who}] can fail with guard {g!r}, which it does not report (declared: "
+                        f"{', '.join(guard_names) or 'none'}){close(g, guard_names)}")
 
 
 @dataclass(frozen=True)
@@ -179,7 +215,7 @@ def run_step(step: Step, ctx: Ctx) -> Fail | None:
         if any(r not in ctx for r in step.requires):
             return None
         outer = ctx.scope
-        ctx.scope = (step.name, frozenset(step.roles))
+        ctx.scope = (f"Guard {step.name}", frozenset((*step.roles, *step.optional)))
         try:
             if step.check(ctx):
                 return None
@@ -189,7 +225,20 @@ def run_step(step: Step, ctx: Ctx) -> Fail | None:
                         subject=step.subject_of(ctx), kind=step.kind, fix=step.fix, remedy=remedy)
         finally:
             ctx.scope = outer
-    f = step(ctx)
+    if hasattr(step, "binds"):  # a @reports step: it reads and asks only about the roles it declares
+        outer = ctx.scope
+        declared = frozenset((*step.reads, *step.binds, *getattr(step, "optional", ())))
+        ctx.scope = (f"@reports step {getattr(step, '__name__', 'step')}", declared)
+        try:
+            f = step(ctx)
+        finally:
+            ctx.scope = outer
+        if f is not None and not f.quiet and f.guard not in step.guard_names:
+            raise RuleError(f"[@reports step {getattr(step, '__name__', 'step')}] failed with guard {f.guard!r}, "
+                            f"which it does not report (declared: {', '.join(step.guard_names) or 'none'})"
+                            f"{close(f.guard, step.guard_names)}")
+    else:
+        f = step(ctx)
     if f is not None and not f.quiet and not f.kind:
         f = replace(f, kind=getattr(step, "kind", NOT_RECOGNIZED))
     return f
@@ -316,7 +365,7 @@ def check_roles(rule: Rule) -> None:
         for r in roles:
             if not _bound(r, bound):
                 raise RuleError(f"[Rule {rule.name}] step {step!r} reads role {r!r}, which neither the anchor nor "
-                                f"an earlier step binds (bound so far: {', '.join(sorted(bound))})")
+                                f"an earlier step binds (bound so far: {', '.join(sorted(bound))}){close(r, bound)}")
 
     for s in rule.steps:
         s = s.step if isinstance(s, Soft) else s
@@ -339,9 +388,73 @@ def check_roles(rule: Rule) -> None:
     if any(o not in rule.absorb for o in rule.shared):
         raise RuleError(f"[Rule {rule.name}] shared {list(rule.shared)} must be absorbed roles (absorb="
                         f"{list(rule.absorb)})")
+    for fn in (rule.build, rule.rewrite):
+        u = scan(fn)
+        if u is None:
+            continue
+        need(sorted(u.roles_read), "build" if fn is rule.build else "rewrite")
+        for op_name, keys in u.attrs_built.items():
+            spec = SPECS.get(getattr(Op, op_name, None))  # type: ignore[arg-type]
+            bad = sorted(keys - set(spec.attrs)) if spec is not None else []
+            if bad:
+                raise RuleError(f"[Rule {rule.name}] its build gives {op_name} the attribute {bad[0]!r}, which the "
+                                f"op does not have (attributes: {', '.join(spec.attrs) or 'none'})"
+                                f"{close(bad[0], spec.attrs)}")
+    _check_data(rule)
+    _check_attrs_read(rule)
     if any(o not in rule.absorb for o in rule.outputs):
         raise RuleError(f"[Rule {rule.name}] outputs {list(rule.outputs)} must be absorbed roles (absorb="
                         f"{list(rule.absorb)}): the fused node produces their values")
+
+
+def _role_ops(p: P, out: dict[str, set[Op] | None]) -> dict[str, set[Op] | None]:
+    """Role -> the ops its captures allow (None: some capture allows any op), over a pattern and its alternatives."""
+    if p.name:
+        have = out.get(p.name, set())
+        out[p.name] = None if p.ops is None or have is None else have | set(p.ops)
+    for q in (*p.alts, *(p.inputs or ())):
+        _role_ops(q, out)
+    return out
+
+
+def _check_attrs_read(rule: Rule) -> None:
+    """Every attribute a step, guard or rewrite reads by literal from a bound role (`c["norm"].attrs["eps"]`) is an
+    attribute of one of the ops the role's pattern allows (`SPECS`), so a misspelt key (a silent None) fails at
+    import."""
+    ops: dict[str, set[Op] | None] = _role_ops(rule.anchor, {})
+    fns: list[Any] = [rule.build, rule.rewrite]
+    for s in rule.steps:
+        s = s.step if isinstance(s, Soft) else s
+        if isinstance(s, Shape | User):
+            _role_ops(s.pattern, ops)
+        else:
+            fns += [s.check, s.explain, s.highlight, s.subject] if isinstance(s, Guard) else [s]
+    for fn in fns:
+        u = scan(fn)
+        for role, key in sorted(u.attrs_read if u else ()):
+            allowed = ops.get(role)
+            if not allowed or any(o not in SPECS for o in allowed):
+                continue
+            known = sorted({k for o in allowed for k in SPECS[o].attrs})
+            if key not in known:
+                raise RuleError(f"[Rule {rule.name}] {getattr(fn, '__name__', 'a step')} reads attribute {key!r} "
+                                f"of {role} ({', '.join(sorted(o.value for o in allowed))}), which it does not have "
+                                f"(attributes: {', '.join(known) or 'none'}){close(key, known)}")
+
+
+def _check_data(rule: Rule) -> None:
+    """Every `c.data` key read in the modules that define the rule's steps, guards and rewrite is written there
+    too (`spelling.data_keys`; `soft` is the engine's), so a misspelt state field (`c.data.get("fil")`, a silent
+    None) fails when the rule module is imported."""
+    fns: list[Any] = [rule.build, rule.rewrite]
+    for s in rule.steps:
+        s = s.step if isinstance(s, Soft) else s
+        if not isinstance(s, Shape | User):
+            fns += [s.check, s.explain, s.highlight, s.subject] if isinstance(s, Guard) else [s]
+    written, read = data_keys([f for f in fns if f is not None])
+    for k in sorted(read - written - {"soft"}):
+        raise RuleError(f"[Rule {rule.name}] its module reads the state field c.data[{k!r}], which nothing there "
+                        f"writes{close(k, written)}")
 
 
 def escape_check(rule: Rule, ctx: Ctx) -> Fail | None:

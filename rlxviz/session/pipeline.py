@@ -10,6 +10,8 @@ from typing import Any
 
 from ..ir import Graph, format_graph
 from ..passes import PASSES, Pipeline, Trace
+from ..passes.params import ParamError, check_params
+from ..passes.spelling import close
 from .cache import LRUCache
 from .errors import PipelineError
 
@@ -40,8 +42,9 @@ def build_pipeline(spec: str | Sequence[str] = "canonical", params: Mapping[str,
     comma-separated string; an empty list runs no pass), with `params` over the profile's.
 
     Raises:
-        PipelineError: an unknown pass (the message lists the known ones), an empty list, or a pass whose
-            required pass is missing (`check_requirements`).
+        PipelineError: an unknown pass (the message lists the known ones), an unknown parameter (it names the
+            close matches: `{"fab_max_tokns": 1}` would otherwise switch the attention gate off), an empty list,
+            or a pass whose required pass is missing (`check_requirements`).
     """
     if isinstance(spec, str) and spec in PROFILES:
         pipe = Pipeline.profile(spec)
@@ -51,9 +54,13 @@ def build_pipeline(spec: str | Sequence[str] = "canonical", params: Mapping[str,
             raise PipelineError("empty pipeline: give a profile (canonical, rlx) or pass names separated by commas")
         unknown = [n for n in names if n not in PASSES]
         if unknown:
-            raise PipelineError(f"unknown pass {unknown[0]!r}; known: {', '.join(PASSES)} "
+            raise PipelineError(f"unknown pass {unknown[0]!r}{close(unknown[0], PASSES)}; known: {', '.join(PASSES)} "
                                 "(or a profile: canonical, rlx)")
         pipe = Pipeline(names, {}, name or "custom")
+    try:
+        check_params(params or {}, known=pipe.known_params)
+    except ParamError as e:
+        raise PipelineError(str(e)) from None
     pipe.params.update(params or {})
     return check_requirements(pipe)
 

@@ -284,7 +284,7 @@ _CONSTANTS = guard("gelu_constants", _constants_ok, _constants_explain,
 _INNER = tuple(f"inner{k}" for k in range(12))
 
 
-@reports(reads=("fn", "out"), binds=("inner*",))
+@reports(reads=("fn", "out"), binds=("inner*",), optional=("one",))
 def _bind_inner(c: Ctx) -> Fail | None:
     """Bind the chain's other nodes as `inner0..` so the engine's `absorbed_escape` checks them too."""
     named = {c.id(r) for r in ("fn", "one", "out") if r in c}

@@ -201,7 +201,7 @@ def _static(g: Graph, i: int) -> bool:
 
 
 def _column_scale(bias: bool) -> Callable[[Ctx], Fail | None]:
-    @reports(reads=("mm", "scale", "scale_mul", *(("bias",) if bias else ())))
+    @reports(reads=("mm", "scale", "scale_mul", *(("bias",) if bias else ())), optional=("bias",))
     def column_scale(c: Ctx) -> Fail | None:
         """Only a weight-side scale of the matmul's output columns is this near-miss (quiet otherwise): a scalar or
         a `[N]` (`[1, .., 1, N]`) static vector, N the matmul's width, on a rank-2 weight; the mul's output is the
@@ -234,7 +234,7 @@ def _scale_guard(after: str) -> Guard:
     return guard("scale_before_bias" if after == "add" else "scale_before_act", lambda c: False, _scale_explain,
                  "nothing to change in the model: the scale is the quantized weight's own (moving it onto the "
                  "weight changes the rounding)", requires=("scale_mul", "mm", "scale"), reads=(after,),
-                 kind=NOT_RECOGNIZED, fix=_SCALE_FIX, subject=lambda c: c.id("scale_mul"))
+                 kind=NOT_RECOGNIZED, fix=_SCALE_FIX, subject=lambda c: c.id("scale_mul"), optional=("add", "act"))
 
 
 _SCALE_LABELS = {"mm": "the matmul", "scale_mul": "the scale mul", "scale": "the scale"}
