@@ -31,7 +31,7 @@ import numpy as np
 
 from ..ir import DType
 from ..ir.emitter import Ref
-from .onnx_import import CONTRIB, Value, _const, _Ctx, _last_axis, _zeros_like_gamma, handles
+from .onnx_context import CONTRIB, Value, _const, _Ctx, _last_axis, _zeros_like_gamma, handles
 from .onnx_paths import path_of_name
 
 ORT_MASK_FILTER = -10000.0
