@@ -49,6 +49,7 @@ from . import onnx_contrib, onnx_quant  # noqa: F401 - their handlers register i
 from .cpu_limit import WALL_FACTOR, Deadline
 from .module_calls import number_calls
 from .onnx_context import (
+    CONTRIB,
     HANDLERS,
     OnnxImportError,
     UnsupportedForm,
@@ -106,16 +107,21 @@ def dtype_name(code: int) -> str:
 
 
 @functools.cache
-def _ort_schemas() -> dict[tuple[str, str], tuple[int, int]]:
-    """(domain, op) -> (fewest, most) inputs, from ONNX Runtime's operator schemas (its contrib ops: ONNX's checker
-    knows none of them), the latest version of each; {} without ONNX Runtime. Raises nothing."""
+def _ort_schemas() -> dict[tuple[str, str], tuple[int, int, frozenset[int]]]:
+    """(domain, op) -> (fewest, most inputs, the positions of the required ones), from ONNX Runtime's operator
+    schemas (its contrib ops: ONNX's checker knows none of them), the latest version of each; {} without ONNX
+    Runtime. An optional input may be empty ('') before a required one (EmbedLayerNormalization's segment_ids).
+    Raises nothing."""
     try:
         from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
 
         found = sorted(ort_c.get_all_operator_schema(), key=lambda x: x.since_version)
     except Exception:  # noqa: BLE001 - not installed, or a build without schemas
         return {}
-    return {(x.domain, x.name): (int(x.min_input), int(x.max_input)) for x in found}
+    def required(x: Any) -> frozenset[int]:
+        return frozenset(i for i, p in enumerate(x.inputs) if p.option.name == "Single")
+
+    return {(x.domain, x.name): (int(x.min_input), int(x.max_input), required(x)) for x in found}
 
 
 def _contrib_inputs(node: Any, domain: str) -> str | None:
@@ -126,13 +132,13 @@ def _contrib_inputs(node: Any, domain: str) -> str | None:
     arity = schemas.get((domain, node.op_type)) or schemas.get(("", node.op_type))
     if arity is None:
         return None
-    lo, hi = arity
+    lo, hi, needed = arity
     n = len(node.input)
     if not lo <= n <= hi:
         want = f"{lo}" if lo == hi else f"{lo} to {hi}"
         return f"takes {want} input(s) (ONNX Runtime's schema of {domain}.{node.op_type}); the node has {n}"
-    if (k := next((i for i in range(lo) if not node.input[i]), None)) is not None:
-        return f"its required input {k} is empty (ONNX Runtime's schema of {domain}.{node.op_type} needs {lo})"
+    if (k := next((i for i in sorted(needed) if i < n and not node.input[i]), None)) is not None:
+        return f"its required input {k} is empty (ONNX Runtime's schema of {domain}.{node.op_type})"
     return None
 
 
@@ -872,6 +878,21 @@ def _copy(proto: Any) -> Any:
     return out
 
 
+def _ort_ops_aside(proto: Any) -> None:
+    """Make ONNX's checker pass over the ops only ONNX Runtime defines, as ONNX Runtime runs them: a default-domain
+    op ONNX has no schema for but ORT registers (SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization) is
+    moved to ORT's domain, and ORT's domain gets an opset import when a node uses it without one (the checker
+    skips ops of a domain it has no schemas for). Their inputs are checked against ORT's schemas instead
+    (`_contrib_inputs`). CHANGES `proto` (the checker's copy)."""
+    onnx = _onnx()
+    ort_default = {op for dom, op in _ort_schemas() if dom == ""}
+    for n in proto.graph.node:
+        if not n.domain and n.op_type in ort_default and not onnx.defs.has(n.op_type):
+            n.domain = CONTRIB
+    if any(n.domain == CONTRIB for n in proto.graph.node) and not any(o.domain == CONTRIB for o in proto.opset_import):
+        proto.opset_import.add(domain=CONTRIB, version=1)
+
+
 def _checker(proto: Any) -> str:
     """'' when ONNX's checker accepts `proto` (its structure against the schemas of its opset: attributes each op
     defines, non-negative initializer dims, names, ...), else why not (one line). The checker also demands a type
@@ -885,6 +906,7 @@ def _checker(proto: Any) -> str:
             vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
         if vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape"):
             vi.type.tensor_type.shape.SetInParent()
+    _ort_ops_aside(proto)
     try:
         onnx.checker.check_model(proto)
     except Exception as e:  # noqa: BLE001 - ValidationError: the model is invalid
@@ -1081,7 +1103,7 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
                 outs = fold(node, ins, opset)  # type: ignore[arg-type]
                 ctx.held_bytes += sum(o.nbytes for o in outs if isinstance(o, np.ndarray))
             elif (domain, node.op_type) in HANDLERS:
-                if domain and (why := _contrib_inputs(node, domain)):
+                if (domain or not _onnx().defs.has(node.op_type)) and (why := _contrib_inputs(node, domain)):
                     raise ctx.fail(why)
                 first = b._next
                 try:
