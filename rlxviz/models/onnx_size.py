@@ -19,6 +19,8 @@ import mmap
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..ir.memory import format_bytes
+
 FILE_COPIES = 4
 """Times an `.onnx` file's size counted against the memory limit (the bytes, the parsed model, and the copies of
 both that the ONNX Runtime check makes)."""
@@ -168,14 +170,6 @@ def _walk(buf: memoryview, size: int) -> OnnxBytes:
     return OnnxBytes(size, text, data, largest, largest_bytes, complete)
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
 def over_budget(path: str | Path, max_bytes: int) -> str | None:
     """Why the `.onnx` file at `path` is not read under a memory limit of `max_bytes` (one line, without the
     path), or None when it may be parsed: its size counted `FILE_COPIES` times past `FREE_BYTES`, its text
@@ -185,16 +179,16 @@ def over_budget(path: str | Path, max_bytes: int) -> str | None:
         OSError: the file cannot be read.
     """
     counted = count_bytes(path)
-    big = (f"; its largest text field is {counted.largest} ({_size(counted.largest_bytes)})"
+    big = (f"; its largest text field is {counted.largest} ({format_bytes(counted.largest_bytes)})"
            if counted.largest_bytes >= max(counted.file // 4, 1 << 10) else "")
     need = FILE_COPIES * counted.file
     if counted.file > FREE_BYTES and need > max_bytes:
-        return (f"reading this {_size(counted.file)} file needs about {_size(need)} ({FILE_COPIES}x its size: the "
-                f"bytes, the parsed model and ONNX Runtime's copies), over the limit of {_size(max_bytes)} "
-                f"(--max-memory-mb / RLXVIZ_MAX_MEMORY_MB){big}")
+        return (f"reading this {format_bytes(counted.file)} file needs about {format_bytes(need)} ({FILE_COPIES}x its "
+                f"size: the bytes, the parsed model and ONNX Runtime's copies), over the limit of "
+                f"{format_bytes(max_bytes)} (--max-memory-mb / RLXVIZ_MAX_MEMORY_MB){big}")
     if counted.text > MAX_TEXT_BYTES:
-        return (f"{_size(counted.text)} of text (doc strings, names, string attributes), over the limit of "
-                f"{_size(MAX_TEXT_BYTES)} on an ONNX file's text{big}")
+        return (f"{format_bytes(counted.text)} of text (doc strings, names, string attributes), over the limit of "
+                f"{format_bytes(MAX_TEXT_BYTES)} on an ONNX file's text{big}")
     return None
 
 

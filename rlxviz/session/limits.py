@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from ..ir import Graph
-from ..ir.memory import WORKLOADS, node_bytes, workload_peak
+from ..ir.memory import WORKLOADS, format_bytes, node_bytes, workload_peak
 from .errors import LimitError, SessionError
 
 DEFAULT_MAX_MEMORY_MB = 2048
@@ -29,12 +29,8 @@ DEPRECATED_MEMORY_ENV = "RLXVIZ_MAX_TENSOR_MB"
 
 
 def human_bytes(n: float) -> str:
-    """`n` bytes as `12 B`, `3.4 KiB`, `149.0 GiB`."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
+    """`n` bytes as `12 B`, `3.4 KiB`, `149.0 GiB` (`ir.memory.format_bytes`)."""
+    return format_bytes(round(n))
 
 
 def _positive(raw: str, what: str) -> float:
