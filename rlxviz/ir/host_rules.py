@@ -83,7 +83,7 @@ def form_refusal(node: Any) -> str | None:
     if domain := node_domain(node):
         return f"its domain {domain!r} is not the default ONNX domain"
     if node.op_type in NEVER_ON_HOST or "Sequence" in node.op_type:
-        return "it is of the ops that never runs on the host (control flow, string, sequence, random, optional)"
+        return "it is a kind of op that never runs on the host (control flow, string, sequence, random, optional)"
     if not any(node.output):
         return "it names no output"
     sub = next((at.name for at in node.attribute if at.type in _GRAPH_ATTRS), None)
