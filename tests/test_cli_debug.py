@@ -162,7 +162,7 @@ def test_explain_llama_layer_with_its_silu_returned_is_fused_as_far_as_legal(tmp
     assert code == 0
     assert "layer 0: fused as far as legal" in out
     assert "illegal here: fuse_swiglu.dual_matmul" in out and "guard swiglu_single_use" in out
-    assert "fix: none in the model: silu (node 24, layers.0.mlp) is graph output #1" in out
+    assert "fix: none in the model: gate activation (node 24, layers.0.mlp) is graph output #1" in out  # GeGLU role
     assert "compiler fix: a FusedSwiGLU that also returns the intermediate read elsewhere" in out
 
 
