@@ -112,8 +112,8 @@ class LayerArchitecture:
             return ("FusedAttentionBlock takes this layer's additive mask when the rest of the block matches, but a "
                     "pre-norm layer is only expected to pack its attention (the block is expected with a keep mask)")
         if pass_name == "fuse_attention_block" and not self.post_ln and self.mask != "keep":
-            return (f"FusedAttentionBlock takes a keep or an additive mask operand; this layer's attention mask is "
-                    f"{self.mask or 'absent'}")
+            return (f"FusedAttentionBlock takes a keep mask or an additive one as its mask operand; this layer's "
+                    f"attention mask is {self.mask or 'absent'}")
         if pass_name in RESIDUAL_NORM_PASSES and self.pre_norm and guard in PRE_NORM_ILLEGAL_GUARDS:
             return "pre-norm layout: the residual sum also feeds the next residual add, so it cannot be fused"
         return None
