@@ -609,7 +609,7 @@ def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
     Run as one pass (`engine.compose`): its records name only nodes of its input or output graph, never a node one
     stage made and a later one absorbed (a rope `rope_heads` made, then packed into the attention)."""
     stages = (unfold_heads, canonical_heads, hoist_head_norms, rope_heads, rope_pairs, repeat_broadcast_kv,
-              pack_cache, scalar_scales, hoist_scales)
+              pack_cache, scalar_scales, hoist_scales, where_mask.uninvert_where)
     return compose(graph, params, [*map(staged, stages), _sdpa_rules])
 
 
