@@ -4,9 +4,9 @@ Each function takes an `Emitter` and the fused node's operands and emits the pri
 reference interpreter's NumPy emitter it *computes* the fused op; with a `Rewriter` it *expands*
 the node (the `unfuse` pass). One definition, so the oracle and unfuse cannot disagree.
 Layouts follow RLX (rlx-notes §1.5, §3.2); RLX's known deviations are fixed here: RmsNorm adds
-its beta, FusedSwiGLU honours `gate_first` (and takes a GELU gate, GeGLU, as `activation`), the attention mask
-is the keep mask, binary or with Hugging Face's additive fill (`mask_fill`, so an all-zero mask row means what it
-means unfused).
+its beta, FusedSwiGLU honours `gate_first` (and takes a GELU gate, GeGLU, as `activation`), the block's attention
+mask is the keep mask, binary or with Hugging Face's additive fill (`mask_fill`, so an all-zero mask row means what
+it means unfused), or (attribute `mask="additive"`) any additive bias the attention takes.
 """
 
 from __future__ import annotations
@@ -87,12 +87,15 @@ def swiglu(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
 
 def attention_block(e: Emitter[V], heads: int, head_dim: int, hidden: V, qkv_w: V, out_w: V, mask: V,
                     qkv_b: V | None = None, out_b: V | None = None,
-                    rope: tuple[V, V] | None = None, kv: int | None = None, mask_fill: float | None = None) -> V:
+                    rope: tuple[V, V] | None = None, kv: int | None = None, mask_fill: float | None = None,
+                    mask_kind: str = "keep") -> V:
     """QKV projection, split Q|K|V on the last axis (widths H, KV, KV with H = heads*head_dim and
-    KV = kv*head_dim; MHA when `kv` is None: 0/H/2H), [RoPE on q, k], keep-masked SDPA (grouped-query
+    KV = kv*head_dim; MHA when `kv` is None: 0/H/2H), [RoPE on q, k], masked SDPA (grouped-query
     when kv < heads), output projection.
 
-    `mask_fill`: None = binary keep mask; a float = Hugging Face's `(1 - mask) * fill` (see `ops.MASK_KINDS`)."""
+    `mask_kind` (`ops.BLOCK_MASK_KINDS`): `keep`, a `[B, S]` keep mask, with `mask_fill` None = binary and a
+    float = Hugging Face's `(1 - mask) * fill`; `additive`, a bias broadcastable to `[B, heads, S, S]` added to
+    the scaled scores as it is (see `ops.MASK_KINDS`)."""
     qkv = e.linear(hidden, qkv_w, qkv_b)
     width, kv_width = heads * head_dim, (kv or heads) * head_dim
     axis = len(e.shape_of(qkv)) - 1
@@ -101,7 +104,7 @@ def attention_block(e: Emitter[V], heads: int, head_dim: int, hidden: V, qkv_w: 
     v = e.narrow(qkv, axis, width + kv_width, kv_width)
     if rope is not None:
         q, k = e.rope(q, *rope, head_dim), e.rope(k, *rope, head_dim)
-    att = e.attention(q, k, v, mask, num_heads=heads, head_dim=head_dim, mask_kind="keep",
+    att = e.attention(q, k, v, mask, num_heads=heads, head_dim=head_dim, mask_kind=mask_kind,
                       num_kv_heads=None if kv in (None, heads) else kv, mask_fill=mask_fill)
     return e.linear(att, out_w, out_b)
 
@@ -113,7 +116,7 @@ def fused_attention_block(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V
     r = unpack(Op.FUSED_ATTENTION_BLOCK, a, x)
     rope = (r["rope_cos"], r["rope_sin"]) if "rope_cos" in r else None
     return attention_block(e, a["num_heads"], a["head_dim"], r["hidden"], r["qkv_w"], r["out_w"], r["mask"],
-                           r.get("qkv_b"), r.get("out_b"), rope, kv_heads(a), a.get("mask_fill"))
+                           r.get("qkv_b"), r.get("out_b"), rope, kv_heads(a), a.get("mask_fill"), a.get("mask", "keep"))
 
 
 @decomposition(Op.FUSED_TRANSFORMER_LAYER)
@@ -123,7 +126,7 @@ def transformer_layer(e: Emitter[V], a: dict[str, Any], x: Sequence[V]) -> V:
     r = unpack(Op.FUSED_TRANSFORMER_LAYER, a, x)
     hidden = r["hidden"]
     att = attention_block(e, a["num_heads"], a["head_dim"], hidden, r["qkv_w"], r["out_w"], r["mask"],
-                          r["qkv_b"], r["out_b"], mask_fill=a.get("mask_fill"))
+                          r["qkv_b"], r["out_b"], mask_fill=a.get("mask_fill"), mask_kind=a.get("mask", "keep"))
     h1 = e.residual_norm(att, hidden, None, r["ln1_g"], r["ln1_b"], a["eps1"])
     mid = e.linear_act(h1, r["fc1_w"], r["fc1_b"], a["activation"])
     return e.residual_norm(e.linear(mid, r["fc2_w"], r["fc2_b"]), h1, None, r["ln2_g"], r["ln2_b"], a["eps2"])

@@ -15,6 +15,7 @@ from .dtype import DType, promote
 from .ops import (
     ACTIVATIONS,
     BINARY,
+    BLOCK_MASK_KINDS,
     COMPARE,
     FUSED_REGION_OPS,
     PREDICATES,
@@ -426,8 +427,16 @@ def _fab(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     want = (h + 2 * kv) * d
     formula = "3*num_heads*head_dim" if kv == h else "(num_heads + 2*num_kv_heads)*head_dim"
     _check(qkv.shape[-1] == want, f"qkv width {qkv.shape[-1]} != {formula} = {want}")
-    _check(mask.shape == hidden.shape[:2], f"mask must be [batch, seq] = {list(hidden.shape[:2])}, got {_fmt(mask)}")
     attn = TensorType((*hidden.shape[:2], h * d), qkv.dtype)
+    kind = attrs.get("mask", "keep")
+    _check(kind in BLOCK_MASK_KINDS, f"unknown block mask kind {kind!r} (one of {', '.join(BLOCK_MASK_KINDS)})")
+    if kind == "keep":
+        _check(mask.shape == hidden.shape[:2],
+               f"mask must be [batch, seq] = {list(hidden.shape[:2])}, got {_fmt(mask)}")
+    else:  # the attention's own check: broadcastable to [B, heads, S, S], no mask_fill
+        packed = TensorType((*hidden.shape[:2], kv * d), qkv.dtype)
+        _attention({"num_heads": h, "head_dim": d, "num_kv_heads": kv, "mask": kind,
+                    "mask_fill": attrs.get("mask_fill")}, (attn, packed, packed, mask))
     if has_rope:
         _rope({"head_dim": d, "n_rot": d}, (attn, r["rope_cos"], r["rope_sin"]))
     return _linear(attn, r["out_w"], r.get("out_b"), "out")
@@ -439,7 +448,8 @@ def _ftl(attrs: dict[str, Any], x: Sequence[TensorType]) -> TensorType:
     h, d, inter = attrs["num_heads"], attrs["head_dim"], attrs["intermediate_size"]
     r = unpack(Op.FUSED_TRANSFORMER_LAYER, attrs, x)
     hidden, fc1_w = r["hidden"], r["fc1_w"]
-    block = {"num_heads": h, "head_dim": d, "has_bias": True, "has_rope": False}
+    block = {"num_heads": h, "head_dim": d, "has_bias": True, "has_rope": False, "mask": attrs.get("mask", "keep"),
+             "mask_fill": attrs.get("mask_fill")}
     attn_out = _fab(block, pack(Op.FUSED_ATTENTION_BLOCK, block, r))
     _check(attn_out.shape == hidden.shape, f"attention output {_fmt(attn_out)} != hidden {_fmt(hidden)}")
     _norm_params(hidden, (r["ln1_g"], r["ln1_b"]), "ln1")

@@ -140,6 +140,11 @@ row whose mask is all zeros is shifted by `f` everywhere and still attends norma
 `additive`: a bias broadcastable to `[B, heads, Sq, Sk]` added to the scaled scores (RLX `Bias`);
 `causal`: key j visible from query i when j <= i + (Sk - Sq) (bottom-right aligned, as RLX's CPU)."""
 
+BLOCK_MASK_KINDS = ("keep", "additive")
+"""The mask kinds FusedAttentionBlock and FusedTransformerLayer take (attribute `mask`, default `keep`): their
+`mask` operand is the attention's, with the attention's meaning (`MASK_KINDS`): a `[B, S]` keep mask, or an
+additive bias broadcastable to `[B, heads, S, S]` (a TorchScript sdpa padding mask `[B, 1, S, S]`, a band)."""
+
 
 def family(op: Op) -> str:
     """A short family name used for colours and grouping (`leaf`, `binary`, `fused`, ...)."""
@@ -233,12 +238,14 @@ SPECS: dict[Op, OpSpec] = {
         "num_heads": _a(int), "head_dim": _a(int),
         "has_bias": _a(bool, required=False, default=True), "has_rope": _a(bool, required=False, default=False),
         "num_kv_heads": _a(int, _NONE, required=False, default=None),
-        "mask_fill": _a(int, float, _NONE, required=False, default=None)}),
+        "mask_fill": _a(int, float, _NONE, required=False, default=None),
+        "mask": _a(str, required=False, default="keep", choices=BLOCK_MASK_KINDS)}),
     Op.FUSED_TRANSFORMER_LAYER: OpSpec((14,), {
         "num_heads": _a(int), "head_dim": _a(int), "intermediate_size": _a(int),
         "eps1": _a(int, float), "eps2": _a(int, float),
         "activation": _a(str, choices=_ACT_NAMES), "has_bias": _a(bool, required=False, default=True),
-        "mask_fill": _a(int, float, _NONE, required=False, default=None)}),
+        "mask_fill": _a(int, float, _NONE, required=False, default=None),
+        "mask": _a(str, required=False, default="keep", choices=BLOCK_MASK_KINDS)}),
     Op.ELEMENTWISE_REGION: OpSpec(None, {"chain": _a(tuple, items=_TUP)}),
     Op.ONNX_OP: OpSpec(None, {"op_type": _a(str), "name": _a(str, required=False, default=""), "node": _a(str),
                               "opset": _a(int), "shape": _a(tuple, items=_INT), "dtype": _a(str),

@@ -22,7 +22,8 @@ on a copy, so decomposed norms, GELUs and Hugging Face attention are seen as ops
 
 `LayerArchitecture.not_expected(pass_name, guard)` says why a rejection does not count for this kind (None: it
 counts). The rules: `FusedTransformerLayer` is expected only of `post_ln`; `FusedAttentionBlock` of `post_ln`
-and of any layer whose attention has a binary keep mask (the only mask the block takes); a residual-norm
+and of any layer whose attention has a keep mask (the block also takes an additive mask, but a pre-norm layer with
+one is only expected to pack its attention, so the verdicts of such layers did not change); a residual-norm
 fusion refused because the residual sum has other users is illegal, not missed, in a pre-norm layer.
 Everything else that was a candidate and did not fuse counts, so nothing passes vacuously.
 """
@@ -107,9 +108,12 @@ class LayerArchitecture:
         if pass_name == "fuse_attention_block" and self.kv_cache:
             return ("FusedAttentionBlock projects K and V from the hidden states; this layer's attention reads a KV "
                     "cache (a decode step)")
+        if pass_name == "fuse_attention_block" and not self.post_ln and self.mask == "additive":
+            return ("FusedAttentionBlock takes this layer's additive mask when the rest of the block matches, but a "
+                    "pre-norm layer is only expected to pack its attention (the block is expected with a keep mask)")
         if pass_name == "fuse_attention_block" and not self.post_ln and self.mask != "keep":
-            return (f"FusedAttentionBlock takes a binary keep mask; this layer's attention mask is "
-                    f"{self.mask or 'absent'}")
+            return (f"FusedAttentionBlock takes a keep mask or an additive one as its mask operand; this layer's "
+                    f"attention mask is {self.mask or 'absent'}")
         if pass_name in RESIDUAL_NORM_PASSES and self.pre_norm and guard in PRE_NORM_ILLEGAL_GUARDS:
             return "pre-norm layout: the residual sum also feeds the next residual add, so it cannot be fused"
         return None
@@ -323,8 +327,8 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
     kv_cache = False
     if attn:
         a = attn[0]
-        mask = (a.attrs.get("mask", "none") if a.op == Op.ATTENTION else "keep" if a.op in _ATTENTION
-                else "unknown")
+        mask = (a.attrs.get("mask", "none") if a.op == Op.ATTENTION else a.attrs.get("mask", "keep")
+                if a.op in _ATTENTION else "unknown")
         if a.op == Op.ATTENTION and any(g[i].op == Op.CONCAT for i in a.inputs[1:3]):
             kv_cache = True
             evidence.append(f"{_label(a)}: K/V read through a KV cache ({a.shape[1]} queries against "

@@ -34,7 +34,7 @@ kept as an operand and added as is (broadcast to `[B, heads, Sq, Sk]`, checked b
 Rounding may differ by the order of the scale (scores * scale vs scores / c), a few float32 ulps.
 
 `fuse_attention_block` (rlx-notes §2.3.2, newer revision): QKV `FusedMatMulBiasAct(None)` ->
-narrows at 0/H/2H of the last axis -> `attention(keep)` -> out-projection `FusedMatMulBiasAct(None)`
+narrows at 0/H/2H of the last axis -> `attention(keep | additive)` -> out-projection `FusedMatMulBiasAct(None)`
 -> `FusedAttentionBlock`. RLX gates the whole graph on "any input has dim0*dim1 <= 64"; here the
 gate is the pipeline parameter `fab_max_tokens`, checked per anchor on that attention's batch*seq,
 and the rejection states both numbers. Canonical default: no gate (MLX runtime fusion pays at every
@@ -44,8 +44,11 @@ The QKV and output projections may each be a `FusedMatMulBiasAct(activation=None
 (Whisper's K, GPT-style bias-less models): a bare one gets a zero bias operand `expand(0.0, [N])`.
 
 Validity: the block's decomposition (`ir.fused.attention_block`) is the matched chain itself
-(linear, narrows at 0/H/2H, keep-masked attention with the same `mask_fill`, linear); it requires the
-default scale (guard `default_scale`) and a keep mask, so it holds for every input. A zero bias is exact:
+(linear, narrows at 0/H/2H, attention with the same mask operand, mask kind and `mask_fill`, linear); it
+requires the default scale (guard `default_scale`) and a keep or additive mask (guard `mask_kind_keep`; the block's
+attribute `mask`, `additive` adds the operand to the scaled scores as the attention does, broadcast to
+`[B, heads, S, S]`: a TorchScript sdpa padding mask `[B, 1, S, S]`, a causal table, a band), so it holds for every
+input, fully masked rows included (the same op computes them). A zero bias is exact:
 `x + 0 == x` for every x (finite, infinite or NaN; -0.0 + 0 gives +0.0, which compares equal).
 """
 
@@ -58,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from ...ir import Graph, Node, Op, Rewriter
-from ...ir.ops import kv_heads, operand_roles
+from ...ir.ops import BINARY, BLOCK_MASK_KINDS, COMPARE, UNARY, kv_heads, operand_roles
 from ...ir.rewrite import common_path
 from ..engine import Pass, PassResult, compose, rule_pass, staged
 from ..guard import (
@@ -284,6 +287,29 @@ def model_term(m: Node, g: Graph | None = None, heads: int = 0) -> str:
     return ""
 
 
+def expanded_per_query(g: Graph, m: Node, depth: int = 8) -> Node | None:
+    """The `expand` that makes the score term `m` `[.., 1, Sq, Sk]` from one row per batch (`[.., 1, 1, Sk]`), or
+    None: `m` is computed elementwise (casts, arithmetic, compares, `where`) from that expand and scalars only, so
+    its Sq rows are equal by construction: a padding mask expanded per query, as transformers' sdpa mask
+    (`_prepare_4d_attention_mask_for_sdpa`) and the TorchScript exporter write it, not a band."""
+    found: list[Node] = []
+
+    def walk(n: Node, d: int) -> bool:
+        if all(x == 1 for x in n.shape):
+            return True
+        if n.op == Op.EXPAND:
+            src = g[n.inputs[0]]
+            shape = (1,) * (n.rank - src.rank) + tuple(src.shape)
+            if n.rank >= 2 and shape[-2] == 1 and shape[-3:-2] in ((), (1,)):
+                found.append(n)
+                return True
+            return False
+        elementwise = n.op in BINARY | UNARY | COMPARE or n.op in (Op.CAST, Op.WHERE)
+        return d > 0 and elementwise and bool(n.inputs) and all(walk(g[i], d - 1) for i in n.inputs)
+
+    return found[0] if walk(m, depth) and found else None
+
+
 @reports("score_term", reads=("softmax",), kind=ILLEGAL)
 def _score_term(c: Ctx) -> Fail | None:
     """Name the first score term the attention op cannot take (`score_terms.BLOCKING`: soft-cap, sinks, a
@@ -336,6 +362,14 @@ def _mask_form(c: Ctx) -> Fail | None:
     if m.op == Op.MUL and m.shape == (b, 1, 1, s) and _reshaped_first(c, m, b, s):
         return None
     term = model_term(m, g, c["q_reshape"].shape[2])
+    if term and m.shape[-3:-2] in ((), (1,)) and (ex := expanded_per_query(g, m)) is not None:
+        src = "" if ex.id == m.id else f", computed from {c.name_of(ex.id)}"
+        return Fail("guard", "mask_model_term",
+                    f"additive mask kept as the attention's operand: {c.the('mask', 'mask')} is {m.op.value} "
+                    f"{list(m.shape)}{src}, a padding mask expanded per query (equal "
+                    f"rows, the TorchScript / sdpa form), not a band; the fused attention adds it as it is (exact), "
+                    f"and FusedAttentionBlock / FusedTransformerLayer take it as their additive mask operand",
+                    (), (), "nothing to change in the model", subject=m.id, kind=MODEL_TERM, fix="")
     if term:
         return Fail("guard", "mask_model_term",
                     f"additive score term kept as the attention's operand: {c.the('mask', 'mask')} is {m.op.value} "
@@ -575,7 +609,7 @@ def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
     Run as one pass (`engine.compose`): its records name only nodes of its input or output graph, never a node one
     stage made and a later one absorbed (a rope `rope_heads` made, then packed into the attention)."""
     stages = (unfold_heads, canonical_heads, hoist_head_norms, rope_heads, rope_pairs, repeat_broadcast_kv,
-              pack_cache, scalar_scales, hoist_scales)
+              pack_cache, scalar_scales, hoist_scales, where_mask.uninvert_where)
     return compose(graph, params, [*map(staged, stages), _sdpa_rules])
 
 
@@ -766,6 +800,7 @@ def _block_rewrite(c: Ctx, rw: Rewriter) -> int:
     attn = c["attn"].attrs
     attrs = {"num_heads": attn["num_heads"], "head_dim": attn["head_dim"], "has_bias": True,
              "has_rope": "q_rope" in c, "num_kv_heads": attn.get("num_kv_heads"), "mask_fill": attn.get("mask_fill")}
+    attrs["mask"] = attn["mask"]  # keep or additive (guard mask_kind_keep): the attention's operand, as it is
     absorbed = [c.id(r) for r in ("qkv", "q", "k", "q_rope", "k_rope", "v", "attn", "out") if r in c]
     ins = []
     with rw.provenance(absorbed):
@@ -888,9 +923,12 @@ BLOCK = Rule(
     "fuse_attention_block.qkv_attention_out", P(Op.ATTENTION, name="attn"),
     steps=(
         size_gate(),
-        attr_eq("attn", "mask", "keep", "mask_kind_keep",
-                "the block takes a binary keep mask; fuse_sdpa emits one when it can trace HF's extended mask",
-                fix="give FusedAttentionBlock additive and causal mask kinds"),
+        guard("mask_kind_keep", lambda c: c["attn"].attrs.get("mask", "none") in BLOCK_MASK_KINDS,
+              lambda c: f"{c.d('attn')} has mask={c['attn'].attrs.get('mask', 'none')!r}; FusedAttentionBlock takes "
+                        f"a keep or an additive mask operand",
+              "the block takes a keep mask or an additive one; a causal or absent mask has no operand for it",
+              requires=("attn",), kind=NOT_RECOGNIZED, subject=lambda c: c.id("attn"),
+              fix="give FusedAttentionBlock causal and no-mask kinds (no mask operand)"),
         attr_eq("attn", "scale", None, "default_scale", "the block uses 1/sqrt(head_dim)",
                 fix="give FusedAttentionBlock a scale attribute", explain=_explain_block_scale),
         _self_attention,
@@ -927,7 +965,7 @@ BLOCK = Rule(
               fix="take the bias add into the block when the raw product has other readers"),
     ),
     result="out", absorb=("qkv", "q", "k", "q_rope", "k_rope", "v", "attn", "out"), rewrite=_block_rewrite,
-    doc="QKV linear -> narrows -> attention(keep) -> out linear -> FusedAttentionBlock (a bias-less QKV or "
+    doc="QKV linear -> narrows -> attention(keep|additive) -> out linear -> FusedAttentionBlock (a bias-less QKV or "
         "output projection gets a zero bias: exact)")
 
 fuse_attention_block = rule_pass("fuse_attention_block", [BLOCK], "QKV + attention + out-projection -> "

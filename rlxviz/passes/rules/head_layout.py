@@ -191,17 +191,19 @@ def repeat_broadcast_kv(g: Graph) -> tuple[Graph, list[Match]]:
     """`g` with one K or V head broadcast over the query heads by the score or PV matmul (Falcon's multi-query
     `q [B, H, S, d] @ transpose(k [B, 1, S, d])`, `p [B, H, S, S] @ v [B, 1, S, d]`) written as `repeat_kv`
     (`reshape(expand(reshape(kv, [B, 1, 1, S, d]), [B, 1, H, S, d]), [B, H, S, d])`), the form `fuse_sdpa` reads as
-    `num_kv_heads=1`. Exact: a matmul broadcasts a size-1 batch axis by repeating it. One
-    `fuse_sdpa.head_layout` match per matmul."""
+    `num_kv_heads=1`. Exact: a matmul broadcasts a size-1 batch axis by repeating it. The head may also be
+    repeated by an `expand` of its size-1 head axis to H (GPT-BigCode's multi-query K/V sliced from a fused
+    `c_attn`, expanded to every head): `expand` repeats the one head, as `repeat_kv` does, so it is dropped from
+    the replayed path. One `fuse_sdpa.head_layout` match per matmul."""
     found = []
     for m in g:
         if m.op != Op.MATMUL or m.rank != 4 or m.shape[1] == 1:
             continue
         a, b = (g[i] for i in m.inputs)
-        if a.shape[1] != m.shape[1] or b.shape[1] != 1:
+        if a.shape[1] != m.shape[1] or b.shape[1] not in (1, m.shape[1]):
             continue
         path = _to_one_head(g, b)
-        if path is not None:
+        if path is not None and (b.shape[1] == 1 or any(g[i].op == Op.EXPAND for i in path)):
             found.append((m, path))
     if not found:
         return g, []
@@ -215,7 +217,8 @@ def repeat_broadcast_kv(g: Graph) -> tuple[Graph, list[Match]]:
             v = rw.reshape(rw.expand(rw.reshape(kv, (bsz, 1, 1, s, d)), (bsz, 1, h, s, d)), (bsz, h, s, d))
             for prev, i in zip(path, ops, strict=False):  # the transpose and scalar scales, now on H heads
                 n = g[i]
-                v = rw.emit(n.op, [v if j == prev else j for j in n.inputs], **dict(n.attrs))
+                if n.op != Op.EXPAND:  # the head expand: v already has the H heads it repeats
+                    v = rw.emit(n.op, [v if j == prev else j for j in n.inputs], **dict(n.attrs))
             new = rw.emit(Op.MATMUL, [m.inputs[0], v])
         rw.replace(m.id, new)
         dead = {m.id}
@@ -233,8 +236,9 @@ def _scalar(g: Graph, i: int) -> bool:
 
 
 def _to_one_head(g: Graph, b: Node) -> list[int] | None:
-    """`[kv, ..., b]`: from a one-head head split kv `[B, 1, S, d]` through a transpose of the last two axes and
-    products / quotients by a scalar constant to the matmul operand b, or None."""
+    """`[kv, ..., b]`: from a one-head head split kv `[B, 1, S, d]` through a transpose of the last two axes,
+    products / quotients by a scalar constant and at most one `expand` of the size-1 head axis (every other axis
+    kept) to the matmul operand b, or None."""
     path = [b.id]
     n = b
     for _ in range(4):
@@ -246,10 +250,18 @@ def _to_one_head(g: Graph, b: Node) -> list[int] | None:
             n = g[n.inputs[0]]
         elif n.op == Op.MUL and len(n.inputs) == 2 and _scalar(g, n.inputs[0]):
             n = g[n.inputs[1]]
+        elif n.op == Op.EXPAND and not any(g[i].op == Op.EXPAND for i in path[:-1]) and _head_expand(g, n):
+            n = g[n.inputs[0]]
         else:
             return None
         path.append(n.id)
     return None
+
+
+def _head_expand(g: Graph, n: Node) -> bool:
+    """`n` is `expand(x [B, 1, S, d], [B, H, S, d])`: the head axis (1) repeated, every other axis as it was."""
+    src = g[n.inputs[0]].shape
+    return n.rank == 4 and len(src) == 4 and src[1] == 1 and src[0] == n.shape[0] and src[2:] == n.shape[2:]
 
 
 __all__ = ["MAX_INDEX", "RULE", "HeadSplit", "canonical_heads", "emit_heads", "head_split", "repeat_broadcast_kv"]

@@ -316,7 +316,8 @@ LAYER = Rule(
                      {"num_heads": c["attn"].attrs["num_heads"], "head_dim": c["attn"].attrs["head_dim"],
                       "intermediate_size": _intermediate(c), "eps1": c["ln1"].attrs["eps"],
                       "eps2": c["ln2"].attrs["eps"], "activation": c["fc1"].attrs["activation"], "has_bias": True,
-                      "mask_fill": c["attn"].attrs.get("mask_fill")}),
+                      "mask_fill": c["attn"].attrs.get("mask_fill"),
+                      "mask": c["attn"].attrs.get("mask", "keep")}),
     doc="FusedAttentionBlock + FusedResidualLN + FFN (2 x FusedMatMulBiasAct) + FusedResidualLN -> "
         "FusedTransformerLayer")
 

@@ -58,6 +58,7 @@ import numpy as np
 from ...ir import DType, Graph, Node, Op, Rewriter
 from ..guard import ILLEGAL, Ctx, Guard, guard
 from ..pattern import P, const_value, describe, is_const
+from ..trace import Match
 
 NEG = float(np.finfo(np.float32).min)
 
@@ -308,5 +309,37 @@ def keep_operand(c: Ctx, rw: Rewriter) -> int:
     return rw.cast(rw.reshape(src, _dims(c)), DType.f32)
 
 
-__all__ = ["NEG", "additive_note", "additive_operand", "biased_operand", "guards", "inner_where", "is_additive",
-           "keep_operand", "nested_note", "nested_operand", "where_scores"]
+def uninvert_where(g: Graph) -> tuple[Graph, list[Match]]:
+    """`g` with every inverted where-mask under a softmax, `where(masked, fill, scores)` (MPT: the fill where the
+    bool condition holds, `masked_fill(mask, finfo.min)` of an inverted mask, after ALiBi is added), written as
+    `where(eq(masked, false), scores, fill)`, the form `where_scores` reads (then `biased_operand` takes ALiBi and
+    the mask as the one additive operand, under the same guards: the fill, the rows). Exact: for a bool condition
+    `eq(c, false)` is `not c` element for element, and `where(c, f, x) == where(not c, x, f)` everywhere. Only a
+    `where` read by a softmax whose on-true operand is a scalar constant and whose on-false operand is not a
+    constant; one `fuse_sdpa.inverted_where` match per where. (`canonicalize_exported.inverted_where` swaps the
+    other way only for an explicit `eq(b, false)` test, which this form does not start from, so the two never undo
+    each other's rewrite within one pipeline: that pass runs earlier.)"""
+    found = [n for n in g if n.op == Op.WHERE and g[n.inputs[0]].dtype == DType.bool
+             and is_const(g[n.inputs[1]]) and all(d == 1 for d in g[n.inputs[1]].shape)
+             and not is_const(g[n.inputs[2]]) and g[n.inputs[2]].shape == n.shape
+             and g.users(n.id) and all(u.op == Op.SOFTMAX for u in g.users(n.id))]
+    if not found:
+        return g, []
+    rw = Rewriter(g, "fuse_sdpa")
+    matches = []
+    for n in found:
+        cond, fill, x = n.inputs
+        with rw.provenance([n.id]):
+            keep = rw.emit(Op.EQ, [cond, rw.const(0.0, DType.bool)])
+            new = rw.emit(Op.WHERE, [keep, x, fill])
+        rw.replace(n.id, new)
+        matches.append(Match("fuse_sdpa", INVERTED_RULE, n.id, {"mask_where": n.id, "mask_cond": cond}, new,
+                             n.path))
+    return rw.finish(), matches
+
+
+INVERTED_RULE = "fuse_sdpa.inverted_where"
+"""The rule name `uninvert_where`'s matches carry."""
+
+__all__ = ["INVERTED_RULE", "NEG", "additive_note", "additive_operand", "biased_operand", "guards", "inner_where",
+           "is_additive", "keep_operand", "nested_note", "nested_operand", "uninvert_where", "where_scores"]
