@@ -511,7 +511,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         exact = check_exactness(trace, feeds, model.weights)
     else:  # weights left in their file that the limit does not let a run read
         exact = ExactnessCheck((), (), None, skipped=unread.split(": ", 1)[-1].split("; ")[0])
-    check = check_fusion(trace, model.name, None if args.layer is None else [args.layer])
+    check = check_fusion(trace, model.name, None if args.layer is None else [args.layer], args.expect)
     imported = imported_forms(model)  # what the file had already fused (ORT contrib ops), its quantization
     if args.json:
         _out(json.dumps({**check.to_dict(), "import_checks": [c.line() for c in checks], "imported_forms": imported,
@@ -547,6 +547,10 @@ def add_explain(sub: SubParsers) -> None:
                    help="check only layer N (a --variant then changes layer N unless --variant-layer says otherwise)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--verbose", "-v", action="store_true", help="also print every rule's outcome per layer")
+    p.add_argument("--expect", choices=("model", "pipeline"), default="model",
+                   help="judge each layer against what is legal for it (model: a product the pipeline cannot make, "
+                        "because it lacks the pass, counts as not fused) or against the pipeline's own passes only "
+                        "(pipeline: such products are listed, not counted). Default: %(default)s")
     p.set_defaults(func=cmd_explain)
 
 
