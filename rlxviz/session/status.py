@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ir import Op
+from ..ir import Node, Op
 from ..ir.identity import IdentityMap
 from ..ir.ops import FUSED
 from ..passes import PASSES, MissedFusion, Outcome, Pipeline, Trace, explain, layer_of, missed_fusions
@@ -304,57 +304,66 @@ def reference_run(trace: Trace) -> Trace | None:
     return hit[0]
 
 
-def _products(trace: Trace, layer: int | None) -> tuple[dict[str, str], dict[str, int]]:
-    """(op -> the pattern pass that made it, op -> count) of the products of `layer` (None: the whole graph) left
-    in the run's final graph: nodes a match of a `PRODUCTS` pass made."""
-    final = trace.final
-    made: dict[str, str] = {}
-    count: dict[str, int] = {}
+def _products(trace: Trace, layer: int | None) -> dict[str, tuple[str, int, set[str]]]:
+    """op -> (the pattern pass that made it, count, the passes that made a node it is made from) of the products
+    of `layer` (None: the whole graph): the nodes the matches of `PRODUCTS` passes made, also those a later pass
+    absorbed (FusedAttentionBlock inside a FusedTransformerLayer). "Made from" follows each made node's operands
+    and `absorbed` ids back through nodes a pass made (`Node.pass_name`)."""
+    nodes = {n.id: n for _, g in trace.versions() for n in g}
+    out: dict[str, tuple[str, int, set[str]]] = {}
     for step in trace.steps:
         if step.pass_name not in PRODUCTS:
             continue
         for m in step.matches:
-            node = final.get(m.fused) if m.fused is not None else None
+            node = step.after.get(m.fused) if m.fused is not None else None
             if node is None or (layer is not None and layer_of(node.path) != layer):
                 continue
-            made.setdefault(node.op.value, step.pass_name)
-            count[node.op.value] = count.get(node.op.value, 0) + 1
-    return made, count
+            maker, n, sources = out.get(node.op.value, (step.pass_name, 0, set()))
+            out[node.op.value] = (maker, n + 1, sources | _made_from(nodes, node))
+    return out
+
+
+def _made_from(nodes: dict[int, Node], node: Node) -> set[str]:
+    """The passes that made a node `node` was built from (its operands and absorbed nodes, transitively through
+    made nodes; a node of the input graph ends the walk)."""
+    seen: set[int] = set()
+    todo = [*node.inputs, *node.absorbed]
+    passes: set[str] = set()
+    while todo:
+        i = todo.pop()
+        n = nodes.get(i)
+        if i in seen or n is None or not n.pass_name:
+            continue
+        seen.add(i)
+        passes.add(n.pass_name)
+        todo += [*n.inputs, *n.absorbed]
+    return passes
 
 
 def pipeline_cannot_make(trace: Trace, layer: int | None) -> list[str]:
     """What the run's pipeline cannot make in `layer` (None: the whole graph) that is legal there, one line each:
     `the pipeline has no PASS: PRODUCT cannot be made` when the pass that makes the product is not in the pipeline,
-    `the pipeline has no PASS (PRODUCT is made from its ...): PRODUCT cannot be made` when a pass that made something
-    the product was built from is missing. Legal = the canonical pipeline makes it (`reference_run`); a product the
-    run has as often as the reference is not listed (another pass or order made it). [] when the run ran every
-    canonical pass."""
+    `the pipeline has no PASS (PRODUCT is made from its ...): PRODUCT cannot be made` when a pass that made a node the
+    product is built from is missing. Legal = the canonical pipeline makes it (`reference_run`, counting products a
+    later pass absorbed); a product the run makes as often as the reference is not listed (another pass or order
+    made it). [] when the run ran every canonical pass."""
     ref = reference_run(trace)
     if ref is None:
         return []
     ran = {s.pass_name for s in trace.steps}
-    made, want = _products(ref, layer)
-    _, have = _products(trace, layer)
-    upstream = [s.pass_name for s in ref.steps if s.pass_name in PRODUCTS and s.pass_name not in ran
-                and any(layer is None or m.layer == layer for m in s.matches)]
+    have = _products(trace, layer)
     out = []
-    for op, n in want.items():
-        if have.get(op, 0) >= n:
+    for op, (maker, n, sources) in _products(ref, layer).items():
+        if have.get(op, ("", 0, set()))[1] >= n:
             continue
-        maker = made[op]
         product = PRODUCTS.get(maker, op)
         if maker not in ran:
             out.append(f"the pipeline has no {maker}: {product} cannot be made")
         else:
             out += [f"the pipeline has no {u} ({product} is made from its {PRODUCTS[u]}): {product} cannot be made"
-                    for u in upstream if _before(ref, u, maker)]
+                    for u in dict.fromkeys(st.pass_name for st in ref.steps)
+                    if u in sources and u in PRODUCTS and u not in ran]
     return list(dict.fromkeys(out))
-
-
-def _before(trace: Trace, first: str, then: str) -> bool:
-    """`first` ran before `then` in the run."""
-    names = [s.pass_name for s in trace.steps]
-    return first in names and then in names and names.index(first) < names.index(then)
 
 
 def _read_in_another_layer(trace: Trace, m: MissedFusion, layer: int) -> bool:
@@ -420,9 +429,16 @@ def layer_status(trace: Trace, layer: int, expect: str = "model") -> LayerStatus
     legal_only = {(o.rule, o.nodes[0]) for o in illegal}
     misses = [m for m in misses if (m.pattern, m.node) not in legal_only]
     ignored |= {o.rule: f"{o.rule} ({o.guard}): {ILLEGAL_HERE}" for o in illegal if o.rule not in ignored}
-    skipped = list(ignored)
     ftl_illegal = any(o.pass_name == LAYER_PASS for o in illegal)  # the layer op is not legal here: its parts are
-    expect_ftl = LAYER_PASS in ran and arch.post_ln and not ftl_illegal
+    cannot = pipeline_cannot_make(trace, layer)
+    unmade = {c.rsplit(": ", 1)[-1].removesuffix(" cannot be made") for c in cannot} if expect == "pipeline" else set()
+    unmakeable = PRODUCTS[LAYER_PASS] in unmade
+    if unmade:  # judged against the pipeline only: a refusal of a product it cannot make does not count
+        misses = [m for m in misses if PRODUCTS.get(m.pattern.split(".")[0]) not in unmade]
+        ignored |= {o.rule: f"{o.rule} ({o.guard}): the pipeline cannot make {PRODUCTS[o.pass_name]}"
+                    for o in ex.rejected if PRODUCTS.get(o.pass_name) in unmade and o.rule not in ignored}
+    skipped = list(ignored)
+    expect_ftl = LAYER_PASS in ran and arch.post_ln and not ftl_illegal and not unmakeable
     ftl = _layer_products(trace).get(layer, [])
     miss_keys = {(m.pattern, m.node) for m in misses}
     rejected = [o for o in ex.rejected if o.rule not in skipped and o.kind not in NOT_NEAR_MISSES]
@@ -448,7 +464,6 @@ def layer_status(trace: Trace, layer: int, expect: str = "model") -> LayerStatus
         wanted = [o.pass_name for o in ex.outcomes if o.status == "fused" or o in rejected]
         expected = ", ".join(PRODUCTS.get(n, n) for n in dict.fromkeys(wanted))
     made = {(o.rule, g) for o in ex.outcomes if o.status == "fused" for g, _, _ in o.soft}
-    cannot = pipeline_cannot_make(trace, layer)
     fused = fused and not (cannot and expect == "model")  # `first` stays what the run itself refused
     if cannot and expect == "model" and expected:
         expected = ", ".join(dict.fromkeys([*expected.split(", "), *(c.rsplit(": ", 1)[-1].removesuffix(
