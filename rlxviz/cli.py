@@ -540,7 +540,10 @@ def add_explain(sub: SubParsers) -> None:
                                    "become one FusedTransformerLayer (when the pipeline runs fuse_transformer_layer); "
                                    "any other layer (e.g. LLaMA: RmsNorm, pre-norm, SwiGLU) must get the fusions the "
                                    "pipeline's rules apply to it (FusedSwiGLU, the shared-input QKV matmul, a "
-                                   "residual norm where legal). In both, no missed fusion may be left. Exit code 0 "
+                                   "residual norm where legal). In both, no missed fusion may be left. What is "
+                                   "expected is what is legal for the layer (what the canonical pipeline makes of "
+                                   "it): a pipeline without a pass a layer needs is named with the products it "
+                                   "cannot make and counts as not fused, unless --expect pipeline. Exit code 0 "
                                    "when every checked layer fused as expected, 1 otherwise, 2 for bad input.")
     _model_args(p)
     p.add_argument("--layer", "-l", type=int, default=None, metavar="N",

@@ -18,7 +18,7 @@ from ..passes.explain import fused_layers
 from ..passes.guard import ILLEGAL, NOT_NEAR_MISSES, READ_BY_MODEL
 from ..passes.report import left_out
 from ..passes.trace import layer_label, resolve_layers, same_stack_as
-from ..passes.unrecognized import unrecognized
+from ..passes.unrecognized import Unrecognized, unrecognized
 from .architecture import Architecture, classify
 from .errors import SessionError
 from .loading import layer_indices, model_layers
@@ -241,7 +241,7 @@ FAMILY_PASSES: dict[str, tuple[str, ...]] = {
 """The passes whose rules recognize each `passes.unrecognized` family."""
 
 
-def _unrecognized_here(trace: Trace):  # type: ignore[no-untyped-def]
+def _unrecognized_here(trace: Trace) -> list[Unrecognized]:
     """The run's "no rule recognizes this" findings, less those only the run's pipeline left unrecognized: a
     family whose pass the pipeline lacks, at a chain the canonical pipeline does recognize (that is a product the
     pipeline cannot make, `pipeline_cannot_make`, not a form no rule knows)."""
