@@ -119,3 +119,14 @@ def test_an_unknown_expect_mode_is_one_clear_error(capsys):
         run(capsys, "explain", "llama-block", "--expect", "modle")
     err = capsys.readouterr().err
     assert e.value.code == 2 and "Traceback" not in err and "--expect" in err
+
+
+def test_a_graph_without_layer_paths_names_what_the_pipeline_cannot_make(capsys):
+    from pathlib import Path
+    case = Path(__file__).parent / "data" / "cases" / "07-gqa-fused-qkv.rlx"
+    spec = ",".join(p for p in CANONICAL_ORDER if p != "fuse_sdpa")
+    code, out, _ = run(capsys, "explain", case, "--pipeline", spec)
+    assert code == 1 and "NOT made: the pipeline has no fuse_sdpa: packed attention cannot be made" in out
+    assert "unrecognized.attention" not in out  # the canonical pipeline recognizes it: a missing pass, not a form
+    code, out, _ = run(capsys, "explain", case, "--pipeline", spec, "--expect", "pipeline")
+    assert code == 0 and "judged against the pipeline only: the pipeline has no fuse_sdpa" in out
