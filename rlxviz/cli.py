@@ -511,7 +511,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         exact = check_exactness(trace, feeds, model.weights)
     else:  # weights left in their file that the limit does not let a run read
         exact = ExactnessCheck((), (), None, skipped=unread.split(": ", 1)[-1].split("; ")[0])
-    check = check_fusion(trace, model.name, None if args.layer is None else [args.layer])
+    check = check_fusion(trace, model.name, None if args.layer is None else [args.layer], args.expect)
     imported = imported_forms(model)  # what the file had already fused (ORT contrib ops), its quantization
     if args.json:
         _out(json.dumps({**check.to_dict(), "import_checks": [c.line() for c in checks], "imported_forms": imported,
@@ -540,13 +540,20 @@ def add_explain(sub: SubParsers) -> None:
                                    "become one FusedTransformerLayer (when the pipeline runs fuse_transformer_layer); "
                                    "any other layer (e.g. LLaMA: RmsNorm, pre-norm, SwiGLU) must get the fusions the "
                                    "pipeline's rules apply to it (FusedSwiGLU, the shared-input QKV matmul, a "
-                                   "residual norm where legal). In both, no missed fusion may be left. Exit code 0 "
+                                   "residual norm where legal). In both, no missed fusion may be left. What is "
+                                   "expected is what is legal for the layer (what the canonical pipeline makes of "
+                                   "it): a pipeline without a pass a layer needs is named with the products it "
+                                   "cannot make and counts as not fused, unless --expect pipeline. Exit code 0 "
                                    "when every checked layer fused as expected, 1 otherwise, 2 for bad input.")
     _model_args(p)
     p.add_argument("--layer", "-l", type=int, default=None, metavar="N",
                    help="check only layer N (a --variant then changes layer N unless --variant-layer says otherwise)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--verbose", "-v", action="store_true", help="also print every rule's outcome per layer")
+    p.add_argument("--expect", choices=("model", "pipeline"), default="model",
+                   help="judge each layer against what is legal for it (model: a product the pipeline cannot make, "
+                        "because it lacks the pass, counts as not fused) or against the pipeline's own passes only "
+                        "(pipeline: such products are listed, not counted). Default: %(default)s")
     p.set_defaults(func=cmd_explain)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from ..ir import Graph, Node, Op
 from ..ir.identity import IdentityMap
 from .pipeline import PASSES, Pipeline
-from .report import in_context
+from .report import in_context, name_users_nodes, user_origin
 from .trace import Trace, layer_label, layer_of, same_stack_as
 
 
@@ -39,6 +39,9 @@ class Outcome:
         soft: status `fused`: what the fusion left out, `(guard, kind, message)` per soft rejection.
         remedy: the headline's `guard.REMEDIES` entry: `compiler only` or `read by the model` when no change to the
             model that keeps its numbers makes the fusion legal (`hint` then says why: `none in the model: ...`).
+        subject_origin: when `subject` is a node a rewrite of the run re-made (not in the user's graph, e.g. a
+            reshape `fuse_sdpa.hoist_scale` emitted again above a moved scale): `(rule, input-graph ids)` it came
+            from (`report.user_origin`); the message names them too. None otherwise.
     """
 
     pass_name: str
@@ -55,6 +58,7 @@ class Outcome:
     also: tuple[tuple[str, str, str], ...] = ()
     soft: tuple[tuple[str, str, str], ...] = ()
     remedy: str = ""
+    subject_origin: tuple[str, tuple[int, ...]] | None = None
 
     def lines(self, indent: str = "  ") -> list[str]:
         """The headline, its kind, hint and fix, then every further failing guard (or a fusion's soft
@@ -274,11 +278,12 @@ def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None)
                                            nodes=tuple(m.fused for m in mine if m.fused is not None), soft=soft))
             elif rej:
                 r = next((x for x in rej if x.headline and not x.soft), rej[0])
-                also = tuple((x.guard, x.kind, x.message) for x in rej
+                also = tuple((x.guard, x.kind, name_users_nodes(trace, x.message)) for x in rej
                              if x is not r and x.anchor == r.anchor and not x.headline)
                 message, hint = in_context(trace, k, r)
                 ex.outcomes.append(Outcome(step.pass_name, rule, "rejected", r.guard, r.stage, message, hint,
-                                           (r.anchor,), r.kind, r.fix, r.subject, also, remedy=r.remedy))
+                                           (r.anchor,), r.kind, r.fix, r.subject, also, remedy=r.remedy,
+                                           subject_origin=None if r.subject is None else user_origin(trace, r.subject)))
             else:
                 ex.outcomes.append(Outcome(step.pass_name, rule, "not applicable"))
     fused_in = _fused_layers(trace, steps)

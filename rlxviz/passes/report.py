@@ -13,7 +13,8 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from ..ir import Graph
+from ..ir import Graph, Node
+from ..ir.identity import IdentityMap
 from .guard import NOT_NEAR_MISSES
 from .pipeline import Pipeline
 from .trace import Rejection, Trace, layer_of
@@ -61,7 +62,78 @@ class MissedFusion:
 _RUN_FIRST = re.compile(r"run (\w+) first")
 
 
+_NODES: IdentityMap[Trace, dict[int, Node]] = IdentityMap(limit=4)
+
+
+def _all_nodes(trace: Trace) -> dict[int, Node]:
+    """Node id -> node over every version of the run (ids are never reused across versions), once per trace."""
+    hit = _NODES.get(trace)
+    if hit is None:
+        hit = _NODES[trace] = {n.id: n for _, g in trace.versions() for n in g}
+    return hit
+
+
+def _remade_from(nodes: dict[int, Node], n: Node, depth: int = 0) -> tuple[int, ...] | None:
+    """The input-graph ids node `n` re-makes: a node a rewrite emitted again in another place (a canonicalization:
+    `hoist_scale` re-emits the K path's reshape/expand/transpose above the moved scale) stands for the absorbed
+    node of its op (and shape, when several have the op), followed back through earlier rewrites. None for a node
+    of the input graph or a product of another op (a fused node is named by its own op)."""
+    if not n.pass_name or not n.absorbed or depth > 32:
+        return None
+    cands = [nodes[a] for a in n.absorbed if a in nodes]
+    same = [c for c in cands if c.op == n.op]
+    same = [c for c in same if c.shape == n.shape] or same
+    out: list[int] = []
+    for c in same:
+        if not c.pass_name:
+            out.append(c.id)
+        elif (up := _remade_from(nodes, c, depth + 1)) is not None:
+            out += up
+    return tuple(dict.fromkeys(out)) or None
+
+
+def user_origin(trace: Trace, node: int) -> tuple[str, tuple[int, ...]] | None:
+    """`(rule, ids)` when node id `node` is not the user's: a rewrite of the run re-made it (`_remade_from`) from
+    the input graph's nodes `ids`, e.g. `("fuse_sdpa.hoist_scale", (12,))`; `rule` is the match of the making pass
+    that bound one of the nodes it absorbed (its pass name when none did). None for the user's own nodes and for
+    products (fused ops)."""
+    nodes = _all_nodes(trace)
+    n = nodes.get(node)
+    if n is None or node in trace.input:
+        return None
+    ids = _remade_from(nodes, n)
+    if ids is None:
+        return None
+    absorbed = set(n.absorbed)
+    rule = next((m.rule for st in trace.steps if st.pass_name == n.pass_name for m in st.matches
+                 if absorbed & {m.anchor, *m.bindings.values()}), n.pass_name)
+    return rule, ids
+
+
+_NODE_REF = re.compile(r"\(node (\d+)(?=[,)])")
+
+
+def name_users_nodes(trace: Trace, text: str) -> str:
+    """`text` with every `(node N, ...)` of a node a rewrite re-made (`user_origin`) naming the user's node it
+    came from: `k_rep (node 32, made by fuse_sdpa.hoist_scale from your node 12)`, so blame points into the
+    user's file, not at a node only the pipeline made."""
+    def sub(m: re.Match[str]) -> str:
+        o = user_origin(trace, int(m.group(1)))
+        if o is None:
+            return m.group(0)
+        ids = ", ".join(str(i) for i in o[1])
+        return f"{m.group(0)}, made by {o[0]} from your node{'s' if len(o[1]) > 1 else ''} {ids}"
+    return _NODE_REF.sub(sub, text) if "(node " in text else text
+
+
 def in_context(trace: Trace, step: int, r: Rejection) -> tuple[str, str]:
+    """`_in_context` with every node a rewrite re-made named by the user's node it came from
+    (`name_users_nodes`)."""
+    message, hint = _in_context(trace, step, r)
+    return name_users_nodes(trace, message), name_users_nodes(trace, hint)
+
+
+def _in_context(trace: Trace, step: int, r: Rejection) -> tuple[str, str]:
     """`(message, hint)` of rejection `r` (recorded by `trace.steps[step]`), with a "run P first" advice
     replaced by what P decided when P already ran before this pass: its rejection on the same nodes
     (e.g. `biases_mergeable`, `merge_keeps_fusions`), that it fused nodes a few edges above these (its product

@@ -9,19 +9,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ir import Op
+from ..ir import Node, Op
 from ..ir.identity import IdentityMap
 from ..ir.ops import FUSED
-from ..passes import PASSES, MissedFusion, Outcome, Trace, explain, layer_of, missed_fusions
+from ..passes import PASSES, MissedFusion, Outcome, Pipeline, Trace, explain, layer_of, missed_fusions
 from ..passes.architecture import ILLEGAL_HERE
 from ..passes.explain import fused_layers
 from ..passes.guard import ILLEGAL, NOT_NEAR_MISSES, READ_BY_MODEL
 from ..passes.report import left_out
 from ..passes.trace import layer_label, resolve_layers, same_stack_as
-from ..passes.unrecognized import unrecognized
+from ..passes.unrecognized import Unrecognized, unrecognized
 from .architecture import Architecture, classify
 from .errors import SessionError
 from .loading import layer_indices, model_layers
+from .pipeline import run_pipeline
 
 PRODUCTS: dict[str, str] = {
     "fuse_sdpa": "packed attention", "fuse_swiglu": "FusedSwiGLU",
@@ -36,6 +37,11 @@ PRODUCTS: dict[str, str] = {
 
 LAYER_PASS = "fuse_transformer_layer"
 """The pass that turns a whole post-LN layer into one node (`Op.FUSED_TRANSFORMER_LAYER`)."""
+
+EXPECT_MODES = ("model", "pipeline")
+"""What a layer is judged against: `model` (default): every product that is legal for the layer, i.e. what the
+canonical pipeline makes of it, so a pipeline without a pass the layer needs cannot pass the check; `pipeline`: only
+what the run's own passes could make (the products its missing passes would make are listed, not counted)."""
 
 
 @dataclass
@@ -71,6 +77,11 @@ class LayerStatus:
         illegal: the refusals of products that are illegal for this layer (`illegal`, `read by the model`: a probe,
             an output the caller asked for, K/V a later layer reads; `passes.guard.REMEDIES`), in pipeline order.
             They do not count: with no other miss the layer is "fused as far as legal".
+        cannot_make: products that are legal for the layer (the canonical pipeline makes them) that the run's
+            pipeline cannot make, because it lacks the pass that makes them or one they are made from, e.g.
+            `the pipeline has no fuse_transformer_layer: FusedTransformerLayer cannot be made`
+            (`pipeline_cannot_make`). Under `expect="model"` any makes the layer NOT fused.
+        expect: what the layer was judged against (`EXPECT_MODES`).
     """
 
     layer: int
@@ -91,6 +102,13 @@ class LayerStatus:
     not_expected: list[str] = field(default_factory=list)
     blocker: str = ""
     illegal: list[Outcome] = field(default_factory=list)
+    cannot_make: list[str] = field(default_factory=list)
+    expect: str = "model"
+
+    @property
+    def unmade_products(self) -> list[str]:
+        """The product names of `cannot_make`, in order, each once (e.g. `FusedTransformerLayer`)."""
+        return list(dict.fromkeys(c.rsplit(": ", 1)[-1].removesuffix(" cannot be made") for c in self.cannot_make))
 
     @property
     def bert_style(self) -> bool:
@@ -120,9 +138,15 @@ class LayerStatus:
         elif self.fused:
             lines = [f"{layer_label(self.layer)}: fused as expected: " + (", ".join(self.done) or "nothing to fuse")]
         else:
-            why = (f": {self.blocker}" if self.blocker else
+            unmade = self.expect == "model" and self.cannot_make
+            why = (f": the pipeline cannot make {', '.join(self.unmade_products)}" if unmade else
+                   f": {self.blocker}" if self.blocker else
                    f" (expected {self.expected})" if self.expected else "")
             lines = [f"{layer_label(self.layer)}: NOT fused{why}"]
+            if unmade:
+                lines += [f"  {c}" for c in self.cannot_make]
+                lines.append("  (judged against what is legal for the layer; `--expect pipeline` judges against the "
+                             "pipeline's passes only)")
             if self.first is not None:
                 lines.append(f"  first rejection: {self.first.rule}")
                 lines += self.first.lines("    ")  # guard (stage, kind), fix, compiler fix, further failing guards
@@ -145,6 +169,8 @@ class LayerStatus:
                    "FusedTransformerLayer only for post-LN BERT layers")
             lines.append(f"  expected: {self.expected or 'no fusion'} ({why})")
             lines += [f"  not expected here: {x}" for x in self.not_expected]
+        if self.expect == "pipeline":
+            lines += [f"  judged against the pipeline only: {c}" for c in self.cannot_make]
         if verbose and self.explanation:
             lines += ["  " + ln for ln in self.explanation.splitlines()]
         return "\n".join(lines)
@@ -203,8 +229,29 @@ def _run_misses(trace: Trace) -> tuple[MissedFusion, ...]:
     them: a whole-graph scan per layer was quadratic in the layer count)."""
     hit = _MISSES.get(trace)
     if hit is None:
-        hit = _MISSES[trace] = (*missed_fusions(trace), *(u.as_missed() for u in unrecognized(trace)))
+        hit = _MISSES[trace] = (*missed_fusions(trace), *(u.as_missed() for u in _unrecognized_here(trace)))
     return hit
+
+
+FAMILY_PASSES: dict[str, tuple[str, ...]] = {
+    "norm": ("canonicalize_norm",), "gelu": ("canonicalize_gelu",), "glu": ("fuse_swiglu",),
+    "attention": ("fuse_sdpa",), "where_mask": ("canonicalize_exported", "fuse_sdpa"),
+    "activation": ("canonicalize_exported", "fuse_matmul_bias_act"),
+}
+"""The passes whose rules recognize each `passes.unrecognized` family."""
+
+
+def _unrecognized_here(trace: Trace) -> list[Unrecognized]:
+    """The run's "no rule recognizes this" findings, less those only the run's pipeline left unrecognized: a
+    family whose pass the pipeline lacks, at a chain the canonical pipeline does recognize (that is a product the
+    pipeline cannot make, `pipeline_cannot_make`, not a form no rule knows)."""
+    found = unrecognized(trace)
+    ran = {s.pass_name for s in trace.steps}
+    if not any(set(FAMILY_PASSES.get(u.family, ())) - ran for u in found):
+        return found
+    ref = reference_run(trace)
+    still = {(u.family, u.nodes[0]) for u in unrecognized(ref)} if ref is not None else set()
+    return [u for u in found if not (set(FAMILY_PASSES.get(u.family, ())) - ran) or (u.family, u.nodes[0]) in still]
 
 
 def expected_misses(trace: Trace, arch: Architecture, layer: int | None
@@ -240,6 +287,83 @@ def _layer_products(trace: Trace) -> dict[int | None, list[int]]:
                 hit.setdefault(layer_of(n.path), []).append(n.id)
         _PRODUCTS[trace] = hit
     return hit
+
+
+_REFERENCE: IdentityMap[Trace, tuple[Trace | None]] = IdentityMap(limit=4)
+
+
+def reference_run(trace: Trace) -> Trace | None:
+    """The canonical pipeline's run on the run's input graph (what is legal for each layer: every product it makes
+    passed its guards there), or None when the run already ran every canonical pass. Computed once per trace."""
+    hit = _REFERENCE.get(trace)
+    if hit is None:
+        ran = {s.pass_name for s in trace.steps}
+        canonical = Pipeline.canonical()
+        ref = None if set(canonical.names) <= ran else run_pipeline(trace.input, canonical)
+        hit = _REFERENCE[trace] = (ref,)
+    return hit[0]
+
+
+def _products(trace: Trace, layer: int | None) -> dict[str, tuple[str, int, set[str]]]:
+    """op -> (the pattern pass that made it, count, the passes that made a node it is made from) of the products
+    of `layer` (None: the whole graph): the nodes the matches of `PRODUCTS` passes made, also those a later pass
+    absorbed (FusedAttentionBlock inside a FusedTransformerLayer). "Made from" follows each made node's operands
+    and `absorbed` ids back through nodes a pass made (`Node.pass_name`)."""
+    nodes = {n.id: n for _, g in trace.versions() for n in g}
+    out: dict[str, tuple[str, int, set[str]]] = {}
+    for step in trace.steps:
+        if step.pass_name not in PRODUCTS:
+            continue
+        for m in step.matches:
+            node = step.after.get(m.fused) if m.fused is not None else None
+            if node is None or (layer is not None and layer_of(node.path) != layer):
+                continue
+            maker, n, sources = out.get(node.op.value, (step.pass_name, 0, set()))
+            out[node.op.value] = (maker, n + 1, sources | _made_from(nodes, node))
+    return out
+
+
+def _made_from(nodes: dict[int, Node], node: Node) -> set[str]:
+    """The passes that made a node `node` was built from (its operands and absorbed nodes, transitively through
+    made nodes; a node of the input graph ends the walk)."""
+    seen: set[int] = set()
+    todo = [*node.inputs, *node.absorbed]
+    passes: set[str] = set()
+    while todo:
+        i = todo.pop()
+        n = nodes.get(i)
+        if i in seen or n is None or not n.pass_name:
+            continue
+        seen.add(i)
+        passes.add(n.pass_name)
+        todo += [*n.inputs, *n.absorbed]
+    return passes
+
+
+def pipeline_cannot_make(trace: Trace, layer: int | None) -> list[str]:
+    """What the run's pipeline cannot make in `layer` (None: the whole graph) that is legal there, one line each:
+    `the pipeline has no PASS: PRODUCT cannot be made` when the pass that makes the product is not in the pipeline,
+    `the pipeline has no PASS (PRODUCT is made from its ...): PRODUCT cannot be made` when a pass that made a node the
+    product is built from is missing. Legal = the canonical pipeline makes it (`reference_run`, counting products a
+    later pass absorbed); a product the run makes as often as the reference is not listed (another pass or order
+    made it). [] when the run ran every canonical pass."""
+    ref = reference_run(trace)
+    if ref is None:
+        return []
+    ran = {s.pass_name for s in trace.steps}
+    have = _products(trace, layer)
+    out = []
+    for op, (maker, n, sources) in _products(ref, layer).items():
+        if have.get(op, ("", 0, set()))[1] >= n:
+            continue
+        product = PRODUCTS.get(maker, op)
+        if maker not in ran:
+            out.append(f"the pipeline has no {maker}: {product} cannot be made")
+        else:
+            out += [f"the pipeline has no {u} ({product} is made from its {PRODUCTS[u]}): {product} cannot be made"
+                    for u in dict.fromkeys(st.pass_name for st in ref.steps)
+                    if u in sources and u in PRODUCTS and u not in ran]
+    return list(dict.fromkeys(out))
 
 
 def _read_in_another_layer(trace: Trace, m: MissedFusion, layer: int) -> bool:
@@ -281,15 +405,21 @@ def _illegal_here(trace: Trace, rejected: list[Outcome], layer: int, arch: Archi
     return out
 
 
-def layer_status(trace: Trace, layer: int) -> LayerStatus:
-    """`LayerStatus` of `layer` in a pipeline run.
+def layer_status(trace: Trace, layer: int, expect: str = "model") -> LayerStatus:
+    """`LayerStatus` of `layer` in a pipeline run, judged against `expect` (`EXPECT_MODES`: `model`, the default,
+    also counts what is legal for the layer that the run's pipeline cannot make, `pipeline_cannot_make`).
 
     What is expected depends on the layer's architecture (`architecture.classify` on the input graph):
     a post-LN BERT-style layer must become one FusedTransformerLayer (when the pipeline runs
     `fuse_transformer_layer`) with no missed fusion left; any other layer must be left with no missed
     fusion among the rules that apply to it (BERT-only fusions and residual-norm fusions a pre-norm layout
     makes illegal are listed as not expected instead of counted as failures).
+
+    Raises:
+        SessionError: `expect` is not one of `EXPECT_MODES`.
     """
+    if expect not in EXPECT_MODES:
+        raise SessionError(f"expect {expect!r}: use one of {', '.join(EXPECT_MODES)}")
     ex = explain(trace, layer)
     own, arch = judged_kind(trace, layer)
     ran = {s.pass_name for s in trace.steps}  # a crashed pass was still expected to fuse
@@ -299,9 +429,16 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
     legal_only = {(o.rule, o.nodes[0]) for o in illegal}
     misses = [m for m in misses if (m.pattern, m.node) not in legal_only]
     ignored |= {o.rule: f"{o.rule} ({o.guard}): {ILLEGAL_HERE}" for o in illegal if o.rule not in ignored}
-    skipped = list(ignored)
     ftl_illegal = any(o.pass_name == LAYER_PASS for o in illegal)  # the layer op is not legal here: its parts are
-    expect_ftl = LAYER_PASS in ran and arch.post_ln and not ftl_illegal
+    cannot = pipeline_cannot_make(trace, layer)
+    unmade = {c.rsplit(": ", 1)[-1].removesuffix(" cannot be made") for c in cannot} if expect == "pipeline" else set()
+    unmakeable = PRODUCTS[LAYER_PASS] in unmade
+    if unmade:  # judged against the pipeline only: a refusal of a product it cannot make does not count
+        misses = [m for m in misses if PRODUCTS.get(m.pattern.split(".")[0]) not in unmade]
+        ignored |= {o.rule: f"{o.rule} ({o.guard}): the pipeline cannot make {PRODUCTS[o.pass_name]}"
+                    for o in ex.rejected if PRODUCTS.get(o.pass_name) in unmade and o.rule not in ignored}
+    skipped = list(ignored)
+    expect_ftl = LAYER_PASS in ran and arch.post_ln and not ftl_illegal and not unmakeable
     ftl = _layer_products(trace).get(layer, [])
     miss_keys = {(m.pattern, m.node) for m in misses}
     rejected = [o for o in ex.rejected if o.rule not in skipped and o.kind not in NOT_NEAR_MISSES]
@@ -327,10 +464,14 @@ def layer_status(trace: Trace, layer: int) -> LayerStatus:
         wanted = [o.pass_name for o in ex.outcomes if o.status == "fused" or o in rejected]
         expected = ", ".join(PRODUCTS.get(n, n) for n in dict.fromkeys(wanted))
     made = {(o.rule, g) for o in ex.outcomes if o.status == "fused" for g, _, _ in o.soft}
+    fused = fused and not (cannot and expect == "model")  # `first` stays what the run itself refused
+    if cannot and expect == "model" and expected:
+        expected = ", ".join(dict.fromkeys([*expected.split(", "), *(c.rsplit(": ", 1)[-1].removesuffix(
+            " cannot be made") for c in cannot)]))
     return LayerStatus(layer, fused, ftl[0] if ftl else None, expected, first, own, arch, silent, rejected,
                        [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(),
                        done, [t for r, t in ignored.items() if r not in {o.rule for o in illegal}],
-                       _blocker(first, made), illegal)
+                       _blocker(first, made), illegal, cannot, expect)
 
 
 def verdict_pass(trace: Trace, layer: int) -> str | None:
@@ -378,10 +519,16 @@ class FusionCheck:
     recognized: list[str] = field(default_factory=list)
     """For a graph whose node paths name no layer: every form a pass recognized into a primitive op (not a fused
     one) that is in the final graph, e.g. a LayerNorm written as primitives -> `layer_norm` (`recognized`)."""
+    expect: str = "model"
+    """What the layers were judged against (`EXPECT_MODES`)."""
+    cannot_make: list[str] = field(default_factory=list)
+    """For a graph whose node paths name no layer: what is legal in it that the pipeline cannot make
+    (`pipeline_cannot_make`); under `expect="model"` any makes `ok` False."""
 
     @property
     def ok(self) -> bool:
-        return all(s.fused for s in self.layers) and not self.misses and not self.crashed
+        return (all(s.fused for s in self.layers) and not self.misses and not self.crashed
+                and not (self.expect == "model" and self.cannot_make))
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "pipeline": self.pipeline, "ok": self.ok,
@@ -389,7 +536,8 @@ class FusionCheck:
                 "final_op_counts": self.counts, "layers": [s.to_dict() for s in self.layers],
                 "misses": self.misses, "not_expected": self.not_expected, "left_out": self.left_out,
                 "architecture": None if self.architecture is None else dataclasses.asdict(self.architecture),
-                "crashed_passes": self.crashed, "recognized": self.recognized}
+                "crashed_passes": self.crashed, "recognized": self.recognized, "expect": self.expect,
+                "cannot_make": self.cannot_make or sorted({c for s in self.layers for c in s.cannot_make})}
 
     def render(self, verbose: bool = False) -> str:
         counts = ", ".join(f"{k}={v}" for k, v in self.counts.items()) or "no fused ops"
@@ -402,7 +550,9 @@ class FusionCheck:
                 head += [f"  evidence: {e}" for e in self.architecture.evidence]
             head += [f"recognized: {r}" for r in self.recognized]
             head.append(f"{len(self.misses)} missed fusion(s)" + (":" if self.misses else ""))
-            return "\n".join(head + [f"  {m}" for m in self.misses]
+            unmade = ([f"  NOT made: {c}" for c in self.cannot_make] if self.expect == "model" else
+                      [f"  judged against the pipeline only: {c}" for c in self.cannot_make])
+            return "\n".join(head + [f"  {m}" for m in self.misses] + unmade
                              + [f"  not expected here: {x}" for x in self.not_expected] + self._left_out())
         head = (f"{self.model} ({self.pipeline} pipeline): {sum(s.fused for s in self.layers)}/{len(self.layers)} "
                 f"layer(s) fused as expected")
@@ -435,28 +585,35 @@ def check_layer(trace: Trace, layer: int, model: str = "") -> None:
         raise SessionError(f"layer {layer} is not in {model or 'the model'} (layers: {span})")
 
 
-def check_fusion(trace: Trace, model: str = "", layers: Iterable[int] | None = None) -> FusionCheck:
-    """Status of every layer (or of `layers`) of a run.
+def check_fusion(trace: Trace, model: str = "", layers: Iterable[int] | None = None,
+                 expect: str = "model") -> FusionCheck:
+    """Status of every layer (or of `layers`) of a run, judged against `expect` (`EXPECT_MODES`, `layer_status`).
 
     Raises:
-        SessionError: a requested layer is not in the model (the message gives the layers it has).
+        SessionError: a requested layer is not in the model (the message gives the layers it has), or `expect` is
+            not one of `EXPECT_MODES`.
     """
+    if expect not in EXPECT_MODES:
+        raise SessionError(f"expect {expect!r}: use one of {', '.join(EXPECT_MODES)}")
     have = model_layers(trace.input)
     wanted = list(have if layers is None else resolve_layers(have, layers))
     known = set(have)
     for i in wanted:
         if i not in known:
             check_layer(trace, i, model)  # raises, naming the layers the model has
-    statuses = [layer_status(trace, i) for i in wanted]
+    statuses = [layer_status(trace, i, expect) for i in wanted]
     crashed = [s.error for s in trace.steps if s.error]
     if have:
         return FusionCheck(model, trace.pipeline, statuses, trace.final.fused_op_counts(),
-                           left_out=left_out(trace, None if layers is None else set(wanted)), crashed=crashed)
+                           left_out=left_out(trace, None if layers is None else set(wanted)), crashed=crashed,
+                           expect=expect)
     arch = classify(trace.input, None)
     misses, ignored = expected_misses(trace, arch, None)
     return FusionCheck(model, trace.pipeline, statuses, trace.final.fused_op_counts(), [str(m) for m in misses],
-                       arch, list(ignored.values()), left_out(trace), crashed, recognized(trace))
+                       arch, list(ignored.values()), left_out(trace), crashed, recognized(trace), expect,
+                       pipeline_cannot_make(trace, None))
 
 
-__all__ = ["LAYER_PASS", "PRODUCTS", "FusionCheck", "LayerStatus", "check_fusion", "check_layer", "expected_misses",
-           "judged_kind", "layer_status", "recognized", "verdict_pass"]
+__all__ = ["EXPECT_MODES", "LAYER_PASS", "PRODUCTS", "FusionCheck", "LayerStatus", "check_fusion", "check_layer",
+           "expected_misses",
+           "judged_kind", "layer_status", "pipeline_cannot_make", "recognized", "reference_run", "verdict_pass"]
