@@ -17,8 +17,9 @@ apparent, a few MB on disk). Each model is opened `--rounds` times (a different 
 nothing comes from the app's caches); the table prints every round and the median, with the machine (CPU model from
 /proc/cpuinfo), its load average and the date.
 
-Model Explorer was not measured: `pip download ai-edge-model-explorer` could not fetch it on this machine (no
-network); the table prints rlxviz's column only.
+Model Explorer is not measured yet (its column says so): it installs into a throwaway venv here
+(`pip install ai-edge-model-explorer model-explorer-onnx`), but driving its page to a "first drawn graph" signal was
+not built; the table prints rlxviz's column only.
 
     .venv/bin/python benchmarks/bench_first_picture.py
     .venv/bin/python benchmarks/bench_first_picture.py --app-root /tmp/before --rounds 1
@@ -186,7 +187,7 @@ def main() -> None:
             print(f"{label:<36} {r + 1:>5} {first:>25.2f} {done:>16.2f} {'not measured':>15}")
         print(f"{label:<36} {'med':>5} {statistics.median(f for f, _ in got):>25.2f} "
               f"{statistics.median(d for _, d in got):>16.2f} {'not measured':>15}")
-    print("Model Explorer not measured: ai-edge-model-explorer could not be downloaded here (no network).")
+    print("Model Explorer not measured by this script (not built yet); rlxviz's column only.")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import pytest
 from rlxviz.app.jobs import Runner
 from rlxviz.app.sources import ALLOWED_DIRS_ENV, PATH_BOX, SourceError, check_upload, where_big_files
 from rlxviz.app.state import AppState
+from rlxviz.app.views import COLLAPSED
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -125,11 +126,15 @@ def test_the_input_graph_is_shown_before_the_passes(monkeypatch, tmp_path, expor
     inside = models_dir(tmp_path, exported)
     monkeypatch.setenv(ALLOWED_DIRS_ENV, str(inside))
     s = state()
-    seen = []
+    s.view = COLLAPSED  # one box per layer: where a verdict would show
+    seen, drawn = [], []
     s.param.watch(lambda e: seen.append((e.new is not None and len(e.new.steps), s.model and s.model.name)), "trace")
+    s.param.watch(lambda e: e.new is not None and drawn.append(s.svg()), "trace")
     open_path(s, str(inside / "tiny.onnx"))
     assert s.message_kind != "danger", s.message
     assert seen[0] == (0, s.model.name) and seen[-1][0] > 0, seen
+    assert "layers.1" in drawn[0] and "not fused" not in drawn[0] and "rejected" not in drawn[0]  # no verdict yet
+    assert "fused" in drawn[-1].replace("unfused", "")  # the full run's boxes say their verdict
     assert s.version == 0 and s.trace.steps
     seen.clear()
     s.seq = 12  # a reload of the same source: a new model, again drawn first

@@ -23,6 +23,11 @@ FULL_VIEW_LAYERS = 6
 """`auto` view: models with more layers than this are drawn one box per layer (a layer expands in place)."""
 
 
+
+INPUT_FIRST = "input graph, passes running"
+"""The pipeline name of the trace with no pass a load shows first (`Runs._show_input_first`): drawn as its bare
+input graph, so no layer box says `not fused` before a pass has run."""
+
 class Derived:
     """Derived values of `AppState` (its versions, graphs, texts and drawings); read-only."""
 
@@ -142,6 +147,8 @@ class Derived:
         trace = self.trace if trace is None else trace
         source: Trace | Graph | None = trace if trace is not None else (
             self.model.graph if self.model is not None else None)
+        if trace is not None and trace.pipeline == INPUT_FIRST:  # the passes still run: no verdict on any layer yet
+            source = trace.input
         if source is None:
             raise ValueError("no model loaded yet")
         i = self.version_index(k, trace) if trace is not None else 0

@@ -21,6 +21,7 @@ from ..runtime.battery import EXPECTED_PREFIX
 from ..session import Limits, SessionError
 from ..session import render as drawing
 from . import timeproc
+from .derived import INPUT_FIRST
 from .sources import (
     ONNX_UPLOAD_NAME,
     SourceError,
@@ -208,7 +209,7 @@ class Runs:
         """Draw `model`'s input graph as soon as it is read (from the runner's thread) and show it as a trace with no
         pass: the passes, the import check, the verdicts and timing arrive with the full trace after. On the 8B-shaped
         32-layer export the passes took longer than reading the graph; the first picture waited for them."""
-        first = Trace(input=model.graph, pipeline="reading")
+        first = Trace(input=model.graph, pipeline=INPUT_FIRST)
         self._draw_ahead(first)
         asked = (self.version_labels[self.version] if self.trace is not None and self.version < len(self.version_labels)
                  else None, self.version)
