@@ -24,6 +24,14 @@ not built; the table prints rlxviz's column only.
     .venv/bin/python benchmarks/bench_first_picture.py
     .venv/bin/python benchmarks/bench_first_picture.py --app-root /tmp/before --rounds 1
 
+Measured 2026-12-04 (Intel Xeon, 2 cores shared with other work, load average 2-3; median of 2 rounds, s):
+
+    model                       first picture before -> after    passes done before -> after
+    2-layer Phi-3 export             3.64 -> 1.95                     3.66 -> 3.87
+    32-layer 8B-shaped export        4.08 -> 1.40                     4.10 -> 3.96
+
+("before": main at 8d34a06, where the import check and the pipeline ran before the first picture.)
+
 Prints figures only; nothing is asserted.
 """
 
