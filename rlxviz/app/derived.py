@@ -136,6 +136,12 @@ class Derived:
     def trace_json(self) -> str:
         return self.trace.to_json(graphs=True, indent=1) if self.trace is not None else "{}"
 
+    @property
+    def input_first(self) -> bool:
+        """The trace shown is the input graph drawn before the passes ran (`Runs._show_input_first`): the run itself
+        is still coming, so what waits for a new run (a jump to a refusing pass, an overlay) waits on."""
+        return self.trace is not None and self.trace.pipeline == INPUT_FIRST
+
     def _drawing(self, k: int | None, view: str, side: str = "after",
                  trace: Trace | None = None) -> tuple[Trace | Graph, View]:
         """What to draw for shown version `k` in the app's `view` (`full`, `collapsed`, `focus`): the source
