@@ -9,7 +9,7 @@ import panel as pn
 import param
 from panel.viewable import Viewer
 
-from .sources import ALLOWED_DIRS_ENV, allowed_dirs, max_upload_bytes
+from .sources import ALLOWED_DIRS_ENV, allowed_dirs, max_upload_bytes, where_big_files
 from .state import SHAPE_VARIANT, SOURCES, VARIANT_LABELS, AppState, move_position
 from .text import md_escape, md_pre
 
@@ -44,17 +44,19 @@ class ModelControls(Viewer):
         self.preset = pn.widgets.Select.from_param(s.param.preset, name="Model", sizing_mode="stretch_width",
                                                   css_classes=["rv-preset"])
         roots = allowed_dirs()
-        self.folder = pn.widgets.TextInput(name="Checkpoint folder", value=s.checkpoint_dir,
+        self.folder = pn.widgets.TextInput(name="Checkpoint folder or .onnx file (a path on the server)",
+                                           value=s.checkpoint_dir, css_classes=["rv-path"],
                                            placeholder=str(roots[0]) if roots else f"disabled: set {ALLOWED_DIRS_ENV}",
                                            sizing_mode="stretch_width")
-        self.folder_btn = pn.widgets.Button(label="Load folder", color="primary")
+        self.folder_btn = pn.widgets.Button(label="Load path", color="primary", css_classes=["rv-load-path"])
         self.folder_btn.on_click(lambda e: s.param.update(checkpoint_dir=self.folder.value, source="checkpoint"))
         self.upload = pn.widgets.FileInput(accept=".json,.safetensors,.onnx", multiple=True, name="Checkpoint files",
                                            sizing_mode="stretch_width", css_classes=["rv-upload"])
         self.upload.param.watch(self._on_upload, "value")
         limit = max_upload_bytes() / 2**20
         self.upload_doc = pn.pane.Markdown(f"Select **config.json** and **model.safetensors** together, or one "
-                                           f"**.onnx** export (at most {limit:.0f} MB).", styles={"font-size": "12px"})
+                                           f"**.onnx** export (at most {limit:.0f} MB). Bigger: "
+                                           f"{md_escape(where_big_files())}", styles={"font-size": "12px"})
         # Ace editor: line numbers, no length cap (the server's memory budget limits the graph, not the text)
         self.ir = pn.widgets.CodeEditor(value=s.ir_text, language="text", min_height=300, sizing_mode="stretch_both",
                                         css_classes=["rv-ir-text"], print_margin=False, indent=2, soft_tabs=True)

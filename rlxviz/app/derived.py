@@ -23,6 +23,11 @@ FULL_VIEW_LAYERS = 6
 """`auto` view: models with more layers than this are drawn one box per layer (a layer expands in place)."""
 
 
+
+INPUT_FIRST = "input graph, passes running"
+"""The pipeline name of the trace with no pass a load shows first (`Runs._show_input_first`): drawn as its bare
+input graph, so no layer box says `not fused` before a pass has run."""
+
 class Derived:
     """Derived values of `AppState` (its versions, graphs, texts and drawings); read-only."""
 
@@ -131,6 +136,12 @@ class Derived:
     def trace_json(self) -> str:
         return self.trace.to_json(graphs=True, indent=1) if self.trace is not None else "{}"
 
+    @property
+    def input_first(self) -> bool:
+        """The trace shown is the input graph drawn before the passes ran (`Runs._show_input_first`): the run itself
+        is still coming, so what waits for a new run (a jump to a refusing pass, an overlay) waits on."""
+        return self.trace is not None and self.trace.pipeline == INPUT_FIRST
+
     def _drawing(self, k: int | None, view: str, side: str = "after",
                  trace: Trace | None = None) -> tuple[Trace | Graph, View]:
         """What to draw for shown version `k` in the app's `view` (`full`, `collapsed`, `focus`): the source
@@ -142,6 +153,8 @@ class Derived:
         trace = self.trace if trace is None else trace
         source: Trace | Graph | None = trace if trace is not None else (
             self.model.graph if self.model is not None else None)
+        if trace is not None and trace.pipeline == INPUT_FIRST:  # the passes still run: no verdict on any layer yet
+            source = trace.input
         if source is None:
             raise ValueError("no model loaded yet")
         i = self.version_index(k, trace) if trace is not None else 0

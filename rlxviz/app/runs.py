@@ -21,6 +21,7 @@ from ..runtime.battery import EXPECTED_PREFIX
 from ..session import Limits, SessionError
 from ..session import render as drawing
 from . import timeproc
+from .derived import INPUT_FIRST
 from .sources import (
     ONNX_UPLOAD_NAME,
     SourceError,
@@ -86,6 +87,9 @@ class Runs:
     """Why "Layer to break" moved to the model's last layer (said with the variant's notice), or ""."""
     _quiet_layer = False
     """Set while `_bound_variant_layer` moves the layer to what was loaded: no reload for it."""
+    _partial_asked: tuple[str | None, int] | None = None
+    """While the input graph drawn first (`_show_input_first`) is shown: the (label, index) of the version selected
+    before it, which the full trace selects again; None otherwise."""
 
     def _load_model(self) -> Model:
         limits = Limits.resolve()
@@ -159,15 +163,18 @@ class Runs:
                 key = (*key[:-1], self._layer_clamped)  # what was loaded: the state's layer moves there on show
             if gen != self._generation:
                 return
+            new_model = model is not self.model
+            if new_model:  # the first picture: the input graph as read, before the check and the passes (issue 39)
+                self._show_input_first(key, model)
             checked = None
-            if model is not self.model and model.meta.get("onnx_file"):  # does version 0 equal the file itself?
+            if new_model and model.meta.get("onnx_file"):  # does version 0 equal the file itself?
                 page(lambda: self._set_progress(30, "Checking version 0 against the ONNX model…"))
                 checked = import_check(model)
             page(lambda: self._set_progress(40, "Running the fusion pipeline…"))
             try:
                 trace = self._run_pipeline(model)
             except SessionError:
-                if model is not self.model:
+                if new_model:  # the input graph drawn first goes: the model stays, without a trace
                     page(lambda: self._show_model(key, model))
                 raise
             if gen != self._generation:
@@ -176,7 +183,7 @@ class Runs:
 
             def show() -> None:
                 self.ir_error = None
-                new = model is not self.model
+                new = model is not self.model  # False after `_show_input_first`: it showed the model already
                 if new:
                     self._model_key = key
                 # model and trace change together: views never see the new model with the old trace
@@ -197,6 +204,24 @@ class Runs:
             page(self._stop)
         if done:  # after the job: the page is usable while the other versions are drawn
             self.runner.submit("prerender", lambda: self.prerender(gen))
+
+    def _show_input_first(self, key: tuple, model: Model) -> None:
+        """Draw `model`'s input graph as soon as it is read (from the runner's thread) and show it as a trace with no
+        pass: the passes, the import check, the verdicts and timing arrive with the full trace after. On the 8B-shaped
+        32-layer export the passes took longer than reading the graph; the first picture waited for them."""
+        first = Trace(input=model.graph, pipeline=INPUT_FIRST)
+        self._draw_ahead(first)
+        asked = (self.version_labels[self.version] if self.trace is not None and self.version < len(self.version_labels)
+                 else None, self.version)
+
+        def show() -> None:
+            self.ir_error = None
+            self._model_key = key
+            self._set_trace(first, model)
+            self._partial_asked = asked  # the full trace selects what was asked, not this trace's only version
+            self._set_progress(40, "Input graph drawn; running the fusion pipeline…")
+
+        self.runner.on_page(show)
 
     def _show_model(self, key: tuple, model: Model) -> None:
         """The new model, whose pipeline run failed: shown without a trace."""
@@ -242,7 +267,12 @@ class Runs:
     def _set_trace(self, trace: Trace, model: Model | None = None) -> None:
         """Show `trace` (and `model`, when it is new) in one update."""
         labels = self._visible(trace)
-        version = min(self.version, len(labels) - 1) if self.trace is None else self._same_version(trace, labels)
+        asked, self._partial_asked = self._partial_asked, None
+        if asked is not None:  # after `_show_input_first`: the version selected before the input graph was drawn
+            names = [lbl for _, lbl in labels]
+            version = names.index(asked[0]) if asked[0] in names else min(asked[1], len(labels) - 1)
+        else:
+            version = min(self.version, len(labels) - 1) if self.trace is None else self._same_version(trace, labels)
         new = {"model": model, "selected_node": None} if model is not None else {}
         if model is not None:
             self._bound_variant_layer(model)

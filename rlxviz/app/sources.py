@@ -1,6 +1,7 @@
 """Where a model may come from, and the security rules for paths and uploads (no Panel import).
 
-* Checkpoint folders are accepted only *inside* directories listed in the environment variable
+* Checkpoint folders and `.onnx` files (read in place with their external data, never copied through the browser:
+  the road for models too big to upload) are accepted only *inside* directories listed in the environment variable
   `RLXVIZ_ALLOWED_DIRS` (`os.pathsep`-separated, e.g. `/data/models:/srv/ckpt`). Unset or empty means
   no folder is allowed: the app never reads an arbitrary server path. Paths are resolved
   (symlinks, `..`) before the check, so `allowed/../../etc` is refused.
@@ -66,6 +67,26 @@ def max_upload_bytes(env: dict[str, str] | None = None) -> int:
     return _env_mb(MAX_UPLOAD_ENV, DEFAULT_MAX_UPLOAD_MB, env)
 
 
+PATH_BOX = "the Folder source's path box"
+"""Where the app takes a typed server path: a checkpoint folder, or an `.onnx` file (with its external data)."""
+
+
+def where_big_files(allowed: list[Path] | None = None) -> str:
+    """One sentence saying where a file too big to upload goes instead: a path under the allowed folders, typed in
+    the Folder source's box (read on the server, never copied through the browser); with no allowed folder, how the
+    server is started to have one.
+
+    Args:
+        allowed: allowed roots (default `allowed_dirs()`).
+    """
+    roots = allowed_dirs() if allowed is None else allowed
+    if roots:
+        return (f"Put the .onnx file (and its external data) or the checkpoint folder under {roots[0]} on the server "
+                f"and type its path in {PATH_BOX}: it is read there, not uploaded.")
+    return (f"Big models are opened by path: start the server with {ALLOWED_DIRS_ENV}=/path/to/models, put the .onnx "
+            f"file (and its external data) there and type its path in {PATH_BOX}.")
+
+
 def check_checkpoint_dir(path: str, allowed: list[Path] | None = None) -> list[Path]:
     """Refuse early, with what to do, when folders are disabled or nothing was typed.
 
@@ -84,12 +105,12 @@ def check_checkpoint_dir(path: str, allowed: list[Path] | None = None) -> list[P
     """
     roots = allowed_dirs() if allowed is None else allowed
     if not roots:
-        raise SourceError(f"Checkpoint folders are disabled on this server. Start it with {ALLOWED_DIRS_ENV}="
-                          "/path/to/models (a list separated by ':') to allow folders inside those directories, "
-                          "or upload config.json + model.safetensors instead.")
+        raise SourceError(f"Checkpoint folders and .onnx paths are disabled on this server. Start it with "
+                          f"{ALLOWED_DIRS_ENV}=/path/to/models (a list separated by ':') to allow folders and .onnx "
+                          "files inside those directories, or upload config.json + model.safetensors instead.")
     if not path.strip():
         raise SourceError("Type the path of a Hugging Face BERT checkpoint folder (it holds config.json and "
-                          f"model.safetensors), inside {', '.join(map(str, roots))}.")
+                          f"model.safetensors) or of an .onnx file, inside {', '.join(map(str, roots))}.")
     return roots
 
 
@@ -126,7 +147,7 @@ def check_upload(files: dict[str, bytes], limit: int | None = None) -> dict[str,
     total = sum(len(v) for v in files.values())
     if total > limit:
         raise SourceError(f"The upload is {total / 2**20:.1f} MB; this server accepts at most {limit / 2**20:.0f} MB "
-                          f"({MAX_UPLOAD_ENV}). Use a checkpoint folder under {ALLOWED_DIRS_ENV} for big models.")
+                          f"({MAX_UPLOAD_ENV}). {where_big_files()}")
     onnx_files = [v for k, v in files.items() if k.lower().endswith(".onnx")]
     if onnx_files:
         if len(files) != 1:

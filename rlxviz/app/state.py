@@ -376,8 +376,10 @@ class AppState(Runs, Derived, param.Parameterized):
 
     @param.depends("overlay", "version", "trace", "hide_unchanged", "device", watch=True)
     def _overlay_changed(self) -> None:
-        """A new overlay choice, version or run: the colours of the version shown, measured when not yet."""
-        self.measure_overlay()
+        """A new overlay choice, version or run: the colours of the version shown, measured when not yet (not for the
+        input graph drawn before the passes: the run follows)."""
+        if not self.input_first:
+            self.measure_overlay()
 
     @param.depends("model", watch=True)
     def _drop_user_inputs(self) -> None:
