@@ -12,7 +12,7 @@ Why these values:
   Timing at this size is meaningful for what the fusions change on this runtime: with batch 1 and 16
   tokens MiniLM's versions take ~10 ms on an idle 2-core CPU, well above the timer's resolution, and
   the per-op work that fusion removes is a visible share of it. Measure large shapes explicitly
-  (`--batch 8 --seq 128`, as README "Measurements" does).
+  (`--batch 8 --seq 128`, as docs/performance.md does).
 * `DEFAULT_REPEAT = MIN_VERDICT_ROUNDS` (21) interleaved rounds after `DEFAULT_WARMUP = 2` untimed ones: the
   fewest paired rounds a faster/slower verdict is read from (with the 10 rounds of before, the app's Timing tab
   and `rlxviz time` never gave one), and every round times every version once, so a load spike hits all
