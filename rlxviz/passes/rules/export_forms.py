@@ -56,6 +56,10 @@ K's scale next to its head split, bit-exact, and `fuse_sdpa` folds both pre-scal
   writes a `Cast` to f32 after each f32 softmax) -> `x`. Exact: the IR's cast of a value to its own dtype is the
   identity (reference: `astype` to the same dtype; MLX: `astype` likewise).
 
+Validity (numbers equal for every input each rule accepts): every rule above states its own condition after
+"Exact"; the conditions a graph could break are guards (`bias_fills`, `scores_f32`, `bias_no_widen`,
+`scores_finite`), and any other shape of the form is no record at all.
+
 Left in the importer (it needs constant values): `x + 0` with an all-zero constant. transformers' RoPE with
 constant tables is `fuse_sdpa.rope_heads` / `.rope_pairs`', which read the small param values the graph carries
 (`Graph.values`).
