@@ -101,7 +101,7 @@ def resolve_model(model: str, batch: int, seq: int, style: str = "hf") -> Model:
 def resolve_onnx(path: str, shapes: dict[str, tuple[int, ...]]) -> Model:
     """An `.onnx` export with every input's shape taken from the array of the same name (memory limit from
     the environment). Raises CLIError naming the file for anything `load_onnx` refuses."""
-    from .models.onnx_import import OnnxImportError, load_onnx
+    from .models.onnx import OnnxImportError, load_onnx
     from .session import Limits
 
     try:
@@ -199,7 +199,7 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """`rlxviz run MODEL --inputs IN.npz -o OUT.npz`: run a model and save `last_hidden_state`."""
-    from .models.onnx_weights import lazy_names
+    from .models.onnx.weights import lazy_names
     from .session import Limits, all_finite, load_inputs, npz_headers
     from .session.fidelity import output_names
 
@@ -308,7 +308,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 def _dim_arg(text: str) -> tuple[str, int]:
     """argparse type of `--dim NAME=VALUE` (a bad one: argparse's usage error, exit 2)."""
-    from .models.onnx_dims import DimError, parse_dim
+    from .models.onnx.dims import DimError, parse_dim
 
     try:
         return parse_dim(text)
@@ -412,7 +412,7 @@ def _run_model(args: argparse.Namespace, allow_crashes: bool = False, workload: 
                  args.threshold, dims=dims, input_shapes=shapes)
     _remember(model)
     if workload != "load":  # `load` checked the graph's own run; this adds what the command copies
-        from .models.onnx_weights import lazy_names
+        from .models.onnx.weights import lazy_names
 
         limits.check(model.graph, _source(args), workload,
                      hint=_slice_hint(args) if lazy_names(model.weights) else "")
@@ -431,11 +431,11 @@ def _layers_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _slice_model(args: argparse.Namespace) -> None:
-    """With `--layers`, replace `args.model` (an .onnx export) by the file of that slice (`models.onnx_slice`).
+    """With `--layers`, replace `args.model` (an .onnx export) by the file of that slice (`models.onnx.slice`).
     Raises CLIError for a model that is no .onnx file or a range the file cannot be cut at."""
     if getattr(args, "layers", None) is None:
         return
-    from .models.onnx_slice import parse_layers, slice_layers
+    from .models.onnx.slice import parse_layers, slice_layers
 
     if not (args.model.lower().endswith(".onnx") and Path(args.model).is_file()):
         raise CLIError(f"--layers applies to an .onnx export; {args.model} is not one")
@@ -497,7 +497,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     import json
 
     from .ir.onnx_op import describe_host
-    from .models.onnx_notes import imported_forms
+    from .models.onnx.notes import imported_forms
     from .session import check_fusion, load_inputs
     from .session.exactness import ExactnessCheck, check_exactness
     from .session.fidelity import unread_weights
@@ -660,7 +660,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     _output_file(args.out, "a file name ending in .onnx or .json", (args.model,))
     model, trace = _run_model(args, workload="export" if suffix == ".onnx" else "load")
     if suffix == ".onnx":
-        from .models.onnx_export import export_onnx
+        from .models.onnx.export import export_onnx
 
         graph = trace.versions()[version_index(trace, args.after or "final")][1]
         export_onnx(graph, model.weights, out)

@@ -59,7 +59,7 @@ ADDRESS_SLACK_BYTES = 512 << 20
 """Address space allowed on top of `ADDRESS_FACTOR` x the limit (bytes): the loader's own temporaries, thread stacks
 and allocator arenas."""
 
-PRELOAD = ("numpy", "onnx", "onnx.reference", "rlxviz.session.loading", "rlxviz.models.onnx_import")
+PRELOAD = ("numpy", "onnx", "onnx.reference", "rlxviz.session.loading", "rlxviz.models.onnx")
 """Modules a child imports before it reads its request."""
 
 _PARENT_ENV = "RLXVIZ_ISOLATED_PARENT"
