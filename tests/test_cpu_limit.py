@@ -1,7 +1,7 @@
 """Import time limits count CPU time, not wall-clock time (issue 37, item 9): on a loaded machine a 175-node file was
 refused because "the import has taken over 120 s". A load that computes past its limit is stopped (a fake busy
 child); one whose wall time passes while it waits for a core, using little CPU, completes; a stopped child still ends
-at the wall-clock backstop (`cpu_limit.WALL_FACTOR` times the limit; tests/test_isolated.py)."""
+at the wall-clock backstop (`bounded.WALL_FACTOR` times the limit; tests/test_isolated.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import isolation_helpers as helpers
 import pytest
 
 from rlxviz import session
-from rlxviz.models.cpu_limit import Deadline, cap_cpu
+from rlxviz.ir.bounded import Deadline, cap_cpu
 from rlxviz.models.onnx import driver, validate
 from rlxviz.models.onnx import read as onnx_import
 from rlxviz.session import isolated

@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 
 from ...ir import Builder, Graph, lint
+from ...ir.bounded import Deadline
 from ...ir.emitter import Ref
 from ...ir.graph import SMALL_VALUE
 from ...ir.lint import problems
-from ..cpu_limit import Deadline
 from ..module_calls import number_calls
 from . import handlers  # noqa: F401 - each family's handlers register into HANDLERS
 from .bind import _bind_input, _same_symbols
@@ -27,7 +27,7 @@ from .validate import _contrib_inputs, default_opset, validate
 from .weights import ExternalTensor, LazyWeights, bind_external, read_on_demand, transposed_view
 
 MAX_IMPORT_SECONDS = 120.0
-"""CPU time one import may take (an export of a 7B model maps in seconds); past it, or past `cpu_limit.WALL_FACTOR`
+"""CPU time one import may take (an export of a 7B model maps in seconds); past it, or past `bounded.WALL_FACTOR`
 times it in wall time (a stopped or starved process), the import stops, naming the node it reached, so no upload
 holds a server's worker for long. CPU time, not wall time: a busy machine does not refuse a good file."""
 

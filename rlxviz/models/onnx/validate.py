@@ -6,14 +6,12 @@ process), and a contrib node's inputs against ONNX Runtime's operator schemas (`
 from __future__ import annotations
 
 import functools
-import math
 import os
-import resource
 from collections.abc import Callable
 from typing import Any
 
-from ...ir.host_rules import OPSETS, ForkedFailure, forked
-from ..cpu_limit import WALL_FACTOR
+from ...ir.bounded import WALL_FACTOR, ForkedFailure, forked
+from ...ir.host_rules import OPSETS
 from .context import CONTRIB, OnnxImportError, _onnx
 from .weights import externals_as_inputs
 
@@ -133,7 +131,7 @@ def _checker(proto: Any) -> str:
 
 VALIDATE_SECONDS = 60.0
 """CPU time ONNX's whole-model shape inference may take in its child process (`RLIMIT_CPU` there); its wall time
-is bounded at `cpu_limit.WALL_FACTOR` times it."""
+is bounded at `bounded.WALL_FACTOR` times it."""
 
 
 def _strict_inference(proto: Any) -> str:
@@ -150,20 +148,12 @@ def _strict_inference(proto: Any) -> str:
 
 
 def _isolated(check: Callable[[], str]) -> str:
-    """Run `check` in a forked child (`ir.host_rules.forked`, the one such runner) and return its text. The child
-    may use `VALIDATE_SECONDS` of CPU time (`RLIMIT_CPU`: past it the kernel ends it with SIGXCPU) and
-    `cpu_limit.WALL_FACTOR` times that in wall time (a stopped or starved child); a child killed by a signal or past
+    """Run `check` in a forked child (`ir.bounded.forked`, the one bounded child-process helper) and return its text.
+    The child may use `VALIDATE_SECONDS` of CPU time (`RLIMIT_CPU`: past it the kernel ends it with SIGXCPU) and
+    `bounded.WALL_FACTOR` times that in wall time (a stopped or starved child); a child killed by a signal or past
     either limit gives a refusal saying so."""
-
-    def capped() -> str:  # in the child
-        _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-        soft = max(1, math.ceil(VALIDATE_SECONDS))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
-        resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
-        return check()
-
     try:
-        return forked(capped, VALIDATE_SECONDS * WALL_FACTOR)
+        return forked(check, VALIDATE_SECONDS * WALL_FACTOR, cpu_s=VALIDATE_SECONDS)
     except ForkedFailure as e:
         if e.signal == "SIGXCPU":
             return f"ONNX's shape inference took over {VALIDATE_SECONDS:g} s of CPU time on this file; refused"
