@@ -41,7 +41,7 @@ def main() -> None:
     from bench_runtime import load, ort_session
 
     from rlxviz import kernels
-    from rlxviz.models.onnx_export import export_onnx
+    from rlxviz.models.onnx.export import export_onnx
     from rlxviz.passes import Pipeline
     from rlxviz.runtime import run_reference
     from rlxviz.runtime.blas import blas_threads

@@ -82,7 +82,7 @@ def child(what: str, batch: int, seq: int, threads: int, warmup: int, calls: int
     if what == "ort":
         import tempfile
 
-        from rlxviz.models.onnx_export import export_onnx
+        from rlxviz.models.onnx.export import export_onnx
 
         tmp = tempfile.mkdtemp()
         export_onnx(hf.graph, hf.weights, f"{tmp}/m.onnx")

@@ -472,7 +472,7 @@ def side_by_side(batch: int, args: argparse.Namespace) -> list[str]:
         try:
             import onnxruntime as ort
 
-            from rlxviz.models.onnx_export import export_onnx
+            from rlxviz.models.onnx.export import export_onnx
 
             path = f"{tmp}/rlxviz_input.onnx"
             export_onnx(hf.graph, hf.weights, path)

@@ -30,7 +30,7 @@ from onnx.external_data_helper import load_external_data_for_model
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rlxviz.models.onnx_import import import_graph, load_onnx  # noqa: E402
+from rlxviz.models.onnx import import_graph, load_onnx  # noqa: E402
 from rlxviz.passes import Pipeline  # noqa: E402
 from rlxviz.runtime import run_reference  # noqa: E402
 from rlxviz.teach import check_fusion  # noqa: E402

@@ -143,7 +143,7 @@ def ort_profile(model, feeds, repeat: int) -> tuple[list[tuple[str, float]], Cal
     """(ONNX op type, best ms per node) from ORT's profiler on rlxviz's export of `model.graph`."""
     import onnxruntime as ort
 
-    from rlxviz.models.onnx_export import export_onnx
+    from rlxviz.models.onnx.export import export_onnx
     from rlxviz.runtime.blas import cpu_cores
 
     tmp = tempfile.mkdtemp()

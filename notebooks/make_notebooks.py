@@ -1754,7 +1754,7 @@ print("  " + ", ".join(f"{op} {k}" for op, k in onnx_ops.most_common()))''', "on
 Many of those nodes compute **shapes**, not tensors (`Shape`, `Concat`, `Unsqueeze`, `Range`,
 `Expand`, the mask's `Equal`/`And`/`Where`): the exporter keeps `batch` and `seq` symbolic. rlxviz's
 importer builds the graph for one shape (batch 1, 16 tokens by default) and folds every node whose
-value follows from shapes and weights alone, within a budget (`models/onnx_fold.py`).
+value follows from shapes and weights alone, within a budget (`models/onnx/fold.py`).
 
 ## 2. Import, checked against ONNX Runtime
 

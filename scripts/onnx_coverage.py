@@ -60,7 +60,7 @@ def _row(name: str, path: Path, io: Path | None) -> str:
     from rlxviz.ir import Op
     from rlxviz.ir.onnx_op import host_nodes
     from rlxviz.models.minilm import minilm_dir
-    from rlxviz.models.onnx_import import OnnxImportError, load_onnx
+    from rlxviz.models.onnx import OnnxImportError, load_onnx
     from rlxviz.passes import Pipeline
     from rlxviz.runtime import run_reference
     from rlxviz.runtime.compare import max_abs

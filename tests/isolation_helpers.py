@@ -11,17 +11,17 @@ from pathlib import Path
 def load_with_stuck_step(path: str, pid_file: str, seconds: float = 600.0):
     """`session.load(path)` with the ONNX import's `import_graph` step made to sleep `seconds` first (a file whose
     import never returns); writes this process's pid to `pid_file` before it sleeps."""
-    from rlxviz.models import onnx_import
+    from rlxviz.models.onnx import read
     from rlxviz.session import loading
 
-    real = onnx_import.import_graph
+    real = read.import_graph
 
     def stuck(*args, **kwargs):
         Path(pid_file).write_text(str(os.getpid()))
         time.sleep(seconds)
         return real(*args, **kwargs)
 
-    onnx_import.import_graph = stuck
+    read.import_graph = stuck
     return loading.load(path, 1, 8)
 
 

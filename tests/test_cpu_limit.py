@@ -1,7 +1,7 @@
 """Import time limits count CPU time, not wall-clock time (issue 37, item 9): on a loaded machine a 175-node file was
 refused because "the import has taken over 120 s". A load that computes past its limit is stopped (a fake busy
 child); one whose wall time passes while it waits for a core, using little CPU, completes; a stopped child still ends
-at the wall-clock backstop (`cpu_limit.WALL_FACTOR` times the limit; tests/test_isolated.py)."""
+at the wall-clock backstop (`bounded.WALL_FACTOR` times the limit; tests/test_isolated.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import isolation_helpers as helpers
 import pytest
 
 from rlxviz import session
-from rlxviz.models import onnx_import
-from rlxviz.models.cpu_limit import Deadline, cap_cpu
+from rlxviz.ir.bounded import Deadline, cap_cpu
+from rlxviz.models.onnx import driver, validate
+from rlxviz.models.onnx import read as onnx_import
 from rlxviz.session import isolated
 
 GPT2 = Path(__file__).resolve().parent / "fixtures/onnx/gpt2.onnx"
@@ -45,16 +46,16 @@ def test_deadline_counts_this_threads_cpu_time_with_a_wall_backstop():
 
 
 def test_the_importer_states_its_limit_in_cpu_time(monkeypatch):
-    monkeypatch.setattr(onnx_import, "MAX_IMPORT_SECONDS", 1e-9)
+    monkeypatch.setattr(driver, "MAX_IMPORT_SECONDS", 1e-9)
     with pytest.raises(onnx_import.OnnxImportError, match=r"the import has taken over 1e-09 s of CPU time; stopped "
                                                           r"here \(a graph of [\d,]+ nodes\)"):
         onnx_import.load_onnx(GPT2, batch=1, seq=8)
 
 
 def test_shape_inference_child_is_bounded_in_cpu_time_not_wall_time(monkeypatch):
-    monkeypatch.setattr(onnx_import, "VALIDATE_SECONDS", 2.0)
-    assert onnx_import._isolated(lambda: (time.sleep(1.0), "fine")[1]) == "fine"  # 1 s wall, no CPU
-    assert onnx_import._isolated(lambda: str(helpers.spin(30.0))) == (
+    monkeypatch.setattr(validate, "VALIDATE_SECONDS", 2.0)
+    assert validate._isolated(lambda: (time.sleep(1.0), "fine")[1]) == "fine"  # 1 s wall, no CPU
+    assert validate._isolated(lambda: str(helpers.spin(30.0))) == (
         "ONNX's shape inference took over 2 s of CPU time on this file; refused")
 
 

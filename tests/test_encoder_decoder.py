@@ -18,7 +18,7 @@ import pytest
 
 from rlxviz.ir import Builder, DType, Graph, Op
 from rlxviz.models.bert import random_weights
-from rlxviz.models.onnx_import import load_onnx
+from rlxviz.models.onnx import load_onnx
 from rlxviz.passes import Pipeline, layer_of
 from rlxviz.passes.trace import Layer, layer_keys, layer_label, resolve_layers
 from rlxviz.runtime import run_reference

@@ -25,7 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 from test_activation_forms import clip_like
 
 from rlxviz.ir import Graph, Op, parse_ir
-from rlxviz.models.onnx_import import load_onnx
+from rlxviz.models.onnx import load_onnx
 from rlxviz.passes import Pipeline, missed_fusions
 from rlxviz.passes.guard import EPILOGUE_ACTIVATIONS
 from rlxviz.runtime import run_reference

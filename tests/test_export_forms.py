@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from rlxviz.ir import Builder, Op
-from rlxviz.models.onnx_import import load_onnx
+from rlxviz.models.onnx import load_onnx
 from rlxviz.passes import Pipeline
 from rlxviz.runtime import run_reference
 from rlxviz.runtime.executor import MlxExecutor

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from clirun import one_line_error, run
 
-from rlxviz.models.onnx_import import load_onnx
+from rlxviz.models.onnx import load_onnx
 from rlxviz.session import load_inputs
 from rlxviz.session.fidelity import against_expected, against_onnx
 

@@ -70,7 +70,7 @@ def test_two_output_norm_fuses_and_keeps_every_number(norm, shape, dtype, sum_is
 def test_two_output_norm_runs_on_mlx_and_in_onnx_runtime():
     import onnxruntime as ort
 
-    from rlxviz.models.onnx_export import export_onnx
+    from rlxviz.models.onnx.export import export_onnx
     from rlxviz.runtime.executor import run_mlx
 
     g = pre_ln()

@@ -1,6 +1,6 @@
 """An `.onnx` file counts against the memory limit before it is parsed (issue 40: a 256 MB doc_string was read
 whole, 1,340 MB peak under a 64 MiB budget): its size `FILE_COPIES` times, its text capped like IR text, from a
-wire walk that builds no message (`models.onnx_size`). Small-scale: files of a few MiB under a limit of a few MiB."""
+wire walk that builds no message (`models.onnx.size`). Small-scale: files of a few MiB under a limit of a few MiB."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from clirun import one_line
 from clirun import run as cli_run
 from onnx import TensorProto, helper, numpy_helper
 
-from rlxviz.models import onnx_size
-from rlxviz.models.onnx_import import OnnxImportError, load_onnx
-from rlxviz.models.onnx_size import FREE_BYTES, count_bytes, over_budget
+from rlxviz.models.onnx import OnnxImportError, load_onnx
+from rlxviz.models.onnx import size as onnx_size
+from rlxviz.models.onnx.size import FREE_BYTES, count_bytes, over_budget
 from rlxviz.session import Limits, SessionError, load
 
 MIB = 1 << 20

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from rlxviz.ir.identity import IdentityMap
-from rlxviz.models.onnx_import import load_onnx
+from rlxviz.models.onnx import load_onnx
 from rlxviz.passes import Pipeline
 from rlxviz.runtime import run_reference
 from rlxviz.runtime.executor import MlxExecutor

@@ -1,6 +1,6 @@
-"""ONNX Runtime's contrib ops (`models.onnx_contrib`): the handed transformer-optimizer output (deit.ortopt) and small
-files built here with each other contrib op, imported with their meaning and checked against ONNX Runtime on the
-same file (reference and MLX, input and final version)."""
+"""ONNX Runtime's contrib ops (`models.onnx.handlers.contrib`): the handed transformer-optimizer output (deit.ortopt)
+and small files built here with each other contrib op, imported with their meaning and checked against ONNX Runtime
+on the same file (reference and MLX, input and final version)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from clirun import run
 from onnx import TensorProto, helper, numpy_helper
 
 from rlxviz.ir import Op
-from rlxviz.models.onnx_import import OnnxImportError, load_onnx
-from rlxviz.models.onnx_notes import imported_forms
+from rlxviz.models.onnx import OnnxImportError, load_onnx
+from rlxviz.models.onnx.notes import imported_forms
 from rlxviz.passes import Pipeline
 from rlxviz.runtime import run_reference
 from rlxviz.runtime.executor import MlxExecutor
@@ -74,7 +74,7 @@ def test_deit_ort_optimizer_output_keeps_its_mlp_and_says_what_was_fused(capsys)
 
 def test_deit_ortopt_exported_versions_load_in_onnx_runtime_with_its_numbers(tmp_path):
     """`rlxviz export` of the input and the final version: ONNX Runtime runs each, with the file's numbers."""
-    from rlxviz.models.onnx_export import export_onnx
+    from rlxviz.models.onnx.export import export_onnx
 
     d = dict(np.load(CASES / "deit.ortopt_io.npz"))
     feeds = {k: v for k, v in d.items() if not k.startswith("out:")}

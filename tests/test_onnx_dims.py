@@ -1,5 +1,5 @@
 """Binding an ONNX file's symbolic dims from the CLI (`--dim NAME=VALUE`, `--inputs IN.npz`) in every subcommand that
-loads a model (`models.onnx_dims`): optimum's decoder with past key values (a dim written as
+loads a model (`models.onnx.dims`): optimum's decoder with past key values (a dim written as
 `past_sequence_length + sequence_length`) explains, and so do files whose dims no default binds (`height`)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from clirun import one_line_error, run
 from onnx import TensorProto, helper, numpy_helper
 
 from rlxviz.ir import Op
-from rlxviz.models.onnx_dims import DimError, bind_input_shapes, parse_dim
+from rlxviz.models.onnx.dims import DimError, bind_input_shapes, parse_dim
 from rlxviz.passes import Pipeline
 from rlxviz.runtime import run_reference
 from rlxviz.session import load
@@ -44,7 +44,7 @@ def test_optimum_decoder_with_past_keeps_the_files_numbers_in_every_version(tmp_
     version (run by ONNX Runtime) give the file's numbers."""
     import onnxruntime as ort
 
-    from rlxviz.models.onnx_export import export_onnx
+    from rlxviz.models.onnx.export import export_onnx
 
     d = dict(np.load(LLAMA_IO))
     feeds = {k: v for k, v in d.items() if not k.startswith("out:")}

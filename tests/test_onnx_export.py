@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from rlxviz.models import load_model
-from rlxviz.models.onnx_export import export_onnx
-from rlxviz.models.onnx_import import load_onnx
+from rlxviz.models.onnx import load_onnx
+from rlxviz.models.onnx.export import export_onnx
 from rlxviz.passes import Pipeline
 from rlxviz.runtime import run_reference
 

@@ -15,8 +15,8 @@ from clirun import run
 from onnx import TensorProto, helper, numpy_helper
 
 from rlxviz.ir import Op, format_graph, parse_ir
-from rlxviz.models.onnx_export import export_onnx
-from rlxviz.models.onnx_import import OnnxImportError, load_onnx
+from rlxviz.models.onnx import OnnxImportError, load_onnx
+from rlxviz.models.onnx.export import export_onnx
 from rlxviz.runtime import run_reference
 from rlxviz.runtime.executor import MlxExecutor
 

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rlxviz.ir import Op
-from rlxviz.models.onnx_import import OnnxImportError, load_onnx, node_path
+from rlxviz.models.onnx import OnnxImportError, load_onnx, node_path
 from rlxviz.passes import Pipeline
 from rlxviz.runtime import run_reference
 from rlxviz.session import check_fusion

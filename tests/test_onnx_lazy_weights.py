@@ -20,9 +20,9 @@ from clirun import one_line_error, run
 
 from rlxviz.ir import format_graph
 from rlxviz.ir.memory import peak_memory, workload_peak
-from rlxviz.models import onnx_weights
-from rlxviz.models.onnx_import import OnnxImportError, load_onnx
-from rlxviz.models.onnx_weights import LAZY_ELEMENTS, LazyWeights, lazy_names
+from rlxviz.models.onnx import OnnxImportError, load_onnx
+from rlxviz.models.onnx import weights as onnx_weights
+from rlxviz.models.onnx.weights import LAZY_ELEMENTS, LazyWeights, lazy_names
 from rlxviz.runtime import run_reference
 
 _spec = importlib.util.spec_from_file_location("make_big_onnx", Path(__file__).parents[1] / "scripts/make_big_onnx.py")
@@ -228,7 +228,7 @@ def test_run_layers_runs_the_slice_with_real_weights_and_checks_it(shape, last, 
     p = _write(tmp_path, shape, real=True)
     feeds = _feeds(shape["vocab"])
     np.savez(tmp_path / "in.npz", **feeds)
-    from rlxviz.models.onnx_slice import slice_layers
+    from rlxviz.models.onnx.slice import slice_layers
 
     need = [workload_peak(load_onnx(f, batch=2, seq=8).graph, "run")[0] for f in (p, slice_layers(p, 0, last))]
     assert need[1] < need[0]

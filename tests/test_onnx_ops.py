@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from rlxviz.ir import Op
-from rlxviz.models.onnx_import import load_onnx
+from rlxviz.models.onnx import load_onnx
 from rlxviz.runtime import run_reference
 from rlxviz.runtime.executor import MlxExecutor
 from rlxviz.runtime.lowering import LoweringOptions

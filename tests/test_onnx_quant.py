@@ -1,4 +1,4 @@
-"""Quantized ONNX files (`models.onnx_quant`): quantize_dynamic output (esm.qdyn, handed), a QDQ model and a
+"""Quantized ONNX files (`models.onnx.handlers.quant`): quantize_dynamic output (esm.qdyn, handed), a QDQ model and a
 quantize_dynamic MLP built here, each imported with ONNX Runtime's numbers on the reference and on MLX, with the
 quantized tensors kept as int8/uint8 (the quantization a visible step of the graph)."""
 
@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rlxviz.ir import DType, Graph, Op
-from rlxviz.models.onnx_import import OnnxImportError, load_onnx
+from rlxviz.models.onnx import OnnxImportError, load_onnx
 from rlxviz.passes import Pipeline
 from rlxviz.runtime import run_reference
 from rlxviz.runtime.executor import MlxExecutor
@@ -52,7 +52,7 @@ def test_esm_quantize_dynamic_imports_with_onnx_runtimes_numbers():
 
 def test_esm_qdyn_exported_versions_load_in_onnx_runtime_with_its_numbers(tmp_path):
     """`rlxviz export` of the input and the final version: ONNX Runtime runs each, with the file's numbers."""
-    from rlxviz.models.onnx_export import export_onnx
+    from rlxviz.models.onnx.export import export_onnx
 
     d = dict(np.load(CASES / "esm.qdyn_io.npz"))
     feeds = {k: v for k, v in d.items() if not k.startswith("out:")}

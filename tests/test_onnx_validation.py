@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from rlxviz.models.onnx_import import OnnxImportError, load_onnx
+from rlxviz.models.onnx import OnnxImportError, load_onnx
 
 REL = Path(__file__).parent / "data" / "reliability"
 
@@ -150,7 +150,7 @@ def test_external_data_that_does_not_fit_its_declaration_is_refused(tmp_path, en
 
 @pytest.mark.parametrize("value", ["[" * 5000 + "]" * 5000, repr(["x" * 50] * 20_000), "{1: 2}", "not python"])
 def test_hostile_name_scope_metadata_is_bounded_and_ignored(value):
-    from rlxviz.models.onnx_import import node_path
+    from rlxviz.models.onnx import node_path
 
     n = helper.make_node("Relu", ["x"], ["y"], name="/enc/layer.0/Relu")
     n.metadata_props.add(key="pkg.torch.onnx.name_scopes", value=value)
@@ -158,7 +158,7 @@ def test_hostile_name_scope_metadata_is_bounded_and_ignored(value):
 
 
 def test_an_import_stops_at_its_wall_time_bound(tmp_path, monkeypatch):
-    import rlxviz.models.onnx_import as imp
+    import rlxviz.models.onnx.driver as imp
 
     names = ["x", *[f"r{k}" for k in range(49)], "y"]
     nodes = [helper.make_node("Relu", [names[k]], [names[k + 1]]) for k in range(50)]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from rlxviz.ir import Op
-from rlxviz.models.onnx_import import load_onnx
+from rlxviz.models.onnx import load_onnx
 from rlxviz.passes import Pipeline
 from rlxviz.runtime import run_reference
 from rlxviz.runtime.executor import MlxExecutor
@@ -100,7 +100,7 @@ def test_attention_packs_where_the_scores_are_plain_and_explain_names_the_block_
 def test_every_zoo_version_exports_to_onnx_that_onnx_runtime_runs_with_the_same_numbers(stem):
     import onnxruntime as ort
 
-    from rlxviz.models.onnx_export import export_onnx
+    from rlxviz.models.onnx.export import export_onnx
 
     m, feeds, want, trace = _load(stem)
     for version in (m.graph, trace.final):

@@ -17,7 +17,7 @@ from rlxviz.ir.fused import DECOMPOSITIONS
 from rlxviz.ir.infer import RULES
 from rlxviz.ir.onnx_op import encode
 from rlxviz.ir.ops import FUSED, LEAF, SPECS
-from rlxviz.models.onnx_export import export_onnx
+from rlxviz.models.onnx.export import export_onnx
 from rlxviz.runtime import run_reference
 from rlxviz.runtime.executor import MlxExecutor
 from rlxviz.runtime.lowering import LOWERINGS, LoweringOptions

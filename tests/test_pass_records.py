@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from strategies import GraphCase, _Ctx, random_graphs, random_transformer_like_graphs, run_case
 
 from rlxviz.ir import Graph, Op, lint, parse_ir
-from rlxviz.models.onnx_import import load_onnx
+from rlxviz.models.onnx import load_onnx
 from rlxviz.passes import Pipeline
 from rlxviz.passes.engine import PassResult, check_records, dead_refs, settle
 from rlxviz.passes.pipeline import DEFAULT_PARAMS, PASSES

@@ -157,10 +157,10 @@ def test_the_importer_and_lint_share_one_rule_list():
     for op in NEVER_ON_HOST | {"SequenceAt", "ConcatFromSequence"}:
         assert form_refusal(helper.make_node(op, ["x"], ["y"])) is not None, op
     assert form_refusal(helper.make_node("Hardmax", ["x"], ["y"])) is None
-    from rlxviz.models import onnx_import
+    from rlxviz.models.onnx import host
 
-    assert onnx_import._host_op.__code__.co_names.count("form_refusal") == 1
-    assert "inferred_types" in onnx_import._host_op.__code__.co_names
+    assert host._host_op.__code__.co_names.count("form_refusal") == 1
+    assert "inferred_types" in host._host_op.__code__.co_names
 
 
 def test_an_imported_host_node_with_a_constant_shape_input_still_lints(tmp_path):
@@ -168,7 +168,7 @@ def test_an_imported_host_node_with_a_constant_shape_input_still_lints(tmp_path)
     as a param) lints after import: the importer hands lint the small weights' values."""
     import onnx
 
-    from rlxviz.models.onnx_import import load_onnx
+    from rlxviz.models.onnx import load_onnx
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)

@@ -158,29 +158,29 @@ def test_an_expand_to_a_negative_dimension_is_named(capsys, tmp_path, sign_axis,
 
 
 def test_an_error_with_no_message_says_so_and_names_the_unnamed_node(capsys, tmp_path, monkeypatch):
-    from rlxviz.models import onnx_import
+    from rlxviz.models.onnx import context
 
     def silent(*a, **k):
         raise StopIteration
 
-    monkeypatch.setitem(onnx_import.HANDLERS, ("", "Relu"), silent)
+    monkeypatch.setitem(context.HANDLERS, ("", "Relu"), silent)
     line = _refused(capsys, _save(tmp_path, [helper.make_node("Relu", ["x"], ["y"])]))
     assert "Relu node (unnamed, output 'y') (opset 17): StopIteration (with no message" in line, line
 
 
 def test_a_named_node_keeps_its_name(capsys, tmp_path, monkeypatch):
-    from rlxviz.models import onnx_import
+    from rlxviz.models.onnx import context
 
     def boom(*a, **k):
         raise KeyError("axis")
 
-    monkeypatch.setitem(onnx_import.HANDLERS, ("", "Relu"), boom)
+    monkeypatch.setitem(context.HANDLERS, ("", "Relu"), boom)
     line = _refused(capsys, _save(tmp_path, [helper.make_node("Relu", ["x"], ["y"], name="act")]))
     assert "Relu node 'act' (opset 17): KeyError: 'axis'" in line, line
 
 
 def _handler_cases() -> list[tuple[str, str, int]]:
-    from rlxviz.models.onnx_import import HANDLERS
+    from rlxviz.models.onnx.context import HANDLERS
 
     return [(domain, op, k) for domain, op in sorted(HANDLERS) for k in (0, 1, 2, 7)]
 
@@ -190,7 +190,7 @@ def test_every_import_handler_with_a_wrong_input_count_is_one_named_line(tmp_pat
     """Each op the importer maps, given 0, 1, 2 or 7 float inputs: imported, or refused in one line that names the
     node and a cause (never `''`, an IndexError, or an empty message). The contrib ops (com.microsoft), which ONNX's
     checker does not know, are checked against ONNX Runtime's schema before their handler reads an input."""
-    from rlxviz.models.onnx_import import OnnxImportError, load_onnx
+    from rlxviz.models.onnx import OnnxImportError, load_onnx
 
     ins = [f"x{i}" for i in range(k)]
     vis = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 8]) for n in ins]

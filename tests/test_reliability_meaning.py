@@ -21,7 +21,7 @@ from clirun import one_line, run
 from onnx import TensorProto, helper, numpy_helper
 from walltime import within
 
-from rlxviz.models.onnx_import import OnnxImportError, load_onnx
+from rlxviz.models.onnx import OnnxImportError, load_onnx
 
 DATA = Path(__file__).parent / "data" / "reliability" / "run_fixed_1x8"
 BOUND_S = 10
@@ -184,7 +184,7 @@ def test_the_checker_does_not_refuse_an_output_without_a_shape(tmp_path):
 
 
 def test_the_checker_leaves_the_callers_proto_unchanged(tmp_path):
-    from rlxviz.models.onnx_import import validate
+    from rlxviz.models.onnx.validate import validate
 
     p = _model(tmp_path, [helper.make_node("Relu", ["x"], ["y"])], [("x", TensorProto.FLOAT, [1, 8])])
     proto = onnx.load(str(p))

@@ -240,7 +240,7 @@ def test_real_exports_with_full_width_constant_tables_are_rewritten(source, stem
     layout, both with full-width [1, 1, S, r] constant tables: the importer maps them one to one, the pass checks
     their halves on the values and the rope op takes them; Falcon's attention packs (one broadcast K/V head read as
     num_kv_heads=1)."""
-    from rlxviz.models.onnx_import import load_onnx
+    from rlxviz.models.onnx import load_onnx
 
     cases = Path(__file__).parent / "fixtures" / "onnx" / "cases"
     io = dict(np.load(cases / f"{stem}_io.npz"))

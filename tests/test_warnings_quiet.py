@@ -58,7 +58,7 @@ def test_cli_prints_any_python_warning_as_one_line(capsys, monkeypatch):
         print("fine")
         return 0
 
-    monkeypatch.setattr(cli, "cmd_passes", noisy)
+    monkeypatch.setattr(cli.explain, "cmd_passes", noisy)
     assert cli.main(["passes"]) == 0
     out, err = capsys.readouterr()
     assert out == "fine\n"

@@ -7,10 +7,11 @@ so a version timed from a server thread is charged for other threads' work
 (`benchmarks/bench_app_vs_cli_timing.py --cause` measures it). A child process has a GIL of its own.
 
 Why bounded: a version may run what a file says (a host op), and one job must never hold the server or another
-session. Each job runs through `session.run_isolated`, the helper every isolation uses: its own child, killed
-past `timing_seconds()` (`RLXVIZ_TIMING_SECONDS`), its address space capped from the memory budget. At most
-`max_jobs()` (`RLXVIZ_TIMING_JOBS`) run at once across sessions; a session's own jobs already run one at a time
-(`jobs.Runner`), so one session's stuck job delays no other session while a slot is free.
+session. Each job runs through `session.run_isolated` (a fresh interpreter from `ir.bounded`, the helper every
+isolation uses): its own child, killed past `timing_seconds()` (`RLXVIZ_TIMING_SECONDS`), its address space capped
+from the memory budget. At most `max_jobs()` (`RLXVIZ_TIMING_JOBS`, held as `bounded.JobSlots`) run at once across
+sessions; a session's own jobs already run one at a time (`jobs.Runner`), so one session's stuck job delays no
+other session while a slot is free.
 
 The child runs exactly what `rlxviz time` runs: `session.time_versions` (every version timed in
 interleaved rounds, median, min, IQR, speed-up, where it ran), measuring anew.
@@ -23,12 +24,13 @@ Example:
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from ..ir.bounded import JobSlots
 
 
 @dataclass(frozen=True)
@@ -96,16 +98,8 @@ def max_jobs() -> int:
     return max(1, int(_positive(TIMING_JOBS_ENV, DEFAULT_TIMING_JOBS)))
 
 
-_SLOTS: threading.BoundedSemaphore | None = None
-_SLOTS_LOCK = threading.Lock()
-
-
-def _slots() -> threading.BoundedSemaphore:
-    global _SLOTS
-    with _SLOTS_LOCK:
-        if _SLOTS is None:
-            _SLOTS = threading.BoundedSemaphore(max_jobs())
-        return _SLOTS
+_SLOTS = JobSlots(max_jobs)
+"""The timing/overlay jobs running now, across sessions (`ir.bounded.JobSlots`)."""
 
 
 def _bounded(fn: Any, *args: Any, what: str) -> Any:
@@ -114,7 +108,7 @@ def _bounded(fn: Any, *args: Any, what: str) -> Any:
     stopped, else whatever `fn` raised."""
     from ..session import Limits, isolated
 
-    with _slots():
+    with _SLOTS.held():
         return isolated.run_isolated(fn, *args, timeout_s=None, wall_s=timing_seconds(),
                                      max_bytes=Limits.resolve().max_bytes, what=what, job=isolated.TIMING)
 

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from .bounded import ForkedFailure, forked
 from .dtype import DType
 
 OPSETS = range(13, 22)
@@ -222,77 +221,6 @@ def _problem(text: str, label: str, opset: int, output: int, dtype: str, shape: 
         return (f"declares {dtype}{list(shape)} but ONNX shape inference gives its {label} node "
                 f"{want_dt.value}{list(want_shape)} on these operands")
     return None
-
-
-class ForkedFailure(Exception):
-    """A forked check that gave no text: killed by a signal (`signal`: its name), past its deadline (`timed_out`),
-    or failed."""
-
-    def __init__(self, signal_name: str = "", timed_out: bool = False, seconds: float = 0.0) -> None:
-        super().__init__(signal_name or ("timed out" if timed_out else "failed"))
-        self.signal, self.timed_out, self.seconds = signal_name, timed_out, seconds
-
-    def said(self) -> str:
-        """`crashed (SIGSEGV)`, `took over 20 s` or `failed`."""
-        return (f"crashed ({self.signal})" if self.signal else f"took over {self.seconds:g} s" if self.timed_out
-                else "failed")
-
-
-def forked(check: Callable[[], str], seconds: float) -> str:
-    """Run `check` in a forked child and return its text (the importer's whole-model validation and lint's host
-    node checks: native code a hostile file can crash). The child shares the parent's memory copy-on-write,
-    writes nothing to the terminal, and is killed at `seconds`. Only where `os.fork` exists.
-
-    Raises:
-        ForkedFailure: the child was killed by a signal, ran past `seconds`, or its check raised.
-    """
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: run the check, write its text, leave without running any Python cleanup
-        os.close(r)
-        import faulthandler
-
-        faulthandler.disable()  # a crash is reported by the parent in one line, not as a dump on stderr
-        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
-        code = 0
-        try:
-            data = check().encode("utf-8", "replace")
-            while data:
-                data = data[os.write(w, data):]
-        except BaseException:  # noqa: BLE001 - anything else: say nothing, the parent reports a failed check
-            code = 1
-        os._exit(code)
-    os.close(w)
-    deadline = time.monotonic() + seconds
-    chunks: list[bytes] = []
-    os.set_blocking(r, False)
-    try:
-        while True:
-            try:
-                while chunk := os.read(r, 1 << 16):  # drained while waiting: a long text cannot block the child
-                    chunks.append(chunk)
-            except BlockingIOError:
-                pass
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                raise ForkedFailure(timed_out=True, seconds=seconds)
-            time.sleep(0.005)
-        try:
-            while chunk := os.read(r, 1 << 16):
-                chunks.append(chunk)
-        except BlockingIOError:
-            pass
-    finally:
-        os.close(r)
-    if os.WIFSIGNALED(status):
-        raise ForkedFailure(signal.Signals(os.WTERMSIG(status)).name)
-    if os.WEXITSTATUS(status):
-        raise ForkedFailure()
-    return b"".join(chunks).decode("utf-8", "replace")
 
 
 __all__ = ["NEVER_ON_HOST", "ONNX_DTYPES", "OPSETS", "SMALL_FEED", "ForkedFailure", "form_refusal", "forked",

@@ -67,7 +67,7 @@ class MemoryPeak:
 def peak_memory(graph: Graph, itemsize: int | None = None, unloaded: Collection[str] = ()) -> MemoryPeak:
     """Peak live bytes of one run of `graph` in node order (see the module docstring for the model); with
     `itemsize`, every tensor counted at least that many bytes an element (`node_bytes`). Params named in
-    `unloaded` (weights left in their file, `models.onnx_weights`) count nothing: the command never reads them."""
+    `unloaded` (weights left in their file, `models.onnx.weights`) count nothing: the command never reads them."""
     leaves = [n for n in graph if n.op in (Op.INPUT, Op.CONST)
               or n.op == Op.PARAM and not (unloaded and n.attrs.get("name") in unloaded)]
     leaf_bytes = sum(node_bytes(n, itemsize) for n in leaves)

@@ -63,7 +63,7 @@ def number_calls(paths: Sequence[str]) -> list[str]:
     """The node paths with the calls of the outermost repeated module numbered (`M@k`), when no path names a layer.
 
     Args:
-        paths: the ONNX nodes' module paths (`onnx_import.node_path`), in graph order; '' for none.
+        paths: the ONNX nodes' module paths (`onnx.paths.node_path`), in graph order; '' for none.
 
     Returns:
         A list of the same length: `paths` unchanged when one of them names a layer or no module is called twice,

@@ -57,7 +57,7 @@ class Fidelity:
 @dataclass(frozen=True)
 class Unchecked:
     """Version 0 not compared with the model, and why (one clause): its weights were left in their file
-    (`models.onnx_weights`) and reading them would pass the memory limit. `ok` is True: nothing was found wrong;
+    (`models.onnx.weights`) and reading them would pass the memory limit. `ok` is True: nothing was found wrong;
     the line says what was not checked."""
 
     why: str
@@ -76,7 +76,7 @@ def unread_weights(model: Model, workload: str = "run") -> str | None:
     one clause, or None when they can, or when none was left in its file (an ordinary model: the command's own
     check decides). Reads nothing."""
     from ..ir.memory import workload_peak
-    from ..models.onnx_weights import LazyWeights
+    from ..models.onnx.weights import LazyWeights
     from .limits import Limits, human_bytes
 
     w = model.weights

@@ -3,7 +3,7 @@ and in address space.
 
 Why a process: an import runs Python and native code (protobuf, ONNX shape inference, NumPy) that a thread cannot
 interrupt; a file that makes one step slow would hold the server's GIL and its worker thread until the step ends.
-A child process is stopped past its CPU-time limit (`RLIMIT_CPU`, `models.cpu_limit.cap_cpu`: a busy machine does
+A child process is stopped past its CPU-time limit (`RLIMIT_CPU`, `ir.bounded.cap_cpu`: a busy machine does
 not refuse a good file, as a wall-clock limit did) or, as a backstop, past `WALL_FACTOR` times it in wall time (a
 stopped or starved child), and its memory is capped by the kernel (`RLIMIT_AS`), so one upload never stalls or
 starves another session.
@@ -26,20 +26,27 @@ import atexit
 import importlib
 import os
 import pickle
-import resource
 import signal
 import subprocess
 import sys
 import threading
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..ir.bounded import (
+    WALL_FACTOR,
+    CpuTimeExceeded,
+    address_space,
+    cap_address_space,
+    cap_cpu,
+    children_cpu,
+    spawn,
+    stop,
+)
 from ..models import PRESETS, Model
-from ..models.cpu_limit import WALL_FACTOR, CpuTimeExceeded, cap_cpu
 from .defaults import DEFAULT_BATCH, DEFAULT_SEQ
 from .errors import SessionError, StoppedError
 from .limits import Limits, human_bytes
@@ -59,44 +66,15 @@ ADDRESS_SLACK_BYTES = 512 << 20
 """Address space allowed on top of `ADDRESS_FACTOR` x the limit (bytes): the loader's own temporaries, thread stacks
 and allocator arenas."""
 
-PRELOAD = ("numpy", "onnx", "onnx.reference", "rlxviz.session.loading", "rlxviz.models.onnx_import")
+PRELOAD = ("numpy", "onnx", "onnx.reference", "rlxviz.session.loading", "rlxviz.models.onnx")
 """Modules a child imports before it reads its request."""
 
-_PARENT_ENV = "RLXVIZ_ISOLATED_PARENT"
-PR_SET_PDEATHSIG = 1
-"""prctl(2) option: the signal the kernel sends this process when its parent dies (Linux)."""
-_CHILD = ("import os, signal, sys\n"
-          "if sys.platform.startswith('linux'):\n"
-          "    import ctypes\n"
-          f"    ctypes.CDLL(None).prctl({PR_SET_PDEATHSIG}, signal.SIGKILL)\n"
-          f"    if os.environ.get({_PARENT_ENV!r}) != str(os.getppid()): os._exit(1)\n"
-          "from rlxviz.session import isolated; isolated.serve()")
-"""The child's program. Its first statements make the kernel kill it when the server dies, however it dies
-(SIGKILL included), before the imports that take seconds: a job that never returns never outlives the server
-(`prctl(PR_SET_PDEATHSIG)`; a parent already gone by then ends it at once)."""
+_MAIN = "from rlxviz.session import isolated; isolated.serve()"
+"""The child's program after `bounded.spawn`'s prologue (which makes the kernel kill it when the server dies)."""
 _SPARE: tuple[tuple, subprocess.Popen] | None = None
 _SPARE_LOCK = threading.Lock()
 _RUNNING: set[subprocess.Popen] = set()
 """Children serving a call now (`run_isolated`); `stop_children` kills them."""
-
-
-def address_space() -> int:
-    """This process's virtual address space now, in bytes (`/proc/self/statm`; 0 where there is none)."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0
-    return pages * os.sysconf("SC_PAGE_SIZE")
-
-
-def _cap_address_space(extra: int) -> None:
-    """(In the child) limit the address space to what it holds now plus `extra` bytes (never above a hard limit
-    already set)."""
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    cap = address_space() + extra
-    if hard != resource.RLIM_INFINITY:
-        cap = min(cap, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
 
 
 def _portable(e: BaseException) -> BaseException:
@@ -121,7 +99,7 @@ def _call(fn: Callable[..., Any], args: tuple, kwargs: dict, extra_address: int,
         warnings.simplefilter("always")
         try:
             if extra_address:
-                _cap_address_space(extra_address)
+                cap_address_space(extra_address)
             if cpu_s is not None:
                 cap_cpu(cpu_s)
             result: tuple[str, Any] = ("ok", fn(*args, **kwargs))
@@ -160,20 +138,9 @@ def _environment() -> tuple:
     return (sys.executable, tuple(sys.path))
 
 
-_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlxviz-spawner")
-"""The one long-lived thread that starts every child: Linux sends PR_SET_PDEATHSIG when the *thread* that started
-the child ends, so a child started from a short-lived thread (the server's warm-up) would be killed with it."""
-
-
-def _popen() -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **{_PARENT_ENV: str(os.getpid())})
-    return subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            env=env, close_fds=True)
-
-
 def _start() -> subprocess.Popen:
-    """A new child, started from `_SPAWNER`'s thread."""
-    return _SPAWNER.submit(_popen).result()
+    """A new child (`bounded.spawn`: started from its one spawner thread, killed when this process dies)."""
+    return spawn(_MAIN)
 
 
 def _take() -> subprocess.Popen:
@@ -185,17 +152,8 @@ def _take() -> subprocess.Popen:
     if spare is not None and spare[0] == _environment() and spare[1].poll() is None:
         return spare[1]
     if spare is not None:
-        _stop(spare[1])
+        stop(spare[1])
     return _start()
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-    for f in (proc.stdin, proc.stdout):
-        if f is not None:
-            f.close()
 
 
 @atexit.register
@@ -205,7 +163,7 @@ def shutdown() -> None:
     with _SPARE_LOCK:
         spare, _SPARE = _SPARE, None
     if spare is not None:
-        _stop(spare[1])
+        stop(spare[1])
 
 
 def stop_children() -> None:
@@ -226,7 +184,7 @@ def spare_ready() -> None:
     with _SPARE_LOCK:
         if _SPARE is None or _SPARE[0] != _environment() or _SPARE[1].poll() is not None:
             if _SPARE is not None:
-                _stop(_SPARE[1])
+                stop(_SPARE[1])
             _SPARE = (_environment(), _start())
 
 
@@ -280,7 +238,7 @@ def run_isolated(fn: Callable[..., T], *args: Any, timeout_s: float | None = LOA
     proc = _take()
     with _SPARE_LOCK:
         _RUNNING.add(proc)
-    wall, cpu0 = wall_s if wall_s is not None else timeout_s * WALL_FACTOR, _children_cpu()
+    wall, cpu0 = wall_s if wall_s is not None else timeout_s * WALL_FACTOR, children_cpu()
     try:
         reply, _ = proc.communicate(request, timeout=wall)
     except subprocess.TimeoutExpired:
@@ -292,12 +250,12 @@ def run_isolated(fn: Callable[..., T], *args: Any, timeout_s: float | None = LOA
     finally:
         with _SPARE_LOCK:
             _RUNNING.discard(proc)
-        _stop(proc)
+        stop(proc)
         spare_ready()
     if not reply:
         code = proc.returncode
         if timeout_s is not None and (code == -signal.SIGXCPU
-                                      or (code == -signal.SIGKILL and _children_cpu() - cpu0 >= timeout_s)):
+                                      or (code == -signal.SIGKILL and children_cpu() - cpu0 >= timeout_s)):
             raise StoppedError(over_cpu)  # SIGKILL: the hard limit, native code never returned to Python
         how = (f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.Signals._value2member_map_
                else f"exit {code}")
@@ -314,12 +272,6 @@ def run_isolated(fn: Callable[..., T], *args: Any, timeout_s: float | None = LOA
     if status == "error":
         raise value
     return value
-
-
-def _children_cpu() -> float:
-    """CPU seconds used by this process's reaped children (a child's counts once it is waited for)."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 def _signature(p: Path) -> tuple:

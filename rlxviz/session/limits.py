@@ -94,7 +94,7 @@ class Limits:
             graph: the graph whose schedule is counted.
             source: what the graph came from, named first in the message (a preset, a file, `IR text`).
             workload: `load` (every front end, on load), `run`, `run-mlx`, `time` or `export` (`ir.memory.WORKLOADS`).
-            unloaded: with `load`, params left in their file (`models.onnx_weights.lazy_names`): not counted.
+            unloaded: with `load`, params left in their file (`models.onnx.weights.lazy_names`): not counted.
             hint: said after the refusal instead of "use smaller shapes" (e.g. how to run a slice of the model).
 
         Returns:

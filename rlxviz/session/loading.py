@@ -19,10 +19,10 @@ from ..ir.parser import node_line
 from ..ir.serialize import NotGraphJSON
 from ..models import PRESETS, CheckpointError, Model, load_checkpoint, load_model, random_weights
 from ..models.checkpoint import read_config_file
-from ..models.onnx_dims import onnx_input_shapes
-from ..models.onnx_import import OnnxImportError, load_onnx
-from ..models.onnx_size import over_budget
-from ..models.onnx_weights import lazy_names
+from ..models.onnx import OnnxImportError, load_onnx
+from ..models.onnx.dims import onnx_input_shapes
+from ..models.onnx.size import over_budget
+from ..models.onnx.weights import lazy_names
 from ..passes import layer_of
 from ..passes.trace import layer_keys
 from .cache import LRUCache
@@ -35,7 +35,7 @@ MODELS = LRUCache(maxsize=4)
 """Loaded models by content key, shared by every session of the process."""
 
 SHAPES = LRUCache(maxsize=16)
-"""Bound input shapes of `.onnx` files (`onnx_dims`), so a cached model is found without parsing its file again."""
+"""Bound input shapes of `.onnx` files (`onnx.dims`), so a cached model is found without parsing its file again."""
 
 MAX_IR_FILE_BYTES = 64 << 20
 """Largest IR text / graph JSON file read (bytes; also at most the memory limit)."""
@@ -212,7 +212,7 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
 
     Args:
         model: a preset (`bert-tiny`, `minilm`, `llama-block`, ...), a folder with config.json +
-            model.safetensors (or that folder's config.json), an `.onnx` export (`models.onnx_import.load_onnx`:
+            model.safetensors (or that folder's config.json), an `.onnx` export (`models.onnx.load_onnx`:
             symbolic batch/seq dims bound to `batch`/`seq`), or a file with IR text (`.json`: the graph's JSON
             form; random weights).
         batch / seq: static input shape of the built graph (ignored for IR files).
@@ -222,7 +222,7 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
         limits: the memory limits (default `Limits.resolve()`: environment or 2048 MiB).
         allowed_roots: for folders, directories the folder must lie in (None: any folder).
         dims, input_shapes: for an `.onnx` file, values of symbolic dim names (`--dim`) and full shapes of some
-            inputs (`--inputs`), bound before the import (`models.onnx_dims.bind_input_shapes`: a dim expression
+            inputs (`--inputs`), bound before the import (`models.onnx.dims.bind_input_shapes`: a dim expression
             such as `past_sequence_length + sequence_length` is the sum of the values the other inputs use).
             Refused for any other model.
 
@@ -255,7 +255,7 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
         elif p.suffix.lower() == ".onnx" and (p.is_file() or allowed_roots is not None):
             if allowed_roots is not None:  # a typed path (the app's folder box): inside the roots, checked first
                 p = _within_roots(p, allowed_roots)
-            if (why := over_budget(p, limits.max_bytes)) is not None:  # before any parse: onnx_dims reads the file
+            if (why := over_budget(p, limits.max_bytes)) is not None:  # before any parse: onnx.dims reads the file
                 raise OnnxImportError(f"{model}: {why}")
             st = p.stat()
             key = ("onnx-shapes", str(p.resolve()), st.st_mtime_ns, st.st_size, batch, seq,

@@ -5,7 +5,7 @@ holding an escape sequence must not retitle the terminal, clear the screen or fo
 Python writes them in a string literal (`\\x1b`, `\\n`, `\\r`, `\\t`, `\\x9b`, `\\u202e`); with `keep_newlines`
 the line breaks of a multi-line report stay. `ModelText` remembers the model strings that hold a line break
 (`remember`) so that a report's own line breaks can be told from a name's (`ModelText.shown`). The CLI's one
-print path calls it for everything it prints (`rlxviz.cli._emit`); JSON output is escaped by `json.dumps`.
+print path calls it for everything it prints (`rlxviz.cli.output._emit`); JSON output is escaped by `json.dumps`.
 """
 
 from __future__ import annotations

@@ -94,8 +94,8 @@ def all_finite(arrays: Iterable[np.ndarray]) -> bool:
 
 def nonfinite_arrays(arrays: Mapping[str, np.ndarray]) -> list[str]:
     """Names of the float arrays holding NaN or infinities (e.g. a checkpoint's corrupted weights); of weights left
-    in their file (`models.onnx_weights.LazyWeights`), only those read so far (none is read here)."""
-    from ..models.onnx_weights import in_memory
+    in their file (`models.onnx.weights.LazyWeights`), only those read so far (none is read here)."""
+    from ..models.onnx.weights import in_memory
 
     return [k for k, a in in_memory(arrays).items() if np.asarray(a).dtype.kind in "fc" and not np.isfinite(a).all()]
 

@@ -2,7 +2,7 @@
 
 The graph, the passes and `explain`'s verdicts need no weight matrix: only shapes and dtypes (from the file) and
 the small constants the import folds and the passes read (shape tensors, scales, masks, RoPE `inv_freq`, norm
-weights). So `models.onnx_import.load_onnx` reads external data by size:
+weights). So `models.onnx.load_onnx` reads external data by size:
 
 * an external initializer of at most `LAZY_ELEMENTS` elements is read at load (bounded: at most that many
   elements each, and they count against the memory limit), and the import treats it as it always did;
@@ -103,7 +103,7 @@ class ExternalTensor:
 
 
 def _external_info(t: Any, folder: Path) -> tuple[Path, int, int]:
-    """(file, offset, length) of an external initializer (length set by `onnx_import._bound_external_data`).
+    """(file, offset, length) of an external initializer (length set by `read._bound_external_data`).
     Raises ExternalDataError for a location outside `folder` or a missing file."""
     from onnx import helper
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir import DType, Graph, Node, Op
+from ...ir import DType, Graph, Node, Op
 
 EXPORT_OPSET = 18
 _NEG = float(np.finfo(np.float32).min)
@@ -236,7 +236,7 @@ def _node(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
         fill = [w.c(a.get("value", 0.0), n.dtype.numpy)] if mode == "constant" else []
         w.op("Pad", [ins[0], w.ints(a["pads"]), *fill], out, mode=mode)
     elif op == Op.ONNX_OP:  # the ONNX node it was imported from, on the export's value names
-        from ..ir.onnx_op import decode
+        from ...ir.onnx_op import decode
 
         node = decode(a)
         it = iter(ins)
@@ -268,7 +268,7 @@ def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray], path: str | Pat
     import onnx
     from onnx import helper, numpy_helper
 
-    from ..passes.pipeline import run_pass
+    from ...passes.pipeline import run_pass
 
     g = run_pass(graph, "unfuse") if any(n.op.value[0].isupper() for n in graph) else graph
     w = _Writer()

@@ -27,10 +27,10 @@ PREFUSED = {
     "BiasAdd": "bias add + residual add: read as add -> add",
     "RotaryEmbedding": "RoPE at position_ids: read as the rope op with one cos/sin table per batch row",
 }
-"""ONNX Runtime's contrib fusions and how the importer reads each (`models.onnx_contrib`)."""
+"""ONNX Runtime's contrib fusions and how the importer reads each (`models.onnx.handlers.contrib`)."""
 
 QUANTIZED = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger")
-"""Quantization steps (`models.onnx_quant`)."""
+"""Quantization steps (`models.onnx.handlers.quant`)."""
 
 
 def _counts(meta: dict[str, Any], ops: Any) -> Counter[str]:

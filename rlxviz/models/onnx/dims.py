@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .onnx_import import OnnxImportError
+from .context import OnnxImportError
 
 _BATCH_RE = re.compile(r"batch", re.I)
 _SEQ_RE = re.compile(r"seq|sequence|len|token", re.I)

@@ -26,7 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.host_rules import single_node_model
+from ...ir.host_rules import single_node_model
+from ...ir.memory import format_bytes
+from .context import Value, _Ctx
 
 MAX_FOLD_ELEMENTS = 1 << 26
 """The most elements one folded output may hold (64 Mi: a [1, 1, 8192, 8192] causal table fits)."""
@@ -132,6 +134,12 @@ def _flops(node: Any, inputs: list[np.ndarray | None], out: tuple[int, ...]) -> 
     return math.prod(out) * int(k)
 
 
+def human_bytes(n: float) -> str:
+    """`n` bytes as `12 B`, `3.4 KiB`, `149.0 GiB`, as the session's messages say them (`session.limits.human_bytes`,
+    which the importer, a floor below the session, does not import)."""
+    return format_bytes(round(n))
+
+
 def check_fold(node: Any, inputs: list[np.ndarray | None], opset: int, held_bytes: int,
                max_bytes: int | None) -> None:
     """Refuse folding `node` unless it is allow-listed and its cost is known and bounded, before it runs.
@@ -146,8 +154,6 @@ def check_fold(node: Any, inputs: list[np.ndarray | None], opset: int, held_byte
         FoldError: not an allow-listed op; an output whose shape cannot be known before running; an output over
             `MAX_FOLD_ELEMENTS`; all outputs with `held_bytes` over `max_bytes`; a product over `MAX_FOLD_FLOPS`.
     """
-    from ..session.limits import human_bytes
-
     if node.op_type not in FOLDABLE:
         kind = ("control flow" if node.op_type in ("If", "Loop", "Scan", "SequenceMap")
                 else "a string op" if "String" in node.op_type or "Regex" in node.op_type else "not a shape op")
@@ -196,6 +202,18 @@ def fold(node: Any, inputs: list[np.ndarray | None], opset: int) -> list[np.ndar
     feeds = {name: arr for name, arr in zip(node.input, inputs, strict=True) if name}
     ev = ReferenceEvaluator(node, opsets={"": opset})
     return [np.asarray(o) for o in ev.run(None, feeds)]
+
+
+def _shape_op(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> np.ndarray:
+    s = ctx.shape(x[0])
+    if n.op_type == "Size":
+        return np.asarray(math.prod(s), dtype=np.int64)
+    r = len(s)
+    start = int(a.get("start", 0))
+    end = int(a.get("end", r))
+    start = max(0, min(r, start + r if start < 0 else start))
+    end = max(0, min(r, end + r if end < 0 else end))
+    return np.asarray(s[start:end], dtype=np.int64)
 
 
 __all__ = ["FOLDABLE", "MAX_FOLD_ELEMENTS", "MAX_FOLD_FLOPS", "FoldError", "check_fold", "fold", "inferred_outputs",

@@ -1,5 +1,5 @@
 """ONNX Runtime's contrib ops (domain `com.microsoft`, what `onnxruntime.transformers.optimizer` writes), imported with
-their meaning (registered into `onnx_import.HANDLERS`; semantics from onnxruntime's docs/ContribOperators.md).
+their meaning (registered into `onnx.context.HANDLERS`; semantics from onnxruntime's docs/ContribOperators.md).
 
 Each op becomes the rlxviz op that computes it (`attention`, `layer_norm`, `rms_norm`, `gelu`, `gelu_tanh`) or its
 decomposition into IR primitives, exact under the condition its handler states; any other form is refused in one
@@ -18,7 +18,7 @@ line naming the node (never approximated):
 
 **Paths.** ORT names the nodes it makes `SkipLayerNorm_AddBias_0`, `Gelu_AddBias_1`: no module path, so the
 layer kind would lose them (a layer read as "attention only (no MLP)"). Such a node takes the module path its
-values' names carry (`onnx_paths`: a legacy exporter's value name `/layers.0/mlp/act/Mul_output_0`, a parameter
+values' names carry (`paths`: a legacy exporter's value name `/layers.0/mlp/act/Mul_output_0`, a parameter
 `layers.0.layernorm_after.weight`); SkipLayerNormalization's residual sum takes that of its sum output (or input),
 its norm that of its output (or gamma); a bias add that of its bias parameter.
 """
@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from ..ir import DType
-from ..ir.emitter import Ref
-from .onnx_context import CONTRIB, Value, _const, _Ctx, _last_axis, _zeros_like_gamma, handles
-from .onnx_paths import path_of_name
+from ....ir import DType
+from ....ir.emitter import Ref
+from ..context import CONTRIB, Value, _const, _Ctx, _last_axis, _zeros_like_gamma, handles
+from ..paths import path_of_name
 
 ORT_MASK_FILTER = -10000.0
 """ORT's default `mask_filter_value`: a masked key gets this added to its score."""
@@ -60,7 +60,7 @@ def adopt_path(ctx: _Ctx, n: Any, x: list[Value], outputs: tuple[int, ...] = (0,
     """The module path for the nodes this handler emits (set on the builder and returned): the node's own when it
     names one; else, for a node ORT made, the path carried by its output names `outputs`, then by the parameters at
     input positions `params` (numbered per call as the driver numbered this node: `_numbered_like`), then by any of
-    its values (`onnx_paths`, the driver's), else (a dynamo export's `val_95` names carry none) the deepest path of
+    its values (`paths`, the driver's), else (a dynamo export's `val_95` names carry none) the deepest path of
     the IR nodes computing its inputs."""
     key = (n.name, tuple(n.output))
     stash = getattr(ctx, "_contrib_driver_path", None)

@@ -2,8 +2,8 @@
 
 `_Ctx` (the builder, the opset, the weights and the node being read), `Value` (an ONNX value during import),
 the handler registry (`HANDLERS`, filled by `@handles(op, domain=...)`), the import errors, and the small helpers
-handlers share (`_const`, `_axis`, `_last_axis`, `_zeros_like_gamma`). The driver (`onnx_import`) and the op
-handler modules (`onnx_import`'s own, `onnx_contrib`, `onnx_quant`) import this module; it imports none of them,
+handlers share (`_const`, `_axis`, `_last_axis`, `_zeros_like_gamma`). The driver (`driver`) and the op
+handler modules (`handlers.*`) import this module; it imports none of them,
 so a handler module never imports the driver that calls it.
 """
 
@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ..ir import Builder, DType
-from ..ir.emitter import Ref
-from ..ir.identity import IdentityMap
+from ...ir import Builder, DType
+from ...ir.emitter import Ref
+from ...ir.host_rules import ONNX_DTYPES
+from ...ir.identity import IdentityMap
 
 CONTRIB = "com.microsoft"
 
@@ -148,6 +149,33 @@ def _last_axis(ctx: _Ctx, v: Value, axis: int) -> None:
 def _zeros_like_gamma(ctx: _Ctx, g: Value) -> Ref:
     shape = ctx.shape(g)
     return ctx.ref(np.zeros(shape, dtype=ctx.dtype(g).numpy))
+
+
+_DTYPES = ONNX_DTYPES
+"""ONNX TensorProto element type -> DType."""
+
+
+def onnx_dtype(code: int) -> DType:
+    """DType of an ONNX element type code. Raises OnnxImportError for types the IR lacks."""
+    if code not in _DTYPES:
+        name = dtype_name(code)
+        raise OnnxImportError(f"element type {name} has no IR dtype (supported: float, float16, bfloat16, "
+                              f"double, int8, uint8, int32, int64, bool)")
+    return _DTYPES[code]
+
+
+def dtype_name(code: int) -> str:
+    """An ONNX element type code in words: `COMPLEX64`, or `999 (no ONNX data type)`."""
+    try:
+        return _onnx().TensorProto.DataType.Name(code)
+    except ValueError:
+        return f"{code} (no ONNX data type)"
+
+
+def _ints(ctx: _Ctx, v: Value, what: str) -> list[int]:
+    if not isinstance(v, np.ndarray):
+        raise ctx.fail(f"{what} must be a constant once batch and seq are bound (it depends on a model input)")
+    return [int(x) for x in np.asarray(v).reshape(-1)]
 
 
 __all__ = ["CONTRIB", "HANDLERS", "Handler", "OnnxImportError", "UnsupportedForm", "Value", "handles",

@@ -19,7 +19,7 @@ import mmap
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..ir.memory import format_bytes
+from ...ir.memory import format_bytes
 
 FILE_COPIES = 4
 """Times an `.onnx` file's size counted against the memory limit (the bytes, the parsed model, and the copies of

@@ -1,4 +1,4 @@
-"""Quantized ONNX ops, written as IR decompositions with int8/uint8 tensors (registered into `onnx_import.HANDLERS`).
+"""Quantized ONNX ops, written as IR decompositions with int8/uint8 tensors (registered into `onnx.context.HANDLERS`).
 
 `onnxruntime.quantization` writes two forms, both read here with their exact meaning:
 
@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from ..ir import DType
-from ..ir.emitter import Ref
-from .onnx_context import Value, _axis, _Ctx, handles
+from ....ir import DType
+from ....ir.emitter import Ref
+from ..context import Value, _axis, _Ctx, handles
 
 _RANGES = {DType.u8: (0, 255), DType.i8: (-128, 127)}
 """The saturation range of each quantized type."""
@@ -45,7 +45,7 @@ def _qtype(ctx: _Ctx, zp: Value, attrs: dict[str, Any], default: DType = DType.u
     if zp is not None:
         dt = ctx.dtype(zp)
     elif attrs.get("output_dtype"):
-        from .onnx_context import onnx_dtype
+        from ..context import onnx_dtype
 
         dt = onnx_dtype(int(attrs["output_dtype"]))
     else:

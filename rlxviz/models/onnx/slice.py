@@ -4,7 +4,7 @@ the whole model does not fit the memory limit.
 `slice_layers(path, 0, K)` cuts the file's graph after layer K: its outputs become the values that nodes of layers
 0..K produce and later nodes read (the residual stream after layer K: `[batch, seq, hidden]`), everything before
 them is kept (embedding, mask and RoPE tables, layers 0..K) with their real weights, and nothing after. The layers
-are the exporter's module paths (`onnx_import.node_path`, numbered as the import numbers them). The slice is written
+are the exporter's module paths (`onnx.paths.node_path`, numbered as the import numbers them). The slice is written
 to a temporary folder (removed when the process exits) next to its weights: a hard link to the model's
 external-data file, else a sparse file holding only the byte ranges the slice's initializers use (the offsets
 unchanged), so ONNX Runtime, which reads external data only from the model's own folder, runs the same slice. Its
@@ -55,9 +55,9 @@ def _temp_dir() -> Path:
 
 
 def _node_layers(graph: Any) -> list[int | None]:
-    from ..passes import layer_of
-    from .module_calls import number_calls
-    from .onnx_import import node_path
+    from ...passes import layer_of
+    from ..module_calls import number_calls
+    from .paths import node_path
 
     paths = number_calls([node_path(n) for n in graph.node])
     return [None if (lay := layer_of(p)) is None else int(lay) for p in paths]

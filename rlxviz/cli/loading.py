@@ -1,0 +1,192 @@
+"""Building what a command works on from its arguments: the model (a preset, a checkpoint folder, an `.onnx` export or
+an IR file, or a slice of an export), the pipeline run on it, the executor, and version 0's checks against the
+model itself."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .common import CLIError, InternalError
+from .output import _remember
+
+if TYPE_CHECKING:
+    from ..models import Model
+    from ..passes import Trace
+
+
+def executor(backend: str, device: str | None = None) -> Callable[..., list[np.ndarray]]:
+    """`run(graph, feeds, weights) -> outputs` for `backend` (MLX imported only when asked for); `device`
+    (`cpu` / `gpu` / None: the GPU when present) applies to MLX only. Raises DeviceError (a ValueError)."""
+    from .. import runtime
+
+    if backend == "reference":
+        if device is not None:
+            raise CLIError("--device applies to --backend mlx (the NumPy reference runs on the CPU)")
+        return runtime.run_reference
+    from ..runtime.executor import MlxExecutor
+
+    return MlxExecutor(device=device).run
+
+
+def _static_shape(headers: dict[str, tuple[tuple[int, ...], np.dtype]], path: str) -> tuple[int, int]:
+    """`(batch, seq)` from the header shape of `input_ids` (BERT-like models) or `hidden_states` (decoder blocks)."""
+    for key, rank in (("input_ids", 2), ("hidden_states", 3)):
+        if key in headers:
+            shape = headers[key][0]
+            if len(shape) != rank or 0 in shape:
+                raise CLIError(f"{path}: {key} must be a non-empty rank-{rank} array, got shape {list(shape)}")
+            return int(shape[0]), int(shape[1])
+    raise CLIError(f"{path}: needs 'input_ids' and 'attention_mask' (int64 [batch, seq]); "
+                   f"found {sorted(headers) or 'no arrays'}")
+
+
+def resolve_model(model: str, batch: int, seq: int, style: str = "hf") -> Model:
+    """A preset by name, else a Hugging Face checkpoint folder (loaded by `session.load`, so its errors name
+    the folder as `explain`'s do). Raises CLIError/SessionError for anything else."""
+    from ..models import PRESETS
+    from ..session import Limits, load, unknown_model
+
+    if model in PRESETS or Path(model).is_dir():
+        return load(model, batch=batch, seq=seq, style=style, limits=Limits.resolve())
+    if Path(model).exists():
+        raise CLIError(f"{model}: run takes a preset name or a checkpoint folder, not a file")
+    raise unknown_model(model, "nor an existing checkpoint folder")
+
+
+def resolve_onnx(path: str, shapes: dict[str, tuple[int, ...]]) -> Model:
+    """An `.onnx` export with every input's shape taken from the array of the same name (memory limit from
+    the environment). Raises CLIError naming the file for anything `load_onnx` refuses."""
+    from ..models.onnx import OnnxImportError, load_onnx
+    from ..session import Limits
+
+    try:
+        return load_onnx(path, input_shapes=shapes,
+                         max_bytes=Limits.resolve().max_bytes)
+    except OnnxImportError as e:
+        raise CLIError(str(e).splitlines()[0]) from None
+
+
+def _import_checks(model: Model, feeds: dict[str, np.ndarray], user: Any, expect: str | None,
+                   with_onnx: bool = True) -> list[Any]:
+    """Version 0 against the model itself (`session.fidelity`): the ONNX file it came from (`with_onnx`), the
+    `out:NAME` arrays of the inputs file, the `--expect` file. Raises CLIError for an unreadable --expect file or
+    a name that is no output."""
+    from ..session.fidelity import against_expected, against_onnx
+    from ..session.inputs import load_expected
+
+    out = []
+    try:
+        if with_onnx and (c := against_onnx(model, feeds)) is not None:
+            out.append(c)
+        if user is not None and user.expected:
+            out.append(against_expected(model, feeds, user.expected, Path(user.what.split(" ", 1)[-1]).name))
+        if expect is not None:
+            out.append(against_expected(model, feeds, load_expected(expect, model.graph), Path(expect).name))
+    except ValueError as e:
+        raise CLIError(str(e).splitlines()[0]) from None
+    return out
+
+
+def _bound_shapes(args: argparse.Namespace) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
+    """(dims, input shapes) from `--dim` and `--inputs` (read from the npz headers: no array is loaded); an
+    `--inputs` file with input_ids / hidden_states also sets args.batch / args.seq, as `run` takes them. Input
+    shapes are kept for an .onnx MODEL only. Raises CLIError for a --dim given twice with two values."""
+    from ..session import npz_headers
+
+    dims: dict[str, int] = {}
+    for name, value in getattr(args, "dim", None) or []:
+        if dims.get(name, value) != value:
+            raise CLIError(f"--dim {name} is given twice, as {dims[name]} and {value}")
+        dims[name] = value
+    shapes: dict[str, tuple[int, ...]] = {}
+    if getattr(args, "inputs", None) is not None:
+        headers = {k: v for k, v in npz_headers(args.inputs).items() if not k.startswith("out:")}
+        if any(k in headers for k in ("input_ids", "hidden_states")):
+            args.batch, args.seq = _static_shape(headers, args.inputs)
+        if args.model.lower().endswith(".onnx"):
+            shapes = {k: tuple(shape) for k, (shape, _) in headers.items()}
+    return dims, shapes
+
+
+def _variant_layer(args: argparse.Namespace) -> int:
+    """The layer a `--variant` changes: `--variant-layer` when given, else the one layer asked for (`explain
+    --layer N`, `render --focus N`: the variant breaks the layer looked at), else 0."""
+    if args.variant_layer is not None:
+        return int(args.variant_layer)
+    layer = getattr(args, "layer", None)
+    if layer is None:
+        layer = getattr(args, "focus", None)
+    return 0 if layer is None else int(layer)
+
+
+def _run_model(args: argparse.Namespace, allow_crashes: bool = False, workload: str = "load") -> tuple[Model, Trace]:
+    """(Model, Trace) for the shared options, the model checked against the memory limit for `workload` (`time`:
+    the oracle and MLX copies too; `Limits.check`) before the pipeline runs. Raises SessionError/CLIError for bad
+    input, LimitError over the limit, and InternalError (exit 3) when a pass crashed, unless `allow_crashes`
+    (`explain` prints its report first, then exits 3)."""
+    from ..session import Limits, build_pipeline, effective_threshold, load, run_pipeline, variant_named
+
+    if args.batch < 1 or args.seq < 1:
+        raise CLIError(f"--batch and --seq must be >= 1, got {args.batch} and {args.seq}")
+    if args.threshold is not None and args.threshold < 1:
+        raise CLIError(f"--threshold must be a positive integer (tokens, batch*seq), got {args.threshold}")
+    args.variant_layer = _variant_layer(args)
+    gate = effective_threshold(variant_named(args.variant, args.variant_layer), args.threshold)
+    pipe = build_pipeline(args.pipeline, {} if gate is None else {"fab_max_tokens": gate})
+    dims, shapes = _bound_shapes(args)
+    limits = Limits.resolve(args.max_memory_mb)
+    model = load(args.model, args.batch, args.seq, args.style, args.variant, args.variant_layer, limits,
+                 args.threshold, dims=dims, input_shapes=shapes)
+    _remember(model)
+    if workload != "load":  # `load` checked the graph's own run; this adds what the command copies
+        from ..models.onnx.weights import lazy_names
+
+        limits.check(model.graph, _source(args), workload,
+                     hint=_slice_hint(args) if lazy_names(model.weights) else "")
+    trace = run_pipeline(model.graph, pipe)
+    _remember(trace)
+    crashed = [s.error for s in trace.steps if s.error]
+    if crashed and not allow_crashes:
+        raise InternalError(_crash_message(crashed))
+    return model, trace
+
+
+def _slice_model(args: argparse.Namespace) -> None:
+    """With `--layers`, replace `args.model` (an .onnx export) by the file of that slice (`models.onnx.slice`).
+    Raises CLIError for a model that is no .onnx file or a range the file cannot be cut at."""
+    if getattr(args, "layers", None) is None:
+        return
+    from ..models.onnx.slice import parse_layers, slice_layers
+
+    if not (args.model.lower().endswith(".onnx") and Path(args.model).is_file()):
+        raise CLIError(f"--layers applies to an .onnx export; {args.model} is not one")
+    first, last = parse_layers(args.layers)
+    args.model_label = f"{args.model} --layers {first}-{last}"
+    args.model = str(slice_layers(args.model, first, last))
+    _remember(args.model)
+
+
+def _source(args: argparse.Namespace) -> str:
+    """The model as messages name it: MODEL, or `MODEL --layers 0-K` for a slice (not its temporary file)."""
+    return getattr(args, "model_label", None) or args.model
+
+
+def _slice_hint(args: argparse.Namespace | None = None) -> str:
+    """What a refusal for a model whose weights do not fit suggests: a slice, or a shorter one under `--layers`."""
+    from ..session.fidelity import SLICE_HINT
+
+    if args is not None and getattr(args, "layers", None) is not None:
+        return f"a shorter slice than --layers {args.layers} may fit"
+    return SLICE_HINT
+
+
+def _crash_message(crashed: Sequence[str]) -> str:
+    """The one line of an internal error for the passes that raised (a bug in rlxviz: exit 3)."""
+    more = f" (and {len(crashed) - 1} more)" if len(crashed) > 1 else ""
+    return (f"a pass crashed{more}, its result discarded: {crashed[0].splitlines()[0]} "
+            "(a bug in rlxviz; please report it)")

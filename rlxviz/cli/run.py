@@ -1,0 +1,87 @@
+"""`rlxviz run MODEL --inputs IN.npz -o OUT.npz`: run a model on the user's arrays and save its outputs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .args import _device_arg, _expect_arg, _layers_arg
+from .common import SubParsers, subcommand
+from .loading import (
+    _import_checks,
+    _slice_hint,
+    _slice_model,
+    _source,
+    _static_shape,
+    executor,
+    resolve_model,
+    resolve_onnx,
+)
+from .output import _emit, _output_file, _remember, _warn_nonfinite
+
+BACKENDS = ("reference", "mlx")
+"""Backends `run` knows: `reference` is the NumPy interpreter (the oracle), `mlx` the MLX runtime."""
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """`rlxviz run MODEL --inputs IN.npz -o OUT.npz`: run a model and save `last_hidden_state`."""
+    from ..models.onnx.weights import lazy_names
+    from ..session import Limits, all_finite, load_inputs, npz_headers
+    from ..session.fidelity import output_names
+
+    out = _output_file(args.output, "a .npz file name", (args.inputs, args.model))
+    _slice_model(args)
+    headers = npz_headers(args.inputs)  # names, shapes, dtypes: no array is read before the model checks them
+    if args.model.lower().endswith(".onnx") and Path(args.model).is_file():
+        model = resolve_onnx(args.model, {k: shape for k, (shape, _) in headers.items() if not k.startswith("out:")})
+    else:
+        batch, seq = _static_shape(headers, args.inputs)
+        model = resolve_model(args.model, batch, seq, args.style)
+    _remember(model)  # before any message names its inputs
+    Limits.resolve().check(model.graph, _source(args), "run-mlx" if args.backend == "mlx" else "run",  # before running
+                           hint=_slice_hint(args) if lazy_names(model.weights) else "")
+    user = load_inputs(args.inputs, model.graph)  # the one check of user inputs, as `time` and the app
+    feeds = user.feeds
+    checks = _import_checks(model, feeds, user, args.expect)
+    outputs = executor(args.backend, args.device)(model.graph, feeds, model.weights)
+    _warn_nonfinite("run", model, all_finite(outputs))
+    # each output under the model's own name (an ONNX graph's, else last_hidden_state, output_1...), in its dtype
+    names = output_names(model)
+    named = {n: np.asarray(o, dtype=np.dtype(model.graph[i].dtype.numpy))
+             for n, o, i in zip(names, outputs, model.graph.outputs, strict=True)}
+    with out.open("wb") as f:  # an open file keeps numpy from appending `.npz` to the name
+        np.savez(f, **named)
+    if not args.quiet:
+        first = named[names[0]]
+        shape = "x".join(map(str, first.shape))
+        _emit(f"{model.name}: {args.backend} -> {out} ({names[0]} {first.dtype} {shape})", sys.stderr)
+    for c in checks:
+        if not args.quiet or not c.ok:
+            _emit(f"{model.name}: {c.line()}", sys.stderr)
+    return 0 if all(c.ok for c in checks) else 1
+
+
+@subcommand
+def add_run(sub: SubParsers) -> None:
+    p = sub.add_parser("run", help="run a model on inputs from an .npz file",
+                       description="Run MODEL on IN.npz (input_ids, attention_mask: int64 [batch, seq]; or "
+                                   "hidden_states float32 [batch, seq, hidden] for decoder blocks) and write "
+                                   "last_hidden_state (float32 [batch, seq, hidden]) to OUT.npz. Batch and "
+                                   "sequence length come from the inputs. For an .onnx MODEL, IN.npz holds one array "
+                                   "per graph input (by name), whose shapes fix the graph's.")
+    p.add_argument("model", metavar="MODEL", help="a preset name (e.g. minilm, bert-tiny, llama-block), a Hugging "
+                                                   "Face BERT checkpoint folder (config.json + model.safetensors) "
+                                                   "or an .onnx export")
+    p.add_argument("--inputs", "-i", required=True, metavar="IN.npz", help="input arrays")
+    p.add_argument("--output", "-o", required=True, metavar="OUT.npz", help="where to write last_hidden_state")
+    _expect_arg(p)
+    p.add_argument("--backend", choices=BACKENDS, default="reference", help="executor (default: %(default)s)")
+    _device_arg(p)
+    p.add_argument("--style", choices=("hf", "rlx"), default="hf",
+                   help="BERT graph form: Hugging Face primitives or RLX fused QKV (default: %(default)s)")
+    p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
+    _layers_arg(p)
+    p.set_defaults(func=cmd_run)

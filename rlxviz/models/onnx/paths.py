@@ -1,0 +1,64 @@
+"""Module paths for ONNX nodes that carry none: nodes a graph optimizer made (ONNX Runtime's transformer optimizer
+names them `FullyConnect_MatMul_0`, `SkipLayerNorm_AddBias_1`, `FastGelu_AddBias_0`), read from the names of the
+values they touch, so a layer keeps its MLP and norms (`onnx.paths.node_path`'s last resort).
+
+Two name forms carry a path: a legacy exporter's value name `/a/b.0/c/Op_output_0` (-> `a.b.0.c`) and a parameter
+name `a.b.0.c.weight` / `.bias` (-> `a.b.0.c`). Outputs are read first (what the node makes), then inputs.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Any
+
+_VALUE = re.compile(r"^/(.+)/[^/]+_output_\d+$")
+_PARAM = re.compile(r"^([A-Za-z_]\w*(?:\.\w+)+)\.(?:weight|bias)$")
+
+
+def path_of_name(name: str) -> str:
+    """The module path a value or parameter name carries, or ''."""
+    if m := _VALUE.match(name or ""):
+        return ".".join(p for p in m.group(1).split("/") if p)
+    if m := _PARAM.match(name or ""):
+        return m.group(1)
+    return ""
+
+
+def path_from_values(node: Any) -> str:
+    """The module path of an ONNX node from the names of its outputs, then its parameter inputs, then its other
+    inputs; '' when none carries one."""
+    for name in list(node.output) + [i for i in node.input if _PARAM.match(i or "")] + list(node.input):
+        if p := path_of_name(name):
+            return p
+    return ""
+
+
+_NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+MAX_SCOPES_TEXT = 8192
+"""The longest name-scope metadata read (a real one is a few hundred bytes); longer is ignored, the node name used."""
+
+
+def node_path(node: Any) -> str:
+    """The exporter's module path of an ONNX node: torch.onnx's name-scope metadata, else a legacy
+    `/a/b.0/c/Op` node name as `a.b.0.c`, else the path its values' names carry (`path_from_values`:
+    nodes a graph optimizer made); '' when none is present."""
+    for p in node.metadata_props:
+        if p.key == _NAME_SCOPES:
+            if len(p.value) > MAX_SCOPES_TEXT:  # parsed with a bound: 400 KB of it took 179 MB
+                break
+            try:
+                scopes = ast.literal_eval(p.value)
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                break
+            if not isinstance(scopes, list | tuple):
+                break
+            mods = [s for s in scopes[:-1] if isinstance(s, str) and s]
+            return mods[-1] if mods else ""
+    name = node.name or ""
+    if name.startswith("/"):
+        return ".".join(part for part in name.split("/")[1:-1] if part)
+    return path_from_values(node)  # a node an optimizer made: the path its values' names carry
+
+
+__all__ = ["path_from_values", "path_of_name"]
