@@ -41,7 +41,7 @@ from ..ir.emitter import normalize_attrs
 from ..ir.fused import DECOMPOSITIONS, expand
 from ..ir.identity import IdentityMap
 from ..ir.infer import parse_step
-from ..ir.ops import FUSED_REGION_OPS
+from ..ir.ops import FUSED_REGION_OPS, KERNEL_ACTIVATIONS
 from . import fast
 from .devices import cpu_cores
 from .formulas import merge_heads, rope, split_heads
@@ -49,8 +49,9 @@ from .mlx_backend import mx
 
 T = TypeVar("T")
 
-KERNEL_ACTS = frozenset({"gelu", "gelu_tanh", "silu", "relu", "relu2"})
-"""Activations the `bias_act` CPU kernel computes (others take the activation's own lowering)."""
+KERNEL_ACTS = frozenset(a.value for a in KERNEL_ACTIVATIONS)
+"""Activations the `bias_act` CPU kernel computes, by name (others take the activation's own lowering): derived
+from `ir.ops.SPECS` (`OpSpec.kernel_act`)."""
 
 NEG = -3.4028234663852886e38  # finfo(float32).min, as the NumPy reference uses for masked scores
 
