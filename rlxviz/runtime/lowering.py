@@ -43,6 +43,7 @@ from ..ir.fused import DECOMPOSITIONS, expand
 from ..ir.identity import IdentityMap
 from ..ir.infer import parse_step
 from ..ir.ops import FUSED_REGION_OPS
+from ..ir.registry import registrar
 from . import fast
 from .formulas import merge_heads, rope, split_heads
 from .kernel_routing import GEMM_AUTO_MAX_ROWS, KERNEL_ACTS, KernelRouting
@@ -72,13 +73,8 @@ LOWERINGS: dict[Op, Lowering] = {}
 their decomposition (`ir.fused`), except for the `OVERRIDES`."""
 
 
-def lowers(*ops: Op) -> Callable[[Lowering], Lowering]:
-    """`@lowers(op, ...)`: register `fn(e, attrs, *arrays) -> mx.array` as the MLX lowering of primitive ops."""
-    def register(fn: Lowering) -> Lowering:
-        for op in ops:
-            LOWERINGS[op] = fn
-        return fn
-    return register
+lowers = registrar(LOWERINGS)
+"""`@lowers(op, ...)`: register `fn(e, attrs, *arrays) -> mx.array` as the MLX lowering of primitive ops."""
 
 
 @dataclass(frozen=True)
@@ -348,7 +344,7 @@ def _unary(fast_fn: Callable[[mx.array], mx.array], plain: Callable[[mx.array], 
 
 
 for _op, (_f, _p) in UNARY_FAST.items():
-    LOWERINGS[_op] = _unary(_f, _p)
+    lowers(_op)(_unary(_f, _p))
 
 _SIMPLE: dict[Op, Callable[..., mx.array]] = {
     Op.MATMUL: mx.matmul, Op.ADD: mx.add, Op.SUB: mx.subtract, Op.MUL: mx.multiply, Op.DIV: mx.divide,
@@ -360,7 +356,7 @@ _SIMPLE: dict[Op, Callable[..., mx.array]] = {
     Op.NEG: mx.negative, Op.ABS: mx.abs, Op.ISNAN: mx.isnan, Op.SIN: mx.sin, Op.COS: mx.cos, Op.FLOOR: mx.floor,
 }
 for _op, _fn in _SIMPLE.items():
-    LOWERINGS[_op] = (lambda fn: lambda e, a, *xs: fn(*xs))(_fn)
+    lowers(_op)((lambda fn: lambda e, a, *xs: fn(*xs))(_fn))
 
 
 @lowers(Op.CAST)
@@ -433,11 +429,11 @@ def _rms_norm(e: MlxEmitter, a: dict, x: mx.array, g: mx.array, b: mx.array | No
 
 
 # -- data movement ---------------------------------------------------------------------------------------------
-LOWERINGS[Op.RESHAPE] = lambda e, a, x: mx.reshape(x, a["shape"])
-LOWERINGS[Op.TRANSPOSE] = lambda e, a, x: mx.transpose(x, a["perm"])
-LOWERINGS[Op.EXPAND] = lambda e, a, x: mx.broadcast_to(x, a["shape"])
-LOWERINGS[Op.CONCAT] = lambda e, a, *xs: mx.concatenate(xs, axis=a["axis"])
-LOWERINGS[Op.GATHER] = lambda e, a, table, idx: mx.take(table, idx, axis=a.get("axis", 0))
+lowers(Op.RESHAPE)(lambda e, a, x: mx.reshape(x, a["shape"]))
+lowers(Op.TRANSPOSE)(lambda e, a, x: mx.transpose(x, a["perm"]))
+lowers(Op.EXPAND)(lambda e, a, x: mx.broadcast_to(x, a["shape"]))
+lowers(Op.CONCAT)(lambda e, a, *xs: mx.concatenate(xs, axis=a["axis"]))
+lowers(Op.GATHER)(lambda e, a, table, idx: mx.take(table, idx, axis=a.get("axis", 0)))
 
 
 @lowers(Op.NARROW)
