@@ -127,7 +127,7 @@ RolesFn = Callable[[Mapping[str, Any], int], tuple[str, ...]]
 FlopsFn = Callable[[Any, Any], int]
 """`flops(graph, node)`: FLOPs of one node of an op whose count is not per output element (matmul, a reduction)."""
 
-KINDS = ("leaf", "blas", "binary", "unary", "predicate", "compare", "select", "cast", "reduce", "scan", "norm",
+OP_KINDS = ("leaf", "blas", "binary", "unary", "predicate", "compare", "select", "cast", "reduce", "scan", "norm",
          "movement", "attention", "host", "fused")
 """`OpSpec.kind`, the op's family; the family sets (`BINARY`, `UNARY`, ...) are the ops of one kind."""
 
@@ -139,7 +139,7 @@ class OpSpec:
     Attributes:
         arity: the allowed operand counts (None: variadic, >= 1).
         attrs: the attribute schema (`AttrSpec` by name).
-        kind: the op's family (one of `KINDS`): `BINARY`, `UNARY`, `COMPARE`, ... are the ops of a kind.
+        kind: the op's family (one of `OP_KINDS`): `BINARY`, `UNARY`, `COMPARE`, ... are the ops of a kind.
         roles: the operands' names by position (`operand_roles`): a tuple (cut to the operand count), a `RolesFn`,
             or None (`in0`, `in1`, ...).
         onnx: the ONNX operator (default domain) that is this op one to one: the exporter writes it (with the op's
@@ -174,8 +174,8 @@ class OpSpec:
     gate: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"OpSpec kind {self.kind!r}: one of {', '.join(KINDS)}")
+        if self.kind not in OP_KINDS:
+            raise ValueError(f"OpSpec kind {self.kind!r}: one of {', '.join(OP_KINDS)}")
         if (self.epilogue or self.kernel_act or self.mlp or self.gate is not None) and not self.activation:
             raise ValueError("OpSpec: epilogue, kernel_act, mlp and gate describe an activation (activation=True)")
 
