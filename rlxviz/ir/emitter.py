@@ -115,6 +115,11 @@ class Emitter(ABC, Generic[V]):
         return y if act is None else self.unary(act, y)
 
     # binary
+    def binary(self, op: Op | str, a: V | Scalar, b: V | Scalar) -> V:
+        """Apply the broadcasting binary or compare op named `op` (e.g. `Op.MAX`, `"lt"`); a Python number
+        becomes a constant of the other operand's dtype."""
+        return self._bin(Op(op), a, b)
+
     def add(self, a: V | Scalar, b: V | Scalar) -> V: return self._bin(Op.ADD, a, b)
     def sub(self, a: V | Scalar, b: V | Scalar) -> V: return self._bin(Op.SUB, a, b)
     def mul(self, a: V | Scalar, b: V | Scalar) -> V: return self._bin(Op.MUL, a, b)

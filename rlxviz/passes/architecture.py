@@ -35,14 +35,14 @@ from dataclasses import dataclass, field
 
 from ..ir import Graph, Node, Op
 from ..ir.identity import IdentityMap
-from ..ir.ops import BLAS, GATE_ACTIVATIONS
+from ..ir.ops import BLAS, GATE_ACTIVATIONS, MLP_ACTIVATIONS
 from .activations import activation_form
 from .rope_forms import interleaved_rope, rotate_half_rope
 from .trace import Rejection, layer_of
 
 _ATTENTION = frozenset({Op.ATTENTION, Op.FUSED_ATTENTION_BLOCK, Op.FUSED_TRANSFORMER_LAYER})
 _NORMS = frozenset({Op.LAYER_NORM, Op.RMS_NORM, Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM})
-_ACTS = frozenset({Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.RELU2, Op.FUSED_SWIGLU})
+_ACTS = frozenset({*MLP_ACTIVATIONS, Op.FUSED_SWIGLU})
 _PREFIX = ("canonicalize_exported", "canonicalize_norm", "canonicalize_gelu", "fuse_sdpa")
 KINDS = ("post_ln", "pre_ln", "llama", "parallel", "cross_decoder", "attention_only", "no_attention")
 

@@ -159,7 +159,7 @@ def _compiled_walk(walk: Callable[..., list[mx.array]], n_inputs: int, emitter: 
     (weights, and what the program computed from them once) are captured as the trace's constants, one trace
     per set of static arrays (by identity; a new set, e.g. new weights, traces anew and drops the old one).
     Before tracing, the walk is built once untraced and the emitter's once-per-weight values made from it (the
-    GEMM's panel layout: `MlxEmitter.with_packing_evaluated`) are evaluated, so the trace reads them as constants.
+    GEMM's panel layout: `PackedWeights.with_evaluated`) are evaluated, so the trace reads them as constants.
 
     Why: an array made inside a trace is a step of the trace, and a traced argument is a placeholder, so with
     the weights traced as arguments or packed during tracing the packing would rerun on every call. Measured
@@ -171,7 +171,7 @@ def _compiled_walk(walk: Callable[..., list[mx.array]], n_inputs: int, emitter: 
         static = args[n_inputs:]
         same = held and len(held[0][0]) == len(static) and all(map(operator.is_, held[0][0], static))
         if not same:
-            emitter.with_packing_evaluated(lambda: walk(*args))  # untraced; only the packed weights are evaluated
+            emitter.packing.with_evaluated(lambda: walk(*args))  # untraced; only the packed weights are evaluated
             held[:] = [(static, mx.compile(lambda *xs: walk(*xs, *static)))]
         return held[0][1](*args[:n_inputs])
 
@@ -292,7 +292,7 @@ class MlxExecutor:
         self._keys.clear()
         self._weights.clear()
         self._static.clear()
-        self.emitter.clear_packed()
+        self.emitter.packing.clear()
 
     # -- running ---------------------------------------------------------------------------------
     def bind(self, graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str, Any] | None = None
@@ -333,7 +333,7 @@ class MlxExecutor:
         if hit is not None and len(hit[0]) == len(params) and all(a is b for a, b in zip(hit[0], params, strict=True)):
             return hit[1]
         if hit is not None:  # new weights for this program: the old ones' packed layouts go with them
-            self.emitter.drop_packed(hit[1])
+            self.emitter.packing.drop(hit[1])
         values = prog.prepare(*params)
         mx.eval(values)
         self._static[key] = (tuple(params), values)

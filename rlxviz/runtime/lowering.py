@@ -23,8 +23,10 @@ becomes additive (binary: 0 / the dtype's lowest finite value; with `mask_fill`:
 causal masks are bottom-right aligned when `Sq != Sk`; `gelu_tanh` is the tanh approximation;
 RmsNorm adds its beta.
 
-`LoweringOptions` is an immutable record held by one executor (one per session): nothing here is
-process-wide mutable state. Fields left `None` take the device's choice from `DEVICE_LOWERING`.
+`LoweringOptions` (`runtime.lowering_options`, re-exported here) is an immutable record held by one executor (one per
+session): nothing here is process-wide mutable state. Fields left `None` take the device's choice from
+`DEVICE_LOWERING`. Which pieces run on rlxviz's CPU kernels is `runtime.kernel_routing` (`KernelRouting`, one per
+emitter), and the GEMM's packed weights are its `runtime.packing.PackedWeights`: this module only lowers.
 """
 
 from __future__ import annotations
@@ -32,25 +34,24 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .. import kernels
 from ..ir import DType, Emitter, Node, Op, format_node
 from ..ir.emitter import normalize_attrs
 from ..ir.fused import DECOMPOSITIONS, expand
 from ..ir.identity import IdentityMap
 from ..ir.infer import parse_step
 from ..ir.ops import FUSED_REGION_OPS
+from ..ir.registry import registrar
 from . import fast
-from .devices import cpu_cores
 from .formulas import merge_heads, rope, split_heads
+from .kernel_routing import GEMM_AUTO_MAX_ROWS, KERNEL_ACTS, KernelRouting
+from .lowering_options import DEVICE_LOWERING, Choice, LoweringOptions, lowering_table, options_for
 from .mlx_backend import mx
+from .packing import PackedWeights
 
 T = TypeVar("T")
-
-KERNEL_ACTS = frozenset({"gelu", "gelu_tanh", "silu", "relu", "relu2"})
-"""Activations the `bias_act` CPU kernel computes (others take the activation's own lowering)."""
 
 NEG = -3.4028234663852886e38  # finfo(float32).min, as the NumPy reference uses for masked scores
 
@@ -65,130 +66,6 @@ class LoweringError(NotImplementedError):
     """An IR node has no MLX lowering (or its lowering failed); the message quotes the node's IR line."""
 
 
-# -- options and the per-device choice ---------------------------------------------------------------------
-@dataclass(frozen=True)
-class LoweringOptions:
-    """How ops are lowered. Immutable and hashable: part of every program and compile-cache key.
-    `None` means "the device's choice" (`DEVICE_LOWERING`, filled in by `for_device`).
-
-    Attributes:
-        fast_math: use `rlxviz.runtime.fast` (rational erf/tanh, polynomial exp) instead of
-            `mx.erf`/`mx.exp`/`mx.tanh`/`mx.softmax` (errors <= ~1e-6, see `fast`).
-        attention: `"sdpa"` (`mx.fast.scaled_dot_product_attention`) or `"composed"` (matmul +
-            softmax + matmul); `"auto"` is the same as None.
-        compile_fused: wrap each fast-math kernel (GELU, softmax, ...) and each compiled region or
-            layer in `mx.compile`; False turns every compile off.
-        compile_layers: trace each FusedTransformerLayer's decomposition into one `mx.compile`d function.
-        regions: `"compiled"` (each ElementwiseRegion's decomposition in one `mx.compile`d function)
-            or `"inline"` (its steps emitted as plain MLX ops, left to MLX).
-        cpu_streams: on the CPU, run each fast-math kernel on this many CPU streams, split along
-            axis 0 (MLX runs one elementwise kernel on one thread; separate streams run
-            concurrently). 1 turns it off. CPU default: the cores this process may use.
-        kernels: run attention, the bias + activation of fused linears and residual + norm with
-            rlxviz's own CPU kernels (`rlxviz.kernels`, float32) when they are available; CPU only.
-            Unfused ops keep MLX's.
-        gemm: with `kernels`, run the dense layers of fused ops (`Emitter.linear` / `linear_act`: QKV, output
-            projection, FFN, FusedMatMulBiasAct) as rlxviz's GEMM with the bias + activation in its epilogue
-            and the weight packed once per weight array; False keeps `mx.addmm` / `mx.matmul` (OpenBLAS);
-            `"auto"` (the CPU's default) runs it where the kernels target AVX-512 and `x` has at most
-            `GEMM_AUTO_MAX_ROWS` rows, OpenBLAS elsewhere (the measurements: `DEVICE_LOWERING`).
-    """
-
-    fast_math: bool | None = None
-    attention: str | None = None
-    compile_fused: bool = True
-    compile_layers: bool | None = None
-    regions: str | None = None
-    cpu_streams: int | None = None
-    kernels: bool | None = None
-    gemm: bool | str | None = None
-
-    def for_device(self, device: str) -> LoweringOptions:
-        """These options with every `None` (or `attention="auto"`) replaced by `device`'s choice.
-
-        Raises:
-            ValueError: an unknown device, attention kernel or region lowering.
-        """
-        if device not in DEVICE_LOWERING:
-            raise ValueError(f"unknown device {device!r}: one of {', '.join(DEVICE_LOWERING)}")
-        choice = DEVICE_LOWERING[device]
-        filled = {f.name: choice[f.name].value if getattr(self, f.name) in (None, "auto") and f.name in choice
-                  else getattr(self, f.name) for f in fields(self)}
-        if filled["attention"] not in ("sdpa", "composed"):
-            raise ValueError(f"attention must be 'sdpa', 'composed' or 'auto', got {filled['attention']!r}")
-        if filled["regions"] not in ("compiled", "inline"):
-            raise ValueError(f"regions must be 'compiled' or 'inline', got {filled['regions']!r}")
-        if not (isinstance(filled["gemm"], bool) or filled["gemm"] == "auto"):
-            raise ValueError(f"gemm must be True, False or 'auto', got {filled['gemm']!r}")
-        return replace(self, **filled)
-
-
-GEMM_AUTO_MAX_ROWS = 512
-"""`gemm="auto"`: the most rows (batch x seq) a dense layer may have for rlxviz's GEMM (MiniLM at seq 128: up to
-batch 4); above it OpenBLAS's kernel was faster end to end (`DEVICE_LOWERING["cpu"]["gemm"]`)."""
-
-
-@dataclass(frozen=True)
-class Choice:
-    """One lowering choice on one device and why (the evidence, with where it was measured)."""
-
-    value: Any
-    why: str
-
-
-DEVICE_LOWERING: dict[str, dict[str, Choice]] = {
-    "cpu": {
-        "fast_math": Choice(True, "MLX's CPU erf/exp/tanh are scalar code: erf-GELU [1024,1536] 42 -> 7 ms, "
-                                  "softmax [8,12,128,128] 19 -> 10 ms (2 EPYC cores, `bench_runtime.py --micro`)"),
-        "attention": Choice("composed", "MLX 0.32's CPU SDPA takes a slower unfused path: 66-110 vs ~20 ms at "
-                                        "B=8, S=128, 12 heads (`bench_runtime.py --micro`)"),
-        "compile_layers": Choice(False, "a compiled CPU graph runs its elementwise work serially on one thread: "
-                                        "MiniLM batch 8, 272 ms compiled vs 230 ms not"),
-        "regions": Choice("compiled", "compiling a chain fuses it into one pass over memory "
-                                      "(fast softmax [8,12,128,128] 11.2 -> 7.4 ms)"),
-        "cpu_streams": Choice(cpu_cores(), "one CPU stream per core this process may use; MLX runs one "
-                                           "elementwise kernel on one thread (measurements: README, runtime)"),
-        "kernels": Choice(True, "rlxviz's CPU kernels (attention in one pass over K/V per head, bias + GELU, "
-                                "residual + LayerNorm; threaded): MiniLM fully fused, B=8, one thread, 301 vs "
-                                "411 ms CPU time with MLX's lowering (`bench_kernels.py`, load 7, 2026-12-02)"),
-        "gemm": Choice("auto", "AVX-512, at most 512 rows: rlxviz's GEMM (one thread pool, kept warm, instead "
-                               "of OpenBLAS's beside it): MiniLM fused B=1 12.0-13.4 vs 12.7-15.5 ms, B=4 38.3 "
-                               "vs 40.8; at B=8 (1024 rows) OpenBLAS 72.6-75.9 vs 80.4-81.9 (2 AMD EPYC Zen 5 "
-                               "cores, own processes, `bench_processes.py`, 2026-12-03; docs/performance.md "
-                               "0.4). AVX2: OpenBLAS, as rlxviz's GEMM did not win end to end on 2 Zen 1 cores "
-                               "(B=1 mixed, 2026-12-03, section 0.3)"),
-    },
-    "gpu": {
-        "fast_math": Choice(False, "MLX's own GPU kernels: the fast-math formulation ran 1.46x slower than "
-                                   "mx.erf + mx.fast SDPA on an H200 (2.89 vs 1.98 ms, issue 12)"),
-        "attention": Choice("sdpa", "mx.fast.scaled_dot_product_attention is a fused GPU kernel "
-                                    "(the fastest rlxviz row on the H200 used it, issue 12)"),
-        "compile_layers": Choice(True, "one compiled function per layer: 13-op fused graph 2.50 ms vs 3.54 ms "
-                                       "for the 109-op input on the H200 (issue 12)"),
-        "regions": Choice("inline", "compiled regions made the final version slower on the H200 (3.12 vs "
-                                    "2.50 ms, issue 12); inline leaves the steps to MLX as in the faster version"),
-        "cpu_streams": Choice(1, "row-parallel CPU streams do not apply on the GPU"),
-        "kernels": Choice(False, "rlxviz's kernels are CPU code; the GPU keeps MLX's fused kernels"),
-        "gemm": Choice(False, "rlxviz's GEMM is CPU code; the GPU keeps MLX's matmul"),
-    },
-}
-"""The lowering chosen per device, with the measurement behind each choice. GPU rows come from the
-H200 measurements in issue 12 (MLX 0.32.4 CUDA 13); they were not re-measured by the session that
-wrote this table (no GPU available to it)."""
-
-
-def options_for(device: str, **overrides: Any) -> LoweringOptions:
-    """The lowering options for `device` (`cpu` / `gpu`), with `overrides` (field=value) taking precedence."""
-    return LoweringOptions(**overrides).for_device(device)
-
-
-def lowering_table() -> list[dict[str, str]]:
-    """`DEVICE_LOWERING` as rows `{option, cpu, gpu, why cpu, why gpu}` (for the README and the app)."""
-    cpu, gpu = DEVICE_LOWERING["cpu"], DEVICE_LOWERING["gpu"]
-    return [{"option": k, "cpu": str(cpu[k].value), "gpu": str(gpu[k].value), "why cpu": cpu[k].why,
-             "why gpu": gpu[k].why} for k in cpu]
-
-
 # -- the emitter ------------------------------------------------------------------------------------------
 Lowering = Callable[..., mx.array]
 LOWERINGS: dict[Op, Lowering] = {}
@@ -196,13 +73,8 @@ LOWERINGS: dict[Op, Lowering] = {}
 their decomposition (`ir.fused`), except for the `OVERRIDES`."""
 
 
-def lowers(*ops: Op) -> Callable[[Lowering], Lowering]:
-    """`@lowers(op, ...)`: register `fn(e, attrs, *arrays) -> mx.array` as the MLX lowering of primitive ops."""
-    def register(fn: Lowering) -> Lowering:
-        for op in ops:
-            LOWERINGS[op] = fn
-        return fn
-    return register
+lowers = registrar(LOWERINGS)
+"""`@lowers(op, ...)`: register `fn(e, attrs, *arrays) -> mx.array` as the MLX lowering of primitive ops."""
 
 
 @dataclass(frozen=True)
@@ -253,13 +125,70 @@ class MlxEmitter(Emitter[mx.array]):
         self.options = (options or LoweringOptions()).for_device(device)
         self._kernels: dict[tuple[Any, ...], Callable[..., mx.array]] = {}
         self._compiled: dict[tuple[Any, ...], Callable[..., mx.array]] = {}
-        self.cpu_kernels = kernels.load() if self.options.kernels and device == "cpu" else None
+        self.routing = KernelRouting.load(self.options.kernels, device, self.options.gemm)
+        """Which pieces run on rlxviz's CPU kernels, the calls, what ran and the packed weights (`KernelRouting`)."""
+
+    # the routing's state and the packed weights, under the names the executor, timing and tests use
+    @property
+    def cpu_kernels(self) -> Any:
         """rlxviz's CPU kernels module (`rlxviz.kernels`), None when off, unavailable or not on the CPU."""
-        self.kernels_isa = self.cpu_kernels.isa() if self.cpu_kernels is not None else None
+        return self.routing.module
+
+    @property
+    def kernels_isa(self) -> str | None:
         """The vector ISA the kernels were built for (`avx512`, `avx2`, ...), None without them."""
-        self.kernels_ran: set[str] = set()
+        return self.routing.isa
+
+    @kernels_isa.setter
+    def kernels_isa(self, isa: str | None) -> None:
+        self.routing.isa = isa
+
+    @property
+    def kernels_ran(self) -> set[str]:
         """The rlxviz kernels this emitter has emitted (`attention`, `bias+gelu`, ...), for timing headers."""
-        self._packed: IdentityMap[mx.array, mx.array] = IdentityMap()
+        return self.routing.ran
+
+    @property
+    def packing(self) -> PackedWeights:
+        """The GEMM's weights packed once per weight array (`PackedWeights`)."""
+        return self.routing.packed
+
+    @property
+    def _packed(self) -> IdentityMap[mx.array, mx.array]:
+        return self.routing.packed.cache
+
+    def packed_weights(self) -> list[mx.array]:
+        """The packed weight arrays kept so far (`PackedWeights.arrays`)."""
+        return self.routing.packed.arrays()
+
+    def with_packing_evaluated(self, build: Callable[[], T]) -> tuple[T, bool]:
+        """`build()`, then the packed weights it made evaluated (`PackedWeights.with_evaluated`)."""
+        return self.routing.packed.with_evaluated(build)
+
+    def drop_packed(self, weights: Sequence[mx.array]) -> None:
+        """Forget the packed layouts of these weight arrays (`PackedWeights.drop`)."""
+        self.routing.packed.drop(weights)
+
+    def clear_packed(self) -> None:
+        """Drop the packed weights (`MlxExecutor.clear`)."""
+        self.routing.packed.clear()
+
+    def gemm_wanted(self, x: mx.array) -> bool:
+        """`KernelRouting.gemm_wanted`: `options.gemm` for `x [..., K]`."""
+        return self.routing.gemm_wanted(x)
+
+    def gemm_applies(self, x: mx.array, w: mx.array, b: mx.array | None, act: str | None) -> bool:
+        """`KernelRouting.gemm_applies`: whether `linear` / `linear_act` run rlxviz's GEMM."""
+        return self.routing.gemm_applies(x, w, b, act)
+
+    def bias_act_kernel_applies(self, x: mx.array, w: mx.array, b: mx.array | None, act: str | None) -> bool:
+        """`KernelRouting.bias_act_applies`: whether `linear_act` runs the `bias_act` kernel."""
+        return self.routing.bias_act_applies(x, w, b, act)
+
+    def residual_norm_kernel_applies(self, x: mx.array, residual: mx.array, bias: mx.array | None, gamma: mx.array,
+                                     beta: mx.array | None) -> bool:
+        """`KernelRouting.residual_norm_applies`: whether `residual_norm` runs the kernel."""
+        return self.routing.residual_norm_applies(x, residual, bias, gamma, beta)
 
     # Emitter interface
     def emit(self, op: Op, inputs: Sequence[mx.array], **attrs: Any) -> mx.array:
@@ -301,7 +230,7 @@ class MlxEmitter(Emitter[mx.array]):
         differ by one ulp in about a quarter of the elements (up to 3e-2 in bf16), which a fused linear must
         not do."""
         if self.gemm_applies(x, w, b, None):
-            return self.gemm(x, w, b, None)
+            return self.routing.gemm(x, w, b, None)
         if b is None:
             return mx.matmul(x, w)
         if mx.result_type(x, w, b) != mx.float32:
@@ -314,79 +243,11 @@ class MlxEmitter(Emitter[mx.array]):
         `bias_act_kernel_applies`, `mx.matmul` then rlxviz's `bias_act` CPU kernel (bias add and activation
         in one pass); otherwise `linear`, then the activation's lowering."""
         if self.gemm_applies(x, w, b, act):
-            return self.gemm(x, w, b, act)
+            return self.routing.gemm(x, w, b, act)
         if self.bias_act_kernel_applies(x, w, b, act):
-            self.kernels_ran.add(f"bias+{act}")
-            return self.cpu_kernels.bias_act(mx.matmul(x, w), b, act)
+            return self.routing.bias_act(x, w, b, act)  # type: ignore[arg-type]
         y = self.linear(x, w, b)
         return y if act is None else self.unary(act, y)
-
-    def gemm_applies(self, x: mx.array, w: mx.array, b: mx.array | None, act: str | None) -> bool:
-        """Whether `linear` / `linear_act` run rlxviz's GEMM: kernels loaded and `gemm` on, float32 `x [..., K]`
-        and `w [K, N]`, a bias of rank <= 1 and size 1 or N (or none), and no activation or one the epilogue
-        computes (`KERNEL_ACTS`)."""
-        return (self.cpu_kernels is not None and hasattr(self.cpu_kernels, "gemm") and self.gemm_wanted(x)
-                and (act is None or act in KERNEL_ACTS) and x.dtype == w.dtype == mx.float32
-                and w.ndim == 2 and x.ndim >= 1 and x.shape[-1] == w.shape[0] and w.shape[1] > 0
-                and (b is None or (b.dtype == mx.float32 and b.ndim <= 1 and b.size in (1, w.shape[1]))))
-
-    def gemm_wanted(self, x: mx.array) -> bool:
-        """`options.gemm` for `x [..., K]`: True / False as set; `"auto"`: the kernels target AVX-512 and `x`
-        has at most `GEMM_AUTO_MAX_ROWS` rows (the product of its leading axes)."""
-        if self.options.gemm != "auto":
-            return bool(self.options.gemm)
-        rows = x.size // x.shape[-1] if x.ndim and x.shape[-1] else 0
-        return self.kernels_isa == "avx512" and rows <= GEMM_AUTO_MAX_ROWS
-
-    def gemm(self, x: mx.array, w: mx.array, b: mx.array | None, act: str | None) -> mx.array:
-        """`act(x @ w + b)` as one `RlxvizGemm` on `w` packed once (`packed_weight`): `x [..., K]`, `w [K, N]`,
-        `b [N]` or None -> `[..., N]` float32. Each output is a float32 sum over K in another order than
-        BLAS's (both within `K * eps * sum |x w|` of the exact product, `tests/test_kernels.py`)."""
-        self.kernels_ran.add("gemm" + ("+bias" if b is not None else "") + (f"+{act}" if act else ""))
-        return self.cpu_kernels.gemm(x, self.packed_weight(w), int(w.shape[1]), b, None, act or "none")
-
-    def packed_weight(self, w: mx.array) -> mx.array:
-        """`w [K, N]` in the GEMM's panel layout (`RlxvizPackWeights`), packed once per weight array: weights
-        are the same `mx.array` on every call of a program (the executor converts them once), so the lazy
-        packed array is kept here, evaluated with the first call's graph and reused after (`clear_packed`).
-        Keyed by the array's identity; a new array (new weights) is packed anew."""
-        hit = self._packed.get(w)
-        if hit is None:
-            hit = self._packed[w] = self.cpu_kernels.pack_weights(w)
-        return hit
-
-    def packed_weights(self) -> list[mx.array]:
-        """The packed weight arrays kept so far (lazy until the first call that uses them is evaluated)."""
-        return [self._packed[w] for w in self._packed]
-
-    def with_packing_evaluated(self, build: Callable[[], T]) -> tuple[T, bool]:
-        """`build()` (lowering a program's call), then the packed weights it made evaluated, so that the next
-        build reads them as constants: packing is once per weight, not part of every call. Only those this build
-        made: an earlier trace's entries may be placeholders, which cannot be evaluated. Returns what `build`
-        returned and whether it packed any weight."""
-        before: IdentityMap[mx.array, bool] = IdentityMap()
-        for a in self.packed_weights():
-            before[a] = True
-        out = build()
-        if made := [a for a in self.packed_weights() if a not in before]:
-            mx.eval(made)
-        return out, bool(made)
-
-    def drop_packed(self, weights: Sequence[mx.array]) -> None:
-        """Forget the packed layouts of these weight arrays (replaced by new ones: `MlxExecutor.static_values`),
-        so that a session loading weight set after weight set keeps one packed copy, not one per set."""
-        for w in weights:
-            self._packed.pop(w)
-
-    def clear_packed(self) -> None:
-        """Drop the packed weights (`MlxExecutor.clear`)."""
-        self._packed.clear()
-
-    def bias_act_kernel_applies(self, x: mx.array, w: mx.array, b: mx.array | None, act: str | None) -> bool:
-        """Whether `linear_act` runs the `bias_act` kernel: kernels loaded, an activation it computes,
-        float32 operands and a bias of rank <= 1."""
-        return (self.cpu_kernels is not None and act in KERNEL_ACTS and x.dtype == w.dtype == mx.float32
-                and (b is None or (b.dtype == mx.float32 and b.ndim <= 1)))
 
     def residual_norm(self, x: mx.array, residual: mx.array, bias: mx.array | None, gamma: mx.array,
                       beta: mx.array | None, eps: float, kind: str = "layer_norm") -> mx.array:
@@ -394,19 +255,8 @@ class MlxEmitter(Emitter[mx.array]):
         `residual` of one shape and `[N]` bias/gamma/beta, one `residual_norm` kernel (sum, statistics and
         scale in one pass over each row, float32 like `mx.fast.layer_norm`); otherwise the two adds and the norm."""
         if self.residual_norm_kernel_applies(x, residual, bias, gamma, beta):
-            self.kernels_ran.add(f"residual+{kind}")
-            return self.cpu_kernels.residual_norm(x, residual, bias, gamma, beta, float(eps), kind == "rms_norm")
+            return self.routing.residual_norm(x, residual, bias, gamma, beta, eps, kind)
         return super().residual_norm(x, residual, bias, gamma, beta, eps, kind)
-
-    def residual_norm_kernel_applies(self, x: mx.array, residual: mx.array, bias: mx.array | None, gamma: mx.array,
-                                     beta: mx.array | None) -> bool:
-        """Whether `residual_norm` runs the kernel: kernels loaded, float32, `x` and `residual` of one
-        shape, bias/gamma/beta of rank <= 1 and size 1 or the last axis."""
-        n = x.shape[-1] if x.ndim else 0
-        vecs = [v for v in (bias, gamma, beta) if v is not None]
-        return (self.cpu_kernels is not None and x.ndim > 0 and x.shape == residual.shape
-                and x.dtype == residual.dtype == mx.float32
-                and all(v.dtype == mx.float32 and v.ndim <= 1 and v.size in (1, n) for v in vecs))
 
     # kernels
     def kernel(self, fn: Callable[..., mx.array], *static: Any) -> Callable[[mx.array], mx.array]:
@@ -494,7 +344,7 @@ def _unary(fast_fn: Callable[[mx.array], mx.array], plain: Callable[[mx.array], 
 
 
 for _op, (_f, _p) in UNARY_FAST.items():
-    LOWERINGS[_op] = _unary(_f, _p)
+    lowers(_op)(_unary(_f, _p))
 
 _SIMPLE: dict[Op, Callable[..., mx.array]] = {
     Op.MATMUL: mx.matmul, Op.ADD: mx.add, Op.SUB: mx.subtract, Op.MUL: mx.multiply, Op.DIV: mx.divide,
@@ -506,7 +356,7 @@ _SIMPLE: dict[Op, Callable[..., mx.array]] = {
     Op.NEG: mx.negative, Op.ABS: mx.abs, Op.ISNAN: mx.isnan, Op.SIN: mx.sin, Op.COS: mx.cos, Op.FLOOR: mx.floor,
 }
 for _op, _fn in _SIMPLE.items():
-    LOWERINGS[_op] = (lambda fn: lambda e, a, *xs: fn(*xs))(_fn)
+    lowers(_op)((lambda fn: lambda e, a, *xs: fn(*xs))(_fn))
 
 
 @lowers(Op.CAST)
@@ -579,11 +429,11 @@ def _rms_norm(e: MlxEmitter, a: dict, x: mx.array, g: mx.array, b: mx.array | No
 
 
 # -- data movement ---------------------------------------------------------------------------------------------
-LOWERINGS[Op.RESHAPE] = lambda e, a, x: mx.reshape(x, a["shape"])
-LOWERINGS[Op.TRANSPOSE] = lambda e, a, x: mx.transpose(x, a["perm"])
-LOWERINGS[Op.EXPAND] = lambda e, a, x: mx.broadcast_to(x, a["shape"])
-LOWERINGS[Op.CONCAT] = lambda e, a, *xs: mx.concatenate(xs, axis=a["axis"])
-LOWERINGS[Op.GATHER] = lambda e, a, table, idx: mx.take(table, idx, axis=a.get("axis", 0))
+lowers(Op.RESHAPE)(lambda e, a, x: mx.reshape(x, a["shape"]))
+lowers(Op.TRANSPOSE)(lambda e, a, x: mx.transpose(x, a["perm"]))
+lowers(Op.EXPAND)(lambda e, a, x: mx.broadcast_to(x, a["shape"]))
+lowers(Op.CONCAT)(lambda e, a, *xs: mx.concatenate(xs, axis=a["axis"]))
+lowers(Op.GATHER)(lambda e, a, table, idx: mx.take(table, idx, axis=a.get("axis", 0)))
 
 
 @lowers(Op.NARROW)
@@ -664,10 +514,8 @@ def attention(e: MlxEmitter, q: mx.array, k: mx.array, v: mx.array, mask: mx.arr
         bias = mask.astype(q.dtype)
     else:
         bias = None
-    if e.cpu_kernels is not None and q.dtype == k.dtype == v.dtype == mx.float32:
-        e.kernels_ran.add("attention")
-        b = None if bias is None else bias.astype(mx.float32)
-        return e.cpu_kernels.attention(q, k, v, b, heads, kv, head_dim, scale)
+    if e.routing.attention_applies(q, k, v):
+        return e.routing.attention(q, k, v, bias, heads, kv, head_dim, scale)
     if e.options.attention == "sdpa":  # GQA-aware; a bool mask: a fully masked row is uniform, as under where
         o = mx.fast.scaled_dot_product_attention(qh, kh, vh, scale=scale, mask=bias if select is None else select)
     else:
@@ -736,5 +584,5 @@ EMITTER_OVERRIDES: dict[str, str] = {"linear": MlxEmitter.linear.__doc__ or "",
                                      "residual_norm": MlxEmitter.residual_norm.__doc__ or ""}
 """`Emitter` methods the MLX emitter replaces (used by the decompositions), with why."""
 
-__all__ = ["DEVICE_LOWERING", "GEMM_AUTO_MAX_ROWS", "LOWERINGS", "OVERRIDES", "LoweringError", "LoweringOptions",
-           "MlxEmitter", "attention", "lower_node", "lowering_table", "options_for"]
+__all__ = ["DEVICE_LOWERING", "GEMM_AUTO_MAX_ROWS", "KERNEL_ACTS", "LOWERINGS", "OVERRIDES", "Choice", "LoweringError",
+           "LoweringOptions", "MlxEmitter", "attention", "lower_node", "lowering_table", "options_for"]

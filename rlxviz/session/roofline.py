@@ -20,67 +20,29 @@ MLX's own lowering executes (`executed_traffic_saved`, `shared_input_saved`; rlx
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..ir import Graph, Node, Op
-from ..ir.ops import ELEMENTWISE, FUSED, MOVEMENT, REDUCE
+from ..ir.ops import ELEMENTWISE, ERF_FLOPS, EXP_FLOPS, FUSED, SPECS, TANH_FLOPS, op_flops_per
 from ..passes.trace import Trace
 from .traffic import executed_traffic_saved, shared_input_saved
 
-ERF_FLOPS = 2 + 1 + 2 * 6 + 2 * 4 + 2
-"""erf as `runtime.fast.erf` computes it: clip (2), x^2 (1), Horner P of degree 6 (12) and Q of degree 4
-(8), the product by x and the division (2) = 25 FLOPs per element (the rational approximation XLA and
-Eigen also use; MLX's own CPU `erf` is scalar code of a similar polynomial)."""
-TANH_FLOPS = 2 + 1 + 2 * 6 + 2 * 3 + 2
-"""tanh as `runtime.fast.tanh`: clip (2), x^2 (1), P degree 6 (12), Q degree 3 (6), x * P / Q (2) = 23."""
-EXP_FLOPS = 20
-"""exp as `runtime.fast.exp`: range reduction (4), a degree-7 polynomial by Estrin's scheme (14), 2^k from
-the exponent bits (2): about 20 (bit operations counted as FLOPs)."""
-TRANSCENDENTAL_FLOPS: dict[Op, int] = {
-    Op.ERF: ERF_FLOPS,
-    Op.GELU: ERF_FLOPS + 4,  # 0.5 * x * (1 + erf(x * sqrt(1/2)))
-    Op.GELU_TANH: TANH_FLOPS + 8,  # 0.5 * x * (1 + tanh(c * (x + 0.044715 * x^3)))
-    Op.TANH: TANH_FLOPS,
-    Op.EXP: EXP_FLOPS,
-    Op.SIGMOID: EXP_FLOPS + 3,  # 1 / (1 + exp(-x))
-    Op.SILU: EXP_FLOPS + 4,  # x * sigmoid(x)
-}
-"""FLOPs per output element of the transcendental ops, counted from the CPU formulation (`runtime.fast`)."""
-
-_PER_ELEMENT = {Op.SOFTMAX: EXP_FLOPS + 4, Op.LAYER_NORM: 8, Op.RMS_NORM: 6, Op.ROPE: 3, **TRANSCENDENTAL_FLOPS}
-
-
-def _size(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
+TRANSCENDENTAL_FLOPS: dict[Op, int] = {op: s.flops for op, s in SPECS.items()
+                                      if op in ELEMENTWISE and isinstance(s.flops, int) and s.flops > 1}
+"""FLOPs per output element of the transcendental ops, counted from the CPU formulation (`runtime.fast`); derived
+from `ir.ops.SPECS` (`OpSpec.flops`)."""
 
 
 def op_flops(graph: Graph, node: Node) -> int:
-    """FLOPs of one primitive node (conventions in the module docstring). Fused ops: see `graph_flops`.
+    """FLOPs of one primitive node (conventions in the module docstring; `OpSpec.flops`). Fused ops: see
+    `graph_flops`.
 
     Raises:
         ValueError: a fused op (count its decomposition with `graph_flops`).
     """
-    if node.op in FUSED:
-        raise ValueError(f"[op_flops] {node.op.value} is fused: count its decomposition (graph_flops)")
-    if node.op == Op.MATMUL:
-        return 2 * _size(node.shape) * graph[node.inputs[0]].shape[-1]
-    if node.op == Op.ATTENTION:  # QK^T and PV (2 multiply-adds each) plus softmax on the scores
-        b, sq = node.shape[0], node.shape[1]
-        sk = graph[node.inputs[1]].shape[1]
-        h, d = node.attrs["num_heads"], node.attrs["head_dim"]
-        return 4 * b * h * sq * sk * d + 5 * b * h * sq * sk
-    if node.op in REDUCE:
-        return _size(graph[node.inputs[0]].shape)
-    if node.op in _PER_ELEMENT:
-        return _PER_ELEMENT[node.op] * _size(node.shape)
-    if node.op in ELEMENTWISE:
-        return 0 if node.op == Op.CAST else _size(node.shape)
-    if node.op in MOVEMENT or node.op in (Op.INPUT, Op.PARAM, Op.CONST):
-        return 0
-    return _size(node.shape)
+    return op_flops_per(graph, node)
 
 
 def _static(graph: Graph) -> set[int]:
@@ -262,6 +224,7 @@ def attainable_ms(flops: int, nbytes: int, ridge: Ridge) -> float:
     return max(flops / (ridge.gflops * 1e6), nbytes / (ridge.gbps * 1e6))
 
 
-__all__ = ["ERF_FLOPS", "TRANSCENDENTAL_FLOPS", "OpCost", "Ridge", "attainable_ms", "bound", "VersionRoofline",
+__all__ = ["ERF_FLOPS", "EXP_FLOPS", "TANH_FLOPS", "TRANSCENDENTAL_FLOPS", "OpCost", "Ridge", "attainable_ms",
+           "bound", "VersionRoofline",
            "graph_flops", "machine_ridge", "op_costs", "op_flops",
            "program_bytes", "roofline"]

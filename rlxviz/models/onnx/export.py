@@ -20,13 +20,15 @@ Raises `OnnxExportError` for an op with no ONNX form.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ...ir import DType, Graph, Node, Op
+from ...ir.ops import FUSED, SPECS
+from ...ir.registry import registrar
 
 EXPORT_OPSET = 18
 _NEG = float(np.finfo(np.float32).min)
@@ -77,11 +79,28 @@ class _Writer:
         return out
 
 
-_SIMPLE = {Op.MATMUL: "MatMul", Op.ADD: "Add", Op.SUB: "Sub", Op.MUL: "Mul", Op.DIV: "Div", Op.POW: "Pow",
-           Op.MAX: "Max", Op.MIN: "Min", Op.EQ: "Equal", Op.LT: "Less", Op.LE: "LessOrEqual", Op.GT: "Greater",
-           Op.GE: "GreaterOrEqual", Op.WHERE: "Where", Op.RELU: "Relu", Op.SIGMOID: "Sigmoid", Op.TANH: "Tanh",
-           Op.EXP: "Exp", Op.LOG: "Log", Op.SQRT: "Sqrt", Op.NEG: "Neg", Op.ERF: "Erf", Op.ABS: "Abs",
-           Op.ISNAN: "IsNaN", Op.SIN: "Sin", Op.COS: "Cos", Op.FLOOR: "Floor"}
+Exporter = Callable[[_Writer, Graph, Node, list[str], str], None]
+"""`fn(w, graph, node, input_names, output_name)`: writes one IR node as ONNX nodes whose result is `output_name`."""
+EXPORTS: dict[Op, Exporter] = {}
+"""Op -> its exporter. An op not here whose spec names its ONNX operator (`OpSpec.onnx`) is written as that
+operator on the same operands (`Add`, `Relu`, ...): `exporter(op)`."""
+exports = registrar(EXPORTS)
+"""`@exports(op, ...)`: register `fn(w, graph, node, ins, out)` as the ONNX form of the ops."""
+
+
+def exporter(op: Op) -> Exporter | None:
+    """The ONNX form of `op`: its registered exporter, else its spec's ONNX operator on the same operands, else
+    None (no ONNX form)."""
+    if op in EXPORTS:
+        return EXPORTS[op]
+    onnx = SPECS[op].onnx
+    if onnx is None:
+        return None
+
+    def same_operands(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
+        w.op(onnx, ins, out)
+
+    return same_operands
 
 
 def _gelu(w: _Writer, x: str, out: str) -> str:
@@ -109,7 +128,7 @@ def _heads(w: _Writer, x: str, shape: tuple[int, ...], heads: int, perm: tuple[i
     return w.op("Transpose", [w.op("Reshape", [x, w.ints([b, s, heads, hd // heads])])], perm=list(perm))
 
 
-def _attention(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> str:
+def _attention(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
     """The reference's SDPA: heads split, (q k^T) * scale, mask (keep: where(mask > 0.5, s, f32 min); causal:
     bottom-right aligned; additive: + mask), softmax, @ v, heads merged. Grouped-query attention
     (`num_kv_heads` < `num_heads`) repeats each kv head for its group of query heads."""
@@ -142,10 +161,10 @@ def _attention(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> str:
     elif kind == "additive":
         s = w.op("Add", [s, ins[3]])
     o = w.op("MatMul", [w.op("Softmax", [s], axis=-1), vh])
-    return w.op("Reshape", [w.op("Transpose", [o], perm=[0, 2, 1, 3]), w.ints([b, sq, h * d])], out)
+    w.op("Reshape", [w.op("Transpose", [o], perm=[0, 2, 1, 3]), w.ints([b, sq, h * d])], out)
 
 
-def _rope(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> str:
+def _rope(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
     """Rotary embedding (NeoX halves, or `interleaved` neighbour pairs) on packed [B, S, heads*head_dim] with cos/sin
     tables [max_pos, >= n_rot/2] (or [B or 1, >= S, >= n_rot/2], one per batch row)."""
     d, n_rot = n.attrs["head_dim"], n.attrs["n_rot"]
@@ -180,77 +199,150 @@ def _rope(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> str:
                  w.op("Add", [w.op("Mul", [x2, c]), w.op("Mul", [x1, sn])])]
     if n_rot < d:
         parts.append(cut(n_rot, d))
-    return w.op("Reshape", [w.op("Concat", parts, axis=-1), w.ints([b, s, hd])], out)
+    w.op("Reshape", [w.op("Concat", parts, axis=-1), w.ints([b, s, hd])], out)
 
 
-def _node(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
-    op, a = n.op, n.attrs
-    if op == Op.WHERE and n.dtype == DType.bool:
+@exports(Op.WHERE)
+def _where(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
+    if n.dtype == DType.bool:
         # ONNX Runtime has no bool Where kernel: (c and a) or (not c and b), the same truth table, broadcast alike
         c, a_, b_ = ins
         w.op("Or", [w.op("And", [c, a_]), w.op("And", [w.op("Not", [c]), b_])], out)
-    elif op in _SIMPLE:
-        w.op(_SIMPLE[op], ins, out)
-    elif op == Op.NE:
-        w.op("Not", [w.op("Equal", ins)], out)
-    elif op == Op.GELU:
-        _gelu(w, ins[0], out)
-    elif op == Op.GELU_TANH:
-        _gelu_tanh(w, ins[0], out)
-    elif op == Op.SILU:
-        w.op("Mul", [ins[0], w.op("Sigmoid", ins)], out)
-    elif op == Op.RELU2:
-        r = w.op("Relu", ins)
-        w.op("Mul", [r, r], out)
-    elif op == Op.RSQRT:
-        w.op("Reciprocal", [w.op("Sqrt", ins)], out)
-    elif op == Op.CAST:
-        w.op("Cast", ins, out, to=_tp(DType(a["dtype"])))
-    elif op in (Op.REDUCE_SUM, Op.REDUCE_MEAN, Op.REDUCE_MAX):
-        kind = {Op.REDUCE_SUM: "ReduceSum", Op.REDUCE_MEAN: "ReduceMean", Op.REDUCE_MAX: "ReduceMax"}[op]
-        w.op(kind, [ins[0], w.ints(a["axes"])], out, keepdims=int(bool(a.get("keepdims", False))))
-    elif op == Op.SOFTMAX:
-        w.op("Softmax", ins, out, axis=int(a.get("axis", -1)))
-    elif op == Op.ARGMAX:
-        w.op("ArgMax", ins, out, axis=int(a["axis"]), keepdims=int(bool(a.get("keepdims", False))))
-    elif op == Op.CUMSUM:
-        w.op("CumSum", [ins[0], w.ints([int(a["axis"])])], out, exclusive=int(bool(a.get("exclusive"))),
-             reverse=int(bool(a.get("reverse"))))
-    elif op == Op.LAYER_NORM:
-        w.op("LayerNormalization", ins, out, axis=-1, epsilon=float(a["eps"]))
-    elif op == Op.RMS_NORM:
-        _rms_norm(w, n, ins[0], ins[1], ins[2] if len(ins) > 2 else None, out)
-    elif op in (Op.RESHAPE, Op.EXPAND):
-        w.op("Reshape" if op == Op.RESHAPE else "Expand", [ins[0], w.ints(n.shape)], out)
-    elif op == Op.TRANSPOSE:
-        w.op("Transpose", ins, out, perm=list(a["perm"]))
-    elif op == Op.NARROW:
-        st = int(a["start"])
-        w.op("Slice", [ins[0], w.ints([st]), w.ints([st + int(a["length"])]), w.ints([int(a["axis"])])], out)
-    elif op == Op.CONCAT:
-        w.op("Concat", ins, out, axis=int(a["axis"]))
-    elif op == Op.GATHER:
-        w.op("Gather", ins, out, axis=0)
-    elif op == Op.PAD:
-        mode = a.get("mode", "constant")
-        fill = [w.c(a.get("value", 0.0), n.dtype.numpy)] if mode == "constant" else []
-        w.op("Pad", [ins[0], w.ints(a["pads"]), *fill], out, mode=mode)
-    elif op == Op.ONNX_OP:  # the ONNX node it was imported from, on the export's value names
-        from ...ir.onnx_op import decode
-
-        node = decode(a)
-        it = iter(ins)
-        node.input[:] = [next(it) if i else "" for i in node.input]
-        k = int(a.get("output", 0))  # one IR node per output: the others get names nothing reads
-        node.output[:] = [out if j == k else f"{out}.unused{j}" for j in range(max(len(node.output), k + 1))]
-        node.name = f"{w.prefix}{node.op_type}_{len(w.nodes)}"
-        w.nodes.append(node)
-    elif op == Op.ATTENTION:
-        _attention(w, g, n, ins, out)
-    elif op == Op.ROPE:
-        _rope(w, g, n, ins, out)
     else:
-        raise OnnxExportError(f"%{n.id} ({op.value}) at {n.path or '<root>'}: no ONNX form for this op")
+        w.op("Where", ins, out)
+
+
+@exports(Op.NE)
+def _ne(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
+    w.op("Not", [w.op("Equal", ins)], out)
+
+
+@exports(Op.GELU)
+def _gelu_node(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
+    _gelu(w, ins[0], out)
+
+
+@exports(Op.GELU_TANH)
+def _gelu_tanh_node(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
+    _gelu_tanh(w, ins[0], out)
+
+
+@exports(Op.SILU)
+def _silu(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
+    w.op("Mul", [ins[0], w.op("Sigmoid", ins)], out)
+
+
+@exports(Op.RELU2)
+def _relu2(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
+    r = w.op("Relu", ins)
+    w.op("Mul", [r, r], out)
+
+
+@exports(Op.RSQRT)
+def _rsqrt(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
+    w.op("Reciprocal", [w.op("Sqrt", ins)], out)
+
+
+@exports(Op.CAST)
+def _cast(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
+    w.op("Cast", ins, out, to=_tp(DType(n.attrs["dtype"])))
+
+
+@exports(Op.REDUCE_SUM, Op.REDUCE_MEAN, Op.REDUCE_MAX)
+def _reduce(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
+    w.op(_onnx(n.op), [ins[0], w.ints(n.attrs["axes"])], out, keepdims=int(bool(n.attrs.get("keepdims", False))))
+
+
+@exports(Op.SOFTMAX)
+def _softmax(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
+    w.op("Softmax", ins, out, axis=int(n.attrs.get("axis", -1)))
+
+
+@exports(Op.ARGMAX)
+def _argmax(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
+    w.op("ArgMax", ins, out, axis=int(n.attrs["axis"]), keepdims=int(bool(n.attrs.get("keepdims", False))))
+
+
+@exports(Op.CUMSUM)
+def _cumsum(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
+    a = n.attrs
+    w.op("CumSum", [ins[0], w.ints([int(a["axis"])])], out, exclusive=int(bool(a.get("exclusive"))),
+         reverse=int(bool(a.get("reverse"))))
+
+
+@exports(Op.LAYER_NORM)
+def _layer_norm(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
+    w.op("LayerNormalization", ins, out, axis=-1, epsilon=float(n.attrs["eps"]))
+
+
+@exports(Op.RMS_NORM)
+def _rms_norm_node(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
+    _rms_norm(w, n, ins[0], ins[1], ins[2] if len(ins) > 2 else None, out)
+
+
+@exports(Op.RESHAPE, Op.EXPAND)
+def _reshape(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
+    w.op(_onnx(n.op), [ins[0], w.ints(n.shape)], out)
+
+
+@exports(Op.TRANSPOSE)
+def _transpose(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
+    w.op("Transpose", ins, out, perm=list(n.attrs["perm"]))
+
+
+@exports(Op.NARROW)
+def _narrow(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
+    st, a = int(n.attrs["start"]), n.attrs
+    w.op("Slice", [ins[0], w.ints([st]), w.ints([st + int(a["length"])]), w.ints([int(a["axis"])])], out)
+
+
+@exports(Op.CONCAT)
+def _concat(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
+    w.op("Concat", ins, out, axis=int(n.attrs["axis"]))
+
+
+@exports(Op.GATHER)
+def _gather(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
+    w.op("Gather", ins, out, axis=0)
+
+
+@exports(Op.PAD)
+def _pad(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
+    mode = n.attrs.get("mode", "constant")
+    fill = [w.c(n.attrs.get("value", 0.0), n.dtype.numpy)] if mode == "constant" else []
+    w.op("Pad", [ins[0], w.ints(n.attrs["pads"]), *fill], out, mode=mode)
+
+
+@exports(Op.ONNX_OP)
+def _onnx_op(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
+    """The ONNX node it was imported from, on the export's value names."""
+    from ...ir.onnx_op import decode
+
+    a = n.attrs
+    node = decode(a)
+    it = iter(ins)
+    node.input[:] = [next(it) if i else "" for i in node.input]
+    k = int(a.get("output", 0))  # one IR node per output: the others get names nothing reads
+    node.output[:] = [out if j == k else f"{out}.unused{j}" for j in range(max(len(node.output), k + 1))]
+    node.name = f"{w.prefix}{node.op_type}_{len(w.nodes)}"
+    w.nodes.append(node)
+
+
+exports(Op.ATTENTION)(_attention)
+exports(Op.ROPE)(_rope)
+
+
+def _onnx(op: Op) -> str:
+    name = SPECS[op].onnx
+    assert name is not None, op
+    return name
+
+
+def _node(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
+    fn = exporter(n.op)
+    if fn is None:
+        raise OnnxExportError(f"%{n.id} ({n.op.value}) at {n.path or '<root>'}: no ONNX form for this op")
+    fn(w, g, n, ins, out)
 
 
 def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray], path: str | Path | None = None,
@@ -270,7 +362,7 @@ def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray], path: str | Pat
 
     from ...passes.pipeline import run_pass
 
-    g = run_pass(graph, "unfuse") if any(n.op.value[0].isupper() for n in graph) else graph
+    g = run_pass(graph, "unfuse") if any(n.op in FUSED for n in graph) else graph
     w = _Writer()
     names: dict[int, str] = {}
     inputs = []
@@ -309,4 +401,4 @@ def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray], path: str | Pat
     return model
 
 
-__all__ = ["EXPORT_OPSET", "OnnxExportError", "export_onnx"]
+__all__ = ["EXPORTS", "EXPORT_OPSET", "OnnxExportError", "export_onnx", "exporter", "exports"]

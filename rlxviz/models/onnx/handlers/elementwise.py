@@ -8,17 +8,13 @@ from typing import Any
 import numpy as np
 
 from ....ir.emitter import Ref
+from ....ir.ops import ONNX_BINARY, ONNX_UNARY
 from ..context import Value, _axis, _const, _Ctx, _ints, handles, onnx_dtype
 from ..host import _host_op
 
 # -- elementwise ---------------------------------------------------------------------------------------
 
-_BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Max": "maximum",
-           "Min": "minimum", "Equal": "eq", "Less": "lt", "LessOrEqual": "le", "Greater": "gt",
-           "GreaterOrEqual": "ge"}
-
-
-@handles(*_BINARY)
+@handles(*ONNX_BINARY)
 def _binary(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
     """Numpy-broadcast binary ops (two operands; Max/Min with more are folded pairwise)."""
     if len(x) < 2:
@@ -27,10 +23,10 @@ def _binary(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]
         keep = _identity_operand(ctx, x[0], x[1], n.op_type == "Add")
         if keep is not None:
             return [keep]
-    fn = getattr(ctx.b, _BINARY[n.op_type])
+    op = ONNX_BINARY[n.op_type]
     acc = ctx.ref(x[0])
     for y in x[1:]:
-        acc = fn(acc, ctx.ref(y))
+        acc = ctx.b.binary(op, acc, ctx.ref(y))
     return [acc]
 
 
@@ -49,13 +45,9 @@ def _identity_operand(ctx: _Ctx, a: Value, b: Value, commutative: bool) -> Value
     return None
 
 
-_UNARY = {"Sqrt": "sqrt", "Erf": "erf", "Tanh": "tanh", "Sigmoid": "sigmoid", "Exp": "exp", "Log": "log",
-          "Neg": "neg", "Relu": "relu", "Abs": "abs", "IsNaN": "isnan", "Sin": "sin", "Cos": "cos", "Floor": "floor"}
-
-
-@handles(*_UNARY)
+@handles(*ONNX_UNARY)
 def _unary(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list[Value]:
-    return [ctx.b.unary(_UNARY[n.op_type], ctx.ref(x[0]))]
+    return [ctx.b.unary(ONNX_UNARY[n.op_type], ctx.ref(x[0]))]
 
 
 @handles("Clip")
