@@ -128,3 +128,26 @@ def test_ir_refused_by_its_check_leaves_break_on_too():
     assert not start.brk.disabled
     start.break_layer()
     assert s.source == "preset" and s.variant == BREAK_VARIANT and "layer 1 NOT fused" in s.message, s.message
+
+
+def test_a_long_message_opens_folded_to_one_line_and_unfolds():
+    """The banner (`StatusBar`): a long or many-line message opens folded (`rv-clamp`) with "more"; "more" shows it
+    whole and "less" folds it again; a new message folds again; a short one is whole with no "more"."""
+    from rlxviz.app.controls import LONG_MESSAGE, StatusBar
+
+    s = tiny()
+    bar = StatusBar(state=s)
+    s.apply_variant(BREAK_VARIANT)  # the teaching variant's notice: three lines at 1280 px
+    assert len(s.message) > LONG_MESSAGE
+    assert "rv-clamp" in bar.alert.css_classes and bar.more.visible and bar.more.label == "more ▾"
+    bar.more.clicks += 1
+    assert "rv-clamp" not in bar.alert.css_classes and bar.more.label == "less ▴"
+    bar.more.clicks += 1
+    assert "rv-clamp" in bar.alert.css_classes
+    bar.more.clicks += 1
+    s.message = "line one\nline two"  # short but on two lines: folded too
+    assert "rv-clamp" in bar.alert.css_classes and bar.more.visible
+    s.message = "Loaded."
+    assert "rv-clamp" not in bar.alert.css_classes and not bar.more.visible and bar.close.visible
+    s.message = ""
+    assert not bar.more.visible and not bar.close.visible and not bar.alert.visible
