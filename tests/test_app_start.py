@@ -98,6 +98,10 @@ def test_a_refused_ir_load_leaves_break_on_for_the_model_shown():
     _load_ir(mc, "graph g { nonsense")
     assert s.source == "ir" and s.message_kind == "danger" and s.model.name == "bert-tiny"
     assert not start.brk.disabled and "IR text" not in start.note.object, start.note.object
+    assert s.shown_source() == ("preset", {"preset": "bert-tiny"})
+    s.busy = True  # while a job runs, a load may be on its way: the user's new choice is not undone
+    assert s.shown_source() is None
+    s.busy = False
     start.brk.clicks += 1
     assert s.source == "preset" and s.preset == "bert-tiny" and s.variant == BREAK_VARIANT
     assert "layer 1 NOT fused" in s.message, s.message

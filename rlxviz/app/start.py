@@ -87,7 +87,7 @@ class StartHere(Viewer):
         self.dismissed = False
         self.folded = False  # `fold`: the title and the drop zone hidden once a step is used
         self.hide.on_click(lambda e: self.dismiss())
-        s.param.watch(self._enable, ["model", "source", "preset"])
+        s.param.watch(self._enable, ["model", "source", "preset", "busy"])  # busy: a refused load ends
         s.param.watch(self._follow, ["version", "trace", "hide_unchanged"])
         self._enable()
 

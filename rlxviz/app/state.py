@@ -273,12 +273,13 @@ class AppState(Runs, Derived, param.Parameterized):
                                            isinstance(self.model.config, BertConfig))
 
     def shown_source(self) -> tuple[str, dict[str, object]] | None:
-        """When the model shown did not come from the source the state asks for (its load was refused, e.g. IR text
-        that does not parse, or is still running): that model's source and the fields that ask for it again
-        (`{"preset": "minilm"}`), so a step on the model shown can go back to it; None when the model shown is the
-        one asked for, or came from IR text, or nothing is shown."""
+        """When the model shown did not come from the source the state asks for because its load was refused (IR
+        text that does not parse): that model's source and the fields that ask for it again (`{"preset":
+        "minilm"}`), so a step on the model shown can go back to it; None when the model shown is the one asked
+        for, or came from IR text, or nothing is shown, or a job is running (a load may be on its way: the user's
+        new choice is not undone)."""
         key = self._model_key
-        if self.model is None or len(key) < 2 or key[0] == "ir" or key[:2] == self.model_key()[:2]:
+        if self.model is None or self.busy or len(key) < 2 or key[0] == "ir" or key[:2] == self.model_key()[:2]:
             return None
         field = {"preset": "preset", "checkpoint": "checkpoint_dir", "upload": "upload_id"}.get(key[0])
         return (key[0], {field: key[1]}) if field else None
