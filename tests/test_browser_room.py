@@ -4,7 +4,8 @@
   height (it had 382);
 - the version list shows its label whole (it cut "(33 ops)");
 - the Why tab's layer drawing opens over the whole window and Esc puts it back;
-- a page whose server stopped says so (it said nothing; clicks did nothing).
+- a page whose server stopped says so (it said nothing; clicks did nothing);
+- in one box per layer, the layers like layer 0 say "same as layer 0".
 
 Every page but the stopped server's is watched (tests/served.py): no console error, no request off the machine.
 Screenshots go to test-artifacts/room-*.png.
@@ -103,6 +104,16 @@ def test_the_graph_keeps_450px_with_the_banner_and_the_why_drawing_opens_full_si
         text_w, room, label = pg.locator(".rv-version select").evaluate(LABEL_WIDTH_JS)
         assert "ops)" in label and text_w <= room, (text_w, room, label)
         assert _graph_height(pg, h) >= 450  # the wider list kept the version row on one line
+
+        # one box per layer: the layers like layer 0 say so; layer 1, broken by ②, does not
+        pg.locator(".rv-view select").select_option("collapsed")
+        pg.locator(".rv-after g#layer2.node").wait_for()
+        for k in (2, 3, 4, 5):
+            expect(pg.locator(f".rv-after g#layer{k}.node")).to_contain_text("same as layer 0")
+        expect(pg.locator(".rv-after g#layer1.node")).not_to_contain_text("same as")
+        expect(pg.locator(".rv-after g#layer0.node")).not_to_contain_text("same as")
+        pg.screenshot(path=str(ART / f"room-same-layers-{w}x{h}.png"))
+        pg.locator(".rv-view select").select_option("auto")
 
         # ③: the Why tab's drawing of the broken layer, full size and back
         pg.locator(".rv-start-why button").click()
