@@ -2,10 +2,11 @@
 
 from pathlib import Path
 
+from served import SMALL_IR
 from test_app_views import tiny
 
 from rlxviz.app.controls import ModelControls
-from rlxviz.app.start import BREAK_VARIANT, StartHere, note_html
+from rlxviz.app.start import BREAK_VARIANT, STEPS, StartHere, note_html
 
 FIX = Path(__file__).parent / "fixtures/onnx"
 
@@ -80,3 +81,77 @@ def test_the_line_follows_the_model_and_fits_one_line():
     start.why.clicks += 1
     s.preset = "minilm-shaped"  # the lines of ② and ③ belonged to the last model: the three steps again
     assert 'title="Three clicks' in start.note.object and "rv-note-line" in start.note.object
+
+
+def _load_ir(mc: ModelControls, text: str) -> None:
+    """The IR editor's text and its Load IR button."""
+    mc.ir.value = text
+    mc.ir_btn.clicks += 1
+
+
+def test_a_refused_ir_load_leaves_break_on_for_the_model_shown():
+    """IR text that does not parse leaves bert-tiny shown: ② stays on and breaks bert-tiny's layer (it was left
+    disabled, judged on the IR text that never loaded), and the line does not say variants are off."""
+    s = tiny()
+    start = StartHere(state=s, show_why=lambda: None)
+    mc = ModelControls(state=s)
+    _load_ir(mc, "graph g { nonsense")
+    assert s.source == "ir" and s.message_kind == "danger" and s.model.name == "bert-tiny"
+    assert not start.brk.disabled and "IR text" not in start.note.object, start.note.object
+    assert s.shown_source() == ("preset", {"preset": "bert-tiny"})
+    s.busy = True  # while a job runs, a load may be on its way: the user's new choice is not undone
+    assert s.shown_source() is None
+    s.busy = False
+    start.brk.clicks += 1
+    assert s.source == "preset" and s.preset == "bert-tiny" and s.variant == BREAK_VARIANT
+    assert "layer 1 NOT fused" in s.message, s.message
+
+
+def test_break_follows_each_load_after_a_refusal():
+    """A valid IR load turns ② off (its model is IR text); a refused one after it keeps it off (the model shown is
+    still IR); a valid Built-in load turns it on again, and the line is the three steps again."""
+    s = tiny()
+    start = StartHere(state=s, show_why=lambda: None)
+    mc = ModelControls(state=s)
+    _load_ir(mc, SMALL_IR)
+    assert s.message_kind != "danger" and start.brk.disabled and "IR text" in start.note.object
+    _load_ir(mc, SMALL_IR.replace("tanh(%0)", "tanh(%77)"))
+    assert s.message_kind == "danger" and start.brk.disabled
+    mc.source.value = "preset"
+    assert s.source == "preset" and s.model.name == "bert-tiny" and not start.brk.disabled
+    assert start.note.object == note_html([(STEPS, False)])
+
+
+def test_ir_refused_by_its_check_leaves_break_on_too():
+    """IR text that parses but names a node it never defines (refused by the check, not the parser): the same."""
+    s = tiny()
+    start = StartHere(state=s, show_why=lambda: None)
+    mc = ModelControls(state=s)
+    _load_ir(mc, SMALL_IR.replace("tanh(%0)", "tanh(%77)"))
+    assert s.source == "ir" and s.message_kind == "danger" and s.model.name == "bert-tiny", s.message
+    assert not start.brk.disabled
+    start.break_layer()
+    assert s.source == "preset" and s.variant == BREAK_VARIANT and "layer 1 NOT fused" in s.message, s.message
+
+
+def test_a_long_message_opens_folded_to_one_line_and_unfolds():
+    """The banner (`StatusBar`): a long or many-line message opens folded (`rv-clamp`) with "more"; "more" shows it
+    whole and "less" folds it again; a new message folds again; a short one is whole with no "more"."""
+    from rlxviz.app.controls import LONG_MESSAGE, StatusBar
+
+    s = tiny()
+    bar = StatusBar(state=s)
+    s.apply_variant(BREAK_VARIANT)  # the teaching variant's notice: three lines at 1280 px
+    assert len(s.message) > LONG_MESSAGE
+    assert "rv-clamp" in bar.alert.css_classes and bar.more.visible and bar.more.label == "more ▾"
+    bar.more.clicks += 1
+    assert "rv-clamp" not in bar.alert.css_classes and bar.more.label == "less ▴"
+    bar.more.clicks += 1
+    assert "rv-clamp" in bar.alert.css_classes
+    bar.more.clicks += 1
+    s.message = "line one\nline two"  # short but on two lines: folded too
+    assert "rv-clamp" in bar.alert.css_classes and bar.more.visible
+    s.message = "Loaded."
+    assert "rv-clamp" not in bar.alert.css_classes and not bar.more.visible and bar.close.visible
+    s.message = ""
+    assert not bar.more.visible and not bar.close.visible and not bar.alert.visible

@@ -260,3 +260,26 @@ def test_a_failed_split_leaves_the_versions_timed_and_says_why(monkeypatch):
     assert isinstance(run.split, str) and run.split.startswith("MemoryError")
     text = fusion_kernels_markdown(run.split)
     assert "Not measured: MemoryError" in text and "/srv/app" not in text and "x.so" in text
+
+
+def test_the_forced_busy_hook_turns_a_quiet_run_busy(monkeypatch):
+    """`timeproc.force_busy` (the `RLXVIZ_FORCE_BUSY` test hook the browser test serves the app with): a quiet run
+    comes out flagged busy, each row's minimum kept, and the table gives no verdict; the split too."""
+    from rlxviz.app.timeproc import _force_busy_split, force_busy
+
+    quiet = contradicting(seed=4)
+    assert not busy_warning(*quiet)
+    busy = force_busy(quiet)
+    assert busy_warning(*busy) and [r.min_ms for r in busy] == [r.min_ms for r in quiet]
+    assert all(r.median_ms > BUSY_RATIO * r.min_ms for r in busy)
+    rows = timing_table(busy)
+    assert all(r["busy"] for r in rows) and rows[1]["vs_input"] == NOT_READ
+    split = _force_busy_split(fabricated_split(busy=False))
+    assert split.warning and split.warning == busy_warning(*split.rows)
+    from rlxviz.app.panels import fusion_kernels_markdown
+
+    text = fusion_kernels_markdown(split)
+    assert "busy machine" in text and "faster" not in text and "slower" not in text
+    # a row with too few rounds to be judged, or not timed, is kept as it is
+    few = [timed(0, "input", [1.0, 1.1])]
+    assert force_busy(few) == few

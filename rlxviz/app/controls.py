@@ -361,9 +361,17 @@ class PipelineControls(Viewer):
 
 
 MESSAGE_CSS = (":host(.alert) { padding: 0.3rem 0.75rem; font-size: 14px; line-height: 1.35; } "
-               ":host(.alert) p { margin: 0.15em 0; }")
+               ":host(.alert) p { margin: 0.15em 0; } "
+               ":host(.rv-clamp) { max-height: 30px; overflow: hidden; padding-top: 0.2rem; padding-bottom: 0.2rem; } "
+               ":host(.rv-clamp) p, :host(.rv-clamp) pre { white-space: nowrap; overflow: hidden; "
+               "text-overflow: ellipsis; margin: 0; }")
 """The message banner, compact: a teaching variant's notice (three lines at 1280 px) took 104 px above the graph
-panes with the alert's padding and the paragraphs' margins (issue 39's room)."""
+panes with the alert's padding and the paragraphs' margins (issue 39's room). A long message is folded to its first
+line (`rv-clamp`, cut with an ellipsis) until its "more" button unfolds it: unfolded, that notice still took 77 px,
+and the graph got 382 px of a 800 px window instead of 450."""
+LONG_MESSAGE = 100
+"""A message longer than this (characters), or of more than one line, opens folded to one line with a "more"
+button (one line of the banner holds about 130 characters at 1280 px)."""
 
 
 class StatusBar(Viewer):
@@ -381,19 +389,39 @@ class StatusBar(Viewer):
                                           height=14, bar_color="primary", margin=(0, 10))
         self.label = pn.pane.Str(s.progress_text, visible=s.busy, css_classes=["rv-progress-text"],
                                  margin=(0, 10), styles={"font-size": "12px"})
-        self.close = pn.widgets.Button(label="dismiss", color="light", width=80, visible=bool(s.message))
+        small = dict(color="light", height=26, margin=(2, 4), sizing_mode="fixed", align="center")
+        # "more": a long message opens folded to its first line; this button unfolds (and folds) it
+        self.more = pn.widgets.Button(label="more ▾", width=72, css_classes=["rv-message-more"], **small)
+        self.more.on_click(lambda e: self.unfold(not self.unfolded))
+        self.close = pn.widgets.Button(label="dismiss", width=72, css_classes=["rv-message-dismiss"], **small)
         self.close.on_click(lambda e: s.param.update(message=""))
+        self.unfolded = False
+        self._fold_to(s.message)
         s.param.watch(self._update, ["message", "message_kind", "busy", "progress", "progress_text"])
+
+    def _fold_to(self, message: str) -> None:
+        """A new message: folded to one line when long (`LONG_MESSAGE`), with "more" shown; a short one whole."""
+        long = len(message) > LONG_MESSAGE or "\n" in message.strip()
+        self.more.visible = bool(message) and long
+        self.unfold(not long)
+
+    def unfold(self, whole: bool) -> None:
+        """Show the whole message (`whole`) or fold it to its first line (the "more ▾" / "less ▴" button)."""
+        self.unfolded = whole
+        self.alert.css_classes = ["rv-message"] if whole else ["rv-message", "rv-clamp"]
+        self.more.label = "less ▴" if whole else "more ▾"
 
     def _update(self, *events: param.parameterized.Event) -> None:
         s = self.state
+        if any(e.name == "message" for e in events):
+            self._fold_to(s.message)
         self.alert.param.update(object=_md_text(s.message), alert_type=s.message_kind, visible=bool(s.message))
         self.close.visible = bool(s.message)
         self.bar.param.update(value=s.progress, visible=s.busy)
         self.label.param.update(object=s.progress_text, visible=s.busy)
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column(pn.Row(self.alert, self.close, sizing_mode="stretch_width"), self.bar, self.label,
+        return pn.Column(pn.Row(self.alert, self.more, self.close, sizing_mode="stretch_width"), self.bar, self.label,
                          sizing_mode="stretch_width")
 
 

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -126,6 +127,25 @@ def onnx_origin(n: Node, onnx_nodes: Mapping[int, tuple[str, str, str]] | None) 
     return list(seen)
 
 
+DEFAULT_DOMAIN = "ai.onnx"
+"""How the inspector names ONNX's default domain (written "" or "ai.onnx" in a file)."""
+
+
+@functools.cache
+def onnx_domain(op_type: str) -> str:
+    """The ONNX domain an imported node of `op_type` came from, read off the importer's table
+    (`models.onnx_import.HANDLERS`, keyed by (domain, op type)): every node the importer keeps is read by a
+    handler of its domain, or kept as a host node, which only a default-domain node becomes. So an op type the
+    table reads only in `com.microsoft` came from there, any other from `ai.onnx`; an op type read in both (Gelu,
+    SimplifiedLayerNormalization) gives both, joined by " or " (the import keeps the op type, not the domain).
+    Raises nothing."""
+    from ..models.onnx_import import HANDLERS
+
+    domains = {d or DEFAULT_DOMAIN for d, op in HANDLERS if op == op_type} or {DEFAULT_DOMAIN}
+    domains = sorted(domains, key=lambda d: (d != DEFAULT_DOMAIN, d))  # ai.onnx first
+    return " or ".join(domains)
+
+
 def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
                 weights: Mapping[str, np.ndarray] | None = None,
                 onnx_nodes: Mapping[int, tuple[str, str, str]] | None = None) -> dict[str, Any]:
@@ -208,10 +228,12 @@ def report_markdown(rep: dict[str, Any]) -> str:
         lines.append(f"**provenance** {md_code(rep['path'])}{layer}")
     onnx = rep.get("onnx") or []
     if onnx:  # the names Netron and Model Explorer show, so the node can be found there
-        named = [f"{md_code(name or '(unnamed)')} ({md_escape(op)})" for op, name in onnx[:ONNX_NAMES_SHOWN]]
+        # name, op type and domain: what Netron's and Model Explorer's node panels show
+        named = [f"{md_code(name or '(unnamed)')} ({md_escape(op)}), domain {md_code(onnx_domain(op))}"
+                 for op, name in onnx[:ONNX_NAMES_SHOWN]]
         more = f" and {len(onnx) - ONNX_NAMES_SHOWN} more" if len(onnx) > ONNX_NAMES_SHOWN else ""
         what = "**ONNX node**" if rep.get("onnx_own") else "**from ONNX nodes**"
-        lines.append(f"{what} {', '.join(named)}{more}")
+        lines.append(f"{what} {'; '.join(named)}{more}")
     if rep["pass_name"]:
         lines.append(f"**created by** {md_code(rep['pass_name'])}, replacing "
                      f"{', '.join(f'%{i}' for i in rep['absorbed'])}")

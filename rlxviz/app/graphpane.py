@@ -4,12 +4,14 @@ The renderer gives every node a DOT id `n<id>` that survives into the SVG (`<g i
 so a click maps back to the IR node id, and highlighting is a CSS class on those groups; the layer view's
 boxes (and the clusters of layers expanded in place) are `layer<i>`, so a click on one reports the layer, and
 the next picture is centred on that layer. Pan with the mouse (drag), zoom with the wheel or
-the +/- buttons, "fit" to see the whole graph. The view (zoom and pan) is kept when the picture changes
+the +/- buttons, "fit" to see the whole graph, "full" to lay the drawing over the whole window (Esc
+closes it). The view (zoom and pan) is kept when the picture changes
 within the same `scope` (stepping versions, clicking nodes) once the user moved it, and panes with the same
 `sync` group move together (before/after). The search box finds nodes by `%id` (that node only) or by text
 in their own op, name or path (never in the operands or users their tooltip lists); Enter steps through the
 hits. When the picture is larger than the pane, a minimap in the corner shows the whole graph with the visible
-part framed; a click or a drag on it pans there.
+part framed; a click or a drag on it pans there. It lies over the pane's corner, so it folds away: its own × or
+the bar's "map" button (which brings it back).
 """
 
 from __future__ import annotations
@@ -75,8 +77,24 @@ export function render({ model, el }) {
   mk('fit', 'fit the whole graph', () => { fit(); apply(true); }, 'rv-fit');
   mk('1:1', 'actual size', () => { s = 1; tx = 8; ty = 8; moved(); }, 'rv-one');
   let miniOn = true;
+  const setMini = (on) => { miniOn = on; mapBtn.classList.toggle('rv-off', !miniOn); miniSync(); };
   const mapBtn = mk('map', 'show or hide the overview map (shown when the graph is larger than the pane)',
-    () => { miniOn = !miniOn; mapBtn.classList.toggle('rv-off', !miniOn); miniSync(); }, 'rv-map');
+    () => setMini(!miniOn), 'rv-map');
+  // the map folds from its own corner too (it lies over the graph's corner): the bar's "map" brings it back
+  const miniClose = document.createElement('button'); miniClose.className = 'rv-mini-close'; miniClose.textContent = '×';
+  miniClose.title = 'hide the overview map (the "map" button above shows it again)';
+  miniClose.addEventListener('pointerdown', (e) => e.stopPropagation());
+  miniClose.addEventListener('click', (e) => { e.stopPropagation(); setMini(false); });
+  mini.appendChild(miniClose);
+  // full size: the pane over the whole window (its own bar stays on top), Esc or the button again puts it back
+  let full = false;
+  const setFull = (on) => { full = on; el.classList.toggle('rv-full', on); fullBtn.classList.toggle('rv-on', on);
+    fullBtn.title = on ? 'back to the page (Esc)' : FULL_TIP;
+    requestAnimationFrame(() => fit()); };  // the whole drawing at the new size (this pane only)
+  const FULL_TIP = 'full size: this drawing over the whole window (Esc closes it)';
+  const fullBtn = mk('full', FULL_TIP, () => setFull(!full), 'rv-full-btn');
+  const onKey = (e) => { if (full && e.key === 'Escape') setFull(false); };
+  window.addEventListener('keydown', onKey);
   const center = (g, share, top) => { if (!g) return; const ir = inner.getBoundingClientRect(), gr = g.getBoundingClientRect();
     const px = (gr.left + gr.width / 2 - ir.left) / s, py = (gr.top + (top ? 0 : gr.height / 2) - ir.top) / s;
     if (s < 0.6) s = 0.9;
@@ -173,7 +191,7 @@ export function render({ model, el }) {
   model.on('related', () => mark(false));
   model.on('title', () => { title.textContent = model.title || ''; });
   model.on('after_layout', () => { if (!touched) fit(); else miniSync(); mark(!touched); });
-  model.on('remove', () => { window.removeEventListener(BUS, onBus); if (miniUrl) URL.revokeObjectURL(miniUrl); });
+  model.on('remove', () => { window.removeEventListener(BUS, onBus); window.removeEventListener('keydown', onKey); if (miniUrl) URL.revokeObjectURL(miniUrl); });
   setSvg();
 }
 """  # noqa: E501
@@ -190,6 +208,10 @@ _CSS = """
 .rv-found { min-width: 44px; color: #555; font: 11px sans-serif; }
 .rv-wrap { position: relative; overflow: hidden; flex: 1; cursor: grab; min-height: 200px; }
 .rv-wrap.rv-drag { cursor: grabbing; }
+.rv-full { position: fixed !important; left: 8px; top: 8px; right: 8px; bottom: 8px; width: auto !important;
+           height: auto !important; z-index: 10000; background: #fff; border: 1px solid #90a4ae;
+           box-shadow: 0 4px 24px rgba(0,0,0,.35); }
+.rv-btn.rv-on { background: #1565c0; color: #fff; border-color: #1565c0; }
 .rv-inner { position: absolute; left: 0; top: 0; transform-origin: 0 0; }
 .rv-inner svg { display: block; }
 .rv-inner g.node, .rv-inner g.cluster[id^="layer"] { cursor: pointer; }
@@ -197,6 +219,9 @@ _CSS = """
 .rv-mini { position: absolute; right: 6px; bottom: 6px; z-index: 2; display: none; background: #fff;
           border: 1px solid #90a4ae; box-shadow: 0 1px 4px rgba(0,0,0,.25); cursor: crosshair; overflow: hidden;
           touch-action: none; }
+.rv-mini-close { position: absolute; right: 0; top: 0; z-index: 3; width: 18px; height: 18px; padding: 0;
+          border: none; border-left: 1px solid #90a4ae; border-bottom: 1px solid #90a4ae; background: #fff;
+          color: #455a64; font: 14px/16px sans-serif; cursor: pointer; }
 .rv-mini-img { position: absolute; left: 0; top: 0; width: 100%; height: 100%; pointer-events: none; opacity: .85; }
 .rv-mini-view { position: absolute; border: 2px solid #1565c0; background: rgba(21,101,192,.12);
           box-sizing: border-box; pointer-events: none; }

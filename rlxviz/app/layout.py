@@ -38,3 +38,34 @@ def follow_editor(tabs: pn.Tabs, editor_tab: int, shown: param.Parameterized, st
     shown.param.watch(lambda e: e.new == "ir" and setattr(tabs, "active", editor_tab), "shown")
     state.param.watch(lambda e: e.new is not None and setattr(tabs, "active", editor_tab), "ir_error")
     load_button.on_click(lambda e: setattr(tabs, "active", 0))
+
+
+LOST_TEXT = ("Server connection lost: this page no longer updates. Start the server again (make app) and reload the "
+             "page.")
+"""What the page says when its server stopped (killed, crashed, the machine asleep): before, clicks did nothing and
+nothing said why."""
+
+
+class ConnectionNotice(JSComponent):
+    """A red notice across the top of the window when the page loses its server (Bokeh's `connection_lost`
+    document event, raised when the websocket closes), gone again if the connection comes back
+    (`client_reconnected`). Draws nothing while connected."""
+
+    text = param.String(LOST_TEXT)
+
+    _esm = """
+export function render({ model, el }) {
+  el.style.display = 'none';
+  const note = document.createElement('div'); note.className = 'rv-lost'; note.setAttribute('role', 'alert');
+  note.textContent = model.text;
+  Object.assign(note.style, { display: 'none', position: 'fixed', left: '0', right: '0', top: '0', zIndex: '20000',
+    padding: '10px 16px', background: '#b71c1c', color: '#fff', font: '600 15px system-ui, sans-serif',
+    textAlign: 'center', boxShadow: '0 2px 8px rgba(0,0,0,.4)' });
+  document.body.appendChild(note);
+  const doc = model.document;
+  if (doc) {
+    doc.on_event('connection_lost', () => { note.style.display = 'block'; });
+    doc.on_event('client_reconnected', () => { note.style.display = 'none'; });
+  }
+}
+"""

@@ -18,7 +18,7 @@ from ..session.isolated import spare_ready, stop_children
 from .access import refusal
 from .controls import ModelControls, PipelineControls, StatusBar, VariantControls
 from .jobs import Runner
-from .layout import FoldSidebar, follow_editor
+from .layout import ConnectionNotice, FoldSidebar, follow_editor
 from .panels import DecisionTable, IRView, TimingView, VersionStepper, WhyView, graph_tab
 from .sources import remove_stale_uploads, remove_uploads
 from .start import StartHere
@@ -28,6 +28,10 @@ from .text import md_escape
 WHY_TAB = 2
 """Index of the "Why didn't layer N fuse?" tab (the start strip's third click opens it)."""
 TITLE = "rlxviz: why did (or didn't) it fuse?"
+MAIN_CSS = (".main .card-margin { margin-top: 4px; margin-bottom: 2px; } "
+            ".main .card-margin.stretch_both, .main .card-margin.stretch_height { height: calc(100% - 6px); }")
+"""The main area's own margins: the template's 16 px above and below it took 32 px of the graph's height at 800 px
+(issue 39: 450 px of graph at 1280x800, with the message banner shown)."""
 FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
 """Fonts the machine has: the page loads nothing from outside the server it came from."""
 
@@ -173,8 +177,9 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
     tmpl = pn.template.FastListTemplate(
         title=TITLE, sidebar_width=340, accent="#1565c0", header_background="#0d47a1", theme_toggle=False,
         main_layout=None,  # no card round the main area: its margins took 30 px of the graph's height at 800 px
-        design=LocalFast, font=FONT, font_url="",
-        sidebar=[model, VariantControls(state=state), PipelineControls(state=state)], header=[FoldSidebar()],
+        design=LocalFast, font=FONT, font_url="", raw_css=[MAIN_CSS],
+        sidebar=[model, VariantControls(state=state), PipelineControls(state=state)],
+        header=[FoldSidebar(), ConnectionNotice()],
         main=[pn.Column(start, StatusBar(state=state), stepper, tabs, sizing_mode="stretch_both")])
     tmpl.state = state  # type: ignore[attr-defined]  # handy for tests and notebooks
     return tmpl

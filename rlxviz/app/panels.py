@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import io
+from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
@@ -93,6 +94,24 @@ def legend_html(rows: list[tuple[str, str]], unit: str, status: str) -> str:
             ".rv-legend-status{color:#8a6d00}</style>")
 
 
+SELECT_PX_PER_CHAR = 6.4
+"""Width of one character of the select's 14 px system font, on average over version labels (6.2 px measured in
+Chromium on "11: after fuse_transformer_layer (33 ops)"), rounded up."""
+SELECT_PAD_PX = 44
+"""The select's padding and its arrow, px."""
+SELECT_PX = (270, 310)
+"""Least and most width of the version list, px: at most, the version row (◀, list, ▶, player, filter, view,
+colour) still fits one line beside a folded sidebar at 1280 px; a second line took 64 px of the graph's height."""
+
+
+def select_width(options: Mapping[str, object]) -> int:
+    """Width of the version list that shows its longest label whole (a fixed 270 px cut "11: after
+    fuse_transformer_layer (33 ops)" at "(33 op"): the text plus `SELECT_PAD_PX`, within `SELECT_PX`. A longer
+    label than the most is cut there; the pane titles name the version whole."""
+    longest = max((len(k) for k in options), default=0)
+    return int(min(max(longest * SELECT_PX_PER_CHAR + SELECT_PAD_PX, SELECT_PX[0]), SELECT_PX[1]))
+
+
 class VersionStepper(Viewer):
     """Step through versions: ◀ / ▶, a list of versions, a player; hide unchanged passes; node counts."""
 
@@ -101,8 +120,9 @@ class VersionStepper(Viewer):
     def __init__(self, **params: object) -> None:
         super().__init__(**params)
         s = self.state
-        self.select = pn.widgets.Select(name="Version", options=self._options(), value=s.version, width=270,
-                                        css_classes=["rv-version"])
+        options = self._options()
+        self.select = pn.widgets.Select(name="Version", options=options, value=s.version,
+                                        width=select_width(options), css_classes=["rv-version"])
         self.select.param.watch(lambda e: setattr(s, "version", e.new), "value")
         self.prev = pn.widgets.Button(label="◀", width=40, align="end", css_classes=["rv-prev"])
         self.next = pn.widgets.Button(label="▶", width=40, align="end", css_classes=["rv-next"])
@@ -117,8 +137,9 @@ class VersionStepper(Viewer):
         # first run of a page) whose version count differs left the slider on the old range (max 8 with 6
         # versions; max 1 with 9): redraw the range whenever `start` or `end` change.
         self.player.jscallback(start=PLAYER_RANGE_JS, end=PLAYER_RANGE_JS)
+        # 235 px: box and words on one line; 5 px of it went to the version list (the row fits one line at 1280 px)
         self.hide = pn.widgets.Checkbox.from_param(s.param.hide_unchanged, name="hide passes that changed nothing",
-                                                   align="end", width=240, sizing_mode="fixed", css_classes=["rv-hide"])
+                                                   align="end", width=235, sizing_mode="fixed", css_classes=["rv-hide"])
         self.view = pn.widgets.Select.from_param(s.param.view, name="View", width=110, css_classes=["rv-view"])
         self.layer = pn.widgets.Select(name="Layer", options=self._layers(), value=s.selected_layer, width=100,
                                        css_classes=["rv-focus-layer"], visible=s.view == FOCUS)
@@ -188,7 +209,8 @@ class VersionStepper(Viewer):
     def _sync(self, *events: param.parameterized.Event) -> None:
         s = self.state
         n = len(s.version_labels)
-        self.select.param.update(options=self._options(), value=s.version)
+        options = self._options()
+        self.select.param.update(options=options, value=s.version, width=select_width(options))
         self.player.param.update(end=max(n - 1, 1), value=min(s.version, max(n - 1, 0)))
         self.counts.object = self._counts()
 
@@ -493,7 +515,9 @@ class TimingView(Viewer):
         self.button = pn.widgets.Button(label="Time every version on MLX", color="primary",
                                         css_classes=["rv-time"])
         self.button.on_click(lambda e: s.time_all())
-        self.again = pn.widgets.Button(label="Time again", color="light", css_classes=["rv-time-again"],
+        # an outlined button (a "light" one read as plain text: nothing said it could be pressed)
+        self.again = pn.widgets.Button(label="↻ Time again", button_type="primary", button_style="outline",
+                                       css_classes=["rv-time-again"],
                                        description="measure again instead of showing the last figures")
         self.again.on_click(lambda e: s.time_all(fresh=True))
         self.repeat = pn.widgets.IntInput.from_param(s.param.repeat, name="Timed rounds", width=110,

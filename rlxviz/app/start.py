@@ -87,15 +87,27 @@ class StartHere(Viewer):
         self.dismissed = False
         self.folded = False  # `fold`: the title and the drop zone hidden once a step is used
         self.hide.on_click(lambda e: self.dismiss())
-        s.param.watch(self._enable, ["model", "source", "preset"])
+        s.param.watch(self._enable, ["model", "source", "preset", "busy"])  # busy: a refused load ends
         s.param.watch(self._follow, ["version", "trace", "hide_unchanged"])
         self._enable()
 
+    def _unavailable(self) -> str:
+        """Why ② does not apply to the model shown ('' when it does): after a refused load (IR text that does not
+        parse) the model shown is still the last one, and ② breaks its layer (it stayed disabled, judged on the IR
+        text that never loaded)."""
+        s = self.state
+        back = s.shown_source()
+        if back is not None:
+            return s.variant_unavailable(BREAK_VARIANT, back[0], str(back[1].get("preset", "")) or None)
+        return s.variant_unavailable(BREAK_VARIANT)
+
     def _enable(self, *_: object) -> None:
-        reason = self.state.variant_unavailable(BREAK_VARIANT)
+        reason = self._unavailable()
         self.brk.disabled = bool(reason)
         if reason:
             self._say([(reason, False)], "reason")
+        elif self._mode == "reason":  # the refusal no longer holds: the three steps again
+            self._say([(STEPS, False)], "steps")
 
     def _say(self, parts: list[tuple[str, bool]], mode: str) -> None:
         self._mode = mode
@@ -168,14 +180,16 @@ class StartHere(Viewer):
         """Apply `BREAK_VARIANT` to `BREAK_LAYER` (or layer 0) and re-run; the banner names the guard it trips."""
         self.fold()
         s = self.state
-        reason = s.variant_unavailable(BREAK_VARIANT)
+        reason = self._unavailable()
         if reason:
             self._say([(reason, False)], "reason")
             return
         layers = s.layers()
         layer = BREAK_LAYER if BREAK_LAYER in layers else (layers[0] if layers else 0)
         self._jump = (layer, s.trace)  # the run this starts shows the pass that refused the layer (`_show_refusal`)
-        s.param.update(variant_layer=layer, variant=BREAK_VARIANT)
+        back = s.shown_source()  # a refused load: back to the model shown, whose layer this breaks
+        source = {"source": back[0], **back[1]} if back is not None else {}
+        s.param.update(**source, variant_layer=layer, variant=BREAK_VARIANT)
         self._show_refusal()
         self._model_name = s.model.name if s.model is not None else ""
         self._say([("Next: ③. ", True), (f"Layer {layer} now has an extra user of its attention output, so it must "

@@ -248,26 +248,41 @@ class AppState(Runs, Derived, param.Parameterized):
     # ============================================================ upload / IR / variants
 
 
-    def variant_unavailable(self, name: str) -> str:
+    def variant_unavailable(self, name: str, source: str | None = None, preset: str | None = None) -> str:
         """Why teaching variant `name` does not apply to the current model, in plain words ('' when it does).
 
         The service's rule (`session.variant_unavailable`), as `load` refuses: every variant, the over-threshold
         one too, applies to BERT presets and checkpoints only (not IR text, ONNX exports, or other architectures
-        such as the LLaMA block or GPT-2).
+        such as the LLaMA block or GPT-2). `source` and `preset` judge another source than the state's (the shown
+        model's, `shown_source`).
         """
+        source = source or self.source
+        preset = preset or self.preset
         if name == "none":
             return ""
-        if self.source == "ir":
+        if source == "ir":
             return ("Teaching variants change a built BERT graph; they do not apply to IR text. Switch the source "
                     "to Built-in (or Folder/Upload) to try one, or edit the IR.")
-        if self.source == "preset":
-            return session.variant_unavailable(name, "preset", self.preset, session.preset_is_bert(self.preset))
+        if source == "preset":
+            return session.variant_unavailable(name, "preset", preset, session.preset_is_bert(preset))
         if self.model is None:
             return ""
         if "onnx_file" in self.model.meta:
             return session.variant_unavailable(name, "onnx", self.model.name, False)
         return session.variant_unavailable(name, "checkpoint", self.model.name,
                                            isinstance(self.model.config, BertConfig))
+
+    def shown_source(self) -> tuple[str, dict[str, object]] | None:
+        """When the model shown did not come from the source the state asks for because its load was refused (IR
+        text that does not parse): that model's source and the fields that ask for it again (`{"preset":
+        "minilm"}`), so a step on the model shown can go back to it; None when the model shown is the one asked
+        for, or came from IR text, or nothing is shown, or a job is running (a load may be on its way: the user's
+        new choice is not undone)."""
+        key = self._model_key
+        if self.model is None or self.busy or len(key) < 2 or key[0] == "ir" or key[:2] == self.model_key()[:2]:
+            return None
+        field = {"preset": "preset", "checkpoint": "checkpoint_dir", "upload": "upload_id"}.get(key[0])
+        return (key[0], {field: key[1]}) if field else None
 
     def apply_variant(self, name: str) -> None:
         """One click: switch to teaching variant `name` and re-run. A variant that does not apply to the current

@@ -50,6 +50,48 @@ class WorkerTiming:
     split: Any = None
 
 
+FORCE_BUSY_ENV = "RLXVIZ_FORCE_BUSY"
+"""A test hook: with this set (to 1) in the server's environment, every timing run reads as made on a busy machine
+(`force_busy`), so a browser test sees the busy verdict without a machine busy on cue. Unset in normal use."""
+FORCED_SLOWDOWN = 3.0
+"""How much slower `force_busy` makes every round but each row's fastest: 3x puts each median at 3x its minimum,
+past `session.timing.BUSY_RATIO` (2x)."""
+
+
+def force_busy(rows: list[Any]) -> list[Any]:
+    """`rows` (`session.VersionTiming`) as a busy machine would leave them: every timed round but the fastest made
+    `FORCED_SLOWDOWN` times slower, the median, IQR and speed-up recomputed from the rounds (the minimum kept);
+    rows with fewer than 3 rounds or not timed are kept. Only for `FORCE_BUSY_ENV`; raises nothing."""
+    from dataclasses import replace
+
+    out = []
+    for r in rows:
+        s = np.asarray(r.samples_ms, float)
+        if r.median_ms is None or len(s) < 3:
+            out.append(r)
+            continue
+        slow = np.where(np.arange(len(s)) == int(np.argmin(s)), s, s * FORCED_SLOWDOWN)
+        q1, q3 = np.percentile(slow, [25, 75])
+        out.append(replace(r, samples_ms=tuple(float(v) for v in slow), median_ms=float(np.median(slow)),
+                           iqr_ms=float(q3 - q1)))
+    base = next((r.median_ms for r in out if r.index == 0 and r.median_ms), None)
+    return [replace(r, speedup=base / r.median_ms) if base and r.median_ms and r.speedup is not None else r
+            for r in out]
+
+
+def _force_busy_split(split: Any) -> Any:
+    """`session.FusionAndKernels` with its rows `force_busy`'d and its verdicts and warning recomputed from them."""
+    from dataclasses import replace
+
+    from ..session.timing import busy_warning, paired_verdict
+
+    if split is None or isinstance(split, str):
+        return split
+    rows = force_busy(list(split.rows))
+    return replace(split, rows=rows, fusion=paired_verdict(rows[0], rows[1]), kernels=paired_verdict(rows[1], rows[2]),
+                   total=paired_verdict(rows[0], rows[2]), warning=busy_warning(*rows))
+
+
 def _time(trace: Any, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray], warmup: int, repeat: int,
           device: str | None, inputs: Any) -> WorkerTiming:
     """(In the child) `session.time_versions`, measuring anew; on the CPU then `session.fusion_and_kernels` (the
@@ -67,6 +109,8 @@ def _time(trace: Any, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.
                                                  repeat=repeat)
         except Exception as e:  # noqa: BLE001 - the versions' timing stands; the split says why it is missing
             split = f"{type(e).__name__}: {e}"
+    if os.environ.get(FORCE_BUSY_ENV):  # the test hook: the run as a busy machine leaves it
+        rows, split = force_busy(rows), _force_busy_split(split)
     return WorkerTiming(rows, os.getpid(), split)
 
 

@@ -6,6 +6,8 @@ groups. Each layer box says whether the layer is fused (one FusedTransformerLaye
 (some fused ops), rejected (a near-miss; the guard is named, its message is the tooltip) or unfused.
 Given the session's verdicts (`Verdict`, from `session.layer_status`, the answer the "why didn't layer N
 fuse?" view gives), a layer box says that verdict instead: `fused` or `not fused` (with the first guard).
+A layer whose structure and status are those of an earlier layer (`layer_signature`) says so on its box: "same as
+layer 0", so that a 32-layer model reads as one layer and its exceptions.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import graphviz
 
 from ..ir import Graph, Node, Op
 from ..ir.ops import FUSED
-from ..passes.trace import Rejection, layer_of
+from ..passes.trace import Layer, Rejection, layer_label, layer_of
 from .dot import DotOptions, GraphTooLarge, _Drawer, _e, _html, _small, _tip
 from .overlay import Overlay
 from .styles import REJECT, STATUS_COLORS, fmt_shape, human_count, tint
@@ -58,6 +60,8 @@ class LayerGroup:
             `Verdict`, its word (`fused`, `not fused`).
         rejections: near-misses anchored in this layer.
         verdict: the session's verdict, when given.
+        same_as: the first layer with the same structure and status (`layer_signature`), or None (this layer is
+            the first of its kind, or not a layer).
     """
 
     key: str
@@ -68,6 +72,7 @@ class LayerGroup:
     status: str = ""
     rejections: list[Rejection] = field(default_factory=list)
     verdict: Verdict | None = None
+    same_as: Layer | None = None
 
     @property
     def fused(self) -> list[Node]:
@@ -144,7 +149,35 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
             g.status = "rejected"
         else:
             g.status = "partly fused" if g.fused else "unfused"
+    first: dict[tuple, int] = {}
+    for g in groups.values():
+        if g.layer is not None:
+            k = first.setdefault(layer_signature(graph, g), g.layer)
+            g.same_as = k if k != g.layer else None
     return groups
+
+
+def layer_signature(graph: Graph, g: LayerGroup) -> tuple:
+    """What two layers share when they are the same: for each node of `g` in graph order its op, dtype, shape,
+    attributes (the layer's own path in a text written as `<layer>`) and the pass that made it; each operand as its
+    place among the layer's nodes or, from outside the layer, its dtype and shape and whether it is a weight; then
+    the layer's status, verdict and rejected guards. Node ids, names and weight values are left out: layer 3 of a
+    stack is the same as layer 0 when only those differ."""
+    local = {n.id: k for k, n in enumerate(g.nodes)}
+
+    def attr(v: object) -> object:
+        return v.replace(g.title, "<layer>") if isinstance(v, str) else repr(v)
+
+    def operand(i: int) -> tuple:
+        if i in local:
+            return ("in", local[i])
+        m = graph[i]  # what made it differs at the stack's ends (layer 0 reads the embeddings): not compared
+        return ("param" if m.op in (Op.PARAM, Op.CONST) else "out", str(m.dtype), tuple(m.shape))
+
+    nodes = tuple((n.op.value, str(n.dtype), tuple(n.shape), tuple(sorted((k, attr(v)) for k, v in n.attrs.items())),
+                   n.pass_name or "", tuple(operand(i) for i in n.inputs)) for n in g.nodes)
+    verdict = (g.verdict.fused, g.verdict.guard) if g.verdict is not None else None
+    return nodes, g.status, verdict, tuple(sorted({(r.rule, r.guard) for r in g.rejections}))
 
 
 def _box_label(g: LayerGroup) -> str:
@@ -172,6 +205,8 @@ def _box_label(g: LayerGroup) -> str:
         lines.append(_small(", ".join(f"{k}×{v}" for k, v in c.items()), "#8d6e00"))
     elif g.status == "unfused":
         lines.append(_small("unfused", "#555555", 9))
+    if g.same_as is not None:
+        lines.append(_small(f"same as {layer_label(g.same_as)}", "#1565c0", 9))
     return _html(lines)
 
 
@@ -193,6 +228,8 @@ def _verdict_lines(g: LayerGroup) -> list[str]:
 
 def _box_tooltip(g: LayerGroup) -> str:
     parts = [f"{g.title}: {g.status or 'no layer'}", f"nodes: {' '.join(f'%{n.id}' for n in g.nodes[:60])}"]
+    if g.same_as is not None:
+        parts.append(f"same as {layer_label(g.same_as)}: the same ops, shapes, wiring and verdict")
     if g.verdict is not None and g.verdict.message:
         parts.append(f"why: {g.verdict.message}")
     for r in g.rejections:
@@ -285,6 +322,8 @@ def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | Non
 def _open_layer(d: graphviz.Digraph, g: LayerGroup, box: dict[str, object], drawer: _Drawer) -> None:
     """Layer `g` expanded in place: a cluster with the box's id, colours and tooltip, holding its nodes."""
     word = f": {g.status}" if g.status else ""
+    if g.same_as is not None:
+        word += f" (same as {layer_label(g.same_as)})"
     with d.subgraph(name=f"cluster_{g.key}") as c:
         c.attr(id=g.key, label=graphviz.nohtml(f"{g.title}{word}  [click here to fold]"), labeljust="l",
                style="rounded,filled", fillcolor=tint(str(box.get("color", "#90a4ae")), 0.93),

@@ -1,0 +1,176 @@
+"""Issue 39's room and a fresh reviewer's faults, in the real page at 1280x800 and 1920x1080:
+
+- after ① and ② the message banner shows, folded to one line ("more" unfolds it), and the graph keeps 450 px of
+  height (it had 382);
+- the version list shows its label whole (it cut "(33 ops)");
+- the Why tab's layer drawing opens over the whole window and Esc puts it back;
+- a page whose server stopped says so (it said nothing; clicks did nothing);
+- in one box per layer, the layers like layer 0 say "same as layer 0".
+
+Every page but the stopped server's is watched (tests/served.py): no console error, no request off the machine.
+Screenshots go to test-artifacts/room-*.png.
+"""
+
+import os
+import re
+import time
+
+import pytest
+from playwright.sync_api import expect
+from served import (
+    ART,
+    LOCAL,
+    WAIT_MS,
+    browser_fixture,
+    context,
+    free_port,
+    open_tab,
+    served_app,
+    server_fixture,
+    watched_page,
+)
+
+from rlxviz.app.layout import LOST_TEXT
+
+expect.set_options(timeout=WAIT_MS)
+
+server = server_fixture("server-room.log")
+browser = browser_fixture()
+
+pytestmark = pytest.mark.slow
+
+LABEL_WIDTH_JS = """s => { const c = getComputedStyle(s); const ctx = document.createElement('canvas').getContext('2d');
+  ctx.font = `${c.fontWeight} ${c.fontSize} ${c.fontFamily}`;
+  const text = s.options[s.selectedIndex].text;
+  const room = s.clientWidth - parseFloat(c.paddingLeft) - parseFloat(c.paddingRight);
+  return [ctx.measureText(text).width, room, text]; }"""
+"""The selected label's text width and the room the select gives it, px (a native select cuts what does not fit)."""
+
+
+def _idle(pg):
+    expect(pg.locator(".rv-progress-text")).to_be_hidden(timeout=3 * WAIT_MS)
+
+
+def _until(pg, cond, timeout_s: float = 30) -> None:
+    """Wait until `cond()` holds (polled: Panel's panes lie in nested shadow roots, out of a page function's reach)."""
+    deadline = time.time() + timeout_s
+    while not cond():
+        assert time.time() < deadline, "condition not met in time"
+        pg.wait_for_timeout(200)
+
+
+def _graph_height(pg, height: int) -> float:
+    """Height of the after pane's drawing area inside the window, px."""
+    wrap = pg.locator(".rv-after .rv-wrap").bounding_box()
+    return min(wrap["y"] + wrap["height"], height) - wrap["y"]
+
+
+@pytest.mark.parametrize("size", [(1280, 800), (1920, 1080)])
+def test_the_graph_keeps_450px_with_the_banner_and_the_why_drawing_opens_full_size(browser, server, size):
+    w, h = size
+    with watched_page(browser, server[0], w, h) as pg:
+        expect(pg.locator(".rv-version select")).to_contain_text("after")  # the passes ran (not the input first)
+        _idle(pg)
+        pg.locator(".rv-start-step button").click()
+        expect(pg.locator(".rv-start-note")).to_contain_text("Showing after")
+        pg.locator(".rv-start-break button").click()
+        msg = pg.locator(".rv-message")
+        expect(msg).to_contain_text("layer 1 NOT fused", timeout=3 * WAIT_MS)
+        _idle(pg)
+        expect(pg.locator(".rv-after .rv-title")).to_have_text(re.compile("fuse_transformer_layer"))
+        pg.wait_for_timeout(300)
+        # the banner: one line, its whole text one click away
+        assert msg.bounding_box()["height"] <= 40, msg.bounding_box()
+        pg.screenshot(path=str(ART / f"room-banner-{w}x{h}.png"))
+        assert _graph_height(pg, h) >= 450, pg.locator(".rv-after .rv-wrap").bounding_box()  # 382 px before
+        more = pg.locator(".rv-message-more button")
+        more.click()
+        expect(more).to_have_text("less ▴")
+        _until(pg, lambda: msg.bounding_box()["height"] > 45)
+        more.click()
+        expect(more).to_have_text("more ▾")
+        _until(pg, lambda: msg.bounding_box()["height"] <= 40)
+        # the minimap lies over the pane's corner: its own × folds it, the bar's "map" brings it back
+        mini = pg.locator(".rv-after .rv-mini")
+        if w == 1280:  # MiniLM's full graph is larger than the pane here
+            expect(mini).to_be_visible()
+        if mini.is_visible():
+            mini.locator(".rv-mini-close").click()
+            expect(mini).to_be_hidden()
+            expect(pg.locator(".rv-after .rv-map")).to_have_class(re.compile(r"\brv-off\b"))
+            pg.locator(".rv-after .rv-map").click()
+            expect(mini).to_be_visible()
+        # the version list shows the label whole ("11: after fuse_transformer_layer (33 ops)")
+        text_w, room, label = pg.locator(".rv-version select").evaluate(LABEL_WIDTH_JS)
+        assert "ops)" in label and text_w <= room, (text_w, room, label)
+        assert _graph_height(pg, h) >= 450  # the wider list kept the version row on one line
+
+        # one box per layer: the layers like layer 0 say so; layer 1, broken by ②, does not
+        pg.locator(".rv-view select").select_option("collapsed")
+        pg.locator(".rv-after g#layer2.node").wait_for()
+        for k in (2, 3, 4, 5):
+            expect(pg.locator(f".rv-after g#layer{k}.node")).to_contain_text("same as layer 0")
+        expect(pg.locator(".rv-after g#layer1.node")).not_to_contain_text("same as")
+        expect(pg.locator(".rv-after g#layer0.node")).not_to_contain_text("same as")
+        pg.screenshot(path=str(ART / f"room-same-layers-{w}x{h}.png"))
+        pg.locator(".rv-view select").select_option("auto")
+
+        # ③: the Why tab's drawing of the broken layer, full size and back
+        pg.locator(".rv-start-why button").click()
+        expect(pg.locator(".rv-why")).to_contain_text("layer 1: NOT fused")
+        graph = pg.locator(".rv-why-graph")
+        graph.locator("g.node").first.wait_for()
+        small = graph.locator(".rv-wrap").bounding_box()
+        graph.locator(".rv-full-btn").click()
+        pg.wait_for_timeout(300)
+        big = graph.locator(".rv-wrap").bounding_box()
+        assert big["width"] >= w - 40 and big["height"] >= h - 80, (small, big)
+        assert big["width"] > small["width"] and big["height"] > small["height"]
+        # nothing of the page lies over it: the point at its centre is the drawing's
+        on_top = pg.evaluate("""([x, y]) => { let e = document.elementFromPoint(x, y);
+            while (e && e.shadowRoot) { const inner = e.shadowRoot.elementFromPoint(x, y);
+              if (!inner || inner === e) break; e = inner; }
+            return !!(e && e.closest && e.closest('.rv-wrap')); }""", [w / 2, h / 2])
+        assert on_top
+        expect(graph.locator("svg")).to_contain_text("layer 1")
+        pg.screenshot(path=str(ART / f"room-why-full-{w}x{h}.png"))
+        pg.keyboard.press("Escape")
+        pg.wait_for_timeout(300)
+        back = graph.locator(".rv-wrap").bounding_box()
+        assert abs(back["width"] - small["width"]) < 2 and abs(back["height"] - small["height"]) < 2, (small, back)
+        # the button both opens and closes it
+        graph.locator(".rv-full-btn").click()
+        pg.wait_for_timeout(300)
+        assert graph.locator(".rv-wrap").bounding_box()["width"] >= w - 40
+        graph.locator(".rv-full-btn").click()
+        pg.wait_for_timeout(300)
+        assert abs(graph.locator(".rv-wrap").bounding_box()["width"] - small["width"]) < 2
+        open_tab(pg, "Graph")
+
+
+def test_a_page_whose_server_stopped_says_so(browser):
+    """The server stops (killed): the page shows a notice naming what happened and what to do, across the top."""
+    port = free_port()
+    errors: list[str] = []
+    with served_app(port, "127.0.0.1", [f"127.0.0.1:{port}"], dict(os.environ), "server-lost.log") as _:
+        ctx = context(browser, 1280, 800)
+        pg = ctx.new_page()
+        urls: list[str] = []
+        pg.on("request", lambda r: urls.append(r.url))
+        pg.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        pg.on("pageerror", lambda e: errors.append(str(e)))
+        pg.goto(f"http://127.0.0.1:{port}/app")
+        pg.locator(".rv-after g.node").first.wait_for()
+        notice = pg.locator(".rv-lost")
+        expect(notice).to_be_hidden()
+        assert not errors, errors
+    # served_app's end stopped the server (SIGTERM to its process group)
+    expect(notice).to_be_visible(timeout=30_000)
+    expect(notice).to_have_text(LOST_TEXT)
+    box = notice.bounding_box()
+    assert box["y"] <= 1 and box["width"] >= 1200, box
+    pg.screenshot(path=str(ART / "room-server-lost.png"))
+    time.sleep(0.5)
+    outside = [u for u in urls if not LOCAL.match(u)]
+    ctx.close()
+    assert not outside, outside
