@@ -63,7 +63,7 @@ import numpy as np
 from ...ir import Graph, Node, Op, Rewriter
 from ...ir.ops import BINARY, BLOCK_MASK_KINDS, COMPARE, UNARY, kv_heads, operand_roles
 from ...ir.rewrite import common_path
-from ..engine import Pass, PassResult, compose, rule_pass, staged
+from ..engine import Pass, PassResult, compose, refusal, rule_pass, staged
 from ..guard import (
     ILLEGAL,
     MODEL_TERM,
@@ -89,8 +89,7 @@ from .head_layout import canonical_heads, repeat_broadcast_kv
 from .head_norm import hoist_head_norms
 from .heads import unfold_heads
 from .kv_cache import pack_cache
-from .rope_heads import rope_heads
-from .rope_heads import why_not as rope_why_not
+from .rope_heads import ROPE_HEADS, ROPE_HEADS_PASS
 from .rope_pairs import rope_pairs
 from .rope_pairs import why_not as rope_pairs_why_not
 from .scale_path import hoist_scales, scalar_scales
@@ -531,7 +530,7 @@ def _rope_on_heads(c: Ctx) -> Fail | None:
         return None
     who, (add, cat) = found[0]
     both = " and K" if len({w for w, _ in found}) == 2 else ""
-    why = rope_why_not(g, add)
+    why = refusal(ROPE_HEADS, g, add)
     return Fail("guard", "rope_on_heads",
                 f"{who}{both} rotated by RoPE written on the heads: {c.name_of(add)} = h * cos + rotate_half(h) * sin "
                 f"(rotate_half: {c.name_of(cat)}); the attention pattern takes Q and K straight from the head split"
@@ -608,9 +607,9 @@ def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
 
     Run as one pass (`engine.compose`): its records name only nodes of its input or output graph, never a node one
     stage made and a later one absorbed (a rope `rope_heads` made, then packed into the attention)."""
-    stages = (unfold_heads, canonical_heads, hoist_head_norms, rope_heads, rope_pairs, repeat_broadcast_kv,
-              pack_cache, scalar_scales, hoist_scales, where_mask.uninvert_where)
-    return compose(graph, params, [*map(staged, stages), _sdpa_rules])
+    first = (unfold_heads, canonical_heads, hoist_head_norms)
+    then = (rope_pairs, repeat_broadcast_kv, pack_cache, scalar_scales, hoist_scales, where_mask.uninvert_where)
+    return compose(graph, params, [*map(staged, first), ROPE_HEADS_PASS, *map(staged, then), _sdpa_rules])
 
 
 fuse_sdpa = Pass("fuse_sdpa", _fuse_sdpa, (SDPA,), doc="Hugging Face scaled-dot-product attention -> packed "
