@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from test_rope_heads import rope_attention
+from test_rope_pairs import interleaved_attention
 
 from rlxviz.ir import Graph, Op, parse_ir
 from rlxviz.passes import Pipeline
@@ -17,6 +18,7 @@ from rlxviz.passes.guard import RuleError
 from rlxviz.passes.pattern import P
 from rlxviz.passes.rule import Rule, reports
 from rlxviz.passes.rules.rope_heads import ROPE_HEADS, rope_heads
+from rlxviz.passes.rules.rope_pairs import ROPE_PAIRS, rope_pairs
 from rlxviz.runtime import run_reference
 
 
@@ -71,9 +73,39 @@ def test_a_product_of_the_form_read_elsewhere_is_named_not_or_ed(n_rot):
         assert np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("case", [dict(d=8, n_rot=8), dict(d=16, n_rot=8, before_split=True, spelling="gather")])
+def test_an_interleaved_table_whose_neighbours_differ_is_the_rules_own_refusal(case):
+    g, _ = interleaved_attention(**case)
+    bad = {k: v.copy() for k, v in g.values.items()}
+    bad["rotary_emb.cos"].reshape(-1)[3] += 0.5
+    g = g.with_values(bad)
+    assert rope_pairs(g)[1] == []
+    t = Pipeline.canonical().run(g)
+    own = _own(t, "fuse_sdpa.rope_pairs")
+    assert {r.guard for r in own} == {"cos_table"} and len(own) == 2
+    assert "its cos table: the neighbour pairs of param 'rotary_emb.cos'" in own[0].message
+    assert own[0].message in _quoted(t)
+
+
+@pytest.mark.parametrize("spelling", ["pairs", "gather"])
+def test_a_node_of_the_movement_chain_read_elsewhere_keeps_the_form(spelling):
+    """The chain computing rotate_every_two is absorbed as a family of roles (`move*`): a chain node that is also a
+    graph output is named by `absorbed_escape`, and that rotation stays."""
+    g, _ = interleaved_attention(d=8, n_rot=8, spelling=spelling)
+    neg = next(n.id for n in g if n.op == Op.NEG)
+    g = _with_output(g, neg)
+    h, matches = rope_pairs(g)
+    assert len(matches) == 1 and neg in h
+    t = Pipeline.canonical().run(g)
+    (r,) = _own(t, "fuse_sdpa.rope_pairs")
+    assert r.guard == "absorbed_escape" and r.subject == neg
+    assert any(k.startswith("move") for k in r.bindings)
+
+
 def test_the_rules_declare_every_guard_they_refuse_with():
     assert ROPE_HEADS.guard_names == ["cos_table", "sin_table", "heads_rank", "tables_alike", "one_dtype",
                                       "absorbed_escape"]
+    assert ROPE_PAIRS.guard_names == ["cos_table", "sin_table", "tables_layout", "one_dtype", "absorbed_escape"]
 
 
 @pytest.mark.parametrize("absorb", [("mov*",), ("moves",)])

@@ -90,8 +90,7 @@ from .head_norm import hoist_head_norms
 from .heads import unfold_heads
 from .kv_cache import pack_cache
 from .rope_heads import ROPE_HEADS, ROPE_HEADS_PASS
-from .rope_pairs import rope_pairs
-from .rope_pairs import why_not as rope_pairs_why_not
+from .rope_pairs import ROPE_PAIRS, ROPE_PAIRS_PASS
 from .scale_path import hoist_scales, scalar_scales
 from .where_mask import where_scores
 
@@ -518,7 +517,7 @@ def _rope_on_heads(c: Ctx) -> Fail | None:
                     f"{who}{both} rotated by RoPE written interleaved (rotate_every_two, GPT-J): {c.name_of(add)} = "
                     f"h * cos + rotate_every_two(h) * sin (pairs h[2i], h[2i+1]: {c.name_of(cat)}); the rope op "
                     f"rotates them with rope(interleaved=True), but fuse_sdpa.rope_pairs did not rewrite it: "
-                    f"{rope_pairs_why_not(g, add) or 'a product of the form is read elsewhere'}", (add,), (),
+                    f"{refusal(ROPE_PAIRS, g, add) or 'a product of the form is read elsewhere'}", (add,), (),
                     "nothing to change in the model: an interleaved rotation keeps its attention as primitives",
                     subject=add, kind=NOT_RECOGNIZED,
                     fix="fuse_sdpa.rope_pairs rewrites h * cos + rotate_every_two(h) * sin with neighbour-equal "
@@ -608,8 +607,9 @@ def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
     Run as one pass (`engine.compose`): its records name only nodes of its input or output graph, never a node one
     stage made and a later one absorbed (a rope `rope_heads` made, then packed into the attention)."""
     first = (unfold_heads, canonical_heads, hoist_head_norms)
-    then = (rope_pairs, repeat_broadcast_kv, pack_cache, scalar_scales, hoist_scales, where_mask.uninvert_where)
-    return compose(graph, params, [*map(staged, first), ROPE_HEADS_PASS, *map(staged, then), _sdpa_rules])
+    then = (repeat_broadcast_kv, pack_cache, scalar_scales, hoist_scales, where_mask.uninvert_where)
+    return compose(graph, params, [*map(staged, first), ROPE_HEADS_PASS, ROPE_PAIRS_PASS, *map(staged, then),
+                                   _sdpa_rules])
 
 
 fuse_sdpa = Pass("fuse_sdpa", _fuse_sdpa, (SDPA,), doc="Hugging Face scaled-dot-product attention -> packed "
