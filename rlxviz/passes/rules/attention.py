@@ -88,7 +88,7 @@ from .gqa import explain_heads, heads_match, kv_heads_pattern, kv_repeat_guard, 
 from .head_layout import canonical_heads, repeat_broadcast_kv
 from .head_norm import hoist_head_norms
 from .heads import unfold_heads
-from .kv_cache import pack_cache
+from .kv_cache import PACK_CACHE_PASS
 from .rope_heads import ROPE_HEADS, ROPE_HEADS_PASS
 from .rope_pairs import ROPE_PAIRS, ROPE_PAIRS_PASS
 from .scale_path import hoist_scales, scalar_scales
@@ -607,9 +607,9 @@ def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
     Run as one pass (`engine.compose`): its records name only nodes of its input or output graph, never a node one
     stage made and a later one absorbed (a rope `rope_heads` made, then packed into the attention)."""
     first = (unfold_heads, canonical_heads, hoist_head_norms)
-    then = (repeat_broadcast_kv, pack_cache, scalar_scales, hoist_scales, where_mask.uninvert_where)
-    return compose(graph, params, [*map(staged, first), ROPE_HEADS_PASS, ROPE_PAIRS_PASS, *map(staged, then),
-                                   _sdpa_rules])
+    then = (scalar_scales, hoist_scales, where_mask.uninvert_where)
+    return compose(graph, params, [*map(staged, first), ROPE_HEADS_PASS, ROPE_PAIRS_PASS, staged(repeat_broadcast_kv),
+                                   PACK_CACHE_PASS, *map(staged, then), _sdpa_rules])
 
 
 fuse_sdpa = Pass("fuse_sdpa", _fuse_sdpa, (SDPA,), doc="Hugging Face scaled-dot-product attention -> packed "

@@ -1,0 +1,39 @@
+"""`fuse_sdpa`'s canonicalizations as guarded rules (issue 36, item 1): each is a `Rule` the engine runs as a stage
+of `fuse_sdpa`, so a form it refuses is its own named near miss in the trace, and what is no candidate stays
+quiet. Two variants of each refusal kind."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlxviz.ir import parse_ir
+from rlxviz.passes.engine import refusal
+from rlxviz.passes.rules.kv_cache import PACK_CACHE, PACK_CACHE_PASS, pack_cache
+
+
+def _cache(new: str, split: str = "[2, 1, 4, 16]") -> str:
+    return f"""graph odd_cache {{
+  %0 = input {{name="x"}} : {new}
+  %1 = input {{name="past"}} : f32[2, 4, 7, 16]
+  %2 = reshape(%0) {{shape={split}}} : f32{split}
+  %3 = transpose(%2) {{perm=[0, 2, 1, 3]}} : f32[2, 4, 1, 16]
+  %4 = concat(%1, %3) {{axis=2}} : f32[2, 4, 8, 16]
+  %5 = softmax(%4) {{axis=-1}} : f32[2, 4, 8, 16]
+  return %5
+}}"""
+
+
+@pytest.mark.parametrize("new", ["f32[2, 64]", "f32[2, 64, 1]"])
+def test_a_cache_whose_new_part_is_no_packed_projection_is_named(new):
+    """A head split of something other than a `[B, S, h*d]` projection: `cache_layout`, at the concat."""
+    g = parse_ir(_cache(new))
+    assert pack_cache(g)[1] == []
+    (r,) = PACK_CACHE_PASS(g).rejections
+    assert (r.rule, r.guard, r.anchor) == ("fuse_sdpa.pack_cache", "cache_layout", 4)
+    assert "needs a packed [B, S, h*d] projection" in r.message and refusal(PACK_CACHE, g, 4) == r.message
+
+
+def test_a_cache_concat_nothing_reads_is_no_candidate():
+    text = _cache("f32[2, 64]").replace("return %5", "return %1")
+    g = parse_ir("\n".join(line for line in text.splitlines() if "softmax" not in line))
+    assert PACK_CACHE_PASS(g).rejections == [] and refusal(PACK_CACHE, g, 4) == ""
