@@ -37,3 +37,22 @@ def test_a_cache_concat_nothing_reads_is_no_candidate():
     text = _cache("f32[2, 64]").replace("return %5", "return %1")
     g = parse_ir("\n".join(line for line in text.splitlines() if "softmax" not in line))
     assert PACK_CACHE_PASS(g).rejections == [] and refusal(PACK_CACHE, g, 4) == ""
+
+
+@pytest.mark.parametrize("where, norm", [("before", "rms"), ("after", "layer")])
+def test_a_head_norm_whose_inner_node_is_read_elsewhere_is_named(where, norm):
+    """The inner node of the QK-norm form (the norm before the transpose, the transpose before the norm) also a
+    graph output: the engine's `absorbed_escape` names it, the other head's norm is hoisted."""
+    from test_score_terms import qk_norm_attention
+
+    from rlxviz.ir import Graph, Op
+    from rlxviz.passes.rules.head_norm import HOIST_HEAD_NORMS_PASS
+
+    g = qk_norm_attention(where, norm)
+    norms = [n for n in g if n.op in (Op.RMS_NORM, Op.LAYER_NORM)]
+    inner = norms[0].id if where == "before" else norms[0].inputs[0]
+    g = Graph(list(g), [*g.outputs, inner], g.name, g.next_id, g.values)
+    r = HOIST_HEAD_NORMS_PASS(g)
+    assert len(r.matches) == 1
+    (rej,) = r.rejections
+    assert (rej.rule, rej.guard, rej.subject) == ("fuse_sdpa.hoist_head_norm", "absorbed_escape", inner)

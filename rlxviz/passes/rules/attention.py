@@ -86,7 +86,7 @@ from ..trace import Rejection, layer_of
 from . import where_mask
 from .gqa import explain_heads, heads_match, kv_heads_pattern, kv_repeat_guard, num_kv_heads, repeat_roles
 from .head_layout import canonical_heads, repeat_broadcast_kv
-from .head_norm import hoist_head_norms
+from .head_norm import HOIST_HEAD_NORMS_PASS
 from .heads import unfold_heads
 from .kv_cache import PACK_CACHE_PASS
 from .rope_heads import ROPE_HEADS, ROPE_HEADS_PASS
@@ -605,11 +605,13 @@ def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
     (`scale_path.hoist_scales`).
 
     Run as one pass (`engine.compose`): its records name only nodes of its input or output graph, never a node one
-    stage made and a later one absorbed (a rope `rope_heads` made, then packed into the attention)."""
-    first = (unfold_heads, canonical_heads, hoist_head_norms)
-    then = (scalar_scales, hoist_scales, where_mask.uninvert_where)
-    return compose(graph, params, [*map(staged, first), ROPE_HEADS_PASS, ROPE_PAIRS_PASS, staged(repeat_broadcast_kv),
-                                   PACK_CACHE_PASS, *map(staged, then), _sdpa_rules])
+    stage made and a later one absorbed (a rope `rope_heads` made, then packed into the attention). The rewrites
+    written as guarded `Rule`s run as their own rule passes (`*_PASS`), so what they refuse is recorded as their own
+    near miss."""
+    stages = [*map(staged, (unfold_heads, canonical_heads)), HOIST_HEAD_NORMS_PASS, ROPE_HEADS_PASS, ROPE_PAIRS_PASS,
+              staged(repeat_broadcast_kv), PACK_CACHE_PASS, *map(staged, (scalar_scales, hoist_scales)),
+              staged(where_mask.uninvert_where), _sdpa_rules]
+    return compose(graph, params, stages)
 
 
 fuse_sdpa = Pass("fuse_sdpa", _fuse_sdpa, (SDPA,), doc="Hugging Face scaled-dot-product attention -> packed "
