@@ -56,3 +56,34 @@ def test_a_head_norm_whose_inner_node_is_read_elsewhere_is_named(where, norm):
     assert len(r.matches) == 1
     (rej,) = r.rejections
     assert (rej.rule, rej.guard, rej.subject) == ("fuse_sdpa.hoist_head_norm", "absorbed_escape", inner)
+
+
+def _inverted(scores: str, reader: str = "softmax(%3) {axis=-1}") -> str:
+    return f"""graph inverted {{
+  %0 = input {{name="masked"}} : bool[2, 1, 1, 8]
+  %1 = input {{name="scores"}} : f32{scores}
+  %2 = const {{value=-3.4028234663852886e+38}} : f32[]
+  %3 = where(%0, %2, %1) : f32[2, 4, 8, 8]
+  %4 = {reader} : f32[2, 4, 8, 8]
+  return %4
+}}"""
+
+
+@pytest.mark.parametrize("scores", ["[1, 4, 8, 8]", "[4, 8, 8]"])
+def test_an_inverted_where_that_broadcasts_the_scores_is_named(scores):
+    from rlxviz.passes.rules.where_mask import INVERTED_WHERE, UNINVERT_WHERE_PASS, uninvert_where
+
+    g = parse_ir(_inverted(scores))
+    assert uninvert_where(g)[1] == []
+    (r,) = UNINVERT_WHERE_PASS(g).rejections
+    assert (r.rule, r.guard, r.anchor) == ("fuse_sdpa.inverted_where", "inverted_scores_shape", 3)
+    assert refusal(INVERTED_WHERE, g, 3) == r.message and scores in r.message
+
+
+@pytest.mark.parametrize("reader", ["exp(%3)", "neg(%3)"])
+def test_an_inverted_where_no_softmax_reads_is_no_candidate(reader):
+    from rlxviz.passes.rules.where_mask import UNINVERT_WHERE_PASS
+
+    r = UNINVERT_WHERE_PASS(parse_ir(_inverted("[2, 4, 8, 8]", reader)))
+    assert r.matches == [] and r.rejections == []
+    assert len(UNINVERT_WHERE_PASS(parse_ir(_inverted("[2, 4, 8, 8]"))).matches) == 1

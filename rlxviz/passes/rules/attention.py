@@ -610,7 +610,7 @@ def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
     near miss."""
     stages = [*map(staged, (unfold_heads, canonical_heads)), HOIST_HEAD_NORMS_PASS, ROPE_HEADS_PASS, ROPE_PAIRS_PASS,
               staged(repeat_broadcast_kv), PACK_CACHE_PASS, *map(staged, (scalar_scales, hoist_scales)),
-              staged(where_mask.uninvert_where), _sdpa_rules]
+              where_mask.UNINVERT_WHERE_PASS, _sdpa_rules]
     return compose(graph, params, stages)
 
 
