@@ -85,7 +85,7 @@ from ..score_terms import ALIBI, CONTENT_POSITION, RELATIVE_BIAS, SINKS, SOFT_CA
 from ..trace import Rejection, layer_of
 from . import where_mask
 from .gqa import explain_heads, heads_match, kv_heads_pattern, kv_repeat_guard, num_kv_heads, repeat_roles
-from .head_layout import canonical_heads, repeat_broadcast_kv
+from .head_layout import CANONICAL_HEADS_PASS, REPEAT_BROADCAST_KV_PASS
 from .head_norm import HOIST_HEAD_NORMS_PASS
 from .heads import unfold_heads
 from .kv_cache import PACK_CACHE_PASS
@@ -608,8 +608,8 @@ def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
     stage made and a later one absorbed (a rope `rope_heads` made, then packed into the attention). The rewrites
     written as guarded `Rule`s run as their own rule passes (`*_PASS`), so what they refuse is recorded as their own
     near miss."""
-    stages = [*map(staged, (unfold_heads, canonical_heads)), HOIST_HEAD_NORMS_PASS, ROPE_HEADS_PASS, ROPE_PAIRS_PASS,
-              staged(repeat_broadcast_kv), PACK_CACHE_PASS, *map(staged, (scalar_scales, hoist_scales)),
+    stages = [staged(unfold_heads), CANONICAL_HEADS_PASS, HOIST_HEAD_NORMS_PASS, ROPE_HEADS_PASS, ROPE_PAIRS_PASS,
+              REPEAT_BROADCAST_KV_PASS, PACK_CACHE_PASS, *map(staged, (scalar_scales, hoist_scales)),
               where_mask.UNINVERT_WHERE_PASS, _sdpa_rules]
     return compose(graph, params, stages)
 

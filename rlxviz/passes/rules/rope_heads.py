@@ -43,9 +43,6 @@ alike), `one_dtype`, and the engine's `absorbed_escape` (no node of the form rea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from weakref import WeakKeyDictionary
-
 import numpy as np
 
 from ...ir import Graph, Node, Op, Rewriter
@@ -54,7 +51,7 @@ from ..guard import NOT_RECOGNIZED, Ctx, Guard, _dynamic, guard
 from ..pattern import P, is_const
 from ..rule import QUIET, Fail, Rule, reports
 from ..trace import Match
-from .head_layout import HeadSplit, head_split
+from .head_layout import HeadSplit, head_split, remove_shared
 
 RULE = "fuse_sdpa.rope_heads"
 CORE = ("plain", "rotated", "rotate_half", "neg", "hi", "lo")
@@ -326,25 +323,6 @@ HEADS_RANK = guard("heads_rank", lambda c: c["split"].rank == 4,
                    "rotate the heads after the head split ([B, nh, S, d])", requires=("split",),
                    kind=NOT_RECOGNIZED, fix="fuse_sdpa.rope_heads reads rotations on other head layouts")
 
-_PENDING: WeakKeyDictionary[Rewriter, set[int]] = WeakKeyDictionary()
-"""Per rewriter (one pass's sweep): the table and head-split nodes its rope matches read, removed once nothing but
-the removed forms reads them (Q's and K's rotations share their tables)."""
-
-
-def remove_shared(rw: Rewriter, shared: Sequence[int]) -> None:
-    """Remove each node of `shared` (and of earlier matches' in this sweep) once no survivor reads it."""
-    g = rw.graph
-    pending = _PENDING.setdefault(rw, set())
-    pending.update(shared)
-    changed = True
-    while changed:
-        changed = False
-        for i in sorted(pending):
-            if not rw.removed(i) and not g.is_output(i) and all(rw.removed(u.id) for u in g.users(i)):
-                rw.remove([i])
-                changed = True
-
-
 def _packed(rw: Rewriter, g: Graph, split: int, hs: HeadSplit | None) -> int:
     """The heads `split` `[B, nh, S, d]` as the packed `[B, S, nh*d]` the rope op reads: the column block of the
     projection it splits (`head_layout.head_split`), else `reshape(transpose(heads, [0, 2, 1, 3]))` (a copy)."""
@@ -398,4 +376,4 @@ def rope_heads(g: Graph) -> tuple[Graph, list[Match]]:
     return r.graph, r.matches
 
 
-__all__ = ["RULE", "ROPE_HEADS", "ROPE_HEADS_PASS", "find_partial", "one_dtype", "remove_shared", "rope_heads"]
+__all__ = ["RULE", "ROPE_HEADS", "ROPE_HEADS_PASS", "find_partial", "one_dtype", "rope_heads"]
