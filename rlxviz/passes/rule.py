@@ -260,7 +260,8 @@ class Rule:
         absorb: roles replaced by the rewrite (the result included); a numbered family `name*` stands for every
             bound `name0`, `name1`, ... (`Rule.absorbed`).
         build: `ctx -> (op, operand ids, attrs)` for a one-node rewrite, or
-        rewrite: `(ctx, rewriter) -> new id` for anything else.
+        rewrite: `(ctx, rewriter) -> new id` for anything else (None: no node stands for the match, e.g. a moved
+            path of plain ops; its `Match.fused` is None).
         outputs: further absorbed roles whose values the fused node also produces (a multi-output rewrite, e.g.
             a residual norm that returns the sum too). Their readers outside the match are allowed (the engine's
             `absorbed_escape` exempts them); with `build`, the fused node's value is the result's and the
@@ -281,7 +282,7 @@ class Rule:
     result: str | tuple[str, ...]
     absorb: tuple[str, ...]
     build: Build | None = None
-    rewrite: Callable[[Ctx, Rewriter], int] | None = None
+    rewrite: Callable[[Ctx, Rewriter], int | None] | None = None
     outputs: tuple[str, ...] = ()
     shared: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
@@ -342,7 +343,7 @@ class Rule:
     def anchors(self, node: Node) -> bool:
         return self.anchor.ops is None or node.op in self.anchor.ops
 
-    def apply(self, ctx: Ctx, rw: Rewriter) -> int:
+    def apply(self, ctx: Ctx, rw: Rewriter) -> int | None:
         if self.rewrite is not None:
             new = self.rewrite(ctx, rw)
             missing = [r for r in self.outputs if r in ctx and not rw.replaced(ctx.id(r))]

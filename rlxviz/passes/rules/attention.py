@@ -91,7 +91,7 @@ from .heads import unfold_heads
 from .kv_cache import PACK_CACHE_PASS
 from .rope_heads import ROPE_HEADS, ROPE_HEADS_PASS
 from .rope_pairs import ROPE_PAIRS, ROPE_PAIRS_PASS
-from .scale_path import hoist_scales, scalar_scales
+from .scale_path import HOIST_SCALES_PASS, SCALAR_SCALES_PASS
 from .where_mask import where_scores
 
 # -- fuse_sdpa -----------------------------------------------------------------------------------
@@ -609,7 +609,7 @@ def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
     written as guarded `Rule`s run as their own rule passes (`*_PASS`), so what they refuse is recorded as their own
     near miss."""
     stages = [staged(unfold_heads), CANONICAL_HEADS_PASS, HOIST_HEAD_NORMS_PASS, ROPE_HEADS_PASS, ROPE_PAIRS_PASS,
-              REPEAT_BROADCAST_KV_PASS, PACK_CACHE_PASS, *map(staged, (scalar_scales, hoist_scales)),
+              REPEAT_BROADCAST_KV_PASS, PACK_CACHE_PASS, SCALAR_SCALES_PASS, HOIST_SCALES_PASS,
               where_mask.UNINVERT_WHERE_PASS, _sdpa_rules]
     return compose(graph, params, stages)
 
