@@ -118,3 +118,12 @@ def test_an_absorbed_family_or_role_no_step_binds_fails_at_import(absorb):
     with pytest.raises(RuleError, match="reads role"):
         Rule("t.family", P(Op.ADD, name="add"), steps=(step,), result="add", absorb=("add", *absorb),
              build=lambda c: (Op.ADD, [], {}))
+
+
+@pytest.mark.parametrize("n_rot", [16, 8])
+def test_a_rotation_the_rule_takes_has_no_refusal(n_rot):
+    """`engine.refusal` is "" where the rule matches (and on an add that is no rotation at all)."""
+    g = parse_ir(rope_attention(n_rot=n_rot))
+    adds = [n.id for n in g if n.op == Op.ADD]
+    sums = [m.anchor for m in rope_heads(g)[1]]
+    assert len(sums) == 2 and all(refusal(ROPE_HEADS, g, a) == "" for a in adds)
