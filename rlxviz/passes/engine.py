@@ -120,6 +120,15 @@ def try_rule(rule: Rule, graph: Graph, anchor: int, params: Mapping[str, Any]) -
     return fails[0] if fails else ctx
 
 
+def refusal(rule: Rule, graph: Graph, anchor: int, params: Mapping[str, Any] | None = None) -> str:
+    """Why `rule` refuses the candidate at node `anchor`: its headline failure's message, "" when it matches there
+    or is not applicable (its anchor or a quiet step says the node is no candidate). Another rule's guard quotes it
+    to name a rewrite that did not happen (`fuse_sdpa`'s `rope_on_heads`: the rotation `rope_heads` refused), so
+    the reason is the rule's own, never a second recognizer's."""
+    _, fails = attempt(rule, graph, anchor, params or {})
+    return fails[0].message if fails and not fails[0].quiet else ""
+
+
 def _build_type_error(rule: Rule, ctx: Ctx) -> Fail | None:
     """For a one-node rewrite (`Rule.build`), a failure when the fused op's shape rule refuses the matched operands
     or gives another type than the node it replaces (a scalar fc2 bias made FusedTransformerLayer raise mid-pass:
@@ -178,7 +187,7 @@ def find(graph: Graph, pass_name: str, rules: Sequence[Rule], params: Mapping[st
                 if not fails[0].quiet:
                     pending += [_rejection(pass_name, rule, node.id, f, ctx, k == 0) for k, f in enumerate(fails)]
                 continue
-            ids = {ctx.id(r) for r in rule.absorb if r in ctx and r not in rule.shared}
+            ids = {ctx.id(r) for r in rule.absorbed(ctx) if r not in rule.shared}
             if ids & claimed:
                 pending.append(Rejection(pass_name, rule.name, node.id, "structure", "already_fused",
                                          f"nodes {sorted(ids & claimed)} were already taken by another match of "
@@ -352,4 +361,4 @@ def compose(graph: Graph, params: Mapping[str, Any], stages: Sequence[PassFn]) -
 
 
 __all__ = ["Found", "Pass", "PassFn", "PassResult", "apply", "attempt", "check_records", "compose", "dead_refs",
-           "find", "rule_pass", "settle", "staged", "try_rule"]
+           "find", "refusal", "rule_pass", "settle", "staged", "try_rule"]

@@ -257,9 +257,11 @@ class Rule:
         steps: ordered structure steps and guards.
         result: the role whose value the fused node replaces (a tuple: the first bound role, e.g.
             `("act", "add")` when the activation is optional).
-        absorb: roles replaced by the rewrite (the result included).
+        absorb: roles replaced by the rewrite (the result included); a numbered family `name*` stands for every
+            bound `name0`, `name1`, ... (`Rule.absorbed`).
         build: `ctx -> (op, operand ids, attrs)` for a one-node rewrite, or
-        rewrite: `(ctx, rewriter) -> new id` for anything else.
+        rewrite: `(ctx, rewriter) -> new id` for anything else (None: no node stands for the match, e.g. a moved
+            path of plain ops; its `Match.fused` is None).
         outputs: further absorbed roles whose values the fused node also produces (a multi-output rewrite, e.g.
             a residual norm that returns the sum too). Their readers outside the match are allowed (the engine's
             `absorbed_escape` exempts them); with `build`, the fused node's value is the result's and the
@@ -280,7 +282,7 @@ class Rule:
     result: str | tuple[str, ...]
     absorb: tuple[str, ...]
     build: Build | None = None
-    rewrite: Callable[[Ctx, Rewriter], int] | None = None
+    rewrite: Callable[[Ctx, Rewriter], int | None] | None = None
     outputs: tuple[str, ...] = ()
     shared: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
@@ -327,10 +329,21 @@ class Rule:
             return self.result
         return next(r for r in self.result if r in ctx)
 
+    def absorbed(self, ctx: Ctx) -> list[str]:
+        """The bound absorbed roles, in `absorb` order; a numbered family `name*` stands for each bound `name0`,
+        `name1`, ... (a chain of any length, e.g. the movement ops of an interleaved rotation)."""
+        out: list[str] = []
+        for r in self.absorb:
+            if r.endswith("*"):
+                out += [k for k in ctx.bindings if _dynamic(k, frozenset((r,)))]
+            elif r in ctx:
+                out.append(r)
+        return out
+
     def anchors(self, node: Node) -> bool:
         return self.anchor.ops is None or node.op in self.anchor.ops
 
-    def apply(self, ctx: Ctx, rw: Rewriter) -> int:
+    def apply(self, ctx: Ctx, rw: Rewriter) -> int | None:
         if self.rewrite is not None:
             new = self.rewrite(ctx, rw)
             missing = [r for r in self.outputs if r in ctx and not rw.replaced(ctx.id(r))]
@@ -340,7 +353,7 @@ class Rule:
             return new
         assert self.build is not None
         op, inputs, attrs = self.build(ctx)
-        absorbed = [ctx.id(r) for r in self.absorb if r in ctx]
+        absorbed = [ctx.id(r) for r in self.absorbed(ctx)]
         if self.outputs:
             return rw.fuse_packed(op, list(inputs), attrs, absorbed=absorbed,
                                   results=[ctx.id(r) for r in (self.result_role(ctx), *self.outputs)])
@@ -459,11 +472,11 @@ def _check_data(rule: Rule) -> None:
 
 def escape_check(rule: Rule, ctx: Ctx) -> Fail | None:
     """Absorbed values other than the result must be read only inside the match and not be outputs."""
-    absorbed = {ctx.id(r) for r in rule.absorb if r in ctx}
+    absorbed = {ctx.id(r) for r in rule.absorbed(ctx)}
     result = ctx.id(rule.result_role(ctx))
     produced = {result, *(ctx.id(r) for r in rule.outputs if r in ctx)}  # the fused node gives these values
-    for r in rule.absorb:
-        if r not in ctx or ctx.id(r) in produced or r in rule.shared:
+    for r in rule.absorbed(ctx):
+        if ctx.id(r) in produced or r in rule.shared:
             continue
         i = ctx.id(r)
         outside = [u for u in ctx.graph.users(i) if u.id not in absorbed]

@@ -63,7 +63,7 @@ import numpy as np
 from ...ir import Graph, Node, Op, Rewriter
 from ...ir.ops import BINARY, BLOCK_MASK_KINDS, COMPARE, UNARY, kv_heads, operand_roles
 from ...ir.rewrite import common_path
-from ..engine import Pass, PassResult, compose, rule_pass, staged
+from ..engine import Pass, PassResult, compose, refusal, rule_pass, staged
 from ..guard import (
     ILLEGAL,
     MODEL_TERM,
@@ -85,15 +85,13 @@ from ..score_terms import ALIBI, CONTENT_POSITION, RELATIVE_BIAS, SINKS, SOFT_CA
 from ..trace import Rejection, layer_of
 from . import where_mask
 from .gqa import explain_heads, heads_match, kv_heads_pattern, kv_repeat_guard, num_kv_heads, repeat_roles
-from .head_layout import canonical_heads, repeat_broadcast_kv
-from .head_norm import hoist_head_norms
+from .head_layout import CANONICAL_HEADS_PASS, REPEAT_BROADCAST_KV_PASS
+from .head_norm import HOIST_HEAD_NORMS_PASS
 from .heads import unfold_heads
-from .kv_cache import pack_cache
-from .rope_heads import rope_heads
-from .rope_heads import why_not as rope_why_not
-from .rope_pairs import rope_pairs
-from .rope_pairs import why_not as rope_pairs_why_not
-from .scale_path import hoist_scales, scalar_scales
+from .kv_cache import PACK_CACHE_PASS
+from .rope_heads import ROPE_HEADS, ROPE_HEADS_PASS
+from .rope_pairs import ROPE_PAIRS, ROPE_PAIRS_PASS
+from .scale_path import HOIST_SCALES_PASS, SCALAR_SCALES_PASS
 from .where_mask import where_scores
 
 # -- fuse_sdpa -----------------------------------------------------------------------------------
@@ -519,7 +517,7 @@ def _rope_on_heads(c: Ctx) -> Fail | None:
                     f"{who}{both} rotated by RoPE written interleaved (rotate_every_two, GPT-J): {c.name_of(add)} = "
                     f"h * cos + rotate_every_two(h) * sin (pairs h[2i], h[2i+1]: {c.name_of(cat)}); the rope op "
                     f"rotates them with rope(interleaved=True), but fuse_sdpa.rope_pairs did not rewrite it: "
-                    f"{rope_pairs_why_not(g, add) or 'a product of the form is read elsewhere'}", (add,), (),
+                    f"{refusal(ROPE_PAIRS, g, add) or 'a product of the form is read elsewhere'}", (add,), (),
                     "nothing to change in the model: an interleaved rotation keeps its attention as primitives",
                     subject=add, kind=NOT_RECOGNIZED,
                     fix="fuse_sdpa.rope_pairs rewrites h * cos + rotate_every_two(h) * sin with neighbour-equal "
@@ -531,7 +529,7 @@ def _rope_on_heads(c: Ctx) -> Fail | None:
         return None
     who, (add, cat) = found[0]
     both = " and K" if len({w for w, _ in found}) == 2 else ""
-    why = rope_why_not(g, add)
+    why = refusal(ROPE_HEADS, g, add)
     return Fail("guard", "rope_on_heads",
                 f"{who}{both} rotated by RoPE written on the heads: {c.name_of(add)} = h * cos + rotate_half(h) * sin "
                 f"(rotate_half: {c.name_of(cat)}); the attention pattern takes Q and K straight from the head split"
@@ -607,10 +605,13 @@ def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
     (`scale_path.hoist_scales`).
 
     Run as one pass (`engine.compose`): its records name only nodes of its input or output graph, never a node one
-    stage made and a later one absorbed (a rope `rope_heads` made, then packed into the attention)."""
-    stages = (unfold_heads, canonical_heads, hoist_head_norms, rope_heads, rope_pairs, repeat_broadcast_kv,
-              pack_cache, scalar_scales, hoist_scales, where_mask.uninvert_where)
-    return compose(graph, params, [*map(staged, stages), _sdpa_rules])
+    stage made and a later one absorbed (a rope `rope_heads` made, then packed into the attention). The rewrites
+    written as guarded `Rule`s run as their own rule passes (`*_PASS`), so what they refuse is recorded as their own
+    near miss."""
+    stages = [staged(unfold_heads), CANONICAL_HEADS_PASS, HOIST_HEAD_NORMS_PASS, ROPE_HEADS_PASS, ROPE_PAIRS_PASS,
+              REPEAT_BROADCAST_KV_PASS, PACK_CACHE_PASS, SCALAR_SCALES_PASS, HOIST_SCALES_PASS,
+              where_mask.UNINVERT_WHERE_PASS, _sdpa_rules]
+    return compose(graph, params, stages)
 
 
 fuse_sdpa = Pass("fuse_sdpa", _fuse_sdpa, (SDPA,), doc="Hugging Face scaled-dot-product attention -> packed "

@@ -19,15 +19,26 @@ read the same root element at every output position (checked on the index map, w
 broadcasts a size-1 batch axis by repeating it; the chain's nodes read elsewhere stay for those readers. Each
 rewrite is a `fuse_sdpa.head_layout` match. Chains over roots of more than `MAX_INDEX` elements are not read (the
 map is materialized). An identity transpose of heads is left as written (the `k_layout` guard names it).
+
+The rules (`CANONICAL_HEADS`, `REPEAT_BROADCAST_KV`, stages of `fuse_sdpa` run by the engine) have no refusal of
+their own: a chain that is no head split, or a matmul that broadcasts no single head, is no candidate (a quiet
+step), and what then keeps the attention from packing is named by `fuse_sdpa.hf_attention`'s guards
+(`k_layout`, `v_head_split`, `heads_consistent`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from weakref import WeakKeyDictionary
 
 import numpy as np
 
 from ...ir import Graph, Node, Op, Rewriter
+from ..engine import rule_pass
+from ..guard import Ctx
+from ..pattern import P
+from ..rule import QUIET, Fail, Rule, reports
 from ..trace import Match
 
 RULE = "fuse_sdpa.head_layout"
@@ -150,41 +161,135 @@ def _no_op(g: Graph, n: Node) -> bool:
         n.op == Op.NARROW and n.shape == g[n.inputs[0]].shape)
 
 
+_PENDING: WeakKeyDictionary[Rewriter, set[int]] = WeakKeyDictionary()
+"""Per rewriter (one pass's sweep): the nodes its matches read that go once nothing but removed nodes reads them
+(`remove_shared`)."""
+
+
+def remove_shared(rw: Rewriter, shared: Sequence[int]) -> None:
+    """Remove each node of `shared` (and of earlier matches' in this sweep of `rw`) once no survivor reads it and it
+    is no graph output: what several matches read (the tables of Q's and K's rotations, a fused QKV's chain) goes
+    with the last of them."""
+    g = rw.graph
+    pending = _PENDING.setdefault(rw, set())
+    pending.update(shared)
+    changed = True
+    while changed:
+        changed = False
+        for i in sorted(pending):
+            if not rw.removed(i) and not g.is_output(i) and all(rw.removed(u.id) for u in g.users(i)):
+                rw.remove([i])
+                changed = True
+
+
+HEADS = P((Op.TRANSPOSE, Op.GATHER, Op.NARROW, Op.RESHAPE), name="heads", where=lambda n: n.rank == 4)
+"""A movement op giving rank-4 heads (the anchor of `CANONICAL_HEADS`)."""
+
+
+@reports(reads=("heads",), binds=("root", "chain*"))
+def _find_split(c: Ctx) -> Fail | None:
+    """Bind the non-standard head split the heads are (`_moved_heads`: `root` and its movement `chain0`, ...), read
+    by a matmul (V, or K through its transpose); quiet otherwise (no candidate: a standard split needs nothing, a
+    chain that is no per-token layout is no head split)."""
+    g = c.graph
+    hs = _moved_heads(g, c["heads"]) if _matmul_operand(g, c["heads"]) else None
+    if hs is None:
+        return QUIET
+    c.bindings["root"] = hs.root
+    for k, i in enumerate(hs.chain):
+        c.bindings[f"chain{k}"] = i
+    return None
+
+
+def _canonical(c: Ctx, rw: Rewriter) -> int:
+    """The standard head split of the root's column block, or of `reshape(transpose(heads))` for another layout;
+    a block's chain removed once nothing else reads it."""
+    g, n = c.graph, c["heads"]
+    hs = head_split(g, n.id)
+    assert hs is not None, "bound by _find_split"
+    b, nh, s, d = n.shape
+    with rw.provenance(list(hs.chain)):
+        if hs.block:
+            new = emit_heads(rw, hs.root, hs, g[hs.root].shape[2])
+        else:
+            same = rw.emit(n.op, list(n.inputs), **dict(n.attrs))  # n itself, read by the copy
+            packed = rw.reshape(rw.transpose(same, (0, 2, 1, 3)), (b, s, nh * d))
+            new = rw.transpose(rw.reshape(packed, (b, s, nh, d)), (0, 2, 1, 3))
+    rw.replace(n.id, new)
+    remove_shared(rw, hs.chain if hs.block else ())
+    return new
+
+
+CANONICAL_HEADS = Rule(RULE, HEADS, steps=(_find_split,), result="heads", absorb=("heads",), rewrite=_canonical,
+                       doc="a head split written as another movement chain -> the standard split of its block")
+
+CANONICAL_HEADS_PASS = rule_pass("fuse_sdpa", [CANONICAL_HEADS], "head splits read as the standard split")
+"""The rule as a stage of `fuse_sdpa` (`engine.compose`)."""
+
+
 def canonical_heads(g: Graph) -> tuple[Graph, list[Match]]:
     """`g` with every non-standard head split read by a matmul rewritten to the standard one: of the column block
     of the root (`narrow`), or, when the heads are no column block, of `reshape(transpose(heads, [0, 2, 1, 3]),
-    [B, S, nh*d])` (module doc)."""
-    found = [(n, hs) for n in g if _matmul_operand(g, n) and (hs := _moved_heads(g, n)) is not None]
-    if not found:
-        return g, []
-    rw = Rewriter(g, "fuse_sdpa")
-    matches = []
-    for n, hs in found:
-        b, nh, s, d = n.shape
-        with rw.provenance(list(hs.chain)):
-            if hs.block:
-                new = emit_heads(rw, hs.root, hs, g[hs.root].shape[2])
-            else:
-                same = rw.emit(n.op, list(n.inputs), **dict(n.attrs))  # n itself, read by the copy
-                packed = rw.reshape(rw.transpose(same, (0, 2, 1, 3)), (b, s, nh * d))
-                new = rw.transpose(rw.reshape(packed, (b, s, nh, d)), (0, 2, 1, 3))
-        rw.replace(n.id, new)
-        matches.append(Match("fuse_sdpa", RULE, n.id, {"heads": n.id}, new, n.path))
-    gone = {n.id for n, _ in found}
-    changed = True
-    while changed:  # a block's chain goes once nothing else reads it (the copy of another layout reads it)
-        changed = False
-        for i in {i for _, hs in found if hs.block for i in hs.chain} - gone:
-            if not g.is_output(i) and all(u.id in gone for u in g.users(i)):
-                gone.add(i)
-                changed = True
-    rw.remove(sorted(gone - {n.id for n, _ in found}))
-    return rw.finish(), matches
+    [B, S, nh*d])` (module doc). The `CANONICAL_HEADS` rule run by the engine."""
+    r = CANONICAL_HEADS_PASS(g)
+    return r.graph, r.matches
 
 
 def _one_head(g: Graph, i: int) -> bool:
     n = g[i]
     return n.rank == 4 and n.shape[1] == 1 and head_split(g, i) is not None
+
+
+SCORES_MATMUL = P(Op.MATMUL, P.var("a"), P.var("b"), name="matmul", where=lambda n: n.rank == 4 and n.shape[1] != 1)
+"""A rank-4 matmul over more than one head (the anchor of `REPEAT_BROADCAST_KV`)."""
+
+
+@reports(reads=("matmul", "a", "b"), binds=("kv", "step*"))
+def _find_one_head(c: Ctx) -> Fail | None:
+    """Bind the one K/V head the matmul broadcasts (`kv`) and the path from it to the operand (`step0`, ...):
+    the query side has the matmul's heads, the other operand one head, or H heads by an `expand` of one; quiet
+    otherwise (no candidate)."""
+    g, m, a, b = c.graph, c["matmul"], c["a"], c["b"]
+    if a.shape[1] != m.shape[1] or b.shape[1] not in (1, m.shape[1]):
+        return QUIET
+    path = _to_one_head(g, b)
+    if path is None or not (b.shape[1] == 1 or any(g[i].op == Op.EXPAND for i in path)):
+        return QUIET
+    c.bindings["kv"] = path[0]
+    for k, i in enumerate(path[1:]):
+        c.bindings[f"step{k}"] = i
+    return None
+
+
+def _repeat(c: Ctx, rw: Rewriter) -> int:
+    """`repeat_kv` of the one head, the path's transpose and scales replayed on it, the matmul on that."""
+    g, m = c.graph, c["matmul"]
+    ops = [i for r, i in c.bindings.items() if r.startswith("step") and r[4:].isdigit()]
+    path = [c.id("kv"), *ops]
+    kv = path[0]
+    bsz, _, s, d = g[kv].shape
+    h = m.shape[1]
+    with rw.provenance([m.id, *ops]):
+        v = rw.reshape(rw.expand(rw.reshape(kv, (bsz, 1, 1, s, d)), (bsz, 1, h, s, d)), (bsz, h, s, d))
+        for prev, i in zip(path, ops, strict=False):  # the transpose and scalar scales, now on H heads
+            n = g[i]
+            if n.op != Op.EXPAND:  # the head expand: v already has the H heads it repeats
+                v = rw.emit(n.op, [v if j == prev else j for j in n.inputs], **dict(n.attrs))
+        new = rw.emit(Op.MATMUL, [m.inputs[0], v])
+    rw.replace(m.id, new)
+    dead = {m.id}
+    for i in reversed(ops):  # the old path goes when only the replaced matmul read it
+        if not g.is_output(i) and all(u.id in dead for u in g.users(i)):
+            rw.remove([i])
+            dead.add(i)
+    return new
+
+
+REPEAT_BROADCAST_KV = Rule(RULE, SCORES_MATMUL, steps=(_find_one_head,), result="matmul", absorb=("matmul",),
+                           rewrite=_repeat, doc="one K/V head broadcast by the matmul -> repeat_kv")
+
+REPEAT_BROADCAST_KV_PASS = rule_pass("fuse_sdpa", [REPEAT_BROADCAST_KV], "one broadcast K/V head as repeat_kv")
+"""The rule as a stage of `fuse_sdpa` (`engine.compose`)."""
 
 
 def repeat_broadcast_kv(g: Graph) -> tuple[Graph, list[Match]]:
@@ -194,40 +299,10 @@ def repeat_broadcast_kv(g: Graph) -> tuple[Graph, list[Match]]:
     `num_kv_heads=1`. Exact: a matmul broadcasts a size-1 batch axis by repeating it. The head may also be
     repeated by an `expand` of its size-1 head axis to H (GPT-BigCode's multi-query K/V sliced from a fused
     `c_attn`, expanded to every head): `expand` repeats the one head, as `repeat_kv` does, so it is dropped from
-    the replayed path. One `fuse_sdpa.head_layout` match per matmul."""
-    found = []
-    for m in g:
-        if m.op != Op.MATMUL or m.rank != 4 or m.shape[1] == 1:
-            continue
-        a, b = (g[i] for i in m.inputs)
-        if a.shape[1] != m.shape[1] or b.shape[1] not in (1, m.shape[1]):
-            continue
-        path = _to_one_head(g, b)
-        if path is not None and (b.shape[1] == 1 or any(g[i].op == Op.EXPAND for i in path)):
-            found.append((m, path))
-    if not found:
-        return g, []
-    rw = Rewriter(g, "fuse_sdpa")
-    matches = []
-    for m, path in found:
-        kv, ops = path[0], path[1:]
-        bsz, _, s, d = g[kv].shape
-        h = m.shape[1]
-        with rw.provenance([m.id, *ops]):
-            v = rw.reshape(rw.expand(rw.reshape(kv, (bsz, 1, 1, s, d)), (bsz, 1, h, s, d)), (bsz, h, s, d))
-            for prev, i in zip(path, ops, strict=False):  # the transpose and scalar scales, now on H heads
-                n = g[i]
-                if n.op != Op.EXPAND:  # the head expand: v already has the H heads it repeats
-                    v = rw.emit(n.op, [v if j == prev else j for j in n.inputs], **dict(n.attrs))
-            new = rw.emit(Op.MATMUL, [m.inputs[0], v])
-        rw.replace(m.id, new)
-        dead = {m.id}
-        for i in reversed(ops):  # the old path goes when only the replaced matmul read it
-            if not g.is_output(i) and all(u.id in dead for u in g.users(i)):
-                rw.remove([i])
-                dead.add(i)
-        matches.append(Match("fuse_sdpa", RULE, m.id, {"matmul": m.id, "kv_heads": kv}, new, m.path))
-    return rw.finish(), matches
+    the replayed path. One `fuse_sdpa.head_layout` match per matmul: the `REPEAT_BROADCAST_KV` rule run by the
+    engine."""
+    r = REPEAT_BROADCAST_KV_PASS(g)
+    return r.graph, r.matches
 
 
 def _scalar(g: Graph, i: int) -> bool:
@@ -264,4 +339,6 @@ def _head_expand(g: Graph, n: Node) -> bool:
     return n.rank == 4 and len(src) == 4 and src[1] == 1 and src[0] == n.shape[0] and src[2:] == n.shape[2:]
 
 
-__all__ = ["MAX_INDEX", "RULE", "HeadSplit", "canonical_heads", "emit_heads", "head_split", "repeat_broadcast_kv"]
+__all__ = ["CANONICAL_HEADS", "CANONICAL_HEADS_PASS", "HEADS", "MAX_INDEX", "REPEAT_BROADCAST_KV",
+           "REPEAT_BROADCAST_KV_PASS", "RULE", "SCORES_MATMUL", "HeadSplit", "canonical_heads", "emit_heads",
+           "head_split", "remove_shared", "repeat_broadcast_kv"]

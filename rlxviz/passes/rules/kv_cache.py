@@ -14,57 +14,97 @@ s < P and `k[b, s - P, j*d:(j+1)*d]` after. Taken when the concat's second opera
 `[B, S, h*d]` tensor and its first is `[B, h, P, d]` of the same dtype. Each rewrite is a `fuse_sdpa.pack_cache`
 match. FusedAttentionBlock does not take a cache (it projects K and V from the hidden states): its `kv_cache`
 guard names it, the model's own structure.
+
+The rule (`PACK_CACHE`, a stage of `fuse_sdpa` run by the engine): the anchor `CACHE` is the concat of a head split
+on axis 2 (anything else is no candidate, as is a concat nothing reads); the named guards `cache_layout` (a
+`[B, S, h*d]` projection split to `[B, S, h, d]`, a `[B, h, P, d]` past) and `cache_dtype` are its refusals.
 """
 
 from __future__ import annotations
 
-from ...ir import Graph, Node, Op, Rewriter
+from ...ir import Graph, Op, Rewriter
+from ..engine import rule_pass
+from ..guard import NOT_RECOGNIZED, Ctx, guard
+from ..pattern import P
+from ..rule import QUIET, Fail, Rule, reports
 from ..trace import Match
 
 RULE = "fuse_sdpa.pack_cache"
 
+_SPLIT = P(Op.TRANSPOSE, P(Op.RESHAPE, P.var("new"), name="split_reshape"), name="split",
+           attrs={"perm": lambda p: tuple(p) == (0, 2, 1, 3)})
+CACHE = P(Op.CONCAT, P.var("past"), _SPLIT, name="cache", attrs={"axis": lambda a: a in (2, -2)},
+          where=lambda n: n.rank == 4 and len(n.inputs) == 2)
+"""`concat(past, transpose(reshape(new), [0, 2, 1, 3]), axis=2)`: a decode step's cache concat on the sequence
+axis of the heads (the anchor: anything else is no candidate)."""
 
-def cache_concat(g: Graph, n: Node) -> tuple[int, int] | None:
-    """`(past, new)` when `n` is `concat(past [B, h, P, d], head_split(new [B, S, h*d]), axis=2)`, else None."""
-    if n.op != Op.CONCAT or len(n.inputs) != 2 or n.rank != 4 or n.attrs["axis"] not in (2, -2):
-        return None
-    past, heads = (g[i] for i in n.inputs)
-    if heads.op != Op.TRANSPOSE or tuple(heads.attrs["perm"]) != (0, 2, 1, 3):
-        return None
-    r = g[heads.inputs[0]]
-    new = g[r.inputs[0]] if r.op == Op.RESHAPE else None
-    if new is None or new.rank != 3 or past.rank != 4 or past.dtype != new.dtype:
-        return None
-    b, s, h, d = r.shape
-    if new.shape != (b, s, h * d) or past.shape[:2] != (b, h) or past.shape[3] != d:
-        return None
-    return past.id, new.id
+
+def _layout_ok(c: Ctx) -> bool:
+    """`new` is the packed `[B, S, h*d]` of the `[B, S, h, d]` head split and `past` is `[B, h, P, d]`."""
+    past, new = c["past"], c["new"]
+    if new.rank != 3 or past.rank != 4:
+        return False
+    b, s, h, d = c["split_reshape"].shape
+    return new.shape == (b, s, h * d) and past.shape[:2] == (b, h) and past.shape[3] == d
+
+
+@reports(reads=("cache",))
+def _read(c: Ctx) -> Fail | None:
+    """Quiet when nothing reads the concat (no reader to give the packed form)."""
+    return None if c.users("cache") else QUIET
+
+
+CACHE_LAYOUT = guard(
+    "cache_layout", _layout_ok,
+    lambda c: f"the cache {c.d('cache')} appends the head split of {c.d('new')} {list(c['new'].shape)} (split as "
+              f"{list(c['split_reshape'].shape)}) to {c.d('past')} {list(c['past'].shape)}; needs a packed "
+              f"[B, S, h*d] projection split to [B, S, h, d] and a [B, h, P, d] past",
+    "append this step's K/V heads split from the packed [B, S, h*d] projection", requires=("cache",),
+    reads=("past", "new", "split_reshape"), kind=NOT_RECOGNIZED,
+    fix="fuse_sdpa.pack_cache reads this cache layout")
+
+CACHE_DTYPE = guard(
+    "cache_dtype", lambda c: c["past"].dtype == c["new"].dtype,
+    lambda c: f"the past {c.d('past')} is {c['past'].dtype.value} and this step's {c.d('new')} "
+              f"{c['new'].dtype.value}; the packed concat reads one dtype",
+    "keep the cache in the dtype of the projection", requires=("cache",), reads=("past", "new"),
+    kind=NOT_RECOGNIZED, fix="a cast in front of the packed concat")
+
+
+def _rewrite(c: Ctx, rw: Rewriter) -> int:
+    """The readers of the cache read its packed form's head split; the concat (and the split, when only it read it)
+    removed unless it is a graph output (the present key/value)."""
+    g = c.graph
+    n, past, new = c["cache"], c.id("past"), c.id("new")
+    b, h, p, d = g[past].shape
+    s = g[new].shape[1]
+    with rw.provenance([n.id]):
+        merged = rw.reshape(rw.transpose(past, (0, 2, 1, 3)), (b, p, h * d))
+        packed = rw.emit(Op.CONCAT, [merged, new], axis=1)
+        heads = rw.transpose(rw.reshape(packed, (b, p + s, h, d)), (0, 2, 1, 3))
+        for u in g.users(n.id):
+            again = rw.emit(u.op, [heads if i == n.id else i for i in u.inputs], **dict(u.attrs))
+            rw.replace(u.id, again)
+    if not g.is_output(n.id):
+        split = g[n.inputs[1]]
+        rw.remove([n.id] + ([split.id, split.inputs[0]] if len(g.users(split.id)) == 1
+                            and len(g.users(split.inputs[0])) == 1 else []))
+    return packed
+
+
+PACK_CACHE = Rule(RULE, CACHE, steps=(_read, CACHE_LAYOUT, CACHE_DTYPE), result="cache", absorb=("cache",),
+                  rewrite=_rewrite, labels={"cache": "cache concat"},
+                  doc="a decode step's KV-cache concat in the head layout -> the head split of a packed concat")
+
+PACK_CACHE_PASS = rule_pass("fuse_sdpa", [PACK_CACHE], "KV-cache concat read packed")
+"""The rule as a stage of `fuse_sdpa` (`engine.compose`)."""
 
 
 def pack_cache(g: Graph) -> tuple[Graph, list[Match]]:
     """`g` with every cache concat read in packed form by its readers (see the module doc), and one `Match` per
-    concat; `(g, [])` when there is none."""
-    found = [(n, cc) for n in g if (cc := cache_concat(g, n)) is not None and g.users(n.id)]
-    if not found:
-        return g, []
-    rw = Rewriter(g, "fuse_sdpa")
-    matches = []
-    for n, (past, new) in found:
-        b, h, p, d = g[past].shape
-        s = g[new].shape[1]
-        with rw.provenance([n.id]):
-            merged = rw.reshape(rw.transpose(past, (0, 2, 1, 3)), (b, p, h * d))
-            packed = rw.emit(Op.CONCAT, [merged, new], axis=1)
-            heads = rw.transpose(rw.reshape(packed, (b, p + s, h, d)), (0, 2, 1, 3))
-            for u in g.users(n.id):
-                again = rw.emit(u.op, [heads if i == n.id else i for i in u.inputs], **dict(u.attrs))
-                rw.replace(u.id, again)
-        if not g.is_output(n.id):
-            split = g[n.inputs[1]]
-            rw.remove([n.id] + ([split.id, split.inputs[0]] if len(g.users(split.id)) == 1
-                                and len(g.users(split.inputs[0])) == 1 else []))
-        matches.append(Match("fuse_sdpa", RULE, n.id, {"cache": n.id, "past": past, "new": new}, packed, n.path))
-    return rw.finish(), matches
+    concat; `(g, [])` when there is none. The `PACK_CACHE` rule run by the engine."""
+    r = PACK_CACHE_PASS(g)
+    return r.graph, r.matches
 
 
-__all__ = ["RULE", "cache_concat", "pack_cache"]
+__all__ = ["CACHE", "PACK_CACHE", "PACK_CACHE_PASS", "RULE", "pack_cache"]

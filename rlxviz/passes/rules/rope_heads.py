@@ -31,35 +31,32 @@ at position p, and the form reads row p of `concat(t, t)` (or of a full table wh
 have exactly S rows and r/2 columns (guarded),
 whatever computes it (a cached table, or `gather(table, position_ids)` for any ids: the gathered rows are t);
 x, both tables and every node of the form share one dtype. A table whose halves are not one table is no
-rotation the rope op computes: not rewritten (`fuse_sdpa`'s `rope_on_heads` names it).
-A node of the form read elsewhere keeps the form as it is. Each rewrite is a `fuse_sdpa.rope_heads` match.
+rotation the rope op computes: not rewritten. A node of the form read elsewhere keeps the form as it is.
+
+The rule (`ROPE_HEADS`, run by the engine as a stage of `fuse_sdpa`): anchor an add; the step `_find_rotation`
+binds the form (quiet when the add is none: not a candidate), `find_partial` the heads it rotates; then each
+condition above is a named guard, so a refusal is the rule's own near miss: `cos_table` / `sin_table` (a table the
+rope op reads, its halves equal), `heads_rank` (`[B, nh, S, d]` heads), `tables_alike` (both tables laid out
+alike), `one_dtype`, and the engine's `absorbed_escape` (no node of the form read elsewhere). `fuse_sdpa`'s
+`rope_on_heads` quotes the refusal (`engine.refusal`). Each rewrite is a `fuse_sdpa.rope_heads` match.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ...ir import Graph, Node, Op, Rewriter
-from ..pattern import is_const
+from ..engine import rule_pass
+from ..guard import NOT_RECOGNIZED, Ctx, Guard, _dynamic, guard
+from ..pattern import P, is_const
+from ..rule import QUIET, Fail, Rule, reports
 from ..trace import Match
-from .head_layout import HeadSplit, head_split
+from .head_layout import HeadSplit, head_split, remove_shared
 
 RULE = "fuse_sdpa.rope_heads"
-
-
-@dataclass(frozen=True)
-class _Form:
-    result: int  # the node the rotated heads replace (the add, or the partial form's concat)
-    split: int  # the heads [B, nh, S, d] the rotation reads
-    heads: HeadSplit | None  # `split` as a column block of a projection, when it is one
-    cos: int
-    sin: int
-    half: bool  # the tables are the [S, r/2] halves (True) or full-width tables with equal halves (False)
-    n_rot: int
-    core: tuple[int, ...]  # the form's own nodes, read only inside the form (the result excluded)
-    shared: tuple[int, ...]  # the table and head-split nodes, removed when nothing else reads them
+CORE = ("plain", "rotated", "rotate_half", "neg", "hi", "lo")
+"""The roles of the form's own nodes (`_rotation`'s order): `h * cos4`, `rotate_half(h) * sin4`, the concat, the
+neg, `h[..., d/2:]` and `h[..., :d/2]`."""
 
 
 def _last(n: Node) -> int:
@@ -218,90 +215,165 @@ def partial_rotary(g: Graph, add: Node, h: int, r: int) -> tuple[int, list[int],
     return None
 
 
-def _form(g: Graph, add: Node) -> _Form | None:
-    """The rotation whose sum is `add`, full or partial (see the module doc), or None."""
-    found = _rotation(g, add)
+def _dims(c: Ctx) -> tuple[int, int, int]:
+    """`(S, r, B)` of the bound rotation: the heads' sequence length and batch (0 and 1 when the heads are no
+    `[B, nh, S, d]`; `heads_rank` refuses those) and the rotated width r."""
+    split = c["split"]
+    four = split.rank == 4
+    return (split.shape[2] if four else 0), c["h"].shape[-1], (split.shape[0] if four else 1)
+
+
+@reports(reads=("rope_sum",), binds=("h", "cos4", "sin4", *CORE))
+def _find_rotation(c: Ctx) -> Fail | None:
+    """Bind the rotation `h * cos4 + rotate_half(h) * sin4` summed by the anchor (`_rotation`); quiet when the add
+    is none (not a candidate: most adds are residuals)."""
+    found = _rotation(c.graph, c["rope_sum"])
     if found is None:
-        return None
-    h, r, cos4, sin4, core = found
-    split, result = h, add.id
-    if (partial := partial_rotary(g, add, h, r)) is not None:
-        split, extra, result = partial
-        core += extra
-    if g[split].rank != 4:
-        return None
-    hs = head_split(g, split)
-    bsz, s = g[split].shape[0], g[split].shape[2]
-    cos, cos_nodes, c_half = _table(g, cos4, s, r, bsz)
-    sin, sin_nodes, s_half = _table(g, sin4, s, r, bsz)
-    if cos is None or sin is None or c_half != s_half or _per_row(g, cos) != _per_row(g, sin) \
-            or len({g[i].dtype for i in (split, cos, sin, *core, result)}) != 1:
-        return None
-    inside = {*core, result}
-    if any(g.is_output(i) or any(u.id not in inside for u in g.users(i)) for i in core):
-        return None  # a product of the form is read elsewhere: the form stays (rope_on_heads names it)
-    chain = hs.chain if hs is not None and hs.block else ()  # another layout: the copy reads the heads
-    return _Form(result, split, hs, cos, sin, c_half, r, tuple(core), (*cos_nodes, *sin_nodes, *chain))
+        return QUIET
+    h, _, cos4, sin4, core = found
+    c.bindings["h"], c.bindings["cos4"], c.bindings["sin4"] = h, cos4, sin4
+    for role, i in zip(CORE, core, strict=True):
+        c.bindings[role] = i
+    return None
 
 
-def why_not(g: Graph, add: int) -> str:
-    """Why the rotation summed by node `add` was not rewritten (for `rope_on_heads`' message), or ""."""
-    found = _rotation(g, g[add])
+@reports(reads=("rope_sum", "h"), binds=("split", "h_part", "pass", "tail"))
+def find_partial(c: Ctx) -> Fail | None:
+    """Bind `split`, the heads the rotation reads: `h` itself, or for partial rotary (`partial_rotary`) the heads
+    `h = split[..., :r]` is narrowed from, with `h_part` (that narrow), `pass` (`split[..., r:]`) and `tail` (the
+    `concat(rotated, pass)` the rewrite replaces). Only binds; never refuses."""
+    found = partial_rotary(c.graph, c["rope_sum"], c.id("h"), c["h"].shape[-1])
     if found is None:
-        return ""
-    h, r, cos4, sin4, _ = found
-    hn = g[h]
-    s = hn.shape[2] if hn.rank == 4 else 0
-    bsz = hn.shape[0] if hn.rank == 4 else 1
-    for name, i in (("cos", cos4), ("sin", sin4)):
-        if why := _table_why(g, i, s, r, bsz):
-            return f"its {name} table: {why} (the rope op reads one half of an [S, {r}] table)"
-    if _form(g, g[add]) is None:
-        return ("a product of the form is read elsewhere, or its dtypes differ, or it is not on a head split (a "
-                "column block of a [B, S, W] projection)")
-    return ""
+        c.bindings["split"] = c.id("h")
+        return None
+    heads, extra, tail = found
+    c.bindings["split"], c.bindings["h_part"], c.bindings["pass"], c.bindings["tail"] = heads, extra[1], extra[2], tail
+    return None
 
 
-def _packed(rw: Rewriter, g: Graph, f: _Form) -> int:
-    """The heads `f.split` `[B, nh, S, d]` as the packed `[B, S, nh*d]` the rope op reads: the column block of the
+def _table_step(c: Ctx, name: str) -> Fail | None:
+    """Bind the table the rope op reads for `name` (cos or sin), or refuse naming why the table node is none."""
+    s, r, b = _dims(c)
+    i = c.id(f"{name}4")
+    t = _table(c.graph, i, s, r, b)[0]
+    if t is not None:
+        c.bindings[name] = t
+        return None
+    return Fail("guard", f"{name}_table",
+                f"its {name} table: {_table_why(c.graph, i, s, r, b)} (the rope op reads one half of an [S, {r}] "
+                f"table)", (i,), (), "give the rotation its table as concat(t, t) of one [S, r/2] table t, or as a "
+                "constant whose halves the graph carries", subject=i, kind=NOT_RECOGNIZED,
+                fix="fuse_sdpa.rope_heads reads this table form (its halves known equal)")
+
+
+@reports("cos_table", reads=("cos4", "split", "h"), binds=("cos",))
+def _cos_table(c: Ctx) -> Fail | None:
+    return _table_step(c, "cos")
+
+
+@reports("sin_table", reads=("sin4", "split", "h"), binds=("sin",))
+def _sin_table(c: Ctx) -> Fail | None:
+    return _table_step(c, "sin")
+
+
+def _layout(c: Ctx, name: str) -> tuple[bool, bool]:
+    """(half, per batch row) of the bound `name` table: the `[S, r/2]` half (True) or a full-width table, and one
+    table per batch row or one for every row."""
+    s, r, b = _dims(c)
+    return _table(c.graph, c.id(f"{name}4"), s, r, b)[2], _per_row(c.graph, c.id(name))
+
+
+def _tables_alike_why(c: Ctx) -> str:
+    (ch, cr), (sh, sr) = _layout(c, "cos"), _layout(c, "sin")
+    what = {True: "an [S, r/2] half doubled by concat", False: "a full-width table"}
+    rows = {True: "one per batch row", False: "one for every batch row"}
+    return (f"its cos table {c.d('cos')} is {what[ch]}, {rows[cr]}, and its sin table {c.d('sin')} {what[sh]}, "
+            f"{rows[sr]}; the rope op reads both tables alike")
+
+
+TABLES_ALIKE = guard("tables_alike", lambda c: _layout(c, "cos") == _layout(c, "sin"), _tables_alike_why,
+                     "write cos and sin the same way (both concat(t, t), or both full-width; both per row or not)",
+                     requires=("cos", "sin"), reads=("cos4", "sin4", "split", "h"), kind=NOT_RECOGNIZED,
+                     fix="fuse_sdpa.rope_heads converts one table layout to the other")
+
+
+def one_dtype(roles: tuple[str, ...], optional: tuple[str, ...]) -> Guard:
+    """`one_dtype`: the nodes bound to `roles` (and to `optional` ones, when bound) share one dtype: the rope op
+    computes in the dtype of its operand x, and every product of the form is rounded to it."""
+    def bound(c: Ctx) -> list[str]:
+        family = [k for r in optional if r.endswith("*") for k in c.bindings if _dynamic(k, frozenset((r,)))]
+        return [*roles, *(r for r in optional if not r.endswith("*") and r in c), *family]
+
+    def why(c: Ctx) -> str:
+        by: dict[str, list[str]] = {}
+        for r in bound(c):
+            by.setdefault(c[r].dtype.value, []).append(c.label(r))
+        return ("the form computes in " + ", ".join(f"{d} ({', '.join(rs)})" for d, rs in by.items())
+                + "; the rope op computes in one dtype")
+
+    return guard("one_dtype", lambda c: len({c[r].dtype for r in bound(c)}) == 1, why,
+                 "compute the rotation and its tables in one dtype (cast the tables once, outside the form)",
+                 requires=roles, optional=optional, kind=NOT_RECOGNIZED,
+                 fix="a rope op that rounds between mixed dtypes as the form does")
+
+
+HEADS_RANK = guard("heads_rank", lambda c: c["split"].rank == 4,
+                   lambda c: f"the rotated heads {c.d('split')} are {list(c['split'].shape)}; the rope op rotates "
+                             f"heads [B, nh, S, d] split from a [B, S, W] projection",
+                   "rotate the heads after the head split ([B, nh, S, d])", requires=("split",),
+                   kind=NOT_RECOGNIZED, fix="fuse_sdpa.rope_heads reads rotations on other head layouts")
+
+def _packed(rw: Rewriter, g: Graph, split: int, hs: HeadSplit | None) -> int:
+    """The heads `split` `[B, nh, S, d]` as the packed `[B, S, nh*d]` the rope op reads: the column block of the
     projection it splits (`head_layout.head_split`), else `reshape(transpose(heads, [0, 2, 1, 3]))` (a copy)."""
-    b, nh, s, d = g[f.split].shape
-    hs = f.heads
+    b, nh, s, d = g[split].shape
     if hs is None or not hs.block:
-        return rw.reshape(rw.transpose(f.split, (0, 2, 1, 3)), (b, s, nh * d))
+        return rw.reshape(rw.transpose(split, (0, 2, 1, 3)), (b, s, nh * d))
     w = g[hs.root].shape[2]
     return hs.root if (hs.start, nh * d) == (0, w) else rw.narrow(hs.root, 2, hs.start, nh * d)
 
 
+def _rewrite(c: Ctx, rw: Rewriter) -> int:
+    """The rope op on the packed heads, back to the heads' layout; the form removed, and its tables and head split
+    once nothing else reads them."""
+    g = c.graph
+    s, r, bsz = _dims(c)
+    b, nh, _, d = c["split"].shape
+    partial = "tail" in c
+    core = [c.id(k) for k in CORE] + ([c.id("rope_sum"), c.id("h_part"), c.id("pass")] if partial else [])
+    result = c.id("tail") if partial else c.id("rope_sum")
+    cos, cos_nodes, half = _table(g, c.id("cos4"), s, r, bsz)
+    _, sin_nodes, _ = _table(g, c.id("sin4"), s, r, bsz)
+    hs = head_split(g, c.id("split"))
+    with rw.provenance([*core, result]):
+        x = _packed(rw, g, c.id("split"), hs)
+        tables = (_half_table(rw, t, half, s, r) for t in (c.id("cos"), c.id("sin")))
+        rot = rw.emit(Op.ROPE, [x, *tables], head_dim=d, n_rot=r)
+        heads = rw.transpose(rw.reshape(rot, (b, s, nh, d)), (0, 2, 1, 3))
+    rw.replace(result, heads)
+    rw.remove(core)
+    chain = hs.chain if hs is not None and hs.block else ()  # another layout: the copy reads the heads
+    remove_shared(rw, (*cos_nodes, *sin_nodes, *chain))
+    return rot
+
+
+ROPE_HEADS = Rule(
+    RULE, P(Op.ADD, name="rope_sum"),
+    steps=(_find_rotation, find_partial, _cos_table, _sin_table, HEADS_RANK, TABLES_ALIKE,
+           one_dtype(("split", "cos", "sin", *CORE, "rope_sum"), ("h_part", "pass", "tail"))),
+    result=("tail", "rope_sum"), absorb=(*CORE, "rope_sum", "h_part", "pass", "tail"), rewrite=_rewrite,
+    labels={"rope_sum": "rotation", "split": "heads"},
+    doc="RoPE written on the heads (h * cos + rotate_half(h) * sin) -> the rope op on the projection")
+
+ROPE_HEADS_PASS = rule_pass("fuse_sdpa", [ROPE_HEADS], "RoPE written on the heads -> the rope op")
+"""The rule as a stage of `fuse_sdpa` (`engine.compose`): its matches and its refusals, the rule's near misses."""
+
+
 def rope_heads(g: Graph) -> tuple[Graph, list[Match]]:
     """`g` with every rotation written on the heads rewritten to the `rope` op (see the module doc), and one `Match`
-    per rewrite; `(g, [])` when there is none."""
-    forms = [f for n in g if (f := _form(g, n)) is not None]
-    if not forms:
-        return g, []
-    rw = Rewriter(g, "fuse_sdpa")
-    results = {f.result for f in forms}
-    gone = {i for f in forms for i in f.core}
-    changed = True
-    while changed:  # tables shared by Q and K (and head splits) go once nothing else reads them
-        changed = False
-        for i in {i for f in forms for i in f.shared} - gone:
-            if not g.is_output(i) and all(u.id in gone or u.id in results for u in g.users(i)):
-                gone.add(i)
-                changed = True
-    matches = []
-    for f in forms:
-        b, nh, s, d = g[f.split].shape
-        with rw.provenance([*f.core, f.result]):
-            x = _packed(rw, g, f)
-            cos, sin = (_half_table(rw, t, f.half, s, f.n_rot) for t in (f.cos, f.sin))
-            rot = rw.emit(Op.ROPE, [x, cos, sin], head_dim=d, n_rot=f.n_rot)
-            heads = rw.transpose(rw.reshape(rot, (b, s, nh, d)), (0, 2, 1, 3))
-        rw.replace(f.result, heads)
-        matches.append(Match("fuse_sdpa", RULE, f.result, {"rope_sum": f.result, "head_split": f.split}, rot,
-                             g[f.result].path))
-    rw.remove(sorted(gone - results))
-    return rw.finish(), matches
+    per rewrite; `(g, [])` when there is none. The `ROPE_HEADS` rule run by the engine."""
+    r = ROPE_HEADS_PASS(g)
+    return r.graph, r.matches
 
 
-__all__ = ["RULE", "rope_heads", "why_not"]
+__all__ = ["RULE", "ROPE_HEADS", "ROPE_HEADS_PASS", "find_partial", "one_dtype", "rope_heads"]

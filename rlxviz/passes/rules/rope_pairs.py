@@ -21,34 +21,32 @@ with `c = t_cos[p, i]` at position p; the form computes `x1 c + (-x2) s` and `x2
 entries `2i` and `2i + 1`, which are equal (guarded on the values the graph carries, `Graph.values`, or the
 table is refused with the entry that differs); `a + (-b) == a - b` and `(-x) s == -(x s)` in IEEE arithmetic. The
 tables must have exactly S rows on the heads' sequence axis; x, the tables and every node of the form share one
-dtype; a node of the form read elsewhere keeps the form. Each rewrite is a `fuse_sdpa.rope_pairs` match.
+dtype; a node of the form read elsewhere keeps the form.
+
+The rule (`ROPE_PAIRS`, run by the engine as a stage of `fuse_sdpa`): anchor an add; `_find_rotation` binds the
+form, its movement chain as the family `move*` (quiet when the add is none), `rope_heads.find_partial` the heads;
+the named guards `cos_table` / `sin_table` (neighbours equal), `tables_layout` (`[S, r]` rows on the heads'
+sequence axis), `one_dtype` and the engine's `absorbed_escape` (no node of the form, the chain included, read
+elsewhere) are its refusals, which `fuse_sdpa`'s `rope_on_heads` quotes (`engine.refusal`). Each rewrite is a
+`fuse_sdpa.rope_pairs` match.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ...ir import Graph, Node, Op, Rewriter
+from ..engine import rule_pass
+from ..guard import NOT_RECOGNIZED, Ctx, Guard, guard
+from ..pattern import P
+from ..rule import QUIET, Fail, Rule, reports
 from ..trace import Match
-from .rope_heads import _halves, _other, partial_rotary
+from .rope_heads import _halves, _other, find_partial, one_dtype
 
 RULE = "fuse_sdpa.rope_pairs"
 MAX_INDEX = 1 << 24
 """The most elements of h whose signed index map is evaluated (int32: 64 MiB)."""
 _MAP_OPS = (Op.NARROW, Op.GATHER, Op.TRANSPOSE, Op.RESHAPE, Op.CONCAT, Op.NEG, Op.EXPAND)
-
-
-@dataclass(frozen=True)
-class _Form:
-    result: int  # the add, or the partial form's concat
-    heads: int  # the heads [B, S, nh, d] or [B, nh, S, d] (the rotated part is their first r dims)
-    seq_axis: int  # 1 or 2
-    cos: int
-    sin: int
-    n_rot: int
-    core: tuple[int, ...]
 
 
 def _index(g: Graph, i: int) -> np.ndarray | None:
@@ -161,39 +159,76 @@ def _tables_fit(g: Graph, t: int, s: int, r: int) -> int | None:
     return 2 if shape in ((s, r), (1, s, r), (1, 1, s, r)) else None
 
 
-def _form(g: Graph, add: Node) -> _Form | None:
-    found = _rotation(g, add)
+def _seq_axis(c: Ctx) -> int | None:
+    """The heads' sequence axis (1 or 2) both tables are laid out for, or None."""
+    hs, r = c["split"].shape, c["h"].shape[-1]
+    return next((ax for ax in (1, 2) if all(_tables_fit(c.graph, c.id(t), hs[ax], r) == ax for t in ("cos", "sin"))),
+                None)
+
+
+@reports(reads=("rope_sum",), binds=("h", "cos", "sin", "plain", "rotated", "move*"))
+def _find_rotation(c: Ctx) -> Fail | None:
+    """Bind the interleaved rotation `h * cos + rotate_every_two(h) * sin` summed by the anchor (`_rotation`), its
+    movement chain as `move0`, `move1`, ...; quiet when the add is none (not a candidate)."""
+    found = _rotation(c.graph, c["rope_sum"])
     if found is None:
-        return None
+        return QUIET
     h, cos, sin, core, _ = found
-    heads, result = h, add.id
-    r = g[h].shape[-1]
-    if (partial := partial_rotary(g, add, h, r)) is not None:
-        heads, extra, result = partial
-        core += extra
-    hs = g[heads].shape
-    seq = next((ax for ax in (1, 2) if all(_tables_fit(g, t, hs[ax], r) == ax for t in (cos, sin))), None)
-    if seq is None or any(_halves(g, t, pairs=True) for t in (cos, sin)):
-        return None
-    if len({g[i].dtype for i in (heads, cos, sin, *core, result)}) != 1:
-        return None
-    inside = {*core, result}
-    if any(g.is_output(i) or any(u.id not in inside for u in g.users(i)) for i in core):
-        return None
-    return _Form(result, heads, seq, cos, sin, r, tuple(core))
+    c.bindings["h"], c.bindings["cos"], c.bindings["sin"] = h, cos, sin
+    c.bindings["plain"], c.bindings["rotated"] = core[0], core[1]
+    for k, i in enumerate(core[2:]):
+        c.bindings[f"move{k}"] = i
+    return None
 
 
-def why_not(g: Graph, add: int) -> str:
-    """Why the interleaved rotation summed by `add` was not rewritten, or "" (also when it is no such rotation)."""
-    found = _rotation(g, g[add])
-    if found is None or _form(g, g[add]) is not None:
-        return ""
-    _, cos, sin, _, _ = found
-    for name, t in (("cos", cos), ("sin", sin)):
-        if why := _halves(g, t, pairs=True):
-            return f"its {name} table: {why}"
-    return ("its tables are not [S, r] rows on the heads' sequence axis, a product of the form is read elsewhere, "
-            "or its dtypes differ")
+def _pairs_guard(name: str) -> Guard:
+    """`{name}_table`: the table's neighbours are equal (`_halves(pairs=True)`), so its even columns are the table
+    the rope op reads."""
+    return guard(f"{name}_table", lambda c: not _halves(c.graph, c.id(name), pairs=True),
+                 lambda c: f"its {name} table: {_halves(c.graph, c.id(name), pairs=True)}",
+                 "give the rotation tables whose neighbours are equal (repeat_interleave(t, 2)) and whose values the "
+                 "graph carries", requires=(name,), kind=NOT_RECOGNIZED,
+                 fix="fuse_sdpa.rope_pairs reads tables whose neighbour pairs are known equal")
+
+
+def _layout_why(c: Ctx) -> str:
+    r = c["h"].shape[-1]
+    return (f"its tables {c.d('cos')} and {c.d('sin')} are {list(c['cos'].shape)} and {list(c['sin'].shape)}, not "
+            f"[S, {r}] rows on the sequence axis of the heads {c.d('split')} {list(c['split'].shape)}: needs "
+            f"[1, S, 1, {r}] for [B, S, nh, d] heads, or [S, {r}], [1, S, {r}], [1, 1, S, {r}] for [B, nh, S, d]")
+
+
+TABLES_LAYOUT = guard("tables_layout", lambda c: _seq_axis(c) is not None, _layout_why,
+                      "lay the tables out as [S, r] rows on the heads' sequence axis", requires=("cos", "sin"),
+                      reads=("split", "h"), kind=NOT_RECOGNIZED,
+                      fix="fuse_sdpa.rope_pairs reads tables laid out for another head layout")
+
+
+def _moves(c: Ctx) -> list[int]:
+    """The bound movement chain `move0`, `move1`, ... (rotate_every_two's nodes), in binding order."""
+    return [i for r, i in c.bindings.items() if r.startswith("move") and r[4:].isdigit()]
+
+
+def _rewrite(c: Ctx, rw: Rewriter) -> int:
+    """`rope(interleaved=True)` on the packed heads, back to the heads' layout; the form removed."""
+    partial = "tail" in c
+    core = [c.id("plain"), c.id("rotated"), *_moves(c)]
+    core += [c.id("rope_sum"), c.id("h_part"), c.id("pass")] if partial else []
+    result = c.id("tail") if partial else c.id("rope_sum")
+    hs, r, seq = c["split"].shape, c["h"].shape[-1], _seq_axis(c)
+    b, d = hs[0], hs[3]
+    s, nh = (hs[1], hs[2]) if seq == 1 else (hs[2], hs[1])
+    with rw.provenance([*core, result]):
+        src = c.id("split") if seq == 1 else rw.transpose(c.id("split"), (0, 2, 1, 3))
+        x = rw.reshape(src, (b, s, nh * d))
+        cos, sin = (_pair_table(rw, c.id(t), s, r) for t in ("cos", "sin"))
+        rot = rw.emit(Op.ROPE, [x, cos, sin], head_dim=d, n_rot=r, interleaved=True)
+        out = rw.reshape(rot, (b, s, nh, d))
+        if seq == 2:
+            out = rw.transpose(out, (0, 2, 1, 3))
+    rw.replace(result, out)
+    rw.remove(core)
+    return rot
 
 
 def _pair_table(rw: Rewriter, t: int, s: int, r: int) -> int:
@@ -202,30 +237,23 @@ def _pair_table(rw: Rewriter, t: int, s: int, r: int) -> int:
     return rw.reshape(rw.narrow(pairs, 2, 0, 1), (s, r // 2))
 
 
+ROPE_PAIRS = Rule(
+    RULE, P(Op.ADD, name="rope_sum"),
+    steps=(_find_rotation, find_partial, _pairs_guard("cos"), _pairs_guard("sin"), TABLES_LAYOUT,
+           one_dtype(("split", "cos", "sin", "plain", "rotated", "rope_sum"), ("move*", "h_part", "pass", "tail"))),
+    result=("tail", "rope_sum"), absorb=("plain", "rotated", "move*", "rope_sum", "h_part", "pass", "tail"),
+    rewrite=_rewrite, labels={"rope_sum": "rotation", "split": "heads"},
+    doc="RoPE written interleaved (h * cos + rotate_every_two(h) * sin) -> rope(interleaved=True)")
+
+ROPE_PAIRS_PASS = rule_pass("fuse_sdpa", [ROPE_PAIRS], "RoPE written interleaved -> rope(interleaved=True)")
+"""The rule as a stage of `fuse_sdpa` (`engine.compose`): its matches and its refusals, the rule's near misses."""
+
+
 def rope_pairs(g: Graph) -> tuple[Graph, list[Match]]:
-    """`g` with every interleaved rotation rewritten to `rope(interleaved=True)` (module doc), one `Match` each."""
-    forms = [f for n in g if (f := _form(g, n)) is not None]
-    if not forms:
-        return g, []
-    rw = Rewriter(g, "fuse_sdpa")
-    matches = []
-    for f in forms:
-        hs = g[f.heads].shape
-        b, d = hs[0], hs[3]
-        s, nh = (hs[1], hs[2]) if f.seq_axis == 1 else (hs[2], hs[1])
-        with rw.provenance([*f.core, f.result]):
-            src = f.heads if f.seq_axis == 1 else rw.transpose(f.heads, (0, 2, 1, 3))
-            x = rw.reshape(src, (b, s, nh * d))
-            cos, sin = (_pair_table(rw, t, s, f.n_rot) for t in (f.cos, f.sin))
-            rot = rw.emit(Op.ROPE, [x, cos, sin], head_dim=d, n_rot=f.n_rot, interleaved=True)
-            out = rw.reshape(rot, (b, s, nh, d))
-            if f.seq_axis == 2:
-                out = rw.transpose(out, (0, 2, 1, 3))
-        rw.replace(f.result, out)
-        matches.append(Match("fuse_sdpa", RULE, f.result, {"rope_sum": f.result, "heads": f.heads}, rot,
-                             g[f.result].path))
-    rw.remove(sorted({i for f in forms for i in f.core} - {f.result for f in forms}))
-    return rw.finish(), matches
+    """`g` with every interleaved rotation rewritten to `rope(interleaved=True)` (module doc), one `Match` each: the
+    `ROPE_PAIRS` rule run by the engine."""
+    r = ROPE_PAIRS_PASS(g)
+    return r.graph, r.matches
 
 
-__all__ = ["RULE", "every_two", "rope_pairs", "why_not"]
+__all__ = ["RULE", "ROPE_PAIRS", "ROPE_PAIRS_PASS", "every_two", "rope_pairs"]

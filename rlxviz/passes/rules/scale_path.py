@@ -18,11 +18,19 @@ element; the scales keep their order, so each element sees the same products in 
 every node of the path has one reader and is no graph output (otherwise nothing changes and `fuse_sdpa`'s
 `scores_form` names the node), and each scale keeps its operand's shape and dtype (no broadcast, no promotion).
 Each rewritten path is reported as a `fuse_sdpa.hoist_scale` match.
+
+The rules (`HOIST_SCALES`, `SCALAR_SCALES`, stages of `fuse_sdpa` run by the engine) have no refusal of their own:
+a path with nothing to move is no candidate, and a path read elsewhere is left quiet because `fuse_sdpa`'s
+`scores_form` already names its node (a second record would blame the same node twice).
 """
 
 from __future__ import annotations
 
 from ...ir import Graph, Node, Op, Rewriter
+from ..engine import rule_pass
+from ..guard import Ctx
+from ..pattern import P
+from ..rule import QUIET, Fail, Rule, reports
 from ..trace import Match
 
 RULE = "fuse_sdpa.hoist_scale"
@@ -99,63 +107,128 @@ def _misplaced(g: Graph, path: list[Node]) -> bool:
     return False
 
 
+def _scores_operand(g: Graph, n: Node) -> bool:
+    """`n` is an operand of a scores matmul (`_scores_matmuls`)."""
+    readers = {u.id for u in g.users(n.id) if u.op == Op.MATMUL and u.rank == 4}
+    return bool(readers) and any(mm.id in readers for mm in _scores_matmuls(g))
+
+
+def _on_scores_path(g: Graph, n: Node) -> bool:
+    """`n` lies on the path (`_path`) of a scores matmul's operand: some chain of its readers that are scales of
+    it or movement ops (not a head split) reaches an operand of a scores matmul."""
+    todo, seen = [n], set()
+    while todo:
+        m = todo.pop()
+        if m.id in seen:
+            continue
+        seen.add(m.id)
+        if _scores_operand(g, m):
+            return True
+        todo += [u for u in g.users(m.id) if _scale_operand(g, u) == m.id
+                 or (u.op in _MOVES and not _head_split(g, u) and u.inputs[0] == m.id)]
+    return False
+
+
+@reports(reads=("operand",), binds=("top", "path*"))
+def _find_path(c: Ctx) -> Fail | None:
+    """Bind the operand's path (`path0` the operand, up to the head split or first other op `top`) when a scale on
+    it has a movement op above it and every node of it has one reader and is no graph output; quiet otherwise
+    (nothing to move, or the path is read elsewhere: `fuse_sdpa`'s `scores_form` names that node)."""
+    g, n = c.graph, c["operand"]
+    if not _scores_operand(g, n):
+        return QUIET
+    path, top = _path(g, n.id)
+    if not path or not _misplaced(g, path) or any(len(g.users(m.id)) != 1 or g.is_output(m.id) for m in path):
+        return QUIET
+    c.bindings["top"] = top
+    for k, m in enumerate(path):
+        c.bindings[f"path{k}"] = m.id
+    return None
+
+
+def _bound_path(c: Ctx) -> list[Node]:
+    return [c.graph[i] for r, i in c.bindings.items() if r.startswith("path") and r[4:].isdigit()]
+
+
+def _hoist(c: Ctx, rw: Rewriter) -> None:
+    """The path's scales applied first (in their order), its movement ops after them. No fused node stands for the
+    match (the moved path is plain ops), so its record has none."""
+    g, path = c.graph, _bound_path(c)
+    scales = [n for n in reversed(path) if _scale_operand(g, n) is not None]
+    moves = [n for n in reversed(path) if _scale_operand(g, n) is None]
+    with rw.provenance([n.id for n in path]):
+        v = c.id("top")
+        for s in scales:  # upstream first: each element is scaled in the original order
+            x = _scale_operand(g, s)
+            v = rw.emit(s.op, [v if i == x else i for i in s.inputs])
+        for m in moves:
+            v = rw.emit(m.op, [v], **dict(m.attrs))
+    rw.replace(path[0].id, v)
+    rw.remove([n.id for n in path[1:]])
+
+
+OPERAND = P((Op.MUL, Op.DIV, *_MOVES), name="operand")
+"""A scale or movement op (the anchor of `HOIST_SCALES`: a scores operand's path starts with one)."""
+
+HOIST_SCALES = Rule(RULE, OPERAND, steps=(_find_path,), result="operand", absorb=("operand",), rewrite=_hoist,
+                    doc="a Q/K scale below a movement op -> next to the head split")
+
+HOIST_SCALES_PASS = rule_pass("fuse_sdpa", [HOIST_SCALES], "Q/K scales moved next to the head split")
+"""The rule as a stage of `fuse_sdpa` (`engine.compose`)."""
+
+
 def hoist_scales(g: Graph) -> tuple[Graph, list[Match]]:
     """`g` with every misplaced Q/K scale moved next to the head split (see the module doc), and one `Match` per
-    rewritten path; `(g, [])` when there is none."""
-    plans: list[tuple[Node, list[Node], int]] = []
-    for mm in _scores_matmuls(g):
-        for k in (0, 1):
-            path, top = _path(g, mm.inputs[k])
-            if not path or not _misplaced(g, path):
-                continue
-            if any(len(g.users(n.id)) != 1 or g.is_output(n.id) for n in path):
-                continue
-            plans.append((mm, path, top))
-    if not plans:
-        return g, []
-    rw = Rewriter(g, "fuse_sdpa")
-    matches = []
-    for mm, path, top in plans:
-        scales = [n for n in reversed(path) if _scale_operand(g, n) is not None]
-        moves = [n for n in reversed(path) if _scale_operand(g, n) is None]
-        with rw.provenance([n.id for n in path]):
-            v = top
-            for s in scales:  # upstream first: each element is scaled in the original order
-                x = _scale_operand(g, s)
-                v = rw.emit(s.op, [v if i == x else i for i in s.inputs])
-            for m in moves:
-                v = rw.emit(m.op, [v], **dict(m.attrs))
-        rw.replace(path[0].id, v)
-        rw.remove([n.id for n in path[1:]])
-        matches.append(Match("fuse_sdpa", RULE, scales[0].id, {"scale": scales[0].id, "scores": mm.id}, None,
-                             scales[0].path))
-    return rw.finish(), matches
+    rewritten path; `(g, [])` when there is none. The `HOIST_SCALES` rule run by the engine."""
+    r = HOIST_SCALES_PASS(g)
+    return r.graph, r.matches
+
+
+def _one_scalar(g: Graph, n: Node) -> int | None:
+    return next((i for i in n.inputs if _scalar_const(g, i) and g[i].shape == (1,)), None)
+
+
+SCALE = P((Op.MUL, Op.DIV), name="scale")
+"""A product or quotient (the anchor of `SCALAR_SCALES`)."""
+
+
+@reports(reads=("scale",), binds=("one",))
+def _find_one(c: Ctx) -> Fail | None:
+    """Bind the `[1]`-shaped constant `one` of a scale on a scores operand's path; quiet otherwise."""
+    g, n = c.graph, c["scale"]
+    one = _one_scalar(g, n)
+    if one is None or _scale_operand(g, n) is None or not _on_scores_path(g, n):
+        return QUIET
+    c.bindings["one"] = one
+    return None
+
+
+def _scalar(c: Ctx, rw: Rewriter) -> int:
+    """The same scale by the scalar constant the `[1]` one holds."""
+    g, n, one = c.graph, c["scale"], c.id("one")
+    with rw.provenance([n.id]):
+        k = rw.const(g[one].attrs["value"][0], g[one].dtype)
+        new = rw.emit(n.op, [k if i == one else i for i in n.inputs])
+    rw.replace(n.id, new)
+    return new
+
+
+SCALAR_SCALES = Rule(RULE, SCALE, steps=(_find_one,), result="scale", absorb=("scale",), rewrite=_scalar,
+                     doc="a [1]-shaped Q/K scale -> the same scale by a scalar")
+
+SCALAR_SCALES_PASS = rule_pass("fuse_sdpa", [SCALAR_SCALES], "[1]-shaped Q/K scales as scalars")
+"""The rule as a stage of `fuse_sdpa` (`engine.compose`)."""
 
 
 def scalar_scales(g: Graph) -> tuple[Graph, list[Match]]:
     """`g` with each Q/K scale by a `[1]`-shaped constant on a scores operand's path (torch's sdpa export of Falcon
     writes `q * [c]`) read as the same scale by the scalar constant `c` (what `fuse_sdpa`'s pattern and the
     attention's `scale` take). Exact: the scaled operand has rank >= 1, so the broadcast shape, the dtype and every
-    product are the same. One `fuse_sdpa.hoist_scale` match per scale."""
-    found: list[tuple[Node, int]] = []
-    for mm in _scores_matmuls(g):
-        for k in (0, 1):
-            path, _ = _path(g, mm.inputs[k])
-            for n in path:
-                c = next((i for i in n.inputs if _scalar_const(g, i) and g[i].shape == (1,)), None)
-                if c is not None and _scale_operand(g, n) is not None and n not in [f for f, _ in found]:
-                    found.append((n, c))
-    if not found:
-        return g, []
-    rw = Rewriter(g, "fuse_sdpa")
-    matches = []
-    for n, c in found:
-        with rw.provenance([n.id]):
-            one = rw.const(g[c].attrs["value"][0], g[c].dtype)
-            new = rw.emit(n.op, [one if i == c else i for i in n.inputs])
-        rw.replace(n.id, new)
-        matches.append(Match("fuse_sdpa", RULE, n.id, {"scale": n.id}, new, n.path))
-    return rw.finish(), matches
+    product are the same. One `fuse_sdpa.hoist_scale` match per scale: the `SCALAR_SCALES` rule run by the
+    engine."""
+    r = SCALAR_SCALES_PASS(g)
+    return r.graph, r.matches
 
 
-__all__ = ["RULE", "hoist_scales", "scalar_scales"]
+__all__ = ["HOIST_SCALES", "HOIST_SCALES_PASS", "OPERAND", "RULE", "SCALAR_SCALES", "SCALAR_SCALES_PASS", "SCALE",
+           "hoist_scales", "scalar_scales"]

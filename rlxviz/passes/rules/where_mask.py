@@ -56,8 +56,10 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir import DType, Graph, Node, Op, Rewriter
-from ..guard import ILLEGAL, Ctx, Guard, guard
+from ..engine import rule_pass
+from ..guard import ILLEGAL, NOT_RECOGNIZED, Ctx, Guard, guard
 from ..pattern import P, const_value, describe, is_const
+from ..rule import QUIET, Fail, Rule, reports
 from ..trace import Match
 
 NEG = float(np.finfo(np.float32).min)
@@ -309,6 +311,49 @@ def keep_operand(c: Ctx, rw: Rewriter) -> int:
     return rw.cast(rw.reshape(src, _dims(c)), DType.f32)
 
 
+INVERTED_RULE = "fuse_sdpa.inverted_where"
+"""The rule name `uninvert_where`'s matches carry."""
+
+INVERTED = P(Op.WHERE, P.var("mask_cond", where=lambda n: n.dtype == DType.bool, what="a bool condition"),
+             P.var("mask_fill", where=lambda n: is_const(n) and all(d == 1 for d in n.shape),
+                   what="a scalar constant"),
+             P.var("scores", where=lambda n: not is_const(n), what="a computed value"), name="mask_where")
+"""`where(masked, fill, scores)`: the fill where the bool condition holds (the anchor: anything else is no
+candidate)."""
+
+
+@reports(reads=("mask_where",))
+def _under_softmax(c: Ctx) -> Fail | None:
+    """Quiet unless softmaxes, and only they, read the where (a where-mask elsewhere is no attention's)."""
+    users = c.users("mask_where")
+    return None if users and all(u.op == Op.SOFTMAX for u in users) else QUIET
+
+
+SCORES_SHAPE = guard(
+    "inverted_scores_shape", lambda c: c["scores"].shape == c["mask_where"].shape,
+    lambda c: f"{c.d('mask_where')} broadcasts the scores {c.d('scores')} {list(c['scores'].shape)} to "
+              f"{list(c['mask_where'].shape)}; the where the attention reads keeps the scores' shape",
+    "mask the full scores (the broadcast belongs before the where)", requires=("mask_where", "scores"),
+    kind=NOT_RECOGNIZED, fix="fuse_sdpa.inverted_where broadcasts the scores first")
+
+
+def _uninvert(c: Ctx, rw: Rewriter) -> int:
+    """`where(eq(masked, false), scores, fill)` in place of `where(masked, fill, scores)`."""
+    with rw.provenance([c.id("mask_where")]):
+        keep = rw.emit(Op.EQ, [c.id("mask_cond"), rw.const(0.0, DType.bool)])
+        new = rw.emit(Op.WHERE, [keep, c.id("scores"), c.id("mask_fill")])
+    rw.replace(c.id("mask_where"), new)
+    return new
+
+
+INVERTED_WHERE = Rule(INVERTED_RULE, INVERTED, steps=(_under_softmax, SCORES_SHAPE), result="mask_where",
+                      absorb=("mask_where",), rewrite=_uninvert, labels={"mask_where": "where-mask"},
+                      doc="an inverted where-mask under a softmax -> where(eq(masked, false), scores, fill)")
+
+UNINVERT_WHERE_PASS = rule_pass("fuse_sdpa", [INVERTED_WHERE], "inverted where-masks un-inverted")
+"""The rule as a stage of `fuse_sdpa` (`engine.compose`)."""
+
+
 def uninvert_where(g: Graph) -> tuple[Graph, list[Match]]:
     """`g` with every inverted where-mask under a softmax, `where(masked, fill, scores)` (MPT: the fill where the
     bool condition holds, `masked_fill(mask, finfo.min)` of an inverted mask, after ALiBi is added), written as
@@ -316,30 +361,15 @@ def uninvert_where(g: Graph) -> tuple[Graph, list[Match]]:
     the mask as the one additive operand, under the same guards: the fill, the rows). Exact: for a bool condition
     `eq(c, false)` is `not c` element for element, and `where(c, f, x) == where(not c, x, f)` everywhere. Only a
     `where` read by a softmax whose on-true operand is a scalar constant and whose on-false operand is not a
-    constant; one `fuse_sdpa.inverted_where` match per where. (`canonicalize_exported.inverted_where` swaps the
-    other way only for an explicit `eq(b, false)` test, which this form does not start from, so the two never undo
-    each other's rewrite within one pipeline: that pass runs earlier.)"""
-    found = [n for n in g if n.op == Op.WHERE and g[n.inputs[0]].dtype == DType.bool
-             and is_const(g[n.inputs[1]]) and all(d == 1 for d in g[n.inputs[1]].shape)
-             and not is_const(g[n.inputs[2]]) and g[n.inputs[2]].shape == n.shape
-             and g.users(n.id) and all(u.op == Op.SOFTMAX for u in g.users(n.id))]
-    if not found:
-        return g, []
-    rw = Rewriter(g, "fuse_sdpa")
-    matches = []
-    for n in found:
-        cond, fill, x = n.inputs
-        with rw.provenance([n.id]):
-            keep = rw.emit(Op.EQ, [cond, rw.const(0.0, DType.bool)])
-            new = rw.emit(Op.WHERE, [keep, x, fill])
-        rw.replace(n.id, new)
-        matches.append(Match("fuse_sdpa", INVERTED_RULE, n.id, {"mask_where": n.id, "mask_cond": cond}, new,
-                             n.path))
-    return rw.finish(), matches
+    constant (the anchor `INVERTED` and the quiet step `_under_softmax`), the scores not broadcast by the where
+    (guard `inverted_scores_shape`); one `fuse_sdpa.inverted_where` match per where, the `INVERTED_WHERE` rule run
+    by the engine. (`canonicalize_exported.inverted_where` swaps the other way only for an explicit `eq(b, false)`
+    test, which this form does not start from, so the two never undo each other's rewrite within one pipeline: that
+    pass runs earlier.)"""
+    r = UNINVERT_WHERE_PASS(g)
+    return r.graph, r.matches
 
 
-INVERTED_RULE = "fuse_sdpa.inverted_where"
-"""The rule name `uninvert_where`'s matches carry."""
-
-__all__ = ["INVERTED_RULE", "NEG", "additive_note", "additive_operand", "biased_operand", "guards", "inner_where",
-           "is_additive", "keep_operand", "nested_note", "nested_operand", "uninvert_where", "where_scores"]
+__all__ = ["INVERTED", "INVERTED_RULE", "INVERTED_WHERE", "NEG", "UNINVERT_WHERE_PASS", "additive_note",
+           "additive_operand", "biased_operand", "guards", "inner_where", "is_additive", "keep_operand", "nested_note",
+           "nested_operand", "uninvert_where", "where_scores"]
