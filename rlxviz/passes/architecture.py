@@ -35,12 +35,12 @@ from .activations import activation_form
 from .rope_forms import interleaved_rope, rotate_half_rope
 from .trace import Rejection, layer_of
 from .why.kinds import LayerArchitecture
+from .why.policy import KINDS
 
 _ATTENTION = frozenset({Op.ATTENTION, Op.FUSED_ATTENTION_BLOCK, Op.FUSED_TRANSFORMER_LAYER})
 _NORMS = frozenset({Op.LAYER_NORM, Op.RMS_NORM, Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM})
 _ACTS = frozenset({Op.GELU, Op.GELU_TANH, Op.SILU, Op.RELU, Op.RELU2, Op.FUSED_SWIGLU})
 _PREFIX = ("canonicalize_exported", "canonicalize_norm", "canonicalize_gelu", "fuse_sdpa")
-KINDS = ("post_ln", "pre_ln", "llama", "parallel", "cross_decoder", "attention_only", "no_attention")
 
 DESCRIPTIONS = {
     "post_ln": "post-LN (BERT): attention -> residual add -> LayerNorm",

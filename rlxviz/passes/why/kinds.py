@@ -45,6 +45,13 @@ class LayerArchitecture:
         return self.kind in ("pre_ln", "llama", "parallel") or (
             self.kind in ("attention_only", "cross_decoder") and any("pre-norm" in e for e in self.evidence))
 
+    def has(self, trait: str) -> bool:
+        """Whether the layer has `trait`: its kind (`post_ln`, `llama`, ...), `pre_norm`, `kv_cache` or `keep_mask`
+        (its attention's mask is a keep mask). The traits a pass's `expected_of` / `excused_by` and a guard's
+        `excused_in` name."""
+        return {"pre_norm": self.pre_norm, "kv_cache": self.kv_cache, "keep_mask": self.mask == "keep",
+                "post_ln": self.post_ln}.get(trait, self.kind == trait)
+
     def not_expected(self, pass_name: str, guard: str = "") -> str | None:
         """Why a rejection of `pass_name` at `guard` does not count in this layer (None: it counts;
         `policy.not_expected`)."""

@@ -1,33 +1,38 @@
 """What a layer is expected to fuse, by its kind: the one place that decides which refusals count.
 
 The facts come from the trace (`facts`) and the layer's kind (`passes.architecture.classify_layer`); this module
-turns them into "expected" and "not expected here", and nothing outside `passes/why/` does. The product of each
-pattern pass (`PRODUCTS`) is what its name is in a layer's expectations; which kinds expect it and where a guard's
-refusal is excused are read from here (see `not_expected`).
+turns them into "expected" and "not expected here", and nothing outside `passes/why/` does. Policy lives on what it
+is about and is only read here: a pass declares its product and the layer traits that expect it (`Pass.product`,
+`expected_of`, `excused_by`, `unexpected`), a guard where its refusal is excused (`Guard.excused_in`, `excuse`), so a
+renamed pass or guard carries its policy with it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..guard import Guard
+from ..pattern import RuleError
+from ..pipeline import PASSES
+from ..rule import Soft
+from ..spelling import close
+
 if TYPE_CHECKING:
     from .kinds import LayerArchitecture
+
+KINDS = ("post_ln", "pre_ln", "llama", "parallel", "cross_decoder", "attention_only", "no_attention")
+"""Every layer kind `passes.architecture.classify_layer` answers."""
+
+TRAITS = (*KINDS, "pre_norm", "kv_cache", "keep_mask")
+"""What a pass's `expected_of` / `excused_by` and a guard's `excused_in` may name (`LayerArchitecture.has`)."""
 
 EXPECT_MODES = ("model", "pipeline")
 """What a layer is judged against: `model` (default): every product that is legal for the layer, i.e. what the
 canonical pipeline makes of it, so a pipeline without a pass the layer needs cannot pass the check; `pipeline`: only
 what the run's own passes could make (the products its missing passes would make are listed, not counted)."""
 
-PRODUCTS: dict[str, str] = {
-    "fuse_sdpa": "packed attention", "fuse_swiglu": "FusedSwiGLU",
-    "fuse_shared_input_matmul": "shared-input QKV matmul",
-    "fuse_matmul_bias_act": "FusedMatMulBiasAct", "fuse_attention_block": "FusedAttentionBlock",
-    "fuse_residual_ln": "FusedResidualLN", "fuse_residual_rms_norm": "FusedResidualRmsNorm",
-    "fuse_transformer_layer": "FusedTransformerLayer",
-    "canonicalize_norm": "layer_norm / rms_norm", "canonicalize_gelu": "gelu / gelu_tanh",
-    "canonicalize_exported": "the exporter's forms as IR ops (silu, rsqrt, where mask)",
-}
-"""What each pattern pass produces, as named in a layer's expectations."""
+PRODUCTS: dict[str, str] = {p.name: p.product for p in PASSES.values() if p.product}
+"""What each pattern pass produces, as named in a layer's expectations (`Pass.product`, declared on the pass)."""
 
 LAYER_PASS = "fuse_transformer_layer"
 """The pass that turns a whole post-LN layer into one node (`Op.FUSED_TRANSFORMER_LAYER`)."""
@@ -39,9 +44,6 @@ FAMILY_PASSES: dict[str, tuple[str, ...]] = {
 }
 """The passes whose rules recognize each `passes.unrecognized` family."""
 
-RESIDUAL_NORM_PASSES = ("fuse_residual_ln", "fuse_residual_rms_norm")
-PRE_NORM_ILLEGAL_GUARDS = frozenset({"sum_single_user", "biased_single_user"})
-
 ILLEGAL_HERE = ("illegal for this layer: no change to the model that keeps its numbers makes it legal (the layer is "
                 "fused as far as legal)")
 
@@ -51,29 +53,59 @@ def product(pass_name: str) -> str:
     return PRODUCTS.get(pass_name, pass_name)
 
 
+def _guards(pass_name: str) -> dict[str, Guard]:
+    """The `Guard`s of `pass_name`'s rules by name (a guard shared by several rules once)."""
+    p = PASSES.get(pass_name)
+    steps = (st.step if isinstance(st, Soft) else st for r in (p.rules if p is not None else ()) for st in r.steps)
+    return {g.name: g for g in steps if isinstance(g, Guard)}
+
+
 def not_expected(arch: LayerArchitecture, pass_name: str, guard: str = "") -> str | None:
     """Why a rejection of `pass_name` at `guard` does not count in a layer of kind `arch` (None: it counts). (A
     refusal that is `illegal` and `read by the model`, the model's own dataflow, is excused per layer by
     `verdict.layer_verdict`: `ILLEGAL_HERE`.)
 
-    The rules: `FusedTransformerLayer` is expected only of `post_ln`; `FusedAttentionBlock` of `post_ln` and of any
-    layer whose attention has a keep mask and no KV cache (the block also takes an additive mask, but a pre-norm
-    layer with one is only expected to pack its attention); a residual-norm fusion refused because the residual sum
-    has other users is illegal, not missed, in a pre-norm layer. Everything else counts."""
-    if pass_name == "fuse_transformer_layer" and not arch.post_ln:
-        return f"FusedTransformerLayer is the post-LN BERT layer; this layer is {arch.description}"
-    if pass_name == "fuse_attention_block" and arch.kv_cache:
-        return ("FusedAttentionBlock projects K and V from the hidden states; this layer's attention reads a KV "
-                "cache (a decode step)")
-    if pass_name == "fuse_attention_block" and not arch.post_ln and arch.mask == "additive":
-        return ("FusedAttentionBlock takes this layer's additive mask when the rest of the block matches, but a "
-                "pre-norm layer is only expected to pack its attention (the block is expected with a keep mask)")
-    if pass_name == "fuse_attention_block" and not arch.post_ln and arch.mask != "keep":
-        return (f"FusedAttentionBlock takes a keep mask or an additive one as its mask operand; this layer's "
-                f"attention mask is {arch.mask or 'absent'}")
-    if pass_name in RESIDUAL_NORM_PASSES and arch.pre_norm and guard in PRE_NORM_ILLEGAL_GUARDS:
-        return "pre-norm layout: the residual sum also feeds the next residual add, so it cannot be fused"
+    Read from what the pass and the guard declare: a trait of the layer in the pass's `excused_by`, or none of its
+    `expected_of` (then its `unexpected` says why), or a trait in the guard's `excused_in` (its `excuse`). E.g.
+    `FusedTransformerLayer` is expected only of `post_ln`; `FusedAttentionBlock` of `post_ln` and of a layer whose
+    attention has a keep mask, never with a KV cache; a residual-norm fusion refused because the residual sum has
+    other users is illegal, not missed, in a pre-norm layer. Everything else counts."""
+    p = PASSES.get(pass_name)
+    if p is not None:
+        for trait, why in p.excused_by:
+            if arch.has(trait):
+                return why
+        if p.expected_of and not any(arch.has(t) for t in p.expected_of):
+            u = p.unexpected
+            return u(arch) if callable(u) else u.format(description=arch.description, mask=arch.mask)
+    g = _guards(pass_name).get(guard) if guard else None
+    if g is not None and any(arch.has(t) for t in g.excused_in):
+        return g.excuse
     return None
+
+
+def check_declarations() -> None:
+    """Every layer trait a pass or a guard names is one `LayerArchitecture.has` knows (`kinds.TRAITS`), so a
+    misspelt trait fails at import instead of silently expecting nothing.
+
+    Raises:
+        RuleError: a pass's `expected_of` / `excused_by`, or a guard's `excused_in`, names an unknown trait, or a guard
+            is excused somewhere without saying why.
+    """
+    for p in PASSES.values():
+        for t in (*p.expected_of, *(t for t, _ in p.excused_by)):
+            if t not in TRAITS:
+                raise RuleError(f"[Pass {p.name}] unknown layer trait {t!r}{close(t, TRAITS)}; known: "
+                                f"{', '.join(TRAITS)}")
+        if p.expected_of and not p.unexpected:
+            raise RuleError(f"[Pass {p.name}] expected_of without `unexpected`: say why the others do not expect it")
+        for g in _guards(p.name).values():
+            for t in g.excused_in:
+                if t not in TRAITS:
+                    raise RuleError(f"[Guard {g.name}] unknown layer trait {t!r}{close(t, TRAITS)}; known: "
+                                    f"{', '.join(TRAITS)}")
+            if g.excused_in and not g.excuse:
+                raise RuleError(f"[Guard {g.name}] excused_in without an excuse")
 
 
 def expected_products(arch: LayerArchitecture) -> list[str]:
@@ -90,5 +122,8 @@ def expected_products(arch: LayerArchitecture) -> list[str]:
     return out
 
 
-__all__ = ["EXPECT_MODES", "FAMILY_PASSES", "ILLEGAL_HERE", "LAYER_PASS", "PRODUCTS", "expected_products",
-           "not_expected", "product"]
+__all__ = ["EXPECT_MODES", "FAMILY_PASSES", "ILLEGAL_HERE", "KINDS", "LAYER_PASS", "PRODUCTS", "TRAITS",
+           "check_declarations", "expected_products", "not_expected", "product"]
+
+
+check_declarations()
