@@ -11,6 +11,7 @@ from typing import Any
 from .. import session
 from ..ir import Graph, format_graph
 from ..passes import PassStep, Trace
+from ..passes.why.verdict import RunVerdict
 from ..session import LayerStatus, SessionError, View, overlays
 from ..session import render as drawing
 from ..viz.heat import legend
@@ -222,8 +223,19 @@ class Derived:
         g = self.trace.input if self.trace is not None else (self.model.graph if self.model else None)
         return session.model_layers(g) if g is not None else []
 
+    def verdict(self) -> RunVerdict:
+        """The current run's one verdict (`passes.why.RunVerdict`): what the Why tab, the drawing, the node panel and
+        `rlxviz explain` all format.
+
+        Raises:
+            SessionError: no run yet.
+        """
+        if self.trace is None:
+            raise SessionError("no pipeline run yet: load a model first")
+        return RunVerdict.of(self.trace, model=self.model.name if self.model is not None else "")
+
     def layer_status(self, layer: int) -> LayerStatus:
-        """The session's status of `layer` in the current run (`session.layer_status`).
+        """The run's verdict on `layer` (`verdict().layer`).
 
         Raises:
             SessionError: no run yet, or no such layer.
@@ -231,7 +243,7 @@ class Derived:
         if self.trace is None:
             raise SessionError("no pipeline run yet: load a model first")
         session.check_layer(self.trace, layer, self.model.name if self.model is not None else "")
-        return session.layer_status(self.trace, layer)
+        return self.verdict().layer(layer)
 
     def why_layer(self, layer: int) -> str:
         """"Why didn't layer N fuse?" as Markdown: the session's text (`LayerStatus.render`, the same the CLI
@@ -246,9 +258,7 @@ class Derived:
         Raises:
             SessionError: no run yet.
         """
-        if self.trace is None:
-            raise SessionError("no pipeline run yet: load a model first")
-        text = session.check_fusion(self.trace, self.model.name if self.model is not None else "").render(verbose=True)
+        text = self.verdict().render(verbose=True)
         return "### The whole graph (no node path names a layer)\n\n" + md_lines(text)
 
     def svg_why(self) -> str:

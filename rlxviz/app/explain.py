@@ -205,18 +205,18 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
 
 
 def _verdict(trace: Trace, layer: int | None) -> dict[str, Any] | None:
-    """The session's verdict for the node's layer (`session.layer_status`, what `explain` and the Why tab say):
-    `layer, fused, rule, guard, fix, hint` (rule/guard/fix/hint empty when it fused or nothing rejected), or None
-    outside a layer of the model."""
-    from ..session.loading import model_layers
-    from ..session.status import layer_status
+    """The run's verdict on the node's layer (`passes.why.RunVerdict`, what `explain` and the Why tab say):
+    `layer, fused, rule, guard, fix, hint, legal_only` (rule/guard/fix/hint empty when it fused or nothing rejected),
+    or None outside a layer of the model."""
+    from ..passes.why.verdict import RunVerdict
 
-    if layer is None or layer not in model_layers(trace.input):
+    run = RunVerdict.of(trace)
+    v = next((v for v in run.layers if layer is not None and v.layer == layer), None)
+    if v is None:
         return None
-    st = layer_status(trace, layer)
-    f = st.first
-    return {"layer": layer, "fused": st.fused, "rule": f.rule if f else "", "guard": f.guard if f else "",
-            "fix": f.fix if f else "", "hint": f.hint if f else "", "legal_only": st.fused and bool(st.illegal)}
+    f = v.first
+    return {"layer": layer, "fused": v.fused, "rule": f.rule if f else "", "guard": f.guard if f else "",
+            "fix": f.fix if f else "", "hint": f.hint if f else "", "legal_only": v.legal_only}
 
 
 def report_markdown(rep: dict[str, Any]) -> str:

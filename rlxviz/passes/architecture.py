@@ -20,18 +20,13 @@ on a copy, so decomposed norms, GELUs and Hugging Face attention are seen as ops
 * `attention_only`: attention and no MLP activation.
 * `no_attention`: everything else with no attention (an MLP, an embedding).
 
-`LayerArchitecture.not_expected(pass_name, guard)` says why a rejection does not count for this kind (None: it
-counts). The rules: `FusedTransformerLayer` is expected only of `post_ln`; `FusedAttentionBlock` of `post_ln`
-and of any layer whose attention has a keep mask (the block also takes an additive mask, but a pre-norm layer with
-one is only expected to pack its attention, so the verdicts of such layers did not change); a residual-norm
-fusion refused because the residual sum has other users is illegal, not missed, in a pre-norm layer.
-Everything else that was a candidate and did not fuse counts, so nothing passes vacuously.
+The kind is a fact about the layer; what a kind is expected to fuse, and which rejections it does not count, is
+decided in `passes.why.policy` (`not_expected`), nowhere else.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
 from ..ir import Graph, Node, Op
 from ..ir.identity import IdentityMap
@@ -39,12 +34,13 @@ from ..ir.ops import BLAS, GATE_ACTIVATIONS, MLP_ACTIVATIONS
 from .activations import activation_form
 from .rope_forms import interleaved_rope, rotate_half_rope
 from .trace import Rejection, layer_of
+from .why.kinds import LayerArchitecture
+from .why.policy import KINDS
 
 _ATTENTION = frozenset({Op.ATTENTION, Op.FUSED_ATTENTION_BLOCK, Op.FUSED_TRANSFORMER_LAYER})
 _NORMS = frozenset({Op.LAYER_NORM, Op.RMS_NORM, Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM})
 _ACTS = frozenset({*MLP_ACTIVATIONS, Op.FUSED_SWIGLU})
 _PREFIX = ("canonicalize_exported", "canonicalize_norm", "canonicalize_gelu", "fuse_sdpa")
-KINDS = ("post_ln", "pre_ln", "llama", "parallel", "cross_decoder", "attention_only", "no_attention")
 
 DESCRIPTIONS = {
     "post_ln": "post-LN (BERT): attention -> residual add -> LayerNorm",
@@ -56,81 +52,6 @@ DESCRIPTIONS = {
     "attention_only": "attention only (no MLP)",
     "no_attention": "no attention",
 }
-
-RESIDUAL_NORM_PASSES = ("fuse_residual_ln", "fuse_residual_rms_norm")
-ILLEGAL_HERE = ("illegal for this layer: no change to the model that keeps its numbers makes it legal (the layer is "
-                "fused as far as legal)")
-PRE_NORM_ILLEGAL_GUARDS = frozenset({"sum_single_user", "biased_single_user"})
-
-
-@dataclass(frozen=True)
-class LayerArchitecture:
-    """One layer's kind and the facts it was read from.
-
-    Attributes:
-        kind: one of `KINDS`.
-        description: one line, e.g. `pre-LN (GPT-2, ViT): norm -> sublayer -> residual add; LayerNorm`.
-        norm: `LayerNorm`, `RMSNorm` or `none`.
-        mask: the attention's mask kind after `fuse_sdpa` (`keep`, `causal`, `additive`, `none`), `unknown`
-            when the attention stayed primitives, None without attention.
-        rope / swiglu: the layer has rotary embeddings / a gated MLP (SiLU-gated SwiGLU or GELU-gated GeGLU: the
-            forms `FusedSwiGLU` takes).
-        evidence: node-level facts behind the kind, e.g. `residual sum %12 feeds only layer_norm %13`.
-    """
-
-    kind: str
-    description: str
-    norm: str = "none"
-    mask: str | None = None
-    rope: bool = False
-    swiglu: bool = False
-    evidence: tuple[str, ...] = field(default_factory=tuple)
-    kv_cache: bool = False
-    """The attention reads K/V through a KV cache (a decode step): FusedAttentionBlock cannot take it."""
-
-    @property
-    def post_ln(self) -> bool:
-        """A post-LN BERT-style layer: one FusedTransformerLayer is expected."""
-        return self.kind == "post_ln"
-
-    @property
-    def pre_norm(self) -> bool:
-        """The residual sum also feeds the next residual add, so residual-norm fusions are illegal."""
-        return self.kind in ("pre_ln", "llama", "parallel") or (
-            self.kind in ("attention_only", "cross_decoder") and any("pre-norm" in e for e in self.evidence))
-
-    def not_expected(self, pass_name: str, guard: str = "") -> str | None:
-        """Why a rejection of `pass_name` at `guard` does not count in this layer (None: it counts). (A refusal that
-        is `illegal` and `read by the model`, the model's own dataflow, is excused per layer by
-        `session.status.layer_status`: `ILLEGAL_HERE`.)"""
-        if pass_name == "fuse_transformer_layer" and not self.post_ln:
-            return f"FusedTransformerLayer is the post-LN BERT layer; this layer is {self.description}"
-        if pass_name == "fuse_attention_block" and self.kv_cache:
-            return ("FusedAttentionBlock projects K and V from the hidden states; this layer's attention reads a KV "
-                    "cache (a decode step)")
-        if pass_name == "fuse_attention_block" and not self.post_ln and self.mask == "additive":
-            return ("FusedAttentionBlock takes this layer's additive mask when the rest of the block matches, but a "
-                    "pre-norm layer is only expected to pack its attention (the block is expected with a keep mask)")
-        if pass_name == "fuse_attention_block" and not self.post_ln and self.mask != "keep":
-            return (f"FusedAttentionBlock takes a keep mask or an additive one as its mask operand; this layer's "
-                    f"attention mask is {self.mask or 'absent'}")
-        if pass_name in RESIDUAL_NORM_PASSES and self.pre_norm and guard in PRE_NORM_ILLEGAL_GUARDS:
-            return "pre-norm layout: the residual sum also feeds the next residual add, so it cannot be fused"
-        return None
-
-    def expected(self) -> list[str]:
-        """The fused ops this kind of layer should end with (for messages)."""
-        if self.post_ln:
-            return ["FusedTransformerLayer"]
-        out = []
-        if self.mask is not None:
-            out.append("packed attention" + (" (grouped-query)" if "grouped-query" in " ".join(self.evidence)
-                                             else ""))
-            if self.mask == "keep" and not self.kv_cache:
-                out.append("FusedAttentionBlock")
-        if self.swiglu:
-            out.append("FusedSwiGLU")
-        return out
 
 
 _Entry = tuple[Graph, Graph, dict[int | None, LayerArchitecture], tuple[Rejection, ...]]
@@ -405,5 +326,5 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
                              tuple(evidence), kv_cache)
 
 
-__all__ = ["DESCRIPTIONS", "ILLEGAL_HERE", "KINDS", "LayerArchitecture", "attention_softmax", "classify_layer",
+__all__ = ["DESCRIPTIONS", "KINDS", "LayerArchitecture", "attention_softmax", "classify_layer",
            "cross_attention", "interleaved_rope", "prepared", "rotate_half_rope"]

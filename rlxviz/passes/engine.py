@@ -41,6 +41,14 @@ class Pass:
         rules: the pass's rules in priority order (empty for non-pattern passes such as DCE).
         requires: passes whose output this pass matches (used in hints and docs).
         doc: one line for the UI.
+        product: what the pass makes, as a layer's expectations name it (e.g. `FusedSwiGLU`); "" for a pass that
+            makes nothing a layer is expected to have (DCE, region marking).
+        expected_of: the layer traits (`passes.why.kinds.LayerArchitecture.has`: a kind such as `post_ln`, or
+            `keep_mask`, `pre_norm`, `kv_cache`) of which the product is expected; () for every layer the pass has a
+            candidate in. A refusal in a layer with none of them does not count (`unexpected` says why).
+        excused_by: `(trait, why)` pairs: a layer with the trait does not expect the product at all (checked first).
+        unexpected: why the product is not expected of a layer without an `expected_of` trait: a text (formatted
+            with the layer kind's `description` and `mask`) or a function of the layer kind.
     """
 
     name: str
@@ -48,6 +56,10 @@ class Pass:
     rules: tuple[Rule, ...] = ()
     requires: tuple[str, ...] = ()
     doc: str = ""
+    product: str = ""
+    expected_of: tuple[str, ...] = ()
+    excused_by: tuple[tuple[str, str], ...] = ()
+    unexpected: str | Callable[[Any], str] = ""
 
     def __call__(self, graph: Graph, params: Mapping[str, Any] | None = None) -> PassResult:
         return self.fn(graph, params or {})
@@ -228,8 +240,9 @@ def apply(graph: Graph, pass_name: str, found: Sequence[Found]) -> tuple[Graph, 
     return out, [replace(m, fused=product(m.fused)) for m in matches]
 
 
-def rule_pass(name: str, rules: Sequence[Rule], doc: str = "", requires: Sequence[str] = ()) -> Pass:
-    """A pass made of pattern rules: `find` on the snapshot, then `apply` once."""
+def rule_pass(name: str, rules: Sequence[Rule], doc: str = "", requires: Sequence[str] = (), **policy: Any) -> Pass:
+    """A pass made of pattern rules: `find` on the snapshot, then `apply` once. `policy`: `Pass`'s `product`,
+    `expected_of`, `excused_by` and `unexpected`."""
     rules = tuple(rules)
 
     def run(graph: Graph, params: Mapping[str, Any]) -> PassResult:
@@ -237,7 +250,7 @@ def rule_pass(name: str, rules: Sequence[Rule], doc: str = "", requires: Sequenc
         new, matches = apply(graph, name, found)
         return PassResult(new, matches, rejections)
 
-    return Pass(name, run, rules, tuple(requires), doc)
+    return Pass(name, run, rules, tuple(requires), doc, **policy)
 
 
 def dead_refs(before: Graph, result: PassResult) -> list[str]:

@@ -76,7 +76,7 @@ REMEDIES: dict[str, str] = {
 """Where a refusal can be fixed (issue 38): a guard declares it (`Guard.no_model_fix`, `Guard.remedy`), so no front
 end prints a fix line that would change the model's numbers or drop an output. A refusal that is `illegal` and
 `read by the model` is the model's own dataflow: the product is not expected of that layer
-(`session.status.layer_status`)."""
+(`passes.why.verdict`)."""
 NO_MODEL_FIX = "none in the model: "
 
 
@@ -203,6 +203,9 @@ class Guard:
             factory shared by rules of which only some bind them.
         params: the pipeline parameters the guard reads (`size_le` gives its own; those its functions read by
             literal, `c.params.get("x")`, are added when it is built). Its pass declares them (`Pass.params`).
+        excused_in: layer traits (`passes.why.kinds.LayerArchitecture.has`, e.g. `pre_norm`) where a refusal by this
+            guard is the layer's design, not a miss: it does not count there (`excuse` says why). Set with `excused`.
+        excuse: why the refusal does not count in those layers.
 
     Raises:
         RuleError: `kind` is not one of `KINDS`.
@@ -222,6 +225,8 @@ class Guard:
     remedy: str = COMPILER_ONLY
     optional: tuple[str, ...] = ()
     params: tuple[str, ...] = ()
+    excused_in: tuple[str, ...] = ()
+    excuse: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -250,6 +255,10 @@ class Guard:
         <why>")` when no change to the model that keeps its numbers makes the fusion legal."""
         why = self.no_model_fix(ctx) if self.no_model_fix is not None else None
         return (IN_MODEL, self.hint) if why is None else (self.remedy, NO_MODEL_FIX + why)
+
+    def excused(self, where: Sequence[str], why: str) -> Guard:
+        """This guard, its refusals not counted in layers with one of the traits `where` (`excused_in`), for `why`."""
+        return replace(self, excused_in=tuple(where), excuse=why)
 
     def renamed(self, name: str, hint: str | None = None) -> Guard:
         return replace(self, name=name, hint=self.hint if hint is None else hint)

@@ -9,7 +9,7 @@ One module per job:
 * `loading`: a model from a preset, a checkpoint folder, an IR file or IR text, cached by content.
 * `isolated`: the same load in a child process killed past its wall time, its address space capped.
 * `pipeline`: building a checked pipeline (`Pass.requires`), running it (cached), finding versions.
-* `architecture` / `status`: what kind each layer is, and "why didn't layer N fuse" (`layer_status`).
+* `status`: "why didn't layer N fuse" (`layer_status`, `check_fusion`: the door to `passes.why.RunVerdict`).
 * `timing`: time every version on MLX with a verdict from one tolerance table (`runtime.precision`).
 * `render`: a drawing as a pure function of (trace, view), cached by the trace's content key.
 * `traffic`: the memory traffic a pass's fusions removed (a model of MLX's own lowering, without rlxviz's
@@ -23,7 +23,8 @@ One module per job:
 Errors a user can fix are `SessionError`s (one line); front ends match them by type.
 """
 
-from .architecture import Architecture, classify
+from ..passes.architecture import LayerArchitecture as Architecture
+from ..passes.architecture import classify_layer as classify
 from .defaults import DEFAULT_BATCH, DEFAULT_REPEAT, DEFAULT_SEQ, DEFAULT_WARMUP, MAX_REPEAT, MAX_WARMUP, check_rounds
 from .errors import GraphTextError, LimitError, PipelineError, SessionError, StoppedError
 from .inputs import check_inputs, feeds, index_bounds, load_inputs, npz_headers

@@ -5,8 +5,9 @@ version with its pass's fused nodes marked, the graph the pass saw with every ma
 marked, or the graph before the pass that first rejected something in a layer), `full` or `layers`
 (one box per layer), and an optional layer to focus on.
 
-The layers view of a run's final graph labels each layer box with the session's verdict (`verdicts`: the
-`layer_status` that "why didn't layer N fuse?" renders), so the two never disagree.
+The layers view of a run's final graph labels each layer box with the run's one verdict (`verdicts`: the
+`passes.why.RunVerdict` that "why didn't layer N fuse?" renders), and the "why" side draws the graph before the
+pass of its first rejection, so the text and the picture never disagree.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from typing import Any
 
 from ..ir import Graph
 from ..passes import Trace, layer_of
+from ..passes.why.verdict import RunVerdict
 from ..viz import Overlay, Verdict, render_dot, render_svg
 from .cache import LRUCache
-from .loading import layer_indices, model_layers
+from .loading import layer_indices
 from .pipeline import graph_digest
-from .status import layer_status, verdict_pass
 
 RENDERS = LRUCache(maxsize=512)
 """SVG text by (source key, View), shared by every session of the process."""
@@ -56,11 +57,14 @@ class View:
 
 
 def _why(trace: Trace, layer: int | None, i: int) -> tuple[Graph, Overlay | None]:
-    """The "why" side: the graph before the pass of the layer's verdict (`status.verdict_pass`, the rejection
-    `layer_status` names first), with its marks; a layer that fused as expected (or no layer) shows version
-    `i`. One verdict: the text and the picture never name different rejections."""
-    name = verdict_pass(trace, layer) if layer is not None and layer in layer_indices(trace.input) else None
-    if name is not None:
+    """The "why" side: the graph before the pass of the layer's first counted rejection in the run's verdict
+    (`RunVerdict`), with its marks; a layer that fused as expected, one whose first rejection is no pass of the run
+    (an `unrecognized.*` finding), or no layer shows version `i`. One verdict: the text and the picture never name
+    different rejections."""
+    first = (RunVerdict.of(trace).layer(layer).first if layer is not None and layer in layer_indices(trace.input)
+             else None)
+    name = first.pass_name if first is not None else None
+    if name is not None and any(s.pass_name == name for s in trace.steps):
         s = trace.step(name)
         return s.before, Overlay.before(s)
     step = trace.steps[i - 1] if i > 0 else None
@@ -71,19 +75,14 @@ _VERDICTS = LRUCache(maxsize=16)
 
 
 def verdicts(trace: Trace) -> dict[int, Verdict]:
-    """Layer -> the session's verdict on it in `trace` (`layer_status`: fused as expected, else the first guard
-    that rejected it and its message), for every layer of the run's input graph; cached by the trace's key."""
+    """Layer -> the run's verdict on it drawn on its box (`RunVerdict`: fused as expected, else the first guard that
+    rejected it and its message), for every layer of the run's input graph; cached by the trace's key."""
     return _VERDICTS.get_or_compute(trace.key, lambda: _verdicts(trace))
 
 
 def _verdicts(trace: Trace) -> dict[int, Verdict]:
-    out: dict[int, Verdict] = {}
-    for i in model_layers(trace.input):
-        st = layer_status(trace, i)
-        first = st.first
-        out[i] = Verdict(st.fused, first.guard if first is not None else "",
-                         "" if st.fused else (first.message if first is not None else st.silent).split("\n")[0])
-    return out
+    run = RunVerdict.of(trace)
+    return {v.layer: Verdict(v.fused, v.first.guard if v.first is not None else "", v.reason) for v in run.layers}
 
 
 def _layer_nodes(g: Graph) -> dict[int, frozenset[int]]:

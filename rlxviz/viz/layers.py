@@ -4,7 +4,7 @@ The layer-collapsed view groups nodes by `layer_of(node.path)` (non-layer nodes 
 their path: `embeddings`, `mask`), folds params into their group, and draws one edge per pair of
 groups. Each layer box says whether the layer is fused (one FusedTransformerLayer), partly fused
 (some fused ops), rejected (a near-miss; the guard is named, its message is the tooltip) or unfused.
-Given the session's verdicts (`Verdict`, from `session.layer_status`, the answer the "why didn't layer N
+Given the session's verdicts (`Verdict`, from the run's `passes.why.RunVerdict`, the answer the "why didn't layer N
 fuse?" view gives), a layer box says that verdict instead: `fused` or `not fused` (with the first guard).
 A layer whose structure and status are those of an earlier layer (`layer_signature`) says so on its box: "same as
 layer 0", so that a 32-layer model reads as one layer and its exceptions.
@@ -28,7 +28,7 @@ from .styles import REJECT, STATUS_COLORS, fmt_shape, human_count, tint
 
 @dataclass(frozen=True)
 class Verdict:
-    """The session's verdict on one layer of a run (`session.layer_status`), drawn on its box.
+    """The session's verdict on one layer of a run (`passes.why.RunVerdict`), drawn on its box.
 
     Attributes:
         fused: the layer fused as its architecture expects.

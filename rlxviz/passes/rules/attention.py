@@ -616,9 +616,18 @@ def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
 
 fuse_sdpa = Pass("fuse_sdpa", _fuse_sdpa, (SDPA,), doc="Hugging Face scaled-dot-product attention -> packed "
                  "attention op (heads folded into the batch lifted to [B, H, S, d] first, Q/K scales moved next to "
-                 "the head split)")
+                 "the head split)", product="packed attention")
 
 # -- fuse_attention_block --------------------------------------------------------------------------
+
+
+def _block_unexpected(mask: str | None) -> str:
+    """Why FusedAttentionBlock is not expected of a pre-norm layer whose attention mask is `mask` (not a keep mask)."""
+    if mask == "additive":
+        return ("FusedAttentionBlock takes this layer's additive mask when the rest of the block matches, but a "
+                "pre-norm layer is only expected to pack its attention (the block is expected with a keep mask)")
+    return (f"FusedAttentionBlock takes a keep mask or an additive one as its mask operand; this layer's attention "
+            f"mask is {mask or 'absent'}")
 
 
 def tokens(c: Ctx, role: str = "attn") -> tuple[int, str]:
@@ -970,6 +979,10 @@ BLOCK = Rule(
         "output projection gets a zero bias: exact)")
 
 fuse_attention_block = rule_pass("fuse_attention_block", [BLOCK], "QKV + attention + out-projection -> "
-                                 "FusedAttentionBlock", requires=("fuse_matmul_bias_act",))
+                                 "FusedAttentionBlock", requires=("fuse_matmul_bias_act",),
+                                 product="FusedAttentionBlock", expected_of=("post_ln", "keep_mask"),
+                                 excused_by=(("kv_cache", "FusedAttentionBlock projects K and V from the hidden "
+                                              "states; this layer's attention reads a KV cache (a decode step)"),),
+                                 unexpected=lambda a: _block_unexpected(a.mask))
 
 __all__ = ["BLOCK", "SDPA", "fuse_attention_block", "fuse_sdpa", "scale_origin", "size_gate", "tokens"]

@@ -427,7 +427,8 @@ canonicalize_exported = rule_pass(
     "canonicalize_exported", [SILU, RELU2, RSQRT, WHERE_BIAS, NAN_GUARD, NAN_GUARD_MOVED, FOLDED_TRANSPOSE,
                               BIAS_THEN_MASK, INVERTED_WHERE, NOOP_CAST],
     "forms exporters write (x*sigmoid(x), relu(x)^2, 1/sqrt, the padding-mask sum, the sdpa NaN guard, its folded "
-    "transpose, T5's bias then mask, an inverted where, no-op casts) -> the IR's ops")
+    "transpose, T5's bias then mask, an inverted where, no-op casts) -> the IR's ops",
+    product="the exporter's forms as IR ops (silu, rsqrt, where mask)")
 
 __all__ = ["BIAS_THEN_MASK", "FOLDED_TRANSPOSE", "INVERTED_WHERE", "NAN_GUARD", "NAN_GUARD_MOVED", "NOOP_CAST", "RELU2",
            "RSQRT", "SILU", "WHERE_BIAS", "canonicalize_exported"]

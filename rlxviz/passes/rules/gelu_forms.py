@@ -321,6 +321,6 @@ SIGMOID = Rule("canonicalize_gelu.sigmoid", P(Op.SIGMOID, name="fn"),
                doc="x * sigmoid(2 sqrt(2/pi) * (x + 0.044715 x^3)) -> gelu_tanh")
 
 canonicalize_gelu = rule_pass("canonicalize_gelu", [ERF, TANH, SIGMOID],
-                              "GELU written as primitives -> gelu / gelu_tanh")
+                              "GELU written as primitives -> gelu / gelu_tanh", product="gelu / gelu_tanh")
 
 __all__ = ["ERF", "SIGMOID", "TANH", "canonicalize_gelu"]

@@ -322,6 +322,9 @@ LAYER = Rule(
         "FusedTransformerLayer")
 
 fuse_transformer_layer = rule_pass("fuse_transformer_layer", [LAYER], "a post-LN BERT layer -> FusedTransformerLayer",
-                                   requires=("fuse_attention_block", "fuse_residual_ln", "fuse_matmul_bias_act"))
+                                   requires=("fuse_attention_block", "fuse_residual_ln", "fuse_matmul_bias_act"),
+                                   product="FusedTransformerLayer", expected_of=("post_ln",),
+                                   unexpected="FusedTransformerLayer is the post-LN BERT layer; this layer is "
+                                              "{description}")
 
 __all__ = ["LAYER", "fuse_transformer_layer"]

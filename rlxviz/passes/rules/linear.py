@@ -260,7 +260,8 @@ SCALE_ACT = Rule(
 
 fuse_matmul_bias_act = rule_pass("fuse_matmul_bias_act", [BIAS_ACT, ZERO_BIAS_ACT, SCALE_BIAS, SCALE_ACT],
                                  f"matmul + bias (+ {'/'.join(EPILOGUE_ACTIVATIONS)}) -> FusedMatMulBiasAct; a "
-                                 f"bias-less matmul + {'/'.join(EPILOGUE_ACTIVATIONS)} with a zero bias")
+                                 f"bias-less matmul + {'/'.join(EPILOGUE_ACTIVATIONS)} with a zero bias",
+                                 product="FusedMatMulBiasAct")
 
 # -- fuse_shared_input_matmul --------------------------------------------------------------------
 #
@@ -534,6 +535,7 @@ SHARED = Rule(
 
 fuse_shared_input_matmul = rule_pass("fuse_shared_input_matmul", [SHARED],
                                      "Q/K/V projections of one input -> one matmul + narrows (biases merged; cost "
-                                     "test keeps epilogues and the attention block)")
+                                     "test keeps epilogues and the attention block)",
+                                     product="shared-input QKV matmul")
 
 __all__ = ["BIAS_ACT", "SHARED", "ZERO_BIAS_ACT", "fuse_matmul_bias_act", "fuse_shared_input_matmul"]

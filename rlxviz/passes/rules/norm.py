@@ -22,6 +22,9 @@ from ..guard import NOT_A_CANDIDATE, NOT_RECOGNIZED, Ctx, guard, not_output, sam
 from ..pattern import P
 from ..rule import Rule
 
+PRE_NORM = "pre-norm layout: the residual sum also feeds the next residual add, so it cannot be fused"
+"""Why a residual-norm refusal for the sum's other readers does not count in a pre-norm layer (`Guard.excused`)."""
+
 
 def _last_axis(c: Ctx) -> bool:
     a = c["norm"].attrs.get("axis", -1)
@@ -37,7 +40,7 @@ def _rules(pass_name: str, norm: Op, fused: Op, label: str) -> list[Rule]:
     common = (
         single_user("sum", "sum_single_user", "the residual sum must feed only the norm (post-norm layout)",
                     f"a two-output {fused.value} that also returns the sum (as vLLM's fused_add_rms_norm does); "
-                    f"illegal for the single-output op"),
+                    f"illegal for the single-output op").excused(("pre_norm",), PRE_NORM),
         not_output("sum", "sum_not_output"),
         same_shape("x", "residual", "residual_same_shape", "not a candidate: a broadcast sum, not a residual",
                    "none: a broadcast add is not a residual", kind=NOT_A_CANDIDATE),
@@ -53,7 +56,8 @@ def _rules(pass_name: str, norm: Op, fused: Op, label: str) -> list[Rule]:
                   P.var("bias", where=lambda n: n.rank <= 1), name="biased", commutative=True),
           P.var("gamma"), P.var("beta"), name="norm"),
         steps=(*common,
-               single_user("biased", "biased_single_user"), not_output("biased", "biased_not_output"),
+               single_user("biased", "biased_single_user").excused(("pre_norm",), PRE_NORM),
+               not_output("biased", "biased_not_output"),
                guard("bias_shape", bias_ok, lambda c: f"{c.d('bias')} has shape {list(c['bias'].shape)}; needs "
                                                       f"[{c['norm'].shape[-1]}]",
                      "give the residual bias the norm's width", requires=("bias", "norm"), kind=NOT_RECOGNIZED,
@@ -94,10 +98,10 @@ def _zero_beta(c: Ctx, rw: Rewriter, fused: Op) -> int:
 
 fuse_residual_ln = rule_pass("fuse_residual_ln", _rules("fuse_residual_ln", Op.LAYER_NORM, Op.FUSED_RESIDUAL_LN,
                                                         "LayerNorm"),
-                             "add (+ bias) + LayerNorm -> FusedResidualLN")
+                             "add (+ bias) + LayerNorm -> FusedResidualLN", product="FusedResidualLN")
 fuse_residual_rms_norm = rule_pass("fuse_residual_rms_norm",
                                    _rules("fuse_residual_rms_norm", Op.RMS_NORM, Op.FUSED_RESIDUAL_RMS_NORM,
                                           "RmsNorm"),
-                                   "add (+ bias) + RmsNorm -> FusedResidualRmsNorm")
+                                   "add (+ bias) + RmsNorm -> FusedResidualRmsNorm", product="FusedResidualRmsNorm")
 
 __all__ = ["fuse_residual_ln", "fuse_residual_rms_norm"]

@@ -93,6 +93,7 @@ NARROW = Rule(
     doc="act(narrow(c, gate)) * narrow(c, up), act silu/gelu/gelu_tanh -> FusedSwiGLU(c, gate_first, activation)")
 
 fuse_swiglu = rule_pass("fuse_swiglu", [DUAL, NARROW],
-                        "SwiGLU / GeGLU (dual matmul or packed halves) -> FusedSwiGLU with its gate activation")
+                        "SwiGLU / GeGLU (dual matmul or packed halves) -> FusedSwiGLU with its gate activation",
+                        product="FusedSwiGLU")
 
 __all__ = ["DUAL", "NARROW", "fuse_swiglu"]

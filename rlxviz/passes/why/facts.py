@@ -1,0 +1,259 @@
+"""The facts of one run that a verdict reads, gathered once per trace: its misses, its products, the canonical
+pipeline's run on the same input (what is legal for each layer) and what the run's pipeline cannot make.
+
+`RunFacts.of(trace)` is the one cache on the verdict's path (it replaced three per-trace caches); everything here
+states what happened, `policy` and `verdict` say what it means for a layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...ir import Graph, Node, Op
+from ...ir.identity import IdentityMap
+from ...ir.ops import FUSED
+from ..explain import Outcome, fused_layers
+from ..guard import ILLEGAL, READ_BY_MODEL
+from ..pipeline import PASSES, Pipeline
+from ..report import MissedFusion, missed_fusions
+from ..trace import Trace, layer_keys, layer_of
+from ..unrecognized import Unrecognized, unrecognized
+from .policy import FAMILY_PASSES, PRODUCTS, not_expected
+
+
+def layer_indices(graph: Graph) -> tuple[int, ...]:
+    """Layer keys present in the graph's node paths, sorted (`passes.trace.layer_keys`)."""
+    return layer_keys(i for n in graph if (i := layer_of(n.path)) is not None)
+
+
+@dataclass
+class RunFacts:
+    """What the run did, computed on first use and kept for the trace's life (see `RunFacts.of`).
+
+    Attributes:
+        trace: the run.
+        cache: the verdicts made of these facts, by `(what, key)` (`verdict` fills it).
+    """
+
+    trace: Trace
+    cache: dict[Any, Any] = field(default_factory=dict)
+    _misses: tuple[MissedFusion, ...] | None = None
+    _ftl: dict[int | None, list[int]] | None = None
+    _reference: tuple[Trace | None] | None = None
+    _layers: tuple[int, ...] | None = None
+
+    @staticmethod
+    def of(trace: Trace) -> RunFacts:
+        """The facts of `trace` (one object per trace, for the last few traces)."""
+        hit = _FACTS.get(trace)
+        if hit is None:
+            hit = _FACTS[trace] = RunFacts(trace)
+        return hit
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """The layer keys of the run's input graph."""
+        if self._layers is None:
+            self._layers = layer_indices(self.trace.input)
+        return self._layers
+
+    @property
+    def ran(self) -> set[str]:
+        return {s.pass_name for s in self.trace.steps}
+
+    def misses(self) -> tuple[MissedFusion, ...]:
+        """The run's missed fusions and unrecognized findings (every layer's verdict reads them: a whole-graph scan
+        per layer was quadratic in the layer count)."""
+        if self._misses is None:
+            self._misses = (*missed_fusions(self.trace), *(u.as_missed() for u in self._unrecognized_here()))
+        return self._misses
+
+    def _unrecognized_here(self) -> list[Unrecognized]:
+        """The run's "no rule recognizes this" findings, less those only the run's pipeline left unrecognized: a
+        family whose pass the pipeline lacks, at a chain the canonical pipeline does recognize (that is a product
+        the pipeline cannot make, `cannot_make`, not a form no rule knows)."""
+        found = unrecognized(self.trace)
+        ran = self.ran
+        if not any(set(FAMILY_PASSES.get(u.family, ())) - ran for u in found):
+            return found
+        ref = self.reference()
+        still = {(u.family, u.nodes[0]) for u in unrecognized(ref)} if ref is not None else set()
+        return [u for u in found
+                if not (set(FAMILY_PASSES.get(u.family, ())) - ran) or (u.family, u.nodes[0]) in still]
+
+    def layer_products(self) -> dict[int | None, list[int]]:
+        """layer -> ids of the FusedTransformerLayer nodes of the run's final graph in it."""
+        if self._ftl is None:
+            self._ftl = {}
+            for n in self.trace.final:
+                if n.op == Op.FUSED_TRANSFORMER_LAYER:
+                    self._ftl.setdefault(layer_of(n.path), []).append(n.id)
+        return self._ftl
+
+    def reference(self) -> Trace | None:
+        """The canonical pipeline's run on the run's input graph (what is legal for each layer: every product it
+        makes passed its guards there), or None when the run already ran every canonical pass."""
+        if self._reference is None:
+            canonical = Pipeline.canonical()
+            ref = None if set(canonical.names) <= self.ran else _canonical_run(self.trace.input, canonical)
+            self._reference = (ref,)
+        return self._reference[0]
+
+    def cannot_make(self, layer: int | None) -> list[str]:
+        """What the run's pipeline cannot make in `layer` (None: the whole graph) that is legal there, one line
+        each: `the pipeline has no PASS: PRODUCT cannot be made` when the pass that makes the product is not in the
+        pipeline, `the pipeline has no PASS (PRODUCT is made from its ...): PRODUCT cannot be made` when a pass that
+        made a node the product is built from is missing. Legal = the canonical pipeline makes it (`reference`,
+        counting products a later pass absorbed); a product the run makes as often as the reference is not listed
+        (another pass or order made it). [] when the run ran every canonical pass."""
+        ref = self.reference()
+        if ref is None:
+            return []
+        ran = self.ran
+        have = _products(self.trace, layer)
+        out = []
+        for op, (maker, n, sources) in _products(ref, layer).items():
+            if have.get(op, ("", 0, set()))[1] >= n:
+                continue
+            product = PRODUCTS.get(maker, op)
+            if maker not in ran:
+                out.append(f"the pipeline has no {maker}: {product} cannot be made")
+            else:
+                out += [f"the pipeline has no {u} ({product} is made from its {PRODUCTS[u]}): {product} cannot be "
+                        f"made" for u in dict.fromkeys(st.pass_name for st in ref.steps)
+                        if u in sources and u in PRODUCTS and u not in ran]
+        return list(dict.fromkeys(out))
+
+
+_FACTS: IdentityMap[Trace, RunFacts] = IdentityMap(limit=4)
+
+_CANONICAL: list[tuple[Graph, Trace]] = []
+"""The last few canonical runs made as references, by input graph (several traces of one graph share one)."""
+
+
+def _canonical_run(graph: Graph, canonical: Pipeline) -> Trace:
+    for g, t in _CANONICAL:
+        if g is graph:
+            return t
+    t = canonical.run(graph)
+    _CANONICAL.insert(0, (graph, t))
+    del _CANONICAL[4:]
+    return t
+
+
+def _products(trace: Trace, layer: int | None) -> dict[str, tuple[str, int, set[str]]]:
+    """op -> (the pattern pass that made it, count, the passes that made a node it is made from) of the products
+    of `layer` (None: the whole graph): the nodes the matches of `PRODUCTS` passes made, also those a later pass
+    absorbed (FusedAttentionBlock inside a FusedTransformerLayer). "Made from" follows each made node's operands
+    and `absorbed` ids back through nodes a pass made (`Node.pass_name`)."""
+    nodes = {n.id: n for _, g in trace.versions() for n in g}
+    out: dict[str, tuple[str, int, set[str]]] = {}
+    for step in trace.steps:
+        if step.pass_name not in PRODUCTS:
+            continue
+        for m in step.matches:
+            node = step.after.get(m.fused) if m.fused is not None else None
+            if node is None or (layer is not None and layer_of(node.path) != layer):
+                continue
+            maker, n, sources = out.get(node.op.value, (step.pass_name, 0, set()))
+            out[node.op.value] = (maker, n + 1, sources | _made_from(nodes, node))
+    return out
+
+
+def _made_from(nodes: dict[int, Node], node: Node) -> set[str]:
+    """The passes that made a node `node` was built from (its operands and absorbed nodes, transitively through
+    made nodes; a node of the input graph ends the walk)."""
+    seen: set[int] = set()
+    todo = [*node.inputs, *node.absorbed]
+    passes: set[str] = set()
+    while todo:
+        i = todo.pop()
+        n = nodes.get(i)
+        if i in seen or n is None or not n.pass_name:
+            continue
+        seen.add(i)
+        passes.add(n.pass_name)
+        todo += [*n.inputs, *n.absorbed]
+    return passes
+
+
+def op_of(trace: Trace, node: int) -> str | None:
+    """The op of node id `node` in the first version that has it; None for a node a later rewrite of the same
+    pass consumed (e.g. `fuse_sdpa`'s head split, read into the rope op before the pass's version is taken)."""
+    for _, g in trace.versions():
+        if node in g:
+            return g[node].op.value
+    return None
+
+
+def silent(trace: Trace, layer: int, pass_name: str) -> str:
+    """Why `pass_name` neither fused nor rejected anything in `layer`: its rules' anchor ops were not in the
+    layer when it ran, and which of the passes it `requires` had not run before it."""
+    p = PASSES[pass_name]
+    anchors = sorted({o.value for r in p.rules if r.anchor.ops for o in r.anchor.ops})
+    k = next(i for i, s in enumerate(trace.steps) if s.pass_name == pass_name)
+    before = {s.pass_name for s in trace.steps[:k] if not s.error}
+    late = [r for r in p.requires if r not in before]
+    text = (f"{pass_name} anchors on {' or '.join(anchors)}, and layer {layer} held none when it ran "
+            f"(step {k + 1})")
+    if late:
+        text += f"; it requires {', '.join(late)}, which had not run yet: run {pass_name} after them"
+    return text
+
+
+def _read_in_another_layer(trace: Trace, m: MissedFusion, layer: int) -> bool:
+    """Whether one of the refusal's offending nodes (the extra reader) lies in another layer than `layer`."""
+    for i in m.offending:
+        path = next((g[i].path for _, g in trace.versions() if i in g), None)
+        if path is not None and layer_of(path) not in (None, layer):
+            return True
+    return False
+
+
+def illegal_here(facts: RunFacts, rejected: list[Outcome], layer: int, arch: Any) -> list[Outcome]:
+    """The layer's refusals that are `illegal` and `read by the model` (a reader or an output of the model keeps the
+    value: no change to the model that keeps its numbers makes the product legal), in pipeline order, one per
+    (rule, anchor): the layer's own outcome of the rule when it is that refusal, else one made from the run's
+    missed fusion (a rule that fused elsewhere in the layer, e.g. the second residual norm, while its first norm was
+    refused). A refusal the layer's kind already excuses (a pre-norm residual sum, `policy.not_expected`) stays with
+    that reason.
+
+    A refusal whose reader sits in another layer (K/V a later layer reads: cross-layer KV sharing) is the model's
+    design. Otherwise a rule that fused in a sibling layer is left out: then the illegality is this layer's deviation
+    from its siblings (one layer of a BERT stack with a stray output or a probe, the teaching variants
+    `extra_h1_user`, `output_intermediate`), and it stays a miss, named with the sibling difference and an honest
+    fix line (`none in the model: ...` and the compiler fix). When no other layer gets the product (every layer logs
+    its sum, a one-layer graph), the refusal is the model's design: not expected."""
+    trace = facts.trace
+    mine = {(o.rule, o.nodes[0]): o for o in rejected if o.nodes}
+    siblings = fused_layers(trace)
+    out = []
+    for m in facts.misses():
+        if layer_of(m.path) != layer or m.kind != ILLEGAL or m.remedy != READ_BY_MODEL or \
+                not_expected(arch, m.pattern.split(".")[0], m.guard) is not None:
+            continue
+        if any(k != layer for k in siblings.get(m.pattern, ())) and not _read_in_another_layer(trace, m, layer):
+            continue
+        o = mine.get((m.pattern, m.node))
+        out.append(o if o is not None and o.guard == m.guard else
+                   Outcome(m.pattern.split(".")[0], m.pattern, "rejected", m.guard, "guard", m.reason, m.hint,
+                           (m.node,), m.kind, m.fix, remedy=m.remedy))
+    return out
+
+
+def recognized(trace: Trace) -> list[str]:
+    """Every match whose product is a primitive op still in the final graph, as `rule -> op %id (replaces %a, ...)`:
+    the forms the pipeline recognized without fusing them (a decomposed LayerNorm or GELU, HF attention -> the
+    packed `attention` op), in pipeline order. A fused product is reported by the op counts instead."""
+    out = []
+    for step in trace.steps:
+        for m in step.matches:
+            node = trace.final.get(m.fused) if m.fused is not None else None
+            if node is not None and node.op not in FUSED:
+                ids = ", ".join(f"%{i}" for i in node.absorbed)
+                out.append(f"{m.rule} -> {node.op.value} %{node.id} (replaces {ids})")
+    return out
+
+
+__all__ = ["RunFacts", "illegal_here", "layer_indices", "op_of", "recognized", "silent"]

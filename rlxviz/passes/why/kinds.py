@@ -1,0 +1,65 @@
+"""What kind a layer is (`LayerArchitecture`, read by `passes.architecture.classify_layer`), and what that kind is
+expected to fuse: its `not_expected` and `expected` ask `policy`, the one place that decides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import policy
+
+
+@dataclass(frozen=True)
+class LayerArchitecture:
+    """One layer's kind and the facts it was read from.
+
+    Attributes:
+        kind: one of `KINDS`.
+        description: one line, e.g. `pre-LN (GPT-2, ViT): norm -> sublayer -> residual add; LayerNorm`.
+        norm: `LayerNorm`, `RMSNorm` or `none`.
+        mask: the attention's mask kind after `fuse_sdpa` (`keep`, `causal`, `additive`, `none`), `unknown`
+            when the attention stayed primitives, None without attention.
+        rope / swiglu: the layer has rotary embeddings / a gated MLP (SiLU-gated SwiGLU or GELU-gated GeGLU: the
+            forms `FusedSwiGLU` takes).
+        evidence: node-level facts behind the kind, e.g. `residual sum %12 feeds only layer_norm %13`.
+    """
+
+    kind: str
+    description: str
+    norm: str = "none"
+    mask: str | None = None
+    rope: bool = False
+    swiglu: bool = False
+    evidence: tuple[str, ...] = field(default_factory=tuple)
+    kv_cache: bool = False
+    """The attention reads K/V through a KV cache (a decode step): FusedAttentionBlock cannot take it."""
+
+    @property
+    def post_ln(self) -> bool:
+        """A post-LN BERT-style layer: one FusedTransformerLayer is expected."""
+        return self.kind == "post_ln"
+
+    @property
+    def pre_norm(self) -> bool:
+        """The residual sum also feeds the next residual add, so residual-norm fusions are illegal."""
+        return self.kind in ("pre_ln", "llama", "parallel") or (
+            self.kind in ("attention_only", "cross_decoder") and any("pre-norm" in e for e in self.evidence))
+
+    def has(self, trait: str) -> bool:
+        """Whether the layer has `trait`: its kind (`post_ln`, `llama`, ...), `pre_norm`, `kv_cache` or `keep_mask`
+        (its attention's mask is a keep mask). The traits a pass's `expected_of` / `excused_by` and a guard's
+        `excused_in` name."""
+        return {"pre_norm": self.pre_norm, "kv_cache": self.kv_cache, "keep_mask": self.mask == "keep",
+                "post_ln": self.post_ln}.get(trait, self.kind == trait)
+
+    def not_expected(self, pass_name: str, guard: str = "") -> str | None:
+        """Why a rejection of `pass_name` at `guard` does not count in this layer (None: it counts;
+        `policy.not_expected`)."""
+        return policy.not_expected(self, pass_name, guard)
+
+    def expected(self) -> list[str]:
+        """The fused ops this kind of layer should end with, for messages (`policy.expected_products`)."""
+        return policy.expected_products(self)
+
+
+__all__ = ["LayerArchitecture"]

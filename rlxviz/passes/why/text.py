@@ -1,0 +1,125 @@
+"""The CLI's wording of a verdict: `explain`'s text and its `--json`, formatters of `verdict.RunVerdict` and
+`verdict.LayerVerdict` (they read the verdict's facts and decide nothing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from ..trace import layer_label
+
+if TYPE_CHECKING:
+    from .verdict import LayerVerdict, RunVerdict
+
+
+def layer_dict(v: LayerVerdict) -> dict[str, Any]:
+    """JSON-ready form of a layer's verdict (outcomes and the architecture as dicts)."""
+    d = dataclasses.asdict(v)
+    del d["missed"]  # the same misses as `misses`' text
+    d["layer"], d["stack"], d["label"] = int(v.layer), getattr(v.layer, "stack", ""), layer_label(v.layer)
+    d["status"] = v.status  # the text's headline word for word
+    d["bert_style"] = v.bert_style
+    return d
+
+
+def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
+    """The answer to "why didn't layer N fuse": status, the first rejecting guard (actual vs required),
+    the fix, the sibling difference, and for non-BERT layers what the architecture expects."""
+    if v.legal_only:
+        lines = [f"layer {v.layer}: fused as far as legal: " + (", ".join(v.done) or "nothing to fuse")]
+        for o in v.illegal:
+            lines.append(f"  illegal here: {o.rule}")
+            lines += o.lines("    ")
+    elif v.fused and v.bert_style:
+        where = f" -> {v.expected} %{v.fused_node}" if v.fused_node is not None else ""
+        lines = [f"{layer_label(v.layer)}: fused{where}"]
+    elif v.fused:
+        lines = [f"{layer_label(v.layer)}: fused as expected: " + (", ".join(v.done) or "nothing to fuse")]
+    else:
+        lines = _not_fused(v)
+    if not v.bert_style or v.legal_only:
+        lines.append(f"  layer kind: {v.architecture.description}")
+        why = ("FusedTransformerLayer is not legal for this layer" if v.bert_style else
+               "FusedTransformerLayer only for post-LN BERT layers")
+        lines.append(f"  expected: {v.expected or 'no fusion'} ({why})")
+        lines += [f"  not expected here: {x}" for x in v.not_expected]
+    if v.expect == "pipeline":
+        lines += [f"  judged against the pipeline only: {c}" for c in v.cannot_make]
+    if verbose and v.explanation:
+        lines += ["  " + ln for ln in v.explanation.splitlines()]
+    return "\n".join(lines)
+
+
+def _not_fused(v: LayerVerdict) -> list[str]:
+    unmade = v.expect == "model" and v.cannot_make
+    why = (f": the pipeline cannot make {', '.join(v.unmade_products)}" if unmade else
+           f": {v.blocker}" if v.blocker else
+           f" (expected {v.expected})" if v.expected else "")
+    lines = [f"{layer_label(v.layer)}: NOT fused{why}"]
+    if unmade:
+        lines += [f"  {c}" for c in v.cannot_make]
+        lines.append("  (judged against what is legal for the layer; `--expect pipeline` judges against the "
+                     "pipeline's passes only)")
+    if v.first is not None:
+        lines.append(f"  first rejection: {v.first.rule}")
+        lines += v.first.lines("    ")  # guard (stage, kind), fix, compiler fix, further failing guards
+    elif v.silent:
+        lines.append(f"  no rejection: {v.silent}")
+    lines += [f"  also rejected: {o.rule}: {o.guard} ({o.kind})" for o in v.rejections if o is not v.first]
+    shown = {(o.rule, o.guard) for o in v.rejections} | ({(v.first.rule, v.first.guard)} if v.first else set())
+    lines += [f"  also missed: {m}" for m in v.missed if not m.pattern.startswith("unrecognized.")
+              and (m.pattern, m.guard) not in shown]  # e.g. a fusion that left its activation out (a soft guard)
+    lines += [f"  illegal here (not counted): {o.rule}: {o.guard} ({o.kind}): {o.hint}" for o in v.illegal]
+    lines += [f"  also unrecognized: {m}" for m in v.misses if m.startswith("unrecognized.")
+              and (v.first is None or not m.startswith(v.first.rule + " "))]
+    if v.expected_kind is not v.architecture:
+        lines.append(f"  layer kind: {v.architecture.description}; its sibling layers are "
+                     f"{v.expected_kind.description}, so it is expected to fuse like them")
+    if v.sibling is not None:
+        lines.append(f"  {layer_label(v.sibling)} fused with {v.sibling_rule}; the layers differ in:")
+        lines += [f"    {d}" for d in v.differences] or ["    (same primitive structure)"]
+    return lines
+
+
+def headline(r: RunVerdict) -> str:
+    """The text's first line."""
+    if not r.layers:
+        counts = ", ".join(f"{k}={v}" for k, v in r.counts.items()) or "no fused ops"
+        return f"{r.model} ({r.pipeline} pipeline): no node path names a layer; final graph: {counts}"
+    return f"{r.model} ({r.pipeline} pipeline): {r.fused_layers}/{len(r.layers)} layer(s) fused as expected"
+
+
+def run_dict(r: RunVerdict) -> dict[str, Any]:
+    """`explain --json` of a run's verdict."""
+    return {"model": r.model, "pipeline": r.pipeline, "ok": r.ok, "fused_layers": r.fused_layers,
+            "checked_layers": len(r.layers), "final_op_counts": r.counts, "layers": [layer_dict(s) for s in r.layers],
+            "misses": r.misses, "not_expected": r.not_expected, "left_out": r.left_out,
+            "architecture": None if r.architecture is None else dataclasses.asdict(r.architecture),
+            "crashed_passes": r.crashed, "recognized": r.recognized, "expect": r.expect,
+            "cannot_make": r.cannot_make or sorted({c for s in r.layers for c in s.cannot_make})}
+
+
+def render_run(r: RunVerdict, verbose: bool = False) -> str:
+    """`explain`'s text of a run's verdict."""
+    crashes = [f"CRASHED pass {c.splitlines()[0]} (its result was discarded)" for c in r.crashed]
+    if not r.layers:
+        head = [headline(r), *crashes]
+        if r.architecture is not None:
+            head.append(f"graph kind: {r.architecture.description}")
+            head += [f"  evidence: {e}" for e in r.architecture.evidence]
+        head += [f"recognized: {x}" for x in r.recognized]
+        head.append(f"{len(r.misses)} missed fusion(s)" + (":" if r.misses else ""))
+        unmade = ([f"  NOT made: {c}" for c in r.cannot_make] if r.expect == "model" else
+                  [f"  judged against the pipeline only: {c}" for c in r.cannot_make])
+        return "\n".join(head + [f"  {m}" for m in r.misses] + unmade
+                         + [f"  not expected here: {x}" for x in r.not_expected] + _left_out(r))
+    return "\n".join([headline(r), *crashes, *(render_layer(s, verbose) for s in r.layers), *_left_out(r)])
+
+
+def _left_out(r: RunVerdict) -> list[str]:
+    head = [f"{len(r.left_out)} fusion(s) left something out:"] if r.left_out else []
+    return head + [f"  {x}" for x in r.left_out]
+
+
+__all__ = ["headline", "layer_dict", "render_layer", "render_run", "run_dict"]

@@ -1,0 +1,388 @@
+"""One verdict per run: `RunVerdict.of(trace)`, what every front end prints, draws and serializes.
+
+Per layer (`LayerVerdict`): its kind and the kind it is judged as, the products expected of it, what fused, the
+first counted rejection (rule, guard, kind, node, fix), the refusals that do not count and why (excuses), the
+misses, the sibling layer that fused and how the two differ; for the run: the headline counts, the graph's misses
+when no node path names a layer, and the exit status. `explain`'s text and `--json`, the app's Why tab, the layers
+drawing and the node panel are formatters of this object (`text.py` holds the CLI's wording); none recomputes a
+fact. What a layer is expected to fuse is decided in `policy.py`, from the run's facts (`facts.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..architecture import classify_layer
+from ..explain import Outcome, explain
+from ..guard import NOT_NEAR_MISSES
+from ..report import MissedFusion, left_out
+from ..trace import Trace, layer_of, resolve_layers, same_stack_as
+from . import text
+from .facts import RunFacts, illegal_here, op_of, recognized, silent
+from .kinds import LayerArchitecture
+from .policy import EXPECT_MODES, ILLEGAL_HERE, LAYER_PASS, PRODUCTS, not_expected, product
+
+Architecture = LayerArchitecture
+
+EXIT_OK, EXIT_NOT_FUSED = 0, 1
+"""`RunVerdict.exit_status`: every checked layer fused as expected / not (a crashed pass is the caller's 3)."""
+
+
+@dataclass(frozen=True)
+class LayerVerdict:
+    """Whether one layer fused as expected, and if not, why.
+
+    Attributes:
+        layer: the layer key (an int; `passes.trace.Layer` in an encoder-decoder model).
+        fused: True when every expected fusion happened: for a post-LN BERT-style layer one
+            `FusedTransformerLayer` (when the pipeline ran `fuse_transformer_layer`), and for every layer
+            no rejection that survives to the final graph (a missed fusion) among the rules expected
+            for its architecture.
+        fused_node: id of the layer's FusedTransformerLayer in the final graph, if any.
+        expected: what was expected, e.g. `FusedTransformerLayer`, or `FusedSwiGLU, shared-input QKV matmul`.
+        first: the first counted rejection (rule, guard, kind, message, nodes, hint, fix), if any.
+        silent: when nothing rejected the expected fusion, why the rule never saw the layer (from the rule's
+            anchor ops and its pass's `requires`), else "".
+        rejections: every rejected outcome of the layer that counts, in pipeline order.
+        misses: missed fusions in this layer (`passes.missed_fusions`), as text.
+        sibling / sibling_rule / differences: a sibling layer where the rejected rule fused, and how the
+            two layers' primitive structures differ (`passes.explain`).
+        explanation: the full `explain` text (one line per rule).
+        architecture: the layer's own kind (`architecture.classify_layer`).
+        expected_kind: the kind the layer is judged as: its own, or `post_ln` when it deviates from sibling
+            layers that are all post-LN (see `judged_kind`).
+        done: the fusions that happened in the layer, e.g. `FusedSwiGLU %31 (fuse_swiglu)` (non-BERT layers).
+        not_expected: rejections that do not count for this architecture, with the reason (the excuses).
+        blocker: when the first rejection's own product was still made in the layer (a soft guard), what the
+            fusion left that blocks the layer, e.g. `packed attention made, but additive mask kept (mask_form)`.
+        illegal: the refusals of products that are illegal for this layer (`illegal`, `read by the model`), in
+            pipeline order. They do not count: with no other miss the layer is "fused as far as legal".
+        cannot_make: products legal for the layer that the run's pipeline cannot make (`RunFacts.cannot_make`).
+            Under `expect="model"` any makes the layer NOT fused.
+        expect: what the layer was judged against (`EXPECT_MODES`).
+        missed: `misses` as `MissedFusion`s (rule, node, guard, kind, fix), in the same order.
+    """
+
+    layer: int
+    fused: bool
+    fused_node: int | None
+    expected: str
+    first: Outcome | None
+    architecture: Architecture
+    expected_kind: Architecture
+    silent: str = ""
+    rejections: list[Outcome] = field(default_factory=list)
+    misses: list[str] = field(default_factory=list)
+    sibling: int | None = None
+    sibling_rule: str = ""
+    differences: list[str] = field(default_factory=list)
+    explanation: str = ""
+    done: list[str] = field(default_factory=list)
+    not_expected: list[str] = field(default_factory=list)
+    blocker: str = ""
+    illegal: list[Outcome] = field(default_factory=list)
+    cannot_make: list[str] = field(default_factory=list)
+    expect: str = "model"
+    missed: list[MissedFusion] = field(default_factory=list)
+    """The misses as data (`misses` is their text; `--json` carries the text only)."""
+
+    @property
+    def unmade_products(self) -> list[str]:
+        """The product names of `cannot_make`, in order, each once (e.g. `FusedTransformerLayer`)."""
+        return list(dict.fromkeys(c.rsplit(": ", 1)[-1].removesuffix(" cannot be made") for c in self.cannot_make))
+
+    @property
+    def bert_style(self) -> bool:
+        """The layer is judged as a post-LN BERT layer (one FusedTransformerLayer expected)."""
+        return self.expected_kind.post_ln
+
+    @property
+    def legal_only(self) -> bool:
+        """Fused, with a product illegal for the layer left unmade: "fused as far as legal"."""
+        return self.fused and bool(self.illegal)
+
+    @property
+    def status(self) -> str:
+        """`fused`, `fused as far as legal` or `not fused`: the headline word of the layer."""
+        return "fused as far as legal" if self.legal_only else "fused" if self.fused else "not fused"
+
+    @property
+    def reason(self) -> str:
+        """One line on why the layer did not fuse ("" when it fused): the first rejection's message, else why the
+        expected rule never saw the layer."""
+        if self.fused:
+            return ""
+        return (self.first.message if self.first is not None else self.silent).split("\n")[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (outcomes and the architecture as dicts)."""
+        return text.layer_dict(self)
+
+    def render(self, verbose: bool = False) -> str:
+        """The answer to "why didn't layer N fuse" (`text.render_layer`)."""
+        return text.render_layer(self, verbose)
+
+
+LayerStatus = LayerVerdict
+"""The name front ends knew it by."""
+
+
+@dataclass(frozen=True)
+class RunVerdict:
+    """The verdict of one run: every checked layer's `LayerVerdict`, and the whole graph's when no node path names a
+    layer. `ok` when every layer checked fused as expected.
+
+    Attributes:
+        pipeline: the run's pipeline name.
+        layers: the checked layers' verdicts, in layer order.
+        counts: the final graph's fused-op counts.
+        misses: for a graph whose node paths name no layer: every missed fusion that counts for the whole graph's
+            kind, and every "no rule recognizes this" finding (then `ok` means none).
+        architecture: for a graph whose node paths name no layer: the whole graph's kind.
+        not_expected: for a graph whose node paths name no layer: rejections that do not count, with the reason.
+        left_out: what fusions that happened left out, deliberately (`passes.report.left_out`).
+        crashed: the error of every pass that raised (its result discarded); any makes `ok` False.
+        recognized: for a graph whose node paths name no layer: every form recognized into a primitive op.
+        expect: what the layers were judged against (`EXPECT_MODES`).
+        cannot_make: for a graph whose node paths name no layer: what is legal in it that the pipeline cannot make.
+        model: the model's name, for the headline ("" when not given).
+    """
+
+    pipeline: str
+    layers: list[LayerVerdict]
+    counts: dict[str, int]
+    misses: list[str] = field(default_factory=list)
+    architecture: Architecture | None = None
+    not_expected: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)
+    crashed: list[str] = field(default_factory=list)
+    recognized: list[str] = field(default_factory=list)
+    expect: str = "model"
+    cannot_make: list[str] = field(default_factory=list)
+    model: str = ""
+
+    @staticmethod
+    def of(trace: Trace, expect: str = "model", layers: Iterable[int] | None = None, model: str = "") -> RunVerdict:
+        """The verdict of `trace` on every layer (or on `layers`, keys or plain ints), judged against `expect`.
+        Made once per (trace, expect, layers); `model` only names it.
+
+        Raises:
+            ValueError: `expect` is not one of `EXPECT_MODES`, or a layer asked for is not in the run's input graph
+                (the message names the layers it has).
+        """
+        _check_expect(expect)
+        facts = RunFacts.of(trace)
+        have = facts.layers
+        wanted = tuple(have if layers is None else resolve_layers(list(have), layers))
+        known = set(have)
+        for i in wanted:
+            if i not in known:
+                span = f"{have[0]}..{have[-1]}" if have else "none: no node path names a layer"
+                raise ValueError(f"layer {i} is not in {model or 'the model'} (layers: {span})")
+        key = ("run", expect, None if layers is None else wanted)
+        hit = facts.cache.get(key)
+        if hit is None:
+            hit = facts.cache[key] = _run_verdict(facts, expect, wanted, layers is None)
+        return hit if hit.model == model else replace(hit, model=model)
+
+    def layer(self, layer: int) -> LayerVerdict:
+        """The verdict of `layer`.
+
+        Raises:
+            KeyError: `layer` was not checked.
+        """
+        for v in self.layers:
+            if v.layer == layer:
+                return v
+        raise KeyError(f"layer {layer} was not checked")
+
+    @property
+    def fused_layers(self) -> int:
+        return sum(s.fused for s in self.layers)
+
+    @property
+    def ok(self) -> bool:
+        return (all(s.fused for s in self.layers) and not self.misses and not self.crashed
+                and not (self.expect == "model" and self.cannot_make))
+
+    @property
+    def exit_status(self) -> int:
+        """`EXIT_OK` when `ok`, else `EXIT_NOT_FUSED` (a crashed pass is reported by the caller)."""
+        return EXIT_OK if self.ok else EXIT_NOT_FUSED
+
+    @property
+    def headline(self) -> str:
+        """The first line of the text: the model, the pipeline and `N/M layer(s) fused as expected` (or the final
+        graph's fused ops when no node path names a layer)."""
+        return text.headline(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return text.run_dict(self)
+
+    def render(self, verbose: bool = False) -> str:
+        return text.render_run(self, verbose)
+
+
+FusionCheck = RunVerdict
+"""The name `check_fusion` gave its result."""
+
+
+def _check_expect(expect: str) -> None:
+    if expect not in EXPECT_MODES:
+        raise ValueError(f"expect {expect!r}: use one of {', '.join(EXPECT_MODES)}")
+
+
+def _run_verdict(facts: RunFacts, expect: str, wanted: tuple[int, ...], every: bool) -> RunVerdict:
+    trace = facts.trace
+    statuses = [layer_verdict(trace, i, expect) for i in wanted]
+    crashed = [s.error for s in trace.steps if s.error]
+    counts = trace.final.fused_op_counts()
+    if facts.layers:
+        return RunVerdict(trace.pipeline, statuses, counts, left_out=left_out(trace, None if every else set(wanted)),
+                          crashed=crashed, expect=expect)
+    arch = classify_layer(trace.input, None)
+    misses, ignored = expected_misses(trace, arch, None)
+    return RunVerdict(trace.pipeline, statuses, counts, [str(m) for m in misses], arch, list(ignored.values()),
+                      left_out(trace), crashed, recognized(trace), expect, facts.cannot_make(None))
+
+
+def judged_kind(trace: Trace, layer: int) -> tuple[Architecture, Architecture]:
+    """(own kind, kind the layer is judged as) of `layer` in the run's input graph.
+
+    A layer is judged by its own kind, except when it is not post-LN and every other layer of the model is:
+    then it is judged as its siblings' kind (a teaching variant or a bug that broke one BERT layer must not
+    turn "FusedTransformerLayer expected" into "nothing expected").
+    """
+    own = classify_layer(trace.input, layer)
+    if own.post_ln:
+        return own, own
+    first = None
+    for i in RunFacts.of(trace).layers:  # stops at the first sibling that is not post-LN
+        if i == layer or not same_stack_as(i, layer):  # an encoder layer is no sibling of a decoder layer
+            continue
+        o = classify_layer(trace.input, i)
+        if not o.post_ln:
+            return own, own
+        first = first or o
+    return (own, first) if first is not None else (own, own)
+
+
+def expected_misses(trace: Trace, arch: Architecture, layer: int | None
+                    ) -> tuple[list[MissedFusion], dict[str, str]]:
+    """The misses of `layer` (None: the whole graph) that count for `arch`, and `pattern -> "pattern (guard):
+    why not expected"` for those that do not. Misses are the run's missed fusions plus its "no rule
+    recognizes this" findings (`passes.unrecognized`: a family-shaped chain no rule made a candidate)."""
+    kept: list[MissedFusion] = []
+    ignored: dict[str, str] = {}
+    for m in RunFacts.of(trace).misses():
+        if layer is not None and layer_of(m.path) != layer:
+            continue
+        reason = not_expected(arch, m.pattern.split(".")[0], m.guard)
+        if reason is None:
+            kept.append(m)
+        elif m.pattern not in ignored:
+            ignored[m.pattern] = f"{m.pattern} ({m.guard}): {reason}"
+    return kept, ignored
+
+
+def layer_verdict(trace: Trace, layer: int, expect: str = "model") -> LayerVerdict:
+    """`LayerVerdict` of `layer` in a pipeline run, judged against `expect` (made once per trace, layer and
+    `expect`; `RunVerdict.of` reads the same).
+
+    Raises:
+        ValueError: `expect` is not one of `EXPECT_MODES`.
+    """
+    _check_expect(expect)
+    facts = RunFacts.of(trace)
+    key = ("layer", expect, layer)
+    hit = facts.cache.get(key)
+    if hit is None:
+        hit = facts.cache[key] = _layer_verdict(facts, layer, expect)
+    return hit
+
+
+def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
+    """What is expected depends on the layer's architecture: a post-LN BERT-style layer must become one
+    FusedTransformerLayer (when the pipeline runs `fuse_transformer_layer`) with no missed fusion left; any other
+    layer must be left with no missed fusion among the rules that apply to it (`policy.not_expected`)."""
+    trace = facts.trace
+    ex = explain(trace, layer)
+    own, arch = judged_kind(trace, layer)
+    ran = facts.ran  # a crashed pass was still expected to fuse
+    crashed = {s.pass_name: s.error for s in trace.steps if s.error}
+    misses, ignored = expected_misses(trace, arch, layer)
+    illegal = illegal_here(facts, ex.rejected, layer, arch)
+    legal_only = {(o.rule, o.nodes[0]) for o in illegal}
+    misses = [m for m in misses if (m.pattern, m.node) not in legal_only]
+    ignored |= {o.rule: f"{o.rule} ({o.guard}): {ILLEGAL_HERE}" for o in illegal if o.rule not in ignored}
+    ftl_illegal = any(o.pass_name == LAYER_PASS for o in illegal)  # the layer op is not legal here: its parts are
+    cannot = facts.cannot_make(layer)
+    unmade = {c.rsplit(": ", 1)[-1].removesuffix(" cannot be made") for c in cannot} if expect == "pipeline" else set()
+    unmakeable = PRODUCTS[LAYER_PASS] in unmade
+    if unmade:  # judged against the pipeline only: a refusal of a product it cannot make does not count
+        misses = [m for m in misses if PRODUCTS.get(m.pattern.split(".")[0]) not in unmade]
+        ignored |= {o.rule: f"{o.rule} ({o.guard}): the pipeline cannot make {PRODUCTS[o.pass_name]}"
+                    for o in ex.rejected if PRODUCTS.get(o.pass_name) in unmade and o.rule not in ignored}
+    skipped = list(ignored)
+    expect_ftl = LAYER_PASS in ran and arch.post_ln and not ftl_illegal and not unmakeable
+    ftl = facts.layer_products().get(layer, [])
+    miss_keys = {(m.pattern, m.node) for m in misses}
+    rejected = [o for o in ex.rejected if o.rule not in skipped and o.kind not in NOT_NEAR_MISSES]
+    surviving = [o for o in rejected if any((o.rule, a) in miss_keys for a in o.nodes)]
+    fused = (bool(ftl) or not expect_ftl) and not misses
+    first = None if fused else (surviving[0] if surviving else (rejected[0] if rejected else None))
+    quiet = ""
+    if first is None and not fused and expect_ftl and not ftl and LAYER_PASS in crashed:
+        first = Outcome(LAYER_PASS, f"{LAYER_PASS}.bert_post_ln", "rejected", "pass_crashed", "crash",
+                        f"the pass crashed and its result was discarded: {str(crashed[LAYER_PASS]).splitlines()[0]}",
+                        "an internal error in rlxviz: report it with the IR (`rlxviz ir MODEL`)")
+    if first is None and not fused and expect_ftl and not ftl and not misses:
+        quiet = silent(trace, layer, LAYER_PASS)
+    if first is None and not fused and misses:
+        m = misses[0]
+        first = Outcome(m.pattern.split(".")[0], m.pattern, "rejected", m.guard, "", m.reason, m.hint, (m.node,),
+                        m.kind, m.fix)
+    done: list[str] = []
+    expected = PRODUCTS[LAYER_PASS] if expect_ftl else ""
+    if not arch.post_ln or ftl_illegal:
+        done = [f"{op} %{n} ({o.pass_name})" for o in ex.outcomes if o.status == "fused"
+                for n in o.nodes if (op := op_of(trace, n)) is not None]
+        wanted = [o.pass_name for o in ex.outcomes if o.status == "fused" or o in rejected]
+        expected = ", ".join(product(n) for n in dict.fromkeys(wanted))
+    made = {(o.rule, g) for o in ex.outcomes if o.status == "fused" for g, _, _ in o.soft}
+    fused = fused and not (cannot and expect == "model")  # `first` stays what the run itself refused
+    if cannot and expect == "model" and expected:
+        expected = ", ".join(dict.fromkeys([*expected.split(", "), *(c.rsplit(": ", 1)[-1].removesuffix(
+            " cannot be made") for c in cannot)]))
+    return LayerVerdict(layer, fused, ftl[0] if ftl else None, expected, first, own, arch, quiet, rejected,
+                        [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(),
+                        done, [t for r, t in ignored.items() if r not in {o.rule for o in illegal}],
+                        _blocker(first, made), illegal, cannot, expect, misses)
+
+
+def _blocker(first: Outcome | None, made: set[tuple[str, str]]) -> str:
+    """`packed attention made, but additive mask kept (mask_form)` when `first` (the layer's first counted
+    rejection) is a soft guard of a fusion that still happened in the layer (`made`: (rule, soft guard) of the
+    layer's fusions), else ""."""
+    if first is None or (first.rule, first.guard) not in made:
+        return ""
+    head, sep, _ = first.message.partition(": ")
+    what = head if sep and len(head) <= 60 else f"guard {first.guard} failed"
+    return f"{product(first.pass_name)} made, but {what} ({first.guard})"
+
+
+def verdict_pass(trace: Trace, layer: int) -> str | None:
+    """The pass of the layer's verdict: the pass whose rejection the verdict names first (the one "why didn't layer
+    N fuse" answers with), or None when the layer fused as expected or its first rejection is no pass of the run
+    (an `unrecognized.*` finding). The drawing's "why" side reads this, so the picture beside the text is always
+    the text's rejection."""
+    first = layer_verdict(trace, layer).first
+    if first is None or first.pass_name not in {s.pass_name for s in trace.steps}:
+        return None
+    return first.pass_name
+
+
+__all__ = ["EXIT_NOT_FUSED", "EXIT_OK", "Architecture", "FusionCheck", "LayerStatus", "LayerVerdict", "RunVerdict",
+           "expected_misses", "judged_kind", "layer_verdict", "verdict_pass"]
