@@ -134,12 +134,12 @@ DEFAULT_DOMAIN = "ai.onnx"
 @functools.cache
 def onnx_domain(op_type: str) -> str:
     """The ONNX domain an imported node of `op_type` came from, read off the importer's table
-    (`models.onnx_import.HANDLERS`, keyed by (domain, op type)): every node the importer keeps is read by a
+    (`models.onnx.HANDLERS`, keyed by (domain, op type)): every node the importer keeps is read by a
     handler of its domain, or kept as a host node, which only a default-domain node becomes. So an op type the
     table reads only in `com.microsoft` came from there, any other from `ai.onnx`; an op type read in both (Gelu,
     SimplifiedLayerNormalization) gives both, joined by " or " (the import keeps the op type, not the domain).
     Raises nothing."""
-    from ..models.onnx_import import HANDLERS
+    from ..models.onnx.context import HANDLERS  # the package import registers every handler
 
     domains = {d or DEFAULT_DOMAIN for d, op in HANDLERS if op == op_type} or {DEFAULT_DOMAIN}
     domains = sorted(domains, key=lambda d: (d != DEFAULT_DOMAIN, d))  # ai.onnx first
