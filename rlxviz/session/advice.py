@@ -1,0 +1,279 @@
+"""Advice is checked, not written (issue 38): every fix line `explain` prints is applied as a what-if first.
+
+For each refusal whose fix line `explain` prints (a layer's first rejection, its illegal-here refusals, a missed
+fusion), the fix (`passes.whatif.fix_form`) is
+
+* a statement (`none in the model: ...`, `nothing to change in the model: ...`): printed as it is, nothing to apply;
+* a pipeline or model change with a what-if (`passes.whatif.what_if`): the what-if's pipeline runs on the what-if's
+  graph; the fix is printed only when the fusion then happens (`passes.whatif.fused_more`) and the what-if graph,
+  unfused and fused, gives the unfused original's numbers on the small input sets below (NumPy reference interpreter,
+  the graph's dtype, `runtime.precision`'s same-backend tolerance; the same inf / NaN at the same place counts as
+  equal);
+* a change with no what-if: it cannot be checked, so it is not printed as a fix.
+
+A fix that is not printed is replaced (`vetted`) by `none in the model: <why>` (the refusal's remedy becomes
+`compiler only`) and the compiler fix line, so no line ever proposes a change that was not checked.
+
+Input sets: `random` (the base feeds), and for a graph with a mask input `fully_masked_row` and `left_padding`
+(`runtime.battery`). Cost: one pipeline run per distinct what-if (what-ifs that run the same thing share it) and three
+reference runs per input set, only while the multiply-adds stay within `BUDGET_MACS`; past it the numbers are not run
+and the what-if stands on its construction (every what-if of `passes.whatif` is exact by construction: a dead node
+removed, a pipeline parameter or pass changed), which `FixCheck.detail` says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..ir import Graph
+from ..passes import Trace, explain
+from ..passes.guard import COMPILER_ONLY, IN_MODEL, NO_MODEL_FIX
+from ..passes.report import in_context
+from ..passes.trace import Rejection
+from ..passes.whatif import STATEMENT, WhatIf, fix_form, fused_more, what_if
+from ..runtime import run_reference
+from ..runtime.battery import InputSet, battery
+from ..runtime.compare import close
+from ..runtime.precision import Tolerance, precision_policy
+from .exactness import run_macs
+from .status import FusionCheck, _run_misses
+
+KINDS = ("random", "fully_masked_row", "left_padding")
+"""The input sets a what-if's numbers are compared on (those that apply to the graph)."""
+BUDGET_MACS = 1.5e9
+"""Multiply-adds all what-ifs' reference runs of one `explain` may take together."""
+
+CHECKED = "checked"
+NOT_A_CHANGE = "not a change"
+CHANGES_NUMBERS = "changes the numbers"
+NO_FUSION = "does not fuse"
+NO_WHAT_IF = "no what-if"
+STATUSES = (CHECKED, NOT_A_CHANGE, CHANGES_NUMBERS, NO_FUSION, NO_WHAT_IF)
+"""What checking a fix found; only `checked` and `not a change` fixes are printed as fixes."""
+
+EXACT = Tolerance(1e-9, 1e-9)
+"""How close the what-if model's float64 outputs must be to the original's: a rewrite exact in real arithmetic
+differs by float64 rounding only."""
+DEFAULT_COMPILER_FIX = "a rule that takes this form as the model writes it (its numbers kept)"
+"""The compiler fix of a refusal whose guard names none, when its model-side fix is withheld."""
+
+
+@dataclass(frozen=True)
+class FixCheck:
+    """One printed fix, checked.
+
+    Attributes:
+        rule / anchor / guard: the refusal (its rule, anchor node id and headline guard).
+        fix: the fix line as the guard wrote it (after `report.in_context`).
+        form: `statement`, `pipeline` or `model` (`passes.whatif.fix_form`).
+        status: one of `STATUSES`.
+        what: the what-if applied ("" when none).
+        detail: what the check found, one line (the error and the input set that differs, the budget note).
+        printed: the fix line `explain` prints: `fix`, or the `none in the model: ...` line that replaces it.
+    """
+
+    rule: str
+    anchor: int
+    guard: str
+    fix: str
+    form: str
+    status: str
+    what: str = ""
+    detail: str = ""
+    printed: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """The fix is printed as a fix (checked, or no change proposed)."""
+        return self.status in (CHECKED, NOT_A_CHANGE)
+
+    @property
+    def checked(self) -> bool:
+        """A what-if ran and the fix passed it."""
+        return self.status == CHECKED
+
+    def to_dict(self) -> dict[str, object]:
+        return {"rule": self.rule, "anchor": self.anchor, "guard": self.guard, "fix": self.fix, "form": self.form,
+                "status": self.status, "checked": self.checked, "printed_as_fix": self.ok, "what_if": self.what or None,
+                "detail": self.detail or None, "printed": self.printed}
+
+
+def _headline(trace: Trace, rule: str, anchor: int, guard: str) -> tuple[int, Rejection] | None:
+    """The last headline refusal of `rule` at `anchor` by `guard` in the run, with its step index."""
+    hit = None
+    for k, s in enumerate(trace.steps):
+        for r in s.rejections:
+            if r.rule == rule and r.anchor == anchor and r.guard == guard and r.headline:
+                hit = (k, r)
+    return hit
+
+
+def printed_refusals(trace: Trace, check: FusionCheck, verbose: bool = False) -> list[tuple[int, Rejection]]:
+    """The refusals whose fix line `check.render(verbose)` prints (each once, in print order), with their step index:
+    every layer's first rejection (when not fused) and illegal-here refusals, every missed fusion it lists, and with
+    `verbose` every rule's rejected outcome of each layer (`passes.explain`)."""
+    keys: list[tuple[str, int, str]] = []
+    shown = set(check.misses)
+    for s in check.layers:
+        shown |= set(s.misses)
+        outs = ([s.first] if s.first is not None and not s.fused else []) + list(s.illegal)
+        outs += explain(trace, s.layer).rejected if verbose else []
+        keys += [(o.rule, o.nodes[0], o.guard) for o in outs if o.status == "rejected" and o.nodes]
+    keys += [(m.pattern, m.node, m.guard) for m in _run_misses(trace) if str(m) in shown]
+    out: list[tuple[int, Rejection]] = []
+    seen: set[tuple[str, int, str]] = set()
+    for key in keys:
+        if key in seen:
+            continue
+        seen.add(key)
+        hit = _headline(trace, *key)
+        if hit is not None:
+            out.append(hit)
+    return out
+
+
+def _sets(g: Graph, feeds: Mapping[str, np.ndarray]) -> tuple[InputSet, ...]:
+    return battery(g, feeds, kinds=KINDS).sets
+
+
+def _outputs(g: Graph, s: InputSet, weights: Mapping[str, np.ndarray], float_dtype: type | None = None
+             ) -> list[np.ndarray]:
+    with np.errstate(all="ignore"):
+        return run_reference(g, s.feeds, weights, float_dtype=float_dtype)
+
+
+class _Checker:
+    """Runs each distinct what-if once (pipeline, fusion, numbers) and keeps the outcome by `WhatIf.key`."""
+
+    def __init__(self, trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
+                 budget_macs: float) -> None:
+        self.trace, self.weights = trace, weights
+        self.sets = _sets(trace.input, feeds) if feeds else ()
+        self.budget = budget_macs
+        self.runs: dict[tuple[str, ...], Trace] = {}
+        self.numbers: dict[tuple[str, ...], tuple[str | None, bool]] = {}
+        self._unfused: list[tuple[list[np.ndarray], list[np.ndarray]]] | None = None
+
+    def run(self, w: WhatIf) -> Trace:
+        if w.key not in self.runs:
+            self.runs[w.key] = w.pipeline.run(w.graph)
+        return self.runs[w.key]
+
+    def differs(self, w: WhatIf, after: Trace) -> tuple[str | None, bool]:
+        """`(where the what-if's numbers differ from the unfused original's, or None; whether they were run)`: not
+        run without input sets or past the budget."""
+        if w.key not in self.numbers:
+            why: str | None = None
+            ran = False
+            if len(w.graph.outputs) != len(self.trace.input.outputs):
+                why, ran = (f"the model returns {len(w.graph.outputs)} output(s) instead of "
+                            f"{len(self.trace.input.outputs)}"), True
+            elif self.sets:
+                cost = run_macs(self.trace.input) * len(self.sets) * 4
+                if cost <= self.budget:
+                    self.budget -= cost
+                    why, ran = self._compare(w.graph, after.final), True
+            self.numbers[w.key] = (why, ran)
+        return self.numbers[w.key]
+
+    def _compare(self, model: Graph, fused: Graph) -> str | None:
+        """Where the what-if differs from the unfused original: its model (`model`, unfused) in float64 against the
+        original in float64 to `EXACT` (a change of what the model computes shows there, however small the inputs
+        make it), and its fused final graph in the graph's dtype against the original to the same-backend tolerance
+        (`runtime.precision`); the same inf / NaN at the same place counts as equal. None when both agree."""
+        try:
+            policy = precision_policy(self.trace.input, "cpu")
+        except KeyError:
+            return None
+        try:
+            if self._unfused is None:
+                self._unfused = [(_outputs(self.trace.input, s, self.weights, np.float64),
+                                  _outputs(self.trace.input, s, self.weights)) for s in self.sets]
+            for s, (exact, same) in zip(self.sets, self._unfused, strict=True):
+                for g, want, tol, how in ((model, exact, EXACT, "in float64"),
+                                          (fused, same, policy.same_backend, "fused")):
+                    got = _outputs(g, s, self.weights, np.float64 if tol is EXACT else None)
+                    if len(got) != len(want) or not close(got, want, tol, same_nonfinite=True):
+                        return f"differs from the unfused model {how} on {s.name} (max err {_err(got, want):.3g})"
+        except Exception as e:  # noqa: BLE001 - a graph the reference cannot run: the numbers are not known
+            return f"the reference interpreter could not run it ({type(e).__name__})"
+        return None
+
+
+def _err(got: list[np.ndarray], want: list[np.ndarray]) -> float:
+    """max |got - want| over the outputs of equal shape (nan: none, or a non-finite on one side)."""
+    errs = [float(np.nanmax(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)), initial=0.0))
+            for a, b in zip(got, want, strict=False) if np.shape(a) == np.shape(b)]
+    return max(errs, default=float("nan"))
+
+
+def _check_one(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixCheck:
+    message, hint = in_context(trace, k, r)
+    form = fix_form(hint) if hint not in message else STATEMENT  # a hint inside the message prints no fix line
+    base = FixCheck(r.rule, r.anchor, r.guard, hint, form, NOT_A_CHANGE, printed=hint)
+    if form == STATEMENT:
+        return base
+    w = what_if(trace, k, r, hint)
+    if w is None:
+        return replace(base, status=NO_WHAT_IF, detail="no what-if rewrite applies this fix, so it cannot be checked",
+                       printed=NO_MODEL_FIX + "no change to the model that keeps its numbers is known to make this "
+                                              "legal (the compiler fix is the fix)")
+    try:
+        after = checker.run(w)
+    except Exception as e:  # noqa: BLE001 - the what-if graph broke a pass: the fix is not shown to work
+        return replace(base, status=NO_FUSION, what=w.what, detail=f"the pipeline failed on it ({type(e).__name__})",
+                       printed=NO_MODEL_FIX + f"applying it ({w.what}) does not make the fusion happen")
+    why, ran = checker.differs(w, after)
+    if why is not None:
+        return replace(base, status=CHANGES_NUMBERS, what=w.what, detail=why,
+                       printed=NO_MODEL_FIX + f"applying it ({w.what}) changes the model's numbers: {why}")
+    if not fused_more(trace, after, r):
+        return replace(base, status=NO_FUSION, what=w.what, detail=f"{r.rule} still does not fuse after {w.what}",
+                       printed=NO_MODEL_FIX + f"applying it ({w.what}) does not make the fusion happen")
+    note = ("numbers equal the unfused model on " + ", ".join(s.name for s in checker.sets)
+            if ran else "exact by construction (numbers not run: no inputs or over the budget)")
+    return replace(base, status=CHECKED, what=w.what, detail=f"{r.rule} fuses after {w.what}; {note}")
+
+
+def check_fixes(trace: Trace, check: FusionCheck, feeds: Mapping[str, np.ndarray] | None,
+                weights: Mapping[str, np.ndarray], budget_macs: float = BUDGET_MACS,
+                verbose: bool = False) -> list[FixCheck]:
+    """Check every fix line `check.render(verbose)` prints (`printed_refusals`) as a what-if.
+
+    Args:
+        trace: the run `check` judged (`check_fusion(trace, ...)`).
+        check: its verdict.
+        feeds: one complete set of inputs (e.g. `Model.random_feeds(0)`), the base of the input sets; None or empty:
+            the numbers are not run (the what-ifs stand on their construction).
+        weights: params by name.
+        budget_macs: the multiply-adds the reference runs may take together.
+        verbose: also the fix lines of `render(verbose=True)` (every rule's outcome per layer).
+
+    Returns:
+        One `FixCheck` per printed refusal, in print order.
+    """
+    checker = _Checker(trace, feeds or {}, weights, budget_macs)
+    return [_check_one(trace, k, r, checker) for k, r in printed_refusals(trace, check, verbose)]
+
+
+def vetted(trace: Trace, checks: Iterable[FixCheck]) -> Trace:
+    """`trace` with every refusal whose fix failed its check (`FixCheck.ok` False) saying so: its hint the check's
+    `printed` line (`none in the model: ...`), its remedy `compiler only`, its compiler fix kept (or
+    `DEFAULT_COMPILER_FIX`). The same trace when every fix passed. The graphs and matches are shared."""
+    bad = {(c.rule, c.anchor, c.guard): c for c in checks if not c.ok}
+    if not bad:
+        return trace
+    steps = []
+    for s in trace.steps:
+        rejections = [r if (c := bad.get((r.rule, r.anchor, r.guard))) is None or r.remedy not in ("", IN_MODEL) else
+                      replace(r, hint=c.printed, remedy=COMPILER_ONLY, fix=r.fix or DEFAULT_COMPILER_FIX)
+                      for r in s.rejections]
+        steps.append(replace(s, rejections=rejections))
+    return Trace(trace.input, steps, trace.pipeline)
+
+
+__all__ = ["BUDGET_MACS", "CHANGES_NUMBERS", "CHECKED", "DEFAULT_COMPILER_FIX", "KINDS", "NOT_A_CHANGE", "NO_FUSION",
+           "NO_WHAT_IF", "STATUSES", "FixCheck", "check_fixes", "printed_refusals", "vetted"]
