@@ -455,7 +455,7 @@ def layer_status(trace: Trace, layer: int, expect: str = "model") -> LayerStatus
     if first is None and not fused and misses:
         m = misses[0]
         first = Outcome(m.pattern.split(".")[0], m.pattern, "rejected", m.guard, "", m.reason, m.hint, (m.node,),
-                        m.kind, m.fix)
+                        m.kind, m.fix, remedy=m.remedy)
     done: list[str] = []
     expected = PRODUCTS[LAYER_PASS] if expect_ftl else ""
     if not arch.post_ln or ftl_illegal:
