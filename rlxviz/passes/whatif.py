@@ -124,11 +124,13 @@ def _in_user_graph(trace: Trace, n: Node) -> tuple[tuple[int, ...], int, int] | 
     if n.id in g:  # the user's node (its operands read as in the user's graph: a later pass may have remapped them)
         return (n.id,), g[n.id].inputs[0], n.id
     chain = tuple(a for a in n.absorbed if a in g)
-    if not chain or len(chain) != len(n.absorbed) or not n.inputs or n.inputs[0] not in g or n.inputs[0] in chain:
+    if not chain or len(chain) != len(n.absorbed):
         return None
     inside = set(chain)
+    # the chain's input as the user's graph has it (a later pass may have remapped n's operand to a fused node)
+    xs = {i for a in chain for i in g[a].inputs if i not in inside and g[i].op not in (Op.CONST, Op.PARAM)}
     outs = [a for a in chain if g.is_output(a) or any(u.id not in inside for u in g.users(a))]
-    return (chain, n.inputs[0], outs[0]) if len(outs) == 1 else None
+    return (chain, xs.pop(), outs[0]) if len(outs) == 1 and len(xs) == 1 else None
 
 
 def _switch_activation(trace: Trace, step: PassStep, r: Rejection) -> tuple[str, Graph] | None:
@@ -145,7 +147,7 @@ def _switch_activation(trace: Trace, step: PassStep, r: Rejection) -> tuple[str,
     target = Op.GELU if n.op.value.startswith("gelu") else Op.SILU
     rw = Rewriter(trace.input, "what-if")
     rw.fuse(target, (x,), {}, absorbed=chain, result=out)
-    return f"the model's {n.op.value} replaced by {target.value}", rw.finish()
+    return f"the model's {n.op.value} (node {out}) replaced by {target.value}", rw.finish()
 
 
 MODEL_WHAT_IFS: dict[str, ModelWhatIf] = {"epilogue_activation": _switch_activation,

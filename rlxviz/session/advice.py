@@ -5,18 +5,19 @@ fusion), the fix (`passes.whatif.fix_form`) is
 
 * a statement (`none in the model: ...`, `nothing to change in the model: ...`): printed as it is, nothing to apply;
 * a pipeline or model change with a what-if (`passes.whatif.what_if`): the what-if's pipeline runs on the what-if's
-  graph; the fix is printed only when the fusion then happens (`passes.whatif.fused_more`) and the what-if graph,
-  unfused and fused, gives the unfused original's numbers on the small input sets below (NumPy reference interpreter,
-  the graph's dtype, `runtime.precision`'s same-backend tolerance; the same inf / NaN at the same place counts as
-  equal);
+  graph; the fix is printed only when the fusion then happens (`passes.whatif.fused_more`) and the numbers stay the
+  unfused original's on the small input sets below (NumPy reference interpreter): the what-if model, unfused, in
+  float64 to `EXACT` with the model's weights and with unit-scale ones (`probe_weights`, so small weights do not hide
+  a changed computation), and its fused graph in the graph's dtype to `runtime.precision`'s same-backend tolerance
+  (the same inf / NaN at the same place counts as equal);
 * a change with no what-if: it cannot be checked, so it is not printed as a fix.
 
 A fix that is not printed is replaced (`vetted`) by `none in the model: <why>` (the refusal's remedy becomes
 `compiler only`) and the compiler fix line, so no line ever proposes a change that was not checked.
 
 Input sets: `random` (the base feeds), and for a graph with a mask input `fully_masked_row` and `left_padding`
-(`runtime.battery`). Cost: one pipeline run per distinct what-if (what-ifs that run the same thing share it) and three
-reference runs per input set, only while the multiply-adds stay within `BUDGET_MACS`; past it the numbers are not run
+(`runtime.battery`). Cost: one pipeline run per distinct what-if (what-ifs that run the same thing share it) and six
+reference runs per input set (three of the original, once), only while the multiply-adds stay within `BUDGET_MACS`; past it the numbers are not run
 and the what-if stands on its construction (every what-if of `passes.whatif` is exact by construction: a dead node
 removed, a pipeline parameter or pass changed), which `FixCheck.detail` says.
 """
@@ -155,7 +156,8 @@ class _Checker:
         self.budget = budget_macs
         self.runs: dict[tuple[str, ...], Trace] = {}
         self.numbers: dict[tuple[str, ...], tuple[str | None, bool]] = {}
-        self._unfused: list[tuple[list[np.ndarray], list[np.ndarray]]] | None = None
+        self._unfused: list[tuple[list[np.ndarray], ...]] | None = None
+        self.probe = probe_weights(weights)
 
     def run(self, w: WhatIf) -> Trace:
         if w.key not in self.runs:
@@ -172,7 +174,7 @@ class _Checker:
                 why, ran = (f"the model returns {len(w.graph.outputs)} output(s) instead of "
                             f"{len(self.trace.input.outputs)}"), True
             elif self.sets:
-                cost = run_macs(self.trace.input) * len(self.sets) * 4
+                cost = run_macs(self.trace.input) * len(self.sets) * 6
                 if cost <= self.budget:
                     self.budget -= cost
                     why, ran = self._compare(w.graph, after.final), True
@@ -181,9 +183,11 @@ class _Checker:
 
     def _compare(self, model: Graph, fused: Graph) -> str | None:
         """Where the what-if differs from the unfused original: its model (`model`, unfused) in float64 against the
-        original in float64 to `EXACT` (a change of what the model computes shows there, however small the inputs
-        make it), and its fused final graph in the graph's dtype against the original to the same-backend tolerance
-        (`runtime.precision`); the same inf / NaN at the same place counts as equal. None when both agree."""
+        original in float64 to `EXACT`, with the model's weights and with unit-scale ones (`probe_weights`: a change
+        of what the model computes shows there even where the model's small weights keep the activations near 0,
+        where tanh-GELU and GELU agree to 1e-10), and its fused final graph in the graph's dtype against the original
+        to the same-backend tolerance (`runtime.precision`); the same inf / NaN at the same place counts as equal.
+        None when all agree."""
         try:
             policy = precision_policy(self.trace.input, "cpu")
         except KeyError:
@@ -191,16 +195,28 @@ class _Checker:
         try:
             if self._unfused is None:
                 self._unfused = [(_outputs(self.trace.input, s, self.weights, np.float64),
-                                  _outputs(self.trace.input, s, self.weights)) for s in self.sets]
-            for s, (exact, same) in zip(self.sets, self._unfused, strict=True):
-                for g, want, tol, how in ((model, exact, EXACT, "in float64"),
-                                          (fused, same, policy.same_backend, "fused")):
-                    got = _outputs(g, s, self.weights, np.float64 if tol is EXACT else None)
-                    if len(got) != len(want) or not close(got, want, tol, same_nonfinite=True):
-                        return f"differs from the unfused model {how} on {s.name} (max err {_err(got, want):.3g})"
+                                  _outputs(self.trace.input, s, self.weights),
+                                  _outputs(self.trace.input, s, self.probe, np.float64)) for s in self.sets]
+            runs = [(model, self.weights, 0, EXACT, "in float64"), (model, self.probe, 2, EXACT,
+                                                                     "in float64 with unit-scale weights"),
+                    (fused, self.weights, 1, policy.same_backend, "fused")]
+            for s, want in zip(self.sets, self._unfused, strict=True):
+                for g, weights, k, tol, how in runs:
+                    got = _outputs(g, s, weights, np.float64 if tol is EXACT else None)
+                    if len(got) != len(want[k]) or not close(got, want[k], tol, same_nonfinite=True):
+                        return f"differs from the unfused model {how} on {s.name} (max err {_err(got, want[k]):.3g})"
         except Exception as e:  # noqa: BLE001 - a graph the reference cannot run: the numbers are not known
             return f"the reference interpreter could not run it ({type(e).__name__})"
         return None
+
+
+def probe_weights(weights: Mapping[str, np.ndarray], seed: int = 0) -> dict[str, np.ndarray]:
+    """Standard-normal float weights of the same names, shapes and dtypes (integer ones kept): a rewrite that keeps the
+    numbers for every input and weight keeps them for these too, and a change of the computation is not hidden by
+    small weights."""
+    rng = np.random.default_rng(seed)
+    return {k: rng.standard_normal(np.shape(v)).astype(np.asarray(v).dtype) if np.asarray(v).dtype.kind == "f"
+            else v for k, v in weights.items()}
 
 
 def _err(got: list[np.ndarray], want: list[np.ndarray]) -> float:
