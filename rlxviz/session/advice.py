@@ -16,10 +16,11 @@ A fix that is not printed is replaced (`vetted`) by `none in the model: <why>` (
 `compiler only`) and the compiler fix line, so no line ever proposes a change that was not checked.
 
 Input sets: `random` (the base feeds), and for a graph with a mask input `fully_masked_row` and `left_padding`
-(`runtime.battery`). Cost: one pipeline run per distinct what-if (what-ifs that run the same thing share it) and six
-reference runs per input set (three of the original, once), only while the multiply-adds stay within `BUDGET_MACS`; past it the numbers are not run
-and the what-if stands on its construction (every what-if of `passes.whatif` is exact by construction: a dead node
-removed, a pipeline parameter or pass changed), which `FixCheck.detail` says.
+(`runtime.battery`). Cost: one pipeline run per distinct what-if (what-ifs that run the same thing share it) and
+six reference runs per input set (three of them the original's, once), only while the multiply-adds stay within
+`BUDGET_MACS`. Past it the numbers are not run and a what-if that passed its fusion check stands on its construction
+(`FixCheck.detail` says so); of the what-ifs here only those exact by construction can pass that way (a dead node
+removed, a pipeline parameter or pass changed), since the activation switch changes the numbers wherever they run.
 """
 
 from __future__ import annotations
