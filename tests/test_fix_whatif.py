@@ -33,6 +33,7 @@ from rlxviz.session.advice import (
     CHECKED,
     NO_WHAT_IF,
     NOT_A_CHANGE,
+    NOT_RUN,
     check_fixes,
     printed_refusals,
     vetted,
@@ -278,3 +279,19 @@ def test_printed_fixes_are_checked_sample(src):
 @pytest.mark.parametrize("src", _handed() + PRESETS + _fixtures(), ids=lambda s: Path(s).name)
 def test_every_printed_fix_is_a_checked_what_if(src):
     _check_source(src)
+
+
+def test_past_the_budget_only_an_exact_what_if_is_printed():
+    """With no budget for numbers, the dead-reader what-if (exact by construction) still passes on its fusion check;
+    the activation switch (not exact) is withheld as unchecked, never printed as a fix."""
+    g = parse_ir(probed(returned=False))
+    feeds, weights = _feeds_weights(g)
+    trace = Pipeline.canonical().run(g)
+    fixes = check_fixes(trace, check_fusion(trace, "dead"), feeds, weights, budget_macs=0)
+    assert fixes and all(f.status == CHECKED and "exact by construction" in f.detail for f in fixes)
+    m = load("bert-tiny", 1, 16, None, "tanh_gelu", 0)
+    trace = Pipeline.canonical().run(m.graph)
+    fixes = check_fixes(trace, check_fusion(trace, "bert-tiny"), m.random_feeds(0), m.weights, budget_macs=0)
+    acts = [f for f in fixes if f.guard in ("epilogue_activation", "fc1_activation")]
+    assert acts and all(f.status == NOT_RUN and not f.ok for f in acts)
+    assert all(f.printed.startswith(NO_MODEL_FIX) and "could not be checked" in f.printed for f in acts)

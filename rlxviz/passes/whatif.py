@@ -62,12 +62,15 @@ class WhatIf:
         graph: the run's input graph with the fix applied (the same object for a pipeline fix).
         pipeline: the pipeline to run on `graph` (the run's own, or it changed by a pipeline fix).
         key: equal for two what-ifs that run the same thing (a checker runs each once).
+        exact: the change keeps the numbers by construction (a dead node removed, the pipeline changed), so a check
+            that cannot run the numbers may rely on it; False for a change of the computation (an activation).
     """
 
     what: str
     graph: Graph
     pipeline: Pipeline
     key: tuple[str, ...]
+    exact: bool = True
 
 
 def run_pipeline_of(trace: Trace) -> Pipeline:
@@ -155,6 +158,8 @@ MODEL_WHAT_IFS: dict[str, ModelWhatIf] = {"epilogue_activation": _switch_activat
 """Guard name -> its model-side what-if, for fixes that are not a dead reader's removal (tried first)."""
 GENERIC_WHAT_IFS: tuple[ModelWhatIf, ...] = (_dead_reader,)
 """What-ifs tried for any guard (after `MODEL_WHAT_IFS`)."""
+EXACT_WHAT_IFS: frozenset[ModelWhatIf] = frozenset({_dead_reader})
+"""The model what-ifs that keep the numbers by construction (`WhatIf.exact`)."""
 
 
 def what_if(trace: Trace, step: int, r: Rejection, hint: str | None = None) -> WhatIf | None:
@@ -184,7 +189,7 @@ def what_if(trace: Trace, step: int, r: Rejection, hint: str | None = None) -> W
             got = None
         if got is not None:
             what, g = got
-            return WhatIf(what, g, base, ("model", r.guard, getattr(f, "__name__", "f"), what))
+            return WhatIf(what, g, base, ("model", r.guard, getattr(f, "__name__", "f"), what), f in EXACT_WHAT_IFS)
     return None
 
 
@@ -210,5 +215,6 @@ def fused_more(before: Trace, after: Trace, r: Rejection) -> bool:
     return made > 0
 
 
-__all__ = ["FORMS", "GENERIC_WHAT_IFS", "MODEL", "MODEL_WHAT_IFS", "PIPELINE", "STATEMENT", "WhatIf", "fix_form",
-           "fused_count", "fused_more", "refused_count", "remove_dead_readers", "run_pipeline_of", "what_if"]
+__all__ = ["EXACT_WHAT_IFS", "FORMS", "GENERIC_WHAT_IFS", "MODEL", "MODEL_WHAT_IFS", "PIPELINE", "STATEMENT", "WhatIf",
+           "fix_form", "fused_count", "fused_more", "refused_count", "remove_dead_readers", "run_pipeline_of",
+           "what_if"]

@@ -53,7 +53,8 @@ NOT_A_CHANGE = "not a change"
 CHANGES_NUMBERS = "changes the numbers"
 NO_FUSION = "does not fuse"
 NO_WHAT_IF = "no what-if"
-STATUSES = (CHECKED, NOT_A_CHANGE, CHANGES_NUMBERS, NO_FUSION, NO_WHAT_IF)
+NOT_RUN = "numbers not run"
+STATUSES = (CHECKED, NOT_A_CHANGE, CHANGES_NUMBERS, NO_FUSION, NO_WHAT_IF, NOT_RUN)
 """What checking a fix found; only `checked` and `not a change` fixes are printed as fixes."""
 
 EXACT = Tolerance(1e-9, 1e-9)
@@ -250,6 +251,10 @@ def _check_one(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixChec
     if not fused_more(trace, after, r):
         return replace(base, status=NO_FUSION, what=w.what, detail=f"{r.rule} still does not fuse after {w.what}",
                        printed=NO_MODEL_FIX + f"applying it ({w.what}) does not make the fusion happen")
+    if not ran and not w.exact:
+        return replace(base, status=NOT_RUN, what=w.what, detail="its numbers were not run (no inputs, or over "
+                       "explain's budget) and the change is not exact by construction",
+                       printed=NO_MODEL_FIX + f"applying it ({w.what}) fuses, but its numbers could not be checked")
     note = ("numbers equal the unfused model on " + ", ".join(s.name for s in checker.sets)
             if ran else "exact by construction (numbers not run: no inputs or over the budget)")
     return replace(base, status=CHECKED, what=w.what, detail=f"{r.rule} fuses after {w.what}; {note}")
@@ -293,4 +298,4 @@ def vetted(trace: Trace, checks: Iterable[FixCheck]) -> Trace:
 
 
 __all__ = ["BUDGET_MACS", "CHANGES_NUMBERS", "CHECKED", "DEFAULT_COMPILER_FIX", "KINDS", "NOT_A_CHANGE", "NO_FUSION",
-           "NO_WHAT_IF", "STATUSES", "FixCheck", "check_fixes", "printed_refusals", "vetted"]
+           "NO_WHAT_IF", "NOT_RUN", "STATUSES", "FixCheck", "check_fixes", "printed_refusals", "vetted"]
