@@ -156,3 +156,16 @@ def test_a_graph_without_a_mask_input_is_checked_when_a_pass_claims_exactness():
     c = check_exactness(trace, m.random_feeds(0), m.weights)
     assert claims_exact(trace) == ("fuse_sdpa",) and c is not None and c.inputs == ("random",)
     assert c.ok and "after fuse_sdpa" in c.checked
+
+
+def _fixtures() -> list[Path]:
+    onnx = TESTS / "fixtures" / "onnx"
+    return sorted(p for p in [*onnx.glob("*.onnx"), *(onnx / "cases").glob("*.onnx"), *(onnx / "zoo").glob("*.onnx")]
+                  if p.stem != "minilm")  # minilm.onnx keeps its weights in a file not in the fixtures
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", _fixtures(), ids=lambda p: p.name)
+def test_no_exact_claim_on_a_differing_version_in_the_fixtures(path):
+    """The ONNX fixtures (the zoo and the handed ONNX cases): the same as the handed IR cases."""
+    test_no_exact_claim_on_a_differing_version(path)
