@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -153,13 +154,21 @@ class _Checker:
 
     def __init__(self, trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
                  budget_macs: float) -> None:
-        self.trace, self.weights = trace, weights
-        self.sets = _sets(trace.input, feeds) if feeds else ()
+        self.trace, self.weights, self.feeds = trace, weights, feeds
         self.budget = budget_macs
         self.runs: dict[tuple[str, ...], Trace] = {}
         self.numbers: dict[tuple[str, ...], tuple[str | None, bool]] = {}
         self._unfused: list[tuple[list[np.ndarray], ...]] | None = None
-        self.probe = probe_weights(weights)
+
+    @cached_property
+    def sets(self) -> tuple[InputSet, ...]:
+        """The input sets (made on first use: a fix line that is a statement runs nothing)."""
+        return _sets(self.trace.input, self.feeds) if self.feeds else ()
+
+    @cached_property
+    def probe(self) -> dict[str, np.ndarray]:
+        """`probe_weights` of the model's weights (made on first use: as large as the model's weights)."""
+        return probe_weights(self.weights)
 
     def run(self, w: WhatIf) -> Trace:
         if w.key not in self.runs:
