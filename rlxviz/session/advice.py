@@ -243,7 +243,10 @@ def _check_one(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixChec
     base = FixCheck(r.rule, r.anchor, r.guard, hint, form, NOT_A_CHANGE, printed=hint)
     if form == STATEMENT:
         return base
-    w = what_if(trace, k, r, hint)
+    try:
+        w = what_if(trace, k, r, hint)
+    except Exception:  # noqa: BLE001 - a what-if that cannot be built is no check: the fix is withheld, explain goes on
+        w = None
     if w is None:
         return replace(base, status=NO_WHAT_IF, detail="no what-if rewrite applies this fix, so it cannot be checked",
                        printed=NO_MODEL_FIX + "no change to the model that keeps its numbers is known to make this "
