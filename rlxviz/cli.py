@@ -514,7 +514,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         exact = ExactnessCheck((), (), None, skipped=unread.split(": ", 1)[-1].split("; ")[0])
     check = check_fusion(trace, model.name, None if args.layer is None else [args.layer], args.expect)
     fixes = check_fixes(trace, check, feeds if unread is None else None, model.weights,  # advice checked, not written
-                        verbose=args.verbose)
+                        verbose=args.verbose or args.json)  # --json carries every rule's explanation
     if not all(f.ok for f in fixes):
         check = check_fusion(vetted(trace, fixes), model.name, None if args.layer is None else [args.layer],
                              args.expect)

@@ -295,3 +295,18 @@ def test_past_the_budget_only_an_exact_what_if_is_printed():
     acts = [f for f in fixes if f.guard in ("epilogue_activation", "fc1_activation")]
     assert acts and all(f.status == NOT_RUN and not f.ok for f in acts)
     assert all(f.printed.startswith(NO_MODEL_FIX) and "could not be checked" in f.printed for f in acts)
+
+
+@pytest.mark.parametrize("case", ["esm-like-q-scaled-before-rope.rlx", "granite-like-scaled-rope.rlx"])
+def test_json_and_verbose_carry_only_checked_fixes(capsys, case):
+    """--json carries every rule's explanation per layer, and --verbose prints it: neither prints the unchecked
+    "the block uses 1/sqrt(head_dim)" as a fix."""
+    path = str(TESTS / "data" / "cases" / case)
+    assert main(["explain", path, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    text = json.dumps(doc["layers"])
+    assert "fix: the block uses 1/sqrt(head_dim)" not in text and "fix: none in the model" in text
+    assert {f["status"] for f in doc["fix_checks"] if f["guard"] == "default_scale"} == {NO_WHAT_IF}
+    assert main(["explain", path, "--verbose"]) == 1
+    out = capsys.readouterr().out
+    assert "fix: the block uses 1/sqrt(head_dim)" not in out and "compiler fix: give FusedAttentionBlock a scale" in out
