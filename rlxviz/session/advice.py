@@ -188,21 +188,22 @@ class _Checker:
                 cost = run_macs(self.trace.input) * len(self.sets) * 6
                 if cost <= self.budget:
                     self.budget -= cost
-                    why, ran = self._compare(w.graph, after.final), True
+                    why, ran = self._compare(w.graph, after.final)
             self.numbers[w.key] = (why, ran)
         return self.numbers[w.key]
 
-    def _compare(self, model: Graph, fused: Graph) -> str | None:
+    def _compare(self, model: Graph, fused: Graph) -> tuple[str | None, bool]:
         """Where the what-if differs from the unfused original: its model (`model`, unfused) in float64 against the
         original in float64 to `EXACT`, with the model's weights and with unit-scale ones (`probe_weights`: a change
         of what the model computes shows there even where the model's small weights keep the activations near 0,
         where tanh-GELU and GELU agree to 1e-10), and its fused final graph in the graph's dtype against the original
         to the same-backend tolerance (`runtime.precision`); the same inf / NaN at the same place counts as equal.
-        None when all agree."""
+        `(None, True)` when all agree; `(None, False)` when the numbers could not be run (no tolerance for the dtype, a
+        graph the reference cannot run)."""
         try:
             policy = precision_policy(self.trace.input, "cpu")
         except KeyError:
-            return None
+            return None, False
         try:
             if self._unfused is None:
                 self._unfused = [(_outputs(self.trace.input, s, self.weights, np.float64),
@@ -215,10 +216,11 @@ class _Checker:
                 for g, weights, k, tol, how in runs:
                     got = _outputs(g, s, weights, np.float64 if tol is EXACT else None)
                     if len(got) != len(want[k]) or not close(got, want[k], tol, same_nonfinite=True):
-                        return f"differs from the unfused model {how} on {s.name} (max err {_err(got, want[k]):.3g})"
-        except Exception as e:  # noqa: BLE001 - a graph the reference cannot run: the numbers are not known
-            return f"the reference interpreter could not run it ({type(e).__name__})"
-        return None
+                        return (f"differs from the unfused model {how} on {s.name} (max err "
+                                f"{_err(got, want[k]):.3g})"), True
+        except Exception:  # noqa: BLE001 - a graph the reference cannot run (a host op): the numbers are not known
+            return None, False
+        return None, True
 
 
 def probe_weights(weights: Mapping[str, np.ndarray], seed: int = 0) -> dict[str, np.ndarray]:
@@ -264,11 +266,11 @@ def _check_one(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixChec
         return replace(base, status=NO_FUSION, what=w.what, detail=f"{r.rule} still does not fuse after {w.what}",
                        printed=NO_MODEL_FIX + f"applying it ({w.what}) does not make the fusion happen")
     if not ran and not w.exact:
-        return replace(base, status=NOT_RUN, what=w.what, detail="its numbers were not run (no inputs, or over "
-                       "explain's budget) and the change is not exact by construction",
+        return replace(base, status=NOT_RUN, what=w.what, detail="its numbers were not run (no inputs, over explain's "
+                       "budget, or a graph the reference cannot run) and the change is not exact by construction",
                        printed=NO_MODEL_FIX + f"applying it ({w.what}) fuses, but its numbers could not be checked")
     note = ("numbers equal the unfused model on " + ", ".join(s.name for s in checker.sets)
-            if ran else "exact by construction (numbers not run: no inputs or over the budget)")
+            if ran else "exact by construction (numbers not run: no inputs, over the budget, or not runnable)")
     return replace(base, status=CHECKED, what=w.what, detail=f"{r.rule} fuses after {w.what}; {note}")
 
 
@@ -296,7 +298,8 @@ def check_fixes(trace: Trace, check: FusionCheck, feeds: Mapping[str, np.ndarray
 def vetted(trace: Trace, checks: Iterable[FixCheck]) -> Trace:
     """`trace` with every refusal whose fix failed its check (`FixCheck.ok` False) saying so: its hint the check's
     `printed` line (`none in the model: ...`), its remedy `compiler only`, its compiler fix kept (or
-    `DEFAULT_COMPILER_FIX`). The same trace when every fix passed. The graphs and matches are shared."""
+    `DEFAULT_COMPILER_FIX`). The same trace when every fix passed. The graphs and matches are shared (and so is the
+    content key, `Trace.key`: use the vetted trace for verdicts, `check_fusion`, not as a cache key's source)."""
     bad = {(c.rule, c.anchor, c.guard): c for c in checks if not c.ok}
     if not bad:
         return trace
