@@ -51,6 +51,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from ..ir.onnx_op import describe_host
     from ..models.onnx.notes import imported_forms
     from ..session import check_fusion, load_inputs
+    from ..session.advice import check_fixes, vetted
     from ..session.exactness import ExactnessCheck, check_exactness
     from ..session.fidelity import unread_weights
 
@@ -64,10 +65,16 @@ def cmd_explain(args: argparse.Namespace) -> int:
     else:  # weights left in their file that the limit does not let a run read
         exact = ExactnessCheck((), (), None, skipped=unread.split(": ", 1)[-1].split("; ")[0])
     check = check_fusion(trace, model.name, None if args.layer is None else [args.layer], args.expect)
+    fixes = check_fixes(trace, check, feeds if unread is None else None, model.weights,  # advice checked, not written
+                        verbose=args.verbose or args.json)  # --json carries every rule's explanation
+    if not all(f.ok for f in fixes):
+        check = check_fusion(vetted(trace, fixes), model.name, None if args.layer is None else [args.layer],
+                             args.expect)
     imported = imported_forms(model)  # what the file had already fused (ORT contrib ops), its quantization
     if args.json:
         _out(json.dumps({**check.to_dict(), "import_checks": [c.line() for c in checks], "imported_forms": imported,
-                         "numeric_check": None if exact is None else exact.to_dict()}, indent=2, default=str))
+                         "numeric_check": None if exact is None else exact.to_dict(),
+                         "fix_checks": [f.to_dict() for f in fixes]}, indent=2, default=str))
     else:
         host = describe_host(model.graph)
         numbers = f"{exact.line()}\n" if exact is not None and (args.verbose or not exact.ok) else ""

@@ -18,19 +18,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..ir import Graph, Op
 from ..passes import Trace
 from ..runtime import run_reference
-from ..runtime.battery import InputSet, battery
+from ..runtime.battery import InputSet, battery, mask_form, mask_inputs
 from ..runtime.compare import attribute_changes, baselines, check_version, close
 from ..runtime.precision import PrecisionPolicy, precision_policy
 
 KINDS = ("fully_masked_row", "left_padding")
 """The input sets of the check: the mask forms on which a mask rewrite's fills matter."""
+FILLS = ("-inf",)
+"""Extreme fills an additive mask input is also run with, in every set of `KINDS` (the battery writes the dtype's
+lowest finite value, HF's `finfo.min`; PyTorch's sdpa masks write -inf): `fully_masked_row (-inf fill)`. They run
+when the budget leaves room after the versions chosen (`check_exactness`)."""
+CLAIM = "(exact)"
+"""What a pass's decision says when it states a rewrite or a kept term exact (`explain` prints it)."""
 BUDGET_MACS = 1.5e9
 """Multiply-adds all the check's reference runs may take together (about a second on one core)."""
 
@@ -58,7 +64,8 @@ class ExactnessCheck:
     """The outcome of `check_exactness`.
 
     Attributes:
-        inputs: the input sets run (`KINDS` that apply).
+        inputs: the input sets run (`KINDS` that apply; `random` for a graph without a mask input whose passes
+            claim exactness).
         checked: the version labels compared with the unfused graph.
         policy: the dtype and the tolerances judged with.
         bad: the versions a pass changed the numbers of (empty when ok).
@@ -70,6 +77,11 @@ class ExactnessCheck:
     policy: PrecisionPolicy | None
     bad: tuple[Disagreement, ...] = ()
     skipped: str = ""
+    fills: tuple[str, ...] = ()
+    """The extra input sets run with an extreme additive-mask fill (`FILLS`), e.g. `left_padding (-inf fill)`."""
+    claimed: tuple[str, ...] = ()
+    """The passes of the run whose decisions say `(exact)` (`claims_exact`); each of their versions is checked
+    whenever the budget allows more than the final version."""
 
     @property
     def ok(self) -> bool:
@@ -80,7 +92,7 @@ class ExactnessCheck:
         """One line for `explain`, e.g. `numbers: 5 version(s) equal the unfused graph on fully_masked_row, ...`."""
         if self.skipped:
             return f"numbers not checked by explain: {self.skipped}"
-        on = ", ".join(self.inputs)
+        on = ", ".join(self.inputs) + (f" (and {len(self.fills)} with -inf mask fills)" if self.fills else "")
         blamed = [d for d in self.bad if d.changed_by]
         if not blamed:
             return (f"numbers: {len(self.checked)} version(s) equal the unfused graph on {on} (NumPy reference, "
@@ -93,7 +105,8 @@ class ExactnessCheck:
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready (a non-finite error as the string `nan` / `inf`, which strict JSON cannot hold as a number)."""
-        return {"ok": self.ok, "inputs": list(self.inputs), "checked": list(self.checked),
+        return {"ok": self.ok, "inputs": list(self.inputs), "fills": list(self.fills),
+                "claimed_exact": list(self.claimed), "checked": list(self.checked),
                 "skipped": self.skipped or None,
                 "changed": [{"version": d.label, "inputs": d.inputs,
                              "max_err": d.err if math.isfinite(d.err) else str(d.err), "pass": d.changed_by}
@@ -125,9 +138,38 @@ def _outputs(g: Graph, s: InputSet, weights: Mapping[str, np.ndarray]) -> list[n
         return run_reference(g, s.feeds, weights)
 
 
+def claims_exact(trace: Trace) -> tuple[str, ...]:
+    """The passes of the run whose decisions (a refusal, a soft rejection: what a fusion kept) say `(exact)`."""
+    return tuple(dict.fromkeys(s.pass_name for s in trace.steps if not s.error
+                               for r in s.rejections if CLAIM in r.message))
+
+
+def fill_sets(graph: Graph, sets: Sequence[InputSet]) -> list[InputSet]:
+    """`sets` again with every additive mask input's masked entries (the dtype's lowest finite value) written as each
+    fill of `FILLS`; none when the graph has no additive mask input."""
+    additive = [n.attrs["name"] for n in mask_inputs(graph) if mask_form(graph, n) == "additive"]
+    out = []
+    for fill in FILLS:
+        for s in sets:
+            feeds = dict(s.feeds)
+            for name in additive:
+                a = np.asarray(feeds[name])
+                feeds[name] = np.where(a == np.finfo(a.dtype).min, np.array(float(fill), a.dtype), a)
+            if additive:
+                out.append(InputSet(f"{s.name} ({fill} fill)", f"{s.what}, masked as {fill}", feeds))
+    return out
+
+
 def check_exactness(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
                     budget_macs: float = BUDGET_MACS) -> ExactnessCheck | None:
-    """Compare the pipeline's versions with the unfused graph on a fully masked row and left padding.
+    """Compare the pipeline's versions with the unfused graph on a fully masked row and left padding, in every mask
+    form: an additive mask input also with -inf fills (`FILLS`).
+
+    Which versions (each run costs `run_macs`): every distinct version when the budget allows; else the final
+    version and the version of every pass that claims exactness (`claims_exact`); else the final version alone (the
+    others only when it differs, to name the pass); else nothing (`skipped` says why). The -inf fill sets run when
+    the budget leaves room after that. A graph without a mask input is checked on its `random` inputs when a pass of
+    the run claims exactness, else not at all.
 
     Args:
         trace: the pipeline run (its input is the unfused graph).
@@ -136,7 +178,8 @@ def check_exactness(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mapp
         budget_macs: the multiply-adds the runs may take together (module docstring).
 
     Returns:
-        None when the graph has no mask input or no pass changed it; else an `ExactnessCheck`.
+        None when no pass changed the graph, or it has no mask input and no pass claims exactness; else an
+        `ExactnessCheck`.
 
     Raises:
         Nothing of the runs: a version the reference cannot run (any exception of a run, e.g. an `onnx_op` the host
@@ -145,33 +188,47 @@ def check_exactness(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mapp
     distinct = _distinct(trace)
     if not distinct:
         return None
+    claimed = claims_exact(trace)
     sets = battery(trace.input, feeds, kinds=KINDS).sets
+    if not sets and claimed:
+        sets = battery(trace.input, feeds, kinds=("random",)).sets
     if not sets:
         return None
     names = tuple(s.name for s in sets)
     try:
         policy = precision_policy(trace.input, "cpu")
     except KeyError as e:  # no tolerance row for the graph's dtype
-        return ExactnessCheck(names, (), None, skipped=str(e).strip("'\""))
-    per = run_macs(trace.input) * len(sets)
+        return ExactnessCheck(names, (), None, skipped=str(e).strip("'\""), claimed=claimed)
+    macs = run_macs(trace.input)
+    per = macs * len(sets)
+    chosen = [v for v in distinct if v[0].removeprefix("after ") in claimed or v is distinct[-1]]
     if per * (len(distinct) + 1) <= budget_macs:
         first = distinct
+    elif per * (len(chosen) + 1) <= budget_macs:
+        first = chosen
     elif per * 2 <= budget_macs:
         first = distinct[-1:]
     else:
         return ExactnessCheck(names, (), policy, skipped=f"one run is {per / len(sets) / 1e6:.0f}M multiply-adds, "
-                                                        f"over explain's budget; `rlxviz time` checks the versions")
+                                                        f"over explain's budget; `rlxviz time` checks the versions",
+                              claimed=claimed)
+    extra = fill_sets(trace.input, sets) if sets[0].name != "random" else []
+    if extra and per * (len(first) + 1) + macs * len(extra) * (len(first) + 1) > budget_macs:
+        extra = []
+    every = [*sets, *extra]
+    fills = tuple(s.name for s in extra)
     try:
-        unfused = [_outputs(trace.input, s, weights) for s in sets]
+        unfused = [_outputs(trace.input, s, weights) for s in every]
         differs = [(label, g) for label, g in first
                    if not all(close(_outputs(g, s, weights), u, policy.same_backend, same_nonfinite=True)
-                              for s, u in zip(sets, unfused, strict=True))]
+                              for s, u in zip(every, unfused, strict=True))]
         if not differs:
-            return ExactnessCheck(names, tuple(label for label, _ in first), policy)
-        return _judged(trace, distinct, sets, weights, policy, names)
+            return ExactnessCheck(names, tuple(label for label, _ in first), policy, fills=fills, claimed=claimed)
+        return replace(_judged(trace, distinct, every, weights, policy, names), fills=fills, claimed=claimed)
     except Exception as e:  # noqa: BLE001 - a version the reference cannot run: the check says so, explain goes on
         return ExactnessCheck(names, (), policy, skipped=f"the reference interpreter could not run a version "
-                                                        f"({type(e).__name__}: {str(e).splitlines()[0][:160]})")
+                                                        f"({type(e).__name__}: {str(e).splitlines()[0][:160]})",
+                              claimed=claimed)
 
 
 def _judged(trace: Trace, distinct: Sequence[tuple[str, Graph]], sets: Sequence[InputSet],
@@ -191,4 +248,5 @@ def _judged(trace: Trace, distinct: Sequence[tuple[str, Graph]], sets: Sequence[
     return ExactnessCheck(names, tuple(labels[1:]), policy, tuple(bad))
 
 
-__all__ = ["BUDGET_MACS", "KINDS", "Disagreement", "ExactnessCheck", "check_exactness", "run_macs"]
+__all__ = ["BUDGET_MACS", "CLAIM", "FILLS", "KINDS", "Disagreement", "ExactnessCheck", "check_exactness",
+           "claims_exact", "fill_sets", "run_macs"]

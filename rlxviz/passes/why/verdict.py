@@ -343,7 +343,7 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     if first is None and not fused and misses:
         m = misses[0]
         first = Outcome(m.pattern.split(".")[0], m.pattern, "rejected", m.guard, "", m.reason, m.hint, (m.node,),
-                        m.kind, m.fix)
+                        m.kind, m.fix, remedy=m.remedy)
     done: list[str] = []
     expected = PRODUCTS[LAYER_PASS] if expect_ftl else ""
     if not arch.post_ln or ftl_illegal:

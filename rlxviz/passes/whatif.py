@@ -1,0 +1,220 @@
+"""Fixes as data: the what-if rewrite behind each fix line a guard can print (issue 38: advice is checked, not written).
+
+A refusal's hint is one of three forms (`fix_form`):
+
+* `statement`: no change is proposed (`none in the model: ...`, `nothing to change in the model: ...`, `keep the
+  model's ...`, or a "run P first" that `report.in_context` replaced by what P already said): nothing to apply.
+* `pipeline`: a change to the pipeline, not the model: `raise or unset PARAM` (the what-if runs the same graph with
+  the parameter unset) or `run P first` for a pass P the run lacks (the what-if inserts P before the refusing pass).
+  The graph is the user's, unchanged, so its numbers are too.
+* `model`: a change to the user's model. Its what-if is a rewrite `Graph -> Graph` on the run's input graph:
+  `remove_dead_readers` (a reader that reaches no graph output: removing it, as `dead_code_elimination` does, keeps
+  every number the model returns), or one registered for the refusing guard in `MODEL_WHAT_IFS`. A model fix with no
+  what-if cannot be checked; `session.advice` never prints it as a fix.
+
+`what_if(trace, step, rejection)` builds the `WhatIf` (the graph and the pipeline to run on it); checking it (the
+numbers against the unfused original, and that the fusion then happens, `fused_more`) is the session's job
+(`session.advice`), which needs the runtime. This module only rewrites graphs (floor `passes`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..ir import Graph, GraphError, Node, Op
+from ..ir.ops import ACTIVATIONS, EPILOGUE_ACTIVATIONS
+from ..ir.rewrite import Rewriter
+from .guard import ILLEGAL, NO_MODEL_FIX, live_nodes
+from .pipeline import PASSES, Pipeline
+from .trace import PassStep, Rejection, Trace, layer_of
+
+STATEMENT = "statement"
+PIPELINE = "pipeline"
+MODEL = "model"
+FORMS = (STATEMENT, PIPELINE, MODEL)
+"""What a fix line proposes (module docstring)."""
+
+_STATEMENTS = (NO_MODEL_FIX, "nothing to change in the model", "keep the model's")
+_RAN_BEFORE = re.compile(r"\b\w+ ran before (?:and said no here|and did its part here|but had no candidate here)")
+_UNSET = re.compile(r"raise or unset (\w+)")
+_RUN_FIRST = re.compile(r"run (\w+) first")
+
+
+def fix_form(hint: str) -> str:
+    """`statement`, `pipeline` or `model`: what the fix line `hint` (as printed, after `report.in_context`) proposes.
+    An empty hint is a statement (no fix line is printed)."""
+    h = hint.strip()
+    if not h or h.startswith(_STATEMENTS) or _RAN_BEFORE.search(h):
+        return STATEMENT
+    if _UNSET.search(h) or _RUN_FIRST.search(h):
+        return PIPELINE
+    return MODEL
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """A fix applied: the user's graph after it and the pipeline to run on it.
+
+    Attributes:
+        what: one line naming the change, e.g. `remove 2 dead node(s) (dead-code elimination on the model)`.
+        graph: the run's input graph with the fix applied (the same object for a pipeline fix).
+        pipeline: the pipeline to run on `graph` (the run's own, or it changed by a pipeline fix).
+        key: equal for two what-ifs that run the same thing (a checker runs each once).
+        exact: the change keeps the numbers by construction (a dead node removed, the pipeline changed), so a check
+            that cannot run the numbers may rely on it; False for a change of the computation (an activation).
+    """
+
+    what: str
+    graph: Graph
+    pipeline: Pipeline
+    key: tuple[str, ...]
+    exact: bool = True
+
+
+def run_pipeline_of(trace: Trace) -> Pipeline:
+    """The pipeline a trace ran: its passes in order, with the parameters its steps read."""
+    params: dict[str, object] = {}
+    for s in trace.steps:
+        params.update(s.params)
+    return Pipeline([s.pass_name for s in trace.steps], params, trace.pipeline or "custom")
+
+
+def remove_dead_readers(g: Graph) -> Graph | None:
+    """`g` without the nodes whose value reaches no graph output (inputs kept), or None when every node is live.
+    Exact: nothing the model returns reads a removed node."""
+    live = live_nodes(g)
+    if all(n.id in live for n in g.compute_nodes()):
+        return None
+    return Pipeline(["dead_code_elimination"], name="what-if").run(g).final
+
+
+ModelWhatIf = Callable[[Trace, PassStep, Rejection], tuple[str, Graph] | None]
+"""A guard's model-side what-if: `(trace, the step that refused, the refusal) -> (what, the user's graph changed)`,
+or None when it does not apply to this refusal."""
+
+
+def _dead_reader(trace: Trace, step: PassStep, r: Rejection) -> tuple[str, Graph] | None:
+    """An illegal refusal whose extra reader (an offending node) is dead in the graph the pass saw: remove the dead
+    nodes from the user's graph."""
+    if r.kind != ILLEGAL:
+        return None
+    live = live_nodes(step.before)
+    if not any(i in step.before and i not in live for i in r.offending):
+        return None
+    g = remove_dead_readers(trace.input)
+    if g is None:
+        return None
+    gone = len(trace.input) - len(g)
+    return f"remove {gone} dead node(s) of the model (nothing it returns reads them)", g
+
+
+def _activation_of(step: PassStep, r: Rejection) -> Node | None:
+    """The activation node the refusal is about, in the graph the pass saw: its subject, else a bound or offending
+    node, else a reader of the subject (one edge or two: through a bias add), that is an activation op."""
+    g = step.before
+    ids = [i for i in (r.subject, *r.offending, *r.bindings.values()) if i is not None and i in g]
+    ids += [u.id for i in ids[:1] for u in g.users(i)]
+    ids += [v.id for i in ids[1:] for v in g.users(i) if g[i].op == Op.ADD]
+    return next((g[i] for i in ids if g[i].op in ACTIVATIONS), None)
+
+
+def _in_user_graph(trace: Trace, n: Node) -> tuple[tuple[int, ...], int, int] | None:
+    """`(user nodes n stands for, the chain's input, the chain's output)` in the run's input graph: `n` itself when
+    it is the user's node, else the nodes a canonicalization absorbed into it (a decomposed GELU)."""
+    g = trace.input
+    if n.id in g:  # the user's node (its operands read as in the user's graph: a later pass may have remapped them)
+        return (n.id,), g[n.id].inputs[0], n.id
+    chain = tuple(a for a in n.absorbed if a in g)
+    if not chain or len(chain) != len(n.absorbed):
+        return None
+    inside = set(chain)
+    # the chain's input as the user's graph has it (a later pass may have remapped n's operand to a fused node)
+    xs = {i for a in chain for i in g[a].inputs if i not in inside and g[i].op not in (Op.CONST, Op.PARAM)}
+    outs = [a for a in chain if g.is_output(a) or any(u.id not in inside for u in g.users(a))]
+    return (chain, xs.pop(), outs[0]) if len(outs) == 1 and len(xs) == 1 else None
+
+
+def _switch_activation(trace: Trace, step: PassStep, r: Rejection) -> tuple[str, Graph] | None:
+    """The activation fix (`guard.activation_hint`): the model's activation (a tanh-GELU, written out or as one op; a
+    ReLU) replaced by one the epilogue takes: exact GELU for a GELU form, else SiLU. It changes what the model
+    computes, which the check shows."""
+    n = _activation_of(step, r)
+    if n is None or n.op in EPILOGUE_ACTIVATIONS:
+        return None
+    found = _in_user_graph(trace, n)
+    if found is None:
+        return None
+    chain, x, out = found
+    target = Op.GELU if n.op.value.startswith("gelu") else Op.SILU
+    rw = Rewriter(trace.input, "what-if")
+    rw.fuse(target, (x,), {}, absorbed=chain, result=out)
+    return f"the model's {n.op.value} (node {out}) replaced by {target.value}", rw.finish()
+
+
+MODEL_WHAT_IFS: dict[str, ModelWhatIf] = {"epilogue_activation": _switch_activation,
+                                          "fc1_activation": _switch_activation}
+"""Guard name -> its model-side what-if, for fixes that are not a dead reader's removal (tried first)."""
+GENERIC_WHAT_IFS: tuple[ModelWhatIf, ...] = (_dead_reader,)
+"""What-ifs tried for any guard (after `MODEL_WHAT_IFS`)."""
+EXACT_WHAT_IFS: frozenset[ModelWhatIf] = frozenset({_dead_reader})
+"""The model what-ifs that keep the numbers by construction (`WhatIf.exact`)."""
+
+
+def what_if(trace: Trace, step: int, r: Rejection, hint: str | None = None) -> WhatIf | None:
+    """The what-if of refusal `r` (recorded by `trace.steps[step]`) whose printed fix line is `hint` (default
+    `r.hint`): None for a statement, and for a pipeline or model fix no what-if applies to."""
+    hint = r.hint if hint is None else hint
+    form = fix_form(hint)
+    if form == STATEMENT:
+        return None
+    base = run_pipeline_of(trace)
+    if form == PIPELINE:
+        if (m := _UNSET.search(hint)) is not None and m.group(1) in base.effective_params:
+            params = {**base.params, m.group(1): None}
+            return WhatIf(f"the pipeline with {m.group(1)} unset", trace.input,
+                          Pipeline(list(base.passes), params, base.name), ("unset", m.group(1)))
+        if (m := _RUN_FIRST.search(hint)) is not None and m.group(1) in PASSES:
+            names = [s.pass_name for s in trace.steps]
+            names.insert(step, m.group(1))
+            return WhatIf(f"the pipeline with {m.group(1)} run before {r.pass_name}", trace.input,
+                          Pipeline(names, dict(base.params), base.name), ("run", m.group(1), str(step)))
+        return None
+    at = trace.steps[step]
+    for f in (*([MODEL_WHAT_IFS[r.guard]] if r.guard in MODEL_WHAT_IFS else []), *GENERIC_WHAT_IFS):
+        try:
+            got = f(trace, at, r)
+        except GraphError:  # the rewrite does not apply to this graph (a form it does not take): no what-if
+            got = None
+        if got is not None:
+            what, g = got
+            return WhatIf(what, g, base, ("model", r.guard, getattr(f, "__name__", "f"), what), f in EXACT_WHAT_IFS)
+    return None
+
+
+def fused_count(trace: Trace, rule: str, layer: int | None) -> int:
+    """How many fusions `rule` made in `layer` (None: anywhere outside a layer) over the run."""
+    return sum(1 for s in trace.steps for m in s.matches if m.rule == rule and m.layer == layer)
+
+
+def refused_count(trace: Trace, rule: str, guard: str, layer: int | None) -> int:
+    """How many times `guard` refused (or, soft, left something out of) a fusion of `rule` in `layer` over the run."""
+    return sum(1 for s in trace.steps for r in s.rejections if r.rule == rule and r.guard == guard and r.layer == layer)
+
+
+def fused_more(before: Trace, after: Trace, r: Rejection) -> bool:
+    """Whether the what-if run `after` made the fusion `r` refused in `before`: `r.rule` fused more often in `r`'s
+    layer than in `before`; for a soft refusal (the rule fused, leaving something out, e.g. the activation), it fused
+    as often or more and `r.guard` left something out fewer times."""
+    layer = layer_of(r.path)
+    made = fused_count(after, r.rule, layer) - fused_count(before, r.rule, layer)
+    if r.soft:
+        fewer = refused_count(after, r.rule, r.guard, layer) < refused_count(before, r.rule, r.guard, layer)
+        return made >= 0 and fewer
+    return made > 0
+
+
+__all__ = ["EXACT_WHAT_IFS", "FORMS", "GENERIC_WHAT_IFS", "MODEL", "MODEL_WHAT_IFS", "PIPELINE", "STATEMENT", "WhatIf",
+           "fix_form", "fused_count", "fused_more", "refused_count", "remove_dead_readers", "run_pipeline_of",
+           "what_if"]

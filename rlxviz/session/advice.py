@@ -1,0 +1,316 @@
+"""Advice is checked, not written (issue 38): every fix line `explain` prints is applied as a what-if first.
+
+For each refusal whose fix line `explain` prints (a layer's first rejection, its illegal-here refusals, a missed
+fusion), the fix (`passes.whatif.fix_form`) is
+
+* a statement (`none in the model: ...`, `nothing to change in the model: ...`): printed as it is, nothing to apply;
+* a pipeline or model change with a what-if (`passes.whatif.what_if`): the what-if's pipeline runs on the what-if's
+  graph; the fix is printed only when the fusion then happens (`passes.whatif.fused_more`) and the numbers stay the
+  unfused original's on the small input sets below (NumPy reference interpreter): the what-if model, unfused, in
+  float64 to `EXACT` with the model's weights and with unit-scale ones (`probe_weights`, so small weights do not hide
+  a changed computation), and its fused graph in the graph's dtype to `runtime.precision`'s same-backend tolerance
+  (the same inf / NaN at the same place counts as equal);
+* a change with no what-if: it cannot be checked, so it is not printed as a fix.
+
+A fix that is not printed is replaced (`vetted`) by `none in the model: <why>` (the refusal's remedy becomes
+`compiler only`) and the compiler fix line, so no line ever proposes a change that was not checked.
+
+Input sets: `random` (the base feeds), and for a graph with a mask input `fully_masked_row` and `left_padding`
+(`runtime.battery`). Cost: one pipeline run per distinct what-if (what-ifs that run the same thing share it) and
+six reference runs per input set (three of them the original's, once), only while the multiply-adds stay within
+`BUDGET_MACS`. Past it the numbers are not run and a what-if that passed its fusion check stands on its construction
+(`FixCheck.detail` says so); of the what-ifs here only those exact by construction can pass that way (a dead node
+removed, a pipeline parameter or pass changed), since the activation switch changes the numbers wherever they run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+import numpy as np
+
+from ..ir import Graph
+from ..passes import Trace, explain
+from ..passes.guard import COMPILER_ONLY, IN_MODEL, NO_MODEL_FIX
+from ..passes.report import in_context
+from ..passes.trace import Rejection
+from ..passes.whatif import STATEMENT, WhatIf, fix_form, fused_more, what_if
+from ..runtime import run_reference
+from ..runtime.battery import InputSet, battery
+from ..runtime.compare import close
+from ..runtime.precision import Tolerance, precision_policy
+from .exactness import run_macs
+from .status import FusionCheck, _run_misses
+
+KINDS = ("random", "fully_masked_row", "left_padding")
+"""The input sets a what-if's numbers are compared on (those that apply to the graph)."""
+BUDGET_MACS = 1.5e9
+"""Multiply-adds all what-ifs' reference runs of one `explain` may take together."""
+
+CHECKED = "checked"
+NOT_A_CHANGE = "not a change"
+CHANGES_NUMBERS = "changes the numbers"
+NO_FUSION = "does not fuse"
+NO_WHAT_IF = "no what-if"
+NOT_RUN = "numbers not run"
+STATUSES = (CHECKED, NOT_A_CHANGE, CHANGES_NUMBERS, NO_FUSION, NO_WHAT_IF, NOT_RUN)
+"""What checking a fix found; only `checked` and `not a change` fixes are printed as fixes."""
+
+EXACT = Tolerance(1e-9, 1e-9)
+"""How close the what-if model's float64 outputs must be to the original's: a rewrite exact in real arithmetic
+differs by float64 rounding only."""
+DEFAULT_COMPILER_FIX = "a rule that takes this form as the model writes it (its numbers kept)"
+"""The compiler fix of a refusal whose guard names none, when its model-side fix is withheld."""
+
+
+@dataclass(frozen=True)
+class FixCheck:
+    """One printed fix, checked.
+
+    Attributes:
+        rule / anchor / guard: the refusal (its rule, anchor node id and headline guard).
+        fix: the fix line as the guard wrote it (after `report.in_context`).
+        form: `statement`, `pipeline` or `model` (`passes.whatif.fix_form`).
+        status: one of `STATUSES`.
+        what: the what-if applied ("" when none).
+        detail: what the check found, one line (the error and the input set that differs, the budget note).
+        printed: the fix line `explain` prints: `fix`, or the `none in the model: ...` line that replaces it.
+    """
+
+    rule: str
+    anchor: int
+    guard: str
+    fix: str
+    form: str
+    status: str
+    what: str = ""
+    detail: str = ""
+    printed: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """The fix is printed as a fix (checked, or no change proposed)."""
+        return self.status in (CHECKED, NOT_A_CHANGE)
+
+    @property
+    def checked(self) -> bool:
+        """A what-if ran and the fix passed it."""
+        return self.status == CHECKED
+
+    def to_dict(self) -> dict[str, object]:
+        return {"rule": self.rule, "anchor": self.anchor, "guard": self.guard, "fix": self.fix, "form": self.form,
+                "status": self.status, "checked": self.checked, "printed_as_fix": self.ok, "what_if": self.what or None,
+                "detail": self.detail or None, "printed": self.printed}
+
+
+def _headline(trace: Trace, rule: str, anchor: int, guard: str) -> tuple[int, Rejection] | None:
+    """The last headline refusal of `rule` at `anchor` by `guard` in the run, with its step index."""
+    hit = None
+    for k, s in enumerate(trace.steps):
+        for r in s.rejections:
+            if r.rule == rule and r.anchor == anchor and r.guard == guard and r.headline:
+                hit = (k, r)
+    return hit
+
+
+def printed_refusals(trace: Trace, check: FusionCheck, verbose: bool = False) -> list[tuple[int, Rejection]]:
+    """The refusals whose fix line `check.render(verbose)` prints (each once, in print order), with their step index:
+    every layer's first rejection (when not fused) and illegal-here refusals, every missed fusion it lists, and with
+    `verbose` every rule's rejected outcome of each layer (`passes.explain`)."""
+    keys: list[tuple[str, int, str]] = []
+    shown = set(check.misses)
+    for s in check.layers:
+        shown |= set(s.misses)
+        outs = ([s.first] if s.first is not None and not s.fused else []) + list(s.illegal)
+        outs += explain(trace, s.layer).rejected if verbose else []
+        keys += [(o.rule, o.nodes[0], o.guard) for o in outs if o.status == "rejected" and o.nodes]
+    keys += [(m.pattern, m.node, m.guard) for m in _run_misses(trace) if str(m) in shown]
+    out: list[tuple[int, Rejection]] = []
+    seen: set[tuple[str, int, str]] = set()
+    for key in keys:
+        if key in seen:
+            continue
+        seen.add(key)
+        hit = _headline(trace, *key)
+        if hit is not None:
+            out.append(hit)
+    return out
+
+
+def _sets(g: Graph, feeds: Mapping[str, np.ndarray]) -> tuple[InputSet, ...]:
+    return battery(g, feeds, kinds=KINDS).sets
+
+
+def _outputs(g: Graph, s: InputSet, weights: Mapping[str, np.ndarray], float_dtype: type | None = None
+             ) -> list[np.ndarray]:
+    with np.errstate(all="ignore"):
+        return run_reference(g, s.feeds, weights, float_dtype=float_dtype)
+
+
+class _Checker:
+    """Runs each distinct what-if once (pipeline, fusion, numbers) and keeps the outcome by `WhatIf.key`."""
+
+    def __init__(self, trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
+                 budget_macs: float) -> None:
+        self.trace, self.weights, self.feeds = trace, weights, feeds
+        self.budget = budget_macs
+        self.runs: dict[tuple[str, ...], Trace] = {}
+        self.numbers: dict[tuple[str, ...], tuple[str | None, bool]] = {}
+        self._unfused: list[tuple[list[np.ndarray], ...]] | None = None
+
+    @cached_property
+    def sets(self) -> tuple[InputSet, ...]:
+        """The input sets (made on first use: a fix line that is a statement runs nothing)."""
+        return _sets(self.trace.input, self.feeds) if self.feeds else ()
+
+    @cached_property
+    def probe(self) -> dict[str, np.ndarray]:
+        """`probe_weights` of the model's weights (made on first use: as large as the model's weights)."""
+        return probe_weights(self.weights)
+
+    def run(self, w: WhatIf) -> Trace:
+        if w.key not in self.runs:
+            self.runs[w.key] = w.pipeline.run(w.graph)
+        return self.runs[w.key]
+
+    def differs(self, w: WhatIf, after: Trace) -> tuple[str | None, bool]:
+        """`(where the what-if's numbers differ from the unfused original's, or None; whether they were run)`: not
+        run without input sets or past the budget."""
+        if w.key not in self.numbers:
+            why: str | None = None
+            ran = False
+            if len(w.graph.outputs) != len(self.trace.input.outputs):
+                why, ran = (f"the model returns {len(w.graph.outputs)} output(s) instead of "
+                            f"{len(self.trace.input.outputs)}"), True
+            elif self.sets:
+                cost = run_macs(self.trace.input) * len(self.sets) * 6
+                if cost <= self.budget:
+                    self.budget -= cost
+                    why, ran = self._compare(w.graph, after.final)
+            self.numbers[w.key] = (why, ran)
+        return self.numbers[w.key]
+
+    def _compare(self, model: Graph, fused: Graph) -> tuple[str | None, bool]:
+        """Where the what-if differs from the unfused original: its model (`model`, unfused) in float64 against the
+        original in float64 to `EXACT`, with the model's weights and with unit-scale ones (`probe_weights`: a change
+        of what the model computes shows there even where the model's small weights keep the activations near 0,
+        where tanh-GELU and GELU agree to 1e-10), and its fused final graph in the graph's dtype against the original
+        to the same-backend tolerance (`runtime.precision`); the same inf / NaN at the same place counts as equal.
+        `(None, True)` when all agree; `(None, False)` when the numbers could not be run (no tolerance for the dtype, a
+        graph the reference cannot run)."""
+        try:
+            policy = precision_policy(self.trace.input, "cpu")
+        except KeyError:
+            return None, False
+        try:
+            if self._unfused is None:
+                self._unfused = [(_outputs(self.trace.input, s, self.weights, np.float64),
+                                  _outputs(self.trace.input, s, self.weights),
+                                  _outputs(self.trace.input, s, self.probe, np.float64)) for s in self.sets]
+            runs = [(model, self.weights, 0, EXACT, "in float64"), (model, self.probe, 2, EXACT,
+                                                                     "in float64 with unit-scale weights"),
+                    (fused, self.weights, 1, policy.same_backend, "fused")]
+            for s, want in zip(self.sets, self._unfused, strict=True):
+                for g, weights, k, tol, how in runs:
+                    got = _outputs(g, s, weights, np.float64 if tol is EXACT else None)
+                    if len(got) != len(want[k]) or not close(got, want[k], tol, same_nonfinite=True):
+                        return (f"differs from the unfused model {how} on {s.name} (max err "
+                                f"{_err(got, want[k]):.3g})"), True
+        except Exception:  # noqa: BLE001 - a graph the reference cannot run (a host op): the numbers are not known
+            return None, False
+        return None, True
+
+
+def probe_weights(weights: Mapping[str, np.ndarray], seed: int = 0) -> dict[str, np.ndarray]:
+    """Standard-normal float weights of the same names, shapes and dtypes (integer ones kept): a rewrite that keeps the
+    numbers for every input and weight keeps them for these too, and a change of the computation is not hidden by
+    small weights."""
+    rng = np.random.default_rng(seed)
+    return {k: rng.standard_normal(np.shape(v)).astype(np.asarray(v).dtype) if np.asarray(v).dtype.kind == "f"
+            else v for k, v in weights.items()}
+
+
+def _err(got: list[np.ndarray], want: list[np.ndarray]) -> float:
+    """max |got - want| over the outputs of equal shape (nan: none, or a non-finite on one side)."""
+    errs = [float(np.nanmax(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)), initial=0.0))
+            for a, b in zip(got, want, strict=False) if np.shape(a) == np.shape(b)]
+    return max(errs, default=float("nan"))
+
+
+def _check_one(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixCheck:
+    message, hint = in_context(trace, k, r)
+    form = fix_form(hint) if hint not in message else STATEMENT  # a hint inside the message prints no fix line
+    base = FixCheck(r.rule, r.anchor, r.guard, hint, form, NOT_A_CHANGE, printed=hint)
+    if form == STATEMENT:
+        return base
+    try:
+        w = what_if(trace, k, r, hint)
+    except Exception:  # noqa: BLE001 - a what-if that cannot be built is no check: the fix is withheld, explain goes on
+        w = None
+    if w is None:
+        return replace(base, status=NO_WHAT_IF, detail="no what-if rewrite applies this fix, so it cannot be checked",
+                       printed=NO_MODEL_FIX + "no change to the model that keeps its numbers is known to make this "
+                                              "legal (the compiler fix is the fix)")
+    try:
+        after = checker.run(w)
+    except Exception as e:  # noqa: BLE001 - the what-if graph broke a pass: the fix is not shown to work
+        return replace(base, status=NO_FUSION, what=w.what, detail=f"the pipeline failed on it ({type(e).__name__})",
+                       printed=NO_MODEL_FIX + f"applying it ({w.what}) does not make the fusion happen")
+    why, ran = checker.differs(w, after)
+    if why is not None:
+        return replace(base, status=CHANGES_NUMBERS, what=w.what, detail=why,
+                       printed=NO_MODEL_FIX + f"applying it ({w.what}) changes the model's numbers: {why}")
+    if not fused_more(trace, after, r):
+        return replace(base, status=NO_FUSION, what=w.what, detail=f"{r.rule} still does not fuse after {w.what}",
+                       printed=NO_MODEL_FIX + f"applying it ({w.what}) does not make the fusion happen")
+    if not ran and not w.exact:
+        return replace(base, status=NOT_RUN, what=w.what, detail="its numbers were not run (no inputs, over explain's "
+                       "budget, or a graph the reference cannot run) and the change is not exact by construction",
+                       printed=NO_MODEL_FIX + f"applying it ({w.what}) fuses, but its numbers could not be checked")
+    note = ("numbers equal the unfused model on " + ", ".join(s.name for s in checker.sets)
+            if ran else "exact by construction (numbers not run: no inputs, over the budget, or not runnable)")
+    return replace(base, status=CHECKED, what=w.what, detail=f"{r.rule} fuses after {w.what}; {note}")
+
+
+def check_fixes(trace: Trace, check: FusionCheck, feeds: Mapping[str, np.ndarray] | None,
+                weights: Mapping[str, np.ndarray], budget_macs: float = BUDGET_MACS,
+                verbose: bool = False) -> list[FixCheck]:
+    """Check every fix line `check.render(verbose)` prints (`printed_refusals`) as a what-if.
+
+    Args:
+        trace: the run `check` judged (`check_fusion(trace, ...)`).
+        check: its verdict.
+        feeds: one complete set of inputs (e.g. `Model.random_feeds(0)`), the base of the input sets; None or empty:
+            the numbers are not run (the what-ifs stand on their construction).
+        weights: params by name.
+        budget_macs: the multiply-adds the reference runs may take together.
+        verbose: also the fix lines of `render(verbose=True)` (every rule's outcome per layer).
+
+    Returns:
+        One `FixCheck` per printed refusal, in print order.
+    """
+    checker = _Checker(trace, feeds or {}, weights, budget_macs)
+    return [_check_one(trace, k, r, checker) for k, r in printed_refusals(trace, check, verbose)]
+
+
+def vetted(trace: Trace, checks: Iterable[FixCheck]) -> Trace:
+    """`trace` with every refusal whose fix failed its check (`FixCheck.ok` False) saying so: its hint the check's
+    `printed` line (`none in the model: ...`), its remedy `compiler only`, its compiler fix kept (or
+    `DEFAULT_COMPILER_FIX`). The same trace when every fix passed. The graphs and matches are shared (and so is the
+    content key, `Trace.key`: use the vetted trace for verdicts, `check_fusion`, not as a cache key's source)."""
+    bad = {(c.rule, c.anchor, c.guard): c for c in checks if not c.ok}
+    if not bad:
+        return trace
+    steps = []
+    for s in trace.steps:
+        rejections = [r if (c := bad.get((r.rule, r.anchor, r.guard))) is None or r.remedy not in ("", IN_MODEL) else
+                      replace(r, hint=c.printed, remedy=COMPILER_ONLY, fix=r.fix or DEFAULT_COMPILER_FIX)
+                      for r in s.rejections]
+        steps.append(replace(s, rejections=rejections))
+    return Trace(trace.input, steps, trace.pipeline)
+
+
+__all__ = ["BUDGET_MACS", "CHANGES_NUMBERS", "CHECKED", "DEFAULT_COMPILER_FIX", "KINDS", "NOT_A_CHANGE", "NO_FUSION",
+           "NO_WHAT_IF", "NOT_RUN", "STATUSES", "FixCheck", "check_fixes", "printed_refusals", "vetted"]
