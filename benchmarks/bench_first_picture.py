@@ -4,14 +4,16 @@
 Both viewers are served on 127.0.0.1 and driven by the same headless chromium (`/usr/bin/chromium`, the browser
 tests' flags, Playwright, a 1600x1000 viewport, a fresh browser context per measurement, every request leaving
 127.0.0.1 refused and counted). Each is timed the same way: the viewer's page is already open, the file's absolute
-path is typed into the viewer's own path box, and the clock runs from the click that asks for it to the first drawn
-graph, the page looked at every 50 ms:
+path is typed into the viewer's own path box, both servers (with their child processes) are left to go quiet
+(`settle`), and the clock runs from the click that asks for the file to the first drawn graph, the page looked at
+every 50 ms:
 
-* **rlxviz** (`panel serve app.py` from this checkout or `--app-root DIR`, `RLXVIZ_ALLOWED_DIRS` set to the models'
-  folders): after the default model's graph is drawn, the Folder source is picked, the path typed, and the clock
-  starts at the "Load path" click. First picture: the version list names the new model's input (`0: input (N ops)`)
-  and the after-pane holds its SVG drawing. Passes done (printed too, not compared): the version selector offers
-  more than the input.
+* **rlxviz** (`panel serve app.py --warm` as `make app` runs it, from this checkout or `--app-root DIR`,
+  `RLXVIZ_ALLOWED_DIRS` set to the models' folders): after the default model's graph is drawn, the Folder source
+  is picked, the sequence length set (a different one each round, so nothing comes from the app's caches) and the
+  path typed; the clock starts at the "Load path" click. First picture: the version list names the new model's
+  input (`0: input (N ops)`) and the after-pane holds its SVG drawing. Passes done (printed too, not compared):
+  the version selector offers more than the input.
 * **Model Explorer** (`model-explorer --host 127.0.0.1 --port P --no_open_in_browser --extensions
   model_explorer_onnx`, its pip server with the ONNX adapter, from a throwaway venv: `--me-venv`, default
   `/tmp/me-venv`, made with `pip install ai-edge-model-explorer model-explorer-onnx` when missing): on its home page
@@ -25,16 +27,16 @@ graph, the page looked at every 50 ms:
 Models (the first from the repo, the other two written by `scripts/make_big_onnx.py` into `--models-dir`, default
 `/tmp/rlxviz-bench-first-picture`, kept there between runs and never in the repo):
 
-* a 2-layer Phi-3 export: `tests/fixtures/onnx/zoo/phi3.dynamo-eager.onnx` (torch.onnx dynamo, 205 nodes);
+* a 2-layer Phi-3 export: `tests/fixtures/onnx/zoo/phi3.dynamo-eager.onnx` (torch.onnx dynamo; 205 ONNX nodes);
 * a BERT-base-sized export: 12 layers, hidden 768, 12 heads, vocab 30522, MLP width 2048, about 108 M float32
   parameters written for real (seeded random) and stored inside the one `.onnx` file (about 434 MB, as a
   BERT-base export's 436-440 MB), LLaMA-structured (the generator's decoder; no torch here);
 * a 32-layer LLaMA-3-8B-shaped export with its weights as external data in a sparse file (about 28 GiB apparent,
   a few MB on disk).
 
-Each model is opened `--rounds` times by each viewer, alternating rlxviz and Model Explorer within a round (rlxviz
-at a different sequence length each round, so nothing comes from the app's caches); the table prints every round
-and the median, with the machine (CPU model from /proc/cpuinfo), its load average before and after, and the date.
+Each model is opened `--rounds` times by each viewer, rlxviz then Model Explorer within a round; the table prints
+every round and the median, with the machine (CPU model from /proc/cpuinfo), its load average before and after,
+and the date.
 
     .venv/bin/python benchmarks/bench_first_picture.py                      # both viewers, three models
     .venv/bin/python benchmarks/bench_first_picture.py --only bert --rounds 1
@@ -63,6 +65,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 from playwright.sync_api import BrowserContext, Page, Route, sync_playwright
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,6 +81,13 @@ BERT_BASE = ["--layers", "12", "--hidden", "768", "--heads", "12", "--kv-heads",
 
 POLL_S = 0.05
 """How often the page is looked at while waiting (the figures' resolution)."""
+
+QUIET_CPU = 0.1
+"""Before each click the servers (with their children) must have used less than this fraction of one core over
+`QUIET_WINDOW_S` (at most `QUIET_MAX_S` is waited): no job of the last measurement or of the page's own start
+(the default model's run, a spare loader's imports) runs on the clock of the next."""
+QUIET_WINDOW_S = 1.0
+QUIET_MAX_S = 60.0
 
 ARTIFACTS = ROOT / "test-artifacts"
 
@@ -120,10 +130,12 @@ def start(cmd: list[str], cwd: Path, env: dict[str, str], log: Path, ready: str,
 
 
 def serve_rlxviz(root: Path, port: int, env: dict[str, str]) -> subprocess.Popen:
-    """`panel serve app.py` in `root` on 127.0.0.1:`port`, answering once its static files do."""
+    """`panel serve app.py` in `root` on 127.0.0.1:`port` as `make app` serves it (`--warm`: the default model run
+    and a spare loader started at server start), answering once its static files do."""
     panel = Path(sys.executable).parent / "panel"
-    return start([str(panel), "serve", "app.py", "--address", "127.0.0.1", "--port", str(port),
-                  f"--allow-websocket-origin=127.0.0.1:{port}", "--num-procs", "1"], root,
+    return start([str(panel), "serve", "app.py", "--address", "127.0.0.1", "--port", str(port), "--warm",
+                  "--websocket-max-message-size", "268435456", f"--allow-websocket-origin=127.0.0.1:{port}",
+                  "--num-procs", "1"], root,
                  {**env, "PYTHONPATH": str(root)}, ARTIFACTS / "bench-first-picture-server.log",
                  f"http://127.0.0.1:{port}/static/extensions/panel/css/alerts.css", "panel serve")
 
@@ -144,6 +156,35 @@ def serve_me(exe: Path, port: int) -> subprocess.Popen:
     return start([str(exe), "--host", "127.0.0.1", "--port", str(port), "--no_open_in_browser",
                   "--extensions", "model_explorer_onnx"], Path(tempfile.gettempdir()), dict(os.environ),
                  ARTIFACTS / "bench-first-picture-me.log", f"http://127.0.0.1:{port}/check_health", "model-explorer")
+
+
+def cpu_seconds(procs: list[subprocess.Popen]) -> float:
+    """CPU seconds (user + system) used so far by `procs` and their living descendants."""
+    total = 0.0
+    for proc in procs:
+        try:
+            root = psutil.Process(proc.pid)
+            for p in [root, *root.children(recursive=True)]:
+                try:
+                    t = p.cpu_times()
+                    total += t.user + t.system
+                except psutil.Error:
+                    continue
+        except psutil.Error:
+            continue
+    return total
+
+
+def settle(procs: list[subprocess.Popen]) -> float:
+    """Wait until `procs` are quiet (`QUIET_CPU`); seconds waited (`QUIET_MAX_S` at most: a busy server is timed
+    as it is)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < QUIET_MAX_S:
+        c0 = cpu_seconds(procs)
+        time.sleep(QUIET_WINDOW_S)
+        if cpu_seconds(procs) - c0 < QUIET_CPU * QUIET_WINDOW_S:
+            break
+    return time.perf_counter() - t0
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -204,18 +245,20 @@ def fresh(browser, outside: Outside) -> tuple[BrowserContext, Page]:  # noqa: AN
     return ctx, pg
 
 
-def rlxviz_open(pg: Page, port: int, path: Path, seq: int) -> tuple[float, float]:
-    """(first picture, passes done) in seconds after "Load path" is pressed for `path` at sequence length `seq`."""
+def rlxviz_open(pg: Page, port: int, path: Path, seq: int, quiet: Callable[[], object]) -> tuple[float, float]:
+    """(first picture, passes done) in seconds after "Load path" is pressed for `path` at sequence length `seq`,
+    once `quiet()` returned."""
     pg.goto(f"http://127.0.0.1:{port}/app", timeout=WAIT_MS)
     pg.locator(".rv-after g.node").first.wait_for(timeout=WAIT_MS)
     pg.get_by_role("button", name="Folder").click()  # nothing typed yet: a one-line note, no load
     seq_box = pg.locator(".rv-seq input").first
     seq_box.fill(str(seq))
-    seq_box.press("Tab")
-    time.sleep(1.0)  # the note for the new length (still no path) is shown before the clock starts
+    seq_box.press("Tab")  # the default model runs again at the new length: waited for by `quiet`
     # the path box: `.rv-path` in this checkout; an older one's only text input under the Folder source
     box = pg.locator(".rv-path input") if pg.locator(".rv-path input").count() else pg.get_by_placeholder("/")
     box.first.fill(str(path))
+    quiet()
+    pg.locator(".rv-progress-text").first.wait_for(state="hidden")
     shown = pg.locator(".rv-version select option").first.text_content()  # `0: input (N ops)` of the default
     t0 = time.perf_counter()
     pg.get_by_role("button", name=re.compile(r"^Load (path|folder)$")).click()
@@ -231,9 +274,9 @@ def rlxviz_open(pg: Page, port: int, path: Path, seq: int) -> tuple[float, float
     return first, done
 
 
-def me_open(pg: Page, port: int, path: Path) -> tuple[float, int]:
-    """(first picture in seconds after "View selected models" is clicked for `path`, non-white pixels of the drawn
-    canvas) in Model Explorer."""
+def me_open(pg: Page, port: int, path: Path, quiet: Callable[[], object]) -> tuple[float, int]:
+    """(first picture in seconds after "View selected models" is clicked for `path`, once `quiet()` returned;
+    non-white pixels of the drawn canvas) in Model Explorer."""
     from PIL import Image
 
     pg.goto(f"http://127.0.0.1:{port}/", timeout=WAIT_MS)
@@ -248,6 +291,7 @@ def me_open(pg: Page, port: int, path: Path) -> tuple[float, int]:
         return bool(pg.evaluate("() => { const c = document.querySelector('webgl-renderer canvas');"
                                 " return !!c && c.width > 0 && c.height > 0; }"))
 
+    quiet()
     t0 = time.perf_counter()
     view.click()
     first = wait_until(pg, picture, t0)
@@ -288,7 +332,7 @@ def main() -> None:
                 for r in range(a.rounds):
                     ctx, pg = fresh(b, out_rl)
                     try:
-                        first, done = rlxviz_open(pg, rl_port, path, 8 + 8 * r)
+                        first, done = rlxviz_open(pg, rl_port, path, 8 + 8 * r, lambda: settle(procs))
                     except Exception:
                         pg.screenshot(path=str(ARTIFACTS / "bench-first-picture-failed.png"))
                         raise
@@ -298,7 +342,7 @@ def main() -> None:
                     if me_exe is not None:
                         ctx, pg = fresh(b, out_me)
                         try:
-                            me_first, inked = me_open(pg, me_port, path)
+                            me_first, inked = me_open(pg, me_port, path, lambda: settle(procs))
                         except Exception:
                             pg.screenshot(path=str(ARTIFACTS / "bench-first-picture-me-failed.png"))
                             raise
