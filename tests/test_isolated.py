@@ -6,6 +6,7 @@ address-space cap and a native crash are one line, and every error keeps its typ
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -119,3 +120,43 @@ def test_the_check_against_the_onnx_file_runs_in_the_child_with_the_same_line():
     assert isolated.check_isolated(m) == here == import_check(m)
     line, ok = isolated.check_isolated(m, timeout_s=0.01)
     assert not ok and line.startswith("checking version 0 against the ONNX model: stopped after") and "\n" not in line
+
+
+def test_the_reply_does_not_wait_for_the_childs_teardown():
+    # the child exits as soon as its reply is written: an exit handler that would sleep 600 s never runs, so the
+    # call returns well within its 120 s wall limit (before, the reply waited for the interpreter's teardown)
+    assert isolated.run_isolated(helpers.slow_teardown, 7, timeout_s=None, wall_s=120) == 7
+    assert isolated.run_isolated(helpers.slow_teardown, 8, 3600.0, timeout_s=None, wall_s=120) == 8
+
+
+@pytest.mark.parametrize("extra", ["dup", "dup-twice"])
+def test_the_spare_started_while_a_script_ran_is_used(monkeypatch, extra):
+    # `panel serve --warm` starts the spare while Bokeh runs app.py with its folder put first on sys.path (the folder
+    # is on the path later too); the sessions' loads see the path without it and must still take that spare
+    isolated.shutdown()
+    path = [p for p in sys.path if p]
+    again = [path[-1]] if extra == "dup" else [path[-1], path[0]]
+    monkeypatch.setattr(sys, "path", again + path)
+    isolated.spare_ready()
+    spare = isolated._SPARE[1]
+    monkeypatch.setattr(sys, "path", path)
+    taken = isolated._take()
+    try:
+        assert taken is spare
+    finally:
+        isolated._stop(taken)
+
+
+def test_a_spare_with_another_import_path_is_not_used(monkeypatch, tmp_path):
+    # a folder the path no longer has: the spare could import other code, so a new child is started
+    isolated.shutdown()
+    path = [p for p in sys.path if p]
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *path])
+    isolated.spare_ready()
+    spare = isolated._SPARE[1]
+    monkeypatch.setattr(sys, "path", path)
+    taken = isolated._take()
+    try:
+        assert taken is not spare and spare.poll() is not None  # the old spare was stopped
+    finally:
+        isolated._stop(taken)
