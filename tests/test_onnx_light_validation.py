@@ -132,3 +132,33 @@ def test_validate_refuses_from_the_light_copy_and_import_keeps_the_numbers(tmp_p
     onnx.save(good, tmp_path / "g.onnx")
     m = load_onnx(tmp_path / "g.onnx", seq=32)
     assert np.array_equal(m.weights[next(iter(m.weights))], numpy_helper.to_array(_weight()))
+
+
+def _counting_parses(monkeypatch) -> list[str]:
+    seen: list[str] = []
+    real = onnx.load
+
+    def load(f, *a, **k):  # noqa: ANN001, ANN002, ANN003 - onnx.load's own signature
+        seen.append(str(f))
+        return real(f, *a, **k)
+
+    monkeypatch.setattr(onnx, "load", load)
+    return seen
+
+
+@pytest.mark.parametrize("dims", [None, {"n": 3}])
+def test_session_load_parses_an_onnx_file_once_and_keeps_its_numbers(tmp_path, monkeypatch, dims):
+    """The input shapes and the import read one parse of the file (a 434 MB export was parsed twice)."""
+    from rlxviz.session import load
+
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 32])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [_weight()])
+    p = tmp_path / f"once{len(dims or {})}.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p)
+    seen = _counting_parses(monkeypatch)
+    m = load(str(p), batch=2, dims=dims)
+    assert seen == [str(p)]
+    assert [n.type.shape for n in m.graph.inputs] == [((dims or {}).get("n", 2), 32)]
+    assert np.array_equal(next(iter(m.weights.values())), numpy_helper.to_array(_weight()))
+    assert load(str(p), batch=2, dims=dims) is m and seen == [str(p)]  # cached: not parsed again
