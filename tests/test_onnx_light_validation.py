@@ -39,8 +39,8 @@ def _whole(m: onnx.ModelProto) -> str:
     return _strict_inference(m) or _checker(copy)
 
 
-def _light(m: onnx.ModelProto) -> str:
-    light = light_model(m)
+def _light(m: onnx.ModelProto, in_place: bool = False) -> str:
+    light = light_model(m, in_place=in_place)
     return _strict_inference(light) or _checker(light)
 
 
@@ -99,7 +99,7 @@ CASES: dict[str, tuple[Callable[[], onnx.ModelProto], str]] = {
 def test_the_light_copy_gives_the_whole_models_verdict(case):
     make, fragment = CASES[case]
     whole, light = _whole(make()), _light(make())
-    assert light == whole, (light, whole)
+    assert light == whole == _light(make(), in_place=True), (light, whole)
     assert (fragment in light) if fragment else light == "", light
 
 
@@ -112,6 +112,8 @@ def test_the_light_copy_holds_no_weight_bytes_and_leaves_the_model_unchanged(cas
     assert m.SerializeToString() == before
     assert _heavy_bytes(m) >= LIGHT_BYTES and _heavy_bytes(light) == 0
     assert "w" in {vi.name for vi in light.graph.input}
+    assert light_model(m, in_place=True) is m and _heavy_bytes(m) == 0  # a forked child's own copy: changed
+    assert m.SerializeToString() == light.SerializeToString()
 
 
 def test_shape_constants_and_small_tensors_keep_their_values():

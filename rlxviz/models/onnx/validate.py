@@ -76,11 +76,12 @@ def validate(proto: Any) -> None:
         OnnxImportError: the first rule broken, naming the op (and node, when ONNX names it), in one line; or that
             the inference crashed or took too long on this file.
     """
-    def check() -> str:
-        light = light_model(proto)  # the weights' types and shapes, not their bytes: the same verdicts
+    def check(in_place: bool) -> str:
+        light = light_model(proto, in_place=in_place)  # the weights' types and shapes, not their bytes: same verdicts
         return _strict_inference(light) or _checker(light)
 
-    why = _isolated(check) if hasattr(os, "fork") else check()
+    # a forked child changes its own copy-on-write proto (the parent's is untouched); else a light copy is made
+    why = _isolated(lambda: check(True)) if hasattr(os, "fork") else check(False)
     if why:
         raise OnnxImportError(why)
 
@@ -147,17 +148,24 @@ def _weights(graph: Any, min_bytes: int, ir_version: int) -> dict[int, Any]:
     return out
 
 
-def light_model(proto: Any, min_bytes: int = LIGHT_BYTES) -> Any:
-    """A new `onnx.ModelProto` equal to `proto` except that each weight `_weights` picks (at least `min_bytes`
-    bytes) is a graph input of its type and shape instead of an initializer: ONNX's strict shape inference and
-    checker copy the whole model into native code, and a 434 MB BERT-base export's weights cost them 12 s
-    (measured: inference 7.7 -> 0.0 s, checker 4.2 -> 0.03 s). Their verdicts are the same: they read a weight's
-    type and shape, never its values (the values shape inference reads are those of shape-like operands: int32/int64,
-    or a few float scales per axis, far under `min_bytes`), and a weight the checker could refuse on its own keeps
-    its bytes. `proto` is not changed; its weights are not copied (nodes and small tensors are)."""
+def light_model(proto: Any, min_bytes: int = LIGHT_BYTES, in_place: bool = False) -> Any:
+    """A new `onnx.ModelProto` (with `in_place`: `proto` itself, CHANGED) equal to `proto` except that each weight
+    `_weights` picks (at least `min_bytes` bytes) is a graph input of its type and shape instead of an initializer:
+    ONNX's strict shape inference and checker copy the whole model into native code, and a 434 MB BERT-base export's
+    weights cost them 12 s (measured: inference 7.7 -> 0.0 s, checker 4.2 -> 0.03 s). Their verdicts are the same:
+    they read a weight's type and shape, never its values (the values shape inference reads are those of shape-like
+    operands: int32/int64, or a few float scales per axis, far under `min_bytes`), and a weight the checker could
+    refuse on its own keeps its bytes. Without `in_place`, `proto` is not changed and its weights are not copied
+    (nodes and small tensors are); `in_place` copies nothing (for a forked child's own copy)."""
     onnx = _onnx()
     g = proto.graph
     moved = _weights(g, min_bytes, proto.ir_version)
+    if in_place:
+        declared = {vi.name for vi in g.input}
+        g.input.extend(vi for vi in moved.values() if vi.name not in declared)
+        for i in sorted(moved, reverse=True):
+            del g.initializer[i]
+        return proto
     out = onnx.ModelProto()
     _copy_fields(proto, out, "graph")
     if proto.HasField("graph"):
