@@ -1,6 +1,7 @@
 """Checking an ONNX model against its ops' definitions before it is imported: the default-domain opset
 (`default_opset`), ONNX's strict shape inference and checker over the whole model (`validate`, in a bounded child
-process), and a contrib node's inputs against ONNX Runtime's operator schemas (`_contrib_inputs`).
+process, on a copy whose weights are graph inputs of their type and shape: `light_model`), and a contrib node's
+inputs against ONNX Runtime's operator schemas (`_contrib_inputs`).
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ def validate(proto: Any) -> None:
     Then ONNX's checker (`_checker`): together with the strict inference, `onnx.checker`'s full check (an
     initializer with dims [-1, 8], a ReduceMean with an `axes` attribute at opset 18+ are refused here, as ONNX
     Runtime refuses them).
+
+    Both read the model with its weights as graph inputs of their type and shape (`light_model`: the same verdicts,
+    without copying hundreds of MB of weights into ONNX's native code twice).
 
     Raises:
         OnnxImportError: the first rule broken, naming the op (and node, when ONNX names it), in one line; or that
