@@ -160,3 +160,32 @@ def test_a_spare_with_another_import_path_is_not_used(monkeypatch, tmp_path):
         assert taken is not spare and spare.poll() is not None  # the old spare was stopped
     finally:
         isolated._stop(taken)
+
+
+def test_a_reply_carries_its_arrays_out_of_band_exactly_and_writable():
+    """The child's reply (pickle protocol 5, each contiguous array's bytes written from the array itself) reads back
+    to equal arrays (values, dtypes, shapes, order) that are writable and own no part of the reply."""
+    import io
+    import pickle
+
+    import numpy as np
+
+    from rlxviz.session.isolated import _read_reply, _write_reply
+
+    arrays = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "f": np.asfortranarray(np.ones((3, 5), np.float16)),
+              "t": np.arange(20, dtype=np.int64).reshape(4, 5).T, "b": np.array([True, False]),
+              "nan": np.array([np.nan, -0.0, np.inf], np.float64)}
+    for value in (("ok", arrays, []), ("memory", None, [("a warning", UserWarning)])):
+        buffers: list[pickle.PickleBuffer] = []
+        reply = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+        out = io.BytesIO()
+        _write_reply(out, reply, buffers)
+        back = _read_reply(out.getvalue())
+        assert back[0] == value[0] and back[2] == value[2]
+        for k, a in (value[1] or {}).items():
+            got = back[1][k]
+            assert got.dtype == a.dtype and got.shape == a.shape and got.tobytes("A") == a.tobytes("A"), k
+            assert got.flags.writeable
+            got[...] = 0  # its own buffer: the next array is unchanged
+    with pytest.raises(ValueError, match="header says"):
+        _read_reply(out.getvalue()[:-1])
