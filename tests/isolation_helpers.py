@@ -80,3 +80,12 @@ def idle(seconds: float, value: int) -> int:
     wall time passes while it waits for a core."""
     time.sleep(seconds)
     return value
+
+
+def slow_teardown(value: int, seconds: float = 600.0) -> int:
+    """`value`, after registering an exit handler that sleeps `seconds` (a child whose interpreter teardown is slow:
+    the caller must not wait for it)."""
+    import atexit
+
+    atexit.register(time.sleep, seconds)
+    return value

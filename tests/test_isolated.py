@@ -6,6 +6,7 @@ address-space cap and a native crash are one line, and every error keeps its typ
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -119,3 +120,72 @@ def test_the_check_against_the_onnx_file_runs_in_the_child_with_the_same_line():
     assert isolated.check_isolated(m) == here == import_check(m)
     line, ok = isolated.check_isolated(m, timeout_s=0.01)
     assert not ok and line.startswith("checking version 0 against the ONNX model: stopped after") and "\n" not in line
+
+
+def test_the_reply_does_not_wait_for_the_childs_teardown():
+    # the child exits as soon as its reply is written: an exit handler that would sleep 600 s never runs, so the
+    # call returns well within its 120 s wall limit (before, the reply waited for the interpreter's teardown)
+    assert isolated.run_isolated(helpers.slow_teardown, 7, timeout_s=None, wall_s=120) == 7
+    assert isolated.run_isolated(helpers.slow_teardown, 8, 3600.0, timeout_s=None, wall_s=120) == 8
+
+
+@pytest.mark.parametrize("extra", ["dup", "dup-twice"])
+def test_the_spare_started_while_a_script_ran_is_used(monkeypatch, extra):
+    # `panel serve --warm` starts the spare while Bokeh runs app.py with its folder put first on sys.path (the folder
+    # is on the path later too); the sessions' loads see the path without it and must still take that spare
+    isolated.shutdown()
+    path = [p for p in sys.path if p]
+    again = [path[-1]] if extra == "dup" else [path[-1], path[0]]
+    monkeypatch.setattr(sys, "path", again + path)
+    isolated.spare_ready()
+    spare = isolated._SPARE[1]
+    monkeypatch.setattr(sys, "path", path)
+    taken = isolated._take()
+    try:
+        assert taken is spare
+    finally:
+        isolated._stop(taken)
+
+
+def test_a_spare_with_another_import_path_is_not_used(monkeypatch, tmp_path):
+    # a folder the path no longer has: the spare could import other code, so a new child is started
+    isolated.shutdown()
+    path = [p for p in sys.path if p]
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *path])
+    isolated.spare_ready()
+    spare = isolated._SPARE[1]
+    monkeypatch.setattr(sys, "path", path)
+    taken = isolated._take()
+    try:
+        assert taken is not spare and spare.poll() is not None  # the old spare was stopped
+    finally:
+        isolated._stop(taken)
+
+
+def test_a_reply_carries_its_arrays_out_of_band_exactly_and_writable():
+    """The child's reply (pickle protocol 5, each contiguous array's bytes written from the array itself) reads back
+    to equal arrays (values, dtypes, shapes, order) that are writable and own no part of the reply."""
+    import io
+    import pickle
+
+    import numpy as np
+
+    from rlxviz.session.isolated import _read_reply, _write_reply
+
+    arrays = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "f": np.asfortranarray(np.ones((3, 5), np.float16)),
+              "t": np.arange(20, dtype=np.int64).reshape(4, 5).T, "b": np.array([True, False]),
+              "nan": np.array([np.nan, -0.0, np.inf], np.float64)}
+    for value in (("ok", arrays, []), ("memory", None, [("a warning", UserWarning)])):
+        buffers: list[pickle.PickleBuffer] = []
+        reply = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+        out = io.BytesIO()
+        _write_reply(out, reply, buffers)
+        back = _read_reply(out.getvalue())
+        assert back[0] == value[0] and back[2] == value[2]
+        for k, a in (value[1] or {}).items():
+            got = back[1][k]
+            assert got.dtype == a.dtype and got.shape == a.shape and got.tobytes("A") == a.tobytes("A"), k
+            assert got.flags.writeable
+            got[...] = 0  # its own buffer: the next array is unchanged
+    with pytest.raises(ValueError, match="header says"):
+        _read_reply(out.getvalue()[:-1])

@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import panel as pn
 from panel.theme.fast import Fast
@@ -24,6 +25,9 @@ from .sources import remove_stale_uploads, remove_uploads
 from .start import StartHere
 from .state import AppState
 from .text import md_escape
+
+if TYPE_CHECKING:
+    from bokeh.document import Document
 
 WHY_TAB = 2
 """Index of the "Why didn't layer N fuse?" tab (the start strip's third click opens it)."""
@@ -185,11 +189,27 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
     return tmpl
 
 
+def frozen_step(doc: Document, fn: Callable[[], None]) -> Callable[[], None]:
+    """`fn` as one step on Bokeh document `doc`: its model graph frozen (`Document.models.freeze`) while `fn` runs,
+    so the models `fn` adds or drops are collected once when it ends (unfrozen even when `fn` raises), not once
+    per widget it changes. Showing a new model changes a dozen widgets, each of which walked every model of the
+    page; on a loaded 2-core machine that walk, nine times over, was 2.1 of the 3.0 s between the input graph's
+    SVG being drawn and the page showing it (issue 39's first picture)."""
+    def step() -> None:
+        freeze = doc.models.freeze()
+        freeze.__enter__()
+        try:
+            fn()
+        finally:
+            freeze.__exit__(None, None, None)  # Bokeh's context manager has no `finally` of its own
+    return step
+
+
 def _page_thread() -> tuple[Callable[[Callable[[], None]], None], Callable[[], bool]] | None:
     """For `Runner(page=...)`: run a job's state changes on this session's thread, the one that builds the app
-    (None outside a server session). Panel objects changed from the job's thread send their patches by a
-    second route that can overtake this thread's, so the browser got a patch naming a model before the patch
-    that defines it ("reference p2505 isn't known", a console error; see `jobs.Runner.on_page`)."""
+    (None outside a server session), each as one `frozen_step`. Panel objects changed from the job's thread send
+    their patches by a second route that can overtake this thread's, so the browser got a patch naming a model
+    before the patch that defines it ("reference p2505 isn't known", a console error; see `jobs.Runner.on_page`)."""
     from panel.io.state import set_curdoc
 
     doc = pn.state.curdoc
@@ -198,7 +218,7 @@ def _page_thread() -> tuple[Callable[[Callable[[], None]], None], Callable[[], b
 
     def schedule(fn: Callable[[], None]) -> None:
         with set_curdoc(doc):
-            pn.state.execute(fn, schedule=True)  # Document.add_next_tick_callback, with Panel's curdoc set
+            pn.state.execute(frozen_step(doc, fn), schedule=True)  # Document.add_next_tick_callback, curdoc set
 
     return schedule, lambda: doc.session_context is not None
 

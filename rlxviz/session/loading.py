@@ -20,7 +20,7 @@ from ..ir.serialize import NotGraphJSON
 from ..models import PRESETS, CheckpointError, Model, load_checkpoint, load_model, random_weights
 from ..models.checkpoint import read_config_file
 from ..models.onnx import OnnxImportError, load_onnx
-from ..models.onnx.dims import onnx_input_shapes
+from ..models.onnx.dims import parse_onnx, proto_input_shapes
 from ..models.onnx.size import over_budget
 from ..models.onnx.weights import lazy_names
 from ..passes import layer_of
@@ -261,10 +261,18 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
             key = ("onnx-shapes", str(p.resolve()), st.st_mtime_ns, st.st_size, batch, seq,
                    tuple(sorted((dims or {}).items())),
                    tuple(sorted((k, tuple(v)) for k, v in (input_shapes or {}).items())))
-            shapes = SHAPES.get_or_compute(key, lambda: onnx_input_shapes(p, batch, seq, dims, input_shapes))
+            parsed: list[object] = []  # the file parsed for its input shapes, handed to the import: parsed once
+
+            def shapes_of() -> dict[str, tuple[int, ...]]:
+                parsed.append(proto := parse_onnx(p))
+                return proto_input_shapes(proto, batch, seq, dims, input_shapes)
+
+            shapes = SHAPES.get_or_compute(key, shapes_of)
             m = MODELS.get_or_compute(("onnx", str(p.resolve()), p.stat().st_mtime_ns, batch, seq, limits.max_bytes,
                                        tuple(sorted(shapes.items()))),
-                                      lambda: load_onnx(p, batch, seq, input_shapes=shapes, max_bytes=limits.max_bytes))
+                                      lambda: load_onnx(p, batch, seq, input_shapes=shapes, max_bytes=limits.max_bytes,
+                                                        proto=parsed.pop() if parsed else None))
+            parsed.clear()
         elif p.is_dir() or allowed_roots is not None:  # with roots, the loader checks the folder before anything
             roots = None if allowed_roots is None else tuple(allowed_roots)
             m = MODELS.get_or_compute(("folder", str(p), roots, batch, seq, style, gv, limits.max_bytes),

@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .context import OnnxImportError
+from .context import OnnxImportError, _onnx
 
 _BATCH_RE = re.compile(r"batch", re.I)
 _SEQ_RE = re.compile(r"seq|sequence|len|token", re.I)
@@ -171,18 +171,28 @@ def bind_input_shapes(inputs: Sequence[Any], batch: int, seq: int, dims: Mapping
     return out
 
 
-def onnx_input_shapes(path: Any, batch: int, seq: int, dims: Mapping[str, int] | None = None,
-                      given: Mapping[str, Sequence[int]] | None = None) -> dict[str, tuple[int, ...]]:
-    """`bind_input_shapes` for the `.onnx` file at `path` (read without its external data). Raises DimError, or
-    OnnxImportError for an unreadable file."""
-    import onnx
-
+def parse_onnx(path: Any) -> Any:
+    """The `onnx.ModelProto` of the file at `path`, its external data not loaded (parsed once: `load_onnx` takes it
+    as `proto=`). Raises OnnxImportError for an unreadable file."""
+    onnx = _onnx()
     try:
-        proto = onnx.load(str(path), load_external_data=False)
+        return onnx.load(str(path), load_external_data=False)
     except Exception as e:  # noqa: BLE001 - protobuf DecodeError and friends
         raise OnnxImportError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+
+
+def proto_input_shapes(proto: Any, batch: int, seq: int, dims: Mapping[str, int] | None = None,
+                       given: Mapping[str, Sequence[int]] | None = None) -> dict[str, tuple[int, ...]]:
+    """`bind_input_shapes` for a parsed model (`parse_onnx`). Raises DimError."""
     g = proto.graph
     return bind_input_shapes(g.input, batch, seq, dims, given, {t.name for t in g.initializer})
 
 
-__all__ = ["DimError", "bind_input_shapes", "onnx_input_shapes", "parse_dim"]
+def onnx_input_shapes(path: Any, batch: int, seq: int, dims: Mapping[str, int] | None = None,
+                      given: Mapping[str, Sequence[int]] | None = None) -> dict[str, tuple[int, ...]]:
+    """`bind_input_shapes` for the `.onnx` file at `path` (read without its external data). Raises DimError, or
+    OnnxImportError for an unreadable file."""
+    return proto_input_shapes(parse_onnx(path), batch, seq, dims, given)
+
+
+__all__ = ["DimError", "bind_input_shapes", "onnx_input_shapes", "parse_dim", "parse_onnx", "proto_input_shapes"]

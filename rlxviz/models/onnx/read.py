@@ -11,6 +11,7 @@ from typing import Any
 
 from ..presets import Model
 from .context import OnnxImportError, _onnx, dtype_name
+from .dims import parse_onnx
 from .driver import import_graph
 from .size import over_budget
 from .validate import default_opset
@@ -69,7 +70,8 @@ def _check_initializer_types(proto: Any, path: str | Path) -> None:
 
 def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Mapping[str, Sequence[int]] | None = None,
               external_data_dir: str | Path | None = None, name: str | None = None,
-              max_bytes: int | None = None, lazy_elements: int | None = LAZY_ELEMENTS) -> Model:
+              max_bytes: int | None = None, lazy_elements: int | None = LAZY_ELEMENTS, proto: Any | None = None,
+              ) -> Model:
     """A `Model` from an `.onnx` file.
 
     Args:
@@ -84,6 +86,8 @@ def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Ma
             before it is parsed.
         lazy_elements: external initializers with more elements stay in their file until their values are
             needed (`onnx_weights`: the model's weights are then a `LazyWeights`); None reads them all at load.
+        proto: the file already parsed (`dims.parse_onnx`, by a caller that read its input shapes), so a large
+            file is parsed once; it is CHANGED (its small external data read in). None: parsed here.
 
     Raises:
         OnnxImportError: unreadable or invalid file, too large, missing external data, or anything
@@ -95,10 +99,8 @@ def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Ma
         raise OnnxImportError(f"{path}: no such file")
     if max_bytes is not None and (why := over_budget(p, max_bytes)) is not None:  # before parsing (onnx_size)
         raise OnnxImportError(f"{path}: {why}")
-    try:
-        proto = onnx.load(str(p), load_external_data=False)
-    except Exception as e:  # noqa: BLE001 - protobuf DecodeError and friends
-        raise OnnxImportError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+    if proto is None:
+        proto = parse_onnx(path)
     if not proto.HasField("graph"):
         why = "the file is empty" if p.stat().st_size == 0 else "it holds no graph"
         raise OnnxImportError(f"{path}: not an ONNX model ({why})")
