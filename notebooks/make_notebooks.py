@@ -1019,7 +1019,7 @@ the same report from a shell and exits 1, so CI can fail when a model stops fusi
     md("""
 ## 7. Profitability: why RLX gates attention fusion at 64 tokens
 
-RLX fuses an attention block only when batch*seq <= 64 (`RLX_FUSE_ATTN_THRESHOLD`, rlx-notes §2.3.2
+RLX fuses an attention block only when batch*seq <= 64 (`RLX_FUSE_ATTN_THRESHOLD`, docs/rlx.md §2.3.2
 and §2.5). The reason (`docs/passes.md`): RLX's fused CPU kernel pays only while one block's working set
 stays in cache; above that its separate kernels do as well or better. rlxviz has the same gate as a **guard
 of kind *not profitable***,
@@ -1426,7 +1426,7 @@ for kind, meaning in KINDS.items():
 ## 2. Exercise A: canonicalize commutative adds
 
 RLX's layer fusion expects each residual written **branch first**, `add(branch, skip)`, and silently
-skips `add(skip, branch)` (rlx-notes §5.1). The product's `fuse_transformer_layer` accepts either
+skips `add(skip, branch)` (docs/rlx.md §5.1). The product's `fuse_transformer_layer` accepts either
 order (its operand-order guards are commutative). To see the problem, the next cell builds RLX's
 **strict** rule from the product's: the same steps, with the two operand-order guards replaced by
 strict ones. On the `swapped_residual` variant of bert-tiny (layer 0's residual adds written skip

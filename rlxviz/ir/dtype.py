@@ -1,6 +1,6 @@
 """Element types of IR tensors.
 
-The names and promotion order follow RLX's `rlx-ir/src/dtype.rs` (see `rlx-notes.md` §1.3);
+The names and promotion order follow RLX's `rlx-ir/src/dtype.rs` (see `docs/rlx.md` §1.3);
 only the dtypes a transformer inference graph needs are kept (i8/u8: the quantized tensors of QDQ and dynamically
 quantized exports; arithmetic on them is written by the importer as casts to wider types).
 """

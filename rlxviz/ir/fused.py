@@ -3,7 +3,7 @@
 Each function takes an `Emitter` and the fused node's operands and emits the primitives. With the
 reference interpreter's NumPy emitter it *computes* the fused op; with a `Rewriter` it *expands*
 the node (the `unfuse` pass). One definition, so the oracle and unfuse cannot disagree.
-Layouts follow RLX (rlx-notes §1.5, §3.2); RLX's known deviations are fixed here: RmsNorm adds
+Layouts follow RLX (docs/rlx.md §1.5, §3.2); RLX's known deviations are fixed here: RmsNorm adds
 its beta, FusedSwiGLU honours `gate_first` (and takes a GELU gate, GeGLU, as `activation`), the block's attention
 mask is the keep mask, binary or with Hugging Face's additive fill (`mask_fill`, so an all-zero mask row means what
 it means unfused), or (attribute `mask="additive"`) any additive bias the attention takes.

@@ -1,6 +1,6 @@
 """Graphs: an ordered set of immutable nodes, the graph outputs, and cached use-def maps.
 
-Improves on RLX's `Graph` (rlx-notes §1.1, §7.1–7.2): `users` is O(1) from a def-use index built
+Improves on RLX's `Graph` (docs/rlx.md §1.1, §7.1–7.2): `users` is O(1) from a def-use index built
 once per snapshot, and graph outputs count as uses in one place (`use_count`, `is_output`).
 """
 

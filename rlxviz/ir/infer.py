@@ -1,7 +1,7 @@
 """Shape and dtype inference: one rule per op, fused ops included.
 
 RLX's `infer_shape.rs` returns "unknown" for FusedSwiGLU, FusedAttentionBlock,
-FusedTransformerLayer and ElementwiseRegion (rlx-notes §7.12); here every op has a rule, so the
+FusedTransformerLayer and ElementwiseRegion (docs/rlx.md §7.12); here every op has a rule, so the
 verifier checks every node after every pass.
 """
 

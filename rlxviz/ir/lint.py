@@ -1,6 +1,6 @@
 """The verifier, run after every pass in every build.
 
-Checks what RLX's debug-only `verify` checks (rlx-notes §1.6) and what it misses (§7.12):
+Checks what RLX's debug-only `verify` checks (docs/rlx.md §1.6) and what it misses (§7.12):
 dangling ids, cycles and order, unique output ids, arity, attribute names/types/choices, unique
 non-empty input/param names, const payloads, and the shape and dtype of every node, fused ones included.
 """

@@ -1,6 +1,6 @@
 """Immutable IR nodes.
 
-A node has one output tensor (RLX `Node`, rlx-notes §1.1). Nodes are frozen: a pass builds new
+A node has one output tensor (RLX `Node`, docs/rlx.md §1.1). Nodes are frozen: a pass builds new
 nodes instead of mutating old ones, so every graph version stays a valid snapshot.
 """
 

@@ -5,7 +5,7 @@ tables (`ONNX_UNARY`, ...) and the FLOPs (`op_flops_per`) are derived from `SPEC
 member, its `SPECS` entry and its implementations (reference, MLX lowering, ONNX export), which
 `tests/test_op_tables.py` forces.
 
-Op names and fused-op input layouts follow RLX (`rlx-ir/src/op.rs`, `rlx-notes.md` §1.4–1.5).
+Op names and fused-op input layouts follow RLX (`rlx-ir/src/op.rs`, `docs/rlx.md` §1.4–1.5).
 Unlike RLX, binary/unary/compare/reduce operators are individual ops (grouped by family), so
 a pattern names exactly the op it wants and the printer needs no sub-operator syntax.
 """

@@ -8,7 +8,7 @@
       return %5
     }
 
-Ids are the graph's stable node ids (RLX prints `%N` too, rlx-notes §1.7); floats print with
+Ids are the graph's stable node ids (RLX prints `%N` too, docs/rlx.md §1.7); floats print with
 Python's shortest round-trip repr (`1e-12`, not RLX's `0.000000000001`).
 """
 

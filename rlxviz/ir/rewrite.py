@@ -1,6 +1,6 @@
 """`Rewriter`: build the next version of a graph from matched rewrites, in one linear sweep.
 
-Improves on RLX's private rewriter (rlx-notes §2.1, §7.8): nodes are never copied twice, a value
+Improves on RLX's private rewriter (docs/rlx.md §2.1, §7.8): nodes are never copied twice, a value
 that is removed while still used is an error instead of a silent redirect, and every new node
 records the pass that made it and the ids it absorbed.
 """

@@ -1,6 +1,6 @@
 """BERT encoder graphs in two styles, with teaching variants that break one layer on purpose.
 
-* `style="rlx"`: RLX's canonical layer (rlx-notes §5.1): one QKV matmul `[H, 3H]` + bias, narrows
+* `style="rlx"`: RLX's canonical layer (docs/rlx.md §5.1): one QKV matmul `[H, 3H]` + bias, narrows
   at 0/H/2H on axis 2, packed `attention` with a binary keep mask, branch-first residual adds.
 * `style="hf"`: Hugging Face `BertModel` as traced: separate Q/K/V linears, head reshape/transpose,
   `matmul -> div(sqrt d) -> add(additive mask) -> softmax -> matmul`, merge heads.
@@ -295,7 +295,7 @@ def _random_array(rng: np.random.Generator, p: Node, name: str, std: float) -> n
 
 def rlx_weights_from_hf(weights: dict[str, np.ndarray], cfg: BertConfig) -> dict[str, np.ndarray]:
     """RLX-style weights from Hugging Face style (`[in, out]`) ones: Q|K|V concatenated into
-    `attention.qkv.weight` `[H, 3H]` and `attention.qkv.bias` `[3H]` per layer (rlx-notes §5.1)."""
+    `attention.qkv.weight` `[H, 3H]` and `attention.qkv.bias` `[3H]` per layer (docs/rlx.md §5.1)."""
     out = dict(weights)
     for i in range(cfg.layers):
         p = f"encoder.layer.{i}.attention"

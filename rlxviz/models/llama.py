@@ -1,4 +1,4 @@
-"""A LLaMA-style pre-norm decoder block, written the way RLX's builder writes it (rlx-notes §5.2).
+"""A LLaMA-style pre-norm decoder block, written the way RLX's builder writes it (docs/rlx.md §5.2).
 
 Per layer (`x` float32 `[B, S, H]`, weights `[in, out]`, no biases):
 

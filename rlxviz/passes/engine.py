@@ -2,7 +2,7 @@
 
 Cost is linear in the graph: candidates come from one walk over the nodes (anchor op filter),
 each candidate's steps follow operands and the snapshot's O(1) def-use index (`graph.users`), and
-one `Rewriter` builds the next version. RLX re-scans every node per candidate (rlx-notes §7.1).
+one `Rewriter` builds the next version. RLX re-scans every node per candidate (docs/rlx.md §7.1).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ guard's name and whose message is `explain(ctx)`, e.g. "h1 (node 41, encoder.lay
 users; needs exactly 2: FFN.1 and the ln2 residual". The factories below are the shared guards
 (single user, not an output, exact user count, rank, static dim, activation allow-list, operand
 order, attribute equality, size threshold, equal shapes). RLX's guards are bare `continue`s
-(rlx-notes §7.5); these are values the UI lists and the tests name.
+(docs/rlx.md §7.5); these are values the UI lists and the tests name.
 """
 
 from __future__ import annotations

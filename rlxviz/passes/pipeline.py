@@ -1,6 +1,6 @@
 """Pipelines: an ordered, editable list of passes plus parameters; `run(graph) -> Trace`.
 
-The canonical order starts from RLX's newer order (rlx-notes §2.2) and fixes it:
+The canonical order starts from RLX's newer order (docs/rlx.md §2.2) and fixes it:
 
 0. `canonicalize_exported` - new: the forms exporters write (`x * sigmoid(x)`, `1 / sqrt`, the padding-mask sum,
    the sdpa NaN guard) become the ops the rules below match; the ONNX importer maps one to one and leaves them here.
@@ -67,10 +67,10 @@ CANONICAL_ORDER = ("canonicalize_exported", "canonicalize_norm", "canonicalize_g
 RLX_ORDER = ("fuse_matmul_bias_act", "fuse_attention_block", "fuse_residual_ln", "fuse_residual_rms_norm",
              "fuse_transformer_layer", "fuse_swiglu", "fuse_shared_input_matmul", "mark_elementwise_regions",
              "dead_code_elimination")
-"""RLX's newer order (rlx-notes §2.2) with our pass names (fuse_swiglu stands for both SwiGLU passes)."""
+"""RLX's newer order (docs/rlx.md §2.2) with our pass names (fuse_swiglu stands for both SwiGLU passes)."""
 
 RLX_FAB_MAX_TOKENS = 64
-"""RLX's batch*seq gate for attention-block fusion (`RLX_FUSE_ATTN_THRESHOLD` default, rlx-notes §2.3.2)."""
+"""RLX's batch*seq gate for attention-block fusion (`RLX_FUSE_ATTN_THRESHOLD` default, docs/rlx.md §2.3.2)."""
 
 DEFAULT_PARAMS: dict[str, Any] = {k: getattr(PipelineParams(), k) for k in ("fab_max_tokens", "max_region_steps",
                                                                           "max_region_inputs", "merge_cost_test")}

@@ -1,6 +1,6 @@
 """The missed-fusion report on a pipeline's final graph, in our guard names.
 
-RLX's `fusion_report` re-scans the final graph for three patterns with fixed reasons (rlx-notes
+RLX's `fusion_report` re-scans the final graph for three patterns with fixed reasons (docs/rlx.md
 §3.1, with false positives). Here misses come from the matcher itself: every rejection of the run
 whose anchor or offending nodes are still in the final graph (i.e. no later fusion absorbed
 them; being grouped into an `ElementwiseRegion` is not a fusion) is a miss, reported with the rule,

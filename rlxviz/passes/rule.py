@@ -18,7 +18,7 @@ A rule reads like its pattern::
 * every guard declares its kind (`illegal`, `not recognized`, `not profitable`) and the roles it reads;
   a rule whose guard reads a role that no earlier step binds refuses to build (`RuleError`).
 * the engine appends one generic guard, `absorbed_escape`: nothing outside the match may read an
-  absorbed value other than the result (RLX silently redirects such users, rlx-notes §2.1).
+  absorbed value other than the result (RLX silently redirects such users, docs/rlx.md §2.1).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What a pipeline run decided, as data: `Match`, `Rejection`, `PassStep`, `Trace`.
 
-RLX keeps none of this (rlx-notes §7.5): its guards are bare `continue`s. Here every near-match is
+RLX keeps none of this (docs/rlx.md §7.5): its guards are bare `continue`s. Here every near-match is
 a `Rejection` naming the guard, the actual and required values, and the nodes to highlight.
 Everything serializes to JSON for notebooks, the app and the CLI.
 """

@@ -17,7 +17,7 @@ against the plain decomposition (`tests/test_runtime_lowering.py`):
   `RlxvizResidualRmsNorm` (rlxviz's own C++ primitives; the unfused versions' matmul / add / GELU / norm
   nodes keep MLX's kernels, so the gain of a fused linear includes a different GEMM than OpenBLAS's).
 
-RLX's MLX-lowering bugs (rlx-notes §4.2–4.5) are fixed in the primitives: the keep mask `[B, Sk]`
+RLX's MLX-lowering bugs (docs/rlx.md §4.2–4.5) are fixed in the primitives: the keep mask `[B, Sk]`
 becomes additive (binary: 0 / the dtype's lowest finite value; with `mask_fill`: HF's
 `(1 - mask) * fill`) shaped `[B, 1, 1, Sk]`; `scale` is honoured;
 causal masks are bottom-right aligned when `Sq != Sk`; `gelu_tanh` is the tanh approximation;

@@ -1,7 +1,7 @@
 """Attention fusions: `fuse_sdpa` (HF primitives -> packed `attention`) and `fuse_attention_block`.
 
 `fuse_sdpa` has no RLX counterpart: RLX's BERT builder emits a packed `Attention` directly
-(rlx-notes §5.1), so Hugging Face graphs never reach its block fusions. The pattern is what
+(docs/rlx.md §5.1), so Hugging Face graphs never reach its block fusions. The pattern is what
 `BertSelfAttention` traces to::
 
     q_heads = transpose(reshape(q, [B, S, nh, dh]), [0, 2, 1, 3])        (same for k, v)
@@ -33,7 +33,7 @@ constant (guard `scale_finite`); it is recorded as the default `None` only withi
 kept as an operand and added as is (broadcast to `[B, heads, Sq, Sk]`, checked by shape inference).
 Rounding may differ by the order of the scale (scores * scale vs scores / c), a few float32 ulps.
 
-`fuse_attention_block` (rlx-notes §2.3.2, newer revision): QKV `FusedMatMulBiasAct(None)` ->
+`fuse_attention_block` (docs/rlx.md §2.3.2, newer revision): QKV `FusedMatMulBiasAct(None)` ->
 narrows at 0/H/2H of the last axis -> `attention(keep | additive)` -> out-projection `FusedMatMulBiasAct(None)`
 -> `FusedAttentionBlock`. RLX gates the whole graph on "any input has dim0*dim1 <= 64"; here the
 gate is the pipeline parameter `fab_max_tokens`, checked per anchor on that attention's batch*seq,

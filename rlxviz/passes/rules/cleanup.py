@@ -1,6 +1,6 @@
 """Non-pattern passes: `dead_code_elimination`, `unfuse`, `mark_elementwise_regions`.
 
-* `dead_code_elimination` (rlx-notes §2.3.11): keeps what the outputs reach. Unlike RLX, graph
+* `dead_code_elimination` (docs/rlx.md §2.3.11): keeps what the outputs reach. Unlike RLX, graph
   *inputs* are kept even when unused, so a graph's feed interface never changes under a pass.
 * `unfuse`: expands every fused op back to primitives with `rlxviz.ir.fused.expand` (the same
   decomposition the reference interpreter computes) through one `Rewriter`; each new node records

@@ -1,6 +1,6 @@
 """`fuse_transformer_layer`: a whole post-norm BERT layer -> one `FusedTransformerLayer`.
 
-The seed pass (`transformer_layer.rs`, rlx-notes §2.3.12) with every one of its `continue`s turned
+The seed pass (`transformer_layer.rs`, docs/rlx.md §2.3.12) with every one of its `continue`s turned
 into a named structure step or guard with its own message::
 
     hidden --+--> attn = FusedAttentionBlock(hidden, qkv_w, out_w, mask, qkv_b, out_b)

@@ -1,6 +1,6 @@
 """Linear-layer fusions: `fuse_matmul_bias_act` and `fuse_shared_input_matmul`.
 
-`fuse_matmul_bias_act` (rlx-notes §2.3.1): `act(matmul(x, w) + bias)` -> `FusedMatMulBiasAct`.
+`fuse_matmul_bias_act` (docs/rlx.md §2.3.1): `act(matmul(x, w) + bias)` -> `FusedMatMulBiasAct`.
 Guards: the matmul is single-use and not a graph output (RLX has no output guard), the bias has
 rank <= 1 and the matmul's output width (RLX checks neither length nor outputs), and the activation
 is absorbed only from the epilogue allow-list (`guard.EPILOGUE_ACTIVATIONS`, from the one table

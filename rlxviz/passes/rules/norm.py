@@ -1,4 +1,4 @@
-"""Residual + norm fusions: `fuse_residual_ln` and `fuse_residual_rms_norm` (rlx-notes §2.3.3-2.3.4).
+"""Residual + norm fusions: `fuse_residual_ln` and `fuse_residual_rms_norm` (docs/rlx.md §2.3.3-2.3.4).
 
 `norm(add(x, residual))` -> `FusedResidualLN(x, residual, gamma, beta)`, and the bias form
 `norm(add(add(x, residual), bias))` -> `FusedResidualLN(x, residual, bias, gamma, beta, has_bias=True)`

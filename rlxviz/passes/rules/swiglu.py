@@ -1,4 +1,4 @@
-"""`fuse_swiglu`: `act(gate) * up` -> `FusedSwiGLU` (rlx-notes §2.3.6, §2.3.8), two rules, for every gate of
+"""`fuse_swiglu`: `act(gate) * up` -> `FusedSwiGLU` (docs/rlx.md §2.3.6, §2.3.8), two rules, for every gate of
 `ir.ops.GATE_ACTIVATIONS`: SwiGLU (`silu`, LLaMA) and GeGLU (`gelu` / `gelu_tanh`: Gemma, T5 v1.1's gated-gelu),
 the gate recorded in the fused op's `activation` (default `silu`; one op, one decomposition, so a GeGLU
 takes the same packed GEMM and the same lowering as a SwiGLU: a GELU-gated `FusedGeGLU` would copy all of them).
