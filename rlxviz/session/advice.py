@@ -37,12 +37,13 @@ from ..passes.guard import COMPILER_ONLY, IN_MODEL, NO_MODEL_FIX
 from ..passes.report import in_context
 from ..passes.trace import Rejection
 from ..passes.whatif import STATEMENT, WhatIf, fix_form, fused_more, what_if
+from ..passes.why.facts import RunFacts
 from ..runtime import run_reference
 from ..runtime.battery import InputSet, battery
 from ..runtime.compare import close
 from ..runtime.precision import Tolerance, precision_policy
 from .exactness import run_macs
-from .status import FusionCheck, _run_misses
+from .status import FusionCheck
 
 KINDS = ("random", "fully_masked_row", "left_padding")
 """The input sets a what-if's numbers are compared on (those that apply to the graph)."""
@@ -126,7 +127,7 @@ def printed_refusals(trace: Trace, check: FusionCheck, verbose: bool = False) ->
         outs = ([s.first] if s.first is not None and not s.fused else []) + list(s.illegal)
         outs += explain(trace, s.layer).rejected if verbose else []
         keys += [(o.rule, o.nodes[0], o.guard) for o in outs if o.status == "rejected" and o.nodes]
-    keys += [(m.pattern, m.node, m.guard) for m in _run_misses(trace) if str(m) in shown]
+    keys += [(m.pattern, m.node, m.guard) for m in RunFacts.of(trace).misses() if str(m) in shown]
     out: list[tuple[int, Rejection]] = []
     seen: set[tuple[str, int, str]] = set()
     for key in keys:
