@@ -46,3 +46,20 @@ def test_the_inspector_text_names_the_domain():
 def test_an_op_type_read_in_both_domains_names_both():
     assert onnx_domain("Gelu") == "ai.onnx or com.microsoft"
     assert onnx_domain("SkipLayerNormalization") == "com.microsoft" and onnx_domain("Softmax") == "ai.onnx"
+
+
+def test_the_file_says_the_domain_of_an_op_type_read_in_both():
+    """ORT's optimizer writes Gelu in com.microsoft; ONNX 20 has its own Gelu: the file's domain is shown, not both."""
+    path = FIX / "ortopt/bert.ortopt.onnx"
+    m = session.load(str(path), 1, 8)
+    onnx_nodes, domains = m.meta["onnx_nodes"], m.meta["onnx_domains"]
+    in_file = {n.name: n.domain or DEFAULT_DOMAIN for n in onnx.load(str(path), load_external_data=False).graph.node}
+    assert domains == {k: v for k, v in in_file.items() if k}
+    shown = 0
+    for nid, (op, name, _) in onnx_nodes.items():
+        text = report_markdown(node_report(m.graph, nid, None, None, onnx_nodes, domains))
+        if name:
+            assert f"{md_code(name)} ({op}), domain {md_code(in_file[name])}" in text, text
+            assert " or " not in text.split("domain", 1)[1].split("\n", 1)[0]
+            shown += 1
+    assert shown

@@ -148,13 +148,16 @@ def onnx_domain(op_type: str) -> str:
 
 def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
                 weights: Mapping[str, np.ndarray] | None = None,
-                onnx_nodes: Mapping[int, tuple[str, str, str]] | None = None) -> dict[str, Any]:
+                onnx_nodes: Mapping[int, tuple[str, str, str]] | None = None,
+                onnx_domains: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Everything the inspector shows about `node_id` in `graph`.
 
     Args:
         weights: the model's params by name: the report then summarizes the node's weights (`node_weights`).
         onnx_nodes: `Model.meta["onnx_nodes"]` of a model read from ONNX: the report then names the ONNX nodes the
             node came from (`onnx`: `onnx_origin`), to find it in Netron or Model Explorer.
+        onnx_domains: `Model.meta["onnx_domains"]` (ONNX node name -> its domain, as the file says): the report's
+            `onnx_domains` then gives the file's domain of each named node (else `onnx_domain` infers it).
 
     Returns:
         dict with `id, op, attrs, shape, dtype, path, layer, pass_name, absorbed, ir, operands` (role lines),
@@ -178,7 +181,9 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
         "operands": [_node_line(graph, i, roles[k] if k < len(roles) else None) for k, i in enumerate(n.inputs)],
         "users": [_node_line(graph, u.id) for u in graph.users(n)],
         "weights": node_weights(graph, n, weights) if weights else [],
-        "decisions": [], "verdict": None, "onnx": onnx_origin(n, onnx_nodes), "onnx_own": bool(onnx_nodes)
+        "decisions": [], "verdict": None, "onnx": onnx_origin(n, onnx_nodes),
+        "onnx_domains": {name: onnx_domains[name] for _, name in onnx_origin(n, onnx_nodes) if name in onnx_domains}
+        if onnx_domains else {}, "onnx_own": bool(onnx_nodes)
         and n.id in onnx_nodes,
     }
     if trace is None:
@@ -229,8 +234,9 @@ def report_markdown(rep: dict[str, Any]) -> str:
     onnx = rep.get("onnx") or []
     if onnx:  # the names Netron and Model Explorer show, so the node can be found there
         # name, op type and domain: what Netron's and Model Explorer's node panels show
-        named = [f"{md_code(name or '(unnamed)')} ({md_escape(op)}), domain {md_code(onnx_domain(op))}"
-                 for op, name in onnx[:ONNX_NAMES_SHOWN]]
+        known = rep.get("onnx_domains") or {}  # the file's own word; else read off the importer's table
+        named = [f"{md_code(name or '(unnamed)')} ({md_escape(op)}), "
+                 f"domain {md_code(known.get(name) or onnx_domain(op))}" for op, name in onnx[:ONNX_NAMES_SHOWN]]
         more = f" and {len(onnx) - ONNX_NAMES_SHOWN} more" if len(onnx) > ONNX_NAMES_SHOWN else ""
         what = "**ONNX node**" if rep.get("onnx_own") else "**from ONNX nodes**"
         lines.append(f"{what} {'; '.join(named)}{more}")

@@ -340,7 +340,8 @@ class NodeInspector(Viewer):
             if g is not None and s.selected_node in g:
                 weights = s.model.weights if s.model is not None else None
                 onnx = s.model.meta.get("onnx_nodes") if s.model is not None else None
-                text = report_markdown(node_report(g, s.selected_node, s.trace, weights, onnx))
+                domains = s.model.meta.get("onnx_domains") if s.model is not None else None
+                text = report_markdown(node_report(g, s.selected_node, s.trace, weights, onnx, domains))
                 step = s.current_step
                 if step is not None and s.previous_graph is not None and s.current_graph is not None:
                     line = counterpart_line(s.previous_graph, s.current_graph, s.selected_node, step.pass_name)

@@ -127,7 +127,8 @@ def load_onnx(path: str | Path, batch: int = 1, seq: int = 128, input_shapes: Ma
     return Model(name or p.stem, graph, weights, None, f"ONNX export {p.name}" + (f" ({producer})" if producer else ""),
                  meta={"onnx_file": str(p), "opset": default_opset(proto), "producer": producer,
                        "onnx_outputs": [o.name for o in proto.graph.output],
-                       "onnx_nodes": provenance})
+                       "onnx_nodes": provenance,  # IR node id -> (op type, node name, doc string)
+                       "onnx_domains": {n.name: n.domain or "ai.onnx" for n in proto.graph.node if n.name}})
 
 
 
