@@ -604,3 +604,20 @@ def test_an_uploaded_onnx_file_is_named_after_the_users_file():
     assert upload_model_name({"model.onnx": "C:\\\\exports\\\\bert.ONNX"}, "model") == "bert"
     assert upload_model_name({"model.onnx": ".onnx"}, "model") == "model"
     assert upload_model_name({"config.json": "config.json"}, "/tmp/rlxviz-upload-ab12") == "uploaded checkpoint"
+
+
+def test_why_tab_prints_the_fix_lines_explain_prints():
+    """One answer: the Why tab's fix lines are checked as `rlxviz explain` checks them (a fix that would change the
+    model's numbers, exact GELU for tanh-GELU, is never offered in either)."""
+    import subprocess
+    import sys
+
+    s = tiny(variant="tanh_gelu")
+    tab = s.layer_status(0).render(verbose=True)  # what the Why tab renders (`why_layer`)
+    assert tab.splitlines()[1].strip() in _rendered(s.why_layer(0))
+    cli = subprocess.run([sys.executable, "-m", "rlxviz", "explain", "bert-tiny", "--variant", "tanh_gelu", "--layer",
+                          "0", "--seq", "8", "-v"], capture_output=True, text=True, timeout=300).stdout
+    fixes = [line.strip() for line in cli.splitlines() if line.strip().startswith("fix:")]
+    assert fixes and any("changes the model's numbers" in f for f in fixes), cli
+    for f in fixes:
+        assert f in tab, (f, tab)

@@ -225,14 +225,28 @@ class Derived:
 
     def verdict(self) -> RunVerdict:
         """The current run's one verdict (`passes.why.RunVerdict`): what the Why tab, the drawing, the node panel and
-        `rlxviz explain` all format.
+        `rlxviz explain` all format, with every fix line checked as a what-if (`session.advice.checked_verdict`, as
+        `explain` does); made once per run.
 
         Raises:
             SessionError: no run yet.
         """
         if self.trace is None:
             raise SessionError("no pipeline run yet: load a model first")
-        return RunVerdict.of(self.trace, model=self.model.name if self.model is not None else "")
+        name = self.model.name if self.model is not None else ""
+        if self.trace.pipeline == INPUT_FIRST:  # no pass ran yet: nothing to advise on
+            return RunVerdict.of(self.trace, model=name)
+        memo = getattr(self, "_verdict_memo", None)
+        if memo is not None and memo[0] is self.trace:
+            return memo[1]
+        from ..session.advice import checked_verdict
+        from ..session.fidelity import unread_weights
+
+        m = self.model
+        feeds = m.random_feeds(seed=0) if m is not None and unread_weights(m) is None else None
+        run, _ = checked_verdict(self.trace, name, feeds, m.weights if m is not None else {}, verbose=True)
+        self._verdict_memo = (self.trace, run)  # every fix line checked as `rlxviz explain` checks it
+        return run
 
     def layer_status(self, layer: int) -> LayerStatus:
         """The run's verdict on `layer` (`verdict().layer`).

@@ -50,8 +50,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     from ..ir.onnx_op import describe_host
     from ..models.onnx.notes import imported_forms
-    from ..session import check_fusion, load_inputs
-    from ..session.advice import check_fixes, vetted
+    from ..session import load_inputs
+    from ..session.advice import checked_verdict
     from ..session.exactness import ExactnessCheck, check_exactness
     from ..session.fidelity import unread_weights
 
@@ -64,12 +64,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
         exact = check_exactness(trace, feeds, model.weights)
     else:  # weights left in their file that the limit does not let a run read
         exact = ExactnessCheck((), (), None, skipped=unread.split(": ", 1)[-1].split("; ")[0])
-    check = check_fusion(trace, model.name, None if args.layer is None else [args.layer], args.expect)
-    fixes = check_fixes(trace, check, feeds if unread is None else None, model.weights,  # advice checked, not written
-                        verbose=args.verbose or args.json)  # --json carries every rule's explanation
-    if not all(f.ok for f in fixes):
-        check = check_fusion(vetted(trace, fixes), model.name, None if args.layer is None else [args.layer],
-                             args.expect)
+    check, fixes = checked_verdict(trace, model.name, feeds if unread is None else None, model.weights,
+                                   None if args.layer is None else [args.layer], args.expect,
+                                   verbose=args.verbose or args.json)  # advice checked, not written
     imported = imported_forms(model)  # what the file had already fused (ORT contrib ops), its quantization
     if args.json:
         _out(json.dumps({**check.to_dict(), "import_checks": [c.line() for c in checks], "imported_forms": imported,

@@ -315,3 +315,29 @@ def vetted(trace: Trace, checks: Iterable[FixCheck]) -> Trace:
 
 __all__ = ["BUDGET_MACS", "CHANGES_NUMBERS", "CHECKED", "DEFAULT_COMPILER_FIX", "KINDS", "NOT_A_CHANGE", "NO_FUSION",
            "NO_WHAT_IF", "NOT_RUN", "STATUSES", "FixCheck", "check_fixes", "printed_refusals", "vetted"]
+
+
+def checked_verdict(trace: Trace, model: str, feeds: Mapping[str, np.ndarray] | None,
+                    weights: Mapping[str, np.ndarray], layers: Iterable[int] | None = None, expect: str = "model",
+                    verbose: bool = False) -> tuple[FusionCheck, list[FixCheck]]:
+    """The run's verdict with every printed fix checked (`check_fixes`, then `vetted` where one failed): what
+    `rlxviz explain` prints and the app's Why tab shows, one answer for both.
+
+    Args:
+        trace, model, layers, expect: as `session.check_fusion`.
+        feeds, weights: as `check_fixes` (None feeds: the what-ifs stand on their construction).
+        verbose: also the fix lines of every rule's explanation (`explain -v`, `--json`, the Why tab).
+
+    Returns:
+        (the verdict, one `FixCheck` per printed refusal).
+
+    Raises:
+        SessionError: as `session.check_fusion`.
+    """
+    from .status import check_fusion
+
+    check = check_fusion(trace, model, layers, expect)
+    fixes = check_fixes(trace, check, feeds, weights, verbose=verbose)
+    if not all(f.ok for f in fixes):
+        check = check_fusion(vetted(trace, fixes), model, layers, expect)
+    return check, fixes
