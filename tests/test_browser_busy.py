@@ -10,8 +10,8 @@ import time
 
 import pytest
 from playwright.sync_api import expect
-from served import ART, WAIT_MS, browser_fixture, open_sidebar, open_tab, server_fixture, watched_page
-from test_browser_timing import BARS_JS
+from served import ART, WAIT_MS, browser_fixture, server_fixture, watched_page
+from test_browser_timing import BARS_JS, time_bert_tiny
 
 from rlxviz.app.timeproc import FORCE_BUSY_ENV
 from rlxviz.session.timing import NOT_READ
@@ -58,16 +58,7 @@ def _read_busy(pg):
 @pytest.mark.parametrize("size", [(1280, 800), (1920, 1080)])
 def test_a_forced_busy_run_reads_busy_first_and_no_faster(browser, server, size):
     with watched_page(browser, server[0], *size) as pg:
-        open_sidebar(pg)
-        pg.get_by_role("button", name="Built-in").click()
-        before = pg.locator(".rv-version select").inner_text()
-        pg.locator(".rv-preset select").select_option("bert-tiny")
-        expect(pg.locator(".rv-version select")).not_to_have_text(before, timeout=3 * WAIT_MS)
-        _idle(pg)
-        open_tab(pg, "Timing")
-        pg.locator(".rv-time button").click()
-        expect(pg.locator(".rv-timings")).to_contain_text("after", timeout=5 * WAIT_MS)
-        _idle(pg)
+        time_bert_tiny(pg)
         _read_busy(pg)
         pg.screenshot(path=str(ART / f"busy-{size[0]}x{size[1]}.png"))
         # "Time again" looks like a button (it read as plain text): a visible border in the accent colour, a
