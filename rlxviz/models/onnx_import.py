@@ -46,6 +46,7 @@ from ..ir.host_rules import ONNX_DTYPES, OPSETS, ForkedFailure, forked, form_ref
 from ..ir.lint import problems
 from ..ir.ops import PAD_MODES
 from . import onnx_contrib, onnx_quant  # noqa: F401 - their handlers register into HANDLERS (ORT contrib, quantized)
+from .onnx_quant import quant_paths
 from .cpu_limit import WALL_FACTOR, Deadline
 from .module_calls import number_calls
 from .onnx_context import (
@@ -1064,6 +1065,7 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
     poisoned: set[str] = set()
     deadline = Deadline(MAX_IMPORT_SECONDS)
     paths = number_calls([node_path(node) for node in g.node])  # one layer module called N times: N layers
+    paths = quant_paths(g.node, paths)  # a quantizer's Q/DQ nodes: the path of the value they quantize
     for node, path in zip(g.node, paths, strict=True):
         if late := deadline.exceeded():  # every step is bounded; this bounds their sum (a graph of 10^6 nodes)
             ctx.node = node

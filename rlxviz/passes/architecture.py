@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..ir import Graph, Node, Op
+from ..ir import DType, Graph, Node, Op
 from ..ir.identity import IdentityMap
 from ..ir.ops import BLAS, GATE_ACTIVATIONS
 from .activations import activation_form
@@ -58,6 +58,11 @@ DESCRIPTIONS = {
 }
 
 RESIDUAL_NORM_PASSES = ("fuse_residual_ln", "fuse_residual_rms_norm")
+ATTENTION_PASSES = ("fuse_sdpa", "fuse_attention_block", "fuse_transformer_layer", "fuse_shared_input_matmul")
+"""Passes whose product holds the attention (or its Q/K/V projections): refused by a quantized attention."""
+QUANTIZED_BLOCKS = ("canonicalize_gelu", "unrecognized", *RESIDUAL_NORM_PASSES)
+"""Passes whose pattern a quantization step of an intermediate value breaks (a GELU whose `x / sqrt(2)` or `erf`
+is rounded to 8 bits is no GELU; a residual sum quantized before its norm)."""
 ILLEGAL_HERE = ("illegal for this layer: no change to the model that keeps its numbers makes it legal (the layer is "
                 "fused as far as legal)")
 PRE_NORM_ILLEGAL_GUARDS = frozenset({"sum_single_user", "biased_single_user"})
@@ -87,6 +92,9 @@ class LayerArchitecture:
     evidence: tuple[str, ...] = field(default_factory=tuple)
     kv_cache: bool = False
     """The attention reads K/V through a KV cache (a decode step): FusedAttentionBlock cannot take it."""
+    quantized: int = 0
+    """Quantization steps of computed values in the layer (QuantizeLinear / DynamicQuantizeLinear of an activation:
+    a cast to uint8/int8 of a value the graph computes, `onnx_quant`), 0 in a float layer."""
 
     @property
     def post_ln(self) -> bool:
@@ -116,6 +124,11 @@ class LayerArchitecture:
                     f"attention mask is {self.mask or 'absent'}")
         if pass_name in RESIDUAL_NORM_PASSES and self.pre_norm and guard in PRE_NORM_ILLEGAL_GUARDS:
             return "pre-norm layout: the residual sum also feeds the next residual add, so it cannot be fused"
+        if self.quantized and (pass_name in QUANTIZED_BLOCKS or pass_name in ATTENTION_PASSES
+                               and self.mask == "unknown"):
+            return (f"the layer's activations are quantized ({self.quantized} quantization step(s) of computed "
+                    f"values: round(x / scale) + zero point, then dequantized): a fused op of the float pattern "
+                    f"would skip those roundings and change the numbers")
         return None
 
     def expected(self) -> list[str]:
@@ -123,7 +136,7 @@ class LayerArchitecture:
         if self.post_ln:
             return ["FusedTransformerLayer"]
         out = []
-        if self.mask is not None:
+        if self.mask is not None and not (self.quantized and self.mask == "unknown"):
             out.append("packed attention" + (" (grouped-query)" if "grouped-query" in " ".join(self.evidence)
                                              else ""))
             if self.mask == "keep" and not self.kv_cache:
@@ -323,6 +336,14 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
     rope = any(n.op == Op.ROPE or rotate_half_rope(g, n) is not None or interleaved_rope(g, n) is not None
                for n in nodes) or any(
         n.op == Op.FUSED_ATTENTION_BLOCK and n.attrs.get("has_rope") for n in nodes)
+    quant = [n for n in nodes if n.op == Op.CAST and n.dtype in (DType.u8, DType.i8)
+             and g[n.inputs[0]].op not in (Op.PARAM, Op.CONST)]
+    if quant:
+        evidence.append(f"{len(quant)} quantization step(s) of computed values ({_label(quant[0])}, ...): "
+                        f"quantized activations")
+        if not acts and any(n.op in (Op.ERF, Op.TANH) for n in nodes):  # a GELU with quantized intermediates
+            acts.append(next(n for n in nodes if n.op in (Op.ERF, Op.TANH)))
+            forms.append("GELU with quantized intermediates")
     mask: str | None = None
     kv_cache = False
     if attn:
@@ -401,8 +422,10 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
         extras.append(f"{mask} mask" if mask != "none" else "no mask")
     if kv_cache:
         extras.append("KV cache (decode step)")
+    if quant:
+        extras.append(f"quantized activations ({len(quant)} QuantizeLinear steps)")
     return LayerArchitecture(kind, f"{DESCRIPTIONS[kind]}; {', '.join(extras)}", norm, mask, rope, swiglu,
-                             tuple(evidence), kv_cache)
+                             tuple(evidence), kv_cache, len(quant))
 
 
 __all__ = ["DESCRIPTIONS", "ILLEGAL_HERE", "KINDS", "LayerArchitecture", "attention_softmax", "classify_layer",
