@@ -46,7 +46,6 @@ from ..ir.host_rules import ONNX_DTYPES, OPSETS, ForkedFailure, forked, form_ref
 from ..ir.lint import problems
 from ..ir.ops import PAD_MODES
 from . import onnx_contrib, onnx_quant  # noqa: F401 - their handlers register into HANDLERS (ORT contrib, quantized)
-from .onnx_quant import quant_paths
 from .cpu_limit import WALL_FACTOR, Deadline
 from .module_calls import number_calls
 from .onnx_context import (
@@ -66,6 +65,7 @@ from .onnx_context import (
 )
 from .onnx_fold import FOLDABLE, FoldError, check_fold, fold, node_attrs
 from .onnx_paths import path_from_values
+from .onnx_quant import quant_paths
 from .onnx_size import over_budget
 from .onnx_weights import (
     LAZY_ELEMENTS,
