@@ -93,8 +93,8 @@ class LayerArchitecture:
     kv_cache: bool = False
     """The attention reads K/V through a KV cache (a decode step): FusedAttentionBlock cannot take it."""
     quantized: int = 0
-    """Quantization steps of computed values in the layer (QuantizeLinear / DynamicQuantizeLinear of an activation:
-    a cast to uint8/int8 of a value the graph computes, `onnx_quant`), 0 in a float layer."""
+    """QDQ steps of computed values in the layer (a QuantizeLinear of an activation dequantized for float ops,
+    `_fake_quant`), 0 in a float layer and in a dynamically quantized one (its integer matmuls read the values)."""
 
     @property
     def post_ln(self) -> bool:
@@ -231,6 +231,22 @@ def _gates(g: Graph, n: Node) -> bool:
     return any(g[i].op != Op.CONST for u in muls for i in u.inputs if i != n.id)
 
 
+def _fake_quant(g: Graph, n: Node) -> bool:
+    """`n` quantizes a computed value that is dequantized for float ops (QDQ's QuantizeLinear -> DequantizeLinear:
+    `cast(u8/i8)` of a computed value, read back as `cast(f32) [- zero point] * scale`), not an operand of an
+    integer matmul (`quantize_dynamic`'s MatMulInteger reads the centered values without a scale)."""
+    if n.op != Op.CAST or n.dtype not in (DType.u8, DType.i8) or g[n.inputs[0]].op in (Op.PARAM, Op.CONST):
+        return False
+    for u in g.users(n.id):
+        if u.op != Op.CAST or u.dtype != DType.f32:
+            continue
+        nxt = [v for v in g.users(u.id)]
+        nxt += [w for v in nxt if v.op == Op.SUB for w in g.users(v.id)]
+        if any(v.op == Op.MUL for v in nxt):
+            return True
+    return False
+
+
 def classify_layer(graph: Graph, layer: int | None) -> LayerArchitecture:
     """The `LayerArchitecture` of `layer` (None: the whole graph) in `graph` (the unfused input graph)."""
     _, g, known, gelus = _entry(graph)
@@ -336,8 +352,7 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
     rope = any(n.op == Op.ROPE or rotate_half_rope(g, n) is not None or interleaved_rope(g, n) is not None
                for n in nodes) or any(
         n.op == Op.FUSED_ATTENTION_BLOCK and n.attrs.get("has_rope") for n in nodes)
-    quant = [n for n in nodes if n.op == Op.CAST and n.dtype in (DType.u8, DType.i8)
-             and g[n.inputs[0]].op not in (Op.PARAM, Op.CONST)]
+    quant = [n for n in nodes if _fake_quant(g, n)]
     if quant:
         evidence.append(f"{len(quant)} quantization step(s) of computed values ({_label(quant[0])}, ...): "
                         f"quantized activations")
@@ -423,7 +438,7 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
     if kv_cache:
         extras.append("KV cache (decode step)")
     if quant:
-        extras.append(f"quantized activations ({len(quant)} QuantizeLinear steps)")
+        extras.append(f"quantized activations ({len(quant)} QuantizeLinear -> DequantizeLinear steps)")
     return LayerArchitecture(kind, f"{DESCRIPTIONS[kind]}; {', '.join(extras)}", norm, mask, rope, swiglu,
                              tuple(evidence), kv_cache, len(quant))
 
