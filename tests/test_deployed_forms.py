@@ -129,3 +129,21 @@ def test_a_narrow_after_another_reshape_is_left_alone():
     trace = Pipeline.canonical().run(g)
     rules = {mt.rule for s in trace.steps for mt in s.matches}
     assert not rules & {"canonicalize_exported.unit_axis_head_split", "canonicalize_exported.unit_axis_one_head"}
+
+
+@pytest.mark.parametrize("stem", ["ernie.fp16", "deit.fp16"])
+def test_a_float16_scale_as_float16_rounds_1_over_sqrt_d_is_the_default(stem):
+    """The exporter writes 1/sqrt(8) as float16 (0.353515625): the scores are scaled in float16 by that same number
+    whether the attention holds it or its default, so the attention's scale is the default and the layer's block
+    forms (ERNIE in half precision: FusedTransformerLayer, was refused at `default_scale`); numbers within float16's
+    rounding of the file's."""
+    from rlxviz.session import check_fusion
+
+    feeds, want = _io(stem)
+    m = load_onnx(ZOO / f"{stem}.onnx", input_shapes={k: v.shape for k, v in feeds.items()})
+    trace = Pipeline.canonical().run(m.graph)
+    blocks = [n for n in trace.final if n.op in (Op.FUSED_TRANSFORMER_LAYER, Op.FUSED_ATTENTION_BLOCK, Op.ATTENTION)]
+    assert len(blocks) == 2 and all(n.attrs.get("scale") is None for n in blocks)
+    assert all(layer.fused for layer in check_fusion(trace, m.name).layers)
+    got = run_reference(trace.final, feeds, m.weights)[0]
+    assert np.max(np.abs(got.astype(np.float32) - want["last_hidden_state"].astype(np.float32))) <= 2e-2

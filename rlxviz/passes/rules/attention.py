@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from ...ir import Graph, Node, Op, Rewriter
+from ...ir import DType, Graph, Node, Op, Rewriter
 from ...ir.ops import BINARY, BLOCK_MASK_KINDS, COMPARE, UNARY, kv_heads, operand_roles
 from ...ir.rewrite import common_path
 from ..engine import Pass, PassResult, compose, rule_pass, staged
@@ -244,7 +244,12 @@ def _scale(c: Ctx) -> float | None:
     the same numbers up to rounding (exactly the same when the factors are powers of two)."""
     s = _scale_factor(c)
     d = c["q_reshape"].shape[3]
-    return None if math.isclose(s, 1.0 / math.sqrt(d), rel_tol=1e-6) else s
+    if math.isclose(s, 1.0 / math.sqrt(d), rel_tol=1e-6):
+        return None
+    if "qk" in c and c["qk"].dtype == DType.f16 and np.float16(s) == np.float16(1.0 / math.sqrt(d)):
+        return None  # the exporter's 1/sqrt(d) as float16 rounds it (0.353515625 for d = 8): the scores are scaled
+        # in float16 either way, by the same float16 number (the default scale rounds to it in every runtime)
+    return s
 
 
 @reports("prescale_single_use", kind=ILLEGAL, reads=("q", "q_prescale", "q_reshape", "k", "k_prescale",
