@@ -147,3 +147,31 @@ def test_a_float16_scale_as_float16_rounds_1_over_sqrt_d_is_the_default(stem):
     assert all(layer.fused for layer in check_fusion(trace, m.name).layers)
     got = run_reference(trace.final, feeds, m.weights)[0]
     assert np.max(np.abs(got.astype(np.float32) - want["last_hidden_state"].astype(np.float32))) <= 2e-2
+
+
+def test_a_score_term_is_no_linear_bias():
+    """T5's decoder adds its position bias `[1, h, S, S]` to `q @ k^T`: attention scores and a score term, not a
+    linear layer and its bias; fuse_matmul_bias_act made it a candidate and its `bias_rank` refusal was the decoder
+    layers' first rejection. Now quiet; the layer names the attention's own blocker. A linear's 2-D bias
+    (`x @ W + b[S, N]`, W a param) is still a named near-miss."""
+    from rlxviz.passes.trace import layer_of
+
+    stem = "t5.encdec"
+    feeds, _ = _io(stem)
+    m = load_onnx(ZOO / f"{stem}.onnx", input_shapes={k: v.shape for k, v in feeds.items()})
+    trace = Pipeline.canonical().run(m.graph)
+    score_bias = [r for s in trace.steps for r in s.rejections
+                  if r.rule == "fuse_matmul_bias_act.bias_act" and r.guard == "bias_rank"]
+    assert score_bias == [], [r.message for r in score_bias]
+    assert any(layer_of(n.path) is not None for n in m.graph)
+    g = parse_ir("""graph linear_2d_bias {
+  %0 = input {name="x"} : f32[2, 8, 16]
+  %1 = param {name="w"} : f32[16, 16] @fc
+  %2 = matmul(%0, %1) : f32[2, 8, 16] @fc
+  %3 = param {name="b"} : f32[8, 16] @fc
+  %4 = add(%2, %3) : f32[2, 8, 16] @fc
+  return %4
+}""")
+    refused = [r.guard for s in Pipeline.canonical().run(g).steps for r in s.rejections
+               if r.rule == "fuse_matmul_bias_act.bias_act"]
+    assert "bias_rank" in refused
