@@ -175,3 +175,21 @@ def test_a_score_term_is_no_linear_bias():
     refused = [r.guard for s in Pipeline.canonical().run(g).steps for r in s.rejections
                if r.rule == "fuse_matmul_bias_act.bias_act"]
     assert "bias_rank" in refused
+
+
+@pytest.mark.parametrize("stem,named", [("deepseek-v3.dynamo-eager", True), ("phi.dynamo-eager", False),
+                                        ("glm.dynamo-eager", False)])
+def test_multi_head_latent_attention_is_named_and_a_partial_rotary_is_not_taken_for_it(stem, named):
+    """DeepSeek's MLA (`q = concat(q_nope, q_rope)` along head_dim, the rotated part second) stays unpacked and is
+    named `latent_heads` with its kind; a partial rotary (`concat(rotated, pass)`, Phi, GLM) is not that form (it
+    packs, no such refusal)."""
+    feeds, _ = _io(stem)
+    m = load_onnx(ZOO / f"{stem}.onnx", input_shapes={k: v.shape for k, v in feeds.items()})
+    trace = Pipeline.canonical().run(m.graph)
+    latent = [r for s in trace.steps for r in s.rejections if r.guard == "latent_heads"]
+    assert bool(latent) == named, [r.message for r in latent]
+    if named:
+        assert "multi-head latent attention" in latent[0].message
+        assert not any(n.op == Op.ATTENTION for n in trace.final)
+    else:
+        assert any(n.op == Op.ATTENTION for n in trace.final)

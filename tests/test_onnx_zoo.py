@@ -54,8 +54,10 @@ NAMED_TERMS.update({s: "quantized activations" for s in ("granite.qdq", "ernie.q
 MODEL_TERMS.update({"olmo.fp16": "gap: RoPE in float32 between casts of float16 heads",
                     "cohere.kv": "gap: interleaved RoPE at a KV cache's offset",
                     "cohere.optimum-past": "gap: interleaved RoPE at a KV cache's offset"})
-MODEL_TERMS["deepseek-v3.dynamo-eager"] = "gap: multi-head latent attention, q = concat(q_nope, q_rope)"
-NAMED_TERMS.update({"cohere.kv": "rope_on_heads", "deepseek-v3.dynamo-eager": "is concat", "cohere.optimum-past": "rope_on_heads",
+MODEL_TERMS["deepseek-v3.dynamo-eager"] = "multi-head latent attention, q = concat(q_nope, q_rope): named, unpacked"
+NAMED_TERMS.update({"cohere.kv": "rope_on_heads",
+                    "deepseek-v3.dynamo-eager": "guard latent_heads (guard, not recognized): multi-head latent",
+                    "cohere.optimum-past": "rope_on_heads",
                     "olmo.fp16": "first rejection:"})
 
 
