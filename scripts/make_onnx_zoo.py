@@ -292,6 +292,10 @@ def _zoo() -> dict[str, Callable[[str], tuple[torch.nn.Module, dict[str, torch.T
         "olmo": decoder("OlmoModel", "OlmoConfig", 51, num_key_value_heads=2, max_position_embeddings=64),
         "glm": decoder("GlmModel", "GlmConfig", 52, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
                        pad_token_id=0, partial_rotary_factor=0.5),
+        "deepseek-v3": decoder("DeepseekV3Model", "DeepseekV3Config", 54, num_key_value_heads=4,
+                               max_position_embeddings=64, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4,
+                               qk_nope_head_dim=8, v_head_dim=8, first_k_dense_replace=2, n_routed_experts=4,
+                               num_experts_per_tok=2, moe_intermediate_size=32, rope_interleave=False),
         "gemma3": decoder("Gemma3TextModel", "Gemma3TextConfig", 53, num_key_value_heads=2, head_dim=8,
                           max_position_embeddings=64, sliding_window=4, query_pre_attn_scalar=8,
                           layer_types=["sliding_attention", "full_attention"]),
@@ -340,6 +344,7 @@ DEPLOY_FORMS = {
     "qdq": ("ernie", "deit", "granite", "convbert"),
     "qdyn": ("convbert", "codegen", "mobilebert", "beit", "starcoder2"),
     "ortopt": ("ernie", "convbert", "deit", "beit", "gpt-bigcode", "starcoder2"),
+    "encdec": ("bart", "t5", "marian"),
 }
 ORTOPT_TYPE = {"ernie": "bert", "convbert": "bert", "mobilebert": "bert", "deit": "vit", "beit": "vit",
                "gpt-bigcode": "gpt2", "starcoder2": "gpt2", "codegen": "gpt2"}
@@ -399,7 +404,61 @@ class _KvStep(torch.nn.Module):
         return tuple(res)
 
 
-def _deploy(arch: str, form: str, make: Callable) -> dict:
+class _Seq2Seq(torch.nn.Module):
+    """(input_ids, attention_mask, decoder_input_ids) -> (decoder last_hidden_state, encoder_last_hidden_state)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                decoder_input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+                         use_cache=False)
+        return out.last_hidden_state, out.encoder_last_hidden_state
+
+
+def _encdec(arch: str, path: Path) -> tuple[dict, dict, object]:
+    """A full encoder-decoder (2 encoder and 2 decoder layers), dynamo, eager attention; PyTorch's outputs."""
+    t = transformers
+    common = {"vocab_size": VOCAB, "d_model": 32, "encoder_layers": 2, "decoder_layers": 2,
+              "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 64,
+              "decoder_ffn_dim": 64, "max_position_embeddings": 64, "attn_implementation": "eager",
+              "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "decoder_start_token_id": 2}
+    if arch == "bart":
+        cfg = t.BartConfig(**common)
+        model = t.BartModel(cfg)
+    elif arch == "marian":
+        cfg = t.MarianConfig(**{**common, "pad_token_id": 1, "decoder_start_token_id": 1})
+        model = t.MarianModel(cfg)
+    elif arch == "t5":
+        cfg = t.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_heads=4, num_layers=2,
+                         num_decoder_layers=2, relative_attention_num_buckets=8, attn_implementation="eager",
+                         decoder_start_token_id=0)
+        model = t.T5Model(cfg)
+    else:
+        raise ValueError(f"no encoder-decoder for {arch!r}")
+    torch.manual_seed(0)
+    model = _randomize(model.eval(), zlib.crc32(arch.encode()) % 1000, scale=0.08)
+    inputs = _text(zlib.crc32(arch.encode()) % 100)
+    g = torch.Generator().manual_seed(1)
+    inputs["decoder_input_ids"] = torch.randint(3, VOCAB, (BATCH, 6), generator=g)
+    names = list(inputs)
+    wrapped = _Seq2Seq(model).eval()
+    args = tuple(inputs[k] for k in names)
+    with torch.no_grad():
+        ref = wrapped(*args)
+        batch = torch.export.Dim("batch")
+        seq, dseq = torch.export.Dim("seq", min=2, max=64), torch.export.Dim("dseq", min=2, max=64)
+        dyn = ({0: batch, 1: seq}, {0: batch, 1: seq}, {0: batch, 1: dseq})
+        torch.onnx.export(wrapped, args, str(path), input_names=names,
+                          output_names=["last_hidden_state", "encoder_last_hidden_state"], opset_version=18,
+                          dynamo=True, dynamic_shapes=dyn, external_data=False)
+    outs = {"last_hidden_state": ref[0].numpy(), "encoder_last_hidden_state": ref[1].numpy()}
+    return {k: v.numpy() for k, v in inputs.items()}, outs, cfg
+
+
+def _deploy(arch: str, form: str, make: Callable | None) -> dict:
     """Write `ARCH.FORM.onnx` and `ARCH.FORM.npz` (inputs and `out:NAME` for every output) for a deployed form."""
     import tempfile
 
@@ -477,6 +536,9 @@ def _deploy(arch: str, form: str, make: Callable) -> dict:
                                            hidden_size=hidden, opt_level=0)
             opt.save_model_to_file(str(path))
             outs = _ort_outputs(path, feeds)
+        elif form == "encdec":
+            feeds, outs, cfg = _encdec(arch, path)
+            ref_by = "pytorch"
         else:
             raise ValueError(f"unknown deployed form {form!r}")
     m = onnx.load(str(path))
@@ -506,11 +568,11 @@ def main(argv: list[str]) -> None:
         for form in forms:
             if form.startswith("ts-") and arch not in TS_ARCHS:
                 continue
-            if form in DEPLOY_FORMS and arch not in DEPLOY_FORMS[form]:
+            if form in DEPLOY_FORMS and arch not in DEPLOY_FORMS[form] or form not in DEPLOY_FORMS and arch not in zoo:
                 continue
             key = f"{arch}.{form}"
             try:
-                record["files"][key] = (_deploy if form in DEPLOY_FORMS else _export)(arch, form, zoo[arch])
+                record["files"][key] = (_deploy if form in DEPLOY_FORMS else _export)(arch, form, zoo.get(arch))
                 record["refused"].pop(key, None)
             except Exception as e:  # noqa: BLE001 - an exporter's refusal is a row of the record, not a stop
                 root = e
