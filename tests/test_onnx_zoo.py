@@ -40,15 +40,69 @@ NAMED_TERMS = {
 }
 MODEL_TERMS.update({"gemma2.dynamo-eager": "attention soft-cap tanh(s / 50) * 50 (Gemma 2)",
                     "gpt-oss.dynamo-eager": "attention sinks: a per-head logit concatenated to the scores"})
+# Not plain attention by the file's own design: QDQ rounds Q, K, the scores and V to 8 bits (a packed attention
+# would skip those roundings); ConvBERT concatenates its attention heads with span-based convolution heads before
+# the head merge.
+MODEL_TERMS.update({s: "quantized attention: QuantizeLinear/DequantizeLinear round its operands"
+                    for s in ("granite.qdq", "ernie.qdq", "deit.qdq", "convbert.qdq")})
+MODEL_TERMS.update({f"convbert.{f}": "ConvBERT: attention heads concatenated with convolution heads"
+                    for f in ("dynamo-eager", "optimum", "ortopt", "qdq", "qdyn")})
+NAMED_TERMS.update({s: "quantized activations" for s in ("granite.qdq", "ernie.qdq", "deit.qdq", "convbert.qdq")})
+# rlxviz's own gaps (plain attention left unpacked), named by the layer's first rejection; listed so a fix flags
+# them (the test fails when one packs): RoPE of float16 heads computed in float32 (casts around the rotation, OLMo
+# in half precision) and an interleaved RoPE whose tables start at the cache's offset (Cohere, a decode step).
+MODEL_TERMS.update({"olmo.fp16": "gap: RoPE in float32 between casts of float16 heads",
+                    "cohere.kv": "gap: interleaved RoPE at a KV cache's offset",
+                    "cohere.optimum-past": "gap: interleaved RoPE at a KV cache's offset"})
+MODEL_TERMS["deepseek-v3.dynamo-eager"] = "multi-head latent attention, q = concat(q_nope, q_rope): named, unpacked"
+NAMED_TERMS.update({"cohere.kv": "rope_on_heads",
+                    "deepseek-v3.dynamo-eager": "guard latent_heads (guard, not recognized): multi-head latent",
+                    "cohere.optimum-past": "rope_on_heads",
+                    "olmo.fp16": "first rejection:"})
+
+
+DEPLOYED = (".kv", ".fp16", ".qdq", ".qdyn", ".ortopt", ".optimum", ".optimum-past")
+"""The deployed-file forms (issue 37; `make_onnx_zoo.DEPLOY_FORMS`, `make_onnx_optimum.py`): a decode step with a
+KV cache, float16, QDQ and dynamic quantization, ONNX Runtime's optimizer output, optimum's exports."""
+
+
+def _form(stem: str) -> str:
+    return stem.split(".", 1)[1]
+
+
+def _tol(stem: str) -> float:
+    """float16 files: the half-precision rounding of 2 layers (ONNX Runtime and the reference round alike, not
+    identically); every other file 1e-5."""
+    return 2e-2 if _form(stem) == "fp16" else TOL
+
+
+def _as_written(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """ONNX Runtime's outputs on the file with graph optimizations off: the file's own meaning (its optimized session
+    fuses QDQ groups into integer kernels whose numbers differ: `session.fidelity.optimized_differs`)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
 @cache
 def _load(stem: str):
+    """(model, feeds, the wanted outputs in the model's output order, canonical trace). The wanted outputs are the
+    npz's `out:NAME` (PyTorch's, or ONNX Runtime's on the file for derived forms), a QDQ file's those of the file as
+    written (`_as_written`)."""
     io = dict(np.load(ZOO / f"{stem}.npz"))
     feeds = {k: v for k, v in io.items() if not k.startswith("out:")}
-    want = io["out:last_hidden_state"]
     m = load_onnx(ZOO / f"{stem}.onnx", input_shapes={k: v.shape for k, v in feeds.items()})
+    names = m.meta["onnx_outputs"]
+    want = _as_written(ZOO / f"{stem}.onnx", feeds) if _form(stem) == "qdq" else [io[f"out:{k}"] for k in names]
     return m, feeds, want, Pipeline.canonical().run(m.graph)
+
+
+def _err(got: list, want: list) -> float:
+    assert [np.shape(g) for g in got] == [np.shape(w) for w in want]
+    return max(float(np.max(np.abs(np.asarray(g, np.float64) - np.asarray(w, np.float64)))) for g, w in
+               zip(got, want, strict=True))
 
 
 def test_the_zoo_covers_the_architectures_and_forms_the_issue_names():
@@ -60,7 +114,7 @@ def test_the_zoo_covers_the_architectures_and_forms_the_issue_names():
     assert {"qwen3", "gemma2", "albert", "mpnet", "olmo2", "qwen2-moe", "swin", "gpt-oss"} <= arch  # QK-norm, caps, MoE
     assert len({s for s in FILES if s.endswith(".ts-eager")}) >= 6
     assert len({s for s in FILES if s.endswith(".dynamo-sdpa")}) >= 15
-    assert sum((ZOO / f"{s}.onnx").stat().st_size for s in FILES) < 30e6
+    assert sum((ZOO / f"{s}.onnx").stat().st_size for s in FILES) < 50e6  # 42 MB with the deployed forms
     record = json.loads((ZOO / "zoo.json").read_text())
     assert set(record["files"]) == set(FILES)  # every file is recorded with its config and versions
 
@@ -69,17 +123,16 @@ def test_the_zoo_covers_the_architectures_and_forms_the_issue_names():
 def test_every_zoo_export_imports_with_pytorchs_numbers(stem):
     m, feeds, want, trace = _load(stem)
     for version in (m.graph, trace.final):
-        got = run_reference(version, feeds, m.weights)[0]
-        assert got.shape == want.shape
-        assert np.max(np.abs(got - want)) <= TOL, (stem, version is m.graph)
+        got = run_reference(version, feeds, m.weights)
+        assert _err(got, want) <= _tol(stem), (stem, version is m.graph)
 
 
 @pytest.mark.parametrize("stem", FILES)
 def test_every_zoo_version_gives_pytorchs_numbers_on_mlx(stem):
     m, feeds, want, trace = _load(stem)
     for version in (m.graph, trace.final):
-        got = np.asarray(MlxExecutor(LoweringOptions(fast_math=False)).run(version, feeds, m.weights)[0])
-        assert np.max(np.abs(got - want)) <= TOL, (stem, version is m.graph)
+        got = [np.asarray(o) for o in MlxExecutor(LoweringOptions(fast_math=False)).run(version, feeds, m.weights)]
+        assert _err(got, want) <= _tol(stem), (stem, version is m.graph)
 
 
 @pytest.mark.parametrize("stem", FILES)
@@ -92,7 +145,7 @@ def test_attention_packs_where_the_scores_are_plain_and_explain_names_the_block_
     assert not packed, f"{stem} packs now: move it out of MODEL_TERMS"
     check = check_fusion(trace, m.name)
     text = check.render()
-    assert "first rejection:" in text or "also unrecognized:" in text, text  # a named guard, not silence
+    assert "first rejection:" in text or "also unrecognized:" in text or "not expected here:" in text, text  # named
     assert NAMED_TERMS.get(stem, "") in text, text
 
 
@@ -107,8 +160,8 @@ def test_every_zoo_version_exports_to_onnx_that_onnx_runtime_runs_with_the_same_
         sess = ort.InferenceSession(export_onnx(version, m.weights).SerializeToString(),
                                     providers=["CPUExecutionProvider"])
         names = {i.name for i in sess.get_inputs()}
-        got = sess.run(None, {k: v for k, v in feeds.items() if k in names})[0]
-        assert np.max(np.abs(got - want)) <= 1e-4, stem
+        got = sess.run(None, {k: v for k, v in feeds.items() if k in names})
+        assert _err(got, want) <= max(1e-4, _tol(stem)), stem
 
 
 # Additive score terms that pack as the attention's operand, named by kind on the kept-operand line.

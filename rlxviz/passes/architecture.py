@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..ir import Graph, Node, Op
+from ..ir import DType, Graph, Node, Op
 from ..ir.identity import IdentityMap
 from ..ir.ops import BLAS, GATE_ACTIVATIONS, MLP_ACTIVATIONS
 from .activations import activation_form
@@ -139,6 +139,22 @@ def _gates(g: Graph, n: Node) -> bool:
     return any(g[i].op != Op.CONST for u in muls for i in u.inputs if i != n.id)
 
 
+def _fake_quant(g: Graph, n: Node) -> bool:
+    """`n` quantizes a computed value that is dequantized for float ops (QDQ's QuantizeLinear -> DequantizeLinear:
+    `cast(u8/i8)` of a computed value, read back as `cast(f32) [- zero point] * scale`), not an operand of an
+    integer matmul (`quantize_dynamic`'s MatMulInteger reads the centered values without a scale)."""
+    if n.op != Op.CAST or n.dtype not in (DType.u8, DType.i8) or g[n.inputs[0]].op in (Op.PARAM, Op.CONST):
+        return False
+    for u in g.users(n.id):
+        if u.op != Op.CAST or u.dtype != DType.f32:
+            continue
+        nxt = list(g.users(u.id))
+        nxt += [w for v in nxt if v.op == Op.SUB for w in g.users(v.id)]
+        if any(v.op == Op.MUL for v in nxt):
+            return True
+    return False
+
+
 def classify_layer(graph: Graph, layer: int | None) -> LayerArchitecture:
     """The `LayerArchitecture` of `layer` (None: the whole graph) in `graph` (the unfused input graph)."""
     _, g, known, gelus = _entry(graph)
@@ -244,6 +260,13 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
     rope = any(n.op == Op.ROPE or rotate_half_rope(g, n) is not None or interleaved_rope(g, n) is not None
                for n in nodes) or any(
         n.op == Op.FUSED_ATTENTION_BLOCK and n.attrs.get("has_rope") for n in nodes)
+    quant = [n for n in nodes if _fake_quant(g, n)]
+    if quant:
+        evidence.append(f"{len(quant)} quantization step(s) of computed values ({_label(quant[0])}, ...): "
+                        f"quantized activations")
+        if not acts and any(n.op in (Op.ERF, Op.TANH) for n in nodes):  # a GELU with quantized intermediates
+            acts.append(next(n for n in nodes if n.op in (Op.ERF, Op.TANH)))
+            forms.append("GELU with quantized intermediates")
     mask: str | None = None
     kv_cache = False
     if attn:
@@ -322,8 +345,10 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
         extras.append(f"{mask} mask" if mask != "none" else "no mask")
     if kv_cache:
         extras.append("KV cache (decode step)")
+    if quant:
+        extras.append(f"quantized activations ({len(quant)} QuantizeLinear -> DequantizeLinear steps)")
     return LayerArchitecture(kind, f"{DESCRIPTIONS[kind]}; {', '.join(extras)}", norm, mask, rope, swiglu,
-                             tuple(evidence), kv_cache)
+                             tuple(evidence), kv_cache, len(quant))
 
 
 __all__ = ["DESCRIPTIONS", "KINDS", "LayerArchitecture", "attention_softmax", "classify_layer",

@@ -21,6 +21,7 @@ from . import handlers  # noqa: F401 - each family's handlers register into HAND
 from .bind import _bind_input, _same_symbols
 from .context import HANDLERS, OnnxImportError, UnsupportedForm, Value, _Ctx, _onnx, node_label, onnx_dtype
 from .fold import FOLDABLE, FoldError, _shape_op, check_fold, fold, node_attrs
+from .handlers.quant import quant_paths
 from .host import _host_op
 from .paths import node_path
 from .validate import _contrib_inputs, default_opset, validate
@@ -135,6 +136,7 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
     poisoned: set[str] = set()
     deadline = Deadline(MAX_IMPORT_SECONDS)
     paths = number_calls([node_path(node) for node in g.node])  # one layer module called N times: N layers
+    paths = quant_paths(g.node, paths)  # a quantizer's Q/DQ nodes: the path of the value they quantize
     for node, path in zip(g.node, paths, strict=True):
         if late := deadline.exceeded():  # every step is bounded; this bounds their sum (a graph of 10^6 nodes)
             ctx.node = node

@@ -31,7 +31,8 @@ from ...ir.ops import FUSED, SPECS
 from ...ir.registry import registrar
 
 EXPORT_OPSET = 18
-_NEG = float(np.finfo(np.float32).min)
+_FLOATS = (DType.f16, DType.f32, DType.f64)
+"""Dtypes whose node expansions write their constants in that dtype (ONNX ops take one float type per node)."""
 
 
 class OnnxExportError(ValueError):
@@ -55,16 +56,19 @@ class _Writer:
         self.k = 0
         self.prefix = ""
         self.doc = ""
+        self.fdt: Any = np.float32  # the float dtype of the node being written: its expansion's constants take it
 
     def fresh(self, hint: str) -> str:
         self.k += 1
         return f"{hint}_{self.k}"
 
-    def c(self, value: Any, dtype: np.dtype | type = np.float32) -> str:
+    def c(self, value: Any, dtype: np.dtype | type | None = None) -> str:
+        """An initializer holding `value` as `dtype` (default: the float dtype of the node being written, so a
+        float16 graph's expansions stay float16: ONNX binds one type per op)."""
         from onnx import numpy_helper
 
         name = self.fresh("c")
-        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype or self.fdt), name))
         return name
 
     def ints(self, values: Any) -> str:
@@ -152,12 +156,13 @@ def _attention(w: _Writer, g: Graph, n: Node, ins: list[str], out: str) -> None:
         kh, vh = repeat(kh, (d, sk)), repeat(vh, (sk, d))
     s = w.op("Mul", [w.op("MatMul", [qh, kh]), w.c(scale)])
     kind = n.attrs.get("mask", "none")
+    neg = float(np.finfo(w.fdt).min)  # the dtype's own most negative value (float16: -65504)
     if kind == "keep":
         m = w.op("Reshape", [ins[3], w.ints([b, 1, 1, sk])])
-        s = w.op("Where", [w.op("Greater", [m, w.c(0.5, np.float32)]), s, w.c(_NEG)])
+        s = w.op("Where", [w.op("Greater", [m, w.c(0.5, g[n.inputs[3]].dtype.numpy)]), s, w.c(neg)])
     elif kind == "causal":
         visible = np.arange(sk)[None, :] <= np.arange(sq)[:, None] + (sk - sq)
-        s = w.op("Where", [w.c(visible, np.bool_), s, w.c(_NEG)])
+        s = w.op("Where", [w.c(visible, np.bool_), s, w.c(neg)])
     elif kind == "additive":
         s = w.op("Add", [s, ins[3]])
     o = w.op("MatMul", [w.op("Softmax", [s], axis=-1), vh])
@@ -383,6 +388,7 @@ def export_onnx(graph: Graph, weights: Mapping[str, np.ndarray], path: str | Pat
             out = f"v{n.id}"
             w.prefix = "/" + "/".join(n.path.split(".")) + "/" if n.path else "/"
             w.doc = f"rlxviz %{n.id} {n.op.value}" + (f", made by {n.pass_name}" if n.pass_name else "")
+            w.fdt = n.dtype.numpy if n.dtype in _FLOATS else np.float32
             _node(w, g, n, [names[i] for i in n.inputs], out)
             names[n.id] = out
     outputs = []

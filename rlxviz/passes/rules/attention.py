@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from ...ir import Graph, Node, Op, Rewriter
+from ...ir import DType, Graph, Node, Op, Rewriter
 from ...ir.ops import BINARY, BLOCK_MASK_KINDS, COMPARE, UNARY, kv_heads, operand_roles
 from ...ir.rewrite import common_path
 from ..engine import Pass, PassResult, compose, refusal, rule_pass, staged
@@ -242,7 +242,12 @@ def _scale(c: Ctx) -> float | None:
     the same numbers up to rounding (exactly the same when the factors are powers of two)."""
     s = _scale_factor(c)
     d = c["q_reshape"].shape[3]
-    return None if math.isclose(s, 1.0 / math.sqrt(d), rel_tol=1e-6) else s
+    if math.isclose(s, 1.0 / math.sqrt(d), rel_tol=1e-6):
+        return None
+    if "qk" in c and c["qk"].dtype == DType.f16 and np.float16(s) == np.float16(1.0 / math.sqrt(d)):
+        return None  # the exporter's 1/sqrt(d) as float16 rounds it (0.353515625 for d = 8): the scores are scaled
+        # in float16 either way, by the same float16 number (the default scale rounds to it in every runtime)
+    return s
 
 
 @reports("prescale_single_use", kind=ILLEGAL, reads=("q", "q_prescale", "q_reshape", "k", "k_prescale",
@@ -540,6 +545,49 @@ def _rope_on_heads(c: Ctx) -> Fail | None:
                     "[S, d/2] table and no other reader of its products; teach it this form")
 
 
+@reports("latent_heads", reads=("softmax",))
+def _latent_heads(c: Ctx) -> Fail | None:
+    """Name multi-head latent attention (DeepSeek-V2/V3's MLA) in front of the scores: Q (and K) reach the score
+    matmul as a concat along head_dim of a part without RoPE and a rotated part (`q = concat(q_nope, q_rope)`, K's
+    rotated part shared by every head), not as the head split of one projection the pattern reads."""
+    g = c.graph
+    mm = _scores_matmul(g, c["softmax"])
+    if mm is None:
+        return None
+    k = g[mm.inputs[1]]
+    k = g[k.inputs[0]] if k.op == Op.TRANSPOSE else k
+    def rotated(i: int) -> bool:
+        """A RoPE as the patterns read it, or rotation-shaped: `x * cos + cat(-x2, x1) * sin` with any tables."""
+        n = g[i]
+        while n.op == Op.TRANSPOSE:  # a rope op on the packed values, back in the head layout
+            n = g[n.inputs[0]]
+        if n.op == Op.RESHAPE and g[n.inputs[0]].op == Op.ROPE:
+            return True
+        if n.op == Op.ROPE or rotate_half_rope(g, n) is not None or interleaved_rope(g, n) is not None:
+            return True
+        return n.op == Op.ADD and any(
+            g[m].op == Op.MUL and any(g[j].op == Op.CONCAT and any(g[t].op == Op.NEG for t in g[j].inputs)
+                                      for j in g[m].inputs) for m in n.inputs)
+
+    # MLA's order: (the part without RoPE, the rotated part); a partial rotary (GPT-NeoX, Phi) is (rotated, pass)
+    cats = [(who, m) for who, n in (("Q", g[mm.inputs[0]]), ("K", k)) for m in _under(g, n)
+            if m.op == Op.CONCAT and m.rank == 4 and int(m.attrs.get("axis", -1)) % 4 == 3 and len(m.inputs) == 2
+            and rotated(m.inputs[1]) and not rotated(m.inputs[0])]
+    if not cats:
+        return None
+    who, cat = cats[0]
+    d1, d2 = (g[i].shape[-1] for i in cat.inputs)
+    both = " and K" if len({w for w, _ in cats}) == 2 else ""
+    return Fail("guard", "latent_heads",
+                f"multi-head latent attention (DeepSeek MLA): {who}{both} = concat(part without RoPE [{d1}], rotated "
+                f"part [{d2}]) along head_dim at {c.name_of(cat.id)} (head_dim {d1 + d2}); the attention pattern "
+                f"reads Q and K as the head split of one projection, so these scores stay as primitives",
+                (cat.id,), (), "nothing to change in the model: the latent attention's heads are its own design",
+                subject=cat.id, kind=NOT_RECOGNIZED,
+                fix="fuse_sdpa reads heads concatenated along head_dim as one head split (q . k sums over both "
+                    "parts: exact)")
+
+
 SDPA = Rule(
     "fuse_sdpa.hf_attention", P(Op.SOFTMAX, name="softmax", where=lambda n: n.rank == 4),
     steps=(
@@ -549,6 +597,7 @@ SDPA = Rule(
               fix="none for attention: a softmax over another axis is not key-axis attention"),
         _rope_on_heads,
         _score_term,
+        _latent_heads,
         Shape("scores_form", "softmax", P(Op.SOFTMAX, _SCORES, name="softmax"),
               "scores must be matmul(q_heads, transpose(k_heads)) [scaled] [+ mask]"),
         User("pv_form", "pv", "softmax", P(Op.MATMUL, P.var("softmax"), kv_heads_pattern("v", _heads("v")), name="pv"),

@@ -423,12 +423,81 @@ NOOP_CAST = Rule(
     doc="cast(x, dtype of x) -> x")
 
 
+def _unit_split(c: Ctx) -> tuple[int, int, int, int] | None:
+    """(B, S, start, length) when `cut` narrows the last axis of `r = reshape(x [B, S, N] -> [B, 1, S, N])` (the
+    exporter's `unsqueeze(1)` of a fused projection written before its split), else None."""
+    x, r, cut = c["x"], c["r"], c["cut"]
+    if len(x.shape) != 3 or len(r.shape) != 4 or tuple(r.shape) != (x.shape[0], 1, x.shape[1], x.shape[2]):
+        return None
+    if int(cut.attrs.get("axis", -1)) % 4 != 3:
+        return None
+    return x.shape[0], x.shape[1], int(cut.attrs["start"]), int(cut.attrs["length"])
+
+
+@reports(reads=("x", "r", "cut", "split"))
+def _is_head_split_of_unit_cut(c: Ctx) -> Fail | None:
+    """Only `reshape(narrow(unsqueeze(x)), [B, S, h, d])` is this form (anything else: another layout, quiet)."""
+    u = _unit_split(c)
+    split = c["split"]
+    if u is None or len(split.shape) != 4 or tuple(split.shape[:2]) != u[:2] or \
+            split.shape[2] * split.shape[3] != u[3]:
+        return QUIET
+    return None
+
+
+def _head_split_of_cut(c: Ctx, rw: Rewriter) -> int:
+    """reshape(narrow(x, axis 2), [B, S, h, d]): the same elements in the same order (the unit axis holds one)."""
+    _, _, start, length = _unit_split(c)
+    with rw.provenance([c.id("cut"), c.id("split")]):
+        cut = rw.emit(Op.NARROW, [c.id("x")], axis=2, start=start, length=length)
+        out = rw.emit(Op.RESHAPE, [cut], shape=tuple(c["split"].shape))
+    rw.replace(c.id("split"), out)
+    return out
+
+
+UNIT_AXIS_HEAD_SPLIT = Rule(
+    "canonicalize_exported.unit_axis_head_split",
+    P(Op.RESHAPE, P(Op.NARROW, P(Op.RESHAPE, P.var("x"), name="r"), name="cut"), name="split"),
+    steps=(_is_head_split_of_unit_cut,), result="split", absorb=("split",),
+    rewrite=lambda c, rw: _head_split_of_cut(c, rw),
+    doc="reshape(narrow(reshape(x, [B, 1, S, N]), -1), [B, S, h, d]) -> reshape(narrow(x, -1), [B, S, h, d])")
+
+
+@reports(reads=("x", "r", "cut"))
+def _is_one_head_cut(c: Ctx) -> Fail | None:
+    """Only a cut of `unsqueeze(x)` not read as a head split (K or V of multi-query: one head) is this form."""
+    if _unit_split(c) is None or any(u.op == Op.RESHAPE and len(u.shape) == 4 and u.shape[1] != 1
+                                     for u in c.graph.users(c.id("cut"))):
+        return QUIET
+    return None
+
+
+def _one_head_of_cut(c: Ctx, rw: Rewriter) -> int:
+    """transpose(reshape(narrow(x, axis 2), [B, S, 1, L]), [0, 2, 1, 3]): one head split the usual way, the same
+    `[B, 1, S, L]` values (moving a unit axis moves no element)."""
+    b, s, start, length = _unit_split(c)
+    with rw.provenance([c.id("cut")]):
+        cut = rw.emit(Op.NARROW, [c.id("x")], axis=2, start=start, length=length)
+        heads = rw.emit(Op.RESHAPE, [cut], shape=(b, s, 1, length))
+        out = rw.emit(Op.TRANSPOSE, [heads], perm=(0, 2, 1, 3))
+    rw.replace(c.id("cut"), out)
+    return out
+
+
+UNIT_AXIS_ONE_HEAD = Rule(
+    "canonicalize_exported.unit_axis_one_head",
+    P(Op.NARROW, P(Op.RESHAPE, P.var("x"), name="r"), name="cut"),
+    steps=(_is_one_head_cut,), result="cut", absorb=("cut",), rewrite=lambda c, rw: _one_head_of_cut(c, rw),
+    doc="narrow(reshape(x, [B, 1, S, N]), -1) -> transpose(reshape(narrow(x, -1), [B, S, 1, L]), [0, 2, 1, 3]) "
+        "(GPT-BigCode's multi-query K and V sliced from c_attn)")
+
+
 canonicalize_exported = rule_pass(
     "canonicalize_exported", [SILU, RELU2, RSQRT, WHERE_BIAS, NAN_GUARD, NAN_GUARD_MOVED, FOLDED_TRANSPOSE,
-                              BIAS_THEN_MASK, INVERTED_WHERE, NOOP_CAST],
+                              BIAS_THEN_MASK, INVERTED_WHERE, NOOP_CAST, UNIT_AXIS_HEAD_SPLIT, UNIT_AXIS_ONE_HEAD],
     "forms exporters write (x*sigmoid(x), relu(x)^2, 1/sqrt, the padding-mask sum, the sdpa NaN guard, its folded "
     "transpose, T5's bias then mask, an inverted where, no-op casts) -> the IR's ops",
     product="the exporter's forms as IR ops (silu, rsqrt, where mask)")
 
 __all__ = ["BIAS_THEN_MASK", "FOLDED_TRANSPOSE", "INVERTED_WHERE", "NAN_GUARD", "NAN_GUARD_MOVED", "NOOP_CAST", "RELU2",
-           "RSQRT", "SILU", "WHERE_BIAS", "canonicalize_exported"]
+           "RSQRT", "SILU", "UNIT_AXIS_HEAD_SPLIT", "UNIT_AXIS_ONE_HEAD", "WHERE_BIAS", "canonicalize_exported"]

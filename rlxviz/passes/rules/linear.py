@@ -68,10 +68,18 @@ from ..rule import QUIET, Fail, Rule, Soft, reports
 LINEAR = P(Op.ADD, P(Op.MATMUL, P.var("x"), P.var("w"), name="mm"), P.var("bias"), name="add", commutative=True)
 
 
-@reports(reads=("bias", "mm"))
+@reports(reads=("bias", "mm", "w"))
 def _not_residual(c: Ctx) -> Fail | None:
-    """An add of two full-size tensors is a residual, not a bias: not a candidate (quiet)."""
-    return QUIET if c["bias"].shape == c["mm"].shape else None
+    """An add of two full-size tensors is a residual, not a bias: not a candidate (quiet). Nor is a term of rank
+    >= 2 added to a matmul of two computed rank-4 operands (`q @ k^T + position_bias` on `[B, H, S, d]` heads, T5's
+    decoder): attention scores and their score term, no linear layer and its bias. (Heads folded into the batch,
+    rank 3, keep the named refusal: the verdict of such a layer is pinned by its own cases.)"""
+    if c["bias"].shape == c["mm"].shape:
+        return QUIET
+    w = c["w"]
+    if c["bias"].rank >= 2 and c["mm"].rank >= 4 and w.op not in (Op.PARAM, Op.CONST) and w.rank >= 4:
+        return QUIET
+    return None
 
 
 def _bias_len_ok(c: Ctx) -> bool:

@@ -33,6 +33,10 @@ class LayerArchitecture:
     evidence: tuple[str, ...] = field(default_factory=tuple)
     kv_cache: bool = False
     """The attention reads K/V through a KV cache (a decode step): FusedAttentionBlock cannot take it."""
+    quantized: int = 0
+    """QDQ steps of computed values in the layer (a QuantizeLinear of an activation dequantized for float ops,
+    `architecture._fake_quant`), 0 in a float layer and in a dynamically quantized one (its integer matmuls read the
+    values)."""
 
     @property
     def post_ln(self) -> bool:

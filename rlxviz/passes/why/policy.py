@@ -48,6 +48,15 @@ ILLEGAL_HERE = ("illegal for this layer: no change to the model that keeps its n
                 "fused as far as legal)")
 
 
+ATTENTION_PASSES = ("fuse_sdpa", "fuse_attention_block", "fuse_transformer_layer", "fuse_shared_input_matmul")
+"""Passes whose product holds the attention (or its Q/K/V projections): refused by a quantized attention."""
+QUANTIZED_BLOCKS = ("canonicalize_gelu", "unrecognized", "fuse_residual_ln", "fuse_residual_rms_norm")
+"""Passes whose pattern a quantization step of an intermediate value breaks (a GELU whose `x / sqrt(2)` or `erf`
+is rounded to 8 bits is no GELU; a residual sum quantized before its norm): a layer with quantized activations
+(`LayerArchitecture.quantized`) does not expect them, and neither a packed attention whose scores stayed
+primitives."""
+
+
 def product(pass_name: str) -> str:
     """The product `pass_name` makes, as named in a layer's expectations (the pass name when it makes none)."""
     return PRODUCTS.get(pass_name, pass_name)
@@ -81,6 +90,10 @@ def not_expected(arch: LayerArchitecture, pass_name: str, guard: str = "") -> st
     g = _guards(pass_name).get(guard) if guard else None
     if g is not None and any(arch.has(t) for t in g.excused_in):
         return g.excuse
+    if arch.quantized and (pass_name in QUANTIZED_BLOCKS or pass_name in ATTENTION_PASSES and arch.mask == "unknown"):
+        return (f"the layer's activations are quantized ({arch.quantized} quantization step(s) of computed values: "
+                f"round(x / scale) + zero point, then dequantized): a fused op of the float pattern would skip those "
+                f"roundings and change the numbers")
     return None
 
 
@@ -113,7 +126,7 @@ def expected_products(arch: LayerArchitecture) -> list[str]:
     if arch.post_ln:
         return ["FusedTransformerLayer"]
     out = []
-    if arch.mask is not None:
+    if arch.mask is not None and not (arch.quantized and arch.mask == "unknown"):
         out.append("packed attention" + (" (grouped-query)" if "grouped-query" in " ".join(arch.evidence) else ""))
         if arch.mask == "keep" and not arch.kv_cache:
             out.append("FusedAttentionBlock")

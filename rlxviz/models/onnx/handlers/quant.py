@@ -222,3 +222,38 @@ def matmul_integer(ctx: _Ctx, n: Any, x: list[Value], a: dict[str, Any]) -> list
 
 __all__ = ["EXACT_F32", "dequantize_linear", "dynamic_quantize_linear", "matmul_integer", "quantize_linear",
            "round_half_even"]
+
+
+QUANT_STEPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
+"""ONNX ops a quantizer inserts around the exporter's nodes (with no module path of their own)."""
+
+
+def quant_paths(nodes: Any, paths: list[str]) -> list[str]:
+    """`paths` (one per ONNX node, in graph order) with each pathless quantization step given the path of the value
+    it quantizes: the node producing its first input (an activation's QuantizeLinear, the DequantizeLinear of that),
+    else its first reader's (a weight's DequantizeLinear: the matmul that reads it). `onnxruntime.quantization`
+    names the nodes it inserts after values (`val_114_QuantizeLinear`), so without this they belong to no layer and
+    a layer's quantized activations are invisible to its verdict. Other nodes keep their path."""
+    out = list(paths)
+    producer: dict[str, int] = {}
+    readers: dict[str, list[int]] = {}
+    for k, n in enumerate(nodes):
+        for v in n.input:
+            readers.setdefault(v, []).append(k)
+        for v in n.output:
+            producer[v] = k
+    for k, n in enumerate(nodes):  # forward: a producer's path is final before its readers are reached
+        if out[k] or n.op_type not in QUANT_STEPS or not n.input:
+            continue
+        src = producer.get(n.input[0])
+        if src is not None and out[src]:
+            out[k] = out[src]
+    for k in range(len(nodes) - 1, -1, -1):  # backward: a weight's steps take their reader's path
+        n = nodes[k]
+        if out[k] or n.op_type not in QUANT_STEPS:
+            continue
+        for r in (r for v in n.output for r in readers.get(v, ())):
+            if out[r]:
+                out[k] = out[r]
+                break
+    return out
