@@ -250,6 +250,23 @@ def test_run_layers_runs_the_slice_with_real_weights_and_checks_it(shape, last, 
     assert reads.total <= _weight_bytes(p) - (shape["layers"] - last - 1) * per_layer + (64 << 10)  # not the rest
 
 
+def test_run_max_memory_mb_is_the_limit_of_the_run_and_of_its_check(tmp_path, capsys, monkeypatch):
+    """`run --max-memory-mb` (as every other subcommand) sets the limit, and the check of version 0 against ONNX
+    Runtime reads the weights under that same limit: no "left in their file ... over the limit (default)" while the
+    run itself, under the flag, read them."""
+    pytest.importorskip("onnxruntime")
+    p = _write(tmp_path, SMALL, real=True)
+    np.savez(tmp_path / "in.npz", **_feeds(SMALL["vocab"]))
+    need = workload_peak(load_onnx(p, batch=2, seq=8).graph, "run")[0]
+    monkeypatch.setenv("RLXVIZ_MAX_MEMORY_MB", str(need / 2 / (1 << 20)))  # the default: too small for the run
+    args = ("run", p, "-i", tmp_path / "in.npz", "-o", tmp_path / "out.npz")
+    code, _, err = run(capsys, *args)
+    assert code == 2 and "over the limit" in err
+    code, _, err = run(capsys, *args, "--max-memory-mb", str(2 * need // (1 << 20) + 1))
+    assert code == 0, err
+    assert "version 0 equals the ONNX model" in err and "not checked" not in err, err
+
+
 @pytest.mark.parametrize("layers, message", [("1-1", "a slice starts at the first layer (0): give 0-1"),
                                              ("0-5", "layer 5 is not in this model (layers 0..1)"),
                                              ("1-0", "the last layer 0 is before the first 1"),

@@ -50,7 +50,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     from ..ir.onnx_op import describe_host
     from ..models.onnx.notes import imported_forms
-    from ..session import load_inputs
+    from ..session import Limits, load_inputs
     from ..session.advice import checked_verdict
     from ..session.exactness import ExactnessCheck, check_exactness
     from ..session.fidelity import unread_weights
@@ -59,8 +59,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     _warn_nonfinite("explain", model)
     user = load_inputs(args.inputs, model.graph) if args.inputs is not None else None
     feeds = user.feeds if user is not None else model.random_feeds(seed=0)
-    checks = _import_checks(model, feeds, user, None)
-    if (unread := unread_weights(model)) is None:
+    checks = _import_checks(model, feeds, user, None, max_memory_mb=args.max_memory_mb)
+    if (unread := unread_weights(model, limits=Limits.resolve(args.max_memory_mb))) is None:
         exact = check_exactness(trace, feeds, model.weights)
     else:  # weights left in their file that the limit does not let a run read
         exact = ExactnessCheck((), (), None, skipped=unread.split(": ", 1)[-1].split("; ")[0])

@@ -45,20 +45,20 @@ def _static_shape(headers: dict[str, tuple[tuple[int, ...], np.dtype]], path: st
                    f"found {sorted(headers) or 'no arrays'}")
 
 
-def resolve_model(model: str, batch: int, seq: int, style: str = "hf") -> Model:
+def resolve_model(model: str, batch: int, seq: int, style: str = "hf", max_memory_mb: int | None = None) -> Model:
     """A preset by name, else a Hugging Face checkpoint folder (loaded by `session.load`, so its errors name
     the folder as `explain`'s do). Raises CLIError/SessionError for anything else."""
     from ..models import PRESETS
     from ..session import Limits, load, unknown_model
 
     if model in PRESETS or Path(model).is_dir():
-        return load(model, batch=batch, seq=seq, style=style, limits=Limits.resolve())
+        return load(model, batch=batch, seq=seq, style=style, limits=Limits.resolve(max_memory_mb))
     if Path(model).exists():
         raise CLIError(f"{model}: run takes a preset name or a checkpoint folder, not a file")
     raise unknown_model(model, "nor an existing checkpoint folder")
 
 
-def resolve_onnx(path: str, shapes: dict[str, tuple[int, ...]]) -> Model:
+def resolve_onnx(path: str, shapes: dict[str, tuple[int, ...]], max_memory_mb: int | None = None) -> Model:
     """An `.onnx` export with every input's shape taken from the array of the same name (memory limit from
     the environment). Raises CLIError naming the file for anything `load_onnx` refuses."""
     from ..models.onnx import OnnxImportError, load_onnx
@@ -66,22 +66,23 @@ def resolve_onnx(path: str, shapes: dict[str, tuple[int, ...]]) -> Model:
 
     try:
         return load_onnx(path, input_shapes=shapes,
-                         max_bytes=Limits.resolve().max_bytes)
+                         max_bytes=Limits.resolve(max_memory_mb).max_bytes)
     except OnnxImportError as e:
         raise CLIError(str(e).splitlines()[0]) from None
 
 
 def _import_checks(model: Model, feeds: dict[str, np.ndarray], user: Any, expect: str | None,
-                   with_onnx: bool = True) -> list[Any]:
+                   with_onnx: bool = True, max_memory_mb: int | None = None) -> list[Any]:
     """Version 0 against the model itself (`session.fidelity`): the ONNX file it came from (`with_onnx`), the
     `out:NAME` arrays of the inputs file, the `--expect` file. Raises CLIError for an unreadable --expect file or
     a name that is no output."""
+    from ..session import Limits
     from ..session.fidelity import against_expected, against_onnx
     from ..session.inputs import load_expected
 
     out = []
     try:
-        if with_onnx and (c := against_onnx(model, feeds)) is not None:
+        if with_onnx and (c := against_onnx(model, feeds, Limits.resolve(max_memory_mb))) is not None:
             out.append(c)
         if user is not None and user.expected:
             out.append(against_expected(model, feeds, user.expected, Path(user.what.split(" ", 1)[-1]).name))

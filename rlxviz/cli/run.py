@@ -36,16 +36,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     _slice_model(args)
     headers = npz_headers(args.inputs)  # names, shapes, dtypes: no array is read before the model checks them
     if args.model.lower().endswith(".onnx") and Path(args.model).is_file():
-        model = resolve_onnx(args.model, {k: shape for k, (shape, _) in headers.items() if not k.startswith("out:")})
+        model = resolve_onnx(args.model, {k: shape for k, (shape, _) in headers.items() if not k.startswith("out:")},
+                             args.max_memory_mb)
     else:
         batch, seq = _static_shape(headers, args.inputs)
-        model = resolve_model(args.model, batch, seq, args.style)
+        model = resolve_model(args.model, batch, seq, args.style, args.max_memory_mb)
     _remember(model)  # before any message names its inputs
-    Limits.resolve().check(model.graph, _source(args), "run-mlx" if args.backend == "mlx" else "run",  # before running
-                           hint=_slice_hint(args) if lazy_names(model.weights) else "")
+    workload = "run-mlx" if args.backend == "mlx" else "run"
+    Limits.resolve(args.max_memory_mb).check(model.graph, _source(args), workload,  # before running
+                                             hint=_slice_hint(args) if lazy_names(model.weights) else "")
     user = load_inputs(args.inputs, model.graph)  # the one check of user inputs, as `time` and the app
     feeds = user.feeds
-    checks = _import_checks(model, feeds, user, args.expect)
+    checks = _import_checks(model, feeds, user, args.expect, max_memory_mb=args.max_memory_mb)
     outputs = executor(args.backend, args.device)(model.graph, feeds, model.weights)
     _warn_nonfinite("run", model, all_finite(outputs))
     # each output under the model's own name (an ONNX graph's, else last_hidden_state, output_1...), in its dtype
@@ -83,5 +85,8 @@ def add_run(sub: SubParsers) -> None:
     p.add_argument("--style", choices=("hf", "rlx"), default="hf",
                    help="BERT graph form: Hugging Face primitives or RLX fused QKV (default: %(default)s)")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
+    p.add_argument("--max-memory-mb", type=int, default=None, metavar="MIB",
+                   help="refuse a run whose weights and live tensors would need more than MIB MiB, before allocating "
+                        "them (default: $RLXVIZ_MAX_MEMORY_MB or 2048)")
     _layers_arg(p)
     p.set_defaults(func=cmd_run)

@@ -22,7 +22,7 @@ def cmd_time(args: argparse.Namespace) -> int:
     model, trace = _run_model(args, workload="time")  # refused over the memory limit before feeds are made
     user = load_inputs(args.inputs, model.graph) if args.inputs is not None else None
     feeds = user.feeds if user is not None else model.random_feeds(seed=0)
-    checks = _import_checks(model, feeds, user, args.expect)
+    checks = _import_checks(model, feeds, user, args.expect, max_memory_mb=args.max_memory_mb)
     sets = input_sets(model.graph, feeds, user, args.battery)  # the user's arrays first, then the battery
     rows = time_versions(trace, feeds, model.weights, warmup=args.warmup, repeat=args.repeat, device=args.device,
                          inputs=sets)

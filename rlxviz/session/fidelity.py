@@ -25,6 +25,7 @@ from ..models import Model
 from ..runtime import run_reference
 from ..runtime.compare import close, max_abs
 from ..runtime.precision import Tolerance, precision_policy
+from .limits import Limits
 
 
 @dataclass(frozen=True)
@@ -75,18 +76,18 @@ SLICE_HINT = "check a slice of the model that fits: --layers 0-1 (rlxviz run / t
 """What a refusal for a model whose weights do not fit suggests instead."""
 
 
-def unread_weights(model: Model, workload: str = "run") -> str | None:
-    """Why `model`'s weights cannot all be read for `workload` under the memory limit (`Limits.resolve()`), in
-    one clause, or None when they can, or when none was left in its file (an ordinary model: the command's own
-    check decides). Reads nothing."""
+def unread_weights(model: Model, workload: str = "run", limits: Limits | None = None) -> str | None:
+    """Why `model`'s weights cannot all be read for `workload` under the memory limit (`limits`, default
+    `Limits.resolve()`: the command's own, so `--max-memory-mb` counts here too), in one clause, or None when they
+    can, or when none was left in its file (an ordinary model: the command's own check decides). Reads nothing."""
     from ..ir.memory import workload_peak
     from ..models.onnx.weights import LazyWeights
-    from .limits import Limits, human_bytes
+    from .limits import human_bytes
 
     w = model.weights
     if not isinstance(w, LazyWeights) or not w.pending_bytes():
         return None
-    limits = Limits.resolve()
+    limits = limits or Limits.resolve()
     need = workload_peak(model.graph, workload)[0]
     if need <= limits.max_bytes:
         return None
@@ -181,7 +182,8 @@ def _ort_both(path: str | Path, feeds: Mapping[str, np.ndarray],
     return outs[0], outs[1], f"ONNX Runtime {ort.__version__}"
 
 
-def against_onnx(model: Model, feeds: Mapping[str, np.ndarray]) -> Fidelity | Unchecked | None:
+def against_onnx(model: Model, feeds: Mapping[str, np.ndarray], limits: Limits | None = None
+                 ) -> Fidelity | Unchecked | None:
     """Version 0 against the ONNX file it was imported from (None for a model that is not an ONNX import), run by
     ONNX Runtime when installed, else by `onnx.reference` (slow on large models); `Unchecked` when its weights were
     left in their file and reading them would pass the memory limit (`unread_weights`: `explain` on an 8B export).
@@ -194,7 +196,7 @@ def against_onnx(model: Model, feeds: Mapping[str, np.ndarray]) -> Fidelity | Un
     path = model.meta.get("onnx_file") if model.meta else None
     if not path:
         return None
-    if (why := unread_weights(model)) is not None:
+    if (why := unread_weights(model, limits=limits)) is not None:
         return Unchecked(why)
     feeds = dict(feeds)
     names = output_names(model)
