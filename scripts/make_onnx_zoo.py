@@ -307,6 +307,21 @@ TS_ARCHS = ("bert", "roberta", "distilbert", "vit", "gpt2", "llama", "qwen2", "c
             "bart-encoder", "phi", "stablelm", "gptj", "qwen3", "olmo2", "albert", "mpnet")
 
 
+def _export(wrapped: object, args: tuple, inputs: dict, path: Path, exporter: str) -> None:
+    """Export `wrapped(*args)` to `path` with `exporter` (`dynamo`: opset 18, dynamic batch and seq; else the
+    TorchScript exporter, opset 17, the same axes named): int64 inputs are [batch, seq], float inputs [batch, ...]."""
+    names = list(inputs)
+    if exporter == "dynamo":
+        batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq", min=2, max=64)
+        dyn = (tuple({0: batch, 1: seq} if inputs[k].dtype == torch.int64 else {0: batch} for k in names),)
+        torch.onnx.export(wrapped, args, str(path), input_names=names, output_names=["last_hidden_state"],
+                          opset_version=18, dynamo=True, dynamic_shapes=dyn, external_data=False)
+    else:
+        axes = {k: ({0: "batch", 1: "seq"} if inputs[k].dtype == torch.int64 else {0: "batch"}) for k in names}
+        torch.onnx.export(wrapped, args, str(path), input_names=names, output_names=["last_hidden_state"],
+                          opset_version=17, dynamo=False, dynamic_axes=axes)
+
+
 def _export(arch: str, form: str, make: Callable) -> dict:
     exporter, attn = form.split("-")
     torch.manual_seed(0)
@@ -318,15 +333,7 @@ def _export(arch: str, form: str, make: Callable) -> dict:
     path = OUT / f"{arch}.{form}.onnx"
     with torch.no_grad():
         ref = wrapped(*args)
-        if exporter == "dynamo":
-            batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq", min=2, max=64)
-            dyn = (tuple({0: batch, 1: seq} if inputs[k].dtype == torch.int64 else {0: batch} for k in names),)
-            torch.onnx.export(wrapped, args, str(path), input_names=names, output_names=["last_hidden_state"],
-                              opset_version=18, dynamo=True, dynamic_shapes=dyn, external_data=False)
-        else:
-            axes = {k: ({0: "batch", 1: "seq"} if inputs[k].dtype == torch.int64 else {0: "batch"}) for k in names}
-            torch.onnx.export(wrapped, args, str(path), input_names=names, output_names=["last_hidden_state"],
-                              opset_version=17, dynamo=False, dynamic_axes=axes)
+        _export(wrapped, args, inputs, path, exporter)
     m = onnx.load(str(path))
     onnx.checker.check_model(m)
     np.savez_compressed(OUT / f"{arch}.{form}.npz", **{k: v.numpy() for k, v in inputs.items()},
@@ -372,15 +379,7 @@ def _plain(arch: str, make: Callable, path: Path, exporter: str = "dynamo", half
     args = tuple(inputs[k] for k in names)
     with torch.no_grad():
         ref = wrapped(*args)
-        if exporter == "dynamo":
-            batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq", min=2, max=64)
-            dyn = (tuple({0: batch, 1: seq} if inputs[k].dtype == torch.int64 else {0: batch} for k in names),)
-            torch.onnx.export(wrapped, args, str(path), input_names=names, output_names=["last_hidden_state"],
-                              opset_version=18, dynamo=True, dynamic_shapes=dyn, external_data=False)
-        else:
-            axes = {k: ({0: "batch", 1: "seq"} if inputs[k].dtype == torch.int64 else {0: "batch"}) for k in names}
-            torch.onnx.export(wrapped, args, str(path), input_names=names, output_names=["last_hidden_state"],
-                              opset_version=17, dynamo=False, dynamic_axes=axes)
+        _export(wrapped, args, inputs, path, exporter)
     return {k: v.numpy() for k, v in inputs.items()}, cfg, ref.float().numpy()
 
 
