@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from clirun import file_inputs
 from test_mask_combinations import _old_operand, chunked_attention, weights_for
 
 from rlxviz.cli import main
@@ -65,7 +66,7 @@ def _handed() -> list[Path]:
 def test_no_exact_claim_on_a_differing_version(path):
     """Every handed case: when a pass of the run says `(exact)`, explain's check ran (not skipped), covered that pass's
     version and found it equal to the unfused graph on every input set."""
-    m = load(str(path))
+    m = load(str(path), input_shapes=file_inputs(path).get("shapes"))
     trace = Pipeline.canonical().run(m.graph)
     c = check_exactness(trace, m.random_feeds(0), m.weights)
     claimed = claims_exact(trace)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from clirun import file_inputs
 
 from rlxviz.cli import main
 from rlxviz.ir import Builder, Graph, Op, parse_ir
@@ -265,7 +266,7 @@ def _check_source(src: str) -> None:
     name, variant = (src.split(":") + ["none"])[:2] if ":" in src and not src.startswith("/") else (src, "none")
     gate = 64 if variant == "over_threshold" else None
     seq = 65 if gate else 8
-    m = load(name, 1, seq, None, variant, 0, None, gate)
+    m = load(name, 1, seq, None, variant, 0, None, gate, input_shapes=file_inputs(name).get("shapes"))
     pipe = Pipeline.canonical(**({"fab_max_tokens": gate} if gate else {}))
     assert_advice_checked(m.graph, m.weights, m.random_feeds(0), m.name, pipe)
 

@@ -144,7 +144,7 @@ def test_the_spare_started_while_a_script_ran_is_used(monkeypatch, extra):
     try:
         assert taken is spare
     finally:
-        isolated._stop(taken)
+        isolated.stop(taken)
 
 
 def test_a_spare_with_another_import_path_is_not_used(monkeypatch, tmp_path):
@@ -159,7 +159,7 @@ def test_a_spare_with_another_import_path_is_not_used(monkeypatch, tmp_path):
     try:
         assert taken is not spare and spare.poll() is not None  # the old spare was stopped
     finally:
-        isolated._stop(taken)
+        isolated.stop(taken)
 
 
 def test_a_reply_carries_its_arrays_out_of_band_exactly_and_writable():

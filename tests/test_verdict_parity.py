@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
+from clirun import file_inputs
 from clirun import run as cli_run
 
 from rlxviz import session
@@ -226,7 +227,8 @@ def test_onnx_every_form_one_verdict(capsys, monkeypatch, path):
 @pytest.mark.slow
 @pytest.mark.parametrize("path", FIXTURES + ZOO, ids=[p.stem for p in FIXTURES + ZOO])
 def test_every_onnx_fixture_and_zoo_file_every_form_one_verdict(capsys, monkeypatch, path):
-    code, text, j, trace = _explain(capsys, monkeypatch, path)
+    given = file_inputs(path)
+    code, text, j, trace = _explain(capsys, monkeypatch, path, *(("--inputs", given["npz"]) if given else ()))
     _check_drawing_and_panel(trace, _check_cli(code, text, j, trace))
 
 

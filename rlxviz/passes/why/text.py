@@ -38,6 +38,8 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
         lines = [f"{layer_label(v.layer)}: fused as expected: " + (", ".join(v.done) or "nothing to fuse")]
     else:
         lines = _not_fused(v)
+    if v.fused and not v.legal_only:  # a fused layer can still hold a counted refusal (a form a rule declined)
+        lines += [f"  also rejected: {o.rule}: {o.guard} ({o.kind})" for o in v.rejections]
     if not v.bert_style or v.legal_only:
         lines.append(f"  layer kind: {v.architecture.description}")
         why = ("FusedTransformerLayer is not legal for this layer" if v.bert_style else
