@@ -1,5 +1,6 @@
 """Near misses: each guard rejects the graph built to trip it, under its exact name (and teaching variants)."""
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -1099,6 +1100,29 @@ NEAR_MISSES += [("fuse_transformer_layer.bert_post_ln", "ffn_sum_single_user", _
                 ("fuse_transformer_layer.bert_post_ln", "ln2_residual_scaled", _deepnorm, "mul2", {}),
                 ("fuse_transformer_layer.bert_post_ln", "residual_sum_single_user", _logged_sum, "sum", {})]
 
+def _latent_heads():
+    """DeepSeek's multi-head latent attention in miniature: Q = concat(q_nope, rotate(q_pe)) along head_dim, the part
+    without RoPE first (the subject: that concat); K a plain head split of the same width."""
+    b = Builder("mla")
+    B, S, nh, dn, dr = 1, 4, 2, 4, 4
+
+    x = b.input("x", (B, S, 8))
+
+    def heads(name, d):
+        return b.transpose(b.reshape(b.matmul(x, b.param(name, (8, nh * d))), (B, S, nh, d)), (0, 2, 1, 3))
+
+    q_nope, q_pe = heads("q_nope", dn), heads("q_pe", dr)
+    rot = b.concat([b.neg(b.narrow(q_pe, 3, dr // 2, dr // 2)), b.narrow(q_pe, 3, 0, dr // 2)], 3)
+    q_rope = b.add(b.mul(q_pe, b.param("cos", (S, dr))), b.mul(rot, b.param("sin", (S, dr))))
+    q = b.concat([q_nope, q_rope], 3)
+    scores = b.mul(b.matmul(q, b.transpose(heads("k", dn + dr), (0, 1, 3, 2))), 1.0 / math.sqrt(dn + dr))
+    o = b.matmul(b.softmax(scores, -1), heads("v", dn))
+    b.output(b.reshape(b.transpose(o, (0, 2, 1, 3)), (B, S, nh * dn)))
+    return b.build(), {"s": int(q)}
+
+
+NEAR_MISSES += [(_SDPA, "latent_heads", _latent_heads, "s", {})]
+
 
 def test_near_miss_table_covers_every_guard_of_every_rule():
     have = {(rule, guard) for rule, guard, *_ in NEAR_MISSES}
@@ -1155,5 +1179,6 @@ def test_every_failing_guard_is_reported_headline_first():
     assert "also fails: mask_kind_keep (not recognized): " in explain(t, 0).render()
     (m,) = [m for m in missed_fusions(t) if m.pattern.startswith("fuse_attention_block")]
     assert m.guard == "attention_size_gate" and m.also[0].startswith("mask_kind_keep (not recognized): ")
+
 
 
