@@ -503,17 +503,25 @@ def _under(g: Graph, n: Node) -> list[Node]:
     return out
 
 
+def _score_operands(g: Graph, softmax: Node) -> list[tuple[str, Node]]:
+    """The nodes under Q ("Q") and K ("K", past its transpose) that feed the scores matmul of `softmax` (`_under`),
+    [] when the scores are no matmul the pattern reads."""
+    mm = _scores_matmul(g, softmax)
+    if mm is None:
+        return []
+    k = g[mm.inputs[1]]
+    k = g[k.inputs[0]] if k.op == Op.TRANSPOSE else k
+    return [(who, m) for who, n in (("Q", g[mm.inputs[0]]), ("K", k)) for m in _under(g, n)]
+
+
 @reports("rope_on_heads", reads=("softmax",))
 def _rope_on_heads(c: Ctx) -> Fail | None:
     """Name RoPE written on the heads (`q * cos + rotate_half(q) * sin` after the head split) in front of the
     scores: the HF pattern takes Q and K straight from the head split, so the rotation is what blocks it."""
     g = c.graph
-    mm = _scores_matmul(g, c["softmax"])
-    if mm is None:
+    operands = _score_operands(g, c["softmax"])
+    if not operands:
         return None
-    k = g[mm.inputs[1]]
-    k = g[k.inputs[0]] if k.op == Op.TRANSPOSE else k
-    operands = [(who, m) for who, n in (("Q", g[mm.inputs[0]]), ("K", k)) for m in _under(g, n)]
     twos = [(who, r) for who, n in operands if (r := interleaved_rope(g, n)) is not None]
     if twos:
         who, (add, cat) = twos[0]
@@ -551,11 +559,8 @@ def _latent_heads(c: Ctx) -> Fail | None:
     matmul as a concat along head_dim of a part without RoPE and a rotated part (`q = concat(q_nope, q_rope)`, K's
     rotated part shared by every head), not as the head split of one projection the pattern reads."""
     g = c.graph
-    mm = _scores_matmul(g, c["softmax"])
-    if mm is None:
-        return None
-    k = g[mm.inputs[1]]
-    k = g[k.inputs[0]] if k.op == Op.TRANSPOSE else k
+    operands = _score_operands(g, c["softmax"])
+
     def rotated(i: int) -> bool:
         """A RoPE as the patterns read it, or rotation-shaped: `x * cos + cat(-x2, x1) * sin` with any tables."""
         n = g[i]
@@ -570,7 +575,7 @@ def _latent_heads(c: Ctx) -> Fail | None:
                                       for j in g[m].inputs) for m in n.inputs)
 
     # MLA's order: (the part without RoPE, the rotated part); a partial rotary (GPT-NeoX, Phi) is (rotated, pass)
-    cats = [(who, m) for who, n in (("Q", g[mm.inputs[0]]), ("K", k)) for m in _under(g, n)
+    cats = [(who, m) for who, m in operands
             if m.op == Op.CONCAT and m.rank == 4 and int(m.attrs.get("axis", -1)) % 4 == 3 and len(m.inputs) == 2
             and rotated(m.inputs[1]) and not rotated(m.inputs[0])]
     if not cats:
