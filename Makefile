@@ -9,7 +9,7 @@ MLX_BACKEND ?= cpu
 # Browser origins allowed to open the app's websocket; add yours when exposing it deliberately.
 ORIGINS ?= localhost:$(PORT) 127.0.0.1:$(PORT)
 
-.PHONY: app test test-fast setup setup-dev lint notebooks clean gpu-pack
+.PHONY: app test test-fast setup setup-dev lint notebooks notebooks-build clean gpu-pack
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ app: setup
 notebooks: setup
 	$(PY) -m pip install -q -e ".[notebook,$(MLX_BACKEND)]"
 	$(VENV)/bin/jupyter lab notebooks/ --ip $(HOST) --no-browser $(if $(filter 0,$(shell id -u)),--allow-root)
+
+# Rewrite notebooks/NN_*.ipynb from their jupytext sources notebooks/src/NN_*.py (edit those, not the .ipynb).
+notebooks-build: setup-dev
+	$(PY) notebooks/build.py
 
 lint: setup-dev
 	$(VENV)/bin/ruff check rlxviz tests benchmarks app.py

@@ -1,5 +1,6 @@
-"""The teaching notebooks: stored clean (no outputs, as `notebooks/make_notebooks.py` writes them) and
-executed top to bottom with nbclient on this venv's Python; tagged cells' outputs are checked."""
+"""The teaching notebooks: stored clean (no outputs, as `notebooks/build.py` writes them from their jupytext sources
+`notebooks/src/NN_*.py`) and executed top to bottom with nbclient on this venv's Python; tagged cells' outputs are
+checked."""
 
 import importlib.util
 import re
@@ -9,6 +10,7 @@ from pathlib import Path
 from queue import Empty
 from time import monotonic
 
+import jupytext
 import nbformat
 import pytest
 from cpu_default import default_gemm
@@ -21,24 +23,44 @@ NB_DIR = ROOT / "notebooks"
 KERNEL = "python3"
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location("make_notebooks", NB_DIR / "make_notebooks.py")
+def _builder():
+    spec = importlib.util.spec_from_file_location("notebooks_build", NB_DIR / "build.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-GEN = _generator()
-NAMES = list(GEN.NOTEBOOKS)
+BUILD = _builder()
+NAMES = list(BUILD.NOTEBOOKS)
 
 
-def test_notebooks_exist_and_match_the_generator():
+def test_notebooks_exist_and_match_their_sources():
+    """Each stored notebook is jupytext's conversion of its source (cells, tags, metadata), byte for byte."""
     assert NAMES == ["01_what_is_fusion.ipynb", "02_fusing_a_bert_layer.ipynb", "03_why_did_my_layer_not_fuse.ipynb",
                      "04_write_your_own_pattern_and_guard.ipynb", "05_bring_your_own_model.ipynb",
                      "06_a_multi_output_fusion.ipynb"]
     for name in NAMES:
         path = NB_DIR / name
-        assert path.read_text(encoding="utf-8") == GEN.render(name), f"{name} is stale: run notebooks/make_notebooks.py"
+        assert path.read_text(encoding="utf-8") == BUILD.render(name), f"{name} is stale: run notebooks/build.py"
+        stored = nbformat.read(path, as_version=4)
+        converted = jupytext.read(NB_DIR / "src" / name.replace(".ipynb", ".py"), fmt="py:percent")
+        assert [(c.cell_type, c.metadata) for c in stored.cells] == [(c.cell_type, c.metadata) for c in converted.cells]
+        assert stored.metadata == {k: v for k, v in converted.metadata.items() if k != "jupytext"}
+
+
+def test_setup_cell_is_single_sourced():
+    """Every notebook's first code cell is `notebooks/src/setup_cell.py`, loaded by its source's `%load` cell."""
+    setup = (NB_DIR / "src" / "setup_cell.py").read_text(encoding="utf-8").strip("\n")
+    for name in NAMES:
+        first = next(c for c in nbformat.read(NB_DIR / name, as_version=4).cells if c.cell_type == "code")
+        assert first.metadata["tags"] == ["setup"] and first.source == setup, name
+
+
+def test_build_names_a_missing_load(tmp_path):
+    source = tmp_path / "99_x.py"
+    source.write_text('# %% [markdown]\n# # x\n\n# %%\n# %load no_such_cell.py\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"^99_x.py: cell 1 loads no_such_cell.py, which is not in "):
+        BUILD.build(source)
 
 
 @pytest.mark.parametrize("name", NAMES)
