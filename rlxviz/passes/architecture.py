@@ -32,8 +32,9 @@ from ..ir import DType, Graph, Node, Op
 from ..ir.identity import IdentityMap
 from ..ir.ops import BLAS, GATE_ACTIVATIONS, MLP_ACTIVATIONS
 from .activations import activation_form
+from .quant_steps import origin, readers, without_quant_steps
 from .rope_forms import interleaved_rope, rotate_half_rope
-from .trace import Rejection, layer_of
+from .trace import Rejection, Trace, layer_of
 from .why.kinds import LayerArchitecture
 from .why.policy import KINDS
 
@@ -65,10 +66,15 @@ def _entry(graph: Graph) -> _Entry:
     from .pipeline import Pipeline  # pipeline imports the rules; keep this module importable on its own
 
     trace = Pipeline(list(_PREFIX)).run(graph)
-    gelus = tuple(r for r in trace.rejections if r.pass_name == "canonicalize_gelu" and r.stage == "guard"
-                  and r.guard == "gelu_constants" and r.headline)
+    gelus = _refused_gelus(trace)
     entry = _PREPARED[graph] = (graph, trace.final, {}, gelus)
     return entry
+
+
+def _refused_gelus(trace: Trace) -> tuple[Rejection, ...]:
+    """The GELU-shaped chains `canonicalize_gelu` refused for a wrong constant (`_decomposed_gelus` reads them)."""
+    return tuple(r for r in trace.rejections if r.pass_name == "canonicalize_gelu" and r.stage == "guard"
+                 and r.guard == "gelu_constants" and r.headline)
 
 
 def prepared(graph: Graph) -> Graph:
@@ -159,8 +165,28 @@ def classify_layer(graph: Graph, layer: int | None) -> LayerArchitecture:
     """The `LayerArchitecture` of `layer` (None: the whole graph) in `graph` (the unfused input graph)."""
     _, g, known, gelus = _entry(graph)
     if layer not in known:
-        known[layer] = _classify(g, layer, gelus)
+        view = without_quant_steps(graph)
+        if view is None:
+            known[layer] = _classify(g, layer, gelus)
+        else:
+            known.update(_through_quant_steps(view, g, layer))
     return known[layer]
+
+
+def _through_quant_steps(view: Graph, real: Graph, layer: int | None) -> dict[int | None, LayerArchitecture]:
+    """Every layer's kind (and `layer`'s) of a graph with QDQ steps of computed values, read from `view` (the graph
+    without them, `quant_steps.without_quant_steps`) after the canonicalization prefix: the steps sit between the
+    residual add and its norm, inside a decomposed norm, GELU or SiLU, and would hide the float model's structure
+    (a post-LN BERT layer read as pre-LN). What the quantization changes is read from `real` (the graph as written,
+    after the prefix): the steps' count and the attention's mask (`unknown` when the attention stayed primitives),
+    so what the layer is expected to fuse is judged on the graph that runs. All layers at once: the view is made
+    and prepared once per graph."""
+    from .pipeline import Pipeline
+
+    trace = Pipeline(list(_PREFIX)).run(view)
+    seen, gelus = trace.final, _refused_gelus(trace)
+    keys = {layer, None, *(layer_of(n.path) for n in seen)}
+    return {k: _classify(seen, k, gelus, real) for k in keys}
 
 
 def attention_softmax(g: Graph, n: Node) -> bool:
@@ -234,10 +260,47 @@ def cross_attention(g: Graph, a: Node) -> str | None:
             + (f" ({g[k].path})" if g[k].path else ""))
 
 
-def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) -> LayerArchitecture:
+def _attention(g: Graph, nodes: list[Node]) -> list[Node]:
+    return [n for n in nodes if n.op in _ATTENTION or attention_softmax(g, n)]
+
+
+def _mask(a: Node) -> str:
+    """The mask kind of attention node `a` (`unknown` for a softmax of attention weights left primitive)."""
+    return (a.attrs.get("mask", "none") if a.op == Op.ATTENTION else a.attrs.get("mask", "keep")
+            if a.op in _ATTENTION else "unknown")
+
+
+def _norm_order(g: Graph, n: Node) -> tuple[str, str] | None:
+    """Whether norm `n` sits after its residual add (`("post", evidence)`: the sum feeds only the norm) or on the
+    residual stream (`("pre", evidence)`: the value it normalizes also feeds a residual add), or None. The value
+    is read in kind, through float casts and QDQ steps (`quant_steps.origin` / `readers`): a sum quantized before its
+    norm is still the norm's residual sum."""
+    if n.op in (Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM):
+        if n.attrs.get("with_sum", False):  # the sum is also returned: it has other readers
+            return "pre", f"{_label(n)}: a residual sum fused into its norm and returned too (pre-norm)"
+        return "post", f"{_label(n)}: a residual sum fused into its norm (post-norm)"
+    s = g[origin(g, n.inputs[0])]
+    read, output = readers(g, s.id)
+    others = [u for u in read if u.id != n.id]
+    via = "" if s.id == n.inputs[0] else f" (through {_label(g[n.inputs[0]])}: casts / quantization steps)"
+    if s.op == Op.ADD and not others and not output:
+        return "post", f"residual sum {_label(s)} feeds only {_label(n)}{via} (post-norm)"
+    add = next((u for u in others if u.op == Op.ADD), None)
+    if add is not None:
+        return "pre", (f"{_label(n)} reads {_label(s)}{via}, which also feeds residual add {_label(add)} "
+                       f"(pre-norm)")
+    return None
+
+
+def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = (), real: Graph | None = None
+              ) -> LayerArchitecture:
+    """`layer`'s kind in `g` (prepared). `real`: the prepared graph as written when `g` is its view without QDQ
+    steps; its quantization steps and its attention's mask are the layer's (`_through_quant_steps`)."""
     nodes = _layer_nodes(g, layer)
     ids = {n.id for n in nodes}
-    attn = [n for n in nodes if n.op in _ATTENTION or attention_softmax(g, n)]
+    attn = _attention(g, nodes)
+    written = g if real is None else real
+    real_nodes = nodes if real is None else _layer_nodes(real, layer)
     norms = [n for n in nodes if n.op in _NORMS]
     acts = [n for n in nodes if _is_activation(n)]
     evidence: list[str] = []
@@ -260,10 +323,11 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
     rope = any(n.op == Op.ROPE or rotate_half_rope(g, n) is not None or interleaved_rope(g, n) is not None
                for n in nodes) or any(
         n.op == Op.FUSED_ATTENTION_BLOCK and n.attrs.get("has_rope") for n in nodes)
-    quant = [n for n in nodes if _fake_quant(g, n)]
+    quant = [n for n in real_nodes if _fake_quant(written, n)]
     if quant:
         evidence.append(f"{len(quant)} quantization step(s) of computed values ({_label(quant[0])}, ...): "
-                        f"quantized activations")
+                        f"quantized activations" + ("; the layer's structure read through them (each dequantized "
+                                                    "value as the value it quantizes)" if real is not None else ""))
         if not acts and any(n.op in (Op.ERF, Op.TANH) for n in nodes):  # a GELU with quantized intermediates
             acts.append(next(n for n in nodes if n.op in (Op.ERF, Op.TANH)))
             forms.append("GELU with quantized intermediates")
@@ -271,8 +335,9 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
     kv_cache = False
     if attn:
         a = attn[0]
-        mask = (a.attrs.get("mask", "none") if a.op == Op.ATTENTION else a.attrs.get("mask", "keep")
-                if a.op in _ATTENTION else "unknown")
+        mask = _mask(a)
+        if real is not None:  # the mask of the attention that runs: `unknown` when quantization kept it primitive
+            mask = _mask(next(iter(_attention(real, real_nodes)), a))
         if a.op == Op.ATTENTION and any(g[i].op == Op.CONCAT for i in a.inputs[1:3]):
             kv_cache = True
             evidence.append(f"{_label(a)}: K/V read through a KV cache ({a.shape[1]} queries against "
@@ -284,23 +349,9 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
     evidence += [why for _, why in crossed]
     post = pre = False
     for n in norms:
-        if n.op in (Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM):
-            if n.attrs.get("with_sum", False):  # the sum is also returned: it has other readers
-                pre = True
-                evidence.append(f"{_label(n)}: a residual sum fused into its norm and returned too (pre-norm)")
-            else:
-                post = True
-                evidence.append(f"{_label(n)}: a residual sum fused into its norm (post-norm)")
-            continue
-        s = g[n.inputs[0]]
-        others = [u for u in g.users(s.id) if u.id != n.id]
-        if s.op == Op.ADD and not others and not g.is_output(s.id):
-            post = True
-            evidence.append(f"residual sum {_label(s)} feeds only {_label(n)} (post-norm)")
-        elif any(u.op == Op.ADD for u in others):
-            pre = True
-            evidence.append(f"{_label(n)} reads {_label(s)}, which also feeds residual add "
-                            f"{_label(next(u for u in others if u.op == Op.ADD))} (pre-norm)")
+        if (order := _norm_order(g, n)) is not None:
+            post, pre = post or order[0] == "post", pre or order[0] == "pre"
+            evidence.append(order[1])
     if any(n.op == Op.FUSED_TRANSFORMER_LAYER for n in nodes):
         post = True
         evidence.append("a FusedTransformerLayer (post-LN BERT)")
@@ -311,7 +362,7 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = ()) ->
         # (the attention's norm, the MLP's norm, its activation): one norm (GPT-J, PaLM), or two of the same residual
         # stream (GPT-NeoX), with the activation not downstream of the attention
         hit = next(((n, m, x) for n in norms if attn[0].id in reach[n.id]
-                    for m in (n, *(o for o in norms if o is not n and o.inputs[0] == n.inputs[0]))
+                    for m in (n, *(o for o in norms if o is not n and origin(g, o.inputs[0]) == origin(g, n.inputs[0])))
                     for x in acts if x.id in reach[m.id] and x.id not in a_reach), None)
         if hit is not None:
             n, m, act = hit

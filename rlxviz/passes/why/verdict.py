@@ -95,8 +95,9 @@ class LayerVerdict:
 
     @property
     def bert_style(self) -> bool:
-        """The layer is judged as a post-LN BERT layer (one FusedTransformerLayer expected)."""
-        return self.expected_kind.post_ln
+        """The layer is judged as a post-LN BERT layer (one FusedTransformerLayer expected): not when its kind
+        excuses the layer op (a post-LN layer with quantized activations, `policy.not_expected`)."""
+        return self.expected_kind.post_ln and self.expected_kind.not_expected(LAYER_PASS) is None
 
     @property
     def legal_only(self) -> bool:
@@ -318,6 +319,9 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     misses = [m for m in misses if (m.pattern, m.node) not in legal_only]
     ignored |= {o.rule: f"{o.rule} ({o.guard}): {ILLEGAL_HERE}" for o in illegal if o.rule not in ignored}
     ftl_illegal = any(o.pass_name == LAYER_PASS for o in illegal)  # the layer op is not legal here: its parts are
+    ftl_excused = not_expected(arch, LAYER_PASS) if arch.post_ln else None  # e.g. a post-LN layer quantized
+    if ftl_excused is not None:
+        ignored.setdefault(LAYER_PASS, f"{PRODUCTS[LAYER_PASS]} ({LAYER_PASS}): {ftl_excused}")
     cannot = facts.cannot_make(layer)
     unmade = {c.rsplit(": ", 1)[-1].removesuffix(" cannot be made") for c in cannot} if expect == "pipeline" else set()
     unmakeable = PRODUCTS[LAYER_PASS] in unmade
@@ -326,7 +330,7 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
         ignored |= {o.rule: f"{o.rule} ({o.guard}): the pipeline cannot make {PRODUCTS[o.pass_name]}"
                     for o in ex.rejected if PRODUCTS.get(o.pass_name) in unmade and o.rule not in ignored}
     skipped = list(ignored)
-    expect_ftl = LAYER_PASS in ran and arch.post_ln and not ftl_illegal and not unmakeable
+    expect_ftl = LAYER_PASS in ran and arch.post_ln and not ftl_illegal and not unmakeable and ftl_excused is None
     ftl = facts.layer_products().get(layer, [])
     miss_keys = {(m.pattern, m.node) for m in misses}
     rejected = [o for o in ex.rejected if o.rule not in skipped and o.kind not in NOT_NEAR_MISSES]
@@ -346,7 +350,7 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
                         m.kind, m.fix, remedy=m.remedy)
     done: list[str] = []
     expected = PRODUCTS[LAYER_PASS] if expect_ftl else ""
-    if not arch.post_ln or ftl_illegal:
+    if not arch.post_ln or ftl_illegal or ftl_excused is not None:
         done = [f"{op} %{n} ({o.pass_name})" for o in ex.outcomes if o.status == "fused"
                 for n in o.nodes if (op := op_of(trace, n)) is not None]
         wanted = [o.pass_name for o in ex.outcomes if o.status == "fused" or o in rejected]
