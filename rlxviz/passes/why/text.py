@@ -5,12 +5,42 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import TYPE_CHECKING, Any
 
 from ..trace import layer_label
 
 if TYPE_CHECKING:
     from .verdict import LayerVerdict, RunVerdict
+
+
+GROUP_OVER = 3
+"""More fused ops than this of one op from one pass are one item of a layer's line (`fused_list`)."""
+
+_DONE = re.compile(r"^(?P<op>\S+) %(?P<id>\d+) \((?P<pass>[^()]+)\)$")
+"""One item of `LayerVerdict.done`: `OP %ID (PASS)`."""
+
+
+def fused_list(done: list[str], verbose: bool = False) -> str:
+    """A layer's fused ops (`LayerVerdict.done`, items `OP %ID (PASS)`) as one line: every item when `verbose` or
+    when no op and pass repeat more than `GROUP_OVER` times, else such a run is one item at its first place,
+    `ElementwiseRegion x57 (mark_elementwise_regions; %2429 ... %2569)` (count, first and last id). `--json` keeps
+    every item."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for item in done:
+        m = _DONE.match(item)
+        groups.setdefault((m["op"], m["pass"]) if m else (item, ""), []).append(m["id"] if m else item)
+    if verbose or all(len(ids) <= GROUP_OVER for ids in groups.values()):
+        return ", ".join(done)
+    out = []
+    for (op, pass_name), ids in groups.items():
+        if not pass_name:
+            out += ids
+        elif len(ids) > GROUP_OVER:
+            out.append(f"{op} x{len(ids)} ({pass_name}; %{ids[0]} ... %{ids[-1]})")
+        else:
+            out += [f"{op} %{i} ({pass_name})" for i in ids]
+    return ", ".join(out)
 
 
 def layer_dict(v: LayerVerdict) -> dict[str, Any]:
@@ -27,7 +57,7 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
     """The answer to "why didn't layer N fuse": status, the first rejecting guard (actual vs required),
     the fix, the sibling difference, and for non-BERT layers what the architecture expects."""
     if v.legal_only:
-        lines = [f"layer {v.layer}: fused as far as legal: " + (", ".join(v.done) or "nothing to fuse")]
+        lines = [f"layer {v.layer}: fused as far as legal: " + (fused_list(v.done, verbose) or "nothing to fuse")]
         for o in v.illegal:
             lines.append(f"  illegal here: {o.rule}")
             lines += o.lines("    ")
@@ -35,7 +65,7 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
         where = f" -> {v.expected} %{v.fused_node}" if v.fused_node is not None else ""
         lines = [f"{layer_label(v.layer)}: fused{where}"]
     elif v.fused:
-        lines = [f"{layer_label(v.layer)}: fused as expected: " + (", ".join(v.done) or "nothing to fuse")]
+        lines = [f"{layer_label(v.layer)}: fused as expected: " + (fused_list(v.done, verbose) or "nothing to fuse")]
     else:
         lines = _not_fused(v)
     if v.fused and not v.legal_only:  # a fused layer can still hold a counted refusal (a form a rule declined)
@@ -124,4 +154,4 @@ def _left_out(r: RunVerdict) -> list[str]:
     return head + [f"  {x}" for x in r.left_out]
 
 
-__all__ = ["headline", "layer_dict", "render_layer", "render_run", "run_dict"]
+__all__ = ["GROUP_OVER", "fused_list", "headline", "layer_dict", "render_layer", "render_run", "run_dict"]
