@@ -1,7 +1,8 @@
 """One verdict, every form (issues 36 and 38): `rlxviz explain`'s text and its `--json`, the app's Why tab, the
 layers drawing and the node panel are formatters of one `passes.why.RunVerdict`, so every fact in one is in the
 others: the headline (layers fused / checked, ok), each layer's status word, its first counted rejection (rule,
-guard, fix) and each of its misses (rule, guard).
+guard, fix), each of its misses (rule, guard) and its fused ops (op, pass, how many,
+first and last id: the text groups more than 3 of a kind, `--json` lists each).
 
 Checked on every handed case (`tests/data/cases`, copies of `../shared/cases`), every preset, the ONNX fixtures
 and a sample of the zoo; the whole zoo is the slow version.
@@ -39,7 +40,7 @@ HANDED_SAMPLE = [p for p in HANDED if p.stem in (
 """Handed cases of every shape of answer: no layer path, NOT fused with misses, an unrecognized form, fused as far
 as legal, a decoder layer, a parallel block."""
 FIXTURES_SAMPLE = [p for p in FIXTURES if p.stem in ("bert", "llama", "falcon")]
-ZOO_SAMPLE = [p for p in ZOO if p.stem in ("albert.ts-eager", "bert.dynamo-sdpa", "bloom.dynamo-eager",
+ZOO_SAMPLE = [p for p in ZOO if p.stem in ("albert.ts-eager", "bert.dynamo-sdpa", "bloom.dynamo-eager", "ernie.qdq",
                                            "clip-text.ts-eager")]
 """A few zoo files, among them one where text and `--json` used to disagree (albert: a fusion that left its
 activation out was a miss only in `--json`)."""
@@ -88,6 +89,42 @@ def _text_facts(block: str) -> set[tuple[str, str]]:
         elif s.startswith(("also missed: ", "also unrecognized: ")):
             facts.add(_miss_key(s.split(": ", 1)[1]))
     return facts
+
+
+_GROUP = re.compile(r"^(\S+) x(\d+) \(([^;()]+); %(\d+) \.\.\. %(\d+)\)$")
+_ITEM = re.compile(r"^(\S+) %(\d+) \(([^()]+)\)$")
+
+
+def _done_facts(block: str) -> list[tuple[str, str, int, str, str]] | None:
+    """`(op, pass, count, first id, last id)` of each run of one op from one pass on a layer's `fused as expected:` /
+    `fused as far as legal:` line, in order (a grouped item `OP xN (PASS; %A ... %B)` or listed items); None when the
+    block has no such line."""
+    head = block.splitlines()[0]
+    for word in (": fused as expected: ", ": fused as far as legal: "):
+        if word in head:
+            items = head.split(word, 1)[1]
+            break
+    else:
+        return None
+    runs: dict[tuple[str, str], list] = {}
+    for item in ([] if items in ("nothing to fuse", "") else items.split(", ")):
+        if (m := _GROUP.match(item)) is not None:
+            runs.setdefault((m[1], m[3]), []).append((int(m[2]), m[4], m[5]))
+        else:
+            m = _ITEM.match(item)
+            assert m is not None, item
+            runs.setdefault((m[1], m[3]), []).append((1, m[2], m[2]))
+    return [(op, p, sum(c for c, _, _ in r), r[0][1], r[-1][2]) for (op, p), r in runs.items()]
+
+
+def _json_done(done: list[str]) -> list[tuple[str, str, int, str, str]]:
+    """The same facts from `--json`'s full `done` list."""
+    runs: dict[tuple[str, str], list[str]] = {}
+    for item in done:
+        m = _ITEM.match(item)
+        assert m is not None, item
+        runs.setdefault((m[1], m[3]), []).append(m[2])
+    return [(op, p, len(ids), ids[0], ids[-1]) for (op, p), ids in runs.items()]
 
 
 def _illegal_facts(block: str) -> set[tuple[str, str]]:
@@ -151,6 +188,8 @@ def _check_cli(code: int, text: str, j: dict, trace) -> RunVerdict:
         want |= {(o["rule"], o["guard"]) for o in d["rejections"]}
         assert _text_facts(block) == want, (block, want)  # each way: nothing only in one of the two
         assert _illegal_facts(block) == {(o["rule"], o["guard"]) for o in d["illegal"]}, block
+        if (done := _done_facts(block)) is not None:  # the fused ops: grouped in the text, listed in --json
+            assert done == _json_done(d["done"]), (block, d["done"])
     return v
 
 
