@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .args import _device_arg, _expect_arg, _layers_arg
+from .args import _command, _device_arg, _expect_arg, _layers_arg
 from .common import SubParsers, subcommand
 from .loading import (
     _import_checks,
@@ -68,12 +68,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 @subcommand
 def add_run(sub: SubParsers) -> None:
-    p = sub.add_parser("run", help="run a model on inputs from an .npz file",
-                       description="Run MODEL on IN.npz (input_ids, attention_mask: int64 [batch, seq]; or "
-                                   "hidden_states float32 [batch, seq, hidden] for decoder blocks) and write "
-                                   "last_hidden_state (float32 [batch, seq, hidden]) to OUT.npz. Batch and "
-                                   "sequence length come from the inputs. For an .onnx MODEL, IN.npz holds one array "
-                                   "per graph input (by name), whose shapes fix the graph's.")
+    p = _command(sub, "run", cmd_run, "run a model on inputs from an .npz file",
+                 """Run MODEL on IN.npz (input_ids, attention_mask: int64 [batch, seq]; or hidden_states float32
+                 [batch, seq, hidden] for decoder blocks) and write last_hidden_state (float32 [batch, seq, hidden])
+                 to OUT.npz. Batch and sequence length come from the inputs. For an .onnx MODEL, IN.npz holds one
+                 array per graph input (by name), whose shapes fix the graph's.""")
     p.add_argument("model", metavar="MODEL", help="a preset name (e.g. minilm, bert-tiny, llama-block), a Hugging "
                                                    "Face BERT checkpoint folder (config.json + model.safetensors) "
                                                    "or an .onnx export")
@@ -89,4 +88,3 @@ def add_run(sub: SubParsers) -> None:
                    help="refuse a run whose weights and live tensors would need more than MIB MiB, before allocating "
                         "them (default: $RLXVIZ_MAX_MEMORY_MB or 2048)")
     _layers_arg(p)
-    p.set_defaults(func=cmd_run)
