@@ -291,10 +291,7 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v,
 
 void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  for (auto& in : inputs) enc.set_input_array(in);
-  enc.set_output_array(out);
+  auto& enc = encode_all(stream(), inputs, out);
   AttentionArgs a{};
   a.q = inputs[0].data<float>();
   a.k = inputs[1].data<float>();
@@ -420,10 +417,7 @@ void ResidualNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx
   auto& out = outputs[0];
   std::vector<Rows> rows;
   for (const auto& in : inputs) rows.push_back(contiguous_rows(in));
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  for (auto& in : inputs) enc.set_input_array(in);
-  enc.set_output_array(out);
+  auto& enc = encode_all(stream(), inputs, out);
   const int64_t n = out.shape(-1), count = n ? static_cast<int64_t>(out.size()) / n : 0;
   enc.dispatch([rows, inputs, yp = out.data<float>(), n, count, eps = eps_, rms = rms_, has_bias = has_bias_,
                 has_beta = has_beta_]() {
