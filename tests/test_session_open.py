@@ -111,3 +111,30 @@ def test_the_cli_and_the_app_open_the_same_run():
     assert s.model.graph.inputs[0].shape == model.graph.inputs[0].shape
     assert s.trace.final.fused_op_counts() == trace.final.fused_op_counts()
     assert s.trace.steps[0].params == trace.steps[0].params, "one gate, as the CLI runs it"
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_an_export_opened_with_its_input_shapes_is_the_export_bound_to_them(name):
+    onnx, npz = (ROOT / "tests" / "fixtures" / "onnx" / f"{name}{ext}" for ext in (".onnx", ".npz"))
+    shapes = {k: shape for k, (shape, _) in session.npz_headers(str(npz)).items() if not k.startswith("out:")}
+    model = session.open_model(OpenRequest(source=str(onnx), kind="onnx-inputs", input_shapes=shapes))
+    assert {n.attrs["name"]: n.shape for n in model.graph.inputs} == shapes
+    auto = session.open_model(OpenRequest(source=str(onnx), input_shapes=shapes))  # `explain --inputs`'s road
+    assert format_graph(auto.graph) == format_graph(model.graph)
+
+
+def test_a_file_that_is_no_export_is_one_line_naming_it(tmp_path):
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"not a protobuf")
+    with pytest.raises(SessionError) as e:
+        session.open_model(OpenRequest(source=str(bad), kind="onnx-inputs", input_shapes={"input_ids": (1, 4)}))
+    assert "\n" not in str(e.value) and "broken.onnx" in str(e.value)
+
+
+def test_a_checkpoint_outside_the_allowed_folders_is_refused_before_it_is_read(tmp_path):
+    inside, outside = tmp_path / "models", tmp_path / "elsewhere"
+    inside.mkdir(), outside.mkdir()
+    (outside / "config.json").write_text("{}")
+    for isolated in (False, True):
+        with pytest.raises(SessionError, match="outside|allowed"):
+            session.open_model(OpenRequest(source=str(outside), allowed_roots=[inside], isolated=isolated))
