@@ -11,7 +11,10 @@ once to the loader for the over-threshold variant's sequence length). A request 
    or in a child process for a user's file), then its memory for the request's workload (`check_workload`);
 3. the run (`open_trace`: `run_pipeline`, cached by content).
 
-A front end that shows the model before its run (the app draws the input graph first) calls the three steps itself.
+A front end that shows the model before its run (the app draws the input graph first) calls the steps itself.
+
+`rlxviz.session.open` is the function (the package exports it over this module's name); the module itself is
+`sys.modules["rlxviz.session.open"]`, as for any `from .open import open`.
 
 Example:
     >>> opened = open(OpenRequest(source="bert-tiny", seq=8))
