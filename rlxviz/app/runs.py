@@ -10,6 +10,7 @@ import re
 import shutil
 import tempfile
 import weakref
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -91,26 +92,32 @@ class Runs:
     """While the input graph drawn first (`_show_input_first`) is shown: the (label, index) of the version selected
     before it, which the full trace selects again; None otherwise."""
 
+    def _request(self) -> session.OpenRequest:
+        """The state's model and pipeline as the session's one request (`session.OpenRequest`): the threshold once,
+        for the over-threshold variant's sequence and the attention gate alike. A file a user brings loads in a child
+        process killed past its wall time (`isolated`)."""
+        return session.OpenRequest(
+            source=self.preset, batch=self.batch, seq=self.effective_seq,
+            style=None if self.style == "default" else self.style, variant=self.variant,
+            variant_layer=self.variant_layer, threshold=self.threshold, pipeline=tuple(self.enabled_passes),
+            pipeline_name="app", limits=Limits.resolve(), isolated=True)
+
     def _load_model(self) -> Model:
-        limits = Limits.resolve()
+        request = self._request()
         if self.source == "ir":
-            return session.load_ir_text(check_ir_text(self.ir_text), limits)
-        roots = None
-        if self.source == "preset":
-            where = self.preset
-        elif self.source == "checkpoint":
-            roots = check_checkpoint_dir(self.checkpoint_dir, allowed_dirs())
-            where = self.checkpoint_dir
-        else:
+            return session.open_model(replace(request, source=check_ir_text(self.ir_text), kind="ir-text"))
+        if self.source == "checkpoint":
+            request = replace(request, source=self.checkpoint_dir,
+                              allowed_roots=check_checkpoint_dir(self.checkpoint_dir, allowed_dirs()))
+        elif self.source == "upload":
             if not self._upload:
                 raise SourceError("Upload a checkpoint's config.json and model.safetensors (or an .onnx file) first.")
             where = self._upload_tmp = str(store_upload(self._upload))  # removed when the load ends (`_load_job`)
             if (onnx_file := Path(where) / ONNX_UPLOAD_NAME).is_file():
                 where = str(onnx_file)
-        # a file a user brings loads in a child process killed past its wall time (`session.isolated`)
-        shape = (where, self.batch, self.effective_seq, None if self.style == "default" else self.style, self.variant)
+            request = replace(request, source=where)
         try:
-            model = session.load_isolated(*shape, self.variant_layer, limits, self.threshold, roots)
+            model = session.open_model(request)
         except SessionError as e:
             # "Layer to break" past the new model's layers (layer 5 of minilm, then bert-tiny): its last layer
             # instead of a failed load; `_bound_variant_layer` moves the control there and says so
@@ -118,14 +125,13 @@ class Runs:
             if past is None or int(past.group(1)) != self.variant_layer:
                 raise
             self._layer_clamped = int(past.group(2))
-            model = session.load_isolated(*shape, self._layer_clamped, limits, self.threshold, roots)
+            model = session.open_model(replace(request, variant_layer=self._layer_clamped))
         if self.source == "upload":  # named after the user's file, as `rlxviz explain falcon.onnx` names it
             model.name = upload_model_name(self._upload_names, model.name)
         return model
 
     def _run_pipeline(self, model: Model) -> Trace:
-        pipe = session.build_pipeline(self.enabled_passes, {"fab_max_tokens": self.effective_threshold}, name="app")
-        return session.run_pipeline(model.graph, pipe)
+        return session.open_trace(model.graph, self._request())
 
     def load(self) -> None:
         """Load the model (if its key changed) and run the pipeline, as one job."""

@@ -179,8 +179,11 @@ class AppState(Runs, Derived, param.Parameterized):
                 return True
         return False
 
+    @param.depends("source", "preset", "checkpoint_dir", "upload_id", "ir_text", "batch", "seq", "style", "variant",
+                   "variant_layer", "threshold")
     def model_key(self) -> tuple:
-        """What identifies the model: source, its content, shapes, style and variant."""
+        """What identifies the model: source, its content, shapes (`effective_seq`: the threshold may raise the
+        sequence), style and variant."""
         v = self.variant
         if self.source == "preset":
             src: tuple = ("preset", self.preset)
@@ -193,7 +196,9 @@ class AppState(Runs, Derived, param.Parameterized):
             return src
         return (*src, self.batch, self.effective_seq, self.style, v, self.variant_layer)
 
+    @param.depends("passes", "disabled", "variant", "threshold")
     def pipeline_key(self) -> tuple:
+        """What identifies the pipeline run on the model: the passes that run and the attention gate."""
         return (tuple(self.enabled_passes), self.effective_threshold)
 
     @property
@@ -301,9 +306,9 @@ class AppState(Runs, Derived, param.Parameterized):
             self.variant = "none"
             self._error(f"Teaching variant dropped: {reason}", "warning")
 
-    @param.depends("source", "preset", "checkpoint_dir", "ir_text", "style", "batch", "seq", "variant",
-                   "variant_layer", "passes", "disabled", "threshold", "upload_id", watch=True)
+    @param.depends("model_key", "pipeline_key", watch=True)
     def _reload(self) -> None:
+        """A control that changes the model or the pipeline (what the keys read, declared on them) loads again."""
         if self._quiet_layer:
             return  # "Layer to break" moved to the layer the shown model was built for (`_bound_variant_layer`)
         if self._sync_shape_seq():

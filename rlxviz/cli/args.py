@@ -6,6 +6,22 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from .common import SubParsers
+
+
+def _command(sub: SubParsers, name: str, func: Callable[[argparse.Namespace], int], summary: str,
+             description: str) -> argparse.ArgumentParser:
+    """The parser of subcommand `name`, whose arguments `func` runs on (`set_defaults(func=...)`): `summary` in
+    `rlxviz --help`, `description` in `rlxviz NAME --help` (argparse folds its white space into one paragraph)."""
+    p = sub.add_parser(name, help=summary, description=description)
+    p.set_defaults(func=func)
+    return p
+
+
+def _after_arg(p: argparse.ArgumentParser, default: str | None, what: str) -> None:
+    """`--after PASS` / `-a`: the graph version a command shows (`session.version_index`), described by `what`."""
+    p.add_argument("--after", "-a", default=default, metavar="PASS", help=what)
+
 
 def _expect_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expect", default=None, metavar="OUT.npz",

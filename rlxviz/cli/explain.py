@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from .args import _model_args
+from .args import _command, _model_args
 from .common import InternalError, SubParsers, subcommand
 from .loading import _crash_message, _import_checks, _run_model
 from .output import _out, _warn_nonfinite
@@ -35,13 +35,12 @@ def cmd_passes(args: argparse.Namespace) -> int:
 
 @subcommand
 def add_passes(sub: SubParsers) -> None:
-    p = sub.add_parser("passes", help="list the pipeline's passes, patterns and guard names",
-                       description="Print the canonical pipeline (or another one): each pass in order, its pattern "
-                                   "rules and the names of their structure steps and guards, in the order they run.")
+    p = _command(sub, "passes", cmd_passes, "list the pipeline's passes, patterns and guard names",
+                 """Print the canonical pipeline (or another one): each pass in order, its pattern rules and the names
+                 of their structure steps and guards, in the order they run.""")
     p.add_argument("--pipeline", "-p", default="canonical", metavar="SPEC",
                    help="'canonical', 'rlx', or pass names separated by commas (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_passes)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -87,20 +86,18 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 @subcommand
 def add_explain(sub: SubParsers) -> None:
-    p = sub.add_parser("explain", help="why each layer did (not) fuse; exit 1 unless every expected fusion happened",
-                       description="Run the pipeline on MODEL and report, per layer, whether every expected fusion "
-                                   "happened, or else the "
-                                   "first rejecting guard with its actual vs required values, the fix, and how the "
-                                   "layer differs from a sibling layer that fused. What is expected depends on the "
-                                   "layer: a post-LN BERT-style layer (attention -> residual add -> LayerNorm) must "
-                                   "become one FusedTransformerLayer (when the pipeline runs fuse_transformer_layer); "
-                                   "any other layer (e.g. LLaMA: RmsNorm, pre-norm, SwiGLU) must get the fusions the "
-                                   "pipeline's rules apply to it (FusedSwiGLU, the shared-input QKV matmul, a "
-                                   "residual norm where legal). In both, no missed fusion may be left. What is "
-                                   "expected is what is legal for the layer (what the canonical pipeline makes of "
-                                   "it): a pipeline without a pass a layer needs is named with the products it "
-                                   "cannot make and counts as not fused, unless --expect pipeline. Exit code 0 "
-                                   "when every checked layer fused as expected, 1 otherwise, 2 for bad input.")
+    p = _command(sub, "explain", cmd_explain,
+                 "why each layer did (not) fuse; exit 1 unless every expected fusion happened",
+                 """Run the pipeline on MODEL and report, per layer, whether every expected fusion happened, or else
+                 the first rejecting guard with its actual vs required values, the fix, and how the layer differs
+                 from a sibling layer that fused. What is expected depends on the layer: a post-LN BERT-style layer
+                 (attention -> residual add -> LayerNorm) must become one FusedTransformerLayer (when the pipeline
+                 runs fuse_transformer_layer); any other layer (e.g. LLaMA: RmsNorm, pre-norm, SwiGLU) must get the
+                 fusions the pipeline's rules apply to it (FusedSwiGLU, the shared-input QKV matmul, a residual norm
+                 where legal). In both, no missed fusion may be left. What is expected is what is legal for the
+                 layer (what the canonical pipeline makes of it): a pipeline without a pass a layer needs is named
+                 with the products it cannot make and counts as not fused, unless --expect pipeline. Exit code 0
+                 when every checked layer fused as expected, 1 otherwise, 2 for bad input.""")
     _model_args(p)
     p.add_argument("--layer", "-l", type=int, default=None, metavar="N",
                    help="check only layer N (a --variant then changes layer N unless --variant-layer says otherwise)")
@@ -110,4 +107,3 @@ def add_explain(sub: SubParsers) -> None:
                    help="judge each layer against what is legal for it (model: a product the pipeline cannot make, "
                         "because it lacks the pass, counts as not fused) or against the pipeline's own passes only "
                         "(pipeline: such products are listed, not counted). Default: %(default)s")
-    p.set_defaults(func=cmd_explain)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,32 +44,6 @@ def _static_shape(headers: dict[str, tuple[tuple[int, ...], np.dtype]], path: st
             return int(shape[0]), int(shape[1])
     raise CLIError(f"{path}: needs 'input_ids' and 'attention_mask' (int64 [batch, seq]); "
                    f"found {sorted(headers) or 'no arrays'}")
-
-
-def resolve_model(model: str, batch: int, seq: int, style: str = "hf", max_memory_mb: int | None = None) -> Model:
-    """A preset by name, else a Hugging Face checkpoint folder (loaded by `session.load`, so its errors name
-    the folder as `explain`'s do). Raises CLIError/SessionError for anything else."""
-    from ..models import PRESETS
-    from ..session import Limits, load, unknown_model
-
-    if model in PRESETS or Path(model).is_dir():
-        return load(model, batch=batch, seq=seq, style=style, limits=Limits.resolve(max_memory_mb))
-    if Path(model).exists():
-        raise CLIError(f"{model}: run takes a preset name or a checkpoint folder, not a file")
-    raise unknown_model(model, "nor an existing checkpoint folder")
-
-
-def resolve_onnx(path: str, shapes: dict[str, tuple[int, ...]], max_memory_mb: int | None = None) -> Model:
-    """An `.onnx` export with every input's shape taken from the array of the same name (memory limit from
-    the environment). Raises CLIError naming the file for anything `load_onnx` refuses."""
-    from ..models.onnx import OnnxImportError, load_onnx
-    from ..session import Limits
-
-    try:
-        return load_onnx(path, input_shapes=shapes,
-                         max_bytes=Limits.resolve(max_memory_mb).max_bytes)
-    except OnnxImportError as e:
-        raise CLIError(str(e).splitlines()[0]) from None
 
 
 def _import_checks(model: Model, feeds: dict[str, np.ndarray], user: Any, expect: str | None,
@@ -130,26 +105,24 @@ def _run_model(args: argparse.Namespace, allow_crashes: bool = False, workload: 
     the oracle and MLX copies too; `Limits.check`) before the pipeline runs. Raises SessionError/CLIError for bad
     input, LimitError over the limit, and InternalError (exit 3) when a pass crashed, unless `allow_crashes`
     (`explain` prints its report first, then exits 3)."""
-    from ..session import Limits, build_pipeline, effective_threshold, load, run_pipeline, variant_named
+    from ..session import Limits, OpenRequest, check_workload, open_model, open_pipeline, open_trace
 
     if args.batch < 1 or args.seq < 1:
         raise CLIError(f"--batch and --seq must be >= 1, got {args.batch} and {args.seq}")
     if args.threshold is not None and args.threshold < 1:
         raise CLIError(f"--threshold must be a positive integer (tokens, batch*seq), got {args.threshold}")
     args.variant_layer = _variant_layer(args)
-    gate = effective_threshold(variant_named(args.variant, args.variant_layer), args.threshold)
-    pipe = build_pipeline(args.pipeline, {} if gate is None else {"fab_max_tokens": gate})
-    dims, shapes = _bound_shapes(args)
-    limits = Limits.resolve(args.max_memory_mb)
-    model = load(args.model, args.batch, args.seq, args.style, args.variant, args.variant_layer, limits,
-                 args.threshold, dims=dims, input_shapes=shapes)
-    _remember(model)
-    if workload != "load":  # `load` checked the graph's own run; this adds what the command copies
-        from ..models.onnx.weights import lazy_names
-
-        limits.check(model.graph, _source(args), workload,
-                     hint=_slice_hint(args) if lazy_names(model.weights) else "")
-    trace = run_pipeline(model.graph, pipe)
+    asked = OpenRequest(source=args.model, style=args.style, variant=args.variant, variant_layer=args.variant_layer,
+                        threshold=args.threshold, pipeline=args.pipeline, workload=workload, label=_source(args),
+                        hint=_slice_hint(args))
+    pipe = open_pipeline(asked)  # a misspelt pass is refused before any file is read
+    dims, shapes = _bound_shapes(args)  # an --inputs file sets args.batch and args.seq
+    request = replace(asked, batch=args.batch, seq=args.seq, dims=dims, input_shapes=shapes,
+                      limits=Limits.resolve(args.max_memory_mb))
+    model = open_model(request)
+    _remember(model)  # before a refusal names its inputs
+    check_workload(model, request)  # what `workload` copies (the load checked the graph's own run), before the run
+    trace = open_trace(model.graph, request, pipe)
     _remember(trace)
     crashed = [s.error for s in trace.steps if s.error]
     if crashed and not allow_crashes:

@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from .args import _model_args
+from .args import _after_arg, _command, _model_args
 from .common import CLIError, SubParsers, subcommand
 from .loading import _run_model
 from .output import _emit, _not_a_directory, _out, _output_file
@@ -65,13 +65,13 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 @subcommand
 def add_render(sub: SubParsers) -> None:
-    p = sub.add_parser("render", help="draw a graph version to .svg/.dot/.png/.pdf",
-                       description="Draw MODEL after a pass of the pipeline with the same renderer as the app: the "
-                                   "pass's fused nodes marked (or, with --before, the graph the pass saw with every "
-                                   "match and rejection marked). The format comes from the suffix of -o.")
+    p = _command(sub, "render", cmd_render, "draw a graph version to .svg/.dot/.png/.pdf",
+                 """Draw MODEL after a pass of the pipeline with the same renderer as the app: the pass's fused nodes
+                 marked (or, with --before, the graph the pass saw with every match and rejection marked). The
+                 format comes from the suffix of -o.""")
     _model_args(p)
-    p.add_argument("--after", "-a", default="final", metavar="PASS",
-                   help="'input', 'final' (default), a pass name (its first run) or NAME#K (its K-th run)")
+    _after_arg(p, "final",
+               "'input', 'final' (default), a pass name (its first run) or NAME#K (its K-th run)")
     p.add_argument("--before", action="store_true", help="draw the graph the pass saw, with its matches and rejections")
     p.add_argument("--view", choices=("full", "layers"), default="full", help="one box per op, or per layer")
     p.add_argument("--focus", type=int, default=None, metavar="N",
@@ -81,7 +81,6 @@ def add_render(sub: SubParsers) -> None:
                    help="with --view layers: draw layer N open, its nodes inside the overview (repeatable)")
     p.add_argument("--output", "-o", required=True, metavar="OUT", help="output file: .svg, .dot, .gv, .png or .pdf")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
-    p.set_defaults(func=cmd_render)
 
 
 def cmd_ir(args: argparse.Namespace) -> int:
@@ -96,13 +95,12 @@ def cmd_ir(args: argparse.Namespace) -> int:
 
 @subcommand
 def add_ir(sub: SubParsers) -> None:
-    p = sub.add_parser("ir", help="print a graph version as IR text",
-                       description="Print MODEL's graph (or its version after a pass) as IR text; the output can "
-                                   "be edited and given back as MODEL.")
+    p = _command(sub, "ir", cmd_ir, "print a graph version as IR text",
+                 """Print MODEL's graph (or its version after a pass) as IR text; the output can be edited and given
+                 back as MODEL.""")
     _model_args(p)
-    p.add_argument("--after", "-a", default="input", metavar="PASS",
-                   help="'input' (default), 'final', a pass name (its first run) or NAME#K (its K-th run)")
-    p.set_defaults(func=cmd_ir)
+    _after_arg(p, "input",
+               "'input' (default), 'final', a pass name (its first run) or NAME#K (its K-th run)")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -132,15 +130,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 @subcommand
 def add_export(sub: SubParsers) -> None:
-    p = sub.add_parser("export", help="write a graph version as ONNX, or the run as Model Explorer graph JSON",
-                       description="OUT ending in .onnx: the graph version after PASS as an ONNX model (fused ops "
-                                   "expanded to primitives by unfuse; weights as initializers) for ONNX Runtime. "
-                                   "OUT ending in .json: Model Explorer graph JSON with one graph per changed "
-                                   "version (or only the final one with --after final), each node annotated with "
-                                   "the rule that made it and the rejections about it.")
+    p = _command(sub, "export", cmd_export, "write a graph version as ONNX, or the run as Model Explorer graph JSON",
+                 """OUT ending in .onnx: the graph version after PASS as an ONNX model (fused ops expanded to
+                 primitives by unfuse; weights as initializers) for ONNX Runtime. OUT ending in .json: Model
+                 Explorer graph JSON with one graph per changed version (or only the final one with --after final),
+                 each node annotated with the rule that made it and the rejections about it.""")
     _model_args(p)
     p.add_argument("out", metavar="OUT", help="output file: .onnx or .json")
-    p.add_argument("--after", "-a", default=None, metavar="PASS",
-                   help=".onnx: 'final' (default), 'input', a pass name (its first run) or NAME#K (its K-th run); "
-                        ".json: 'final' for the final version only (default: every version)")
-    p.set_defaults(func=cmd_export)
+    _after_arg(p, None,
+               ".onnx: 'final' (default), 'input', a pass name (its first run) or NAME#K (its K-th run); "
+               ".json: 'final' for the final version only (default: every version)")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from .args import _device_arg, _expect_arg, _layers_arg
+from .args import _command, _device_arg, _expect_arg, _layers_arg
 from .common import SubParsers, subcommand
 from .loading import (
     _import_checks,
@@ -17,8 +18,6 @@ from .loading import (
     _source,
     _static_shape,
     executor,
-    resolve_model,
-    resolve_onnx,
 )
 from .output import _emit, _output_file, _remember, _warn_nonfinite
 
@@ -28,23 +27,24 @@ BACKENDS = ("reference", "mlx")
 
 def cmd_run(args: argparse.Namespace) -> int:
     """`rlxviz run MODEL --inputs IN.npz -o OUT.npz`: run a model and save `last_hidden_state`."""
-    from ..models.onnx.weights import lazy_names
-    from ..session import Limits, all_finite, load_inputs, npz_headers
+    from ..session import Limits, OpenRequest, all_finite, check_workload, load_inputs, npz_headers, open_model
     from ..session.fidelity import output_names
 
     out = _output_file(args.output, "a .npz file name", (args.inputs, args.model))
     _slice_model(args)
     headers = npz_headers(args.inputs)  # names, shapes, dtypes: no array is read before the model checks them
-    if args.model.lower().endswith(".onnx") and Path(args.model).is_file():
-        model = resolve_onnx(args.model, {k: shape for k, (shape, _) in headers.items() if not k.startswith("out:")},
-                             args.max_memory_mb)
+    asked = OpenRequest(source=args.model, workload="run-mlx" if args.backend == "mlx" else "run",
+                        label=_source(args), hint=_slice_hint(args))
+    if args.model.lower().endswith(".onnx") and Path(args.model).is_file():  # every input's shape from the arrays
+        request = replace(asked, kind="onnx-inputs", limits=Limits.resolve(args.max_memory_mb), input_shapes={
+            k: shape for k, (shape, _) in headers.items() if not k.startswith("out:")})
     else:
         batch, seq = _static_shape(headers, args.inputs)
-        model = resolve_model(args.model, batch, seq, args.style, args.max_memory_mb)
+        request = replace(asked, kind="built", batch=batch, seq=seq, style=args.style,
+                          limits=Limits.resolve(args.max_memory_mb))
+    model = open_model(request)
     _remember(model)  # before any message names its inputs
-    workload = "run-mlx" if args.backend == "mlx" else "run"
-    Limits.resolve(args.max_memory_mb).check(model.graph, _source(args), workload,  # before running
-                                             hint=_slice_hint(args) if lazy_names(model.weights) else "")
+    check_workload(model, request)  # what the backend holds (the load checked the graph's own run), before running
     user = load_inputs(args.inputs, model.graph)  # the one check of user inputs, as `time` and the app
     feeds = user.feeds
     checks = _import_checks(model, feeds, user, args.expect, max_memory_mb=args.max_memory_mb)
@@ -68,12 +68,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 @subcommand
 def add_run(sub: SubParsers) -> None:
-    p = sub.add_parser("run", help="run a model on inputs from an .npz file",
-                       description="Run MODEL on IN.npz (input_ids, attention_mask: int64 [batch, seq]; or "
-                                   "hidden_states float32 [batch, seq, hidden] for decoder blocks) and write "
-                                   "last_hidden_state (float32 [batch, seq, hidden]) to OUT.npz. Batch and "
-                                   "sequence length come from the inputs. For an .onnx MODEL, IN.npz holds one array "
-                                   "per graph input (by name), whose shapes fix the graph's.")
+    p = _command(sub, "run", cmd_run, "run a model on inputs from an .npz file",
+                 """Run MODEL on IN.npz (input_ids, attention_mask: int64 [batch, seq]; or hidden_states float32
+                 [batch, seq, hidden] for decoder blocks) and write last_hidden_state (float32 [batch, seq, hidden])
+                 to OUT.npz. Batch and sequence length come from the inputs. For an .onnx MODEL, IN.npz holds one
+                 array per graph input (by name), whose shapes fix the graph's.""")
     p.add_argument("model", metavar="MODEL", help="a preset name (e.g. minilm, bert-tiny, llama-block), a Hugging "
                                                    "Face BERT checkpoint folder (config.json + model.safetensors) "
                                                    "or an .onnx export")
@@ -89,4 +88,3 @@ def add_run(sub: SubParsers) -> None:
                    help="refuse a run whose weights and live tensors would need more than MIB MiB, before allocating "
                         "them (default: $RLXVIZ_MAX_MEMORY_MB or 2048)")
     _layers_arg(p)
-    p.set_defaults(func=cmd_run)

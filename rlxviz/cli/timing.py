@@ -7,7 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
-from .args import _device_arg, _expect_arg, _int_in, _layers_arg, _model_args
+from .args import _after_arg, _command, _device_arg, _expect_arg, _int_in, _layers_arg, _model_args
 from .common import CLIError, SubParsers, subcommand
 from .loading import _import_checks, _run_model, _slice_model
 from .output import _out, _warn_nonfinite
@@ -53,16 +53,14 @@ def cmd_time(args: argparse.Namespace) -> int:
 def add_time(sub: SubParsers) -> None:
     from ..session import DEFAULT_REPEAT, DEFAULT_WARMUP, MAX_REPEAT, MAX_WARMUP
 
-    p = sub.add_parser("time", help="time every graph version on MLX, with its error vs the reference",
-                       description="Run the pipeline on MODEL, then time each distinct graph version on MLX "
-                                   "(median, min, first call in ms) in the graph's own dtype, and check it on a "
-                                   "battery of inputs (random, a fully masked row, left padding, holes, a single "
-                                   "token, large magnitudes, constant rows: those that apply) twice: against the "
-                                   "oracle (the unfused graph in float64) and against the unfused graph on MLX in "
-                                   "the same dtype, with tolerances from one table per dtype and device. The "
-                                   "verdict names the input that broke a version and whether a pass changed the "
-                                   "numbers or the dtype cannot hold them. Exit code 1 if a version is not ok "
-                                   "(NaN is never counted as correct).")
+    p = _command(sub, "time", cmd_time, "time every graph version on MLX, with its error vs the reference",
+                 """Run the pipeline on MODEL, then time each distinct graph version on MLX (median, min, first call in
+                 ms) in the graph's own dtype, and check it on a battery of inputs (random, a fully masked row, left
+                 padding, holes, a single token, large magnitudes, constant rows: those that apply) twice: against
+                 the oracle (the unfused graph in float64) and against the unfused graph on MLX in the same dtype,
+                 with tolerances from one table per dtype and device. The verdict names the input that broke a
+                 version and whether a pass changed the numbers or the dtype cannot hold them. Exit code 1 if a
+                 version is not ok (NaN is never counted as correct).""")
     _model_args(p)  # --inputs: your arrays, timed and checked first
     _expect_arg(p)
     p.add_argument("--battery", action=argparse.BooleanOptionalAction, default=True,
@@ -74,7 +72,6 @@ def add_time(sub: SubParsers) -> None:
     _device_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable output (each version with its verdict)")
     _layers_arg(p)
-    p.set_defaults(func=cmd_time)
 
 
 def cmd_overlay(args: argparse.Namespace) -> int:
@@ -98,16 +95,15 @@ def cmd_overlay(args: argparse.Namespace) -> int:
 def add_overlay(sub: SubParsers) -> None:
     from ..session.overlays import DEFAULT_TIME_LIMIT_S, KINDS
 
-    p = sub.add_parser("overlay", help="per-node time share or numeric error of a graph version",
-                       description="Each compute node of MODEL's version after PASS: with --kind time its share "
-                                   "of the per-node time (each node evaluated on its own on MLX, fastest of "
-                                   "--repeat), with --kind error max |value - reference| against the float64 "
-                                   "reference of the same node in the input graph (matched by node identity). "
-                                   "The app's overlay selector colours the graph with the same figures.")
+    p = _command(sub, "overlay", cmd_overlay, "per-node time share or numeric error of a graph version",
+                 """Each compute node of MODEL's version after PASS: with --kind time its share of the per-node time
+                 (each node evaluated on its own on MLX, fastest of --repeat), with --kind error max |value -
+                 reference| against the float64 reference of the same node in the input graph (matched by node
+                 identity). The app's overlay selector colours the graph with the same figures.""")
     _model_args(p)
     p.add_argument("--kind", "-k", choices=KINDS, default="time", help="what to show per node (default: time)")
-    p.add_argument("--after", "-a", default="final", metavar="PASS",
-                   help="'final' (default), 'input', a pass name (its first run) or NAME#K (its K-th run)")
+    _after_arg(p, "final",
+               "'final' (default), 'input', a pass name (its first run) or NAME#K (its K-th run)")
     p.add_argument("--repeat", "-r", type=_int_in(1, 50), default=3, metavar="N",
                    help="--kind time: evaluations per node, the fastest counts (default: %(default)s)")
     p.add_argument("--top", type=_int_in(1, 100000), default=20, metavar="N",
@@ -115,4 +111,3 @@ def add_overlay(sub: SubParsers) -> None:
     p.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="S",
                    help="stop between nodes after S seconds and print what was measured (default: %(default)s)")
     _device_arg(p)
-    p.set_defaults(func=cmd_overlay)

@@ -8,6 +8,8 @@ One module per job:
 * `variants`: the teaching variants (`models.VARIANTS`) and the shape rule of `over_threshold`.
 * `loading`: a model from a preset, a checkpoint folder, an IR file or IR text, cached by content.
 * `isolated`: the same load in a child process killed past its wall time, its address space capped.
+* `open`: one request (`OpenRequest`) in, the model, its pipeline and their run out (`open`): what the CLI and
+  the app both call.
 * `pipeline`: building a checked pipeline (`Pass.requires`), running it (cached), finding versions.
 * `status`: "why didn't layer N fuse" (`layer_status`, `check_fusion`: the door to `passes.why.RunVerdict`).
 * `timing`: time every version on MLX with a verdict from one tolerance table (`runtime.precision`).
@@ -42,6 +44,7 @@ from .loading import (
 )
 from .lowerings import FusionAndKernels, Lowering, fusion_and_kernels, time_lowerings
 from .numerics import AddmmRounding, addmm_rounding, fast_erf_error
+from .open import Opened, OpenRequest, check_workload, open, open_model, open_pipeline, open_trace
 from .pipeline import build_pipeline, format_passes, pass_catalog, run_pipeline, version_index
 from .program import (
     KernelBytes,
@@ -126,4 +129,5 @@ __all__ = ["ModelText", "shown",
            "attainable_ms", "bound",
            "PairedVerdict", "busy_warning", "compare_versions", "paired_verdict", "timing_table",
            "FusionAndKernels", "Lowering", "fusion_and_kernels", "time_lowerings",
-           "AddmmRounding", "addmm_rounding", "fast_erf_error"]
+           "AddmmRounding", "addmm_rounding", "fast_erf_error",
+           "OpenRequest", "Opened", "check_workload", "open", "open_model", "open_pipeline", "open_trace"]

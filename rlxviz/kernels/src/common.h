@@ -3,9 +3,11 @@
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kernels.h"
 #include "mlx/backend/common/utils.h"
+#include "mlx/backend/cpu/encoder.h"
 #include "mlx/utils.h"
 #include "vmath.h"
 
@@ -43,6 +45,17 @@ inline Rows contiguous_rows(const mx::array& in) {
   mx::array c(in.shape(), in.dtype(), nullptr, {});
   c.set_data(mx::allocator::malloc(c.nbytes()));
   return {c, true};
+}
+
+// `out`'s buffer allocated, and every input and `out` registered with stream `s`'s CPU encoder, which is returned
+// for the kernel's dispatch.
+inline mx::cpu::CommandEncoder& encode_all(const mx::Stream& s, const std::vector<mx::array>& inputs,
+                                           mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(s);
+  for (auto& in : inputs) enc.set_input_array(in);
+  enc.set_output_array(out);
+  return enc;
 }
 
 inline void fill(const mx::array& in, const Rows& rows) {

@@ -105,10 +105,7 @@ void Gemm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>
   size_t i = 2;
   Rows bias = has_bias_ ? contiguous_rows(inputs[i++]) : xr;
   Rows res = has_residual_ ? contiguous_rows(inputs[i]) : xr;
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  for (auto& in : inputs) enc.set_input_array(in);
-  enc.set_output_array(out);
+  auto& enc = encode_all(stream(), inputs, out);
   GemmArgs g{};
   g.b = inputs[1].data<float>();
   g.out = out.data<float>();

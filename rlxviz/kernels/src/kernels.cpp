@@ -43,52 +43,48 @@ typedef float vfu __attribute__((vector_size(kVec * sizeof(float)), aligned(size
 inline vf load(const float* p) { return *reinterpret_cast<const vfu*>(p); }
 inline void store(float* p, vf v) { *reinterpret_cast<vfu*>(p) = v; }
 
-// s[r][j0:j0+ncols] = sum_c q[r][c] * kt[c][j0 + j], r < kRows; ncols a multiple of kCols.
-inline void scores_block(const float* __restrict q, int d, const float* __restrict kt, int ldk,
-                         float* __restrict s, int lds, int ncols) {
+// c[r][j0:j0+kCols] = init + sum_i a[r][i] * b[i][j0:j0+kCols] for r < kRows and every chunk j0 < ncols (a multiple
+// of kCols), the sum in order of i; init is 0, or c's own values with kAccumulate. One register-blocked micro-kernel
+// for both products of attention: the scores (Q K^T) and the weighted values (P V).
+template <bool kAccumulate>
+inline void rows_times_panel(const float* __restrict a, int lda, int inner, const float* __restrict b, int ldb,
+                             float* __restrict c, int ldc, int ncols) {
   for (int j0 = 0; j0 < ncols; j0 += kCols) {
     vf acc[kRows][kParts];
 #pragma GCC unroll 16
     for (int r = 0; r < kRows; ++r)
 #pragma GCC unroll 16
-      for (int h = 0; h < kParts; ++h) acc[r][h] = vf{};
-    for (int c = 0; c < d; ++c) {
+      for (int h = 0; h < kParts; ++h) {
+        if constexpr (kAccumulate)
+          acc[r][h] = load(c + r * ldc + j0 + h * kVec);
+        else
+          acc[r][h] = vf{};
+      }
+    for (int i = 0; i < inner; ++i) {
 #pragma GCC unroll 16
       for (int h = 0; h < kParts; ++h) {
-        const vf kv = load(kt + static_cast<size_t>(c) * ldk + j0 + h * kVec);
+        const vf bv = load(b + static_cast<size_t>(i) * ldb + j0 + h * kVec);
 #pragma GCC unroll 16
-        for (int r = 0; r < kRows; ++r) acc[r][h] += q[r * d + c] * kv;
+        for (int r = 0; r < kRows; ++r) acc[r][h] += a[r * lda + i] * bv;
       }
     }
 #pragma GCC unroll 16
     for (int r = 0; r < kRows; ++r)
 #pragma GCC unroll 16
-      for (int h = 0; h < kParts; ++h) store(s + r * lds + j0 + h * kVec, acc[r][h]);
+      for (int h = 0; h < kParts; ++h) store(c + r * ldc + j0 + h * kVec, acc[r][h]);
   }
+}
+
+// s[r][j0:j0+ncols] = sum_c q[r][c] * kt[c][j0 + j], r < kRows; ncols a multiple of kCols.
+inline void scores_block(const float* __restrict q, int d, const float* __restrict kt, int ldk,
+                         float* __restrict s, int lds, int ncols) {
+  rows_times_panel<false>(q, d, d, kt, ldk, s, lds, ncols);
 }
 
 // o[r][:dp] += sum_j p[r][j] * v[j][:dp], j < n; dp a multiple of kCols.
 inline void pv_block(const float* __restrict p, int ldp, int n, const float* __restrict v, int dp,
                      float* __restrict o) {
-  for (int c0 = 0; c0 < dp; c0 += kCols) {
-    vf acc[kRows][kParts];
-#pragma GCC unroll 16
-    for (int r = 0; r < kRows; ++r)
-#pragma GCC unroll 16
-      for (int h = 0; h < kParts; ++h) acc[r][h] = load(o + r * dp + c0 + h * kVec);
-    for (int j = 0; j < n; ++j) {
-#pragma GCC unroll 16
-      for (int h = 0; h < kParts; ++h) {
-        const vf vv = load(v + static_cast<size_t>(j) * dp + c0 + h * kVec);
-#pragma GCC unroll 16
-        for (int r = 0; r < kRows; ++r) acc[r][h] += p[r * ldp + j] * vv;
-      }
-    }
-#pragma GCC unroll 16
-    for (int r = 0; r < kRows; ++r)
-#pragma GCC unroll 16
-      for (int h = 0; h < kParts; ++h) store(o + r * dp + c0 + h * kVec, acc[r][h]);
-  }
+  rows_times_panel<true>(p, ldp, n, v, dp, o, dp, dp);
 }
 
 struct AttentionArgs {
@@ -291,10 +287,7 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v,
 
 void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  for (auto& in : inputs) enc.set_input_array(in);
-  enc.set_output_array(out);
+  auto& enc = encode_all(stream(), inputs, out);
   AttentionArgs a{};
   a.q = inputs[0].data<float>();
   a.k = inputs[1].data<float>();
@@ -420,10 +413,7 @@ void ResidualNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx
   auto& out = outputs[0];
   std::vector<Rows> rows;
   for (const auto& in : inputs) rows.push_back(contiguous_rows(in));
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  for (auto& in : inputs) enc.set_input_array(in);
-  enc.set_output_array(out);
+  auto& enc = encode_all(stream(), inputs, out);
   const int64_t n = out.shape(-1), count = n ? static_cast<int64_t>(out.size()) / n : 0;
   enc.dispatch([rows, inputs, yp = out.data<float>(), n, count, eps = eps_, rms = rms_, has_bias = has_bias_,
                 has_beta = has_beta_]() {

@@ -20,6 +20,16 @@ inline float clampf(float x, float lo, float hi) {
   return x > hi ? hi : x;
 }
 
+// c[0] x^(N-1) + c[1] x^(N-2) + ... + c[N-1] by Horner's rule, highest power first (p = p * x + c[i]: one
+// multiply-add a coefficient, in the order the rational fits below list them).
+template <int N>
+inline float horner(float x, const float (&c)[N]) {
+  float p = c[0];
+#pragma GCC unroll 16
+  for (int i = 1; i < N; ++i) p = p * x + c[i];
+  return p;
+}
+
 // e^x: x = k ln2 + r, degree-7 Taylor polynomial of e^r (Estrin), 2^k from its exponent bits.
 // Below -87.33 the result is ~1e-38 (not a denormal or 0); above 88.375 it is inf.
 inline float exp(float x) {
@@ -36,38 +46,25 @@ inline float exp(float x) {
 // erf(x) = x P(x^2) / Q(x^2) on x clipped to [-4, 4] (rational minimax fit, as in Eigen / XLA).
 inline float erf(float x) {
   x = clampf(x, -4.0f, 4.0f);
-  float x2 = x * x;
-  float p = -2.72614225801306e-10f;
-  p = p * x2 + 2.77068142495902e-08f;
-  p = p * x2 + -2.10102402082508e-06f;
-  p = p * x2 + -5.69250639462346e-05f;
-  p = p * x2 + -7.34990630326855e-04f;
-  p = p * x2 + -2.95459980854025e-03f;
-  p = p * x2 + -1.60960333262415e-02f;
-  float q = -1.45660718464996e-05f;
-  q = q * x2 + -2.13374055278905e-04f;
-  q = q * x2 + -1.68282697438203e-03f;
-  q = q * x2 + -7.37332916720468e-03f;
-  q = q * x2 + -1.42647390514189e-02f;
-  return x * p / q;
+  const float x2 = x * x;
+  constexpr float p[] = {-2.72614225801306e-10f, 2.77068142495902e-08f, -2.10102402082508e-06f,
+                         -5.69250639462346e-05f, -7.34990630326855e-04f, -2.95459980854025e-03f,
+                         -1.60960333262415e-02f};
+  constexpr float q[] = {-1.45660718464996e-05f, -2.13374055278905e-04f, -1.68282697438203e-03f,
+                         -7.37332916720468e-03f, -1.42647390514189e-02f};
+  return x * horner(x2, p) / horner(x2, q);
 }
 
 // tanh(x) = x P(x^2) / Q(x^2) on x clipped to +-7.9053 (rational minimax fit, as in Eigen).
 inline float tanh(float x) {
   x = clampf(x, -7.90531110763549805f, 7.90531110763549805f);
-  float x2 = x * x;
-  float p = -2.76076847742355e-16f;
-  p = p * x2 + 2.00018790482477e-13f;
-  p = p * x2 + -8.60467152213735e-11f;
-  p = p * x2 + 5.12229709037114e-08f;
-  p = p * x2 + 1.48572235717979e-05f;
-  p = p * x2 + 6.37261928875436e-04f;
-  p = p * x2 + 4.89352455891786e-03f;
-  float q = 1.19825839466702e-06f;
-  q = q * x2 + 1.18534705686654e-04f;
-  q = q * x2 + 2.26843463243900e-03f;
-  q = q * x2 + 4.89352518554385e-03f;
-  return x * p / q;
+  const float x2 = x * x;
+  constexpr float p[] = {-2.76076847742355e-16f, 2.00018790482477e-13f, -8.60467152213735e-11f,
+                         5.12229709037114e-08f,  1.48572235717979e-05f, 6.37261928875436e-04f,
+                         4.89352455891786e-03f};
+  constexpr float q[] = {1.19825839466702e-06f, 1.18534705686654e-04f, 2.26843463243900e-03f,
+                         4.89352518554385e-03f};
+  return x * horner(x2, p) / horner(x2, q);
 }
 
 inline float gelu(float x) { return 0.5f * x * (1.0f + erf(x * 0.7071067811865476f)); }
