@@ -151,19 +151,28 @@ def _ids(n: Node) -> np.ndarray:
     return np.arange(1, int(np.prod(n.shape)) + 1, dtype=np.int32).reshape(n.shape)
 
 
-def _tables_fit(g: Graph, t: int, s: int, r: int) -> int | None:
-    """The sequence axis of the heads the `[.., S, .., r]` table node t is laid out for (1 or 2), or None."""
-    shape = g[t].shape
-    if shape == (1, s, 1, r):
-        return 1
-    return 2 if shape in ((s, r), (1, s, r), (1, 1, s, r)) else None
+def _tables_fit(g: Graph, t: int, s: int, r: int, b: int, ax: int) -> bool:
+    """Table node t holds `[S, r]` rows for heads whose sequence axis is `ax` (1: `[B, S, nh, r]`, 2: `[B, nh, S,
+    r]`): one table for every batch row, or with a batch `b` > 1 one per batch row (RoPE at `position_ids` that
+    differ by row: optimum's decoder exports). Checked for the given axis: at S = 1 (a decode step) `[1, 1, 1, r]`
+    fits both layouts."""
+    rows = (1, b) if b > 1 else (1,)
+    if ax == 1:
+        return g[t].shape in {(k, s, 1, r) for k in rows}
+    return g[t].shape in {(s, r), *((k, s, r) for k in rows), *((k, 1, s, r) for k in rows)}
 
 
 def _seq_axis(c: Ctx) -> int | None:
     """The heads' sequence axis (1 or 2) both tables are laid out for, or None."""
     hs, r = c["split"].shape, c["h"].shape[-1]
-    return next((ax for ax in (1, 2) if all(_tables_fit(c.graph, c.id(t), hs[ax], r) == ax for t in ("cos", "sin"))),
-                None)
+    return next((ax for ax in (1, 2) if all(_tables_fit(c.graph, c.id(t), hs[ax], r, hs[0], ax)
+                                            for t in ("cos", "sin"))), None)
+
+
+def _per_row(c: Ctx) -> bool:
+    """Both tables hold one table per batch row (`[B > 1, ...]`)."""
+    b = c["split"].shape[0]
+    return b > 1 and all(c[t].rank >= 3 and c[t].shape[0] == b for t in ("cos", "sin"))
 
 
 @reports(reads=("rope_sum",), binds=("h", "cos", "sin", "plain", "rotated", "move*"))
@@ -195,10 +204,17 @@ def _layout_why(c: Ctx) -> str:
     r = c["h"].shape[-1]
     return (f"its tables {c.d('cos')} and {c.d('sin')} are {list(c['cos'].shape)} and {list(c['sin'].shape)}, not "
             f"[S, {r}] rows on the sequence axis of the heads {c.d('split')} {list(c['split'].shape)}: needs "
-            f"[1, S, 1, {r}] for [B, S, nh, d] heads, or [S, {r}], [1, S, {r}], [1, 1, S, {r}] for [B, nh, S, d]")
+            f"[1, S, 1, {r}] for [B, S, nh, d] heads, or [S, {r}], [1, S, {r}], [1, 1, S, {r}] for [B, nh, S, d] "
+            f"(B in place of the leading 1 for one table per batch row)")
 
 
-TABLES_LAYOUT = guard("tables_layout", lambda c: _seq_axis(c) is not None, _layout_why,
+def _rows_alike(c: Ctx) -> bool:
+    """Both tables are per batch row, or neither is (the rope op reads its two tables alike)."""
+    b = c["split"].shape[0]
+    return len({c[t].rank >= 3 and c[t].shape[0] == b > 1 for t in ("cos", "sin")}) == 1
+
+
+TABLES_LAYOUT = guard("tables_layout", lambda c: _seq_axis(c) is not None and _rows_alike(c), _layout_why,
                       "lay the tables out as [S, r] rows on the heads' sequence axis", requires=("cos", "sin"),
                       reads=("split", "h"), kind=NOT_RECOGNIZED,
                       fix="fuse_sdpa.rope_pairs reads tables laid out for another head layout")
@@ -221,7 +237,8 @@ def _rewrite(c: Ctx, rw: Rewriter) -> int:
     with rw.provenance([*core, result]):
         src = c.id("split") if seq == 1 else rw.transpose(c.id("split"), (0, 2, 1, 3))
         x = rw.reshape(src, (b, s, nh * d))
-        cos, sin = (_pair_table(rw, c.id(t), s, r) for t in ("cos", "sin"))
+        rows = (b,) if _per_row(c) else ()
+        cos, sin = (_pair_table(rw, c.id(t), (*rows, s), r) for t in ("cos", "sin"))
         rot = rw.emit(Op.ROPE, [x, cos, sin], head_dim=d, n_rot=r, interleaved=True)
         out = rw.reshape(rot, (b, s, nh, d))
         if seq == 2:
@@ -231,10 +248,11 @@ def _rewrite(c: Ctx, rw: Rewriter) -> int:
     return rot
 
 
-def _pair_table(rw: Rewriter, t: int, s: int, r: int) -> int:
-    """The `[s, r/2]` even columns of the full-width table t (its neighbours are equal)."""
-    pairs = rw.reshape(t, (s, r // 2, 2))
-    return rw.reshape(rw.narrow(pairs, 2, 0, 1), (s, r // 2))
+def _pair_table(rw: Rewriter, t: int, rows: tuple[int, ...], r: int) -> int:
+    """The `[*rows, r/2]` even columns of the full-width table t (its neighbours are equal); rows `(S,)`, or `(B,
+    S)` for one table per batch row."""
+    pairs = rw.reshape(t, (*rows, r // 2, 2))
+    return rw.reshape(rw.narrow(pairs, len(rows) + 1, 0, 1), (*rows, r // 2))
 
 
 ROPE_PAIRS = Rule(
