@@ -446,7 +446,7 @@ BIAS_THEN_TABLE_MASK = Rule(
         _two_terms,
         guard("mask_table", lambda c: _is_mask_table(c.graph, c.id("a")) or _is_mask_table(c.graph, c.id("b")),
               _table_why, "nothing to change in the model: two real-valued score terms are summed as written",
-              requires=("a", "b"), kind=ILLEGAL,
+              requires=("b", "a"), kind=ILLEGAL,
               fix="none: reassociating two real-valued terms changes the rounding"),
         guard("scores_f32", lambda c: c["s"].dtype == c["a"].dtype == c["b"].dtype == DType.f32,
               lambda c: f"{c.d('s')} is {c['s'].dtype}, {c.d('a')} {c['a'].dtype} and {c.d('b')} {c['b'].dtype}; "
@@ -457,6 +457,7 @@ BIAS_THEN_TABLE_MASK = Rule(
               lambda c: f"the terms {c.d('a')} {list(c['a'].shape)} and {c.d('b')} {list(c['b'].shape)} widen the "
                         f"scores {c.d('s')} {list(c['s'].shape)}: the attention's additive operand broadcasts to "
                         "the scores' [B, heads, Sq, Sk]", requires=("s", "a", "b"), kind=ILLEGAL,
+              subject=lambda c: c.id("b") if broadcast(c["s"].shape, c["b"].shape) != c["s"].shape else c.id("a"),
               fix="none: a term wider than the scores is no attention mask"),
     ),
     result="add", absorb=("sum", "add"),
