@@ -299,3 +299,16 @@ def test_two_terms_the_rule_cannot_sum_stay_unpacked_and_are_named(case, guard, 
     (r,) = [r for r in t.rejections if r.rule == "canonicalize_exported.bias_then_table_mask" and r.headline]
     assert r.guard == guard and r.subject == ids[subject], r
     assert f"node {ids[subject]}" in r.message, r.message
+
+
+def test_a_residual_sum_is_no_score_term_and_no_record():
+    """`(x @ W + b) + residual` (every layer's output) is not `(s + a) + b` of scores: nothing a softmax reads, so the
+    rule is quiet (no near miss on every residual add)."""
+    b = Builder("residual")
+    x = b.input("x", (2, 8, 32))
+    y = b.add(b.add(b.matmul(x, b.param("w", (32, 32))), b.param("bias", (32,))), x)
+    b.output(y)
+    g = b.build().with_values({"bias": np.zeros(32, np.float32)})
+    t = run_passes(g, ["canonicalize_exported"])
+    assert not [r for r in t.rejections if r.rule == "canonicalize_exported.bias_then_table_mask"]
+    assert not t.steps[0].matches

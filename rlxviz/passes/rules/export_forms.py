@@ -408,11 +408,14 @@ def _is_mask_table(g: Graph, i: int) -> bool:
 
 @reports(reads=("add",), binds=("s", "sum", "a", "b"))
 def _two_terms(c: Ctx) -> Fail | None:
-    """Bind `(s + a) + b` at the anchor (either operand order at both adds): `s` a (scaled) score matmul, `a` and
-    `b` two additive terms of which at least one is a constant table (a param or const: a mask folded at import).
-    Quiet otherwise (another sum, or terms computed at run time: `bias_then_mask`'s where-mask or no mask)."""
+    """Bind `(s + a) + b` at the anchor (either operand order at both adds), read by a softmax: `s` a (scaled)
+    score matmul, `a` and `b` two additive terms of which at least one is a constant table (a param or const: a mask
+    folded at import). Quiet otherwise (another sum, or terms computed at run time: `bias_then_mask`'s where-mask or
+    no mask)."""
     g = c.graph
     add = c["add"]
+    if add.rank != 4 or not any(u.op == Op.SOFTMAX for u in g.users(add.id)):
+        return QUIET  # only the scores a softmax reads (a residual sum is no score term)
     for si, bi in (add.inputs, add.inputs[::-1]):
         inner = g[si]
         if inner.op != Op.ADD or len(add.inputs) != 2:
