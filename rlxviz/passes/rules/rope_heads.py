@@ -74,7 +74,8 @@ def _halves(g: Graph, i: int, pairs: bool = False) -> str:
     `t[..., 2i] == t[..., 2i + 1]`, the interleaved form's `repeat_interleave` tables), read through ops that move
     or pick rows and keep the last axis, or act elementwise (reshape, gather, narrow, transpose, cast, cos, sin, a
     scalar product) down to `concat(t, t)` (halves) or a param whose values the graph carries (`Graph.values`,
-    compared exactly); else why not, one line."""
+    compared exactly), or equal by construction where the walk stops (`equal_by_map`: a table computed at run time
+    and repeated by movement ops); else why not, one line."""
     n = g[i]
     while True:
         if not pairs and n.op == Op.CONCAT and len(set(n.inputs)) == 1 and len(n.inputs) == 2 \

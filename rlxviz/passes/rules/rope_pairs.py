@@ -5,7 +5,12 @@
 
 with `h` the heads `[B, S, nh, r]` (GPT-J rotates before its head transpose) or `[B, nh, S, r]`, and `cos`/`sin`
 full-width tables whose neighbours are equal (`repeat_interleave(t, 2)`), viewed as `[1, S, 1, r]` (the first
-layout) or `[S, r]`, `[1, S, r]`, `[1, 1, S, r]` (the second). Partial rotary: `h = heads[..., :r]` and
+layout) or `[S, r]`, `[1, S, r]`, `[1, 1, S, r]` (the second), each layout checked on its own sequence axis (a
+decode step's `[1, 1, 1, r]` at S = 1 fits the second); with a batch B > 1 also one table per batch row, B in place
+of the leading 1 (`position_ids` that differ by row: optimum's decoder-with-past, Cohere's cache offset), which the
+rope op reads as `[B, S, r/2]`. The neighbours are equal by the table's values (`Graph.values`) or by construction:
+its element map (`rope_heads.equal_by_map`: a table computed at run time, repeated by movement ops and uniform
+elementwise ops, every pair the same element of its source). Partial rotary: `h = heads[..., :r]` and
 `concat(out, heads[..., r:])`. Exporters write `rotate_every_two` many ways (strided slices, `gather` of a
 transposed view with an index table, reshape to pairs, stack and flatten): the rule reads it by the map it
 computes, evaluating the chain from `h` (movement ops and `neg`) on a signed index array (element k of h is
@@ -14,7 +19,8 @@ else is.
 
 Rewrite: `rope(x, t_cos, t_sin, head_dim=d, n_rot=r, interleaved=True)` on the packed heads x `[B, S, nh*d]`
 (`reshape` of the `[B, S, nh, d]` heads, or of their transpose), back to the heads' layout by `reshape` (and
-`transpose`); the tables are the even columns of the full ones (`t[..., 0::2]` as `[S, r/2]`).
+`transpose`); the tables are the even columns of the full ones (`t[..., 0::2]` as `[S, r/2]`, or `[B, S, r/2]`
+per batch row: the rope op reads row p of batch b's table at position p of row b, the entry the form reads).
 
 Validity (numbers equal, bit for bit on the reference): the rope op computes per pair `(x1 c - x2 s, x2 c + x1 s)`
 with `c = t_cos[p, i]` at position p; the form computes `x1 c + (-x2) s` and `x2 c + x1 s` with the table's
