@@ -987,6 +987,22 @@ NEAR_MISSES += [
 ]
 
 
+def _two_terms(**kw):
+    """T5's decoder scores (s + position bias) + a folded causal mask table (`test_attention_gaps.two_terms`)."""
+    from test_attention_gaps import two_terms
+    g, _, ids = two_terms(**kw)
+    return g, ids
+
+
+NEAR_MISSES += [
+    ("canonicalize_exported.bias_then_table_mask", "mask_table", lambda: _two_terms(fill=-1e9), "mask", {}),
+    ("canonicalize_exported.bias_then_table_mask", "scores_f32",
+     lambda: _two_terms(dtype="f16", fill=float("-inf")), "s", {}),
+    ("canonicalize_exported.bias_then_table_mask", "terms_no_widen",
+     lambda: _two_terms(B=1, mask_shape=(2, 1, 6, 6)), "mask", {}),
+]
+
+
 def _case_graph(name: str, passes: tuple[str, ...] = ()):
     from pathlib import Path
 

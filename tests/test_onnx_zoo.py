@@ -48,17 +48,12 @@ MODEL_TERMS.update({s: "quantized attention: QuantizeLinear/DequantizeLinear rou
 MODEL_TERMS.update({f"convbert.{f}": "ConvBERT: attention heads concatenated with convolution heads"
                     for f in ("dynamo-eager", "optimum", "ortopt", "qdq", "qdyn")})
 NAMED_TERMS.update({s: "quantized activations" for s in ("granite.qdq", "ernie.qdq", "deit.qdq", "convbert.qdq")})
-# rlxviz's own gaps (plain attention left unpacked), named by the layer's first rejection; listed so a fix flags
-# them (the test fails when one packs): RoPE of float16 heads computed in float32 (casts around the rotation, OLMo
-# in half precision) and an interleaved RoPE whose tables start at the cache's offset (Cohere, a decode step).
-MODEL_TERMS.update({"olmo.fp16": "gap: RoPE in float32 between casts of float16 heads",
-                    "cohere.kv": "gap: interleaved RoPE at a KV cache's offset",
-                    "cohere.optimum-past": "gap: interleaved RoPE at a KV cache's offset"})
+# rlxviz's own gaps (plain attention left unpacked) would be listed here, named by the layer's first rejection, so a
+# fix flags them (the test fails when one packs). None is left: OLMo in float16 (RoPE in float32 between casts,
+# `rope_casts`), Cohere with a cache (an interleaved RoPE at S = 1 or with per-row tables, `rope_pairs`) and T5's
+# decoder (position bias plus a folded causal mask table, `bias_then_table_mask`) pack: `test_the_closed_gaps_pack`.
 MODEL_TERMS["deepseek-v3.dynamo-eager"] = "multi-head latent attention, q = concat(q_nope, q_rope): named, unpacked"
-NAMED_TERMS.update({"cohere.kv": "rope_on_heads",
-                    "deepseek-v3.dynamo-eager": "guard latent_heads (guard, not recognized): multi-head latent",
-                    "cohere.optimum-past": "rope_on_heads",
-                    "olmo.fp16": "first rejection:"})
+NAMED_TERMS.update({"deepseek-v3.dynamo-eager": "guard latent_heads (guard, not recognized): multi-head latent"})
 
 
 DEPLOYED = (".kv", ".fp16", ".qdq", ".qdyn", ".ortopt", ".optimum", ".optimum-past")
@@ -162,6 +157,25 @@ def test_every_zoo_version_exports_to_onnx_that_onnx_runtime_runs_with_the_same_
         names = {i.name for i in sess.get_inputs()}
         got = sess.run(None, {k: v for k, v in feeds.items() if k in names})
         assert _err(got, want) <= max(1e-4, _tol(stem)), stem
+
+
+CLOSED_GAPS = {"olmo.fp16": ("fuse_sdpa.cast_rotation", "fuse_sdpa.cast_heads", "fuse_sdpa.rope_heads"),
+               "cohere.kv": ("fuse_sdpa.rope_pairs",), "cohere.optimum-past": ("fuse_sdpa.rope_pairs",),
+               "t5.encdec": ("canonicalize_exported.bias_then_table_mask",)}
+"""The gaps issue 37's zoo found (plain attention left unpacked), each closed by exact canonicalizations: the
+rules that now run on the file."""
+
+
+@pytest.mark.parametrize("stem", sorted(CLOSED_GAPS))
+def test_the_closed_gaps_pack_every_attention_with_their_canonicalizations(stem):
+    """Every softmax of the file is inside a packed attention (T5: encoder, decoder self- and cross-attention), the
+    canonicalizations that close the gap matched, and every layer is fused as expected."""
+    m, _, _, trace = _load(stem)
+    assert not [n for n in trace.final if n.op == Op.SOFTMAX], stem
+    rules = {x.rule for s in trace.steps for x in s.matches}
+    assert set(CLOSED_GAPS[stem]) <= rules, rules
+    check = check_fusion(trace, m.name)
+    assert check.ok, check.render()
 
 
 # Additive score terms that pack as the attention's operand, named by kind on the kept-operand line.

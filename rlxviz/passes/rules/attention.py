@@ -89,6 +89,7 @@ from .head_layout import CANONICAL_HEADS_PASS, REPEAT_BROADCAST_KV_PASS
 from .head_norm import HOIST_HEAD_NORMS_PASS
 from .heads import unfold_heads
 from .kv_cache import PACK_CACHE_PASS
+from .rope_casts import CAST_HEADS_PASS, CAST_ROTATION_PASS
 from .rope_heads import ROPE_HEADS, ROPE_HEADS_PASS
 from .rope_pairs import ROPE_PAIRS, ROPE_PAIRS_PASS
 from .scale_path import HOIST_SCALES_PASS, SCALAR_SCALES_PASS
@@ -489,11 +490,11 @@ def _scores_matmul(g: Graph, softmax: Node) -> Node | None:
 
 
 def _under(g: Graph, n: Node) -> list[Node]:
-    """`n` and what a rotation reaches the scores through: a transpose, a scalar-constant scale, the rotated part of
-    a partial-rotary `concat(rot, pass)` (up to three steps)."""
+    """`n` and what a rotation reaches the scores through: a transpose, a cast (a half-precision model's rotation in
+    float32), a scalar-constant scale, the rotated part of a partial-rotary `concat(rot, pass)` (up to three steps)."""
     out = [n]
     for _ in range(3):
-        if n.op == Op.TRANSPOSE or (n.op == Op.CONCAT and len(n.inputs) == 2):
+        if n.op in (Op.TRANSPOSE, Op.CAST) or (n.op == Op.CONCAT and len(n.inputs) == 2):
             n = g[n.inputs[0]]
         elif n.op in (Op.MUL, Op.DIV) and len(n.inputs) == 2 and sum(is_const(g[i]) for i in n.inputs) == 1:
             n = g[next(i for i in n.inputs if not is_const(g[i]))]
@@ -652,7 +653,9 @@ def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
     """The exact canonicalizations, in order, then `SDPA`: folded-heads chains lifted to the 4-D head layout
     (`heads.unfold_heads`); exported head layouts (a gather or view of a fused QKV) read as a plain head split
     (`head_layout.canonical_heads`); a QK-norm on the heads moved in front of the split
-    (`head_norm.hoist_head_norms`); RoPE written on the heads (`rope_heads.rope_heads`) and its interleaved form
+    (`head_norm.hoist_head_norms`); a half-precision model's float32 rotation between casts read with its casts
+    moved off the rotation and the head split (`rope_casts`, before and after the rope rewrites); RoPE written on
+    the heads (`rope_heads.rope_heads`) and its interleaved form
     (`rope_pairs.rope_pairs`) to the rope op; one broadcast K/V head as `repeat_kv`
     (`head_layout.repeat_broadcast_kv`); a decode step's KV-cache concat read packed (`kv_cache.pack_cache`);
     `[1]`-shaped Q/K scales as scalars (`scale_path.scalar_scales`) moved next to the head split
@@ -662,9 +665,9 @@ def _fuse_sdpa(graph: Graph, params: Mapping[str, Any]) -> PassResult:
     stage made and a later one absorbed (a rope `rope_heads` made, then packed into the attention). The rewrites
     written as guarded `Rule`s run as their own rule passes (`*_PASS`), so what they refuse is recorded as their own
     near miss."""
-    stages = [staged(unfold_heads), CANONICAL_HEADS_PASS, HOIST_HEAD_NORMS_PASS, ROPE_HEADS_PASS, ROPE_PAIRS_PASS,
-              REPEAT_BROADCAST_KV_PASS, PACK_CACHE_PASS, SCALAR_SCALES_PASS, HOIST_SCALES_PASS,
-              where_mask.UNINVERT_WHERE_PASS, _sdpa_rules]
+    stages = [staged(unfold_heads), CANONICAL_HEADS_PASS, HOIST_HEAD_NORMS_PASS, CAST_ROTATION_PASS, CAST_HEADS_PASS,
+              ROPE_HEADS_PASS, ROPE_PAIRS_PASS, CAST_HEADS_PASS, REPEAT_BROADCAST_KV_PASS, PACK_CACHE_PASS,
+              SCALAR_SCALES_PASS, HOIST_SCALES_PASS, where_mask.UNINVERT_WHERE_PASS, _sdpa_rules]
     return compose(graph, params, stages)
 
 

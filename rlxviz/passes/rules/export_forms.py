@@ -48,6 +48,15 @@ K's scale next to its head split, bit-exact, and `fuse_sdpa` folds both pre-scal
   score term the attention takes as its operand. Exact where kept (`+ 0`); where masked, both sides round to `min`
   for |s|, |bias| < 2^103 (min's ulp is 2^104). Guards as `where_bias` (`bias_fills`, `scores_f32`); only a sum
   with a score-matmul operand is this form (anything else: no record). `where_bias` leaves such a sum to it.
+* `canonicalize_exported.bias_then_table_mask`: `(s + a) + b` (either order at both adds) with `s` a (scaled) score
+  matmul and one of the terms a mask table folded at import (a param or const whose values the graph carries, every
+  entry 0 or a saturating fill: f32's min or -inf; T5's decoder: its relative position bias, then the causal mask
+  folded to a `[B, 1, S, S]` table) -> `s + (a + b)`, one additive score term. Exact for f32 with |s|, |a|, |b| <
+  2^102 (no real-valued score is near): where the table holds 0 both sides are `s + t` for the other term t
+  (`x + 0 == x`); where it holds the fill both sides round to the fill (min's ulp is 2^104, so min absorbs any
+  addend below 2^103; -inf absorbs every finite one). Guards: `mask_table` (one term is such a table: two
+  real-valued terms reassociated round differently, illegal), `scores_f32`, `terms_no_widen` (the terms broadcast
+  to the scores' shape, which the attention's additive operand needs).
 * `canonicalize_exported.inverted_where`: `where(eq(b, false), x, y)` or `where(ne(b, true), x, y)` with b bool
   (torch's `scores.masked_fill(~mask, min)` as exported: the mask inverted by a comparison) -> `where(b, y, x)`.
   Exact: for a bool b, `eq(b, false)` and `ne(b, true)` are `not b` element for element, and `where(not b, x, y)`
@@ -376,6 +385,98 @@ def _bias_plus_mask(c: Ctx, rw: Rewriter) -> int:
     return out
 
 
+_SATURATING = (F32_MIN, -math.inf)
+"""The fills a mask table may hold where it masks, beside 0: f32's min and -inf (each absorbs any finite f32 added
+to it below 2^103: min's ulp is 2^104)."""
+
+
+def _table_values(g: Graph, i: int) -> np.ndarray | None:
+    """The values of a param the graph carries (`Graph.values`) or of a const (scalar or small tuple), else None."""
+    n = g[i]
+    if n.op == Op.PARAM:
+        v = g.param_value(i)
+        return None if v is None else np.asarray(v, np.float64)
+    vals = _values(n)
+    return None if vals is None else np.asarray(vals, np.float64)
+
+
+def _is_mask_table(g: Graph, i: int) -> bool:
+    """Node i is a constant table (param or const) every entry of which is 0 or a saturating fill (`_SATURATING`)."""
+    v = _table_values(g, i)
+    return v is not None and v.size > 0 and bool(np.isin(v, (0.0, *_SATURATING)).all())
+
+
+@reports(reads=("add",), binds=("s", "sum", "a", "b"))
+def _two_terms(c: Ctx) -> Fail | None:
+    """Bind `(s + a) + b` at the anchor (either operand order at both adds), read by a softmax: `s` a (scaled)
+    score matmul, `a` and `b` two additive terms of which at least one is a constant table (a param or const: a mask
+    folded at import). Quiet otherwise (another sum, or terms computed at run time: `bias_then_mask`'s where-mask or
+    no mask)."""
+    g = c.graph
+    add = c["add"]
+    if add.rank != 4 or not any(u.op == Op.SOFTMAX for u in g.users(add.id)):
+        return QUIET  # only the scores a softmax reads (a residual sum is no score term)
+    for si, bi in (add.inputs, add.inputs[::-1]):
+        inner = g[si]
+        if inner.op != Op.ADD or len(add.inputs) != 2:
+            continue
+        for s_, a in (inner.inputs, inner.inputs[::-1]):
+            if _is_score_matmul(g, s_) and not _is_score_matmul(g, a) and \
+                    any(g[t].op in (Op.PARAM, Op.CONST) for t in (a, bi)):
+                c.bindings["s"], c.bindings["sum"], c.bindings["a"], c.bindings["b"] = s_, si, a, bi
+                return None
+    return QUIET
+
+
+def _table_why(c: Ctx) -> str:
+    g = c.graph
+    parts = []
+    for r in ("a", "b"):
+        v = _table_values(g, c.id(r))
+        if v is None:
+            what = "a table whose values are not known" if c[r].op == Op.PARAM else "computed at run time"
+            parts.append(f"{c.d(r)} {list(c[r].shape)} is {what}")
+        else:
+            odd = v[~np.isin(v, (0.0, *_SATURATING))]
+            parts.append(f"{c.d(r)} {list(c[r].shape)} holds {float(odd.flat[0]):.9g}")
+    return ("; ".join(parts) + f": neither term is a mask table of 0 and finfo(f32).min ({F32_MIN:.9g}) or -inf, so "
+            f"(s + a) + b, rounded twice, is not s + (a + b)")
+
+
+BIAS_THEN_TABLE_MASK = Rule(
+    "canonicalize_exported.bias_then_table_mask", P(Op.ADD, name="add"),
+    steps=(
+        _two_terms,
+        guard("mask_table", lambda c: _is_mask_table(c.graph, c.id("a")) or _is_mask_table(c.graph, c.id("b")),
+              _table_why, "nothing to change in the model: two real-valued score terms are summed as written",
+              requires=("b", "a"), kind=ILLEGAL,
+              fix="none: reassociating two real-valued terms changes the rounding"),
+        guard("scores_f32", lambda c: c["s"].dtype == c["a"].dtype == c["b"].dtype == DType.f32,
+              lambda c: f"{c.d('s')} is {c['s'].dtype}, {c.d('a')} {c['a'].dtype} and {c.d('b')} {c['b'].dtype}; "
+                        "needs f32 (the fill absorbs f32 sums below 2^103)", requires=("s", "a", "b"),
+              kind=NOT_RECOGNIZED, fix="a fill test for the scores' own dtype"),
+        guard("terms_no_widen", lambda c: broadcast(c["s"].shape, broadcast(c["a"].shape, c["b"].shape))
+              == c["s"].shape,
+              lambda c: f"the terms {c.d('a')} {list(c['a'].shape)} and {c.d('b')} {list(c['b'].shape)} widen the "
+                        f"scores {c.d('s')} {list(c['s'].shape)}: the attention's additive operand broadcasts to "
+                        "the scores' [B, heads, Sq, Sk]", requires=("s", "a", "b"), kind=ILLEGAL,
+              subject=lambda c: c.id("b") if broadcast(c["s"].shape, c["b"].shape) != c["s"].shape else c.id("a"),
+              fix="none: a term wider than the scores is no attention mask"),
+    ),
+    result="add", absorb=("sum", "add"),
+    rewrite=lambda c, rw: _terms_summed(c, rw),
+    doc="(scores + a) + b, a or b a mask table of 0 and f32 min / -inf -> scores + (a + b)")
+
+
+def _terms_summed(c: Ctx, rw: Rewriter) -> int:
+    with rw.provenance([c.id("sum"), c.id("add")]):
+        term = rw.emit(Op.ADD, [c.id("a"), c.id("b")])
+        out = rw.emit(Op.ADD, [c.id("s"), term])
+    rw.remove([c.id("sum")])
+    rw.replace(c.id("add"), out)
+    return out
+
+
 def _bool_const(node: Node, value: bool) -> bool:
     return is_const(node) and node.dtype == DType.bool and const_value(node) == float(value)
 
@@ -494,10 +595,12 @@ UNIT_AXIS_ONE_HEAD = Rule(
 
 canonicalize_exported = rule_pass(
     "canonicalize_exported", [SILU, RELU2, RSQRT, WHERE_BIAS, NAN_GUARD, NAN_GUARD_MOVED, FOLDED_TRANSPOSE,
-                              BIAS_THEN_MASK, INVERTED_WHERE, NOOP_CAST, UNIT_AXIS_HEAD_SPLIT, UNIT_AXIS_ONE_HEAD],
+                              BIAS_THEN_MASK, BIAS_THEN_TABLE_MASK, INVERTED_WHERE, NOOP_CAST, UNIT_AXIS_HEAD_SPLIT,
+                              UNIT_AXIS_ONE_HEAD],
     "forms exporters write (x*sigmoid(x), relu(x)^2, 1/sqrt, the padding-mask sum, the sdpa NaN guard, its folded "
     "transpose, T5's bias then mask, an inverted where, no-op casts) -> the IR's ops",
     product="the exporter's forms as IR ops (silu, rsqrt, where mask)")
 
-__all__ = ["BIAS_THEN_MASK", "FOLDED_TRANSPOSE", "INVERTED_WHERE", "NAN_GUARD", "NAN_GUARD_MOVED", "NOOP_CAST", "RELU2",
+__all__ = ["BIAS_THEN_MASK", "BIAS_THEN_TABLE_MASK",
+           "FOLDED_TRANSPOSE", "INVERTED_WHERE", "NAN_GUARD", "NAN_GUARD_MOVED", "NOOP_CAST", "RELU2",
            "RSQRT", "SILU", "UNIT_AXIS_HEAD_SPLIT", "UNIT_AXIS_ONE_HEAD", "WHERE_BIAS", "canonicalize_exported"]

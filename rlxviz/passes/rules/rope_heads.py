@@ -74,7 +74,8 @@ def _halves(g: Graph, i: int, pairs: bool = False) -> str:
     `t[..., 2i] == t[..., 2i + 1]`, the interleaved form's `repeat_interleave` tables), read through ops that move
     or pick rows and keep the last axis, or act elementwise (reshape, gather, narrow, transpose, cast, cos, sin, a
     scalar product) down to `concat(t, t)` (halves) or a param whose values the graph carries (`Graph.values`,
-    compared exactly); else why not, one line."""
+    compared exactly), or equal by construction where the walk stops (`equal_by_map`: a table computed at run time
+    and repeated by movement ops); else why not, one line."""
     n = g[i]
     while True:
         if not pairs and n.op == Op.CONCAT and len(set(n.inputs)) == 1 and len(n.inputs) == 2 \
@@ -86,8 +87,79 @@ def _halves(g: Graph, i: int, pairs: bool = False) -> str:
             n = g[next(j for j in n.inputs if not is_const(g[j]))]
         elif _keeps_rows(g, n):
             n = g[n.inputs[0]]
+        elif equal_by_map(g, n.id, pairs):
+            return ""
         else:
             return f"{n.op.value} (node {n.id}) {list(n.shape)} is neither concat(t, t) nor a constant"
+
+
+MAX_MAP = 1 << 20
+"""The most elements of a table whose element map `equal_by_map` evaluates (an int64 array of 8 MiB)."""
+_MOVES = (Op.RESHAPE, Op.TRANSPOSE, Op.EXPAND, Op.NARROW, Op.GATHER)
+_UNIFORM = (Op.CAST, Op.COS, Op.SIN, Op.NEG)
+
+
+def _const_index(g: Graph, i: int) -> np.ndarray | None:
+    """The integer values of a const or of a param whose values the graph carries (a gather's index table)."""
+    n = g[i]
+    v = n.attrs.get("value") if n.op == Op.CONST else g.param_value(i)
+    if v is None or isinstance(v, float):
+        return None
+    a = np.asarray(v)
+    return a.astype(np.int64) if a.dtype.kind in "iu" else None
+
+
+def _element_map(g: Graph, i: int, depth: int = 24) -> np.ndarray | None:
+    """Node i as a map of the elements of the node it is computed from (each element of that source numbered): i is
+    reached from the source through movement ops (reshape, transpose, expand, narrow, gather by a constant index)
+    and uniform elementwise ops (cast, cos, sin, neg, a product with a scalar constant), which give equal outputs
+    for equal inputs; so two entries of the map that are equal hold equal values. None for any other op on the way,
+    or a source over `MAX_MAP` elements."""
+    n = g[i]
+    if depth == 0 or int(np.prod(n.shape)) > MAX_MAP:
+        return None
+    if n.op in _UNIFORM:
+        return _element_map(g, n.inputs[0], depth - 1)
+    if n.op in (Op.MUL, Op.DIV) and len(n.inputs) == 2 and is_const(g[n.inputs[1]]) \
+            and int(np.prod(g[n.inputs[1]].shape)) == 1:
+        return _element_map(g, n.inputs[0], depth - 1)
+    if n.op == Op.MUL and len(n.inputs) == 2 and is_const(g[n.inputs[0]]) and int(np.prod(g[n.inputs[0]].shape)) == 1:
+        return _element_map(g, n.inputs[1], depth - 1)
+    if n.op not in _MOVES:
+        return np.arange(int(np.prod(n.shape)), dtype=np.int64).reshape(n.shape)  # the source: every element its own
+    a = _element_map(g, n.inputs[0], depth - 1)
+    if a is None:
+        return None
+    try:
+        if n.op == Op.RESHAPE:
+            out = a.reshape(n.shape)
+        elif n.op == Op.TRANSPOSE:
+            out = a.transpose(n.attrs["perm"])
+        elif n.op == Op.EXPAND:
+            out = np.broadcast_to(a, n.shape)
+        elif n.op == Op.NARROW:
+            ax, st = n.attrs["axis"] % a.ndim, n.attrs["start"]
+            out = np.take(a, range(st, st + n.attrs["length"]), axis=ax)
+        else:
+            idx = _const_index(g, n.inputs[1])
+            if idx is None:
+                return None
+            out = np.take(a, idx, axis=n.attrs.get("axis", 0) % a.ndim)
+    except (ValueError, IndexError):
+        return None
+    return out if out.shape == n.shape else None
+
+
+def equal_by_map(g: Graph, i: int, pairs: bool = False) -> bool:
+    """Every row of table node i has two equal halves (`pairs`: equal neighbours) by construction: its element map
+    (`_element_map`) repeats each entry so. Exact: equal map entries are the same element of the source, carried
+    by the same ops (a table computed from `position_ids` at run time, repeated by a gather: optimum's exports)."""
+    m = _element_map(g, i)
+    if m is None or not m.ndim or m.shape[-1] % 2:
+        return False
+    half = m.shape[-1] // 2
+    a, b = (m[..., 0::2], m[..., 1::2]) if pairs else (m[..., :half], m[..., half:])
+    return bool(np.array_equal(a, b)) and m.size > 1
 
 
 def _keeps_rows(g: Graph, n: Node) -> bool:

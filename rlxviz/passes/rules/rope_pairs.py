@@ -5,7 +5,12 @@
 
 with `h` the heads `[B, S, nh, r]` (GPT-J rotates before its head transpose) or `[B, nh, S, r]`, and `cos`/`sin`
 full-width tables whose neighbours are equal (`repeat_interleave(t, 2)`), viewed as `[1, S, 1, r]` (the first
-layout) or `[S, r]`, `[1, S, r]`, `[1, 1, S, r]` (the second). Partial rotary: `h = heads[..., :r]` and
+layout) or `[S, r]`, `[1, S, r]`, `[1, 1, S, r]` (the second), each layout checked on its own sequence axis (a
+decode step's `[1, 1, 1, r]` at S = 1 fits the second); with a batch B > 1 also one table per batch row, B in place
+of the leading 1 (`position_ids` that differ by row: optimum's decoder-with-past, Cohere's cache offset), which the
+rope op reads as `[B, S, r/2]`. The neighbours are equal by the table's values (`Graph.values`) or by construction:
+its element map (`rope_heads.equal_by_map`: a table computed at run time, repeated by movement ops and uniform
+elementwise ops, every pair the same element of its source). Partial rotary: `h = heads[..., :r]` and
 `concat(out, heads[..., r:])`. Exporters write `rotate_every_two` many ways (strided slices, `gather` of a
 transposed view with an index table, reshape to pairs, stack and flatten): the rule reads it by the map it
 computes, evaluating the chain from `h` (movement ops and `neg`) on a signed index array (element k of h is
@@ -14,7 +19,8 @@ else is.
 
 Rewrite: `rope(x, t_cos, t_sin, head_dim=d, n_rot=r, interleaved=True)` on the packed heads x `[B, S, nh*d]`
 (`reshape` of the `[B, S, nh, d]` heads, or of their transpose), back to the heads' layout by `reshape` (and
-`transpose`); the tables are the even columns of the full ones (`t[..., 0::2]` as `[S, r/2]`).
+`transpose`); the tables are the even columns of the full ones (`t[..., 0::2]` as `[S, r/2]`, or `[B, S, r/2]`
+per batch row: the rope op reads row p of batch b's table at position p of row b, the entry the form reads).
 
 Validity (numbers equal, bit for bit on the reference): the rope op computes per pair `(x1 c - x2 s, x2 c + x1 s)`
 with `c = t_cos[p, i]` at position p; the form computes `x1 c + (-x2) s` and `x2 c + x1 s` with the table's
@@ -151,19 +157,28 @@ def _ids(n: Node) -> np.ndarray:
     return np.arange(1, int(np.prod(n.shape)) + 1, dtype=np.int32).reshape(n.shape)
 
 
-def _tables_fit(g: Graph, t: int, s: int, r: int) -> int | None:
-    """The sequence axis of the heads the `[.., S, .., r]` table node t is laid out for (1 or 2), or None."""
-    shape = g[t].shape
-    if shape == (1, s, 1, r):
-        return 1
-    return 2 if shape in ((s, r), (1, s, r), (1, 1, s, r)) else None
+def _tables_fit(g: Graph, t: int, s: int, r: int, b: int, ax: int) -> bool:
+    """Table node t holds `[S, r]` rows for heads whose sequence axis is `ax` (1: `[B, S, nh, r]`, 2: `[B, nh, S,
+    r]`): one table for every batch row, or with a batch `b` > 1 one per batch row (RoPE at `position_ids` that
+    differ by row: optimum's decoder exports). Checked for the given axis: at S = 1 (a decode step) `[1, 1, 1, r]`
+    fits both layouts."""
+    rows = (1, b) if b > 1 else (1,)
+    if ax == 1:
+        return g[t].shape in {(k, s, 1, r) for k in rows}
+    return g[t].shape in {(s, r), *((k, s, r) for k in rows), *((k, 1, s, r) for k in rows)}
 
 
 def _seq_axis(c: Ctx) -> int | None:
     """The heads' sequence axis (1 or 2) both tables are laid out for, or None."""
     hs, r = c["split"].shape, c["h"].shape[-1]
-    return next((ax for ax in (1, 2) if all(_tables_fit(c.graph, c.id(t), hs[ax], r) == ax for t in ("cos", "sin"))),
-                None)
+    return next((ax for ax in (1, 2) if all(_tables_fit(c.graph, c.id(t), hs[ax], r, hs[0], ax)
+                                            for t in ("cos", "sin"))), None)
+
+
+def _per_row(c: Ctx) -> bool:
+    """Both tables hold one table per batch row (`[B > 1, ...]`)."""
+    b = c["split"].shape[0]
+    return b > 1 and all(c[t].rank >= 3 and c[t].shape[0] == b for t in ("cos", "sin"))
 
 
 @reports(reads=("rope_sum",), binds=("h", "cos", "sin", "plain", "rotated", "move*"))
@@ -195,10 +210,17 @@ def _layout_why(c: Ctx) -> str:
     r = c["h"].shape[-1]
     return (f"its tables {c.d('cos')} and {c.d('sin')} are {list(c['cos'].shape)} and {list(c['sin'].shape)}, not "
             f"[S, {r}] rows on the sequence axis of the heads {c.d('split')} {list(c['split'].shape)}: needs "
-            f"[1, S, 1, {r}] for [B, S, nh, d] heads, or [S, {r}], [1, S, {r}], [1, 1, S, {r}] for [B, nh, S, d]")
+            f"[1, S, 1, {r}] for [B, S, nh, d] heads, or [S, {r}], [1, S, {r}], [1, 1, S, {r}] for [B, nh, S, d] "
+            f"(B in place of the leading 1 for one table per batch row)")
 
 
-TABLES_LAYOUT = guard("tables_layout", lambda c: _seq_axis(c) is not None, _layout_why,
+def _rows_alike(c: Ctx) -> bool:
+    """Both tables are per batch row, or neither is (the rope op reads its two tables alike)."""
+    b = c["split"].shape[0]
+    return len({c[t].rank >= 3 and c[t].shape[0] == b > 1 for t in ("cos", "sin")}) == 1
+
+
+TABLES_LAYOUT = guard("tables_layout", lambda c: _seq_axis(c) is not None and _rows_alike(c), _layout_why,
                       "lay the tables out as [S, r] rows on the heads' sequence axis", requires=("cos", "sin"),
                       reads=("split", "h"), kind=NOT_RECOGNIZED,
                       fix="fuse_sdpa.rope_pairs reads tables laid out for another head layout")
@@ -221,7 +243,8 @@ def _rewrite(c: Ctx, rw: Rewriter) -> int:
     with rw.provenance([*core, result]):
         src = c.id("split") if seq == 1 else rw.transpose(c.id("split"), (0, 2, 1, 3))
         x = rw.reshape(src, (b, s, nh * d))
-        cos, sin = (_pair_table(rw, c.id(t), s, r) for t in ("cos", "sin"))
+        rows = (b,) if _per_row(c) else ()
+        cos, sin = (_pair_table(rw, c.id(t), (*rows, s), r) for t in ("cos", "sin"))
         rot = rw.emit(Op.ROPE, [x, cos, sin], head_dim=d, n_rot=r, interleaved=True)
         out = rw.reshape(rot, (b, s, nh, d))
         if seq == 2:
@@ -231,10 +254,11 @@ def _rewrite(c: Ctx, rw: Rewriter) -> int:
     return rot
 
 
-def _pair_table(rw: Rewriter, t: int, s: int, r: int) -> int:
-    """The `[s, r/2]` even columns of the full-width table t (its neighbours are equal)."""
-    pairs = rw.reshape(t, (s, r // 2, 2))
-    return rw.reshape(rw.narrow(pairs, 2, 0, 1), (s, r // 2))
+def _pair_table(rw: Rewriter, t: int, rows: tuple[int, ...], r: int) -> int:
+    """The `[*rows, r/2]` even columns of the full-width table t (its neighbours are equal); rows `(S,)`, or `(B,
+    S)` for one table per batch row."""
+    pairs = rw.reshape(t, (*rows, r // 2, 2))
+    return rw.reshape(rw.narrow(pairs, len(rows) + 1, 0, 1), (*rows, r // 2))
 
 
 ROPE_PAIRS = Rule(
