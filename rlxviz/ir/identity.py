@@ -1,4 +1,8 @@
-"""A mapping keyed by object identity that keeps its keys alive.
+"""Cache keys: by content (`DigestCache`, for graphs and traces) or, for arrays only, by identity (`IdentityMap`).
+
+A graph and a trace have a content identity (`Graph.digest`, `Trace.digest`): every cache of a view derived from
+one is a `DigestCache`, so a rebuilt but equal graph hits, and a changed graph can never be answered from an entry
+made for another. Arrays have no cheap content identity; an array-keyed cache is an `IdentityMap`, below.
 
 `id(x)` is unique only while `x` lives: CPython reuses the address of a freed object, so a cache keyed by
 the `id()` of a temporary (a NumPy array made while importing, a graph replaced by the next run) hands a later
@@ -9,17 +13,89 @@ be reused while the entry exists; it is the only place in rlxviz that calls `id(
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Generic, TypeVar
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Generic, Protocol, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
 
 
+class HasDigest(Protocol):
+    """Anything with a content digest: `Graph`, `Trace`."""
+
+    @property
+    def digest(self) -> str: ...
+
+
+class DigestCache(Generic[V]):
+    """`obj -> value` by `obj.digest` (a `Graph`'s or a `Trace`'s content identity), least recently used first out.
+
+    Two objects with the same digest share an entry: the value must be a function of the object's content (it is
+    for every view derived from an immutable graph or a finished trace). Thread-safe; a value two threads compute
+    at once is computed twice and stored once.
+
+    Args:
+        limit: the most entries kept (the least recently used is dropped first).
+    """
+
+    __slots__ = ("_items", "_lock", "limit")
+
+    def __init__(self, limit: int = 8) -> None:
+        self._items: OrderedDict[str, V] = OrderedDict()
+        self._lock = threading.Lock()
+        self.limit = limit
+
+    def get(self, obj: HasDigest, default: V | None = None) -> V | None:
+        """The value stored for `obj`'s digest (`default` when there is none)."""
+        key = obj.digest
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        return default
+
+    def __contains__(self, obj: HasDigest) -> bool:
+        with self._lock:
+            return obj.digest in self._items
+
+    def __setitem__(self, obj: HasDigest, value: V) -> None:
+        key = obj.digest
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.limit:
+                self._items.popitem(last=False)
+
+    def get_or_compute(self, obj: HasDigest, compute: Callable[[], V]) -> V:
+        """The value stored for `obj`'s digest, else `compute()` stored under it."""
+        key = obj.digest
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        value = compute()
+        with self._lock:
+            if key in self._items:  # another thread computed it meanwhile: keep one value
+                return self._items[key]
+            self._items[key] = value
+            while len(self._items) > self.limit:
+                self._items.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 class IdentityMap(Generic[K, V]):
-    """`key -> value` by `key is other` (not `==`, not hash): for unhashable or costly-to-hash keys such as
-    NumPy arrays and graphs. Holds every key alive until its entry is removed. `limit`: the most entries kept,
-    the oldest dropped first (None: unbounded)."""
+    """`key -> value` by `key is other` (not `==`, not hash): for keys with no content identity, NumPy and MLX
+    arrays (a graph or a trace has one: use `DigestCache`). Holds every key alive until its entry is removed.
+    `limit`: the most entries kept, the oldest dropped first (None: unbounded)."""
 
     __slots__ = ("_items", "limit")
 
@@ -72,4 +148,4 @@ class IdentityMap(Generic[K, V]):
         return (k for k, _ in self._items.values())
 
 
-__all__ = ["IdentityMap"]
+__all__ = ["DigestCache", "HasDigest", "IdentityMap"]

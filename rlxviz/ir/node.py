@@ -7,7 +7,7 @@ nodes instead of mutating old ones, so every graph version stays a valid snapsho
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
 from .dtype import DType
@@ -93,6 +93,8 @@ class Node:
     path: str = ""
     pass_name: str = ""
     absorbed: tuple[int, ...] = ()
+    _line: str | None = field(default=None, init=False, repr=False, compare=False)
+    """The node's IR line, made once by `printer.format_node` (a node never changes, so neither does its line)."""
 
     def __post_init__(self) -> None:
         if type(self.attrs) is not FrozenAttrs:
