@@ -249,3 +249,26 @@ def test_an_edited_copy_of_a_cached_graph_is_not_answered_from_the_cache():
     rewired = Graph([n.replace(inputs=(0,)) if n.id == 2 else n for n in g], g.outputs, g.name, g.next_id)
     assert rewired.digest != g.digest and live_nodes(rewired) == frozenset({0, 2, 3})
     assert live_nodes(g) == frozenset({0, 1, 2, 3})
+
+
+def test_a_run_copied_with_other_hints_is_another_run():
+    """`session.advice.vetted` copies a run with the hints of the fixes that failed their check: same graphs, other
+    decisions. Its digest differs, so its verdict is made from its own rejections, not served from the original's."""
+    from dataclasses import replace
+
+    from rlxviz.passes import Trace
+
+    g = parse_ir(TWO)
+    t = Pipeline(["fuse_matmul_bias_act"]).run(g)
+    step = t.steps[0]
+    probe = replace(step, rejections=[*step.rejections, _rejection("hint a")])
+    a, b = Trace(t.input, [probe], t.pipeline), Trace(t.input, [replace(probe, rejections=[
+        *step.rejections, _rejection("hint b")])], t.pipeline)
+    assert a.digest != b.digest and RunFacts.of(a) is not RunFacts.of(b) and RunFacts.of(b).trace is b
+    assert Trace(t.input, [replace(probe, seconds=9.0)], t.pipeline).digest == a.digest  # the time is no decision
+
+
+def _rejection(hint: str):
+    from rlxviz.passes.trace import Rejection
+
+    return Rejection("fuse_matmul_bias_act", "fuse_matmul_bias_act.bias_act", 2, "guard", "g", "m", hint=hint)

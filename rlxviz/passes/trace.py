@@ -267,7 +267,7 @@ class Trace:
     def digest(self) -> str:
         """The run's content identity: sha256 (hex, 24 digits) of the pipeline name, the input graph's
         `Graph.digest`, and per step its pass name, params, error, the digest of the graph after it and what it
-        decided (each match's rule, anchor and fused node; each rejection's rule, guard, anchor and message).
+        decided (every field of its matches and rejections; not its seconds).
 
         Two traces with the same digest hold the same versions and decisions, so caches of views derived from a
         run (explanations, verdicts, drawings, timings) key on it instead of the object's identity. Made once per
@@ -276,10 +276,9 @@ class Trace:
         if self._key[0] != len(self.steps):
             h = hashlib.sha256(f"{self.pipeline}\n{self.input.digest}\n".encode())
             for s in self.steps:
-                h.update(json.dumps([s.pass_name, s.params, s.error, s.after.digest,
-                                     [(m.rule, m.anchor, m.fused) for m in s.matches],
-                                     [(r.rule, r.guard, r.anchor, r.message) for r in s.rejections]],
-                                    sort_keys=True, default=str).encode())
+                h.update(json.dumps([s.pass_name, s.params, s.error, s.after.digest], sort_keys=True,
+                                    default=str).encode())
+                h.update(repr((s.matches, s.rejections)).encode())  # every field: a vetted copy differs in hints
             self._key = (len(self.steps), h.hexdigest()[:24])
         return self._key[1]
 
