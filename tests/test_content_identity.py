@@ -272,3 +272,22 @@ def _rejection(hint: str):
     from rlxviz.passes.trace import Rejection
 
     return Rejection("fuse_matmul_bias_act", "fuse_matmul_bias_act.bias_act", 2, "guard", "g", "m", hint=hint)
+
+
+def test_a_changed_pass_registry_empties_the_caches(monkeypatch):
+    """A view of a run reads the pass definitions too (a guard's declared excuse): replacing a pass in `PASSES` (a
+    notebook's new rule, a test's patched policy) must not leave a view made under the old definition in a cache
+    keyed by the unchanged content."""
+    from rlxviz.passes import PASSES
+
+    cache: DigestCache[int] = DigestCache()
+    g = parse_ir(TWO)
+    cache[g] = 1
+    assert cache.get(g) == 1
+    monkeypatch.setitem(PASSES, "unfuse", PASSES["unfuse"])
+    assert cache.get(g) is None and len(cache) == 0
+    t = Pipeline(["fuse_matmul_bias_act"]).run(g)
+    facts = RunFacts.of(t)
+    assert RunFacts.of(t) is facts
+    monkeypatch.delitem(PASSES, "unfuse")
+    assert RunFacts.of(t) is not facts

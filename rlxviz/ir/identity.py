@@ -22,6 +22,17 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 
+_GENERATION = [0]
+"""Bumped by `definitions_changed`: a `DigestCache` made under an older generation starts empty."""
+
+
+def definitions_changed() -> None:
+    """Empty every `DigestCache`: what a view derived from a graph or a run means has changed (the pass registry
+    gained, lost or replaced a pass: a notebook's new rule, a test's patched guard policy), so an entry made for the
+    same content under the old definitions is stale. Cheap; nothing in a normal run calls it."""
+    _GENERATION[0] += 1
+
+
 class HasDigest(Protocol):
     """Anything with a content digest: `Graph`, `Trace`."""
 
@@ -32,56 +43,70 @@ class HasDigest(Protocol):
 class DigestCache(Generic[V]):
     """`obj -> value` by `obj.digest` (a `Graph`'s or a `Trace`'s content identity), least recently used first out.
 
-    Two objects with the same digest share an entry: the value must be a function of the object's content (it is
-    for every view derived from an immutable graph or a finished trace). Thread-safe; a value two threads compute
-    at once is computed twice and stored once.
+    Two objects with the same digest share an entry: the value must be a function of the object's content and of
+    the pass definitions (it is for every view derived from an immutable graph or a finished trace); when those
+    change, `definitions_changed` empties every cache. Thread-safe; a value two threads compute at once is computed
+    twice and stored once.
 
     Args:
         limit: the most entries kept (the least recently used is dropped first).
     """
 
-    __slots__ = ("_items", "_lock", "limit")
+    __slots__ = ("_generation", "_items", "_lock", "limit")
 
     def __init__(self, limit: int = 8) -> None:
         self._items: OrderedDict[str, V] = OrderedDict()
         self._lock = threading.Lock()
+        self._generation = _GENERATION[0]
         self.limit = limit
+
+    def _current(self) -> OrderedDict[str, V]:
+        """The entries, emptied first when the definitions changed since they were made (call under the lock)."""
+        if self._generation != _GENERATION[0]:
+            self._items.clear()
+            self._generation = _GENERATION[0]
+        return self._items
 
     def get(self, obj: HasDigest, default: V | None = None) -> V | None:
         """The value stored for `obj`'s digest (`default` when there is none)."""
         key = obj.digest
         with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
+            items = self._current()
+            if key in items:
+                items.move_to_end(key)
+                return items[key]
         return default
 
     def __contains__(self, obj: HasDigest) -> bool:
+        key = obj.digest
         with self._lock:
-            return obj.digest in self._items
+            return key in self._current()
 
     def __setitem__(self, obj: HasDigest, value: V) -> None:
         key = obj.digest
         with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self.limit:
-                self._items.popitem(last=False)
+            items = self._current()
+            items[key] = value
+            items.move_to_end(key)
+            while len(items) > self.limit:
+                items.popitem(last=False)
 
     def get_or_compute(self, obj: HasDigest, compute: Callable[[], V]) -> V:
         """The value stored for `obj`'s digest, else `compute()` stored under it."""
         key = obj.digest
         with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
+            items = self._current()
+            if key in items:
+                items.move_to_end(key)
+                return items[key]
         value = compute()
         with self._lock:
-            if key in self._items:  # another thread computed it meanwhile: keep one value
-                return self._items[key]
-            self._items[key] = value
-            while len(self._items) > self.limit:
-                self._items.popitem(last=False)
+            items = self._current()
+            if key in items:  # another thread computed it meanwhile: keep one value
+                return items[key]
+            items[key] = value
+            while len(items) > self.limit:
+                items.popitem(last=False)
         return value
 
     def clear(self) -> None:
@@ -89,7 +114,8 @@ class DigestCache(Generic[V]):
             self._items.clear()
 
     def __len__(self) -> int:
-        return len(self._items)
+        with self._lock:
+            return len(self._current())
 
 
 class IdentityMap(Generic[K, V]):
@@ -148,4 +174,4 @@ class IdentityMap(Generic[K, V]):
         return (k for k, _ in self._items.values())
 
 
-__all__ = ["DigestCache", "HasDigest", "IdentityMap"]
+__all__ = ["DigestCache", "HasDigest", "IdentityMap", "definitions_changed"]
