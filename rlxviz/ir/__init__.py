@@ -6,7 +6,7 @@ from .emitter import Emitter
 from .graph import Graph, GraphError
 from .infer import ShapeError, TensorType, infer
 from .lint import lint, problems
-from .node import Node
+from .node import FrozenAttrs, Node
 from .ops import FTL_INPUTS, MASK_KINDS, Op, family, operand_roles
 from .parser import IRSyntaxError, parse_ir
 from .printer import format_graph, format_node, window
@@ -14,7 +14,7 @@ from .rewrite import RewriteError, Rewriter, common_path
 from .serialize import from_json, graph_from_dict, graph_to_dict, to_json
 
 __all__ = [
-    "Builder", "DType", "Emitter", "FTL_INPUTS", "Graph", "GraphError", "IRSyntaxError", "MASK_KINDS",
+    "Builder", "DType", "Emitter", "FTL_INPUTS", "FrozenAttrs", "Graph", "GraphError", "IRSyntaxError", "MASK_KINDS",
     "Node", "NodeEmitter", "Op", "RewriteError", "Rewriter", "ShapeError", "TensorType", "common_path",
     "family", "format_graph", "format_node", "from_json", "graph_from_dict", "graph_to_dict", "infer",
     "lint", "operand_roles", "parse_ir", "problems", "to_json", "window",

@@ -6,12 +6,14 @@ once per snapshot, and graph outputs count as uses in one place (`use_count`, `i
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .node import Node
 from .ops import FUSED, Op
+from .printer import format_graph
 
 NodeRef = Node | int
 SMALL_VALUE = 1 << 18
@@ -31,6 +33,48 @@ class GraphError(ValueError):
         self.reason = reason  # the problem alone, one line (`%1 (gelu): declared type ...`), when known
 
 
+class GraphValues(Mapping[str, Any]):
+    """`Graph.values`: param name -> NumPy value, read-only, shared by every version of a graph, with its content
+    digest made once (`digest`: names, dtypes, shapes and bytes of every value) so each version's `Graph.digest`
+    does not hash the arrays again. The arrays are the importer's and must not be written to."""
+
+    __slots__ = ("_items", "_digest")
+
+    def __init__(self, items: Mapping[str, Any] | None = None) -> None:
+        self._items: dict[str, Any] = dict(items or {})
+        self._digest: str | None = None
+
+    def __getitem__(self, name: str) -> Any:
+        return self._items[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"GraphValues({', '.join(self._items)})"
+
+    @property
+    def digest(self) -> str:
+        """sha256 (hex) of every value's name, dtype, shape and bytes, in name order ("" when there are none)."""
+        if self._digest is None:
+            if not self._items:
+                self._digest = ""
+            else:
+                h = hashlib.sha256()
+                for name in sorted(self._items):
+                    v = self._items[name]
+                    h.update(f"{name}:{v.dtype}:{v.shape}".encode())
+                    h.update(v.tobytes())
+                self._digest = h.hexdigest()
+        return self._digest
+
+
+NO_VALUES = GraphValues()
+
+
 def _id(ref: NodeRef) -> int:
     return ref.id if isinstance(ref, Node) else ref
 
@@ -38,11 +82,12 @@ def _id(ref: NodeRef) -> int:
 class Graph:
     """A dataflow graph of `Node`s in topological order, with its outputs.
 
-    Graphs are treated as immutable: passes produce new graphs with `Rewriter`. Node ids are
+    Graphs are immutable: passes produce new graphs with `Rewriter`. `digest` is the graph's content identity
+    (its IR text and its values), the key of every cache of something derived from a graph. Node ids are
     stable across versions; `next_id` is the first id a rewrite may allocate. `values` maps param names to
     the NumPy values the importer knew for small params (at most `SMALL_VALUE` elements: constant tables, masks;
     read-only, shared by every version of the graph), so a guard can check a constant table's entries; a graph
-    built without them has `{}` and such guards refuse with "values not known".
+    built without them has none (an empty `GraphValues`) and such guards refuse with "values not known".
 
     Example:
         >>> from rlxviz.ir import Builder
@@ -51,7 +96,7 @@ class Graph:
         ['input', 'relu']
     """
 
-    __slots__ = ("name", "outputs", "next_id", "values", "_nodes", "_users", "_pos")
+    __slots__ = ("name", "outputs", "next_id", "values", "_nodes", "_users", "_pos", "_digest")
 
     def __init__(self, nodes: Iterable[Node], outputs: Sequence[int], name: str = "graph",
                  next_id: int | None = None, values: Mapping[str, Any] | None = None) -> None:
@@ -63,9 +108,27 @@ class Graph:
         self.outputs: tuple[int, ...] = tuple(outputs)
         self.name = name
         self.next_id = max(next_id or 0, max(self._nodes, default=-1) + 1)
-        self.values: Mapping[str, Any] = values if values is not None else {}
+        self.values: GraphValues = values if isinstance(values, GraphValues) else \
+            GraphValues(values) if values else NO_VALUES
         self._users: dict[int, tuple[int, ...]] | None = None
         self._pos: dict[int, int] | None = None
+        self._digest: str | None = None
+
+    @property
+    def digest(self) -> str:
+        """The graph's content identity: sha256 (hex, 32 digits) of its IR text (`format_graph`: name, node ids,
+        ops, operands, attributes, types, paths, pass names, absorbed ids, outputs, `next_id`) and of the values
+        it carries (`GraphValues.digest`). Made once per graph (graphs are immutable; each node's line is made once
+        per node, so the versions of a pipeline run share that work).
+
+        Node ids are part of it on purpose: caches keyed by it hold node ids (live sets, node maps, bindings), and a
+        graph whose ids differ names different nodes. Two graphs with equal digests are interchangeable for every
+        derived view; a rebuilt graph with the same content hits the same cache entries."""
+        if self._digest is None:
+            h = hashlib.sha256(format_graph(self).encode())
+            h.update(self.values.digest.encode())
+            self._digest = h.hexdigest()[:32]
+        return self._digest
 
     # -- container protocol -------------------------------------------------------------------
     def __getitem__(self, ref: NodeRef) -> Node:

@@ -1,4 +1,8 @@
-"""A mapping keyed by object identity that keeps its keys alive.
+"""Cache keys: by content (`DigestCache`, for graphs and traces) or, for arrays only, by identity (`IdentityMap`).
+
+A graph and a trace have a content identity (`Graph.digest`, `Trace.digest`): every cache of a view derived from
+one is a `DigestCache`, so a rebuilt but equal graph hits, and a changed graph can never be answered from an entry
+made for another. Arrays have no cheap content identity; an array-keyed cache is an `IdentityMap`, below.
 
 `id(x)` is unique only while `x` lives: CPython reuses the address of a freed object, so a cache keyed by
 the `id()` of a temporary (a NumPy array made while importing, a graph replaced by the next run) hands a later
@@ -9,17 +13,115 @@ be reused while the entry exists; it is the only place in rlxviz that calls `id(
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Generic, TypeVar
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Generic, Protocol, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
 
 
+_GENERATION = [0]
+"""Bumped by `definitions_changed`: a `DigestCache` made under an older generation starts empty."""
+
+
+def definitions_changed() -> None:
+    """Empty every `DigestCache`: what a view derived from a graph or a run means has changed (the pass registry
+    gained, lost or replaced a pass: a notebook's new rule, a test's patched guard policy), so an entry made for the
+    same content under the old definitions is stale. Cheap; nothing in a normal run calls it."""
+    _GENERATION[0] += 1
+
+
+class HasDigest(Protocol):
+    """Anything with a content digest: `Graph`, `Trace`."""
+
+    @property
+    def digest(self) -> str: ...
+
+
+class DigestCache(Generic[V]):
+    """`obj -> value` by `obj.digest` (a `Graph`'s or a `Trace`'s content identity), least recently used first out.
+
+    Two objects with the same digest share an entry: the value must be a function of the object's content and of
+    the pass definitions (it is for every view derived from an immutable graph or a finished trace); when those
+    change, `definitions_changed` empties every cache. Thread-safe; a value two threads compute at once is computed
+    twice and stored once.
+
+    Args:
+        limit: the most entries kept (the least recently used is dropped first).
+    """
+
+    __slots__ = ("_generation", "_items", "_lock", "limit")
+
+    def __init__(self, limit: int = 8) -> None:
+        self._items: OrderedDict[str, V] = OrderedDict()
+        self._lock = threading.Lock()
+        self._generation = _GENERATION[0]
+        self.limit = limit
+
+    def _current(self) -> OrderedDict[str, V]:
+        """The entries, emptied first when the definitions changed since they were made (call under the lock)."""
+        if self._generation != _GENERATION[0]:
+            self._items.clear()
+            self._generation = _GENERATION[0]
+        return self._items
+
+    def get(self, obj: HasDigest, default: V | None = None) -> V | None:
+        """The value stored for `obj`'s digest (`default` when there is none)."""
+        key = obj.digest
+        with self._lock:
+            items = self._current()
+            if key in items:
+                items.move_to_end(key)
+                return items[key]
+        return default
+
+    def __contains__(self, obj: HasDigest) -> bool:
+        key = obj.digest
+        with self._lock:
+            return key in self._current()
+
+    def __setitem__(self, obj: HasDigest, value: V) -> None:
+        key = obj.digest
+        with self._lock:
+            items = self._current()
+            items[key] = value
+            items.move_to_end(key)
+            while len(items) > self.limit:
+                items.popitem(last=False)
+
+    def get_or_compute(self, obj: HasDigest, compute: Callable[[], V]) -> V:
+        """The value stored for `obj`'s digest, else `compute()` stored under it."""
+        key = obj.digest
+        with self._lock:
+            items = self._current()
+            if key in items:
+                items.move_to_end(key)
+                return items[key]
+        value = compute()
+        with self._lock:
+            items = self._current()
+            if key in items:  # another thread computed it meanwhile: keep one value
+                return items[key]
+            items[key] = value
+            while len(items) > self.limit:
+                items.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._current())
+
+
 class IdentityMap(Generic[K, V]):
-    """`key -> value` by `key is other` (not `==`, not hash): for unhashable or costly-to-hash keys such as
-    NumPy arrays and graphs. Holds every key alive until its entry is removed. `limit`: the most entries kept,
-    the oldest dropped first (None: unbounded)."""
+    """`key -> value` by `key is other` (not `==`, not hash): for keys with no content identity, NumPy and MLX
+    arrays (a graph or a trace has one: use `DigestCache`). Holds every key alive until its entry is removed.
+    `limit`: the most entries kept, the oldest dropped first (None: unbounded)."""
 
     __slots__ = ("_items", "limit")
 
@@ -72,4 +174,4 @@ class IdentityMap(Generic[K, V]):
         return (k for k, _ in self._items.values())
 
 
-__all__ = ["IdentityMap"]
+__all__ = ["DigestCache", "HasDigest", "IdentityMap", "definitions_changed"]

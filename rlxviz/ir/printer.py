@@ -17,10 +17,12 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .graph import Graph
 from .node import Node
+
+if TYPE_CHECKING:  # `graph` imports this module (`Graph.digest` hashes the IR text)
+    from .graph import Graph
 
 _BARE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-/]*")
 _NUMBER_WORD = re.compile(r"(?:inf|nan)\b")
@@ -58,7 +60,15 @@ def format_type(node: Node) -> str:
 
 
 def format_node(node: Node) -> str:
-    """One node as an IR line (without indentation)."""
+    """One node as an IR line (without indentation); made once per node and kept on it (nodes are immutable)."""
+    line = node._line
+    if line is None:
+        line = _format_node(node)
+        object.__setattr__(node, "_line", line)
+    return line
+
+
+def _format_node(node: Node) -> str:
     s = f"%{node.id} = {node.op.value}"
     if node.inputs:
         s += "(" + ", ".join(f"%{i}" for i in node.inputs) + ")"

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import deque
 
 from ..ir import DType, Graph, Node, Op
-from ..ir.identity import IdentityMap
+from ..ir.identity import DigestCache
 from ..ir.ops import BLAS, GATE_ACTIVATIONS, MLP_ACTIVATIONS
 from .activations import activation_form
 from .quant_steps import origin, readers, without_quant_steps
@@ -56,7 +56,7 @@ DESCRIPTIONS = {
 
 
 _Entry = tuple[Graph, Graph, dict[int | None, LayerArchitecture], tuple[Rejection, ...]]
-_PREPARED: IdentityMap[Graph, _Entry] = IdentityMap(limit=4)
+_PREPARED: DigestCache[_Entry] = DigestCache(limit=4)
 
 
 def _entry(graph: Graph) -> _Entry:
@@ -207,7 +207,7 @@ def attention_softmax(g: Graph, n: Node) -> bool:
     return False
 
 
-_BY_LAYER: IdentityMap[Graph, dict[int | None, list[Node]]] = IdentityMap(limit=4)
+_BY_LAYER: DigestCache[dict[int | None, list[Node]]] = DigestCache(limit=4)
 
 
 def _layer_nodes(g: Graph, layer: int | None) -> list[Node]:

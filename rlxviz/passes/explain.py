@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..ir import Graph, Node, Op
-from ..ir.identity import IdentityMap
+from ..ir.identity import DigestCache
 from .pipeline import PASSES, Pipeline
 from .report import in_context, name_users_nodes, user_origin
 from .trace import Trace, layer_label, layer_of, same_stack_as
@@ -194,8 +194,8 @@ class _StepIndex:
     rejections: dict[tuple[str, int | None], list[Any]]
 
 
-_STEPS: IdentityMap[Trace, tuple[_StepIndex, ...]] = IdentityMap(limit=4)
-_FUSED: IdentityMap[Trace, dict[str, list[int]]] = IdentityMap(limit=4)
+_STEPS: DigestCache[tuple[_StepIndex, ...]] = DigestCache(limit=4)
+_FUSED: DigestCache[dict[str, list[int]]] = DigestCache(limit=4)
 
 
 def _step_index(trace: Trace) -> tuple[_StepIndex, ...]:

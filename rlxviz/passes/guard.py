@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..ir import Graph, Node
-from ..ir.identity import IdentityMap
+from ..ir.identity import DigestCache
 from ..ir.ops import EPILOGUE_ACTIVATIONS as _EPILOGUE_OPS
 from .params import ParamError, check_new_param
 from .pattern import Bindings, RuleError, describe, op_label
@@ -268,7 +268,7 @@ REACH_LIMIT = 2_000
 """Nodes `reaches_output` visits at most to name the output a live reader reaches (liveness itself is one reverse
 walk per graph, `live_nodes`); past it the output goes unnamed."""
 
-_LIVE: IdentityMap[Graph, frozenset[int]] = IdentityMap(limit=4)
+_LIVE: DigestCache[frozenset[int]] = DigestCache(limit=4)
 
 
 def live_nodes(g: Graph) -> frozenset[int]:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..ir import Graph, lint
+from ..ir.identity import definitions_changed
 from .engine import Pass, check_records
 from .params import PARAM_NAMES, PipelineParams, check_params
 from .rules.attention import fuse_attention_block, fuse_sdpa, scale_origin
@@ -53,11 +54,49 @@ from .rules.swiglu import fuse_swiglu
 from .spelling import close
 from .trace import PassStep, Rejection, Trace
 
-PASSES: dict[str, Pass] = {p.name: p for p in (
+
+class PassRegistry(dict[str, Pass]):
+    """`PASSES`: a dict of passes by name that, when a pass is added, replaced or removed, empties every cache of a
+    view derived from a graph or a run (`ir.identity.definitions_changed`: those views read the pass definitions,
+    e.g. a guard's declared excuse, and are keyed by content, which the change does not alter)."""
+
+    def __setitem__(self, name: str, p: Pass) -> None:
+        super().__setitem__(name, p)
+        definitions_changed()
+
+    def __delitem__(self, name: str) -> None:
+        super().__delitem__(name)
+        definitions_changed()
+
+    def pop(self, *args: Any) -> Any:
+        out = super().pop(*args)
+        definitions_changed()
+        return out
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        super().update(*args, **kwargs)
+        definitions_changed()
+
+    def setdefault(self, name: str, p: Pass) -> Pass:  # type: ignore[override]
+        out = super().setdefault(name, p)
+        definitions_changed()
+        return out
+
+    def popitem(self) -> tuple[str, Pass]:
+        out = super().popitem()
+        definitions_changed()
+        return out
+
+    def clear(self) -> None:
+        super().clear()
+        definitions_changed()
+
+
+PASSES: dict[str, Pass] = PassRegistry({p.name: p for p in (
     canonicalize_exported, canonicalize_norm, canonicalize_gelu,
     fuse_sdpa, fuse_swiglu, fuse_shared_input_matmul, fuse_matmul_bias_act, fuse_attention_block, fuse_residual_ln,
-    fuse_residual_rms_norm, fuse_transformer_layer, dead_code_elimination, mark_elementwise_regions, unfuse)}
-"""Every pass by name."""
+    fuse_residual_rms_norm, fuse_transformer_layer, dead_code_elimination, mark_elementwise_regions, unfuse)})
+"""Every pass by name (a `PassRegistry`)."""
 
 CANONICAL_ORDER = ("canonicalize_exported", "canonicalize_norm", "canonicalize_gelu",
                    "fuse_sdpa", "fuse_swiglu", "fuse_shared_input_matmul", "fuse_matmul_bias_act",

@@ -14,7 +14,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from ..ir import Graph, Node
-from ..ir.identity import IdentityMap
+from ..ir.identity import DigestCache
 from .guard import NOT_NEAR_MISSES
 from .pipeline import Pipeline
 from .trace import Rejection, Trace, layer_of
@@ -62,15 +62,12 @@ class MissedFusion:
 _RUN_FIRST = re.compile(r"run (\w+) first")
 
 
-_NODES: IdentityMap[Trace, dict[int, Node]] = IdentityMap(limit=4)
+_NODES: DigestCache[dict[int, Node]] = DigestCache(limit=4)
 
 
 def _all_nodes(trace: Trace) -> dict[int, Node]:
     """Node id -> node over every version of the run (ids are never reused across versions), once per trace."""
-    hit = _NODES.get(trace)
-    if hit is None:
-        hit = _NODES[trace] = {n.id: n for _, g in trace.versions() for n in g}
-    return hit
+    return _NODES.get_or_compute(trace, lambda: {n.id: n for _, g in trace.versions() for n in g})
 
 
 def _remade_from(nodes: dict[int, Node], n: Node, depth: int = 0) -> tuple[int, ...] | None:

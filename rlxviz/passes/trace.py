@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..ir import Graph, format_graph, graph_to_dict
+from ..ir import Graph, graph_to_dict
 
 _LAYER = re.compile(r"(?:^|\.)(?:layer|layers|h|blocks?)\.(\d+)(?:\.|$)|@(\d+)(?:\.|$)")
 """A layer in a path: `encoder.layer.3`, `h.3`, `blocks.3`, or the 3rd call of a module called once per layer
@@ -264,18 +264,28 @@ class Trace:
     _key: tuple[int, str] = field(default=(-1, ""), repr=False, compare=False)
 
     @property
-    def key(self) -> str:
-        """A content key: a digest of the input graph's IR text and each step's pass name, params and error.
+    def digest(self) -> str:
+        """The run's content identity: sha256 (hex, 24 digits) of the pipeline name, the input graph's
+        `Graph.digest`, and per step its pass name, params, error, the digest of the graph after it and what it
+        decided (every field of its matches and rejections; not its seconds).
 
-        Passes are deterministic, so two traces with the same key hold the same versions; caches (drawings,
-        timings) key on it instead of the object's identity. Recomputed when steps were added since.
+        Two traces with the same digest hold the same versions and decisions, so caches of views derived from a
+        run (explanations, verdicts, drawings, timings) key on it instead of the object's identity. Made once per
+        step count (recomputed when steps were added since; steps are not edited in place once added).
         """
         if self._key[0] != len(self.steps):
-            h = hashlib.sha256(format_graph(self.input).encode())
+            h = hashlib.sha256(f"{self.pipeline}\n{self.input.digest}\n".encode())
             for s in self.steps:
-                h.update(json.dumps([s.pass_name, s.params, s.error], sort_keys=True, default=str).encode())
+                h.update(json.dumps([s.pass_name, s.params, s.error, s.after.digest], sort_keys=True,
+                                    default=str).encode())
+                h.update(repr((s.matches, s.rejections)).encode())  # every field: a vetted copy differs in hints
             self._key = (len(self.steps), h.hexdigest()[:24])
         return self._key[1]
+
+    @property
+    def key(self) -> str:
+        """`digest` (the name the app's and the session's caches use)."""
+        return self.digest
 
     @property
     def final(self) -> Graph:

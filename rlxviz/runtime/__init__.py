@@ -11,7 +11,7 @@ from .blas import BlasRecord, active_blas, load_blas
 from .reference import IMPLS, NumpyEmitter, bind_leaf, run_oracle, run_reference
 
 _LAZY = {
-    "MlxExecutor": "executor", "default_executor": "executor", "graph_key": "executor", "run_mlx": "executor",
+    "MlxExecutor": "executor", "default_executor": "executor", "run_mlx": "executor",
     "LOWERINGS": "lowering", "LoweringError": "lowering", "LoweringOptions": "lowering",
     "Timing": "timing", "OutputDiff": "timing", "time_version": "timing", "equivalence": "timing",
     "blas_summary": "mlx_backend",

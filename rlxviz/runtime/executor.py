@@ -15,7 +15,6 @@ per weight set, not on every call.
 
 from __future__ import annotations
 
-import hashlib
 import operator
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -24,19 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from ..ir import Graph, Node, Op, format_graph, format_node
-from ..ir.identity import IdentityMap
+from ..ir import Graph, Node, Op, format_node
 from ..ir.onnx_op import host_run
 from .devices import mx_device, resolve_device
 from .lowering import MX_DTYPES, LoweringError, LoweringOptions, MlxEmitter, lower_node
 from .mlx_backend import mx
 from .precision import precision_policy
-
-
-def graph_key(graph: Graph) -> str:
-    """A fingerprint of a graph version: sha1 of its IR text (ids, ops, attrs, types, outputs)."""
-    text = format_graph(graph) + "\noutputs " + ",".join(map(str, graph.outputs))
-    return hashlib.sha1(text.encode()).hexdigest()
 
 
 @dataclass
@@ -49,7 +41,7 @@ class Program:
     per-call part.
 
     Attributes:
-        key: `graph_key` of the graph.
+        key: the graph's `Graph.digest`.
         inputs: input names, the leading arguments of `fn`.
         params: param names, the arguments of `prepare`.
         prepare: `prepare(*params) -> list[mx.array]` (the static values `fn` needs).
@@ -223,7 +215,7 @@ def build_program(graph: Graph, emitter: MlxEmitter, compile_graph: bool, key: s
         with mx.stream(device):
             return inner(*args)
 
-    return Program(key or graph_key(graph), graph, [n.attrs["name"] for n in inputs], [n.attrs["name"] for n in params],
+    return Program(key or graph.digest, graph, [n.attrs["name"] for n in inputs], [n.attrs["name"] for n in params],
                    prepare, run, compile_graph, emitter.options, len(static_nodes), emitter.device)
 
 
@@ -252,17 +244,13 @@ class MlxExecutor:
         self.precision = precision_policy(device=self.device)
         self.compile_graph = compile_graph
         self._programs: dict[tuple[str, LoweringOptions, bool], Program] = {}
-        self._keys: IdentityMap[Graph, str] = IdentityMap()
         self._weights: dict[str, tuple[Any, mx.array]] = {}
         self._static: dict[tuple[str, LoweringOptions], tuple[tuple[mx.array, ...], list[mx.array]]] = {}
 
     # -- caches --------------------------------------------------------------------------------
     def key_of(self, graph: Graph) -> str:
-        hit = self._keys.get(graph)
-        if hit is not None:
-            return hit
-        k = self._keys[graph] = graph_key(graph)
-        return k
+        """The key of `graph`'s program: its content digest (`Graph.digest`, made once per graph)."""
+        return graph.digest
 
     def program(self, graph: Graph) -> Program:
         """The cached `Program` for this graph version (built on first use)."""
@@ -289,7 +277,6 @@ class MlxExecutor:
     def clear(self) -> None:
         """Drop cached programs and weights."""
         self._programs.clear()
-        self._keys.clear()
         self._weights.clear()
         self._static.clear()
         self.emitter.packing.clear()
@@ -432,4 +419,4 @@ def run_mlx(graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str, Any] |
     return (executor or default_executor()).run(graph, feeds, weights)
 
 
-__all__: Sequence[str] = ["MlxExecutor", "Program", "default_executor", "graph_key", "run_mlx"]
+__all__: Sequence[str] = ["MlxExecutor", "Program", "default_executor", "run_mlx"]

@@ -299,8 +299,8 @@ def check_fixes(trace: Trace, check: FusionCheck, feeds: Mapping[str, np.ndarray
 def vetted(trace: Trace, checks: Iterable[FixCheck]) -> Trace:
     """`trace` with every refusal whose fix failed its check (`FixCheck.ok` False) saying so: its hint the check's
     `printed` line (`none in the model: ...`), its remedy `compiler only`, its compiler fix kept (or
-    `DEFAULT_COMPILER_FIX`). The same trace when every fix passed. The graphs and matches are shared (and so is the
-    content key, `Trace.key`: use the vetted trace for verdicts, `check_fusion`, not as a cache key's source)."""
+    `DEFAULT_COMPILER_FIX`). The same trace when every fix passed. The graphs and matches are shared; its content key
+    (`Trace.digest`) is its own, since its rejections differ."""
     bad = {(c.rule, c.anchor, c.guard): c for c in checks if not c.ok}
     if not bad:
         return trace

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..ir import Graph, GraphError, IRSyntaxError, from_json, lint, parse_ir, safejson
-from ..ir.identity import IdentityMap
+from ..ir.identity import DigestCache
 from ..ir.memory import MemoryBudgetError
 from ..ir.parser import node_line
 from ..ir.serialize import NotGraphJSON
@@ -75,7 +75,7 @@ def default_preset() -> str:
         return next(n for n in presets() if n != "minilm")
 
 
-_LAYERS: IdentityMap[Graph, tuple[int, ...]] = IdentityMap(limit=8)
+_LAYERS: DigestCache[tuple[int, ...]] = DigestCache(limit=8)
 
 
 def layer_indices(graph: Graph) -> tuple[int, ...]:
@@ -83,10 +83,7 @@ def layer_indices(graph: Graph) -> tuple[int, ...]:
     model, `passes.trace.Layer`, qualified so their labels name the stack), sorted, as the cached tuple
     itself (graphs are immutable; the per-layer views ask it once per layer: 2,000 whole-graph scans at 1,000
     layers, and a copy per call at 10^4)."""
-    hit = _LAYERS.get(graph)
-    if hit is None:
-        hit = _LAYERS[graph] = layer_keys(i for n in graph if (i := layer_of(n.path)) is not None)
-    return hit
+    return _LAYERS.get_or_compute(graph, lambda: layer_keys(i for n in graph if (i := layer_of(n.path)) is not None))
 
 
 def model_layers(graph: Graph) -> list[int]:

@@ -8,7 +8,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..ir import Graph, format_graph
+from ..ir import Graph
 from ..passes import PASSES, Pipeline, Trace
 from ..passes.params import ParamError, check_params
 from ..passes.spelling import close
@@ -66,21 +66,13 @@ def build_pipeline(spec: str | Sequence[str] = "canonical", params: Mapping[str,
 
 
 def graph_digest(graph: Graph) -> str:
-    """A content hash of a graph (its IR text and the param values it carries, `Graph.values`, which guards on
-    constant tables read), for cache keys."""
-    import hashlib
-
-    h = hashlib.sha256(format_graph(graph).encode())
-    for name in sorted(graph.values):
-        v = graph.values[name]
-        h.update(f"{name}:{v.dtype}:{v.shape}".encode())
-        h.update(v.tobytes())
-    return h.hexdigest()[:16]
+    """`graph.digest` (`Graph.digest`: its IR text and the values it carries), the name older callers use."""
+    return graph.digest
 
 
 def run_pipeline(graph: Graph, pipe: Pipeline) -> Trace:
     """`pipe.run(graph)`, cached per (graph content, pass order, effective params)."""
-    key = ("trace", graph_digest(graph), tuple(p.name for p in pipe.active()),
+    key = ("trace", graph.digest, tuple(p.name for p in pipe.active()),
            tuple(sorted((k, repr(v)) for k, v in pipe.effective_params.items())), pipe.name)
     return TRACES.get_or_compute(key, lambda: pipe.run(graph))
 

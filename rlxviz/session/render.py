@@ -21,7 +21,6 @@ from ..passes.why.verdict import RunVerdict
 from ..viz import Overlay, Verdict, render_dot, render_svg
 from .cache import LRUCache
 from .loading import layer_indices
-from .pipeline import graph_digest
 
 RENDERS = LRUCache(maxsize=512)
 """SVG text by (source key, View), shared by every session of the process."""
@@ -149,8 +148,8 @@ def dot(source: Trace | Graph, v: View, heat: Heat = ()) -> str:
 
 
 def source_key(source: Trace | Graph) -> tuple[str, str]:
-    """The content key of what is drawn from: the trace's `Trace.key`, or a bare graph's digest."""
-    return ("graph", graph_digest(source)) if isinstance(source, Graph) else ("trace", source.key)
+    """The content key of what is drawn from: the trace's `Trace.key`, or a bare graph's `Graph.digest`."""
+    return ("graph", source.digest) if isinstance(source, Graph) else ("trace", source.key)
 
 
 def svg(source: Trace | Graph, v: View, heat: Heat = ()) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...ir import Graph, Node, Op
-from ...ir.identity import IdentityMap
+from ...ir.identity import DigestCache
 from ...ir.ops import FUSED
 from ..explain import Outcome, fused_layers
 from ..guard import ILLEGAL, READ_BY_MODEL
@@ -46,10 +46,7 @@ class RunFacts:
     @staticmethod
     def of(trace: Trace) -> RunFacts:
         """The facts of `trace` (one object per trace, for the last few traces)."""
-        hit = _FACTS.get(trace)
-        if hit is None:
-            hit = _FACTS[trace] = RunFacts(trace)
-        return hit
+        return _FACTS.get_or_compute(trace, lambda: RunFacts(trace))
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -126,20 +123,14 @@ class RunFacts:
         return list(dict.fromkeys(out))
 
 
-_FACTS: IdentityMap[Trace, RunFacts] = IdentityMap(limit=4)
+_FACTS: DigestCache[RunFacts] = DigestCache(limit=4)
 
-_CANONICAL: list[tuple[Graph, Trace]] = []
+_CANONICAL: DigestCache[Trace] = DigestCache(limit=4)
 """The last few canonical runs made as references, by input graph (several traces of one graph share one)."""
 
 
 def _canonical_run(graph: Graph, canonical: Pipeline) -> Trace:
-    for g, t in _CANONICAL:
-        if g is graph:
-            return t
-    t = canonical.run(graph)
-    _CANONICAL.insert(0, (graph, t))
-    del _CANONICAL[4:]
-    return t
+    return _CANONICAL.get_or_compute(graph, lambda: canonical.run(graph))
 
 
 def _products(trace: Trace, layer: int | None) -> dict[str, tuple[str, int, set[str]]]:
