@@ -42,7 +42,7 @@ from rlxviz.runtime import fast as fastmath
 from rlxviz.runtime import run_reference
 from rlxviz.runtime.blas import blas_threads, cpu_cores, set_blas_threads
 from rlxviz.runtime.devices import available_devices, mx_device, resolve_device
-from rlxviz.runtime.executor import MlxExecutor, graph_key
+from rlxviz.runtime.executor import MlxExecutor
 from rlxviz.runtime.lowering import LoweringOptions, MlxEmitter, attention, options_for
 from rlxviz.runtime.mlx_backend import blas_summary, mx
 from rlxviz.runtime.timing import diff, kernels_line, timing_context
@@ -113,9 +113,9 @@ def pass_versions(graph: Graph, profile: str = "canonical") -> list[tuple[str, G
         return []
     trace = getattr(Pipeline, profile)().run(graph)
     out: list[tuple[str, Graph]] = []
-    seen = {graph_key(graph)}
+    seen = {graph.digest}
     for name, g in trace.versions()[1:]:
-        k = graph_key(g)
+        k = g.digest
         if k not in seen:
             seen.add(k)
             out.append((f"{profile}: {name}", g))
