@@ -124,7 +124,7 @@ class Runs:
         return model
 
     def _run_pipeline(self, model: Model) -> Trace:
-        pipe = session.build_pipeline(self.enabled_passes, {"fab_max_tokens": self.effective_threshold}, name="app")
+        pipe = session.build_pipeline(self.pipeline_spec, {"fab_max_tokens": self.effective_threshold}, name="app")
         return session.run_pipeline(model.graph, pipe)
 
     def load(self) -> None:

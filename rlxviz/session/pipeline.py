@@ -11,7 +11,9 @@ from typing import Any
 from ..ir import Graph, format_graph
 from ..passes import PASSES, Pipeline, Trace
 from ..passes.params import ParamError, check_params
+from ..passes.pipeline import STAGES
 from ..passes.spelling import close
+from ..passes.trace import family_of
 from .cache import LRUCache
 from .errors import PipelineError
 
@@ -39,24 +41,40 @@ def check_requirements(pipe: Pipeline) -> Pipeline:
 def build_pipeline(spec: str | Sequence[str] = "canonical", params: Mapping[str, Any] | None = None,
                    name: str | None = None) -> Pipeline:
     """A checked pipeline from a profile name (`canonical`, `rlx`) or pass names (a list, or one
-    comma-separated string; an empty list runs no pass), with `params` over the profile's.
+    comma-separated string; an empty list runs no pass), with `params` over the profile's. An entry `-STEP` switches
+    a pass or a step of one off (`canonical,-fuse_sdpa/rope_heads`: the canonical profile without that stage of
+    `fuse_sdpa`, `Pipeline.disable`); a profile may lead such a list.
 
     Raises:
-        PipelineError: an unknown pass (the message lists the known ones), an unknown parameter (it names the
-            close matches: `{"fab_max_tokns": 1}` would otherwise switch the attention gate off), an empty list,
-            or a pass whose required pass is missing (`check_requirements`).
+        PipelineError: an unknown pass or step (the message lists the known ones and names the close matches), an
+            unknown parameter (it names the close matches: `{"fab_max_tokns": 1}` would otherwise switch the
+            attention gate off), an empty list, or a pass whose required pass is missing (`check_requirements`).
     """
-    if isinstance(spec, str) and spec in PROFILES:
-        pipe = Pipeline.profile(spec)
+    names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+    off = [n[1:].strip() for n in names if n.startswith("-")]
+    names = [n for n in names if not n.startswith("-")]
+    if isinstance(spec, str) and names[:1] and names[0] in PROFILES and (len(names) == 1 or off):
+        pipe = Pipeline.profile(names[0])
+        names = names[1:]
+        if names:
+            raise PipelineError(f"a profile ({pipe.name}) takes only steps to switch off (-STEP) after it, not "
+                                f"{names[0]!r}")
     else:
-        names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
         if not names and isinstance(spec, str):  # a list may be empty: every pass switched off
             raise PipelineError("empty pipeline: give a profile (canonical, rlx) or pass names separated by commas")
         unknown = [n for n in names if n not in PASSES]
+        if unknown and unknown[0] in STAGES:
+            raise PipelineError(f"{unknown[0]!r} is a step of the pass {family_of(unknown[0])!r}: list "
+                                f"{family_of(unknown[0])} (it runs every step), and -{unknown[0]} to switch it off")
         if unknown:
             raise PipelineError(f"unknown pass {unknown[0]!r}{close(unknown[0], PASSES)}; known: {', '.join(PASSES)} "
                                 "(or a profile: canonical, rlx)")
         pipe = Pipeline(names, {}, name or "custom")
+    for n in off:
+        if n not in PASSES and n not in STAGES:
+            raise PipelineError(f"unknown pass or step {n!r} to switch off{close(n, [*PASSES, *STAGES])}; known: "
+                                f"{', '.join([*PASSES, *STAGES])}")
+        pipe.disable(n)
     try:
         check_params(params or {}, known=pipe.known_params)
     except ParamError as e:
@@ -114,8 +132,9 @@ def format_passes(pipeline: Pipeline | None = None) -> str:
 
 
 def version_index(trace: Trace, after: str) -> int:
-    """Index into `trace.versions()` for `after`: `input`, `final`, a pass name (its first run), or
-    `NAME#K` (its K-th run, 1-based).
+    """Index into `trace.versions()` for `after`: `input`, `final`, a pass name (its first run; for a pass with
+    stages, its own step, the last of them), a stage's step name (`fuse_sdpa/rope_heads`), or `NAME#K` (its K-th run,
+    1-based).
 
     Raises:
         PipelineError: an unknown pass, or one that did not run (the message lists those that did).
@@ -130,8 +149,9 @@ def version_index(trace: Trace, after: str) -> int:
         nth = int(k) if k else 1
     except ValueError:
         nth = 0
-    if name not in PASSES:
-        raise PipelineError(f"unknown pass {name!r}; known: {', '.join(PASSES)} (or input, final)")
+    if name not in PASSES and name not in STAGES:
+        raise PipelineError(f"unknown pass {name!r}{close(name, [*PASSES, *STAGES])}; known: {', '.join(PASSES)} "
+                            f"(or input, final, or a step of a pass: {', '.join(STAGES)})")
     if not runs or not 1 <= nth <= len(runs):
         ran = ", ".join(dict.fromkeys(s.pass_name for s in trace.steps))
         what = f"run {nth} of {name!r}" if runs else f"pass {name!r}"

@@ -28,7 +28,11 @@ softmax whose probabilities are folded into the second bmm, as DeBERTa and BLOOM
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from ...ir import Graph, Node, Op, Rewriter
+from ..engine import Pass, PassResult
 from ..trace import Match
 
 RULE = "fuse_sdpa.unfold_heads"
@@ -144,4 +148,12 @@ def unfold_heads(g: Graph) -> tuple[Graph, list[Match]]:
     return rw.finish(), matches
 
 
-__all__ = ["RULE", "unfold_heads"]
+def _unfold_heads_pass(graph: Graph, params: Mapping[str, Any]) -> PassResult:
+    g, matches = unfold_heads(graph)
+    return PassResult(g, matches)
+
+
+UNFOLD_HEADS_PASS = Pass("fuse_sdpa", _unfold_heads_pass, doc="heads folded into the batch lifted to [B, H, S, d]")
+"""`unfold_heads` as a pass recording under `fuse_sdpa` (its stage `fuse_sdpa/unfold_heads`)."""
+
+__all__ = ["RULE", "UNFOLD_HEADS_PASS", "unfold_heads"]

@@ -1,0 +1,154 @@
+"""`fuse_sdpa`'s canonicalizations are steps of the trace (issue 36 item 1): each stage (`fuse_sdpa/rope_heads`, ...)
+runs as its own step with its own graph before and after, can be switched off like a pass (the pipeline, the CLI's
+`-STEP`, the app's rows), and a misspelt step name fails when the pipeline is built. The pass itself keeps its name:
+`fuse_sdpa` is the step of its own rule (`hf_attention`), the last of its steps, and `explain` reads the stages with
+it as one pass, as when they ran inside it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_rope_heads import AT, rope_attention
+from test_rope_pairs import interleaved_attention
+
+from rlxviz.ir import Graph, Op, format_graph, parse_ir
+from rlxviz.passes import PASSES, Pipeline
+from rlxviz.passes.explain import explain
+from rlxviz.passes.pipeline import STAGES
+from rlxviz.passes.whatif import run_pipeline_of
+from rlxviz.passes.why.verdict import layer_verdict
+from rlxviz.session import PipelineError, build_pipeline
+from rlxviz.session.pipeline import version_index
+
+CASES = Path(__file__).parent / "data" / "cases"
+STAGE_NAMES = [st.name for st in PASSES["fuse_sdpa"].stages]
+
+
+def _ops(g: Graph, op: Op) -> int:
+    return sum(1 for n in g if n.op == op)
+
+
+def _rope_graph() -> Graph:
+    return parse_ir(rope_attention())
+
+
+def _in_layer_0(g: Graph) -> Graph:
+    """`g` (built without paths) with every node in layer 0's attention, its param values kept."""
+    lines = [ln + AT if ln.startswith("  %") and " @" not in ln else ln for ln in format_graph(g).splitlines()]
+    out = parse_ir("\n".join(lines))
+    out.values = dict(g.values)
+    return out
+
+
+def test_each_stage_is_a_step_of_its_own_before_the_pass():
+    trace = Pipeline.canonical().run(_rope_graph())
+    names = [s.pass_name for s in trace.steps]
+    k = names.index("fuse_sdpa")
+    assert names[k - len(STAGE_NAMES):k] == STAGE_NAMES
+    assert STAGE_NAMES[:4] == ["fuse_sdpa/unfold_heads", "fuse_sdpa/canonical_heads", "fuse_sdpa/hoist_head_norms",
+                               "fuse_sdpa/rope_heads"]
+    for prev, step in zip(trace.steps, trace.steps[1:], strict=False):
+        assert step.before is prev.after  # each step starts from the graph the one before it left
+    rope = trace.step("fuse_sdpa/rope_heads")
+    assert _ops(rope.before, Op.ROPE) == 0 and _ops(rope.after, Op.ROPE) == 2 and rope.changed
+    assert {m.rule for m in rope.matches} == {"fuse_sdpa.rope_heads"}
+    assert all(m.pass_name == "fuse_sdpa" for m in rope.matches)  # records keep the pass's name
+    own = trace.step("fuse_sdpa")
+    assert _ops(own.before, Op.ATTENTION) == 0 and _ops(own.after, Op.ATTENTION) == 1
+    assert {m.rule for m in own.matches} == {"fuse_sdpa.hf_attention"}
+    assert not trace.step("fuse_sdpa/rope_pairs").changed
+    assert dict(trace.versions())["after fuse_sdpa/rope_heads"] is rope.after
+
+
+def test_the_folded_heads_stage_shows_its_lift():
+    trace = Pipeline.canonical().run(parse_ir((CASES / "n3-08-bart-bmm-3d-heads.rlx").read_text()))
+    lift = trace.step("fuse_sdpa/unfold_heads")
+    assert lift.changed and {m.rule for m in lift.matches} == {"fuse_sdpa.unfold_heads"}
+    assert _ops(lift.after, Op.ATTENTION) == 0 and _ops(trace.step("fuse_sdpa").after, Op.ATTENTION) >= 1
+    assert all(n.rank == 4 for n in lift.after if n.op == Op.SOFTMAX)
+
+
+def test_called_directly_the_pass_still_runs_its_stages():
+    g = _rope_graph()
+    res = PASSES["fuse_sdpa"](g)
+    assert _ops(res.graph, Op.ATTENTION) == 1 and _ops(res.graph, Op.ROPE) == 2
+    assert {m.rule for m in res.matches} == {"fuse_sdpa.rope_heads", "fuse_sdpa.hf_attention"}
+    assert _ops(PASSES["fuse_sdpa"].own(g).graph, Op.ATTENTION) == 0  # its own rule alone: the rotation blocks it
+
+
+@pytest.mark.parametrize("graph, stage", [
+    (lambda: _rope_graph(), "fuse_sdpa/rope_heads"),
+    (lambda: parse_ir(rope_attention(n_rot=8, swapped=True)), "fuse_sdpa/rope_heads"),
+    (lambda: _in_layer_0(interleaved_attention(d=16, n_rot=16)[0]), "fuse_sdpa/rope_pairs"),
+    (lambda: _in_layer_0(interleaved_attention(d=8, n_rot=4, before_split=True, kv=2, spelling="gather")[0]),
+     "fuse_sdpa/rope_pairs"),
+], ids=["rotate-half", "rotate-half-partial-swapped", "interleaved", "interleaved-gpt-j-gqa"])
+def test_switching_a_rope_stage_off_leaves_the_attention_unpacked_and_the_verdict_names_it(graph, stage):
+    g = graph()
+    on = Pipeline.canonical().run(g)
+    assert _ops(on.step("fuse_sdpa").after, Op.ATTENTION) == 1
+    off = Pipeline.canonical().disable(stage).run(g)
+    assert stage not in [s.pass_name for s in off.steps] and "fuse_sdpa" in [s.pass_name for s in off.steps]
+    assert _ops(off.final, Op.ATTENTION) == 0 and _ops(off.final, Op.FUSED_ATTENTION_BLOCK) == 0
+    assert explain(off, 0).outcome("fuse_sdpa.hf_attention").guard == "rope_on_heads"
+    v = layer_verdict(off, 0)
+    assert not v.fused and v.first is not None and (v.first.rule, v.first.guard) == ("fuse_sdpa.hf_attention",
+                                                                                      "rope_on_heads")
+    # the same through the CLI's pass list and the pipeline a trace ran
+    spec = build_pipeline(f"canonical,-{stage}")
+    assert [s.pass_name for s in spec.run(g).steps] == [s.pass_name for s in off.steps]
+    assert [s.pass_name for s in run_pipeline_of(off).run(g).steps] == [s.pass_name for s in off.steps]
+
+
+def test_switching_the_pass_off_takes_its_stages_with_it():
+    trace = Pipeline.canonical().disable("fuse_sdpa").run(_rope_graph())
+    assert not any(s.family == "fuse_sdpa" for s in trace.steps)
+    assert _ops(trace.final, Op.ROPE) == 0
+
+
+@pytest.mark.parametrize("name", ["fuse_sdpa/rope_head", "fuse_sdpa.rope_heads", "fuse_sdpa/", "rope_heads"])
+def test_a_misspelt_step_fails_when_the_pipeline_is_built(name):
+    with pytest.raises(KeyError, match="unknown pass or step") as e:
+        Pipeline.canonical().disable(name)
+    if name != "fuse_sdpa/":
+        assert "fuse_sdpa/rope_heads" in str(e.value)
+    with pytest.raises(KeyError, match="unknown pass or step"):
+        Pipeline(disabled={name})
+    with pytest.raises(PipelineError, match="unknown pass or step"):
+        build_pipeline(f"canonical,-{name}")
+
+
+def test_a_stage_is_no_pass_of_a_list():
+    with pytest.raises(PipelineError, match="is a step of the pass 'fuse_sdpa'"):
+        build_pipeline("canonicalize_norm,fuse_sdpa/rope_heads")
+    with pytest.raises(KeyError, match="is a step of the pass"):
+        Pipeline(["fuse_sdpa/rope_heads"]).run(_rope_graph())
+    with pytest.raises(PipelineError, match="takes only steps to switch off"):
+        build_pipeline("canonical,-fuse_sdpa/rope_heads,fuse_sdpa")
+
+
+def test_a_version_is_named_by_its_step():
+    trace = Pipeline.canonical().run(_rope_graph())
+    names = [s.pass_name for s in trace.steps]
+    assert version_index(trace, "fuse_sdpa/rope_heads") == names.index("fuse_sdpa/rope_heads") + 1
+    assert version_index(trace, "fuse_sdpa") == names.index("fuse_sdpa") + 1
+    with pytest.raises(PipelineError, match="fuse_sdpa/rope_heads"):
+        version_index(trace, "fuse_sdpa/rope_head")
+
+
+def test_explain_reads_the_stages_with_their_pass():
+    trace = Pipeline.canonical().run(_rope_graph())
+    ex = explain(trace, 0)
+    sdpa = [o for o in ex.outcomes if o.pass_name == "fuse_sdpa"]
+    assert [o.rule for o in sdpa][:2] == ["fuse_sdpa.hf_attention", "fuse_sdpa.rope_heads"]
+    assert all(o.status == "fused" for o in sdpa)
+    assert not any("/" in o.pass_name for o in ex.outcomes)
+    assert trace.pass_number([s.pass_name for s in trace.steps].index("fuse_attention_block")) == \
+        list(Pipeline.canonical().names).index("fuse_attention_block") + 1
+
+
+def test_every_stage_is_listed_with_its_rules():
+    assert list(STAGES) == STAGE_NAMES and len(STAGE_NAMES) == 10
+    assert all(STAGES[n].product == "" and STAGES[n].expected_of == () for n in STAGE_NAMES)
+    assert all(STAGES[n].rules for n in STAGE_NAMES if n != "fuse_sdpa/unfold_heads")
