@@ -6,16 +6,19 @@ it as one pass, as when they ran inside it."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from test_rope_heads import AT, rope_attention
 from test_rope_pairs import interleaved_attention
+from test_unwritten_forms import equal_numbers
 
 from rlxviz.ir import Graph, Op, format_graph, parse_ir
 from rlxviz.passes import PASSES, Pipeline
 from rlxviz.passes.explain import explain
 from rlxviz.passes.pipeline import STAGES
+from rlxviz.passes.rules.heads import UNFOLD_HEADS
 from rlxviz.passes.whatif import run_pipeline_of
 from rlxviz.passes.why.verdict import layer_verdict
 from rlxviz.session import PipelineError, build_pipeline
@@ -152,3 +155,44 @@ def test_every_stage_is_listed_with_its_rules():
     assert list(STAGES) == STAGE_NAMES and len(STAGE_NAMES) == 10
     assert all(STAGES[n].product == "" and STAGES[n].expected_of == () for n in STAGE_NAMES)
     assert all(STAGES[n].rules for n in STAGE_NAMES if n != "fuse_sdpa/unfold_heads")
+
+
+def _two_folded_layers() -> Graph:
+    """n3-08 (BART's bmm on `[B*H, S, d]`) with its layer written twice, the second reading the first's output and
+    the same mask: two folded attentions in one graph."""
+    lines = [ln for ln in (CASES / "n3-08-bart-bmm-3d-heads.rlx").read_text().splitlines() if not ln.startswith("#")]
+    head, body = lines[0], [ln for ln in lines[1:] if ln.startswith("  %")]
+    out = int(next(ln for ln in lines if ln.strip().startswith("return")).split("%")[1])
+    shift = out + 1
+
+    def renumber(m: re.Match[str]) -> str:
+        i = int(m.group(1))
+        return f"%{out if i == 0 else 1 if i == 1 else i + shift}"
+
+    second = [re.sub(r"%(\d+)", renumber, ln).replace("layers.0", "layers.1").replace('name="', 'name="l1.')
+              for ln in body if " = input " not in ln]
+    return parse_ir("\n".join([head, *body, *second, f"  return %{out + shift}", "}"]))
+
+
+@pytest.mark.parametrize("case", ["n3-08-bart-bmm-3d-heads", "n3-08v-folded-scaled-scores",
+                                  "n3-08w-folded-position-bias", "two-layers"])
+def test_the_lift_is_a_rule_with_one_match_per_softmax_and_keeps_the_numbers(case):
+    g = _two_folded_layers() if case == "two-layers" else parse_ir((CASES / f"{case}.rlx").read_text())
+    trace = Pipeline.canonical().run(g)
+    lift = trace.step("fuse_sdpa/unfold_heads")
+    folded = [n.id for n in lift.before if n.op == Op.SOFTMAX]
+    assert lift.changed and not lift.rejections and not lift.error
+    assert sorted(m.anchor for m in lift.matches) == sorted(folded)
+    assert all(m.rule == UNFOLD_HEADS.name and m.fused is None and m.bindings == {"softmax": m.anchor}
+               for m in lift.matches)
+    assert all(n.rank == 4 for n in lift.after if n.op == Op.SOFTMAX)
+    g2 = lift.after
+    assert not [n.id for n in g2 if n.op == Op.MATMUL and all(g2[i].rank == 3 for i in n.inputs)]  # no bmm left
+    assert _ops(trace.step("fuse_sdpa").after, Op.ATTENTION) == len(folded)
+    equal_numbers(g)
+
+
+def test_a_softmax_of_no_folded_chain_is_no_candidate():
+    trace = Pipeline.canonical().run(parse_ir((CASES / "n3-08c-bart-4d-control.rlx").read_text()))
+    lift = trace.step("fuse_sdpa/unfold_heads")
+    assert not lift.changed and not lift.matches and not lift.rejections

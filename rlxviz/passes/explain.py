@@ -19,9 +19,10 @@ from typing import Any
 
 from ..ir import Graph, Node, Op
 from ..ir.identity import IdentityMap
+from .engine import PassResult, settle
 from .pipeline import PASSES, Pipeline
 from .report import in_context, name_users_nodes, user_origin
-from .trace import Trace, layer_label, layer_of, same_stack_as
+from .trace import Match, PassStep, Rejection, Trace, layer_label, layer_of, same_stack_as
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,29 @@ def _groups(trace: Trace) -> list[list[int]]:
     return out + [[i] for i in pending]
 
 
+def _records(steps: list[PassStep], group: list[int]) -> tuple[list[Match], list[tuple[int, Rejection]]]:
+    """The matches and the (step index, rejection)s of one pass's steps (`_groups`), in the order they ran. A pass
+    with stages is read as one pass (`engine.settle`, as `engine.compose` ran it): its records name only nodes of the
+    pass's input or output graph (a product one stage made and a later one absorbed is no product of the pass)."""
+    if len(steps) == 1:
+        return list(steps[0].matches), [(group[0], r) for r in steps[0].rejections]
+    tagged = [(k, r) for k, s in zip(group, steps, strict=True) for r in s.rejections]
+    res = settle(steps[0].before, PassResult(steps[-1].after, [m for s in steps for m in s.matches],
+                                             [r for _, r in tagged]), [s.after for s in steps[:-1]])
+    refused: list[tuple[int, Rejection]] = []
+    at = 0
+    for r in res.rejections:  # settle keeps their order and drops those that name nothing the trace holds
+        while at < len(tagged) and _key(tagged[at][1]) != _key(r):
+            at += 1
+        refused.append((tagged[min(at, len(tagged) - 1)][0], r))
+        at += 1
+    return res.matches, refused
+
+
+def _key(r: Rejection) -> tuple[str, str, str, str, bool, bool]:
+    return r.rule, r.guard, r.stage, r.message, r.headline, r.soft
+
+
 def _step_index(trace: Trace) -> tuple[_StepIndex, ...]:
     """`_StepIndex` per pass of `trace` (`_groups`), made once per trace (each layer's explanation had rescanned
     every decision of the run: 10^4 layers x 10^4 decisions)."""
@@ -234,19 +258,17 @@ def _step_index(trace: Trace) -> tuple[_StepIndex, ...]:
     for group in _groups(trace):
         steps = [trace.steps[k] for k in group]
         name = steps[-1].family
+        found, refused = _records(steps, group)
         rules = [r.name for r in PASSES[name].rules] if name in PASSES else []
-        rules += [r for r in dict.fromkeys([m.rule for s in steps for m in s.matches]
-                                           + [r.rule for s in steps for r in s.rejections]) if r not in rules]
+        rules += [r for r in dict.fromkeys([m.rule for m in found] + [r.rule for _, r in refused]) if r not in rules]
         matches: dict[tuple[str, int | None], list[Any]] = {}
-        for s in steps:
-            for m in s.matches:
-                matches.setdefault((m.rule, m.layer), []).append(m)
+        for m in found:
+            matches.setdefault((m.rule, m.layer), []).append(m)
         rejections: dict[tuple[str, int | None], list[Any]] = {}
         step_of: dict[int, int] = {}
-        for k, s in zip(group, steps, strict=True):
-            for r in s.rejections:
-                rejections.setdefault((r.rule, r.layer), []).append(r)
-                step_of[id(r)] = k
+        for k, r in refused:
+            rejections.setdefault((r.rule, r.layer), []).append(r)
+            step_of[id(r)] = k
         out.append(_StepIndex(name, group[-1], tuple(rules), matches, rejections, step_of))
     hit = _STEPS[trace] = tuple(out)
     return hit
