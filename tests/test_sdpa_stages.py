@@ -6,10 +6,13 @@ it as one pass, as when they ran inside it."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
+from clirun import one_line_error
+from clirun import run as cli_run
 from test_rope_heads import AT, rope_attention
 from test_rope_pairs import interleaved_attention
 from test_unwritten_forms import equal_numbers
@@ -196,3 +199,38 @@ def test_a_softmax_of_no_folded_chain_is_no_candidate():
     trace = Pipeline.canonical().run(parse_ir((CASES / "n3-08c-bart-4d-control.rlx").read_text()))
     lift = trace.step("fuse_sdpa/unfold_heads")
     assert not lift.changed and not lift.matches and not lift.rejections
+
+
+def test_the_app_lists_each_stage_as_a_row_to_switch_off():
+    from rlxviz.app.jobs import Runner
+    from rlxviz.app.state import AppState
+
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+    k = s.passes.index("fuse_sdpa")
+    assert s.passes[k - len(STAGE_NAMES):k] == STAGE_NAMES and s.pipeline_spec == [
+        p for p in s.passes if p not in STAGES]
+    assert [st.pass_name for st in s.trace.steps][:k + 1] == s.passes[:k + 1]
+    i = s.passes.index("fuse_sdpa/hoist_scales")
+    s.toggle_pass(i, False)
+    assert "-fuse_sdpa/hoist_scales" in s.pipeline_spec and "fuse_sdpa/hoist_scales" not in s.pipeline_spec
+    ran = [st.pass_name for st in s.trace.steps]
+    assert "fuse_sdpa/hoist_scales" not in ran and "fuse_sdpa/rope_heads" in ran and "fuse_sdpa" in ran
+    s.toggle_pass(k, False)  # the pass itself off: its stages go with it
+    assert not any(st.family == "fuse_sdpa" for st in s.trace.steps)
+
+
+def test_the_cli_switches_a_step_off_and_names_a_misspelt_one(capsys, tmp_path):
+    path = tmp_path / "rope.rlx"
+    path.write_text(rope_attention())
+    code, out, _ = cli_run(capsys, "explain", path)
+    assert code == 0, out
+    code, out, _ = cli_run(capsys, "explain", path, "--pipeline", "canonical,-fuse_sdpa/rope_heads")
+    assert code != 0 and "rope_on_heads" in out
+    code, out, _ = cli_run(capsys, "ir", path, "--pipeline", "canonical", "--after", "fuse_sdpa/rope_heads")
+    assert code == 0 and "rope(" in out and "attention(" not in out
+    code, _, err = cli_run(capsys, "explain", path, "--pipeline", "canonical,-fuse_sdpa/rope_head")
+    one_line_error(err, "explain", "did you mean 'fuse_sdpa/rope_heads'")
+    code, out, _ = cli_run(capsys, "passes", "--pipeline", "canonical,-fuse_sdpa/rope_heads", "--json")
+    (sdpa,) = [p for p in json.loads(out)["passes"] if p["name"] == "fuse_sdpa"]
+    assert [st["name"] for st in sdpa["stages"]] == STAGE_NAMES
+    assert [st["name"] for st in sdpa["stages"] if st["off"]] == ["fuse_sdpa/rope_heads"]

@@ -97,37 +97,52 @@ def graph_digest(graph: Graph) -> str:
 
 
 def run_pipeline(graph: Graph, pipe: Pipeline) -> Trace:
-    """`pipe.run(graph)`, cached per (graph content, pass order, effective params)."""
-    key = ("trace", graph_digest(graph), tuple(p.name for p in pipe.active()),
+    """`pipe.run(graph)`, cached per (graph content, step order: a stage switched off is another run, effective
+    params)."""
+    key = ("trace", graph_digest(graph), tuple(p.name for p in pipe.steps()),
            tuple(sorted((k, repr(v)) for k, v in pipe.effective_params.items())), pipe.name)
     return TRACES.get_or_compute(key, lambda: pipe.run(graph))
 
 
+def _rule_entries(p: Any) -> list[dict[str, Any]]:
+    return [{"name": r.name, "doc": r.doc, "guards": r.guard_names, "guard_kinds": r.guard_kinds} for r in p.rules]
+
+
 def pass_catalog(pipe: Pipeline | None = None) -> list[dict[str, Any]]:
     """Each pass of `pipe` (default canonical), in order: name, doc, requires, and its rules with their
-    docs, guard names (structure steps and guards, in the order they run) and each guard's kind of "no"."""
+    docs, guard names (structure steps and guards, in the order they run) and each guard's kind of "no"; `stages`:
+    the steps that run before its own rules (`fuse_sdpa/rope_heads`, ...), each with its doc, its rules and whether
+    the pipeline switched it off."""
     pipe = pipe or Pipeline.canonical()
-    return [{"name": p.name, "doc": p.doc, "requires": list(p.requires),
-             "rules": [{"name": r.name, "doc": r.doc, "guards": r.guard_names, "guard_kinds": r.guard_kinds}
-                       for r in p.rules]}
+    return [{"name": p.name, "doc": p.doc, "requires": list(p.requires), "rules": _rule_entries(p),
+             "stages": [{"name": st.name, "doc": st.doc, "off": st.name in pipe.disabled, "rules": _rule_entries(st)}
+                        for st in p.stages]}
             for p in pipe.active()]
 
 
 def format_passes(pipeline: Pipeline | None = None) -> str:
-    """`pass_catalog` as text: one block per pass, one line per rule, its guards wrapped below."""
+    """`pass_catalog` as text: one block per pass, one line per rule, its guards wrapped below; a pass's stages first,
+    each on a `step` line with its rules below it."""
     pipe = pipeline or Pipeline.canonical()
     params = {k: v for k, v in pipe.effective_params.items()}
     lines = [f"{pipe.name} pipeline ({len(pipe.active())} passes; params: "
              + ", ".join(f"{k}={v}" for k, v in params.items()) + ")"]
+
+    def rules(entries: list[dict[str, Any]], indent: int) -> None:
+        for r in entries:
+            lines.append(" " * indent + r["name"] + (f": {r['doc']}" if r["doc"] else ""))
+            lines.extend(textwrap.wrap("guards: " + ", ".join(r["guards"]), 110, initial_indent=" " * (indent + 4),
+                                       subsequent_indent=" " * (indent + 4), break_on_hyphens=False))
+
     for i, p in enumerate(pass_catalog(pipe), 1):
         req = f"  [after: {', '.join(p['requires'])}]" if p["requires"] else ""
         lines.append(f"{i:2d}. {p['name']}: {p['doc']}{req}")
+        for st in p["stages"]:
+            lines.append(f"      step {st['name']}: {st['doc']}" + (" [switched off]" if st["off"] else ""))
+            rules(st["rules"], 10)
         if not p["rules"]:
             lines.append("      (no patterns: a graph-wide pass)")
-        for r in p["rules"]:
-            lines.append(f"      {r['name']}" + (f": {r['doc']}" if r["doc"] else ""))
-            lines += textwrap.wrap("guards: " + ", ".join(r["guards"]), 110, initial_indent=" " * 10,
-                                   subsequent_indent=" " * 10, break_on_hyphens=False)
+        rules(p["rules"], 6)
     return "\n".join(lines)
 
 
