@@ -126,8 +126,11 @@ def test_a_misspelt_step_fails_when_the_pipeline_is_built(name):
 
 
 def test_a_stage_is_no_pass_of_a_list():
-    with pytest.raises(PipelineError, match="is a step of the pass 'fuse_sdpa'"):
+    with pytest.raises(PipelineError, match="is a step of the pass 'fuse_sdpa', which the list does not hold"):
         build_pipeline("canonicalize_norm,fuse_sdpa/rope_heads")
+    some = build_pipeline("fuse_sdpa/unfold_heads,fuse_sdpa/rope_heads,fuse_sdpa")  # the app's rows, two ticked
+    assert [p.name for p in some.steps()] == ["fuse_sdpa/unfold_heads", "fuse_sdpa/rope_heads", "fuse_sdpa"]
+    assert [p.name for p in build_pipeline("fuse_sdpa").steps()] == [*STAGE_NAMES, "fuse_sdpa"]
     with pytest.raises(KeyError, match="is a step of the pass"):
         Pipeline(["fuse_sdpa/rope_heads"]).run(_rope_graph())
     with pytest.raises(PipelineError, match="takes only steps to switch off"):

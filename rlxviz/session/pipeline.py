@@ -43,7 +43,8 @@ def build_pipeline(spec: str | Sequence[str] = "canonical", params: Mapping[str,
     """A checked pipeline from a profile name (`canonical`, `rlx`) or pass names (a list, or one
     comma-separated string; an empty list runs no pass), with `params` over the profile's. An entry `-STEP` switches
     a pass or a step of one off (`canonical,-fuse_sdpa/rope_heads`: the canonical profile without that stage of
-    `fuse_sdpa`, `Pipeline.disable`); a profile may lead such a list.
+    `fuse_sdpa`, `Pipeline.disable`); a profile may lead such a list. A list may name a listed pass's steps (the
+    app's rows): then that pass runs the steps named and no other (a list naming none of them runs them all).
 
     Raises:
         PipelineError: an unknown pass or step (the message lists the known ones and names the close matches), an
@@ -62,14 +63,20 @@ def build_pipeline(spec: str | Sequence[str] = "canonical", params: Mapping[str,
     else:
         if not names and isinstance(spec, str):  # a list may be empty: every pass switched off
             raise PipelineError("empty pipeline: give a profile (canonical, rlx) or pass names separated by commas")
-        unknown = [n for n in names if n not in PASSES]
-        if unknown and unknown[0] in STAGES:
-            raise PipelineError(f"{unknown[0]!r} is a step of the pass {family_of(unknown[0])!r}: list "
-                                f"{family_of(unknown[0])} (it runs every step), and -{unknown[0]} to switch it off")
+        stages = [n for n in names if n in STAGES]
+        unknown = [n for n in names if n not in PASSES and n not in STAGES]
         if unknown:
             raise PipelineError(f"unknown pass {unknown[0]!r}{close(unknown[0], PASSES)}; known: {', '.join(PASSES)} "
                                 "(or a profile: canonical, rlx)")
-        pipe = Pipeline(names, {}, name or "custom")
+        orphan = next((n for n in stages if family_of(n) not in names), None)
+        if orphan is not None:
+            raise PipelineError(f"{orphan!r} is a step of the pass {family_of(orphan)!r}, which the list does not "
+                                f"hold: list {family_of(orphan)} (it runs every step), and -{orphan} to switch one off")
+        pipe = Pipeline([n for n in names if n not in STAGES], {}, name or "custom")
+        for fam in dict.fromkeys(map(family_of, stages)):  # a list naming some steps of a pass runs those only
+            for st in PASSES[fam].stages:
+                if st.name not in stages:
+                    pipe.disable(st.name)
     for n in off:
         if n not in PASSES and n not in STAGES:
             raise PipelineError(f"unknown pass or step {n!r} to switch off{close(n, [*PASSES, *STAGES])}; known: "
