@@ -8,7 +8,9 @@ The canonical order starts from RLX's newer order (docs/rlx.md §2.2) and fixes 
    `layer_norm` / `rms_norm` / `gelu` / `gelu_tanh` (or a named rejection says why not), so the fusions below,
    which match those ops, see them.
 1. `fuse_sdpa` - new (RLX has no pass for Hugging Face attention primitives). Must come first:
-   every block fusion below anchors on a packed `attention`.
+   every block fusion below anchors on a packed `attention`. Its exact canonicalizations run first, each a step of
+   the trace of its own (`fuse_sdpa/unfold_heads`, ..., `fuse_sdpa/uninvert_where`: `Pass.stages`, `STAGES`), then
+   its own rule as the step `fuse_sdpa`; `Pipeline.disable` switches one stage off.
 2. `fuse_swiglu` - RLX runs its dual-matmul form after the residual norms; here it runs before
    `fuse_shared_input_matmul` (RLX's own constraint, "DualMatmul before SharedInput") and before
    `fuse_matmul_bias_act` so gate/up pairs are seen as a pair.
