@@ -376,16 +376,6 @@ def settle(before: Graph, result: PassResult, between: Sequence[Graph] = ()) -> 
     return PassResult(after, matches, rejections)
 
 
-def staged(fn: Callable[[Graph], tuple[Graph, list[Match]]]) -> PassFn:
-    """A `(graph) -> (graph, matches)` canonicalization as a stage of `compose`."""
-
-    def run(graph: Graph, params: Mapping[str, Any]) -> PassResult:
-        g, matches = fn(graph)
-        return PassResult(g, list(matches))
-
-    return run
-
-
 def compose(graph: Graph, params: Mapping[str, Any], stages: Sequence[PassFn]) -> PassResult:
     """Run `stages` in order, each on the graph the one before it made, as one pass: the last graph, every stage's
     matches and rejections in stage order, `settle`d so they name only nodes of `graph` or of the last graph."""
@@ -400,4 +390,4 @@ def compose(graph: Graph, params: Mapping[str, Any], stages: Sequence[PassFn]) -
 
 
 __all__ = ["STAGE_SEP", "Found", "Pass", "PassFn", "PassResult", "apply", "attempt", "check_records", "compose",
-           "dead_refs", "find", "refusal", "rule_pass", "settle", "stage", "staged", "try_rule"]
+           "dead_refs", "find", "refusal", "rule_pass", "settle", "stage", "try_rule"]
