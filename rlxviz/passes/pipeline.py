@@ -131,21 +131,21 @@ class Pipeline:
 
     def __post_init__(self) -> None:
         for name in self.disabled:
-            _check_step(name)
+            self._check_step(name)
         check_params(self.params, f"pipeline {self.name!r}", self.known_params)
+
+    def _check_step(self, name: str) -> None:
+        """`_check_step`, also accepting the name of a `Pass` object the list holds (a pass of the author's own)."""
+        if not any(isinstance(p, Pass) and p.name == name for p in self.passes):
+            _check_step(name)
 
     @classmethod
     def of_steps(cls, names: Sequence[str], params: Mapping[str, Any] | None = None, name: str = "custom") -> Pipeline:
         """The pipeline whose run has the steps `names` (a trace's step names, in order): each stage name is folded
         into its pass (listed by its own step), and a listed pass's stages that are not among `names` are disabled.
-
-        Raises:
-            KeyError: an unknown pass or step name.
-        """
-        for n in names:
-            _check_step(n)
+        A name that is no pass is kept as it is (it fails where the pipeline resolves it, as in `Pipeline(names)`)."""
         listed = [n for n in names if n not in STAGES]
-        off = {st.name for n in dict.fromkeys(listed) for st in PASSES[n].stages if st.name not in names}
+        off = {st.name for n in dict.fromkeys(listed) if n in PASSES for st in PASSES[n].stages if st.name not in names}
         return cls(listed, dict(params or {}), name, off)
 
     @property
@@ -196,7 +196,7 @@ class Pipeline:
     def disable(self, name: str) -> Pipeline:
         """Skip `name` when running (it stays in the list): a pass with its stages, or one stage of a pass
         (`fuse_sdpa/rope_heads`). Raises KeyError for an unknown name."""
-        _check_step(name)
+        self._check_step(name)
         self.disabled.add(name)
         return self
 
