@@ -99,6 +99,12 @@ CASES = {
     "pass in a pipeline": ('PIPE = build_pipeline("{w},dead_code_elimination")', "mark_elementwise_regions",
                            "mark_elementwise_region"),
     "pass enabled in a pipeline": ('PIPE = Pipeline.canonical().disable("{w}")', "fuse_sdpa", "fuse_sdap"),
+    "step of a pass switched off": ('PIPE = Pipeline.canonical().disable("{w}")', "fuse_sdpa/rope_heads",
+                                    "fuse_sdpa/rope_head"),
+    "step of a pass off in a pass list": ('PIPE = build_pipeline("canonical,-{w}")', "fuse_sdpa/hoist_scales",
+                                          "fuse_sdpa/hoist_scale"),
+    "step of a pass off at construction": ('PIPE = Pipeline(disabled={{"{w}"}})', "fuse_sdpa/pack_cache",
+                                           "fuse_sdpa/pack_cach"),
 }
 
 _N = itertools.count()

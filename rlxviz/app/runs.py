@@ -99,7 +99,7 @@ class Runs:
         return session.OpenRequest(
             source=self.preset, batch=self.batch, seq=self.effective_seq,
             style=None if self.style == "default" else self.style, variant=self.variant,
-            variant_layer=self.variant_layer, threshold=self.threshold, pipeline=tuple(self.enabled_passes),
+            variant_layer=self.variant_layer, threshold=self.threshold, pipeline=tuple(self.pipeline_spec),
             pipeline_name="app", limits=Limits.resolve(), isolated=True)
 
     def _load_model(self) -> Model:

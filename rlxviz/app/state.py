@@ -25,6 +25,7 @@ import param
 from .. import session
 from ..models import VARIANTS, BertConfig, Model
 from ..passes import CANONICAL_ORDER, DEFAULT_PARAMS, PASSES, Trace, layer_of
+from ..passes.pipeline import STAGES
 from ..runtime.devices import available_devices
 from ..session.overlays import KINDS
 from .derived import FULL_VIEW_LAYERS, FULL_VIEW_LIMIT, Derived
@@ -199,12 +200,19 @@ class AppState(Runs, Derived, param.Parameterized):
     @param.depends("passes", "disabled", "variant", "threshold")
     def pipeline_key(self) -> tuple:
         """What identifies the pipeline run on the model: the passes that run and the attention gate."""
-        return (tuple(self.enabled_passes), self.effective_threshold)
+        return (tuple(self.pipeline_spec), self.effective_threshold)
 
     @property
     def enabled_passes(self) -> list[str]:
-        """The passes that run, in order."""
+        """The passes (and stages of a pass, `fuse_sdpa/rope_heads`) that run, in order."""
         return [p for i, p in enumerate(self.passes) if i not in self.disabled]
+
+    @property
+    def pipeline_spec(self) -> list[str]:
+        """What `session.build_pipeline` runs: the enabled passes in order, and `-STAGE` for each stage row switched
+        off (a stage runs with its pass, before it, wherever its row is; a stage with no row runs)."""
+        return ([p for p in self.enabled_passes if p not in STAGES]
+                + [f"-{p}" for i, p in enumerate(self.passes) if i in self.disabled and p in STAGES])
 
     @property
     def effective_threshold(self) -> int | None:
@@ -318,8 +326,9 @@ class AppState(Runs, Derived, param.Parameterized):
 
     # ============================================================ pipeline
     def canonical_passes(self) -> list[str]:
-        """The pipeline's canonical pass order."""
-        return list(CANONICAL_ORDER)
+        """The pipeline's canonical pass order, each pass's stages (`fuse_sdpa/unfold_heads`, ...) listed before it
+        as rows of their own, so each can be switched off like a pass."""
+        return [q for p in CANONICAL_ORDER for q in (*(st.name for st in PASSES[p].stages), p)]
 
     def available_passes(self) -> list[str]:
         """Every pass a user may add."""

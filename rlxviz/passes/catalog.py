@@ -61,6 +61,29 @@ def _guards(rule: object) -> str:
     return ", ".join(f"`{g}` ({_KIND_LETTER.get(kinds.get(g, ''), '?')})" for g in dict.fromkeys(rule.guard_names))
 
 
+def _sentence(doc: str) -> str:
+    return doc.strip() + ("" if doc.strip().endswith(".") else ".")
+
+
+def _rules_and_validity(p: Pass, stated: dict[str, str]) -> list[str]:
+    """A pass's (or stage's) rules, one line each with its guards, and the validity paragraph of each module that
+    writes them (once per module: later a pointer to the pass it was printed under)."""
+    lines = []
+    for r in p.rules:
+        doc = f": {r.doc.strip()}" if r.doc.strip() else ""
+        lines.append(f"- `{r.name}`{doc}. Guards: {_guards(r)}.")
+    if p.rules:
+        lines.append("")
+    for mod in _modules(p):
+        v, file = validity(getattr(mod, "__doc__", None)), f"{mod.__name__.rsplit('.', 1)[-1]}.py"
+        if v and mod.__name__ in stated:
+            lines += [f"*Validity: as stated under `{stated[mod.__name__]}` (`{file}`).*", ""]
+        elif v:
+            stated[mod.__name__] = p.name
+            lines += [f"*From `{file}`:*", "", v, ""]
+    return lines
+
+
 def rules_markdown() -> str:
     """Markdown for every pass in `PASSES`: its one-line doc, its rules with their guards and kinds, and the validity
     paragraph of each module that writes it. Deterministic (no ids, no addresses, no line numbers)."""
@@ -69,21 +92,20 @@ def rules_markdown() -> str:
              "docs/passes.md`); `tests/test_passes_doc.py` fails when this section and the code disagree.", ""]
     stated: dict[str, str] = {}  # module -> the pass under which its validity paragraph was printed
     for name, p in PASSES.items():
-        lines += [f"### `{name}`", "", p.doc.strip() + ("" if p.doc.strip().endswith(".") else "."), ""]
+        lines += [f"### `{name}`", "", _sentence(p.doc), ""]
         if p.requires:
             lines += ["Runs after: " + ", ".join(f"`{r}`" for r in p.requires) + ".", ""]
-        for r in p.rules:
-            doc = f": {r.doc.strip()}" if r.doc.strip() else ""
-            lines.append(f"- `{r.name}`{doc}. Guards: {_guards(r)}.")
-        if p.rules:
+        if p.stages:
+            lines += [f"Its canonicalizations run first, in this order, each its own step of the trace (switch one off "
+                      f"with `-{p.stages[0].name}` in a pass list, or `Pipeline.disable`); its own rules then run as "
+                      f"the step `{name}`:", ""]
+            lines += [f"- `{st.name}`: {_sentence(st.doc)}" for st in p.stages]
             lines.append("")
-        for mod in _modules(p):
-            v, file = validity(getattr(mod, "__doc__", None)), f"{mod.__name__.rsplit('.', 1)[-1]}.py"
-            if v and mod.__name__ in stated:
-                lines += [f"*Validity: as stated under `{stated[mod.__name__]}` (`{file}`).*", ""]
-            elif v:
-                stated[mod.__name__] = name
-                lines += [f"*From `{file}`:*", "", v, ""]
+            for st in p.stages:
+                lines += [f"**Step `{st.name}`**", ""]
+                lines += _rules_and_validity(st, stated)
+            lines += [f"**Step `{name}`** (its own rules)", ""]
+        lines += _rules_and_validity(p, stated)
     return "\n".join([*lines, END]) + "\n"
 
 

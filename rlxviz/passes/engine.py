@@ -16,7 +16,7 @@ from ..ir.emitter import normalize_attrs
 from ..ir.infer import ShapeError, TensorType, infer
 from .guard import ILLEGAL, NOT_PROFITABLE, Ctx
 from .rule import Fail, Rule, Soft, escape_check, run_step
-from .trace import Match, Rejection
+from .trace import STAGE_SEP, Match, Rejection
 
 
 @dataclass
@@ -49,6 +49,11 @@ class Pass:
         excused_by: `(trait, why)` pairs: a layer with the trait does not expect the product at all (checked first).
         unexpected: why the product is not expected of a layer without an `expected_of` trait: a text (formatted
             with the layer kind's `description` and `mask`) or a function of the layer kind.
+        stages: exact canonicalizations run before the pass's own rules, in order, each its own pipeline step (named
+            `NAME/STAGE`, `stage`): a user sees the graph before and after each and can switch one off
+            (`Pipeline.disable`). Their records keep the pass's name (`Match.pass_name`), and they declare no
+            product: what they refuse is their own rule's near miss. Called directly, the pass runs its stages and
+            its own rules as one (`compose`).
     """
 
     name: str
@@ -60,16 +65,37 @@ class Pass:
     expected_of: tuple[str, ...] = ()
     excused_by: tuple[tuple[str, str], ...] = ()
     unexpected: str | Callable[[Any], str] = ""
+    stages: tuple[Pass, ...] = ()
+
+    def __post_init__(self) -> None:
+        for st in self.stages:
+            if st.name.partition(STAGE_SEP)[0] != self.name or not st.name.partition(STAGE_SEP)[2] or st.stages:
+                raise ValueError(f"[Pass {self.name}] stage {st.name!r} must be named {self.name}{STAGE_SEP}NAME and "
+                                 f"have no stages of its own")
 
     def __call__(self, graph: Graph, params: Mapping[str, Any] | None = None) -> PassResult:
+        if self.stages:
+            return compose(graph, params or {}, [*self.stages, self.fn])
         return self.fn(graph, params or {})
 
     @property
+    def own(self) -> Pass:
+        """The pass without its stages: its own rules alone (the last of its pipeline steps)."""
+        return replace(self, stages=()) if self.stages else self
+
+    @property
     def params(self) -> tuple[str, ...]:
-        """The pipeline parameters its rules' guards and steps read (`Guard.params`): a pipeline holding the pass
-        accepts them besides `PipelineParams`' fields."""
-        steps = (s.step if isinstance(s, Soft) else s for r in self.rules for s in r.steps)
+        """The pipeline parameters its rules' guards and steps read (`Guard.params`), its stages' included: a
+        pipeline holding the pass accepts them besides `PipelineParams`' fields."""
+        steps = (s.step if isinstance(s, Soft) else s for p in (*self.stages, self) for r in p.rules for s in r.steps)
         return tuple(dict.fromkeys(p for s in steps for p in getattr(s, "params", ())))
+
+
+def stage(parent: str, name: str, p: Pass, doc: str = "") -> Pass:
+    """`p` as stage `name` of pass `parent` (step name `parent/name`); its function and its records are `p`'s (a
+    rule pass made with `rule_pass(parent, ...)` records its matches under `parent`)."""
+    return replace(p, name=f"{parent}{STAGE_SEP}{name}", doc=doc or p.doc, product="", expected_of=(), excused_by=(),
+                   unexpected="")
 
 
 @dataclass
@@ -350,16 +376,6 @@ def settle(before: Graph, result: PassResult, between: Sequence[Graph] = ()) -> 
     return PassResult(after, matches, rejections)
 
 
-def staged(fn: Callable[[Graph], tuple[Graph, list[Match]]]) -> PassFn:
-    """A `(graph) -> (graph, matches)` canonicalization as a stage of `compose`."""
-
-    def run(graph: Graph, params: Mapping[str, Any]) -> PassResult:
-        g, matches = fn(graph)
-        return PassResult(g, list(matches))
-
-    return run
-
-
 def compose(graph: Graph, params: Mapping[str, Any], stages: Sequence[PassFn]) -> PassResult:
     """Run `stages` in order, each on the graph the one before it made, as one pass: the last graph, every stage's
     matches and rejections in stage order, `settle`d so they name only nodes of `graph` or of the last graph."""
@@ -373,5 +389,5 @@ def compose(graph: Graph, params: Mapping[str, Any], stages: Sequence[PassFn]) -
     return settle(graph, PassResult(g, matches, rejections), between[:-1])
 
 
-__all__ = ["Found", "Pass", "PassFn", "PassResult", "apply", "attempt", "check_records", "compose", "dead_refs",
-           "find", "refusal", "rule_pass", "settle", "staged", "try_rule"]
+__all__ = ["STAGE_SEP", "Found", "Pass", "PassFn", "PassResult", "apply", "attempt", "check_records", "compose",
+           "dead_refs", "find", "refusal", "rule_pass", "settle", "stage", "try_rule"]

@@ -19,9 +19,10 @@ from typing import Any
 
 from ..ir import Graph, Node, Op
 from ..ir.identity import DigestCache
+from .engine import PassResult, settle
 from .pipeline import PASSES, Pipeline
 from .report import in_context, name_users_nodes, user_origin
-from .trace import Trace, layer_label, layer_of, same_stack_as
+from .trace import Match, PassStep, Rejection, Trace, layer_label, layer_of, same_stack_as
 
 
 @dataclass(frozen=True)
@@ -186,36 +187,89 @@ def _signature(g: Graph, layer: int) -> list[str]:
 
 @dataclass(frozen=True)
 class _StepIndex:
-    """One pipeline step's decisions grouped once: its rules in report order (the pass's own, then any other rule
-    a match or rejection names), and its matches and rejections by `(rule, layer)` in trace order."""
+    """One pass's decisions grouped once: its rules in report order (the pass's own, then any other rule a match or
+    rejection names), and its matches and rejections by `(rule, layer)` in trace order. A pass's stages
+    (`fuse_sdpa/rope_heads`, `engine.Pass.stages`) are grouped with its own step, in the order they ran, so the pass
+    is explained as one (as when its stages ran inside it); `step` is the index of the pass's own step and
+    `step_of` the step index of each rejection (by `id`)."""
 
+    name: str
+    step: int
     rules: tuple[str, ...]
     matches: dict[tuple[str, int | None], list[Any]]
     rejections: dict[tuple[str, int | None], list[Any]]
+    step_of: dict[int, int]
 
 
 _STEPS: DigestCache[tuple[_StepIndex, ...]] = DigestCache(limit=4)
 _FUSED: DigestCache[dict[str, list[int]]] = DigestCache(limit=4)
 
 
+def _groups(trace: Trace) -> list[list[int]]:
+    """The step indices of each pass of the run, in order: a pass's stage steps with its own step after them (a
+    stage step without its pass's step after it is a group of its own)."""
+    out: list[list[int]] = []
+    pending: list[int] = []
+    for k, step in enumerate(trace.steps):
+        if step.is_stage:
+            if pending and trace.steps[pending[-1]].family != step.family:
+                out += [[i] for i in pending]
+                pending = []
+            pending.append(k)
+            continue
+        if pending and trace.steps[pending[-1]].family == step.pass_name:
+            out.append([*pending, k])
+        else:
+            out += [[i] for i in pending] + [[k]]
+        pending = []
+    return out + [[i] for i in pending]
+
+
+def _records(steps: list[PassStep], group: list[int]) -> tuple[list[Match], list[tuple[int, Rejection]]]:
+    """The matches and the (step index, rejection)s of one pass's steps (`_groups`), in the order they ran. A pass
+    with stages is read as one pass (`engine.settle`, as `engine.compose` ran it): its records name only nodes of the
+    pass's input or output graph (a product one stage made and a later one absorbed is no product of the pass)."""
+    if len(steps) == 1:
+        return list(steps[0].matches), [(group[0], r) for r in steps[0].rejections]
+    tagged = [(k, r) for k, s in zip(group, steps, strict=True) for r in s.rejections]
+    res = settle(steps[0].before, PassResult(steps[-1].after, [m for s in steps for m in s.matches],
+                                             [r for _, r in tagged]), [s.after for s in steps[:-1]])
+    refused: list[tuple[int, Rejection]] = []
+    at = 0
+    for r in res.rejections:  # settle keeps their order and drops those that name nothing the trace holds
+        while at < len(tagged) and _key(tagged[at][1]) != _key(r):
+            at += 1
+        refused.append((tagged[min(at, len(tagged) - 1)][0], r))
+        at += 1
+    return res.matches, refused
+
+
+def _key(r: Rejection) -> tuple[str, str, str, str, bool, bool]:
+    return r.rule, r.guard, r.stage, r.message, r.headline, r.soft
+
+
 def _step_index(trace: Trace) -> tuple[_StepIndex, ...]:
-    """`_StepIndex` per step of `trace`, made once per trace (each layer's explanation had rescanned every
-    decision of the run: 10^4 layers x 10^4 decisions)."""
+    """`_StepIndex` per pass of `trace` (`_groups`), made once per trace (each layer's explanation had rescanned
+    every decision of the run: 10^4 layers x 10^4 decisions)."""
     hit = _STEPS.get(trace)
     if hit is not None:
         return hit
     out = []
-    for step in trace.steps:
-        rules = [r.name for r in PASSES[step.pass_name].rules] if step.pass_name in PASSES else []
-        rules += [r for r in dict.fromkeys([m.rule for m in step.matches] + [r.rule for r in step.rejections])
-                  if r not in rules]
+    for group in _groups(trace):
+        steps = [trace.steps[k] for k in group]
+        name = steps[-1].family
+        found, refused = _records(steps, group)
+        rules = [r.name for r in PASSES[name].rules] if name in PASSES else []
+        rules += [r for r in dict.fromkeys([m.rule for m in found] + [r.rule for _, r in refused]) if r not in rules]
         matches: dict[tuple[str, int | None], list[Any]] = {}
-        for m in step.matches:
+        for m in found:
             matches.setdefault((m.rule, m.layer), []).append(m)
         rejections: dict[tuple[str, int | None], list[Any]] = {}
-        for r in step.rejections:
+        step_of: dict[int, int] = {}
+        for k, r in refused:
             rejections.setdefault((r.rule, r.layer), []).append(r)
-        out.append(_StepIndex(tuple(rules), matches, rejections))
+            step_of[id(r)] = k
+        out.append(_StepIndex(name, group[-1], tuple(rules), matches, rejections, step_of))
     hit = _STEPS[trace] = tuple(out)
     return hit
 
@@ -267,25 +321,24 @@ def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None)
     trace = source if isinstance(source, Trace) else (pipeline or Pipeline.canonical()).run(source)
     ex = LayerExplanation(layer, trace.pipeline)
     steps = _step_index(trace)
-    for k, step in enumerate(trace.steps):
-        at = steps[k]
+    for at in steps:
         for rule in at.rules:
             mine = at.matches.get((rule, layer), [])
             rej = at.rejections.get((rule, layer), [])
             if mine:
                 soft = tuple((r.guard, r.kind, r.message) for r in rej if r.soft)
-                ex.outcomes.append(Outcome(step.pass_name, rule, "fused",
+                ex.outcomes.append(Outcome(at.name, rule, "fused",
                                            nodes=tuple(m.fused for m in mine if m.fused is not None), soft=soft))
             elif rej:
                 r = next((x for x in rej if x.headline and not x.soft), rej[0])
                 also = tuple((x.guard, x.kind, name_users_nodes(trace, x.message)) for x in rej
                              if x is not r and x.anchor == r.anchor and not x.headline)
-                message, hint = in_context(trace, k, r)
-                ex.outcomes.append(Outcome(step.pass_name, rule, "rejected", r.guard, r.stage, message, hint,
+                message, hint = in_context(trace, at.step_of[id(r)], r)
+                ex.outcomes.append(Outcome(at.name, rule, "rejected", r.guard, r.stage, message, hint,
                                            (r.anchor,), r.kind, r.fix, r.subject, also, remedy=r.remedy,
                                            subject_origin=None if r.subject is None else user_origin(trace, r.subject)))
             else:
-                ex.outcomes.append(Outcome(step.pass_name, rule, "not applicable"))
+                ex.outcomes.append(Outcome(at.name, rule, "not applicable"))
     fused_in = _fused_layers(trace, steps)
     for o in ex.rejected:
         same_stack = [k for k in fused_in.get(o.rule, ()) if same_stack_as(k, layer)]

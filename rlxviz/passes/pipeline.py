@@ -8,7 +8,9 @@ The canonical order starts from RLX's newer order (docs/rlx.md §2.2) and fixes 
    `layer_norm` / `rms_norm` / `gelu` / `gelu_tanh` (or a named rejection says why not), so the fusions below,
    which match those ops, see them.
 1. `fuse_sdpa` - new (RLX has no pass for Hugging Face attention primitives). Must come first:
-   every block fusion below anchors on a packed `attention`.
+   every block fusion below anchors on a packed `attention`. Its exact canonicalizations run first, each a step of
+   the trace of its own (`fuse_sdpa/unfold_heads`, ..., `fuse_sdpa/uninvert_where`: `Pass.stages`, `STAGES`), then
+   its own rule as the step `fuse_sdpa`; `Pipeline.disable` switches one stage off.
 2. `fuse_swiglu` - RLX runs its dual-matmul form after the residual norms; here it runs before
    `fuse_shared_input_matmul` (RLX's own constraint, "DualMatmul before SharedInput") and before
    `fuse_matmul_bias_act` so gate/up pairs are seen as a pair.
@@ -42,7 +44,8 @@ from ..ir import Graph, lint
 from ..ir.identity import definitions_changed
 from .engine import Pass, check_records
 from .params import PARAM_NAMES, PipelineParams, check_params
-from .rules.attention import fuse_attention_block, fuse_sdpa, scale_origin
+from .rules.attention import fuse_sdpa
+from .rules.block import fuse_attention_block
 from .rules.cleanup import dead_code_elimination, mark_elementwise_regions, unfuse
 from .rules.export_forms import canonicalize_exported
 from .rules.gelu_forms import canonicalize_gelu
@@ -50,9 +53,10 @@ from .rules.layer import fuse_transformer_layer
 from .rules.linear import fuse_matmul_bias_act, fuse_shared_input_matmul
 from .rules.norm import fuse_residual_ln, fuse_residual_rms_norm
 from .rules.norm_forms import canonicalize_norm
+from .rules.scale_blame import scale_origin
 from .rules.swiglu import fuse_swiglu
 from .spelling import close
-from .trace import PassStep, Rejection, Trace
+from .trace import PassStep, Rejection, Trace, family_of
 
 
 class PassRegistry(dict[str, Pass]):
@@ -98,6 +102,10 @@ PASSES: dict[str, Pass] = PassRegistry({p.name: p for p in (
     fuse_residual_rms_norm, fuse_transformer_layer, dead_code_elimination, mark_elementwise_regions, unfuse)})
 """Every pass by name (a `PassRegistry`)."""
 
+STAGES: dict[str, Pass] = {st.name: st for p in PASSES.values() for st in p.stages}
+"""Every stage of a pass by its step name (`fuse_sdpa/rope_heads`, `engine.Pass.stages`): a step of the trace that
+`Pipeline.disable` switches off; not a pass of its own in a pass list."""
+
 CANONICAL_ORDER = ("canonicalize_exported", "canonicalize_norm", "canonicalize_gelu",
                    "fuse_sdpa", "fuse_swiglu", "fuse_shared_input_matmul", "fuse_matmul_bias_act",
                    "fuse_attention_block", "fuse_residual_ln", "fuse_residual_rms_norm", "fuse_transformer_layer",
@@ -119,9 +127,19 @@ DEFAULT_PARAMS: dict[str, Any] = {k: getattr(PipelineParams(), k) for k in ("fab
 def _resolve(p: str | Pass) -> Pass:
     if isinstance(p, Pass):
         return p
+    if p in STAGES:
+        raise KeyError(f"[Pipeline] {p!r} is a step of the pass {family_of(p)!r}, not a pass: list {family_of(p)} "
+                       f"(it runs every step) and switch the step off with disable({p!r})")
     if p not in PASSES:
         raise KeyError(f"[Pipeline] unknown pass {p!r}{close(str(p), PASSES)}; known: {', '.join(PASSES)}")
     return PASSES[p]
+
+
+def _check_step(name: str) -> None:
+    """Raises KeyError unless `name` is a pass or a stage of one (`STAGES`), naming the close matches."""
+    if name not in PASSES and name not in STAGES:
+        known = [*PASSES, *STAGES]
+        raise KeyError(f"[Pipeline] unknown pass or step {name!r}{close(str(name), known)}; known: {', '.join(known)}")
 
 
 @dataclass
@@ -134,7 +152,9 @@ class Pipeline:
             declares (`Pass.params`), else `ParamError`, a `KeyError` naming the close matches, here and wherever
             the params are read or run.
         name: shown in the trace.
-        disabled: names skipped by `run` (kept in the list so the UI can re-enable them).
+        disabled: names skipped by `run` (kept in the list so the UI can re-enable them): passes, or stages of a
+            pass (`fuse_sdpa/rope_heads`, `STAGES`); a pass switched off takes its stages with it. An unknown name
+            raises `KeyError` here.
 
     Example:
         >>> from rlxviz.models import load_model
@@ -149,7 +169,23 @@ class Pipeline:
     disabled: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
+        for name in self.disabled:
+            self._check_step(name)
         check_params(self.params, f"pipeline {self.name!r}", self.known_params)
+
+    def _check_step(self, name: str) -> None:
+        """`_check_step`, also accepting the name of a `Pass` object the list holds (a pass of the author's own)."""
+        if not any(isinstance(p, Pass) and p.name == name for p in self.passes):
+            _check_step(name)
+
+    @classmethod
+    def of_steps(cls, names: Sequence[str], params: Mapping[str, Any] | None = None, name: str = "custom") -> Pipeline:
+        """The pipeline whose run has the steps `names` (a trace's step names, in order): each stage name is folded
+        into its pass (listed by its own step), and a listed pass's stages that are not among `names` are disabled.
+        A name that is no pass is kept as it is (it fails where the pipeline resolves it, as in `Pipeline(names)`)."""
+        listed = [n for n in names if n not in STAGES]
+        off = {st.name for n in dict.fromkeys(listed) if n in PASSES for st in PASSES[n].stages if st.name not in names}
+        return cls(listed, dict(params or {}), name, off)
 
     @property
     def known_params(self) -> tuple[str, ...]:
@@ -185,7 +221,11 @@ class Pipeline:
         return {**DEFAULT_PARAMS, **check_params(self.params, f"pipeline {self.name!r}", self.known_params)}
 
     def enable(self, name: str, at: int | None = None) -> Pipeline:
-        """Re-enable `name`, or insert it (at index `at`, default the end) if absent."""
+        """Re-enable `name` (a pass or a stage of one), or insert the pass (at index `at`, default the end) if
+        absent."""
+        if name in STAGES:
+            self.disabled.discard(name)
+            return self
         _resolve(name)
         self.disabled.discard(name)
         if name not in self.names:
@@ -193,8 +233,9 @@ class Pipeline:
         return self
 
     def disable(self, name: str) -> Pipeline:
-        """Skip `name` when running (it stays in the list)."""
-        _resolve(name)
+        """Skip `name` when running (it stays in the list): a pass with its stages, or one stage of a pass
+        (`fuse_sdpa/rope_heads`). Raises KeyError for an unknown name."""
+        self._check_step(name)
         self.disabled.add(name)
         return self
 
@@ -211,6 +252,11 @@ class Pipeline:
     def active(self) -> list[Pass]:
         return [p for p in map(_resolve, self.passes) if p.name not in self.disabled]
 
+    def steps(self) -> list[Pass]:
+        """What `run` runs, one trace step each: every active pass, after its enabled stages (`Pass.stages`, each
+        under its step name `PASS/STAGE`) and as its own rules alone (`Pass.own`)."""
+        return [q for p in self.active() for q in (*(st for st in p.stages if st.name not in self.disabled), p.own)]
+
     def missing_requirements(self) -> list[tuple[str, str]]:
         """`(pass, required pass)` for every active pass whose `Pass.requires` names a pass that is not active
         in this pipeline (the pass would find none of the ops it matches). Order is not checked: a pass run
@@ -219,7 +265,8 @@ class Pipeline:
         return [(p.name, r) for p in self.active() for r in p.requires if r not in names]
 
     def run(self, graph: Graph, params: Mapping[str, Any] | None = None) -> Trace:
-        """Run the enabled passes in order; lint after each.
+        """Run the enabled passes in order, a pass's stages as steps of their own before it (`steps`); lint after
+        each.
 
         A pass that raises, produces a graph the verifier rejects, or records a match or rejection naming a node of
         neither its input nor its output graph (`engine.check_records`) is recorded in its
@@ -232,7 +279,7 @@ class Pipeline:
         p = {**self.effective_params, **check_params(params or {}, f"pipeline {self.name!r}", self.known_params)}
         trace = Trace(graph, [], self.name)
         g = graph
-        for ps in self.active():
+        for ps in self.steps():
             t0 = time.perf_counter()
             try:
                 res = ps(g, p)
@@ -274,4 +321,4 @@ def run_pass(graph: Graph, name: str | Pass, **params: Any) -> Graph:
     return trace.final
 
 
-__all__ = ["CANONICAL_ORDER", "DEFAULT_PARAMS", "PASSES", "Pipeline", "RLX_ORDER", "run_pass", "run_passes"]
+__all__ = ["CANONICAL_ORDER", "DEFAULT_PARAMS", "PASSES", "STAGES", "Pipeline", "RLX_ORDER", "run_pass", "run_passes"]

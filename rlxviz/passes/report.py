@@ -102,7 +102,7 @@ def user_origin(trace: Trace, node: int) -> tuple[str, tuple[int, ...]] | None:
     if ids is None:
         return None
     absorbed = set(n.absorbed)
-    rule = next((m.rule for st in trace.steps if st.pass_name == n.pass_name for m in st.matches
+    rule = next((m.rule for st in trace.steps if st.family == n.pass_name for m in st.matches
                  if absorbed & {m.anchor, *m.bindings.values()}), n.pass_name)
     return rule, ids
 

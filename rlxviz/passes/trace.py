@@ -221,6 +221,17 @@ class Rejection:
         return layer_of(self.path)
 
 
+STAGE_SEP = "/"
+"""Between a pass's name and its stage's in a step name: `fuse_sdpa/rope_heads` (`engine.Pass.stages`). A dot would
+read as a rule name (`fuse_sdpa.rope_heads`); the slash is no identifier character, so a `run P first` hint never
+names a stage, and `NAME#K` (the K-th run) still parses."""
+
+
+def family_of(step_name: str) -> str:
+    """The pass a step belongs to: `fuse_sdpa` for its stage `fuse_sdpa/rope_heads` and for itself."""
+    return step_name.partition(STAGE_SEP)[0]
+
+
 @dataclass
 class PassStep:
     """One pass of a pipeline run: the graph before and after, and what it decided.
@@ -237,6 +248,16 @@ class PassStep:
     seconds: float = 0.0
     error: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def family(self) -> str:
+        """The pass this step belongs to (`family_of`): its own name, or its pass's for a stage."""
+        return family_of(self.pass_name)
+
+    @property
+    def is_stage(self) -> bool:
+        """A stage of a pass (`fuse_sdpa/rope_heads`), not the pass's own step."""
+        return STAGE_SEP in self.pass_name
 
     @property
     def added(self) -> list[int]:
@@ -302,6 +323,11 @@ class Trace:
     @property
     def rejections(self) -> list[Rejection]:
         return [r for s in self.steps for r in s.rejections]
+
+    def pass_number(self, k: int) -> int:
+        """The 1-based number of step `k`'s pass in the run, a pass's stages counted with it (`fuse_attention_block`
+        is pass 8 of the canonical run whether or not `fuse_sdpa`'s stages are steps of their own)."""
+        return sum(1 for s in self.steps[:k + 1] if not s.is_stage) + (1 if self.steps[k].is_stage else 0)
 
     def step(self, pass_name: str) -> PassStep:
         """The (last) step of `pass_name`. Raises KeyError if the pass did not run."""

@@ -78,7 +78,7 @@ def run_pipeline_of(trace: Trace) -> Pipeline:
     params: dict[str, object] = {}
     for s in trace.steps:
         params.update(s.params)
-    return Pipeline([s.pass_name for s in trace.steps], params, trace.pipeline or "custom")
+    return Pipeline.of_steps([s.pass_name for s in trace.steps], params, trace.pipeline or "custom")
 
 
 def remove_dead_readers(g: Graph) -> Graph | None:
@@ -179,7 +179,7 @@ def what_if(trace: Trace, step: int, r: Rejection, hint: str | None = None) -> W
             names = [s.pass_name for s in trace.steps]
             names.insert(step, m.group(1))
             return WhatIf(f"the pipeline with {m.group(1)} run before {r.pass_name}", trace.input,
-                          Pipeline(names, dict(base.params), base.name), ("run", m.group(1), str(step)))
+                          Pipeline.of_steps(names, dict(base.params), base.name), ("run", m.group(1), str(step)))
         return None
     at = trace.steps[step]
     for f in (*([MODEL_WHAT_IFS[r.guard]] if r.guard in MODEL_WHAT_IFS else []), *GENERIC_WHAT_IFS):

@@ -140,7 +140,7 @@ def _outputs(g: Graph, s: InputSet, weights: Mapping[str, np.ndarray]) -> list[n
 
 def claims_exact(trace: Trace) -> tuple[str, ...]:
     """The passes of the run whose decisions (a refusal, a soft rejection: what a fusion kept) say `(exact)`."""
-    return tuple(dict.fromkeys(s.pass_name for s in trace.steps if not s.error
+    return tuple(dict.fromkeys(s.family for s in trace.steps if not s.error
                                for r in s.rejections if CLAIM in r.message))
 
 

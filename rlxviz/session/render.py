@@ -64,7 +64,9 @@ def _why(trace: Trace, layer: int | None, i: int) -> tuple[Graph, Overlay | None
              else None)
     name = first.pass_name if first is not None else None
     if name is not None and any(s.pass_name == name for s in trace.steps):
-        s = trace.step(name)
+        # the step that recorded it: a stage of the pass (`fuse_sdpa/rope_heads`) for its own rule's refusal
+        s = next((st for st in reversed(trace.steps) if st.family == name and st.is_stage
+                  and any(r.rule == first.rule for r in st.rejections)), None) or trace.step(name)
         return s.before, Overlay.before(s)
     step = trace.steps[i - 1] if i > 0 else None
     return (step.after, Overlay.after(step)) if step is not None else (trace.input, None)

@@ -23,12 +23,21 @@ for element with the same arithmetic per row. A lifted value read by anything el
 (`reshape(op4, [B*H, a, b])`).
 The rewrite runs only on a chain that holds a softmax and two matmuls (an attention; the softmax folded, or a 4-D
 softmax whose probabilities are folded into the second bmm, as DeBERTa and BLOOM write it); it is reported as a
-`fuse_sdpa.unfold_heads` match.
+`fuse_sdpa.unfold_heads` match per softmax (the `UNFOLD_HEADS` rule, run by the engine as the stage
+`fuse_sdpa/unfold_heads`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from weakref import WeakKeyDictionary
+
 from ...ir import Graph, Node, Op, Rewriter
+from ...ir.identity import IdentityMap
+from ..engine import rule_pass
+from ..guard import Ctx
+from ..pattern import P
+from ..rule import QUIET, Fail, Rule, reports
 from ..trace import Match
 
 RULE = "fuse_sdpa.unfold_heads"
@@ -90,16 +99,43 @@ def _plan(g: Graph) -> tuple[dict[int, tuple[int, int]], dict[int, str], dict[in
     return folded, kind, unfold
 
 
-def unfold_heads(g: Graph) -> tuple[Graph, list[Match]]:
-    """`g` with every folded-heads attention chain lifted to the 4-D head layout (see the module doc), and one
-    `Match` per chain's softmax; `(g, [])` when there is none."""
-    folded, kind, unfold = _plan(g)
-    softmaxes = [i for i, k in kind.items() if k == "softmax"]
-    # a 4-D softmax between the two bmms (DeBERTa, BLOOM: the scores unfolded for the mask, then folded again)
-    softmaxes += [g[i].inputs[0] for i, k in kind.items() if k == "fold" and g[g[i].inputs[0]].op == Op.SOFTMAX]
-    if not softmaxes or sum(k == "matmul" for k in kind.values()) < 2:
-        return g, []
-    rw = Rewriter(g, "fuse_sdpa")
+def _softmaxes(g: Graph, kind: dict[int, str]) -> list[int]:
+    """The softmaxes of the folded chains: a folded one, then a 4-D one whose probabilities are folded into the second
+    bmm (DeBERTa, BLOOM: the scores unfolded for the mask, then folded again)."""
+    out = [i for i, k in kind.items() if k == "softmax"]
+    return out + [g[i].inputs[0] for i, k in kind.items() if k == "fold" and g[g[i].inputs[0]].op == Op.SOFTMAX]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """`_plan` of one graph, with its folded chains' softmaxes and whether the graph holds an attention to lift
+    (a softmax and two folded matmuls)."""
+
+    folded: dict[int, tuple[int, int]]
+    kind: dict[int, str]
+    unfold: dict[int, int]
+    softmaxes: tuple[int, ...]
+    attention: bool
+
+
+_PLANS: IdentityMap[Graph, _Plan] = IdentityMap(limit=2)
+"""The plan of the graph a sweep matches on (one plan per snapshot: every candidate softmax reads the same one)."""
+
+
+def plan(g: Graph) -> _Plan:
+    """The folded-heads plan of `g` (`_plan`), made once per graph snapshot."""
+    hit = _PLANS.get(g)
+    if hit is None:
+        folded, kind, unfold = _plan(g)
+        soft = _softmaxes(g, kind)
+        hit = _PLANS[g] = _Plan(folded, kind, unfold, tuple(soft),
+                                bool(soft) and sum(k == "matmul" for k in kind.values()) >= 2)
+    return hit
+
+
+def _lift(g: Graph, rw: Rewriter, p: _Plan) -> None:
+    """Rewrite every folded chain of `p` to the 4-D head layout with `rw` (the module doc's list)."""
+    folded, kind, unfold = p.folded, p.kind, p.unfold
     four: dict[int, int] = {}  # folded node -> its 4-D value
     lifted = {i for i, k in kind.items() if k != "fold"}
     for n in g:
@@ -140,8 +176,54 @@ def unfold_heads(g: Graph) -> tuple[Graph, list[Match]]:
                 rw.remove([i])
         elif not others:  # a fold read only by lifted ops
             rw.remove([i])
-    matches = [Match("fuse_sdpa", RULE, s, {"softmax": s}, None, g[s].path) for s in softmaxes]
-    return rw.finish(), matches
 
 
-__all__ = ["RULE", "unfold_heads"]
+@reports(reads=("softmax",))
+def _folded_softmax(c: Ctx) -> Fail | None:
+    """Quiet unless the softmax is a folded chain's (`_softmaxes`): a folded softmax, or a 4-D one whose
+    probabilities are folded into the second bmm. Any other softmax is no candidate."""
+    return None if c.id("softmax") in plan(c.graph).softmaxes else QUIET
+
+
+@reports(reads=("softmax",))
+def _attention_to_lift(c: Ctx) -> Fail | None:
+    """Quiet unless the graph's folded chains hold two matmuls beside the softmax (an attention, not a lone
+    folded softmax): without them there is nothing for `fuse_sdpa.hf_attention` to read in the 4-D layout."""
+    return None if plan(c.graph).attention else QUIET
+
+
+_LIFTED: WeakKeyDictionary[Rewriter, bool] = WeakKeyDictionary()
+"""The rewriters (one per sweep) whose graph's folded chains were lifted already."""
+
+
+def _unfold(c: Ctx, rw: Rewriter) -> None:
+    """Lift the graph's folded chains once per sweep (with its first match), and nothing for the later matches of the
+    sweep: the lift's region is the graph's whole folded-heads plan, not the match (see `UNFOLD_HEADS`)."""
+    if not _LIFTED.get(rw):
+        _LIFTED[rw] = True
+        _lift(c.graph, rw, plan(c.graph))
+
+
+UNFOLD_HEADS = Rule(RULE, P(Op.SOFTMAX, name="softmax"), steps=(_folded_softmax, _attention_to_lift),
+                    result="softmax", absorb=("softmax",), rewrite=_unfold,
+                    doc="heads folded into the batch (bmm on [B*H, S, d]) -> the 4-D head layout [B, H, S, d], one "
+                        "match per softmax")
+"""The lift as a guarded rule. Its anchor is each folded chain's softmax and its steps are quiet (a softmax of no
+folded chain, or a graph whose folded chains hold no attention, is no candidate: nothing to refuse). The rewrite's
+region cannot be the match: a chain spans the mask added on a `[B, H, S, S]` view between an unfold and a fold (and
+DeBERTa's / BLOOM's 4-D softmax between two folds), and `_plan` lifts every folded chain of the graph, whichever
+attention it feeds; so the first match of a sweep lifts them all, the others record their softmax (each a
+`fuse_sdpa.unfold_heads` match, no product: `fused` is None)."""
+
+UNFOLD_HEADS_PASS = rule_pass("fuse_sdpa", [UNFOLD_HEADS], "heads folded into the batch lifted to [B, H, S, d]")
+"""The rule as a stage of `fuse_sdpa` (`fuse_sdpa/unfold_heads`), recording under `fuse_sdpa`."""
+
+
+def unfold_heads(g: Graph) -> tuple[Graph, list[Match]]:
+    """`g` with every folded-heads attention chain lifted to the 4-D head layout (see the module doc), and one
+    `Match` per chain's softmax; `(g, [])` when there is none. The `UNFOLD_HEADS` rule run by the engine."""
+    r = UNFOLD_HEADS_PASS(g)
+    return r.graph, r.matches
+
+
+__all__ = ["RULE", "UNFOLD_HEADS", "UNFOLD_HEADS_PASS", "plan", "unfold_heads"]

@@ -50,7 +50,8 @@ from ..guard import (
 )
 from ..pattern import P
 from ..rule import Fail, Rule, Shape, User, reports
-from .attention import size_gate, typed_value
+from .block import size_gate
+from .sdpa_mask import typed_value
 
 _RLN = ("x", "residual", "gamma", "beta")
 FMBA = Op.FUSED_MATMUL_BIAS_ACT

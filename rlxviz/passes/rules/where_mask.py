@@ -49,6 +49,11 @@ Two where-masks one after the other, `where(cond, where(cond2, s, fill2), fill)`
 the one additive operand `where(cond, where(cond2, 0, fill2), fill)` (`nested_operand`). Exact when both fills are
 the lowest finite value (`where_mask_fill` checks both): where both conditions hold `s + 0 == s`; where either does
 not, `s + fill` rounds to that fill (|s| < 2^103 in f32), the value the unfused wheres write.
+
+Validity of `uninvert_where` (the stage `fuse_sdpa/uninvert_where`, numbers equal for every input, bit for bit): it
+writes `where(masked, fill, scores)` as `where(eq(masked, false), scores, fill)`; for a bool condition
+`eq(c, false)` is `not c` element for element, and `where(c, f, x) == where(not c, x, f)` everywhere. The mask
+rewrites above are exact under the guards each paragraph names.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from ..explain import Outcome, fused_layers
 from ..guard import ILLEGAL, READ_BY_MODEL
 from ..pipeline import PASSES, Pipeline
 from ..report import MissedFusion, missed_fusions
-from ..trace import Trace, layer_keys, layer_of
+from ..trace import PassStep, Trace, layer_keys, layer_of
 from ..unrecognized import Unrecognized, unrecognized
 from .policy import FAMILY_PASSES, PRODUCTS, not_expected
 
@@ -141,15 +141,29 @@ def _products(trace: Trace, layer: int | None) -> dict[str, tuple[str, int, set[
     nodes = {n.id: n for _, g in trace.versions() for n in g}
     out: dict[str, tuple[str, int, set[str]]] = {}
     for step in trace.steps:
-        if step.pass_name not in PRODUCTS:
+        if step.family not in PRODUCTS:
             continue
         for m in step.matches:
-            node = step.after.get(m.fused) if m.fused is not None else None
+            node = _made(trace, step, m.fused)
             if node is None or (layer is not None and layer_of(node.path) != layer):
                 continue
-            maker, n, sources = out.get(node.op.value, (step.pass_name, 0, set()))
+            maker, n, sources = out.get(node.op.value, (step.family, 0, set()))
             out[node.op.value] = (maker, n + 1, sources | _made_from(nodes, node))
     return out
+
+
+def _made(trace: Trace, step: PassStep, fused: int | None) -> Node | None:
+    """The node a match of `step` made, as its pass left it: for a stage of a pass (`fuse_sdpa/rope_heads`), in the
+    graph after the pass's own step (a rope its stage made survives as the attention's operand; one a later stage
+    absorbed does not), else in the step's own graph."""
+    if fused is None:
+        return None
+    if step.is_stage:
+        k = next(i for i, s in enumerate(trace.steps) if s is step)
+        own = next((s for s in trace.steps[k + 1:] if not s.is_stage or s.family != step.family), None)
+        g = own.after if own is not None and own.pass_name == step.family else step.after
+        return g.get(fused)
+    return step.after.get(fused)
 
 
 def _made_from(nodes: dict[int, Node], node: Node) -> set[str]:
@@ -187,7 +201,7 @@ def silent(trace: Trace, layer: int, pass_name: str) -> str:
     before = {s.pass_name for s in trace.steps[:k] if not s.error}
     late = [r for r in p.requires if r not in before]
     text = (f"{pass_name} anchors on {' or '.join(anchors)}, and layer {layer} held none when it ran "
-            f"(step {k + 1})")
+            f"(step {trace.pass_number(k)})")
     if late:
         text += f"; it requires {', '.join(late)}, which had not run yet: run {pass_name} after them"
     return text

@@ -1,0 +1,315 @@
+"""`fuse_attention_block` (docs/rlx.md §2.3.2, newer revision): QKV `FusedMatMulBiasAct(None)` ->
+narrows at 0/H/2H of the last axis -> `attention(keep | additive)` -> out-projection `FusedMatMulBiasAct(None)`
+-> `FusedAttentionBlock`. RLX gates the whole graph on "any input has dim0*dim1 <= 64"; here the
+gate is the pipeline parameter `fab_max_tokens`, checked per anchor on that attention's batch*seq,
+and the rejection states both numbers. Canonical default: no gate (MLX runtime fusion pays at every
+size); the `rlx` profile sets RLX's 64.
+
+The QKV and output projections may each be a `FusedMatMulBiasAct(activation=None)` or a bare `matmul`
+(Whisper's K, GPT-style bias-less models): a bare one gets a zero bias operand `expand(0.0, [N])`.
+
+Validity: the block's decomposition (`ir.fused.attention_block`) is the matched chain itself
+(linear, narrows at 0/H/2H, attention with the same mask operand, mask kind and `mask_fill`, linear); it
+requires the default scale (guard `default_scale`) and a keep or additive mask (guard `mask_kind_keep`; the block's
+attribute `mask`, `additive` adds the operand to the scaled scores as the attention does, broadcast to
+`[B, heads, S, S]`: a TorchScript sdpa padding mask `[B, 1, S, S]`, a causal table, a band), so it holds for every
+input, fully masked rows included (the same op computes them). A zero bias is exact:
+`x + 0 == x` for every x (finite, infinite or NaN; -0.0 + 0 gives +0.0, which compares equal).
+"""
+
+
+from __future__ import annotations
+
+import math
+
+from ...ir import Graph, Node, Op, Rewriter
+from ...ir.ops import BLOCK_MASK_KINDS, kv_heads, operand_roles
+from ..engine import rule_pass
+from ..guard import (
+    MODEL_TERM,
+    NOT_RECOGNIZED,
+    Ctx,
+    Guard,
+    all_single_use,
+    attr_eq,
+    guard,
+    not_output,
+    single_user,
+    size_le,
+    user_count,
+)
+from ..pattern import P
+from ..rule import Fail, Rule, Shape, User, reports
+from ..trace import layer_of
+
+
+def _block_unexpected(mask: str | None) -> str:
+    """Why FusedAttentionBlock is not expected of a pre-norm layer whose attention mask is `mask` (not a keep mask)."""
+    if mask == "additive":
+        return ("FusedAttentionBlock takes this layer's additive mask when the rest of the block matches, but a "
+                "pre-norm layer is only expected to pack its attention (the block is expected with a keep mask)")
+    return (f"FusedAttentionBlock takes a keep mask or an additive one as its mask operand; this layer's attention "
+            f"mask is {mask or 'absent'}")
+
+
+def tokens(c: Ctx, role: str = "attn") -> tuple[int, str]:
+    """batch*seq of the attention bound to `role` (its output is [B, S, H])."""
+    b, s = c[role].shape[0], c[role].shape[1]
+    return b * s, f"{b}*{s}"
+
+
+def size_gate(role: str = "attn") -> Guard:
+    """The per-anchor batch*seq gate (pipeline param `fab_max_tokens`; None = no gate)."""
+    return size_le("fab_max_tokens", lambda c: tokens(c, role), "batch*seq", "attention_size_gate", role,
+                   "raise or unset fab_max_tokens (the canonical profile has no gate; the rlx profile uses 64)")
+
+
+def _widths(c: Ctx) -> tuple[int, int]:
+    """(H, KV): the query width and the key/value width of the bound attention (GQA: KV < H)."""
+    a = c["attn"].attrs
+    return a["num_heads"] * a["head_dim"], kv_heads(a) * a["head_dim"]
+
+
+def _split_at(c: Ctx) -> bool:
+    h, kv = _widths(c)
+    rank = c["qkv"].rank
+    for r, start, n in (("q", 0, h), ("k", h, kv), ("v", h + kv, kv)):
+        a = c[r].attrs
+        if a["axis"] not in (-1, rank - 1) or a["start"] != start or a["length"] != n:
+            return False
+    return c["qkv"].shape[-1] == h + 2 * kv
+
+
+def _explain_block_scale(c: Ctx) -> str:
+    a = c["attn"].attrs
+    d = a["head_dim"]
+    return (f"{c.d('attn')} has scale={a.get('scale')!r}; the block computes the default 1/sqrt(head_dim) = "
+            f"1/sqrt({d}) = {1 / math.sqrt(d):.6g}")
+
+
+def _explain_split(c: Ctx) -> str:
+    h, kv = _widths(c)
+    got = ", ".join(f"{r}=narrow(axis {c[r].attrs['axis']}, start {c[r].attrs['start']}, len {c[r].attrs['length']})"
+                    for r in ("q", "k", "v"))
+    width = c["qkv"].shape[-1]
+    if width != h + 2 * kv:
+        qkv = {c.id(r) for r in ("q", "k", "v")}
+        others = [u for u in c.users("qkv") if u.id not in qkv]
+        extra = ", ".join(f"{u.op.value} (node {u.id}" + (f", start {u.attrs['start']}, len {u.attrs['length']})"
+                                                          if u.op == Op.NARROW else ")") for u in others)
+        why = (f": it also feeds {extra}, another projection of the same input merged into it (by "
+               f"fuse_shared_input_matmul)" if others else "")
+        return (f"{got} of {c.d('qkv')}: the packed projection is {width} wide, not {h}+2*{kv} = {h + 2 * kv}{why}; "
+                f"needs exactly Q, K and V at 0/{h}/{h + kv}")
+    lens = f"length {h}" if kv == h else f"lengths {h}/{kv}/{kv} (grouped-query)"
+    return f"{got} of {c.d('qkv')} {list(c['qkv'].shape)}; needs starts 0/{h}/{h + kv} with {lens} on the last axis"
+
+
+def _unfused_bias(c: Ctx) -> Node | None:
+    """A bare-matmul output projection's bias add that `fuse_matmul_bias_act` did not take (the matmul has
+    other readers): the block would compute the product without it, so it is not taken as bias-less."""
+    out = c["out"]
+    if out.op != Op.MATMUL:
+        return None
+    g = c.graph
+    for u in c.users("out"):
+        if u.op == Op.ADD and u.inputs.count(out.id) == 1:
+            other = g[next(i for i in u.inputs if i != out.id)]
+            if other.shape in ((), (1,), (out.shape[-1],)):
+                return u
+    return None
+
+
+def _explain_unfused_bias(c: Ctx) -> str:
+    add = _unfused_bias(c)
+    assert add is not None
+    return (f"the output projection {c.d('out')} is a bare matmul, but its bias add {add.op.value} (node {add.id}) "
+            f"was not fused into it ({c.d('out')} has {len(c.users('out'))} users"
+            f"{', and is a graph output' if c.graph.is_output(c.id('out')) else ''}); the block would leave the "
+            f"bias outside")
+
+
+def _block_rewrite(c: Ctx, rw: Rewriter) -> int:
+    """The FusedAttentionBlock; a projection that is a bare matmul (no bias) gets a zero bias
+    `expand(0.0, [N])` as its bias operand: `x @ w + 0 == x @ w` for every input, so the block computes
+    the matched chain exactly."""
+    attn = c["attn"].attrs
+    attrs = {"num_heads": attn["num_heads"], "head_dim": attn["head_dim"], "has_bias": True,
+             "has_rope": "q_rope" in c, "num_kv_heads": attn.get("num_kv_heads"), "mask_fill": attn.get("mask_fill")}
+    attrs["mask"] = attn["mask"]  # keep or additive (guard mask_kind_keep): the attention's operand, as it is
+    absorbed = [c.id(r) for r in ("qkv", "q", "k", "q_rope", "k_rope", "v", "attn", "out") if r in c]
+    ins = []
+    with rw.provenance(absorbed):
+        for r in operand_roles(Op.FUSED_ATTENTION_BLOCK, attrs, 0):
+            if r in c:
+                ins.append(c.id(r))
+            else:  # qkv_b / out_b of a bare matmul projection
+                proj = c[r[:-2]]
+                ins.append(rw.expand(rw.const(0.0, proj.dtype), (proj.shape[-1],)))
+    return rw.fuse(Op.FUSED_ATTENTION_BLOCK, ins, attrs, absorbed=absorbed, result=c.id("out"))
+
+
+def _projected_from(g: Graph, i: int) -> int | None:
+    """The input a Q/K/V operand is projected from: `x` of `matmul(x, w)` / `FusedMatMulBiasAct(x, ...)`, through
+    a bias add and a narrow of a packed projection; None when it is not a projection (a norm, a rotation)."""
+    for _ in range(4):
+        n = g[i]
+        if n.op in (Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT):
+            return n.inputs[0]
+        if n.op == Op.NARROW:
+            i = n.inputs[0]
+        elif n.op == Op.ADD:
+            mm = [j for j in n.inputs if g[j].op == Op.MATMUL]
+            if len(mm) != 1:
+                return None
+            i = mm[0]
+        else:
+            return None
+    return None
+
+
+@reports("self_attention", kind=MODEL_TERM, reads=("attn",))
+def _self_attention(c: Ctx) -> Fail | None:
+    """Q and K/V projected from one input (self-attention). Cross-attention (Q from the decoder, K/V from the
+    encoder) is the model's own structure: the block, one QKV projection of one hidden input, cannot hold it."""
+    g, attn = c.graph, c["attn"]
+    q, k, v = (_projected_from(g, i) for i in attn.inputs[:3])
+    if q is None or k is None or v is None or q == k == v:
+        return None
+    kv = k if k == v else None
+    what = (f"K and V from {c.name_of(kv)}" if kv is not None
+            else f"K from {c.name_of(k)} and V from {c.name_of(v)}")
+    mine, theirs = layer_of(attn.path), {layer_of(g[i].path) for i in attn.inputs[1:3]}
+    if mine is not None and None not in theirs and mine not in theirs:  # cross-layer KV sharing (Gemma 3n, CLA)
+        owner = ", ".join(map(str, sorted(theirs)))
+        return Fail("guard", "self_attention",
+                    f"layer {mine}'s attention {c.d('attn')} reads K and V projected in layer {owner} ({what}): "
+                    f"cross-layer KV sharing; FusedAttentionBlock projects the K/V of its own layer (one QKV "
+                    f"projection)", (), (), "nothing to change in the model: sharing K/V is the model's own "
+                    "structure, and the attention stays packed over the shared K/V",
+                    subject=attn.inputs[1], kind=MODEL_TERM,
+                    fix="the block would need a KV input it does not own: a block variant that takes K/V as "
+                        "operands (its own Q projection, another layer's K/V)")
+    return Fail("guard", "self_attention",
+                f"Q and K/V come from different inputs: Q is projected from {c.name_of(q)}, {what} "
+                f"(cross-attention); FusedAttentionBlock is the self-attention of one hidden input (one QKV "
+                f"projection)", (), (), "nothing to change in the model: cross-attention keeps its packed attention",
+                subject=q, kind=MODEL_TERM, fix="a cross-attention block (a Q projection and a packed K/V projection)")
+
+
+def _rotated(tag: str) -> P:
+    """Q or K of the block: a narrow of the packed QKV projection, or that narrow rotated by the rope op (the
+    block's `has_rope`: one cos/sin table pair for Q and K)."""
+    narrow = P(Op.NARROW, P.var("qkv"), name=tag)
+    return P(Op.ROPE, narrow, P.var("rope_cos"), P.var("rope_sin"), name=f"{tag}_rope") | narrow
+
+
+@reports("rope_q_and_k", "rope_full_rotary", reads=("attn", "q_rope", "k_rope"))
+def _block_rope(c: Ctx) -> Fail | None:
+    """The block's RoPE rotates Q and K, every dim of each head (NeoX half split, `n_rot == head_dim`), with the
+    attention's head_dim: a rotation of one of them or of part of each head stays outside (named)."""
+    ropes = [r for r in ("q_rope", "k_rope") if r in c]
+    if not ropes:
+        return None
+    d = c["attn"].attrs["head_dim"]
+    if len(ropes) == 1:
+        who = ropes[0][0].upper()
+        return Fail("guard", "rope_q_and_k", f"{c.d(ropes[0])} rotates {who} only; FusedAttentionBlock's RoPE rotates "
+                    f"Q and K with one cos/sin table pair", (c.id(ropes[0]),), (), "nothing to change in the model: "
+                    "the packed attention keeps the rotation as its operand", subject=c.id(ropes[0]),
+                    kind=NOT_RECOGNIZED, fix="a block RoPE applied to Q or K alone")
+    for r in ropes:
+        a = c[r].attrs
+        if a["head_dim"] != d or a["n_rot"] != d:
+            return Fail("guard", "rope_full_rotary",
+                        f"{c.d(r)} rotates {a['n_rot']} of {a['head_dim']} dims per head (partial rotary) on heads "
+                        f"of {d}; FusedAttentionBlock's RoPE rotates every dim of each head", (c.id(r),), (),
+                        "nothing to change in the model: partial rotary keeps its packed attention",
+                        subject=c.id(r), kind=NOT_RECOGNIZED, fix="an n_rot attribute on FusedAttentionBlock")
+        if a.get("interleaved", False):
+            return Fail("guard", "rope_full_rotary",
+                        f"{c.d(r)} rotates interleaved pairs (GPT-J, rotate_every_two); FusedAttentionBlock's RoPE "
+                        "rotates the NeoX halves", (c.id(r),), (),
+                        "nothing to change in the model: the interleaved rotation keeps its packed attention",
+                        subject=c.id(r), kind=NOT_RECOGNIZED, fix="an interleaved attribute on FusedAttentionBlock")
+    return None
+
+
+@reports("kv_cache", kind=MODEL_TERM, reads=("attn",))
+def _kv_cache(c: Ctx) -> Fail | None:
+    """K or V read through a KV cache (a decode step: `concat(past, this step's K)`, `kv_cache.pack_cache`): the
+    block projects K and V from the hidden states only, so it cannot hold the cache (the model's own structure)."""
+    g, attn = c.graph, c["attn"]
+    for who, i in (("K", attn.inputs[1]), ("V", attn.inputs[2])):
+        n = g[i]
+        if n.op == Op.CONCAT and len(n.inputs) == 2 and n.attrs["axis"] in (1, -2):
+            past = g[g[n.inputs[0]].inputs[0]] if g[n.inputs[0]].op == Op.RESHAPE else g[n.inputs[0]]
+            past = g[past.inputs[0]] if past.op == Op.TRANSPOSE else past
+            return Fail("guard", "kv_cache",
+                        f"{who} is {c.name_of(n.id)}: the cache {c.name_of(past.id)} and this step's {who} (a decode "
+                        f"step with a KV cache, {attn.shape[1]} quer{'y' if attn.shape[1] == 1 else 'ies'} against "
+                        f"{n.shape[1]} keys); FusedAttentionBlock projects K and V from the hidden states, so the "
+                        f"cache stays outside the packed attention's block", (n.id,), (),
+                        "nothing to change in the model: the decode step keeps its packed attention", subject=n.id,
+                        kind=MODEL_TERM, fix="a block that appends this step's K/V to a cache operand")
+    return None
+
+
+BLOCK = Rule(
+    "fuse_attention_block.qkv_attention_out", P(Op.ATTENTION, name="attn"),
+    steps=(
+        size_gate(),
+        guard("mask_kind_keep", lambda c: c["attn"].attrs.get("mask", "none") in BLOCK_MASK_KINDS,
+              lambda c: f"{c.d('attn')} has mask={c['attn'].attrs.get('mask', 'none')!r}; FusedAttentionBlock takes "
+                        f"a keep or an additive mask operand",
+              "the block takes a keep mask or an additive one; a causal or absent mask has no operand for it",
+              requires=("attn",), kind=NOT_RECOGNIZED, subject=lambda c: c.id("attn"),
+              fix="give FusedAttentionBlock causal and no-mask kinds (no mask operand)"),
+        attr_eq("attn", "scale", None, "default_scale", "the block uses 1/sqrt(head_dim)",
+                fix="give FusedAttentionBlock a scale attribute", explain=_explain_block_scale),
+        _self_attention,
+        _kv_cache,
+        Shape("qkv_packed", "attn", P(Op.ATTENTION, _rotated("q"), _rotated("k"), P(Op.NARROW, P.var("qkv"), name="v"),
+                                      P.var("mask"), name="attn"),
+              "q, k and v must be narrows of one QKV projection (q and k may be rotated by one rope): run "
+              "fuse_shared_input_matmul first"),
+        _block_rope,
+        guard("qkv_split", _split_at, _explain_split, "split Q/K/V at 0/H/2H of the last axis",
+              requires=("qkv", "attn", "q", "k", "v"), kind=NOT_RECOGNIZED,
+              fix="permute the packed weight's columns to Q/K/V order, or slice the extra width off"),
+        all_single_use(("q", "k", "v"), "qkv_narrows_single_use",
+                       fix="a FusedAttentionBlock that also returns the Q/K/V it projects (Rule.outputs), for their "
+                           "other reader (a later layer sharing this layer's K/V)"),
+        Shape("qkv_is_fused_linear", "qkv",
+              P(Op.FUSED_MATMUL_BIAS_ACT, P.var("hidden"), P.var("qkv_w"), P.var("qkv_b"), name="qkv",
+                attrs={"activation": None}, what="FusedMatMulBiasAct(activation=None)")
+              | P(Op.MATMUL, P.var("hidden"), P.var("qkv_w"), name="qkv", what="a bias-less matmul"),
+              "run fuse_matmul_bias_act first"),
+        user_count("qkv", 3, "the q, k and v narrows", "qkv_user_count"),
+        not_output("qkv", "qkv_not_output"),
+        single_user("attn", "attn_single_user"),
+        not_output("attn", "attn_not_output"),
+        User("out_is_fused_linear", "out", "attn",
+             P(Op.FUSED_MATMUL_BIAS_ACT, P.var("attn"), P.var("out_w"), P.var("out_b"), name="out",
+               attrs={"activation": None})
+             | P(Op.MATMUL, P.var("attn"), P.var("out_w"), name="out"),
+             "the output projection FusedMatMulBiasAct(activation=None) or a bias-less matmul",
+             "run fuse_matmul_bias_act first"),
+        guard("out_bias_absorbed", lambda c: _unfused_bias(c) is None, _explain_unfused_bias,
+              "let the output projection feed only its bias add, so fuse_matmul_bias_act fuses them",
+              requires=("out",), kind=NOT_RECOGNIZED, subject=lambda c: c.id("out"),
+              fix="take the bias add into the block when the raw product has other readers"),
+    ),
+    result="out", absorb=("qkv", "q", "k", "q_rope", "k_rope", "v", "attn", "out"), rewrite=_block_rewrite,
+    doc="QKV linear -> narrows -> attention(keep|additive) -> out linear -> FusedAttentionBlock (a bias-less QKV or "
+        "output projection gets a zero bias: exact)")
+
+fuse_attention_block = rule_pass("fuse_attention_block", [BLOCK], "QKV + attention + out-projection -> "
+                                 "FusedAttentionBlock", requires=("fuse_matmul_bias_act",),
+                                 product="FusedAttentionBlock", expected_of=("post_ln", "keep_mask"),
+                                 excused_by=(("kv_cache", "FusedAttentionBlock projects K and V from the hidden "
+                                              "states; this layer's attention reads a KV cache (a decode step)"),),
+                                 unexpected=lambda a: _block_unexpected(a.mask))
+
+
+__all__ = ["BLOCK", "fuse_attention_block", "size_gate", "tokens"]
