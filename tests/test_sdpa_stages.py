@@ -43,8 +43,7 @@ def _in_layer_0(g: Graph) -> Graph:
     """`g` (built without paths) with every node in layer 0's attention, its param values kept."""
     lines = [ln + AT if ln.startswith("  %") and " @" not in ln else ln for ln in format_graph(g).splitlines()]
     out = parse_ir("\n".join(lines))
-    out.values = dict(g.values)
-    return out
+    return out.with_values(g.values)
 
 
 def test_each_stage_is_a_step_of_its_own_before_the_pass():
@@ -52,8 +51,8 @@ def test_each_stage_is_a_step_of_its_own_before_the_pass():
     names = [s.pass_name for s in trace.steps]
     k = names.index("fuse_sdpa")
     assert names[k - len(STAGE_NAMES):k] == STAGE_NAMES
-    assert STAGE_NAMES[:4] == ["fuse_sdpa/unfold_heads", "fuse_sdpa/canonical_heads", "fuse_sdpa/hoist_head_norms",
-                               "fuse_sdpa/rope_heads"]
+    assert STAGE_NAMES[:6] == ["fuse_sdpa/unfold_heads", "fuse_sdpa/canonical_heads", "fuse_sdpa/hoist_head_norms",
+                               "fuse_sdpa/cast_rotation", "fuse_sdpa/cast_heads", "fuse_sdpa/rope_heads"]
     for prev, step in zip(trace.steps, trace.steps[1:], strict=False):
         assert step.before is prev.after  # each step starts from the graph the one before it left
     rope = trace.step("fuse_sdpa/rope_heads")
@@ -158,7 +157,7 @@ def test_explain_reads_the_stages_with_their_pass():
 
 
 def test_every_stage_is_listed_with_its_rules():
-    assert list(STAGES) == STAGE_NAMES and len(STAGE_NAMES) == 10
+    assert list(STAGES) == STAGE_NAMES and len(STAGE_NAMES) == 13
     assert all(STAGES[n].product == "" and STAGES[n].expected_of == () for n in STAGE_NAMES)
     assert all(STAGES[n].rules for n in STAGE_NAMES if n != "fuse_sdpa/unfold_heads")
 

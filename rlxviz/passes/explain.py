@@ -191,14 +191,14 @@ class _StepIndex:
     rejection names), and its matches and rejections by `(rule, layer)` in trace order. A pass's stages
     (`fuse_sdpa/rope_heads`, `engine.Pass.stages`) are grouped with its own step, in the order they ran, so the pass
     is explained as one (as when its stages ran inside it); `step` is the index of the pass's own step and
-    `step_of` the step index of each rejection (by `id`)."""
+    `step_of` the step index of each rejection, in the order of `rejections`."""
 
     name: str
     step: int
     rules: tuple[str, ...]
     matches: dict[tuple[str, int | None], list[Any]]
     rejections: dict[tuple[str, int | None], list[Any]]
-    step_of: dict[int, int]
+    step_of: dict[tuple[str, int | None], list[int]]
 
 
 _STEPS: DigestCache[tuple[_StepIndex, ...]] = DigestCache(limit=4)
@@ -265,10 +265,10 @@ def _step_index(trace: Trace) -> tuple[_StepIndex, ...]:
         for m in found:
             matches.setdefault((m.rule, m.layer), []).append(m)
         rejections: dict[tuple[str, int | None], list[Any]] = {}
-        step_of: dict[int, int] = {}
+        step_of: dict[tuple[str, int | None], list[int]] = {}
         for k, r in refused:
             rejections.setdefault((r.rule, r.layer), []).append(r)
-            step_of[id(r)] = k
+            step_of.setdefault((r.rule, r.layer), []).append(k)
         out.append(_StepIndex(name, group[-1], tuple(rules), matches, rejections, step_of))
     hit = _STEPS[trace] = tuple(out)
     return hit
@@ -330,10 +330,11 @@ def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None)
                 ex.outcomes.append(Outcome(at.name, rule, "fused",
                                            nodes=tuple(m.fused for m in mine if m.fused is not None), soft=soft))
             elif rej:
-                r = next((x for x in rej if x.headline and not x.soft), rej[0])
+                at_r = next((i for i, x in enumerate(rej) if x.headline and not x.soft), 0)
+                r = rej[at_r]
                 also = tuple((x.guard, x.kind, name_users_nodes(trace, x.message)) for x in rej
                              if x is not r and x.anchor == r.anchor and not x.headline)
-                message, hint = in_context(trace, at.step_of[id(r)], r)
+                message, hint = in_context(trace, at.step_of[(rule, layer)][at_r], r)
                 ex.outcomes.append(Outcome(at.name, rule, "rejected", r.guard, r.stage, message, hint,
                                            (r.anchor,), r.kind, r.fix, r.subject, also, remedy=r.remedy,
                                            subject_origin=None if r.subject is None else user_origin(trace, r.subject)))
