@@ -308,6 +308,22 @@ class MlxExecutor:
         self._weights[key] = (value, arr)
         return arr
 
+    def _host_view(self, weights: Mapping[str, Any], name: str, value: Any, dtype: Any) -> None:
+        """On the CPU, let a weights mapping that can (`share_host`: `models.onnx.weights.LazyWeights`, weights read
+        from an external-data file) hold a NumPy view of the MLX copy instead of its own array: one copy in memory.
+        The cache entry then names the view, so the next bind finds it."""
+        share = getattr(weights, "share_host", None)
+        key = f"{name}\0{dtype}"
+        hit = self._weights.get(key)
+        if share is None or self.device != "cpu" or hit is None or hit[0] is not value or hit[1].dtype == mx.bfloat16:
+            return
+        try:
+            view = np.asarray(hit[1])
+        except (TypeError, ValueError, RuntimeError):  # no host view of this array
+            return
+        if share(name, value, view):
+            self._weights[key] = (view, hit[1])
+
     def clear(self) -> None:
         """Drop cached programs and weights."""
         self._programs.clear()
@@ -342,7 +358,9 @@ class MlxExecutor:
         for name in prog.params:
             if name not in weights:
                 raise KeyError(f"no value for param {name!r} (expected {shapes[name].type})")
-            args.append(self.weight(name, weights[name], MX_DTYPES[shapes[name].dtype]))
+            value, dtype = weights[name], MX_DTYPES[shapes[name].dtype]
+            args.append(self.weight(name, value, dtype))
+            self._host_view(weights, name, value, dtype)
         for name, a in zip(prog.inputs + prog.params, args, strict=True):
             if tuple(a.shape) != shapes[name].shape:
                 raise ValueError(f"{name!r}: expected shape {list(shapes[name].shape)}, got {list(a.shape)}")
