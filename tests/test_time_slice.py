@@ -98,3 +98,15 @@ def test_weights_read_from_the_file_are_held_once_on_the_cpu(shape, tmp_path):
     assert len(ex._weights) == n and all(cached[k.split("\0")[0]] is a for k, (_, a) in ex._weights.items())
     np.testing.assert_array_equal(again, got)
     np.testing.assert_array_equal(run_reference(m.graph, feeds, m.weights)[0], want)
+
+
+@pytest.mark.parametrize("shape", [GQA, MHA], ids=["gqa", "mha"])
+def test_the_time_estimate_counts_weights_held_once_once(shape, tmp_path):
+    from rlxviz.ir import Op
+    from rlxviz.ir.memory import SLACK_FRACTION, node_bytes, workload_peak
+
+    m = load_onnx(_write(tmp_path, shape, real_layers=0), batch=2, seq=8)
+    lazy = onnx_weights.lazy_names(m.weights)
+    both, once = workload_peak(m.graph, "time")[0], workload_peak(m.graph, "time", shared=lazy)[0]
+    held = sum(node_bytes(n) for n in m.graph if n.op == Op.PARAM and n.attrs["name"] in lazy)
+    assert abs((both - once) - held * (1 + SLACK_FRACTION)) <= 1

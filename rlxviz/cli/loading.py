@@ -147,14 +147,26 @@ def _run_model(args: argparse.Namespace, allow_crashes: bool = False, workload: 
     if workload != "load":  # `load` checked the graph's own run; this adds what the command copies
         from ..models.onnx.weights import lazy_names
 
-        limits.check(model.graph, _source(args), workload,
-                     hint=_slice_hint(args) if lazy_names(model.weights) else "")
+        lazy = lazy_names(model.weights)
+        limits.check(model.graph, _source(args), workload, hint=_slice_hint(args) if lazy else "",
+                     shared=lazy if workload == "time" and lazy and _on_cpu(args) else ())
     trace = run_pipeline(model.graph, pipe)
     _remember(trace)
     crashed = [s.error for s in trace.steps if s.error]
     if crashed and not allow_crashes:
         raise InternalError(_crash_message(crashed))
     return model, trace
+
+
+def _on_cpu(args: argparse.Namespace) -> bool:
+    """Whether MLX runs on the CPU for this command (`--device`, else the GPU when MLX has one): there the weights
+    read from an external-data file are held once for NumPy and MLX (`MlxExecutor._host_view`)."""
+    from ..runtime.devices import resolve_device
+
+    try:
+        return resolve_device(getattr(args, "device", None)) == "cpu"
+    except ValueError:  # an unavailable device: the run refuses it later, in its own words
+        return False
 
 
 def _slice_model(args: argparse.Namespace) -> None:

@@ -115,7 +115,7 @@ temporaries inside one op (e.g. random weights drawn before their cast)."""
 
 
 def workload_peak(graph: Graph, workload: str = "load", input_sets: int = MAX_INPUT_SETS,
-                  unloaded: Collection[str] = ()) -> tuple[int, MemoryPeak]:
+                  unloaded: Collection[str] = (), shared: Collection[str] = ()) -> tuple[int, MemoryPeak]:
     """Bytes a command holds at its peak for `graph`, counted from shapes and dtypes alone (an upper bound: every
     copy the executors materialize is counted as live at once), and the graph's own `peak_memory`.
 
@@ -130,7 +130,9 @@ def workload_peak(graph: Graph, workload: str = "load", input_sets: int = MAX_IN
     `EXPORT_PARAM_COPIES` more copies of the params: the random weights' float64 draws, the ONNX initializers, the
     serialized model, the bytes written). Broadcasts and expands are node outputs, so counted in every run.
     Executed workloads add `SLACK_BYTES` and `SLACK_FRACTION` of their count. `unloaded` (the `load` workload
-    only): params that the command never reads (`peak_memory`), not counted.
+    only): params that the command never reads (`peak_memory`), not counted. `shared` (`run-mlx` and `time`):
+    params whose NumPy array becomes a view of their MLX copy (weights read from an external-data file, on the
+    CPU: `MlxExecutor._host_view`), counted once.
 
     Raises:
         ValueError: an unknown workload.
@@ -143,18 +145,19 @@ def workload_peak(graph: Graph, workload: str = "load", input_sets: int = MAX_IN
     p = peak_memory(graph)
     outs = [graph[i] for i in set(graph.outputs)]
     out, out64 = sum(node_bytes(n) for n in outs), sum(node_bytes(n, 8) for n in outs)
+    once = sum(node_bytes(n) for n in graph if n.op == Op.PARAM and n.attrs.get("name") in shared) if shared else 0
     if workload == "export":  # measured: a 381 MiB param, 2.0 GB peak (the weights and three copies of them)
         params = sum(node_bytes(n) for n in graph if n.op == Op.PARAM)
         need = p.peak_bytes + EXPORT_PARAM_COPIES * params
     elif workload == "run":
         need = p.peak_bytes + 2 * out
     elif workload == "run-mlx":
-        need = p.leaf_bytes + p.peak_bytes + 2 * out
+        need = p.leaf_bytes - once + p.peak_bytes + 2 * out
     else:
         inputs = sum(node_bytes(n) for n in graph if n.op == Op.INPUT)
         kept = input_sets * (inputs + out64 + out)
         live = p.peak_bytes - p.leaf_bytes  # a second version's live tensors; the MLX leaves are converted once
-        need = p.leaf_bytes + kept + oracle_peak(graph) + p.peak_bytes + live + 4 * out64
+        need = p.leaf_bytes - once + kept + oracle_peak(graph) + p.peak_bytes + live + 4 * out64
     return need + SLACK_BYTES + int(need * SLACK_FRACTION), p
 
 
