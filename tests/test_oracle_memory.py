@@ -80,3 +80,20 @@ def test_the_time_estimate_counts_the_widened_params_not_all_at_8_bytes(tied):
         assert new >= node_bytes(table, 8)
     else:  # only gathered from: no float64 copy of it
         assert new < node_bytes(table, 8) and old - new >= node_bytes(table, 8)
+
+
+def _shared_input_graph(n_heads: int):
+    """x [2, 3, 8] @ w_i [8, 16] for `n_heads` params on the same x, and one matmul on another operand."""
+    b = Builder("shared")
+    x = b.input("x", (2, 3, 8))
+    outs = [b.matmul(x, b.param(f"w{i}", (8, 16))) for i in range(n_heads)]
+    outs.append(b.matmul(b.relu(x), b.param("lone", (8, 16))))
+    b.output(*outs)
+    return b.build()
+
+
+@pytest.mark.parametrize("n_heads, want", [(1, 0), (2, 2 * 8 * 16 * 4), (3, 3 * 8 * 16 * 4)])
+def test_concat_bytes_counts_the_params_of_matmuls_that_share_an_operand(n_heads, want):
+    from rlxviz.ir.memory import concat_bytes
+
+    assert concat_bytes(_shared_input_graph(n_heads)) == want

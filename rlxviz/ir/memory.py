@@ -126,7 +126,8 @@ def workload_peak(graph: Graph, workload: str = "load", input_sets: int = MAX_IN
     the inputs, each set's oracle output in float64 and unfused output kept for the error check; the oracle's
     run in float64 (`oracle_peak`: values at 8 bytes an element, params widened one at a time); the MLX peak,
     its leaves converted once, plus a second version's live tensors (the unfused and the timed version); and the
-    error check's float64 temporaries, four outputs' worth); `export` (one run's live tensors and
+    error check's float64 temporaries, four outputs' worth; the weight concatenations a fused version holds,
+    `concat_bytes`); `export` (one run's live tensors and
     `EXPORT_PARAM_COPIES` more copies of the params: the random weights' float64 draws, the ONNX initializers, the
     serialized model, the bytes written). Broadcasts and expands are node outputs, so counted in every run.
     Executed workloads add `SLACK_BYTES` and `SLACK_FRACTION` of their count. `unloaded` (the `load` workload
@@ -157,7 +158,7 @@ def workload_peak(graph: Graph, workload: str = "load", input_sets: int = MAX_IN
         inputs = sum(node_bytes(n) for n in graph if n.op == Op.INPUT)
         kept = input_sets * (inputs + out64 + out)
         live = p.peak_bytes - p.leaf_bytes  # a second version's live tensors; the MLX leaves are converted once
-        need = p.leaf_bytes - once + kept + oracle_peak(graph) + p.peak_bytes + live + 4 * out64
+        need = p.leaf_bytes - once + kept + oracle_peak(graph) + p.peak_bytes + live + 4 * out64 + concat_bytes(graph)
     return need + SLACK_BYTES + int(need * SLACK_FRACTION), p
 
 
@@ -178,6 +179,17 @@ def oracle_peak(graph: Graph) -> int:
     return base + sum(widened[:2])
 
 
+def concat_bytes(graph: Graph) -> int:
+    """Bytes of the weight concatenations the pipeline may make, which the MLX executor holds once as static values
+    (`runtime.static_share`) beside the weights: the params read as the right operand of two or more matmuls with
+    the same left operand (`fuse_shared_input_matmul`'s Q|K|V, `fuse_swiglu`'s gate|up)."""
+    groups: dict[int, list[int]] = {}
+    for n in graph:
+        if n.op == Op.MATMUL and len(n.inputs) == 2 and graph[n.inputs[1]].op == Op.PARAM:
+            groups.setdefault(n.inputs[0], []).append(node_bytes(graph[n.inputs[1]]))
+    return sum(sum(g) for g in groups.values() if len(g) > 1)
+
+
 def check_bytes(parts: Iterable[tuple[str, int]], max_bytes: int, source: str) -> int:
     """Refuse a model whose named parts (e.g. `("params", 4e9)`) together exceed `max_bytes`, before
     anything is built. Returns the total bytes.
@@ -196,4 +208,4 @@ def check_bytes(parts: Iterable[tuple[str, int]], max_bytes: int, source: str) -
 
 
 __all__ = ["MAX_INPUT_SETS", "MIB", "SLACK_BYTES", "SLACK_FRACTION", "WORKLOADS", "MemoryBudgetError", "MemoryPeak",
-           "check_bytes", "format_bytes", "node_bytes", "oracle_peak", "peak_memory", "workload_peak"]
+           "check_bytes", "concat_bytes", "format_bytes", "node_bytes", "oracle_peak", "peak_memory", "workload_peak"]
