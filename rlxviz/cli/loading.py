@@ -121,13 +121,24 @@ def _run_model(args: argparse.Namespace, allow_crashes: bool = False, workload: 
                       limits=Limits.resolve(args.max_memory_mb))
     model = open_model(request)
     _remember(model)  # before a refusal names its inputs
-    check_workload(model, request)  # what `workload` copies (the load checked the graph's own run), before the run
+    check_workload(model, request, held_once=_on_cpu(args))  # what `workload` copies, before the run
     trace = open_trace(model.graph, request, pipe)
     _remember(trace)
     crashed = [s.error for s in trace.steps if s.error]
     if crashed and not allow_crashes:
         raise InternalError(_crash_message(crashed))
     return model, trace
+
+
+def _on_cpu(args: argparse.Namespace) -> bool:
+    """Whether MLX runs on the CPU for this command (`--device`, else the GPU when MLX has one): there the weights
+    read from an external-data file are held once for NumPy and MLX (`MlxExecutor._host_view`)."""
+    from ..runtime.devices import resolve_device
+
+    try:
+        return resolve_device(getattr(args, "device", None)) == "cpu"
+    except ValueError:  # an unavailable device: the run refuses it later, in its own words
+        return False
 
 
 def _slice_model(args: argparse.Namespace) -> None:

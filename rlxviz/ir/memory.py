@@ -115,7 +115,7 @@ temporaries inside one op (e.g. random weights drawn before their cast)."""
 
 
 def workload_peak(graph: Graph, workload: str = "load", input_sets: int = MAX_INPUT_SETS,
-                  unloaded: Collection[str] = ()) -> tuple[int, MemoryPeak]:
+                  unloaded: Collection[str] = (), shared: Collection[str] = ()) -> tuple[int, MemoryPeak]:
     """Bytes a command holds at its peak for `graph`, counted from shapes and dtypes alone (an upper bound: every
     copy the executors materialize is counted as live at once), and the graph's own `peak_memory`.
 
@@ -124,13 +124,16 @@ def workload_peak(graph: Graph, workload: str = "load", input_sets: int = MAX_IN
     the float32 copy and the archive `np.savez` writes); `run-mlx` (the NumPy weights kept next to the MLX
     run's own peak, leaves copied, plus the outputs twice); `time` (the NumPy weights; `input_sets` copies of
     the inputs, each set's oracle output in float64 and unfused output kept for the error check; the oracle's
-    run in float64 (8 bytes an element); the MLX peak, its leaves converted once, plus a second version's live
-    tensors (the unfused and the timed version); and the error check's float64 temporaries, four outputs'
-    worth); `export` (one run's live tensors and `EXPORT_PARAM_COPIES` more copies of the params: the random
-    weights' float64 draws, the ONNX initializers, the serialized model, the bytes written). Broadcasts and expands
-    are node outputs, so counted in every run. Executed workloads add `SLACK_BYTES` and
-    `SLACK_FRACTION` of their count. `unloaded` (the `load` workload only): params that the command never reads
-    (`peak_memory`), not counted.
+    run in float64 (`oracle_peak`: values at 8 bytes an element, params widened one at a time); the MLX peak,
+    its leaves converted once, plus a second version's live tensors (the unfused and the timed version); and the
+    error check's float64 temporaries, four outputs' worth; the weight concatenations a fused version holds,
+    `concat_bytes`); `export` (one run's live tensors and
+    `EXPORT_PARAM_COPIES` more copies of the params: the random weights' float64 draws, the ONNX initializers, the
+    serialized model, the bytes written). Broadcasts and expands are node outputs, so counted in every run.
+    Executed workloads add `SLACK_BYTES` and `SLACK_FRACTION` of their count. `unloaded` (the `load` workload
+    only): params that the command never reads (`peak_memory`), not counted. `shared` (`run-mlx` and `time`):
+    params whose NumPy array becomes a view of their MLX copy (weights read from an external-data file, on the
+    CPU: `MlxExecutor._host_view`), counted once.
 
     Raises:
         ValueError: an unknown workload.
@@ -143,19 +146,48 @@ def workload_peak(graph: Graph, workload: str = "load", input_sets: int = MAX_IN
     p = peak_memory(graph)
     outs = [graph[i] for i in set(graph.outputs)]
     out, out64 = sum(node_bytes(n) for n in outs), sum(node_bytes(n, 8) for n in outs)
+    once = sum(node_bytes(n) for n in graph if n.op == Op.PARAM and n.attrs.get("name") in shared) if shared else 0
     if workload == "export":  # measured: a 381 MiB param, 2.0 GB peak (the weights and three copies of them)
         params = sum(node_bytes(n) for n in graph if n.op == Op.PARAM)
         need = p.peak_bytes + EXPORT_PARAM_COPIES * params
     elif workload == "run":
         need = p.peak_bytes + 2 * out
     elif workload == "run-mlx":
-        need = p.leaf_bytes + p.peak_bytes + 2 * out
+        need = p.leaf_bytes - once + p.peak_bytes + 2 * out
     else:
         inputs = sum(node_bytes(n) for n in graph if n.op == Op.INPUT)
         kept = input_sets * (inputs + out64 + out)
         live = p.peak_bytes - p.leaf_bytes  # a second version's live tensors; the MLX leaves are converted once
-        need = p.leaf_bytes + kept + peak_memory(graph, itemsize=8).peak_bytes + p.peak_bytes + live + 4 * out64
+        need = p.leaf_bytes - once + kept + oracle_peak(graph) + p.peak_bytes + live + 4 * out64 + concat_bytes(graph)
     return need + SLACK_BYTES + int(need * SLACK_FRACTION), p
+
+
+def oracle_peak(graph: Graph) -> int:
+    """Bytes the float64 oracle (`runtime.reference.run_oracle`) adds to the float32 weights it reads: its inputs,
+    consts and live values at 8 bytes an element, and the float64 copies of the params it holds at once (each is
+    widened at its first use and dropped after its last: counted as the two largest; a table only gathered from
+    is not widened, its gathered rows are)."""
+    params = [n for n in graph if n.op == Op.PARAM]
+    base = peak_memory(graph, itemsize=8, unloaded={n.attrs.get("name") for n in params}).peak_bytes
+    users: dict[int, list[tuple[Node, int]]] = {}
+    for n in graph:
+        for k, i in enumerate(n.inputs):
+            users.setdefault(i, []).append((n, k))
+    widened = sorted((node_bytes(n, 8) for n in params
+                      if not (users.get(n.id) and all(u.op == Op.GATHER and k == 0 for u, k in users[n.id]))),
+                     reverse=True)
+    return base + sum(widened[:2])
+
+
+def concat_bytes(graph: Graph) -> int:
+    """Bytes of the weight concatenations the pipeline may make, which the MLX executor holds once as static values
+    (`runtime.static_share`) beside the weights: the params read as the right operand of two or more matmuls with
+    the same left operand (`fuse_shared_input_matmul`'s Q|K|V, `fuse_swiglu`'s gate|up)."""
+    groups: dict[int, list[int]] = {}
+    for n in graph:
+        if n.op == Op.MATMUL and len(n.inputs) == 2 and graph[n.inputs[1]].op == Op.PARAM:
+            groups.setdefault(n.inputs[0], []).append(node_bytes(graph[n.inputs[1]]))
+    return sum(sum(g) for g in groups.values() if len(g) > 1)
 
 
 def check_bytes(parts: Iterable[tuple[str, int]], max_bytes: int, source: str) -> int:
@@ -176,4 +208,4 @@ def check_bytes(parts: Iterable[tuple[str, int]], max_bytes: int, source: str) -
 
 
 __all__ = ["MAX_INPUT_SETS", "MIB", "SLACK_BYTES", "SLACK_FRACTION", "WORKLOADS", "MemoryBudgetError", "MemoryPeak",
-           "check_bytes", "format_bytes", "node_bytes", "peak_memory", "workload_peak"]
+           "check_bytes", "concat_bytes", "format_bytes", "node_bytes", "oracle_peak", "peak_memory", "workload_peak"]

@@ -29,6 +29,7 @@ from .devices import mx_device, resolve_device
 from .lowering import MX_DTYPES, LoweringError, LoweringOptions, MlxEmitter, lower_node
 from .mlx_backend import mx
 from .precision import precision_policy
+from .static_share import SharedStatics, cone_keys
 
 
 @dataclass
@@ -62,6 +63,8 @@ class Program:
     options: LoweringOptions = field(default_factory=LoweringOptions)
     n_static: int = 0
     device: str = "cpu"
+    static_keys: list[tuple[str, tuple[str, ...]] | None] = field(default_factory=list)
+    """Per static value `prepare` returns: its cone key and param names (`static_share.cone_keys`), None for a leaf."""
 
 
 def _const(node: Node) -> mx.array:
@@ -195,11 +198,26 @@ def build_program(graph: Graph, emitter: MlxEmitter, compile_graph: bool, key: s
 
     device = mx_device(emitter.device)
 
-    def prepare(*args: mx.array) -> list[mx.array]:
+    def prepare(*args: mx.array, reuse: Sequence[mx.array | None] = ()) -> list[mx.array]:
+        """The static values; `reuse[j]`, when given, is taken as frontier value j (made by another program from
+        the same params: `static_share`) and only the nodes the others need are evaluated."""
         env: dict[int, mx.array] = dict(consts)
         env.update({n.id: a for n, a in zip(params, args, strict=True)})
+        known = {i: v for i, v in zip(frontier, reuse, strict=False) if v is not None}
+        nodes, frees = static_nodes, s_frees
+        if known:
+            env.update(known)
+            need, stack = set(), [i for i in frontier if i not in known]
+            while stack:
+                i = stack.pop()
+                if i not in need and i not in known:
+                    need.add(i)
+                    stack.extend(graph[i].inputs)
+            nodes = [n for n in static_nodes if n.id in need]
+            left = {i: sum(1 for n in nodes for j in dict.fromkeys(n.inputs) if j == i) for i in need}
+            frees = _frees(nodes, left | {i: left.get(i, 0) + 1 for i in frontier if i in need})
         with mx.stream(device):
-            _eval_nodes(static_nodes, env, s_frees, emitter)
+            _eval_nodes(nodes, env, frees, emitter)
         return [env[i] for i in frontier]
 
     def walk(*args: mx.array) -> list[mx.array]:
@@ -216,7 +234,8 @@ def build_program(graph: Graph, emitter: MlxEmitter, compile_graph: bool, key: s
             return inner(*args)
 
     return Program(key or graph.digest, graph, [n.attrs["name"] for n in inputs], [n.attrs["name"] for n in params],
-                   prepare, run, compile_graph, emitter.options, len(static_nodes), emitter.device)
+                   prepare, run, compile_graph, emitter.options, len(static_nodes), emitter.device,
+                   cone_keys(graph, frontier, static))
 
 
 class MlxExecutor:
@@ -246,6 +265,7 @@ class MlxExecutor:
         self._programs: dict[tuple[str, LoweringOptions, bool], Program] = {}
         self._weights: dict[str, tuple[Any, mx.array]] = {}
         self._static: dict[tuple[str, LoweringOptions], tuple[tuple[mx.array, ...], list[mx.array]]] = {}
+        self._shared = SharedStatics()  # static values versions share (`static_share`)
 
     # -- caches --------------------------------------------------------------------------------
     def key_of(self, graph: Graph) -> str:
@@ -271,14 +291,33 @@ class MlxExecutor:
         if dtype is not None and arr.dtype != dtype:
             arr = arr.astype(dtype)
         mx.eval(arr)
+        if hit is not None:  # a new array for this name: what was computed from the old one goes with it
+            self._shared.forget([hit[1]])
         self._weights[key] = (value, arr)
         return arr
+
+    def _host_view(self, weights: Mapping[str, Any], name: str, value: Any, dtype: Any) -> None:
+        """On the CPU, let a weights mapping that can (`share_host`: `models.onnx.weights.LazyWeights`, weights read
+        from an external-data file) hold a NumPy view of the MLX copy instead of its own array: one copy in memory.
+        The cache entry then names the view, so the next bind finds it."""
+        share = getattr(weights, "share_host", None)
+        key = f"{name}\0{dtype}"
+        hit = self._weights.get(key)
+        if share is None or self.device != "cpu" or hit is None or hit[0] is not value or hit[1].dtype == mx.bfloat16:
+            return
+        try:
+            view = np.asarray(hit[1])
+        except (TypeError, ValueError, RuntimeError):  # no host view of this array
+            return
+        if share(name, value, view):
+            self._weights[key] = (view, hit[1])
 
     def clear(self) -> None:
         """Drop cached programs and weights."""
         self._programs.clear()
         self._weights.clear()
         self._static.clear()
+        self._shared.clear()
         self.emitter.packing.clear()
 
     # -- running ---------------------------------------------------------------------------------
@@ -306,7 +345,9 @@ class MlxExecutor:
         for name in prog.params:
             if name not in weights:
                 raise KeyError(f"no value for param {name!r} (expected {shapes[name].type})")
-            args.append(self.weight(name, weights[name], MX_DTYPES[shapes[name].dtype]))
+            value, dtype = weights[name], MX_DTYPES[shapes[name].dtype]
+            args.append(self.weight(name, value, dtype))
+            self._host_view(weights, name, value, dtype)
         for name, a in zip(prog.inputs + prog.params, args, strict=True):
             if tuple(a.shape) != shapes[name].shape:
                 raise ValueError(f"{name!r}: expected shape {list(shapes[name].shape)}, got {list(a.shape)}")
@@ -321,8 +362,14 @@ class MlxExecutor:
             return hit[1]
         if hit is not None:  # new weights for this program: the old ones' packed layouts go with them
             self.emitter.packing.drop(hit[1])
-        values = prog.prepare(*params)
+        by_name = dict(zip(prog.params, params, strict=True))
+        shared = [None if k is None else ((k[0], prog.options), [by_name[n] for n in k[1]]) for k in prog.static_keys]
+        reuse = [None if s is None else self._shared.get(*s) for s in shared]
+        values = prog.prepare(*params, reuse=reuse)
         mx.eval(values)
+        for s, v in zip(shared, values, strict=False):
+            if s is not None:
+                self._shared.put(s[0], s[1], v)
         self._static[key] = (tuple(params), values)
         return values
 

@@ -332,11 +332,25 @@ def _run_reference(graph: Graph, feeds: Mapping[str, np.ndarray], weights: Mappi
     e = NumpyEmitter(float_dtype)
     remaining = {n.id: graph.use_count(n) for n in graph}
     env: dict[int, np.ndarray] = {}
+    outs = set(graph.outputs) | keep
+    tables = _gather_only_tables(graph) if float_dtype is not None else frozenset()
+
+    def param(i: int) -> np.ndarray:
+        """A param bound at its first use (so the run holds only the live ones in `float_dtype`); a table only
+        gathered from stays in its own dtype: the gather's rows are cast instead (the same values)."""
+        p = graph[i]
+        env[i] = bind_leaf(p, feeds, weights, p.dtype.numpy if i in tables else e.numpy_dtype(p.dtype))
+        return env[i]
+
     for n in graph:
+        if n.op == Op.PARAM and n.id not in outs:
+            if n.attrs["name"] not in weights:  # a missing weight is named where it was before, not at its use
+                bind_leaf(n, feeds, weights)
+            continue
         if n.op in (Op.INPUT, Op.PARAM, Op.CONST):
             env[n.id] = bind_leaf(n, feeds, weights, e.numpy_dtype(n.dtype))
         else:
-            args = [env[i] for i in n.inputs]
+            args = [env[i] if i in env else param(i) for i in n.inputs]
             if n.op == Op.GATHER and (why := gather_out_of_range(graph, n, args[1])):
                 raise ValueError(why)
             out = e.emit(n.op, args, **n.attrs)
@@ -351,6 +365,19 @@ def _run_reference(graph: Graph, feeds: Mapping[str, np.ndarray], weights: Mappi
                 if remaining[i] == 0 and i not in keep:
                     del env[i]
     return env
+
+
+def _gather_only_tables(graph: Graph) -> frozenset[int]:
+    """f32/f16 params whose every use is as the table (operand 0) of a `gather` and that are no output: the oracle
+    may gather their rows first and widen only those (exact: a cast commutes with selecting elements). An 8B
+    model's embedding is 2.1 GB as float32 and would be 4.2 GB as float64."""
+    users: dict[int, list[tuple[Node, int]]] = {}
+    for n in graph:
+        for k, i in enumerate(n.inputs):
+            users.setdefault(i, []).append((n, k))
+    return frozenset(n.id for n in graph if n.op == Op.PARAM and n.dtype in (DType.f32, DType.f16)
+                     and n.id not in graph.outputs and users.get(n.id)
+                     and all(u.op == Op.GATHER and k == 0 for u, k in users[n.id]))
 
 
 def run_oracle(graph: Graph, feeds: Mapping[str, np.ndarray],

@@ -112,7 +112,8 @@ def summarize(samples_s: Sequence[float], first_s: float, context: TimingContext
 def _fresh(ex: MlxExecutor, graph: Graph, feeds_mx: Mapping[str, Any], weights: Mapping[str, Any] | None
            ) -> tuple[Any, list[Any], float]:
     """Drop `graph`'s cached program and static values, then build, bind and run it once:
-    `(program, args, seconds of that first call)`."""
+    `(program, args, seconds of that first call)`. A static value another version already made from the same
+    weights (`runtime.static_share`: a weight concatenation) is reused, not made again, so it is not in that time."""
     key = (ex.key_of(graph), ex.options, ex.compile_graph)
     ex._programs.pop(key, None)  # fresh program: first call pays build + trace + compile + static part
     ex._static.pop((key[0], ex.options), None)

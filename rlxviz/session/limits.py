@@ -84,7 +84,7 @@ class Limits:
         return cls()
 
     def check(self, graph: Graph, source: str, workload: str = "load", unloaded: Collection[str] = (),
-              hint: str = "") -> int:
+              hint: str = "", shared: Collection[str] = ()) -> int:
         """Refuse `graph` when `workload` would hold more than the limit at once: inputs, params and every
         node's output while it is live, and the copies the command makes (`ir.memory.workload_peak`: for
         `run` the saved outputs, for `run-mlx` the MLX copies, for `time` the float64 oracle and the MLX
@@ -96,6 +96,7 @@ class Limits:
             workload: `load` (every front end, on load), `run`, `run-mlx`, `time` or `export` (`ir.memory.WORKLOADS`).
             unloaded: with `load`, params left in their file (`models.onnx.weights.lazy_names`): not counted.
             hint: said after the refusal instead of "use smaller shapes" (e.g. how to run a slice of the model).
+            shared: with `run-mlx`/`time`, params held once for NumPy and MLX (`ir.memory.workload_peak`).
 
         Returns:
             The peak bytes of the workload.
@@ -104,7 +105,7 @@ class Limits:
             LimitError: over the limit; the message names the peak, where it is reached, the largest
                 tensor and how to raise the limit.
         """
-        need, p = workload_peak(graph, workload, unloaded=unloaded)
+        need, p = workload_peak(graph, workload, unloaded=unloaded, shared=shared)
         if need > self.max_bytes:
             where = f" at %{p.at_node} ({graph[p.at_node].op.value})" if p.at_node is not None else ""
             big = ""

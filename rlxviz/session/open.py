@@ -170,16 +170,19 @@ def open_model(request: OpenRequest) -> Model:
     return model
 
 
-def check_workload(model: Model, request: OpenRequest) -> None:
+def check_workload(model: Model, request: OpenRequest, *, held_once: bool = False) -> None:
     """Refuse `model` when `request.workload` (beyond the load `open_model` checked) would pass the memory limit:
     `Limits.check` on what the command copies (`time`: the oracle's and MLX's copies too), before anything is
-    allocated for it. Raises LimitError."""
+    allocated for it. `held_once`: MLX runs on the CPU, where weights read from an external-data file are held once
+    for NumPy and MLX (`MlxExecutor._host_view`), so `time` counts them once. Raises LimitError."""
     if request.workload == "load":
         return
     from ..models.onnx.weights import lazy_names
 
+    lazy = lazy_names(model.weights)
     request.resolved_limits.check(model.graph, request.label or request.source, request.workload,
-                                  hint=request.hint if lazy_names(model.weights) else "")
+                                  hint=request.hint if lazy else "",
+                                  shared=lazy if request.workload == "time" and lazy and held_once else ())
 
 
 def _built(r: OpenRequest, limits: Limits) -> Model:

@@ -101,13 +101,23 @@ def nonfinite_arrays(arrays: Mapping[str, np.ndarray]) -> list[str]:
 
 
 def arrays_digest(*groups: Mapping[str, np.ndarray]) -> str:
-    """A content hash of named arrays (names, dtypes, shapes and bytes), for cache keys."""
+    """A content hash of named arrays (names, dtypes, shapes and bytes), for cache keys; a weight left in its file
+    (`models.onnx.weights.LazyWeights.source`) is hashed by its file, place and the file's size and mtime, so 4 GB
+    of an 8B slice's weights are not read to name them."""
+    from ..models.onnx.weights import LazyWeights
+
     h = hashlib.sha256()
     for arrays in groups:
         for k in sorted(arrays):
+            src = arrays.source(k) if isinstance(arrays, LazyWeights) else None
+            if src is not None:  # a weight in its file: named by where it is and the file's size and mtime, unread
+                st = src.file.stat()
+                h.update(f"{k}:file:{src.file}:{st.st_size}:{st.st_mtime_ns}:{src.offset}:{src.length}:"
+                         f"{src.data_type}:{src.stored}:{src.perm};".encode())
+                continue
             a = np.ascontiguousarray(arrays[k])
             h.update(f"{k}:{a.dtype}:{a.shape};".encode())
-            h.update(a.tobytes())
+            h.update(a.reshape(-1).view(np.uint8) if a.size else b"")  # its bytes, not a copy (an 8B embedding: 2 GB)
     return h.hexdigest()[:24]
 
 
