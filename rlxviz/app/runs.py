@@ -86,7 +86,12 @@ class Runs:
     layer_note = ""
     """Why "Layer to break" moved to the model's last layer (said with the variant's notice), or ""."""
     _quiet_layer = False
-    """Set while `_bound_variant_layer` moves the layer to what was loaded: no reload for it."""
+    """Set while the state's fields move to what is shown, with no reload for it: `_bound_variant_layer` moving the
+    layer to what was loaded, `_keep_shown` putting back the fields of the model shown before a refused upload."""
+    _kept: tuple[str, dict[str, Any], tuple, dict[str, bytes], dict[str, str], Any] | None = None
+    """While an upload loads, over a model shown: (the upload's id, the fields it changed as they were, the shown
+    model's key, the previous upload's files and names, `_seq_raised`), put back if the upload is refused
+    (`_keep_shown`); None otherwise."""
     _partial_asked: tuple[str | None, int] | None = None
     """While the input graph drawn first (`_show_input_first`) is shown: the (label, index) of the version selected
     before it, which the full trace selects again; None otherwise."""
@@ -183,6 +188,7 @@ class Runs:
 
             def show() -> None:
                 self.ir_error = None
+                self._kept = None  # the upload loaded: nothing to put back
                 new = model is not self.model  # False after `_show_input_first`: it showed the model already
                 if new:
                     self._model_key = key
@@ -233,7 +239,28 @@ class Runs:
         at = (e.line, e.col, e.reason) if isinstance(e, IRSyntaxError | session.GraphTextError) and e.line else None
         self.ir_error = at if self.source == "ir" else None
         self._error(explain_error(e, self.source, self.preset))
+        self._keep_shown()
         self.stale = self._stale_reason()
+
+    def _keep_shown(self) -> None:
+        """After a refused upload (a file that is not a model, or one the importer refuses before any graph is read):
+        the model shown before it stays, with the fields that asked for it (source, variant, the previous upload), so
+        the start strip's ② and a re-run act on it, as after refused IR text; the message gains which model is still
+        shown. (The upload had already switched to it and dropped the teaching variant: ② broke nothing and the panes
+        said stale.) Nothing changes when the upload's graph was read (its pipeline failed: that model is shown) or
+        the user asked for something else meanwhile."""
+        kept, self._kept = self._kept, None
+        if kept is None or self._model_key or self.model is None or self.source != "upload" \
+                or self.upload_id != kept[0]:
+            return
+        _, fields, key, files, names, seq_raised = kept
+        self._quiet_layer = True  # the fields ask for the model shown again: nothing to load
+        try:
+            self.param.update(**fields)
+        finally:
+            self._quiet_layer = False
+        self._model_key, self._upload, self._upload_names, self._seq_raised = key, files, names, seq_raised
+        self.param.update(message=f"{self.message} Still showing {self.model.name}, as before the upload.")
 
     def _draw_ahead(self, trace: Trace) -> None:
         """Draw the version `_set_trace(trace)` will select (after, and before its pass) into the cache, from the
@@ -378,6 +405,11 @@ class Runs:
         except SourceError as e:
             self._error(str(e))
             return
+        if self.model is not None and self._model_key:  # the model shown is the one its fields ask for
+            kept_fields = {"source": self.source, "upload_id": self.upload_id, "variant": self.variant, "seq": self.seq}
+            shown = (kept_fields, self._model_key, self._upload, self._upload_names, self._seq_raised)
+        else:  # nothing shown, or an upload is still on its way: what it would put back stays the same
+            shown = self._kept[1:] if self._kept is not None else None
         h = hashlib.sha256()
         names = upload_names(files, checked)
         for name in sorted(checked):  # the user's name too: the model shown is named after it
@@ -388,6 +420,7 @@ class Runs:
         # a new model starts as built: a teaching variant of the last one would refuse an ONNX file (a variant, then
         # a dropped gpt2.onnx, showed an error and the old model)
         upload_id = h.hexdigest()[:24]
+        self._kept = (upload_id, *shown) if shown is not None else None
         again = upload_id == self.upload_id and self.source == "upload" and self.variant == "none"
         # every upload is read from its file and checked again, as a first one is: the model shown may be this
         # file's already (the same file twice, or gpt2.onnx, a broken file, gpt2.onnx: the last load reused the
