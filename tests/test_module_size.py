@@ -15,7 +15,6 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rlxviz"
 
 KNOWN: dict[str, str] = {
     "passes/rules/attention.py": "two passes and _fuse_sdpa's nine canonicalizations (debt A of the review)",
-    "app/panels.py": "seven Viewers with the timing chart's formatting",
 }
 """Modules over `MAX_LINES` today (path under rlxviz/ -> what it still holds). Split one, then delete its entry."""
 

@@ -86,12 +86,10 @@ class Runs:
     layer_note = ""
     """Why "Layer to break" moved to the model's last layer (said with the variant's notice), or ""."""
     _quiet_layer = False
-    """Set while the state's fields move to what is shown, with no reload for it: `_bound_variant_layer` moving the
-    layer to what was loaded, `_keep_shown` putting back the fields of the model shown before a refused upload."""
-    _kept: tuple[str, dict[str, Any], tuple, dict[str, bytes], dict[str, str], Any] | None = None
-    """While an upload loads, over a model shown: (the upload's id, the fields it changed as they were, the shown
-    model's key, the previous upload's files and names, `_seq_raised`), put back if the upload is refused
-    (`_keep_shown`); None otherwise."""
+    """Set while fields move to what is shown (`_bound_variant_layer`, `_keep_shown`): no reload for it."""
+    _kept: tuple | None = None
+    """While an upload loads over a shown model: (upload id, the fields, key, upload files and names, `_seq_raised`
+    the shown model had), put back if the upload is refused (`_keep_shown`)."""
     _partial_asked: tuple[str | None, int] | None = None
     """While the input graph drawn first (`_show_input_first`) is shown: the (label, index) of the version selected
     before it, which the full trace selects again; None otherwise."""
@@ -243,15 +241,11 @@ class Runs:
         self.stale = self._stale_reason()
 
     def _keep_shown(self) -> None:
-        """After a refused upload (a file that is not a model, or one the importer refuses before any graph is read):
-        the model shown before it stays, with the fields that asked for it (source, variant, the previous upload), so
-        the start strip's ② and a re-run act on it, as after refused IR text; the message gains which model is still
-        shown. (The upload had already switched to it and dropped the teaching variant: ② broke nothing and the panes
-        said stale.) Nothing changes when the upload's graph was read (its pipeline failed: that model is shown) or
-        the user asked for something else meanwhile."""
+        """After an upload refused before its graph was read: the model shown stays, with the fields asking for it
+        (source, variant, last upload), so ② and a re-run act on it (they were dropped: ② lost, the panes stale)."""
         kept, self._kept = self._kept, None
-        if kept is None or self._model_key or self.model is None or self.source != "upload" \
-                or self.upload_id != kept[0]:
+        asked = kept is not None and (self.source, self.upload_id) == ("upload", kept[0])  # nothing else meanwhile
+        if not asked or self._model_key or self.model is None:  # `_model_key`: its graph was read (and is shown)
             return
         _, fields, key, files, names, seq_raised = kept
         self._quiet_layer = True  # the fields ask for the model shown again: nothing to load
@@ -405,11 +399,10 @@ class Runs:
         except SourceError as e:
             self._error(str(e))
             return
+        shown = self._kept[1:] if self._kept is not None else None  # an upload on its way: it puts back the same
         if self.model is not None and self._model_key:  # the model shown is the one its fields ask for
-            kept_fields = {"source": self.source, "upload_id": self.upload_id, "variant": self.variant, "seq": self.seq}
-            shown = (kept_fields, self._model_key, self._upload, self._upload_names, self._seq_raised)
-        else:  # nothing shown, or an upload is still on its way: what it would put back stays the same
-            shown = self._kept[1:] if self._kept is not None else None
+            shown = ({"source": self.source, "upload_id": self.upload_id, "variant": self.variant, "seq": self.seq},
+                     self._model_key, self._upload, self._upload_names, self._seq_raised)
         h = hashlib.sha256()
         names = upload_names(files, checked)
         for name in sorted(checked):  # the user's name too: the model shown is named after it
