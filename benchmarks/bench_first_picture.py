@@ -41,6 +41,7 @@ and the date.
     .venv/bin/python benchmarks/bench_first_picture.py                      # both viewers, three models
     .venv/bin/python benchmarks/bench_first_picture.py --only bert --rounds 1
     .venv/bin/python benchmarks/bench_first_picture.py --app-root /tmp/before --no-me
+    .venv/bin/python benchmarks/bench_first_picture.py --only bert --rounds 3 --baseline-root /tmp/before
 
 Prints figures only; nothing is asserted. Errors: a viewer that draws nothing within `BENCH_WAIT_S` (default 600 s)
 raises TimeoutError (a screenshot goes to `test-artifacts/`); a server that does not answer raises RuntimeError.
@@ -129,14 +130,15 @@ def start(cmd: list[str], cwd: Path, env: dict[str, str], log: Path, ready: str,
             time.sleep(0.3)
 
 
-def serve_rlxviz(root: Path, port: int, env: dict[str, str]) -> subprocess.Popen:
+def serve_rlxviz(root: Path, port: int, env: dict[str, str], log: str = "bench-first-picture-server.log"
+                 ) -> subprocess.Popen:
     """`panel serve app.py` in `root` on 127.0.0.1:`port` as `make app` serves it (`--warm`: the default model run
     and a spare loader started at server start), answering once its static files do."""
     panel = Path(sys.executable).parent / "panel"
     return start([str(panel), "serve", "app.py", "--address", "127.0.0.1", "--port", str(port), "--warm",
                   "--websocket-max-message-size", "268435456", f"--allow-websocket-origin=127.0.0.1:{port}",
                   "--num-procs", "1"], root,
-                 {**env, "PYTHONPATH": str(root)}, ARTIFACTS / "bench-first-picture-server.log",
+                 {**env, "PYTHONPATH": str(root)}, ARTIFACTS / log,
                  f"http://127.0.0.1:{port}/static/extensions/panel/css/alerts.css", "panel serve")
 
 
@@ -308,6 +310,9 @@ def main() -> None:
     ap.add_argument("--models-dir", type=Path, default=Path(tempfile.gettempdir()) / "rlxviz-bench-first-picture")
     ap.add_argument("--me-venv", type=Path, default=Path(tempfile.gettempdir()) / "me-venv")
     ap.add_argument("--no-me", action="store_true", help="rlxviz only (Model Explorer's column says so)")
+    ap.add_argument("--baseline-root", type=Path, default=None,
+                    help="a second checkout (e.g. before a change) served too and timed in the same rounds, its own "
+                         "column: the two rlxviz alternate which goes first each round, Model Explorer after both")
     a = ap.parse_args()
     ARTIFACTS.mkdir(exist_ok=True)
     bert, big = make_models(a.models_dir)
@@ -321,7 +326,11 @@ def main() -> None:
     load0 = os.getloadavg()
     when = datetime.datetime.now(datetime.UTC)
     procs = [serve_rlxviz(a.app_root, rl_port, env)]
+    base_port = free_port() if a.baseline_root is not None else None
+    if a.baseline_root is not None:
+        procs.append(serve_rlxviz(a.baseline_root, base_port, env, "bench-first-picture-baseline.log"))
     rows: dict[str, list[tuple[float, float, float | None, int | None]]] = {k: [] for k in models}
+    base_rows: dict[str, list[float]] = {k: [] for k in models}
     out_rl, out_me = Outside(), Outside()
     try:
         if me_exe is not None:
@@ -330,14 +339,20 @@ def main() -> None:
             b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
             for key, (_, path) in models.items():
                 for r in range(a.rounds):
-                    ctx, pg = fresh(b, out_rl)
-                    try:
-                        first, done = rlxviz_open(pg, rl_port, path, 8 + 8 * r, lambda: settle(procs))
-                    except Exception:
-                        pg.screenshot(path=str(ARTIFACTS / "bench-first-picture-failed.png"))
-                        raise
-                    finally:
-                        ctx.close()
+                    sides = [(rl_port, 8 + 8 * r)] + ([(base_port, 8 + 8 * r)] if base_port is not None else [])
+                    for port, seq in sides[::-1] if r % 2 == 0 else sides:  # the baseline first in rounds 1, 3, ...
+                        ctx, pg = fresh(b, out_rl)
+                        try:
+                            got = rlxviz_open(pg, port, path, seq, lambda: settle(procs))
+                        except Exception:
+                            pg.screenshot(path=str(ARTIFACTS / "bench-first-picture-failed.png"))
+                            raise
+                        finally:
+                            ctx.close()
+                        if port == rl_port:
+                            first, done = got
+                        else:
+                            base_rows[key].append(got[0])
                     me_first = inked = None
                     if me_exe is not None:
                         ctx, pg = fresh(b, out_me)
@@ -350,6 +365,7 @@ def main() -> None:
                             ctx.close()
                     rows[key].append((first, done, me_first, inked))
                     print(f"  {key} round {r + 1}: rlxviz {first:.2f} s (passes {done:.2f} s)"
+                          + (f", baseline {base_rows[key][-1]:.2f} s" if base_rows[key] else "")
                           + (f", Model Explorer {me_first:.2f} s" if me_first is not None else ""),
                           file=sys.stderr, flush=True)
             b.close()
@@ -357,7 +373,8 @@ def main() -> None:
         for proc in procs:
             stop(proc)
     load1 = os.getloadavg()
-    print(f"first picture of an .onnx opened by path; rlxviz served from {a.app_root}")
+    print(f"first picture of an .onnx opened by path; rlxviz served from {a.app_root}"
+          + (f"; baseline rlxviz from {a.baseline_root}" if a.baseline_root is not None else ""))
     print(f"machine: {cpu_model()}; date: {when:%Y-%m-%d %H:%M} UTC")
     print(f"load average before: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; "
           f"after: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
@@ -378,6 +395,9 @@ def main() -> None:
         me_med = statistics.median(me_vals) if me_vals else None
         me_s = f"{me_med:.2f}" if me_med is not None else "not measured"
         print(f"{label:<34} {'med':>5} {rl_med:>17.2f} {me_s:>13} {statistics.median(d for _, d, _, _ in got):>18.2f}")
+        if base_rows[key]:
+            print(f"{label:<34} baseline rlxviz first (s): "
+                  + ", ".join(f"{v:.2f}" for v in base_rows[key]) + f"; median {statistics.median(base_rows[key]):.2f}")
         if me_med is not None:
             verdict = "rlxviz at or below" if rl_med <= me_med else f"rlxviz slower by {rl_med - me_med:.2f} s"
             verdicts.append(f"{label}: rlxviz {rl_med:.2f} s vs Model Explorer {me_med:.2f} s -> {verdict}")

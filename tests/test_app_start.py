@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import pytest
 from served import SMALL_IR
 from test_app_views import tiny
 
@@ -61,8 +62,8 @@ def test_a_dropped_onnx_file_loads_and_half_a_checkpoint_waits():
     s.message = ""
     holder[0].value = {"gpt2.onnx": (FIX / "gpt2.onnx").read_bytes()}  # the same file again: it loads again
     assert "equals the ONNX model" in s.message and s.model.meta.get("onnx_file"), s.message
-    holder[0].value = {"my-net.onnx": b"not an onnx file"}  # a broken file: its error names it, the panes go stale
-    assert "my-net.onnx" in s.message and s.message_kind == "danger" and s.stale, s.message
+    holder[0].value = {"my-net.onnx": b"not an onnx file"}  # a broken file: its error names it, gpt2 stays
+    assert "my-net.onnx" in s.message and s.message_kind == "danger" and not s.stale, s.message  # gpt2 kept
     holder[0].value = {"gpt2.onnx": (FIX / "gpt2.onnx").read_bytes()}  # the good file again: read and checked again
     assert "equals the ONNX model" in s.message and not s.stale, s.message  # (the broken file's error stayed up)
 
@@ -155,3 +156,75 @@ def test_a_long_message_opens_folded_to_one_line_and_unfolds():
     assert "rv-clamp" not in bar.alert.css_classes and not bar.more.visible and bar.close.visible
     s.message = ""
     assert not bar.more.visible and not bar.close.visible and not bar.alert.visible
+
+
+def _unknown_op_onnx() -> bytes:
+    """A well-formed ONNX model the importer refuses: one node of an op no domain defines."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    graph = helper.make_graph([helper.make_node("NoSuchOp", ["x"], ["y"], domain="no.such.domain")], "g", [x], [y])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("no.such.domain", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    return model.SerializeToString()
+
+
+REFUSED_UPLOADS = {
+    "not protobuf": {"my-net.onnx": b"not an onnx file"},
+    "an op nobody defines": {"odd.onnx": _unknown_op_onnx()},
+    "a checkpoint whose weights are not safetensors": {"config.json": b'{"model_type": "bert"}',
+                                                       "model.safetensors": b"\x00" * 64},
+}
+
+
+@pytest.mark.parametrize("files", REFUSED_UPLOADS.values(), ids=REFUSED_UPLOADS.keys())
+def test_a_refused_upload_keeps_the_broken_layer_shown(files):
+    """After ② (layer 1 broken), an upload that is not a model is refused and changes nothing else: bert-tiny with
+    its broken layer stays shown and asked for (not stale), ② and a re-run act on it; the message names the file
+    and says which model is still shown. (The upload switched the source and dropped the variant first: ② was lost
+    and the panes went stale.)"""
+    s = tiny()
+    start = StartHere(state=s, show_why=lambda: None)
+    mc = ModelControls(state=s)
+    start.brk.clicks += 1
+    trace, key = s.trace, s.model_key()
+    mc.upload.filename, mc.upload.value = list(files), list(files.values())
+    assert s.message_kind == "danger" and "Still showing bert-tiny" in s.message, s.message
+    assert any(name in s.message for name in files), s.message
+    assert (s.source, s.preset, s.variant, s.variant_layer) == ("preset", "bert-tiny", BREAK_VARIANT, 1)
+    assert s.trace is trace and s.model_key() == key and not s.stale and s.shown_source() is None
+    assert not start.brk.disabled and start.note.object.split(">", 1)[1].startswith("<b>Next: ③."), start.note.object
+    s.variant_layer = 0  # the kept state re-runs: the broken layer moves, bert-tiny again
+    assert s.model.name == "bert-tiny" and "layer 0 NOT fused" in s.message, s.message
+
+
+def test_an_upload_over_the_limit_keeps_the_model_and_says_where_to_put_it(monkeypatch):
+    """A dropped file over the upload limit: refused before anything is read, the broken layer stays shown, and the
+    message says where the file goes instead (the allowed folder, typed in the path box)."""
+    monkeypatch.setenv("RLXVIZ_MAX_UPLOAD_MB", "0.25")
+    monkeypatch.setenv("RLXVIZ_ALLOWED_DIRS", str(FIX.resolve()))  # outside the temp folder, which messages hide
+    s = tiny()
+    start = StartHere(state=s, show_why=lambda: None)
+    holder = ModelControls(state=s).make_dropper()
+    start.brk.clicks += 1
+    trace = s.trace
+    holder[0].value = {"big.onnx": (FIX / "gpt2.onnx").read_bytes()}
+    assert "this server accepts at most 0 MB" in s.message and str(FIX.resolve()) in s.message, s.message
+    assert "path box" in s.message and s.message_kind == "danger"
+    assert (s.source, s.variant, s.trace) == ("preset", BREAK_VARIANT, trace) and not s.stale
+    assert not start.brk.disabled
+
+
+def test_a_refused_upload_after_an_upload_keeps_the_first():
+    """gpt2.onnx shown, then a broken file: gpt2 stays shown and asked for; a new sequence length re-reads gpt2
+    from its kept files (the broken one's were not kept)."""
+    s = tiny()
+    holder = ModelControls(state=s).make_dropper()
+    holder[0].value = {"gpt2.onnx": (FIX / "gpt2.onnx").read_bytes()}
+    shown, gpt2 = s.model, s.upload_id
+    holder[0].value = {"broken.onnx": b"\x08\x07garbage"}
+    assert "broken.onnx" in s.message and f"Still showing {shown.name}" in s.message, s.message
+    assert s.source == "upload" and s.upload_id == gpt2 and s.model is shown and not s.stale
+    s.seq = 6
+    assert s.model is not shown and s.model.name == shown.name and s.message_kind != "danger", s.message

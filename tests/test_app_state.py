@@ -560,7 +560,7 @@ def test_default_filter_keeps_passes_whose_only_events_are_rejections():
 def test_an_uploaded_npz_with_expected_outputs_times_and_is_dropped_with_the_model():
     """gpt2.onnx uploaded, then the project's gpt2.npz (input_ids and out:last_hidden_state): accepted, the
     expected output set aside and named; a new model drops the arrays and the Timing tab's file chooser."""
-    from rlxviz.app.panels import TimingView
+    from rlxviz.app.timingview import TimingView
 
     root = Path(__file__).resolve().parents[1] / "tests/fixtures/onnx"
     s = tiny(batch=2)  # gpt2.npz holds input_ids [2, 8]

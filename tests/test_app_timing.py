@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from bokeh.models import ColumnDataSource, LabelSet, Whisker
 
-from rlxviz.app.panels import machine_verdict, ms_label, speedup_label, timing_figure
+from rlxviz.app.timingchart import machine_verdict, ms_label, speedup_label, timing_figure
 from rlxviz.session import VersionTiming, busy_warning, paired_verdict, timing_table
 from rlxviz.session.timing import BUSY_RATIO, NOT_READ
 
@@ -133,8 +133,8 @@ def test_a_busy_version_hidden_from_the_table_still_flags_the_run():
 
 def test_the_timing_view_puts_the_machine_verdict_before_the_charts():
     from rlxviz.app.jobs import Runner
-    from rlxviz.app.panels import TimingView
     from rlxviz.app.state import AppState
+    from rlxviz.app.timingview import TimingView
 
     s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
     view = TimingView(state=s)
@@ -195,7 +195,7 @@ def fabricated_split(busy: bool):
 
 
 def test_the_split_table_names_fusion_and_kernels_and_reads_no_verdict_when_busy():
-    from rlxviz.app.panels import fusion_kernels_markdown
+    from rlxviz.app.timingchart import fusion_kernels_markdown
 
     quiet = fusion_kernels_markdown(fabricated_split(busy=False))
     assert "fusion: 1.25×" in quiet and "kernels: 3.20×" in quiet and "4.00× over the input" in quiet
@@ -227,8 +227,8 @@ def test_the_timing_tab_shows_the_split_and_no_server_path():
     import sys
 
     from rlxviz.app.jobs import Runner
-    from rlxviz.app.panels import TimingView
     from rlxviz.app.state import AppState
+    from rlxviz.app.timingview import TimingView
     from rlxviz.session.lowerings import FUSION_LABELS
 
     s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8, repeat=3, warmup=0)
@@ -247,7 +247,7 @@ def test_a_failed_split_leaves_the_versions_timed_and_says_why(monkeypatch):
     """The split runs after the versions in the timing process; if it fails (memory, a lowering), the versions' rows
     stand and the tab says why the split is missing (run in this process: `timeproc._time` is the worker's body)."""
     from rlxviz.app import timeproc
-    from rlxviz.app.panels import fusion_kernels_markdown
+    from rlxviz.app.timingchart import fusion_kernels_markdown
     from rlxviz.session import lowerings
 
     def refuse(*a, **k):
@@ -276,7 +276,7 @@ def test_the_forced_busy_hook_turns_a_quiet_run_busy(monkeypatch):
     assert all(r["busy"] for r in rows) and rows[1]["vs_input"] == NOT_READ
     split = _force_busy_split(fabricated_split(busy=False))
     assert split.warning and split.warning == busy_warning(*split.rows)
-    from rlxviz.app.panels import fusion_kernels_markdown
+    from rlxviz.app.timingchart import fusion_kernels_markdown
 
     text = fusion_kernels_markdown(split)
     assert "busy machine" in text and "faster" not in text and "slower" not in text

@@ -125,7 +125,8 @@ def test_failed_loads_and_runs_mark_the_panes_stale(monkeypatch):
     """A load or a pipeline run that fails leaves the previous drawing, why-text, timings and IR on screen: each
     is marked stale (a banner naming what it shows, the pane greyed) until a change succeeds. A crashed pass or a
     failed timing is not stale: the panes show the current run."""
-    from rlxviz.app.panels import GraphCompare, IRView, TimingView, WhyView
+    from rlxviz.app.panels import GraphCompare, IRView, WhyView
+    from rlxviz.app.timingview import TimingView
 
     s = tiny(selected_layer=0)
     views = [GraphCompare(state=s), WhyView(state=s), TimingView(state=s), IRView(state=s)]
@@ -162,7 +163,7 @@ def test_timing_table_shows_errors_in_scientific_notation():
     formatter, so 2.93e-08 is not rounded to 0.0 nor 1.2e-06 to 0.000001."""
     from bokeh.models.widgets.tables import ScientificFormatter
 
-    from rlxviz.app.panels import TimingView
+    from rlxviz.app.timingview import TimingView
 
     s = tiny()
     view = TimingView(state=s)
@@ -183,7 +184,7 @@ def test_timing_chart_axis_holds_every_whisker_and_label():
     Bokeh's automatic range covered the bars only, so on bert-tiny whiskers and labels fell outside."""
     from bokeh.models import LabelSet, Whisker
 
-    from rlxviz.app.panels import timing_figure
+    from rlxviz.app.timingchart import timing_figure
 
     rows = [{"version": "input", "median_ms": 0.9, "iqr_ms": 0.6, "speedup": 1.0, "max_err": 1e-7},
             {"version": "fused", "median_ms": 0.5, "iqr_ms": 0.05, "speedup": 1.8, "max_err": 2e-7}]
@@ -258,16 +259,15 @@ def test_why_tab_answers_for_a_graph_without_layer_paths():
 
 
 def test_panes_are_not_faded_after_a_failed_load_then_a_good_one():
-    """A corrupted upload (refused), then the built-in model again: the panes' opacity is set back to 1 (an emptied
-    style dict left the browser's opacity 0.45 in place). (The issue's sequence, a variant then gpt2.onnx, now
-    loads the ONNX file as built: tests/test_app_start.py.)"""
+    """A folder path that does not load (the panes go stale), then the built-in model again: the panes' opacity is
+    set back to 1 (an emptied style dict left the browser's opacity 0.45 in place). (A refused upload no longer goes
+    stale: it keeps the model shown and its fields, tests/test_app_start.py; the issue's sequence, a variant then
+    gpt2.onnx, loads the ONNX file as built.)"""
     from rlxviz.app.panels import GraphCompare
-    from rlxviz.models.minilm import minilm_dir
 
     s = tiny()
     graph = GraphCompare(state=s)
-    cfg = (minilm_dir() / "config.json").read_bytes()
-    s.load_upload({"config.json": cfg, "model.safetensors": b"\x10" + b"\x00" * 7 + b'{"a": broken'})
+    s.param.update(checkpoint_dir="/no/such/folder", source="checkpoint")
     assert s.message_kind == "danger" and s.stale and graph.after.styles["opacity"] == "0.45"
     s.source = "preset"
     assert s.message_kind != "danger" and s.stale == ""
@@ -289,7 +289,7 @@ def test_timing_rows_say_within_noise_and_chart_factors_are_unique():
     """Paired rounds whose ratio holds 1 read "within noise" against the input and the previous version; others "N.NNx
     faster"; with unchanged passes shown, a label that repeats (dead_code_elimination twice) still gets its own
     chart factor (Bokeh's "duplicate factor" error made the chart vanish); whiskers span p25..p75."""
-    from rlxviz.app.panels import speedup_label, timing_factor, timing_figure
+    from rlxviz.app.timingchart import speedup_label, timing_factor, timing_figure
     from rlxviz.session import paired_verdict, timing_table
 
     rng = np.random.default_rng(5)
@@ -369,7 +369,8 @@ def test_panes_sync_the_selected_node_by_identity():
 def test_one_version_numbering_in_the_list_and_the_timing_chart():
     """With unchanged passes hidden, a version has one number in the version list and on the timing chart: its
     place in the whole trace (the list counted the shown versions, the chart the trace's)."""
-    from rlxviz.app.panels import VersionStepper, timing_factor
+    from rlxviz.app.panels import VersionStepper
+    from rlxviz.app.timingchart import timing_factor
 
     s = tiny()
     assert s.hide_unchanged

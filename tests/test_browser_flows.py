@@ -122,6 +122,17 @@ def test_engineer_flow_sync_weights_diff_download_drop(browser, server):
         expect(pg.locator(".rv-message")).to_contain_text("equals the ONNX model", timeout=3 * WAIT_MS)
         expect(pg.locator(".rv-version select")).to_contain_text("input")
         pg.screenshot(path=str(ART / "flow-dropped.png"))
+        # the inspector names the ONNX node a node came from, its op type and domain (to find it in Netron)
+        expect(pg.locator(".rv-progress-text")).to_be_hidden(timeout=3 * WAIT_MS)
+        choose_version(pg, "input")  # the input graph, as read from the file
+        search = pg.locator(".rv-after .rv-search")
+        search.fill("matmul")
+        search.press("Enter")
+        pg.locator(".rv-after g.rv-found-node[id^='n']").first.dispatch_event("click")  # (it may lie under the tabs)
+        # its name, op type and domain as the file has them (gpt2's matmul came from a Gemm, node_addmm)
+        expect(pg.locator(".rv-inspector")).to_contain_text(re.compile(r"ONNX node node_\w+ \((Gemm|MatMul)\), "
+                                                                       r"domain ai\.onnx"))
+        close_inspector(pg)
 
 
 @pytest.mark.parametrize("kind,label,unit", [("time share", "time: ", "% of the per-node time"),

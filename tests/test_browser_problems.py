@@ -405,6 +405,10 @@ def test_trial_5_every_drop_on_the_start_strip_loads(browser, server):
         expect(msg).to_contain_text("not a readable ONNX model")
         expect(msg).not_to_contain_text("upload/")
         _idle(pg)
+        # refused, it changed nothing else: gpt2 stays shown and asked for, no pane stale (they went stale)
+        expect(msg).to_contain_text("Still showing gpt2")
+        expect(pg.locator(".rv-version select")).to_contain_text("input")
+        expect(pg.locator(".rv-stale").first).to_be_hidden()
         drop(str(ONNX / "gpt2.onnx"))
         loaded_again(3)
 

@@ -89,11 +89,12 @@ def test_timing_tab_verdict_first_bars_agree_kernels_apart(browser, server, size
             assert sys.prefix not in _text(split)
 
 
-def test_search_enter_opens_the_folded_layer_and_centres_on_the_node(browser, server):
+@pytest.mark.parametrize("size", [(1280, 800), (1920, 1080)])
+def test_search_enter_opens_the_folded_layer_and_centres_on_the_node(browser, server, size):
     """The start strip folds once used (the graph moves up by its drop zone's height). One box per layer: a search
     whose hit is inside a folded layer, then Enter, opens the layer and shows the node itself inside the pane (the
-    layer's top was centred, and its last nodes lay below the pane's bottom)."""
-    with watched_page(browser, server[0], 1280, 800) as pg:
+    layer's top was centred, and its last nodes lay below the pane's bottom). At both window sizes."""
+    with watched_page(browser, server[0], *size) as pg:
         top = pg.locator(".rv-after").bounding_box()["y"]
         pg.locator(".rv-start-step button").click()  # once used, the start strip folds to one row
         expect(pg.locator(".rv-start-note")).to_contain_text("Showing after")
@@ -101,7 +102,7 @@ def test_search_enter_opens_the_folded_layer_and_centres_on_the_node(browser, se
         assert pg.locator(".rv-start").bounding_box()["height"] <= 50
         assert pg.locator(".rv-after").bounding_box()["y"] <= top - 40  # the graph got the room
         wrap = pg.locator(".rv-after .rv-wrap").bounding_box()  # the drawing's own area, inside the window
-        assert min(wrap["y"] + wrap["height"], 800) - wrap["y"] >= 450, wrap  # 379 px before (issue 39: 450)
+        assert min(wrap["y"] + wrap["height"], size[1]) - wrap["y"] >= 450, wrap  # 379 px before (issue 39: 450)
         sel = pg.locator(".rv-version select")
         sel.select_option(value=sel.locator("option", has_text="after fuse_sdpa").first.get_attribute("value"))
         expect(pg.locator(".rv-after .rv-title")).to_have_text(re.compile("fuse_sdpa"))

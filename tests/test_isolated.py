@@ -189,3 +189,58 @@ def test_a_reply_carries_its_arrays_out_of_band_exactly_and_writable():
             got[...] = 0  # its own buffer: the next array is unchanged
     with pytest.raises(ValueError, match="header says"):
         _read_reply(out.getvalue()[:-1])
+
+
+def _replying(tmp_path, data: bytes, wait_s: float = 0.0):
+    """A child that reads its stdin to the end, waits `wait_s`, then writes `data` (a reply as the server reads it)."""
+    import subprocess
+
+    f = tmp_path / f"reply-{len(data)}-{wait_s}"
+    f.write_bytes(data)
+    code = (f"import sys, time; sys.stdin.buffer.read(); time.sleep({wait_s}); "
+            f"sys.stdout.buffer.write(open({str(f)!r}, 'rb').read())")
+    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+
+def test_the_server_reads_a_reply_into_its_buffers_from_the_pipe(tmp_path):
+    """`_exchange` reads the child's reply straight from the pipe, each array into its own writable buffer: the same
+    outcome `_read_reply` gives from the whole bytes; nothing written is None (the child died first); a reply cut
+    short is a ValueError; a child that answers after the wall time raises TimeoutExpired."""
+    import io
+    import pickle
+    import subprocess
+
+    import numpy as np
+
+    from rlxviz.ir.bounded import stop
+    from rlxviz.session.isolated import _exchange, _read_reply, _write_reply
+
+    value = ("ok", {"w": np.arange(300_000, dtype=np.float32).reshape(600, 500), "i": np.arange(5)}, [])
+    buffers: list[pickle.PickleBuffer] = []
+    reply = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    out = io.BytesIO()
+    _write_reply(out, reply, buffers)
+    data = out.getvalue()
+    want = _read_reply(data)
+    for payload, expect in ((data, "equal"), (b"", None), (data[:-1], ValueError), (data[:5], ValueError)):
+        proc = _replying(tmp_path, payload)
+        try:
+            if expect is ValueError:
+                with pytest.raises(ValueError, match="reply"):
+                    _exchange(proc, b"request", 60)
+                continue
+            got = _exchange(proc, b"request" * 10_000, 60)
+        finally:
+            stop(proc)
+        if expect is None:
+            assert got is None
+            continue
+        assert got[0] == "ok" and got[1].keys() == want[1].keys()
+        for k, a in want[1].items():
+            assert got[1][k].dtype == a.dtype and np.array_equal(got[1][k], a) and got[1][k].flags.writeable
+    proc = _replying(tmp_path, data, wait_s=5)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            _exchange(proc, b"request", 0.5)
+    finally:
+        stop(proc)

@@ -5,6 +5,7 @@ wire walk that builds no message (`models.onnx.size`). Small-scale: files of a f
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -13,7 +14,7 @@ from clirun import one_line
 from clirun import run as cli_run
 from onnx import TensorProto, helper, numpy_helper
 
-from rlxviz.models.onnx import OnnxImportError, load_onnx
+from rlxviz.models.onnx import OnnxImportError, dims, load_onnx
 from rlxviz.models.onnx import size as onnx_size
 from rlxviz.models.onnx.size import FREE_BYTES, count_bytes, over_budget
 from rlxviz.session import Limits, SessionError, load
@@ -63,6 +64,7 @@ TEXT_PLACES = ["model.doc_string", "model.graph.doc_string", "model.graph.node.d
 def test_a_big_string_is_refused_before_parsing_naming_its_field(where, tmp_path, monkeypatch):
     p = save(tmp_path, relu_model(where, 2 * MIB))
     monkeypatch.setattr(onnx, "load", lambda *a, **k: pytest.fail("parsed a file over the limit"))
+    monkeypatch.setattr(dims, "mmap", SimpleNamespace(mmap=lambda *a, **k: pytest.fail("parsed a file over the limit")))
     with pytest.raises(OnnxImportError) as e:
         load_onnx(p, max_bytes=4 * MIB)
     msg = str(e.value)
@@ -85,6 +87,7 @@ def test_weights_count_too(tmp_path, monkeypatch):
     counted = count_bytes(p)
     assert counted.data >= 2 * MIB and counted.text < 1024
     monkeypatch.setattr(onnx, "load", lambda *a, **k: pytest.fail("parsed a file over the limit"))
+    monkeypatch.setattr(dims, "mmap", SimpleNamespace(mmap=lambda *a, **k: pytest.fail("parsed a file over the limit")))
     with pytest.raises(OnnxImportError, match=r"needs about 8\.0 MiB .* over the limit of 4\.0 MiB") as e:
         load_onnx(p, max_bytes=4 * MIB)
     assert "largest text field" not in str(e.value)
@@ -122,6 +125,7 @@ def test_every_subcommand_refuses_in_one_line(command, where, tmp_path, capsys, 
     p = save(tmp_path, relu_model(where, 2 * MIB))
     monkeypatch.setenv("RLXVIZ_MAX_MEMORY_MB", "4")
     monkeypatch.setattr(onnx, "load", lambda *a, **k: pytest.fail("parsed a file over the limit"))
+    monkeypatch.setattr(dims, "mmap", SimpleNamespace(mmap=lambda *a, **k: pytest.fail("parsed a file over the limit")))
     code, _, err = cli_run(capsys, command[0], p, *(a.format(tmp=tmp_path) for a in command[1:]))
     line = one_line(err, command[0])
     assert code == 2 and str(p) in line and f"its largest text field is {where}" in line, line

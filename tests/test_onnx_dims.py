@@ -204,3 +204,34 @@ def test_a_decoder_with_past_of_its_own_binds_past_plus_seq_everywhere(tmp_path,
                                                                            want, strict=True)})
     code, out, err = run(capsys, "explain", tmp_path / "d.onnx", "--inputs", tmp_path / "in.npz")
     assert code in (0, 1) and "equals the expected outputs in in.npz" in out, out + err
+
+
+@pytest.mark.parametrize("name", ["gpt2.onnx", "bert.onnx", "zoo/phi3.dynamo-eager.onnx"])
+def test_parse_onnx_reads_what_onnx_load_reads(name):
+    """`parse_onnx` parses the file from a memory map (no copy of it first): the same message as `onnx.load`, whose
+    weights stay readable once the map is closed."""
+    from rlxviz.models.onnx.dims import parse_onnx
+
+    path = Path(__file__).parent / "fixtures/onnx" / name
+    got, want = parse_onnx(path), onnx.load(str(path), load_external_data=False)
+    assert got == want
+    assert all(a.raw_data == b.raw_data for a, b in zip(got.graph.initializer, want.graph.initializer, strict=True))
+
+
+@pytest.mark.parametrize("data, why", [(b"", None), (b"\x08\x07garbage", "DecodeError"),
+                                       (b"not an onnx file", "DecodeError")])
+def test_parse_onnx_on_an_empty_or_broken_file(tmp_path, data, why):
+    """An empty file is the empty model `onnx.load` gives (the importer then says it holds no graph); bytes that do
+    not parse are refused in one line naming the file."""
+    from rlxviz.models.onnx import OnnxImportError
+    from rlxviz.models.onnx.dims import parse_onnx
+
+    path = tmp_path / "m.onnx"
+    path.write_bytes(data)
+    if why is None:
+        assert parse_onnx(path) == onnx.load(str(path), load_external_data=False)
+        return
+    with pytest.raises(OnnxImportError, match=rf"^{path}: not a readable ONNX model \({why}"):
+        parse_onnx(path)
+    with pytest.raises(OnnxImportError, match=r"not a readable ONNX model \(FileNotFoundError"):
+        parse_onnx(tmp_path / "missing.onnx")

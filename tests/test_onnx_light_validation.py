@@ -5,6 +5,7 @@ whole model (the old way): refusals stay refusals with the same message, accepte
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -137,6 +138,12 @@ def test_validate_refuses_from_the_light_copy_and_import_keeps_the_numbers(tmp_p
 
 
 def _counting_parses(monkeypatch) -> list[str]:
+    """The files parsed from now on, by either road: `onnx.load`, or `dims.parse_onnx`'s memory map of the file."""
+    import mmap
+    import types
+
+    from rlxviz.models.onnx import dims
+
     seen: list[str] = []
     real = onnx.load
 
@@ -144,7 +151,12 @@ def _counting_parses(monkeypatch) -> list[str]:
         seen.append(str(f))
         return real(f, *a, **k)
 
+    def mapped(fileno: int, *a, **k):  # noqa: ANN002, ANN003 - mmap.mmap's own signature
+        seen.append(os.readlink(f"/proc/self/fd/{fileno}"))
+        return mmap.mmap(fileno, *a, **k)
+
     monkeypatch.setattr(onnx, "load", load)
+    monkeypatch.setattr(dims, "mmap", types.SimpleNamespace(mmap=mapped, ACCESS_READ=mmap.ACCESS_READ))
     return seen
 
 

@@ -20,11 +20,12 @@ from .access import refusal
 from .controls import ModelControls, PipelineControls, StatusBar, VariantControls
 from .jobs import Runner
 from .layout import ConnectionNotice, FoldSidebar, follow_editor
-from .panels import DecisionTable, IRView, TimingView, VersionStepper, WhyView, graph_tab
+from .panels import DecisionTable, IRView, VersionStepper, WhyView, graph_tab
 from .sources import remove_stale_uploads, remove_uploads
 from .start import StartHere
 from .state import AppState
 from .text import md_escape
+from .timingview import TimingView
 
 if TYPE_CHECKING:
     from bokeh.document import Document

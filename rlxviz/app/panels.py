@@ -1,5 +1,6 @@
 """Main-area views: version stepper, before/after graphs, node inspector, decisions table,
-"why didn't layer N fuse?", timing, IR text and diff with downloads. Each reads one `AppState`.
+"why didn't layer N fuse?", IR text and diff with downloads. Each reads one `AppState`. (The Timing tab:
+`timingview`, its chart and words `timingchart`; the stale banner: `stale`.)
 """
 
 from __future__ import annotations
@@ -17,45 +18,16 @@ from panel.viewable import Viewer
 from ..ir import Graph, format_graph
 from ..passes.guard import NOT_A_CANDIDATE
 from ..session import SessionError
-from ..session.defaults import MIN_VERDICT_ROUNDS
 from ..session.overlays import UNITS
-from ..session.timing import BUSY_RATIO
 from .explain import counterpart_line, counterparts, decision_rows, node_report, report_markdown
 from .graphpane import SvgGraph, folded_index
 from .irdiff import diff_table, side_by_side
 from .irtext import IRText
+from .stale import StaleMark, safe
 from .state import AppState
 from .text import download_name, html_text, md_escape
 from .views import COLLAPSED, FOCUS
-from .wording import hide_server_paths, version_name
-
-
-def _safe(fn: Any, *args: Any) -> tuple[Any, str | None]:
-    try:
-        return fn(*args), None
-    except Exception as e:  # noqa: BLE001 - shown in the page instead of breaking the view
-        return None, f"{type(e).__name__}: {e}"
-
-
-class StaleMark:
-    """A banner (`rv-stale rv-stale-WHERE`) over panes that show the state's model or run, and those panes greyed,
-    while the last load or pipeline run failed and they still show the previous one (`AppState.stale`)."""
-
-    def __init__(self, state: AppState, where: str, *panes: pn.viewable.Viewable) -> None:
-        self.state, self.panes = state, panes
-        self.banner = pn.pane.Markdown("", css_classes=["rv-stale", f"rv-stale-{where}"], margin=(0, 10),
-                                       styles={"color": "#8a1c1c", "background": "#fff4e5"}, visible=False)
-        state.param.watch(self.update, "stale")
-        self.update()
-
-    def update(self, *events: param.parameterized.Event) -> None:
-        stale = self.state.stale
-        self.banner.param.update(object=md_escape(stale), visible=bool(stale))
-        for p in self.panes:
-            # "1", not {}: the browser keeps a style property whose key is left out, so the panes stayed faded
-            # after the next good load (Bokeh applies the keys it is sent; it removes none)
-            p.styles = {**p.styles, "opacity": "0.45" if stale else "1"}
-
+from .wording import version_name
 
 PLAYER_RANGE_JS = """
 for (const view of Bokeh.index.find(source)) {
@@ -264,13 +236,13 @@ class GraphCompare(Viewer):
             return
         k = s.version
         scope = self._scope()
-        svg, err = _safe(s.svg, k)
+        svg, err = safe(s.svg, k)
         step = s.current_step
         folded = s.resolved_view() == COLLAPSED
         self.after.param.update(svg=svg or "", title=f"{s.version_labels[k] if s.version_labels else 'input'}",
                                 scope=scope, folded=self._folded(s.current_graph) if folded else {})
         if step is not None:
-            prev, err2 = _safe(s.svg_before, k)
+            prev, err2 = safe(s.svg_before, k)
             self.before.param.update(svg=prev or "", title=f"before {step.pass_name}", scope=scope,
                                      folded=self._folded(s.previous_graph) if folded else {})
             err = err or err2
@@ -468,7 +440,7 @@ class WhyView(Viewer):
             self._syncing = False
         self.layer.visible = bool(s.layers()) or s.trace is None
         if s.trace is not None and not s.layers():  # no layer paths: the whole graph's answer, as `rlxviz explain`
-            text, err = _safe(s.why_graph)
+            text, err = safe(s.why_graph)
             self.text.object = text if text else f"**Not shown:** {md_escape(err or '')}"
             self.graph.param.update(svg="", visible=False)
             return
@@ -477,255 +449,15 @@ class WhyView(Viewer):
             self.text.object = "*Pick a layer to see each pattern's outcome and the first guard that failed.*"
             self.graph.svg = ""
             return
-        text, err = _safe(s.why_layer, s.selected_layer)
+        text, err = safe(s.why_layer, s.selected_layer)
         self.text.object = text if text else f"**Not shown:** {md_escape(err or '')}"
-        svg, err = _safe(s.svg_why)
+        svg, err = safe(s.svg_why)
         self.graph.param.update(svg=svg or "", title=f"layer {s.selected_layer}" + (f" — {err}" if err else ""),
                                 highlight=list(s.highlight))
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(self.stale.banner, pn.Row(pn.Column(self.layer, self.text, width=480, scroll=True), self.graph,
                                                    sizing_mode="stretch_both"), sizing_mode="stretch_both")
-
-
-TIMING_HIDDEN = ["#", "p25_ms", "p75_ms", "ci_low", "ci_high", "min_ms", "iqr_ms", "busy"]
-"""Timing columns the table leaves out: the chart's axis, whiskers (the IQR) and label numbers, so the rest (speed-up,
-its interval, both verdicts) fits a 1280 px window."""
-
-
-TIMING_TITLES = {"median_ms": "median ms", "first_call_ms": "first call ms", "max_err": "max err",
-                 "speedup": "speed-up", "ci": "95% ci", "vs_input": "vs input", "vs_previous": "vs previous"}
-"""Column titles in words, so they wrap in a narrow column instead of being cut off."""
-
-TIMING_HEADER_CSS = (".tabulator .tabulator-header .tabulator-col .tabulator-col-content .tabulator-col-title "
-                     "{ white-space: normal !important; overflow-wrap: anywhere; text-overflow: clip; font-size: 12px; "
-                     "line-height: 1.2; }")
-"""Timing table headers wrap (at 1280 px with the sidebar open each column is about 75 px wide)."""
-
-
-class TimingView(Viewer):
-    """Time every version on MLX in a worker process, in interleaved rounds (`session.time_versions`, as the CLI);
-    median ms per version as a Bokeh bar chart with the IQR as a whisker and the speed-up over the unfused graph,
-    the max error against the NumPy reference, and where it ran (device, precision, BLAS)."""
-
-    state = param.ClassSelector(class_=AppState)
-
-    def __init__(self, **params: object) -> None:
-        super().__init__(**params)
-        s = self.state
-        self.button = pn.widgets.Button(label="Time every version on MLX", color="primary",
-                                        css_classes=["rv-time"])
-        self.button.on_click(lambda e: s.time_all())
-        # an outlined button (a "light" one read as plain text: nothing said it could be pressed)
-        self.again = pn.widgets.Button(label="↻ Time again", button_type="primary", button_style="outline",
-                                       css_classes=["rv-time-again"],
-                                       description="measure again instead of showing the last figures")
-        self.again.on_click(lambda e: s.time_all(fresh=True))
-        self.repeat = pn.widgets.IntInput.from_param(s.param.repeat, name="Timed rounds", width=110,
-                                                     css_classes=["rv-repeat"])
-        self.device = pn.widgets.Select.from_param(s.param.device, name="Device", width=90)
-        self.blas = pn.pane.Markdown("", css_classes=["rv-blas"])
-        # the run's verdict on the machine, above every ratio (the notebooks' `session.busy_warning`)
-        self.machine = pn.pane.Alert("", alert_type="light", visible=False, css_classes=["rv-machine"],
-                                     sizing_mode="stretch_width", margin=(5, 10))
-        self.policy = pn.pane.Markdown("", css_classes=["rv-precision"])
-        self.inputs = pn.widgets.FileInput(accept=".npz", name="Your inputs (.npz)", css_classes=["rv-inputs"])
-        self.inputs.param.watch(lambda e: s.set_user_inputs(e.new, self.inputs.filename or "inputs.npz"), "value")
-        # the file chooser follows the state: a new model drops the arrays, and the chooser no longer names a file
-        s.param.watch(lambda e: e.new is None and self.inputs.value is not None and self._clear_inputs(),
-                      "user_inputs")
-        # fit_columns: every column within the pane's width (speed-up, verdict, vs_input were cut off at 1280 px)
-        self.table = pn.widgets.Tabulator(pd.DataFrame(), show_index=False, disabled=True, sizing_mode="stretch_width",
-                                          css_classes=["rv-timings"], layout="fit_columns", widths={"version": 200},
-                                          hidden_columns=TIMING_HIDDEN, titles=TIMING_TITLES,
-                                          stylesheets=[TIMING_HEADER_CSS],
-                                          formatters={"max_err": error_formatter()})
-        self.chart = pn.pane.Bokeh(None, sizing_mode="stretch_width", height=340, css_classes=["rv-timing-chart"])
-        self.split = pn.pane.Markdown("", css_classes=["rv-fusion-kernels"], sizing_mode="stretch_width")
-        self.stale = StaleMark(s, "timing", self.chart, self.table)
-        s.param.watch(self._update, ["timings", "blas", "timing_policy", "timing_split"])
-        s.param.watch(lambda e: self.button.param.update(disabled=e.new), "busy")
-        s.param.watch(lambda e: self.again.param.update(disabled=e.new), "busy")
-        self._update()
-
-    def _clear_inputs(self) -> None:
-        """Empty the file chooser: in the browser (`clear`) and here (its value and file name)."""
-        self.inputs.clear()
-        self.inputs.param.update(value=None, filename=None)
-
-    def _update(self, *events: param.parameterized.Event) -> None:
-        s = self.state
-        self.blas.object = (f"**Measured in:** {md_escape(s.blas)}. Left: the median ms over the rounds (whiskers: "
-                            "p25 to p75). Middle: the speed-up over the input, the median of the per-round ratios "
-                            "(round *r* of every version ran back to back), with its 95% bootstrap interval (*ci*); "
-                            "each bar is labelled with its own number. *Within noise*: that interval holds 1 (or lies "
-                            "within 1 ± 1%), so these rounds do not tell the two versions apart; time again with more "
-                            f"rounds ({MIN_VERDICT_ROUNDS} at least for a verdict)."
-                            if s.blas else "")
-        self.policy.object = md_escape(s.timing_policy)
-        rows = s.timings
-        text, kind = machine_verdict(rows)
-        self.machine.param.update(object=text, alert_type=kind, visible=bool(text))
-        self.table.value = pd.DataFrame(rows)
-        self.chart.object = timing_figure(rows) if rows else None
-        self.split.object = fusion_kernels_markdown(s.timing_split) if rows else ""
-
-    def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column(pn.Row(self.button, self.again, self.repeat, self.device, self.inputs), self.stale.banner,
-                         self.machine, self.blas,
-                         self.policy, self.chart, self.split, self.table,
-                         sizing_mode="stretch_width")
-
-
-def machine_verdict(rows: list[dict[str, Any]]) -> tuple[str, str]:
-    """The timing run's verdict on the machine, shown before any ratio: `(markdown, alert kind)`.
-
-    Busy (`rows[i]["busy"]`, `session.busy_warning`: a version's median above `BUSY_RATIO` times its minimum): the
-    warning and that no ratio below is a verdict ("danger"). Otherwise the run is usable ("success"). No rows: ("",
-    "light")."""
-    if not rows:
-        return "", "light"
-    busy = next((r["busy"] for r in rows if r.get("busy")), "")
-    if busy:
-        return (f"**Busy machine: {md_escape(busy)}.** The ratios below are not verdicts: this run cannot tell the "
-                "versions apart. Press *Time again* when the machine is quieter.", "danger")
-    return (f"**Quiet enough:** every version's median is within {BUSY_RATIO:g}× its minimum, so the verdicts below "
-            "can be read.", "success")
-
-
-def fusion_kernels_markdown(split: Any) -> str:
-    """The final version on MLX's own lowering next to rlxviz's kernels (`session.FusionAndKernels`), as Markdown:
-    a table of the three rows (ops, median ms, the paired speed-up over the row above with its 95% interval and its
-    verdict) and one sentence splitting the final version's speed-up into the fusion's and the kernels'. A busy run
-    says so first and gives no verdict. None (timed on the GPU): why there is nothing to split; a str: why the
-    split's run failed."""
-    if split is None:
-        return ("#### Fusion or kernels?\nrlxviz's own kernels run on the CPU only: on the GPU every version runs "
-                "MLX's own lowering, so the speed-ups above are the fusion's alone.")
-    if isinstance(split, str):  # the split's run failed; the versions above were timed
-        return f"#### Fusion or kernels?\nNot measured: {md_escape(hide_server_paths(split))}"
-    from ..session.timing import NOT_READ
-
-    busy = split.warning
-    steps = [None, ("fusion", split.fusion), ("kernels", split.kernels)]
-    lines = ["#### Fusion or kernels? The final version on MLX's own lowering and on rlxviz's kernels",
-             f"Timed together on the CPU in {split.fusion.rounds} paired rounds, after the versions above, with a "
-             "machine check of its own: " + (f"**busy machine: {md_escape(busy)}.** No verdict below." if busy else
-                                             f"quiet enough (every median within {BUSY_RATIO:g}× its minimum).")]
-    lines += ["", "| run | ops | median ms | speed-up over the row above (95% ci) | verdict |",
-              "|---|---:|---:|---|---|"]
-    for r, step in zip(split.rows, steps, strict=True):
-        if step is None:
-            lines.append(f"| {md_escape(r.label)} | {r.nodes} | {r.median_ms:.2f} | | |")
-            continue
-        what, v = step
-        words = NOT_READ if busy else v.words
-        lines.append(f"| {md_escape(r.label)} | {r.nodes} | {r.median_ms:.2f} | {what}: {v.ratio:.2f}× "
-                     f"({v.low:.2f}–{v.high:.2f}) | {words} |")
-    f, k, t = split.fusion, split.kernels, split.total
-    lines += ["", (f"Of the final version's {t.ratio:.2f}× over the input (paired, both rows above), the fusion on "
-                   f"MLX's own lowering gives {f.ratio:.2f}× and rlxviz's kernels on the same fused graph "
-                   f"{k.ratio:.2f}×" + (" (not read: a busy machine)." if busy else ".")),
-              "", f"*{md_escape(hide_server_paths(split.kernels_note))}*" if split.kernels_note else ""]
-    return "\n".join(lines)
-
-
-def error_formatter() -> Any:
-    """A table cell formatter that shows an error in scientific notation with 3 significant digits (2.93e-8, as
-    `rlxviz time` shows 2.93e-08), whatever its size; the column keeps its float values, so it sorts by number."""
-    from bokeh.models.widgets.tables import ScientificFormatter
-
-    # scientific whenever |x| <= 10**0 or |x| >= 10**0: every non-zero error (0 shows as 0.0)
-    return ScientificFormatter(precision=2, power_limit_low=0, power_limit_high=0, nan_format="–")
-
-
-LABEL_ROOM = 1.6
-"""The timing charts' x axes end at the largest whisker end times this: room for a bar's label after it (up to
-"0.88× (0.80–0.95)" or "0.88× within noise", about 120 px)."""
-
-
-def timing_factor(row: dict[str, Any]) -> str:
-    """A timing row's place on the chart's axis: `#: version` (unique where a pass runs twice, e.g. two
-    `after dead_code_elimination` when unchanged passes are shown; Bokeh refuses repeated factors)."""
-    return version_name(row["#"], row["version"]) if "#" in row else row["version"]
-
-
-def speedup_label(row: dict[str, Any]) -> str:
-    """The speed-up bar's label: the bar's own number (the paired speed-up over the input, `N.NN×`), then "within
-    noise" when its 95% interval holds 1, else the interval (`1.25× (1.18–1.31)`); on a run flagged busy
-    (`row["busy"]`) "not read" instead of either; the input's own bar reads `1.00×`."""
-    if row.get("busy") and row.get("vs_input"):
-        return f"{row['speedup']:.2f}× not read (busy)"
-    if row.get("vs_input") == "within noise":
-        return f"{row['speedup']:.2f}× within noise"
-    lo, hi = row.get("ci_low"), row.get("ci_high")
-    if row.get("vs_input") and lo is not None and hi is not None and lo == lo and hi == hi:
-        return f"{row['speedup']:.2f}× ({lo:.2f}–{hi:.2f})"
-    return f"{row['speedup']:.2f}×"
-
-
-def ms_label(row: dict[str, Any]) -> str:
-    """The median bar's label: the bar's own number, `N.NN ms` (the median over the rounds)."""
-    return f"{row['median_ms']:.2f} ms"
-
-
-def timing_figure(rows: list[dict[str, Any]]) -> Any:
-    """Three plots on one y axis (one row per version), each bar labelled with its own number:
-
-    * median ms per version (bars; whiskers p25 to p75 of the rounds; label `N.NN ms`);
-    * the speed-up over the input (bars: the median of the paired per-round ratios, `session.paired_verdict`;
-      whiskers: its 95% bootstrap interval; label `speedup_label`, that same number), a rule at 1;
-    * max |error| vs NumPy (log axis).
-
-    A bar and its label are one statistic: a median ms bar longer than the input's may sit next to a speed-up
-    above 1 (the medians and the per-round ratios are different statistics), but never inside one plot."""
-    from bokeh.layouts import row
-    from bokeh.models import ColumnDataSource, LabelSet, Range1d, Span, Whisker
-    from bokeh.plotting import figure
-
-    labels = [timing_factor(r) for r in rows]
-    low = [r.get("p25_ms", r["median_ms"] - r.get("iqr_ms", 0.0) / 2) for r in rows]
-    high = [r.get("p75_ms", r["median_ms"] + r.get("iqr_ms", 0.0) / 2) for r in rows]
-    speed = [r.get("speedup", float("nan")) for r in rows]
-    s_low = [r.get("ci_low", x) for r, x in zip(rows, speed, strict=True)]
-    s_high = [r.get("ci_high", x) for r, x in zip(rows, speed, strict=True)]
-    src = ColumnDataSource({"version": labels, "ms": [r["median_ms"] for r in rows], "low": low, "high": high,
-                            "ms_label": [ms_label(r) for r in rows],
-                            "x": speed, "x_low": s_low, "x_high": s_high,
-                            "speedup": [speedup_label(r) for r in rows],
-                            "err": [max(r["max_err"], 1e-12) for r in rows]})
-    p = figure(y_range=labels[::-1], height=320, sizing_mode="stretch_width", min_width=300,
-               title="median ms per version (MLX)", toolbar_location=None, x_axis_label="ms; whisker: p25 to p75")
-    p.title.align = "left"
-    p.hbar(y="version", right="ms", height=0.7, source=src, color="#1565c0")
-    p.add_layout(Whisker(base="version", lower="low", upper="high", dimension="width", source=src,
-                         line_color="#333"))
-    p.add_layout(LabelSet(x="high", y="version", text="ms_label", source=src, x_offset=6, y_offset=-7,
-                          text_font_size="11px"))
-    # Bokeh's automatic range covers the bars only (not annotations): set it so every whisker end and the
-    # label after it show.
-    p.x_range = Range1d(start=min(0.0, *low), end=max(1e-6, *high) * LABEL_ROOM)
-    busy = any(r.get("busy") for r in rows)
-    sp = figure(y_range=p.y_range, height=320, sizing_mode="stretch_width", min_width=300, toolbar_location=None,
-                title="speed-up over the input" + (" — busy machine: not read" if busy else ""),
-                x_axis_label="× (median of paired per-round ratios); whisker: 95% interval")
-    sp.title.align = "left"
-    sp.hbar(y="version", right="x", height=0.7, source=src, color="#9e9e9e" if busy else "#2e7d32")
-    sp.add_layout(Whisker(base="version", lower="x_low", upper="x_high", dimension="width", source=src,
-                          line_color="#333"))
-    sp.add_layout(Span(location=1.0, dimension="height", line_color="#c62828", line_dash="dashed"))
-    sp.add_layout(LabelSet(x="x_high", y="version", text="speedup", source=src, x_offset=6, y_offset=-7,
-                           text_font_size="11px"))
-    ends = [v for v in (*s_high, *speed) if v == v]
-    sp.x_range = Range1d(start=0.0, end=max(1.0, *ends) * (LABEL_ROOM + 0.3))
-    sp.yaxis.visible = False
-    hi = max(1e-2, 10 * max(r["max_err"] for r in rows))
-    q = figure(y_range=p.y_range, height=320, width=240, x_axis_type="log", x_range=(1e-9, hi),
-               title="max |error| vs NumPy", toolbar_location=None)
-    q.xaxis.ticker.desired_num_ticks = 4
-    q.scatter(x="err", y="version", source=src, size=9, color="#c62828")
-    q.yaxis.visible = False
-    return row(p, sp, q, sizing_mode="stretch_width")
 
 
 class IRView(Viewer):

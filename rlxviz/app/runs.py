@@ -87,7 +87,10 @@ class Runs:
     layer_note = ""
     """Why "Layer to break" moved to the model's last layer (said with the variant's notice), or ""."""
     _quiet_layer = False
-    """Set while `_bound_variant_layer` moves the layer to what was loaded: no reload for it."""
+    """Set while fields move to what is shown (`_bound_variant_layer`, `_keep_shown`): no reload for it."""
+    _kept: tuple | None = None
+    """While an upload loads over a shown model: (upload id, the fields, key, upload files and names, `_seq_raised`
+    the shown model had), put back if the upload is refused (`_keep_shown`)."""
     _partial_asked: tuple[str | None, int] | None = None
     """While the input graph drawn first (`_show_input_first`) is shown: the (label, index) of the version selected
     before it, which the full trace selects again; None otherwise."""
@@ -189,6 +192,7 @@ class Runs:
 
             def show() -> None:
                 self.ir_error = None
+                self._kept = None  # the upload loaded: nothing to put back
                 new = model is not self.model  # False after `_show_input_first`: it showed the model already
                 if new:
                     self._model_key = key
@@ -239,7 +243,24 @@ class Runs:
         at = (e.line, e.col, e.reason) if isinstance(e, IRSyntaxError | session.GraphTextError) and e.line else None
         self.ir_error = at if self.source == "ir" else None
         self._error(explain_error(e, self.source, self.preset))
+        self._keep_shown()
         self.stale = self._stale_reason()
+
+    def _keep_shown(self) -> None:
+        """After an upload refused before its graph was read: the model shown stays, with the fields asking for it
+        (source, variant, last upload), so ② and a re-run act on it (they were dropped: ② lost, the panes stale)."""
+        kept, self._kept = self._kept, None
+        asked = kept is not None and (self.source, self.upload_id) == ("upload", kept[0])  # nothing else meanwhile
+        if not asked or self._model_key or self.model is None:  # `_model_key`: its graph was read (and is shown)
+            return
+        _, fields, key, files, names, seq_raised = kept
+        self._quiet_layer = True  # the fields ask for the model shown again: nothing to load
+        try:
+            self.param.update(**fields)
+        finally:
+            self._quiet_layer = False
+        self._model_key, self._upload, self._upload_names, self._seq_raised = key, files, names, seq_raised
+        self.param.update(message=f"{self.message} Still showing {self.model.name}, as before the upload.")
 
     def _draw_ahead(self, trace: Trace) -> None:
         """Draw the version `_set_trace(trace)` will select (after, and before its pass) into the cache, from the
@@ -384,6 +405,10 @@ class Runs:
         except SourceError as e:
             self._error(str(e))
             return
+        shown = self._kept[1:] if self._kept is not None else None  # an upload on its way: it puts back the same
+        if self.model is not None and self._model_key:  # the model shown is the one its fields ask for
+            shown = ({"source": self.source, "upload_id": self.upload_id, "variant": self.variant, "seq": self.seq},
+                     self._model_key, self._upload, self._upload_names, self._seq_raised)
         h = hashlib.sha256()
         names = upload_names(files, checked)
         for name in sorted(checked):  # the user's name too: the model shown is named after it
@@ -394,6 +419,7 @@ class Runs:
         # a new model starts as built: a teaching variant of the last one would refuse an ONNX file (a variant, then
         # a dropped gpt2.onnx, showed an error and the old model)
         upload_id = h.hexdigest()[:24]
+        self._kept = (upload_id, *shown) if shown is not None else None
         again = upload_id == self.upload_id and self.source == "upload" and self.variant == "none"
         # every upload is read from its file and checked again, as a first one is: the model shown may be this
         # file's already (the same file twice, or gpt2.onnx, a broken file, gpt2.onnx: the last load reused the

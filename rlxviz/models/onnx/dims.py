@@ -18,7 +18,9 @@ these binds is refused in one line that says how to bind it.
 from __future__ import annotations
 
 import ast
+import mmap
 import operator
+import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -176,7 +178,19 @@ def parse_onnx(path: Any) -> Any:
     as `proto=`). Raises OnnxImportError for an unreadable file."""
     onnx = _onnx()
     try:
-        return onnx.load(str(path), load_external_data=False)
+        proto = onnx.ModelProto()
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                return proto  # as `onnx.load` reads an empty file: a model with no graph (the importer says so)
+            # parsed from the page cache, not from a copy `f.read()` makes first (`onnx.load`): 0.75 s instead of
+            # 1.3 s for a 434 MB file on a loaded 2-core machine. The message holds its own bytes: nothing refers
+            # to the map once it is closed (the map cannot close while a buffer of it is exported)
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as view:
+                read = proto.ParseFromString(view)
+        if read is not None and read != size:
+            raise ValueError(f"parsed {read} of its {size} bytes")  # as `onnx.load` checks
+        return proto
     except Exception as e:  # noqa: BLE001 - protobuf DecodeError and friends
         raise OnnxImportError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
 

@@ -1,0 +1,43 @@
+"""What a view shows while the last load or pipeline run failed and it still shows the previous one (`StaleMark`),
+and `safe`, which turns a view's failing call into text for the page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import panel as pn
+import param
+
+from .state import AppState
+from .text import md_escape
+
+
+def safe(fn: Any, *args: Any) -> tuple[Any, str | None]:
+    """`(fn(*args), None)`, or `(None, "TypeName: message")` when it raised."""
+    try:
+        return fn(*args), None
+    except Exception as e:  # noqa: BLE001 - shown in the page instead of breaking the view
+        return None, f"{type(e).__name__}: {e}"
+
+
+class StaleMark:
+    """A banner (`rv-stale rv-stale-WHERE`) over panes that show the state's model or run, and those panes greyed,
+    while the last load or pipeline run failed and they still show the previous one (`AppState.stale`)."""
+
+    def __init__(self, state: AppState, where: str, *panes: pn.viewable.Viewable) -> None:
+        self.state, self.panes = state, panes
+        self.banner = pn.pane.Markdown("", css_classes=["rv-stale", f"rv-stale-{where}"], margin=(0, 10),
+                                       styles={"color": "#8a1c1c", "background": "#fff4e5"}, visible=False)
+        state.param.watch(self.update, "stale")
+        self.update()
+
+    def update(self, *events: param.parameterized.Event) -> None:
+        stale = self.state.stale
+        self.banner.param.update(object=md_escape(stale), visible=bool(stale))
+        for p in self.panes:
+            # "1", not {}: the browser keeps a style property whose key is left out, so the panes stayed faded
+            # after the next good load (Bokeh applies the keys it is sent; it removes none)
+            p.styles = {**p.styles, "opacity": "0.45" if stale else "1"}
+
+
+__all__ = ["StaleMark", "safe"]

@@ -1,0 +1,166 @@
+"""The Timing tab's formatting, no widget: the machine's verdict shown before any ratio, the fusion-vs-kernels
+table, the bar labels (each bar's own number) and the Bokeh chart of the timing rows (`session.time_versions`' rows,
+as `AppState.timings` holds them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..session.timing import BUSY_RATIO
+from .text import md_escape
+from .wording import hide_server_paths, version_name
+
+
+def machine_verdict(rows: list[dict[str, Any]]) -> tuple[str, str]:
+    """The timing run's verdict on the machine, shown before any ratio: `(markdown, alert kind)`.
+
+    Busy (`rows[i]["busy"]`, `session.busy_warning`: a version's median above `BUSY_RATIO` times its minimum): the
+    warning and that no ratio below is a verdict ("danger"). Otherwise the run is usable ("success"). No rows: ("",
+    "light")."""
+    if not rows:
+        return "", "light"
+    busy = next((r["busy"] for r in rows if r.get("busy")), "")
+    if busy:
+        return (f"**Busy machine: {md_escape(busy)}.** The ratios below are not verdicts: this run cannot tell the "
+                "versions apart. Press *Time again* when the machine is quieter.", "danger")
+    return (f"**Quiet enough:** every version's median is within {BUSY_RATIO:g}× its minimum, so the verdicts below "
+            "can be read.", "success")
+
+
+def fusion_kernels_markdown(split: Any) -> str:
+    """The final version on MLX's own lowering next to rlxviz's kernels (`session.FusionAndKernels`), as Markdown:
+    a table of the three rows (ops, median ms, the paired speed-up over the row above with its 95% interval and its
+    verdict) and one sentence splitting the final version's speed-up into the fusion's and the kernels'. A busy run
+    says so first and gives no verdict. None (timed on the GPU): why there is nothing to split; a str: why the
+    split's run failed."""
+    if split is None:
+        return ("#### Fusion or kernels?\nrlxviz's own kernels run on the CPU only: on the GPU every version runs "
+                "MLX's own lowering, so the speed-ups above are the fusion's alone.")
+    if isinstance(split, str):  # the split's run failed; the versions above were timed
+        return f"#### Fusion or kernels?\nNot measured: {md_escape(hide_server_paths(split))}"
+    from ..session.timing import NOT_READ
+
+    busy = split.warning
+    steps = [None, ("fusion", split.fusion), ("kernels", split.kernels)]
+    lines = ["#### Fusion or kernels? The final version on MLX's own lowering and on rlxviz's kernels",
+             f"Timed together on the CPU in {split.fusion.rounds} paired rounds, after the versions above, with a "
+             "machine check of its own: " + (f"**busy machine: {md_escape(busy)}.** No verdict below." if busy else
+                                             f"quiet enough (every median within {BUSY_RATIO:g}× its minimum).")]
+    lines += ["", "| run | ops | median ms | speed-up over the row above (95% ci) | verdict |",
+              "|---|---:|---:|---|---|"]
+    for r, step in zip(split.rows, steps, strict=True):
+        if step is None:
+            lines.append(f"| {md_escape(r.label)} | {r.nodes} | {r.median_ms:.2f} | | |")
+            continue
+        what, v = step
+        words = NOT_READ if busy else v.words
+        lines.append(f"| {md_escape(r.label)} | {r.nodes} | {r.median_ms:.2f} | {what}: {v.ratio:.2f}× "
+                     f"({v.low:.2f}–{v.high:.2f}) | {words} |")
+    f, k, t = split.fusion, split.kernels, split.total
+    lines += ["", (f"Of the final version's {t.ratio:.2f}× over the input (paired, both rows above), the fusion on "
+                   f"MLX's own lowering gives {f.ratio:.2f}× and rlxviz's kernels on the same fused graph "
+                   f"{k.ratio:.2f}×" + (" (not read: a busy machine)." if busy else ".")),
+              "", f"*{md_escape(hide_server_paths(split.kernels_note))}*" if split.kernels_note else ""]
+    return "\n".join(lines)
+
+
+def error_formatter() -> Any:
+    """A table cell formatter that shows an error in scientific notation with 3 significant digits (2.93e-8, as
+    `rlxviz time` shows 2.93e-08), whatever its size; the column keeps its float values, so it sorts by number."""
+    from bokeh.models.widgets.tables import ScientificFormatter
+
+    # scientific whenever |x| <= 10**0 or |x| >= 10**0: every non-zero error (0 shows as 0.0)
+    return ScientificFormatter(precision=2, power_limit_low=0, power_limit_high=0, nan_format="–")
+
+
+LABEL_ROOM = 1.6
+"""The timing charts' x axes end at the largest whisker end times this: room for a bar's label after it (up to
+"0.88× (0.80–0.95)" or "0.88× within noise", about 120 px)."""
+
+
+def timing_factor(row: dict[str, Any]) -> str:
+    """A timing row's place on the chart's axis: `#: version` (unique where a pass runs twice, e.g. two
+    `after dead_code_elimination` when unchanged passes are shown; Bokeh refuses repeated factors)."""
+    return version_name(row["#"], row["version"]) if "#" in row else row["version"]
+
+
+def speedup_label(row: dict[str, Any]) -> str:
+    """The speed-up bar's label: the bar's own number (the paired speed-up over the input, `N.NN×`), then "within
+    noise" when its 95% interval holds 1, else the interval (`1.25× (1.18–1.31)`); on a run flagged busy
+    (`row["busy"]`) "not read" instead of either; the input's own bar reads `1.00×`."""
+    if row.get("busy") and row.get("vs_input"):
+        return f"{row['speedup']:.2f}× not read (busy)"
+    if row.get("vs_input") == "within noise":
+        return f"{row['speedup']:.2f}× within noise"
+    lo, hi = row.get("ci_low"), row.get("ci_high")
+    if row.get("vs_input") and lo is not None and hi is not None and lo == lo and hi == hi:
+        return f"{row['speedup']:.2f}× ({lo:.2f}–{hi:.2f})"
+    return f"{row['speedup']:.2f}×"
+
+
+def ms_label(row: dict[str, Any]) -> str:
+    """The median bar's label: the bar's own number, `N.NN ms` (the median over the rounds)."""
+    return f"{row['median_ms']:.2f} ms"
+
+
+def timing_figure(rows: list[dict[str, Any]]) -> Any:
+    """Three plots on one y axis (one row per version), each bar labelled with its own number:
+
+    * median ms per version (bars; whiskers p25 to p75 of the rounds; label `N.NN ms`);
+    * the speed-up over the input (bars: the median of the paired per-round ratios, `session.paired_verdict`;
+      whiskers: its 95% bootstrap interval; label `speedup_label`, that same number), a rule at 1;
+    * max |error| vs NumPy (log axis).
+
+    A bar and its label are one statistic: a median ms bar longer than the input's may sit next to a speed-up
+    above 1 (the medians and the per-round ratios are different statistics), but never inside one plot."""
+    from bokeh.layouts import row
+    from bokeh.models import ColumnDataSource, LabelSet, Range1d, Span, Whisker
+    from bokeh.plotting import figure
+
+    labels = [timing_factor(r) for r in rows]
+    low = [r.get("p25_ms", r["median_ms"] - r.get("iqr_ms", 0.0) / 2) for r in rows]
+    high = [r.get("p75_ms", r["median_ms"] + r.get("iqr_ms", 0.0) / 2) for r in rows]
+    speed = [r.get("speedup", float("nan")) for r in rows]
+    s_low = [r.get("ci_low", x) for r, x in zip(rows, speed, strict=True)]
+    s_high = [r.get("ci_high", x) for r, x in zip(rows, speed, strict=True)]
+    src = ColumnDataSource({"version": labels, "ms": [r["median_ms"] for r in rows], "low": low, "high": high,
+                            "ms_label": [ms_label(r) for r in rows],
+                            "x": speed, "x_low": s_low, "x_high": s_high,
+                            "speedup": [speedup_label(r) for r in rows],
+                            "err": [max(r["max_err"], 1e-12) for r in rows]})
+    p = figure(y_range=labels[::-1], height=320, sizing_mode="stretch_width", min_width=300,
+               title="median ms per version (MLX)", toolbar_location=None, x_axis_label="ms; whisker: p25 to p75")
+    p.title.align = "left"
+    p.hbar(y="version", right="ms", height=0.7, source=src, color="#1565c0")
+    p.add_layout(Whisker(base="version", lower="low", upper="high", dimension="width", source=src,
+                         line_color="#333"))
+    p.add_layout(LabelSet(x="high", y="version", text="ms_label", source=src, x_offset=6, y_offset=-7,
+                          text_font_size="11px"))
+    # Bokeh's automatic range covers the bars only (not annotations): set it so every whisker end and the
+    # label after it show.
+    p.x_range = Range1d(start=min(0.0, *low), end=max(1e-6, *high) * LABEL_ROOM)
+    busy = any(r.get("busy") for r in rows)
+    sp = figure(y_range=p.y_range, height=320, sizing_mode="stretch_width", min_width=300, toolbar_location=None,
+                title="speed-up over the input" + (" — busy machine: not read" if busy else ""),
+                x_axis_label="× (median of paired per-round ratios); whisker: 95% interval")
+    sp.title.align = "left"
+    sp.hbar(y="version", right="x", height=0.7, source=src, color="#9e9e9e" if busy else "#2e7d32")
+    sp.add_layout(Whisker(base="version", lower="x_low", upper="x_high", dimension="width", source=src,
+                          line_color="#333"))
+    sp.add_layout(Span(location=1.0, dimension="height", line_color="#c62828", line_dash="dashed"))
+    sp.add_layout(LabelSet(x="x_high", y="version", text="speedup", source=src, x_offset=6, y_offset=-7,
+                           text_font_size="11px"))
+    ends = [v for v in (*s_high, *speed) if v == v]
+    sp.x_range = Range1d(start=0.0, end=max(1.0, *ends) * (LABEL_ROOM + 0.3))
+    sp.yaxis.visible = False
+    hi = max(1e-2, 10 * max(r["max_err"] for r in rows))
+    q = figure(y_range=p.y_range, height=320, width=240, x_axis_type="log", x_range=(1e-9, hi),
+               title="max |error| vs NumPy", toolbar_location=None)
+    q.xaxis.ticker.desired_num_ticks = 4
+    q.scatter(x="err", y="version", source=src, size=9, color="#c62828")
+    q.yaxis.visible = False
+    return row(p, sp, q, sizing_mode="stretch_width")
+
+
+__all__ = ["LABEL_ROOM", "error_formatter", "fusion_kernels_markdown", "machine_verdict", "ms_label", "speedup_label",
+           "timing_factor", "timing_figure"]

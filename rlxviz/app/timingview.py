@@ -1,0 +1,106 @@
+"""The Timing tab (`TimingView`): time every version in the timing process, and show the machine's verdict, the
+chart, the fusion-vs-kernels rows and the table (`timingchart` formats them)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import panel as pn
+import param
+from panel.viewable import Viewer
+
+from ..session.defaults import MIN_VERDICT_ROUNDS
+from .stale import StaleMark
+from .state import AppState
+from .text import md_escape
+from .timingchart import error_formatter, fusion_kernels_markdown, machine_verdict, timing_figure
+
+TIMING_HIDDEN = ["#", "p25_ms", "p75_ms", "ci_low", "ci_high", "min_ms", "iqr_ms", "busy"]
+"""Timing columns the table leaves out: the chart's axis, whiskers (the IQR) and label numbers, so the rest (speed-up,
+its interval, both verdicts) fits a 1280 px window."""
+
+
+TIMING_TITLES = {"median_ms": "median ms", "first_call_ms": "first call ms", "max_err": "max err",
+                 "speedup": "speed-up", "ci": "95% ci", "vs_input": "vs input", "vs_previous": "vs previous"}
+"""Column titles in words, so they wrap in a narrow column instead of being cut off."""
+
+TIMING_HEADER_CSS = (".tabulator .tabulator-header .tabulator-col .tabulator-col-content .tabulator-col-title "
+                     "{ white-space: normal !important; overflow-wrap: anywhere; text-overflow: clip; font-size: 12px; "
+                     "line-height: 1.2; }")
+"""Timing table headers wrap (at 1280 px with the sidebar open each column is about 75 px wide)."""
+
+
+class TimingView(Viewer):
+    """Time every version on MLX in a worker process, in interleaved rounds (`session.time_versions`, as the CLI);
+    median ms per version as a Bokeh bar chart with the IQR as a whisker and the speed-up over the unfused graph,
+    the max error against the NumPy reference, and where it ran (device, precision, BLAS)."""
+
+    state = param.ClassSelector(class_=AppState)
+
+    def __init__(self, **params: object) -> None:
+        super().__init__(**params)
+        s = self.state
+        self.button = pn.widgets.Button(label="Time every version on MLX", color="primary",
+                                        css_classes=["rv-time"])
+        self.button.on_click(lambda e: s.time_all())
+        # an outlined button (a "light" one read as plain text: nothing said it could be pressed)
+        self.again = pn.widgets.Button(label="↻ Time again", button_type="primary", button_style="outline",
+                                       css_classes=["rv-time-again"],
+                                       description="measure again instead of showing the last figures")
+        self.again.on_click(lambda e: s.time_all(fresh=True))
+        self.repeat = pn.widgets.IntInput.from_param(s.param.repeat, name="Timed rounds", width=110,
+                                                     css_classes=["rv-repeat"])
+        self.device = pn.widgets.Select.from_param(s.param.device, name="Device", width=90)
+        self.blas = pn.pane.Markdown("", css_classes=["rv-blas"])
+        # the run's verdict on the machine, above every ratio (the notebooks' `session.busy_warning`)
+        self.machine = pn.pane.Alert("", alert_type="light", visible=False, css_classes=["rv-machine"],
+                                     sizing_mode="stretch_width", margin=(5, 10))
+        self.policy = pn.pane.Markdown("", css_classes=["rv-precision"])
+        self.inputs = pn.widgets.FileInput(accept=".npz", name="Your inputs (.npz)", css_classes=["rv-inputs"])
+        self.inputs.param.watch(lambda e: s.set_user_inputs(e.new, self.inputs.filename or "inputs.npz"), "value")
+        # the file chooser follows the state: a new model drops the arrays, and the chooser no longer names a file
+        s.param.watch(lambda e: e.new is None and self.inputs.value is not None and self._clear_inputs(),
+                      "user_inputs")
+        # fit_columns: every column within the pane's width (speed-up, verdict, vs_input were cut off at 1280 px)
+        self.table = pn.widgets.Tabulator(pd.DataFrame(), show_index=False, disabled=True, sizing_mode="stretch_width",
+                                          css_classes=["rv-timings"], layout="fit_columns", widths={"version": 200},
+                                          hidden_columns=TIMING_HIDDEN, titles=TIMING_TITLES,
+                                          stylesheets=[TIMING_HEADER_CSS],
+                                          formatters={"max_err": error_formatter()})
+        self.chart = pn.pane.Bokeh(None, sizing_mode="stretch_width", height=340, css_classes=["rv-timing-chart"])
+        self.split = pn.pane.Markdown("", css_classes=["rv-fusion-kernels"], sizing_mode="stretch_width")
+        self.stale = StaleMark(s, "timing", self.chart, self.table)
+        s.param.watch(self._update, ["timings", "blas", "timing_policy", "timing_split"])
+        s.param.watch(lambda e: self.button.param.update(disabled=e.new), "busy")
+        s.param.watch(lambda e: self.again.param.update(disabled=e.new), "busy")
+        self._update()
+
+    def _clear_inputs(self) -> None:
+        """Empty the file chooser: in the browser (`clear`) and here (its value and file name)."""
+        self.inputs.clear()
+        self.inputs.param.update(value=None, filename=None)
+
+    def _update(self, *events: param.parameterized.Event) -> None:
+        s = self.state
+        self.blas.object = (f"**Measured in:** {md_escape(s.blas)}. Left: the median ms over the rounds (whiskers: "
+                            "p25 to p75). Middle: the speed-up over the input, the median of the per-round ratios "
+                            "(round *r* of every version ran back to back), with its 95% bootstrap interval (*ci*); "
+                            "each bar is labelled with its own number. *Within noise*: that interval holds 1 (or lies "
+                            "within 1 ± 1%), so these rounds do not tell the two versions apart; time again with more "
+                            f"rounds ({MIN_VERDICT_ROUNDS} at least for a verdict)."
+                            if s.blas else "")
+        self.policy.object = md_escape(s.timing_policy)
+        rows = s.timings
+        text, kind = machine_verdict(rows)
+        self.machine.param.update(object=text, alert_type=kind, visible=bool(text))
+        self.table.value = pd.DataFrame(rows)
+        self.chart.object = timing_figure(rows) if rows else None
+        self.split.object = fusion_kernels_markdown(s.timing_split) if rows else ""
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        return pn.Column(pn.Row(self.button, self.again, self.repeat, self.device, self.inputs), self.stale.banner,
+                         self.machine, self.blas,
+                         self.policy, self.chart, self.split, self.table,
+                         sizing_mode="stretch_width")
+
+
+__all__ = ["TIMING_HEADER_CSS", "TIMING_HIDDEN", "TIMING_TITLES", "TimingView"]
