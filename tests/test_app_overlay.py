@@ -8,8 +8,8 @@ import pytest
 
 from rlxviz import session
 from rlxviz.app.jobs import Runner
+from rlxviz.app.measure import OVERLAY_RUNS
 from rlxviz.app.panels import legend_html
-from rlxviz.app.runs import OVERLAY_RUNS
 from rlxviz.app.state import AppState
 from rlxviz.session.overlays import UNITS, node_figures
 from rlxviz.viz.heat import PALETTE

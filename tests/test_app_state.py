@@ -315,7 +315,9 @@ def test_upload_good_and_corrupted(monkeypatch, tmp_path):
     s.load_upload({"config.json": cfg, "my-bert.safetensors": b"\x10" + b"\x00" * 7 + b'{"a": broken'})
     assert s.message_kind == "danger" and "corrupted" in s.message, s.message
     # the message names the user's file, not the name it is stored under (it said upload/model.safetensors)
-    assert s.source == "upload" and str(tmp_path) not in s.message and "my-bert.safetensors" in s.message
+    # a refused upload keeps the model shown, with the fields asking for it (issue 39: step 2 was lost)
+    assert s.source == "preset" and "Still showing" in s.message
+    assert str(tmp_path) not in s.message and "my-bert.safetensors" in s.message
     assert "upload/model.safetensors" not in s.message and len(s.message.splitlines()) <= 3, s.message
     assert not list(tmp_path.glob("rlxviz-upload-*"))
     s.load_upload({"config.json": cfg, "model.safetensors": (folder / "model.safetensors").read_bytes()})

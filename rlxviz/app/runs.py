@@ -1,6 +1,6 @@
 """`Runs`: the jobs of `AppState` (a mixin, no Panel import): loading a model and running the pipeline, an
-upload's files, timing every version in the timing process, the per-node overlay, and the status they report
-(busy, progress, message). Each job runs on the state's `Runner`; its state changes are made on the page's thread.
+upload's files, and the status they report (busy, progress, message); timing every version and the per-node overlay
+are `measure.Measurements`'. Each job runs on the state's `Runner`; its state changes are made on the page's thread.
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ from .. import session
 from ..ir import IRSyntaxError
 from ..models import VARIANTS, Model
 from ..passes import Trace
-from ..runtime.battery import EXPECTED_PREFIX
 from ..session import Limits, SessionError
 from ..session import render as drawing
-from . import timeproc
 from .derived import INPUT_FIRST
+from .measure import Measurements
 from .sources import (
     ONNX_UPLOAD_NAME,
     SourceError,
@@ -36,15 +35,10 @@ from .wording import (
     SHAPE_VARIANT,
     VARIANT_LABELS,
     explain_error,
-    hide_server_paths,
     scrub_paths,
-    timing_hint,
     upload_model_name,
     upload_names,
 )
-
-OVERLAY_TIME_LIMIT_S = 60.0
-"""Wall time one overlay measurement may take in the timing process; past it the figures measured so far show."""
 
 RUNS = session.cache.LRUCache(maxsize=8)
 """Finished loads by (`AppState.model_key`, `AppState.pipeline_key`): a weak reference to the `Model` and its
@@ -56,16 +50,6 @@ holds them, so this table adds no memory beyond the model cache's."""
 
 NO_TIMING: dict[str, Any] = {"timings": [], "timing_policy": "", "blas": "", "timing_split": None}
 """A new model or run shows no timing (rows, policy and input sets, where it ran) until it is timed."""
-
-TIMING_RUNS = session.cache.LRUCache(maxsize=16)
-"""The last timing runs (`timeproc.WorkerTiming`) by (trace key, data digest, repeat), for all sessions:
-"Time every version" shows them, "Time again" measures anew."""
-
-
-OVERLAY_RUNS = session.cache.LRUCache(maxsize=32)
-"""Per-node figures (`session.overlays.NodeFigures`) by (trace key, version index, kind, data digest, device), for
-all sessions: stepping back to a measured version shows its colours at once."""
-
 
 def import_check(model: Model) -> tuple[str, bool]:
     """Version 0 against the ONNX file it came from: `session.fidelity.onnx_check`'s `(line, equal)`, run in a
@@ -79,7 +63,7 @@ VARIANT_LAYER_RANGE = re.compile(r"variant layer (\d+) out of range 0\.\.(\d+)")
 """A model builder's refusal of a variant layer past its layers (`models.bert.build_bert`): (asked, last layer)."""
 
 
-class Runs:
+class Runs(Measurements):
     """The jobs of `AppState` and the status they show."""
 
     _layer_clamped: int | None = None
@@ -456,137 +440,6 @@ class Runs:
                     self.svg_before(k)
             except Exception:  # noqa: BLE001 - the view shows the error when this version is selected
                 pass
-
-    def time_all(self, fresh: bool = False) -> None:
-        """Time every version on MLX (a job with progress); fills `timings` and `blas`.
-
-        Args:
-            fresh: measure again even when this model, pipeline and setting were timed before.
-        """
-        self.runner.submit("time", lambda: self._time_job(fresh))
-
-    def _time_job(self, fresh: bool = False) -> None:
-        """Time in the timing process; the state changes are made on the page's thread (`Runner.on_page`)."""
-        page = self.runner.on_page
-        if self.trace is None or self.model is None:
-            page(lambda: self._error("Nothing to time yet: load a model and run the pipeline first.", kind="warning"))
-            return
-        page(lambda: self._start(f"Timing every version on MLX in the timing process ({self.repeat} interleaved "
-                                 "rounds)… (the page holds still meanwhile: an animation would take CPU time from "
-                                 "the measurement)", still=True))
-        trace, model = self.trace, self.model  # one consistent pair, even if a reload is queued
-        try:
-            Limits.resolve().check(model.graph, model.name, "time")  # what timing holds, as `rlxviz time` checks
-            user = self.user_inputs if self._inputs_fit(model) else None
-            feeds = user.feeds if user is not None else session.feeds(model, self.text)
-            sets = session.input_sets(model.graph, feeds, user)  # the user's arrays first, then the battery
-            key = ("timing", trace.key, session.timing.arrays_digest(feeds, model.weights), user is not None,
-                   self.warmup, self.repeat, self.device)
-            run = None if fresh else TIMING_RUNS.get(key)
-            if run is None:
-                run = TIMING_RUNS.put(key, timeproc.time_in_worker(trace, feeds, model.weights, warmup=self.warmup,
-                                                                   repeat=self.repeat, device=self.device,
-                                                                   inputs=sets))
-            policy = next((r.policy for r in run.rows if r.policy is not None), None)
-            where = next((r.context for r in run.rows if r.context is not None), None)
-            # device, precision policy (f32 / TF32), BLAS and its threads, and where the timing ran
-            self._timed = (trace, run.rows)
-            page(lambda: self.trace is trace and self.param.update(  # not over a newer run's tab
-                timing_policy=(policy.describe() + "\n\n" if policy else "") + sets.describe(),
-                # the BLAS library by its file name, not its path on the server (issue 39)
-                blas=hide_server_paths(f"{where if where is not None else 'MLX'}; {self.repeat} interleaved round(s) "
-                                       f"per version, in a worker process (pid {run.pid}), as `rlxviz time --repeat "
-                                       f"{self.repeat}`"),
-                timings=self._timing_rows(run.rows, self._visible(trace)), timing_split=run.split))
-        except Exception as e:  # noqa: BLE001
-            text = f"Timing failed: {type(e).__name__}: {e}\n{timing_hint(e)}"
-            page(lambda: self._error(text))
-        finally:
-            page(self._stop)
-
-    def measure_overlay(self) -> None:
-        """Fill `node_figures` for the shown version and the chosen `overlay` (none: clear them): from
-        `OVERLAY_RUNS`, else measured as a job in the timing process (`timeproc.figures_in_worker`: the memory
-        budget checked first, a time limit between nodes)."""
-        if self.overlay == "none" or self.trace is None or self.model is None:
-            self.param.update(node_figures=None, overlay_status="")
-            return
-        key = self._overlay_key()
-        hit = OVERLAY_RUNS.get(key)
-        if hit is not None:
-            self.param.update(node_figures=hit, overlay_status=hit.note)
-            return
-        self.param.update(node_figures=None, overlay_status="measuring…")
-        self.runner.submit("overlay", lambda: self._overlay_job(key))
-
-    def _overlay_key(self) -> tuple:
-        model = self.model
-        user = self.user_inputs if self._inputs_fit(model) else None
-        feeds = user.feeds if user is not None else session.feeds(model, self.text)
-        return (self.trace.key, self.version_index(), self.overlay,
-                session.timing.arrays_digest(feeds, model.weights), self.device)
-
-    def _overlay_job(self, key: tuple) -> None:
-        """Measure in the timing process; the state changes on the page's thread, only if the page still asks
-        for this (trace, version, kind)."""
-        page = self.runner.on_page
-        trace, model, version, kind = self.trace, self.model, self.version_index(), self.overlay
-        what = "time share" if kind == "time" else "error against version 0's reference"
-        page(lambda: self._start(f"Measuring each node's {what} in the timing process…", still=kind == "time"))
-        try:
-            user = self.user_inputs if self._inputs_fit(model) else None
-            feeds = user.feeds if user is not None else session.feeds(model, self.text)
-            figs = OVERLAY_RUNS.put(key, timeproc.figures_in_worker(
-                trace, version, kind, feeds, model.weights, device=self.device, limits=Limits.resolve(),
-                time_limit_s=OVERLAY_TIME_LIMIT_S))
-
-            def show() -> None:
-                if self.trace is trace and self.version_index() == version and self.overlay == kind:
-                    self.param.update(node_figures=figs, overlay_status=figs.note)
-
-            page(show)
-        except Exception as e:  # noqa: BLE001 - a refusal or failure is a message
-            why = str(e) if isinstance(e, SessionError) else f"{type(e).__name__}: {e}\n{timing_hint(e)}"
-            text = f"The {what} overlay failed: {why}"
-            page(lambda: (self.param.update(overlay_status="not measured"), self._error(text)))
-        finally:
-            page(self._stop)
-
-    def set_user_inputs(self, data: bytes | None, filename: str = "inputs.npz") -> None:
-        """Use the arrays of an uploaded `.npz` (one per graph input, by name) in the next timing run, or
-        drop them (`data=None`). A bad file is a message, never a traceback."""
-        if not data:
-            self.user_inputs = None
-            return
-        if self.model is None:
-            self._error("Load a model first: its graph decides which input arrays it takes.", kind="warning")
-            return
-        try:
-            self.user_inputs = session.load_inputs(data, self.model.graph, filename)
-            aside = [k for k in session.npz_headers(data, filename) if k.startswith(EXPECTED_PREFIX)]
-            if aside:
-                self.param.update(message=f"{filename}: the next timing runs on its arrays; set aside "
-                                          f"{len(aside)} expected output(s): {', '.join(aside)}.", message_kind="info")
-        except ValueError as e:
-            self.user_inputs = None
-            self._error(str(e), kind="warning")
-
-    def _inputs_fit(self, model: Model) -> bool:
-        """The uploaded arrays still match `model`'s inputs (the model may have changed since)."""
-        u = self.user_inputs
-        if u is None:
-            return False
-        ok = {n.attrs["name"]: n.shape for n in model.graph.inputs} == {k: v.shape for k, v in u.feeds.items()}
-        if not ok:
-            self._error("The uploaded input arrays do not fit this model's inputs; timing on its own inputs.",
-                        kind="warning")
-        return ok
-
-    @staticmethod
-    def _timing_rows(rows: list[session.VersionTiming], visible: list[tuple[int, str]]) -> list[dict[str, Any]]:
-        """The timing table's rows for the shown versions (`session.timing.timing_table`: paired verdicts, the
-        notebooks' too)."""
-        return session.timing_table(rows, visible)
 
     def _start(self, text: str, still: bool = False) -> None:
         """Show a job as running: an animated (indeterminate) bar, or with `still` a full, unmoving one (a timing run:

@@ -30,7 +30,8 @@ from ..runtime.devices import available_devices
 from ..session.overlays import KINDS
 from .derived import FULL_VIEW_LAYERS, FULL_VIEW_LIMIT, Derived
 from .jobs import Runner
-from .runs import NO_TIMING, RUNS, TIMING_RUNS, Runs, import_check
+from .measure import TIMING_RUNS
+from .runs import NO_TIMING, RUNS, Runs, import_check
 from .views import AUTO, COLLAPSED, VIEWS
 from .wording import SHAPE_VARIANT, VARIANT_LABELS, scrub_paths
 
