@@ -248,7 +248,8 @@ def test_a_node_that_crashes_onnx_shape_inference_is_refused_not_the_process(cap
     assert code == 2, err
     line = one_line(err, "explain")
     assert "%9 (onnx_op)" in line and "GatherND cannot run on the host" in line, line
-    assert "crashed (SIG" in line, line
+    # the child dies by a signal, or ONNX's shape inference runs out of the child's memory first (under load): named
+    assert "crashed (SIG" in line or "MemoryError" in line, line
 
 
 def test_forked_says_how_the_child_ended():

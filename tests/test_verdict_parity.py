@@ -11,6 +11,7 @@ and a sample of the zoo; the whole zoo is the slow version.
 from __future__ import annotations
 
 import html
+import importlib
 import json
 import re
 from pathlib import Path
@@ -26,6 +27,8 @@ from rlxviz.app.state import AppState
 from rlxviz.models import PRESETS
 from rlxviz.passes.why.verdict import RunVerdict
 from rlxviz.session.render import View, picture, verdicts
+
+SESSION_OPEN = importlib.import_module("rlxviz.session.open")  # the module: `session.open` is its function
 
 ROOT = Path(__file__).parent
 HANDED = sorted((ROOT / "data" / "cases").glob("*.rlx"))
@@ -145,7 +148,8 @@ def _explain(capsys, monkeypatch, *args) -> tuple[int, str, dict, object]:
     """(exit code, text, json, trace) of `rlxviz explain ARGS` and `... --json`, in-process."""
     seen = []
     real = session.run_pipeline
-    monkeypatch.setattr(session, "run_pipeline", lambda g, p: seen.append(real(g, p)) or seen[-1])
+    # the CLI runs the pipeline through `session.open` (`open_trace`), which calls it by its own import
+    monkeypatch.setattr(SESSION_OPEN, "run_pipeline", lambda g, p: seen.append(real(g, p)) or seen[-1])
     code, text, err = cli_run(capsys, "explain", *args)
     assert "Traceback" not in err, err
     jcode, out, err = cli_run(capsys, "explain", *args, "--json")

@@ -17,6 +17,7 @@ Why: `rlxviz time` keeps every version's program and static values while it time
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -24,6 +25,9 @@ import numpy as np
 
 from ..ir import Graph, Op
 from .mlx_backend import mx
+
+_FRESH = itertools.count()
+"""Tokens for attribute values with no stable text: each use is a new one, so no two cone keys equal through it."""
 
 
 def _attr_text(value: Any) -> str:
@@ -39,7 +43,7 @@ def _attr_text(value: Any) -> str:
         return "{" + ",".join(f"{k!r}:{_attr_text(v)}" for k, v in items) + "}"
     text = repr(value)
     if " at 0x" in text:
-        return f"unique:{id(value)}:{object()!r}"
+        return f"unique:{next(_FRESH)}"
     return f"{type(value).__name__}:{text}"
 
 
