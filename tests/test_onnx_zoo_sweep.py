@@ -7,13 +7,15 @@ Runtime with its numbers").
 `.json`) from the command line with the file's own inputs (its `.npz`), none of which may end in an internal error
 (exit 3) or refuse the file (exit 2), and `run`/`time` agree with the file's numbers (exit 0); and every version of
 the canonical pipeline that a pass changed, exported by `models.onnx.export.export_onnx`, loads in ONNX Runtime
-and gives the file's outputs. Slow (minutes): `pytest -m slow tests/test_onnx_zoo_sweep.py -x`.
+and gives the file's outputs. Slow (minutes): `pytest -m slow tests/test_onnx_zoo_sweep.py -x`; every file:
+`RLXVIZ_SWEEP=all` (`FILES`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +26,21 @@ from rlxviz.models.onnx import load_onnx
 from rlxviz.passes import Pipeline
 
 ZOO = Path(__file__).parent / "fixtures" / "onnx" / "zoo"
-FILES = sorted(p.stem for p in ZOO.glob("*.onnx"))
+ALL_FILES = sorted(p.stem for p in ZOO.glob("*.onnx"))
+
+
+def _one_per_form(stems: list[str]) -> list[str]:
+    """One file of each form (the part after the architecture: `kv`, `fp16`, `qdq`, `ortopt`, ...), the k-th form's
+    file its (3 k)-th architecture (mod the form's count), so the sample spreads over architectures too."""
+    forms: dict[str, list[str]] = {}
+    for stem in stems:
+        forms.setdefault(stem.split(".", 1)[1], []).append(stem)
+    return [files[(3 * k) % len(files)] for k, (_, files) in enumerate(sorted(forms.items()))]
+
+
+FILES = ALL_FILES if os.environ.get("RLXVIZ_SWEEP") == "all" else _one_per_form(ALL_FILES)
+"""The files swept: one per form in the suite (11 files, about 3 minutes on 2 cores), every zoo file with
+`RLXVIZ_SWEEP=all` (138 files, about 20 minutes: run it when a pass, the importer or the exporter changes)."""
 
 pytestmark = pytest.mark.slow
 
