@@ -100,8 +100,8 @@ def test_2_the_why_tab_answers_for_a_graph_without_layer_paths(browser, server):
 
 def test_3_panes_are_not_left_faded_after_a_load_error(browser, server):
     """A variant, then gpt2.onnx, then "none (as built)": the model loads (the variant is dropped for a new file),
-    and after a load that does fail the panes are marked "Stale" and are clear again once a good model loads (they
-    stayed at opacity 0.45 with no notice)."""
+    and after a refused upload the panes are not faded (they stayed at opacity 0.45 with no notice; since issue 39
+    the refused upload keeps the model shown, so nothing is stale) and stay clear once another model loads."""
     with _page(browser, server) as pg:
         open_sidebar(pg)
         pg.locator(".rv-variant-extra_h1_user button").click()
@@ -115,7 +115,11 @@ def test_3_panes_are_not_left_faded_after_a_load_error(browser, server):
         expect(pg.locator(".rv-stale-graph")).to_be_hidden()
         expect(pg.locator(".rv-after")).to_have_css("opacity", "1")
         _upload(pg, [{"name": "broken.onnx", "mimeType": "application/octet-stream", "buffer": b"not an onnx file"}])
-        expect(pg.locator(".rv-stale-graph")).to_contain_text("Stale")
+        # a refused upload changes nothing shown (issue 39): gpt2 stays, asked for, its panes clear
+        expect(pg.locator(".rv-message")).to_contain_text("Still showing gpt2", timeout=3 * WAIT_MS)
+        _idle(pg)
+        expect(pg.locator(".rv-stale-graph")).to_be_hidden()
+        expect(pg.locator(".rv-after")).to_have_css("opacity", "1")
         _preset(pg, "bert-tiny")
         expect(pg.locator(".rv-stale-graph")).to_be_hidden()
         expect(pg.locator(".rv-after")).to_have_css("opacity", "1")
@@ -346,6 +350,9 @@ def test_trial_3_4_uploads_are_emptied_and_errors_name_the_users_file(browser, s
         expect(msg).not_to_contain_text("upload/model.onnx")
         expect(pg.locator(".rv-message b")).to_have_count(0)  # the name is not markup
         _idle(pg)
+        # refused, the upload kept the model shown and the fields asking for it (the built-in source): back to the tab
+        expect(msg).to_contain_text("Still showing")
+        pg.get_by_role("button", name="Upload").click()
         expect(pg.locator(".rv-upload input[type=file]")).to_have_js_property("value", "")
         pg.locator(".rv-upload input[type=file]").set_input_files(str(ONNX / "gpt2.onnx"))
         expect(msg).to_contain_text("equals the ONNX model", timeout=3 * WAIT_MS)
