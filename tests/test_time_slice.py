@@ -110,3 +110,18 @@ def test_the_time_estimate_counts_weights_held_once_once(shape, tmp_path):
     both, once = workload_peak(m.graph, "time")[0], workload_peak(m.graph, "time", shared=lazy)[0]
     held = sum(node_bytes(n) for n in m.graph if n.op == Op.PARAM and n.attrs["name"] in lazy)
     assert abs((both - once) - held * (1 + SLACK_FRACTION)) <= 1
+
+
+@pytest.mark.parametrize("command", ["run", "time"])
+def test_a_slice_sets_aside_the_whole_models_expected_outputs(command, tmp_path, capsys):
+    """An `_io.npz` keeps the whole model's outputs (`out:last_hidden_state`); a slice ends at its own output, so
+    `--layers` sets them aside with a note and checks the slice against ONNX Runtime instead (it refused: "names no
+    output of the model"). gpt2.onnx has 2 layers: `--layers 0-1` still ends before the final LayerNorm."""
+    from clirun import run as cli_run
+
+    onnx_dir = Path(__file__).parent / "fixtures" / "onnx"
+    extra = ("-o", str(tmp_path / "o.npz")) if command == "run" else ("--repeat", "1", "--warmup", "0", "--no-battery")
+    code, _, err = cli_run(capsys, command, str(onnx_dir / "gpt2.onnx"), "--inputs", str(onnx_dir / "gpt2.npz"),
+                           "--layers", "0-1", *extra)
+    assert code == 0, err
+    assert "out:last_hidden_state of the inputs file set aside" in err and "--layers 0-1" in err, err

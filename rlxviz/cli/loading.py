@@ -5,6 +5,7 @@ model itself."""
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -47,14 +48,22 @@ def _static_shape(headers: dict[str, tuple[tuple[int, ...], np.dtype]], path: st
 
 
 def _import_checks(model: Model, feeds: dict[str, np.ndarray], user: Any, expect: str | None,
-                   with_onnx: bool = True, max_memory_mb: int | None = None) -> list[Any]:
+                   with_onnx: bool = True, max_memory_mb: int | None = None, sliced: str | None = None) -> list[Any]:
     """Version 0 against the model itself (`session.fidelity`): the ONNX file it came from (`with_onnx`), the
-    `out:NAME` arrays of the inputs file, the `--expect` file. Raises CLIError for an unreadable --expect file or
-    a name that is no output."""
+    `out:NAME` arrays of the inputs file, the `--expect` file. `sliced`: the model is that slice of a file
+    (`--layers`): the inputs file's `out:NAME` arrays are the whole model's, so those naming no output of the slice
+    are set aside with a note (the slice is checked against ONNX Runtime on the same slice). Raises CLIError for an
+    unreadable --expect file or a name that is no output."""
+    from dataclasses import replace as _replace
+
     from ..session import Limits
-    from ..session.fidelity import against_expected, against_onnx
+    from ..session.fidelity import against_expected, against_onnx, output_names
     from ..session.inputs import load_expected
 
+    if sliced and user is not None and (aside := sorted(set(user.expected) - set(output_names(model)))):
+        print(f"note: {', '.join('out:' + k for k in aside)} of the inputs file set aside: {sliced} ends at its own "
+              f"output(s) ({', '.join(output_names(model))})", file=sys.stderr)
+        user = _replace(user, expected={k: v for k, v in user.expected.items() if k not in aside})
     out = []
     try:
         if with_onnx and (c := against_onnx(model, feeds, Limits.resolve(max_memory_mb))) is not None:

@@ -47,7 +47,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_workload(model, request)  # what the backend holds (the load checked the graph's own run), before running
     user = load_inputs(args.inputs, model.graph)  # the one check of user inputs, as `time` and the app
     feeds = user.feeds
-    checks = _import_checks(model, feeds, user, args.expect, max_memory_mb=args.max_memory_mb)
+    checks = _import_checks(model, feeds, user, args.expect, max_memory_mb=args.max_memory_mb,
+                            sliced=_source(args) if args.layers is not None else None)
     outputs = executor(args.backend, args.device)(model.graph, feeds, model.weights)
     _warn_nonfinite("run", model, all_finite(outputs))
     # each output under the model's own name (an ONNX graph's, else last_hidden_state, output_1...), in its dtype

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .args import _after_arg, _command, _device_arg, _expect_arg, _int_in, _layers_arg, _model_args
 from .common import CLIError, SubParsers, subcommand
-from .loading import _import_checks, _run_model, _slice_model
+from .loading import _import_checks, _run_model, _slice_model, _source
 from .output import _out, _warn_nonfinite
 
 
@@ -22,7 +22,8 @@ def cmd_time(args: argparse.Namespace) -> int:
     model, trace = _run_model(args, workload="time")  # refused over the memory limit before feeds are made
     user = load_inputs(args.inputs, model.graph) if args.inputs is not None else None
     feeds = user.feeds if user is not None else model.random_feeds(seed=0)
-    checks = _import_checks(model, feeds, user, args.expect, max_memory_mb=args.max_memory_mb)
+    checks = _import_checks(model, feeds, user, args.expect, max_memory_mb=args.max_memory_mb,
+                            sliced=_source(args) if args.layers is not None else None)
     sets = input_sets(model.graph, feeds, user, args.battery)  # the user's arrays first, then the battery
     rows = time_versions(trace, feeds, model.weights, warmup=args.warmup, repeat=args.repeat, device=args.device,
                          inputs=sets)
