@@ -283,3 +283,26 @@ def test_the_forced_busy_hook_turns_a_quiet_run_busy(monkeypatch):
     # a row with too few rounds to be judged, or not timed, is kept as it is
     few = [timed(0, "input", [1.0, 1.1])]
     assert force_busy(few) == few
+
+
+def test_medians_that_point_the_other_way_give_no_verdict():
+    """Issue 39: the split's row "final, rlxviz's CPU kernels" rose from 1.27 to 1.63 ms under "kernels: 1.21×":
+    the median per-round ratio and the ratio of the medians can point opposite ways (here most rounds are faster,
+    the middle one slower). Then neither is read: the row, the chart's label and the split's sentence say so."""
+    from rlxviz.app.timingchart import fusion_kernels_markdown, speedup_label
+    from rlxviz.session import FusionAndKernels
+    from rlxviz.session.lowerings import FUSION_LABELS
+    from rlxviz.session.timing import DISAGREE
+
+    base = [1.0] * 10 + [5.0] + [10.0] * 10
+    slower_median = [0.9] * 10 + [6.0] + [9.5] * 10  # 20 rounds faster, the median round slower: 5 -> 6 ms
+    rows = [timed(0, FUSION_LABELS[0], base), timed(1, FUSION_LABELS[1], slower_median),
+            timed(2, FUSION_LABELS[2], [x * 0.5 for x in slower_median])]
+    v = paired_verdict(rows[0], rows[1])
+    assert v.ratio > 1 and rows[1].median_ms > rows[0].median_ms and v.words == DISAGREE
+    assert paired_verdict(rows[1], rows[2]).words == "2.00x faster"  # medians and rounds agree: read
+    split = FusionAndKernels(rows, v, paired_verdict(rows[1], rows[2]), paired_verdict(rows[0], rows[2]), "", "")
+    text = fusion_kernels_markdown(split)
+    assert f"| {DISAGREE} |" in text and "(not read: medians and paired rounds disagree)." in text, text
+    label = speedup_label({"speedup": v.ratio, "vs_input": v.words, "ci_low": v.low, "ci_high": v.high})
+    assert "not read" in label and "faster" not in label, label

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..session.timing import BUSY_RATIO
+from ..session.timing import BUSY_RATIO, DISAGREE
 from .text import md_escape
 from .wording import hide_server_paths, version_name
 
@@ -59,7 +59,9 @@ def fusion_kernels_markdown(split: Any) -> str:
     f, k, t = split.fusion, split.kernels, split.total
     lines += ["", (f"Of the final version's {t.ratio:.2f}× over the input (paired, both rows above), the fusion on "
                    f"MLX's own lowering gives {f.ratio:.2f}× and rlxviz's kernels on the same fused graph "
-                   f"{k.ratio:.2f}×" + (" (not read: a busy machine)." if busy else ".")),
+                   f"{k.ratio:.2f}×" + (" (not read: a busy machine)." if busy else
+                                         " (not read: medians and paired rounds disagree)."
+                                         if DISAGREE in (f.words, k.words, t.words) else ".")),
               "", f"*{md_escape(hide_server_paths(split.kernels_note))}*" if split.kernels_note else ""]
     return "\n".join(lines)
 
@@ -87,11 +89,14 @@ def timing_factor(row: dict[str, Any]) -> str:
 def speedup_label(row: dict[str, Any]) -> str:
     """The speed-up bar's label: the bar's own number (the paired speed-up over the input, `N.NN×`), then "within
     noise" when its 95% interval holds 1, else the interval (`1.25× (1.18–1.31)`); on a run flagged busy
-    (`row["busy"]`) "not read" instead of either; the input's own bar reads `1.00×`."""
+    (`row["busy"]`), or where the medians point the other way (`session.timing.DISAGREE`), "not read" instead of
+    either; the input's own bar reads `1.00×`."""
     if row.get("busy") and row.get("vs_input"):
         return f"{row['speedup']:.2f}× not read (busy)"
     if row.get("vs_input") == "within noise":
         return f"{row['speedup']:.2f}× within noise"
+    if row.get("vs_input") == DISAGREE:
+        return f"{row['speedup']:.2f}× not read (medians disagree)"
     lo, hi = row.get("ci_low"), row.get("ci_high")
     if row.get("vs_input") and lo is not None and hi is not None and lo == lo and hi == hi:
         return f"{row['speedup']:.2f}× ({lo:.2f}–{hi:.2f})"

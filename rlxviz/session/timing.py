@@ -243,6 +243,11 @@ BUSY_RATIO = 2.0
 NOT_READ = "busy: not read"
 """What a comparison reads on a run `busy_warning` flags (`timing_table`): no "faster" or "slower" from it."""
 
+DISAGREE = "not read: medians and paired rounds disagree"
+"""What a comparison reads when the median per-round ratio and the ratio of the two medians point opposite ways
+(each by at least `PRACTICAL`): a table showing both medians would contradict a "faster" drawn from the ratios
+(issue 39: "final, rlxviz's CPU kernels" rose from 1.27 to 1.63 ms under "kernels: 1.21x"), so neither is read."""
+
 
 @dataclass(frozen=True)
 class PairedVerdict:
@@ -281,7 +286,8 @@ def busy_warning(*rows: VersionTiming) -> str:
 
 
 def paired_verdict(base: VersionTiming, row: VersionTiming, resamples: int = 2000, seed: int = 0) -> PairedVerdict:
-    """`row` against `base` from their paired rounds: median per-round ratio and its bootstrap interval.
+    """`row` against `base` from their paired rounds: median per-round ratio and its bootstrap interval; its words
+    are `DISAGREE` when the ratio of the two medians points the other way.
 
     Raises:
         ValueError: either row was not timed, or they hold different numbers of rounds.
@@ -294,12 +300,15 @@ def paired_verdict(base: VersionTiming, row: VersionTiming, resamples: int = 200
                          "time them together (interleaved) to pair them")
     r = a / b
     ratio = float(np.median(r))
+    of_medians = float(np.median(a) / np.median(b))
     idx = np.random.default_rng(seed).integers(0, len(r), size=(resamples, len(r)))
     low, high = (float(v) for v in np.percentile(np.median(r[idx], axis=1), [2.5, 97.5]))
     if len(r) < MIN_VERDICT_ROUNDS:
         words = f"too few rounds ({len(r)} < {MIN_VERDICT_ROUNDS}) for a verdict"
     elif low <= 1.0 <= high or (1 - PRACTICAL <= low and high <= 1 + PRACTICAL) or abs(ratio - 1) < PRACTICAL:
         words = "within noise"  # the median ratio itself under 1%: below what a shared CPU resolves
+    elif (ratio - 1) * (of_medians - 1) < 0 and abs(of_medians - 1) >= PRACTICAL:
+        words = DISAGREE
     else:
         words = f"{ratio:.2f}x faster" if ratio > 1 else f"{1 / ratio:.2f}x slower"
     return PairedVerdict(ratio, low, high, len(r), words, busy_warning(base, row))
@@ -385,7 +394,8 @@ def compare_versions(rows: Sequence[VersionTiming]) -> list[tuple[VersionTiming,
     return [(p, r, paired_verdict(p, r)) for p, r in zip(timed[:-1], timed[1:], strict=True)]
 
 
-__all__ = ["BUSY_RATIO", "MIN_VERDICT_ROUNDS", "NOT_READ", "PRACTICAL", "TIMINGS", "PairedVerdict", "Progress",
+__all__ = ["BUSY_RATIO", "DISAGREE", "MIN_VERDICT_ROUNDS", "NOT_READ", "PRACTICAL", "TIMINGS", "PairedVerdict",
+           "Progress",
            "VersionTiming",
            "all_finite",
            "arrays_digest", "busy_warning", "compare_to_input", "compare_versions", "format_timings", "input_sets",
