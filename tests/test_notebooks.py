@@ -18,10 +18,15 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
+from rlxviz.session.timing import DISAGREE
+
 ROOT = Path(__file__).resolve().parents[1]
 NB_DIR = ROOT / "notebooks"
 KERNEL = "python3"
 
+
+VERDICT = r"(within noise|" + re.escape(DISAGREE) + r"|\d+\.\d\dx (?:faster|slower))"
+"""A printed timing verdict: within noise, not read (`DISAGREE`), or N.NNx faster/slower."""
 
 def _builder():
     spec = importlib.util.spec_from_file_location("notebooks_build", NB_DIR / "build.py")
@@ -292,6 +297,8 @@ def assert_verdict(words, ratio, low, high, eps=0.0005):
     within noise when the interval holds 1 or lies within 1% of it; otherwise faster/slower as the ratio says."""
     holds_one = low - eps <= 1.0 <= high + eps
     practical = low + eps >= 0.99 and high - eps <= 1.01
+    if words == DISAGREE:  # the median ratio and the ratio of medians point opposite ways: nothing read
+        return
     if words == "within noise":
         assert holds_one or low >= 0.99 - eps and high <= 1.01 + eps or abs(ratio - 1) < 0.01 + eps, (words, low, high)
     else:
@@ -404,7 +411,7 @@ def test_01_what_is_fusion(executed):
     medians["input"] = medians["input7"]  # by version label
     # the sentences read aloud quote the table's own medians and one verdict per fused version
     text, _ = t["read-aloud"]
-    verdicts = re.findall(r"^verdict (after \S+): (within noise|\d+\.\d\dx (?:faster|slower))$", text, re.M)
+    verdicts = re.findall(r"^verdict (after \S+): " + VERDICT + "$", text, re.M)
     assert [v[0] for v in verdicts] == ["after fuse_matmul_bias_act", "after fuse_residual_ln"], text
     md_text = markdown_of(nb, "read-aloud")
     assert "21 paired rounds" in md_text
@@ -571,7 +578,7 @@ def test_02_fusing_a_bert_layer(executed):
     table = {ln.split()[1] + " " + ln.split()[2]: ln.split() for ln in text.splitlines()
              if re.match(r"\s*\d+\s+(input|after)", ln) and "unchanged" not in ln}
     text, _ = t["read-aloud"]
-    verdicts = re.findall(r"^verdict (after \S+): (within noise|\d+\.\d\dx (?:faster|slower)) \(vs #(\d+); "
+    verdicts = re.findall(r"^verdict (after \S+): " + VERDICT + r" \(vs #(\d+); "
                           r"ratio (\S+), 95% CI (\S+)\.\.(\S+)\)$", text, re.M)
     assert len(verdicts) == len(table) - 1, (verdicts, table)
     timed_idx = [int(v[0]) for v in table.values()]
@@ -608,7 +615,7 @@ def test_02_fusing_a_bert_layer(executed):
     assert len(low) == 4, text
     assert int(low[1][4]) > int(low[0][4]) and int(low[2][4]) >= 1  # each layer / the graph: compiled kernels
     assert all(float(x[5]) < 1e-4 for x in low)  # the same function under every lowering
-    lv = re.findall(r"^lowering verdict (.+?): (within noise|\d+\.\d\dx (?:faster|slower)) \(vs .+?; ratio (\S+), "
+    lv = re.findall(r"^lowering verdict (.+?): " + VERDICT + r" \(vs .+?; ratio (\S+), "
                     r"95% CI (\S+)\.\.(\S+)\)$", text, re.M)
     assert len(lv) == 3
     for _, words, ratio, lo, hi in lv:
@@ -643,7 +650,7 @@ def test_02_fusing_a_bert_layer(executed):
     assert "FusedAttentionBlock runs as: cpu: its decomposition, op by op, gpu: its decomposition, op by op" in text
     text, _ = t["gate-timing"]
     timed = re.findall(r"^(small|large): batch\*seq = (\d+): unfused (\S+) ms .*?, fused (\S+) ms .*?: "
-                       r"(within noise|\d+\.\d\dx (?:faster|slower)); bytes per call saved, read from MLX: (-?\d+) B; "
+                       + VERDICT + r"; bytes per call saved, read from MLX: (-?\d+) B; "
                        r"error vs unfused (\S+)$",
                        text, re.M)
     assert [(x[0], x[1]) for x in timed] == [("small", "16"), ("large", "256")], text
