@@ -99,7 +99,7 @@ _MOVES = (Op.RESHAPE, Op.TRANSPOSE, Op.EXPAND, Op.NARROW, Op.GATHER)
 _UNIFORM = (Op.CAST, Op.COS, Op.SIN, Op.NEG)
 
 
-def _const_index(g: Graph, i: int) -> np.ndarray | None:
+def const_index(g: Graph, i: int) -> np.ndarray | None:
     """The integer values of a const or of a param whose values the graph carries (a gather's index table)."""
     n = g[i]
     v = n.attrs.get("value") if n.op == Op.CONST else g.param_value(i)
@@ -128,8 +128,13 @@ def _element_map(g: Graph, i: int, depth: int = 24) -> np.ndarray | None:
     if n.op not in _MOVES:
         return np.arange(int(np.prod(n.shape)), dtype=np.int64).reshape(n.shape)  # the source: every element its own
     a = _element_map(g, n.inputs[0], depth - 1)
-    if a is None:
-        return None
+    return None if a is None else move_map(n, a, const_index(g, n.inputs[1]) if n.op == Op.GATHER else None)
+
+
+def move_map(n: Node, a: np.ndarray, index: np.ndarray | None = None) -> np.ndarray | None:
+    """`a` (an element map of `n`'s first operand) carried through movement op `n`: reshape, transpose, expand,
+    narrow, or a gather by the constant `index`; None for another op, a gather without its index, or shapes that
+    do not fit `n`'s."""
     try:
         if n.op == Op.RESHAPE:
             out = a.reshape(n.shape)
@@ -140,11 +145,10 @@ def _element_map(g: Graph, i: int, depth: int = 24) -> np.ndarray | None:
         elif n.op == Op.NARROW:
             ax, st = n.attrs["axis"] % a.ndim, n.attrs["start"]
             out = np.take(a, range(st, st + n.attrs["length"]), axis=ax)
+        elif n.op == Op.GATHER and index is not None:
+            out = np.take(a, index, axis=n.attrs.get("axis", 0) % a.ndim)
         else:
-            idx = _const_index(g, n.inputs[1])
-            if idx is None:
-                return None
-            out = np.take(a, idx, axis=n.attrs.get("axis", 0) % a.ndim)
+            return None
     except (ValueError, IndexError):
         return None
     return out if out.shape == n.shape else None

@@ -47,21 +47,12 @@ from ..guard import NOT_RECOGNIZED, Ctx, Guard, guard
 from ..pattern import P
 from ..rule import QUIET, Fail, Rule, reports
 from ..trace import Match
-from .rope_heads import _halves, _other, find_partial, one_dtype
+from .rope_heads import _halves, _other, const_index, find_partial, move_map, one_dtype
 
 RULE = "fuse_sdpa.rope_pairs"
 MAX_INDEX = 1 << 24
 """The most elements of h whose signed index map is evaluated (int32: 64 MiB)."""
 _MAP_OPS = (Op.NARROW, Op.GATHER, Op.TRANSPOSE, Op.RESHAPE, Op.CONCAT, Op.NEG, Op.EXPAND)
-
-
-def _index(g: Graph, i: int) -> np.ndarray | None:
-    n = g[i]
-    v = n.attrs.get("value") if n.op == Op.CONST else g.param_value(i)
-    if v is None or isinstance(v, float):
-        return None
-    a = np.asarray(v)
-    return a.astype(np.int64) if a.dtype.kind in "iu" else None
 
 
 def _signed_map(g: Graph, h: int, top: int) -> tuple[np.ndarray, set[int]] | None:
@@ -82,31 +73,17 @@ def _signed_map(g: Graph, h: int, top: int) -> tuple[np.ndarray, set[int]] | Non
         a = ev(n.inputs[0], depth + 1)
         if a is None:
             return None
-        try:
-            if n.op == Op.NEG:
-                out = -a
-            elif n.op == Op.RESHAPE:
-                out = a.reshape(n.shape)
-            elif n.op == Op.TRANSPOSE:
-                out = a.transpose(n.attrs["perm"])
-            elif n.op == Op.EXPAND:
-                out = np.broadcast_to(a, n.shape)
-            elif n.op == Op.NARROW:
-                ax, st = n.attrs["axis"] % a.ndim, n.attrs["start"]
-                out = np.take(a, range(st, st + n.attrs["length"]), axis=ax)
-            elif n.op == Op.GATHER:
-                idx = _index(g, n.inputs[1])
-                if idx is None:
-                    return None
-                out = np.take(a, idx, axis=n.attrs.get("axis", 0) % a.ndim)
-            else:  # concat
-                parts = [a] + [ev(j, depth + 1) for j in n.inputs[1:]]
-                if any(p is None for p in parts):
-                    return None
-                out = np.concatenate(parts, axis=n.attrs["axis"] % a.ndim)
-        except (ValueError, IndexError):
-            return None
-        if out.shape != n.shape:
+        if n.op in (Op.NEG, Op.CONCAT):
+            parts = [a] + [ev(j, depth + 1) for j in n.inputs[1:]]
+            if any(p is None for p in parts):
+                return None
+            try:
+                out = -a if n.op == Op.NEG else np.concatenate(parts, axis=n.attrs["axis"] % a.ndim)
+            except ValueError:
+                return None
+            if out.shape != n.shape:
+                return None
+        elif (out := move_map(n, a, const_index(g, n.inputs[1]) if n.op == Op.GATHER else None)) is None:
             return None
         memo[i] = out
         seen.add(i)
