@@ -415,3 +415,11 @@ def test_why_tab_opens_on_a_layer_after_an_upload():
     view.layer.value = 0  # the user's pick: kept when the run changes
     s.param.update(variant="none")
     assert s.selected_layer == 0 and "Layer 0" in view.text.object
+
+
+def test_an_allowed_folder_under_the_temp_folder_is_named_as_is():
+    """The newcomer's run and CI's clone under /tmp: the path box's folder read `<temp>/newcomer/tests/...`, which a
+    user cannot type back; only rlxviz's own temp folders are hidden."""
+    text = "put it under /tmp/newcomer/models on the server (the copy was /tmp/rlxviz-upload-1-x/model.onnx)"
+    out = scrub_paths(text, "", "/tmp")
+    assert out == "put it under /tmp/newcomer/models on the server (the copy was <temp>/rlxviz-upload-1-x/model.onnx)"

@@ -24,15 +24,17 @@ layer of the model; `over_threshold` raises the sequence length so batch*seq exc
 def scrub_paths(text: str, upload_dir: str, temp_dir: str, names: dict[str, str] | None = None) -> str:
     """`text` without the server's private folders: a file of the upload's temp folder reads as the name the user
     gave it (`names`: stored name -> user's name; an error said `upload/model.onnx` for `my-net.onnx`), the folder
-    itself as `upload`, any other path under the temp folder as `<temp>/...` (messages never show where the server
-    keeps files). The names stay text: the message pane escapes them."""
+    itself as `upload`, any other of rlxviz's own temp folders (`rlxviz-*`) as `<temp>/rlxviz-...` (messages never
+    show where the server keeps its files). A folder the operator chose (an allowed models folder, even one under
+    the temp folder) is shown as is, so a user can type it back. The names stay text: the message pane escapes
+    them."""
     if upload_dir:
         base = upload_dir.rstrip("/")
         for stored, given in (names or {}).items():
             text = text.replace(f"{base}/{stored}", one_line(given))
         text = text.replace(base, "upload")
     if temp_dir:
-        text = text.replace(temp_dir.rstrip("/") + "/", "<temp>/")
+        text = re.sub(re.escape(temp_dir.rstrip("/")) + r"/(?=rlxviz-)", "<temp>/", text)
     return text
 
 
