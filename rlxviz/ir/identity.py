@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -38,6 +38,10 @@ class HasDigest(Protocol):
 
     @property
     def digest(self) -> str: ...
+
+
+_MISSING: Any = object()
+"""`DigestCache.get_or_compute`'s sentinel: a stored None is a hit."""
 
 
 class DigestCache(Generic[V]):
@@ -85,28 +89,27 @@ class DigestCache(Generic[V]):
     def __setitem__(self, obj: HasDigest, value: V) -> None:
         key = obj.digest
         with self._lock:
-            items = self._current()
-            items[key] = value
-            items.move_to_end(key)
-            while len(items) > self.limit:
-                items.popitem(last=False)
+            self._store(self._current(), key, value)
+
+    def _store(self, items: OrderedDict[str, V], key: str, value: V) -> None:
+        """Put `value` last under `key`, dropping the least recently used entries past `limit` (under the lock)."""
+        items[key] = value
+        items.move_to_end(key)
+        while len(items) > self.limit:
+            items.popitem(last=False)
 
     def get_or_compute(self, obj: HasDigest, compute: Callable[[], V]) -> V:
         """The value stored for `obj`'s digest, else `compute()` stored under it."""
-        key = obj.digest
-        with self._lock:
-            items = self._current()
-            if key in items:
-                items.move_to_end(key)
-                return items[key]
+        hit = self.get(obj, _MISSING)
+        if hit is not _MISSING:
+            return hit
         value = compute()
+        key = obj.digest
         with self._lock:
             items = self._current()
             if key in items:  # another thread computed it meanwhile: keep one value
                 return items[key]
-            items[key] = value
-            while len(items) > self.limit:
-                items.popitem(last=False)
+            self._store(items, key, value)
         return value
 
     def clear(self) -> None:
