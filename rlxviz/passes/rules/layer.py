@@ -49,7 +49,7 @@ from ..guard import (
     user_count,
 )
 from ..pattern import P
-from ..rule import Fail, Rule, Shape, User, reports
+from ..rule import Fail, Rule, Shape, Step, User, reports
 from .block import size_gate
 from .sdpa_mask import typed_value
 
@@ -162,6 +162,26 @@ def _operand_no_fix(role: str, want: str) -> Callable[[Ctx], str]:
                       f"numbers")
 
 
+def _residual_norm(ln: str, branch: str, skip: str, sum_name: str, norm: str, h: str, order: str, order_fix: str,
+                   skip_words: str) -> tuple[Step, ...]:
+    """The checks on one of the layer's two residual norms, `ln` (producing `h`) = `norm` = LN(`branch` + `skip`):
+    the post-attention one (h1) and the FFN's (h2) are checked alike. The residual sum feeds only the norm
+    (`sum_name`, `_sum_guard`), the norm is a FusedResidualLN (`{ln}_is_residual_ln`, the first user of `branch`)
+    without a residual bias (`{ln}_no_bias`), its residual is `skip` unscaled (`{ln}_residual_scaled`) and its
+    operands are `branch` and `skip`, in either order (`{ln}_operand_order`: message `order`, compiler fix
+    `order_fix`; `skip_words` names `skip` in the no-model-fix line)."""
+    return (
+        _sum_guard(sum_name, branch, norm, h),
+        User(f"{ln}_is_residual_ln", ln, branch, P(Op.FUSED_RESIDUAL_LN, name=ln), "FusedResidualLN",
+             "run fuse_residual_ln first"),
+        attr_eq(ln, "has_bias", False, f"{ln}_no_bias", fix="a residual-bias operand on FusedTransformerLayer"),
+        _scaled_guard(ln, skip, branch),
+        replace(operands_are(ln, {0: branch, 1: skip}, _RLN, f"{ln}_operand_order", order, order_fix,
+                             commutative=True),
+                no_model_fix=_operand_no_fix(ln, skip_words)),
+    )
+
+
 def _explain_post_ln(c: Ctx) -> str:
     add = _pre_ln_add(c)
     assert add is not None
@@ -270,15 +290,9 @@ LAYER = Rule(
               highlight=lambda c: (tuple(u.id for u in c.users("attn")), ()), requires=("attn",),
               kind=NOT_RECOGNIZED, fix="a pre-LN layer op (no rule builds one: pre-LN blocks keep their parts "
                                        "fused separately)"),
-        _sum_guard("residual_sum_single_user", "attn", "LN(attn + hidden)", "h1"),
-        User("ln1_is_residual_ln", "ln1", "attn", P(Op.FUSED_RESIDUAL_LN, name="ln1"),
-             "FusedResidualLN", "run fuse_residual_ln first"),
-        attr_eq("ln1", "has_bias", False, "ln1_no_bias", fix="a residual-bias operand on FusedTransformerLayer"),
-        _scaled_guard("ln1", "hidden", "attn"),
-        replace(operands_are("ln1", {0: "attn", 1: "hidden"}, _RLN, "ln1_operand_order",
-                             "the post-attention residual must add the attention output and the layer input hidden",
-                             "none: FusedTransformerLayer's first residual is its own input", commutative=True),
-                no_model_fix=_operand_no_fix("ln1", "the layer input hidden")),
+        *_residual_norm("ln1", "attn", "hidden", "residual_sum_single_user", "LN(attn + hidden)", "h1",
+                        "the post-attention residual must add the attention output and the layer input hidden",
+                        "none: FusedTransformerLayer's first residual is its own input", "the layer input hidden"),
         not_output("ln1", "h1_not_output", "do not return h1 (the post-attention LayerNorm) from the model",
                    fix=_H1_OUT_FIX),
         user_count("ln1", 2, "FFN.1 and the ln2 residual", "h1_user_count",
@@ -295,15 +309,9 @@ LAYER = Rule(
              "FFN.2 as FusedMatMulBiasAct(fc1, ..., activation=None)", "run fuse_matmul_bias_act first"),
         single_user("fc2", "fc2_single_user"),
         not_output("fc2", "fc2_not_output"),
-        _sum_guard("ffn_sum_single_user", "fc2", "LN(fc2 + h1)", "h2"),
-        User("ln2_is_residual_ln", "ln2", "fc2", P(Op.FUSED_RESIDUAL_LN, name="ln2"), "FusedResidualLN",
-             "run fuse_residual_ln first"),
-        attr_eq("ln2", "has_bias", False, "ln2_no_bias", fix="a residual-bias operand on FusedTransformerLayer"),
-        _scaled_guard("ln2", "ln1", "fc2"),
-        replace(operands_are("ln2", {0: "fc2", 1: "ln1"}, _RLN, "ln2_operand_order",
-                             "the FFN residual must add the FFN output and h1",
-                             "none: FusedTransformerLayer's second residual is h1", commutative=True),
-                no_model_fix=_operand_no_fix("ln2", "h1")),
+        *_residual_norm("ln2", "fc2", "ln1", "ffn_sum_single_user", "LN(fc2 + h1)", "h2",
+                        "the FFN residual must add the FFN output and h1",
+                        "none: FusedTransformerLayer's second residual is h1", "h1"),
         _ln_params,
         static_dim("fc1_w", -1, "fc1_weight_static"),
         guard("fc1_weight_rank2", lambda c: c["fc1_w"].rank == 2,
