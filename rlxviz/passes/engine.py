@@ -78,6 +78,12 @@ class Pass:
             return compose(graph, params or {}, [*self.stages, self.fn])
         return self.fn(graph, params or {})
 
+    def rewrite(self, graph: Graph) -> tuple[Graph, list[Match]]:
+        """The pass run on `graph` with no parameters, as a plain rewrite: its output graph and its matches (its
+        refusals dropped); `(graph, [])` when nothing matched."""
+        r = self(graph)
+        return r.graph, r.matches
+
     @property
     def own(self) -> Pass:
         """The pass without its stages: its own rules alone (the last of its pipeline steps)."""

@@ -231,8 +231,7 @@ def canonical_heads(g: Graph) -> tuple[Graph, list[Match]]:
     """`g` with every non-standard head split read by a matmul rewritten to the standard one: of the column block
     of the root (`narrow`), or, when the heads are no column block, of `reshape(transpose(heads, [0, 2, 1, 3]),
     [B, S, nh*d])` (module doc). The `CANONICAL_HEADS` rule run by the engine."""
-    r = CANONICAL_HEADS_PASS(g)
-    return r.graph, r.matches
+    return CANONICAL_HEADS_PASS.rewrite(g)
 
 
 def _one_head(g: Graph, i: int) -> bool:
@@ -301,8 +300,7 @@ def repeat_broadcast_kv(g: Graph) -> tuple[Graph, list[Match]]:
     `c_attn`, expanded to every head): `expand` repeats the one head, as `repeat_kv` does, so it is dropped from
     the replayed path. One `fuse_sdpa.head_layout` match per matmul: the `REPEAT_BROADCAST_KV` rule run by the
     engine."""
-    r = REPEAT_BROADCAST_KV_PASS(g)
-    return r.graph, r.matches
+    return REPEAT_BROADCAST_KV_PASS.rewrite(g)
 
 
 def _scalar(g: Graph, i: int) -> bool:

@@ -112,8 +112,7 @@ HOIST_HEAD_NORMS_PASS = rule_pass("fuse_sdpa", [HOIST_BEFORE, HOIST_AFTER], "QK-
 def hoist_head_norms(g: Graph) -> tuple[Graph, list[Match]]:
     """`g` with every QK-norm on the heads made part of the projection in front of a plain head split (module doc),
     and one `Match` per rewrite; `(g, [])` when there is none. The two rules run by the engine."""
-    r = HOIST_HEAD_NORMS_PASS(g)
-    return r.graph, r.matches
+    return HOIST_HEAD_NORMS_PASS.rewrite(g)
 
 
 __all__ = ["HOIST_AFTER", "HOIST_BEFORE", "HOIST_HEAD_NORMS_PASS", "RULE", "hoist_head_norms"]

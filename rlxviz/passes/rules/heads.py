@@ -222,8 +222,7 @@ UNFOLD_HEADS_PASS = rule_pass("fuse_sdpa", [UNFOLD_HEADS], "heads folded into th
 def unfold_heads(g: Graph) -> tuple[Graph, list[Match]]:
     """`g` with every folded-heads attention chain lifted to the 4-D head layout (see the module doc), and one
     `Match` per chain's softmax; `(g, [])` when there is none. The `UNFOLD_HEADS` rule run by the engine."""
-    r = UNFOLD_HEADS_PASS(g)
-    return r.graph, r.matches
+    return UNFOLD_HEADS_PASS.rewrite(g)
 
 
 __all__ = ["RULE", "UNFOLD_HEADS", "UNFOLD_HEADS_PASS", "plan", "unfold_heads"]

@@ -103,8 +103,7 @@ PACK_CACHE_PASS = rule_pass("fuse_sdpa", [PACK_CACHE], "KV-cache concat read pac
 def pack_cache(g: Graph) -> tuple[Graph, list[Match]]:
     """`g` with every cache concat read in packed form by its readers (see the module doc), and one `Match` per
     concat; `(g, [])` when there is none. The `PACK_CACHE` rule run by the engine."""
-    r = PACK_CACHE_PASS(g)
-    return r.graph, r.matches
+    return PACK_CACHE_PASS.rewrite(g)
 
 
 __all__ = ["CACHE", "PACK_CACHE", "PACK_CACHE_PASS", "RULE", "pack_cache"]

@@ -448,8 +448,7 @@ ROPE_HEADS_PASS = rule_pass("fuse_sdpa", [ROPE_HEADS], "RoPE written on the head
 def rope_heads(g: Graph) -> tuple[Graph, list[Match]]:
     """`g` with every rotation written on the heads rewritten to the `rope` op (see the module doc), and one `Match`
     per rewrite; `(g, [])` when there is none. The `ROPE_HEADS` rule run by the engine."""
-    r = ROPE_HEADS_PASS(g)
-    return r.graph, r.matches
+    return ROPE_HEADS_PASS.rewrite(g)
 
 
 __all__ = ["RULE", "ROPE_HEADS", "ROPE_HEADS_PASS", "find_partial", "one_dtype", "rope_heads"]

@@ -253,8 +253,7 @@ ROPE_PAIRS_PASS = rule_pass("fuse_sdpa", [ROPE_PAIRS], "RoPE written interleaved
 def rope_pairs(g: Graph) -> tuple[Graph, list[Match]]:
     """`g` with every interleaved rotation rewritten to `rope(interleaved=True)` (module doc), one `Match` each: the
     `ROPE_PAIRS` rule run by the engine."""
-    r = ROPE_PAIRS_PASS(g)
-    return r.graph, r.matches
+    return ROPE_PAIRS_PASS.rewrite(g)
 
 
 __all__ = ["RULE", "ROPE_PAIRS", "ROPE_PAIRS_PASS", "every_two", "rope_pairs"]

@@ -180,8 +180,7 @@ HOIST_SCALES_PASS = rule_pass("fuse_sdpa", [HOIST_SCALES], "Q/K scales moved nex
 def hoist_scales(g: Graph) -> tuple[Graph, list[Match]]:
     """`g` with every misplaced Q/K scale moved next to the head split (see the module doc), and one `Match` per
     rewritten path; `(g, [])` when there is none. The `HOIST_SCALES` rule run by the engine."""
-    r = HOIST_SCALES_PASS(g)
-    return r.graph, r.matches
+    return HOIST_SCALES_PASS.rewrite(g)
 
 
 def _one_scalar(g: Graph, n: Node) -> int | None:
@@ -226,8 +225,7 @@ def scalar_scales(g: Graph) -> tuple[Graph, list[Match]]:
     attention's `scale` take). Exact: the scaled operand has rank >= 1, so the broadcast shape, the dtype and every
     product are the same. One `fuse_sdpa.hoist_scale` match per scale: the `SCALAR_SCALES` rule run by the
     engine."""
-    r = SCALAR_SCALES_PASS(g)
-    return r.graph, r.matches
+    return SCALAR_SCALES_PASS.rewrite(g)
 
 
 __all__ = ["HOIST_SCALES", "HOIST_SCALES_PASS", "OPERAND", "RULE", "SCALAR_SCALES", "SCALAR_SCALES_PASS", "SCALE",

@@ -371,8 +371,7 @@ def uninvert_where(g: Graph) -> tuple[Graph, list[Match]]:
     by the engine. (`canonicalize_exported.inverted_where` swaps the other way only for an explicit `eq(b, false)`
     test, which this form does not start from, so the two never undo each other's rewrite within one pipeline: that
     pass runs earlier.)"""
-    r = UNINVERT_WHERE_PASS(g)
-    return r.graph, r.matches
+    return UNINVERT_WHERE_PASS.rewrite(g)
 
 
 __all__ = ["INVERTED", "INVERTED_RULE", "INVERTED_WHERE", "NEG", "UNINVERT_WHERE_PASS", "additive_note",
