@@ -46,10 +46,6 @@ void PackWeights::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
                 dst = out.data<float>(), keep = inputs]() { pack_panels(wp, s0, s1, k, n, dst); });
 }
 
-void PackWeights::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
-  throw std::runtime_error("[rlxviz.pack_weights] has no GPU kernel");
-}
-
 // ---- gemm ----------------------------------------------------------------------------------------------
 mx::array gemm(const mx::array& x, const mx::array& packed, int n, const std::optional<mx::array>& bias,
                const std::optional<mx::array>& residual, const std::string& act) {
@@ -125,10 +121,6 @@ void Gemm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>
     g.res = has_res ? res.data() : nullptr;
     run_gemm(g);
   });
-}
-
-void Gemm::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
-  throw std::runtime_error("[rlxviz.gemm] has no GPU kernel (rlxviz lowers dense layers with MLX's there)");
 }
 
 bool Gemm::is_equivalent(const mx::Primitive& other) const {

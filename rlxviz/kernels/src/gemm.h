@@ -26,21 +26,20 @@ mx::array gemm(const mx::array& x, const mx::array& packed, int n, const std::op
 // The tile the micro-kernel computes: (rows, columns).
 inline std::pair<int, int> gemm_tile() { return {gemm_core::kGemmMR, gemm_core::kGemmNR}; }
 
-class PackWeights : public mx::Primitive {
+class PackWeights : public CpuPrimitive {
  public:
-  explicit PackWeights(mx::Stream s) : mx::Primitive(s) {}
+  explicit PackWeights(mx::Stream s) : CpuPrimitive(s, "pack_weights") {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   const char* name() const override { return "RlxvizPackWeights"; }
   bool is_equivalent(const mx::Primitive&) const override { return true; }
 };
 
-class Gemm : public mx::Primitive {
+class Gemm : public CpuPrimitive {
  public:
   Gemm(mx::Stream s, int n, Act act, bool has_bias, bool has_residual)
-      : mx::Primitive(s), n_(n), act_(act), has_bias_(has_bias), has_residual_(has_residual) {}
+      : CpuPrimitive(s, "gemm", " (rlxviz lowers dense layers with MLX's there)"),
+        n_(n), act_(act), has_bias_(has_bias), has_residual_(has_residual) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   const char* name() const override { return "RlxvizGemm"; }
   bool is_equivalent(const mx::Primitive& other) const override;
 

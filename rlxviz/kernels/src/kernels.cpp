@@ -262,6 +262,10 @@ void alloc_like(const mx::array& in, mx::array& out) {
 void set_threads(int n) { Pool::get().set_threads(n); }
 int threads() { return Pool::get().threads(); }
 
+void CpuPrimitive::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error(std::string("[rlxviz.") + op_ + "] has no GPU kernel" + gpu_note_);
+}
+
 // ---- attention -----------------------------------------------------------------------------------------
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v,
                     const std::optional<mx::array>& bias, int heads, int kv_heads, int head_dim, float scale) {
@@ -323,10 +327,6 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   });
 }
 
-void Attention::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
-  throw std::runtime_error("[rlxviz.attention] has no GPU kernel (rlxviz lowers attention with MLX's there)");
-}
-
 bool Attention::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const Attention&>(other);
   return heads_ == o.heads_ && kv_heads_ == o.kv_heads_ && head_dim_ == o.head_dim_ && scale_ == o.scale_ &&
@@ -374,10 +374,6 @@ void BiasAct::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
       }
     });
   });
-}
-
-void BiasAct::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
-  throw std::runtime_error("[rlxviz.bias_act] has no GPU kernel");
 }
 
 bool BiasAct::is_equivalent(const mx::Primitive& other) const {
@@ -430,10 +426,6 @@ void ResidualNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx
   });
 }
 
-void ResidualNorm::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
-  throw std::runtime_error("[rlxviz.residual_norm] has no GPU kernel");
-}
-
 bool ResidualNorm::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const ResidualNorm&>(other);
   return eps_ == o.eps_ && rms_ == o.rms_ && has_bias_ == o.has_bias_ && has_beta_ == o.has_beta_;
@@ -460,10 +452,6 @@ void Softmax::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
     fill(inputs[0], x);
     for_row_chunks(rows, n, [&](int64_t r0, int64_t r1) { softmax_rows(xp, yp, r0, r1, n); });
   });
-}
-
-void Softmax::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
-  throw std::runtime_error("[rlxviz.softmax] has no GPU kernel");
 }
 
 }  // namespace rlxviz

@@ -39,13 +39,25 @@ mx::array residual_norm(const mx::array& x, const mx::array& residual, const std
 void set_threads(int n);
 int threads();
 
-class Attention : public mx::Primitive {
+// A primitive with a CPU kernel only: each subclass defines eval_cpu; eval_gpu throws
+// "[rlxviz.<op>] has no GPU kernel" followed by `gpu_note` (where rlxviz lowers the op on the GPU instead, or "").
+class CpuPrimitive : public mx::Primitive {
+ public:
+  CpuPrimitive(mx::Stream s, const char* op, const char* gpu_note = "")
+      : mx::Primitive(s), op_(op), gpu_note_(gpu_note) {}
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) final;
+
+ private:
+  const char* op_;
+  const char* gpu_note_;
+};
+
+class Attention : public CpuPrimitive {
  public:
   Attention(mx::Stream s, int heads, int kv_heads, int head_dim, float scale, bool has_bias)
-      : mx::Primitive(s), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), scale_(scale),
-        has_bias_(has_bias) {}
+      : CpuPrimitive(s, "attention", " (rlxviz lowers attention with MLX's there)"),
+        heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), scale_(scale), has_bias_(has_bias) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   const char* name() const override { return "RlxvizAttention"; }
   bool is_equivalent(const mx::Primitive& other) const override;
 
@@ -55,11 +67,10 @@ class Attention : public mx::Primitive {
   bool has_bias_;
 };
 
-class BiasAct : public mx::Primitive {
+class BiasAct : public CpuPrimitive {
  public:
-  BiasAct(mx::Stream s, Act act, bool has_bias) : mx::Primitive(s), act_(act), has_bias_(has_bias) {}
+  BiasAct(mx::Stream s, Act act, bool has_bias) : CpuPrimitive(s, "bias_act"), act_(act), has_bias_(has_bias) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   const char* name() const override { return "RlxvizBiasAct"; }
   bool is_equivalent(const mx::Primitive& other) const override;
 
@@ -68,12 +79,11 @@ class BiasAct : public mx::Primitive {
   bool has_bias_;
 };
 
-class ResidualNorm : public mx::Primitive {
+class ResidualNorm : public CpuPrimitive {
  public:
   ResidualNorm(mx::Stream s, float eps, bool rms, bool has_bias, bool has_beta)
-      : mx::Primitive(s), eps_(eps), rms_(rms), has_bias_(has_bias), has_beta_(has_beta) {}
+      : CpuPrimitive(s, "residual_norm"), eps_(eps), rms_(rms), has_bias_(has_bias), has_beta_(has_beta) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   const char* name() const override { return rms_ ? "RlxvizResidualRmsNorm" : "RlxvizResidualLayerNorm"; }
   bool is_equivalent(const mx::Primitive& other) const override;
 
@@ -82,11 +92,10 @@ class ResidualNorm : public mx::Primitive {
   bool rms_, has_bias_, has_beta_;
 };
 
-class Softmax : public mx::Primitive {
+class Softmax : public CpuPrimitive {
  public:
-  explicit Softmax(mx::Stream s) : mx::Primitive(s) {}
+  explicit Softmax(mx::Stream s) : CpuPrimitive(s, "softmax") {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   const char* name() const override { return "RlxvizSoftmax"; }
   bool is_equivalent(const mx::Primitive& other) const override { return true; }
 };
