@@ -65,6 +65,7 @@ def test_a_busy_own_lowering_row_makes_the_whole_run_busy():
     split = fusion_and_kernels_of(rows, own)
     chart = timing_table(rows, also=[own])
     assert split.warning and split.warning == chart[0]["busy"]
+    assert OWN_LOWERING_LABEL in split.warning  # named by its label: "#4" alone names no version the chart shows
     assert machine_verdict(chart)[1] == "danger"
     text = fusion_kernels_markdown(split)
     assert "busy machine" in text and "faster" not in text and "slower" not in text

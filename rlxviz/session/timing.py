@@ -322,13 +322,14 @@ class PairedVerdict:
 
 
 def busy_warning(*rows: VersionTiming) -> str:
-    """"" or a sentence naming the versions whose median is more than `BUSY_RATIO` times their minimum."""
+    """"" or a sentence naming the worst row whose median is more than `BUSY_RATIO` times its minimum, by its index
+    and label (`#3 after fuse_sdpa`; a row that is no version, the own-lowering row, by its label)."""
     bad = [r for r in rows if r.median_ms and r.min_ms and r.median_ms > BUSY_RATIO * r.min_ms]
     if not bad:
         return ""
     worst = max(bad, key=lambda r: r.median_ms / r.min_ms)
     return (f"unusable run: median {worst.median_ms:.2f} ms is {worst.median_ms / worst.min_ms:.1f}x the minimum "
-            f"{worst.min_ms:.2f} ms on #{worst.index} (a busy machine): measure again")
+            f"{worst.min_ms:.2f} ms on #{worst.index} {worst.label} (a busy machine): measure again")
 
 
 def paired_verdict(base: VersionTiming, row: VersionTiming, resamples: int = 2000, seed: int = 0) -> PairedVerdict:
