@@ -40,8 +40,8 @@ def test_every_version_names_the_final_verdict(run):
             text, tip = _box(source, int(lv.layer))
             word = "fused" if lv.fused else "not fused"
             guard = lv.first.guard if lv.first is not None else ""
-            if version == 0:  # the input: nothing fused yet, and the box still says how the layer ends
-                assert f"final: {word}" in text and "at this version: " in text, (version, text)
+            if version == 0:  # the input: nothing has happened yet, and the box still says how the layer ends
+                assert f"final: {word}" in text and "at this version: unfused" in text, (version, text)
                 assert f"final: {word}; at this version: " in tip, tip
             if "final:" in text:  # an earlier state of the layer: the final word, then what happened so far
                 assert f"final: {word}" in text and text.index("final:") < text.index("at this version:"), text

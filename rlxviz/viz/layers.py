@@ -143,6 +143,9 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
     for r in (overlay.rejections if overlay else ()):
         if r.layer in by_layer:
             by_layer[r.layer].rejections.append(r)
+    # the input graph (no pass made any node): the run's rejections it may be marked with (`Overlay.trace_summary`)
+    # are not what has happened to a layer at this version; the final verdict says them
+    pristine = not any(n.pass_name for n in graph)
     for g in groups.values():
         if g.layer is not None and verdicts and g.layer in verdicts:
             g.verdict = verdicts[g.layer]
@@ -152,7 +155,7 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
             g.status = "partly fused" if g.fused else ""
         elif g.fused and len([n for n in g.nodes if n.id not in static]) == 1:
             g.status = "fused"  # one fused op; weight preparation (e.g. merged Q/K/V weights) does not count
-        elif g.rejections:
+        elif g.rejections and not (g.verdict is not None and pristine):
             g.status = "rejected"
         else:
             g.status = "partly fused" if g.fused else "unfused"
