@@ -109,3 +109,21 @@ def test_a_refused_candidate_still_lists_each_failing_guard_once():
     assert len(hits) == 1 and hits[0]["outcome"].startswith("rejected")
     text = _plain(report_markdown(rep))
     assert "rejected" in text and "guard h1_user_count" in text.replace("*", "")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_decisions_table_does_not_say_all_passed_for_a_fusion_that_left_something_out(case):
+    """The Matches & rejections table: the fused row of a fusion that left its activation out names the guard it was
+    made without (its own "left out" row says why), never "all passed"."""
+    from rlxviz.app.explain import decision_rows
+
+    trace = CASES[case]()
+    rows = decision_rows(trace)
+    softs = [r for r in rows if r["kind"] == "left out" and r["guard"] == "epilogue_activation"]
+    assert softs, case
+    for soft in softs:
+        (fused,) = [r for r in rows if r["kind"] == "fused" and (r["step"], r["rule"], r["anchor"]) ==
+                    (soft["step"], soft["rule"], soft["anchor"])]
+        assert fused["guard"] == "passed; left out by epilogue_activation", fused
+        assert "without %" in fused["message"] and "FusedMatMulBiasAct" in fused["message"], fused
+    assert any(r["kind"] == "fused" and r["guard"] == "all passed" for r in rows) or case != "bert_tanh_gelu"

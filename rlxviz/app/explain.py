@@ -25,7 +25,8 @@ from .text import md_code, md_escape, md_pre
 def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
     """One row per match and per rejection, in pipeline order.
 
-    Columns: `kind` (`fused` / `rejected` / `left out`: a soft rejection of a rule that fused / `not a
+    Columns: `kind` (`fused`, its guard `all passed` or, for a fusion that left something out, `passed; left out
+    by GUARD` / `rejected` / `left out`: a soft rejection of a rule that fused / `not a
     candidate`: nodes that only look like the rule's input, a broadcast sum; no near-miss), `step` (index
     into `trace.steps`), `pass`, `rule`, `layer` (int or None), `stage`, `guard`, `why` (the guard's kind of
     "no": `illegal`, `not recognized`, `not profitable`; `also: ...` for a further failing guard of the same
@@ -38,9 +39,16 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
         for m in s.matches:
             nodes = sorted({m.anchor, *m.bindings.values(), *([m.fused] if m.fused is not None else [])})
             fused = s.after.get(m.fused) if m.fused is not None else None
+            # a fusion that left something out (its soft rejections, each its own "left out" row) did not pass
+            # every guard: its row says which ones it was made without, as the inspector does
+            left = [r for r in s.rejections if r.soft and (r.rule, r.anchor) == (m.rule, m.anchor)]
+            without = ", ".join(_ops(s.before, [i for r in left for i in r.offending]))
+            made = f"fused into {fused.op.value} %{fused.id}" if fused is not None else "rewritten"
             rows.append({"kind": "fused", "step": k, "pass": s.pass_name, "rule": m.rule, "layer": m.layer,
-                         "stage": "", "guard": "all passed", "why": "", "fix": "", "anchor": m.anchor,
-                         "message": f"fused into {fused.op.value} %{fused.id}" if fused is not None else "rewritten",
+                         "stage": "", "guard": "all passed" if not left else
+                         "passed; left out by " + ", ".join(dict.fromkeys(r.guard for r in left)),
+                         "why": "", "fix": "", "anchor": m.anchor,
+                         "message": made + (f", without {without}" if left and without else ""),
                          "hint": "", "path": m.path, "nodes": nodes})
         for r in s.rejections:
             nodes = list(dict.fromkeys([*r.offending, r.anchor]))
