@@ -1,5 +1,5 @@
-"""Issue 39's newcomer run, three faults that misled, in the real page (1280x800, watched: no console error, no
-request off the machine):
+"""Issue 39's newcomer run, three faults that misled, in the real page (1280x800 and 1920x1080, watched: no console
+error, no request off the machine):
 
 1. a layer box of the collapsed view at the input version says the layer's final verdict (and, labelled, what has
    happened so far), as docs/app.md says;
@@ -45,8 +45,9 @@ def _idle(pg, factor: int = 3):
     expect(pg.locator(".rv-progress-text")).to_be_hidden(timeout=factor * WAIT_MS)
 
 
-def test_newcomer_faults_in_the_page(browser, server):
-    with watched_page(browser, server[0], 1280, 800) as pg:
+@pytest.mark.parametrize("size", [(1280, 800), (1920, 1080)])
+def test_newcomer_faults_in_the_page(browser, server, size):
+    with watched_page(browser, server[0], *size) as pg:
         # 1. the input version in the collapsed view: each box says how the layer ends
         choose_version(pg, "input")
         pg.locator(".rv-view select").select_option("collapsed")
@@ -54,11 +55,12 @@ def test_newcomer_faults_in_the_page(browser, server):
         box.wait_for()
         expect(box).to_contain_text("final: fused")
         expect(box).to_contain_text("at this version: unfused")
-        pg.screenshot(path=str(ART / "newcomer-why-final-verdict.png"))
+        pg.screenshot(path=str(ART / f"newcomer-why-final-verdict-{size[0]}x{size[1]}.png"))
 
         # 2. the tanh-GELU variant: FC1 fused without its activation; the activation's inspector says so, once
         open_sidebar(pg)
         pg.locator(".rv-variant-tanh_gelu button").click()
+        expect(pg.locator(".rv-message")).to_contain_text("tanh-GELU", timeout=3 * WAIT_MS)  # the variant's run is in
         _idle(pg)
         choose_version(pg, "after fuse_matmul_bias_act")
         pg.locator(".rv-view select").select_option("full")
@@ -73,7 +75,7 @@ def test_newcomer_faults_in_the_page(browser, server):
         assert sum("epilogue_activation" in ln for ln in items) == 1, items
         left = [ln for ln in items if ln.startswith("left out of")]
         assert len(left) == 1 and "FusedMatMulBiasAct" in left[0] and "epilogue_activation" in left[0], items
-        pg.screenshot(path=str(ART / "newcomer-why-left-out.png"))
+        pg.screenshot(path=str(ART / f"newcomer-why-left-out-{size[0]}x{size[1]}.png"))
         pg.locator(".rv-inspector-close button").click()
 
         # 3. timing: the split's input median is the chart's
@@ -98,4 +100,4 @@ def test_newcomer_faults_in_the_page(browser, server):
         table_input = rows[FUSION_LABELS[0]][2]
         assert chart["ms"][0] == f"{table_input} ms", (chart, rows)  # one median for the input, both places
         assert chart["ms"][-1] == f"{rows[FUSION_LABELS[2]][2]} ms", (chart, rows)  # the final version: the same
-        pg.screenshot(path=str(ART / "newcomer-why-timing.png"), full_page=True)
+        pg.screenshot(path=str(ART / f"newcomer-why-timing-{size[0]}x{size[1]}.png"), full_page=True)
