@@ -248,12 +248,15 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
         for m in s.matches:
             left = soft.get((m.rule, m.anchor), [])
             told.add((m.rule, m.anchor))
+            role = next((r for r, i in m.bindings.items() if i == node_id), None)
+            mine = m.anchor == node_id or role is not None or m.fused == node_id
+            if not mine and not any(node_id in r.offending for r in left):
+                continue  # nothing about this node (the words below are made only for its own decisions)
             made = s.after.get(m.fused) if m.fused is not None else None
             fused = _ops(s.before, made.absorbed) if made is not None else []
             what = {"pass": s.pass_name, "rule": m.rule, "anchor": m.anchor, "made": f"{made.op.value} %{made.id}"
                     if made is not None else "", "fused": fused, "left_out": [_left(trace, k, r) for r in left]}
-            role = next((r for r, i in m.bindings.items() if i == node_id), None)
-            if m.anchor == node_id or role or m.fused == node_id:
+            if mine:
                 first = what["left_out"][0] if left else None
                 add({**what, "role": "fused node" if m.fused == node_id else (role or "anchor"), "outcome": "fused",
                      "guard": first["guard"] if first else "all guards passed",
