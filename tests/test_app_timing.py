@@ -244,16 +244,18 @@ def test_the_timing_tab_shows_the_split_and_no_server_path():
 
 
 def test_a_failed_split_leaves_the_versions_timed_and_says_why(monkeypatch):
-    """The split runs after the versions in the timing process; if it fails (memory, a lowering), the versions' rows
-    stand and the tab says why the split is missing (run in this process: `timeproc._time` is the worker's body)."""
+    """The split's own-lowering row is timed with the versions in the timing process (issue 39: one measurement); if
+    it cannot be built (memory, a lowering), the versions' rows stand and the tab says why the split is missing (run
+    in this process: `timeproc._time` is the worker's body)."""
     from rlxviz.app import timeproc
     from rlxviz.app.timingchart import fusion_kernels_markdown
-    from rlxviz.session import lowerings
+    from rlxviz.session import timing
 
     def refuse(*a, **k):
         raise MemoryError("no room at /srv/app/.venv/lib/x.so for the split")
 
-    monkeypatch.setattr(lowerings, "fusion_and_kernels", refuse)
+    # the split is no separate run any more (it was `lowerings.fusion_and_kernels`): its row's executor refuses
+    monkeypatch.setattr(timing, "own_lowering_executor", refuse)
     m, trace, feeds = bert_tiny_trace()
     run = timeproc._time(trace, feeds, m.weights, 0, 2, "cpu", None)
     assert run.rows and all(r.median_ms for r in run.rows if r.same_as is None)

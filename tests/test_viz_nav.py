@@ -28,7 +28,7 @@ def _box_word(dot: str, layer: int) -> str:
     """The status word drawn in layer box `layer` of a layers-view DOT source."""
     stmt = re.search(rf"^\s*layer{layer} \[label=<(.*)$", dot, re.M)
     assert stmt, f"no box for layer {layer}"
-    words = re.findall(r"<B>(fused|not fused|partly fused|rejected[^<]*)</B>", stmt.group(1))
+    words = re.findall(r"<B>(fused|not fused|partly fused|rejected[^<]*|final: (?:not )?fused)</B>", stmt.group(1))
     assert len(words) == 1, words
     return words[0]
 
@@ -69,11 +69,16 @@ def test_before_and_after_panes_agree_on_a_layer_that_is_already_final():
     assert "rejected: h1_user_count" in before
 
 
-def test_layer_view_before_the_end_shows_progress_not_a_verdict():
-    """An intermediate version is not the run's result: its boxes say how far fusion got there."""
+def test_layer_view_before_the_end_shows_progress_and_the_final_verdict():
+    """An intermediate version is not the run's result: its boxes say how far fusion got there, labelled as such,
+    beside the run's final verdict (issue 39's newcomer run: the box said only how far fusion got, while docs/app.md
+    said it shows the final verdict; this test asserted that old box)."""
     s = _state(preset="bert-tiny")
     s.step_to("after fuse_matmul_bias_act")
-    assert _box_word(s.dot(view="collapsed"), 0) == "partly fused"
+    dot = s.dot(view="collapsed")
+    assert _box_word(dot, 0) == "final: fused" == f"final: {_why_word(s, 0)}"
+    assert "at this version: partly fused (FusedMatMulBiasAct" in re.search(r"^\s*layer0 \[label=<(.*)$", dot,
+                                                                            re.M).group(1)
 
 
 # -- the culprit of a rejection is drawn and marked -------------------------------------------------

@@ -2,13 +2,14 @@
 
 * `decision_rows`: every match and rejection as one table row (pass, rule, layer, guard, message).
 * `node_report`: what the inspector says about one node: op, attributes, shapes, provenance,
-  operands, users, and every match / rejection that involved it (guard and outcome).
+  operands, users, and every decision that involved it (`node_decisions`: one outcome per rule, candidate and role;
+  a fusion with what it left out and why, as `explain`'s `Outcome.soft` says it).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ import numpy as np
 from ..ir import Graph, Node, Op, format_node, operand_roles
 from ..passes.guard import NOT_A_CANDIDATE
 from ..passes.report import in_context
-from ..passes.trace import Trace, layer_of
+from ..passes.trace import Rejection, Trace, layer_of
 from ..session.tensors import summarize
 from .text import md_code, md_escape, md_pre
 
@@ -24,7 +25,8 @@ from .text import md_code, md_escape, md_pre
 def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
     """One row per match and per rejection, in pipeline order.
 
-    Columns: `kind` (`fused` / `rejected` / `left out`: a soft rejection of a rule that fused / `not a
+    Columns: `kind` (`fused`, its guard `all passed` or, for a fusion that left something out, `passed; left out
+    by GUARD` / `rejected` / `left out`: a soft rejection of a rule that fused / `not a
     candidate`: nodes that only look like the rule's input, a broadcast sum; no near-miss), `step` (index
     into `trace.steps`), `pass`, `rule`, `layer` (int or None), `stage`, `guard`, `why` (the guard's kind of
     "no": `illegal`, `not recognized`, `not profitable`; `also: ...` for a further failing guard of the same
@@ -37,9 +39,16 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
         for m in s.matches:
             nodes = sorted({m.anchor, *m.bindings.values(), *([m.fused] if m.fused is not None else [])})
             fused = s.after.get(m.fused) if m.fused is not None else None
+            # a fusion that left something out (its soft rejections, each its own "left out" row) did not pass
+            # every guard: its row says which ones it was made without, as the inspector does
+            left = [r for r in s.rejections if r.soft and (r.rule, r.anchor) == (m.rule, m.anchor)]
+            without = ", ".join(_ops(s.before, [i for r in left for i in r.offending]))
+            made = f"fused into {fused.op.value} %{fused.id}" if fused is not None else "rewritten"
             rows.append({"kind": "fused", "step": k, "pass": s.pass_name, "rule": m.rule, "layer": m.layer,
-                         "stage": "", "guard": "all passed", "why": "", "fix": "", "anchor": m.anchor,
-                         "message": f"fused into {fused.op.value} %{fused.id}" if fused is not None else "rewritten",
+                         "stage": "", "guard": "all passed" if not left else
+                         "passed; left out by " + ", ".join(dict.fromkeys(r.guard for r in left)),
+                         "why": "", "fix": "", "anchor": m.anchor,
+                         "message": made + (f", without {without}" if left and without else ""),
                          "hint": "", "path": m.path, "nodes": nodes})
         for r in s.rejections:
             nodes = list(dict.fromkeys([*r.offending, r.anchor]))
@@ -161,11 +170,10 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
 
     Returns:
         dict with `id, op, attrs, shape, dtype, path, layer, pass_name, absorbed, ir, operands` (role lines),
-        `users` (lines), `is_output`, `weights` ((name, lines) per weight tensor), `decisions`: one dict per
-        match/rejection in `trace` whose anchor, bindings, offending nodes or fused node is this node (`pass, rule,
-        role, outcome, guard, message, hint`; a rejection's message and hint as `explain` words them,
-        `report.in_context`: a "run P first" whose P ran says what P did; plus `kind, fix, anchor`), and `verdict`:
-        the node's layer's verdict (`_verdict`).
+        `users` (lines), `is_output`, `weights` ((name, lines) per weight tensor), `decisions`: `node_decisions`
+        (one per decision of `trace` whose anchor, bindings, offending nodes or fused node is this node; messages
+        and hints as `explain` words them, `report.in_context`: a "run P first" whose P ran says what P did), and
+        `verdict`: the node's layer's verdict (`_verdict`).
 
     Raises:
         KeyError: no such node in `graph`.
@@ -188,31 +196,96 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
     }
     if trace is None:
         return report
-    for k, s in enumerate(trace.steps):
-        for m in s.matches:
-            role = next((r for r, i in m.bindings.items() if i == node_id), None)
-            if m.anchor == node_id or role or m.fused == node_id:
-                report["decisions"].append({"pass": s.pass_name, "rule": m.rule,
-                                            "role": "fused node" if m.fused == node_id else (role or "anchor"),
-                                            "outcome": "fused", "guard": "all guards passed", "message": "",
-                                            "hint": ""})
-        for r in s.rejections:
-            role = next((k for k, i in r.bindings.items() if i == node_id), None)
-            if r.anchor == node_id or role or node_id in r.offending:
-                message, hint = in_context(trace, k, r)  # what explain and the Why tab say of a "run P first"
-                report["decisions"].append({"pass": s.pass_name, "rule": r.rule,
-                                            "role": role or ("anchor" if r.anchor == node_id else "offending"),
-                                            "outcome": f"rejected ({r.stage})", "guard": r.guard,
-                                            "message": message, "hint": hint, "kind": r.kind, "fix": r.fix,
-                                            "anchor": r.anchor})
+    report["decisions"] = node_decisions(trace, node_id)
     report["verdict"] = _verdict(trace, layer_of(n.path))
     return report
+
+
+def _ops(g: Graph, ids: Iterable[int]) -> list[str]:
+    """`%id op` of each node (`%id` alone for one `g` lacks)."""
+    return [f"%{i} {g[i].op.value}" if i in g else f"%{i}" for i in ids]
+
+
+def _left(trace: Trace, k: int, r: Rejection) -> dict[str, Any]:
+    """What soft rejection `r` (of step `k`) left out of its fusion: the nodes, the guard, its kind, the message as
+    `explain` words it, the hints."""
+    message, hint = in_context(trace, k, r)
+    return {"nodes": _ops(trace.steps[k].before, r.offending), "guard": r.guard, "kind": r.kind,
+            "message": message, "hint": hint, "fix": r.fix}
+
+
+def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
+    """Every decision of the run about node `node_id`, one per (step, rule, candidate) with one outcome each: the
+    facts `explain` reads (a rule's `Match` with what it left out, its soft `Rejection`s, as `Outcome.soft`; a
+    refused candidate's `Rejection`s), never the same guard twice.
+
+    Returns:
+        dicts with `pass, rule, role, outcome, guard, message, hint, kind, fix, anchor`, and for a fusion `made`
+        (`FusedMatMulBiasAct %6`, "" for a rewrite that made several nodes), `fused` (the `%id op` it replaced) and
+        `left_out` (one dict per soft rejection: `nodes, guard, kind, message, hint, fix`). Outcomes:
+
+        * `fused`: the node is bound in, anchors or is the product of a match; `guard` is `all guards passed`, or,
+          when the fusion left something out, the first such guard (its message and hints too);
+        * `left out`: the node is what a fusion left out (a soft rejection's offending node, not part of the
+          match): `guard` and `message` say why, `made` / `fused` what was fused without it;
+        * `rejected (STAGE)`: a refused candidate's guard (one entry per failing guard and role).
+    """
+    out: list[dict[str, Any]] = []
+    seen: set[tuple[Any, ...]] = set()
+
+    def add(d: dict[str, Any]) -> None:
+        key = (d["pass"], d["rule"], d["role"], d["guard"], d["outcome"], d["anchor"])
+        if key not in seen:
+            seen.add(key)
+            out.append(d)
+
+    for k, s in enumerate(trace.steps):
+        soft: dict[tuple[str, int], list[Rejection]] = {}
+        for r in s.rejections:
+            if r.soft:
+                soft.setdefault((r.rule, r.anchor), []).append(r)
+        told: set[tuple[str, int]] = set()
+        for m in s.matches:
+            left = soft.get((m.rule, m.anchor), [])
+            told.add((m.rule, m.anchor))
+            role = next((r for r, i in m.bindings.items() if i == node_id), None)
+            mine = m.anchor == node_id or role is not None or m.fused == node_id
+            if not mine and not any(node_id in r.offending for r in left):
+                continue  # nothing about this node (the words below are made only for its own decisions)
+            made = s.after.get(m.fused) if m.fused is not None else None
+            fused = _ops(s.before, made.absorbed) if made is not None else []
+            what = {"pass": s.pass_name, "rule": m.rule, "anchor": m.anchor, "made": f"{made.op.value} %{made.id}"
+                    if made is not None else "", "fused": fused, "left_out": [_left(trace, k, r) for r in left]}
+            if mine:
+                first = what["left_out"][0] if left else None
+                add({**what, "role": "fused node" if m.fused == node_id else (role or "anchor"), "outcome": "fused",
+                     "guard": first["guard"] if first else "all guards passed",
+                     **({k2: first[k2] for k2 in ("message", "hint", "kind", "fix")} if first else
+                        {"message": "", "hint": "", "kind": "", "fix": ""})})
+                continue
+            for r, d in zip(left, what["left_out"], strict=True):
+                if node_id in r.offending:  # the node the fusion did not take
+                    add({**what, "role": "left out", "outcome": "left out", "guard": r.guard,
+                         "message": d["message"], "hint": d["hint"], "kind": r.kind, "fix": r.fix, "left_out": [d]})
+        for r in s.rejections:
+            if r.soft and (r.rule, r.anchor) in told:
+                continue  # said with its fusion, above
+            role = next((k2 for k2, i in r.bindings.items() if i == node_id), None)
+            if r.anchor == node_id or role or node_id in r.offending:
+                message, hint = in_context(trace, k, r)  # what explain and the Why tab say of a "run P first"
+                add({"pass": s.pass_name, "rule": r.rule,
+                     "role": role or ("anchor" if r.anchor == node_id else "offending"),
+                     "outcome": "left out" if r.soft else f"rejected ({r.stage})", "guard": r.guard,
+                     "message": message, "hint": hint, "kind": r.kind, "fix": r.fix, "anchor": r.anchor,
+                     "made": "", "fused": [], "left_out": []})
+    return out
 
 
 def _verdict(trace: Trace, layer: int | None) -> dict[str, Any] | None:
     """The run's verdict on the node's layer (`passes.why.RunVerdict`, what `explain` and the Why tab say):
     `layer, fused, rule, guard, fix, hint, legal_only` (rule/guard/fix/hint empty when it fused or nothing rejected),
-    or None outside a layer of the model."""
+    or None outside a layer of the model; `blocker`: what a fusion that happened left that blocks the layer
+    (`LayerVerdict.blocker`, `explain`'s "NOT fused: ..." words), else ""."""
     from ..passes.why.verdict import RunVerdict
 
     run = RunVerdict.of(trace)
@@ -221,7 +294,8 @@ def _verdict(trace: Trace, layer: int | None) -> dict[str, Any] | None:
         return None
     f = v.first
     return {"layer": layer, "fused": v.fused, "rule": f.rule if f else "", "guard": f.guard if f else "",
-            "fix": f.fix if f else "", "hint": f.hint if f else "", "legal_only": v.legal_only}
+            "fix": f.fix if f else "", "hint": f.hint if f else "", "legal_only": v.legal_only,
+            "blocker": v.blocker}
 
 
 def report_markdown(rep: dict[str, Any]) -> str:
@@ -250,7 +324,8 @@ def report_markdown(rep: dict[str, Any]) -> str:
         elif v["rule"]:
             fix = f" *Fix:* {md_escape(v['hint'])}" if v["hint"] else ""
             comp = f" *Compiler fix:* {md_escape(v['fix'])}" if v["fix"] else ""
-            lines.append(f"**layer {v['layer']}: NOT fused**, first rejection {md_code(v['rule'])}: "
+            blocker = f": {md_escape(v['blocker'])}" if v.get("blocker") else ""
+            lines.append(f"**layer {v['layer']}: NOT fused**{blocker}, first rejection {md_code(v['rule'])}: "
                          f"**{md_escape(v['guard'])}**{fix}{comp}")
         else:
             lines.append(f"**layer {v['layer']}: NOT fused**")
@@ -265,14 +340,43 @@ def report_markdown(rep: dict[str, Any]) -> str:
     lines.append("**users**\n" + ("\n".join(f"- {md_escape(x)}" for x in rep["users"]) if rep["users"] else "- none"))
     if rep["decisions"]:
         lines.append("**guards evaluated on this node**")
-        for d in rep["decisions"]:
-            icon = ("<b style='color:#2e7d32'>passed</b>" if d["outcome"] == "fused"
-                    else "<b style='color:#c62828'>failed</b>")
-            msg = f": {md_escape(d['message'])}" if d["message"] else ""
-            hint = f" *Fix:* {md_escape(d['hint'])}" if d["hint"] else ""
-            # rule, role, guard and outcome are names from the pass library; message and hint quote the model
-            lines.append(f"- {icon} `{d['rule']}` as *{d['role']}*: **{d['guard']}** ({d['outcome']}){msg}{hint}")
+        lines += [decision_markdown(d) for d in rep["decisions"]]
     else:
         lines.append("*No pattern was anchored on or bound to this node.*")
     lines.append(md_pre(rep["ir"]))
     return "\n\n".join(lines)
+
+
+PASSED, LEFT_OUT, REJECTED = ("<b style='color:#2e7d32'>fused</b>", "<b style='color:#e65100'>left out</b>",
+                              "<b style='color:#c62828'>rejected</b>")
+"""The inspector's outcome words (green, orange, red)."""
+
+
+def _why_markdown(guard: str, kind: str, message: str, hint: str, fix: str) -> str:
+    """`guard **G** (kind): message *Fix:* hint *Compiler fix:* fix`, as `explain` words a refusal. The guard and
+    its kind are names from the pass library (shown as they are); message, hint and fix quote the model: escaped."""
+    what = f" ({kind})" if kind else ""
+    msg = f": {md_escape(message)}" if message else ""
+    return (f"guard **{guard}**{what}{msg}" + (f" *Fix:* {md_escape(hint)}" if hint else "")
+            + (f" *Compiler fix:* {md_escape(fix)}" if fix else ""))
+
+
+def decision_markdown(d: dict[str, Any]) -> str:
+    """One list item of the inspector for a `node_decisions` entry: one outcome per (rule, role), what was fused
+    into what, what was left out of it and why (`explain`'s "left out: GUARD (KIND): MESSAGE")."""
+    rule, role = md_code(d["rule"]), md_escape(d["role"])
+    product = (f"{md_escape(', '.join(d['fused']))} -> {md_code(d['made'])}" if d.get("made")
+               else "rewritten")
+    if d["outcome"] == "fused":
+        head = f"- {PASSED} by {rule} as *{role}*: {product}"
+        if not d.get("left_out"):
+            return head + "; all guards passed"
+        return head + "".join(f"; {LEFT_OUT}: {md_escape(', '.join(x['nodes']) or 'a part of it')}, "
+                              + _why_markdown(x["guard"], x["kind"], x["message"], x["hint"], x["fix"])
+                              for x in d["left_out"])
+    why = _why_markdown(d["guard"], d.get("kind", ""), d["message"], d["hint"], d.get("fix", ""))
+    if d["outcome"] == "left out":
+        made = f" ({product})" if d.get("made") else ""
+        return f"- {LEFT_OUT} of {rule}'s fusion{made}: {why}"
+    stage = d["outcome"].removeprefix("rejected").strip(" ()")
+    return f"- {REJECTED} {rule} as *{role}*" + (f" ({md_escape(stage)})" if stage else "") + f": {why}"

@@ -63,14 +63,16 @@ class Measurements:
             policy = next((r.policy for r in run.rows if r.policy is not None), None)
             where = next((r.context for r in run.rows if r.context is not None), None)
             # device, precision policy (f32 / TF32), BLAS and its threads, and where the timing ran
-            self._timed = (trace, run.rows)
+            # the own-lowering row shares the versions' rounds: one machine check over all of them
+            also = [run.split.rows[1]] if isinstance(run.split, session.FusionAndKernels) and run.split.shared else []
+            self._timed = (trace, run.rows, also)
             page(lambda: self.trace is trace and self.param.update(  # not over a newer run's tab
                 timing_policy=(policy.describe() + "\n\n" if policy else "") + sets.describe(),
                 # the BLAS library by its file name, not its path on the server (issue 39)
                 blas=hide_server_paths(f"{where if where is not None else 'MLX'}; {self.repeat} interleaved round(s) "
                                        f"per version, in a worker process (pid {run.pid}), as `rlxviz time --repeat "
                                        f"{self.repeat}`"),
-                timings=self._timing_rows(run.rows, self._visible(trace)), timing_split=run.split))
+                timings=self._timing_rows(run.rows, self._visible(trace), also), timing_split=run.split))
         except Exception as e:  # noqa: BLE001
             text = f"Timing failed: {type(e).__name__}: {e}\n{timing_hint(e)}"
             page(lambda: self._error(text))
@@ -156,7 +158,9 @@ class Measurements:
         return ok
 
     @staticmethod
-    def _timing_rows(rows: list[session.VersionTiming], visible: list[tuple[int, str]]) -> list[dict[str, Any]]:
+    def _timing_rows(rows: list[session.VersionTiming], visible: list[tuple[int, str]],
+                     also: list[session.VersionTiming] | None = None) -> list[dict[str, Any]]:
         """The timing table's rows for the shown versions (`session.timing.timing_table`: paired verdicts, the
-        notebooks' too)."""
-        return session.timing_table(rows, visible)
+        notebooks' too); `also`: rows timed in the same rounds that are no version (the final version on MLX's own
+        lowering), part of the one machine check."""
+        return session.timing_table(rows, visible, also or ())

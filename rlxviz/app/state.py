@@ -139,7 +139,8 @@ class AppState(Runs, Derived, param.Parameterized):
         self._generation = 0
         self._variant_notice = ""
         self._seq_raised: tuple[int, int] | None = None
-        self._timed: tuple[Trace, list] | None = None  # the run last timed and its rows (`_time_job`)
+        # the run last timed, its rows and the rows timed in the same rounds that are no version (`_time_job`)
+        self._timed: tuple[Trace, list, list] | None = None
         self._upload: dict[str, bytes] = {}  # the accepted upload's files (`load_upload`)
         self._upload_tmp = self._last_upload_tmp = ""  # the temp folder a load wrote them to (removed after it)
         self._upload_names: dict[str, str] = {}  # stored name -> the user's file name (messages name the latter)
@@ -357,7 +358,7 @@ class AppState(Runs, Derived, param.Parameterized):
         names = [lbl for _, lbl in labels]
         self.version = names.index(old) if old in names else 0
         if self._timed is not None and self._timed[0] is self.trace:  # the timing table follows the filter
-            self.timings = self._timing_rows(self._timed[1], labels)
+            self.timings = self._timing_rows(self._timed[1], labels, self._timed[2])
 
     # ============================================================ rendering
 

@@ -13,8 +13,9 @@ from the memory budget. At most `max_jobs()` (`RLXVIZ_TIMING_JOBS`, held as `bou
 sessions; a session's own jobs already run one at a time (`jobs.Runner`), so one session's stuck job delays no
 other session while a slot is free.
 
-The child runs exactly what `rlxviz time` runs: `session.time_versions` (every version timed in
-interleaved rounds, median, min, IQR, speed-up, where it ran), measuring anew.
+The child runs what `rlxviz time` runs: `session.time_versions` (every version timed in interleaved rounds, median,
+min, IQR, speed-up, where it ran), measuring anew; on the CPU one more program shares those rounds, the final version
+on MLX's own lowering, for the fusion / kernels split.
 
 Example:
     >>> run = time_in_worker(trace, feeds, weights, warmup=2, repeat=10)   # doctest: +SKIP
@@ -40,9 +41,10 @@ class WorkerTiming:
     Attributes:
         rows: `session.VersionTiming` per version of the trace (`trace.versions()` order).
         pid: the child process's id (not the server's: the timing ran outside the server's GIL).
-        split: on the CPU, `session.FusionAndKernels` (the input and the final version on MLX's own lowering and
-            the final version on rlxviz's kernels, timed together after the versions), or why it failed (a str:
-            the versions' rows stand); None on the GPU, where rlxviz's kernels do not run.
+        split: on the CPU, `session.FusionAndKernels` of this run (`fusion_and_kernels_of`: the input's and the final
+            version's rows are `rows`' own, the final version on MLX's own lowering was timed in the same paired
+            rounds), or why it failed (a str: the versions' rows stand); None on the GPU, where rlxviz's kernels do
+            not run.
     """
 
     rows: list[Any]
@@ -94,23 +96,24 @@ def _force_busy_split(split: Any) -> Any:
 
 def _time(trace: Any, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray], warmup: int, repeat: int,
           device: str | None, inputs: Any) -> WorkerTiming:
-    """(In the child) `session.time_versions`, measuring anew; on the CPU then `session.fusion_and_kernels` (the
-    fusion's share of the speed-up apart from rlxviz's kernels') with the same rounds."""
+    """(In the child) `session.time_versions_and_own`, measuring anew: every version and, on the CPU, the final
+    version on MLX's own lowering in the same paired rounds, so the fusion / kernels split
+    (`lowerings.fusion_and_kernels_of`) is made of the very rows the chart draws, with one machine check."""
     from ..session import lowerings, timing
 
     timing.TIMINGS.clear()
     extra = {} if inputs is None else {"inputs": inputs}
-    rows = timing.time_versions(trace, feeds, weights, warmup=warmup, repeat=repeat, device=device, **extra)
-    where = next((r.context.device for r in rows if r.context is not None), None)
-    split: Any = None
-    if where == "cpu":
-        try:
-            split = lowerings.fusion_and_kernels(trace.input, trace.final, feeds, weights, warmup=warmup,
-                                                 repeat=repeat)
-        except Exception as e:  # noqa: BLE001 - the versions' timing stands; the split says why it is missing
-            split = f"{type(e).__name__}: {e}"
+    rows, own = timing.time_versions_and_own(trace, feeds, weights, warmup=warmup, repeat=repeat, device=device,
+                                             own_lowering=True, **extra)
     if os.environ.get(FORCE_BUSY_ENV):  # the test hook: the run as a busy machine leaves it
-        rows, split = force_busy(rows), _force_busy_split(split)
+        rows = force_busy(rows)
+        own = force_busy([own])[0] if not isinstance(own, str) and own is not None else own
+    split: Any = own  # None (not on the CPU) or why the own-lowering row is missing (a str: the versions stand)
+    if own is not None and not isinstance(own, str):
+        try:
+            split = lowerings.fusion_and_kernels_of(rows, own)
+        except ValueError as e:  # the input or the final version not timed: the versions' rows stand
+            split = f"{type(e).__name__}: {e}"
     return WorkerTiming(rows, os.getpid(), split)
 
 

@@ -30,9 +30,10 @@ def machine_verdict(rows: list[dict[str, Any]]) -> tuple[str, str]:
 def fusion_kernels_markdown(split: Any) -> str:
     """The final version on MLX's own lowering next to rlxviz's kernels (`session.FusionAndKernels`), as Markdown:
     a table of the three rows (ops, median ms, the paired speed-up over the row above with its 95% interval and its
-    verdict) and one sentence splitting the final version's speed-up into the fusion's and the kernels'. A busy run
-    says so first and gives no verdict. None (timed on the GPU): why there is nothing to split; a str: why the
-    split's run failed."""
+    verdict) and one sentence splitting the final version's speed-up into the fusion's and the kernels'. A split of
+    the chart's own run (`shared`) says its input and final rows are the chart's; one measured apart says it has a
+    machine check of its own. A busy run says so first and gives no verdict. None (timed on the GPU): why there is
+    nothing to split; a str: why the split's row could not be measured."""
     if split is None:
         return ("#### Fusion or kernels?\nrlxviz's own kernels run on the CPU only: on the GPU every version runs "
                 "MLX's own lowering, so the speed-ups above are the fusion's alone.")
@@ -42,10 +43,16 @@ def fusion_kernels_markdown(split: Any) -> str:
 
     busy = split.warning
     steps = [None, ("fusion", split.fusion), ("kernels", split.kernels)]
-    lines = ["#### Fusion or kernels? The final version on MLX's own lowering and on rlxviz's kernels",
-             f"Timed together on the CPU in {split.fusion.rounds} paired rounds, after the versions above, with a "
-             "machine check of its own: " + (f"**busy machine: {md_escape(busy)}.** No verdict below." if busy else
-                                             f"quiet enough (every median within {BUSY_RATIO:g}× its minimum).")]
+    check = (f"**busy machine: {md_escape(busy)}.** No verdict below." if busy else
+             f"quiet enough (every median within {BUSY_RATIO:g}× its minimum).")
+    if getattr(split, "shared", False):  # one measurement with the chart: its rows, one more program in its rounds
+        where = (f"The input and final rows are the chart's own measurements above (the same medians); the final "
+                 f"version on MLX's own lowering ran in the same {split.fusion.rounds} paired rounds on the CPU, so "
+                 "the machine check above covers it too: " + check)
+    else:
+        where = (f"Timed together on the CPU in {split.fusion.rounds} paired rounds, apart from the chart, with a "
+                 "machine check of its own: " + check)
+    lines = ["#### Fusion or kernels? The final version on MLX's own lowering and on rlxviz's kernels", where]
     lines += ["", "| run | ops | median ms | speed-up over the row above (95% ci) | verdict |",
               "|---|---:|---:|---|---|"]
     for r, step in zip(split.rows, steps, strict=True):

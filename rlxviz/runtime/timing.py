@@ -179,7 +179,8 @@ def time_versions_interleaved(graphs: Sequence[Graph], feeds: Mapping[str, Any],
                               weights: Mapping[str, Any] | None = None, rounds: int = 10, warmup: int = 1,
                               device: str | None = None, options: LoweringOptions | None = None,
                               executor: MlxExecutor | None = None,
-                              on_version: Callable[[int], None] | None = None) -> InterleavedTimings:
+                              on_version: Callable[[int], None] | None = None,
+                              extra: Sequence[tuple[Graph, MlxExecutor]] = ()) -> InterleavedTimings:
     """Time graph versions in interleaved rounds on one device.
 
     Each version is first built and run once (its first-call cost), then `warmup` untimed rounds,
@@ -195,6 +196,9 @@ def time_versions_interleaved(graphs: Sequence[Graph], feeds: Mapping[str, Any],
         options: lowering options for a new executor (None: the device's choice).
         executor: run on this executor instead of a new one.
         on_version: called with a version's index before it is built and first run (progress).
+        extra: more (graph, executor) pairs timed in the same rounds, each on its own executor (e.g. the final
+            version on MLX's own lowering beside the versions on rlxviz's kernels); their `Timing`s follow the
+            versions' in `timings`, each with its own executor's context. The rotation covers them too.
 
     Raises:
         ValueError: `rounds < 1`, `warmup < 0` or no graphs.
@@ -210,6 +214,7 @@ def time_versions_interleaved(graphs: Sequence[Graph], feeds: Mapping[str, Any],
         if on_version is not None:
             on_version(j)
         built.append(_fresh(ex, g, feeds_mx, weights))
+    built += [_fresh(other, g, feeds_mx, weights) for g, other in extra]
     n = len(built)
     for _ in range(warmup):
         for prog, args, _first in built:
@@ -223,7 +228,9 @@ def time_versions_interleaved(graphs: Sequence[Graph], feeds: Mapping[str, Any],
             mx.eval(prog.fn(*args))
             samples[i].append(time.perf_counter() - t)
     ctx = timing_context(ex)
-    return InterleavedTimings(tuple(summarize(s, b[2], ctx) for s, b in zip(samples, built, strict=True)), rounds, ctx)
+    contexts = [ctx] * len(graphs) + [timing_context(other) for _, other in extra]
+    return InterleavedTimings(tuple(summarize(s, b[2], c) for s, b, c in zip(samples, built, contexts, strict=True)),
+                              rounds, ctx)
 
 
 @dataclass(frozen=True)

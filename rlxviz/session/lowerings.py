@@ -117,8 +117,12 @@ class FusionAndKernels:
         fusion: row 1 against row 0 (`paired_verdict`): what the rewrites buy on MLX's own lowering.
         kernels: row 2 against row 1: what rlxviz's kernels buy on the same fused graph.
         total: row 2 against row 0: both (what the timing table credits to the final version).
-        warning: `busy_warning` over the three rows ("" on a usable run): the verdicts are not to be read.
+        warning: `busy_warning` over the rows measured together ("" on a usable run): the verdicts are not to be
+            read. For a split of the versions' own run (`shared`), the one machine check of that whole run.
         kernels_note: which of rlxviz's kernels ran (`runtime.timing.kernels_line`), or why none did.
+        shared: rows 0 and 2 are the versions' own measurements (the input and the final version as the timing
+            chart shows them), row 1 was timed in the same paired rounds (`fusion_and_kernels_of`); False: the three
+            rows are a run of their own (`fusion_and_kernels`).
     """
 
     rows: list[VersionTiming]
@@ -127,6 +131,7 @@ class FusionAndKernels:
     total: Any
     warning: str
     kernels_note: str
+    shared: bool = False
 
 
 FUSION_LABELS = ("input, MLX's own lowering", "final, MLX's own lowering", "final, rlxviz's CPU kernels (default)")
@@ -163,4 +168,29 @@ def fusion_and_kernels(input_graph: Graph, final: Graph, feeds: Mapping[str, Any
                             paired_verdict(rows[0], rows[2]), busy_warning(*rows), note)
 
 
-__all__ = ["FUSION_LABELS", "FusionAndKernels", "Lowering", "fusion_and_kernels", "time_lowerings"]
+def fusion_and_kernels_of(rows: Sequence[VersionTiming], own: VersionTiming) -> FusionAndKernels:
+    """The fusion / kernels split of one timing run, with no measurement of its own: the input's and the final
+    version's rows are the versions' rows (`time_versions_and_own`, the numbers the timing chart draws), the middle
+    row the final version on MLX's own lowering timed in the same paired rounds (`own`). The input runs no fused op,
+    so its default lowering is MLX's own. The warning is the whole run's machine check (every timed version and
+    `own`), as the chart's (`timing_table(rows, also=[own])`).
+
+    Raises:
+        ValueError: the input or the final version was not timed, or `own` holds another number of rounds.
+    """
+    from dataclasses import replace
+
+    from .timing import busy_warning, paired_verdict
+
+    timed = [rows[r.same_as] if r.same_as is not None else r for r in rows]
+    first, last = timed[0], timed[-1]
+    three = [replace(first, label=FUSION_LABELS[0]), replace(own, label=FUSION_LABELS[1]),
+             replace(last, label=FUSION_LABELS[2])]
+    note = last.context.kernels if last.context is not None else ""
+    run = [r for r in rows if r.same_as is None and r.median_ms is not None]
+    return FusionAndKernels(three, paired_verdict(three[0], three[1]), paired_verdict(three[1], three[2]),
+                            paired_verdict(three[0], three[2]), busy_warning(*run, own), note, shared=True)
+
+
+__all__ = ["FUSION_LABELS", "FusionAndKernels", "Lowering", "fusion_and_kernels", "fusion_and_kernels_of",
+           "time_lowerings"]

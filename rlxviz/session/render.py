@@ -5,8 +5,9 @@ version with its pass's fused nodes marked, the graph the pass saw with every ma
 marked, or the graph before the pass that first rejected something in a layer), `full` or `layers`
 (one box per layer), and an optional layer to focus on.
 
-The layers view of a run's final graph labels each layer box with the run's one verdict (`verdicts`: the
-`passes.why.RunVerdict` that "why didn't layer N fuse?" renders), and the "why" side draws the graph before the
+The layers view labels each layer box with the run's one final verdict (`verdicts`: the `passes.why.RunVerdict`
+that "why didn't layer N fuse?" renders) at every version; at a version before the layer reached its final form the
+box adds what has happened to it so far, labelled (`settled_verdicts`). The "why" side draws the graph before the
 pass of its first rejection, so the text and the picture never disagree.
 """
 
@@ -96,11 +97,13 @@ def _layer_nodes(g: Graph) -> dict[int, frozenset[int]]:
 
 
 def settled_verdicts(trace: Trace, g: Graph) -> dict[int, Verdict]:
-    """`verdicts` of the layers that `g` (a version of `trace`) already holds as the final graph does: the same
-    nodes, so the same answer whichever pane or version shows them; other layers get none (their boxes describe
-    the structure at that version)."""
+    """`verdicts` (the final verdict) of every layer `g` (a version of `trace`) holds, each `settled` when `g` already
+    holds the layer as the final graph does (the same nodes: its box says the verdict's word, whichever pane or
+    version shows it); an earlier state of the layer gets the verdict with `settled=False` (its box says
+    `final: <word>` and what has happened to it so far, `viz.layers`)."""
     now, final = _layer_nodes(g), _layer_nodes(trace.final)
-    return {k: v for k, v in verdicts(trace).items() if k in now and now[k] == final.get(k)}
+    return {k: v if now[k] == final.get(k) else replace(v, settled=False)
+            for k, v in verdicts(trace).items() if k in now}
 
 
 def is_final(trace: Trace, version: int) -> bool:
@@ -137,7 +140,7 @@ def picture(source: Trace | Graph, v: View, heat: Heat = ()) -> tuple[Graph, Ove
     if v.view == "layers" and trace is not None and ov is None:
         ov = Overlay.trace_summary(trace)
     if v.view == "layers" and trace is not None:
-        kw["verdicts"] = settled_verdicts(trace, g)  # a layer as it ends up: its box says what the "why" view says
+        kw["verdicts"] = settled_verdicts(trace, g)  # the final verdict, as the "why" view says it, on every box
     if heat:
         ov = replace(ov or Overlay(), heat={i: (fill, line) for i, fill, line in heat if i in g})
     return g, ov, kw

@@ -121,11 +121,36 @@ def arrays_digest(*groups: Mapping[str, np.ndarray]) -> str:
     return h.hexdigest()[:24]
 
 
+OWN_LOWERING_LABEL = "final, MLX's own lowering"
+"""The label of the row `time_versions_and_own` times beside the versions: the final version with rlxviz's CPU kernels
+off (`LoweringOptions(kernels=False)`)."""
+
+
+def own_lowering_executor() -> Any:
+    """The executor of the own-lowering row: the CPU with rlxviz's kernels off (MLX's composed lowering of every
+    fused op). Raises what `MlxExecutor` raises."""
+    from ..runtime.executor import MlxExecutor
+    from ..runtime.lowering import LoweringOptions
+
+    return MlxExecutor(LoweringOptions(kernels=False), device="cpu")
+
+
 def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
                   warmup: int = 1, repeat: int = 5, progress: Progress | None = None,
                   device: str | None = None, inputs: Any = None, policy: Any = None,
                   fresh: bool = False) -> list[VersionTiming]:
-    """Time every distinct graph version of a run on MLX and check it on a battery of inputs.
+    """Time every distinct graph version of a run on MLX and check it on a battery of inputs (see
+    `time_versions_and_own`, whose rows these are, with no extra row)."""
+    return time_versions_and_own(trace, feeds, weights, warmup, repeat, progress, device, inputs, policy, fresh)[0]
+
+
+def time_versions_and_own(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
+                          warmup: int = 1, repeat: int = 5, progress: Progress | None = None,
+                          device: str | None = None, inputs: Any = None, policy: Any = None,
+                          fresh: bool = False, own_lowering: bool = False
+                          ) -> tuple[list[VersionTiming], VersionTiming | str | None]:
+    """Time every distinct graph version of a run on MLX and check it on a battery of inputs; with
+    `own_lowering` on the CPU, also the final version on MLX's own lowering in the same paired rounds.
 
     The versions are timed together in interleaved rounds on one device
     (`runtime.timing.time_versions_interleaved`) on `feeds`, so a busy machine slows them alike;
@@ -145,9 +170,15 @@ def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mappin
             (`runtime.precision.precision_policy`, TF32 on CUDA included).
         fresh: measure again even when `TIMINGS` holds a run with the same key (a notebook's "rerun this
             cell" must measure anew); the new run replaces the cached one.
+        own_lowering: on the CPU, time `trace.final` on MLX's own lowering (`own_lowering_executor`: rlxviz's
+            kernels off) in the same interleaved rounds as the versions, so the versions' rows and it are one
+            measurement (the Timing tab's "Fusion or kernels?" rows, `lowerings.fusion_and_kernels_of`).
 
     Returns:
-        One `VersionTiming` per version of `trace.versions()`, in order.
+        `(rows, own)`: one `VersionTiming` per version of `trace.versions()`, in order; `own` the final version on
+        MLX's own lowering (`index` past the versions, label `OWN_LOWERING_LABEL`, `speedup` the input's median over
+        its own), or why it could not be built (a str: the versions' rows stand), or None (not asked, or not on the
+        CPU, where every version runs MLX's own lowering already).
 
     Raises:
         SessionError: `repeat` or `warmup` outside its bound (`defaults.check_rounds`).
@@ -169,21 +200,30 @@ def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mappin
     distinct = [i for i in range(len(versions)) if i == 0 or trace.steps[i - 1].changed]
     data = arrays_digest(feeds, weights, *(s.feeds for s in items))
     kernels = ex.emitter.cpu_kernels is not None  # rlxviz's CPU kernels change what runs: part of the key
-    key = (trace.key, data, tuple(s.name for s in items), warmup, repeat, ex.device, policy, kernels)
+    own_wanted = own_lowering and ex.device == "cpu"
+    key = (trace.key, data, tuple(s.name for s in items), warmup, repeat, ex.device, policy, kernels, own_wanted)
     hit = None if fresh else TIMINGS.get(key)
     if hit is None:
         def told(j: int) -> None:
             if progress is not None:
                 progress(distinct[j], len(versions), versions[distinct[j]][0])
 
+        extra, failed = [], ""
+        if own_wanted:
+            try:  # built once here, so a lowering that cannot run it leaves the versions' timing standing
+                own_ex = own_lowering_executor()
+                own_ex.bind(trace.final, feeds, weights)
+                extra = [(trace.final, own_ex)]
+            except Exception as e:  # noqa: BLE001 - said in the row's place
+                failed = f"{type(e).__name__}: {e}"
         run = time_versions_interleaved([versions[i][1] for i in distinct], feeds, weights, rounds=repeat,
-                                        warmup=warmup, executor=ex, on_version=told)
+                                        warmup=warmup, executor=ex, on_version=told, extra=extra)
         runner = ex.run
         bases = baselines(trace.input, items, weights, runner)
         judged = attribute_changes([versions[i][0] for i in distinct],
                                    [check_version(versions[i][1], bases, weights, policy, runner) for i in distinct])
-        hit = TIMINGS.put(key, (run, judged))
-    run, judged = hit
+        hit = TIMINGS.put(key, (run, judged, failed))
+    run, judged, failed = hit
     rows: list[VersionTiming] = []
     last = 0
     for i, (label, g) in enumerate(versions):
@@ -199,7 +239,13 @@ def time_versions(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mappin
                                   err_unfused=v.err_unfused, status=v.status, note=v.note, broke_on=v.broke_on,
                                   policy=policy, samples_ms=tuple(t.samples_ms)))
         last = i
-    return rows
+    own: VersionTiming | str | None = failed or None
+    if len(run.timings) > len(distinct):  # the final version on MLX's own lowering, timed in the same rounds
+        t = run.timings[len(distinct)]
+        own = VersionTiming(len(versions), OWN_LOWERING_LABEL, len(trace.final.compute_nodes()), t.median_ms, t.min_ms,
+                            t.first_call_ms, iqr_ms=t.iqr_ms, speedup=run.timings[0].median_ms / t.median_ms,
+                            context=t.context, policy=policy, samples_ms=tuple(t.samples_ms))
+    return rows, own
 
 
 def input_sets(graph: Graph, feeds: Mapping[str, np.ndarray], user: Any = None, battery: bool = True) -> Any:
@@ -276,13 +322,14 @@ class PairedVerdict:
 
 
 def busy_warning(*rows: VersionTiming) -> str:
-    """"" or a sentence naming the versions whose median is more than `BUSY_RATIO` times their minimum."""
+    """"" or a sentence naming the worst row whose median is more than `BUSY_RATIO` times its minimum, by its index
+    and label (`#3 after fuse_sdpa`; a row that is no version, the own-lowering row, by its label)."""
     bad = [r for r in rows if r.median_ms and r.min_ms and r.median_ms > BUSY_RATIO * r.min_ms]
     if not bad:
         return ""
     worst = max(bad, key=lambda r: r.median_ms / r.min_ms)
     return (f"unusable run: median {worst.median_ms:.2f} ms is {worst.median_ms / worst.min_ms:.1f}x the minimum "
-            f"{worst.min_ms:.2f} ms on #{worst.index} (a busy machine): measure again")
+            f"{worst.min_ms:.2f} ms on #{worst.index} {worst.label} (a busy machine): measure again")
 
 
 def paired_verdict(base: VersionTiming, row: VersionTiming, resamples: int = 2000, seed: int = 0) -> PairedVerdict:
@@ -329,7 +376,8 @@ def compare_to_input(row: VersionTiming, base: VersionTiming) -> str:
 
 
 def timing_table(rows: Sequence[VersionTiming],
-                 visible: Sequence[tuple[int, str]] | None = None) -> list[dict[str, Any]]:
+                 visible: Sequence[tuple[int, str]] | None = None,
+                 also: Sequence[VersionTiming] = ()) -> list[dict[str, Any]]:
     """The per-version timing table as rows of plain values, for the app's table and chart (and any front end).
 
     Every comparison is a paired verdict (`paired_verdict`, the one the notebooks print): `speedup` is the median
@@ -343,6 +391,8 @@ def timing_table(rows: Sequence[VersionTiming],
     Args:
         rows: `time_versions`' rows, one per version of the trace.
         visible: (index into `rows`, label) of the versions to list, in order (default: every row).
+        also: rows timed in the same rounds that are no version (`time_versions_and_own`'s own-lowering row):
+            not listed, but part of the one machine check (`busy`).
 
     Returns:
         One dict per listed version: `#` (index into `rows`, unique where labels repeat), `version`, `ops`, the
@@ -354,7 +404,7 @@ def timing_table(rows: Sequence[VersionTiming],
     timed = [rows[r.same_as] if r.same_as is not None else r for r in rows]
     nan = float("nan")
     # one verdict on the machine for the whole run, as the notebooks print it: every timed version, shown or not
-    busy = busy_warning(*(r for r in rows if r.same_as is None and r.median_ms is not None))
+    busy = busy_warning(*(r for r in (*rows, *also) if r.same_as is None and r.median_ms is not None))
 
     def words(v: PairedVerdict | None) -> str:
         return "-" if v is None else (NOT_READ if busy else v.words)
@@ -394,10 +444,11 @@ def compare_versions(rows: Sequence[VersionTiming]) -> list[tuple[VersionTiming,
     return [(p, r, paired_verdict(p, r)) for p, r in zip(timed[:-1], timed[1:], strict=True)]
 
 
-__all__ = ["BUSY_RATIO", "DISAGREE", "MIN_VERDICT_ROUNDS", "NOT_READ", "PRACTICAL", "TIMINGS", "PairedVerdict",
+__all__ = ["BUSY_RATIO", "DISAGREE", "MIN_VERDICT_ROUNDS", "NOT_READ", "OWN_LOWERING_LABEL", "PRACTICAL", "TIMINGS",
+           "PairedVerdict",
            "Progress",
            "VersionTiming",
            "all_finite",
            "arrays_digest", "busy_warning", "compare_to_input", "compare_versions", "format_timings", "input_sets",
            "paired_verdict",
-           "nonfinite_arrays", "time_versions", "timing_table"]
+           "nonfinite_arrays", "own_lowering_executor", "time_versions", "time_versions_and_own", "timing_table"]

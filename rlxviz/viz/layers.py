@@ -5,7 +5,10 @@ their path: `embeddings`, `mask`), folds params into their group, and draws one 
 groups. Each layer box says whether the layer is fused (one FusedTransformerLayer), partly fused
 (some fused ops), rejected (a near-miss; the guard is named, its message is the tooltip) or unfused.
 Given the session's verdicts (`Verdict`, from the run's `passes.why.RunVerdict`, the answer the "why didn't layer N
-fuse?" view gives), a layer box says that verdict instead: `fused` or `not fused` (with the first guard).
+fuse?" view gives), a layer box says that verdict instead: `fused` or `not fused` (with the first guard). The verdict is
+the final one, what the whole pipeline did to the layer, whichever version is drawn: on a version where the layer is
+not yet as the final graph holds it (`Verdict.settled` False), the box says `final: fused` / `final: not fused` and,
+labelled `at this version:`, what the passes so far did to it (`unfused`, `partly fused`, ...), which also colours it.
 A layer whose structure and status are those of an earlier layer (`layer_signature`) says so on its box: "same as
 layer 0", so that a 32-layer model reads as one layer and its exceptions.
 """
@@ -34,11 +37,14 @@ class Verdict:
         fused: the layer fused as its architecture expects.
         guard: the first guard that rejected its fusion (`` when fused or when nothing was rejected).
         message: one line on why it did not fuse (`` when fused).
+        settled: the version drawn holds the layer as the final graph does (its box says the verdict's word); False:
+            an earlier version, so its box says `final: <word>` and, apart, what has happened to it so far.
     """
 
     fused: bool
     guard: str = ""
     message: str = ""
+    settled: bool = True
 
     @property
     def word(self) -> str:
@@ -56,8 +62,8 @@ class LayerGroup:
         layer: layer index or None.
         nodes: compute nodes in the group.
         weights: number of parameter values the group reads.
-        status: `fused`, `partly fused`, `rejected`, `unfused` (or `` for non-layer groups); with a
-            `Verdict`, its word (`fused`, `not fused`).
+        status: `fused`, `partly fused`, `rejected`, `unfused` (or `` for non-layer groups): what the passes so far
+            did to the layer; with a settled `Verdict` (`Verdict.settled`), its word (`fused`, `not fused`).
         rejections: near-misses anchored in this layer.
         verdict: the session's verdict, when given.
         same_as: the first layer with the same structure and status (`layer_signature`), or None (this layer is
@@ -111,8 +117,8 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
     Args:
         graph: the graph version to summarize.
         overlay: its rejections (e.g. `Overlay.trace_summary(trace)`) mark layers as rejected.
-        verdicts: layer -> the session's verdict; a layer that has one takes its word as status (the final
-            graph of a run: the boxes then say what "why didn't layer N fuse?" says).
+        verdicts: layer -> the session's final verdict (what "why didn't layer N fuse?" says); a layer whose verdict
+            is `settled` takes its word as status, an unsettled one keeps its status at this version beside it.
     """
     groups: dict[str, LayerGroup] = {}
     of: dict[int, str] = {}
@@ -137,15 +143,19 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
     for r in (overlay.rejections if overlay else ()):
         if r.layer in by_layer:
             by_layer[r.layer].rejections.append(r)
+    # the input graph (no pass made any node): the run's rejections it may be marked with (`Overlay.trace_summary`)
+    # are not what has happened to a layer at this version; the final verdict says them
+    pristine = not any(n.pass_name for n in graph)
     for g in groups.values():
         if g.layer is not None and verdicts and g.layer in verdicts:
             g.verdict = verdicts[g.layer]
+        if g.verdict is not None and g.verdict.settled:
             g.status = g.verdict.word
         elif g.layer is None:
             g.status = "partly fused" if g.fused else ""
         elif g.fused and len([n for n in g.nodes if n.id not in static]) == 1:
             g.status = "fused"  # one fused op; weight preparation (e.g. merged Q/K/V weights) does not count
-        elif g.rejections:
+        elif g.rejections and not (g.verdict is not None and pristine):
             g.status = "rejected"
         else:
             g.status = "partly fused" if g.fused else "unfused"
@@ -176,7 +186,7 @@ def layer_signature(graph: Graph, g: LayerGroup) -> tuple:
 
     nodes = tuple((n.op.value, str(n.dtype), tuple(n.shape), tuple(sorted((k, attr(v)) for k, v in n.attrs.items())),
                    n.pass_name or "", tuple(operand(i) for i in n.inputs)) for n in g.nodes)
-    verdict = (g.verdict.fused, g.verdict.guard) if g.verdict is not None else None
+    verdict = (g.verdict.fused, g.verdict.guard, g.verdict.settled) if g.verdict is not None else None
     return nodes, g.status, verdict, tuple(sorted({(r.rule, r.guard) for r in g.rejections}))
 
 
@@ -188,8 +198,11 @@ def _box_label(g: LayerGroup) -> str:
     if len(ops) > 4:
         summary += ", …"
     lines.append(_small(summary, "#333333", 8))
-    if g.verdict is not None:
+    if g.verdict is not None and g.verdict.settled:
         lines += _verdict_lines(g)
+    elif g.verdict is not None:  # an earlier version: the final verdict first, then what has happened so far
+        lines += _final_lines(g.verdict)
+        lines.append(_small(f"at this version: {_so_far(g)}", "#555555", 9))
     elif g.status == "fused":
         f = g.fused[0]
         by = _small(f"-> {f.op.value} by {f.pass_name}", "#1b5e20")
@@ -226,8 +239,40 @@ def _verdict_lines(g: LayerGroup) -> list[str]:
     return lines
 
 
+def _final_lines(v: Verdict) -> list[str]:
+    """The final verdict on a box drawn at an earlier version: `final: fused` or `final: not fused` (and the guard).
+    What fused is not listed: those ops are not in the version drawn."""
+    if v.fused:
+        return ['<FONT COLOR="#1b5e20"><B>final: fused</B></FONT>']
+    lines = [f'<FONT COLOR="{REJECT}"><B>final: not fused</B></FONT>']
+    if v.guard:
+        lines.append(f'<FONT COLOR="{REJECT}">rejected: {_e(v.guard)}</FONT>')
+    return lines
+
+
+def _so_far(g: LayerGroup) -> str:
+    """What the passes up to the version drawn did to the layer, in words (its `status` at this version)."""
+    if g.status == "fused":
+        return f"fused -> {g.fused[0].op.value}"
+    if g.status == "partly fused":
+        c = Counter(n.op.value for n in g.fused)
+        return "partly fused (" + ", ".join(f"{k}×{v}" if v > 1 else k for k, v in c.items()) + ")"
+    if g.status == "rejected":
+        guards = list(dict.fromkeys(r.guard for r in sorted(g.rejections, key=lambda r: r.stage != "guard")))
+        return f"rejected: {', '.join(guards[:2])}"
+    return g.status or "unfused"
+
+
+def status_text(g: LayerGroup) -> str:
+    """The box's status in one line (tooltip, open layer's frame): the verdict's word when settled; at an earlier
+    version `final: <word>; at this version: <status so far>`; else the status at this version."""
+    if g.verdict is not None and not g.verdict.settled:
+        return f"final: {g.verdict.word}; at this version: {_so_far(g)}"
+    return g.status
+
+
 def _box_tooltip(g: LayerGroup) -> str:
-    parts = [f"{g.title}: {g.status or 'no layer'}", f"nodes: {' '.join(f'%{n.id}' for n in g.nodes[:60])}"]
+    parts = [f"{g.title}: {status_text(g) or 'no layer'}", f"nodes: {' '.join(f'%{n.id}' for n in g.nodes[:60])}"]
     if g.same_as is not None:
         parts.append(f"same as {layer_label(g.same_as)}: the same ops, shapes, wiring and verdict")
     if g.verdict is not None and g.verdict.message:
@@ -321,7 +366,7 @@ def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | Non
 
 def _open_layer(d: graphviz.Digraph, g: LayerGroup, box: dict[str, object], drawer: _Drawer) -> None:
     """Layer `g` expanded in place: a cluster with the box's id, colours and tooltip, holding its nodes."""
-    word = f": {g.status}" if g.status else ""
+    word = f": {status_text(g)}" if g.status else ""
     if g.same_as is not None:
         word += f" (same as {layer_label(g.same_as)})"
     with d.subgraph(name=f"cluster_{g.key}") as c:
