@@ -58,6 +58,8 @@ def test_timing_tab_verdict_first_bars_agree_kernels_apart(browser, server, size
     with watched_page(browser, server[0], *size) as pg:
         counts = pg.locator(".rv-counts")
         expect(counts).to_contain_text("ops per version")
+        # the input is drawn first and the passes' versions arrive after it: wait for them before measuring
+        expect(counts.locator(".rv-chip").nth(3)).to_be_attached(timeout=3 * WAIT_MS)
         # the chips wrap inside the pane (they ran off its right edge)
         right = counts.evaluate("""e => { const box = e.getBoundingClientRect();
             const chips = Array.from((e.shadowRoot || e).querySelectorAll('span[title]'));
