@@ -50,13 +50,16 @@ class Disagreement:
         inputs: the input set it differs on (`fully_masked_row`).
         err: max |version - unfused| there (nan: non-finite on one side only).
         changed_by: the pass that first made the numbers differ (None when the float64 oracle says the
-            difference is the dtype's rounding, not a pass: `runtime.compare`'s `precision` / `overflow`).
+            difference is the dtype's rounding, not a pass: `runtime.compare`'s `precision` / `overflow`; or, in a
+            quantized graph, a quantization step moved by rounding).
+        why: for a difference no pass is blamed for, `rlxviz time`'s words for it (`InputCheck.brief`), else ''.
     """
 
     label: str
     inputs: str
     err: float
     changed_by: str | None
+    why: str = ""
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,10 @@ class ExactnessCheck:
             return f"numbers not checked by explain: {self.skipped}"
         on = ", ".join(self.inputs) + (f" (and {len(self.fills)} with -inf mask fills)" if self.fills else "")
         blamed = [d for d in self.bad if d.changed_by]
+        if not blamed and self.bad:  # differs, but not by a pass: never "equal" (time says NO for it too)
+            d = self.bad[0]
+            return (f"numbers: {d.label} differs from the unfused graph on {d.inputs} (max err {d.err:.3g}, allowed "
+                    f"{self.policy.same_backend if self.policy else '?'}), not by a pass: {d.why}")
         if not blamed:
             return (f"numbers: {len(self.checked)} version(s) equal the unfused graph on {on} (NumPy reference, "
                     f"{self.policy.dtype if self.policy else '?'}, {self.policy.same_backend if self.policy else ''})")
@@ -109,7 +116,8 @@ class ExactnessCheck:
                 "claimed_exact": list(self.claimed), "checked": list(self.checked),
                 "skipped": self.skipped or None,
                 "changed": [{"version": d.label, "inputs": d.inputs,
-                             "max_err": d.err if math.isfinite(d.err) else str(d.err), "pass": d.changed_by}
+                             "max_err": d.err if math.isfinite(d.err) else str(d.err), "pass": d.changed_by,
+                             "why": d.why or None}
                             for d in self.bad]}
 
 
@@ -244,7 +252,10 @@ def _judged(trace: Trace, distinct: Sequence[tuple[str, Graph]], sets: Sequence[
         c = v.first_changed
         if c is None:
             continue
-        bad.append(Disagreement(label, c.inputs, c.err_unfused, v.changed_by if v.status == "fusion" else None))
+        blamed = v.changed_by if v.status == "fusion" else None
+        why = "" if blamed else c.brief() if c.status != "ok" else (
+            f"within the float64 oracle's tolerance ({c.err_oracle:.1e} from it)")
+        bad.append(Disagreement(label, c.inputs, c.err_unfused, blamed, why))
     return ExactnessCheck(names, tuple(labels[1:]), policy, tuple(bad))
 
 
