@@ -196,3 +196,22 @@ def test_explain_never_says_equal_for_a_version_that_differs_by_a_step():
     assert c.ok and "equal the unfused graph" not in c.line()
     assert c.line().startswith("numbers: after fuse_sdpa differs from the unfused graph on holes") and why in c.line()
     assert c.to_dict()["changed"][0]["why"] == why
+
+
+def test_explain_fails_a_pass_stated_exact_whose_version_moves_a_step():
+    """A pass whose decisions say "(exact)" and whose version is the first to differ, by a difference `time` judges
+    not ok (a quantization step moved by its rounding): the check fails (explain exits 1) and its line says the
+    numbers differ from that version on, never that the versions are equal."""
+    pol = precision_policy(DType.f32, "cpu")
+    why = "differs from the unfused graph on random (8.3e-03) by a quantization step: ..."
+    moved = Disagreement("after fuse_sdpa", "random", 8.3e-3, None, why, "precision", "after fuse_sdpa/rope_heads")
+    later = Disagreement("after fuse_residual_ln", "random", 8.3e-3, None, why, "precision",
+                         "after fuse_sdpa/rope_heads")
+    c = ExactnessCheck(("random",), ("after fuse_sdpa", "after fuse_residual_ln"), pol, (moved, later),
+                       claimed=("fuse_sdpa",))
+    assert not c.ok and c.refuted == (moved, later)
+    assert c.line().startswith("numbers: after fuse_sdpa DIFFERS from the unfused graph on random")
+    assert "fuse_sdpa states its rewrites exact, but " + why in c.line()
+    # the same difference starting at a pass that states nothing: reported, not failed
+    quiet = ExactnessCheck(c.inputs, c.checked, pol, (moved, later), claimed=("canonicalize_gelu",))
+    assert quiet.ok and not quiet.refuted and "equal the unfused graph" not in quiet.line()
