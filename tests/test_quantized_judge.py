@@ -215,3 +215,17 @@ def test_explain_fails_a_pass_stated_exact_whose_version_moves_a_step():
     # the same difference starting at a pass that states nothing: reported, not failed
     quiet = ExactnessCheck(c.inputs, c.checked, pol, (moved, later), claimed=("canonicalize_gelu",))
     assert quiet.ok and not quiet.refuted and "equal the unfused graph" not in quiet.line()
+
+
+def test_the_error_overlay_of_a_quantized_graph_is_against_version_0_in_its_dtype(tmp_path):
+    """`session.overlays`' error figures take the same judge as `time`: on the boundary inputs version 0's nodes are
+    0 away from themselves (the float64 oracle put the dequantized value a step away), and the unit says so."""
+    from rlxviz.session.overlays import node_figures
+
+    g, w = _graph(_qdq_linear(tmp_path))
+    trace = Pipeline.canonical().run(g)
+    figs = node_figures(trace, 0, "error", {"x": X}, w)
+    assert figs.values and max(figs.values.values()) == 0.0, figs.render(g)
+    assert "version 0 on MLX in f32: a quantized graph" in figs.unit
+    last = node_figures(trace, len(trace.versions()) - 1, "error", {"x": X}, w)
+    assert last.values and max(last.values.values()) <= 1e-5, last.render()
