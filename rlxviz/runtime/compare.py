@@ -226,8 +226,8 @@ class Verdict:
         text = f"{who} {bad.brief()}" if changed else bad.brief()
         worst = _worst_check(self.checks)
         if worst is not None and worst is not bad:
-            text += f"; worst ({_num(worst.err_oracle)} vs {'the oracle' if worst.oracle else 'version 0'}): " \
-                    f"{worst.brief()}"
+            ref = "the oracle" if worst.oracle else "version 0"
+            text += f"; worst ({_num(worst.err_oracle)} vs {ref}): {worst.brief()}"
         return "NO: " + text
 
 

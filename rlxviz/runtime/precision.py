@@ -79,6 +79,7 @@ TABLE: dict[tuple[DType, str], tuple[Tolerance, Tolerance]] = {
 }
 """(dtype, device kind) -> (vs oracle, fused vs unfused). Device kinds: `KINDS`."""
 
+
 def quantizers(g: Graph) -> list[Node]:
     """The float -> u8/i8 casts of `g` (its quantization steps: the quantized tensors), in graph order."""
     return [n for n in g if n.op == Op.CAST and n.dtype in (DType.u8, DType.i8) and g[n.inputs[0]].dtype.is_float]
@@ -168,12 +169,6 @@ class PrecisionPolicy:
     same_backend: Tolerance
     note: str = ""
     judge: Judge = Judge()
-
-    @property
-    def reference(self) -> Tolerance:
-        """The tolerance a version is judged with against its reference: `oracle` vs the float64 oracle, or
-        `same_backend` vs version 0 in the graph's dtype (a quantized graph, `Judge`)."""
-        return self.oracle if self.judge.oracle else self.same_backend
 
     @property
     def tf32(self) -> bool:

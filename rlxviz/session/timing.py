@@ -43,7 +43,8 @@ class VersionTiming:
         speedup: the input version's median / this version's median (interleaved medians).
         context: where it ran (`runtime.timing.TimingContext`: device, precision policy, BLAS).
         max_abs: max |MLX output - oracle (the unfused graph in float64)| over all outputs and every input
-            set (nan when either side holds NaN or infinities).
+            set (nan when either side holds NaN or infinities); for a quantized graph, against version 0 on MLX in
+            its dtype (`runtime.precision.judge_of`).
         err_unfused: max |MLX output - the unfused graph on the same device in the same dtype|.
         ok: `ok` on every input set (`runtime.compare.Verdict`); NaN never counts as correct.
         status / note / broke_on: the verdict: `ok`, `fusion`, `overflow`, `precision` or `nonfinite`, one
