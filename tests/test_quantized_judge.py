@@ -228,3 +228,48 @@ def test_the_error_overlay_of_a_quantized_graph_is_against_version_0_in_its_dtyp
     assert "version 0 on MLX in f32: a quantized graph" in figs.unit
     last = node_figures(trace, len(trace.versions()) - 1, "error", {"x": X}, w)
     assert last.values and max(last.values.values()) <= 1e-5, last.render()
+
+
+def _per_channel_linear(tmp_path: Path, name: str, scales: np.ndarray) -> Path:
+    """y = DequantizeLinear(QuantizeLinear(x, scales, 0, axis=1), scales, 0, axis=1) @ W + B: one scale per input
+    column (the per-axis form of `onnxruntime.quantization`'s per-channel QDQ)."""
+    inits = [numpy_helper.from_array(np.asarray(scales, np.float32), "qs"),
+             numpy_helper.from_array(np.zeros(4, np.int8), "zp"),
+             numpy_helper.from_array(W, "w"), numpy_helper.from_array(B, "b")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "qs", "zp"], ["q"], axis=1),
+             helper.make_node("DequantizeLinear", ["q", "qs", "zp"], ["xd"], axis=1),
+             helper.make_node("MatMul", ["xd", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["y"])]
+    return _save(tmp_path, name, nodes, inits, [2, 4])
+
+
+def test_a_per_channel_qdq_graph_is_judged_against_version_0_and_merged_scales_are_flagged(tmp_path):
+    """Per-axis scales [0.1, 0.3, 0.2, 0.1]: columns 0 and 3 hold float32-only ties (0.35, 0.45 over 0.1). Every
+    version is ok against version 0; a wrong rewrite that merges the per-channel scales into one per-tensor scale
+    (0.1, the per-tensor graph with W and B alike) is flagged."""
+    scales = np.asarray([0.1, 0.3, 0.2, 0.1], np.float32)
+    g, w = _graph(_per_channel_linear(tmp_path, "per_channel", scales))
+    _a_step_apart_in_float64(g, w, X, step=float(S) * 0.25)
+    pol = precision_policy(g, "cpu")
+    assert not pol.judge.oracle
+    versions = _versions(g)
+    verdicts = check_versions(versions, _sets(X), w, pol)
+    assert [v.status for v in verdicts] == ["ok"] * len(versions), [v.note for v in verdicts]
+    merged, mw = _graph(_qdq_linear(tmp_path, "merged"))  # one per-tensor scale, 0.1: a constant of the graph
+    v = check_versions([("input", g), ("after merge_scales", merged)], _sets(X), {**w, **mw}, pol)[1]
+    assert v.status == "fusion" and v.changed_by == "merge_scales", v.note
+
+
+def test_explain_on_a_qdq_file_with_boundary_values_finds_no_changed_numbers(tmp_path, capsys):
+    """`explain`'s numeric check takes the same judge: on the boundary inputs, with --verbose, its numbers line says
+    the versions equal the unfused graph, and it exits 0."""
+    from clirun import run
+
+    path = _qdq_linear(tmp_path)
+    np.savez(tmp_path / "in.npz", x=X)
+    code, out, err = run(capsys, "explain", path, "--inputs", tmp_path / "in.npz", "--json")
+    import json
+
+    doc = json.loads(out)
+    assert code in (0, 1) and "Traceback" not in err  # 1: a layer not fused as expected (a bare linear graph)
+    check = doc["numeric_check"]
+    assert check is None or (check["ok"] and not check["changed"]), check
