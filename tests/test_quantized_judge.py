@@ -11,6 +11,7 @@ across the quantize step, the quantizer dropped, a weight's scale moved) must st
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from rlxviz.passes import Pipeline
 from rlxviz.runtime import run_oracle, run_reference
 from rlxviz.runtime.battery import InputSet
 from rlxviz.runtime.compare import check_versions, judge
-from rlxviz.runtime.precision import judge_of, precision_policy, rounding_steps
+from rlxviz.runtime.precision import Judge, judge_of, precision_policy, rounding_steps
 from rlxviz.session.exactness import Disagreement, ExactnessCheck
 
 S = np.float32(0.1)
@@ -201,7 +202,7 @@ def test_explain_fails_a_pass_stated_exact_whose_version_moves_a_step():
     """A pass whose decisions say "(exact)" and whose version is the first to differ, by a difference `time` judges
     not ok (a quantization step moved by its rounding): the check fails (explain exits 1) and its line says the
     numbers differ from that version on, never that the versions are equal."""
-    pol = precision_policy(DType.f32, "cpu")
+    pol = replace(precision_policy(DType.f32, "cpu"), judge=Judge(3, "%5 cast u8[2, 8, 32]"))  # a quantized graph's
     why = "differs from the unfused graph on random (8.3e-03) by a quantization step: ..."
     moved = Disagreement("after fuse_sdpa", "random", 8.3e-3, None, why, "precision", "after fuse_sdpa/rope_heads")
     later = Disagreement("after fuse_residual_ln", "random", 8.3e-3, None, why, "precision",
@@ -214,6 +215,10 @@ def test_explain_fails_a_pass_stated_exact_whose_version_moves_a_step():
     # the same difference starting at a pass that states nothing: reported, not failed
     quiet = ExactnessCheck(c.inputs, c.checked, pol, (moved, later), claimed=("canonicalize_gelu",))
     assert quiet.ok and not quiet.refuted and "equal the unfused graph" not in quiet.line()
+    # a graph the float64 oracle judges: such a difference is the dtype's (told by the line), not a failed claim
+    oracle = ExactnessCheck(c.inputs, c.checked, precision_policy(DType.f32, "cpu"), (moved, later),
+                            claimed=("fuse_sdpa",))
+    assert oracle.ok and not oracle.refuted and "equal the unfused graph" not in oracle.line()
 
 
 def test_the_error_overlay_of_a_quantized_graph_is_against_version_0_in_its_dtype(tmp_path):
