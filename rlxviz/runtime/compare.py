@@ -20,6 +20,14 @@ difference before a quantizer into a whole step: a version whose first differing
 one step, while what it rounds agrees within the same-dtype tolerance, is `precision` with that reason (`flip`,
 `quant_flip.quantization_flip`), never blamed on a pass.
 
+A graph whose numbers pass through a quantization step (`precision.judge_of`: QuantizeLinear, DynamicQuantizeLinear,
+the quantized operands of MatMulInteger) is not judged by the float64 oracle at all: a value on a rounding boundary
+rounds one way in float32 and the other in float64, a whole step apart, in the unfused graph itself. Its "oracle"
+(`Baseline.oracle`) is version 0 on the backend under test in the graph's dtype, judged with the same-dtype
+tolerance, and no conditioning excuses a difference (`InputCheck.oracle` False): a version is `ok` only when it
+equals version 0 within that tolerance; one that differs is `fusion`, or `precision` for a step moved by rounding
+(`flip`), and `ok` never.
+
 "2x unfused's error" reads the conditioning of the input set: the bar is 2x the larger of the unfused graph's
 error and `err_cond`, how far the oracle itself moves when the float inputs and weights move by one unit in
 the last place of the graph's dtype (`conditioning`; `Baseline.conditioning`, computed only for a version that
@@ -43,7 +51,7 @@ import numpy as np
 
 from ..ir import Graph, Op
 from .battery import Battery, InputSet
-from .precision import PrecisionPolicy, Tolerance
+from .precision import Judge, PrecisionPolicy, Tolerance, judge_of
 from .quant_flip import quantization_flip
 from .reference import NumpyEmitter, bind_leaf, run_oracle
 
@@ -112,6 +120,8 @@ class InputCheck:
             0.0 when not computed).
         flip: for a `precision` check of a quantized graph, why the difference is a quantization step moved by
             rounding (`quant_flip.quantization_flip`), else ''.
+        oracle: judged against the float64 oracle; False: against version 0 in the graph's dtype (a quantized
+            graph, `precision.judge_of`), `err_oracle` then being the error against version 0.
     """
 
     inputs: str
@@ -123,9 +133,13 @@ class InputCheck:
     err_base: float = 0.0
     err_cond: float = 0.0
     flip: str = ""
+    oracle: bool = True
 
     def brief(self) -> str:
         """This check's status in words, naming the input set (the verdict's note without `NO: `)."""
+        if self.status == "fusion" and not self.oracle:
+            return (f"changed the numbers on {self.inputs} ({self.err_unfused:.1e} vs version 0 in its dtype, over "
+                    f"the same-dtype tolerance; a quantized graph, judged against version 0)")
         if self.status == "fusion":
             return (f"changed the numbers on {self.inputs} ({self.err_unfused:.1e} vs unfused, over the same-dtype "
                     f"tolerance; {self.err_oracle:.1e} vs the oracle, unfused {self.err_base:.1e})")
@@ -140,6 +154,8 @@ class InputCheck:
                     f"({self.err_unfused:.1e}) but is no farther from the oracle ({self.err_oracle:.1e}, unfused "
                     f"{self.err_base:.1e}{cond}); ill-conditioned inputs, not a pass")
         at = f" at {self.where}" if self.where else ""
+        if self.status == "overflow" and not self.oracle:
+            return f"overflows in its dtype on {self.inputs}{at} (version 0 too)"
         if self.status == "overflow" and np.isfinite(self.err_oracle):  # this version's outputs stay finite
             return (f"overflows in its dtype on {self.inputs}{at} in the unfused graph (the oracle is finite); "
                     f"this version's outputs stay finite ({self.err_oracle:.1e} vs the oracle)")
@@ -210,7 +226,8 @@ class Verdict:
         text = f"{who} {bad.brief()}" if changed else bad.brief()
         worst = _worst_check(self.checks)
         if worst is not None and worst is not bad:
-            text += f"; worst ({_num(worst.err_oracle)} vs the oracle): {worst.brief()}"
+            ref = "the oracle" if worst.oracle else "version 0"
+            text += f"; worst ({_num(worst.err_oracle)} vs {ref}): {worst.brief()}"
         return "NO: " + text
 
 
@@ -232,15 +249,19 @@ def _worst(errs: Any) -> float:
 
 
 def judge(got: Sequence[np.ndarray], oracle: Sequence[np.ndarray], unfused: Sequence[np.ndarray],
-          policy: PrecisionPolicy, inputs: str = "", err_cond: float = 0.0) -> InputCheck:
+          policy: PrecisionPolicy, inputs: str = "", err_cond: float = 0.0, by_oracle: bool = True) -> InputCheck:
     """The `InputCheck` of one version's outputs `got` (see the module table); `err_cond`: the input set's
-    conditioning (`Baseline.conditioning`), 0.0 when unknown."""
+    conditioning (`Baseline.conditioning`), 0.0 when unknown. `by_oracle` False (a quantized graph, `Baseline.judge`):
+    `oracle` is version 0 in the graph's dtype, judged with `policy.same_backend`; nothing is `nonfinite` (that names
+    float64's verdict) and `err_cond` is not read."""
     e_or, e_un = max_abs(got, oracle), max_abs(got, unfused, same_nonfinite=True)
     changed = not close(got, unfused, policy.same_backend, same_nonfinite=True)
     e_base = max_abs(unfused, oracle)
-    if not finite(oracle):
+    if not by_oracle:
+        err_cond = 0.0
+    if by_oracle and not finite(oracle):
         status = "nonfinite"
-    elif close(got, oracle, policy.oracle):
+    elif close(got, oracle, policy.oracle if by_oracle else policy.same_backend):
         status = "ok"
     elif not finite(unfused):  # the graph overflows in its dtype already: where the NaNs land is not a pass's fault
         status = "overflow"
@@ -248,19 +269,23 @@ def judge(got: Sequence[np.ndarray], oracle: Sequence[np.ndarray], unfused: Sequ
         status = "fusion"  # differs from unfused AND is more than twice as far from the truth as the dtype allows
     else:
         status = "precision" if finite(got) else "overflow"
-    return InputCheck(inputs, e_or, e_un, status, changed=changed, err_base=e_base, err_cond=err_cond)
+    return InputCheck(inputs, e_or, e_un, status, changed=changed, err_base=e_base, err_cond=err_cond,
+                      oracle=by_oracle)
 
 
 @dataclass
 class Baseline:
     """Per input set: the oracle's outputs and the unfused graph's outputs on the backend under test.
 
+    `judge`: who judges (`precision.judge_of` the unfused graph); for a quantized graph `oracle` holds version 0's
+    outputs on the backend under test (the same arrays as `unfused`), not float64 ones.
     `overflow_at(weights)`: where the unfused graph first goes non-finite in its dtype (computed once)."""
 
     inputs: InputSet
     oracle: list[np.ndarray]
     unfused: list[np.ndarray]
     graph: Graph | None = None
+    judge: Judge = Judge()
     _where: list[str | None] = field(default_factory=list, repr=False)
     _cond: list[float] = field(default_factory=list, repr=False)
 
@@ -268,10 +293,11 @@ class Baseline:
         """Max |oracle(rounded inputs) - oracle|: the oracle (float64) on the float inputs (not masks) and float
         weights each times 1 + s * eps, s = +-1 at random (seeded), eps the dtype's epsilon (2^-23 f32, 2^-10
         f16, 2^-7 bf16; `conditioning`): how far a correctly rounded evaluation in the dtype may land from the
-        oracle on this input set. Computed once; 0.0 without a graph."""
+        oracle on this input set. Computed once; 0.0 without a graph, and for a quantized graph (`judge`: no float64
+        oracle, so no conditioning of it excuses a difference)."""
         if not self._cond:
-            self._cond.append(0.0 if self.graph is None else conditioning(self.graph, self.inputs.feeds, weights,
-                                                                          self.oracle))
+            skip = self.graph is None or not self.judge.oracle
+            self._cond.append(0.0 if skip else conditioning(self.graph, self.inputs.feeds, weights, self.oracle))
         return self._cond[0]
 
     def overflow_at(self, weights: Mapping[str, np.ndarray]) -> str | None:
@@ -314,12 +340,16 @@ def conditioning(graph: Graph, feeds: Mapping[str, np.ndarray], weights: Mapping
 
 def baselines(unfused: Graph, sets: Battery | Sequence[InputSet], weights: Mapping[str, np.ndarray],
               run: Runner) -> list[Baseline]:
-    """Run the oracle and the unfused graph (on `run`) once per input set."""
+    """Run the oracle and the unfused graph (on `run`) once per input set; for a quantized graph (`judge_of`), the
+    unfused graph alone, its outputs the reference too (module doc)."""
     items = sets.sets if isinstance(sets, Battery) else sets
+    who = judge_of(unfused)
     out = []
     with np.errstate(all="ignore"):
         for s in items:
-            out.append(Baseline(s, run_oracle(unfused, s.feeds, weights), run(unfused, s.feeds, weights), unfused))
+            base = run(unfused, s.feeds, weights)
+            ref = run_oracle(unfused, s.feeds, weights) if who.oracle else base
+            out.append(Baseline(s, ref, base, unfused, who))
     return out
 
 
@@ -330,9 +360,9 @@ def check_version(version: Graph, bases: Sequence[Baseline], weights: Mapping[st
     with np.errstate(all="ignore"):
         for b in bases:
             got = run(version, b.inputs.feeds, weights)
-            c = judge(got, b.oracle, b.unfused, policy, b.inputs.name)
-            if c.status == "fusion" or (c.status == "precision" and c.changed):  # read the inputs' conditioning
-                c = judge(got, b.oracle, b.unfused, policy, b.inputs.name, b.conditioning(weights))
+            c = judge(got, b.oracle, b.unfused, policy, b.inputs.name, by_oracle=b.judge.oracle)
+            if b.judge.oracle and (c.status == "fusion" or (c.status == "precision" and c.changed)):
+                c = judge(got, b.oracle, b.unfused, policy, b.inputs.name, b.conditioning(weights))  # conditioning
             if c.status == "fusion" and b.graph is not None and (flip := quantization_flip(
                     version, b.graph, b.inputs.feeds, weights, policy.same_backend, run)):
                 c = replace(c, status="precision", flip=flip)  # a quantization step moved by rounding

@@ -28,6 +28,17 @@ TF32 (inputs rounded to a 10-bit mantissa, float32 accumulation) unless `MLX_ENA
 MLX starts (`cuda+tf32`, else `cuda`); Metal and the CPU compute them in float32. Every timing row records
 the policy (`runtime.timing.TimingContext`), and equivalence checks use the tolerance of the policy in force.
 
+**Who judges** (`judge_of`, the one choice every caller takes, through `precision_policy` and
+`runtime.compare.baselines`): the float64 oracle, except for a graph whose numbers pass through a quantization step
+(`rounding_steps`: a float -> u8/i8 cast of `round(x / scale) + zero_point`, what QuantizeLinear and
+DynamicQuantizeLinear import as, and what feeds MatMulInteger). There a value on a rounding boundary (x / scale = k +
+0.5 within float32's rounding) rounds to one integer in float32 and to its neighbour in float64, and everything
+downstream moves by a whole quantization step: the oracle is no judge of the graph's float32 numbers. Such a graph's
+versions are judged against version 0 (the unfused graph) run on the same backend in its own dtype, with the
+`same_backend` tolerance (`Judge`); version 0 itself is checked against ONNX Runtime on the file as written
+(`session.fidelity`). A version that changes what is quantized (a scale folded across the quantize step, a
+quantizer dropped) still differs from version 0 and is flagged.
+
 This module imports no MLX: `runtime.devices` (which does) is read only when a `cpu` / `gpu` device has to
 be looked up on this machine.
 """
@@ -38,7 +49,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..ir import DType, Graph, Op
+from ..ir import DType, Graph, Node, Op
 
 TF32_ENV = "MLX_ENABLE_TF32"
 KINDS = ("cpu", "metal", "cuda", "cuda+tf32")
@@ -68,6 +79,71 @@ TABLE: dict[tuple[DType, str], tuple[Tolerance, Tolerance]] = {
 }
 """(dtype, device kind) -> (vs oracle, fused vs unfused). Device kinds: `KINDS`."""
 
+
+def quantizers(g: Graph) -> list[Node]:
+    """The float -> u8/i8 casts of `g` (its quantization steps: the quantized tensors), in graph order."""
+    return [n for n in g if n.op == Op.CAST and n.dtype in (DType.u8, DType.i8) and g[n.inputs[0]].dtype.is_float]
+
+
+ROUNDING_WALK = 16
+"""How far up a quantizer's chain (cast <- clamp <- add zero point <- round half even <- floor) its rounding is
+looked for (`rounding_steps`)."""
+
+
+def rounding_steps(g: Graph) -> list[Node]:
+    """The quantizers of `g` (`quantizers`) that round: a `floor` within `ROUNDING_WALK` nodes up their chain (the
+    importer's round-half-even of QuantizeLinear / DynamicQuantizeLinear). A cast of a 0/1 mask to u8 is no
+    quantization step: nothing there lies on a rounding boundary."""
+    out = []
+    for n in quantizers(g):
+        seen, todo = {n.id}, [n.id]
+        for _ in range(ROUNDING_WALK):
+            todo = list(dict.fromkeys(j for i in todo for j in g[i].inputs if j not in seen))
+            seen.update(todo)
+            if any(g[j].op == Op.FLOOR for j in todo):
+                out.append(n)
+                break
+    return out
+
+
+@dataclass(frozen=True)
+class Judge:
+    """What a graph's versions are judged against (`judge_of`).
+
+    Attributes:
+        steps: the graph's quantization steps (`rounding_steps`); 0: the float64 oracle judges (the unfused graph in
+            float64, with the `oracle` tolerance), else version 0 (the unfused graph) on the backend under test in
+            the graph's dtype, with the `same_backend` tolerance.
+        first: the first quantization step, e.g. `%12 cast u8[2, 8, 32]`, '' when `steps` is 0.
+    """
+
+    steps: int = 0
+    first: str = ""
+
+    @property
+    def oracle(self) -> bool:
+        """The float64 oracle judges (no quantization step)."""
+        return not self.steps
+
+    def line(self, dtype: DType | str = DType.f32) -> str:
+        """One clause for a quantized graph ('' when the oracle judges), e.g. `quantized graph: versions judged
+        against version 0 in f32; the float64 oracle does not apply (rounding boundaries: 12 quantization
+        step(s), first %5 cast u8[4])`."""
+        if self.oracle:
+            return ""
+        return (f"quantized graph: versions judged against version 0 in {dtype}; the float64 oracle does not apply "
+                f"(rounding boundaries: {self.steps} quantization step(s), first {self.first})")
+
+
+def judge_of(graph: Graph) -> Judge:
+    """Who judges `graph`'s versions: the float64 oracle, or, when the graph rounds a float to a quantized integer
+    (`rounding_steps`, module doc), version 0 in the graph's own dtype. The one place the choice is made:
+    `precision_policy` (what the CLI and the app print) and `runtime.compare.baselines` (what the verdicts compare
+    with) both ask it."""
+    q = rounding_steps(graph)
+    return Judge(len(q), f"%{q[0].id} {q[0].op.value} {q[0].type}" if q else "")
+
+
 _RANK = {DType.bf16: 0, DType.f16: 1, DType.f32: 2, DType.f64: 3}
 _WHERE = {"cpu": "CPU", "metal": "Metal GPU", "cuda": "CUDA (TF32 off)", "cuda+tf32": "CUDA, float32 matmuls in TF32"}
 
@@ -83,6 +159,8 @@ class PrecisionPolicy:
         oracle: the tolerance vs the float64 oracle, from `TABLE[dtype, device]`.
         same_backend: the tolerance vs the unfused graph on the same backend and dtype, from the same row.
         note: where the device kind comes from, e.g. `MLX_ENABLE_TF32 unset: MLX's CUDA default (TF32)`.
+        judge: what the versions are judged against (`judge_of` the graph; the float64 oracle for a policy made
+            from a dtype).
     """
 
     dtype: DType
@@ -90,6 +168,7 @@ class PrecisionPolicy:
     oracle: Tolerance
     same_backend: Tolerance
     note: str = ""
+    judge: Judge = Judge()
 
     @property
     def tf32(self) -> bool:
@@ -102,7 +181,10 @@ class PrecisionPolicy:
         return "tf32" if self.tf32 else "f32"
 
     def describe(self) -> str:
-        """One line for the CLI and the page."""
+        """One line for the CLI and the page (a quantized graph's names its judge: `Judge.line`)."""
+        if not self.judge.oracle:
+            return (f"precision: {self.dtype} on MLX {_WHERE[self.device]}; {self.judge.line(self.dtype)}; fused vs "
+                    f"version 0 on MLX in {self.dtype} ({self.same_backend})")
         return (f"precision: {self.dtype} on MLX {_WHERE[self.device]}; oracle: the unfused graph in float64 "
                 f"({self.oracle}); fused vs unfused on MLX in {self.dtype} ({self.same_backend})")
 
@@ -148,7 +230,7 @@ def precision_policy(dtype: DType | Graph = DType.f32, device: str | None = None
         env: the environment `MLX_ENABLE_TF32` is read from (default `os.environ`).
 
     Returns:
-        The `PrecisionPolicy`, its tolerances from `TABLE`.
+        The `PrecisionPolicy`, its tolerances from `TABLE`; for a graph, its judge (`judge_of`).
 
     Raises:
         DeviceError: an unknown device, or `gpu` (without `backend`) where MLX has no GPU (a ValueError).
@@ -165,7 +247,8 @@ def precision_policy(dtype: DType | Graph = DType.f32, device: str | None = None
     if (dt, kind) not in TABLE:
         raise KeyError(f"no tolerance for {dt} on {kind}; known: " + ", ".join(f"{d}/{v}" for d, v in TABLE))
     oracle, same = TABLE[dt, kind]
-    return PrecisionPolicy(dt, kind, oracle, same, note)
+    return PrecisionPolicy(dt, kind, oracle, same, note, judge_of(dtype) if isinstance(dtype, Graph) else Judge())
 
 
-__all__ = ["KINDS", "TABLE", "TF32_ENV", "PrecisionPolicy", "Tolerance", "graph_dtype", "precision_policy"]
+__all__ = ["KINDS", "TABLE", "TF32_ENV", "Judge", "PrecisionPolicy", "Tolerance", "graph_dtype", "judge_of",
+           "precision_policy", "quantizers", "rounding_steps"]

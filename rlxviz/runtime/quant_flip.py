@@ -19,16 +19,11 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from ..ir import DType, Graph, Node, Op
-from .precision import Tolerance
+from ..ir import Graph, Node, Op
+from .precision import Tolerance, quantizers
 
 MAX_WALK = 16
 """How far up a quantizer's chain (cast <- clamp <- round <- ...) its `x / scale` division is looked for."""
-
-
-def quantizers(g: Graph) -> list[Node]:
-    """The float -> u8/i8 casts of `g` (the quantized tensors), in graph order."""
-    return [n for n in g if n.op == Op.CAST and n.dtype in (DType.u8, DType.i8) and g[n.inputs[0]].dtype.is_float]
 
 
 def _division(g: Graph, n: Node) -> int | None:

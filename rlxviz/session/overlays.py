@@ -6,7 +6,9 @@ overlay selector and `rlxviz overlay` call `node_figures`.
   `repeat`), its share of the sum. Eager evaluation forgoes MLX's cross-op scheduling: the shares say where the
   time goes, the sum exceeds a lazy run (as `benchmarks/profile_ops.py`, which calls the same executor walk).
 * `error`: each node's value in this version on MLX against the float64 oracle (`runtime.reference`) of the
-  same node in version 0, matched by identity (`origins`): max |value - reference|, in the tensor's own units.
+  same node in version 0, matched by identity (`origins`): max |value - reference|, in the tensor's own units. A
+  quantized graph's reference is version 0 on MLX in its own dtype instead (`runtime.precision.judge_of`, as
+  `rlxviz time` judges it: the float64 oracle rounds values on a quantization step's boundaries a step away).
 
 Both are bounded: the memory budget (`Limits`) is checked before anything is allocated, and a run past its time
 limit stops between nodes and says how far it got (`NodeFigures.note`).
@@ -54,6 +56,8 @@ class NodeFigures:
         total_ms: `time` only: the sum of the nodes' ms.
         unmatched: `error` only: compute nodes with no counterpart in version 0 (no figure).
         note: why the figures are partial (time limit), '' when complete.
+        against: `error` only: what version 0's values were computed with (`float64 oracle`, or `version 0 on MLX
+            in f32` for a quantized graph).
     """
 
     kind: str
@@ -63,10 +67,11 @@ class NodeFigures:
     total_ms: float = 0.0
     unmatched: tuple[int, ...] = ()
     note: str = ""
+    against: str = "float64 oracle"
 
     @property
     def unit(self) -> str:
-        return UNITS[self.kind]
+        return UNITS[self.kind].replace("float64 oracle", self.against)
 
     def share(self, node_id: int) -> float:
         """`time`: the node's fraction of `total_ms` (0..1)."""
@@ -166,6 +171,7 @@ def node_figures(trace: Trace, version: int, kind: str, feeds: Mapping[str, np.n
         LimitError: the run would hold more than the memory budget (checked before anything is allocated).
     """
     from ..runtime.executor import MlxExecutor
+    from ..runtime.precision import graph_dtype, judge_of
     from ..runtime.reference import reference_values
 
     versions = trace.versions()
@@ -189,7 +195,12 @@ def node_figures(trace: Trace, version: int, kind: str, feeds: Mapping[str, np.n
     ref_graph = trace.input
     wanted = {match[n.id] for n in g.compute_nodes() if n.id in match}
     _check_error_memory(ref_graph, g, wanted, limits, label)
-    ref = reference_values(ref_graph, feeds, weights, wanted, np.float64)
+    who = judge_of(ref_graph)
+    if who.oracle:
+        ref, against = reference_values(ref_graph, feeds, weights, wanted, np.float64), "float64 oracle"
+    else:  # a quantized graph: version 0 on the same backend in its dtype judges (`judge_of`)
+        ref = {n.id: np.asarray(v) for n, v, _s in ex.eager(ref_graph, feeds, weights) if n.id in wanted}
+        against = f"version 0 on MLX in {graph_dtype(ref_graph)}: a quantized graph"
     values, done = {}, 0
     for n, v, _s in ex.eager(g, feeds, weights):
         done += 1
@@ -198,7 +209,8 @@ def node_figures(trace: Trace, version: int, kind: str, feeds: Mapping[str, np.n
         if time.perf_counter() > deadline:
             break
     unmatched = tuple(n.id for n in g.compute_nodes() if n.id not in match)
-    return NodeFigures(kind, version, label, values, unmatched=unmatched, note=_stopped(g, done, time_limit_s))
+    return NodeFigures(kind, version, label, values, unmatched=unmatched, note=_stopped(g, done, time_limit_s),
+                       against=against)
 
 
 def heat(figs: NodeFigures) -> tuple[tuple[int, str, str], ...]:

@@ -4,15 +4,16 @@ One function (`time_versions`) for every front end: versions a pass left unchang
 `same_as` and not re-timed; every other version is timed in interleaved rounds and runs, in the
 graph's dtype, on every input set (`input_sets`: the user's arrays and/or the battery), compared with
 the float64 oracle and with the unfused graph on the same device and dtype (`runtime.compare`), with
-tolerances from `runtime.precision.TABLE`. NaN never counts as correct. Results are cached by the
-trace's content key, the inputs' digest and the run settings.
+tolerances from `runtime.precision.TABLE`; a quantized graph's versions with version 0 in its dtype alone, the
+float64 oracle not applying there (`runtime.precision.judge_of`, named in the policy's line). NaN never counts
+as correct. Results are cached by the trace's content key, the inputs' digest and the run settings.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -42,7 +43,8 @@ class VersionTiming:
         speedup: the input version's median / this version's median (interleaved medians).
         context: where it ran (`runtime.timing.TimingContext`: device, precision policy, BLAS).
         max_abs: max |MLX output - oracle (the unfused graph in float64)| over all outputs and every input
-            set (nan when either side holds NaN or infinities).
+            set (nan when either side holds NaN or infinities); for a quantized graph, against version 0 on MLX in
+            its dtype (`runtime.precision.judge_of`).
         err_unfused: max |MLX output - the unfused graph on the same device in the same dtype|.
         ok: `ok` on every input set (`runtime.compare.Verdict`); NaN never counts as correct.
         status / note / broke_on: the verdict: `ok`, `fusion`, `overflow`, `precision` or `nonfinite`, one
@@ -187,7 +189,7 @@ def time_versions_and_own(trace: Trace, feeds: Mapping[str, np.ndarray], weights
     """
     from ..runtime.compare import attribute_changes, baselines, check_version
     from ..runtime.executor import MlxExecutor
-    from ..runtime.precision import precision_policy
+    from ..runtime.precision import judge_of, precision_policy
     from ..runtime.timing import time_versions_interleaved
     from .defaults import check_rounds
 
@@ -196,6 +198,7 @@ def time_versions_and_own(trace: Trace, feeds: Mapping[str, np.ndarray], weights
     sets = input_sets(trace.input, feeds) if inputs is None else inputs
     items = tuple(sets.sets if hasattr(sets, "sets") else sets)
     policy = policy or precision_policy(trace.input, ex.device)
+    policy = replace(policy, judge=judge_of(trace.input))  # a policy given for a dtype: the graph's judge all the same
     versions = trace.versions()
     distinct = [i for i in range(len(versions)) if i == 0 or trace.steps[i - 1].changed]
     data = arrays_digest(feeds, weights, *(s.feeds for s in items))
@@ -262,11 +265,13 @@ def input_sets(graph: Graph, feeds: Mapping[str, np.ndarray], user: Any = None, 
 
 
 def format_timings(rows: Sequence[VersionTiming]) -> str:
-    """The timing table as aligned text (ops per version; ms; max abs error vs the oracle and vs the
-    unfused graph on MLX; the verdict, naming the input set that broke a version)."""
+    """The timing table as aligned text (ops per version; ms; max abs error vs the oracle (`vs input` for a quantized
+    graph: version 0 in its dtype judges, `runtime.precision.judge_of`) and vs the unfused graph on MLX; the verdict,
+    naming the input set that broke a version)."""
     w = max(len(r.label) for r in rows)
+    quantized = any(r.policy is not None and not r.policy.judge.oracle for r in rows)
     lines = [f"{'#':>2}  {'version':<{w}}  {'ops':>5}  {'median ms':>9}  {'min ms':>8}  {'IQR ms':>7}  "
-             f"{'x input':>7}  {'first ms':>8}  {'vs oracle':>9}  {'vs unfused':>10}  ok"]
+             f"{'x input':>7}  {'first ms':>8}  {'vs input' if quantized else 'vs oracle':>9}  {'vs unfused':>10}  ok"]
     for r in rows:
         if r.same_as is not None:
             lines.append(f"{r.index:>2}  {r.label:<{w}}  {r.nodes:>5}  (unchanged: same as #{r.same_as})")
