@@ -41,8 +41,17 @@ class ModelControls(Viewer):
         self.source = pn.widgets.RadioButtonGroup(name="Source", options={SOURCE_LABELS[k]: k for k in SOURCES},
                                                   value=s.source, button_type="light", sizing_mode="stretch_width")
         self.source.param.watch(self._on_source, "value")
-        self.preset = pn.widgets.Select.from_param(s.param.preset, name="Model", sizing_mode="stretch_width",
-                                                  css_classes=["rv-preset"])
+        # not bound to `state.preset`: a choice in the list shows that model (from any source), said in the message;
+        # "Show" shows the listed one. Opening this tab changes nothing (it replaced an uploaded model unasked)
+        self.preset = pn.widgets.Select(name="Model", options=list(s.param.preset.objects), value=s.preset,
+                                        sizing_mode="stretch_width", css_classes=["rv-preset"])
+        self.preset.param.watch(self._on_preset, "value")
+        self.preset_btn = pn.widgets.Button(label="", color="primary", css_classes=["rv-load-preset"])
+        self.preset_btn.on_click(lambda e: self.show_preset())
+        self.preset_note = pn.pane.Markdown("", styles={"font-size": "12px"}, css_classes=["rv-preset-note"],
+                                            margin=(0, 10))
+        self._syncing = False
+        s.param.watch(self._follow_preset, ["preset", "source", "model"])
         roots = allowed_dirs()
         self.folder = pn.widgets.TextInput(name="Checkpoint folder or .onnx file (a path on the server)",
                                            value=s.checkpoint_dir, css_classes=["rv-path"],
@@ -72,9 +81,16 @@ class ModelControls(Viewer):
         self.ir_copy = pn.widgets.Button(label="Edit the shown version", color="light", css_classes=["rv-ir-copy"])
         self.ir_copy.on_click(lambda e: self._edit_shown())
         self.style = pn.widgets.Select.from_param(s.param.style, name="Graph style", sizing_mode="stretch_width")
-        self.batch = pn.widgets.IntInput.from_param(s.param.batch, name="Batch", width=90, css_classes=["rv-batch"])
-        self.seq = pn.widgets.IntInput.from_param(s.param.seq, name="Sequence length", width=120,
-                                                  css_classes=["rv-seq"])
+        # not bound to the state's parameters: a value out of range was put back with no word; now it is clamped to
+        # the range, and the message says the range and why (`_shape_typed`)
+        self.batch = pn.widgets.IntInput(name="Batch", value=s.batch, start=s.param.batch.bounds[0],
+                                         end=s.param.batch.bounds[1], width=90, css_classes=["rv-batch"])
+        self.seq = pn.widgets.IntInput(name="Sequence length", value=s.seq, start=s.param.seq.bounds[0],
+                                       end=s.param.seq.bounds[1], width=120, css_classes=["rv-seq"])
+        self._clamped = ""  # the message the last value out of range gave
+        for name in ("batch", "seq"):
+            getattr(self, name).param.watch(lambda e, n=name: self._shape_typed(n, e.new), "value")
+            s.param.watch(lambda e, n=name: setattr(getattr(self, n), "value", e.new), name)
         self.text = pn.widgets.TextAreaInput.from_param(s.param.text, name="Text to tokenize (real models)",
                                                         rows=3, auto_grow=True, max_rows=8,
                                                         sizing_mode="stretch_width", css_classes=["rv-text"])
@@ -82,11 +98,63 @@ class ModelControls(Viewer):
         s.param.watch(self._follow_source, "source")
         s.param.watch(self._mark_ir_error, "ir_error")
         self._follow_source()
+        self._follow_preset()
+
+    def _shape_typed(self, name: str, typed: int | None) -> None:
+        """A batch or sequence length typed: within `AppState.shape_range` it is the state's; past it, the nearest
+        end of the range instead, and the message says the range and why; an empty box is put back."""
+        s, widget = self.state, getattr(self, name)
+        if typed is None:
+            widget.value = getattr(s, name)
+            return
+        lo, hi, why = s.shape_range(name)
+        if lo <= typed <= hi:
+            if s.message and s.message == self._clamped:  # the last clamp's note no longer holds
+                s.param.update(message="", message_kind="info")
+            setattr(s, name, typed)
+            return
+        near = lo if typed < lo else hi
+        label = {"batch": "Batch", "seq": "Sequence length"}[name]
+        text = f"{label} {typed} is out of range {lo}..{hi} ({why}), so it became {near}."
+        if s.variant != "none" and near != getattr(s, name):
+            s.layer_note = text  # said with the variant's notice after the reload (it replaces the message)
+            widget.value = near  # back here with a value in range: it becomes the state's
+            return
+        widget.value = near
+        s._error(text, "info")  # no variant notice follows the reload (or nothing reloads): said now
+        self._clamped = s.message
 
     def _on_source(self, event: param.parameterized.Event) -> None:
+        """A tab shows its source's controls only; the model changes on that source's own action (a built-in model
+        chosen or shown, a path loaded, a file uploaded, IR loaded)."""
         self.shown = event.new
-        if event.new == "preset":
-            self.state.source = "preset"
+
+    def _on_preset(self, event: param.parameterized.Event) -> None:
+        """A built-in model chosen in the list: shown, whatever the source shown now (the message says what it
+        replaced)."""
+        if not self._syncing:
+            self.state.param.update(source="preset", preset=event.new)
+
+    def show_preset(self) -> None:
+        """Show the built-in model the list names (its "Show" button, there while another source is shown)."""
+        self.state.param.update(source="preset", preset=self.preset.value)
+
+    def _follow_preset(self, *_: object) -> None:
+        """The list names the state's built-in model; while another source's model is shown, a line says which and
+        the "Show" button offers the listed one."""
+        s = self.state
+        self._syncing = True
+        try:
+            self.preset.value = s.preset
+        finally:
+            self._syncing = False
+        kind = s.shown_kind()
+        other = kind is not None and kind != "preset"
+        self.preset_btn.param.update(label=f"Show {self.preset.value}", visible=other or s.source != "preset")
+        name = s.model.name if s.model is not None else ""
+        self.preset_note.param.update(
+            object=(f"Showing **{md_escape(name)}** ({SOURCE_LABELS[kind]}) until you choose a built-in model here "
+                    "or press Show." if other else ""), visible=other)
 
     def _follow_source(self, *_: object) -> None:
         """Show the loaded source's controls; shapes and text do not apply to IR text (its shapes are written
@@ -130,7 +198,8 @@ class ModelControls(Viewer):
         `model.safetensors` (together or one after the other); the upload's size limit applies. It comes in a
         holder whose FileDropper is replaced by an empty one once its files are taken: the zone kept the last file
         (its name shown) and a second drop of it did nothing."""
-        holder = pn.Column(self._new_drop(), margin=0, width=170, sizing_mode="fixed", align="center")
+        # a fixed width only: its height is the zone's ("fixed" asked for a height too, Bokeh's W-1005 in the log)
+        holder = pn.Column(self._new_drop(), margin=0, width=170, align="center")
         self._drop_holders.append(holder)
         return holder
 
@@ -181,7 +250,7 @@ class ModelControls(Viewer):
         preset_doc = pn.pane.Markdown(self._preset_doc(), sizing_mode="stretch_width")
         self.state.param.watch(lambda e: setattr(preset_doc, "object", self._preset_doc()), "preset")
         by_source = {
-            "preset": [self.preset, preset_doc],
+            "preset": [self.preset_note, self.preset, self.preset_btn, preset_doc],
             "checkpoint": [self.folder, self.folder_btn],
             "upload": [self.upload, self.make_dropper(), self.upload_doc],
             "ir": [self.ir_hint],
