@@ -210,3 +210,18 @@ def test_a_long_sequence_on_a_512_position_model_and_with_a_variant():
     assert s.seq == 512 and "9000 is out of range 2..512" in s.message and "Teaching variant" in s.message, s.message
     mc.seq.value = None  # an emptied box is put back
     assert mc.seq.value == 512 and s.seq == 512
+
+
+def test_number_boxes_leave_the_range_to_the_server_which_says_it():
+    """A browser number box with a start or end puts a value past it back itself, and the server never hears of it
+    (typed 0 or 600 came back as 16 with no word): the boxes whose range the server clamps and says have neither."""
+    from rlxviz.app.controls import PipelineControls, VariantControls
+
+    s = tiny()
+    mc, vc, pc = ModelControls(state=s), VariantControls(state=s), PipelineControls(state=s)
+    for box in (mc.batch, mc.seq, vc.layer, pc.threshold):
+        assert box.start is None and box.end is None, box.name
+    pc.threshold.value = 0
+    assert s.threshold == 1 and pc.threshold.value == 1 and "Attention gate 0 is out of range" in s.message
+    pc.threshold.value = None  # empty: the pipeline's default
+    assert s.threshold is None

@@ -81,12 +81,11 @@ class ModelControls(Viewer):
         self.ir_copy = pn.widgets.Button(label="Edit the shown version", color="light", css_classes=["rv-ir-copy"])
         self.ir_copy.on_click(lambda e: self._edit_shown())
         self.style = pn.widgets.Select.from_param(s.param.style, name="Graph style", sizing_mode="stretch_width")
-        # not bound to the state's parameters: a value out of range was put back with no word; now it is clamped to
-        # the range, and the message says the range and why (`_shape_typed`)
-        self.batch = pn.widgets.IntInput(name="Batch", value=s.batch, start=s.param.batch.bounds[0],
-                                         end=s.param.batch.bounds[1], width=90, css_classes=["rv-batch"])
-        self.seq = pn.widgets.IntInput(name="Sequence length", value=s.seq, start=s.param.seq.bounds[0],
-                                       end=s.param.seq.bounds[1], width=120, css_classes=["rv-seq"])
+        # not bound to the state's parameters, and no start/end: a value out of range was put back with no word (the
+        # browser's input itself puts back a value past its start or end); now it is clamped to the range, and the
+        # message says the range and why (`_shape_typed`)
+        self.batch = pn.widgets.IntInput(name="Batch", value=s.batch, width=90, css_classes=["rv-batch"])
+        self.seq = pn.widgets.IntInput(name="Sequence length", value=s.seq, width=120, css_classes=["rv-seq"])
         self._clamped = ""  # the message the last value out of range gave
         for name in ("batch", "seq"):
             getattr(self, name).param.watch(lambda e, n=name: self._shape_typed(n, e.new), "value")
@@ -282,7 +281,8 @@ class VariantControls(Viewer):
                                   sizing_mode="stretch_width", css_classes=[f"rv-variant-{name}"], margin=(2, 5))
             b.on_click(lambda e, n=name: s.apply_variant(n))
             self.buttons[name] = b
-        self.layer = pn.widgets.IntInput(name="Layer to break", value=s.variant_layer, start=0, width=120,
+        # no start: the browser's input put back a negative layer with no word; `_layer_typed` clamps and says so
+        self.layer = pn.widgets.IntInput(name="Layer to break", value=s.variant_layer, width=120,
                                          css_classes=["rv-variant-layer"])
         self.layer.param.watch(self._layer_typed, "value")
         s.param.watch(lambda e: setattr(self.layer, "value", e.new), "variant_layer")
@@ -361,8 +361,8 @@ class PipelineControls(Viewer):
         default = s.default_threshold()
         self.threshold = pn.widgets.IntInput(
             name=f"Attention gate: max batch*seq (empty: {'no gate' if default is None else default})",
-            value=s.threshold, start=1, sizing_mode="stretch_width")
-        self.threshold.param.watch(lambda e: setattr(s, "threshold", e.new), "value")
+            value=s.threshold, sizing_mode="stretch_width")  # no start: the browser put back 0 with no word
+        self.threshold.param.watch(self._threshold_typed, "value")
         s.param.watch(lambda e: setattr(self.threshold, "value", e.new), "threshold")
         self.reset = pn.widgets.Button(label="Canonical order", color="light")
         self.reset.on_click(lambda e: s.reset_pipeline())
@@ -372,6 +372,16 @@ class PipelineControls(Viewer):
         s.param.watch(lambda *e: self._from_state(), ["passes", "disabled"])
         self.param.watch(lambda *e: self._rebuild(), ["order", "off"])
         self._from_state()
+
+    def _threshold_typed(self, event: param.parameterized.Event) -> None:
+        """A gate typed: empty is the pipeline's default; below 1 it becomes 1, and the message says so."""
+        s = self.state
+        if event.new is None or event.new >= 1:
+            s.threshold = event.new
+            return
+        self.threshold.value = 1
+        s._error(f"Attention gate {event.new} is out of range: batch*seq is at least 1, so it became 1 (empty: the "
+                 "pipeline's default).", "info")
 
     def _from_state(self) -> None:
         order, off = list(self.state.passes), list(self.state.disabled)
