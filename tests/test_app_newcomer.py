@@ -225,3 +225,23 @@ def test_number_boxes_leave_the_range_to_the_server_which_says_it():
     assert s.threshold == 1 and pc.threshold.value == 1 and "Attention gate 0 is out of range" in s.message
     pc.threshold.value = None  # empty: the pipeline's default
     assert s.threshold is None
+
+
+# ---------------------------------------------------------------- smaller things a newcomer met
+
+
+def test_no_lone_dismiss_and_the_strip_points_at_the_banner_where_it_is():
+    """A page that opens on a finished run (no job ran, so the status bar was never updated) showed "dismiss" with
+    no message; after ② the strip said "the banner above", which lies below it."""
+    from rlxviz.app.controls import StatusBar
+    from rlxviz.app.start import StartHere
+
+    s = tiny()
+    s.param.update(message="")
+    bar = StatusBar(state=s)
+    assert not bar.close.visible and not bar.alert.visible
+    s.message = "something to dismiss"
+    assert bar.close.visible
+    start = StartHere(state=s, show_why=lambda: None)
+    start.break_layer()
+    assert "banner below" in start.note.object and "above" not in start.note.object

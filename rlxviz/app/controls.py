@@ -472,7 +472,10 @@ class StatusBar(Viewer):
         # "more": a long message opens folded to its first line; this button unfolds (and folds) it
         self.more = pn.widgets.Button(label="more ▾", width=72, css_classes=["rv-message-more"], **small)
         self.more.on_click(lambda e: self.unfold(not self.unfolded))
-        self.close = pn.widgets.Button(label="dismiss", width=72, css_classes=["rv-message-dismiss"], **small)
+        # shown with a message only: a page that opened on another session's run (no job, so no `_update`) showed
+        # a lone "dismiss" over the version row
+        self.close = pn.widgets.Button(label="dismiss", width=72, css_classes=["rv-message-dismiss"],
+                                       visible=bool(s.message), **small)
         self.close.on_click(lambda e: s.param.update(message=""))
         self.unfolded = False
         self._fold_to(s.message)
