@@ -118,7 +118,9 @@ def test_break_follows_each_load_after_a_refusal():
     assert s.message_kind != "danger" and start.brk.disabled and "IR text" in start.note.object
     _load_ir(mc, SMALL_IR.replace("tanh(%0)", "tanh(%77)"))
     assert s.message_kind == "danger" and start.brk.disabled
-    mc.source.value = "preset"
+    mc.source.value = "preset"  # the tab alone changes nothing (issue 39: it replaced the model shown unasked)
+    assert s.source == "ir" and start.brk.disabled
+    mc.preset_btn.clicks += 1  # "Show bert-tiny"
     assert s.source == "preset" and s.model.name == "bert-tiny" and not start.brk.disabled
     assert start.note.object == note_html([(STEPS, False)])
 

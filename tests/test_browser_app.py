@@ -347,7 +347,8 @@ def test_ir_paste_small_and_large_and_a_parse_error(watched):
     expect(pg.locator(".rv-version select")).to_contain_text("0: input (41 ops)")
     expect(pg.locator(".rv-batch input")).to_be_disabled()
 
-    pg.get_by_role("button", name="Built-in").click()
+    pg.get_by_role("button", name="Built-in").click()  # the tab, then the model (issue 39: the tab alone replaced it)
+    pg.locator(".rv-load-preset button").click()
     expect(pg.locator(".rv-version select")).to_contain_text("0: input (196 ops)")
     pg.get_by_role("button", name="IR text").click()
     pg.locator(".rv-ir-copy button").click()  # MiniLM's input version

@@ -41,8 +41,17 @@ class ModelControls(Viewer):
         self.source = pn.widgets.RadioButtonGroup(name="Source", options={SOURCE_LABELS[k]: k for k in SOURCES},
                                                   value=s.source, button_type="light", sizing_mode="stretch_width")
         self.source.param.watch(self._on_source, "value")
-        self.preset = pn.widgets.Select.from_param(s.param.preset, name="Model", sizing_mode="stretch_width",
-                                                  css_classes=["rv-preset"])
+        # not bound to `state.preset`: a choice in the list shows that model (from any source), said in the message;
+        # "Show" shows the listed one. Opening this tab changes nothing (it replaced an uploaded model unasked)
+        self.preset = pn.widgets.Select(name="Model", options=list(s.param.preset.objects), value=s.preset,
+                                        sizing_mode="stretch_width", css_classes=["rv-preset"])
+        self.preset.param.watch(self._on_preset, "value")
+        self.preset_btn = pn.widgets.Button(label="", color="primary", css_classes=["rv-load-preset"])
+        self.preset_btn.on_click(lambda e: self.show_preset())
+        self.preset_note = pn.pane.Markdown("", styles={"font-size": "12px"}, css_classes=["rv-preset-note"],
+                                            margin=(0, 10))
+        self._syncing = False
+        s.param.watch(self._follow_preset, ["preset", "source", "model"])
         roots = allowed_dirs()
         self.folder = pn.widgets.TextInput(name="Checkpoint folder or .onnx file (a path on the server)",
                                            value=s.checkpoint_dir, css_classes=["rv-path"],
@@ -72,9 +81,15 @@ class ModelControls(Viewer):
         self.ir_copy = pn.widgets.Button(label="Edit the shown version", color="light", css_classes=["rv-ir-copy"])
         self.ir_copy.on_click(lambda e: self._edit_shown())
         self.style = pn.widgets.Select.from_param(s.param.style, name="Graph style", sizing_mode="stretch_width")
-        self.batch = pn.widgets.IntInput.from_param(s.param.batch, name="Batch", width=90, css_classes=["rv-batch"])
-        self.seq = pn.widgets.IntInput.from_param(s.param.seq, name="Sequence length", width=120,
-                                                  css_classes=["rv-seq"])
+        # not bound to the state's parameters, and no start/end: a value out of range was put back with no word (the
+        # browser's input itself puts back a value past its start or end); now it is clamped to the range, and the
+        # message says the range and why (`_shape_typed`)
+        self.batch = pn.widgets.IntInput(name="Batch", value=s.batch, width=90, css_classes=["rv-batch"])
+        self.seq = pn.widgets.IntInput(name="Sequence length", value=s.seq, width=120, css_classes=["rv-seq"])
+        self._clamped = ""  # the message the last value out of range gave
+        for name in ("batch", "seq"):
+            getattr(self, name).param.watch(lambda e, n=name: self._shape_typed(n, e.new), "value")
+            s.param.watch(lambda e, n=name: setattr(getattr(self, n), "value", e.new), name)
         self.text = pn.widgets.TextAreaInput.from_param(s.param.text, name="Text to tokenize (real models)",
                                                         rows=3, auto_grow=True, max_rows=8,
                                                         sizing_mode="stretch_width", css_classes=["rv-text"])
@@ -82,11 +97,63 @@ class ModelControls(Viewer):
         s.param.watch(self._follow_source, "source")
         s.param.watch(self._mark_ir_error, "ir_error")
         self._follow_source()
+        self._follow_preset()
+
+    def _shape_typed(self, name: str, typed: int | None) -> None:
+        """A batch or sequence length typed: within `AppState.shape_range` it is the state's; past it, the nearest
+        end of the range instead, and the message says the range and why; an empty box is put back."""
+        s, widget = self.state, getattr(self, name)
+        if typed is None:
+            widget.value = getattr(s, name)
+            return
+        lo, hi, why = s.shape_range(name)
+        if lo <= typed <= hi:
+            if s.message and s.message == self._clamped:  # the last clamp's note no longer holds
+                s.param.update(message="", message_kind="info")
+            setattr(s, name, typed)
+            return
+        near = lo if typed < lo else hi
+        label = {"batch": "Batch", "seq": "Sequence length"}[name]
+        text = f"{label} {typed} is out of range {lo}..{hi} ({why}), so it became {near}."
+        if s.variant != "none" and near != getattr(s, name):
+            s.layer_note = text  # said with the variant's notice after the reload (it replaces the message)
+            widget.value = near  # back here with a value in range: it becomes the state's
+            return
+        widget.value = near
+        s._error(text, "info")  # no variant notice follows the reload (or nothing reloads): said now
+        self._clamped = s.message
 
     def _on_source(self, event: param.parameterized.Event) -> None:
+        """A tab shows its source's controls only; the model changes on that source's own action (a built-in model
+        chosen or shown, a path loaded, a file uploaded, IR loaded)."""
         self.shown = event.new
-        if event.new == "preset":
-            self.state.source = "preset"
+
+    def _on_preset(self, event: param.parameterized.Event) -> None:
+        """A built-in model chosen in the list: shown, whatever the source shown now (the message says what it
+        replaced)."""
+        if not self._syncing:
+            self.state.param.update(source="preset", preset=event.new)
+
+    def show_preset(self) -> None:
+        """Show the built-in model the list names (its "Show" button, there while another source is shown)."""
+        self.state.param.update(source="preset", preset=self.preset.value)
+
+    def _follow_preset(self, *_: object) -> None:
+        """The list names the state's built-in model; while another source's model is shown, a line says which and
+        the "Show" button offers the listed one."""
+        s = self.state
+        self._syncing = True
+        try:
+            self.preset.value = s.preset
+        finally:
+            self._syncing = False
+        kind = s.shown_kind()
+        other = kind is not None and kind != "preset"
+        self.preset_btn.param.update(label=f"Show {self.preset.value}", visible=other or s.source != "preset")
+        name = s.model.name if s.model is not None else ""
+        self.preset_note.param.update(
+            object=(f"Showing **{md_escape(name)}** ({SOURCE_LABELS[kind]}) until you choose a built-in model here "
+                    "or press Show." if other else ""), visible=other)
 
     def _follow_source(self, *_: object) -> None:
         """Show the loaded source's controls; shapes and text do not apply to IR text (its shapes are written
@@ -130,7 +197,8 @@ class ModelControls(Viewer):
         `model.safetensors` (together or one after the other); the upload's size limit applies. It comes in a
         holder whose FileDropper is replaced by an empty one once its files are taken: the zone kept the last file
         (its name shown) and a second drop of it did nothing."""
-        holder = pn.Column(self._new_drop(), margin=0, width=170, sizing_mode="fixed", align="center")
+        # a fixed width only: its height is the zone's ("fixed" asked for a height too, Bokeh's W-1005 in the log)
+        holder = pn.Column(self._new_drop(), margin=0, width=170, align="center")
         self._drop_holders.append(holder)
         return holder
 
@@ -181,7 +249,7 @@ class ModelControls(Viewer):
         preset_doc = pn.pane.Markdown(self._preset_doc(), sizing_mode="stretch_width")
         self.state.param.watch(lambda e: setattr(preset_doc, "object", self._preset_doc()), "preset")
         by_source = {
-            "preset": [self.preset, preset_doc],
+            "preset": [self.preset_note, self.preset, self.preset_btn, preset_doc],
             "checkpoint": [self.folder, self.folder_btn],
             "upload": [self.upload, self.make_dropper(), self.upload_doc],
             "ir": [self.ir_hint],
@@ -213,7 +281,8 @@ class VariantControls(Viewer):
                                   sizing_mode="stretch_width", css_classes=[f"rv-variant-{name}"], margin=(2, 5))
             b.on_click(lambda e, n=name: s.apply_variant(n))
             self.buttons[name] = b
-        self.layer = pn.widgets.IntInput(name="Layer to break", value=s.variant_layer, start=0, width=120,
+        # no start: the browser's input put back a negative layer with no word; `_layer_typed` clamps and says so
+        self.layer = pn.widgets.IntInput(name="Layer to break", value=s.variant_layer, width=120,
                                          css_classes=["rv-variant-layer"])
         self.layer.param.watch(self._layer_typed, "value")
         s.param.watch(lambda e: setattr(self.layer, "value", e.new), "variant_layer")
@@ -292,8 +361,8 @@ class PipelineControls(Viewer):
         default = s.default_threshold()
         self.threshold = pn.widgets.IntInput(
             name=f"Attention gate: max batch*seq (empty: {'no gate' if default is None else default})",
-            value=s.threshold, start=1, sizing_mode="stretch_width")
-        self.threshold.param.watch(lambda e: setattr(s, "threshold", e.new), "value")
+            value=s.threshold, sizing_mode="stretch_width")  # no start: the browser put back 0 with no word
+        self.threshold.param.watch(self._threshold_typed, "value")
         s.param.watch(lambda e: setattr(self.threshold, "value", e.new), "threshold")
         self.reset = pn.widgets.Button(label="Canonical order", color="light")
         self.reset.on_click(lambda e: s.reset_pipeline())
@@ -303,6 +372,16 @@ class PipelineControls(Viewer):
         s.param.watch(lambda *e: self._from_state(), ["passes", "disabled"])
         self.param.watch(lambda *e: self._rebuild(), ["order", "off"])
         self._from_state()
+
+    def _threshold_typed(self, event: param.parameterized.Event) -> None:
+        """A gate typed: empty is the pipeline's default; below 1 it becomes 1, and the message says so."""
+        s = self.state
+        if event.new is None or event.new >= 1:
+            s.threshold = event.new
+            return
+        self.threshold.value = 1
+        s._error(f"Attention gate {event.new} is out of range: batch*seq is at least 1, so it became 1 (empty: the "
+                 "pipeline's default).", "info")
 
     def _from_state(self) -> None:
         order, off = list(self.state.passes), list(self.state.disabled)
@@ -393,7 +472,10 @@ class StatusBar(Viewer):
         # "more": a long message opens folded to its first line; this button unfolds (and folds) it
         self.more = pn.widgets.Button(label="more ▾", width=72, css_classes=["rv-message-more"], **small)
         self.more.on_click(lambda e: self.unfold(not self.unfolded))
-        self.close = pn.widgets.Button(label="dismiss", width=72, css_classes=["rv-message-dismiss"], **small)
+        # shown with a message only: a page that opened on another session's run (no job, so no `_update`) showed
+        # a lone "dismiss" over the version row
+        self.close = pn.widgets.Button(label="dismiss", width=72, css_classes=["rv-message-dismiss"],
+                                       visible=bool(s.message), **small)
         self.close.on_click(lambda e: s.param.update(message=""))
         self.unfolded = False
         self._fold_to(s.message)

@@ -195,14 +195,28 @@ def frozen_step(doc: Document, fn: Callable[[], None]) -> Callable[[], None]:
     so the models `fn` adds or drops are collected once when it ends (unfrozen even when `fn` raises), not once
     per widget it changes. Showing a new model changes a dozen widgets, each of which walked every model of the
     page; on a loaded 2-core machine that walk, nine times over, was 2.1 of the 3.0 s between the input graph's
-    SVG being drawn and the page showing it (issue 39's first picture)."""
+    SVG being drawn and the page showing it (issue 39's first picture).
+
+    The step's change events are held (`Document.hold("collect")`, in order) and sent when it ends, after the
+    model graph is collected: a model added during the step (the before pane put back beside the after pane) is
+    attached to the document only then, so a change made to it later in the same step sent no event, and the
+    browser kept the values it had when it was added (after ① then ②, the left pane stayed on "before fuse_sdpa"
+    while the right one showed "after fuse_transformer_layer"). Sent at the end, each new model goes out with its
+    final values. A hold already on (Panel's) is left to send the events itself."""
     def step() -> None:
-        freeze = doc.models.freeze()
-        freeze.__enter__()
+        hold = doc.callbacks.hold_value is None
+        if hold:
+            doc.hold("collect")
         try:
-            fn()
+            freeze = doc.models.freeze()
+            freeze.__enter__()
+            try:
+                fn()
+            finally:
+                freeze.__exit__(None, None, None)  # Bokeh's context manager has no `finally` of its own
         finally:
-            freeze.__exit__(None, None, None)  # Bokeh's context manager has no `finally` of its own
+            if hold:
+                doc.unhold()  # after the collection: new models are attached, and sent with their final values
     return step
 
 

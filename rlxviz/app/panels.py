@@ -109,9 +109,10 @@ class VersionStepper(Viewer):
         # first run of a page) whose version count differs left the slider on the old range (max 8 with 6
         # versions; max 1 with 9): redraw the range whenever `start` or `end` change.
         self.player.jscallback(start=PLAYER_RANGE_JS, end=PLAYER_RANGE_JS)
-        # 235 px: box and words on one line; 5 px of it went to the version list (the row fits one line at 1280 px)
+        # 235 px: box and words on one line; 5 px of it went to the version list (the row fits one line at 1280 px).
+        # A fixed width only ("fixed" sizing asks for a height too: Bokeh's W-1005 in the server log)
         self.hide = pn.widgets.Checkbox.from_param(s.param.hide_unchanged, name="hide passes that changed nothing",
-                                                   align="end", width=235, sizing_mode="fixed", css_classes=["rv-hide"])
+                                                   align="end", width=235, css_classes=["rv-hide"])
         self.view = pn.widgets.Select.from_param(s.param.view, name="View", width=110, css_classes=["rv-view"])
         self.layer = pn.widgets.Select(name="Layer", options=self._layers(), value=s.selected_layer, width=100,
                                        css_classes=["rv-focus-layer"], visible=s.view == FOCUS)

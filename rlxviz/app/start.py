@@ -193,7 +193,7 @@ class StartHere(Viewer):
         self._show_refusal()
         self._model_name = s.model.name if s.model is not None else ""
         self._say([("Next: ③. ", True), (f"Layer {layer} now has an extra user of its attention output, so it must "
-                                          "stay unfused: the banner above names the guard that refused it.", False)],
+                                          "stay unfused: the banner below names the guard that refused it.", False)],
                   "break")
 
     def ask_why(self) -> None:

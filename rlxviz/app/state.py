@@ -36,6 +36,8 @@ from .views import AUTO, COLLAPSED, VIEWS
 from .wording import SHAPE_VARIANT, VARIANT_LABELS, scrub_paths
 
 SOURCES = ("preset", "checkpoint", "upload", "ir")
+SOURCE_WORDS = {"preset": "built-in", "checkpoint": "path on the server", "upload": "upload", "ir": "IR text"}
+"""Each source in the message a switch of source gives (`AppState._say_switch`)."""
 
 OVERLAYS = ("none", *KINDS)
 """The overlay selector's choices: op colours, or a per-node figure (`session.overlays.KINDS`)."""
@@ -157,6 +159,26 @@ class AppState(Runs, Derived, param.Parameterized):
         app also writes the raised value into `seq`, see `_sync_shape_seq`)."""
         need = self._needed_seq()
         return self.seq if need is None else max(self.seq, need)
+
+    def shape_range(self, name: str) -> tuple[int, int, str]:
+        """The values `batch` or `seq` may take, and why in words: `(least, most, reason)`. A sequence is at most the
+        shown model's position table (`config.max_position` rows, one per token position; a longer one cannot be
+        built) and the app's bound on `seq`; a batch, the app's bound on `batch`.
+
+        Raises:
+            KeyError: `name` is neither "batch" nor "seq".
+        """
+        if name not in ("batch", "seq"):
+            raise KeyError(name)
+        lo, hi = self.param[name].bounds
+        if name == "batch":
+            return lo, hi, "the app's bounds on a batch"
+        table = getattr(getattr(self.model, "config", None), "max_position", None)
+        if isinstance(table, int) and table < hi:
+            return lo, table, f"{self.model.name}'s position table has {table} rows, one per token position"
+        if isinstance(table, int):
+            return lo, hi, f"the app's bounds on a sequence; {self.model.name}'s position table has {table} rows"
+        return lo, hi, "the app's bounds on a sequence"
 
     def _needed_seq(self) -> int | None:
         """The smallest sequence length that puts batch*seq over the threshold (within `seq`'s bounds) for the
@@ -417,10 +439,34 @@ class AppState(Runs, Derived, param.Parameterized):
         """Arrays uploaded for one model are not the next model's: a new model starts on its own inputs."""
         self.user_inputs = None
 
+    _was_shown: tuple[str, str] | None = None
+    """(name, source) of the model shown (`_say_switch`)."""
+
+    def shown_kind(self) -> str | None:
+        """The source the model shown came from (one of `SOURCES`; it may differ from `source` while another source's
+        load runs or after one was refused), or None before the first model."""
+        return self._was_shown[1] if self._was_shown is not None and self.model is not None else None
+
+    @param.depends("model", watch=True)
+    def _say_switch(self) -> None:
+        """A model from another source than the last one's is shown: the message says so, naming both ("Now showing
+        bert-tiny (built-in), was gpt2 (upload)."), so a switch of source is never silent. A warning the switch gave
+        (a teaching variant dropped) stays after it; a message that follows (an ONNX file's check) replaces it."""
+        if self.model is None:
+            return
+        kind = self._model_key[0] if self._model_key else self.source
+        was, self._was_shown = self._was_shown, (self.model.name, kind)
+        if was is None or was[1] == kind:
+            return
+        text = f"Now showing {self.model.name} ({SOURCE_WORDS[kind]}), was {was[0]} ({SOURCE_WORDS[was[1]]})."
+        if self.message_kind == "warning" and self.message.startswith("Teaching variant dropped"):
+            text = f"{text} {self.message}"
+        self.param.update(message=text, message_kind="warning" if "Teaching variant" in text else "info")
+
 
 
     # ============================================================ status helpers
 
 
-__all__ = ["FULL_VIEW_LAYERS", "FULL_VIEW_LIMIT", "NO_TIMING", "RUNS", "SHAPE_VARIANT", "SOURCES", "TIMING_RUNS",
-           "VARIANT_LABELS", "OVERLAYS", "AppState", "import_check", "move_position", "scrub_paths"]
+__all__ = ["FULL_VIEW_LAYERS", "FULL_VIEW_LIMIT", "NO_TIMING", "RUNS", "SHAPE_VARIANT", "SOURCES", "SOURCE_WORDS",
+           "TIMING_RUNS", "VARIANT_LABELS", "OVERLAYS", "AppState", "import_check", "move_position", "scrub_paths"]
