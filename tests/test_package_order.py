@@ -38,7 +38,6 @@ KNOWN: dict[tuple[str, str], str] = {
     ("rlxviz.kernels", "rlxviz.runtime.devices"): "kernels._ensure reads cpu_cores for the build's -j (in-function)",
     ("rlxviz.kernels.build", "rlxviz.runtime.mlx_backend"): "cache_key and _import load MLX through the runtime "
                                                             "(in-function)",
-    ("rlxviz.viz.dot", "rlxviz.session.text"): "_shown shortens labels with session.text.shown (in-function)",
 }
 """Imports that run up a floor today, with why. Fix one, then delete its entry (the test says so)."""
 

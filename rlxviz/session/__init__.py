@@ -25,6 +25,7 @@ One module per job:
 Errors a user can fix are `SessionError`s (one line); front ends match them by type.
 """
 
+from ..ir.text import ModelText, shown
 from ..passes.architecture import LayerArchitecture as Architecture
 from ..passes.architecture import classify_layer as classify
 from .defaults import DEFAULT_BATCH, DEFAULT_REPEAT, DEFAULT_SEQ, DEFAULT_WARMUP, MAX_REPEAT, MAX_WARMUP, check_rounds
@@ -71,7 +72,6 @@ from .roofline import (
     roofline,
 )
 from .status import FusionCheck, LayerStatus, check_fusion, check_layer, layer_status
-from .text import ModelText, shown
 from .timing import (
     PairedVerdict,
     VersionTiming,
