@@ -58,8 +58,8 @@ def main() -> None:
     import numpy as np
 
     from rlxviz import kernels
-    from rlxviz.runtime.blas import blas_threads
-    from rlxviz.runtime.mlx_backend import blas_summary, mx
+    from rlxviz.kernels.blas import blas_threads
+    from rlxviz.kernels.mlx_backend import blas_summary, mx
 
     mod = kernels.load()
     if mod is None:

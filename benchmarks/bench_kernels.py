@@ -41,13 +41,13 @@ def main() -> None:
     from bench_runtime import load, ort_session
 
     from rlxviz import kernels
+    from rlxviz.kernels.blas import blas_threads
+    from rlxviz.kernels.mlx_backend import blas_summary, mx
     from rlxviz.models.onnx.export import export_onnx
     from rlxviz.passes import Pipeline
     from rlxviz.runtime import run_reference
-    from rlxviz.runtime.blas import blas_threads
     from rlxviz.runtime.executor import MlxExecutor
     from rlxviz.runtime.lowering import LoweringOptions
-    from rlxviz.runtime.mlx_backend import blas_summary, mx
     from rlxviz.runtime.timing import kernels_line
 
     mod = kernels.load()

@@ -71,11 +71,11 @@ def child(what: str, batch: int, seq: int, threads: int, warmup: int, calls: int
     from bench_runtime import load, ort_session
 
     from rlxviz import kernels
+    from rlxviz.kernels.mlx_backend import mx
     from rlxviz.passes import Pipeline
     from rlxviz.runtime import run_reference
     from rlxviz.runtime.executor import MlxExecutor
     from rlxviz.runtime.lowering import LoweringOptions
-    from rlxviz.runtime.mlx_backend import mx
 
     hf, _rlx, _source = load(batch, seq)
     feeds = hf.random_feeds(seed=batch)

@@ -37,14 +37,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rlxviz.ir import Builder, DType, Graph, Op
+from rlxviz.kernels.blas import blas_threads, cpu_cores, set_blas_threads
+from rlxviz.kernels.mlx_backend import blas_summary, mx
 from rlxviz.models import BertConfig, load_model, rlx_weights_from_hf
 from rlxviz.runtime import fast as fastmath
 from rlxviz.runtime import run_reference
-from rlxviz.runtime.blas import blas_threads, cpu_cores, set_blas_threads
 from rlxviz.runtime.devices import available_devices, mx_device, resolve_device
 from rlxviz.runtime.executor import MlxExecutor
 from rlxviz.runtime.lowering import LoweringOptions, MlxEmitter, attention, options_for
-from rlxviz.runtime.mlx_backend import blas_summary, mx
 from rlxviz.runtime.timing import diff, kernels_line, timing_context
 
 

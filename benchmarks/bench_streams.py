@@ -14,13 +14,13 @@ import time
 
 import numpy as np
 
+from rlxviz.kernels.blas import blas_threads, cpu_cores, set_blas_threads
+from rlxviz.kernels.mlx_backend import blas_summary, mx
 from rlxviz.models import load_model
 from rlxviz.passes import Pipeline
 from rlxviz.runtime import run_reference
-from rlxviz.runtime.blas import blas_threads, cpu_cores, set_blas_threads
 from rlxviz.runtime.executor import MlxExecutor
 from rlxviz.runtime.lowering import LoweringOptions
-from rlxviz.runtime.mlx_backend import blas_summary, mx
 from rlxviz.runtime.timing import diff
 
 

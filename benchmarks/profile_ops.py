@@ -26,11 +26,11 @@ from typing import Any
 
 from rlxviz.ir import Op
 from rlxviz.ir.fused import DECOMPOSITIONS
+from rlxviz.kernels.mlx_backend import blas_summary, mx
 from rlxviz.models import load_model
 from rlxviz.passes import Pipeline
 from rlxviz.runtime.executor import MlxExecutor
 from rlxviz.runtime.lowering import LOWERINGS, OVERRIDES, LoweringOptions, MlxEmitter
-from rlxviz.runtime.mlx_backend import blas_summary, mx
 from rlxviz.runtime.timing import kernels_line
 
 
@@ -143,8 +143,8 @@ def ort_profile(model, feeds, repeat: int) -> tuple[list[tuple[str, float]], Cal
     """(ONNX op type, best ms per node) from ORT's profiler on rlxviz's export of `model.graph`."""
     import onnxruntime as ort
 
+    from rlxviz.kernels.blas import cpu_cores
     from rlxviz.models.onnx.export import export_onnx
-    from rlxviz.runtime.blas import cpu_cores
 
     tmp = tempfile.mkdtemp()
     export_onnx(model.graph, model.weights, f"{tmp}/m.onnx")

@@ -1,7 +1,7 @@
 """What the CPU's default lowering picks on this machine, for tests whose expected MLX program depends on it."""
 
+from rlxviz.kernels.mlx_backend import mx
 from rlxviz.runtime.lowering import LoweringOptions, MlxEmitter
-from rlxviz.runtime.mlx_backend import mx
 
 
 def default_gemm(rows: int) -> bool:

@@ -15,10 +15,10 @@ from scipy import special
 
 from rlxviz import kernels
 from rlxviz.ir import Builder, Op
+from rlxviz.kernels.mlx_backend import mx
 from rlxviz.runtime import run_reference
 from rlxviz.runtime.executor import MlxExecutor
 from rlxviz.runtime.lowering import LoweringOptions, MlxEmitter
-from rlxviz.runtime.mlx_backend import mx
 
 EPS = float(np.finfo(np.float32).eps)
 ACTS = {
@@ -212,7 +212,7 @@ def test_program_primitives_after_a_trace_whose_weight_was_an_input():
 POOL_STRESS = """
 import hashlib, numpy as np
 from rlxviz import kernels
-from rlxviz.runtime.mlx_backend import mx
+from rlxviz.kernels.mlx_backend import mx
 k = kernels.load()
 k.set_threads(4)  # more workers than this machine may have cores: spinning ones must still let others run
 rng = np.random.default_rng(5)

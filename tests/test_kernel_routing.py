@@ -9,9 +9,9 @@ import pytest
 
 from rlxviz import kernels
 from rlxviz.ir.ops import KERNEL_ACTIVATIONS
+from rlxviz.kernels.mlx_backend import mx
 from rlxviz.runtime.kernel_routing import KERNEL_ACTS, KernelRouting
 from rlxviz.runtime.lowering import LoweringOptions, MlxEmitter
-from rlxviz.runtime.mlx_backend import mx
 from rlxviz.runtime.packing import PackedWeights
 
 rng = np.random.default_rng(5)

@@ -13,10 +13,10 @@ from scipy import special
 from rlxviz import kernels
 from rlxviz.ir import Builder, DType, Op
 from rlxviz.kernels.build import build_kernels
+from rlxviz.kernels.mlx_backend import mx
 from rlxviz.runtime import run_reference
 from rlxviz.runtime.executor import MlxExecutor
 from rlxviz.runtime.lowering import LoweringOptions
-from rlxviz.runtime.mlx_backend import mx
 from rlxviz.runtime.precision import TABLE
 
 TOL = TABLE[DType.f32, "cpu"][1]  # fused vs unfused on one backend, f32: what a kernel may differ by

@@ -4,7 +4,7 @@ The floors are the ones the code holds today (read from its imports, as `test_im
 function-level imports included, `TYPE_CHECKING` ones left out), the order the architecture review drew:
 
 0. `ir`: the graph, its ops and their one meaning.
-1. `kernels`: the C++ kernels' build and bindings (the lowering calls them).
+1. `kernels`: the C++ kernels' build and bindings (the lowering calls them), the CBLAS and the one `import mlx.core`.
 2. `passes`, `runtime`: the fusion pipeline and the MLX runtime, beside each other (neither imports the other).
 3. `models`: model builders and the ONNX importer/exporter (they run passes to canonicalize).
 4. `viz`: drawings of graphs and traces.
@@ -35,10 +35,6 @@ FLOORS: dict[str, int] = {
 """Package (the first name under `rlxviz`; `""` is `rlxviz/__init__.py`) -> floor."""
 
 KNOWN: dict[tuple[str, str], str] = {
-    ("rlxviz.kernels", "rlxviz.runtime.devices"): "kernels._ensure reads cpu_cores for the build's -j (in-function)",
-    ("rlxviz.kernels.build", "rlxviz.runtime.mlx_backend"): "cache_key and _import load MLX through the runtime "
-                                                            "(in-function)",
-    ("rlxviz.viz.dot", "rlxviz.session.text"): "_shown shortens labels with session.text.shown (in-function)",
 }
 """Imports that run up a floor today, with why. Fix one, then delete its entry (the test says so)."""
 

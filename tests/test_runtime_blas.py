@@ -4,10 +4,10 @@ import os
 import subprocess
 import sys
 
-from rlxviz.runtime.blas import active_blas, candidates
+from rlxviz.kernels.blas import active_blas, candidates
 
 PROBE = ("import warnings; warnings.simplefilter('always');"
-         "from rlxviz.runtime.mlx_backend import BLAS, mx; print(BLAS.name, BLAS.optimized, '|', BLAS.note)")
+         "from rlxviz.kernels.mlx_backend import BLAS, mx; print(BLAS.name, BLAS.optimized, '|', BLAS.note)")
 
 
 def _probe(env_value):
@@ -16,7 +16,7 @@ def _probe(env_value):
 
 
 def test_record_present_in_this_process():
-    from rlxviz.runtime import mlx_backend
+    from rlxviz.kernels import mlx_backend
 
     rec = active_blas()
     assert rec is mlx_backend.BLAS and rec.name and str(rec)
@@ -40,7 +40,7 @@ def test_bad_explicit_path_is_skipped_and_noted():
 
 def test_probe_verdict_is_cached_per_library_and_cpu(tmp_path, monkeypatch):
     """A verdict is reused by later processes; a changed library file or an unreadable cache probes again."""
-    from rlxviz.runtime import blas
+    from rlxviz.kernels import blas
 
     lib = tmp_path / "libfake.so"
     lib.write_bytes(b"x")
@@ -64,7 +64,7 @@ def test_probe_verdict_is_cached_per_library_and_cpu(tmp_path, monkeypatch):
 
 
 def test_probe_cache_survives_an_unwritable_folder(tmp_path, monkeypatch):
-    from rlxviz.runtime import blas
+    from rlxviz.kernels import blas
 
     lib = tmp_path / "libfake.so"
     lib.write_bytes(b"x")

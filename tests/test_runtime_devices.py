@@ -93,7 +93,7 @@ def test_gpu_lowering_computes_the_same_numbers_on_the_cpu(name, style):
 
 
 def test_executor_runs_on_its_own_device_without_touching_the_default():
-    from rlxviz.runtime.mlx_backend import mx
+    from rlxviz.kernels.mlx_backend import mx
 
     before = mx.default_device()
     ex = MlxExecutor(device="cpu")

@@ -9,11 +9,11 @@ from scipy import special
 from rlxviz.ir import Builder, Op, format_node
 from rlxviz.ir.fused import DECOMPOSITIONS
 from rlxviz.ir.ops import FUSED, LEAF
+from rlxviz.kernels.blas import active_blas
+from rlxviz.kernels.mlx_backend import mx
 from rlxviz.runtime import run_reference
-from rlxviz.runtime.blas import active_blas
 from rlxviz.runtime.executor import MlxExecutor
 from rlxviz.runtime.lowering import LOWERINGS, OVERRIDES, LoweringError, LoweringOptions
-from rlxviz.runtime.mlx_backend import mx
 from rlxviz.runtime.timing import equivalence, time_version
 
 RTOL, ATOL = 1e-4, 1e-5

@@ -101,8 +101,8 @@ def test_row_parallel_kernels_match_one_stream():
     over axis 0 is never split."""
     import numpy as np
 
+    from rlxviz.kernels.mlx_backend import mx
     from rlxviz.runtime.lowering import MlxEmitter
-    from rlxviz.runtime.mlx_backend import mx
 
     rng = np.random.default_rng(0)
     x = mx.array(rng.standard_normal((5, 12, 64, 64)).astype(np.float32))  # 245,760 elements: split

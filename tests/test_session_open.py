@@ -3,7 +3,6 @@ both call (issue 36, item 5)."""
 
 import ast
 import dataclasses
-import importlib
 from pathlib import Path
 
 import pytest
@@ -14,10 +13,9 @@ from rlxviz.app.state import AppState
 from rlxviz.cli.loading import _run_model
 from rlxviz.ir import format_graph
 from rlxviz.session import LimitError, Limits, OpenRequest, PipelineError, SessionError
+from rlxviz.session import opening as OPEN
 
 ROOT = Path(__file__).resolve().parent.parent
-OPEN = importlib.import_module("rlxviz.session.open")
-"""The module (`session.open` is its function)."""
 CASE = ROOT / "tests" / "data" / "cases" / "03-prescaled-query.rlx"
 
 

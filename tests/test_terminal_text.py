@@ -1,4 +1,4 @@
-"""Model text reaching the terminal is escaped in one place (the CLI's print path, `session.text`): a graph,
+"""Model text reaching the terminal is escaped in one place (the CLI's print path, `ir.text`): a graph,
 input or param name or a node path holding ANSI/OSC escapes, BEL, NUL, CR/LF or bidi controls can neither
 retitle the terminal, clear the screen nor forge a report line. `--json` stays JSON."""
 
@@ -8,7 +8,7 @@ import re
 import pytest
 
 from rlxviz import cli
-from rlxviz.session.text import ModelText, shown
+from rlxviz.ir.text import ModelText, shown
 
 RAW = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 

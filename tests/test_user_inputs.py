@@ -157,7 +157,7 @@ COMPUTED_IR = """graph g {
 def test_computed_gather_indices_out_of_range_refused_before_mlx(tmp_path, capsys):
     """Was: indices computed from an input (add(ids, 1e8)) reached MLX's take unchecked: exit 139 (segfault).
     Every MLX run (`MlxExecutor.bind`) now checks each gather's indices (computed by the reference if need be)."""
-    pytest.importorskip("rlxviz.runtime.mlx_backend")
+    pytest.importorskip("rlxviz.kernels.mlx_backend")
     from rlxviz.runtime.executor import MlxExecutor, check_gather_indices
 
     (tmp_path / "g.ir").write_text(COMPUTED_IR.replace("OFFSET", "100000000"))

@@ -11,7 +11,6 @@ and a sample of the zoo; the whole zoo is the slow version.
 from __future__ import annotations
 
 import html
-import importlib
 import json
 import re
 from pathlib import Path
@@ -26,9 +25,8 @@ from rlxviz.app.jobs import Runner
 from rlxviz.app.state import AppState
 from rlxviz.models import PRESETS
 from rlxviz.passes.why.verdict import RunVerdict
+from rlxviz.session import opening as SESSION_OPEN
 from rlxviz.session.render import View, picture, verdicts
-
-SESSION_OPEN = importlib.import_module("rlxviz.session.open")  # the module: `session.open` is its function
 
 ROOT = Path(__file__).parent
 HANDED = sorted((ROOT / "data" / "cases").glob("*.rlx"))

@@ -42,7 +42,7 @@ def test_reference_mean_of_empty_slice_is_quiet():
 
 
 def test_executor_const_cast_overflow_is_quiet():
-    pytest.importorskip("rlxviz.runtime.mlx_backend")
+    pytest.importorskip("rlxviz.kernels.mlx_backend")
     from rlxviz.runtime.executor import _const
 
     node = Node(0, Op.CONST, (), (), DType.f32, {"value": 1e39})

@@ -1,12 +1,17 @@
 """`Derived`: what the app shows, derived from `AppState`'s parameters and its run (a mixin of `AppState`, no
 Panel import): the shown versions and their graphs, the IR text views, the drawings (cached by content) and the
 session's answers about layers ("why didn't layer N fuse?"). Nothing here changes a parameter.
+
+Each derivation declares the parameters it reads with `param.depends` (`AppState.param.method_dependencies(name)`
+lists them; `tests/test_app_derived_deps.py` checks that none reads another).
 """
 
 from __future__ import annotations
 
 import difflib
 from typing import Any
+
+import param
 
 from .. import session
 from ..ir import Graph, format_graph
@@ -28,6 +33,16 @@ FULL_VIEW_LAYERS = 6
 INPUT_FIRST = "input graph, passes running"
 """The pipeline name of the trace with no pass a load shows first (`Runs._show_input_first`): drawn as its bare
 input graph, so no layer box says `not fused` before a pass has run."""
+
+RUN = ("trace", "model")
+"""The run shown (a graph before its run: the model's)."""
+SHOWN = (*RUN, "version", "hide_unchanged")
+"""The version shown: the run, the selected version, and which versions are listed."""
+DRAWN = (*SHOWN, "view", "selected_layer", "expanded_layers")
+"""A drawing of the version shown: its view, the focused layer, the layers drawn open."""
+COLOURS = ("node_figures", "overlay")
+"""The node colours of the chosen overlay."""
+
 
 class Derived:
     """Derived values of `AppState` (its versions, graphs, texts and drawings); read-only."""
@@ -57,6 +72,7 @@ class Derived:
         """Labels of the shown versions: "input", "after fuse_matmul_bias_act", ..."""
         return [lbl for _, lbl in self._visible(self.trace)] if self.trace is not None else []
 
+    @param.depends(*SHOWN)
     def version_index(self, k: int | None = None, trace: Trace | None = None) -> int:
         """Index into `trace.versions()` of shown version `k` (default: the selected one) of `trace` (default:
         the state's trace)."""
@@ -65,6 +81,7 @@ class Derived:
         k = self.version if k is None else k
         return vis[min(k, len(vis) - 1)][0]
 
+    @param.depends(*SHOWN)
     def graph_at(self, k: int | None = None) -> Graph | None:
         """The graph of shown version `k` (default: the selected one)."""
         if self.trace is None:
@@ -100,6 +117,7 @@ class Derived:
             raise ValueError(f"no version {label!r}; shown: {labels}")
         self.version = labels.index(label)
 
+    @param.depends(*SHOWN)
     def version_rows(self) -> list[dict[str, Any]]:
         """One row per shown version: label, compute-node count, fused-node count, change in nodes, the pass's
         matches and (hard) rejections."""
@@ -120,10 +138,12 @@ class Derived:
                                                                           if i else 0.0)})
         return rows
 
+    @param.depends(*SHOWN)
     def ir_current(self) -> str:
         g = self.current_graph
         return format_graph(g) if g is not None else ""
 
+    @param.depends(*SHOWN)
     def ir_diff(self) -> str:
         """Unified diff (difflib) of the selected version's IR against the version before it."""
         cur, prev = self.current_graph, self.previous_graph
@@ -134,6 +154,7 @@ class Derived:
         return "".join(difflib.unified_diff(format_graph(prev).splitlines(True), format_graph(cur).splitlines(True),
                                             f"before {name}", f"after {name}", n=1))
 
+    @param.depends(*RUN)
     def trace_json(self) -> str:
         return self.trace.to_json(graphs=True, indent=1) if self.trace is not None else "{}"
 
@@ -165,12 +186,14 @@ class Derived:
         expanded = tuple(sorted(set(self.expanded_layers))) if view == COLLAPSED else ()
         return source, View(i, "layers" if view == COLLAPSED else "full", side, focus, expanded)
 
+    @param.depends(*DRAWN)
     def render_key(self, k: int | None = None, view: str | None = None) -> tuple:
         """Cache key of a drawing, derived from the graph it draws: the trace's content key (`Trace.key`), the
         version index, the view (and layer for `focus`)."""
         source, v = self._drawing(k, view or self.resolved_view())
         return ("svg", drawing.source_key(source), v)
 
+    @param.depends(*RUN, "view")
     def resolved_view(self, trace: Trace | None = None) -> str:
         """`auto` is the full graph for small models, one box per layer for big ones: more than
         `FULL_VIEW_LIMIT` nodes or `FULL_VIEW_LAYERS` layers in the run's input graph (decided once per run,
@@ -184,15 +207,18 @@ class Derived:
         big = len(g) > FULL_VIEW_LIMIT or len(session.model_layers(g)) > FULL_VIEW_LAYERS
         return COLLAPSED if big else FULL
 
+    @param.depends(*DRAWN)
     def dot(self, k: int | None = None, view: str | None = None) -> str:
         """DOT source of shown version `k` in `view`, with the pass's overlay."""
         return drawing.dot(*self._drawing(k, view or self.resolved_view()))
 
+    @param.depends(*DRAWN, *COLOURS)
     def svg(self, k: int | None = None, view: str | None = None) -> str:
         """SVG of shown version `k` with its pass's fused nodes marked, and the node colours of `overlay` when they
         were measured for it (cached by trace content, version, view and colours)."""
         return drawing.svg(*self._drawing(k, view or self.resolved_view()), self.heat(k))
 
+    @param.depends(*SHOWN, *COLOURS)
     def heat(self, k: int | None = None) -> drawing.Heat:
         """The node fills of `node_figures` (`session.overlays.heat`) when they belong to shown version `k` of the
         run shown, else none (op colours)."""
@@ -201,15 +227,18 @@ class Derived:
             return ()
         return overlays.heat(f)
 
+    @param.depends("overlay")
     def overlay_legend(self) -> list[tuple[str, str]]:
         """(fill, range) per colour of the chosen overlay (`viz.heat.legend`); [] for none."""
         return legend(self.overlay) if self.overlay != "none" else []
 
+    @param.depends(*DRAWN, *COLOURS)
     def svg_before(self, k: int | None = None, view: str | None = None) -> str:
         """SVG of the graph before version `k`'s pass, with its matches clustered and rejections marked, and the
         overlay's colours on the nodes the pass kept (`heat_before`)."""
         return drawing.svg(*self._drawing(k, view or self.resolved_view(), side="before"), self.heat_before(k))
 
+    @param.depends(*SHOWN, *COLOURS)
     def heat_before(self, k: int | None = None) -> drawing.Heat:
         """The node fills of `node_figures` on the graph before shown version `k`'s pass: the nodes it kept
         (`session.overlays.heat_before`); none when the figures are not version `k`'s."""
@@ -218,11 +247,13 @@ class Derived:
             return ()
         return overlays.heat_before(f, self.trace)
 
+    @param.depends(*RUN)
     def layers(self) -> list[int]:
         """Layer indices found in the input graph's provenance."""
         g = self.trace.input if self.trace is not None else (self.model.graph if self.model else None)
         return session.model_layers(g) if g is not None else []
 
+    @param.depends(*RUN)
     def verdict(self) -> RunVerdict:
         """The current run's one verdict (`passes.why.RunVerdict`): what the Why tab, the drawing, the node panel and
         `rlxviz explain` all format, with every fix line checked as a what-if (`session.advice.checked_verdict`, as
@@ -248,6 +279,7 @@ class Derived:
         self._verdict_memo = (self.trace, run)  # every fix line checked as `rlxviz explain` checks it
         return run
 
+    @param.depends(*RUN)
     def layer_status(self, layer: int) -> LayerStatus:
         """The run's verdict on `layer` (`verdict().layer`).
 
@@ -259,11 +291,13 @@ class Derived:
         session.check_layer(self.trace, layer, self.model.name if self.model is not None else "")
         return self.verdict().layer(layer)
 
+    @param.depends(*RUN)
     def why_layer(self, layer: int) -> str:
         """"Why didn't layer N fuse?" as Markdown: the session's text (`LayerStatus.render`, the same the CLI
         prints), every line escaped, under a heading."""
         return f"### Layer {layer}\n\n" + md_lines(self.layer_status(layer).render(verbose=True))
 
+    @param.depends(*RUN)
     def why_graph(self) -> str:
         """The Why tab for a graph without layer paths, as Markdown: the whole-graph answer `rlxviz explain` prints
         for it (`session.check_fusion`: the graph kind and its evidence, each missed fusion with its guard), every
@@ -275,6 +309,7 @@ class Derived:
         text = self.verdict().render(verbose=True)
         return "### The whole graph (no node path names a layer)\n\n" + md_lines(text)
 
+    @param.depends(*SHOWN, "selected_layer")
     def svg_why(self) -> str:
         """The selected layer, focused, in the graph before the pass that first rejected something in it."""
         return drawing.svg(*self._drawing(None, FOCUS, side="why"))

@@ -1,6 +1,6 @@
 """A side-by-side diff of two versions' IR text (difflib's matcher, no Panel import), as rows and as HTML.
 
-Lines are the model's text: each is shown as `session.text.shown` makes it (control and bidi characters
+Lines are the model's text: each is shown as `ir.text.shown` makes it (control and bidi characters
 escaped) and HTML-escaped (`text.html_text`); nothing of it becomes markup. Work is bounded: lines the two
 texts share at both ends are skipped before matching, and the matcher's own junk heuristic keeps it near
 linear on big graphs.

@@ -1,14 +1,17 @@
-"""`Measurements`: the measuring jobs of `AppState` (a mixin of `runs.Runs`, no Panel import): timing every version
-in the timing process, the per-node overlay, and the input arrays a user brings for them. Each job runs on the
-state's `Runner`; its state changes are made on the page's thread (`Runner.on_page`).
+"""`Measurements`: the measuring jobs of an `AppState`, which holds them (`state.measurements`; no Panel import): timing
+every version in the timing process, the per-node overlay, and the input arrays a user brings for them. Each job runs
+on the state's `Runner`; its state changes are made on the page's thread (`Runner.on_page`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import param
+
 from .. import session
 from ..models import Model
+from ..passes import Trace
 from ..runtime.battery import EXPECTED_PREFIX
 from ..session import Limits, SessionError
 from . import timeproc
@@ -28,7 +31,14 @@ all sessions: stepping back to a measured version shows its colours at once."""
 
 
 class Measurements:
-    """Timing and overlay jobs; `runs.Runs` gives them the state, the runner and the status calls."""
+    """Timing and overlay jobs of one `AppState` (`state.measurements`): the state gives them its parameters, its
+    runner and its status calls."""
+
+    def __init__(self, state: param.Parameterized) -> None:
+        """`state`: the `AppState` whose measurements these are."""
+        self.state = state
+        # the run last timed, its rows and the rows timed in the same rounds that are no version (`_time_job`)
+        self._timed: tuple[Trace, list, list] | None = None
 
     def time_all(self, fresh: bool = False) -> None:
         """Time every version on MLX (a job with progress); fills `timings` and `blas`.
@@ -36,29 +46,30 @@ class Measurements:
         Args:
             fresh: measure again even when this model, pipeline and setting were timed before.
         """
-        self.runner.submit("time", lambda: self._time_job(fresh))
+        self.state.runner.submit("time", lambda: self._time_job(fresh))
 
     def _time_job(self, fresh: bool = False) -> None:
         """Time in the timing process; the state changes are made on the page's thread (`Runner.on_page`)."""
-        page = self.runner.on_page
-        if self.trace is None or self.model is None:
-            page(lambda: self._error("Nothing to time yet: load a model and run the pipeline first.", kind="warning"))
+        s = self.state
+        page = s.runner.on_page
+        if s.trace is None or s.model is None:
+            page(lambda: s._error("Nothing to time yet: load a model and run the pipeline first.", kind="warning"))
             return
-        page(lambda: self._start(f"Timing every version on MLX in the timing process ({self.repeat} interleaved "
-                                 "rounds)… (the page holds still meanwhile: an animation would take CPU time from "
-                                 "the measurement)", still=True))
-        trace, model = self.trace, self.model  # one consistent pair, even if a reload is queued
+        page(lambda: s._start(f"Timing every version on MLX in the timing process ({s.repeat} interleaved "
+                              "rounds)… (the page holds still meanwhile: an animation would take CPU time from "
+                              "the measurement)", still=True))
+        trace, model = s.trace, s.model  # one consistent pair, even if a reload is queued
         try:
             Limits.resolve().check(model.graph, model.name, "time")  # what timing holds, as `rlxviz time` checks
-            user = self.user_inputs if self._inputs_fit(model) else None
-            feeds = user.feeds if user is not None else session.feeds(model, self.text)
+            user = s.user_inputs if self._inputs_fit(model) else None
+            feeds = user.feeds if user is not None else session.feeds(model, s.text)
             sets = session.input_sets(model.graph, feeds, user)  # the user's arrays first, then the battery
             key = ("timing", trace.key, session.timing.arrays_digest(feeds, model.weights), user is not None,
-                   self.warmup, self.repeat, self.device)
+                   s.warmup, s.repeat, s.device)
             run = None if fresh else TIMING_RUNS.get(key)
             if run is None:
-                run = TIMING_RUNS.put(key, timeproc.time_in_worker(trace, feeds, model.weights, warmup=self.warmup,
-                                                                   repeat=self.repeat, device=self.device,
+                run = TIMING_RUNS.put(key, timeproc.time_in_worker(trace, feeds, model.weights, warmup=s.warmup,
+                                                                   repeat=s.repeat, device=s.device,
                                                                    inputs=sets))
             policy = next((r.policy for r in run.rows if r.policy is not None), None)
             where = next((r.context for r in run.rows if r.context is not None), None)
@@ -66,95 +77,100 @@ class Measurements:
             # the own-lowering row shares the versions' rounds: one machine check over all of them
             also = [run.split.rows[1]] if isinstance(run.split, session.FusionAndKernels) and run.split.shared else []
             self._timed = (trace, run.rows, also)
-            page(lambda: self.trace is trace and self.param.update(  # not over a newer run's tab
+            page(lambda: s.trace is trace and s.param.update(  # not over a newer run's tab
                 timing_policy=(policy.describe() + "\n\n" if policy else "") + sets.describe(),
                 # the BLAS library by its file name, not its path on the server (issue 39)
-                blas=hide_server_paths(f"{where if where is not None else 'MLX'}; {self.repeat} interleaved round(s) "
+                blas=hide_server_paths(f"{where if where is not None else 'MLX'}; {s.repeat} interleaved round(s) "
                                        f"per version, in a worker process (pid {run.pid}), as `rlxviz time --repeat "
-                                       f"{self.repeat}`"),
-                timings=self._timing_rows(run.rows, self._visible(trace), also), timing_split=run.split))
+                                       f"{s.repeat}`"),
+                timings=s._timing_rows(run.rows, s._visible(trace), also), timing_split=run.split))
         except Exception as e:  # noqa: BLE001
             text = f"Timing failed: {type(e).__name__}: {e}\n{timing_hint(e)}"
-            page(lambda: self._error(text))
+            page(lambda: s._error(text))
         finally:
-            page(self._stop)
+            page(s._stop)
 
     def measure_overlay(self) -> None:
         """Fill `node_figures` for the shown version and the chosen `overlay` (none: clear them): from
         `OVERLAY_RUNS`, else measured as a job in the timing process (`timeproc.figures_in_worker`: the memory
         budget checked first, a time limit between nodes)."""
-        if self.overlay == "none" or self.trace is None or self.model is None:
-            self.param.update(node_figures=None, overlay_status="")
+        s = self.state
+        if s.overlay == "none" or s.trace is None or s.model is None:
+            s.param.update(node_figures=None, overlay_status="")
             return
         key = self._overlay_key()
         hit = OVERLAY_RUNS.get(key)
         if hit is not None:
-            self.param.update(node_figures=hit, overlay_status=hit.note)
+            s.param.update(node_figures=hit, overlay_status=hit.note)
             return
-        self.param.update(node_figures=None, overlay_status="measuring…")
-        self.runner.submit("overlay", lambda: self._overlay_job(key))
+        s.param.update(node_figures=None, overlay_status="measuring…")
+        s.runner.submit("overlay", lambda: self._overlay_job(key))
 
     def _overlay_key(self) -> tuple:
-        model = self.model
-        user = self.user_inputs if self._inputs_fit(model) else None
-        feeds = user.feeds if user is not None else session.feeds(model, self.text)
-        return (self.trace.key, self.version_index(), self.overlay,
-                session.timing.arrays_digest(feeds, model.weights), self.device)
+        s = self.state
+        model = s.model
+        user = s.user_inputs if self._inputs_fit(model) else None
+        feeds = user.feeds if user is not None else session.feeds(model, s.text)
+        return (s.trace.key, s.version_index(), s.overlay,
+                session.timing.arrays_digest(feeds, model.weights), s.device)
 
     def _overlay_job(self, key: tuple) -> None:
         """Measure in the timing process; the state changes on the page's thread, only if the page still asks
         for this (trace, version, kind)."""
-        page = self.runner.on_page
-        trace, model, version, kind = self.trace, self.model, self.version_index(), self.overlay
+        s = self.state
+        page = s.runner.on_page
+        trace, model, version, kind = s.trace, s.model, s.version_index(), s.overlay
         what = "time share" if kind == "time" else "error against version 0's reference"
-        page(lambda: self._start(f"Measuring each node's {what} in the timing process…", still=kind == "time"))
+        page(lambda: s._start(f"Measuring each node's {what} in the timing process…", still=kind == "time"))
         try:
-            user = self.user_inputs if self._inputs_fit(model) else None
-            feeds = user.feeds if user is not None else session.feeds(model, self.text)
+            user = s.user_inputs if self._inputs_fit(model) else None
+            feeds = user.feeds if user is not None else session.feeds(model, s.text)
             figs = OVERLAY_RUNS.put(key, timeproc.figures_in_worker(
-                trace, version, kind, feeds, model.weights, device=self.device, limits=Limits.resolve(),
+                trace, version, kind, feeds, model.weights, device=s.device, limits=Limits.resolve(),
                 time_limit_s=OVERLAY_TIME_LIMIT_S))
 
             def show() -> None:
-                if self.trace is trace and self.version_index() == version and self.overlay == kind:
-                    self.param.update(node_figures=figs, overlay_status=figs.note)
+                if s.trace is trace and s.version_index() == version and s.overlay == kind:
+                    s.param.update(node_figures=figs, overlay_status=figs.note)
 
             page(show)
         except Exception as e:  # noqa: BLE001 - a refusal or failure is a message
             why = str(e) if isinstance(e, SessionError) else f"{type(e).__name__}: {e}\n{timing_hint(e)}"
             text = f"The {what} overlay failed: {why}"
-            page(lambda: (self.param.update(overlay_status="not measured"), self._error(text)))
+            page(lambda: (s.param.update(overlay_status="not measured"), s._error(text)))
         finally:
-            page(self._stop)
+            page(s._stop)
 
     def set_user_inputs(self, data: bytes | None, filename: str = "inputs.npz") -> None:
         """Use the arrays of an uploaded `.npz` (one per graph input, by name) in the next timing run, or
         drop them (`data=None`). A bad file is a message, never a traceback."""
+        s = self.state
         if not data:
-            self.user_inputs = None
+            s.user_inputs = None
             return
-        if self.model is None:
-            self._error("Load a model first: its graph decides which input arrays it takes.", kind="warning")
+        if s.model is None:
+            s._error("Load a model first: its graph decides which input arrays it takes.", kind="warning")
             return
         try:
-            self.user_inputs = session.load_inputs(data, self.model.graph, filename)
+            s.user_inputs = session.load_inputs(data, s.model.graph, filename)
             aside = [k for k in session.npz_headers(data, filename) if k.startswith(EXPECTED_PREFIX)]
             if aside:
-                self.param.update(message=f"{filename}: the next timing runs on its arrays; set aside "
-                                          f"{len(aside)} expected output(s): {', '.join(aside)}.", message_kind="info")
+                s.param.update(message=f"{filename}: the next timing runs on its arrays; set aside "
+                                       f"{len(aside)} expected output(s): {', '.join(aside)}.", message_kind="info")
         except ValueError as e:
-            self.user_inputs = None
-            self._error(str(e), kind="warning")
+            s.user_inputs = None
+            s._error(str(e), kind="warning")
 
     def _inputs_fit(self, model: Model) -> bool:
         """The uploaded arrays still match `model`'s inputs (the model may have changed since)."""
-        u = self.user_inputs
+        s = self.state
+        u = s.user_inputs
         if u is None:
             return False
         ok = {n.attrs["name"]: n.shape for n in model.graph.inputs} == {k: v.shape for k, v in u.feeds.items()}
         if not ok:
-            self._error("The uploaded input arrays do not fit this model's inputs; timing on its own inputs.",
-                        kind="warning")
+            s._error("The uploaded input arrays do not fit this model's inputs; timing on its own inputs.",
+                     kind="warning")
         return ok
 
     @staticmethod

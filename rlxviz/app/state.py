@@ -5,9 +5,10 @@ results are parameters too (`model`, `trace`, `timings`, `message`, `progress`),
 run on a `Runner` (a worker thread in the app, inline in tests). Views read the state and call its
 methods; nothing here knows about widgets.
 
-One job per module: this one holds the parameters, the actions that change them and the watchers that react;
-`derived.Derived` what is derived from them (versions, graphs, texts, drawings), `runs.Runs` the jobs (load and
-pipeline run, uploads, timing, the per-node overlay) and their status, `wording` the text shown to users.
+One job per module: this one holds the parameters, the actions that change them, the watchers that react and the
+status the jobs report; `derived.Derived` what is derived from them (versions, graphs, texts, drawings); the state
+holds its jobs: `runs.Runs` (`state.runs`: load and pipeline run, uploads) and `measure.Measurements`
+(`state.measurements`: timing, the per-node overlay); `wording` the text shown to users.
 
 Example:
     >>> from rlxviz.app.jobs import Runner
@@ -18,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import tempfile
 from typing import Any
 
 import param
@@ -30,7 +32,7 @@ from ..runtime.devices import available_devices
 from ..session.overlays import KINDS
 from .derived import FULL_VIEW_LAYERS, FULL_VIEW_LIMIT, Derived
 from .jobs import Runner
-from .measure import TIMING_RUNS
+from .measure import TIMING_RUNS, Measurements
 from .runs import NO_TIMING, RUNS, Runs, import_check
 from .views import AUTO, COLLAPSED, VIEWS
 from .wording import SHAPE_VARIANT, VARIANT_LABELS, scrub_paths
@@ -55,7 +57,7 @@ def move_position(order: list[str], off: list[int], i: int, delta: int) -> tuple
     return moved, sorted(swap.get(k, k) for k in off)
 
 
-class AppState(Runs, Derived, param.Parameterized):
+class AppState(Derived, param.Parameterized):
     """Everything the app shows, and the actions that change it.
 
     Args:
@@ -63,6 +65,9 @@ class AppState(Runs, Derived, param.Parameterized):
         autorun: load the model and run the pipeline right away and on every change of a model or
             pipeline control (the app); False waits for `run()`.
     """
+
+    layer_note = ""
+    """Why "Layer to break" moved to the model's last layer (said with the variant's notice), or ""."""
 
     # -- model ------------------------------------------------------------------------------------
     source = param.Selector(objects=list(SOURCES), default="preset", doc="Where the model comes from.")
@@ -136,16 +141,11 @@ class AppState(Runs, Derived, param.Parameterized):
         super().__init__(**params)
         self.runner = runner or Runner()
         self.autorun = autorun
-        self._model_key: tuple = ()
-        self._shown_key: tuple = ()  # (model key, pipeline key) of the run the panes show
-        self._generation = 0
-        self._variant_notice = ""
         self._seq_raised: tuple[int, int] | None = None
-        # the run last timed, its rows and the rows timed in the same rounds that are no version (`_time_job`)
-        self._timed: tuple[Trace, list, list] | None = None
-        self._upload: dict[str, bytes] = {}  # the accepted upload's files (`load_upload`)
-        self._upload_tmp = self._last_upload_tmp = ""  # the temp folder a load wrote them to (removed after it)
-        self._upload_names: dict[str, str] = {}  # stored name -> the user's file name (messages name the latter)
+        self.runs = Runs(self)
+        """The jobs that load the model and run the pipeline, and what they remember (`runs.Runs`)."""
+        self.measurements = Measurements(self)
+        """The timing and overlay jobs (`measure.Measurements`)."""
         if not self.passes:
             self.passes = self.canonical_passes()
         self._sync_shape_seq()
@@ -273,6 +273,37 @@ class AppState(Runs, Derived, param.Parameterized):
 
     run = param.Action(lambda self: self.load(), doc="Re-run the pipeline.")
 
+    # ============================================================ jobs (held: `runs`, `measurements`)
+    def load(self) -> None:
+        """Load the model (if its key changed) and run the pipeline, as one job (`Runs.load`)."""
+        self.runs.load()
+
+    def start_cached(self) -> bool:
+        """Show a run another session finished for these settings at once (`Runs.start_cached`)."""
+        return self.runs.start_cached()
+
+    def load_upload(self, files: dict[str, bytes]) -> None:
+        """Accept uploaded model files and load them (`Runs.load_upload`)."""
+        self.runs.load_upload(files)
+
+    def prerender(self, gen: int | None = None) -> None:
+        """Render every shown version's SVGs into the cache (`Runs.prerender`)."""
+        self.runs.prerender(gen)
+
+    def time_all(self, fresh: bool = False) -> None:
+        """Time every version on MLX, as a job (`Measurements.time_all`)."""
+        self.measurements.time_all(fresh)
+
+    def measure_overlay(self) -> None:
+        """Fill `node_figures` for the shown version and `overlay` (`Measurements.measure_overlay`)."""
+        self.measurements.measure_overlay()
+
+    def set_user_inputs(self, data: bytes | None, filename: str = "inputs.npz") -> None:
+        """Use (or drop) the arrays of an uploaded `.npz` in the next timing run (`Measurements.set_user_inputs`)."""
+        self.measurements.set_user_inputs(data, filename)
+
+    _timing_rows = staticmethod(Measurements._timing_rows)
+
 
 
 
@@ -315,7 +346,7 @@ class AppState(Runs, Derived, param.Parameterized):
         "minilm"}`), so a step on the model shown can go back to it; None when the model shown is the one asked
         for, or came from IR text, or nothing is shown, or a job is running (a load may be on its way: the user's
         new choice is not undone)."""
-        key = self._model_key
+        key = self.runs._model_key
         if self.model is None or self.busy or len(key) < 2 or key[0] == "ir" or key[:2] == self.model_key()[:2]:
             return None
         field = {"preset": "preset", "checkpoint": "checkpoint_dir", "upload": "upload_id"}.get(key[0])
@@ -341,7 +372,7 @@ class AppState(Runs, Derived, param.Parameterized):
     @param.depends("model_key", "pipeline_key", watch=True)
     def _reload(self) -> None:
         """A control that changes the model or the pipeline (what the keys read, declared on them) loads again."""
-        if self._quiet_layer:
+        if self.runs._quiet_layer:
             return  # "Layer to break" moved to the layer the shown model was built for (`_bound_variant_layer`)
         if self._sync_shape_seq():
             return  # the seq change reloads
@@ -379,8 +410,9 @@ class AppState(Runs, Derived, param.Parameterized):
         self.param.version.bounds = (0, max(len(labels) - 1, 0))
         names = [lbl for _, lbl in labels]
         self.version = names.index(old) if old in names else 0
-        if self._timed is not None and self._timed[0] is self.trace:  # the timing table follows the filter
-            self.timings = self._timing_rows(self._timed[1], labels, self._timed[2])
+        timed = self.measurements._timed
+        if timed is not None and timed[0] is self.trace:  # the timing table follows the filter
+            self.timings = self._timing_rows(timed[1], labels, timed[2])
 
     # ============================================================ rendering
 
@@ -454,7 +486,7 @@ class AppState(Runs, Derived, param.Parameterized):
         (a teaching variant dropped) stays after it; a message that follows (an ONNX file's check) replaces it."""
         if self.model is None:
             return
-        kind = self._model_key[0] if self._model_key else self.source
+        kind = self.runs._model_key[0] if self.runs._model_key else self.source
         was, self._was_shown = self._was_shown, (self.model.name, kind)
         if was is None or was[1] == kind:
             return
@@ -465,7 +497,23 @@ class AppState(Runs, Derived, param.Parameterized):
 
 
 
-    # ============================================================ status helpers
+    # ============================================================ status (what the jobs report)
+    def _start(self, text: str, still: bool = False) -> None:
+        """Show a job as running: an animated (indeterminate) bar, or with `still` a full, unmoving one (a timing run:
+        the browser redrawing an animation on the same cores inflated the app's timings, see
+        `benchmarks/bench_app_vs_cli_timing.py`)."""
+        self.param.update(busy=True, progress=100 if still else -1, progress_text=text)
+
+    def _set_progress(self, pct: int, text: str) -> None:
+        self.param.update(progress=max(-1, min(100, pct)), progress_text=text)
+
+    def _stop(self) -> None:
+        self.param.update(busy=False, progress=-1, progress_text="")
+
+    def _error(self, text: str, kind: str = "danger") -> None:
+        upload = self.runs._upload_tmp or self.runs._last_upload_tmp
+        text = scrub_paths(text, upload, tempfile.gettempdir(), self.runs._upload_names)
+        self.param.update(message=text, message_kind=kind)
 
 
 __all__ = ["FULL_VIEW_LAYERS", "FULL_VIEW_LIMIT", "NO_TIMING", "RUNS", "SHAPE_VARIANT", "SOURCES", "SOURCE_WORDS",

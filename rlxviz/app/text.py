@@ -12,7 +12,7 @@ so every piece of such text goes through one of these before it reaches a pane:
   block ends at the first line of backticks in the text);
 * `html_text(text)`: text for an HTML pane or attribute (`html.escape`, quotes included).
 
-Each first escapes control characters and Unicode bidi controls as the CLI does (`session.text.shown`:
+Each first escapes control characters and Unicode bidi controls as the CLI does (`ir.text.shown`:
 `\\x1b`, `\\u202e`), keeping line breaks: a right-to-left override in a path must not make the page show other
 text than the model holds.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 import html
 import re
 
-from ..session.text import shown
+from ..ir.text import shown
 
 _MD_INLINE = re.compile(r"([\\`*_\[\]<>|~#&!])")  # emphasis, code, links, images, raw HTML, tables, entities
 _MD_LINE_START = re.compile(r"^(\s*)([-+=>])", re.MULTILINE)  # list, setext heading and quote markers

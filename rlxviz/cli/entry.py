@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argparse usage errors exit 2 as usual. Anything else (a bug: `InternalError`, `RecursionError`, an
     unexpected exception) prints one line naming it and returns 3; never a traceback.
     """
-    from ..session.text import ModelText
+    from ..ir.text import ModelText
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -105,9 +105,9 @@ def _remember(*things: object) -> None:
 
 def _emit(text: str, stream: Any) -> None:
     """The CLI's one print path for human-readable text: control characters in model text (names, paths,
-    file names) escaped (`session.text`), so a name cannot retitle the terminal, clear it or forge a line.
+    file names) escaped (`ir.text`), so a name cannot retitle the terminal, clear it or forge a line.
     JSON output passes through unchanged in meaning (`json.dumps` leaves no raw control character)."""
-    from ..session.text import ModelText
+    from ..ir.text import ModelText
 
     print((MODEL_TEXT or ModelText()).shown(str(text)), file=stream)
 

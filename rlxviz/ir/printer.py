@@ -17,12 +17,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
 
 from .node import Node
-
-if TYPE_CHECKING:  # `graph` imports this module (`Graph.digest` hashes the IR text)
-    from .graph import Graph
 
 _BARE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-/]*")
 _NUMBER_WORD = re.compile(r"(?:inf|nan)\b")
@@ -85,7 +83,21 @@ def _format_node(node: Node) -> str:
     return s
 
 
-def format_graph(graph: Graph) -> str:
+class Printable(Protocol):
+    """What the printer reads of a graph (`graph.Graph` is one): the printer stands below the graph, which hashes
+    this text for its digest, so it names no graph class."""
+
+    name: str
+    next_id: int
+    outputs: tuple[int, ...]
+
+    @property
+    def nodes(self) -> Sequence[Node]: ...
+
+    def __iter__(self) -> Iterator[Node]: ...
+
+
+def format_graph(graph: Printable) -> str:
     """The whole graph as IR text (ends with a newline)."""
     header = f"graph {format_name(graph.name)}"
     if graph.next_id != max((n.id for n in graph), default=-1) + 1:
@@ -98,7 +110,7 @@ def format_graph(graph: Graph) -> str:
     return "\n".join(lines) + "\n"
 
 
-def window(graph: Graph, node_id: int, radius: int = 3) -> str:
+def window(graph: Printable, node_id: int, radius: int = 3) -> str:
     """IR lines around `node_id`, the node itself marked with `>>`, for error messages."""
     nodes = graph.nodes
     idx = next((k for k, n in enumerate(nodes) if n.id == node_id), None)

@@ -1,4 +1,6 @@
-"""rlxviz's own CPU kernels as MLX primitives (C++ in `src/`, built on first use by `build`).
+"""rlxviz's own CPU kernels as MLX primitives (C++ in `src/`, built on first use by `build`), and what MLX itself
+loads first: the CBLAS its CPU matmul calls (`blas`, which also counts the cores this process may use) and the one
+`import mlx.core` after it (`mlx_backend`). The runtime routes to all of them; nothing here imports the runtime.
 
 Float32 kernels, each an `mlx::core::Primitive` with `eval_cpu` (vectorized for the machine that
 built it, threaded over rows or (batch, head, query block) work items on the CPUs this process may use):
@@ -40,6 +42,7 @@ import time
 from dataclasses import replace
 from types import ModuleType
 
+from .blas import cpu_cores
 from .build import KernelStatus, build_kernels, cache_root, find_toolchain
 
 _LOCK = threading.Lock()
@@ -74,8 +77,6 @@ def _ensure() -> tuple[KernelStatus, ModuleType | None]:
             if again and st.retry:
                 st = _LOADED[0]  # still held: keep the first answer (it names the wait that ran out)
             if module is not None:
-                from ..runtime.devices import cpu_cores
-
                 module.set_threads(cpu_cores())
                 st = replace(st, threads=module.threads())
             _LOADED = (st, module)

@@ -147,7 +147,7 @@ def cache_key(tools: Toolchain) -> str:
     """Hash of everything the built module depends on (see the module docstring)."""
     import nanobind
 
-    from ..runtime.mlx_backend import mx
+    from .mlx_backend import mx
 
     h = hashlib.sha256()
     for f in sorted(SRC.iterdir()):
@@ -160,7 +160,7 @@ def cache_key(tools: Toolchain) -> str:
 
 
 def _import(path: Path) -> ModuleType:
-    from ..runtime import mlx_backend  # noqa: F401  (BLAS first; mlx.core registers the array type)
+    from . import mlx_backend  # noqa: F401  (BLAS first; mlx.core registers the array type)
 
     loader = importlib.machinery.ExtensionFileLoader(MODULE, str(path))
     spec = importlib.util.spec_from_file_location(MODULE, str(path), loader=loader)

@@ -15,8 +15,8 @@ import platform
 import sys
 from dataclasses import dataclass
 
-from .blas import cpu_cores
-from .mlx_backend import mx
+from ..kernels.blas import cpu_cores
+from ..kernels.mlx_backend import mx
 
 DEVICES = ("cpu", "gpu")
 

@@ -25,9 +25,9 @@ import numpy as np
 
 from ..ir import Graph, Node, Op, format_node
 from ..ir.onnx_op import host_run
+from ..kernels.mlx_backend import mx
 from .devices import mx_device, resolve_device
 from .lowering import MX_DTYPES, LoweringError, LoweringOptions, MlxEmitter, lower_node
-from .mlx_backend import mx
 from .precision import precision_policy
 from .static_share import SharedStatics, cone_keys
 

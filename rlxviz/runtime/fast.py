@@ -14,7 +14,7 @@ so they trace into `mx.compile`.
 
 from __future__ import annotations
 
-from .mlx_backend import mx
+from ..kernels.mlx_backend import mx
 
 _LOG2E = 1.4426950408889634
 _LN2_HI = 0.693145751953125  # ln 2 split for Cody-Waite range reduction (hi has 12 trailing zero bits)

@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import kernels
 from ..ir.ops import KERNEL_ACTIVATIONS
-from .mlx_backend import mx
+from ..kernels.mlx_backend import mx
 from .packing import PackedWeights
 
 KERNEL_ACTS = frozenset(a.value for a in KERNEL_ACTIVATIONS)

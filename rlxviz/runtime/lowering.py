@@ -44,11 +44,11 @@ from ..ir.identity import IdentityMap
 from ..ir.infer import parse_step
 from ..ir.ops import FUSED_REGION_OPS
 from ..ir.registry import registrar
+from ..kernels.mlx_backend import mx
 from . import fast
 from .formulas import merge_heads, rope, split_heads
 from .kernel_routing import GEMM_AUTO_MAX_ROWS, KERNEL_ACTS, KernelRouting
 from .lowering_options import DEVICE_LOWERING, Choice, LoweringOptions, lowering_table, options_for
-from .mlx_backend import mx
 from .packing import PackedWeights
 
 T = TypeVar("T")

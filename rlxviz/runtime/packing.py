@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from ..ir.identity import IdentityMap
-from .mlx_backend import mx
+from ..kernels.mlx_backend import mx
 
 T = TypeVar("T")
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..ir import Graph, Op
-from .mlx_backend import mx
+from ..kernels.mlx_backend import mx
 
 _FRESH = itertools.count()
 """Tokens for attribute values with no stable text: each use is a new one, so no two cone keys equal through it."""

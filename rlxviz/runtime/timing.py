@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 
 from ..ir import Graph
-from .blas import active_blas
+from ..kernels.blas import active_blas
+from ..kernels.mlx_backend import mx
 from .executor import MlxExecutor, default_executor
 from .lowering import LoweringOptions
-from .mlx_backend import mx
 from .reference import run_reference
 
 

@@ -8,7 +8,7 @@ One module per job:
 * `variants`: the teaching variants (`models.VARIANTS`) and the shape rule of `over_threshold`.
 * `loading`: a model from a preset, a checkpoint folder, an IR file or IR text, cached by content.
 * `isolated`: the same load in a child process killed past its wall time, its address space capped.
-* `open`: one request (`OpenRequest`) in, the model, its pipeline and their run out (`open`): what the CLI and
+* `opening`: one request (`OpenRequest`) in, the model, its pipeline and their run out (`open`): what the CLI and
   the app both call.
 * `pipeline`: building a checked pipeline (`Pass.requires`), running it (cached), finding versions.
 * `status`: "why didn't layer N fuse" (`layer_status`, `check_fusion`: the door to `passes.why.RunVerdict`).
@@ -25,6 +25,7 @@ One module per job:
 Errors a user can fix are `SessionError`s (one line); front ends match them by type.
 """
 
+from ..ir.text import ModelText, shown
 from ..passes.architecture import LayerArchitecture as Architecture
 from ..passes.architecture import classify_layer as classify
 from .defaults import DEFAULT_BATCH, DEFAULT_REPEAT, DEFAULT_SEQ, DEFAULT_WARMUP, MAX_REPEAT, MAX_WARMUP, check_rounds
@@ -44,7 +45,7 @@ from .loading import (
 )
 from .lowerings import FusionAndKernels, Lowering, fusion_and_kernels, time_lowerings
 from .numerics import AddmmRounding, addmm_rounding, fast_erf_error
-from .open import Opened, OpenRequest, check_workload, open, open_model, open_pipeline, open_trace
+from .opening import Opened, OpenRequest, check_workload, open, open_model, open_pipeline, open_trace
 from .pipeline import build_pipeline, format_passes, pass_catalog, run_pipeline, version_index
 from .program import (
     KernelBytes,
@@ -71,7 +72,6 @@ from .roofline import (
     roofline,
 )
 from .status import FusionCheck, LayerStatus, check_fusion, check_layer, layer_status
-from .text import ModelText, shown
 from .timing import (
     PairedVerdict,
     VersionTiming,

@@ -60,8 +60,8 @@ def time_lowerings(graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str,
         SessionError: `repeat` or `warmup` outside its bound; ValueError: no lowerings.
         DeviceError: unknown device or no GPU here. KeyError / ValueError: as `MlxExecutor.bind`.
     """
+    from ..kernels.mlx_backend import mx
     from ..runtime.executor import MlxExecutor
-    from ..runtime.mlx_backend import mx
     from ..runtime.timing import summarize, timing_context
     from .defaults import check_rounds
     from .program import mlx_primitives

@@ -17,8 +17,8 @@ def fast_erf_error(lo: float = -6.0, hi: float = 6.0, points: int = 200001) -> f
     rlxviz's kernels compute (about 4e-7 absolute, `runtime.fast`)."""
     from scipy.special import erf
 
+    from ..kernels.mlx_backend import mx
     from ..runtime.fast import erf as fast_erf
-    from ..runtime.mlx_backend import mx
 
     grid = np.linspace(lo, hi, points, dtype=np.float32)
     return float(np.abs(np.asarray(fast_erf(mx.array(grid)), np.float64) - erf(grid.astype(np.float64))).max())
@@ -47,8 +47,8 @@ def addmm_rounding(m: int = 16, k: int = 384, n: int = 384, dtype: str = "float3
     Raises:
         ValueError: a dtype other than `float32` / `bfloat16`. DeviceError: unknown device or no GPU here.
     """
+    from ..kernels.mlx_backend import mx
     from ..runtime.devices import resolve_device
-    from ..runtime.mlx_backend import mx
 
     mantissa = {"float32": 23, "bfloat16": 7}
     if dtype not in mantissa:

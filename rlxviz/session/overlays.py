@@ -240,8 +240,8 @@ def heat_before(figs: NodeFigures, trace: Trace) -> tuple[tuple[int, str, str], 
 
 def _max_abs(got: object, want: np.ndarray) -> float:
     """Max |got - want| in float64 (nan where one side is not finite and the other is, or they differ there)."""
+    from ..kernels.mlx_backend import mx
     from ..runtime.compare import max_abs
-    from ..runtime.mlx_backend import mx
 
     a = np.array(got.astype(mx.float32) if got.dtype == mx.bfloat16 else got)  # type: ignore[union-attr]
     return max_abs([a], [want], same_nonfinite=True)

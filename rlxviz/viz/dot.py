@@ -24,6 +24,7 @@ import graphviz
 
 from ..ir import Graph, Node, Op, operand_roles
 from ..ir.ops import FUSED
+from ..ir.text import shown
 from ..passes.trace import Rejection
 from . import styles as st
 from .heat import text_color
@@ -61,10 +62,8 @@ class DotOptions:
 
 
 def _shown(text: object, keep_newlines: bool = False) -> str:
-    """Model text with its control characters escaped (`session.text.shown`): Graphviz refuses some, and a
+    """Model text with its control characters escaped (`ir.text.shown`): Graphviz refuses some, and a
     drawing must show a name's escape sequence, not act on it."""
-    from ..session.text import shown
-
     return shown(str(text), keep_newlines)
 
 

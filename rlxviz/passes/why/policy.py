@@ -9,16 +9,13 @@ renamed pass or guard carries its policy with it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..guard import Guard
 from ..pattern import RuleError
 from ..pipeline import PASSES
 from ..rule import Soft
 from ..spelling import close
-
-if TYPE_CHECKING:
-    from .kinds import LayerArchitecture
 
 KINDS = ("post_ln", "pre_ln", "llama", "parallel", "cross_decoder", "attention_only", "no_attention")
 """Every layer kind `passes.architecture.classify_layer` answers."""
@@ -57,6 +54,28 @@ is rounded to 8 bits is no GELU; a residual sum quantized before its norm): a la
 primitives."""
 
 
+class LayerKind(Protocol):
+    """What the policy reads of a layer's kind (`kinds.LayerArchitecture` is one). `kinds` asks this module, so
+    this module names no class of it."""
+
+    @property
+    def description(self) -> str: ...
+    @property
+    def mask(self) -> str | None: ...
+    @property
+    def evidence(self) -> tuple[str, ...]: ...
+    @property
+    def kv_cache(self) -> bool: ...
+    @property
+    def quantized(self) -> int: ...
+    @property
+    def swiglu(self) -> bool: ...
+    @property
+    def post_ln(self) -> bool: ...
+
+    def has(self, trait: str) -> bool: ...
+
+
 def product(pass_name: str) -> str:
     """The product `pass_name` makes, as named in a layer's expectations (the pass name when it makes none)."""
     return PRODUCTS.get(pass_name, pass_name)
@@ -69,7 +88,7 @@ def _guards(pass_name: str) -> dict[str, Guard]:
     return {g.name: g for g in steps if isinstance(g, Guard)}
 
 
-def not_expected(arch: LayerArchitecture, pass_name: str, guard: str = "") -> str | None:
+def not_expected(arch: LayerKind, pass_name: str, guard: str = "") -> str | None:
     """Why a rejection of `pass_name` at `guard` does not count in a layer of kind `arch` (None: it counts). (A
     refusal that is `illegal` and `read by the model`, the model's own dataflow, is excused per layer by
     `verdict.layer_verdict`: `ILLEGAL_HERE`.)
@@ -121,7 +140,7 @@ def check_declarations() -> None:
                 raise RuleError(f"[Guard {g.name}] excused_in without an excuse")
 
 
-def expected_products(arch: LayerArchitecture) -> list[str]:
+def expected_products(arch: LayerKind) -> list[str]:
     """The fused ops a layer of kind `arch` should end with (for messages)."""
     if arch.post_ln:
         return ["FusedTransformerLayer"]
@@ -135,7 +154,7 @@ def expected_products(arch: LayerArchitecture) -> list[str]:
     return out
 
 
-__all__ = ["EXPECT_MODES", "FAMILY_PASSES", "ILLEGAL_HERE", "KINDS", "LAYER_PASS", "PRODUCTS", "TRAITS",
+__all__ = ["EXPECT_MODES", "FAMILY_PASSES", "ILLEGAL_HERE", "KINDS", "LAYER_PASS", "LayerKind", "PRODUCTS", "TRAITS",
            "check_declarations", "expected_products", "not_expected", "product"]
 
 

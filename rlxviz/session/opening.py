@@ -13,8 +13,7 @@ once to the loader for the over-threshold variant's sequence length). A request 
 
 A front end that shows the model before its run (the app draws the input graph first) calls the steps itself.
 
-`rlxviz.session.open` is the function (the package exports it over this module's name); the module itself is
-`sys.modules["rlxviz.session.open"]`, as for any `from .open import open`.
+`rlxviz.session.open` is the function (the package exports it); this module is `rlxviz.session.opening`.
 
 Example:
     >>> opened = open(OpenRequest(source="bert-tiny", seq=8))

@@ -230,7 +230,7 @@ def candidates() -> list[tuple[str, str]]:
 def load_blas() -> BlasRecord:
     """Load the first working CBLAS into the global symbol scope; idempotent.
 
-    Must run before `import mlx.core` (`rlxviz.runtime.mlx_backend` does this). If `mlx.core` is
+    Must run before `import mlx.core` (`rlxviz.kernels.mlx_backend` does this). If `mlx.core` is
     already imported, nothing is loaded and the record says so, with a warning.
 
     Returns:
@@ -247,8 +247,8 @@ def load_blas() -> BlasRecord:
         return _ACTIVE
     if "mlx.core" in sys.modules:
         _ACTIVE = BlasRecord("mlx-bundled", None, False, "mlx.core was imported before load_blas()")
-        warnings.warn("rlxviz: mlx.core was imported before rlxviz.runtime.blas.load_blas(); MLX keeps its "
-                      "bundled reference BLAS (float32 GEMM ~30x slower). Import rlxviz.runtime.mlx_backend "
+        warnings.warn("rlxviz: mlx.core was imported before rlxviz.kernels.blas.load_blas(); MLX keeps its "
+                      "bundled reference BLAS (float32 GEMM ~30x slower). Import rlxviz.kernels.mlx_backend "
                       "first.", stacklevel=2)
         return _ACTIVE
     if os.environ.get(ENV_VAR, "").strip().lower() == "none":

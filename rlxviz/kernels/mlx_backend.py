@@ -1,6 +1,6 @@
 """The one module that imports `mlx.core`, after loading an optimized CBLAS (see `blas.py`).
 
-Everything in rlxviz that needs MLX does `from rlxviz.runtime.mlx_backend import mx`.
+Everything in rlxviz that needs MLX does `from rlxviz.kernels.mlx_backend import mx`.
 """
 
 from __future__ import annotations

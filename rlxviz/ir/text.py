@@ -6,6 +6,8 @@ Python writes them in a string literal (`\\x1b`, `\\n`, `\\r`, `\\t`, `\\x9b`, `
 the line breaks of a multi-line report stay. `ModelText` remembers the model strings that hold a line break
 (`remember`) so that a report's own line breaks can be told from a name's (`ModelText.shown`). The CLI's one
 print path calls it for everything it prints (`rlxviz.cli.output._emit`); JSON output is escaped by `json.dumps`.
+It stands beside the IR, on the lowest floor, because every place that shows model text calls it: the drawing
+(`viz.dot`), the CLI and the app (`app.text`).
 """
 
 from __future__ import annotations
