@@ -105,6 +105,15 @@ CASES = {
                                           "fuse_sdpa/hoist_scale"),
     "step of a pass off at construction": ('PIPE = Pipeline(disabled={{"{w}"}})', "fuse_sdpa/pack_cache",
                                            "fuse_sdpa/pack_cach"),
+    "unrecognized family a pass recognizes": ('''
+        from rlxviz.passes.engine import rule_pass
+        PASS = rule_pass("t_pass", [], recognizes_families=("norm", "{w}"))''', "where_mask", "where_msk"),
+    "layer trait a pass names its product for": ('''
+        from rlxviz.passes.engine import rule_pass
+        PASS = rule_pass("t_pass", [], product="FusedSwiGLU", listed_for=(("{w}", ""),))''', "swiglu", "swigul"),
+    "quantization mode of a pass": ('''
+        from rlxviz.passes.engine import rule_pass
+        PASS = rule_pass("t_pass", [], quantization=("{w}", "a rounded GELU is no GELU"))''', "breaks", "braeks"),
 }
 
 _N = itertools.count()

@@ -32,11 +32,11 @@ from ..ir import DType, Graph, Node, Op
 from ..ir.identity import DigestCache
 from ..ir.ops import BLAS, GATE_ACTIVATIONS, MLP_ACTIVATIONS
 from .activations import activation_form
+from .declarations import KINDS
 from .quant_steps import origin, readers, without_quant_steps
 from .rope_forms import interleaved_rope, rotate_half_rope
 from .trace import Rejection, Trace, layer_of
 from .why.kinds import LayerArchitecture
-from .why.policy import KINDS
 
 _ATTENTION = frozenset({Op.ATTENTION, Op.FUSED_ATTENTION_BLOCK, Op.FUSED_TRANSFORMER_LAYER})
 _NORMS = frozenset({Op.LAYER_NORM, Op.RMS_NORM, Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM})

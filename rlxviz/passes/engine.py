@@ -14,7 +14,9 @@ from typing import Any
 from ..ir import Graph, GraphError, Node, Rewriter
 from ..ir.emitter import normalize_attrs
 from ..ir.infer import ShapeError, TensorType, infer
+from .declarations import FAMILIES, QUANTIZATION, TRAITS, check_words
 from .guard import ILLEGAL, NOT_PROFITABLE, Ctx
+from .pattern import RuleError
 from .rule import Fail, Rule, Soft, escape_check, run_step
 from .trace import STAGE_SEP, Match, Rejection
 
@@ -49,6 +51,21 @@ class Pass:
         excused_by: `(trait, why)` pairs: a layer with the trait does not expect the product at all (checked first).
         unexpected: why the product is not expected of a layer without an `expected_of` trait: a text (formatted
             with the layer kind's `description` and `mask`) or a function of the layer kind.
+        whole_layer: the product is a whole layer as one node (`FusedTransformerLayer`): the verdict finds the layer
+            pass by this flag (`why.policy.layer_pass`, exactly one registered pass has it), and a layer that
+            expects it is named as expecting nothing else (the layer op absorbs the other products). Needs `product`
+            and `expected_of`.
+        recognizes_families: the `passes.unrecognized` families (`declarations.FAMILIES`) whose chains the pass's
+            rules recognize: a finding of such a family in a run without the pass is what the pipeline cannot make,
+            not a form no rule knows (`why.facts.RunFacts.misses`).
+        quantization: `(mode, why)`: what a layer with quantized activations does to the pass (a mode of
+            `declarations.QUANTIZATION`: `breaks`, a quantization step of an intermediate value breaks the pattern;
+            `attention`, the product holds the attention, not expected when the attention stayed primitives), and
+            why, for the reader of the pass; () when quantization does not excuse its refusals.
+        listed_for: `(trait, qualifier)` pairs: a layer with the trait names the product among what it should end
+            with (`why.policy.expected_products`, for messages), as `product (qualifier)` or, with "", as
+            `product`; the first pair whose trait the layer has wins. A pass with `expected_of` is listed for those
+            traits without saying so.
         stages: exact canonicalizations run before the pass's own rules, in order, each its own pipeline step (named
             `NAME/STAGE`, `stage`): a user sees the graph before and after each and can switch one off
             (`Pipeline.disable`). Their records keep the pass's name (`Match.pass_name`), and they declare no
@@ -65,13 +82,40 @@ class Pass:
     expected_of: tuple[str, ...] = ()
     excused_by: tuple[tuple[str, str], ...] = ()
     unexpected: str | Callable[[Any], str] = ""
+    whole_layer: bool = False
+    recognizes_families: tuple[str, ...] = ()
+    quantization: tuple[str, str] = ()
+    listed_for: tuple[tuple[str, str], ...] = ()
     stages: tuple[Pass, ...] = ()
 
     def __post_init__(self) -> None:
+        self._check_policy()
         for st in self.stages:
             if st.name.partition(STAGE_SEP)[0] != self.name or not st.name.partition(STAGE_SEP)[2] or st.stages:
                 raise ValueError(f"[Pass {self.name}] stage {st.name!r} must be named {self.name}{STAGE_SEP}NAME and "
                                  f"have no stages of its own")
+
+    def _check_policy(self) -> None:
+        """The declarations `why.policy` reads that the pass checks where it is written (`expected_of`, `excused_by`
+        and the guards' excuses are checked over the registry, `why.policy.check_declarations`).
+
+        Raises:
+            RuleError: a misspelt family, quantization mode or layer trait (naming the close one), a quantization
+                without its reason, `listed_for` without a product, or `whole_layer` without `product` and
+                `expected_of`.
+        """
+        owner = f"Pass {self.name}"
+        check_words(owner, "unrecognized family", self.recognizes_families, FAMILIES)
+        if self.quantization:
+            if len(self.quantization) != 2 or not self.quantization[1]:
+                raise RuleError(f"[{owner}] quantization must be (mode, why); got {self.quantization!r}")
+            check_words(owner, "quantization mode", self.quantization[:1], QUANTIZATION)
+        check_words(owner, "layer trait", (t for t, _ in self.listed_for), TRAITS)
+        if self.listed_for and not self.product:
+            raise RuleError(f"[{owner}] listed_for without a product: say what the layer should end with")
+        if self.whole_layer and not (self.product and self.expected_of):
+            raise RuleError(f"[{owner}] whole_layer needs a product and the layer traits that expect it "
+                            f"(expected_of)")
 
     def __call__(self, graph: Graph, params: Mapping[str, Any] | None = None) -> PassResult:
         if self.stages:
@@ -101,7 +145,7 @@ def stage(parent: str, name: str, p: Pass, doc: str = "") -> Pass:
     """`p` as stage `name` of pass `parent` (step name `parent/name`); its function and its records are `p`'s (a
     rule pass made with `rule_pass(parent, ...)` records its matches under `parent`)."""
     return replace(p, name=f"{parent}{STAGE_SEP}{name}", doc=doc or p.doc, product="", expected_of=(), excused_by=(),
-                   unexpected="")
+                   unexpected="", whole_layer=False, recognizes_families=(), quantization=(), listed_for=())
 
 
 @dataclass
@@ -274,7 +318,8 @@ def apply(graph: Graph, pass_name: str, found: Sequence[Found]) -> tuple[Graph, 
 
 def rule_pass(name: str, rules: Sequence[Rule], doc: str = "", requires: Sequence[str] = (), **policy: Any) -> Pass:
     """A pass made of pattern rules: `find` on the snapshot, then `apply` once. `policy`: `Pass`'s `product`,
-    `expected_of`, `excused_by` and `unexpected`."""
+    `expected_of`, `excused_by`, `unexpected`, `whole_layer`, `recognizes_families`, `quantization` and
+    `listed_for`."""
     rules = tuple(rules)
 
     def run(graph: Graph, params: Mapping[str, Any]) -> PassResult:

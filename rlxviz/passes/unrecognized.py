@@ -27,25 +27,13 @@ from dataclasses import dataclass
 from ..ir import Graph, Node, Op
 from .activations import activation_form
 from .architecture import attention_softmax
-from .guard import EPILOGUE_ACTIVATIONS
+from .declarations import FAMILIES, FINDING, FINDING_QUANTIZATION
 from .report import MissedFusion
 from .trace import Trace
 
 GUARD = "no_rule"
 """The guard name of an unrecognized finding (as `MissedFusion.guard`)."""
 
-FAMILIES = {
-    "norm": ("LayerNorm/RMSNorm statistics", "write it as (x - mean) / sqrt(var + eps) or x * rsqrt(mean(x^2) + eps) "
-             "(see docs/passes.md, recognized forms), or emit layer_norm / rms_norm"),
-    "gelu": ("a GELU", "write 0.5 * x * (1 + erf(x / sqrt(2))) or the tanh form, or emit gelu / gelu_tanh"),
-    "glu": ("a gated linear unit", "only the SiLU- and GELU-gated forms (SwiGLU, GeGLU) have a fused op "
-            "(FusedSwiGLU with its activation)"),
-    "where_mask": ("a where-based attention mask", "use an additive or keep mask (HF's extended mask)"),
-    "attention": ("scaled-dot-product attention", "see the fuse_sdpa pattern in docs/passes.md"),
-    "activation": ("an activation written as primitives", "keep the model's activation: no fused op takes this form "
-                   f"(the epilogue allow-list is {', '.join(EPILOGUE_ACTIVATIONS)}); the compiler fix is an op and "
-                   "an epilogue for it"),
-}
 
 
 @dataclass(frozen=True)
@@ -67,11 +55,11 @@ class Unrecognized:
     hint: str
 
     def __str__(self) -> str:
-        return f"unrecognized.{self.family} @ %{self.nodes[0]} ({self.path or '-'}): {GUARD}: {self.reason}"
+        return f"{FINDING}.{self.family} @ %{self.nodes[0]} ({self.path or '-'}): {GUARD}: {self.reason}"
 
     def as_missed(self) -> MissedFusion:
         """The finding as a `MissedFusion` (pattern `unrecognized.<family>`, guard `no_rule`)."""
-        return MissedFusion(f"unrecognized.{self.family}", self.nodes[0], self.path, GUARD, self.reason, self.hint)
+        return MissedFusion(f"{FINDING}.{self.family}", self.nodes[0], self.path, GUARD, self.reason, self.hint)
 
 
 def _forward(g: Graph, start: int, depth: int) -> list[int]:
@@ -171,4 +159,4 @@ def unrecognized(trace: Trace) -> list[Unrecognized]:
     return out
 
 
-__all__ = ["FAMILIES", "GUARD", "Unrecognized", "unrecognized"]
+__all__ = ["FAMILIES", "FINDING", "FINDING_QUANTIZATION", "GUARD", "Unrecognized", "unrecognized"]

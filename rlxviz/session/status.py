@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 from ..passes import Trace
 from ..passes.why.facts import RunFacts, recognized
-from ..passes.why.policy import EXPECT_MODES, LAYER_PASS, PRODUCTS
+from ..passes.why.policy import EXPECT_MODES, PRODUCTS, layer_pass
 from ..passes.why.verdict import (
     FusionCheck,
     LayerStatus,
@@ -71,6 +71,6 @@ def pipeline_cannot_make(trace: Trace, layer: int | None) -> list[str]:
     return RunFacts.of(trace).cannot_make(layer)
 
 
-__all__ = ["EXPECT_MODES", "LAYER_PASS", "PRODUCTS", "FusionCheck", "LayerStatus", "check_fusion", "check_layer",
-           "expected_misses", "judged_kind", "layer_status", "pipeline_cannot_make", "recognized", "reference_run",
-           "verdict_pass"]
+__all__ = ["EXPECT_MODES", "PRODUCTS", "FusionCheck", "LayerStatus", "check_fusion", "check_layer",
+           "expected_misses", "judged_kind", "layer_pass", "layer_status", "pipeline_cannot_make", "recognized",
+           "reference_run", "verdict_pass"]

@@ -351,7 +351,10 @@ what it refuses is its own rule's near miss."""
 
 fuse_sdpa = Pass("fuse_sdpa", _sdpa_rules.fn, (SDPA,), doc="Hugging Face scaled-dot-product attention -> packed "
                  "attention op (heads folded into the batch lifted to [B, H, S, d] first, Q/K scales moved next to "
-                 "the head split)", product="packed attention",
+                 "the head split)", product="packed attention", recognizes_families=("attention", "where_mask"),
+                 quantization=("attention", "the packed attention op computes the scores in float: a layer whose "
+                                            "quantized attention stayed primitives rounds them"),
+                 listed_for=(("grouped_query", "grouped-query"), ("attention", "")),
                  stages=tuple(stage("fuse_sdpa", name, p) for name, p in CANONICALIZATIONS))
 
 

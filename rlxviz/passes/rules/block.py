@@ -309,7 +309,9 @@ fuse_attention_block = rule_pass("fuse_attention_block", [BLOCK], "QKV + attenti
                                  product="FusedAttentionBlock", expected_of=("post_ln", "keep_mask"),
                                  excused_by=(("kv_cache", "FusedAttentionBlock projects K and V from the hidden "
                                               "states; this layer's attention reads a KV cache (a decode step)"),),
-                                 unexpected=lambda a: _block_unexpected(a.mask))
+                                 unexpected=lambda a: _block_unexpected(a.mask),
+                                 quantization=("attention", "FusedAttentionBlock computes the attention in float: "
+                                                            "the scores a quantized layer rounds would not be"))
 
 
 __all__ = ["BLOCK", "fuse_attention_block", "size_gate", "tokens"]

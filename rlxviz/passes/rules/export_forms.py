@@ -484,7 +484,8 @@ canonicalize_exported = rule_pass(
                               UNIT_AXIS_ONE_HEAD],
     "forms exporters write (x*sigmoid(x), relu(x)^2, 1/sqrt, the padding-mask sum, the sdpa NaN guard, its folded "
     "transpose, T5's bias then mask, an inverted where, no-op casts) -> the IR's ops",
-    product="the exporter's forms as IR ops (silu, rsqrt, where mask)")
+    product="the exporter's forms as IR ops (silu, rsqrt, where mask)",
+    recognizes_families=("where_mask", "activation"))
 
 __all__ = ["BIAS_THEN_MASK", "BIAS_THEN_TABLE_MASK",
            "FOLDED_TRANSPOSE", "INVERTED_WHERE", "NAN_GUARD", "NAN_GUARD_MOVED", "NOOP_CAST", "RELU2",

@@ -321,6 +321,9 @@ SIGMOID = Rule("canonicalize_gelu.sigmoid", P(Op.SIGMOID, name="fn"),
                doc="x * sigmoid(2 sqrt(2/pi) * (x + 0.044715 x^3)) -> gelu_tanh")
 
 canonicalize_gelu = rule_pass("canonicalize_gelu", [ERF, TANH, SIGMOID],
-                              "GELU written as primitives -> gelu / gelu_tanh", product="gelu / gelu_tanh")
+                              "GELU written as primitives -> gelu / gelu_tanh", product="gelu / gelu_tanh",
+                              recognizes_families=("gelu",),
+                              quantization=("breaks", "a GELU whose x / sqrt(2) or erf is rounded to 8 bits is no "
+                                                      "GELU"))
 
 __all__ = ["ERF", "SIGMOID", "TANH", "canonicalize_gelu"]

@@ -332,7 +332,9 @@ LAYER = Rule(
 
 fuse_transformer_layer = rule_pass("fuse_transformer_layer", [LAYER], "a post-LN BERT layer -> FusedTransformerLayer",
                                    requires=("fuse_attention_block", "fuse_residual_ln", "fuse_matmul_bias_act"),
-                                   product="FusedTransformerLayer", expected_of=("post_ln",),
+                                   product="FusedTransformerLayer", expected_of=("post_ln",), whole_layer=True,
+                                   quantization=("attention", "FusedTransformerLayer holds the attention, computed in "
+                                                              "float"),
                                    unexpected="FusedTransformerLayer is the post-LN BERT layer; this layer is "
                                               "{description}")
 

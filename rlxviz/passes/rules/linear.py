@@ -269,7 +269,7 @@ SCALE_ACT = Rule(
 fuse_matmul_bias_act = rule_pass("fuse_matmul_bias_act", [BIAS_ACT, ZERO_BIAS_ACT, SCALE_BIAS, SCALE_ACT],
                                  f"matmul + bias (+ {'/'.join(EPILOGUE_ACTIVATIONS)}) -> FusedMatMulBiasAct; a "
                                  f"bias-less matmul + {'/'.join(EPILOGUE_ACTIVATIONS)} with a zero bias",
-                                 product="FusedMatMulBiasAct")
+                                 product="FusedMatMulBiasAct", recognizes_families=("activation",))
 
 # -- fuse_shared_input_matmul --------------------------------------------------------------------
 #
@@ -544,6 +544,8 @@ SHARED = Rule(
 fuse_shared_input_matmul = rule_pass("fuse_shared_input_matmul", [SHARED],
                                      "Q/K/V projections of one input -> one matmul + narrows (biases merged; cost "
                                      "test keeps epilogues and the attention block)",
-                                     product="shared-input QKV matmul")
+                                     product="shared-input QKV matmul",
+                                     quantization=("attention", "the merged matmul is the attention's Q/K/V "
+                                                                "projections, quantized with the attention"))
 
 __all__ = ["BIAS_ACT", "SHARED", "ZERO_BIAS_ACT", "fuse_matmul_bias_act", "fuse_shared_input_matmul"]

@@ -98,10 +98,14 @@ def _zero_beta(c: Ctx, rw: Rewriter, fused: Op) -> int:
 
 fuse_residual_ln = rule_pass("fuse_residual_ln", _rules("fuse_residual_ln", Op.LAYER_NORM, Op.FUSED_RESIDUAL_LN,
                                                         "LayerNorm"),
-                             "add (+ bias) + LayerNorm -> FusedResidualLN", product="FusedResidualLN")
+                             "add (+ bias) + LayerNorm -> FusedResidualLN", product="FusedResidualLN",
+                             quantization=("breaks", "a residual sum quantized before its norm is no residual add "
+                                                     "feeding the norm"))
 fuse_residual_rms_norm = rule_pass("fuse_residual_rms_norm",
                                    _rules("fuse_residual_rms_norm", Op.RMS_NORM, Op.FUSED_RESIDUAL_RMS_NORM,
                                           "RmsNorm"),
-                                   "add (+ bias) + RmsNorm -> FusedResidualRmsNorm", product="FusedResidualRmsNorm")
+                                   "add (+ bias) + RmsNorm -> FusedResidualRmsNorm", product="FusedResidualRmsNorm",
+                                   quantization=("breaks", "a residual sum quantized before its norm is no residual "
+                                                           "add feeding the norm"))
 
 __all__ = ["fuse_residual_ln", "fuse_residual_rms_norm"]

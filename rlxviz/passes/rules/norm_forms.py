@@ -384,6 +384,6 @@ def _canonicalize_norm(graph: Graph, params: Mapping[str, Any]) -> PassResult:
 
 canonicalize_norm = Pass("canonicalize_norm", _canonicalize_norm, (LAYER_NORM, RMS_NORM),
                          doc="LayerNorm / RMSNorm written as primitives -> layer_norm / rms_norm (an f16 RMSNorm's "
-                             "f32 casts absorbed)", product="layer_norm / rms_norm")
+                             "f32 casts absorbed)", product="layer_norm / rms_norm", recognizes_families=("norm",))
 
 __all__ = ["LAYER_NORM", "RMS_NORM", "canonicalize_norm"]

@@ -94,6 +94,6 @@ NARROW = Rule(
 
 fuse_swiglu = rule_pass("fuse_swiglu", [DUAL, NARROW],
                         "SwiGLU / GeGLU (dual matmul or packed halves) -> FusedSwiGLU with its gate activation",
-                        product="FusedSwiGLU")
+                        product="FusedSwiGLU", recognizes_families=("glu",), listed_for=(("swiglu", ""),))
 
 __all__ = ["DUAL", "NARROW", "fuse_swiglu"]

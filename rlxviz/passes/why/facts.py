@@ -19,7 +19,7 @@ from ..pipeline import PASSES, Pipeline
 from ..report import MissedFusion, missed_fusions
 from ..trace import PassStep, Trace, layer_keys, layer_of
 from ..unrecognized import Unrecognized, unrecognized
-from .policy import FAMILY_PASSES, PRODUCTS, not_expected
+from .policy import PRODUCTS, not_expected, recognizers
 
 
 def layer_indices(graph: Graph) -> tuple[int, ...]:
@@ -72,12 +72,12 @@ class RunFacts:
         the pipeline cannot make, `cannot_make`, not a form no rule knows)."""
         found = unrecognized(self.trace)
         ran = self.ran
-        if not any(set(FAMILY_PASSES.get(u.family, ())) - ran for u in found):
+        if not any(recognizers(u.family) - ran for u in found):
             return found
         ref = self.reference()
         still = {(u.family, u.nodes[0]) for u in unrecognized(ref)} if ref is not None else set()
         return [u for u in found
-                if not (set(FAMILY_PASSES.get(u.family, ())) - ran) or (u.family, u.nodes[0]) in still]
+                if not (recognizers(u.family) - ran) or (u.family, u.nodes[0]) in still]
 
     def layer_products(self) -> dict[int | None, list[int]]:
         """layer -> ids of the FusedTransformerLayer nodes of the run's final graph in it."""

@@ -50,11 +50,16 @@ class LayerArchitecture:
             self.kind in ("attention_only", "cross_decoder") and any("pre-norm" in e for e in self.evidence))
 
     def has(self, trait: str) -> bool:
-        """Whether the layer has `trait`: its kind (`post_ln`, `llama`, ...), `pre_norm`, `kv_cache` or `keep_mask`
-        (its attention's mask is a keep mask). The traits a pass's `expected_of` / `excused_by` and a guard's
+        """Whether the layer has `trait` (`passes.declarations.TRAITS`): its kind (`post_ln`, `llama`, ...),
+        `pre_norm`, `kv_cache`, `keep_mask` (its attention's mask is a keep mask), `attention` (it has one, fused or
+        primitives: `mask` is not None), `swiglu` or `grouped_query` (an attention with fewer K/V heads than query
+        heads, read from the evidence). The traits a pass's `expected_of` / `excused_by` / `listed_for` and a guard's
         `excused_in` name."""
+        if trait == "grouped_query":
+            return self.mask is not None and any("grouped-query" in e for e in self.evidence)
         return {"pre_norm": self.pre_norm, "kv_cache": self.kv_cache, "keep_mask": self.mask == "keep",
-                "post_ln": self.post_ln}.get(trait, self.kind == trait)
+                "post_ln": self.post_ln, "attention": self.mask is not None,
+                "swiglu": self.swiglu}.get(trait, self.kind == trait)
 
     def not_expected(self, pass_name: str, guard: str = "") -> str | None:
         """Why a rejection of `pass_name` at `guard` does not count in this layer (None: it counts;

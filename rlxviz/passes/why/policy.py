@@ -3,55 +3,82 @@
 The facts come from the trace (`facts`) and the layer's kind (`passes.architecture.classify_layer`); this module
 turns them into "expected" and "not expected here", and nothing outside `passes/why/` does. Policy lives on what it
 is about and is only read here: a pass declares its product and the layer traits that expect it (`Pass.product`,
-`expected_of`, `excused_by`, `unexpected`), a guard where its refusal is excused (`Guard.excused_in`, `excuse`), so a
-renamed pass or guard carries its policy with it.
+`expected_of`, `excused_by`, `unexpected`, `listed_for`), whether it is the whole-layer pass (`whole_layer`), which
+unrecognized families it recognizes (`recognizes_families`) and what quantized activations do to it
+(`quantization`); a guard declares where its refusal is excused (`Guard.excused_in`, `excuse`). No pass name is
+written here, so a renamed pass or guard carries its policy with it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Protocol
 
+from ..declarations import FAMILIES, FINDING, FINDING_QUANTIZATION, KINDS, QUANTIZATION, TRAITS, check_words
+from ..engine import Pass
 from ..guard import Guard
 from ..pattern import RuleError
 from ..pipeline import PASSES
 from ..rule import Soft
 from ..spelling import close
 
-KINDS = ("post_ln", "pre_ln", "llama", "parallel", "cross_decoder", "attention_only", "no_attention")
-"""Every layer kind `passes.architecture.classify_layer` answers."""
-
-TRAITS = (*KINDS, "pre_norm", "kv_cache", "keep_mask")
-"""What a pass's `expected_of` / `excused_by` and a guard's `excused_in` may name (`LayerArchitecture.has`)."""
-
 EXPECT_MODES = ("model", "pipeline")
 """What a layer is judged against: `model` (default): every product that is legal for the layer, i.e. what the
 canonical pipeline makes of it, so a pipeline without a pass the layer needs cannot pass the check; `pipeline`: only
 what the run's own passes could make (the products its missing passes would make are listed, not counted)."""
 
-PRODUCTS: dict[str, str] = {p.name: p.product for p in PASSES.values() if p.product}
+
+class _Products(Mapping[str, str]):
+    """pass name -> its product, read from the registered passes each time (`Pass.product`): a pass renamed or
+    replaced in `PASSES` carries its product with it."""
+
+    def _now(self) -> dict[str, str]:
+        return {p.name: p.product for p in PASSES.values() if p.product}
+
+    def __getitem__(self, name: str) -> str:
+        return self._now()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._now())
+
+    def __len__(self) -> int:
+        return len(self._now())
+
+    def __repr__(self) -> str:
+        return repr(self._now())
+
+
+PRODUCTS: Mapping[str, str] = _Products()
 """What each pattern pass produces, as named in a layer's expectations (`Pass.product`, declared on the pass)."""
-
-LAYER_PASS = "fuse_transformer_layer"
-"""The pass that turns a whole post-LN layer into one node (`Op.FUSED_TRANSFORMER_LAYER`)."""
-
-FAMILY_PASSES: dict[str, tuple[str, ...]] = {
-    "norm": ("canonicalize_norm",), "gelu": ("canonicalize_gelu",), "glu": ("fuse_swiglu",),
-    "attention": ("fuse_sdpa",), "where_mask": ("canonicalize_exported", "fuse_sdpa"),
-    "activation": ("canonicalize_exported", "fuse_matmul_bias_act"),
-}
-"""The passes whose rules recognize each `passes.unrecognized` family."""
 
 ILLEGAL_HERE = ("illegal for this layer: no change to the model that keeps its numbers makes it legal (the layer is "
                 "fused as far as legal)")
 
 
-ATTENTION_PASSES = ("fuse_sdpa", "fuse_attention_block", "fuse_transformer_layer", "fuse_shared_input_matmul")
-"""Passes whose product holds the attention (or its Q/K/V projections): refused by a quantized attention."""
-QUANTIZED_BLOCKS = ("canonicalize_gelu", "unrecognized", "fuse_residual_ln", "fuse_residual_rms_norm")
-"""Passes whose pattern a quantization step of an intermediate value breaks (a GELU whose `x / sqrt(2)` or `erf`
-is rounded to 8 bits is no GELU; a residual sum quantized before its norm): a layer with quantized activations
-(`LayerArchitecture.quantized`) does not expect them, and neither a packed attention whose scores stayed
-primitives."""
+def layer_pass() -> Pass | None:
+    """The registered pass that turns a whole layer into one node (`Pass.whole_layer`: `fuse_transformer_layer`,
+    `Op.FUSED_TRANSFORMER_LAYER`); None when no registered pass declares it."""
+    return next((p for p in PASSES.values() if p.whole_layer), None)
+
+
+def recognizers(family: str) -> set[str]:
+    """The passes whose rules recognize the `passes.unrecognized` family `family` (`Pass.recognizes_families`)."""
+    return {p.name for p in PASSES.values() if family in p.recognizes_families}
+
+
+def _quantization(pass_name: str) -> tuple[str, str] | tuple[()]:
+    """What a quantized layer does to `pass_name`'s refusals (`Pass.quantization`; an unrecognized finding's is
+    declared beside its families, `declarations.FINDING_QUANTIZATION`)."""
+    p = PASSES.get(pass_name)
+    if p is not None:
+        return p.quantization
+    return FINDING_QUANTIZATION if pass_name == FINDING else ()
+
+
+def _quantized_out(arch: LayerKind, pass_name: str) -> bool:
+    """Whether the layer's quantized activations excuse `pass_name` (its declared `quantization` mode)."""
+    q = _quantization(pass_name)
+    return bool(arch.quantized and q and (q[0] == "breaks" or q[0] == "attention" and arch.mask == "unknown"))
 
 
 class LayerKind(Protocol):
@@ -109,7 +136,7 @@ def not_expected(arch: LayerKind, pass_name: str, guard: str = "") -> str | None
     g = _guards(pass_name).get(guard) if guard else None
     if g is not None and any(arch.has(t) for t in g.excused_in):
         return g.excuse
-    if arch.quantized and (pass_name in QUANTIZED_BLOCKS or pass_name in ATTENTION_PASSES and arch.mask == "unknown"):
+    if _quantized_out(arch, pass_name):
         return (f"the layer's activations are quantized ({arch.quantized} quantization step(s) of computed values: "
                 f"round(x / scale) + zero point, then dequantized): a fused op of the float pattern would skip those "
                 f"roundings and change the numbers")
@@ -117,12 +144,15 @@ def not_expected(arch: LayerKind, pass_name: str, guard: str = "") -> str | None
 
 
 def check_declarations() -> None:
-    """Every layer trait a pass or a guard names is one `LayerArchitecture.has` knows (`kinds.TRAITS`), so a
-    misspelt trait fails at import instead of silently expecting nothing.
+    """Every layer trait a pass or a guard names is one `LayerArchitecture.has` knows (`TRAITS`), exactly one
+    registered pass is the whole-layer pass, and the unrecognized finding's declaration is well formed, so a misspelt
+    trait fails at import instead of silently expecting nothing. (A pass checks its families, quantization mode and
+    `listed_for` traits itself when it is built, `engine.Pass`.)
 
     Raises:
         RuleError: a pass's `expected_of` / `excused_by`, or a guard's `excused_in`, names an unknown trait, or a guard
-            is excused somewhere without saying why.
+            is excused somewhere without saying why; no registered pass, or more than one, is `whole_layer`; the
+            finding's quantization mode is unknown.
     """
     for p in PASSES.values():
         for t in (*p.expected_of, *(t for t, _ in p.excused_by)):
@@ -138,24 +168,41 @@ def check_declarations() -> None:
                                     f"{', '.join(TRAITS)}")
             if g.excused_in and not g.excuse:
                 raise RuleError(f"[Guard {g.name}] excused_in without an excuse")
+    whole = [p.name for p in PASSES.values() if p.whole_layer]
+    if len(whole) != 1:
+        raise RuleError(f"[Pipeline] exactly one registered pass makes a whole layer (whole_layer=True); found "
+                        f"{', '.join(whole) or 'none'}")
+    check_words(f"Finding {FINDING}", "quantization mode", FINDING_QUANTIZATION[:1], QUANTIZATION)
+
+
+def _excused(arch: LayerKind, p: Pass) -> bool:
+    """Whether a layer of kind `arch` does not expect `p`'s product at all (`excused_by`, or its quantization)."""
+    return any(arch.has(t) for t, _ in p.excused_by) or _quantized_out(arch, p.name)
 
 
 def expected_products(arch: LayerKind) -> list[str]:
-    """The fused ops a layer of kind `arch` should end with (for messages)."""
-    if arch.post_ln:
-        return ["FusedTransformerLayer"]
+    """The fused ops a layer of kind `arch` should end with (for messages), in pass order, read from the passes'
+    declarations: the whole-layer pass's product alone when the layer has a trait of its `expected_of`; else each
+    product the layer has a trait for (`expected_of`, or `listed_for` with its qualifier) that the layer does not
+    excuse (`excused_by`, `quantization`). E.g. `FusedTransformerLayer` for a post-LN layer, `packed attention
+    (grouped-query), FusedSwiGLU` for a Llama layer with grouped-query attention."""
+    whole = layer_pass()
+    if whole is not None and any(arch.has(t) for t in whole.expected_of):
+        return [whole.product]
     out = []
-    if arch.mask is not None and not (arch.quantized and arch.mask == "unknown"):
-        out.append("packed attention" + (" (grouped-query)" if "grouped-query" in " ".join(arch.evidence) else ""))
-        if arch.mask == "keep" and not arch.kv_cache:
-            out.append("FusedAttentionBlock")
-    if arch.swiglu:
-        out.append("FusedSwiGLU")
+    for p in PASSES.values():
+        if not p.product or p.whole_layer or _excused(arch, p):
+            continue
+        q = next((q for t, q in p.listed_for if arch.has(t)), None)
+        if q is None and any(arch.has(t) for t in p.expected_of):
+            q = ""
+        if q is not None:
+            out.append(f"{p.product} ({q})" if q else p.product)
     return out
 
 
-__all__ = ["EXPECT_MODES", "FAMILY_PASSES", "ILLEGAL_HERE", "KINDS", "LAYER_PASS", "LayerKind", "PRODUCTS", "TRAITS",
-           "check_declarations", "expected_products", "not_expected", "product"]
+__all__ = ["EXPECT_MODES", "FAMILIES", "ILLEGAL_HERE", "KINDS", "LayerKind", "PRODUCTS", "TRAITS", "check_declarations",
+           "expected_products", "layer_pass", "not_expected", "product", "recognizers"]
 
 
 check_declarations()

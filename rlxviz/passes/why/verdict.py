@@ -22,7 +22,7 @@ from ..trace import Trace, layer_of, resolve_layers, same_stack_as
 from . import text
 from .facts import RunFacts, illegal_here, op_of, recognized, silent
 from .kinds import LayerArchitecture
-from .policy import EXPECT_MODES, ILLEGAL_HERE, LAYER_PASS, PRODUCTS, not_expected, product
+from .policy import EXPECT_MODES, ILLEGAL_HERE, PRODUCTS, layer_pass, not_expected, product
 
 Architecture = LayerArchitecture
 
@@ -97,7 +97,8 @@ class LayerVerdict:
     def bert_style(self) -> bool:
         """The layer is judged as a post-LN BERT layer (one FusedTransformerLayer expected): not when its kind
         excuses the layer op (a post-LN layer with quantized activations, `policy.not_expected`)."""
-        return self.expected_kind.post_ln and self.expected_kind.not_expected(LAYER_PASS) is None
+        lp = layer_pass()
+        return self.expected_kind.post_ln and self.expected_kind.not_expected(lp.name if lp else "") is None
 
     @property
     def legal_only(self) -> bool:
@@ -318,19 +319,21 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     legal_only = {(o.rule, o.nodes[0]) for o in illegal}
     misses = [m for m in misses if (m.pattern, m.node) not in legal_only]
     ignored |= {o.rule: f"{o.rule} ({o.guard}): {ILLEGAL_HERE}" for o in illegal if o.rule not in ignored}
-    ftl_illegal = any(o.pass_name == LAYER_PASS for o in illegal)  # the layer op is not legal here: its parts are
-    ftl_excused = not_expected(arch, LAYER_PASS) if arch.post_ln else None  # e.g. a post-LN layer quantized
+    lp = layer_pass()  # the pass that makes the whole layer one node (`Pass.whole_layer`)
+    layer_pass_name, layer_op = (lp.name, lp.product) if lp is not None else ("", "")
+    ftl_illegal = any(o.pass_name == layer_pass_name for o in illegal)  # the layer op is not legal: its parts are
+    ftl_excused = not_expected(arch, layer_pass_name) if arch.post_ln else None  # e.g. a post-LN layer quantized
     if ftl_excused is not None:
-        ignored.setdefault(LAYER_PASS, f"{PRODUCTS[LAYER_PASS]} ({LAYER_PASS}): {ftl_excused}")
+        ignored.setdefault(layer_pass_name, f"{layer_op} ({layer_pass_name}): {ftl_excused}")
     cannot = facts.cannot_make(layer)
     unmade = {c.rsplit(": ", 1)[-1].removesuffix(" cannot be made") for c in cannot} if expect == "pipeline" else set()
-    unmakeable = PRODUCTS[LAYER_PASS] in unmade
+    unmakeable = bool(layer_op) and layer_op in unmade
     if unmade:  # judged against the pipeline only: a refusal of a product it cannot make does not count
         misses = [m for m in misses if PRODUCTS.get(m.pattern.split(".")[0]) not in unmade]
         ignored |= {o.rule: f"{o.rule} ({o.guard}): the pipeline cannot make {PRODUCTS[o.pass_name]}"
                     for o in ex.rejected if PRODUCTS.get(o.pass_name) in unmade and o.rule not in ignored}
     skipped = list(ignored)
-    expect_ftl = LAYER_PASS in ran and arch.post_ln and not ftl_illegal and not unmakeable and ftl_excused is None
+    expect_ftl = layer_pass_name in ran and arch.post_ln and not ftl_illegal and not unmakeable and ftl_excused is None
     ftl = facts.layer_products().get(layer, [])
     miss_keys = {(m.pattern, m.node) for m in misses}
     rejected = [o for o in ex.rejected if o.rule not in skipped and o.kind not in NOT_NEAR_MISSES]
@@ -338,18 +341,20 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     fused = (bool(ftl) or not expect_ftl) and not misses
     first = None if fused else (surviving[0] if surviving else (rejected[0] if rejected else None))
     quiet = ""
-    if first is None and not fused and expect_ftl and not ftl and LAYER_PASS in crashed:
-        first = Outcome(LAYER_PASS, f"{LAYER_PASS}.bert_post_ln", "rejected", "pass_crashed", "crash",
-                        f"the pass crashed and its result was discarded: {str(crashed[LAYER_PASS]).splitlines()[0]}",
+    if first is None and not fused and expect_ftl and not ftl and layer_pass_name in crashed and lp is not None:
+        rule = lp.rules[0].name if lp.rules else layer_pass_name
+        first = Outcome(layer_pass_name, rule, "rejected", "pass_crashed", "crash",
+                        f"the pass crashed and its result was discarded: "
+                        f"{str(crashed[layer_pass_name]).splitlines()[0]}",
                         "an internal error in rlxviz: report it with the IR (`rlxviz ir MODEL`)")
     if first is None and not fused and expect_ftl and not ftl and not misses:
-        quiet = silent(trace, layer, LAYER_PASS)
+        quiet = silent(trace, layer, layer_pass_name)
     if first is None and not fused and misses:
         m = misses[0]
         first = Outcome(m.pattern.split(".")[0], m.pattern, "rejected", m.guard, "", m.reason, m.hint, (m.node,),
                         m.kind, m.fix, remedy=m.remedy)
     done: list[str] = []
-    expected = PRODUCTS[LAYER_PASS] if expect_ftl else ""
+    expected = layer_op if expect_ftl else ""
     if not arch.post_ln or ftl_illegal or ftl_excused is not None:
         done = [f"{op} %{n} ({o.pass_name})" for o in ex.outcomes if o.status == "fused"
                 for n in o.nodes if (op := op_of(trace, n)) is not None]

@@ -1,0 +1,68 @@
+"""The words a pass's policy declarations may use (`engine.Pass`): layer kinds and traits, the families of an
+"unrecognized" finding (and that finding's own declarations), and what a quantized layer does to a pass. They sit
+below the engine so that a pass checks its own declarations when it is built (a misspelt word fails at import of the
+module that writes it, `check_words`); `passes.why.policy` reads them, `passes.unrecognized` names its families here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+
+from .guard import EPILOGUE_ACTIVATIONS
+from .pattern import RuleError
+from .spelling import close
+
+KINDS = ("post_ln", "pre_ln", "llama", "parallel", "cross_decoder", "attention_only", "no_attention")
+"""Every layer kind `passes.architecture.classify_layer` answers."""
+
+TRAITS = (*KINDS, "pre_norm", "kv_cache", "keep_mask", "attention", "swiglu", "grouped_query")
+"""What a pass's `expected_of` / `excused_by` / `listed_for` and a guard's `excused_in` may name
+(`why.kinds.LayerArchitecture.has`): a kind, or `pre_norm` (the residual sum also feeds the next residual add),
+`kv_cache` (K/V read through a KV cache), `keep_mask` (the attention's mask is a keep mask), `attention` (the layer has
+an attention, fused or primitives), `swiglu` (a gated MLP), `grouped_query` (fewer K/V heads than query heads)."""
+
+FAMILIES: dict[str, tuple[str, str]] = {
+    "norm": ("LayerNorm/RMSNorm statistics", "write it as (x - mean) / sqrt(var + eps) or x * rsqrt(mean(x^2) + eps) "
+             "(see docs/passes.md, recognized forms), or emit layer_norm / rms_norm"),
+    "gelu": ("a GELU", "write 0.5 * x * (1 + erf(x / sqrt(2))) or the tanh form, or emit gelu / gelu_tanh"),
+    "glu": ("a gated linear unit", "only the SiLU- and GELU-gated forms (SwiGLU, GeGLU) have a fused op "
+            "(FusedSwiGLU with its activation)"),
+    "where_mask": ("a where-based attention mask", "use an additive or keep mask (HF's extended mask)"),
+    "attention": ("scaled-dot-product attention", "see the fuse_sdpa pattern in docs/passes.md"),
+    "activation": ("an activation written as primitives", "keep the model's activation: no fused op takes this form "
+                   f"(the epilogue allow-list is {', '.join(EPILOGUE_ACTIVATIONS)}); the compiler fix is an op and "
+                   "an epilogue for it"),
+}
+"""family -> (what its chain looks like, how to make a rule see it): the chains `passes.unrecognized` reports when no
+rule made them a candidate, and what a pass's `recognizes_families` names."""
+
+FINDING = "unrecognized"
+"""The pass name an unrecognized finding's pattern starts with (`unrecognized.<family>`, `passes.unrecognized`): what
+`MissedFusion.pattern` names in place of a pass, and what the verdict's policy reads the finding's declarations by."""
+
+FINDING_QUANTIZATION = ("breaks", "a chain that a quantization step of an intermediate value cut (a GELU whose erf "
+                                  "is rounded) looks like a family no rule recognizes, and is none")
+"""What a quantized layer does to an unrecognized finding, as a pass declares it (`engine.Pass.quantization`): a
+layer with quantized activations does not count it."""
+
+QUANTIZATION: dict[str, str] = {
+    "breaks": "a quantization step of an intermediate value breaks the pattern: a layer with quantized activations "
+              "does not expect the product",
+    "attention": "the product holds the attention (or its Q/K/V projections): a layer with quantized activations "
+                 "whose attention stayed primitives (mask `unknown`) does not expect it",
+}
+"""What a pass's `quantization` may say (mode -> what it means for the layer's verdict, `why.policy.not_expected`)."""
+
+
+def check_words(owner: str, what: str, words: Iterable[str], known: Collection[str]) -> None:
+    """Every one of `words` is in `known`.
+
+    Raises:
+        RuleError: `[owner] unknown WHAT 'word' (did you mean ...); known: ...` for the first that is not.
+    """
+    for w in words:
+        if w not in known:
+            raise RuleError(f"[{owner}] unknown {what} {w!r}{close(str(w), known)}; known: {', '.join(known)}")
+
+
+__all__ = ["FAMILIES", "FINDING", "FINDING_QUANTIZATION", "KINDS", "QUANTIZATION", "TRAITS", "check_words"]
