@@ -1,109 +1,20 @@
 """The CLI's wording of a verdict: `explain`'s text and its `--json`, formatters of `verdict.RunVerdict` and
 `verdict.LayerVerdict` (they read the verdict's facts and decide nothing).
 
-The verdicts word themselves through this module (`render`, `to_dict`, `headline`), so it names no class of
-`verdict`: `LayerVerdictLike` and `RunVerdictLike` list the facts it reads, and the verdicts are what they describe.
+The verdicts word themselves through this module (`render`, `to_dict`, `headline`), so it imports `verdict` only
+for its annotations: data flows from the verdict into the wording, never back.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from ..explain import Outcome
-from ..report import MissedFusion
 from ..trace import layer_label
-from .kinds import LayerArchitecture
 
-
-class LayerVerdictLike(Protocol):
-    """What the wording reads of a layer's verdict (`verdict.LayerVerdict`, a dataclass, whose fields these are)."""
-
-    @property
-    def layer(self) -> int: ...
-    @property
-    def fused(self) -> bool: ...
-    @property
-    def fused_node(self) -> int | None: ...
-    @property
-    def expected(self) -> str: ...
-    @property
-    def first(self) -> Outcome | None: ...
-    @property
-    def architecture(self) -> LayerArchitecture: ...
-    @property
-    def expected_kind(self) -> LayerArchitecture: ...
-    @property
-    def silent(self) -> str: ...
-    @property
-    def rejections(self) -> list[Outcome]: ...
-    @property
-    def misses(self) -> list[str]: ...
-    @property
-    def sibling(self) -> int | None: ...
-    @property
-    def sibling_rule(self) -> str: ...
-    @property
-    def differences(self) -> list[str]: ...
-    @property
-    def explanation(self) -> str: ...
-    @property
-    def done(self) -> list[str]: ...
-    @property
-    def not_expected(self) -> list[str]: ...
-    @property
-    def blocker(self) -> str: ...
-    @property
-    def illegal(self) -> list[Outcome]: ...
-    @property
-    def cannot_make(self) -> list[str]: ...
-    @property
-    def expect(self) -> str: ...
-    @property
-    def missed(self) -> list[MissedFusion]: ...
-    @property
-    def unmade_products(self) -> list[str]: ...
-    @property
-    def bert_style(self) -> bool: ...
-    @property
-    def legal_only(self) -> bool: ...
-    @property
-    def status(self) -> str: ...
-
-
-class RunVerdictLike(Protocol):
-    """What the wording reads of a run's verdict (`verdict.RunVerdict`)."""
-
-    @property
-    def model(self) -> str: ...
-    @property
-    def pipeline(self) -> str: ...
-    @property
-    def layers(self) -> Sequence[LayerVerdictLike]: ...
-    @property
-    def counts(self) -> dict[str, int]: ...
-    @property
-    def misses(self) -> list[str]: ...
-    @property
-    def architecture(self) -> LayerArchitecture | None: ...
-    @property
-    def not_expected(self) -> list[str]: ...
-    @property
-    def left_out(self) -> list[str]: ...
-    @property
-    def crashed(self) -> list[str]: ...
-    @property
-    def recognized(self) -> list[str]: ...
-    @property
-    def expect(self) -> str: ...
-    @property
-    def cannot_make(self) -> list[str]: ...
-    @property
-    def fused_layers(self) -> int: ...
-    @property
-    def ok(self) -> bool: ...
+if TYPE_CHECKING:  # for annotations only: the verdicts word themselves through this module
+    from .verdict import LayerVerdict, RunVerdict
 
 
 GROUP_OVER = 3
@@ -135,7 +46,7 @@ def fused_list(done: list[str], verbose: bool = False) -> str:
     return ", ".join(out)
 
 
-def layer_dict(v: LayerVerdictLike) -> dict[str, Any]:
+def layer_dict(v: LayerVerdict) -> dict[str, Any]:
     """JSON-ready form of a layer's verdict (outcomes and the architecture as dicts)."""
     d = dataclasses.asdict(v)
     del d["missed"]  # the same misses as `misses`' text
@@ -145,7 +56,7 @@ def layer_dict(v: LayerVerdictLike) -> dict[str, Any]:
     return d
 
 
-def render_layer(v: LayerVerdictLike, verbose: bool = False) -> str:
+def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
     """The answer to "why didn't layer N fuse": status, the first rejecting guard (actual vs required),
     the fix, the sibling difference, and for non-BERT layers what the architecture expects."""
     if v.legal_only:
@@ -175,7 +86,7 @@ def render_layer(v: LayerVerdictLike, verbose: bool = False) -> str:
     return "\n".join(lines)
 
 
-def _not_fused(v: LayerVerdictLike) -> list[str]:
+def _not_fused(v: LayerVerdict) -> list[str]:
     unmade = v.expect == "model" and v.cannot_make
     why = (f": the pipeline cannot make {', '.join(v.unmade_products)}" if unmade else
            f": {v.blocker}" if v.blocker else
@@ -206,7 +117,7 @@ def _not_fused(v: LayerVerdictLike) -> list[str]:
     return lines
 
 
-def headline(r: RunVerdictLike) -> str:
+def headline(r: RunVerdict) -> str:
     """The text's first line."""
     if not r.layers:
         counts = ", ".join(f"{k}={v}" for k, v in r.counts.items()) or "no fused ops"
@@ -214,7 +125,7 @@ def headline(r: RunVerdictLike) -> str:
     return f"{r.model} ({r.pipeline} pipeline): {r.fused_layers}/{len(r.layers)} layer(s) fused as expected"
 
 
-def run_dict(r: RunVerdictLike) -> dict[str, Any]:
+def run_dict(r: RunVerdict) -> dict[str, Any]:
     """`explain --json` of a run's verdict."""
     return {"model": r.model, "pipeline": r.pipeline, "ok": r.ok, "fused_layers": r.fused_layers,
             "checked_layers": len(r.layers), "final_op_counts": r.counts, "layers": [layer_dict(s) for s in r.layers],
@@ -224,7 +135,7 @@ def run_dict(r: RunVerdictLike) -> dict[str, Any]:
             "cannot_make": r.cannot_make or sorted({c for s in r.layers for c in s.cannot_make})}
 
 
-def render_run(r: RunVerdictLike, verbose: bool = False) -> str:
+def render_run(r: RunVerdict, verbose: bool = False) -> str:
     """`explain`'s text of a run's verdict."""
     crashes = [f"CRASHED pass {c.splitlines()[0]} (its result was discarded)" for c in r.crashed]
     if not r.layers:
@@ -241,7 +152,7 @@ def render_run(r: RunVerdictLike, verbose: bool = False) -> str:
     return "\n".join([headline(r), *crashes, *(render_layer(s, verbose) for s in r.layers), *_left_out(r)])
 
 
-def _left_out(r: RunVerdictLike) -> list[str]:
+def _left_out(r: RunVerdict) -> list[str]:
     head = [f"{len(r.left_out)} fusion(s) left something out:"] if r.left_out else []
     return head + [f"  {x}" for x in r.left_out]
 
