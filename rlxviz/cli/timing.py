@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Any
 
 from .args import _after_arg, _command, _device_arg, _expect_arg, _int_in, _layers_arg, _model_args
 from .common import CLIError, SubParsers, subcommand
@@ -13,10 +14,89 @@ from .loading import _import_checks, _run_model, _slice_model, _source
 from .output import _out, _warn_nonfinite
 
 
+BUSY_ADVICE = "The ratios below are not verdicts: this run cannot tell the versions apart. Run it again when the " \
+    "machine is quieter."
+"""What follows the busy-machine warning before the table (the Timing tab's banner, with "run it again" for its
+button)."""
+
+
+def busy_verdict(busy: str) -> str:
+    """The run's verdict on the machine, printed before the table: "" on a usable run, else `Busy machine: WARNING.`
+    and that no ratio below is a verdict (the Timing tab's banner, `app.timingchart.machine_verdict`)."""
+    return f"Busy machine: {busy}. {BUSY_ADVICE}" if busy else ""
+
+
+def _verdict_json(v: Any, busy: str) -> dict[str, Any]:
+    """A `session.PairedVerdict` as plain values; its words `NOT_READ` on a busy run."""
+    from ..session.timing import NOT_READ
+
+    return {"ratio": round(v.ratio, 4), "ci_low": round(v.low, 4), "ci_high": round(v.high, 4), "rounds": v.rounds,
+            "verdict": NOT_READ if busy else v.words}
+
+
+def split_json(split: Any) -> dict[str, Any] | None:
+    """`session.FusionAndKernels` as plain values for `time --json` (`split`): its three rows (`run`, `ops`, ms),
+    the `fusion`, `kernels` and `total` paired verdicts (ratio, 95% interval, rounds, verdict: `NOT_READ` on a busy
+    run), `busy` (the run's one machine check, "" when usable) and `kernels_note`; `{"not_measured": why}` when the
+    own-lowering row could not be built; None when not asked (`--no-split`) or not on the CPU."""
+    if split is None:
+        return None
+    if isinstance(split, str):
+        return {"not_measured": split}
+    busy = split.warning
+    return {"rows": [{"run": r.label, "ops": r.nodes, "median_ms": round(r.median_ms, 4), "min_ms": round(r.min_ms, 4),
+                      "iqr_ms": round(r.iqr_ms or 0.0, 4)} for r in split.rows],
+            "fusion": _verdict_json(split.fusion, busy), "kernels": _verdict_json(split.kernels, busy),
+            "total": _verdict_json(split.total, busy), "busy": busy, "kernels_note": split.kernels_note}
+
+
+def split_text(split: Any) -> str:
+    """The "Fusion or kernels?" block as aligned text, the rows and words of the Timing tab's table
+    (`app.timingchart.fusion_kernels_markdown`): the input and the final version (the table's own rows) and the
+    final version on MLX's own lowering timed in the same paired rounds, each step's paired speed-up over the row
+    above with its 95% interval and its verdict (`NOT_READ` on a busy run), and the sentence splitting the final
+    version's speed-up. A str: why the own-lowering row is missing; None: "" (not asked, or not on the CPU)."""
+    from ..session.timing import BUSY_RATIO, DISAGREE, NOT_READ
+
+    if split is None:
+        return ""
+    if isinstance(split, str):
+        return f"Fusion or kernels? Not measured: {split}\n"
+    busy = split.warning
+    check = (f"busy machine: {busy}. No verdict below." if busy else
+             f"quiet enough (every median within {BUSY_RATIO:g}x its minimum).")
+    lines = ["Fusion or kernels? The final version on MLX's own lowering and on rlxviz's kernels",
+             f"The input and final rows are the table's own measurements above (the same medians); the final version "
+             f"on MLX's own lowering ran in the same {split.fusion.rounds} paired rounds on the CPU, one machine check "
+             f"for all: {check}"]
+    w = max(len(r.label) for r in split.rows)
+    head = "speed-up over the row above (95% ci)"
+    cells = ["", *(f"{what}: {v.ratio:.2f}x ({v.low:.2f}-{v.high:.2f})"
+                   for what, v in (("fusion", split.fusion), ("kernels", split.kernels)))]
+    words = ["", *(NOT_READ if busy else v.words for v in (split.fusion, split.kernels))]
+    sw = max(len(head), *(len(c) for c in cells))
+    lines.append(f"{'run':<{w}}  {'ops':>5}  {'median ms':>9}  {head:<{sw}}  verdict")
+    for r, cell, word in zip(split.rows, cells, words, strict=True):
+        lines.append(f"{r.label:<{w}}  {r.nodes:>5}  {r.median_ms:>9.2f}  {cell:<{sw}}  {word}".rstrip())
+    f, k, t = split.fusion, split.kernels, split.total
+    tail = (" (not read: a busy machine)." if busy else " (not read: medians and paired rounds disagree)."
+            if DISAGREE in (f.words, k.words, t.words) else ".")
+    lines.append(f"Of the final version's {t.ratio:.2f}x over the input (paired, both rows above), the fusion on MLX's "
+                 f"own lowering gives {f.ratio:.2f}x and rlxviz's kernels on the same fused graph {k.ratio:.2f}x"
+                 + tail)
+    if split.kernels_note:
+        lines.append(split.kernels_note)
+    return "\n".join(lines) + "\n"
+
+
 def cmd_time(args: argparse.Namespace) -> int:
-    """`rlxviz time MODEL`: every graph version timed on MLX, checked against the NumPy reference."""
+    """`rlxviz time MODEL`: every graph version timed on MLX, checked against the NumPy reference; on the CPU also
+    the final version on MLX's own lowering in the same rounds (the fusion / kernels split, unless `--no-split`).
+    A busy run (`session.busy_warning`) is said before the table and reads no ratio; it is not a failure."""
     from ..ir.onnx_op import describe_host
-    from ..session import format_timings, input_sets, load_inputs, shape_summary, time_versions
+    from ..session import format_timings, input_sets, load_inputs, shape_summary, timing_table
+    from ..session.timing import time_versions_and_own
+    from ..session.lowerings import fusion_and_kernels_of
 
     _slice_model(args)
     model, trace = _run_model(args, workload="time")  # refused over the memory limit before feeds are made
@@ -25,29 +105,44 @@ def cmd_time(args: argparse.Namespace) -> int:
     checks = _import_checks(model, feeds, user, args.expect, max_memory_mb=args.max_memory_mb,
                             sliced=_source(args) if args.layers is not None else None)
     sets = input_sets(model.graph, feeds, user, args.battery)  # the user's arrays first, then the battery
-    rows = time_versions(trace, feeds, model.weights, warmup=args.warmup, repeat=args.repeat, device=args.device,
-                         inputs=sets)
+    rows, own = time_versions_and_own(trace, feeds, model.weights, warmup=args.warmup, repeat=args.repeat,
+                                      device=args.device, inputs=sets, own_lowering=args.split)
+    split: Any = own  # None (not asked, or not on the CPU) or why the own-lowering row is missing (a str)
+    if own is not None and not isinstance(own, str):
+        try:
+            split = fusion_and_kernels_of(rows, own)
+        except ValueError as e:  # the input or the final version not timed: the versions' rows stand
+            split = f"{type(e).__name__}: {e}"
+    also = [own] if own is not None and not isinstance(own, str) else []
+    table = timing_table(rows, also=also)  # the app's table: one machine check over every row timed together
+    busy = table[0]["busy"] if table else ""
     if not all(r.finite for r in rows):
         _warn_nonfinite("time", model, False)
     where = next((str(r.context) for r in rows if r.context is not None), "")
     where = where.replace(str(Path.cwd()) + os.sep, "")  # `.venv/...` from a clone, not an absolute path
     policy = next(r.policy for r in rows if r.policy is not None)
+    code = 0 if all(r.ok is not False for r in rows) and all(c.ok for c in checks) else 1  # busy: not a failure
     if args.json:
         import dataclasses
         import json
 
         _out(json.dumps({"model": model.name, "pipeline": trace.pipeline, "context": where, "repeat": args.repeat,
                          "precision": policy.describe(), "inputs": sets.names, "skipped": dict(sets.skipped),
-                         "versions": [{**dataclasses.asdict(r), "verdict": r.verdict} for r in rows],
+                         "busy": busy,
+                         "versions": [{**dataclasses.asdict(r), "verdict": r.verdict, "vs_input": t["vs_input"]}
+                                      for r, t in zip(rows, table, strict=True)],
+                         "split": split_json(split),
                          "import_checks": [{**dataclasses.asdict(c), "line": c.line()} for c in checks]},
                         indent=2, default=str))
-        return 0 if all(r.ok is not False for r in rows) and all(c.ok for c in checks) else 1
+        return code
     _out(f"{model.name} ({trace.pipeline} pipeline), {shape_summary(model, args.batch, args.seq)}; {where}; "
          f"{args.repeat} interleaved round(s) on {sets.sets[0].name} inputs\n"
          + "".join(f"{c.line()}\n" for c in checks)
          + (f"{host}\n" if (host := describe_host(model.graph)) else "")
-         + f"{policy.describe()}\n{sets.describe()}\n" + format_timings(rows))
-    return 0 if all(r.ok is not False for r in rows) and all(c.ok for c in checks) else 1
+         + f"{policy.describe()}\n{sets.describe()}\n"
+         + (f"{busy_verdict(busy)}\n" if busy else "")
+         + format_timings(rows, busy) + ("\n\n" + split_text(split).rstrip("\n") if split is not None else ""))
+    return code
 
 
 @subcommand
@@ -60,8 +155,12 @@ def add_time(sub: SubParsers) -> None:
                  padding, holes, a single token, large magnitudes, constant rows: those that apply) twice: against
                  the oracle (the unfused graph in float64) and against the unfused graph on MLX in the same dtype,
                  with tolerances from one table per dtype and device. The verdict names the input that broke a
-                 version and whether a pass changed the numbers or the dtype cannot hold them. Exit code 1 if a
-                 version is not ok (NaN is never counted as correct).""")
+                 version and whether a pass changed the numbers or the dtype cannot hold them. On the CPU the final
+                 version also runs on MLX's own lowering in the same rounds, splitting its speed-up into the fusion's
+                 and rlxviz's kernels' ("Fusion or kernels?", as the app's Timing tab; --no-split skips it). A run on a
+                 busy machine (a median above twice its minimum) says so before the table and reads no ratio
+                 ("busy: not read"); it is not a failure. Exit code 1 if a version is not ok (NaN is never counted
+                 as correct).""")
     _model_args(p)  # --inputs: your arrays, timed and checked first
     _expect_arg(p)
     p.add_argument("--battery", action=argparse.BooleanOptionalAction, default=True,
@@ -71,6 +170,9 @@ def add_time(sub: SubParsers) -> None:
     p.add_argument("--warmup", type=_int_in(0, MAX_WARMUP), default=DEFAULT_WARMUP, metavar="N",
                    help=f"untimed rounds after the first call, 0..{MAX_WARMUP} (default: %(default)s, as the app)")
     _device_arg(p)
+    p.add_argument("--split", action=argparse.BooleanOptionalAction, default=True,
+                   help="on the CPU, also time the final version on MLX's own lowering in the same rounds: the "
+                   "fusion / kernels split (default: on)")
     p.add_argument("--json", action="store_true", help="machine-readable output (each version with its verdict)")
     _layers_arg(p)
 

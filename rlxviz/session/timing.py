@@ -264,20 +264,23 @@ def input_sets(graph: Graph, feeds: Mapping[str, np.ndarray], user: Any = None, 
     return Battery((user, *rest), sets.skipped if battery else ())
 
 
-def format_timings(rows: Sequence[VersionTiming]) -> str:
+def format_timings(rows: Sequence[VersionTiming], busy: str = "") -> str:
     """The timing table as aligned text (ops per version; ms; max abs error vs the oracle (`vs input` for a quantized
     graph: version 0 in its dtype judges, `runtime.precision.judge_of`) and vs the unfused graph on MLX; the verdict,
-    naming the input set that broke a version)."""
+    naming the input set that broke a version). With `busy` (`busy_warning` of the run, as `timing_table`'s `busy`)
+    every version's `x input` cell but the input's own reads `NOT_READ`: no ratio of a busy run is a verdict."""
     w = max(len(r.label) for r in rows)
+    sw = len(NOT_READ) if busy else 7  # the `x input` column: wide enough for "busy: not read"
     quantized = any(r.policy is not None and not r.policy.judge.oracle for r in rows)
     lines = [f"{'#':>2}  {'version':<{w}}  {'ops':>5}  {'median ms':>9}  {'min ms':>8}  {'IQR ms':>7}  "
-             f"{'x input':>7}  {'first ms':>8}  {'vs input' if quantized else 'vs oracle':>9}  {'vs unfused':>10}  ok"]
+             f"{'x input':>{sw}}  {'first ms':>8}  {'vs input' if quantized else 'vs oracle':>9}  {'vs unfused':>10}  ok"]
     for r in rows:
         if r.same_as is not None:
             lines.append(f"{r.index:>2}  {r.label:<{w}}  {r.nodes:>5}  (unchanged: same as #{r.same_as})")
             continue
         iqr = f"{r.iqr_ms:>7.2f}" if r.iqr_ms is not None else f"{'-':>7}"
-        speed = f"{r.speedup:>7.2f}" if r.speedup is not None else f"{'-':>7}"
+        speed = (f"{'-':>{sw}}" if r.speedup is None else f"{NOT_READ:>{sw}}" if busy and r.index != rows[0].index
+                 else f"{r.speedup:>{sw}.2f}")
         lines.append(f"{r.index:>2}  {r.label:<{w}}  {r.nodes:>5}  {r.median_ms:>9.2f}  {r.min_ms:>8.2f}  "
                      f"{iqr}  {speed}  {r.first_call_ms:>8.1f}  {r.max_abs:>9.2e}  {r.err_unfused:>10.2e}  {r.note}")
     return "\n".join(lines)
