@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from clirun import run
 
 from rlxviz.app.timeproc import force_busy
 from rlxviz.cli.timing import busy_verdict, split_json, split_text
@@ -19,8 +20,6 @@ from rlxviz.session import VersionTiming, busy_warning, format_timings
 from rlxviz.session import timing as session_timing
 from rlxviz.session.lowerings import FUSION_LABELS, fusion_and_kernels_of
 from rlxviz.session.timing import NOT_READ, OWN_LOWERING_LABEL
-
-from clirun import run
 
 TIME = ("time", "bert-tiny", "--seq", 8, "--repeat", 3, "--warmup", 0, "--no-battery", "--device", "cpu")
 

@@ -13,7 +13,6 @@ from .common import CLIError, SubParsers, subcommand
 from .loading import _import_checks, _run_model, _slice_model, _source
 from .output import _out, _warn_nonfinite
 
-
 BUSY_ADVICE = "The ratios below are not verdicts: this run cannot tell the versions apart. Run it again when the " \
     "machine is quieter."
 """What follows the busy-machine warning before the table (the Timing tab's banner, with "run it again" for its
@@ -95,8 +94,8 @@ def cmd_time(args: argparse.Namespace) -> int:
     A busy run (`session.busy_warning`) is said before the table and reads no ratio; it is not a failure."""
     from ..ir.onnx_op import describe_host
     from ..session import format_timings, input_sets, load_inputs, shape_summary, timing_table
-    from ..session.timing import time_versions_and_own
     from ..session.lowerings import fusion_and_kernels_of
+    from ..session.timing import time_versions_and_own
 
     _slice_model(args)
     model, trace = _run_model(args, workload="time")  # refused over the memory limit before feeds are made

@@ -273,7 +273,8 @@ def format_timings(rows: Sequence[VersionTiming], busy: str = "") -> str:
     sw = len(NOT_READ) if busy else 7  # the `x input` column: wide enough for "busy: not read"
     quantized = any(r.policy is not None and not r.policy.judge.oracle for r in rows)
     lines = [f"{'#':>2}  {'version':<{w}}  {'ops':>5}  {'median ms':>9}  {'min ms':>8}  {'IQR ms':>7}  "
-             f"{'x input':>{sw}}  {'first ms':>8}  {'vs input' if quantized else 'vs oracle':>9}  {'vs unfused':>10}  ok"]
+             f"{'x input':>{sw}}  {'first ms':>8}  {'vs input' if quantized else 'vs oracle':>9}  "
+             f"{'vs unfused':>10}  ok"]
     for r in rows:
         if r.same_as is not None:
             lines.append(f"{r.index:>2}  {r.label:<{w}}  {r.nodes:>5}  (unchanged: same as #{r.same_as})")
