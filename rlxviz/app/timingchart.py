@@ -11,20 +11,22 @@ from .text import md_escape
 from .wording import hide_server_paths, version_name
 
 
-def machine_verdict(rows: list[dict[str, Any]]) -> tuple[str, str]:
+def machine_verdict(rows: list[dict[str, Any]], when: str = "") -> tuple[str, str]:
     """The timing run's verdict on the machine, shown before any ratio: `(markdown, alert kind)`.
 
     Busy (`rows[i]["busy"]`, `session.busy_warning`: a version's median above `BUSY_RATIO` times its minimum): the
     warning and that no ratio below is a verdict ("danger"). Otherwise the run is usable ("success"). No rows: ("",
-    "light")."""
+    "light"). `when`: the time a stored run was measured (`HH:MM UTC`, `measure.measured_when`): the verdict is
+    said of the machine then ("Busy machine at 03:24 UTC"), not now; "" for a run just measured."""
     if not rows:
         return "", "light"
+    at = f" at {md_escape(when)}" if when else ""
     busy = next((r["busy"] for r in rows if r.get("busy")), "")
     if busy:
-        return (f"**Busy machine: {md_escape(busy)}.** The ratios below are not verdicts: this run cannot tell the "
+        return (f"**Busy machine{at}: {md_escape(busy)}.** The ratios below are not verdicts: this run cannot tell the "
                 "versions apart. Press *Time again* when the machine is quieter.", "danger")
-    return (f"**Quiet enough:** every version's median is within {BUSY_RATIO:g}× its minimum, so the verdicts below "
-            "can be read.", "success")
+    return (f"**Quiet enough{at}:** every version's median is within {BUSY_RATIO:g}× its minimum, so the verdicts "
+            "below can be read.", "success")
 
 
 def fusion_kernels_markdown(split: Any) -> str:
@@ -68,7 +70,11 @@ def fusion_kernels_markdown(split: Any) -> str:
                    f"MLX's own lowering gives {f.ratio:.2f}× and rlxviz's kernels on the same fused graph "
                    f"{k.ratio:.2f}×" + (" (not read: a busy machine)." if busy else
                                          " (not read: medians and paired rounds disagree)."
-                                         if DISAGREE in (f.words, k.words, t.words) else ".")),
+                                         if DISAGREE in (f.words, k.words, t.words) else "."))
+              + f" Each ratio is the median of its own paired per-round ratios, so the two need not multiply to the "
+                f"total ({f.ratio:.2f} × {k.ratio:.2f} = {f.ratio * k.ratio:.2f}, against {t.ratio:.2f}). On the "
+                "chart above, the rows marked *(rlxviz kernels)* ran these kernels: their speed-up over the input is "
+                "the fusion's and the kernels' together.",
               "", f"*{md_escape(hide_server_paths(split.kernels_note))}*" if split.kernels_note else ""]
     return "\n".join(lines)
 
@@ -87,10 +93,24 @@ LABEL_ROOM = 1.6
 "0.88× (0.80–0.95)" or "0.88× within noise", about 120 px)."""
 
 
+KERNELS_MARK = " (rlxviz kernels)"
+"""Appended to a chart row lowered with rlxviz's own CPU kernels (`row["lowering"]`, `measure.kernel_rows`)."""
+
+
 def timing_factor(row: dict[str, Any]) -> str:
     """A timing row's place on the chart's axis: `#: version` (unique where a pass runs twice, e.g. two
-    `after dead_code_elimination` when unchanged passes are shown; Bokeh refuses repeated factors)."""
-    return version_name(row["#"], row["version"]) if "#" in row else row["version"]
+    `after dead_code_elimination` when unchanged passes are shown; Bokeh refuses repeated factors), then
+    `KERNELS_MARK` where the row ran rlxviz's CPU kernels (`row["lowering"] == "rlxviz kernels"`)."""
+    name = version_name(row["#"], row["version"]) if "#" in row else row["version"]
+    return name + (KERNELS_MARK if row.get("lowering") == "rlxviz kernels" else "")
+
+
+def chart_title(rows: list[dict[str, Any]]) -> str:
+    """The median plot's title, naming the lowering its rows ran: "median ms per version (MLX, with rlxviz's CPU
+    kernels where marked)" when a row ran rlxviz's kernels (`timing_factor` marks it), else "(MLX)"."""
+    if any(r.get("lowering") == "rlxviz kernels" for r in rows):
+        return "median ms per version (MLX, with rlxviz's CPU kernels where marked)"
+    return "median ms per version (MLX)"
 
 
 def speedup_label(row: dict[str, Any]) -> str:
@@ -141,7 +161,7 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
                             "speedup": [speedup_label(r) for r in rows],
                             "err": [max(r["max_err"], 1e-12) for r in rows]})
     p = figure(y_range=labels[::-1], height=320, sizing_mode="stretch_width", min_width=300,
-               title="median ms per version (MLX)", toolbar_location=None, x_axis_label="ms; whisker: p25 to p75")
+               title=chart_title(rows), toolbar_location=None, x_axis_label="ms; whisker: p25 to p75")
     p.title.align = "left"
     p.hbar(y="version", right="ms", height=0.7, source=src, color="#1565c0")
     p.add_layout(Whisker(base="version", lower="low", upper="high", dimension="width", source=src,
@@ -153,7 +173,10 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     p.x_range = Range1d(start=min(0.0, *low), end=max(1e-6, *high) * LABEL_ROOM)
     busy = any(r.get("busy") for r in rows)
     sp = figure(y_range=p.y_range, height=320, sizing_mode="stretch_width", min_width=300, toolbar_location=None,
-                title="speed-up over the input" + (" — busy machine: not read" if busy else ""),
+                title="speed-up over the input" + (" — busy machine: not read" if busy else
+                                                   " (fusion + kernels where marked)"
+                                                   if any(r.get("lowering") == "rlxviz kernels" for r in rows)
+                                                   else ""),
                 x_axis_label="× (median of paired per-round ratios); whisker: 95% interval")
     sp.title.align = "left"
     sp.hbar(y="version", right="x", height=0.7, source=src, color="#9e9e9e" if busy else "#2e7d32")
@@ -174,5 +197,6 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     return row(p, sp, q, sizing_mode="stretch_width")
 
 
-__all__ = ["LABEL_ROOM", "error_formatter", "fusion_kernels_markdown", "machine_verdict", "ms_label", "speedup_label",
+__all__ = ["KERNELS_MARK", "LABEL_ROOM", "chart_title", "error_formatter", "fusion_kernels_markdown", "machine_verdict",
+           "ms_label", "speedup_label",
            "timing_factor", "timing_figure"]
