@@ -201,14 +201,28 @@ def test_the_chart_names_the_lowering_of_each_row():
     table = AppState._timing_rows(rows, visible, (), marked)
     fig = timing_figure(table)
     ms_plot, speed_plot = fig.children[0], fig.children[1]
-    assert ms_plot.title.text == "median ms per version (MLX, with rlxviz's CPU kernels where marked)"
-    assert "where marked" in speed_plot.title.text
+    assert ms_plot.title.text == "median ms per version\nMLX, with rlxviz's CPU kernels where marked"
+    assert speed_plot.title.text.endswith("fusion and rlxviz's kernels together")
     factors = list(ms_plot.y_range.factors)
     assert [f.endswith(KERNELS_MARK) for f in factors[::-1]] == [r["#"] in marked for r in table]
     # no kernels ran: no mark, and the title says MLX alone; the rows are the session's own
     plain = AppState._timing_rows(rows, visible)
     assert plain == timing_table(rows, visible) and chart_title(plain) == "median ms per version (MLX)"
     assert not any(f.endswith(KERNELS_MARK) for f in timing_figure(plain).children[0].y_range.factors)
+
+
+def test_every_row_on_rlxviz_kernels_is_said_once_in_the_title(trace):
+    """bert-tiny: every version (its input too) holds an op the kernels take: the title says "on every row" and the
+    axis labels carry no mark (they would squeeze the plot to nothing at 1280 px)."""
+    from rlxviz.app.state import AppState
+
+    rows = fabricated_rows(trace, busy=False)
+    table = AppState._timing_rows(rows, [(r.index, r.label) for r in rows], (), kernel_rows(trace, rows))
+    assert all(r["lowering"] == "rlxviz kernels" for r in table)
+    ms_plot, speed_plot = timing_figure(table).children[:2]
+    assert ms_plot.title.text == "median ms per version\nMLX, with rlxviz's CPU kernels on every row"
+    assert not any(f.endswith(KERNELS_MARK) for f in ms_plot.y_range.factors)
+    assert "kernels together" in speed_plot.title.text
 
 
 def test_the_table_calls_the_correctness_column_numbers_ok():
@@ -239,7 +253,7 @@ def test_the_split_sentence_shows_the_product_of_its_two_ratios(seed):
     text = fusion_kernels_markdown(FusionAndKernels(rows, f, k, t, busy_warning(*rows), ""))
     assert "need not multiply to the total" in text
     assert f"({f.ratio:.2f} × {k.ratio:.2f} = {f.ratio * k.ratio:.2f}, against {t.ratio:.2f})" in text
-    assert "(rlxviz kernels)" in text
+    assert "says a row ran rlxviz's CPU kernels" in text
 
 
 def test_measured_when_is_utc():

@@ -7,7 +7,7 @@ import re
 
 import pytest
 from playwright.sync_api import expect
-from served import WAIT_MS, browser_fixture, server_fixture, watched_page
+from served import ART, WAIT_MS, browser_fixture, server_fixture, watched_page
 from test_browser_timing import time_bert_tiny
 
 from rlxviz.app.timeproc import FORCE_BUSY_ENV
@@ -43,3 +43,6 @@ def test_a_second_session_is_told_the_timing_is_stored(browser, server):
         assert origin.bounding_box()["y"] < machine.bounding_box()["y"]
         chart = second.locator(".rv-timing-chart")
         assert origin.bounding_box()["y"] < chart.bounding_box()["y"]
+        second.screenshot(path=str(ART / "timing-stored-1280x800.png"))
+        chart.screenshot(path=str(ART / "timing-stored-chart-1280x800.png"))
+        second.locator(".rv-fusion-kernels").screenshot(path=str(ART / "timing-stored-split-1280x800.png"))

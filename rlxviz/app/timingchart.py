@@ -72,9 +72,9 @@ def fusion_kernels_markdown(split: Any) -> str:
                                          " (not read: medians and paired rounds disagree)."
                                          if DISAGREE in (f.words, k.words, t.words) else "."))
               + f" Each ratio is the median of its own paired per-round ratios, so the two need not multiply to the "
-                f"total ({f.ratio:.2f} × {k.ratio:.2f} = {f.ratio * k.ratio:.2f}, against {t.ratio:.2f}). On the "
-                "chart above, the rows marked *(rlxviz kernels)* ran these kernels: their speed-up over the input is "
-                "the fusion's and the kernels' together.",
+                f"total ({f.ratio:.2f} × {k.ratio:.2f} = {f.ratio * k.ratio:.2f}, against {t.ratio:.2f}). Where "
+                "the chart above says a row ran rlxviz's CPU kernels, its speed-up over the input is the fusion's "
+                "and the kernels' together.",
               "", f"*{md_escape(hide_server_paths(split.kernels_note))}*" if split.kernels_note else ""]
     return "\n".join(lines)
 
@@ -97,19 +97,33 @@ KERNELS_MARK = " (rlxviz kernels)"
 """Appended to a chart row lowered with rlxviz's own CPU kernels (`row["lowering"]`, `measure.kernel_rows`)."""
 
 
-def timing_factor(row: dict[str, Any]) -> str:
+def on_kernels(row: dict[str, Any]) -> bool:
+    """The row's version was lowered with rlxviz's own CPU kernels (`row["lowering"]`, `measure.kernel_rows`)."""
+    return row.get("lowering") == "rlxviz kernels"
+
+
+def timing_factor(row: dict[str, Any], mark: bool = False) -> str:
     """A timing row's place on the chart's axis: `#: version` (unique where a pass runs twice, e.g. two
-    `after dead_code_elimination` when unchanged passes are shown; Bokeh refuses repeated factors), then
-    `KERNELS_MARK` where the row ran rlxviz's CPU kernels (`row["lowering"] == "rlxviz kernels"`)."""
+    `after dead_code_elimination` when unchanged passes are shown; Bokeh refuses repeated factors); with `mark`,
+    then `KERNELS_MARK` where the row ran rlxviz's CPU kernels (`on_kernels`)."""
     name = version_name(row["#"], row["version"]) if "#" in row else row["version"]
-    return name + (KERNELS_MARK if row.get("lowering") == "rlxviz kernels" else "")
+    return name + (KERNELS_MARK if mark and on_kernels(row) else "")
+
+
+def kernels_marked(rows: list[dict[str, Any]]) -> bool:
+    """The chart marks rows one by one: some, not all, ran rlxviz's CPU kernels (when all did, the title says so
+    once and the axis labels stay short enough for a 1280 px window)."""
+    return any(map(on_kernels, rows)) and not all(map(on_kernels, rows))
 
 
 def chart_title(rows: list[dict[str, Any]]) -> str:
-    """The median plot's title, naming the lowering its rows ran: "median ms per version (MLX, with rlxviz's CPU
-    kernels where marked)" when a row ran rlxviz's kernels (`timing_factor` marks it), else "(MLX)"."""
-    if any(r.get("lowering") == "rlxviz kernels" for r in rows):
-        return "median ms per version (MLX, with rlxviz's CPU kernels where marked)"
+    """The median plot's title, naming the lowering its rows ran, on two lines: "median ms per version" and "MLX, with
+    rlxviz's CPU kernels where marked" (some rows ran them, `timing_factor` marks those), "MLX, with rlxviz's CPU
+    kernels on every row" (all did) or "MLX" (none did)."""
+    if kernels_marked(rows):
+        return "median ms per version\nMLX, with rlxviz's CPU kernels where marked"
+    if rows and all(map(on_kernels, rows)):
+        return "median ms per version\nMLX, with rlxviz's CPU kernels on every row"
     return "median ms per version (MLX)"
 
 
@@ -149,7 +163,7 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     from bokeh.models import ColumnDataSource, LabelSet, Range1d, Span, Whisker
     from bokeh.plotting import figure
 
-    labels = [timing_factor(r) for r in rows]
+    labels = [timing_factor(r, kernels_marked(rows)) for r in rows]
     low = [r.get("p25_ms", r["median_ms"] - r.get("iqr_ms", 0.0) / 2) for r in rows]
     high = [r.get("p75_ms", r["median_ms"] + r.get("iqr_ms", 0.0) / 2) for r in rows]
     speed = [r.get("speedup", float("nan")) for r in rows]
@@ -173,10 +187,8 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     p.x_range = Range1d(start=min(0.0, *low), end=max(1e-6, *high) * LABEL_ROOM)
     busy = any(r.get("busy") for r in rows)
     sp = figure(y_range=p.y_range, height=320, sizing_mode="stretch_width", min_width=300, toolbar_location=None,
-                title="speed-up over the input" + (" — busy machine: not read" if busy else
-                                                   " (fusion + kernels where marked)"
-                                                   if any(r.get("lowering") == "rlxviz kernels" for r in rows)
-                                                   else ""),
+                title="speed-up over the input" + (" — busy machine: not read" if busy else "")
+                + ("\nfusion and rlxviz's kernels together" if any(map(on_kernels, rows)) else ""),
                 x_axis_label="× (median of paired per-round ratios); whisker: 95% interval")
     sp.title.align = "left"
     sp.hbar(y="version", right="x", height=0.7, source=src, color="#9e9e9e" if busy else "#2e7d32")
@@ -197,6 +209,5 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     return row(p, sp, q, sizing_mode="stretch_width")
 
 
-__all__ = ["KERNELS_MARK", "LABEL_ROOM", "chart_title", "error_formatter", "fusion_kernels_markdown", "machine_verdict",
-           "ms_label", "speedup_label",
-           "timing_factor", "timing_figure"]
+__all__ = ["KERNELS_MARK", "LABEL_ROOM", "chart_title", "error_formatter", "fusion_kernels_markdown", "kernels_marked",
+           "machine_verdict", "ms_label", "on_kernels", "speedup_label", "timing_factor", "timing_figure"]
