@@ -258,3 +258,43 @@ def test_the_split_sentence_shows_the_product_of_its_two_ratios(seed):
 
 def test_measured_when_is_utc():
     assert measured_when(0.0) == "00:00 UTC" and measured_when(3600 * 27 + 60 * 5) == "03:05 UTC"
+
+
+def shared_split(seed: int = 0):
+    from rlxviz.session import FusionAndKernels
+    from rlxviz.session.lowerings import FUSION_LABELS
+
+    rng = np.random.default_rng(seed)
+    base = 10 + rng.random(21)
+    rows = [timed(0, FUSION_LABELS[0], list(base)), timed(1, FUSION_LABELS[1], list(base * 0.9)),
+            timed(2, FUSION_LABELS[2], list(base * 0.3))]
+    return FusionAndKernels(rows, paired_verdict(rows[0], rows[1]), paired_verdict(rows[1], rows[2]),
+                            paired_verdict(rows[0], rows[2]), busy_warning(*rows), "", shared=True)
+
+
+def test_an_input_that_ran_a_kernel_is_not_called_mlx_own_lowering():
+    """bert-tiny's input holds an `attention` op, which rlxviz's attention kernel runs under the default lowering:
+    the split's first row (the chart's input row) may not read "MLX's own lowering", and the fusion ratio is said
+    not to be the fusion's alone. Without such an op the row keeps its name and no such sentence is added."""
+    from rlxviz.session.lowerings import FUSION_LABELS
+
+    text = fusion_kernels_markdown(shared_split(), ["attention"])
+    assert FUSION_LABELS[0] not in text and "input, default lowering (attention on rlxviz's kernels)" in text
+    assert "not the fusion's alone" in text
+    plain = fusion_kernels_markdown(shared_split())
+    assert FUSION_LABELS[0] in plain and "not the fusion's alone" not in plain
+
+
+def test_the_view_names_the_input_rows_kernel_ops():
+    from rlxviz.app.state import AppState
+    from rlxviz.app.timingview import TimingView
+
+    s = app_state()
+    view = TimingView(state=s)
+    assert s.trace is not None and any(n.op.value == "attention" for n in s.trace.input.compute_nodes())
+    rows = fabricated_rows(s.trace, busy=False)
+    table = AppState._timing_rows(rows, s._visible(s.trace), (), kernel_rows(s.trace, rows))
+    s.param.update(timing_split=shared_split(), timings=table)
+    assert "input, default lowering (attention on rlxviz's kernels)" in view.split.object
+    s.param.update(timings=AppState._timing_rows(rows, s._visible(s.trace)))  # the kernels did not run
+    assert "default lowering" not in view.split.object

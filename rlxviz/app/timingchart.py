@@ -4,6 +4,7 @@ as `AppState.timings` holds them)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..session.timing import BUSY_RATIO, DISAGREE
@@ -29,13 +30,15 @@ def machine_verdict(rows: list[dict[str, Any]], when: str = "") -> tuple[str, st
             "below can be read.", "success")
 
 
-def fusion_kernels_markdown(split: Any) -> str:
+def fusion_kernels_markdown(split: Any, input_kernel_ops: Sequence[str] = ()) -> str:
     """The final version on MLX's own lowering next to rlxviz's kernels (`session.FusionAndKernels`), as Markdown:
     a table of the three rows (ops, median ms, the paired speed-up over the row above with its 95% interval and its
     verdict) and one sentence splitting the final version's speed-up into the fusion's and the kernels'. A split of
     the chart's own run (`shared`) says its input and final rows are the chart's; one measured apart says it has a
     machine check of its own. A busy run says so first and gives no verdict. None (timed on the GPU): why there is
-    nothing to split; a str: why the split's row could not be measured."""
+    nothing to split; a str: why the split's row could not be measured. `input_kernel_ops`: the ops of the input that
+    rlxviz's kernels take (bert-tiny's `attention`, `measure.KERNEL_OPS`) where the chart's input row ran them: the
+    input row is named by its default lowering, and a sentence says the fusion ratio is not the fusion's alone."""
     if split is None:
         return ("#### Fusion or kernels?\nrlxviz's own kernels run on the CPU only: on the GPU every version runs "
                 "MLX's own lowering, so the speed-ups above are the fusion's alone.")
@@ -59,7 +62,10 @@ def fusion_kernels_markdown(split: Any) -> str:
               "|---|---:|---:|---|---|"]
     for r, step in zip(split.rows, steps, strict=True):
         if step is None:
-            lines.append(f"| {md_escape(r.label)} | {r.nodes} | {r.median_ms:.2f} | | |")
+            label = r.label
+            if input_kernel_ops and getattr(split, "shared", False):  # the chart's input row: its default lowering
+                label = f"input, default lowering ({', '.join(input_kernel_ops)} on rlxviz's kernels)"
+            lines.append(f"| {md_escape(label)} | {r.nodes} | {r.median_ms:.2f} | | |")
             continue
         what, v = step
         words = NOT_READ if busy else v.words
@@ -76,6 +82,10 @@ def fusion_kernels_markdown(split: Any) -> str:
                 "the chart above says a row ran rlxviz's CPU kernels, its speed-up over the input is the fusion's "
                 "and the kernels' together.",
               "", f"*{md_escape(hide_server_paths(split.kernels_note))}*" if split.kernels_note else ""]
+    if input_kernel_ops and getattr(split, "shared", False):
+        lines += ["", f"**The input is not all MLX's own lowering:** it already holds "
+                      f"{', '.join(input_kernel_ops)}, which ran on rlxviz's kernel, so the *fusion* ratio compares "
+                      "that with the final version on MLX's own lowering: it is not the fusion's alone."]
     return "\n".join(lines)
 
 
