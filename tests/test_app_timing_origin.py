@@ -274,15 +274,15 @@ def shared_split(seed: int = 0):
 
 def test_an_input_that_ran_a_kernel_is_not_called_mlx_own_lowering():
     """bert-tiny's input holds an `attention` op, which rlxviz's attention kernel runs under the default lowering:
-    the split's first row (the chart's input row) may not read "MLX's own lowering", and the fusion ratio is said
+    the split's first row (the chart's input row) says that op ran on rlxviz's kernels, and the fusion ratio is said
     not to be the fusion's alone. Without such an op the row keeps its name and no such sentence is added."""
     from rlxviz.session.lowerings import FUSION_LABELS
 
     text = fusion_kernels_markdown(shared_split(), ["attention"])
-    assert FUSION_LABELS[0] not in text and "input, default lowering (attention on rlxviz's kernels)" in text
+    assert f"{FUSION_LABELS[0]} except attention (on rlxviz's kernels)" in text
     assert "not the fusion's alone" in text
     plain = fusion_kernels_markdown(shared_split())
-    assert FUSION_LABELS[0] in plain and "not the fusion's alone" not in plain
+    assert FUSION_LABELS[0] in plain and "except" not in plain and "not the fusion's alone" not in plain
 
 
 def test_the_view_names_the_input_rows_kernel_ops():
@@ -295,6 +295,6 @@ def test_the_view_names_the_input_rows_kernel_ops():
     rows = fabricated_rows(s.trace, busy=False)
     table = AppState._timing_rows(rows, s._visible(s.trace), (), kernel_rows(s.trace, rows))
     s.param.update(timing_split=shared_split(), timings=table)
-    assert "input, default lowering (attention on rlxviz's kernels)" in view.split.object
+    assert "input, MLX's own lowering except attention (on rlxviz's kernels)" in view.split.object
     s.param.update(timings=AppState._timing_rows(rows, s._visible(s.trace)))  # the kernels did not run
-    assert "default lowering" not in view.split.object
+    assert "except attention" not in view.split.object

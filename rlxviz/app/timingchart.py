@@ -38,7 +38,7 @@ def fusion_kernels_markdown(split: Any, input_kernel_ops: Sequence[str] = ()) ->
     machine check of its own. A busy run says so first and gives no verdict. None (timed on the GPU): why there is
     nothing to split; a str: why the split's row could not be measured. `input_kernel_ops`: the ops of the input that
     rlxviz's kernels take (bert-tiny's `attention`, `measure.KERNEL_OPS`) where the chart's input row ran them: the
-    input row is named by its default lowering, and a sentence says the fusion ratio is not the fusion's alone."""
+    input row says which ops ran there, and a sentence says the fusion ratio is not the fusion's alone."""
     if split is None:
         return ("#### Fusion or kernels?\nrlxviz's own kernels run on the CPU only: on the GPU every version runs "
                 "MLX's own lowering, so the speed-ups above are the fusion's alone.")
@@ -64,7 +64,7 @@ def fusion_kernels_markdown(split: Any, input_kernel_ops: Sequence[str] = ()) ->
         if step is None:
             label = r.label
             if input_kernel_ops and getattr(split, "shared", False):  # the chart's input row: its default lowering
-                label = f"input, default lowering ({', '.join(input_kernel_ops)} on rlxviz's kernels)"
+                label = f"{label} except {', '.join(input_kernel_ops)} (on rlxviz's kernels)"
             lines.append(f"| {md_escape(label)} | {r.nodes} | {r.median_ms:.2f} | | |")
             continue
         what, v = step
