@@ -5,11 +5,17 @@ on the state's `Runner`; its state changes are made on the page's thread (`Runne
 
 from __future__ import annotations
 
+import time
+import uuid
+from collections.abc import Collection, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import param
 
 from .. import session
+from ..ir.ops import Op
 from ..models import Model
 from ..passes import Trace
 from ..runtime.battery import EXPECTED_PREFIX
@@ -25,6 +31,48 @@ TIMING_RUNS = session.cache.LRUCache(maxsize=16)
 "Time every version" shows them, "Time again" measures anew."""
 
 
+KERNEL_OPS = frozenset({Op.FUSED_MATMUL_BIAS_ACT, Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM,
+                        Op.FUSED_ATTENTION_BLOCK, Op.FUSED_TRANSFORMER_LAYER, Op.ATTENTION})
+"""Ops whose MLX lowering may hand them to rlxviz's own CPU kernels (`runtime.kernel_routing`: the dense layer with
+its activation, the residual norms, attention, and the blocks made of them; `ir.fused`'s decompositions)."""
+
+
+def kernel_rows(trace: Trace, rows: Sequence[session.VersionTiming]) -> frozenset[int]:
+    """Indices of the timed versions lowered with rlxviz's own CPU kernels: the run's context says they ran
+    (`runtime.timing.kernels_line`: "..., ran attention, bias+gelu"; never on the GPU or with them off or not built)
+    and the version holds an op they take (`KERNEL_OPS`). A version a pass left unchanged is marked as the one it
+    equals. The chart marks these rows "(rlxviz kernels)": their speed-up is not the fusion's alone."""
+    versions = trace.versions()
+    ran = any(", ran " in (getattr(r.context, "kernels", "") or "") for r in rows if r.context is not None)
+    if not ran:
+        return frozenset()
+    return frozenset(r.index for r in rows if r.index < len(versions)
+                     and any(n.op in KERNEL_OPS for n in versions[r.index][1].compute_nodes()))
+
+
+def measured_when(at: float) -> str:
+    """`HH:MM UTC` of a measurement's end (`WorkerTiming.measured_at`, seconds since the epoch)."""
+    return datetime.fromtimestamp(at, UTC).strftime("%H:%M UTC")
+
+
+def reuse_note(run: timeproc.WorkerTiming, token: str, now: float | None = None) -> str:
+    """What the Timing tab says next to a stored run it shows instead of measuring (`TIMING_RUNS`), as Markdown:
+    "Stored result, not a new measurement: measured 03:24 UTC (12 min ago, in another session); ↻ Time again
+    measures anew." `token`: the showing session's (`Measurements.token`): its own earlier run reads "earlier in
+    this session". `now`: seconds since the epoch (default `time.time()`)."""
+    now = time.time() if now is None else now
+    where = "earlier in this session" if run.session and run.session == token else "in another session"
+    if not run.measured_at:
+        when = f"measured earlier ({where})"
+    else:
+        minutes = max(0, int((now - run.measured_at) // 60))
+        ago = ("under a minute ago" if minutes < 1 else f"{minutes} min ago" if minutes < 120
+               else f"{minutes // 60} h {minutes % 60} min ago")
+        when = f"measured {measured_when(run.measured_at)} ({ago}, {where})"
+    return (f"**Stored result, not a new measurement:** {when}; the busy-machine verdict and every figure below are "
+            "from then. **↻ Time again** measures anew.")
+
+
 OVERLAY_RUNS = session.cache.LRUCache(maxsize=32)
 """Per-node figures (`session.overlays.NodeFigures`) by (trace key, version index, kind, data digest, device), for
 all sessions: stepping back to a measured version shows its colours at once."""
@@ -38,7 +86,9 @@ class Measurements:
         """`state`: the `AppState` whose measurements these are."""
         self.state = state
         # the run last timed, its rows and the rows timed in the same rounds that are no version (`_time_job`)
-        self._timed: tuple[Trace, list, list] | None = None
+        self._timed: tuple[Trace, list, list, frozenset[int]] | None = None
+        self.token = uuid.uuid4().hex[:12]
+        """This session's mark on the runs it measures (`WorkerTiming.session`, `reuse_note`)."""
 
     def time_all(self, fresh: bool = False) -> None:
         """Time every version on MLX (a job with progress); fills `timings` and `blas`.
@@ -67,23 +117,29 @@ class Measurements:
             key = ("timing", trace.key, session.timing.arrays_digest(feeds, model.weights), user is not None,
                    s.warmup, s.repeat, s.device)
             run = None if fresh else TIMING_RUNS.get(key)
+            # a stored run (this session's or another's) says when it was measured, next to its figures (issue 39:
+            # a fresh session showed another's 12-minute-old busy verdict in 0.9 s as if just measured)
+            origin = reuse_note(run, self.token) if run is not None else ""
             if run is None:
-                run = TIMING_RUNS.put(key, timeproc.time_in_worker(trace, feeds, model.weights, warmup=s.warmup,
-                                                                   repeat=s.repeat, device=s.device,
-                                                                   inputs=sets))
+                run = TIMING_RUNS.put(key, replace(
+                    timeproc.time_in_worker(trace, feeds, model.weights, warmup=s.warmup, repeat=s.repeat,
+                                            device=s.device, inputs=sets), session=self.token))
+            when = measured_when(run.measured_at) if origin and run.measured_at else ""
             policy = next((r.policy for r in run.rows if r.policy is not None), None)
             where = next((r.context for r in run.rows if r.context is not None), None)
             # device, precision policy (f32 / TF32), BLAS and its threads, and where the timing ran
             # the own-lowering row shares the versions' rounds: one machine check over all of them
             also = [run.split.rows[1]] if isinstance(run.split, session.FusionAndKernels) and run.split.shared else []
-            self._timed = (trace, run.rows, also)
+            kernels = kernel_rows(trace, run.rows)
+            self._timed = (trace, run.rows, also, kernels)
             page(lambda: s.trace is trace and s.param.update(  # not over a newer run's tab
                 timing_policy=(policy.describe() + "\n\n" if policy else "") + sets.describe(),
                 # the BLAS library by its file name, not its path on the server (issue 39)
                 blas=hide_server_paths(f"{where if where is not None else 'MLX'}; {s.repeat} interleaved round(s) "
                                        f"per version, in a worker process (pid {run.pid}), as `rlxviz time --repeat "
                                        f"{s.repeat}`"),
-                timings=s._timing_rows(run.rows, s._visible(trace), also), timing_split=run.split))
+                timings=s._timing_rows(run.rows, s._visible(trace), also, kernels), timing_split=run.split,
+                timing_origin=origin, timing_when=when))
         except Exception as e:  # noqa: BLE001
             text = f"Timing failed: {type(e).__name__}: {e}\n{timing_hint(e)}"
             page(lambda: s._error(text))
@@ -175,8 +231,12 @@ class Measurements:
 
     @staticmethod
     def _timing_rows(rows: list[session.VersionTiming], visible: list[tuple[int, str]],
-                     also: list[session.VersionTiming] | None = None) -> list[dict[str, Any]]:
+                     also: list[session.VersionTiming] | None = None,
+                     kernels: Collection[int] = ()) -> list[dict[str, Any]]:
         """The timing table's rows for the shown versions (`session.timing.timing_table`: paired verdicts, the
         notebooks' too); `also`: rows timed in the same rounds that are no version (the final version on MLX's own
-        lowering), part of the one machine check."""
-        return session.timing_table(rows, visible, also or ())
+        lowering), part of the one machine check; `kernels`: indices of the versions lowered with rlxviz's CPU
+        kernels (`kernel_rows`): those rows gain `lowering` = "rlxviz kernels" (the chart marks them); the others
+        are the session's rows as they are (MLX's own lowering)."""
+        return [{**r, "lowering": "rlxviz kernels"} if r["#"] in kernels else r
+                for r in session.timing_table(rows, visible, also or ())]

@@ -48,7 +48,8 @@ pipeline is a new key and a new run). A new session whose settings were already 
 second round trip. The model is held weakly: its weights stay alive only while `session.MODELS` or a session
 holds them, so this table adds no memory beyond the model cache's."""
 
-NO_TIMING: dict[str, Any] = {"timings": [], "timing_policy": "", "blas": "", "timing_split": None}
+NO_TIMING: dict[str, Any] = {"timings": [], "timing_policy": "", "blas": "", "timing_split": None,
+                             "timing_origin": "", "timing_when": ""}
 """A new model or run shows no timing (rows, policy and input sets, where it ran) until it is timed."""
 
 def import_check(model: Model) -> tuple[str, bool]:

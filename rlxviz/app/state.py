@@ -112,6 +112,9 @@ class AppState(Derived, param.Parameterized):
     timing_split = param.Parameter(None, doc="`session.FusionAndKernels` of the last timing run (the final version on "
                                              "MLX's own lowering beside rlxviz's kernels), None on the GPU or before "
                                              "a run, or why its run failed (a str).")
+    timing_origin = param.String("", doc="Said next to a stored timing run shown instead of a new measurement "
+                                         "(`measure.reuse_note`: when, and in which session); '' for a new one.")
+    timing_when = param.String("", doc="`HH:MM UTC` of a stored timing run shown (its busy verdict is from then); ''.")
     node_figures = param.Parameter(None, doc="`session.overlays.NodeFigures` of the shown version for `overlay` "
                                              "(None: none chosen, or not measured yet).")
     overlay_status = param.String("", doc="Where the overlay's measurement stands: 'measuring…', why it is "
@@ -412,7 +415,7 @@ class AppState(Derived, param.Parameterized):
         self.version = names.index(old) if old in names else 0
         timed = self.measurements._timed
         if timed is not None and timed[0] is self.trace:  # the timing table follows the filter
-            self.timings = self._timing_rows(timed[1], labels, timed[2])
+            self.timings = self._timing_rows(timed[1], labels, timed[2], timed[3])
 
     # ============================================================ rendering
 

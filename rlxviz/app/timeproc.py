@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -45,11 +46,16 @@ class WorkerTiming:
             version's rows are `rows`' own, the final version on MLX's own lowering was timed in the same paired
             rounds), or why it failed (a str: the versions' rows stand); None on the GPU, where rlxviz's kernels do
             not run.
+        measured_at: when the measurement ended (seconds since the epoch, `time.time()` in the child); 0: not known.
+        session: which app session asked for it (`Measurements.token`; "" when not known): a stored run shown in
+            another session says it was measured there (`measure.reuse_note`).
     """
 
     rows: list[Any]
     pid: int
     split: Any = None
+    measured_at: float = 0.0
+    session: str = ""
 
 
 FORCE_BUSY_ENV = "RLXVIZ_FORCE_BUSY"
@@ -114,7 +120,7 @@ def _time(trace: Any, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.
             split = lowerings.fusion_and_kernels_of(rows, own)
         except ValueError as e:  # the input or the final version not timed: the versions' rows stand
             split = f"{type(e).__name__}: {e}"
-    return WorkerTiming(rows, os.getpid(), split)
+    return WorkerTiming(rows, os.getpid(), split, measured_at=time.time())
 
 
 TIMING_SECONDS_ENV = "RLXVIZ_TIMING_SECONDS"

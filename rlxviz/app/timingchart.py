@@ -4,6 +4,7 @@ as `AppState.timings` holds them)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..session.timing import BUSY_RATIO, DISAGREE
@@ -11,29 +12,33 @@ from .text import md_escape
 from .wording import hide_server_paths, version_name
 
 
-def machine_verdict(rows: list[dict[str, Any]]) -> tuple[str, str]:
+def machine_verdict(rows: list[dict[str, Any]], when: str = "") -> tuple[str, str]:
     """The timing run's verdict on the machine, shown before any ratio: `(markdown, alert kind)`.
 
     Busy (`rows[i]["busy"]`, `session.busy_warning`: a version's median above `BUSY_RATIO` times its minimum): the
     warning and that no ratio below is a verdict ("danger"). Otherwise the run is usable ("success"). No rows: ("",
-    "light")."""
+    "light"). `when`: the time a stored run was measured (`HH:MM UTC`, `measure.measured_when`): the verdict is
+    said of the machine then ("Busy machine at 03:24 UTC"), not now; "" for a run just measured."""
     if not rows:
         return "", "light"
+    at = f" at {md_escape(when)}" if when else ""
     busy = next((r["busy"] for r in rows if r.get("busy")), "")
     if busy:
-        return (f"**Busy machine: {md_escape(busy)}.** The ratios below are not verdicts: this run cannot tell the "
+        return (f"**Busy machine{at}: {md_escape(busy)}.** The ratios below are not verdicts: this run cannot tell the "
                 "versions apart. Press *Time again* when the machine is quieter.", "danger")
-    return (f"**Quiet enough:** every version's median is within {BUSY_RATIO:g}× its minimum, so the verdicts below "
-            "can be read.", "success")
+    return (f"**Quiet enough{at}:** every version's median is within {BUSY_RATIO:g}× its minimum, so the verdicts "
+            "below can be read.", "success")
 
 
-def fusion_kernels_markdown(split: Any) -> str:
+def fusion_kernels_markdown(split: Any, input_kernel_ops: Sequence[str] = ()) -> str:
     """The final version on MLX's own lowering next to rlxviz's kernels (`session.FusionAndKernels`), as Markdown:
     a table of the three rows (ops, median ms, the paired speed-up over the row above with its 95% interval and its
     verdict) and one sentence splitting the final version's speed-up into the fusion's and the kernels'. A split of
     the chart's own run (`shared`) says its input and final rows are the chart's; one measured apart says it has a
     machine check of its own. A busy run says so first and gives no verdict. None (timed on the GPU): why there is
-    nothing to split; a str: why the split's row could not be measured."""
+    nothing to split; a str: why the split's row could not be measured. `input_kernel_ops`: the ops of the input that
+    rlxviz's kernels take (bert-tiny's `attention`, `measure.KERNEL_OPS`) where the chart's input row ran them: the
+    input row says which ops ran there, and a sentence says the fusion ratio is not the fusion's alone."""
     if split is None:
         return ("#### Fusion or kernels?\nrlxviz's own kernels run on the CPU only: on the GPU every version runs "
                 "MLX's own lowering, so the speed-ups above are the fusion's alone.")
@@ -57,7 +62,10 @@ def fusion_kernels_markdown(split: Any) -> str:
               "|---|---:|---:|---|---|"]
     for r, step in zip(split.rows, steps, strict=True):
         if step is None:
-            lines.append(f"| {md_escape(r.label)} | {r.nodes} | {r.median_ms:.2f} | | |")
+            label = r.label
+            if input_kernel_ops and getattr(split, "shared", False):  # the chart's input row: its default lowering
+                label = f"{label} except {', '.join(input_kernel_ops)} (on rlxviz's kernels)"
+            lines.append(f"| {md_escape(label)} | {r.nodes} | {r.median_ms:.2f} | | |")
             continue
         what, v = step
         words = NOT_READ if busy else v.words
@@ -68,8 +76,16 @@ def fusion_kernels_markdown(split: Any) -> str:
                    f"MLX's own lowering gives {f.ratio:.2f}× and rlxviz's kernels on the same fused graph "
                    f"{k.ratio:.2f}×" + (" (not read: a busy machine)." if busy else
                                          " (not read: medians and paired rounds disagree)."
-                                         if DISAGREE in (f.words, k.words, t.words) else ".")),
+                                         if DISAGREE in (f.words, k.words, t.words) else "."))
+              + f" Each ratio is the median of its own paired per-round ratios, so the two need not multiply to the "
+                f"total ({f.ratio:.2f} × {k.ratio:.2f} = {f.ratio * k.ratio:.2f}, against {t.ratio:.2f}). Where "
+                "the chart above says a row ran rlxviz's CPU kernels, its speed-up over the input is the fusion's "
+                "and the kernels' together.",
               "", f"*{md_escape(hide_server_paths(split.kernels_note))}*" if split.kernels_note else ""]
+    if input_kernel_ops and getattr(split, "shared", False):
+        lines += ["", f"**The input is not all MLX's own lowering:** it already holds "
+                      f"{', '.join(input_kernel_ops)}, which ran on rlxviz's kernel, so the *fusion* ratio compares "
+                      "that with the final version on MLX's own lowering: it is not the fusion's alone."]
     return "\n".join(lines)
 
 
@@ -87,10 +103,38 @@ LABEL_ROOM = 1.6
 "0.88× (0.80–0.95)" or "0.88× within noise", about 120 px)."""
 
 
-def timing_factor(row: dict[str, Any]) -> str:
+KERNELS_MARK = " (rlxviz kernels)"
+"""Appended to a chart row lowered with rlxviz's own CPU kernels (`row["lowering"]`, `measure.kernel_rows`)."""
+
+
+def on_kernels(row: dict[str, Any]) -> bool:
+    """The row's version was lowered with rlxviz's own CPU kernels (`row["lowering"]`, `measure.kernel_rows`)."""
+    return row.get("lowering") == "rlxviz kernels"
+
+
+def timing_factor(row: dict[str, Any], mark: bool = False) -> str:
     """A timing row's place on the chart's axis: `#: version` (unique where a pass runs twice, e.g. two
-    `after dead_code_elimination` when unchanged passes are shown; Bokeh refuses repeated factors)."""
-    return version_name(row["#"], row["version"]) if "#" in row else row["version"]
+    `after dead_code_elimination` when unchanged passes are shown; Bokeh refuses repeated factors); with `mark`,
+    then `KERNELS_MARK` where the row ran rlxviz's CPU kernels (`on_kernels`)."""
+    name = version_name(row["#"], row["version"]) if "#" in row else row["version"]
+    return name + (KERNELS_MARK if mark and on_kernels(row) else "")
+
+
+def kernels_marked(rows: list[dict[str, Any]]) -> bool:
+    """The chart marks rows one by one: some, not all, ran rlxviz's CPU kernels (when all did, the title says so
+    once and the axis labels stay short enough for a 1280 px window)."""
+    return any(map(on_kernels, rows)) and not all(map(on_kernels, rows))
+
+
+def chart_title(rows: list[dict[str, Any]]) -> str:
+    """The median plot's title, naming the lowering its rows ran: "median ms per version" and on a second line (short:
+    the plot is about 250 px wide at 1280 px) "MLX; rlxviz's kernels where marked" (some rows ran rlxviz's CPU kernels,
+    `timing_factor` marks those) or "MLX with rlxviz's kernels, every row" (all did); "(MLX)" when none did."""
+    if kernels_marked(rows):
+        return "median ms per version\nMLX; rlxviz's kernels where marked"
+    if rows and all(map(on_kernels, rows)):
+        return "median ms per version\nMLX with rlxviz's kernels, every row"
+    return "median ms per version (MLX)"
 
 
 def speedup_label(row: dict[str, Any]) -> str:
@@ -129,7 +173,7 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     from bokeh.models import ColumnDataSource, LabelSet, Range1d, Span, Whisker
     from bokeh.plotting import figure
 
-    labels = [timing_factor(r) for r in rows]
+    labels = [timing_factor(r, kernels_marked(rows)) for r in rows]
     low = [r.get("p25_ms", r["median_ms"] - r.get("iqr_ms", 0.0) / 2) for r in rows]
     high = [r.get("p75_ms", r["median_ms"] + r.get("iqr_ms", 0.0) / 2) for r in rows]
     speed = [r.get("speedup", float("nan")) for r in rows]
@@ -141,8 +185,10 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
                             "speedup": [speedup_label(r) for r in rows],
                             "err": [max(r["max_err"], 1e-12) for r in rows]})
     p = figure(y_range=labels[::-1], height=320, sizing_mode="stretch_width", min_width=300,
-               title="median ms per version (MLX)", toolbar_location=None, x_axis_label="ms; whisker: p25 to p75")
+               title=chart_title(rows), toolbar_location=None, x_axis_label="ms; whisker: p25 to p75")
     p.title.align = "left"
+    if "\n" in p.title.text:
+        p.title.text_font_size = "12px"  # two lines in the plot's width
     p.hbar(y="version", right="ms", height=0.7, source=src, color="#1565c0")
     p.add_layout(Whisker(base="version", lower="low", upper="high", dimension="width", source=src,
                          line_color="#333"))
@@ -153,7 +199,8 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     p.x_range = Range1d(start=min(0.0, *low), end=max(1e-6, *high) * LABEL_ROOM)
     busy = any(r.get("busy") for r in rows)
     sp = figure(y_range=p.y_range, height=320, sizing_mode="stretch_width", min_width=300, toolbar_location=None,
-                title="speed-up over the input" + (" — busy machine: not read" if busy else ""),
+                title="speed-up over the input" + (" — busy machine: not read" if busy else "")
+                + ("\nfusion and rlxviz's kernels together" if any(map(on_kernels, rows)) else ""),
                 x_axis_label="× (median of paired per-round ratios); whisker: 95% interval")
     sp.title.align = "left"
     sp.hbar(y="version", right="x", height=0.7, source=src, color="#9e9e9e" if busy else "#2e7d32")
@@ -174,5 +221,5 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     return row(p, sp, q, sizing_mode="stretch_width")
 
 
-__all__ = ["LABEL_ROOM", "error_formatter", "fusion_kernels_markdown", "machine_verdict", "ms_label", "speedup_label",
-           "timing_factor", "timing_figure"]
+__all__ = ["KERNELS_MARK", "LABEL_ROOM", "chart_title", "error_formatter", "fusion_kernels_markdown", "kernels_marked",
+           "machine_verdict", "ms_label", "on_kernels", "speedup_label", "timing_factor", "timing_figure"]

@@ -9,19 +9,23 @@ import param
 from panel.viewable import Viewer
 
 from ..session.defaults import MIN_VERDICT_ROUNDS
+from .measure import KERNEL_OPS
 from .stale import StaleMark
 from .state import AppState
 from .text import md_escape
 from .timingchart import error_formatter, fusion_kernels_markdown, machine_verdict, timing_figure
 
-TIMING_HIDDEN = ["#", "p25_ms", "p75_ms", "ci_low", "ci_high", "min_ms", "iqr_ms", "busy"]
+TIMING_HIDDEN = ["#", "p25_ms", "p75_ms", "ci_low", "ci_high", "min_ms", "iqr_ms", "busy", "lowering"]
 """Timing columns the table leaves out: the chart's axis, whiskers (the IQR) and label numbers, so the rest (speed-up,
 its interval, both verdicts) fits a 1280 px window."""
 
 
 TIMING_TITLES = {"median_ms": "median ms", "first_call_ms": "first call ms", "max_err": "max err",
-                 "speedup": "speed-up", "ci": "95% ci", "vs_input": "vs input", "vs_previous": "vs previous"}
-"""Column titles in words, so they wrap in a narrow column instead of being cut off."""
+                 "speedup": "speed-up", "ci": "95% ci", "vs_input": "vs input", "vs_previous": "vs previous",
+                 "verdict": "numbers ok"}
+"""Column titles in words, so they wrap in a narrow column instead of being cut off; the correctness column
+(`VersionTiming.verdict`: the numbers against the reference) reads "numbers ok", never a timing verdict beside "busy:
+not read"."""
 
 TIMING_HEADER_CSS = (".tabulator .tabulator-header .tabulator-col .tabulator-col-content .tabulator-col-title "
                      "{ white-space: normal !important; overflow-wrap: anywhere; text-overflow: clip; font-size: 12px; "
@@ -54,6 +58,9 @@ class TimingView(Viewer):
         # the run's verdict on the machine, above every ratio (the notebooks' `session.busy_warning`)
         self.machine = pn.pane.Alert("", alert_type="light", visible=False, css_classes=["rv-machine"],
                                      sizing_mode="stretch_width", margin=(5, 10))
+        # a stored run shown instead of a new measurement says when and where it was measured (`measure.reuse_note`)
+        self.origin = pn.pane.Alert("", alert_type="warning", visible=False, css_classes=["rv-timing-origin"],
+                                    sizing_mode="stretch_width", margin=(5, 10))
         self.policy = pn.pane.Markdown("", css_classes=["rv-precision"])
         self.inputs = pn.widgets.FileInput(accept=".npz", name="Your inputs (.npz)", css_classes=["rv-inputs"])
         self.inputs.param.watch(lambda e: s.set_user_inputs(e.new, self.inputs.filename or "inputs.npz"), "value")
@@ -69,7 +76,8 @@ class TimingView(Viewer):
         self.chart = pn.pane.Bokeh(None, sizing_mode="stretch_width", height=340, css_classes=["rv-timing-chart"])
         self.split = pn.pane.Markdown("", css_classes=["rv-fusion-kernels"], sizing_mode="stretch_width")
         self.stale = StaleMark(s, "timing", self.chart, self.table)
-        s.param.watch(self._update, ["timings", "blas", "timing_policy", "timing_split"])
+        s.param.watch(self._update, ["timings", "blas", "timing_policy", "timing_split", "timing_origin",
+                                     "timing_when"])
         s.param.watch(lambda e: self.button.param.update(disabled=e.new), "busy")
         s.param.watch(lambda e: self.again.param.update(disabled=e.new), "busy")
         self._update()
@@ -90,15 +98,19 @@ class TimingView(Viewer):
                             if s.blas else "")
         self.policy.object = md_escape(s.timing_policy)
         rows = s.timings
-        text, kind = machine_verdict(rows)
+        self.origin.param.update(object=s.timing_origin if rows else "", visible=bool(rows and s.timing_origin))
+        text, kind = machine_verdict(rows, s.timing_when)
         self.machine.param.update(object=text, alert_type=kind, visible=bool(text))
         self.table.value = pd.DataFrame(rows)
         self.chart.object = timing_figure(rows) if rows else None
-        self.split.object = fusion_kernels_markdown(s.timing_split) if rows else ""
+        # the chart's input row ran rlxviz's kernels (bert-tiny's attention op): the split names that lowering
+        on = bool(rows) and rows[0].get("#") == 0 and rows[0].get("lowering") == "rlxviz kernels" and s.trace
+        ops = sorted({n.op.value for n in s.trace.input.compute_nodes() if n.op in KERNEL_OPS}) if on else []
+        self.split.object = fusion_kernels_markdown(s.timing_split, ops) if rows else ""
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(pn.Row(self.button, self.again, self.repeat, self.device, self.inputs), self.stale.banner,
-                         self.machine, self.blas,
+                         self.origin, self.machine, self.blas,
                          self.policy, self.chart, self.split, self.table,
                          sizing_mode="stretch_width")
 
