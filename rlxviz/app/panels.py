@@ -162,6 +162,8 @@ class VersionStepper(Viewer):
         cells = []
         for r in rows:
             cur = r["#"] == self.state.version
+            gap = self.state.hidden_before(r["#"])
+            gap = f" ({gap}, hidden)" if gap else ""
             delta = f" ({r['change']:+d})" if r["change"] else ""
             if r.get("matches"):
                 delta += f" <span title='matches of this pass'>✓{r['matches']}</span>"
@@ -173,11 +175,15 @@ class VersionStepper(Viewer):
             # 20 px a line (1 px padding and margin): wrapped to two lines at 1280 px, they cost the graph 40 px
             cells.append(f"<span class='rv-chip' style='{style}padding:1px 6px;border-radius:10px;margin:1px 2px;"
                          f"display:inline-block;white-space:nowrap;font-size:12px;line-height:16px' "
-                         f"title='{html_text(r['version'])}'>"
+                         f"title='{html_text(r['version'])}{gap}'>"
                          f"{html_text(r['version'])}: <b>{r['nodes']}</b>{delta}</span>")
+        # the numbers skip the hidden steps (they are `rlxviz time`'s): the strip says so, each chip's tooltip which
+        note = self.state.hidden_note()
+        hidden = (f"<span class='rv-hidden-note' style='color:#555;font-size:11px;margin-left:4px'>"
+                  f"{html_text(note)}</span>" if note else "")
         # the chips wrap onto more lines inside the pane (on one line they ran off its right edge); each stays whole
         return ("<div style='display:flex;flex-wrap:wrap;align-items:center;max-width:100%'>"
-                "<span style='margin-right:4px'>ops per version:</span>" + "".join(cells) + "</div>")
+                "<span style='margin-right:4px'>ops per version:</span>" + "".join(cells) + hidden + "</div>")
 
     def _sync(self, *events: param.parameterized.Event) -> None:
         s = self.state
