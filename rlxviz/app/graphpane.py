@@ -9,8 +9,8 @@ closes it). The view (zoom and pan) is kept when the picture changes
 within the same `scope` (stepping versions, clicking nodes) once the user moved it, and panes with the same
 `sync` group move together (before/after). The search box finds nodes by `%id` (that node only) or by text
 in their own op, name or path (never in the operands or users their tooltip lists); after those, the fused nodes
-that absorbed a node of that id or op (the count says so: "softmax: absorbed into FusedAttentionBlock %812
-(layer 3)"); Enter steps through the hits. When the picture is larger than the pane, a minimap in the corner
+that absorbed a node of that id or op (a note over the graph says so: "softmax: absorbed into
+FusedAttentionBlock %812 (layer 3)"); Enter steps through the hits. When the picture is larger than the pane, a minimap in the corner
 shows the whole graph with the visible part framed; a click or a drag on it pans there. It is at least 96 px wide:
 a graph too tall for that is cropped to a window that scrolls with the view ("map ↕"). It lies over the pane's
 corner, so it folds away: the × in its labelled head or the bar's "map" button (which brings it back).
@@ -60,7 +60,7 @@ export function render({ model, el }) {
     mini.style.display = big ? 'block' : 'none'; if (!big) return;
     mk1 = Math.min(MINI_W / sz[0], Math.max(MINI_H / sz[1], MINI_MIN_W / sz[0]));
     const fullH = sz[1] * mk1, winH = Math.min(fullH, MINI_H), cropped = fullH > winH + 1;
-    mini.style.width = `${sz[0] * mk1}px`; miniBody.style.height = `${winH}px`;
+    miniBody.style.width = `${sz[0] * mk1}px`; miniBody.style.height = `${winH}px`;  // the head follows
     miniLabel.textContent = cropped ? 'map ↕' : 'map';
     miniHead.title = cropped ? 'overview (the graph is tall: the map shows the part around the view and scrolls '
       + 'with it); click or drag to pan' : 'overview: click or drag to pan';
@@ -161,8 +161,10 @@ export function render({ model, el }) {
     const ops = m ? m[1].split(', ').map((o) => o.replace(/×\d+$/, '')).filter((o) => o.toLowerCase().includes(q)) : [];
     return ops.length ? `${ops.join(', ')}: ${into}` : null; };
   let notes = new Map();  // absorbed hit -> its note
-  const counted = () => { const n = notes.get(hits[hit]); found.textContent = `${hit + 1}/${hits.length}` + (n ? ` · ${n}` : '');
-    found.title = n || ''; };
+  // the note lies over the graph's top-left corner (in the bar it wrapped the bar's buttons onto a second line)
+  const foundNote = document.createElement('div'); foundNote.className = 'rv-found-note'; wrap.appendChild(foundNote);
+  const counted = () => { const n = notes.get(hits[hit]) || ''; found.textContent = `${hit + 1}/${hits.length}`;
+    foundNote.textContent = n; foundNote.style.display = n ? 'block' : 'none'; };
   // A box of the layer view (`g.node#layerN`, `g.node#g_embeddings`) is a hit when a node inside it is:
   // `model.folded` lists them ({layerN: [[id, own text], ...]}); Enter on a layer's box opens the layer, and the
   // search runs again in it.
@@ -177,6 +179,7 @@ export function render({ model, el }) {
   const open = (g, ids) => { reveal = g.id; revealIds = ids || []; model.layer_clicked = parseInt(g.id.slice(5));
     model.layer_clicks = (model.layer_clicks || 0) + 1; };
   const find = (step) => { inner.querySelectorAll('.rv-found-node').forEach((g) => g.classList.remove('rv-found-node'));
+    foundNote.style.display = 'none';
     const q = search.value.trim().toLowerCase(); if (!q) { hits = []; found.textContent = ''; return; }
     if (step && hits.length && hit >= 0 && /^layer\d+$/.test(hits[hit].id) && hits[hit].isConnected) {
       // Enter on a folded layer holding a hit: open it, and centre on the hit once it is drawn
@@ -185,7 +188,7 @@ export function render({ model, el }) {
       notes = new Map(all.filter((g) => !hits.includes(g)).map((g) => [g, absorbedNote(g, q)]).filter((e) => e[1]));
       hits = [...hits, ...notes.keys()]; hit = -1; }  // exact hits first, then fused nodes that absorbed a match
     hits.forEach((g) => g.classList.add('rv-found-node'));
-    if (!hits.length) { found.textContent = 'no match'; found.title = ''; return; }
+    if (!hits.length) { found.textContent = 'no match'; return; }
     hit = (hit + 1) % hits.length; counted(); center(hits[hit], true); };
   search.addEventListener('input', () => find(false));
   search.addEventListener('keydown', (e) => { e.stopPropagation(); if (e.key === 'Enter') find(true); });
@@ -239,7 +242,10 @@ _CSS = """
 .rv-btn { border: 1px solid #ccc; background: #fff; border-radius: 3px; padding: 0 7px; cursor: pointer; font: 12px sans-serif; }
 .rv-btn.rv-off { color: #999; text-decoration: line-through; }
 .rv-search { width: 130px; font: 12px sans-serif; padding: 1px 4px; border: 1px solid #ccc; border-radius: 3px; }
-.rv-found { min-width: 44px; max-width: 100%; color: #555; font: 11px sans-serif; overflow-wrap: anywhere; }
+.rv-found { min-width: 44px; color: #555; font: 11px sans-serif; }
+.rv-found-note { position: absolute; left: 6px; top: 4px; z-index: 2; display: none; max-width: calc(100% - 24px);
+          padding: 1px 6px; background: rgba(255,245,157,.95); border: 1px solid #fbc02d; border-radius: 3px;
+          font: 11px sans-serif; color: #333; pointer-events: none; }
 .rv-wrap { position: relative; overflow: hidden; flex: 1; cursor: grab; min-height: 200px; }
 .rv-wrap.rv-drag { cursor: grabbing; }
 .rv-full { position: fixed !important; left: 8px; top: 8px; right: 8px; bottom: 8px; width: auto !important;
