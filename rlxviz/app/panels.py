@@ -95,6 +95,7 @@ class VersionStepper(Viewer):
         options = self._options()
         self.select = pn.widgets.Select(name="Version", options=options, value=s.version,
                                         width=select_width(options), css_classes=["rv-version"])
+        self.select.param.update(**self._hidden())
         self.select.param.watch(lambda e: setattr(s, "version", e.new), "value")
         self.prev = pn.widgets.Button(label="◀", width=40, align="end", css_classes=["rv-prev"])
         self.next = pn.widgets.Button(label="▶", width=40, align="end", css_classes=["rv-next"])
@@ -151,6 +152,16 @@ class VersionStepper(Viewer):
         return ({f"{version_name(s.version_index(r['#']), r['version'])} ({r['nodes']} ops)": r["#"] for r in rows}
                 or {"input": 0})
 
+    def _hidden(self) -> dict[str, str]:
+        """The version list's label and tooltip: the numbers skip the hidden steps (they are `rlxviz time`'s), so the
+        label says how many are hidden (on the label's line, it costs the graph no height)."""
+        s = self.state
+        note = s.hidden_note()
+        n = len(s.trace.versions()) - len(s.version_labels) if note else 0
+        return {"name": f"Version · {n} unchanged step{'s' if n != 1 else ''} hidden" if n else "Version",
+                "description": (f"{note[0].upper()}{note[1:]}; untick \"hide passes that changed nothing\" to list "
+                                "them." if note else None)}
+
     def _move(self, d: int) -> None:
         s = self.state
         s.version = min(max(s.version + d, 0), max(len(s.version_labels) - 1, 0))
@@ -163,7 +174,7 @@ class VersionStepper(Viewer):
         for r in rows:
             cur = r["#"] == self.state.version
             gap = self.state.hidden_before(r["#"])
-            gap = f" ({gap}, hidden)" if gap else ""
+            gap = f" ({gap}, hidden)" if gap else ""  # the numbers skip hidden steps: which ones
             delta = f" ({r['change']:+d})" if r["change"] else ""
             if r.get("matches"):
                 delta += f" <span title='matches of this pass'>✓{r['matches']}</span>"
@@ -177,19 +188,15 @@ class VersionStepper(Viewer):
                          f"display:inline-block;white-space:nowrap;font-size:12px;line-height:16px' "
                          f"title='{html_text(r['version'])}{gap}'>"
                          f"{html_text(r['version'])}: <b>{r['nodes']}</b>{delta}</span>")
-        # the numbers skip the hidden steps (they are `rlxviz time`'s): the strip says so, each chip's tooltip which
-        note = self.state.hidden_note()
-        hidden = (f"<span class='rv-hidden-note' style='color:#555;font-size:11px;margin-left:4px'>"
-                  f"{html_text(note)}</span>" if note else "")
         # the chips wrap onto more lines inside the pane (on one line they ran off its right edge); each stays whole
         return ("<div style='display:flex;flex-wrap:wrap;align-items:center;max-width:100%'>"
-                "<span style='margin-right:4px'>ops per version:</span>" + "".join(cells) + hidden + "</div>")
+                "<span style='margin-right:4px'>ops per version:</span>" + "".join(cells) + "</div>")
 
     def _sync(self, *events: param.parameterized.Event) -> None:
         s = self.state
         n = len(s.version_labels)
         options = self._options()
-        self.select.param.update(options=options, value=s.version, width=select_width(options))
+        self.select.param.update(options=options, value=s.version, width=select_width(options), **self._hidden())
         self.player.param.update(end=max(n - 1, 1), value=min(s.version, max(n - 1, 0)))
         self.counts.object = self._counts()
 
