@@ -10,10 +10,11 @@ within the same `scope` (stepping versions, clicking nodes) once the user moved 
 `sync` group move together (before/after). The search box finds nodes by `%id` (that node only) or by text
 in their own op, name or path (never in the operands or users their tooltip lists); after those, the fused nodes
 that absorbed a node of that id or op (a note over the graph says so: "softmax: absorbed into
-FusedAttentionBlock %812 (layer 3)"); Enter steps through the hits. When the picture is larger than the pane, a minimap in the corner
-shows the whole graph with the visible part framed; a click or a drag on it pans there. It is at least 96 px wide:
-a graph too tall for that is cropped to a window that scrolls with the view ("map ↕"). It lies over the pane's
-corner, so it folds away: the × in its labelled head or the bar's "map" button (which brings it back).
+FusedAttentionBlock %812 (layer 3)"); Enter steps through the hits. When the picture is larger than the pane, a
+minimap in the corner shows the whole graph with the visible part framed; a click or a drag on it pans there. It
+is at least 96 px wide: a graph too tall for that is cropped to a window that scrolls with the view ("map ↕"). It
+lies over the pane's corner, so it folds away: the × in its labelled head or the bar's "map" button (which brings
+it back).
 """
 
 from __future__ import annotations
