@@ -84,12 +84,6 @@ def select_width(options: Mapping[str, object]) -> int:
     return int(min(max(longest * SELECT_PX_PER_CHAR + SELECT_PAD_PX, SELECT_PX[0]), SELECT_PX[1]))
 
 
-VERSION_TIP = ("Each version is numbered by its place in the whole run, as rlxviz time numbers it (#): with \"hide "
-               "passes that changed nothing\" ticked, the steps that changed nothing are not listed, so the numbers "
-               "skip them (the label says how many; each chip's tooltip below names them).")
-"""The version list's tooltip: why the numbers skip."""
-
-
 class VersionStepper(Viewer):
     """Step through versions: ◀ / ▶, a list of versions, a player; hide unchanged passes; node counts."""
 
@@ -99,9 +93,10 @@ class VersionStepper(Viewer):
         super().__init__(**params)
         s = self.state
         options = self._options()
-        # one tooltip for the page's life: a description set anew on each change made Bokeh a new Tooltip model
-        # each time, and the browser failed on a patch naming one it did not know ("reference ... isn't known")
-        self.select = pn.widgets.Select(name="Version", options=options, value=s.version, description=VERSION_TIP,
+        # no `description` (a Bokeh Tooltip model): with it the browser failed now and then on a patch naming a
+        # model it did not know ("reference ... isn't known"); the label says how many steps are hidden and each
+        # chip's tooltip which
+        self.select = pn.widgets.Select(name="Version", options=options, value=s.version,
                                         width=select_width(options), css_classes=["rv-version"])
         self.select.param.update(**self._hidden())
         self.select.param.watch(lambda e: setattr(s, "version", e.new), "value")
@@ -162,7 +157,7 @@ class VersionStepper(Viewer):
 
     def _hidden(self) -> dict[str, str]:
         """The version list's label: the numbers skip the hidden steps (they are `rlxviz time`'s), so the label says
-        how many are hidden (on the label's line, it costs the graph no height; `VERSION_TIP` says why)."""
+        how many are hidden (on the label's line, it costs the graph no height)."""
         s = self.state
         n = len(s.trace.versions()) - len(s.version_labels) if s.hidden_note() else 0
         return {"name": f"Version · {n} unchanged step{'s' if n != 1 else ''} hidden" if n else "Version"}

@@ -52,9 +52,7 @@ class TimingView(Viewer):
         # browser's number box put back a value past its start or end with no word, so the server never saw it;
         # now a value out of range is clamped here and the message says the range (`_rounds_typed`)
         self.repeat = pn.widgets.IntInput(name="Timed rounds", value=s.repeat, width=110, css_classes=["rv-repeat"])
-        self.warmup = pn.widgets.IntInput(name="Untimed rounds", value=s.warmup, width=110, css_classes=["rv-warmup"],
-                                          description="untimed rounds after each version's first call, as "
-                                                      "rlxviz time --warmup")
+        self.warmup = pn.widgets.IntInput(name="Untimed rounds", value=s.warmup, width=110, css_classes=["rv-warmup"])
         self._clamped = ""  # the message the last value out of range gave
         for name in ("repeat", "warmup"):
             getattr(self, name).param.watch(lambda e, n=name: self._rounds_typed(n, e.new), "value")
