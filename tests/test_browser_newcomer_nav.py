@@ -73,6 +73,10 @@ def _the_strip_says_why_numbers_skip(pg):
 
 def _search_finds_an_absorbed_softmax(pg):
     choose_version(pg, "after fuse_sdpa")
+    # the before pane opens beside it (the input showed one pane): type once both are laid out
+    expect(pg.locator(".rv-before .rv-title")).to_have_text("before fuse_sdpa")
+    pg.locator(".rv-before g.node").first.wait_for()
+    pg.wait_for_timeout(500)
     found = pg.locator(".rv-after .rv-found")
     box = pg.locator(".rv-after .rv-search")
     box.fill("softmax")  # no softmax node is left after fuse_sdpa: the attention node absorbed it

@@ -22,9 +22,9 @@ DROP_CSS = """
 """The drop zone's words on two lines: on one ("Drag & Drop your files or Browse") they were cut at "Brow" in the
 zone's 165 px."""
 
-IR_EDITOR_CSS = (":host { border: 1px solid #90a4ae; border-radius: 4px; min-height: 300px; } "
-                 ".ace_editor { min-height: 300px; } .ace_gutter { background: #eceff1; }")
-"""The IR editor's frame, height and gutter: an empty Ace editor is otherwise one line on white."""
+IR_EDITOR_STYLE = {"border": "1px solid #90a4ae", "border-radius": "4px"}
+"""The IR editor's frame (its host's style; a stylesheet there made Bokeh send new stylesheet models the browser did
+not know): an empty Ace editor is otherwise one line on white."""
 
 IR_PLACEHOLDER = ("<div style='font:12px monospace;color:#546e7a;background:#f5f7f8;border:1px dashed #b0bec5;"
                   "border-radius:4px;padding:4px 8px;white-space:pre'>"
@@ -83,7 +83,7 @@ class ModelControls(Viewer):
         # it is empty a placeholder above it says what to paste (Ace has no placeholder of its own)
         self.ir = pn.widgets.CodeEditor(value=s.ir_text, language="text", min_height=300, sizing_mode="stretch_both",
                                         css_classes=["rv-ir-text"], print_margin=False, indent=2, soft_tabs=True,
-                                        stylesheets=[IR_EDITOR_CSS])
+                                        styles=IR_EDITOR_STYLE)
         self.ir_placeholder = pn.pane.HTML(IR_PLACEHOLDER, css_classes=["rv-ir-placeholder"],
                                            sizing_mode="stretch_width", visible=not s.ir_text.strip(), margin=(0, 10))
         self.ir.param.watch(lambda e: setattr(self.ir_placeholder, "visible", not (e.new or "").strip()), "value")
