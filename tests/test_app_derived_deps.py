@@ -15,7 +15,8 @@ DERIVATIONS: list[tuple[str, tuple[Any, ...]]] = [
     ("version_index", ()), ("graph_at", ()), ("version_rows", ()), ("ir_current", ()), ("ir_diff", ()),
     ("trace_json", ()), ("render_key", ()), ("resolved_view", ()), ("dot", ()), ("svg", ()), ("heat", ()),
     ("overlay_legend", ()), ("svg_before", ()), ("heat_before", ()), ("layers", ()), ("verdict", ()),
-    ("layer_status", (0,)), ("why_layer", (0,)), ("why_graph", ()), ("svg_why", ()),
+    ("layer_status", (0,)), ("why_layer", (0,)), ("why_graph", ()), ("svg_why", ()), ("hidden_note", ()),
+    ("hidden_before", (1,)),
 ]
 """(method, arguments) of every derivation."""
 

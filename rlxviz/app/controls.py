@@ -22,6 +22,18 @@ DROP_CSS = """
 """The drop zone's words on two lines: on one ("Drag & Drop your files or Browse") they were cut at "Brow" in the
 zone's 165 px."""
 
+IR_EDITOR_STYLE = {"border": "1px solid #90a4ae", "border-radius": "4px"}
+"""The IR editor's frame (its host's style; a stylesheet there made Bokeh send new stylesheet models the browser did
+not know): an empty Ace editor is otherwise one line on white."""
+
+IR_PLACEHOLDER = ("<div style='font:12px monospace;color:#546e7a;background:#f5f7f8;border:1px dashed #b0bec5;"
+                  "border-radius:4px;padding:4px 8px;white-space:pre'>"
+                  "<span style='font:12px sans-serif'>The editor below is empty: paste or type IR text, e.g.</span>\n"
+                  "graph small {\n  %0 = input {name=\"x\"} : f32[2, 8]\n  %1 = tanh(%0) : f32[2, 8]\n  return %1\n}"
+                  "</div>")
+"""Shown above the IR editor while it is empty: what to paste, as a small graph in IR text."""
+
+
 class ModelControls(Viewer):
     """Model source (preset, checkpoint folder, upload, IR text), graph style, batch, seq and text.
 
@@ -67,8 +79,14 @@ class ModelControls(Viewer):
                                            f"**.onnx** export (at most {limit:.0f} MB). Bigger: "
                                            f"{md_escape(where_big_files())}", styles={"font-size": "12px"})
         # Ace editor: line numbers, no length cap (the server's memory budget limits the graph, not the text)
+        # a framed box with a gutter (empty, Ace showed one line on white: it did not read as an editor), and while
+        # it is empty a placeholder above it says what to paste (Ace has no placeholder of its own)
         self.ir = pn.widgets.CodeEditor(value=s.ir_text, language="text", min_height=300, sizing_mode="stretch_both",
-                                        css_classes=["rv-ir-text"], print_margin=False, indent=2, soft_tabs=True)
+                                        css_classes=["rv-ir-text"], print_margin=False, indent=2, soft_tabs=True,
+                                        styles=IR_EDITOR_STYLE)
+        self.ir_placeholder = pn.pane.HTML(IR_PLACEHOLDER, css_classes=["rv-ir-placeholder"],
+                                           sizing_mode="stretch_width", visible=not s.ir_text.strip(), margin=(0, 10))
+        self.ir.param.watch(lambda e: setattr(self.ir_placeholder, "visible", not (e.new or "").strip()), "value")
         self.ir_doc = pn.pane.Markdown("Type or paste a graph (the *IR & diff* tab shows the syntax), or start from "
                                        "**Edit the shown version**, then **Load IR**.", styles={"font-size": "12px"},
                                        css_classes=["rv-ir-doc"], margin=(0, 10))
@@ -264,7 +282,7 @@ class ModelControls(Viewer):
         """The IR editor at the size of its tab: the text, a file to read it from, Load IR and Edit the shown
         version (the sidebar's "IR text" source opens this tab; `main.follow_editor`)."""
         return pn.Column(pn.Row(self.ir_btn, self.ir_copy, self.ir_file, sizing_mode="stretch_width"), self.ir_doc,
-                         self.ir, sizing_mode="stretch_both", css_classes=["rv-ir-editor"])
+                         self.ir_placeholder, self.ir, sizing_mode="stretch_both", css_classes=["rv-ir-editor"])
 
 
 class VariantControls(Viewer):

@@ -72,6 +72,29 @@ class Derived:
         """Labels of the shown versions: "input", "after fuse_matmul_bias_act", ..."""
         return [lbl for _, lbl in self._visible(self.trace)] if self.trace is not None else []
 
+    @param.depends(*RUN, "hide_unchanged")
+    def hidden_note(self) -> str:
+        """Why the version numbers skip (they count every step, as `rlxviz time`'s `#` does): "16 steps that changed
+        nothing hidden (numbers count every step)", or "" when no step is hidden."""
+        if self.trace is None:
+            return ""
+        hidden = len(self.trace.versions()) - len(self._visible(self.trace))
+        if not hidden:
+            return ""
+        return (f"{hidden} step{'s' if hidden != 1 else ''} that changed nothing hidden "
+                "(the numbers count every step, as rlxviz time does)")
+
+    @param.depends(*RUN, "hide_unchanged")
+    def hidden_before(self, k: int) -> str:
+        """The steps hidden just before shown version `k`: "steps 1-16 changed nothing" (trace numbering), or ""."""
+        if self.trace is None:
+            return ""
+        vis = self._visible(self.trace)
+        if not 0 < k < len(vis):
+            return ""
+        a, b = vis[k - 1][0] + 1, vis[k][0] - 1
+        return "" if a > b else f"step {a} changed nothing" if a == b else f"steps {a}-{b} changed nothing"
+
     @param.depends(*SHOWN)
     def version_index(self, k: int | None = None, trace: Trace | None = None) -> int:
         """Index into `trace.versions()` of shown version `k` (default: the selected one) of `trace` (default:

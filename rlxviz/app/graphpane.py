@@ -8,10 +8,13 @@ the +/- buttons, "fit" to see the whole graph, "full" to lay the drawing over th
 closes it). The view (zoom and pan) is kept when the picture changes
 within the same `scope` (stepping versions, clicking nodes) once the user moved it, and panes with the same
 `sync` group move together (before/after). The search box finds nodes by `%id` (that node only) or by text
-in their own op, name or path (never in the operands or users their tooltip lists); Enter steps through the
-hits. When the picture is larger than the pane, a minimap in the corner shows the whole graph with the visible
-part framed; a click or a drag on it pans there. It lies over the pane's corner, so it folds away: its own × or
-the bar's "map" button (which brings it back).
+in their own op, name or path (never in the operands or users their tooltip lists); after those, the fused nodes
+that absorbed a node of that id or op (a note over the graph says so: "softmax: absorbed into
+FusedAttentionBlock %812 (layer 3)"); Enter steps through the hits. When the picture is larger than the pane, a
+minimap in the corner shows the whole graph with the visible part framed; a click or a drag on it pans there. It
+is at least 96 px wide: a graph too tall for that is cropped to a window that scrolls with the view ("map ↕"). It
+lies over the pane's corner, so it folds away: the × in its labelled head or the bar's "map" button (which brings
+it back).
 """
 
 from __future__ import annotations
@@ -37,25 +40,39 @@ export function render({ model, el }) {
   const wrap = document.createElement('div'); wrap.className = 'rv-wrap';
   const inner = document.createElement('div'); inner.className = 'rv-inner';
   const mini = document.createElement('div'); mini.className = 'rv-mini'; mini.title = 'overview: click or drag to pan';
+  // a labelled head (with the ×) above the picture, so nothing covers it; the picture is at least MINI_MIN_W wide,
+  // and a graph too tall for that is cropped to a window that scrolls to keep the visible part in it
+  const miniHead = document.createElement('div'); miniHead.className = 'rv-mini-head';
+  const miniLabel = document.createElement('span'); miniLabel.className = 'rv-mini-label'; miniLabel.textContent = 'map';
+  miniHead.appendChild(miniLabel);
+  const miniBody = document.createElement('div'); miniBody.className = 'rv-mini-body';
   const miniImg = document.createElement('img'); miniImg.className = 'rv-mini-img'; miniImg.alt = '';
   miniImg.draggable = false;
   const miniView = document.createElement('div'); miniView.className = 'rv-mini-view';
-  mini.appendChild(miniImg); mini.appendChild(miniView);
+  miniBody.appendChild(miniImg); miniBody.appendChild(miniView); mini.appendChild(miniHead); mini.appendChild(miniBody);
   wrap.appendChild(inner); wrap.appendChild(mini); el.appendChild(bar); el.appendChild(wrap);
   Object.assign(el.style, { display: 'flex', flexDirection: 'column', width: '100%', height: '100%' });
   let s = 1, tx = 0, ty = 0, touched = false, scope = null;
   const me = Math.random().toString(36).slice(2);
-  let miniUrl = null, mk1 = 1;
-  const MINI_W = 170, MINI_H = 190;
+  let miniUrl = null, mk1 = 1, oy = 0;  // oy: px of the map cropped off above its window
+  const MINI_W = 170, MINI_H = 176, MINI_MIN_W = 96;
   const miniSync = () => { const sz = size(); const W = wrap.clientWidth, H = wrap.clientHeight;
     const big = miniOn && sz && W && H && (sz[0] * s > W + 2 || sz[1] * s > H + 2);
     mini.style.display = big ? 'block' : 'none'; if (!big) return;
-    mk1 = Math.min(MINI_W / sz[0], MINI_H / sz[1]);
-    mini.style.width = `${sz[0] * mk1}px`; mini.style.height = `${sz[1] * mk1}px`;
+    mk1 = Math.min(MINI_W / sz[0], Math.max(MINI_H / sz[1], MINI_MIN_W / sz[0]));
+    const fullH = sz[1] * mk1, winH = Math.min(fullH, MINI_H), cropped = fullH > winH + 1;
+    miniBody.style.width = `${sz[0] * mk1}px`; miniBody.style.height = `${winH}px`;  // the head follows
+    miniLabel.textContent = cropped ? 'map ↕' : 'map';
+    miniHead.title = cropped ? 'overview (the graph is tall: the map shows the part around the view and scrolls '
+      + 'with it); click or drag to pan' : 'overview: click or drag to pan';
     const x0 = Math.max(-tx / s, 0), y0 = Math.max(-ty / s, 0);
     const x1 = Math.min((W - tx) / s, sz[0]), y1 = Math.min((H - ty) / s, sz[1]);
-    Object.assign(miniView.style, { left: `${x0 * mk1}px`, top: `${y0 * mk1}px`,
-      width: `${Math.max(x1 - x0, 0) * mk1}px`, height: `${Math.max(y1 - y0, 0) * mk1}px` }); };
+    const f0 = y0 * mk1, f1 = Math.max(y1, y0) * mk1;  // the frame's top and bottom on the whole map
+    if (f1 - f0 >= winH) oy = f0; else if (f0 < oy) oy = f0; else if (f1 > oy + winH) oy = f1 - winH;
+    oy = Math.min(Math.max(oy, 0), fullH - winH);
+    Object.assign(miniImg.style, { width: `${sz[0] * mk1}px`, height: `${fullH}px`, top: `${-oy}px` });
+    Object.assign(miniView.style, { left: `${x0 * mk1}px`, top: `${f0 - oy}px`,
+      width: `${Math.max(x1 - x0, 0) * mk1}px`, height: `${f1 - f0}px` }); };
   const apply = (share) => { inner.style.transform = `translate(${tx}px, ${ty}px) scale(${s})`; miniSync();
     if (share && model.sync) window.dispatchEvent(new CustomEvent(BUS, { detail: { group: model.sync, src: me, s, tx, ty } })); };
   const onBus = (e) => { const d = e.detail; if (!model.sync || d.group !== model.sync || d.src === me) return;
@@ -85,7 +102,7 @@ export function render({ model, el }) {
   miniClose.title = 'hide the overview map (the "map" button above shows it again)';
   miniClose.addEventListener('pointerdown', (e) => e.stopPropagation());
   miniClose.addEventListener('click', (e) => { e.stopPropagation(); setMini(false); });
-  mini.appendChild(miniClose);
+  miniHead.appendChild(miniClose);
   // full size: the pane over the whole window (its own bar stays on top), Esc or the button again puts it back
   let full = false;
   const setFull = (on) => { full = on; el.classList.toggle('rv-full', on); fullBtn.classList.toggle('rv-on', on);
@@ -100,7 +117,8 @@ export function render({ model, el }) {
     if (s < 0.6) s = 0.9;
     tx = wrap.clientWidth / 2 - px * s; ty = top ? 24 - py * s : wrap.clientHeight / 2 - py * s; touched = true;
     apply(share); };
-  const miniPan = (e) => { const r = mini.getBoundingClientRect(); const px = (e.clientX - r.left) / mk1, py = (e.clientY - r.top) / mk1;
+  const miniPan = (e) => { const r = miniBody.getBoundingClientRect();
+    const px = (e.clientX - r.left) / mk1, py = (Math.max(e.clientY - r.top, 0) + oy) / mk1;
     tx = wrap.clientWidth / 2 - px * s; ty = wrap.clientHeight / 2 - py * s; moved(); };
   let miniDrag = false;
   mini.addEventListener('pointerdown', (e) => { e.stopPropagation(); e.preventDefault(); miniDrag = true;
@@ -131,6 +149,23 @@ export function render({ model, el }) {
     const lines = tip.split('\n');
     return [lines[0].replace(/^%\d+\s*/, ''), ...lines.slice(1).filter((l) => /^(path|attrs): /.test(l))]
       .join('\n').toLowerCase(); };
+  // What a fused node absorbed (its tooltip's `absorbed:` ids and `absorbed ops: softmax, matmul×2 — in layer 3`):
+  // a query naming one of those ops (or `%id`) finds the fused node after the exact hits, and the count says so
+  // ("softmax: absorbed into FusedAttentionBlock %812 (layer 3)"). null when `g` absorbed nothing the query names.
+  const absorbedNote = (g, q) => { const a = g.querySelector('a');
+    const lines = (a ? (a.getAttribute('xlink:title') || a.getAttribute('title') || '') : '').split('\n');
+    const head = /^%(\d+) (\S+)/.exec(lines[0]); if (!/^n\d+$/.test(g.id) || !head) return null;
+    const m = /^absorbed ops: (.*?)(?: — in (.*))?$/.exec(lines.find((l) => l.startsWith('absorbed ops: ')) || '');
+    const into = `absorbed into ${head[2]} %${head[1]}${m && m[2] ? ` (${m[2]})` : ''}`;
+    if (/^%\d+$/.test(q)) { const ids = lines.find((l) => l.startsWith('absorbed: '));
+      return ids && ids.slice(10).split(' ').includes(q) ? `${q}: ${into}` : null; }
+    const ops = m ? m[1].split(', ').map((o) => o.replace(/×\d+$/, '')).filter((o) => o.toLowerCase().includes(q)) : [];
+    return ops.length ? `${ops.join(', ')}: ${into}` : null; };
+  let notes = new Map();  // absorbed hit -> its note
+  // the note lies over the graph's top-left corner (in the bar it wrapped the bar's buttons onto a second line)
+  const foundNote = document.createElement('div'); foundNote.className = 'rv-found-note'; wrap.appendChild(foundNote);
+  const counted = () => { const n = notes.get(hits[hit]) || ''; found.textContent = `${hit + 1}/${hits.length}`;
+    foundNote.textContent = n; foundNote.style.display = n ? 'block' : 'none'; };
   // A box of the layer view (`g.node#layerN`, `g.node#g_embeddings`) is a hit when a node inside it is:
   // `model.folded` lists them ({layerN: [[id, own text], ...]}); Enter on a layer's box opens the layer, and the
   // search runs again in it.
@@ -145,14 +180,17 @@ export function render({ model, el }) {
   const open = (g, ids) => { reveal = g.id; revealIds = ids || []; model.layer_clicked = parseInt(g.id.slice(5));
     model.layer_clicks = (model.layer_clicks || 0) + 1; };
   const find = (step) => { inner.querySelectorAll('.rv-found-node').forEach((g) => g.classList.remove('rv-found-node'));
+    foundNote.style.display = 'none';
     const q = search.value.trim().toLowerCase(); if (!q) { hits = []; found.textContent = ''; return; }
     if (step && hits.length && hit >= 0 && /^layer\d+$/.test(hits[hit].id) && hits[hit].isConnected) {
       // Enter on a folded layer holding a hit: open it, and centre on the hit once it is drawn
       open(hits[hit], ((model.folded || {})[hits[hit].id] || []).filter(folded(q)).map((n) => n[0])); return; }
-    if (!step || !hits.length) { hits = [...inner.querySelectorAll('g.node')].filter(matches(q)); hit = -1; }
+    if (!step || !hits.length) { const all = [...inner.querySelectorAll('g.node')]; hits = all.filter(matches(q));
+      notes = new Map(all.filter((g) => !hits.includes(g)).map((g) => [g, absorbedNote(g, q)]).filter((e) => e[1]));
+      hits = [...hits, ...notes.keys()]; hit = -1; }  // exact hits first, then fused nodes that absorbed a match
     hits.forEach((g) => g.classList.add('rv-found-node'));
     if (!hits.length) { found.textContent = 'no match'; return; }
-    hit = (hit + 1) % hits.length; found.textContent = `${hit + 1}/${hits.length}`; center(hits[hit], true); };
+    hit = (hit + 1) % hits.length; counted(); center(hits[hit], true); };
   search.addEventListener('input', () => find(false));
   search.addEventListener('keydown', (e) => { e.stopPropagation(); if (e.key === 'Enter') find(true); });
   let reveal = null, revealIds = [];
@@ -167,7 +205,7 @@ export function render({ model, el }) {
     if (reveal) { const g = inner.querySelector(`g#${reveal}`); const ids = revealIds; reveal = null; revealIds = [];
       const node = ids.map((i) => inner.querySelector(`g#n${i}`)).find((x) => x);
       if (node) { const k = hits.indexOf(node);  // the search's next Enter goes on from this hit
-        if (k >= 0) { hit = k; found.textContent = `${k + 1}/${hits.length}`; } center(node, true); }
+        if (k >= 0) { hit = k; counted(); } center(node, true); }
       else if (g) center(g, true, g.classList.contains('cluster')); } };
   let drag = null, dragged = false;
   wrap.addEventListener('wheel', (e) => { e.preventDefault(); const r = wrap.getBoundingClientRect();
@@ -206,6 +244,9 @@ _CSS = """
 .rv-btn.rv-off { color: #999; text-decoration: line-through; }
 .rv-search { width: 130px; font: 12px sans-serif; padding: 1px 4px; border: 1px solid #ccc; border-radius: 3px; }
 .rv-found { min-width: 44px; color: #555; font: 11px sans-serif; }
+.rv-found-note { position: absolute; left: 6px; top: 4px; z-index: 2; display: none; max-width: calc(100% - 24px);
+          padding: 1px 6px; background: rgba(255,245,157,.95); border: 1px solid #fbc02d; border-radius: 3px;
+          font: 11px sans-serif; color: #333; pointer-events: none; }
 .rv-wrap { position: relative; overflow: hidden; flex: 1; cursor: grab; min-height: 200px; }
 .rv-wrap.rv-drag { cursor: grabbing; }
 .rv-full { position: fixed !important; left: 8px; top: 8px; right: 8px; bottom: 8px; width: auto !important;
@@ -219,10 +260,13 @@ _CSS = """
 .rv-mini { position: absolute; right: 6px; bottom: 6px; z-index: 2; display: none; background: #fff;
           border: 1px solid #90a4ae; box-shadow: 0 1px 4px rgba(0,0,0,.25); cursor: crosshair; overflow: hidden;
           touch-action: none; }
-.rv-mini-close { position: absolute; right: 0; top: 0; z-index: 3; width: 18px; height: 18px; padding: 0;
-          border: none; border-left: 1px solid #90a4ae; border-bottom: 1px solid #90a4ae; background: #fff;
-          color: #455a64; font: 14px/16px sans-serif; cursor: pointer; }
-.rv-mini-img { position: absolute; left: 0; top: 0; width: 100%; height: 100%; pointer-events: none; opacity: .85; }
+.rv-mini-head { display: flex; align-items: center; height: 16px; background: #eceff1; border-bottom: 1px solid #90a4ae;
+          font: 10px/16px sans-serif; color: #37474f; cursor: default; }
+.rv-mini-label { flex: 1; padding-left: 4px; white-space: nowrap; overflow: hidden; }
+.rv-mini-close { flex: none; width: 16px; height: 16px; padding: 0; border: none; border-left: 1px solid #90a4ae;
+          background: transparent; color: #455a64; font: 13px/14px sans-serif; cursor: pointer; }
+.rv-mini-body { position: relative; overflow: hidden; }
+.rv-mini-img { position: absolute; left: 0; top: 0; pointer-events: none; opacity: .85; }
 .rv-mini-view { position: absolute; border: 2px solid #1565c0; background: rgba(21,101,192,.12);
           box-sizing: border-box; pointer-events: none; }
 .rv-inner g.node:hover polygon, .rv-inner g.node:hover ellipse, .rv-inner g.node:hover path { stroke-width: 2.5; }

@@ -93,8 +93,12 @@ class VersionStepper(Viewer):
         super().__init__(**params)
         s = self.state
         options = self._options()
+        # no `description` (a Bokeh Tooltip model): with it the browser failed now and then on a patch naming a
+        # model it did not know ("reference ... isn't known"); the label says how many steps are hidden and each
+        # chip's tooltip which
         self.select = pn.widgets.Select(name="Version", options=options, value=s.version,
                                         width=select_width(options), css_classes=["rv-version"])
+        self.select.param.update(**self._hidden())
         self.select.param.watch(lambda e: setattr(s, "version", e.new), "value")
         self.prev = pn.widgets.Button(label="◀", width=40, align="end", css_classes=["rv-prev"])
         self.next = pn.widgets.Button(label="▶", width=40, align="end", css_classes=["rv-next"])
@@ -151,6 +155,13 @@ class VersionStepper(Viewer):
         return ({f"{version_name(s.version_index(r['#']), r['version'])} ({r['nodes']} ops)": r["#"] for r in rows}
                 or {"input": 0})
 
+    def _hidden(self) -> dict[str, str]:
+        """The version list's label: the numbers skip the hidden steps (they are `rlxviz time`'s), so the label says
+        how many are hidden (on the label's line, it costs the graph no height)."""
+        s = self.state
+        n = len(s.trace.versions()) - len(s.version_labels) if s.hidden_note() else 0
+        return {"name": f"Version · {n} unchanged step{'s' if n != 1 else ''} hidden" if n else "Version"}
+
     def _move(self, d: int) -> None:
         s = self.state
         s.version = min(max(s.version + d, 0), max(len(s.version_labels) - 1, 0))
@@ -162,6 +173,8 @@ class VersionStepper(Viewer):
         cells = []
         for r in rows:
             cur = r["#"] == self.state.version
+            gap = self.state.hidden_before(r["#"])
+            gap = f" ({gap}, hidden)" if gap else ""  # the numbers skip hidden steps: which ones
             delta = f" ({r['change']:+d})" if r["change"] else ""
             if r.get("matches"):
                 delta += f" <span title='matches of this pass'>✓{r['matches']}</span>"
@@ -173,7 +186,7 @@ class VersionStepper(Viewer):
             # 20 px a line (1 px padding and margin): wrapped to two lines at 1280 px, they cost the graph 40 px
             cells.append(f"<span class='rv-chip' style='{style}padding:1px 6px;border-radius:10px;margin:1px 2px;"
                          f"display:inline-block;white-space:nowrap;font-size:12px;line-height:16px' "
-                         f"title='{html_text(r['version'])}'>"
+                         f"title='{html_text(r['version'])}{gap}'>"
                          f"{html_text(r['version'])}: <b>{r['nodes']}</b>{delta}</span>")
         # the chips wrap onto more lines inside the pane (on one line they ran off its right edge); each stays whole
         return ("<div style='display:flex;flex-wrap:wrap;align-items:center;max-width:100%'>"
@@ -183,7 +196,7 @@ class VersionStepper(Viewer):
         s = self.state
         n = len(s.version_labels)
         options = self._options()
-        self.select.param.update(options=options, value=s.version, width=select_width(options))
+        self.select.param.update(options=options, value=s.version, width=select_width(options), **self._hidden())
         self.player.param.update(end=max(n - 1, 1), value=min(s.version, max(n - 1, 0)))
         self.counts.object = self._counts()
 

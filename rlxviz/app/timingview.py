@@ -47,12 +47,20 @@ class TimingView(Viewer):
                                         css_classes=["rv-time"])
         self.button.on_click(lambda e: s.time_all())
         # an outlined button (a "light" one read as plain text: nothing said it could be pressed)
+        # shown once there are figures to measure again (before any, "Time again" spoke of a timing that never was)
         self.again = pn.widgets.Button(label="↻ Time again", button_type="primary", button_style="outline",
-                                       css_classes=["rv-time-again"],
+                                       css_classes=["rv-time-again"], visible=bool(s.timings),
                                        description="measure again instead of showing the last figures")
         self.again.on_click(lambda e: s.time_all(fresh=True))
-        self.repeat = pn.widgets.IntInput.from_param(s.param.repeat, name="Timed rounds", width=110,
-                                                     css_classes=["rv-repeat"])
+        # not bound to the state's parameters, and no start/end (as Batch and Sequence length, `Controls`): the
+        # browser's number box put back a value past its start or end with no word, so the server never saw it;
+        # now a value out of range is clamped here and the message says the range (`_rounds_typed`)
+        self.repeat = pn.widgets.IntInput(name="Timed rounds", value=s.repeat, width=110, css_classes=["rv-repeat"])
+        self.warmup = pn.widgets.IntInput(name="Untimed rounds", value=s.warmup, width=110, css_classes=["rv-warmup"])
+        self._clamped = ""  # the message the last value out of range gave
+        for name in ("repeat", "warmup"):
+            getattr(self, name).param.watch(lambda e, n=name: self._rounds_typed(n, e.new), "value")
+            s.param.watch(lambda e, n=name: setattr(getattr(self, n), "value", e.new), name)
         self.device = pn.widgets.Select.from_param(s.param.device, name="Device", width=90)
         self.blas = pn.pane.Markdown("", css_classes=["rv-blas"])
         # the run's verdict on the machine, above every ratio (the notebooks' `session.busy_warning`)
@@ -82,6 +90,26 @@ class TimingView(Viewer):
         s.param.watch(lambda e: self.again.param.update(disabled=e.new), "busy")
         self._update()
 
+    def _rounds_typed(self, name: str, typed: int | None) -> None:
+        """Rounds typed (`repeat` or `warmup`): within the state's bounds they are the state's; past them, the nearest
+        bound instead, and the message says the range; an empty box is put back."""
+        s, widget = self.state, getattr(self, name)
+        if typed is None:
+            widget.value = getattr(s, name)
+            return
+        lo, hi = s.param[name].bounds
+        if lo <= typed <= hi:
+            if s.message and s.message == self._clamped:  # the last clamp's note no longer holds
+                s.param.update(message="", message_kind="info")
+            setattr(s, name, typed)
+            return
+        near = lo if typed < lo else hi
+        label, flag = {"repeat": ("Timed rounds", "--repeat"), "warmup": ("Untimed rounds", "--warmup")}[name]
+        widget.value = near
+        s._error(f"{label} {typed} is out of range {lo}..{hi} (as rlxviz time {flag} takes), so it became {near}.",
+                 "info")
+        self._clamped = s.message
+
     def _clear_inputs(self) -> None:
         """Empty the file chooser: in the browser (`clear`) and here (its value and file name)."""
         self.inputs.clear()
@@ -101,6 +129,7 @@ class TimingView(Viewer):
         self.origin.param.update(object=s.timing_origin if rows else "", visible=bool(rows and s.timing_origin))
         text, kind = machine_verdict(rows, s.timing_when)
         self.machine.param.update(object=text, alert_type=kind, visible=bool(text))
+        self.again.visible = bool(rows)
         self.table.value = pd.DataFrame(rows)
         self.chart.object = timing_figure(rows) if rows else None
         # the chart's input row ran rlxviz's kernels (bert-tiny's attention op): the split names that lowering
@@ -109,8 +138,8 @@ class TimingView(Viewer):
         self.split.object = fusion_kernels_markdown(s.timing_split, ops) if rows else ""
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column(pn.Row(self.button, self.again, self.repeat, self.device, self.inputs), self.stale.banner,
-                         self.origin, self.machine, self.blas,
+        return pn.Column(pn.Row(self.button, self.again, self.repeat, self.warmup, self.device, self.inputs),
+                         self.stale.banner, self.origin, self.machine, self.blas,
                          self.policy, self.chart, self.split, self.table,
                          sizing_mode="stretch_width")
 

@@ -25,7 +25,7 @@ import graphviz
 from ..ir import Graph, Node, Op, operand_roles
 from ..ir.ops import FUSED
 from ..ir.text import shown
-from ..passes.trace import Rejection
+from ..passes.trace import Rejection, layer_label, layer_of
 from . import styles as st
 from .heat import text_color
 from .overlay import INPUT_ROLES, Overlay
@@ -260,6 +260,10 @@ class _Drawer:
             parts.append(f"created by: {n.pass_name}")
         if n.absorbed:
             parts.append(f"absorbed: {' '.join(f'%{i}' for i in n.absorbed)}")
+            ops = _op_summary(n.absorbed, self.ov.origin)
+            if ops:  # what the app's search finds inside a fused node (`SvgGraph`): op names, and the node's layer
+                layer = layer_of(n.path)
+                parts.append(f"absorbed ops: {ops}" + (f" — in {layer_label(layer)}" if layer is not None else ""))
         parts += self.rejection_tips.get(n.id, [])
         if n.id in self.ov.heat:
             parts.append(self.ov.heat[n.id][1])
