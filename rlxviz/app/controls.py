@@ -5,6 +5,9 @@ Each is a Panel `Viewer` that reads and writes one `AppState`; none holds state 
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
 import panel as pn
 import param
 from panel.viewable import Viewer
@@ -13,6 +16,88 @@ from .sources import ALLOWED_DIRS_ENV, allowed_dirs, max_upload_bytes, where_big
 from .state import SHAPE_VARIANT, SOURCES, VARIANT_LABELS, AppState, move_position
 from .text import md_escape, md_pre
 
+WHOLE = re.compile(r"[-+]?\d+")
+"""A whole number as a box takes it: digits, an optional sign (`2.5`, `1e3` and `abc` are not)."""
+
+
+def whole_number(text: str | None) -> tuple[bool, int | None]:
+    """`text` read as a whole number: (True, n); an empty box (True, None); anything else (`abc`, `2.5`, `1e3`)
+    (False, None)."""
+    t = (text or "").strip()
+    if not t:
+        return True, None
+    return (True, int(t)) if WHOLE.fullmatch(t) else (False, None)
+
+
+class NumberBox(Viewer):
+    """A box for a whole number, typed as text and read on the server.
+
+    Bokeh's integer input filters what is typed in the page: `abc`, `2.5` or `1e3` were put back there (or the box
+    emptied) and the server never heard of it, so no message said why and the last one stayed up. Here the page sends
+    the text; a whole number (or an empty box) becomes `value`, anything else calls `on_bad(text)` and the box shows
+    `value` again. `value` set from Python shows in the box; a whole number typed that equals `value` still notifies
+    `value`'s watchers (`param.trigger`), so a stale message about the box can go.
+    """
+
+    value = param.Integer(default=None, allow_None=True, doc="The whole number in the box (None: empty).")
+    disabled = param.Boolean(False)
+
+    def __init__(self, label: str, value: int | None, on_bad: Callable[[str], None], **text_params: object) -> None:
+        super().__init__(value=value)
+        self._on_bad, self._syncing = on_bad, False
+        self.text = pn.widgets.TextInput(name=label, value=_shown(value), **text_params)
+        self.text.param.watch(self._typed, "value")
+        self.param.watch(lambda e: self._show(e.new), "value")
+        self.param.watch(lambda e: setattr(self.text, "disabled", e.new), "disabled")
+
+    def _show(self, value: int | None) -> None:
+        self._syncing = True
+        try:
+            self.text.value = _shown(value)
+        finally:
+            self._syncing = False
+
+    def _typed(self, event: param.parameterized.Event) -> None:
+        if self._syncing:
+            return
+        ok, n = whole_number(event.new)
+        if not ok:
+            self._show(self.value)
+            self._on_bad(event.new.strip())
+        elif n == self.value:
+            self._show(n)  # "04" shows as 4
+            self.param.trigger("value")
+        else:
+            self.value = n
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        return self.text
+
+
+def _shown(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
+class BoxNotes:
+    """What a control said about its number boxes: a message about a box goes when that box gets a valid value or
+    when what it was about changes (`drop_note`), unless another message replaced it."""
+
+    def __init__(self, state: AppState) -> None:
+        self._state, self._said = state, {}
+
+    def say(self, box: str, text: str) -> None:
+        self._state._error(text, "info")
+        self._said[box] = self._state.message
+
+    def drop(self, *boxes: str) -> None:
+        s = self._state
+        for box in boxes:
+            said = self._said.pop(box, None)
+            if said and s.message == said:
+                s.param.update(message="", message_kind="info")
+
+
+SHAPE_LABELS = {"batch": "Batch", "seq": "Sequence length"}
 SOURCE_LABELS = {"preset": "Built-in", "checkpoint": "Folder", "upload": "Upload", "ir": "IR text"}
 
 
@@ -84,12 +169,17 @@ class ModelControls(Viewer):
         # not bound to the state's parameters, and no start/end: a value out of range was put back with no word (the
         # browser's input itself puts back a value past its start or end); now it is clamped to the range, and the
         # message says the range and why (`_shape_typed`)
-        self.batch = pn.widgets.IntInput(name="Batch", value=s.batch, width=90, css_classes=["rv-batch"])
-        self.seq = pn.widgets.IntInput(name="Sequence length", value=s.seq, width=120, css_classes=["rv-seq"])
-        self._clamped = ""  # the message the last value out of range gave
+        # text boxes read on the server (`NumberBox`): a value that is no whole number is said too
+        self.notes = BoxNotes(s)
+        self.batch = NumberBox("Batch", s.batch, lambda t: self._shape_unreadable("batch", t), width=90,
+                               css_classes=["rv-batch"])
+        self.seq = NumberBox("Sequence length", s.seq, lambda t: self._shape_unreadable("seq", t), width=120,
+                             css_classes=["rv-seq"])
         for name in ("batch", "seq"):
             getattr(self, name).param.watch(lambda e, n=name: self._shape_typed(n, e.new), "value")
             s.param.watch(lambda e, n=name: setattr(getattr(self, n), "value", e.new), name)
+        # a note about a shape is about the model it was typed for: another model or source, and it no longer holds
+        s.param.watch(lambda *e: self.notes.drop("batch", "seq"), ["source", "preset", "upload_id", "checkpoint_dir"])
         self.text = pn.widgets.TextAreaInput.from_param(s.param.text, name="Text to tokenize (real models)",
                                                         rows=3, auto_grow=True, max_rows=8,
                                                         sizing_mode="stretch_width", css_classes=["rv-text"])
@@ -108,20 +198,23 @@ class ModelControls(Viewer):
             return
         lo, hi, why = s.shape_range(name)
         if lo <= typed <= hi:
-            if s.message and s.message == self._clamped:  # the last clamp's note no longer holds
-                s.param.update(message="", message_kind="info")
+            self.notes.drop(name)  # the last note about this box no longer holds
             setattr(s, name, typed)
             return
         near = lo if typed < lo else hi
-        label = {"batch": "Batch", "seq": "Sequence length"}[name]
-        text = f"{label} {typed} is out of range {lo}..{hi} ({why}), so it became {near}."
+        text = f"{SHAPE_LABELS[name]} {typed} is out of range {lo}..{hi} ({why}), so it became {near}."
         if s.variant != "none" and near != getattr(s, name):
             s.layer_note = text  # said with the variant's notice after the reload (it replaces the message)
             widget.value = near  # back here with a value in range: it becomes the state's
             return
         widget.value = near
-        s._error(text, "info")  # no variant notice follows the reload (or nothing reloads): said now
-        self._clamped = s.message
+        self.notes.say(name, text)  # no variant notice follows the reload (or nothing reloads): said now
+
+    def _shape_unreadable(self, name: str, typed: str) -> None:
+        """A batch or sequence length that is no whole number (`abc`, `2.5`, `1e3`): the box shows the state's value
+        again, and the message says so (it replaces any older note about the box)."""
+        self.notes.say(name, f"{SHAPE_LABELS[name]} must be a whole number; {typed} is not, so it stays "
+                             f"{getattr(self.state, name)}.")
 
     def _on_source(self, event: param.parameterized.Event) -> None:
         """A tab shows its source's controls only; the model changes on that source's own action (a built-in model
@@ -282,9 +375,11 @@ class VariantControls(Viewer):
             b.on_click(lambda e, n=name: s.apply_variant(n))
             self.buttons[name] = b
         # no start: the browser's input put back a negative layer with no word; `_layer_typed` clamps and says so
-        self.layer = pn.widgets.IntInput(name="Layer to break", value=s.variant_layer, width=120,
-                                         css_classes=["rv-variant-layer"])
+        self.notes = BoxNotes(s)
+        self.layer = NumberBox("Layer to break", s.variant_layer, self._layer_unreadable, width=120,
+                               css_classes=["rv-variant-layer"])
         self.layer.param.watch(self._layer_typed, "value")
+        s.param.watch(lambda *e: self.notes.drop("layer"), ["source", "preset", "upload_id", "checkpoint_dir"])
         s.param.watch(lambda e: setattr(self.layer, "value", e.new), "variant_layer")
         self.why_off = pn.pane.Markdown("", styles={"font-size": "12px"}, css_classes=["rv-variant-note"])
         s.param.watch(self._mark, "variant")
@@ -306,6 +401,7 @@ class VariantControls(Viewer):
         s = self.state
         lo, hi = s.param.variant_layer.bounds
         if event.new is not None and lo <= event.new and (hi is None or event.new <= hi):
+            self.notes.drop("layer")
             s.variant_layer = event.new
             return
         if event.new is None:
@@ -314,10 +410,16 @@ class VariantControls(Viewer):
         near = lo if event.new < lo else hi
         text = f"Layer to break: this model has layers {lo}..{hi}, so {event.new} became {near}."
         if s.variant in ("none", SHAPE_VARIANT) or near == s.variant_layer:
-            s._error(text, "info")  # nothing reloads (or no variant notice follows): said now
+            self.layer.value = near  # back here with a layer the model has: it becomes the variant's layer
+            self.notes.say("layer", text)  # nothing reloads (or no variant notice follows): said now
         else:
             s.layer_note = text  # said with the variant's notice after the reload (it replaces the message)
-        self.layer.value = near  # back here with a layer the model has: it becomes the variant's layer
+            self.layer.value = near
+
+    def _layer_unreadable(self, typed: str) -> None:
+        """A layer that is no whole number: the box shows the variant's layer again, and the message says so."""
+        self.notes.say("layer", f"Layer to break must be a whole number; {typed} is not, so it stays "
+                                f"{self.state.variant_layer}.")
 
     def _mark(self, event: param.parameterized.Event) -> None:
         for name, b in self.buttons.items():
@@ -359,11 +461,14 @@ class PipelineControls(Viewer):
         self.add_btn = pn.widgets.Button(label="Add", color="light", width=60, margin=(5, 5))
         self.add_btn.on_click(lambda e: self.add.value and setattr(self, "order", [*self.order, self.add.value]))
         default = s.default_threshold()
-        self.threshold = pn.widgets.IntInput(
-            name=f"Attention gate: max batch*seq (empty: {'no gate' if default is None else default})",
-            value=s.threshold, sizing_mode="stretch_width")  # no start: the browser put back 0 with no word
+        self.notes = BoxNotes(s)
+        self.threshold = NumberBox(  # no start: the browser put back 0 with no word
+            f"Attention gate: max batch*seq (empty: {'no gate' if default is None else default})", s.threshold,
+            self._threshold_unreadable, sizing_mode="stretch_width", css_classes=["rv-threshold"])
         self.threshold.param.watch(self._threshold_typed, "value")
         s.param.watch(lambda e: setattr(self.threshold, "value", e.new), "threshold")
+        # a note about the gate is about the pipeline it was typed for: another one applied, and it no longer holds
+        s.param.watch(lambda *e: self.notes.drop("threshold"), ["passes", "disabled", "source", "preset"])
         self.reset = pn.widgets.Button(label="Canonical order", color="light")
         self.reset.on_click(lambda e: s.reset_pipeline())
         self.rerun = pn.widgets.Button(label="Apply and re-run", color="primary", css_classes=["rv-apply"])
@@ -377,11 +482,19 @@ class PipelineControls(Viewer):
         """A gate typed: empty is the pipeline's default; below 1 it becomes 1, and the message says so."""
         s = self.state
         if event.new is None or event.new >= 1:
+            self.notes.drop("threshold")
             s.threshold = event.new
             return
         self.threshold.value = 1
-        s._error(f"Attention gate {event.new} is out of range: batch*seq is at least 1, so it became 1 (empty: the "
-                 "pipeline's default).", "info")
+        self.notes.say("threshold", f"Attention gate {event.new} is out of range: batch*seq is at least 1, so it "
+                                    "became 1 (empty: the pipeline's default).")
+
+    def _threshold_unreadable(self, typed: str) -> None:
+        """A gate that is no whole number: the box shows the gate again, and the message says so."""
+        gate = self.state.threshold
+        now = "empty (the pipeline's default)" if gate is None else gate
+        self.notes.say("threshold", f"Attention gate must be a whole number (or empty for the pipeline's default); "
+                                    f"{typed} is not, so it stays {now}.")
 
     def _from_state(self) -> None:
         order, off = list(self.state.passes), list(self.state.disabled)
@@ -398,6 +511,7 @@ class PipelineControls(Viewer):
     def apply(self) -> None:
         """Run the draft pipeline (or re-run the same one)."""
         s = self.state
+        self.notes.drop("threshold")  # a run applied: the note about the gate typed before it no longer holds
         if self.dirty:
             s.param.update(passes=list(self.order), disabled=sorted(self.off))
         else:
