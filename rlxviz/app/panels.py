@@ -443,7 +443,7 @@ class WhyView(Viewer):
         if s.trace is not None and not s.layers():  # no layer paths: the whole graph's answer, as `rlxviz explain`
             text, err = safe(s.why_graph)
             self.text.object = text if text else f"**Not shown:** {md_escape(err or '')}"
-            self.graph.param.update(svg="", visible=False)
+            self.graph.param.update(visible=True, **self._whole_graph())
             return
         self.graph.visible = True
         if s.selected_layer is None:
@@ -455,6 +455,19 @@ class WhyView(Viewer):
         svg, err = safe(s.svg_why)
         self.graph.param.update(svg=svg or "", title=f"layer {s.selected_layer}" + (f" — {err}" if err else ""),
                                 highlight=list(s.highlight))
+
+    def _whole_graph(self) -> dict[str, object]:
+        """The drawing for a graph whose nodes carry no layer path (IR text, most often): there is no layer to focus
+        on, so the final version, whole, with what the run fused in it (the pane stayed blank, only its search box and
+        zoom buttons, when hidden: a hidden pane in a tab not yet drawn was shown all the same)."""
+        s = self.state
+        last = len(s.version_labels) - 1
+        svg, err = safe(s.svg, last) if last >= 0 else (None, "no version yet")
+        if not svg:
+            return {"svg": "", "title": "No layers to draw: this graph's nodes carry no layer path; see the Graph tab"
+                                        + (f" ({err})" if err else "") + "."}
+        return {"svg": svg, "highlight": list(s.highlight),
+                "title": f"no layer to draw (no node path names one): the final graph, {s.version_labels[last]}"}
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(self.stale.banner, pn.Row(pn.Column(self.layer, self.text, width=480, scroll=True), self.graph,
