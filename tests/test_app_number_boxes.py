@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlxviz.app.controls import ModelControls, PipelineControls, VariantControls, whole_number
+from rlxviz.app.controls import ModelControls, PipelineControls, VariantControls
 from rlxviz.app.jobs import Runner
+from rlxviz.app.numberbox import whole_number
 from rlxviz.app.state import AppState
 
 
