@@ -9,10 +9,12 @@ import panel as pn
 import param
 from panel.viewable import Viewer
 
+from .numberbox import BoxNotes, NumberBox
 from .sources import ALLOWED_DIRS_ENV, allowed_dirs, max_upload_bytes, where_big_files
 from .state import SHAPE_VARIANT, SOURCES, VARIANT_LABELS, AppState, move_position
 from .text import md_escape, md_pre
 
+SHAPE_LABELS = {"batch": "Batch", "seq": "Sequence length"}
 SOURCE_LABELS = {"preset": "Built-in", "checkpoint": "Folder", "upload": "Upload", "ir": "IR text"}
 
 
@@ -102,12 +104,17 @@ class ModelControls(Viewer):
         # not bound to the state's parameters, and no start/end: a value out of range was put back with no word (the
         # browser's input itself puts back a value past its start or end); now it is clamped to the range, and the
         # message says the range and why (`_shape_typed`)
-        self.batch = pn.widgets.IntInput(name="Batch", value=s.batch, width=90, css_classes=["rv-batch"])
-        self.seq = pn.widgets.IntInput(name="Sequence length", value=s.seq, width=120, css_classes=["rv-seq"])
-        self._clamped = ""  # the message the last value out of range gave
+        # text boxes read on the server (`NumberBox`): a value that is no whole number is said too
+        self.notes = BoxNotes(s)
+        self.batch = NumberBox("Batch", s.batch, lambda t: self._shape_unreadable("batch", t), width=90,
+                               css_classes=["rv-batch"])
+        self.seq = NumberBox("Sequence length", s.seq, lambda t: self._shape_unreadable("seq", t), width=120,
+                             css_classes=["rv-seq"])
         for name in ("batch", "seq"):
             getattr(self, name).param.watch(lambda e, n=name: self._shape_typed(n, e.new), "value")
             s.param.watch(lambda e, n=name: setattr(getattr(self, n), "value", e.new), name)
+        # a note about a shape is about the model it was typed for: another model or source, and it no longer holds
+        s.param.watch(lambda *e: self.notes.drop("batch", "seq"), ["source", "preset", "upload_id", "checkpoint_dir"])
         self.text = pn.widgets.TextAreaInput.from_param(s.param.text, name="Text to tokenize (real models)",
                                                         rows=3, auto_grow=True, max_rows=8,
                                                         sizing_mode="stretch_width", css_classes=["rv-text"])
@@ -126,20 +133,23 @@ class ModelControls(Viewer):
             return
         lo, hi, why = s.shape_range(name)
         if lo <= typed <= hi:
-            if s.message and s.message == self._clamped:  # the last clamp's note no longer holds
-                s.param.update(message="", message_kind="info")
+            self.notes.drop(name)  # the last note about this box no longer holds
             setattr(s, name, typed)
             return
         near = lo if typed < lo else hi
-        label = {"batch": "Batch", "seq": "Sequence length"}[name]
-        text = f"{label} {typed} is out of range {lo}..{hi} ({why}), so it became {near}."
+        text = f"{SHAPE_LABELS[name]} {typed} is out of range {lo}..{hi} ({why}), so it became {near}."
         if s.variant != "none" and near != getattr(s, name):
             s.layer_note = text  # said with the variant's notice after the reload (it replaces the message)
             widget.value = near  # back here with a value in range: it becomes the state's
             return
         widget.value = near
-        s._error(text, "info")  # no variant notice follows the reload (or nothing reloads): said now
-        self._clamped = s.message
+        self.notes.say(name, text)  # no variant notice follows the reload (or nothing reloads): said now
+
+    def _shape_unreadable(self, name: str, typed: str) -> None:
+        """A batch or sequence length that is no whole number (`abc`, `2.5`, `1e3`): the box shows the state's value
+        again, and the message says so (it replaces any older note about the box)."""
+        self.notes.say(name, f"{SHAPE_LABELS[name]} must be a whole number; {typed} is not, so it stays "
+                             f"{getattr(self.state, name)}.")
 
     def _on_source(self, event: param.parameterized.Event) -> None:
         """A tab shows its source's controls only; the model changes on that source's own action (a built-in model
@@ -300,9 +310,11 @@ class VariantControls(Viewer):
             b.on_click(lambda e, n=name: s.apply_variant(n))
             self.buttons[name] = b
         # no start: the browser's input put back a negative layer with no word; `_layer_typed` clamps and says so
-        self.layer = pn.widgets.IntInput(name="Layer to break", value=s.variant_layer, width=120,
-                                         css_classes=["rv-variant-layer"])
+        self.notes = BoxNotes(s)
+        self.layer = NumberBox("Layer to break", s.variant_layer, self._layer_unreadable, width=120,
+                               css_classes=["rv-variant-layer"])
         self.layer.param.watch(self._layer_typed, "value")
+        s.param.watch(lambda *e: self.notes.drop("layer"), ["source", "preset", "upload_id", "checkpoint_dir"])
         s.param.watch(lambda e: setattr(self.layer, "value", e.new), "variant_layer")
         self.why_off = pn.pane.Markdown("", styles={"font-size": "12px"}, css_classes=["rv-variant-note"])
         s.param.watch(self._mark, "variant")
@@ -324,6 +336,7 @@ class VariantControls(Viewer):
         s = self.state
         lo, hi = s.param.variant_layer.bounds
         if event.new is not None and lo <= event.new and (hi is None or event.new <= hi):
+            self.notes.drop("layer")
             s.variant_layer = event.new
             return
         if event.new is None:
@@ -332,10 +345,16 @@ class VariantControls(Viewer):
         near = lo if event.new < lo else hi
         text = f"Layer to break: this model has layers {lo}..{hi}, so {event.new} became {near}."
         if s.variant in ("none", SHAPE_VARIANT) or near == s.variant_layer:
-            s._error(text, "info")  # nothing reloads (or no variant notice follows): said now
+            self.layer.value = near  # back here with a layer the model has: it becomes the variant's layer
+            self.notes.say("layer", text)  # nothing reloads (or no variant notice follows): said now
         else:
             s.layer_note = text  # said with the variant's notice after the reload (it replaces the message)
-        self.layer.value = near  # back here with a layer the model has: it becomes the variant's layer
+            self.layer.value = near
+
+    def _layer_unreadable(self, typed: str) -> None:
+        """A layer that is no whole number: the box shows the variant's layer again, and the message says so."""
+        self.notes.say("layer", f"Layer to break must be a whole number; {typed} is not, so it stays "
+                                f"{self.state.variant_layer}.")
 
     def _mark(self, event: param.parameterized.Event) -> None:
         for name, b in self.buttons.items():
@@ -377,11 +396,14 @@ class PipelineControls(Viewer):
         self.add_btn = pn.widgets.Button(label="Add", color="light", width=60, margin=(5, 5))
         self.add_btn.on_click(lambda e: self.add.value and setattr(self, "order", [*self.order, self.add.value]))
         default = s.default_threshold()
-        self.threshold = pn.widgets.IntInput(
-            name=f"Attention gate: max batch*seq (empty: {'no gate' if default is None else default})",
-            value=s.threshold, sizing_mode="stretch_width")  # no start: the browser put back 0 with no word
+        self.notes = BoxNotes(s)
+        self.threshold = NumberBox(  # no start: the browser put back 0 with no word
+            f"Attention gate: max batch*seq (empty: {'no gate' if default is None else default})", s.threshold,
+            self._threshold_unreadable, sizing_mode="stretch_width", css_classes=["rv-threshold"])
         self.threshold.param.watch(self._threshold_typed, "value")
         s.param.watch(lambda e: setattr(self.threshold, "value", e.new), "threshold")
+        # a note about the gate is about the pipeline it was typed for: another one applied, and it no longer holds
+        s.param.watch(lambda *e: self.notes.drop("threshold"), ["passes", "disabled", "source", "preset"])
         self.reset = pn.widgets.Button(label="Canonical order", color="light")
         self.reset.on_click(lambda e: s.reset_pipeline())
         self.rerun = pn.widgets.Button(label="Apply and re-run", color="primary", css_classes=["rv-apply"])
@@ -395,11 +417,19 @@ class PipelineControls(Viewer):
         """A gate typed: empty is the pipeline's default; below 1 it becomes 1, and the message says so."""
         s = self.state
         if event.new is None or event.new >= 1:
+            self.notes.drop("threshold")
             s.threshold = event.new
             return
         self.threshold.value = 1
-        s._error(f"Attention gate {event.new} is out of range: batch*seq is at least 1, so it became 1 (empty: the "
-                 "pipeline's default).", "info")
+        self.notes.say("threshold", f"Attention gate {event.new} is out of range: batch*seq is at least 1, so it "
+                                    "became 1 (empty: the pipeline's default).")
+
+    def _threshold_unreadable(self, typed: str) -> None:
+        """A gate that is no whole number: the box shows the gate again, and the message says so."""
+        gate = self.state.threshold
+        now = "empty (the pipeline's default)" if gate is None else gate
+        self.notes.say("threshold", f"Attention gate must be a whole number (or empty for the pipeline's default); "
+                                    f"{typed} is not, so it stays {now}.")
 
     def _from_state(self) -> None:
         order, off = list(self.state.passes), list(self.state.disabled)
@@ -416,6 +446,7 @@ class PipelineControls(Viewer):
     def apply(self) -> None:
         """Run the draft pipeline (or re-run the same one)."""
         s = self.state
+        self.notes.drop("threshold")  # a run applied: the note about the gate typed before it no longer holds
         if self.dirty:
             s.param.update(passes=list(self.order), disabled=sorted(self.off))
         else:

@@ -84,6 +84,11 @@ def select_width(options: Mapping[str, object]) -> int:
     return int(min(max(longest * SELECT_PX_PER_CHAR + SELECT_PAD_PX, SELECT_PX[0]), SELECT_PX[1]))
 
 
+REJECTED_ON_SELECTED = "color:#c62828;background:#ffffff;border-radius:6px;padding:0 3px"
+"""The rejection count's style on the selected (dark blue, #1565c0) chip: the red used elsewhere (#c62828) has a
+contrast of about 1:1 against that blue; on a white badge it keeps its red at 5.6:1 (WCAG AA for text: 4.5)."""
+
+
 class VersionStepper(Viewer):
     """Step through versions: ◀ / ▶, a list of versions, a player; hide unchanged passes; node counts."""
 
@@ -178,10 +183,12 @@ class VersionStepper(Viewer):
             delta = f" ({r['change']:+d})" if r["change"] else ""
             if r.get("matches"):
                 delta += f" <span title='matches of this pass'>✓{r['matches']}</span>"
+            # red on the selected chip's dark blue was unreadable (issue 39): there, red on a white badge
+            red = REJECTED_ON_SELECTED if cur else "color:#c62828"
             if r.get("rejections"):
-                delta += f" <span title='rejections of this pass' style='color:#c62828'>✗{r['rejections']}</span>"
+                delta += f" <span title='rejections of this pass' style='{red}'>✗{r['rejections']}</span>"
             if r.get("crashed"):
-                delta += " <b style='color:#c62828'>CRASHED</b>"
+                delta += f" <b style='{red}'>CRASHED</b>"
             style = "background:#1565c0;color:#fff;" if cur else "background:#f1f3f5;"
             # 20 px a line (1 px padding and margin): wrapped to two lines at 1280 px, they cost the graph 40 px
             cells.append(f"<span class='rv-chip' style='{style}padding:1px 6px;border-radius:10px;margin:1px 2px;"
@@ -363,6 +370,10 @@ class DecisionTable(Viewer):
 
     def __init__(self, **params: object) -> None:
         super().__init__(**params)
+        # the table listed every pass's rows whatever version was selected, and said nothing of it (issue 39): a
+        # line says what it lists, and the box narrows it to the selected version's pass
+        self.only = pn.widgets.Checkbox(name="only the selected version's pass", value=False,
+                                        css_classes=["rv-decisions-only"])
         self.table = pn.widgets.Tabulator(
             self._frame(), show_index=False, sizing_mode="stretch_width", height=420, pagination=None,
             disabled=True, selectable=1, layout="fit_data_stretch", css_classes=["rv-decisions"],
@@ -375,10 +386,43 @@ class DecisionTable(Viewer):
             formatters={"message": {"type": "textarea"}, "hint": {"type": "textarea"}, "fix": {"type": "textarea"}},
             widths={"message": 420, "hint": 260, "fix": 220})
         self.table.on_click(self._clicked)
-        self.state.param.watch(lambda *e: setattr(self.table, "value", self._frame()), "trace")
+        self.about = pn.pane.Markdown("", css_classes=["rv-decisions-about"], margin=(0, 10),
+                                      styles={"font-size": "13px"})
+        self.only.param.watch(lambda *e: self._refresh(), "value")
+        self.state.param.watch(lambda *e: self._refresh(), ["trace", "version", "hide_unchanged"])
+        self._refresh()
+
+    def _step(self) -> int | None:
+        """The index into `trace.steps` of the pass that made the selected version (None: the input graph)."""
+        s = self.state
+        if s.trace is None:
+            return None
+        n = s.version_index()
+        return n - 1 if 0 < n <= len(s.trace.steps) else None
+
+    def _refresh(self) -> None:
+        """The table's rows and the line saying which they are; no row stays selected (a row's highlight stayed on a
+        row of another list)."""
+        s = self.state
+        frame = self._frame()
+        self.table.param.update(value=frame, selection=[])
+        rows = len(self._rows)
+        if s.trace is None:
+            self.about.object = ""
+        elif not self.only.value:
+            self.about.object = (f"**The whole run:** every pass's matches and rejections ({rows} rows), whatever "
+                                 "version is selected; a click goes to the version its pass made.")
+        elif (k := self._step()) is None:
+            self.about.object = (f"**The whole run** ({rows} rows): the selected version is the input graph, which no "
+                                 "pass made.")
+        else:
+            label = md_escape(f"after {s.trace.steps[k].pass_name}")
+            self.about.object = f"**{label} only:** its pass's matches and rejections ({rows} rows)."
 
     def _frame(self) -> pd.DataFrame:
         rows = decision_rows(self.state.trace)
+        if self.only.value and (k := self._step()) is not None:
+            rows = [r for r in rows if r["step"] == k]
         self._rows = rows
         return pd.DataFrame([{c: r[c] for c in self.columns} for r in rows], columns=self.columns).astype(
             {"layer": "Int64"})
@@ -393,7 +437,8 @@ class DecisionTable(Viewer):
         self.state.show_decision(self._rows[i])
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return self.table
+        return pn.Column(pn.Row(self.about, self.only, sizing_mode="stretch_width"), self.table,
+                         sizing_mode="stretch_width")
 
 
 class WhyView(Viewer):
@@ -456,7 +501,7 @@ class WhyView(Viewer):
         if s.trace is not None and not s.layers():  # no layer paths: the whole graph's answer, as `rlxviz explain`
             text, err = safe(s.why_graph)
             self.text.object = text if text else f"**Not shown:** {md_escape(err or '')}"
-            self.graph.param.update(svg="", visible=False)
+            self.graph.param.update(visible=True, **self._whole_graph())
             return
         self.graph.visible = True
         if s.selected_layer is None:
@@ -468,6 +513,19 @@ class WhyView(Viewer):
         svg, err = safe(s.svg_why)
         self.graph.param.update(svg=svg or "", title=f"layer {s.selected_layer}" + (f" — {err}" if err else ""),
                                 highlight=list(s.highlight))
+
+    def _whole_graph(self) -> dict[str, object]:
+        """The drawing for a graph whose nodes carry no layer path (IR text, most often): there is no layer to focus
+        on, so the final version, whole, with what the run fused in it (the pane stayed blank, only its search box and
+        zoom buttons, when hidden: a hidden pane in a tab not yet drawn was shown all the same)."""
+        s = self.state
+        last = len(s.version_labels) - 1
+        svg, err = safe(s.svg, last) if last >= 0 else (None, "no version yet")
+        if not svg:
+            return {"svg": "", "title": "No layers to draw: this graph's nodes carry no layer path; see the Graph tab"
+                                        + (f" ({err})" if err else "") + "."}
+        return {"svg": svg, "highlight": list(s.highlight),
+                "title": f"no layer to draw (no node path names one): the final graph, {s.version_labels[last]}"}
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(self.stale.banner, pn.Row(pn.Column(self.layer, self.text, width=480, scroll=True), self.graph,

@@ -30,6 +30,7 @@ from .sources import (
     check_checkpoint_dir,
     check_ir_text,
     check_upload,
+    resolve_in_roots,
     store_upload,
 )
 from .wording import (
@@ -106,8 +107,8 @@ class Runs:
         if s.source == "ir":
             return session.open_model(replace(request, source=check_ir_text(s.ir_text), kind="ir-text"))
         if s.source == "checkpoint":
-            request = replace(request, source=s.checkpoint_dir,
-                              allowed_roots=check_checkpoint_dir(s.checkpoint_dir, allowed_dirs()))
+            roots = check_checkpoint_dir(s.checkpoint_dir, allowed_dirs())
+            request = replace(request, source=resolve_in_roots(s.checkpoint_dir, roots), allowed_roots=roots)
         elif s.source == "upload":
             if not self._upload:
                 raise SourceError("Upload a checkpoint's config.json and model.safetensors (or an .onnx file) first.")
@@ -244,6 +245,9 @@ class Runs:
         s.ir_error = at if s.source == "ir" else None
         s._error(explain_error(e, s.source, s.preset))
         self._keep_shown()
+        if s.source == "checkpoint" and s.model is not None and self._model_key != s.model_key():
+            # a refused path: which model stays, as after a refused upload (`_keep_shown`)
+            s.param.update(message=f"{s.message} Still showing {s.model.name}.")
         s.stale = self._stale_reason()
 
     def _keep_shown(self) -> None:

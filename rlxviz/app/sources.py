@@ -114,6 +114,41 @@ def check_checkpoint_dir(path: str, allowed: list[Path] | None = None) -> list[P
     return roots
 
 
+def resolve_in_roots(path: str, allowed: list[Path]) -> str:
+    """A typed path as the loader should open it: an absolute path (or `~`) as typed; a relative one (`onnx/x.onnx`)
+    against the allowed folder that holds it (it was resolved against the server's working folder and refused as
+    outside the allowed folders, though the one allowed folder held it).
+
+    A candidate counts only when it exists and its real path (symlinks and `..` resolved) lies inside the folder it
+    was joined to, so `../etc/passwd` or a link out of the folder is no candidate; the loader checks the roots again.
+
+    Args:
+        path: what the user typed.
+        allowed: the allowed roots (resolved, `allowed_dirs()`).
+
+    Returns:
+        The path to open: the one allowed folder's candidate, as an absolute path; else `path` unchanged (the loader
+        refuses it, or finds it from the working folder inside a root as before).
+
+    Raises:
+        SourceError: the relative path names a file or folder in more than one allowed folder (which one is meant is
+            not guessed: type the full path).
+    """
+    typed = path.strip()
+    rel = Path(typed)
+    if not typed or rel.expanduser().is_absolute():
+        return path
+    found = []
+    for root in allowed:
+        real = (root / rel).resolve()
+        if real.exists() and real.is_relative_to(root):
+            found.append(root / rel)
+    if len(found) > 1:
+        raise SourceError(f"{typed} is in more than one allowed folder ({', '.join(str(p) for p in found)}); type the "
+                          "full path of the one you mean.")
+    return str(found[0]) if found else path
+
+
 ONNX_UPLOAD_NAME = "model.onnx"
 """The name an uploaded `.onnx` file is stored under in its temp folder."""
 

@@ -143,6 +143,27 @@ class StartHere(Viewer):
             with contextlib.suppress(ValueError):  # the pass is not shown (the filter hides it): stay
                 s.step_to(f"after {first.pass_name}")
 
+    def unfused_layers(self) -> list[int]:
+        """The layers of the shown run that did not fuse (their verdict, as the Why tab words it), in order; [] before
+        a run or when every layer fused."""
+        s = self.state
+        out = []
+        for layer in s.layers():
+            try:
+                if not s.layer_status(layer).fused:
+                    out.append(layer)
+            except SessionError:  # no run yet, or a layer the run does not hold
+                continue
+        return out
+
+    def _next_after_step(self) -> str:
+        """What to click after ①, from what the run shows: with a layer that did not fuse (② pressed before, or the
+        model's own), ③ asks why; with every layer fused, ② breaks one ("① again, then ②" after ② misled)."""
+        unfused = self.unfused_layers()
+        if unfused:
+            return f"Next: ① again, or ③ to ask why layer {unfused[0]} did not fuse. "
+        return "Next: ① again, then ②. "
+
     def _say_version(self) -> None:
         s = self.state
         n = len(s.version_labels)
@@ -151,7 +172,7 @@ class StartHere(Viewer):
         k = min(s.version, n - 1)
         name = s.model.name if s.model is not None else "the model"
         number = s.version_index(k)  # as the version list and the timing chart number it (`version_name`)
-        self._say([("Next: ① again, then ②. ", True), ("Showing ", False), (s.version_labels[k], True),
+        self._say([(self._next_after_step(), True), ("Showing ", False), (s.version_labels[k], True),
                    (f" (version {number}) of ", False), (name, True),
                    (": left, the graph before this pass (what it matched framed in green); right, after it.", False)],
                   "step")
@@ -197,17 +218,29 @@ class StartHere(Viewer):
                   "break")
 
     def ask_why(self) -> None:
-        """Open the Why tab on the broken layer (or the selected one, or the first)."""
+        """Open the Why tab on a layer that did not fuse (the selected one, else the first: the one ② broke); with
+        every layer fused, on the selected layer (else the variant's, else the first), and the line says it fused and
+        what to try (② breaks one): the Why tab then lists only patterns that matched or did not apply."""
         self.fold()
         s = self.state
-        layers = s.layers()
-        if s.selected_layer is None and layers:
+        layers, unfused = s.layers(), self.unfused_layers()
+        if unfused and (s.selected_layer is None or s.selected_layer not in unfused):
+            s.selected_layer = unfused[0]  # ③ asks why a layer did not fuse: one that did has no answer
+        elif s.selected_layer is None and layers:
             s.selected_layer = s.variant_layer if s.variant_layer in layers else layers[0]
         self.show_why()
         self._model_name = s.model.name if s.model is not None else ""
-        self._say([("Next: the Why tab below. ", True), ("It lists each pattern's outcome on the layer and the first "
-                                                        "guard that failed. More: the Matches & rejections table, "
-                                                        "the Timing tab, the sidebar (☰).", False)], "why")
+        layer = s.selected_layer
+        more = "More: the Matches & rejections table, the Timing tab, the controls in the sidebar."
+        if layer is None:
+            self._say([("Next: the Why tab below. ", True), ("This graph's nodes name no layer, so it words the run "
+                                                            f"as a whole. {more}", False)], "why")
+        elif layer in unfused:
+            self._say([("Next: the Why tab below. ", True), (f"It lists each pattern's outcome on layer {layer} and "
+                                                            f"the first guard that failed. {more}", False)], "why")
+        else:
+            self._say([(f"Layer {layer} fused: nothing refused it. ", True),
+                       ("Next: ② breaks a layer on purpose, then ③ shows the guard that refused it.", False)], "why")
 
     def dismiss(self) -> None:
         """Hide the strip for the rest of the session (its ✕)."""

@@ -1,0 +1,68 @@
+"""The start strip's next step follows what the run shows (issue 39's newcomer run): ② then ① said "Next: ① again,
+then ②" with the layer already broken; ③ first opened the Why tab on layer 0, which fused, above a list of "not
+applicable" lines, and said it "lists ... the first guard that failed"; the line sent a user with the sidebar open to
+"the sidebar (☰)" (the server does not know whether it is open: the words no longer assume either)."""
+
+import html
+
+from test_app_views import tiny
+
+from rlxviz.app.start import BREAK_VARIANT, StartHere
+
+
+def _line(start: StartHere) -> str:
+    return html.unescape(start.note.object.split(">", 1)[1])
+
+
+def test_step_after_break_points_at_why_for_the_broken_layer():
+    s = tiny()
+    start = StartHere(state=s, show_why=lambda: None)
+    start.brk.clicks += 1
+    assert s.variant == BREAK_VARIANT and start.unfused_layers() == [1]
+    start.step.clicks += 1
+    line = _line(start)
+    assert line.startswith("<b>Next: ① again, or ③ to ask why layer 1 did not fuse."), line
+    assert "then ②" not in line
+
+
+def test_step_on_a_model_whose_own_layer_did_not_fuse_points_at_why():
+    s = tiny()
+    s.param.update(variant_layer=0, variant="tanh_gelu")  # chosen in the sidebar, not by ②: layer 0 stays unfused
+    start = StartHere(state=s, show_why=lambda: None)
+    assert start.unfused_layers() == [0]
+    start.step.clicks += 1
+    assert _line(start).startswith("<b>Next: ① again, or ③ to ask why layer 0 did not fuse."), _line(start)
+    start.why.clicks += 1
+    assert s.selected_layer == 0 and "outcome on layer 0 and the first guard that failed" in _line(start)
+
+
+def test_step_with_every_layer_fused_points_at_break():
+    s = tiny()
+    start = StartHere(state=s, show_why=lambda: None)
+    assert start.unfused_layers() == []
+    start.step.clicks += 1
+    assert _line(start).startswith("<b>Next: ① again, then ②."), _line(start)
+
+
+def test_why_first_on_a_fused_layer_says_it_fused_then_break_then_why_moves_to_the_broken_one():
+    s = tiny()
+    opened = []
+    start = StartHere(state=s, show_why=lambda: opened.append(True))
+    start.why.clicks += 1
+    line = _line(start)
+    assert opened and s.selected_layer == 0
+    assert line.startswith("<b>Layer 0 fused: nothing refused it. </b>") and "② breaks a layer" in line, line
+    assert "guard that failed" not in line
+    start.brk.clicks += 1
+    start.why.clicks += 1  # the selection (layer 0, fused) moves to the layer ② broke
+    assert s.selected_layer == 1 and "outcome on layer 1 and the first guard that failed" in _line(start)
+
+
+def test_no_line_assumes_the_sidebar_is_open_or_folded():
+    s = tiny()
+    start = StartHere(state=s, show_why=lambda: None)
+    lines = []
+    for click in (start.why, start.step, start.brk, start.step, start.why):
+        click.clicks += 1
+        lines.append(_line(start))
+    assert not any("☰" in line for line in lines), lines
