@@ -7,7 +7,8 @@ import pytest
 from test_app_views import tiny
 
 from rlxviz.app.explain import decision_rows
-from rlxviz.app.panels import DecisionTable, VersionStepper
+from rlxviz.app.panels import VersionStepper
+from rlxviz.app.whyview import DecisionTable
 
 
 def test_the_table_says_it_lists_the_whole_run_and_can_follow_the_selected_pass():

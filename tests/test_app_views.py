@@ -125,8 +125,9 @@ def test_failed_loads_and_runs_mark_the_panes_stale(monkeypatch):
     """A load or a pipeline run that fails leaves the previous drawing, why-text, timings and IR on screen: each
     is marked stale (a banner naming what it shows, the pane greyed) until a change succeeds. A crashed pass or a
     failed timing is not stale: the panes show the current run."""
-    from rlxviz.app.panels import GraphCompare, IRView, WhyView
+    from rlxviz.app.panels import GraphCompare, IRView
     from rlxviz.app.timingview import TimingView
+    from rlxviz.app.whyview import WhyView
 
     s = tiny(selected_layer=0)
     views = [GraphCompare(state=s), WhyView(state=s), TimingView(state=s), IRView(state=s)]
@@ -236,7 +237,7 @@ def test_why_tab_answers_for_a_graph_without_layer_paths():
     import re
 
     from rlxviz import session
-    from rlxviz.app.panels import WhyView
+    from rlxviz.app.whyview import WhyView
 
     s = tiny()
     why = WhyView(state=s)
@@ -402,7 +403,7 @@ def test_why_tab_opens_on_a_layer_after_an_upload():
     """After a model loads, the Why tab answers for a layer at once: the first that did not fuse as expected, else
     the first (an uploaded gpt2.onnx opened on "Pick a layer" with nothing picked); a layer the user picks is kept
     across runs of that model."""
-    from rlxviz.app.panels import WhyView
+    from rlxviz.app.whyview import WhyView
 
     s = tiny()
     view = WhyView(state=s)

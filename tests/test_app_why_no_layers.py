@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from test_app_views import tiny
 
-from rlxviz.app.panels import WhyView
+from rlxviz.app.whyview import WhyView
 from rlxviz.ir import format_graph
 
 CASES = Path(__file__).parent / "data" / "cases"

@@ -20,12 +20,13 @@ from .access import refusal
 from .controls import ModelControls, PipelineControls, StatusBar, VariantControls
 from .jobs import Runner
 from .layout import ConnectionNotice, FoldSidebar, follow_editor
-from .panels import DecisionTable, IRView, VersionStepper, WhyView, graph_tab
+from .panels import IRView, VersionStepper, graph_tab
 from .sources import remove_stale_uploads, remove_uploads
 from .start import StartHere
 from .state import AppState
 from .text import md_escape
 from .timingview import TimingView
+from .whyview import DecisionTable, WhyView
 
 if TYPE_CHECKING:
     from bokeh.document import Document

@@ -1,0 +1,192 @@
+"""The Why tab's views: the table of every match and rejection (`DecisionTable`) and "why didn't layer N fuse?"
+(`WhyView`), formatters of the run's one verdict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import panel as pn
+import param
+from panel.viewable import Viewer
+
+from ..passes.guard import NOT_A_CANDIDATE
+from ..session import SessionError
+from .explain import decision_rows
+from .graphpane import SvgGraph
+from .stale import StaleMark, safe
+from .state import AppState
+from .text import md_escape
+
+
+class DecisionTable(Viewer):
+    """Every match and rejection (Tabulator: sortable, filterable by pass, layer, guard); a click highlights it."""
+
+    state = param.ClassSelector(class_=AppState)
+    columns = ["kind", "pass", "layer", "guard", "why", "rule", "anchor", "message", "hint", "fix"]
+
+    def __init__(self, **params: object) -> None:
+        super().__init__(**params)
+        # the table listed every pass's rows whatever version was selected, and said nothing of it (issue 39): a
+        # line says what it lists, and the box narrows it to the selected version's pass
+        self.only = pn.widgets.Checkbox(name="only the selected version's pass", value=False,
+                                        css_classes=["rv-decisions-only"])
+        self.table = pn.widgets.Tabulator(
+            self._frame(), show_index=False, sizing_mode="stretch_width", height=420, pagination=None,
+            disabled=True, selectable=1, layout="fit_data_stretch", css_classes=["rv-decisions"],
+            sorters=[{"field": "kind", "dir": "desc"}],
+            header_filters={"kind": {"type": "list", "values": ["fused", "rejected", "left out", NOT_A_CANDIDATE],
+                                     "clearable": True},
+                            "pass": {"type": "input", "func": "like", "placeholder": "pass"},
+                            "layer": {"type": "number", "func": "=", "placeholder": "layer"},
+                            "guard": {"type": "input", "func": "like", "placeholder": "guard"}},
+            formatters={"message": {"type": "textarea"}, "hint": {"type": "textarea"}, "fix": {"type": "textarea"}},
+            widths={"message": 420, "hint": 260, "fix": 220})
+        self.table.on_click(self._clicked)
+        self.about = pn.pane.Markdown("", css_classes=["rv-decisions-about"], margin=(0, 10),
+                                      styles={"font-size": "13px"})
+        self.only.param.watch(lambda *e: self._refresh(), "value")
+        self.state.param.watch(lambda *e: self._refresh(), ["trace", "version", "hide_unchanged"])
+        self._refresh()
+
+    def _step(self) -> int | None:
+        """The index into `trace.steps` of the pass that made the selected version (None: the input graph)."""
+        s = self.state
+        if s.trace is None:
+            return None
+        n = s.version_index()
+        return n - 1 if 0 < n <= len(s.trace.steps) else None
+
+    def _refresh(self) -> None:
+        """The table's rows and the line saying which they are; no row stays selected (a row's highlight stayed on a
+        row of another list)."""
+        s = self.state
+        frame = self._frame()
+        self.table.param.update(value=frame, selection=[])
+        rows = len(self._rows)
+        if s.trace is None:
+            self.about.object = ""
+        elif not self.only.value:
+            self.about.object = (f"**The whole run:** every pass's matches and rejections ({rows} rows), whatever "
+                                 "version is selected; a click goes to the version its pass made.")
+        elif (k := self._step()) is None:
+            self.about.object = (f"**The whole run** ({rows} rows): the selected version is the input graph, which no "
+                                 "pass made.")
+        else:
+            label = md_escape(f"after {s.trace.steps[k].pass_name}")
+            self.about.object = f"**{label} only:** its pass's matches and rejections ({rows} rows)."
+
+    def _frame(self) -> pd.DataFrame:
+        rows = decision_rows(self.state.trace)
+        if self.only.value and (k := self._step()) is not None:
+            rows = [r for r in rows if r["step"] == k]
+        self._rows = rows
+        return pd.DataFrame([{c: r[c] for c in self.columns} for r in rows], columns=self.columns).astype(
+            {"layer": "Int64"})
+
+    def _clicked(self, event: Any) -> None:
+        self.select_row(event.row)
+
+    def select_row(self, i: int) -> None:
+        """Go to the version the row's pass produced and highlight its nodes."""
+        if i is None or i >= len(self._rows):
+            return
+        self.state.show_decision(self._rows[i])
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        return pn.Column(pn.Row(self.about, self.only, sizing_mode="stretch_width"), self.table,
+                         sizing_mode="stretch_width")
+
+
+class WhyView(Viewer):
+    """"Why didn't layer N fuse?": each pattern's outcome in plain words, the first failing guard,
+    the difference from a sibling layer that fused, and the picture focused on the layer."""
+
+    state = param.ClassSelector(class_=AppState)
+
+    def __init__(self, **params: object) -> None:
+        super().__init__(**params)
+        s = self.state
+        self.layer = pn.widgets.Select(name="Layer", options=self._layers(), value=s.selected_layer, width=120,
+                                       css_classes=["rv-why-layer"])
+        self._auto = True  # the layer shown was picked here, not by the user: each new run picks again
+        self._syncing = False
+        self.layer.param.watch(self._chosen, "value")
+        self.text = pn.pane.Markdown("", sizing_mode="stretch_width", css_classes=["rv-why"])
+        self.graph = SvgGraph(sizing_mode="stretch_both", min_height=520, css_classes=["rv-why-graph"])
+        self.graph.param.watch(lambda e: setattr(s, "selected_node", e.obj.clicked), "clicks")
+        self.stale = StaleMark(s, "why", self.text, self.graph)
+        s.param.watch(lambda e: setattr(self, "_auto", True), "model")
+        s.param.watch(self._update, ["trace", "selected_layer", "version"])
+        s.param.watch(lambda e: setattr(self.graph, "highlight", list(e.new)), "highlight")
+        self._update()
+
+    def _layers(self) -> dict[str, int | None]:
+        return {"choose": None, **{f"layer {i}": i for i in self.state.layers()}}
+
+    def _chosen(self, event: param.parameterized.Event) -> None:
+        if not self._syncing:  # the user's choice: kept across runs of this model
+            self._auto = False
+            self.state.selected_layer = event.new
+
+    def _default_layer(self) -> int | None:
+        """The layer the tab opens on: the first that did not fuse as expected, else the first (an uploaded model
+        opened on "Pick a layer" with nothing picked, while `rlxviz explain` answers at once)."""
+        s = self.state
+        for i in s.layers():
+            try:
+                if not s.layer_status(i).fused:
+                    return i
+            except SessionError:
+                continue
+        return next(iter(s.layers()), None)
+
+    def _update(self, *events: param.parameterized.Event) -> None:
+        s = self.state
+        new_run = not events or any(e.name == "trace" for e in events)
+        if self._auto and s.trace is not None and s.layers() and (s.selected_layer is None or new_run):
+            pick = self._default_layer()
+            if pick != s.selected_layer:
+                s.selected_layer = pick  # its watcher draws the tab
+                return
+        self._syncing = True
+        try:
+            self.layer.param.update(options=self._layers(), value=s.selected_layer)
+        finally:
+            self._syncing = False
+        self.layer.visible = bool(s.layers()) or s.trace is None
+        if s.trace is not None and not s.layers():  # no layer paths: the whole graph's answer, as `rlxviz explain`
+            text, err = safe(s.why_graph)
+            self.text.object = text if text else f"**Not shown:** {md_escape(err or '')}"
+            self.graph.param.update(visible=True, **self._whole_graph())
+            return
+        self.graph.visible = True
+        if s.selected_layer is None:
+            self.text.object = "*Pick a layer to see each pattern's outcome and the first guard that failed.*"
+            self.graph.svg = ""
+            return
+        text, err = safe(s.why_layer, s.selected_layer)
+        self.text.object = text if text else f"**Not shown:** {md_escape(err or '')}"
+        svg, err = safe(s.svg_why)
+        self.graph.param.update(svg=svg or "", title=f"layer {s.selected_layer}" + (f" — {err}" if err else ""),
+                                highlight=list(s.highlight))
+
+    def _whole_graph(self) -> dict[str, object]:
+        """The drawing for a graph whose nodes carry no layer path (IR text, most often): there is no layer to focus
+        on, so the final version, whole, with what the run fused in it (the pane stayed blank, only its search box and
+        zoom buttons, when hidden: a hidden pane in a tab not yet drawn was shown all the same)."""
+        s = self.state
+        last = len(s.version_labels) - 1
+        svg, err = safe(s.svg, last) if last >= 0 else (None, "no version yet")
+        if not svg:
+            return {"svg": "", "title": "No layers to draw: this graph's nodes carry no layer path; see the Graph tab"
+                                        + (f" ({err})" if err else "") + "."}
+        return {"svg": svg, "highlight": list(s.highlight),
+                "title": f"no layer to draw (no node path names one): the final graph, {s.version_labels[last]}"}
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        return pn.Column(self.stale.banner, pn.Row(pn.Column(self.layer, self.text, width=480, scroll=True), self.graph,
+                                                   sizing_mode="stretch_both"), sizing_mode="stretch_both")
+
+
+__all__ = ["DecisionTable", "WhyView"]
