@@ -62,3 +62,16 @@ def file_inputs(path) -> dict:
                 with np.load(cand) as z:
                     return {"npz": cand, "shapes": {k: z[k].shape for k in z.files if not k.startswith("out:")}}
         raise
+
+
+README_IR = """graph mlp {
+  %0 = input {name="x"} : f32[2, 8, 16]
+  %1 = param {name="fc.weight"} : f32[16, 32] @fc
+  %2 = param {name="fc.bias"} : f32[32] @fc
+  %3 = matmul(%0, %1) : f32[2, 8, 32] @fc
+  %4 = add(%3, %2) : f32[2, 8, 32] @fc
+  %5 = gelu(%4) : f32[2, 8, 32] @fc
+  return %5
+}
+"""
+"""The example graph of docs/ir.md (a linear layer and GELU, `@fc` its layer path), as IR text."""

@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import pytest
+from clirun import README_IR
 
 from rlxviz import session
 from rlxviz.app import timeproc
@@ -493,16 +494,6 @@ def test_timing_error_hint_matches_the_error(monkeypatch, error, says, not_says)
     assert says in s.message and not_says not in s.message, s.message
 
 
-README_IR = """graph mlp {
-  %0 = input {name="x"} : f32[2, 8, 16]
-  %1 = param {name="fc.weight"} : f32[16, 32] @fc
-  %2 = param {name="fc.bias"} : f32[32] @fc
-  %3 = matmul(%0, %1) : f32[2, 8, 32] @fc
-  %4 = add(%3, %2) : f32[2, 8, 32] @fc
-  %5 = gelu(%4) : f32[2, 8, 32] @fc
-  return %5
-}
-"""
 
 
 def test_variants_do_not_apply_to_ir_text():

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 import pytest
+from clirun import README_IR
 
 from rlxviz.app import timeproc
 from rlxviz.app.measure import KERNEL_OPS, TIMING_RUNS, kernel_rows, measured_when, reuse_note
@@ -154,23 +155,13 @@ def holds_kernel_op(graph) -> bool:
     return any(n.op in KERNEL_OPS for n in graph.compute_nodes())
 
 
-MLP_IR = """graph mlp {
-  %0 = input {name="x"} : f32[2, 8, 16]
-  %1 = param {name="fc.weight"} : f32[16, 32] @fc
-  %2 = param {name="fc.bias"} : f32[32] @fc
-  %3 = matmul(%0, %1) : f32[2, 8, 32] @fc
-  %4 = add(%3, %2) : f32[2, 8, 32] @fc
-  %5 = gelu(%4) : f32[2, 8, 32] @fc
-  return %5
-}
-"""
 
 
 def mlp_trace():
     from rlxviz.ir.parser import parse_ir
     from rlxviz.passes import Pipeline
 
-    return Pipeline.canonical().run(parse_ir(MLP_IR))
+    return Pipeline.canonical().run(parse_ir(README_IR))
 
 
 def test_rows_that_ran_rlxviz_kernels_are_the_ones_holding_an_op_they_take(trace):
