@@ -85,7 +85,7 @@ def _spy(monkeypatch, busy: bool) -> list:
         if busy:
             rows = force_busy(rows)
             own = force_busy([own])[0] if isinstance(own, VersionTiming) else own
-        seen.append((rows, own))
+        seen.append((rows, own, a[0]))  # a[0]: the trace timed
         return rows, own
 
     monkeypatch.setattr(session_timing, "time_versions_and_own", spy)
@@ -96,7 +96,7 @@ def test_a_forced_busy_run_says_so_first_and_reads_no_ratio(capsys, monkeypatch)
     seen = _spy(monkeypatch, busy=True)
     code, out, err = run(capsys, *TIME)
     assert code == 0, err  # a busy run is not a failure
-    rows, own = seen[-1]
+    rows, own, _ = seen[-1]
     warning = busy_warning(*(r for r in rows if r.same_as is None), own)
     assert warning.startswith("unusable run: median")
     lines = out.splitlines()
@@ -109,7 +109,7 @@ def test_a_forced_busy_run_says_so_first_and_reads_no_ratio(capsys, monkeypatch)
     code, out, err = run(capsys, *TIME, "--json")
     assert code == 0, err
     doc = json.loads(out)
-    rows, own = seen[-1]
+    rows, own, _ = seen[-1]
     assert doc["busy"] == busy_warning(*(r for r in rows if r.same_as is None), own) != ""
     assert {v["vs_input"] for v in doc["versions"][1:] if v["same_as"] is None} == {NOT_READ}
     assert doc["split"]["busy"] == doc["busy"] and doc["split"]["kernels"]["verdict"] == NOT_READ
@@ -119,8 +119,8 @@ def test_a_real_run_prints_the_sessions_split(capsys, monkeypatch):
     seen = _spy(monkeypatch, busy=False)
     code, out, err = run(capsys, *TIME, "--json")
     assert code == 0, err
-    rows, own = seen[-1]
-    split = fusion_and_kernels_of(rows, own)
+    rows, own, trace = seen[-1]
+    split = fusion_and_kernels_of(rows, own, trace.input)
     doc = json.loads(out)
     assert [r["run"] for r in doc["split"]["rows"]] == list(FUSION_LABELS)
     assert [r["median_ms"] for r in doc["split"]["rows"]] == [round(r.median_ms, 4) for r in split.rows]
@@ -133,8 +133,11 @@ def test_a_real_run_prints_the_sessions_split(capsys, monkeypatch):
     assert doc["split"]["rows"][2]["median_ms"] == round(final["median_ms"], 4)
     code, out, err = run(capsys, *TIME)
     assert code == 0, err
-    rows, own = seen[-1]
-    assert out.rstrip("\n").endswith(split_text(fusion_and_kernels_of(rows, own)).rstrip("\n"))
+    rows, own, trace = seen[-1]
+    assert out.rstrip("\n").endswith(split_text(fusion_and_kernels_of(rows, own, trace.input)).rstrip("\n"))
+    # bert-tiny is built with an attention op: where its input row ran rlxviz's kernel, the split says so
+    ran = ", ran " in rows[0].context.kernels
+    assert ("input, MLX's own lowering except attention (on rlxviz's kernels)" in out) == ran, out
     assert ("Busy machine: " in out) == bool(busy_warning(*(r for r in rows if r.same_as is None), own))
 
 
@@ -145,3 +148,24 @@ def test_no_split_skips_the_extra_row(capsys, monkeypatch):
     assert seen[-1][1] is None and json.loads(out)["split"] is None
     code, out, err = run(capsys, *TIME, "--no-split")
     assert code == 0 and "Fusion or kernels?" not in out
+
+
+@pytest.mark.parametrize("ran,ops", [("rlxviz CPU kernels: cached (avx512, 2 threads), ran attention", ("attention",)),
+                                     ("rlxviz CPU kernels: cached (avx512, 2 threads), none ran (no fused op they "
+                                      "take)", ()),
+                                     ("", ())])
+def test_the_split_names_an_input_op_that_ran_on_rlxviz_kernels(ran, ops):
+    from rlxviz.models import load_model
+    from rlxviz.runtime.timing import TimingContext
+
+    graph = load_model("bert-tiny").graph  # built with an attention op (and so its input may run the kernel)
+    rows, own = run_rows(3)
+    ctx = TimingContext("cpu", "f32", "openblas", "0.0", 1, kernels=ran)
+    rows = [replace(r, context=ctx) if r.same_as is None else r for r in rows]
+    split = fusion_and_kernels_of(rows, own, graph)
+    assert split.input_kernel_ops == ops
+    named = "input, MLX's own lowering except attention (on rlxviz's kernels)"
+    assert (named in split_text(split)) == bool(ops) and split.label(0) == (named if ops else FUSION_LABELS[0])
+    assert split_json(split)["input_kernel_ops"] == list(ops)
+    # without the graph (or with one holding no op the kernels take) nothing is named
+    assert fusion_and_kernels_of(rows, own).input_kernel_ops == ()

@@ -107,7 +107,7 @@ def test_the_forced_busy_hook_flags_the_split_with_the_versions(monkeypatch):
     rows, own = run_rows(6)
     monkeypatch.setattr(timing, "time_versions_and_own", lambda *a, **k: (rows, own))
     monkeypatch.setenv(timeproc.FORCE_BUSY_ENV, "1")
-    run = timeproc._time(object(), {}, {}, 0, 21, "cpu", None)
+    run = timeproc._time(SimpleNamespace(input=None), {}, {}, 0, 21, "cpu", None)  # a trace stand-in
     assert run.split.warning and run.split.rows[0].samples_ms == run.rows[0].samples_ms
     assert timing_table(run.rows, also=[run.split.rows[1]])[0]["busy"] == run.split.warning
 

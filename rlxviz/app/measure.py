@@ -15,11 +15,11 @@ from typing import Any
 import param
 
 from .. import session
-from ..ir.ops import Op
 from ..models import Model
 from ..passes import Trace
 from ..runtime.battery import EXPECTED_PREFIX
 from ..session import Limits, SessionError
+from ..session.lowerings import KERNEL_OPS
 from . import timeproc
 from .wording import hide_server_paths, timing_hint
 
@@ -31,10 +31,6 @@ TIMING_RUNS = session.cache.LRUCache(maxsize=16)
 "Time every version" shows them, "Time again" measures anew."""
 
 
-KERNEL_OPS = frozenset({Op.FUSED_MATMUL_BIAS_ACT, Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM,
-                        Op.FUSED_ATTENTION_BLOCK, Op.FUSED_TRANSFORMER_LAYER, Op.ATTENTION})
-"""Ops whose MLX lowering may hand them to rlxviz's own CPU kernels (`runtime.kernel_routing`: the dense layer with
-its activation, the residual norms, attention, and the blocks made of them; `ir.fused`'s decompositions)."""
 
 
 def kernel_rows(trace: Trace, rows: Sequence[session.VersionTiming]) -> frozenset[int]:

@@ -117,7 +117,7 @@ def _time(trace: Any, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.
     split: Any = own  # None (not on the CPU) or why the own-lowering row is missing (a str: the versions stand)
     if own is not None and not isinstance(own, str):
         try:
-            split = lowerings.fusion_and_kernels_of(rows, own)
+            split = lowerings.fusion_and_kernels_of(rows, own, trace.input)
         except ValueError as e:  # the input or the final version not timed: the versions' rows stand
             split = f"{type(e).__name__}: {e}"
     return WorkerTiming(rows, os.getpid(), split, measured_at=time.time())

@@ -36,14 +36,16 @@ def fusion_kernels_markdown(split: Any, input_kernel_ops: Sequence[str] = ()) ->
     verdict) and one sentence splitting the final version's speed-up into the fusion's and the kernels'. A split of
     the chart's own run (`shared`) says its input and final rows are the chart's; one measured apart says it has a
     machine check of its own. A busy run says so first and gives no verdict. None (timed on the GPU): why there is
-    nothing to split; a str: why the split's row could not be measured. `input_kernel_ops`: the ops of the input that
-    rlxviz's kernels take (bert-tiny's `attention`, `measure.KERNEL_OPS`) where the chart's input row ran them: the
-    input row says which ops ran there, and a sentence says the fusion ratio is not the fusion's alone."""
+    nothing to split; a str: why the split's row could not be measured. `input_kernel_ops`: the ops of the input
+    that rlxviz's kernels take (bert-tiny's `attention`, `session.lowerings.KERNEL_OPS`) where the chart's input row
+    ran them: the input row says which ops ran there, and a sentence says the fusion ratio is not the fusion's alone
+    (default: the split's own `input_kernel_ops`, as `session.fusion_and_kernels_of` found them)."""
     if split is None:
         return ("#### Fusion or kernels?\nrlxviz's own kernels run on the CPU only: on the GPU every version runs "
                 "MLX's own lowering, so the speed-ups above are the fusion's alone.")
     if isinstance(split, str):  # the split's run failed; the versions above were timed
         return f"#### Fusion or kernels?\nNot measured: {md_escape(hide_server_paths(split))}"
+    input_kernel_ops = input_kernel_ops or getattr(split, "input_kernel_ops", ())
     from ..session.timing import NOT_READ
 
     busy = split.warning

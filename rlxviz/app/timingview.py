@@ -9,7 +9,6 @@ import param
 from panel.viewable import Viewer
 
 from ..session.defaults import MIN_VERDICT_ROUNDS
-from .measure import KERNEL_OPS
 from .stale import StaleMark
 from .state import AppState
 from .text import md_escape
@@ -132,10 +131,8 @@ class TimingView(Viewer):
         self.again.visible = bool(rows)
         self.table.value = pd.DataFrame(rows)
         self.chart.object = timing_figure(rows) if rows else None
-        # the chart's input row ran rlxviz's kernels (bert-tiny's attention op): the split names that lowering
-        on = bool(rows) and rows[0].get("#") == 0 and rows[0].get("lowering") == "rlxviz kernels" and s.trace
-        ops = sorted({n.op.value for n in s.trace.input.compute_nodes() if n.op in KERNEL_OPS}) if on else []
-        self.split.object = fusion_kernels_markdown(s.timing_split, ops) if rows else ""
+        # an input row that ran rlxviz's kernels (bert-tiny's attention op) is named by the split itself
+        self.split.object = fusion_kernels_markdown(s.timing_split) if rows else ""
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(pn.Row(self.button, self.again, self.repeat, self.warmup, self.device, self.inputs),

@@ -36,7 +36,8 @@ def _verdict_json(v: Any, busy: str) -> dict[str, Any]:
 def split_json(split: Any) -> dict[str, Any] | None:
     """`session.FusionAndKernels` as plain values for `time --json` (`split`): its three rows (`run`, `ops`, ms),
     the `fusion`, `kernels` and `total` paired verdicts (ratio, 95% interval, rounds, verdict: `NOT_READ` on a busy
-    run), `busy` (the run's one machine check, "" when usable) and `kernels_note`; `{"not_measured": why}` when the
+    run), `busy` (the run's one machine check, "" when usable), `kernels_note` and `input_kernel_ops` (the input's
+    ops that ran on rlxviz's kernels: its row is not MLX's own lowering throughout); `{"not_measured": why}` when the
     own-lowering row could not be built; None when not asked (`--no-split`) or not on the CPU."""
     if split is None:
         return None
@@ -46,7 +47,8 @@ def split_json(split: Any) -> dict[str, Any] | None:
     return {"rows": [{"run": r.label, "ops": r.nodes, "median_ms": round(r.median_ms, 4), "min_ms": round(r.min_ms, 4),
                       "iqr_ms": round(r.iqr_ms or 0.0, 4)} for r in split.rows],
             "fusion": _verdict_json(split.fusion, busy), "kernels": _verdict_json(split.kernels, busy),
-            "total": _verdict_json(split.total, busy), "busy": busy, "kernels_note": split.kernels_note}
+            "total": _verdict_json(split.total, busy), "busy": busy, "kernels_note": split.kernels_note,
+            "input_kernel_ops": list(split.input_kernel_ops)}
 
 
 def split_text(split: Any) -> str:
@@ -68,15 +70,16 @@ def split_text(split: Any) -> str:
              f"The input and final rows are the table's own measurements above (the same medians); the final version "
              f"on MLX's own lowering ran in the same {split.fusion.rounds} paired rounds on the CPU, one machine check "
              f"for all: {check}"]
-    w = max(len(r.label) for r in split.rows)
+    labels = [split.label(i) for i in range(len(split.rows))]  # the input's names its kernel ops, if any ran
+    w = max(len(lb) for lb in labels)
     head = "speed-up over the row above (95% ci)"
     cells = ["", *(f"{what}: {v.ratio:.2f}x ({v.low:.2f}-{v.high:.2f})"
                    for what, v in (("fusion", split.fusion), ("kernels", split.kernels)))]
     words = ["", *(NOT_READ if busy else v.words for v in (split.fusion, split.kernels))]
     sw = max(len(head), *(len(c) for c in cells))
     lines.append(f"{'run':<{w}}  {'ops':>5}  {'median ms':>9}  {head:<{sw}}  verdict")
-    for r, cell, word in zip(split.rows, cells, words, strict=True):
-        lines.append(f"{r.label:<{w}}  {r.nodes:>5}  {r.median_ms:>9.2f}  {cell:<{sw}}  {word}".rstrip())
+    for r, label, cell, word in zip(split.rows, labels, cells, words, strict=True):
+        lines.append(f"{label:<{w}}  {r.nodes:>5}  {r.median_ms:>9.2f}  {cell:<{sw}}  {word}".rstrip())
     f, k, t = split.fusion, split.kernels, split.total
     tail = (" (not read: a busy machine)." if busy else " (not read: medians and paired rounds disagree)."
             if DISAGREE in (f.words, k.words, t.words) else ".")
@@ -109,7 +112,7 @@ def cmd_time(args: argparse.Namespace) -> int:
     split: Any = own  # None (not asked, or not on the CPU) or why the own-lowering row is missing (a str)
     if own is not None and not isinstance(own, str):
         try:
-            split = fusion_and_kernels_of(rows, own)
+            split = fusion_and_kernels_of(rows, own, trace.input)
         except ValueError as e:  # the input or the final version not timed: the versions' rows stand
             split = f"{type(e).__name__}: {e}"
     also = [own] if own is not None and not isinstance(own, str) else []

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..ir import Graph
+from ..ir.ops import Op
 from .program import ProgramPrimitives
 from .timing import VersionTiming
 
@@ -120,6 +121,9 @@ class FusionAndKernels:
         warning: `busy_warning` over the rows measured together ("" on a usable run): the verdicts are not to be
             read. For a split of the versions' own run (`shared`), the one machine check of that whole run.
         kernels_note: which of rlxviz's kernels ran (`runtime.timing.kernels_line`), or why none did.
+        input_kernel_ops: with `shared`, the ops of the input graph that rlxviz's kernels ran (a model built with an
+            attention op, as bert-tiny is): row 0 is then not MLX's own lowering throughout, and the fusion's ratio
+            holds those kernels' share too (`label` says so).
         shared: rows 0 and 2 are the versions' own measurements (the input and the final version as the timing
             chart shows them), row 1 was timed in the same paired rounds (`fusion_and_kernels_of`); False: the three
             rows are a run of their own (`fusion_and_kernels`).
@@ -132,6 +136,20 @@ class FusionAndKernels:
     warning: str
     kernels_note: str
     shared: bool = False
+    input_kernel_ops: tuple[str, ...] = ()
+
+    def label(self, i: int) -> str:
+        """Row `i`'s label; the input's names the ops of it that ran on rlxviz's kernels (`input_kernel_ops`)."""
+        r = self.rows[i]
+        if i == 0 and self.input_kernel_ops:
+            return f"{r.label} except {', '.join(self.input_kernel_ops)} (on rlxviz's kernels)"
+        return r.label
+
+
+KERNEL_OPS = frozenset({Op.FUSED_MATMUL_BIAS_ACT, Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM,
+                        Op.FUSED_ATTENTION_BLOCK, Op.FUSED_TRANSFORMER_LAYER, Op.ATTENTION})
+"""Ops whose MLX lowering may hand them to rlxviz's own CPU kernels (`runtime.kernel_routing`: the dense layer with
+its activation, the residual norms, attention, and the blocks made of them; `ir.fused`'s decompositions)."""
 
 
 FUSION_LABELS = ("input, MLX's own lowering", "final, MLX's own lowering", "final, rlxviz's CPU kernels (default)")
@@ -168,12 +186,15 @@ def fusion_and_kernels(input_graph: Graph, final: Graph, feeds: Mapping[str, Any
                             paired_verdict(rows[0], rows[2]), busy_warning(*rows), note)
 
 
-def fusion_and_kernels_of(rows: Sequence[VersionTiming], own: VersionTiming) -> FusionAndKernels:
+def fusion_and_kernels_of(rows: Sequence[VersionTiming], own: VersionTiming,
+                          input_graph: Graph | None = None) -> FusionAndKernels:
     """The fusion / kernels split of one timing run, with no measurement of its own: the input's and the final
     version's rows are the versions' rows (`time_versions_and_own`, the numbers the timing chart draws), the middle
-    row the final version on MLX's own lowering timed in the same paired rounds (`own`). The input runs no fused op,
-    so its default lowering is MLX's own. The warning is the whole run's machine check (every timed version and
-    `own`), as the chart's (`timing_table(rows, also=[own])`).
+    row the final version on MLX's own lowering timed in the same paired rounds (`own`). The input row is the
+    input's default lowering: MLX's own, unless `input_graph` holds an op rlxviz's kernels take (`KERNEL_OPS`; a
+    model built with an attention op, as bert-tiny is) and the row's timing says they ran: those ops are
+    `input_kernel_ops`, and the fusion's ratio holds their share too. The warning is the whole run's machine check
+    (every timed version and `own`), as the chart's (`timing_table(rows, also=[own])`).
 
     Raises:
         ValueError: the input or the final version was not timed, or `own` holds another number of rounds.
@@ -188,9 +209,13 @@ def fusion_and_kernels_of(rows: Sequence[VersionTiming], own: VersionTiming) -> 
              replace(last, label=FUSION_LABELS[2])]
     note = last.context.kernels if last.context is not None else ""
     run = [r for r in rows if r.same_as is None and r.median_ms is not None]
+    ran = first.context is not None and ", ran " in first.context.kernels  # `runtime.timing.kernels_line`
+    ops = tuple(sorted({n.op.value for n in input_graph.compute_nodes() if n.op in KERNEL_OPS})) \
+        if ran and input_graph is not None else ()
     return FusionAndKernels(three, paired_verdict(three[0], three[1]), paired_verdict(three[1], three[2]),
-                            paired_verdict(three[0], three[2]), busy_warning(*run, own), note, shared=True)
+                            paired_verdict(three[0], three[2]), busy_warning(*run, own), note, shared=True,
+                            input_kernel_ops=ops)
 
 
-__all__ = ["FUSION_LABELS", "FusionAndKernels", "Lowering", "fusion_and_kernels", "fusion_and_kernels_of",
+__all__ = ["FUSION_LABELS", "KERNEL_OPS", "FusionAndKernels", "Lowering", "fusion_and_kernels", "fusion_and_kernels_of",
            "time_lowerings"]
