@@ -6,6 +6,8 @@ The sidebar's ☰ button (the template's own) opens and folds it at any width.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import panel as pn
 import param
 from panel.custom import JSComponent
@@ -31,12 +33,23 @@ export function render({ model, el }) {
 """
 
 
+def _next_tick(fn: Callable[[], object]) -> None:
+    """`fn` on the page's next tick, after the step running now has sent its events (`main.frozen_step`); at once
+    outside a served page."""
+    doc = pn.state.curdoc
+    if doc is not None and doc.session_context is not None:
+        pn.state.execute(fn, schedule=True)
+    else:
+        fn()
+
+
 def follow_editor(tabs: pn.Tabs, editor_tab: int, shown: param.Parameterized, state: AppState,
                   load_button: pn.widgets.Button) -> None:
     """Open the IR editor tab when the sidebar's source becomes "IR text" (`shown.shown`) or an IR text fails to
     load (`state.ir_error`, its line marked there); go to the Graph tab (0) when "Load IR" is pressed."""
     shown.param.watch(lambda e: e.new == "ir" and setattr(tabs, "active", editor_tab), "shown")
-    state.param.watch(lambda e: e.new is not None and setattr(tabs, "active", editor_tab), "ir_error")
+    state.param.watch(lambda e: e.new is not None and _next_tick(lambda: setattr(tabs, "active", editor_tab)),
+                      "ir_error")
     load_button.on_click(lambda e: setattr(tabs, "active", 0))
 
 
