@@ -292,3 +292,16 @@ def test_the_view_names_the_input_rows_kernel_ops():
     s.param.update(timing_split=shared_split(),  # the kernels did not run
                    timings=AppState._timing_rows(rows, s._visible(s.trace)))
     assert "except attention" not in view.split.object
+
+
+@pytest.mark.parametrize("median", [1.45496, 2.00499, 0.1249])
+def test_the_split_table_reads_a_median_as_its_bar_does(median):
+    """The chart labels the timing table's row (3 decimals, then 2): the split's table shows that same text for
+    the same median, also on a rounding boundary (the newcomer saw 1.46 ms on the bar and 1.45 in the table)."""
+    from rlxviz.app.timingchart import ms_label
+
+    split = shared_split()
+    row0 = dataclasses.replace(split.rows[0], median_ms=median)
+    split = dataclasses.replace(split, rows=[row0, *split.rows[1:]])
+    bar = ms_label({"median_ms": round(median, 3)}).removesuffix(" ms")
+    assert f"| {bar} |" in fusion_kernels_markdown(split)

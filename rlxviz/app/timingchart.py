@@ -67,11 +67,11 @@ def fusion_kernels_markdown(split: Any, input_kernel_ops: Sequence[str] = ()) ->
             label = r.label
             if input_kernel_ops and getattr(split, "shared", False):  # the chart's input row: its default lowering
                 label = f"{label} except {', '.join(input_kernel_ops)} (on rlxviz's kernels)"
-            lines.append(f"| {md_escape(label)} | {r.nodes} | {r.median_ms:.2f} | | |")
+            lines.append(f"| {md_escape(label)} | {r.nodes} | {_ms(r.median_ms)} | | |")
             continue
         what, v = step
         words = NOT_READ if busy else v.words
-        lines.append(f"| {md_escape(r.label)} | {r.nodes} | {r.median_ms:.2f} | {what}: {v.ratio:.2f}× "
+        lines.append(f"| {md_escape(r.label)} | {r.nodes} | {_ms(r.median_ms)} | {what}: {v.ratio:.2f}× "
                      f"({v.low:.2f}–{v.high:.2f}) | {words} |")
     f, k, t = split.fusion, split.kernels, split.total
     lines += ["", (f"Of the final version's {t.ratio:.2f}× over the input (paired, both rows above), the fusion on "
@@ -154,6 +154,12 @@ def speedup_label(row: dict[str, Any]) -> str:
     if row.get("vs_input") and lo is not None and hi is not None and lo == lo and hi == hi:
         return f"{row['speedup']:.2f}× ({lo:.2f}–{hi:.2f})"
     return f"{row['speedup']:.2f}×"
+
+
+def _ms(median_ms: float) -> str:
+    """A median as the chart labels it (`ms_label` of the table's row, which holds it to 3 decimals), so a value on
+    a rounding boundary (1.45496) reads the same in the split's table as on its bar (1.46, not 1.45)."""
+    return f"{round(median_ms, 3):.2f}"
 
 
 def ms_label(row: dict[str, Any]) -> str:
