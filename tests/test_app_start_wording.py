@@ -66,3 +66,17 @@ def test_no_line_assumes_the_sidebar_is_open_or_folded():
         click.clicks += 1
         lines.append(_line(start))
     assert not any("☰" in line for line in lines), lines
+
+
+def test_the_step_line_names_the_graph_tab_and_one_pane_at_the_input():
+    """The panes the line describes are the Graph tab's (the Why tab may be open), and at version 0 there is one
+    pane, the graph as read: no "before this pass" (newcomer run: ① wrapped to the input and named two panes)."""
+    s = tiny()
+    start = StartHere(state=s, show_why=lambda: None)
+    start.step.clicks += 1
+    assert s.version > 0 and "on the Graph tab, left, the graph before this pass" in _line(start), _line(start)
+    s.version = 0
+    start._say_version()
+    line = _line(start)
+    assert "(version 0)" in line and "one pane: the graph as read, before any pass" in line, line
+    assert "before this pass" not in line and "right, after it" not in line, line

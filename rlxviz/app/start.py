@@ -172,10 +172,12 @@ class StartHere(Viewer):
         k = min(s.version, n - 1)
         name = s.model.name if s.model is not None else "the model"
         number = s.version_index(k)  # as the version list and the timing chart number it (`version_name`)
+        panes = (": on the Graph tab, one pane: the graph as read, before any pass (① steps on to the first pass "
+                 "that changed it)." if number == 0 else
+                 ": on the Graph tab, left, the graph before this pass (what it matched framed in green); right, "
+                 "after it.")  # the Why tab may be the one open: the sentence names where the panes are
         self._say([(self._next_after_step(), True), ("Showing ", False), (s.version_labels[k], True),
-                   (f" (version {number}) of ", False), (name, True),
-                   (": left, the graph before this pass (what it matched framed in green); right, after it.", False)],
-                  "step")
+                   (f" (version {number}) of ", False), (name, True), (panes, False)], "step")
 
     def fold(self) -> None:
         """Once a step is used, the strip folds to its buttons and line (one 34 px row): the title and the drop zone
