@@ -270,7 +270,7 @@ def test_an_input_that_ran_a_kernel_is_not_called_mlx_own_lowering():
     not to be the fusion's alone. Without such an op the row keeps its name and no such sentence is added."""
     from rlxviz.session.lowerings import FUSION_LABELS
 
-    text = fusion_kernels_markdown(shared_split(), ["attention"])
+    text = fusion_kernels_markdown(dataclasses.replace(shared_split(), input_kernel_ops=("attention",)))
     assert f"{FUSION_LABELS[0]} except attention (on rlxviz's kernels)" in text
     assert "not the fusion's alone" in text
     plain = fusion_kernels_markdown(shared_split())

@@ -4,7 +4,6 @@ as `AppState.timings` holds them)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from ..session.timing import BUSY_RATIO, DISAGREE
@@ -30,22 +29,21 @@ def machine_verdict(rows: list[dict[str, Any]], when: str = "") -> tuple[str, st
             "below can be read.", "success")
 
 
-def fusion_kernels_markdown(split: Any, input_kernel_ops: Sequence[str] = ()) -> str:
+def fusion_kernels_markdown(split: Any) -> str:
     """The final version on MLX's own lowering next to rlxviz's kernels (`session.FusionAndKernels`), as Markdown:
     a table of the three rows (ops, median ms, the paired speed-up over the row above with its 95% interval and its
     verdict) and one sentence splitting the final version's speed-up into the fusion's and the kernels'. A split of
     the chart's own run (`shared`) says its input and final rows are the chart's; one measured apart says it has a
     machine check of its own. A busy run says so first and gives no verdict. None (timed on the GPU): why there is
-    nothing to split; a str: why the split's row could not be measured. `input_kernel_ops`: the ops of the input
-    that rlxviz's kernels take (bert-tiny's `attention`, `session.lowerings.KERNEL_OPS`) where the chart's input row
-    ran them: the input row says which ops ran there, and a sentence says the fusion ratio is not the fusion's alone
-    (default: the split's own `input_kernel_ops`, as `session.fusion_and_kernels_of` found them)."""
+    nothing to split; a str: why the split's row could not be measured. Where the chart's input row
+    ran an op of rlxviz's kernels (`FusionAndKernels.input_kernel_ops`, bert-tiny's `attention`), the input row says
+    which (`FusionAndKernels.label`), and a sentence says the fusion ratio is not the fusion's alone."""
     if split is None:
         return ("#### Fusion or kernels?\nrlxviz's own kernels run on the CPU only: on the GPU every version runs "
                 "MLX's own lowering, so the speed-ups above are the fusion's alone.")
     if isinstance(split, str):  # the split's run failed; the versions above were timed
         return f"#### Fusion or kernels?\nNot measured: {md_escape(hide_server_paths(split))}"
-    input_kernel_ops = input_kernel_ops or getattr(split, "input_kernel_ops", ())
+    input_kernel_ops = split.input_kernel_ops
     from ..session.timing import NOT_READ
 
     busy = split.warning
@@ -64,27 +62,20 @@ def fusion_kernels_markdown(split: Any, input_kernel_ops: Sequence[str] = ()) ->
               "|---|---:|---:|---|---|"]
     for r, step in zip(split.rows, steps, strict=True):
         if step is None:
-            label = r.label
-            if input_kernel_ops and getattr(split, "shared", False):  # the chart's input row: its default lowering
-                label = f"{label} except {', '.join(input_kernel_ops)} (on rlxviz's kernels)"
-            lines.append(f"| {md_escape(label)} | {r.nodes} | {_ms(r.median_ms)} | | |")
+            lines.append(f"| {md_escape(split.label(0))} | {r.nodes} | {_ms(r.median_ms)} | | |")
             continue
         what, v = step
         words = NOT_READ if busy else v.words
         lines.append(f"| {md_escape(r.label)} | {r.nodes} | {_ms(r.median_ms)} | {what}: {v.ratio:.2f}× "
                      f"({v.low:.2f}–{v.high:.2f}) | {words} |")
     f, k, t = split.fusion, split.kernels, split.total
-    lines += ["", (f"Of the final version's {t.ratio:.2f}× over the input (paired, both rows above), the fusion on "
-                   f"MLX's own lowering gives {f.ratio:.2f}× and rlxviz's kernels on the same fused graph "
-                   f"{k.ratio:.2f}×" + (" (not read: a busy machine)." if busy else
-                                         " (not read: medians and paired rounds disagree)."
-                                         if DISAGREE in (f.words, k.words, t.words) else "."))
+    lines += ["", split.sentence("×")
               + f" Each ratio is the median of its own paired per-round ratios, so the two need not multiply to the "
                 f"total ({f.ratio:.2f} × {k.ratio:.2f} = {f.ratio * k.ratio:.2f}, against {t.ratio:.2f}). Where "
                 "the chart above says a row ran rlxviz's CPU kernels, its speed-up over the input is the fusion's "
                 "and the kernels' together.",
               "", f"*{md_escape(hide_server_paths(split.kernels_note))}*" if split.kernels_note else ""]
-    if input_kernel_ops and getattr(split, "shared", False):
+    if input_kernel_ops:
         lines += ["", f"**The input is not all MLX's own lowering:** it already holds "
                       f"{', '.join(input_kernel_ops)}, which ran on rlxviz's kernel, so the *fusion* ratio compares "
                       "that with the final version on MLX's own lowering: it is not the fusion's alone."]

@@ -57,7 +57,7 @@ def split_text(split: Any) -> str:
     final version on MLX's own lowering timed in the same paired rounds, each step's paired speed-up over the row
     above with its 95% interval and its verdict (`NOT_READ` on a busy run), and the sentence splitting the final
     version's speed-up. A str: why the own-lowering row is missing; None: "" (not asked, or not on the CPU)."""
-    from ..session.timing import BUSY_RATIO, DISAGREE, NOT_READ
+    from ..session.timing import BUSY_RATIO, NOT_READ
 
     if split is None:
         return ""
@@ -80,12 +80,7 @@ def split_text(split: Any) -> str:
     lines.append(f"{'run':<{w}}  {'ops':>5}  {'median ms':>9}  {head:<{sw}}  verdict")
     for r, label, cell, word in zip(split.rows, labels, cells, words, strict=True):
         lines.append(f"{label:<{w}}  {r.nodes:>5}  {r.median_ms:>9.2f}  {cell:<{sw}}  {word}".rstrip())
-    f, k, t = split.fusion, split.kernels, split.total
-    tail = (" (not read: a busy machine)." if busy else " (not read: medians and paired rounds disagree)."
-            if DISAGREE in (f.words, k.words, t.words) else ".")
-    lines.append(f"Of the final version's {t.ratio:.2f}x over the input (paired, both rows above), the fusion on MLX's "
-                 f"own lowering gives {f.ratio:.2f}x and rlxviz's kernels on the same fused graph {k.ratio:.2f}x"
-                 + tail)
+    lines.append(split.sentence())
     if split.kernels_note:
         lines.append(split.kernels_note)
     return "\n".join(lines) + "\n"

@@ -138,6 +138,19 @@ class FusionAndKernels:
     shared: bool = False
     input_kernel_ops: tuple[str, ...] = ()
 
+    def sentence(self, times: str = "x") -> str:
+        """The final version's speed-up split into the fusion's and the kernels' (`times`: the sign printed after a
+        ratio), with why it is not to be read on a busy run or where medians and paired rounds disagree: `time`'s line
+        and the Timing tab's first sentence."""
+        from .timing import DISAGREE
+
+        f, k, t = self.fusion, self.kernels, self.total
+        tail = (" (not read: a busy machine)." if self.warning else " (not read: medians and paired rounds disagree)."
+                if DISAGREE in (f.words, k.words, t.words) else ".")
+        return (f"Of the final version's {t.ratio:.2f}{times} over the input (paired, both rows above), the fusion on "
+                f"MLX's own lowering gives {f.ratio:.2f}{times} and rlxviz's kernels on the same fused graph "
+                f"{k.ratio:.2f}{times}{tail}")
+
     def label(self, i: int) -> str:
         """Row `i`'s label; the input's names the ops of it that ran on rlxviz's kernels (`input_kernel_ops`)."""
         r = self.rows[i]
