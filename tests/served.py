@@ -133,6 +133,11 @@ def watched_page(browser: Browser, url: str, width: int, height: int) -> Iterato
     assert not seen["errors"], seen["errors"]
 
 
+def pane_text(loc) -> str:
+    """The text a Panel pane shows (it renders inside its element's shadow root)."""
+    return loc.evaluate("e => (e.shadowRoot || e).textContent")
+
+
 def open_tab(pg: Page, name: str) -> None:
     """Open tab `name` and wait until the browser shows it active (a click during a server update is not lost)."""
     tab = pg.locator(".bk-tab", has_text=name)

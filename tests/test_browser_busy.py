@@ -10,7 +10,7 @@ import time
 
 import pytest
 from playwright.sync_api import expect
-from served import ART, WAIT_MS, browser_fixture, server_fixture, watched_page
+from served import ART, WAIT_MS, browser_fixture, pane_text, server_fixture, watched_page
 from test_browser_timing import BARS_JS, time_bert_tiny
 
 from rlxviz.app.timeproc import FORCE_BUSY_ENV
@@ -22,11 +22,6 @@ server = server_fixture("server-busy.log", env={FORCE_BUSY_ENV: "1"})
 browser = browser_fixture()
 
 pytestmark = pytest.mark.slow
-
-
-def _text(loc) -> str:
-    """The text a Panel pane shows (it renders inside its element's shadow root)."""
-    return loc.evaluate("e => (e.shadowRoot || e).textContent")
 
 
 def _idle(pg):
@@ -49,7 +44,7 @@ def _read_busy(pg):
     assert NOT_READ in words and not re.search(r"\bfaster\b|\bslower\b", words), words
     split = pg.locator(".rv-fusion-kernels")
     expect(split).to_contain_text("Fusion or kernels?")
-    text = _text(split)
+    text = pane_text(split)
     assert not re.search(r"\bfaster\b|\bslower\b", text), text
     if "MLX's own lowering" in text:  # on the CPU: the split's own check says busy too
         assert "busy machine" in text, text
@@ -72,11 +67,11 @@ def test_a_forced_busy_run_reads_busy_first_and_no_faster(browser, server, size)
         assert look[4] == "pointer", look
         box = again.bounding_box()
         assert box["height"] >= 24 and box["width"] >= 80, box
-        figures = _text(pg.locator(".rv-machine"))  # the worst row's median and minimum, ms
+        figures = pane_text(pg.locator(".rv-machine"))  # the worst row's median and minimum, ms
         again.click()  # measures anew: other figures, busy again
         deadline = time.time() + 5 * WAIT_MS / 1000  # (the pane lies in nested shadow roots: polled from here)
-        while _text(pg.locator(".rv-machine")) == figures and time.time() < deadline:
+        while pane_text(pg.locator(".rv-machine")) == figures and time.time() < deadline:
             pg.wait_for_timeout(500)
-        assert _text(pg.locator(".rv-machine")) != figures, "Time again measured nothing anew"
+        assert pane_text(pg.locator(".rv-machine")) != figures, "Time again measured nothing anew"
         _idle(pg)
         _read_busy(pg)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 from playwright.sync_api import expect
-from served import WAIT_MS, browser_fixture, open_sidebar, open_tab, server_fixture, watched_page
+from served import WAIT_MS, browser_fixture, open_sidebar, open_tab, pane_text, server_fixture, watched_page
 
 from rlxviz.session.lowerings import FUSION_LABELS
 
@@ -28,11 +28,6 @@ BARS_JS = """() => {
   return out;
 }"""
 """The timing chart's data in the browser: each median bar and its label, each speed-up bar and its label."""
-
-
-def _text(loc) -> str:
-    """The text a Panel pane shows (it renders inside its element's shadow root)."""
-    return loc.evaluate("e => (e.shadowRoot || e).textContent")
 
 
 def _idle(pg):
@@ -72,7 +67,7 @@ def test_timing_tab_verdict_first_bars_agree_kernels_apart(browser, server, size
         chart = pg.locator(".rv-timing-chart")
         expect(chart.locator("canvas").first).to_be_visible()
         assert machine.bounding_box()["y"] < chart.bounding_box()["y"]  # the verdict before any ratio
-        busy = "Busy machine" in _text(machine)
+        busy = "Busy machine" in pane_text(machine)
         # each bar labelled with its own number, in both plots
         bars = pg.evaluate(BARS_JS)
         assert bars, "no timing chart data in the page"
@@ -81,14 +76,14 @@ def test_timing_tab_verdict_first_bars_agree_kernels_apart(browser, server, size
                 assert label.startswith(f"{value:.2f}"), (value, label)
             assert not busy or not any("faster" in t or "slower" in t for t in b["xl"])
         expect(pg.locator(".rv-blas")).to_contain_text("BLAS")
-        header = _text(pg.locator(".rv-blas"))
+        header = pane_text(pg.locator(".rv-blas"))
         assert "BLAS" in header and sys.prefix not in header and "/.venv/" not in header, header
         split = pg.locator(".rv-fusion-kernels")
         expect(split).to_contain_text("Fusion or kernels?")
         if "on cpu" in header:
             for label in FUSION_LABELS:
                 expect(split).to_contain_text(label)
-            assert sys.prefix not in _text(split)
+            assert sys.prefix not in pane_text(split)
 
 
 @pytest.mark.parametrize("size", [(1280, 800), (1920, 1080)])

@@ -7,7 +7,7 @@ import re
 
 import pytest
 from playwright.sync_api import expect
-from served import ART, WAIT_MS, browser_fixture, server_fixture, watched_page
+from served import ART, WAIT_MS, browser_fixture, pane_text, server_fixture, watched_page
 from test_browser_timing import time_bert_tiny
 
 from rlxviz.app.timeproc import FORCE_BUSY_ENV
@@ -20,11 +20,6 @@ browser = browser_fixture()
 pytestmark = pytest.mark.slow
 
 
-def _text(loc) -> str:
-    """The text a Panel pane shows (it renders inside its element's shadow root)."""
-    return loc.evaluate("e => (e.shadowRoot || e).textContent")
-
-
 def test_a_second_session_is_told_the_timing_is_stored(browser, server):
     with watched_page(browser, server[0], 1280, 800) as first:
         time_bert_tiny(first)
@@ -34,12 +29,12 @@ def test_a_second_session_is_told_the_timing_is_stored(browser, server):
         time_bert_tiny(second)  # the same model and settings: the first session's run, from the app's cache
         origin = second.locator(".rv-timing-origin")
         expect(origin).to_be_visible()
-        note = _text(origin)
+        note = pane_text(origin)
         assert re.search(r"measured (\d\d:\d\d) UTC \((under a minute|\d+ min) ago, in another session\)", note), note
         assert "Time again" in note
         when = re.search(r"(\d\d:\d\d) UTC", note).group(1)
         machine = second.locator(".rv-machine")
-        assert f"Busy machine at {when} UTC" in _text(machine)
+        assert f"Busy machine at {when} UTC" in pane_text(machine)
         assert origin.bounding_box()["y"] < machine.bounding_box()["y"]
         chart = second.locator(".rv-timing-chart")
         assert origin.bounding_box()["y"] < chart.bounding_box()["y"]
