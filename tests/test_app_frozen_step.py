@@ -1,14 +1,22 @@
-"""`main.frozen_step`: a page step's Bokeh model changes recompute the document's model graph once, not once per
+"""`step.frozen_step`: a page step's Bokeh model changes recompute the document's model graph once, not once per
 widget changed (issue 39's first picture: the walk, nine times over, was most of the wait to show a new model), and
 a step that raises leaves the document unfrozen."""
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import panel as pn
 import pytest
 from bokeh.document import Document
 from bokeh.models import Column, Div
+from bokeh.protocol import Protocol
+from panel.io import document
 
-from rlxviz.app.main import frozen_step
+from rlxviz.app.step import frozen_step
 
 
 def _page(n: int) -> tuple[Document, list[Column]]:
@@ -61,3 +69,78 @@ def test_a_step_that_raises_leaves_the_document_unfrozen(monkeypatch, error):
     later = Div(text="later")
     cols[1].children = [*cols[1].children, later]
     assert doc.get_model_by_id(later.id) is later  # not frozen any more: found at once
+
+
+# ---------------------------------------------------------------- a model moved within a step, on a served page
+
+
+class _Socket:
+    """A page's websocket: each message Panel writes to it is applied to a copy of the document, as BokehJS does
+    (it drops the models a message leaves unreachable once it has applied the message)."""
+
+    def __init__(self, doc: Document) -> None:
+        self.page = Document.from_json(doc.to_json())
+        doc.models.flush_synced()  # what the page was sent whole
+        self.messages = 0
+        self.protocol = Protocol()
+
+    def write(self, conn: object, events: list) -> list:
+        self.protocol.create("PATCH-DOC", events).apply_to_document(self.page)
+        self.messages += 1
+        return []  # no write futures to await
+
+
+class _Session:  # what Panel's `unlocked` reads of a Bokeh server session: its page connections
+    def __init__(self, socket: _Socket) -> None:
+        self._subscribed_connections = [SimpleNamespace(_socket=socket)]
+
+
+class _Context:  # `Document.session_context` (a weak reference to it)
+    def __init__(self, socket: _Socket) -> None:
+        self.session = _Session(socket)
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """A document served to one loaded page (`_Socket`), on this thread, as Panel's `state` sees a session."""
+    doc, cols = _page(2)
+    socket = _Socket(doc)
+    context = _Context(socket)
+    monkeypatch.setattr(doc, "_session_context", weakref.ref(context))
+    monkeypatch.setitem(document.extra_socket_handlers, _Socket, lambda conn, events: conn._socket.write(conn, events))
+    monkeypatch.setitem(pn.state._loaded, doc, True)
+    monkeypatch.setitem(pn.state._connected, doc, True)
+    monkeypatch.setitem(pn.state._thread_id_, doc, threading.get_ident())
+    yield doc, cols, socket
+    document._WRITE_FUTURES.pop(doc, None)
+
+
+def _move(cols: list[Column], div: Div, text: str) -> Callable[[], None]:
+    def move() -> None:
+        cols[0].children = [c for c in cols[0].children if c is not div]  # the page drops it ...
+        cols[1].children = [*cols[1].children, div]  # ... unless this reaches it in the same message
+        div.text = text
+    return move
+
+
+def test_a_model_moved_in_a_step_stays_known_to_the_page(served):
+    """The CI fault of stop 44 ("reference p3018 isn't known"): a div taken out of one column and put in another in
+    one step reached the page as two patches, and the page had dropped it when the second named it."""
+    doc, cols, socket = served
+    div = cols[0].children[0]
+    frozen_step(doc, _move(cols, div, "moved"))()
+    assert socket.messages == 1
+    shown = socket.page.get_model_by_id(cols[1].id).children
+    assert [c.id for c in shown][-1] == div.id and socket.page.get_model_by_id(div.id).text == "moved"
+
+
+def test_the_move_sent_as_one_patch_per_event_loses_the_model(served):
+    """The control: the same step with Bokeh's own route (one PATCH-DOC per event) leaves the page without it."""
+    doc, cols, socket = served
+    div = cols[0].children[0]
+    doc.on_change(lambda e: socket.write(None, [e]))
+    doc.hold("collect")
+    with doc.models.freeze():
+        _move(cols, div, "moved")()
+    doc.unhold()
+    assert socket.messages == 3 and socket.page.get_model_by_id(div.id) is None

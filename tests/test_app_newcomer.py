@@ -1,7 +1,7 @@
 """A newcomer's faults in the app (issue 39's fresh run), without a browser: what the page is sent in one step, the
 layout's Bokeh validation, the sidebar's sources, and a batch or sequence length out of range.
 
-- A page step (`main.frozen_step`) sends every model it adds with the values it has when the step ends: after ① then
+- A page step (`step.frozen_step`) sends every model it adds with the values it has when the step ends: after ① then
   ②, the before pane, put back in the step that shows ②'s run and changed later in it, stayed on "before fuse_sdpa".
 - The page's layout gives Bokeh no W-1005 (FIXED_SIZING_MODE): "fixed" sizing without a height filled the log.
 - Opening the sidebar's Built-in tab does not replace an uploaded model; choosing a built-in model does, and the
@@ -23,8 +23,9 @@ from bokeh.protocol import Protocol
 
 from rlxviz.app.controls import ModelControls
 from rlxviz.app.jobs import Runner
-from rlxviz.app.main import build_app, frozen_step
+from rlxviz.app.main import build_app
 from rlxviz.app.state import AppState
+from rlxviz.app.step import frozen_step
 
 ONNX = Path(__file__).parent / "fixtures" / "onnx"
 SMALL_IR = """graph small {

@@ -34,7 +34,7 @@ export function render({ model, el }) {
 
 
 def _next_tick(fn: Callable[[], object]) -> None:
-    """`fn` on the page's next tick, after the step running now has sent its events (`main.frozen_step`); at once
+    """`fn` on the page's next tick, after the step running now has sent its events (`step.frozen_step`); at once
     outside a served page."""
     doc = pn.state.curdoc
     if doc is not None and doc.session_context is not None:

@@ -9,7 +9,6 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import panel as pn
 from panel.theme.fast import Fast
@@ -24,12 +23,10 @@ from .panels import IRView, VersionStepper, graph_tab
 from .sources import remove_stale_uploads, remove_uploads
 from .start import StartHere
 from .state import AppState
+from .step import frozen_step
 from .text import md_escape
 from .timingview import TimingView
 from .whyview import DecisionTable, WhyView
-
-if TYPE_CHECKING:
-    from bokeh.document import Document
 
 WHY_TAB = 2
 """Index of the "Why didn't layer N fuse?" tab (the start strip's third click opens it)."""
@@ -189,36 +186,6 @@ def build_app(state: AppState | None = None) -> pn.template.BaseTemplate:
         main=[pn.Column(start, StatusBar(state=state), stepper, tabs, sizing_mode="stretch_both")])
     tmpl.state = state  # type: ignore[attr-defined]  # handy for tests and notebooks
     return tmpl
-
-
-def frozen_step(doc: Document, fn: Callable[[], None]) -> Callable[[], None]:
-    """`fn` as one step on Bokeh document `doc`: its model graph frozen (`Document.models.freeze`) while `fn` runs,
-    so the models `fn` adds or drops are collected once when it ends (unfrozen even when `fn` raises), not once
-    per widget it changes. Showing a new model changes a dozen widgets, each of which walked every model of the
-    page; on a loaded 2-core machine that walk, nine times over, was 2.1 of the 3.0 s between the input graph's
-    SVG being drawn and the page showing it (issue 39's first picture).
-
-    The step's change events are held (`Document.hold("collect")`, in order) and sent when it ends, after the
-    model graph is collected: a model added during the step (the before pane put back beside the after pane) is
-    attached to the document only then, so a change made to it later in the same step sent no event, and the
-    browser kept the values it had when it was added (after ① then ②, the left pane stayed on "before fuse_sdpa"
-    while the right one showed "after fuse_transformer_layer"). Sent at the end, each new model goes out with its
-    final values. A hold already on (Panel's) is left to send the events itself."""
-    def step() -> None:
-        hold = doc.callbacks.hold_value is None
-        if hold:
-            doc.hold("collect")
-        try:
-            freeze = doc.models.freeze()
-            freeze.__enter__()
-            try:
-                fn()
-            finally:
-                freeze.__exit__(None, None, None)  # Bokeh's context manager has no `finally` of its own
-        finally:
-            if hold:
-                doc.unhold()  # after the collection: new models are attached, and sent with their final values
-    return step
 
 
 def _page_thread() -> tuple[Callable[[Callable[[], None]], None], Callable[[], bool]] | None:
