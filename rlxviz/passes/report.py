@@ -211,18 +211,29 @@ def missed_fusions(source: Graph | Trace, pipeline: Pipeline | None = None) -> l
     return list(out.values())
 
 
-def left_out(trace: Trace, layers: Collection[int] | None = None) -> list[str]:
-    """What fusions that happened left out (their soft rejections, e.g. a refused merge, an additive mask
-    kept, an activation not absorbed) and what the model's own structure kept out of a fusion (a `MODEL_TERM`
-    refusal whose anchor survives: cross-attention and FusedAttentionBlock), one line each, except those already
-    reported as missed fusions. With `layers`, only rejections whose node path lies in one of those layers (a
-    question about layer N is not answered with the embeddings' line)."""
+def left_out_rejections(trace: Trace, layers: Collection[int] | None = None) -> list[Rejection]:
+    """The rejections `left_out` lists, in the run's order: what fusions that happened left out (their soft
+    rejections, e.g. a refused merge, an additive mask kept, an activation not absorbed) and the refusals that are no
+    near-miss (`guard.NOT_NEAR_MISSES`: the model's own term kept out of a fusion, cross-attention and
+    FusedAttentionBlock; nodes that only look like a rule's input, the embeddings' broadcast sum) whose anchor
+    survives, except those already reported as missed fusions. With `layers`, only rejections whose node path lies in
+    one of those layers (a question about layer N is not answered with the embeddings' line)."""
     missed = {(m.pattern, m.node) for m in missed_fusions(trace)}
     final = trace.final
-    return [f"{r.rule} @ %{r.anchor} ({r.path or '-'}): {r.guard} [{r.kind}]: {r.message}"
-            for r in trace.rejections if (r.rule, r.anchor) not in missed
+    return [r for r in trace.rejections if (r.rule, r.anchor) not in missed
             and (layers is None or layer_of(r.path or "") in layers) and (
                 r.soft or (r.kind in NOT_NEAR_MISSES and r.headline and r.anchor in final))]
+
+
+def left_out_line(r: Rejection) -> str:
+    """One line of `left_out`: `RULE @ %ANCHOR (PATH): GUARD [KIND]: MESSAGE`."""
+    return f"{r.rule} @ %{r.anchor} ({r.path or '-'}): {r.guard} [{r.kind}]: {r.message}"
+
+
+def left_out(trace: Trace, layers: Collection[int] | None = None) -> list[str]:
+    """`left_out_rejections` one line each (`left_out_line`). Which of them a fusion left out and which are no
+    near-miss is the verdict's to say (`passes.why.verdict.RunVerdict.left_out_groups`)."""
+    return [left_out_line(r) for r in left_out_rejections(trace, layers)]
 
 
 def format_report(trace: Trace) -> str:
@@ -240,4 +251,5 @@ def format_report(trace: Trace) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MissedFusion", "format_report", "in_context", "left_out", "missed_fusions"]
+__all__ = ["MissedFusion", "format_report", "in_context", "left_out", "left_out_line", "left_out_rejections",
+           "missed_fusions"]

@@ -11,6 +11,7 @@ import dataclasses
 import re
 from typing import TYPE_CHECKING, Any
 
+from ..guard import MODEL_TERM, NOT_A_CANDIDATE
 from ..trace import layer_label
 
 if TYPE_CHECKING:  # for annotations only: the verdicts word themselves through this module
@@ -22,6 +23,27 @@ GROUP_OVER = 3
 
 _DONE = re.compile(r"^(?P<op>\S+) %(?P<id>\d+) \((?P<pass>[^()]+)\)$")
 """One item of `LayerVerdict.done`: `OP %ID (PASS)`."""
+
+
+_LEFT_OUT_HEADINGS = {
+    "left out": ("fusion left something out", "fusions left something out"),
+    MODEL_TERM: ("fusion kept the model's own term as an operand (nothing refused, nothing to fix)",
+                 "fusions kept the model's own term as an operand (nothing refused, nothing to fix)"),
+    NOT_A_CANDIDATE: ("lookalike, not a candidate (nothing to fix, not a near-miss)",
+                      "lookalikes, not candidates (nothing to fix, not near-misses)"),
+}
+"""Each group of `RunVerdict.left_out_groups` (`verdict.LEFT_OUT_GROUPS`) as its heading says it: one, many."""
+
+
+def left_out_heading(group: str, n: int) -> str:
+    """The heading of `n` items of a `verdict.LEFT_OUT_GROUPS` group, e.g. `1 lookalike, not a candidate (nothing to
+    fix, not a near-miss)`; the text's line ends it with a colon, the app's chips say it in a tooltip.
+
+    Raises:
+        KeyError: `group` is not one of `verdict.LEFT_OUT_GROUPS`.
+    """
+    one, many = _LEFT_OUT_HEADINGS[group]
+    return f"{n} {one if n == 1 else many}"
 
 
 def fused_list(done: list[str], verbose: bool = False) -> str:
@@ -130,6 +152,8 @@ def run_dict(r: RunVerdict) -> dict[str, Any]:
     return {"model": r.model, "pipeline": r.pipeline, "ok": r.ok, "fused_layers": r.fused_layers,
             "checked_layers": len(r.layers), "final_op_counts": r.counts, "layers": [layer_dict(s) for s in r.layers],
             "misses": r.misses, "not_expected": r.not_expected, "left_out": r.left_out,
+            "left_out_groups": [{"kind": g, "heading": left_out_heading(g, len(lines)), "items": lines}
+                                for g, lines in r.left_out_groups.items()],
             "architecture": None if r.architecture is None else dataclasses.asdict(r.architecture),
             "crashed_passes": r.crashed, "recognized": r.recognized, "expect": r.expect,
             "cannot_make": r.cannot_make or sorted({c for s in r.layers for c in s.cannot_make})}
@@ -153,8 +177,10 @@ def render_run(r: RunVerdict, verbose: bool = False) -> str:
 
 
 def _left_out(r: RunVerdict) -> list[str]:
-    head = [f"{len(r.left_out)} fusion(s) left something out:"] if r.left_out else []
-    return head + [f"  {x}" for x in r.left_out]
+    """Each group of `left_out_groups`: its heading (`left_out_heading`), then its lines indented."""
+    return [ln for g, lines in r.left_out_groups.items()
+            for ln in (f"{left_out_heading(g, len(lines))}:", *(f"  {x}" for x in lines))]
 
 
-__all__ = ["GROUP_OVER", "fused_list", "headline", "layer_dict", "render_layer", "render_run", "run_dict"]
+__all__ = ["GROUP_OVER", "fused_list", "headline", "layer_dict", "left_out_heading", "render_layer", "render_run",
+           "run_dict"]

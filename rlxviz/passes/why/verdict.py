@@ -16,9 +16,9 @@ from typing import Any
 
 from ..architecture import classify_layer
 from ..explain import Outcome, explain
-from ..guard import NOT_NEAR_MISSES
-from ..report import MissedFusion, left_out
-from ..trace import Trace, layer_of, resolve_layers, same_stack_as
+from ..guard import MODEL_TERM, NOT_A_CANDIDATE, NOT_NEAR_MISSES
+from ..report import MissedFusion, left_out_line, left_out_rejections
+from ..trace import Rejection, Trace, layer_of, resolve_layers, same_stack_as
 from . import text
 from .facts import RunFacts, illegal_here, op_of, recognized, silent
 from .kinds import LayerArchitecture
@@ -28,6 +28,28 @@ Architecture = LayerArchitecture
 
 EXIT_OK, EXIT_NOT_FUSED = 0, 1
 """`RunVerdict.exit_status`: every checked layer fused as expected / not (a crashed pass is the caller's 3)."""
+
+LEFT_OUT = "left out"
+LEFT_OUT_GROUPS = (LEFT_OUT, MODEL_TERM, NOT_A_CANDIDATE)
+"""The kinds of `RunVerdict.left_out_groups`, in the order the text lists them (issue 39): what a fusion that happened
+left out (a soft rejection: a refused merge, an activation not absorbed), a fusion that kept the model's own term as
+an operand (`guard.MODEL_TERM`: nothing refused), and nodes that only look like a fusion's input
+(`guard.NOT_A_CANDIDATE`: never a candidate, so nothing any fusion left out)."""
+
+
+def left_out_group(r: Rejection) -> str:
+    """Which of `LEFT_OUT_GROUPS` a rejection of `report.left_out_rejections` is in: its kind when that kind is no
+    near-miss (`guard.NOT_NEAR_MISSES`), else `LEFT_OUT`."""
+    return r.kind if r.kind in NOT_NEAR_MISSES else LEFT_OUT
+
+
+def left_out_groups(trace: Trace, layers: Iterable[int] | None = None) -> dict[str, list[str]]:
+    """`report.left_out_rejections` of `trace` (in `layers`, when given) one line each (`report.left_out_line`), by
+    `left_out_group`: only the non-empty groups, in `LEFT_OUT_GROUPS` order, each in the run's order."""
+    out: dict[str, list[str]] = {g: [] for g in LEFT_OUT_GROUPS}
+    for r in left_out_rejections(trace, None if layers is None else set(layers)):
+        out[left_out_group(r)].append(left_out_line(r))
+    return {g: lines for g, lines in out.items() if lines}
 
 
 @dataclass(frozen=True)
@@ -144,7 +166,9 @@ class RunVerdict:
             kind, and every "no rule recognizes this" finding (then `ok` means none).
         architecture: for a graph whose node paths name no layer: the whole graph's kind.
         not_expected: for a graph whose node paths name no layer: rejections that do not count, with the reason.
-        left_out: what fusions that happened left out, deliberately (`passes.report.left_out`).
+        left_out_groups: `passes.report.left_out`'s lines by kind (`left_out_groups`): what fusions that happened
+            left out, the model's own terms they kept, and lookalikes that were never a candidate; `left_out` is
+            every line, in that order.
         crashed: the error of every pass that raised (its result discarded); any makes `ok` False.
         recognized: for a graph whose node paths name no layer: every form recognized into a primitive op.
         expect: what the layers were judged against (`EXPECT_MODES`).
@@ -158,7 +182,7 @@ class RunVerdict:
     misses: list[str] = field(default_factory=list)
     architecture: Architecture | None = None
     not_expected: list[str] = field(default_factory=list)
-    left_out: list[str] = field(default_factory=list)
+    left_out_groups: dict[str, list[str]] = field(default_factory=dict)
     crashed: list[str] = field(default_factory=list)
     recognized: list[str] = field(default_factory=list)
     expect: str = "model"
@@ -199,6 +223,11 @@ class RunVerdict:
             if v.layer == layer:
                 return v
         raise KeyError(f"layer {layer} was not checked")
+
+    @property
+    def left_out(self) -> list[str]:
+        """Every line of `left_out_groups`, group after group."""
+        return [x for lines in self.left_out_groups.values() for x in lines]
 
     @property
     def fused_layers(self) -> int:
@@ -242,12 +271,12 @@ def _run_verdict(facts: RunFacts, expect: str, wanted: tuple[int, ...], every: b
     crashed = [s.error for s in trace.steps if s.error]
     counts = trace.final.fused_op_counts()
     if facts.layers:
-        return RunVerdict(trace.pipeline, statuses, counts, left_out=left_out(trace, None if every else set(wanted)),
-                          crashed=crashed, expect=expect)
+        return RunVerdict(trace.pipeline, statuses, counts, crashed=crashed, expect=expect,
+                          left_out_groups=left_out_groups(trace, None if every else wanted))
     arch = classify_layer(trace.input, None)
     misses, ignored = expected_misses(trace, arch, None)
     return RunVerdict(trace.pipeline, statuses, counts, [str(m) for m in misses], arch, list(ignored.values()),
-                      left_out(trace), crashed, recognized(trace), expect, facts.cannot_make(None))
+                      left_out_groups(trace), crashed, recognized(trace), expect, facts.cannot_make(None))
 
 
 def judged_kind(trace: Trace, layer: int) -> tuple[Architecture, Architecture]:
@@ -393,5 +422,6 @@ def verdict_pass(trace: Trace, layer: int) -> str | None:
     return first.pass_name
 
 
-__all__ = ["EXIT_NOT_FUSED", "EXIT_OK", "Architecture", "FusionCheck", "LayerStatus", "LayerVerdict", "RunVerdict",
-           "expected_misses", "judged_kind", "layer_verdict", "verdict_pass"]
+__all__ = ["EXIT_NOT_FUSED", "EXIT_OK", "LEFT_OUT", "LEFT_OUT_GROUPS", "Architecture", "FusionCheck", "LayerStatus",
+           "LayerVerdict", "RunVerdict", "expected_misses", "judged_kind", "layer_verdict", "left_out_group",
+           "left_out_groups", "verdict_pass"]
