@@ -334,7 +334,7 @@ def test_an_additive_term_that_is_not_a_padding_mask_is_kept_as_an_operand(capsy
     code, out, _ = cli_run(capsys, "explain", path)
     assert code == 0, out
     assert "mask_model_term [the model's own term]" in out and "not a padding mask" in out
-    assert "extended-mask formula" not in out and "keep mask" not in out.split("kept the model's own term")[1]
+    assert "extended-mask formula" not in out and "keep mask" not in out.split("keeps the model's own term")[1]
 
 
 def test_a_per_key_additive_mask_still_gets_the_padding_advice():

@@ -27,12 +27,14 @@ _DONE = re.compile(r"^(?P<op>\S+) %(?P<id>\d+) \((?P<pass>[^()]+)\)$")
 
 _LEFT_OUT_HEADINGS = {
     "left out": ("fusion left something out", "fusions left something out"),
-    MODEL_TERM: ("fusion kept the model's own term as an operand (nothing refused, nothing to fix)",
-                 "fusions kept the model's own term as an operand (nothing refused, nothing to fix)"),
+    MODEL_TERM: ("place keeps the model's own term (nothing to fix, not a near-miss)",
+                 "places keep the model's own terms (nothing to fix, not near-misses)"),
     NOT_A_CANDIDATE: ("lookalike, not a candidate (nothing to fix, not a near-miss)",
                       "lookalikes, not candidates (nothing to fix, not near-misses)"),
 }
-"""Each group of `RunVerdict.left_out_groups` (`verdict.LEFT_OUT_GROUPS`) as its heading says it: one, many."""
+"""Each group of `RunVerdict.left_out_groups` (`verdict.LEFT_OUT_GROUPS`) as its heading says it: one, many. A
+`MODEL_TERM` place is a fusion that kept the model's term as its operand (a causal band, Gemma's 1 + w) or a rule
+that left the model's own structure as it is (cross-attention: the attention stays packed)."""
 
 
 def left_out_heading(group: str, n: int) -> str:

@@ -32,9 +32,9 @@ EXIT_OK, EXIT_NOT_FUSED = 0, 1
 LEFT_OUT = "left out"
 LEFT_OUT_GROUPS = (LEFT_OUT, MODEL_TERM, NOT_A_CANDIDATE)
 """The kinds of `RunVerdict.left_out_groups`, in the order the text lists them (issue 39): what a fusion that happened
-left out (a soft rejection: a refused merge, an activation not absorbed), a fusion that kept the model's own term as
-an operand (`guard.MODEL_TERM`: nothing refused), and nodes that only look like a fusion's input
-(`guard.NOT_A_CANDIDATE`: never a candidate, so nothing any fusion left out)."""
+left out (a soft rejection: a refused merge, an activation not absorbed), a place that keeps the model's own term
+(`guard.MODEL_TERM`: a term kept as a fusion's operand, cross-attention kept packed outside the block), and nodes that
+only look like a fusion's input (`guard.NOT_A_CANDIDATE`: never a candidate, so nothing any fusion left out)."""
 
 
 def left_out_group(r: Rejection) -> str:
