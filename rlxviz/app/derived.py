@@ -16,6 +16,7 @@ import param
 from .. import session
 from ..ir import Graph, format_graph
 from ..passes import PassStep, Trace
+from ..passes.trace import Rejection
 from ..passes.why.verdict import RunVerdict
 from ..session import LayerStatus, SessionError, View, overlays
 from ..session import render as drawing
@@ -44,6 +45,23 @@ COLOURS = ("node_figures", "overlay")
 """The node colours of the chosen overlay."""
 
 
+def refusals(step: PassStep) -> list[Rejection]:
+    """The hard near-misses of `step` (`Rejection.near_miss`, not `soft`): what its version chip counts as rejections
+    (✗N) and what keeps a pass that changed nothing in the version list. A lookalike (BERT's embeddings' broadcast
+    sum) or the model's own term is no failure of the pass (issue 39: ✗1 on every healthy BERT)."""
+    return [r for r in step.rejections if not r.soft and r.near_miss]
+
+
+def not_near_misses(step: PassStep) -> dict[str, list[str]]:
+    """Kind -> node paths (`-` for none) of `step`'s hard refusals that are no near-miss (`guard.NOT_NEAR_MISSES`),
+    in the run's order."""
+    out: dict[str, list[str]] = {}
+    for r in step.rejections:
+        if not r.soft and not r.near_miss:
+            out.setdefault(r.kind, []).append(r.path or "-")
+    return out
+
+
 class Derived:
     """Derived values of `AppState` (its versions, graphs, texts and drawings); read-only."""
 
@@ -62,8 +80,9 @@ class Derived:
         out = []
         for k, (label, _g) in enumerate(trace.versions()):
             step = trace.steps[k - 1] if k else None
-            # a crash stays shown, and so does a pass whose only events are rejections (the one an engineer looks for)
-            if step is None or not hide or step.changed or step.error or any(not r.soft for r in step.rejections):
+            # a crash stays shown, and so does a pass whose only events are rejections (the one an engineer looks
+            # for): near-misses, as its chip counts them (a lookalike alone is no reason to show a pass)
+            if step is None or not hide or step.changed or step.error or refusals(step):
                 out.append((k, label))
         return out
 
@@ -143,7 +162,9 @@ class Derived:
     @param.depends(*SHOWN)
     def version_rows(self) -> list[dict[str, Any]]:
         """One row per shown version: label, compute-node count, fused-node count, change in nodes, the pass's
-        matches and (hard) rejections."""
+        matches, its rejections (`refusals`: hard near-misses, the chip's ✗) and `not_near_misses`: kind -> node paths
+        of its hard refusals of a kind that is no near-miss (`guard.NOT_NEAR_MISSES`: a lookalike, the model's own
+        term), which the chip shows apart, not as a failure."""
         if self.trace is None:
             return []
         versions = self.trace.versions()
@@ -155,7 +176,8 @@ class Derived:
             step = self.trace.steps[i - 1] if i else None
             rows.append({"#": k, "version": label, "nodes": n, "change": n - prev,
                          "matches": len(step.matches) if step else 0,
-                         "rejections": sum(not r.soft for r in step.rejections) if step else 0,
+                         "rejections": len(refusals(step)) if step else 0,
+                         "not_near_misses": not_near_misses(step) if step else {},
                          "crashed": bool(i and self.trace.steps[i - 1].error),
                          "fused": sum(1 for x in g if x.pass_name), "ms": (self.trace.steps[i - 1].seconds * 1e3
                                                                           if i else 0.0)})

@@ -14,6 +14,7 @@ import param
 from panel.viewable import Viewer
 
 from ..ir import Graph, format_graph
+from ..passes.why.text import left_out_heading
 from ..session.overlays import UNITS
 from .explain import counterpart_line, counterparts, node_report, report_markdown
 from .graphpane import SvgGraph, folded_index
@@ -83,6 +84,19 @@ def select_width(options: Mapping[str, object]) -> int:
 REJECTED_ON_SELECTED = "color:#c62828;background:#ffffff;border-radius:6px;padding:0 3px"
 """The rejection count's style on the selected (dark blue, #1565c0) chip: the red used elsewhere (#c62828) has a
 contrast of about 1:1 against that blue; on a white badge it keeps its red at 5.6:1 (WCAG AA for text: 4.5)."""
+
+NOT_NEAR_MISS_MARK = "○"
+"""A version chip's neutral mark (`not_near_miss_mark`): refusals that are no near-miss, not counted in its ✗."""
+
+
+def not_near_miss_mark(kinds: Mapping[str, list[str]]) -> str:
+    """A chip's neutral mark for a pass's refusals that are no near-miss (`derived.not_near_misses`: kind -> node
+    paths): `○N` in the chip's own colour, faded, its tooltip the verdict's heading for each kind
+    (`passes.why.text.left_out_heading`) and the paths, e.g. `1 lookalike, not a candidate (nothing to fix, not a
+    near-miss): embeddings.LayerNorm`."""
+    n = sum(len(p) for p in kinds.values())
+    said = "; ".join(f"{left_out_heading(k, len(p))}: {', '.join(dict.fromkeys(p))}" for k, p in kinds.items())
+    return f" <span class='rv-lookalike' title='{html_text(said)}' style='opacity:.7'>{NOT_NEAR_MISS_MARK}{n}</span>"
 
 
 class VersionStepper(Viewer):
@@ -182,7 +196,10 @@ class VersionStepper(Viewer):
             # red on the selected chip's dark blue was unreadable (issue 39): there, red on a white badge
             red = REJECTED_ON_SELECTED if cur else "color:#c62828"
             if r.get("rejections"):
-                delta += f" <span title='rejections of this pass' style='{red}'>✗{r['rejections']}</span>"
+                delta += (f" <span title='rejections of this pass' style='{red}'>"
+                          f"✗{r['rejections']}</span>")
+            if r.get("not_near_misses"):  # a lookalike or the model's own term: said, not marked as a failure
+                delta += not_near_miss_mark(r["not_near_misses"])
             if r.get("crashed"):
                 delta += f" <b style='{red}'>CRASHED</b>"
             style = "background:#1565c0;color:#fff;" if cur else "background:#f1f3f5;"

@@ -363,7 +363,7 @@ class Runs:
             self._variant_notice = ""
             return
         layer = None if s.variant == SHAPE_VARIANT else s.variant_layer
-        rej = [r for r in s.trace.rejections if layer is None or r.layer == layer]
+        rej = [r for r in s.trace.rejections if r.near_miss and (layer is None or r.layer == layer)]  # no lookalike
         label = VARIANT_LABELS[s.variant]
         shape = ""
         if s.variant == SHAPE_VARIANT and s.effective_threshold is not None:
@@ -402,7 +402,7 @@ class Runs:
         v = VARIANTS[s.variant]
         layer = None if s.variant == SHAPE_VARIANT else s.variant_layer
         fused = (s.layer_status(layer).fused if layer is not None and layer in s.layers()
-                 else not any(not r.soft for r in s.trace.rejections))
+                 else not any(not r.soft and r.near_miss for r in s.trace.rejections))  # as the chips count
         if v.breaks:
             return "meant to break the fusion" + ("; yet it fused" if fused else "")
         return "meant to keep the fusion: the rules should still fuse it" + ("" if fused else "; yet it did not fuse")

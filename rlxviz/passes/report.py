@@ -198,7 +198,7 @@ def missed_fusions(source: Graph | Trace, pipeline: Pipeline | None = None) -> l
     for k, s in enumerate(trace.steps):
         own = s.pass_name == REGION_PASS
         for r in s.rejections:
-            if r.kind in NOT_NEAR_MISSES:  # the model's own structure, or not a candidate: reported by `left_out`
+            if not r.near_miss:  # the model's own structure, or not a candidate: reported by `left_out`
                 continue
             if not r.headline or not any(i in final or (not own and i in regioned)
                                          for i in (r.anchor, *r.offending)):

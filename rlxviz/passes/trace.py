@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..ir import Graph, graph_to_dict
+from .guard import NOT_NEAR_MISSES
 
 _LAYER = re.compile(r"(?:^|\.)(?:layer|layers|h|blocks?)\.(\d+)(?:\.|$)|@(\d+)(?:\.|$)")
 """A layer in a path: `encoder.layer.3`, `h.3`, `blocks.3`, or the 3rd call of a module called once per layer
@@ -219,6 +220,14 @@ class Rejection:
     @property
     def layer(self) -> int | None:
         return layer_of(self.path)
+
+    @property
+    def near_miss(self) -> bool:
+        """Whether the refusal is of a near-miss kind: not one of `guard.NOT_NEAR_MISSES` (a fusion that kept the
+        model's own term; nodes that only look like the rule's input, as BERT's embeddings' broadcast sum). Only
+        these are missed fusions (`report.missed_fusions`); the app's chips count the hard ones as rejections (✗)
+        and its pass filter keeps the passes that have one (`app.derived`)."""
+        return self.kind not in NOT_NEAR_MISSES
 
 
 STAGE_SEP = "/"

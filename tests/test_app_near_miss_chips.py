@@ -1,0 +1,93 @@
+"""The version chips count near-misses only (issue 39): on bert-tiny and MiniLM, whose fusions all happen, the
+`fuse_residual_ln` chip showed ✗1, which a newcomer reads as a failure; the one refusal was the embeddings'
+broadcast sum, a lookalike (`guard.NOT_A_CANDIDATE`), not a near-miss. The chips now count what
+`report.missed_fusions` counts (`Rejection.near_miss`: no `guard.NOT_NEAR_MISSES` kind), hard refusals as before, and
+show a lookalike or the model's own term as a neutral `○N` whose tooltip is the verdict's heading for its kind
+(`passes.why.text.left_out_heading`). The pass filter ("hide passes that changed nothing" keeps a pass whose only
+events are rejections) keeps a pass for the same near-misses: a pass that only met a lookalike changed nothing.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from test_left_out_kinds import broadcast_sum
+
+from rlxviz.app.derived import not_near_misses, refusals
+from rlxviz.app.jobs import Runner
+from rlxviz.app.panels import NOT_NEAR_MISS_MARK, VersionStepper
+from rlxviz.app.state import AppState
+from rlxviz.passes import missed_fusions
+from rlxviz.passes.guard import NOT_A_CANDIDATE, NOT_NEAR_MISSES
+from rlxviz.passes.why.verdict import RunVerdict
+
+
+def app(**kw: object) -> AppState:
+    kw.setdefault("seq", 8)
+    return AppState(runner=Runner(background=False), **kw)
+
+
+def chips(s: AppState) -> dict[str, str]:
+    """Version label -> the HTML of its chip."""
+    html = VersionStepper(state=s)._counts()
+    out = {}
+    for c in html.split("<span class='rv-chip'")[1:]:
+        label = re.search(r"title='([^']*)'>", c).group(1).split(" (", 1)[0]
+        out[label] = c
+    return out
+
+
+@pytest.mark.parametrize("preset", ["bert-tiny", "minilm-shaped"])
+def test_a_healthy_berts_chips_show_no_rejection_and_the_lookalike_apart(preset):
+    s = app(preset=preset)
+    assert RunVerdict.of(s.trace).ok  # every fusion happened
+    shown = chips(s)
+    assert not [label for label, c in shown.items() if "✗" in c], shown
+    chip = shown["after fuse_residual_ln"]
+    mark = re.search(r"<span class='rv-lookalike' title='([^']*)'[^>]*>" + NOT_NEAR_MISS_MARK + r"(\d+)</span>", chip)
+    assert mark is not None, chip
+    assert mark.group(2) == "1"
+    assert mark.group(1) == "1 lookalike, not a candidate (nothing to fix, not a near-miss): embeddings.LayerNorm"
+    assert "c62828" not in chip  # not in the rejection's red
+    row = next(r for r in s.version_rows() if r["version"] == "after fuse_residual_ln")
+    assert row["rejections"] == 0 and row["not_near_misses"] == {NOT_A_CANDIDATE: ["embeddings.LayerNorm"]}
+
+
+@pytest.mark.parametrize("variant", ["extra_h1_user", "over_threshold", "output_intermediate"])
+def test_a_real_near_miss_still_counts_and_the_rule_is_missed_fusions(variant):
+    """Each chip's ✗ counts its pass's hard refusals of a near-miss kind; every hard missed fusion of the run is
+    counted on its pass's chip; the lookalike stays out of every count."""
+    s = app(preset="bert-tiny")
+    s.apply_variant(variant)
+    rows = {r["version"]: r for r in s.version_rows()}
+    assert any(r["rejections"] for r in rows.values()), variant
+    steps = {f"after {st.pass_name}": st for st in s.trace.steps}
+    for label, r in rows.items():
+        if label == "input":
+            continue
+        st = steps[label]
+        assert r["rejections"] == sum(not x.soft and x.kind not in NOT_NEAR_MISSES for x in st.rejections)
+        assert all(x.kind not in NOT_NEAR_MISSES for x in refusals(st))
+        shown = chips(s)[label]
+        assert (f"✗{r['rejections']}<" in shown) == bool(r["rejections"]), shown
+    hard = {(x.rule, x.anchor) for x in s.trace.rejections if not x.soft}
+    for m in missed_fusions(s.trace):
+        if (m.pattern, m.node) in hard:
+            st = next(st for st in s.trace.steps if any((x.rule, x.anchor) == (m.pattern, m.node)
+                                                        for x in st.rejections))
+            assert rows[f"after {st.pass_name}"]["rejections"] >= 1, m
+
+
+@pytest.mark.parametrize("pos", ["f32[1, 8]", "f32[4, 8]"])
+def test_a_pass_that_only_met_a_lookalike_is_hidden_with_the_unchanged(pos):
+    """The broadcast sum into a LayerNorm, and nothing fuse_residual_ln could fuse: its pass changed nothing and
+    refused no near-miss, so "hide passes that changed nothing" hides it; unticked, its chip has no ✗ and the ○1."""
+    s = app(source="ir", ir_text=broadcast_sum(pos, steps=3))
+    step = next(st for st in s.trace.steps if st.pass_name == "fuse_residual_ln")
+    assert not step.changed and step.rejections and not refusals(step)
+    assert not_near_misses(step) == {NOT_A_CANDIDATE: ["embeddings.LayerNorm"]}
+    assert s.hide_unchanged and "after fuse_residual_ln" not in s.version_labels
+    s.hide_unchanged = False
+    chip = chips(s)["after fuse_residual_ln"]
+    assert "✗" not in chip and f">{NOT_NEAR_MISS_MARK}1</span>" in chip
