@@ -198,8 +198,8 @@ class Runs:
                 # model and trace change together: views never see the new model with the old trace
                 self._set_trace(trace, model if new else None)
                 self._notice_variant()
-                if checked is not None:  # the CLI's line, word for word (`session.fidelity`)
-                    s.param.update(message=checked[0], message_kind="info" if checked[1] else "danger")
+                if checked is not None:  # the CLI's line, word for word (`session.fidelity`), after a switch's
+                    s.param.update(message=s.with_switch(checked[0]), message_kind="info" if checked[1] else "danger")
                 s._set_progress(80, "Drawing the graph…")
 
             page(show)

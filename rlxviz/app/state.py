@@ -476,6 +476,8 @@ class AppState(Derived, param.Parameterized):
 
     _was_shown: tuple[str, str] | None = None
     """(name, source) of the model shown (`_say_switch`)."""
+    _switch_said = ""
+    """The sentence `_say_switch` gave for the model shown ("" when showing it switched no source)."""
 
     def shown_kind(self) -> str | None:
         """The source the model shown came from (one of `SOURCES`; it may differ from `source` while another source's
@@ -486,17 +488,27 @@ class AppState(Derived, param.Parameterized):
     def _say_switch(self) -> None:
         """A model from another source than the last one's is shown: the message says so, naming both ("Now showing
         bert-tiny (built-in), was gpt2 (upload)."), so a switch of source is never silent. A warning the switch gave
-        (a teaching variant dropped) stays after it; a message that follows (an ONNX file's check) replaces it."""
+        (a teaching variant dropped) stays after it, and a message its load gives after it (an ONNX file's check, from
+        a path or an upload) follows it (`with_switch`): every pair of sources is said alike (issue 39: a path after IR
+        text was announced, then the check's line replaced the announcement)."""
         if self.model is None:
             return
         kind = self.runs._model_key[0] if self.runs._model_key else self.source
         was, self._was_shown = self._was_shown, (self.model.name, kind)
+        self._switch_said = ""
         if was is None or was[1] == kind:
             return
-        text = f"Now showing {self.model.name} ({SOURCE_WORDS[kind]}), was {was[0]} ({SOURCE_WORDS[was[1]]})."
+        text = self._switch_said = (f"Now showing {self.model.name} ({SOURCE_WORDS[kind]}), was {was[0]} "
+                                    f"({SOURCE_WORDS[was[1]]}).")
         if self.message_kind == "warning" and self.message.startswith("Teaching variant dropped"):
             text = f"{text} {self.message}"
         self.param.update(message=text, message_kind="warning" if "Teaching variant" in text else "info")
+
+    def with_switch(self, text: str) -> str:
+        """`text`, a message the load of the model shown gives after showing it (an ONNX file's check line), after
+        the switch sentence that showing it gave (`_say_switch`), if any, so the switch is still said."""
+        said = self._switch_said
+        return f"{said} {text}" if said and not text.startswith(said) else text
 
 
 
