@@ -4,17 +4,15 @@ a step that raises leaves the document unfrozen."""
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections.abc import Callable
 from types import SimpleNamespace
 
-import panel as pn
 import pytest
 from bokeh.document import Document
 from bokeh.models import Column, Div
 from bokeh.protocol import Protocol
-from panel.io import document
+from panel.io import document as panel_document
 
 from rlxviz.app.step import frozen_step
 
@@ -75,44 +73,39 @@ def test_a_step_that_raises_leaves_the_document_unfrozen(monkeypatch, error):
 
 
 class _Socket:
-    """A page's websocket: each message Panel writes to it is applied to a copy of the document, as BokehJS does
-    (it drops the models a message leaves unreachable once it has applied the message)."""
+    """A page's websocket: each message written to it is applied to a copy of the document, as BokehJS does (it
+    drops the models a message leaves unreachable once it has applied the message)."""
 
     def __init__(self, doc: Document) -> None:
         self.page = Document.from_json(doc.to_json())
         doc.models.flush_synced()  # what the page was sent whole
         self.messages = 0
-        self.protocol = Protocol()
 
-    def write(self, conn: object, events: list) -> list:
-        self.protocol.create("PATCH-DOC", events).apply_to_document(self.page)
+    def send_message(self, msg: object) -> None:  # Bokeh's `WSHandler.send_message`: an awaitable, awaited later
+        msg.apply_to_document(self.page)
         self.messages += 1
-        return []  # no write futures to await
+
+    def patch(self, event: object) -> None:  # Bokeh's own route for one event (`ServerSession._document_patched`)
+        self.send_message(Protocol().create("PATCH-DOC", [event]))
 
 
-class _Session:  # what Panel's `unlocked` reads of a Bokeh server session: its page connections
+class _Context:
+    """`Document.session_context` (a weak reference to it): a Bokeh server session with one page connected, in a
+    step run under its document lock (`_pending_writes` a list)."""
+
     def __init__(self, socket: _Socket) -> None:
-        self._subscribed_connections = [SimpleNamespace(_socket=socket)]
-
-
-class _Context:  # `Document.session_context` (a weak reference to it)
-    def __init__(self, socket: _Socket) -> None:
-        self.session = _Session(socket)
+        self.session = SimpleNamespace(_subscribed_connections=[SimpleNamespace(_socket=socket, protocol=Protocol())],
+                                       _pending_writes=[])
 
 
 @pytest.fixture
 def served(monkeypatch):
-    """A document served to one loaded page (`_Socket`), on this thread, as Panel's `state` sees a session."""
+    """A document served to one page (`_Socket`)."""
     doc, cols = _page(2)
     socket = _Socket(doc)
     context = _Context(socket)
     monkeypatch.setattr(doc, "_session_context", weakref.ref(context))
-    monkeypatch.setitem(document.extra_socket_handlers, _Socket, lambda conn, events: conn._socket.write(conn, events))
-    monkeypatch.setitem(pn.state._loaded, doc, True)
-    monkeypatch.setitem(pn.state._connected, doc, True)
-    monkeypatch.setitem(pn.state._thread_id_, doc, threading.get_ident())
-    yield doc, cols, socket
-    document._WRITE_FUTURES.pop(doc, None)
+    yield doc, cols, socket  # `context` lives as long as the test: the document holds only a weak reference
 
 
 def _move(cols: list[Column], div: Div, text: str) -> Callable[[], None]:
@@ -138,9 +131,23 @@ def test_the_move_sent_as_one_patch_per_event_loses_the_model(served):
     """The control: the same step with Bokeh's own route (one PATCH-DOC per event) leaves the page without it."""
     doc, cols, socket = served
     div = cols[0].children[0]
-    doc.on_change(lambda e: socket.write(None, [e]))
+    doc.on_change(socket.patch)
     doc.hold("collect")
     with doc.models.freeze():
         _move(cols, div, "moved")()
     doc.unhold()
     assert socket.messages == 3 and socket.page.get_model_by_id(div.id) is None
+
+
+def test_a_step_joins_panels_queue_while_it_holds_messages_for_the_page(served, monkeypatch):
+    """While Panel holds messages for the page (its socket was busy), the step's message goes behind them, not by
+    Bokeh's route ahead of them ("reference p1274 isn't known": a stylesheet defined in Panel's queued message)."""
+    doc, cols, socket = served
+    queued: list[list] = []
+    monkeypatch.setitem(panel_document._WRITE_BLOCK, doc, True)
+    monkeypatch.setattr(panel_document, "schedule_write_events", lambda d, conns, events: queued.append(events))
+    div = cols[0].children[0]
+    frozen_step(doc, _move(cols, div, "moved"))()
+    assert socket.messages == 0 and len(queued) == 1
+    assert [(e.model.id, e.attr) for e in queued[0]] == [(cols[0].id, "children"), (cols[1].id, "children"),
+                                                          (div.id, "text")]

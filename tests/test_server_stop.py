@@ -113,6 +113,16 @@ def test_a_spare_started_from_a_short_lived_thread_stays_alive():
         isolated.shutdown()
 
 
+def _cmdline(proc: object) -> str:
+    """A child's command line, or "" once it has exited (a zombie until the server reaps it: psutil raises)."""
+    import psutil
+
+    try:
+        return " ".join(proc.cmdline())
+    except (psutil.ZombieProcess, psutil.NoSuchProcess):
+        return ""
+
+
 def test_sigterm_stops_a_served_app_with_its_children_and_uploads(tmp_path):
     """The real server (`panel serve app.py`, a page open, its Timing job running in a child): SIGTERM ends it
     within 5 s, its child processes and its upload folders with it."""
@@ -146,7 +156,7 @@ def test_sigterm_stops_a_served_app_with_its_children_and_uploads(tmp_path):
             t0 = time.monotonic()
             while True:
                 children = psutil.Process(proc.pid).children(recursive=True)
-                if any("isolated.serve" in " ".join(c.cmdline()) for c in children):
+                if any("isolated.serve" in _cmdline(c) for c in children):
                     break
                 assert time.monotonic() - t0 < 120, "no child to end"
                 time.sleep(0.2)

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from panel.io.document import unlocked
-from panel.io.state import set_curdoc
+from bokeh.document.events import DocumentPatchedEvent
+from panel.io import document as panel_document
 
 if TYPE_CHECKING:
     from bokeh.document import Document
@@ -28,7 +28,7 @@ def frozen_step(doc: Document, fn: Callable[[], None]) -> Callable[[], None]:
     SVG being drawn and the page showing it (issue 39's first picture).
 
     The step's change events are held in order and sent when it ends, after the model graph is collected, as one
-    PATCH-DOC message to each connected page (Panel's `unlocked(policy="collect")`):
+    PATCH-DOC message to each connected page (`_one_patch`):
     - a model added during the step (the before pane put back beside the after pane) is attached to the document
       only then, so a change made to it later in the same step sent no event, and the browser kept the values it
       had when it was added (after ① then ②, the left pane stayed on "before fuse_sdpa"); sent at the end, each new
@@ -48,15 +48,44 @@ def frozen_step(doc: Document, fn: Callable[[], None]) -> Callable[[], None]:
 
 @contextmanager
 def _one_patch(doc: Document) -> Iterator[None]:
-    """Hold `doc`'s change events while the block runs; when it ends, send them in order as one PATCH-DOC message
-    to each page connected to `doc` (Panel's `unlocked`), or, with no page connected or loaded yet (a test, a
-    notebook, a session still starting), hand them to Bokeh (`Document.unhold`)."""
-    with set_curdoc(doc), unlocked(policy="collect"):
-        own = doc.callbacks.hold_value is None  # Panel holds only for a loaded page with a session
-        if own:
-            doc.hold("collect")
-        try:
-            yield
-        finally:
-            if own:
-                doc.unhold()
+    """Hold `doc`'s change events while the block runs; when it ends, send the page patches among them in order as
+    one PATCH-DOC message to each page connected to `doc`, by the route Bokeh sends its own (the session's pending
+    writes, written in order after the step, under the session's document lock) or, while Panel has messages queued
+    for the page, behind them in Panel's queue (`_panel_queue`), and hand the other events (a callback added) to
+    Bokeh. With no page connected (a test, a notebook) Bokeh gets them all (`Document.unhold`).
+
+    Panel's `unlocked` sends one message too, but it writes to the socket directly or, while a write is under way,
+    queues the message for later: a later step's message could overtake it, and the page kept "Timing every
+    version..." after the run had ended (1 run in 5 of `test_browser_timing_origin`)."""
+    if doc.callbacks.hold_value is not None:  # Panel's own hold (a browser event's callback) sends them, as one
+        yield
+        return
+    doc.hold("collect")
+    try:
+        yield
+    finally:
+        session = getattr(doc.session_context, "session", None)
+        writes = getattr(session, "_pending_writes", None)  # a list only under the session's document lock
+        if writes is None:
+            doc.unhold()
+        else:
+            events, doc.callbacks._held_events = doc.callbacks._held_events, []
+            doc.unhold()  # nothing held now: the hold ends
+            ours = [e for e in events if isinstance(e, DocumentPatchedEvent) and e.setter is not session]
+            if ours and _panel_queue(doc):
+                panel_document.schedule_write_events(doc, session._subscribed_connections, ours)
+            elif ours:
+                for conn in session._subscribed_connections:
+                    writes.append(conn._socket.send_message(conn.protocol.create("PATCH-DOC", ours)))
+            for e in events:
+                if not isinstance(e, DocumentPatchedEvent):
+                    doc.callbacks.trigger_on_change(e)
+
+
+def _panel_queue(doc: Document) -> bool:
+    """Whether Panel holds messages for `doc`'s page to write later: Panel's own changes (a widget's callback) are
+    written at once when the socket is free, else queued (`panel.io.document.schedule_write_events`) until it is.
+    A step's message sent by Bokeh's route while Panel's queue held one could reach the page first: a stylesheet
+    defined in Panel's queued message was named by the step's ("reference p1274 isn't known", 1 run in 2 of
+    `test_browser_problems` test 2 then 6). Then the step's message joins the queue, behind Panel's."""
+    return doc in getattr(panel_document, "_WRITE_MSGS", {}) or doc in getattr(panel_document, "_WRITE_BLOCK", {})
