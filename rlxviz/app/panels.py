@@ -16,7 +16,7 @@ from panel.viewable import Viewer
 from ..ir import Graph, format_graph
 from ..session.overlays import UNITS
 from .explain import counterpart_line, counterparts, node_report, report_markdown
-from .graphpane import SvgGraph, folded_index
+from .graphpane import SvgGraph, absorbed_index, folded_index
 from .irdiff import diff_table, side_by_side
 from .irtext import IRText
 from .stale import StaleMark, safe
@@ -257,11 +257,13 @@ class GraphCompare(Viewer):
         step = s.current_step
         folded = s.resolved_view() == COLLAPSED
         self.after.param.update(svg=svg or "", title=f"{s.version_labels[k] if s.version_labels else 'input'}",
-                                scope=scope, folded=self._folded(s.current_graph) if folded else {})
+                                scope=scope, folded=self._folded(s.current_graph) if folded else {},
+                                absorbed=self._absorbed(s.current_graph))
         if step is not None:
             prev, err2 = safe(s.svg_before, k)
             self.before.param.update(svg=prev or "", title=f"before {step.pass_name}", scope=scope,
-                                     folded=self._folded(s.previous_graph) if folded else {})
+                                     folded=self._folded(s.previous_graph) if folded else {},
+                                     absorbed=self._absorbed(s.previous_graph))
             err = err or err2
         want = [self.before, self.after] if step is not None else [self.after]
         if list(self.row.objects) != want:
@@ -278,7 +280,11 @@ class GraphCompare(Viewer):
         self.legend.visible = bool(self.legend.object) or s.overlay != "none"
 
     def _folded(self, graph: Graph | None) -> dict[str, list[list[int | str]]]:
-        return folded_index(graph, list(self.state.expanded_layers)) if graph is not None else {}
+        return folded_index(graph, list(self.state.expanded_layers), self.state.trace) if graph is not None else {}
+
+    def _absorbed(self, graph: Graph | None) -> dict[str, list[list[object]]]:
+        """What each fused node of `graph` holds at any depth, for the search (`graphpane.absorbed_index`)."""
+        return absorbed_index(graph, self.state.trace) if graph is not None else {}
 
     def _mark(self, *events: param.parameterized.Event) -> None:
         """Highlights, and the selected node in both panes by identity: where a pane does not hold it, the pane
