@@ -196,7 +196,8 @@ export function render({ model, el }) {
   search.addEventListener('input', () => find(false));
   search.addEventListener('keydown', (e) => { e.stopPropagation(); if (e.key === 'Enter') find(true); });
   let reveal = null, revealIds = [];
-  const setSvg = () => { const had = inner.querySelector('svg'); const same = had && scope === model.scope;
+  // no scope ('') is no promise that the next picture is the same graph's: it is fitted
+  const setSvg = () => { const had = inner.querySelector('svg'); const same = had && !!model.scope && scope === model.scope;
     inner.innerHTML = model.svg || ''; scope = model.scope;
     const svg = inner.querySelector('svg');
     if (svg) { const vb = svg.viewBox.baseVal; if (vb && vb.width) { svg.setAttribute('width', vb.width);
@@ -295,8 +296,8 @@ class SvgGraph(JSComponent):
             it (what it became, or what it was made from; `explain.counterparts`).
         clicked: set by the browser when a node is clicked (`clicks` counts clicks, so the same node twice fires).
         layer_clicked: set when a box of the layer view is clicked (`layer_clicks` counts those clicks).
-        scope: what the picture belongs to (e.g. the model); a new SVG in the same scope keeps the user's zoom
-            and pan, a new scope fits the picture.
+        scope: what the picture belongs to (the model shown and the view: `ZoomScope`); a new SVG in the same
+            scope keeps the user's zoom and pan, a new scope (or none, "") fits the picture.
         sync: panes with the same non-empty group share zoom and pan.
         folded: for the layer view, the nodes inside each folded layer box, `{"layer<i>": [[id, text], ...]}`
             (`folded_index`): the search finds them through their box, and Enter on that hit opens the layer.
@@ -321,6 +322,28 @@ class SvgGraph(JSComponent):
 
     _esm = _ESM
     _stylesheets = [_CSS]
+
+
+class ZoomScope:
+    """A pane's `SvgGraph.scope`: a new number for each model shown, so a switch to another model (a preset, IR text,
+    a variant, an upload: a new `Model`) fits its picture, while a new picture of the same model (a version step, a
+    new run) keeps the user's zoom and pan.
+
+    Example:
+        >>> z = ZoomScope(); a, b = object(), object()
+        >>> z(a, "full"), z(a, "full"), z(b, "full"), z(b, "focus", 3)
+        ('1:full', '1:full', '2:full', '2:focus:3')
+    """
+
+    def __init__(self) -> None:
+        self._model: object = None
+        self._seq = 0
+
+    def __call__(self, model: object, *within: object) -> str:
+        """The scope of a picture of `model` (identity: an id() could be a freed model's) in view `within`."""
+        if model is not self._model:
+            self._model, self._seq = model, self._seq + 1
+        return ":".join(str(x) for x in (self._seq, *within))
 
 
 def folded_index(graph: Graph, open_layers: list[int], trace: Trace | None = None) -> dict[str, list[list[int | str]]]:

@@ -16,7 +16,7 @@ from panel.viewable import Viewer
 from ..ir import Graph, format_graph
 from ..session.overlays import UNITS
 from .explain import counterpart_line, counterparts, node_report, report_markdown
-from .graphpane import SvgGraph, absorbed_index, folded_index
+from .graphpane import SvgGraph, ZoomScope, absorbed_index, folded_index
 from .irdiff import diff_table, side_by_side
 from .irtext import IRText
 from .stale import StaleMark, safe
@@ -232,8 +232,7 @@ class GraphCompare(Viewer):
         s.param.watch(self._legend, ["overlay", "node_figures", "overlay_status"])
         self.row = pn.Row(self.after, sizing_mode="stretch_both")
         self.stale = StaleMark(s, "graph", self.before, self.after)
-        self._scoped_model: object = None
-        self._model_seq = 0
+        self._zoom = ZoomScope()
         s.param.watch(self._draw, ["model", "trace", "version", "view", "selected_layer", "expanded_layers",
                                    "node_figures"])
         s.param.watch(self._mark, ["highlight", "selected_node"])
@@ -242,10 +241,8 @@ class GraphCompare(Viewer):
     def _scope(self) -> str:
         """Zoom and pan are kept while this stays the same (same model and view), across versions and clicks."""
         s = self.state
-        if s.model is not self._scoped_model:  # a new model: a new scope (an id() could be a freed model's)
-            self._scoped_model, self._model_seq = s.model, self._model_seq + 1
         view = s.resolved_view()
-        return f"{self._model_seq}:{view}:{s.selected_layer if view == 'focus' else ''}"
+        return self._zoom(s.model, view, s.selected_layer if view == "focus" else "")
 
     def _draw(self, *events: param.parameterized.Event) -> None:
         s = self.state
