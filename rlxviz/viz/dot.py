@@ -262,7 +262,7 @@ class _Drawer:
         if n.absorbed:
             parts.append(f"absorbed: {' '.join(f'%{i}' for i in n.absorbed)}")
             ops = _op_summary(n.absorbed, self.ov.origin)
-            if ops:  # what the app's search finds inside a fused node (`SvgGraph`): op names, and the node's layer
+            if ops:  # for the reader: op names, and the node's layer (the app's search reads `absorbed_index`)
                 layer = layer_of(n.path)
                 parts.append(f"absorbed ops: {ops}" + (f" — in {layer_label(layer)}" if layer is not None else ""))
         parts += self.rejection_tips.get(n.id, [])
