@@ -22,7 +22,7 @@ def _state(**kw: object) -> AppState:
 
 
 def _tooltip(dot: str, i: int) -> str:
-    m = re.search(rf'^\s*n{i} \[.*tooltip="([^"]*)"', dot, re.M)
+    m = re.search(rf'^\s*n{i} \[.*tooltip="((?:[^"\\]|\\.)*)"', dot, re.M)  # a value's quotes are escaped: \"
     assert m, f"no tooltip for n{i}"
     return m.group(1)
 

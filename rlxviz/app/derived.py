@@ -358,3 +358,12 @@ class Derived:
     def svg_why(self) -> str:
         """The selected layer, focused, in the graph before the pass that first rejected something in it."""
         return drawing.svg(*self._drawing(None, FOCUS, side="why"))
+
+    @param.depends(*SHOWN, "selected_layer")
+    def why_graph_drawn(self) -> Graph:
+        """The graph `svg_why` draws (the whole of it; the drawing focuses on the selected layer).
+
+        Raises:
+            ValueError: no model loaded yet, or no layer selected.
+        """
+        return drawing.picture(*self._drawing(None, FOCUS, side="why"))[0]

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..ir import Graph, Node, Op, format_node, operand_roles
+from ..ir.printer import format_value
 from ..passes.guard import NOT_A_CANDIDATE
 from ..passes.report import in_context
 from ..passes.trace import Rejection, Trace, layer_of
@@ -329,8 +330,8 @@ def report_markdown(rep: dict[str, Any]) -> str:
                          f"**{md_escape(v['guard'])}**{fix}{comp}")
         else:
             lines.append(f"**layer {v['layer']}: NOT fused**")
-    if rep["attrs"]:
-        lines.append("**attributes** " + ", ".join(md_code(f"{k}={v!r}") for k, v in rep["attrs"].items()))
+    if rep["attrs"]:  # each value as the IR text and `rlxviz explain` print it (`none`, `"gelu"`, `true`)
+        lines.append("**attributes** " + ", ".join(md_code(f"{k}={format_value(v)}") for k, v in rep["attrs"].items()))
     if rep["is_output"]:
         lines.append("**graph output**")
     if rep["operands"]:

@@ -9,12 +9,13 @@ closes it). The view (zoom and pan) is kept when the picture changes
 within the same `scope` (stepping versions, clicking nodes) once the user moved it, and panes with the same
 `sync` group move together (before/after). The search box finds nodes by `%id` (that node only) or by text
 in their own op, name or path (never in the operands or users their tooltip lists); after those, the fused nodes
-that absorbed a node of that id or op (a note over the graph says so: "softmax: absorbed into
-FusedAttentionBlock %812 (layer 3)"); Enter steps through the hits. When the picture is larger than the pane, a
-minimap in the corner shows the whole graph with the visible part framed; a click or a drag on it pans there. It
-is at least 96 px wide: a graph too tall for that is cropped to a window that scrolls with the view ("map ↕"). It
-lies over the pane's corner, so it folds away: the × in its labelled head or the bar's "map" button (which brings
-it back).
+that absorbed a node of that id or op, at any depth (a note over the graph says so: "softmax: absorbed into
+FusedAttentionBlock %812 (layer 3)", or through a fused node it absorbed: "softmax: absorbed into
+FusedTransformerLayer %86 (layer 0) via FusedAttentionBlock %40"); Enter steps through the hits. When the picture
+is larger than the pane, a minimap in the corner shows the whole graph with the visible part framed; a click or a
+drag on it pans there. It is at least 96 px wide: a graph too tall for that is cropped to a window that scrolls with
+the view ("map ↕"). It lies over the pane's corner, so it folds away: the × in its labelled head or the bar's "map"
+button (which brings it back).
 """
 
 from __future__ import annotations
@@ -23,7 +24,11 @@ import param
 from panel.custom import JSComponent
 
 from ..ir import Graph
+from ..ir.printer import format_value
+from ..passes.trace import Trace, layer_label, layer_of
+from ..session.cache import LRUCache
 from ..viz import layer_groups
+from ..viz.overlay import all_versions
 
 _ESM = r"""
 const BUS = 'rlxviz-view';
@@ -149,18 +154,15 @@ export function render({ model, el }) {
     const lines = tip.split('\n');
     return [lines[0].replace(/^%\d+\s*/, ''), ...lines.slice(1).filter((l) => /^(path|attrs): /.test(l))]
       .join('\n').toLowerCase(); };
-  // What a fused node absorbed (its tooltip's `absorbed:` ids and `absorbed ops: softmax, matmul×2 — in layer 3`):
-  // a query naming one of those ops (or `%id`) finds the fused node after the exact hits, and the count says so
-  // ("softmax: absorbed into FusedAttentionBlock %812 (layer 3)"). null when `g` absorbed nothing the query names.
-  const absorbedNote = (g, q) => { const a = g.querySelector('a');
-    const lines = (a ? (a.getAttribute('xlink:title') || a.getAttribute('title') || '') : '').split('\n');
-    const head = /^%(\d+) (\S+)/.exec(lines[0]); if (!/^n\d+$/.test(g.id) || !head) return null;
-    const m = /^absorbed ops: (.*?)(?: — in (.*))?$/.exec(lines.find((l) => l.startsWith('absorbed ops: ')) || '');
-    const into = `absorbed into ${head[2]} %${head[1]}${m && m[2] ? ` (${m[2]})` : ''}`;
-    if (/^%\d+$/.test(q)) { const ids = lines.find((l) => l.startsWith('absorbed: '));
-      return ids && ids.slice(10).split(' ').includes(q) ? `${q}: ${into}` : null; }
-    const ops = m ? m[1].split(', ').map((o) => o.replace(/×\d+$/, '')).filter((o) => o.toLowerCase().includes(q)) : [];
-    return ops.length ? `${ops.join(', ')}: ${into}` : null; };
+  // What a fused node holds at any depth (`model.absorbed`, from `absorbed_index`: [op, ids, note] per op): a query
+  // naming one of those ops (or `%id`) finds the fused node after the exact hits, and the count says so ("softmax:
+  // absorbed into FusedTransformerLayer %86 (layer 0) via FusedAttentionBlock %40"). null when `g` holds nothing the
+  // query names.
+  const absorbedNote = (g, q) => { const rows = (model.absorbed || {})[g.id]; if (!rows) return null;
+    const id = /^%(\d+)$/.exec(q);
+    const hit = rows.filter((r) => (id ? r[1].includes(Number(id[1])) : r[0] && r[0].toLowerCase().includes(q)));
+    const by = new Map(); for (const r of hit) by.set(r[2], new Set([...(by.get(r[2]) || []), id ? q : r[0]]));
+    return hit.length ? [...by].map(([note, ops]) => `${[...ops].join(', ')}: ${note}`).join('; ') : null; };
   let notes = new Map();  // absorbed hit -> its note
   // the note lies over the graph's top-left corner (in the bar it wrapped the bar's buttons onto a second line)
   const foundNote = document.createElement('div'); foundNote.className = 'rv-found-note'; wrap.appendChild(foundNote);
@@ -194,7 +196,8 @@ export function render({ model, el }) {
   search.addEventListener('input', () => find(false));
   search.addEventListener('keydown', (e) => { e.stopPropagation(); if (e.key === 'Enter') find(true); });
   let reveal = null, revealIds = [];
-  const setSvg = () => { const had = inner.querySelector('svg'); const same = had && scope === model.scope;
+  // no scope ('') is no promise that the next picture is the same graph's: it is fitted
+  const setSvg = () => { const had = inner.querySelector('svg'); const same = had && !!model.scope && scope === model.scope;
     inner.innerHTML = model.svg || ''; scope = model.scope;
     const svg = inner.querySelector('svg');
     if (svg) { const vb = svg.viewBox.baseVal; if (vb && vb.width) { svg.setAttribute('width', vb.width);
@@ -293,11 +296,13 @@ class SvgGraph(JSComponent):
             it (what it became, or what it was made from; `explain.counterparts`).
         clicked: set by the browser when a node is clicked (`clicks` counts clicks, so the same node twice fires).
         layer_clicked: set when a box of the layer view is clicked (`layer_clicks` counts those clicks).
-        scope: what the picture belongs to (e.g. the model); a new SVG in the same scope keeps the user's zoom
-            and pan, a new scope fits the picture.
+        scope: what the picture belongs to (the model shown and the view: `ZoomScope`); a new SVG in the same
+            scope keeps the user's zoom and pan, a new scope (or none, "") fits the picture.
         sync: panes with the same non-empty group share zoom and pan.
         folded: for the layer view, the nodes inside each folded layer box, `{"layer<i>": [[id, text], ...]}`
             (`folded_index`): the search finds them through their box, and Enter on that hit opens the layer.
+        absorbed: what each drawn fused node holds at any depth, `{"n<id>": [[op, [ids], note], ...]}`
+            (`absorbed_index`): the search finds the fused node for a held op or `%id`, with the note.
     """
 
     svg = param.String("")
@@ -313,23 +318,103 @@ class SvgGraph(JSComponent):
     scope = param.String("")
     sync = param.String("")
     folded = param.Dict(default={})
+    absorbed = param.Dict(default={})
 
     _esm = _ESM
     _stylesheets = [_CSS]
 
 
-def folded_index(graph: Graph, open_layers: list[int]) -> dict[str, list[list[int | str]]]:
+class ZoomScope:
+    """A pane's `SvgGraph.scope`: a new number for each model shown, so a switch to another model (a preset, IR text,
+    a variant, an upload: a new `Model`) fits its picture, while a new picture of the same model (a version step, a
+    new run) keeps the user's zoom and pan.
+
+    Example:
+        >>> z = ZoomScope(); a, b = object(), object()
+        >>> z(a, "full"), z(a, "full"), z(b, "full"), z(b, "focus", 3)
+        ('1:full', '1:full', '2:full', '2:focus:3')
+    """
+
+    def __init__(self) -> None:
+        self._model: object = None
+        self._seq = 0
+
+    def __call__(self, model: object, *within: object) -> str:
+        """The scope of a picture of `model` (identity: an id() could be a freed model's) in view `within`."""
+        if model is not self._model:
+            self._model, self._seq = model, self._seq + 1
+        return ":".join(str(x) for x in (self._seq, *within))
+
+
+def folded_index(graph: Graph, open_layers: list[int], trace: Trace | None = None) -> dict[str, list[list[int | str]]]:
     """The nodes of each box of the layer view, for the search (`SvgGraph.folded`): the box's id (`layer<i>`,
     `g_embeddings`, as `viz.layer_groups` groups them for the drawing) -> `[id, text]` per node in it, `text` the
-    lower-cased words the search matches in a drawn node (op, dtype and shape, path, attributes; never its
-    operands or users). Layers in `open_layers` are drawn node by node, so they are left out."""
+    lower-cased words the search matches in a drawn node (op, dtype and shape, path, attributes as the IR prints
+    them; never its operands or users), and, for a fused node of `trace`, the ops it absorbed at any depth
+    (`absorbed_index`: a box holding a fused node that absorbed a softmax is a hit for `softmax`). Layers in
+    `open_layers` are drawn node by node, so they are left out."""
+    held = absorbed_index(graph, trace)
     out: dict[str, list[list[int | str]]] = {}
     for key, group in layer_groups(graph).items():
         if group.layer is not None and group.layer in open_layers:
             continue
-        out[key] = [[n.id, f"{n.op.value} -> {n.dtype}{list(n.shape)}\npath: {n.path}\nattrs: "
-                     + ", ".join(f"{k}={v}" for k, v in n.attrs.items())]
+        out[key] = [[n.id, (f"{n.op.value} -> {n.dtype}{list(n.shape)}\npath: {n.path}\nattrs: "
+                            + ", ".join(f"{k}={format_value(v)}" for k, v in n.attrs.items())
+                            + ("\nabsorbed ops: " + " ".join(str(e[0]) for e in held[f"n{n.id}"])
+                               if f"n{n.id}" in held else "")).lower()]
                     for n in group.nodes]
-        for row in out[key]:
-            row[1] = str(row[1]).lower()
     return out
+
+
+_EVERY_NODE = LRUCache(maxsize=8)
+"""`viz.overlay.all_versions` of a run, by `Trace.key`: resolves any node id of the run."""
+
+
+def absorbed_index(graph: Graph, trace: Trace | None) -> dict[str, list[list[object]]]:
+    """What each fused node of `graph` (a version of `trace`) holds, at any depth, for the search (`SvgGraph.absorbed`).
+
+    A rewrite's node lists the ids it replaced (`Node.absorbed`); one of those may itself be a fused node with its own
+    list (softmax -> FusedAttentionBlock -> FusedTransformerLayer), so the lists are followed to the end, each id
+    resolved in any version of the run (ids are never reused).
+
+    Returns:
+        `n<id>` (the DOT id of a drawn node that absorbed something) -> `[op, ids, note]` per op it holds: the ids
+        of that op's nodes inside it, and the note the search shows for them, e.g. `absorbed into
+        FusedTransformerLayer %86 (layer 0) via FusedAttentionBlock %40` (no `via` for a node it absorbed itself;
+        `directly and via ...` for both). Ids no version of `trace` holds are listed under op `""` (found by
+        `%id` only). `{}` without a trace.
+    """
+    if trace is None:
+        return {}
+    every = _EVERY_NODE.get_or_compute(trace.key, lambda: all_versions(trace))
+    out: dict[str, list[list[object]]] = {}
+    for n in graph:
+        if not n.absorbed:
+            continue
+        found: dict[str, tuple[list[int], list[str]]] = {}  # op -> (ids, the chains of fused nodes they lie in)
+        todo: list[tuple[int, str]] = [(i, "") for i in n.absorbed]
+        seen: set[int] = set()
+        for i, via in todo:  # breadth first: `todo` grows while it is read
+            if i in seen:
+                continue
+            seen.add(i)
+            m = every.get(i)
+            ids, chains = found.setdefault(m.op.value if m is not None else "", ([], []))
+            ids.append(i)
+            if via not in chains:
+                chains.append(via)
+            if m is not None and m.absorbed:
+                here = f"{via} → {m.op.value} %{m.id}" if via else f"{m.op.value} %{m.id}"
+                todo += [(j, here) for j in m.absorbed]
+        layer = layer_of(n.path)
+        into = f"absorbed into {n.op.value} %{n.id}" + (f" ({layer_label(layer)})" if layer is not None else "")
+        out[f"n{n.id}"] = [[op, ids, into + _via(chains)] for op, (ids, chains) in found.items()]
+    return out
+
+
+def _via(chains: list[str]) -> str:
+    """` via A %1`, ` via A %1 and B %2`, ` directly and via A %1`, or "" (absorbed directly only)."""
+    nested = [c for c in chains if c]
+    if not nested:
+        return ""
+    return (" directly and" if "" in chains else "") + " via " + " and ".join(nested)

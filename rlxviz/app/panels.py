@@ -17,7 +17,7 @@ from ..ir import Graph, format_graph
 from ..passes.why.text import left_out_heading
 from ..session.overlays import UNITS
 from .explain import counterpart_line, counterparts, node_report, report_markdown
-from .graphpane import SvgGraph, folded_index
+from .graphpane import SvgGraph, ZoomScope, absorbed_index, folded_index
 from .irdiff import diff_table, side_by_side
 from .irtext import IRText
 from .stale import StaleMark, safe
@@ -249,8 +249,7 @@ class GraphCompare(Viewer):
         s.param.watch(self._legend, ["overlay", "node_figures", "overlay_status"])
         self.row = pn.Row(self.after, sizing_mode="stretch_both")
         self.stale = StaleMark(s, "graph", self.before, self.after)
-        self._scoped_model: object = None
-        self._model_seq = 0
+        self._zoom = ZoomScope()
         s.param.watch(self._draw, ["model", "trace", "version", "view", "selected_layer", "expanded_layers",
                                    "node_figures"])
         s.param.watch(self._mark, ["highlight", "selected_node"])
@@ -259,10 +258,8 @@ class GraphCompare(Viewer):
     def _scope(self) -> str:
         """Zoom and pan are kept while this stays the same (same model and view), across versions and clicks."""
         s = self.state
-        if s.model is not self._scoped_model:  # a new model: a new scope (an id() could be a freed model's)
-            self._scoped_model, self._model_seq = s.model, self._model_seq + 1
         view = s.resolved_view()
-        return f"{self._model_seq}:{view}:{s.selected_layer if view == 'focus' else ''}"
+        return self._zoom(s.model, view, s.selected_layer if view == "focus" else "")
 
     def _draw(self, *events: param.parameterized.Event) -> None:
         s = self.state
@@ -274,11 +271,13 @@ class GraphCompare(Viewer):
         step = s.current_step
         folded = s.resolved_view() == COLLAPSED
         self.after.param.update(svg=svg or "", title=f"{s.version_labels[k] if s.version_labels else 'input'}",
-                                scope=scope, folded=self._folded(s.current_graph) if folded else {})
+                                scope=scope, folded=self._folded(s.current_graph) if folded else {},
+                                absorbed=self._absorbed(s.current_graph))
         if step is not None:
             prev, err2 = safe(s.svg_before, k)
             self.before.param.update(svg=prev or "", title=f"before {step.pass_name}", scope=scope,
-                                     folded=self._folded(s.previous_graph) if folded else {})
+                                     folded=self._folded(s.previous_graph) if folded else {},
+                                     absorbed=self._absorbed(s.previous_graph))
             err = err or err2
         want = [self.before, self.after] if step is not None else [self.after]
         if list(self.row.objects) != want:
@@ -295,7 +294,11 @@ class GraphCompare(Viewer):
         self.legend.visible = bool(self.legend.object) or s.overlay != "none"
 
     def _folded(self, graph: Graph | None) -> dict[str, list[list[int | str]]]:
-        return folded_index(graph, list(self.state.expanded_layers)) if graph is not None else {}
+        return folded_index(graph, list(self.state.expanded_layers), self.state.trace) if graph is not None else {}
+
+    def _absorbed(self, graph: Graph | None) -> dict[str, list[list[object]]]:
+        """What each fused node of `graph` holds at any depth, for the search (`graphpane.absorbed_index`)."""
+        return absorbed_index(graph, self.state.trace) if graph is not None else {}
 
     def _mark(self, *events: param.parameterized.Event) -> None:
         """Highlights, and the selected node in both panes by identity: where a pane does not hold it, the pane

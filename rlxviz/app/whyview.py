@@ -13,7 +13,7 @@ from panel.viewable import Viewer
 from ..passes.guard import NOT_A_CANDIDATE
 from ..session import SessionError
 from .explain import decision_rows
-from .graphpane import SvgGraph
+from .graphpane import SvgGraph, ZoomScope, absorbed_index
 from .stale import StaleMark, safe
 from .state import AppState
 from .text import md_escape
@@ -114,6 +114,7 @@ class WhyView(Viewer):
         self.layer.param.watch(self._chosen, "value")
         self.text = pn.pane.Markdown("", sizing_mode="stretch_width", css_classes=["rv-why"])
         self.graph = SvgGraph(sizing_mode="stretch_both", min_height=520, css_classes=["rv-why-graph"])
+        self._zoom = ZoomScope()  # another model fits its picture; a version step keeps the zoom
         self.graph.param.watch(lambda e: setattr(s, "selected_node", e.obj.clicked), "clicks")
         self.stale = StaleMark(s, "why", self.text, self.graph)
         s.param.watch(lambda e: setattr(self, "_auto", True), "model")
@@ -163,13 +164,20 @@ class WhyView(Viewer):
         self.graph.visible = True
         if s.selected_layer is None:
             self.text.object = "*Pick a layer to see each pattern's outcome and the first guard that failed.*"
-            self.graph.svg = ""
+            self.graph.param.update(svg="", absorbed={})
             return
         text, err = safe(s.why_layer, s.selected_layer)
         self.text.object = text if text else f"**Not shown:** {md_escape(err or '')}"
         svg, err = safe(s.svg_why)
         self.graph.param.update(svg=svg or "", title=f"layer {s.selected_layer}" + (f" — {err}" if err else ""),
-                                highlight=list(s.highlight))
+                                highlight=list(s.highlight), scope=self._zoom(s.model, "layer", s.selected_layer),
+                                absorbed=self._absorbed())
+
+    def _absorbed(self) -> dict[str, list[list[object]]]:
+        """What each fused node of the drawn graph holds at any depth, for the search (`graphpane.absorbed_index`)."""
+        s = self.state
+        graph, _ = safe(s.why_graph_drawn)
+        return absorbed_index(graph, s.trace) if graph is not None else {}
 
     def _whole_graph(self) -> dict[str, object]:
         """The drawing for a graph whose nodes carry no layer path (IR text, most often): there is no layer to focus
@@ -178,10 +186,13 @@ class WhyView(Viewer):
         s = self.state
         last = len(s.version_labels) - 1
         svg, err = safe(s.svg, last) if last >= 0 else (None, "no version yet")
+        scope = self._zoom(s.model, "whole")
         if not svg:
-            return {"svg": "", "title": "No layers to draw: this graph's nodes carry no layer path; see the Graph tab"
-                                        + (f" ({err})" if err else "") + "."}
-        return {"svg": svg, "highlight": list(s.highlight),
+            return {"svg": "", "scope": scope, "absorbed": {},
+                    "title": "No layers to draw: this graph's nodes carry no layer path; see the Graph tab"
+                             + (f" ({err})" if err else "") + "."}
+        return {"svg": svg, "highlight": list(s.highlight), "scope": scope,
+                "absorbed": absorbed_index(s.graph_at(last), s.trace),
                 "title": f"no layer to draw (no node path names one): the final graph, {s.version_labels[last]}"}
 
     def __panel__(self) -> pn.viewable.Viewable:

@@ -24,6 +24,7 @@ import graphviz
 
 from ..ir import Graph, Node, Op, operand_roles
 from ..ir.ops import FUSED
+from ..ir.printer import format_value
 from ..ir.text import shown
 from ..passes.trace import Rejection, layer_label, layer_of
 from . import styles as st
@@ -252,8 +253,8 @@ class _Drawer:
         ops = ", ".join(f"{r}=%{j} {self.nodes[j].op.value}" if j in self.nodes else f"{r}=%{j}"
                         for r, j in zip(roles, n.inputs, strict=False))
         parts = [f"%{n.id} {n.op.value} -> {fmt_shape(n)}", f"path: {n.path or '-'}"]
-        if n.attrs:
-            parts.append("attrs: " + ", ".join(f"{k}={v}" for k, v in n.attrs.items()))
+        if n.attrs:  # each value as the IR text prints it (`none`, `"gelu"`, `true`)
+            parts.append("attrs: " + ", ".join(f"{k}={format_value(v)}" for k, v in n.attrs.items()))
         if ops:
             parts.append(f"operands: {ops}")
         if n.pass_name:
@@ -261,7 +262,7 @@ class _Drawer:
         if n.absorbed:
             parts.append(f"absorbed: {' '.join(f'%{i}' for i in n.absorbed)}")
             ops = _op_summary(n.absorbed, self.ov.origin)
-            if ops:  # what the app's search finds inside a fused node (`SvgGraph`): op names, and the node's layer
+            if ops:  # for the reader: op names, and the node's layer (the app's search reads `absorbed_index`)
                 layer = layer_of(n.path)
                 parts.append(f"absorbed ops: {ops}" + (f" — in {layer_label(layer)}" if layer is not None else ""))
         parts += self.rejection_tips.get(n.id, [])

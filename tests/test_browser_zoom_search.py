@@ -1,0 +1,105 @@
+"""Issue 39's newcomer run, in a real browser: a zoom kept across a model switch (the Why tab's pane kept MiniLM's
+zoom on bert-tiny's drawing: an empty pane), and the search for an op absorbed two fused nodes deep ("no match").
+`test_app_zoom_scope.py` and `test_app_absorbed_search.py` check what Python sends; this drives the page's half
+(graphpane's ESM: which scope fits, how the note reads).
+
+`panel serve app.py` on a free localhost port (tests/served.py), Debian's chromium at 1280x800; the page's console
+must stay free of errors and no request may leave the machine."""
+
+import re
+
+import pytest
+from playwright.sync_api import expect
+from served import WAIT_MS, browser_fixture, open_sidebar, open_tab, server_fixture, watched_page
+
+pytestmark = pytest.mark.slow
+expect.set_options(timeout=WAIT_MS)
+
+server = server_fixture("server-zoom-search.log")
+browser = browser_fixture()
+
+WHY = ".rv-why-graph"
+
+
+def _idle(pg):
+    expect(pg.locator(".rv-progress-text")).to_be_hidden(timeout=3 * WAIT_MS)
+
+
+def _preset(pg, name):
+    open_sidebar(pg)
+    pg.get_by_role("button", name="Built-in").click()
+    before = pg.locator(".rv-version select").inner_text()
+    pg.locator(".rv-preset select").select_option(name)
+    expect(pg.locator(".rv-version select")).not_to_have_text(before, timeout=3 * WAIT_MS)
+    _idle(pg)
+
+
+def _view(pg, pane):
+    return pg.locator(f"{pane} .rv-inner").evaluate("el => el.style.transform")
+
+
+def _nodes_in_view(pg, pane) -> int:
+    return pg.locator(f"{pane} .rv-wrap").evaluate("""(w) => { const r = w.getBoundingClientRect(); let k = 0;
+      for (const g of w.querySelectorAll('.rv-inner g.node')) { const b = g.getBoundingClientRect();
+        if (b.right > r.left && b.left < r.right && b.bottom > r.top && b.top < r.bottom) k++; } return k; }""")
+
+
+def _zoom_into_a_corner(pg, pane):
+    for _ in range(5):
+        pg.locator(f"{pane} .rv-zoom-in").click()
+    w = pg.locator(f"{pane} .rv-wrap").bounding_box()
+    for _ in range(2):
+        pg.mouse.move(w["x"] + 40, w["y"] + 40)
+        pg.mouse.down()
+        pg.mouse.move(w["x"] + w["width"] - 20, w["y"] + w["height"] - 20, steps=5)
+        pg.mouse.up()
+    return _view(pg, pane)
+
+
+def test_zoom_is_fitted_on_a_model_switch_and_kept_on_a_step_and_search_goes_deep(browser, server):
+    """One session (a page load costs 20-50 s on the shared 2-core machine)."""
+    with watched_page(browser, server[0], 1280, 800) as pg:
+        _idle(pg)
+        open_tab(pg, "Why didn't layer N fuse?")
+        pg.locator(f"{WHY} g.node").first.wait_for()
+        pg.wait_for_timeout(500)
+        zoomed = _zoom_into_a_corner(pg, WHY)
+        assert _nodes_in_view(pg, WHY) == 0, zoomed  # the corner: nothing of MiniLM's layer in view
+        _preset(pg, "bert-tiny")  # another model: its layer drawn whole (it kept MiniLM's zoom: an empty pane)
+        expect(pg.locator(f"{WHY} g.node").first).to_be_attached()
+        pg.wait_for_timeout(800)
+        shown = _view(pg, WHY)
+        assert shown != zoomed and _nodes_in_view(pg, WHY) > 0, (zoomed, shown)
+        pg.locator(f"{WHY} .rv-fit").click()
+        assert _view(pg, WHY) == shown  # fitted: "fit" changes nothing
+        # a version step of the same model keeps the user's zoom
+        pg.locator(f"{WHY} .rv-zoom-in").click()
+        kept = _view(pg, WHY)
+        sel = pg.locator(".rv-version select")
+        options = sel.locator("option")
+        sel.select_option(value=options.nth(options.count() - 1).get_attribute("value"))
+        _idle(pg)
+        pg.wait_for_timeout(800)
+        assert _view(pg, WHY) == kept
+
+        # bert-tiny after the last pass: attention sits in a FusedAttentionBlock that a FusedTransformerLayer absorbed
+        open_tab(pg, "Graph")
+        expect(pg.locator(".rv-after .rv-title")).to_have_text(re.compile("after mark_elementwise_regions"))
+        pg.locator(".rv-after g.node").first.wait_for()
+        box = pg.locator(".rv-after .rv-search")
+        box.fill("attention")  # exact hits first (a node whose path names attention), then the two layers
+        expect(pg.locator(".rv-after .rv-found")).to_have_text(re.compile(r"^1/[3-9]$"))
+        total = int(pg.locator(".rv-after .rv-found").inner_text().split("/")[1])
+        notes = []
+        for _ in range(total):
+            note = pg.locator(".rv-after .rv-found-note")
+            notes.append(note.inner_text() if note.is_visible() else "")
+            box.press("Enter")
+        deep = [n for n in notes if n]
+        assert len(deep) == 2, notes
+        for k, n in enumerate(deep):  # the block itself matches too ("FusedAttentionBlock: absorbed into ...")
+            assert any(re.fullmatch(rf"attention: absorbed into FusedTransformerLayer %\d+ \(layer {k}\) "
+                                    r"via FusedAttentionBlock %\d+", part) for part in n.split("; ")), notes
+        pg.locator(".rv-after .rv-search").fill("%21")  # an id two levels down (bert-tiny's first attention node)
+        expect(pg.locator(".rv-after .rv-found-note")).to_have_text(re.compile(
+            r"^%21: absorbed into FusedTransformerLayer %\d+ \(layer 0\) via FusedAttentionBlock %\d+$"))
