@@ -135,12 +135,13 @@ class TimingView(Viewer):
 
     def _update(self, *events: param.parameterized.Event) -> None:
         s = self.state
-        self.blas.object = (f"**Measured in:** {md_escape(s.blas)}. Left: the median ms over the rounds (whiskers: "
-                            "p25 to p75). Middle: the speed-up over the input, the median of the per-round ratios "
+        self.blas.object = (f"**Measured in:** {md_escape(s.blas)}. Top: the median ms over the rounds (whiskers: "
+                            "p25 to p75). Below it: the speed-up over the input, the median of the per-round ratios "
                             "(round *r* of every version ran back to back), with its 95% bootstrap interval (*ci*); "
                             "each bar is labelled with its own number. *Within noise*: that interval holds 1 (or lies "
                             "within 1 ± 1%), so these rounds do not tell the two versions apart; time again with more "
-                            f"rounds ({MIN_VERDICT_ROUNDS} at least for a verdict)."
+                            f"rounds ({MIN_VERDICT_ROUNDS} at least for a verdict). Beside it: the max error "
+                            "against NumPy."
                             if s.blas else "")
         self.policy.object = md_escape(s.timing_policy)
         rows = s.timings
@@ -149,7 +150,9 @@ class TimingView(Viewer):
         self.machine.param.update(object=text, alert_type=kind, visible=bool(text))
         self.again.visible = bool(rows)
         self.table.value = pd.DataFrame(rows)
-        self.chart.object = timing_figure(rows) if rows else None
+        fig = timing_figure(rows) if rows else None
+        # the pane as tall as the chart's column (its plots' heights follow the number of versions)
+        self.chart.param.update(object=fig, height=fig.height if fig is not None else self.chart.height)
         # an input row that ran rlxviz's kernels (bert-tiny's attention op) is named by the split itself
         self.split.object = fusion_kernels_markdown(s.timing_split) if rows else ""
 
