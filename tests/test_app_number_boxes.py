@@ -114,3 +114,63 @@ def test_a_layer_that_is_no_whole_number_is_said_and_kept(typed):
     assert s.message == f"Layer to break must be a whole number; {typed} is not, so it stays 1.", s.message
     vc.layer.text.value = "0"
     assert s.variant_layer == 0 and s.message == ""
+
+
+def _timing(s: AppState):
+    from rlxviz.app.timingview import TimingView
+
+    return TimingView(state=s)
+
+
+@pytest.mark.parametrize("name, typed", [("repeat", "2.5"), ("repeat", "abc"), ("repeat", "1e3"), ("warmup", "2.5"),
+                                         ("warmup", "three"), ("warmup", "1.0")])
+def test_rounds_that_are_no_whole_number_are_said_and_kept(name, typed):
+    """The Timing tab's rounds boxes (issue 39): the page's integer box made a typed 2.5 into 25 and put back abc with
+    no word while the last clamp's note stayed up; now the box says so and keeps the rounds it had."""
+    s = tiny()
+    view = _timing(s)
+    box, before = getattr(view, name), getattr(s, name)
+    label = {"repeat": "Timed rounds", "warmup": "Untimed rounds"}[name]
+    box.text.value = "99999"  # out of range first: the clamp's note
+    clamped = getattr(s, name)
+    assert clamped == s.param[name].bounds[1] and "99999 is out of range" in s.message, s.message
+    box.text.value = typed
+    assert s.message == f"{label} must be a whole number; {typed} is not, so it stays {clamped}.", s.message
+    assert getattr(s, name) == clamped and box.value == clamped and box.text.value == str(clamped)
+    box.text.value = str(before)  # a valid value: the note about the box goes
+    assert getattr(s, name) == before and s.message == "", s.message
+
+
+@pytest.mark.parametrize("name, typed", [("repeat", "0"), ("repeat", "-2"), ("repeat", "1001"), ("warmup", "-1"),
+                                         ("warmup", "101")])
+def test_rounds_out_of_range_say_the_range_and_why(name, typed):
+    """The ranges are the ones `session.check_rounds` enforces (1..MAX_REPEAT timed, 0..MAX_WARMUP untimed); the
+    message says the range and why it is so."""
+    from rlxviz.session import MAX_REPEAT, MAX_WARMUP
+
+    s = tiny()
+    box = getattr(_timing(s), name)
+    lo, hi = {"repeat": (1, MAX_REPEAT), "warmup": (0, MAX_WARMUP)}[name]
+    assert s.param[name].bounds == (lo, hi)
+    box.text.value = typed
+    near = lo if int(typed) < lo else hi
+    assert getattr(s, name) == near and box.text.value == str(near)
+    assert f"is out of range {lo}..{hi} (" in s.message and f"), so it became {near}." in s.message, s.message
+    assert "a typo" in s.message and f"rlxviz time --{name}" in s.message, s.message
+    box.text.value = str(lo + 1)  # a value in range: taken, and the note goes
+    assert getattr(s, name) == lo + 1 and s.message == ""
+
+
+def test_a_rounds_note_is_its_own_box_s_and_a_newer_message_stays():
+    s = tiny()
+    view = _timing(s)
+    view.repeat.text.value = "x"
+    view.warmup.text.value = "3"  # the other box: the repeat note is not its own
+    assert s.warmup == 3 and "Timed rounds must be a whole number" in s.message
+    s._error("something else", "warning")
+    view.repeat.text.value = "5"
+    assert s.repeat == 5 and s.message == "something else"
+    view.warmup.text.value = ""  # emptied: the rounds are put back
+    assert s.warmup == 3 and view.warmup.text.value == "3"
+    s.repeat = 7  # the state moves the box
+    assert view.repeat.text.value == "7"

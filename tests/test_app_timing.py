@@ -33,7 +33,7 @@ def contradicting(reps: int = 7, seed: int = 0) -> list[VersionTiming]:
 def figure_parts(rows):
     """(median-ms plot, speed-up plot) of the app's timing chart and their shared data."""
     fig = timing_figure(rows)
-    ms_plot, speed_plot = fig.children[0], fig.children[1]
+    ms_plot, speed_plot = fig.children[0], fig.children[1].children[0]  # the speed-up plot: below, left
     src = next(a for a in ms_plot.center if isinstance(a, LabelSet)).source
     assert isinstance(src, ColumnDataSource)
     return ms_plot, speed_plot, src.data
@@ -308,3 +308,41 @@ def test_medians_that_point_the_other_way_give_no_verdict():
     assert f"| {DISAGREE} |" in text and "(not read: medians and paired rounds disagree)." in text, text
     label = speedup_label({"speedup": v.ratio, "vs_input": v.words, "ci_low": v.low, "ci_high": v.high})
     assert "not read" in label and "faster" not in label, label
+
+
+@pytest.mark.parametrize("n", [1, 2, 6, 12])
+def test_the_median_plot_has_a_row_of_its_own(n):
+    """Issue 39: in one row with the speed-up and error plots (and the version names on its axis) the median plot had
+    about 65 px of plot at 1280x800. Now it stretches over the chart's width alone; the speed-up plot below names the
+    versions again (its y axis shows), beside the fixed-width error plot; each plot is as tall as its rows need."""
+    from bokeh.models import Column, Row
+
+    from rlxviz.app.timingchart import plot_height
+
+    rows = timing_table([timed(i, "input" if i == 0 else f"after pass_{i}", [1.0 + 0.1 * i, 1.1, 1.2])
+                         for i in range(n)])
+    fig = timing_figure(rows)
+    assert isinstance(fig, Column) and len(fig.children) == 2
+    ms_plot, below = fig.children
+    assert isinstance(below, Row) and ms_plot.sizing_mode == "stretch_width"
+    speed_plot, err_plot = below.children
+    assert speed_plot.sizing_mode == "stretch_width" and err_plot.width == 240
+    assert all(a.visible for a in speed_plot.yaxis) and not any(a.visible for a in err_plot.yaxis)
+    h = plot_height(n)
+    assert ms_plot.height == speed_plot.height == err_plot.height == h and fig.height == 2 * h
+    assert h >= 200 and (n < 4 or plot_height(n + 1) > h)  # more versions, taller plots
+    assert speed_plot.y_range is ms_plot.y_range is err_plot.y_range and len(ms_plot.y_range.factors) == n
+
+
+def test_the_chart_pane_is_as_tall_as_its_plots():
+    """The Timing tab's chart pane takes the column's height (it was a fixed 340 px for one row of plots)."""
+    from rlxviz.app.jobs import Runner
+    from rlxviz.app.state import AppState
+    from rlxviz.app.timingchart import plot_height
+    from rlxviz.app.timingview import TimingView
+
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+    view = TimingView(state=s)
+    for n in (2, 9):
+        s.param.update(blas="MLX", timings=timing_table([timed(i, f"v{i}", [1.0] * 5) for i in range(n)]))
+        assert view.chart.height == view.chart.object.height == 2 * plot_height(n)

@@ -116,9 +116,23 @@ def _timing_rounds_clamp_and_time_again_waits(pg):
     warmup.press("Enter")
     expect(warmup).to_have_value("0")
     expect(pg.locator(".rv-message")).to_contain_text("Untimed rounds -3 is out of range 0..")
+    # no whole number (the page's integer box made 2.5 into 25 and put back abc unsaid): said, the rounds stay
+    repeat.fill("2.5")
+    repeat.press("Enter")
+    expect(pg.locator(".rv-message")).to_contain_text(f"Timed rounds must be a whole number; 2.5 is not, so it stays "
+                                                      f"{MAX_REPEAT}.")
+    expect(repeat).to_have_value(str(MAX_REPEAT))
+    warmup.fill("abc")
+    warmup.press("Enter")
+    expect(pg.locator(".rv-message")).to_contain_text("Untimed rounds must be a whole number; abc is not")
+    expect(warmup).to_have_value("0")
     repeat.fill("3")
     repeat.press("Enter")
     expect(pg.locator(".rv-message")).not_to_contain_text("out of range")
+    expect(pg.locator(".rv-message")).to_contain_text("Untimed rounds must be")  # the other box's note stays
+    warmup.fill("1")
+    warmup.press("Enter")
+    expect(pg.locator(".rv-message")).not_to_contain_text("whole number")
 
 
 def _empty_ir_editor_reads_as_an_editor(pg):

@@ -34,8 +34,18 @@ def _idle(pg):
     expect(pg.locator(".rv-progress-text")).to_be_hidden(timeout=3 * WAIT_MS)
 
 
-def time_bert_tiny(pg):
-    """Load the bert-tiny preset from the sidebar and time it on the Timing tab, waiting until both are done."""
+PLOTS_JS = """() => { const out = [];
+  const walk = (v) => { if (!v) return;
+    if (v.frame && v.model && v.model.title) out.push({title: v.model.title.text, inner: v.frame.bbox.width});
+    for (const c of (v.child_views || [])) walk(c); };
+  for (const id in Bokeh.index) walk(Bokeh.index[id]);
+  return out; }"""
+"""Each Bokeh plot drawn in the page: its title and its plot area's width (the frame, inside the axes), px."""
+
+
+def time_bert_tiny(pg, rounds: int | None = None):
+    """Load the bert-tiny preset from the sidebar and time it on the Timing tab (with `rounds` timed rounds and no
+    untimed ones, when given), waiting until both are done."""
     open_sidebar(pg)
     pg.get_by_role("button", name="Built-in").click()
     before = pg.locator(".rv-version select").inner_text()
@@ -43,6 +53,11 @@ def time_bert_tiny(pg):
     expect(pg.locator(".rv-version select")).not_to_have_text(before, timeout=3 * WAIT_MS)
     _idle(pg)
     open_tab(pg, "Timing")
+    if rounds is not None:
+        for box, value in ((".rv-repeat input", rounds), (".rv-warmup input", 0)):
+            pg.locator(box).fill(str(value))
+            pg.locator(box).press("Enter")
+        expect(pg.locator(".rv-warmup input")).to_have_value("0")
     pg.locator(".rv-time button").click()
     expect(pg.locator(".rv-timings")).to_contain_text("after", timeout=5 * WAIT_MS)
     _idle(pg)
@@ -84,6 +99,27 @@ def test_timing_tab_verdict_first_bars_agree_kernels_apart(browser, server, size
             for label in FUSION_LABELS:
                 expect(split).to_contain_text(label)
             assert sys.prefix not in pane_text(split)
+
+
+@pytest.mark.slow
+def test_the_ms_plot_takes_the_width_at_1280(browser, server):
+    """Issue 39: at 1280x800 with the sidebar open the median ms plot's area was about 65 px wide, squeezed in one
+    row beside the speed-up and error plots by the version names on its axis. It now has a row of its own (at least
+    500 px of plot), the speed-up plot keeps room for its labels below it, and the table under the chart stays
+    within the window. One timing run of 3 rounds."""
+    with watched_page(browser, server[0], 1280, 800) as pg:
+        time_bert_tiny(pg, rounds=3)
+        expect(pg.locator(".rv-blas")).to_contain_text("3 interleaved round(s)")
+        chart, table = pg.locator(".rv-timing-chart"), pg.locator(".rv-timings")
+        expect(chart.locator("canvas").first).to_be_visible()
+        pg.wait_for_timeout(300)  # the plots' layout after the canvas is drawn
+        plots = pg.evaluate(PLOTS_JS)
+        width = {key: [p["inner"] for p in plots if p["title"].startswith(key)] for key in ("median ms", "speed-up")}
+        assert len(width["median ms"]) == 1 and width["median ms"][0] >= 500, plots
+        assert len(width["speed-up"]) == 1 and width["speed-up"][0] >= 300, plots
+        c, tb = chart.bounding_box(), table.bounding_box()
+        assert tb["y"] >= c["y"] + c["height"] - 1, (c, tb)  # under the chart, not over it
+        assert tb["x"] + tb["width"] <= 1280 and c["x"] + c["width"] <= 1280, (c, tb)
 
 
 @pytest.mark.parametrize("size", [(1280, 800), (1920, 1080)])

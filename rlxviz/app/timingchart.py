@@ -4,6 +4,7 @@ as `AppState.timings` holds them)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..session.timing import BUSY_RATIO, DISAGREE
@@ -120,9 +121,9 @@ def kernels_marked(rows: list[dict[str, Any]]) -> bool:
 
 
 def chart_title(rows: list[dict[str, Any]]) -> str:
-    """The median plot's title, naming the lowering its rows ran: "median ms per version" and on a second line (short:
-    the plot is about 250 px wide at 1280 px) "MLX; rlxviz's kernels where marked" (some rows ran rlxviz's CPU kernels,
-    `timing_factor` marks those) or "MLX with rlxviz's kernels, every row" (all did); "(MLX)" when none did."""
+    """The median plot's title, naming the lowering its rows ran: "median ms per version" and on a second line
+    "MLX; rlxviz's kernels where marked" (some rows ran rlxviz's CPU kernels, `timing_factor` marks those) or "MLX
+    with rlxviz's kernels, every row" (all did); "(MLX)" when none did."""
     if kernels_marked(rows):
         return "median ms per version\nMLX; rlxviz's kernels where marked"
     if rows and all(map(on_kernels, rows)):
@@ -158,8 +159,21 @@ def ms_label(row: dict[str, Any]) -> str:
     return f"{row['median_ms']:.2f} ms"
 
 
+PLOT_ROW_PX = 30
+"""Height of one version's row in each timing plot, px (the bar, its whisker and its label)."""
+
+PLOT_FRAME_PX = 120
+"""Height of a timing plot's title (up to two lines) and x axis with its label, px, above and below the rows."""
+
+
+def plot_height(n_rows: int) -> int:
+    """Height in px of one timing plot showing `n_rows` versions: `PLOT_FRAME_PX` plus `PLOT_ROW_PX` per row, at
+    least 200 (a plot of one or two versions still has room for its axes)."""
+    return max(200, PLOT_FRAME_PX + PLOT_ROW_PX * n_rows)
+
+
 def timing_figure(rows: list[dict[str, Any]]) -> Any:
-    """Three plots on one y axis (one row per version), each bar labelled with its own number:
+    """Three plots on one y range (one row per version), each bar labelled with its own number:
 
     * median ms per version (bars; whiskers p25 to p75 of the rounds; label `N.NN ms`);
     * the speed-up over the input (bars: the median of the paired per-round ratios, `session.paired_verdict`;
@@ -167,9 +181,14 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     * max |error| vs NumPy (log axis).
 
     A bar and its label are one statistic: a median ms bar longer than the input's may sit next to a speed-up
-    above 1 (the medians and the per-round ratios are different statistics), but never inside one plot."""
-    from bokeh.layouts import row
-    from bokeh.models import ColumnDataSource, LabelSet, Range1d, Span, Whisker
+    above 1 (the medians and the per-round ratios are different statistics), but never inside one plot.
+
+    Laid out as a column, `plot_height(len(rows))` px per plot (the column's `height` is their sum): the median plot
+    on a row of its own, the speed-up plot (with the version names again) and the error plot (240 px) below it. In
+    one row the version names on the axis (about 250 px) left the median plot about 65 px of plot at 1280x800 with
+    the sidebar open (issue 39); now it has the pane's width less the names (about 640 px there)."""
+    from bokeh.layouts import column, row
+    from bokeh.models import ColumnDataSource, FixedTicker, LabelSet, Range1d, Span, Whisker
     from bokeh.plotting import figure
 
     labels = [timing_factor(r, kernels_marked(rows)) for r in rows]
@@ -183,7 +202,8 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
                             "x": speed, "x_low": s_low, "x_high": s_high,
                             "speedup": [speedup_label(r) for r in rows],
                             "err": [max(r["max_err"], 1e-12) for r in rows]})
-    p = figure(y_range=labels[::-1], height=320, sizing_mode="stretch_width", min_width=300,
+    h = plot_height(len(rows))
+    p = figure(y_range=labels[::-1], height=h, sizing_mode="stretch_width", min_width=300,
                title=chart_title(rows), toolbar_location=None, x_axis_label="ms; whisker: p25 to p75")
     p.title.align = "left"
     if "\n" in p.title.text:
@@ -197,10 +217,12 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     # label after it show.
     p.x_range = Range1d(start=min(0.0, *low), end=max(1e-6, *high) * LABEL_ROOM)
     busy = any(r.get("busy") for r in rows)
-    sp = figure(y_range=p.y_range, height=320, sizing_mode="stretch_width", min_width=300, toolbar_location=None,
+    sp = figure(y_range=p.y_range, height=h, sizing_mode="stretch_width", min_width=300, toolbar_location=None,
                 title="speed-up over the input" + (" — busy machine: not read" if busy else "")
                 + ("\nfusion and rlxviz's kernels together" if any(map(on_kernels, rows)) else ""),
                 x_axis_label="× (median of paired per-round ratios); whisker: 95% interval")
+    for f in (p, sp):  # the speed-up's label in its plot's width at 1280 px (16 px, it ran past the figure's edge)
+        f.xaxis.axis_label_text_font_size = "12px"
     sp.title.align = "left"
     sp.hbar(y="version", right="x", height=0.7, source=src, color="#9e9e9e" if busy else "#2e7d32")
     sp.add_layout(Whisker(base="version", lower="x_low", upper="x_high", dimension="width", source=src,
@@ -210,15 +232,17 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
                            text_font_size="11px"))
     ends = [v for v in (*s_high, *speed) if v == v]
     sp.x_range = Range1d(start=0.0, end=max(1.0, *ends) * (LABEL_ROOM + 0.3))
-    sp.yaxis.visible = False
     hi = max(1e-2, 10 * max(r["max_err"] for r in rows))
-    q = figure(y_range=p.y_range, height=320, width=240, x_axis_type="log", x_range=(1e-9, hi),
+    q = figure(y_range=p.y_range, height=h, width=240, x_axis_type="log", x_range=(1e-9, hi),
                title="max |error| vs NumPy", toolbar_location=None)
-    q.xaxis.ticker.desired_num_ticks = 4
+    # a tick every third decade: one per decade (10^-9 to 10^-2) ran into each other in 230 px
+    top = math.ceil(math.log10(hi)) if math.isfinite(hi) else 0
+    q.xaxis.ticker = FixedTicker(ticks=[10.0 ** k for k in range(-9, top + 1, 3)])
     q.scatter(x="err", y="version", source=src, size=9, color="#c62828")
     q.yaxis.visible = False
-    return row(p, sp, q, sizing_mode="stretch_width")
+    return column(p, row(sp, q, sizing_mode="stretch_width"), sizing_mode="stretch_width", height=2 * h)
 
 
-__all__ = ["KERNELS_MARK", "LABEL_ROOM", "chart_title", "error_formatter", "fusion_kernels_markdown", "kernels_marked",
-           "machine_verdict", "ms_label", "on_kernels", "speedup_label", "timing_factor", "timing_figure"]
+__all__ = ["KERNELS_MARK", "LABEL_ROOM", "PLOT_FRAME_PX", "PLOT_ROW_PX", "chart_title", "error_formatter",
+           "fusion_kernels_markdown", "kernels_marked", "machine_verdict", "ms_label", "on_kernels", "plot_height",
+           "speedup_label", "timing_factor", "timing_figure"]

@@ -9,6 +9,7 @@ import param
 from panel.viewable import Viewer
 
 from ..session.defaults import MIN_VERDICT_ROUNDS
+from .numberbox import BoxNotes, NumberBox
 from .stale import StaleMark
 from .state import AppState
 from .text import md_escape
@@ -32,6 +33,17 @@ TIMING_HEADER_CSS = (".tabulator .tabulator-header .tabulator-col .tabulator-col
 """Timing table headers wrap (at 1280 px with the sidebar open each column is about 75 px wide)."""
 
 
+ROUNDS_LABELS = {"repeat": "Timed rounds", "warmup": "Untimed rounds"}
+"""The rounds boxes' labels, as the messages about them name them."""
+
+ROUNDS_WHY = {"repeat": "a run times at least one round, and the cap keeps a typo from starting a run that never "
+                        "ends; rlxviz time --repeat takes the same",
+              "warmup": "0 is none, and the cap keeps a typo from starting a run that never ends; rlxviz time "
+                        "--warmup takes the same"}
+"""Why the rounds' ranges (`AppState.repeat`, `AppState.warmup`; `session.MAX_REPEAT`, `session.MAX_WARMUP`) are what
+they are, said when a value past them is clamped."""
+
+
 class TimingView(Viewer):
     """Time every version on MLX in a worker process, in interleaved rounds (`session.time_versions`, as the CLI);
     median ms per version as a Bokeh bar chart with the IQR as a whisker and the speed-up over the unfused graph,
@@ -53,10 +65,13 @@ class TimingView(Viewer):
         self.again.on_click(lambda e: s.time_all(fresh=True))
         # not bound to the state's parameters, and no start/end (as Batch and Sequence length, `Controls`): the
         # browser's number box put back a value past its start or end with no word, so the server never saw it;
-        # now a value out of range is clamped here and the message says the range (`_rounds_typed`)
-        self.repeat = pn.widgets.IntInput(name="Timed rounds", value=s.repeat, width=110, css_classes=["rv-repeat"])
-        self.warmup = pn.widgets.IntInput(name="Untimed rounds", value=s.warmup, width=110, css_classes=["rv-warmup"])
-        self._clamped = ""  # the message the last value out of range gave
+        # now a value out of range is clamped here and the message says the range (`_rounds_typed`). Text boxes read
+        # on the server (`NumberBox`): the browser's integer box made a typed 2.5 into 25 and put back abc unsaid
+        self.notes = BoxNotes(s)
+        self.repeat = NumberBox(ROUNDS_LABELS["repeat"], s.repeat, lambda t: self._rounds_unreadable("repeat", t),
+                                width=110, css_classes=["rv-repeat"])
+        self.warmup = NumberBox(ROUNDS_LABELS["warmup"], s.warmup, lambda t: self._rounds_unreadable("warmup", t),
+                                width=110, css_classes=["rv-warmup"])
         for name in ("repeat", "warmup"):
             getattr(self, name).param.watch(lambda e, n=name: self._rounds_typed(n, e.new), "value")
             s.param.watch(lambda e, n=name: setattr(getattr(self, n), "value", e.new), name)
@@ -90,24 +105,28 @@ class TimingView(Viewer):
         self._update()
 
     def _rounds_typed(self, name: str, typed: int | None) -> None:
-        """Rounds typed (`repeat` or `warmup`): within the state's bounds they are the state's; past them, the nearest
-        bound instead, and the message says the range; an empty box is put back."""
+        """Rounds typed (`repeat` or `warmup`): within the state's bounds (`AppState.repeat`, `AppState.warmup`: the
+        ranges `session.check_rounds` takes) they are the state's; past them, the nearest bound instead, and the
+        message says the range and why (`ROUNDS_WHY`); an empty box is put back."""
         s, widget = self.state, getattr(self, name)
         if typed is None:
             widget.value = getattr(s, name)
             return
         lo, hi = s.param[name].bounds
         if lo <= typed <= hi:
-            if s.message and s.message == self._clamped:  # the last clamp's note no longer holds
-                s.param.update(message="", message_kind="info")
+            self.notes.drop(name)  # the last note about this box no longer holds
             setattr(s, name, typed)
             return
         near = lo if typed < lo else hi
-        label, flag = {"repeat": ("Timed rounds", "--repeat"), "warmup": ("Untimed rounds", "--warmup")}[name]
-        widget.value = near
-        s._error(f"{label} {typed} is out of range {lo}..{hi} (as rlxviz time {flag} takes), so it became {near}.",
-                 "info")
-        self._clamped = s.message
+        widget.value = near  # back here with a value in range: it becomes the state's
+        self.notes.say(name, f"{ROUNDS_LABELS[name]} {typed} is out of range {lo}..{hi} ({ROUNDS_WHY[name]}), so it "
+                             f"became {near}.")
+
+    def _rounds_unreadable(self, name: str, typed: str) -> None:
+        """Rounds that are no whole number (`abc`, `2.5`, `1e3`): the box shows the state's value again, and the
+        message says so (it replaces any older note about the box)."""
+        self.notes.say(name, f"{ROUNDS_LABELS[name]} must be a whole number; {typed} is not, so it stays "
+                             f"{getattr(self.state, name)}.")
 
     def _clear_inputs(self) -> None:
         """Empty the file chooser: in the browser (`clear`) and here (its value and file name)."""
@@ -116,12 +135,13 @@ class TimingView(Viewer):
 
     def _update(self, *events: param.parameterized.Event) -> None:
         s = self.state
-        self.blas.object = (f"**Measured in:** {md_escape(s.blas)}. Left: the median ms over the rounds (whiskers: "
-                            "p25 to p75). Middle: the speed-up over the input, the median of the per-round ratios "
+        self.blas.object = (f"**Measured in:** {md_escape(s.blas)}. Top: the median ms over the rounds (whiskers: "
+                            "p25 to p75). Below it: the speed-up over the input, the median of the per-round ratios "
                             "(round *r* of every version ran back to back), with its 95% bootstrap interval (*ci*); "
                             "each bar is labelled with its own number. *Within noise*: that interval holds 1 (or lies "
                             "within 1 ± 1%), so these rounds do not tell the two versions apart; time again with more "
-                            f"rounds ({MIN_VERDICT_ROUNDS} at least for a verdict)."
+                            f"rounds ({MIN_VERDICT_ROUNDS} at least for a verdict). Beside it: the max error "
+                            "against NumPy."
                             if s.blas else "")
         self.policy.object = md_escape(s.timing_policy)
         rows = s.timings
@@ -130,7 +150,9 @@ class TimingView(Viewer):
         self.machine.param.update(object=text, alert_type=kind, visible=bool(text))
         self.again.visible = bool(rows)
         self.table.value = pd.DataFrame(rows)
-        self.chart.object = timing_figure(rows) if rows else None
+        fig = timing_figure(rows) if rows else None
+        # the pane as tall as the chart's column (its plots' heights follow the number of versions)
+        self.chart.param.update(object=fig, height=fig.height if fig is not None else self.chart.height)
         # an input row that ran rlxviz's kernels (bert-tiny's attention op) is named by the split itself
         self.split.object = fusion_kernels_markdown(s.timing_split) if rows else ""
 
@@ -141,4 +163,4 @@ class TimingView(Viewer):
                          sizing_mode="stretch_width")
 
 
-__all__ = ["TIMING_HEADER_CSS", "TIMING_HIDDEN", "TIMING_TITLES", "TimingView"]
+__all__ = ["ROUNDS_LABELS", "ROUNDS_WHY", "TIMING_HEADER_CSS", "TIMING_HIDDEN", "TIMING_TITLES", "TimingView"]
