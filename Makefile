@@ -46,10 +46,14 @@ notebooks-build: setup-dev
 lint: setup-dev
 	$(VENV)/bin/ruff check rlxviz tests benchmarks app.py
 
-# The whole suite (CI runs this). test-fast leaves out the tests marked slow (browser, notebooks, fuzzing,
-# benchmarks, child processes: tests/conftest.py lists them), for every commit: under 4 minutes on 2 cores.
+# The whole suite (CI runs this), in two runs: first what only computes (the fast tier and the `sweep` tests over
+# every case file) on every core (pytest-xdist), then the rest of the slow tier (browser, notebooks, fuzzing,
+# benchmarks, timing, child processes: tests/conftest.py lists them) one test at a time, so no test's timing or
+# time limit shares the cores with another test. test-fast leaves out the tests marked slow, for every commit:
+# under 4 minutes on 2 cores.
 test: setup-dev lint
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n auto -m "not slow or sweep"
+	$(VENV)/bin/pytest -q -m "slow and not sweep"
 
 test-fast: setup-dev lint
 	$(VENV)/bin/pytest -q -m "not slow"

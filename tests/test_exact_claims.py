@@ -166,6 +166,7 @@ def _fixtures() -> list[Path]:
 
 
 @pytest.mark.slow
+@pytest.mark.sweep
 @pytest.mark.parametrize("path", _fixtures(), ids=lambda p: p.name)
 def test_no_exact_claim_on_a_differing_version_in_the_fixtures(path):
     """The ONNX fixtures (the zoo and the handed ONNX cases): the same as the handed IR cases."""

@@ -277,6 +277,7 @@ def test_printed_fixes_are_checked_sample(src):
 
 
 @pytest.mark.slow
+@pytest.mark.sweep
 @pytest.mark.parametrize("src", _handed() + PRESETS + _fixtures(), ids=lambda s: Path(s).name)
 def test_every_printed_fix_is_a_checked_what_if(src):
     _check_source(src)

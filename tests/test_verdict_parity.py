@@ -247,6 +247,7 @@ def test_handed_case_every_form_one_verdict(capsys, monkeypatch, path):
 
 
 @pytest.mark.slow
+@pytest.mark.sweep
 @pytest.mark.parametrize("path", HANDED, ids=[p.stem for p in HANDED])
 def test_every_handed_case_every_form_one_verdict(capsys, monkeypatch, path):
     _handed(capsys, monkeypatch, path)
@@ -266,6 +267,7 @@ def test_onnx_every_form_one_verdict(capsys, monkeypatch, path):
 
 
 @pytest.mark.slow
+@pytest.mark.sweep
 @pytest.mark.parametrize("path", FIXTURES + ZOO, ids=[p.stem for p in FIXTURES + ZOO])
 def test_every_onnx_fixture_and_zoo_file_every_form_one_verdict(capsys, monkeypatch, path):
     given = file_inputs(path)
