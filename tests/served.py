@@ -152,6 +152,22 @@ def open_sidebar(pg: Page) -> None:
     expect(pg.locator("#sidebar")).not_to_have_class(re.compile(r"\bhidden\b"))
 
 
+def idle(pg: Page) -> None:
+    """Wait until no job runs (the progress text is hidden)."""
+    expect(pg.locator(".rv-progress-text")).to_be_hidden(timeout=3 * WAIT_MS)
+
+
+def choose_preset(pg: Page, name: str) -> None:
+    """Choose built-in model `name` in the sidebar and wait until the version list is the new model's and no job
+    runs."""
+    open_sidebar(pg)
+    pg.get_by_role("button", name="Built-in").click()
+    before = pg.locator(".rv-version select").inner_text()
+    pg.locator(".rv-preset select").select_option(name)
+    expect(pg.locator(".rv-version select")).not_to_have_text(before, timeout=3 * WAIT_MS)
+    idle(pg)
+
+
 def close_inspector(pg: Page) -> None:
     """Close the node drawer (it covers the after pane's right edge while open)."""
     pg.locator(".rv-inspector-close button").click()

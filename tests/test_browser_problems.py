@@ -14,8 +14,10 @@ from served import (
     SMALL_IR,
     WAIT_MS,
     browser_fixture,
+    choose_preset,
     choose_version,
     close_inspector,
+    idle,
     open_sidebar,
     open_tab,
     server_fixture,
@@ -40,18 +42,8 @@ def _page(browser, server):
     return watched_page(browser, server[0], W, H)
 
 
-def _idle(pg):
-    expect(pg.locator(".rv-progress-text")).to_be_hidden(timeout=3 * WAIT_MS)
-
-
-def _preset(pg, name):
-    """Choose built-in model `name` and wait until the version list is the new model's."""
-    open_sidebar(pg)
-    pg.get_by_role("button", name="Built-in").click()
-    before = pg.locator(".rv-version select").inner_text()
-    pg.locator(".rv-preset select").select_option(name)
-    expect(pg.locator(".rv-version select")).not_to_have_text(before, timeout=3 * WAIT_MS)
-    _idle(pg)
+_idle = idle
+_preset = choose_preset
 
 
 def _view(pg):

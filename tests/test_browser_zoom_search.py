@@ -10,7 +10,7 @@ import re
 
 import pytest
 from playwright.sync_api import expect
-from served import WAIT_MS, browser_fixture, open_sidebar, open_tab, server_fixture, watched_page
+from served import WAIT_MS, browser_fixture, choose_preset, idle, open_tab, server_fixture, watched_page
 
 pytestmark = pytest.mark.slow
 expect.set_options(timeout=WAIT_MS)
@@ -21,17 +21,8 @@ browser = browser_fixture()
 WHY = ".rv-why-graph"
 
 
-def _idle(pg):
-    expect(pg.locator(".rv-progress-text")).to_be_hidden(timeout=3 * WAIT_MS)
-
-
-def _preset(pg, name):
-    open_sidebar(pg)
-    pg.get_by_role("button", name="Built-in").click()
-    before = pg.locator(".rv-version select").inner_text()
-    pg.locator(".rv-preset select").select_option(name)
-    expect(pg.locator(".rv-version select")).not_to_have_text(before, timeout=3 * WAIT_MS)
-    _idle(pg)
+_idle = idle
+_preset = choose_preset
 
 
 def _view(pg, pane):
