@@ -39,8 +39,16 @@ def test_any_two_versions_side_by_side():
     view.left.value = 0  # the input against the selected version
     rows = side_by_side(format_graph(s.graph_at(0)), format_graph(s.graph_at(k)))
     assert view.diff.object == diff_table(rows, "input", s.version_labels[k])
-    view.right.value = 0
-    assert "hold the same IR" in view.diff.object
+    view.right.value = 0  # the same version on both sides (version 0's default): said as a choice, not a finding
+    assert "Both sides show input: choose another version" in view.diff.object
+
+
+def test_version_0_asks_for_a_second_version():
+    s = tiny()
+    view = IRView(state=s)
+    s.step_to("input")
+    assert (view.left.value, view.right.value) == (0, 0)
+    assert "Both sides show input" in view.diff.object and "hold the same IR" not in view.diff.object
 
 
 def test_model_text_in_the_diff_is_escaped():

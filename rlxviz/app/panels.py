@@ -447,6 +447,10 @@ class IRView(Viewer):
             self.diff.object = "<i>no run yet</i>"
             return
         labels = s.version_labels or ["input"]
+        if a == b:  # version 0 has no version before it (it read "input and input hold the same IR")
+            self.diff.object = (f"<i>Both sides show {html_text(labels[a])}: choose another version on either side "
+                                "to see what changed.</i>")
+            return
         self.diff.object = diff_table(side_by_side(format_graph(ga), format_graph(gb)), labels[a], labels[b])
 
     def __panel__(self) -> pn.viewable.Viewable:
