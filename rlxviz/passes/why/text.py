@@ -118,8 +118,8 @@ def _not_fused(v: LayerVerdict) -> list[str]:
     lines = [f"{layer_label(v.layer)}: NOT fused{why}"]
     if unmade:
         lines += [f"  {c}" for c in v.cannot_make]
-        lines.append("  (judged against what is legal for the layer; `--expect pipeline` judges against the "
-                     "pipeline's passes only)")
+        lines.append("  (judged against what is legal for the layer; `rlxviz explain --expect pipeline` judges "
+                     "against the pipeline's passes only)")
     if v.first is not None:
         lines.append(f"  first rejection: {v.first.rule}")
         lines += v.first.lines("    ")  # guard (stage, kind), fix, compiler fix, further failing guards
