@@ -195,7 +195,10 @@ def test_app_loads_an_onnx_upload():
     s = _app_state()
     s.load_upload({"gpt2.onnx": (FIX / "gpt2.onnx").read_bytes()})
     assert s.message_kind != "danger", s.message
-    assert s.message.startswith("version 0 equals the ONNX model (ONNX Runtime"), s.message  # as the CLI says it
+    # the switch is said first (issue 39: the check line replaced it), then the check line as the CLI says it
+    said, check = s.message.split(". version 0 equals ", 1)
+    assert said.startswith("Now showing gpt2 (upload), was ") and check.startswith("the ONNX model (ONNX Runtime"), \
+        s.message
     assert s.source == "upload" and s.model.meta["onnx_file"].endswith("model.onnx")
     assert any(n.path.startswith("h.1.attn") for n in s.trace.final)  # the exporter's names reach the app
     s.load_upload({"gpt2.onnx": b"not protobuf", "x.json": b"{}"})
