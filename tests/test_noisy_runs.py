@@ -124,7 +124,8 @@ def fronts(rows: list[VersionTiming], own: VersionTiming) -> dict[str, str]:
     busy = table[0]["busy"]
     return {"cli": (busy_verdict(busy) + "\n" + format_timings(rows, busy) + "\n" + split_text(split)),
             "json": json.dumps(split_json(split)), "busy": busy,
-            "app": "\n".join([machine_verdict(table)[0], *map(speedup_label, table[1:]), fusion_kernels_markdown(split)]),
+            "app": "\n".join([machine_verdict(table)[0], *map(speedup_label, table[1:]),
+                              fusion_kernels_markdown(split)]),
             "words": json.dumps([t["vs_input"] for t in table]), "split": split}
 
 
