@@ -18,7 +18,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
-from rlxviz.session.timing import DISAGREE
+from rlxviz.session.timing import DISAGREE, WIDE_CI
 
 ROOT = Path(__file__).resolve().parents[1]
 NB_DIR = ROOT / "notebooks"
@@ -294,15 +294,19 @@ def markdown_of(nb, tag):
 
 def assert_verdict(words, ratio, low, high, eps=0.0005):
     """A printed verdict agrees with its printed ratio and 95% interval (3 decimals, so up to `eps` of rounding):
-    within noise when the interval holds 1 or lies within 1% of it; otherwise faster/slower as the ratio says."""
+    within noise when the interval holds 1, lies within 1% of it or spans more than `WIDE_CI` (high / low: too wide
+    to read a factor from); otherwise faster/slower as the ratio says."""
     holds_one = low - eps <= 1.0 <= high + eps
     practical = low + eps >= 0.99 and high - eps <= 1.01
+    wide = high + eps > WIDE_CI * (low - eps)
     if words == DISAGREE:  # the median ratio and the ratio of medians point opposite ways: nothing read
         return
     if words == "within noise":
-        assert holds_one or low >= 0.99 - eps and high <= 1.01 + eps or abs(ratio - 1) < 0.01 + eps, (words, low, high)
+        assert (holds_one or low >= 0.99 - eps and high <= 1.01 + eps or abs(ratio - 1) < 0.01 + eps
+                or wide), (words, low, high)
     else:
         assert not (low + eps < 1.0 < high - eps) and not practical, (words, low, high)
+        assert high - eps <= WIDE_CI * (low + eps), (words, low, high)
         assert abs(ratio - 1) >= 0.01 - eps, (words, ratio)
         assert words.endswith("faster") == (ratio > 1.0), (words, ratio)
 
