@@ -134,9 +134,9 @@ def chart_title(rows: list[dict[str, Any]]) -> str:
 
 def speedup_label(row: dict[str, Any]) -> str:
     """The speed-up bar's label: the bar's own number (the paired speed-up over the input, `N.NN×`), then "within
-    noise" when its 95% interval holds 1, else the interval (`1.25× (1.18–1.31)`); on a run flagged busy
-    (`row["busy"]`), or where the medians point the other way (`session.timing.DISAGREE`), "not read" instead of
-    either; the input's own bar reads `1.00×`."""
+    noise" when its verdict says so (its 95% interval holds 1 or spans more than `session.timing.WIDE_CI`), else the
+    interval (`1.25× (1.18–1.31)`); on a run flagged busy (`row["busy"]`), or where the medians point the other way
+    (`session.timing.DISAGREE`), "not read" instead of either; the input's own bar reads `1.00×`."""
     if row.get("busy") and row.get("vs_input"):
         return f"{row['speedup']:.2f}× not read (busy)"
     if row.get("vs_input") == "within noise":
