@@ -286,15 +286,17 @@ for r in rows:  # `vs unfused`: the unfused graph run on the same MLX device, sa
 # (`session.compare_versions`). Round *r* of two versions ran back to back, so the rounds are **paired**:
 # the statistic is the median over rounds of the per-round ratio, with a 95% bootstrap confidence
 # interval (rounds resampled with replacement, 2000 times, seeded). A version is *within noise* when the
-# interval contains 1, or when the median ratio is within 1% of 1 (below what a shared CPU resolves); a
-# verdict needs at least 21 rounds; a run whose median is more than twice its minimum is flagged as
-# unusable (a busy machine). Rerunning the timing cell measures again.
+# interval contains 1, when the median ratio is within 1% of 1 (below what a shared CPU resolves), or
+# when the interval is too wide to read a factor from (its high end more than 1.5x its low end); a
+# verdict needs at least 21 rounds; a run whose median is more than twice its minimum, or whose IQR is
+# more than half its median, is flagged as unusable (a busy machine). Rerunning the timing cell
+# measures again.
 
 # %% tags=["read-aloud"]
 from IPython.display import Markdown
 
 base = rows[0]
-busy = session.busy_warning(*rows)  # one warning for the run: a median far above its minimum
+busy = session.busy_warning(*rows)  # one warning for the run: a median far above its minimum, or a wide IQR
 lines = [f"Measured on **{base.context.device}** ({base.context}), {len(base.samples_ms)} paired rounds."
          + (f" **{busy}**: the verdicts below are printed, not to be read." if busy else "")]
 for prev, r, v in session.compare_versions(rows):

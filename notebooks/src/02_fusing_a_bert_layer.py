@@ -354,10 +354,11 @@ lowerings = [Lowering("MLX's lowering, op by op", plain),
 low_rows, low_progs = session.time_lowerings(cm_final, cm.random_feeds(0), cm.weights, lowerings, warmup=1,
                                              repeat=21, device="cpu")
 w = max(len(lw.label) for lw in lowerings)
-print(f"{'lowering':<{w}}  {'median ms':>9}  {'min ms':>7}  {'kernels':>7}  {'compiled':>8}  {'max diff':>8}")
+print(f"{'lowering':<{w}}  {'median ms':>9}  {'min ms':>7}  {'kernels':>7}  {'compiled':>8}  {'max diff':>8}  "
+      f"{'IQR ms':>7}")
 for r, p in zip(low_rows, low_progs, strict=True):
     print(f"{r.label:<{w}}  {r.median_ms:>9.2f}  {r.min_ms:>7.2f}  {p.kernels:>7}  {p.compiled:>8}  "
-          f"{r.err_unfused:>8.1e}")
+          f"{r.err_unfused:>8.1e}  {r.iqr_ms:>7.2f}")
 low_verdicts = [session.paired_verdict(low_rows[0], r) for r in low_rows[1:]]  # each against op by op
 for r, v in zip(low_rows[1:], low_verdicts, strict=True):
     print(f"lowering verdict {r.label}: {v.words} (vs {low_rows[0].label}; ratio {v.ratio:.3f}, 95% CI "

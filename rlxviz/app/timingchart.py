@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..session.timing import BUSY_RATIO, DISAGREE
+from ..session.timing import DISAGREE, quiet_rule
 from .text import md_escape
 from .wording import hide_server_paths, version_name
 
@@ -15,7 +15,8 @@ from .wording import hide_server_paths, version_name
 def machine_verdict(rows: list[dict[str, Any]], when: str = "") -> tuple[str, str]:
     """The timing run's verdict on the machine, shown before any ratio: `(markdown, alert kind)`.
 
-    Busy (`rows[i]["busy"]`, `session.busy_warning`: a version's median above `BUSY_RATIO` times its minimum): the
+    Busy (`rows[i]["busy"]`, `session.busy_warning`: a version's median above `BUSY_RATIO` times its minimum, or its
+    IQR above `NOISY_IQR` times its median): the
     warning and that no ratio below is a verdict ("danger"). Otherwise the run is usable ("success"). No rows: ("",
     "light"). `when`: the time a stored run was measured (`HH:MM UTC`, `measure.measured_when`): the verdict is
     said of the machine then ("Busy machine at 03:24 UTC"), not now; "" for a run just measured."""
@@ -26,7 +27,7 @@ def machine_verdict(rows: list[dict[str, Any]], when: str = "") -> tuple[str, st
     if busy:
         return (f"**Busy machine{at}: {md_escape(busy)}.** The ratios below are not verdicts: this run cannot tell the "
                 "versions apart. Press *Time again* when the machine is quieter.", "danger")
-    return (f"**Quiet enough{at}:** every version's median is within {BUSY_RATIO:g}× its minimum, so the verdicts "
+    return (f"**Quiet enough{at}:** {quiet_rule('×')}, so the verdicts "
             "below can be read.", "success")
 
 
@@ -50,7 +51,7 @@ def fusion_kernels_markdown(split: Any) -> str:
     busy = split.warning
     steps = [None, ("fusion", split.fusion), ("kernels", split.kernels)]
     check = (f"**busy machine: {md_escape(busy)}.** No verdict below." if busy else
-             f"quiet enough (every median within {BUSY_RATIO:g}× its minimum).")
+             f"quiet enough ({quiet_rule('×')}).")
     if getattr(split, "shared", False):  # one measurement with the chart: its rows, one more program in its rounds
         where = (f"The input and final rows are the chart's own measurements above (the same medians); the final "
                  f"version on MLX's own lowering ran in the same {split.fusion.rounds} paired rounds on the CPU, so "
@@ -133,9 +134,9 @@ def chart_title(rows: list[dict[str, Any]]) -> str:
 
 def speedup_label(row: dict[str, Any]) -> str:
     """The speed-up bar's label: the bar's own number (the paired speed-up over the input, `N.NN×`), then "within
-    noise" when its 95% interval holds 1, else the interval (`1.25× (1.18–1.31)`); on a run flagged busy
-    (`row["busy"]`), or where the medians point the other way (`session.timing.DISAGREE`), "not read" instead of
-    either; the input's own bar reads `1.00×`."""
+    noise" when its verdict says so (its 95% interval holds 1 or spans more than `session.timing.WIDE_CI`), else the
+    interval (`1.25× (1.18–1.31)`); on a run flagged busy (`row["busy"]`), or where the medians point the other way
+    (`session.timing.DISAGREE`), "not read" instead of either; the input's own bar reads `1.00×`."""
     if row.get("busy") and row.get("vs_input"):
         return f"{row['speedup']:.2f}× not read (busy)"
     if row.get("vs_input") == "within noise":

@@ -57,7 +57,7 @@ def split_text(split: Any) -> str:
     final version on MLX's own lowering timed in the same paired rounds, each step's paired speed-up over the row
     above with its 95% interval and its verdict (`NOT_READ` on a busy run), and the sentence splitting the final
     version's speed-up. A str: why the own-lowering row is missing; None: "" (not asked, or not on the CPU)."""
-    from ..session.timing import BUSY_RATIO, NOT_READ
+    from ..session.timing import NOT_READ, quiet_rule
 
     if split is None:
         return ""
@@ -65,7 +65,7 @@ def split_text(split: Any) -> str:
         return f"Fusion or kernels? Not measured: {split}\n"
     busy = split.warning
     check = (f"busy machine: {busy}. No verdict below." if busy else
-             f"quiet enough (every median within {BUSY_RATIO:g}x its minimum).")
+             f"quiet enough ({quiet_rule()}).")
     lines = ["Fusion or kernels? The final version on MLX's own lowering and on rlxviz's kernels",
              f"The input and final rows are the table's own measurements above (the same medians); the final version "
              f"on MLX's own lowering ran in the same {split.fusion.rounds} paired rounds on the CPU, one machine check "
@@ -155,9 +155,10 @@ def add_time(sub: SubParsers) -> None:
                  version and whether a pass changed the numbers or the dtype cannot hold them. On the CPU the final
                  version also runs on MLX's own lowering in the same rounds, splitting its speed-up into the fusion's
                  and rlxviz's kernels' ("Fusion or kernels?", as the app's Timing tab; --no-split skips it). A run on a
-                 busy machine (a median above twice its minimum) says so before the table and reads no ratio
-                 ("busy: not read"); it is not a failure. Exit code 1 if a version is not ok (NaN is never counted
-                 as correct).""")
+                 busy machine (a median above twice its minimum, or an IQR above half its median) says so before
+                 the table and reads no ratio ("busy: not read"); it is not a failure. A ratio whose 95% interval
+                 holds 1 or spans more than 1.5x reads "within noise". Exit code 1 if a version is not ok (NaN is
+                 never counted as correct).""")
     _model_args(p)  # --inputs: your arrays, timed and checked first
     _expect_arg(p)
     p.add_argument("--battery", action=argparse.BooleanOptionalAction, default=True,

@@ -295,6 +295,23 @@ shared machine can be trusted to (it would read "1.00x slower")."""
 BUSY_RATIO = 2.0
 """A version whose median is more than this many times its minimum was timed on a busy machine."""
 
+NOISY_IQR = 0.5
+"""A version whose IQR (ms) is more than this fraction of its median was timed on a busy machine too: a run can keep
+its median within `BUSY_RATIO` x its minimum while half its rounds spread wider than the median itself (a newcomer's
+bert-tiny input row: median 1.13 ms, IQR 1.33 ms, judged quiet, and the app and CLI read opposite verdicts from it).
+IQR / median is the quartile dispersion a robust benchmark reads (pyperf warns past a standard deviation of 10% of
+the mean; for a normal spread IQR = 1.35 sd, so 0.5 is a coefficient of variation near 37%: far past any ratio)."""
+
+WIDE_CI = 1.5
+"""A paired ratio whose 95% interval spans more than this factor (`high / low`) is read `within noise` even when the
+interval excludes 1: a "1.07x faster" over an interval 0.6..1.9 says more than the rounds do."""
+
+
+def quiet_rule(times: str = "x") -> str:
+    """The machine check in words, as the CLI and the app print it on a usable run: `every median within 2x its
+    minimum and every IQR within 0.5x its median` (`times`: "x" for text, "×" for the app's Markdown)."""
+    return f"every median within {BUSY_RATIO:g}{times} its minimum and every IQR within {NOISY_IQR:g}{times} its median"
+
 NOT_READ = "busy: not read"
 """What a comparison reads on a run `busy_warning` flags (`timing_table`): no "faster" or "slower" from it."""
 
@@ -313,9 +330,11 @@ class PairedVerdict:
         low / high: a 95% bootstrap confidence interval of that median (rounds resampled with replacement,
             2000 resamples, seeded: the same samples give the same interval).
         rounds: paired rounds.
-        words: `within noise` (the interval contains 1, or lies within 1 +- `PRACTICAL`), `N.NNx faster` /
+        words: `within noise` (the interval contains 1, lies within 1 +- `PRACTICAL`, or spans more than `WIDE_CI`
+            (high / low)), `N.NNx faster` /
             `N.NNx slower`, or `too few rounds` (fewer than `MIN_VERDICT_ROUNDS`).
-        warning: why the run is unusable (a busy machine: median above `BUSY_RATIO` x min), or "".
+        warning: why the run is unusable (a busy machine: median above `BUSY_RATIO` x min, or IQR above `NOISY_IQR`
+            x median), or "".
     """
 
     ratio: float
@@ -331,14 +350,21 @@ class PairedVerdict:
 
 
 def busy_warning(*rows: VersionTiming) -> str:
-    """"" or a sentence naming the worst row whose median is more than `BUSY_RATIO` times its minimum, by its index
-    and label (`#3 after fuse_sdpa`; a row that is no version, the own-lowering row, by its label)."""
+    """"" or a sentence naming the worst row timed on a busy machine, by its index and label (`#3 after fuse_sdpa`; a
+    row that is no version, the own-lowering row, by its label): first one whose median is more than `BUSY_RATIO`
+    times its minimum, else one whose IQR is more than `NOISY_IQR` times its median (`quiet_rule` in words). Rows
+    not timed (no median) are passed over."""
     bad = [r for r in rows if r.median_ms and r.min_ms and r.median_ms > BUSY_RATIO * r.min_ms]
-    if not bad:
+    if bad:
+        worst = max(bad, key=lambda r: r.median_ms / r.min_ms)
+        return (f"unusable run: median {worst.median_ms:.2f} ms is {worst.median_ms / worst.min_ms:.1f}x the minimum "
+                f"{worst.min_ms:.2f} ms on #{worst.index} {worst.label} (a busy machine): measure again")
+    noisy = [r for r in rows if r.median_ms and r.iqr_ms is not None and r.iqr_ms > NOISY_IQR * r.median_ms]
+    if not noisy:
         return ""
-    worst = max(bad, key=lambda r: r.median_ms / r.min_ms)
-    return (f"unusable run: median {worst.median_ms:.2f} ms is {worst.median_ms / worst.min_ms:.1f}x the minimum "
-            f"{worst.min_ms:.2f} ms on #{worst.index} {worst.label} (a busy machine): measure again")
+    worst = max(noisy, key=lambda r: r.iqr_ms / r.median_ms)
+    return (f"unusable run: IQR {worst.iqr_ms:.2f} ms is {worst.iqr_ms / worst.median_ms:.1f}x the median "
+            f"{worst.median_ms:.2f} ms on #{worst.index} {worst.label} (a busy machine): measure again")
 
 
 def paired_verdict(base: VersionTiming, row: VersionTiming, resamples: int = 2000, seed: int = 0) -> PairedVerdict:
@@ -361,8 +387,9 @@ def paired_verdict(base: VersionTiming, row: VersionTiming, resamples: int = 200
     low, high = (float(v) for v in np.percentile(np.median(r[idx], axis=1), [2.5, 97.5]))
     if len(r) < MIN_VERDICT_ROUNDS:
         words = f"too few rounds ({len(r)} < {MIN_VERDICT_ROUNDS}) for a verdict"
-    elif low <= 1.0 <= high or (1 - PRACTICAL <= low and high <= 1 + PRACTICAL) or abs(ratio - 1) < PRACTICAL:
-        words = "within noise"  # the median ratio itself under 1%: below what a shared CPU resolves
+    elif (low <= 1.0 <= high or (1 - PRACTICAL <= low and high <= 1 + PRACTICAL) or abs(ratio - 1) < PRACTICAL
+          or not high <= WIDE_CI * low):
+        words = "within noise"  # under 1%, or an interval too wide to read a factor from (`WIDE_CI`)
     elif (ratio - 1) * (of_medians - 1) < 0 and abs(of_medians - 1) >= PRACTICAL:
         words = DISAGREE
     else:
@@ -373,8 +400,8 @@ def paired_verdict(base: VersionTiming, row: VersionTiming, resamples: int = 200
 def compare_to_input(row: VersionTiming, base: VersionTiming) -> str:
     """Read one timed version against `base` in words (`paired_verdict(base, row).words`).
 
-    `within noise` when the 95% bootstrap interval of the median per-round ratio contains 1 or lies within
-    1 +- `PRACTICAL` (1%), or the median ratio itself is within 1%; otherwise
+    `within noise` when the 95% bootstrap interval of the median per-round ratio contains 1, lies within
+    1 +- `PRACTICAL` (1%) or spans more than `WIDE_CI` (high / low), or the median ratio itself is within 1%; otherwise
     `N.NNx faster` / `N.NNx slower` (the median per-round ratio); `too few rounds ...` below
     `MIN_VERDICT_ROUNDS`.
 
@@ -453,11 +480,12 @@ def compare_versions(rows: Sequence[VersionTiming]) -> list[tuple[VersionTiming,
     return [(p, r, paired_verdict(p, r)) for p, r in zip(timed[:-1], timed[1:], strict=True)]
 
 
-__all__ = ["BUSY_RATIO", "DISAGREE", "MIN_VERDICT_ROUNDS", "NOT_READ", "OWN_LOWERING_LABEL", "PRACTICAL", "TIMINGS",
+__all__ = ["BUSY_RATIO", "DISAGREE", "MIN_VERDICT_ROUNDS", "NOISY_IQR", "NOT_READ", "OWN_LOWERING_LABEL", "PRACTICAL",
+           "TIMINGS", "WIDE_CI",
            "PairedVerdict",
            "Progress",
            "VersionTiming",
            "all_finite",
            "arrays_digest", "busy_warning", "compare_to_input", "compare_versions", "format_timings", "input_sets",
-           "paired_verdict",
+           "paired_verdict", "quiet_rule",
            "nonfinite_arrays", "own_lowering_executor", "time_versions", "time_versions_and_own", "timing_table"]
