@@ -225,8 +225,11 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
         (`FusedMatMulBiasAct %6`, "" for a rewrite that made several nodes), `fused` (the `%id op` it replaced) and
         `left_out` (one dict per soft rejection: `nodes, guard, kind, message, hint, fix`). Outcomes:
 
-        * `fused`: the node is bound in, anchors or is the product of a match; `guard` is `all guards passed`, or,
-          when the fusion left something out, the first such guard (its message and hints too);
+        * `fused`: the node is absorbed into a match's product (one of the nodes it replaced) or is that product;
+          `guard` is `all guards passed`, or, when the fusion left something out, the first such guard (its
+          message and hints too);
+        * `operand`: the node is bound to a role of a match (`role`) but stays, as an input of the product: the
+          same fields as `fused`;
         * `left out`: the node is what a fusion left out (a soft rejection's offending node, not part of the
           match): `guard` and `message` say why, `made` / `fused` what was fused without it;
         * `rejected (STAGE)`: a refused candidate's guard (one entry per failing guard and role).
@@ -251,15 +254,20 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
             told.add((m.rule, m.anchor))
             role = next((r for r, i in m.bindings.items() if i == node_id), None)
             mine = m.anchor == node_id or role is not None or m.fused == node_id
+            made = s.after.get(m.fused) if m.fused is not None else None
+            # absorbed: among the nodes the fusion replaced (a rewrite that made several: gone from its output);
+            # else bound to a role that stays an input of the product (an operand of it)
+            absorbed = node_id in made.absorbed if made is not None else node_id not in s.after
             if not mine and not any(node_id in r.offending for r in left):
                 continue  # nothing about this node (the words below are made only for its own decisions)
-            made = s.after.get(m.fused) if m.fused is not None else None
             fused = _ops(s.before, made.absorbed) if made is not None else []
             what = {"pass": s.pass_name, "rule": m.rule, "anchor": m.anchor, "made": f"{made.op.value} %{made.id}"
                     if made is not None else "", "fused": fused, "left_out": [_left(trace, k, r) for r in left]}
             if mine:
                 first = what["left_out"][0] if left else None
-                add({**what, "role": "fused node" if m.fused == node_id else (role or "anchor"), "outcome": "fused",
+                taken = m.fused == node_id or absorbed
+                add({**what, "role": "fused node" if m.fused == node_id else (role or "anchor"),
+                     "outcome": "fused" if taken else "operand",
                      "guard": first["guard"] if first else "all guards passed",
                      **({k2: first[k2] for k2 in ("message", "hint", "kind", "fix")} if first else
                         {"message": "", "hint": "", "kind": "", "fix": ""})})
@@ -350,7 +358,8 @@ def report_markdown(rep: dict[str, Any]) -> str:
 
 PASSED, LEFT_OUT, REJECTED = ("<b style='color:#2e7d32'>fused</b>", "<b style='color:#e65100'>left out</b>",
                               "<b style='color:#c62828'>rejected</b>")
-"""The inspector's outcome words (green, orange, red)."""
+OPERAND = "<b style='color:#1565c0'>operand</b>"
+"""The inspector's outcome words (green, orange, red; blue: bound as an input of a fusion, not absorbed)."""
 
 
 def _why_markdown(guard: str, kind: str, message: str, hint: str, fix: str) -> str:
@@ -368,6 +377,13 @@ def decision_markdown(d: dict[str, Any]) -> str:
     rule, role = md_code(d["rule"]), md_escape(d["role"])
     product = (f"{md_escape(', '.join(d['fused']))} -> {md_code(d['made'])}" if d.get("made")
                else "rewritten")
+    if d["outcome"] == "operand":  # bound to a role, not absorbed: an input of what the match made
+        of = md_code(d["made"]) if d.get("made") else f"{rule}'s rewrite"
+        passed = ("all guards passed" if not d.get("left_out") else
+                  "; ".join(f"{LEFT_OUT}: {md_escape(', '.join(x['nodes']) or 'a part of it')}, "
+                            + _why_markdown(x["guard"], x["kind"], x["message"], x["hint"], x["fix"])
+                            for x in d["left_out"]))
+        return f"- {OPERAND} *{role}* of {of} ({rule} matched; {passed})"
     if d["outcome"] == "fused":
         head = f"- {PASSED} by {rule} as *{role}*: {product}"
         if not d.get("left_out"):

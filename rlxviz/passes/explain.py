@@ -160,9 +160,35 @@ def _layer_nodes(g: Graph, layer: int) -> list[Node]:
     return [n for n in g if n.op not in (Op.INPUT, Op.PARAM, Op.CONST) and layer_of(n.path) == layer]
 
 
+def _layer_output(g: Graph, nodes: list[Node], layer: int) -> int | None:
+    """The id of the layer's output among its compute `nodes` (graph order): the node whose value leaves the layer
+    (read by a node of another layer, or a graph output) that depends on most of the layer's nodes, the last such on
+    a tie; the last node when none leaves it (None for no nodes). Its readers are the next layer, a head or the
+    graph: they tell where the layer sits, not how it is built, so `_signature` does not count them. A side reader
+    that also leaves the layer (a probe returned as an output) depends on fewer nodes, and is compared as any
+    other node."""
+    if not nodes:
+        return None
+    ids = {n.id: k for k, n in enumerate(nodes)}
+    leaving = [n for n in nodes if g.is_output(n.id) or any(layer_of(u.path) != layer for u in g.users(n.id))]
+    if len(leaving) < 2:
+        return (leaving or nodes)[-1].id
+    below: list[int] = []  # bit k: nodes[k] is this node or one it depends on (within the layer)
+    for k, n in enumerate(nodes):
+        bits = 1 << k
+        for i in n.inputs:
+            if i in ids:
+                bits |= below[ids[i]]
+        below.append(bits)
+    return max(leaving, key=lambda n: (below[ids[n.id]].bit_count(), ids[n.id])).id
+
+
 def _signature(g: Graph, layer: int) -> list[str]:
-    """One line per compute node of the layer: `op@relpath(operands) users=N [output]`."""
+    """One line per compute node of the layer: `op@relpath(operands) users=N [graph output]`, N counting every
+    reader; the layer's output (`_layer_output`) is `op@relpath(operands)` alone, as its readers are outside it.
+    Two layers built alike give the same lines wherever they sit in the stack."""
     nodes = _layer_nodes(g, layer)
+    last = _layer_output(g, nodes, layer)
     marker = f"layer.{layer}."
 
     def rel(path: str) -> str:
@@ -175,9 +201,9 @@ def _signature(g: Graph, layer: int) -> list[str]:
         return "<layer input>" if layer_of(m.path) != layer else f"{m.op.value}@{rel(m.path)}"
 
     lines = []
-    for k, n in enumerate(nodes):
+    for n in nodes:
         head = f"{n.op.value}@{rel(n.path)}({', '.join(ref(i) for i in n.inputs)})"
-        if k == len(nodes) - 1:  # the layer's output: its readers are the next layer or the graph
+        if n.id == last:  # the layer's output: its readers are the next layer or the graph
             lines.append(head)
             continue
         out = " [graph output]" if g.is_output(n.id) else ""

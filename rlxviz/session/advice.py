@@ -156,9 +156,10 @@ class _Checker:
     def __init__(self, trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
                  budget_macs: float) -> None:
         self.trace, self.weights, self.feeds = trace, weights, feeds
-        self.budget = budget_macs
+        self.budget, self.budget_total = budget_macs, budget_macs
         self.runs: dict[tuple[str, ...], Trace] = {}
         self.numbers: dict[tuple[str, ...], tuple[str | None, bool]] = {}
+        self.not_run: dict[tuple[str, ...], str] = {}  # WhatIf.key -> why its numbers were not run
         self._unfused: list[tuple[list[np.ndarray], ...]] | None = None
 
     @cached_property
@@ -178,33 +179,40 @@ class _Checker:
 
     def differs(self, w: WhatIf, after: Trace) -> tuple[str | None, bool]:
         """`(where the what-if's numbers differ from the unfused original's, or None; whether they were run)`: not
-        run without input sets or past the budget."""
+        run without input sets or past the budget (`not_run[w.key]` then says which, with the numbers)."""
         if w.key not in self.numbers:
             why: str | None = None
             ran = False
             if len(w.graph.outputs) != len(self.trace.input.outputs):
                 why, ran = (f"the model returns {len(w.graph.outputs)} output(s) instead of "
                             f"{len(self.trace.input.outputs)}"), True
-            elif self.sets:
+            elif not self.sets:
+                self.not_run[w.key] = "no inputs to run it on"
+            else:
                 cost = run_macs(self.trace.input) * len(self.sets) * 6
                 if cost <= self.budget:
                     self.budget -= cost
-                    why, ran = self._compare(w.graph, after.final)
+                    why, skipped = self._compare(w.graph, after.final)
+                    ran = skipped is None
+                    if skipped is not None:
+                        self.not_run[w.key] = skipped
+                else:
+                    self.not_run[w.key] = over_budget(cost, self.budget, self.budget_total)
             self.numbers[w.key] = (why, ran)
         return self.numbers[w.key]
 
-    def _compare(self, model: Graph, fused: Graph) -> tuple[str | None, bool]:
+    def _compare(self, model: Graph, fused: Graph) -> tuple[str | None, str | None]:
         """Where the what-if differs from the unfused original: its model (`model`, unfused) in float64 against the
         original in float64 to `EXACT`, with the model's weights and with unit-scale ones (`probe_weights`: a change
         of what the model computes shows there even where the model's small weights keep the activations near 0,
         where tanh-GELU and GELU agree to 1e-10), and its fused final graph in the graph's dtype against the original
         to the same-backend tolerance (`runtime.precision`); the same inf / NaN at the same place counts as equal.
-        `(None, True)` when all agree; `(None, False)` when the numbers could not be run (no tolerance for the dtype, a
-        graph the reference cannot run)."""
+        `(where they differ or None, None)` when the numbers ran; `(None, why not)` when they could not be run (no
+        tolerance for the dtype, a graph the reference cannot run)."""
         try:
             policy = precision_policy(self.trace.input, "cpu")
-        except KeyError:
-            return None, False
+        except KeyError as e:
+            return None, str(e.args[0] if e.args else e).split(";")[0]  # "no tolerance for DTYPE on cpu"
         try:
             if self._unfused is None:
                 self._unfused = [(_outputs(self.trace.input, s, self.weights, np.float64),
@@ -218,10 +226,19 @@ class _Checker:
                     got = _outputs(g, s, weights, np.float64 if tol is EXACT else None)
                     if len(got) != len(want[k]) or not close(got, want[k], tol, same_nonfinite=True):
                         return (f"differs from the unfused model {how} on {s.name} (max err "
-                                f"{_err(got, want[k]):.3g})"), True
-        except Exception:  # noqa: BLE001 - a graph the reference cannot run (a host op): the numbers are not known
-            return None, False
-        return None, True
+                                f"{_err(got, want[k]):.3g})"), None
+        except Exception as e:  # noqa: BLE001 - a graph the reference cannot run (a host op): the numbers are not known
+            return None, f"the reference interpreter cannot run it ({type(e).__name__})"
+        return None, None
+
+
+def over_budget(cost: float, left: float, total: float) -> str:
+    """Why a what-if's numbers were not run: its reference runs' multiply-adds `cost` past the `left` of explain's
+    budget `total` (`BUDGET_MACS`), e.g. `its reference runs take 6.1e+09 multiply-adds, over explain's budget of
+    1.5e+09 (BUDGET_MACS)`."""
+    left_of = f"the {left:.2g} left of " if left < total else ""
+    return (f"its reference runs take {cost:.2g} multiply-adds, over {left_of}explain's budget of {total:.2g} "
+            "(BUDGET_MACS)")
 
 
 def probe_weights(weights: Mapping[str, np.ndarray], seed: int = 0) -> dict[str, np.ndarray]:
@@ -266,12 +283,14 @@ def _check_one(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixChec
     if not fused_more(trace, after, r):
         return replace(base, status=NO_FUSION, what=w.what, detail=f"{r.rule} still does not fuse after {w.what}",
                        printed=NO_MODEL_FIX + f"applying it ({w.what}) does not make the fusion happen")
-    if not ran and not w.exact:
-        return replace(base, status=NOT_RUN, what=w.what, detail="its numbers were not run (no inputs, over explain's "
-                       "budget, or a graph the reference cannot run) and the change is not exact by construction",
-                       printed=NO_MODEL_FIX + f"applying it ({w.what}) fuses, but its numbers could not be checked")
+    skipped = checker.not_run.get(w.key, "")
+    if not ran and not w.exact:  # said once: the change is not exact, and why its numbers were not run
+        why_not = f"its numbers could not be checked: {skipped}"
+        return replace(base, status=NOT_RUN, what=w.what, detail=f"the change is not exact by construction and "
+                       f"{why_not}", printed=NO_MODEL_FIX + f"applying it ({w.what}) fuses, but it changes what the "
+                       f"model computes (not exact by construction) and {why_not}")
     note = ("numbers equal the unfused model on " + ", ".join(s.name for s in checker.sets)
-            if ran else "exact by construction (numbers not run: no inputs, over the budget, or not runnable)")
+            if ran else f"exact by construction (numbers not run: {skipped})")
     return replace(base, status=CHECKED, what=w.what, detail=f"{r.rule} fuses after {w.what}; {note}")
 
 
@@ -314,7 +333,7 @@ def vetted(trace: Trace, checks: Iterable[FixCheck]) -> Trace:
 
 
 __all__ = ["BUDGET_MACS", "CHANGES_NUMBERS", "CHECKED", "DEFAULT_COMPILER_FIX", "KINDS", "NOT_A_CHANGE", "NO_FUSION",
-           "NO_WHAT_IF", "NOT_RUN", "STATUSES", "FixCheck", "check_fixes", "printed_refusals", "vetted"]
+           "NO_WHAT_IF", "NOT_RUN", "STATUSES", "FixCheck", "check_fixes", "over_budget", "printed_refusals", "vetted"]
 
 
 def checked_verdict(trace: Trace, model: str, feeds: Mapping[str, np.ndarray] | None,

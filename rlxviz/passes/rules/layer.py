@@ -217,19 +217,18 @@ def _act_name(c: Ctx) -> str | None:
 
 
 def _act_fix(c: Ctx) -> str:
-    """The compiler-side fix naming the layer's own activation."""
+    """The compiler-side fix naming the layer's own activation. That changing the model's activation changes its
+    numbers is the model-side fix's to say (`guard.activation_hint`, or the checked what-if that replaces it), once."""
     act = c["fc1"].attrs.get("activation")
     form = activation_of(c.graph, c.id("fc1")) if act is None else None
     name = _act_name(c)
     if name == "gelu_tanh":
         return ("add gelu_tanh to the epilogue allow-list (ir.ops.EPILOGUE_ACTIVATIONS: the MLX lowering and rlxviz's "
-                "CPU kernels already compute it); changing the model to exact GELU changes its numbers")
+                "CPU kernels already compute it)")
     if form is not None:
-        return (f"an op for {form.name} ({form.formula}) and a fused {form.name} epilogue in the allow-list; "
-                f"changing the model's activation changes its numbers")
+        return f"an op for {form.name} ({form.formula}) and a fused {form.name} epilogue in the allow-list"
     what = name or "the layer's activation"
-    return (f"add {what} to the epilogue allow-list (a fused {what} epilogue kernel); changing the model's "
-            f"activation changes its numbers")
+    return f"add {what} to the epilogue allow-list (a fused {what} epilogue kernel)"
 
 
 @reports("fc1_activation", reads=("fc1",))
