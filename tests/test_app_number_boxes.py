@@ -174,3 +174,52 @@ def test_a_rounds_note_is_its_own_box_s_and_a_newer_message_stays():
     assert s.warmup == 3 and view.warmup.text.value == "3"
     s.repeat = 7  # the state moves the box
     assert view.repeat.text.value == "7"
+
+
+def _boxes(s: AppState) -> dict[str, object]:
+    """Every NumberBox of the page, by the state parameter it sets."""
+    mc, vc, pc, tv = ModelControls(state=s), VariantControls(state=s), PipelineControls(state=s), _timing(s)
+    return {"batch": mc.batch, "seq": mc.seq, "variant_layer": vc.layer, "threshold": pc.threshold,
+            "repeat": tv.repeat, "warmup": tv.warmup}
+
+
+def _enter(box, text: str) -> None:
+    """Enter pressed in the page's box holding `text`: Panel's `enter-pressed` event, as the browser sends it (the
+    text is sent even when unchanged; a change event sends nothing then)."""
+    from types import SimpleNamespace
+
+    box.text._process_event(SimpleNamespace(event_name="enter-pressed", value_input=text))
+
+
+@pytest.mark.parametrize("name, out", [("warmup", "-1"), ("repeat", "0"), ("batch", "0"), ("seq", "-4"),
+                                       ("variant_layer", "9"), ("threshold", "0")])
+@pytest.mark.parametrize("how", ["set", "enter"])
+def test_the_clamped_value_entered_again_clears_the_range_note(name, out, how):
+    """A newcomer run: Untimed rounds -1 became 0 and the box showed 0; entering 0 then changed nothing the page
+    could send, so "Untimed rounds -1 is out of range" stayed up. A valid value entered, the same one too, is the
+    box's valid value: its note goes. For every number box."""
+    s = tiny()
+    box = _boxes(s)[name]
+    box.text.value = out
+    near = getattr(s, name)
+    assert f" {out} " in s.message and ("out of range" in s.message or "became" in s.message), s.message
+    assert box.text.value == str(near)
+    if how == "set":
+        box.text.value = str(near)  # the text the box already shows, set again from the page
+    else:
+        _enter(box, str(near))
+    assert s.message == "" and getattr(s, name) == near and box.text.value == str(near), s.message
+
+
+@pytest.mark.parametrize("name", ["warmup", "batch", "threshold"])
+def test_enter_on_a_changed_value_takes_it_once_and_keeps_a_new_note(name):
+    """Enter on a changed text: the change and the enter event both arrive; the value is taken, and a clamp's note
+    said by the change is said again, not cleared by the enter event that follows it."""
+    s = tiny()
+    box = _boxes(s)[name]
+    box.text.value = "99999" if name != "threshold" else "-5"
+    _enter(box, "99999" if name != "threshold" else "-5")
+    assert "out of range" in s.message, s.message
+    box.text.value = "2"
+    _enter(box, "2")
+    assert getattr(s, name) == 2 and s.message == "", s.message

@@ -262,15 +262,16 @@ def test_why_tab_answers_for_a_graph_without_layer_paths():
 
 
 def test_panes_are_not_faded_after_a_failed_load_then_a_good_one():
-    """A folder path that does not load (the panes go stale), then the built-in model again: the panes' opacity is
-    set back to 1 (an emptied style dict left the browser's opacity 0.45 in place). (A refused upload no longer goes
+    """IR text that does not load (the panes go stale), then the built-in model again: the panes' opacity is set
+    back to 1 (an emptied style dict left the browser's opacity 0.45 in place). (A refused upload no longer goes
     stale: it keeps the model shown and its fields, tests/test_app_start.py; the issue's sequence, a variant then
-    gpt2.onnx, loads the ONNX file as built.)"""
+    gpt2.onnx, loads the ONNX file as built. Nor does a refused path, tests/test_app_refusals.py: this test used
+    one, /no/such/folder with folders disabled, to make the panes stale.)"""
     from rlxviz.app.panels import GraphCompare
 
     s = tiny()
     graph = GraphCompare(state=s)
-    s.param.update(checkpoint_dir="/no/such/folder", source="checkpoint")
+    s.param.update(ir_text="graph g { nonsense", source="ir")  # a load that starts and fails: it does not parse
     assert s.message_kind == "danger" and s.stale and graph.after.styles["opacity"] == "0.45"
     s.source = "preset"
     assert s.message_kind != "danger" and s.stale == ""

@@ -48,3 +48,19 @@ def test_unreadable_numbers_are_said_and_a_valid_one_clears_the_note(browser, se
         expect(pg.locator(gate)).to_have_value("")
         pg.locator(".rv-apply button").click()  # a run applied: the note about the gate goes
         expect(msg).to_be_hidden(timeout=3 * WAIT_MS)
+
+
+@pytest.mark.slow
+def test_the_clamped_value_entered_again_clears_the_range_note(browser, server):
+    """After a clamp the box shows the value it became; entering that same value (a change the page does not send,
+    only the Enter event) is a valid value entered: the range note goes (it stayed up)."""
+    with watched_page(browser, server[0], W, H) as pg:
+        _idle(pg)
+        open_sidebar(pg)
+        msg, batch = pg.locator(".rv-message"), ".rv-batch input"
+        _type(pg, batch, "0")
+        expect(msg).to_contain_text("Batch 0 is out of range", timeout=3 * WAIT_MS)
+        _idle(pg)
+        became = pg.locator(batch).input_value()
+        _type(pg, batch, became)  # the text the box already shows
+        expect(msg).to_be_hidden(timeout=3 * WAIT_MS)

@@ -34,8 +34,11 @@ class NumberBox(Viewer):
     Bokeh's integer input filters what is typed in the page: `abc`, `2.5` or `1e3` were put back there (or the box
     emptied) and the server never heard of it, so no message said why and the last one stayed up. Here the page sends
     the text; a whole number (or an empty box) becomes `value`, anything else calls `on_bad(text)` and the box shows
-    `value` again. `value` set from Python shows in the box; a whole number typed that equals `value` still notifies
-    `value`'s watchers (`param.trigger`), so a stale message about the box can go.
+    `value` again. `value` set from Python shows in the box; a whole number entered that equals `value` still
+    notifies `value`'s watchers (`param.trigger`), so a stale message about the box can go: also when the box's text
+    already says it (after a clamp, "-1" became "0" in the box; "0" entered again sent no change, and "-1 is out of
+    range" stayed up). Enter sends the text even when unchanged (Panel's `enter_pressed` sets the text again), and
+    the text is watched with `onlychanged=False`, so that same text is heard.
     """
 
     value = param.Integer(default=None, allow_None=True, doc="The whole number in the box (None: empty).")
@@ -45,7 +48,7 @@ class NumberBox(Viewer):
         super().__init__(value=value)
         self._on_bad, self._syncing = on_bad, False
         self.text = pn.widgets.TextInput(name=label, value=_shown(value), **text_params)
-        self.text.param.watch(self._typed, "value")
+        self.text.param.watch(self._typed, "value", onlychanged=False)  # the same text entered again counts
         self.param.watch(lambda e: self._show(e.new), "value")
         self.param.watch(lambda e: setattr(self.text, "disabled", e.new), "disabled")
 

@@ -28,6 +28,7 @@ from .sources import (
     SourceError,
     allowed_dirs,
     check_checkpoint_dir,
+    check_in_roots,
     check_ir_text,
     check_upload,
     resolve_in_roots,
@@ -108,7 +109,9 @@ class Runs:
             return session.open_model(replace(request, source=check_ir_text(s.ir_text), kind="ir-text"))
         if s.source == "checkpoint":
             roots = check_checkpoint_dir(s.checkpoint_dir, allowed_dirs())
-            request = replace(request, source=resolve_in_roots(s.checkpoint_dir, roots), allowed_roots=roots)
+            where = resolve_in_roots(s.checkpoint_dir, roots)
+            check_in_roots(where, roots)  # refused here, before the load: not a failed load (`_failed`)
+            request = replace(request, source=where, allowed_roots=roots)
         elif s.source == "upload":
             if not self._upload:
                 raise SourceError("Upload a checkpoint's config.json and model.safetensors (or an .onnx file) first.")
@@ -248,6 +251,10 @@ class Runs:
         if s.source == "checkpoint" and s.model is not None and self._model_key != s.model_key():
             # a refused path: which model stays, as after a refused upload (`_keep_shown`)
             s.param.update(message=f"{s.message} Still showing {s.model.name}.")
+        if isinstance(e, SourceError):
+            # refused before any load (a path outside the folders, no upload, empty IR text): nothing was loaded,
+            # so the panes still show what they showed, as current as before; the mark is left as it was
+            return
         s.stale = self._stale_reason()
 
     def _keep_shown(self) -> None:

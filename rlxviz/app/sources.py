@@ -149,6 +149,30 @@ def resolve_in_roots(path: str, allowed: list[Path]) -> str:
     return str(found[0]) if found else path
 
 
+def check_in_roots(path: str, allowed: list[Path]) -> None:
+    """Refuse a path to open (`resolve_in_roots`'s answer) that resolves outside the allowed roots or names nothing,
+    before any load starts: such a path is refused, not a failed load (the model shown stays current, unmarked).
+
+    The loader checks the roots again (`rlxviz.models.checkpoint.resolve_folder`, `session.loading`); this check
+    only moves the refusal before the load. Outside the roots is said before existence, so a path outside them
+    reveals nothing about what exists there.
+
+    Args:
+        path: the path the loader would open (absolute, or relative to the server's working folder).
+        allowed: the allowed roots.
+
+    Raises:
+        SourceError: `path` resolves outside every root ("outside the allowed model folders (...)"), or inside one
+            but no file or folder is there ("no such file or folder").
+    """
+    real = Path(path).expanduser().resolve()
+    roots = [Path(r).expanduser().resolve() for r in allowed]
+    if not any(real.is_relative_to(r) for r in roots):
+        raise SourceError(f"{path}: outside the allowed model folders ({', '.join(map(str, roots)) or 'none'})")
+    if not real.exists():
+        raise SourceError(f"{path}: no such file or folder")
+
+
 ONNX_UPLOAD_NAME = "model.onnx"
 """The name an uploaded `.onnx` file is stored under in its temp folder."""
 

@@ -99,6 +99,12 @@ class StartHere(Viewer):
         back = s.shown_source()
         if back is not None:
             return s.variant_unavailable(BREAK_VARIANT, back[0], str(back[1].get("preset", "")) or None)
+        shown = s.runs._model_key
+        if s.model is not None and not s.busy and shown[:1] == ("ir",) and s.source != "ir":
+            # the model shown came from IR text and a path or upload asked for since was refused or failed: ② is
+            # judged on the IR graph shown (a refused path made it "small is not a BERT encoder", judged as a
+            # checkpoint that never loaded)
+            return s.variant_unavailable(BREAK_VARIANT, "ir")
         return s.variant_unavailable(BREAK_VARIANT)
 
     def _enable(self, *_: object) -> None:

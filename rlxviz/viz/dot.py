@@ -105,6 +105,12 @@ def _wrap(text: str, width: int = 42) -> list[str]:
     return [*out, line] if line else out
 
 
+def _into(path: str, op: str) -> str:
+    """A match cluster's second line: the layer path it matched in and the op that replaced it (`encoder.layer.0 ->
+    FusedAttentionBlock`); without a path (IR text without @paths), "becomes OP" (it read "? -> OP", like an error)."""
+    return f"{path} -> {op}" if path else f"becomes {op}"
+
+
 class _Drawer:
     """One rendering: collects per-node decorations from the overlay, then emits DOT."""
 
@@ -164,7 +170,7 @@ class _Drawer:
                     self.roles.setdefault(i, []).append((role, color))
                     self.border[i] = (color, 2.0, False)
             members = self._claim(sorted(extent), len(self.clusters))
-            label = f"{m.rule or m.pass_name}\n{m.path or '?'} -> {ov.match_ops.get(m.anchor, 'fused')}"
+            label = f"{m.rule or m.pass_name}\n{_into(m.path, ov.match_ops.get(m.anchor, 'fused'))}"
             self.clusters.append((f"m{k}", {"label": label, "color": color, "fillcolor": tint(color, 0.9),
                                             "style": "rounded,filled", "penwidth": "2", "fontcolor": color,
                                             "tooltip": _tip(f"{m.pass_name} / {m.rule}: roles "
@@ -173,8 +179,10 @@ class _Drawer:
         for k, r in enumerate(ov.rejections):
             self._decorate_rejection(k, r)
         for m in ov.fused:
-            if m.fused is not None:
-                self.notes.setdefault(m.fused, []).append(f"{m.path or '?'} -> {self.nodes[m.fused].op.value}"
+            # a match with no layer path (IR text without @paths) has nothing to add to the node's own op and
+            # "by PASS, absorbed N node(s)" lines: no note ("? -> ElementwiseRegion" read as an error)
+            if m.fused is not None and m.path:
+                self.notes.setdefault(m.fused, []).append(f"{m.path} -> {self.nodes[m.fused].op.value}"
                                                           if m.fused in self.nodes else m.path)
         for i in ov.added:
             if i in self.nodes:

@@ -10,13 +10,44 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ir import Graph, Node, operand_roles
+from ..ir import Graph, Node, Op, operand_roles
 from ..ir.ops import FUSED
 from ..passes.trace import Match, PassStep, Rejection, Trace
 
 INPUT_ROLES = frozenset(r for op in FUSED for k in range(1, 15) for r in operand_roles(op, {"has_rope": True}, k)
                         if not r.startswith("in"))
 """Role names that bind an *operand* of a fused op (hidden, x, residual, qkv_w, ...): bound but not absorbed."""
+
+
+NOT_OPS = {Op.PARAM: "param(s)/constant(s)", Op.CONST: "param(s)/constant(s)", Op.INPUT: "graph input(s)"}
+"""The nodes that are no op, by the words a count of them takes: the version list's and the chips' counts are ops
+(`Graph.compute_nodes`), and params and constants are drawn folded into their users' labels, not as nodes."""
+
+
+def change_words(before: Graph, after: Graph, added: list[int], removed: list[int]) -> str:
+    """What a pass added and removed, in the chips' unit: ops (compute nodes) first, then the other nodes by kind.
+
+    "0 op(s) added, 3 removed; 8 param(s)/constant(s) removed": the chip's change (-3) is the ops' added minus
+    removed. A count of every node ("11 removed") read as contradicting the chips (-3) and the pictures, in which
+    params and constants are no nodes (dead weights removed by `dead_code_elimination` changed neither).
+
+    Args:
+        before / after: the graphs before and after the pass.
+        added: ids in `after` only; removed: ids in `before` only (`PassStep.added`, `PassStep.removed`).
+    """
+    def kinds(graph: Graph, ids: list[int]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for i in ids:
+            word = NOT_OPS.get(graph[i].op, "op(s)")
+            out[word] = out.get(word, 0) + 1
+        return out
+
+    a, r = kinds(after, added), kinds(before, removed)
+    text = f"{a.pop('op(s)', 0)} op(s) added, {r.pop('op(s)', 0)} removed"
+    for word in dict.fromkeys([*a, *r]):
+        said = [f"{n} {how}" for n, how in ((a.get(word, 0), "added"), (r.get(word, 0), "removed")) if n]
+        text += f"; {word}: {', '.join(said)}"
+    return text
 
 
 @dataclass(frozen=True)
@@ -75,7 +106,7 @@ class Overlay:
     def after(cls, step: PassStep, trace: Trace | None = None) -> Overlay:
         """The fused nodes of `step` (and any other added node) marked on `step.after`."""
         fused = tuple(m for m in step.matches if m.fused is not None and m.fused in step.after)
-        title = f"after {step.pass_name}: {len(step.added)} node(s) added, {len(step.removed)} removed"
+        title = f"after {step.pass_name}: {change_words(step.before, step.after, step.added, step.removed)}"
         return cls(title=title, fused=fused, added=frozenset(step.added),
                    origin=all_versions(trace) if trace is not None else step.before)
 
