@@ -345,6 +345,19 @@ class Runs:
                             if s.variant not in ("none", SHAPE_VARIANT) else "")
         s.param.variant_layer.bounds = (0, hi)
 
+    def move_layer_quietly(self, layer: int) -> None:
+        """Set "Layer to break" to `layer` without a reload, for a model the layer does not change (no teaching
+        variant on): the model shown is then the one the fields ask for (its key names the new layer)."""
+        s = self.state
+        old = s.variant_layer
+        self._quiet_layer = True
+        try:
+            s.variant_layer = layer
+        finally:
+            self._quiet_layer = False
+        if len(self._model_key) > 2 and self._model_key[-1] == old:
+            self._model_key = (*self._model_key[:-1], layer)
+
     def _same_version(self, trace: Trace, labels: list[tuple[int, str]]) -> int:
         """Keep the selected version's pass when re-running (else the nearest earlier one)."""
         s = self.state
