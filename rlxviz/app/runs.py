@@ -385,6 +385,11 @@ class Runs:
                       if s._seq_raised else "")
             over = "is over" if b * sq > limit else "is still not over"
             shape = f" {raised}batch*seq = {b}*{sq} = {b * sq} {over} the attention threshold {limit}."
+            # the gate it sets (shown in the sidebar's Attention gate box) and that it is model-wide, first: the
+            # banner opens folded to one line; the same words as `rlxviz explain --variant` (`variant_note`)
+            who = session.gate_note(s.variant, s.threshold)
+            gate = f" {who[0].upper()}{who[1:]} (see Attention gate)." if who else ""
+            shape = f" {session.MODEL_WIDE[0].upper()}{session.MODEL_WIDE[1:]}.{shape}{gate}"
         status = s.layer_status(layer) if layer is not None and layer in s.layers() else None
         if status is not None and status.first is not None:  # the Why tab's answer, word for word
             first = status.first
