@@ -138,3 +138,42 @@ def test_a_variant_already_on_keeps_its_layer_when_the_strip_opens():
     s = tiny(variant="tanh_gelu", variant_layer=0)
     StartHere(state=s, show_why=lambda: None)
     assert s.variant_layer == 0
+
+
+def test_opening_the_strip_changes_neither_the_model_nor_its_key():
+    """The box moves to layer 1 with no variant on: the same model, under the same key (a run kept by another
+    session for these settings still serves this one), and a layer typed with no variant on rebuilds nothing."""
+    s = tiny()
+    key, model = s.model_key(), s.model
+    StartHere(state=s, show_why=lambda: None)
+    assert s.variant_layer == BREAK_LAYER and s.model_key() == key and s.model is model
+    s.variant_layer = 0
+    assert s.model_key() == key and s.model is model
+    s.variant = "tanh_gelu"  # a variant of one layer: the layer is part of the model again
+    assert s.model_key() != key and s.model is not model
+    with pytest.raises(ValueError, match="changes layer"):
+        s.runs.move_layer_quietly(1)
+
+
+def test_the_state_line_names_no_verdict_of_a_run_not_yet_shown():
+    """Between a variant chosen and its run shown (a background job), the line names no layer to ask about: the
+    verdicts shown are the last run's."""
+    s = tiny(autorun=False)
+    s.load()
+    start = StartHere(state=s, show_why=lambda: None)
+    start.brk.clicks += 1  # autorun off: ② changes the fields, the run shown stays the model as built
+    s.apply_variant("tanh_gelu")
+    assert "③" not in _line(start).split("</b>")[0], _line(start)
+    s.load()
+    assert _line(start).startswith("<b>Next: ③ to ask why layer"), _line(start)
+
+
+def test_the_break_line_comes_back_with_the_state_it_spoke_of():
+    s = tiny()
+    start = StartHere(state=s, show_why=lambda: None)
+    start.brk.clicks += 1
+    said = start.note.object
+    s.apply_variant("none")
+    assert start.note.object == note_html([(STEPS, False)])
+    s.apply_variant(BREAK_VARIANT)  # the same variant on the same layer, by hand: the line of ② holds again
+    assert start.note.object == said

@@ -346,17 +346,21 @@ class Runs:
         s.param.variant_layer.bounds = (0, hi)
 
     def move_layer_quietly(self, layer: int) -> None:
-        """Set "Layer to break" to `layer` without a reload, for a model the layer does not change (no teaching
-        variant on): the model shown is then the one the fields ask for (its key names the new layer)."""
+        """Set "Layer to break" to `layer` without a reload while the teaching variant changes no layer (`none`,
+        `over_threshold`): the model is the same (`AppState.model_key` holds 0 for it), so nothing is to run.
+
+        Raises:
+            ValueError: a variant that changes a layer is on (its model would change).
+        """
         s = self.state
-        old = s.variant_layer
+        if VARIANTS[s.variant].changes_graph:
+            raise ValueError(f"[move_layer_quietly] variant {s.variant} changes layer {s.variant_layer}: set "
+                             "variant_layer to re-run")
         self._quiet_layer = True
         try:
             s.variant_layer = layer
         finally:
             self._quiet_layer = False
-        if len(self._model_key) > 2 and self._model_key[-1] == old:
-            self._model_key = (*self._model_key[:-1], layer)
 
     def _same_version(self, trace: Trace, labels: list[tuple[int, str]]) -> int:
         """Keep the selected version's pass when re-running (else the nearest earlier one)."""

@@ -76,6 +76,7 @@ class StartHere(Viewer):
         self._jump: tuple[int, object] | None = None  # (the layer ② broke, the trace shown when it was clicked)
         self._model_name = ""
         self._about: tuple = ()  # the (model, pipeline) keys the line of ② or ③ describes (`_follow`)
+        self._held: tuple[list[tuple[str, bool]], str] | None = None  # that line, said again when they are back
         self.title = pn.pane.Markdown("**Start here**", margin=(0, 2, 0, 8), align="center", width=84, height=24,
                                       sizing_mode="fixed", css_classes=["rv-start-title"])
         self.step.on_click(lambda e: self.next_version())
@@ -90,7 +91,8 @@ class StartHere(Viewer):
         self.folded = False  # `fold`: the title and the drop zone hidden once a step is used
         self.hide.on_click(lambda e: self.dismiss())
         s.param.watch(self._enable, ["model", "source", "preset", "busy"])  # busy: a refused load ends
-        s.param.watch(self._follow, ["version", "trace", "hide_unchanged", "variant", "variant_layer"])
+        # busy: a run's verdicts hold once its job ends (`_say_state`)
+        s.param.watch(self._follow, ["version", "trace", "hide_unchanged", "variant", "variant_layer", "busy"])
         self._start_layer()
         self._enable()
 
@@ -127,7 +129,7 @@ class StartHere(Viewer):
             self._say([(STEPS, False)], "steps")
 
     def _say(self, parts: list[tuple[str, bool]], mode: str) -> None:
-        self._mode = mode
+        self._mode, self._parts = mode, parts
         self.note.object = note_html(parts)
 
     def _follow(self, *_: object) -> None:
@@ -135,7 +137,9 @@ class StartHere(Viewer):
         another version chosen elsewhere); the lines of ② and ③ belong to their model, so a new model's list of
         versions puts back the three steps. (The line kept naming the last model's version.)"""
         self._show_refusal()
-        if self._mode == "step":
+        if self._mode in ("state", "steps") and self._held is not None and self._keys() == self._about:
+            self._say(*self._held)  # the state ② or ③ spoke of is back (a refused upload put the fields back)
+        elif self._mode == "step":
             self._say_version()
         elif self._mode in ("break", "why", "state") and self.state.model is not None \
                 and self.state.model.name != self._model_name:
@@ -154,7 +158,9 @@ class StartHere(Viewer):
         self._model_name = s.model.name if s.model is not None else ""
         where = ("to every layer (a size gate is model-wide, so Layer to break does not apply)"
                  if s.variant == SHAPE_VARIANT else f"to layer {s.variant_layer}")
-        unfused = [] if s.input_first else self.unfused_layers()
+        # the run shown is of this state (not the last one's, while the new run is on its way): its verdicts hold
+        shown = not s.input_first and not s.busy and s.runs._model_key == s.model_key()
+        unfused = self.unfused_layers() if shown else []
         head = (f"Next: ③ to ask why layer {unfused[0]} did not fuse, or ① to step through the passes. " if unfused
                 else "Next: ① to step through the passes, or ② to break a layer. ")
         self._say([(head, True), (f"The teaching variant now applied is '{VARIANT_LABELS[s.variant]}', {where}: the "
@@ -239,7 +245,7 @@ class StartHere(Viewer):
         s = self.state
         n = len(s.version_labels)
         if n:
-            self._mode = "step"
+            self._mode, self._held = "step", None
             s.version = (s.version + 1) % n
             self._say_version()
 
@@ -260,9 +266,10 @@ class StartHere(Viewer):
         self._show_refusal()
         self._model_name = s.model.name if s.model is not None else ""
         self._about = self._keys()
-        self._say([("Next: ③. ", True), (f"Layer {layer} (the sidebar's Layer to break) now has an extra user of its "
-                                          "attention output, so it must stay unfused: the banner below names the "
-                                          "guard that refused it.", False)], "break")
+        self._held = ([("Next: ③. ", True), (f"Layer {layer} (the sidebar's Layer to break) now has an extra user of "
+                                              "its attention output, so it must stay unfused: the banner below names "
+                                              "the guard that refused it.", False)], "break")
+        self._say(*self._held)
 
     def ask_why(self) -> None:
         """Open the Why tab on a layer that did not fuse (the selected one, else the first: the one ② broke); with
@@ -289,6 +296,7 @@ class StartHere(Viewer):
         else:
             self._say([(f"Layer {layer} fused: nothing refused it. ", True),
                        ("Next: ② breaks a layer on purpose, then ③ shows the guard that refused it.", False)], "why")
+        self._held = (self._parts, "why")
 
     def dismiss(self) -> None:
         """Hide the strip for the rest of the session (its ✕)."""
