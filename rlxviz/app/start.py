@@ -72,7 +72,7 @@ class StartHere(Viewer):
         self.note = pn.pane.HTML(note_html([(STEPS, False)]), css_classes=["rv-start-note"], margin=(0, 8),
                                  align="center", height=34, min_width=100, sizing_mode="stretch_width",
                                  stylesheets=[NOTE_CSS])
-        self._mode = "steps"
+        self._mode, self._parts = "steps", [(STEPS, False)]  # what the line says (`_say`)
         self._jump: tuple[int, object] | None = None  # (the layer ② broke, the trace shown when it was clicked)
         self._model_name = ""
         self._about: tuple = ()  # the (model, pipeline) keys the line of ② or ③ describes (`_follow`)
