@@ -13,6 +13,7 @@ from .numberbox import BoxNotes, NumberBox
 from .sources import ALLOWED_DIRS_ENV, allowed_dirs, max_upload_bytes, where_big_files
 from .state import SHAPE_VARIANT, SOURCES, VARIANT_LABELS, AppState, move_position
 from .text import md_escape, md_pre
+from .wording import LAYER_OFF, gate_box
 
 SHAPE_LABELS = {"batch": "Batch", "seq": "Sequence length"}
 SOURCE_LABELS = {"preset": "Built-in", "checkpoint": "Folder", "upload": "Upload", "ir": "IR text"}
@@ -318,7 +319,8 @@ class VariantControls(Viewer):
         s.param.watch(lambda e: setattr(self.layer, "value", e.new), "variant_layer")
         self.why_off = pn.pane.Markdown("", styles={"font-size": "12px"}, css_classes=["rv-variant-note"])
         s.param.watch(self._mark, "variant")
-        s.param.watch(self._enable, ["source", "preset", "model"])
+        self.layer_off = pn.pane.Markdown("", styles={"font-size": "12px"}, css_classes=["rv-variant-layer-note"])
+        s.param.watch(self._enable, ["source", "preset", "model", "variant"])
         self._enable()
 
     def _enable(self, *_: object) -> None:
@@ -328,7 +330,10 @@ class VariantControls(Viewer):
             b.param.update(disabled=bool(reasons[name]), description=reasons[name] or None)
         off = list(dict.fromkeys(r for r in reasons.values() if r))
         self.why_off.object = " ".join(f"*{md_escape(r)}*" for r in off)
-        self.layer.disabled = all(reasons[n] for n in self.buttons if n not in ("none", SHAPE_VARIANT))
+        # over_threshold's size gate is model-wide: no layer to break while it is on, and the note says why
+        model_wide = self.state.variant == SHAPE_VARIANT
+        self.layer.disabled = model_wide or all(reasons[n] for n in self.buttons if n not in ("none", SHAPE_VARIANT))
+        self.layer_off.object = f"*{md_escape(LAYER_OFF)}*" if model_wide else ""
 
     def _layer_typed(self, event: param.parameterized.Event) -> None:
         """A layer the model has becomes the variant's layer; a number past them is clamped to the nearest layer
@@ -361,7 +366,7 @@ class VariantControls(Viewer):
             b.color = "primary" if name == event.new else "light"
 
     def __panel__(self) -> pn.viewable.Viewable:
-        return pn.Column("### Teaching variants", *self.buttons.values(), self.why_off, self.layer,
+        return pn.Column("### Teaching variants", *self.buttons.values(), self.why_off, self.layer, self.layer_off,
                          sizing_mode="stretch_width")
 
 
@@ -395,12 +400,13 @@ class PipelineControls(Viewer):
         self.add = pn.widgets.Select(options=s.available_passes(), width=200, margin=(5, 5))
         self.add_btn = pn.widgets.Button(label="Add", color="light", width=60, margin=(5, 5))
         self.add_btn.on_click(lambda e: self.add.value and setattr(self, "order", [*self.order, self.add.value]))
-        default = s.default_threshold()
         self.notes = BoxNotes(s)
         self.threshold = NumberBox(  # no start: the browser put back 0 with no word
-            f"Attention gate: max batch*seq (empty: {'no gate' if default is None else default})", s.threshold,
+            gate_box(s.variant, s.threshold, s.default_threshold())[0], s.threshold,
             self._threshold_unreadable, sizing_mode="stretch_width", css_classes=["rv-threshold"])
         self.threshold.param.watch(self._threshold_typed, "value")
+        s.param.watch(self._gate_shown, ["variant", "threshold"])  # the gate a variant sets shows in the box
+        self._gate_shown()
         s.param.watch(lambda e: setattr(self.threshold, "value", e.new), "threshold")
         # a note about the gate is about the pipeline it was typed for: another one applied, and it no longer holds
         s.param.watch(lambda *e: self.notes.drop("threshold"), ["passes", "disabled", "source", "preset"])
@@ -412,6 +418,10 @@ class PipelineControls(Viewer):
         s.param.watch(lambda *e: self._from_state(), ["passes", "disabled"])
         self.param.watch(lambda *e: self._rebuild(), ["order", "off"])
         self._from_state()
+
+    def _gate_shown(self, *_: object) -> None:
+        label, placeholder = gate_box(self.state.variant, self.state.threshold, self.state.default_threshold())
+        self.threshold.text.param.update(name=label, placeholder=placeholder)
 
     def _threshold_typed(self, event: param.parameterized.Event) -> None:
         """A gate typed: empty is the pipeline's default; below 1 it becomes 1, and the message says so."""

@@ -352,6 +352,23 @@ class Runs:
                             if s.variant not in ("none", SHAPE_VARIANT) else "")
         s.param.variant_layer.bounds = (0, hi)
 
+    def move_layer_quietly(self, layer: int) -> None:
+        """Set "Layer to break" to `layer` without a reload while the teaching variant changes no layer (`none`,
+        `over_threshold`): the model is the same (`AppState.model_key` holds 0 for it), so nothing is to run.
+
+        Raises:
+            ValueError: a variant that changes a layer is on (its model would change).
+        """
+        s = self.state
+        if VARIANTS[s.variant].changes_graph:
+            raise ValueError(f"[move_layer_quietly] variant {s.variant} changes layer {s.variant_layer}: set "
+                             "variant_layer to re-run")
+        self._quiet_layer = True
+        try:
+            s.variant_layer = layer
+        finally:
+            self._quiet_layer = False
+
     def _same_version(self, trace: Trace, labels: list[tuple[int, str]]) -> int:
         """Keep the selected version's pass when re-running (else the nearest earlier one)."""
         s = self.state
@@ -379,6 +396,11 @@ class Runs:
                       if s._seq_raised else "")
             over = "is over" if b * sq > limit else "is still not over"
             shape = f" {raised}batch*seq = {b}*{sq} = {b * sq} {over} the attention threshold {limit}."
+            # the gate it sets (shown in the sidebar's Attention gate box) and that it is model-wide, first: the
+            # banner opens folded to one line; the same words as `rlxviz explain --variant` (`variant_note`)
+            who = session.gate_note(s.variant, s.threshold)
+            gate = f" {who[0].upper()}{who[1:]} (see Attention gate)." if who else ""
+            shape = f" {session.MODEL_WIDE[0].upper()}{session.MODEL_WIDE[1:]}.{shape}{gate}"
         status = s.layer_status(layer) if layer is not None and layer in s.layers() else None
         if status is not None and status.first is not None:  # the Why tab's answer, word for word
             first = status.first

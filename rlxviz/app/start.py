@@ -12,14 +12,15 @@ import param
 from panel.viewable import Viewer
 
 from ..session import SessionError
-from .state import AppState
+from .state import SHAPE_VARIANT, VARIANT_LABELS, AppState
 from .text import html_text
 
 BREAK_VARIANT = "extra_h1_user"
 """The variant the second click applies: a second user of the attention output h1, which the layer fusion's guard
 refuses (the Why tab then names that guard)."""
 BREAK_LAYER = 1
-"""The layer the second click breaks (layer 0 when the model has only one)."""
+"""The layer the sidebar's "Layer to break" starts at when the strip is shown (layer 0 when the model has only one);
+the second click breaks the layer that box shows (`AppState.variant_layer`: one field, so the box and ② agree)."""
 
 STEPS = ("Three clicks: ① watch the graph shrink pass by pass, ② break a layer on purpose, ③ ask why it did not "
          "fuse. Or drop your own model (.onnx) at the right.")
@@ -71,9 +72,11 @@ class StartHere(Viewer):
         self.note = pn.pane.HTML(note_html([(STEPS, False)]), css_classes=["rv-start-note"], margin=(0, 8),
                                  align="center", height=34, min_width=100, sizing_mode="stretch_width",
                                  stylesheets=[NOTE_CSS])
-        self._mode = "steps"
+        self._mode, self._parts = "steps", [(STEPS, False)]  # what the line says (`_say`)
         self._jump: tuple[int, object] | None = None  # (the layer ② broke, the trace shown when it was clicked)
         self._model_name = ""
+        self._about: tuple = ()  # the (model, pipeline) keys the line of ② or ③ describes (`_follow`)
+        self._held: tuple[list[tuple[str, bool]], str] | None = None  # that line, said again when they are back
         self.title = pn.pane.Markdown("**Start here**", margin=(0, 2, 0, 8), align="center", width=84, height=24,
                                       sizing_mode="fixed", css_classes=["rv-start-title"])
         self.step.on_click(lambda e: self.next_version())
@@ -88,8 +91,24 @@ class StartHere(Viewer):
         self.folded = False  # `fold`: the title and the drop zone hidden once a step is used
         self.hide.on_click(lambda e: self.dismiss())
         s.param.watch(self._enable, ["model", "source", "preset", "busy"])  # busy: a refused load ends
-        s.param.watch(self._follow, ["version", "trace", "hide_unchanged"])
+        # busy: a run's verdicts hold once its job ends (`_say_state`)
+        s.param.watch(self._follow, ["version", "trace", "hide_unchanged", "variant", "variant_layer", "busy"])
+        self._start_layer()
         self._enable()
+
+    def _start_layer(self) -> None:
+        """Put "Layer to break" at `BREAK_LAYER` when no variant is on and the box is at its first value, 0 (it said
+        0 while ② broke layer 1): no reload, the model as built does not depend on it (`Runs.move_layer_quietly`)."""
+        s = self.state
+        hi = s.param.variant_layer.bounds[1]
+        if s.variant == "none" and s.variant_layer == 0 and (hi is None or BREAK_LAYER <= hi):
+            s.runs.move_layer_quietly(BREAK_LAYER)
+
+    def _keys(self) -> tuple:
+        """What the lines of ② and ③ describe: the model asked for (variant and its layer included) and the
+        pipeline."""
+        s = self.state
+        return (s.model_key(), s.pipeline_key())
 
     def _unavailable(self) -> str:
         """Why ② does not apply to the model shown ('' when it does): after a refused load (IR text that does not
@@ -116,7 +135,7 @@ class StartHere(Viewer):
             self._say([(STEPS, False)], "steps")
 
     def _say(self, parts: list[tuple[str, bool]], mode: str) -> None:
-        self._mode = mode
+        self._mode, self._parts = mode, parts
         self.note.object = note_html(parts)
 
     def _follow(self, *_: object) -> None:
@@ -124,11 +143,34 @@ class StartHere(Viewer):
         another version chosen elsewhere); the lines of ② and ③ belong to their model, so a new model's list of
         versions puts back the three steps. (The line kept naming the last model's version.)"""
         self._show_refusal()
-        if self._mode == "step":
+        if self._mode in ("state", "steps") and self._held is not None and self._keys() == self._about:
+            self._say(*self._held)  # the state ② or ③ spoke of is back (a refused upload put the fields back)
+        elif self._mode == "step":
             self._say_version()
-        elif self._mode in ("break", "why") and self.state.model is not None \
+        elif self._mode in ("break", "why", "state") and self.state.model is not None \
                 and self.state.model.name != self._model_name:
             self._say([(STEPS, False)], "steps")
+        elif self._mode == "state" or (self._mode in ("break", "why") and self._keys() != self._about):
+            self._say_state()  # a variant, layer or pipeline chosen by hand: the line of ② or ③ no longer holds
+
+    def _say_state(self) -> None:
+        """The line for a state the user chose by hand (a variant, its layer, a pipeline): the variant now applied
+        and where, with the next click from what the run shows; the three steps when no variant is on. (After ②,
+        choosing another variant left "Layer 1 now has an extra user..." above a banner that said otherwise.)"""
+        s = self.state
+        if s.variant == "none":
+            self._say([(STEPS, False)], "steps")
+            return
+        self._model_name = s.model.name if s.model is not None else ""
+        where = ("to every layer (a size gate is model-wide, so Layer to break does not apply)"
+                 if s.variant == SHAPE_VARIANT else f"to layer {s.variant_layer}")
+        # the run shown is of this state (not the last one's, while the new run is on its way): its verdicts hold
+        shown = not s.input_first and not s.busy and s.runs._model_key == s.model_key()
+        unfused = self.unfused_layers() if shown else []
+        head = (f"Next: ③ to ask why layer {unfused[0]} did not fuse, or ① to step through the passes. " if unfused
+                else "Next: ① to step through the passes, or ② to break a layer. ")
+        self._say([(head, True), (f"The teaching variant now applied is '{VARIANT_LABELS[s.variant]}', {where}: the "
+                                  "banner below says what it did.", False)], "state")
 
     def _show_refusal(self) -> None:
         """After ②, once its run is shown: step to the version of the pass whose guard refused the broken layer, so
@@ -162,10 +204,14 @@ class StartHere(Viewer):
                 continue
         return out
 
-    def _next_after_step(self) -> str:
+    def _next_after_step(self, last: bool = False) -> str:
         """What to click after ①, from what the run shows: with a layer that did not fuse (② pressed before, or the
-        model's own), ③ asks why; with every layer fused, ② breaks one ("① again, then ②" after ② misled)."""
+        model's own), ③ asks why; with every layer fused, ② breaks one ("① again, then ②" after ② misled). At the
+        `last` version, ① goes back to the input, and the line says so (it said "① again" and wrapped silently)."""
         unfused = self.unfused_layers()
+        if last:
+            other = f"③ to ask why layer {unfused[0]} did not fuse" if unfused else "② to break a layer"
+            return f"Next: {other}, or ① back to the input: this is the last version. "
         if unfused:
             return f"Next: ① again, or ③ to ask why layer {unfused[0]} did not fuse. "
         return "Next: ① again, then ②. "
@@ -178,11 +224,15 @@ class StartHere(Viewer):
         k = min(s.version, n - 1)
         name = s.model.name if s.model is not None else "the model"
         number = s.version_index(k)  # as the version list and the timing chart number it (`version_name`)
+        step = s.trace.steps[number - 1] if number and s.trace is not None else None
+        framed = ("what it matched framed in green" if step is not None and step.matches else
+                  "it matched no pattern, so nothing is framed")  # dead_code_elimination matches nothing
         panes = (": on the Graph tab, one pane: the graph as read, before any pass (① steps on to the first pass "
                  "that changed it)." if number == 0 else
-                 ": on the Graph tab, left, the graph before this pass (what it matched framed in green); right, "
+                 f": on the Graph tab, left, the graph before this pass ({framed}); right, "
                  "after it.")  # the Why tab may be the one open: the sentence names where the panes are
-        self._say([(self._next_after_step(), True), ("Showing ", False), (s.version_labels[k], True),
+        last = n > 1 and k == n - 1
+        self._say([(self._next_after_step(last), True), ("Showing ", False), (s.version_labels[k], True),
                    (f" (version {number}) of ", False), (name, True), (panes, False)], "step")
 
     def fold(self) -> None:
@@ -201,7 +251,7 @@ class StartHere(Viewer):
         s = self.state
         n = len(s.version_labels)
         if n:
-            self._mode = "step"
+            self._mode, self._held = "step", None
             s.version = (s.version + 1) % n
             self._say_version()
 
@@ -213,31 +263,34 @@ class StartHere(Viewer):
         if reason:
             self._say([(reason, False)], "reason")
             return
-        layers = s.layers()
-        layer = BREAK_LAYER if BREAK_LAYER in layers else (layers[0] if layers else 0)
+        layers = s.layers()  # the layer "Layer to break" shows (one field): else `BREAK_LAYER`, else the first
+        layer = next((k for k in (s.variant_layer, BREAK_LAYER) if k in layers), layers[0] if layers else 0)
         self._jump = (layer, s.trace)  # the run this starts shows the pass that refused the layer (`_show_refusal`)
         back = s.shown_source()  # a refused load: back to the model shown, whose layer this breaks
         source = {"source": back[0], **back[1]} if back is not None else {}
         s.param.update(**source, variant_layer=layer, variant=BREAK_VARIANT)
         self._show_refusal()
         self._model_name = s.model.name if s.model is not None else ""
-        self._say([("Next: ③. ", True), (f"Layer {layer} now has an extra user of its attention output, so it must "
-                                          "stay unfused: the banner below names the guard that refused it.", False)],
-                  "break")
+        self._about = self._keys()
+        self._held = ([("Next: ③. ", True), (f"Layer {layer} (the sidebar's Layer to break) now has an extra user of "
+                                              "its attention output, so it must stay unfused: the banner below names "
+                                              "the guard that refused it.", False)], "break")
+        self._say(*self._held)
 
     def ask_why(self) -> None:
         """Open the Why tab on a layer that did not fuse (the selected one, else the first: the one ② broke); with
-        every layer fused, on the selected layer (else the variant's, else the first), and the line says it fused and
-        what to try (② breaks one): the Why tab then lists only patterns that matched or did not apply."""
+        every layer fused, on the selected layer (else the applied variant's, else the first), and the line says it
+        fused and what to try (② breaks one): the Why tab then lists only patterns that matched or did not apply."""
         self.fold()
         s = self.state
         layers, unfused = s.layers(), self.unfused_layers()
         if unfused and (s.selected_layer is None or s.selected_layer not in unfused):
             s.selected_layer = unfused[0]  # ③ asks why a layer did not fuse: one that did has no answer
         elif s.selected_layer is None and layers:
-            s.selected_layer = s.variant_layer if s.variant_layer in layers else layers[0]
+            s.selected_layer = s.variant_layer if s.variant != "none" and s.variant_layer in layers else layers[0]
         self.show_why()
         self._model_name = s.model.name if s.model is not None else ""
+        self._about = self._keys()
         layer = s.selected_layer
         more = "More: the Matches & rejections table, the Timing tab, the controls in the sidebar."
         if layer is None:
@@ -249,6 +302,7 @@ class StartHere(Viewer):
         else:
             self._say([(f"Layer {layer} fused: nothing refused it. ", True),
                        ("Next: ② breaks a layer on purpose, then ③ shows the guard that refused it.", False)], "why")
+        self._held = (self._parts, "why")
 
     def dismiss(self) -> None:
         """Hide the strip for the rest of the session (its ✕)."""

@@ -211,8 +211,10 @@ class AppState(Derived, param.Parameterized):
                    "variant_layer", "threshold")
     def model_key(self) -> tuple:
         """What identifies the model: source, its content, shapes (`effective_seq`: the threshold may raise the
-        sequence), style and variant."""
+        sequence), style, variant and the layer it changes (0 for a variant that changes no layer, `none` and
+        `over_threshold`: "Layer to break" then builds the same model, and a run kept for one value serves all)."""
         v = self.variant
+        layer = self.variant_layer if VARIANTS[v].changes_graph else 0
         if self.source == "preset":
             src: tuple = ("preset", self.preset)
         elif self.source == "checkpoint":
@@ -222,7 +224,7 @@ class AppState(Derived, param.Parameterized):
         else:
             src = ("ir", self.ir_text)
             return src
-        return (*src, self.batch, self.effective_seq, self.style, v, self.variant_layer)
+        return (*src, self.batch, self.effective_seq, self.style, v, layer)
 
     @param.depends("passes", "disabled", "variant", "threshold")
     def pipeline_key(self) -> tuple:

@@ -21,6 +21,23 @@ VARIANT_LABELS: dict[str, str] = {name: v.label for name, v in VARIANTS.items()}
 layer of the model; `over_threshold` raises the sequence length so batch*seq exceeds the attention threshold."""
 
 
+def gate_box(variant: str, threshold: int | None, default: int | None) -> tuple[str, str]:
+    """(label, placeholder) of the sidebar's attention-gate box: with `threshold` empty, the gate the run uses,
+    `default` (the pipeline's) or the one teaching variant `variant` sets (`over_threshold`: its banner named a gate
+    of 64 the empty box did not show), which the box then names as the variant's."""
+    label = f"Attention gate: max batch*seq (empty: {'no gate' if default is None else default})"
+    if not session.gate_note(variant, threshold):
+        return label, ""
+    gate = session.effective_threshold(session.variant_named(variant), threshold)
+    return (f"Attention gate: max batch*seq (empty: {gate}, set by the variant '{VARIANT_LABELS[variant]}')",
+            f"{gate} (set by the teaching variant)")
+
+
+LAYER_OFF = (f"Layer to break does not apply to '{VARIANT_LABELS[SHAPE_VARIANT]}': it is "
+             f"{session.MODEL_WIDE.split(', so')[0]}.")
+"""Said under the disabled "Layer to break" box while `over_threshold` is on."""
+
+
 def scrub_paths(text: str, upload_dir: str, temp_dir: str, names: dict[str, str] | None = None) -> str:
     """`text` without the server's private folders: a file of the upload's temp folder reads as the name the user
     gave it (`names`: stored name -> user's name; an error said `upload/model.onnx` for `my-net.onnx`), the folder

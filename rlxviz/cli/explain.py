@@ -49,7 +49,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     from ..ir.onnx_op import describe_host
     from ..models.onnx.notes import imported_forms
-    from ..session import Limits, load_inputs
+    from ..session import Limits, load_inputs, variant_note
     from ..session.advice import checked_verdict
     from ..session.exactness import ExactnessCheck, check_exactness
     from ..session.fidelity import unread_weights
@@ -74,7 +74,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
     else:
         host = describe_host(model.graph)
         numbers = f"{exact.line()}\n" if exact is not None and (args.verbose or not exact.ok) else ""
-        _out("".join(f"{c.line()}\n" for c in checks) + numbers + (f"{host}\n" if host else "")
+        # over_threshold: model-wide, and the gate it sets (the app's banner says the same: `variant_note`)
+        note = variant_note(args.variant, args.batch, args.seq, args.threshold)
+        _out((f"{note}\n" if note else "") + "".join(f"{c.line()}\n" for c in checks) + numbers
+             + (f"{host}\n" if host else "")
              + "".join(f"{line}\n" for line in imported) + check.render(verbose=args.verbose))
     if not all(c.ok for c in checks) or (exact is not None and not exact.ok):
         return EXPLAIN_NOT_FUSED

@@ -96,20 +96,23 @@ from .traffic import (
     traffic_saved,
 )
 from .variants import (
+    MODEL_WIDE,
     OVER_THRESHOLD,
     RLX_THRESHOLD,
     effective_seq,
     effective_threshold,
+    gate_note,
     preset_is_bert,
     teaching_cases,
     variant_named,
+    variant_note,
     variant_unavailable,
 )
 
 __all__ = ["ModelText", "shown",
            "DEFAULT_BATCH", "DEFAULT_MAX_MEMORY_MB", "DEFAULT_REPEAT", "DEFAULT_SEQ", "DEFAULT_WARMUP",
            "DEPRECATED_MEMORY_ENV", "MAX_MEMORY_ENV", "MAX_REPEAT", "MAX_WARMUP", "check_rounds",
-           "OVER_THRESHOLD", "RLX_THRESHOLD",
+           "MODEL_WIDE", "OVER_THRESHOLD", "RLX_THRESHOLD", "gate_note", "variant_note",
            "Architecture", "FusionCheck", "GraphTextError", "LayerStatus", "LimitError", "Limits", "PipelineError",
            "SessionError", "StoppedError", "load_isolated", "run_isolated",
            "ExecutedTraffic", "Traffic", "VersionTiming", "compare_to_input",

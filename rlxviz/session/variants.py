@@ -97,5 +97,38 @@ def effective_seq(variant: Variant | None, batch: int, seq: int, threshold: int 
     return max(seq, need)
 
 
-__all__ = ["OVER_THRESHOLD", "RLX_THRESHOLD", "SOURCE_KINDS", "effective_seq", "effective_threshold",
-           "graph_variant", "preset_is_bert", "teaching_cases", "variant_named", "variant_unavailable"]
+MODEL_WIDE = "model-wide: a size gate applies to every layer, so the layer to break does not apply"
+"""Why `over_threshold` changes no one layer, as the CLI and the app both say it."""
+
+
+def gate_note(name: str | None, threshold: int | None) -> str:
+    """Where the attention gate a run uses comes from, in words, when teaching variant `name` sets it: "the gate 64
+    (pipeline param fab_max_tokens) is set by this variant" for `over_threshold` with no `threshold` asked; ''
+    otherwise (the gate is the pipeline's or the one asked for). Raises SessionError for an unknown name."""
+    v = variant_named(name)
+    limit = effective_threshold(v, threshold)
+    if v is None or not v.over_threshold or threshold is not None or limit is None:
+        return ""
+    return f"the gate {limit} (pipeline param fab_max_tokens, RLX's profile) is set by this variant"
+
+
+def variant_note(name: str | None, batch: int, seq: int, threshold: int | None, max_seq: int | None = None) -> str:
+    """One line on what `over_threshold` does to a run, the same words for the CLI and the app: model-wide, the
+    gate it applies and who set it, and the sequence length it builds with (`seq` raised over the gate); '' for
+    another variant (each changes the one layer it names). `batch` and `seq` are the shape asked for (tokens).
+    Raises SessionError for an unknown name."""
+    v = variant_named(name)
+    limit = effective_threshold(v, threshold)
+    if v is None or not v.over_threshold or limit is None:
+        return ""
+    built = effective_seq(v, batch, seq, threshold, max_seq)
+    raised = f"seq raised from {seq} to {built}, so " if built != seq else ""
+    over = "over" if batch * built > limit else "still not over"
+    who = gate_note(name, threshold) or f"the gate {limit} is the one asked for (--threshold)"
+    return (f"teaching variant {name}: {MODEL_WIDE}; {raised}batch*seq = {batch}*{built} = {batch * built} is "
+            f"{over} the attention gate {limit}; {who}")
+
+
+__all__ = ["MODEL_WIDE", "OVER_THRESHOLD", "RLX_THRESHOLD", "SOURCE_KINDS", "effective_seq", "effective_threshold",
+           "gate_note", "graph_variant", "preset_is_bert", "teaching_cases", "variant_named", "variant_note",
+           "variant_unavailable"]
