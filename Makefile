@@ -49,14 +49,14 @@ lint: setup-dev
 # The whole suite (CI runs this), in two runs: first what only computes (the fast tier and the `sweep` tests over
 # every case file) on every core (pytest-xdist), then the rest of the slow tier (browser, notebooks, fuzzing,
 # benchmarks, timing, child processes: tests/conftest.py lists them) one test at a time, so no test's timing or
-# time limit shares the cores with another test. test-fast leaves out the tests marked slow, for every commit:
-# under 4 minutes on 2 cores.
+# time limit shares the cores with another test. test-fast leaves out the tests marked slow, on every core, for
+# every commit: under 4 minutes on 2 cores.
 test: setup-dev lint
 	$(VENV)/bin/pytest -q -n auto -m "not slow or sweep"
 	$(VENV)/bin/pytest -q -m "slow and not sweep"
 
 test-fast: setup-dev lint
-	$(VENV)/bin/pytest -q -m "not slow"
+	$(VENV)/bin/pytest -q -n auto -m "not slow"
 
 # For one run on a lent NVIDIA H200 (benchmarks/gpu_check.sh says how): MLX's CUDA build packed by the workplace's
 # tool (~25 MB, sm_90 only) and the pure-Python wheel the machine lacks, into the git-ignored .gpu/.
