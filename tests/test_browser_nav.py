@@ -148,12 +148,13 @@ def _search_opens_a_folded_layer(pg):
 
 def _culprit_drawn_for_extra_h1_user(pg):
     open_sidebar(pg)
+    layer = pg.locator(".rv-variant-layer input").input_value()  # the layer the variant breaks: the box's (1)
     pg.locator(".rv-variant-extra_h1_user button").click()
     expect(pg.locator(".rv-message")).to_contain_text("h1")
     expect(pg.locator(".rv-progress-text")).to_be_hidden()
     open_tab(pg, "Why didn't layer N fuse?")
-    pg.locator(".rv-why-layer select").select_option(label="layer 0")
-    expect(pg.locator(".rv-why")).to_contain_text("layer 0: NOT fused")
+    pg.locator(".rv-why-layer select").select_option(label=f"layer {layer}")
+    expect(pg.locator(".rv-why")).to_contain_text(f"layer {layer}: NOT fused")
     culprit = pg.locator(".rv-why-graph g.node.offending")
     expect(culprit).to_have_count(1)
     expect(culprit).to_contain_text("reduce_mean")
