@@ -144,3 +144,29 @@ def test_bert_tiny_as_exported_softmax_at_the_final_version_and_one_level_after_
         (sm,), note = _rows(pane.after.absorbed, att.id)["softmax"]
         assert every[sm].op == Op.SOFTMAX
         assert note == f"absorbed into attention %{att.id} (layer {att.path.split('.')[2]})"
+
+
+def _after(trace, pass_name: str):
+    return next(st.after for st in trace.steps if st.pass_name == pass_name)
+
+
+@pytest.mark.parametrize("export", ["bert", "zoo/albert.ts-eager", "zoo/clip-text.ts-eager"])
+def test_a_rewrite_that_makes_several_nodes_names_its_product_not_a_helper(export):
+    """fuse_sdpa on an ONNX export makes a mask reshape, a cast and the attention op, each listing the match's 14
+    absorbed nodes; the search said "softmax: absorbed into reshape %122". Only the node none of the others reads
+    (the attention op) holds them."""
+    from pathlib import Path
+
+    from rlxviz import session
+
+    model = session.load(str(Path(__file__).parent / "fixtures" / "onnx" / f"{export}.onnx"))
+    trace = Pipeline.canonical().run(model.graph)
+    graph = _after(trace, "fuse_sdpa")
+    shared = [n for n in graph if n.absorbed and sum(m.absorbed == n.absorbed for m in graph) > 1]
+    assert shared, "fuse_sdpa made several nodes that share one absorbed list"
+    index = absorbed_index(graph, trace)
+    holders = {graph[int(k[1:])].op for k, rows in index.items() if any(op == "softmax" for op, _, _ in rows)}
+    assert holders == {Op.ATTENTION}, holders
+    for n in shared:  # a helper the product reads holds nothing in the search
+        if n.op != Op.ATTENTION:
+            assert f"n{n.id}" not in index
