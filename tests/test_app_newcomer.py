@@ -246,3 +246,18 @@ def test_no_lone_dismiss_and_the_strip_points_at_the_banner_where_it_is():
     start = StartHere(state=s, show_why=lambda: None)
     start.break_layer()
     assert "banner below" in start.note.object and "above" not in start.note.object
+
+
+def test_a_switch_sentence_does_not_stay_over_the_next_model_of_the_same_source():
+    """Newcomer run: after "Now showing bert-tiny (built-in), was small (IR text).", choosing minilm-shaped in the
+    list drew it while the message still said "Now showing bert-tiny". Built-in to built-in stays quiet (the list says
+    what is shown), and the earlier switch's sentence goes."""
+    s = tiny()
+    mc = ModelControls(state=s)
+    mc.ir.value = SMALL_IR
+    mc.ir_btn.clicks += 1
+    mc.source.value = "preset"
+    mc.preset_btn.clicks += 1
+    assert s.model.name == "bert-tiny" and s.message.startswith("Now showing bert-tiny (built-in), was small")
+    mc.preset.value = "minilm-shaped"
+    assert s.model.name == "minilm-shaped" and "Now showing bert-tiny" not in s.message, s.message

@@ -497,7 +497,11 @@ class AppState(Derived, param.Parameterized):
             return
         kind = self.runs._model_key[0] if self.runs._model_key else self.source
         was, self._was_shown = self._was_shown, (self.model.name, kind)
-        self._switch_said = ""
+        said, self._switch_said = self._switch_said, ""
+        if was is not None and was[1] == kind and said and self.message.startswith(said):
+            # the same source (the list says what is shown): the last switch's sentence named another model, and it
+            # stayed over this one ("Now showing bert-tiny (built-in), was ..." over minilm)
+            self.param.update(message=self.message[len(said):].lstrip(), message_kind="info")
         if was is None or was[1] == kind:
             return
         text = self._switch_said = (f"Now showing {self.model.name} ({SOURCE_WORDS[kind]}), was {was[0]} "
