@@ -184,3 +184,18 @@ def test_rlxviz_time_text_and_json_read_injected_samples_as_the_app(capsys, monk
     else:
         assert doc["versions"][1]["vs_input"] == paired_verdict(rows[0], rows[1]).words
         assert VERDICT.fullmatch(doc["versions"][1]["vs_input"])
+
+
+def test_the_timing_tabs_legend_states_the_rule_the_verdicts_use():
+    """Newcomer run: the Timing tab defined *Within noise* as "that interval holds 1 (or lies within 1 ± 1%)" while
+    the verdicts also read a ratio whose interval spans more than `WIDE_CI` as within noise."""
+    from rlxviz.app.jobs import Runner
+    from rlxviz.app.state import AppState
+    from rlxviz.app.timingview import TimingView
+    from rlxviz.session.timing import PRACTICAL, WIDE_CI
+
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+    view = TimingView(state=s)
+    s.blas = "OpenBLAS; 3 interleaved round(s) per version"
+    legend = view.blas.object
+    assert f"within 1 ± {PRACTICAL:.0%}" in legend and f"spans more than {WIDE_CI}x" in legend, legend

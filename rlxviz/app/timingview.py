@@ -9,6 +9,7 @@ import param
 from panel.viewable import Viewer
 
 from ..session.defaults import MIN_VERDICT_ROUNDS
+from ..session.timing import PRACTICAL, WIDE_CI
 from .numberbox import BoxNotes, NumberBox
 from .stale import StaleMark
 from .state import AppState
@@ -138,8 +139,9 @@ class TimingView(Viewer):
         self.blas.object = (f"**Measured in:** {md_escape(s.blas)}. Top: the median ms over the rounds (whiskers: "
                             "p25 to p75). Below it: the speed-up over the input, the median of the per-round ratios "
                             "(round *r* of every version ran back to back), with its 95% bootstrap interval (*ci*); "
-                            "each bar is labelled with its own number. *Within noise*: that interval holds 1 (or lies "
-                            "within 1 ± 1%), so these rounds do not tell the two versions apart; time again with more "
+                            "each bar is labelled with its own number. *Within noise*: that interval holds 1, lies "
+                            f"within 1 ± {PRACTICAL:.0%} or spans more than {WIDE_CI}x (high/low), so these rounds do "
+                            "not tell the two versions apart; time again with more "
                             f"rounds ({MIN_VERDICT_ROUNDS} at least for a verdict). Beside it: the max error "
                             "against NumPy."
                             if s.blas else "")
