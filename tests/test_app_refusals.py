@@ -107,3 +107,16 @@ def test_check_in_roots_says_outside_before_existence(tmp_path: Path):
         check_in_roots(str(root / ".." / "root-sibling"), [root])
     with pytest.raises(SourceError, match="no such file or folder"):
         check_in_roots(str(root / "gone.onnx"), [root])
+
+
+@pytest.mark.parametrize("files", [{"notes.json": b"{}"}, {"notes.txt": b"hello"},
+                                   {"config.json": b"{}", "extra.json": b"{}"}])
+def test_a_refused_upload_names_both_ways_to_upload_and_the_model_still_shown(files):
+    """Newcomer run: "Upload exactly two files: the checkpoint's config.json and model.safetensors (got:
+    notes.json)." left out the single .onnx file the chooser's hint offers, and did not say which model stays."""
+    s = tiny()
+    s.load_upload(files)
+    assert s.message_kind == "danger" and ".onnx file" in s.message and "config.json" in s.message, s.message
+    assert s.message.endswith("Still showing bert-tiny.") or "Still showing bert-tiny, as before" in s.message, \
+        s.message
+    assert s.model.name == "bert-tiny"

@@ -248,8 +248,9 @@ class Runs:
         s.ir_error = at if s.source == "ir" else None
         s._error(explain_error(e, s.source, s.preset))
         self._keep_shown()
-        if s.source == "checkpoint" and s.model is not None and self._model_key != s.model_key():
-            # a refused path: which model stays, as after a refused upload (`_keep_shown`)
+        refused = isinstance(e, SourceError) or (s.source == "checkpoint" and self._model_key != s.model_key())
+        if refused and s.model is not None and "Still showing" not in s.message:
+            # a refused path, upload or IR text: which model stays (`_keep_shown` says it for an upload it puts back)
             s.param.update(message=f"{s.message} Still showing {s.model.name}.")
         if isinstance(e, SourceError):
             # refused before any load (a path outside the folders, no upload, empty IR text): nothing was loaded,
@@ -444,8 +445,8 @@ class Runs:
         s = self.state
         try:
             checked = check_upload(files)
-        except SourceError as e:
-            s._error(str(e))
+        except SourceError as e:  # refused before anything changed: the model shown stays, and the message says so
+            s._error(str(e) + (f" Still showing {s.model.name}." if s.model is not None else ""))
             return
         shown = self._kept[1:] if self._kept is not None else None  # an upload on its way: it puts back the same
         if s.model is not None and self._model_key:  # the model shown is the one its fields ask for

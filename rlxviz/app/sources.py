@@ -216,8 +216,8 @@ def check_upload(files: dict[str, bytes], limit: int | None = None) -> dict[str,
     cfg = [v for k, v in files.items() if k.lower().endswith(".json")]
     st = [v for k, v in files.items() if k.lower().endswith(".safetensors")]
     if len(cfg) != 1 or len(st) != 1:
-        raise SourceError("Upload exactly two files: the checkpoint's config.json and model.safetensors "
-                          f"(got: {', '.join(sorted(files)) or 'nothing'}).")
+        raise SourceError("Upload one .onnx file alone, or exactly two files: the checkpoint's config.json and "
+                          f"model.safetensors (got: {', '.join(sorted(files)) or 'nothing'}).")
     if len(cfg[0]) > MAX_CONFIG_BYTES:
         raise SourceError("config.json is larger than 1 MB; that is not a Hugging Face config.")
     return {"config.json": cfg[0], "model.safetensors": st[0]}
