@@ -94,3 +94,15 @@ def test_zoom_is_fitted_on_a_model_switch_and_kept_on_a_step_and_search_goes_dee
         pg.locator(".rv-after .rv-search").fill("%21")  # an id two levels down (bert-tiny's first attention node)
         expect(pg.locator(".rv-after .rv-found-note")).to_have_text(re.compile(
             r"^%21: absorbed into FusedTransformerLayer %\d+ \(layer 0\) via FusedAttentionBlock %\d+$"))
+
+
+def test_a_kept_search_finds_its_hits_in_the_next_model(browser, server):
+    """Newcomer run: "softmax" typed on bert-tiny (built with the attention op: no match), then minilm chosen: the
+    box kept the word and read "no match" until retyped, though minilm's fused layers hold six softmax ops."""
+    with watched_page(browser, server[0], 1280, 800) as pg:
+        _preset(pg, "bert-tiny")
+        box = pg.locator(".rv-after .rv-search")
+        box.fill("softmax")
+        expect(pg.locator(".rv-after .rv-found")).to_have_text("no match")
+        _preset(pg, "minilm")
+        expect(pg.locator(".rv-after .rv-found")).to_have_text(re.compile(r"^1/\d+$"))

@@ -228,6 +228,10 @@ export function render({ model, el }) {
   const rescope = () => { if (model.scope === scope) return; scope = model.scope;
     if (inner.querySelector('svg')) { fit(); mark(true); } else touched = false; };
   model.on('svg', setSvg); model.on('scope', rescope);
+  // another model's index can arrive after its picture (setSvg searched the new picture with the old index: a
+  // kept "softmax" read "no match" on minilm until retyped): search again with it
+  const research = () => { hits = []; if (search.value) find(false); };
+  model.on('absorbed', research); model.on('folded', research);
   model.on('highlight', () => mark(true)); model.on('selected', () => mark(false));
   model.on('related', () => mark(false));
   model.on('title', () => { title.textContent = model.title || ''; });
