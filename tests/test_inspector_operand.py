@@ -94,3 +94,32 @@ def test_minilm_attention_block_is_an_operand_of_the_residual_ln():
     for role in ("sum", "norm"):
         text = _plain(report_markdown(node_report(s.before, int(m.bindings[role]), trace)))
         assert f"- fused by fuse_residual_ln.residual as *{role}*:" in text, text
+
+
+def test_a_node_clicked_in_the_before_pane_is_described_as_that_version_has_it():
+    """Newcomer run: FusedAttentionBlock %381 clicked in the *before fuse_transformer_layer* pane was described as
+    the after version has it (operand %398 FusedTransformerLayer, where the clicked pane reads FusedResidualLN), and
+    the drawer did not say which version it showed."""
+    from rlxviz.app.jobs import Runner
+    from rlxviz.app.panels import GraphCompare, NodeInspector
+    from rlxviz.app.state import AppState
+
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8, variant="extra_h1_user",
+                 variant_layer=1)
+    s.step_to("after fuse_transformer_layer")
+    prev, cur = s.previous_graph, s.current_graph
+    moved = [n.id for n in prev if n.id in cur and prev[n.id].inputs != cur[n.id].inputs]
+    assert moved, "a node both versions hold, reading other operands in each"
+    compare, drawer = GraphCompare(state=s), NodeInspector(state=s)
+    compare.before.clicked = moved[0]
+    compare.before.clicks += 1
+    text = drawer.pane.object
+    assert "As the before fuse_transformer_layer version has it" in text, text
+    operands_before = {f"%{i}" for i in prev[moved[0]].inputs} - {f"%{i}" for i in cur[moved[0]].inputs}
+    assert all(o in text for o in operands_before), (operands_before, text)
+    compare.after.clicked = moved[0]
+    compare.after.clicks += 1
+    text = drawer.pane.object
+    assert "As the after fuse_transformer_layer version has it" in text, text
+    operands_after = {f"%{i}" for i in cur[moved[0]].inputs} - {f"%{i}" for i in prev[moved[0]].inputs}
+    assert all(o in text for o in operands_after), (operands_after, text)

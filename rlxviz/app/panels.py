@@ -240,7 +240,8 @@ class GraphCompare(Viewer):
         self.before = SvgGraph(sizing_mode="stretch_both", min_height=360, css_classes=["rv-before"], sync="compare")
         self.after = SvgGraph(sizing_mode="stretch_both", min_height=360, css_classes=["rv-after"], sync="compare")
         for g in (self.before, self.after):
-            g.param.watch(lambda e: setattr(s, "selected_node", e.obj.clicked), "clicks")
+            g.param.watch(lambda e: s.param.update(selected_before=e.obj is self.before, selected_node=e.obj.clicked),
+                          "clicks")
             g.param.watch(lambda e: s.toggle_layer(e.obj.layer_clicked), "layer_clicks")  # expand / fold in place
         self.note = pn.pane.Markdown("", css_classes=["rv-graph-note"], margin=(0, 10))
         # the overlay's legend over the panes, only while an overlay is chosen (its choice: `VersionStepper.overlay`)
@@ -335,7 +336,7 @@ class NodeInspector(Viewer):
                                        sizing_mode="stretch_width"), self.pane,
                                 width=DRAWER_PX, scroll=True, visible=s.selected_node is not None,
                                 css_classes=["rv-inspector-drawer"], styles=DRAWER_STYLE)
-        s.param.watch(self._update, ["selected_node", "version", "trace"])
+        s.param.watch(self._update, ["selected_node", "selected_before", "version", "trace"])
 
     def _update(self, *events: param.parameterized.Event) -> None:
         self.pane.object = self._text()
@@ -345,7 +346,9 @@ class NodeInspector(Viewer):
         s = self.state
         if s.selected_node is None:
             return "*Click a node in the graph to inspect it.*"
-        for g in (s.current_graph, s.previous_graph):
+        # the pane it was clicked in first: a node both versions hold reads differently in each (its operands)
+        order = (s.previous_graph, s.current_graph) if s.selected_before else (s.current_graph, s.previous_graph)
+        for g in order:
             if g is not None and s.selected_node in g:
                 weights = s.model.weights if s.model is not None else None
                 onnx = s.model.meta.get("onnx_nodes") if s.model is not None else None
@@ -357,6 +360,10 @@ class NodeInspector(Viewer):
                     if line:  # under the node's heading
                         head, _, rest = text.partition("\n\n")
                         text = f"{head}\n\n{line}\n\n{rest}"
+                if step is not None and s.previous_graph is not None and s.current_graph is not None:
+                    where = f"before {step.pass_name}" if g is s.previous_graph else f"after {step.pass_name}"
+                    head, _, rest = text.partition("\n\n")
+                    text = f"{head}\n\n*As the {where} version has it.*\n\n{rest}"
                 return text
         return f"*Node %{s.selected_node} is not in this version.*"
 

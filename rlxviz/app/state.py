@@ -94,6 +94,8 @@ class AppState(Derived, param.Parameterized):
     view = param.Selector(objects=list(VIEWS), default=AUTO,
                           doc="Graph view: all nodes, one box per layer, or the selected layer only.")
     selected_node = param.Integer(None, allow_None=True, doc="Node id clicked in the graph.")
+    selected_before = param.Boolean(False, doc="The node was clicked in the before pane: the inspector describes it "
+                                               "as the version before the step has it.")
     selected_layer = param.Integer(None, allow_None=True, doc="Layer asked about in 'why didn't it fuse'.")
     expanded_layers = param.List(default=[], item_type=int,
                                  doc="Layers drawn open in place in the collapsed view (the others stay boxes).")
