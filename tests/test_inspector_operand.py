@@ -123,3 +123,22 @@ def test_a_node_clicked_in_the_before_pane_is_described_as_that_version_has_it()
     assert "As the after fuse_transformer_layer version has it" in text, text
     operands_after = {f"%{i}" for i in cur[moved[0]].inputs} - {f"%{i}" for i in prev[moved[0]].inputs}
     assert all(o in text for o in operands_after), (operands_after, text)
+
+
+def test_a_click_elsewhere_after_a_before_pane_click_reads_the_shown_version():
+    """A click in the IR text or the Why tab's drawing is not a before-pane click: the drawer reads the version
+    shown again."""
+    from rlxviz.app.jobs import Runner
+    from rlxviz.app.panels import GraphCompare, IRView, NodeInspector
+    from rlxviz.app.state import AppState
+
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+    s.step_to("after fuse_transformer_layer")
+    compare, ir, drawer = GraphCompare(state=s), IRView(state=s), NodeInspector(state=s)
+    shared = next(n.id for n in s.previous_graph if n.id in s.current_graph)
+    compare.before.clicked = shared
+    compare.before.clicks += 1
+    assert "As the before fuse_transformer_layer" in drawer.pane.object
+    ir.ir.clicked = shared
+    ir.ir.clicks += 1
+    assert "As the after fuse_transformer_layer" in drawer.pane.object, drawer.pane.object

@@ -395,7 +395,8 @@ class IRView(Viewer):
         super().__init__(**params)
         s = self.state
         self.ir = IRText(sizing_mode="stretch_width", css_classes=["rv-ir"], selected=s.selected_node)
-        self.ir.param.watch(lambda e: s.param.update(selected_node=e.obj.clicked, highlight=[e.obj.clicked]),
+        self.ir.param.watch(lambda e: s.param.update(selected_before=False, selected_node=e.obj.clicked,
+                                                     highlight=[e.obj.clicked]),
                             "clicks")
         s.param.watch(lambda e: setattr(self.ir, "selected", e.new), "selected_node")
         self.left = pn.widgets.Select(label="Left", options={}, width=300, css_classes=["rv-diff-left"])

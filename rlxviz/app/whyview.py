@@ -115,7 +115,7 @@ class WhyView(Viewer):
         self.text = pn.pane.Markdown("", sizing_mode="stretch_width", css_classes=["rv-why"])
         self.graph = SvgGraph(sizing_mode="stretch_both", min_height=520, css_classes=["rv-why-graph"])
         self._zoom = ZoomScope()  # another model fits its picture; a version step keeps the zoom
-        self.graph.param.watch(lambda e: setattr(s, "selected_node", e.obj.clicked), "clicks")
+        self.graph.param.watch(lambda e: s.param.update(selected_before=False, selected_node=e.obj.clicked), "clicks")
         self.stale = StaleMark(s, "why", self.text, self.graph)
         s.param.watch(lambda e: setattr(self, "_auto", True), "model")
         s.param.watch(self._update, ["trace", "selected_layer", "version"])
