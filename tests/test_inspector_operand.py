@@ -111,18 +111,13 @@ def test_a_node_clicked_in_the_before_pane_is_described_as_that_version_has_it()
     moved = [n.id for n in prev if n.id in cur and prev[n.id].inputs != cur[n.id].inputs]
     assert moved, "a node both versions hold, reading other operands in each"
     compare, drawer = GraphCompare(state=s), NodeInspector(state=s)
-    compare.before.clicked = moved[0]
-    compare.before.clicks += 1
-    text = drawer.pane.object
-    assert "As the before fuse_transformer_layer version has it" in text, text
-    operands_before = {f"%{i}" for i in prev[moved[0]].inputs} - {f"%{i}" for i in cur[moved[0]].inputs}
-    assert all(o in text for o in operands_before), (operands_before, text)
-    compare.after.clicked = moved[0]
-    compare.after.clicks += 1
-    text = drawer.pane.object
-    assert "As the after fuse_transformer_layer version has it" in text, text
-    operands_after = {f"%{i}" for i in cur[moved[0]].inputs} - {f"%{i}" for i in prev[moved[0]].inputs}
-    assert all(o in text for o in operands_after), (operands_after, text)
+    for pane, where, mine, other in ((compare.before, "before", prev, cur), (compare.after, "after", cur, prev)):
+        pane.clicked = moved[0]
+        pane.clicks += 1
+        text = drawer.pane.object
+        assert f"As the {where} fuse_transformer_layer version has it" in text, text
+        own = {f"%{i}" for i in mine[moved[0]].inputs} - {f"%{i}" for i in other[moved[0]].inputs}
+        assert all(o in text for o in own), (where, own, text)
 
 
 def test_a_click_elsewhere_after_a_before_pane_click_reads_the_shown_version():

@@ -356,14 +356,12 @@ class NodeInspector(Viewer):
                 text = report_markdown(node_report(g, s.selected_node, s.trace, weights, onnx, domains))
                 step = s.current_step
                 if step is not None and s.previous_graph is not None and s.current_graph is not None:
+                    # under the node's heading: which version it is read in, and its counterpart in the other
+                    where = "before" if g is s.previous_graph else "after"
                     line = counterpart_line(s.previous_graph, s.current_graph, s.selected_node, step.pass_name)
-                    if line:  # under the node's heading
-                        head, _, rest = text.partition("\n\n")
-                        text = f"{head}\n\n{line}\n\n{rest}"
-                if step is not None and s.previous_graph is not None and s.current_graph is not None:
-                    where = f"before {step.pass_name}" if g is s.previous_graph else f"after {step.pass_name}"
                     head, _, rest = text.partition("\n\n")
-                    text = f"{head}\n\n*As the {where} version has it.*\n\n{rest}"
+                    under = [f"*As the {where} {step.pass_name} version has it.*", *([line] if line else [])]
+                    text = "\n\n".join([head, *under, rest])
                 return text
         return f"*Node %{s.selected_node} is not in this version.*"
 
