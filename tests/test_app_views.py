@@ -289,6 +289,24 @@ def _timed(i, label, samples, same_as=None):
                          iqr_ms=float(q3 - q1), speedup=None, samples_ms=tuple(samples))
 
 
+def test_a_speedup_from_too_few_rounds_is_not_labelled_with_an_interval():
+    """Three rounds give a bootstrap interval but no verdict: the bar's label says it is not read and why (it printed
+    "5.00× (4.90–5.10)" beside "too few rounds"); at the verdict's count of rounds the interval is back."""
+    from rlxviz.app.timingchart import speedup_label
+    from rlxviz.session import timing_table
+    from rlxviz.session.defaults import MIN_VERDICT_ROUNDS
+
+    for n in (3, MIN_VERDICT_ROUNDS - 1, MIN_VERDICT_ROUNDS):
+        base = list(10.0 + np.random.default_rng(n).random(n))
+        out = timing_table([_timed(0, "input", base), _timed(1, "after fuse_sdpa", [b / 5 for b in base])])
+        label = speedup_label(out[1])
+        if n < MIN_VERDICT_ROUNDS:
+            assert out[1]["vs_input"].startswith("too few rounds")
+            assert label == f"5.00× not read ({n} rounds < {MIN_VERDICT_ROUNDS})", label
+        else:
+            assert label.startswith("5.00× (") and "not read" not in label, label
+
+
 def test_timing_rows_say_within_noise_and_chart_factors_are_unique():
     """Paired rounds whose ratio holds 1 read "within noise" against the input and the previous version; others "N.NNx
     faster"; with unchanged passes shown, a label that repeats (dead_code_elimination twice) still gets its own
