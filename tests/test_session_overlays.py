@@ -8,7 +8,7 @@ from rlxviz import session
 from rlxviz.runtime.compare import max_abs
 from rlxviz.runtime.executor import MlxExecutor
 from rlxviz.runtime.reference import run_oracle
-from rlxviz.session.overlays import heat, node_figures, origins
+from rlxviz.session.overlays import NodeFigures, heat, node_figures, origins
 from rlxviz.viz.heat import EDGES, NONFINITE, PALETTE, bin_of, heat_colors, legend
 
 ARCHS = [("bert-tiny", "rlx"), ("bert-tiny", "hf"), ("llama-block", "hf"), ("minilm-shaped", "hf")]
@@ -98,12 +98,43 @@ def test_memory_budget_refuses_before_running():
 
 
 def test_bins_colours_and_legend():
-    assert [bin_of("error", x) for x in (0.0, 5e-9, 1e-8, 3e-6, 1e-3, 1.0)] == [0, 0, 1, 3, 6, 6]
+    assert [bin_of("error", x) for x in (0.0, 5e-8, 1e-7, 3e-5, 1e-2, 1.0)] == [0, 0, 1, 3, 6, 6]
     assert bin_of("error", float("nan")) == -1 and bin_of("time", 0.5) == 6
     assert heat_colors("error", {1: float("inf"), 2: 0.0}) == {1: NONFINITE, 2: PALETTE[0]}
     rows = legend("time")
     assert len(rows) == len(EDGES["time"]) + 1 and rows[0] == (PALETTE[0], "< 1%") and rows[-1][1] == "≥ 40%"
     assert legend("error")[-1] == (NONFINITE, "not finite")
+
+
+def test_error_colours_read_the_tensors_scale():
+    """The same f32 rounding (1e-7 of max |reference|) in a tensor of scale 4 and one of scale 4000 takes the same
+    bin (by absolute error the second took the third-darkest bin); an error of 1% of the scale takes the darkest."""
+    figs = NodeFigures("error", 1, "after x", values={1: 4e-7, 2: 4.4e-4, 3: 40.0, 4: 0.0, 5: 2e-3},
+                       scales={1: 4.0, 2: 4000.0, 3: 4000.0, 4: 1.0, 5: 0.0})
+    fills = {i: f for i, f, _ in heat(figs)}
+    assert fills[1] == fills[2] == PALETTE[1] and fills[3] == PALETTE[-1] and fills[4] == PALETTE[0]
+    assert fills[5] == PALETTE[bin_of("error", 2e-3)]  # an all-zero reference: the error as it is
+    assert figs.figure(2) == "1.1e-07 of max |ref| 4e+03 (abs 0.00044)" and figs.figure(4) == "0 (exact)"
+    assert [ln.split()[0] for ln in figs.lines()] == ["%3", "%5", "%2", "%1", "%4"]  # ordered by the relative error
+
+
+def test_f32_rounding_stays_light_and_a_fault_is_dark(monkeypatch):
+    """On bert-tiny's final version every node's f32 rounding takes one of the two lightest bins; a node off by 0.5
+    takes the darkest."""
+    m, tr = _run("bert-tiny")
+    feeds, k = m.random_feeds(seed=0), len(tr.steps)
+    figs = node_figures(tr, k, "error", feeds, m.weights)
+    assert figs.values and all(bin_of("error", figs.relative(i)) <= 1 for i in figs.values), figs.lines()
+    target = next(n.id for n in tr.final.compute_nodes() if n.pass_name and n.id in origins(tr, k))
+    eager = MlxExecutor.eager
+
+    def off(self, graph, *a, **kw):
+        for n, v, s in eager(self, graph, *a, **kw):
+            yield n, (v + 0.5 if n.id == target else v), s
+
+    monkeypatch.setattr(MlxExecutor, "eager", off)
+    bad = node_figures(tr, k, "error", feeds, m.weights)
+    assert dict((i, f) for i, f, _ in heat(bad))[target] == PALETTE[-1]
 
 
 def test_heat_colours_the_drawing_and_names_the_figure_in_the_tooltip():

@@ -288,7 +288,8 @@ class GraphCompare(Viewer):
 
     def _legend(self, *events: param.parameterized.Event) -> None:
         s = self.state
-        unit = UNITS.get(s.overlay, "")
+        figs = s.node_figures if s.node_figures is not None and s.node_figures.kind == s.overlay else None
+        unit = figs.unit if figs is not None else UNITS.get(s.overlay, "")  # a quantized graph's own judge
         if s.node_figures is not None and s.node_figures.unmatched:
             unit += f"; {len(s.node_figures.unmatched)} node(s) hold values version 0 has not (no colour)"
         self.legend.object = legend_html(s.overlay_legend(), unit, s.overlay_status)

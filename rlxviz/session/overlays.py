@@ -6,9 +6,12 @@ overlay selector and `rlxviz overlay` call `node_figures`.
   `repeat`), its share of the sum. Eager evaluation forgoes MLX's cross-op scheduling: the shares say where the
   time goes, the sum exceeds a lazy run (as `benchmarks/profile_ops.py`, which calls the same executor walk).
 * `error`: each node's value in this version on MLX against the float64 oracle (`runtime.reference`) of the
-  same node in version 0, matched by identity (`origins`): max |value - reference|, in the tensor's own units. A
-  quantized graph's reference is version 0 on MLX in its own dtype instead (`runtime.precision.judge_of`, as
-  `rlxviz time` judges it: the float64 oracle rounds values on a quantization step's boundaries a step away).
+  same node in version 0, matched by identity (`origins`): max |value - reference| in the tensor's own units, and
+  its colour and order by that error over the tensor's scale (max |reference|): f32 rounding of a tensor whose
+  values run to 40 is 40x that of one whose values stay under 1, and one colour for both told rounding from a
+  fault (a last layer's f32 rounding took the overlay's worst bins). A quantized graph's reference is version 0
+  on MLX in its own dtype instead (`runtime.precision.judge_of`, as `rlxviz time` judges it: the float64 oracle
+  rounds values on a quantization step's boundaries a step away).
 
 Both are bounded: the memory budget (`Limits`) is checked before anything is allocated, and a run past its time
 limit stops between nodes and says how far it got (`NodeFigures.note`).
@@ -16,7 +19,7 @@ limit stops between nodes and says how far it got (`NodeFigures.note`).
 Example:
     >>> figs = node_figures(trace, 3, "error", feeds, weights)   # doctest: +SKIP
     >>> figs.lines()[0]                                            # doctest: +SKIP
-    '%41 layer_norm  2.4e-07'
+    '%41 layer_norm  6e-08 of max |ref| 4 (abs 2.4e-07)'
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ KINDS = ("time", "error")
 """What a node overlay shows: its share of the measured time, or its error against version 0's reference."""
 
 UNITS = {"time": "% of the per-node time (each node on its own, fastest of the rounds)",
-         "error": "max |value - reference of version 0| (float64 oracle), in the tensor's own units"}
+         "error": "max |value - reference of version 0| / max |reference| (float64 oracle): the error in the "
+                  "tensor's own scale (f32 rounds at 1.2e-07 of it, f16 at 9.8e-04)"}
 """The legend's unit line per kind."""
 
 DEFAULT_TIME_LIMIT_S = 60.0
@@ -54,6 +58,7 @@ class NodeFigures:
         values: node id -> figure: for `time` the node's ms, for `error` its max abs error (nan: not finite
             where the reference is, or the other way round).
         total_ms: `time` only: the sum of the nodes' ms.
+        scales: `error` only: node id -> max |reference| of its counterpart in version 0 (the tensor's scale).
         unmatched: `error` only: compute nodes with no counterpart in version 0 (no figure).
         note: why the figures are partial (time limit), '' when complete.
         against: `error` only: what version 0's values were computed with (`float64 oracle`, or `version 0 on MLX
@@ -67,6 +72,7 @@ class NodeFigures:
     total_ms: float = 0.0
     unmatched: tuple[int, ...] = ()
     note: str = ""
+    scales: dict[int, float] = field(default_factory=dict)
     against: str = "float64 oracle"
 
     @property
@@ -77,19 +83,37 @@ class NodeFigures:
         """`time`: the node's fraction of `total_ms` (0..1)."""
         return self.values.get(node_id, 0.0) / self.total_ms if self.total_ms > 0 else 0.0
 
+    def relative(self, node_id: int) -> float:
+        """`error`: the node's max abs error over its scale (`scales`); an all-zero reference keeps the error as it
+        is (over a scale of 1: a tensor that should be zeros reads as far off as it is); nan where not finite."""
+        v, scale = self.values[node_id], self.scales.get(node_id, 0.0)
+        return v / scale if scale > 0 else v
+
+    def shown(self, node_id: int) -> float:
+        """The figure a colour bin and the order read: the time share, or the relative error."""
+        return self.share(node_id) if self.kind == "time" else self.relative(node_id)
+
     def figure(self, node_id: int) -> str:
-        """The node's figure in words ('' for a node without one): `12.3% (0.41 ms)` or `2.4e-07`."""
+        """The node's figure in words ('' for a node without one): `12.3% (0.41 ms)`, or the relative error with
+        the scale and the error in the tensor's units: `6e-08 of max |ref| 4 (abs 2.4e-07)`."""
         if node_id not in self.values:
             return ""
         v = self.values[node_id]
         if self.kind == "time":
             return f"{self.share(node_id):.1%} ({v:.3g} ms)"
-        return "not finite" if v != v else f"{v:.2g}"
+        if v != v:
+            return "not finite"
+        if v == 0:
+            return "0 (exact)"
+        return f"{self.relative(node_id):.2g} of max |ref| {self.scales.get(node_id, 0.0):.2g} (abs {v:.2g})"
 
     def lines(self, graph: Graph | None = None, top: int | None = None) -> list[str]:
-        """One line per node with a figure, largest first (`%41 layer_norm  2.4e-07`)."""
-        order = sorted(self.values, key=lambda i: (-(self.values[i] if self.values[i] == self.values[i]
-                                                      else float("inf")), i))
+        """One line per node with a figure, largest first (`%41 layer_norm  6e-08 of max |ref| 4 (abs 2.4e-07)`)."""
+        def key(i: int) -> tuple[float, int]:
+            x = self.shown(i)
+            return (-(x if x == x else float("inf")), i)
+
+        order = sorted(self.values, key=key)
         out = []
         for i in order[:top]:
             op = f" {graph[i].op.value}" if graph is not None and i in graph else ""
@@ -201,24 +225,24 @@ def node_figures(trace: Trace, version: int, kind: str, feeds: Mapping[str, np.n
     else:  # a quantized graph: version 0 on the same backend in its dtype judges (`judge_of`)
         ref = {n.id: np.asarray(v) for n, v, _s in ex.eager(ref_graph, feeds, weights) if n.id in wanted}
         against = f"version 0 on MLX in {graph_dtype(ref_graph)}: a quantized graph"
-    values, done = {}, 0
+    values, scales, done = {}, {}, 0
     for n, v, _s in ex.eager(g, feeds, weights):
         done += 1
         if n.id in match and match[n.id] in ref:
             values[n.id] = _max_abs(v, ref[match[n.id]])
+            scales[n.id] = _scale(ref[match[n.id]])
         if time.perf_counter() > deadline:
             break
     unmatched = tuple(n.id for n in g.compute_nodes() if n.id not in match)
     return NodeFigures(kind, version, label, values, unmatched=unmatched, note=_stopped(g, done, time_limit_s),
-                       against=against)
+                       against=against, scales=scales)
 
 
 def heat(figs: NodeFigures) -> tuple[tuple[int, str, str], ...]:
     """The drawing's node fills for `figs` (`viz.heat` bins; `render.Heat`): (node id, fill, tooltip line)."""
     from ..viz.heat import heat_colors
 
-    values = {i: figs.share(i) for i in figs.values} if figs.kind == "time" else dict(figs.values)
-    fills = heat_colors(figs.kind, values)
+    fills = heat_colors(figs.kind, {i: figs.shown(i) for i in figs.values})
     what = "time" if figs.kind == "time" else "error vs version 0's reference"
     return tuple((i, fills[i], f"{what}: {figs.figure(i)}") for i in sorted(fills))
 
@@ -245,6 +269,13 @@ def _max_abs(got: object, want: np.ndarray) -> float:
 
     a = np.array(got.astype(mx.float32) if got.dtype == mx.bfloat16 else got)  # type: ignore[union-attr]
     return max_abs([a], [want], same_nonfinite=True)
+
+
+def _scale(want: np.ndarray) -> float:
+    """Max |reference| over its finite entries (0.0 for none): the tensor's scale."""
+    a = np.abs(np.asarray(want, np.float64))
+    finite = a[np.isfinite(a)]
+    return float(finite.max()) if finite.size else 0.0
 
 
 def _stopped(g: Graph, done: int, limit_s: float) -> str:

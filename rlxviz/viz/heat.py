@@ -1,11 +1,13 @@
 """Per-node figures as fill colours: fixed bins over Bokeh's ColorBrewer `YlOrRd` palette, and the legend.
 
 The bins are fixed per kind (not scaled to the graph), so a colour means the same figure in every version and
-every model: time share in steps of the per-node total, error in decades of max |value - reference|. A node
+every model: time share in steps of the per-node total, error in decades of max |value - reference| over max
+|reference| (the tensor's scale: f32 rounds at 1.2e-7 of it, so f32 rounding stays in the two lightest bins and
+a value off by a percent of its scale takes the darkest, whatever the tensor's units). A node
 without a figure keeps its op colour; a non-finite error gets `NONFINITE`.
 
 Example:
-    >>> heat_colors("error", {3: 2e-7, 4: 0.0})
+    >>> heat_colors("error", {3: 2e-6, 4: 0.0})
     {3: '#feb24c', 4: '#ffffb2'}
 """
 
@@ -37,10 +39,11 @@ NONFINITE = "#7b3294"
 
 EDGES: dict[str, tuple[float, ...]] = {
     "time": (0.01, 0.02, 0.05, 0.10, 0.20, 0.40),
-    "error": (1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3),
+    "error": (1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2),
 }
 """Upper edges of the first six bins per kind (the seventh is open): time as a fraction of the per-node total,
-error as an absolute difference."""
+error relative to the tensor's scale (`session.overlays.NodeFigures.relative`): under 1e-7 is exact to f32's
+epsilon, 1e-4..1e-3 holds f16's (9.8e-4), 1e-2 and above bf16's (7.8e-3) and real faults."""
 
 DARK_BINS = 2
 """The darkest bins take white text."""
