@@ -207,14 +207,18 @@ class StartHere(Viewer):
     def _next_after_step(self, last: bool = False) -> str:
         """What to click after ①, from what the run shows: with a layer that did not fuse (② pressed before, or the
         model's own), ③ asks why; with every layer fused, ② breaks one ("① again, then ②" after ② misled). At the
-        `last` version, ① goes back to the input, and the line says so (it said "① again" and wrapped silently)."""
+        `last` version, ① goes back to the input, and the line says so (it said "① again" and wrapped silently).
+        Where ② does not apply (an ONNX export, IR text: `_unavailable`), the line does not send the user to it (it
+        said "then ②" beside a disabled ②); ③ asks why of any layer."""
         unfused = self.unfused_layers()
+        no_break = bool(self.brk.disabled)
         if last:
-            other = f"③ to ask why layer {unfused[0]} did not fuse" if unfused else "② to break a layer"
+            other = (f"③ to ask why layer {unfused[0]} did not fuse" if unfused else
+                     "③ to ask why a layer fused" if no_break else "② to break a layer")
             return f"Next: {other}, or ① back to the input: this is the last version. "
         if unfused:
             return f"Next: ① again, or ③ to ask why layer {unfused[0]} did not fuse. "
-        return "Next: ① again, then ②. "
+        return "Next: ① again, or ③ to ask why a layer fused. " if no_break else "Next: ① again, then ②. "
 
     def _say_version(self) -> None:
         s = self.state
@@ -299,6 +303,9 @@ class StartHere(Viewer):
         elif layer in unfused:
             self._say([("Next: the Why tab below. ", True), (f"It lists each pattern's outcome on layer {layer} and "
                                                             f"the first guard that failed. {more}", False)], "why")
+        elif self.brk.disabled:  # ② does not apply to this model (an ONNX export, IR text): not sent to it
+            self._say([(f"Layer {layer} fused: nothing refused it. ", True),
+                       (f"The Why tab below lists each pattern's outcome on it. {more}", False)], "why")
         else:
             self._say([(f"Layer {layer} fused: nothing refused it. ", True),
                        ("Next: ② breaks a layer on purpose, then ③ shows the guard that refused it.", False)], "why")
