@@ -42,7 +42,7 @@ FILES = ALL_FILES if os.environ.get("RLXVIZ_SWEEP") == "all" else _one_per_form(
 """The files swept: one per form in the suite (11 files, about 3 minutes on 2 cores), every zoo file with
 `RLXVIZ_SWEEP=all` (138 files, about 20 minutes: run it when a pass, the importer or the exporter changes)."""
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.sweep]  # only computes: `make test` runs it on every core
 
 TIME_VERDICT_GAPS: dict[str, str] = {}
 """File forms whose `time` verdict is NO against the float64 oracle for a reason of the oracle's, not of a pass

@@ -169,6 +169,7 @@ def test_ernie_qdq_is_post_ln_and_its_verdict_names_the_quantization():
 
 
 @pytest.mark.slow
+@pytest.mark.sweep  # only computes: `make test` runs it on every core
 @pytest.mark.parametrize("stem", sorted({p.name.split(".")[0] for p in ZOO.glob("*.q*.onnx")}))
 def test_zoo_quantized_files_have_the_kind_of_their_float_export(stem):
     want = _kinds(ZOO / f"{stem}.dynamo-eager.onnx")
