@@ -445,3 +445,20 @@ def test_an_allowed_folder_under_the_temp_folder_is_named_as_is():
     text = "put it under /tmp/newcomer/models on the server (the copy was /tmp/rlxviz-upload-1-x/model.onnx)"
     out = scrub_paths(text, "", "/tmp")
     assert out == "put it under /tmp/newcomer/models on the server (the copy was <temp>/rlxviz-upload-1-x/model.onnx)"
+
+
+def test_a_match_row_says_fused_into_only_for_a_fused_op():
+    """Matches & rejections: a rewrite whose product is a plain op (canonicalize_exported's add on an export) reads
+    "rewritten as add %N", a fusion "fused into FusedX %N" (a newcomer read "fused into add %64")."""
+    from rlxviz.app.explain import decision_rows
+    from rlxviz.ir.ops import FUSED
+    from rlxviz.models.onnx import load_onnx
+    from rlxviz.passes import Pipeline
+
+    trace = Pipeline.canonical().run(load_onnx(ROOT / "tests/fixtures/onnx/gpt2.onnx", seq=16).graph)
+    rows = [r for r in decision_rows(trace) if r["kind"] == "fused" and r["message"] != "rewritten"]
+    fused = {f.value for f in FUSED}
+    ops = {r["message"].split()[2] for r in rows}
+    assert ops & fused and ops - fused, ops  # both kinds of product on this export
+    for r in rows:
+        assert r["message"].startswith("fused into " if r["message"].split()[2] in fused else "rewritten as "), r
