@@ -12,6 +12,7 @@ import dataclasses
 import re
 import time
 from datetime import UTC, datetime
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -245,7 +246,10 @@ def test_the_split_sentence_shows_the_product_of_its_two_ratios(seed):
     assert abs(f.ratio * k.ratio - t.ratio) > 0.005, "the case: the product differs from the total"
     text = fusion_kernels_markdown(FusionAndKernels(rows, f, k, t, busy_warning(*rows), ""))
     assert "need not multiply to the total" in text
-    assert f"({f.ratio:.2f} × {k.ratio:.2f} = {f.ratio * k.ratio:.2f}, against {t.ratio:.2f})" in text
+    # the product of the factors as printed (it was the unrounded ratios' product: "1.03 × 3.40 = 3.52")
+    x, y = f"{f.ratio:.2f}", f"{k.ratio:.2f}"
+    shown = re.search(rf"\({re.escape(x)} × {re.escape(y)} = (\d+\.\d\d), against {t.ratio:.2f}\)", text)
+    assert shown and abs(Fraction(shown[1]) - Fraction(x) * Fraction(y)) <= Fraction(1, 200), text
     assert "says a row ran rlxviz's CPU kernels" in text
 
 

@@ -79,7 +79,7 @@ class ModelControls(Viewer):
         self.upload.param.watch(self._on_upload, "value")
         limit = max_upload_bytes() / 2**20
         self.upload_doc = pn.pane.Markdown(f"Select **config.json** and **model.safetensors** together, or one "
-                                           f"**.onnx** export (at most {limit:.0f} MB). Bigger: "
+                                           f"**.onnx** export (at most {limit:.0f} MB). "
                                            f"{md_escape(where_big_files())}", styles={"font-size": "12px"})
         # Ace editor: line numbers, no length cap (the server's memory budget limits the graph, not the text)
         # a framed box with a gutter (empty, Ace showed one line on white: it did not read as an editor), and while

@@ -84,6 +84,9 @@ class Measurements:
         # the run last timed, its rows and the rows timed in the same rounds that are no version (`_time_job`)
         self._timed: tuple[Trace, list, list, frozenset[int]] | None = None
         self.token = uuid.uuid4().hex[:12]
+        self._pending: tuple[bytes, str, tuple[int, int], str] | None = None
+        """An inputs file waiting for the load its batch and sequence length started: (bytes, file name, (batch, seq),
+        the message before), applied by `apply_pending`."""
         """This session's mark on the runs it measures (`WorkerTiming.session`, `reuse_note`)."""
 
     def time_all(self, fresh: bool = False) -> None:
@@ -194,24 +197,114 @@ class Measurements:
             page(s._stop)
 
     def set_user_inputs(self, data: bytes | None, filename: str = "inputs.npz") -> None:
-        """Use the arrays of an uploaded `.npz` (one per graph input, by name) in the next timing run, or
-        drop them (`data=None`). A bad file is a message, never a traceback."""
+        """Use the arrays of an uploaded `.npz` (one per graph input, by name) in the next timing run, or drop them
+        (`data=None`). A bad file is a message, never a traceback.
+
+        As `rlxviz time --inputs` does, the file's `input_ids` / `hidden_states` set the batch and sequence length
+        (`session.inputs.shape_from_inputs`): when its arrays have the graph's input names but another batch or
+        sequence length, those become the sidebar's, the model loads again, and the arrays are used on the new model
+        (`apply_pending`; the message says "batch 2 and sequence length 8 set from FILE"). A file that cannot be used
+        is refused (`_refuse_inputs`): `inputs_file` is emptied (the Timing tab empties its file box, so choosing the
+        same file again is a new choice), and the message says what to set or change.
+        """
         s = self.state
+        self._pending = None
         if not data:
-            s.user_inputs = None
+            s.param.update(user_inputs=None, inputs_file="")
             return
         if s.model is None:
-            s._error("Load a model first: its graph decides which input arrays it takes.", kind="warning")
+            self._refuse_inputs("Load a model first: its graph decides which input arrays it takes.", filename)
             return
         try:
-            s.user_inputs = session.load_inputs(data, s.model.graph, filename)
-            aside = [k for k in session.npz_headers(data, filename) if k.startswith(EXPECTED_PREFIX)]
-            if aside:
-                s.param.update(message=f"{filename}: the next timing runs on its arrays; set aside "
-                                       f"{len(aside)} expected output(s): {', '.join(aside)}.", message_kind="info")
+            self._use_inputs(session.load_inputs(data, s.model.graph, filename), data, filename)
+            return
         except ValueError as e:
-            s.user_inputs = None
-            s._error(str(e), kind="warning")
+            refused = str(e)
+        try:
+            found = session.npz_headers(data, filename)
+            headers = {k: v for k, v in found.items() if not k.startswith(EXPECTED_PREFIX)}
+            shape = session.inputs.shape_from_inputs(headers, filename)
+        except ValueError as e:
+            self._refuse_inputs(str(e), filename)
+            return
+        names = [n.attrs["name"] for n in s.model.graph.inputs]
+        if set(headers) != set(names):  # no batch or sequence length would make them fit: the names say why
+            extra = [k for k in sorted(headers) if k not in names]
+            missing = [repr(k) for k in names if k not in headers]
+            why = ([f"unknown input(s) {', '.join(extra)}"] if extra else []) + (
+                [f"no array for input(s) {', '.join(missing)}"] if missing else [])
+            self._refuse_inputs(f"inputs {filename}: {'; '.join(why)}; the graph takes {', '.join(names)}", filename)
+            return
+        if shape is None or shape == (s.batch, s.effective_seq):
+            self._refuse_inputs(refused, filename)  # another batch or sequence length would not make them fit
+            return
+        batch, seq = shape
+        why = self._shape_unsettable(batch, seq)
+        if why:
+            self._refuse_inputs(f"{refused} ({filename} has batch {batch} and sequence length {seq}; {why})", filename)
+            return
+        self._pending = (data, filename, shape, s.message)
+        s.inputs_file = filename  # being applied: the file box keeps it while the model loads again
+        s.param.update(batch=batch, seq=seq)  # loads the model again; `apply_pending` follows the load
+        if not s.autorun:
+            s.load()
+
+    def _shape_unsettable(self, batch: int, seq: int) -> str:
+        """Why the sidebar cannot take `batch` x `seq` from an inputs file ('' when it can): IR text fixes its own
+        shapes; a value past the fields' ranges (`AppState.shape_range`)."""
+        s = self.state
+        if s.source == "ir":
+            return ("IR text fixes its own input shapes, so Batch and Sequence length do not change it: edit the IR's "
+                    "input shapes, or make arrays of the shapes it needs")
+        for name, value, label in (("batch", batch, "Batch"), ("seq", seq, "Sequence length")):
+            lo, hi, reason = s.shape_range(name)
+            if not lo <= value <= hi:
+                return f"{label} takes {lo}..{hi} ({reason}), so the file cannot be used"
+        return ""
+
+    def apply_pending(self) -> None:
+        """After the load an inputs file's batch and sequence length started (`set_user_inputs`): use its arrays on
+        the model now shown, saying so, or refuse them. Called on the page's thread when the state's latest load job
+        ends, loaded or failed (`Runs._load_job`); nothing when no file waits."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        s = self.state
+        data, filename, (batch, seq), before = pending
+        try:
+            if s.model is None or (s.batch, s.seq) != (batch, seq):
+                raise ValueError(f"{filename}: the model was not loaded at batch {batch} and sequence length {seq}")
+            user = session.load_inputs(data, s.model.graph, filename)
+        except ValueError as e:
+            self._refuse_inputs(str(e), filename)
+            return
+        load_said = s.message if s.message != before else ""  # the load's own line (an ONNX file's check) stays
+        self._use_inputs(user, data, filename, f"Batch {batch} and sequence length {seq} set from {filename}, as "
+                                               f"rlxviz time --inputs takes them.", load_said)
+
+    def _use_inputs(self, user: session.InputSet, data: bytes, filename: str, said: str = "",
+                    after: str = "") -> None:
+        """Time on `user` next; the message says `said`, any expected outputs set aside, then `after`."""
+        s = self.state
+        s.param.update(user_inputs=user, inputs_file=filename)
+        aside = [k for k in session.npz_headers(data, filename) if k.startswith(EXPECTED_PREFIX)]
+        parts = [said] if said else []
+        if said or aside:
+            parts.append(f"The next timing runs on the arrays of {filename}"
+                         + (f"; set aside {len(aside)} expected output(s): {', '.join(aside)}." if aside else "."))
+        if after:
+            parts.append(after)
+        if parts:
+            s.param.update(message=" ".join(parts), message_kind="danger" if s.message_kind == "danger" and after
+                           else "info")
+
+    def _refuse_inputs(self, why: str, filename: str) -> None:
+        """Refuse an inputs file: the next timing runs on the model's own inputs, the file's name is dropped (the
+        Timing tab empties its file box) and the message says why and that the file is not used."""
+        s = self.state
+        s.param.update(user_inputs=None, inputs_file="")
+        s._error(f"{why.rstrip('.')}. {filename} is not used: the timing runs on the model's own inputs; choose a "
+                 "file whose arrays fit (the box is emptied).", kind="warning")
 
     def _inputs_fit(self, model: Model) -> bool:
         """The uploaded arrays still match `model`'s inputs (the model may have changed since)."""

@@ -213,6 +213,8 @@ class Runs:
             page(lambda err=e: self._failed(err))
         finally:
             self._remove_upload_copy()
+            if gen == self._generation:  # the load an inputs file's shapes started: its arrays now, or refused
+                page(s.measurements.apply_pending)
             page(s._stop)
         if done:  # after the job: the page is usable while the other versions are drawn
             s.runner.submit("prerender", lambda: self.prerender(gen))

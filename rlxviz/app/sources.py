@@ -74,17 +74,19 @@ PATH_BOX = "the Folder source's path box"
 def where_big_files(allowed: list[Path] | None = None) -> str:
     """One sentence saying where a file too big to upload goes instead: a path under the allowed folders, typed in
     the Folder source's box (read on the server, never copied through the browser); with no allowed folder, how the
-    server is started to have one.
+    server is started to have one. The sentence stands on its own after the upload limit ("... at most 200 MB. A
+    bigger model is opened by path instead: ..."), in the upload area and in the message refusing an upload over it.
 
     Args:
         allowed: allowed roots (default `allowed_dirs()`).
     """
     roots = allowed_dirs() if allowed is None else allowed
     if roots:
-        return (f"Put the .onnx file (and its external data) or the checkpoint folder under {roots[0]} on the server "
-                f"and type its path in {PATH_BOX}: it is read there, not uploaded.")
-    return (f"Big models are opened by path: start the server with {ALLOWED_DIRS_ENV}=/path/to/models, put the .onnx "
-            f"file (and its external data) there and type its path in {PATH_BOX}.")
+        return (f"A bigger model is opened by path instead: put the .onnx file (and its external data) or the "
+                f"checkpoint folder under {roots[0]} on the server and type its path in {PATH_BOX}, where it is read, "
+                "not uploaded.")
+    return (f"A bigger model is opened by path instead: start the server with {ALLOWED_DIRS_ENV}=/path/to/models, put "
+            f"the .onnx file (and its external data) there and type its path in {PATH_BOX}.")
 
 
 def check_checkpoint_dir(path: str, allowed: list[Path] | None = None) -> list[Path]:
@@ -155,7 +157,9 @@ def check_in_roots(path: str, allowed: list[Path]) -> None:
 
     The loader checks the roots again (`rlxviz.models.checkpoint.resolve_folder`, `session.loading`); this check
     only moves the refusal before the load. Outside the roots is said before existence, so a path outside them
-    reveals nothing about what exists there.
+    reveals nothing about what exists there. A relative path (as typed, not found by `resolve_in_roots`) is outside
+    only when it lies outside every root joined to it too; else it is missing, and the message names where it looked
+    (`onnx/x.onnx: no such file or folder (looked in /models/onnx/x.onnx)`), as the CLI says of a missing MODEL.
 
     Args:
         path: the path the loader would open (absolute, or relative to the server's working folder).
@@ -163,11 +167,17 @@ def check_in_roots(path: str, allowed: list[Path]) -> None:
 
     Raises:
         SourceError: `path` resolves outside every root ("outside the allowed model folders (...)"), or inside one
-            but no file or folder is there ("no such file or folder").
+            but no file or folder is there ("no such file or folder", and for a relative path where it looked).
     """
-    real = Path(path).expanduser().resolve()
+    typed = Path(path).expanduser()
+    real = typed.resolve()
     roots = [Path(r).expanduser().resolve() for r in allowed]
     if not any(real.is_relative_to(r) for r in roots):
+        # a relative path that names nothing yet lies inside an allowed folder once joined to it (`resolve_in_roots`
+        # looks there): missing there, not outside (symlinks and `..` resolved, so an escape is still outside)
+        looked = [] if typed.is_absolute() else [r / typed for r in roots if (r / typed).resolve().is_relative_to(r)]
+        if looked and not any(p.exists() for p in looked):
+            raise SourceError(f"{path}: no such file or folder (looked in {', '.join(map(str, looked))})")
         raise SourceError(f"{path}: outside the allowed model folders ({', '.join(map(str, roots)) or 'none'})")
     if not real.exists():
         raise SourceError(f"{path}: no such file or folder")

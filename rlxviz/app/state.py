@@ -40,6 +40,9 @@ from .wording import SHAPE_VARIANT, VARIANT_LABELS, scrub_paths
 SOURCES = ("preset", "checkpoint", "upload", "ir")
 SOURCE_WORDS = {"preset": "built-in", "checkpoint": "path on the server", "upload": "upload", "ir": "IR text"}
 """Each source in the message a switch of source gives (`AppState._say_switch`)."""
+FILE_SOURCES = ("checkpoint", "upload")
+"""Sources whose models are files a user brings: one replacing another of the same source is said too (`_say_switch`);
+a built-in after another (the list names it) and an edit of the IR text are not."""
 
 OVERLAYS = ("none", *KINDS)
 """The overlay selector's choices: op colours, or a per-node figure (`session.overlays.KINDS`)."""
@@ -110,6 +113,9 @@ class AppState(Derived, param.Parameterized):
     timings = param.List(default=[], doc="One dict per version: label, median_ms, speedup, max_err, ...")
     blas = param.String("", doc="Which BLAS MLX uses.")
     user_inputs = param.Parameter(None, doc="The user's input arrays (`runtime.battery.InputSet`) or None.")
+    inputs_file = param.String("", doc="The name of the .npz whose arrays the next timing runs on (or that waits for "
+                                       "the load its batch and sequence length started); '' for none: the Timing "
+                                       "tab's file box then names no file.")
     timing_policy = param.String("", doc="The precision policy and the input sets of the last timing run.")
     timing_split = param.Parameter(None, doc="`session.FusionAndKernels` of the last timing run (the final version on "
                                              "MLX's own lowering beside rlxviz's kernels), None on the GPU or before "
@@ -475,11 +481,14 @@ class AppState(Derived, param.Parameterized):
 
     @param.depends("model", watch=True)
     def _drop_user_inputs(self) -> None:
-        """Arrays uploaded for one model are not the next model's: a new model starts on its own inputs."""
+        """Arrays uploaded for one model are not the next model's: a new model starts on its own inputs (a file that
+        waits for this load, `Measurements.apply_pending`, keeps its name until the load ends)."""
         self.user_inputs = None
+        if self.measurements._pending is None:
+            self.inputs_file = ""
 
-    _was_shown: tuple[str, str] | None = None
-    """(name, source) of the model shown (`_say_switch`)."""
+    _was_shown: tuple[str, str, tuple] | None = None
+    """(name, source, what it was read from: `Runs._model_key[:2]`) of the model shown (`_say_switch`)."""
     _switch_said = ""
     """The sentence `_say_switch` gave for the model shown ("" when showing it switched no source)."""
 
@@ -490,21 +499,26 @@ class AppState(Derived, param.Parameterized):
 
     @param.depends("model", watch=True)
     def _say_switch(self) -> None:
-        """A model from another source than the last one's is shown: the message says so, naming both ("Now showing
-        bert-tiny (built-in), was gpt2 (upload)."), so a switch of source is never silent. A warning the switch gave
-        (a teaching variant dropped) stays after it, and a message its load gives after it (an ONNX file's check, from
-        a path or an upload) follows it (`with_switch`): every pair of sources is said alike (issue 39: a path after IR
-        text was announced, then the check's line replaced the announcement)."""
+        """A model from another source than the last one's is shown, or another file from the same file source (an
+        upload after another upload, a path after another path): the message says so, naming both ("Now showing
+        bert-tiny (built-in), was gpt2 (upload)."; "Now showing deit (upload), was roberta (upload)."), so a switch of
+        source or of file is never silent. The same file again (other shapes) and one built-in after another (the list
+        shows it) or an IR edit stay quiet. A warning the switch gave (a teaching variant dropped) stays after it, and
+        a message its load gives after it (an ONNX file's check, from a path or an upload) follows it (`with_switch`):
+        every pair of sources is said alike (issue 39: a path after IR text was announced, then the check's line
+        replaced the announcement)."""
         if self.model is None:
             return
         kind = self.runs._model_key[0] if self.runs._model_key else self.source
-        was, self._was_shown = self._was_shown, (self.model.name, kind)
+        read_from = tuple(self.runs._model_key[:2])
+        was, self._was_shown = self._was_shown, (self.model.name, kind, read_from)
+        other_file = was is not None and kind in FILE_SOURCES and was[2] != read_from
         said, self._switch_said = self._switch_said, ""
         if was is not None and was[1] == kind and said and self.message.startswith(said):
             # the same source (the list says what is shown): the last switch's sentence named another model, and it
             # stayed over this one ("Now showing bert-tiny (built-in), was ..." over minilm)
             self.param.update(message=self.message[len(said):].lstrip(), message_kind="info")
-        if was is None or was[1] == kind:
+        if was is None or (was[1] == kind and not other_file):
             return
         text = self._switch_said = (f"Now showing {self.model.name} ({SOURCE_WORDS[kind]}), was {was[0]} "
                                     f"({SOURCE_WORDS[was[1]]}).")
@@ -539,5 +553,6 @@ class AppState(Derived, param.Parameterized):
         self.param.update(message=text, message_kind=kind)
 
 
-__all__ = ["FULL_VIEW_LAYERS", "FULL_VIEW_LIMIT", "NO_TIMING", "RUNS", "SHAPE_VARIANT", "SOURCES", "SOURCE_WORDS",
-           "TIMING_RUNS", "VARIANT_LABELS", "OVERLAYS", "AppState", "import_check", "move_position", "scrub_paths"]
+__all__ = ["FILE_SOURCES", "FULL_VIEW_LAYERS", "FULL_VIEW_LIMIT", "NO_TIMING", "RUNS", "SHAPE_VARIANT", "SOURCES",
+           "SOURCE_WORDS", "TIMING_RUNS", "VARIANT_LABELS", "OVERLAYS", "AppState", "import_check", "move_position",
+           "scrub_paths"]

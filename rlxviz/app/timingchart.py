@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from ..session.timing import DISAGREE, quiet_rule
@@ -30,6 +31,19 @@ def machine_verdict(rows: list[dict[str, Any]], when: str = "") -> tuple[str, st
                 "versions apart. Press *Time again* when the machine is quieter.", "danger")
     return (f"**Quiet enough{at}:** {quiet_rule('×')}, so the verdicts "
             "below can be read.", "success")
+
+
+def shown_product(a: float, b: float, digits: int = 2) -> str:
+    """`"a × b = c"` true as printed: `a` and `b` printed to `digits` decimals as every ratio is (`f"{a:.2f}"`, so they
+    read as the table's and the sentence's), and `c` the exact product of those printed factors (not of the unrounded
+    ratios) rounded to `digits` decimals, half up: "1.03 × 3.40 = 3.50" where the ratios' own product printed 3.52.
+
+    Args:
+        a, b: the factors (ratios, dimensionless); finite.
+        digits: decimals printed for each number.
+    """
+    x, y = (Decimal(f"{float(v):.{digits}f}") for v in (a, b))
+    return f"{x} × {y} = {(x * y).quantize(Decimal(1).scaleb(-digits), ROUND_HALF_UP)}"
 
 
 def fusion_kernels_markdown(split: Any) -> str:
@@ -74,7 +88,7 @@ def fusion_kernels_markdown(split: Any) -> str:
     f, k, t = split.fusion, split.kernels, split.total
     lines += ["", split.sentence("×")
               + f" Each ratio is the median of its own paired per-round ratios, so the two need not multiply to the "
-                f"total ({f.ratio:.2f} × {k.ratio:.2f} = {f.ratio * k.ratio:.2f}, against {t.ratio:.2f}). Where "
+                f"total ({shown_product(f.ratio, k.ratio)}, against {t.ratio:.2f}). Where "
                 "the chart above says a row ran rlxviz's CPU kernels, its speed-up over the input is the fusion's "
                 "and the kernels' together.",
               "", f"*{md_escape(hide_server_paths(split.kernels_note))}*" if split.kernels_note else ""]
@@ -251,4 +265,4 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
 
 __all__ = ["KERNELS_MARK", "LABEL_ROOM", "PLOT_FRAME_PX", "PLOT_ROW_PX", "chart_title", "error_formatter",
            "fusion_kernels_markdown", "kernels_marked", "machine_verdict", "ms_label", "on_kernels", "plot_height",
-           "speedup_label", "timing_factor", "timing_figure"]
+           "shown_product", "speedup_label", "timing_factor", "timing_figure"]

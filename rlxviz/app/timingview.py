@@ -86,10 +86,10 @@ class TimingView(Viewer):
                                     sizing_mode="stretch_width", margin=(5, 10))
         self.policy = pn.pane.Markdown("", css_classes=["rv-precision"])
         self.inputs = pn.widgets.FileInput(accept=".npz", name="Your inputs (.npz)", css_classes=["rv-inputs"])
-        self.inputs.param.watch(lambda e: s.set_user_inputs(e.new, self.inputs.filename or "inputs.npz"), "value")
-        # the file chooser follows the state: a new model drops the arrays, and the chooser no longer names a file
-        s.param.watch(lambda e: e.new is None and self.inputs.value is not None and self._clear_inputs(),
-                      "user_inputs")
+        self.inputs.param.watch(self._inputs_chosen, "value")
+        # the file chooser follows the state: a new model drops the arrays, a refused file is not used, and the
+        # chooser no longer names a file (a file name the run does not use is never shown)
+        s.param.watch(lambda e: not e.new and self.inputs.value is not None and self._clear_inputs(), "inputs_file")
         # fit_columns: every column within the pane's width (speed-up, verdict, vs_input were cut off at 1280 px)
         self.table = pn.widgets.Tabulator(pd.DataFrame(), show_index=False, disabled=True, sizing_mode="stretch_width",
                                           css_classes=["rv-timings"], layout="fit_columns", widths={"version": 200},
@@ -128,6 +128,15 @@ class TimingView(Viewer):
         message says so (it replaces any older note about the box)."""
         self.notes.say(name, f"{ROUNDS_LABELS[name]} must be a whole number; {typed} is not, so it stays "
                              f"{getattr(self.state, name)}.")
+
+    def _inputs_chosen(self, event: param.parameterized.Event) -> None:
+        """A file chosen (or the box emptied): the state takes its arrays (`AppState.set_user_inputs`); refused, the
+        box is emptied, so choosing the same file again (after setting what the message says) is a new choice (the
+        browser's chooser sends no change for the value it holds)."""
+        s = self.state
+        s.set_user_inputs(event.new, self.inputs.filename or "inputs.npz")
+        if event.new is not None and not s.inputs_file:
+            self._clear_inputs()
 
     def _clear_inputs(self) -> None:
         """Empty the file chooser: in the browser (`clear`) and here (its value and file name)."""

@@ -36,15 +36,18 @@ def executor(backend: str, device: str | None = None) -> Callable[..., list[np.n
 
 
 def _static_shape(headers: dict[str, tuple[tuple[int, ...], np.dtype]], path: str) -> tuple[int, int]:
-    """`(batch, seq)` from the header shape of `input_ids` (BERT-like models) or `hidden_states` (decoder blocks)."""
-    for key, rank in (("input_ids", 2), ("hidden_states", 3)):
-        if key in headers:
-            shape = headers[key][0]
-            if len(shape) != rank or 0 in shape:
-                raise CLIError(f"{path}: {key} must be a non-empty rank-{rank} array, got shape {list(shape)}")
-            return int(shape[0]), int(shape[1])
-    raise CLIError(f"{path}: needs 'input_ids' and 'attention_mask' (int64 [batch, seq]); "
-                   f"found {sorted(headers) or 'no arrays'}")
+    """`(batch, seq)` from the header shape of `input_ids` (BERT-like models) or `hidden_states` (decoder blocks), as
+    the app's Timing tab takes them (`session.inputs.shape_from_inputs`)."""
+    from ..session.inputs import shape_from_inputs
+
+    try:
+        found = shape_from_inputs(headers, path)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    if found is None:
+        raise CLIError(f"{path}: needs 'input_ids' and 'attention_mask' (int64 [batch, seq]); "
+                       f"found {sorted(headers) or 'no arrays'}")
+    return found
 
 
 def _import_checks(model: Model, feeds: dict[str, np.ndarray], user: Any, expect: str | None,

@@ -3,10 +3,43 @@ an `.npz` checked against the graph's inputs, `runtime.battery`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from ..models import Model, tokenize
-from ..runtime.battery import InputSet, check_inputs, index_bounds, load_expected, load_inputs, npz_headers
+from ..runtime.battery import (
+    InputSet,
+    check_inputs,
+    index_bounds,
+    load_expected,
+    load_inputs,
+    npz_headers,
+)
+
+SHAPE_ARRAYS = (("input_ids", 2), ("hidden_states", 3))
+"""The arrays whose shape gives a built graph's batch and sequence length (`shape_from_inputs`), with their rank:
+token ids `[batch, seq]` (BERT-like models), hidden states `[batch, seq, hidden]` (decoder blocks)."""
+
+
+def shape_from_inputs(headers: Mapping[str, tuple[tuple[int, ...], np.dtype]], name: str) -> tuple[int, int] | None:
+    """`(batch, seq)` an inputs file sets, as `rlxviz time --inputs` and the app's Timing tab take them: the header
+    shape (`npz_headers`) of `input_ids` or else `hidden_states`; None when the file holds neither.
+
+    Args:
+        headers: array name -> (shape, dtype), from `npz_headers`.
+        name: the file's name, for the message.
+
+    Raises:
+        ValueError: `input_ids` / `hidden_states` of another rank, or with an empty dimension (one line).
+    """
+    for key, rank in SHAPE_ARRAYS:
+        if key in headers:
+            shape = headers[key][0]
+            if len(shape) != rank or 0 in shape:
+                raise ValueError(f"{name}: {key} must be a non-empty rank-{rank} array, got shape {list(shape)}")
+            return int(shape[0]), int(shape[1])
+    return None
 
 
 def feeds(model: Model, text: str = "") -> dict[str, np.ndarray]:
@@ -24,4 +57,5 @@ def feeds(model: Model, text: str = "") -> dict[str, np.ndarray]:
     return model.random_feeds(seed=0)
 
 
-__all__ = ["InputSet", "check_inputs", "feeds", "index_bounds", "load_expected", "load_inputs", "npz_headers"]
+__all__ = ["SHAPE_ARRAYS", "InputSet", "check_inputs", "feeds", "index_bounds", "load_expected", "load_inputs",
+           "npz_headers", "shape_from_inputs"]
