@@ -135,8 +135,9 @@ class Measurements:
                 timing_policy=(policy.describe() + "\n\n" if policy else "") + sets.describe(),
                 # the BLAS library by its file name, not its path on the server (issue 39)
                 blas=hide_server_paths(f"{where if where is not None else 'MLX'}; {s.repeat} interleaved round(s) "
-                                       f"per version, in a worker process (pid {run.pid}), as `rlxviz time --repeat "
-                                       f"{s.repeat}`"),
+                                       f"per version, in a worker process (pid {run.pid}): the rounds `rlxviz time "
+                                       f"--repeat {s.repeat}` runs, here on the inputs this tab lists (the CLI's "
+                                       "are random unless --inputs names a file)"),
                 timings=s._timing_rows(run.rows, s._visible(trace), also, kernels), timing_split=run.split,
                 timing_origin=origin, timing_when=when))
         except Exception as e:  # noqa: BLE001
