@@ -77,7 +77,8 @@ class DecisionTable(Viewer):
             self.about.object = f"**{label} only:** its pass's matches and rejections ({rows} rows)."
 
     def _frame(self) -> pd.DataFrame:
-        rows = decision_rows(self.state.trace)
+        advised, _ = safe(self.state.advised_trace)  # each hint as the Why tab and `explain` print it
+        rows = decision_rows(advised or self.state.trace)
         if self.only.value and (k := self._step()) is not None:
             rows = [r for r in rows if r["step"] == k]
         self._rows = rows
