@@ -64,3 +64,39 @@ def test_a_reader_that_feeds_an_output_names_that_output(capsys, tmp_path):
     fix = _fix(capsys, p, 0)
     assert re.search(rf"reduce_mean \(node \d+, [^)]*\) reads h1, and its result flows on to graph output #1, exp "
                      rf"\(node {last}, [^)]*\): ", fix), fix
+
+
+def _readme_pipeline() -> list[tuple[int, str]]:
+    """(version, step) of each row of the README's pipeline table, a row's numbers (`2, 3`, `4–16`) expanded."""
+    text = (ROOT / "README.md").read_text().split("## The fusion pipeline", 1)[1]
+    table = re.search(r"^\| version \| step \|.*?\n\|---.*?\n((?:\|.*\n)+)", text, re.M).group(1)
+    out = []
+    for row in table.splitlines():
+        numbers, steps = (c.strip() for c in row.strip("|").split("|")[:2])
+        nums = []
+        for part in numbers.split(","):
+            lo, _, hi = part.strip().partition("–")
+            nums += range(int(lo), int(hi or lo) + 1)
+        names = re.findall(r"`([^`]+)`", steps)
+        assert len(nums) == len(names), row
+        out += zip(nums, names, strict=True)
+    return out
+
+
+def test_the_readme_pipeline_table_is_the_pipeline_the_app_runs():
+    """The README numbered 12 passes 0-11 while the app lists 27 steps (`canonicalize_exported`, 13 `fuse_sdpa/*`
+    stages) and numbers them 1-27 ("17: after fuse_sdpa"): the table is the app's steps, numbered as it numbers
+    their versions, read from the pipeline the app runs on its built-in model."""
+    from test_app_views import tiny
+
+    from rlxviz.app.wording import version_name
+    from rlxviz.passes.pipeline import Pipeline
+
+    s = tiny(hide_unchanged=False)
+    ran = [st.pass_name for st in s.trace.steps]  # what the app's run made, step by step
+    assert ran == [p.name for p in Pipeline.canonical().steps()] == s.canonical_passes()
+    readme = _readme_pipeline()
+    assert readme == list(enumerate(ran, 1)), readme
+    for number, step in readme:  # the app's own label of the version each row names
+        k = next(i for i in range(len(s.version_labels)) if s.version_index(i) == number)
+        assert version_name(number, s.version_labels[k]) == f"{number}: after {step}", s.version_labels[k]
