@@ -77,3 +77,29 @@ def test_the_rejection_count_is_readable_on_its_chip(selected):
     behind = m.group(1) if (m := re.search(r"background:(#[0-9a-f]{6})", mark)) else chip_bg
     assert _contrast(colour, behind) >= 4.5, (colour, behind, _contrast(colour, behind))
     assert colour == "#c62828"  # red stays the rejection's colour
+
+
+def test_the_table_takes_the_tabs_height_and_fits_its_width():
+    """A newcomer run at 1920x1080: the table was fixed at 420 px ("(18 rows)", 12 shown, ~400 px blank below it,
+    no scroll bar in sight) and its message, hint and fix columns (420, 260, 220 px) ran past the right edge, hint
+    and fix cut. Now it stretches to the tab's height, its columns share the width (100% in all) with their text
+    wrapped, and its scroll bar is drawn."""
+    from rlxviz.app.whyview import TABLE_CSS
+
+    s = tiny()
+    table = DecisionTable(state=s)
+    t = table.table
+    assert t.sizing_mode == "stretch_both" and t.height is None and t.min_height and t.min_height <= 320
+    assert table.__panel__().sizing_mode == "stretch_both"
+    assert t.layout == "fit_columns"
+    widths = t.widths
+    assert set(widths) == set(DecisionTable.columns)
+    assert all(isinstance(w, str) and w.endswith("%") for w in widths.values()), widths
+    assert sum(float(w[:-1]) for w in widths.values()) == pytest.approx(100)
+    for col in ("message", "hint", "fix", "rule"):
+        assert t.formatters[col] == {"type": "textarea"}, col
+    assert "::-webkit-scrollbar" in TABLE_CSS and TABLE_CSS in t.stylesheets
+    # what Tabulator is given: each column's share, as a percentage string (Panel passes it through)
+    frame = t.value
+    spec = {c["field"]: c for c in t._config_columns(t._get_column_definitions(list(frame.columns), frame))}
+    assert {f: spec[f].get("width") for f in DecisionTable.columns} == widths, spec

@@ -4,6 +4,7 @@ version said "① again, then ②" and wrapped to version 0 unsaid, and "framed 
 nothing; "Layer to break" said 0 while ② broke layer 1."""
 
 import html
+import re
 
 import pytest
 from test_app_views import tiny
@@ -11,6 +12,8 @@ from test_app_views import tiny
 from rlxviz.app.controls import VariantControls
 from rlxviz.app.start import BREAK_LAYER, BREAK_VARIANT, STEPS, StartHere, note_html
 from rlxviz.app.state import SHAPE_VARIANT, VARIANT_LABELS
+from rlxviz.session import render as drawing
+from rlxviz.viz.styles import MATCH_COLOR_NAMES, MATCH_COLORS, match_frames
 
 
 def _line(start: StartHere) -> str:
@@ -95,9 +98,18 @@ def test_the_last_version_with_a_broken_layer_names_why_and_the_way_back():
     assert line.startswith("<b>Next: ③ to ask why layer 0 did not fuse, or ① back to the input"), line
 
 
+def _drawn_frames(s) -> list[str]:
+    """The colour of each match frame the before pane's drawing holds, in drawing order, by name."""
+    dot = drawing.dot(*s._drawing(None, s.resolved_view(), side="before"))
+    colours = re.findall(r'subgraph cluster_m\d+ \{\s*color="(#[0-9a-f]{6})"', dot)
+    return [MATCH_COLOR_NAMES[MATCH_COLORS.index(c)] for c in colours]
+
+
 @pytest.mark.parametrize("variant", ["none", "tanh_gelu"])
-def test_framed_in_green_only_for_a_pass_that_matched(variant):
-    """dead_code_elimination matches no pattern: its line says nothing is framed (it said "framed in green"). Every
+def test_the_frames_named_are_the_frames_drawn(variant):
+    """dead_code_elimination matches no pattern: its line says nothing is framed (it said "framed in green"). A pass
+    with several matches frames each in its own colour (fuse_transformer_layer: layer 1 in blue): the line said
+    "framed in green" of all of them. Now the line gives the count and the colours the before pane draws. Every
     pass shown (none hidden), so passes that matched nothing are stepped through too."""
     s = tiny(hide_unchanged=False, variant=variant)
     start = StartHere(state=s, show_why=lambda: None)
@@ -106,10 +118,40 @@ def test_framed_in_green_only_for_a_pass_that_matched(variant):
         start.step.clicks += 1
         step = s.current_step
         line = _line(start)
-        seen.add(bool(step.matches))
-        assert ("framed in green" in line) == bool(step.matches), (step.name, line)
-        assert ("nothing is framed" in line) == (not step.matches), (step.name, line)
-    assert seen == {True, False}  # both kinds of pass were stepped through
+        drawn = _drawn_frames(s)
+        assert len(drawn) == len(step.matches), (step.pass_name, drawn)
+        seen.add(min(len(drawn), 2))
+        assert ("nothing is framed" in line) == (not drawn), (step.pass_name, line)
+        if not drawn:
+            continue
+        said = [w for w in MATCH_COLOR_NAMES if re.search(rf"\b{w}\b", line)]
+        assert said and said == drawn[:len(said)], (step.pass_name, said, drawn, line)  # the first, in order
+        if len(drawn) == 1:
+            assert "its match framed in green" in line, line
+        else:
+            assert f"its {len(drawn)} matches framed" in line and "framed in green" not in line.replace(
+                f"framed in {', '.join(drawn[:-1])} and {drawn[-1]}", ""), line
+            assert ("one colour each" in line) == (len(set(drawn)) == len(drawn)), line
+    assert seen == {0, 1, 2}  # passes with no match, one, and several were stepped through
+
+
+def test_the_layer_boxes_frame_no_match_and_the_line_says_so():
+    s = tiny(hide_unchanged=False, view="collapsed")
+    start = StartHere(state=s, show_why=lambda: None)
+    s.version = s.version_labels.index(next(lbl for lbl in s.version_labels if "fuse_transformer_layer" in lbl))
+    start._say_version()
+    line = _line(start)
+    assert not _drawn_frames(s) and s.current_step.matches
+    assert "one box per layer" in line and not any(re.search(rf"\b{w}\b", line) for w in MATCH_COLOR_NAMES), line
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4, len(MATCH_COLORS), len(MATCH_COLORS) + 1, 20])
+def test_match_frames_words_follow_the_colour_cycle(n):
+    words = match_frames(n)
+    assert ("repeating" in words) == (n > len(MATCH_COLORS)), words
+    assert ("one colour each" in words) == (n > 1), words
+    named = [w for w in MATCH_COLOR_NAMES if re.search(rf"\b{w}\b", words)]
+    assert named == list(MATCH_COLOR_NAMES[:min(n, 3)]), words
 
 
 def test_the_layer_box_shows_the_layer_break_breaks():

@@ -5,7 +5,9 @@ wide), break layer 1 (the banner names the guard) and open the Why tab on it. En
 selected in the before pane and the after pane marks what it became; a matmul's weights are in the node panel;
 the IR tab compares two versions side by side; a download is named after the model and version; a dragged and
 dropped .onnx file loads. Every page is watched (tests/served.py): no console error, no request off the
-machine. Screenshots go to test-artifacts/flow-*.png (docs/img/ holds copies).
+machine. Screenshots go to test-artifacts/flow-*.png (docs/img/ holds copies; the README's first picture,
+docs/img/app-start-1280x800.png, is flow-step-1280x800.png: `pytest tests/test_browser_flows.py -k "lecturer and
+1280"`, then copy it).
 """
 
 import base64

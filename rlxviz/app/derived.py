@@ -312,17 +312,35 @@ class Derived:
         name = self.model.name if self.model is not None else ""
         if self.trace.pipeline == INPUT_FIRST:  # no pass ran yet: nothing to advise on
             return RunVerdict.of(self.trace, model=name)
+        return self._checked()[0]
+
+    def _checked(self) -> tuple[RunVerdict, Trace]:
+        """(`verdict`, the run with its failed fixes vetted: `session.advice.vetted`), made once per run."""
         memo = getattr(self, "_verdict_memo", None)
         if memo is not None and memo[0] is self.trace:
-            return memo[1]
-        from ..session.advice import checked_verdict
+            return memo[1], memo[2]
+        from ..session.advice import checked_verdict, vetted
         from ..session.fidelity import unread_weights
 
+        assert self.trace is not None
         m = self.model
+        name = m.name if m is not None else ""
         feeds = m.random_feeds(seed=0) if m is not None and unread_weights(m) is None else None
-        run, _ = checked_verdict(self.trace, name, feeds, m.weights if m is not None else {}, verbose=True)
-        self._verdict_memo = (self.trace, run)  # every fix line checked as `rlxviz explain` checks it
-        return run
+        run, fixes = checked_verdict(self.trace, name, feeds, m.weights if m is not None else {}, verbose=True)
+        advised = vetted(self.trace, fixes)
+        self._verdict_memo = (self.trace, run, advised)  # every fix line checked as `rlxviz explain` checks it
+        return run, advised
+
+    @param.depends(*RUN)
+    def advised_trace(self) -> Trace | None:
+        """The run with each refusal's fix as the Why tab and `rlxviz explain` print it: a fix that failed its
+        what-if check (it changes the numbers, or could not be checked within explain's budget) says so
+        (`session.advice.vetted`), where the bare trace keeps the rule's own hint. What the node panel and the
+        matches table read, so that their Fix is the Why tab's for any model size. None before a run; the run
+        itself while the passes still run (`INPUT_FIRST`: nothing to advise on)."""
+        if self.trace is None or self.trace.pipeline == INPUT_FIRST:
+            return self.trace
+        return self._checked()[1]
 
     @param.depends(*RUN)
     def layer_status(self, layer: int) -> LayerStatus:
@@ -336,23 +354,36 @@ class Derived:
         session.check_layer(self.trace, layer, self.model.name if self.model is not None else "")
         return self.verdict().layer(layer)
 
+    @param.depends("model")
+    def imported_forms(self) -> list[str]:
+        """What the shown model's ONNX file had already fused (ONNX Runtime's optimizer: `SkipLayerNormalization`,
+        `BiasGelu`, ...) and its quantization steps, one line each, the lines `rlxviz explain` prints
+        (`session.imported_forms`); [] for any other model."""
+        return session.imported_forms(self.model) if self.model is not None else []
+
+    def _file_note(self) -> str:
+        """`imported_forms` as Markdown paragraphs under the Why tab's heading ("" when there are none)."""
+        lines = self.imported_forms()
+        return "**The file:** " + md_lines("\n".join(lines)) + "\n\n" if lines else ""
+
     @param.depends(*RUN)
     def why_layer(self, layer: int) -> str:
         """"Why didn't layer N fuse?" as Markdown: the session's text (`LayerStatus.render`, the same the CLI
-        prints), every line escaped, under a heading."""
-        return f"### Layer {layer}\n\n" + md_lines(self.layer_status(layer).render(verbose=True))
+        prints), every line escaped, under a heading; above it, what the file had already fused (`imported_forms`,
+        which `rlxviz explain` prints above its verdict)."""
+        return f"### Layer {layer}\n\n" + self._file_note() + md_lines(self.layer_status(layer).render(verbose=True))
 
     @param.depends(*RUN)
     def why_graph(self) -> str:
         """The Why tab for a graph without layer paths, as Markdown: the whole-graph answer `rlxviz explain` prints
         for it (`session.check_fusion`: the graph kind and its evidence, each missed fusion with its guard), every
-        line escaped.
+        line escaped; above it, what the file had already fused (`imported_forms`).
 
         Raises:
             SessionError: no run yet.
         """
         text = self.verdict().render(verbose=True)
-        return "### The whole graph (no node path names a layer)\n\n" + md_lines(text)
+        return "### The whole graph (no node path names a layer)\n\n" + self._file_note() + md_lines(text)
 
     @param.depends(*SHOWN, "selected_layer")
     def svg_why(self) -> str:

@@ -20,6 +20,7 @@ from ..ir.printer import format_value
 from ..passes.guard import NOT_A_CANDIDATE
 from ..passes.report import in_context
 from ..passes.trace import Rejection, Trace, layer_of
+from ..passes.why.verdict import RunVerdict
 from ..session.tensors import summarize
 from .text import md_code, md_escape, md_pre
 
@@ -162,10 +163,14 @@ def onnx_domain(op_type: str) -> str:
 def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
                 weights: Mapping[str, np.ndarray] | None = None,
                 onnx_nodes: Mapping[int, tuple[str, str, str]] | None = None,
-                onnx_domains: Mapping[str, str] | None = None) -> dict[str, Any]:
+                onnx_domains: Mapping[str, str] | None = None, verdict: RunVerdict | None = None) -> dict[str, Any]:
     """Everything the inspector shows about `node_id` in `graph`.
 
     Args:
+        trace: the run; give the one whose fixes were checked (`AppState.advised_trace`), so that each decision's
+            Fix is the one `explain` and the Why tab print.
+        verdict: the run's verdict as the Why tab shows it (`AppState.verdict`: every fix checked); None: the
+            verdict of `trace` as it stands (`RunVerdict.of`).
         weights: the model's params by name: the report then summarizes the node's weights (`node_weights`).
         onnx_nodes: `Model.meta["onnx_nodes"]` of a model read from ONNX: the report then names the ONNX nodes the
             node came from (`onnx`: `onnx_origin`), to find it in Netron or Model Explorer.
@@ -201,7 +206,7 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
     if trace is None:
         return report
     report["decisions"] = node_decisions(trace, node_id)
-    report["verdict"] = _verdict(trace, layer_of(n.path))
+    report["verdict"] = _verdict(trace, layer_of(n.path), verdict)
     return report
 
 
@@ -293,14 +298,13 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
     return out
 
 
-def _verdict(trace: Trace, layer: int | None) -> dict[str, Any] | None:
-    """The run's verdict on the node's layer (`passes.why.RunVerdict`, what `explain` and the Why tab say):
+def _verdict(trace: Trace, layer: int | None, run: RunVerdict | None = None) -> dict[str, Any] | None:
+    """The run's verdict on the node's layer (`run`, else `passes.why.RunVerdict.of(trace)`; the app gives its one
+    checked verdict, `AppState.verdict`, so the Fix is the one `explain` and the Why tab print):
     `layer, fused, rule, guard, fix, hint, legal_only` (rule/guard/fix/hint empty when it fused or nothing rejected),
     or None outside a layer of the model; `blocker`: what a fusion that happened left that blocks the layer
     (`LayerVerdict.blocker`, `explain`'s "NOT fused: ..." words), else ""."""
-    from ..passes.why.verdict import RunVerdict
-
-    run = RunVerdict.of(trace)
+    run = run if run is not None else RunVerdict.of(trace)
     v = next((v for v in run.layers if layer is not None and v.layer == layer), None)
     if v is None:
         return None

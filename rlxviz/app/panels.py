@@ -354,7 +354,11 @@ class NodeInspector(Viewer):
                 weights = s.model.weights if s.model is not None else None
                 onnx = s.model.meta.get("onnx_nodes") if s.model is not None else None
                 domains = s.model.meta.get("onnx_domains") if s.model is not None else None
-                text = report_markdown(node_report(g, s.selected_node, s.trace, weights, onnx, domains))
+                # the run whose fixes were checked, and its verdict: the Fix the Why tab and `explain` print
+                # (a verdict that cannot be made, e.g. no layer judged: the bare run, as before)
+                run, _ = safe(s.verdict) if s.trace is not None else (None, None)
+                advised = (safe(s.advised_trace)[0] if run is not None else None) or s.trace
+                text = report_markdown(node_report(g, s.selected_node, advised, weights, onnx, domains, verdict=run))
                 step = s.current_step
                 if step is not None and s.previous_graph is not None and s.current_graph is not None:
                     # under the node's heading: which version it is read in, and its counterpart in the other

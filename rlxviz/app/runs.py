@@ -202,7 +202,10 @@ class Runs:
                 self._set_trace(trace, model if new else None)
                 self._notice_variant()
                 if checked is not None:  # the CLI's line, word for word (`session.fidelity`), after a switch's
-                    s.param.update(message=s.with_switch(checked[0]), message_kind="info" if checked[1] else "danger")
+                    # and what the file had already fused, as `explain` prints it below that line (the app said
+                    # nothing of ONNX Runtime's fusions: `session.imported_forms`)
+                    text = "; ".join([checked[0], *session.imported_forms(model)])
+                    s.param.update(message=s.with_switch(text), message_kind="info" if checked[1] else "danger")
                 s._set_progress(80, "Drawing the graph…")
 
             page(show)

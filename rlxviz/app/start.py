@@ -11,13 +11,16 @@ import panel as pn
 import param
 from panel.viewable import Viewer
 
+from ..passes.trace import PassStep
 from ..session import SessionError
+from ..viz.styles import match_frames
 from .state import SHAPE_VARIANT, VARIANT_LABELS, AppState
 from .text import html_text
+from .views import COLLAPSED, FOCUS
 
 BREAK_VARIANT = "extra_h1_user"
-"""The variant the second click applies: a second user of the attention output h1, which the layer fusion's guard
-refuses (the Why tab then names that guard)."""
+"""The variant the second click applies: one more user of the attention output h1 (a third: the layer fusion's guard
+needs exactly 2, and refuses it; the Why tab then names that guard)."""
 BREAK_LAYER = 1
 """The layer the sidebar's "Layer to break" starts at when the strip is shown (layer 0 when the model has only one);
 the second click breaks the layer that box shows (`AppState.variant_layer`: one field, so the box and ② agree)."""
@@ -229,8 +232,7 @@ class StartHere(Viewer):
         name = s.model.name if s.model is not None else "the model"
         number = s.version_index(k)  # as the version list and the timing chart number it (`version_name`)
         step = s.trace.steps[number - 1] if number and s.trace is not None else None
-        framed = ("what it matched framed in green" if step is not None and step.matches else
-                  "it matched no pattern, so nothing is framed")  # dead_code_elimination matches nothing
+        framed = self._framed(step)
         panes = (": on the Graph tab, one pane: the graph as read, before any pass (① steps on to the first pass "
                  "that changed it)." if number == 0 else
                  f": on the Graph tab, left, the graph before this pass ({framed}); right, "
@@ -238,6 +240,24 @@ class StartHere(Viewer):
         last = n > 1 and k == n - 1
         self._say([(self._next_after_step(last), True), ("Showing ", False), (s.version_labels[k], True),
                    (f" (version {number}) of ", False), (name, True), (panes, False)], "step")
+
+    def _framed(self, step: PassStep | None) -> str:
+        """What the before pane shows of `step`'s matches, as the drawing draws them: in the full view each match
+        framed in its colour (`viz.styles.match_frames`: "framed in green" was true of the first match only); in the
+        focus view the selected layer's matches, each in its own colour; in the layer boxes no frame at all."""
+        s = self.state
+        matches = list(step.matches) if step is not None else []
+        if not matches:
+            return "it matched no pattern, so nothing is framed"  # dead_code_elimination matches nothing
+        view = s.resolved_view()
+        if view == COLLAPSED:
+            return (f"one box per layer, coloured by its status; the View full frames each of its {len(matches)} "
+                    "match(es)")
+        if view == FOCUS and s.selected_layer is not None:
+            mine = sum(1 for m in matches if m.layer == s.selected_layer)
+            return (f"layer {s.selected_layer}'s {mine} match(es) framed, each in its own colour" if mine else
+                    f"nothing framed: its matches lie outside layer {s.selected_layer}")
+        return match_frames(len(matches))
 
     def fold(self) -> None:
         """Once a step is used, the strip folds to its buttons and line (one 34 px row): the title and the drop zone

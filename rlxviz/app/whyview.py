@@ -18,6 +18,26 @@ from .stale import StaleMark, safe
 from .state import AppState
 from .text import md_escape
 
+TABLE_MIN_PX = 300
+"""The matches table's least height; it takes the tab's whole height (it was fixed at 420 px, 12 of 18 rows shown
+above 400 blank px at 1080 px)."""
+COLUMN_WIDTHS = {"kind": "6%", "pass": "11%", "layer": "5%", "guard": "10%", "why": "7%", "rule": "13%",
+                 "anchor": "6%", "message": "19%", "hint": "12%", "fix": "11%"}
+"""Each column's share of the table's width (100% in all): the columns fit the table at any width, the text
+wrapping in its cell (the message, hint and fix columns of 420, 260 and 220 px ran past the right edge at 1920 px,
+hint and fix cut)."""
+WRAPPED = ("kind", "pass", "guard", "why", "rule", "message", "hint", "fix")
+"""Columns whose text wraps in its cell (a long rule name breaks anywhere: `TABLE_CSS`)."""
+TABLE_CSS = """
+.tabulator-cell { overflow-wrap: anywhere; }
+.tabulator-tableholder::-webkit-scrollbar { width: 12px; height: 12px; }
+.tabulator-tableholder::-webkit-scrollbar-thumb { background: #9e9e9e; border-radius: 6px; }
+.tabulator-tableholder::-webkit-scrollbar-track { background: #eeeeee; }
+@supports not selector(::-webkit-scrollbar) { .tabulator-tableholder { scrollbar-color: #9e9e9e #eeeeee; } }
+"""
+"""The table's scroll bar always drawn (an overlay scroll bar, hidden until scrolled, left "(18 rows)" with 12 in
+view and no sign of the rest), and long names broken anywhere in their wrapped cells."""
+
 
 class DecisionTable(Viewer):
     """Every match and rejection (Tabulator: sortable, filterable by pass, layer, guard); a click highlights it."""
@@ -32,16 +52,16 @@ class DecisionTable(Viewer):
         self.only = pn.widgets.Checkbox(name="only the selected version's pass", value=False,
                                         css_classes=["rv-decisions-only"])
         self.table = pn.widgets.Tabulator(
-            self._frame(), show_index=False, sizing_mode="stretch_width", height=420, pagination=None,
-            disabled=True, selectable=1, layout="fit_data_stretch", css_classes=["rv-decisions"],
+            self._frame(), show_index=False, sizing_mode="stretch_both", min_height=TABLE_MIN_PX, pagination=None,
+            disabled=True, selectable=1, layout="fit_columns", css_classes=["rv-decisions"],
+            stylesheets=[TABLE_CSS],
             sorters=[{"field": "kind", "dir": "desc"}],
             header_filters={"kind": {"type": "list", "values": ["fused", "rejected", "left out", NOT_A_CANDIDATE],
                                      "clearable": True},
                             "pass": {"type": "input", "func": "like", "placeholder": "pass"},
                             "layer": {"type": "number", "func": "=", "placeholder": "layer"},
                             "guard": {"type": "input", "func": "like", "placeholder": "guard"}},
-            formatters={"message": {"type": "textarea"}, "hint": {"type": "textarea"}, "fix": {"type": "textarea"}},
-            widths={"message": 420, "hint": 260, "fix": 220})
+            formatters={c: {"type": "textarea"} for c in WRAPPED}, widths=dict(COLUMN_WIDTHS))
         self.table.on_click(self._clicked)
         self.about = pn.pane.Markdown("", css_classes=["rv-decisions-about"], margin=(0, 10),
                                       styles={"font-size": "13px"})
@@ -77,7 +97,8 @@ class DecisionTable(Viewer):
             self.about.object = f"**{label} only:** its pass's matches and rejections ({rows} rows)."
 
     def _frame(self) -> pd.DataFrame:
-        rows = decision_rows(self.state.trace)
+        advised, _ = safe(self.state.advised_trace)  # each hint as the Why tab and `explain` print it
+        rows = decision_rows(advised or self.state.trace)
         if self.only.value and (k := self._step()) is not None:
             rows = [r for r in rows if r["step"] == k]
         self._rows = rows
@@ -95,7 +116,7 @@ class DecisionTable(Viewer):
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(pn.Row(self.about, self.only, sizing_mode="stretch_width"), self.table,
-                         sizing_mode="stretch_width")
+                         sizing_mode="stretch_both")  # the table takes the tab's height
 
 
 class WhyView(Viewer):

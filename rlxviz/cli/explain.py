@@ -48,8 +48,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     import json
 
     from ..ir.onnx_op import describe_host
-    from ..models.onnx.notes import imported_forms
-    from ..session import Limits, load_inputs, variant_note
+    from ..session import Limits, imported_forms, load_inputs, variant_note
     from ..session.advice import checked_verdict
     from ..session.exactness import ExactnessCheck, check_exactness
     from ..session.fidelity import unread_weights

@@ -320,10 +320,15 @@ def extra_readers_why(c: Ctx, role: str | int, extra: Sequence[int]) -> str | No
     if not live:
         return None
     u, o = live[0]
-    out = f"graph output #{g.outputs.index(o)}" if g.is_output(o) else "the graph outputs"
-    to = f" ({out})" if o == u and g.is_output(o) else f" and on to {out}" + (f" ({c.name_of(o)})" if o != u else "")
+    # the output number sits beside the node it numbers: "reduce_mean (node 43), graph output #1, reads h1" (it read
+    # "reads h1 (graph output #1)", as if h1 were the output)
+    if o == u and g.is_output(o):
+        who, to = f"{c.name_of(u)}, graph output #{g.outputs.index(o)},", ""
+    else:
+        out = f"graph output #{g.outputs.index(o)}, {c.name_of(o)}" if g.is_output(o) else "the graph outputs"
+        who, to = c.name_of(u), f", and its result flows on to {out}"
     more = f" (and {len(live) - 1} more reader(s))" if len(live) > 1 else ""
-    return (f"{c.name_of(u)} reads {short}{to}{more}: it is part of what the model computes and returns, "
+    return (f"{who} reads {short}{to}{more}: it is part of what the model computes and returns, "
             f"and removing or rerouting it changes the model's outputs")
 
 

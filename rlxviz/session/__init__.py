@@ -21,11 +21,14 @@ One module per job:
 * `roofline`: FLOPs, bytes moved and arithmetic intensity per op and per version.
 * `lowerings`: one version under several MLX lowerings (e.g. `mx.compile` of each layer), timed in paired rounds.
 * `numerics`: what the fused lowering changes in the numbers (fast-math erf, `mx.addmm`'s rounding), measured.
+* `imported_forms` (`models.onnx.notes`): what an ONNX file had already fused (ONNX Runtime's optimizer) and its
+  quantization steps, one line each: what `rlxviz explain` prints and the app's Why tab and load banner show.
 
 Errors a user can fix are `SessionError`s (one line); front ends match them by type.
 """
 
 from ..ir.text import ModelText, shown
+from ..models.onnx.notes import imported_forms
 from ..passes.architecture import LayerArchitecture as Architecture
 from ..passes.architecture import classify_layer as classify
 from .defaults import DEFAULT_BATCH, DEFAULT_REPEAT, DEFAULT_SEQ, DEFAULT_WARMUP, MAX_REPEAT, MAX_WARMUP, check_rounds
@@ -109,7 +112,7 @@ from .variants import (
     variant_unavailable,
 )
 
-__all__ = ["ModelText", "shown",
+__all__ = ["ModelText", "shown", "imported_forms",
            "DEFAULT_BATCH", "DEFAULT_MAX_MEMORY_MB", "DEFAULT_REPEAT", "DEFAULT_SEQ", "DEFAULT_WARMUP",
            "DEPRECATED_MEMORY_ENV", "MAX_MEMORY_ENV", "MAX_REPEAT", "MAX_WARMUP", "check_rounds",
            "MODEL_WIDE", "OVER_THRESHOLD", "RLX_THRESHOLD", "gate_note", "variant_note",

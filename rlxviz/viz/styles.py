@@ -28,7 +28,27 @@ FAMILY_COLORS: dict[str, str] = {
 """Fill colour per `rlxviz.ir.family` name."""
 
 MATCH_COLORS = ("#2e7d32", "#1565c0", "#6a1b9a", "#00838f", "#ef6c00", "#ad1457", "#4e342e", "#283593")
-"""Border colours cycled over match clusters (fill is a pale tint of the same hue)."""
+"""Border colours cycled over match clusters (fill is a pale tint of the same hue): the K-th match of a pass
+(0-based) gets `MATCH_COLORS[K % len(MATCH_COLORS)]` (`viz.dot`)."""
+MATCH_COLOR_NAMES = ("green", "blue", "purple", "teal", "orange", "pink", "brown", "indigo")
+"""`MATCH_COLORS` in words, in the same order."""
+
+
+def match_frames(n: int) -> str:
+    """How the drawing frames a pass's `n` matches, in words for a sentence: each match in its own frame, coloured
+    as `viz.dot` colours it (`MATCH_COLORS`, in match order): "its match framed in green", "its 3 matches framed in
+    green, blue and purple, one colour each", past three "its 8 matches framed, one colour each: green, blue,
+    purple and so on", past `len(MATCH_COLORS)` the colours repeat and the words say so. Raises nothing."""
+    names = MATCH_COLOR_NAMES
+    if n <= 0:
+        return "it matched no pattern, so nothing is framed"
+    if n == 1:
+        return f"its match framed in {names[0]}"
+    if n <= 3:
+        return f"its {n} matches framed in {', '.join(names[:n - 1])} and {names[n - 1]}, one colour each"
+    again = f", the {len(names)} colours repeating" if n > len(names) else ""
+    return f"its {n} matches framed, one colour each: {', '.join(names[:3])} and so on{again}"
+
 
 REJECT = "#c62828"
 """Rejections: anchor border, offending nodes and edges."""
