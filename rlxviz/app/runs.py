@@ -22,7 +22,7 @@ from ..models import VARIANTS, Model
 from ..passes import Trace
 from ..session import Limits, SessionError
 from ..session import render as drawing
-from .derived import INPUT_FIRST
+from .derived import INPUT_FIRST, refusals
 from .sources import (
     ONNX_UPLOAD_NAME,
     SourceError,
@@ -432,7 +432,7 @@ class Runs:
         v = VARIANTS[s.variant]
         layer = None if s.variant == SHAPE_VARIANT else s.variant_layer
         fused = (s.layer_status(layer).fused if layer is not None and layer in s.layers()
-                 else not any(not r.soft and r.near_miss for r in s.trace.rejections))  # as the chips count
+                 else not any(refusals(st, s.trace) for st in s.trace.steps))  # as the chips count
         if v.breaks:
             return "meant to break the fusion" + ("; yet it fused" if fused else "")
         return "meant to keep the fusion: the rules should still fuse it" + ("" if fused else "; yet it did not fuse")
