@@ -244,6 +244,8 @@ def test_a_parallel_block_with_packed_qkv_fuses_as_expected(layers, paths):
     assert len(hard) == layers and all(r.guard == "merge_keeps_fusions" for r in hard)
     assert all(r.kind == NOT_PROFITABLE and r.remedy == DOES_NOT_PAY and not r.near_miss for r in hard)
     assert all(standing(t, r)[0] == DOES_NOT_PAY for r in hard)
+    assert all("query_key_value.weight" in r.message.split("fewer than 2 matmuls would be left to merge (only ")[1]
+               for r in hard)  # the message names the one matmul left: the QKV the model already packs
     assert sum(n.attrs.get("activation") == "gelu" for n in t.final if n.op.value == "FusedMatMulBiasAct") == layers
     v = RunVerdict.of(t)
     assert v.ok, v.render()

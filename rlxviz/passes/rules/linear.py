@@ -373,8 +373,9 @@ def _group(c: Ctx) -> Fail | None:
     hint = "nothing to change in the model: a merge that costs fusions does not pay"
     fix = "a multi-output packed projection whose epilogues apply per slice (PaLM-style QKV+FC1 with one GEMM)"
     if len(keep) < 2:
-        return Fail("guard", "merge_keeps_fusions", f"{why}; fewer than 2 matmuls would be left to merge", ids, (),
-                    hint, subject=ids[0], kind=NOT_PROFITABLE, fix=fix, remedy=DOES_NOT_PAY)
+        left = f" (only {_label(g, keep[0])})" if keep else ""  # e.g. a QKV the model already packs into one matmul
+        return Fail("guard", "merge_keeps_fusions", f"{why}; fewer than 2 matmuls would be left to merge{left}", ids,
+                    (), hint, subject=ids[0], kind=NOT_PROFITABLE, fix=fix, remedy=DOES_NOT_PAY)
     kept = ", ".join(_label(g, m) for m in keep)
     c.data.setdefault("soft", []).append(
         Fail("guard", "merge_keeps_fusions", f"{why}; merged: {kept}", ids, (), hint, subject=ids[0],
