@@ -20,6 +20,7 @@ from .. import session
 from ..ir import IRSyntaxError
 from ..models import VARIANTS, Model
 from ..passes import Trace
+from ..passes.why.verdict import standing
 from ..session import Limits, SessionError
 from ..session import render as drawing
 from .derived import INPUT_FIRST, refusals
@@ -388,7 +389,8 @@ class Runs:
             self._variant_notice = ""
             return
         layer = None if s.variant == SHAPE_VARIANT else s.variant_layer
-        rej = [r for r in s.trace.rejections if r.near_miss and (layer is None or r.layer == layer)]  # no lookalike
+        rej = [r for r in s.trace.rejections  # near-misses by the verdict's rule, as the chips count them
+               if (layer is None or r.layer == layer) and standing(s.trace, r) is None]
         label = VARIANT_LABELS[s.variant]
         shape = ""
         if s.variant == SHAPE_VARIANT and s.effective_threshold is not None:
