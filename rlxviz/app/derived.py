@@ -17,7 +17,7 @@ from .. import session
 from ..ir import Graph, format_graph
 from ..passes import PassStep, Trace
 from ..passes.trace import Rejection
-from ..passes.why.verdict import RunVerdict
+from ..passes.why.verdict import RunVerdict, places
 from ..session import LayerStatus, SessionError, View, overlays
 from ..session import render as drawing
 from ..viz.heat import legend
@@ -45,21 +45,33 @@ COLOURS = ("node_figures", "overlay")
 """The node colours of the chosen overlay."""
 
 
-def refusals(step: PassStep) -> list[Rejection]:
-    """The hard near-misses of `step` (`Rejection.near_miss`, not `soft`): what its version chip counts as rejections
-    (✗N) and what keeps a pass that changed nothing in the version list. A lookalike (BERT's embeddings' broadcast
-    sum) or the model's own term is no failure of the pass (issue 39: ✗1 on every healthy BERT)."""
-    return [r for r in step.rejections if not r.soft and r.near_miss]
+def refusals(step: PassStep, trace: Trace | None = None) -> list[Rejection]:
+    """The hard near-misses of `step` of `trace`, one per place (rule and anchor: a candidate with four failing guards
+    is one refusal), judged by the verdict's rule (`passes.why.verdict.standing`: not the model's own term, not a
+    lookalike, not a merge the tool's cost test declined, not a refusal the layer's kind does not expect or that is
+    illegal for its layer): what its version chip counts as rejections (✗N) and what keeps a pass that changed nothing
+    in the version list. Without `trace`, by the refusal alone (`Rejection.near_miss`), still one per place."""
+    if trace is None:
+        seen: dict[tuple[str, int], Rejection] = {}
+        for r in step.rejections:
+            if not r.soft and r.near_miss:
+                seen.setdefault((r.rule, r.anchor), r)
+        return list(seen.values())
+    return places(trace, step.rejections).near_misses
 
 
-def not_near_misses(step: PassStep) -> dict[str, list[str]]:
-    """Kind -> node paths (`-` for none) of `step`'s hard refusals that are no near-miss (`guard.NOT_NEAR_MISSES`),
-    in the run's order."""
-    out: dict[str, list[str]] = {}
-    for r in step.rejections:
-        if not r.soft and not r.near_miss:
-            out.setdefault(r.kind, []).append(r.path or "-")
-    return out
+def not_near_misses(step: PassStep, trace: Trace | None = None) -> dict[str, list[str]]:
+    """Group -> items of `step`'s places that are no near-miss (`passes.why.verdict.places`: the model's own term, a
+    lookalike, a declined merge, not expected of the layer, illegal for it; hard or soft), in the run's order: an
+    item is the place's node path, or `PATH: RULE (GUARD): why` where the reason differs by place. Without `trace`,
+    the hard refusals of a kind that is no near-miss, by node path."""
+    if trace is None:
+        out: dict[str, list[str]] = {}
+        for r in step.rejections:
+            if not r.soft and not r.near_miss:
+                out.setdefault(r.kind, []).append(r.path or "-")
+        return out
+    return places(trace, step.rejections).excused
 
 
 class Derived:
@@ -82,7 +94,7 @@ class Derived:
             step = trace.steps[k - 1] if k else None
             # a crash stays shown, and so does a pass whose only events are rejections (the one an engineer looks
             # for): near-misses, as its chip counts them (a lookalike alone is no reason to show a pass)
-            if step is None or not hide or step.changed or step.error or refusals(step):
+            if step is None or not hide or step.changed or step.error or refusals(step, trace):
                 out.append((k, label))
         return out
 
@@ -162,9 +174,9 @@ class Derived:
     @param.depends(*SHOWN)
     def version_rows(self) -> list[dict[str, Any]]:
         """One row per shown version: label, compute-node count, fused-node count, change in nodes, the pass's
-        matches, its rejections (`refusals`: hard near-misses, the chip's ✗) and `not_near_misses`: kind -> node paths
-        of its hard refusals of a kind that is no near-miss (`guard.NOT_NEAR_MISSES`: a lookalike, the model's own
-        term), which the chip shows apart, not as a failure."""
+        matches, its rejections (`refusals`: hard near-misses by place, the chip's ✗) and `not_near_misses`: group ->
+        its places that are no near-miss (`passes.why.verdict.standing`: a lookalike, the model's own term, a declined
+        merge, not expected of the layer), which the chip shows apart, not as a failure."""
         if self.trace is None:
             return []
         versions = self.trace.versions()
@@ -176,8 +188,8 @@ class Derived:
             step = self.trace.steps[i - 1] if i else None
             rows.append({"#": k, "version": label, "nodes": n, "change": n - prev,
                          "matches": len(step.matches) if step else 0,
-                         "rejections": len(refusals(step)) if step else 0,
-                         "not_near_misses": not_near_misses(step) if step else {},
+                         "rejections": len(refusals(step, self.trace)) if step else 0,
+                         "not_near_misses": not_near_misses(step, self.trace) if step else {},
                          "crashed": bool(i and self.trace.steps[i - 1].error),
                          "fused": sum(1 for x in g if x.pass_name), "ms": (self.trace.steps[i - 1].seconds * 1e3
                                                                           if i else 0.0)})

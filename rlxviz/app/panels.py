@@ -89,13 +89,18 @@ NOT_NEAR_MISS_MARK = "○"
 """A version chip's neutral mark (`not_near_miss_mark`): refusals that are no near-miss, not counted in its ✗."""
 
 
+_SEP = "; "
+"""Between a chip tooltip's places that each say why (`PATH: RULE (GUARD): why`); plain paths take commas."""
+
+
 def not_near_miss_mark(kinds: Mapping[str, list[str]]) -> str:
-    """A chip's neutral mark for a pass's refusals that are no near-miss (`derived.not_near_misses`: kind -> node
-    paths): `○N` in the chip's own colour, faded, its tooltip the verdict's heading for each kind
-    (`passes.why.text.left_out_heading`) and the paths, e.g. `1 lookalike, not a candidate (nothing to fix, not a
-    near-miss): embeddings.LayerNorm`."""
+    """A chip's neutral mark for a pass's places that are no near-miss (`derived.not_near_misses`: group -> items):
+    `○N` (N places) in the chip's own colour, faded, its tooltip the verdict's heading for each group
+    (`passes.why.text.left_out_heading`) and its items (the paths, and why where that differs by place), e.g.
+    `1 lookalike, not a candidate (nothing to fix, not a near-miss): embeddings.LayerNorm`."""
     n = sum(len(p) for p in kinds.values())
-    said = "; ".join(f"{left_out_heading(k, len(p))}: {', '.join(dict.fromkeys(p))}" for k, p in kinds.items())
+    said = "; ".join(f"{left_out_heading(k, len(p))}: {(_SEP if any(': ' in x for x in p) else ', ').join(p)}"
+                     for k, p in ((k, list(dict.fromkeys(p))) for k, p in kinds.items()))
     return f" <span class='rv-lookalike' title='{html_text(said)}' style='opacity:.7'>{NOT_NEAR_MISS_MARK}{n}</span>"
 
 

@@ -20,9 +20,10 @@ from .. import session
 from ..ir import IRSyntaxError
 from ..models import VARIANTS, Model
 from ..passes import Trace
+from ..passes.why.verdict import standing
 from ..session import Limits, SessionError
 from ..session import render as drawing
-from .derived import INPUT_FIRST
+from .derived import INPUT_FIRST, refusals
 from .sources import (
     ONNX_UPLOAD_NAME,
     SourceError,
@@ -393,7 +394,8 @@ class Runs:
             self._variant_notice = ""
             return
         layer = None if s.variant == SHAPE_VARIANT else s.variant_layer
-        rej = [r for r in s.trace.rejections if r.near_miss and (layer is None or r.layer == layer)]  # no lookalike
+        rej = [r for r in s.trace.rejections  # near-misses by the verdict's rule, as the chips count them
+               if (layer is None or r.layer == layer) and standing(s.trace, r) is None]
         label = VARIANT_LABELS[s.variant]
         shape = ""
         if s.variant == SHAPE_VARIANT and s.effective_threshold is not None:
@@ -437,7 +439,7 @@ class Runs:
         v = VARIANTS[s.variant]
         layer = None if s.variant == SHAPE_VARIANT else s.variant_layer
         fused = (s.layer_status(layer).fused if layer is not None and layer in s.layers()
-                 else not any(not r.soft and r.near_miss for r in s.trace.rejections))  # as the chips count
+                 else not any(refusals(st, s.trace) for st in s.trace.steps))  # as the chips count
         if v.breaks:
             return "meant to break the fusion" + ("; yet it fused" if fused else "")
         return "meant to keep the fusion: the rules should still fuse it" + ("" if fused else "; yet it did not fuse")

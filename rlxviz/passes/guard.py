@@ -63,6 +63,7 @@ NOT_NEAR_MISSES = (MODEL_TERM, NOT_A_CANDIDATE)
 IN_MODEL = "in the model"
 COMPILER_ONLY = "compiler only"
 READ_BY_MODEL = "read by the model"
+DOES_NOT_PAY = "does not pay"
 REMEDIES: dict[str, str] = {
     IN_MODEL: "the hint is a change to the model (or the pipeline) that keeps every number the model computes and "
               "returns: an operand order, a layout written another way, a dead reader removed, a pass run first",
@@ -72,12 +73,24 @@ REMEDIES: dict[str, str] = {
     READ_BY_MODEL: "compiler only, because the value the fusion would absorb is read elsewhere by the model: a probe "
                    "or a later layer reads it, or it is an output the caller asked for. The product is not legal "
                    "for that layer (it is fused as far as legal); the compiler fix is an op that also returns it",
+    DOES_NOT_PAY: "nothing to change: the tool's own cost test decided the fusion costs more than it makes (a merge "
+                  "that would cost a member's epilogue or the attention block), so leaving it unmade is the right "
+                  "outcome, not a near-miss; only a compiler fix that keeps both would make it",
 }
 """Where a refusal can be fixed (issue 38): a guard declares it (`Guard.no_model_fix`, `Guard.remedy`), so no front
 end prints a fix line that would change the model's numbers or drop an output. A refusal that is `illegal` and
 `read by the model` is the model's own dataflow: the product is not expected of that layer
 (`passes.why.verdict`)."""
 NO_MODEL_FIX = "none in the model: "
+
+
+def near_miss_kind(kind: str, remedy: str = "") -> bool:
+    """Whether a refusal of `kind` with `remedy` (`REMEDIES`) can be a near-miss at all: not one of `NOT_NEAR_MISSES`
+    (the model's own term, a lookalike) and not `DOES_NOT_PAY` (the tool's own cost test declined it: nothing to fix).
+    The refusal-level half of the one rule; `passes.why.standing` adds the layer-level half (a refusal the layer's
+    kind does not expect, or one illegal for the layer) and every front end reads that."""
+    return kind not in NOT_NEAR_MISSES and remedy != DOES_NOT_PAY
+
 
 
 @dataclass
@@ -556,8 +569,8 @@ def guard(name: str, check: Callable[[Ctx], bool], explain: Callable[[Ctx], str]
                  no_model_fix, remedy, tuple(optional))
 
 
-__all__ = ["COMPILER_ONLY", "EPILOGUE_ACTIVATIONS", "ILLEGAL", "IN_MODEL", "KINDS", "MODEL_TERM", "NOT_A_CANDIDATE",
-           "NOT_NEAR_MISSES", "NO_MODEL_FIX", "READ_BY_MODEL", "REMEDIES",
+__all__ = ["COMPILER_ONLY", "DOES_NOT_PAY", "EPILOGUE_ACTIVATIONS", "ILLEGAL", "IN_MODEL", "KINDS", "MODEL_TERM",
+           "NOT_A_CANDIDATE", "NOT_NEAR_MISSES", "NO_MODEL_FIX", "near_miss_kind", "READ_BY_MODEL", "REMEDIES",
            "NOT_PROFITABLE", "NOT_RECOGNIZED", "Ctx", "Guard",
            "Highlight", "RuleError", "activation_in", "all_single_use", "attr_eq",
            "guard", "not_output", "operands_are", "rank_eq", "rank_le", "reaches_output",

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from ..ir import Graph, Node
 from ..ir.identity import DigestCache
-from .guard import NOT_NEAR_MISSES
 from .pipeline import Pipeline
 from .trace import Rejection, Trace, layer_of
 
@@ -214,15 +213,16 @@ def missed_fusions(source: Graph | Trace, pipeline: Pipeline | None = None) -> l
 def left_out_rejections(trace: Trace, layers: Collection[int] | None = None) -> list[Rejection]:
     """The rejections `left_out` lists, in the run's order: what fusions that happened left out (their soft
     rejections, e.g. a refused merge, an additive mask kept, an activation not absorbed) and the refusals that are no
-    near-miss (`guard.NOT_NEAR_MISSES`: the model's own term kept out of a fusion, cross-attention and
-    FusedAttentionBlock; nodes that only look like a rule's input, the embeddings' broadcast sum) whose anchor
+    near-miss (`Rejection.near_miss`: the model's own term kept out of a fusion, cross-attention and
+    FusedAttentionBlock; nodes that only look like a rule's input, the embeddings' broadcast sum; a merge the tool's
+    own cost test declined, `guard.DOES_NOT_PAY`) whose anchor
     survives, except those already reported as missed fusions. With `layers`, only rejections whose node path lies in
     one of those layers (a question about layer N is not answered with the embeddings' line)."""
     missed = {(m.pattern, m.node) for m in missed_fusions(trace)}
     final = trace.final
     return [r for r in trace.rejections if (r.rule, r.anchor) not in missed
             and (layers is None or layer_of(r.path or "") in layers) and (
-                r.soft or (r.kind in NOT_NEAR_MISSES and r.headline and r.anchor in final))]
+                r.soft or (not r.near_miss and r.headline and r.anchor in final))]
 
 
 def left_out_line(r: Rejection) -> str:

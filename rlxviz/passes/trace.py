@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..ir import Graph, graph_to_dict
-from .guard import NOT_NEAR_MISSES
+from .guard import near_miss_kind
 
 _LAYER = re.compile(r"(?:^|\.)(?:layer|layers|h|blocks?)\.(\d+)(?:\.|$)|@(\d+)(?:\.|$)")
 """A layer in a path: `encoder.layer.3`, `h.3`, `blocks.3`, or the 3rd call of a module called once per layer
@@ -223,11 +223,12 @@ class Rejection:
 
     @property
     def near_miss(self) -> bool:
-        """Whether the refusal is of a near-miss kind: not one of `guard.NOT_NEAR_MISSES` (a fusion that kept the
-        model's own term; nodes that only look like the rule's input, as BERT's embeddings' broadcast sum). Only
+        """Whether the refusal is of a near-miss kind (`guard.near_miss_kind`): not one of `guard.NOT_NEAR_MISSES` (a
+        fusion that kept the model's own term; nodes that only look like the rule's input, as BERT's embeddings'
+        broadcast sum) and not declined by the tool's own cost test (`guard.DOES_NOT_PAY`). Only
         these are missed fusions (`report.missed_fusions`); the app's chips count the hard ones as rejections (✗)
         and its pass filter keeps the passes that have one (`app.derived`)."""
-        return self.kind not in NOT_NEAR_MISSES
+        return near_miss_kind(self.kind, self.remedy)
 
 
 STAGE_SEP = "/"

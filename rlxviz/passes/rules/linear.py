@@ -46,6 +46,7 @@ from ...ir.ops import ACTIVATIONS
 from ..activations import SQUARED_RELU, activation_of, owns_users
 from ..engine import rule_pass
 from ..guard import (
+    DOES_NOT_PAY,
     EPILOGUE_ACTIVATIONS,
     ILLEGAL,
     NO_MODEL_FIX,
@@ -277,7 +278,8 @@ fuse_matmul_bias_act = rule_pass("fuse_matmul_bias_act", [BIAS_ACT, ZERO_BIAS_AC
 # an activation from the epilogue allow-list would lose its epilogue (the activation would read a narrow
 # of the merged sum); a group of three that feeds one attention as Q, K and V is merged alone (in Q/K/V
 # order), because anything else in the packed projection makes it wider than 3*H and costs the attention
-# block. Refused members are named in a `merge_keeps_fusions` rejection (kind: not profitable).
+# block. Refused members are named in a `merge_keeps_fusions` rejection (kind: not profitable; remedy:
+# `guard.DOES_NOT_PAY`: the tool's own rule declined it, so it is no near-miss and no layer is NOT fused for it).
 
 
 def _value(g: Graph, mm: Node) -> int:
@@ -371,12 +373,13 @@ def _group(c: Ctx) -> Fail | None:
     hint = "nothing to change in the model: a merge that costs fusions does not pay"
     fix = "a multi-output packed projection whose epilogues apply per slice (PaLM-style QKV+FC1 with one GEMM)"
     if len(keep) < 2:
-        return Fail("guard", "merge_keeps_fusions", f"{why}; fewer than 2 matmuls would be left to merge", ids, (),
-                    hint, subject=ids[0], kind=NOT_PROFITABLE, fix=fix)
+        left = f" (only {_label(g, keep[0])})" if keep else ""  # e.g. a QKV the model already packs into one matmul
+        return Fail("guard", "merge_keeps_fusions", f"{why}; fewer than 2 matmuls would be left to merge{left}", ids,
+                    (), hint, subject=ids[0], kind=NOT_PROFITABLE, fix=fix, remedy=DOES_NOT_PAY)
     kept = ", ".join(_label(g, m) for m in keep)
     c.data.setdefault("soft", []).append(
         Fail("guard", "merge_keeps_fusions", f"{why}; merged: {kept}", ids, (), hint, subject=ids[0],
-             kind=NOT_PROFITABLE, fix=fix))
+             kind=NOT_PROFITABLE, fix=fix, remedy=DOES_NOT_PAY))
     return None
 
 

@@ -16,7 +16,8 @@ from typing import Protocol
 
 from ..declarations import FAMILIES, FINDING, FINDING_QUANTIZATION, KINDS, QUANTIZATION, TRAITS, check_words
 from ..engine import Pass
-from ..guard import Guard
+from ..guard import DOES_NOT_PAY, NOT_NEAR_MISSES, REMEDIES, Guard, near_miss_kind
+from ..guard import KINDS as REFUSAL_KINDS
 from ..pattern import RuleError
 from ..pipeline import PASSES
 from ..rule import Soft
@@ -143,6 +144,26 @@ def not_expected(arch: LayerKind, pass_name: str, guard: str = "") -> str | None
     return None
 
 
+NOT_EXPECTED_HERE = "not expected here"
+"""`excuse`'s group of a refusal the layer's kind does not expect (`not_expected`)."""
+
+
+def excuse(arch: LayerKind | None, pass_name: str, guard: str, kind: str, remedy: str = "") -> tuple[str, str] | None:
+    """The one rule deciding whether a refusal is a near-miss, and if not, why: `(group, why)`, or None when it is a
+    near-miss that counts against its layer. Every front end reads it (the verdict and `explain`'s text and
+    `--json` through `verdict.expected_misses` and `verdict.standing`, the app's version chips through
+    `verdict.standing`); a refusal illegal for its layer is the verdict's one further excuse (`ILLEGAL_HERE`).
+
+    `group` is the refusal's kind when that is no near-miss (`guard.NOT_NEAR_MISSES`: the model's own term, a
+    lookalike), `guard.DOES_NOT_PAY` when the tool's own cost test declined it (a merge that would cost fusions),
+    else `NOT_EXPECTED_HERE` when the layer's kind `arch` does not expect it (`not_expected`; None: a place outside
+    every layer of a layered graph, judged by its refusal alone)."""
+    if not near_miss_kind(kind, remedy):
+        return (kind, REFUSAL_KINDS[kind]) if kind in NOT_NEAR_MISSES else (DOES_NOT_PAY, REMEDIES[DOES_NOT_PAY])
+    why = not_expected(arch, pass_name, guard) if arch is not None else None
+    return None if why is None else (NOT_EXPECTED_HERE, why)
+
+
 def check_declarations() -> None:
     """Every layer trait a pass or a guard names is one `LayerArchitecture.has` knows (`TRAITS`), exactly one
     registered pass is the whole-layer pass, and the unrecognized finding's declaration is well formed, so a misspelt
@@ -201,8 +222,8 @@ def expected_products(arch: LayerKind) -> list[str]:
     return out
 
 
-__all__ = ["EXPECT_MODES", "FAMILIES", "ILLEGAL_HERE", "KINDS", "LayerKind", "PRODUCTS", "TRAITS", "check_declarations",
-           "expected_products", "layer_pass", "not_expected", "product", "recognizers"]
+__all__ = ["EXPECT_MODES", "FAMILIES", "ILLEGAL_HERE", "KINDS", "LayerKind", "NOT_EXPECTED_HERE", "PRODUCTS", "TRAITS",
+           "check_declarations", "excuse", "expected_products", "layer_pass", "not_expected", "product", "recognizers"]
 
 
 check_declarations()

@@ -11,7 +11,7 @@ import dataclasses
 import re
 from typing import TYPE_CHECKING, Any
 
-from ..guard import MODEL_TERM, NOT_A_CANDIDATE
+from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
 from ..trace import layer_label
 
 if TYPE_CHECKING:  # for annotations only: the verdicts word themselves through this module
@@ -31,8 +31,17 @@ _LEFT_OUT_HEADINGS = {
                  "places keep the model's own terms (nothing to fix, not near-misses)"),
     NOT_A_CANDIDATE: ("lookalike, not a candidate (nothing to fix, not a near-miss)",
                       "lookalikes, not candidates (nothing to fix, not near-misses)"),
+    DOES_NOT_PAY: ("refusal the tool's own cost test made (it does not pay: nothing to fix, not a near-miss)",
+                   "refusals the tool's own cost test made (they do not pay: nothing to fix, not near-misses)"),
+    "not expected here": ("refusal not expected of its layer (the model's own layout: nothing to fix, not a "
+                          "near-miss)",
+                          "refusals not expected of their layers (the model's own layout: nothing to fix, not "
+                          "near-misses)"),
+    "illegal here": ("refusal illegal for its layer (the layer is fused as far as legal, not a near-miss)",
+                     "refusals illegal for their layers (the layers are fused as far as legal, not near-misses)"),
 }
-"""Each group of `RunVerdict.left_out_groups` (`verdict.LEFT_OUT_GROUPS`) as its heading says it: one, many. A
+"""Each group of `RunVerdict.left_out_groups` (`verdict.LEFT_OUT_GROUPS`) and of a refusal's standing
+(`standing.STANDING_GROUPS`: what the app's chips mark `○`) as its heading says it: one, many. A
 `MODEL_TERM` place is a fusion that kept the model's term as its operand (a causal band, Gemma's 1 + w) or a rule
 that left the model's own structure as it is (cross-attention: the attention stays packed)."""
 
@@ -42,7 +51,7 @@ def left_out_heading(group: str, n: int) -> str:
     fix, not a near-miss)`; the text's line ends it with a colon, the app's chips say it in a tooltip.
 
     Raises:
-        KeyError: `group` is not one of `verdict.LEFT_OUT_GROUPS`.
+        KeyError: `group` is not one of `verdict.LEFT_OUT_GROUPS` or `standing.STANDING_GROUPS`.
     """
     one, many = _LEFT_OUT_HEADINGS[group]
     return f"{n} {one if n == 1 else many}"

@@ -16,13 +16,13 @@ from typing import Any
 
 from ..architecture import classify_layer
 from ..explain import Outcome, explain
-from ..guard import MODEL_TERM, NOT_A_CANDIDATE, NOT_NEAR_MISSES
+from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
 from ..report import MissedFusion, left_out_line, left_out_rejections
 from ..trace import Rejection, Trace, layer_of, resolve_layers, same_stack_as
 from . import text
 from .facts import RunFacts, illegal_here, op_of, recognized, silent
 from .kinds import LayerArchitecture
-from .policy import EXPECT_MODES, ILLEGAL_HERE, PRODUCTS, layer_pass, not_expected, product
+from .policy import EXPECT_MODES, ILLEGAL_HERE, NOT_EXPECTED_HERE, PRODUCTS, excuse, layer_pass, not_expected, product
 
 Architecture = LayerArchitecture
 
@@ -30,17 +30,25 @@ EXIT_OK, EXIT_NOT_FUSED = 0, 1
 """`RunVerdict.exit_status`: every checked layer fused as expected / not (a crashed pass is the caller's 3)."""
 
 LEFT_OUT = "left out"
-LEFT_OUT_GROUPS = (LEFT_OUT, MODEL_TERM, NOT_A_CANDIDATE)
+LEFT_OUT_GROUPS = (LEFT_OUT, MODEL_TERM, NOT_A_CANDIDATE, DOES_NOT_PAY)
 """The kinds of `RunVerdict.left_out_groups`, in the order the text lists them (issue 39): what a fusion that happened
 left out (a soft rejection: a refused merge, an activation not absorbed), a place that keeps the model's own term
 (`guard.MODEL_TERM`: a term kept as a fusion's operand, cross-attention kept packed outside the block), and nodes that
-only look like a fusion's input (`guard.NOT_A_CANDIDATE`: never a candidate, so nothing any fusion left out)."""
+only look like a fusion's input (`guard.NOT_A_CANDIDATE`: never a candidate, so nothing any fusion left out), and
+refusals the tool's own cost test made (`guard.DOES_NOT_PAY`: a merge that would cost fusions; nothing to fix)."""
+
+ILLEGAL_HERE_GROUP = "illegal here"
+STANDING_GROUPS = (MODEL_TERM, NOT_A_CANDIDATE, DOES_NOT_PAY, NOT_EXPECTED_HERE, ILLEGAL_HERE_GROUP)
+"""The groups of `standing`: why a refusal is no near-miss (`policy.excuse`'s groups, and `ILLEGAL_HERE_GROUP` for a
+refusal illegal for its layer, `LayerVerdict.illegal`)."""
 
 
 def left_out_group(r: Rejection) -> str:
     """Which of `LEFT_OUT_GROUPS` a rejection of `report.left_out_rejections` is in: its kind when that kind is no
-    near-miss (`guard.NOT_NEAR_MISSES`), else `LEFT_OUT`."""
-    return r.kind if r.kind in NOT_NEAR_MISSES else LEFT_OUT
+    near-miss (`guard.NOT_NEAR_MISSES`), `guard.DOES_NOT_PAY` when the tool's cost test declined it (`policy.excuse`),
+    else `LEFT_OUT`."""
+    ex = excuse(None, r.pass_name, r.guard, r.kind, r.remedy)
+    return ex[0] if ex is not None else LEFT_OUT
 
 
 def left_out_groups(trace: Trace, layers: Iterable[int] | None = None) -> dict[str, list[str]]:
@@ -310,11 +318,11 @@ def expected_misses(trace: Trace, arch: Architecture, layer: int | None
     for m in RunFacts.of(trace).misses():
         if layer is not None and layer_of(m.path) != layer:
             continue
-        reason = not_expected(arch, m.pattern.split(".")[0], m.guard)
-        if reason is None:
+        ex = excuse(arch, m.pattern.split(".")[0], m.guard, m.kind, m.remedy)
+        if ex is None:
             kept.append(m)
         elif m.pattern not in ignored:
-            ignored[m.pattern] = f"{m.pattern} ({m.guard}): {reason}"
+            ignored[m.pattern] = f"{m.pattern} ({m.guard}): {ex[1]}"
     return kept, ignored
 
 
@@ -365,7 +373,7 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     expect_ftl = layer_pass_name in ran and arch.post_ln and not ftl_illegal and not unmakeable and ftl_excused is None
     ftl = facts.layer_products().get(layer, [])
     miss_keys = {(m.pattern, m.node) for m in misses}
-    rejected = [o for o in ex.rejected if o.rule not in skipped and o.kind not in NOT_NEAR_MISSES]
+    rejected = [o for o in ex.rejected if o.rule not in skipped and near_miss_kind(o.kind, o.remedy)]
     surviving = [o for o in rejected if any((o.rule, a) in miss_keys for a in o.nodes)]
     fused = (bool(ftl) or not expect_ftl) and not misses
     first = None if fused else (surviving[0] if surviving else (rejected[0] if rejected else None))
@@ -411,6 +419,79 @@ def _blocker(first: Outcome | None, made: set[tuple[str, str]]) -> str:
     return f"{product(first.pass_name)} made, but {what} ({first.guard})"
 
 
+def _judged_as(facts: RunFacts, layer: int | None) -> Architecture | None:
+    """The kind a refusal at `layer` is judged as (`judged_kind`; the whole graph's kind in a graph whose node paths
+    name no layer); None for a place outside every layer of a layered graph (no verdict judges it by a layer)."""
+    key = ("judged", layer)
+    if key not in facts.cache:
+        if layer is None:
+            facts.cache[key] = None if facts.layers else classify_layer(facts.trace.input, None)
+        else:
+            facts.cache[key] = judged_kind(facts.trace, layer)[1] if layer in set(facts.layers) else None
+    return facts.cache[key]
+
+
+def standing(trace: Trace, r: Rejection) -> tuple[str, str] | None:
+    """Whether the refusal `r` of `trace` is a near-miss: None when it is (it counts against its layer, the app's
+    chips count its place as `✗`), else `(group, why)`, `group` one of `STANDING_GROUPS`: `policy.excuse` of the
+    refusal in the kind its layer is judged as (the model's own term, a lookalike, a merge the tool's cost test
+    declined, a refusal the layer's kind does not expect), or `ILLEGAL_HERE_GROUP` when the layer's verdict holds it
+    illegal for the layer (`LayerVerdict.illegal`). The verdict's own rule (`expected_misses`, `layer_verdict`) read
+    per refusal, so the chips, `explain` and `--json` never disagree on what is a near-miss.
+
+    A further failing guard of a candidate (`Rejection.headline` False) stands as its candidate's headline does:
+    pass the headline (`places` does)."""
+    facts = RunFacts.of(trace)
+    layer = r.layer
+    arch = _judged_as(facts, layer)
+    ex = excuse(arch, r.pass_name, r.guard, r.kind, r.remedy)
+    if ex is not None or layer is None or arch is None:
+        return ex
+    if any((o.rule, o.nodes[0] if o.nodes else None) == (r.rule, r.anchor)
+           for o in layer_verdict(trace, layer).illegal):
+        return ILLEGAL_HERE_GROUP, ILLEGAL_HERE
+    return None
+
+
+@dataclass(frozen=True)
+class Places:
+    """One pass's refusals counted by place (a candidate: rule and anchor), never by guard.
+
+    Attributes:
+        near_misses: the headline refusal of each hard place that is a near-miss (`standing` None), in the run's
+            order: what a version chip counts as `✗`.
+        excused: `standing` group -> one item per place that is no near-miss (hard or soft), in the run's order:
+            its node path (`-` for none), and for a group whose reason differs by place (`NOT_EXPECTED_HERE`,
+            `ILLEGAL_HERE_GROUP`) `PATH: RULE (GUARD): why`. The chip's faded `○`.
+    """
+
+    near_misses: list[Rejection]
+    excused: dict[str, list[str]]
+
+
+def places(trace: Trace, rejections: Iterable[Rejection]) -> Places:
+    """`Places` of `rejections` (one pass's, of `trace`): each (rule, anchor) once, judged by `standing` of its
+    headline refusal (its first refusal when none is the headline)."""
+    heads: dict[tuple[str, int], Rejection] = {}
+    for r in rejections:
+        k = (r.rule, r.anchor)
+        if k not in heads or (r.headline and not heads[k].headline):
+            heads[k] = r
+    near: list[Rejection] = []
+    excused: dict[str, list[str]] = {}
+    for r in heads.values():
+        st = standing(trace, r)
+        if st is None:
+            if not r.soft:
+                near.append(r)
+            continue
+        group, why = st
+        path = r.path or "-"
+        item = f"{path}: {r.rule} ({r.guard}): {why}" if group in (NOT_EXPECTED_HERE, ILLEGAL_HERE_GROUP) else path
+        excused.setdefault(group, []).append(item)
+    return Places(near, excused)
+
+
 def verdict_pass(trace: Trace, layer: int) -> str | None:
     """The pass of the layer's verdict: the pass whose rejection the verdict names first (the one "why didn't layer
     N fuse" answers with), or None when the layer fused as expected or its first rejection is no pass of the run
@@ -422,6 +503,6 @@ def verdict_pass(trace: Trace, layer: int) -> str | None:
     return first.pass_name
 
 
-__all__ = ["EXIT_NOT_FUSED", "EXIT_OK", "LEFT_OUT", "LEFT_OUT_GROUPS", "Architecture", "FusionCheck", "LayerStatus",
-           "LayerVerdict", "RunVerdict", "expected_misses", "judged_kind", "layer_verdict", "left_out_group",
-           "left_out_groups", "verdict_pass"]
+__all__ = ["EXIT_NOT_FUSED", "EXIT_OK", "ILLEGAL_HERE_GROUP", "LEFT_OUT", "LEFT_OUT_GROUPS", "STANDING_GROUPS",
+           "Architecture", "FusionCheck", "LayerStatus", "LayerVerdict", "Places", "RunVerdict", "expected_misses",
+           "judged_kind", "layer_verdict", "left_out_group", "left_out_groups", "places", "standing", "verdict_pass"]
