@@ -163,3 +163,23 @@ def test_run_p_first_stays_when_p_runs_later_or_not_at_all():
     for pipe in (later, absent):
         rows = [r for r in decision_rows(pipe.run(g)) if r["guard"] == "attn_is_fused_block"]
         assert rows and all("run fuse_attention_block first" in r["message"] for r in rows), rows[:1]
+
+
+@pytest.mark.parametrize("name", ["granite", "deit.ortopt"])
+def test_graph_tooltips_say_what_the_table_says(name):
+    """The drawn graph's rejection tooltips (the pass's "before" side, the layer overview, Model Explorer's JSON) word
+    each rejection as the table does: no "run fuse_attention_block first" after that pass ran."""
+    from rlxviz.session.render import View, dot
+    from rlxviz.viz.model_explorer import trace_json
+    from rlxviz.viz.overlay import Overlay
+
+    trace = _trace(name)
+    table = {(r["rule"], r["anchor"], r["guard"]): (r["message"], r["hint"]) for r in decision_rows(trace)}
+    summary = Overlay.trace_summary(trace).rejections
+    assert summary and all((r.message, r.hint) == table[(r.rule, r.anchor, r.guard)] for r in summary)
+    k = next(i for i, s in enumerate(trace.steps) if s.pass_name == "fuse_transformer_layer")
+    before = dot(trace, View(version=k + 1, side="before"))
+    explorer = json.dumps(trace_json(trace))
+    for text in (before, explorer):
+        assert "attn_is_fused_block" in text and "fuse_attention_block ran before and said no here" in text
+        assert "run fuse_attention_block first" not in text
