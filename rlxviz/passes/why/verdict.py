@@ -354,7 +354,7 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     ftl_illegal = any(o.pass_name == layer_pass_name for o in illegal)  # the layer op is not legal: its parts are
     ftl_excused = not_expected(arch, layer_pass_name) if arch.post_ln else None  # e.g. a post-LN layer quantized
     if ftl_excused is not None:
-        ignored.setdefault(layer_pass_name, f"{layer_op} ({layer_pass_name}): {ftl_excused}")
+        ignored.setdefault(layer_pass_name, not_expected_line(layer_op, layer_pass_name, "", ftl_excused))  # no refusal
     cannot = facts.cannot_make(layer)
     unmade = {c.rsplit(": ", 1)[-1].removesuffix(" cannot be made") for c in cannot} if expect == "pipeline" else set()
     unmakeable = bool(layer_op) and layer_op in unmade
