@@ -33,7 +33,7 @@ def test_attention_only_with_a_qkv_split_rejection_does_not_pass():
     check = check_fusion(Pipeline.canonical().run(attention_only_bad_split()), "attn")
     assert not check.ok and check.architecture.kind == "attention_only"
     assert any("qkv_split" in m for m in check.misses)
-    assert not any("qkv_split" in x for x in check.not_expected)
+    assert not any("(qkv_split)" in x for x in check.not_expected)  # no line excuses it (others may quote it)
 
 
 @pytest.mark.parametrize("graph, pattern", [(ln_e_x2_graph(), "unrecognized.norm"),

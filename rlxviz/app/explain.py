@@ -33,7 +33,9 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
     candidate`: nodes that only look like the rule's input, a broadcast sum; no near-miss), `step` (index
     into `trace.steps`), `pass`, `rule`, `layer` (int or None), `stage`, `guard`, `why` (the guard's kind of
     "no": `illegal`, `not recognized`, `not profitable`; `also: ...` for a further failing guard of the same
-    candidate), `anchor`, `message`, `hint`, `fix` (compiler-side), `nodes` (ids to highlight).
+    candidate), `anchor`, `message`, `hint` (both as `explain` words them, `report.in_context`: a "run P first"
+    whose P ran before says what P decided there, its rejection on these nodes), `fix` (compiler-side), `nodes` (ids
+    to highlight).
     """
     rows: list[dict[str, Any]] = []
     if trace is None:
@@ -59,9 +61,10 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
             nodes = list(dict.fromkeys([*r.offending, r.anchor]))
             why = r.kind if r.headline else f"also: {r.kind}"
             kind = "left out" if r.soft else NOT_A_CANDIDATE if r.kind == NOT_A_CANDIDATE else "rejected"
+            message, hint = in_context(trace, k, r)  # as `explain` words it: a "run P first" whose P ran says so
             rows.append({"kind": kind, "step": k, "pass": s.pass_name, "rule": r.rule,
                          "layer": r.layer, "stage": r.stage, "guard": r.guard, "why": why, "fix": r.fix,
-                         "anchor": r.anchor, "message": r.message, "hint": r.hint, "path": r.path, "nodes": nodes})
+                         "anchor": r.anchor, "message": message, "hint": hint, "path": r.path, "nodes": nodes})
     return rows
 
 

@@ -21,6 +21,17 @@ TRAITS = (*KINDS, "pre_norm", "kv_cache", "keep_mask", "attention", "swiglu", "g
 `kv_cache` (K/V read through a KV cache), `keep_mask` (the attention's mask is a keep mask), `attention` (the layer has
 an attention, fused or primitives), `swiglu` (a gated MLP), `grouped_query` (fewer K/V heads than query heads)."""
 
+TRAIT_WORDS: dict[str, str] = {
+    "post_ln": "a post-LN layer", "pre_ln": "a pre-LN layer", "llama": "a LLaMA-style layer",
+    "parallel": "a parallel block", "cross_decoder": "a cross-attention decoder layer",
+    "attention_only": "an attention-only graph", "no_attention": "a layer without attention",
+    "pre_norm": "a pre-norm layer", "kv_cache": "a layer whose attention reads a KV cache",
+    "keep_mask": "a layer whose attention has a keep mask", "attention": "a layer with an attention",
+    "swiglu": "a layer with a gated MLP", "grouped_query": "a layer with grouped-query attention",
+}
+"""trait -> the layer it names, in words: what a pass's `unexpected` says its `expected_of` traits are
+(`{expected}`, `why.policy.not_expected`), so the sentence is the declaration itself, never a second copy of it."""
+
 FAMILIES: dict[str, tuple[str, str]] = {
     "norm": ("LayerNorm/RMSNorm statistics", "write it as (x - mean) / sqrt(var + eps) or x * rsqrt(mean(x^2) + eps) "
              "(see docs/passes.md, recognized forms), or emit layer_norm / rms_norm"),
@@ -65,4 +76,5 @@ def check_words(owner: str, what: str, words: Iterable[str], known: Collection[s
             raise RuleError(f"[{owner}] unknown {what} {w!r}{close(str(w), known)}; known: {', '.join(known)}")
 
 
-__all__ = ["FAMILIES", "FINDING", "FINDING_QUANTIZATION", "KINDS", "QUANTIZATION", "TRAITS", "check_words"]
+__all__ = ["FAMILIES", "FINDING", "FINDING_QUANTIZATION", "KINDS", "QUANTIZATION", "TRAITS", "TRAIT_WORDS",
+           "check_words"]

@@ -50,7 +50,10 @@ class Pass:
             candidate in. A refusal in a layer with none of them does not count (`unexpected` says why).
         excused_by: `(trait, why)` pairs: a layer with the trait does not expect the product at all (checked first).
         unexpected: why the product is not expected of a layer without an `expected_of` trait: a text (formatted
-            with the layer kind's `description` and `mask`) or a function of the layer kind.
+            with the layer kind's `description` and `mask`, the pass's `product`, and `expected`: its `expected_of`
+            traits in words, `declarations.TRAIT_WORDS`, joined by "or") or a function of the layer kind. It is
+            said after the refusal's own reason (`why.policy.not_expected_line`), so it says only what is true of
+            every layer without those traits.
         whole_layer: the product is a whole layer as one node (`FusedTransformerLayer`): the verdict finds the layer
             pass by this flag (`why.policy.layer_pass`, exactly one registered pass has it), and a layer that
             expects it is named as expecting nothing else (the layer op absorbs the other products). Needs `product`

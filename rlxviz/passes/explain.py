@@ -21,7 +21,7 @@ from ..ir import Graph, Node, Op
 from ..ir.identity import DigestCache
 from .engine import PassResult, settle
 from .pipeline import PASSES, Pipeline
-from .report import in_context, name_users_nodes, user_origin
+from .report import in_context, user_origin
 from .trace import Match, PassStep, Rejection, Trace, layer_label, layer_of, same_stack_as
 
 
@@ -358,7 +358,8 @@ def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None)
             elif rej:
                 at_r = next((i for i, x in enumerate(rej) if x.headline and not x.soft), 0)
                 r = rej[at_r]
-                also = tuple((x.guard, x.kind, name_users_nodes(trace, x.message)) for x in rej
+                at_k = at.step_of[(rule, layer)]  # a further guard's "run P first" in context too
+                also = tuple((x.guard, x.kind, in_context(trace, at_k[i], x)[0]) for i, x in enumerate(rej)
                              if x is not r and x.anchor == r.anchor and not x.headline)
                 message, hint = in_context(trace, at.step_of[(rule, layer)][at_r], r)
                 ex.outcomes.append(Outcome(at.name, rule, "rejected", r.guard, r.stage, message, hint,

@@ -130,33 +130,44 @@ def in_context(trace: Trace, step: int, r: Rejection) -> tuple[str, str]:
 
 
 def _in_context(trace: Trace, step: int, r: Rejection) -> tuple[str, str]:
-    """`(message, hint)` of rejection `r` (recorded by `trace.steps[step]`), with a "run P first" advice
+    """`(message, hint)` of rejection `r` (recorded by `trace.steps[step]`), with every "run P first" advice
     replaced by what P decided when P already ran before this pass: its rejection on the same nodes
-    (e.g. `biases_mergeable`, `merge_keeps_fusions`), that it fused nodes a few edges above these (its product
-    then feeds what this pattern refused: a RoPE, a norm between the QKV projection and the attention), or that
-    it had no candidate there."""
-    m = _RUN_FIRST.search(r.hint) or _RUN_FIRST.search(r.message)
-    if m is None:
-        return r.message, r.hint
-    earlier = [s for s in trace.steps[:step] if s.pass_name == m.group(1) and not s.error]
+    (e.g. `biases_mergeable`, `merge_keeps_fusions`, worded in context too: its own "run Q first" says what Q
+    decided), that it fused nodes a few edges above these (its product then feeds what this pattern refused: a RoPE,
+    a norm between the QKV projection and the attention), or that it had no candidate there. A "run P first" stays
+    only where P is not in the pipeline or runs after this pass (the advice is then the fix)."""
+    said: dict[str, str] = {}
+
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name not in said:
+            said[name] = _what_ran(trace, step, r, name) or m.group(0)
+        return said[name]
+
+    return _RUN_FIRST.sub(sub, r.message), _RUN_FIRST.sub(sub, r.hint)
+
+
+def _what_ran(trace: Trace, step: int, r: Rejection, name: str) -> str | None:
+    """What pass `name` decided about rejection `r`'s nodes when it ran before `trace.steps[step]` (None: it did
+    not run before: it is not in the pipeline, it runs later, or it crashed)."""
+    earlier = [(k, s) for k, s in enumerate(trace.steps[:step]) if s.pass_name == name and not s.error]
     if not earlier:
-        return r.message, r.hint
+        return None
     mine = {*r.bindings.values(), *r.offending, r.anchor}
-    related = [x for s in earlier for x in s.rejections
+    related = [(k, x) for k, s in earlier for x in s.rejections
                if x.headline and ({*x.bindings.values(), *x.offending, x.anchor} & _producers(s.before, mine))]
     near = _producers(trace.steps[step].before, mine, depth=4)
-    made = [(x, s.after) for s in earlier for x in s.matches if x.fused is not None and x.fused in near]
+    made = [(x, s.after) for _, s in earlier for x in s.matches if x.fused is not None and x.fused in near]
     if related:
-        x = related[-1]
-        said = f"{m.group(1)} ran before and said no here: {x.guard} ({x.kind}): {x.message}"
-    elif made:  # P did its part on these nodes: what blocks is between its product and this pattern
+        k, x = related[-1]
+        message = _in_context(trace, k, x)[0]  # k < step: its own "run Q first" in context too
+        return f"{name} ran before and said no here: {x.guard} ({x.kind}): {message}"
+    if made:  # P did its part on these nodes: what blocks is between its product and this pattern
         x, after = made[-1]
         what = after[x.fused].op.value if x.fused in after else "its product"
-        said = (f"{m.group(1)} ran before and did its part here ({x.rule} -> {what}, node {x.fused}); what this "
+        return (f"{name} ran before and did its part here ({x.rule} -> {what}, node {x.fused}); what this "
                 f"pattern does not take stands between that product and this one")
-    else:
-        said = f"{m.group(1)} ran before but had no candidate here (its pattern did not match these nodes)"
-    return r.message.replace(m.group(0), said), r.hint.replace(m.group(0), said)
+    return f"{name} ran before but had no candidate here (its pattern did not match these nodes)"
 
 
 def _producers(g: Graph, ids: set[int], depth: int = 3) -> set[int]:
@@ -202,7 +213,7 @@ def missed_fusions(source: Graph | Trace, pipeline: Pipeline | None = None) -> l
             if not r.headline or not any(i in final or (not own and i in regioned)
                                          for i in (r.anchor, *r.offending)):
                 continue
-            also = tuple(f"{o.guard} ({o.kind}): {o.message}" for o in s.rejections
+            also = tuple(f"{o.guard} ({o.kind}): {in_context(trace, k, o)[0]}" for o in s.rejections
                          if not o.headline and o.rule == r.rule and o.anchor == r.anchor)
             message, hint = in_context(trace, k, r)
             out[(r.rule, r.anchor)] = MissedFusion(r.rule, r.anchor, r.path, r.guard, message, hint, r.kind,

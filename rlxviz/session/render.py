@@ -68,7 +68,7 @@ def _why(trace: Trace, layer: int | None, i: int) -> tuple[Graph, Overlay | None
         # the step that recorded it: a stage of the pass (`fuse_sdpa/rope_heads`) for its own rule's refusal
         s = next((st for st in reversed(trace.steps) if st.family == name and st.is_stage
                   and any(r.rule == first.rule for r in st.rejections)), None) or trace.step(name)
-        return s.before, Overlay.before(s)
+        return s.before, Overlay.before(s).worded_by(trace, s)
     step = trace.steps[i - 1] if i > 0 else None
     return (step.after, Overlay.after(step)) if step is not None else (trace.input, None)
 
@@ -129,7 +129,7 @@ def picture(source: Trace | Graph, v: View, heat: Heat = ()) -> tuple[Graph, Ove
         elif step is None:
             g, ov = trace.input, None
         elif v.side == "before":
-            g, ov = step.before, Overlay.before(step)
+            g, ov = step.before, Overlay.before(step).worded_by(trace, step)
         else:
             g, ov = step.after, Overlay.after(step)
     kw: dict[str, Any] = {"view": v.view}

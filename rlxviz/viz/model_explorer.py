@@ -27,6 +27,7 @@ from typing import Any
 from ..ir import Graph, operand_roles
 from ..ir.ops import FUSED
 from ..passes.trace import Match, Rejection, Trace
+from .overlay import worded
 
 FUSED_FILL = "#c8e6c9"
 REJECTED_BORDER = "#d32f2f"
@@ -96,14 +97,15 @@ def trace_json(trace: Trace, versions: str = "all") -> dict[str, Any]:
     graphs = []
     name = trace.input.name
     if versions == "final":
-        graphs.append(graph_json(trace.final, trace.matches, trace.rejections, f"{name}: final"))
+        every = [r for s in trace.steps for r in worded(trace, s)]  # as explain words them
+        graphs.append(graph_json(trace.final, trace.matches, every, f"{name}: final"))
     else:
         graphs.append(graph_json(trace.input, [], [], f"{name}: 0 input"))
         so_far: list[Match] = []
         for k, s in enumerate(trace.steps, 1):
             so_far += s.matches
             if s.changed or s.rejections:
-                graphs.append(graph_json(s.after, so_far, s.rejections, f"{name}: {k} {s.pass_name}"))
+                graphs.append(graph_json(s.after, so_far, list(worded(trace, s)), f"{name}: {k} {s.pass_name}"))
     return {"label": name, "graphs": graphs}
 
 

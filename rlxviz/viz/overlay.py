@@ -8,7 +8,7 @@ before-graph, `Overlay.after(step)` marks the fused nodes on the after-graph.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..ir import Graph, Node, Op, operand_roles
 from ..ir.ops import FUSED
@@ -49,6 +49,22 @@ def change_words(before: Graph, after: Graph, added: list[int], removed: list[in
         text += f"; {word}: {', '.join(said)}"
     return text
 
+
+
+def worded(trace: Trace, step: PassStep) -> tuple[Rejection, ...]:
+    """`step`'s rejections (a step of `trace`) with their messages and hints as `explain`, the Why tab and the Matches
+    & rejections table word them (`passes.report.in_context`: a "run P first" whose P ran before names what P
+    decided there), so a tooltip says what the text says. `step`'s own when it is no step of `trace`."""
+    from ..passes.report import in_context  # the report reads the pipeline; the overlay is drawn without it
+
+    k = next((i for i, s in enumerate(trace.steps) if s is step), None)
+    if k is None:
+        return tuple(step.rejections)
+    out = []
+    for r in step.rejections:
+        message, hint = in_context(trace, k, r)
+        out.append(r if (message, hint) == (r.message, r.hint) else replace(r, message=message, hint=hint))
+    return tuple(out)
 
 @dataclass(frozen=True)
 class Overlay:
@@ -99,8 +115,14 @@ class Overlay:
         n_rej = len(step.rejections)
         title = f"before {step.pass_name}: {len(step.matches)} match(es), {n_rej} rejection(s)"
         return cls(title=title, matches=tuple(step.matches), extents=extents, match_ops=ops,
-                   rejections=tuple(step.rejections) if rejections else (),
+                   rejections=(worded(trace, step) if trace is not None else tuple(step.rejections))
+                   if rejections else (),
                    origin=all_versions(trace) if trace is not None else None)
+
+    def worded_by(self, trace: Trace, step: PassStep) -> Overlay:
+        """This overlay with `step`'s rejections (of `trace`) worded as `explain` and the table word them
+        (`worded`), for an overlay made without the trace (its labels unchanged)."""
+        return replace(self, rejections=worded(trace, step)) if self.rejections else self
 
     @classmethod
     def after(cls, step: PassStep, trace: Trace | None = None) -> Overlay:
@@ -124,8 +146,8 @@ class Overlay:
         """Every rejection of a run and every fused node still in its final graph (for the layer view)."""
         final = trace.final
         fused = tuple(m for m in trace.matches if m.fused is not None and m.fused in final)
-        return cls(title=trace.pipeline, fused=fused, rejections=tuple(trace.rejections),
-                   origin=all_versions(trace))
+        return cls(title=trace.pipeline, fused=fused,
+                   rejections=tuple(r for s in trace.steps for r in worded(trace, s)), origin=all_versions(trace))
 
     def extent(self, m: Match) -> tuple[int, ...]:
         """Node ids covered by match `m` (its absorbed nodes; by default its non-operand bindings)."""

@@ -43,15 +43,6 @@ from ..rule import Fail, Rule, Shape, User, reports
 from ..trace import layer_of
 
 
-def _block_unexpected(mask: str | None) -> str:
-    """Why FusedAttentionBlock is not expected of a pre-norm layer whose attention mask is `mask` (not a keep mask)."""
-    if mask == "additive":
-        return ("FusedAttentionBlock takes this layer's additive mask when the rest of the block matches, but a "
-                "pre-norm layer is only expected to pack its attention (the block is expected with a keep mask)")
-    return (f"FusedAttentionBlock takes a keep mask or an additive one as its mask operand; this layer's attention "
-            f"mask is {mask or 'absent'}")
-
-
 def tokens(c: Ctx, role: str = "attn") -> tuple[int, str]:
     """batch*seq of the attention bound to `role` (its output is [B, S, H])."""
     b, s = c[role].shape[0], c[role].shape[1]
@@ -309,7 +300,8 @@ fuse_attention_block = rule_pass("fuse_attention_block", [BLOCK], "QKV + attenti
                                  product="FusedAttentionBlock", expected_of=("post_ln", "keep_mask"),
                                  excused_by=(("kv_cache", "FusedAttentionBlock projects K and V from the hidden "
                                               "states; this layer's attention reads a KV cache (a decode step)"),),
-                                 unexpected=lambda a: _block_unexpected(a.mask),
+                                 unexpected="{product} is expected only of {expected}; this layer is "
+                                            "{description}",
                                  quantization=("attention", "FusedAttentionBlock computes the attention in float: "
                                                             "the scores a quantized layer rounds would not be"))
 

@@ -14,7 +14,16 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Protocol
 
-from ..declarations import FAMILIES, FINDING, FINDING_QUANTIZATION, KINDS, QUANTIZATION, TRAITS, check_words
+from ..declarations import (
+    FAMILIES,
+    FINDING,
+    FINDING_QUANTIZATION,
+    KINDS,
+    QUANTIZATION,
+    TRAIT_WORDS,
+    TRAITS,
+    check_words,
+)
 from ..engine import Pass
 from ..guard import DOES_NOT_PAY, NOT_NEAR_MISSES, REMEDIES, Guard, near_miss_kind
 from ..guard import KINDS as REFUSAL_KINDS
@@ -133,7 +142,8 @@ def not_expected(arch: LayerKind, pass_name: str, guard: str = "") -> str | None
                 return why
         if p.expected_of and not any(arch.has(t) for t in p.expected_of):
             u = p.unexpected
-            return u(arch) if callable(u) else u.format(description=arch.description, mask=arch.mask)
+            return u(arch) if callable(u) else u.format(description=arch.description, mask=arch.mask,
+                                                        product=p.product or p.name, expected=expected_of_words(p))
     g = _guards(pass_name).get(guard) if guard else None
     if g is not None and any(arch.has(t) for t in g.excused_in):
         return g.excuse
@@ -164,6 +174,26 @@ def excuse(arch: LayerKind | None, pass_name: str, guard: str, kind: str, remedy
     return None if why is None else (NOT_EXPECTED_HERE, why)
 
 
+def expected_of_words(p: Pass) -> str:
+    """`p`'s `expected_of` traits in words (`declarations.TRAIT_WORDS`), joined by "or": e.g. `a post-LN layer or a
+    layer whose attention has a keep mask`."""
+    return " or ".join(TRAIT_WORDS.get(t, t) for t in p.expected_of)
+
+
+NOT_EXPECTED_WHY = "why it is not expected here"
+"""The words between a "not expected here" line's refusal and the reason the layer's kind excuses it."""
+
+
+def not_expected_line(rule: str, guard: str, reason: str, why: str) -> str:
+    """One "not expected here" line, the one wording of every front end (`explain`'s text and `--json`, the app's Why
+    tab): `RULE (GUARD): REASON; why it is not expected here: WHY`. `reason` is the failing guard's own message (as
+    the run's rejection says it, `report.in_context`; "" when there is no refusal, e.g. a product only excused),
+    `why` what the layer's kind says of the product (`not_expected`), so the line says first what failed and then
+    why that does not count here, never a reason of another guard."""
+    head = f"{rule} ({guard})" if guard else rule
+    return f"{head}: {reason}; {NOT_EXPECTED_WHY}: {why}" if reason else f"{head}: {why}"
+
+
 def check_declarations() -> None:
     """Every layer trait a pass or a guard names is one `LayerArchitecture.has` knows (`TRAITS`), exactly one
     registered pass is the whole-layer pass, and the unrecognized finding's declaration is well formed, so a misspelt
@@ -175,6 +205,9 @@ def check_declarations() -> None:
             is excused somewhere without saying why; no registered pass, or more than one, is `whole_layer`; the
             finding's quantization mode is unknown.
     """
+    missing = [t for t in TRAITS if t not in TRAIT_WORDS]
+    if missing:
+        raise RuleError(f"[Traits] no words for layer trait(s) {', '.join(missing)} (declarations.TRAIT_WORDS)")
     for p in PASSES.values():
         for t in (*p.expected_of, *(t for t, _ in p.excused_by)):
             if t not in TRAITS:
@@ -222,8 +255,9 @@ def expected_products(arch: LayerKind) -> list[str]:
     return out
 
 
-__all__ = ["EXPECT_MODES", "FAMILIES", "ILLEGAL_HERE", "KINDS", "LayerKind", "NOT_EXPECTED_HERE", "PRODUCTS", "TRAITS",
-           "check_declarations", "excuse", "expected_products", "layer_pass", "not_expected", "product", "recognizers"]
+__all__ = ["EXPECT_MODES", "FAMILIES", "ILLEGAL_HERE", "KINDS", "LayerKind", "NOT_EXPECTED_HERE", "NOT_EXPECTED_WHY",
+           "PRODUCTS", "TRAITS", "check_declarations", "excuse", "expected_of_words", "expected_products", "layer_pass",
+           "not_expected", "not_expected_line", "product", "recognizers"]
 
 
 check_declarations()

@@ -22,7 +22,17 @@ from ..trace import Rejection, Trace, layer_of, resolve_layers, same_stack_as
 from . import text
 from .facts import RunFacts, illegal_here, op_of, recognized, silent
 from .kinds import LayerArchitecture
-from .policy import EXPECT_MODES, ILLEGAL_HERE, NOT_EXPECTED_HERE, PRODUCTS, excuse, layer_pass, not_expected, product
+from .policy import (
+    EXPECT_MODES,
+    ILLEGAL_HERE,
+    NOT_EXPECTED_HERE,
+    PRODUCTS,
+    excuse,
+    layer_pass,
+    not_expected,
+    not_expected_line,
+    product,
+)
 
 Architecture = LayerArchitecture
 
@@ -310,9 +320,10 @@ def judged_kind(trace: Trace, layer: int) -> tuple[Architecture, Architecture]:
 
 def expected_misses(trace: Trace, arch: Architecture, layer: int | None
                     ) -> tuple[list[MissedFusion], dict[str, str]]:
-    """The misses of `layer` (None: the whole graph) that count for `arch`, and `pattern -> "pattern (guard):
-    why not expected"` for those that do not. Misses are the run's missed fusions plus its "no rule
-    recognizes this" findings (`passes.unrecognized`: a family-shaped chain no rule made a candidate)."""
+    """The misses of `layer` (None: the whole graph) that count for `arch`, and `pattern -> "pattern (guard): the
+    guard's reason; why it is not expected here: why"` (`policy.not_expected_line`) for those that do not. Misses
+    are the run's missed fusions plus its "no rule recognizes this" findings (`passes.unrecognized`: a family-shaped
+    chain no rule made a candidate)."""
     kept: list[MissedFusion] = []
     ignored: dict[str, str] = {}
     for m in RunFacts.of(trace).misses():
@@ -322,7 +333,8 @@ def expected_misses(trace: Trace, arch: Architecture, layer: int | None
         if ex is None:
             kept.append(m)
         elif m.pattern not in ignored:
-            ignored[m.pattern] = f"{m.pattern} ({m.guard}): {ex[1]}"
+            # the failing guard's own reason first, then why it does not count here (`policy.not_expected_line`)
+            ignored[m.pattern] = not_expected_line(m.pattern, m.guard, m.reason, ex[1])
     return kept, ignored
 
 
@@ -361,13 +373,14 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     ftl_illegal = any(o.pass_name == layer_pass_name for o in illegal)  # the layer op is not legal: its parts are
     ftl_excused = not_expected(arch, layer_pass_name) if arch.post_ln else None  # e.g. a post-LN layer quantized
     if ftl_excused is not None:
-        ignored.setdefault(layer_pass_name, f"{layer_op} ({layer_pass_name}): {ftl_excused}")
+        ignored.setdefault(layer_pass_name, not_expected_line(layer_op, layer_pass_name, "", ftl_excused))  # no refusal
     cannot = facts.cannot_make(layer)
     unmade = {c.rsplit(": ", 1)[-1].removesuffix(" cannot be made") for c in cannot} if expect == "pipeline" else set()
     unmakeable = bool(layer_op) and layer_op in unmade
     if unmade:  # judged against the pipeline only: a refusal of a product it cannot make does not count
         misses = [m for m in misses if PRODUCTS.get(m.pattern.split(".")[0]) not in unmade]
-        ignored |= {o.rule: f"{o.rule} ({o.guard}): the pipeline cannot make {PRODUCTS[o.pass_name]}"
+        ignored |= {o.rule: not_expected_line(o.rule, o.guard, o.message,
+                                              f"the pipeline cannot make {PRODUCTS[o.pass_name]}")
                     for o in ex.rejected if PRODUCTS.get(o.pass_name) in unmade and o.rule not in ignored}
     skipped = list(ignored)
     expect_ftl = layer_pass_name in ran and arch.post_ln and not ftl_illegal and not unmakeable and ftl_excused is None
