@@ -25,7 +25,7 @@ from rlxviz.app.panels import NOT_NEAR_MISS_MARK, VersionStepper
 from rlxviz.app.state import AppState
 from rlxviz.passes import Trace
 from rlxviz.passes.guard import DOES_NOT_PAY, MODEL_TERM, NOT_PROFITABLE, near_miss_kind
-from rlxviz.passes.why.policy import NOT_EXPECTED_HERE
+from rlxviz.passes.why.policy import NOT_EXPECTED_HERE, NOT_EXPECTED_WHY
 from rlxviz.passes.why.verdict import RunVerdict, places, standing
 from rlxviz.session import OpenRequest, open_model, open_pipeline, open_trace
 
@@ -164,13 +164,20 @@ def test_pre_norm_exports_show_no_near_miss_where_every_layer_fused(name):
 
 @pytest.mark.parametrize("name", ["cases/deit.ortopt.onnx", "cases/granite.onnx"])
 def test_each_excused_place_says_why_as_explain_does(name):
-    """The chip's `○` reason for a place not expected of its layer is the line `explain` prints under that layer."""
+    """The chip's `○` reason for a place not expected of its layer is worded as the line `explain` prints under that
+    layer: the same rule and guard, and the same why (`explain` prints one place per pattern, the chip each place,
+    so the guard's own reason, which names the place's nodes, may differ)."""
     t = trace_of(FIX / name)
     v = RunVerdict.of(t)
-    said = {x for lv in v.layers for x in lv.not_expected}
+
+    def head_and_why(line: str) -> tuple[str, str]:
+        return line.split(": ", 1)[0], line.rsplit(f"{NOT_EXPECTED_WHY}: ", 1)[-1]
+
+    said = {head_and_why(x) for lv in v.layers for x in lv.not_expected}
     for s in t.steps:
         for item in not_near_misses(s, t).get(NOT_EXPECTED_HERE, []):
-            assert item.split(": ", 1)[1] in said, item
+            line = item.split(": ", 1)[1]
+            assert f"; {NOT_EXPECTED_WHY}: " in line and head_and_why(line) in said, item
 
 
 def test_granites_kept_mask_terms_are_marked_on_the_sdpa_chip():

@@ -17,7 +17,7 @@ from typing import Any
 from ..architecture import classify_layer
 from ..explain import Outcome, explain
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
-from ..report import MissedFusion, left_out_line, left_out_rejections
+from ..report import MissedFusion, in_context, left_out_line, left_out_rejections
 from ..trace import Rejection, Trace, layer_of, resolve_layers, same_stack_as
 from . import text
 from .facts import RunFacts, illegal_here, op_of, recognized, silent
@@ -475,7 +475,8 @@ class Places:
             order: what a version chip counts as `✗`.
         excused: `standing` group -> one item per place that is no near-miss (hard or soft), in the run's order:
             its node path (`-` for none), and for a group whose reason differs by place (`NOT_EXPECTED_HERE`,
-            `ILLEGAL_HERE_GROUP`) `PATH: RULE (GUARD): why`. The chip's faded `○`.
+            `ILLEGAL_HERE_GROUP`) `PATH: RULE (GUARD): why`, a not-expected one as `explain` words it
+            (`policy.not_expected_line`: the guard's reason first). The chip's faded `○`.
     """
 
     near_misses: list[Rejection]
@@ -492,6 +493,7 @@ def places(trace: Trace, rejections: Iterable[Rejection]) -> Places:
             heads[k] = r
     near: list[Rejection] = []
     excused: dict[str, list[str]] = {}
+    step_of: dict[int, int] | None = None  # rejection -> its step, for the reason in context (built when needed)
     for r in heads.values():
         st = standing(trace, r)
         if st is None:
@@ -500,7 +502,13 @@ def places(trace: Trace, rejections: Iterable[Rejection]) -> Places:
             continue
         group, why = st
         path = r.path or "-"
-        item = f"{path}: {r.rule} ({r.guard}): {why}" if group in (NOT_EXPECTED_HERE, ILLEGAL_HERE_GROUP) else path
+        if group == NOT_EXPECTED_HERE:  # worded as `explain` words it: the guard's own reason, then why
+            if step_of is None:
+                step_of = {id(x): k for k, s in enumerate(trace.steps) for x in s.rejections}
+            reason = in_context(trace, step_of[id(r)], r)[0] if id(r) in step_of else r.message
+            item = f"{path}: {not_expected_line(r.rule, r.guard, reason, why)}"
+        else:
+            item = f"{path}: {r.rule} ({r.guard}): {why}" if group == ILLEGAL_HERE_GROUP else path
         excused.setdefault(group, []).append(item)
     return Places(near, excused)
 
