@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ...ir.identity import IdentityMap
 from ..architecture import classify_layer
 from ..explain import Outcome, explain
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
@@ -493,7 +494,7 @@ def places(trace: Trace, rejections: Iterable[Rejection]) -> Places:
             heads[k] = r
     near: list[Rejection] = []
     excused: dict[str, list[str]] = {}
-    step_of: dict[int, int] | None = None  # rejection -> its step, for the reason in context (built when needed)
+    step_of: IdentityMap[Rejection, int] | None = None  # rejection -> its step, for the reason in context
     for r in heads.values():
         st = standing(trace, r)
         if st is None:
@@ -504,8 +505,11 @@ def places(trace: Trace, rejections: Iterable[Rejection]) -> Places:
         path = r.path or "-"
         if group == NOT_EXPECTED_HERE:  # worded as `explain` words it: the guard's own reason, then why
             if step_of is None:
-                step_of = {id(x): k for k, s in enumerate(trace.steps) for x in s.rejections}
-            reason = in_context(trace, step_of[id(r)], r)[0] if id(r) in step_of else r.message
+                step_of = IdentityMap()
+                for k, s in enumerate(trace.steps):
+                    for x in s.rejections:
+                        step_of[x] = k
+            reason = in_context(trace, step_of[r], r)[0] if r in step_of else r.message
             item = f"{path}: {not_expected_line(r.rule, r.guard, reason, why)}"
         else:
             item = f"{path}: {r.rule} ({r.guard}): {why}" if group == ILLEGAL_HERE_GROUP else path
