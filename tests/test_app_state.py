@@ -266,7 +266,10 @@ def test_timing_says_the_precision_policy_and_runs_uploaded_inputs():
     buf = io.BytesIO()
     np.savez(buf, input_ids=np.ones((1, 3), np.int64))
     s.set_user_inputs(buf.getvalue(), "wrong.npz")
-    assert "input 'input_ids' has shape [1, 3], the graph needs" in s.message and s.user_inputs is None
+    # a file that does not fit is refused, saying why and that it is not used (another batch/seq alone is taken
+    # from the file, as `rlxviz time --inputs` takes it: tests/test_app_io_faults.py)
+    assert "no array for input(s) 'attention_mask'" in s.message and "wrong.npz is not used" in s.message
+    assert s.user_inputs is None
 
 
 def test_ir_source_good_and_bad():
