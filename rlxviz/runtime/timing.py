@@ -103,9 +103,12 @@ class Timing:
 
 def summarize(samples_s: Sequence[float], first_s: float, context: TimingContext | None = None) -> Timing:
     """A `Timing` from per-call seconds (at least one, in call order) and the first call's seconds;
-    `samples_ms` keeps the call order (the rounds stay paired across interleaved versions)."""
+    `samples_ms` keeps the call order (the rounds stay paired across interleaved versions). The IQR is p75 - p25
+    interpolated linearly (`method="inclusive"`, NumPy's `percentile` default): the quartiles the timing table and
+    its whiskers show (`session.timing.VersionTiming.quartiles`), so the busy rule reads the span shown beside it (the
+    exclusive method made 3 rounds' IQR their whole range, twice the p25..p75 shown)."""
     ms = [s * 1e3 for s in samples_s]
-    q = statistics.quantiles(ms, n=4) if len(ms) >= 2 else [ms[0], ms[0], ms[0]]
+    q = statistics.quantiles(ms, n=4, method="inclusive") if len(ms) >= 2 else [ms[0], ms[0], ms[0]]
     return Timing(statistics.median(ms), min(ms), q[2] - q[0], first_s * 1e3, tuple(ms), context)
 
 
