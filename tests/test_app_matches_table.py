@@ -103,3 +103,14 @@ def test_the_table_takes_the_tabs_height_and_fits_its_width():
     frame = t.value
     spec = {c["field"]: c for c in t._config_columns(t._get_column_definitions(list(frame.columns), frame))}
     assert {f: spec[f].get("width") for f in DecisionTable.columns} == widths, spec
+
+
+def test_the_fix_columns_are_titled_as_the_why_tab_and_inspector_name_them():
+    """The row's `hint` is what the Why tab and the inspector print as "Fix:", its `fix` their "Compiler fix:" (the
+    table titled them "hint" and "fix": a newcomer read the compiler fix as the model's fix)."""
+    from rlxviz.app.explain import _why_markdown
+
+    table = DecisionTable(state=tiny())
+    assert table.table.titles == {"hint": "fix", "fix": "compiler fix"}
+    said = _why_markdown("g", "", "m", "HINT", "FIX")
+    assert "*Fix:* HINT" in said and "*Compiler fix:* FIX" in said

@@ -39,6 +39,11 @@ TABLE_CSS = """
 view and no sign of the rest), and long names broken anywhere in their wrapped cells."""
 
 
+COLUMN_TITLES = {"hint": "fix", "fix": "compiler fix"}
+"""Headers of the rows' `hint` and `fix` fields, as the Why tab and the inspector name the same texts ("fix:" in
+the model, "compiler fix:"): the table's "hint" held what the Why tab calls the fix, its "fix" the compiler fix."""
+
+
 class DecisionTable(Viewer):
     """Every match and rejection (Tabulator: sortable, filterable by pass, layer, guard); a click highlights it."""
 
@@ -61,7 +66,8 @@ class DecisionTable(Viewer):
                             "pass": {"type": "input", "func": "like", "placeholder": "pass"},
                             "layer": {"type": "number", "func": "=", "placeholder": "layer"},
                             "guard": {"type": "input", "func": "like", "placeholder": "guard"}},
-            formatters={c: {"type": "textarea"} for c in WRAPPED}, widths=dict(COLUMN_WIDTHS))
+            formatters={c: {"type": "textarea"} for c in WRAPPED}, widths=dict(COLUMN_WIDTHS),
+            titles=dict(COLUMN_TITLES))
         self.table.on_click(self._clicked)
         self.about = pn.pane.Markdown("", css_classes=["rv-decisions-about"], margin=(0, 10),
                                       styles={"font-size": "13px"})
