@@ -9,6 +9,7 @@ import re
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
+from ..session.defaults import MIN_VERDICT_ROUNDS
 from ..session.timing import DISAGREE, quiet_rule
 from .text import md_escape
 from .wording import hide_server_paths, version_name
@@ -83,8 +84,10 @@ def fusion_kernels_markdown(split: Any) -> str:
             continue
         what, v = step
         words = NOT_READ if busy else v.words
-        lines.append(f"| {md_escape(r.label)} | {r.nodes} | {_ms(r.median_ms)} | {what}: {v.ratio:.2f}× "
-                     f"({v.low:.2f}–{v.high:.2f}) | {words} |")
+        # the interval only where it is read (`session.timing_table`'s rule): not busy, enough rounds
+        ci = f" ({v.low:.2f}–{v.high:.2f})" if not busy and v.rounds >= MIN_VERDICT_ROUNDS else ""
+        lines.append(f"| {md_escape(r.label)} | {r.nodes} | {_ms(r.median_ms)} | {what}: {v.ratio:.2f}×{ci} "
+                     f"| {words} |")
     f, k, t = split.fusion, split.kernels, split.total
     lines += ["", split.sentence("×")
               + f" Each ratio is the median of its own paired per-round ratios, so the two need not multiply to the "

@@ -459,14 +459,18 @@ def timing_table(rows: Sequence[VersionTiming],
         prev = timed[visible[n - 1][0]] if n else None
         vi = verdict(first, t) if n else None
         vp = verdict(prev, t) if prev is not None else None
-        ci = (vi.low, vi.high) if vi is not None else ((1.0, 1.0) if not n else (nan, nan))
+        # an interval is shown only where it is read: not on a busy run, not from fewer rounds than a verdict needs
+        # (three rounds' bootstrap interval beside "not read" told a reader the opposite of the verdict)
+        read = vi is not None and not busy and vi.rounds >= MIN_VERDICT_ROUNDS
+        ci = (vi.low, vi.high) if read else ((1.0, 1.0) if not n else (nan, nan))
         out.append({"#": i, "version": label, "ops": r.nodes, "median_ms": round(t.median_ms or nan, 3),
                     "min_ms": round(t.min_ms or nan, 3), "iqr_ms": round(t.iqr_ms or 0.0, 3),
                     "p25_ms": round(p25, 3), "p75_ms": round(p75, 3),
                     "first_call_ms": round(t.first_call_ms or nan, 1),
                     "max_err": float(t.max_abs) if t.max_abs is not None else nan,
                     "speedup": 1.0 if not n else (round(vi.ratio, 2) if vi is not None else nan),
-                    "ci": f"{ci[0]:.2f}..{ci[1]:.2f}" if n and vi is not None else ("" if not n else "-"),
+                    "ci": (f"{ci[0]:.2f}..{ci[1]:.2f}" if read else "" if not n else "-" if vi is None
+                           else "not read"),
                     "ci_low": round(ci[0], 3), "ci_high": round(ci[1], 3),
                     "vs_input": words(vi) if n else "",
                     "vs_previous": words(vp) if prev is not None else "",
