@@ -149,6 +149,7 @@ class _Drawer:
         self.clusters: list[tuple[str, dict[str, str], list[int]]] = []
         self.rejection_tips: dict[int, list[str]] = {}
         self.offending: set[int] = set()
+        self._place_roles: set[tuple[str, int, int, str]] = set()  # (rule, anchor, node, role) already labelled
         self._decorate()
 
     # -- overlay -> per-node decorations ----------------------------------------------------------
@@ -191,6 +192,11 @@ class _Drawer:
     def _decorate_rejection(self, k: int, r: Rejection) -> None:
         tip = f"REJECTED {r.rule} [{r.stage}] guard {r.guard}: {r.message}" + (f"\nhint: {r.hint}" if r.hint else "")
         for role, i in r.bindings.items():  # the candidate's roles, in a neutral colour: red is for the culprit
+            # once per node per place (rule, anchor): a candidate refused at four guards is one candidate, so its
+            # roles are drawn once ("hidden", not "hidden hidden hidden hidden"); another rule's roles still show
+            if (r.rule, r.anchor, i, role) in self._place_roles:
+                continue
+            self._place_roles.add((r.rule, r.anchor, i, role))
             self.roles.setdefault(i, []).append((role, st.CANDIDATE))
         mark = r.subject if r.subject is not None and r.subject in self.nodes else r.anchor
         self.border[mark] = (st.REJECT, 3.0, True)

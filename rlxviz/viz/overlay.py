@@ -50,6 +50,38 @@ def change_words(before: Graph, after: Graph, added: list[int], removed: list[in
     return text
 
 
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def before_caption(step: PassStep, trace: Trace | None = None) -> str:
+    """The caption of the graph before `step`: its matches, and its rejections counted by place (a rule's candidate
+    at one anchor) in the version chips' unit, never per failing guard.
+
+    "before fuse_transformer_layer: 0 match(es), 1 rejected place (4 failing guards)": the rejected places are the
+    hard near-misses the chip counts as `✗` (`passes.why.verdict.places` of `step`'s rejections in `trace`, judged by
+    `standing`), the guards in brackets (when more than one per place) the failing guards of those places; places
+    that are no near-miss are added as the chip's faded `○N` ("○2 not near-misses"). Without `trace` (a step drawn
+    on its own), a hard refusal's kind alone decides (`Rejection.near_miss`), as `app.derived.refusals` does then.
+    """
+    head = f"before {step.pass_name}: {len(step.matches)} match(es)"
+    if trace is not None and any(s is step for s in trace.steps):
+        from ..passes.why.verdict import places  # the verdict reads the pipeline; the overlay is drawn without it
+
+        p = places(trace, step.rejections)
+        near = {(r.rule, r.anchor) for r in p.near_misses}
+        excused = sum(len(v) for v in p.excused.values())
+    else:
+        near = {(r.rule, r.anchor) for r in step.rejections if not r.soft and r.near_miss}
+        excused = len({(r.rule, r.anchor) for r in step.rejections if not r.soft and not r.near_miss})
+    guards = sum(1 for r in step.rejections if not r.soft and (r.rule, r.anchor) in near)
+    text = f"{head}, {_plural(len(near), 'rejected place', 'rejected places')}"
+    if guards > len(near):
+        text += f" ({_plural(guards, 'failing guard', 'failing guards')})"
+    if excused:
+        text += f", ○{_plural(excused, 'not near-miss', 'not near-misses')}"
+    return text
+
 
 def worded(trace: Trace, step: PassStep) -> tuple[Rejection, ...]:
     """`step`'s rejections (a step of `trace`) with their messages and hints as `explain`, the Why tab and the Matches
@@ -112,17 +144,17 @@ class Overlay:
                 ids = set(fused.absorbed) | {m.anchor}
                 ops[m.anchor] = fused.op.value
             extents[m.anchor] = tuple(sorted(i for i in ids if i in step.before))
-        n_rej = len(step.rejections)
-        title = f"before {step.pass_name}: {len(step.matches)} match(es), {n_rej} rejection(s)"
-        return cls(title=title, matches=tuple(step.matches), extents=extents, match_ops=ops,
+        return cls(title=before_caption(step, trace), matches=tuple(step.matches), extents=extents, match_ops=ops,
                    rejections=(worded(trace, step) if trace is not None else tuple(step.rejections))
                    if rejections else (),
                    origin=all_versions(trace) if trace is not None else None)
 
     def worded_by(self, trace: Trace, step: PassStep) -> Overlay:
         """This overlay with `step`'s rejections (of `trace`) worded as `explain` and the table word them
-        (`worded`), for an overlay made without the trace (its labels unchanged)."""
-        return replace(self, rejections=worded(trace, step)) if self.rejections else self
+        (`worded`), for an overlay made without the trace (its labels unchanged), its caption counting places as
+        the chips do with the trace (`before_caption`)."""
+        out = replace(self, rejections=worded(trace, step)) if self.rejections else self
+        return replace(out, title=before_caption(step, trace)) if out.title.startswith("before ") else out
 
     @classmethod
     def after(cls, step: PassStep, trace: Trace | None = None) -> Overlay:
