@@ -179,3 +179,19 @@ def test_an_empty_ir_editor_shows_what_to_paste():
     assert not c.ir_placeholder.visible
     c.ir.value = "  \n"
     assert c.ir_placeholder.visible
+
+
+def test_the_hidden_note_counts_the_faded_places_the_hidden_passes_hold():
+    """llama-block's passes that changed nothing hold places that are nothing to fix (○): the note says how many, so
+    the chips shown and `explain`'s lists do not seem to disagree (a newcomer counted ○2 against explain's 4)."""
+    from test_app_views import tiny
+
+    from rlxviz.app.derived import not_near_misses
+
+    s = tiny(preset="llama-block")
+    shown = {k for k, _ in s._visible(s.trace)}
+    hidden = [k for k in range(1, len(s.trace.versions())) if k not in shown]
+    faded = sum(len(x) for k in hidden for x in not_near_misses(s.trace.steps[k - 1], s.trace).values())
+    assert faded > 0 and f"they hold ○{faded} places that are nothing to fix: untick to see them" in s.hidden_note()
+    bert = tiny()
+    assert "○" not in bert.hidden_note() and bert.hidden_note()
