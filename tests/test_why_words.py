@@ -76,7 +76,7 @@ def test_a_not_expected_line_says_its_failing_guard_first_then_why(name):
 
 @pytest.mark.parametrize("name, guard, fragment", [
     ("granite", "default_scale", "has scale=0.0625"),
-    ("falcon", "qkv_packed", "q, k and v must be narrows of one QKV projection"),
+    ("falcon", "qkv_packed", "Q and K must be rotated by one cos/sin table pair"),
     ("deit.ortopt", "mask_kind_keep", "has mask='none'"),
 ])
 def test_the_block_line_names_its_own_guard_not_a_mask_story(name, guard, fragment):
@@ -183,3 +183,19 @@ def test_graph_tooltips_say_what_the_table_says(name):
     for text in (before, explorer):
         assert "attn_is_fused_block" in text and "fuse_attention_block ran before and said no here" in text
         assert "run fuse_attention_block first" not in text
+
+
+def test_a_capture_met_at_another_node_says_its_own_hint():
+    """falcon: Q and K are narrows of one QKV projection, rotated by two cos tables (node 139 and 147): the refusal
+    says to compute the table once, not to run fuse_shared_input_matmul (whose only declined merge was QKV with the
+    MLP's FC1), and no "ran before and said no here" quote of that pass follows it."""
+    from rlxviz.models.onnx import load_onnx
+    from rlxviz.passes import Pipeline
+
+    trace = Pipeline.canonical().run(load_onnx(Path(__file__).parent / "fixtures/onnx/cases/falcon.onnx",
+                                               seq=16).graph)
+    packed = [r for s in trace.steps for r in s.rejections if r.guard == "qkv_packed"]
+    assert packed
+    for r in packed:
+        assert "needs the same node as rope_cos" in r.message and "compute the table once" in r.hint, r.message
+        assert "fuse_shared_input_matmul" not in r.message + r.hint

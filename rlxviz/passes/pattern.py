@@ -146,9 +146,10 @@ class P:
         self.alts = alts
 
     @staticmethod
-    def var(name: str, where: Check | None = None, what: str = "") -> P:
-        """A wildcard capturing any node as `name` (optionally constrained by `where`)."""
-        return P(None, name=name, where=where, what=what)
+    def var(name: str, where: Check | None = None, what: str = "", hint: str = "") -> P:
+        """A wildcard capturing any node as `name` (optionally constrained by `where`); `hint`: what to do when it
+        meets another node than the one `name` is already bound to (a rule's general hint does not say it)."""
+        return P(None, name=name, where=where, what=what, hint=hint)
 
     def __or__(self, other: P) -> P:
         """Alternatives, tried left to right: `P(Op.DIV, ...) | P(Op.MUL, ...)`."""
@@ -221,6 +222,10 @@ def _attr_ok(want: Any, have: Any) -> bool:
     return want(have) if callable(want) else want == have
 
 
+SAME_NODE = "the same node as "
+"""How a `Miss` words a capture bound to one node that met another (`Miss.expected` starts with it)."""
+
+
 def _miss(e: _Edge, role: str, nid: int, needed: str, found_op: str, found: str, b: Bindings, hint: str) -> Miss:
     return Miss(role, nid, needed, found, b, hint, e.depth, e.parent, e.parent_role, e.operand, (needed,), found_op)
 
@@ -267,7 +272,7 @@ def _match(p: P, g: Graph, nid: int, b: Bindings, role: str, e: _Edge) -> Bindin
         return _deepest(misses)
     if p.name and p.name in b and b[p.name] != nid:
         other = g[b[p.name]]
-        return _miss(e, here, nid, f"the same node as {p.name} ({describe(other)})", op_label(node),
+        return _miss(e, here, nid, f"{SAME_NODE}{p.name} ({describe(other)})", op_label(node),
                      describe(node), b, p.hint)
     if p.ops is not None and node.op not in p.ops:
         return _miss(e, here, nid, p.describe(), op_label(node), describe(node, op_label(node)), b, p.hint)

@@ -43,7 +43,7 @@ from .guard import (
     check_literals,
     extra_readers_why,
 )
-from .pattern import Miss, P, also_read, describe, op_label, where
+from .pattern import SAME_NODE, Miss, P, also_read, describe, op_label, where
 from .spelling import close, data_keys, scan
 
 
@@ -196,8 +196,11 @@ Step = Shape | User | Guard | Soft | Callable[[Ctx], "Fail | None"]
 
 
 def _miss_fail(name: str, ctx: Ctx, m: Miss, hint: str, fix: str = "") -> Fail:
-    """A structure failure from the deepest partial match: the edge that failed, found vs needed."""
-    hint = hint or m.hint
+    """A structure failure from the deepest partial match: the edge that failed, found vs needed. A capture that met
+    another node than the one it is bound to says its own hint where it has one (`P.var(hint=)`): the step's hint
+    is about the structure as a whole (falcon's Q and K, narrows of one QKV but rotated by two cos tables, were told
+    to run fuse_shared_input_matmul)."""
+    hint = m.hint if m.hint and m.expected.startswith(SAME_NODE) else (hint or m.hint)
     msg = f"{where(m, ctx.label)} is {m.found}; needs {m.expected}{also_read(m)}" + (f": {hint}" if hint else "")
     edges = ((m.node, m.parent),) if m.node is not None and m.parent is not None else ()
     return Fail("structure", name, msg, (m.node,) if m.node is not None else (), edges, hint, subject=m.node,

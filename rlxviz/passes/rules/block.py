@@ -192,7 +192,9 @@ def _rotated(tag: str) -> P:
     """Q or K of the block: a narrow of the packed QKV projection, or that narrow rotated by the rope op (the
     block's `has_rope`: one cos/sin table pair for Q and K)."""
     narrow = P(Op.NARROW, P.var("qkv"), name=tag)
-    return P(Op.ROPE, narrow, P.var("rope_cos"), P.var("rope_sin"), name=f"{tag}_rope") | narrow
+    one = ("Q and K must be rotated by one cos/sin table pair (the same nodes): here each reads its own; if the two "
+           "hold the same values, compute the table once in the model")
+    return P(Op.ROPE, narrow, P.var("rope_cos", hint=one), P.var("rope_sin", hint=one), name=f"{tag}_rope") | narrow
 
 
 @reports("rope_q_and_k", "rope_full_rotary", reads=("attn", "q_rope", "k_rope"))
