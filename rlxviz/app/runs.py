@@ -252,7 +252,7 @@ class Runs:
         # a syntax error's place, or the line defining the node a lint error names: the editor marks it
         at = (e.line, e.col, e.reason) if isinstance(e, IRSyntaxError | session.GraphTextError) and e.line else None
         s.ir_error = at if s.source == "ir" else None
-        s._error(explain_error(e, s.source, s.preset))
+        s._error(explain_error(e, s.source, s.preset, onnx=self._asked_onnx()))
         self._keep_shown()
         refused = isinstance(e, SourceError) or (s.source == "checkpoint" and self._model_key != s.model_key())
         if refused and s.model is not None and "Still showing" not in s.message:
@@ -263,6 +263,15 @@ class Runs:
             # so the panes still show what they showed, as current as before; the mark is left as it was
             return
         s.stale = self._stale_reason()
+
+    def _asked_onnx(self) -> bool:
+        """The path or upload asked for is an ONNX file (not a config.json + model.safetensors checkpoint)."""
+        s = self.state
+        if s.source == "checkpoint":
+            return str(s.checkpoint_dir).strip().lower().endswith(".onnx")
+        if s.source == "upload":
+            return any(str(n).lower().endswith(".onnx") for n in (*self._upload_names, *self._upload_names.values()))
+        return False
 
     def _keep_shown(self) -> None:
         """After an upload refused before its graph was read: the model shown stays, with the fields asking for it
