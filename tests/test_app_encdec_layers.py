@@ -90,3 +90,26 @@ def test_a_failed_load_names_an_onnx_file_so(source: str, upload: dict, path: st
     text = explain_error(RecursionError("deep"), source, s.preset, onnx=onnx)
     assert text.startswith(f"Error while loading {says}: RecursionError"), text
     assert ("checkpoint" in text) != ("ONNX" in text)
+
+
+@pytest.mark.parametrize("fail_on", ["input", "full"])
+def test_a_view_failing_on_a_new_model_leaves_the_previous_one_named(fail_on: str) -> None:
+    """A view that raises while the new model is shown (the Why tab's RecursionError on bart-full): some panes drew
+    the new model, some did not, and the strip and the stale banner named the new model ("showing the previous
+    pipeline run of bart-full") over minilm's panes. The state goes back to the model shown before, named as such;
+    `fail_on`: the first picture (the input graph) or the full run fails to show."""
+    s = tiny()
+    before = s.model
+
+    def view(event: object) -> None:  # a view that cannot show the uploaded model
+        if s.model is not before and (fail_on == "input" or len(s.trace.steps) > 0):
+            raise RecursionError("maximum recursion depth exceeded")
+
+    s.param.watch(view, "trace")
+    s.load_upload({"gpt2.onnx": (ROOT / "tests/fixtures/onnx/gpt2.onnx").read_bytes()})
+    assert s.message_kind == "danger" and s.message.startswith("Error while loading the uploaded ONNX file"), s.message
+    assert s.model is before and s.model.name == "bert-tiny" and s.trace is not None and s.trace.input is before.graph
+    assert s.stale.startswith("Stale: showing the previous model (bert-tiny)"), s.stale
+    assert "gpt2" not in s.stale
+    s.source = "preset"  # back to the model shown: current again
+    assert s.stale == "" and s.model.name == "bert-tiny"

@@ -86,6 +86,7 @@ class Runs:
         self.state = state
         self._model_key: tuple = ()
         self._shown_key: tuple = ()  # (model key, pipeline key) of the run the panes show
+        self._shown_run: tuple[tuple, Model, Trace] | None = None  # the last whole run shown: (key, model, trace)
         self._generation = 0
         self._variant_notice = ""
         self._upload: dict[str, bytes] = {}  # the accepted upload's files (`load_upload`)
@@ -335,8 +336,31 @@ class Runs:
         if model is not None:
             self._bound_variant_layer(model)
         s.param.version.bounds = (0, max(len(labels) - 1, 0))
-        s.param.update(**new, trace=trace, version=max(version, 0), highlight=[], stale="", **NO_TIMING)
+        try:
+            s.param.update(**new, trace=trace, version=max(version, 0), highlight=[], stale="", **NO_TIMING)
+        except Exception:
+            self._put_back_shown()
+            raise
         self._shown_key = (self._model_key, s.pipeline_key())
+        if trace.pipeline != INPUT_FIRST:  # a whole run (the input graph shown first is a load's first half)
+            self._shown_run = (self._model_key, s.model, trace)
+
+    def _put_back_shown(self) -> None:
+        """After a view failed while a new model or run was being shown (its watchers raised part way, so some panes
+        drew it and some did not): the state goes back to the run shown last, so that the strip, the stale banner
+        and the panes name one model (they named the new model over the previous model's panes). Then the caller's
+        failure marks the panes stale as for a failed load."""
+        s, shown = self.state, self._shown_run
+        if shown is None:
+            return
+        key, model, trace = shown
+        self._model_key = key
+        try:
+            s.param.version.bounds = (0, max(len(s._visible(trace)) - 1, 0))
+            s.param.update(model=model, trace=trace, version=min(s.version, s.param.version.bounds[1]),
+                           selected_node=None, highlight=[], **NO_TIMING)
+        except Exception:  # noqa: BLE001 - the caller reports the first failure; this one would hide it
+            pass
         errors = [st for st in trace.steps if st.error]
         if errors:
             first = errors[0]
