@@ -344,6 +344,16 @@ class Runs:
         self._shown_key = (self._model_key, s.pipeline_key())
         if trace.pipeline != INPUT_FIRST:  # a whole run (the input graph shown first is a load's first half)
             self._shown_run = (self._model_key, s.model, trace)
+        errors = [st for st in trace.steps if st.error]
+        if errors:
+            first = errors[0]
+            more = f" (and {len(errors) - 1} more pass(es))" if len(errors) > 1 else ""
+            s._error(f"Pass {first.pass_name} CRASHED{more}: an internal error, so its result was discarded and the "
+                     f"pipeline went on with the graph before it; the fusion report is incomplete:\n{first.error}\n"
+                     "Disable or move that pass (Pipeline) and re-run, and report the bug with the IR (IR tab).",
+                     kind="danger")
+        elif s.message_kind == "danger":
+            s.param.update(message="", message_kind="info")
 
     def _put_back_shown(self) -> None:
         """After a view failed while a new model or run was being shown (its watchers raised part way, so some panes
@@ -361,16 +371,6 @@ class Runs:
                            selected_node=None, highlight=[], **NO_TIMING)
         except Exception:  # noqa: BLE001 - the caller reports the first failure; this one would hide it
             pass
-        errors = [st for st in trace.steps if st.error]
-        if errors:
-            first = errors[0]
-            more = f" (and {len(errors) - 1} more pass(es))" if len(errors) > 1 else ""
-            s._error(f"Pass {first.pass_name} CRASHED{more}: an internal error, so its result was discarded and the "
-                     f"pipeline went on with the graph before it; the fusion report is incomplete:\n{first.error}\n"
-                     "Disable or move that pass (Pipeline) and re-run, and report the bug with the IR (IR tab).",
-                     kind="danger")
-        elif s.message_kind == "danger":
-            s.param.update(message="", message_kind="info")
 
     def _bound_variant_layer(self, model: Model) -> None:
         """"Layer to break" takes only the layers `model` has (0..N-1): a value past them (left from a larger model)
