@@ -112,3 +112,20 @@ def test_a_view_failing_on_a_new_model_leaves_the_previous_one_named(fail_on: st
     assert "gpt2" not in s.stale
     s.source = "preset"  # back to the model shown: current again
     assert s.stale == "" and s.model.name == "bert-tiny"
+
+
+def test_a_3000_node_chain_opens_in_the_why_tab() -> None:
+    """The Why tab's work (each layer's answer, its drawing, the pickers) on a graph 3000 nodes deep: no walk recurses
+    once per node (the bart-full failure was the pickers' loop above, not the graph's depth; this guards the other
+    reading of "maximum recursion depth exceeded")."""
+    n = 3000
+    lines = ["graph deep {", '  %0 = input {name="x"} : f32[1, 4]']
+    lines += [f"  %{i} = {'relu' if i % 2 else 'neg'}(%{i - 1}) : f32[1, 4] @encoder.layer.{i % 3}.ff"
+              for i in range(1, n + 1)]
+    s = tiny()
+    why = WhyView(state=s)
+    s.param.update(ir_text="\n".join([*lines, f"  return %{n}", "}"]), source="ir")
+    assert s.message_kind != "danger" and s.model.name == "deep", s.message
+    assert len(s.layers()) == 3 and "### Layer 0" in why.text.object and "Not shown" not in why.text.object
+    s.selected_layer = s.layers()[2]
+    assert "### Layer 2" in why.text.object and "Not shown" not in why.text.object
