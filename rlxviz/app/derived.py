@@ -16,7 +16,7 @@ import param
 from .. import session
 from ..ir import Graph, format_graph
 from ..passes import PassStep, Trace
-from ..passes.trace import Rejection
+from ..passes.trace import Rejection, layer_label
 from ..passes.why.verdict import RunVerdict, places
 from ..session import LayerStatus, SessionError, View, overlays
 from ..session import render as drawing
@@ -315,6 +315,13 @@ class Derived:
         """Layer indices found in the input graph's provenance."""
         g = self.trace.input if self.trace is not None else (self.model.graph if self.model else None)
         return session.model_layers(g) if g is not None else []
+
+    def layer_options(self) -> dict[str, int | None]:
+        """A layer picker's options: `choose` (None), then each layer under its label (`layer 3`; `encoder layer 0`
+        and `decoder layer 0` when the model has two stacks). Labelled `layer {index}`, an encoder-decoder's two
+        layers 0 shared one key: the picker could hold only the decoder's, so it moved the Why tab's pick (the
+        encoder's) there, the Why tab moved it back, and so on until RecursionError (bart-full.onnx)."""
+        return {"choose": None, **{layer_label(i): i for i in self.layers()}}
 
     @param.depends(*RUN)
     def verdict(self) -> RunVerdict:

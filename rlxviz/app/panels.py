@@ -140,7 +140,8 @@ class VersionStepper(Viewer):
         self.view = pn.widgets.Select.from_param(s.param.view, name="View", width=110, css_classes=["rv-view"])
         self.layer = pn.widgets.Select(name="Layer", options=self._layers(), value=s.selected_layer, width=100,
                                        css_classes=["rv-focus-layer"], visible=s.view == FOCUS)
-        self.layer.param.watch(lambda e: setattr(s, "selected_layer", e.new), "value")
+        self._syncing = False  # `_focus` setting the picker from the state: not a user's pick to send back
+        self.layer.param.watch(lambda e: self._syncing or setattr(s, "selected_layer", e.new), "value")
         s.param.watch(self._focus, ["view", "selected_layer", "trace"])
         self.fold = pn.widgets.Button(label="Fold all layers", width=120, align="end", css_classes=["rv-fold"],
                                       visible=bool(s.expanded_layers) and s.resolved_view() == COLLAPSED,
@@ -158,7 +159,7 @@ class VersionStepper(Viewer):
         s.param.watch(lambda e: setattr(self.overlay, "value", e.new), "overlay")
 
     def _layers(self) -> dict[str, int | None]:
-        return {"choose": None, **{f"layer {i}": i for i in self.state.layers()}}
+        return self.state.layer_options()
 
     def _focus(self, *events: param.parameterized.Event) -> None:
         """The focus view needs a layer: show the picker, and take the first layer when none is chosen."""
@@ -167,7 +168,11 @@ class VersionStepper(Viewer):
         if s.view == FOCUS and s.selected_layer is None and layers:
             s.selected_layer = layers[0]
             return
-        self.layer.param.update(options=self._layers(), value=s.selected_layer, visible=s.view == FOCUS)
+        self._syncing = True
+        try:
+            self.layer.param.update(options=self._layers(), value=s.selected_layer, visible=s.view == FOCUS)
+        finally:
+            self._syncing = False
 
     def _options(self) -> dict[str, int]:
         rows = self.state.version_rows()

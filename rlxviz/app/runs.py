@@ -86,6 +86,7 @@ class Runs:
         self.state = state
         self._model_key: tuple = ()
         self._shown_key: tuple = ()  # (model key, pipeline key) of the run the panes show
+        self._shown_run: tuple[tuple, Model, Trace] | None = None  # the last whole run shown: (key, model, trace)
         self._generation = 0
         self._variant_notice = ""
         self._upload: dict[str, bytes] = {}  # the accepted upload's files (`load_upload`)
@@ -252,7 +253,7 @@ class Runs:
         # a syntax error's place, or the line defining the node a lint error names: the editor marks it
         at = (e.line, e.col, e.reason) if isinstance(e, IRSyntaxError | session.GraphTextError) and e.line else None
         s.ir_error = at if s.source == "ir" else None
-        s._error(explain_error(e, s.source, s.preset))
+        s._error(explain_error(e, s.source, s.preset, onnx=self._asked_onnx()))
         self._keep_shown()
         refused = isinstance(e, SourceError) or (s.source == "checkpoint" and self._model_key != s.model_key())
         if refused and s.model is not None and "Still showing" not in s.message:
@@ -263,6 +264,15 @@ class Runs:
             # so the panes still show what they showed, as current as before; the mark is left as it was
             return
         s.stale = self._stale_reason()
+
+    def _asked_onnx(self) -> bool:
+        """The path or upload asked for is an ONNX file (not a config.json + model.safetensors checkpoint)."""
+        s = self.state
+        if s.source == "checkpoint":
+            return str(s.checkpoint_dir).strip().lower().endswith(".onnx")
+        if s.source == "upload":
+            return any(str(n).lower().endswith(".onnx") for n in (*self._upload_names, *self._upload_names.values()))
+        return False
 
     def _keep_shown(self) -> None:
         """After an upload refused before its graph was read: the model shown stays, with the fields asking for it
@@ -326,8 +336,14 @@ class Runs:
         if model is not None:
             self._bound_variant_layer(model)
         s.param.version.bounds = (0, max(len(labels) - 1, 0))
-        s.param.update(**new, trace=trace, version=max(version, 0), highlight=[], stale="", **NO_TIMING)
+        try:
+            s.param.update(**new, trace=trace, version=max(version, 0), highlight=[], stale="", **NO_TIMING)
+        except Exception:
+            self._put_back_shown()
+            raise
         self._shown_key = (self._model_key, s.pipeline_key())
+        if trace.pipeline != INPUT_FIRST:  # a whole run (the input graph shown first is a load's first half)
+            self._shown_run = (self._model_key, s.model, trace)
         errors = [st for st in trace.steps if st.error]
         if errors:
             first = errors[0]
@@ -338,6 +354,23 @@ class Runs:
                      kind="danger")
         elif s.message_kind == "danger":
             s.param.update(message="", message_kind="info")
+
+    def _put_back_shown(self) -> None:
+        """After a view failed while a new model or run was being shown (its watchers raised part way, so some panes
+        drew it and some did not): the state goes back to the run shown last, so that the strip, the stale banner
+        and the panes name one model (they named the new model over the previous model's panes). Then the caller's
+        failure marks the panes stale as for a failed load."""
+        s, shown = self.state, self._shown_run
+        if shown is None:
+            return
+        key, model, trace = shown
+        self._model_key = key
+        try:
+            s.param.version.bounds = (0, max(len(s._visible(trace)) - 1, 0))
+            s.param.update(model=model, trace=trace, version=min(s.version, s.param.version.bounds[1]),
+                           selected_node=None, highlight=[], **NO_TIMING)
+        except Exception:  # noqa: BLE001 - the caller reports the first failure; this one would hide it
+            pass
 
     def _bound_variant_layer(self, model: Model) -> None:
         """"Layer to break" takes only the layers `model` has (0..N-1): a value past them (left from a larger model)

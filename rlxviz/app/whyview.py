@@ -11,6 +11,7 @@ import param
 from panel.viewable import Viewer
 
 from ..passes.guard import NOT_A_CANDIDATE
+from ..passes.trace import layer_label
 from ..session import SessionError
 from .explain import decision_rows
 from .graphpane import SvgGraph, ZoomScope, absorbed_index
@@ -150,7 +151,7 @@ class WhyView(Viewer):
         self._update()
 
     def _layers(self) -> dict[str, int | None]:
-        return {"choose": None, **{f"layer {i}": i for i in self.state.layers()}}
+        return self.state.layer_options()
 
     def _chosen(self, event: param.parameterized.Event) -> None:
         if not self._syncing:  # the user's choice: kept across runs of this model
@@ -196,7 +197,7 @@ class WhyView(Viewer):
         text, err = safe(s.why_layer, s.selected_layer)
         self.text.object = text if text else f"**Not shown:** {md_escape(err or '')}"
         svg, err = safe(s.svg_why)
-        self.graph.param.update(svg=svg or "", title=f"layer {s.selected_layer}" + (f" — {err}" if err else ""),
+        self.graph.param.update(svg=svg or "", title=layer_label(s.selected_layer) + (f" — {err}" if err else ""),
                                 highlight=list(s.highlight), scope=self._zoom(s.model, "layer", s.selected_layer),
                                 absorbed=self._absorbed())
 

@@ -116,10 +116,13 @@ INTERNAL_NAME = re.compile(r"\[[A-Za-z_][\w.]*\] ")
 """The bracketed function name errors start with (`[build_bert] ...`): for a developer, left out of the page."""
 
 
-def explain_error(e: Exception, source: str, preset: str) -> str:
-    """An exception as a message with what to do, matched by its type."""
-    what = {"preset": f"building preset {preset!r}", "checkpoint": "loading the checkpoint folder",
-            "upload": "loading the uploaded checkpoint", "ir": "reading the IR text"}[source]
+def explain_error(e: Exception, source: str, preset: str, onnx: bool = False) -> str:
+    """An exception as a message with what to do, matched by its type. `onnx`: the path or upload is an ONNX file,
+    named so ("the uploaded ONNX file"; a newcomer's bart-full.onnx was "the uploaded checkpoint")."""
+    kind = "ONNX file" if onnx else "checkpoint"
+    what = {"preset": f"building preset {preset!r}", "checkpoint": f"loading the {kind} at the server path"
+            if onnx else "loading the checkpoint folder",
+            "upload": f"loading the uploaded {kind}", "ir": "reading the IR text"}[source]
     if isinstance(e, SourceError | SessionError):
         return INTERNAL_NAME.sub("", str(e))  # `bert-tiny: variant layer 5 ...`, not `[build_bert] variant ...`
     if isinstance(e, IRSyntaxError):
