@@ -284,7 +284,9 @@ def test_one_crashing_node_among_good_ones_is_named_alone():
            "op_type": "GatherND", "opset": 17, "shape": (2,), "dtype": "f32"}
     found = onnx_op_problems([(good, [(DType.f32, (2, 8))], [None]),
                               (bad, [(DType.f32, (2, 8)), (DType.i64, (2, 1))], [None, None])])
-    assert found[0] is None and "crashed (SIGSEGV)" in str(found[1]), found
+    # ONNX's shape inference on this node is undefined behaviour: the child dies by a signal, or under load it
+    # runs out of the child's memory first (CI saw both); either way the bad node alone is named
+    assert found[0] is None and ("crashed (SIGSEGV)" in str(found[1]) or "MemoryError" in str(found[1])), found
 
 
 def test_mutants_of_a_host_node_are_refused_by_lint_or_run_as_declared():
@@ -335,6 +337,9 @@ def test_mutants_of_a_host_node_are_refused_by_lint_or_run_as_declared():
 
 
 def test_a_crash_among_many_nodes_is_found_by_halves_and_a_timeout_is_not_split(monkeypatch):
+    import os
+    import signal
+
     from rlxviz.ir import host_rules
     from rlxviz.ir.dtype import DType
 
@@ -346,6 +351,14 @@ def test_a_crash_among_many_nodes_is_found_by_halves_and_a_timeout_is_not_split(
         return real(check, seconds)
 
     monkeypatch.setattr(host_rules, "forked", counting)
+    real_problem = host_rules._problem
+
+    def crash_on_gathernd(text, label, *rest):  # a crash every time (the real GatherND one is undefined behaviour)
+        if label == "GatherND":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return real_problem(text, label, *rest)
+
+    monkeypatch.setattr(host_rules, "_problem", crash_on_gathernd)  # in the forked children too
     goods = [({"node": _hardmax(name=f"h{i}_{time.monotonic_ns()}"), "op_type": "Hardmax", "opset": 17,
                "shape": (2, 8), "dtype": "f32"}, [(DType.f32, (2, 8))], [None]) for i in range(15)]
     bad = ({"node": encode(helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=-5,
