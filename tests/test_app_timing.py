@@ -347,3 +347,22 @@ def test_the_chart_pane_is_as_tall_as_its_plots():
     for n in (2, 9):
         s.param.update(blas="MLX", timings=timing_table([timed(i, f"v{i}", [1.0] * 5) for i in range(n)]))
         assert view.chart.height == view.chart.object.height == 2 * plot_height(n)
+
+
+@pytest.mark.parametrize("reps", [1, 2, 5])
+def test_the_round_count_is_read_from_the_row_not_from_the_verdict_words(reps):
+    """Issue 39 (code debt): `timing_table` rows carry `rounds` (the paired rounds `vs_input` was read from; the
+    input's row its own), and `speedup_label` reads that, not the count parsed back out of the verdict's words: a
+    verdict worded otherwise still gives "not read (N rounds < 21)"."""
+    from rlxviz.session.defaults import MIN_VERDICT_ROUNDS
+
+    versions = contradicting(reps=reps)
+    n = 3 * reps
+    assert n < MIN_VERDICT_ROUNDS
+    rows = timing_table(versions)
+    assert [r["rounds"] for r in rows] == [n, n]
+    assert speedup_label(rows[1]).endswith(f"not read ({n} rounds < {MIN_VERDICT_ROUNDS})")
+    reworded = {**rows[1], "vs_input": "not enough rounds"}  # the words no longer hold the numbers
+    assert speedup_label(reworded) == speedup_label(rows[1])
+    enough = timing_table(contradicting(reps=MIN_VERDICT_ROUNDS))
+    assert enough[1]["rounds"] == 3 * MIN_VERDICT_ROUNDS and "rounds <" not in speedup_label(enough[1])

@@ -5,7 +5,6 @@ as `AppState.timings` holds them)."""
 from __future__ import annotations
 
 import math
-import re
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
@@ -154,13 +153,15 @@ def speedup_label(row: dict[str, Any]) -> str:
     """The speed-up bar's label: the bar's own number (the paired speed-up over the input, `N.NN×`), then "within
     noise" when its verdict says so (its 95% interval holds 1 or spans more than `session.timing.WIDE_CI`), else the
     interval (`1.25× (1.18–1.31)`); on a run flagged busy (`row["busy"]`), or where the medians point the other way
-    (`session.timing.DISAGREE`), "not read" instead of either; with fewer rounds than a verdict needs
-    (`session.defaults.MIN_VERDICT_ROUNDS`) "not read (3 rounds < 21)", not an interval (three rounds' bootstrap
-    interval read "1.25× (1.18–1.31)" beside a verdict of too few rounds); the input's own bar reads `1.00×`."""
+    (`session.timing.DISAGREE`), "not read" instead of either; with fewer paired rounds (the row's `rounds`,
+    `session.timing_table`) than a verdict needs (`session.defaults.MIN_VERDICT_ROUNDS`) "not read (3 rounds < 21)",
+    not an interval (three rounds' bootstrap interval read "1.25× (1.18–1.31)" beside a verdict of too few rounds);
+    the input's own bar reads `1.00×`."""
     if row.get("busy") and row.get("vs_input"):
         return f"{row['speedup']:.2f}× not read (busy)"
-    if (few := re.match(r"too few rounds \((\d+) < (\d+)\)", str(row.get("vs_input", "")))) is not None:
-        return f"{row['speedup']:.2f}× not read ({few[1]} rounds < {few[2]})"
+    rounds = row.get("rounds")
+    if row.get("vs_input") not in (None, "", "-") and rounds is not None and rounds < MIN_VERDICT_ROUNDS:
+        return f"{row['speedup']:.2f}× not read ({rounds} rounds < {MIN_VERDICT_ROUNDS})"
     if row.get("vs_input") == "within noise":
         return f"{row['speedup']:.2f}× within noise"
     if row.get("vs_input") == DISAGREE:

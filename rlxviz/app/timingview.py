@@ -16,7 +16,7 @@ from .state import AppState
 from .text import md_escape
 from .timingchart import error_formatter, fusion_kernels_markdown, machine_verdict, timing_figure
 
-TIMING_HIDDEN = ["#", "p25_ms", "p75_ms", "ci_low", "ci_high", "min_ms", "iqr_ms", "busy", "lowering"]
+TIMING_HIDDEN = ["#", "p25_ms", "p75_ms", "ci_low", "ci_high", "min_ms", "iqr_ms", "busy", "lowering", "rounds"]
 """Timing columns the table leaves out: the chart's axis, whiskers (the IQR) and label numbers, so the rest (speed-up,
 its interval, both verdicts) fits a 1280 px window."""
 

@@ -433,8 +433,9 @@ def timing_table(rows: Sequence[VersionTiming],
     Returns:
         One dict per listed version: `#` (index into `rows`, unique where labels repeat), `version`, `ops`, the
         times, `max_err` (vs the float64 oracle), `speedup`, `ci`, `ci_low`, `ci_high`, `vs_input`,
-        `vs_previous`, `verdict`, `busy`. A comparison that cannot be made (a version not timed) reads "-", its
-        numbers NaN.
+        `vs_previous`, `verdict`, `busy`, `rounds` (the paired rounds `vs_input` was read from; the input's row
+        its own timed rounds; 0 where no comparison could be made). A comparison that cannot be made (a version
+        not timed) reads "-", its numbers NaN.
     """
     visible = [(r.index, r.label) for r in rows] if visible is None else list(visible)
     timed = [rows[r.same_as] if r.same_as is not None else r for r in rows]
@@ -474,7 +475,8 @@ def timing_table(rows: Sequence[VersionTiming],
                     "ci_low": round(ci[0], 3), "ci_high": round(ci[1], 3),
                     "vs_input": words(vi) if n else "",
                     "vs_previous": words(vp) if prev is not None else "",
-                    "verdict": r.verdict, "busy": busy})
+                    "verdict": r.verdict, "busy": busy,
+                    "rounds": vi.rounds if vi is not None else 0 if n else len(t.samples_ms)})
     return out
 
 
