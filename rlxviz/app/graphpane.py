@@ -285,6 +285,8 @@ _CSS = """
           stroke-width: 4 !important; stroke-dasharray: 2 2; }
 .rv-inner g.rv-found-node polygon, .rv-inner g.rv-found-node ellipse, .rv-inner g.rv-found-node path {
           fill: #fff59d !important; }
+/* a found node is filled light yellow: its label black, also where an overlay made it white */
+.rv-inner g.rv-found-node text { fill: #000000 !important; }
 """  # noqa: E501
 
 

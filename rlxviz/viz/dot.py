@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import html
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import graphviz
@@ -28,7 +28,7 @@ from ..ir.printer import format_value
 from ..ir.text import shown
 from ..passes.trace import Rejection, layer_label, layer_of
 from . import styles as st
-from .heat import text_color
+from .heat import readable_on, text_color
 from .overlay import INPUT_ROLES, Overlay
 from .styles import fmt_attrs, fmt_shape, human_count, op_color, short_name, tint
 
@@ -218,7 +218,7 @@ class _Drawer:
             self.rejection_tips.setdefault(i, []).append(tip)
 
     # -- labels -------------------------------------------------------------------------------------
-    def _folded_lines(self, n: Node) -> list[str]:
+    def _folded_lines(self, n: Node, fg: Callable[[str], str] = str) -> list[str]:
         roles = operand_roles(n.op, n.attrs, len(n.inputs))
         items = []
         for role, j in zip(roles, n.inputs, strict=False):
@@ -230,36 +230,46 @@ class _Drawer:
                     items.append((role, str(p.attrs.get("value")), p))
         if len(items) > _MAX_FOLDED_LINES:
             size = sum(_numel(p) for *_, p in items)
-            return [_small(f"+ {len(items)} weights ({human_count(size)} values)", "#555555")]
-        return [_small(f"{role}: {text}", "#555555") for role, text, _ in items]
+            return [_small(f"+ {len(items)} weights ({human_count(size)} values)", fg("#555555"))]
+        return [_small(f"{role}: {text}", fg("#555555")) for role, text, _ in items]
+
+    def _label_colors(self, n: Node) -> Callable[[str], str]:
+        """The colour each coloured line of `n`'s label takes: its own, except on an overlay's fill (time share,
+        error: `Overlay.heat`), where a colour short of `heat.MIN_CONTRAST` on that fill becomes the fill's label
+        colour (`heat.readable_on`; a grey shape on the darkest time bin read as nothing, issue 39)."""
+        if n.id not in self.ov.heat or n.id in self.ghosts:
+            return str
+        fill = self.ov.heat[n.id][0]
+        return lambda color: readable_on(color, fill)
 
     def _label(self, n: Node) -> str:
         lines = []
+        fg = self._label_colors(n)
         for role, color in self.roles.get(n.id, []):
-            lines.append(f'<FONT COLOR="{color}" POINT-SIZE="10"><B><I>{_e(role)}</I></B></FONT>')
+            lines.append(f'<FONT COLOR="{fg(color)}" POINT-SIZE="10"><B><I>{_e(role)}</I></B></FONT>')
         if n.op == Op.INPUT:
             lines.append(f"<B>{_e(n.attrs['name'])}</B>")
         elif n.op == Op.PARAM:
             lines.append(f"<B>{_e(short_name(n.attrs['name']))}</B>")
         else:
-            lines.append(f"<B>{_e(n.op.value)}</B> {_small(f'%{n.id}', '#777777')}")
+            lines.append(f"<B>{_e(n.op.value)}</B> {_small(f'%{n.id}', fg('#777777'))}")
         attrs = fmt_attrs(n)
         if attrs and n.op not in (Op.INPUT, Op.PARAM):
-            lines.append(_small(attrs, "#222222", 9))
-        lines += self._folded_lines(n)
+            lines.append(_small(attrs, fg("#222222"), 9))
+        lines += self._folded_lines(n, fg)
         if n.op in FUSED or n.absorbed:
             if n.pass_name:
-                lines.append(_small(f"by {n.pass_name}", "#1b5e20"))
+                lines.append(_small(f"by {n.pass_name}", fg("#1b5e20")))
             if n.absorbed:
                 ops = _op_summary(n.absorbed, self.ov.origin)
                 summary = f"absorbed {len(n.absorbed)} node(s)" + (f": {ops}" if ops else "")
-                lines += [_small(s, "#1b5e20") for s in _wrap(summary)[:3]]
+                lines += [_small(s, fg("#1b5e20")) for s in _wrap(summary)[:3]]
         for note in self.notes.get(n.id, []):
             color = st.REJECT if note.startswith(("✗", "offending")) else "#1b5e20"
-            lines.append(f'<FONT COLOR="{color}" POINT-SIZE="9"><B>{_e(note)}</B></FONT>')
+            lines.append(f'<FONT COLOR="{fg(color)}" POINT-SIZE="9"><B>{_e(note)}</B></FONT>')
         if n.id in self.ghosts:
             lines.insert(0, _small("removed", st.REMOVED))
-        lines.append(_small(fmt_shape(n), "#333333", 9))
+        lines.append(_small(fmt_shape(n), fg("#333333"), 9))
         return _html(lines)
 
     def _tooltip(self, n: Node) -> str:

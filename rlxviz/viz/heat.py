@@ -45,8 +45,8 @@ EDGES: dict[str, tuple[float, ...]] = {
 error relative to the tensor's scale (`session.overlays.NodeFigures.relative`): under 1e-7 is exact to f32's
 epsilon, 1e-4..1e-3 holds f16's (9.8e-4), 1e-2 and above bf16's (7.8e-3) and real faults."""
 
-DARK_BINS = 2
-"""The darkest bins take white text."""
+MIN_CONTRAST = 4.5
+"""WCAG 2's least contrast ratio for normal text (level AA): every label on an overlay fill reaches it."""
 
 
 def bin_of(kind: str, value: float) -> int:
@@ -61,9 +61,45 @@ def heat_colors(kind: str, values: Mapping[int, float]) -> dict[int, str]:
     return {i: NONFINITE if (b := bin_of(kind, v)) < 0 else _palette()[b] for i, v in values.items()}
 
 
+_NAMED = {"white": "#ffffff", "black": "#000000"}
+
+
+def luminance(color: str) -> float:
+    """WCAG 2 relative luminance (0 black .. 1 white) of an sRGB colour, `#rrggbb`, `#rgb`, `white` or `black`.
+
+    Raises:
+        ValueError: any other spelling (a Graphviz colour name, `rgb(...)`)."""
+    c = _NAMED.get(color.lower(), color.lower())
+    if len(c) == 4 and c.startswith("#"):
+        c = "#" + "".join(ch * 2 for ch in c[1:])
+    if len(c) != 7 or not c.startswith("#") or any(ch not in "0123456789abcdef" for ch in c[1:]):
+        raise ValueError(f"not a #rrggbb colour: {color!r}")
+    lin = [(v / 12.92) if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4
+           for v in (int(c[k:k + 2], 16) / 255 for k in (1, 3, 5))]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def contrast(a: str, b: str) -> float:
+    """WCAG 2 contrast ratio of two colours (1 .. 21; `luminance`'s spellings): (lighter + 0.05) / (darker + 0.05)."""
+    la, lb = sorted((luminance(a), luminance(b)))
+    return (lb + 0.05) / (la + 0.05)
+
+
 def text_color(fill: str) -> str:
-    """Black on the light fills, white on the dark ones."""
-    return "white" if fill == NONFINITE or fill in _palette()[-DARK_BINS:] else "black"
+    """The label colour on `fill`, from its luminance: `white` or `black`, whichever contrasts more (white on the
+    dark fills, black on the light ones). Every overlay's fills (`PALETTE`, `NONFINITE`) reach `MIN_CONTRAST`
+    with it; a mid-grey fill could not (neither reaches 4.5 on about #777777)."""
+    return "white" if contrast("#ffffff", fill) > contrast("#000000", fill) else "black"
+
+
+def readable_on(color: str, fill: str) -> str:
+    """`color` where it reaches `MIN_CONTRAST` on `fill`, else `text_color(fill)`: a label's coloured line (a grey
+    shape, a green "by pass") keeps its colour on a light fill and turns white on a dark one. A colour
+    `luminance` cannot read counts as unreadable."""
+    try:
+        return color if contrast(color, fill) >= MIN_CONTRAST else text_color(fill)
+    except ValueError:
+        return text_color(fill)
 
 
 def _fmt(kind: str, x: float) -> str:
@@ -82,4 +118,5 @@ def legend(kind: str) -> list[tuple[str, str]]:
     return rows
 
 
-__all__ = ["EDGES", "NONFINITE", "bin_of", "heat_colors", "legend", "text_color"]
+__all__ = ["EDGES", "MIN_CONTRAST", "NONFINITE", "bin_of", "contrast", "heat_colors", "legend", "luminance",
+           "readable_on", "text_color"]
