@@ -16,14 +16,14 @@ from rlxviz.runtime import run_reference
 from rlxviz.session.status import check_fusion
 
 
-def decode(mask: bool = True, bias: bool = False, sq: int = 1, out_cache: bool = True) -> str:
-    """One attention layer of a decode step: `sq` new tokens against a cache of 7 (4 heads of 16), an optional
-    padding keep mask over the 7 + sq keys, projection biases, the present key/value returned or not."""
+def decode(mask: bool = True, bias: bool = False, sq: int = 1, out_cache: bool = True, past: int = 7) -> str:
+    """One attention layer of a decode step: `sq` new tokens against a cache of `past` (4 heads of 16), an optional
+    padding keep mask over the past + sq keys, projection biases, the present key/value returned or not."""
     at = " @model.layers.0.self_attn"
-    S = 7 + sq
+    S = past + sq
     L = [f'  %0 = input {{name="hidden_states"}} : f32[2, {sq}, 64]',
-         '  %1 = input {name="past_key"} : f32[2, 4, 7, 16]',
-         '  %2 = input {name="past_value"} : f32[2, 4, 7, 16]',
+         f'  %1 = input {{name="past_key"}} : f32[2, 4, {past}, 16]',
+         f'  %2 = input {{name="past_value"}} : f32[2, 4, {past}, 16]',
          f'  %3 = input {{name="attention_mask"}} : i64[2, {S}]']
     n = [4]
 
@@ -85,7 +85,9 @@ def test_a_decode_step_packs_its_attention_and_the_block_is_not_expected(capsys,
     assert check_fusion(t).ok
     code, out, _ = cli_run(capsys, "explain", path)
     assert code == 0, out
-    assert "KV cache (decode step)" in out
+    # the workload named from the query length (issue 39): two new tokens are no decode step
+    assert ("KV cache (decode step of 1 token after 7 cached)" if sq == 1 else
+            f"KV cache (prefill of {sq} tokens after 7 cached)") in out
     if VARIANTS[name].get("mask", True):  # a keep mask would have made the block expected
         assert "kv_cache [the model's own term]" in out and "past_key" in out
 
@@ -116,3 +118,32 @@ def test_a_concat_on_the_heads_axis_or_of_a_non_split_is_not_a_cache():
 }"""
     g = parse_ir(src)
     assert pack_cache(g)[1] == []  # %5: the new part is no head split; %7: the heads axis, not the sequence
+
+
+@pytest.mark.parametrize("sq,past", [(16, 1), (16, 7), (4, 12), (1, 1), (1, 30)])
+def test_the_workload_is_named_from_the_query_length_not_from_the_cache(capsys, tmp_path, sq, past):
+    """Issue 39: a model with KV-cache inputs fed 16 new tokens is a prefill (a chunk after 7 cached), not a decode
+    step; one new token is. One wording (`kv_cache.kv_workload`) in the layer kind (`explain`'s text and JSON, the
+    app's Why tab), its evidence and the block's `kv_cache` refusal. (An empty cache, `[2, 4, 0, 16]`, is refused by
+    the IR's lint: the wording's own test covers 0 cached.)"""
+    import json
+
+    from rlxviz.passes.rules.kv_cache import kv_workload
+
+    assert kv_workload(16, 0) == "prefill of 16 tokens after 0 cached"
+    assert kv_workload(1, 0) == "decode step of 1 token after 0 cached"
+
+    path = tmp_path / "g.ir"
+    path.write_text(decode(sq=sq, past=past))
+    arch = classify_layer(parse_ir(path.read_text()), 0)
+    want = (f"decode step of 1 token after {past} cached" if sq == 1 else
+            f"prefill of {sq} tokens after {past} cached")
+    assert arch.kv_cache and arch.description.endswith(f"KV cache ({want})")
+    assert any(want in e for e in arch.evidence)
+    code, out, _ = cli_run(capsys, "explain", path)
+    assert code == 0, out
+    assert ("decode step" in out) == (sq == 1) and ("prefill" in out) == (sq > 1)
+    assert f"this step's K (a {want} with a KV cache, {sq} quer" in out
+    code, out, _ = cli_run(capsys, "explain", path, "--json")
+    assert code == 0 and want in out and ("decode step" in out) == (sq == 1)
+    json.loads(out)

@@ -35,6 +35,7 @@ from .activations import activation_form
 from .declarations import KINDS
 from .quant_steps import origin, readers, without_quant_steps
 from .rope_forms import interleaved_rope, rotate_half_rope
+from .rules.kv_cache import cached_length, kv_workload
 from .trace import Rejection, Trace, layer_of
 from .why.kinds import LayerArchitecture
 
@@ -333,15 +334,17 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = (), re
             forms.append("GELU with quantized intermediates")
     mask: str | None = None
     kv_cache = False
+    workload = ""
     if attn:
         a = attn[0]
         mask = _mask(a)
         if real is not None:  # the mask of the attention that runs: `unknown` when quantization kept it primitive
             mask = _mask(next(iter(_attention(real, real_nodes)), a))
-        if a.op == Op.ATTENTION and any(g[i].op == Op.CONCAT for i in a.inputs[1:3]):
+        if a.op == Op.ATTENTION and (cat := next((i for i in a.inputs[1:3] if g[i].op == Op.CONCAT), None)):
             kv_cache = True
-            evidence.append(f"{_label(a)}: K/V read through a KV cache ({a.shape[1]} queries against "
-                            f"{g[a.inputs[1]].shape[1]} keys: a decode step)")
+            workload = kv_workload(a.shape[1], cached_length(g, cat))
+            evidence.append(f"{_label(a)}: K/V read through a KV cache, a {workload} ({a.shape[1]} "
+                            f"quer{'y' if a.shape[1] == 1 else 'ies'} against {g[a.inputs[1]].shape[1]} keys)")
         if a.op == Op.ATTENTION and a.attrs.get("num_kv_heads") not in (None, a.attrs.get("num_heads")):
             evidence.append(f"{_label(a)}: grouped-query ({a.attrs['num_heads']} query heads, "
                             f"{a.attrs['num_kv_heads']} kv heads)")
@@ -395,7 +398,7 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = (), re
     if mask is not None:
         extras.append(f"{mask} mask" if mask != "none" else "no mask")
     if kv_cache:
-        extras.append("KV cache (decode step)")
+        extras.append(f"KV cache ({workload})")
     if quant:
         extras.append(f"quantized activations ({len(quant)} QuantizeLinear -> DequantizeLinear steps)")
     return LayerArchitecture(kind, f"{DESCRIPTIONS[kind]}; {', '.join(extras)}", norm, mask, rope, swiglu,

@@ -41,6 +41,7 @@ from ..guard import (
 from ..pattern import P
 from ..rule import Fail, Rule, Shape, User, reports
 from ..trace import layer_of
+from .kv_cache import cached_length, kv_workload
 
 
 def tokens(c: Ctx, role: str = "attn") -> tuple[int, str]:
@@ -230,21 +231,24 @@ def _block_rope(c: Ctx) -> Fail | None:
 
 @reports("kv_cache", kind=MODEL_TERM, reads=("attn",))
 def _kv_cache(c: Ctx) -> Fail | None:
-    """K or V read through a KV cache (a decode step: `concat(past, this step's K)`, `kv_cache.pack_cache`): the
-    block projects K and V from the hidden states only, so it cannot hold the cache (the model's own structure)."""
+    """K or V read through a KV cache (`concat(past, this step's K)`, `kv_cache.pack_cache`; a decode step or a
+    prefill, `kv_cache.kv_workload`): the block projects K and V from the hidden states only, so it cannot hold the
+    cache (the model's own structure)."""
     g, attn = c.graph, c["attn"]
     for who, i in (("K", attn.inputs[1]), ("V", attn.inputs[2])):
         n = g[i]
         if n.op == Op.CONCAT and len(n.inputs) == 2 and n.attrs["axis"] in (1, -2):
             past = g[g[n.inputs[0]].inputs[0]] if g[n.inputs[0]].op == Op.RESHAPE else g[n.inputs[0]]
             past = g[past.inputs[0]] if past.op == Op.TRANSPOSE else past
+            workload = kv_workload(attn.shape[1], cached_length(g, n.id))
             return Fail("guard", "kv_cache",
-                        f"{who} is {c.name_of(n.id)}: the cache {c.name_of(past.id)} and this step's {who} (a decode "
-                        f"step with a KV cache, {attn.shape[1]} quer{'y' if attn.shape[1] == 1 else 'ies'} against "
-                        f"{n.shape[1]} keys); FusedAttentionBlock projects K and V from the hidden states, so the "
-                        f"cache stays outside the packed attention's block", (n.id,), (),
-                        "nothing to change in the model: the decode step keeps its packed attention", subject=n.id,
-                        kind=MODEL_TERM, fix="a block that appends this step's K/V to a cache operand")
+                        f"{who} is {c.name_of(n.id)}: the cache {c.name_of(past.id)} and this step's {who} (a "
+                        f"{workload} with a KV cache, {attn.shape[1]} quer{'y' if attn.shape[1] == 1 else 'ies'} "
+                        f"against {n.shape[1]} keys); FusedAttentionBlock projects K and V from the hidden states, "
+                        f"so the cache stays outside the packed attention's block", (n.id,), (),
+                        f"nothing to change in the model: the {workload.split(' of ')[0]} keeps its packed "
+                        "attention",
+                        subject=n.id, kind=MODEL_TERM, fix="a block that appends this step's K/V to a cache operand")
     return None
 
 
@@ -301,7 +305,7 @@ fuse_attention_block = rule_pass("fuse_attention_block", [BLOCK], "QKV + attenti
                                  "FusedAttentionBlock", requires=("fuse_matmul_bias_act",),
                                  product="FusedAttentionBlock", expected_of=("post_ln", "keep_mask"),
                                  excused_by=(("kv_cache", "FusedAttentionBlock projects K and V from the hidden "
-                                              "states; this layer's attention reads a KV cache (a decode step)"),),
+                                              "states; this layer's attention reads a KV cache"),),
                                  unexpected="{product} is expected only of {expected}; this layer is "
                                             "{description}",
                                  quantization=("attention", "FusedAttentionBlock computes the attention in float: "

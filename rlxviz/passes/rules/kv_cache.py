@@ -100,10 +100,32 @@ PACK_CACHE_PASS = rule_pass("fuse_sdpa", [PACK_CACHE], "KV-cache concat read pac
 """The rule as a stage of `fuse_sdpa` (`engine.compose`)."""
 
 
+def kv_workload(queries: object, cached: object) -> str:
+    """What a run of an attention reading a KV cache is, named from its query length (the new tokens), the one
+    wording of `explain`, the app's Why tab and the block's `kv_cache` refusal: `decode step of 1 token after 7
+    cached` for one new token, `prefill of 16 tokens after 0 cached` for more (a prompt's prefill, or a chunk of
+    it after earlier chunks). A cache does not make a run a decode step: a 16-token run is a prefill. The words
+    before ` of ` name the kind alone (`decode step`, `prefill`).
+
+    Args:
+        queries: the new tokens (the attention's query length `Sq`); an int, or a dim the shape left unbound.
+        cached: the tokens already in the cache (the past's length on the sequence axis, `Sk - Sq`)."""
+    if queries == 1:
+        return f"decode step of 1 token after {cached} cached"
+    return f"prefill of {queries} tokens after {cached} cached"
+
+
+def cached_length(g: Graph, concat_id: int) -> object:
+    """The past's length of a cache concat `concat(past, new)` on the sequence axis: its first operand's extent on
+    the concat's axis (`[B, P, h*d]` packed, `[B, h, P, d]` in the head layout)."""
+    n = g[concat_id]
+    return g[n.inputs[0]].shape[n.attrs["axis"]]
+
+
 def pack_cache(g: Graph) -> tuple[Graph, list[Match]]:
     """`g` with every cache concat read in packed form by its readers (see the module doc), and one `Match` per
     concat; `(g, [])` when there is none. The `PACK_CACHE` rule run by the engine."""
     return PACK_CACHE_PASS.rewrite(g)
 
 
-__all__ = ["CACHE", "PACK_CACHE", "PACK_CACHE_PASS", "RULE", "pack_cache"]
+__all__ = ["CACHE", "PACK_CACHE", "PACK_CACHE_PASS", "RULE", "cached_length", "kv_workload", "pack_cache"]
