@@ -1,6 +1,7 @@
 """The Matches & rejections table and the version chips (issue 39's newcomer run): the table listed every pass's rows
 whatever version was selected and did not say so; the red "✗1" on the selected dark-blue chip was unreadable."""
 
+import functools
 import re
 
 import pytest
@@ -114,3 +115,122 @@ def test_the_fix_columns_are_titled_as_the_why_tab_and_inspector_name_them():
     assert table.table.titles == {"hint": "fix", "fix": "compiler fix"}
     said = _why_markdown("g", "", "m", "HINT", "FIX")
     assert "*Fix:* HINT" in said and "*Compiler fix:* FIX" in said
+
+
+# -- the rows' order (issue 39: a newcomer could not follow it) ---------------------------------------------------
+
+def _reading_keys(rows, trace):
+    from rlxviz.passes.trace import reading_order
+
+    key = reading_order(trace)
+    return [(key(r["layer"], r["anchor"]), r["step"]) for r in rows]
+
+
+RUNS = ["bert-tiny extra_h1_user", "bert-tiny tanh_gelu", "llama-block", "n3-01-rope-rotate-half-heads.rlx"]
+"""Runs with rows in several layers, each its own case: bert-tiny with a rejection, bert-tiny with a soft rejection,
+a LLaMA block, an IR file whose nodes are ordered by layer (a shared case copied into tests/data)."""
+
+
+@functools.cache
+def _run(name):
+    from pathlib import Path
+
+    from rlxviz import session
+
+    if name.startswith("bert-tiny"):
+        return tiny(variant=name.split()[1]).trace
+    if name == "llama-block":
+        m = session.load("llama-block", 1, 8)
+    else:
+        m = session.load_ir_text((Path(__file__).parent / "data" / "cases" / name).read_text())
+    return session.run_pipeline(m.graph, session.build_pipeline())
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_rows_follow_the_model_by_layer_then_graph_position_then_pass(name):
+    trace = _run(name)
+    rows = decision_rows(trace)
+    assert len(rows) > 2
+    keys = _reading_keys(rows, trace)
+    assert keys == sorted(keys), [(r["layer"], r["position"], r["step"], r["rule"]) for r in rows]
+    # the shown position is the sort key's: non-decreasing within a layer, each layer's rows together
+    layers = [r["layer"] for r in rows]
+    seen = [k for i, k in enumerate(layers) if i == 0 or layers[i - 1] != k]
+    assert len(seen) == len(set(seen)), seen
+    for a, b in zip(rows, rows[1:], strict=False):
+        if a["layer"] == b["layer"] and a["layer"] is not None:
+            assert a["position"] <= b["position"] and (a["position"] < b["position"] or a["step"] <= b["step"])
+    assert all(isinstance(r["position"], int) and 0 <= r["position"] < len(trace.input) for r in rows)
+
+
+def test_a_made_anchor_stands_where_its_result_stood():
+    """A node a pass made (the attention fuse_sdpa packed) takes the position of the last node it absorbed in the
+    input graph (where its result stood); a rejection anchored on it sorts there."""
+    from rlxviz.passes.trace import anchor_position
+
+    trace = tiny(variant="extra_h1_user").trace
+    position = anchor_position(trace)
+    made = [n for s in trace.steps for n in s.after if n.id not in trace.input and n.absorbed]
+    assert made
+    for n in made:
+        origin = [position(int(a)) for a in n.absorbed]
+        assert position(n.id) == max(origin)
+    assert position(10**9) == float("inf")
+
+
+def test_the_table_shows_its_order_and_keeps_it():
+    """The table lists the rows in `decision_rows`' order (the browser's sort by kind is gone), its first columns are
+    the sort key (layer, graph position), and the line above it says the order."""
+    from rlxviz.app.whyview import ORDER_NOTE
+
+    s = tiny()
+    s.apply_variant("extra_h1_user")
+    table = DecisionTable(state=s)
+    rows = decision_rows(s.advised_trace())
+    assert table.table.sorters == []
+    assert list(table.table.value.columns[:2]) == ["layer", "position"]
+    assert list(table.table.value["anchor"]) == [r["anchor"] for r in rows]
+    assert list(table.table.value["position"]) == [r["position"] for r in rows]
+    assert ORDER_NOTE in table.about.object and "by layer" in ORDER_NOTE and "then by pass" in ORDER_NOTE
+    table.only.value = True
+    s.version = next(k for k, lbl in enumerate(s.version_labels) if lbl == "after fuse_transformer_layer")
+    assert ORDER_NOTE in table.about.object
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_explain_lists_its_left_out_places_in_the_tables_order(name):
+    """One order: `explain`'s left-out lines (text and JSON: `report.left_out_rejections`) come in the order the
+    app's table lists the same places."""
+    from rlxviz.passes.report import left_out_rejections
+    from rlxviz.passes.trace import reading_order
+
+    trace = _run(name)
+    rows = decision_rows(trace)
+    listed = [(r.rule, r.anchor, r.guard) for r in left_out_rejections(trace)]
+    in_table = [(r["rule"], r["anchor"], r["guard"]) for r in rows]
+    assert [in_table.index(x) for x in listed] == sorted(in_table.index(x) for x in listed)
+    key = reading_order(trace)
+    got = [key(r.layer, r.anchor) for r in left_out_rejections(trace)]
+    assert got == sorted(got)
+
+
+def test_explain_on_an_exported_decoder_lists_places_layer_by_layer(capsys):
+    """optimum's LLaMA export with past key values (a shared case): its model's own terms, two per layer from two
+    passes, were listed pass by pass (layer 0, layer 1, layer 0, layer 1); now layer by layer, in the table's order,
+    in the text and in `--json`."""
+    import json
+    from pathlib import Path
+
+    from clirun import run
+
+    path = Path(__file__).parent / "fixtures" / "onnx" / "cases" / "optimum.llama-with-past.onnx"
+    code, out, _ = run(capsys, "explain", path)
+    assert code == 0, out
+    head = next(i for i, ln in enumerate(out.splitlines()) if "places keep the model's own terms" in ln)
+    items = out.splitlines()[head + 1:head + 5]
+    layers = [re.search(r"\(model\.layers\.(\d+)\.", ln)[1] for ln in items]
+    passes = [ln.split()[0].split(".")[0] for ln in items]
+    assert layers == ["0", "0", "1", "1"] and passes == ["fuse_sdpa", "fuse_attention_block"] * 2, items
+    code, out, _ = run(capsys, "explain", path, "--json")
+    group = next(g for g in json.loads(out)["left_out_groups"] if len(g["items"]) == 4)
+    assert [re.search(r"\(model\.layers\.(\d+)\.", x)[1] for x in group["items"]] == ["0", "0", "1", "1"]

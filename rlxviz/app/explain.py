@@ -19,14 +19,16 @@ from ..ir.ops import FUSED
 from ..ir.printer import format_value
 from ..passes.guard import NOT_A_CANDIDATE
 from ..passes.report import in_context
-from ..passes.trace import Rejection, Trace, layer_of
+from ..passes.trace import Rejection, Trace, anchor_position, layer_of, reading_order
 from ..passes.why.verdict import RunVerdict
 from ..session.tensors import summarize
 from .text import md_code, md_escape, md_pre
 
 
 def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
-    """One row per match and per rejection, in pipeline order.
+    """One row per match and per rejection, in the order a reader walks the model (`passes.trace.reading_order`, as
+    `explain` lists its left-out lines): by layer, then by the anchor's position in the input graph (`position`),
+    then by pass (pipeline order).
 
     Columns: `kind` (`fused`, its guard `all passed` or, for a fusion that left something out, `passed; left out
     by GUARD` / `rejected` / `left out`: a soft rejection of a rule that fused / `not a
@@ -35,7 +37,8 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
     "no": `illegal`, `not recognized`, `not profitable`; `also: ...` for a further failing guard of the same
     candidate), `anchor`, `message`, `hint` (both as `explain` words them, `report.in_context`: a "run P first"
     whose P ran before says what P decided there, its rejection on these nodes), `fix` (compiler-side), `nodes` (ids
-    to highlight).
+    to highlight), `position` (the anchor's place in the input graph's topological order, 0 the first node, a node a
+    pass made where its result stood: `passes.trace.anchor_position`; None for an anchor no version holds).
     """
     rows: list[dict[str, Any]] = []
     if trace is None:
@@ -65,6 +68,12 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
             rows.append({"kind": kind, "step": k, "pass": s.pass_name, "rule": r.rule,
                          "layer": r.layer, "stage": r.stage, "guard": r.guard, "why": why, "fix": r.fix,
                          "anchor": r.anchor, "message": message, "hint": hint, "path": r.path, "nodes": nodes})
+    key = reading_order(trace)
+    rows.sort(key=lambda r: (key(r["layer"], r["anchor"]), r["step"]))  # stable: a pass's own order kept last
+    position = anchor_position(trace)
+    for r in rows:
+        at = position(r["anchor"])
+        r["position"] = int(at) if at != float("inf") else None
     return rows
 
 

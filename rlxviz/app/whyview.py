@@ -22,8 +22,8 @@ from .text import md_escape
 TABLE_MIN_PX = 300
 """The matches table's least height; it takes the tab's whole height (it was fixed at 420 px, 12 of 18 rows shown
 above 400 blank px at 1080 px)."""
-COLUMN_WIDTHS = {"kind": "6%", "pass": "11%", "layer": "5%", "guard": "10%", "why": "7%", "rule": "13%",
-                 "anchor": "6%", "message": "19%", "hint": "12%", "fix": "11%"}
+COLUMN_WIDTHS = {"layer": "4%", "position": "5%", "kind": "6%", "pass": "11%", "guard": "10%", "why": "7%",
+                 "rule": "12%", "anchor": "5%", "message": "18%", "hint": "12%", "fix": "10%"}
 """Each column's share of the table's width (100% in all): the columns fit the table at any width, the text
 wrapping in its cell (the message, hint and fix columns of 420, 260 and 220 px ran past the right edge at 1920 px,
 hint and fix cut)."""
@@ -44,12 +44,18 @@ COLUMN_TITLES = {"hint": "fix", "fix": "compiler fix"}
 """Headers of the rows' `hint` and `fix` fields, as the Why tab and the inspector name the same texts ("fix:" in
 the model, "compiler fix:"): the table's "hint" held what the Why tab calls the fix, its "fix" the compiler fix."""
 
+ORDER_NOTE = ("Rows in reading order: by layer, then by where the anchor node sits in the graph (*position*: its "
+              "place in the graph's topological order), then by pass; click a header to sort otherwise.")
+"""How the table's rows are ordered (`explain.decision_rows`, `passes.trace.reading_order`), said under its title:
+the rows were sorted by kind, then pipeline order, an order a newcomer could not follow (issue 39)."""
+
 
 class DecisionTable(Viewer):
     """Every match and rejection (Tabulator: sortable, filterable by pass, layer, guard); a click highlights it."""
 
     state = param.ClassSelector(class_=AppState)
-    columns = ["kind", "pass", "layer", "guard", "why", "rule", "anchor", "message", "hint", "fix"]
+    columns = ["layer", "position", "kind", "pass", "guard", "why", "rule", "anchor", "message", "hint", "fix"]
+    """The sort key's columns first (layer, then graph position): the reading order is seen, not only said."""
 
     def __init__(self, **params: object) -> None:
         super().__init__(**params)
@@ -61,7 +67,7 @@ class DecisionTable(Viewer):
             self._frame(), show_index=False, sizing_mode="stretch_both", min_height=TABLE_MIN_PX, pagination=None,
             disabled=True, selectable=1, layout="fit_columns", css_classes=["rv-decisions"],
             stylesheets=[TABLE_CSS],
-            sorters=[{"field": "kind", "dir": "desc"}],
+            sorters=[],  # the rows' own order (`ORDER_NOTE`): a sort by kind scattered a layer's rows
             header_filters={"kind": {"type": "list", "values": ["fused", "rejected", "left out", NOT_A_CANDIDATE],
                                      "clearable": True},
                             "pass": {"type": "input", "func": "like", "placeholder": "pass"},
@@ -95,13 +101,13 @@ class DecisionTable(Viewer):
             self.about.object = ""
         elif not self.only.value:
             self.about.object = (f"**The whole run:** every pass's matches and rejections ({rows} rows), whatever "
-                                 "version is selected; a click goes to the version its pass made.")
+                                 f"version is selected; a click goes to the version its pass made. {ORDER_NOTE}")
         elif (k := self._step()) is None:
             self.about.object = (f"**The whole run** ({rows} rows): the selected version is the input graph, which no "
-                                 "pass made.")
+                                 f"pass made. {ORDER_NOTE}")
         else:
             label = md_escape(f"after {s.trace.steps[k].pass_name}")
-            self.about.object = f"**{label} only:** its pass's matches and rejections ({rows} rows)."
+            self.about.object = f"**{label} only:** its pass's matches and rejections ({rows} rows). {ORDER_NOTE}"
 
     def _frame(self) -> pd.DataFrame:
         advised, _ = safe(self.state.advised_trace)  # each hint as the Why tab and `explain` print it
@@ -110,7 +116,7 @@ class DecisionTable(Viewer):
             rows = [r for r in rows if r["step"] == k]
         self._rows = rows
         return pd.DataFrame([{c: r[c] for c in self.columns} for r in rows], columns=self.columns).astype(
-            {"layer": "Int64"})
+            {"layer": "Int64", "position": "Int64"})
 
     def _clicked(self, event: Any) -> None:
         self.select_row(event.row)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..ir import Graph, Node
 from ..ir.identity import DigestCache
 from .pipeline import Pipeline
-from .trace import Rejection, Trace, layer_of
+from .trace import Rejection, Trace, layer_of, reading_order
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,9 @@ def missed_fusions(source: Graph | Trace, pipeline: Pipeline | None = None) -> l
 
 
 def left_out_rejections(trace: Trace, layers: Collection[int] | None = None) -> list[Rejection]:
-    """The rejections `left_out` lists, in the run's order: what fusions that happened left out (their soft
+    """The rejections `left_out` lists, in the order a reader walks the model (`trace.reading_order`: by layer, then
+    the anchor's position in the graph, then pass order; the app's matches table's order): what fusions that happened
+    left out (their soft
     rejections, e.g. a refused merge, an additive mask kept, an activation not absorbed) and the refusals that are no
     near-miss (`Rejection.near_miss`: the model's own term kept out of a fusion, cross-attention and
     FusedAttentionBlock; nodes that only look like a rule's input, the embeddings' broadcast sum; a merge the tool's
@@ -231,9 +233,11 @@ def left_out_rejections(trace: Trace, layers: Collection[int] | None = None) -> 
     one of those layers (a question about layer N is not answered with the embeddings' line)."""
     missed = {(m.pattern, m.node) for m in missed_fusions(trace)}
     final = trace.final
-    return [r for r in trace.rejections if (r.rule, r.anchor) not in missed
+    rows = [r for r in trace.rejections if (r.rule, r.anchor) not in missed
             and (layers is None or layer_of(r.path or "") in layers) and (
                 r.soft or (not r.near_miss and r.headline and r.anchor in final))]
+    key = reading_order(trace)
+    return sorted(rows, key=lambda r: key(r.layer, r.anchor))  # stable: pass order between places of one anchor
 
 
 def left_out_line(r: Rejection) -> str:

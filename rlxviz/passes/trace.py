@@ -10,8 +10,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -283,6 +284,59 @@ class PassStep:
     def changed(self) -> bool:
         return self.after is not self.before and (bool(self.added) or bool(self.removed)
                                                   or self.after.outputs != self.before.outputs)
+
+
+def reading_order(trace: Trace) -> Callable[[int | None, int], tuple[int, Any, float]]:
+    """The order a reader walks the model in, as a sort key of a place (`(layer, anchor node id)`): by layer (as
+    `Layer` orders them: encoders first, then by index), then by the anchor's position in the input graph's
+    topological order (`anchor_position`); a place in no layer comes before the layers when its anchor is before
+    every layer's first node (the embeddings), after them otherwise (the final norm, the head). Sort stably by it
+    from pass order to get pass order between places of one anchor. The app's matches table and `explain`'s
+    left-out lines list their rows in this one order.
+
+    Returns:
+        key(layer, anchor) -> (0 before the layers | 1 in one | 2 after them, the layer or 0, the position)."""
+    position = anchor_position(trace)
+    first = min((position(n.id) for n in trace.input if layer_of(n.path or "") is not None), default=math.inf)
+
+    def key(layer: int | None, anchor: int) -> tuple[int, Any, float]:
+        at = position(anchor)
+        if layer is not None:
+            return (1, layer, at)
+        return (0 if at < first else 2, 0, at)
+
+    return key
+
+
+def anchor_position(trace: Trace) -> Callable[[int], float]:
+    """Node id (of any version of `trace`) -> its position in the input graph's topological order (0 the first
+    node): an input-graph node's own; a node a pass made, the last position of the nodes it absorbed (it stands where
+    its result stood), followed back pass by pass; a node made from none (a packed concat of weights) just after its
+    last operand (+ 0.5); `inf` for an id no version holds. Memoized per call."""
+    graph = trace.input
+    made: dict[int, Any] = {}
+    for s in trace.steps:
+        for n in s.after:
+            if n.id not in graph:
+                made.setdefault(n.id, n)
+    memo: dict[int, float] = {}
+
+    def position(i: int) -> float:
+        if i in memo:
+            return memo[i]
+        if i in graph:
+            memo[i] = float(graph.position(i))
+            return memo[i]
+        n = made.get(i)
+        memo[i] = math.inf  # a cycle (none in a DAG) ends here
+        if n is not None:
+            src = [int(a) for a in n.absorbed]
+            shift = 0.0 if src else 0.5
+            found = [p for p in map(position, src or n.inputs) if p != math.inf]
+            memo[i] = max(found) + shift if found else math.inf
+        return memo[i]
+
+    return position
 
 
 @dataclass
