@@ -10,7 +10,14 @@ import param
 from panel.viewable import Viewer
 
 from .numberbox import BoxNotes, NumberBox
-from .sources import ALLOWED_DIRS_ENV, allowed_dirs, max_upload_bytes, where_big_files
+from .sources import (
+    ALLOWED_DIRS_ENV,
+    MODEL_DROP_SUFFIXES,
+    allowed_dirs,
+    dropped_elsewhere,
+    max_upload_bytes,
+    where_big_files,
+)
 from .state import SHAPE_VARIANT, SOURCES, VARIANT_LABELS, AppState, move_position
 from .text import md_escape, md_pre
 from .wording import LAYER_OFF, gate_box
@@ -251,22 +258,30 @@ class ModelControls(Viewer):
         (the latest of each, this drop's or an earlier one's); one half of a checkpoint waits for the other."""
         if not event.new:
             return
-        self._dropped.update({k: v.encode("utf-8") if isinstance(v, str) else v for k, v in event.new.items()})
+        # files the zone does not take (a .txt, a .pt, a .zip) are said, not kept: they were held silently
+        taken = {k: v for k, v in event.new.items() if k.lower().endswith(MODEL_DROP_SUFFIXES)}
+        others = [k for k in event.new if k not in taken]
+        self._dropped.update({k: v.encode("utf-8") if isinstance(v, str) else v for k, v in taken.items()})
         files = self._dropped
-        onnx = [k for k in event.new if k.lower().endswith(".onnx")]
+        onnx = [k for k in taken if k.lower().endswith(".onnx")]
         cfg = [k for k in files if k.lower().endswith(".json")]
         st = [k for k in files if k.lower().endswith(".safetensors")]
         self._empty_drops()
+        wait = (f"Dropped {(cfg or st)[-1]}: now drop the checkpoint's {'model.safetensors' if cfg else 'config.json'} "
+                "too.") if cfg or st else ""
         if onnx:
             self._dropped = {}
             self.state.load_upload({onnx[-1]: files[onnx[-1]]})
         elif cfg and st:
             self._dropped = {}
             self.state.load_upload({cfg[-1]: files[cfg[-1]], st[-1]: files[st[-1]]})
-        elif cfg or st:
-            self.state.param.update(message=f"Dropped {(cfg or st)[-1]}: now drop the checkpoint's "
-                                            f"{'model.safetensors' if cfg else 'config.json'} too.",
-                                    message_kind="info")
+        elif others:  # nothing loads: the model shown stays, and the line says so
+            s = self.state
+            still = f" Still showing {s.model.name}." if s.model is not None else ""
+            s.param.update(message=f"{dropped_elsewhere(others)}{' ' + wait if wait else ''}{still}",
+                           message_kind="warning")
+        elif wait:
+            self.state.param.update(message=wait, message_kind="info")
 
     def _on_ir_file(self, event: param.parameterized.Event) -> None:
         if event.new:

@@ -21,6 +21,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..models.checkpoint import PICKLE_SUFFIXES
+
 ALLOWED_DIRS_ENV = "RLXVIZ_ALLOWED_DIRS"
 MAX_UPLOAD_ENV = "RLXVIZ_MAX_UPLOAD_MB"
 DEFAULT_MAX_UPLOAD_MB = 200
@@ -87,6 +89,42 @@ def where_big_files(allowed: list[Path] | None = None) -> str:
                 "not uploaded.")
     return (f"A bigger model is opened by path instead: start the server with {ALLOWED_DIRS_ENV}=/path/to/models, put "
             f"the .onnx file (and its external data) there and type its path in {PATH_BOX}.")
+
+
+MODEL_DROP_SUFFIXES = (".onnx", ".json", ".safetensors")
+"""What the model drop zone (and the Upload source) takes, by suffix: one `.onnx` file, or a checkpoint's
+`config.json` + `model.safetensors` (`check_upload`)."""
+DROP_TAKES = "one .onnx file (its weights inside) or a checkpoint's config.json + model.safetensors"
+"""`MODEL_DROP_SUFFIXES` in words."""
+IR_SUFFIXES = (".txt", ".ir", ".rlx")
+"""IR text files, read by the IR editor's file box (`ModelControls.ir_file`), not by the drop zone."""
+EXTERNAL_DATA_SUFFIXES = (".data", ".onnx_data", ".onnx.data", ".weight", ".weights")
+"""Files an `.onnx` file's external data is commonly stored in: read in place, by path, never uploaded."""
+
+
+def dropped_elsewhere(names: list[str]) -> str:
+    """One line for files dropped on the model drop zone that it does not take: what was received, where each kind
+    goes instead (an `.npz` of inputs: the Timing tab; IR text: the IR editor tab; an `.onnx` file's external data:
+    its path in the Folder source; a pickled checkpoint: never opened) and what the zone takes (`DROP_TAKES`). The
+    names are the user's, shown as text by the message pane (which escapes them). Raises nothing.
+
+    Example:
+        >>> dropped_elsewhere(["notes.txt"])  # doctest: +ELLIPSIS
+        'Dropped notes.txt: not taken (IR text goes in the IR editor tab). The drop zone takes one .onnx file ...'
+    """
+    low = [n.lower() for n in names]
+    hints = []
+    if any(n.endswith(".npz") for n in low):
+        hints.append("an .npz of inputs goes in the Timing tab's Your inputs (.npz)")
+    if any(n.endswith(IR_SUFFIXES) for n in low):
+        hints.append("IR text goes in the IR editor tab")
+    if any(n.endswith(EXTERNAL_DATA_SUFFIXES) for n in low):
+        hints.append(f"an .onnx file's external data is read in place: type the .onnx file's path in {PATH_BOX}")
+    if any(n.endswith(PICKLE_SUFFIXES) for n in low):
+        hints.append("a pickled checkpoint is never opened, as it could run code: convert it to model.safetensors")
+    if not hints:
+        hints.append("not a model file")
+    return f"Dropped {', '.join(names)}: not taken ({'; '.join(hints)}). The drop zone takes {DROP_TAKES}."
 
 
 def check_checkpoint_dir(path: str, allowed: list[Path] | None = None) -> list[Path]:
