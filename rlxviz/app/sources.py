@@ -71,6 +71,10 @@ def max_upload_bytes(env: dict[str, str] | None = None) -> int:
 
 PATH_BOX = "the Folder source's path box"
 """Where the app takes a typed server path: a checkpoint folder, or an `.onnx` file (with its external data)."""
+PATH_TAKES = ("a Hugging Face BERT checkpoint folder (it holds config.json and model.safetensors) or an .onnx file "
+              "(its external data beside it)")
+"""What `PATH_BOX` opens, in words: every message about the box names both (issue 39: they named the folder only,
+though an `.onnx` file under the allowed folders opens too)."""
 
 
 def where_big_files(allowed: list[Path] | None = None) -> str:
@@ -88,7 +92,7 @@ def where_big_files(allowed: list[Path] | None = None) -> str:
                 f"checkpoint folder under {roots[0]} on the server and type its path in {PATH_BOX}, where it is read, "
                 "not uploaded.")
     return (f"A bigger model is opened by path instead: start the server with {ALLOWED_DIRS_ENV}=/path/to/models, put "
-            f"the .onnx file (and its external data) there and type its path in {PATH_BOX}.")
+            f"the .onnx file (and its external data) or the checkpoint folder there and type its path in {PATH_BOX}.")
 
 
 MODEL_DROP_SUFFIXES = (".onnx", ".json", ".safetensors")
@@ -146,12 +150,43 @@ def check_checkpoint_dir(path: str, allowed: list[Path] | None = None) -> list[P
     roots = allowed_dirs() if allowed is None else allowed
     if not roots:
         raise SourceError(f"Checkpoint folders and .onnx paths are disabled on this server. Start it with "
-                          f"{ALLOWED_DIRS_ENV}=/path/to/models (a list separated by ':') to allow folders and .onnx "
-                          "files inside those directories, or upload config.json + model.safetensors instead.")
+                          f"{ALLOWED_DIRS_ENV}=/path/to/models (a list separated by ':') to open {PATH_TAKES} inside "
+                          "those directories by path, or upload one .onnx file (its weights inside) or config.json + "
+                          "model.safetensors instead.")
     if not path.strip():
-        raise SourceError("Type the path of a Hugging Face BERT checkpoint folder (it holds config.json and "
-                          f"model.safetensors) or of an .onnx file, inside {', '.join(map(str, roots))}.")
+        raise SourceError(f"Type the path of {PATH_TAKES}, inside {', '.join(map(str, roots))}.")
     return roots
+
+
+def check_path_kind(path: str, allowed: list[Path]) -> None:
+    """Refuse a path to open (one `check_in_roots` passed: inside the roots, existing) that is neither a checkpoint
+    folder nor an `.onnx` file, before any load, naming both (`PATH_TAKES`): a file of another kind (a `.txt`, an IR
+    file, a `.zip`) read "not a folder; give the folder holding config.json and model.safetensors", and a folder
+    without `config.json` "no config.json (a Hugging Face checkpoint folder needs one)", neither naming the `.onnx`
+    option. A checkpoint's `config.json` names its folder (as `session.load` takes it), and a pickled checkpoint
+    (`PICKLE_SUFFIXES`) is left to the loader, whose refusal says why it is never opened.
+
+    Args:
+        path: the path the loader would open (`resolve_in_roots`'s answer).
+        allowed: the allowed roots, named in the message.
+
+    Raises:
+        SourceError: `path` is a file other than `.onnx`, `config.json` or a pickle, or a folder without
+            `config.json`.
+    """
+    real = Path(path).expanduser().resolve()
+    where = ", ".join(map(str, allowed))
+    if real.is_file():
+        name = real.name.lower()
+        if name.endswith(".onnx") or name == "config.json" or name.endswith(PICKLE_SUFFIXES):
+            return
+        raise SourceError(f"{path}: neither a checkpoint folder nor an .onnx file; the path box opens {PATH_TAKES}, "
+                          f"inside {where}.")
+    if real.is_dir() and not (real / "config.json").is_file():
+        onnx = sorted(f.name for f in real.iterdir() if f.suffix.lower() == ".onnx" and f.is_file())[:3]
+        held = f" (it holds {', '.join(onnx)}: type that file's path)" if onnx else ""
+        raise SourceError(f"{path}: a folder without config.json, so no checkpoint folder{held}; the path box opens "
+                          f"{PATH_TAKES}, inside {where}.")
 
 
 def resolve_in_roots(path: str, allowed: list[Path]) -> str:
