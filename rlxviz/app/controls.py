@@ -5,6 +5,8 @@ Each is a Panel `Viewer` that reads and writes one `AppState`; none holds state 
 
 from __future__ import annotations
 
+import re
+
 import panel as pn
 import param
 from panel.viewable import Viewer
@@ -527,6 +529,10 @@ LONG_MESSAGE = 100
 button (one line of the banner holds about 130 characters at 1280 px)."""
 
 
+QUOTED_PLACE = re.compile(r"\n[ \t]*\^[ \t]*(?:\n|$)")
+"""A message's caret line under a quoted line of IR text (`ir.quote_place`): such a message opens unfolded."""
+
+
 class StatusBar(Viewer):
     """The last message (errors say what to do) and the progress of the running job."""
 
@@ -556,10 +562,12 @@ class StatusBar(Viewer):
         s.param.watch(self._update, ["message", "message_kind", "busy", "progress", "progress_text"])
 
     def _fold_to(self, message: str) -> None:
-        """A new message: folded to one line when long (`LONG_MESSAGE`), with "more" shown; a short one whole."""
+        """A new message: folded to one line when long (`LONG_MESSAGE`), with "more" shown; a short one whole. An
+        error that quotes a line of IR text with a caret under its column (`ir.quote_place`) opens whole, "less"
+        folding it: folded, its first line showed the place but neither the line nor the caret (issue 39)."""
         long = len(message) > LONG_MESSAGE or "\n" in message.strip()
         self.more.visible = bool(message) and long
-        self.unfold(not long)
+        self.unfold(not long or QUOTED_PLACE.search(message) is not None)
 
     def unfold(self, whole: bool) -> None:
         """Show the whole message (`whole`) or fold it to its first line (the "more ▾" / "less ▴" button)."""
