@@ -85,6 +85,10 @@ def test_a_dropped_file_the_zone_does_not_take_is_said_and_the_model_stays():
         assert "\n" not in s.message and s.message_kind == "warning"
         assert s.model is model and s.trace is trace and s.source == "preset" and not s.stale
         assert not holder[0].value
+    holder[0].value = {"m.onnx": b"\x08\x07", "m.onnx.data": b"\0" * 8}  # external data never comes along
+    assert s.message.startswith("Dropped m.onnx with its external data m.onnx.data: "), s.message
+    assert "path box" in s.message and s.message.endswith(f"Still showing {model.name}.") and s.model is model
+    assert s.source == "preset" and not s.stale
     holder[0].value = {"model.safetensors": b"\0"}  # half a checkpoint alone: it waits for its config.json
     assert "Dropped model.safetensors: now drop the checkpoint's config.json too." == s.message
     holder[0].value = {"readme.md": "hi"}  # with half a checkpoint held: both said, the half still held

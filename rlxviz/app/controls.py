@@ -14,6 +14,7 @@ from panel.viewable import Viewer
 from .numberbox import BoxNotes, NumberBox
 from .sources import (
     ALLOWED_DIRS_ENV,
+    EXTERNAL_DATA_SUFFIXES,
     MODEL_DROP_SUFFIXES,
     allowed_dirs,
     dropped_elsewhere,
@@ -257,7 +258,10 @@ class ModelControls(Viewer):
 
     def _on_drop(self, event: param.parameterized.Event) -> None:
         """Load what was dropped once it is a whole model: the last `.onnx` alone, or a `.json` and a `.safetensors`
-        (the latest of each, this drop's or an earlier one's); one half of a checkpoint waits for the other."""
+        (the latest of each, this drop's or an earlier one's); one half of a checkpoint waits for the other. Files
+        of other kinds are not held: alone, one line names them and what the zone takes (`dropped_elsewhere`); an
+        `.onnx` with its external data is not loaded (it would fail on the missing data) and the line says where
+        such a model goes (`where_big_files`). The model shown stays in both."""
         if not event.new:
             return
         # files the zone does not take (a .txt, a .pt, a .zip) are said, not kept: they were held silently
@@ -271,7 +275,15 @@ class ModelControls(Viewer):
         self._empty_drops()
         wait = (f"Dropped {(cfg or st)[-1]}: now drop the checkpoint's {'model.safetensors' if cfg else 'config.json'} "
                 "too.") if cfg or st else ""
-        if onnx:
+        data = [k for k in others if k.lower().endswith(EXTERNAL_DATA_SUFFIXES)]
+        if onnx and data:  # its external data cannot come along (an upload is one file): it opens by path instead
+            self._dropped = {}
+            s = self.state
+            still = f" Still showing {s.model.name}." if s.model is not None else ""
+            s.param.update(message=f"Dropped {onnx[-1]} with its external data {', '.join(data)}: an .onnx file's "
+                                   f"external data is never uploaded. {where_big_files()}{still}",
+                           message_kind="warning")
+        elif onnx:
             self._dropped = {}
             self.state.load_upload({onnx[-1]: files[onnx[-1]]})
         elif cfg and st:
