@@ -120,3 +120,29 @@ def test_a_refused_upload_names_both_ways_to_upload_and_the_model_still_shown(fi
     assert s.message.endswith("Still showing bert-tiny.") or "Still showing bert-tiny, as before" in s.message, \
         s.message
     assert s.model.name == "bert-tiny"
+
+
+@pytest.mark.parametrize("typed, said", [("notes.txt", "neither a checkpoint folder nor an .onnx file"),
+                                         ("graph.ir", "neither a checkpoint folder nor an .onnx file"),
+                                         ("empty", "a folder without config.json"),
+                                         ("exports", "(it holds m.onnx: type that file's path)")])
+def test_a_path_that_is_neither_a_checkpoint_folder_nor_an_onnx_file_names_both(monkeypatch, tmp_path: Path,
+                                                                                  typed: str, said: str):
+    """Issue 39: the path box's refusals spoke of a checkpoint folder only ("not a folder; give the folder holding
+    config.json and model.safetensors"), though an .onnx file under the allowed folders opens too. A file of another
+    kind, or a folder without config.json, is refused before any load, naming both; nothing is marked stale."""
+    root = tmp_path / "models"
+    (root / "empty").mkdir(parents=True)
+    (root / "exports").mkdir()
+    (root / "exports" / "m.onnx").write_bytes(b"")
+    (root / "notes.txt").write_text("hello")
+    (root / "graph.ir").write_text(SMALL_IR)
+    monkeypatch.setenv(ALLOWED_DIRS_ENV, str(root))
+    s = tiny(selected_layer=0)
+    why, mc = WhyView(state=s), ModelControls(state=s)
+    trace = s.trace
+    _open(mc, str(root / typed))
+    assert s.message_kind == "danger" and said in s.message, s.message
+    assert "checkpoint folder" in s.message and ".onnx file" in s.message and str(root) in s.message, s.message
+    assert s.message.endswith("Still showing bert-tiny.") and s.model.name == "bert-tiny" and s.trace is trace
+    _unmarked(s, why)

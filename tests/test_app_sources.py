@@ -14,6 +14,7 @@ from rlxviz.app.sources import (
     allowed_dirs,
     check_checkpoint_dir,
     check_ir_text,
+    check_path_kind,
     max_upload_bytes,
     save_upload,
 )
@@ -39,6 +40,31 @@ def test_checkpoint_dir_needs_a_path(tmp_path):
     with pytest.raises(SourceError, match="Type the path"):
         check_checkpoint_dir("  ", [tmp_path])
     assert check_checkpoint_dir(str(tmp_path), [tmp_path]) == [tmp_path]
+
+
+def test_every_path_box_message_names_a_checkpoint_folder_and_an_onnx_file(tmp_path):
+    """Issue 39: the path box's help and refusals named a checkpoint folder only; an .onnx file (its external data
+    beside it) under the allowed folders opens too. Each message names both; what opens is not refused."""
+    from rlxviz.app.sources import where_big_files
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    (tmp_path / "m.onnx").write_bytes(b"")
+    (tmp_path / "w.pt").write_bytes(b"")  # the loader refuses a pickle itself, saying why
+    (tmp_path / "notes.txt").write_text("hi")
+    (tmp_path / "weights.zip").write_bytes(b"PK")
+    said = [where_big_files([]), where_big_files([tmp_path])]
+    for call in (lambda: check_checkpoint_dir("/x", []), lambda: check_checkpoint_dir(" ", [tmp_path]),
+                 *(lambda n=n: check_path_kind(str(tmp_path / n), [tmp_path]) for n in ("notes.txt", "weights.zip",
+                                                                                      "empty"))):
+        with pytest.raises(SourceError) as e:
+            call()
+        said.append(str(e.value))
+    for text in said:
+        assert "checkpoint folder" in text and ".onnx file" in text, text
+    for ok in ("ckpt", "ckpt/config.json", "m.onnx", "w.pt"):
+        check_path_kind(str(tmp_path / ok), [tmp_path])
 
 
 def test_upload_limits_and_files(tmp_path):

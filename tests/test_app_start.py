@@ -7,6 +7,7 @@ from served import SMALL_IR
 from test_app_views import tiny
 
 from rlxviz.app.controls import ModelControls
+from rlxviz.app.sources import DROP_TAKES
 from rlxviz.app.start import BREAK_VARIANT, STEPS, StartHere, note_html
 
 FIX = Path(__file__).parent / "fixtures/onnx"
@@ -66,6 +67,33 @@ def test_a_dropped_onnx_file_loads_and_half_a_checkpoint_waits():
     assert "my-net.onnx" in s.message and s.message_kind == "danger" and not s.stale, s.message  # gpt2 kept
     holder[0].value = {"gpt2.onnx": (FIX / "gpt2.onnx").read_bytes()}  # the good file again: read and checked again
     assert "equals the ONNX model" in s.message and not s.stale, s.message  # (the broken file's error stayed up)
+
+
+def test_a_dropped_file_the_zone_does_not_take_is_said_and_the_model_stays():
+    """Issue 39: a .txt, a pickled .pt, a .zip, an .npz or an .onnx file's external data dropped on the zone did
+    nothing at all. One line now says what was received, where that kind goes, and what the zone takes; the model
+    shown stays (same model, same run, not stale), and the zone is emptied for the next drop."""
+    s = tiny()
+    holder = ModelControls(state=s).make_dropper()
+    model, trace = s.model, s.trace
+    for name, data, where in [("notes.txt", "graph g {", "IR editor tab"), ("weights.pt", b"\x80\x04", "never opened"),
+                              ("model.zip", b"PK\x03\x04", "not a model file"), ("inputs.npz", b"PK", "Timing tab"),
+                              ("model.onnx.data", b"\0" * 8, "path"), ("<b>x</b>.bin", b"\x80", "never opened")]:
+        holder[0].value = {name: data}
+        assert s.message.startswith(f"Dropped {name}: not taken (") and where in s.message, s.message
+        assert DROP_TAKES in s.message and f"Still showing {model.name}." in s.message, s.message
+        assert "\n" not in s.message and s.message_kind == "warning"
+        assert s.model is model and s.trace is trace and s.source == "preset" and not s.stale
+        assert not holder[0].value
+    holder[0].value = {"m.onnx": b"\x08\x07", "m.onnx.data": b"\0" * 8}  # external data never comes along
+    assert s.message.startswith("Dropped m.onnx with its external data m.onnx.data: "), s.message
+    assert "path box" in s.message and s.message.endswith(f"Still showing {model.name}.") and s.model is model
+    assert s.source == "preset" and not s.stale
+    holder[0].value = {"model.safetensors": b"\0"}  # half a checkpoint alone: it waits for its config.json
+    assert "Dropped model.safetensors: now drop the checkpoint's config.json too." == s.message
+    holder[0].value = {"readme.md": "hi"}  # with half a checkpoint held: both said, the half still held
+    assert "Dropped readme.md: not taken" in s.message and "now drop the checkpoint's config.json" in s.message
+    assert s.model is model and s.source == "preset"
 
 
 def test_the_line_follows_the_model_and_fits_one_line():

@@ -263,6 +263,12 @@ def test_debugger_flow_keeps_the_view_and_finds_nodes(watched):
     expect(pg.locator(".rv-after .rv-found")).to_have_text(re.compile(r"^1/\d+$"))
     box.press("Enter")
     expect(pg.locator(".rv-after .rv-found")).to_have_text(re.compile(r"^2/\d+$"))
+    # the search's own mark (issue 39): a magenta outline, the node's fill kept (its yellow fill read "partly fused"),
+    # and the counter's swatch of it
+    hit = pg.locator(".rv-after g.rv-found-node:not(.rv-sel):not(.rv-hl):not(.rv-rel)").first.locator("polygon, path")
+    assert hit.first.evaluate("e => getComputedStyle(e).stroke") == "rgb(255, 0, 255)"
+    assert hit.first.evaluate("e => getComputedStyle(e).fill") != "rgb(255, 245, 157)"
+    expect(pg.locator(".rv-after .rv-found.rv-hits")).to_have_count(1)
     # the second hit is centred: click it (node -> inspector), the view stays
     pg.locator(".rv-after g.rv-found-node").nth(1).click()
     expect(pg.locator(".rv-inspector")).to_contain_text("provenance")

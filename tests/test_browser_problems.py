@@ -415,6 +415,10 @@ def test_trial_5_every_drop_on_the_start_strip_loads(browser, server):
         expect(pg.locator(".rv-stale").first).to_be_hidden()
         drop(str(ONNX / "gpt2.onnx"))
         loaded_again(3)
+        # a file the zone does not take (issue 39: nothing happened): one line says what came and what it takes
+        drop([{"name": "notes.txt", "mimeType": "text/plain", "buffer": b"graph g {"}])
+        expect(msg).to_contain_text("Dropped notes.txt: not taken (IR text goes in the IR editor tab)")
+        expect(msg).to_contain_text("Still showing gpt2")
 
 
 def test_trial_6_the_default_timing_run_gives_a_verdict(browser, server):

@@ -5,12 +5,22 @@ Each is a Panel `Viewer` that reads and writes one `AppState`; none holds state 
 
 from __future__ import annotations
 
+import re
+
 import panel as pn
 import param
 from panel.viewable import Viewer
 
 from .numberbox import BoxNotes, NumberBox
-from .sources import ALLOWED_DIRS_ENV, allowed_dirs, max_upload_bytes, where_big_files
+from .sources import (
+    ALLOWED_DIRS_ENV,
+    EXTERNAL_DATA_SUFFIXES,
+    MODEL_DROP_SUFFIXES,
+    allowed_dirs,
+    dropped_elsewhere,
+    max_upload_bytes,
+    where_big_files,
+)
 from .state import SHAPE_VARIANT, SOURCES, VARIANT_LABELS, AppState, move_position
 from .text import md_escape, md_pre
 from .wording import LAYER_OFF, gate_box
@@ -248,25 +258,44 @@ class ModelControls(Viewer):
 
     def _on_drop(self, event: param.parameterized.Event) -> None:
         """Load what was dropped once it is a whole model: the last `.onnx` alone, or a `.json` and a `.safetensors`
-        (the latest of each, this drop's or an earlier one's); one half of a checkpoint waits for the other."""
+        (the latest of each, this drop's or an earlier one's); one half of a checkpoint waits for the other. Files
+        of other kinds are not held: alone, one line names them and what the zone takes (`dropped_elsewhere`); an
+        `.onnx` with its external data is not loaded (it would fail on the missing data) and the line says where
+        such a model goes (`where_big_files`). The model shown stays in both."""
         if not event.new:
             return
-        self._dropped.update({k: v.encode("utf-8") if isinstance(v, str) else v for k, v in event.new.items()})
+        # files the zone does not take (a .txt, a .pt, a .zip) are said, not kept: they were held silently
+        taken = {k: v for k, v in event.new.items() if k.lower().endswith(MODEL_DROP_SUFFIXES)}
+        others = [k for k in event.new if k not in taken]
+        self._dropped.update({k: v.encode("utf-8") if isinstance(v, str) else v for k, v in taken.items()})
         files = self._dropped
-        onnx = [k for k in event.new if k.lower().endswith(".onnx")]
+        onnx = [k for k in taken if k.lower().endswith(".onnx")]
         cfg = [k for k in files if k.lower().endswith(".json")]
         st = [k for k in files if k.lower().endswith(".safetensors")]
         self._empty_drops()
-        if onnx:
+        wait = (f"Dropped {(cfg or st)[-1]}: now drop the checkpoint's {'model.safetensors' if cfg else 'config.json'} "
+                "too.") if cfg or st else ""
+        data = [k for k in others if k.lower().endswith(EXTERNAL_DATA_SUFFIXES)]
+        if onnx and data:  # its external data cannot come along (an upload is one file): it opens by path instead
+            self._dropped = {}
+            s = self.state
+            still = f" Still showing {s.model.name}." if s.model is not None else ""
+            s.param.update(message=f"Dropped {onnx[-1]} with its external data {', '.join(data)}: an .onnx file's "
+                                   f"external data is never uploaded. {where_big_files()}{still}",
+                           message_kind="warning")
+        elif onnx:
             self._dropped = {}
             self.state.load_upload({onnx[-1]: files[onnx[-1]]})
         elif cfg and st:
             self._dropped = {}
             self.state.load_upload({cfg[-1]: files[cfg[-1]], st[-1]: files[st[-1]]})
-        elif cfg or st:
-            self.state.param.update(message=f"Dropped {(cfg or st)[-1]}: now drop the checkpoint's "
-                                            f"{'model.safetensors' if cfg else 'config.json'} too.",
-                                    message_kind="info")
+        elif others:  # nothing loads: the model shown stays, and the line says so
+            s = self.state
+            still = f" Still showing {s.model.name}." if s.model is not None else ""
+            s.param.update(message=f"{dropped_elsewhere(others)}{' ' + wait if wait else ''}{still}",
+                           message_kind="warning")
+        elif wait:
+            self.state.param.update(message=wait, message_kind="info")
 
     def _on_ir_file(self, event: param.parameterized.Event) -> None:
         if event.new:
@@ -512,6 +541,10 @@ LONG_MESSAGE = 100
 button (one line of the banner holds about 130 characters at 1280 px)."""
 
 
+QUOTED_PLACE = re.compile(r"\n[ \t]*\^[ \t]*(?:\n|$)")
+"""A message's caret line under a quoted line of IR text (`ir.quote_place`): such a message opens unfolded."""
+
+
 class StatusBar(Viewer):
     """The last message (errors say what to do) and the progress of the running job."""
 
@@ -541,10 +574,12 @@ class StatusBar(Viewer):
         s.param.watch(self._update, ["message", "message_kind", "busy", "progress", "progress_text"])
 
     def _fold_to(self, message: str) -> None:
-        """A new message: folded to one line when long (`LONG_MESSAGE`), with "more" shown; a short one whole."""
+        """A new message: folded to one line when long (`LONG_MESSAGE`), with "more" shown; a short one whole. An
+        error that quotes a line of IR text with a caret under its column (`ir.quote_place`) opens whole, "less"
+        folding it: folded, its first line showed the place but neither the line nor the caret (issue 39)."""
         long = len(message) > LONG_MESSAGE or "\n" in message.strip()
         self.more.visible = bool(message) and long
-        self.unfold(not long)
+        self.unfold(not long or QUOTED_PLACE.search(message) is not None)
 
     def unfold(self, whole: bool) -> None:
         """Show the whole message (`whole`) or fold it to its first line (the "more ▾" / "less ▴" button)."""

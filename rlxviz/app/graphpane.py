@@ -8,7 +8,9 @@ the +/- buttons, "fit" to see the whole graph, "full" to lay the drawing over th
 closes it). The view (zoom and pan) is kept when the picture changes
 within the same `scope` (stepping versions, clicking nodes) once the user moved it, and panes with the same
 `sync` group move together (before/after). The search box finds nodes by `%id` (that node only) or by text
-in their own op, name or path (never in the operands or users their tooltip lists); after those, the fused nodes
+in their own op, name or path (never in the operands or users their tooltip lists), and marks them with its own mark
+(`viz.styles.SEARCH_MARK`: a thick magenta outline with a glow, the fill kept, so a found box of the layer view still
+shows its status colour; the counter shows the mark's swatch, `search_key` its tooltip); after those, the fused nodes
 that absorbed a node of that id or op, at any depth (a note over the graph says so: "softmax: absorbed into
 FusedAttentionBlock %812 (layer 3)", or through a fused node it absorbed: "softmax: absorbed into
 FusedTransformerLayer %86 (layer 0) via FusedAttentionBlock %40"); Enter steps through the hits. When the picture
@@ -20,6 +22,8 @@ button (which brings it back).
 
 from __future__ import annotations
 
+import json
+
 import param
 from panel.custom import JSComponent
 
@@ -29,6 +33,7 @@ from ..passes.trace import Trace, layer_label, layer_of
 from ..session.cache import LRUCache
 from ..viz import layer_groups
 from ..viz.overlay import all_versions
+from ..viz.styles import HIGHLIGHT_MARK, SEARCH_MARK, SELECTED_MARK, search_key, tint
 
 _ESM = r"""
 const BUS = 'rlxviz-view';
@@ -40,8 +45,9 @@ export function render({ model, el }) {
     bar.appendChild(b); return b; };
   bar.appendChild(title);
   const search = document.createElement('input'); search.type = 'search'; search.placeholder = 'find node: op, name, path, %id';
-  search.className = 'rv-search'; bar.appendChild(search);
-  const found = document.createElement('span'); found.className = 'rv-found'; bar.appendChild(found);
+  search.className = 'rv-search'; search.title = __SEARCH_KEY__; bar.appendChild(search);
+  const found = document.createElement('span'); found.className = 'rv-found'; found.title = __SEARCH_KEY__;
+  bar.appendChild(found);
   const wrap = document.createElement('div'); wrap.className = 'rv-wrap';
   const inner = document.createElement('div'); inner.className = 'rv-inner';
   const mini = document.createElement('div'); mini.className = 'rv-mini'; mini.title = 'overview: click or drag to pan';
@@ -182,7 +188,7 @@ export function render({ model, el }) {
   const open = (g, ids) => { reveal = g.id; revealIds = ids || []; model.layer_clicked = parseInt(g.id.slice(5));
     model.layer_clicks = (model.layer_clicks || 0) + 1; };
   const find = (step) => { inner.querySelectorAll('.rv-found-node').forEach((g) => g.classList.remove('rv-found-node'));
-    foundNote.style.display = 'none';
+    foundNote.style.display = 'none'; found.classList.remove('rv-hits');
     const q = search.value.trim().toLowerCase(); if (!q) { hits = []; found.textContent = ''; return; }
     if (step && hits.length && hit >= 0 && /^layer\d+$/.test(hits[hit].id) && hits[hit].isConnected) {
       // Enter on a folded layer holding a hit: open it, and centre on the hit once it is drawn
@@ -192,6 +198,7 @@ export function render({ model, el }) {
       hits = [...hits, ...notes.keys()]; hit = -1; }  // exact hits first, then fused nodes that absorbed a match
     hits.forEach((g) => g.classList.add('rv-found-node'));
     if (!hits.length) { found.textContent = 'no match'; return; }
+    found.classList.add('rv-hits');  // the mark's swatch before the count: the search's legend
     hit = (hit + 1) % hits.length; counted(); center(hits[hit], true); };
   search.addEventListener('input', () => find(false));
   search.addEventListener('keydown', (e) => { e.stopPropagation(); if (e.key === 'Enter') find(true); });
@@ -240,6 +247,7 @@ export function render({ model, el }) {
   setSvg();
 }
 """  # noqa: E501
+_ESM = _ESM.replace("__SEARCH_KEY__", json.dumps(search_key()))
 
 _CSS = """
 :host { display: flex; flex-direction: column; border: 1px solid #ddd; border-radius: 4px; background: #fff; }
@@ -252,7 +260,7 @@ _CSS = """
 .rv-search { width: 130px; font: 12px sans-serif; padding: 1px 4px; border: 1px solid #ccc; border-radius: 3px; }
 .rv-found { min-width: 44px; color: #555; font: 11px sans-serif; }
 .rv-found-note { position: absolute; left: 6px; top: 4px; z-index: 2; display: none; max-width: calc(100% - 24px);
-          padding: 1px 6px; background: rgba(255,245,157,.95); border: 1px solid #fbc02d; border-radius: 3px;
+          padding: 1px 6px; background: __SEARCH_TINT__; border: 1px solid __SEARCH__; border-radius: 3px;
           font: 11px sans-serif; color: #333; pointer-events: none; }
 .rv-wrap { position: relative; overflow: hidden; flex: 1; cursor: grab; min-height: 200px; }
 .rv-wrap.rv-drag { cursor: grabbing; }
@@ -277,17 +285,23 @@ _CSS = """
 .rv-mini-view { position: absolute; border: 2px solid #1565c0; background: rgba(21,101,192,.12);
           box-sizing: border-box; pointer-events: none; }
 .rv-inner g.node:hover polygon, .rv-inner g.node:hover ellipse, .rv-inner g.node:hover path { stroke-width: 2.5; }
-.rv-inner g.rv-hl polygon, .rv-inner g.rv-hl ellipse, .rv-inner g.rv-hl path { stroke: #ff6f00 !important;
-          stroke-width: 5 !important; }
-.rv-inner g.rv-sel polygon, .rv-inner g.rv-sel ellipse, .rv-inner g.rv-sel path { stroke: #1565c0 !important;
-          stroke-width: 4 !important; stroke-dasharray: 5 2; }
-.rv-inner g.rv-rel polygon, .rv-inner g.rv-rel ellipse, .rv-inner g.rv-rel path { stroke: #1565c0 !important;
-          stroke-width: 4 !important; stroke-dasharray: 2 2; }
 .rv-inner g.rv-found-node polygon, .rv-inner g.rv-found-node ellipse, .rv-inner g.rv-found-node path {
-          fill: #fff59d !important; }
-/* a found node is filled light yellow: its label black, also where an overlay made it white */
-.rv-inner g.rv-found-node text { fill: #000000 !important; }
+          stroke: __SEARCH__ !important; stroke-width: 6 !important; }
+.rv-inner g.rv-found-node { filter: drop-shadow(0 0 4px __SEARCH__); }
+.rv-inner g.rv-hl polygon, .rv-inner g.rv-hl ellipse, .rv-inner g.rv-hl path { stroke: __HIGHLIGHT__ !important;
+          stroke-width: 5 !important; }
+.rv-inner g.rv-sel polygon, .rv-inner g.rv-sel ellipse, .rv-inner g.rv-sel path { stroke: __SELECTED__ !important;
+          stroke-width: 4 !important; stroke-dasharray: 5 2; }
+.rv-inner g.rv-rel polygon, .rv-inner g.rv-rel ellipse, .rv-inner g.rv-rel path { stroke: __SELECTED__ !important;
+          stroke-width: 4 !important; stroke-dasharray: 2 2; }
+.rv-found.rv-hits::before { content: ''; display: inline-block; width: 8px; height: 8px; margin-right: 3px;
+          vertical-align: -1px; border: 2px solid __SEARCH__; border-radius: 2px; background: #fff; }
 """  # noqa: E501
+_CSS = (_CSS.replace("__SEARCH__", SEARCH_MARK).replace("__HIGHLIGHT__", HIGHLIGHT_MARK)
+        .replace("__SELECTED__", SELECTED_MARK).replace("__SEARCH_TINT__", tint(SEARCH_MARK, 0.9)))
+"""The pane's style. A found node (`rv-found-node`) keeps its fill (a status colour in the layer view) and gets the
+search's own mark, `viz.styles.SEARCH_MARK`, drawn before the highlight and selection marks so those stay on top;
+the hit counter shows a swatch of the mark (the search's legend, `search_key`, is its tooltip)."""
 
 
 class SvgGraph(JSComponent):

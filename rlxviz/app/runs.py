@@ -31,6 +31,7 @@ from .sources import (
     check_checkpoint_dir,
     check_in_roots,
     check_ir_text,
+    check_path_kind,
     check_upload,
     resolve_in_roots,
     store_upload,
@@ -113,6 +114,7 @@ class Runs:
             roots = check_checkpoint_dir(s.checkpoint_dir, allowed_dirs())
             where = resolve_in_roots(s.checkpoint_dir, roots)
             check_in_roots(where, roots)  # refused here, before the load: not a failed load (`_failed`)
+            check_path_kind(where, roots)  # neither a checkpoint folder nor an .onnx file: refused, naming both
             request = replace(request, source=where, allowed_roots=roots)
         elif s.source == "upload":
             if not self._upload:
@@ -253,12 +255,13 @@ class Runs:
         # a syntax error's place, or the line defining the node a lint error names: the editor marks it
         at = (e.line, e.col, e.reason) if isinstance(e, IRSyntaxError | session.GraphTextError) and e.line else None
         s.ir_error = at if s.source == "ir" else None
-        s._error(explain_error(e, s.source, s.preset, onnx=self._asked_onnx()))
+        s._error(explain_error(e, s.source, s.preset, onnx=self._asked_onnx(), text=s.ir_text if at else None))
         self._keep_shown()
         refused = isinstance(e, SourceError) or (s.source == "checkpoint" and self._model_key != s.model_key())
         if refused and s.model is not None and "Still showing" not in s.message:
             # a refused path, upload or IR text: which model stays (`_keep_shown` says it for an upload it puts back)
-            s.param.update(message=f"{s.message} Still showing {s.model.name}.")
+            end = "" if s.message.rstrip().endswith((".", "!", "?")) else "."  # a loader's line may end bare
+            s.param.update(message=f"{s.message.rstrip()}{end} Still showing {s.model.name}.")
         if isinstance(e, SourceError):
             # refused before any load (a path outside the folders, no upload, empty IR text): nothing was loaded,
             # so the panes still show what they showed, as current as before; the mark is left as it was

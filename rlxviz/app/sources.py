@@ -21,6 +21,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..models.checkpoint import PICKLE_SUFFIXES
+
 ALLOWED_DIRS_ENV = "RLXVIZ_ALLOWED_DIRS"
 MAX_UPLOAD_ENV = "RLXVIZ_MAX_UPLOAD_MB"
 DEFAULT_MAX_UPLOAD_MB = 200
@@ -69,6 +71,10 @@ def max_upload_bytes(env: dict[str, str] | None = None) -> int:
 
 PATH_BOX = "the Folder source's path box"
 """Where the app takes a typed server path: a checkpoint folder, or an `.onnx` file (with its external data)."""
+PATH_TAKES = ("a Hugging Face BERT checkpoint folder (it holds config.json and model.safetensors) or an .onnx file "
+              "(its external data beside it)")
+"""What `PATH_BOX` opens, in words: every message about the box names both (issue 39: they named the folder only,
+though an `.onnx` file under the allowed folders opens too)."""
 
 
 def where_big_files(allowed: list[Path] | None = None) -> str:
@@ -86,7 +92,43 @@ def where_big_files(allowed: list[Path] | None = None) -> str:
                 f"checkpoint folder under {roots[0]} on the server and type its path in {PATH_BOX}, where it is read, "
                 "not uploaded.")
     return (f"A bigger model is opened by path instead: start the server with {ALLOWED_DIRS_ENV}=/path/to/models, put "
-            f"the .onnx file (and its external data) there and type its path in {PATH_BOX}.")
+            f"the .onnx file (and its external data) or the checkpoint folder there and type its path in {PATH_BOX}.")
+
+
+MODEL_DROP_SUFFIXES = (".onnx", ".json", ".safetensors")
+"""What the model drop zone (and the Upload source) takes, by suffix: one `.onnx` file, or a checkpoint's
+`config.json` + `model.safetensors` (`check_upload`)."""
+DROP_TAKES = "one .onnx file (its weights inside) or a checkpoint's config.json + model.safetensors"
+"""`MODEL_DROP_SUFFIXES` in words."""
+IR_SUFFIXES = (".txt", ".ir", ".rlx")
+"""IR text files, read by the IR editor's file box (`ModelControls.ir_file`), not by the drop zone."""
+EXTERNAL_DATA_SUFFIXES = (".data", ".onnx_data", ".onnx.data", ".weight", ".weights")
+"""Files an `.onnx` file's external data is commonly stored in: read in place, by path, never uploaded."""
+
+
+def dropped_elsewhere(names: list[str]) -> str:
+    """One line for files dropped on the model drop zone that it does not take: what was received, where each kind
+    goes instead (an `.npz` of inputs: the Timing tab; IR text: the IR editor tab; an `.onnx` file's external data:
+    its path in the Folder source; a pickled checkpoint: never opened) and what the zone takes (`DROP_TAKES`). The
+    names are the user's, shown as text by the message pane (which escapes them). Raises nothing.
+
+    Example:
+        >>> dropped_elsewhere(["notes.txt"])  # doctest: +ELLIPSIS
+        'Dropped notes.txt: not taken (IR text goes in the IR editor tab). The drop zone takes one .onnx file ...'
+    """
+    low = [n.lower() for n in names]
+    hints = []
+    if any(n.endswith(".npz") for n in low):
+        hints.append("an .npz of inputs goes in the Timing tab's Your inputs (.npz)")
+    if any(n.endswith(IR_SUFFIXES) for n in low):
+        hints.append("IR text goes in the IR editor tab")
+    if any(n.endswith(EXTERNAL_DATA_SUFFIXES) for n in low):
+        hints.append(f"an .onnx file's external data is read in place: type the .onnx file's path in {PATH_BOX}")
+    if any(n.endswith(PICKLE_SUFFIXES) for n in low):
+        hints.append("a pickled checkpoint is never opened, as it could run code: convert it to model.safetensors")
+    if not hints:
+        hints.append("not a model file")
+    return f"Dropped {', '.join(names)}: not taken ({'; '.join(hints)}). The drop zone takes {DROP_TAKES}."
 
 
 def check_checkpoint_dir(path: str, allowed: list[Path] | None = None) -> list[Path]:
@@ -108,12 +150,43 @@ def check_checkpoint_dir(path: str, allowed: list[Path] | None = None) -> list[P
     roots = allowed_dirs() if allowed is None else allowed
     if not roots:
         raise SourceError(f"Checkpoint folders and .onnx paths are disabled on this server. Start it with "
-                          f"{ALLOWED_DIRS_ENV}=/path/to/models (a list separated by ':') to allow folders and .onnx "
-                          "files inside those directories, or upload config.json + model.safetensors instead.")
+                          f"{ALLOWED_DIRS_ENV}=/path/to/models (a list separated by ':') to open {PATH_TAKES} inside "
+                          "those directories by path, or upload one .onnx file (its weights inside) or config.json + "
+                          "model.safetensors instead.")
     if not path.strip():
-        raise SourceError("Type the path of a Hugging Face BERT checkpoint folder (it holds config.json and "
-                          f"model.safetensors) or of an .onnx file, inside {', '.join(map(str, roots))}.")
+        raise SourceError(f"Type the path of {PATH_TAKES}, inside {', '.join(map(str, roots))}.")
     return roots
+
+
+def check_path_kind(path: str, allowed: list[Path]) -> None:
+    """Refuse a path to open (one `check_in_roots` passed: inside the roots, existing) that is neither a checkpoint
+    folder nor an `.onnx` file, before any load, naming both (`PATH_TAKES`): a file of another kind (a `.txt`, an IR
+    file, a `.zip`) read "not a folder; give the folder holding config.json and model.safetensors", and a folder
+    without `config.json` "no config.json (a Hugging Face checkpoint folder needs one)", neither naming the `.onnx`
+    option. A checkpoint's `config.json` names its folder (as `session.load` takes it), and a pickled checkpoint
+    (`PICKLE_SUFFIXES`) is left to the loader, whose refusal says why it is never opened.
+
+    Args:
+        path: the path the loader would open (`resolve_in_roots`'s answer).
+        allowed: the allowed roots, named in the message.
+
+    Raises:
+        SourceError: `path` is a file other than `.onnx`, `config.json` or a pickle, or a folder without
+            `config.json`.
+    """
+    real = Path(path).expanduser().resolve()
+    where = ", ".join(map(str, allowed))
+    if real.is_file():
+        name = real.name.lower()
+        if name.endswith(".onnx") or name == "config.json" or name.endswith(PICKLE_SUFFIXES):
+            return
+        raise SourceError(f"{path}: neither a checkpoint folder nor an .onnx file; the path box opens {PATH_TAKES}, "
+                          f"inside {where}.")
+    if real.is_dir() and not (real / "config.json").is_file():
+        onnx = sorted(f.name for f in real.iterdir() if f.suffix.lower() == ".onnx" and f.is_file())[:3]
+        held = f" (it holds {', '.join(onnx)}: type that file's path)" if onnx else ""
+        raise SourceError(f"{path}: a folder without config.json, so no checkpoint folder{held}; the path box opens "
+                          f"{PATH_TAKES}, inside {where}.")
 
 
 def resolve_in_roots(path: str, allowed: list[Path]) -> str:

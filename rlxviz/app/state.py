@@ -75,7 +75,8 @@ class AppState(Derived, param.Parameterized):
     # -- model ------------------------------------------------------------------------------------
     source = param.Selector(objects=list(SOURCES), default="preset", doc="Where the model comes from.")
     preset = param.Selector(objects=[], doc="Built-in model (see rlxviz.models.PRESETS).")
-    checkpoint_dir = param.String("", doc="Hugging Face BERT checkpoint folder under RLXVIZ_ALLOWED_DIRS.")
+    checkpoint_dir = param.String("", doc="The path typed in the path box: a Hugging Face BERT checkpoint "
+                                 "folder or an .onnx file (its external data beside it), under RLXVIZ_ALLOWED_DIRS.")
     ir_text = param.String("", doc="IR text of a graph (typed or uploaded).")
     style = param.Selector(objects=["default", "rlx", "hf"], default="default",
                            doc="BERT graph style: fused-QKV RLX layers or Hugging Face primitives.")

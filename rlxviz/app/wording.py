@@ -9,9 +9,9 @@ import traceback
 from pathlib import PureWindowsPath
 
 from .. import session
-from ..ir import GraphError, IRSyntaxError
+from ..ir import GraphError, IRSyntaxError, quote_place, syntax_error_line
 from ..models import VARIANTS
-from ..session import OVER_THRESHOLD, SessionError
+from ..session import OVER_THRESHOLD, GraphTextError, SessionError
 from .sources import ONNX_UPLOAD_NAME, UPLOAD_PREFIX, SourceError
 from .text import md_escape
 
@@ -116,17 +116,30 @@ INTERNAL_NAME = re.compile(r"\[[A-Za-z_][\w.]*\] ")
 """The bracketed function name errors start with (`[build_bert] ...`): for a developer, left out of the page."""
 
 
-def explain_error(e: Exception, source: str, preset: str, onnx: bool = False) -> str:
+IR_SYNTAX_HELP = "the IR tab of any preset shows the syntax"
+"""The last line's pointer to the syntax, after an IR text's error."""
+
+
+def explain_error(e: Exception, source: str, preset: str, onnx: bool = False, text: str | None = None) -> str:
     """An exception as a message with what to do, matched by its type. `onnx`: the path or upload is an ONNX file,
-    named so ("the uploaded ONNX file"; a newcomer's bart-full.onnx was "the uploaded checkpoint")."""
+    named so ("the uploaded ONNX file"; a newcomer's bart-full.onnx was "the uploaded checkpoint").
+
+    An error in IR text says where, as the CLI does (`ir.syntax_error_line`: `IR text:3:16: IR syntax error: ...`;
+    a lint error `IR text: line 3: invalid graph: ...`), then the line it points at with a caret under the column
+    (`ir.quote_place`, the one formatter of the place; for a lint error the line of `text` that defines the node),
+    then what to do. The quoted line is data: the message pane shows it escaped (`controls._md_text`)."""
     kind = "ONNX file" if onnx else "checkpoint"
     what = {"preset": f"building preset {preset!r}", "checkpoint": f"loading the {kind} at the server path"
             if onnx else "loading the checkpoint folder",
             "upload": f"loading the uploaded {kind}", "ir": "reading the IR text"}[source]
+    if isinstance(e, GraphTextError) and e.line and text is not None and e.line <= len(lines := text.splitlines()):
+        return (f"{INTERNAL_NAME.sub('', str(e))}\n{quote_place(lines[e.line - 1], e.col or 1)}\nThe IR text parses "
+                f"but is not a valid graph: fix line {e.line} at the caret ({IR_SYNTAX_HELP}).")
     if isinstance(e, SourceError | SessionError):
         return INTERNAL_NAME.sub("", str(e))  # `bert-tiny: variant layer 5 ...`, not `[build_bert] variant ...`
     if isinstance(e, IRSyntaxError):
-        return f"The IR text does not parse: {e}\nFix the line shown (see the IR tab of any preset for the syntax)."
+        return (f"{syntax_error_line('IR text', e.line, e.col, e.reason)}\n{e.quoted}\nThe IR text does not parse: "
+                f"fix line {e.line} at the caret ({IR_SYNTAX_HELP}).")
     if isinstance(e, GraphError):
         return f"The graph is invalid: {e}\nFix the node shown and load again."
     return (f"Error while {what}: {type(e).__name__}: {e}\nChange the settings and try again; details:\n"

@@ -8,7 +8,7 @@ from .infer import ShapeError, TensorType, infer
 from .lint import lint, problems
 from .node import FrozenAttrs, Node
 from .ops import FTL_INPUTS, MASK_KINDS, Op, family, operand_roles
-from .parser import IRSyntaxError, parse_ir
+from .parser import IRSyntaxError, parse_ir, quote_place, syntax_error_line
 from .printer import format_graph, format_node, window
 from .rewrite import RewriteError, Rewriter, common_path
 from .serialize import from_json, graph_from_dict, graph_to_dict, to_json
@@ -17,5 +17,5 @@ __all__ = [
     "Builder", "DType", "Emitter", "FTL_INPUTS", "FrozenAttrs", "Graph", "GraphError", "IRSyntaxError", "MASK_KINDS",
     "Node", "NodeEmitter", "Op", "RewriteError", "Rewriter", "ShapeError", "TensorType", "common_path",
     "family", "format_graph", "format_node", "from_json", "graph_from_dict", "graph_to_dict", "infer",
-    "lint", "operand_roles", "parse_ir", "problems", "to_json", "window",
+    "lint", "operand_roles", "parse_ir", "problems", "quote_place", "syntax_error_line", "to_json", "window",
 ]

@@ -50,18 +50,43 @@ MAX_DIM = 2**62
 _SHOWN_CHARS = 160
 
 
+def quote_place(text: str, col: int) -> str:
+    """The line an error in IR text points at and a caret under its column, two lines indented by two spaces:
+    `  %1 = tanh(%0 <b> : f32[2]` and `               ^`. A line longer than `_SHOWN_CHARS` shows a window around
+    the column (`...` where it is cut); a tab before the column stays a tab in the caret's line, so the caret sits
+    under its character wherever the tab stops are. The one formatter of the place for every front end
+    (`IRSyntaxError`, the app's lint errors: `app.wording.explain_error`). The text is data: a front end that shows
+    it as markup escapes it.
+
+    Args:
+        text: the whole line, without its line break.
+        col: 1-based column (one past the line's end for "missing '}'" at its end).
+    """
+    at = max(col - 1, 0)
+    shown = text
+    if len(text) > _SHOWN_CHARS:  # a window around the column, not a line of megabytes
+        lo = max(0, at - _SHOWN_CHARS // 2)
+        tail = "..." if lo + _SHOWN_CHARS < len(text) else ""
+        shown = ("..." if lo else "") + text[lo:lo + _SHOWN_CHARS] + tail
+        at = at - lo + (3 if lo else 0)
+    pad = "".join("\t" if c == "\t" else " " for c in shown[:at])
+    return f"  {shown}\n  {pad}^"
+
+
+def syntax_error_line(where: str, line: int, col: int, reason: str) -> str:
+    """An IR syntax error in one line, as the CLI prints it and the app's message begins:
+    `WHERE:LINE:COL: IR syntax error: REASON` (`g.ir:3:16: IR syntax error: unexpected character '<'`)."""
+    return f"{where}:{line}:{col}: IR syntax error: {reason}"
+
+
 class IRSyntaxError(ValueError):
-    """Malformed IR text. `line` and `col` are 1-based."""
+    """Malformed IR text. `line` and `col` are 1-based; `reason` is the problem alone, `quoted` the line and a caret
+    under the column (`quote_place`)."""
 
     def __init__(self, message: str, line: int, col: int, text: str) -> None:
         self.line, self.col, self.reason = line, col, message
-        shown, at = text, col - 1
-        if len(text) > _SHOWN_CHARS:  # a window around the column, not a line of megabytes
-            lo = max(0, at - _SHOWN_CHARS // 2)
-            tail = "..." if lo + _SHOWN_CHARS < len(text) else ""
-            shown = ("..." if lo else "") + text[lo:lo + _SHOWN_CHARS] + tail
-            at = at - lo + (3 if lo else 0)
-        super().__init__(f"line {line}, column {col}: {message}\n  {shown}\n  {' ' * at}^")
+        self.quoted = quote_place(text, col)
+        super().__init__(f"line {line}, column {col}: {message}\n{self.quoted}")
 
 
 @dataclass

@@ -70,7 +70,8 @@ def resolve_folder(folder: str | Path, allowed_roots: Sequence[str | Path] | Non
     if not path.exists():
         raise CheckpointError(f"{folder}: no such checkpoint folder")
     if not path.is_dir():
-        raise CheckpointError(f"{folder}: not a folder; give the folder holding config.json and model.safetensors")
+        raise CheckpointError(f"{folder}: not a folder; give a checkpoint folder (it holds config.json and "
+                              "model.safetensors) or an .onnx file")
     return path
 
 

@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..ir import Graph, GraphError, IRSyntaxError, from_json, lint, parse_ir, safejson
+from ..ir import Graph, GraphError, IRSyntaxError, from_json, lint, parse_ir, safejson, syntax_error_line
 from ..ir.identity import DigestCache
 from ..ir.memory import MemoryBudgetError
 from ..ir.parser import node_line
@@ -164,7 +164,7 @@ def load_ir_file(path: str | Path, limits: Limits | None = None) -> Model:
         # `_graph_model` lints (an invalid graph's error names the line that defines the node)
         g = from_json(text) if p.suffix.lower() == ".json" else parse_ir(text, verify=False)
     except IRSyntaxError as e:
-        raise SessionError(f"{path}:{e.line}:{e.col}: IR syntax error: {e.reason}") from None
+        raise SessionError(syntax_error_line(str(path), e.line, e.col, e.reason)) from None
     except NotGraphJSON as e:
         raise SessionError(f"{path}: {first_line(e)}") from None
     except (ValueError, KeyError, TypeError) as e:

@@ -61,6 +61,41 @@ STATUS_COLORS = {"fused": "#a5d6a7", "partly fused": "#fff59d", "rejected": "#ff
                  "not fused": "#ffcdd2"}
 """Fill of a layer box in the layer-collapsed view, by fusion status."""
 
+HIGHLIGHT_MARK = "#ff6f00"
+"""A highlighted node's thick border in the app's graph panes (`SvgGraph.highlight`)."""
+SELECTED_MARK = "#1565c0"
+"""The selected node's dashed border (and its counterpart's dotted one) in the app's graph panes."""
+SEARCH_MARK = "#ff00ff"
+"""The graph search's mark on a found node: a thick magenta outline with a magenta glow, the node's own fill left
+as drawn (`app.graphpane`). Magenta means nothing else in any drawing (`meaningful_colors`): the search used to fill
+found nodes yellow, the fill of a "partly fused" layer box, so a found box read as a partial fusion (issue 39)."""
+SEARCH_MARK_WORDS = "a thick magenta outline with a glow"
+"""`SEARCH_MARK` in words, for the search's legend (`search_key`)."""
+
+
+def search_key() -> str:
+    """The search's legend, one sentence: how a found node is marked, and that a yellow fill is a status, not a hit.
+    Raises nothing."""
+    return (f"Found nodes get {SEARCH_MARK_WORDS} (their fill stays: a yellow box is partly fused, "
+            "not a search hit); Enter steps through them.")
+
+
+def meaningful_colors() -> dict[str, str]:
+    """Every colour a drawing gives a meaning, by what it means: the layer boxes' status fills (`STATUS_COLORS`),
+    the match frames (`MATCH_COLORS`), rejections, added and removed nodes, the op family fills (`FAMILY_COLORS`)
+    and the overlays' heat fills (`heat.PALETTE`, `heat.NONFINITE`). A new mark's colour must differ from all of
+    them (`SEARCH_MARK` does: tests/test_app_search_mark.py). Raises nothing."""
+    from .heat import NONFINITE, PALETTE
+
+    out = {f"status {k}": v for k, v in STATUS_COLORS.items()}
+    out.update({f"match frame {MATCH_COLOR_NAMES[k]}": c for k, c in enumerate(MATCH_COLORS)})
+    out.update({"rejected": REJECT, "rejected fill": REJECT_FILL, "rejected candidate": CANDIDATE, "added": ADDED,
+                "removed": REMOVED, "heat non-finite": NONFINITE, "highlighted": HIGHLIGHT_MARK,
+                "selected": SELECTED_MARK})
+    out.update({f"family {k}": v for k, v in FAMILY_COLORS.items()})
+    out.update({f"heat bin {k}": c for k, c in enumerate(PALETTE)})
+    return out
+
 
 def hashed_color(key: str) -> str:
     """A pale colour derived from `key` by CRC32 (stable across runs, unlike `hash`)."""
