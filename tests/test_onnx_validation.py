@@ -175,6 +175,9 @@ def test_a_file_that_crashes_onnx_shape_inference_is_refused_not_a_crash(tmp_pat
     RLXVIZ_FUZZ_N=500); it runs in a forked child, so the file is refused in one line and this process goes on."""
     node = helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=-5)
     p = _save(tmp_path, [node], [_i64("i", [[0, 1], [1, 2]])])
-    with pytest.raises(OnnxImportError, match=r"ONNX's shape inference crashed on this file \(SIGSEGV\)"):
+    # the crash is undefined behaviour: a SIGSEGV, or under load a MemoryError first (seen in CI on the IR twin of
+    # this test); either way the file is refused in one line and this process goes on
+    with pytest.raises(OnnxImportError, match=r"ONNX's shape inference (crashed on this file \(SIGSEGV\)|failed on "
+                                              r"this file)|rejected by ONNX shape inference"):
         load_onnx(p)
     assert load_onnx(_save(tmp_path, [helper.make_node("Relu", ["x"], ["y"])], name="ok.onnx"), batch=2, seq=4)
