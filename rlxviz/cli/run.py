@@ -60,7 +60,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.quiet:
         first = named[names[0]]
         shape = "x".join(map(str, first.shape))
-        _emit(f"{model.name}: {args.backend} -> {out} ({names[0]} {first.dtype} {shape})", sys.stderr)
+        more = f"; {len(names) - 1} more: {', '.join(names[1:4])}{' ...' if len(names) > 4 else ''}" \
+            if len(names) > 1 else ""
+        _emit(f"{model.name}: {args.backend} -> {out} ({names[0]} {first.dtype} {shape}{more})", sys.stderr)
     for c in checks:
         if not args.quiet or not c.ok:
             _emit(f"{model.name}: {c.line()}", sys.stderr)

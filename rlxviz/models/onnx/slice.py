@@ -85,9 +85,24 @@ def cut_values(graph: Any, last: int) -> list[str]:
     return cut
 
 
+_FLOAT_TYPES = {1, 10, 11, 16}  # TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
+
+
+def stream_first(cut: list[str], graph: Any) -> list[str]:
+    """The cut values (`cut_values`, in the order their nodes run) as the slice's outputs: floating-point values
+    first, the last computed first (the residual stream after the last layer, `[batch, seq, hidden]`, leads), then
+    the integer ones (shape vectors an exporter computed once in layer 0 and reused later). A value whose type shape
+    inference did not find goes with the integers. `graph`: the ONNX graph after shape inference."""
+    typed = {v.name: v.type.tensor_type.elem_type for v in graph.value_info}
+    typed |= {v.name: v.type.tensor_type.elem_type for v in graph.output}
+    order = {name: i for i, name in enumerate(cut)}
+    return sorted(cut, key=lambda v: (typed.get(v) not in _FLOAT_TYPES, -order[v]))
+
+
 def slice_layers(path: str | Path, first: int, last: int) -> Path:
     """Write layers `first`..`last` (`first` must be the model's first layer: the slice starts at the inputs) of the
     ONNX file `path` as their own model (`<stem>.layers<first>-<last>.onnx` in a temporary folder) and return its path.
+    Its outputs are the cut values, the residual stream first (`stream_first`).
     Reads no weight (the slice's data file is a hard link, or a sparse copy of the ranges it uses).
 
     Raises:
@@ -108,8 +123,8 @@ def slice_layers(path: str | Path, first: int, last: int) -> Path:
     if first != layers[0]:
         raise SliceError(f"--layers {first}-{last}: a slice starts at the first layer ({layers[0]}): give "
                          f"{layers[0]}-{last}")
-    outs = cut_values(proto.graph, last)
     inferred = shape_inference.infer_shapes(proto)  # types of the cut values (no data read)
+    outs = stream_first(cut_values(proto.graph, last), inferred.graph)
     inits = {t.name for t in proto.graph.initializer}
     inputs = [i.name for i in proto.graph.input if i.name not in inits]
     try:
