@@ -7,7 +7,8 @@ the next picture is centred on that layer. Pan with the mouse (drag), zoom with 
 the +/- buttons, "fit" to see the whole graph, "full" to lay the drawing over the whole window (Esc
 closes it). The view (zoom and pan) is kept when the picture changes
 within the same `scope` (stepping versions, clicking nodes) once the user moved it, and panes with the same
-`sync` group move together (before/after). The search box finds nodes by `%id` (that node only) or by text
+`sync` group move together (before/after; a search or reveal centres the same node in both where both have
+it). The search box finds nodes by `%id` (that node only) or by text
 in their own op, name or path (never in the operands or users their tooltip lists), and marks them with its own mark
 (`viz.styles.SEARCH_MARK`: a thick magenta outline with a glow, the fill kept, so a found box of the layer view still
 shows its status colour; the counter shows the mark's swatch, `search_key` its tooltip); after those, the fused nodes
@@ -64,6 +65,10 @@ export function render({ model, el }) {
   wrap.appendChild(inner); wrap.appendChild(mini); el.appendChild(bar); el.appendChild(wrap);
   Object.assign(el.style, { display: 'flex', flexDirection: 'column', width: '100%', height: '100%' });
   let s = 1, tx = 0, ty = 0, touched = false, scope = null;
+  // the linked panes share one frame: this pane's transform minus `off` (graph units) times the scale. A search or
+  // reveal that centres a node sends its id: the partner centres its own node of that id, where it has one, and
+  // keeps the difference as its `off`, so later pans and zooms move both without losing the node
+  let offX = 0, offY = 0;
   const me = Math.random().toString(36).slice(2);
   let miniUrl = null, mk1 = 1, oy = 0;  // oy: px of the map cropped off above its window
   const MINI_W = 170, MINI_H = 176, MINI_MIN_W = 96;
@@ -84,10 +89,17 @@ export function render({ model, el }) {
     Object.assign(miniImg.style, { width: `${sz[0] * mk1}px`, height: `${fullH}px`, top: `${-oy}px` });
     Object.assign(miniView.style, { left: `${x0 * mk1}px`, top: `${f0 - oy}px`,
       width: `${Math.max(x1 - x0, 0) * mk1}px`, height: `${f1 - f0}px` }); };
-  const apply = (share) => { inner.style.transform = `translate(${tx}px, ${ty}px) scale(${s})`; miniSync();
-    if (share && model.sync) window.dispatchEvent(new CustomEvent(BUS, { detail: { group: model.sync, src: me, s, tx, ty } })); };
+  const apply = (share, node) => { inner.style.transform = `translate(${tx}px, ${ty}px) scale(${s})`; miniSync();
+    if (share && model.sync) window.dispatchEvent(new CustomEvent(BUS, { detail: { group: model.sync, src: me, s,
+      tx: tx - offX * s, ty: ty - offY * s, node: node || null } })); };
   const onBus = (e) => { const d = e.detail; if (!model.sync || d.group !== model.sync || d.src === me) return;
-    s = d.s; tx = d.tx; ty = d.ty; touched = true; apply(false); };
+    const g = d.node ? inner.querySelector(`g#${d.node}`) : null;
+    if (g) { const ir = inner.getBoundingClientRect(), gr = g.getBoundingClientRect();
+      const px = (gr.left + gr.width / 2 - ir.left) / s, py = (gr.top + gr.height / 2 - ir.top) / s;
+      s = d.s; tx = wrap.clientWidth / 2 - px * s; ty = wrap.clientHeight / 2 - py * s;
+      offX = (tx - d.tx) / s; offY = (ty - d.ty) / s; }
+    else { s = d.s; tx = d.tx + offX * s; ty = d.ty + offY * s; }
+    touched = true; apply(false); };
   window.addEventListener(BUS, onBus);
   const size = () => { const svg = inner.querySelector('svg'); if (!svg) return null;
     const vb = svg.viewBox && svg.viewBox.baseVal; const w = (vb && vb.width) || svg.clientWidth || 1;
@@ -96,7 +108,7 @@ export function render({ model, el }) {
     const H = wrap.clientHeight || 500; s = Math.min(W / sz[0], H / sz[1], 1.5);
     if (s < 0.35) { s = Math.min(W / sz[0], 0.8); tx = (W - sz[0] * s) / 2; ty = 4; }
     else { tx = (W - sz[0] * s) / 2; ty = Math.max(4, (H - sz[1] * s) / 2); }
-    touched = false; apply(false); };
+    offX = 0; offY = 0; touched = false; apply(false); };
   const moved = () => { touched = true; apply(true); };
   const zoomAt = (f, cx, cy) => { const ns = Math.min(Math.max(s * f, 0.02), 8); tx = cx - (cx - tx) * ns / s;
     ty = cy - (cy - ty) * ns / s; s = ns; moved(); };
@@ -127,7 +139,7 @@ export function render({ model, el }) {
     const px = (gr.left + gr.width / 2 - ir.left) / s, py = (gr.top + (top ? 0 : gr.height / 2) - ir.top) / s;
     if (s < 0.6) s = 0.9;
     tx = wrap.clientWidth / 2 - px * s; ty = top ? 24 - py * s : wrap.clientHeight / 2 - py * s; touched = true;
-    apply(share); };
+    apply(share, /^n\d+$/.test(g.id) ? g.id : null); };
   const miniPan = (e) => { const r = miniBody.getBoundingClientRect();
     const px = (e.clientX - r.left) / mk1, py = (Math.max(e.clientY - r.top, 0) + oy) / mk1;
     tx = wrap.clientWidth / 2 - px * s; ty = wrap.clientHeight / 2 - py * s; moved(); };
