@@ -14,12 +14,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ...ir.identity import IdentityMap
 from ..architecture import classify_layer
 from ..explain import Outcome, explain
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
 from ..report import MissedFusion, in_context, left_out_line, left_out_rejections
-from ..trace import Rejection, Trace, layer_of, resolve_layers, same_stack_as
+from ..trace import PassStep, Rejection, Trace, layer_of, resolve_layers, same_stack_as
 from . import text
 from .facts import RunFacts, illegal_here, op_of, recognized, silent
 from .kinds import LayerArchitecture
@@ -484,17 +483,21 @@ class Places:
     excused: dict[str, list[str]]
 
 
-def places(trace: Trace, rejections: Iterable[Rejection]) -> Places:
-    """`Places` of `rejections` (one pass's, of `trace`): each (rule, anchor) once, judged by `standing` of its
-    headline refusal (its first refusal when none is the headline)."""
+def places(trace: Trace, step: int) -> Places:
+    """`Places` of the refusals of `trace.steps[step]` (one pass's step, by its index): each (rule, anchor) once,
+    judged by `standing` of its headline refusal (its first refusal when none is the headline). A not-expected place
+    is worded with its reason in the context of that step (`report.in_context`).
+
+    Raises:
+        IndexError: `step` is not a step index of `trace`.
+    """
     heads: dict[tuple[str, int], Rejection] = {}
-    for r in rejections:
+    for r in trace.steps[step].rejections:
         k = (r.rule, r.anchor)
         if k not in heads or (r.headline and not heads[k].headline):
             heads[k] = r
     near: list[Rejection] = []
     excused: dict[str, list[str]] = {}
-    step_of: IdentityMap[Rejection, int] | None = None  # rejection -> its step, for the reason in context
     for r in heads.values():
         st = standing(trace, r)
         if st is None:
@@ -504,17 +507,17 @@ def places(trace: Trace, rejections: Iterable[Rejection]) -> Places:
         group, why = st
         path = r.path or "-"
         if group == NOT_EXPECTED_HERE:  # worded as `explain` words it: the guard's own reason, then why
-            if step_of is None:
-                step_of = IdentityMap()
-                for k, s in enumerate(trace.steps):
-                    for x in s.rejections:
-                        step_of[x] = k
-            reason = in_context(trace, step_of[r], r)[0] if r in step_of else r.message
+            reason = in_context(trace, step, r)[0]
             item = f"{path}: {not_expected_line(r.rule, r.guard, reason, why)}"
         else:
             item = f"{path}: {r.rule} ({r.guard}): {why}" if group == ILLEGAL_HERE_GROUP else path
         excused.setdefault(group, []).append(item)
     return Places(near, excused)
+
+
+def step_index(trace: Trace, step: PassStep) -> int | None:
+    """The index of `step` in `trace.steps` (by identity), or None when it is no step of `trace`."""
+    return next((k for k, s in enumerate(trace.steps) if s is step), None)
 
 
 def verdict_pass(trace: Trace, layer: int) -> str | None:
@@ -530,4 +533,5 @@ def verdict_pass(trace: Trace, layer: int) -> str | None:
 
 __all__ = ["EXIT_NOT_FUSED", "EXIT_OK", "ILLEGAL_HERE_GROUP", "LEFT_OUT", "LEFT_OUT_GROUPS", "STANDING_GROUPS",
            "Architecture", "FusionCheck", "LayerStatus", "LayerVerdict", "Places", "RunVerdict", "expected_misses",
-           "judged_kind", "layer_verdict", "left_out_group", "left_out_groups", "places", "standing", "verdict_pass"]
+           "judged_kind", "layer_verdict", "left_out_group", "left_out_groups", "places", "standing", "step_index",
+           "verdict_pass"]
