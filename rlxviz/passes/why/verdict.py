@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ...ir import Op
+from ...ir.ops import FUSED_INTO, made_as
 from ..architecture import classify_layer
 from ..explain import Outcome, explain
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
@@ -93,7 +95,8 @@ class LayerVerdict:
         architecture: the layer's own kind (`architecture.classify_layer`).
         expected_kind: the kind the layer is judged as: its own, or `post_ln` when it deviates from sibling
             layers that are all post-LN (see `judged_kind`).
-        done: the fusions that happened in the layer, e.g. `FusedSwiGLU %31 (fuse_swiglu)` (non-BERT layers).
+        done: the fusions that happened in the layer, e.g. `FusedSwiGLU %31 (fuse_swiglu)` (non-BERT layers): fused ops
+            only (`ir.ops.made_as`); a plain op a match made is in `rewritten`.
         not_expected: rejections that do not count for this architecture, with the reason (the excuses).
         blocker: when the first rejection's own product was still made in the layer (a soft guard), what the
             fusion left that blocks the layer, e.g. `packed attention made, but additive mask kept (mask_form)`.
@@ -127,6 +130,9 @@ class LayerVerdict:
     expect: str = "model"
     missed: list[MissedFusion] = field(default_factory=list)
     """The misses as data (`misses` is their text; `--json` carries the text only)."""
+    rewritten: list[str] = field(default_factory=list)
+    """The plain ops the layer's matches made (`ir.ops.made_as`: `rewritten as`, e.g. `attention %58 (fuse_sdpa)`,
+    a canonicalization's `transpose %12 (canonicalize_exported)`), items as `done`'s: no fusion, so not in `done`."""
 
     @property
     def unmade_products(self) -> list[str]:
@@ -404,10 +410,13 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
         first = Outcome(m.pattern.split(".")[0], m.pattern, "rejected", m.guard, "", m.reason, m.hint, (m.node,),
                         m.kind, m.fix, remedy=m.remedy)
     done: list[str] = []
+    rewritten: list[str] = []
     expected = layer_op if expect_ftl else ""
     if not arch.post_ln or ftl_illegal or ftl_excused is not None:
-        done = [f"{op} %{n} ({o.pass_name})" for o in ex.outcomes if o.status == "fused"
+        items = [(op, f"{op} %{n} ({o.pass_name})") for o in ex.outcomes if o.status == "fused"
                 for n in o.nodes if (op := op_of(trace, n)) is not None]
+        done = [item for op, item in items if made_as(Op(op)) == FUSED_INTO]  # a plain op a rewrite made: rewritten
+        rewritten = [item for op, item in items if made_as(Op(op)) != FUSED_INTO]
         wanted = [o.pass_name for o in ex.outcomes if o.status == "fused" or o in rejected]
         expected = ", ".join(product(n) for n in dict.fromkeys(wanted))
     made = {(o.rule, g) for o in ex.outcomes if o.status == "fused" for g, _, _ in o.soft}
@@ -418,7 +427,7 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     return LayerVerdict(layer, fused, ftl[0] if ftl else None, expected, first, own, arch, quiet, rejected,
                         [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(),
                         done, [t for r, t in ignored.items() if r not in {o.rule for o in illegal}],
-                        _blocker(first, made), illegal, cannot, expect, misses)
+                        _blocker(first, made), illegal, cannot, expect, misses, rewritten)
 
 
 def _blocker(first: Outcome | None, made: set[tuple[str, str]]) -> str:
