@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..ir import Graph, GraphError, Node, Op
 from ..ir.ops import ACTIVATIONS, EPILOGUE_ACTIVATIONS
 from ..ir.rewrite import Rewriter
-from .guard import ILLEGAL, NO_MODEL_FIX, live_nodes
-from .pipeline import PASSES, Pipeline
+from .engine import attempt
+from .guard import ILLEGAL, NO_MODEL_FIX, Ctx, Guard, live_nodes
+from .pipeline import PASSES, STAGES, Pipeline
 from .trace import PassStep, Rejection, Trace, layer_of
 
 STATEMENT = "statement"
@@ -193,6 +194,56 @@ def what_if(trace: Trace, step: int, r: Rejection, hint: str | None = None) -> W
     return None
 
 
+Blocker = tuple[str, str, str]
+"""A failure that stands in a fusion's way: `(guard, kind, message)`."""
+
+
+def _passes(c: Ctx) -> bool:
+    return True
+
+
+def without_guard(trace: Trace, step: int, r: Rejection) -> list[Blocker] | None:
+    """The compiler fix of refusal `r` (recorded by `trace.steps[step]`) applied as a what-if: `r`'s rule tried again
+    at `r.anchor` on the graph its pass saw, with `r`'s guard taken as passed (what a compiler fix that makes that
+    guard pass gives). Returns the failures that then remain, in step order ([]: the rule matches there), or None
+    when the guard is no plain `Guard` step of the rule (a structure miss, a `@reports` step, a soft guard) or the
+    candidate is then no candidate at all: nothing is known."""
+    if r.soft or r.stage != "guard":
+        return None
+    s = trace.steps[step]
+    p = STAGES.get(s.pass_name) or PASSES.get(s.pass_name)
+    rule = next((x for x in (p.rules if p is not None else ()) if x.name == r.rule), None)
+    if rule is None or not any(isinstance(st, Guard) and st.name == r.guard for st in rule.steps):
+        return None
+    steps = tuple(replace(st, check=_passes) if isinstance(st, Guard) and st.name == r.guard else st
+                  for st in rule.steps)
+    try:
+        _, fails = attempt(replace(rule, steps=steps, source=rule.source), s.before, r.anchor, s.params)
+    except Exception:  # noqa: BLE001 - a step that raises past the guard: nothing is known of what follows
+        return None
+    if fails and fails[0].quiet:
+        return None
+    return [(f.guard, f.kind, f.message) for f in fails if not f.quiet]
+
+
+def still_refused(after: Trace, r: Rejection) -> Blocker | None:
+    """What refuses `r`'s rule in `r`'s layer of the what-if run `after` (its headline refusal at `r`'s anchor,
+    else the first in the layer), or None when nothing does (the rule fused, or never saw a candidate)."""
+    layer = layer_of(r.path)
+    hits = [x for s in after.steps for x in s.rejections
+            if x.rule == r.rule and x.headline and not x.soft and x.layer == layer]
+    hit = next((x for x in hits if x.anchor == r.anchor), hits[0] if hits else None)
+    return None if hit is None else (hit.guard, hit.kind, hit.message)
+
+
+def blocker_words(fixed: str, b: Blocker) -> str:
+    """`then GUARD (KIND) fails: MESSAGE`, or `GUARD still fails` when `b` is the guard the fix was for (`fixed`)."""
+    guard, kind, message = b
+    if guard == fixed:
+        return f"{guard} still fails: {message}"
+    return f"then {guard} ({kind}) fails: {message}"
+
+
 def fused_count(trace: Trace, rule: str, layer: int | None) -> int:
     """How many fusions `rule` made in `layer` (None: anywhere outside a layer) over the run."""
     return sum(1 for s in trace.steps for m in s.matches if m.rule == rule and m.layer == layer)
@@ -216,5 +267,5 @@ def fused_more(before: Trace, after: Trace, r: Rejection) -> bool:
 
 
 __all__ = ["EXACT_WHAT_IFS", "FORMS", "GENERIC_WHAT_IFS", "MODEL", "MODEL_WHAT_IFS", "PIPELINE", "STATEMENT", "WhatIf",
-           "fix_form", "fused_count", "fused_more", "refused_count", "remove_dead_readers", "run_pipeline_of",
-           "what_if"]
+           "Blocker", "blocker_words", "fix_form", "fused_count", "fused_more", "refused_count", "remove_dead_readers",
+           "run_pipeline_of", "still_refused", "what_if", "without_guard"]
