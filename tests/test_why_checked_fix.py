@@ -46,7 +46,8 @@ def test_a_scale_attribute_alone_is_not_said_to_fuse_the_block(path, capsys):
     firsts = [lv["first"] for lv in d["layers"] if lv["first"] and lv["first"]["guard"] == "default_scale"]
     assert firsts, d["layers"]
     for f in firsts:
-        assert f["fix"].startswith(f"{SCALE_FIX} (checked: that passes default_scale only; then qkv_packed "), f
+        assert f["fix"].startswith(f"{SCALE_FIX} (checked at this rule alone: that passes default_scale only; "
+                                   "then qkv_packed "), f
         assert f"compiler fix: {f['fix']}" in text
         assert "(the compiler fix is the fix)" not in f["hint"] and "passes this guard only" in f["hint"], f["hint"]
     assert "the compiler fix is the fix" not in text
@@ -62,13 +63,24 @@ def test_without_guard_names_the_next_guard_on_esm():
     assert got and all(g and g[0][0] == "qkv_packed" for g in got), got
 
 
-def test_a_compiler_fix_that_is_enough_stands_as_written(capsys):
-    """Control: tanh-GELU's allow-list fix is all the layer op needs: its line has no "checked" note."""
-    text, d = _explain(capsys, "bert-tiny", "--variant", "tanh_gelu", "--layer", "0")
+ENOUGH = {  # variant: (its first guard, how its compiler fix starts)
+    # h1 returned: a layer op that also returns h1 is all it needs (the engine's escape check of the same h1 is the
+    # same value's)
+    "output_intermediate": ("h1_not_output", "multi-output fusion: a layer op that also returns h1"),
+    # tanh-GELU: the allow-list; the separate activation node after FFN.1 is the same node's (fuse_matmul_bias_act
+    # refused it for the same allow-list)
+    "tanh_gelu": ("fc1_activation", "add gelu_tanh to the epilogue allow-list"),
+}
+
+
+@pytest.mark.parametrize("variant", ENOUGH)
+def test_a_compiler_fix_that_is_enough_stands_as_written(variant, capsys):
+    """Control: the compiler fix line has no "checked" note when nothing else stands in the way."""
+    text, d = _explain(capsys, "bert-tiny", "--variant", variant, "--layer", "0")
     (lv,) = d["layers"]
-    assert lv["first"]["guard"] == "fc1_activation"
-    assert lv["first"]["fix"].startswith("add gelu_tanh to the epilogue allow-list"), lv["first"]
-    assert "(checked:" not in text
+    guard, fix = ENOUGH[variant]
+    assert lv["first"]["guard"] == guard and lv["first"]["fix"].startswith(fix), lv["first"]
+    assert "(checked" not in text
 
 
 def _dead_reader_and_tanh() -> str:
@@ -87,7 +99,8 @@ def test_a_model_fix_whose_fusion_still_fails_names_what_then_refuses(tmp_path, 
     assert f["guard"] == "h1_user_count"
     assert "does not make the fusion happen: then fc1_activation (not recognized) fails: " in f["hint"], f["hint"]
     assert "dead_code_elimination" not in f["fix"]
-    assert "(checked: that passes h1_user_count only; then fc1_activation (not recognized) fails" in f["fix"]
+    assert ("(checked at this rule alone: that passes h1_user_count only; then fc1_activation (not recognized) "
+            "fails") in f["fix"]
     assert f"fix: {f['hint']}" in text and f"compiler fix: {f['fix']}" in text
     # the app's decision table reads the vetted trace: the same fix and compiler fix on the refusal's row
     g = parse_ir(_dead_reader_and_tanh())
@@ -101,3 +114,12 @@ def test_a_model_fix_whose_fusion_still_fails_names_what_then_refuses(tmp_path, 
     assert c.status == NO_FUSION and c.compiler == f["fix"]
     rows = [r for r in decision_rows(vetted(trace, fixes)) if r["guard"] == "h1_user_count" and r["kind"] == "rejected"]
     assert rows and all((r["hint"], r["fix"]) == (f["hint"], f["fix"]) for r in rows), rows
+
+
+def test_one_compiler_fix_for_two_refusals_stands_as_written(capsys):
+    """Control (case n4-06, DeepNorm): both residuals are scaled; the one residual-scale fix of the layer op covers
+    the second norm's refusal (the same compiler fix) and each norm's operand refusal (the same scaled value)."""
+    text, d = _explain(capsys, next((TESTS / "data" / "cases").glob("n4-06-*.rlx")))
+    (lv,) = d["layers"]
+    assert lv["first"]["guard"] == "ln1_residual_scaled" and lv["first"]["fix"].startswith("a residual scale (alpha)")
+    assert "(checked" not in text

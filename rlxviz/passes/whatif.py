@@ -19,9 +19,11 @@ numbers against the unfused original, and that the fusion then happens, `fused_m
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ..ir import Graph, GraphError, Node, Op
 from ..ir.ops import ACTIVATIONS, EPILOGUE_ACTIVATIONS
@@ -202,28 +204,61 @@ def _passes(c: Ctx) -> bool:
     return True
 
 
+def _passed(step: Any, guard: str) -> Any:
+    """`step` with its failure at `guard` taken as passed: a plain `Guard` whose check always holds, or a `@reports`
+    step (its declarations kept, `functools.wraps`) whose `Fail` at `guard` is dropped; the same step otherwise."""
+    if isinstance(step, Guard):
+        return replace(step, check=_passes) if step.name == guard else step
+    if guard not in getattr(step, "guard_names", ()):
+        return step
+
+    @functools.wraps(step)
+    def passed(c: Ctx) -> Any:
+        f = step(c)
+        return None if f is not None and getattr(f, "guard", "") == guard else f
+
+    return passed
+
+
 def without_guard(trace: Trace, step: int, r: Rejection) -> list[Blocker] | None:
     """The compiler fix of refusal `r` (recorded by `trace.steps[step]`) applied as a what-if: `r`'s rule tried again
     at `r.anchor` on the graph its pass saw, with `r`'s guard taken as passed (what a compiler fix that makes that
-    guard pass gives). Returns the failures that then remain, in step order ([]: the rule matches there), or None
-    when the guard is no plain `Guard` step of the rule (a structure miss, a `@reports` step, a soft guard) or the
-    candidate is then no candidate at all: nothing is known."""
+    guard pass gives; `_passed`). Returns the failures that then remain, in step order ([]: the rule matches there;
+    a failure whose subject or highlighted edges hold `r`'s subject node is the same value's, and one whose compiler
+    fix is `r`'s, is covered by that fix and not counted),
+    or None when the guard is no step of the rule that can be passed (a structure miss, a soft guard), a step raises
+    past it, or the candidate is then no candidate at all: nothing is known."""
     if r.soft or r.stage != "guard":
         return None
     s = trace.steps[step]
     p = STAGES.get(s.pass_name) or PASSES.get(s.pass_name)
     rule = next((x for x in (p.rules if p is not None else ()) if x.name == r.rule), None)
-    if rule is None or not any(isinstance(st, Guard) and st.name == r.guard for st in rule.steps):
+    if rule is None:
         return None
-    steps = tuple(replace(st, check=_passes) if isinstance(st, Guard) and st.name == r.guard else st
-                  for st in rule.steps)
+    steps = tuple(_passed(st, r.guard) for st in rule.steps)
+    if all(a is b for a, b in zip(steps, rule.steps, strict=True)):
+        return None
     try:
         _, fails = attempt(replace(rule, steps=steps, source=rule.source), s.before, r.anchor, s.params)
     except Exception:  # noqa: BLE001 - a step that raises past the guard: nothing is known of what follows
         return None
     if fails and fails[0].quiet:
         return None
-    return [(f.guard, f.kind, f.message) for f in fails if not f.quiet]
+    # a further failure about the same node is the same value's (h1 returned: `h1_not_output`, then the engine's
+    # `absorbed_escape` of h1; DeepNorm's `alpha * x` refused as scaled, then as the norm's operand): the compiler
+    # fix for that value covers it; so does it a further failure whose compiler fix is the same line (DeepNorm's second
+    # residual: one residual scale on the layer op is both norms' fix)
+    covered = {r.subject} - {None}
+    left: list[Blocker] = []
+    for f in fails:
+        about = {f.subject, *(i for e in f.edges for i in e)} - {None}
+        if f.quiet or about & covered:
+            continue
+        if r.fix and f.fix == r.fix:  # the same fix at another node: that node's consequences are covered too
+            covered |= {f.subject} - {None}
+            continue
+        left.append((f.guard, f.kind, f.message))
+    return left
 
 
 def still_refused(after: Trace, r: Rejection) -> Blocker | None:

@@ -90,7 +90,8 @@ class FixCheck:
         printed: the fix line `explain` prints: `fix`, or the `none in the model: ...` line that replaces it.
         compiler: the compiler fix line `explain` prints when its own check (`passes.whatif.without_guard`: the rule
             again with the refused guard passed) found another failure in the fusion's way: the guard's compiler fix,
-            then `(checked: that passes GUARD only; then GUARD2 (KIND) fails: ...)`; "" when the fix line stands as
+            then `(checked at this rule alone: that passes GUARD only; then GUARD2 (KIND) fails: ...)`; "" when the
+            fix line stands as
             the guard wrote it (nothing else failed, or nothing could be checked).
     """
 
@@ -291,13 +292,15 @@ def _words(trace: Trace, k: int, r: Rejection, b: Blocker) -> str:
 
 def _compiler_line(trace: Trace, k: int, r: Rejection) -> str:
     """The compiler fix line of `r` when its check finds the fusion still refused (`passes.whatif.without_guard`):
-    `FIX (checked: that passes GUARD only; then GUARD2 (KIND) fails: ...)`; "" when it stands as written."""
+    `FIX (checked at this rule alone: that passes GUARD only; then GUARD2 (KIND) fails: ...)`; "" when it stands as
+    written. The check is the refusing rule's alone: a compiler fix that also changes an earlier pass (an allow-list
+    two rules share) may do more than it shows, so the words claim no more than what was checked."""
     if not r.fix:
         return ""
     left = without_guard(trace, k, r)
     if not left:
         return ""
-    return f"{r.fix} (checked: that passes {r.guard} only; {_words(trace, k, r, left[0])})"
+    return f"{r.fix} (checked at this rule alone: that passes {r.guard} only; {_words(trace, k, r, left[0])})"
 
 
 def _check_one(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixCheck:
