@@ -213,8 +213,8 @@ def test_a_layer_refused_at_several_guards_is_one_place(layers):
 
 def test_places_keeps_the_headline_guard_of_each_candidate():
     t = trace_of(DEEPNORM)
-    step = next(st for st in t.steps if st.pass_name == "fuse_transformer_layer")
-    (r,) = places(t, step.rejections).near_misses
+    k = next(k for k, st in enumerate(t.steps) if st.pass_name == "fuse_transformer_layer")
+    (r,) = places(t, k).near_misses
     assert r.headline and r.guard == "ln1_residual_scaled"
 
 

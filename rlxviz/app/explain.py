@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..ir import Graph, Node, Op, format_node, operand_roles
-from ..ir.ops import FUSED
+from ..ir.ops import made_as
 from ..ir.printer import format_value
 from ..passes.guard import NOT_A_CANDIDATE
 from ..passes.report import in_context
@@ -52,8 +52,7 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
             left = [r for r in s.rejections if r.soft and (r.rule, r.anchor) == (m.rule, m.anchor)]
             without = ", ".join(_ops(s.before, [i for r in left for i in r.offending]))
             # a fused op is "fused into"; a plain op a rewrite made (canonicalize_exported's add) "rewritten as"
-            made = ("rewritten" if fused is None else
-                    f"{'fused into' if fused.op in FUSED else 'rewritten as'} {fused.op.value} %{fused.id}")
+            made = "rewritten" if fused is None else f"{made_as(fused.op)} {fused.op.value} %{fused.id}"
             rows.append({"kind": "fused", "step": k, "pass": s.pass_name, "rule": m.rule, "layer": m.layer,
                          "stage": "", "guard": "all passed" if not left else
                          "passed; left out by " + ", ".join(dict.fromkeys(r.guard for r in left)),

@@ -415,6 +415,18 @@ _FAMILY = {"leaf": "leaf", "blas": "blas", "binary": "binary", "unary": "unary",
            "norm": "norm", "movement": "movement", "attention": "attention", "host": "other", "fused": "fused"}
 
 
+FUSED_INTO = "fused into"
+REWRITTEN_AS = "rewritten as"
+
+
+def made_as(op: Op) -> str:
+    """How a node a match made is named, by its op: `fused into` for a fused op (`FUSED`: FusedMatMulBiasAct,
+    FusedResidualLN, FusedAttentionBlock, FusedTransformerLayer, ElementwiseRegion, ...), `rewritten as` for a plain op
+    a rewrite made (a canonicalization's transpose or mul, the packed `attention`, a merged matmul). The one rule the
+    app's decision rows and a layer's verdict (its fused ops, `LayerVerdict.done`, apart from `rewritten`) read."""
+    return FUSED_INTO if op in FUSED else REWRITTEN_AS
+
+
 def family(op: Op) -> str:
     """A short family name used for colours and grouping (`leaf`, `binary`, `fused`, ...)."""
     return _FAMILY[SPECS[op].kind]

@@ -219,6 +219,10 @@ class Guard:
         excused_in: layer traits (`passes.why.kinds.LayerArchitecture.has`, e.g. `pre_norm`) where a refusal by this
             guard is the layer's design, not a miss: it does not count there (`excuse` says why). Set with `excused`.
         excuse: why the refusal does not count in those layers.
+        readers: for a guard that refuses because a value has readers besides the fusion (or is a graph output):
+            `ctx -> (the value's role or node id, its extra readers' ids)`, or None when it cannot say. Its remedy and
+            hint are then `reader_advice`'s (a model output: none in the model; dead readers: dead-code
+            elimination), not `no_model_fix`'s.
 
     Raises:
         RuleError: `kind` is not one of `KINDS`.
@@ -240,13 +244,14 @@ class Guard:
     params: tuple[str, ...] = ()
     excused_in: tuple[str, ...] = ()
     excuse: str = ""
+    readers: Callable[[Ctx], tuple[str | int, Sequence[int]] | None] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise RuleError(f"[Guard {self.name}] kind must be one of {', '.join(KINDS)}; got {self.kind!r}"
                             f"{close(str(self.kind), KINDS)}")
         read = check_literals(f"Guard {self.name}", (self.check, self.explain, self.highlight, self.subject,
-                                                     self.no_model_fix), (*self.roles, *self.optional))
+                                                     self.no_model_fix, self.readers), (*self.roles, *self.optional))
         object.__setattr__(self, "params", tuple(dict.fromkeys((*self.params, *read))))
 
     @property
@@ -265,7 +270,11 @@ class Guard:
 
     def remedy_of(self, ctx: Ctx) -> tuple[str, str]:
         """`(remedy, hint)` of a failure at `ctx`: `(IN_MODEL, hint)`, or `(self.remedy, "none in the model:
-        <why>")` when no change to the model that keeps its numbers makes the fusion legal."""
+        <why>")` when no change to the model that keeps its numbers makes the fusion legal; a reader guard's
+        (`readers`) is `reader_advice`'s."""
+        got = self.readers(ctx) if self.readers is not None else None
+        if got is not None:
+            return reader_advice(ctx, got[0], got[1], self.hint)
         why = self.no_model_fix(ctx) if self.no_model_fix is not None else None
         return (IN_MODEL, self.hint) if why is None else (self.remedy, NO_MODEL_FIX + why)
 
@@ -318,17 +327,28 @@ def reaches_output(g: Graph, i: int, limit: int = REACH_LIMIT) -> int | None:
     return i
 
 
+KEEP_MATERIALISED = "a fusion would have to keep {value} materialised"
+"""What a value the model returns (or one read on to an output) means for a fusion that would absorb it."""
+
+RUN_DCE = "dead_code_elimination run on the model removes {it} and keeps every output"
+"""The advice for readers that reach no graph output: the one place a refusal proposes dead-code elimination
+(`reader_advice`); never for a value the model returns or one read on to an output. A change to the model, checked
+by `passes.whatif`'s dead-reader what-if (the dead nodes removed from the user's graph, before every pass: the dead
+reader may also have blocked an earlier fusion the refused one builds on, a residual norm under the layer op)."""
+
+
 def extra_readers_why(c: Ctx, role: str | int, extra: Sequence[int]) -> str | None:
     """Why no change to the model frees `role` (a bound role, or a node id) of its `extra` readers, or None when
-    every one of them is dead (then removing it, as `dead_code_elimination` does, keeps the model's numbers): they
-    are read on to a graph output, so they are part of what the model returns (a probe, a second layer reading
-    shared K/V)."""
+    every one of them is dead (then removing it, as `dead_code_elimination` does, keeps the model's numbers): the
+    value is a graph output, or a reader is read on to one, so it is part of what the model returns (a probe, a
+    second layer reading shared K/V) and a fusion would have to keep the value materialised."""
     g = c.graph
     i = c.id(role) if isinstance(role, str) else role
     name, short = (c.d(role), c.label(role)) if isinstance(role, str) else (c.name_of(i), c.name_of(i))
     if g.is_output(i):
-        return f"{name} is graph output #{g.outputs.index(i)}, which the caller asked for; hiding it changes what " \
-               f"the model returns"
+        keep = KEEP_MATERIALISED.format(value="it")
+        return f"{name} is graph output #{g.outputs.index(i)}, which the caller asked for: {keep}; hiding it " \
+               f"changes what the model returns"
     live = [(u, o) for u in extra if (o := reaches_output(g, u)) is not None]
     if not live:
         return None
@@ -341,8 +361,31 @@ def extra_readers_why(c: Ctx, role: str | int, extra: Sequence[int]) -> str | No
         out = f"graph output #{g.outputs.index(o)}, {c.name_of(o)}" if g.is_output(o) else "the graph outputs"
         who, to = c.name_of(u), f", and its result flows on to {out}"
     more = f" (and {len(live) - 1} more reader(s))" if len(live) > 1 else ""
-    return (f"{who} reads {short}{to}{more}: it is part of what the model computes and returns, "
-            f"and removing or rerouting it changes the model's outputs")
+    return (f"{who} reads {short}{to}{more}: it is part of what the model computes and returns, so "
+            f"{KEEP_MATERIALISED.format(value=short)} for it; removing or rerouting it changes the model's outputs")
+
+
+def reader_advice(c: Ctx, role: str | int, extra: Sequence[int], hint: str) -> tuple[str, str]:
+    """`(remedy, hint)` of a refusal because `role` (a bound role, or a node id) has `extra` readers besides the
+    fusion, or is a graph output: the one rule every reader guard and the engine's escape check word their advice
+    with, so `explain`'s text, `--json` and the app's Why tab say the same.
+
+    * the value is a graph output, or a reader is read on to one: `(READ_BY_MODEL, "none in the model: ...")`
+      (`extra_readers_why`: a fusion would have to keep the value materialised; no dead-code elimination, which
+      cannot remove what the model returns);
+    * every extra reader is dead (reaches no graph output): `(IN_MODEL, "HINT: READERS reach(es) no graph output
+      (dead code): dead_code_elimination run on the model removes it ...")` (`RUN_DCE`), the fix `passes.whatif` checks.
+    """
+    why = extra_readers_why(c, role, extra)
+    if why is not None:
+        return READ_BY_MODEL, NO_MODEL_FIX + why
+    dead = [c.name_of(u) for u in extra if u in c.graph]
+    if not dead:  # nothing to remove (no reader named): the guard's own hint
+        return IN_MODEL, hint
+    who = ", ".join(dead[:3]) + (f" and {len(dead) - 3} more" if len(dead) > 3 else "")
+    verb = "reaches" if len(dead) == 1 else "reach"
+    rm = RUN_DCE.format(it="it" if len(dead) == 1 else "them")
+    return IN_MODEL, f"{hint}: {who} {verb} no graph output (dead code): {rm}"
 
 
 def _outside_readers(c: Ctx, role: str) -> list[int]:
@@ -352,8 +395,8 @@ def _outside_readers(c: Ctx, role: str) -> list[int]:
     return [u for u in us if u not in bound] or us
 
 
-def _readers_no_fix(role: str) -> Callable[[Ctx], str | None]:
-    return lambda c: extra_readers_why(c, role, _outside_readers(c, role))
+def _outside(role: str) -> Callable[[Ctx], tuple[str, list[int]]]:
+    return lambda c: (role, _outside_readers(c, role))
 
 
 def _also_returns(role: str) -> str:
@@ -362,8 +405,7 @@ def _also_returns(role: str) -> str:
 
 
 def _output_no_fix(role: str) -> Callable[[Ctx], str | None]:
-    return lambda c: (f"{c.d(role)} is graph output #{c.graph.outputs.index(c.id(role))}, which the caller asked "
-                      f"for; hiding it changes what the model returns") if c.graph.is_output(c.id(role)) else None
+    return lambda c: extra_readers_why(c, role, ()) if c.graph.is_output(c.id(role)) else None
 
 
 def _users_text(ctx: Ctx, role: str) -> str:
@@ -383,7 +425,7 @@ def single_user(role: str, name: str | None = None, hint: str = "", fix: str = "
                  lambda c: f"{c.d(role)} has {len(c.users(role))} users ({_users_text(c, role)}); needs exactly 1",
                  lambda c: _edges_to_users(c, role),
                  hint or f"make {role} single-use (or give the extra reader its own copy)", (role,), ILLEGAL,
-                 fix or _also_returns(role), no_model_fix=_readers_no_fix(role), remedy=READ_BY_MODEL)
+                 fix or _also_returns(role), remedy=READ_BY_MODEL, readers=_outside(role))
 
 
 def not_output(role: str, name: str | None = None, hint: str = "", fix: str = "") -> Guard:
@@ -405,7 +447,7 @@ def user_count(role: str, n: int, purpose: str, name: str | None = None, hint: s
                  lambda c: f"{c.d(role)} has {len(c.users(role))} users ({_users_text(c, role)}); "
                            f"needs exactly {n}: {purpose}",
                  pick, hint or f"make {role} feed only {purpose}", (role,), ILLEGAL, fix or _also_returns(role),
-                 no_model_fix=lambda c: extra_readers_why(c, role, pick(c)[0]), remedy=READ_BY_MODEL)
+                 remedy=READ_BY_MODEL, readers=lambda c: (role, pick(c)[0]))
 
 
 def rank_le(role: str, n: int, name: str | None = None, hint: str = "", fix: str = "") -> Guard:
@@ -547,26 +589,28 @@ def all_single_use(roles: Sequence[str], name: str, hint: str = "", fix: str = "
         r = bad(c)
         return c.id(r) if r else None
 
-    def no_fix(c: Ctx) -> str | None:
+    def readers(c: Ctx) -> tuple[str, list[int]] | None:
         r = bad(c)
-        return extra_readers_why(c, r, _outside_readers(c, r)) if r else None
+        return (r, _outside_readers(c, r)) if r else None
 
     return Guard(name, lambda c: bad(c) is None, explain, hl, hint or "make the intermediates single-use", (),
-                 ILLEGAL, fix or _also_returns("the intermediate read elsewhere"), tuple(roles), subject, no_fix,
-                 READ_BY_MODEL)
+                 ILLEGAL, fix or _also_returns("the intermediate read elsewhere"), tuple(roles), subject,
+                 remedy=READ_BY_MODEL, readers=readers)
 
 
 def guard(name: str, check: Callable[[Ctx], bool], explain: Callable[[Ctx], str], hint: str = "",
           highlight: Callable[[Ctx], Highlight] | None = None, requires: Sequence[str] = (), *, kind: str,
           fix: str = "", reads: Sequence[str] = (), subject: Callable[[Ctx], int | None] | None = None,
           no_model_fix: Callable[[Ctx], str | None] | None = None, remedy: str = COMPILER_ONLY,
-          optional: Sequence[str] = ()) -> Guard:
+          optional: Sequence[str] = (),
+          readers: Callable[[Ctx], tuple[str | int, Sequence[int]] | None] | None = None) -> Guard:
     """A one-off guard (keyword-friendly constructor). `kind` is required: `illegal`, `not recognized` or
     `not profitable`; `requires` (the first is the subject) and `reads` list every role the checks read, `optional`
     the roles they read only when bound (`Guard.optional`);
-    `no_model_fix` says why no model change keeping the numbers helps (`Guard.no_model_fix`)."""
+    `no_model_fix` says why no model change keeping the numbers helps (`Guard.no_model_fix`); `readers` makes it a
+    reader guard (`Guard.readers`: its advice is `reader_advice`'s)."""
     return Guard(name, check, explain, highlight, hint, tuple(requires), kind, fix, tuple(reads), subject,
-                 no_model_fix, remedy, tuple(optional))
+                 no_model_fix, remedy, tuple(optional), readers=readers)
 
 
 __all__ = ["COMPILER_ONLY", "DOES_NOT_PAY", "EPILOGUE_ACTIVATIONS", "ILLEGAL", "IN_MODEL", "KINDS", "MODEL_TERM",
@@ -574,5 +618,5 @@ __all__ = ["COMPILER_ONLY", "DOES_NOT_PAY", "EPILOGUE_ACTIVATIONS", "ILLEGAL", "
            "NOT_PROFITABLE", "NOT_RECOGNIZED", "Ctx", "Guard",
            "Highlight", "RuleError", "activation_in", "all_single_use", "attr_eq",
            "guard", "not_output", "operands_are", "rank_eq", "rank_le", "reaches_output",
-           "extra_readers_why", "live_nodes",
+           "extra_readers_why", "live_nodes", "reader_advice", "KEEP_MATERIALISED", "RUN_DCE",
            "same_shape", "single_user", "size_le", "static_dim", "user_count"]

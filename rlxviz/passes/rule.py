@@ -32,16 +32,15 @@ from ..ir import Node, Op, Rewriter
 from ..ir.ops import SPECS
 from .guard import (
     ILLEGAL,
+    IN_MODEL,
     KINDS,
-    NO_MODEL_FIX,
     NOT_RECOGNIZED,
-    READ_BY_MODEL,
     Ctx,
     Guard,
     RuleError,
     _dynamic,
     check_literals,
-    extra_readers_why,
+    reader_advice,
 )
 from .pattern import SAME_NODE, Miss, P, also_read, describe, op_label, where
 from .spelling import close, data_keys, scan
@@ -485,14 +484,14 @@ def escape_check(rule: Rule, ctx: Ctx) -> Fail | None:
         outside = [u for u in ctx.graph.users(i) if u.id not in absorbed]
         if outside or ctx.graph.is_output(i):
             who = ", ".join(ctx.name_of(u.id) for u in outside) or "the graph outputs"
-            why = extra_readers_why(ctx, r, [u.id for u in outside])
-            hint = f"make {ctx.label(r)} single-use (remove the dead reader)" if why is None else NO_MODEL_FIX + why
+            remedy, hint = reader_advice(ctx, r, [u.id for u in outside], f"make {ctx.label(r)} single-use "
+                                                                              f"(remove the dead reader)")
             return Fail("guard", "absorbed_escape",
                         f"{ctx.d(r)} would be absorbed but is also read by {who}; needs to be used only inside "
                         f"the fused pattern", tuple(u.id for u in outside), tuple((i, u.id) for u in outside),
                         hint, subject=i, kind=ILLEGAL,
                         fix=f"a fused op that also returns {ctx.label(r)} (Rule.outputs)",
-                        remedy="" if why is None else READ_BY_MODEL)
+                        remedy="" if remedy == IN_MODEL else remedy)
     return None
 
 

@@ -19,15 +19,18 @@ numbers against the unfused original, and that the fusion then happens, `fused_m
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from ..ir import Graph, GraphError, Node, Op
 from ..ir.ops import ACTIVATIONS, EPILOGUE_ACTIVATIONS
 from ..ir.rewrite import Rewriter
-from .guard import ILLEGAL, NO_MODEL_FIX, live_nodes
-from .pipeline import PASSES, Pipeline
+from .engine import attempt
+from .guard import ILLEGAL, NO_MODEL_FIX, Ctx, Guard, live_nodes
+from .pipeline import PASSES, STAGES, Pipeline
 from .trace import PassStep, Rejection, Trace, layer_of
 
 STATEMENT = "statement"
@@ -193,6 +196,89 @@ def what_if(trace: Trace, step: int, r: Rejection, hint: str | None = None) -> W
     return None
 
 
+Blocker = tuple[str, str, str]
+"""A failure that stands in a fusion's way: `(guard, kind, message)`."""
+
+
+def _passes(c: Ctx) -> bool:
+    return True
+
+
+def _passed(step: Any, guard: str) -> Any:
+    """`step` with its failure at `guard` taken as passed: a plain `Guard` whose check always holds, or a `@reports`
+    step (its declarations kept, `functools.wraps`) whose `Fail` at `guard` is dropped; the same step otherwise."""
+    if isinstance(step, Guard):
+        return replace(step, check=_passes) if step.name == guard else step
+    if guard not in getattr(step, "guard_names", ()):
+        return step
+
+    @functools.wraps(step)
+    def passed(c: Ctx) -> Any:
+        f = step(c)
+        return None if f is not None and getattr(f, "guard", "") == guard else f
+
+    return passed
+
+
+def without_guard(trace: Trace, step: int, r: Rejection) -> list[Blocker] | None:
+    """The compiler fix of refusal `r` (recorded by `trace.steps[step]`) applied as a what-if: `r`'s rule tried again
+    at `r.anchor` on the graph its pass saw, with `r`'s guard taken as passed (what a compiler fix that makes that
+    guard pass gives; `_passed`). Returns the failures that then remain, in step order ([]: the rule matches there;
+    a failure whose subject or highlighted edges hold `r`'s subject node is the same value's, and one whose compiler
+    fix is `r`'s, is covered by that fix and not counted),
+    or None when the guard is no step of the rule that can be passed (a structure miss, a soft guard), a step raises
+    past it, or the candidate is then no candidate at all: nothing is known."""
+    if r.soft or r.stage != "guard":
+        return None
+    s = trace.steps[step]
+    p = STAGES.get(s.pass_name) or PASSES.get(s.pass_name)
+    rule = next((x for x in (p.rules if p is not None else ()) if x.name == r.rule), None)
+    if rule is None:
+        return None
+    steps = tuple(_passed(st, r.guard) for st in rule.steps)
+    if all(a is b for a, b in zip(steps, rule.steps, strict=True)):
+        return None
+    try:
+        _, fails = attempt(replace(rule, steps=steps, source=rule.source), s.before, r.anchor, s.params)
+    except Exception:  # noqa: BLE001 - a step that raises past the guard: nothing is known of what follows
+        return None
+    if fails and fails[0].quiet:
+        return None
+    # a further failure about the same node is the same value's (h1 returned: `h1_not_output`, then the engine's
+    # `absorbed_escape` of h1; DeepNorm's `alpha * x` refused as scaled, then as the norm's operand): the compiler
+    # fix for that value covers it; so does it a further failure whose compiler fix is the same line (DeepNorm's second
+    # residual: one residual scale on the layer op is both norms' fix)
+    covered = {r.subject} - {None}
+    left: list[Blocker] = []
+    for f in fails:
+        about = {f.subject, *(i for e in f.edges for i in e)} - {None}
+        if f.quiet or about & covered:
+            continue
+        if r.fix and f.fix == r.fix:  # the same fix at another node: that node's consequences are covered too
+            covered |= {f.subject} - {None}
+            continue
+        left.append((f.guard, f.kind, f.message))
+    return left
+
+
+def still_refused(after: Trace, r: Rejection) -> Blocker | None:
+    """What refuses `r`'s rule in `r`'s layer of the what-if run `after` (its headline refusal at `r`'s anchor,
+    else the first in the layer), or None when nothing does (the rule fused, or never saw a candidate)."""
+    layer = layer_of(r.path)
+    hits = [x for s in after.steps for x in s.rejections
+            if x.rule == r.rule and x.headline and not x.soft and x.layer == layer]
+    hit = next((x for x in hits if x.anchor == r.anchor), hits[0] if hits else None)
+    return None if hit is None else (hit.guard, hit.kind, hit.message)
+
+
+def blocker_words(fixed: str, b: Blocker) -> str:
+    """`then GUARD (KIND) fails: MESSAGE`, or `GUARD still fails` when `b` is the guard the fix was for (`fixed`)."""
+    guard, kind, message = b
+    if guard == fixed:
+        return f"{guard} still fails: {message}"
+    return f"then {guard} ({kind}) fails: {message}"
+
+
 def fused_count(trace: Trace, rule: str, layer: int | None) -> int:
     """How many fusions `rule` made in `layer` (None: anywhere outside a layer) over the run."""
     return sum(1 for s in trace.steps for m in s.matches if m.rule == rule and m.layer == layer)
@@ -216,5 +302,5 @@ def fused_more(before: Trace, after: Trace, r: Rejection) -> bool:
 
 
 __all__ = ["EXACT_WHAT_IFS", "FORMS", "GENERIC_WHAT_IFS", "MODEL", "MODEL_WHAT_IFS", "PIPELINE", "STATEMENT", "WhatIf",
-           "fix_form", "fused_count", "fused_more", "refused_count", "remove_dead_readers", "run_pipeline_of",
-           "what_if"]
+           "Blocker", "blocker_words", "fix_form", "fused_count", "fused_more", "refused_count", "remove_dead_readers",
+           "run_pipeline_of", "still_refused", "what_if", "without_guard"]

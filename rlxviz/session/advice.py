@@ -36,7 +36,17 @@ from ..passes import Trace, explain
 from ..passes.guard import COMPILER_ONLY, IN_MODEL, NO_MODEL_FIX
 from ..passes.report import in_context
 from ..passes.trace import Rejection
-from ..passes.whatif import STATEMENT, WhatIf, fix_form, fused_more, what_if
+from ..passes.whatif import (
+    STATEMENT,
+    Blocker,
+    WhatIf,
+    blocker_words,
+    fix_form,
+    fused_more,
+    still_refused,
+    what_if,
+    without_guard,
+)
 from ..passes.why.facts import RunFacts
 from ..runtime import run_reference
 from ..runtime.battery import InputSet, battery
@@ -78,6 +88,11 @@ class FixCheck:
         what: the what-if applied ("" when none).
         detail: what the check found, one line (the error and the input set that differs, the budget note).
         printed: the fix line `explain` prints: `fix`, or the `none in the model: ...` line that replaces it.
+        compiler: the compiler fix line `explain` prints when its own check (`passes.whatif.without_guard`: the rule
+            again with the refused guard passed) found another failure in the fusion's way: the guard's compiler fix,
+            then `(checked at this rule alone: that passes GUARD only; then GUARD2 (KIND) fails: ...)`; "" when the
+            fix line stands as
+            the guard wrote it (nothing else failed, or nothing could be checked).
     """
 
     rule: str
@@ -89,6 +104,7 @@ class FixCheck:
     what: str = ""
     detail: str = ""
     printed: str = ""
+    compiler: str = ""
 
     @property
     def ok(self) -> bool:
@@ -103,7 +119,12 @@ class FixCheck:
     def to_dict(self) -> dict[str, object]:
         return {"rule": self.rule, "anchor": self.anchor, "guard": self.guard, "fix": self.fix, "form": self.form,
                 "status": self.status, "checked": self.checked, "printed_as_fix": self.ok, "what_if": self.what or None,
-                "detail": self.detail or None, "printed": self.printed}
+                "detail": self.detail or None, "printed": self.printed, "compiler_fix_printed": self.compiler or None}
+
+    @property
+    def rewords(self) -> bool:
+        """`vetted` changes the refusal's words: its fix failed its check, or its compiler fix is not enough."""
+        return not self.ok or bool(self.compiler)
 
 
 def _headline(trace: Trace, rule: str, anchor: int, guard: str) -> tuple[int, Rejection] | None:
@@ -257,7 +278,42 @@ def _err(got: list[np.ndarray], want: list[np.ndarray]) -> float:
     return max(errs, default=float("nan"))
 
 
+CHECKED_ONLY = "(the compiler fix below passes this guard only)"
+"""What a `none in the model` line says of the compiler fix when that fix's own check found another failure."""
+
+
+def _words(trace: Trace, k: int, r: Rejection, b: Blocker) -> str:
+    """`passes.whatif.blocker_words` of `b`, its message worded in the context of `trace.steps[k]` as `explain` words
+    every message (`report.in_context`: a "run P first" whose P ran says what P decided)."""
+    guard, kind, message = b
+    message = in_context(trace, k, replace(r, guard=guard, kind=kind, message=message, hint=""))[0]
+    return blocker_words(r.guard, (guard, kind, message))
+
+
+def _compiler_line(trace: Trace, k: int, r: Rejection) -> str:
+    """The compiler fix line of `r` when its check finds the fusion still refused (`passes.whatif.without_guard`):
+    `FIX (checked at this rule alone: that passes GUARD only; then GUARD2 (KIND) fails: ...)`; "" when it stands as
+    written. The check is the refusing rule's alone: a compiler fix that also changes an earlier pass (an allow-list
+    two rules share) may do more than it shows, so the words claim no more than what was checked."""
+    if not r.fix:
+        return ""
+    left = without_guard(trace, k, r)
+    if not left:
+        return ""
+    return f"{r.fix} (checked at this rule alone: that passes {r.guard} only; {_words(trace, k, r, left[0])})"
+
+
 def _check_one(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixCheck:
+    """`_check_fix` of `r`'s fix line, and its compiler fix checked too (`_compiler_line`)."""
+    c = _check_fix(trace, k, r, checker)
+    compiler = _compiler_line(trace, k, r)
+    if not compiler:
+        return c
+    printed = c.printed.replace("(the compiler fix is the fix)", CHECKED_ONLY)
+    return replace(c, compiler=compiler, printed=printed)
+
+
+def _check_fix(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixCheck:
     message, hint = in_context(trace, k, r)
     form = fix_form(hint) if hint not in message else STATEMENT  # a hint inside the message prints no fix line
     base = FixCheck(r.rule, r.anchor, r.guard, hint, form, NOT_A_CHANGE, printed=hint)
@@ -281,8 +337,10 @@ def _check_one(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixChec
         return replace(base, status=CHANGES_NUMBERS, what=w.what, detail=why,
                        printed=NO_MODEL_FIX + f"applying it ({w.what}) changes the model's numbers: {why}")
     if not fused_more(trace, after, r):
+        left = still_refused(after, r)  # what stands in the way then: the checked fix's result decides the words
+        then = f": {_words(trace, k, r, left)}" if left is not None else ""
         return replace(base, status=NO_FUSION, what=w.what, detail=f"{r.rule} still does not fuse after {w.what}",
-                       printed=NO_MODEL_FIX + f"applying it ({w.what}) does not make the fusion happen")
+                       printed=NO_MODEL_FIX + f"applying it ({w.what}) does not make the fusion happen{then}")
     skipped = checker.not_run.get(w.key, "")
     if not ran and not w.exact:  # said once: the change is not exact, and why its numbers were not run
         why_not = f"its numbers could not be checked: {skipped}"
@@ -318,22 +376,32 @@ def check_fixes(trace: Trace, check: FusionCheck, feeds: Mapping[str, np.ndarray
 def vetted(trace: Trace, checks: Iterable[FixCheck]) -> Trace:
     """`trace` with every refusal whose fix failed its check (`FixCheck.ok` False) saying so: its hint the check's
     `printed` line (`none in the model: ...`), its remedy `compiler only`, its compiler fix kept (or
-    `DEFAULT_COMPILER_FIX`). The same trace when every fix passed. The graphs and matches are shared; its content key
-    (`Trace.digest`) is its own, since its rejections differ."""
-    bad = {(c.rule, c.anchor, c.guard): c for c in checks if not c.ok}
+    `DEFAULT_COMPILER_FIX`); and every refusal whose compiler fix is not enough (`FixCheck.compiler`) saying what
+    else stands in the way. The same trace when every fix passed as written. The graphs and matches are shared; its
+    content key (`Trace.digest`) is its own, since its rejections differ."""
+    bad = {(c.rule, c.anchor, c.guard): c for c in checks if c.rewords}
     if not bad:
         return trace
     steps = []
     for s in trace.steps:
-        rejections = [r if (c := bad.get((r.rule, r.anchor, r.guard))) is None or r.remedy not in ("", IN_MODEL) else
-                      replace(r, hint=c.printed, remedy=COMPILER_ONLY, fix=r.fix or DEFAULT_COMPILER_FIX)
+        rejections = [r if (c := bad.get((r.rule, r.anchor, r.guard))) is None else _reworded(r, c)
                       for r in s.rejections]
         steps.append(replace(s, rejections=rejections))
     return Trace(trace.input, steps, trace.pipeline)
 
 
-__all__ = ["BUDGET_MACS", "CHANGES_NUMBERS", "CHECKED", "DEFAULT_COMPILER_FIX", "KINDS", "NOT_A_CHANGE", "NO_FUSION",
+__all__ = ["BUDGET_MACS", "CHANGES_NUMBERS", "CHECKED", "CHECKED_ONLY", "DEFAULT_COMPILER_FIX", "KINDS", "NOT_A_CHANGE",
+           "NO_FUSION",
            "NO_WHAT_IF", "NOT_RUN", "STATUSES", "FixCheck", "check_fixes", "over_budget", "printed_refusals", "vetted"]
+
+
+def _reworded(r: Rejection, c: FixCheck) -> Rejection:
+    """`r` as `vetted` words it by its check `c`."""
+    if not c.ok and r.remedy in ("", IN_MODEL):
+        r = replace(r, hint=c.printed, remedy=COMPILER_ONLY, fix=r.fix or DEFAULT_COMPILER_FIX)
+    elif c.compiler and c.printed != c.fix:  # a statement naming the compiler fix as the fix: checked only so far
+        r = replace(r, hint=c.printed)
+    return replace(r, fix=c.compiler) if c.compiler else r
 
 
 def checked_verdict(trace: Trace, model: str, feeds: Mapping[str, np.ndarray] | None,
@@ -357,6 +425,6 @@ def checked_verdict(trace: Trace, model: str, feeds: Mapping[str, np.ndarray] | 
 
     check = check_fusion(trace, model, layers, expect)
     fixes = check_fixes(trace, check, feeds, weights, verbose=verbose)
-    if not all(f.ok for f in fixes):
+    if any(f.rewords for f in fixes):
         check = check_fusion(vetted(trace, fixes), model, layers, expect)
     return check, fixes

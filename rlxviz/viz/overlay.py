@@ -65,10 +65,11 @@ def before_caption(step: PassStep, trace: Trace | None = None) -> str:
     on its own), a hard refusal's kind alone decides (`Rejection.near_miss`), as `app.derived.refusals` does then.
     """
     head = f"before {step.pass_name}: {len(step.matches)} match(es)"
-    if trace is not None and any(s is step for s in trace.steps):
+    k = next((k for k, s in enumerate(trace.steps) if s is step), None) if trace is not None else None
+    if trace is not None and k is not None:
         from ..passes.why.verdict import places  # the verdict reads the pipeline; the overlay is drawn without it
 
-        p = places(trace, step.rejections)
+        p = places(trace, k)
         near = {(r.rule, r.anchor) for r in p.near_misses}
         excused = sum(len(v) for v in p.excused.values())
     else:

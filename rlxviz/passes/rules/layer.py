@@ -40,7 +40,6 @@ from ..guard import (
     Guard,
     activation_hint,
     attr_eq,
-    extra_readers_why,
     guard,
     not_output,
     operands_are,
@@ -109,14 +108,14 @@ def _sum_guard(name: str, of: str, norm: str, h: str) -> Guard:
         return (f"the residual sum {c.name_of(s)} after {c.d(of)}{read}; FusedTransformerLayer absorbs it into "
                 f"{h} = {norm} and returns h2 only")
 
-    def no_fix(c: Ctx) -> str | None:
+    def readers(c: Ctx) -> tuple[int, list[int]] | None:
         s = _residual_sum(c, of)
-        return None if s is None else extra_readers_why(c, s, _sum_readers(c, of))
+        return None if s is None else (s, _sum_readers(c, of))
 
     return guard(name, ok, explain, f"make the residual sum after {of} feed only its LayerNorm",
                  highlight=lambda c: (tuple(_sum_readers(c, of)),
                                       tuple((_residual_sum(c, of), u) for u in _sum_readers(c, of))),
-                 requires=(of,), kind=ILLEGAL, subject=lambda c: _residual_sum(c, of), no_model_fix=no_fix,
+                 requires=(of,), kind=ILLEGAL, subject=lambda c: _residual_sum(c, of), readers=readers,
                  remedy=READ_BY_MODEL,
                  fix=f"multi-output fusion: a layer op that also returns the residual sum before {h} (no product "
                      f"rule builds one)")
@@ -296,7 +295,7 @@ LAYER = Rule(
                    fix=_H1_OUT_FIX),
         user_count("ln1", 2, "FFN.1 and the ln2 residual", "h1_user_count",
                    "make h1 feed only FFN.1 and the second residual (remove the extra reader)",
-                   fix=_H1_OUT_FIX + "; a dead extra reader is counted too: run dead_code_elimination first",
+                   fix=_H1_OUT_FIX,
                    highlight=_extra_h1_users),
         User("fc1_is_fused_linear", "fc1", "ln1", P(FMBA, P.var("ln1"), P.var("fc1_w"), P.var("fc1_b"), name="fc1"),
              "FFN.1 as FusedMatMulBiasAct(h1, ...)", "run fuse_matmul_bias_act first"),

@@ -56,6 +56,7 @@ from ..guard import (
     Ctx,
     Guard,
     activation_hint,
+    extra_readers_why,
     guard,
     not_output,
     rank_le,
@@ -124,9 +125,8 @@ def _epilogue(c: Ctx) -> Fail | None:
     if c.graph.is_output(c.id("add")):
         return Fail("guard", "add_not_output",
                     f"{c.d('add')} is a graph output, so {act.op.value} (node {act.id}) is not absorbed",
-                    (c.id("add"),), (), NO_MODEL_FIX + f"{c.d('add')} is graph output "
-                    f"#{c.graph.outputs.index(c.id('add'))}, which the caller asked for; hiding it changes what the "
-                    f"model returns", subject=c.id("add"), kind=ILLEGAL, remedy=READ_BY_MODEL,
+                    (c.id("add"),), (), NO_MODEL_FIX + (extra_readers_why(c, "add", ()) or ""),
+                    subject=c.id("add"), kind=ILLEGAL, remedy=READ_BY_MODEL,
                     fix="a FusedMatMulBiasAct that also returns the pre-activation value (Rule.outputs)")
     c.bindings["act"] = act.id
     return None
@@ -531,9 +531,8 @@ SHARED = Rule(
               "do not return a projection's raw output from the model", reads=("mm*",),
               subject=lambda c: c.id(_output_member(c) or "mm0"), kind=ILLEGAL,
               fix="narrow the returned projection's columns out of the packed product for the caller",
-              no_model_fix=lambda c: (f"{_label(c.graph, c[r])} is graph output #{c.graph.outputs.index(c.id(r))}, "
-                                      f"which the caller asked for; not returning it changes what the model returns"
-                                      if (r := _output_member(c)) else None), remedy=READ_BY_MODEL),
+              no_model_fix=lambda c: extra_readers_why(c, r, ()) if (r := _output_member(c)) else None,
+              remedy=READ_BY_MODEL),
         guard("operands_independent", lambda c: _dependent_operand(c) is None, _explain_dependent,
               "a projection whose weight is computed from another projection's output cannot share its matmul",
               reads=("mm*", "w*"), subject=lambda c: (_dependent_operand(c) or (c.id("w0"),))[0], kind=ILLEGAL),

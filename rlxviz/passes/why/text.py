@@ -11,6 +11,7 @@ import dataclasses
 import re
 from typing import TYPE_CHECKING, Any
 
+from ...ir.ops import REWRITTEN_AS
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
 from ..trace import layer_label
 
@@ -104,6 +105,8 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
         lines = [f"{layer_label(v.layer)}: fused as expected: " + (fused_list(v.done, verbose) or "nothing to fuse")]
     else:
         lines = _not_fused(v)
+    if v.rewritten and (v.fused or v.legal_only):  # plain ops a rewrite made: no fusion (`ir.ops.made_as`)
+        lines.insert(1, f"  {REWRITTEN_AS}: {fused_list(v.rewritten, verbose)}")
     if v.fused and not v.legal_only:  # a fused layer can still hold a counted refusal (a form a rule declined)
         lines += [f"  also rejected: {o.rule}: {o.guard} ({o.kind})" for o in v.rejections]
     if not v.bert_style or v.legal_only:

@@ -14,12 +14,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ...ir.identity import IdentityMap
+from ...ir import Op
+from ...ir.ops import FUSED_INTO, made_as
 from ..architecture import classify_layer
 from ..explain import Outcome, explain
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
 from ..report import MissedFusion, in_context, left_out_line, left_out_rejections
-from ..trace import Rejection, Trace, layer_of, resolve_layers, same_stack_as
+from ..trace import PassStep, Rejection, Trace, layer_of, resolve_layers, same_stack_as
 from . import text
 from .facts import RunFacts, illegal_here, op_of, recognized, silent
 from .kinds import LayerArchitecture
@@ -94,7 +95,8 @@ class LayerVerdict:
         architecture: the layer's own kind (`architecture.classify_layer`).
         expected_kind: the kind the layer is judged as: its own, or `post_ln` when it deviates from sibling
             layers that are all post-LN (see `judged_kind`).
-        done: the fusions that happened in the layer, e.g. `FusedSwiGLU %31 (fuse_swiglu)` (non-BERT layers).
+        done: the fusions that happened in the layer, e.g. `FusedSwiGLU %31 (fuse_swiglu)` (non-BERT layers): fused ops
+            only (`ir.ops.made_as`); a plain op a match made is in `rewritten`.
         not_expected: rejections that do not count for this architecture, with the reason (the excuses).
         blocker: when the first rejection's own product was still made in the layer (a soft guard), what the
             fusion left that blocks the layer, e.g. `packed attention made, but additive mask kept (mask_form)`.
@@ -128,6 +130,9 @@ class LayerVerdict:
     expect: str = "model"
     missed: list[MissedFusion] = field(default_factory=list)
     """The misses as data (`misses` is their text; `--json` carries the text only)."""
+    rewritten: list[str] = field(default_factory=list)
+    """The plain ops the layer's matches made (`ir.ops.made_as`: `rewritten as`, e.g. `attention %58 (fuse_sdpa)`,
+    a canonicalization's `transpose %12 (canonicalize_exported)`), items as `done`'s: no fusion, so not in `done`."""
 
     @property
     def unmade_products(self) -> list[str]:
@@ -405,10 +410,13 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
         first = Outcome(m.pattern.split(".")[0], m.pattern, "rejected", m.guard, "", m.reason, m.hint, (m.node,),
                         m.kind, m.fix, remedy=m.remedy)
     done: list[str] = []
+    rewritten: list[str] = []
     expected = layer_op if expect_ftl else ""
     if not arch.post_ln or ftl_illegal or ftl_excused is not None:
-        done = [f"{op} %{n} ({o.pass_name})" for o in ex.outcomes if o.status == "fused"
+        items = [(op, f"{op} %{n} ({o.pass_name})") for o in ex.outcomes if o.status == "fused"
                 for n in o.nodes if (op := op_of(trace, n)) is not None]
+        done = [item for op, item in items if made_as(Op(op)) == FUSED_INTO]  # a plain op a rewrite made: rewritten
+        rewritten = [item for op, item in items if made_as(Op(op)) != FUSED_INTO]
         wanted = [o.pass_name for o in ex.outcomes if o.status == "fused" or o in rejected]
         expected = ", ".join(product(n) for n in dict.fromkeys(wanted))
     made = {(o.rule, g) for o in ex.outcomes if o.status == "fused" for g, _, _ in o.soft}
@@ -419,7 +427,7 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     return LayerVerdict(layer, fused, ftl[0] if ftl else None, expected, first, own, arch, quiet, rejected,
                         [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(),
                         done, [t for r, t in ignored.items() if r not in {o.rule for o in illegal}],
-                        _blocker(first, made), illegal, cannot, expect, misses)
+                        _blocker(first, made), illegal, cannot, expect, misses, rewritten)
 
 
 def _blocker(first: Outcome | None, made: set[tuple[str, str]]) -> str:
@@ -484,17 +492,21 @@ class Places:
     excused: dict[str, list[str]]
 
 
-def places(trace: Trace, rejections: Iterable[Rejection]) -> Places:
-    """`Places` of `rejections` (one pass's, of `trace`): each (rule, anchor) once, judged by `standing` of its
-    headline refusal (its first refusal when none is the headline)."""
+def places(trace: Trace, step: int) -> Places:
+    """`Places` of the refusals of `trace.steps[step]` (one pass's step, by its index): each (rule, anchor) once,
+    judged by `standing` of its headline refusal (its first refusal when none is the headline). A not-expected place
+    is worded with its reason in the context of that step (`report.in_context`).
+
+    Raises:
+        IndexError: `step` is not a step index of `trace`.
+    """
     heads: dict[tuple[str, int], Rejection] = {}
-    for r in rejections:
+    for r in trace.steps[step].rejections:
         k = (r.rule, r.anchor)
         if k not in heads or (r.headline and not heads[k].headline):
             heads[k] = r
     near: list[Rejection] = []
     excused: dict[str, list[str]] = {}
-    step_of: IdentityMap[Rejection, int] | None = None  # rejection -> its step, for the reason in context
     for r in heads.values():
         st = standing(trace, r)
         if st is None:
@@ -504,17 +516,17 @@ def places(trace: Trace, rejections: Iterable[Rejection]) -> Places:
         group, why = st
         path = r.path or "-"
         if group == NOT_EXPECTED_HERE:  # worded as `explain` words it: the guard's own reason, then why
-            if step_of is None:
-                step_of = IdentityMap()
-                for k, s in enumerate(trace.steps):
-                    for x in s.rejections:
-                        step_of[x] = k
-            reason = in_context(trace, step_of[r], r)[0] if r in step_of else r.message
+            reason = in_context(trace, step, r)[0]
             item = f"{path}: {not_expected_line(r.rule, r.guard, reason, why)}"
         else:
             item = f"{path}: {r.rule} ({r.guard}): {why}" if group == ILLEGAL_HERE_GROUP else path
         excused.setdefault(group, []).append(item)
     return Places(near, excused)
+
+
+def step_index(trace: Trace, step: PassStep) -> int | None:
+    """The index of `step` in `trace.steps` (by identity), or None when it is no step of `trace`."""
+    return next((k for k, s in enumerate(trace.steps) if s is step), None)
 
 
 def verdict_pass(trace: Trace, layer: int) -> str | None:
@@ -530,4 +542,5 @@ def verdict_pass(trace: Trace, layer: int) -> str | None:
 
 __all__ = ["EXIT_NOT_FUSED", "EXIT_OK", "ILLEGAL_HERE_GROUP", "LEFT_OUT", "LEFT_OUT_GROUPS", "STANDING_GROUPS",
            "Architecture", "FusionCheck", "LayerStatus", "LayerVerdict", "Places", "RunVerdict", "expected_misses",
-           "judged_kind", "layer_verdict", "left_out_group", "left_out_groups", "places", "standing", "verdict_pass"]
+           "judged_kind", "layer_verdict", "left_out_group", "left_out_groups", "places", "standing", "step_index",
+           "verdict_pass"]
