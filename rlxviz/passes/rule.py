@@ -64,6 +64,7 @@ class Fail:
     needed: tuple[str, ...] = ()  # structure failures: what the pattern needed at the failing edge
     found: str = ""  # structure failures: the op found there
     remedy: str = ""  # guard.REMEDIES: IN_MODEL ("" too), COMPILER_ONLY or READ_BY_MODEL (the hint keeps the numbers?)
+    roles: tuple[str, ...] = ()  # the roles the failing step reads or binds (`step_roles`); (): not known
 
 
 QUIET = Fail("structure", "", "", quiet=True)
@@ -207,8 +208,33 @@ def _miss_fail(name: str, ctx: Ctx, m: Miss, hint: str, fix: str = "") -> Fail:
                 kind=NOT_RECOGNIZED, fix=fix, needed=m.needed, found=m.found_op)
 
 
+def step_roles(step: Step) -> tuple[str, ...]:
+    """The roles a step reads or binds, as it declares them (a guard's `requires`, `reads` and `optional`; a `Shape`'s
+    role and its pattern's captures; a `User`'s `of`, role and captures; a `@reports` step's `reads`, `binds` and
+    `optional`; `name*` stands for a numbered family): what its failure is about, so that a node bound to another role
+    of the candidate is not told of it (`Rejection.roles`). () for a step that declares none."""
+    if isinstance(step, Soft):
+        return step_roles(step.step)
+    if isinstance(step, Guard):
+        return tuple(dict.fromkeys((*step.roles, *step.optional)))
+    if isinstance(step, Shape):
+        return tuple(dict.fromkeys((step.role, *step.pattern.roles())))
+    if isinstance(step, User):
+        return tuple(dict.fromkeys((step.of, step.role, *step.pattern.roles())))
+    return tuple(dict.fromkeys((*getattr(step, "reads", ()), *getattr(step, "binds", ()),
+                                *getattr(step, "optional", ()))))
+
+
 def run_step(step: Step, ctx: Ctx) -> Fail | None:
-    """Run one step against `ctx` (which it may extend); returns its failure or None."""
+    """Run one step against `ctx` (which it may extend); returns its failure or None, its `roles` the step's
+    (`step_roles`) unless the failure names its own."""
+    f = _run_step(step, ctx)
+    if f is not None and not f.quiet and not f.roles:
+        f = replace(f, roles=step_roles(step))
+    return f
+
+
+def _run_step(step: Step, ctx: Ctx) -> Fail | None:
     if isinstance(step, Soft):
         f = run_step(step.step, ctx)
         if f is not None and not f.quiet:
@@ -492,9 +518,9 @@ def escape_check(rule: Rule, ctx: Ctx) -> Fail | None:
                         f"the fused pattern", tuple(u.id for u in outside), tuple((i, u.id) for u in outside),
                         hint, subject=i, kind=ILLEGAL,
                         fix=f"a fused op that also returns {ctx.label(r)} (Rule.outputs)",
-                        remedy="" if why is None else READ_BY_MODEL)
+                        remedy="" if why is None else READ_BY_MODEL, roles=(r,))
     return None
 
 
 __all__ = ["QUIET", "Fail", "Rule", "Shape", "Soft", "Step", "User", "check_roles", "escape_check",
-           "reports", "run_step"]
+           "reports", "run_step", "step_roles"]
