@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..ir import Node, Op, Rewriter
+from ..ir import Graph, Node, Op, Rewriter
 from ..ir.ops import SPECS
 from .guard import (
     ILLEGAL,
@@ -90,9 +90,17 @@ class Shape:
 
 @dataclass(frozen=True)
 class User:
-    """Structure step: bind `role` to the first user of `of` that matches `pattern` (rooted at the user).
+    """Structure step: bind `role` to the first user of `of` that matches `pattern` (rooted at the user) and plays the
+    role (`plays`).
 
     `what` describes the wanted user for messages ("the post-attention FusedResidualLN").
+
+    `plays`: `(graph, node id) -> bool`, the edge out of the node that makes it the role's node, checked before the
+    role is bound (a pattern reads operands only): FFN.1 is the linear reading h1 whose output, past its activation,
+    feeds FFN.2; a decoder layer's cross-attention q_proj also reads h1 and fits FFN.1's pattern, but feeds the
+    attention. A user that fits `pattern` but does not play the role is never bound: with none that does, the step
+    fails at `of` naming those users and `plays_what` (what the role's node leads to), instead of binding one and
+    letting later guards judge it in a role it does not have. None: every user that fits the pattern plays it.
     """
 
     name: str
@@ -102,16 +110,24 @@ class User:
     what: str = ""
     hint: str = ""
     fix: str = ""
+    plays: Callable[[Graph, int], bool] | None = None
+    plays_what: str = ""
 
     def __call__(self, ctx: Ctx) -> Fail | None:
         users = ctx.users(self.of)
         misses: list[Miss] = []
+        fits: list[Node] = []  # users that fit the pattern but do not play the role
         for u in users:
             r = self.pattern.match(ctx.graph, u.id, ctx.bindings, self.role)
             if not isinstance(r, Miss):
+                if self.plays is not None and not self.plays(ctx.graph, u.id):
+                    fits.append(u)
+                    continue
                 ctx.bindings.update({**r, self.role: u.id})
                 return None
             misses.append(r)
+        if fits:
+            return self._not_playing(ctx, users, fits)
         deep = max(misses, key=lambda m: m.depth) if misses else None
         if deep is not None and (deep.depth > 0 or any(u.op in (self.pattern.ops or ()) for u in users)):
             # a user has the wanted op: report how far it got (the deepest partial match)
@@ -126,6 +142,19 @@ class User:
                     tuple((ctx.id(self.of), u.id) for u in users), hint, subject=ctx.id(self.of),
                     kind=NOT_RECOGNIZED, fix=self.fix, needed=(want,),
                     found=", ".join(op_label(u) for u in users))
+
+    def _not_playing(self, ctx: Ctx, users: Sequence[Node], fits: Sequence[Node]) -> Fail:
+        """The structure failure when users of `of` fit the pattern but none plays the role (`plays`)."""
+        have = ", ".join(describe(u, op_label(u)) for u in users)
+        want = f"{self.what or self.pattern.describe()} that {self.plays_what or 'plays the role'}"
+        odd = ", ".join(describe(u, op_label(u)) for u in fits)
+        one = len(fits) == 1
+        msg = (f"{self.role}: the users of {ctx.d(self.of)} are {have}; needs {want}: {odd} "
+               f"{'fits' if one else 'fit'} its pattern but {'is not one' if one else 'are not ones'} that "
+               f"{self.plays_what or 'plays the role'} (another part of the model than {self.role})")
+        return Fail("structure", self.name, msg, tuple(u.id for u in fits),
+                    tuple((ctx.id(self.of), u.id) for u in fits), "", subject=ctx.id(self.of), kind=NOT_RECOGNIZED,
+                    fix=self.fix, needed=(want,), found=", ".join(op_label(u) for u in users))
 
 
 def reports(*guard_names: str, kind: str = NOT_RECOGNIZED, reads: tuple[str, ...] = (),
