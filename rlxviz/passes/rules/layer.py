@@ -189,10 +189,11 @@ four, a quick GELU or tanh GELU a few more)."""
 
 def feeds_linear(g: Graph, x: int) -> bool:
     """Whether node `x`'s output is the input of a linear, directly or past elementwise nodes only (its activation, as
-    one op or as primitives, at most `FFN_GAP` of them): the edge that makes a linear FFN.1 (its output, past the
-    activation, feeds FFN.2). A linear: a FusedMatMulBiasAct reading the value as its input, or a matmul reading it as
-    operand 0 with a rank-2 weight (`[in, out]`; attention's score matmuls read batched heads). False for the
-    cross-attention's q_proj of a decoder layer (it feeds the attention) and a linear probe (it feeds the outputs)."""
+    one op or as primitives, at most `FFN_GAP` of them; a host node the importer kept may be an activation it does not
+    read, so it is passed too): the edge that makes a linear FFN.1 (its output, past the activation, feeds FFN.2).
+    A linear: a FusedMatMulBiasAct reading the value as its input, or a matmul reading it as operand 0 with a rank-2
+    weight (`[in, out]`; attention's score matmuls read batched heads). False for the cross-attention's q_proj of a
+    decoder layer (it feeds the attention) and a linear probe (it feeds the outputs)."""
     seen, todo = {x}, [x]
     for _ in range(FFN_GAP + 1):
         nxt = []
@@ -200,7 +201,7 @@ def feeds_linear(g: Graph, x: int) -> bool:
             for u in g.users(i):
                 if u.inputs and u.inputs[0] == i and (u.op is FMBA or (u.op is Op.MATMUL and g[u.inputs[1]].rank == 2)):
                     return True
-                if (u.op in ELEMENTWISE or u.op in ACTIVATIONS) and u.id not in seen:
+                if (u.op in ELEMENTWISE or u.op in ACTIVATIONS or u.op is Op.ONNX_OP) and u.id not in seen:
                     seen.add(u.id)
                     nxt.append(u.id)
         todo = nxt
