@@ -234,13 +234,30 @@ def _left(trace: Trace, k: int, r: Rejection) -> dict[str, Any]:
             "message": message, "hint": hint, "fix": r.fix}
 
 
+def _place(g: Graph, anchor: int, role: str | None = None, node: int | None = None) -> str:
+    """A decision's place as the inspector labels it: its candidate's anchor, `%44 layer_norm` (as `g`, the graph
+    the pass read, has it), followed by the part of the candidate its guard is about when that is another node than
+    the anchor, `%72 FusedAttentionBlock (ln2 %74 FusedResidualLN)` (`role`, bound to `node`)."""
+    where = _ops(g, [anchor])[0]
+    if role is None or node is None or node == anchor:
+        return where
+    return f"{where} ({role} {_ops(g, [node])[0]})"
+
+
 def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
     """Every decision of the run about node `node_id`, one per (step, rule, candidate) with one outcome each: the
     facts `explain` reads (a rule's `Match` with what it left out, its soft `Rejection`s, as `Outcome.soft`; a
     refused candidate's `Rejection`s), never the same guard twice.
 
+    A candidate whose guards are about several places (FusedTransformerLayer's: its two residual norms) binds the
+    nodes of all: a refusal is told to the candidate's anchor, to the nodes its guard marks (`offending`, `subject`)
+    and to the node bound to the role the guard is about (`Rejection.place_role`), never to a node bound only to
+    another place's role (the second norm's gamma for a guard on the first norm).
+
     Returns:
-        dicts with `pass, rule, role, outcome, guard, message, hint, kind, fix, anchor`, and for a fusion `made`
+        dicts with `pass, rule, role, outcome, guard, message, hint, kind, fix, anchor`, `place` (`_place`: the
+        anchor, and the part of the candidate the guard is about: `%72 FusedAttentionBlock (ln2 %74
+        FusedResidualLN)`), and for a fusion `made`
         (`FusedMatMulBiasAct %6`, "" for a rewrite that made several nodes), `fused` (the `%id op` it replaced) and
         `left_out` (one dict per soft rejection: `nodes, guard, kind, message, hint, fix`). Outcomes:
 
@@ -280,7 +297,8 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
             if not mine and not any(node_id in r.offending for r in left):
                 continue  # nothing about this node (the words below are made only for its own decisions)
             fused = _ops(s.before, made.absorbed) if made is not None else []
-            what = {"pass": s.pass_name, "rule": m.rule, "anchor": m.anchor, "made": f"{made.op.value} %{made.id}"
+            what = {"pass": s.pass_name, "rule": m.rule, "anchor": m.anchor, "place": _place(s.before, m.anchor),
+                    "made": f"{made.op.value} %{made.id}"
                     if made is not None else "", "fused": fused, "left_out": [_left(trace, k, r) for r in left]}
             if mine:
                 first = what["left_out"][0] if left else None
@@ -298,13 +316,18 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
         for r in s.rejections:
             if r.soft and (r.rule, r.anchor) in told:
                 continue  # said with its fusion, above
-            role = next((k2 for k2, i in r.bindings.items() if i == node_id), None)
-            if r.anchor == node_id or role or node_id in r.offending:
+            # a candidate of several places (a layer's two residual norms, anchored at its attention) binds the
+            # nodes of all; a failing guard is about one (`Rejection.place_role`): a node bound to another role is
+            # not told of it, unless it is the candidate's anchor or what the guard marks
+            place = r.place_role
+            role = next((k2 for k2, i in r.bindings.items() if i == node_id and place in (None, k2)), None)
+            if r.anchor == node_id or role or node_id in r.offending or node_id == r.subject:
                 message, hint = in_context(trace, k, r)  # what explain and the Why tab say of a "run P first"
                 add({"pass": s.pass_name, "rule": r.rule,
                      "role": role or ("anchor" if r.anchor == node_id else "offending"),
                      "outcome": "left out" if r.soft else f"rejected ({r.stage})", "guard": r.guard,
                      "message": message, "hint": hint, "kind": r.kind, "fix": r.fix, "anchor": r.anchor,
+                     "place": _place(s.before, r.anchor, place, r.bindings.get(place or "", r.anchor)),
                      "made": "", "fused": [], "left_out": []})
     return out
 
@@ -367,7 +390,7 @@ def report_markdown(rep: dict[str, Any]) -> str:
     lines.append("**users**\n" + ("\n".join(f"- {md_escape(x)}" for x in rep["users"]) if rep["users"] else "- none"))
     if rep["decisions"]:
         lines.append("**guards evaluated on this node**")
-        lines += [decision_markdown(d) for d in rep["decisions"]]
+        lines += decisions_markdown(rep["decisions"])
     else:
         lines.append("*No pattern was anchored on or bound to this node.*")
     lines.append(md_pre(rep["ir"]))
@@ -387,6 +410,22 @@ def _why_markdown(guard: str, kind: str, message: str, hint: str, fix: str) -> s
     msg = f": {md_escape(message)}" if message else ""
     return (f"guard **{guard}**{what}{msg}" + (f" *Fix:* {md_escape(hint)}" if hint else "")
             + (f" *Compiler fix:* {md_escape(fix)}" if fix else ""))
+
+
+def decisions_markdown(decisions: list[dict[str, Any]]) -> list[str]:
+    """The inspector's items for a node's `node_decisions`, one `decision_markdown` each. A node that belongs to
+    several places (a norm's own fusion, and the layer candidate whose guard on that norm failed) has its items
+    grouped by place, each group under its place's label (`*at %44 layer_norm*`, `*at %72 FusedAttentionBlock (ln2
+    %74 FusedResidualLN)*`: the decision's `place`), in the order the places first come; a node of one place has its
+    items as they come."""
+    places = list(dict.fromkeys(d.get("place", "") for d in decisions))
+    if len(places) < 2:
+        return [decision_markdown(d) for d in decisions]
+    out: list[str] = []
+    for p in places:
+        out.append(f"*at {md_escape(p)}*" if p else "*elsewhere*")
+        out += [decision_markdown(d) for d in decisions if d.get("place", "") == p]
+    return out
 
 
 def decision_markdown(d: dict[str, Any]) -> str:

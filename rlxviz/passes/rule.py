@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..ir import Node, Op, Rewriter
+from ..ir import Graph, Node, Op, Rewriter
 from ..ir.ops import SPECS
 from .guard import (
     ILLEGAL,
@@ -63,6 +63,7 @@ class Fail:
     needed: tuple[str, ...] = ()  # structure failures: what the pattern needed at the failing edge
     found: str = ""  # structure failures: the op found there
     remedy: str = ""  # guard.REMEDIES: IN_MODEL ("" too), COMPILER_ONLY or READ_BY_MODEL (the hint keeps the numbers?)
+    roles: tuple[str, ...] = ()  # the roles the failing step reads or binds (`step_roles`); (): not known
 
 
 QUIET = Fail("structure", "", "", quiet=True)
@@ -88,9 +89,17 @@ class Shape:
 
 @dataclass(frozen=True)
 class User:
-    """Structure step: bind `role` to the first user of `of` that matches `pattern` (rooted at the user).
+    """Structure step: bind `role` to the first user of `of` that matches `pattern` (rooted at the user) and plays the
+    role (`plays`).
 
     `what` describes the wanted user for messages ("the post-attention FusedResidualLN").
+
+    `plays`: `(graph, node id) -> bool`, the edge out of the node that makes it the role's node, checked before the
+    role is bound (a pattern reads operands only): FFN.1 is the linear reading h1 whose output, past its activation,
+    feeds FFN.2; a decoder layer's cross-attention q_proj also reads h1 and fits FFN.1's pattern, but feeds the
+    attention. A user that fits `pattern` but does not play the role is never bound: with none that does, the step
+    fails at `of` naming those users and `plays_what` (what the role's node leads to), instead of binding one and
+    letting later guards judge it in a role it does not have. None: every user that fits the pattern plays it.
     """
 
     name: str
@@ -100,16 +109,24 @@ class User:
     what: str = ""
     hint: str = ""
     fix: str = ""
+    plays: Callable[[Graph, int], bool] | None = None
+    plays_what: str = ""
 
     def __call__(self, ctx: Ctx) -> Fail | None:
         users = ctx.users(self.of)
         misses: list[Miss] = []
+        fits: list[Node] = []  # users that fit the pattern but do not play the role
         for u in users:
             r = self.pattern.match(ctx.graph, u.id, ctx.bindings, self.role)
             if not isinstance(r, Miss):
+                if self.plays is not None and not self.plays(ctx.graph, u.id):
+                    fits.append(u)
+                    continue
                 ctx.bindings.update({**r, self.role: u.id})
                 return None
             misses.append(r)
+        if fits:
+            return self._not_playing(ctx, users, fits)
         deep = max(misses, key=lambda m: m.depth) if misses else None
         if deep is not None and (deep.depth > 0 or any(u.op in (self.pattern.ops or ()) for u in users)):
             # a user has the wanted op: report how far it got (the deepest partial match)
@@ -124,6 +141,19 @@ class User:
                     tuple((ctx.id(self.of), u.id) for u in users), hint, subject=ctx.id(self.of),
                     kind=NOT_RECOGNIZED, fix=self.fix, needed=(want,),
                     found=", ".join(op_label(u) for u in users))
+
+    def _not_playing(self, ctx: Ctx, users: Sequence[Node], fits: Sequence[Node]) -> Fail:
+        """The structure failure when users of `of` fit the pattern but none plays the role (`plays`)."""
+        have = ", ".join(describe(u, op_label(u)) for u in users)
+        want = f"{self.what or self.pattern.describe()} that {self.plays_what or 'plays the role'}"
+        odd = ", ".join(describe(u, op_label(u)) for u in fits)
+        one = len(fits) == 1
+        msg = (f"{self.role}: the users of {ctx.d(self.of)} are {have}; needs {want}: {odd} "
+               f"{'fits' if one else 'fit'} its pattern but {'is not one' if one else 'are not ones'} that "
+               f"{self.plays_what or 'plays the role'} (another part of the model than {self.role})")
+        return Fail("structure", self.name, msg, tuple(u.id for u in fits),
+                    tuple((ctx.id(self.of), u.id) for u in fits), "", subject=ctx.id(self.of), kind=NOT_RECOGNIZED,
+                    fix=self.fix, needed=(want,), found=", ".join(op_label(u) for u in users))
 
 
 def reports(*guard_names: str, kind: str = NOT_RECOGNIZED, reads: tuple[str, ...] = (),
@@ -206,8 +236,33 @@ def _miss_fail(name: str, ctx: Ctx, m: Miss, hint: str, fix: str = "") -> Fail:
                 kind=NOT_RECOGNIZED, fix=fix, needed=m.needed, found=m.found_op)
 
 
+def step_roles(step: Step) -> tuple[str, ...]:
+    """The roles a step reads or binds, as it declares them (a guard's `requires`, `reads` and `optional`; a `Shape`'s
+    role and its pattern's captures; a `User`'s `of`, role and captures; a `@reports` step's `reads`, `binds` and
+    `optional`; `name*` stands for a numbered family): what its failure is about, so that a node bound to another role
+    of the candidate is not told of it (`Rejection.roles`). () for a step that declares none."""
+    if isinstance(step, Soft):
+        return step_roles(step.step)
+    if isinstance(step, Guard):
+        return tuple(dict.fromkeys((*step.roles, *step.optional)))
+    if isinstance(step, Shape):
+        return tuple(dict.fromkeys((step.role, *step.pattern.roles())))
+    if isinstance(step, User):
+        return tuple(dict.fromkeys((step.of, step.role, *step.pattern.roles())))
+    return tuple(dict.fromkeys((*getattr(step, "reads", ()), *getattr(step, "binds", ()),
+                                *getattr(step, "optional", ()))))
+
+
 def run_step(step: Step, ctx: Ctx) -> Fail | None:
-    """Run one step against `ctx` (which it may extend); returns its failure or None."""
+    """Run one step against `ctx` (which it may extend); returns its failure or None, its `roles` the step's
+    (`step_roles`) unless the failure names its own."""
+    f = _run_step(step, ctx)
+    if f is not None and not f.quiet and not f.roles:
+        f = replace(f, roles=step_roles(step))
+    return f
+
+
+def _run_step(step: Step, ctx: Ctx) -> Fail | None:
     if isinstance(step, Soft):
         f = run_step(step.step, ctx)
         if f is not None and not f.quiet:
@@ -491,9 +546,9 @@ def escape_check(rule: Rule, ctx: Ctx) -> Fail | None:
                         f"the fused pattern", tuple(u.id for u in outside), tuple((i, u.id) for u in outside),
                         hint, subject=i, kind=ILLEGAL,
                         fix=f"a fused op that also returns {ctx.label(r)} (Rule.outputs)",
-                        remedy="" if remedy == IN_MODEL else remedy)
+                        remedy="" if remedy == IN_MODEL else remedy, roles=(r,))
     return None
 
 
 __all__ = ["QUIET", "Fail", "Rule", "Shape", "Soft", "Step", "User", "check_roles", "escape_check",
-           "reports", "run_step"]
+           "reports", "run_step", "step_roles"]

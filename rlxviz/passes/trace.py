@@ -196,6 +196,9 @@ class Rejection:
         remedy: `compiler only` or `read by the model` when no change to the model that keeps its numbers makes the
             fusion legal (the hint then says why, `none in the model: ...`); "" or `in the model`: the hint keeps
             the numbers (`guard.REMEDIES`).
+        roles: the roles the failing guard or step reads or binds (`rule.step_roles`; `name*`: a numbered family),
+            the one it is about first (a guard's first `requires`: `ln2` for `ln2_residual_scaled`, which also reads
+            `ln1` as the residual it scales). (): not known (a pass that records its refusals itself).
     """
 
     pass_name: str
@@ -217,10 +220,18 @@ class Rejection:
     headline: bool = True
     soft: bool = False
     remedy: str = ""
+    roles: tuple[str, ...] = ()
 
     @property
     def layer(self) -> int | None:
         return layer_of(self.path)
+
+    @property
+    def place_role(self) -> str | None:
+        """The role of `bindings` whose node the failing check is about (`roles`' first): its place within the
+        candidate (`ln1` or `ln2`, the two residual norms of a FusedTransformerLayer candidate anchored at its
+        attention). None when `roles` is not known or that role was not bound: the candidate as a whole."""
+        return self.roles[0] if self.roles and self.roles[0] in self.bindings else None
 
     @property
     def near_miss(self) -> bool:

@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from ...ir import Op
-from ...ir.ops import operand_roles
+from ...ir import Graph, Op
+from ...ir.ops import ACTIVATIONS, ELEMENTWISE, operand_roles
 from ..activations import activation_of
 from ..engine import rule_pass
 from ..guard import (
@@ -181,6 +181,32 @@ def _residual_norm(ln: str, branch: str, skip: str, sum_name: str, norm: str, h:
     )
 
 
+FFN_GAP = 8
+"""Most elementwise nodes between FFN.1 and FFN.2 (`feeds_linear`): an activation written as primitives (erf GELU is
+four, a quick GELU or tanh GELU a few more)."""
+
+
+def feeds_linear(g: Graph, x: int) -> bool:
+    """Whether node `x`'s output is the input of a linear, directly or past elementwise nodes only (its activation, as
+    one op or as primitives, at most `FFN_GAP` of them; a host node the importer kept may be an activation it does not
+    read, so it is passed too): the edge that makes a linear FFN.1 (its output, past the activation, feeds FFN.2).
+    A linear: a FusedMatMulBiasAct reading the value as its input, or a matmul reading it as operand 0 with a rank-2
+    weight (`[in, out]`; attention's score matmuls read batched heads). False for the cross-attention's q_proj of a
+    decoder layer (it feeds the attention) and a linear probe (it feeds the outputs)."""
+    seen, todo = {x}, [x]
+    for _ in range(FFN_GAP + 1):
+        nxt = []
+        for i in todo:
+            for u in g.users(i):
+                if u.inputs and u.inputs[0] == i and (u.op is FMBA or (u.op is Op.MATMUL and g[u.inputs[1]].rank == 2)):
+                    return True
+                if (u.op in ELEMENTWISE or u.op in ACTIVATIONS or u.op is Op.ONNX_OP) and u.id not in seen:
+                    seen.add(u.id)
+                    nxt.append(u.id)
+        todo = nxt
+    return False
+
+
 def _explain_post_ln(c: Ctx) -> str:
     add = _pre_ln_add(c)
     assert add is not None
@@ -298,7 +324,8 @@ LAYER = Rule(
                    fix=_H1_OUT_FIX,
                    highlight=_extra_h1_users),
         User("fc1_is_fused_linear", "fc1", "ln1", P(FMBA, P.var("ln1"), P.var("fc1_w"), P.var("fc1_b"), name="fc1"),
-             "FFN.1 as FusedMatMulBiasAct(h1, ...)", "run fuse_matmul_bias_act first"),
+             "FFN.1 as FusedMatMulBiasAct(h1, ...)", "run fuse_matmul_bias_act first", plays=feeds_linear,
+             plays_what="feeds FFN.2 (a linear), directly or past its activation"),
         _fc1_activation,
         single_user("fc1", "fc1_single_user"),
         not_output("fc1", "fc1_not_output"),
