@@ -219,3 +219,26 @@ def test_the_legend_is_true_in_each_mode():
     quiet = chart_legend(timing_table([timed(0, "input", base), timed(1, "fused", base * 0.5)]))
     assert "each speed-up bar is labelled with its own number" in quiet and "red where it reads *slower*" in quiet
     assert chart_legend([]) == ""
+
+
+def test_the_timing_tab_shows_the_clis_cells_and_a_legend_for_its_mode():
+    """The Timing tab (an `AppState` and its `TimingView`): on a busy run the table's speed-up column reads what
+    `rlxviz time` prints, no number, and the legend says no speed-up is drawn; on a quiet one, the numbers and the
+    legend of the labelled, coloured bars."""
+    from rlxviz.app.jobs import Runner
+    from rlxviz.app.state import AppState
+    from rlxviz.app.timingview import TimingView
+
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+    view = TimingView(state=s)
+    versions = busy_versions(6)
+    s.param.update(blas="MLX", timings=timing_table(versions))
+    cells = list(view.table.value["speedup"])
+    assert cells == ["1.00", NOT_READ, NOT_READ]
+    cli = format_timings(versions).splitlines()
+    assert all(f"  {c}  " in line for c, line in zip(cells, cli[1:], strict=True))
+    assert "No speed-up is drawn or printed" in view.blas.object and "own number" not in view.blas.object
+    base = 1.0 + 0.01 * np.random.default_rng(10).random(21)
+    s.timings = timing_table([timed(0, "input", base), timed(1, "after fuse_sdpa", base * 0.5)])
+    assert float(view.table.value["speedup"][1]) == pytest.approx(2.0, abs=0.01)
+    assert "each speed-up bar is labelled with its own number" in view.blas.object
