@@ -61,7 +61,7 @@ def fusion_kernels_markdown(split: Any) -> str:
     if isinstance(split, str):  # the split's run failed; the versions above were timed
         return f"#### Fusion or kernels?\nNot measured: {md_escape(hide_server_paths(split))}"
     input_kernel_ops = split.input_kernel_ops
-    from ..session.timing import NOT_READ
+    from ..session.timing import NOT_READ, step_cell
 
     busy = split.warning
     steps = [None, ("fusion", split.fusion), ("kernels", split.kernels)]
@@ -83,16 +83,15 @@ def fusion_kernels_markdown(split: Any) -> str:
             continue
         what, v = step
         words = NOT_READ if busy else v.words
-        # the interval only where it is read (`session.timing_table`'s rule): not busy, enough rounds
-        ci = f" ({v.low:.2f}–{v.high:.2f})" if not busy and v.rounds >= MIN_VERDICT_ROUNDS else ""
-        lines.append(f"| {md_escape(r.label)} | {r.nodes} | {_ms(r.median_ms)} | {what}: {v.ratio:.2f}×{ci} "
+        # the cell `rlxviz time` prints (`session.timing.step_cell`): no number on a busy run or where medians disagree
+        lines.append(f"| {md_escape(r.label)} | {r.nodes} | {_ms(r.median_ms)} | {step_cell(what, v, busy, '×', '–')} "
                      f"| {words} |")
     f, k, t = split.fusion, split.kernels, split.total
     lines += ["", split.sentence("×")
-              + f" Each ratio is the median of its own paired per-round ratios, so the two need not multiply to the "
-                f"total ({shown_product(f.ratio, k.ratio)}, against {t.ratio:.2f}). Where "
-                "the chart above says a row ran rlxviz's CPU kernels, its speed-up over the input is the fusion's "
-                "and the kernels' together.",
+              + ((f" Each ratio is the median of its own paired per-round ratios, so the two need not multiply to the "
+                  f"total ({shown_product(f.ratio, k.ratio)}, against {t.ratio:.2f}). Where "
+                  "the chart above says a row ran rlxviz's CPU kernels, its speed-up over the input is the fusion's "
+                  "and the kernels' together.") if split.read() else ""),
               "", f"*{md_escape(hide_server_paths(split.kernels_note))}*" if split.kernels_note else ""]
     if input_kernel_ops:
         lines += ["", f"**The input is not all MLX's own lowering:** it already holds "
@@ -172,6 +171,58 @@ def speedup_label(row: dict[str, Any]) -> str:
     return f"{row['speedup']:.2f}×"
 
 
+FASTER_COLOR = "#2e7d32"
+"""Fill of a speed-up bar read as faster (green)."""
+
+SLOWER_COLOR = "#c62828"
+"""Fill of a speed-up bar read as slower (red): a bar below 1x was green, the colour of "faster"."""
+
+NEUTRAL_COLOR = "#9e9e9e"
+"""Fill of a speed-up bar that reads no direction: the input's own 1.00x, within noise, too few rounds, or a ratio
+the medians contradict (`session.timing.DISAGREE`)."""
+
+
+def speedup_color(row: dict[str, Any]) -> str:
+    """A speed-up bar's fill, by its reading (`row["vs_input"]`, `session.timing_table`): `FASTER_COLOR` for
+    "N.NNx faster", `SLOWER_COLOR` for "N.NNx slower", `NEUTRAL_COLOR` for anything else (within noise, not read,
+    the input's own bar), whatever side of 1 the bar ends."""
+    words = str(row.get("vs_input") or "")
+    if row.get("busy"):
+        return NEUTRAL_COLOR
+    return FASTER_COLOR if words.endswith("x faster") else SLOWER_COLOR if words.endswith("x slower") else NEUTRAL_COLOR
+
+
+def chart_legend(rows: list[dict[str, Any]]) -> str:
+    """What the timing chart shows, in words true of this run's chart (`timing_figure`), as Markdown: the median bars
+    (whiskers p25 to p75, each labelled with its median, printed after its whisker's end); on a usable run the speed-up
+    bars (each labelled with its own number, coloured by its reading) and what *within noise* means; on a busy run
+    (`rows[i]["busy"]`) that no speed-up bar or number is shown. "" without rows."""
+    from ..session.timing import PRACTICAL, WIDE_CI
+
+    if not rows:
+        return ""
+    top = ("Top: the median ms over the rounds (bars; whiskers: p25 to p75); each median bar's label is its median, "
+           "printed after the end of its whisker.")
+    if any(r.get("busy") for r in rows):
+        return (f"{top} No speed-up is drawn or printed: the machine was busy (above), so no ratio of this run is "
+                "read; the medians are shown as measured. Beside it: the max error against NumPy.")
+    return (f"{top} Below it: the speed-up over the input, the median of the per-round ratios (round *r* of every "
+            "version ran back to back), with its 95% bootstrap interval (*ci*); each speed-up bar is labelled with its "
+            "own number, green where it reads *faster*, red where it reads *slower*, grey where it reads neither. "
+            f"*Within noise*: that interval holds 1, lies within 1 ± {PRACTICAL:.0%} or spans more than {WIDE_CI}x "
+            "(high/low), so these rounds do not tell the two versions apart; time again with more "
+            f"rounds ({MIN_VERDICT_ROUNDS} at least for a verdict). Beside it: the max error against NumPy.")
+
+
+def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The Timing tab's table rows: `session.timing_table`'s, each `speedup` the cell `rlxviz time` prints in its `x
+    input` column (`session.timing.speedup_text`, one function): `1.00` for the input, `busy: not read` on a busy run
+    (no number), `not read: medians disagree` where the medians contradict the ratio, else `N.NN`."""
+    from ..session.timing import speedup_text
+
+    return [{**r, "speedup": speedup_text(r)} for r in rows]
+
+
 def _ms(median_ms: float) -> str:
     """A median as the chart labels it (`ms_label` of the table's row, which holds it to 3 decimals), so a value on
     a rounding boundary (1.45496) reads the same in the split's table as on its bar (1.46, not 1.45)."""
@@ -199,9 +250,12 @@ def plot_height(n_rows: int) -> int:
 def timing_figure(rows: list[dict[str, Any]]) -> Any:
     """Three plots on one y range (one row per version), each bar labelled with its own number:
 
-    * median ms per version (bars; whiskers p25 to p75 of the rounds; label `N.NN ms`);
+    * median ms per version (bars; whiskers p25 to p75 of the rounds; label `N.NN ms`, placed after the whisker's
+      end, as the axis label says);
     * the speed-up over the input (bars: the median of the paired per-round ratios, `session.paired_verdict`;
-      whiskers: its 95% bootstrap interval; label `speedup_label`, that same number), a rule at 1;
+      whiskers: its 95% bootstrap interval; label `speedup_label`, that same number; fill `speedup_color`, by its
+      reading), a rule at 1. On a busy run (`row["busy"]`) no bar, whisker or label: the plot's title says why
+      (`session.timing.speedup_text` prints no number there either);
     * max |error| vs NumPy (log axis).
 
     A bar and its label are one statistic: a median ms bar longer than the input's may sit next to a speed-up
@@ -218,17 +272,23 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     labels = [timing_factor(r, kernels_marked(rows)) for r in rows]
     low = [r.get("p25_ms", r["median_ms"] - r.get("iqr_ms", 0.0) / 2) for r in rows]
     high = [r.get("p75_ms", r["median_ms"] + r.get("iqr_ms", 0.0) / 2) for r in rows]
-    speed = [r.get("speedup", float("nan")) for r in rows]
-    s_low = [r.get("ci_low", x) for r, x in zip(rows, speed, strict=True)]
-    s_high = [r.get("ci_high", x) for r, x in zip(rows, speed, strict=True)]
+    busy = any(r.get("busy") for r in rows)
+    nan = float("nan")
+    # a busy run draws no speed-up bar and prints no speed-up number (`session.timing.speedup_text`, as `rlxviz time`
+    # prints "busy: not read"); the medians stay
+    speed = [nan if busy else r.get("speedup", nan) for r in rows]
+    s_low = [nan if busy else r.get("ci_low", x) for r, x in zip(rows, speed, strict=True)]
+    s_high = [nan if busy else r.get("ci_high", x) for r, x in zip(rows, speed, strict=True)]
     src = ColumnDataSource({"version": labels, "ms": [r["median_ms"] for r in rows], "low": low, "high": high,
                             "ms_label": [ms_label(r) for r in rows],
                             "x": speed, "x_low": s_low, "x_high": s_high,
-                            "speedup": [speedup_label(r) for r in rows],
+                            "speedup": ["" if busy else speedup_label(r) for r in rows],
+                            "x_color": [speedup_color(r) for r in rows],
                             "err": [max(r["max_err"], 1e-12) for r in rows]})
     h = plot_height(len(rows))
     p = figure(y_range=labels[::-1], height=h, sizing_mode="stretch_width", min_width=300,
-               title=chart_title(rows), toolbar_location=None, x_axis_label="ms; whisker: p25 to p75")
+               title=chart_title(rows), toolbar_location=None,
+               x_axis_label="ms; bar: median; whisker: p25 to p75; label: the median, after the whisker")
     p.title.align = "left"
     if "\n" in p.title.text:
         p.title.text_font_size = "12px"  # two lines in the plot's width
@@ -240,22 +300,21 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     # Bokeh's automatic range covers the bars only (not annotations): set it so every whisker end and the
     # label after it show.
     p.x_range = Range1d(start=min(0.0, *low), end=max(1e-6, *high) * LABEL_ROOM)
-    busy = any(r.get("busy") for r in rows)
     sp = figure(y_range=p.y_range, height=h, sizing_mode="stretch_width", min_width=300, toolbar_location=None,
-                title="speed-up over the input" + (" — busy machine: not read" if busy else "")
+                title="speed-up over the input" + (" — busy machine: not read, no bar drawn" if busy else "")
                 + ("\nfusion and rlxviz's kernels together" if any(map(on_kernels, rows)) else ""),
                 x_axis_label="× (median of paired per-round ratios); whisker: 95% interval")
     for f in (p, sp):  # the speed-up's label in its plot's width at 1280 px (16 px, it ran past the figure's edge)
         f.xaxis.axis_label_text_font_size = "12px"
     sp.title.align = "left"
-    sp.hbar(y="version", right="x", height=0.7, source=src, color="#9e9e9e" if busy else "#2e7d32")
+    sp.hbar(y="version", right="x", height=0.7, source=src, color="x_color")  # by reading: `speedup_color`
     sp.add_layout(Whisker(base="version", lower="x_low", upper="x_high", dimension="width", source=src,
                           line_color="#333"))
     sp.add_layout(Span(location=1.0, dimension="height", line_color="#c62828", line_dash="dashed"))
     sp.add_layout(LabelSet(x="x_high", y="version", text="speedup", source=src, x_offset=6, y_offset=-7,
                            text_font_size="11px"))
     ends = [v for v in (*s_high, *speed) if v == v]
-    sp.x_range = Range1d(start=0.0, end=max(1.0, *ends) * (LABEL_ROOM + 0.3))
+    sp.x_range = Range1d(start=0.0, end=max([1.0, *ends]) * (LABEL_ROOM + 0.3))
     hi = max(1e-2, 10 * max(r["max_err"] for r in rows))
     q = figure(y_range=p.y_range, height=h, width=240, x_axis_type="log", x_range=(1e-9, hi),
                title="max |error| vs NumPy", toolbar_location=None)
@@ -267,6 +326,7 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     return column(p, row(sp, q, sizing_mode="stretch_width"), sizing_mode="stretch_width", height=2 * h)
 
 
-__all__ = ["KERNELS_MARK", "LABEL_ROOM", "PLOT_FRAME_PX", "PLOT_ROW_PX", "chart_title", "error_formatter",
+__all__ = ["FASTER_COLOR", "KERNELS_MARK", "LABEL_ROOM", "NEUTRAL_COLOR", "SLOWER_COLOR", "chart_legend",
+           "speedup_color", "table_rows", "PLOT_FRAME_PX", "PLOT_ROW_PX", "chart_title", "error_formatter",
            "fusion_kernels_markdown", "kernels_marked", "machine_verdict", "ms_label", "on_kernels", "plot_height",
            "shown_product", "speedup_label", "timing_factor", "timing_figure"]

@@ -8,13 +8,18 @@ import panel as pn
 import param
 from panel.viewable import Viewer
 
-from ..session.defaults import MIN_VERDICT_ROUNDS
-from ..session.timing import PRACTICAL, WIDE_CI
 from .numberbox import BoxNotes, NumberBox
 from .stale import StaleMark
 from .state import AppState
 from .text import md_escape
-from .timingchart import error_formatter, fusion_kernels_markdown, machine_verdict, timing_figure
+from .timingchart import (
+    chart_legend,
+    error_formatter,
+    fusion_kernels_markdown,
+    machine_verdict,
+    table_rows,
+    timing_figure,
+)
 
 TIMING_HIDDEN = ["#", "p25_ms", "p75_ms", "ci_low", "ci_high", "min_ms", "iqr_ms", "busy", "lowering", "rounds"]
 """Timing columns the table leaves out: the chart's axis, whiskers (the IQR) and label numbers, so the rest (speed-up,
@@ -145,14 +150,8 @@ class TimingView(Viewer):
 
     def _update(self, *events: param.parameterized.Event) -> None:
         s = self.state
-        self.blas.object = (f"**Measured in:** {md_escape(s.blas)}. Top: the median ms over the rounds (whiskers: "
-                            "p25 to p75). Below it: the speed-up over the input, the median of the per-round ratios "
-                            "(round *r* of every version ran back to back), with its 95% bootstrap interval (*ci*); "
-                            "each bar is labelled with its own number. *Within noise*: that interval holds 1, lies "
-                            f"within 1 ± {PRACTICAL:.0%} or spans more than {WIDE_CI}x (high/low), so these rounds do "
-                            "not tell the two versions apart; time again with more "
-                            f"rounds ({MIN_VERDICT_ROUNDS} at least for a verdict). Beside it: the max error "
-                            "against NumPy."
+        # the legend of this run's chart: true of a busy run's (no speed-up bars) and a usable one's
+        self.blas.object = (f"**Measured in:** {md_escape(s.blas)}. " + chart_legend(s.timings or [{}])
                             if s.blas else "")
         self.policy.object = md_escape(s.timing_policy)
         rows = s.timings
@@ -160,7 +159,7 @@ class TimingView(Viewer):
         text, kind = machine_verdict(rows, s.timing_when)
         self.machine.param.update(object=text, alert_type=kind, visible=bool(text))
         self.again.visible = bool(rows)
-        self.table.value = pd.DataFrame(rows)
+        self.table.value = pd.DataFrame(table_rows(rows))  # the speed-up cell as `rlxviz time` prints it
         fig = timing_figure(rows) if rows else None
         # the pane as tall as the chart's column (its plots' heights follow the number of versions)
         self.chart.param.update(object=fig, height=fig.height if fig is not None else self.chart.height)

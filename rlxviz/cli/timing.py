@@ -57,7 +57,7 @@ def split_text(split: Any) -> str:
     final version on MLX's own lowering timed in the same paired rounds, each step's paired speed-up over the row
     above with its 95% interval and its verdict (`NOT_READ` on a busy run), and the sentence splitting the final
     version's speed-up. A str: why the own-lowering row is missing; None: "" (not asked, or not on the CPU)."""
-    from ..session.timing import NOT_READ, quiet_rule
+    from ..session.timing import NOT_READ, quiet_rule, step_cell
 
     if split is None:
         return ""
@@ -73,8 +73,7 @@ def split_text(split: Any) -> str:
     labels = [split.label(i) for i in range(len(split.rows))]  # the input's names its kernel ops, if any ran
     w = max(len(lb) for lb in labels)
     head = "speed-up over the row above (95% ci)"
-    cells = ["", *(f"{what}: {v.ratio:.2f}x ({v.low:.2f}-{v.high:.2f})"
-                   for what, v in (("fusion", split.fusion), ("kernels", split.kernels)))]
+    cells = ["", *(step_cell(what, v, busy) for what, v in (("fusion", split.fusion), ("kernels", split.kernels)))]
     words = ["", *(NOT_READ if busy else v.words for v in (split.fusion, split.kernels))]
     sw = max(len(head), *(len(c) for c in cells))
     lines.append(f"{'run':<{w}}  {'ops':>5}  {'median ms':>9}  {head:<{sw}}  verdict")

@@ -139,17 +139,29 @@ class FusionAndKernels:
     input_kernel_ops: tuple[str, ...] = ()
 
     def sentence(self, times: str = "x") -> str:
-        """The final version's speed-up split into the fusion's and the kernels' (`times`: the sign printed after a
-        ratio), with why it is not to be read on a busy run or where medians and paired rounds disagree: `time`'s line
-        and the Timing tab's first sentence."""
+        """The final version's speed-up split into the fusion's and the kernels': `time`'s line and the Timing tab's
+        first sentence (`times`: the sign printed after a ratio). On a busy run, or where medians and paired rounds
+        disagree (`timing.DISAGREE`), no ratio at all, only why it is not split (a number beside "not read" was read
+        as a verdict)."""
         from .timing import DISAGREE
 
         f, k, t = self.fusion, self.kernels, self.total
-        tail = (" (not read: a busy machine)." if self.warning else " (not read: medians and paired rounds disagree)."
-                if DISAGREE in (f.words, k.words, t.words) else ".")
+        if self.warning:
+            return ("The final version's speed-up is not split into the fusion's and the kernels' (not read: a busy "
+                    "machine).")
+        if DISAGREE in (f.words, k.words, t.words):
+            return ("The final version's speed-up is not split into the fusion's and the kernels': the paired ratio "
+                    "and the medians disagree, the rounds vary; read neither (not read: medians and paired rounds "
+                    "disagree).")
         return (f"Of the final version's {t.ratio:.2f}{times} over the input (paired, both rows above), the fusion on "
                 f"MLX's own lowering gives {f.ratio:.2f}{times} and rlxviz's kernels on the same fused graph "
-                f"{k.ratio:.2f}{times}{tail}")
+                f"{k.ratio:.2f}{times}.")
+
+    def read(self) -> bool:
+        """The split's ratios are read: not a busy run, and no step's medians contradict its ratio."""
+        from .timing import DISAGREE
+
+        return not self.warning and DISAGREE not in (self.fusion.words, self.kernels.words, self.total.words)
 
     def label(self, i: int) -> str:
         """Row `i`'s label; the input's names the ops of it that ran on rlxviz's kernels (`input_kernel_ops`)."""

@@ -41,8 +41,61 @@ KINDS = ("time", "error")
 
 UNITS = {"time": "% of the per-node time (each node on its own, fastest of the rounds)",
          "error": "max |value - reference of version 0| / max |reference| (float64 oracle): the error in the "
-                  "tensor's own scale (f32 rounds at 1.2e-07 of it, f16 at 9.8e-04)"}
+                  "tensor's own scale; lightest: within the rounding expected for the node (its longest sum of K "
+                  "terms x eps, f32 eps 1.2e-07), orange to red: past that rounding, by size"}
 """The legend's unit line per kind."""
+
+EPS = {"f64": 2.0 ** -52, "f32": 2.0 ** -23, "f16": 2.0 ** -10, "bf16": 2.0 ** -7}
+"""Machine epsilon per float dtype (`ir.DType` value): the spacing of floats at 1 (f32 1.2e-07, f16 9.8e-04, bf16
+7.8e-03)."""
+
+SUMMING = frozenset({Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT, Op.FUSED_SWIGLU, Op.SOFTMAX, Op.LAYER_NORM, Op.RMS_NORM,
+                     Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM, Op.CUMSUM})
+"""Ops each of whose output elements sums the last axis of their first operand (a dot product, a softmax's or a
+norm's denominator, a running sum): their reduction length is that axis."""
+
+BLOCKS = frozenset({Op.FUSED_ATTENTION_BLOCK, Op.FUSED_TRANSFORMER_LAYER, Op.ONNX_OP})
+"""Ops that hold several sums of their own (a whole attention block or layer, a host op): their reduction length is
+the longest last axis of any operand (hidden, the FFN width), the longest single sum inside them."""
+
+
+def reduction_length(g: Graph, node_id: int) -> int:
+    """How many terms one output element of node `node_id` of `g` sums (K of an f32 sum of K products, 1 for an
+    element-wise op): the last axis of the first operand for `SUMMING` ops, the reduced elements for `reduce_*`,
+    the head dimension plus the key length for `attention`, the longest operand axis for `BLOCKS`."""
+    n = g[node_id]
+    ins = [g[i] for i in n.inputs if i in g]
+    if not ins or not ins[0].shape:
+        return 1
+    if n.op == Op.ATTENTION and len(ins) >= 2 and ins[1].shape:
+        return int(ins[0].shape[-1]) + int(ins[1].shape[-2] if len(ins[1].shape) >= 2 else 1)
+    if n.op in (Op.REDUCE_SUM, Op.REDUCE_MEAN):
+        return max(1, int(np.prod(ins[0].shape)) // max(1, int(np.prod(n.shape))))
+    if n.op in SUMMING:
+        return max(1, int(ins[0].shape[-1]))
+    if n.op in BLOCKS:
+        return max(1, *(int(m.shape[-1]) for m in ins if m.shape))
+    return 1
+
+
+def expected_rounding(g: Graph, cap: float | None = None) -> dict[int, float]:
+    """Node id -> the relative error (over the tensor's scale, as `NodeFigures.relative`) that rounding in `g`'s
+    dtype is expected to leave in that node's value against the float64 oracle: `K x eps`, eps the dtype's (`EPS`)
+    and K the longest sum (`reduction_length`) on any path into the node, the node's own included: the worst case
+    of one f32 sum of K products (sqrt(K) x eps is typical), inherited by the element-wise ops after it (a bias add
+    after a matmul rounds like the matmul). Capped at `cap`: the relative tolerance of the product's own "same
+    numbers" check (`runtime.precision.TABLE`'s vs-oracle rtol for the graph's dtype: f32 1e-3), so no error
+    `rlxviz time` would fail is ever drawn as rounding. Sums across layers are not added (a value through six
+    layers may round past one sum's worst case: it shows as the first bin past the rounding)."""
+    from ..runtime.precision import graph_dtype
+
+    eps = EPS.get(graph_dtype(g).value, EPS["f32"])
+    longest: dict[int, int] = {}
+    for n in g:
+        own = reduction_length(g, n.id) if n.op not in (Op.INPUT, Op.PARAM, Op.CONST) else 1
+        longest[n.id] = max([own, *(longest.get(i, 1) for i in n.inputs)])
+    return {i: min(k * eps, cap) if cap is not None else k * eps for i, k in longest.items()}
+
 
 DEFAULT_TIME_LIMIT_S = 60.0
 """Wall time one overlay run may take; past it the run stops between nodes and keeps what it measured."""
@@ -63,6 +116,9 @@ class NodeFigures:
         note: why the figures are partial (time limit), '' when complete.
         against: `error` only: what version 0's values were computed with (`float64 oracle`, or `version 0 on MLX
             in f32` for a quantized graph).
+        expected: `error` only: node id -> the relative error its dtype's rounding is expected to leave there
+            (`expected_rounding`, of its counterpart in version 0); a node at or under it is drawn as rounding
+            (`viz.heat`'s lightest fill), whatever its bin.
     """
 
     kind: str
@@ -74,6 +130,7 @@ class NodeFigures:
     note: str = ""
     scales: dict[int, float] = field(default_factory=dict)
     against: str = "float64 oracle"
+    expected: dict[int, float] = field(default_factory=dict)
 
     @property
     def unit(self) -> str:
@@ -105,7 +162,17 @@ class NodeFigures:
             return "not finite"
         if v == 0:
             return "0 (exact)"
-        return f"{self.relative(node_id):.2g} of max |ref| {self.scales.get(node_id, 0.0):.2g} (abs {v:.2g})"
+        text = f"{self.relative(node_id):.2g} of max |ref| {self.scales.get(node_id, 0.0):.2g} (abs {v:.2g})"
+        if node_id in self.expected:
+            within = "within" if self.rounding(node_id) else "past"
+            text += f"; {within} the rounding expected there ({self.expected[node_id]:.2g})"
+        return text
+
+    def rounding(self, node_id: int) -> bool:
+        """`error`: the node's relative error is at or under the rounding expected for it (`expected`); False
+        without an expectation or for a non-finite error."""
+        x = self.relative(node_id)
+        return node_id in self.expected and x == x and x <= self.expected[node_id]
 
     def lines(self, graph: Graph | None = None, top: int | None = None) -> list[str]:
         """One line per node with a figure, largest first (`%41 layer_norm  6e-08 of max |ref| 4 (abs 2.4e-07)`)."""
@@ -225,6 +292,10 @@ def node_figures(trace: Trace, version: int, kind: str, feeds: Mapping[str, np.n
     else:  # a quantized graph: version 0 on the same backend in its dtype judges (`judge_of`)
         ref = {n.id: np.asarray(v) for n, v, _s in ex.eager(ref_graph, feeds, weights) if n.id in wanted}
         against = f"version 0 on MLX in {graph_dtype(ref_graph)}: a quantized graph"
+    from ..runtime.precision import precision_policy
+
+    cap = precision_policy(ref_graph, ex.device).oracle.rtol if who.oracle else None
+    rounding = expected_rounding(ref_graph, cap)  # of version 0's nodes: each value's own history of sums
     values, scales, done = {}, {}, 0
     for n, v, _s in ex.eager(g, feeds, weights):
         done += 1
@@ -234,15 +305,18 @@ def node_figures(trace: Trace, version: int, kind: str, feeds: Mapping[str, np.n
         if time.perf_counter() > deadline:
             break
     unmatched = tuple(n.id for n in g.compute_nodes() if n.id not in match)
+    expected = {i: rounding[match[i]] for i in values if who.oracle and match[i] in rounding}
     return NodeFigures(kind, version, label, values, unmatched=unmatched, note=_stopped(g, done, time_limit_s),
-                       against=against, scales=scales)
+                       against=against, scales=scales, expected=expected)
 
 
 def heat(figs: NodeFigures) -> tuple[tuple[int, str, str], ...]:
     """The drawing's node fills for `figs` (`viz.heat` bins; `render.Heat`): (node id, fill, tooltip line)."""
     from ..viz.heat import heat_colors
 
-    fills = heat_colors(figs.kind, {i: figs.shown(i) for i in figs.values})
+    # an error within its node's expected rounding takes the lightest fill, not a warm one (`NodeFigures.rounding`)
+    rounding = {i for i in figs.values if figs.rounding(i)} if figs.kind == "error" else set()
+    fills = heat_colors(figs.kind, {i: figs.shown(i) for i in figs.values}, rounding)
     what = "time" if figs.kind == "time" else "error vs version 0's reference"
     return tuple((i, fills[i], f"{what}: {figs.figure(i)}") for i in sorted(fills))
 
@@ -295,4 +369,5 @@ def _check_error_memory(ref_graph: Graph, g: Graph, kept: set[int], limits: Limi
                          "RLXVIZ_MAX_MEMORY_MB", need, limits.max_bytes)
 
 
-__all__ = ["DEFAULT_TIME_LIMIT_S", "KINDS", "UNITS", "NodeFigures", "heat", "heat_before", "node_figures", "origins"]
+__all__ = ["BLOCKS", "DEFAULT_TIME_LIMIT_S", "EPS", "KINDS", "SUMMING", "UNITS", "NodeFigures", "expected_rounding",
+           "heat", "heat_before", "node_figures", "origins", "reduction_length"]

@@ -267,10 +267,15 @@ def input_sets(graph: Graph, feeds: Mapping[str, np.ndarray], user: Any = None, 
 def format_timings(rows: Sequence[VersionTiming], busy: str = "") -> str:
     """The timing table as aligned text (ops per version; ms; max abs error vs the oracle (`vs input` for a quantized
     graph: version 0 in its dtype judges, `runtime.precision.judge_of`) and vs the unfused graph on MLX; the verdict,
-    naming the input set that broke a version). With `busy` (`busy_warning` of the run, as `timing_table`'s `busy`)
-    every version's `x input` cell but the input's own reads `NOT_READ`: no ratio of a busy run is a verdict."""
+    naming the input set that broke a version). The `x input` column is `speedup_text` of `timing_table`'s row, the
+    words the app's table and chart print: with `busy` (`busy_warning` of the run, as `timing_table`'s `busy`; or
+    `timing_table`'s own check) every version's cell but the input's own reads `NOT_READ`: no ratio of a busy run is
+    a verdict, and none is printed."""
+    table = {t["#"]: t for t in timing_table(rows)}
+    busy = busy or next(iter(table.values()), {}).get("busy", "")
+    cells = {i: speedup_text({**t, "busy": busy}) for i, t in table.items()}
     w = max(len(r.label) for r in rows)
-    sw = len(NOT_READ) if busy else 7  # the `x input` column: wide enough for "busy: not read"
+    sw = max([7, *(len(cells[r.index]) for r in rows if r.same_as is None)])  # the `x input` column
     quantized = any(r.policy is not None and not r.policy.judge.oracle for r in rows)
     lines = [f"{'#':>2}  {'version':<{w}}  {'ops':>5}  {'median ms':>9}  {'min ms':>8}  {'IQR ms':>7}  "
              f"{'x input':>{sw}}  {'first ms':>8}  {'vs input' if quantized else 'vs oracle':>9}  "
@@ -280,12 +285,10 @@ def format_timings(rows: Sequence[VersionTiming], busy: str = "") -> str:
             lines.append(f"{r.index:>2}  {r.label:<{w}}  {r.nodes:>5}  (unchanged: same as #{r.same_as})")
             continue
         iqr = f"{r.iqr_ms:>7.2f}" if r.iqr_ms is not None else f"{'-':>7}"
-        speed = (f"{'-':>{sw}}" if r.speedup is None else f"{NOT_READ:>{sw}}" if busy and r.index != rows[0].index
-                 else f"{r.speedup:>{sw}.2f}")
         lines.append(f"{r.index:>2}  {r.label:<{w}}  {r.nodes:>5}  {r.median_ms:>9.2f}  {r.min_ms:>8.2f}  "
-                     f"{iqr}  {speed}  {r.first_call_ms:>8.1f}  {r.max_abs:>9.2e}  {r.err_unfused:>10.2e}  {r.note}")
+                     f"{iqr}  {cells[r.index]:>{sw}}  {r.first_call_ms:>8.1f}  {r.max_abs:>9.2e}  "
+                     f"{r.err_unfused:>10.2e}  {r.note}")
     return "\n".join(lines)
-
 
 
 PRACTICAL = 0.01
@@ -315,10 +318,34 @@ def quiet_rule(times: str = "x") -> str:
 NOT_READ = "busy: not read"
 """What a comparison reads on a run `busy_warning` flags (`timing_table`): no "faster" or "slower" from it."""
 
-DISAGREE = "not read: medians and paired rounds disagree"
-"""What a comparison reads when the median per-round ratio and the ratio of the two medians point opposite ways
-(each by at least `PRACTICAL`): a table showing both medians would contradict a "faster" drawn from the ratios
-(issue 39: "final, rlxviz's CPU kernels" rose from 1.27 to 1.63 ms under "kernels: 1.21x"), so neither is read."""
+DISAGREE = "not read: the paired ratio and the medians disagree (the rounds vary; read neither)"
+"""What a comparison reads when the median per-round ratio and the ratio of the two medians disagree
+(`medians_disagree`): a table showing both medians would contradict a "faster" drawn from the ratios (issue 39:
+"final, rlxviz's CPU kernels" rose from 1.27 to 1.63 ms under "kernels: 1.21x"; llama-block: medians 0.50 and 0.49 ms
+under "kernels: 0.87x"), so neither is read."""
+
+
+def medians_disagree(ratio: float, low: float, high: float, of_medians: float) -> bool:
+    """The paired ratio (`ratio`, the median per-round ratio, with its 95% interval `low..high`) and the ratio of the
+    two medians (`of_medians`) tell different stories:
+
+    * they point opposite ways, each at least `PRACTICAL` from 1 (minilm: medians 134.70 -> 295.59 ms, "1.19x"); or
+    * the medians' ratio lies outside the interval by more than `PRACTICAL` (relative), and either reads another
+      direction than the interval does (the interval excludes 1 and the medians are within `PRACTICAL` of equal, or
+      the other way round: llama-block's 0.50 and 0.49 ms under "0.87x") or is further from the paired ratio (on a
+      log scale) than the interval is wide and than 2 x `PRACTICAL` (a 2% gap beside a 0.4% interval tells no
+      story of its own).
+
+    Both ratios are `base / row` (> 1: the row is faster); dimensionless, positive."""
+    def way(x: float) -> int:
+        return 0 if abs(x - 1) < PRACTICAL else (1 if x > 1 else -1)
+
+    opposite = way(ratio) * way(of_medians) < 0
+    outside = of_medians < low / (1 + PRACTICAL) or of_medians > high * (1 + PRACTICAL)
+    interval_way = 0 if low <= 1.0 <= high else way(ratio)
+    gap = abs(float(np.log(of_medians / ratio)))
+    far = gap > max(float(np.log(high / low)), 2 * PRACTICAL)
+    return bool(opposite or (outside and (way(of_medians) != interval_way or far)))
 
 
 @dataclass(frozen=True)
@@ -349,27 +376,42 @@ class PairedVerdict:
         return f"{self.words} ({ci})" + (f"; {self.warning}" if self.warning else "")
 
 
+SPLIT_TABLE = "Fusion or kernels?"
+"""The title of the table that lists the own-lowering row (`OWN_LOWERING_LABEL`): the app's and `rlxviz time`'s."""
+
+
+def row_name(row: VersionTiming) -> str:
+    """A timed row as the user sees it named: a version by its number and label, as `rlxviz time`'s `#` and
+    `version` columns list it and the chart's axis numbers it (`#3 after fuse_sdpa`); the own-lowering row, which is no
+    version and has no number anywhere, by its label and the table that lists it (`final, MLX's own lowering (in
+    "Fusion or kernels?")`): its index past the versions (`#28`) named a row no view shows."""
+    if row.label == OWN_LOWERING_LABEL:
+        return f'{row.label} (in "{SPLIT_TABLE}")'
+    return f"#{row.index} {row.label}"
+
+
 def busy_warning(*rows: VersionTiming) -> str:
-    """"" or a sentence naming the worst row timed on a busy machine, by its index and label (`#3 after fuse_sdpa`; a
-    row that is no version, the own-lowering row, by its label): first one whose median is more than `BUSY_RATIO`
+    """"" or a sentence naming the worst row timed on a busy machine as the user sees it (`row_name`: `#3 after
+    fuse_sdpa`; the own-lowering row by its label and its table): first one whose median is more than `BUSY_RATIO`
     times its minimum, else one whose IQR is more than `NOISY_IQR` times its median (`quiet_rule` in words). Rows
     not timed (no median) are passed over."""
     bad = [r for r in rows if r.median_ms and r.min_ms and r.median_ms > BUSY_RATIO * r.min_ms]
     if bad:
         worst = max(bad, key=lambda r: r.median_ms / r.min_ms)
         return (f"unusable run: median {worst.median_ms:.2f} ms is {worst.median_ms / worst.min_ms:.1f}x the minimum "
-                f"{worst.min_ms:.2f} ms on #{worst.index} {worst.label} (a busy machine): measure again")
+                f"{worst.min_ms:.2f} ms on {row_name(worst)} (a busy machine): measure again")
     noisy = [r for r in rows if r.median_ms and r.iqr_ms is not None and r.iqr_ms > NOISY_IQR * r.median_ms]
     if not noisy:
         return ""
     worst = max(noisy, key=lambda r: r.iqr_ms / r.median_ms)
     return (f"unusable run: IQR {worst.iqr_ms:.2f} ms is {worst.iqr_ms / worst.median_ms:.1f}x the median "
-            f"{worst.median_ms:.2f} ms on #{worst.index} {worst.label} (a busy machine): measure again")
+            f"{worst.median_ms:.2f} ms on {row_name(worst)} (a busy machine): measure again")
 
 
 def paired_verdict(base: VersionTiming, row: VersionTiming, resamples: int = 2000, seed: int = 0) -> PairedVerdict:
     """`row` against `base` from their paired rounds: median per-round ratio and its bootstrap interval; its words
-    are `DISAGREE` when the ratio of the two medians points the other way.
+    are `DISAGREE` when the ratio of the two medians points the other way or lies outside that interval
+    (`medians_disagree`), whatever else the interval says.
 
     Raises:
         ValueError: either row was not timed, or they hold different numbers of rounds.
@@ -387,11 +429,11 @@ def paired_verdict(base: VersionTiming, row: VersionTiming, resamples: int = 200
     low, high = (float(v) for v in np.percentile(np.median(r[idx], axis=1), [2.5, 97.5]))
     if len(r) < MIN_VERDICT_ROUNDS:
         words = f"too few rounds ({len(r)} < {MIN_VERDICT_ROUNDS}) for a verdict"
+    elif medians_disagree(ratio, low, high, of_medians):  # before "within noise": its ratio would be printed as read
+        words = DISAGREE
     elif (low <= 1.0 <= high or (1 - PRACTICAL <= low and high <= 1 + PRACTICAL) or abs(ratio - 1) < PRACTICAL
           or not high <= WIDE_CI * low):
         words = "within noise"  # under 1%, or an interval too wide to read a factor from (`WIDE_CI`)
-    elif (ratio - 1) * (of_medians - 1) < 0 and abs(of_medians - 1) >= PRACTICAL:
-        words = DISAGREE
     else:
         words = f"{ratio:.2f}x faster" if ratio > 1 else f"{1 / ratio:.2f}x slower"
     return PairedVerdict(ratio, low, high, len(r), words, busy_warning(base, row))
@@ -480,13 +522,62 @@ def timing_table(rows: Sequence[VersionTiming],
     return out
 
 
+DISAGREE_CELL = "not read: medians disagree"
+"""The speed-up cell (`speedup_text`) of a comparison whose words are `DISAGREE`: no number, its reason short."""
+
+
+def speedup_text(row: Mapping[str, Any]) -> str:
+    """The speed-up over the input as every front end prints it, from one `timing_table` row: `rlxviz time`'s `x
+    input` column (`format_timings`), the app's speed-up column, and whether the app draws a speed-up bar
+    (`speedup_shown`). The input's own row: its `1.00`; a comparison that could not be made: `-`; a busy run
+    (`row["busy"]`): `NOT_READ`, no number (a number beside a busy verdict was read as one); a ratio that the medians
+    contradict (`DISAGREE`): `DISAGREE_CELL`, no number; else the paired median ratio, `N.NN`."""
+    words = row.get("vs_input")
+    speed = row.get("speedup", float("nan"))
+    if not words:  # the first row shown: the input against itself
+        return f"{speed:.2f}"
+    if words == "-" or speed != speed:
+        return "-"
+    if row.get("busy"):
+        return NOT_READ
+    if words == DISAGREE:
+        return DISAGREE_CELL
+    return f"{speed:.2f}"
+
+
+def step_cell(what: str, v: PairedVerdict, busy: str, times: str = "x", dash: str = "-") -> str:
+    """One step's speed-up cell in the "Fusion or kernels?" table (`rlxviz time`'s `split_text` and the app's
+    `fusion_kernels_markdown`, one function): `fusion: 1.19x (1.10-1.25)`, the interval only where it is read (at
+    least `MIN_VERDICT_ROUNDS` rounds, `timing_table`'s rule); on a busy run (`busy`) `fusion: no ratio (busy)` and
+    where the medians contradict the ratio (`DISAGREE`) `fusion: no ratio (medians disagree)`, no number in either
+    (minilm busy printed "fusion: 1.19x" from an input of 134.70 ms to 295.59 ms). `times` / `dash`: the signs
+    printed (`x` and `-` in text, `×` and `–` in Markdown)."""
+    if busy:
+        return f"{what}: no ratio (busy)"
+    if v.words == DISAGREE:
+        return f"{what}: no ratio (medians disagree)"
+    ci = f" ({v.low:.2f}{dash}{v.high:.2f})" if v.rounds >= MIN_VERDICT_ROUNDS else ""
+    return f"{what}: {v.ratio:.2f}{times}{ci}"
+
+
+def speedup_shown(row: Mapping[str, Any]) -> bool:
+    """Whether a row's speed-up is a number at all (`speedup_text` prints one): the app draws its bar only then."""
+    try:
+        float(speedup_text(row))
+    except ValueError:
+        return False
+    return True
+
+
 def compare_versions(rows: Sequence[VersionTiming]) -> list[tuple[VersionTiming, VersionTiming, PairedVerdict]]:
     """Each timed version against the previous timed one: `(previous, row, verdict)` in order."""
     timed = [r for r in rows if r.same_as is None]
     return [(p, r, paired_verdict(p, r)) for p, r in zip(timed[:-1], timed[1:], strict=True)]
 
 
-__all__ = ["BUSY_RATIO", "DISAGREE", "MIN_VERDICT_ROUNDS", "NOISY_IQR", "NOT_READ", "OWN_LOWERING_LABEL", "PRACTICAL",
+__all__ = ["BUSY_RATIO", "DISAGREE", "DISAGREE_CELL", "SPLIT_TABLE", "medians_disagree", "row_name", "speedup_shown",
+           "speedup_text", "step_cell", "MIN_VERDICT_ROUNDS", "NOISY_IQR", "NOT_READ", "OWN_LOWERING_LABEL",
+           "PRACTICAL",
            "TIMINGS", "WIDE_CI",
            "PairedVerdict",
            "Progress",

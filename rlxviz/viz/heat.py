@@ -2,9 +2,12 @@
 
 The bins are fixed per kind (not scaled to the graph), so a colour means the same figure in every version and
 every model: time share in steps of the per-node total, error in decades of max |value - reference| over max
-|reference| (the tensor's scale: f32 rounds at 1.2e-7 of it, so f32 rounding stays in the two lightest bins and
-a value off by a percent of its scale takes the darkest, whatever the tensor's units). A node
-without a figure keeps its op colour; a non-finite error gets `NONFINITE`.
+|reference| (the tensor's scale; a value off by a percent of its scale takes the darkest, whatever the tensor's
+units). f32 rounds at 1.2e-7 per operation, but a sum of K products rounds up to K x that (an f32 matmul over
+K = 384 to 4.6e-5): an error within the rounding expected for its node (`session.overlays.expected_rounding`,
+passed as `rounding`) takes the lightest fill whatever its bin, so ordinary f32 matmul and attention outputs are
+not drawn orange; orange to red means past that rounding. A node without a figure keeps its op colour; a
+non-finite error gets `NONFINITE`.
 
 Example:
     >>> heat_colors("error", {3: 2e-6, 4: 0.0})
@@ -14,7 +17,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from functools import cache
 
 
@@ -56,9 +59,11 @@ def bin_of(kind: str, value: float) -> int:
     return sum(value >= e for e in EDGES[kind])
 
 
-def heat_colors(kind: str, values: Mapping[int, float]) -> dict[int, str]:
-    """Node id -> fill for each figure (`values`: time shares 0..1, or errors)."""
-    return {i: NONFINITE if (b := bin_of(kind, v)) < 0 else _palette()[b] for i, v in values.items()}
+def heat_colors(kind: str, values: Mapping[int, float], rounding: Collection[int] = ()) -> dict[int, str]:
+    """Node id -> fill for each figure (`values`: time shares 0..1, or relative errors); the nodes in `rounding`
+    (an error within its node's expected rounding, `session.overlays.NodeFigures.rounding`) take the lightest fill."""
+    return {i: NONFINITE if (b := bin_of(kind, v)) < 0 else _palette()[0 if i in rounding else b]
+            for i, v in values.items()}
 
 
 _NAMED = {"white": "#ffffff", "black": "#000000"}
@@ -107,10 +112,13 @@ def _fmt(kind: str, x: float) -> str:
 
 
 def legend(kind: str) -> list[tuple[str, str]]:
-    """(fill, range in words) per bin, small to large, then the non-finite fill for `error`."""
+    """(fill, range in words) per bin, small to large, then the non-finite fill for `error`; the error's lightest
+    fill also holds every error within its node's expected rounding (`< 1e-07 or rounding`; the unit line,
+    `session.overlays.UNITS`, says what that rounding is and that orange means past it)."""
     e = EDGES[kind]
     palette = _palette()
-    rows = [(palette[0], f"< {_fmt(kind, e[0])}")]
+    first = f"< {_fmt(kind, e[0])}" + (" or rounding" if kind == "error" else "")  # `heat_colors`' `rounding`
+    rows = [(palette[0], first)]
     rows += [(palette[k], f"{_fmt(kind, e[k - 1])} – {_fmt(kind, e[k])}") for k in range(1, len(e))]
     rows.append((palette[len(e)], f"≥ {_fmt(kind, e[-1])}"))
     if kind == "error":
