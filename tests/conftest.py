@@ -7,13 +7,21 @@ Speed tiers (issue 36): a test is `slow` when it drives a browser, executes note
 spends its time in child processes (a served app, a CLI subprocess, an isolated loader). `make test-fast` runs
 `pytest -m "not slow"` for every commit; `make test` (and CI) runs everything. `SLOW_PREFIXES` and `SLOW_FILES`
 mark whole files, `SLOW_TESTS` single tests of otherwise fast files (the name before any `[param]`);
-`@pytest.mark.slow` in a test file works too. A listed test its module does not define fails the run, so a rename
-cannot quietly move a slow test into the fast tier.
+`@pytest.mark.slow` in a test file works too. A listed test its module does not define, or a listed file that does
+not exist, fails the run, so a rename cannot quietly move a slow test into the fast tier.
+
+`make test` runs the slow tests that only compute (`COMPUTE_FILES`, `COMPUTE_TESTS`, or `@pytest.mark.sweep` in a
+test file: marked `slow` and `sweep`) with the fast tier on every core, and the rest of the slow tier one test at a
+time. Only compute means: no timing it asserts on, no wall-clock limit it could miss on a loaded machine, no
+browser or served app, no long-lived child process, no fixed port or path shared with another test.
 """
 
 import os
+from pathlib import Path
 
 import pytest
+
+HERE = Path(__file__).parent
 
 SLOW_FILES: dict[str, str] = {
     "test_browser_app.py": "browser (a served app driven by Playwright)",
@@ -21,9 +29,6 @@ SLOW_FILES: dict[str, str] = {
     "test_browser_nav.py": "browser",
     "test_browser_problems.py": "browser",
     "test_browser_security.py": "browser",
-    "test_notebooks.py": "executes every notebook with nbclient",
-    "test_fuzz.py": "fuzzing: thousands of mutated inputs",
-    "test_fuzz_onnx.py": "fuzzing the ONNX importer",
     "test_bench_processes.py": "a benchmark, one process per configuration",
     "test_bench_runtime.py": "a benchmark",
     "test_isolated.py": "child processes killed at their limits",
@@ -67,29 +72,58 @@ SLOW_TESTS: dict[str, str] = {
     "test_cli_debug.py::test_ir_pipe_closed_early_is_not_an_error": "a shell pipeline of the CLI",
     "test_warnings_quiet.py::test_no_raw_warning_reaches_the_terminal_on_hostile_files": "the CLI in a "
                                                                                         "subprocess per file",
-    # heavy compute: real-size models through every pass or version, stress of a thread pool
+    # a stress of rlxviz's thread pool: 4 spinning workers in child processes, each run bounded by a timeout
+    "test_gemm.py::test_the_pool_gives_the_same_numbers_whether_its_waits_spin_or_block": "thread-pool stress",
+}
+"""`file::test` (parameters dropped) of single slow tests in otherwise fast files, with the reason."""
+
+COMPUTE_FILES: dict[str, str] = {
+    "test_notebooks.py": "executes every notebook with nbclient (one kernel per notebook, a cell may take 240 s, the "
+                         "slowest takes ~8 s; the timing cells' verdicts are checked against their own printed "
+                         "numbers, busy machine included)",
+    "test_fuzz.py": "fuzzing: thousands of mutated inputs in-process (5 s watchdog per input, each takes ~1 ms)",
+    "test_fuzz_onnx.py": "fuzzing the ONNX importer (10 s watchdog per file, each takes ~0.1 s; the importer's "
+                         "short forked checks are bounded in CPU time)",
+}
+"""Slow test files that only compute, with the reason: marked `slow` and `sweep` (on every core in `make test`)."""
+
+COMPUTE_TESTS: dict[str, str] = {
+    # heavy compute: real-size models through every pass or version, big diffs
     "test_passes.py::test_every_pass_and_the_pipeline_keep_numbers": "every pass on minilm-sized models, numbers "
                                                                      "checked on the reference",
     "test_runtime_versions.py::test_real_minilm_every_version_on_mlx_matches_transformers_fixture":
         "every version of the real MiniLM on MLX",
-    "test_gemm.py::test_the_pool_gives_the_same_numbers_whether_its_waits_spin_or_block": "thread-pool stress",
     "test_app_irdiff.py::test_big_graphs_diff_with_a_bounded_table": "diffs of big graphs",
 }
-"""`file::test` (parameters dropped) of single slow tests in otherwise fast files, with the reason."""
+"""`file::test` (parameters dropped) of single slow tests that only compute, marked `slow` and `sweep`."""
+
+XDIST_GROUPS: dict[str, str] = {
+    "test_notebooks.py": "its tests share one execution of each notebook (a module fixture): one worker runs them all",
+}
+"""Files whose tests `make test` (`--dist loadgroup`) sends to one worker, so a module fixture runs once."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    missing = [f for f in (*SLOW_FILES, *COMPUTE_FILES, *XDIST_GROUPS) if not (HERE / f).is_file()]
+    if missing:
+        raise pytest.UsageError(f"conftest lists test files that do not exist (renamed?): {missing}")
     modules = {}
     for item in items:
         name = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
         if item.path.name in SLOW_FILES or name in SLOW_TESTS or item.path.name.startswith(tuple(SLOW_PREFIXES)):
             item.add_marker(pytest.mark.slow)
+        if item.path.name in COMPUTE_FILES or name in COMPUTE_TESTS:
+            item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.sweep)
+        if item.path.name in XDIST_GROUPS and config.pluginmanager.hasplugin("xdist"):
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
         if getattr(item, "module", None) is not None:
             modules[item.path.name] = item.module
-    stale = [n for n in SLOW_TESTS if n.split("::")[0] in modules and not hasattr(modules[n.split("::")[0]],
-                                                                                    n.split("::")[1])]
-    if stale:
-        raise pytest.UsageError(f"conftest.SLOW_TESTS names tests that do not exist (renamed?): {stale}")
+    for table, listed in (("SLOW_TESTS", SLOW_TESTS), ("COMPUTE_TESTS", COMPUTE_TESTS)):
+        stale = [n for n in listed if n.split("::")[0] in modules and not hasattr(modules[n.split("::")[0]],
+                                                                                   n.split("::")[1])]
+        if stale:
+            raise pytest.UsageError(f"conftest.{table} names tests that do not exist (renamed?): {stale}")
 
 
 @pytest.fixture(scope="session", autouse=True)
