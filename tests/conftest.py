@@ -97,14 +97,15 @@ COMPUTE_TESTS: dict[str, str] = {
 }
 """`file::test` (parameters dropped) of single slow tests that only compute, marked `slow` and `sweep`."""
 
-XDIST_GROUPS: dict[str, str] = {
+ONE_WORKER_FILES: dict[str, str] = {
     "test_notebooks.py": "its tests share one execution of each notebook (a module fixture): one worker runs them all",
 }
-"""Files whose tests `make test` (`--dist loadgroup`) sends to one worker, so a module fixture runs once."""
+"""Files whose tests `make test` (`-n auto --dist loadgroup`) sends to one worker as one unit, so a module fixture
+runs once (`pytest_xdist_make_scheduler`); the tests of other files are shared out one by one."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    missing = [f for f in (*SLOW_FILES, *COMPUTE_FILES, *XDIST_GROUPS) if not (HERE / f).is_file()]
+    missing = [f for f in (*SLOW_FILES, *COMPUTE_FILES, *ONE_WORKER_FILES) if not (HERE / f).is_file()]
     if missing:
         raise pytest.UsageError(f"conftest lists test files that do not exist (renamed?): {missing}")
     modules = {}
@@ -115,8 +116,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.path.name in COMPUTE_FILES or name in COMPUTE_TESTS:
             item.add_marker(pytest.mark.slow)
             item.add_marker(pytest.mark.sweep)
-        if item.path.name in XDIST_GROUPS and config.pluginmanager.hasplugin("xdist"):
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
         if getattr(item, "module", None) is not None:
             modules[item.path.name] = item.module
     for table, listed in (("SLOW_TESTS", SLOW_TESTS), ("COMPUTE_TESTS", COMPUTE_TESTS)):
@@ -124,6 +123,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                                                                    n.split("::")[1])]
         if stale:
             raise pytest.UsageError(f"conftest.{table} names tests that do not exist (renamed?): {stale}")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """Under `--dist loadgroup`: xdist's scheduler, with every test of a `ONE_WORKER_FILES` file in one unit (an
+    `xdist_group` mark cannot do it under pytest 9: xdist 3.8 renames the item's old `_nodeid`, which pytest 9 no
+    longer reads). Any other `--dist`: xdist's own."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class OneWorkerFiles(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+            return file if file in ONE_WORKER_FILES else super()._split_scope(nodeid)
+
+    return OneWorkerFiles(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)
