@@ -48,8 +48,6 @@ SLOW_PREFIXES: dict[str, str] = {
 
 SLOW_TESTS: dict[str, str] = {
     # child processes: loads through the isolated loader (session.isolated), timing workers, CLI subprocesses
-    "test_one_verdict.py::test_every_view_reads_one_verdict_onnx_fixtures": "seven ONNX uploads, each loaded in a "
-                                                                            "child process, through every view",
     "test_app_state.py::test_upload_good_and_corrupted": "uploads loaded in child processes",
     "test_app_state.py::test_an_uploaded_onnx_file_is_named_after_the_users_file": "an upload loaded in a child",
     "test_app_state.py::test_checkpoint_folder_only_under_allowed_dirs": "checkpoint loads in child processes",
@@ -94,6 +92,10 @@ COMPUTE_TESTS: dict[str, str] = {
     "test_runtime_versions.py::test_real_minilm_every_version_on_mlx_matches_transformers_fixture":
         "every version of the real MiniLM on MLX",
     "test_app_irdiff.py::test_big_graphs_diff_with_a_bounded_table": "diffs of big graphs",
+    # loads in a short child process each, bounded in CPU time (the isolated loader: 120 s, a wall-clock backstop
+    # of 10x that; each load takes a few seconds), nothing timed
+    "test_one_verdict.py::test_every_view_reads_one_verdict_onnx_fixtures": "twelve ONNX uploads, each loaded in a "
+                                                                            "child process, through every view",
 }
 """`file::test` (parameters dropped) of single slow tests that only compute, marked `slow` and `sweep`."""
 
