@@ -56,11 +56,6 @@ SLOW_TESTS: dict[str, str] = {
     "test_app_state.py::test_timing_runs_in_a_worker_process": "timing in a worker process",
     "test_app_state.py::test_timing_says_the_precision_policy_and_runs_uploaded_inputs": "timing in a worker "
                                                                                           "process",
-    "test_app_start.py::test_a_dropped_onnx_file_loads_and_half_a_checkpoint_waits": "uploads in child processes",
-    "test_app_views.py::test_why_tab_opens_on_a_layer_after_an_upload": "an upload loaded in a child process",
-    "test_app_views.py::test_variants_disabled_for_an_uploaded_onnx_export": "an upload loaded in a child process",
-    "test_onnx_import.py::test_app_loads_an_onnx_path_only_under_the_allowed_dirs": "loads in child processes",
-    "test_onnx_import.py::test_app_loads_an_onnx_upload": "an upload loaded in a child process",
     "test_session_parity.py::test_same_answers_from_the_cli_the_notebooks_and_the_app": "the CLI, the notebooks "
                                                                                        "and the app on one model",
     "test_reliability_cases.py::test_notebook_timing_checks_the_time_workload_as_the_cli_does": "times a model",
@@ -92,10 +87,19 @@ COMPUTE_TESTS: dict[str, str] = {
     "test_runtime_versions.py::test_real_minilm_every_version_on_mlx_matches_transformers_fixture":
         "every version of the real MiniLM on MLX",
     "test_app_irdiff.py::test_big_graphs_diff_with_a_bounded_table": "diffs of big graphs",
-    # loads in a short child process each, bounded in CPU time (the isolated loader: 120 s, a wall-clock backstop
-    # of 10x that; each load takes a few seconds), nothing timed
+    # uploads and paths loaded in a short child process each, bounded in CPU time (the isolated loader: 120 s, a
+    # wall-clock backstop of 10x that; each load takes a few seconds), nothing timed, files under tmp_path
     "test_one_verdict.py::test_every_view_reads_one_verdict_onnx_fixtures": "twelve ONNX uploads, each loaded in a "
                                                                             "child process, through every view",
+    "test_app_start.py::test_a_dropped_onnx_file_loads_and_half_a_checkpoint_waits": "uploads in child processes",
+    "test_app_views.py::test_why_tab_opens_on_a_layer_after_an_upload": "an upload loaded in a child process",
+    "test_app_views.py::test_variants_disabled_for_an_uploaded_onnx_export": "an upload loaded in a child process",
+    "test_onnx_import.py::test_app_loads_an_onnx_path_only_under_the_allowed_dirs": "loads in child processes",
+    "test_onnx_import.py::test_app_loads_an_onnx_upload": "an upload loaded in a child process",
+    "test_app_source_switch.py::test_every_ordered_pair_of_sources_says_the_switch": "six ONNX loads in child "
+                                                                                     "processes",
+    "test_app_io_faults.py::test_the_newcomers_roberta_inputs_set_batch_2_and_sequence_8": "an upload loaded twice",
+    "test_app_io_faults.py::test_an_upload_or_a_path_replacing_another_names_the_new_model": "four ONNX loads",
 }
 """`file::test` (parameters dropped) of single slow tests that only compute, marked `slow` and `sweep`."""
 
