@@ -7,13 +7,21 @@ Speed tiers (issue 36): a test is `slow` when it drives a browser, executes note
 spends its time in child processes (a served app, a CLI subprocess, an isolated loader). `make test-fast` runs
 `pytest -m "not slow"` for every commit; `make test` (and CI) runs everything. `SLOW_PREFIXES` and `SLOW_FILES`
 mark whole files, `SLOW_TESTS` single tests of otherwise fast files (the name before any `[param]`);
-`@pytest.mark.slow` in a test file works too. A listed test its module does not define fails the run, so a rename
-cannot quietly move a slow test into the fast tier.
+`@pytest.mark.slow` in a test file works too. A listed test its module does not define, or a listed file that does
+not exist, fails the run, so a rename cannot quietly move a slow test into the fast tier.
+
+`make test` runs the slow tests that only compute (`COMPUTE_FILES`, `COMPUTE_TESTS`, or `@pytest.mark.sweep` in a
+test file: marked `slow` and `sweep`) with the fast tier on every core, and the rest of the slow tier one test at a
+time. Only compute means: no timing it asserts on, no wall-clock limit it could miss on a loaded machine, no
+browser or served app, no long-lived child process, no fixed port or path shared with another test.
 """
 
 import os
+from pathlib import Path
 
 import pytest
+
+HERE = Path(__file__).parent
 
 SLOW_FILES: dict[str, str] = {
     "test_browser_app.py": "browser (a served app driven by Playwright)",
@@ -21,9 +29,6 @@ SLOW_FILES: dict[str, str] = {
     "test_browser_nav.py": "browser",
     "test_browser_problems.py": "browser",
     "test_browser_security.py": "browser",
-    "test_notebooks.py": "executes every notebook with nbclient",
-    "test_fuzz.py": "fuzzing: thousands of mutated inputs",
-    "test_fuzz_onnx.py": "fuzzing the ONNX importer",
     "test_bench_processes.py": "a benchmark, one process per configuration",
     "test_bench_runtime.py": "a benchmark",
     "test_isolated.py": "child processes killed at their limits",
@@ -43,8 +48,6 @@ SLOW_PREFIXES: dict[str, str] = {
 
 SLOW_TESTS: dict[str, str] = {
     # child processes: loads through the isolated loader (session.isolated), timing workers, CLI subprocesses
-    "test_one_verdict.py::test_every_view_reads_one_verdict_onnx_fixtures": "seven ONNX uploads, each loaded in a "
-                                                                            "child process, through every view",
     "test_app_state.py::test_upload_good_and_corrupted": "uploads loaded in child processes",
     "test_app_state.py::test_an_uploaded_onnx_file_is_named_after_the_users_file": "an upload loaded in a child",
     "test_app_state.py::test_checkpoint_folder_only_under_allowed_dirs": "checkpoint loads in child processes",
@@ -53,11 +56,6 @@ SLOW_TESTS: dict[str, str] = {
     "test_app_state.py::test_timing_runs_in_a_worker_process": "timing in a worker process",
     "test_app_state.py::test_timing_says_the_precision_policy_and_runs_uploaded_inputs": "timing in a worker "
                                                                                           "process",
-    "test_app_start.py::test_a_dropped_onnx_file_loads_and_half_a_checkpoint_waits": "uploads in child processes",
-    "test_app_views.py::test_why_tab_opens_on_a_layer_after_an_upload": "an upload loaded in a child process",
-    "test_app_views.py::test_variants_disabled_for_an_uploaded_onnx_export": "an upload loaded in a child process",
-    "test_onnx_import.py::test_app_loads_an_onnx_path_only_under_the_allowed_dirs": "loads in child processes",
-    "test_onnx_import.py::test_app_loads_an_onnx_upload": "an upload loaded in a child process",
     "test_session_parity.py::test_same_answers_from_the_cli_the_notebooks_and_the_app": "the CLI, the notebooks "
                                                                                        "and the app on one model",
     "test_reliability_cases.py::test_notebook_timing_checks_the_time_workload_as_the_cli_does": "times a model",
@@ -67,29 +65,87 @@ SLOW_TESTS: dict[str, str] = {
     "test_cli_debug.py::test_ir_pipe_closed_early_is_not_an_error": "a shell pipeline of the CLI",
     "test_warnings_quiet.py::test_no_raw_warning_reaches_the_terminal_on_hostile_files": "the CLI in a "
                                                                                         "subprocess per file",
-    # heavy compute: real-size models through every pass or version, stress of a thread pool
+    # a stress of rlxviz's thread pool: 4 spinning workers in child processes, each run bounded by a timeout
+    "test_gemm.py::test_the_pool_gives_the_same_numbers_whether_its_waits_spin_or_block": "thread-pool stress",
+}
+"""`file::test` (parameters dropped) of single slow tests in otherwise fast files, with the reason."""
+
+COMPUTE_FILES: dict[str, str] = {
+    "test_notebooks.py": "executes every notebook with nbclient (one kernel per notebook, a cell may take 240 s, the "
+                         "slowest takes ~8 s; the timing cells' verdicts are checked against their own printed "
+                         "numbers, busy machine included)",
+    "test_fuzz.py": "fuzzing: thousands of mutated inputs in-process (5 s watchdog per input, each takes ~1 ms)",
+    "test_fuzz_onnx.py": "fuzzing the ONNX importer (10 s watchdog per file, each takes ~0.1 s; the importer's "
+                         "short forked checks are bounded in CPU time)",
+}
+"""Slow test files that only compute, with the reason: marked `slow` and `sweep` (on every core in `make test`)."""
+
+COMPUTE_TESTS: dict[str, str] = {
+    # heavy compute: real-size models through every pass or version, big diffs
     "test_passes.py::test_every_pass_and_the_pipeline_keep_numbers": "every pass on minilm-sized models, numbers "
                                                                      "checked on the reference",
     "test_runtime_versions.py::test_real_minilm_every_version_on_mlx_matches_transformers_fixture":
         "every version of the real MiniLM on MLX",
-    "test_gemm.py::test_the_pool_gives_the_same_numbers_whether_its_waits_spin_or_block": "thread-pool stress",
     "test_app_irdiff.py::test_big_graphs_diff_with_a_bounded_table": "diffs of big graphs",
+    # uploads and paths loaded in a short child process each, bounded in CPU time (the isolated loader: 120 s, a
+    # wall-clock backstop of 10x that; each load takes a few seconds), nothing timed, files under tmp_path
+    "test_one_verdict.py::test_every_view_reads_one_verdict_onnx_fixtures": "twelve ONNX uploads, each loaded in a "
+                                                                            "child process, through every view",
+    "test_app_start.py::test_a_dropped_onnx_file_loads_and_half_a_checkpoint_waits": "uploads in child processes",
+    "test_app_views.py::test_why_tab_opens_on_a_layer_after_an_upload": "an upload loaded in a child process",
+    "test_app_views.py::test_variants_disabled_for_an_uploaded_onnx_export": "an upload loaded in a child process",
+    "test_onnx_import.py::test_app_loads_an_onnx_path_only_under_the_allowed_dirs": "loads in child processes",
+    "test_onnx_import.py::test_app_loads_an_onnx_upload": "an upload loaded in a child process",
+    "test_app_source_switch.py::test_every_ordered_pair_of_sources_says_the_switch": "six ONNX loads in child "
+                                                                                     "processes",
+    "test_app_io_faults.py::test_the_newcomers_roberta_inputs_set_batch_2_and_sequence_8": "an upload loaded twice",
+    "test_app_io_faults.py::test_an_upload_or_a_path_replacing_another_names_the_new_model": "four ONNX loads",
 }
-"""`file::test` (parameters dropped) of single slow tests in otherwise fast files, with the reason."""
+"""`file::test` (parameters dropped) of single slow tests that only compute, marked `slow` and `sweep`."""
+
+ONE_WORKER_FILES: dict[str, str] = {
+    "test_notebooks.py": "its tests share one execution of each notebook (a module fixture): one worker runs them all",
+}
+"""Files whose tests `make test` (`-n auto --dist loadgroup`) sends to one worker as one unit, so a module fixture
+runs once (`pytest_xdist_make_scheduler`); the tests of other files are shared out one by one."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    missing = [f for f in (*SLOW_FILES, *COMPUTE_FILES, *ONE_WORKER_FILES) if not (HERE / f).is_file()]
+    if missing:
+        raise pytest.UsageError(f"conftest lists test files that do not exist (renamed?): {missing}")
     modules = {}
     for item in items:
         name = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
         if item.path.name in SLOW_FILES or name in SLOW_TESTS or item.path.name.startswith(tuple(SLOW_PREFIXES)):
             item.add_marker(pytest.mark.slow)
+        if item.path.name in COMPUTE_FILES or name in COMPUTE_TESTS:
+            item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.sweep)
         if getattr(item, "module", None) is not None:
             modules[item.path.name] = item.module
-    stale = [n for n in SLOW_TESTS if n.split("::")[0] in modules and not hasattr(modules[n.split("::")[0]],
-                                                                                    n.split("::")[1])]
-    if stale:
-        raise pytest.UsageError(f"conftest.SLOW_TESTS names tests that do not exist (renamed?): {stale}")
+    for table, listed in (("SLOW_TESTS", SLOW_TESTS), ("COMPUTE_TESTS", COMPUTE_TESTS)):
+        stale = [n for n in listed if n.split("::")[0] in modules and not hasattr(modules[n.split("::")[0]],
+                                                                                   n.split("::")[1])]
+        if stale:
+            raise pytest.UsageError(f"conftest.{table} names tests that do not exist (renamed?): {stale}")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """Under `--dist loadgroup`: xdist's scheduler, with every test of a `ONE_WORKER_FILES` file in one unit (an
+    `xdist_group` mark cannot do it under pytest 9: xdist 3.8 renames the item's old `_nodeid`, which pytest 9 no
+    longer reads). Any other `--dist`: xdist's own."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class OneWorkerFiles(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+            return file if file in ONE_WORKER_FILES else super()._split_scope(nodeid)
+
+    return OneWorkerFiles(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)
