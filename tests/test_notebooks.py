@@ -18,7 +18,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
-from rlxviz.session.timing import BUSY_RATIO, DISAGREE, NOISY_IQR, WIDE_CI
+from rlxviz.session.timing import BUSY_RATIO, DISAGREE, DISAGREE_CELL, NOISY_IQR, NOT_READ, WIDE_CI
 
 ROOT = Path(__file__).resolve().parents[1]
 NB_DIR = ROOT / "notebooks"
@@ -27,6 +27,14 @@ KERNEL = "python3"
 
 VERDICT = r"(within noise|" + re.escape(DISAGREE) + r"|\d+\.\d\dx (?:faster|slower))"
 """A printed timing verdict: within noise, not read (`DISAGREE`), or N.NNx faster/slower."""
+
+
+def _cells(line: str) -> list[str]:
+    """A `format_timings` row's cells: the `x input` words that hold spaces (a busy run's `busy: not read`, a
+    contradicted ratio's `not read: medians disagree`) kept as one cell, so columns counted from the end stay put."""
+    for words in (NOT_READ, DISAGREE_CELL):
+        line = line.replace(words, words.replace(" ", "_"))
+    return line.split()
 
 def _builder():
     spec = importlib.util.spec_from_file_location("notebooks_build", NB_DIR / "build.py")
@@ -410,7 +418,7 @@ def test_01_what_is_fusion(executed):
     assert len([ln for ln in text.splitlines() if ln.rstrip().endswith("yes")]) == 3
     errs = [float(v) for v in re.findall(r"error vs input on MLX: (\S+)", text)]
     assert len(errs) == 3 and errs[0] == 0.0 and max(errs) < 1e-5  # same backend: what the rewrite changed
-    medians = {ln.split()[1] + ln.split()[2]: ln.split()[-8] for ln in text.splitlines()
+    medians = {ln.split()[1] + ln.split()[2]: _cells(ln)[-8] for ln in text.splitlines()
                if re.match(r"\s*\d+\s+(input|after)", ln)}
     medians["input"] = medians["input7"]  # by version label
     # the sentences read aloud quote the table's own medians and one verdict per fused version
@@ -430,7 +438,7 @@ def test_01_what_is_fusion(executed):
         assert_verdict(verdict, ratio, low, high)
         prev = label
     held = all_compute and all(v == "within noise" for _, v in verdicts)
-    timed_rows = [ln.split() for ln in t["timing"][0].splitlines() if re.match(r"\s*\d+\s+(input|after)", ln)]
+    timed_rows = [_cells(ln) for ln in t["timing"][0].splitlines() if re.match(r"\s*\d+\s+(input|after)", ln)]
     busy = any(float(r[-8]) > BUSY_RATIO * float(r[-7]) or float(r[-6]) > NOISY_IQR * float(r[-8])
                for r in timed_rows)  # median > 2 x min or IQR > 0.5 x median: the run is not read
     assert ("the verdicts below are printed, not to be read" in md_text) == busy
@@ -580,7 +588,7 @@ def test_02_fusing_a_bert_layer(executed):
         r"largest error vs input on MLX: (\S+) \(after \w+; each element is judged by \|fused - input\| <= "
         r"atol \+ rtol \* \|input\|, rtol (\S+), atol (\S+)\)", text).groups())
     assert 0 < err <= atol + 10 * rtol and (rtol, atol) == (1e-4, 1e-4)
-    table = {ln.split()[1] + " " + ln.split()[2]: ln.split() for ln in text.splitlines()
+    table = {ln.split()[1] + " " + ln.split()[2]: _cells(ln) for ln in text.splitlines()
              if re.match(r"\s*\d+\s+(input|after)", ln) and "unchanged" not in ln}
     text, _ = t["read-aloud"]
     verdicts = re.findall(r"^verdict (after \S+): " + VERDICT + r" \(vs #(\d+); "

@@ -262,8 +262,10 @@ display(Markdown(
 #
 # Both passes in one pipeline, then every version timed **together in interleaved rounds** (round *r*
 # runs every version once, the one that starts rotating, so a busy machine slows them alike): median,
-# min and IQR (p25..p75) of the rounds; `x input` is the ratio of medians; `first ms` is the first call of a
-# fresh program (MLX builds, traces and runs it), kept out of the rounds. Two error columns:
+# min and IQR (p25..p75) of the rounds; `x input` is the median of the paired per-round ratios over the input
+# (`busy: not read` on a busy run; `not read: medians disagree` where the ratio of the medians points the other
+# way); `first ms` is the first call of a fresh program (MLX builds, traces and runs it), kept out of the rounds.
+# Two error columns:
 #
 # * `vs oracle`: MLX against the float64 NumPy oracle of the unfused graph — it mixes in the difference
 #   between the two backends and precisions, so it is **not** what fusion changed;
