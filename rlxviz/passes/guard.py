@@ -366,9 +366,24 @@ def _output_no_fix(role: str) -> Callable[[Ctx], str | None]:
                       f"for; hiding it changes what the model returns") if c.graph.is_output(c.id(role)) else None
 
 
-def _users_text(ctx: Ctx, role: str) -> str:
-    us = ctx.users(role)
-    return ", ".join(ctx.name_of(u.id) for u in us) or "none"
+def use_count(g: Graph, i: int, who: str, name_of: Callable[[int], str]) -> str:
+    """Who reads node `i` (`who`: its description, e.g. `attn (node 51)`), in words, graph output included: `attn
+    (node 51) is read by no node: it is a graph output (output #0)`, `sum (node 16) has 2 users (norm (node 19), add
+    (node 48))`, `h1 (node 41) has 1 user (norm (node 44)) and is a graph output (output #1)` (`name_of` names
+    each user). The one
+    wording of every use-count reason (`single_user`, `user_count`, `all_single_use`, the rules' own): a value the
+    graph returns and no node reads read "has 0 users (none)", as if nothing used it."""
+    us = g.users(i)
+    out = f"a graph output (output #{g.outputs.index(i)})" if g.is_output(i) else ""
+    if not us:
+        return f"{who} is read by no node" + (f": it is {out}" if out else "")
+    names = ", ".join(name_of(u.id) for u in us)
+    return f"{who} has {len(us)} user{'' if len(us) == 1 else 's'} ({names})" + (f" and is {out}" if out else "")
+
+
+def _uses(c: Ctx, role: str) -> str:
+    """`use_count` of a bound role."""
+    return use_count(c.graph, c.id(role), c.d(role), c.name_of)
 
 
 def _edges_to_users(ctx: Ctx, role: str) -> Highlight:
@@ -380,7 +395,7 @@ def _edges_to_users(ctx: Ctx, role: str) -> Highlight:
 def single_user(role: str, name: str | None = None, hint: str = "", fix: str = "") -> Guard:
     """`role` has exactly one user node (graph outputs are checked by `not_output`)."""
     return Guard(name or f"{role}_single_user", lambda c: len(c.users(role)) == 1,
-                 lambda c: f"{c.d(role)} has {len(c.users(role))} users ({_users_text(c, role)}); needs exactly 1",
+                 lambda c: f"{_uses(c, role)}; needs exactly 1",
                  lambda c: _edges_to_users(c, role),
                  hint or f"make {role} single-use (or give the extra reader its own copy)", (role,), ILLEGAL,
                  fix or _also_returns(role), no_model_fix=_readers_no_fix(role), remedy=READ_BY_MODEL)
@@ -402,8 +417,7 @@ def user_count(role: str, n: int, purpose: str, name: str | None = None, hint: s
     picks the offending users (default: every user)."""
     pick = highlight or (lambda c: _edges_to_users(c, role))
     return Guard(name or f"{role}_user_count", lambda c: len(c.users(role)) == n,
-                 lambda c: f"{c.d(role)} has {len(c.users(role))} users ({_users_text(c, role)}); "
-                           f"needs exactly {n}: {purpose}",
+                 lambda c: f"{_uses(c, role)}; needs exactly {n}: {purpose}",
                  pick, hint or f"make {role} feed only {purpose}", (role,), ILLEGAL, fix or _also_returns(role),
                  no_model_fix=lambda c: extra_readers_why(c, role, pick(c)[0]), remedy=READ_BY_MODEL)
 
@@ -535,9 +549,7 @@ def all_single_use(roles: Sequence[str], name: str, hint: str = "", fix: str = "
     def explain(c: Ctx) -> str:
         r = bad(c)
         assert r is not None
-        out = "; it is also a graph output" if c.graph.is_output(c.id(r)) else ""
-        return f"{c.d(r)} has {len(c.users(r))} users ({_users_text(c, r)}){out}; " \
-               f"every intermediate must have exactly 1"
+        return f"{_uses(c, r)}; every intermediate must have exactly 1 user and be no graph output"
 
     def hl(c: Ctx) -> Highlight:
         r = bad(c)
@@ -574,5 +586,5 @@ __all__ = ["COMPILER_ONLY", "DOES_NOT_PAY", "EPILOGUE_ACTIVATIONS", "ILLEGAL", "
            "NOT_PROFITABLE", "NOT_RECOGNIZED", "Ctx", "Guard",
            "Highlight", "RuleError", "activation_in", "all_single_use", "attr_eq",
            "guard", "not_output", "operands_are", "rank_eq", "rank_le", "reaches_output",
-           "extra_readers_why", "live_nodes",
+           "extra_readers_why", "live_nodes", "use_count",
            "same_shape", "single_user", "size_le", "static_dim", "user_count"]

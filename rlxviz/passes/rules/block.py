@@ -36,6 +36,7 @@ from ..guard import (
     not_output,
     single_user,
     size_le,
+    use_count,
     user_count,
 )
 from ..pattern import P
@@ -116,9 +117,8 @@ def _explain_unfused_bias(c: Ctx) -> str:
     add = _unfused_bias(c)
     assert add is not None
     return (f"the output projection {c.d('out')} is a bare matmul, but its bias add {add.op.value} (node {add.id}) "
-            f"was not fused into it ({c.d('out')} has {len(c.users('out'))} users"
-            f"{', and is a graph output' if c.graph.is_output(c.id('out')) else ''}); the block would leave the "
-            f"bias outside")
+            f"was not fused into it ({use_count(c.graph, c.id('out'), c.d('out'), c.name_of)}); the block would "
+            f"leave the bias outside")
 
 
 def _block_rewrite(c: Ctx, rw: Rewriter) -> int:
