@@ -45,7 +45,8 @@ class LayerArchitecture:
 
     @property
     def pre_norm(self) -> bool:
-        """The residual sum also feeds the next residual add, so residual-norm fusions are illegal."""
+        """The residual sum also feeds the next residual add, so rlxviz's single-output residual-norm ops (which
+        return only the normalized value) cannot take it."""
         return self.kind in ("pre_ln", "llama", "parallel") or (
             self.kind in ("attention_only", "cross_decoder") and any("pre-norm" in e for e in self.evidence))
 

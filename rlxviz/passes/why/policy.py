@@ -134,7 +134,8 @@ def not_expected(arch: LayerKind, pass_name: str, guard: str = "") -> str | None
     `expected_of` (then its `unexpected` says why), or a trait in the guard's `excused_in` (its `excuse`). E.g.
     `FusedTransformerLayer` is expected only of `post_ln`; `FusedAttentionBlock` of `post_ln` and of a layer whose
     attention has a keep mask, never with a KV cache; a residual-norm fusion refused because the residual sum has
-    other users is illegal, not missed, in a pre-norm layer. Everything else counts."""
+    other users is not expected of a pre-norm layer, whose next residual add reads the sum that rlxviz's
+    single-output op does not return. Everything else counts."""
     p = PASSES.get(pass_name)
     if p is not None:
         for trait, why in p.excused_by:

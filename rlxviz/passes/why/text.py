@@ -33,10 +33,10 @@ _LEFT_OUT_HEADINGS = {
                       "lookalikes, not candidates (nothing to fix, not near-misses)"),
     DOES_NOT_PAY: ("refusal the tool's own cost test made (it does not pay: nothing to fix, not a near-miss)",
                    "refusals the tool's own cost test made (they do not pay: nothing to fix, not near-misses)"),
-    "not expected here": ("refusal not expected of its layer (the model's own layout: nothing to fix, not a "
-                          "near-miss)",
-                          "refusals not expected of their layers (the model's own layout: nothing to fix, not "
-                          "near-misses)"),
+    "not expected here": ("refusal not expected of its layer (its kind does not expect the fusion with rlxviz's ops: "
+                          "nothing to fix in the model, not a near-miss)",
+                          "refusals not expected of their layers (their kinds do not expect the fusions with rlxviz's "
+                          "ops: nothing to fix in the model, not near-misses)"),
     "illegal here": ("refusal illegal for its layer (the layer is fused as far as legal, not a near-miss)",
                      "refusals illegal for their layers (the layers are fused as far as legal, not near-misses)"),
 }
