@@ -219,6 +219,10 @@ class Guard:
         excused_in: layer traits (`passes.why.kinds.LayerArchitecture.has`, e.g. `pre_norm`) where a refusal by this
             guard is the layer's design, not a miss: it does not count there (`excuse` says why). Set with `excused`.
         excuse: why the refusal does not count in those layers.
+        gap_in: layer traits where a refusal by this guard that the layer's kind does not expect (`unexpected`) is a
+            gap in rlxviz's own op, not the model's layout (`passes.why.policy.op_gap`): the layer is fused only as far
+            as rlxviz's ops go. Set with `lacking`.
+        gap: the op form rlxviz lacks there, e.g. `FusedAttentionBlock without a mask operand`.
 
     Raises:
         RuleError: `kind` is not one of `KINDS`.
@@ -240,6 +244,8 @@ class Guard:
     params: tuple[str, ...] = ()
     excused_in: tuple[str, ...] = ()
     excuse: str = ""
+    gap_in: tuple[str, ...] = ()
+    gap: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -272,6 +278,11 @@ class Guard:
     def excused(self, where: Sequence[str], why: str) -> Guard:
         """This guard, its refusals not counted in layers with one of the traits `where` (`excused_in`), for `why`."""
         return replace(self, excused_in=tuple(where), excuse=why)
+
+    def lacking(self, where: Sequence[str], what: str) -> Guard:
+        """This guard, its refusals in layers with one of the traits `where` a gap in rlxviz's op `what` (`gap_in`,
+        `gap`), not the model's layout, where the layer's kind does not expect the product."""
+        return replace(self, gap_in=tuple(where), gap=what)
 
     def renamed(self, name: str, hint: str | None = None) -> Guard:
         return replace(self, name=name, hint=self.hint if hint is None else hint)
