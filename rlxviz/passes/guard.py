@@ -381,9 +381,8 @@ def use_count(g: Graph, i: int, who: str, name_of: Callable[[int], str]) -> str:
     """Who reads node `i` (`who`: its description, e.g. `attn (node 51)`), in words, graph output included: `attn
     (node 51) is read by no node: it is a graph output (output #0)`, `sum (node 16) has 2 users (norm (node 19), add
     (node 48))`, `h1 (node 41) has 1 user (norm (node 44)) and is a graph output (output #1)` (`name_of` names
-    each user). The one
-    wording of every use-count reason (`single_user`, `user_count`, `all_single_use`, the rules' own): a value the
-    graph returns and no node reads read "has 0 users (none)", as if nothing used it."""
+    each user). The one wording of every use-count reason (`single_user`, `user_count`, `all_single_use`, the rules'
+    own): a value the graph returns and no node reads read "has 0 users (none)", as if nothing used it."""
     us = g.users(i)
     out = f"a graph output (output #{g.outputs.index(i)})" if g.is_output(i) else ""
     if not us:
