@@ -1,7 +1,8 @@
 """The layer view's box and open frame say the verdict's own words, those of `explain --json` and the Why tab (a
 newcomer run, case n4-15: the frame read `encoder.layer.0: fused [click here to fold]` and, at version 22,
 `final: fused; at this version: ...`, while the Why tab and `explain` said `fused as far as legal`). The words come
-from `LayerVerdict.status`, for every verdict kind: fused, fused as far as legal, not fused."""
+from `LayerVerdict.status`, for every verdict kind: fused, fused as far as legal, fused as far as rlxviz's ops go, not
+fused."""
 
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ def _bold(source: str, key: str) -> list[str]:
 @pytest.mark.parametrize("source, want", [
     ("n4-15", "fused as far as legal"), ("n4-15:h1", "fused as far as legal"), ("n4-15:sum2", "fused as far as legal"),
     ("bert-tiny", "fused"), ("bert-tiny:extra_h1_user", "not fused"), ("bert-tiny:tanh_gelu", "not fused"),
+    ("vit.onnx", "fused as far as rlxviz's ops go"),
 ])
 def test_frame_and_box_say_the_verdicts_words(capsys, monkeypatch, tmp_path, source, want):
     name, _, variant = source.partition(":")
@@ -66,6 +68,8 @@ def test_frame_and_box_say_the_verdicts_words(capsys, monkeypatch, tmp_path, sou
         path = tmp_path / f"n4-15-{variant or 'case'}.rlx"
         path.write_text(_n4_15(variant or "sum1"))
         j, trace = _explain(capsys, monkeypatch, str(path))
+    elif name.endswith(".onnx"):
+        j, trace = _explain(capsys, monkeypatch, str(Path(__file__).parent / "fixtures" / "onnx" / name))
     else:
         j, trace = _explain(capsys, monkeypatch, name, *(["--variant", variant] if variant else []))
     assert j["layers"]
