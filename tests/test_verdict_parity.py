@@ -57,8 +57,8 @@ def _blocks(text: str) -> list[tuple[str, str]]:
     for line in text.splitlines():
         m = _HEAD.match(line)
         if m is not None and not line.startswith(" "):
-            word = ("fused as far as legal" if line[m.end(1):].startswith(": fused as far as legal") else
-                    "not fused" if m.group(2) == "NOT fused" else "fused")
+            far = re.match(r": (fused as far as [^:]+):", line[m.end(1):])  # legal, rlxviz's ops, or both
+            word = (far.group(1) if far else "not fused" if m.group(2) == "NOT fused" else "fused")
             out.append((word, [line]))
         elif line.startswith(" ") and out:
             out[-1][1].append(line)
@@ -101,7 +101,8 @@ def _done_facts(block: str) -> list[tuple[str, str, int, str, str]] | None:
     `fused as far as legal:` line, in order (a grouped item `OP xN (PASS; %A ... %B)` or listed items); None when the
     block has no such line."""
     head = block.splitlines()[0]
-    for word in (": fused as expected: ", ": fused as far as legal: "):
+    far = re.search(r": fused as far as [^:]+: ", head)  # legal, rlxviz's ops, or both
+    for word in (": fused as expected: ", *([far.group(0)] if far else [])):
         if word in head:
             items = head.split(word, 1)[1]
             break

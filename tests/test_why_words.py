@@ -77,8 +77,7 @@ def test_a_not_expected_line_says_its_failing_guard_first_then_why(name):
 @pytest.mark.parametrize("name, guard, fragment", [
     ("granite", "default_scale", "has scale=0.0625"),
     ("falcon", "qkv_packed", "Q and K must be rotated by one cos/sin table pair"),
-    ("deit.ortopt", "mask_kind_keep", "has mask='none'"),
-])
+])  # deit.ortopt's unmasked attention is no mask story either: a gap in rlxviz's op (tests/test_op_gap_words.py)
 def test_the_block_line_names_its_own_guard_not_a_mask_story(name, guard, fragment):
     lines = [x for _, x in _not_expected_lines(_trace(name))
              if x.startswith(f"fuse_attention_block.qkv_attention_out ({guard}): ")]

@@ -335,7 +335,8 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
 def _verdict(trace: Trace, layer: int | None, run: RunVerdict | None = None) -> dict[str, Any] | None:
     """The run's verdict on the node's layer (`run`, else `passes.why.RunVerdict.of(trace)`; the app gives its one
     checked verdict, `AppState.verdict`, so the Fix is the one `explain` and the Why tab print):
-    `layer, fused, rule, guard, fix, hint, legal_only` (rule/guard/fix/hint empty when it fused or nothing rejected),
+    `layer, fused, rule, guard, fix, hint, legal_only, status` (rule/guard/fix/hint empty when it fused or nothing
+    rejected; `status` the verdict's words, `LayerVerdict.status`),
     or None outside a layer of the model; `blocker`: what a fusion that happened left that blocks the layer
     (`LayerVerdict.blocker`, `explain`'s "NOT fused: ..." words), else ""."""
     run = run if run is not None else RunVerdict.of(trace)
@@ -344,7 +345,7 @@ def _verdict(trace: Trace, layer: int | None, run: RunVerdict | None = None) -> 
         return None
     f = v.first
     return {"layer": layer, "fused": v.fused, "rule": f.rule if f else "", "guard": f.guard if f else "",
-            "fix": f.fix if f else "", "hint": f.hint if f else "", "legal_only": v.legal_only,
+            "fix": f.fix if f else "", "hint": f.hint if f else "", "legal_only": v.legal_only, "status": v.status,
             "blocker": v.blocker}
 
 
@@ -370,7 +371,8 @@ def report_markdown(rep: dict[str, Any]) -> str:
     v = rep.get("verdict")
     if v is not None:  # the layer's verdict, as explain and the Why tab state it
         if v["fused"]:
-            lines.append(f"**layer {v['layer']}: fused as {'far as legal' if v.get('legal_only') else 'expected'}**")
+            status = v.get("status", "fused")  # the verdict's own words (`LayerVerdict.status`)
+            lines.append(f"**layer {v['layer']}: {'fused as expected' if status == 'fused' else md_escape(status)}**")
         elif v["rule"]:
             fix = f" *Fix:* {md_escape(v['hint'])}" if v["hint"] else ""
             comp = f" *Compiler fix:* {md_escape(v['fix'])}" if v["fix"] else ""

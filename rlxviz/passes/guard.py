@@ -223,6 +223,10 @@ class Guard:
             `ctx -> (the value's role or node id, its extra readers' ids)`, or None when it cannot say. Its remedy and
             hint are then `reader_advice`'s (a model output: none in the model; dead readers: dead-code
             elimination), not `no_model_fix`'s.
+        gap_in: layer traits where a refusal by this guard that the layer's kind does not expect (`unexpected`) is a
+            gap in rlxviz's own op, not the model's layout (`passes.why.policy.op_gap`): the layer is fused only as far
+            as rlxviz's ops go. Set with `lacking`.
+        gap: the op form rlxviz lacks there, e.g. `FusedAttentionBlock without a mask operand`.
 
     Raises:
         RuleError: `kind` is not one of `KINDS`.
@@ -245,6 +249,8 @@ class Guard:
     excused_in: tuple[str, ...] = ()
     excuse: str = ""
     readers: Callable[[Ctx], tuple[str | int, Sequence[int]] | None] | None = None
+    gap_in: tuple[str, ...] = ()
+    gap: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -281,6 +287,11 @@ class Guard:
     def excused(self, where: Sequence[str], why: str) -> Guard:
         """This guard, its refusals not counted in layers with one of the traits `where` (`excused_in`), for `why`."""
         return replace(self, excused_in=tuple(where), excuse=why)
+
+    def lacking(self, where: Sequence[str], what: str) -> Guard:
+        """This guard, its refusals in layers with one of the traits `where` a gap in rlxviz's op `what` (`gap_in`,
+        `gap`), not the model's layout, where the layer's kind does not expect the product."""
+        return replace(self, gap_in=tuple(where), gap=what)
 
     def renamed(self, name: str, hint: str | None = None) -> Guard:
         return replace(self, name=name, hint=self.hint if hint is None else hint)
@@ -408,9 +419,23 @@ def _output_no_fix(role: str) -> Callable[[Ctx], str | None]:
     return lambda c: extra_readers_why(c, role, ()) if c.graph.is_output(c.id(role)) else None
 
 
-def _users_text(ctx: Ctx, role: str) -> str:
-    us = ctx.users(role)
-    return ", ".join(ctx.name_of(u.id) for u in us) or "none"
+def use_count(g: Graph, i: int, who: str, name_of: Callable[[int], str]) -> str:
+    """Who reads node `i` (`who`: its description, e.g. `attn (node 51)`), in words, graph output included: `attn
+    (node 51) is read by no node: it is a graph output (output #0)`, `sum (node 16) has 2 users (norm (node 19), add
+    (node 48))`, `h1 (node 41) has 1 user (norm (node 44)) and is a graph output (output #1)` (`name_of` names
+    each user). The one wording of every use-count reason (`single_user`, `user_count`, `all_single_use`, the rules'
+    own): a value the graph returns and no node reads read "has 0 users (none)", as if nothing used it."""
+    us = g.users(i)
+    out = f"a graph output (output #{g.outputs.index(i)})" if g.is_output(i) else ""
+    if not us:
+        return f"{who} is read by no node" + (f": it is {out}" if out else "")
+    names = ", ".join(name_of(u.id) for u in us)
+    return f"{who} has {len(us)} user{'' if len(us) == 1 else 's'} ({names})" + (f" and is {out}" if out else "")
+
+
+def _uses(c: Ctx, role: str) -> str:
+    """`use_count` of a bound role."""
+    return use_count(c.graph, c.id(role), c.d(role), c.name_of)
 
 
 def _edges_to_users(ctx: Ctx, role: str) -> Highlight:
@@ -422,7 +447,7 @@ def _edges_to_users(ctx: Ctx, role: str) -> Highlight:
 def single_user(role: str, name: str | None = None, hint: str = "", fix: str = "") -> Guard:
     """`role` has exactly one user node (graph outputs are checked by `not_output`)."""
     return Guard(name or f"{role}_single_user", lambda c: len(c.users(role)) == 1,
-                 lambda c: f"{c.d(role)} has {len(c.users(role))} users ({_users_text(c, role)}); needs exactly 1",
+                 lambda c: f"{_uses(c, role)}; needs exactly 1",
                  lambda c: _edges_to_users(c, role),
                  hint or f"make {role} single-use (or give the extra reader its own copy)", (role,), ILLEGAL,
                  fix or _also_returns(role), remedy=READ_BY_MODEL, readers=_outside(role))
@@ -444,8 +469,7 @@ def user_count(role: str, n: int, purpose: str, name: str | None = None, hint: s
     picks the offending users (default: every user)."""
     pick = highlight or (lambda c: _edges_to_users(c, role))
     return Guard(name or f"{role}_user_count", lambda c: len(c.users(role)) == n,
-                 lambda c: f"{c.d(role)} has {len(c.users(role))} users ({_users_text(c, role)}); "
-                           f"needs exactly {n}: {purpose}",
+                 lambda c: f"{_uses(c, role)}; needs exactly {n}: {purpose}",
                  pick, hint or f"make {role} feed only {purpose}", (role,), ILLEGAL, fix or _also_returns(role),
                  remedy=READ_BY_MODEL, readers=lambda c: (role, pick(c)[0]))
 
@@ -577,9 +601,7 @@ def all_single_use(roles: Sequence[str], name: str, hint: str = "", fix: str = "
     def explain(c: Ctx) -> str:
         r = bad(c)
         assert r is not None
-        out = "; it is also a graph output" if c.graph.is_output(c.id(r)) else ""
-        return f"{c.d(r)} has {len(c.users(r))} users ({_users_text(c, r)}){out}; " \
-               f"every intermediate must have exactly 1"
+        return f"{_uses(c, r)}; every intermediate must have exactly 1 user and be no graph output"
 
     def hl(c: Ctx) -> Highlight:
         r = bad(c)
@@ -618,5 +640,5 @@ __all__ = ["COMPILER_ONLY", "DOES_NOT_PAY", "EPILOGUE_ACTIVATIONS", "ILLEGAL", "
            "NOT_PROFITABLE", "NOT_RECOGNIZED", "Ctx", "Guard",
            "Highlight", "RuleError", "activation_in", "all_single_use", "attr_eq",
            "guard", "not_output", "operands_are", "rank_eq", "rank_le", "reaches_output",
-           "extra_readers_why", "live_nodes", "reader_advice", "KEEP_MATERIALISED", "RUN_DCE",
+           "extra_readers_why", "live_nodes", "reader_advice", "use_count", "KEEP_MATERIALISED", "RUN_DCE",
            "same_shape", "single_user", "size_le", "static_dim", "user_count"]

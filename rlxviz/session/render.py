@@ -84,7 +84,8 @@ def verdicts(trace: Trace) -> dict[int, Verdict]:
 
 def _verdicts(trace: Trace) -> dict[int, Verdict]:
     run = RunVerdict.of(trace)
-    return {v.layer: Verdict(v.fused, v.first.guard if v.first is not None else "", v.reason) for v in run.layers}
+    return {v.layer: Verdict(v.fused, v.first.guard if v.first is not None else "", v.reason, status=v.status)
+            for v in run.layers}  # the verdict's own words (`LayerVerdict.status`), as the Why tab and --json say
 
 
 def _layer_nodes(g: Graph) -> dict[int, frozenset[int]]:

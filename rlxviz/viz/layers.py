@@ -39,17 +39,22 @@ class Verdict:
         message: one line on why it did not fuse (`` when fused).
         settled: the version drawn holds the layer as the final graph does (its box says the verdict's word); False:
             an earlier version, so its box says `final: <word>` and, apart, what has happened to it so far.
+        status: the verdict's own words (`passes.why.LayerVerdict.status`, what the Why tab and `explain --json`
+            say: `fused`, `fused as far as legal`, `not fused`, ...); "" when the verdict has none (then `word` is
+            `fused` or `not fused`, read from `fused`).
     """
 
     fused: bool
     guard: str = ""
     message: str = ""
     settled: bool = True
+    status: str = ""
 
     @property
     def word(self) -> str:
-        """`fused` or `not fused`: the status word of the layer's box."""
-        return "fused" if self.fused else "not fused"
+        """The status words of the layer's box: the verdict's own (`status`), else `fused` or `not fused`. The box
+        said `fused` of a layer the Why tab called `fused as far as legal` (a newcomer run, case n4-15)."""
+        return self.status or ("fused" if self.fused else "not fused")
 
 
 @dataclass
@@ -83,6 +88,14 @@ class LayerGroup:
     @property
     def fused(self) -> list[Node]:
         return [n for n in self.nodes if n.op in FUSED]
+
+    @property
+    def tone(self) -> str:
+        """The key of the box's colours (`STATUS_COLORS`): `fused` or `not fused` for a settled verdict, whatever its
+        words (`fused as far as legal` is drawn as fused), else `status`."""
+        if self.verdict is not None and self.verdict.settled:
+            return "fused" if self.verdict.fused else "not fused"
+        return self.status
 
 
 def _group_key(n: Node, stacked: bool = False) -> tuple[str, str, int | None]:
@@ -230,8 +243,8 @@ def _verdict_lines(g: LayerGroup) -> list[str]:
     c = Counter(n.op.value for n in g.fused)
     ops = _small(", ".join(f"{k}×{n}" if n > 1 else k for k, n in c.items()) or "nothing to fuse", "#1b5e20")
     if v.fused:
-        return [f'<FONT COLOR="#1b5e20"><B>fused</B></FONT> {ops}']
-    lines = [f'<FONT COLOR="{REJECT}"><B>not fused</B></FONT>']
+        return [f'<FONT COLOR="#1b5e20"><B>{_e(v.word)}</B></FONT> {ops}']
+    lines = [f'<FONT COLOR="{REJECT}"><B>{_e(v.word)}</B></FONT>']
     if v.guard:
         lines.append(f'<FONT COLOR="{REJECT}">rejected: {_e(v.guard)}</FONT>')
     if g.fused:
@@ -240,11 +253,12 @@ def _verdict_lines(g: LayerGroup) -> list[str]:
 
 
 def _final_lines(v: Verdict) -> list[str]:
-    """The final verdict on a box drawn at an earlier version: `final: fused` or `final: not fused` (and the guard).
-    What fused is not listed: those ops are not in the version drawn."""
+    """The final verdict on a box drawn at an earlier version: `final: <the verdict's words>` (`Verdict.word`, e.g.
+    `final: fused as far as legal`), and the guard of a layer not fused. What fused is not listed: those ops are not
+    in the version drawn."""
     if v.fused:
-        return ['<FONT COLOR="#1b5e20"><B>final: fused</B></FONT>']
-    lines = [f'<FONT COLOR="{REJECT}"><B>final: not fused</B></FONT>']
+        return [f'<FONT COLOR="#1b5e20"><B>final: {_e(v.word)}</B></FONT>']
+    lines = [f'<FONT COLOR="{REJECT}"><B>final: {_e(v.word)}</B></FONT>']
     if v.guard:
         lines.append(f'<FONT COLOR="{REJECT}">rejected: {_e(v.guard)}</FONT>')
     return lines
@@ -322,10 +336,10 @@ def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | Non
             of[n.id] = f"n{n.id}"
     drawer = _Drawer(graph, overlay or Overlay(), DotOptions(max_nodes=max_nodes), inside) if inside else None
     for g in groups.values():
-        attrs = {"id": g.key, "fillcolor": STATUS_COLORS.get(g.status, "#f5f5f5"), "tooltip": _tip(_box_tooltip(g))}
-        if g.status in ("rejected", "not fused"):
+        attrs = {"id": g.key, "fillcolor": STATUS_COLORS.get(g.tone, "#f5f5f5"), "tooltip": _tip(_box_tooltip(g))}
+        if g.tone in ("rejected", "not fused"):
             attrs.update(color=REJECT, style="rounded,filled,dashed", penwidth="2.5")
-        elif g.status == "fused":
+        elif g.tone == "fused":
             attrs.update(color="#1b5e20", penwidth="2")
         if drawer is not None and g in opened:
             _open_layer(d, g, attrs, drawer)

@@ -36,6 +36,7 @@ from ..guard import (
     not_output,
     single_user,
     size_le,
+    use_count,
     user_count,
 )
 from ..pattern import P
@@ -116,9 +117,8 @@ def _explain_unfused_bias(c: Ctx) -> str:
     add = _unfused_bias(c)
     assert add is not None
     return (f"the output projection {c.d('out')} is a bare matmul, but its bias add {add.op.value} (node {add.id}) "
-            f"was not fused into it ({c.d('out')} has {len(c.users('out'))} users"
-            f"{', and is a graph output' if c.graph.is_output(c.id('out')) else ''}); the block would leave the "
-            f"bias outside")
+            f"was not fused into it ({use_count(c.graph, c.id('out'), c.d('out'), c.name_of)}); the block would "
+            f"leave the bias outside")
 
 
 def _block_rewrite(c: Ctx, rw: Rewriter) -> int:
@@ -252,16 +252,32 @@ def _kv_cache(c: Ctx) -> Fail | None:
     return None
 
 
+NO_MASK_GAP = "FusedAttentionBlock without a mask operand"
+"""What rlxviz's block lacks for an unmasked attention (`Guard.lacking`): a ViT layer's attention has no mask, the
+simplest form, and was called "not expected" to form the block, which hid a gap in rlxviz's own op."""
+NO_MASK_FIX = ("a FusedAttentionBlock without a mask operand, or one fed a zero additive mask; a causal kind for a "
+               "causal mask")
+
+
+def _explain_mask_kind(c: Ctx) -> str:
+    """Guard `mask_kind_keep`'s reason: the attention's mask kind and the two the block takes (keep or additive, either
+    one: the guard's name says keep for history); an attention with no mask is said to have no operand, which the
+    block has no form without."""
+    kind = c["attn"].attrs.get("mask", "none")
+    if kind == "none":
+        return (f"{c.d('attn')} has mask='none' (no mask operand); rlxviz's FusedAttentionBlock has no form without "
+                f"one: it takes a keep or an additive mask operand")
+    return f"{c.d('attn')} has mask={kind!r}; FusedAttentionBlock takes a keep or an additive mask operand"
+
+
 BLOCK = Rule(
     "fuse_attention_block.qkv_attention_out", P(Op.ATTENTION, name="attn"),
     steps=(
         size_gate(),
-        guard("mask_kind_keep", lambda c: c["attn"].attrs.get("mask", "none") in BLOCK_MASK_KINDS,
-              lambda c: f"{c.d('attn')} has mask={c['attn'].attrs.get('mask', 'none')!r}; FusedAttentionBlock takes "
-                        f"a keep or an additive mask operand",
+        guard("mask_kind_keep", lambda c: c["attn"].attrs.get("mask", "none") in BLOCK_MASK_KINDS, _explain_mask_kind,
               "the block takes a keep mask or an additive one; a causal or absent mask has no operand for it",
               requires=("attn",), kind=NOT_RECOGNIZED, subject=lambda c: c.id("attn"),
-              fix="give FusedAttentionBlock causal and no-mask kinds (no mask operand)"),
+              fix=NO_MASK_FIX).lacking(("no_mask",), NO_MASK_GAP),
         attr_eq("attn", "scale", None, "default_scale", "the block uses 1/sqrt(head_dim)",
                 fix="give FusedAttentionBlock a scale attribute", explain=_explain_block_scale),
         _self_attention,

@@ -61,6 +61,7 @@ from ..guard import (
     not_output,
     rank_le,
     single_user,
+    use_count,
 )
 from ..pattern import P, describe
 from ..rule import QUIET, Fail, Rule, Soft, reports
@@ -475,11 +476,9 @@ def _biases(c: Ctx) -> Fail | None:
         users = g.users(mm.id)
         bias_like = [u for u in users if u.op == Op.ADD and _bias_of(g, u, mm) is not None]
         if bias_like and (len(users) != 1 or g.is_output(mm.id)):
-            out = "; it is also a graph output" if g.is_output(mm.id) else ""
-            names = ", ".join(describe(u) for u in users)
             return Fail("guard", "biases_mergeable",
-                        f"biases not merged: {_label(g, mm)} has {len(users)} users ({names})"
-                        f"{out}, so its bias add cannot become a slice of one packed bias; the matmuls are merged "
+                        f"biases not merged: {use_count(g, mm.id, _label(g, mm), lambda j: describe(g[j]))}"
+                        f", so its bias add cannot become a slice of one packed bias; the matmuls are merged "
                         f"alone", (mm.id,), (), "let the projection feed only its bias add", subject=mm.id,
                         kind=NOT_RECOGNIZED, fix="give the extra reader a narrow of the unbiased packed product")
         adds.append(None)

@@ -22,8 +22,15 @@ from ..guard import NOT_A_CANDIDATE, NOT_RECOGNIZED, Ctx, guard, not_output, sam
 from ..pattern import P
 from ..rule import Rule
 
-PRE_NORM = "pre-norm layout: the residual sum also feeds the next residual add, so it cannot be fused"
-"""Why a residual-norm refusal for the sum's other readers does not count in a pre-norm layer (`Guard.excused`)."""
+
+def pre_norm(fused: Op) -> str:
+    """Why a residual-norm refusal for the sum's other readers does not count in a pre-norm layer (`Guard.excused`):
+    rlxviz's `fused` op returns only the normalized value, and the layout needs the sum too. It read "so it cannot be
+    fused", which is false: residual add + norm returning the sum as well is the standard LLaMA fusion (vLLM's
+    fused_add_rms_norm); the gap is the op's single output, and the words name the compiler fix."""
+    return (f"pre-norm layout: the residual sum also feeds the next residual add, and rlxviz's {fused.value} returns "
+            f"only the normalized value, not the sum, so this layer kind does not expect the fusion with this op "
+            f"(compiler fix: a two-output {fused.value} that also returns the sum, as vLLM's fused_add_rms_norm does)")
 
 
 def _last_axis(c: Ctx) -> bool:
@@ -40,7 +47,7 @@ def _rules(pass_name: str, norm: Op, fused: Op, label: str) -> list[Rule]:
     common = (
         single_user("sum", "sum_single_user", "the residual sum must feed only the norm (post-norm layout)",
                     f"a two-output {fused.value} that also returns the sum (as vLLM's fused_add_rms_norm does); "
-                    f"illegal for the single-output op").excused(("pre_norm",), PRE_NORM),
+                    f"illegal for the single-output op").excused(("pre_norm",), pre_norm(fused)),
         not_output("sum", "sum_not_output"),
         same_shape("x", "residual", "residual_same_shape", "not a candidate: a broadcast sum, not a residual",
                    "none: a broadcast add is not a residual", kind=NOT_A_CANDIDATE),
@@ -56,7 +63,7 @@ def _rules(pass_name: str, norm: Op, fused: Op, label: str) -> list[Rule]:
                   P.var("bias", where=lambda n: n.rank <= 1), name="biased", commutative=True),
           P.var("gamma"), P.var("beta"), name="norm"),
         steps=(*common,
-               single_user("biased", "biased_single_user").excused(("pre_norm",), PRE_NORM),
+               single_user("biased", "biased_single_user").excused(("pre_norm",), pre_norm(fused)),
                not_output("biased", "biased_not_output"),
                guard("bias_shape", bias_ok, lambda c: f"{c.d('bias')} has shape {list(c['bias'].shape)}; needs "
                                                       f"[{c['norm'].shape[-1]}]",

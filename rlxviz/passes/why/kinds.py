@@ -45,19 +45,21 @@ class LayerArchitecture:
 
     @property
     def pre_norm(self) -> bool:
-        """The residual sum also feeds the next residual add, so residual-norm fusions are illegal."""
+        """The residual sum also feeds the next residual add, so rlxviz's single-output residual-norm ops (which
+        return only the normalized value) cannot take it."""
         return self.kind in ("pre_ln", "llama", "parallel") or (
             self.kind in ("attention_only", "cross_decoder") and any("pre-norm" in e for e in self.evidence))
 
     def has(self, trait: str) -> bool:
         """Whether the layer has `trait` (`passes.declarations.TRAITS`): its kind (`post_ln`, `llama`, ...),
-        `pre_norm`, `kv_cache`, `keep_mask` (its attention's mask is a keep mask), `attention` (it has one, fused or
-        primitives: `mask` is not None), `swiglu` or `grouped_query` (an attention with fewer K/V heads than query
-        heads, read from the evidence). The traits a pass's `expected_of` / `excused_by` / `listed_for` and a guard's
-        `excused_in` name."""
+        `pre_norm`, `kv_cache`, `keep_mask` (its attention's mask is a keep mask), `no_mask` (its fused attention has
+        none), `attention` (it has one, fused or primitives: `mask` is not None), `swiglu` or `grouped_query` (an
+        attention with fewer K/V heads than query heads, read from the evidence). The traits a pass's `expected_of` /
+        `excused_by` / `listed_for` and a guard's `excused_in` / `gap_in` name."""
         if trait == "grouped_query":
             return self.mask is not None and any("grouped-query" in e for e in self.evidence)
         return {"pre_norm": self.pre_norm, "kv_cache": self.kv_cache, "keep_mask": self.mask == "keep",
+                "no_mask": self.mask == "none",
                 "post_ln": self.post_ln, "attention": self.mask is not None,
                 "swiglu": self.swiglu}.get(trait, self.kind == trait)
 

@@ -134,13 +134,17 @@ def not_expected(arch: LayerKind, pass_name: str, guard: str = "") -> str | None
     `expected_of` (then its `unexpected` says why), or a trait in the guard's `excused_in` (its `excuse`). E.g.
     `FusedTransformerLayer` is expected only of `post_ln`; `FusedAttentionBlock` of `post_ln` and of a layer whose
     attention has a keep mask, never with a KV cache; a residual-norm fusion refused because the residual sum has
-    other users is illegal, not missed, in a pre-norm layer. Everything else counts."""
+    other users is not expected of a pre-norm layer, whose next residual add reads the sum that rlxviz's
+    single-output op does not return. Everything else counts."""
     p = PASSES.get(pass_name)
     if p is not None:
         for trait, why in p.excused_by:
             if arch.has(trait):
                 return why
         if p.expected_of and not any(arch.has(t) for t in p.expected_of):
+            gap = op_gap(arch, pass_name, guard)
+            if gap is not None:  # not the model's layout: an op form rlxviz lacks (the guard's `lacking`)
+                return gap_words(gap, _guards(pass_name)[guard].fix)
             u = p.unexpected
             return u(arch) if callable(u) else u.format(description=arch.description, mask=arch.mask,
                                                         product=p.product or p.name, expected=expected_of_words(p))
@@ -152,6 +156,28 @@ def not_expected(arch: LayerKind, pass_name: str, guard: str = "") -> str | None
                 f"round(x / scale) + zero point, then dequantized): a fused op of the float pattern would skip those "
                 f"roundings and change the numbers")
     return None
+
+
+def op_gap(arch: LayerKind, pass_name: str, guard: str) -> str | None:
+    """The op form rlxviz lacks when `guard`'s refusal of `pass_name` in a layer of kind `arch` is a gap in rlxviz's
+    own op, not the model's layout (`Guard.lacking`: a trait of the layer in the guard's `gap_in`), else None. Only
+    where the layer's kind does not expect the product (`expected_of`): where it does, the refusal counts anyway. E.g.
+    an unmasked ViT attention and `fuse_attention_block`'s `mask_kind_keep`: rlxviz has no FusedAttentionBlock without
+    a mask operand; the layer is fused only as far as rlxviz's ops go (`LayerVerdict.op_gaps`)."""
+    p = PASSES.get(pass_name)
+    g = _guards(pass_name).get(guard) if guard else None
+    if p is None or g is None or not g.gap or not any(arch.has(t) for t in g.gap_in):
+        return None
+    if not p.expected_of or any(arch.has(t) for t in p.expected_of) or any(arch.has(t) for t, _ in p.excused_by):
+        return None
+    return g.gap
+
+
+def gap_words(gap: str, fix: str) -> str:
+    """Why a refusal that is an op gap (`op_gap`) is not counted, in words: `not the model's layout but a gap in
+    rlxviz's ops: rlxviz has no GAP (compiler fix: FIX)`."""
+    return f"not the model's layout but a gap in rlxviz's ops: rlxviz has no {gap}" + (
+        f" (compiler fix: {fix})" if fix else "")
 
 
 NOT_EXPECTED_HERE = "not expected here"
@@ -222,6 +248,10 @@ def check_declarations() -> None:
                                     f"{', '.join(TRAITS)}")
             if g.excused_in and not g.excuse:
                 raise RuleError(f"[Guard {g.name}] excused_in without an excuse")
+            for t in g.gap_in:
+                if t not in TRAITS:
+                    raise RuleError(f"[Guard {g.name}] unknown layer trait {t!r} in gap_in{close(t, TRAITS)}; known: "
+                                    f"{', '.join(TRAITS)}")
     whole = [p.name for p in PASSES.values() if p.whole_layer]
     if len(whole) != 1:
         raise RuleError(f"[Pipeline] exactly one registered pass makes a whole layer (whole_layer=True); found "
@@ -256,8 +286,8 @@ def expected_products(arch: LayerKind) -> list[str]:
 
 
 __all__ = ["EXPECT_MODES", "FAMILIES", "ILLEGAL_HERE", "KINDS", "LayerKind", "NOT_EXPECTED_HERE", "NOT_EXPECTED_WHY",
-           "PRODUCTS", "TRAITS", "check_declarations", "excuse", "expected_of_words", "expected_products", "layer_pass",
-           "not_expected", "not_expected_line", "product", "recognizers"]
+           "PRODUCTS", "TRAITS", "check_declarations", "excuse", "expected_of_words", "expected_products", "gap_words",
+           "layer_pass", "not_expected", "not_expected_line", "op_gap", "product", "recognizers"]
 
 
 check_declarations()

@@ -34,10 +34,10 @@ _LEFT_OUT_HEADINGS = {
                       "lookalikes, not candidates (nothing to fix, not near-misses)"),
     DOES_NOT_PAY: ("refusal the tool's own cost test made (it does not pay: nothing to fix, not a near-miss)",
                    "refusals the tool's own cost test made (they do not pay: nothing to fix, not near-misses)"),
-    "not expected here": ("refusal not expected of its layer (the model's own layout: nothing to fix, not a "
-                          "near-miss)",
-                          "refusals not expected of their layers (the model's own layout: nothing to fix, not "
-                          "near-misses)"),
+    "not expected here": ("refusal not expected of its layer (its kind does not expect the fusion with rlxviz's ops: "
+                          "nothing to fix in the model, not a near-miss)",
+                          "refusals not expected of their layers (their kinds do not expect the fusions with rlxviz's "
+                          "ops: nothing to fix in the model, not near-misses)"),
     "illegal here": ("refusal illegal for its layer (the layer is fused as far as legal, not a near-miss)",
                      "refusals illegal for their layers (the layers are fused as far as legal, not near-misses)"),
 }
@@ -94,13 +94,15 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
     """The answer to "why didn't layer N fuse": status, the first rejecting guard (actual vs required),
     the fix, the sibling difference, and for non-BERT layers what the architecture expects."""
     if v.legal_only:
-        lines = [f"layer {v.layer}: fused as far as legal: " + (fused_list(v.done, verbose) or "nothing to fuse")]
+        lines = [f"layer {v.layer}: {v.status}: " + (fused_list(v.done, verbose) or "nothing to fuse")]
         for o in v.illegal:
             lines.append(f"  illegal here: {o.rule}")
             lines += o.lines("    ")
     elif v.fused and v.bert_style:
         where = f" -> {v.expected} %{v.fused_node}" if v.fused_node is not None else ""
         lines = [f"{layer_label(v.layer)}: fused{where}"]
+    elif v.fused and v.op_gaps:  # the words say the gap: not "as expected" (`LayerVerdict.status`)
+        lines = [f"{layer_label(v.layer)}: {v.status}: " + (fused_list(v.done, verbose) or "nothing to fuse")]
     elif v.fused:
         lines = [f"{layer_label(v.layer)}: fused as expected: " + (fused_list(v.done, verbose) or "nothing to fuse")]
     else:
@@ -115,6 +117,7 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
                "FusedTransformerLayer only for post-LN BERT layers")
         lines.append(f"  expected: {v.expected or 'no fusion'} ({why})")
         lines += [f"  not expected here: {x}" for x in v.not_expected]
+    lines += [f"  rlxviz's ops lack: {g}" for g in v.op_gaps]
     if v.expect == "pipeline":
         lines += [f"  judged against the pipeline only: {c}" for c in v.cannot_make]
     if verbose and v.explanation:
@@ -187,7 +190,18 @@ def render_run(r: RunVerdict, verbose: bool = False) -> str:
                   [f"  judged against the pipeline only: {c}" for c in r.cannot_make])
         return "\n".join(head + [f"  {m}" for m in r.misses] + unmade
                          + [f"  not expected here: {x}" for x in r.not_expected] + _left_out(r))
-    return "\n".join([headline(r), *crashes, *(render_layer(s, verbose) for s in r.layers), *_left_out(r)])
+    return "\n".join([headline(r), *crashes, *_short_of_ops(r), *(render_layer(s, verbose) for s in r.layers),
+                      *_left_out(r)])
+
+
+def _short_of_ops(r: RunVerdict) -> list[str]:
+    """Under the headline, the fused layers that are fused only as far as rlxviz's ops go (`LayerVerdict.op_gaps`):
+    the count says "fused as expected" of them, and this line says what rlxviz lacks, so the count hides no gap."""
+    short = [s for s in r.layers if s.fused and s.op_gaps]
+    if not short:
+        return []
+    gaps = dict.fromkeys(g.split(" (", 1)[0] for s in short for g in s.op_gaps)
+    return [f"  {len(short)} of them only as far as rlxviz's ops go: rlxviz lacks {', '.join(gaps)}"]
 
 
 def _left_out(r: RunVerdict) -> list[str]:

@@ -33,6 +33,7 @@ from .policy import (
     layer_pass,
     not_expected,
     not_expected_line,
+    op_gap,
     product,
 )
 
@@ -133,6 +134,11 @@ class LayerVerdict:
     rewritten: list[str] = field(default_factory=list)
     """The plain ops the layer's matches made (`ir.ops.made_as`: `rewritten as`, e.g. `attention %58 (fuse_sdpa)`,
     a canonicalization's `transpose %12 (canonicalize_exported)`), items as `done`'s: no fusion, so not in `done`."""
+    op_gaps: list[str] = field(default_factory=list)
+    """Op forms rlxviz lacks that the layer's refusals ran into (`policy.op_gap`: not the model's layout, a gap in
+    rlxviz's ops), each `FORM (RULE: GUARD)`, e.g. `FusedAttentionBlock without a mask operand
+    (fuse_attention_block.qkv_attention_out: mask_kind_keep)`. They do not count (the refusal is not expected of the
+    layer's kind), but a fused layer with any is "fused as far as rlxviz's ops go", never plainly "fused"."""
 
     @property
     def unmade_products(self) -> list[str]:
@@ -153,8 +159,13 @@ class LayerVerdict:
 
     @property
     def status(self) -> str:
-        """`fused`, `fused as far as legal` or `not fused`: the headline word of the layer."""
-        return "fused as far as legal" if self.legal_only else "fused" if self.fused else "not fused"
+        """`fused`, `fused as far as legal`, `fused as far as rlxviz's ops go` (`op_gaps`), `fused as far as legal and
+        rlxviz's ops go` or `not fused`: the headline words of the layer, what `explain`, `--json`, the Why tab and the
+        layers drawing say."""
+        if not self.fused:
+            return "not fused"
+        short = [w for w, on in (("legal", self.legal_only), ("rlxviz's ops go", bool(self.op_gaps))) if on]
+        return "fused as far as " + " and ".join(short) if short else "fused"
 
     @property
     def reason(self) -> str:
@@ -424,10 +435,12 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     if cannot and expect == "model" and expected:
         expected = ", ".join(dict.fromkeys([*expected.split(", "), *(c.rsplit(": ", 1)[-1].removesuffix(
             " cannot be made") for c in cannot)]))
+    gaps = list(dict.fromkeys(f"{gap} ({o.rule}: {o.guard})" for o in ex.rejected if o.rule in skipped
+                              and (gap := op_gap(arch, o.pass_name, o.guard)) is not None))
     return LayerVerdict(layer, fused, ftl[0] if ftl else None, expected, first, own, arch, quiet, rejected,
                         [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(),
                         done, [t for r, t in ignored.items() if r not in {o.rule for o in illegal}],
-                        _blocker(first, made), illegal, cannot, expect, misses, rewritten)
+                        _blocker(first, made), illegal, cannot, expect, misses, rewritten, gaps)
 
 
 def _blocker(first: Outcome | None, made: set[tuple[str, str]]) -> str:
