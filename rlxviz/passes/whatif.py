@@ -153,12 +153,36 @@ def _switch_activation(trace: Trace, step: PassStep, r: Rejection) -> tuple[str,
     return f"the model's {n.op.value} (node {out}) replaced by {target.value}", rw.finish()
 
 
+_STORE_AS = re.compile(r"\(node (\d+)[^)]*\) as \w+\[([\d, ]*)\]")
+
+
+def _broadcast_operand(trace: Trace, step: PassStep, r: Rejection) -> tuple[str, Graph] | None:
+    """The fused-type fix `engine._build_type_error` prints when an operand differs from what the fused op takes
+    only by a broadcast its readers already make (`store BIAS (node 65, ...) as f32[64]: the same numbers`): each
+    such operand of the user's graph broadcast (`expand`) to that shape, its readers reading the broadcast. Exact:
+    an elementwise reader of a broadcast operand computes the same numbers."""
+    pairs = [(int(m[1]), tuple(int(d) for d in m[2].replace(" ", "").split(",") if d))
+             for m in _STORE_AS.finditer(r.hint)]
+    g = trace.input
+    if not pairs or any(i not in g or not g.users(i) for i, _ in pairs):
+        return None
+    rw = Rewriter(g, "what-if")
+    for i, shape in pairs:
+        with rw.provenance((i,), g[i].path):
+            wide = rw.expand(i, shape)
+        for u in g.users(i):
+            rw.fuse(u.op, [wide if j == i else j for j in u.inputs], dict(u.attrs), absorbed=(u.id,))
+    said = ", ".join(f"node {i} broadcast to [{', '.join(map(str, s))}]" for i, s in pairs)
+    return f"{said} in the model (the same numbers)", rw.finish()
+
+
 MODEL_WHAT_IFS: dict[str, ModelWhatIf] = {"epilogue_activation": _switch_activation,
-                                          "fc1_activation": _switch_activation}
+                                          "fc1_activation": _switch_activation,
+                                          "fused_types": _broadcast_operand}
 """Guard name -> its model-side what-if, for fixes that are not a dead reader's removal (tried first)."""
 GENERIC_WHAT_IFS: tuple[ModelWhatIf, ...] = (_dead_reader,)
 """What-ifs tried for any guard (after `MODEL_WHAT_IFS`)."""
-EXACT_WHAT_IFS: frozenset[ModelWhatIf] = frozenset({_dead_reader})
+EXACT_WHAT_IFS: frozenset[ModelWhatIf] = frozenset({_dead_reader, _broadcast_operand})
 """The model what-ifs that keep the numbers by construction (`WhatIf.exact`)."""
 
 
