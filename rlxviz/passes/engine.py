@@ -285,7 +285,7 @@ def _broadcasts_to(s: tuple[int, ...], t: tuple[int, ...]) -> bool:
     return len(s) <= len(t) and all(a in (1, b) for a, b in zip(reversed(s), reversed(t), strict=False))
 
 
-def _same_for_readers(g: Graph, node_id: int, t: TensorType) -> bool:
+def same_for_readers(g: Graph, node_id: int, t: TensorType) -> bool:
     """Whether giving node `node_id` the type `t` (its value broadcast to `t`, same dtype) leaves every reader's
     result unchanged: each reader broadcasts it (an elementwise op, `_BROADCASTING`, or a fused op's operand of
     `_BROADCAST_ADDED`) and its type stays the same with `t`, and the node is no graph output. Then every number
@@ -316,7 +316,7 @@ def _exact_broadcast(op: Op, attrs: dict[str, Any], inputs: list[int], g: Graph,
     shape that needs more than a broadcast, a reader whose result would change).
 
     Validity: each operand keeps its dtype and values, only broadcast to a shape its readers already broadcast it
-    to (`_same_for_readers`), so every reader computes the same numbers. Candidate shapes are the trailing parts of
+    to (`same_for_readers`), so every reader computes the same numbers. Candidate shapes are the trailing parts of
     the result's and the other operands' shapes, and the operand's own shape without leading 1s."""
     types = [g[i].type for i in inputs]
     pool = {want.shape[k:] for k in range(len(want.shape) + 1)}
@@ -325,7 +325,7 @@ def _exact_broadcast(op: Op, attrs: dict[str, Any], inputs: list[int], g: Graph,
     for i, t in zip(inputs, types, strict=True):
         stripped = t.shape[next((k for k, d in enumerate(t.shape) if d != 1), len(t.shape)):]
         cands = sorted({c for c in pool | {stripped} if c != t.shape and (_broadcasts_to(t.shape, c) or c == stripped)
-                        and _same_for_readers(g, i, TensorType(c, t.dtype))}, key=lambda c: (math.prod(c), len(c)))
+                        and same_for_readers(g, i, TensorType(c, t.dtype))}, key=lambda c: (math.prod(c), len(c)))
         options.append([None, *cands])
     if all(len(o) == 1 for o in options):
         return None

@@ -40,11 +40,13 @@ along the wrong axis), and merged biases are `[N_i]` vectors concatenated in the
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from ...ir import Graph, Node, Op, Rewriter
+from ...ir.infer import TensorType
 from ...ir.ops import ACTIVATIONS
 from ..activations import SQUARED_RELU, activation_of, owns_users
-from ..engine import rule_pass
+from ..engine import rule_pass, same_for_readers
 from ..guard import (
     DOES_NOT_PAY,
     EPILOGUE_ACTIVATIONS,
@@ -85,6 +87,22 @@ def _not_residual(c: Ctx) -> Fail | None:
 
 def _bias_len_ok(c: Ctx) -> bool:
     return c["bias"].shape in ((), (1,), (c["mm"].shape[-1],))
+
+
+BIAS_VECTOR_HINT = ("store the bias as a vector [N] without its leading 1s (the same numbers: its reader broadcasts it "
+                    "alike)")
+
+
+def _bias_vector_why(c: Ctx) -> str | None:
+    """None when the bias is one `FusedMatMulBiasAct` takes but for leading 1s (`[1, N]` for `[N]`, `[1, 1]` for
+    `[1]`) and its readers compute the same with them dropped (`engine.same_for_readers`): storing it as the vector
+    keeps every number (`BIAS_VECTOR_HINT`). Else why no model change helps."""
+    b, n = c["bias"], c["mm"].shape[-1]
+    s = b.shape[next((k for k, d in enumerate(b.shape) if d != 1), len(b.shape)):]
+    if s in ((), (1,), (n,)) and s != b.shape and same_for_readers(c.graph, c.id("bias"), TensorType(s, b.dtype)):
+        return None
+    return f"FusedMatMulBiasAct adds a bias along the output width ({n}) only, and this one is not such a bias " \
+           f"with leading 1s"
 
 
 @reports("epilogue_activation", "add_not_output", reads=("add",), binds=("act",), kinds={"add_not_output": ILLEGAL})
@@ -156,12 +174,14 @@ BIAS_ACT = Rule(
         _not_residual,
         single_user("mm", "mm_single_user", "make the matmul feed only its bias add"),
         not_output("mm", "mm_not_output"),
-        rank_le("bias", 1, "bias_rank", "a bias must be a scalar or a vector [N]",
-                "none: FusedMatMulBiasAct adds a bias along the output width only"),
+        replace(rank_le("bias", 1, "bias_rank", BIAS_VECTOR_HINT,
+                        "none: FusedMatMulBiasAct adds a bias along the output width only"),
+                reads=("mm",), no_model_fix=_bias_vector_why),
         guard("bias_length", _bias_len_ok,
               lambda c: f"{c.d('bias')} has shape {list(c['bias'].shape)}; needs [] , [1] or "
-                        f"[{c['mm'].shape[-1]}] (the matmul's output width)", requires=("bias", "mm"),
-              kind=NOT_RECOGNIZED, fix="none: FusedMatMulBiasAct adds a bias along the output width only"),
+                        f"[{c['mm'].shape[-1]}] (the matmul's output width)", BIAS_VECTOR_HINT, requires=("bias", "mm"),
+              kind=NOT_RECOGNIZED, fix="none: FusedMatMulBiasAct adds a bias along the output width only",
+              no_model_fix=_bias_vector_why),
         Soft(_epilogue),
     ),
     result=("act", "add"), absorb=("mm", "add", "act"), rewrite=_fmba_rewrite,
