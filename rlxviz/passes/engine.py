@@ -77,6 +77,9 @@ class Pass:
             (`Pipeline.disable`). Their records keep the pass's name (`Match.pass_name`), and they declare no
             product: what they refuse is their own rule's near miss. Called directly, the pass runs its stages and
             its own rules as one (`compose`).
+        product_of: `(graph after the pass, a node it made (Match.fused)) -> the product's name for that node`,
+            for a pass whose product is named by what it merged (`shared-input QKV matmul` only for an attention's
+            q/k/v, else `shared-input matmul`); None: `product` for every match.
     """
 
     name: str
@@ -93,6 +96,7 @@ class Pass:
     quantization: tuple[str, str] = ()
     listed_for: tuple[tuple[str, str], ...] = ()
     stages: tuple[Pass, ...] = ()
+    product_of: Callable[[Graph, int], str] | None = None
 
     def __post_init__(self) -> None:
         self._check_policy()
@@ -411,8 +415,8 @@ def apply(graph: Graph, pass_name: str, found: Sequence[Found]) -> tuple[Graph, 
 
 def rule_pass(name: str, rules: Sequence[Rule], doc: str = "", requires: Sequence[str] = (), **policy: Any) -> Pass:
     """A pass made of pattern rules: `find` on the snapshot, then `apply` once. `policy`: `Pass`'s `product`,
-    `expected_of`, `excused_by`, `unexpected`, `whole_layer`, `recognizes_families`, `quantization` and
-    `listed_for`."""
+    `expected_of`, `excused_by`, `unexpected`, `whole_layer`, `recognizes_families`, `quantization`,
+    `listed_for` and `product_of`."""
     rules = tuple(rules)
 
     def run(graph: Graph, params: Mapping[str, Any]) -> PassResult:

@@ -513,13 +513,15 @@ def _biases(c: Ctx) -> Fail | None:
 
 
 def _shared_rewrite(c: Ctx, rw: Rewriter) -> int:
+    """One matmul over the concatenated weights (+ one add of the concatenated biases) + a narrow per member.
+    Returns the merged matmul's id (`Match.fused`): the node that does the work, not its bias add."""
     n = c.data["n"]
     mms = [c.id(f"mm{i}") for i in range(n)]
     biased = c.data.get("biased", False)
     adds = [c.id(f"add{i}") for i in range(n) if f"add{i}" in c]
     with rw.provenance(mms + adds):
         wcat = rw.concat([c.id(f"w{i}") for i in range(n)], axis=1)
-        y = rw.matmul(c.id("x"), wcat)
+        y = merged = rw.matmul(c.id("x"), wcat)
         if biased:
             dtype = next(c[f"b{i}"].dtype for i in range(n) if f"b{i}" in c)
             parts = [c.id(f"b{i}") if f"b{i}" in c else rw.expand(rw.const(0.0, dtype), (c[f"mm{i}"].shape[-1],))
@@ -532,7 +534,7 @@ def _shared_rewrite(c: Ctx, rw: Rewriter) -> int:
             off += width
             rw.replace(c.id(f"add{i}") if f"add{i}" in c else mms[i], part)
     rw.remove([c.id(f"mm{i}") for i in range(n) if f"add{i}" in c])
-    return y
+    return merged
 
 
 SHARED = Rule(
@@ -564,11 +566,61 @@ SHARED = Rule(
         "members) + narrows; never merges a matmul whose merge would cost a fusion (an epilogue, the attention "
         "block)")
 
+SHARED_PRODUCT = "shared-input matmul"
+QKV_PRODUCT = "shared-input QKV matmul"
+_SLICE_HOPS = 8
+"""Nodes a merged slice is followed through (reshapes, transposes, a rotation, a scale) to the attention reading it."""
+
+
+def _first_readers(g: Graph, start: int) -> set[tuple[int, int]]:
+    """`(node, operand slot)` of the first attention or matmul nodes that read `start`'s value, through at most
+    `_SLICE_HOPS` other nodes (its reshapes, transposes, RoPE, a scale)."""
+    hits: set[tuple[int, int]] = set()
+    seen, frontier = {start}, [start]
+    for _ in range(_SLICE_HOPS):
+        nxt = []
+        for i in frontier:
+            for u in g.users(i):
+                if u.op in (Op.ATTENTION, Op.MATMUL):
+                    hits |= {(u.id, k) for k, j in enumerate(u.inputs) if j == i}
+                elif u.id not in seen:
+                    seen.add(u.id)
+                    nxt.append(u.id)
+        frontier = nxt
+    return hits
+
+
+def merged_product(g: Graph, merged: int) -> str:
+    """What a merge of `fuse_shared_input_matmul` is, by what its slices feed (`g`: the graph after the pass,
+    `merged`: the merged matmul, `Match.fused`): `shared-input QKV matmul` when its three slices are the q, k and v
+    of one attention (operands 0, 1, 2 of an `attention` node, or of the primitive form: q and k the two operands of
+    the scores matmul, v the right operand of another matmul); else `shared-input matmul` (a router and a gate, an
+    MLP's up projections)."""
+    if merged not in g:
+        return SHARED_PRODUCT
+    out = [u.id for u in g.users(merged) if u.op == Op.ADD] or [merged]
+    slices = [u.id for o in out for u in g.users(o) if u.op == Op.NARROW]
+    if len(slices) != 3:
+        return SHARED_PRODUCT
+    hits = [_first_readers(g, s) for s in slices]
+    attn = set.intersection(*({n for n, k in h if g[n].op == Op.ATTENTION} for h in hits))
+    if any(sorted(k for h in hits for n, k in h if n == a) == [0, 1, 2] for a in attn):
+        return QKV_PRODUCT
+    for q, k, v in ((0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)):
+        scores = {n for n, s in hits[q] if s == 0 and g[n].op == Op.MATMUL} & \
+                 {n for n, s in hits[k] if s == 1 and g[n].op == Op.MATMUL}
+        context = {n for n, s in hits[v] if s == 1 and g[n].op == Op.MATMUL} - scores
+        if scores and context:
+            return QKV_PRODUCT
+    return SHARED_PRODUCT
+
+
 fuse_shared_input_matmul = rule_pass("fuse_shared_input_matmul", [SHARED],
-                                     "Q/K/V projections of one input -> one matmul + narrows (biases merged; cost "
-                                     "test keeps epilogues and the attention block)",
-                                     product="shared-input QKV matmul",
+                                     "projections of one input (Q/K/V, a router and a gate) -> one matmul + narrows "
+                                     "(biases merged; cost test keeps epilogues and the attention block)",
+                                     product=SHARED_PRODUCT, product_of=merged_product,
                                      quantization=("attention", "the merged matmul is the attention's Q/K/V "
                                                                 "projections, quantized with the attention"))
 
-__all__ = ["BIAS_ACT", "SHARED", "ZERO_BIAS_ACT", "fuse_matmul_bias_act", "fuse_shared_input_matmul"]
+__all__ = ["BIAS_ACT", "QKV_PRODUCT", "SHARED", "SHARED_PRODUCT", "ZERO_BIAS_ACT", "fuse_matmul_bias_act",
+           "fuse_shared_input_matmul", "merged_product"]
