@@ -695,7 +695,8 @@ def test_03_why_did_my_layer_not_fuse(executed):
     assert "compiler fix: add gelu_tanh to the epilogue allow-list" in text
     assert "compiler fix: a two-output FusedResidualLN that also returns the sum" in text
     assert "fix:          exact GELU (gelu) fuses, but switching the model to it changes" in text  # not "or silu"
-    assert text.count("compiler fix: multi-output fusion: a layer op that also returns h1 as a second output") == 2
+    assert text.count("compiler fix: multi-output fusion: a layer op that also returns ln1 (role h1) as a second "
+                      "output") == 2
     assert "a dead extra reader is counted too: run dead_code_elimination first" in text  # extra_h1_user's
     text, _ = t["tanh-cost"]  # "use exact GELU" changes the model: by how much, computed
     gap = float(re.search(r"largest difference (\S+) at x = ", text).group(1))
