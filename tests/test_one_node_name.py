@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rlxviz.app.explain import node_decisions
 from rlxviz.app.graphpane import own_text, search_hits
 from rlxviz.ir import parse_ir
 from rlxviz.models import VARIANTS, load_model
@@ -65,6 +66,9 @@ def test_the_h1_node_has_one_name_in_messages_hints_and_the_drawing():
     assert "roles: ln1 (role h1)" in tips[ln1]
     assert ln1 in search_hits(tips, "h1") and ln1 in search_hits(tips, "ln1 (role h1)")
     assert search_hits(tips, f"%{ln1}") == [ln1]
+    # the inspector names the node's role in the refusal the same way
+    mine = [d for d in node_decisions(trace, ln1) if d["guard"] == "h1_user_count"]
+    assert mine and {d["role"] for d in mine} == {"ln1 (role h1)"}, mine
 
 
 def test_role_name_rule():
