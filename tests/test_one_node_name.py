@@ -78,3 +78,12 @@ def test_role_name_rule():
     assert role_label("fuse_transformer_layer.bert_post_ln", "ln1") == "ln1 (role h1)"
     assert role_label("fuse_transformer_layer.bert_post_ln", "fc1") == "fc1"
     assert role_label("no_such.rule", "x") == "x"
+
+
+def test_the_browser_search_reads_the_same_lines_as_own_text():
+    from rlxviz.app import graphpane
+
+    assert f"/^({'|'.join(graphpane.OWN_LINES)}): /.test(l)" in graphpane._ESM
+    tip = "%7 layer_norm -> f32[1, 8, 64]\npath: a.b\nroles: ln1 (role h1)\noperands: x=%3 add"
+    assert graphpane.own_text(tip) == "layer_norm -> f32[1, 8, 64]\npath: a.b\nroles: ln1 (role h1)"
+    assert graphpane.search_hits({7: tip}, "H1") == [7] and graphpane.search_hits({7: tip}, "add") == []
