@@ -94,8 +94,9 @@ def test_explain_extra_user_actual_vs_required_and_sibling_diff(capsys):
     assert "1/2 layer(s) fused as expected" in out
     assert "has 3 users" in out and "needs exactly 2" in out
     # issue 38: removing the probe changes the model's outputs, so that is no fix (was "fix: make h1 feed only FFN.1")
-    assert "fix: none in the model: reduce_mean (node 43, encoder.layer.0.probe), graph output #1, reads h1" in out
-    assert "compiler fix: multi-output fusion: a layer op that also returns h1" in out
+    assert "fix: none in the model: reduce_mean (node 43, encoder.layer.0.probe), graph output #1, " \
+           "reads ln1 (role h1)" in out
+    assert "compiler fix: multi-output fusion: a layer op that also returns ln1 (role h1)" in out
     assert "layer 1 fused with fuse_transformer_layer.bert_post_ln; the layers differ in:" in out
     assert "layer 0: reduce_mean@probe(layer_norm@attention.output.LayerNorm)" in out
     # the sibling layer alone is fine: exit 0

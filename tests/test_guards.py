@@ -63,7 +63,8 @@ def test_teaching_variants_rejected_with_their_guard(variant, guard, style):
 def test_h1_user_count_message_states_actual_and_required():
     g = bert(variant=VARIANTS["extra_h1_user"])
     r, _ = rejected_by(g, Pipeline.canonical().names, "h1_user_count")
-    assert r.message.startswith("h1 (node ") and "encoder.layer.0.attention.output.LayerNorm) has 3 users" in r.message
+    assert r.message.startswith("ln1 (role h1) (node ")
+    assert "encoder.layer.0.attention.output.LayerNorm) has 3 users" in r.message
     assert r.message.endswith("needs exactly 2: FFN.1 and the ln2 residual")
     # the culprit is the extra reader only; FFN.1 and the second residual are h1's legitimate users
     assert [g[i].op for i in r.offending] == [Op.REDUCE_MEAN]

@@ -239,7 +239,7 @@ def test_handed_scalar_bias_is_refused_by_a_guard_not_a_crash(capsys):
     `fused_types`, explain exits 1 naming it, and every version keeps the numbers."""
     code, out, err = run(capsys, "explain", DATA / "ir_scalar_bias_layer1.ir")
     assert code == 1 and "CRASHED" not in out and not err, (out, err)
-    assert "guard fused_types (guard, illegal): FusedTransformerLayer cannot replace the match" in out
+    assert "guard fused_types (guard, not recognized): FusedTransformerLayer cannot replace the match" in out
     assert "fc2 bias must be [64], got f32[]" in out
     code, out, _ = run(capsys, "time", DATA / "ir_scalar_bias_layer1.ir", "--repeat", 1, "--no-battery")
     assert code == 0 and "NO" not in out

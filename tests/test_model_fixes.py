@@ -67,7 +67,7 @@ def honest(check) -> None:
                 assert o.hint.startswith(NO_MODEL_FIX), o
                 assert o.fix, o
     text = check.render(verbose=True)
-    for dropped in ("must not be read elsewhere", "must feed only the norm", "make h1 feed only",
+    for dropped in ("must not be read elsewhere", "must feed only the norm", "make ln1 (role h1) feed only",
                     "must add the attention output and the layer input", "pre-LN ordering"):
         assert f"fix: {dropped}" not in text and dropped not in "\n".join(
             ln for ln in text.splitlines() if ln.strip().startswith("fix:")), (dropped, text)

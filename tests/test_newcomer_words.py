@@ -47,7 +47,8 @@ def test_the_output_number_names_the_reader_that_is_the_output(capsys, tmp_path)
         p = tmp_path / f"direct{layer}.ir"
         p.write_text(_ir(capsys, "extra_h1_user", layer))
         fix = _fix(capsys, p, layer)
-        assert re.search(r"reduce_mean \(node \d+, encoder\.layer\.\d\.probe\), graph output #1, reads h1: ", fix), fix
+        assert re.search(r"reduce_mean \(node \d+, encoder\.layer\.\d\.probe\), graph output #1, "
+                         r"reads ln1 \(role h1\): ", fix), fix
         assert "h1 (graph output" not in fix, fix
 
 
@@ -62,7 +63,8 @@ def test_a_reader_that_feeds_an_output_names_that_output(capsys, tmp_path):
     p = tmp_path / "through.ir"
     p.write_text(text)
     fix = _fix(capsys, p, 0)
-    assert re.search(rf"reduce_mean \(node \d+, [^)]*\) reads h1, and its result flows on to graph output #1, exp "
+    assert re.search(rf"reduce_mean \(node \d+, [^)]*\) reads ln1 \(role h1\), and its result flows on to graph "
+                     rf"output #1, exp "
                      rf"\(node {last}, [^)]*\): ", fix), fix
 
 

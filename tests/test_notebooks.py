@@ -703,11 +703,12 @@ def test_03_why_did_my_layer_not_fuse(executed):
     assert "compiler fix: add gelu_tanh to the epilogue allow-list" in text
     assert "compiler fix: a two-output FusedResidualLN that also returns the sum" in text
     assert "fix:          exact GELU (gelu) fuses, but switching the model to it changes" in text  # not "or silu"
-    assert text.count("compiler fix: multi-output fusion: a layer op that also returns h1 as a second output") == 2
+    assert text.count("compiler fix: multi-output fusion: a layer op that also returns ln1 (role h1) as a second "
+                      "output") == 2
     # extra_h1_user's extra reader is a returned probe: no dead-code elimination is advised (issue 39: it was, and
     # DCE cannot remove a graph output); the fix says the model returns it
     assert "dead_code_elimination" not in text
-    assert "graph output #1, reads h1" in text and "keep h1 materialised" in text
+    assert "graph output #1, reads ln1 (role h1)" in text and "keep ln1 (role h1) materialised" in text
     text, _ = t["tanh-cost"]  # "use exact GELU" changes the model: by how much, computed
     gap = float(re.search(r"largest difference (\S+) at x = ", text).group(1))
     assert 4e-4 < gap < 5e-4

@@ -445,7 +445,7 @@ HANDED = {
     "ir_nesting_min.ir": (["explain"], 2, "IR syntax error: attribute value nested deeper"),
     "ir_outer_3gb.ir": (["explain"], 2, "a run needs 2.9 GiB at its peak"),
     "ir_reduce_no_keepdims.ir": (["explain"], 0, "0 missed fusion(s)"),
-    "ir_scalar_bias_layer1.ir": (["explain"], 1, "guard fused_types (guard, illegal)"),
+    "ir_scalar_bias_layer1.ir": (["explain"], 1, "guard fused_types (guard, not recognized)"),
     "onnx_if_branch_1p5gib_under_64mib.onnx": (["explain"], 2, "If"),
     "onnx_input_rank64_exit3.onnx": (["explain"], 2, "has rank 64"),
     "onnx_regex_redos_11s.onnx": (["explain"], 2, "RegexFullMatch"),

@@ -139,8 +139,8 @@ def test_rejection_marked_with_guard_and_offending_edge():
     assert "color=\"#c62828\"" in edge and "label=h1_user_count" in edge and f"id=e{h1}_{p}" in edge
     block = dot[dot.index("subgraph cluster_r0 "):]
     assert "fuse_transformer_layer.bert_post_ln: h1_user_count" in block[:block.index("\t}")]
-    for role in ("attn", "ln1", "ln2"):
-        assert f"<I>{role}</I>" in node_stmt(dot, r.bindings[role])
+    for role in ("attn", "ln1", "ln2"):  # ln1 is named h1 by the pattern: drawn as its messages say it
+        assert f"<I>{'ln1 (role h1)' if role == 'ln1' else role}</I>" in node_stmt(dot, r.bindings[role])
 
 
 def test_diff_overlay_added_removed_unchanged(tiny):
@@ -260,7 +260,7 @@ def test_pipeline_transformer_layer_clusters_and_fused_nodes(tiny_trace):
     m = step.matches[0]
     for role in ("attn", "ln1", "fc1", "fc2", "ln2"):
         stmt = node_stmt(dot, m.bindings[role])
-        assert f"<I>{role}</I>" in stmt
+        assert f"<I>{'ln1 (role h1)' if role == 'ln1' else role}</I>" in stmt
     block = dot[dot.index("subgraph cluster_m0 "):]
     block = block[:block.index("\t}")]
     assert all(f"\t\tn{m.bindings[r]} [" in block for r in ("attn", "ln1", "fc1", "fc2", "ln2"))
@@ -281,8 +281,8 @@ def test_pipeline_rejection_extra_h1_user():
     (r,) = [r for r in step.rejections if r.guard == "h1_user_count"]
     dot = render_dot(step.before, Overlay.before(step, trace=trace), focus=0)
     anchor, subject = node_stmt(dot, r.anchor), node_stmt(dot, r.subject)
-    assert "guard h1_user_count: h1 (node" in anchor  # the anchor carries the tooltip
-    assert "guard h1_user_count: h1 (node" in subject and "dashed" in subject  # h1 carries the mark
+    assert "guard h1_user_count: ln1 (role h1) (node" in anchor  # the anchor carries the tooltip
+    assert "guard h1_user_count: ln1 (role h1) (node" in subject and "dashed" in subject  # h1 carries the mark
     assert "cluster_r0" in dot and "encoder.layer.1 -> FusedTransformerLayer" not in dot  # focus: layer 0 only
     layers = layer_groups(trace.final, Overlay.trace_summary(trace))
     assert layers["layer0"].status == "rejected" and layers["layer1"].status == "fused"

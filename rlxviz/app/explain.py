@@ -18,6 +18,7 @@ from ..ir import Graph, Node, Op, format_node, operand_roles
 from ..ir.ops import made_as
 from ..ir.printer import format_value
 from ..passes.guard import NOT_A_CANDIDATE
+from ..passes.pipeline import role_label
 from ..passes.report import in_context
 from ..passes.trace import Rejection, Trace, anchor_position, layer_of, reading_order
 from ..passes.why.verdict import RunVerdict
@@ -303,7 +304,8 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
             if mine:
                 first = what["left_out"][0] if left else None
                 taken = m.fused == node_id or absorbed
-                add({**what, "role": "fused node" if m.fused == node_id else (role or "anchor"),
+                add({**what, "role": "fused node" if m.fused == node_id else (role_label(m.rule, role) if role
+                                                                              else "anchor"),
                      "outcome": "fused" if taken else "operand",
                      "guard": first["guard"] if first else "all guards passed",
                      **({k2: first[k2] for k2 in ("message", "hint", "kind", "fix")} if first else
@@ -324,7 +326,7 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
             if r.anchor == node_id or role or node_id in r.offending or node_id == r.subject:
                 message, hint = in_context(trace, k, r)  # what explain and the Why tab say of a "run P first"
                 add({"pass": s.pass_name, "rule": r.rule,
-                     "role": role or ("anchor" if r.anchor == node_id else "offending"),
+                     "role": role_label(r.rule, role) if role else ("anchor" if r.anchor == node_id else "offending"),
                      "outcome": "left out" if r.soft else f"rejected ({r.stage})", "guard": r.guard,
                      "message": message, "hint": hint, "kind": r.kind, "fix": r.fix, "anchor": r.anchor,
                      "place": _place(s.before, r.anchor, place, r.bindings.get(place or "", r.anchor)),

@@ -9,7 +9,8 @@ closes it). The view (zoom and pan) is kept when the picture changes
 within the same `scope` (stepping versions, clicking nodes) once the user moved it, and panes with the same
 `sync` group move together (before/after; a search or reveal centres the same node in both where both have
 it). The search box finds nodes by `%id` (that node only) or by text
-in their own op, name or path (never in the operands or users their tooltip lists), and marks them with its own mark
+in their own op, name or path, or a name messages give them (`ln1 (role h1)`; never in the operands or users their
+tooltip lists; `search_hits` is the same search in Python), and marks them with its own mark
 (`viz.styles.SEARCH_MARK`: a thick magenta outline with a glow, the fill kept, so a found box of the layer view still
 shows its status colour; the counter shows the mark's swatch, `search_key` its tooltip); after those, the fused nodes
 that absorbed a node of that id or op, at any depth (a note over the graph says so: "softmax: absorbed into
@@ -24,6 +25,7 @@ button (which brings it back).
 from __future__ import annotations
 
 import json
+import re
 
 import param
 from panel.custom import JSComponent
@@ -45,7 +47,7 @@ export function render({ model, el }) {
     b.className = 'rv-btn' + (cls ? ' ' + cls : ''); b.addEventListener('click', (e) => { e.stopPropagation(); fn(); });
     bar.appendChild(b); return b; };
   bar.appendChild(title);
-  const search = document.createElement('input'); search.type = 'search'; search.placeholder = 'find node: op, name, path, %id';
+  const search = document.createElement('input'); search.type = 'search'; search.placeholder = 'find node: op, name, path, role, %id';
   search.className = 'rv-search'; search.title = __SEARCH_KEY__; bar.appendChild(search);
   const found = document.createElement('span'); found.className = 'rv-found'; found.title = __SEARCH_KEY__;
   bar.appendChild(found);
@@ -165,12 +167,13 @@ export function render({ model, el }) {
     if (recentre && first && model.follow) center(first, false);
   };
   let hits = [], hit = -1;
-  // A node's own text: the tooltip's first line without its id (op -> shape), its path and its attrs (a name);
+  // A node's own text: the tooltip's first line without its id (op -> shape), its path, its attrs (a name) and the
+  // names messages give it (`roles:`, as drawn: `ln1 (role h1)`); `own_text` is this function in Python;
   // not the operands, users or notes, which name other nodes. Layer boxes (and nodes without a tooltip): all.
   const own = (g) => { const a = g.querySelector('a'); const tip = a ? (a.getAttribute('xlink:title') || a.getAttribute('title') || '') : '';
     if (!/^n\d+$/.test(g.id) || !tip) return `${g.textContent} ${tip}`.toLowerCase();
     const lines = tip.split('\n');
-    return [lines[0].replace(/^%\d+\s*/, ''), ...lines.slice(1).filter((l) => /^(path|attrs): /.test(l))]
+    return [lines[0].replace(/^%\d+\s*/, ''), ...lines.slice(1).filter((l) => /^(path|attrs|roles): /.test(l))]
       .join('\n').toLowerCase(); };
   // What a fused node holds at any depth (`model.absorbed`, from `absorbed_index`: [op, ids, note] per op): a query
   // naming one of those ops (or `%id`) finds the fused node after the exact hits, and the count says so ("softmax:
@@ -376,6 +379,30 @@ class ZoomScope:
         if model is not self._model:
             self._model, self._seq = model, self._seq + 1
         return ":".join(str(x) for x in (self._seq, *within))
+
+
+OWN_LINES = ("path", "attrs", "roles")
+"""The tooltip lines (after the first) that are a drawn node's own text for the search (the browser's `own`)."""
+
+
+def own_text(tooltip: str) -> str:
+    """What the search matches in a drawn node whose tooltip (`viz.dot`) is `tooltip`: the first line without its
+    `%id` (op -> shape) and the `path:`, `attrs:` and `roles:` lines (the names messages give the node, as drawn:
+    `ln1 (role h1)`), lower-cased; never the operands or users, which name other nodes. The browser's `own` does the
+    same (`_ESM`)."""
+    lines = tooltip.split("\n")
+    keep = [re.sub(r"^%\d+\s*", "", lines[0])] + [ln for ln in lines[1:] if ln.startswith(tuple(f"{k}: " for k in
+                                                                                               OWN_LINES))]
+    return "\n".join(keep).lower()
+
+
+def search_hits(tooltips: dict[int, str], query: str) -> list[int]:
+    """The node ids the search box finds for `query` among drawn nodes with these tooltips: `%id` that node only,
+    else every node whose `own_text` holds the lower-cased query."""
+    q = query.strip().lower()
+    if m := re.fullmatch(r"%(\d+)", q):
+        return [i for i in tooltips if i == int(m[1])]
+    return [i for i, t in tooltips.items() if q and q in own_text(t)]
 
 
 def folded_index(graph: Graph, open_layers: list[int], trace: Trace | None = None) -> dict[str, list[list[int | str]]]:

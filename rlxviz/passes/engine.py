@@ -7,6 +7,8 @@ one `Rewriter` builds the next version. RLX re-scans every node per candidate (d
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -14,9 +16,10 @@ from typing import Any
 from ..ir import Graph, GraphError, Node, Rewriter
 from ..ir.emitter import normalize_attrs
 from ..ir.infer import ShapeError, TensorType, infer
+from ..ir.ops import ELEMENTWISE, Op, operand_roles
 from .declarations import FAMILIES, QUANTIZATION, TRAITS, check_words
-from .guard import ILLEGAL, NOT_PROFITABLE, Ctx
-from .pattern import RuleError
+from .guard import ILLEGAL, NOT_PROFITABLE, NOT_RECOGNIZED, Ctx
+from .pattern import RuleError, describe
 from .rule import Fail, Rule, Soft, escape_check, run_step
 from .trace import STAGE_SEP, Match, Rejection
 
@@ -74,6 +77,9 @@ class Pass:
             (`Pipeline.disable`). Their records keep the pass's name (`Match.pass_name`), and they declare no
             product: what they refuse is their own rule's near miss. Called directly, the pass runs its stages and
             its own rules as one (`compose`).
+        product_of: `(graph after the pass, a node it made (Match.fused)) -> the product's name for that node`,
+            for a pass whose product is named by what it merged (`shared-input QKV matmul` only for an attention's
+            q/k/v, else `shared-input matmul`); None: `product` for every match.
     """
 
     name: str
@@ -90,6 +96,7 @@ class Pass:
     quantization: tuple[str, str] = ()
     listed_for: tuple[tuple[str, str], ...] = ()
     stages: tuple[Pass, ...] = ()
+    product_of: Callable[[Graph, int], str] | None = None
 
     def __post_init__(self) -> None:
         self._check_policy()
@@ -249,9 +256,96 @@ def _build_type_error(rule: Rule, ctx: Ctx) -> Fail | None:
         if t == want:
             return None
         why = f"it would give {t}, where {what}"
+    if (exact := _exact_broadcast(op, dict(attrs), list(inputs), g, want)) is not None:
+        said = "; ".join(f"{_operand_name(ctx, i)} as {t}" for i, t in exact)
+        first = exact[0][0]
+        return Fail("guard", "fused_types", f"{op.value} cannot replace the match: {why}", (result.id,), (),
+                    f"{'store' if g[first].op in _LEAVES else 'broadcast'} {said}: the same numbers (every reader "
+                    f"broadcasts it to the same result)", subject=first, kind=NOT_RECOGNIZED,
+                    fix=f"let {op.value} broadcast " + "; ".join(f"a {g[i].type} operand to {t}" for i, t in exact))
     return Fail("guard", "fused_types", f"{op.value} cannot replace the match: {why}", (result.id,), (),
                 "none in the model: the fused op's operands must have the shapes and dtypes it is defined for",
                 subject=result.id, kind=ILLEGAL, fix=f"extend {op.value} to these operand types")
+
+
+_LEAVES = (Op.PARAM, Op.CONST)
+_BROADCASTING = ELEMENTWISE | {Op.ELEMENTWISE_REGION}
+"""Readers that broadcast every operand (NumPy's rule): an operand broadcast further before gives the same result."""
+_BROADCAST_ADDED: dict[Op, frozenset[str]] = {Op.FUSED_MATMUL_BIAS_ACT: frozenset({"bias"})}
+"""Fused ops' operands (by role, `ir.ops.operand_roles`) that are added with a broadcast (`ir.fused`'s
+decomposition: `add(matmul(x, w), bias)`), so a bias of shape `[]`, `[1]` or `[N]` gives the same result."""
+_EXACT_COMBOS = 256
+"""At most this many combinations of operand shapes are tried by `_exact_broadcast` (each is one `infer` call)."""
+
+
+def _operand_name(ctx: Ctx, node_id: int) -> str:
+    """`encoder.layer.1.output.dense.bias (node 65, ...)` for a parameter, else the node as the match names it."""
+    n = ctx.graph[node_id]
+    return describe(n, n.name) if n.op in _LEAVES and n.name else ctx.name_of(node_id)
+
+
+def _broadcasts_to(s: tuple[int, ...], t: tuple[int, ...]) -> bool:
+    """Whether shape `s` broadcasts to `t` (NumPy's rule, right-aligned: each dim of `s` is 1 or `t`'s)."""
+    return len(s) <= len(t) and all(a in (1, b) for a, b in zip(reversed(s), reversed(t), strict=False))
+
+
+def same_for_readers(g: Graph, node_id: int, t: TensorType) -> bool:
+    """Whether giving node `node_id` the type `t` (its value broadcast to `t`, same dtype) leaves every reader's
+    result unchanged: each reader broadcasts it (an elementwise op, `_BROADCASTING`, or a fused op's operand of
+    `_BROADCAST_ADDED`) and its type stays the same with `t`, and the node is no graph output. Then every number
+    the graph computes and returns is the same: an elementwise op of a broadcast operand is the op of the operand
+    broadcast further."""
+    if g.is_output(node_id) or not g.users(node_id):
+        return False
+    for u in g.users(node_id):
+        slots = operand_roles(u.op, dict(u.attrs), len(u.inputs))
+        if u.op not in _BROADCASTING and not all(_BROADCAST_ADDED.get(u.op, ()) and slots[k] in _BROADCAST_ADDED[u.op]
+                                                 for k, i in enumerate(u.inputs) if i == node_id):
+            return False
+        try:
+            got = infer(u.op, normalize_attrs(u.op, dict(u.attrs)), [t if i == node_id else g[i].type
+                                                                      for i in u.inputs])
+        except ShapeError:
+            return False
+        if got != u.type:
+            return False
+    return True
+
+
+def _exact_broadcast(op: Op, attrs: dict[str, Any], inputs: list[int], g: Graph, want: TensorType
+                     ) -> list[tuple[int, TensorType]] | None:
+    """The operands (node id, shape to store) whose only difference from what `op` takes is a broadcast that gives
+    the same result (a scalar or `[1]` bias for `[N]`, `[1, N]` for `[N]`), when giving them those shapes makes the
+    fused op's type rule accept the match with type `want`; None when no such fix exists (a dtype mismatch, a
+    shape that needs more than a broadcast, a reader whose result would change).
+
+    Validity: each operand keeps its dtype and values, only broadcast to a shape its readers already broadcast it
+    to (`same_for_readers`), so every reader computes the same numbers. Candidate shapes are the trailing parts of
+    the result's and the other operands' shapes, and the operand's own shape without leading 1s."""
+    types = [g[i].type for i in inputs]
+    pool = {want.shape[k:] for k in range(len(want.shape) + 1)}
+    pool |= {t.shape[k:] for t in types for k in range(len(t.shape) + 1)}
+    options: list[list[tuple[int, ...] | None]] = []
+    for i, t in zip(inputs, types, strict=True):
+        stripped = t.shape[next((k for k, d in enumerate(t.shape) if d != 1), len(t.shape)):]
+        cands = sorted({c for c in pool | {stripped} if c != t.shape and (_broadcasts_to(t.shape, c) or c == stripped)
+                        and same_for_readers(g, i, TensorType(c, t.dtype))}, key=lambda c: (math.prod(c), len(c)))
+        options.append([None, *cands])
+    if all(len(o) == 1 for o in options):
+        return None
+    for k, combo in enumerate(itertools.product(*options)):
+        if k >= _EXACT_COMBOS:
+            break
+        if all(c is None for c in combo):
+            continue
+        trial = [t if c is None else TensorType(c, t.dtype) for t, c in zip(types, combo, strict=True)]
+        try:
+            if infer(op, normalize_attrs(op, dict(attrs)), trial) != want:
+                continue
+        except ShapeError:
+            continue
+        return [(i, trial[j]) for j, (i, c) in enumerate(zip(inputs, combo, strict=True)) if c is not None]
+    return None
 
 
 def find(graph: Graph, pass_name: str, rules: Sequence[Rule], params: Mapping[str, Any]
@@ -321,8 +415,8 @@ def apply(graph: Graph, pass_name: str, found: Sequence[Found]) -> tuple[Graph, 
 
 def rule_pass(name: str, rules: Sequence[Rule], doc: str = "", requires: Sequence[str] = (), **policy: Any) -> Pass:
     """A pass made of pattern rules: `find` on the snapshot, then `apply` once. `policy`: `Pass`'s `product`,
-    `expected_of`, `excused_by`, `unexpected`, `whole_layer`, `recognizes_families`, `quantization` and
-    `listed_for`."""
+    `expected_of`, `excused_by`, `unexpected`, `whole_layer`, `recognizes_families`, `quantization`,
+    `listed_for` and `product_of`."""
     rules = tuple(rules)
 
     def run(graph: Graph, params: Mapping[str, Any]) -> PassResult:

@@ -211,6 +211,34 @@ def _signature(g: Graph, layer: int) -> list[str]:
     return lines
 
 
+TYPE_DIFF_LINES = 6
+"""At most this many operand type differences are listed by `operand_type_diff` (then how many more)."""
+
+
+def operand_type_diff(g: Graph, layer: int, sibling: int) -> list[str]:
+    """How the operands of `layer`'s compute nodes differ in shape or dtype from those of the same nodes of
+    `sibling` (nodes paired by their `_signature` line, in order): one line per differing operand, e.g. `layer 1:
+    add@output.dense operand 1 (encoder.layer.1.output.dense.bias) is f32[] where layer 0's is f32[64]`. A scalar bias
+    and a `[64]` one are the same primitive structure but not the same operands. At most `TYPE_DIFF_LINES` lines."""
+    def by_line(k: int) -> dict[str, list[Node]]:
+        out: dict[str, list[Node]] = {}
+        for line, n in zip(_signature(g, k), _layer_nodes(g, k), strict=True):
+            out.setdefault(line.split(" users=")[0], []).append(n)
+        return out
+
+    theirs = by_line(sibling)
+    lines: list[str] = []
+    for key, nodes in by_line(layer).items():
+        for n, m in zip(nodes, theirs.get(key, []), strict=False):
+            for k, (a, b) in enumerate(zip(n.inputs, m.inputs, strict=False)):
+                if g[a].type != g[b].type:
+                    what = g[a].name or g[a].op.value
+                    lines.append(f"{layer_label(layer)}: {key.split('(')[0]} operand {k} ({what}) "
+                                 f"is {g[a].type} where {layer_label(sibling)}'s is {g[b].type}")
+    more = len(lines) - TYPE_DIFF_LINES
+    return lines[:TYPE_DIFF_LINES] + ([f"(and {more} more operand type difference(s))"] if more > 0 else [])
+
+
 @dataclass(frozen=True)
 class _StepIndex:
     """One pass's decisions grouped once: its rules in report order (the pass's own, then any other rule a match or
@@ -377,6 +405,7 @@ def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None)
             mine, theirs = _signature(trace.input, layer), _signature(trace.input, ex.sibling)
             ex.differences = [f"{layer_label(layer if sign == '+' else ex.sibling)}: {line}"
                               for sign, line in layer_diff(theirs, mine)]
+            ex.differences += operand_type_diff(trace.input, layer, ex.sibling)
             break
     return ex
 

@@ -11,6 +11,7 @@ order, attribute equality, size threshold, equal shapes). RLX's guards are bare 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -92,6 +93,18 @@ def near_miss_kind(kind: str, remedy: str = "") -> bool:
     return kind not in NOT_NEAR_MISSES and remedy != DOES_NOT_PAY
 
 
+_NAME = re.compile(r"\w+")
+
+
+def role_name(role: str, label: str) -> str:
+    """One name for a bound node in messages and drawings: the role as drawn (`viz.dot` tags the node with it), with
+    the pattern's name for it after it when that is another name (`ln1 (role h1)`, `var (role variance)`); a
+    descriptive label (`the matmul`, `its bias add`: words, not a name) as it is; the role when they agree. The app's
+    search finds a node by either name (the drawing's tooltip lists them, `viz.dot`)."""
+    if label == role or not _NAME.fullmatch(label):
+        return label
+    return f"{role} (role {label})"
+
 
 @dataclass
 class Ctx:
@@ -127,7 +140,9 @@ class Ctx:
         return self._read(role)
 
     def label(self, role: str) -> str:
-        return self.labels.get(role, role)
+        """The role's name in messages (`role_name`): `ln1 (role h1)` for a node drawn as `ln1` whose pattern
+        role is named `h1`."""
+        return role_name(role, self.labels.get(role, role))
 
     def d(self, role: str) -> str:
         """`h1 (node 41, encoder.layer.3.attention.output.LayerNorm)`."""
@@ -640,5 +655,6 @@ __all__ = ["COMPILER_ONLY", "DOES_NOT_PAY", "EPILOGUE_ACTIVATIONS", "ILLEGAL", "
            "NOT_PROFITABLE", "NOT_RECOGNIZED", "Ctx", "Guard",
            "Highlight", "RuleError", "activation_in", "all_single_use", "attr_eq",
            "guard", "not_output", "operands_are", "rank_eq", "rank_le", "reaches_output",
-           "extra_readers_why", "live_nodes", "reader_advice", "use_count", "KEEP_MATERIALISED", "RUN_DCE",
+           "extra_readers_why", "live_nodes", "reader_advice", "role_name", "use_count", "KEEP_MATERIALISED",
+           "RUN_DCE",
            "same_shape", "single_user", "size_le", "static_dim", "user_count"]

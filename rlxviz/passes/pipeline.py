@@ -43,6 +43,7 @@ from typing import Any
 from ..ir import Graph, lint
 from ..ir.identity import definitions_changed
 from .engine import Pass, check_records
+from .guard import role_name
 from .params import PARAM_NAMES, PipelineParams, check_params
 from .rules.attention import fuse_sdpa
 from .rules.block import fuse_attention_block
@@ -321,4 +322,19 @@ def run_pass(graph: Graph, name: str | Pass, **params: Any) -> Graph:
     return trace.final
 
 
-__all__ = ["CANONICAL_ORDER", "DEFAULT_PARAMS", "PASSES", "STAGES", "Pipeline", "RLX_ORDER", "run_pass", "run_passes"]
+_LABELS: dict[str, dict[str, str]] = {}
+
+
+def role_label(rule: str, role: str) -> str:
+    """Role `role` of the rule named `rule` as messages name it (`guard.role_name` of the rule's `Rule.labels`):
+    `ln1 (role h1)` for `fuse_transformer_layer.bert_post_ln`'s `ln1`; the role itself for a rule no registered pass
+    holds. The drawings tag bound nodes with it, so a message's name is the drawn one (`viz.dot`)."""
+    if not _LABELS:
+        for p in PASSES.values():
+            for r in (*p.rules, *(x for st in p.stages for x in st.rules)):
+                _LABELS.setdefault(r.name, dict(r.labels))
+    return role_name(role, _LABELS.get(rule, {}).get(role, role))
+
+
+__all__ = ["CANONICAL_ORDER", "DEFAULT_PARAMS", "PASSES", "STAGES", "Pipeline", "RLX_ORDER", "role_label", "run_pass",
+           "run_passes"]

@@ -20,6 +20,7 @@ numbers against the unfused original, and that the fusion then happens, `fused_m
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -156,12 +157,56 @@ def _switch_activation(trace: Trace, step: PassStep, r: Rejection) -> tuple[str,
     return f"the model's {n.op.value} (node {out}) replaced by {target.value}", rw.finish()
 
 
+_STORE_AS = re.compile(r"\(node (\d+)[^)]*\) as \w+\[([\d, ]*)\]")
+
+
+def _broadcast_operand(trace: Trace, step: PassStep, r: Rejection) -> tuple[str, Graph] | None:
+    """The fused-type fix `engine._build_type_error` prints when an operand differs from what the fused op takes
+    only by a broadcast its readers already make (`store BIAS (node 65, ...) as f32[64]: the same numbers`): each
+    such operand of the user's graph broadcast (`expand`) to that shape, its readers reading the broadcast. Exact:
+    an elementwise reader of a broadcast operand computes the same numbers."""
+    pairs = [(int(m[1]), tuple(int(d) for d in m[2].replace(" ", "").split(",") if d))
+             for m in _STORE_AS.finditer(r.hint)]
+    return _stored_as(trace.input, pairs)
+
+
+def _bias_vector(trace: Trace, step: PassStep, r: Rejection) -> tuple[str, Graph] | None:
+    """The bias fix of `fuse_matmul_bias_act` (`linear.BIAS_VECTOR_HINT`): the refused bias (the subject) stored
+    without its leading 1s (`[1, N]` as `[N]`). Exact when its readers broadcast it alike, which the guard checked
+    before printing the fix (`linear._bias_vector_why`)."""
+    i = r.subject
+    if i is None or i not in trace.input:
+        return None
+    shape = trace.input[i].shape
+    s = shape[next((k for k, d in enumerate(shape) if d != 1), len(shape)):]
+    return _stored_as(trace.input, [(i, s)]) if s != shape else None
+
+
+def _stored_as(g: Graph, pairs: list[tuple[int, tuple[int, ...]]]) -> tuple[str, Graph] | None:
+    """`g` with each node of `pairs` read as the shape given (a broadcast, `expand`, to a larger one; a `reshape`
+    to one of as many elements, its leading 1s dropped): every reader rebuilt to read that. None when a node is not
+    in `g`, has no reader or is a graph output."""
+    if not pairs or any(i not in g or not g.users(i) or g.is_output(i) for i, _ in pairs):
+        return None
+    rw = Rewriter(g, "what-if")
+    for i, shape in pairs:
+        with rw.provenance((i,), g[i].path):
+            same = math.prod(shape) == math.prod(g[i].shape)
+            wide = rw.reshape(i, shape) if same else rw.expand(i, shape)
+        for u in g.users(i):
+            rw.fuse(u.op, [wide if j == i else j for j in u.inputs], dict(u.attrs), absorbed=(u.id,))
+    said = ", ".join(f"node {i} stored as [{', '.join(map(str, s))}]" for i, s in pairs)
+    return f"{said} in the model (the same numbers)", rw.finish()
+
+
 MODEL_WHAT_IFS: dict[str, ModelWhatIf] = {"epilogue_activation": _switch_activation,
-                                          "fc1_activation": _switch_activation}
+                                          "fc1_activation": _switch_activation,
+                                          "fused_types": _broadcast_operand, "bias_rank": _bias_vector,
+                                          "bias_length": _bias_vector}
 """Guard name -> its model-side what-if, for fixes that are not a dead reader's removal (tried first)."""
 GENERIC_WHAT_IFS: tuple[ModelWhatIf, ...] = (_dead_reader,)
 """What-ifs tried for any guard (after `MODEL_WHAT_IFS`)."""
-EXACT_WHAT_IFS: frozenset[ModelWhatIf] = frozenset({_dead_reader})
+EXACT_WHAT_IFS: frozenset[ModelWhatIf] = frozenset({_dead_reader, _broadcast_operand, _bias_vector})
 """The model what-ifs that keep the numbers by construction (`WhatIf.exact`)."""
 
 

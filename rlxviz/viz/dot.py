@@ -68,6 +68,13 @@ def _shown(text: object, keep_newlines: bool = False) -> str:
     return shown(str(text), keep_newlines)
 
 
+def _role_name(rule: str, role: str) -> str:
+    """A bound node's tag: its role as the rule's messages name it (`passes.pipeline.role_label`: `ln1 (role h1)`)."""
+    from ..passes.pipeline import role_label  # the registry reads every rule; the drawing needs it only for tags
+
+    return role_label(rule, role)
+
+
 def _tip(text: str) -> graphviz.quoting.NoHtml:
     """A DOT escString for plain text (backslashes kept literal, newlines as line breaks, controls escaped)."""
     return graphviz.nohtml(_shown(text, True).replace("\\", "\\\\").replace("\n", "\\n"))
@@ -168,7 +175,7 @@ class _Drawer:
             extent = set(ov.extent(m))
             for role, i in m.bindings.items():
                 if i in extent:  # operands bound as inputs (hidden, weights) belong to no cluster
-                    self.roles.setdefault(i, []).append((role, color))
+                    self.roles.setdefault(i, []).append((_role_name(m.rule, role), color))
                     self.border[i] = (color, 2.0, False)
             members = self._claim(sorted(extent), len(self.clusters))
             label = f"{m.rule or m.pass_name}\n{_into(m.path, ov.match_ops.get(m.anchor, 'fused'))}"
@@ -197,7 +204,7 @@ class _Drawer:
             if (r.rule, r.anchor, i, role) in self._place_roles:
                 continue
             self._place_roles.add((r.rule, r.anchor, i, role))
-            self.roles.setdefault(i, []).append((role, st.CANDIDATE))
+            self.roles.setdefault(i, []).append((_role_name(r.rule, role), st.CANDIDATE))
         mark = r.subject if r.subject is not None and r.subject in self.nodes else r.anchor
         self.border[mark] = (st.REJECT, 3.0, True)
         self.notes.setdefault(mark, []).append(f"✗ {r.guard}")
@@ -279,6 +286,8 @@ class _Drawer:
         parts = [f"%{n.id} {n.op.value} -> {fmt_shape(n)}", f"path: {n.path or '-'}"]
         if n.attrs:  # each value as the IR text prints it (`none`, `"gelu"`, `true`)
             parts.append("attrs: " + ", ".join(f"{k}={format_value(v)}" for k, v in n.attrs.items()))
+        if n.id in self.roles:  # the names messages give the node (the app's search matches this line)
+            parts.append("roles: " + ", ".join(dict.fromkeys(r for r, _ in self.roles[n.id])))
         if ops:
             parts.append(f"operands: {ops}")
         if n.pass_name:
@@ -443,4 +452,12 @@ def graph_to_dot(graph: Graph, overlay: Overlay | None = None, *, options: DotOp
     return drawer.dot(title)
 
 
-__all__ = ["DotOptions", "GraphTooLarge", "MAX_NODES", "graph_to_dot"]
+def node_tooltips(graph: Graph, overlay: Overlay | None = None, *, options: DotOptions | None = None) -> dict[int, str]:
+    """Each drawn node's tooltip as `graph_to_dot` draws it with `overlay`, by node id: what the app's search reads
+    (`app.graphpane.own_text`). Raises `GraphTooLarge` as `graph_to_dot` does."""
+    drawer = _Drawer(graph, overlay or Overlay(), options or DotOptions(), None)
+    drawer.dot("")
+    return {i: drawer._tooltip(drawer.nodes[i]) for i in drawer.order}
+
+
+__all__ = ["DotOptions", "GraphTooLarge", "MAX_NODES", "graph_to_dot", "node_tooltips"]

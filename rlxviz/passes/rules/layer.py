@@ -43,6 +43,7 @@ from ..guard import (
     guard,
     not_output,
     operands_are,
+    role_name,
     single_user,
     static_dim,
     user_count,
@@ -229,8 +230,10 @@ def _explain_act(c: Ctx) -> str:
             f"allow-list ({', '.join(EPILOGUE_ACTIVATIONS)})")
 
 
-_H1_OUT_FIX = ("multi-output fusion: a layer op that also returns h1 as a second output (Rule(outputs=('ln1',))); "
-               "no product rule builds one")
+H1 = role_name("ln1", "h1")
+"""The post-attention LayerNorm's name in messages: drawn as role `ln1`, named h1 by the pattern (`ln1 (role h1)`)."""
+_H1_OUT_FIX = (f"multi-output fusion: a layer op that also returns {H1} as a second output "
+               "(Rule(outputs=('ln1',))); no product rule builds one")
 
 
 def _act_name(c: Ctx) -> str | None:
@@ -317,14 +320,14 @@ LAYER = Rule(
         *_residual_norm("ln1", "attn", "hidden", "residual_sum_single_user", "LN(attn + hidden)", "h1",
                         "the post-attention residual must add the attention output and the layer input hidden",
                         "none: FusedTransformerLayer's first residual is its own input", "the layer input hidden"),
-        not_output("ln1", "h1_not_output", "do not return h1 (the post-attention LayerNorm) from the model",
+        not_output("ln1", "h1_not_output", f"do not return {H1} (the post-attention LayerNorm) from the model",
                    fix=_H1_OUT_FIX),
         user_count("ln1", 2, "FFN.1 and the ln2 residual", "h1_user_count",
-                   "make h1 feed only FFN.1 and the second residual (remove the extra reader)",
+                   f"make {H1} feed only FFN.1 and the second residual (remove the extra reader)",
                    fix=_H1_OUT_FIX,
                    highlight=_extra_h1_users),
         User("fc1_is_fused_linear", "fc1", "ln1", P(FMBA, P.var("ln1"), P.var("fc1_w"), P.var("fc1_b"), name="fc1"),
-             "FFN.1 as FusedMatMulBiasAct(h1, ...)", "run fuse_matmul_bias_act first", plays=feeds_linear,
+             "FFN.1 as FusedMatMulBiasAct(ln1, ...)", "run fuse_matmul_bias_act first", plays=feeds_linear,
              plays_what="feeds FFN.2 (a linear), directly or past its activation"),
         _fc1_activation,
         single_user("fc1", "fc1_single_user"),
@@ -335,8 +338,8 @@ LAYER = Rule(
         single_user("fc2", "fc2_single_user"),
         not_output("fc2", "fc2_not_output"),
         *_residual_norm("ln2", "fc2", "ln1", "ffn_sum_single_user", "LN(fc2 + h1)", "h2",
-                        "the FFN residual must add the FFN output and h1",
-                        "none: FusedTransformerLayer's second residual is h1", "h1"),
+                        f"the FFN residual must add the FFN output and {H1}",
+                        f"none: FusedTransformerLayer's second residual is {H1}", H1),
         _ln_params,
         static_dim("fc1_w", -1, "fc1_weight_static"),
         guard("fc1_weight_rank2", lambda c: c["fc1_w"].rank == 2,

@@ -40,11 +40,13 @@ along the wrong axis), and merged biases are `[N_i]` vectors concatenated in the
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from ...ir import Graph, Node, Op, Rewriter
+from ...ir.infer import TensorType
 from ...ir.ops import ACTIVATIONS
 from ..activations import SQUARED_RELU, activation_of, owns_users
-from ..engine import rule_pass
+from ..engine import rule_pass, same_for_readers
 from ..guard import (
     DOES_NOT_PAY,
     EPILOGUE_ACTIVATIONS,
@@ -87,6 +89,22 @@ def _not_residual(c: Ctx) -> Fail | None:
 
 def _bias_len_ok(c: Ctx) -> bool:
     return c["bias"].shape in ((), (1,), (c["mm"].shape[-1],))
+
+
+BIAS_VECTOR_HINT = ("store the bias as a vector [N] without its leading 1s (the same numbers: its reader broadcasts it "
+                    "alike)")
+
+
+def _bias_vector_why(c: Ctx) -> str | None:
+    """None when the bias is one `FusedMatMulBiasAct` takes but for leading 1s (`[1, N]` for `[N]`, `[1, 1]` for
+    `[1]`) and its readers compute the same with them dropped (`engine.same_for_readers`): storing it as the vector
+    keeps every number (`BIAS_VECTOR_HINT`). Else why no model change helps."""
+    b, n = c["bias"], c["mm"].shape[-1]
+    s = b.shape[next((k for k, d in enumerate(b.shape) if d != 1), len(b.shape)):]
+    if s in ((), (1,), (n,)) and s != b.shape and same_for_readers(c.graph, c.id("bias"), TensorType(s, b.dtype)):
+        return None
+    return f"FusedMatMulBiasAct adds a bias along the output width ({n}) only, and this one is not such a bias " \
+           f"with leading 1s"
 
 
 @reports("epilogue_activation", "add_not_output", reads=("add",), binds=("act",), kinds={"add_not_output": ILLEGAL})
@@ -157,12 +175,14 @@ BIAS_ACT = Rule(
         _not_residual,
         single_user("mm", "mm_single_user", "make the matmul feed only its bias add"),
         not_output("mm", "mm_not_output"),
-        rank_le("bias", 1, "bias_rank", "a bias must be a scalar or a vector [N]",
-                "none: FusedMatMulBiasAct adds a bias along the output width only"),
+        replace(rank_le("bias", 1, "bias_rank", BIAS_VECTOR_HINT,
+                        "none: FusedMatMulBiasAct adds a bias along the output width only"),
+                reads=("mm",), no_model_fix=_bias_vector_why),
         guard("bias_length", _bias_len_ok,
               lambda c: f"{c.d('bias')} has shape {list(c['bias'].shape)}; needs [] , [1] or "
-                        f"[{c['mm'].shape[-1]}] (the matmul's output width)", requires=("bias", "mm"),
-              kind=NOT_RECOGNIZED, fix="none: FusedMatMulBiasAct adds a bias along the output width only"),
+                        f"[{c['mm'].shape[-1]}] (the matmul's output width)", BIAS_VECTOR_HINT, requires=("bias", "mm"),
+              kind=NOT_RECOGNIZED, fix="none: FusedMatMulBiasAct adds a bias along the output width only",
+              no_model_fix=_bias_vector_why),
         Soft(_epilogue),
     ),
     result=("act", "add"), absorb=("mm", "add", "act"), rewrite=_fmba_rewrite,
@@ -492,13 +512,15 @@ def _biases(c: Ctx) -> Fail | None:
 
 
 def _shared_rewrite(c: Ctx, rw: Rewriter) -> int:
+    """One matmul over the concatenated weights (+ one add of the concatenated biases) + a narrow per member.
+    Returns the merged matmul's id (`Match.fused`): the node that does the work, not its bias add."""
     n = c.data["n"]
     mms = [c.id(f"mm{i}") for i in range(n)]
     biased = c.data.get("biased", False)
     adds = [c.id(f"add{i}") for i in range(n) if f"add{i}" in c]
     with rw.provenance(mms + adds):
         wcat = rw.concat([c.id(f"w{i}") for i in range(n)], axis=1)
-        y = rw.matmul(c.id("x"), wcat)
+        y = merged = rw.matmul(c.id("x"), wcat)
         if biased:
             dtype = next(c[f"b{i}"].dtype for i in range(n) if f"b{i}" in c)
             parts = [c.id(f"b{i}") if f"b{i}" in c else rw.expand(rw.const(0.0, dtype), (c[f"mm{i}"].shape[-1],))
@@ -511,7 +533,7 @@ def _shared_rewrite(c: Ctx, rw: Rewriter) -> int:
             off += width
             rw.replace(c.id(f"add{i}") if f"add{i}" in c else mms[i], part)
     rw.remove([c.id(f"mm{i}") for i in range(n) if f"add{i}" in c])
-    return y
+    return merged
 
 
 SHARED = Rule(
@@ -542,11 +564,61 @@ SHARED = Rule(
         "members) + narrows; never merges a matmul whose merge would cost a fusion (an epilogue, the attention "
         "block)")
 
+SHARED_PRODUCT = "shared-input matmul"
+QKV_PRODUCT = "shared-input QKV matmul"
+_SLICE_HOPS = 8
+"""Nodes a merged slice is followed through (reshapes, transposes, a rotation, a scale) to the attention reading it."""
+
+
+def _first_readers(g: Graph, start: int) -> set[tuple[int, int]]:
+    """`(node, operand slot)` of the first attention or matmul nodes that read `start`'s value, through at most
+    `_SLICE_HOPS` other nodes (its reshapes, transposes, RoPE, a scale)."""
+    hits: set[tuple[int, int]] = set()
+    seen, frontier = {start}, [start]
+    for _ in range(_SLICE_HOPS):
+        nxt = []
+        for i in frontier:
+            for u in g.users(i):
+                if u.op in (Op.ATTENTION, Op.MATMUL):
+                    hits |= {(u.id, k) for k, j in enumerate(u.inputs) if j == i}
+                elif u.id not in seen:
+                    seen.add(u.id)
+                    nxt.append(u.id)
+        frontier = nxt
+    return hits
+
+
+def merged_product(g: Graph, merged: int) -> str:
+    """What a merge of `fuse_shared_input_matmul` is, by what its slices feed (`g`: the graph after the pass,
+    `merged`: the merged matmul, `Match.fused`): `shared-input QKV matmul` when its three slices are the q, k and v
+    of one attention (operands 0, 1, 2 of an `attention` node, or of the primitive form: q and k the two operands of
+    the scores matmul, v the right operand of another matmul); else `shared-input matmul` (a router and a gate, an
+    MLP's up projections)."""
+    if merged not in g:
+        return SHARED_PRODUCT
+    out = [u.id for u in g.users(merged) if u.op == Op.ADD] or [merged]
+    slices = [u.id for o in out for u in g.users(o) if u.op == Op.NARROW]
+    if len(slices) != 3:
+        return SHARED_PRODUCT
+    hits = [_first_readers(g, s) for s in slices]
+    attn = set.intersection(*({n for n, k in h if g[n].op == Op.ATTENTION} for h in hits))
+    if any(sorted(k for h in hits for n, k in h if n == a) == [0, 1, 2] for a in attn):
+        return QKV_PRODUCT
+    for q, k, v in ((0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)):
+        scores = {n for n, s in hits[q] if s == 0 and g[n].op == Op.MATMUL} & \
+                 {n for n, s in hits[k] if s == 1 and g[n].op == Op.MATMUL}
+        context = {n for n, s in hits[v] if s == 1 and g[n].op == Op.MATMUL} - scores
+        if scores and context:
+            return QKV_PRODUCT
+    return SHARED_PRODUCT
+
+
 fuse_shared_input_matmul = rule_pass("fuse_shared_input_matmul", [SHARED],
-                                     "Q/K/V projections of one input -> one matmul + narrows (biases merged; cost "
-                                     "test keeps epilogues and the attention block)",
-                                     product="shared-input QKV matmul",
+                                     "projections of one input (Q/K/V, a router and a gate) -> one matmul + narrows "
+                                     "(biases merged; cost test keeps epilogues and the attention block)",
+                                     product=SHARED_PRODUCT, product_of=merged_product,
                                      quantization=("attention", "the merged matmul is the attention's Q/K/V "
                                                                 "projections, quantized with the attention"))
 
-__all__ = ["BIAS_ACT", "SHARED", "ZERO_BIAS_ACT", "fuse_matmul_bias_act", "fuse_shared_input_matmul"]
+__all__ = ["BIAS_ACT", "QKV_PRODUCT", "SHARED", "SHARED_PRODUCT", "ZERO_BIAS_ACT", "fuse_matmul_bias_act",
+           "fuse_shared_input_matmul", "merged_product"]

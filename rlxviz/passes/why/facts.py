@@ -13,7 +13,7 @@ from typing import Any
 from ...ir import Graph, Node, Op
 from ...ir.identity import DigestCache
 from ...ir.ops import FUSED
-from ..explain import Outcome, fused_layers
+from ..explain import LayerExplanation, Outcome, fused_layers
 from ..guard import ILLEGAL, READ_BY_MODEL
 from ..pipeline import PASSES, Pipeline
 from ..report import MissedFusion, missed_fusions
@@ -192,6 +192,19 @@ def op_of(trace: Trace, node: int) -> str | None:
     return None
 
 
+def made_by(trace: Trace, ex: LayerExplanation, pass_name: str) -> list[tuple[Graph, int]]:
+    """`(graph after the step that made it, node)` of each node `pass_name` made in the explained layer `ex`
+    (`policy.product` names a merge by what it merged)."""
+    out = []
+    for o in ex.outcomes:
+        if o.pass_name == pass_name and o.status == "fused":
+            for n in o.nodes:
+                g = next((s.after for s in trace.steps if s.pass_name == pass_name and n in s.after), None)
+                if g is not None:
+                    out.append((g, n))
+    return out
+
+
 def silent(trace: Trace, layer: int, pass_name: str) -> str:
     """Why `pass_name` neither fused nor rejected anything in `layer`: its rules' anchor ops were not in the
     layer when it ran, and which of the passes it `requires` had not run before it."""
@@ -261,4 +274,4 @@ def recognized(trace: Trace) -> list[str]:
     return out
 
 
-__all__ = ["RunFacts", "illegal_here", "layer_indices", "op_of", "recognized", "silent"]
+__all__ = ["RunFacts", "illegal_here", "layer_indices", "made_by", "op_of", "recognized", "silent"]

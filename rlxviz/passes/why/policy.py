@@ -11,9 +11,10 @@ written here, so a renamed pass or guard carries its policy with it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Protocol
 
+from ...ir import Graph
 from ..declarations import (
     FAMILIES,
     FINDING,
@@ -113,8 +114,16 @@ class LayerKind(Protocol):
     def has(self, trait: str) -> bool: ...
 
 
-def product(pass_name: str) -> str:
-    """The product `pass_name` makes, as named in a layer's expectations (the pass name when it makes none)."""
+def product(pass_name: str, made: Iterable[tuple[Graph, int]] = ()) -> str:
+    """The product `pass_name` makes, as named in a layer's expectations (the pass name when it makes none). `made`:
+    `(graph after the pass, node it made)` of the layer's matches: a pass that names its product by what it merged
+    (`Pass.product_of`) says that name when every match of the layer has it (`shared-input QKV matmul` for Q/K/V,
+    `shared-input matmul` otherwise)."""
+    p = PASSES.get(pass_name)
+    if p is not None and p.product_of is not None:
+        names = {p.product_of(g, i) for g, i in made}
+        if len(names) == 1:
+            return names.pop()
     return PRODUCTS.get(pass_name, pass_name)
 
 

@@ -22,7 +22,7 @@ from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
 from ..report import MissedFusion, in_context, left_out_line, left_out_rejections
 from ..trace import PassStep, Rejection, Trace, layer_of, resolve_layers, same_stack_as
 from . import text
-from .facts import RunFacts, illegal_here, op_of, recognized, silent
+from .facts import RunFacts, illegal_here, made_by, op_of, recognized, silent
 from .kinds import LayerArchitecture
 from .policy import (
     EXPECT_MODES,
@@ -429,7 +429,7 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
         done = [item for op, item in items if made_as(Op(op)) == FUSED_INTO]  # a plain op a rewrite made: rewritten
         rewritten = [item for op, item in items if made_as(Op(op)) != FUSED_INTO]
         wanted = [o.pass_name for o in ex.outcomes if o.status == "fused" or o in rejected]
-        expected = ", ".join(product(n) for n in dict.fromkeys(wanted))
+        expected = ", ".join(product(n, made_by(trace, ex, n)) for n in dict.fromkeys(wanted))
     made = {(o.rule, g) for o in ex.outcomes if o.status == "fused" for g, _, _ in o.soft}
     fused = fused and not (cannot and expect == "model")  # `first` stays what the run itself refused
     if cannot and expect == "model" and expected:
