@@ -195,3 +195,21 @@ def test_the_strip_says_what_a_pass_may_do_to_the_graph():
     assert shrank and len(shrank) >= len(grew), (shrank, grew)  # "most shrink it"
     if grew:
         assert "more, smaller nodes" in PASSES_DO
+
+
+def test_the_folded_strip_keeps_a_way_to_the_drop_zone():
+    """After ① the strip folds to one row and its drop zone hides (for the graph's height); a "drop .onnx" button in
+    that row brings the zone back, as the README's "drop your own .onnx on the strip's drop zone" promises."""
+    import panel as pn
+
+    s = tiny()
+    zone = pn.Column(pn.pane.Markdown("zone"))
+    start = StartHere(state=s, show_why=lambda: None, dropper=zone)
+    assert zone.visible and not start.drop_btn.visible and start.drop_btn in start.strip.objects
+    start.step.clicks += 1
+    assert start.folded and not zone.visible and start.drop_btn.visible
+    assert start.drop_btn.height <= 34 and "drop .onnx" in start.drop_btn.label  # within the folded row's height
+    start.drop_btn.clicks += 1
+    assert zone.visible and not start.drop_btn.visible
+    start.brk.clicks += 1  # folding again (idempotent) leaves the zone the user asked for
+    assert zone.visible

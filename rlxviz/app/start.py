@@ -94,7 +94,13 @@ class StartHere(Viewer):
         self.brk.on_click(lambda e: self.break_layer())
         self.why.on_click(lambda e: self.ask_why())
         self.dropper = dropper
-        drop = [dropper] if dropper is not None else []
+        # the folded strip's way to the drop zone: the zone is taller than the folded row, so a button in the row
+        # unfolds it (once folded, the zone was gone, though "drop your own .onnx at the right" was still said)
+        self.drop_btn = pn.widgets.Button(label="⤓ drop .onnx…", color="light", width=110, height=34,
+                                          sizing_mode="fixed", align="center", visible=False,
+                                          css_classes=["rv-start-drop"])
+        self.drop_btn.on_click(lambda e: self.show_drop())
+        drop = [self.drop_btn, dropper] if dropper is not None else []
         self.strip = pn.Row(self.title, self.step, self.brk, self.why, self.note, *drop, self.hide,
                             sizing_mode="stretch_width", css_classes=["rv-start"],
                             styles={"background": "#e3f2fd", "border-radius": "6px"})
@@ -273,13 +279,22 @@ class StartHere(Viewer):
 
     def fold(self) -> None:
         """Once a step is used, the strip folds to its buttons and line (one 34 px row): the title and the drop zone
-        (the sidebar's Upload does the same) give their height to the graph. Idempotent."""
+        (the sidebar's Upload does the same) give their height to the graph, and a "drop .onnx" button in the row
+        brings the zone back (`show_drop`). Idempotent."""
         if self.folded:
             return
         self.folded = True
         self.title.visible = False
         if self.dropper is not None:
             self.dropper.visible = False
+            self.drop_btn.visible = True  # the zone one click away, in the row's height
+
+    def show_drop(self) -> None:
+        """The folded strip's "drop .onnx" button: show the drop zone again in its place (the strip grows by the
+        zone's height until the page is reloaded; the graph keeps the rest)."""
+        if self.dropper is not None:
+            self.dropper.visible = True
+            self.drop_btn.visible = False
 
     def next_version(self) -> None:
         """Show the next version (after the last: the input again)."""
