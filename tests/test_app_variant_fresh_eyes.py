@@ -117,11 +117,21 @@ def test_none_after_a_failed_path_goes_back_to_the_model_shown(folder):
     assert s.model.name == "bert-tiny" and s.source == "preset" and s.variant == "pre_ln" and not s.stale, s.message
 
 
-def test_why_break_is_off_is_said_when_clicked_and_not_after_the_next_load(folder):
+ONNX_PATH = "onnx path"
+"""Stands for the fields of `folder`'s roberta.onnx in a parametrized list (the folder is a fixture)."""
+
+
+def _fields(name: str, folder: Path) -> dict[str, object]:
+    return {"checkpoint_dir": str(folder / "roberta.onnx"), "source": "checkpoint"} if name == ONNX_PATH else \
+        {"ir": {"ir_text": SMALL_IR, "source": "ir"}, "llama": {"source": "preset", "preset": "llama-block"}}[name]
+
+
+@pytest.mark.parametrize("kinds", [("ir", "llama"), pytest.param((ONNX_PATH, "ir", "llama"),
+                                                                 marks=pytest.mark.slow)])
+def test_why_break_is_off_is_said_when_clicked_and_not_after_the_next_load(folder, kinds):
     s = tiny()
     start, vc = StartHere(state=s, show_why=lambda: None), VariantControls(state=s)
-    for fields in ({"checkpoint_dir": str(folder / "roberta.onnx"), "source": "checkpoint"},
-                   {"ir_text": SMALL_IR, "source": "ir"}, {"source": "preset", "preset": "llama-block"}):
+    for fields in (_fields(k, folder) for k in kinds):
         s.param.update(**fields)
         assert start.brk.disabled and start.note.object == note_html([(STEPS_NO_BREAK, False)]), start.note.object
         assert VARIANT_WORDS not in s.message and "do not apply" not in s.message, s.message
@@ -158,14 +168,13 @@ def test_a_refused_path_marks_nothing_stale(folder):
         assert len(s.message.splitlines()) == 1, s.message
 
 
-def test_layer_to_break_survives_models_variants_do_not_apply_to(folder):
+@pytest.mark.parametrize("kinds", [("ir",), pytest.param(("ir", ONNX_PATH, "llama"), marks=pytest.mark.slow)])
+def test_layer_to_break_survives_models_variants_do_not_apply_to(folder, kinds):
     s = tiny(preset="minilm")
     StartHere(state=s, show_why=lambda: None)
     assert s.variant_layer == BREAK_LAYER == 1
     s.variant_layer = 3
-    for fields in ({"ir_text": SMALL_IR, "source": "ir"}, {"checkpoint_dir": str(folder / "roberta.onnx"),
-                                                           "source": "checkpoint"},
-                   {"source": "preset", "preset": "llama-block"}):
+    for fields in (_fields(k, folder) for k in kinds):
         s.param.update(**fields)
         assert s.variant_layer == 3, fields
         s.param.update(source="preset", preset="minilm")
