@@ -112,7 +112,7 @@ def test_the_fix_columns_are_titled_as_the_why_tab_and_inspector_name_them():
     from rlxviz.app.explain import _why_markdown
 
     table = DecisionTable(state=tiny())
-    assert table.table.titles == {"hint": "fix", "fix": "compiler fix"}
+    assert table.table.titles["hint"] == "fix" and table.table.titles["fix"] == "compiler fix"
     said = _why_markdown("g", "", "m", "HINT", "FIX")
     assert "*Fix:* HINT" in said and "*Compiler fix:* FIX" in said
 
@@ -234,3 +234,18 @@ def test_explain_on_an_exported_decoder_lists_places_layer_by_layer(capsys):
     code, out, _ = run(capsys, "explain", path, "--json")
     group = next(g for g in json.loads(out)["left_out_groups"] if len(g["items"]) == 4)
     assert [re.search(r"\(model\.layers\.(\d+)\.", x)[1] for x in group["items"]] == ["0", "0", "1", "1"]
+
+
+def test_every_header_fits_its_column_at_1280_and_says_its_meaning():
+    """At 1280 px beside the sidebar "layer" and "anchor" read "la…" and "anc…": each title fits its share there
+    (an estimate; tests/test_browser_matches_table.py measures it), and a shortened one has its whole name as a
+    tooltip."""
+    from rlxviz.app.whyview import COLUMN_WIDTHS, header_fits
+
+    t = DecisionTable(state=tiny()).table
+    for col in DecisionTable.columns:
+        title = t.titles.get(col, col)
+        assert header_fits(title, COLUMN_WIDTHS[col]), (col, title, COLUMN_WIDTHS[col])
+        if col in ("position", "anchor"):  # shortened: the whole name in the tooltip
+            assert title != col and t.header_tooltips[col].startswith(col), (col, t.header_tooltips)
+    assert not header_fits("layer", "4%") and not header_fits("anchor", "5%")  # the old shares cut them

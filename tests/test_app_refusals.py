@@ -13,7 +13,7 @@ from test_app_views import tiny
 
 from rlxviz.app.controls import ModelControls
 from rlxviz.app.sources import ALLOWED_DIRS_ENV, SourceError, check_in_roots
-from rlxviz.app.start import StartHere
+from rlxviz.app.start import STEPS_NO_BREAK, StartHere, note_html
 from rlxviz.app.state import AppState
 from rlxviz.app.whyview import WhyView
 from rlxviz.ir import format_graph
@@ -88,7 +88,7 @@ def test_the_strip_judges_break_on_the_ir_model_shown_after_a_refused_path(monke
     mc.ir.value = SMALL_IR
     mc.ir_btn.clicks += 1
     before = start.note.object
-    assert s.model.name == "small" and start.brk.disabled and "IR text" in before, before
+    assert s.model.name == "small" and start.brk.disabled and before == note_html([(STEPS_NO_BREAK, False)]), before
     for typed in ("/etc/passwd", str(tmp_path / "missing")):
         _open(mc, typed)
         assert s.source == "checkpoint" and s.message_kind == "danger" and "Still showing small" in s.message

@@ -60,7 +60,8 @@ def test_without_a_variant_the_layer_follows_the_model_quietly():
     s.param.watch(lambda e: (e.new is not None and e.new.pipeline == INPUT_FIRST) or runs.append(e.new), "trace")
     s.preset = "bert-tiny"
     assert s.variant_layer == 1 and s.param.variant_layer.bounds == (0, 1) and len(runs) == 1
-    assert "became" not in s.message and not s.stale
+    # said (newcomer: "clamp only when out of range, and say so"; a quiet change from 1 to 0 misled ②)
+    assert "layer 5 became 1" in s.message and s.message_kind == "info" and not s.stale, s.message
 
 
 def readme_quick_start_seq() -> int:

@@ -73,6 +73,7 @@ def test_the_graph_keeps_450px_with_the_banner_and_the_why_drawing_opens_full_si
         _idle(pg)
         pg.locator(".rv-start-step button").click()
         expect(pg.locator(".rv-start-note")).to_contain_text("Showing after")
+        expect(pg.locator(".rv-start-drop button")).to_be_visible()  # the folded strip's way to the drop zone
         pg.locator(".rv-start-break button").click()
         msg = pg.locator(".rv-message")
         expect(msg).to_contain_text("layer 1 NOT fused", timeout=3 * WAIT_MS)
@@ -123,6 +124,13 @@ def test_the_graph_keeps_450px_with_the_banner_and_the_why_drawing_opens_full_si
         small = graph.locator(".rv-wrap").bounding_box()
         graph.locator(".rv-full-btn").click()
         pg.wait_for_timeout(300)
+        expect(graph.locator(".rv-full-btn")).to_have_text("✕ close (Esc)")  # a visible way back, not Esc alone
+        close = graph.locator(".rv-full-btn").bounding_box()  # nothing (the page's header) lies over its bar
+        assert pg.evaluate("""([x, y]) => { let e = document.elementFromPoint(x, y);
+            while (e && e.shadowRoot) { const inner = e.shadowRoot.elementFromPoint(x, y);
+              if (!inner || inner === e) break; e = inner; }
+            return !!(e && e.closest && e.closest('.rv-full-btn')); }""",
+                           [close["x"] + close["width"] / 2, close["y"] + close["height"] / 2])
         big = graph.locator(".rv-wrap").bounding_box()
         assert big["width"] >= w - 40 and big["height"] >= h - 80, (small, big)
         assert big["width"] > small["width"] and big["height"] > small["height"]

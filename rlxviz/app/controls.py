@@ -325,6 +325,14 @@ class ModelControls(Viewer):
                          self.ir_placeholder, self.ir, sizing_mode="stretch_both", css_classes=["rv-ir-editor"])
 
 
+def one_reason(reasons: dict[str, str]) -> str:
+    """One line for the sidebar: why the teaching variants are off (`reasons`: variant name -> why it does not apply,
+    '' when it does), without the variant's name (llama-block's six reasons differ in "(pre_ln too)" only and were
+    printed six times); '' when none is off."""
+    lines = dict.fromkeys(r.replace(f" ({name} too)", "") for name, r in reasons.items() if r)
+    return " ".join(lines)
+
+
 class VariantControls(Viewer):
     """One button per teaching variant (breaks one layer on purpose) and the layer it applies to."""
 
@@ -357,8 +365,7 @@ class VariantControls(Viewer):
         reasons = {name: self.state.variant_unavailable(name) for name in self.buttons}
         for name, b in self.buttons.items():
             b.param.update(disabled=bool(reasons[name]), description=reasons[name] or None)
-        off = list(dict.fromkeys(r for r in reasons.values() if r))
-        self.why_off.object = " ".join(f"*{md_escape(r)}*" for r in off)
+        self.why_off.object = f"*{md_escape(off)}*" if (off := one_reason(reasons)) else ""
         # over_threshold's size gate is model-wide: no layer to break while it is on, and the note says why
         model_wide = self.state.variant == SHAPE_VARIANT
         self.layer.disabled = model_wide or all(reasons[n] for n in self.buttons if n not in ("none", SHAPE_VARIANT))

@@ -4,8 +4,9 @@ The renderer gives every node a DOT id `n<id>` that survives into the SVG (`<g i
 so a click maps back to the IR node id, and highlighting is a CSS class on those groups; the layer view's
 boxes (and the clusters of layers expanded in place) are `layer<i>`, so a click on one reports the layer, and
 the next picture is centred on that layer. Pan with the mouse (drag), zoom with the wheel or
-the +/- buttons, "fit" to see the whole graph, "full" to lay the drawing over the whole window (Esc
-closes it). The view (zoom and pan) is kept when the picture changes
+the +/- buttons, "fit" to see the whole graph, "full" to lay the drawing over the whole window (its
+button, then "✕ close (Esc)", or Esc closes it; the page's header is hidden meanwhile). A folded "op colours" legend
+(`legend`) sits in the picture's lower left corner. The view (zoom and pan) is kept when the picture changes
 within the same `scope` (stepping versions, clicking nodes) once the user moved it, and panes with the same
 `sync` group move together (before/after; a search or reveal centres the same node in both where both have
 it). The search box finds nodes by `%id` (that node only) or by text
@@ -24,6 +25,7 @@ button (which brings it back).
 
 from __future__ import annotations
 
+import html
 import json
 import re
 
@@ -36,7 +38,11 @@ from ..passes.trace import Trace, layer_label, layer_of
 from ..session.cache import LRUCache
 from ..viz import layer_groups
 from ..viz.overlay import all_versions
-from ..viz.styles import HIGHLIGHT_MARK, SEARCH_MARK, SELECTED_MARK, search_key, tint
+from ..viz.styles import HIGHLIGHT_MARK, SEARCH_MARK, SELECTED_MARK, op_legend, search_key, tint
+
+FULL_CLOSE = "✕ close (Esc)"
+"""The full view's button while it is open: a visible way back (only Esc, unsaid, closed it)."""
+
 
 _ESM = r"""
 const BUS = 'rlxviz-view';
@@ -64,7 +70,13 @@ export function render({ model, el }) {
   miniImg.draggable = false;
   const miniView = document.createElement('div'); miniView.className = 'rv-mini-view';
   miniBody.appendChild(miniImg); miniBody.appendChild(miniView); mini.appendChild(miniHead); mini.appendChild(miniBody);
-  wrap.appendChild(inner); wrap.appendChild(mini); el.appendChild(bar); el.appendChild(wrap);
+  // the op colours' legend: folded to a small tag in the picture's lower left corner (no height of its own), its
+  // list over the picture when opened
+  const ops = document.createElement('details'); ops.className = 'rv-ops';
+  ['pointerdown', 'wheel', 'click'].forEach((k) => ops.addEventListener(k, (e) => e.stopPropagation()));
+  const setLegend = () => { ops.innerHTML = model.legend || ''; ops.style.display = model.legend ? '' : 'none'; };
+  model.on('legend', setLegend); setLegend();
+  wrap.appendChild(inner); wrap.appendChild(mini); wrap.appendChild(ops); el.appendChild(bar); el.appendChild(wrap);
   Object.assign(el.style, { display: 'flex', flexDirection: 'column', width: '100%', height: '100%' });
   let s = 1, tx = 0, ty = 0, touched = false, scope = null;
   // the linked panes share one frame: this pane's transform minus `off` (graph units) times the scale. A search or
@@ -130,9 +142,14 @@ export function render({ model, el }) {
   miniHead.appendChild(miniClose);
   // full size: the pane over the whole window (its own bar stays on top), Esc or the button again puts it back
   let full = false;
+  // its button says how to close it ("✕ close (Esc)"); the page's header, painted over any pane (its own stacking
+  // order), hid the drawing's top and this bar: it is hidden while the drawing is full size
+  const header = () => document.getElementById('header-design-provider') || document.getElementById('header');
   const setFull = (on) => { full = on; el.classList.toggle('rv-full', on); fullBtn.classList.toggle('rv-on', on);
-    fullBtn.title = on ? 'back to the page (Esc)' : FULL_TIP;
+    fullBtn.title = on ? 'back to the page (Esc)' : FULL_TIP; fullBtn.textContent = on ? CLOSE_LABEL : 'full';
+    const head = header(); if (head) head.style.visibility = on ? 'hidden' : '';
     requestAnimationFrame(() => fit()); };  // the whole drawing at the new size (this pane only)
+  const CLOSE_LABEL = __CLOSE_LABEL__;
   const FULL_TIP = 'full size: this drawing over the whole window (Esc closes it)';
   const fullBtn = mk('full', FULL_TIP, () => setFull(!full), 'rv-full-btn');
   const onKey = (e) => { if (full && e.key === 'Escape') setFull(false); };
@@ -258,11 +275,11 @@ export function render({ model, el }) {
   model.on('related', () => mark(false));
   model.on('title', () => { title.textContent = model.title || ''; });
   model.on('after_layout', () => { if (!touched) fit(); else miniSync(); mark(!touched); });
-  model.on('remove', () => { window.removeEventListener(BUS, onBus); window.removeEventListener('keydown', onKey); if (miniUrl) URL.revokeObjectURL(miniUrl); });
+  model.on('remove', () => { if (full) setFull(false); window.removeEventListener(BUS, onBus); window.removeEventListener('keydown', onKey); if (miniUrl) URL.revokeObjectURL(miniUrl); });
   setSvg();
 }
 """  # noqa: E501
-_ESM = _ESM.replace("__SEARCH_KEY__", json.dumps(search_key()))
+_ESM = _ESM.replace("__SEARCH_KEY__", json.dumps(search_key())).replace("__CLOSE_LABEL__", json.dumps(FULL_CLOSE))
 
 _CSS = """
 :host { display: flex; flex-direction: column; border: 1px solid #ddd; border-radius: 4px; background: #fff; }
@@ -279,6 +296,13 @@ _CSS = """
           font: 11px sans-serif; color: #333; pointer-events: none; }
 .rv-wrap { position: relative; overflow: hidden; flex: 1; cursor: grab; min-height: 200px; }
 .rv-wrap.rv-drag { cursor: grabbing; }
+.rv-ops { position: absolute; left: 6px; bottom: 6px; z-index: 2; max-width: calc(100% - 200px); background: #fff;
+          border: 1px solid #b0bec5; border-radius: 3px; font: 11px sans-serif; color: #37474f; cursor: default; }
+.rv-ops > summary { padding: 1px 6px; cursor: pointer; white-space: nowrap; }
+.rv-ops-list { padding: 2px 6px 4px; max-height: 240px; overflow: auto; }
+.rv-ops-row { white-space: nowrap; line-height: 16px; }
+.rv-ops-sw { display: inline-block; width: 12px; height: 10px; margin-right: 4px; border: 1px solid #78909c;
+          vertical-align: -1px; }
 .rv-full { position: fixed !important; left: 8px; top: 8px; right: 8px; bottom: 8px; width: auto !important;
            height: auto !important; z-index: 10000; background: #fff; border: 1px solid #90a4ae;
            box-shadow: 0 4px 24px rgba(0,0,0,.35); }
@@ -319,6 +343,15 @@ search's own mark, `viz.styles.SEARCH_MARK`, drawn before the highlight and sele
 the hit counter shows a swatch of the mark (the search's legend, `search_key`, is its tooltip)."""
 
 
+def ops_legend_html() -> str:
+    """The op colours' legend as `SvgGraph.legend` takes it: a folded "op colours" summary and one swatch per op
+    family (`viz.styles.op_legend`); the app's own words, escaped."""
+    rows = "".join(f'<div class="rv-ops-row"><span class="rv-ops-sw" style="background:{html.escape(c)}"></span>'
+                   f'<b>{html.escape(f)}</b> {html.escape(words)}</div>' for f, c, words in op_legend())
+    return (f'<summary title="what each node fill means">op colours</summary><div class="rv-ops-list">{rows}'
+            '<div class="rv-ops-row">other ops: a pale colour of their own</div></div>')
+
+
 class SvgGraph(JSComponent):
     """An SVG graph with pan/zoom and search; `clicked` is the id of the last clicked node.
 
@@ -354,6 +387,7 @@ class SvgGraph(JSComponent):
     sync = param.String("")
     folded = param.Dict(default={})
     absorbed = param.Dict(default={})
+    legend = param.String("", doc="HTML of a folded legend in the picture's corner (`ops_legend_html`), or ''.")
 
     _esm = _ESM
     _stylesheets = [_CSS]

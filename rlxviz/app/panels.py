@@ -17,7 +17,7 @@ from ..ir import Graph, format_graph
 from ..passes.why.text import left_out_heading
 from ..session.overlays import UNITS
 from .explain import counterpart_line, counterparts, node_report, report_markdown
-from .graphpane import SvgGraph, ZoomScope, absorbed_index, folded_index
+from .graphpane import SvgGraph, ZoomScope, absorbed_index, folded_index, ops_legend_html
 from .irdiff import diff_table, side_by_side
 from .irtext import IRText
 from .stale import StaleMark, safe
@@ -258,6 +258,7 @@ class GraphCompare(Viewer):
         self.legend = pn.pane.HTML("", css_classes=["rv-legend"], margin=(0, 10), sizing_mode="stretch_width",
                                    visible=False)
         s.param.watch(self._legend, ["overlay", "node_figures", "overlay_status"])
+        self.after.legend = ops_legend_html() if s.overlay == "none" else ""
         self.row = pn.Row(self.after, sizing_mode="stretch_both")
         self.stale = StaleMark(s, "graph", self.before, self.after)
         self._zoom = ZoomScope()
@@ -304,6 +305,8 @@ class GraphCompare(Viewer):
             unit += f"; {len(s.node_figures.unmatched)} node(s) hold values version 0 has not (no colour)"
         self.legend.object = legend_html(s.overlay_legend(), unit, s.overlay_status)
         self.legend.visible = bool(self.legend.object) or s.overlay != "none"
+        # the op colours' legend, folded in the after pane's corner while the fills are op colours (no overlay)
+        self.after.legend = ops_legend_html() if s.overlay == "none" else ""
 
     def _folded(self, graph: Graph | None) -> dict[str, list[list[int | str]]]:
         return folded_index(graph, list(self.state.expanded_layers), self.state.trace) if graph is not None else {}

@@ -18,7 +18,7 @@ import param
 
 from .. import session
 from ..ir import IRSyntaxError
-from ..models import VARIANTS, Model
+from ..models import VARIANTS, BertConfig, Model
 from ..passes import Trace
 from ..passes.why.verdict import standing
 from ..session import Limits, SessionError
@@ -64,6 +64,12 @@ def import_check(model: Model) -> tuple[str, bool]:
     return check_isolated(model)
 
 
+def takes_variants(model: Model) -> bool:
+    """True when teaching variants apply to `model`: a BERT encoder built from a preset or a checkpoint (not an ONNX
+    export, IR text or a decoder), as `session.variant_unavailable` rules."""
+    return isinstance(model.config, BertConfig) and not model.meta.get("onnx_file")
+
+
 VARIANT_LAYER_RANGE = re.compile(r"variant layer (\d+) out of range 0\.\.(\d+)")
 """A model builder's refusal of a variant layer past its layers (`models.bert.build_bert`): (asked, last layer)."""
 
@@ -73,6 +79,9 @@ class Runs:
 
     _layer_clamped: int | None = None
     """The last layer a load used instead of a "Layer to break" past the model's layers (None: as asked)."""
+    clamp_note = ""
+    """"Layer to break" moved into the range of a model shown with no variant that changes a layer: said after its
+    load (`_notice_variant`), then ''."""
     _quiet_layer = False
     """Set while fields move to what is shown (`_bound_variant_layer`, `_keep_shown`): no reload for it."""
     _kept: tuple | None = None
@@ -376,12 +385,18 @@ class Runs:
             pass
 
     def _bound_variant_layer(self, model: Model) -> None:
-        """"Layer to break" takes only the layers `model` has (0..N-1): a value past them (left from a larger model)
-        becomes the last layer, without a reload (the load already used it, `_load_model`), and the message says so
-        (`layer_note`)."""
+        """"Layer to break" takes only the layers `model` has (0..N-1) when teaching variants apply to it (a BERT
+        preset or checkpoint): a value past them (left from a larger model) becomes the last layer, without a reload
+        (the load already used it, `_load_model`), and the message says so (`layer_note`, or `clamp_note` with no
+        variant on). A model variants do not apply to (IR text, an ONNX export, a decoder preset) leaves the value
+        and its bounds as the user set them: going there and back to minilm changed layer 1 to 0 unsaid, and ② then
+        broke layer 0."""
         s = self.state
         n = len(session.model_layers(model.graph))
-        hi = max(n - 1, 0)
+        if n == 0 or not takes_variants(model):
+            s.param.variant_layer.bounds = (0, None)
+            return
+        hi = n - 1
         old = s.variant_layer
         if old > hi:
             self._quiet_layer = True  # the model shown was built for `hi` (or takes no layer): nothing to reload
@@ -391,8 +406,11 @@ class Runs:
                 self._quiet_layer = False
             if self._model_key and self._model_key[-1] == old:
                 self._model_key = (*self._model_key[:-1], hi)
-            s.layer_note = (f"Layer to break: {model.name} has layers 0..{hi}, so layer {old} became {hi}."
-                            if s.variant not in ("none", SHAPE_VARIANT) else "")
+            note = f"Layer to break: {model.name} has layers 0..{hi}, so layer {old} became {hi}."
+            if s.variant not in ("none", SHAPE_VARIANT):
+                s.layer_note = note
+            else:
+                self.clamp_note = note
         s.param.variant_layer.bounds = (0, hi)
 
     def move_layer_quietly(self, layer: int) -> None:
@@ -424,10 +442,13 @@ class Runs:
         applies, e.g. after "none (as built)")."""
         s = self.state
         stale = bool(self._variant_notice) and s.message == self._variant_notice
+        clamped, self.clamp_note = self.clamp_note, ""
         if s.variant == "none" or s.trace is None:
             if stale:
                 s.param.update(message="", message_kind="info")
             self._variant_notice = ""
+            if clamped:  # no variant notice says it: the message does, after a switch's sentence
+                s.param.update(message=s.with_switch(clamped), message_kind="info")
             return
         layer = None if s.variant == SHAPE_VARIANT else s.variant_layer
         rej = [r for r in s.trace.rejections  # near-misses by the verdict's rule, as the chips count them
@@ -464,6 +485,8 @@ class Runs:
             where = "" if layer is None else f" in layer {layer}"
             text = f"Teaching variant '{label}':{shape} no pass rejected anything{where}."
         text = text.replace(f"Teaching variant '{label}':", f"Teaching variant '{label}' ({self._variant_meant()}):", 1)
+        if clamped and s.variant == SHAPE_VARIANT:
+            text = f"{clamped} {text}"
         if s.layer_note:  # the layer asked for was past the model's: say which one the variant changed
             text, s.layer_note = f"{s.layer_note} {text}", ""
         self._variant_notice = text
@@ -511,7 +534,15 @@ class Runs:
         # file's already (the same file twice, or gpt2.onnx, a broken file, gpt2.onnx: the last load reused the
         # model on screen, checked nothing and left the broken file's error up)
         self._model_key = ()
-        s.param.update(upload_id=upload_id, source="upload", variant="none")
+        dropped = {}
+        if s.variant != "none":  # said in one line, kept after the switch's sentence (`AppState._say_switch`)
+            onnx = any(n.lower().endswith(".onnx") for n in names.values())
+            name = upload_model_name(names, "the upload")
+            why = (session.variant_unavailable(s.variant, "onnx", name, False) if onnx else
+                   f"{name} is a new model, and a new model starts as built; choose the variant again to apply it")
+            s._dropped_note = f"Teaching variant '{VARIANT_LABELS[s.variant]}' set to none (as built): {why}."
+            dropped = {"message": s._dropped_note, "message_kind": "warning"}
+        s.param.update(upload_id=upload_id, source="upload", variant="none", **dropped)
         if again and s.autorun:  # the same file once more: nothing changed, so no watcher loads it
             s.load()
 

@@ -163,25 +163,33 @@ def check_path_kind(path: str, allowed: list[Path]) -> None:
     folder nor an `.onnx` file, before any load, naming both (`PATH_TAKES`): a file of another kind (a `.txt`, an IR
     file, a `.zip`) read "not a folder; give the folder holding config.json and model.safetensors", and a folder
     without `config.json` "no config.json (a Hugging Face checkpoint folder needs one)", neither naming the `.onnx`
-    option. A checkpoint's `config.json` names its folder (as `session.load` takes it), and a pickled checkpoint
-    (`PICKLE_SUFFIXES`) is left to the loader, whose refusal says why it is never opened.
+    option. A checkpoint's `config.json` names its folder (as `session.load` takes it). A pickled checkpoint
+    (`PICKLE_SUFFIXES`) and a path that is neither a file nor a folder (a device, a pipe) are refused here too, in the
+    loader's words: the loader refused them after the load had begun, and the panes of the model still shown were
+    marked stale (greyed) though nothing was loaded.
 
     Args:
         path: the path the loader would open (`resolve_in_roots`'s answer).
         allowed: the allowed roots, named in the message.
 
     Raises:
-        SourceError: `path` is a file other than `.onnx`, `config.json` or a pickle, or a folder without
-            `config.json`.
+        SourceError: `path` is a file other than `.onnx` or `config.json` (a pickle: why it is never opened), a
+            folder without `config.json`, or neither a file nor a folder.
     """
     real = Path(path).expanduser().resolve()
     where = ", ".join(map(str, allowed))
     if real.is_file():
         name = real.name.lower()
-        if name.endswith(".onnx") or name == "config.json" or name.endswith(PICKLE_SUFFIXES):
+        if name.endswith(PICKLE_SUFFIXES):
+            raise SourceError(f"{path}: refusing pickled checkpoint {real.name}: loading a pickle can execute "
+                              "arbitrary code, so it is never opened; convert it to model.safetensors (the path box "
+                              f"opens {PATH_TAKES}).")
+        if name.endswith(".onnx") or name == "config.json":
             return
         raise SourceError(f"{path}: neither a checkpoint folder nor an .onnx file; the path box opens {PATH_TAKES}, "
                           f"inside {where}.")
+    if real.exists() and not real.is_dir():
+        raise SourceError(f"{path}: neither a file nor a folder; the path box opens {PATH_TAKES}, inside {where}.")
     if real.is_dir() and not (real / "config.json").is_file():
         onnx = sorted(f.name for f in real.iterdir() if f.suffix.lower() == ".onnx" and f.is_file())[:3]
         held = f" (it holds {', '.join(onnx)}: type that file's path)" if onnx else ""

@@ -25,8 +25,15 @@ BREAK_LAYER = 1
 """The layer the sidebar's "Layer to break" starts at when the strip is shown (layer 0 when the model has only one);
 the second click breaks the layer that box shows (`AppState.variant_layer`: one field, so the box and ② agree)."""
 
-STEPS = ("Three clicks: ① watch the graph shrink pass by pass, ② break a layer on purpose, ③ ask why it did not "
-         "fuse. Or drop your own model (.onnx) at the right.")
+PASSES_DO = "most shrink the graph, some rewrite it into more, smaller nodes"
+"""What ① shows, true of every pass (`fuse_shared_input_matmul` grows it: one matmul and its slices for several)."""
+STEPS = (f"Three clicks: ① step through the passes ({PASSES_DO}), ② break a layer on purpose, ③ ask why it did not "
+         "fuse. Or drop your own .onnx at the right.")
+STEPS_NO_BREAK = (f"Two clicks for this model: ① step through the passes ({PASSES_DO}), ③ ask why a layer did or did "
+                  "not fuse (② breaks a layer of a BERT preset or checkpoint only). Or drop your own .onnx at the "
+                  "right.")
+"""The line where ② does not apply (an ONNX export, IR text, a decoder): the steps, not an error. Why ② is off is
+said when it is clicked (every load of such a model said it unasked)."""
 
 NOTE_CSS = """
 .rv-note-line { display: -webkit-box; -webkit-box-orient: vertical; -webkit-line-clamp: 2; overflow: hidden;
@@ -76,6 +83,7 @@ class StartHere(Viewer):
                                  align="center", height=34, min_width=100, sizing_mode="stretch_width",
                                  stylesheets=[NOTE_CSS])
         self._mode, self._parts = "steps", [(STEPS, False)]  # what the line says (`_say`)
+        self._reason_said = ""  # why ② is off, said when it was clicked (`break_layer`)
         self._jump: tuple[int, object] | None = None  # (the layer ② broke, the trace shown when it was clicked)
         self._model_name = ""
         self._about: tuple = ()  # the (model, pipeline) keys the line of ② or ③ describes (`_follow`)
@@ -86,7 +94,13 @@ class StartHere(Viewer):
         self.brk.on_click(lambda e: self.break_layer())
         self.why.on_click(lambda e: self.ask_why())
         self.dropper = dropper
-        drop = [dropper] if dropper is not None else []
+        # the folded strip's way to the drop zone: the zone is taller than the folded row, so a button in the row
+        # unfolds it (once folded, the zone was gone, though "drop your own .onnx at the right" was still said)
+        self.drop_btn = pn.widgets.Button(label="⤓ drop .onnx…", color="light", width=110, height=34,
+                                          sizing_mode="fixed", align="center", visible=False,
+                                          css_classes=["rv-start-drop"])
+        self.drop_btn.on_click(lambda e: self.show_drop())
+        drop = [self.drop_btn, dropper] if dropper is not None else []
         self.strip = pn.Row(self.title, self.step, self.brk, self.why, self.note, *drop, self.hide,
                             sizing_mode="stretch_width", css_classes=["rv-start"],
                             styles={"background": "#e3f2fd", "border-radius": "6px"})
@@ -129,13 +143,17 @@ class StartHere(Viewer):
             return s.variant_unavailable(BREAK_VARIANT, "ir")
         return s.variant_unavailable(BREAK_VARIANT)
 
+    def steps(self) -> str:
+        """The line of the steps: `STEPS`, or `STEPS_NO_BREAK` while ② does not apply (`brk.disabled`)."""
+        return STEPS_NO_BREAK if self.brk.disabled else STEPS
+
     def _enable(self, *_: object) -> None:
+        """② on or off for the model shown; the steps line follows. Why ② is off is said only when it is clicked
+        (`break_layer`), and only until the model or its source changes (a refusal outlived the next load)."""
         reason = self._unavailable()
         self.brk.disabled = bool(reason)
-        if reason:
-            self._say([(reason, False)], "reason")
-        elif self._mode == "reason":  # the refusal no longer holds: the three steps again
-            self._say([(STEPS, False)], "steps")
+        if self._mode == "steps" or (self._mode == "reason" and self._reason_said != reason):
+            self._say([(self.steps(), False)], "steps")
 
     def _say(self, parts: list[tuple[str, bool]], mode: str) -> None:
         self._mode, self._parts = mode, parts
@@ -152,7 +170,7 @@ class StartHere(Viewer):
             self._say_version()
         elif self._mode in ("break", "why", "state") and self.state.model is not None \
                 and self.state.model.name != self._model_name:
-            self._say([(STEPS, False)], "steps")
+            self._say([(self.steps(), False)], "steps")
         elif self._mode == "state" or (self._mode in ("break", "why") and self._keys() != self._about):
             self._say_state()  # a variant, layer or pipeline chosen by hand: the line of ② or ③ no longer holds
 
@@ -162,7 +180,7 @@ class StartHere(Viewer):
         choosing another variant left "Layer 1 now has an extra user..." above a banner that said otherwise.)"""
         s = self.state
         if s.variant == "none":
-            self._say([(STEPS, False)], "steps")
+            self._say([(self.steps(), False)], "steps")
             return
         self._model_name = s.model.name if s.model is not None else ""
         where = ("to every layer (a size gate is model-wide, so Layer to break does not apply)"
@@ -261,13 +279,22 @@ class StartHere(Viewer):
 
     def fold(self) -> None:
         """Once a step is used, the strip folds to its buttons and line (one 34 px row): the title and the drop zone
-        (the sidebar's Upload does the same) give their height to the graph. Idempotent."""
+        (the sidebar's Upload does the same) give their height to the graph, and a "drop .onnx" button in the row
+        brings the zone back (`show_drop`). Idempotent."""
         if self.folded:
             return
         self.folded = True
         self.title.visible = False
         if self.dropper is not None:
             self.dropper.visible = False
+            self.drop_btn.visible = True  # the zone one click away, in the row's height
+
+    def show_drop(self) -> None:
+        """The folded strip's "drop .onnx" button: show the drop zone again in its place (the strip grows by the
+        zone's height until the page is reloaded; the graph keeps the rest)."""
+        if self.dropper is not None:
+            self.dropper.visible = True
+            self.drop_btn.visible = False
 
     def next_version(self) -> None:
         """Show the next version (after the last: the input again)."""
@@ -285,6 +312,7 @@ class StartHere(Viewer):
         s = self.state
         reason = self._unavailable()
         if reason:
+            self._reason_said = reason
             self._say([(reason, False)], "reason")
             return
         layers = s.layers()  # the layer "Layer to break" shows (one field): else `BREAK_LAYER`, else the first
@@ -345,4 +373,4 @@ class StartHere(Viewer):
         return self.strip
 
 
-__all__ = ["BREAK_LAYER", "BREAK_VARIANT", "STEPS", "StartHere", "note_html"]
+__all__ = ["BREAK_LAYER", "BREAK_VARIANT", "PASSES_DO", "STEPS", "STEPS_NO_BREAK", "StartHere", "note_html"]

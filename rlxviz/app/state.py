@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import tempfile
+from pathlib import PurePath
 from typing import Any
 
 import param
@@ -367,21 +368,55 @@ class AppState(Derived, param.Parameterized):
         return (key[0], {field: key[1]}) if field else None
 
     def apply_variant(self, name: str) -> None:
-        """One click: switch to teaching variant `name` and re-run. A variant that does not apply to the current
-        model (`variant_unavailable`) only says why."""
+        """One click: switch to teaching variant `name` and re-run the model shown. A variant that does not apply to
+        the current model (`variant_unavailable`) only says why. After a refused or failed load the fields asking for
+        that model (a path still in the box) go back to the model shown first (`shown_source`): a variant choice never
+        loads another model ("none (as built)" loaded the refused path's roberta)."""
+        back = self.shown_source()
+        if back is not None and not self.variant_unavailable(name, back[0], str(back[1].get("preset", "")) or None):
+            source, fields = back
+            self.param.update(source=source, **fields, variant=name)
+            return
         reason = self.variant_unavailable(name)
         if reason:
             self._error(reason, "warning")
             return
         self.variant = name
 
-    @param.depends("source", "preset", watch=True)
+    _dropped_note = ""
+    """The line `_drop_inapplicable_variant` said for the model on its way ('' for none): the switch keeps it."""
+
+    def variant_drop_reason(self) -> str:
+        """Why the teaching variant on does not apply to the model the fields ask for ('' when it does, or is none):
+        IR text, a non-BERT preset, or a path to an `.onnx` file (known from its name, before the load: the load with
+        the variant was refused, and the user was left on the old model)."""
+        v = self.variant
+        if v == "none":
+            return ""
+        if self.source == "checkpoint":
+            path = self.checkpoint_dir.strip()
+            if path.lower().endswith(".onnx"):
+                return session.variant_unavailable(v, "onnx", PurePath(path).stem or path, False)
+            return ""
+        if self.source == "ir":
+            return session.variant_unavailable(v, "ir", "IR text", False)
+        return self.variant_unavailable(v) if self.source == "preset" else ""
+
+    def drop_variant(self, reason: str) -> None:
+        """Set the teaching variant to none (as built) and say so in one line, `reason` its why: a model it cannot
+        apply to loads as built instead of being refused."""
+        label = VARIANT_LABELS[self.variant]
+        end = "" if reason.rstrip().endswith(".") else "."
+        self._error(f"Teaching variant '{label}' set to none (as built): {reason.rstrip()}{end}", "warning")
+        self._dropped_note = self.message  # first: the load setting it to none starts says it after the switch
+        self.variant = "none"
+
+    @param.depends("source", "preset", "checkpoint_dir", watch=True)
     def _drop_inapplicable_variant(self) -> None:
-        """Switching to IR text or to a model the variant does not apply to drops the variant (and says so)."""
-        reason = self.variant_unavailable(self.variant)
+        """Switching to IR text, a non-BERT preset or an `.onnx` path drops the variant (and says so in one line)."""
+        reason = self.variant_drop_reason()
         if reason:
-            self.variant = "none"
-            self._error(f"Teaching variant dropped: {reason}", "warning")
+            self.drop_variant(reason)
 
     @param.depends("model_key", "pipeline_key", watch=True)
     def _reload(self) -> None:
@@ -515,17 +550,19 @@ class AppState(Derived, param.Parameterized):
         was, self._was_shown = self._was_shown, (self.model.name, kind, read_from)
         other_file = was is not None and kind in FILE_SOURCES and was[2] != read_from
         said, self._switch_said = self._switch_said, ""
+        dropped, self._dropped_note = self._dropped_note, ""  # said for this model only
         if was is not None and was[1] == kind and said and self.message.startswith(said):
             # the same source (the list says what is shown): the last switch's sentence named another model, and it
             # stayed over this one ("Now showing bert-tiny (built-in), was ..." over minilm)
             self.param.update(message=self.message[len(said):].lstrip(), message_kind="info")
         if was is None or (was[1] == kind and not other_file):
             return
-        text = self._switch_said = (f"Now showing {self.model.name} ({SOURCE_WORDS[kind]}), was {was[0]} "
-                                    f"({SOURCE_WORDS[was[1]]}).")
-        if self.message_kind == "warning" and self.message.startswith("Teaching variant dropped"):
-            text = f"{text} {self.message}"
-        self.param.update(message=text, message_kind="warning" if "Teaching variant" in text else "info")
+        text = (f"Now showing {self.model.name} ({SOURCE_WORDS[kind]}), was {was[0]} "
+                f"({SOURCE_WORDS[was[1]]}).")
+        if dropped and self.message == dropped:  # the variant set to none for this model: said after the switch
+            text = f"{text} {dropped}"
+        self._switch_said = text  # a line the load gives after (an ONNX file's check) keeps both (`with_switch`)
+        self.param.update(message=text, message_kind="warning" if dropped and dropped in text else "info")
 
     def with_switch(self, text: str) -> str:
         """`text`, a message the load of the model shown gives after showing it (an ONNX file's check line), after

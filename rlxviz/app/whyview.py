@@ -22,15 +22,34 @@ from .text import md_escape
 TABLE_MIN_PX = 300
 """The matches table's least height; it takes the tab's whole height (it was fixed at 420 px, 12 of 18 rows shown
 above 400 blank px at 1080 px)."""
-COLUMN_WIDTHS = {"layer": "4%", "position": "5%", "kind": "6%", "pass": "11%", "guard": "10%", "why": "7%",
-                 "rule": "12%", "anchor": "5%", "message": "18%", "hint": "12%", "fix": "10%"}
+COLUMN_WIDTHS = {"layer": "7%", "position": "6%", "kind": "6%", "pass": "10%", "guard": "9%", "why": "6%",
+                 "rule": "11%", "anchor": "6%", "message": "16%", "hint": "10%", "fix": "13%"}
 """Each column's share of the table's width (100% in all): the columns fit the table at any width, the text
 wrapping in its cell (the message, hint and fix columns of 420, 260 and 220 px ran past the right edge at 1920 px,
-hint and fix cut)."""
+hint and fix cut), and each header (`COLUMN_TITLES`) fits its share whole at `NARROW_TABLE_PX` (`header_fits`: at
+1280 px "layer" and "anchor" read "la…" and "anc…")."""
+NARROW_TABLE_PX = 866
+"""The table's width beside an open sidebar at 1280 px (the strip's measured width there)."""
+HEADER_PX_PER_CHAR = 7.0
+"""A header title's width per character in `TABLE_CSS`'s 12 px bold, on average, rounded up."""
+HEADER_PAD_PX = 22
+"""A header's padding and its sort arrow as `TABLE_CSS` sets them (3 + 3 px, 12 px for the arrow), and 4 px to spare."""
+
+
+def header_fits(title: str, share: str, table_px: int = NARROW_TABLE_PX) -> bool:
+    """True when header `title` fits whole in a column of `share` ("7%") of a `table_px` wide table (an estimate
+    from `HEADER_PX_PER_CHAR` and `HEADER_PAD_PX`; the browser test measures it)."""
+    return len(title) * HEADER_PX_PER_CHAR + HEADER_PAD_PX <= float(share.rstrip("%")) / 100 * table_px
+
+
 WRAPPED = ("kind", "pass", "guard", "why", "rule", "message", "hint", "fix")
 """Columns whose text wraps in its cell (a long rule name breaks anywhere: `TABLE_CSS`)."""
 TABLE_CSS = """
 .tabulator-cell { overflow-wrap: anywhere; }
+.tabulator .tabulator-header .tabulator-col .tabulator-col-content { padding: 4px 3px !important; }
+.tabulator .tabulator-header .tabulator-col .tabulator-col-title { font-size: 12px; }
+.tabulator .tabulator-header .tabulator-col.tabulator-sortable .tabulator-col-title { padding-right: 12px !important; }
+.tabulator .tabulator-header .tabulator-col .tabulator-col-content .tabulator-col-sorter { right: 2px !important; }
 .tabulator-tableholder::-webkit-scrollbar { width: 12px; height: 12px; }
 .tabulator-tableholder::-webkit-scrollbar-thumb { background: #9e9e9e; border-radius: 6px; }
 .tabulator-tableholder::-webkit-scrollbar-track { background: #eeeeee; }
@@ -40,9 +59,16 @@ TABLE_CSS = """
 view and no sign of the rest), and long names broken anywhere in their wrapped cells."""
 
 
-COLUMN_TITLES = {"hint": "fix", "fix": "compiler fix"}
+COLUMN_TITLES = {"hint": "fix", "fix": "compiler fix", "position": "pos", "anchor": "node"}
 """Headers of the rows' `hint` and `fix` fields, as the Why tab and the inspector name the same texts ("fix:" in
-the model, "compiler fix:"): the table's "hint" held what the Why tab calls the fix, its "fix" the compiler fix."""
+the model, "compiler fix:"): the table's "hint" held what the Why tab calls the fix, its "fix" the compiler fix.
+`position` and `anchor` are shortened to fit at 1280 px; their whole meaning is the header's tooltip
+(`HEADER_TIPS`)."""
+HEADER_TIPS = {"layer": "the layer of the anchor node", "position": "position: where the anchor node sits in the "
+               "graph's topological order (the rows' reading order)", "anchor": "anchor: the id of the node the "
+               "pattern was tried at (click the row to highlight it)", "hint": "fix: what to change in the model",
+               "fix": "compiler fix: what to change in the pass"}
+"""Each shortened or unclear header's tooltip."""
 
 ORDER_NOTE = ("Rows in reading order: by layer, then by where the anchor node sits in the graph (*position*: its "
               "place in the graph's topological order), then by pass; click a header to sort otherwise.")
@@ -74,7 +100,7 @@ class DecisionTable(Viewer):
                             "layer": {"type": "number", "func": "=", "placeholder": "layer"},
                             "guard": {"type": "input", "func": "like", "placeholder": "guard"}},
             formatters={c: {"type": "textarea"} for c in WRAPPED}, widths=dict(COLUMN_WIDTHS),
-            titles=dict(COLUMN_TITLES))
+            titles=dict(COLUMN_TITLES), header_tooltips=dict(HEADER_TIPS))
         self.table.on_click(self._clicked)
         self.about = pn.pane.Markdown("", css_classes=["rv-decisions-about"], margin=(0, 10),
                                       styles={"font-size": "13px"})

@@ -14,18 +14,28 @@ from ..ir import Node, Op, family
 from ..ir.ops import SPECS
 
 FAMILY_COLORS: dict[str, str] = {
-    "leaf": "#eeeeee",
+    "leaf": "#a3bac2",
     "blas": "#b3d4fc",
-    "binary": "#fde5b1",
+    "binary": "#d4ba7d",
     "unary": "#fbd3a6",
-    "compare": "#e9d8f3",
-    "reduce": "#d5ecc2",
-    "norm": "#c6e8e1",
-    "movement": "#e3e3e3",
-    "attention": "#f7c1c1",
-    "fused": "#9fdc9f",
+    "compare": "#c6bddb",
+    "reduce": "#b1c270",
+    "norm": "#a8e6e0",
+    "movement": "#c2b7a3",
+    "attention": "#c9b6ff",
+    "fused": "#92e896",
 }
-"""Fill colour per `rlxviz.ir.family` name."""
+"""Fill colour per `rlxviz.ir.family` name. Each differs from every status and rejection colour (`STATUS_MARKS`) by
+at least `MIN_DELTA_E` (CIE76 in Lab, `delta_e`): the fused attention node was pink (#f7c1c1), 5 from a rejected
+layer's fill, and leaves and movement ops were the grey of an unfused layer box. Pale enough for black text (L* 74 or
+more)."""
+FAMILY_WORDS: dict[str, str] = {
+    "leaf": "inputs, weights, constants", "blas": "matmul, linear", "binary": "add, mul, ...",
+    "unary": "exp, gelu, ...", "compare": "compare, where, cast", "reduce": "sum, max, softmax parts",
+    "norm": "layer norm", "movement": "reshape, transpose, slice", "attention": "attention (fused or not)",
+    "fused": "fused kernels",
+}
+"""What each op family holds, in words, for the op-colour legend (`op_legend`)."""
 
 MATCH_COLORS = ("#2e7d32", "#1565c0", "#6a1b9a", "#00838f", "#ef6c00", "#ad1457", "#4e342e", "#283593")
 """Border colours cycled over match clusters (fill is a pale tint of the same hue): the K-th match of a pass
@@ -60,6 +70,37 @@ REMOVED = "#9e9e9e"
 STATUS_COLORS = {"fused": "#a5d6a7", "partly fused": "#fff59d", "rejected": "#ffcdd2", "unfused": "#eeeeee",
                  "not fused": "#ffcdd2"}
 """Fill of a layer box in the layer-collapsed view, by fusion status."""
+
+STATUS_MARKS: dict[str, str] = {**{f"status {k}": v for k, v in STATUS_COLORS.items()}, "rejected": REJECT,
+                                 "rejected fill": REJECT_FILL}
+"""The colours that say a fusion's status or a rejection: an op fill must not be read as one of them."""
+MIN_DELTA_E = 20.0
+"""The least CIE76 distance (`delta_e`) between an op fill and a `STATUS_MARKS` colour."""
+
+
+def lab(hex_color: str) -> tuple[float, float, float]:
+    """CIE L*a*b* (D65) of an sRGB `#rrggbb` colour: L* in 0..100. Raises ValueError for another form."""
+    if len(hex_color) != 7 or not hex_color.startswith("#"):
+        raise ValueError(f"not a #rrggbb colour: {hex_color!r}")
+    rgb = [int(hex_color[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    r, g, b = (c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb)
+    xyz = ((0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047, 0.2126 * r + 0.7152 * g + 0.0722 * b,
+           (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883)
+    fx, fy, fz = (v ** (1 / 3) if v > 0.008856 else 7.787 * v + 16 / 116 for v in xyz)
+    return 116 * fy - 16, 500 * (fx - fy), 200 * (fy - fz)
+
+
+def delta_e(a: str, b: str) -> float:
+    """CIE76 colour difference of two `#rrggbb` colours (Euclidean in Lab): about 2 is just seen, 20 clearly
+    another colour."""
+    return sum((x - y) ** 2 for x, y in zip(lab(a), lab(b), strict=True)) ** 0.5
+
+
+def op_legend() -> list[tuple[str, str, str]]:
+    """The op-colour legend: (family, fill, what it holds) per `FAMILY_COLORS` entry, in its order; ops of no family
+    get a pale colour hashed from their name (`hashed_color`)."""
+    return [(f, c, FAMILY_WORDS.get(f, f)) for f, c in FAMILY_COLORS.items()]
+
 
 HIGHLIGHT_MARK = "#ff6f00"
 """A highlighted node's thick border in the app's graph panes (`SvgGraph.highlight`)."""
@@ -98,10 +139,17 @@ def meaningful_colors() -> dict[str, str]:
 
 
 def hashed_color(key: str) -> str:
-    """A pale colour derived from `key` by CRC32 (stable across runs, unlike `hash`)."""
-    h = zlib.crc32(key.encode()) % 360 / 360.0
-    r, g, b = colorsys.hls_to_rgb(h, 0.85, 0.6)
-    return f"#{int(r * 255):02x}{int(g * 255):02x}{int(b * 255):02x}"
+    """A pale colour derived from `key` by CRC32 (stable across runs, unlike `hash`), its hue turned on (by 20° steps)
+    while it lies within `MIN_DELTA_E` of a status or rejection colour (`STATUS_MARKS`): a hashed pink read as a
+    rejection."""
+    h = zlib.crc32(key.encode()) % 360
+    out = ""
+    for turn in range(0, 360, 20):
+        r, g, b = colorsys.hls_to_rgb((h + turn) % 360 / 360.0, 0.85, 0.6)
+        out = f"#{int(r * 255):02x}{int(g * 255):02x}{int(b * 255):02x}"
+        if all(delta_e(out, c) >= MIN_DELTA_E for c in STATUS_MARKS.values()):
+            return out
+    return out
 
 
 def op_color(op: Op | str) -> str:
