@@ -234,8 +234,8 @@ def test_number_boxes_leave_the_range_to_the_server_which_says_it():
 def test_no_lone_dismiss_and_the_strip_points_at_the_banner_where_it_is():
     """A page that opens on a finished run (no job ran, so the status bar was never updated) showed "dismiss" with
     no message; after ② the strip said "the banner above", which lies below it."""
-    from rlxviz.app.controls import StatusBar
     from rlxviz.app.start import StartHere
+    from rlxviz.app.statusbar import StatusBar
 
     s = tiny()
     s.param.update(message="")

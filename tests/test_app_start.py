@@ -170,7 +170,7 @@ def test_ir_refused_by_its_check_leaves_break_on_too():
 def test_a_long_message_opens_folded_to_one_line_and_unfolds():
     """The banner (`StatusBar`): a long or many-line message opens folded (`rv-clamp`) with "more"; "more" shows it
     whole and "less" folds it again; a new message folds again; a short one is whole with no "more"."""
-    from rlxviz.app.controls import LONG_MESSAGE, StatusBar
+    from rlxviz.app.statusbar import LONG_MESSAGE, StatusBar
 
     s = tiny()
     bar = StatusBar(state=s)

@@ -437,7 +437,7 @@ def _rendered(md: str) -> str:
 
 
 def test_guard_and_user_text_is_escaped_for_markdown():
-    from rlxviz.app.controls import StatusBar
+    from rlxviz.app.statusbar import StatusBar
     from rlxviz.app.text import md_escape
 
     s = tiny()

@@ -100,7 +100,7 @@ def test_bert_tiny_returned_probe_of_h1_is_no_dce(capsys):
     main(["explain", "bert-tiny", "--variant", "extra_h1_user", "--layer", "0"])
     out = capsys.readouterr().out
     assert "h1_user_count" in out and "dead_code_elimination" not in out
-    assert "graph output #1, reads h1" in out and "keep h1 materialised" in out
+    assert "graph output #1, reads ln1 (role h1)" in out and "keep ln1 (role h1) materialised" in out
 
 
 DEAD = {"h1_dead_reader": ("%42", "h1_user_count"), "ln_input_dead_reader": ("%39", "residual_sum_single_user")}

@@ -16,13 +16,14 @@ from panel.viewable import Viewer
 
 from ..session.isolated import spare_ready, stop_children
 from .access import refusal
-from .controls import ModelControls, PipelineControls, StatusBar, VariantControls
+from .controls import ModelControls, PipelineControls, VariantControls
 from .jobs import Runner
 from .layout import ConnectionNotice, FoldSidebar, follow_editor
 from .panels import IRView, VersionStepper, graph_tab
 from .sources import remove_stale_uploads, remove_uploads
 from .start import StartHere
 from .state import AppState
+from .statusbar import StatusBar
 from .step import frozen_step
 from .text import md_escape
 from .timingview import TimingView

@@ -127,7 +127,7 @@ def explain_error(e: Exception, source: str, preset: str, onnx: bool = False, te
     An error in IR text says where, as the CLI does (`ir.syntax_error_line`: `IR text:3:16: IR syntax error: ...`;
     a lint error `IR text: line 3: invalid graph: ...`), then the line it points at with a caret under the column
     (`ir.quote_place`, the one formatter of the place; for a lint error the line of `text` that defines the node),
-    then what to do. The quoted line is data: the message pane shows it escaped (`controls._md_text`)."""
+    then what to do. The quoted line is data: the message pane shows it escaped (`statusbar._md_text`)."""
     kind = "ONNX file" if onnx else "checkpoint"
     what = {"preset": f"building preset {preset!r}", "checkpoint": f"loading the {kind} at the server path"
             if onnx else "loading the checkpoint folder",

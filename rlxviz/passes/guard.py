@@ -17,10 +17,33 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..ir import Graph, Node
-from ..ir.identity import DigestCache
 from ..ir.ops import EPILOGUE_ACTIVATIONS as _EPILOGUE_OPS
 from .params import ParamError, check_new_param
 from .pattern import Bindings, RuleError, describe, op_label
+from .readers import (
+    KEEP_MATERIALISED,
+    RUN_DCE,
+    extra_readers_why,
+    live_nodes,
+    reaches_output,
+    reader_advice,
+)
+from .refusal_kinds import (
+    COMPILER_ONLY,
+    DOES_NOT_PAY,
+    ILLEGAL,
+    IN_MODEL,
+    KINDS,
+    MODEL_TERM,
+    NO_MODEL_FIX,
+    NOT_A_CANDIDATE,
+    NOT_NEAR_MISSES,
+    NOT_PROFITABLE,
+    NOT_RECOGNIZED,
+    READ_BY_MODEL,
+    REMEDIES,
+    near_miss_kind,
+)
 from .spelling import close, scan
 
 EPILOGUE_ACTIVATIONS: tuple[str, ...] = tuple(a.value for a in _EPILOGUE_OPS)
@@ -36,61 +59,6 @@ def activation_hint(name: str | None) -> str:
 """Names of the activations `fuse_matmul_bias_act` absorbs: RLX's epilogue allow-list (gelu, silu) and squared
 ReLU (`relu2`), derived from the one table `ir.ops.EPILOGUE_ACTIVATIONS`. `gelu_tanh` is NOT in it: the fused
 epilogue computes exact-erf GELU only, so a tanh-GELU FFN keeps a separate activation node."""
-
-
-ILLEGAL = "illegal"
-NOT_RECOGNIZED = "not recognized"
-NOT_PROFITABLE = "not profitable"
-MODEL_TERM = "the model's own term"
-NOT_A_CANDIDATE = "not a candidate"
-KINDS: dict[str, str] = {
-    ILLEGAL: "fusing would change what the program computes or returns (an extra reader, a graph output of a "
-             "single-output op)",
-    NOT_RECOGNIZED: "a pattern limit: the computation could be fused, but no rule takes this form (operand order, "
-                    "an activation off the allow-list, a layout or form no rule knows); the fix is in the compiler",
-    NOT_PROFITABLE: "a gate or cost test decided against it (a size gate, a merge that would cost other fusions)",
-    MODEL_TERM: "nothing was refused: the fusion kept a computation of the model's own as an operand, exactly (an "
-                "additive score term that is not a padding mask: a causal band, a sliding window, ALiBi, a relative "
-                "position bias); rewriting the model would change what it computes",
-    NOT_A_CANDIDATE: "the nodes only look like the fusion's input: a broadcast sum (the embeddings' word + position + "
-                     "type tables) is not a residual; nothing to fix, not a near-miss (every BERT run showed one at "
-                     "embeddings.LayerNorm as `not recognized`)",
-}
-NOT_NEAR_MISSES = (MODEL_TERM, NOT_A_CANDIDATE)
-"""Kinds of refusal that are no missed fusion: `report.missed_fusions` and `session.status` leave them out,
-`report.left_out` lists them (one answer for the app, `rlxviz explain` and the notebooks)."""
-"""What kind of "no" a guard says (issue 17): every guard declares one."""
-
-IN_MODEL = "in the model"
-COMPILER_ONLY = "compiler only"
-READ_BY_MODEL = "read by the model"
-DOES_NOT_PAY = "does not pay"
-REMEDIES: dict[str, str] = {
-    IN_MODEL: "the hint is a change to the model (or the pipeline) that keeps every number the model computes and "
-              "returns: an operand order, a layout written another way, a dead reader removed, a pass run first",
-    COMPILER_ONLY: "no change to the model keeps its numbers and makes the fusion legal (the residual is scaled, the "
-                   "constants are not GELU's, eps sits outside the sqrt): the hint says why (`none in the model: "
-                   "...`), the compiler fix is the fix",
-    READ_BY_MODEL: "compiler only, because the value the fusion would absorb is read elsewhere by the model: a probe "
-                   "or a later layer reads it, or it is an output the caller asked for. The product is not legal "
-                   "for that layer (it is fused as far as legal); the compiler fix is an op that also returns it",
-    DOES_NOT_PAY: "nothing to change: the tool's own cost test decided the fusion costs more than it makes (a merge "
-                  "that would cost a member's epilogue or the attention block), so leaving it unmade is the right "
-                  "outcome, not a near-miss; only a compiler fix that keeps both would make it",
-}
-"""Where a refusal can be fixed (issue 38): a guard declares it (`Guard.no_model_fix`, `Guard.remedy`), so no front
-end prints a fix line that would change the model's numbers or drop an output. A refusal that is `illegal` and
-`read by the model` is the model's own dataflow: the product is not expected of that layer
-(`passes.why.verdict`)."""
-NO_MODEL_FIX = "none in the model: "
-
-
-def near_miss_kind(kind: str, remedy: str = "") -> bool:
-    """Whether a refusal of `kind` with `remedy` (`REMEDIES`) can be a near-miss at all: not one of `NOT_NEAR_MISSES`
-    (the model's own term, a lookalike) and not `DOES_NOT_PAY` (the tool's own cost test declined it: nothing to fix).
-    The refusal-level half of the one rule; `passes.why.standing` adds the layer-level half (a refusal the layer's
-    kind does not expect, or one illegal for the layer) and every front end reads that."""
-    return kind not in NOT_NEAR_MISSES and remedy != DOES_NOT_PAY
 
 
 _NAME = re.compile(r"\w+")
@@ -310,108 +278,6 @@ class Guard:
 
     def renamed(self, name: str, hint: str | None = None) -> Guard:
         return replace(self, name=name, hint=self.hint if hint is None else hint)
-
-
-REACH_LIMIT = 2_000
-"""Nodes `reaches_output` visits at most to name the output a live reader reaches (liveness itself is one reverse
-walk per graph, `live_nodes`); past it the output goes unnamed."""
-
-_LIVE: DigestCache[frozenset[int]] = DigestCache(limit=4)
-
-
-def live_nodes(g: Graph) -> frozenset[int]:
-    """The ids of the nodes whose value reaches a graph output (one reverse walk from the outputs, cached for the
-    last few graphs): a node outside it is dead, and removing it keeps every number the model returns."""
-    hit = _LIVE.get(g)
-    if hit is None:
-        seen, todo = set(g.outputs), list(g.outputs)
-        while todo:
-            for j in g[todo.pop()].inputs:
-                if j not in seen:
-                    seen.add(j)
-                    todo.append(j)
-        hit = _LIVE[g] = frozenset(seen)
-    return hit
-
-
-def reaches_output(g: Graph, i: int, limit: int = REACH_LIMIT) -> int | None:
-    """The id of a graph output that node `i`'s value reaches through its users (`i` itself when it is an output, or
-    when the output lies more than `limit` nodes away), or None when it reaches none: a dead reader, whose removal
-    keeps every number the model returns."""
-    live = live_nodes(g)
-    if i not in live:
-        return None
-    seen, todo = {i}, [i]
-    while todo and len(seen) <= limit:
-        j = todo.pop()
-        if g.is_output(j):
-            return j
-        for u in g.users(j):
-            if u.id in live and u.id not in seen:
-                seen.add(u.id)
-                todo.append(u.id)
-    return i
-
-
-KEEP_MATERIALISED = "a fusion would have to keep {value} materialised"
-"""What a value the model returns (or one read on to an output) means for a fusion that would absorb it."""
-
-RUN_DCE = "dead_code_elimination run on the model removes {it} and keeps every output"
-"""The advice for readers that reach no graph output: the one place a refusal proposes dead-code elimination
-(`reader_advice`); never for a value the model returns or one read on to an output. A change to the model, checked
-by `passes.whatif`'s dead-reader what-if (the dead nodes removed from the user's graph, before every pass: the dead
-reader may also have blocked an earlier fusion the refused one builds on, a residual norm under the layer op)."""
-
-
-def extra_readers_why(c: Ctx, role: str | int, extra: Sequence[int]) -> str | None:
-    """Why no change to the model frees `role` (a bound role, or a node id) of its `extra` readers, or None when
-    every one of them is dead (then removing it, as `dead_code_elimination` does, keeps the model's numbers): the
-    value is a graph output, or a reader is read on to one, so it is part of what the model returns (a probe, a
-    second layer reading shared K/V) and a fusion would have to keep the value materialised."""
-    g = c.graph
-    i = c.id(role) if isinstance(role, str) else role
-    name, short = (c.d(role), c.label(role)) if isinstance(role, str) else (c.name_of(i), c.name_of(i))
-    if g.is_output(i):
-        keep = KEEP_MATERIALISED.format(value="it")
-        return f"{name} is graph output #{g.outputs.index(i)}, which the caller asked for: {keep}; hiding it " \
-               f"changes what the model returns"
-    live = [(u, o) for u in extra if (o := reaches_output(g, u)) is not None]
-    if not live:
-        return None
-    u, o = live[0]
-    # the output number sits beside the node it numbers: "reduce_mean (node 43), graph output #1, reads h1" (it read
-    # "reads h1 (graph output #1)", as if h1 were the output)
-    if o == u and g.is_output(o):
-        who, to = f"{c.name_of(u)}, graph output #{g.outputs.index(o)},", ""
-    else:
-        out = f"graph output #{g.outputs.index(o)}, {c.name_of(o)}" if g.is_output(o) else "the graph outputs"
-        who, to = c.name_of(u), f", and its result flows on to {out}"
-    more = f" (and {len(live) - 1} more reader(s))" if len(live) > 1 else ""
-    return (f"{who} reads {short}{to}{more}: it is part of what the model computes and returns, so "
-            f"{KEEP_MATERIALISED.format(value=short)} for it; removing or rerouting it changes the model's outputs")
-
-
-def reader_advice(c: Ctx, role: str | int, extra: Sequence[int], hint: str) -> tuple[str, str]:
-    """`(remedy, hint)` of a refusal because `role` (a bound role, or a node id) has `extra` readers besides the
-    fusion, or is a graph output: the one rule every reader guard and the engine's escape check word their advice
-    with, so `explain`'s text, `--json` and the app's Why tab say the same.
-
-    * the value is a graph output, or a reader is read on to one: `(READ_BY_MODEL, "none in the model: ...")`
-      (`extra_readers_why`: a fusion would have to keep the value materialised; no dead-code elimination, which
-      cannot remove what the model returns);
-    * every extra reader is dead (reaches no graph output): `(IN_MODEL, "HINT: READERS reach(es) no graph output
-      (dead code): dead_code_elimination run on the model removes it ...")` (`RUN_DCE`), the fix `passes.whatif` checks.
-    """
-    why = extra_readers_why(c, role, extra)
-    if why is not None:
-        return READ_BY_MODEL, NO_MODEL_FIX + why
-    dead = [c.name_of(u) for u in extra if u in c.graph]
-    if not dead:  # nothing to remove (no reader named): the guard's own hint
-        return IN_MODEL, hint
-    who = ", ".join(dead[:3]) + (f" and {len(dead) - 3} more" if len(dead) > 3 else "")
-    verb = "reaches" if len(dead) == 1 else "reach"
-    rm = RUN_DCE.format(it="it" if len(dead) == 1 else "them")
-    return IN_MODEL, f"{hint}: {who} {verb} no graph output (dead code): {rm}"
 
 
 def _outside_readers(c: Ctx, role: str) -> list[int]:

@@ -51,10 +51,11 @@ from .rules.cleanup import dead_code_elimination, mark_elementwise_regions, unfu
 from .rules.export_forms import canonicalize_exported
 from .rules.gelu_forms import canonicalize_gelu
 from .rules.layer import fuse_transformer_layer
-from .rules.linear import fuse_matmul_bias_act, fuse_shared_input_matmul
+from .rules.linear import fuse_matmul_bias_act
 from .rules.norm import fuse_residual_ln, fuse_residual_rms_norm
 from .rules.norm_forms import canonicalize_norm
 from .rules.scale_blame import scale_origin
+from .rules.shared_input import fuse_shared_input_matmul
 from .rules.swiglu import fuse_swiglu
 from .spelling import close
 from .trace import PassStep, Rejection, Trace, family_of

@@ -1,0 +1,122 @@
+"""Who else reads a value a fusion would absorb, and what that means for the advice: the graph outputs a reader
+reaches (`reaches_output`, over `live_nodes`), why no change to the model frees the value (`extra_readers_why`: it is
+returned, or read on to an output), and the one advice every reader guard and the engine's escape check give
+(`reader_advice`): dead-code elimination only for readers that reach no output, never for a value the model returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..ir import Graph
+from ..ir.identity import DigestCache
+from .refusal_kinds import IN_MODEL, NO_MODEL_FIX, READ_BY_MODEL
+
+if TYPE_CHECKING:
+    from .guard import Ctx
+
+REACH_LIMIT = 2_000
+"""Nodes `reaches_output` visits at most to name the output a live reader reaches (liveness itself is one reverse
+walk per graph, `live_nodes`); past it the output goes unnamed."""
+
+_LIVE: DigestCache[frozenset[int]] = DigestCache(limit=4)
+
+
+def live_nodes(g: Graph) -> frozenset[int]:
+    """The ids of the nodes whose value reaches a graph output (one reverse walk from the outputs, cached for the
+    last few graphs): a node outside it is dead, and removing it keeps every number the model returns."""
+    hit = _LIVE.get(g)
+    if hit is None:
+        seen, todo = set(g.outputs), list(g.outputs)
+        while todo:
+            for j in g[todo.pop()].inputs:
+                if j not in seen:
+                    seen.add(j)
+                    todo.append(j)
+        hit = _LIVE[g] = frozenset(seen)
+    return hit
+
+
+def reaches_output(g: Graph, i: int, limit: int = REACH_LIMIT) -> int | None:
+    """The id of a graph output that node `i`'s value reaches through its users (`i` itself when it is an output, or
+    when the output lies more than `limit` nodes away), or None when it reaches none: a dead reader, whose removal
+    keeps every number the model returns."""
+    live = live_nodes(g)
+    if i not in live:
+        return None
+    seen, todo = {i}, [i]
+    while todo and len(seen) <= limit:
+        j = todo.pop()
+        if g.is_output(j):
+            return j
+        for u in g.users(j):
+            if u.id in live and u.id not in seen:
+                seen.add(u.id)
+                todo.append(u.id)
+    return i
+
+
+KEEP_MATERIALISED = "a fusion would have to keep {value} materialised"
+"""What a value the model returns (or one read on to an output) means for a fusion that would absorb it."""
+
+RUN_DCE = "dead_code_elimination run on the model removes {it} and keeps every output"
+"""The advice for readers that reach no graph output: the one place a refusal proposes dead-code elimination
+(`reader_advice`); never for a value the model returns or one read on to an output. A change to the model, checked
+by `passes.whatif`'s dead-reader what-if (the dead nodes removed from the user's graph, before every pass: the dead
+reader may also have blocked an earlier fusion the refused one builds on, a residual norm under the layer op)."""
+
+
+def extra_readers_why(c: Ctx, role: str | int, extra: Sequence[int]) -> str | None:
+    """Why no change to the model frees `role` (a bound role, or a node id) of its `extra` readers, or None when
+    every one of them is dead (then removing it, as `dead_code_elimination` does, keeps the model's numbers): the
+    value is a graph output, or a reader is read on to one, so it is part of what the model returns (a probe, a
+    second layer reading shared K/V) and a fusion would have to keep the value materialised."""
+    g = c.graph
+    i = c.id(role) if isinstance(role, str) else role
+    name, short = (c.d(role), c.label(role)) if isinstance(role, str) else (c.name_of(i), c.name_of(i))
+    if g.is_output(i):
+        keep = KEEP_MATERIALISED.format(value="it")
+        return f"{name} is graph output #{g.outputs.index(i)}, which the caller asked for: {keep}; hiding it " \
+               f"changes what the model returns"
+    live = [(u, o) for u in extra if (o := reaches_output(g, u)) is not None]
+    if not live:
+        return None
+    u, o = live[0]
+    # the output number sits beside the node it numbers: "reduce_mean (node 43), graph output #1, reads h1" (it read
+    # "reads h1 (graph output #1)", as if h1 were the output)
+    if o == u and g.is_output(o):
+        who, to = f"{c.name_of(u)}, graph output #{g.outputs.index(o)},", ""
+    else:
+        out = f"graph output #{g.outputs.index(o)}, {c.name_of(o)}" if g.is_output(o) else "the graph outputs"
+        who, to = c.name_of(u), f", and its result flows on to {out}"
+    more = f" (and {len(live) - 1} more reader(s))" if len(live) > 1 else ""
+    return (f"{who} reads {short}{to}{more}: it is part of what the model computes and returns, so "
+            f"{KEEP_MATERIALISED.format(value=short)} for it; removing or rerouting it changes the model's outputs")
+
+
+def reader_advice(c: Ctx, role: str | int, extra: Sequence[int], hint: str) -> tuple[str, str]:
+    """`(remedy, hint)` of a refusal because `role` (a bound role, or a node id) has `extra` readers besides the
+    fusion, or is a graph output: the one rule every reader guard and the engine's escape check word their advice
+    with, so `explain`'s text, `--json` and the app's Why tab say the same.
+
+    * the value is a graph output, or a reader is read on to one: `(READ_BY_MODEL, "none in the model: ...")`
+      (`extra_readers_why`: a fusion would have to keep the value materialised; no dead-code elimination, which
+      cannot remove what the model returns);
+    * every extra reader is dead (reaches no graph output): `(IN_MODEL, "HINT: READERS reach(es) no graph output
+      (dead code): dead_code_elimination run on the model removes it ...")` (`RUN_DCE`), the fix `passes.whatif` checks.
+    """
+    why = extra_readers_why(c, role, extra)
+    if why is not None:
+        return READ_BY_MODEL, NO_MODEL_FIX + why
+    dead = [c.name_of(u) for u in extra if u in c.graph]
+    if not dead:  # nothing to remove (no reader named): the guard's own hint
+        return IN_MODEL, hint
+    who = ", ".join(dead[:3]) + (f" and {len(dead) - 3} more" if len(dead) > 3 else "")
+    verb = "reaches" if len(dead) == 1 else "reach"
+    rm = RUN_DCE.format(it="it" if len(dead) == 1 else "them")
+    return IN_MODEL, f"{hint}: {who} {verb} no graph output (dead code): {rm}"
+
+
+__all__ = ["REACH_LIMIT", "live_nodes", "reaches_output", "KEEP_MATERIALISED", "RUN_DCE", "extra_readers_why",
+           "reader_advice"]

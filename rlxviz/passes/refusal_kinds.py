@@ -1,0 +1,65 @@
+"""What kind of "no" a refusal says and where it can be fixed: the kinds every guard declares (`KINDS`: illegal, not
+recognized, not profitable, ...) and the remedies (`REMEDIES`: in the model, compiler only, read by the model, does
+not pay), with `near_miss_kind`, the refusal-level half of the near-miss rule. Data only: `passes.guard` declares
+guards with them, `passes.readers` words reader refusals with them, and every front end reads them from there.
+"""
+
+from __future__ import annotations
+
+ILLEGAL = "illegal"
+NOT_RECOGNIZED = "not recognized"
+NOT_PROFITABLE = "not profitable"
+MODEL_TERM = "the model's own term"
+NOT_A_CANDIDATE = "not a candidate"
+KINDS: dict[str, str] = {
+    ILLEGAL: "fusing would change what the program computes or returns (an extra reader, a graph output of a "
+             "single-output op)",
+    NOT_RECOGNIZED: "a pattern limit: the computation could be fused, but no rule takes this form (operand order, "
+                    "an activation off the allow-list, a layout or form no rule knows); the fix is in the compiler",
+    NOT_PROFITABLE: "a gate or cost test decided against it (a size gate, a merge that would cost other fusions)",
+    MODEL_TERM: "nothing was refused: the fusion kept a computation of the model's own as an operand, exactly (an "
+                "additive score term that is not a padding mask: a causal band, a sliding window, ALiBi, a relative "
+                "position bias); rewriting the model would change what it computes",
+    NOT_A_CANDIDATE: "the nodes only look like the fusion's input: a broadcast sum (the embeddings' word + position + "
+                     "type tables) is not a residual; nothing to fix, not a near-miss (every BERT run showed one at "
+                     "embeddings.LayerNorm as `not recognized`)",
+}
+NOT_NEAR_MISSES = (MODEL_TERM, NOT_A_CANDIDATE)
+"""Kinds of refusal that are no missed fusion: `report.missed_fusions` and `session.status` leave them out,
+`report.left_out` lists them (one answer for the app, `rlxviz explain` and the notebooks)."""
+"""What kind of "no" a guard says (issue 17): every guard declares one."""
+
+IN_MODEL = "in the model"
+COMPILER_ONLY = "compiler only"
+READ_BY_MODEL = "read by the model"
+DOES_NOT_PAY = "does not pay"
+REMEDIES: dict[str, str] = {
+    IN_MODEL: "the hint is a change to the model (or the pipeline) that keeps every number the model computes and "
+              "returns: an operand order, a layout written another way, a dead reader removed, a pass run first",
+    COMPILER_ONLY: "no change to the model keeps its numbers and makes the fusion legal (the residual is scaled, the "
+                   "constants are not GELU's, eps sits outside the sqrt): the hint says why (`none in the model: "
+                   "...`), the compiler fix is the fix",
+    READ_BY_MODEL: "compiler only, because the value the fusion would absorb is read elsewhere by the model: a probe "
+                   "or a later layer reads it, or it is an output the caller asked for. The product is not legal "
+                   "for that layer (it is fused as far as legal); the compiler fix is an op that also returns it",
+    DOES_NOT_PAY: "nothing to change: the tool's own cost test decided the fusion costs more than it makes (a merge "
+                  "that would cost a member's epilogue or the attention block), so leaving it unmade is the right "
+                  "outcome, not a near-miss; only a compiler fix that keeps both would make it",
+}
+"""Where a refusal can be fixed (issue 38): a guard declares it (`Guard.no_model_fix`, `Guard.remedy`), so no front
+end prints a fix line that would change the model's numbers or drop an output. A refusal that is `illegal` and
+`read by the model` is the model's own dataflow: the product is not expected of that layer
+(`passes.why.verdict`)."""
+NO_MODEL_FIX = "none in the model: "
+
+
+def near_miss_kind(kind: str, remedy: str = "") -> bool:
+    """Whether a refusal of `kind` with `remedy` (`REMEDIES`) can be a near-miss at all: not one of `NOT_NEAR_MISSES`
+    (the model's own term, a lookalike) and not `DOES_NOT_PAY` (the tool's own cost test declined it: nothing to fix).
+    The refusal-level half of the one rule; `passes.why.standing` adds the layer-level half (a refusal the layer's
+    kind does not expect, or one illegal for the layer) and every front end reads that."""
+    return kind not in NOT_NEAR_MISSES and remedy != DOES_NOT_PAY
+
+
+__all__ = ["ILLEGAL", "NOT_RECOGNIZED", "NOT_PROFITABLE", "MODEL_TERM", "NOT_A_CANDIDATE", "KINDS", "NOT_NEAR_MISSES",
+           "IN_MODEL", "COMPILER_ONLY", "READ_BY_MODEL", "DOES_NOT_PAY", "REMEDIES", "NO_MODEL_FIX", "near_miss_kind"]
