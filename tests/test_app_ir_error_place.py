@@ -6,7 +6,7 @@ it (`<b>`, `<script>`) is shown as text."""
 import pytest
 from test_app_views import tiny
 
-from rlxviz.app.controls import StatusBar
+from rlxviz.app.statusbar import StatusBar
 from rlxviz.ir import IRSyntaxError, parse_ir, quote_place, syntax_error_line
 from rlxviz.session import SessionError
 from rlxviz.session.loading import load_ir_file

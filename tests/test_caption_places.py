@@ -26,12 +26,15 @@ from rlxviz.viz import Overlay, render_dot
 FTL = "fuse_transformer_layer"
 
 
+def _roles(label: str) -> list[str]:
+    """The role names of a node's HTML label (its bold italic lines), in order: `ln1 (role h1)`, the node named as
+    messages name it (`guard.role_name`), is the role `ln1`."""
+    return [re.sub(r" \(role \w+\)$", "", r) for r in re.findall(r"<I>([^<]*)</I>", label.split("tooltip=")[0])]
+
+
 def roles_per_node(text: str) -> dict[str, list[str]]:
     """DOT node name -> the role labels drawn on it (the bold italic lines of its HTML label), in order."""
-    out = {}
-    for m in re.finditer(r"^\s*(n\d+) \[(.*)\]$", text, re.M):
-        out[m.group(1)] = re.findall(r"<I>([^<]*)</I>", m.group(2).split("tooltip=")[0])
-    return out
+    return {m.group(1): _roles(m.group(2)) for m in re.finditer(r"^\s*(n\d+) \[(.*)\]$", text, re.M)}
 
 
 def caption(text: str) -> str:
@@ -99,7 +102,7 @@ def test_one_candidate_refused_at_three_guards_is_one_place_drawn_once(tiny):
     assert ov.title == f"before {FTL}: 0 match(es), 1 rejected place (3 failing guards)"
     text = render_dot(tiny, ov)
     for role, i in r.bindings.items():
-        roles = re.findall(r"<I>([^<]*)</I>", node_stmt(text, i).split("tooltip=")[0])
+        roles = _roles(node_stmt(text, i))
         assert roles.count(role) == 1, (role, roles)
     for g in ("h1_user_count", "ln1_shape", "mask_kind"):
         assert f"✗ {g}" in text
@@ -126,7 +129,7 @@ def test_two_rules_rejecting_at_the_same_node_both_show(tiny):
     assert r.near_miss
     assert ov.title == f"before {FTL}: 0 match(es), 2 rejected places (3 failing guards)"
     text = render_dot(tiny, ov)
-    ln1 = re.findall(r"<I>([^<]*)</I>", node_stmt(text, r.bindings["ln1"]).split("tooltip=")[0])
+    ln1 = _roles(node_stmt(text, r.bindings["ln1"]))
     assert ln1.count("ln1") == 2  # one per rule's place, never one per guard
     anchor = re.findall(r"<I>([^<]*)</I>", node_stmt(text, r.anchor).split("tooltip=")[0])
     assert anchor.count("ln2") == 2 and anchor.count("block") == 1

@@ -66,7 +66,7 @@ def test_without_guard_names_the_next_guard_on_esm():
 ENOUGH = {  # variant: (its first guard, how its compiler fix starts)
     # h1 returned: a layer op that also returns h1 is all it needs (the engine's escape check of the same h1 is the
     # same value's)
-    "output_intermediate": ("h1_not_output", "multi-output fusion: a layer op that also returns h1"),
+    "output_intermediate": ("h1_not_output", "multi-output fusion: a layer op that also returns ln1 (role h1)"),
     # tanh-GELU: the allow-list; the separate activation node after FFN.1 is the same node's (fuse_matmul_bias_act
     # refused it for the same allow-list)
     "tanh_gelu": ("fc1_activation", "add gelu_tanh to the epilogue allow-list"),
