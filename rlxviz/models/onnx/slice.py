@@ -89,20 +89,24 @@ _FLOAT_TYPES = {1, 10, 11, 16}  # TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
 
 def stream_first(cut: list[str], graph: Any) -> list[str]:
-    """The cut values (`cut_values`, in the order their nodes run) as the slice's outputs: floating-point values
-    first, the last computed first (the residual stream after the last layer, `[batch, seq, hidden]`, leads), then
-    the integer ones (shape vectors an exporter computed once in layer 0 and reused later). A value whose type shape
-    inference did not find goes with the integers. `graph`: the ONNX graph after shape inference."""
+    """The slice's outputs from its cut values (`cut_values`, in the order their nodes run): the floating-point
+    values, the last computed first (the residual stream after the last layer, `[batch, seq, hidden]`, leads; then
+    tables such as RoPE's cos/sin). The integer ones (shape vectors an exporter computed once in layer 0 for later
+    layers' reshapes) are left out: no node of the slice needs them as an output, and `rlxviz run` wrote them beside
+    the hidden state as if they were results. All of them, integers last, when none is a float. A value whose type
+    shape inference did not find counts as not a float. `graph`: the ONNX graph after shape inference."""
     typed = {v.name: v.type.tensor_type.elem_type for v in graph.value_info}
     typed |= {v.name: v.type.tensor_type.elem_type for v in graph.output}
     order = {name: i for i, name in enumerate(cut)}
-    return sorted(cut, key=lambda v: (typed.get(v) not in _FLOAT_TYPES, -order[v]))
+    ranked = sorted(cut, key=lambda v: (typed.get(v) not in _FLOAT_TYPES, -order[v]))
+    floats = [v for v in ranked if typed.get(v) in _FLOAT_TYPES]
+    return floats or ranked
 
 
 def slice_layers(path: str | Path, first: int, last: int) -> Path:
     """Write layers `first`..`last` (`first` must be the model's first layer: the slice starts at the inputs) of the
     ONNX file `path` as their own model (`<stem>.layers<first>-<last>.onnx` in a temporary folder) and return its path.
-    Its outputs are the cut values, the residual stream first (`stream_first`).
+    Its outputs are the cut values that are floats, the residual stream first (`stream_first`).
     Reads no weight (the slice's data file is a hard link, or a sparse copy of the ranges it uses).
 
     Raises:
