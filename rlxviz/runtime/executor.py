@@ -173,14 +173,22 @@ def _compiled_walk(walk: Callable[..., list[mx.array]], n_inputs: int, emitter: 
     return run
 
 
-def build_program(graph: Graph, emitter: MlxEmitter, compile_graph: bool, key: str | None = None) -> Program:
-    """Split `graph` into its static (params/consts only) and per-call parts and wrap both; both run
-    on `emitter.device` with `emitter.options`."""
+def static_ids(graph: Graph) -> set[int]:
+    """The ids of the nodes a program computes once, when it is prepared, not per call: params, consts and every
+    node that reads only those (a `concat` of packed Q/K/V weights, a transposed weight). `build_program` splits on
+    it; the time overlay leaves these nodes out of the per-call shares."""
     leaves = {Op.INPUT, Op.PARAM, Op.CONST}
     static: set[int] = set()
     for n in graph:
         if n.op in (Op.PARAM, Op.CONST) or (n.op not in leaves and n.inputs and all(i in static for i in n.inputs)):
             static.add(n.id)
+    return static
+
+
+def build_program(graph: Graph, emitter: MlxEmitter, compile_graph: bool, key: str | None = None) -> Program:
+    """Split `graph` into its static (params/consts only, `static_ids`) and per-call parts and wrap both; both run
+    on `emitter.device` with `emitter.options`."""
+    static = static_ids(graph)
     inputs = [n for n in graph if n.op == Op.INPUT]
     params = [n for n in graph if n.op == Op.PARAM]
     dynamic = [n for n in graph.compute_nodes() if n.id not in static]
@@ -466,4 +474,4 @@ def run_mlx(graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str, Any] |
     return (executor or default_executor()).run(graph, feeds, weights)
 
 
-__all__: Sequence[str] = ["MlxExecutor", "Program", "default_executor", "run_mlx"]
+__all__: Sequence[str] = ["MlxExecutor", "Program", "default_executor", "run_mlx", "static_ids"]

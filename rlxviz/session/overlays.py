@@ -3,8 +3,10 @@ node's numeric error against the reference evaluation of version 0. One service 
 overlay selector and `rlxviz overlay` call `node_figures`.
 
 * `time`: every compute node of the version evaluated on its own on MLX (`MlxExecutor.eager`, fastest of
-  `repeat`), its share of the sum. Eager evaluation forgoes MLX's cross-op scheduling: the shares say where the
-  time goes, the sum exceeds a lazy run (as `benchmarks/profile_ops.py`, which calls the same executor walk).
+  `repeat`), its share of the sum; a node that reads only weights (`runtime.executor.static_ids`: a packed
+  weight `concat`) is computed once when a program is prepared, not per call, so it has no share (`note` says
+  so). Eager evaluation forgoes MLX's cross-op scheduling: the shares say where the time goes, the sum exceeds a
+  lazy run (as `benchmarks/profile_ops.py`, which calls the same executor walk).
 * `error`: each node's value in this version on MLX against the float64 oracle (`runtime.reference`) of the
   same node in version 0, matched by identity (`origins`): max |value - reference| in the tensor's own units, and
   its colour and order by that error over the tensor's scale (max |reference|): f32 rounding of a tensor whose
@@ -275,13 +277,19 @@ def node_figures(trace: Trace, version: int, kind: str, feeds: Mapping[str, np.n
     deadline = time.perf_counter() + time_limit_s
     ex = MlxExecutor(device=device)
     if kind == "time":
+        from ..runtime.executor import static_ids
+
         limits.check(g, label, "run-mlx")
+        once = static_ids(g)  # weights only: computed when the program is prepared, not per call
         values, done = {}, 0
         for n, _v, s in ex.eager(g, feeds, weights, repeat):
-            values[n.id], done = s * 1e3, done + 1
+            done += 1
+            if n.id not in once:
+                values[n.id] = s * 1e3
             if time.perf_counter() > deadline:
                 break
-        return NodeFigures(kind, version, label, values, sum(values.values()), note=_stopped(g, done, time_limit_s))
+        notes = [_stopped(g, done, time_limit_s), _once_note(g, once)]
+        return NodeFigures(kind, version, label, values, sum(values.values()), note="; ".join(x for x in notes if x))
     match = origins(trace, version)
     ref_graph = trace.input
     wanted = {match[n.id] for n in g.compute_nodes() if n.id in match}
@@ -350,6 +358,15 @@ def _scale(want: np.ndarray) -> float:
     a = np.abs(np.asarray(want, np.float64))
     finite = a[np.isfinite(a)]
     return float(finite.max()) if finite.size else 0.0
+
+
+def _once_note(g: Graph, once: set[int]) -> str:
+    """Says which compute nodes the time shares leave out: those a program computes once from the weights
+    (`runtime.executor.static_ids`: the packed Q/K/V `concat` of `fuse_shared_input_matmul`), not on every call."""
+    ops = sorted({n.op.value for n in g.compute_nodes() if n.id in once})
+    k = sum(1 for n in g.compute_nodes() if n.id in once)
+    return "" if not k else (f"{k} node(s) that read only weights ({', '.join(ops)}) are computed once when the "
+                             "program is prepared, not per call: no share")
 
 
 def _stopped(g: Graph, done: int, limit_s: float) -> str:
