@@ -7,6 +7,7 @@ hand (`timed`), so each case holds exactly the statistics it is about."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -81,6 +82,10 @@ def test_a_busy_run_shows_no_speed_up_number_or_bar_in_the_app_as_in_the_cli(see
     assert set(data["speedup"]) == {""}  # no label with a number
     assert "busy" in sp.title.text
     assert not any(speedup_shown(r) for r in table[1:])
+    # the busy line names a row by its number: the app's table shows that number (newcomer run 4: "#21" cited,
+    # no number in the table)
+    cited = re.search(r"#(\d+) ", table[0]["busy"]).group(1)
+    assert any(r["version"].startswith(f"{cited}: ") for r in shown), ([r["version"] for r in shown], cited)
 
 
 def test_format_timings_checks_the_machine_itself_when_not_told():
