@@ -280,6 +280,7 @@ class Measurements:
             self._refuse_inputs(str(e), filename)
             return
         load_said = s.message if s.message != before else ""  # the load's own line (an ONNX file's check) stays
+        s._shape_kept = (s.model.name, batch, seq)  # the next model is built at them too: its switch says so
         self._use_inputs(user, data, filename, f"Batch {batch} and sequence length {seq} set from {filename}, as "
                                                f"rlxviz time --inputs takes them.", load_said)
 
