@@ -100,6 +100,8 @@ COMPUTE_TESTS: dict[str, str] = {
                                                                                      "processes",
     "test_app_io_faults.py::test_the_newcomers_roberta_inputs_set_batch_2_and_sequence_8": "an upload loaded twice",
     "test_app_io_faults.py::test_an_upload_or_a_path_replacing_another_names_the_new_model": "four ONNX loads",
+    "test_app_io_faults.py::test_the_newcomers_roberta_path_then_show_minilm_says_the_kept_shape": "an ONNX path "
+                                                                                                   "loaded twice",
 }
 """`file::test` (parameters dropped) of single slow tests that only compute, marked `slow` and `sweep`."""
 

@@ -327,3 +327,48 @@ def test_an_upload_or_a_path_replacing_another_names_the_new_model(monkeypatch, 
     assert s.message.startswith("Now showing second (path on the server), was first (path on the server)."), \
         s.message
     assert s.message.count("Now showing") == 1
+
+
+# ============================================================ 6. a batch and seq an inputs file set, carried over
+def test_a_built_in_shown_after_an_inputs_file_says_the_batch_and_seq_it_kept():
+    """A newcomer's roberta inputs set batch 2, seq 8; the next model (minilm, by its Show button) was built at them,
+    and the message did not say so. It keeps them (the user's last choice) and says it once, in the switch line."""
+    s, view = tiny()
+    choose(view, "mine.npz", bert_io(2, 8))
+    assert (s.batch, s.seq) == (2, 8)
+    s.param.update(source="preset", preset="llama-block")  # one built-in after another: said only for the shapes
+    assert s.model.graph.inputs[0].shape[:2] == (2, 8)
+    assert s.message == "Now showing llama-block at batch 2, seq 8 (kept from bert-tiny's inputs).", s.message
+    s.preset = "bert-tiny"  # said once: the next switch is as before
+    assert "kept from" not in s.message, s.message
+
+
+@pytest.mark.parametrize("by_hand", [{"seq": 12}, {"batch": 3}])
+def test_a_batch_or_seq_set_by_hand_after_the_file_is_not_said_to_be_kept(by_hand):
+    s, view = tiny()
+    choose(view, "mine.npz", bert_io(2, 8))
+    s.param.update(**by_hand)
+    s.preset = "llama-block"
+    assert "kept from" not in s.message, s.message
+
+
+def test_a_file_of_the_shown_shape_sets_nothing_so_nothing_is_kept():
+    s, view = tiny(batch=2, seq=8)
+    choose(view, "mine.npz", bert_io(2, 8))
+    used(s, view, "mine.npz")
+    s.preset = "llama-block"
+    assert "kept from" not in s.message, s.message
+
+
+def test_the_newcomers_roberta_path_then_show_minilm_says_the_kept_shape(monkeypatch):
+    """The issue as found: roberta.onnx by path, roberta_io.npz as inputs (batch 2, seq 8), then the built-in list's
+    Show: the switch line says the shape the new model was built at, and where it came from."""
+    monkeypatch.setenv(ALLOWED_DIRS_ENV, str(CASES))
+    s, view = tiny()
+    s.param.update(checkpoint_dir=str(CASES / "roberta.onnx"), source="checkpoint")
+    assert s.model.name == "roberta", s.message
+    choose(view, "roberta_io.npz", (CASES / "roberta_io.npz").read_bytes())
+    assert (s.batch, s.seq) == (2, 8) and s.model.name == "roberta", s.message
+    s.param.update(source="preset", preset="llama-block")
+    assert s.message.startswith("Now showing llama-block (built-in) at batch 2, seq 8 (kept from roberta's inputs), "
+                                "was roberta (path on the server)."), s.message

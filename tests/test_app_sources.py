@@ -184,3 +184,36 @@ def test_no_eval_or_pickle_in_app():
     src = "\n".join(p.read_text() for p in Path("rlxviz/app").glob("*.py"))
     for banned in (" eval(", " exec(", "import pickle", "pickle.load", "allow_pickle=True"):
         assert banned not in src, banned
+
+
+@pytest.mark.parametrize("name, goes", [
+    ("roberta_io.npz", "Timing tab's Your inputs (.npz)"),
+    ("n4-15-residual-logged.rlx", "IR text goes in the IR editor tab"),
+    ("graph.ir", "IR text goes in the IR editor tab"),
+    ("model.onnx_data", "external data is read in place"),
+])
+def test_upload_and_path_box_say_where_a_wrong_kind_goes(tmp_path, name, goes):
+    """The Upload source and the path box given a file of another kind (inputs, IR text, external data) say where
+    its kind goes instead, in the drop zone's words (`dropped_elsewhere`); they said only what they take."""
+    from rlxviz.app.sources import check_upload, dropped_elsewhere
+
+    assert goes in dropped_elsewhere([name])  # the one wording the three share
+    with pytest.raises(SourceError) as up:
+        check_upload({name: b"x"}, limit=1000)
+    assert goes in str(up.value) and name in str(up.value)
+    with pytest.raises(SourceError) as up2:  # beside an .onnx file too
+        check_upload({"m.onnx": b"x", name: b"x"}, limit=1000)
+    assert goes in str(up2.value)
+    (tmp_path / name).write_bytes(b"x")
+    with pytest.raises(SourceError) as box:
+        check_path_kind(str(tmp_path / name), [tmp_path])
+    assert goes in str(box.value) and "checkpoint folder" in str(box.value)
+
+
+def test_upload_of_a_plain_wrong_file_adds_no_hint(tmp_path):
+    """A file of no known kind keeps the plain refusal: no hint is made up for it."""
+    from rlxviz.app.sources import check_upload
+
+    with pytest.raises(SourceError) as up:
+        check_upload({"notes.zip": b"x"}, limit=1000)
+    assert "goes in" not in str(up.value) and "(got: notes.zip)" in str(up.value)

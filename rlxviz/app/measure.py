@@ -132,7 +132,8 @@ class Measurements:
             kernels = kernel_rows(trace, run.rows)
             self._timed = (trace, run.rows, also, kernels)
             page(lambda: s.trace is trace and s.param.update(  # not over a newer run's tab
-                timing_policy=(policy.describe() + "\n\n" if policy else "") + sets.describe(),
+                timing_policy=(policy.describe() + "\n\n" + policy.ok_rule() + "\n\n" if policy else "")
+                + sets.describe(),
                 # the BLAS library by its file name, not its path on the server (issue 39)
                 blas=hide_server_paths(f"{where if where is not None else 'MLX'}; {s.repeat} interleaved round(s) "
                                        f"per version, in a worker process (pid {run.pid}): the rounds `rlxviz time "
@@ -280,6 +281,7 @@ class Measurements:
             self._refuse_inputs(str(e), filename)
             return
         load_said = s.message if s.message != before else ""  # the load's own line (an ONNX file's check) stays
+        s._shape_kept = (s.model.name, batch, seq)  # the next model is built at them too: its switch says so
         self._use_inputs(user, data, filename, f"Batch {batch} and sequence length {seq} set from {filename}, as "
                                                f"rlxviz time --inputs takes them.", load_said)
 

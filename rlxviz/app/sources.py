@@ -114,7 +114,21 @@ def dropped_elsewhere(names: list[str]) -> str:
 
     Example:
         >>> dropped_elsewhere(["notes.txt"])  # doctest: +ELLIPSIS
-        'Dropped notes.txt: not taken (IR text goes in the IR editor tab). The drop zone takes one .onnx file ...'
+        "Dropped notes.txt: not taken (IR text goes in the IR editor tab). The drop zone takes one .onnx file ..."
+    """
+    hints = kind_goes(names) or ["not a model file"]
+    return f"Dropped {', '.join(names)}: not taken ({'; '.join(hints)}). The drop zone takes {DROP_TAKES}."
+
+
+def kind_goes(names: list[str]) -> list[str]:
+    """Where each of `names`' kinds goes instead of the model drop zone, the Upload source or the path box, in the
+    words all three say it (`dropped_elsewhere`, `check_upload`, `check_path_kind`): an `.npz` of inputs, IR text
+    (`IR_SUFFIXES`), an `.onnx` file's external data, a pickled checkpoint. One phrase per kind present, [] when
+    none of them is (a model file, or a file of no known kind). Raises nothing.
+
+    Example:
+        >>> kind_goes(["roberta_io.npz", "model.onnx"])
+        ["an .npz of inputs goes in the Timing tab's Your inputs (.npz)"]
     """
     low = [n.lower() for n in names]
     hints = []
@@ -126,9 +140,13 @@ def dropped_elsewhere(names: list[str]) -> str:
         hints.append(f"an .onnx file's external data is read in place: type the .onnx file's path in {PATH_BOX}")
     if any(n.endswith(PICKLE_SUFFIXES) for n in low):
         hints.append("a pickled checkpoint is never opened, as it could run code: convert it to model.safetensors")
-    if not hints:
-        hints.append("not a model file")
-    return f"Dropped {', '.join(names)}: not taken ({'; '.join(hints)}). The drop zone takes {DROP_TAKES}."
+    return hints
+
+
+def _goes(names: list[str]) -> str:
+    """`kind_goes` as a clause after a refusal ("; an .npz of inputs goes in ..."), '' when no kind is known."""
+    hints = kind_goes(names)
+    return f"; {'; '.join(hints)}" if hints else ""
 
 
 def check_checkpoint_dir(path: str, allowed: list[Path] | None = None) -> list[Path]:
@@ -186,8 +204,8 @@ def check_path_kind(path: str, allowed: list[Path]) -> None:
                               f"opens {PATH_TAKES}).")
         if name.endswith(".onnx") or name == "config.json":
             return
-        raise SourceError(f"{path}: neither a checkpoint folder nor an .onnx file; the path box opens {PATH_TAKES}, "
-                          f"inside {where}.")
+        raise SourceError(f"{path}: neither a checkpoint folder nor an .onnx file{_goes([real.name])}; the path box "
+                          f"opens {PATH_TAKES}, inside {where}.")
     if real.exists() and not real.is_dir():
         raise SourceError(f"{path}: neither a file nor a folder; the path box opens {PATH_TAKES}, inside {where}.")
     if real.is_dir() and not (real / "config.json").is_file():
@@ -302,13 +320,14 @@ def check_upload(files: dict[str, bytes], limit: int | None = None) -> dict[str,
     if onnx_files:
         if len(files) != 1:
             raise SourceError("Upload one .onnx file alone (with its weights inside; external data files cannot be "
-                              f"uploaded), or config.json + model.safetensors (got: {', '.join(sorted(files))}).")
+                              f"uploaded), or config.json + model.safetensors (got: {', '.join(sorted(files))}"
+                              f"{_goes(sorted(files))}).")
         return {ONNX_UPLOAD_NAME: onnx_files[0]}
     cfg = [v for k, v in files.items() if k.lower().endswith(".json")]
     st = [v for k, v in files.items() if k.lower().endswith(".safetensors")]
     if len(cfg) != 1 or len(st) != 1:
         raise SourceError("Upload one .onnx file alone, or exactly two files: the checkpoint's config.json and "
-                          f"model.safetensors (got: {', '.join(sorted(files)) or 'nothing'}).")
+                          f"model.safetensors (got: {', '.join(sorted(files)) or 'nothing'}{_goes(sorted(files))}).")
     if len(cfg[0]) > MAX_CONFIG_BYTES:
         raise SourceError("config.json is larger than 1 MB; that is not a Hugging Face config.")
     return {"config.json": cfg[0], "model.safetensors": st[0]}

@@ -527,6 +527,31 @@ class AppState(Derived, param.Parameterized):
     """(name, source, what it was read from: `Runs._model_key[:2]`) of the model shown (`_say_switch`)."""
     _switch_said = ""
     """The sentence `_say_switch` gave for the model shown ("" when showing it switched no source)."""
+    _shape_kept: tuple[str, int, int] | None = None
+    """(model name, batch, seq) when an inputs file of that model set the sidebar's batch and sequence length
+    (`Measurements.apply_pending`) and no hand has changed them since: the next model is built at them, which its
+    switch sentence says once (`_kept_note`)."""
+
+    @param.depends("batch", "seq", watch=True)
+    def _forget_kept_shape(self) -> None:
+        """Batch or sequence length set by hand (or by another file) to other values: no longer the inputs file's
+        (the file's own update may reach this watcher after `apply_pending` recorded it, so equal values stay)."""
+        if self._shape_kept is not None and self._shape_kept[1:] != (self.batch, self.seq):
+            self._shape_kept = None
+
+    def _kept_note(self) -> str:
+        """' at batch B, seq S (kept from OLD's inputs)' when the model shown, another than OLD, was built at the
+        batch and sequence length OLD's inputs file set (`_shape_kept`), '' otherwise (IR text fixes its own shapes;
+        a graph whose first input does not start [B, S] was not built at them). Said once: the note is forgotten."""
+        kept, name = self._shape_kept, self.model.name if self.model is not None else None
+        if kept is None or name is None or kept[0] == name or self.shown_kind() == "ir":
+            return ""
+        _, batch, seq = kept
+        inputs = self.model.graph.inputs
+        if (self.batch, self.seq) != (batch, seq) or not inputs or tuple(inputs[0].shape[:2]) != (batch, seq):
+            return ""
+        self._shape_kept = None
+        return f" at batch {batch}, seq {seq} (kept from {kept[0]}'s inputs)"
 
     def shown_kind(self) -> str | None:
         """The source the model shown came from (one of `SOURCES`; it may differ from `source` while another source's
@@ -555,9 +580,13 @@ class AppState(Derived, param.Parameterized):
             # the same source (the list says what is shown): the last switch's sentence named another model, and it
             # stayed over this one ("Now showing bert-tiny (built-in), was ..." over minilm)
             self.param.update(message=self.message[len(said):].lstrip(), message_kind="info")
+        kept = self._kept_note() if was is not None else ""  # the batch and seq an inputs file set, carried over
         if was is None or (was[1] == kind and not other_file):
+            if kept:  # one built-in after another: the list says which, but not at what shapes
+                self._switch_said = text = f"Now showing {self.model.name}{kept}."
+                self.param.update(message=text, message_kind="info")
             return
-        text = (f"Now showing {self.model.name} ({SOURCE_WORDS[kind]}), was {was[0]} "
+        text = (f"Now showing {self.model.name} ({SOURCE_WORDS[kind]}){kept}, was {was[0]} "
                 f"({SOURCE_WORDS[was[1]]}).")
         if dropped and self.message == dropped:  # the variant set to none for this model: said after the switch
             text = f"{text} {dropped}"

@@ -192,6 +192,24 @@ def speedup_color(row: dict[str, Any]) -> str:
     return FASTER_COLOR if words.endswith("x faster") else SLOWER_COLOR if words.endswith("x slower") else NEUTRAL_COLOR
 
 
+OK_VERDICTS = ("ok", "unchanged")
+"""A version's table verdicts (`session.timing_table`'s `verdict`) that say its numbers are right."""
+
+ERROR_LEGEND = ("Beside it: the max error against NumPy, a green dot where the table's verdict is ok (within the "
+                "tolerance the precision line states), a red one where it is not.")
+"""The error plot in the chart's legend (`chart_legend`), as `error_color` colours it."""
+
+
+def error_color(row: dict[str, Any]) -> str:
+    """The max-error dot's colour, by the verdict the table gives the version (`row["verdict"]`), not by the error's
+    size: `FASTER_COLOR` (green) for `ok` or `unchanged`, `SLOWER_COLOR` (red) for any other verdict (the reason it
+    is not ok), `NEUTRAL_COLOR` for a row with no verdict. Every dot was red, ok or not."""
+    verdict = row.get("verdict")
+    if not verdict:
+        return NEUTRAL_COLOR
+    return FASTER_COLOR if verdict in OK_VERDICTS else SLOWER_COLOR
+
+
 def chart_legend(rows: list[dict[str, Any]]) -> str:
     """What the timing chart shows, in words true of this run's chart (`timing_figure`), as Markdown: the median bars
     (whiskers p25 to p75, each labelled with its median, printed after its whisker's end); on a usable run the speed-up
@@ -205,13 +223,13 @@ def chart_legend(rows: list[dict[str, Any]]) -> str:
            "printed after the end of its whisker.")
     if any(r.get("busy") for r in rows):
         return (f"{top} No speed-up is drawn or printed: the machine was busy (above), so no ratio of this run is "
-                "read; the medians are shown as measured. Beside it: the max error against NumPy.")
+                f"read; the medians are shown as measured. {ERROR_LEGEND}")
     return (f"{top} Below it: the speed-up over the input, the median of the per-round ratios (round *r* of every "
             "version ran back to back), with its 95% bootstrap interval (*ci*); each speed-up bar is labelled with its "
             "own number, green where it reads *faster*, red where it reads *slower*, grey where it reads neither. "
             f"*Within noise*: that interval holds 1, lies within 1 ± {PRACTICAL:.0%} or spans more than {WIDE_CI}x "
             "(high/low), so these rounds do not tell the two versions apart; time again with more "
-            f"rounds ({MIN_VERDICT_ROUNDS} at least for a verdict). Beside it: the max error against NumPy.")
+            f"rounds ({MIN_VERDICT_ROUNDS} at least for a verdict). {ERROR_LEGEND}")
 
 
 def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -259,7 +277,7 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
       whiskers: its 95% bootstrap interval; label `speedup_label`, that same number; fill `speedup_color`, by its
       reading), a rule at 1. On a busy run (`row["busy"]`) no bar, whisker or label: the plot's title says why
       (`session.timing.speedup_text` prints no number there either);
-    * max |error| vs NumPy (log axis).
+    * max |error| vs NumPy (log axis; a dot coloured by the table's verdict, `error_color`).
 
     A bar and its label are one statistic: a median ms bar longer than the input's may sit next to a speed-up
     above 1 (the medians and the per-round ratios are different statistics), but never inside one plot.
@@ -287,7 +305,8 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
                             "x": speed, "x_low": s_low, "x_high": s_high,
                             "speedup": ["" if busy else speedup_label(r) for r in rows],
                             "x_color": [speedup_color(r) for r in rows],
-                            "err": [max(r["max_err"], 1e-12) for r in rows]})
+                            "err": [max(r["max_err"], 1e-12) for r in rows],
+                            "err_color": [error_color(r) for r in rows]})
     h = plot_height(len(rows))
     p = figure(y_range=labels[::-1], height=h, sizing_mode="stretch_width", min_width=300,
                title=chart_title(rows), toolbar_location=None,
@@ -324,12 +343,13 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     # a tick every third decade: one per decade (10^-9 to 10^-2) ran into each other in 230 px
     top = math.ceil(math.log10(hi)) if math.isfinite(hi) else 0
     q.xaxis.ticker = FixedTicker(ticks=[10.0 ** k for k in range(-9, top + 1, 3)])
-    q.scatter(x="err", y="version", source=src, size=9, color="#c62828")
+    q.scatter(x="err", y="version", source=src, size=9, color="err_color")  # by the table's verdict: `error_color`
     q.yaxis.visible = False
     return column(p, row(sp, q, sizing_mode="stretch_width"), sizing_mode="stretch_width", height=2 * h)
 
 
-__all__ = ["FASTER_COLOR", "KERNELS_MARK", "LABEL_ROOM", "NEUTRAL_COLOR", "SLOWER_COLOR", "chart_legend",
+__all__ = ["ERROR_LEGEND", "OK_VERDICTS", "error_color",
+           "FASTER_COLOR", "KERNELS_MARK", "LABEL_ROOM", "NEUTRAL_COLOR", "SLOWER_COLOR", "chart_legend",
            "speedup_color", "table_rows", "PLOT_FRAME_PX", "PLOT_ROW_PX", "chart_title", "error_formatter",
            "fusion_kernels_markdown", "kernels_marked", "machine_verdict", "ms_label", "on_kernels", "plot_height",
            "shown_product", "speedup_label", "timing_factor", "timing_figure"]

@@ -123,8 +123,8 @@ def cmd_time(args: argparse.Namespace) -> int:
         import json
 
         _out(json.dumps({"model": model.name, "pipeline": trace.pipeline, "context": where, "repeat": args.repeat,
-                         "precision": policy.describe(), "inputs": sets.names, "skipped": dict(sets.skipped),
-                         "busy": busy,
+                         "precision": policy.describe(), "ok_rule": policy.ok_rule(), "inputs": sets.names,
+                         "skipped": dict(sets.skipped), "busy": busy,
                          "versions": [{**dataclasses.asdict(r), "verdict": r.verdict, "vs_input": t["vs_input"]}
                                       for r, t in zip(rows, table, strict=True)],
                          "split": split_json(split),
@@ -135,7 +135,7 @@ def cmd_time(args: argparse.Namespace) -> int:
          f"{args.repeat} interleaved round(s) on {sets.sets[0].name} inputs\n"
          + "".join(f"{c.line()}\n" for c in checks)
          + (f"{host}\n" if (host := describe_host(model.graph)) else "")
-         + f"{policy.describe()}\n{sets.describe()}\n"
+         + f"{policy.describe()}\n{policy.ok_rule()}\n{sets.describe()}\n"
          + (f"{busy_verdict(busy)}\n" if busy else "")
          + format_timings(rows, busy) + ("\n\n" + split_text(split).rstrip("\n") if split is not None else ""))
     return code

@@ -180,6 +180,20 @@ class PrecisionPolicy:
         """How float32 matmuls run: `tf32` (10-bit mantissa inputs, float32 accumulation) or `f32`."""
         return "tf32" if self.tf32 else "f32"
 
+    def ok_rule(self) -> str:
+        """What a version's `ok` is judged against, one line for `rlxviz time` (text and `--json`) and the app's
+        Timing tab: the tolerance in force as the element-wise bound (`Tolerance`: `|got - want| <= atol +
+        rtol * |want|`, so an output of scale 10 passes an absolute error of 1e-2 with rtol 1e-3), and the judge
+        (the float64 oracle, or version 0 for a quantized graph), e.g. `ok: every output element within 0.0001 +
+        0.001 x |want| of the float64 oracle (the unfused graph), on every input set; "vs oracle" is the largest
+        |error|, in the output's units`."""
+        if self.judge.oracle:
+            tol, judge, column = self.oracle, "the float64 oracle (the unfused graph)", "vs oracle"
+        else:
+            tol, judge, column = self.same_backend, f"version 0 in {self.dtype}", "vs input"
+        return (f"ok: every output element within {tol.atol:g} + {tol.rtol:g} x |want| of {judge}, on every input "
+                f"set; \"{column}\" is the largest |error|, in the output's units")
+
     def describe(self) -> str:
         """One line for the CLI and the page (a quantized graph's names its judge: `Judge.line`)."""
         if not self.judge.oracle:

@@ -173,7 +173,8 @@ def run_dict(r: RunVerdict) -> dict[str, Any]:
                                 for g, lines in r.left_out_groups.items()],
             "architecture": None if r.architecture is None else dataclasses.asdict(r.architecture),
             "crashed_passes": r.crashed, "recognized": r.recognized, "expect": r.expect,
-            "cannot_make": r.cannot_make or sorted({c for s in r.layers for c in s.cannot_make})}
+            "cannot_make": r.cannot_make or sorted({c for s in r.layers for c in s.cannot_make}),
+            "headline": headline(r), "headline_notes": headline_notes(r)}
 
 
 def render_run(r: RunVerdict, verbose: bool = False) -> str:
@@ -190,18 +191,32 @@ def render_run(r: RunVerdict, verbose: bool = False) -> str:
                   [f"  judged against the pipeline only: {c}" for c in r.cannot_make])
         return "\n".join(head + [f"  {m}" for m in r.misses] + unmade
                          + [f"  not expected here: {x}" for x in r.not_expected] + _left_out(r))
-    return "\n".join([headline(r), *crashes, *_short_of_ops(r), *(render_layer(s, verbose) for s in r.layers),
-                      *_left_out(r)])
+    return "\n".join([headline(r), *crashes, *(f"  {n}" for n in headline_notes(r)),
+                      *(render_layer(s, verbose) for s in r.layers), *_left_out(r)])
 
 
-def _short_of_ops(r: RunVerdict) -> list[str]:
-    """Under the headline, the fused layers that are fused only as far as rlxviz's ops go (`LayerVerdict.op_gaps`):
-    the count says "fused as expected" of them, and this line says what rlxviz lacks, so the count hides no gap."""
+def headline_notes(r: RunVerdict) -> list[str]:
+    """The notes under the headline (text: indented two spaces; `--json`: `headline_notes`), one per way a layer
+    the count says "fused as expected" of falls short, so the count hides no shortfall (the counts and the exit
+    status are unchanged):
+
+    * fused only as far as legal (`LayerVerdict.legal_only`): the products illegal for those layers, by rule
+      ("1 of them only as far as legal: fuse_residual_ln.residual illegal for them");
+    * fused only as far as rlxviz's ops go (`LayerVerdict.op_gaps`): what rlxviz lacks.
+
+    [] when every fused layer is fused all the way, or no node path names a layer.
+    """
+    notes = []
+    legal = [s for s in r.layers if s.legal_only]
+    if legal:
+        rules = dict.fromkeys(o.rule for s in legal for o in s.illegal)
+        notes.append(f"{len(legal)} of them only as far as legal: {', '.join(rules)} illegal for "
+                     f"{'it' if len(legal) == 1 else 'them'}")
     short = [s for s in r.layers if s.fused and s.op_gaps]
-    if not short:
-        return []
-    gaps = dict.fromkeys(g.split(" (", 1)[0] for s in short for g in s.op_gaps)
-    return [f"  {len(short)} of them only as far as rlxviz's ops go: rlxviz lacks {', '.join(gaps)}"]
+    if short:
+        gaps = dict.fromkeys(g.split(" (", 1)[0] for s in short for g in s.op_gaps)
+        notes.append(f"{len(short)} of them only as far as rlxviz's ops go: rlxviz lacks {', '.join(gaps)}")
+    return notes
 
 
 def _left_out(r: RunVerdict) -> list[str]:
@@ -210,5 +225,5 @@ def _left_out(r: RunVerdict) -> list[str]:
             for ln in (f"{left_out_heading(g, len(lines))}:", *(f"  {x}" for x in lines))]
 
 
-__all__ = ["GROUP_OVER", "fused_list", "headline", "layer_dict", "left_out_heading", "render_layer", "render_run",
-           "run_dict"]
+__all__ = ["GROUP_OVER", "fused_list", "headline", "headline_notes", "layer_dict", "left_out_heading", "render_layer",
+           "render_run", "run_dict"]

@@ -1,0 +1,51 @@
+"""The headline's count says "fused as expected" of every fused layer; a layer fused only as far as legal (a product
+illegal for it left unmade) got a note under it in no place, though one fused only as far as rlxviz's ops go did. Both
+notes now come from one function (`headline_notes`), in the text and in `--json`; counts and exit codes stay."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from clirun import run as cli_run
+
+from rlxviz.passes.why.text import headline_notes
+
+CASES = Path(__file__).parent / "data" / "cases"
+
+
+@pytest.mark.parametrize("name, rules", [
+    ("n4-15-residual-logged.rlx", "fuse_residual_ln.residual, fuse_transformer_layer.bert_post_ln"),
+    ("n4-13-cross-layer-kv-sharing.rlx", "fuse_attention_block.qkv_attention_out"),
+])
+def test_a_layer_fused_as_far_as_legal_is_noted_under_the_headline(capsys, name, rules):
+    code, text, err = cli_run(capsys, "explain", CASES / name)
+    assert code == 0 and "Traceback" not in err, err
+    head, note = text.splitlines()[:2]
+    assert head.endswith("layer(s) fused as expected"), head
+    assert note == f"  1 of them only as far as legal: {rules} illegal for it", text
+    jcode, out, _ = cli_run(capsys, "explain", CASES / name, "--json")
+    j = json.loads(out)
+    assert jcode == code and j["ok"] and j["fused_layers"] == j["checked_layers"]  # counts unchanged
+    assert j["headline"] == head and j["headline_notes"] == [note.strip()]
+    assert sum(d["status"] == "fused as far as legal" for d in j["layers"]) == 1
+
+
+def layer(fused: bool = True, illegal: tuple[str, ...] = (), gaps: tuple[str, ...] = ()) -> SimpleNamespace:
+    """A layer verdict as `headline_notes` reads it (`LayerVerdict`'s fields and `legal_only`)."""
+    return SimpleNamespace(fused=fused, legal_only=fused and bool(illegal), op_gaps=list(gaps),
+                           illegal=[SimpleNamespace(rule=r) for r in illegal])
+
+
+@pytest.mark.parametrize("layers, notes", [
+    ([layer(), layer()], []),
+    ([layer(illegal=("a.x",)), layer(illegal=("a.x", "b.y")), layer()],
+     ["2 of them only as far as legal: a.x, b.y illegal for them"]),
+    ([layer(illegal=("a.x",), gaps=("G (r.f: g)",)), layer(fused=False, illegal=("c.z",))],
+     ["1 of them only as far as legal: a.x illegal for it",
+      "1 of them only as far as rlxviz's ops go: rlxviz lacks G"]),
+])
+def test_notes_count_each_shortfall_of_the_fused_layers(layers, notes):
+    assert headline_notes(SimpleNamespace(layers=layers)) == notes
