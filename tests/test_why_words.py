@@ -63,7 +63,7 @@ def test_a_not_expected_line_says_its_failing_guard_first_then_why(name):
         assert m, line
         rule, guard = m.groups()
         said = [r["message"] for r in rows if (r["rule"], r["guard"]) == (rule, guard) and r["layer"] == lv.layer
-                and r["kind"] == "rejected" and r["message"]]
+                and r["kind"] == policy.NOT_EXPECTED_HERE and r["message"]]
         if not said:
             continue  # a product excused without a refusal of its own in this layer: nothing to quote
         assert any(line.startswith(f"{rule} ({guard}): {x}; ") for x in said), (line, said)  # as the table says it

@@ -17,11 +17,10 @@ import numpy as np
 from ..ir import Graph, Node, Op, format_node, operand_roles
 from ..ir.ops import made_as
 from ..ir.printer import format_value
-from ..passes.guard import NOT_A_CANDIDATE
 from ..passes.pipeline import role_label
 from ..passes.report import in_context
 from ..passes.trace import Rejection, Trace, anchor_position, layer_of, reading_order
-from ..passes.why.verdict import RunVerdict
+from ..passes.why.verdict import RunVerdict, place_standings, place_status
 from ..session.tensors import summarize
 from .text import md_code, md_escape, md_pre
 
@@ -60,10 +59,13 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
                          "why": "", "fix": "", "anchor": m.anchor,
                          "message": made + (f", without {without}" if left and without else ""),
                          "hint": "", "path": m.path, "nodes": nodes})
+        status = {pl: place_status(head, st) for pl, (head, st) in place_standings(trace, k).items()}
         for r in s.rejections:
             nodes = list(dict.fromkeys([*r.offending, r.anchor]))
             why = r.kind if r.headline else f"also: {r.kind}"
-            kind = "left out" if r.soft else NOT_A_CANDIDATE if r.kind == NOT_A_CANDIDATE else "rejected"
+            # the place's standing, as the chips count it (`verdict.place_status`): a refusal the layer's kind does
+            # not expect reads "not expected here", never "rejected"; the guard's own kind stays in `why`
+            kind = status[(r.rule, r.anchor)]
             message, hint = in_context(trace, k, r)  # as `explain` words it: a "run P first" whose P ran says so
             rows.append({"kind": kind, "step": k, "pass": s.pass_name, "rule": r.rule,
                          "layer": r.layer, "stage": r.stage, "guard": r.guard, "why": why, "fix": r.fix,

@@ -10,8 +10,8 @@ import panel as pn
 import param
 from panel.viewable import Viewer
 
-from ..passes.guard import NOT_A_CANDIDATE
 from ..passes.trace import layer_label
+from ..passes.why.verdict import LEFT_OUT_STATUS, REJECTED, STANDING_GROUPS
 from ..session import SessionError
 from .explain import decision_rows
 from .graphpane import SvgGraph, ZoomScope, absorbed_index
@@ -94,7 +94,7 @@ class DecisionTable(Viewer):
             disabled=True, selectable=1, layout="fit_columns", css_classes=["rv-decisions"],
             stylesheets=[TABLE_CSS],
             sorters=[],  # the rows' own order (`ORDER_NOTE`): a sort by kind scattered a layer's rows
-            header_filters={"kind": {"type": "list", "values": ["fused", "rejected", "left out", NOT_A_CANDIDATE],
+            header_filters={"kind": {"type": "list", "values": ["fused", REJECTED, LEFT_OUT_STATUS, *STANDING_GROUPS],
                                      "clearable": True},
                             "pass": {"type": "input", "func": "like", "placeholder": "pass"},
                             "layer": {"type": "number", "func": "=", "placeholder": "layer"},

@@ -325,11 +325,20 @@ def _edges_to_users(ctx: Ctx, role: str) -> Highlight:
     return tuple(u.id for u in us), tuple((i, u.id) for u in us)
 
 
+def _edges_to_outside(ctx: Ctx, role: str) -> Highlight:
+    """The offending readers of `role` and their edges: the users no bound role of the match holds (the extra
+    readers; `_outside_readers`), never the match's own consumer (the norm a residual fusion would absorb), which
+    is marked only when no reader lies outside the match."""
+    i = ctx.id(role)
+    us = _outside_readers(ctx, role)
+    return tuple(us), tuple((i, u) for u in us)
+
+
 def single_user(role: str, name: str | None = None, hint: str = "", fix: str = "") -> Guard:
     """`role` has exactly one user node (graph outputs are checked by `not_output`)."""
     return Guard(name or f"{role}_single_user", lambda c: len(c.users(role)) == 1,
                  lambda c: f"{_uses(c, role)}; needs exactly 1",
-                 lambda c: _edges_to_users(c, role),
+                 lambda c: _edges_to_outside(c, role),
                  hint or f"make {role} single-use (or give the extra reader its own copy)", (role,), ILLEGAL,
                  fix or _also_returns(role), remedy=READ_BY_MODEL, readers=_outside(role))
 
@@ -347,8 +356,8 @@ def not_output(role: str, name: str | None = None, hint: str = "", fix: str = ""
 def user_count(role: str, n: int, purpose: str, name: str | None = None, hint: str = "", fix: str = "",
                highlight: Callable[[Ctx], Highlight] | None = None) -> Guard:
     """`role` has exactly `n` user nodes; `purpose` names them ("FFN.1 and the ln2 residual"). `highlight`
-    picks the offending users (default: every user)."""
-    pick = highlight or (lambda c: _edges_to_users(c, role))
+    picks the offending users (default: the users outside the match, `_edges_to_outside`)."""
+    pick = highlight or (lambda c: _edges_to_outside(c, role))
     return Guard(name or f"{role}_user_count", lambda c: len(c.users(role)) == n,
                  lambda c: f"{_uses(c, role)}; needs exactly {n}: {purpose}",
                  pick, hint or f"make {role} feed only {purpose}", (role,), ILLEGAL, fix or _also_returns(role),

@@ -6,10 +6,10 @@ returned, or read on to an output), and the one advice every reader guard and th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from ..ir import Graph
+from ..ir import Graph, Op
 from ..ir.identity import DigestCache
 from .refusal_kinds import IN_MODEL, NO_MODEL_FIX, READ_BY_MODEL
 
@@ -67,6 +67,46 @@ by `passes.whatif`'s dead-reader what-if (the dead nodes removed from the user's
 reader may also have blocked an earlier fusion the refused one builds on, a residual norm under the layer op)."""
 
 
+RESIDUAL_STREAM = ("{who} reads {value}: the residual stream continues past the norm; a fusion would have to return "
+                   "{value} too (compiler fix: a two-output {fused})")
+"""What an extra reader that is the next residual add means (`extra_readers_why`): a pre-norm layout, whose residual
+sum feeds both the norm and the next sublayer's residual add; no probe, and nothing in the model to change."""
+
+_FUSED_OF_NORM = {Op.LAYER_NORM: Op.FUSED_RESIDUAL_LN, Op.RMS_NORM: Op.FUSED_RESIDUAL_RMS_NORM}
+
+
+def continues_residual(g: Graph, i: int, u: int, limit: int = REACH_LIMIT) -> bool:
+    """Whether reader `u` of node `i` is a residual add continuing the stream `i` is on: an `add` with `i` as one
+    operand and, as another, a value computed from `i` (a later sublayer's output: `add(x, f(x))`, `f` reached
+    within `limit` nodes). False for any other reader (a probe, a second model output)."""
+    n = g.get(u)
+    if n is None or n.op is not Op.ADD or i not in n.inputs:
+        return False
+    todo = [j for j in n.inputs if j != i]
+    seen = set(todo)
+    while todo and len(seen) <= limit:
+        j = todo.pop()
+        if j == i:
+            return True
+        for k in g[j].inputs:
+            if k not in seen:
+                seen.add(k)
+                todo.append(k)
+    return False
+
+
+def residual_stream_why(g: Graph, i: int, extra: Sequence[int], name_of: Callable[[int], str], value: str
+                        ) -> str | None:
+    """`RESIDUAL_STREAM` worded for node `i` (a residual sum read by a norm) whose first extra reader continuing the
+    residual stream (`continues_residual`) is among `extra`, or None when none does or no norm reads `i` (then
+    the sum is no norm's residual, and the reader is worded as any other)."""
+    norms = [_FUSED_OF_NORM[u.op] for u in g.users(i) if u.op in _FUSED_OF_NORM]
+    nxt = next((u for u in extra if continues_residual(g, i, u)), None)
+    if not norms or nxt is None:
+        return None
+    return RESIDUAL_STREAM.format(who=f"the next residual add, {name_of(nxt)},", value=value, fused=norms[0].value)
+
+
 def extra_readers_why(c: Ctx, role: str | int, extra: Sequence[int]) -> str | None:
     """Why no change to the model frees `role` (a bound role, or a node id) of its `extra` readers, or None when
     every one of them is dead (then removing it, as `dead_code_elimination` does, keeps the model's numbers): the
@@ -82,6 +122,10 @@ def extra_readers_why(c: Ctx, role: str | int, extra: Sequence[int]) -> str | No
     live = [(u, o) for u in extra if (o := reaches_output(g, u)) is not None]
     if not live:
         return None
+    # the sum's other reader is the next sublayer's residual add (a pre-norm layout): no probe, say so
+    stream = residual_stream_why(g, i, [u for u, _ in live], c.name_of, short)
+    if stream is not None:
+        return stream
     u, o = live[0]
     # the output number sits beside the node it numbers: "reduce_mean (node 43), graph output #1, reads h1" (it read
     # "reads h1 (graph output #1)", as if h1 were the output)
@@ -118,5 +162,5 @@ def reader_advice(c: Ctx, role: str | int, extra: Sequence[int], hint: str) -> t
     return IN_MODEL, f"{hint}: {who} {verb} no graph output (dead code): {rm}"
 
 
-__all__ = ["REACH_LIMIT", "live_nodes", "reaches_output", "KEEP_MATERIALISED", "RUN_DCE", "extra_readers_why",
-           "reader_advice"]
+__all__ = ["REACH_LIMIT", "live_nodes", "reaches_output", "KEEP_MATERIALISED", "RESIDUAL_STREAM", "RUN_DCE",
+           "continues_residual", "extra_readers_why", "reader_advice", "residual_stream_why"]

@@ -26,7 +26,7 @@ from ..ir.ops import FUSED
 from ..passes.trace import Layer, Rejection, layer_label, layer_of
 from .dot import DotOptions, GraphTooLarge, _Drawer, _e, _html, _small, _tip
 from .overlay import Overlay
-from .styles import REJECT, STATUS_COLORS, fmt_shape, human_count, tint
+from .styles import NOT_NEAR_MISS, NOT_NEAR_MISS_INK, REJECT, STATUS_COLORS, fmt_shape, human_count, tint
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,9 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
         elif g.fused and len([n for n in g.nodes if n.id not in static]) == 1:
             g.status = "fused"  # one fused op; weight preparation (e.g. merged Q/K/V weights) does not count
         elif g.rejections and not (g.verdict is not None and pristine):
-            g.status = "rejected"
+            # a layer whose every refusal is no near-miss (the chips' ○) is not drawn as rejected
+            excused = overlay.excused if overlay else frozenset()
+            g.status = NOT_NEAR_MISS if all((r.rule, r.anchor) in excused for r in g.rejections) else "rejected"
         else:
             g.status = "partly fused" if g.fused else "unfused"
     first: dict[tuple, int] = {}
@@ -225,6 +227,11 @@ def _box_label(g: LayerGroup) -> str:
         lines.append(f'<FONT COLOR="{REJECT}"><B>rejected: {_e(", ".join(guards[:2]))}</B></FONT>')
         if g.fused:
             lines.append(_small(f"{len(g.fused)} of {len(g.nodes)} ops fused", "#555555"))
+    elif g.status == NOT_NEAR_MISS:
+        guards = list(dict.fromkeys(r.guard for r in g.rejections))
+        lines.append(f'<FONT COLOR="{NOT_NEAR_MISS_INK}"><B>{NOT_NEAR_MISS}: {_e(", ".join(guards[:2]))}</B></FONT>')
+        if g.fused:
+            lines.append(_small(f"{len(g.fused)} of {len(g.nodes)} ops fused", "#555555"))
     elif g.status == "partly fused":
         c = Counter(n.op.value for n in g.fused)
         lines.append('<FONT COLOR="#8d6e00"><B>partly fused</B></FONT>')
@@ -274,6 +281,8 @@ def _so_far(g: LayerGroup) -> str:
     if g.status == "rejected":
         guards = list(dict.fromkeys(r.guard for r in sorted(g.rejections, key=lambda r: r.stage != "guard")))
         return f"rejected: {', '.join(guards[:2])}"
+    if g.status == NOT_NEAR_MISS:
+        return f"{NOT_NEAR_MISS}: {', '.join(dict.fromkeys(r.guard for r in g.rejections))}"
     return g.status or "unfused"
 
 
@@ -292,7 +301,8 @@ def _box_tooltip(g: LayerGroup) -> str:
     if g.verdict is not None and g.verdict.message:
         parts.append(f"why: {g.verdict.message}")
     for r in g.rejections:
-        parts.append(f"REJECTED {r.rule} [{r.stage}] guard {r.guard}: {r.message}")
+        said = "NOT A NEAR-MISS" if g.status == NOT_NEAR_MISS else "REJECTED"
+        parts.append(f"{said} {r.rule} [{r.stage}] guard {r.guard}: {r.message}")
         if r.hint:
             parts.append(f"hint: {r.hint}")
     return "\n".join(parts)
@@ -339,6 +349,8 @@ def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | Non
         attrs = {"id": g.key, "fillcolor": STATUS_COLORS.get(g.tone, "#f5f5f5"), "tooltip": _tip(_box_tooltip(g))}
         if g.tone in ("rejected", "not fused"):
             attrs.update(color=REJECT, style="rounded,filled,dashed", penwidth="2.5")
+        elif g.tone == NOT_NEAR_MISS:  # the chips' faded ○: nothing to fix, not the rejection's red frame
+            attrs.update(color=NOT_NEAR_MISS_INK, style="rounded,filled,dotted", penwidth="1.5")
         elif g.tone == "fused":
             attrs.update(color="#1b5e20", penwidth="2")
         if drawer is not None and g in opened:

@@ -84,6 +84,18 @@ def before_caption(step: PassStep, trace: Trace | None = None) -> str:
     return text
 
 
+def excused_places(trace: Trace | None, step: PassStep) -> frozenset[tuple[str, int]]:
+    """The places (rule, anchor) of `step`'s refusals that are no near-miss (`passes.why.verdict.place_standings`,
+    the chips' `○`), read in `trace`; without `trace` (or a step of no trace), a refusal's kind alone decides
+    (`Rejection.near_miss`), as `before_caption` does."""
+    k = next((k for k, s in enumerate(trace.steps) if s is step), None) if trace is not None else None
+    if trace is None or k is None:
+        return frozenset((r.rule, r.anchor) for r in step.rejections if not r.near_miss)
+    from ..passes.why.verdict import place_standings  # the verdict reads the pipeline; the overlay is drawn without
+
+    return frozenset(pl for pl, (_, st) in place_standings(trace, k).items() if st is not None)
+
+
 def worded(trace: Trace, step: PassStep) -> tuple[Rejection, ...]:
     """`step`'s rejections (a step of `trace`) with their messages and hints as `explain`, the Why tab and the Matches
     & rejections table word them (`passes.report.in_context`: a "run P first" whose P ran before names what P
@@ -116,6 +128,8 @@ class Overlay:
         origin: the graph that `Node.absorbed` ids refer to, to name absorbed ops in labels.
         heat: node id -> (fill, tooltip line): a per-node figure drawn as the node's fill (`viz.heat`), its value
             in the tooltip; replaces the op colour of those nodes.
+        excused: the places (rule, anchor) of `rejections` that are no near-miss (`excused_places`: the chips'
+            `○`): a layer holding only these is drawn as a not-near-miss, never as rejected.
     """
 
     title: str = ""
@@ -128,6 +142,7 @@ class Overlay:
     removed: tuple[Node, ...] = ()
     origin: Graph | None = None
     heat: dict[int, tuple[str, str]] = field(default_factory=dict)
+    excused: frozenset[tuple[str, int]] = frozenset()
 
     @classmethod
     def before(cls, step: PassStep, rejections: bool = True, trace: Trace | None = None) -> Overlay:
@@ -148,13 +163,15 @@ class Overlay:
         return cls(title=before_caption(step, trace), matches=tuple(step.matches), extents=extents, match_ops=ops,
                    rejections=(worded(trace, step) if trace is not None else tuple(step.rejections))
                    if rejections else (),
-                   origin=all_versions(trace) if trace is not None else None)
+                   origin=all_versions(trace) if trace is not None else None,
+                   excused=excused_places(trace, step) if rejections else frozenset())
 
     def worded_by(self, trace: Trace, step: PassStep) -> Overlay:
         """This overlay with `step`'s rejections (of `trace`) worded as `explain` and the table word them
         (`worded`), for an overlay made without the trace (its labels unchanged), its caption counting places as
         the chips do with the trace (`before_caption`)."""
-        out = replace(self, rejections=worded(trace, step)) if self.rejections else self
+        out = replace(self, rejections=worded(trace, step), excused=excused_places(trace, step)) \
+            if self.rejections else self
         return replace(out, title=before_caption(step, trace)) if out.title.startswith("before ") else out
 
     @classmethod

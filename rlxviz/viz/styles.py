@@ -67,8 +67,14 @@ CANDIDATE = "#37474f"
 """Role names of a rejected candidate's bindings (neutral: they are not the culprit)."""
 ADDED = "#2e7d32"
 REMOVED = "#9e9e9e"
+NOT_NEAR_MISS = "○ not near-miss"
+"""The status of a layer box whose every refusal at this version is no near-miss (the app chips' faded `○`: a
+refusal the layer's kind does not expect, a lookalike, the model's own term): drawn grey and dotted, never in the
+rejection's red."""
+NOT_NEAR_MISS_INK = "#757575"
+"""Border and words of a `NOT_NEAR_MISS` box: the chips' neutral grey."""
 STATUS_COLORS = {"fused": "#a5d6a7", "partly fused": "#fff59d", "rejected": "#ffcdd2", "unfused": "#eeeeee",
-                 "not fused": "#ffcdd2"}
+                 "not fused": "#ffcdd2", NOT_NEAR_MISS: "#eeeeee"}
 """Fill of a layer box in the layer-collapsed view, by fusion status."""
 
 STATUS_MARKS: dict[str, str] = {**{f"status {k}": v for k, v in STATUS_COLORS.items()}, "rejected": REJECT,

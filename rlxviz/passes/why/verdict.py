@@ -505,10 +505,10 @@ class Places:
     excused: dict[str, list[str]]
 
 
-def places(trace: Trace, step: int) -> Places:
-    """`Places` of the refusals of `trace.steps[step]` (one pass's step, by its index): each (rule, anchor) once,
-    judged by `standing` of its headline refusal (its first refusal when none is the headline). A not-expected place
-    is worded with its reason in the context of that step (`report.in_context`).
+def place_standings(trace: Trace, step: int) -> dict[tuple[str, int], tuple[Rejection, tuple[str, str] | None]]:
+    """Each place (rule, anchor) of the refusals of `trace.steps[step]`, in the run's order -> `(headline, standing)`:
+    its headline refusal (its first refusal when none is the headline) and `standing` of it. The one reading of a
+    place's standing the chips (`places`) and the app's matches table (`place_status`) share.
 
     Raises:
         IndexError: `step` is not a step index of `trace`.
@@ -518,10 +518,36 @@ def places(trace: Trace, step: int) -> Places:
         k = (r.rule, r.anchor)
         if k not in heads or (r.headline and not heads[k].headline):
             heads[k] = r
+    return {k: (r, standing(trace, r)) for k, r in heads.items()}
+
+
+REJECTED = "rejected"
+"""`place_status` of a hard place that is a near-miss (the chips' `✗`)."""
+LEFT_OUT_STATUS = "left out"
+"""`place_status` of a soft place that is a near-miss: a fusion made without it (no chip counts it)."""
+
+
+def place_status(head: Rejection, st: tuple[str, str] | None) -> str:
+    """The status word of a place from its headline refusal `head` and `standing` `st` (`place_standings`):
+    `REJECTED` (a near-miss, the chips' `✗`), `LEFT_OUT_STATUS` (a soft near-miss), or the `STANDING_GROUPS` group
+    of a place that is no near-miss (the chips' `○`: `not expected here`, `illegal here`, `not a candidate`, ...),
+    so the app's table and chips and `explain` never disagree on what counts."""
+    if st is not None:
+        return st[0]
+    return LEFT_OUT_STATUS if head.soft else REJECTED
+
+
+def places(trace: Trace, step: int) -> Places:
+    """`Places` of the refusals of `trace.steps[step]` (one pass's step, by its index): each (rule, anchor) once,
+    judged by `standing` of its headline refusal (its first refusal when none is the headline). A not-expected place
+    is worded with its reason in the context of that step (`report.in_context`).
+
+    Raises:
+        IndexError: `step` is not a step index of `trace`.
+    """
     near: list[Rejection] = []
     excused: dict[str, list[str]] = {}
-    for r in heads.values():
-        st = standing(trace, r)
+    for r, st in place_standings(trace, step).values():
         if st is None:
             if not r.soft:
                 near.append(r)
@@ -555,5 +581,5 @@ def verdict_pass(trace: Trace, layer: int) -> str | None:
 
 __all__ = ["EXIT_NOT_FUSED", "EXIT_OK", "ILLEGAL_HERE_GROUP", "LEFT_OUT", "LEFT_OUT_GROUPS", "STANDING_GROUPS",
            "Architecture", "FusionCheck", "LayerStatus", "LayerVerdict", "Places", "RunVerdict", "expected_misses",
-           "judged_kind", "layer_verdict", "left_out_group", "left_out_groups", "places", "standing", "step_index",
-           "verdict_pass"]
+           "judged_kind", "layer_verdict", "left_out_group", "left_out_groups", "place_standings", "place_status",
+           "places", "standing", "step_index", "LEFT_OUT_STATUS", "REJECTED", "verdict_pass"]

@@ -1,0 +1,92 @@
+"""The matches table reads each place's standing as the chips and `explain` do (newcomer report): on llama-block the
+table's kind said "rejected" (why "not recognized"/"illegal") for the three rows the Why tab and `explain` call "not
+expected here", and on deit's ORT-optimized file the `fuse_residual_ln` chip showed ○7 while the table listed the same
+places as "rejected". The table's kind is now `verdict.place_status` of the place's `verdict.place_standings`, the
+one reading `verdict.places` (the chips' ✗ and ○) counts; the guard's kind stays in the `why` column."""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from test_app_views import tiny
+
+from rlxviz import session
+from rlxviz.app.explain import decision_rows
+from rlxviz.passes.why.policy import NOT_EXPECTED_HERE
+from rlxviz.passes.why.text import run_dict
+from rlxviz.passes.why.verdict import LEFT_OUT_STATUS, REJECTED, STANDING_GROUPS, RunVerdict, places
+
+HERE = Path(__file__).parent
+RUNS = ["llama-block", "bert-tiny pre_ln", "bert-tiny extra_h1_user", "bert-tiny tanh_gelu",
+        "n4-15-residual-logged.rlx", "n4-06-deepnorm-residual.rlx", "deit.ortopt.onnx"]
+
+
+@functools.cache
+def _run(name: str):
+    if name.startswith("bert-tiny"):
+        return tiny(variant=name.split()[1]).trace
+    if name == "llama-block":
+        m = session.load("llama-block", 1, 8)
+    elif name.endswith(".onnx"):
+        m = session.load(str(HERE / "fixtures" / "onnx" / "cases" / name), 1, 8)
+    else:
+        m = session.load_ir_text((HERE / "data" / "cases" / name).read_text())
+    return session.run_pipeline(m.graph, session.build_pipeline())
+
+
+def _table_places(trace) -> dict[int, Counter]:
+    """Step -> status -> how many places (rule, anchor) the table's refusal rows hold with that status."""
+    seen: dict[int, dict[tuple[str, int], str]] = {}
+    for r in decision_rows(trace):
+        if r["kind"] == "fused":
+            continue
+        at = seen.setdefault(r["step"], {})
+        # every row of one place (its further failing guards too) reads the place's one status
+        assert at.setdefault((r["rule"], r["anchor"]), r["kind"]) == r["kind"], r
+    return {k: Counter(v.values()) for k, v in seen.items()}
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_the_tables_status_per_place_is_the_chips_count(name):
+    trace = _run(name)
+    table = _table_places(trace)
+    for k in range(len(trace.steps)):
+        p = places(trace, k)
+        got = table.get(k, Counter())
+        assert got[REJECTED] == len(p.near_misses), (trace.steps[k].pass_name, got)
+        assert {g: got[g] for g in STANDING_GROUPS if got[g]} == {g: len(v) for g, v in p.excused.items()}, \
+            (trace.steps[k].pass_name, got, p.excused)
+        assert set(got) <= {REJECTED, LEFT_OUT_STATUS, *STANDING_GROUPS}
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_the_tables_near_misses_and_not_expected_are_explains_lists(name):
+    trace = _run(name)
+    d = run_dict(RunVerdict.of(trace))
+    table = sum(_table_places(trace).values(), Counter())
+    if d["layers"]:
+        # `explain` words each layer's not-expected refusals once per rule and guard (its places alike)
+        listed = {(s["layer"], line.split(" (", 1)[0], line.split(" (", 1)[1].split(")", 1)[0])
+                  for s in d["layers"] for line in s["not_expected"]}
+        rows = {(r["layer"], r["rule"], r["guard"]) for r in decision_rows(trace)
+                if r["kind"] == NOT_EXPECTED_HERE and not r["why"].startswith("also:")}
+        assert rows == listed
+        # a layer lists its own near-misses, hard and left out; a place outside every layer the run lists
+        assert table[REJECTED] + table[LEFT_OUT_STATUS] == sum(len(s["misses"]) for s in d["layers"]) + len(d["misses"])
+
+
+def test_llama_blocks_not_expected_rows_read_not_expected_with_the_guards_kind_kept():
+    rows = [r for r in decision_rows(_run("llama-block")) if r["kind"] != "fused"]
+    assert len(rows) >= 3 and {r["kind"] for r in rows} == {NOT_EXPECTED_HERE}
+    assert {r["why"] for r in rows} & {"not recognized", "illegal"}  # the guard's kind, in its own column
+
+
+def test_deits_residual_norm_places_are_not_rejected_in_the_table():
+    trace = _run("deit.ortopt.onnx")
+    k = next(i for i, s in enumerate(trace.steps) if s.pass_name == "fuse_residual_ln")
+    rows = [r for r in decision_rows(trace) if r["step"] == k and r["kind"] != "fused"]
+    assert rows and REJECTED not in {r["kind"] for r in rows}
+    assert sum(len(v) for v in places(trace, k).excused.values()) == len({(r["rule"], r["anchor"]) for r in rows})
