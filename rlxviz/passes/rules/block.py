@@ -361,9 +361,8 @@ fuse_attention_block = rule_pass("fuse_attention_block", [BLOCK], "QKV + attenti
                                  product="FusedAttentionBlock", expected_of=("post_ln", "keep_mask"),
                                  excused_by=(("kv_cache", "FusedAttentionBlock projects K and V from the hidden "
                                               "states; this layer's attention reads a KV cache"),),
-                                 unexpected="rlxviz expects {product} only of {expected} (the layers its "
-                                            "pipeline fuses whole; the block itself takes a keep or an additive "
-                                            "mask); this layer is {description}",
+                                 unexpected="rlxviz's {product} takes a keep or an additive mask, and rlxviz "
+                                            "expects it only of {expected}; this layer is {description}",
                                  quantization=("attention", "FusedAttentionBlock computes the attention in float: "
                                                             "the scores a quantized layer rounds would not be"))
 
