@@ -41,7 +41,7 @@ def test_an_unmasked_attention_is_an_op_gap_in_every_kind_that_does_not_expect_t
 
 
 @pytest.mark.parametrize("arch, guard", [
-    (LayerArchitecture("pre_ln", "causal", mask="causal"), "mask_kind_keep"),  # a mask the model chose: no gap trait
+    (LayerArchitecture("pre_ln", "additive", mask="additive"), "mask_kind_keep"),  # a mask the block takes: no gap
     (LayerArchitecture("pre_ln", "none", mask="none"), "qkv_split"),  # another guard: its own excuse
     (LayerArchitecture("post_ln", "none", mask="none"), "mask_kind_keep"),  # expected there: it counts, no excuse
     (LayerArchitecture("llama", "kv", mask="none", kv_cache=True), "mask_kind_keep"),  # excused by the KV cache

@@ -15,12 +15,13 @@ from .spelling import close
 KINDS = ("post_ln", "pre_ln", "llama", "parallel", "cross_decoder", "attention_only", "no_attention")
 """Every layer kind `passes.architecture.classify_layer` answers."""
 
-TRAITS = (*KINDS, "pre_norm", "kv_cache", "keep_mask", "no_mask", "attention", "swiglu", "grouped_query")
+TRAITS = (*KINDS, "pre_norm", "kv_cache", "keep_mask", "no_mask", "causal_mask", "attention", "swiglu",
+          "grouped_query")
 """What a pass's `expected_of` / `excused_by` / `listed_for` and a guard's `excused_in` / `gap_in` may name
 (`why.kinds.LayerArchitecture.has`): a kind, or `pre_norm` (the residual sum also feeds the next residual add),
 `kv_cache` (K/V read through a KV cache), `keep_mask` (the attention's mask is a keep mask), `no_mask` (its fused
-attention has no mask at all), `attention` (the layer has an attention, fused or primitives), `swiglu` (a gated MLP),
-`grouped_query` (fewer K/V heads than query heads)."""
+attention has no mask at all), `causal_mask` (its fused attention's mask is the causal kind), `attention` (the layer
+has an attention, fused or primitives), `swiglu` (a gated MLP), `grouped_query` (fewer K/V heads than query heads)."""
 
 TRAIT_WORDS: dict[str, str] = {
     "post_ln": "a post-LN layer", "pre_ln": "a pre-LN layer", "llama": "a LLaMA-style layer",
@@ -28,6 +29,7 @@ TRAIT_WORDS: dict[str, str] = {
     "attention_only": "an attention-only graph", "no_attention": "a layer without attention",
     "pre_norm": "a pre-norm layer", "kv_cache": "a layer whose attention reads a KV cache",
     "keep_mask": "a layer whose attention has a keep mask", "no_mask": "a layer whose attention has no mask",
+    "causal_mask": "a layer whose attention has a causal mask",
     "attention": "a layer with an attention",
     "swiglu": "a layer with a gated MLP", "grouped_query": "a layer with grouped-query attention",
 }

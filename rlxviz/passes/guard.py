@@ -206,10 +206,11 @@ class Guard:
             `ctx -> (the value's role or node id, its extra readers' ids)`, or None when it cannot say. Its remedy and
             hint are then `reader_advice`'s (a model output: none in the model; dead readers: dead-code
             elimination), not `no_model_fix`'s.
-        gap_in: layer traits where a refusal by this guard that the layer's kind does not expect (`unexpected`) is a
-            gap in rlxviz's own op, not the model's layout (`passes.why.policy.op_gap`): the layer is fused only as far
-            as rlxviz's ops go. Set with `lacking`.
-        gap: the op form rlxviz lacks there, e.g. `FusedAttentionBlock without a mask operand`.
+        gaps: `(layer trait, op form)` pairs: in a layer with the trait, a refusal by this guard that the layer's kind
+            does not expect (`unexpected`) is a gap in rlxviz's own op, the form it lacks, not the model's layout
+            (`passes.why.policy.op_gap`): the layer is fused only as far as rlxviz's ops go. The first pair whose
+            trait the layer has names the gap, e.g. `("no_mask", "FusedAttentionBlock without a mask operand")`. Set
+            with `lacking` (one call per form; `gap_in` lists the traits).
 
     Raises:
         RuleError: `kind` is not one of `KINDS`.
@@ -232,8 +233,7 @@ class Guard:
     excused_in: tuple[str, ...] = ()
     excuse: str = ""
     readers: Callable[[Ctx], tuple[str | int, Sequence[int]] | None] | None = None
-    gap_in: tuple[str, ...] = ()
-    gap: str = ""
+    gaps: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -272,9 +272,19 @@ class Guard:
         return replace(self, excused_in=tuple(where), excuse=why)
 
     def lacking(self, where: Sequence[str], what: str) -> Guard:
-        """This guard, its refusals in layers with one of the traits `where` a gap in rlxviz's op `what` (`gap_in`,
-        `gap`), not the model's layout, where the layer's kind does not expect the product."""
-        return replace(self, gap_in=tuple(where), gap=what)
+        """This guard, its refusals in layers with one of the traits `where` a gap in rlxviz's op `what` (`gaps`),
+        not the model's layout, where the layer's kind does not expect the product. Chained calls add forms; an
+        earlier one wins for a layer with traits of both."""
+        return replace(self, gaps=(*self.gaps, *((t, what) for t in where)))
+
+    @property
+    def gap_in(self) -> tuple[str, ...]:
+        """The layer traits where a refusal by this guard is a gap in rlxviz's op (`gaps`)."""
+        return tuple(dict.fromkeys(t for t, _ in self.gaps))
+
+    def gap_for(self, has: Callable[[str], bool]) -> str | None:
+        """The op form rlxviz lacks for a layer whose traits `has` answers (the first of `gaps` it has), or None."""
+        return next((what for t, what in self.gaps if has(t)), None)
 
     def renamed(self, name: str, hint: str | None = None) -> Guard:
         return replace(self, name=name, hint=self.hint if hint is None else hint)

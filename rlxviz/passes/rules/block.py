@@ -257,6 +257,40 @@ NO_MASK_GAP = "FusedAttentionBlock without a mask operand"
 simplest form, and was called "not expected" to form the block, which hid a gap in rlxviz's own op."""
 NO_MASK_FIX = ("a FusedAttentionBlock without a mask operand, or one fed a zero additive mask; a causal kind for a "
                "causal mask")
+CAUSAL_GAP = "FusedAttentionBlock with a causal mask kind"
+"""What rlxviz's block lacks for a causal attention (mask kind `causal`, no operand): it takes a keep or an additive
+mask operand only (a LLaMA block's attention was called "not expected" while its own compiler fix named the gap)."""
+SCALE_GAP = "FusedAttentionBlock with a non-default scale"
+"""What rlxviz's block lacks for an attention whose scale is not 1/sqrt(head_dim) (Granite's attention multiplier):
+the block computes the default scale only."""
+ROPE_TABLES_GAP = "FusedAttentionBlock with separate cos/sin tables for Q and K"
+"""What rlxviz's block lacks for Q and K rotated by a cos/sin table pair each (Falcon computes the tables twice):
+the block's RoPE reads one pair for both."""
+ROPE_TABLES_FIX = "a FusedAttentionBlock RoPE that takes a cos/sin pair for Q and another for K"
+
+
+def _own_tables(c: Ctx) -> tuple[Node, Node] | None:
+    """`(q rope, k rope)` when the attention's Q and K are each rotated by the rope op, each of a narrow of one packed
+    projection (the block's Q/K form, guard `qkv_packed`), and the two read different cos/sin nodes (Falcon computes
+    the tables once per rotation), else None: the block's RoPE (`has_rope`) reads one pair for both, so it has no form
+    for them. Q/K in another layout (a reshape of the packed projection) is left to `qkv_packed`."""
+    g, attn = c.graph, c["attn"]
+    q, k = g[attn.inputs[0]], g[attn.inputs[1]]
+    if q.op != Op.ROPE or k.op != Op.ROPE or q.inputs[1:3] == k.inputs[1:3]:
+        return None
+    qn, kn = g[q.inputs[0]], g[k.inputs[0]]
+    if qn.op == kn.op == Op.NARROW and qn.inputs[0] == kn.inputs[0]:
+        return q, k
+    return None
+
+
+def _explain_own_tables(c: Ctx) -> str:
+    pair = _own_tables(c)
+    assert pair is not None
+    q, k = pair
+    tables = lambda n: f"{c.name_of(n.inputs[1])}/{c.name_of(n.inputs[2])}"  # noqa: E731
+    return (f"Q is rope (node {q.id}) with cos/sin {tables(q)} and K is rope (node {k.id}) with cos/sin {tables(k)}: "
+            f"each is rotated by its own table pair; rlxviz's FusedAttentionBlock rotates Q and K with one pair")
 
 
 def _explain_mask_kind(c: Ctx) -> str:
@@ -277,11 +311,16 @@ BLOCK = Rule(
         guard("mask_kind_keep", lambda c: c["attn"].attrs.get("mask", "none") in BLOCK_MASK_KINDS, _explain_mask_kind,
               "the block takes a keep mask or an additive one; a causal or absent mask has no operand for it",
               requires=("attn",), kind=NOT_RECOGNIZED, subject=lambda c: c.id("attn"),
-              fix=NO_MASK_FIX).lacking(("no_mask",), NO_MASK_GAP),
+              fix=NO_MASK_FIX).lacking(("no_mask",), NO_MASK_GAP).lacking(("causal_mask",), CAUSAL_GAP),
         attr_eq("attn", "scale", None, "default_scale", "the block uses 1/sqrt(head_dim)",
-                fix="give FusedAttentionBlock a scale attribute", explain=_explain_block_scale),
+                fix="give FusedAttentionBlock a scale attribute", explain=_explain_block_scale
+                ).lacking(("attention",), SCALE_GAP),
         _self_attention,
         _kv_cache,
+        guard("rope_one_table", lambda c: _own_tables(c) is None, _explain_own_tables,
+              "nothing to change in the model when the two tables differ; if they hold the same values, compute "
+              "the table once", requires=("attn",), kind=NOT_RECOGNIZED, subject=lambda c: c.id("attn"),
+              fix=ROPE_TABLES_FIX).lacking(("attention",), ROPE_TABLES_GAP),
         Shape("qkv_packed", "attn", P(Op.ATTENTION, _rotated("q"), _rotated("k"), P(Op.NARROW, P.var("qkv"), name="v"),
                                       P.var("mask"), name="attn"),
               "q, k and v must be narrows of one QKV projection (q and k may be rotated by one rope): run "
@@ -322,8 +361,8 @@ fuse_attention_block = rule_pass("fuse_attention_block", [BLOCK], "QKV + attenti
                                  product="FusedAttentionBlock", expected_of=("post_ln", "keep_mask"),
                                  excused_by=(("kv_cache", "FusedAttentionBlock projects K and V from the hidden "
                                               "states; this layer's attention reads a KV cache"),),
-                                 unexpected="{product} is expected only of {expected}; this layer is "
-                                            "{description}",
+                                 unexpected="rlxviz's {product} takes a keep or an additive mask, and rlxviz "
+                                            "expects it only of {expected}; this layer is {description}",
                                  quantization=("attention", "FusedAttentionBlock computes the attention in float: "
                                                             "the scores a quantized layer rounds would not be"))
 

@@ -53,13 +53,14 @@ class LayerArchitecture:
     def has(self, trait: str) -> bool:
         """Whether the layer has `trait` (`passes.declarations.TRAITS`): its kind (`post_ln`, `llama`, ...),
         `pre_norm`, `kv_cache`, `keep_mask` (its attention's mask is a keep mask), `no_mask` (its fused attention has
-        none), `attention` (it has one, fused or primitives: `mask` is not None), `swiglu` or `grouped_query` (an
-        attention with fewer K/V heads than query heads, read from the evidence). The traits a pass's `expected_of` /
-        `excused_by` / `listed_for` and a guard's `excused_in` / `gap_in` name."""
+        none), `causal_mask` (its fused attention's mask is the causal kind), `attention` (it has one, fused or
+        primitives: `mask` is not None), `swiglu` or `grouped_query` (an attention with fewer K/V heads than query
+        heads, read from the evidence). The traits a pass's `expected_of` / `excused_by` / `listed_for` and a guard's
+        `excused_in` / `gap_in` name."""
         if trait == "grouped_query":
             return self.mask is not None and any("grouped-query" in e for e in self.evidence)
         return {"pre_norm": self.pre_norm, "kv_cache": self.kv_cache, "keep_mask": self.mask == "keep",
-                "no_mask": self.mask == "none",
+                "no_mask": self.mask == "none", "causal_mask": self.mask == "causal",
                 "post_ln": self.post_ln, "attention": self.mask is not None,
                 "swiglu": self.swiglu}.get(trait, self.kind == trait)
 

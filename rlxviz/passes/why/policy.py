@@ -175,11 +175,11 @@ def op_gap(arch: LayerKind, pass_name: str, guard: str) -> str | None:
     a mask operand; the layer is fused only as far as rlxviz's ops go (`LayerVerdict.op_gaps`)."""
     p = PASSES.get(pass_name)
     g = _guards(pass_name).get(guard) if guard else None
-    if p is None or g is None or not g.gap or not any(arch.has(t) for t in g.gap_in):
+    if p is None or g is None or not g.gaps:
         return None
     if not p.expected_of or any(arch.has(t) for t in p.expected_of) or any(arch.has(t) for t, _ in p.excused_by):
         return None
-    return g.gap
+    return g.gap_for(arch.has)
 
 
 def gap_words(gap: str, fix: str) -> str:

@@ -1,0 +1,116 @@
+"""FusedAttentionBlock forms rlxviz's block lacks are gaps in rlxviz's ops, whatever the layer's mask (a newcomer run).
+
+The same missing block read opposite verdicts, with a false excuse: Granite's attention multiplier (scale 0.0625, an
+additive mask) was `not expected here ... FusedAttentionBlock is expected only of a post-LN layer or a layer whose
+attention has a keep mask; this layer is ... additive mask` and `fused as expected`, as if the additive mask were the
+blocker (the block takes one); llama-block's causal mask and Falcon's Q/K rotated by their own cos/sin tables read
+the same. Each is a form rlxviz's block lacks (guard declarations, `Guard.lacking`): where the layer's kind does not
+expect the block, the layer is `fused as far as rlxviz's ops go` with an `rlxviz's ops lack: ...` line naming the
+form, in the text and `--json` alike (`LayerVerdict.op_gaps`), like deit's unmasked attention. Counts and exit codes
+stay; where the kind expects the block (a keep mask, post-LN) the refusal still counts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from clirun import run as cli_run
+
+from rlxviz.models import load_model
+from rlxviz.models.onnx import load_onnx
+from rlxviz.passes import Pipeline
+from rlxviz.passes.why import policy
+from rlxviz.passes.why.kinds import LayerArchitecture
+from rlxviz.passes.why.verdict import RunVerdict
+
+CASES = Path(__file__).parent / "fixtures" / "onnx" / "cases"
+SCALE = "FusedAttentionBlock with a non-default scale"
+CAUSAL = "FusedAttentionBlock with a causal mask kind"
+TABLES = "FusedAttentionBlock with separate cos/sin tables for Q and K"
+FALSE = "expected only of a post-LN layer or a layer whose attention has a keep mask; this layer is"
+WORDS = "fused as far as rlxviz's ops go"
+
+
+@pytest.mark.parametrize("kind, mask, guard, gap", [
+    ("llama", "additive", "default_scale", SCALE),  # granite
+    ("parallel", "additive", "default_scale", SCALE),
+    ("pre_ln", "causal", "default_scale", SCALE),
+    ("llama", "causal", "mask_kind_keep", CAUSAL),  # llama-block
+    ("pre_ln", "causal", "mask_kind_keep", CAUSAL),
+    ("parallel", "causal", "mask_kind_keep", CAUSAL),
+    ("parallel", "additive", "rope_one_table", TABLES),  # falcon
+    ("llama", "causal", "rope_one_table", TABLES),
+])
+def test_a_form_the_block_lacks_is_a_gap_in_every_kind_that_does_not_expect_it(kind, mask, guard, gap):
+    arch = LayerArchitecture(kind, f"a {kind} layer; {mask} mask", mask=mask)
+    assert policy.op_gap(arch, "fuse_attention_block", guard) == gap
+    why = policy.not_expected(arch, "fuse_attention_block", guard)
+    assert why is not None and why.startswith(f"not the model's layout but a gap in rlxviz's ops: rlxviz has no {gap}")
+    assert "compiler fix: " in why and FALSE not in why, why
+
+
+@pytest.mark.parametrize("arch", [
+    LayerArchitecture("pre_ln", "esm-like; keep mask", mask="keep"),  # the kind expects the block: it counts
+    LayerArchitecture("post_ln", "bert-like; additive mask", mask="additive"),
+])
+@pytest.mark.parametrize("guard", ["default_scale", "rope_one_table"])
+def test_where_the_kind_expects_the_block_the_refusal_still_counts(arch, guard):
+    assert policy.op_gap(arch, "fuse_attention_block", guard) is None
+    assert policy.not_expected(arch, "fuse_attention_block", guard) is None
+
+
+@pytest.mark.parametrize("kind, mask", [("parallel", "additive"), ("llama", "additive"), ("pre_ln", "causal")])
+def test_a_layout_refusal_says_what_the_block_takes(kind, mask):
+    """A refusal that is the model's layout (GPT-NeoX's reshaped Q/K: `qkv_packed`) keeps its excuse, which says
+    what the block takes, so the additive mask never reads as the blocker."""
+    arch = LayerArchitecture(kind, f"a {kind} layer; {mask} mask", mask=mask)
+    assert policy.op_gap(arch, "fuse_attention_block", "qkv_packed") is None
+    why = policy.not_expected(arch, "fuse_attention_block", "qkv_packed")
+    assert why is not None and "takes a keep or an additive mask" in why and why.endswith(arch.description), why
+
+
+def _graph(name: str):
+    return load_model(name, seq=8).graph if name == "llama-block" else load_onnx(CASES / name, seq=8).graph
+
+
+@pytest.mark.parametrize("name, guard, gap", [
+    ("granite.onnx", "default_scale", SCALE),  # additive mask, attention multiplier 0.0625
+    ("llama-block", "mask_kind_keep", CAUSAL),  # causal mask
+    ("falcon.onnx", "rope_one_table", TABLES),  # Q and K rotated by a cos/sin pair each
+])
+def test_the_layers_say_the_gap_and_keep_their_count(name, guard, gap):
+    r = RunVerdict.of(Pipeline.canonical().run(_graph(name)))
+    assert r.layers and all(lv.fused for lv in r.layers)  # the count is unchanged: the refusal is still not counted
+    for lv in r.layers:
+        assert lv.status == WORDS, lv.status
+        assert f"{gap} (fuse_attention_block.qkv_attention_out: {guard})" in lv.op_gaps, lv.op_gaps
+        (line,) = [x for x in lv.not_expected if x.startswith(f"fuse_attention_block.qkv_attention_out ({guard}): ")]
+        assert f"rlxviz has no {gap}" in line and FALSE not in line, line
+
+
+def test_a_layout_refusal_stays_not_expected_with_a_true_excuse():
+    """GPT-NeoX's Q/K are reshapes of its packed projection (its own tables do not matter there: `rope_one_table`
+    reads Q/K narrows of one projection only): the model's layout, no gap; the layers stay `fused as expected`."""
+    r = RunVerdict.of(Pipeline.canonical().run(_graph("gpt-neox.legacy-sdpa.onnx")))
+    assert r.layers and all(lv.fused and not lv.op_gaps and lv.status == "fused" for lv in r.layers)
+    for lv in r.layers:
+        (line,) = [x for x in lv.not_expected if x.startswith("fuse_attention_block.qkv_attention_out (qkv_packed): ")]
+        assert FALSE not in line and "takes a keep or an additive mask" in line, line
+
+
+def test_granite_text_and_json_agree(capsys):
+    code, text, err = cli_run(capsys, "explain", CASES / "granite.onnx")
+    assert code == 0 and "Traceback" not in err, err
+    jcode, out, _ = cli_run(capsys, "explain", CASES / "granite.onnx", "--json")
+    j = json.loads(out)
+    n = len(j["layers"])
+    assert jcode == code and j["ok"] and n == 2 and j["fused_layers"] == n
+    assert f"{n}/{n} layer(s) fused as expected\n  {n} of them only as far as rlxviz's ops go: rlxviz lacks {SCALE}\n" \
+        in text, text
+    assert FALSE not in text and FALSE not in out
+    for d in j["layers"]:
+        assert d["status"] == WORDS and d["op_gaps"] == [f"{SCALE} (fuse_attention_block.qkv_attention_out: "
+                                                          "default_scale)"]
+        assert f"layer {d['layer']}: {WORDS}: " in text
