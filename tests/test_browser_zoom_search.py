@@ -85,6 +85,9 @@ def test_zoom_is_fitted_on_a_model_switch_and_kept_on_a_step_and_search_goes_dee
         for _ in range(total):
             note = pg.locator(".rv-after .rv-found-note")
             notes.append(note.inner_text() if note.is_visible() else "")
+            if notes[-1]:  # a line of its own under the bar: it covered the drawing's title at the picture's top
+                below, wrap = note.bounding_box(), pg.locator(".rv-after .rv-wrap").bounding_box()
+                assert below["y"] + below["height"] <= wrap["y"] + 1, (below, wrap)
             box.press("Enter")
         deep = [n for n in notes if n]
         assert len(deep) == 2, notes

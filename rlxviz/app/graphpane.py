@@ -208,8 +208,9 @@ export function render({ model, el }) {
   let last = null, lastQ = null;  // the key of the hit the counter shows, for the query it was found with
   const counted = () => { const n = hits[hit].note || ''; found.textContent = `${hit + 1}/${hits.length}`;
     foundNote.textContent = n; foundNote.style.display = n ? 'block' : 'none'; };
-  // the note lies over the graph's top-left corner, under the bar (in the bar it wrapped the bar's buttons)
-  const foundNote = document.createElement('div'); foundNote.className = 'rv-found-note'; wrap.appendChild(foundNote);
+  // the note is a line of its own between the bar and the picture, shown while it says something (in the bar it
+  // wrapped the bar's buttons; over the picture's top it covered the drawing's title, in full view too)
+  const foundNote = document.createElement('div'); foundNote.className = 'rv-found-note'; el.insertBefore(foundNote, wrap);
   // A box of the layer view (`g.node#layerN`, `g.node#g_embeddings`) holds hits when nodes inside it match:
   // `model.folded` lists them ({layerN: [[id, own text], ...]}); Enter on such a hit opens the layer, and the
   // node is centred once the layer is drawn.
@@ -314,8 +315,8 @@ _CSS = """
 .rv-btn.rv-off { color: #999; text-decoration: line-through; }
 .rv-search { width: 130px; font: 12px sans-serif; padding: 1px 4px; border: 1px solid #ccc; border-radius: 3px; }
 .rv-found { min-width: 44px; color: #555; font: 11px sans-serif; }
-.rv-found-note { position: absolute; left: 6px; top: 4px; z-index: 2; display: none; max-width: calc(100% - 24px);
-          padding: 1px 6px; background: __SEARCH_TINT__; border: 1px solid __SEARCH__; border-radius: 3px;
+.rv-found-note { flex: 0 0 auto; display: none; margin: 2px 6px; white-space: nowrap; overflow: hidden;
+          text-overflow: ellipsis; padding: 1px 6px; background: __SEARCH_TINT__; border: 1px solid __SEARCH__; border-radius: 3px;
           font: 11px sans-serif; color: #333; pointer-events: none; }
 .rv-wrap { position: relative; overflow: hidden; flex: 1; cursor: grab; min-height: 200px; }
 .rv-wrap.rv-drag { cursor: grabbing; }
