@@ -16,7 +16,9 @@ tooltip lists; `search_hits` is the same search in Python), and marks them with 
 shows its status colour; the counter shows the mark's swatch, `search_key` its tooltip); after those, the fused nodes
 that absorbed a node of that id or op, at any depth (a note over the graph says so: "softmax: absorbed into
 FusedAttentionBlock %812 (layer 3)", or through a fused node it absorbed: "softmax: absorbed into
-FusedTransformerLayer %86 (layer 0) via FusedAttentionBlock %40"); Enter steps through the hits. When the picture
+FusedTransformerLayer %86 (layer 0) via FusedAttentionBlock %40"); Enter steps through the hits in one order
+(`search_order`: graph order, each node inside a folded layer a hit of its own), opening the layer that holds the
+next one and centring it; a new picture (a layer opened) keeps the place. When the picture
 is larger than the pane, a minimap in the corner shows the whole graph with the visible part framed; a click or a
 drag on it pans there. It is at least 96 px wide: a graph too tall for that is cropped to a window that scrolls with
 the view ("map ↕"). It lies over the pane's corner, so it folds away: the × in its labelled head or the bar's "map"
