@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from rlxviz.app.graphpane import absorbed_index, folded_index
+from rlxviz.app.graphpane import absorbed_index, folded_index, search_order
 from rlxviz.app.jobs import Runner
 from rlxviz.app.state import AppState
 from rlxviz.ir import Op
 from rlxviz.models import load_model
 from rlxviz.passes import Pipeline
+from rlxviz.viz.dot import node_tooltips
 from rlxviz.viz.overlay import all_versions
 
 
@@ -170,3 +171,33 @@ def test_a_rewrite_that_makes_several_nodes_names_its_product_not_a_helper(expor
     for n in shared:  # a helper the product reads holds nothing in the search
         if n.op != Op.ATTENTION:
             assert f"n{n.id}" not in index
+
+
+def _order_with_open(state: AppState, query: str, open_layers: list[int]) -> list[int]:
+    """What Enter steps through in the layers view of `state`'s shown version with `open_layers` drawn open."""
+    g = state.current_graph
+    folded = folded_index(g, open_layers, state.trace)
+    boxed = {i for rows in folded.values() for i, _ in rows}
+    drawn = {i: t for i, t in node_tooltips(g).items() if i not in boxed}
+    return search_order([n.id for n in g], drawn, folded, absorbed_index(g, state.trace), query)
+
+
+@pytest.mark.parametrize("query", ["attention", "layernorm", "gelu", "%21", "matmul"])
+def test_the_search_steps_through_one_fixed_order_whichever_layers_are_open(bert_tiny, query):
+    """Newcomer run (bert-base, "gelu"): each layer opened by the search restarted the count at 1/12, so hit k took
+    k(k+1)/2 presses. A node inside a folded layer is a hit of its own, ranked as it is once drawn: opening layers one
+    by one (as Enter does) never changes the hits nor their order."""
+    ways = [_order_with_open(bert_tiny, query, layers) for layers in ([], [0], [1], [0, 1])]
+    assert ways[0], query
+    assert all(w == ways[0] for w in ways), ways
+    assert len(set(ways[0])) == len(ways[0])
+
+
+def test_an_earlier_version_keeps_its_order_too():
+    """bert-tiny before any fusion: every op is drawn or folded on its own (many hits per layer)."""
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+    s.version = 0
+    ways = [_order_with_open(s, "add", layers) for layers in ([], [1], [0, 1])]
+    assert len(ways[0]) > 4 and all(w == ways[0] for w in ways), ways
+    rank = {n.id: k for k, n in enumerate(s.current_graph)}
+    assert [rank[i] for i in ways[0]] == sorted(rank[i] for i in ways[0])  # graph order

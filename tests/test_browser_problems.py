@@ -288,6 +288,12 @@ def test_trial_1_the_start_strip_keeps_its_text_with_the_sidebar_open(browser, s
     """With the sidebar open at 1280x800 the strip's text keeps a readable width (it collapsed to 0 px) on one line
     (a wrapped strip pushed the panes below the fold), the whole text in its tooltip."""
     with _page(browser, server) as pg:
+        # the sidebar folded (as 1280 px opens): the whole text in the strip's two lines (it was cut at "Or drop yo…")
+        line = pg.locator(".rv-start-note .rv-note-line")
+        line.wait_for()
+        if pg.locator("#sidebar.hidden").count():
+            high = line.evaluate("(e) => [e.scrollHeight, e.clientHeight]")
+            assert high[0] <= high[1] + 1, high
         open_sidebar(pg)
         note = pg.locator(".rv-start-note")
         for _ in range(40):  # the sidebar slides open

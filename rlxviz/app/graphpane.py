@@ -16,7 +16,9 @@ tooltip lists; `search_hits` is the same search in Python), and marks them with 
 shows its status colour; the counter shows the mark's swatch, `search_key` its tooltip); after those, the fused nodes
 that absorbed a node of that id or op, at any depth (a note over the graph says so: "softmax: absorbed into
 FusedAttentionBlock %812 (layer 3)", or through a fused node it absorbed: "softmax: absorbed into
-FusedTransformerLayer %86 (layer 0) via FusedAttentionBlock %40"); Enter steps through the hits. When the picture
+FusedTransformerLayer %86 (layer 0) via FusedAttentionBlock %40"); Enter steps through the hits in one order
+(`search_order`: graph order, each node inside a folded layer a hit of its own), opening the layer that holds the
+next one and centring it; a new picture (a layer opened) keeps the place. When the picture
 is larger than the pane, a minimap in the corner shows the whole graph with the visible part framed; a click or a
 drag on it pans there. It is at least 96 px wide: a graph too tall for that is cropped to a window that scrolls with
 the view ("map ↕"). It lies over the pane's corner, so it folds away: the × in its labelled head or the bar's "map"
@@ -196,42 +198,67 @@ export function render({ model, el }) {
   // naming one of those ops (or `%id`) finds the fused node after the exact hits, and the count says so ("softmax:
   // absorbed into FusedTransformerLayer %86 (layer 0) via FusedAttentionBlock %40"). null when `g` holds nothing the
   // query names.
-  const absorbedNote = (g, q) => { const rows = (model.absorbed || {})[g.id]; if (!rows) return null;
+  const absorbedNote = (key, q) => { const rows = (model.absorbed || {})[key]; if (!rows) return null;
     const id = /^%(\d+)$/.exec(q);
     const hit = rows.filter((r) => (id ? r[1].includes(Number(id[1])) : r[0] && r[0].toLowerCase().includes(q)));
     const by = new Map(); for (const r of hit) by.set(r[2], new Set([...(by.get(r[2]) || []), id ? q : r[0]]));
     return hit.length ? [...by].map(([note, ops]) => `${[...ops].join(', ')}: ${note}`).join('; ') : null; };
-  let notes = new Map();  // absorbed hit -> its note
-  // the note lies over the graph's top-left corner (in the bar it wrapped the bar's buttons onto a second line)
-  const foundNote = document.createElement('div'); foundNote.className = 'rv-found-note'; wrap.appendChild(foundNote);
-  const counted = () => { const n = notes.get(hits[hit]) || ''; found.textContent = `${hit + 1}/${hits.length}`;
+  // A hit: {key, g, note}. `key` names the node the hit is (`n<id>`, drawn or inside a folded box), `g` the drawn
+  // element that shows it (the node, or the folded layer's box that holds it), `note` the absorbed note or ''.
+  // Every node inside a folded box is a hit of its own, so the hits and their order (`model.order`, the graph's
+  // node order; exact hits first, then fused nodes that absorbed a match) are the same whichever layers are open.
+  let last = null, lastQ = null;  // the key of the hit the counter shows, for the query it was found with
+  const counted = () => { const n = hits[hit].note || ''; found.textContent = `${hit + 1}/${hits.length}`;
     foundNote.textContent = n; foundNote.style.display = n ? 'block' : 'none'; };
-  // A box of the layer view (`g.node#layerN`, `g.node#g_embeddings`) is a hit when a node inside it is:
-  // `model.folded` lists them ({layerN: [[id, own text], ...]}); Enter on a layer's box opens the layer, and the
-  // search runs again in it.
-  const inside = (g, test) => !/^n\d+$/.test(g.id) && ((model.folded || {})[g.id] || []).some(test);
+  // the note is a line of its own between the bar and the picture, shown while it says something (in the bar it
+  // wrapped the bar's buttons; over the picture's top it covered the drawing's title, in full view too)
+  const foundNote = document.createElement('div'); foundNote.className = 'rv-found-note'; el.insertBefore(foundNote, wrap);
+  // A box of the layer view (`g.node#layerN`, `g.node#g_embeddings`) holds hits when nodes inside it match:
+  // `model.folded` lists them ({layerN: [[id, own text], ...]}); Enter on such a hit opens the layer, and the
+  // node is centred once the layer is drawn.
   const folded = (q) => { const id = /^%(\d+)$/.exec(q);  // a node of a box's list: [id, own text]
     return id ? (n) => n[0] === Number(id[1]) : (n) => n[1].includes(q); };
+  // a folded node whose match is only in the ops it absorbed ranks with the absorbed hits, as it does drawn
+  const ownFolded = (q) => (n) => n[1].split('\nabsorbed ops: ')[0].includes(q);
   const matches = (q) => { const id = /^%(\d+)$/.exec(q);  // %37: that node only, not %370 nor its users
-    const test = folded(q);
-    return id ? (g) => g.id === `n${id[1]}` || inside(g, test) : (g) => own(g).includes(q) || inside(g, test); };
+    return id ? (g) => g.id === `n${id[1]}` : (g) => own(g).includes(q); };
   // `ids`: the hits inside the box, centred once the layer is drawn open (the layer's top was centred, the node
   // often below the pane)
   const open = (g, ids) => { reveal = g.id; revealIds = ids || []; model.layer_clicked = parseInt(g.id.slice(5));
     model.layer_clicks = (model.layer_clicks || 0) + 1; };
+  const collect = (q) => { const all = [...inner.querySelectorAll('g.node')], exact = [], deep = [];
+    const test = folded(q), mine = ownFolded(q), isId = /^%\d+$/.test(q), match = matches(q);
+    for (const g of all) {
+      if (!/^n\d+$/.test(g.id) && (model.folded || {})[g.id]) {
+        for (const n of model.folded[g.id]) { const h = { key: `n${n[0]}`, g, note: '', id: n[0] };
+          if (test(n) && (isId || mine(n))) exact.push(h);
+          else if ((h.note = absorbedNote(h.key, q) || '') || test(n)) deep.push(h); }
+        continue; }
+      if (match(g)) { exact.push({ key: g.id, g, note: '', id: /^n\d+$/.test(g.id) ? Number(g.id.slice(1)) : null }); continue; }
+      const note = absorbedNote(g.id, q);
+      if (note) deep.push({ key: g.id, g, note, id: /^n\d+$/.test(g.id) ? Number(g.id.slice(1)) : null }); }
+    const rank = new Map((model.order || []).map((i, k) => [i, k]));
+    const pos = (h) => (h.id !== null && rank.has(h.id) ? rank.get(h.id) : Infinity);
+    const sorted = (xs) => xs.map((h, k) => [h, k]).sort((a, b) => (pos(a[0]) - pos(b[0])) || (a[1] - b[1])).map((x) => x[0]);
+    // a folded fused node whose own text also matched is listed once (exact), as it is once it is drawn
+    const seen = new Set(); return [...sorted(exact), ...sorted(deep)].filter((h) => !seen.has(h.key) && seen.add(h.key)); };
+  // step: Enter (the next hit); else the hits are found again (typing, a new picture, a new index): the same query
+  // resumes at the hit it showed (a re-render after opening a layer kept no place: Enter went round in circles)
   const find = (step) => { inner.querySelectorAll('.rv-found-node').forEach((g) => g.classList.remove('rv-found-node'));
     foundNote.style.display = 'none'; found.classList.remove('rv-hits');
-    const q = search.value.trim().toLowerCase(); if (!q) { hits = []; found.textContent = ''; return; }
-    if (step && hits.length && hit >= 0 && /^layer\d+$/.test(hits[hit].id) && hits[hit].isConnected) {
-      // Enter on a folded layer holding a hit: open it, and centre on the hit once it is drawn
-      open(hits[hit], ((model.folded || {})[hits[hit].id] || []).filter(folded(q)).map((n) => n[0])); return; }
-    if (!step || !hits.length) { const all = [...inner.querySelectorAll('g.node')]; hits = all.filter(matches(q));
-      notes = new Map(all.filter((g) => !hits.includes(g)).map((g) => [g, absorbedNote(g, q)]).filter((e) => e[1]));
-      hits = [...hits, ...notes.keys()]; hit = -1; }  // exact hits first, then fused nodes that absorbed a match
-    hits.forEach((g) => g.classList.add('rv-found-node'));
-    if (!hits.length) { found.textContent = 'no match'; return; }
+    const q = search.value.trim().toLowerCase(); if (!q) { hits = []; last = lastQ = null; found.textContent = ''; return; }
+    let fresh = false;
+    if (!step || !hits.length) { hits = collect(q);
+      hit = q === lastQ && last !== null ? hits.findIndex((h) => h.key === last) : -1;
+      if (hit < 0) { hit = 0; fresh = true; } }
+    lastQ = q;
+    hits.forEach((h) => h.g.classList.add('rv-found-node'));
+    if (!hits.length) { last = null; found.textContent = 'no match'; return; }
     found.classList.add('rv-hits');  // the mark's swatch before the count: the search's legend
-    hit = (hit + 1) % hits.length; counted(); center(hits[hit], true); };
+    if (step && !fresh) hit = (hit + 1) % hits.length;
+    const h = hits[hit]; last = h.key; found.dataset.hit = h.key; counted();  // data-hit: the node shown
+    if (step && h.g.id !== h.key && /^layer\d+$/.test(h.g.id) && h.id !== null) { center(h.g, true); open(h.g, [h.id]); }
+    else center(h.g, true); };
   search.addEventListener('input', () => find(false));
   search.addEventListener('keydown', (e) => { e.stopPropagation(); if (e.key === 'Enter') find(true); });
   let reveal = null, revealIds = [];
@@ -246,8 +273,7 @@ export function render({ model, el }) {
     mark(!(same && touched)); hits = []; if (search.value) find(false); title.textContent = model.title || '';
     if (reveal) { const g = inner.querySelector(`g#${reveal}`); const ids = revealIds; reveal = null; revealIds = [];
       const node = ids.map((i) => inner.querySelector(`g#n${i}`)).find((x) => x);
-      if (node) { const k = hits.indexOf(node);  // the search's next Enter goes on from this hit
-        if (k >= 0) { hit = k; counted(); } center(node, true); }
+      if (node) center(node, true);  // the search resumed at this hit (`last`)
       else if (g) center(g, true, g.classList.contains('cluster')); } };
   let drag = null, dragged = false;
   wrap.addEventListener('wheel', (e) => { e.preventDefault(); const r = wrap.getBoundingClientRect();
@@ -270,7 +296,7 @@ export function render({ model, el }) {
   // another model's index can arrive after its picture (setSvg searched the new picture with the old index: a
   // kept "softmax" read "no match" on minilm until retyped): search again with it
   const research = () => { hits = []; if (search.value) find(false); };
-  model.on('absorbed', research); model.on('folded', research);
+  model.on('absorbed', research); model.on('folded', research); model.on('order', research);
   model.on('highlight', () => mark(true)); model.on('selected', () => mark(false));
   model.on('related', () => mark(false));
   model.on('title', () => { title.textContent = model.title || ''; });
@@ -291,8 +317,8 @@ _CSS = """
 .rv-btn.rv-off { color: #999; text-decoration: line-through; }
 .rv-search { width: 130px; font: 12px sans-serif; padding: 1px 4px; border: 1px solid #ccc; border-radius: 3px; }
 .rv-found { min-width: 44px; color: #555; font: 11px sans-serif; }
-.rv-found-note { position: absolute; left: 6px; top: 4px; z-index: 2; display: none; max-width: calc(100% - 24px);
-          padding: 1px 6px; background: __SEARCH_TINT__; border: 1px solid __SEARCH__; border-radius: 3px;
+.rv-found-note { flex: 0 0 auto; display: none; margin: 2px 6px; white-space: nowrap; overflow: hidden;
+          text-overflow: ellipsis; padding: 1px 6px; background: __SEARCH_TINT__; border: 1px solid __SEARCH__; border-radius: 3px;
           font: 11px sans-serif; color: #333; pointer-events: none; }
 .rv-wrap { position: relative; overflow: hidden; flex: 1; cursor: grab; min-height: 200px; }
 .rv-wrap.rv-drag { cursor: grabbing; }
@@ -387,6 +413,8 @@ class SvgGraph(JSComponent):
     sync = param.String("")
     folded = param.Dict(default={})
     absorbed = param.Dict(default={})
+    order = param.List(default=[], item_type=int, doc="The graph's node ids in graph order: the order of the search's "
+                       "hits, the same whichever layers are open (`search_order`); [] keeps the drawing's order.")
     legend = param.String("", doc="HTML of a folded legend in the picture's corner (`ops_legend_html`), or ''.")
 
     _esm = _ESM
@@ -437,6 +465,51 @@ def search_hits(tooltips: dict[int, str], query: str) -> list[int]:
     if m := re.fullmatch(r"%(\d+)", q):
         return [i for i in tooltips if i == int(m[1])]
     return [i for i, t in tooltips.items() if q and q in own_text(t)]
+
+
+def search_order(order: list[int], drawn: dict[int, str], folded: dict[str, list[list[int | str]]],
+                 absorbed: dict[str, list[list[object]]], query: str) -> list[int]:
+    """The node ids the search box steps through for `query`, in the order Enter visits them (the browser's
+    `collect`, `_ESM`): exact hits, then fused nodes that absorbed a match (found only through their `absorbed ops`),
+    each part in graph order `order` (`SvgGraph.order`). A node inside a folded box (`folded`, `folded_index`) is a
+    hit of its own, exactly as it is once its layer is drawn open, so the list is the same whichever layers are open.
+
+    Args:
+        order: the graph's node ids in graph order.
+        drawn: tooltip (`viz.dot.node_tooltips`) of each node drawn node by node.
+        folded: the folded boxes' nodes, `{"layer<i>": [[id, text], ...]}`.
+        absorbed: `absorbed_index` of the drawn fused nodes.
+        query: the box's text; "" finds nothing.
+    """
+    q = query.strip().lower()
+    if not q:
+        return []
+    m = re.fullmatch(r"%(\d+)", q)
+    exact: list[int] = []
+    deep: list[int] = []
+
+    def holds(i: int) -> bool:  # the browser's `absorbedNote`
+        return any((int(m[1]) in ids) if m else bool(op) and q in str(op).lower()  # type: ignore[operator]
+                   for op, ids, _ in absorbed.get(f"n{i}", []))
+
+    for rows in folded.values():
+        for i, text in rows:
+            assert isinstance(i, int) and isinstance(text, str)
+            if (i == int(m[1])) if m else q in text.split("\nabsorbed ops: ")[0]:
+                exact.append(i)
+            elif holds(i) or (not m and q in text):
+                deep.append(i)
+    for i, tip in drawn.items():
+        if search_hits({i: tip}, q):
+            exact.append(i)
+        elif holds(i):
+            deep.append(i)
+    rank = {i: k for k, i in enumerate(order)}
+    out: list[int] = []
+    for i in sorted(exact, key=lambda i: rank.get(i, len(rank))) + sorted(deep, key=lambda i: rank.get(i, len(rank))):
+        if i not in out:
+            out.append(i)
+    return out
 
 
 def folded_index(graph: Graph, open_layers: list[int], trace: Trace | None = None) -> dict[str, list[list[int | str]]]:

@@ -284,12 +284,13 @@ class GraphCompare(Viewer):
         folded = s.resolved_view() == COLLAPSED
         self.after.param.update(svg=svg or "", title=f"{s.version_labels[k] if s.version_labels else 'input'}",
                                 scope=scope, folded=self._folded(s.current_graph) if folded else {},
-                                absorbed=self._absorbed(s.current_graph))
+                                absorbed=self._absorbed(s.current_graph), order=self._order(s.current_graph))
         if step is not None:
             prev, err2 = safe(s.svg_before, k)
             self.before.param.update(svg=prev or "", title=f"before {step.pass_name}", scope=scope,
                                      folded=self._folded(s.previous_graph) if folded else {},
-                                     absorbed=self._absorbed(s.previous_graph))
+                                     absorbed=self._absorbed(s.previous_graph),
+                                     order=self._order(s.previous_graph))
             err = err or err2
         want = [self.before, self.after] if step is not None else [self.after]
         if list(self.row.objects) != want:
@@ -310,6 +311,11 @@ class GraphCompare(Viewer):
 
     def _folded(self, graph: Graph | None) -> dict[str, list[list[int | str]]]:
         return folded_index(graph, list(self.state.expanded_layers), self.state.trace) if graph is not None else {}
+
+    @staticmethod
+    def _order(graph: Graph | None) -> list[int]:
+        """The graph's node ids in graph order: the order of the search's hits (`SvgGraph.order`)."""
+        return [n.id for n in graph] if graph is not None else []
 
     def _absorbed(self, graph: Graph | None) -> dict[str, list[list[object]]]:
         """What each fused node of `graph` holds at any depth, for the search (`graphpane.absorbed_index`)."""

@@ -25,13 +25,14 @@ BREAK_LAYER = 1
 """The layer the sidebar's "Layer to break" starts at when the strip is shown (layer 0 when the model has only one);
 the second click breaks the layer that box shows (`AppState.variant_layer`: one field, so the box and ② agree)."""
 
-PASSES_DO = "most shrink the graph, some rewrite it into more, smaller nodes"
+PASSES_DO = "most shrink the graph, some make more, smaller nodes"
 """What ① shows, true of every pass (`fuse_shared_input_matmul` grows it: one matmul and its slices for several)."""
-STEPS = (f"Three clicks: ① step through the passes ({PASSES_DO}), ② break a layer on purpose, ③ ask why it did not "
-         "fuse. Or drop your own .onnx at the right.")
+STEPS = (f"Three clicks: ① step through the passes ({PASSES_DO}), ② break a layer, ③ ask why it did not fuse. Or "
+         "drop an .onnx at the right.")
+"""The strip's first line: two lines of the strip's text at 1280 px with the sidebar folded (it took three, and the
+clamp cut it at "Or drop yo…")."""
 STEPS_NO_BREAK = (f"Two clicks for this model: ① step through the passes ({PASSES_DO}), ③ ask why a layer did or did "
-                  "not fuse (② breaks a layer of a BERT preset or checkpoint only). Or drop your own .onnx at the "
-                  "right.")
+                  "not fuse (② breaks a layer of a BERT preset or checkpoint only). Or drop an .onnx at the right.")
 """The line where ② does not apply (an ONNX export, IR text, a decoder): the steps, not an error. Why ② is off is
 said when it is clicked (every load of such a model said it unasked)."""
 

@@ -60,8 +60,10 @@ class TimingView(Viewer):
     def __init__(self, **params: object) -> None:
         super().__init__(**params)
         s = self.state
-        self.button = pn.widgets.Button(label="Time every version on MLX", color="primary",
-                                        css_classes=["rv-time"])
+        # "on MLX" is in its tooltip: beside an open sidebar at 1280 px the label was cut ("Time every version on")
+        self.button = pn.widgets.Button(label="Time every version", color="primary", css_classes=["rv-time"],
+                                        description="time every version on MLX in a worker process, with the "
+                                                    "rounds and device set here")
         self.button.on_click(lambda e: s.time_all())
         # an outlined button (a "light" one read as plain text: nothing said it could be pressed)
         # shown once there are figures to measure again (before any, "Time again" spoke of a timing that never was)

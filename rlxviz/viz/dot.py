@@ -286,8 +286,11 @@ class _Drawer:
         parts = [f"%{n.id} {n.op.value} -> {fmt_shape(n)}", f"path: {n.path or '-'}"]
         if n.attrs:  # each value as the IR text prints it (`none`, `"gelu"`, `true`)
             parts.append("attrs: " + ", ".join(f"{k}={format_value(v)}" for k, v in n.attrs.items()))
-        if n.id in self.roles:  # the names messages give the node (the app's search matches this line)
-            parts.append("roles: " + ", ".join(dict.fromkeys(r for r, _ in self.roles[n.id])))
+        # the names messages give the node (the app's search matches this line), drawn as tags or not (`names`)
+        named = [r for r, _ in self.roles.get(n.id, [])] + [_role_name(rule, role) for rule, role
+                                                            in self.ov.names.get(n.id, ())]
+        if named:
+            parts.append("roles: " + ", ".join(dict.fromkeys(named)))
         if ops:
             parts.append(f"operands: {ops}")
         if n.pass_name:

@@ -130,6 +130,9 @@ class Overlay:
             in the tooltip; replaces the op colour of those nodes.
         excused: the places (rule, anchor) of `rejections` that are no near-miss (`excused_places`: the chips'
             `○`): a layer holding only these is drawn as a not-near-miss, never as rejected.
+        names: node id -> (rule, role) per binding of a match or rejection that this overlay does not draw: the
+            names messages give the node (`ln1 (role h1)`), put in its tooltip's `roles:` line so the search finds
+            it by them in the after pane too (only the before pane tags candidates).
     """
 
     title: str = ""
@@ -143,6 +146,7 @@ class Overlay:
     origin: Graph | None = None
     heat: dict[int, tuple[str, str]] = field(default_factory=dict)
     excused: frozenset[tuple[str, int]] = frozenset()
+    names: dict[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)
 
     @classmethod
     def before(cls, step: PassStep, rejections: bool = True, trace: Trace | None = None) -> Overlay:
@@ -180,7 +184,7 @@ class Overlay:
         fused = tuple(m for m in step.matches if m.fused is not None and m.fused in step.after)
         title = f"after {step.pass_name}: {change_words(step.before, step.after, step.added, step.removed)}"
         return cls(title=title, fused=fused, added=frozenset(step.added),
-                   origin=all_versions(trace) if trace is not None else step.before)
+                   origin=all_versions(trace) if trace is not None else step.before, names=bound_names(step))
 
     @classmethod
     def diff(cls, old: Graph, new: Graph, title: str = "") -> Overlay:
@@ -203,6 +207,18 @@ class Overlay:
         """Node ids covered by match `m` (its absorbed nodes; by default its non-operand bindings)."""
         return self.extents.get(m.anchor) or tuple(sorted({i for r, i in m.bindings.items() if r not in INPUT_ROLES}
                                                           | {m.anchor}))
+
+
+def bound_names(step: PassStep) -> dict[int, tuple[tuple[str, str], ...]]:
+    """(rule, role) per binding of `step`'s matches and rejections, by node id, for the nodes `step.after` still
+    holds: what `Overlay.names` takes (a rejected candidate's `h1` is `ln1 (role h1)` in the banner, and the after
+    pane draws the node)."""
+    out: dict[int, dict[tuple[str, str], None]] = {}
+    for b in (*step.matches, *step.rejections):
+        for role, i in b.bindings.items():
+            if i in step.after:
+                out.setdefault(i, {})[(b.rule, role)] = None
+    return {i: tuple(v) for i, v in out.items()}
 
 
 def all_versions(trace: Trace) -> Graph:
