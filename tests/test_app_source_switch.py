@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from onnx import TensorProto, helper
+from onnx_tiny import onnx_bytes
 
 from rlxviz.app.jobs import Runner
 from rlxviz.app.sources import ALLOWED_DIRS_ENV
@@ -24,15 +24,6 @@ SMALL_IR = """graph small {
 WALK = ["preset", "ir", "checkpoint", "preset", "checkpoint", "upload", "preset", "upload", "ir", "upload",
         "checkpoint", "ir", "preset"]
 """An Euler circuit of the complete directed graph on the four sources: each ordered pair once."""
-
-
-def onnx_bytes() -> bytes:
-    """A one-node ONNX model (`y = sigmoid(x)`, f32[2, 8])."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
-    m = helper.make_model(helper.make_graph([helper.make_node("Sigmoid", ["x"], ["y"])], "g", [x], [y]),
-                          opset_imports=[helper.make_opsetid("", 17)])
-    return m.SerializeToString()
 
 
 @pytest.fixture

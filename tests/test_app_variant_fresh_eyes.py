@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 import pytest
-from onnx import TensorProto, helper
+from onnx_tiny import onnx_bytes
 
 from rlxviz.app.controls import VariantControls, one_reason
 from rlxviz.app.jobs import Runner
@@ -34,15 +34,6 @@ SMALL_IR = """graph small {
 
 VARIANT_WORDS = "teaching variants apply"
 """Words of every "variant does not apply" reason (`session.variant_unavailable`)."""
-
-
-def onnx_bytes(op: str = "Sigmoid") -> bytes:
-    """A one-node ONNX model (`y = op(x)`, f32[2, 8])."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
-    m = helper.make_model(helper.make_graph([helper.make_node(op, ["x"], ["y"])], "g", [x], [y]),
-                          opset_imports=[helper.make_opsetid("", 17)])
-    return m.SerializeToString()
 
 
 @pytest.fixture

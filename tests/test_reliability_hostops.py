@@ -275,22 +275,30 @@ def test_forked_says_how_the_child_ended():
     assert e.value.said() == "failed"
 
 
-def test_one_crashing_node_among_good_ones_is_named_alone(monkeypatch):
+
+def _crash_on_gathernd(monkeypatch) -> None:
+    """Make the host-node check crash (SIGSEGV) on every GatherND node, in the forked children too: ONNX's own crash
+    on GatherND(batch_dims=-5) is undefined behaviour (a SIGSEGV, or under load a MemoryError first)."""
     import os
     import signal
 
     from rlxviz.ir import host_rules
-    from rlxviz.ir.dtype import DType
-    from rlxviz.ir.host_rules import onnx_op_problems
 
     real_problem = host_rules._problem
 
-    def crash_on_gathernd(text, label, *rest):  # a crash every time (the real GatherND one is undefined behaviour)
+    def crash(text, label, *rest):
         if label == "GatherND":
             os.kill(os.getpid(), signal.SIGSEGV)
         return real_problem(text, label, *rest)
 
-    monkeypatch.setattr(host_rules, "_problem", crash_on_gathernd)  # in the forked child too
+    monkeypatch.setattr(host_rules, "_problem", crash)
+
+def test_one_crashing_node_among_good_ones_is_named_alone(monkeypatch):
+
+    from rlxviz.ir.dtype import DType
+    from rlxviz.ir.host_rules import onnx_op_problems
+
+    _crash_on_gathernd(monkeypatch)
 
     good = {"node": _hardmax(name="fresh_one"), "op_type": "Hardmax", "opset": 17, "shape": (2, 8), "dtype": "f32"}
     bad = {"node": encode(helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=-5, name="b2")),
@@ -350,8 +358,6 @@ def test_mutants_of_a_host_node_are_refused_by_lint_or_run_as_declared():
 
 
 def test_a_crash_among_many_nodes_is_found_by_halves_and_a_timeout_is_not_split(monkeypatch):
-    import os
-    import signal
 
     from rlxviz.ir import host_rules
     from rlxviz.ir.dtype import DType
@@ -364,14 +370,7 @@ def test_a_crash_among_many_nodes_is_found_by_halves_and_a_timeout_is_not_split(
         return real(check, seconds)
 
     monkeypatch.setattr(host_rules, "forked", counting)
-    real_problem = host_rules._problem
-
-    def crash_on_gathernd(text, label, *rest):  # a crash every time (the real GatherND one is undefined behaviour)
-        if label == "GatherND":
-            os.kill(os.getpid(), signal.SIGSEGV)
-        return real_problem(text, label, *rest)
-
-    monkeypatch.setattr(host_rules, "_problem", crash_on_gathernd)  # in the forked children too
+    _crash_on_gathernd(monkeypatch)
     goods = [({"node": _hardmax(name=f"h{i}_{time.monotonic_ns()}"), "op_type": "Hardmax", "opset": 17,
                "shape": (2, 8), "dtype": "f32"}, [(DType.f32, (2, 8))], [None]) for i in range(15)]
     bad = ({"node": encode(helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=-5,
