@@ -382,6 +382,8 @@ def test_panes_sync_the_selected_node_by_identity():
     s.selected_node = fused.id  # clicked in the after pane: the before pane marks what it absorbed
     assert sorted(graph.before.related) == sorted(int(i) for i in fused.absorbed if int(i) in prev)
     assert gone in graph.before.related and "made by" in inspector.pane.object
+    # said once (newcomer run 4 read "made by fuse_attention_block from ..." and "created by ..., replacing ...")
+    assert "created by" not in inspector.pane.object
     kept = next(n.id for n in cur if n.id in prev)
     s.selected_node = kept
     assert graph.before.related == graph.after.related == [] and graph.after.selected == kept

@@ -22,7 +22,7 @@ from .irdiff import diff_table, side_by_side
 from .irtext import IRText
 from .stale import StaleMark, safe
 from .state import AppState
-from .text import download_name, html_text, md_escape
+from .text import download_name, html_text, md_code, md_escape
 from .views import COLLAPSED, FOCUS
 from .wording import version_name
 
@@ -384,6 +384,9 @@ class NodeInspector(Viewer):
                     where = "before" if g is s.previous_graph else "after"
                     line = counterpart_line(s.previous_graph, s.current_graph, s.selected_node, step.pass_name)
                     head, _, rest = text.partition("\n\n")
+                    if line.startswith("**made by**"):  # said once: the report's "created by" line is the same
+                        made = f"**created by** {md_code(step.pass_name)},"
+                        rest = "\n\n".join(p for p in rest.split("\n\n") if not p.startswith(made))
                     under = [f"*As the {where} {step.pass_name} version has it.*", *([line] if line else [])]
                     text = "\n\n".join([head, *under, rest])
                 return text
