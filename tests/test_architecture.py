@@ -64,7 +64,8 @@ def test_gpt2_pre_ln_is_not_blamed_as_post_ln_bert():
         assert arch.kind == "pre_ln" and arch.mask == "causal", arch
         assert any("pre-norm" in e for e in arch.evidence)
         assert "post-LN" in arch.not_expected("fuse_transformer_layer", "attn_is_fused_block")
-        assert "keep mask" in arch.not_expected("fuse_attention_block", "mask_kind_keep")
+        # a causal mask is a form rlxviz's block lacks, not the model's layout (newcomer run 4)
+        assert "gap in rlxviz's ops" in arch.not_expected("fuse_attention_block", "mask_kind_keep")
         assert "pre-norm" in arch.not_expected("fuse_residual_ln", "sum_single_user")
         assert arch.not_expected("fuse_residual_ln", "residual_same_shape") is None
         assert arch.not_expected("fuse_matmul_bias_act", "anything") is None

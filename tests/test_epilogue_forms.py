@@ -293,7 +293,9 @@ def test_a_llama_layer_with_a_gelu_gate_is_judged_like_swiglu(gate, tmp_path, ca
     path = tmp_path / "geglu.ir"
     path.write_text(src)
     code, out, _ = cli_run(capsys, "explain", path)
-    assert code == 0 and "fused as expected: FusedSwiGLU" in out and ("GeGLU" in out) == (gate != "silu"), out
+    # (its causal attention is a form rlxviz's block lacks: "as far as rlxviz's ops go")
+    assert code == 0 and "fused as far as rlxviz's ops go: FusedSwiGLU" in out, out
+    assert ("GeGLU" in out) == (gate != "silu"), out
     gate_id = re.search(rf"%(\d+) = {gate}\(", src).group(1)  # the gate also returned: swiglu_single_use refuses
     held = parse_ir(re.sub(r"return (.*)", rf"return \1, %{gate_id}", src))
     missed = check_fusion(Pipeline.canonical().run(held), "geglu")

@@ -1042,12 +1042,20 @@ def _block_ropes(**kw):
     return g, {"s": next(i for i in attn.inputs[:2] if g[i].op == Op.ROPE)}
 
 
+def _block_two_tables():
+    """Q and K rotated by a cos/sin pair each (falcon's export): the block names the attention that reads both."""
+    g, _ = _block_ropes(two_tables=True)
+    (attn,) = [n for n in g if n.op == Op.ATTENTION]
+    return g, {"attn": attn.id}
+
+
 NEAR_MISSES += [(_SDPA, "mask_model_term", _band_mask, "s", {}), (_SDPA, "rope_on_heads", _rope_heads, "s", {}),
                 ("fuse_attention_block.qkv_attention_out", "self_attention", _cross_attention, "s", {}),
                 ("fuse_attention_block.qkv_attention_out", "rope_q_and_k", lambda: _block_ropes(k_only=True), "s",
                  {}),
                 ("fuse_attention_block.qkv_attention_out", "rope_full_rotary", lambda: _block_ropes(n_rot=8), "s",
-                 {})]
+                 {}),
+                ("fuse_attention_block.qkv_attention_out", "rope_one_table", lambda: _block_two_tables(), "attn", {})]
 
 
 def _norm_terms(**kw):

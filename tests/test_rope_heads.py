@@ -26,12 +26,14 @@ AT = " @model.layers.0.self_attn"
 
 
 def rope_attention(n_rot: int = 16, k_only: bool = False, swapped: bool = False, gathered: bool = False,
-                   table_rank: int = 4, duplicated: bool = True, interleaved: bool = False) -> str:
+                   table_rank: int = 4, duplicated: bool = True, interleaved: bool = False,
+                   two_tables: bool = False) -> str:
     """One LLaMA-style attention (4 heads of 16, S = 8, a padding keep mask) with RoPE written on the heads over
     the first `n_rot` dims of each head; `swapped`: every product and the sum in the other operand order;
     `gathered`: the tables read by `gather(table, position_ids)`; `table_rank`: the duplicated table's view;
     `duplicated=False`: a full `[S, n_rot]` table whose halves differ (not a rotation: no rope op computes it);
-    `interleaved`: GPT-J's rotate_every_two (pairs h[2i], h[2i+1]) with full `[S, d]` tables."""
+    `interleaved`: GPT-J's rotate_every_two (pairs h[2i], h[2i+1]) with full `[S, d]` tables; `two_tables`: K rotated
+    by a cos/sin pair of its own (params `rotary_emb_k.*`), as falcon's export computes the table twice."""
     half = n_rot // 2
     lines = ['  %0 = input {name="hidden_states"} : f32[2, 8, 64]', '  %1 = input {name="attention_mask"} : i64[2, 8]']
     if gathered:
@@ -54,23 +56,28 @@ def rope_attention(n_rot: int = 16, k_only: bool = False, swapped: bool = False,
     for t in "qkv":
         w = emit(f'param {{name="{t}_proj.weight"}} : f32[64, 64]')
         proj[t] = emit(f"matmul(%0, {w}) : f32[2, 8, 64]")
-    tables = {}
-    for name in ("cos", "sin"):
-        if gathered:
-            full = emit(f'param {{name="rotary_emb.{name}_cached"}} : f32[32, {half}]')
-            tab = emit(f"gather({full}, %2) {{axis=0}} : f32[8, {half}]")
-        else:
-            tab = emit(f'param {{name="rotary_emb.{name}_cached"}} : f32[8, {half}]')
-        dup = emit(f"concat({tab}, {tab}) {{axis=1}} : f32[8, {n_rot}]") if duplicated and not interleaved else emit(
-            f'param {{name="rotary_emb.{name}_full"}} : f32[8, {n_rot}]')
-        view = [1, 1, 8, n_rot] if table_rank == 4 else [1, 8, n_rot]
-        tables[name] = emit(f"reshape({dup}) {{shape={view}}} : f32{view}")
+    def make_tables(prefix: str) -> dict[str, str]:
+        tables = {}
+        for name in ("cos", "sin"):
+            if gathered:
+                full = emit(f'param {{name="{prefix}.{name}_cached"}} : f32[32, {half}]')
+                tab = emit(f"gather({full}, %2) {{axis=0}} : f32[8, {half}]")
+            else:
+                tab = emit(f'param {{name="{prefix}.{name}_cached"}} : f32[8, {half}]')
+            dup = (emit(f"concat({tab}, {tab}) {{axis=1}} : f32[8, {n_rot}]") if duplicated and not interleaved
+                   else emit(f'param {{name="{prefix}.{name}_full"}} : f32[8, {n_rot}]'))
+            view = [1, 1, 8, n_rot] if table_rank == 4 else [1, 8, n_rot]
+            tables[name] = emit(f"reshape({dup}) {{shape={view}}} : f32{view}")
+        return tables
+
+    q_tables = make_tables("rotary_emb")
+    k_tables = make_tables("rotary_emb_k") if two_tables else q_tables
 
     def heads(t: str) -> str:
         r = emit(f"reshape({proj[t]}) {{shape=[2, 8, 4, 16]}} : f32[2, 8, 4, 16]")
         return emit(f"transpose({r}) {{perm=[0, 2, 1, 3]}} : f32[2, 4, 8, 16]")
 
-    def rotate(h: str) -> str:
+    def rotate(h: str, tables: dict[str, str]) -> str:
         part = h if n_rot == 16 else emit(f"narrow({h}) {{axis=3, start=0, length={n_rot}}} : f32[2, 4, 8, {n_rot}]")
         ty = f"f32[2, 4, 8, {n_rot}]"
         a = f"mul({tables['cos']}, {part})" if swapped else f"mul({part}, {tables['cos']})"
@@ -95,8 +102,8 @@ def rope_attention(n_rot: int = 16, k_only: bool = False, swapped: bool = False,
         rest = emit(f"narrow({h}) {{axis=3, start={n_rot}, length={16 - n_rot}}} : f32[2, 4, 8, {16 - n_rot}]")
         return emit(f"concat({out}, {rest}) {{axis=3}} : f32[2, 4, 8, 16]")
 
-    q = heads("q") if k_only else rotate(heads("q"))
-    k = rotate(heads("k"))
+    q = heads("q") if k_only else rotate(heads("q"), q_tables)
+    k = rotate(heads("k"), k_tables)
     v = heads("v")
     kt = emit(f"transpose({k}) {{perm=[0, 1, 3, 2]}} : f32[2, 4, 16, 8]")
     s = emit(f"matmul({q}, {kt}) : f32[2, 4, 8, 8]")

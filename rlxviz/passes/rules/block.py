@@ -289,8 +289,9 @@ def _explain_own_tables(c: Ctx) -> str:
     assert pair is not None
     q, k = pair
     tables = lambda n: f"{c.name_of(n.inputs[1])}/{c.name_of(n.inputs[2])}"  # noqa: E731
-    return (f"Q is rope (node {q.id}) with cos/sin {tables(q)} and K is rope (node {k.id}) with cos/sin {tables(k)}: "
-            f"each is rotated by its own table pair; rlxviz's FusedAttentionBlock rotates Q and K with one pair")
+    return (f"{c.d('attn')} reads Q as rope (node {q.id}) with cos/sin {tables(q)} and K as rope (node {k.id}) with "
+            f"cos/sin {tables(k)}: each is rotated by its own table pair; rlxviz's FusedAttentionBlock rotates Q and K "
+            f"with one pair")
 
 
 def _explain_mask_kind(c: Ctx) -> str:
