@@ -35,7 +35,19 @@ def test_steps_on_an_onnx_export_never_point_at_the_disabled_break():
             assert line.startswith((f"Next: ① again, or {why}.", f"Next: {why}, or ① back to the input")), line
         start.why.clicks += 1
         assert "②" not in _line(start), _line(start)
-        assert ("the first guard that failed" if unfused else "fused: nothing refused it") in _line(start)
+        said = _line(start)
+        assert ("the first guard that failed" in said) if unfused else (
+            "fused: nothing it expects was refused" in said or " fused as far as " in said), said
+
+
+def test_the_why_step_on_a_layer_fused_only_as_far_as_rlxvizs_ops_go_says_so():
+    """Newcomer run 5: deit's ③ read "Layer 0 fused: nothing refused it." over a Why tab that lists the attention
+    block rlxviz has no form for (no mask operand); the line says the verdict's own words and what rlxviz lacks."""
+    s, start = _onnx_start("cases/deit.ortopt.onnx")
+    start.why.clicks += 1
+    said = _line(start)
+    assert "Layer 0 fused as far as rlxviz's ops go (rlxviz lacks FusedAttentionBlock without a mask operand)" in said
+    assert "nothing" not in said, said
 
 
 def test_steps_on_a_built_model_still_point_at_break():

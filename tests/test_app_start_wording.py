@@ -53,7 +53,8 @@ def test_why_first_on_a_fused_layer_says_it_fused_then_break_then_why_moves_to_t
     start.why.clicks += 1
     line = _line(start)
     assert opened and s.selected_layer == 0
-    assert line.startswith("<b>Layer 0 fused: nothing refused it. </b>") and "② breaks a layer" in line, line
+    assert line.startswith("<b>Layer 0 fused: nothing it expects was refused. </b>"), line
+    assert "② breaks a layer" in line, line
     assert "guard that failed" not in line
     start.brk.clicks += 1
     start.why.clicks += 1  # the selection (layer 0, fused) moves to the layer ② broke

@@ -353,12 +353,23 @@ class StartHere(Viewer):
             self._say([("Next: the Why tab below. ", True), (f"It lists each pattern's outcome on layer {layer} and "
                                                             f"the first guard that failed. {more}", False)], "why")
         elif self.brk.disabled:  # ② does not apply to this model (an ONNX export, IR text): not sent to it
-            self._say([(f"Layer {layer} fused: nothing refused it. ", True),
+            self._say([(self._fused_words(layer), True),
                        (f"The Why tab below lists each pattern's outcome on it. {more}", False)], "why")
         else:
-            self._say([(f"Layer {layer} fused: nothing refused it. ", True),
+            self._say([(self._fused_words(layer), True),
                        ("Next: ② breaks a layer on purpose, then ③ shows the guard that refused it.", False)], "why")
         self._held = (self._parts, "why")
+
+    def _fused_words(self, layer: int) -> str:
+        """The strip's line for a fused layer, in the verdict's own words (`LayerVerdict.status`): "nothing refused
+        it" only where nothing did; a layer fused only as far as legal or as far as rlxviz's ops go says so, and
+        what rlxviz lacks (deit read "Layer 0 fused: nothing refused it." over a Why tab listing the attention block
+        rlxviz has no form for, newcomer run 5)."""
+        v = self.state.verdict().layer(layer)
+        if v.status == "fused":
+            return f"Layer {layer} fused: nothing it expects was refused. "
+        lacks = f" (rlxviz lacks {'; '.join(g.split(' (')[0] for g in v.op_gaps)})" if v.op_gaps else ""
+        return f"Layer {layer} {v.status}{lacks}; the Why tab says what stood in the way. "
 
     def dismiss(self) -> None:
         """Hide the strip for the rest of the session (its ✕)."""
