@@ -169,3 +169,17 @@ def test_the_split_names_an_input_op_that_ran_on_rlxviz_kernels(ran, ops):
     assert split_json(split)["input_kernel_ops"] == list(ops)
     # without the graph (or with one holding no op the kernels take) nothing is named
     assert fusion_and_kernels_of(rows, own).input_kernel_ops == ()
+
+
+def test_time_says_what_its_x_input_column_is(capsys):
+    """Newcomer run 5 read `x input` 1.02 beside a median of 0.51 ms against the input's 0.50 ms as a contradiction:
+    the line under the table says the column is the median of paired per-round ratios, not the medians' ratio."""
+    from clirun import run
+
+    from rlxviz.cli.timing import X_INPUT_NOTE
+
+    code, out, err = run(capsys, "time", "bert-tiny", "--seq", 8, "--repeat", 1, "--warmup", 0, "--no-battery")
+    assert code == 0, err
+    lines = out.splitlines()
+    table_end = next(i for i, ln in enumerate(lines) if i > 0 and not ln.strip() and "x input" in "".join(lines[:i]))
+    assert lines[table_end + 1] == X_INPUT_NOTE and "paired round by round" in X_INPUT_NOTE

@@ -137,8 +137,16 @@ def cmd_time(args: argparse.Namespace) -> int:
          + (f"{host}\n" if (host := describe_host(model.graph)) else "")
          + f"{policy.describe()}\n{policy.ok_rule()}\n{sets.describe()}\n"
          + (f"{busy_verdict(busy)}\n" if busy else "")
-         + format_timings(rows, busy) + ("\n\n" + split_text(split).rstrip("\n") if split is not None else ""))
+         + format_timings(rows, busy) + f"\n\n{X_INPUT_NOTE}"
+         + ("\n\n" + split_text(split).rstrip("\n") if split is not None else ""))
     return code
+
+
+X_INPUT_NOTE = ("x input: the median over the rounds of (the input's time / this version's time), paired round by "
+                "round, so it need not equal the ratio of the two medians; a ratio whose 95% interval holds 1 is "
+                "within noise (the app's Timing tab draws the interval and says the verdict).")
+"""The line under `rlxviz time`'s table that says what its `x input` column is (newcomer run 5 read a 1.02 beside a
+median 0.51 ms against the input's 0.50 ms as a contradiction)."""
 
 
 @subcommand
