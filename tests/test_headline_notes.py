@@ -12,6 +12,7 @@ import pytest
 from clirun import run as cli_run
 
 from rlxviz.passes.why.text import headline_notes
+from rlxviz.passes.why.verdict import LayerVerdict
 
 CASES = Path(__file__).parent / "data" / "cases"
 
@@ -34,9 +35,12 @@ def test_a_layer_fused_as_far_as_legal_is_noted_under_the_headline(capsys, name,
 
 
 def layer(fused: bool = True, illegal: tuple[str, ...] = (), gaps: tuple[str, ...] = ()) -> SimpleNamespace:
-    """A layer verdict as `headline_notes` reads it (`LayerVerdict`'s fields and `legal_only`)."""
-    return SimpleNamespace(fused=fused, legal_only=fused and bool(illegal), op_gaps=list(gaps),
-                           illegal=[SimpleNamespace(rule=r) for r in illegal])
+    """A layer verdict as `headline_notes` reads it (`LayerVerdict`'s fields, `legal_only` and `gap_forms`, the
+    latter read by `LayerVerdict`'s own property)."""
+    v = SimpleNamespace(fused=fused, legal_only=fused and bool(illegal), op_gaps=list(gaps),
+                        illegal=[SimpleNamespace(rule=r) for r in illegal])
+    v.gap_forms = LayerVerdict.gap_forms.fget(v)
+    return v
 
 
 @pytest.mark.parametrize("layers, notes", [

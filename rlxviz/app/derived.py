@@ -17,7 +17,7 @@ from .. import session
 from ..ir import Graph, format_graph
 from ..passes import PassStep, Trace
 from ..passes.trace import Rejection, layer_label
-from ..passes.why.verdict import RunVerdict, places, step_index
+from ..passes.why.verdict import RunVerdict, places
 from ..session import LayerStatus, SessionError, View, overlays
 from ..session import render as drawing
 from ..viz.heat import legend
@@ -51,7 +51,7 @@ def refusals(step: PassStep, trace: Trace | None = None) -> list[Rejection]:
     lookalike, not a merge the tool's cost test declined, not a refusal the layer's kind does not expect or that is
     illegal for its layer): what its version chip counts as rejections (✗N) and what keeps a pass that changed nothing
     in the version list. Without `trace`, by the refusal alone (`Rejection.near_miss`), still one per place."""
-    if trace is None or (k := step_index(trace, step)) is None:
+    if trace is None or (k := trace.index_of(step)) is None:
         seen: dict[tuple[str, int], Rejection] = {}
         for r in step.rejections:
             if not r.soft and r.near_miss:
@@ -65,7 +65,7 @@ def not_near_misses(step: PassStep, trace: Trace | None = None) -> dict[str, lis
     lookalike, a declined merge, not expected of the layer, illegal for it; hard or soft), in the run's order: an
     item is the place's node path, or `PATH: RULE (GUARD): why` where the reason differs by place. Without `trace`,
     the hard refusals of a kind that is no near-miss, by node path."""
-    if trace is None or (k := step_index(trace, step)) is None:
+    if trace is None or (k := trace.index_of(step)) is None:
         out: dict[str, list[str]] = {}
         for r in step.rejections:
             if not r.soft and not r.near_miss:

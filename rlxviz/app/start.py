@@ -368,7 +368,7 @@ class StartHere(Viewer):
         v = self.state.verdict().layer(layer)
         if v.status == "fused":
             return f"Layer {layer} fused: nothing it expects was refused. "
-        lacks = f" (rlxviz lacks {'; '.join(g.split(' (')[0] for g in v.op_gaps)})" if v.op_gaps else ""
+        lacks = f" (rlxviz lacks {'; '.join(v.gap_forms)})" if v.op_gaps else ""
         return f"Layer {layer} {v.status}{lacks}; the Why tab says what stood in the way. "
 
     def dismiss(self) -> None:

@@ -404,6 +404,11 @@ class Trace:
         is pass 8 of the canonical run whether or not `fuse_sdpa`'s stages are steps of their own)."""
         return sum(1 for s in self.steps[:k + 1] if not s.is_stage) + (1 if self.steps[k].is_stage else 0)
 
+    def index_of(self, step: PassStep) -> int | None:
+        """The index of `step` in `steps` (by identity: two steps may compare equal), or None when it is no step of
+        this trace."""
+        return next((k for k, s in enumerate(self.steps) if s is step), None)
+
     def step(self, pass_name: str) -> PassStep:
         """The (last) step of `pass_name`. Raises KeyError if the pass did not run."""
         for s in reversed(self.steps):

@@ -65,7 +65,7 @@ def before_caption(step: PassStep, trace: Trace | None = None) -> str:
     on its own), a hard refusal's kind alone decides (`Rejection.near_miss`), as `app.derived.refusals` does then.
     """
     head = f"before {step.pass_name}: {len(step.matches)} match(es)"
-    k = next((k for k, s in enumerate(trace.steps) if s is step), None) if trace is not None else None
+    k = trace.index_of(step) if trace is not None else None
     if trace is not None and k is not None:
         from ..passes.why.verdict import places  # the verdict reads the pipeline; the overlay is drawn without it
 
@@ -88,7 +88,7 @@ def excused_places(trace: Trace | None, step: PassStep) -> frozenset[tuple[str, 
     """The places (rule, anchor) of `step`'s refusals that are no near-miss (`passes.why.verdict.place_standings`,
     the chips' `○`), read in `trace`; without `trace` (or a step of no trace), a refusal's kind alone decides
     (`Rejection.near_miss`), as `before_caption` does."""
-    k = next((k for k, s in enumerate(trace.steps) if s is step), None) if trace is not None else None
+    k = trace.index_of(step) if trace is not None else None
     if trace is None or k is None:
         return frozenset((r.rule, r.anchor) for r in step.rejections if not r.near_miss)
     from ..passes.why.verdict import place_standings  # the verdict reads the pipeline; the overlay is drawn without
@@ -102,7 +102,7 @@ def worded(trace: Trace, step: PassStep) -> tuple[Rejection, ...]:
     decided there), so a tooltip says what the text says. `step`'s own when it is no step of `trace`."""
     from ..passes.report import in_context  # the report reads the pipeline; the overlay is drawn without it
 
-    k = next((i for i, s in enumerate(trace.steps) if s is step), None)
+    k = trace.index_of(step)
     if k is None:
         return tuple(step.rejections)
     out = []

@@ -159,7 +159,8 @@ def _made(trace: Trace, step: PassStep, fused: int | None) -> Node | None:
     if fused is None:
         return None
     if step.is_stage:
-        k = next(i for i, s in enumerate(trace.steps) if s is step)
+        k = trace.index_of(step)
+        assert k is not None, "a stage step of another trace"
         own = next((s for s in trace.steps[k + 1:] if not s.is_stage or s.family != step.family), None)
         g = own.after if own is not None and own.pass_name == step.family else step.after
         return g.get(fused)

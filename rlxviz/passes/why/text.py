@@ -214,7 +214,7 @@ def headline_notes(r: RunVerdict) -> list[str]:
                      f"{'it' if len(legal) == 1 else 'them'}")
     short = [s for s in r.layers if s.fused and s.op_gaps]
     if short:
-        gaps = dict.fromkeys(g.split(" (", 1)[0] for s in short for g in s.op_gaps)
+        gaps = dict.fromkeys(g for s in short for g in s.gap_forms)
         notes.append(f"{len(short)} of them only as far as rlxviz's ops go: rlxviz lacks {', '.join(gaps)}")
     return notes
 

@@ -20,7 +20,7 @@ from ..architecture import classify_layer
 from ..explain import Outcome, explain
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
 from ..report import MissedFusion, in_context, left_out_line, left_out_rejections
-from ..trace import PassStep, Rejection, Trace, layer_of, resolve_layers, same_stack_as
+from ..trace import Rejection, Trace, layer_of, resolve_layers, same_stack_as
 from . import text
 from .facts import RunFacts, illegal_here, made_by, op_of, recognized, silent
 from .kinds import LayerArchitecture
@@ -156,6 +156,12 @@ class LayerVerdict:
     def legal_only(self) -> bool:
         """Fused, with a product illegal for the layer left unmade: "fused as far as legal"."""
         return self.fused and bool(self.illegal)
+
+    @property
+    def gap_forms(self) -> list[str]:
+        """The op forms of `op_gaps` alone, each once, without the refusal that ran into them: `FusedAttentionBlock
+        without a mask operand` (what the headline's note and the start strip say rlxviz lacks)."""
+        return list(dict.fromkeys(g.rpartition(" (")[0] for g in self.op_gaps))
 
     @property
     def status(self) -> str:
@@ -563,11 +569,6 @@ def places(trace: Trace, step: int) -> Places:
     return Places(near, excused)
 
 
-def step_index(trace: Trace, step: PassStep) -> int | None:
-    """The index of `step` in `trace.steps` (by identity), or None when it is no step of `trace`."""
-    return next((k for k, s in enumerate(trace.steps) if s is step), None)
-
-
 def verdict_pass(trace: Trace, layer: int) -> str | None:
     """The pass of the layer's verdict: the pass whose rejection the verdict names first (the one "why didn't layer
     N fuse" answers with), or None when the layer fused as expected or its first rejection is no pass of the run
@@ -582,4 +583,4 @@ def verdict_pass(trace: Trace, layer: int) -> str | None:
 __all__ = ["EXIT_NOT_FUSED", "EXIT_OK", "ILLEGAL_HERE_GROUP", "LEFT_OUT", "LEFT_OUT_GROUPS", "STANDING_GROUPS",
            "Architecture", "FusionCheck", "LayerStatus", "LayerVerdict", "Places", "RunVerdict", "expected_misses",
            "judged_kind", "layer_verdict", "left_out_group", "left_out_groups", "place_standings", "place_status",
-           "places", "standing", "step_index", "LEFT_OUT_STATUS", "REJECTED", "verdict_pass"]
+           "places", "standing", "LEFT_OUT_STATUS", "REJECTED", "verdict_pass"]
