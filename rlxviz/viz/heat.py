@@ -69,8 +69,9 @@ def heat_colors(kind: str, values: Mapping[int, float], rounding: Collection[int
 _NAMED = {"white": "#ffffff", "black": "#000000"}
 
 
-def luminance(color: str) -> float:
-    """WCAG 2 relative luminance (0 black .. 1 white) of an sRGB colour, `#rrggbb`, `#rgb`, `white` or `black`.
+def linear_rgb(color: str) -> tuple[float, float, float]:
+    """The linear-light R, G, B (0..1) of an sRGB colour, `#rrggbb`, `#rgb`, `white` or `black` (the sRGB transfer
+    function undone, IEC 61966-2-1): what `luminance` and `styles.lab` weigh.
 
     Raises:
         ValueError: any other spelling (a Graphviz colour name, `rgb(...)`)."""
@@ -79,9 +80,18 @@ def luminance(color: str) -> float:
         c = "#" + "".join(ch * 2 for ch in c[1:])
     if len(c) != 7 or not c.startswith("#") or any(ch not in "0123456789abcdef" for ch in c[1:]):
         raise ValueError(f"not a #rrggbb colour: {color!r}")
-    lin = [(v / 12.92) if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4
-           for v in (int(c[k:k + 2], 16) / 255 for k in (1, 3, 5))]
-    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+    r, g, b = ((v / 12.92) if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4
+               for v in (int(c[k:k + 2], 16) / 255 for k in (1, 3, 5)))
+    return r, g, b
+
+
+def luminance(color: str) -> float:
+    """WCAG 2 relative luminance (0 black .. 1 white) of an sRGB colour, `#rrggbb`, `#rgb`, `white` or `black`.
+
+    Raises:
+        ValueError: any other spelling (a Graphviz colour name, `rgb(...)`)."""
+    r, g, b = linear_rgb(color)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
 
 
 def contrast(a: str, b: str) -> float:
@@ -126,5 +136,5 @@ def legend(kind: str) -> list[tuple[str, str]]:
     return rows
 
 
-__all__ = ["EDGES", "MIN_CONTRAST", "NONFINITE", "bin_of", "contrast", "heat_colors", "legend", "luminance",
-           "readable_on", "text_color"]
+__all__ = ["EDGES", "MIN_CONTRAST", "NONFINITE", "bin_of", "contrast", "heat_colors", "legend", "linear_rgb",
+           "luminance", "readable_on", "text_color"]

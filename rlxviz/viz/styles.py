@@ -12,6 +12,7 @@ from typing import Any
 
 from ..ir import Node, Op, family
 from ..ir.ops import SPECS
+from .heat import linear_rgb
 
 FAMILY_COLORS: dict[str, str] = {
     "leaf": "#a3bac2",
@@ -88,8 +89,7 @@ def lab(hex_color: str) -> tuple[float, float, float]:
     """CIE L*a*b* (D65) of an sRGB `#rrggbb` colour: L* in 0..100. Raises ValueError for another form."""
     if len(hex_color) != 7 or not hex_color.startswith("#"):
         raise ValueError(f"not a #rrggbb colour: {hex_color!r}")
-    rgb = [int(hex_color[i:i + 2], 16) / 255 for i in (1, 3, 5)]
-    r, g, b = (c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb)
+    r, g, b = linear_rgb(hex_color)
     xyz = ((0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047, 0.2126 * r + 0.7152 * g + 0.0722 * b,
            (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883)
     fx, fy, fz = (v ** (1 / 3) if v > 0.008856 else 7.787 * v + 16 / 116 for v in xyz)
