@@ -137,7 +137,7 @@ def cmd_time(args: argparse.Namespace) -> int:
          + (f"{host}\n" if (host := describe_host(model.graph)) else "")
          + f"{policy.describe()}\n{policy.ok_rule()}\n{sets.describe()}\n"
          + (f"{busy_verdict(busy)}\n" if busy else "")
-         + format_timings(rows, busy) + f"\n\n{X_INPUT_NOTE}"
+         + format_timings(rows, busy, table) + f"\n\n{X_INPUT_NOTE}"
          + ("\n\n" + split_text(split).rstrip("\n") if split is not None else ""))
     return code
 

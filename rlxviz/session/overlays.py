@@ -363,10 +363,10 @@ def _scale(want: np.ndarray) -> float:
 def _once_note(g: Graph, once: set[int]) -> str:
     """Says which compute nodes the time shares leave out: those a program computes once from the weights
     (`runtime.executor.static_ids`: the packed Q/K/V `concat` of `fuse_shared_input_matmul`), not on every call."""
-    ops = sorted({n.op.value for n in g.compute_nodes() if n.id in once})
-    k = sum(1 for n in g.compute_nodes() if n.id in once)
-    return "" if not k else (f"{k} node(s) that read only weights ({', '.join(ops)}) are computed once when the "
-                             "program is prepared, not per call: no share")
+    nodes = [n for n in g.compute_nodes() if n.id in once]
+    ops = sorted({n.op.value for n in nodes})
+    return "" if not nodes else (f"{len(nodes)} node(s) that read only weights ({', '.join(ops)}) are computed once "
+                                 "when the program is prepared, not per call: no share")
 
 
 def _stopped(g: Graph, done: int, limit_s: float) -> str:

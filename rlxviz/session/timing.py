@@ -264,16 +264,18 @@ def input_sets(graph: Graph, feeds: Mapping[str, np.ndarray], user: Any = None, 
     return Battery((user, *rest), sets.skipped if battery else ())
 
 
-def format_timings(rows: Sequence[VersionTiming], busy: str = "") -> str:
+def format_timings(rows: Sequence[VersionTiming], busy: str = "",
+                   table: Sequence[Mapping[str, Any]] | None = None) -> str:
     """The timing table as aligned text (ops per version; ms; max abs error vs the oracle (`vs input` for a quantized
     graph: version 0 in its dtype judges, `runtime.precision.judge_of`) and vs the unfused graph on MLX; the verdict,
     naming the input set that broke a version). The `x input` column is `speedup_text` of `timing_table`'s row, the
     words the app's table and chart print: with `busy` (`busy_warning` of the run, as `timing_table`'s `busy`; or
     `timing_table`'s own check) every version's cell but the input's own reads `NOT_READ`: no ratio of a busy run is
-    a verdict, and none is printed."""
-    table = {t["#"]: t for t in timing_table(rows)}
-    busy = busy or next(iter(table.values()), {}).get("busy", "")
-    cells = {i: speedup_text({**t, "busy": busy}) for i, t in table.items()}
+    a verdict, and none is printed. `table`: `timing_table` of `rows` when the caller has made it already (`rlxviz
+    time` makes it with the own-lowering row: its bootstrap intervals are not drawn twice); else made here."""
+    by_index = {t["#"]: t for t in (timing_table(rows) if table is None else table)}
+    busy = busy or next(iter(by_index.values()), {}).get("busy", "")
+    cells = {i: speedup_text({**t, "busy": busy}) for i, t in by_index.items()}
     w = max(len(r.label) for r in rows)
     sw = max([7, *(len(cells[r.index]) for r in rows if r.same_as is None)])  # the `x input` column
     quantized = any(r.policy is not None and not r.policy.judge.oracle for r in rows)
