@@ -15,7 +15,7 @@ from typing import Any
 
 from ..ir import Graph, GraphError, Node, Rewriter
 from ..ir.emitter import normalize_attrs
-from ..ir.infer import ShapeError, TensorType, infer
+from ..ir.infer import ShapeError, TensorType, broadcast, infer
 from ..ir.ops import ELEMENTWISE, Op, operand_roles
 from .declarations import FAMILIES, QUANTIZATION, TRAITS, check_words
 from .guard import ILLEGAL, NOT_PROFITABLE, NOT_RECOGNIZED, Ctx
@@ -285,8 +285,11 @@ def _operand_name(ctx: Ctx, node_id: int) -> str:
 
 
 def _broadcasts_to(s: tuple[int, ...], t: tuple[int, ...]) -> bool:
-    """Whether shape `s` broadcasts to `t` (NumPy's rule, right-aligned: each dim of `s` is 1 or `t`'s)."""
-    return len(s) <= len(t) and all(a in (1, b) for a, b in zip(reversed(s), reversed(t), strict=False))
+    """Whether shape `s` broadcasts to `t` (NumPy's rule, `ir.infer.broadcast`: `s` and `t` broadcast to `t`)."""
+    try:
+        return broadcast(s, t) == t
+    except ShapeError:
+        return False
 
 
 def same_for_readers(g: Graph, node_id: int, t: TensorType) -> bool:
