@@ -150,9 +150,12 @@ class Runs:
         return session.open_trace(model.graph, self._request())
 
     def load(self) -> None:
-        """Load the model (if its key changed) and run the pipeline, as one job."""
+        """Load the model (if its key changed) and run the pipeline, as one job. The page is busy from this call
+        (the page's thread), not from when the job starts: in between, a variant clicked took the model still shown
+        for a refused load and went back to it (`AppState.shown_source`)."""
         self._generation += 1
         gen = self._generation
+        self.state._start("Loading the model…")
         self.state.runner.submit("load", lambda: self._load_job(gen))
 
     def start_cached(self) -> bool:
@@ -226,12 +229,15 @@ class Runs:
             RUNS.put((key, pipeline_key), (weakref.ref(model), trace))
             done = True
         except Exception as e:  # noqa: BLE001 - every failure becomes a message; the app keeps working
-            page(lambda err=e: self._failed(err))
+            if gen == self._generation:  # a superseded load's failure is not the model asked for now
+                page(lambda err=e: self._failed(err))
         finally:
             self._remove_upload_copy()
             if gen == self._generation:  # the load an inputs file's shapes started: its arrays now, or refused
                 page(s.measurements.apply_pending)
-            page(s._stop)
+                page(s._stop)  # a superseded load leaves the page busy: the newer load is queued and stops it
+                # (it cleared `busy` between the two jobs; a variant clicked then went back to the superseded
+                # model shown, `AppState.shown_source`)
         if done:  # after the job: the page is usable while the other versions are drawn
             s.runner.submit("prerender", lambda: self.prerender(gen))
 
