@@ -48,23 +48,12 @@ SLOW_PREFIXES: dict[str, str] = {
 
 SLOW_TESTS: dict[str, str] = {
     # child processes: loads through the isolated loader (session.isolated), timing workers, CLI subprocesses
-    "test_app_state.py::test_upload_good_and_corrupted": "uploads loaded in child processes",
-    "test_app_state.py::test_an_uploaded_onnx_file_is_named_after_the_users_file": "an upload loaded in a child",
-    "test_app_state.py::test_checkpoint_folder_only_under_allowed_dirs": "checkpoint loads in child processes",
     "test_app_state.py::test_an_uploaded_npz_with_expected_outputs_times_and_is_dropped_with_the_model":
         "an upload loaded and timed in child processes",
     "test_app_state.py::test_timing_runs_in_a_worker_process": "timing in a worker process",
     "test_app_state.py::test_timing_says_the_precision_policy_and_runs_uploaded_inputs": "timing in a worker "
                                                                                           "process",
-    "test_session_parity.py::test_same_answers_from_the_cli_the_notebooks_and_the_app": "the CLI, the notebooks "
-                                                                                       "and the app on one model",
     "test_reliability_cases.py::test_notebook_timing_checks_the_time_workload_as_the_cli_does": "times a model",
-    "test_cli_run.py::test_subprocess_minilm_matches_fixture": "the CLI in a subprocess on the real model",
-    "test_cli_run.py::test_bad_inputs_subprocess": "the CLI in a subprocess, per bad input",
-    "test_cli_debug.py::test_subprocess_errors_have_no_traceback": "the CLI in subprocesses",
-    "test_cli_debug.py::test_ir_pipe_closed_early_is_not_an_error": "a shell pipeline of the CLI",
-    "test_warnings_quiet.py::test_no_raw_warning_reaches_the_terminal_on_hostile_files": "the CLI in a "
-                                                                                        "subprocess per file",
     # a stress of rlxviz's thread pool: 4 spinning workers in child processes, each run bounded by a timeout
     "test_gemm.py::test_the_pool_gives_the_same_numbers_whether_its_waits_spin_or_block": "thread-pool stress",
 }
@@ -87,6 +76,20 @@ COMPUTE_TESTS: dict[str, str] = {
     "test_runtime_versions.py::test_real_minilm_every_version_on_mlx_matches_transformers_fixture":
         "every version of the real MiniLM on MLX",
     "test_app_irdiff.py::test_big_graphs_diff_with_a_bounded_table": "diffs of big graphs",
+    # the CLI, the notebooks' and the app's code on small models, CLI subprocesses and child-process loads:
+    # verdicts and messages compared, nothing timed against a limit in reach (moved from the serial tier,
+    # which set CI's length)
+    "test_app_state.py::test_upload_good_and_corrupted": "uploads loaded in child processes",
+    "test_app_state.py::test_an_uploaded_onnx_file_is_named_after_the_users_file": "an upload loaded in a child",
+    "test_app_state.py::test_checkpoint_folder_only_under_allowed_dirs": "checkpoint loads in child processes",
+    "test_session_parity.py::test_same_answers_from_the_cli_the_notebooks_and_the_app": "the CLI, the notebooks "
+                                                                                       "and the app on one model",
+    "test_cli_run.py::test_subprocess_minilm_matches_fixture": "the CLI in a subprocess on the real model",
+    "test_cli_run.py::test_bad_inputs_subprocess": "the CLI in a subprocess, per bad input",
+    "test_cli_debug.py::test_subprocess_errors_have_no_traceback": "the CLI in subprocesses",
+    "test_cli_debug.py::test_ir_pipe_closed_early_is_not_an_error": "a shell pipeline of the CLI",
+    "test_warnings_quiet.py::test_no_raw_warning_reaches_the_terminal_on_hostile_files": "the CLI in a "
+                                                                                        "subprocess per file",
     # uploads and paths loaded in a short child process each, bounded in CPU time (the isolated loader: 120 s, a
     # wall-clock backstop of 10x that; each load takes a few seconds), nothing timed, files under tmp_path
     "test_one_verdict.py::test_every_view_reads_one_verdict_onnx_fixtures": "twelve ONNX uploads, each loaded in a "
@@ -121,7 +124,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         name = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
         if item.path.name in SLOW_FILES or name in SLOW_TESTS or item.path.name.startswith(tuple(SLOW_PREFIXES)):
             item.add_marker(pytest.mark.slow)
-        if item.path.name in COMPUTE_FILES or name in COMPUTE_TESTS:
+        if item.path.name in COMPUTE_FILES or name in COMPUTE_TESTS or item.get_closest_marker("sweep"):
             item.add_marker(pytest.mark.slow)
             item.add_marker(pytest.mark.sweep)
         if getattr(item, "module", None) is not None:

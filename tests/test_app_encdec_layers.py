@@ -38,7 +38,7 @@ def _page(state: AppState) -> tuple[object, Document]:
     return tabs, doc
 
 
-@pytest.mark.parametrize("path", [ENC_DEC[0], *(pytest.param(p, marks=pytest.mark.slow) for p in ENC_DEC[1:])],
+@pytest.mark.parametrize("path", [ENC_DEC[0], *(pytest.param(p, marks=pytest.mark.sweep) for p in ENC_DEC[1:])],
                          ids=lambda p: p.name)
 def test_an_encoder_decoder_loads_with_the_why_tab_open(path: Path) -> None:
     """Both stacks number their layers from 0: the pickers listed `layer 0` twice, so they could not hold the

@@ -45,7 +45,7 @@ def test_the_banner_and_the_why_tab_say_what_explain_says_of_the_file(name, caps
     _check(name, capsys, monkeypatch)
 
 
-@pytest.mark.slow  # the load and its check each in their child process, as the server runs them
+@pytest.mark.sweep  # the load and its check each in their child process, as the server runs them
 def test_the_served_load_says_it_too(capsys, monkeypatch):
     _check("deit.ortopt.onnx", capsys, monkeypatch)
 

@@ -72,7 +72,7 @@ def test_the_app_upload_over_the_limit_says_where_to_put_it(monkeypatch, tmp_pat
     refused(s, tmp_path.name, PATH_BOX)  # the folder named (a temp folder's head is written <temp>)
 
 
-@pytest.mark.slow  # each load runs in the isolated child process
+@pytest.mark.sweep  # each load runs in the isolated child process
 def test_an_onnx_path_under_the_roots_loads_with_its_external_data(monkeypatch, tmp_path, exported):
     inside = models_dir(tmp_path, exported)
     monkeypatch.setenv(ALLOWED_DIRS_ENV, str(inside))
@@ -84,7 +84,7 @@ def test_an_onnx_path_under_the_roots_loads_with_its_external_data(monkeypatch, 
     assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob(f"rlxviz-upload-{os.getpid()}-*"))  # nothing copied
 
 
-@pytest.mark.slow  # each load runs in the isolated child process
+@pytest.mark.sweep  # each load runs in the isolated child process
 def test_onnx_paths_outside_the_roots_are_refused_in_one_line(monkeypatch, tmp_path, exported):
     inside = models_dir(tmp_path, exported)
     monkeypatch.setenv(ALLOWED_DIRS_ENV, str(inside))
@@ -104,7 +104,7 @@ def test_onnx_paths_outside_the_roots_are_refused_in_one_line(monkeypatch, tmp_p
     assert s.model.name == "bert-tiny"  # every refusal left the model shown as it was
 
 
-@pytest.mark.slow  # each load runs in the isolated child process
+@pytest.mark.sweep  # each load runs in the isolated child process
 def test_external_data_linked_out_of_the_model_folder_is_refused(monkeypatch, tmp_path, exported):
     inside = tmp_path / "models"
     inside.mkdir()
@@ -119,7 +119,7 @@ def test_external_data_linked_out_of_the_model_folder_is_refused(monkeypatch, tm
     refused(s, "outside")
 
 
-@pytest.mark.slow  # each load runs in the isolated child process
+@pytest.mark.sweep  # each load runs in the isolated child process
 def test_the_input_graph_is_shown_before_the_passes(monkeypatch, tmp_path, exported):
     """The first trace a new model shows has no pass (its input graph as read); the full run follows and selects the
     version selected before (the input)."""

@@ -75,7 +75,7 @@ def test_an_ambiguous_or_escaping_path_is_refused_saying_what_is_still_shown(mon
     _refused(s, "outside the allowed", "Still showing bert-tiny.")
 
 
-@pytest.mark.slow  # the load runs in the isolated child process
+@pytest.mark.sweep  # the load runs in the isolated child process
 def test_the_app_opens_a_relative_onnx_path_in_the_allowed_folder(monkeypatch, tmp_path):
     models = tmp_path / "models"
     (models / "onnx").mkdir(parents=True)

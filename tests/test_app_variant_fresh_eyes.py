@@ -118,7 +118,7 @@ def _fields(name: str, folder: Path) -> dict[str, object]:
 
 
 @pytest.mark.parametrize("kinds", [("ir", "llama"), pytest.param((ONNX_PATH, "ir", "llama"),
-                                                                 marks=pytest.mark.slow)])
+                                                                 marks=pytest.mark.sweep)])
 def test_why_break_is_off_is_said_when_clicked_and_not_after_the_next_load(folder, kinds):
     s = tiny()
     start, vc = StartHere(state=s, show_why=lambda: None), VariantControls(state=s)
@@ -159,7 +159,7 @@ def test_a_refused_path_marks_nothing_stale(folder):
         assert len(s.message.splitlines()) == 1, s.message
 
 
-@pytest.mark.parametrize("kinds", [("ir",), pytest.param(("ir", ONNX_PATH, "llama"), marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kinds", [("ir",), pytest.param(("ir", ONNX_PATH, "llama"), marks=pytest.mark.sweep)])
 def test_layer_to_break_survives_models_variants_do_not_apply_to(folder, kinds):
     s = tiny(preset="minilm")
     StartHere(state=s, show_why=lambda: None)
