@@ -93,8 +93,9 @@ class _Search:
     def branch(self, ctx: Ctx, i: int, step: User, found: list[tuple[int, Bindings]], fails: list[Fail],
                reach: int) -> _Branch:
         """Try each candidate of `step` (the rule's step `i`) with the steps after it: the first that matches, else
-        the one that got furthest (`_Branch.rank`; the first by node id at an equal rank). A candidate past the first
-        whose steps raise is dropped (the first's outcome is what the engine reported before it backtracked)."""
+        the one that got furthest (`_Branch.rank`; the first by node id at an equal rank). The first candidate's
+        steps raise as any step does; a later candidate whose steps raise is dropped (the others still say what they
+        found)."""
         best: _Branch | None = None
         for k, (node_id, captures) in enumerate(found[:MAX_USER_CANDIDATES]):
             if k:
