@@ -29,6 +29,9 @@ CASES = Path(__file__).parent / "fixtures" / "onnx" / "cases"
 SCALE = "FusedAttentionBlock with a non-default scale"
 CAUSAL = "FusedAttentionBlock with a causal mask kind"
 TABLES = "FusedAttentionBlock with separate cos/sin tables for Q and K"
+PARTIAL = "FusedAttentionBlock with partial rotary RoPE"
+ONE_ROPE = "FusedAttentionBlock with RoPE on Q or K alone"
+INTERLEAVED = "FusedAttentionBlock with interleaved RoPE"
 FALSE = "expected only of a post-LN layer or a layer whose attention has a keep mask; this layer is"
 WORDS = "fused as far as rlxviz's ops go"
 
@@ -42,6 +45,11 @@ WORDS = "fused as far as rlxviz's ops go"
     ("parallel", "causal", "mask_kind_keep", CAUSAL),
     ("parallel", "additive", "rope_one_table", TABLES),  # falcon
     ("llama", "causal", "rope_one_table", TABLES),
+    ("parallel", "additive", "rope_full_rotary", PARTIAL),  # GPT-NeoX / Phi: RoPE over part of each head
+    ("llama", "causal", "rope_full_rotary", PARTIAL),
+    ("parallel", "additive", "rope_q_and_k", ONE_ROPE),
+    ("pre_ln", "causal", "rope_q_and_k", ONE_ROPE),
+    ("parallel", "additive", "rope_halves", INTERLEAVED),  # GPT-J
 ])
 def test_a_form_the_block_lacks_is_a_gap_in_every_kind_that_does_not_expect_it(kind, mask, guard, gap):
     arch = LayerArchitecture(kind, f"a {kind} layer; {mask} mask", mask=mask)
@@ -55,7 +63,8 @@ def test_a_form_the_block_lacks_is_a_gap_in_every_kind_that_does_not_expect_it(k
     LayerArchitecture("pre_ln", "esm-like; keep mask", mask="keep"),  # the kind expects the block: it counts
     LayerArchitecture("post_ln", "bert-like; additive mask", mask="additive"),
 ])
-@pytest.mark.parametrize("guard", ["default_scale", "rope_one_table"])
+@pytest.mark.parametrize("guard", ["default_scale", "rope_one_table", "rope_full_rotary", "rope_q_and_k",
+                                   "rope_halves"])
 def test_where_the_kind_expects_the_block_the_refusal_still_counts(arch, guard):
     assert policy.op_gap(arch, "fuse_attention_block", guard) is None
     assert policy.not_expected(arch, "fuse_attention_block", guard) is None
@@ -114,3 +123,39 @@ def test_granite_text_and_json_agree(capsys):
         assert d["status"] == WORDS and d["op_gaps"] == [f"{SCALE} (fuse_attention_block.qkv_attention_out: "
                                                           "default_scale)"]
         assert f"layer {d['layer']}: {WORDS}: " in text
+
+
+def _position_biased(**kw) -> str:
+    """tests/test_rope_heads.py's RoPE attention with an additive position bias `[1, 1, S, S]` for its padding mask: a
+    layer whose kind does not expect the block (an additive mask), and whose mask the block takes."""
+    from test_rope_heads import rope_attention
+    src = rope_attention(**kw)
+    mask = "  %8 = reshape(%7) {shape=[2, 1, 1, 8]} : f32[2, 1, 1, 8]"
+    assert mask in src
+    return src.replace(mask, '  %8 = param {name="position_bias"} : f32[1, 1, 8, 8]')
+
+
+@pytest.mark.parametrize("kw, guard, gap, said", [
+    ({"n_rot": 8}, "rope_full_rotary", PARTIAL, "rotates 8 of 16 dims per head (partial rotary)"),
+    ({"k_only": True}, "rope_q_and_k", ONE_ROPE, "rotates K only"),
+])
+def test_a_rotation_the_block_lacks_reads_as_a_gap_in_text_and_json(capsys, tmp_path, kw, guard, gap, said):
+    """RoPE over part of each head (GPT-NeoX, Phi) or on K alone, refused by FusedAttentionBlock in a layer whose kind
+    does not expect the block: rlxviz's op lacks the form, so the layer is fused as far as rlxviz's ops go and names it
+    (before, the refusals were steps with no gap declaration, and read as the layer's kind not expecting the block)."""
+    path = tmp_path / "g.ir"
+    path.write_text(_position_biased(**kw))
+    code, text, err = cli_run(capsys, "explain", path)
+    jcode, out, _ = cli_run(capsys, "explain", path, "--json")
+    assert code == jcode == 0 and "Traceback" not in err, (text, err)
+    assert f"only as far as rlxviz's ops go: rlxviz lacks {gap}" in text and said in text, text
+    assert FALSE not in text and FALSE not in out
+    (d,) = json.loads(out)["layers"]
+    assert d["status"] == WORDS and d["op_gaps"] == [f"{gap} (fuse_attention_block.qkv_attention_out: {guard})"]
+
+
+def test_a_full_rotation_of_q_and_k_still_fuses_the_block():
+    """The control: the same layer rotating every dim of Q and K forms the block, nothing lacking."""
+    from rlxviz.ir import parse_ir
+    r = RunVerdict.of(Pipeline.canonical().run(parse_ir(_position_biased())))
+    assert [(lv.fused, lv.status, lv.op_gaps) for lv in r.layers] == [(True, "fused", [])]

@@ -1049,12 +1049,21 @@ def _block_two_tables():
     return g, {"attn": attn.id}
 
 
+def _block_interleaved():
+    """Q and K rotated by interleaved pairs (the rope op GPT-J's rotation becomes, `fuse_sdpa.rope_pairs`): the block
+    names Q's rotation."""
+    from rlxviz.ir import format_graph, parse_ir
+    g, ids = _block_ropes()
+    return parse_ir(format_graph(g).replace("interleaved=false", "interleaved=true")), ids
+
+
 NEAR_MISSES += [(_SDPA, "mask_model_term", _band_mask, "s", {}), (_SDPA, "rope_on_heads", _rope_heads, "s", {}),
                 ("fuse_attention_block.qkv_attention_out", "self_attention", _cross_attention, "s", {}),
                 ("fuse_attention_block.qkv_attention_out", "rope_q_and_k", lambda: _block_ropes(k_only=True), "s",
                  {}),
                 ("fuse_attention_block.qkv_attention_out", "rope_full_rotary", lambda: _block_ropes(n_rot=8), "s",
                  {}),
+                ("fuse_attention_block.qkv_attention_out", "rope_halves", _block_interleaved, "s", {}),
                 ("fuse_attention_block.qkv_attention_out", "rope_one_table", lambda: _block_two_tables(), "attn", {})]
 
 

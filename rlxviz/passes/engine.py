@@ -20,7 +20,8 @@ from ..ir.ops import ELEMENTWISE, Op, operand_roles
 from .declarations import FAMILIES, QUANTIZATION, TRAITS, check_words
 from .guard import ILLEGAL, NOT_PROFITABLE, NOT_RECOGNIZED, Ctx
 from .pattern import RuleError, describe
-from .rule import Fail, Rule, Soft, escape_check, run_step
+from .rule import Fail, Rule, Soft
+from .search import attempt
 from .trace import STAGE_SEP, Match, Rejection
 
 
@@ -172,44 +173,6 @@ def _rejection(pass_name: str, rule: Rule, anchor: int, f: Fail, ctx: Ctx, headl
     return Rejection(pass_name, rule.name, anchor, f.stage, f.guard, f.message, dict(ctx.bindings), f.offending,
                      f.edges, ctx.graph[anchor].path, f.hint, f.subject, f.kind, f.fix, f.needed, f.found, headline,
                      soft, f.remedy, f.roles)
-
-
-def attempt(rule: Rule, graph: Graph, anchor: int, params: Mapping[str, Any]) -> tuple[Ctx, list[Fail]]:
-    """Run `rule` at `anchor`: the context it bound, and every failure in step order (empty: a match).
-
-    After a failing guard the remaining steps still run, so every failing guard is reported (the first
-    is the headline). A structure failure ends the attempt (later steps need the roles it would bind);
-    it is reported only as the headline (after a failing guard it is usually that guard's consequence,
-    e.g. no FFN.2 after an unabsorbed activation). A step that raises after an earlier failure also ends
-    the attempt (it read what the failure left unchecked).
-    A quiet failure before any other means the rule is not applicable: `[QUIET]`.
-    """
-    r = rule.anchor.match(graph, anchor)
-    ctx = Ctx(graph, r if isinstance(r, dict) else {}, params, rule.labels)
-    if not isinstance(r, dict):
-        return ctx, [Fail("structure", "", "", quiet=True)]
-    fails: list[Fail] = []
-    for step in rule.steps:
-        try:
-            f = run_step(step, ctx)
-        except Exception:
-            if fails:
-                break
-            raise
-        if f is None:
-            continue
-        if f.quiet:
-            return (ctx, [f]) if not fails else (ctx, fails)
-        if f.stage == "structure":
-            if not fails:  # after a failing guard, a structure miss is usually its consequence: not reported
-                fails.append(f)
-            break
-        fails.append(f)
-    if not fails:
-        f = escape_check(rule, ctx)
-        if f is not None:
-            fails.append(f)
-    return ctx, fails
 
 
 def try_rule(rule: Rule, graph: Graph, anchor: int, params: Mapping[str, Any]) -> Ctx | Fail:

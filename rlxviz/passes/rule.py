@@ -42,7 +42,7 @@ from .guard import (
     check_literals,
     reader_advice,
 )
-from .pattern import SAME_NODE, Miss, P, also_read, describe, op_label, where
+from .pattern import SAME_NODE, Bindings, Miss, P, also_read, describe, op_label, where
 from .spelling import close, data_keys, scan
 
 
@@ -89,8 +89,8 @@ class Shape:
 
 @dataclass(frozen=True)
 class User:
-    """Structure step: bind `role` to the first user of `of` that matches `pattern` (rooted at the user) and plays the
-    role (`plays`).
+    """Structure step: bind `role` to a user of `of` that matches `pattern` (rooted at the user) and plays the role
+    (`plays`).
 
     `what` describes the wanted user for messages ("the post-attention FusedResidualLN").
 
@@ -100,6 +100,10 @@ class User:
     attention. A user that fits `pattern` but does not play the role is never bound: with none that does, the step
     fails at `of` naming those users and `plays_what` (what the role's node leads to), instead of binding one and
     letting later guards judge it in a role it does not have. None: every user that fits the pattern plays it.
+
+    Several users may fit and play (two linears reading h1 that each feed a linear): `candidates` lists them by node
+    id, and the engine tries each in turn when a later step fails (`search.attempt`, bounded by
+    `search.MAX_USER_CANDIDATES`). Run on its own (`run_step`), the step binds the first.
     """
 
     name: str
@@ -113,18 +117,29 @@ class User:
     plays_what: str = ""
 
     def __call__(self, ctx: Ctx) -> Fail | None:
+        found = self.candidates(ctx)
+        if isinstance(found, Fail):
+            return found
+        bind(ctx, self.role, *found[0])
+        return None
+
+    def candidates(self, ctx: Ctx) -> list[tuple[int, Bindings]] | Fail:
+        """Every user of `of` that fits the pattern and plays the role, as `(node id, the pattern's captures)` in
+        node-id order (never empty), or the step's failure when none does."""
         users = ctx.users(self.of)
         misses: list[Miss] = []
         fits: list[Node] = []  # users that fit the pattern but do not play the role
+        found: list[tuple[int, Bindings]] = []
         for u in users:
             r = self.pattern.match(ctx.graph, u.id, ctx.bindings, self.role)
-            if not isinstance(r, Miss):
-                if self.plays is not None and not self.plays(ctx.graph, u.id):
-                    fits.append(u)
-                    continue
-                ctx.bindings.update({**r, self.role: u.id})
-                return None
-            misses.append(r)
+            if isinstance(r, Miss):
+                misses.append(r)
+            elif self.plays is not None and not self.plays(ctx.graph, u.id):
+                fits.append(u)
+            else:
+                found.append((u.id, r))
+        if found:
+            return sorted(found, key=lambda f: f[0])
         if fits:
             return self._not_playing(ctx, users, fits)
         deep = max(misses, key=lambda m: m.depth) if misses else None
@@ -154,6 +169,11 @@ class User:
         return Fail("structure", self.name, msg, tuple(u.id for u in fits),
                     tuple((ctx.id(self.of), u.id) for u in fits), "", subject=ctx.id(self.of), kind=NOT_RECOGNIZED,
                     fix=self.fix, needed=(want,), found=", ".join(op_label(u) for u in users))
+
+
+def bind(ctx: Ctx, role: str, node_id: int, captures: Bindings) -> None:
+    """Bind `role` to `node_id` and its pattern's `captures` in `ctx` (a `User` step's chosen candidate)."""
+    ctx.bindings.update({**captures, role: node_id})
 
 
 def reports(*guard_names: str, kind: str = NOT_RECOGNIZED, reads: tuple[str, ...] = (),
@@ -550,5 +570,5 @@ def escape_check(rule: Rule, ctx: Ctx) -> Fail | None:
     return None
 
 
-__all__ = ["QUIET", "Fail", "Rule", "Shape", "Soft", "Step", "User", "check_roles", "escape_check",
+__all__ = ["QUIET", "Fail", "Rule", "Shape", "Soft", "Step", "User", "bind", "check_roles", "escape_check",
            "reports", "run_step", "step_roles"]

@@ -21,6 +21,7 @@ input, fully masked rows included (the same op computes them). A zero bias is ex
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from ...ir import Graph, Node, Op, Rewriter
 from ...ir.ops import BLOCK_MASK_KINDS, kv_heads, operand_roles
@@ -198,35 +199,69 @@ def _rotated(tag: str) -> P:
     return P(Op.ROPE, narrow, P.var("rope_cos", hint=one), P.var("rope_sin", hint=one), name=f"{tag}_rope") | narrow
 
 
-@reports("rope_q_and_k", "rope_full_rotary", reads=("attn", "q_rope", "k_rope"))
-def _block_rope(c: Ctx) -> Fail | None:
-    """The block's RoPE rotates Q and K, every dim of each head (NeoX half split, `n_rot == head_dim`), with the
-    attention's head_dim: a rotation of one of them or of part of each head stays outside (named)."""
-    ropes = [r for r in ("q_rope", "k_rope") if r in c]
-    if not ropes:
-        return None
+ROPE_ONE_OPERAND_GAP = "FusedAttentionBlock with RoPE on Q or K alone"
+"""What rlxviz's block lacks for an attention whose Q or K alone is rotated: its RoPE (`has_rope`) rotates both."""
+PARTIAL_ROTARY_GAP = "FusedAttentionBlock with partial rotary RoPE"
+"""What rlxviz's block lacks for a rotation of part of each head (GPT-NeoX, Phi: `n_rot < head_dim`): its RoPE rotates
+every dim."""
+INTERLEAVED_ROPE_GAP = "FusedAttentionBlock with interleaved RoPE"
+"""What rlxviz's block lacks for a rotation of interleaved pairs (GPT-J's rotate_every_two): its RoPE rotates the NeoX
+halves."""
+_ROPES = ("q_rope", "k_rope")
+
+
+def _lone_rope(c: Ctx) -> str | None:
+    """The role of the one rotation when the block's Q or K alone is rotated (`q_rope` or `k_rope`), else None."""
+    ropes = [r for r in _ROPES if r in c]
+    return ropes[0] if len(ropes) == 1 else None
+
+
+def _partial_rope(c: Ctx) -> str | None:
+    """The role of the first rotation of Q and K that does not rotate every dim of the attention's heads (`n_rot` or
+    its `head_dim` is not the attention's head_dim: partial rotary), else None."""
     d = c["attn"].attrs["head_dim"]
-    if len(ropes) == 1:
-        who = ropes[0][0].upper()
-        return Fail("guard", "rope_q_and_k", f"{c.d(ropes[0])} rotates {who} only; FusedAttentionBlock's RoPE rotates "
-                    f"Q and K with one cos/sin table pair", (c.id(ropes[0]),), (), "nothing to change in the model: "
-                    "the packed attention keeps the rotation as its operand", subject=c.id(ropes[0]),
-                    kind=NOT_RECOGNIZED, fix="a block RoPE applied to Q or K alone")
-    for r in ropes:
-        a = c[r].attrs
-        if a["head_dim"] != d or a["n_rot"] != d:
-            return Fail("guard", "rope_full_rotary",
-                        f"{c.d(r)} rotates {a['n_rot']} of {a['head_dim']} dims per head (partial rotary) on heads "
-                        f"of {d}; FusedAttentionBlock's RoPE rotates every dim of each head", (c.id(r),), (),
-                        "nothing to change in the model: partial rotary keeps its packed attention",
-                        subject=c.id(r), kind=NOT_RECOGNIZED, fix="an n_rot attribute on FusedAttentionBlock")
-        if a.get("interleaved", False):
-            return Fail("guard", "rope_full_rotary",
-                        f"{c.d(r)} rotates interleaved pairs (GPT-J, rotate_every_two); FusedAttentionBlock's RoPE "
-                        "rotates the NeoX halves", (c.id(r),), (),
-                        "nothing to change in the model: the interleaved rotation keeps its packed attention",
-                        subject=c.id(r), kind=NOT_RECOGNIZED, fix="an interleaved attribute on FusedAttentionBlock")
-    return None
+    return next((r for r in _ROPES if r in c and (c[r].attrs["head_dim"] != d or c[r].attrs["n_rot"] != d)), None)
+
+
+def _interleaved_rope(c: Ctx) -> str | None:
+    """The role of the first rotation of Q and K that rotates interleaved pairs (GPT-J), else None."""
+    return next((r for r in _ROPES if r in c and c[r].attrs.get("interleaved", False)), None)
+
+
+def _rope_guard(name: str, find: Callable[[Ctx], str | None], explain: Callable[[Ctx, str], str], hint: str,
+                fix: str, gap: str) -> Guard:
+    """A check of the block's RoPE (`has_rope`: Q and K rotated by one cos/sin pair, every dim of each head, NeoX
+    halves) on the rotations the attention reads, `find` naming the one it cannot take: a rotation it lacks a form
+    for (`gap`, `Guard.lacking`) stays outside, the attention packed reading it. Each rotation is a rope op (the
+    structure step `qkv_packed` binds `q_rope`/`k_rope` when Q/K is rotated)."""
+    def subject(c: Ctx) -> int | None:
+        r = find(c)
+        return c.id(r) if r is not None else None
+
+    return guard(name, lambda c: find(c) is None, lambda c: explain(c, find(c) or ""), hint,
+                 lambda c: ((subject(c),) if subject(c) is not None else (), ()), requires=("attn",),
+                 optional=_ROPES, kind=NOT_RECOGNIZED, subject=subject, fix=fix).lacking(("attention",), gap)
+
+
+ROPE_GUARDS = (
+    _rope_guard("rope_q_and_k", _lone_rope,
+                lambda c, r: f"{c.d(r)} rotates {r[0].upper()} only; FusedAttentionBlock's RoPE rotates Q and K with "
+                             f"one cos/sin table pair",
+                "nothing to change in the model: the packed attention keeps the rotation as its operand",
+                "a block RoPE applied to Q or K alone", ROPE_ONE_OPERAND_GAP),
+    _rope_guard("rope_full_rotary", _partial_rope,
+                lambda c, r: f"{c.d(r)} rotates {c[r].attrs['n_rot']} of {c[r].attrs['head_dim']} dims per head "
+                             f"(partial rotary) on heads of {c['attn'].attrs['head_dim']}; FusedAttentionBlock's RoPE "
+                             f"rotates every dim of each head",
+                "nothing to change in the model: partial rotary keeps its packed attention",
+                "an n_rot attribute on FusedAttentionBlock", PARTIAL_ROTARY_GAP),
+    _rope_guard("rope_halves", _interleaved_rope,
+                lambda c, r: f"{c.d(r)} rotates interleaved pairs (GPT-J, rotate_every_two); FusedAttentionBlock's "
+                             "RoPE rotates the NeoX halves",
+                "nothing to change in the model: the interleaved rotation keeps its packed attention",
+                "an interleaved attribute on FusedAttentionBlock", INTERLEAVED_ROPE_GAP),
+)
+"""The block's RoPE checks, in the order a refusal names them: Q and K both rotated, every dim, NeoX halves."""
 
 
 @reports("kv_cache", kind=MODEL_TERM, reads=("attn",))
@@ -326,7 +361,7 @@ BLOCK = Rule(
                                       P.var("mask"), name="attn"),
               "q, k and v must be narrows of one QKV projection (q and k may be rotated by one rope): run "
               "fuse_shared_input_matmul first"),
-        _block_rope,
+        *ROPE_GUARDS,
         guard("qkv_split", _split_at, _explain_split, "split Q/K/V at 0/H/2H of the last axis",
               requires=("qkv", "attn", "q", "k", "v"), kind=NOT_RECOGNIZED,
               fix="permute the packed weight's columns to Q/K/V order, or slice the extra width off"),
