@@ -4,7 +4,7 @@ The pre-LN teaching variant turns bert-tiny's layer 0 pre-LN among post-LN sibli
 are (`judged_kind`: FusedTransformerLayer expected). Its first rejection, the one the headline, the banner and the
 Why tab name, was `fuse_residual_ln`'s `sum_single_user` (pipeline order): a consequence of the pre-LN layout, which
 the layer's own kind does not count, not the variant's change. The verdict now names the refusal of the product the
-judged kind expects and the layer's own kind does not expect at all (`verdict._first`): FusedTransformerLayer's
+judged kind expects and the layer's own kind does not expect at all (`policy.first_refusal`): FusedTransformerLayer's
 `post_ln_order`; the residual refusal is still listed. A layer of its siblings' kind keeps the pipeline order.
 """
 

@@ -11,8 +11,8 @@ written here, so a renamed pass or guard carries its policy with it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Protocol
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Protocol, TypeVar
 
 from ...ir import Graph
 from ..declarations import (
@@ -249,6 +249,29 @@ def not_expected_line(rule: str, guard: str, reason: str, why: str) -> str:
     return f"{head}: {reason}; {NOT_EXPECTED_WHY}: {why}" if reason else f"{head}: {why}"
 
 
+class _Refusal(Protocol):
+    @property
+    def pass_name(self) -> str: ...
+
+
+_R = TypeVar("_R", bound=_Refusal)
+
+
+def first_refusal(counted: Sequence[_R], own: LayerKind, judged: LayerKind) -> _R | None:
+    """The refusal that explains a layer's failure best, of its `counted` ones (pipeline order): the first, except in
+    a layer judged as another kind than its own (`verdict.judged_kind`: it deviates from its siblings). There the
+    first refusal of a product the `judged` kind expects and the layer's `own` kind does not expect at all (the
+    pass's declarations: `not_expected` without a guard) names the deviation: a pre-LN layer among post-LN siblings
+    is refused by FusedTransformerLayer's `post_ln_order`, and the residual-norm refusal before it in the pipeline
+    (`sum_single_user`: the pre-LN sum feeds the next residual add) is a consequence of that layout, which the
+    layer's own kind does not count. None when nothing counted."""
+    if own != judged:
+        for o in counted:
+            if not_expected(own, o.pass_name) is not None and not_expected(judged, o.pass_name) is None:
+                return o
+    return counted[0] if counted else None
+
+
 def check_declarations() -> None:
     """Every layer trait a pass or a guard names is one `LayerArchitecture.has` knows (`TRAITS`), exactly one
     registered pass is the whole-layer pass, and the unrecognized finding's declaration is well formed, so a misspelt
@@ -317,8 +340,9 @@ def expected_products(arch: LayerKind) -> list[str]:
 
 
 __all__ = ["EXPECT_MODES", "FAMILIES", "ILLEGAL_HERE", "KINDS", "LayerKind", "NOT_EXPECTED_HERE", "NOT_EXPECTED_WHY",
-           "PRODUCTS", "TRAITS", "check_declarations", "excuse", "expected_of_words", "expected_products", "gap_words",
-           "layer_pass", "not_expected", "not_expected_line", "op_gap", "op_gaps", "product", "recognizers"]
+           "PRODUCTS", "TRAITS", "check_declarations", "excuse", "expected_of_words", "expected_products",
+           "first_refusal", "gap_words", "layer_pass", "not_expected", "not_expected_line", "op_gap", "op_gaps",
+           "product", "recognizers"]
 
 
 check_declarations()

@@ -30,6 +30,7 @@ from .policy import (
     NOT_EXPECTED_HERE,
     PRODUCTS,
     excuse,
+    first_refusal,
     layer_pass,
     not_expected,
     not_expected_line,
@@ -420,7 +421,7 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     rejected = [o for o in ex.rejected if o.rule not in skipped and near_miss_kind(o.kind, o.remedy)]
     surviving = [o for o in rejected if any((o.rule, a) in miss_keys for a in o.nodes)]
     fused = (bool(ftl) or not expect_ftl) and not misses
-    first = None if fused else _first(surviving or rejected, own, arch)
+    first = None if fused else first_refusal(surviving or rejected, own, arch)
     quiet = ""
     if first is None and not fused and expect_ftl and not ftl and layer_pass_name in crashed and lp is not None:
         rule = lp.rules[0].name if lp.rules else layer_pass_name
@@ -455,21 +456,6 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
                         [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(),
                         done, [t for r, t in ignored.items() if r not in {o.rule for o in illegal}],
                         _blocker(first, made), illegal, cannot, expect, misses, rewritten, gaps)
-
-
-def _first(counted: list[Outcome], own: Architecture, arch: Architecture) -> Outcome | None:
-    """The refusal that explains a layer's failure best, of its `counted` ones (pipeline order): the first, except in
-    a layer judged as another kind than its own (`judged_kind`: it deviates from its siblings). There the first
-    refusal of a product the judged kind expects and the layer's own kind does not expect at all (the pass's
-    declarations, `policy.not_expected` without a guard) names the deviation: a pre-LN layer among post-LN siblings is
-    refused by FusedTransformerLayer's `post_ln_order`, and the residual-norm refusal before it in the pipeline
-    (`sum_single_user`: the pre-LN sum feeds the next residual add) is a consequence of that layout, which the
-    layer's own kind does not count. None when nothing counted."""
-    if own != arch:
-        for o in counted:
-            if not_expected(own, o.pass_name) is not None and not_expected(arch, o.pass_name) is None:
-                return o
-    return counted[0] if counted else None
 
 
 def _blocker(first: Outcome | None, made: set[tuple[str, str]]) -> str:
