@@ -63,7 +63,7 @@ def test_explain_minilm_fully_fused_exit_0():
     ("extra_h1_user", "h1_user_count"),
     ("output_intermediate", "h1_not_output"),
     ("tanh_gelu", "fc1_activation"),
-    ("pre_ln", "sum_single_user"),
+    ("pre_ln", "post_ln_order"),  # the variant's own change, not the residual refusal it causes
     ("over_threshold", "attention_size_gate"),
 ])
 def test_explain_variant_names_guard_and_exits_1(capsys, variant, guard):

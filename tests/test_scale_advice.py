@@ -12,7 +12,7 @@ ESM_LIKE = ROOT / "data" / "cases" / "esm-like-q-scaled-before-rope.rlx"
 
 def _default_scale_line(capsys, model) -> str:
     _, out, _ = run(capsys, "explain", model)
-    lines = [ln for ln in out.splitlines() if "guard default_scale" in ln]
+    lines = [ln for ln in out.splitlines() if "guard default_scale" in ln or "(default_scale): " in ln]
     assert lines, out
     return lines[0]
 

@@ -33,7 +33,9 @@ def test_a_pre_ln_residual_reads_as_the_residual_stream_in_text_json_and_app(pre
     main(["explain", preset, "--variant", "pre_ln", "--seq", "8", "--json"])
     fixes = _fixes(json.loads(capsys.readouterr().out))
     assert fixes and all(STREAM in f and "two-output FusedResidualLN" in f and PROBE not in f for f in fixes), fixes
-    main(["explain", preset, "--variant", "pre_ln", "--seq", "8"])
+    # the residual refusal is the variant's consequence, listed after its first rejection (post_ln_order,
+    # `test_deviation_first`): its fix is in the text's per-rule lines
+    main(["explain", preset, "--variant", "pre_ln", "--seq", "8", "--verbose"])
     out = capsys.readouterr().out
     assert STREAM in out and PROBE not in out
     s = tiny(variant="pre_ln") if preset == "bert-tiny" else None

@@ -118,13 +118,16 @@ for case, (_, trace, st) in results.items():
 #   (notebook 04 writes the epilogue rule).
 # * **swapped_residual** — fuses: the layer rule accepts either operand order. RLX's strict rule rejects
 #   it (*not recognized*); notebook 04 rebuilds that rule and fixes it with a canonicalization pass.
-# * **pre_ln** — **two** blockers, so it is not expected to become `FusedTransformerLayer`. First (*illegal*
-#   for a single-output op, the guard printed above): the residual sum feeds the norm and the next residual,
-#   and a one-output `FusedResidualLN` would hide it; a two-output op (as vLLM's `fused_add_rms_norm`) fixes
-#   that one — notebook 06 writes that rule. Second: the layer rule matches a **post-LN** layer only (its step
-#   `post_ln_order`, printed below with the rejection it made on pre_ln's layer 0); a pre-LN layer (norm ->
-#   sublayer -> add) is another op, which no rule here builds. (The status line of `pre_ln` in the explorer
-#   above says *expected FusedTransformerLayer* only because its sibling layer 1 is post-LN and fuses.)
+# * **pre_ln** — **two** blockers, so it is not expected to become `FusedTransformerLayer`. First (*not
+#   recognized*, the guard printed above): the layer rule matches a **post-LN** layer only (its step
+#   `post_ln_order`); a pre-LN layer (norm -> sublayer -> add) is another op, which no rule here builds. It is
+#   the variant's change, so the verdict names it first although `fuse_residual_ln` refused earlier in the
+#   pipeline (the verdict's first rejection of a layer that deviates from its siblings is the refusal of the
+#   product its siblings' kind expects and its own does not). Second, a consequence of that layout (*illegal*
+#   for a single-output op, printed below): the residual sum feeds the norm and the next residual, and a
+#   one-output `FusedResidualLN` would hide it; a two-output op (as vLLM's `fused_add_rms_norm`) fixes that
+#   one — notebook 06 writes that rule. (The status line of `pre_ln` in the explorer above says *expected
+#   FusedTransformerLayer* only because its sibling layer 1 is post-LN and fuses.)
 # * **output_intermediate** — *illegal* for a single-output op: h1 is returned, and a one-output layer op
 #   would hide it. Fix the model (the exercise below); in the compiler, a layer op with h1 as a second
 #   output would do (no rule builds one).
@@ -140,10 +143,10 @@ from rlxviz.passes.rules.layer import LAYER
 print("layer rule steps:", ", ".join(LAYER.guard_kinds))
 print("post_ln_order kind:", LAYER.guard_kinds["post_ln_order"])
 _, pre_trace, _ = results["pre_ln"]
-second = [r for r in pre_trace.step("fuse_transformer_layer").rejections
+second = [r for r in pre_trace.step("fuse_residual_ln").rejections
           if r.headline and r.path.startswith("encoder.layer.0")]
 for r in second:
-    print(f"pre_ln layer 0, fuse_transformer_layer: {r.guard} ({r.kind}): {r.message}")
+    print(f"pre_ln layer 0, fuse_residual_ln: {r.guard} ({r.kind}): {r.message}")
 
 # %% tags=["fix-model"]
 from rlxviz.passes import CANONICAL_ORDER

@@ -33,7 +33,7 @@ from ..ir.identity import DigestCache
 from ..ir.ops import BLAS, GATE_ACTIVATIONS, MLP_ACTIVATIONS
 from .activations import activation_form
 from .declarations import KINDS
-from .quant_steps import origin, readers, without_quant_steps
+from .quant_steps import integer_matmul, origin, readers, without_quant_steps
 from .rope_forms import interleaved_rope, rotate_half_rope
 from .rules.kv_cache import cached_length, kv_workload
 from .trace import Rejection, Trace, layer_of
@@ -228,15 +228,15 @@ def _layer_nodes(g: Graph, layer: int | None) -> list[Node]:
 _THROUGH = frozenset({Op.RESHAPE, Op.TRANSPOSE, Op.NARROW, Op.ROPE, Op.CAST, Op.EXPAND})
 
 
-def _projected_input(g: Graph, i: int) -> int | None:
-    """The input `x` a Q/K/V operand is projected from (`matmul(x, w)`, `FusedMatMulBiasAct(x, ...)`), through head
-    reshapes, transposes, narrows of a packed projection, a rope, casts, a bias add or a scale; None when it is no
-    projection within a few steps."""
-    for _ in range(8):
+def _projection(g: Graph, i: int) -> Node | None:
+    """The projection a Q/K/V operand comes from (`matmul(x, w)`, `FusedMatMulBiasAct(x, ...)`), through head
+    reshapes, transposes, narrows of a packed projection, a rope, casts, a bias add or a scale, and the i32 sum of an
+    integer matmul's chunks (`quant_steps.integer_matmul`); None when it is no projection within a few steps."""
+    for _ in range(12):  # rope, head split and merge, a scale, a bias, a dequantizing scale and cast: 10 in ESM
         n = g[i]
         if n.op in (Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT):
-            return n.inputs[0]
-        if n.op in _THROUGH:
+            return n
+        if n.op in _THROUGH or (n.op == Op.ADD and n.dtype == DType.i32):
             i = n.inputs[0]
         elif n.op in (Op.ADD, Op.MUL, Op.DIV):
             proj = [j for j in n.inputs if g[j].op not in (Op.PARAM, Op.CONST) and g[j].rank == n.rank]
@@ -246,6 +246,27 @@ def _projected_input(g: Graph, i: int) -> int | None:
         else:
             return None
     return None
+
+
+def _projected_input(g: Graph, i: int) -> int | None:
+    """The input `x` a Q/K/V operand is projected from (`_projection`'s first operand), or None."""
+    p = _projection(g, i)
+    return None if p is None else p.inputs[0]
+
+
+def integer_qkv(g: Graph, a: Node) -> str | None:
+    """Evidence that the attention `a`'s Q, K or V is projected by an integer matmul (`quant_steps.integer_matmul`:
+    ONNX's MatMulInteger, as `quantize_dynamic` writes every projection), else None: no float-matmul fusion merges
+    or fuses those projections, so no FusedAttentionBlock can hold them (a gap in rlxviz's ops, `policy.op_gaps`)."""
+    if a.op != Op.ATTENTION or len(a.inputs) < 3:
+        return None
+    found = [(who, p) for who, i in zip("QKV", a.inputs[:3], strict=True)
+             if (p := _projection(g, i)) is not None and integer_matmul(g, p)]
+    if not found:
+        return None
+    return (f"{_label(a)}: {', '.join(who for who, _ in found)} projected by integer matmuls "
+            f"({', '.join(_label(p) for _, p in found)}: int8/uint8 operands, an i32 product, then a scale; dynamic "
+            f"quantization's MatMulInteger)")
 
 
 def cross_attention(g: Graph, a: Node) -> str | None:
@@ -350,6 +371,9 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = (), re
                             f"{a.attrs['num_kv_heads']} kv heads)")
     crossed = [(a, why) for a in attn if (why := cross_attention(g, a)) is not None]
     evidence += [why for _, why in crossed]
+    integer = integer_qkv(g, attn[0]) if attn else None
+    if integer is not None:
+        evidence.append(integer)
     post = pre = False
     for n in norms:
         if (order := _norm_order(g, n)) is not None:
@@ -401,9 +425,11 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = (), re
         extras.append(f"KV cache ({workload})")
     if quant:
         extras.append(f"quantized activations ({len(quant)} QuantizeLinear -> DequantizeLinear steps)")
+    if integer is not None:
+        extras.append("integer-matmul Q/K/V projections (dynamic quantization)")
     return LayerArchitecture(kind, f"{DESCRIPTIONS[kind]}; {', '.join(extras)}", norm, mask, rope, swiglu,
-                             tuple(evidence), kv_cache, len(quant))
+                             tuple(evidence), kv_cache, len(quant), integer is not None)
 
 
 __all__ = ["DESCRIPTIONS", "KINDS", "LayerArchitecture", "attention_softmax", "classify_layer",
-           "cross_attention", "interleaved_rope", "prepared", "rotate_half_rope"]
+           "cross_attention", "integer_qkv", "interleaved_rope", "prepared", "rotate_half_rope"]

@@ -81,6 +81,11 @@ class Pass:
         product_of: `(graph after the pass, a node it made (Match.fused)) -> the product's name for that node`,
             for a pass whose product is named by what it merged (`shared-input QKV matmul` only for an attention's
             q/k/v, else `shared-input matmul`); None: `product` for every match.
+        lacks: `(trait, op form, compiler fix)` triples: a layer with the trait gets no product of this pass from
+            rlxviz's ops whatever the model does (e.g. `integer_qkv`: no FusedAttentionBlock over integer-matmul
+            projections): every refusal of the pass there is a gap in rlxviz's ops, the form named (with the failing
+            guard's own gap, `Guard.lacking`), not the model's layout and no near-miss (`why.policy.op_gaps`); the
+            layer is fused only as far as rlxviz's ops go. Checked after `excused_by`.
     """
 
     name: str
@@ -98,6 +103,7 @@ class Pass:
     listed_for: tuple[tuple[str, str], ...] = ()
     stages: tuple[Pass, ...] = ()
     product_of: Callable[[Graph, int], str] | None = None
+    lacks: tuple[tuple[str, str, str], ...] = ()
 
     def __post_init__(self) -> None:
         self._check_policy()
@@ -122,6 +128,10 @@ class Pass:
                 raise RuleError(f"[{owner}] quantization must be (mode, why); got {self.quantization!r}")
             check_words(owner, "quantization mode", self.quantization[:1], QUANTIZATION)
         check_words(owner, "layer trait", (t for t, _ in self.listed_for), TRAITS)
+        check_words(owner, "layer trait", (t for t, *_ in self.lacks), TRAITS)
+        if any(len(x) != 3 or not x[1] for x in self.lacks) or (self.lacks and not self.product):
+            raise RuleError(f"[{owner}] lacks must be (trait, op form, compiler fix) of a pass with a product; got "
+                            f"{self.lacks!r}")
         if self.listed_for and not self.product:
             raise RuleError(f"[{owner}] listed_for without a product: say what the layer should end with")
         if self.whole_layer and not (self.product and self.expected_of):
@@ -156,7 +166,7 @@ def stage(parent: str, name: str, p: Pass, doc: str = "") -> Pass:
     """`p` as stage `name` of pass `parent` (step name `parent/name`); its function and its records are `p`'s (a
     rule pass made with `rule_pass(parent, ...)` records its matches under `parent`)."""
     return replace(p, name=f"{parent}{STAGE_SEP}{name}", doc=doc or p.doc, product="", expected_of=(), excused_by=(),
-                   unexpected="", whole_layer=False, recognizes_families=(), quantization=(), listed_for=())
+                   unexpected="", whole_layer=False, recognizes_families=(), quantization=(), listed_for=(), lacks=())
 
 
 @dataclass

@@ -232,5 +232,24 @@ def _dequantized_from(g: Graph, div: Node, x: int) -> list[int]:
     return out
 
 
-__all__ = ["MAX_STEP_NODES", "dequantized_cast", "fake_quant_source", "float_cast", "origin", "readers",
-           "step_source", "without_quant_steps"]
+def _integer_operand(g: Graph, i: int) -> bool:
+    """`i` is an int8/uint8 value read as f32 (`cast(q, f32)`, minus a zero point, or a narrow of that: a chunk of
+    K rows), as the importer writes an operand of ONNX's MatMulInteger (`models.onnx.handlers.quant`)."""
+    n = g[i]
+    if n.op == Op.NARROW:
+        n = g[n.inputs[0]]
+    if n.op == Op.SUB and len(n.inputs) == 2:
+        n = g[n.inputs[0]]
+    return n.op == Op.CAST and n.dtype == DType.f32 and g[n.inputs[0]].dtype in QUANTIZED
+
+
+def integer_matmul(g: Graph, n: Node) -> bool:
+    """`n` is an integer matmul as the importer writes ONNX's MatMulInteger (`quantize_dynamic`'s projections): a
+    matmul of two int8/uint8 operands read as f32 (each centered by its zero point), its product cast to i32. No
+    float-matmul fusion takes it (its epilogue is the cast, then a scale); the one reading of that form."""
+    return (n.op == Op.MATMUL and len(n.inputs) == 2 and all(_integer_operand(g, i) for i in n.inputs)
+            and any(u.op == Op.CAST and u.dtype == DType.i32 for u in g.users(n.id)))
+
+
+__all__ = ["MAX_STEP_NODES", "dequantized_cast", "fake_quant_source", "float_cast", "integer_matmul", "origin",
+           "readers", "step_source", "without_quant_steps"]

@@ -302,6 +302,12 @@ ROPE_TABLES_GAP = "FusedAttentionBlock with separate cos/sin tables for Q and K"
 """What rlxviz's block lacks for Q and K rotated by a cos/sin table pair each (Falcon computes the tables twice):
 the block's RoPE reads one pair for both."""
 ROPE_TABLES_FIX = "a FusedAttentionBlock RoPE that takes a cos/sin pair for Q and another for K"
+INTEGER_QKV_GAP = "FusedAttentionBlock over integer-matmul Q/K/V projections (dynamic quantization)"
+"""What rlxviz's block lacks for an attention whose Q/K/V are projected by integer matmuls (`quantize_dynamic`'s
+MatMulInteger, trait `integer_qkv`): the block and the float-matmul fusions it needs first (the shared-input QKV merge,
+FusedMatMulBiasAct) take float matmuls only, so no change to the model that keeps its numbers makes the block."""
+INTEGER_QKV_FIX = ("a FusedAttentionBlock over int8 Q/K/V weights with their scales, quantizing its input as the "
+                   "graph does (and a shared-input merge of integer matmuls)")
 
 
 def _own_tables(c: Ctx) -> tuple[Node, Node] | None:
@@ -400,7 +406,8 @@ fuse_attention_block = rule_pass("fuse_attention_block", [BLOCK], "QKV + attenti
                                  unexpected="rlxviz's {product} takes a keep or an additive mask, and rlxviz "
                                             "expects it only of {expected}; this layer is {description}",
                                  quantization=("attention", "FusedAttentionBlock computes the attention in float: "
-                                                            "the scores a quantized layer rounds would not be"))
+                                                            "the scores a quantized layer rounds would not be"),
+                                 lacks=(("integer_qkv", INTEGER_QKV_GAP, INTEGER_QKV_FIX),))
 
 
-__all__ = ["BLOCK", "fuse_attention_block", "size_gate", "tokens"]
+__all__ = ["BLOCK", "INTEGER_QKV_FIX", "INTEGER_QKV_GAP", "fuse_attention_block", "size_gate", "tokens"]

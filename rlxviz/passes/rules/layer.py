@@ -364,6 +364,10 @@ fuse_transformer_layer = rule_pass("fuse_transformer_layer", [LAYER], "a post-LN
                                    quantization=("attention", "FusedTransformerLayer holds the attention, computed in "
                                                               "float"),
                                    unexpected="FusedTransformerLayer is the post-LN BERT layer; this layer is "
-                                              "{description}")
+                                              "{description}",
+                                   lacks=(("integer_qkv", "FusedTransformerLayer over integer-matmul projections "
+                                                          "(dynamic quantization)",
+                                           "a FusedTransformerLayer over int8 weights with their scales (its "
+                                           "FusedAttentionBlock and FFN of integer matmuls)"),))
 
 __all__ = ["LAYER", "fuse_transformer_layer"]

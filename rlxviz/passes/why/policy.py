@@ -11,8 +11,8 @@ written here, so a renamed pass or guard carries its policy with it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Protocol
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Protocol, TypeVar
 
 from ...ir import Graph
 from ..declarations import (
@@ -139,8 +139,10 @@ def not_expected(arch: LayerKind, pass_name: str, guard: str = "") -> str | None
     refusal that is `illegal` and `read by the model`, the model's own dataflow, is excused per layer by
     `verdict.layer_verdict`: `ILLEGAL_HERE`.)
 
-    Read from what the pass and the guard declare: a trait of the layer in the pass's `excused_by`, or none of its
-    `expected_of` (then its `unexpected` says why), or a trait in the guard's `excused_in` (its `excuse`). E.g.
+    Read from what the pass and the guard declare: a trait of the layer in the pass's `excused_by`, a gap in rlxviz's
+    ops (`op_gaps`: a trait in the pass's `lacks`, or the guard's `lacking` where the product is not expected), or
+    none of its `expected_of` (then its `unexpected` says why), or a trait in the guard's `excused_in` (its
+    `excuse`). E.g.
     `FusedTransformerLayer` is expected only of `post_ln`; `FusedAttentionBlock` of `post_ln` and of a layer whose
     attention has a keep mask, never with a KV cache; a residual-norm fusion refused because the residual sum has
     other users is not expected of a pre-norm layer, whose next residual add reads the sum that rlxviz's
@@ -150,10 +152,10 @@ def not_expected(arch: LayerKind, pass_name: str, guard: str = "") -> str | None
         for trait, why in p.excused_by:
             if arch.has(trait):
                 return why
+        gaps = _gaps(arch, p, guard)
+        if gaps:  # not the model's layout: op forms rlxviz lacks (the pass's `lacks`, the guard's `lacking`)
+            return gap_words(" nor ".join(f for f, _ in gaps), "; ".join(dict.fromkeys(x for _, x in gaps if x)))
         if p.expected_of and not any(arch.has(t) for t in p.expected_of):
-            gap = op_gap(arch, pass_name, guard)
-            if gap is not None:  # not the model's layout: an op form rlxviz lacks (the guard's `lacking`)
-                return gap_words(gap, _guards(pass_name)[guard].fix)
             u = p.unexpected
             return u(arch) if callable(u) else u.format(description=arch.description, mask=arch.mask,
                                                         product=p.product or p.name, expected=expected_of_words(p))
@@ -167,19 +169,37 @@ def not_expected(arch: LayerKind, pass_name: str, guard: str = "") -> str | None
     return None
 
 
-def op_gap(arch: LayerKind, pass_name: str, guard: str) -> str | None:
-    """The op form rlxviz lacks when `guard`'s refusal of `pass_name` in a layer of kind `arch` is a gap in rlxviz's
-    own op, not the model's layout (`Guard.lacking`: a trait of the layer in the guard's `gap_in`), else None. Only
-    where the layer's kind does not expect the product (`expected_of`): where it does, the refusal counts anyway. E.g.
-    an unmasked ViT attention and `fuse_attention_block`'s `mask_kind_keep`: rlxviz has no FusedAttentionBlock without
-    a mask operand; the layer is fused only as far as rlxviz's ops go (`LayerVerdict.op_gaps`)."""
+def _gaps(arch: LayerKind, p: Pass, guard: str) -> list[tuple[str, str]]:
+    """`(op form, compiler fix)` of each gap in rlxviz's ops that a refusal of `p` at `guard` in a layer of kind `arch`
+    runs into (`op_gaps`)."""
+    if any(arch.has(t) for t, _ in p.excused_by):
+        return []
+    g = _guards(p.name).get(guard) if guard else None
+    own = [(f, g.fix) for f in (g.gap_for(arch.has),) if f is not None] if g is not None and g.gaps else []
+    lacked = [(form, fix) for t, form, fix in p.lacks if arch.has(t)]
+    expects = not p.expected_of or any(arch.has(t) for t in p.expected_of)
+    if not (own if not expects else lacked):  # a kind that expects a product rlxviz can make counts the refusal;
+        return []  # one that does not, and no gap, is the model's layout (`unexpected`)
+    return [*lacked, *(x for x in own if x[0] not in {f for f, _ in lacked})]
+
+
+def op_gaps(arch: LayerKind, pass_name: str, guard: str) -> list[str]:
+    """The op forms rlxviz lacks when `guard`'s refusal of `pass_name` in a layer of kind `arch` is a gap in rlxviz's
+    own ops, not the model's layout, else []. Two declarations say so: the pass's `lacks` (a trait of the layer under
+    which rlxviz makes no product of the pass at all, e.g. `integer_qkv`: no FusedAttentionBlock over integer-matmul
+    projections; every refusal of the pass there is that gap), and the guard's `gaps` (`Guard.lacking`: a trait of
+    the layer in its `gap_in`), which counts only where the layer's kind does not expect the product (`expected_of`)
+    or the pass lacks it there: where the kind expects a product rlxviz can make, the refusal counts anyway. E.g. an
+    unmasked ViT attention and `fuse_attention_block`'s `mask_kind_keep`: rlxviz has no FusedAttentionBlock without a
+    mask operand; a dynamically quantized layer refused at `default_scale`: no block over integer-matmul projections,
+    nor one with a non-default scale. The layer is fused only as far as rlxviz's ops go (`LayerVerdict.op_gaps`)."""
     p = PASSES.get(pass_name)
-    g = _guards(pass_name).get(guard) if guard else None
-    if p is None or g is None or not g.gaps:
-        return None
-    if not p.expected_of or any(arch.has(t) for t in p.expected_of) or any(arch.has(t) for t, _ in p.excused_by):
-        return None
-    return g.gap_for(arch.has)
+    return [] if p is None else [f for f, _ in _gaps(arch, p, guard)]
+
+
+def op_gap(arch: LayerKind, pass_name: str, guard: str) -> str | None:
+    """`op_gaps` in one phrase, the forms joined by "nor" (None: no gap)."""
+    return " nor ".join(op_gaps(arch, pass_name, guard)) or None
 
 
 def gap_words(gap: str, fix: str) -> str:
@@ -229,6 +249,29 @@ def not_expected_line(rule: str, guard: str, reason: str, why: str) -> str:
     return f"{head}: {reason}; {NOT_EXPECTED_WHY}: {why}" if reason else f"{head}: {why}"
 
 
+class _Refusal(Protocol):
+    @property
+    def pass_name(self) -> str: ...
+
+
+_R = TypeVar("_R", bound=_Refusal)
+
+
+def first_refusal(counted: Sequence[_R], own: LayerKind, judged: LayerKind) -> _R | None:
+    """The refusal that explains a layer's failure best, of its `counted` ones (pipeline order): the first, except in
+    a layer judged as another kind than its own (`verdict.judged_kind`: it deviates from its siblings). There the
+    first refusal of a product the `judged` kind expects and the layer's `own` kind does not expect at all (the
+    pass's declarations: `not_expected` without a guard) names the deviation: a pre-LN layer among post-LN siblings
+    is refused by FusedTransformerLayer's `post_ln_order`, and the residual-norm refusal before it in the pipeline
+    (`sum_single_user`: the pre-LN sum feeds the next residual add) is a consequence of that layout, which the
+    layer's own kind does not count. None when nothing counted."""
+    if own != judged:
+        for o in counted:
+            if not_expected(own, o.pass_name) is not None and not_expected(judged, o.pass_name) is None:
+                return o
+    return counted[0] if counted else None
+
+
 def check_declarations() -> None:
     """Every layer trait a pass or a guard names is one `LayerArchitecture.has` knows (`TRAITS`), exactly one
     registered pass is the whole-layer pass, and the unrecognized finding's declaration is well formed, so a misspelt
@@ -269,8 +312,10 @@ def check_declarations() -> None:
 
 
 def _excused(arch: LayerKind, p: Pass) -> bool:
-    """Whether a layer of kind `arch` does not expect `p`'s product at all (`excused_by`, or its quantization)."""
-    return any(arch.has(t) for t, _ in p.excused_by) or _quantized_out(arch, p.name)
+    """Whether a layer of kind `arch` does not expect `p`'s product at all (`excused_by`, `lacks`, or its
+    quantization)."""
+    return (any(arch.has(t) for t, _ in p.excused_by) or any(arch.has(t) for t, *_ in p.lacks)
+            or _quantized_out(arch, p.name))
 
 
 def expected_products(arch: LayerKind) -> list[str]:
@@ -295,8 +340,9 @@ def expected_products(arch: LayerKind) -> list[str]:
 
 
 __all__ = ["EXPECT_MODES", "FAMILIES", "ILLEGAL_HERE", "KINDS", "LayerKind", "NOT_EXPECTED_HERE", "NOT_EXPECTED_WHY",
-           "PRODUCTS", "TRAITS", "check_declarations", "excuse", "expected_of_words", "expected_products", "gap_words",
-           "layer_pass", "not_expected", "not_expected_line", "op_gap", "product", "recognizers"]
+           "PRODUCTS", "TRAITS", "check_declarations", "excuse", "expected_of_words", "expected_products",
+           "first_refusal", "gap_words", "layer_pass", "not_expected", "not_expected_line", "op_gap", "op_gaps",
+           "product", "recognizers"]
 
 
 check_declarations()

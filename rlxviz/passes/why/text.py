@@ -113,7 +113,9 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
         lines += [f"  also rejected: {o.rule}: {o.guard} ({o.kind})" for o in v.rejections]
     if not v.bert_style or v.legal_only:
         lines.append(f"  layer kind: {v.architecture.description}")
-        why = ("FusedTransformerLayer is not legal for this layer" if v.expected_kind.post_ln else
+        gaps = v.layer_op_gaps
+        why = (f"rlxviz's ops lack {' nor '.join(gaps)}" if gaps else
+               "FusedTransformerLayer is not legal for this layer" if v.expected_kind.post_ln else
                "FusedTransformerLayer only for post-LN BERT layers")
         lines.append(f"  expected: {v.expected or 'no fusion'} ({why})")
         lines += [f"  not expected here: {x}" for x in v.not_expected]

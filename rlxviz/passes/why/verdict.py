@@ -30,10 +30,11 @@ from .policy import (
     NOT_EXPECTED_HERE,
     PRODUCTS,
     excuse,
+    first_refusal,
     layer_pass,
     not_expected,
     not_expected_line,
-    op_gap,
+    op_gaps,
     product,
 )
 
@@ -151,6 +152,14 @@ class LayerVerdict:
         excuses the layer op (a post-LN layer with quantized activations, `policy.not_expected`)."""
         lp = layer_pass()
         return self.expected_kind.post_ln and self.expected_kind.not_expected(lp.name if lp else "") is None
+
+    @property
+    def layer_op_gaps(self) -> list[str]:
+        """The op forms rlxviz lacks for the whole-layer product in a layer whose kind expects it (`policy.op_gaps`
+        of the layer pass: e.g. `FusedTransformerLayer over integer-matmul projections (dynamic quantization)` in a
+        dynamically quantized BERT layer); [] when rlxviz's ops can make it."""
+        lp = layer_pass()
+        return op_gaps(self.expected_kind, lp.name, "") if lp is not None and self.expected_kind.post_ln else []
 
     @property
     def legal_only(self) -> bool:
@@ -412,7 +421,7 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     rejected = [o for o in ex.rejected if o.rule not in skipped and near_miss_kind(o.kind, o.remedy)]
     surviving = [o for o in rejected if any((o.rule, a) in miss_keys for a in o.nodes)]
     fused = (bool(ftl) or not expect_ftl) and not misses
-    first = None if fused else (surviving[0] if surviving else (rejected[0] if rejected else None))
+    first = None if fused else first_refusal(surviving or rejected, own, arch)
     quiet = ""
     if first is None and not fused and expect_ftl and not ftl and layer_pass_name in crashed and lp is not None:
         rule = lp.rules[0].name if lp.rules else layer_pass_name
@@ -442,7 +451,7 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
         expected = ", ".join(dict.fromkeys([*expected.split(", "), *(c.rsplit(": ", 1)[-1].removesuffix(
             " cannot be made") for c in cannot)]))
     gaps = list(dict.fromkeys(f"{gap} ({o.rule}: {o.guard})" for o in ex.rejected if o.rule in skipped
-                              and (gap := op_gap(arch, o.pass_name, o.guard)) is not None))
+                              for gap in op_gaps(arch, o.pass_name, o.guard)))
     return LayerVerdict(layer, fused, ftl[0] if ftl else None, expected, first, own, arch, quiet, rejected,
                         [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(),
                         done, [t for r, t in ignored.items() if r not in {o.rule for o in illegal}],

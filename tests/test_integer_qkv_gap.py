@@ -1,0 +1,149 @@
+"""One missing feature, one verdict: a layer whose Q/K/V are integer matmuls has no FusedAttentionBlock in rlxviz.
+
+A newcomer's run read esm.qdyn (`quantize_dynamic`: every projection a MatMulInteger) as `layer 0: NOT fused`, exit 1,
+first rejection `fuse_attention_block` `default_scale`, while the checked compiler fix then failed at `qkv_packed`
+because no float-matmul fusion merges integer matmuls (the header line said so); granite's identical `default_scale`
+refusal read `fused as far as rlxviz's ops go`. Decision: no FusedAttentionBlock (nor FusedTransformerLayer) can be
+made over integer-matmul Q/K/V projections: a gap in rlxviz's ops (`Pass.lacks`, trait `integer_qkv` read from the
+graph by `architecture.integer_qkv`), not the model's layout, not a near-miss. The same refusal in a float layer whose
+kind expects the block still counts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from clirun import run as cli_run
+
+from rlxviz.models.onnx import load_onnx
+from rlxviz.passes import Pipeline
+from rlxviz.passes.architecture import classify_layer
+from rlxviz.passes.rules.block import INTEGER_QKV_GAP, SCALE_GAP
+from rlxviz.passes.why import policy
+from rlxviz.passes.why.kinds import LayerArchitecture
+from rlxviz.passes.why.policy import NOT_EXPECTED_HERE
+from rlxviz.passes.why.verdict import RunVerdict, places, standing
+
+TESTS = Path(__file__).parent
+ESM_QDYN = TESTS / "fixtures" / "onnx" / "cases" / "esm.qdyn.onnx"
+ZOO = TESTS / "fixtures" / "onnx" / "zoo"
+WORDS = "fused as far as rlxviz's ops go"
+FTL_GAP = "FusedTransformerLayer over integer-matmul projections (dynamic quantization)"
+RULE = "fuse_attention_block.qkv_attention_out"
+
+
+def _arch(kind: str, mask: str, integer: bool) -> LayerArchitecture:
+    return LayerArchitecture(kind, f"a {kind} layer; {mask} mask", mask=mask, integer_qkv=integer)
+
+
+@pytest.mark.parametrize("guard, gaps", [
+    ("default_scale", [INTEGER_QKV_GAP, SCALE_GAP]),  # esm.qdyn: both forms are named
+    ("qkv_packed", [INTEGER_QKV_GAP]),  # no gap of the guard's own: the integer projections alone
+])
+@pytest.mark.parametrize("kind, mask", [("pre_ln", "keep"), ("post_ln", "keep"), ("llama", "additive")])
+def test_integer_projections_are_a_gap_whatever_the_kind_expects(kind, mask, guard, gaps):
+    arch = _arch(kind, mask, True)
+    if kind == "llama" and guard == "qkv_packed":  # the kind does not expect the block, no gap of the guard: layout
+        assert policy.op_gaps(arch, "fuse_attention_block", guard) == []
+        return
+    assert policy.op_gaps(arch, "fuse_attention_block", guard) == gaps
+    why = policy.not_expected(arch, "fuse_attention_block", guard)
+    assert why is not None and why.startswith("not the model's layout but a gap in rlxviz's ops: rlxviz has no "
+                                              + " nor ".join(gaps)), why
+    assert "compiler fix: " in why
+
+
+@pytest.mark.parametrize("guard", ["default_scale", "qkv_packed"])
+def test_a_float_layer_that_expects_the_block_still_counts_the_refusal(guard):
+    arch = _arch("pre_ln", "keep", False)
+    assert policy.op_gaps(arch, "fuse_attention_block", guard) == []
+    assert policy.not_expected(arch, "fuse_attention_block", guard) is None
+
+
+def test_the_layer_op_is_a_gap_only_where_the_kind_expects_it():
+    assert policy.op_gaps(_arch("post_ln", "keep", True), "fuse_transformer_layer", "") == [FTL_GAP]
+    pre = _arch("pre_ln", "keep", True)  # a pre-LN layer: the layer op is the layout's, not a gap
+    assert policy.op_gaps(pre, "fuse_transformer_layer", "attn_is_fused_block") == []
+    assert "post-LN BERT layer" in (policy.not_expected(pre, "fuse_transformer_layer", "attn_is_fused_block") or "")
+
+
+def test_a_kv_cache_excuse_comes_first():
+    arch = LayerArchitecture("llama", "decode; keep mask", mask="keep", kv_cache=True, integer_qkv=True)
+    assert policy.op_gaps(arch, "fuse_attention_block", "default_scale") == []
+
+
+def test_the_trait_is_read_from_the_graph():
+    g = load_onnx(ESM_QDYN, seq=8).graph
+    arch = classify_layer(g, 0)
+    assert arch.has("integer_qkv") and arch.kind == "pre_ln" and arch.mask == "keep"
+    assert any("Q, K, V projected by integer matmuls" in e for e in arch.evidence), arch.evidence
+    assert not classify_layer(load_onnx(ZOO / "esm.dynamo-eager.onnx", seq=8).graph, 0).has("integer_qkv")
+
+
+def test_esm_qdyn_reads_like_granite_in_the_verdict_and_the_chips():
+    trace = Pipeline.canonical().run(load_onnx(ESM_QDYN, seq=8).graph)
+    r = RunVerdict.of(trace)
+    assert r.layers and r.ok and r.exit_status == 0
+    for lv in r.layers:
+        assert lv.fused and lv.first is None and lv.status == WORDS, lv.status
+        assert lv.gap_forms == [INTEGER_QKV_GAP, SCALE_GAP], lv.op_gaps
+        assert f"{INTEGER_QKV_GAP} ({RULE}: default_scale)" in lv.op_gaps
+        assert "FusedAttentionBlock" not in lv.expected
+    step = next(k for k, s in enumerate(trace.steps) if s.pass_name == "fuse_attention_block")
+    heads = [x for x in trace.steps[step].rejections if x.headline and x.guard == "default_scale"]
+    assert heads and all(standing(trace, x) is not None and standing(trace, x)[0] == NOT_EXPECTED_HERE
+                         for x in heads)
+    got = places(trace, step)
+    assert not got.near_misses and len(got.excused[NOT_EXPECTED_HERE]) == len(heads)
+
+
+def test_esm_qdyn_text_and_json_agree(capsys):
+    d = dict(np.load(ESM_QDYN.with_name("esm.qdyn_io.npz")))
+    code, text, err = cli_run(capsys, "explain", ESM_QDYN, "--inputs", ESM_QDYN.with_name("esm.qdyn_io.npz"))
+    assert code == 0 and "Traceback" not in err, err
+    jcode, out, _ = cli_run(capsys, "explain", ESM_QDYN, "--inputs", ESM_QDYN.with_name("esm.qdyn_io.npz"), "--json")
+    j = json.loads(out)
+    n = len(j["layers"])
+    assert d and jcode == code and j["ok"] and j["fused_layers"] == n == 2
+    assert (f"{n}/{n} layer(s) fused as expected\n  {n} of them only as far as rlxviz's ops go: rlxviz lacks "
+            f"{INTEGER_QKV_GAP}, {SCALE_GAP}\n") in text, text
+    assert "NOT fused" not in text
+    for lv in j["layers"]:
+        assert lv["status"] == WORDS and lv["first"] is None
+        assert lv["op_gaps"] == [f"{INTEGER_QKV_GAP} ({RULE}: default_scale)", f"{SCALE_GAP} ({RULE}: default_scale)"]
+        assert f"layer {lv['layer']}: {WORDS}: " in text
+    assert f"  rlxviz's ops lack: {INTEGER_QKV_GAP} ({RULE}: default_scale)" in text
+
+
+def _quantized(tmp_path: Path, stem: str) -> Path:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    out = tmp_path / f"{stem}.qdyn.onnx"
+    quantize_dynamic(str(ZOO / f"{stem}.dynamo-eager.onnx"), str(out), weight_type=QuantType.QInt8)
+    return out
+
+
+def test_the_float_export_counts_and_its_dynamic_quantization_is_a_gap(tmp_path):
+    """The same ESM layer: float, the kind expects the block and `default_scale` counts (NOT fused); quantized
+    dynamically, rlxviz has no block over its integer projections, nor one with its scale."""
+    float_r = RunVerdict.of(Pipeline.canonical().run(load_onnx(ZOO / "esm.dynamo-eager.onnx", seq=8).graph))
+    assert not float_r.ok and all(not lv.fused and lv.first is not None and lv.first.guard == "default_scale"
+                                  for lv in float_r.layers)
+    q = RunVerdict.of(Pipeline.canonical().run(load_onnx(_quantized(tmp_path, "esm"), seq=8).graph))
+    assert q.ok and all(lv.status == WORDS and lv.gap_forms == [INTEGER_QKV_GAP, SCALE_GAP] for lv in q.layers)
+
+
+def test_a_dynamically_quantized_bert_layer_lacks_the_layer_op(tmp_path):
+    """A post-LN BERT layer quantized dynamically: FusedTransformerLayer and its block are gaps in rlxviz's ops
+    (its residual norms still fuse), never "not legal" and never a model change."""
+    r = RunVerdict.of(Pipeline.canonical().run(load_onnx(_quantized(tmp_path, "bert"), seq=8).graph))
+    assert r.layers and r.ok
+    for lv in r.layers:
+        assert lv.architecture.post_ln and lv.architecture.has("integer_qkv")
+        assert lv.status == WORDS and lv.layer_op_gaps == [FTL_GAP]
+        assert INTEGER_QKV_GAP in lv.gap_forms and any(d.startswith("FusedResidualLN") for d in lv.done), lv.done
+        text = lv.render()
+        assert f"(rlxviz's ops lack {FTL_GAP})" in text and "not legal for this layer" not in text
