@@ -285,8 +285,8 @@ def _drop(pg, path, name=None):
 
 
 def test_trial_1_the_start_strip_keeps_its_text_with_the_sidebar_open(browser, server):
-    """With the sidebar open at 1280x800 the strip's text keeps a readable width (it collapsed to 0 px) on one line
-    (a wrapped strip pushed the panes below the fold), the whole text in its tooltip."""
+    """With the sidebar open at 1280x800 the strip's text keeps a readable width (it collapsed to 0 px) in two lines
+    (a text wrapped in a narrow column pushed the panes below the fold), the whole text in its tooltip too."""
     with _page(browser, server) as pg:
         # the sidebar folded (as 1280 px opens): the whole text in the strip's two lines (it was cut at "Or drop yo…")
         line = pg.locator(".rv-start-note .rv-note-line")
@@ -307,7 +307,9 @@ def test_trial_1_the_start_strip_keeps_its_text_with_the_sidebar_open(browser, s
         line = pg.locator(".rv-start-note .rv-note-line").bounding_box()
         assert line["height"] <= 40, line  # one line of text (a wrapped one made the strip 157 px tall)
         step, hide = (pg.locator(c).bounding_box() for c in (".rv-start-step", ".rv-start-hide"))
-        assert abs(step["y"] + step["height"] / 2 - hide["y"] - hide["height"] / 2) < 10, (step, hide)  # one row
+        # ✕ beside the buttons, not wrapped below them (the text may take a line of its own below the buttons:
+        # tests/test_browser_start_text.py)
+        assert hide["y"] < step["y"] + step["height"] and step["y"] < hide["y"] + hide["height"], (step, hide)
         expect(pg.locator(".rv-start-note [title]")).to_have_attribute("title", STEPS)
         zone, words = (pg.locator(f".rv-start {c}").bounding_box() for c in (".rv-drop", ".filepond--drop-label label"))
         assert zone["x"] <= words["x"] and words["x"] + words["width"] <= zone["x"] + zone["width"], (zone, words)

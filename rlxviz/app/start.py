@@ -37,13 +37,19 @@ STEPS_NO_BREAK = (f"Two clicks for this model: ① step through the passes ({PAS
 said when it is clicked (every load of such a model said it unasked)."""
 
 NOTE_CSS = """
-.rv-note-line { display: -webkit-box; -webkit-box-orient: vertical; -webkit-line-clamp: 2; overflow: hidden;
-                font-size: 12px; line-height: 16px; max-height: 32px; }
+:host { flex: 1 1 380px; min-width: min(380px, 100%); }
+.rv-note-line { font-size: 12px; line-height: 16px; overflow-wrap: anywhere; }
 """
-"""The strip's text: at most two lines of 16 px in the buttons' 34 px row, cut with an ellipsis past that (its
-tooltip holds the whole text). Each text says the next click first, so a cut never loses it (on one line the
-next step, at the end, was cut at both 1280 and 1920 px). A text left to wrap made the strip 157 px tall and
-pushed the graph panes below a laptop's fold."""
+"""The strip's text, whole (at 1280 px beside an open sidebar it was cut to its first words, the rest only in the
+tooltip): it wraps, and it takes a line of its own below the buttons (`STEPS_CSS`) when fewer than 380 px are left
+beside them, so it is never squeezed into a column of many lines (a text left to wrap in 121 px made the strip 157
+px tall and pushed the graph panes below a laptop's fold). 380 px: the line after ① or ② in three lines at most."""
+STEPS_CSS = """
+:host { flex-wrap: wrap; align-items: center; align-content: center; row-gap: 2px; }
+"""
+"""The title, the three buttons and the text: one line where the text keeps 380 px beside them, else the text on a
+line of its own below the buttons (the drop zone and ✕ stay at the strip's right: before ① the buttons and the text
+fit in the drop zone's height)."""
 
 
 def note_html(parts: list[tuple[str, bool]]) -> str:
@@ -79,10 +85,9 @@ class StartHere(Viewer):
         # no tooltips: a button's popover lay over its neighbour and took its click
         self.hide = pn.widgets.Button(label="✕", color="light", width=36, height=34, sizing_mode="fixed",
                                       align="center", css_classes=["rv-start-hide"])
-        # min_width: beside an open sidebar at 1280 px the fixed widgets took the whole row and the text got 0 px
+        # its width: 380 px beside the buttons, else a line of its own below them (NOTE_CSS, STEPS_CSS)
         self.note = pn.pane.HTML(note_html([(STEPS, False)]), css_classes=["rv-start-note"], margin=(0, 8),
-                                 align="center", height=34, min_width=100, sizing_mode="stretch_width",
-                                 stylesheets=[NOTE_CSS])
+                                 align="center", sizing_mode="stretch_width", stylesheets=[NOTE_CSS])
         self._mode, self._parts = "steps", [(STEPS, False)]  # what the line says (`_say`)
         self._reason_said = ""  # why ② is off, said when it was clicked (`break_layer`)
         self._jump: tuple[int, object] | None = None  # (the layer ② broke, the trace shown when it was clicked)
@@ -102,8 +107,9 @@ class StartHere(Viewer):
                                           css_classes=["rv-start-drop"])
         self.drop_btn.on_click(lambda e: self.show_drop())
         drop = [self.drop_btn, dropper] if dropper is not None else []
-        self.strip = pn.Row(self.title, self.step, self.brk, self.why, self.note, *drop, self.hide,
-                            sizing_mode="stretch_width", css_classes=["rv-start"],
+        self.steps_row = pn.FlexBox(self.title, self.step, self.brk, self.why, self.note, sizing_mode="stretch_width",
+                                    css_classes=["rv-start-steps"], stylesheets=[STEPS_CSS], align="center")
+        self.strip = pn.Row(self.steps_row, *drop, self.hide, sizing_mode="stretch_width", css_classes=["rv-start"],
                             styles={"background": "#e3f2fd", "border-radius": "6px"})
         self.dismissed = False
         self.folded = False  # `fold`: the title and the drop zone hidden once a step is used
@@ -385,4 +391,5 @@ class StartHere(Viewer):
         return self.strip
 
 
-__all__ = ["BREAK_LAYER", "BREAK_VARIANT", "PASSES_DO", "STEPS", "STEPS_NO_BREAK", "StartHere", "note_html"]
+__all__ = ["BREAK_LAYER", "BREAK_VARIANT", "NOTE_CSS", "PASSES_DO", "STEPS", "STEPS_CSS", "STEPS_NO_BREAK", "StartHere",
+           "note_html"]

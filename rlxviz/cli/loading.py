@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .common import CLIError, InternalError
-from .output import _remember
+from .output import _emit, _remember
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -50,23 +50,34 @@ def _static_shape(headers: dict[str, tuple[tuple[int, ...], np.dtype]], path: st
     return found
 
 
-def _import_checks(model: Model, feeds: dict[str, np.ndarray], user: Any, expect: str | None,
-                   with_onnx: bool = True, max_memory_mb: int | None = None, sliced: str | None = None) -> list[Any]:
-    """Version 0 against the model itself (`session.fidelity`): the ONNX file it came from (`with_onnx`), the
-    `out:NAME` arrays of the inputs file, the `--expect` file. `sliced`: the model is that slice of a file
-    (`--layers`): the inputs file's `out:NAME` arrays are the whole model's, so those naming no output of the slice
-    are set aside with a note (the slice is checked against ONNX Runtime on the same slice). Raises CLIError for an
-    unreadable --expect file or a name that is no output."""
-    from dataclasses import replace as _replace
+def _slice_aside(args: argparse.Namespace, model: Model) -> list[str]:
+    """With `--layers`, the output names of the inputs file's `out:NAME` arrays that name no output of the slice
+    (the whole model's: `load_inputs(..., aside=...)` leaves them unread), said in a note (the slice is checked
+    against ONNX Runtime on the same slice); else none. Reads the file's headers only."""
+    from ..session import npz_headers
+    from ..session.fidelity import output_names
+    from ..session.inputs import EXPECTED_PREFIX
 
+    if getattr(args, "layers", None) is None or getattr(args, "inputs", None) is None:
+        return []
+    outs = output_names(model)
+    aside = sorted(k.removeprefix(EXPECTED_PREFIX) for k in npz_headers(args.inputs)
+                   if k.startswith(EXPECTED_PREFIX) and k.removeprefix(EXPECTED_PREFIX) not in outs)
+    if aside:
+        _emit(f"note: {', '.join(EXPECTED_PREFIX + k for k in aside)} of the inputs file set aside: {_source(args)} "
+              f"ends at its own output(s) ({', '.join(outs)})", sys.stderr)
+    return aside
+
+
+def _import_checks(model: Model, feeds: dict[str, np.ndarray], user: Any, expect: str | None,
+                   with_onnx: bool = True, max_memory_mb: int | None = None) -> list[Any]:
+    """Version 0 against the model itself (`session.fidelity`): the ONNX file it came from (`with_onnx`), the
+    `out:NAME` arrays of the inputs file (a slice's: those `_slice_aside` left), the `--expect` file. Raises
+    CLIError for an unreadable --expect file or a name that is no output."""
     from ..session import Limits
-    from ..session.fidelity import against_expected, against_onnx, output_names
+    from ..session.fidelity import against_expected, against_onnx
     from ..session.inputs import load_expected
 
-    if sliced and user is not None and (aside := sorted(set(user.expected) - set(output_names(model)))):
-        print(f"note: {', '.join('out:' + k for k in aside)} of the inputs file set aside: {sliced} ends at its own "
-              f"output(s) ({', '.join(output_names(model))})", file=sys.stderr)
-        user = _replace(user, expected={k: v for k, v in user.expected.items() if k not in aside})
     out = []
     try:
         if with_onnx and (c := against_onnx(model, feeds, Limits.resolve(max_memory_mb))) is not None:

@@ -13,6 +13,7 @@ from .args import _command, _device_arg, _expect_arg, _layers_arg
 from .common import SubParsers, subcommand
 from .loading import (
     _import_checks,
+    _slice_aside,
     _slice_hint,
     _slice_model,
     _source,
@@ -45,10 +46,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     model = open_model(request)
     _remember(model)  # before any message names its inputs
     check_workload(model, request)  # what the backend holds (the load checked the graph's own run), before running
-    user = load_inputs(args.inputs, model.graph)  # the one check of user inputs, as `time` and the app
+    user = load_inputs(args.inputs, model.graph, aside=_slice_aside(args, model))  # as `time` and the app
     feeds = user.feeds
-    checks = _import_checks(model, feeds, user, args.expect, max_memory_mb=args.max_memory_mb,
-                            sliced=_source(args) if args.layers is not None else None)
+    checks = _import_checks(model, feeds, user, args.expect, max_memory_mb=args.max_memory_mb)
     outputs = executor(args.backend, args.device)(model.graph, feeds, model.weights)
     _warn_nonfinite("run", model, all_finite(outputs))
     # each output under the model's own name (an ONNX graph's, else last_hidden_state, output_1...), in its dtype
@@ -57,7 +57,14 @@ def cmd_run(args: argparse.Namespace) -> int:
              for n, o, i in zip(names, outputs, model.graph.outputs, strict=True)}
     with out.open("wb") as f:  # an open file keeps numpy from appending `.npz` to the name
         np.savez(f, **named)
-    if not args.quiet:
+    if not args.quiet and args.layers is not None:  # a slice: what each array it wrote is, the stream first
+        from ..models.onnx.slice import slice_outputs
+
+        _emit(f"{model.name}: {args.backend} -> {out}, {len(names)} array{'s' if len(names) > 1 else ''}:", sys.stderr)
+        for name, role in slice_outputs(args.model):
+            a = named[name]
+            _emit(f"  {name} {a.dtype} {'x'.join(map(str, a.shape))}: {role}", sys.stderr)
+    elif not args.quiet:
         first = named[names[0]]
         shape = "x".join(map(str, first.shape))
         more = f"; {len(names) - 1} more: {', '.join(names[1:4])}{' ...' if len(names) > 4 else ''}" \
@@ -80,7 +87,10 @@ def add_run(sub: SubParsers) -> None:
                                                    "Face BERT checkpoint folder (config.json + model.safetensors) "
                                                    "or an .onnx export")
     p.add_argument("--inputs", "-i", required=True, metavar="IN.npz", help="input arrays")
-    p.add_argument("--output", "-o", required=True, metavar="OUT.npz", help="where to write last_hidden_state")
+    p.add_argument("--output", "-o", required=True, metavar="OUT.npz",
+                   help="where to write the outputs, each under its output name (last_hidden_state for a built "
+                        "model; with --layers, the slice's outputs by their ONNX value names, the residual stream "
+                        "first, each printed with what it is)")
     _expect_arg(p)
     p.add_argument("--backend", choices=BACKENDS, default="reference", help="executor (default: %(default)s)")
     _device_arg(p)

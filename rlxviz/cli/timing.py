@@ -10,7 +10,7 @@ from typing import Any
 
 from .args import _after_arg, _command, _device_arg, _expect_arg, _int_in, _layers_arg, _model_args
 from .common import CLIError, SubParsers, subcommand
-from .loading import _import_checks, _run_model, _slice_model, _source
+from .loading import _import_checks, _run_model, _slice_aside, _slice_model
 from .output import _out, _warn_nonfinite
 
 BUSY_ADVICE = "The ratios below are not verdicts: this run cannot tell the versions apart. Run it again when the " \
@@ -96,10 +96,9 @@ def cmd_time(args: argparse.Namespace) -> int:
 
     _slice_model(args)
     model, trace = _run_model(args, workload="time")  # refused over the memory limit before feeds are made
-    user = load_inputs(args.inputs, model.graph) if args.inputs is not None else None
+    user = load_inputs(args.inputs, model.graph, aside=_slice_aside(args, model)) if args.inputs is not None else None
     feeds = user.feeds if user is not None else model.random_feeds(seed=0)
-    checks = _import_checks(model, feeds, user, args.expect, max_memory_mb=args.max_memory_mb,
-                            sliced=_source(args) if args.layers is not None else None)
+    checks = _import_checks(model, feeds, user, args.expect, max_memory_mb=args.max_memory_mb)
     sets = input_sets(model.graph, feeds, user, args.battery)  # the user's arrays first, then the battery
     rows, own = time_versions_and_own(trace, feeds, model.weights, warmup=args.warmup, repeat=args.repeat,
                                       device=args.device, inputs=sets, own_lowering=args.split)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import io
 import math
 import zipfile
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Collection, Container, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -318,12 +318,13 @@ def load_expected(path: NpzSource, graph: Graph, name: str | None = None) -> dic
         raise ValueError(f"{p}: not a readable .npz file of arrays ({why})") from None
 
 
-def load_inputs(path: NpzSource, graph: Graph, name: str | None = None) -> InputSet:
+def load_inputs(path: NpzSource, graph: Graph, name: str | None = None, aside: Collection[str] = ()) -> InputSet:
     """The user's arrays from an `.npz` file (a path, or its bytes: an upload), checked against the graph's
     inputs: names, shapes and dtype kinds from the headers (`npz_headers`) before any array is read, then
     the values (`check_inputs`). Arrays named `out:NAME` (expected outputs, `EXPECTED_PREFIX`) are set aside in
     `InputSet.expected`, each no larger than the graph's largest output (checked from its header). The one loader
-    of user inputs: `rlxviz run`, `rlxviz time --inputs` and the app's uploads call it.
+    of user inputs: `rlxviz run`, `rlxviz time --inputs` and the app's uploads call it. `aside`: output names whose
+    `out:NAME` arrays are left unread and unchecked (`--layers`: the whole model's outputs, which the slice lacks).
 
     Returns:
         `InputSet("user", ...)` with one array per graph input, in the input's dtype.
@@ -334,13 +335,14 @@ def load_inputs(path: NpzSource, graph: Graph, name: str | None = None) -> Input
     """
     p = _npz_name(path, name)
     what = f"inputs {p.name}"
-    headers = npz_headers(path, name)
+    skipped = {EXPECTED_PREFIX + k for k in aside}
+    headers = {k: h for k, h in npz_headers(path, name).items() if k not in skipped}
     _check_kinds({k: h for k, h in headers.items() if not k.startswith(EXPECTED_PREFIX)}, graph, what)  # unread yet
     _check_expected_sizes({k: h for k, h in headers.items() if k.startswith(EXPECTED_PREFIX)}, graph, what)
     _, z = _open_npz(path, name)
     try:
         with z:
-            arrays = {k: np.asarray(z[k]) for k in z.files}
+            arrays = {k: np.asarray(z[k]) for k in z.files if k not in skipped}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"{p}: not a readable .npz file of arrays ({why})") from None

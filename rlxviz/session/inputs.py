@@ -9,6 +9,7 @@ import numpy as np
 
 from ..models import Model, tokenize
 from ..runtime.battery import (
+    EXPECTED_PREFIX,
     InputSet,
     check_inputs,
     index_bounds,
@@ -57,5 +58,5 @@ def feeds(model: Model, text: str = "") -> dict[str, np.ndarray]:
     return model.random_feeds(seed=0)
 
 
-__all__ = ["SHAPE_ARRAYS", "InputSet", "check_inputs", "feeds", "index_bounds", "load_expected", "load_inputs",
-           "npz_headers", "shape_from_inputs"]
+__all__ = ["EXPECTED_PREFIX", "SHAPE_ARRAYS", "InputSet", "check_inputs", "feeds", "index_bounds", "load_expected",
+           "load_inputs", "npz_headers", "shape_from_inputs"]

@@ -103,10 +103,118 @@ def stream_first(cut: list[str], graph: Any) -> list[str]:
     return floats or ranked
 
 
+_LAYOUT_OPS = {"Unsqueeze", "Squeeze", "Reshape", "Flatten", "Cast", "CastLike", "Expand", "Transpose", "Identity",
+               "Slice", "Gather", "Mul", "Div"}  # what an exporter puts between a RoPE table and its readers
+_SHAPE_ONLY = {"Shape", "Size"}  # read their operand's shape, not its values
+
+
+def _rope_table(graph: Any, value: str) -> str | None:
+    """`cos` / `sin` when `value` is a RoPE table: a Cos or Sin node (or an initializer named `*cos*` / `*sin*`, a
+    cached table an export gathers from) behind layout ops only (`_LAYOUT_OPS`; a Mul or Div by a constant, a
+    Gather's table operand); else None."""
+    made = {o: n for n in graph.node for o in n.output}
+    consts = {t.name for t in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    for _ in range(32):
+        if value in consts:
+            low = value.lower()
+            return "cos" if "cos" in low else "sin" if "sin" in low else None
+        node = made.get(value)
+        if node is None:
+            return None
+        if node.op_type in ("Cos", "Sin"):
+            return node.op_type.lower()
+        if node.op_type not in _LAYOUT_OPS:
+            return None
+        ins = [x for x in node.input if x]
+        if node.op_type in ("Mul", "Div"):
+            ins = [x for x in ins if x not in consts]
+            if len(ins) != 1:
+                return None
+        if not ins:
+            return None
+        value = ins[0]
+    return None
+
+
+def _data_inputs(graph: Any, value: str) -> set[str]:
+    """The graph inputs whose values `value` is computed from: its operands' producers back to the inputs, except
+    through a node that reads only its operand's shape (`_SHAPE_ONLY`). Empty: computed from shapes and constants."""
+    made = {o: n for n in graph.node for o in n.output}
+    inputs = {i.name for i in graph.input} - {t.name for t in graph.initializer}
+    found: set[str] = set()
+    seen: set[str] = set()
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        if v in inputs:
+            found.add(v)
+        elif (node := made.get(v)) is not None and node.op_type not in _SHAPE_ONLY:
+            todo.extend(x for x in node.input if x)
+    return found
+
+
+def _span(layers: set[int]) -> str:
+    lo, hi = min(layers), max(layers)
+    return f"layer {lo}" if lo == hi else f"layers {lo}-{hi}"
+
+
+def output_roles(graph: Any, outs: list[str], last: int) -> dict[str, str]:
+    """What each output of the slice cut after layer `last` is, in words, from the whole file's `graph`: the first
+    of `outs` (`stream_first`) is the residual stream; each other one is said by what it is (an output of the whole
+    model; a RoPE cos/sin table, `_rope_table`; a value built from mask inputs only, an attention mask), what it is
+    computed from (`_data_inputs`) and which layers read it. The lines `rlxviz run --layers` prints beside the keys
+    it writes, and each output's doc_string in the slice file."""
+    layers = _node_layers(graph)
+    kept = _span({0, last})
+    readers: dict[str, set[int | None]] = {}
+    for n, x in zip(graph.node, layers, strict=True):
+        for i in n.input:
+            readers.setdefault(i, set()).add(x)
+    model_outs = {o.name for o in graph.output}
+    roles = {}
+    for k, v in enumerate(outs):
+        by = readers.get(v, set())
+        numbered = {x for x in by if x is not None}
+        read = " and ".join(([_span(numbered)] if numbered else []) + (["the nodes after the layers"] if None in by
+                                                                           else []))
+        one = len(numbered) == 1 and None not in by
+        read = f"{read} read{'s' if one else ''} it" if read else "no node reads it"
+        if k == 0:
+            nxt = sorted(x for x in numbered if x > last)
+            who = f"layer {nxt[0]}" if nxt else "the nodes after the layers"
+            roles[v] = f"the residual stream after layer {last} (the hidden state {who} reads)"
+            continue
+        src = sorted(_data_inputs(graph, v))
+        origin = f"from the input{'s' if len(src) > 1 else ''} {', '.join(src)}" if src else \
+            "from shapes and constants only (the same for every input of these shapes)"
+        if v in model_outs:
+            roles[v] = f"an output of the whole model, computed in {kept}"
+        elif (table := _rope_table(graph, v)) is not None:
+            roles[v] = f"the RoPE {table} table, computed {origin}; {read}"
+        elif src and all("mask" in s.lower() for s in src):
+            roles[v] = f"an attention mask, computed {origin}; {read}"
+        else:
+            roles[v] = f"a value {kept} compute{'s' if last == 0 else ''} {origin}; {read}"
+    return roles
+
+
+def slice_outputs(path: str | Path) -> list[tuple[str, str]]:
+    """(name, what it is) for each output of a slice file `slice_layers` wrote, in order: the residual stream first
+    (`output_roles`, kept as each output's doc_string). Reads the graph only."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return [(o.name, o.doc_string) for o in graph.output]
+
+
 def slice_layers(path: str | Path, first: int, last: int) -> Path:
     """Write layers `first`..`last` (`first` must be the model's first layer: the slice starts at the inputs) of the
     ONNX file `path` as their own model (`<stem>.layers<first>-<last>.onnx` in a temporary folder) and return its path.
-    Its outputs are the cut values that are floats, the residual stream first (`stream_first`).
+    Its outputs are the cut values that are floats, the residual stream first (`stream_first`), each one's
+    doc_string saying what it is (`output_roles`; `slice_outputs` reads them back).
     Reads no weight (the slice's data file is a hard link, or a sparse copy of the ranges it uses).
 
     Raises:
@@ -136,6 +244,9 @@ def slice_layers(path: str | Path, first: int, last: int) -> Path:
     except Exception as e:  # noqa: BLE001 - a value without a type, a cut onnx refuses
         raise SliceError(f"{path}: --layers {first}-{last}: cannot cut the graph ({type(e).__name__}: {e})") from None
     part.graph.name = f"{proto.graph.name or p.stem} layers {first}-{last}"
+    roles = output_roles(proto.graph, outs, last)
+    for o in part.graph.output:
+        o.doc_string = roles[o.name]
     out_dir = _temp_dir()
     _place_external_data(part, p.parent, out_dir)
     out = out_dir / f"{p.stem}.layers{first}-{last}.onnx"
@@ -180,4 +291,4 @@ def _place_external_data(proto: Any, src: Path, dst: Path) -> None:
                     left -= len(chunk)
 
 
-__all__ = ["SliceError", "cut_values", "parse_layers", "slice_layers"]
+__all__ = ["SliceError", "cut_values", "output_roles", "parse_layers", "slice_layers", "slice_outputs"]
