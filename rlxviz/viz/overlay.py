@@ -24,6 +24,26 @@ NOT_OPS = {Op.PARAM: "param(s)/constant(s)", Op.CONST: "param(s)/constant(s)", O
 (`Graph.compute_nodes`), and params and constants are drawn folded into their users' labels, not as nodes."""
 
 
+NOT_OPS_SHORT = {"param(s)/constant(s)": "params/consts", "graph input(s)": "inputs"}
+"""The chip's short word for each `NOT_OPS` kind (`other_changes`: "-2 params/consts")."""
+
+
+def node_changes(before: Graph, after: Graph, added: list[int], removed: list[int]) -> dict[str, tuple[int, int]]:
+    """What a pass added and removed by kind: "op(s)" (compute nodes) first, then each `NOT_OPS` word met ->
+    `(added, removed)`. The one count the after pane's title (`change_words`) and the version chips
+    (`other_changes`) read.
+
+    Args:
+        before / after: the graphs before and after the pass.
+        added: ids in `after` only; removed: ids in `before` only (`PassStep.added`, `PassStep.removed`).
+    """
+    out: dict[str, list[int]] = {"op(s)": [0, 0]}
+    for k, (graph, ids) in enumerate(((after, added), (before, removed))):
+        for i in ids:
+            out.setdefault(NOT_OPS.get(graph[i].op, "op(s)"), [0, 0])[k] += 1
+    return {w: (a, r) for w, (a, r) in out.items()}
+
+
 def change_words(before: Graph, after: Graph, added: list[int], removed: list[int]) -> str:
     """What a pass added and removed, in the chips' unit: ops (compute nodes) first, then the other nodes by kind.
 
@@ -35,19 +55,23 @@ def change_words(before: Graph, after: Graph, added: list[int], removed: list[in
         before / after: the graphs before and after the pass.
         added: ids in `after` only; removed: ids in `before` only (`PassStep.added`, `PassStep.removed`).
     """
-    def kinds(graph: Graph, ids: list[int]) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for i in ids:
-            word = NOT_OPS.get(graph[i].op, "op(s)")
-            out[word] = out.get(word, 0) + 1
-        return out
-
-    a, r = kinds(after, added), kinds(before, removed)
-    text = f"{a.pop('op(s)', 0)} op(s) added, {r.pop('op(s)', 0)} removed"
-    for word in dict.fromkeys([*a, *r]):
-        said = [f"{n} {how}" for n, how in ((a.get(word, 0), "added"), (r.get(word, 0), "removed")) if n]
+    counts = node_changes(before, after, added, removed)
+    a, r = counts.pop("op(s)")
+    text = f"{a} op(s) added, {r} removed"
+    for word, (a, r) in counts.items():
+        said = [f"{n} {how}" for n, how in ((a, "added"), (r, "removed")) if n]
         text += f"; {word}: {', '.join(said)}"
     return text
+
+
+def other_changes(step: PassStep) -> str:
+    """The nodes other than ops `step` added and removed, as a version chip says them: "-2 params/consts",
+    "+1/-1 params/consts, -1 inputs"; "" when it changed ops only. A pass that removed dead weights changed the
+    graph though its op count did not move: its chip says so, not read as a no-op (`node_changes`)."""
+    counts = node_changes(step.before, step.after, step.added, step.removed)
+    counts.pop("op(s)")
+    return ", ".join("/".join(x for x in (f"+{a}" if a else "", f"-{r}" if r else "") if x)
+                     + f" {NOT_OPS_SHORT[w]}" for w, (a, r) in counts.items())
 
 
 def _plural(n: int, one: str, many: str) -> str:
