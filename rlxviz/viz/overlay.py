@@ -123,15 +123,16 @@ def excused_places(trace: Trace | None, step: PassStep) -> frozenset[tuple[str, 
 def worded(trace: Trace, step: PassStep) -> tuple[Rejection, ...]:
     """`step`'s rejections (a step of `trace`) with their messages and hints as `explain`, the Why tab and the Matches
     & rejections table word them (`passes.report.in_context`: a "run P first" whose P ran before names what P
-    decided there), so a tooltip says what the text says. `step`'s own when it is no step of `trace`."""
-    from ..passes.report import in_context  # the report reads the pipeline; the overlay is drawn without it
+    decided there; the hint is `passes.report.fix_line`, the fix, never a copy of the message), so a tooltip says
+    what the text says. `step`'s own when it is no step of `trace`."""
+    from ..passes.report import fix_line, in_context  # the report reads the pipeline; the overlay needs none
 
     k = trace.index_of(step)
     if k is None:
         return tuple(step.rejections)
     out = []
     for r in step.rejections:
-        message, hint = in_context(trace, k, r)
+        message, hint = in_context(trace, k, r)[0], fix_line(trace, k, r)
         out.append(r if (message, hint) == (r.message, r.hint) else replace(r, message=message, hint=hint))
     return tuple(out)
 
