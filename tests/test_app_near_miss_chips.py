@@ -119,3 +119,6 @@ def test_the_faded_mark_says_what_it_counts_and_groups_its_places_by_node(monkey
     assert tip is not None, chip
     assert tip.group(1).startswith(f"{n} at {nodes} nodes ({PLACE_UNIT}): "), tip.group(1)[:200]
     assert tip.group(1).count("2 patterns at one node: ") == n - nodes
+    from rlxviz.viz.overlay import before_caption  # the before pane's caption (the CLI's drawings too): the nodes
+
+    assert before_caption(s.trace.steps[k], s.trace).endswith(f"○{n} not near-misses at {nodes} nodes")

@@ -85,7 +85,8 @@ def before_caption(step: PassStep, trace: Trace | None = None) -> str:
     "before fuse_transformer_layer: 0 match(es), 1 rejected place (4 failing guards)": the rejected places are the
     hard near-misses the chip counts as `✗` (`passes.why.verdict.places` of `step`'s rejections in `trace`, judged by
     `standing`), the guards in brackets (when more than one per place) the failing guards of those places; places
-    that are no near-miss are added as the chip's faded `○N` ("○2 not near-misses"). Without `trace` (a step drawn
+    that are no near-miss are added as the chip's faded `○N` ("○2 not near-misses", "○7 not near-misses at 4 nodes"
+    when patterns share a node: `verdict.PLACE_UNIT`). Without `trace` (a step drawn
     on its own), a hard refusal's kind alone decides (`Rejection.near_miss`), as `app.derived.refusals` does then.
     """
     head = f"before {step.pass_name}: {len(step.matches)} match(es)"
@@ -95,16 +96,18 @@ def before_caption(step: PassStep, trace: Trace | None = None) -> str:
 
         p = places(trace, k)
         near = {(r.rule, r.anchor) for r in p.near_misses}
-        excused = sum(len(v) for v in p.excused.values())
+        excused, nodes = sum(len(v) for v in p.excused.values()), p.nodes()
     else:
         near = {(r.rule, r.anchor) for r in step.rejections if not r.soft and r.near_miss}
-        excused = len({(r.rule, r.anchor) for r in step.rejections if not r.soft and not r.near_miss})
+        faded = {(r.rule, r.anchor) for r in step.rejections if not r.soft and not r.near_miss}
+        excused, nodes = len(faded), len({a for _, a in faded})
     guards = sum(1 for r in step.rejections if not r.soft and (r.rule, r.anchor) in near)
     text = f"{head}, {_plural(len(near), 'rejected place', 'rejected places')}"
     if guards > len(near):
         text += f" ({_plural(guards, 'failing guard', 'failing guards')})"
-    if excused:
+    if excused:  # two patterns refused at one node are two places: at how many nodes, when fewer
         text += f", ○{_plural(excused, 'not near-miss', 'not near-misses')}"
+        text += f" at {_plural(nodes, 'node', 'nodes')}" if nodes < excused else ""
     return text
 
 
