@@ -74,3 +74,22 @@ def test_a_pass_that_removed_only_a_weight_says_no_op_changed():
     (title, change), = _titles_and_chips(_ir(DEAD_WEIGHT))
     assert title == "after dead_code_elimination: 0 op(s) added, 0 removed; param(s)/constant(s): 1 removed", title
     assert change == 0
+
+
+def _chip(s: AppState, label: str) -> str:
+    from rlxviz.app.panels import VersionStepper
+
+    html = VersionStepper(state=s)._counts()
+    return next(c for c in html.split("<span class='rv-chip'")[1:] if f"title='{label}" in c)
+
+
+@pytest.mark.parametrize("text, said", [(DEAD_WEIGHT, "(-1 params/consts)"), (DEAD, "(-3, -2 params/consts)")])
+def test_a_chip_says_the_params_and_constants_a_pass_removed(text, said):
+    """A newcomer read "dead_code_elimination: N" with no count change as a no-op while the pass had removed dead
+    weights: the chip says the other nodes' change after the ops' (`viz.overlay.other_changes`), as the after
+    pane's title counts them."""
+    s = _ir(text)
+    row = next(r for r in s.version_rows() if r["version"] == "after dead_code_elimination")
+    assert row["others"] == said.strip("()").split(", ")[-1]
+    chip = _chip(s, "after dead_code_elimination")
+    assert f"</b> {said}" in chip, chip

@@ -73,7 +73,7 @@ def test_the_rejection_count_is_readable_on_its_chip(selected):
     html = VersionStepper(state=s)._counts()
     chip = next(c for c in html.split("<span class='rv-chip'")[1:] if "✗" in c)
     chip_bg = re.search(r"background:(#[0-9a-f]{6})", chip).group(1)
-    mark = re.search(r"<span title='rejections of this pass' style='([^']*)'>✗", chip).group(1)
+    mark = re.search(r"<span title='rejections of this pass[^']*' style='([^']*)'>✗", chip).group(1)
     colour = re.search(r"(?:^|;)color:(#[0-9a-f]{6})", mark).group(1)
     behind = m.group(1) if (m := re.search(r"background:(#[0-9a-f]{6})", mark)) else chip_bg
     assert _contrast(colour, behind) >= 4.5, (colour, behind, _contrast(colour, behind))
@@ -249,3 +249,23 @@ def test_every_header_fits_its_column_at_1280_and_says_its_meaning():
         if col in ("position", "anchor"):  # shortened: the whole name in the tooltip
             assert title != col and t.header_tooltips[col].startswith(col), (col, t.header_tooltips)
     assert not header_fits("layer", "4%") and not header_fits("anchor", "5%")  # the old shares cut them
+
+
+def test_the_fix_column_says_a_fix_not_the_message_again():
+    """llama-block's `attn_is_fused_block` row (fuse_transformer_layer: fuse_attention_block refused earlier) had its
+    fix column repeat the whole nested message ("fuse_attention_block ran before and said no here: ..."): it says
+    the earlier refusal's fix now, named by pass, guard and node (`passes.report.fix_line`), as the graph's tooltips
+    do."""
+    from rlxviz.viz.overlay import worded
+
+    s = tiny(preset="llama-block")
+    rows = decision_rows(s.trace)
+    row = next(r for r in rows if r["guard"] == "attn_is_fused_block")
+    block = next(r for r in rows if r["pass"] == "fuse_attention_block" and r["anchor"] == row["anchor"])
+    assert row["hint"] and row["hint"] not in row["message"], row
+    assert row["hint"] == (f"fix fuse_attention_block's refusal first ({block['guard']} at node {block['anchor']}): "
+                           f"{block['hint']}"), row["hint"]
+    assert block["hint"] and block["hint"] not in block["message"]
+    k = row["step"]
+    tips = {(r.rule, r.guard): r.hint for r in worded(s.trace, s.trace.steps[k])}
+    assert tips[(row["rule"], row["guard"])] == row["hint"]

@@ -4,7 +4,7 @@ broadcast sum, a lookalike (`guard.NOT_A_CANDIDATE`), not a near-miss. The chips
 `report.missed_fusions` counts (`Rejection.near_miss`: no `guard.NOT_NEAR_MISSES` kind), hard refusals as before, and
 show a lookalike or the model's own term as a neutral `○N` whose tooltip is the verdict's heading for its kind
 (`passes.why.text.left_out_heading`). The pass filter ("hide passes that changed nothing" keeps a pass whose only
-events are rejections) keeps a pass for the same near-misses: a pass that only met a lookalike changed nothing.
+events are rejections) keeps a pass whose chip counts anything, ✗ or ○, so no counted place is in no chip.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def test_a_healthy_berts_chips_show_no_rejection_and_the_lookalike_apart(preset)
     mark = re.search(r"<span class='rv-lookalike' title='([^']*)'[^>]*>" + NOT_NEAR_MISS_MARK + r"(\d+)</span>", chip)
     assert mark is not None, chip
     assert mark.group(2) == "1"
-    assert mark.group(1) == "1 lookalike, not a candidate (nothing to fix, not a near-miss): embeddings.LayerNorm"
+    assert mark.group(1) == ("1 at 1 node (one per pattern and place): "
+                             "1 lookalike, not a candidate (nothing to fix, not a near-miss): embeddings.LayerNorm")
     assert "c62828" not in chip  # not in the rejection's red
     row = next(r for r in s.version_rows() if r["version"] == "after fuse_residual_ln")
     assert row["rejections"] == 0 and row["not_near_misses"] == {NOT_A_CANDIDATE: ["embeddings.LayerNorm"]}
@@ -80,14 +81,44 @@ def test_a_real_near_miss_still_counts_and_the_rule_is_missed_fusions(variant):
 
 
 @pytest.mark.parametrize("pos", ["f32[1, 8]", "f32[4, 8]"])
-def test_a_pass_that_only_met_a_lookalike_is_hidden_with_the_unchanged(pos):
+def test_a_pass_that_only_met_a_lookalike_stays_listed_with_its_mark(pos):
     """The broadcast sum into a LayerNorm, and nothing fuse_residual_ln could fuse: its pass changed nothing and
-    refused no near-miss, so "hide passes that changed nothing" hides it; unticked, its chip has no ✗ and the ○1."""
+    refused no near-miss, but its chip counts the lookalike (○1), so "hide passes that changed nothing" keeps it
+    listed (a hidden one put the place in no chip): no ✗, the ○1."""
     s = app(source="ir", ir_text=broadcast_sum(pos, steps=3))
     step = next(st for st in s.trace.steps if st.pass_name == "fuse_residual_ln")
     assert not step.changed and step.rejections and not refusals(step)
     assert not_near_misses(step) == {NOT_A_CANDIDATE: ["embeddings.LayerNorm"]}
-    assert s.hide_unchanged and "after fuse_residual_ln" not in s.version_labels
-    s.hide_unchanged = False
+    assert s.hide_unchanged and "after fuse_residual_ln" in s.version_labels
     chip = chips(s)["after fuse_residual_ln"]
     assert "✗" not in chip and f">{NOT_NEAR_MISS_MARK}1</span>" in chip
+
+
+def test_the_faded_mark_says_what_it_counts_and_groups_its_places_by_node(monkeypatch):
+    """deit (ONNX Runtime's optimizer) showed ○7 on fuse_residual_ln, read as seven refusals at seven norms: they sit at
+    four nodes, two patterns (`residual`, `biased`) at three of them. A place is a pattern's candidate at one node
+    (`verdict.PLACE_UNIT`); the tooltip says so and how many nodes, and lists the places node by node."""
+    from pathlib import Path
+
+    from rlxviz.app.sources import ALLOWED_DIRS_ENV
+    from rlxviz.passes.why.verdict import PLACE_UNIT, places
+    from rlxviz.session import isolated
+
+    monkeypatch.setattr(isolated, "run_isolated", lambda fn, *a, timeout_s=None, wall_s=None, max_bytes=None,
+                        what="", job=None, **kw: fn(*a, **kw))
+    zoo = Path(__file__).resolve().parent / "fixtures" / "onnx" / "zoo"
+    monkeypatch.setenv(ALLOWED_DIRS_ENV, str(zoo))
+    s = app(preset="bert-tiny")
+    s.param.update(checkpoint_dir=str(zoo / "deit.ortopt.onnx"), source="checkpoint")
+    k = next(i for i, st in enumerate(s.trace.steps) if st.pass_name == "fuse_residual_ln")
+    p = places(s.trace, k)
+    n, nodes = sum(len(v) for v in p.excused.values()), p.nodes()
+    assert n > nodes > 1  # two patterns at some node
+    chip = chips(s)["after fuse_residual_ln"]
+    tip = re.search(r"class='rv-lookalike' title='([^']*)'[^>]*>" + NOT_NEAR_MISS_MARK + rf"{n}</span>", chip)
+    assert tip is not None, chip
+    assert tip.group(1).startswith(f"{n} at {nodes} nodes ({PLACE_UNIT}): "), tip.group(1)[:200]
+    assert tip.group(1).count("2 patterns at one node: ") == n - nodes
+    from rlxviz.viz.overlay import before_caption  # the before pane's caption (the CLI's drawings too): the nodes
+
+    assert before_caption(s.trace.steps[k], s.trace).endswith(f"○{n} not near-misses at {nodes} nodes")

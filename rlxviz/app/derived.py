@@ -17,10 +17,11 @@ from .. import session
 from ..ir import Graph, format_graph
 from ..passes import PassStep, Trace
 from ..passes.trace import Rejection, layer_label
-from ..passes.why.verdict import RunVerdict, places
+from ..passes.why.verdict import Places, RunVerdict, places
 from ..session import LayerStatus, SessionError, View, overlays
 from ..session import render as drawing
 from ..viz.heat import legend
+from ..viz.overlay import other_changes
 from .views import AUTO, COLLAPSED, FOCUS, FULL
 from .wording import md_lines
 
@@ -45,33 +46,39 @@ COLOURS = ("node_figures", "overlay")
 """The node colours of the chosen overlay."""
 
 
+def step_places(step: PassStep, trace: Trace | None = None) -> Places:
+    """`passes.why.verdict.places` of `step` of `trace`: its refusals counted `PLACE_UNIT` (a pattern's candidate at one
+    node, never per failing guard), the hard near-misses (the chip's ✗) apart from the places that are no near-miss
+    (the chip's faded ○). Without `trace` (or a step of no trace), by the refusal alone (`Rejection.near_miss`): the
+    hard refusals of a kind that is no near-miss, by node path, still one per place."""
+    if trace is not None and (k := trace.index_of(step)) is not None:
+        return places(trace, k)
+    heads: dict[tuple[str, int], Rejection] = {}
+    for r in step.rejections:
+        if not r.soft:
+            heads.setdefault((r.rule, r.anchor), r)
+    excused: dict[str, list[str]] = {}
+    at: dict[str, list[int]] = {}
+    for r in heads.values():
+        if not r.near_miss:
+            excused.setdefault(r.kind, []).append(r.path or "-")
+            at.setdefault(r.kind, []).append(r.anchor)
+    return Places([r for r in heads.values() if r.near_miss], excused, at)
+
+
 def refusals(step: PassStep, trace: Trace | None = None) -> list[Rejection]:
-    """The hard near-misses of `step` of `trace`, one per place (rule and anchor: a candidate with four failing guards
+    """The hard near-misses of `step` of `trace`, one per place (`step_places`: a candidate with four failing guards
     is one refusal), judged by the verdict's rule (`passes.why.verdict.standing`: not the model's own term, not a
     lookalike, not a merge the tool's cost test declined, not a refusal the layer's kind does not expect or that is
-    illegal for its layer): what its version chip counts as rejections (✗N) and what keeps a pass that changed nothing
-    in the version list. Without `trace`, by the refusal alone (`Rejection.near_miss`), still one per place."""
-    if trace is None or (k := trace.index_of(step)) is None:
-        seen: dict[tuple[str, int], Rejection] = {}
-        for r in step.rejections:
-            if not r.soft and r.near_miss:
-                seen.setdefault((r.rule, r.anchor), r)
-        return list(seen.values())
-    return places(trace, k).near_misses
+    illegal for its layer): what its version chip counts as rejections (✗N)."""
+    return step_places(step, trace).near_misses
 
 
 def not_near_misses(step: PassStep, trace: Trace | None = None) -> dict[str, list[str]]:
-    """Group -> items of `step`'s places that are no near-miss (`passes.why.verdict.places`: the model's own term, a
-    lookalike, a declined merge, not expected of the layer, illegal for it; hard or soft), in the run's order: an
-    item is the place's node path, or `PATH: RULE (GUARD): why` where the reason differs by place. Without `trace`,
-    the hard refusals of a kind that is no near-miss, by node path."""
-    if trace is None or (k := trace.index_of(step)) is None:
-        out: dict[str, list[str]] = {}
-        for r in step.rejections:
-            if not r.soft and not r.near_miss:
-                out.setdefault(r.kind, []).append(r.path or "-")
-        return out
-    return places(trace, k).excused
+    """Group -> items of `step`'s places that are no near-miss (`step_places`: the model's own term, a lookalike, a
+    declined merge, not expected of the layer, illegal for it; hard or soft), in the run's order: an item is the
+    place's node path, or `PATH: RULE (GUARD): why` where the reason differs by place (the chip's faded ○N)."""
+    return step_places(step, trace).excused
 
 
 class Derived:
@@ -92,9 +99,11 @@ class Derived:
         out = []
         for k, (label, _g) in enumerate(trace.versions()):
             step = trace.steps[k - 1] if k else None
-            # a crash stays shown, and so does a pass whose only events are rejections (the one an engineer looks
-            # for): near-misses, as its chip counts them (a lookalike alone is no reason to show a pass)
-            if step is None or not hide or step.changed or step.error or refusals(step, trace):
+            # a crash stays shown, and so does a pass whose only events are refusals its chip counts (the one an
+            # engineer looks for): near-misses (✗) and places that are nothing to fix (○), so every place a chip
+            # counts is on a chip shown (a newcomer found llama-block's three ○ in no chip)
+            if step is None or not hide or step.changed or step.error or refusals(step, trace) or \
+                    not_near_misses(step, trace):
                 out.append((k, label))
         return out
 
@@ -113,13 +122,9 @@ class Derived:
         hidden = [k for k in range(len(self.trace.versions())) if k not in shown]
         if not hidden:
             return ""
-        # a hidden pass may hold places that are nothing to fix (○): say so, so the chips shown and `explain`'s
-        # lists of them do not seem to disagree (a newcomer counted ○2 on the page against explain's 4)
-        faded = sum(len(x) for k in hidden for x in not_near_misses(self.trace.steps[k - 1], self.trace).values())
-        held = (f"; they hold ○{faded} place{'s' if faded != 1 else ''} that are nothing to fix: untick to see them"
-                if faded else "")
+        # a hidden step holds no refusal a chip counts (`_compute_visible` keeps those): nothing of ✗ or ○ is hidden
         return (f"{len(hidden)} step{'s' if len(hidden) != 1 else ''} that changed nothing hidden "
-                f"(the numbers count every step, as rlxviz time does{held})")
+                f"(the numbers count every step, as rlxviz time does)")
 
     @param.depends(*RUN, "hide_unchanged")
     def hidden_before(self, k: int) -> str:
@@ -179,10 +184,12 @@ class Derived:
 
     @param.depends(*SHOWN)
     def version_rows(self) -> list[dict[str, Any]]:
-        """One row per shown version: label, compute-node count, fused-node count, change in nodes, the pass's
+        """One row per shown version: label, compute-node count, fused-node count, change in nodes, the other nodes
+        it added and removed (`viz.overlay.other_changes`: "-2 params/consts", "" for none), the pass's
         matches, its rejections (`refusals`: hard near-misses by place, the chip's ✗) and `not_near_misses`: group ->
         its places that are no near-miss (`passes.why.verdict.standing`: a lookalike, the model's own term, a declined
-        merge, not expected of the layer), which the chip shows apart, not as a failure."""
+        merge, not expected of the layer), which the chip shows apart, not as a failure, and `not_near_miss_at`: the
+        anchor node of each (`step_places`)."""
         if self.trace is None:
             return []
         versions = self.trace.versions()
@@ -192,10 +199,12 @@ class Derived:
             n = len(g.compute_nodes())
             prev = len(versions[i - 1][1].compute_nodes()) if i else n
             step = self.trace.steps[i - 1] if i else None
+            p = step_places(step, self.trace) if step else Places([], {})
             rows.append({"#": k, "version": label, "nodes": n, "change": n - prev,
+                         "others": other_changes(step) if step else "",
                          "matches": len(step.matches) if step else 0,
-                         "rejections": len(refusals(step, self.trace)) if step else 0,
-                         "not_near_misses": not_near_misses(step, self.trace) if step else {},
+                         "rejections": len(p.near_misses), "not_near_misses": p.excused,
+                         "not_near_miss_at": p.excused_at,
                          "crashed": bool(i and self.trace.steps[i - 1].error),
                          "fused": sum(1 for x in g if x.pass_name), "ms": (self.trace.steps[i - 1].seconds * 1e3
                                                                           if i else 0.0)})

@@ -18,7 +18,7 @@ from ..ir import Graph, Node, Op, format_node, operand_roles
 from ..ir.ops import made_as
 from ..ir.printer import format_value
 from ..passes.pipeline import role_label
-from ..passes.report import in_context
+from ..passes.report import fix_line, in_context
 from ..passes.trace import Rejection, Trace, anchor_position, layer_of, reading_order
 from ..passes.why.verdict import RunVerdict, place_standings, place_status
 from ..session.tensors import summarize
@@ -35,8 +35,9 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
     candidate`: nodes that only look like the rule's input, a broadcast sum; no near-miss), `step` (index
     into `trace.steps`), `pass`, `rule`, `layer` (int or None), `stage`, `guard`, `why` (the guard's kind of
     "no": `illegal`, `not recognized`, `not profitable`; `also: ...` for a further failing guard of the same
-    candidate), `anchor`, `message`, `hint` (both as `explain` words them, `report.in_context`: a "run P first"
-    whose P ran before says what P decided there, its rejection on these nodes), `fix` (compiler-side), `nodes` (ids
+    candidate), `anchor`, `message` (as `explain` words it, `report.in_context`: a "run P first" whose P ran before
+    says what P decided there, its rejection on these nodes), `hint` (the fix, `report.fix_line`: empty where the
+    message says it, P's refusal's fix where P said no), `fix` (compiler-side), `nodes` (ids
     to highlight), `position` (the anchor's place in the input graph's topological order, 0 the first node, a node a
     pass made where its result stood: `passes.trace.anchor_position`; None for an anchor no version holds).
     """
@@ -66,7 +67,8 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
             # the place's standing, as the chips count it (`verdict.place_status`): a refusal the layer's kind does
             # not expect reads "not expected here", never "rejected"; the guard's own kind stays in `why`
             kind = status[(r.rule, r.anchor)]
-            message, hint = in_context(trace, k, r)  # as `explain` words it: a "run P first" whose P ran says so
+            message = in_context(trace, k, r)[0]  # as `explain` words it: a "run P first" whose P ran says so
+            hint = fix_line(trace, k, r)  # the fix, never a copy of the message
             rows.append({"kind": kind, "step": k, "pass": s.pass_name, "rule": r.rule,
                          "layer": r.layer, "stage": r.stage, "guard": r.guard, "why": why, "fix": r.fix,
                          "anchor": r.anchor, "message": message, "hint": hint, "path": r.path, "nodes": nodes})

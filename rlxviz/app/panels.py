@@ -15,6 +15,7 @@ from panel.viewable import Viewer
 
 from ..ir import Graph, format_graph
 from ..passes.why.text import left_out_heading
+from ..passes.why.verdict import PLACE_UNIT
 from ..session.overlays import UNITS
 from .explain import counterpart_line, counterparts, node_report, report_markdown
 from .graphpane import SvgGraph, ZoomScope, absorbed_index, folded_index, ops_legend_html
@@ -93,15 +94,39 @@ _SEP = "; "
 """Between a chip tooltip's places that each say why (`PATH: RULE (GUARD): why`); plain paths take commas."""
 
 
-def not_near_miss_mark(kinds: Mapping[str, list[str]]) -> str:
-    """A chip's neutral mark for a pass's places that are no near-miss (`derived.not_near_misses`: group -> items):
-    `○N` (N places) in the chip's own colour, faded, its tooltip the verdict's heading for each group
-    (`passes.why.text.left_out_heading`) and its items (the paths, and why where that differs by place), e.g.
-    `1 lookalike, not a candidate (nothing to fix, not a near-miss): embeddings.LayerNorm`."""
+def _at_one_node(items: list[str]) -> str:
+    """The items of one node's places: the item, `PATH (2 patterns)` when they say the same, else each."""
+    said = list(dict.fromkeys(items))
+    if len(items) == 1:
+        return items[0]
+    if len(said) == 1:
+        return f"{said[0]} ({len(items)} patterns)"
+    return f"{len(items)} patterns at one node: " + " | ".join(said)
+
+
+def not_near_miss_mark(kinds: Mapping[str, list[str]], at: Mapping[str, list[int]] | None = None) -> str:
+    """A chip's neutral mark for a pass's places that are no near-miss (`derived.not_near_misses`: group -> items;
+    `at`: group -> the anchor node of each item, `Places.excused_at`): `○N` (N places, `PLACE_UNIT`: two patterns
+    refused at one node are two) in the chip's own colour, faded. Its tooltip says what is counted and at how many
+    nodes, then the verdict's heading for each group (`passes.why.text.left_out_heading`) and its items grouped by
+    node (the paths, and why where that differs by place), e.g. `1 at 1 node (one per pattern and place): 1
+    lookalike, not a candidate (nothing to fix, not a near-miss): embeddings.LayerNorm`."""
     n = sum(len(p) for p in kinds.values())
-    said = "; ".join(f"{left_out_heading(k, len(p))}: {(_SEP if any(': ' in x for x in p) else ', ').join(p)}"
-                     for k, p in ((k, list(dict.fromkeys(p))) for k, p in kinds.items()))
-    return f" <span class='rv-lookalike' title='{html_text(said)}' style='opacity:.7'>{NOT_NEAR_MISS_MARK}{n}</span>"
+    at = at or {}
+    groups, nodes = [], set()
+    for k, items in kinds.items():
+        anchors = list(at.get(k, ())) if len(at.get(k, ())) == len(items) else list(range(-len(items), 0))
+        nodes.update(anchors)
+        by_node: dict[int, list[str]] = {}
+        for a, item in zip(anchors, items, strict=True):
+            by_node.setdefault(a, []).append(item)
+        said = [_at_one_node(x) for x in by_node.values()]
+        sep = _SEP if any(": " in x for x in said) else ", "
+        groups.append(f"{left_out_heading(k, len(items))}: {sep.join(said)}")
+    m = len(nodes)
+    head = f"{n} at {m} node{'s' if m != 1 else ''} ({PLACE_UNIT})"
+    return (f" <span class='rv-lookalike' title='{html_text(head + ': ' + '; '.join(groups))}' style='opacity:.7'>"
+            f"{NOT_NEAR_MISS_MARK}{n}</span>")
 
 
 class VersionStepper(Viewer):
@@ -200,16 +225,18 @@ class VersionStepper(Viewer):
             cur = r["#"] == self.state.version
             gap = self.state.hidden_before(r["#"])
             gap = f" ({gap}, hidden)" if gap else ""  # the numbers skip hidden steps: which ones
-            delta = f" ({r['change']:+d})" if r["change"] else ""
+            # the ops' change, then the other nodes' (a pass that removed dead weights only is no no-op)
+            said = [f"{r['change']:+d}"] * bool(r["change"]) + [r["others"]] * bool(r.get("others"))
+            delta = f" ({', '.join(said)})" if said else ""
             if r.get("matches"):
                 delta += f" <span title='matches of this pass'>✓{r['matches']}</span>"
             # red on the selected chip's dark blue was unreadable (issue 39): there, red on a white badge
             red = REJECTED_ON_SELECTED if cur else "color:#c62828"
             if r.get("rejections"):
-                delta += (f" <span title='rejections of this pass' style='{red}'>"
+                delta += (f" <span title='rejections of this pass (near-misses, {PLACE_UNIT})' style='{red}'>"
                           f"✗{r['rejections']}</span>")
             if r.get("not_near_misses"):  # a lookalike or the model's own term: said, not marked as a failure
-                delta += not_near_miss_mark(r["not_near_misses"])
+                delta += not_near_miss_mark(r["not_near_misses"], r.get("not_near_miss_at"))
             if r.get("crashed"):
                 delta += f" <b style='{red}'>CRASHED</b>"
             style = "background:#1565c0;color:#fff;" if cur else "background:#f1f3f5;"

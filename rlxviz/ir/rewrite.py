@@ -50,6 +50,7 @@ class Rewriter(NodeEmitter):
         self._replace: dict[int, int] = {}
         self._remove: set[int] = set()
         self._anchor: dict[int, int] = {}
+        self._place: tuple[int, ...] = ()
 
     def lookup(self, i: int) -> Node:
         n = self._created.get(i)
@@ -57,19 +58,33 @@ class Rewriter(NodeEmitter):
 
     @contextmanager
     def provenance(self, absorbed: Sequence[int], path: str | None = None) -> Iterator[None]:
-        """Nodes emitted inside record `absorbed` and a path (default: the absorbed nodes' common path)."""
-        saved = self.path, self.absorbed
-        self.absorbed = tuple(absorbed)
+        """Nodes emitted inside record `absorbed` and a path (default: the absorbed nodes' common path), and are
+        placed where the last of `absorbed` was."""
+        saved = self.path, self.absorbed, self._place
+        self.absorbed = self._place = tuple(absorbed)
         self.path = path if path is not None else common_path([self.graph[i].path for i in absorbed])
         try:
             yield
         finally:
-            self.path, self.absorbed = saved
+            self.path, self.absorbed, self._place = saved
+
+    @contextmanager
+    def absorbing(self, absorbed: Sequence[int] = ()) -> Iterator[None]:
+        """Inside a `provenance`: nodes emitted here record `absorbed` (default: nothing) as the nodes they replace,
+        keeping the provenance's path and place. For the nodes a rewrite makes around its product that replace
+        nothing (a `concat` of weights, the `narrow`s of a packed result), so no label, inspector or IR text says
+        they absorbed the match's nodes: only the product does."""
+        saved = self.absorbed
+        self.absorbed = tuple(absorbed)
+        try:
+            yield
+        finally:
+            self.absorbed = saved
 
     def _add(self, op: Op, inputs: Sequence[int], t: TensorType, attrs: dict[str, Any]) -> int:
         i = super()._add(op, inputs, t, attrs)
-        if self.absorbed:
-            self._anchor[i] = max(self.graph.position(a) for a in self.absorbed)
+        if self._place:
+            self._anchor[i] = max(self.graph.position(a) for a in self._place)
         return i
 
     def replace(self, old: int, new: int) -> None:

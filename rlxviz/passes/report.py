@@ -147,6 +147,34 @@ def _in_context(trace: Trace, step: int, r: Rejection) -> tuple[str, str]:
     return _RUN_FIRST.sub(sub, r.message), _RUN_FIRST.sub(sub, r.hint)
 
 
+def fix_line(trace: Trace, step: int, r: Rejection) -> str:
+    """The fix a reader is told for rejection `r` of `trace.steps[step]`: its hint in context (`in_context`) unless
+    the message already says it (`explain` prints no fix line then); for a "run P first" that P answered with its own
+    refusal here ("P ran before and said no here: ..." in the message), that refusal's fix, named:
+    `fix fuse_attention_block's refusal first (mask_kind_keep at node 14): <its fix line>`; else "". The app's
+    matches table and graph tooltips show this as the fix, never a copy of the message."""
+    message, hint = in_context(trace, step, r)
+    if hint and hint not in message:
+        return hint
+    for name in dict.fromkeys(_RUN_FIRST.findall(r.hint)):
+        found = _refused_by(trace, step, r, name)
+        if found is not None:
+            k, x = found
+            inner = fix_line(trace, k, x) or x.fix
+            return f"fix {name}'s refusal first ({x.guard} at node {x.anchor})" + (f": {inner}" if inner else "")
+    return ""
+
+
+def _refused_by(trace: Trace, step: int, r: Rejection, name: str) -> tuple[int, Rejection] | None:
+    """`(step, refusal)`: the last headline refusal of pass `name`, run before `trace.steps[step]`, on rejection
+    `r`'s nodes or their producers; None when it refused none there (or did not run before)."""
+    mine = {*r.bindings.values(), *r.offending, r.anchor}
+    related = [(k, x) for k, s in enumerate(trace.steps[:step]) if s.pass_name == name and not s.error
+               for x in s.rejections
+               if x.headline and ({*x.bindings.values(), *x.offending, x.anchor} & _producers(s.before, mine))]
+    return related[-1] if related else None
+
+
 def _what_ran(trace: Trace, step: int, r: Rejection, name: str) -> str | None:
     """What pass `name` decided about rejection `r`'s nodes when it ran before `trace.steps[step]` (None: it did
     not run before: it is not in the pipeline, it runs later, or it crashed)."""
@@ -154,12 +182,11 @@ def _what_ran(trace: Trace, step: int, r: Rejection, name: str) -> str | None:
     if not earlier:
         return None
     mine = {*r.bindings.values(), *r.offending, r.anchor}
-    related = [(k, x) for k, s in earlier for x in s.rejections
-               if x.headline and ({*x.bindings.values(), *x.offending, x.anchor} & _producers(s.before, mine))]
     near = _producers(trace.steps[step].before, mine, depth=4)
     made = [(x, s.after) for _, s in earlier for x in s.matches if x.fused is not None and x.fused in near]
+    related = _refused_by(trace, step, r, name)
     if related:
-        k, x = related[-1]
+        k, x = related
         message = _in_context(trace, k, x)[0]  # k < step: its own "run Q first" in context too
         return f"{name} ran before and said no here: {x.guard} ({x.kind}): {message}"
     if made:  # P did its part on these nodes: what blocks is between its product and this pattern
@@ -266,5 +293,5 @@ def format_report(trace: Trace) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MissedFusion", "format_report", "in_context", "left_out", "left_out_line", "left_out_rejections",
-           "missed_fusions"]
+__all__ = ["MissedFusion", "fix_line", "format_report", "in_context", "left_out", "left_out_line",
+           "left_out_rejections", "missed_fusions"]

@@ -24,6 +24,26 @@ NOT_OPS = {Op.PARAM: "param(s)/constant(s)", Op.CONST: "param(s)/constant(s)", O
 (`Graph.compute_nodes`), and params and constants are drawn folded into their users' labels, not as nodes."""
 
 
+NOT_OPS_SHORT = {"param(s)/constant(s)": "params/consts", "graph input(s)": "inputs"}
+"""The chip's short word for each `NOT_OPS` kind (`other_changes`: "-2 params/consts")."""
+
+
+def node_changes(before: Graph, after: Graph, added: list[int], removed: list[int]) -> dict[str, tuple[int, int]]:
+    """What a pass added and removed by kind: "op(s)" (compute nodes) first, then each `NOT_OPS` word met ->
+    `(added, removed)`. The one count the after pane's title (`change_words`) and the version chips
+    (`other_changes`) read.
+
+    Args:
+        before / after: the graphs before and after the pass.
+        added: ids in `after` only; removed: ids in `before` only (`PassStep.added`, `PassStep.removed`).
+    """
+    out: dict[str, list[int]] = {"op(s)": [0, 0]}
+    for k, (graph, ids) in enumerate(((after, added), (before, removed))):
+        for i in ids:
+            out.setdefault(NOT_OPS.get(graph[i].op, "op(s)"), [0, 0])[k] += 1
+    return {w: (a, r) for w, (a, r) in out.items()}
+
+
 def change_words(before: Graph, after: Graph, added: list[int], removed: list[int]) -> str:
     """What a pass added and removed, in the chips' unit: ops (compute nodes) first, then the other nodes by kind.
 
@@ -35,19 +55,23 @@ def change_words(before: Graph, after: Graph, added: list[int], removed: list[in
         before / after: the graphs before and after the pass.
         added: ids in `after` only; removed: ids in `before` only (`PassStep.added`, `PassStep.removed`).
     """
-    def kinds(graph: Graph, ids: list[int]) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for i in ids:
-            word = NOT_OPS.get(graph[i].op, "op(s)")
-            out[word] = out.get(word, 0) + 1
-        return out
-
-    a, r = kinds(after, added), kinds(before, removed)
-    text = f"{a.pop('op(s)', 0)} op(s) added, {r.pop('op(s)', 0)} removed"
-    for word in dict.fromkeys([*a, *r]):
-        said = [f"{n} {how}" for n, how in ((a.get(word, 0), "added"), (r.get(word, 0), "removed")) if n]
+    counts = node_changes(before, after, added, removed)
+    a, r = counts.pop("op(s)")
+    text = f"{a} op(s) added, {r} removed"
+    for word, (a, r) in counts.items():
+        said = [f"{n} {how}" for n, how in ((a, "added"), (r, "removed")) if n]
         text += f"; {word}: {', '.join(said)}"
     return text
+
+
+def other_changes(step: PassStep) -> str:
+    """The nodes other than ops `step` added and removed, as a version chip says them: "-2 params/consts",
+    "+1/-1 params/consts, -1 inputs"; "" when it changed ops only. A pass that removed dead weights changed the
+    graph though its op count did not move: its chip says so, not read as a no-op (`node_changes`)."""
+    counts = node_changes(step.before, step.after, step.added, step.removed)
+    counts.pop("op(s)")
+    return ", ".join("/".join(x for x in (f"+{a}" if a else "", f"-{r}" if r else "") if x)
+                     + f" {NOT_OPS_SHORT[w]}" for w, (a, r) in counts.items())
 
 
 def _plural(n: int, one: str, many: str) -> str:
@@ -61,7 +85,8 @@ def before_caption(step: PassStep, trace: Trace | None = None) -> str:
     "before fuse_transformer_layer: 0 match(es), 1 rejected place (4 failing guards)": the rejected places are the
     hard near-misses the chip counts as `✗` (`passes.why.verdict.places` of `step`'s rejections in `trace`, judged by
     `standing`), the guards in brackets (when more than one per place) the failing guards of those places; places
-    that are no near-miss are added as the chip's faded `○N` ("○2 not near-misses"). Without `trace` (a step drawn
+    that are no near-miss are added as the chip's faded `○N` ("○2 not near-misses", "○7 not near-misses at 4 nodes"
+    when patterns share a node: `verdict.PLACE_UNIT`). Without `trace` (a step drawn
     on its own), a hard refusal's kind alone decides (`Rejection.near_miss`), as `app.derived.refusals` does then.
     """
     head = f"before {step.pass_name}: {len(step.matches)} match(es)"
@@ -71,16 +96,18 @@ def before_caption(step: PassStep, trace: Trace | None = None) -> str:
 
         p = places(trace, k)
         near = {(r.rule, r.anchor) for r in p.near_misses}
-        excused = sum(len(v) for v in p.excused.values())
+        excused, nodes = sum(len(v) for v in p.excused.values()), p.nodes()
     else:
         near = {(r.rule, r.anchor) for r in step.rejections if not r.soft and r.near_miss}
-        excused = len({(r.rule, r.anchor) for r in step.rejections if not r.soft and not r.near_miss})
+        faded = {(r.rule, r.anchor) for r in step.rejections if not r.soft and not r.near_miss}
+        excused, nodes = len(faded), len({a for _, a in faded})
     guards = sum(1 for r in step.rejections if not r.soft and (r.rule, r.anchor) in near)
     text = f"{head}, {_plural(len(near), 'rejected place', 'rejected places')}"
     if guards > len(near):
         text += f" ({_plural(guards, 'failing guard', 'failing guards')})"
-    if excused:
+    if excused:  # two patterns refused at one node are two places: at how many nodes, when fewer
         text += f", ○{_plural(excused, 'not near-miss', 'not near-misses')}"
+        text += f" at {_plural(nodes, 'node', 'nodes')}" if nodes < excused else ""
     return text
 
 
@@ -99,15 +126,16 @@ def excused_places(trace: Trace | None, step: PassStep) -> frozenset[tuple[str, 
 def worded(trace: Trace, step: PassStep) -> tuple[Rejection, ...]:
     """`step`'s rejections (a step of `trace`) with their messages and hints as `explain`, the Why tab and the Matches
     & rejections table word them (`passes.report.in_context`: a "run P first" whose P ran before names what P
-    decided there), so a tooltip says what the text says. `step`'s own when it is no step of `trace`."""
-    from ..passes.report import in_context  # the report reads the pipeline; the overlay is drawn without it
+    decided there; the hint is `passes.report.fix_line`, the fix, never a copy of the message), so a tooltip says
+    what the text says. `step`'s own when it is no step of `trace`."""
+    from ..passes.report import fix_line, in_context  # the report reads the pipeline; the overlay needs none
 
     k = trace.index_of(step)
     if k is None:
         return tuple(step.rejections)
     out = []
     for r in step.rejections:
-        message, hint = in_context(trace, k, r)
+        message, hint = in_context(trace, k, r)[0], fix_line(trace, k, r)
         out.append(r if (message, hint) == (r.message, r.hint) else replace(r, message=message, hint=hint))
     return tuple(out)
 

@@ -257,14 +257,19 @@ def _shared_rewrite(c: Ctx, rw: Rewriter) -> int:
     mms = [c.id(f"mm{i}") for i in range(n)]
     biased = c.data.get("biased", False)
     adds = [c.id(f"add{i}") for i in range(n) if f"add{i}" in c]
-    with rw.provenance(mms + adds):
+    # only the merged matmul (`Match.fused`) absorbs the match; the merged bias add re-makes the bias adds; the
+    # concats, the zero slots and the narrows replace nothing (`Rewriter.absorbing`)
+    with rw.provenance(mms + adds), rw.absorbing():
         wcat = rw.concat([c.id(f"w{i}") for i in range(n)], axis=1)
-        y = merged = rw.matmul(c.id("x"), wcat)
+        with rw.absorbing(mms + adds):
+            y = merged = rw.matmul(c.id("x"), wcat)
         if biased:
             dtype = next(c[f"b{i}"].dtype for i in range(n) if f"b{i}" in c)
             parts = [c.id(f"b{i}") if f"b{i}" in c else rw.expand(rw.const(0.0, dtype), (c[f"mm{i}"].shape[-1],))
                      for i in range(n)]
-            y = rw.add(y, rw.concat(parts, axis=0))
+            bias = rw.concat(parts, axis=0)
+            with rw.absorbing(adds):
+                y = rw.add(y, bias)
         axis, off = len(rw.shape_of(y)) - 1, 0
         for i in range(n):
             width = c[f"mm{i}"].shape[-1]

@@ -57,7 +57,9 @@ DUAL = Rule(
 def _dual(c: Ctx, rw: Rewriter) -> int:
     absorbed = [c.id(r) for r in ("gate_mm", "up_mm", "act", "mul")]
     with rw.provenance(absorbed):
-        packed = rw.matmul(c.id("x"), rw.concat([c.id("wu"), c.id("wg")], axis=1))
+        with rw.absorbing():  # the weight concat replaces nothing
+            weights = rw.concat([c.id("wu"), c.id("wg")], axis=1)
+        packed = rw.matmul(c.id("x"), weights)
         out = rw.emit(Op.FUSED_SWIGLU, [packed], gate_first=False, activation=_act(c))
     rw.remove(absorbed[:-1])
     rw.replace(c.id("mul"), out)

@@ -503,9 +503,14 @@ def standing(trace: Trace, r: Rejection) -> tuple[str, str] | None:
     return None
 
 
+PLACE_UNIT = "one per pattern and place"
+"""What the chips' ✗ and ○ count (`Places`): a pattern's candidate at one node, never a guard (two patterns: two)."""
+
+
 @dataclass(frozen=True)
 class Places:
-    """One pass's refusals counted by place (a candidate: rule and anchor), never by guard.
+    """One pass's refusals counted by place (`PLACE_UNIT`: a pattern's candidate, its rule and anchor), never by
+    guard.
 
     Attributes:
         near_misses: the headline refusal of each hard place that is a near-miss (`standing` None), in the run's
@@ -514,10 +519,17 @@ class Places:
             its node path (`-` for none), and for a group whose reason differs by place (`NOT_EXPECTED_HERE`,
             `ILLEGAL_HERE_GROUP`) `PATH: RULE (GUARD): why`, a not-expected one as `explain` words it
             (`policy.not_expected_line`: the guard's reason first). The chip's faded `○`.
+        excused_at: the anchor node id of each item of `excused`, in the same order (a chip's tooltip groups the
+            places by node).
     """
 
     near_misses: list[Rejection]
     excused: dict[str, list[str]]
+    excused_at: dict[str, list[int]] = field(default_factory=dict)
+
+    def nodes(self) -> int:
+        """How many nodes the places that are no near-miss sit at (two patterns refused at one: one node)."""
+        return len({a for anchors in self.excused_at.values() for a in anchors})
 
 
 def place_standings(trace: Trace, step: int) -> dict[tuple[str, int], tuple[Rejection, tuple[str, str] | None]]:
@@ -562,6 +574,7 @@ def places(trace: Trace, step: int) -> Places:
     """
     near: list[Rejection] = []
     excused: dict[str, list[str]] = {}
+    excused_at: dict[str, list[int]] = {}
     for r, st in place_standings(trace, step).values():
         if st is None:
             if not r.soft:
@@ -575,7 +588,8 @@ def places(trace: Trace, step: int) -> Places:
         else:
             item = f"{path}: {r.rule} ({r.guard}): {why}" if group == ILLEGAL_HERE_GROUP else path
         excused.setdefault(group, []).append(item)
-    return Places(near, excused)
+        excused_at.setdefault(group, []).append(r.anchor)
+    return Places(near, excused, excused_at)
 
 
 def verdict_pass(trace: Trace, layer: int) -> str | None:
@@ -589,7 +603,7 @@ def verdict_pass(trace: Trace, layer: int) -> str | None:
     return first.pass_name
 
 
-__all__ = ["EXIT_NOT_FUSED", "EXIT_OK", "ILLEGAL_HERE_GROUP", "LEFT_OUT", "LEFT_OUT_GROUPS", "STANDING_GROUPS",
-           "Architecture", "FusionCheck", "LayerStatus", "LayerVerdict", "Places", "RunVerdict", "expected_misses",
-           "judged_kind", "layer_verdict", "left_out_group", "left_out_groups", "place_standings", "place_status",
-           "places", "standing", "LEFT_OUT_STATUS", "REJECTED", "verdict_pass"]
+__all__ = ["EXIT_NOT_FUSED", "EXIT_OK", "ILLEGAL_HERE_GROUP", "LEFT_OUT", "LEFT_OUT_GROUPS", "PLACE_UNIT",
+           "STANDING_GROUPS", "Architecture", "FusionCheck", "LayerStatus", "LayerVerdict", "Places", "RunVerdict",
+           "expected_misses", "judged_kind", "layer_verdict", "left_out_group", "left_out_groups", "place_standings",
+           "place_status", "places", "standing", "LEFT_OUT_STATUS", "REJECTED", "verdict_pass"]
