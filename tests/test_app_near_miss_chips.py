@@ -101,7 +101,7 @@ def test_the_faded_mark_says_what_it_counts_and_groups_its_places_by_node(monkey
     from pathlib import Path
 
     from rlxviz.app.sources import ALLOWED_DIRS_ENV
-    from rlxviz.passes.why.verdict import PLACE_UNIT, places
+    from rlxviz.passes.why.places import PLACE_UNIT, places
     from rlxviz.session import isolated
 
     monkeypatch.setattr(isolated, "run_isolated", lambda fn, *a, timeout_s=None, wall_s=None, max_bytes=None,

@@ -1,8 +1,8 @@
 """The matches table reads each place's standing as the chips and `explain` do (newcomer report): on llama-block the
 table's kind said "rejected" (why "not recognized"/"illegal") for the three rows the Why tab and `explain` call "not
 expected here", and on deit's ORT-optimized file the `fuse_residual_ln` chip showed ○7 while the table listed the same
-places as "rejected". The table's kind is now `verdict.place_status` of the place's `verdict.place_standings`, the
-one reading `verdict.places` (the chips' ✗ and ○) counts; the guard's kind stays in the `why` column."""
+places as "rejected". The table's kind is now `places.place_status` of the place's `places.place_standings`, the
+one reading `places.places` (the chips' ✗ and ○) counts; the guard's kind stays in the `why` column."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from test_app_views import tiny
 
 from rlxviz import session
 from rlxviz.app.explain import decision_rows
+from rlxviz.passes.why.places import LEFT_OUT_STATUS, REJECTED, places
 from rlxviz.passes.why.policy import NOT_EXPECTED_HERE
 from rlxviz.passes.why.text import run_dict
-from rlxviz.passes.why.verdict import LEFT_OUT_STATUS, REJECTED, STANDING_GROUPS, RunVerdict, places
+from rlxviz.passes.why.verdict import STANDING_GROUPS, RunVerdict
 
 HERE = Path(__file__).parent
 RUNS = ["llama-block", "bert-tiny pre_ln", "bert-tiny extra_h1_user", "bert-tiny tanh_gelu",

@@ -25,8 +25,9 @@ from rlxviz.app.panels import NOT_NEAR_MISS_MARK, VersionStepper
 from rlxviz.app.state import AppState
 from rlxviz.passes import Trace
 from rlxviz.passes.guard import DOES_NOT_PAY, MODEL_TERM, NOT_PROFITABLE, near_miss_kind
+from rlxviz.passes.why.places import places
 from rlxviz.passes.why.policy import NOT_EXPECTED_HERE, NOT_EXPECTED_WHY
-from rlxviz.passes.why.verdict import RunVerdict, places, standing
+from rlxviz.passes.why.verdict import RunVerdict, standing
 from rlxviz.session import OpenRequest, open_model, open_pipeline, open_trace
 
 FIX = Path(__file__).parent / "fixtures" / "onnx"

@@ -17,7 +17,8 @@ from .. import session
 from ..ir import Graph, format_graph
 from ..passes import PassStep, Trace
 from ..passes.trace import Rejection, layer_label
-from ..passes.why.verdict import Places, RunVerdict, places
+from ..passes.why.places import Places, places
+from ..passes.why.verdict import RunVerdict
 from ..session import LayerStatus, SessionError, View, overlays
 from ..session import render as drawing
 from ..viz.heat import legend
@@ -47,7 +48,7 @@ COLOURS = ("node_figures", "overlay")
 
 
 def step_places(step: PassStep, trace: Trace | None = None) -> Places:
-    """`passes.why.verdict.places` of `step` of `trace`: its refusals counted `PLACE_UNIT` (a pattern's candidate at one
+    """`passes.why.places.places` of `step` of `trace`: its refusals counted `PLACE_UNIT` (a pattern's candidate at one
     node, never per failing guard), the hard near-misses (the chip's ✗) apart from the places that are no near-miss
     (the chip's faded ○). Without `trace` (or a step of no trace), by the refusal alone (`Rejection.near_miss`): the
     hard refusals of a kind that is no near-miss, by node path, still one per place."""

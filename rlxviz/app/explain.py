@@ -20,7 +20,8 @@ from ..ir.printer import format_value
 from ..passes.pipeline import role_label
 from ..passes.report import fix_line, in_context
 from ..passes.trace import Rejection, Trace, anchor_position, layer_of, reading_order
-from ..passes.why.verdict import RunVerdict, place_standings, place_status
+from ..passes.why.places import place_standings, place_status
+from ..passes.why.verdict import RunVerdict
 from ..session.tensors import summarize
 from .text import md_code, md_escape, md_pre
 
@@ -64,7 +65,7 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
         for r in s.rejections:
             nodes = list(dict.fromkeys([*r.offending, r.anchor]))
             why = r.kind if r.headline else f"also: {r.kind}"
-            # the place's standing, as the chips count it (`verdict.place_status`): a refusal the layer's kind does
+            # the place's standing, as the chips count it (`places.place_status`): a refusal the layer's kind does
             # not expect reads "not expected here", never "rejected"; the guard's own kind stays in `why`
             kind = status[(r.rule, r.anchor)]
             message = in_context(trace, k, r)[0]  # as `explain` words it: a "run P first" whose P ran says so

@@ -14,8 +14,8 @@ import param
 from panel.viewable import Viewer
 
 from ..ir import Graph, format_graph
+from ..passes.why.places import PLACE_UNIT
 from ..passes.why.text import left_out_heading
-from ..passes.why.verdict import PLACE_UNIT
 from ..session.overlays import UNITS
 from .explain import counterpart_line, counterparts, node_report, report_markdown
 from .graphpane import SvgGraph, ZoomScope, absorbed_index, folded_index, ops_legend_html

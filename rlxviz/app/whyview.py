@@ -11,7 +11,8 @@ import param
 from panel.viewable import Viewer
 
 from ..passes.trace import layer_label
-from ..passes.why.verdict import LEFT_OUT_STATUS, REJECTED, STANDING_GROUPS
+from ..passes.why.places import LEFT_OUT_STATUS, REJECTED
+from ..passes.why.verdict import STANDING_GROUPS
 from ..session import SessionError
 from .explain import decision_rows
 from .graphpane import SvgGraph, ZoomScope, absorbed_index

@@ -83,16 +83,16 @@ def before_caption(step: PassStep, trace: Trace | None = None) -> str:
     at one anchor) in the version chips' unit, never per failing guard.
 
     "before fuse_transformer_layer: 0 match(es), 1 rejected place (4 failing guards)": the rejected places are the
-    hard near-misses the chip counts as `✗` (`passes.why.verdict.places` of `step`'s rejections in `trace`, judged by
+    hard near-misses the chip counts as `✗` (`passes.why.places.places` of `step`'s rejections in `trace`, judged by
     `standing`), the guards in brackets (when more than one per place) the failing guards of those places; places
     that are no near-miss are added as the chip's faded `○N` ("○2 not near-misses", "○7 not near-misses at 4 nodes"
-    when patterns share a node: `verdict.PLACE_UNIT`). Without `trace` (a step drawn
+    when patterns share a node: `places.PLACE_UNIT`). Without `trace` (a step drawn
     on its own), a hard refusal's kind alone decides (`Rejection.near_miss`), as `app.derived.refusals` does then.
     """
     head = f"before {step.pass_name}: {len(step.matches)} match(es)"
     k = trace.index_of(step) if trace is not None else None
     if trace is not None and k is not None:
-        from ..passes.why.verdict import places  # the verdict reads the pipeline; the overlay is drawn without it
+        from ..passes.why.places import places  # the verdict reads the pipeline; the overlay is drawn without it
 
         p = places(trace, k)
         near = {(r.rule, r.anchor) for r in p.near_misses}
@@ -112,13 +112,13 @@ def before_caption(step: PassStep, trace: Trace | None = None) -> str:
 
 
 def excused_places(trace: Trace | None, step: PassStep) -> frozenset[tuple[str, int]]:
-    """The places (rule, anchor) of `step`'s refusals that are no near-miss (`passes.why.verdict.place_standings`,
+    """The places (rule, anchor) of `step`'s refusals that are no near-miss (`passes.why.places.place_standings`,
     the chips' `○`), read in `trace`; without `trace` (or a step of no trace), a refusal's kind alone decides
     (`Rejection.near_miss`), as `before_caption` does."""
     k = trace.index_of(step) if trace is not None else None
     if trace is None or k is None:
         return frozenset((r.rule, r.anchor) for r in step.rejections if not r.near_miss)
-    from ..passes.why.verdict import place_standings  # the verdict reads the pipeline; the overlay is drawn without
+    from ..passes.why.places import place_standings  # the verdict reads the pipeline; the overlay is drawn without
 
     return frozenset(pl for pl, (_, st) in place_standings(trace, k).items() if st is not None)
 

@@ -19,7 +19,7 @@ from ...ir.ops import FUSED_INTO, made_as
 from ..architecture import classify_layer
 from ..explain import Outcome, explain
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
-from ..report import MissedFusion, in_context, left_out_line, left_out_rejections
+from ..report import MissedFusion, left_out_line, left_out_rejections
 from ..trace import Rejection, Trace, layer_of, resolve_layers, same_stack_as
 from . import text
 from .facts import RunFacts, illegal_here, made_by, op_of, recognized, silent
@@ -503,95 +503,6 @@ def standing(trace: Trace, r: Rejection) -> tuple[str, str] | None:
     return None
 
 
-PLACE_UNIT = "one per pattern and place"
-"""What the chips' ✗ and ○ count (`Places`): a pattern's candidate at one node, never a guard (two patterns: two)."""
-
-
-@dataclass(frozen=True)
-class Places:
-    """One pass's refusals counted by place (`PLACE_UNIT`: a pattern's candidate, its rule and anchor), never by
-    guard.
-
-    Attributes:
-        near_misses: the headline refusal of each hard place that is a near-miss (`standing` None), in the run's
-            order: what a version chip counts as `✗`.
-        excused: `standing` group -> one item per place that is no near-miss (hard or soft), in the run's order:
-            its node path (`-` for none), and for a group whose reason differs by place (`NOT_EXPECTED_HERE`,
-            `ILLEGAL_HERE_GROUP`) `PATH: RULE (GUARD): why`, a not-expected one as `explain` words it
-            (`policy.not_expected_line`: the guard's reason first). The chip's faded `○`.
-        excused_at: the anchor node id of each item of `excused`, in the same order (a chip's tooltip groups the
-            places by node).
-    """
-
-    near_misses: list[Rejection]
-    excused: dict[str, list[str]]
-    excused_at: dict[str, list[int]] = field(default_factory=dict)
-
-    def nodes(self) -> int:
-        """How many nodes the places that are no near-miss sit at (two patterns refused at one: one node)."""
-        return len({a for anchors in self.excused_at.values() for a in anchors})
-
-
-def place_standings(trace: Trace, step: int) -> dict[tuple[str, int], tuple[Rejection, tuple[str, str] | None]]:
-    """Each place (rule, anchor) of the refusals of `trace.steps[step]`, in the run's order -> `(headline, standing)`:
-    its headline refusal (its first refusal when none is the headline) and `standing` of it. The one reading of a
-    place's standing the chips (`places`) and the app's matches table (`place_status`) share.
-
-    Raises:
-        IndexError: `step` is not a step index of `trace`.
-    """
-    heads: dict[tuple[str, int], Rejection] = {}
-    for r in trace.steps[step].rejections:
-        k = (r.rule, r.anchor)
-        if k not in heads or (r.headline and not heads[k].headline):
-            heads[k] = r
-    return {k: (r, standing(trace, r)) for k, r in heads.items()}
-
-
-REJECTED = "rejected"
-"""`place_status` of a hard place that is a near-miss (the chips' `✗`)."""
-LEFT_OUT_STATUS = "left out"
-"""`place_status` of a soft place that is a near-miss: a fusion made without it (no chip counts it)."""
-
-
-def place_status(head: Rejection, st: tuple[str, str] | None) -> str:
-    """The status word of a place from its headline refusal `head` and `standing` `st` (`place_standings`):
-    `REJECTED` (a near-miss, the chips' `✗`), `LEFT_OUT_STATUS` (a soft near-miss), or the `STANDING_GROUPS` group
-    of a place that is no near-miss (the chips' `○`: `not expected here`, `illegal here`, `not a candidate`, ...),
-    so the app's table and chips and `explain` never disagree on what counts."""
-    if st is not None:
-        return st[0]
-    return LEFT_OUT_STATUS if head.soft else REJECTED
-
-
-def places(trace: Trace, step: int) -> Places:
-    """`Places` of the refusals of `trace.steps[step]` (one pass's step, by its index): each (rule, anchor) once,
-    judged by `standing` of its headline refusal (its first refusal when none is the headline). A not-expected place
-    is worded with its reason in the context of that step (`report.in_context`).
-
-    Raises:
-        IndexError: `step` is not a step index of `trace`.
-    """
-    near: list[Rejection] = []
-    excused: dict[str, list[str]] = {}
-    excused_at: dict[str, list[int]] = {}
-    for r, st in place_standings(trace, step).values():
-        if st is None:
-            if not r.soft:
-                near.append(r)
-            continue
-        group, why = st
-        path = r.path or "-"
-        if group == NOT_EXPECTED_HERE:  # worded as `explain` words it: the guard's own reason, then why
-            reason = in_context(trace, step, r)[0]
-            item = f"{path}: {not_expected_line(r.rule, r.guard, reason, why)}"
-        else:
-            item = f"{path}: {r.rule} ({r.guard}): {why}" if group == ILLEGAL_HERE_GROUP else path
-        excused.setdefault(group, []).append(item)
-        excused_at.setdefault(group, []).append(r.anchor)
-    return Places(near, excused, excused_at)
-
-
 def verdict_pass(trace: Trace, layer: int) -> str | None:
     """The pass of the layer's verdict: the pass whose rejection the verdict names first (the one "why didn't layer
     N fuse" answers with), or None when the layer fused as expected or its first rejection is no pass of the run
@@ -603,7 +514,6 @@ def verdict_pass(trace: Trace, layer: int) -> str | None:
     return first.pass_name
 
 
-__all__ = ["EXIT_NOT_FUSED", "EXIT_OK", "ILLEGAL_HERE_GROUP", "LEFT_OUT", "LEFT_OUT_GROUPS", "PLACE_UNIT",
-           "STANDING_GROUPS", "Architecture", "FusionCheck", "LayerStatus", "LayerVerdict", "Places", "RunVerdict",
-           "expected_misses", "judged_kind", "layer_verdict", "left_out_group", "left_out_groups", "place_standings",
-           "place_status", "places", "standing", "LEFT_OUT_STATUS", "REJECTED", "verdict_pass"]
+__all__ = ["EXIT_NOT_FUSED", "EXIT_OK", "ILLEGAL_HERE_GROUP", "LEFT_OUT", "LEFT_OUT_GROUPS", "STANDING_GROUPS",
+           "Architecture", "FusionCheck", "LayerStatus", "LayerVerdict", "RunVerdict", "expected_misses", "judged_kind",
+           "layer_verdict", "left_out_group", "left_out_groups", "standing", "verdict_pass"]
