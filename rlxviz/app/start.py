@@ -60,6 +60,10 @@ def note_html(parts: list[tuple[str, bool]]) -> str:
     return f'<div class="rv-note-line" title="{html_text(plain)}">{body}</div>'
 
 
+PASSES_PENDING = "① shows the first pass as soon as the passes have run on this model…"
+"""The line after ① clicked while the model's passes were still running: the click is kept, not lost."""
+
+
 class StartHere(Viewer):
     """Three buttons that do the first three steps, a line saying what each did, and a model drop zone.
 
@@ -89,6 +93,7 @@ class StartHere(Viewer):
         self.note = pn.pane.HTML(note_html([(STEPS, False)]), css_classes=["rv-start-note"], margin=(0, 8),
                                  align="center", sizing_mode="stretch_width", stylesheets=[NOTE_CSS])
         self._mode, self._parts = "steps", [(STEPS, False)]  # what the line says (`_say`)
+        self._step_pending = False  # ① clicked while the passes were still running: it steps once they have
         self._reason_said = ""  # why ② is off, said when it was clicked (`break_layer`)
         self._jump: tuple[int, object] | None = None  # (the layer ② broke, the trace shown when it was clicked)
         self._model_name = ""
@@ -170,6 +175,10 @@ class StartHere(Viewer):
         """Keep the line true to what is shown: after ① it names the model and version now shown (a new model or
         another version chosen elsewhere); the lines of ② and ③ belong to their model, so a new model's list of
         versions puts back the three steps. (The line kept naming the last model's version.)"""
+        if self._step_pending and self.state.trace is not None and not self.state.input_first:
+            self._step_pending = False
+            self.next_version()
+            return
         self._show_refusal()
         if self._mode in ("state", "steps") and self._held is not None and self._keys() == self._about:
             self._say(*self._held)  # the state ② or ③ spoke of is back (a refused upload put the fields back)
@@ -307,6 +316,10 @@ class StartHere(Viewer):
         """Show the next version (after the last: the input again)."""
         self.fold()
         s = self.state
+        if s.trace is None or s.input_first:  # the passes are still running (the page opened on the input graph)
+            self._step_pending = True  # ① did nothing: clicked this early, the versions were the input alone
+            self._say([(PASSES_PENDING, False)], "steps")
+            return
         n = len(s.version_labels)
         if n:
             self._mode, self._held = "step", None
