@@ -24,8 +24,9 @@ from rlxviz.passes.architecture import classify_layer
 from rlxviz.passes.rules.block import INTEGER_QKV_GAP, SCALE_GAP
 from rlxviz.passes.why import policy
 from rlxviz.passes.why.kinds import LayerArchitecture
+from rlxviz.passes.why.places import places
 from rlxviz.passes.why.policy import NOT_EXPECTED_HERE
-from rlxviz.passes.why.verdict import RunVerdict, places, standing
+from rlxviz.passes.why.verdict import RunVerdict, standing
 
 TESTS = Path(__file__).parent
 ESM_QDYN = TESTS / "fixtures" / "onnx" / "cases" / "esm.qdyn.onnx"
