@@ -183,7 +183,7 @@ def test_explain_bert_layers_still_expect_the_layer_fusion(capsys):
     assert not llama.post_ln and llama.kind == "llama" and "RMSNorm" in llama.description
     code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "pre_ln", "--layer", 0)
     assert code == 1 and "layer 0: NOT fused (expected FusedTransformerLayer)" in out
-    assert "layer kind: pre-LN (GPT-2, ViT)" in out and "so it is expected to fuse like them" in out
+    assert "layer kind: pre-LN (GPT-2, ViT)" in out and "judged as its post-LN siblings (post-LN (BERT)" in out
 
 
 def test_explain_ir_file(tmp_path, capsys):

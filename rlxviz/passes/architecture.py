@@ -269,6 +269,44 @@ def integer_qkv(g: Graph, a: Node) -> str | None:
             f"quantization's MatMulInteger)")
 
 
+def _norm_on(g: Graph, i: int) -> Node | None:
+    """The norm (`layer_norm` / `rms_norm`) a Q/K operand is read through between its projection and the attention
+    (QK-norm), through head reshapes, transposes, narrows, a rope, casts, a bias add or a scale; None when the walk
+    meets the projection first, or a norm with no projection behind it."""
+    for _ in range(12):
+        n = g[i]
+        if n.op in (Op.LAYER_NORM, Op.RMS_NORM):
+            return n if _projection(g, n.inputs[0]) is not None else None
+        if n.op in (Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT):
+            return None
+        if n.op in _THROUGH:
+            i = n.inputs[0]
+        elif n.op in (Op.ADD, Op.MUL, Op.DIV):
+            proj = [j for j in n.inputs if g[j].op not in (Op.PARAM, Op.CONST) and g[j].rank == n.rank]
+            if len(proj) != 1:
+                return None
+            i = proj[0]
+        else:
+            return None
+    return None
+
+
+def qk_norm(g: Graph, a: Node) -> str | None:
+    """Evidence that the attention `a`'s Q or K is normalized between its projection and the attention (QK-norm:
+    OLMo-2 over the full projection width, Qwen3 per head), else None: FusedAttentionBlock reads Q/K as narrows of
+    its QKV projection, with no norm between, so no block of rlxviz's holds them (a gap in rlxviz's ops,
+    `policy.op_gaps`)."""
+    if a.op != Op.ATTENTION or len(a.inputs) < 3:
+        return None
+    found = [(who, n) for who, i in zip("QK", a.inputs[:2], strict=True) if (n := _norm_on(g, i)) is not None]
+    if not found:
+        return None
+    d = a.attrs.get("head_dim")
+    width = "per head" if all(n.shape and n.shape[-1] == d for _, n in found) else "over the projection width"
+    return (f"{_label(a)}: {' and '.join(who for who, _ in found)} normalized between the projection and the "
+            f"attention ({', '.join(_label(n) for _, n in found)}, {width}: QK-norm)")
+
+
 def cross_attention(g: Graph, a: Node) -> str | None:
     """Evidence that the packed attention `a` is a cross-attention: its Q and its K/V are projected from different
     inputs (a decoder's stream and the encoder's output); None for a self-attention or an operand that is no plain
@@ -374,6 +412,9 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = (), re
     integer = integer_qkv(g, attn[0]) if attn else None
     if integer is not None:
         evidence.append(integer)
+    qk = qk_norm(g, attn[0]) if attn else None
+    if qk is not None:
+        evidence.append(qk)
     post = pre = False
     for n in norms:
         if (order := _norm_order(g, n)) is not None:
@@ -427,9 +468,11 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = (), re
         extras.append(f"quantized activations ({len(quant)} QuantizeLinear -> DequantizeLinear steps)")
     if integer is not None:
         extras.append("integer-matmul Q/K/V projections (dynamic quantization)")
+    if qk is not None:
+        extras.append("QK-norm")
     return LayerArchitecture(kind, f"{DESCRIPTIONS[kind]}; {', '.join(extras)}", norm, mask, rope, swiglu,
-                             tuple(evidence), kv_cache, len(quant), integer is not None)
+                             tuple(evidence), kv_cache, len(quant), integer is not None, qk is not None)
 
 
 __all__ = ["DESCRIPTIONS", "KINDS", "LayerArchitecture", "attention_softmax", "classify_layer",
-           "cross_attention", "integer_qkv", "interleaved_rope", "prepared", "rotate_half_rope"]
+           "cross_attention", "integer_qkv", "interleaved_rope", "prepared", "qk_norm", "rotate_half_rope"]

@@ -306,6 +306,14 @@ def without_guard(trace: Trace, step: int, r: Rejection) -> list[Blocker] | None
     return left
 
 
+def fix_alone_blocker(trace: Trace, step: int, r: Rejection) -> Blocker | None:
+    """What still stands when `r`'s compiler fix is checked at its rule alone (`without_guard`): the first failure
+    left, or None when the rule then matches or nothing is known. The one check behind every caveat on a compiler fix
+    (`explain -v`'s `checked at this rule alone`, a not-expected line's `alone it is not enough`)."""
+    left = without_guard(trace, step, r)
+    return left[0] if left else None
+
+
 def still_refused(after: Trace, r: Rejection) -> Blocker | None:
     """What refuses `r`'s rule in `r`'s layer of the what-if run `after` (its headline refusal at `r`'s anchor,
     else the first in the layer), or None when nothing does (the rule fused, or never saw a candidate)."""
@@ -347,5 +355,5 @@ def fused_more(before: Trace, after: Trace, r: Rejection) -> bool:
 
 
 __all__ = ["EXACT_WHAT_IFS", "FORMS", "GENERIC_WHAT_IFS", "MODEL", "MODEL_WHAT_IFS", "PIPELINE", "STATEMENT", "WhatIf",
-           "Blocker", "blocker_words", "fix_form", "fused_count", "fused_more", "refused_count", "remove_dead_readers",
-           "run_pipeline_of", "still_refused", "what_if", "without_guard"]
+           "Blocker", "blocker_words", "fix_alone_blocker", "fix_form", "fused_count", "fused_more", "refused_count",
+           "remove_dead_readers", "run_pipeline_of", "still_refused", "what_if", "without_guard"]

@@ -41,11 +41,11 @@ from ..passes.whatif import (
     Blocker,
     WhatIf,
     blocker_words,
+    fix_alone_blocker,
     fix_form,
     fused_more,
     still_refused,
     what_if,
-    without_guard,
 )
 from ..passes.why.facts import RunFacts
 from ..runtime import run_reference
@@ -297,10 +297,10 @@ def _compiler_line(trace: Trace, k: int, r: Rejection) -> str:
     two rules share) may do more than it shows, so the words claim no more than what was checked."""
     if not r.fix:
         return ""
-    left = without_guard(trace, k, r)
-    if not left:
+    left = fix_alone_blocker(trace, k, r)
+    if left is None:
         return ""
-    return f"{r.fix} (checked at this rule alone: that passes {r.guard} only; {_words(trace, k, r, left[0])})"
+    return f"{r.fix} (checked at this rule alone: that passes {r.guard} only; {_words(trace, k, r, left)})"
 
 
 def _check_one(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixCheck:

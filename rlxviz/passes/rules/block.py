@@ -308,6 +308,12 @@ MatMulInteger, trait `integer_qkv`): the block and the float-matmul fusions it n
 FusedMatMulBiasAct) take float matmuls only, so no change to the model that keeps its numbers makes the block."""
 INTEGER_QKV_FIX = ("a FusedAttentionBlock over int8 Q/K/V weights with their scales, quantizing its input as the "
                    "graph does (and a shared-input merge of integer matmuls)")
+QK_NORM_GAP = "FusedAttentionBlock with QK-norm"
+"""What rlxviz's block lacks for an attention whose Q and K are normalized after their projection (OLMo-2 over the
+projection width, Qwen3 per head; trait `qk_norm`): the block reads Q/K as narrows of its QKV projection, with no norm
+between, so no change to the model that keeps its numbers makes the block."""
+QK_NORM_FIX = ("give FusedAttentionBlock per-head norms of Q and K (their weights and eps, RMSNorm or LayerNorm, per "
+               "head or over the projection width), as in OLMo-2/Qwen3 QK-norm")
 
 
 def _own_tables(c: Ctx) -> tuple[Node, Node] | None:
@@ -407,7 +413,9 @@ fuse_attention_block = rule_pass("fuse_attention_block", [BLOCK], "QKV + attenti
                                             "expects it only of {expected}; this layer is {description}",
                                  quantization=("attention", "FusedAttentionBlock computes the attention in float: "
                                                             "the scores a quantized layer rounds would not be"),
-                                 lacks=(("integer_qkv", INTEGER_QKV_GAP, INTEGER_QKV_FIX),))
+                                 lacks=(("integer_qkv", INTEGER_QKV_GAP, INTEGER_QKV_FIX),
+                                        ("qk_norm", QK_NORM_GAP, QK_NORM_FIX)))
 
 
-__all__ = ["BLOCK", "INTEGER_QKV_FIX", "INTEGER_QKV_GAP", "fuse_attention_block", "size_gate", "tokens"]
+__all__ = ["BLOCK", "INTEGER_QKV_FIX", "INTEGER_QKV_GAP", "QK_NORM_FIX", "QK_NORM_GAP", "fuse_attention_block",
+           "size_gate", "tokens"]

@@ -368,6 +368,9 @@ fuse_transformer_layer = rule_pass("fuse_transformer_layer", [LAYER], "a post-LN
                                    lacks=(("integer_qkv", "FusedTransformerLayer over integer-matmul projections "
                                                           "(dynamic quantization)",
                                            "a FusedTransformerLayer over int8 weights with their scales (its "
-                                           "FusedAttentionBlock and FFN of integer matmuls)"),))
+                                           "FusedAttentionBlock and FFN of integer matmuls)"),
+                                          ("qk_norm", "FusedTransformerLayer with QK-norm",
+                                           "a FusedTransformerLayer whose FusedAttentionBlock takes per-head norms of "
+                                           "Q and K")))
 
 __all__ = ["LAYER", "fuse_transformer_layer"]

@@ -40,6 +40,9 @@ class LayerArchitecture:
     integer_qkv: bool = False
     """The attention's Q, K or V is projected by an integer matmul (`architecture.integer_qkv`: ONNX's MatMulInteger,
     dynamic quantization): no FusedAttentionBlock of rlxviz's takes such projections (trait `integer_qkv`)."""
+    qk_norm: bool = False
+    """The attention's Q or K is normalized between its projection and the attention (`architecture.qk_norm`: OLMo-2,
+    Qwen3): no FusedAttentionBlock of rlxviz's has a norm there (trait `qk_norm`)."""
 
     @property
     def post_ln(self) -> bool:
@@ -58,14 +61,16 @@ class LayerArchitecture:
         `pre_norm`, `kv_cache`, `keep_mask` (its attention's mask is a keep mask), `no_mask` (its fused attention has
         none), `causal_mask` (its fused attention's mask is the causal kind), `attention` (it has one, fused or
         primitives: `mask` is not None), `swiglu` or `grouped_query` (an attention with fewer K/V heads than query
-        heads, read from the evidence), `integer_qkv` (its Q/K/V projected by integer matmuls). The traits a pass's
+        heads, read from the evidence), `integer_qkv` (its Q/K/V projected by integer matmuls), `qk_norm` (its Q or K
+        normalized before the attention). The traits a pass's
         `expected_of` / `excused_by` / `listed_for` / `lacks` and a guard's `excused_in` / `gap_in` name."""
         if trait == "grouped_query":
             return self.mask is not None and any("grouped-query" in e for e in self.evidence)
         return {"pre_norm": self.pre_norm, "kv_cache": self.kv_cache, "keep_mask": self.mask == "keep",
                 "no_mask": self.mask == "none", "causal_mask": self.mask == "causal",
                 "post_ln": self.post_ln, "attention": self.mask is not None,
-                "swiglu": self.swiglu, "integer_qkv": self.integer_qkv}.get(trait, self.kind == trait)
+                "swiglu": self.swiglu, "integer_qkv": self.integer_qkv,
+                "qk_norm": self.qk_norm}.get(trait, self.kind == trait)
 
     def not_expected(self, pass_name: str, guard: str = "") -> str | None:
         """Why a rejection of `pass_name` at `guard` does not count in this layer (None: it counts;

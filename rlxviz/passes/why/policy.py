@@ -206,7 +206,26 @@ def gap_words(gap: str, fix: str) -> str:
     """Why a refusal that is an op gap (`op_gap`) is not counted, in words: `not the model's layout but a gap in
     rlxviz's ops: rlxviz has no GAP (compiler fix: FIX)`."""
     return f"not the model's layout but a gap in rlxviz's ops: rlxviz has no {gap}" + (
-        f" (compiler fix: {fix})" if fix else "")
+        f" {COMPILER_FIX_WORDS}{fix})" if fix else "")
+
+
+COMPILER_FIX_WORDS = "(compiler fix: "
+"""How a reason names a compiler fix in parentheses (`gap_words`, a guard's `excuse`)."""
+
+
+def lacks_product(arch: LayerKind, pass_name: str) -> bool:
+    """Whether rlxviz makes no product of `pass_name` at all in a layer of kind `arch` (a trait of the pass's `lacks`):
+    the compiler fix a refusal's reason names there is that whole form, not its guard's alone."""
+    p = PASSES.get(pass_name)
+    return p is not None and any(arch.has(t) for t, *_ in p.lacks)
+
+
+def with_caveat(why: str, caveat: str) -> str:
+    """`why` with `caveat` on the compiler fix it names: inside its closing `(compiler fix: ...)` parenthesis,
+    `(compiler fix: FIX; CAVEAT)`, else after it; `why` as it is when it names no compiler fix or `caveat` is ""."""
+    if not caveat or COMPILER_FIX_WORDS not in why:
+        return why
+    return f"{why[:-1]}; {caveat})" if why.endswith(")") else f"{why} ({caveat})"
 
 
 NOT_EXPECTED_HERE = "not expected here"
@@ -339,10 +358,10 @@ def expected_products(arch: LayerKind) -> list[str]:
     return out
 
 
-__all__ = ["EXPECT_MODES", "FAMILIES", "ILLEGAL_HERE", "KINDS", "LayerKind", "NOT_EXPECTED_HERE", "NOT_EXPECTED_WHY",
-           "PRODUCTS", "TRAITS", "check_declarations", "excuse", "expected_of_words", "expected_products",
-           "first_refusal", "gap_words", "layer_pass", "not_expected", "not_expected_line", "op_gap", "op_gaps",
-           "product", "recognizers"]
+__all__ = ["COMPILER_FIX_WORDS", "EXPECT_MODES", "FAMILIES", "ILLEGAL_HERE", "KINDS", "LayerKind", "NOT_EXPECTED_HERE",
+           "NOT_EXPECTED_WHY", "PRODUCTS", "TRAITS", "check_declarations", "excuse", "expected_of_words",
+           "expected_products", "first_refusal", "gap_words", "lacks_product", "layer_pass", "not_expected",
+           "not_expected_line", "op_gap", "op_gaps", "product", "recognizers", "with_caveat"]
 
 
 check_declarations()

@@ -150,12 +150,26 @@ def _not_fused(v: LayerVerdict) -> list[str]:
     lines += [f"  also unrecognized: {m}" for m in v.misses if m.startswith("unrecognized.")
               and (v.first is None or not m.startswith(v.first.rule + " "))]
     if v.expected_kind is not v.architecture:
-        lines.append(f"  layer kind: {v.architecture.description}; its sibling layers are "
-                     f"{v.expected_kind.description}, so it is expected to fuse like them")
+        lines.append(f"  layer kind: {judged_words(v)}")
     if v.sibling is not None:
         lines.append(f"  {layer_label(v.sibling)} fused with {v.sibling_rule}; the layers differ in:")
         lines += [f"    {d}" for d in v.differences] or ["    (same primitive structure)"]
     return lines
+
+
+def _kind_name(description: str) -> str:
+    """A layer kind's short name from its description: `pre-LN` of `pre-LN (GPT-2, ViT): norm -> ...; LayerNorm`."""
+    return description.split(";")[0].split(" (")[0].split(":")[0]
+
+
+def judged_words(v: LayerVerdict) -> str:
+    """The kind of a layer judged as its siblings' kind (`verdict.judged_kind`: it deviates from them, e.g. a teaching
+    variant's pre-LN layer among post-LN ones), in words that promise no fusion: the layer is judged as its siblings
+    to show what its change broke, `pre-LN (GPT-2, ViT): ...; judged as its post-LN siblings (post-LN (BERT): ...) to
+    show what its change broke: its pre-LN layout is the change that stops FusedTransformerLayer`."""
+    own, judged = v.architecture.description, v.expected_kind.description
+    return (f"{own}; judged as its {_kind_name(judged)} siblings ({judged}) to show what its change broke: its "
+            f"{_kind_name(own)} layout is the change that stops {v.expected or 'their fusions'}")
 
 
 def headline(r: RunVerdict) -> str:
@@ -227,5 +241,5 @@ def _left_out(r: RunVerdict) -> list[str]:
             for ln in (f"{left_out_heading(g, len(lines))}:", *(f"  {x}" for x in lines))]
 
 
-__all__ = ["GROUP_OVER", "fused_list", "headline", "headline_notes", "layer_dict", "left_out_heading", "render_layer",
-           "render_run", "run_dict"]
+__all__ = ["GROUP_OVER", "fused_list", "headline", "headline_notes", "judged_words", "layer_dict", "left_out_heading",
+           "render_layer", "render_run", "run_dict"]

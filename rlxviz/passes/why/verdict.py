@@ -21,6 +21,7 @@ from ..explain import Outcome, explain
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
 from ..report import MissedFusion, left_out_line, left_out_rejections
 from ..trace import Rejection, Trace, layer_of, resolve_layers, same_stack_as
+from ..whatif import fix_alone_blocker
 from . import text
 from .facts import RunFacts, illegal_here, made_by, op_of, recognized, silent
 from .kinds import LayerArchitecture
@@ -31,11 +32,13 @@ from .policy import (
     PRODUCTS,
     excuse,
     first_refusal,
+    lacks_product,
     layer_pass,
     not_expected,
     not_expected_line,
     op_gaps,
     product,
+    with_caveat,
 )
 
 Architecture = LayerArchitecture
@@ -366,7 +369,8 @@ def expected_misses(trace: Trace, arch: Architecture, layer: int | None
             kept.append(m)
         elif m.pattern not in ignored:
             # the failing guard's own reason first, then why it does not count here (`policy.not_expected_line`)
-            ignored[m.pattern] = not_expected_line(m.pattern, m.guard, m.reason, ex[1])
+            why = with_caveat(ex[1], fix_caveat(trace, m.pattern, m.node, m.guard, arch))
+            ignored[m.pattern] = not_expected_line(m.pattern, m.guard, m.reason, why)
     return kept, ignored
 
 
@@ -481,6 +485,31 @@ def _judged_as(facts: RunFacts, layer: int | None) -> Architecture | None:
     return facts.cache[key]
 
 
+CAVEAT = "alone it is not enough: {blocker} fails next"
+"""What a not-expected line adds to the compiler fix its reason names when that fix, checked at the refusing rule
+alone (`fix_caveat`), still leaves the fusion refused."""
+
+
+def fix_caveat(trace: Trace, rule: str, anchor: int, guard: str, arch: Architecture) -> str:
+    """`CAVEAT` for the refusal of `rule` at `anchor` by `guard` when the compiler fix its not-expected reason names
+    does not make the match (`passes.whatif.fix_alone_blocker`, the check behind `explain -v`'s `checked at this rule
+    alone`), e.g. deit's `sum_single_user`: a two-output FusedResidualLN passes it, then `residual_same_shape (not a
+    candidate)` fails; "" when the fix is enough, nothing is known, or the reason names the pass's whole missing form
+    (`policy.lacks_product`), not the guard's fix. Checked once per refusal and trace."""
+    facts = RunFacts.of(trace)
+    key = ("fix_caveat", rule, anchor, guard)
+    if key not in facts.cache:
+        facts.cache[key] = ""
+        pass_name = rule.split(".")[0]
+        if not lacks_product(arch, pass_name):
+            hit = next(((k, r) for k, s in enumerate(trace.steps) if s.pass_name == pass_name for r in s.rejections
+                        if (r.rule, r.anchor, r.guard) == (rule, anchor, guard) and r.fix), None)
+            b = fix_alone_blocker(trace, *hit) if hit is not None else None
+            if b is not None:
+                facts.cache[key] = CAVEAT.format(blocker=b[0] if b[0] == guard else f"{b[0]} ({b[1]})")
+    return facts.cache[key]
+
+
 def standing(trace: Trace, r: Rejection) -> tuple[str, str] | None:
     """Whether the refusal `r` of `trace` is a near-miss: None when it is (it counts against its layer, the app's
     chips count its place as `✗`), else `(group, why)`, `group` one of `STANDING_GROUPS`: `policy.excuse` of the
@@ -495,6 +524,8 @@ def standing(trace: Trace, r: Rejection) -> tuple[str, str] | None:
     layer = r.layer
     arch = _judged_as(facts, layer)
     ex = excuse(arch, r.pass_name, r.guard, r.kind, r.remedy)
+    if ex is not None and ex[0] == NOT_EXPECTED_HERE and arch is not None:
+        return ex[0], with_caveat(ex[1], fix_caveat(trace, r.rule, r.anchor, r.guard, arch))
     if ex is not None or layer is None or arch is None:
         return ex
     if any((o.rule, o.nodes[0] if o.nodes else None) == (r.rule, r.anchor)
@@ -514,6 +545,7 @@ def verdict_pass(trace: Trace, layer: int) -> str | None:
     return first.pass_name
 
 
-__all__ = ["EXIT_NOT_FUSED", "EXIT_OK", "ILLEGAL_HERE_GROUP", "LEFT_OUT", "LEFT_OUT_GROUPS", "STANDING_GROUPS",
-           "Architecture", "FusionCheck", "LayerStatus", "LayerVerdict", "RunVerdict", "expected_misses", "judged_kind",
-           "layer_verdict", "left_out_group", "left_out_groups", "standing", "verdict_pass"]
+__all__ = ["CAVEAT", "EXIT_NOT_FUSED", "EXIT_OK", "ILLEGAL_HERE_GROUP", "LEFT_OUT", "LEFT_OUT_GROUPS",
+           "STANDING_GROUPS", "Architecture", "FusionCheck", "LayerStatus", "LayerVerdict", "RunVerdict",
+           "expected_misses", "fix_caveat", "judged_kind", "layer_verdict", "left_out_group", "left_out_groups",
+           "standing", "verdict_pass"]

@@ -1,0 +1,62 @@
+"""A not-expected line promises no more than its compiler fix's check found (a newcomer's run).
+
+deit (pre-LN ViT), layer 1: `explain` without -v ended the `fuse_residual_ln.residual (sum_single_user)` not-expected
+line with "(compiler fix: a two-output FusedResidualLN ...)", while `explain -v` and the app's Matches & rejections
+row said "checked at this rule alone: that passes sum_single_user only; then residual_same_shape (not a candidate)
+fails". The line now carries the same check's finding (`passes.whatif.fix_alone_blocker`, read by
+`verdict.fix_caveat`): "(compiler fix: ...; alone it is not enough: residual_same_shape (not a candidate) fails
+next)", in the text, `--json` and the app's chips alike (`verdict.standing`, `places.places`); where the fix alone is
+enough (layer 0's sum) the line stands as it was.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from clirun import run as cli_run
+
+from rlxviz.models.onnx import load_onnx
+from rlxviz.passes import Pipeline
+from rlxviz.passes.why.places import places
+from rlxviz.passes.why.policy import NOT_EXPECTED_HERE, with_caveat
+
+DEIT = Path(__file__).parent / "fixtures" / "onnx" / "cases" / "deit.ortopt.onnx"
+RULE = "fuse_residual_ln.residual (sum_single_user)"
+CAVEAT = "; alone it is not enough: residual_same_shape (not a candidate) fails next)"
+
+
+def _lines(text: str, layer: int) -> list[str]:
+    block = text.split(f"\nlayer {layer}: ", 1)[1].split("\nlayer ", 1)[0]
+    return [ln for ln in block.splitlines() if ln.startswith(f"  not expected here: {RULE}")]
+
+
+def test_plain_text_json_and_verbose_agree_on_the_caveat(capsys):
+    code, text, _ = cli_run(capsys, "explain", DEIT)
+    (one,) = _lines(text, 1)
+    assert one.endswith(f"as vLLM's fused_add_rms_norm does{CAVEAT}"), one
+    (zero,) = _lines(text, 0)  # the embeddings' sum: the two-output op alone makes the match
+    assert "alone it is not enough" not in zero and zero.endswith("fused_add_rms_norm does)"), zero
+    _, out, _ = cli_run(capsys, "explain", DEIT, "--json")
+    layers = {lv["layer"]: lv for lv in json.loads(out)["layers"]}
+    assert one.removeprefix("  not expected here: ") in layers[1]["not_expected"]
+    assert zero.removeprefix("  not expected here: ") in layers[0]["not_expected"]
+    _, verbose, _ = cli_run(capsys, "explain", DEIT, "-v")
+    assert _lines(verbose, 1) == [one]
+    assert ("(checked at this rule alone: that passes sum_single_user only; then residual_same_shape (not a "
+            "candidate) fails: ") in verbose
+
+
+def test_the_apps_chips_read_the_same_caveat():
+    trace = Pipeline.canonical().run(load_onnx(DEIT, seq=8).graph)
+    step = next(k for k, s in enumerate(trace.steps) if s.pass_name == "fuse_residual_ln")
+    items = [x for x in places(trace, step).excused.get(NOT_EXPECTED_HERE, []) if f"{RULE}:" in x]
+    by_node = {x.split("): sum (node ", 1)[1].split(",", 1)[0]: x for x in items}
+    assert by_node["63"].endswith(CAVEAT) and not by_node["16"].endswith(CAVEAT), items
+
+
+def test_with_caveat_goes_inside_the_compiler_fix():
+    assert with_caveat("x (compiler fix: y)", "z") == "x (compiler fix: y; z)"
+    assert with_caveat("x (compiler fix: y) so", "z") == "x (compiler fix: y) so (z)"
+    assert with_caveat("no fix named", "z") == "no fix named"
+    assert with_caveat("x (compiler fix: y)", "") == "x (compiler fix: y)"
