@@ -361,6 +361,8 @@ class Runs:
         else:
             version = min(s.version, len(labels) - 1) if s.trace is None else self._same_version(trace, labels)
         new = {"model": model, "selected_node": None} if model is not None else {}
+        if model is not None and (s.model is None or s.model.name != model.name):  # another model (not a variant)
+            new["expanded_layers"] = []  # its layers are not the ones opened (gpt2's layer 3 stayed open on bert)
         if model is not None:
             self._bound_variant_layer(model)
         s.param.version.bounds = (0, max(len(labels) - 1, 0))
@@ -500,6 +502,8 @@ class Runs:
         else:
             where = "" if layer is None else f" in layer {layer}"
             text = f"Teaching variant '{label}':{shape} no pass rejected anything{where}."
+            if status is not None:  # a variant meant to keep the fusion: the Why tab opens on its layer too
+                s.param.update(selected_layer=layer, highlight=[])
         text = text.replace(f"Teaching variant '{label}':", f"Teaching variant '{label}' ({self._variant_meant()}):", 1)
         if clamped and s.variant == SHAPE_VARIANT:
             text = f"{clamped} {text}"
