@@ -46,8 +46,9 @@ pass removed, one computed once from the weights) and every layer box of the col
 fills read as the legend's (a "partly fused" box's yellow as 1e-07–1e-06, a tan add as orange); a grey with no hue
 reads as none of them (`UNCOLOURED_ROW` says so in the legend)."""
 
-UNCOLOURED_ROW = (UNCOLOURED, "grey: not coloured by this overlay")
-"""The legend's last swatch while an overlay is on (`app.derived.overlay_legend`): what `UNCOLOURED` means."""
+UNCOLOURED_ROW = (UNCOLOURED, "not coloured")
+"""The legend's last swatch while an overlay is on (`app.derived.overlay_legend`): what `UNCOLOURED` means, short
+(the error legend's nine swatches fit one line beside the open sidebar at 1280 px)."""
 
 EDGES: dict[str, tuple[float, ...]] = {
     "time": (0.01, 0.02, 0.05, 0.10, 0.20, 0.40),
