@@ -65,3 +65,41 @@ def test_legend_has_units_and_escapes_its_text():
     out = legend_html([("#ffffb2", "< 1%"), ("#b10026", "≥ 40%")], UNITS["time"], "stopped <after> 3")
     assert "% of the per-node time" in out and "&lt; 1%" in out and "&lt;after&gt;" in out and "<after>" not in out
     assert legend_html([], "x", "") == ""
+
+
+def _fills(svg: str) -> dict[str, str]:
+    """The first fill of each drawn node and layer box (`n<id>`, `layer<i>`; a box opened in place is a cluster)."""
+    out = {}
+    for m in re.finditer(r'<g id="((?:n|layer)\d+)" class="(node|cluster)">(.*?)</g>', svg, re.S):
+        fill = re.search(r'fill="(#[0-9a-f]{6})"', m.group(3))
+        if fill:
+            out[m.group(1)] = fill.group(1)
+    return out
+
+
+def test_what_an_overlay_does_not_colour_reads_as_no_legend_colour(s):
+    """A newcomer's error overlay on the collapsed view: the legend's "1e-07–1e-06" yellow was the fill of every
+    "partly fused" layer box, and a node the pass removed kept its op fill inside an opened layer (a tan add read
+    as the legend's orange). While an overlay is on, layer boxes and nodes without a figure are grey
+    (`heat.UNCOLOURED`), far from every legend colour, and the legend says what the grey means."""
+    from rlxviz.viz.heat import UNCOLOURED, UNCOLOURED_ROW
+    from rlxviz.viz.styles import MIN_DELTA_E, delta_e
+
+    s.view = "collapsed"
+    partly = next(k for k in range(len(s.version_labels)) if "partly fused" in s.svg(k))
+    s.param.update(version=partly, expanded_layers=[0], overlay="error")
+    assert s.overlay_legend()[-1] == UNCOLOURED_ROW
+    legend_fills = {c for c, _ in s.overlay_legend()} - {UNCOLOURED}
+    for svg, heat in ((s.svg(), s.heat()), (s.svg_before(), s.heat_before())):
+        coloured = {f"n{i}": f for i, f, _ in heat}
+        fills = _fills(svg)  # the opened layer's nodes with a figure keep it; the closed layers' are not drawn
+        shown = coloured.keys() & fills.keys()
+        assert shown and all(fills[k] == coloured[k] for k in shown), partly
+        boxes = {k: f for k, f in fills.items() if k.startswith("layer") and k != "layer0"}
+        assert boxes and set(boxes.values()) == {UNCOLOURED}, boxes
+        rest = {k: f for k, f in fills.items() if k.startswith("n") and k not in coloured}
+        assert any(k[1:].isdigit() and f == UNCOLOURED for k, f in rest.items())
+        for k, f in rest.items():
+            assert all(delta_e(f, c) >= MIN_DELTA_E for c in legend_fills), (k, f)
+    s.overlay = "none"  # no overlay: the status fills and op colours are back
+    assert UNCOLOURED not in {f for k, f in _fills(s.svg()).items() if k.startswith("layer") and k != "layer0"}

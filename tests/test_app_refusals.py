@@ -68,17 +68,27 @@ def test_an_upload_refused_for_size_or_kind_marks_nothing(monkeypatch):
     _unmarked(s, why)
 
 
-def test_a_load_that_started_and_failed_still_marks_and_a_refusal_keeps_that_mark(monkeypatch, tmp_path: Path):
-    """IR text that does not parse is a load that failed: marked stale. A path refused after it changes nothing:
-    the mark (the panes still show bert-tiny, not the IR asked for) stays as it was."""
+def test_a_load_that_started_and_failed_marks_with_its_reason_and_a_refusal_after_it_does_not(
+        monkeypatch, tmp_path: Path):
+    """IR text that does not parse is a load that failed: marked stale, the banner saying why itself (a newcomer
+    dismissed the message and the banner still said "see the message above" over none). A path refused after it
+    (the controls now ask for that path, not the IR text) marks nothing, as on a page with no earlier failure: the
+    banner said "loading the new one failed" while the message said "Still showing bert-tiny"."""
     monkeypatch.setenv(ALLOWED_DIRS_ENV, str(tmp_path))
     s = tiny(selected_layer=0)
     why, mc = WhyView(state=s), ModelControls(state=s)
     s.param.update(ir_text=format_graph(s.model.graph).replace("= add(", "= add(%9999, ", 1), source="ir")
     failed = s.stale
     assert failed.startswith("Stale: showing the previous model (bert-tiny)") and why.stale.banner.visible
+    assert "message above" not in failed and "undefined value %9999" in failed, failed
+    s.param.update(message="")  # the message's dismiss button
+    assert s.stale == failed and "%9999" in why.stale.banner.object
     _open(mc, "/etc/passwd")
-    assert "outside the allowed" in s.message and s.stale == failed and why.stale.banner.visible
+    assert "outside the allowed" in s.message and "Still showing bert-tiny" in s.message
+    _unmarked(s, why)
+    _open(mc, "x.npz")
+    assert "Still showing bert-tiny" in s.message
+    _unmarked(s, why)
 
 
 def test_the_strip_judges_break_on_the_ir_model_shown_after_a_refused_path(monkeypatch, tmp_path: Path):

@@ -618,3 +618,28 @@ def test_why_tab_prints_the_fix_lines_explain_prints():
     assert fixes and any("changes the model's numbers" in f for f in fixes), cli
     for f in fixes:
         assert f in tab, (f, tab)
+
+
+def test_a_variant_that_keeps_the_fusion_opens_the_why_tab_on_its_layer():
+    """A newcomer's "swapped residual operands" on layer 1: the layer fused (as meant), and the Why tab opened on
+    layer 0; a variant opens on the layer it changed whether that layer fused or not."""
+    s = tiny()
+    s.param.update(variant_layer=1, variant="swapped_residual")
+    assert s.layer_status(1).fused and "no pass rejected anything in layer 1" in s.message, s.message
+    assert s.selected_layer == 1, s.selected_layer
+    from rlxviz.app.whyview import WhyView
+
+    assert "Layer 1" in WhyView(state=s).text.object
+
+
+def test_opened_layers_fold_on_another_model_but_not_on_a_variant():
+    """A layer opened in the collapsed view stayed open on the next model (nothing meant it to: those layers are
+    another model's). A variant of the same model keeps them (the same layers, one of them changed)."""
+    s = tiny()
+    s.param.update(view="collapsed", expanded_layers=[1])
+    s.param.update(variant_layer=1, variant="tanh_gelu")
+    assert s.expanded_layers == [1]
+    root = Path(__file__).resolve().parents[1]
+    s.load_upload({"gpt2.onnx": (root / "tests/fixtures/onnx/gpt2.onnx").read_bytes()})
+    assert s.model is not None and s.model.name != "bert-tiny", s.message
+    assert s.expanded_layers == [], s.expanded_layers

@@ -366,3 +366,27 @@ def test_the_round_count_is_read_from_the_row_not_from_the_verdict_words(reps):
     assert speedup_label(reworded) == speedup_label(rows[1])
     enough = timing_table(contradicting(reps=MIN_VERDICT_ROUNDS))
     assert enough[1]["rounds"] == 3 * MIN_VERDICT_ROUNDS and "rounds <" not in speedup_label(enough[1])
+
+
+def test_a_busy_run_prints_no_speed_up_on_the_input_row_either():
+    """A newcomer's forced busy run: the chart's caption said no speed-up is printed, yet the table's input row
+    showed speed-up "1.00" and an interval "1.0–1.0". On a busy run every row's speed-up cell, the input's own
+    included, reads the word the others read, and no interval is printed; `rlxviz time`'s `x input` cell (one
+    function, `speedup_text`) prints no "1.00" either."""
+    from rlxviz.app.jobs import Runner
+    from rlxviz.app.state import AppState
+    from rlxviz.app.timeproc import force_busy
+    from rlxviz.app.timingview import TimingView
+    from rlxviz.session.timing import speedup_text
+
+    runs = force_busy(contradicting(seed=4))
+    rows = timing_table(runs)
+    assert rows[0]["busy"]
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+    view = TimingView(state=s)
+    s.param.update(blas="MLX", timings=rows)
+    table = view.table.value
+    assert list(table["speedup"]) == [NOT_READ] * len(rows)
+    assert all(c in ("not read", "-") for c in table["ci"]), list(table["ci"])
+    assert all(x != x for x in table["ci_low"]) and all(x != x for x in table["ci_high"])
+    assert speedup_text(rows[0]) == NOT_READ  # `format_timings`' `x input` cell, as `rlxviz time` prints it

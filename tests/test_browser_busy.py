@@ -42,10 +42,10 @@ def _read_busy(pg):
     table = pg.locator(".rv-timings")
     words = " ".join(table.locator(".tabulator-cell").all_inner_texts())
     assert NOT_READ in words and not re.search(r"\bfaster\b|\bslower\b", words), words
-    # the speed-up column holds no number but the input's own, as `rlxviz time`'s `x input` (`speedup_text`)
+    # the speed-up column holds no number, the input's own row included, as `rlxviz time`'s `x input` (`speedup_text`)
     speed = table.locator(".tabulator-row .tabulator-cell[tabulator-field=speedup]")
     cells = [c.strip() for c in speed.all_inner_texts()]
-    assert cells and cells[0] == "1.00" and all(c == NOT_READ for c in cells[1:]), cells
+    assert cells and all(c == NOT_READ for c in cells), cells
     split = pg.locator(".rv-fusion-kernels")
     expect(split).to_contain_text("Fusion or kernels?")
     text = pane_text(split)

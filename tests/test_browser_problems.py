@@ -471,7 +471,7 @@ def test_trial_8_9_the_overlay_colours_both_panes_and_its_legend_fits(browser, s
         assert PALETTE_FILLS & set(fills), fills
         tops = pg.locator(".rv-legend .rv-swatch").evaluate_all(
             "els => els.map((e) => Math.round(e.getBoundingClientRect().top))")
-        assert len(tops) == 8 and len(set(tops)) == 1, tops  # one line of swatches
+        assert len(tops) == 9 and len(set(tops)) == 1, tops  # one line of swatches (the last: "not coloured")
         assert legend.bounding_box()["height"] <= 48, legend.bounding_box()
         for pane in (".rv-before", ".rv-after"):
             box = pg.locator(pane).first.bounding_box()

@@ -68,3 +68,27 @@ def test_a_weight_name_from_the_model_is_text():
     weights = {"<img src=x onerror=alert(1)>": np.array([1.0, -1.0], np.float32)}
     text = report_markdown(node_report(g, 1, None, weights))
     assert re.search(r"(?<!\\)<img", text) is None and "\\<img" in text and "min -1" in text
+
+
+def test_a_node_with_more_weights_than_shown_says_how_many_and_names_the_rest():
+    """A newcomer's FusedTransformerLayer (12 weights): the panel listed 4 under "weights" with no word of the other
+    8. The panel summarizes at most `WEIGHTS_SHOWN` and says "4 of 12", naming every one it left out."""
+    from test_app_views import tiny
+
+    from rlxviz.app.explain import WEIGHTS_SHOWN, weight_names
+    from rlxviz.app.text import md_code
+    from rlxviz.ir.ops import FUSED
+
+    s = tiny()
+    g = s.trace.final
+    n = next(n for n in g if n.op in FUSED and len(weight_names(g, n, s.model.weights)) > WEIGHTS_SHOWN)
+    held = weight_names(g, n, s.model.weights)
+    rep = node_report(g, n.id, s.trace, s.model.weights)
+    assert rep["weights_held"] == held and len(rep["weights"]) == WEIGHTS_SHOWN
+    text = report_markdown(rep)
+    assert f"{WEIGHTS_SHOWN} of {len(held)} summarized" in text, text
+    left = text[text.index(f"{WEIGHTS_SHOWN} of {len(held)}"):]
+    assert all(md_code(name) in left for name in held[WEIGHTS_SHOWN:]), left
+    assert all(md_code(name) not in left for name in held[:WEIGHTS_SHOWN])
+    p = next(n for n in g if n.op is Op.PARAM)  # a node holding one weight: no such line
+    assert " summarized (" not in report_markdown(node_report(g, p.id, s.trace, s.model.weights))

@@ -21,7 +21,7 @@ from ..passes.why.places import Places, places
 from ..passes.why.verdict import RunVerdict
 from ..session import LayerStatus, SessionError, View, overlays
 from ..session import render as drawing
-from ..viz.heat import legend
+from ..viz.heat import UNCOLOURED_ROW, legend
 from ..viz.overlay import other_changes
 from .views import AUTO, COLLAPSED, FOCUS, FULL
 from .wording import md_lines
@@ -302,8 +302,9 @@ class Derived:
 
     @param.depends("overlay")
     def overlay_legend(self) -> list[tuple[str, str]]:
-        """(fill, range) per colour of the chosen overlay (`viz.heat.legend`); [] for none."""
-        return legend(self.overlay) if self.overlay != "none" else []
+        """(fill, range) per colour of the chosen overlay (`viz.heat.legend`), then the grey of what it does not
+        colour (`viz.heat.UNCOLOURED_ROW`: layer boxes, nodes without a figure); [] for none."""
+        return [*legend(self.overlay), UNCOLOURED_ROW] if self.overlay != "none" else []
 
     @param.depends(*DRAWN, *COLOURS)
     def svg_before(self, k: int | None = None, view: str | None = None) -> str:

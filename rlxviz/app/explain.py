@@ -128,16 +128,29 @@ WEIGHTS_SHOWN = 4
 """Most weight tensors the node panel summarizes for one node (its own, or its first param operands)."""
 
 
-def node_weights(graph: Graph, n: Node, weights: Mapping[str, np.ndarray]) -> list[tuple[str, list[str]]]:
-    """(param name, `session.tensors.TensorSummary.lines()`) for the weights a node holds: a param node's own, or
-    a compute node's param operands (at most `WEIGHTS_SHOWN`); each summary reads a bounded sample."""
+def weight_names(graph: Graph, n: Node, weights: Mapping[str, np.ndarray]) -> list[str]:
+    """The names of every weight a node holds (a param node's own, or a compute node's param operands, in operand
+    order) that `weights` has: what `node_weights` summarizes the first `WEIGHTS_SHOWN` of."""
     params = [n] if n.op is Op.PARAM else [graph[i] for i in n.inputs if i in graph and graph[i].op is Op.PARAM]
-    out = []
-    for p in params[:WEIGHTS_SHOWN]:
-        name = p.attrs.get("name", "")
-        if name in weights:
-            out.append((name, summarize(weights[name]).lines()))
-    return out
+    return [name for p in params if (name := p.attrs.get("name", "")) in weights]
+
+
+def node_weights(graph: Graph, n: Node, weights: Mapping[str, np.ndarray]) -> list[tuple[str, list[str]]]:
+    """(param name, `session.tensors.TensorSummary.lines()`) for the weights a node holds (`weight_names`), at most
+    `WEIGHTS_SHOWN`; each summary reads a bounded sample. The report says how many it left out (`weights_left`)."""
+    return [(name, summarize(weights[name]).lines()) for name in weight_names(graph, n, weights)[:WEIGHTS_SHOWN]]
+
+
+def weights_left(rep: Mapping[str, Any]) -> str:
+    """The line under a node's weight summaries when it holds more than `WEIGHTS_SHOWN` (a FusedTransformerLayer
+    holds 12: the panel listed 4 under "weights" with no word of the other 8): `4 of 12 weights summarized (at most
+    4 per node); the others: ...`, each name quoted; "" when every one is shown."""
+    held, shown = rep.get("weights_held", []), [name for name, _ in rep.get("weights", [])]
+    rest = [name for name in held if name not in shown]
+    if not rest:
+        return ""
+    return (f"**weights**: {len(shown)} of {len(held)} summarized (at most {WEIGHTS_SHOWN} per node); the others, "
+            "among the operands above: " + ", ".join(md_code(name) for name in rest))
 
 
 ONNX_NAMES_SHOWN = 6
@@ -196,7 +209,8 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
 
     Returns:
         dict with `id, op, attrs, shape, dtype, path, layer, pass_name, absorbed, ir, operands` (role lines),
-        `users` (lines), `is_output`, `weights` ((name, lines) per weight tensor), `decisions`: `node_decisions`
+        `users` (lines), `is_output`, `weights` ((name, lines) per weight tensor, at most `WEIGHTS_SHOWN`),
+        `weights_held` (every weight's name, `weight_names`), `decisions`: `node_decisions`
         (one per decision of `trace` whose anchor, bindings, offending nodes or fused node is this node; messages
         and hints as `explain` words them, `report.in_context`: a "run P first" whose P ran says what P did), and
         `verdict`: the node's layer's verdict (`_verdict`).
@@ -215,6 +229,7 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
         "operands": [_node_line(graph, i, roles[k] if k < len(roles) else None) for k, i in enumerate(n.inputs)],
         "users": [_node_line(graph, u.id) for u in graph.users(n)],
         "weights": node_weights(graph, n, weights) if weights else [],
+        "weights_held": weight_names(graph, n, weights) if weights else [],
         "decisions": [], "verdict": None, "onnx": onnx_origin(n, onnx_nodes),
         "onnx_domains": {name: onnx_domains[name] for _, name in onnx_origin(n, onnx_nodes) if name in onnx_domains}
         if onnx_domains else {}, "onnx_own": bool(onnx_nodes)
@@ -396,6 +411,8 @@ def report_markdown(rep: dict[str, Any]) -> str:
         lines.append("**operands**\n" + "\n".join(f"- {md_escape(x)}" for x in rep["operands"]))
     for name, stats in rep.get("weights", []):
         lines.append(f"**weights** {md_code(name)}\n" + "\n".join(f"- {md_escape(x)}" for x in stats))
+    if left := weights_left(rep):
+        lines.append(left)
     lines.append("**users**\n" + ("\n".join(f"- {md_escape(x)}" for x in rep["users"]) if rep["users"] else "- none"))
     if rep["decisions"]:
         lines.append("**guards evaluated on this node**")

@@ -40,6 +40,7 @@ from .wording import (
     SHAPE_VARIANT,
     VARIANT_LABELS,
     explain_error,
+    stale_why,
     upload_model_name,
     upload_names,
 )
@@ -96,6 +97,7 @@ class Runs:
         self.state = state
         self._model_key: tuple = ()
         self._shown_key: tuple = ()  # (model key, pipeline key) of the run the panes show
+        self._stale_why = ""  # the last failure's reason as the stale banner says it (`stale.stale_why`)
         self._shown_run: tuple[tuple, Model, Trace] | None = None  # the last whole run shown: (key, model, trace)
         self._generation = 0
         self._variant_notice = ""
@@ -279,9 +281,15 @@ class Runs:
             s.param.update(message=f"{s.message.rstrip()}{end} Still showing {s.model.name}.")
         if isinstance(e, SourceError):
             # refused before any load (a path outside the folders, no upload, empty IR text): nothing was loaded,
-            # so the panes still show what they showed, as current as before; the mark is left as it was
+            # so the panes still show what they showed, and a refusal marks no model stale (as on a page with no
+            # earlier failure: the message says which model is still shown). A mark an earlier failed load left
+            # named a load no longer asked for ("loading the new one failed" over "Still showing granite"): it
+            # goes; a failed pipeline's mark stays (the pipeline asked for is still the one that failed)
+            if s.stale and self._model_key != s.model_key():
+                s.stale = self._stale_reason(self._stale_why, refused=True)
             return
-        s.stale = self._stale_reason()
+        self._stale_why = stale_why(s.message)
+        s.stale = self._stale_reason(self._stale_why)
 
     def _asked_onnx(self) -> bool:
         """The path or upload asked for is an ONNX file (not a config.json + model.safetensors checkpoint)."""
@@ -325,19 +333,21 @@ class Runs:
         except Exception:  # noqa: BLE001 - the view shows the error
             pass
 
-    def _stale_reason(self) -> str:
-        """After a failed load or run: what the panes still show instead of what the controls ask for ('' when
-        they show nothing, or the new model's graph with no run)."""
+    def _stale_reason(self, why: str, refused: bool = False) -> str:
+        """After a failed load or run: what the panes still show instead of what the controls ask for, and `why`
+        (`stale_why` of the failure's message) in the banner itself: it stays when the message is dismissed (it
+        said "see the message above" over no message). '' when they show nothing, or the new model's graph with
+        no run; with `refused` (the model asked for now was refused before any load) no model-level mark."""
         s = self.state
         if s.model is None:
             return ""
         name = s.model.name
-        if self._model_key != s.model_key():
-            return (f"Stale: showing the previous model ({name}); loading the new one failed (see the message "
-                    "above). Fix the input or go back to a model that loads.")
+        if self._model_key != s.model_key() and not refused:
+            return (f"Stale: showing the previous model ({name}); loading the new one failed: {why} Fix the input "
+                    "or go back to a model that loads.")
         if s.trace is not None and self._shown_key != (self._model_key, s.pipeline_key()):
-            return (f"Stale: showing the previous pipeline run of {name}; the new pipeline failed (see the message "
-                    "above). Change the pipeline and apply again.")
+            return (f"Stale: showing the previous pipeline run of {name}; the new pipeline failed: {why} Change the "
+                    "pipeline and apply again.")
         return ""
 
     def _set_trace(self, trace: Trace, model: Model | None = None) -> None:
@@ -351,6 +361,8 @@ class Runs:
         else:
             version = min(s.version, len(labels) - 1) if s.trace is None else self._same_version(trace, labels)
         new = {"model": model, "selected_node": None} if model is not None else {}
+        if model is not None and (s.model is None or s.model.name != model.name):  # another model (not a variant)
+            new["expanded_layers"] = []  # its layers are not the ones opened (gpt2's layer 3 stayed open on bert)
         if model is not None:
             self._bound_variant_layer(model)
         s.param.version.bounds = (0, max(len(labels) - 1, 0))
@@ -490,6 +502,8 @@ class Runs:
         else:
             where = "" if layer is None else f" in layer {layer}"
             text = f"Teaching variant '{label}':{shape} no pass rejected anything{where}."
+            if status is not None:  # a variant meant to keep the fusion: the Why tab opens on its layer too
+                s.param.update(selected_layer=layer, highlight=[])
         text = text.replace(f"Teaching variant '{label}':", f"Teaching variant '{label}' ({self._variant_meant()}):", 1)
         if clamped and s.variant == SHAPE_VARIANT:
             text = f"{clamped} {text}"

@@ -235,9 +235,9 @@ def chart_legend(rows: list[dict[str, Any]]) -> str:
 def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The Timing tab's table rows: `session.timing_table`'s, each `speedup` the cell `rlxviz time` prints in its `x
     input` column (`session.timing.speedup_text`, one function): `1.00` for the input, `busy: not read` on a busy run
-    (no number), `not read: medians disagree` where the medians contradict the ratio, else `N.NN`; each `version`
-    numbered as the chart and the busy-machine line name it (`wording.version_name`: `21: after fuse_sdpa`; the
-    banner cited "#21" while the table showed no number)."""
+    (every row, the input's own included: no number), `not read: medians disagree` where the medians contradict the
+    ratio, else `N.NN`; each `version` numbered as the chart and the busy-machine line name it
+    (`wording.version_name`: `21: after fuse_sdpa`; the banner cited "#21" while the table showed no number)."""
     from ..session.timing import speedup_text
 
     return [{**r, "speedup": speedup_text(r),

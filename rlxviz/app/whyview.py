@@ -19,6 +19,7 @@ from .graphpane import SvgGraph, ZoomScope, absorbed_index
 from .stale import StaleMark, safe
 from .state import AppState
 from .text import md_escape
+from .wording import SHAPE_VARIANT
 
 TABLE_MIN_PX = 300
 """The matches table's least height; it takes the tab's whole height (it was fixed at 420 px, 12 of 18 rows shown
@@ -192,9 +193,13 @@ class WhyView(Viewer):
             self.state.selected_layer = event.new
 
     def _default_layer(self) -> int | None:
-        """The layer the tab opens on: the first that did not fuse as expected, else the first (an uploaded model
-        opened on "Pick a layer" with nothing picked, while `rlxviz explain` answers at once)."""
+        """The layer the tab opens on: a teaching variant's layer (`AppState.variant_layer`; one meant to keep the
+        fusion opened on layer 0, not the layer it changed), else the first that did not fuse as expected, else
+        the first (an uploaded model opened on "Pick a layer" with nothing picked, while `rlxviz explain` answers
+        at once)."""
         s = self.state
+        if s.variant not in ("none", SHAPE_VARIANT) and s.variant_layer in s.layers():
+            return s.variant_layer
         for i in s.layers():
             try:
                 if not s.layer_status(i).fused:

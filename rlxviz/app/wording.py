@@ -151,4 +151,20 @@ def md_lines(text: str) -> str:
     return "  \n".join(md_escape(line).replace("  ", "&nbsp;&nbsp;") for line in text.splitlines())
 
 
-__all__ = ["explain_error", "hide_server_paths", "md_lines", "scrub_paths", "timing_hint"]
+STALE_WHY_CHARS = 200
+"""At most this many characters of a failure's first line in the stale banner (`stale_why`)."""
+
+
+def stale_why(message: str) -> str:
+    """A failure's reason as the stale banner (`stale.StaleMark`, `AppState.stale`) says it: the first line of its
+    message (`IR text:9:12: IR syntax error: undefined value %9999`), at most `STALE_WHY_CHARS` characters, ending
+    in a full stop. The banner says it itself: it pointed at "the message above", which a dismissed message was
+    no longer."""
+    line = next((ln.strip() for ln in message.splitlines() if ln.strip()), "no reason was given")
+    if len(line) > STALE_WHY_CHARS:
+        line = line[:STALE_WHY_CHARS - 1].rstrip() + "…"
+    return line if line.endswith((".", "!", "?", "…")) else line + "."
+
+
+__all__ = ["STALE_WHY_CHARS", "explain_error", "hide_server_paths", "md_lines", "scrub_paths", "stale_why",
+           "timing_hint"]

@@ -270,9 +270,9 @@ def format_timings(rows: Sequence[VersionTiming], busy: str = "",
     graph: version 0 in its dtype judges, `runtime.precision.judge_of`) and vs the unfused graph on MLX; the verdict,
     naming the input set that broke a version). The `x input` column is `speedup_text` of `timing_table`'s row, the
     words the app's table and chart print: with `busy` (`busy_warning` of the run, as `timing_table`'s `busy`; or
-    `timing_table`'s own check) every version's cell but the input's own reads `NOT_READ`: no ratio of a busy run is
-    a verdict, and none is printed. `table`: `timing_table` of `rows` when the caller has made it already (`rlxviz
-    time` makes it with the own-lowering row: its bootstrap intervals are not drawn twice); else made here."""
+    `timing_table`'s own check) every version's cell, the input's own included, reads `NOT_READ`: no ratio of a busy
+    run is a verdict, and none is printed. `table`: `timing_table` of `rows` when the caller has made it already
+    (`rlxviz time` makes it with the own-lowering row: its bootstrap intervals are not drawn twice); else made here."""
     by_index = {t["#"]: t for t in (timing_table(rows) if table is None else table)}
     busy = busy or next(iter(by_index.values()), {}).get("busy", "")
     cells = {i: speedup_text({**t, "busy": busy}) for i, t in by_index.items()}
@@ -507,15 +507,16 @@ def timing_table(rows: Sequence[VersionTiming],
         # an interval is shown only where it is read: not on a busy run, not from fewer rounds than a verdict needs
         # (three rounds' bootstrap interval beside "not read" told a reader the opposite of the verdict)
         read = vi is not None and not busy and vi.rounds >= MIN_VERDICT_ROUNDS
-        ci = (vi.low, vi.high) if read else ((1.0, 1.0) if not n else (nan, nan))
+        # on a busy run the input's own row reads "not read" too (its "1.0-1.0" was an interval printed on a busy run)
+        ci = (vi.low, vi.high) if read else ((1.0, 1.0) if not n and not busy else (nan, nan))
         out.append({"#": i, "version": label, "ops": r.nodes, "median_ms": round(t.median_ms or nan, 3),
                     "min_ms": round(t.min_ms or nan, 3), "iqr_ms": round(t.iqr_ms or 0.0, 3),
                     "p25_ms": round(p25, 3), "p75_ms": round(p75, 3),
                     "first_call_ms": round(t.first_call_ms or nan, 1),
                     "max_err": float(t.max_abs) if t.max_abs is not None else nan,
                     "speedup": 1.0 if not n else (round(vi.ratio, 2) if vi is not None else nan),
-                    "ci": (f"{ci[0]:.2f}..{ci[1]:.2f}" if read else "" if not n else "-" if vi is None
-                           else "not read"),
+                    "ci": (f"{ci[0]:.2f}..{ci[1]:.2f}" if read else "" if not n and not busy else "-"
+                           if vi is None and n else "not read"),
                     "ci_low": round(ci[0], 3), "ci_high": round(ci[1], 3),
                     "vs_input": words(vi) if n else "",
                     "vs_previous": words(vp) if prev is not None else "",
@@ -532,10 +533,13 @@ def speedup_text(row: Mapping[str, Any]) -> str:
     """The speed-up over the input as every front end prints it, from one `timing_table` row: `rlxviz time`'s `x
     input` column (`format_timings`), the app's speed-up column, and whether the app draws a speed-up bar
     (`speedup_shown`). The input's own row: its `1.00`; a comparison that could not be made: `-`; a busy run
-    (`row["busy"]`): `NOT_READ`, no number (a number beside a busy verdict was read as one); a ratio that the medians
-    contradict (`DISAGREE`): `DISAGREE_CELL`, no number; else the paired median ratio, `N.NN`."""
+    (`row["busy"]`): `NOT_READ` on every row, the input's own included, no number (a number beside a busy verdict
+    was read as one; the input's `1.00` under a caption saying no speed-up is printed was a speed-up printed); a
+    ratio that the medians contradict (`DISAGREE`): `DISAGREE_CELL`, no number; else the paired median ratio, `N.NN`."""
     words = row.get("vs_input")
     speed = row.get("speedup", float("nan"))
+    if row.get("busy") and not words:  # the input's own 1.00 beside the other rows' "not read" read as a ratio
+        return NOT_READ
     if not words:  # the first row shown: the input against itself
         return f"{speed:.2f}"
     if words == "-" or speed != speed:

@@ -28,7 +28,7 @@ from ..ir.printer import format_value
 from ..ir.text import shown
 from ..passes.trace import Rejection, layer_label, layer_of
 from . import styles as st
-from .heat import readable_on, text_color
+from .heat import UNCOLOURED, readable_on, text_color
 from .overlay import INPUT_ROLES, Overlay
 from .styles import fmt_attrs, fmt_shape, human_count, op_color, short_name, tint
 
@@ -314,6 +314,8 @@ class _Drawer:
         if n.id in self.ov.heat:
             fill = self.ov.heat[n.id][0]
             fontcolor = text_color(fill)
+        elif self.ov.heat and n.id not in self.fill:  # an overlay is on and colours not this node: no op colour
+            fill = UNCOLOURED  # (a tan add read as the legend's orange)
         if n.id in self.ghosts:
             color, fill, fontcolor, dashed = st.REMOVED, "#fafafa", st.REMOVED, True
         if dashed:

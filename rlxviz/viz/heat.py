@@ -6,8 +6,8 @@ every model: time share in steps of the per-node total, error in decades of max 
 units). f32 rounds at 1.2e-7 per operation, but a sum of K products rounds up to K x that (an f32 matmul over
 K = 384 to 4.6e-5): an error within the rounding expected for its node (`session.overlays.expected_rounding`,
 passed as `rounding`) takes the lightest fill whatever its bin, so ordinary f32 matmul and attention outputs are
-not drawn orange; orange to red means past that rounding. A node without a figure keeps its op colour; a
-non-finite error gets `NONFINITE`.
+not drawn orange; orange to red means past that rounding. A node without a figure is drawn grey (`UNCOLOURED`, as
+are the collapsed view's layer boxes), never in its op colour; a non-finite error gets `NONFINITE`.
 
 Example:
     >>> heat_colors("error", {3: 2e-6, 4: 0.0})
@@ -39,6 +39,16 @@ def __getattr__(name: str) -> tuple[str, ...]:
 
 NONFINITE = "#7b3294"
 """Fill of a node whose error is not finite (nan / inf where the reference is finite, or the other way)."""
+
+UNCOLOURED = "#eeeeee"
+"""Fill of whatever an overlay's figures do not colour while it is on: a node without a figure (a param, a node the
+pass removed, one computed once from the weights) and every layer box of the collapsed view. Their op and status
+fills read as the legend's (a "partly fused" box's yellow as 1e-07–1e-06, a tan add as orange); a grey with no hue
+reads as none of them (`UNCOLOURED_ROW` says so in the legend)."""
+
+UNCOLOURED_ROW = (UNCOLOURED, "not coloured")
+"""The legend's last swatch while an overlay is on (`app.derived.overlay_legend`): what `UNCOLOURED` means, short
+(the error legend's nine swatches fit one line beside the open sidebar at 1280 px)."""
 
 EDGES: dict[str, tuple[float, ...]] = {
     "time": (0.01, 0.02, 0.05, 0.10, 0.20, 0.40),
@@ -136,5 +146,5 @@ def legend(kind: str) -> list[tuple[str, str]]:
     return rows
 
 
-__all__ = ["EDGES", "MIN_CONTRAST", "NONFINITE", "bin_of", "contrast", "heat_colors", "legend", "linear_rgb",
-           "luminance", "readable_on", "text_color"]
+__all__ = ["EDGES", "MIN_CONTRAST", "NONFINITE", "UNCOLOURED", "UNCOLOURED_ROW", "bin_of", "contrast", "heat_colors",
+           "legend", "linear_rgb", "luminance", "readable_on", "text_color"]

@@ -25,6 +25,7 @@ from ..ir import Graph, Node, Op
 from ..ir.ops import FUSED
 from ..passes.trace import Layer, Rejection, layer_label, layer_of
 from .dot import DotOptions, GraphTooLarge, _Drawer, _e, _html, _small, _tip
+from .heat import UNCOLOURED
 from .overlay import Overlay
 from .styles import NOT_NEAR_MISS, NOT_NEAR_MISS_INK, REJECT, STATUS_COLORS, fmt_shape, human_count, tint
 
@@ -346,7 +347,10 @@ def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | Non
             of[n.id] = f"n{n.id}"
     drawer = _Drawer(graph, overlay or Overlay(), DotOptions(max_nodes=max_nodes), inside) if inside else None
     for g in groups.values():
-        attrs = {"id": g.key, "fillcolor": STATUS_COLORS.get(g.tone, "#f5f5f5"), "tooltip": _tip(_box_tooltip(g))}
+        # while an overlay colours nodes (`Overlay.heat`), a box's status fill would read as its legend (a "partly
+        # fused" yellow as 1e-07–1e-06): grey, its status in its words and outline only
+        fill = UNCOLOURED if overlay is not None and overlay.heat else STATUS_COLORS.get(g.tone, "#f5f5f5")
+        attrs = {"id": g.key, "fillcolor": fill, "tooltip": _tip(_box_tooltip(g))}
         if g.tone in ("rejected", "not fused"):
             attrs.update(color=REJECT, style="rounded,filled,dashed", penwidth="2.5")
         elif g.tone == NOT_NEAR_MISS:  # the chips' faded ○: nothing to fix, not the rejection's red frame
