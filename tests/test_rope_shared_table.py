@@ -129,3 +129,23 @@ def test_tables_that_are_one_computation_are_one_table_for_rope_one_table():
     assert not same_computation(h, q.inputs[1], q.inputs[2])  # cos is not sin
     t = run_passes(h, ["fuse_attention_block"])
     assert not [r for r in t.rejections if r.guard == "rope_one_table"]  # not "each is rotated by its own pair"
+
+
+def test_each_layer_quotes_its_own_block_refusal_though_the_layers_share_a_table():
+    """Granite's two layers read one (shared) cos/sin narrow now; fuse_transformer_layer's "fuse_attention_block ran
+    before and said no here" quotes the refusal anchored at its own layer's attention, not the other layer's that
+    only shares the table (`report._refused_by`)."""
+    from rlxviz.passes.report import in_context
+
+    io = dict(np.load(CASES / "granite_io.npz"))
+    shapes = {k: v.shape for k, v in io.items() if not k.startswith("out:")}
+    t = Pipeline.canonical().run(load_onnx(CASES / "granite.onnx", input_shapes=shapes).graph)
+    checked = 0
+    for k, s in enumerate(t.steps):
+        for r in s.rejections:
+            if r.guard == "attn_is_fused_block" and r.headline:
+                for text in in_context(t, k, r):  # its message and its fix line ("run fuse_attention_block first")
+                    for quote in text.split("fuse_attention_block ran before and said no here: ")[1:]:
+                        assert quote.startswith("default_scale") and f"(node {r.bindings['attn']}, " in quote, quote
+                        checked += 1
+    assert checked >= 2
