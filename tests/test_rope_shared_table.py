@@ -15,6 +15,7 @@ from test_rope_heads import _feeds, _full_tables, rope_attention
 
 from rlxviz.ir import Graph, Node, Op, Rewriter, parse_ir
 from rlxviz.ir.builder import NodeEmitter
+from rlxviz.ir.emitter import Ref
 from rlxviz.models.onnx import load_onnx
 from rlxviz.passes import Pipeline, run_passes
 from rlxviz.passes.why.verdict import RunVerdict
@@ -149,3 +150,29 @@ def test_each_layer_quotes_its_own_block_refusal_though_the_layers_share_a_table
                         assert quote.startswith("default_scale") and f"(node {r.bindings['attn']}, " in quote, quote
                         checked += 1
     assert checked >= 2
+
+
+def test_a_reused_node_is_placed_where_its_first_reader_is():
+    """The later match's rewrite sits earlier in the graph: the node both share moves up to it, so that rewrite's
+    product keeps its own place (before %4, which reads neither)."""
+    g = parse_ir("""graph g {
+  %0 = input {name="x"} : f32[4]
+  %1 = param {name="p"} : f32[4]
+  %2 = add(%0, %0) : f32[4]
+  %3 = exp(%0) : f32[4]
+  %4 = exp(%3) : f32[4]
+  %5 = mul(%0, %0) : f32[4]
+  %6 = add(%2, %4) : f32[4]
+  %7 = add(%6, %5) : f32[4]
+  return %7
+}
+""")
+    rw = Rewriter(g, "test")
+    made = []
+    for old in (5, 2):  # the match at %5 first, then the one at %2
+        with rw.provenance([old]):
+            made.append(rw.add(rw.neg(Ref(1)), Ref(0)))
+        rw.replace(old, made[-1])
+    h = rw.finish()
+    order = [n.id for n in h]
+    assert order.index(made[1]) < order.index(3) < order.index(4)

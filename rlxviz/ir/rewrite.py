@@ -104,10 +104,13 @@ class Rewriter(NodeEmitter):
         """Append `op(inputs)`, or return the node this rewriter already made with the same op, operands and
         attributes (and that no call removed or replaced since): a rewrite never makes two identical nodes for one
         value (two matches of a rule reading one table, each narrowing it, share one narrow; `rope_heads`). The
-        reused node keeps the provenance it was made with. Raises ShapeError when the types do not fit."""
+        reused node keeps the provenance it was made with, placed where the first rewrite that reads it is. Raises
+        ShapeError when the types do not fit."""
         key = _identity(op, inputs, normalize_attrs(op, attrs))
         made = self._made.get(key) if key is not None else None
         if made is not None and not self.removed(made):
+            if self._place and made in self._anchor:  # placed before the first of the rewrites that read it
+                self._anchor[made] = min(self._anchor[made], max(self.graph.position(a) for a in self._place))
             return Ref(made)
         i = super().emit(op, inputs, **attrs)
         if key is not None:
