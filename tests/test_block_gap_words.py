@@ -87,7 +87,6 @@ def _graph(name: str):
 @pytest.mark.parametrize("name, guard, gap", [
     ("granite.onnx", "default_scale", SCALE),  # additive mask, attention multiplier 0.0625
     ("llama-block", "mask_kind_keep", CAUSAL),  # causal mask
-    ("falcon.onnx", "rope_one_table", TABLES),  # Q and K rotated by a cos/sin pair each
 ])
 def test_the_layers_say_the_gap_and_keep_their_count(name, guard, gap):
     r = RunVerdict.of(Pipeline.canonical().run(_graph(name)))

@@ -33,7 +33,7 @@ def rope_attention(n_rot: int = 16, k_only: bool = False, swapped: bool = False,
     `gathered`: the tables read by `gather(table, position_ids)`; `table_rank`: the duplicated table's view;
     `duplicated=False`: a full `[S, n_rot]` table whose halves differ (not a rotation: no rope op computes it);
     `interleaved`: GPT-J's rotate_every_two (pairs h[2i], h[2i+1]) with full `[S, d]` tables; `two_tables`: K rotated
-    by a cos/sin pair of its own (params `rotary_emb_k.*`), as falcon's export computes the table twice."""
+    by a cos/sin pair of its own (params `rotary_emb_k.*`): two tables, which the block's RoPE cannot take."""
     half = n_rot // 2
     lines = ['  %0 = input {name="hidden_states"} : f32[2, 8, 64]', '  %1 = input {name="attention_mask"} : i64[2, 8]']
     if gathered:
@@ -256,8 +256,8 @@ def test_real_exports_with_full_width_constant_tables_are_rewritten(source, stem
     t = Pipeline.canonical().run(m.graph)
     assert sum(m_.rule == RULE for s in t.steps for m_ in s.matches) == 4  # Q and K of both layers: a pass, not import
     assert not any(r.guard == "rope_on_heads" for r in t.rejections)
-    if source == "falcon":
-        assert any(n.op == Op.ATTENTION for n in t.final)
+    if source == "falcon":  # one table pair for Q and K (one narrow each, tests/test_rope_shared_table.py): the block
+        assert sum(n.op == Op.FUSED_ATTENTION_BLOCK and n.attrs["has_rope"] for n in t.final) == 2
     want = [v for k, v in io.items() if k.startswith("out:")][0]
     for v in (m.graph, t.final):
         assert np.max(np.abs(run_reference(v, feeds, m.weights)[0] - want)) <= 1e-5

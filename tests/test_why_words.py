@@ -82,7 +82,6 @@ def test_a_not_expected_line_says_its_failing_guard_first_then_why(name):
 
 @pytest.mark.parametrize("name, guard, fragment", [
     ("granite", "default_scale", "has scale=0.0625"),
-    ("falcon", "rope_one_table", "each is rotated by its own table pair"),
 ])  # deit.ortopt's unmasked attention is no mask story either: a gap in rlxviz's op (tests/test_op_gap_words.py)
 def test_the_block_line_names_its_own_guard_not_a_mask_story(name, guard, fragment):
     lines = [x for _, x in _not_expected_lines(_trace(name))
@@ -193,15 +192,17 @@ def test_graph_tooltips_say_what_the_table_says(name):
 
 
 def test_a_capture_met_at_another_node_says_its_own_hint():
-    """falcon: Q and K are narrows of one QKV projection, rotated by two cos tables (node 139 and 147): the refusal
-    says to compute the table once, not to run fuse_shared_input_matmul (whose only declined merge was QKV with the
-    MLP's FC1), and no "ran before and said no here" quote of that pass follows it."""
-    from rlxviz.models.onnx import load_onnx
+    """Q and K narrows of one QKV projection, each rotated by its own cos/sin table pair (two params): the refusal
+    says to compute the table once, not to run fuse_shared_input_matmul, and no "ran before and said no here" quote
+    of that pass follows it. (Falcon was this case while fuse_sdpa narrowed its one table twice, once per rotation:
+    tests/test_rope_shared_table.py.)"""
+    from test_rope_heads import rope_attention
+
+    from rlxviz.ir import parse_ir
     from rlxviz.passes import Pipeline
 
-    trace = Pipeline.canonical().run(load_onnx(Path(__file__).parent / "fixtures/onnx/cases/falcon.onnx",
-                                               seq=16).graph)
-    # the refusal is guard rope_one_table now (a form rlxviz's block lacks, tests/test_block_gap_words.py), met
+    trace = Pipeline.canonical().run(parse_ir(rope_attention(two_tables=True)))
+    # the refusal is guard rope_one_table (a form rlxviz's block lacks, tests/test_block_gap_words.py), met
     # before qkv_packed's capture; its own words name the two table pairs
     packed = [r for s in trace.steps for r in s.rejections if r.guard == "rope_one_table"]
     assert packed

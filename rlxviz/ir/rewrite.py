@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .builder import NodeEmitter
+from .emitter import Ref, normalize_attrs
 from .graph import Graph, GraphError, toposort
 from .infer import TensorType
 from .node import Node
@@ -29,6 +30,17 @@ def common_path(paths: Sequence[str]) -> str:
     if not parts:
         return ""
     return ".".join(os.path.commonprefix(parts))
+
+
+def _identity(op: Op, inputs: Sequence[int], attrs: dict[str, Any]) -> tuple | None:
+    """What makes two emitted nodes one value: op, operand ids and (canonical) attributes; None when an attribute
+    is not hashable (such a node is never reused)."""
+    key = (op, tuple(int(i) for i in inputs), tuple(sorted(attrs.items())))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 class Rewriter(NodeEmitter):
@@ -51,6 +63,7 @@ class Rewriter(NodeEmitter):
         self._remove: set[int] = set()
         self._anchor: dict[int, int] = {}
         self._place: tuple[int, ...] = ()
+        self._made: dict[tuple, int] = {}
 
     def lookup(self, i: int) -> Node:
         n = self._created.get(i)
@@ -85,6 +98,23 @@ class Rewriter(NodeEmitter):
         i = super()._add(op, inputs, t, attrs)
         if self._place:
             self._anchor[i] = max(self.graph.position(a) for a in self._place)
+        return i
+
+    def emit(self, op: Op, inputs: Sequence[int], **attrs: Any) -> int:
+        """Append `op(inputs)`, or return the node this rewriter already made with the same op, operands and
+        attributes (and that no call removed or replaced since): a rewrite never makes two identical nodes for one
+        value (two matches of a rule reading one table, each narrowing it, share one narrow; `rope_heads`). The
+        reused node keeps the provenance it was made with, placed where the first rewrite that reads it is. Raises
+        ShapeError when the types do not fit."""
+        key = _identity(op, inputs, normalize_attrs(op, attrs))
+        made = self._made.get(key) if key is not None else None
+        if made is not None and not self.removed(made):
+            if self._place and made in self._anchor:  # placed before the first of the rewrites that read it
+                self._anchor[made] = min(self._anchor[made], max(self.graph.position(a) for a in self._place))
+            return Ref(made)
+        i = super().emit(op, inputs, **attrs)
+        if key is not None:
+            self._made[key] = int(i)
         return i
 
     def replace(self, old: int, new: int) -> None:

@@ -167,12 +167,18 @@ def fix_line(trace: Trace, step: int, r: Rejection) -> str:
 
 def _refused_by(trace: Trace, step: int, r: Rejection, name: str) -> tuple[int, Rejection] | None:
     """`(step, refusal)`: the last headline refusal of pass `name`, run before `trace.steps[step]`, on rejection
-    `r`'s nodes or their producers; None when it refused none there (or did not run before)."""
+    `r`'s nodes or their producers, one anchored there first (a refusal that only shares a node read by several
+    layers, one RoPE table or mask, is another layer's); None when it refused none there (or did not run before)."""
     mine = {*r.bindings.values(), *r.offending, r.anchor}
-    related = [(k, x) for k, s in enumerate(trace.steps[:step]) if s.pass_name == name and not s.error
-               for x in s.rejections
-               if x.headline and ({*x.bindings.values(), *x.offending, x.anchor} & _producers(s.before, mine))]
-    return related[-1] if related else None
+    related = []
+    for k, s in enumerate(trace.steps[:step]):
+        if s.pass_name != name or s.error:
+            continue
+        near = _producers(s.before, mine)
+        related += [(x.anchor in near, k, x) for x in s.rejections
+                    if x.headline and {*x.bindings.values(), *x.offending, x.anchor} & near]
+    pick = [(k, x) for at, k, x in related if at] or [(k, x) for _, k, x in related]
+    return pick[-1] if pick else None
 
 
 def _what_ran(trace: Trace, step: int, r: Rejection, name: str) -> str | None:

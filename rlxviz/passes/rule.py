@@ -247,7 +247,7 @@ Step = Shape | User | Guard | Soft | Callable[[Ctx], "Fail | None"]
 def _miss_fail(name: str, ctx: Ctx, m: Miss, hint: str, fix: str = "") -> Fail:
     """A structure failure from the deepest partial match: the edge that failed, found vs needed. A capture that met
     another node than the one it is bound to says its own hint where it has one (`P.var(hint=)`): the step's hint
-    is about the structure as a whole (falcon's Q and K, narrows of one QKV but rotated by two cos tables, were told
+    is about the structure as a whole (Q and K, narrows of one QKV but rotated by two cos tables, were told
     to run fuse_shared_input_matmul)."""
     hint = m.hint if m.hint and m.expected.startswith(SAME_NODE) else (hint or m.hint)
     msg = f"{where(m, ctx.label)} is {m.found}; needs {m.expected}{also_read(m)}" + (f": {hint}" if hint else "")

@@ -299,8 +299,8 @@ SCALE_GAP = "FusedAttentionBlock with a non-default scale"
 """What rlxviz's block lacks for an attention whose scale is not 1/sqrt(head_dim) (Granite's attention multiplier):
 the block computes the default scale only."""
 ROPE_TABLES_GAP = "FusedAttentionBlock with separate cos/sin tables for Q and K"
-"""What rlxviz's block lacks for Q and K rotated by a cos/sin table pair each (Falcon computes the tables twice):
-the block's RoPE reads one pair for both."""
+"""What rlxviz's block lacks for Q and K rotated by a cos/sin table pair each (two different tables, not two copies
+of one computation, `same_computation`): the block's RoPE reads one pair for both."""
 ROPE_TABLES_FIX = "a FusedAttentionBlock RoPE that takes a cos/sin pair for Q and another for K"
 INTEGER_QKV_GAP = "FusedAttentionBlock over integer-matmul Q/K/V projections (dynamic quantization)"
 """What rlxviz's block lacks for an attention whose Q/K/V are projected by integer matmuls (`quantize_dynamic`'s
@@ -318,17 +318,34 @@ QK_NORM_FIX = ("give FusedAttentionBlock per-head norms of Q and K (their weight
 
 def _own_tables(c: Ctx) -> tuple[Node, Node] | None:
     """`(q rope, k rope)` when the attention's Q and K are each rotated by the rope op, each of a narrow of one packed
-    projection (the block's Q/K form, guard `qkv_packed`), and the two read different cos/sin nodes (Falcon computes
-    the tables once per rotation), else None: the block's RoPE (`has_rope`) reads one pair for both, so it has no form
-    for them. Q/K in another layout (a reshape of the packed projection) is left to `qkv_packed`."""
+    projection (the block's Q/K form, guard `qkv_packed`), and the two read different cos/sin tables (not one value:
+    two identical narrows of one table are one table, `same_computation`), else None: the block's RoPE (`has_rope`)
+    reads one pair for both, so it has no form for them. Q/K in another layout (a reshape of the packed projection)
+    is left to `qkv_packed`."""
     g, attn = c.graph, c["attn"]
     q, k = g[attn.inputs[0]], g[attn.inputs[1]]
-    if q.op != Op.ROPE or k.op != Op.ROPE or q.inputs[1:3] == k.inputs[1:3]:
+    if q.op != Op.ROPE or k.op != Op.ROPE or all(same_computation(g, a, b) for a, b in zip(q.inputs[1:3],
+                                                                                           k.inputs[1:3],
+                                                                                           strict=True)):
         return None
     qn, kn = g[q.inputs[0]], g[k.inputs[0]]
     if qn.op == kn.op == Op.NARROW and qn.inputs[0] == kn.inputs[0]:
         return q, k
     return None
+
+
+def same_computation(g: Graph, a: int, b: int, depth: int = 16) -> bool:
+    """Nodes a and b are one value: the same node, or the same op with the same attributes on operands that are one
+    value each (two identical narrows of one table), followed at most `depth` ops deep. Leaves (inputs, params,
+    constants) are one value only as the same node (or a constant of one value)."""
+    if a == b:
+        return True
+    na, nb = g[a], g[b]
+    if depth == 0 or na.op != nb.op or na.attrs != nb.attrs or na.type != nb.type or len(na.inputs) != len(nb.inputs):
+        return False
+    if not na.inputs:
+        return na.op == Op.CONST
+    return all(same_computation(g, x, y, depth - 1) for x, y in zip(na.inputs, nb.inputs, strict=True))
 
 
 def _explain_own_tables(c: Ctx) -> str:
