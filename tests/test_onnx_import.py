@@ -291,8 +291,9 @@ def test_llama_export_gets_rope_and_packed_grouped_query_attention():
     trace = Pipeline.canonical().run(m.graph)
     ropes = [x for s in trace.steps for x in s.matches if x.rule == "fuse_sdpa.rope_heads"]
     assert not m.graph.find(Op.ROPE) and len(ropes) == 4  # q and k of both layers: a pass makes the rope op
-    attn = trace.final.find(Op.ATTENTION)
-    assert [(a.attrs["num_heads"], a.attrs["num_kv_heads"]) for a in attn] == [(4, 2), (4, 2)]
+    # one RoPE table pair read by Q and K (fuse_sdpa makes each table's narrow once): the block takes the layer
+    attn = trace.final.find(Op.FUSED_ATTENTION_BLOCK)
+    assert [(a.attrs["num_heads"], a.attrs["num_kv_heads"], a.attrs["has_rope"]) for a in attn] == [(4, 2, True)] * 2
     assert len(trace.final.find(Op.FUSED_SWIGLU)) == 2
     np.testing.assert_allclose(run_reference(trace.final, feeds, m.weights)[0], want, atol=2e-5, rtol=1e-4)
 
