@@ -27,6 +27,7 @@ decided in `passes.why.policy` (`not_expected`), nowhere else.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 
 from ..ir import DType, Graph, Node, Op
 from ..ir.identity import DigestCache
@@ -228,24 +229,30 @@ def _layer_nodes(g: Graph, layer: int | None) -> list[Node]:
 _THROUGH = frozenset({Op.RESHAPE, Op.TRANSPOSE, Op.NARROW, Op.ROPE, Op.CAST, Op.EXPAND})
 
 
-def _projection(g: Graph, i: int) -> Node | None:
-    """The projection a Q/K/V operand comes from (`matmul(x, w)`, `FusedMatMulBiasAct(x, ...)`), through head
-    reshapes, transposes, narrows of a packed projection, a rope, casts, a bias add or a scale, and the i32 sum of an
-    integer matmul's chunks (`quant_steps.integer_matmul`); None when it is no projection within a few steps."""
-    for _ in range(12):  # rope, head split and merge, a scale, a bias, a dequantizing scale and cast: 10 in ESM
+def _read_through(g: Graph, i: int) -> Iterator[Node]:
+    """The nodes a Q/K/V operand `i` is read through, nearest first: itself, then up through head reshapes,
+    transposes, narrows, a rope, casts (`_THROUGH`), the i32 sum of an integer matmul's chunks
+    (`quant_steps.integer_matmul`), and a bias add or a scale (the one computed operand of its rank); it stops at a
+    node it cannot see through, or after 12 (rope, head split and merge, a scale, a bias, a dequantizing scale and
+    cast: 10 in ESM)."""
+    for _ in range(12):
         n = g[i]
-        if n.op in (Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT):
-            return n
+        yield n
         if n.op in _THROUGH or (n.op == Op.ADD and n.dtype == DType.i32):
             i = n.inputs[0]
         elif n.op in (Op.ADD, Op.MUL, Op.DIV):
             proj = [j for j in n.inputs if g[j].op not in (Op.PARAM, Op.CONST) and g[j].rank == n.rank]
             if len(proj) != 1:
-                return None
+                return
             i = proj[0]
         else:
-            return None
-    return None
+            return
+
+
+def _projection(g: Graph, i: int) -> Node | None:
+    """The projection a Q/K/V operand comes from (`matmul(x, w)`, `FusedMatMulBiasAct(x, ...)`), read through
+    `_read_through`'s ops; None when it is no projection within a few steps."""
+    return next((n for n in _read_through(g, i) if n.op in (Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT)), None)
 
 
 def _projected_input(g: Graph, i: int) -> int | None:
@@ -271,22 +278,12 @@ def integer_qkv(g: Graph, a: Node) -> str | None:
 
 def _norm_on(g: Graph, i: int) -> Node | None:
     """The norm (`layer_norm` / `rms_norm`) a Q/K operand is read through between its projection and the attention
-    (QK-norm), through head reshapes, transposes, narrows, a rope, casts, a bias add or a scale; None when the walk
-    meets the projection first, or a norm with no projection behind it."""
-    for _ in range(12):
-        n = g[i]
+    (QK-norm), read through `_read_through`'s ops; None when the walk meets the projection first, or a norm with no
+    projection behind it."""
+    for n in _read_through(g, i):
         if n.op in (Op.LAYER_NORM, Op.RMS_NORM):
             return n if _projection(g, n.inputs[0]) is not None else None
         if n.op in (Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT):
-            return None
-        if n.op in _THROUGH:
-            i = n.inputs[0]
-        elif n.op in (Op.ADD, Op.MUL, Op.DIV):
-            proj = [j for j in n.inputs if g[j].op not in (Op.PARAM, Op.CONST) and g[j].rank == n.rank]
-            if len(proj) != 1:
-                return None
-            i = proj[0]
-        else:
             return None
     return None
 
