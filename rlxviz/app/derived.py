@@ -67,6 +67,11 @@ def step_places(step: PassStep, trace: Trace | None = None) -> Places:
     return Places([r for r in heads.values() if r.near_miss], excused, at)
 
 
+def _counted(p: Places) -> bool:
+    """Whether a chip counts any place of `p`: a near-miss (✗) or a place that is nothing to fix (○)."""
+    return bool(p.near_misses or p.excused)
+
+
 def refusals(step: PassStep, trace: Trace | None = None) -> list[Rejection]:
     """The hard near-misses of `step` of `trace`, one per place (`step_places`: a candidate with four failing guards
     is one refusal), judged by the verdict's rule (`passes.why.verdict.standing`: not the model's own term, not a
@@ -103,8 +108,7 @@ class Derived:
             # a crash stays shown, and so does a pass whose only events are refusals its chip counts (the one an
             # engineer looks for): near-misses (✗) and places that are nothing to fix (○), so every place a chip
             # counts is on a chip shown (a newcomer found llama-block's three ○ in no chip)
-            if step is None or not hide or step.changed or step.error or refusals(step, trace) or \
-                    not_near_misses(step, trace):
+            if step is None or not hide or step.changed or step.error or _counted(step_places(step, trace)):
                 out.append((k, label))
         return out
 
