@@ -73,7 +73,7 @@ def test_the_rejection_count_is_readable_on_its_chip(selected):
     html = VersionStepper(state=s)._counts()
     chip = next(c for c in html.split("<span class='rv-chip'")[1:] if "✗" in c)
     chip_bg = re.search(r"background:(#[0-9a-f]{6})", chip).group(1)
-    mark = re.search(r"<span title='rejections of this pass[^']*' style='([^']*)'>✗", chip).group(1)
+    mark = re.search(r"<span class='rv-rejected' title='[^']*' style='([^']*)'>✗", chip).group(1)
     colour = re.search(r"(?:^|;)color:(#[0-9a-f]{6})", mark).group(1)
     behind = m.group(1) if (m := re.search(r"background:(#[0-9a-f]{6})", mark)) else chip_bg
     assert _contrast(colour, behind) >= 4.5, (colour, behind, _contrast(colour, behind))

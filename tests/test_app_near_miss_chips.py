@@ -122,3 +122,47 @@ def test_the_faded_mark_says_what_it_counts_and_groups_its_places_by_node(monkey
     from rlxviz.viz.overlay import before_caption  # the before pane's caption (the CLI's drawings too): the nodes
 
     assert before_caption(s.trace.steps[k], s.trace).endswith(f"○{n} not near-misses at {nodes} nodes")
+
+
+@pytest.mark.parametrize("variant", ["extra_h1_user", "over_threshold"])
+def test_the_rejection_mark_names_its_places_node_by_node(variant):
+    """The ✗ tooltip said only what it counts ("rejections of this pass (near-misses, one per pattern and place)")
+    while the faded ○'s names its places node by node: a newcomer had to open the table to learn where. It now names
+    them the same way, from the same reading (`passes.why.places.places`): how many at how many nodes, each place
+    as `PATH: RULE (GUARD)`."""
+    from rlxviz.passes.why.places import PLACE_UNIT, places
+
+    s = app(preset="bert-tiny")
+    s.apply_variant(variant)
+    rows = {r["version"]: r for r in s.version_rows()}
+    seen = 0
+    for k, st in enumerate(s.trace.steps):
+        p = places(s.trace, k)
+        label = f"after {st.pass_name}"
+        if not p.near_misses or label not in rows:
+            continue
+        seen += 1
+        row = rows[label]
+        want = [f"{r.path or '-'}: {r.rule} ({r.guard})" for r in p.near_misses]
+        assert row["rejected"] == want and row["rejected_at"] == [r.anchor for r in p.near_misses]
+        tip = re.search(r"<span class='rv-rejected' title='([^']*)' style='[^']*'>✗(\d+)</span>", chips(s)[label])
+        assert tip is not None and int(tip.group(2)) == len(want), chips(s)[label]
+        nodes = len({r.anchor for r in p.near_misses})
+        head = f"{len(want)} at {nodes} node{'s' * (nodes != 1)} ({PLACE_UNIT}): "
+        assert tip.group(1).startswith(head), tip.group(1)
+        assert all(w in tip.group(1) for w in want), tip.group(1)
+    assert seen, variant
+
+
+def test_the_rejection_marks_places_group_by_node_and_are_text_not_markup():
+    """Two patterns refused at one node are one node's entry, as in the ○ tooltip; a node's name from the model is
+    text in the tooltip, never markup (it cannot close the attribute or open a tag)."""
+    from rlxviz.app.panels import rejected_mark
+
+    items = ["enc.0': fuse_a.p (g1)", "enc.0': fuse_b.q (g2)", "x<b onmouseover=alert(1)>: fuse_a.p (g1)"]
+    mark = rejected_mark(items, [4, 4, 9], "color:#c62828")
+    tip = re.fullmatch(r" <span class='rv-rejected' title='([^']*)' style='color:#c62828'>✗3</span>", mark)
+    assert tip is not None, mark
+    assert "<b" not in mark and "&lt;b onmouseover=alert(1)&gt;" in tip.group(1)
+    assert tip.group(1).startswith("3 at 2 nodes (one per pattern and place): rejections of this pass (near-misses): ")
+    assert "2 patterns at one node: enc.0&#x27;: fuse_a.p (g1) | enc.0&#x27;: fuse_b.q (g2); x&lt;b" in tip.group(1)

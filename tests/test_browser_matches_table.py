@@ -18,7 +18,7 @@ def test_the_table_says_what_it_lists_and_follows_the_selected_pass(browser, ser
         pg.locator(".rv-start-break button").click()
         expect(pg.locator(".rv-message")).to_contain_text("NOT fused", timeout=3 * WAIT_MS)
         expect(pg.locator(".rv-progress-text")).to_be_hidden(timeout=3 * WAIT_MS)
-        badge = pg.locator(".rv-chip[style*='#1565c0'] span[title^='rejections of this pass']")
+        badge = pg.locator(".rv-chip[style*='#1565c0'] span.rv-rejected")
         expect(badge).to_have_css("background-color", "rgb(255, 255, 255)")
         expect(badge).to_have_css("color", "rgb(198, 40, 40)")
         open_tab(pg, "Matches")

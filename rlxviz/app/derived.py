@@ -191,7 +191,8 @@ class Derived:
     def version_rows(self) -> list[dict[str, Any]]:
         """One row per shown version: label, compute-node count, fused-node count, change in nodes, the other nodes
         it added and removed (`viz.overlay.other_changes`: "-2 params/consts", "" for none), the pass's
-        matches, its rejections (`refusals`: hard near-misses by place, the chip's ✗) and `not_near_misses`: group ->
+        matches, its rejections (`refusals`: hard near-misses by place, the chip's ✗), `rejected`: each of them named
+        (`Places.near_miss_items`) and `rejected_at`: its anchor node, and `not_near_misses`: group ->
         its places that are no near-miss (`passes.why.verdict.standing`: a lookalike, the model's own term, a declined
         merge, not expected of the layer), which the chip shows apart, not as a failure, and `not_near_miss_at`: the
         anchor node of each (`step_places`)."""
@@ -208,7 +209,8 @@ class Derived:
             rows.append({"#": k, "version": label, "nodes": n, "change": n - prev,
                          "others": other_changes(step) if step else "",
                          "matches": len(step.matches) if step else 0,
-                         "rejections": len(p.near_misses), "not_near_misses": p.excused,
+                         "rejections": len(p.near_misses), "rejected": p.near_miss_items(),
+                         "rejected_at": [r.anchor for r in p.near_misses], "not_near_misses": p.excused,
                          "not_near_miss_at": p.excused_at,
                          "crashed": bool(i and self.trace.steps[i - 1].error),
                          "fused": sum(1 for x in g if x.pass_name), "ms": (self.trace.steps[i - 1].seconds * 1e3

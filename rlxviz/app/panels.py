@@ -104,6 +104,23 @@ def _at_one_node(items: list[str]) -> str:
     return f"{len(items)} patterns at one node: " + " | ".join(said)
 
 
+def _node_by_node(items: list[str], anchors: list[int]) -> str:
+    """`items` (places) grouped by their anchor node (`anchors`, one per item), each node's as `_at_one_node` says them;
+    `; ` between them where an item says why (`PATH: RULE ...`), else `, `."""
+    by_node: dict[int, list[str]] = {}
+    for a, item in zip(anchors, items, strict=True):
+        by_node.setdefault(a, []).append(item)
+    said = [_at_one_node(x) for x in by_node.values()]
+    sep = _SEP if any(": " in x for x in said) else ", "
+    return sep.join(said)
+
+
+def _counted_at(n: int, anchors: set[int]) -> str:
+    """A chip tooltip's head: what it counts and at how many nodes, `7 at 4 nodes (one per pattern and place)`."""
+    m = len(anchors)
+    return f"{n} at {m} node{'s' if m != 1 else ''} ({PLACE_UNIT})"
+
+
 def not_near_miss_mark(kinds: Mapping[str, list[str]], at: Mapping[str, list[int]] | None = None) -> str:
     """A chip's neutral mark for a pass's places that are no near-miss (`derived.not_near_misses`: group -> items;
     `at`: group -> the anchor node of each item, `Places.excused_at`): `○N` (N places, `PLACE_UNIT`: two patterns
@@ -117,16 +134,22 @@ def not_near_miss_mark(kinds: Mapping[str, list[str]], at: Mapping[str, list[int
     for k, items in kinds.items():
         anchors = list(at.get(k, ())) if len(at.get(k, ())) == len(items) else list(range(-len(items), 0))
         nodes.update(anchors)
-        by_node: dict[int, list[str]] = {}
-        for a, item in zip(anchors, items, strict=True):
-            by_node.setdefault(a, []).append(item)
-        said = [_at_one_node(x) for x in by_node.values()]
-        sep = _SEP if any(": " in x for x in said) else ", "
-        groups.append(f"{left_out_heading(k, len(items))}: {sep.join(said)}")
-    m = len(nodes)
-    head = f"{n} at {m} node{'s' if m != 1 else ''} ({PLACE_UNIT})"
+        groups.append(f"{left_out_heading(k, len(items))}: {_node_by_node(items, anchors)}")
+    head = _counted_at(n, nodes)
     return (f" <span class='rv-lookalike' title='{html_text(head + ': ' + '; '.join(groups))}' style='opacity:.7'>"
             f"{NOT_NEAR_MISS_MARK}{n}</span>")
+
+
+def rejected_mark(items: list[str], at: list[int], style: str) -> str:
+    """A chip's `✗N` for a pass's near-miss places (`Places.near_miss_items`, in the run's order; `at`: the anchor
+    node of each), in `style` (the rejection's red). Its tooltip names them node by node as the faded `○`'s does
+    (`not_near_miss_mark`): what is counted and at how many nodes, then each place as `PATH: RULE (GUARD)`, e.g.
+    `2 at 1 node (one per pattern and place): rejections of this pass (near-misses): 2 patterns at one node: ...`.
+    Node names are the model's text: escaped, never markup."""
+    n = len(items)
+    anchors = list(at) if len(at) == n else list(range(-n, 0))
+    tip = f"{_counted_at(n, set(anchors))}: rejections of this pass (near-misses): {_node_by_node(items, anchors)}"
+    return f" <span class='rv-rejected' title='{html_text(tip)}' style='{style}'>✗{n}</span>"
 
 
 class VersionStepper(Viewer):
@@ -232,9 +255,8 @@ class VersionStepper(Viewer):
                 delta += f" <span title='matches of this pass'>✓{r['matches']}</span>"
             # red on the selected chip's dark blue was unreadable (issue 39): there, red on a white badge
             red = REJECTED_ON_SELECTED if cur else "color:#c62828"
-            if r.get("rejections"):
-                delta += (f" <span title='rejections of this pass (near-misses, {PLACE_UNIT})' style='{red}'>"
-                          f"✗{r['rejections']}</span>")
+            if r.get("rejections"):  # the places named node by node, as the faded ○'s tooltip names its own
+                delta += rejected_mark(r.get("rejected", []), r.get("rejected_at", []), red)
             if r.get("not_near_misses"):  # a lookalike or the model's own term: said, not marked as a failure
                 delta += not_near_miss_mark(r["not_near_misses"], r.get("not_near_miss_at"))
             if r.get("crashed"):

@@ -37,9 +37,20 @@ class Places:
     excused: dict[str, list[str]]
     excused_at: dict[str, list[int]] = field(default_factory=dict)
 
+    def near_miss_items(self) -> list[str]:
+        """Each near-miss place (`near_misses`), in the run's order, as a chip's `✗` tooltip names it
+        (`near_miss_item`); the anchor of each: `Rejection.anchor`."""
+        return [near_miss_item(r) for r in self.near_misses]
+
     def nodes(self) -> int:
         """How many nodes the places that are no near-miss sit at (two patterns refused at one: one node)."""
         return len({a for anchors in self.excused_at.values() for a in anchors})
+
+
+def near_miss_item(r: Rejection) -> str:
+    """A near-miss place named by its headline refusal `r`: `PATH: RULE (GUARD)` (`-` for no path), as the items of a
+    place that is no near-miss name theirs where the reason differs by place (`Places.excused`)."""
+    return f"{r.path or '-'}: {r.rule} ({r.guard})"
 
 
 def place_standings(trace: Trace, step: int) -> dict[tuple[str, int], tuple[Rejection, tuple[str, str] | None]]:
@@ -102,4 +113,5 @@ def places(trace: Trace, step: int) -> Places:
     return Places(near, excused, excused_at)
 
 
-__all__ = ["LEFT_OUT_STATUS", "PLACE_UNIT", "REJECTED", "Places", "place_standings", "place_status", "places"]
+__all__ = ["LEFT_OUT_STATUS", "PLACE_UNIT", "REJECTED", "Places", "near_miss_item", "place_standings", "place_status",
+           "places"]
