@@ -103,3 +103,32 @@ def test_what_an_overlay_does_not_colour_reads_as_no_legend_colour(s):
             assert all(delta_e(f, c) >= MIN_DELTA_E for c in legend_fills), (k, f)
     s.overlay = "none"  # no overlay: the status fills and op colours are back
     assert UNCOLOURED not in {f for k, f in _fills(s.svg()).items() if k.startswith("layer") and k != "layer0"}
+
+
+def _cluster_fills(svg: str) -> dict[str, str]:
+    """The fill of each match (`m<k>`) and rejection (`r<k>`) cluster drawn."""
+    return {m.group(1): m.group(2) for m in re.finditer(r'<g id="([mr]\d+)" class="cluster">.*?fill="(#[0-9a-f]{6})"',
+                                                        svg, re.S)}
+
+
+@pytest.mark.parametrize("variant", [None, "extra_h1_user"])
+def test_match_and_rejection_clusters_are_grey_under_an_overlay(s, variant):
+    """A newcomer's error overlay on the before pane: the nodes it did not colour were grey, but each match's cluster
+    kept its green or blue tint, read as a legend colour. While an overlay is on, a cluster's fill is grey
+    (`heat.UNCOLOURED`, the legend's "not coloured") like every node and box it does not colour; without one the
+    tints are back."""
+    from rlxviz.viz.heat import UNCOLOURED
+
+    if variant:
+        s.apply_variant(variant)
+    k = next(k for k in range(len(s.version_labels))
+             if any(c.startswith("r" if variant else "m") for c in _cluster_fills(s.svg_before(k))))
+    s.version = k
+    plain = _cluster_fills(s.svg_before())
+    assert plain and UNCOLOURED not in plain.values(), plain
+    s.overlay = "error"
+    assert s.heat_before(), k  # the overlay colours nodes of the before pane
+    shaded = _cluster_fills(s.svg_before())
+    assert shaded.keys() == plain.keys() and set(shaded.values()) == {UNCOLOURED}, shaded
+    s.overlay = "none"
+    assert _cluster_fills(s.svg_before()) == plain

@@ -168,6 +168,12 @@ class _Drawer:
                 got.append(i)
         return got
 
+    def _cluster_fill(self, fill: str) -> str:
+        """A match's or rejection's cluster fill: `fill`, or grey (`heat.UNCOLOURED`) while an overlay colours nodes
+        (`Overlay.heat`), as every node and layer box it does not colour (a match's green tint read as a legend
+        colour); its outline and label keep the cluster's colour."""
+        return UNCOLOURED if self.ov.heat else fill
+
     def _decorate(self) -> None:
         ov = self.ov
         for k, m in enumerate(ov.matches):
@@ -179,7 +185,8 @@ class _Drawer:
                     self.border[i] = (color, 2.0, False)
             members = self._claim(sorted(extent), len(self.clusters))
             label = f"{m.rule or m.pass_name}\n{_into(m.path, ov.match_ops.get(m.anchor, 'fused'))}"
-            self.clusters.append((f"m{k}", {"label": label, "color": color, "fillcolor": tint(color, 0.9),
+            fill = self._cluster_fill(tint(color, 0.9))
+            self.clusters.append((f"m{k}", {"label": label, "color": color, "fillcolor": fill,
                                             "style": "rounded,filled", "penwidth": "2", "fontcolor": color,
                                             "tooltip": _tip(f"{m.pass_name} / {m.rule}: roles "
                                                             + ", ".join(f"{r}=%{i}" for r, i in m.bindings.items()))},
@@ -219,7 +226,7 @@ class _Drawer:
         members = self._claim([r.anchor, *inner], len(self.clusters))
         style = "rounded,dashed,filled" if r.stage == "guard" else "rounded,dotted,filled"
         self.clusters.append((f"r{k}", {"label": f"✗ {r.rule}: {r.guard}\n{r.path}", "color": st.REJECT,
-                                        "fillcolor": "#fff5f5", "style": style, "penwidth": "2",
+                                        "fillcolor": self._cluster_fill("#fff5f5"), "style": style, "penwidth": "2",
                                         "fontcolor": st.REJECT, "tooltip": _tip(tip)}, members))
         for i in dict.fromkeys((r.anchor, mark, *r.offending)):
             self.rejection_tips.setdefault(i, []).append(tip)
