@@ -1,7 +1,8 @@
 """`Runs`: the jobs of an `AppState`, which holds them (`state.runs`; no Panel import): loading a model and running the
 pipeline, and an upload's files; timing every version and the per-node overlay are `measure.Measurements`'. Each job
 runs on the state's `Runner`; its state changes are made on the page's thread, through the state's status calls
-(`AppState._start`, `_set_progress`, `_stop`, `_error`).
+(`AppState._start`, `_set_progress`, `_stop`, `_error`). The teaching variant's notice after a load is
+`variantnote.variant_notice`'s.
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ from .. import session
 from ..ir import IRSyntaxError
 from ..models import VARIANTS, BertConfig, Model
 from ..passes import Trace
-from ..passes.why.verdict import standing
 from ..session import Limits, SessionError
 from ..session import render as drawing
-from .derived import INPUT_FIRST, refusals
+from .derived import INPUT_FIRST
 from .sources import (
     ONNX_UPLOAD_NAME,
     SourceError,
@@ -36,6 +36,7 @@ from .sources import (
     resolve_in_roots,
     store_upload,
 )
+from .variantnote import variant_notice
 from .wording import (
     SHAPE_VARIANT,
     VARIANT_LABELS,
@@ -468,60 +469,13 @@ class Runs:
             if clamped:  # no variant notice says it: the message does, after a switch's sentence
                 s.param.update(message=s.with_switch(clamped), message_kind="info")
             return
-        layer = None if s.variant == SHAPE_VARIANT else s.variant_layer
-        rej = [r for r in s.trace.rejections  # near-misses by the verdict's rule, as the chips count them
-               if (layer is None or r.layer == layer) and standing(s.trace, r) is None]
-        label = VARIANT_LABELS[s.variant]
-        shape = ""
-        if s.variant == SHAPE_VARIANT and s.effective_threshold is not None:
-            b, sq, limit = s.batch, s.effective_seq, s.effective_threshold
-            raised = (f"The sequence length was raised from {s._seq_raised[0]} to {sq} (see Sequence length) so "
-                      if s._seq_raised else "")
-            over = "is over" if b * sq > limit else "is still not over"
-            shape = f" {raised}batch*seq = {b}*{sq} = {b * sq} {over} the attention threshold {limit}."
-            # the gate it sets (shown in the sidebar's Attention gate box) and that it is model-wide, first: the
-            # banner opens folded to one line; the same words as `rlxviz explain --variant` (`variant_note`)
-            who = session.gate_note(s.variant, s.threshold)
-            gate = f" {who[0].upper()}{who[1:]} (see Attention gate)." if who else ""
-            shape = f" {session.MODEL_WIDE[0].upper()}{session.MODEL_WIDE[1:]}.{shape}{gate}"
-        status = s.layer_status(layer) if layer is not None and layer in s.layers() else None
-        if status is not None and status.first is not None:  # the Why tab's answer, word for word
-            first = status.first
-            shown = next((r for r in rej if (r.rule, r.guard) == (first.rule, first.guard)), None)
-            s.param.update(selected_layer=layer, highlight=list(
-                (shown.offending or (shown.anchor,)) if shown is not None else first.nodes))
-            verdict = "fused" if status.fused else "NOT fused"
-            text = (f"Teaching variant '{label}':{shape} layer {layer} {verdict}; first rejection {first.rule} at "
-                    f"guard {first.guard}: {first.message}")
-        elif rej:
-            first = rej[0]
-            s.param.update(selected_layer=layer if layer is not None else first.layer,
-                           highlight=list(first.offending or (first.anchor,)))
-            text = (f"Teaching variant '{label}':{shape} {first.pass_name} rejected at guard {first.guard}: "
-                    f"{first.message}")
-        else:
-            where = "" if layer is None else f" in layer {layer}"
-            text = f"Teaching variant '{label}':{shape} no pass rejected anything{where}."
-            if status is not None:  # a variant meant to keep the fusion: the Why tab opens on its layer too
-                s.param.update(selected_layer=layer, highlight=[])
-        text = text.replace(f"Teaching variant '{label}':", f"Teaching variant '{label}' ({self._variant_meant()}):", 1)
+        text = variant_notice(s)
         if clamped and s.variant == SHAPE_VARIANT:
             text = f"{clamped} {text}"
         if s.layer_note:  # the layer asked for was past the model's: say which one the variant changed
             text, s.layer_note = f"{s.layer_note} {text}", ""
         self._variant_notice = text
         s.param.update(message=text, message_kind="info")
-
-    def _variant_meant(self) -> str:
-        """What the chosen teaching variant is meant to show (`Variant.breaks`), and whether the run agrees."""
-        s = self.state
-        v = VARIANTS[s.variant]
-        layer = None if s.variant == SHAPE_VARIANT else s.variant_layer
-        fused = (s.layer_status(layer).fused if layer is not None and layer in s.layers()
-                 else not any(refusals(st, s.trace) for st in s.trace.steps))  # as the chips count
-        if v.breaks:
-            return "meant to break the fusion" + ("; yet it fused" if fused else "")
-        return "meant to keep the fusion: the rules should still fuse it" + ("" if fused else "; yet it did not fuse")
 
     def load_upload(self, files: dict[str, bytes]) -> None:
         """Accept an uploaded `config.json` + `model.safetensors` or one `.onnx` file (size-limited) and load it.
