@@ -1,8 +1,24 @@
-"""The CLI in-process for tests: `run` a command, and `one_line` / `one_line_error` for its one-line errors."""
+"""The CLI in-process for tests: `run` a command, and `one_line` / `one_line_error` for its one-line errors; `rlxviz`
+runs it in a subprocess."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 from rlxviz import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+"""The repository root (a subprocess's working folder)."""
+PY = ROOT / ".venv" / "bin" / "python"
+"""The project's interpreter, when it has one there (else this one)."""
+
+
+def rlxviz(*args) -> subprocess.CompletedProcess:
+    """`python -m rlxviz ARGS` in a subprocess at the repository root (text output captured, 300 s at most)."""
+    return subprocess.run([str(PY if PY.exists() else sys.executable), "-m", "rlxviz", *map(str, args)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
 def run(capsys, *args) -> tuple[int, str, str]:

@@ -87,7 +87,7 @@ COMPUTE_TESTS: dict[str, str] = {
     "test_cli_run.py::test_subprocess_minilm_matches_fixture": "the CLI in a subprocess on the real model",
     "test_cli_run.py::test_bad_inputs_subprocess": "the CLI in a subprocess, per bad input",
     "test_cli_debug.py::test_subprocess_errors_have_no_traceback": "the CLI in subprocesses",
-    "test_cli_debug.py::test_ir_pipe_closed_early_is_not_an_error": "a shell pipeline of the CLI",
+    "test_cli_render_time.py::test_ir_pipe_closed_early_is_not_an_error": "a shell pipeline of the CLI",
     "test_warnings_quiet.py::test_no_raw_warning_reaches_the_terminal_on_hostile_files": "the CLI in a "
                                                                                         "subprocess per file",
     # uploads and paths loaded in a short child process each, bounded in CPU time (the isolated loader: 120 s, a
