@@ -452,7 +452,9 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
         done = [item for op, item in items if made_as(Op(op)) == FUSED_INTO]  # a plain op a rewrite made: rewritten
         rewritten = [item for op, item in items if made_as(Op(op)) != FUSED_INTO]
         wanted = [o.pass_name for o in ex.outcomes if o.status == "fused" or o in rejected]
-        expected = ", ".join(product(n, made_by(trace, ex, n)) for n in dict.fromkeys(wanted))
+        expected = ", ".join(product(n, made_by(trace, ex, n), [o.rule for o in ex.outcomes if o.pass_name == n
+                                                                 and o.status == "fused"])
+                             for n in dict.fromkeys(wanted))
     made = {(o.rule, g) for o in ex.outcomes if o.status == "fused" for g, _, _ in o.soft}
     fused = fused and not (cannot and expect == "model")  # `first` stays what the run itself refused
     if cannot and expect == "model" and expected:
