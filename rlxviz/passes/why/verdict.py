@@ -21,7 +21,7 @@ from ..explain import Outcome, explain
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
 from ..report import MissedFusion, left_out_line, left_out_rejections
 from ..trace import Rejection, Trace, layer_of, resolve_layers, same_stack_as
-from ..whatif import fix_alone_blocker
+from ..whatif import Blocker, fix_alone_blocker
 from . import text
 from .facts import RunFacts, illegal_here, made_by, op_of, recognized, silent
 from .kinds import LayerArchitecture
@@ -492,8 +492,19 @@ def _judged_as(facts: RunFacts, layer: int | None) -> Architecture | None:
 
 
 CAVEAT = "alone it is not enough: {blocker} fails next"
-"""What a not-expected line adds to the compiler fix its reason names when that fix, checked at the refusing rule
-alone (`fix_caveat`), still leaves the fusion refused."""
+"""What a line that names a compiler fix adds to it when that fix, checked at the refusing rule alone
+(`alone_caveat`), still leaves the fusion refused: a not-expected line's reason (`fix_caveat`) and `explain -v`'s
+`fix: none in the model: ... (compiler fix: ...)` line (`session.advice`)."""
+
+
+def alone_caveat(guard: str, blocker: Blocker | None) -> str:
+    """`CAVEAT` for the compiler fix of a refusal by `guard` whose check at its rule alone
+    (`passes.whatif.fix_alone_blocker`) left `blocker` standing: `alone it is not enough: residual_same_shape (not a
+    candidate) fails next` (the guard alone when it is `guard` itself); "" when nothing stands (None). The one wording
+    of that caveat, wherever a line names the compiler fix."""
+    if blocker is None:
+        return ""
+    return CAVEAT.format(blocker=blocker[0] if blocker[0] == guard else f"{blocker[0]} ({blocker[1]})")
 
 
 def fix_caveat(trace: Trace, rule: str, anchor: int, guard: str, arch: Architecture) -> str:
@@ -510,9 +521,7 @@ def fix_caveat(trace: Trace, rule: str, anchor: int, guard: str, arch: Architect
         if not lacks_product(arch, pass_name):
             hit = next(((k, r) for k, s in enumerate(trace.steps) if s.pass_name == pass_name for r in s.rejections
                         if (r.rule, r.anchor, r.guard) == (rule, anchor, guard) and r.fix), None)
-            b = fix_alone_blocker(trace, *hit) if hit is not None else None
-            if b is not None:
-                facts.cache[key] = CAVEAT.format(blocker=b[0] if b[0] == guard else f"{b[0]} ({b[1]})")
+            facts.cache[key] = alone_caveat(guard, fix_alone_blocker(trace, *hit) if hit is not None else None)
     return facts.cache[key]
 
 
@@ -553,5 +562,5 @@ def verdict_pass(trace: Trace, layer: int) -> str | None:
 
 __all__ = ["CAVEAT", "EXIT_NOT_FUSED", "EXIT_OK", "ILLEGAL_HERE_GROUP", "LEFT_OUT", "LEFT_OUT_GROUPS",
            "STANDING_GROUPS", "Architecture", "FusionCheck", "LayerStatus", "LayerVerdict", "RunVerdict",
-           "expected_misses", "fix_caveat", "judged_kind", "layer_verdict", "left_out_group", "left_out_groups",
-           "standing", "verdict_pass"]
+           "alone_caveat", "expected_misses", "fix_caveat", "judged_kind", "layer_verdict", "left_out_group",
+           "left_out_groups", "standing", "verdict_pass"]
