@@ -264,8 +264,10 @@ class _StepIndex:
 def _taken(steps: list[PassStep], matches: list[Match]) -> dict[tuple[str, int], tuple[int, str]]:
     """For each of the pass's (settled) `matches` with no node of its own whose product a later stage or match of the
     same pass absorbed (Falcon's `fuse_sdpa.head_layout`: its head split went into the `attention` that
-    `fuse_sdpa.hf_attention` made): `(rule, anchor) -> (node of the pass's output, rule that made it)`. The product is
-    followed through the nodes each step made (`Node.absorbed`) until one the pass's output holds."""
+    `fuse_sdpa.hf_attention` made; a match whose product another match of the same sweep replaced, as the f16
+    RMSNorm's casts around the `rms_norm` the plain-form match made): `(rule, anchor) -> (node of the pass's output,
+    rule that made it)`. The product (else the anchor) is followed through the nodes each step made (`Node.absorbed`)
+    until one the pass's output holds."""
     before, after = steps[0].before, steps[-1].after
     products = {x.fused for st in steps for x in st.matches if x.fused is not None}
     made_from: dict[int, list[int]] = {}  # a node -> the nodes a later rewrite of the pass made from it
@@ -283,8 +285,10 @@ def _taken(steps: list[PassStep], matches: list[Match]) -> dict[tuple[str, int],
             continue
         raw = next((x.fused for st in steps for x in st.matches if x.rule == m.rule and x.fused is not None
                     and (x.anchor == m.anchor or m.anchor in x.bindings.values())), None)
+        if raw is None or raw in before:  # no product of its own at any step: what the pass made from its anchor
+            raw = into.get(m.anchor)
         seen: set[int] = set()
-        while raw is not None and raw not in after and raw not in seen and raw not in before:
+        while raw is not None and raw not in after and raw not in seen:
             seen.add(raw)
             raw = into.get(raw)
         if raw is not None and raw in after:
@@ -295,8 +299,8 @@ def _taken(steps: list[PassStep], matches: list[Match]) -> dict[tuple[str, int],
 def made_words(matches: list[Match], taken: dict[tuple[str, int], tuple[int, str]]) -> str:
     """What one rule's `matches` in a layer made, after `explain -v`'s `->`: `node(s) 12, 14` (the nodes standing for
     them), `no node of its own: taken into node 171 by fuse_sdpa.hf_attention in the same pass` (`_taken`), or `no
-    node of its own: plain ops no one node stands for` (a rewrite that made no one node, or whose product a later
-    match of the same sweep replaced); never an empty list."""
+    node of its own: plain ops no one node stands for` (a rewrite that made no one node, and nothing the pass made
+    took its nodes); never an empty list."""
     ids = [m.fused for m in matches if m.fused is not None]
     took = dict.fromkeys(taken[(m.rule, m.anchor)] for m in matches
                          if m.fused is None and (m.rule, m.anchor) in taken)
