@@ -60,3 +60,25 @@ def test_with_caveat_goes_inside_the_compiler_fix():
     assert with_caveat("x (compiler fix: y) so", "z") == "x (compiler fix: y) so (z)"
     assert with_caveat("no fix named", "z") == "no fix named"
     assert with_caveat("x (compiler fix: y)", "") == "x (compiler fix: y)"
+
+
+def test_verbose_fix_line_carries_the_caveat_its_compiler_check_found(capsys):
+    """`explain -v`: a `fix: none in the model: ... (compiler fix: ...)` line whose compiler fix the check at its rule
+    alone finds not enough (the next line says `checked at this rule alone`) carries the plain line's caveat, in the
+    same words (`verdict.alone_caveat`); one whose compiler fix is enough stays as it was. `--json`'s `fix_checks`
+    print the same line."""
+    _, text, _ = cli_run(capsys, "explain", DEIT, "-v")
+    lines = [ln.strip() for ln in text.splitlines()]
+    seen = {True: 0, False: 0}
+    for ln, nxt in zip(lines, lines[1:], strict=False):
+        if ln.startswith("fix: none in the model: ") and "(compiler fix: " in ln:
+            checked = nxt.startswith("compiler fix: ") and "(checked at this rule alone: " in nxt
+            assert ln.endswith(CAVEAT) == checked, (ln, nxt)
+            seen[checked] += 1
+    assert seen[True] and seen[False], seen
+    (one,) = _lines(text, 1)
+    assert one.endswith(CAVEAT)  # the plain line's caveat, word for word
+    _, out, _ = cli_run(capsys, "explain", DEIT, "--json")
+    printed = [f["printed"] for f in json.loads(out)["fix_checks"] if f["guard"] == "sum_single_user"
+               and f["compiler_fix_printed"]]
+    assert printed and all(p.endswith(CAVEAT) for p in printed), printed

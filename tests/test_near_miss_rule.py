@@ -227,8 +227,9 @@ def test_falcon_exports_are_not_called_not_fused_for_a_merge_that_does_not_pay(c
     """Falcon's Q/K/V is already one matmul; the only merge left (QKV with the parallel MLP's FC1) would cost FC1's
     GELU epilogue, and the tool refuses it. explain: every layer fused as expected, exit 0, the shared-input QKV
     matmul not listed as expected; --json agrees. The QKV matmul the refusal is anchored at then goes into each
-    layer's FusedAttentionBlock (Q and K read one RoPE table pair, tests/test_rope_shared_table.py), so the refusal
-    no longer stands and no cost-test heading lists it (a place that stands: the next test's own graphs)."""
+    layer's FusedAttentionBlock (Q and K read one RoPE table pair, tests/test_rope_shared_table.py); the chip of
+    fuse_shared_input_matmul still counts each refusal `○`, so the cost test's heading lists each, in the text and in
+    --json (tests/test_chip_places_in_text.py checks every place a chip counts)."""
     code, out, _ = cli_run(capsys, "explain", FIX / name)
     assert "NOT fused" not in out, out
     assert "shared-input QKV matmul" not in "\n".join(ln for ln in out.splitlines() if "expected" in ln), out
@@ -237,10 +238,11 @@ def test_falcon_exports_are_not_called_not_fused_for_a_merge_that_does_not_pay(c
     d = json.loads(out)
     assert d["ok"] and all(lv["fused"] for lv in d["layers"])
     assert d["final_op_counts"]["FusedAttentionBlock"] == len(d["layers"])
-    assert not [g for g in d["left_out_groups"] if g["kind"] == DOES_NOT_PAY]
     t = trace_of(FIX / name)
     refused = [r for r in t.rejections if r.guard == "merge_keeps_fusions"]
     assert len(refused) == len(d["layers"]) and not any(r.anchor in t.final for r in refused)
+    (paid,) = [g for g in d["left_out_groups"] if g["kind"] == DOES_NOT_PAY]
+    assert [x.split(": ")[0] for x in paid["items"]] == [f"{r.rule} @ %{r.anchor} ({r.path})" for r in refused]
 
 
 @pytest.mark.parametrize("layers, paths", [(1, True), (2, True), (2, False)])

@@ -88,6 +88,8 @@ class LayerExplanation:
     sibling: int | None = None
     sibling_rule: str = ""
     differences: list[str] = field(default_factory=list)
+    made: dict[str, str] = field(default_factory=dict)
+    """rule -> what its matches in the layer made, as `render` says it after `->` (`made_words`)."""
 
     @property
     def rejected(self) -> list[Outcome]:
@@ -105,7 +107,8 @@ class LayerExplanation:
         lines = [f"{layer_label(self.layer)} ({self.pipeline} pipeline)"]
         for o in self.outcomes:
             if o.status == "fused":
-                lines.append(f"  [fused]    {o.rule}: -> node(s) {', '.join(map(str, o.nodes))}")
+                made = self.made.get(o.rule) or f"node(s) {', '.join(map(str, o.nodes))}"
+                lines.append(f"  [fused]    {o.rule}: -> {made}")
                 lines += o.lines("             ")
             elif o.status == "rejected":
                 lines.append(f"  [rejected] {o.rule}: {o.guard} ({o.stage}, {o.kind}): {o.message}")
@@ -253,6 +256,62 @@ class _StepIndex:
     matches: dict[tuple[str, int | None], list[Any]]
     rejections: dict[tuple[str, int | None], list[Any]]
     step_of: dict[tuple[str, int | None], list[int]]
+    taken: dict[tuple[str, int], tuple[int, str]] = field(default_factory=dict)
+    """(rule, anchor) of a match with no node of its own (`Match.fused` None) -> (the node of the pass's output its
+    product went into, the rule that made that node, "" when none did): `_taken`."""
+
+
+def _taken(steps: list[PassStep], matches: list[Match]) -> dict[tuple[str, int], tuple[int, str]]:
+    """For each of the pass's (settled) `matches` with no node of its own whose product a later stage or match of the
+    same pass absorbed (Falcon's `fuse_sdpa.head_layout`: its head split went into the `attention` that
+    `fuse_sdpa.hf_attention` made; a match whose product another match of the same sweep replaced, as the f16
+    RMSNorm's casts around the `rms_norm` the plain-form match made): `(rule, anchor) -> (node of the pass's output,
+    rule that made it)`. The product (else the anchor) is followed through the nodes each step made (`Node.absorbed`)
+    until one the pass's output holds."""
+    before, after = steps[0].before, steps[-1].after
+    products = {x.fused for st in steps for x in st.matches if x.fused is not None}
+    made_from: dict[int, list[int]] = {}  # a node -> the nodes a later rewrite of the pass made from it
+    for st in steps:
+        for n in st.after:
+            if n.id not in st.before:
+                for a in n.absorbed:
+                    made_from.setdefault(a, []).append(n.id)
+    # of the nodes one rewrite made from a node (a constant, a where, the attention), the match's own product
+    into = {a: next((i for i in ns if i in products), ns[-1]) for a, ns in made_from.items()}
+    maker = {m.fused: m.rule for m in matches if m.fused is not None}
+    out: dict[tuple[str, int], tuple[int, str]] = {}
+    for m in matches:
+        if m.fused is not None:
+            continue
+        raw = next((x.fused for st in steps for x in st.matches if x.rule == m.rule and x.fused is not None
+                    and (x.anchor == m.anchor or m.anchor in x.bindings.values())), None)
+        if raw is None or raw in before:  # no product of its own at any step: what the pass made from its anchor
+            raw = into.get(m.anchor)
+        seen: set[int] = set()
+        while raw is not None and raw not in after and raw not in seen:
+            seen.add(raw)
+            raw = into.get(raw)
+        if raw is not None and raw in after:
+            out[(m.rule, m.anchor)] = (raw, maker.get(raw, ""))
+    return out
+
+
+def made_words(matches: list[Match], taken: dict[tuple[str, int], tuple[int, str]]) -> str:
+    """What one rule's `matches` in a layer made, after `explain -v`'s `->`: `node(s) 12, 14` (the nodes standing for
+    them), `no node of its own: taken into node 171 by fuse_sdpa.hf_attention in the same pass` (`_taken`), or `no
+    node of its own: plain ops no one node stands for` (a rewrite that made no one node, and nothing the pass made
+    took its nodes); never an empty list."""
+    ids = [m.fused for m in matches if m.fused is not None]
+    took = dict.fromkeys(taken[(m.rule, m.anchor)] for m in matches
+                         if m.fused is None and (m.rule, m.anchor) in taken)
+    bare = any(m.fused is None and (m.rule, m.anchor) not in taken for m in matches)
+    parts = [f"node(s) {', '.join(map(str, ids))}"] if ids else []
+    if took:
+        parts.append("no node of its own: taken into " + ", ".join(
+            f"node {i}" + (f" by {r}" if r else "") for i, r in took) + " in the same pass")
+    if bare:
+        parts.append("no node of its own: plain ops no one node stands for")
+    return "; ".join(parts)
 
 
 _STEPS: DigestCache[tuple[_StepIndex, ...]] = DigestCache(limit=4)
@@ -323,7 +382,7 @@ def _step_index(trace: Trace) -> tuple[_StepIndex, ...]:
         for k, r in refused:
             rejections.setdefault((r.rule, r.layer), []).append(r)
             step_of.setdefault((r.rule, r.layer), []).append(k)
-        out.append(_StepIndex(name, group[-1], tuple(rules), matches, rejections, step_of))
+        out.append(_StepIndex(name, group[-1], tuple(rules), matches, rejections, step_of, _taken(steps, found)))
     hit = _STEPS[trace] = tuple(out)
     return hit
 
@@ -383,6 +442,7 @@ def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None)
                 soft = tuple((r.guard, r.kind, r.message) for r in rej if r.soft)
                 ex.outcomes.append(Outcome(at.name, rule, "fused",
                                            nodes=tuple(m.fused for m in mine if m.fused is not None), soft=soft))
+                ex.made[rule] = made_words(mine, at.taken)
             elif rej:
                 at_r = next((i for i, x in enumerate(rej) if x.headline and not x.soft), 0)
                 r = rej[at_r]

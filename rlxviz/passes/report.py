@@ -261,14 +261,16 @@ def left_out_rejections(trace: Trace, layers: Collection[int] | None = None) -> 
     rejections, e.g. a refused merge, an additive mask kept, an activation not absorbed) and the refusals that are no
     near-miss (`Rejection.near_miss`: the model's own term kept out of a fusion, cross-attention and
     FusedAttentionBlock; nodes that only look like a rule's input, the embeddings' broadcast sum; a merge the tool's
-    own cost test declined, `guard.DOES_NOT_PAY`) whose anchor
-    survives, except those already reported as missed fusions. With `layers`, only rejections whose node path lies in
-    one of those layers (a question about layer N is not answered with the embeddings' line)."""
+    own cost test declined, `guard.DOES_NOT_PAY`), each by its headline refusal, except those already reported as
+    missed fusions. A place that is no near-miss is listed whether or not its anchor survives: the app's version chips
+    count it (`why.places.places`) even where a later fusion took its nodes (Falcon's QKV merge declined, then the
+    QKV matmul absorbed into the FusedAttentionBlock), so the text lists every place a chip counts. With `layers`,
+    only rejections whose node path lies in one of those layers (a question about layer N is not answered with the
+    embeddings' line)."""
     missed = {(m.pattern, m.node) for m in missed_fusions(trace)}
-    final = trace.final
     rows = [r for r in trace.rejections if (r.rule, r.anchor) not in missed
             and (layers is None or layer_of(r.path or "") in layers) and (
-                r.soft or (not r.near_miss and r.headline and r.anchor in final))]
+                r.soft or (not r.near_miss and r.headline))]
     key = reading_order(trace)
     return sorted(rows, key=lambda r: key(r.layer, r.anchor))  # stable: pass order between places of one anchor
 

@@ -351,6 +351,10 @@ class Rule:
             the value it computed before, for the readers it had.
         labels: role -> display name in messages (e.g. `ln1 -> h1`).
         doc: one line for the UI.
+        form: what one match makes, in a few words, for a pass whose product is the forms its rules rewrite
+            (`canonicalize_exported`: `silu`, `where mask`): a layer's expected list names its pass's product with
+            the forms of the rules that matched in that layer (`why.policy.product`), never every form the pass
+            knows. "": the pass's product alone.
     """
 
     name: str
@@ -364,6 +368,7 @@ class Rule:
     shared: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
     doc: str = ""
+    form: str = ""
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:

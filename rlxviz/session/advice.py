@@ -48,6 +48,8 @@ from ..passes.whatif import (
     what_if,
 )
 from ..passes.why.facts import RunFacts
+from ..passes.why.policy import with_caveat
+from ..passes.why.verdict import alone_caveat
 from ..runtime import run_reference
 from ..runtime.battery import InputSet, battery
 from ..runtime.compare import close
@@ -290,26 +292,28 @@ def _words(trace: Trace, k: int, r: Rejection, b: Blocker) -> str:
     return blocker_words(r.guard, (guard, kind, message))
 
 
-def _compiler_line(trace: Trace, k: int, r: Rejection) -> str:
-    """The compiler fix line of `r` when its check finds the fusion still refused (`passes.whatif.without_guard`):
-    `FIX (checked at this rule alone: that passes GUARD only; then GUARD2 (KIND) fails: ...)`; "" when it stands as
-    written. The check is the refusing rule's alone: a compiler fix that also changes an earlier pass (an allow-list
-    two rules share) may do more than it shows, so the words claim no more than what was checked."""
-    if not r.fix:
-        return ""
-    left = fix_alone_blocker(trace, k, r)
-    if left is None:
+def _compiler_line(trace: Trace, k: int, r: Rejection, left: Blocker | None) -> str:
+    """The compiler fix line of `r` when its check finds the fusion still refused (`left`: what
+    `passes.whatif.fix_alone_blocker` found standing): `FIX (checked at this rule alone: that passes GUARD only; then
+    GUARD2 (KIND) fails: ...)`; "" when it stands as written. The check is the refusing rule's alone: a compiler fix
+    that also changes an earlier pass (an allow-list two rules share) may do more than it shows, so the words claim no
+    more than what was checked."""
+    if not r.fix or left is None:
         return ""
     return f"{r.fix} (checked at this rule alone: that passes {r.guard} only; {_words(trace, k, r, left)})"
 
 
 def _check_one(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixCheck:
-    """`_check_fix` of `r`'s fix line, and its compiler fix checked too (`_compiler_line`)."""
+    """`_check_fix` of `r`'s fix line, and its compiler fix checked too (`_compiler_line`). When that check finds the
+    compiler fix not enough, a fix line that names it (`none in the model: ... (compiler fix: ...)`) says so with the
+    caveat a not-expected line says (`why.verdict.alone_caveat`, `why.policy.with_caveat`): `explain -v`'s line and
+    the plain line agree."""
     c = _check_fix(trace, k, r, checker)
-    compiler = _compiler_line(trace, k, r)
+    left = fix_alone_blocker(trace, k, r) if r.fix else None
+    compiler = _compiler_line(trace, k, r, left)
     if not compiler:
         return c
-    printed = c.printed.replace("(the compiler fix is the fix)", CHECKED_ONLY)
+    printed = with_caveat(c.printed.replace("(the compiler fix is the fix)", CHECKED_ONLY), alone_caveat(r.guard, left))
     return replace(c, compiler=compiler, printed=printed)
 
 

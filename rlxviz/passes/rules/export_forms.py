@@ -100,7 +100,7 @@ SILU = Rule(
     P(Op.MUL, P.var("x"), P(Op.SIGMOID, P.var("x"), name="sig"), name="mul", commutative=True),
     steps=(), result="mul", absorb=("sig", "mul"),
     build=lambda c: (Op.SILU, [c.id("x")], {}),
-    doc="x * sigmoid(x) -> silu(x)")
+    doc="x * sigmoid(x) -> silu(x)", form="silu")
 
 @reports(reads=("relu",), binds=("sq",))
 def _squared(c: Ctx) -> Fail | None:
@@ -118,7 +118,7 @@ RELU2 = Rule(
     "canonicalize_exported.relu2", P(Op.RELU, P.var("x"), name="relu"),
     steps=(_squared,), result="sq", absorb=("relu", "sq"),
     build=lambda c: (Op.RELU2, [c.id("x")], {}),
-    doc="relu(x) * relu(x) or pow(relu(x), 2) -> relu2(x)")
+    doc="relu(x) * relu(x) or pow(relu(x), 2) -> relu2(x)", form="relu2")
 
 RSQRT = Rule(
     "canonicalize_exported.rsqrt",
@@ -126,7 +126,7 @@ RSQRT = Rule(
       name="div"),
     steps=(), result="div", absorb=("root", "div"),
     build=lambda c: (Op.RSQRT, [c.id("y")], {}),
-    doc="1 / sqrt(y) -> rsqrt(y)")
+    doc="1 / sqrt(y) -> rsqrt(y)", form="rsqrt")
 
 
 def _zero_fill(node: Node) -> bool:
@@ -177,7 +177,7 @@ WHERE_BIAS = Rule(
     ),
     result="add", absorb=("add",),  # the bias is left to DCE: every layer's scores add the same one
     build=lambda c: (Op.WHERE, [c.id("keep"), c.id("s"), c.id("fill")], {}),
-    doc="scores + where(keep, 0, f32 min) -> where(keep, scores, f32 min)")
+    doc="scores + where(keep, 0, f32 min) -> where(keep, scores, f32 min)", form="where mask")
 
 
 _SCAN_LIMIT = 64
@@ -224,7 +224,8 @@ NAN_GUARD = Rule(
     ),
     result="guard", absorb=("isnan", "guard"),
     rewrite=lambda c, rw: _drop_guard(c, rw),
-    doc="where(isnan(softmax(s)), 0, softmax(s)) -> softmax(s) (finite scores)")
+    doc="where(isnan(softmax(s)), 0, softmax(s)) -> softmax(s) (finite scores)",
+    form="sdpa NaN guard dropped")
 
 
 def _drop_guard(c: Ctx, rw: Rewriter) -> int:
@@ -264,7 +265,7 @@ NAN_GUARD_MOVED = Rule(
     result="pv", absorb=("isnan", "guard", "pv"),
     rewrite=lambda c, rw: _guard_after_merge(c, rw),
     doc="where(isnan(softmax(s)), 0, softmax(s)) @ v -> where(isnan(o), 0, o), o = softmax(s) @ v (head merge "
-        "in between)")
+        "in between)", form="sdpa NaN guard moved past the head merge")
 
 
 def _guard_after_merge(c: Ctx, rw: Rewriter) -> int:
@@ -322,7 +323,8 @@ FOLDED_TRANSPOSE = Rule(
     P(Op.RESHAPE, P(Op.TRANSPOSE, P(Op.RESHAPE, P.var("x"), name="r1"), name="t"), name="r2"),
     steps=(_is_batch_fold,),
     result="r2", absorb=("r1", "t", "r2"), rewrite=lambda c, rw: _unfold(c, rw),
-    doc="reshape(transpose(reshape(x, [B*H, ...]), [0, ...]), [B, H, ...]) -> transpose(x, ...)")
+    doc="reshape(transpose(reshape(x, [B*H, ...]), [0, ...]), [B, H, ...]) -> transpose(x, ...)",
+    form="folded transpose unfolded")
 
 
 
@@ -350,7 +352,8 @@ BIAS_THEN_MASK = Rule(
     ),
     result="add", absorb=("sum", "add"),
     rewrite=lambda c, rw: _bias_plus_mask(c, rw),
-    doc="(scores + bias) + where(keep, 0, f32 min) -> scores + (bias + where(keep, 0, f32 min))")
+    doc="(scores + bias) + where(keep, 0, f32 min) -> scores + (bias + where(keep, 0, f32 min))",
+    form="bias and mask summed first")
 
 
 def _bias_plus_mask(c: Ctx, rw: Rewriter) -> int:
@@ -389,7 +392,7 @@ INVERTED_WHERE = Rule(
       P.var("x"), P.var("y"), name="where"),
     steps=(_is_not,), result="where", absorb=("where",),  # the test is left to DCE: every layer reads one mask
     rewrite=lambda c, rw: _swap_where(c, rw),
-    doc="where(not b, x, y) -> where(b, y, x)")
+    doc="where(not b, x, y) -> where(b, y, x)", form="where without its not")
 
 
 @reports(reads=("x", "cast"))
@@ -406,7 +409,7 @@ def _drop_cast(c: Ctx, rw: Rewriter) -> int:
 NOOP_CAST = Rule(
     "canonicalize_exported.noop_cast", P(Op.CAST, P.var("x"), name="cast"),
     steps=(_same_dtype,), result="cast", absorb=("cast",), rewrite=lambda c, rw: _drop_cast(c, rw),
-    doc="cast(x, dtype of x) -> x")
+    doc="cast(x, dtype of x) -> x", form="no-op cast dropped")
 
 
 def _unit_split(c: Ctx) -> tuple[int, int, int, int] | None:
@@ -446,7 +449,8 @@ UNIT_AXIS_HEAD_SPLIT = Rule(
     P(Op.RESHAPE, P(Op.NARROW, P(Op.RESHAPE, P.var("x"), name="r"), name="cut"), name="split"),
     steps=(_is_head_split_of_unit_cut,), result="split", absorb=("split",),
     rewrite=lambda c, rw: _head_split_of_cut(c, rw),
-    doc="reshape(narrow(reshape(x, [B, 1, S, N]), -1), [B, S, h, d]) -> reshape(narrow(x, -1), [B, S, h, d])")
+    doc="reshape(narrow(reshape(x, [B, 1, S, N]), -1), [B, S, h, d]) -> reshape(narrow(x, -1), [B, S, h, d])",
+    form="head split of a unit-axis cut")
 
 
 @reports(reads=("x", "r", "cut"))
@@ -475,7 +479,7 @@ UNIT_AXIS_ONE_HEAD = Rule(
     P(Op.NARROW, P(Op.RESHAPE, P.var("x"), name="r"), name="cut"),
     steps=(_is_one_head_cut,), result="cut", absorb=("cut",), rewrite=lambda c, rw: _one_head_of_cut(c, rw),
     doc="narrow(reshape(x, [B, 1, S, N]), -1) -> transpose(reshape(narrow(x, -1), [B, S, 1, L]), [0, 2, 1, 3]) "
-        "(GPT-BigCode's multi-query K and V sliced from c_attn)")
+        "(GPT-BigCode's multi-query K and V sliced from c_attn)", form="one head of a unit-axis cut")
 
 
 canonicalize_exported = rule_pass(
@@ -484,7 +488,7 @@ canonicalize_exported = rule_pass(
                               UNIT_AXIS_ONE_HEAD],
     "forms exporters write (x*sigmoid(x), relu(x)^2, 1/sqrt, the padding-mask sum, the sdpa NaN guard, its folded "
     "transpose, T5's bias then mask, an inverted where, no-op casts) -> the IR's ops",
-    product="the exporter's forms as IR ops (silu, rsqrt, where mask)",
+    product="the exporter's forms as IR ops",  # a layer's list adds the forms rewritten there (`Rule.form`)
     recognizes_families=("where_mask", "activation"))
 
 __all__ = ["BIAS_THEN_MASK", "BIAS_THEN_TABLE_MASK",

@@ -117,7 +117,8 @@ BIAS_THEN_TABLE_MASK = Rule(
     ),
     result="add", absorb=("sum", "add"),
     rewrite=lambda c, rw: _terms_summed(c, rw),
-    doc="(scores + a) + b, a or b a mask table of 0 and f32 min / -inf -> scores + (a + b)")
+    doc="(scores + a) + b, a or b a mask table of 0 and f32 min / -inf -> scores + (a + b)",
+    form="mask table summed first")
 
 
 def _terms_summed(c: Ctx, rw: Rewriter) -> int:

@@ -114,17 +114,23 @@ class LayerKind(Protocol):
     def has(self, trait: str) -> bool: ...
 
 
-def product(pass_name: str, made: Iterable[tuple[Graph, int]] = ()) -> str:
+def product(pass_name: str, made: Iterable[tuple[Graph, int]] = (), rules: Iterable[str] = ()) -> str:
     """The product `pass_name` makes, as named in a layer's expectations (the pass name when it makes none). `made`:
     `(graph after the pass, node it made)` of the layer's matches: a pass that names its product by what it merged
     (`Pass.product_of`) says that name when every match of the layer has it (`shared-input QKV matmul` for Q/K/V,
-    `shared-input matmul` otherwise)."""
+    `shared-input matmul` otherwise). `rules`: the rules that matched in the layer: a pass whose rules name the form
+    each makes (`Rule.form`) says those forms after its product, each once in the pass's rule order, e.g. `the
+    exporter's forms as IR ops (where mask)` in a layer whose only rewrite was a where mask; none matched: the
+    product alone (no form is claimed of a layer that had none)."""
     p = PASSES.get(pass_name)
     if p is not None and p.product_of is not None:
         names = {p.product_of(g, i) for g, i in made}
         if len(names) == 1:
             return names.pop()
-    return PRODUCTS.get(pass_name, pass_name)
+    name = PRODUCTS.get(pass_name, pass_name)
+    matched = set(rules)
+    forms = dict.fromkeys(r.form for r in (p.rules if p is not None else ()) if r.form and r.name in matched)
+    return f"{name} ({', '.join(forms)})" if forms else name
 
 
 def _guards(pass_name: str) -> dict[str, Guard]:

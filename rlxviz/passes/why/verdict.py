@@ -21,7 +21,7 @@ from ..explain import Outcome, explain
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
 from ..report import MissedFusion, left_out_line, left_out_rejections
 from ..trace import Rejection, Trace, layer_of, resolve_layers, same_stack_as
-from ..whatif import fix_alone_blocker
+from ..whatif import Blocker, fix_alone_blocker
 from . import text
 from .facts import RunFacts, illegal_here, made_by, op_of, recognized, silent
 from .kinds import LayerArchitecture
@@ -354,23 +354,25 @@ def judged_kind(trace: Trace, layer: int) -> tuple[Architecture, Architecture]:
 
 
 def expected_misses(trace: Trace, arch: Architecture, layer: int | None
-                    ) -> tuple[list[MissedFusion], dict[str, str]]:
-    """The misses of `layer` (None: the whole graph) that count for `arch`, and `pattern -> "pattern (guard): the
-    guard's reason; why it is not expected here: why"` (`policy.not_expected_line`) for those that do not. Misses
-    are the run's missed fusions plus its "no rule recognizes this" findings (`passes.unrecognized`: a family-shaped
-    chain no rule made a candidate)."""
+                    ) -> tuple[list[MissedFusion], dict[tuple[str, str], str]]:
+    """The misses of `layer` (None: the whole graph) that count for `arch`, and `(pattern, guard) -> "pattern (guard):
+    the guard's reason; why it is not expected here: why"` (`policy.not_expected_line`) for those that do not: one
+    line per pattern and failing guard (the first place's), so a place the chips count `○` is said with its own guard
+    (BART's decoder layer: FusedTransformerLayer refused at the cross-attention by `attn_is_fused_block` and at the
+    self-attention by `fc1_is_fused_linear`, two lines). Misses are the run's missed fusions plus its "no rule
+    recognizes this" findings (`passes.unrecognized`: a family-shaped chain no rule made a candidate)."""
     kept: list[MissedFusion] = []
-    ignored: dict[str, str] = {}
+    ignored: dict[tuple[str, str], str] = {}
     for m in RunFacts.of(trace).misses():
         if layer is not None and layer_of(m.path) != layer:
             continue
         ex = excuse(arch, m.pattern.split(".")[0], m.guard, m.kind, m.remedy)
         if ex is None:
             kept.append(m)
-        elif m.pattern not in ignored:
+        elif (m.pattern, m.guard) not in ignored:
             # the failing guard's own reason first, then why it does not count here (`policy.not_expected_line`)
             why = with_caveat(ex[1], fix_caveat(trace, m.pattern, m.node, m.guard, arch))
-            ignored[m.pattern] = not_expected_line(m.pattern, m.guard, m.reason, why)
+            ignored[m.pattern, m.guard] = not_expected_line(m.pattern, m.guard, m.reason, why)
     return kept, ignored
 
 
@@ -403,22 +405,24 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     illegal = illegal_here(facts, ex.rejected, layer, arch)
     legal_only = {(o.rule, o.nodes[0]) for o in illegal}
     misses = [m for m in misses if (m.pattern, m.node) not in legal_only]
-    ignored |= {o.rule: f"{o.rule} ({o.guard}): {ILLEGAL_HERE}" for o in illegal if o.rule not in ignored}
+    ignored |= {(o.rule, o.guard): f"{o.rule} ({o.guard}): {ILLEGAL_HERE}" for o in illegal
+                if (o.rule, o.guard) not in ignored}
     lp = layer_pass()  # the pass that makes the whole layer one node (`Pass.whole_layer`)
     layer_pass_name, layer_op = (lp.name, lp.product) if lp is not None else ("", "")
     ftl_illegal = any(o.pass_name == layer_pass_name for o in illegal)  # the layer op is not legal: its parts are
     ftl_excused = not_expected(arch, layer_pass_name) if arch.post_ln else None  # e.g. a post-LN layer quantized
     if ftl_excused is not None:
-        ignored.setdefault(layer_pass_name, not_expected_line(layer_op, layer_pass_name, "", ftl_excused))  # no refusal
+        # no refusal: the product only excused
+        ignored.setdefault((layer_pass_name, ""), not_expected_line(layer_op, layer_pass_name, "", ftl_excused))
     cannot = facts.cannot_make(layer)
     unmade = {c.rsplit(": ", 1)[-1].removesuffix(" cannot be made") for c in cannot} if expect == "pipeline" else set()
     unmakeable = bool(layer_op) and layer_op in unmade
     if unmade:  # judged against the pipeline only: a refusal of a product it cannot make does not count
         misses = [m for m in misses if PRODUCTS.get(m.pattern.split(".")[0]) not in unmade]
-        ignored |= {o.rule: not_expected_line(o.rule, o.guard, o.message,
-                                              f"the pipeline cannot make {PRODUCTS[o.pass_name]}")
-                    for o in ex.rejected if PRODUCTS.get(o.pass_name) in unmade and o.rule not in ignored}
-    skipped = list(ignored)
+        ignored |= {(o.rule, o.guard): not_expected_line(o.rule, o.guard, o.message,
+                                                         f"the pipeline cannot make {PRODUCTS[o.pass_name]}")
+                    for o in ex.rejected if PRODUCTS.get(o.pass_name) in unmade and (o.rule, o.guard) not in ignored}
+    skipped = list(dict.fromkeys(r for r, _ in ignored))
     expect_ftl = layer_pass_name in ran and arch.post_ln and not ftl_illegal and not unmakeable and ftl_excused is None
     ftl = facts.layer_products().get(layer, [])
     miss_keys = {(m.pattern, m.node) for m in misses}
@@ -448,7 +452,9 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
         done = [item for op, item in items if made_as(Op(op)) == FUSED_INTO]  # a plain op a rewrite made: rewritten
         rewritten = [item for op, item in items if made_as(Op(op)) != FUSED_INTO]
         wanted = [o.pass_name for o in ex.outcomes if o.status == "fused" or o in rejected]
-        expected = ", ".join(product(n, made_by(trace, ex, n)) for n in dict.fromkeys(wanted))
+        expected = ", ".join(product(n, made_by(trace, ex, n), [o.rule for o in ex.outcomes if o.pass_name == n
+                                                                 and o.status == "fused"])
+                             for n in dict.fromkeys(wanted))
     made = {(o.rule, g) for o in ex.outcomes if o.status == "fused" for g, _, _ in o.soft}
     fused = fused and not (cannot and expect == "model")  # `first` stays what the run itself refused
     if cannot and expect == "model" and expected:
@@ -458,7 +464,7 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
                               for gap in op_gaps(arch, o.pass_name, o.guard)))
     return LayerVerdict(layer, fused, ftl[0] if ftl else None, expected, first, own, arch, quiet, rejected,
                         [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(),
-                        done, [t for r, t in ignored.items() if r not in {o.rule for o in illegal}],
+                        done, [t for (r, _), t in ignored.items() if r not in {o.rule for o in illegal}],
                         _blocker(first, made), illegal, cannot, expect, misses, rewritten, gaps)
 
 
@@ -486,8 +492,19 @@ def _judged_as(facts: RunFacts, layer: int | None) -> Architecture | None:
 
 
 CAVEAT = "alone it is not enough: {blocker} fails next"
-"""What a not-expected line adds to the compiler fix its reason names when that fix, checked at the refusing rule
-alone (`fix_caveat`), still leaves the fusion refused."""
+"""What a line that names a compiler fix adds to it when that fix, checked at the refusing rule alone
+(`alone_caveat`), still leaves the fusion refused: a not-expected line's reason (`fix_caveat`) and `explain -v`'s
+`fix: none in the model: ... (compiler fix: ...)` line (`session.advice`)."""
+
+
+def alone_caveat(guard: str, blocker: Blocker | None) -> str:
+    """`CAVEAT` for the compiler fix of a refusal by `guard` whose check at its rule alone
+    (`passes.whatif.fix_alone_blocker`) left `blocker` standing: `alone it is not enough: residual_same_shape (not a
+    candidate) fails next` (the guard alone when it is `guard` itself); "" when nothing stands (None). The one wording
+    of that caveat, wherever a line names the compiler fix."""
+    if blocker is None:
+        return ""
+    return CAVEAT.format(blocker=blocker[0] if blocker[0] == guard else f"{blocker[0]} ({blocker[1]})")
 
 
 def fix_caveat(trace: Trace, rule: str, anchor: int, guard: str, arch: Architecture) -> str:
@@ -504,9 +521,7 @@ def fix_caveat(trace: Trace, rule: str, anchor: int, guard: str, arch: Architect
         if not lacks_product(arch, pass_name):
             hit = next(((k, r) for k, s in enumerate(trace.steps) if s.pass_name == pass_name for r in s.rejections
                         if (r.rule, r.anchor, r.guard) == (rule, anchor, guard) and r.fix), None)
-            b = fix_alone_blocker(trace, *hit) if hit is not None else None
-            if b is not None:
-                facts.cache[key] = CAVEAT.format(blocker=b[0] if b[0] == guard else f"{b[0]} ({b[1]})")
+            facts.cache[key] = alone_caveat(guard, fix_alone_blocker(trace, *hit) if hit is not None else None)
     return facts.cache[key]
 
 
@@ -547,5 +562,5 @@ def verdict_pass(trace: Trace, layer: int) -> str | None:
 
 __all__ = ["CAVEAT", "EXIT_NOT_FUSED", "EXIT_OK", "ILLEGAL_HERE_GROUP", "LEFT_OUT", "LEFT_OUT_GROUPS",
            "STANDING_GROUPS", "Architecture", "FusionCheck", "LayerStatus", "LayerVerdict", "RunVerdict",
-           "expected_misses", "fix_caveat", "judged_kind", "layer_verdict", "left_out_group", "left_out_groups",
-           "standing", "verdict_pass"]
+           "alone_caveat", "expected_misses", "fix_caveat", "judged_kind", "layer_verdict", "left_out_group",
+           "left_out_groups", "standing", "verdict_pass"]
