@@ -22,6 +22,8 @@ if TYPE_CHECKING:  # for annotations only: the verdicts word themselves through 
 HELD_BACK_BY_OPS = "held back by rlxviz's ops"
 """`LayerVerdict.status` of a layer held back only by gaps in rlxviz's ops with no fused op at all (n3-04b's QK-norm
 attention: its block refused for the gap, nothing else of it fuses): not "fused", and never "nothing to fuse"."""
+HELD_BACK_BY_LEGAL_AND_OPS = "held back by what is legal and rlxviz's ops"
+"""`HELD_BACK_BY_OPS` of a layer that is also fused only as far as legal (a product illegal for it left unmade)."""
 FUSED_AS_FAR_AS_OPS = "fused as far as rlxviz's ops go"
 """`LayerVerdict.status` of a layer with fused ops, held back from the rest only by gaps in rlxviz's ops."""
 NO_FUSED_OP = "no fused op"
@@ -223,8 +225,8 @@ def gap_words(r: RunVerdict) -> str:
     short = [s for s in r.layers if s.gap_only]
     if not short:
         return ""
-    counts = [f"{n} {w}" for w in (FUSED_AS_FAR_AS_OPS, HELD_BACK_BY_OPS)
-              if (n := sum((s.status == HELD_BACK_BY_OPS) == (w == HELD_BACK_BY_OPS) for s in short))]
+    counts = [f"{n} {w}" for w, made in ((FUSED_AS_FAR_AS_OPS, True), (HELD_BACK_BY_OPS, False))
+              if (n := sum(s.has_fused_op == made for s in short))]
     return f"{', '.join(counts)} (rlxviz lacks {', '.join(gap_forms(r))}: {GAP_IS_THE_COMPILERS})"
 
 
@@ -283,6 +285,7 @@ def _left_out(r: RunVerdict) -> list[str]:
             for ln in (f"{left_out_heading(g, len(lines))}:", *(f"  {x}" for x in lines))]
 
 
-__all__ = ["FUSED_AS_FAR_AS_OPS", "GAP_IS_THE_COMPILERS", "GROUP_OVER", "HELD_BACK_BY_OPS", "NOTHING_TO_FUSE",
-           "NO_FUSED_OP", "fused_list", "gap_forms", "gap_words", "headline", "headline_notes", "judged_words",
-           "layer_dict", "left_out_heading", "made_words", "none_made_words", "render_layer", "render_run", "run_dict"]
+__all__ = ["FUSED_AS_FAR_AS_OPS", "GAP_IS_THE_COMPILERS", "GROUP_OVER", "HELD_BACK_BY_LEGAL_AND_OPS",
+           "HELD_BACK_BY_OPS", "NOTHING_TO_FUSE", "NO_FUSED_OP", "fused_list", "gap_forms", "gap_words", "headline",
+           "headline_notes", "judged_words", "layer_dict", "left_out_heading", "made_words", "none_made_words",
+           "render_layer", "render_run", "run_dict"]

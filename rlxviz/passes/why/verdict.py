@@ -195,12 +195,13 @@ class LayerVerdict:
     @property
     def status(self) -> str:
         """`fused`, `fused as far as legal`, `fused as far as rlxviz's ops go` (`op_gaps`), `fused as far as legal and
-        rlxviz's ops go`, `held back by rlxviz's ops` (`op_gaps` and no fused op at all: `has_fused_op`) or `not
-        fused`: the headline words of the layer, what `explain`, `--json`, the Why tab and the layers drawing say."""
+        rlxviz's ops go`, `held back by rlxviz's ops` (`op_gaps` and no fused op at all: `has_fused_op`), `held back by
+        what is legal and rlxviz's ops` or `not fused`: the headline words of the layer, what `explain`, `--json`, the
+        Why tab and the layers drawing say."""
         if not self.fused:
             return "not fused"
         if self.op_gaps and not self.has_fused_op:
-            return text.HELD_BACK_BY_OPS
+            return text.HELD_BACK_BY_LEGAL_AND_OPS if self.legal_only else text.HELD_BACK_BY_OPS
         short = [w for w, on in (("legal", self.legal_only), ("rlxviz's ops go", bool(self.op_gaps))) if on]
         return "fused as far as " + " and ".join(short) if short else "fused"
 
