@@ -195,5 +195,6 @@ def test_no_hidden_pass_holds_a_place_a_chip_counts():
         shown = sum(len(x) for r in s.version_rows() for x in r["not_near_misses"].values())
         assert shown == every and "○" not in s.hidden_note() and s.hidden_note(), (shown, every, s.hidden_note())
     assert every and shown  # bert-tiny's lookalike
-    llama = tiny(preset="llama-block")
-    assert sum(len(x) for r in llama.version_rows() for x in r["not_near_misses"].values()) == 3
+    llama = tiny(preset="llama-block")  # 2 nothing to fix (○) and 1 at a gap in rlxviz's ops (△), all on a chip
+    assert sum(len(x) for r in llama.version_rows() for x in r["not_near_misses"].values()) == 2
+    assert sum(len(r["op_gaps"]) for r in llama.version_rows()) == 1

@@ -2,7 +2,9 @@
 table's kind said "rejected" (why "not recognized"/"illegal") for the three rows the Why tab and `explain` call "not
 expected here", and on deit's ORT-optimized file the `fuse_residual_ln` chip showed ○7 while the table listed the same
 places as "rejected". The table's kind is now `places.place_status` of the place's `places.place_standings`, the
-one reading `places.places` (the chips' ✗ and ○) counts; the guard's kind stays in the `why` column."""
+one reading `places.places` (the chips' ✗ and ○) counts; the guard's kind stays in the `why` column. A not-expected
+place at a gap in rlxviz's ops reads `gap in rlxviz's ops` (`verdict.OP_GAP_GROUP`, the chips' △), the refusals
+`explain` names under "rlxviz's ops lack"."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from rlxviz.app.explain import decision_rows
 from rlxviz.passes.why.places import LEFT_OUT_STATUS, REJECTED, places
 from rlxviz.passes.why.policy import NOT_EXPECTED_HERE
 from rlxviz.passes.why.text import run_dict
-from rlxviz.passes.why.verdict import STANDING_GROUPS, RunVerdict
+from rlxviz.passes.why.verdict import OP_GAP_GROUP, STANDING_GROUPS, RunVerdict
 
 HERE = Path(__file__).parent
 RUNS = ["llama-block", "bert-tiny pre_ln", "bert-tiny extra_h1_user", "bert-tiny tanh_gelu",
@@ -73,15 +75,21 @@ def test_the_tables_near_misses_and_not_expected_are_explains_lists(name):
         listed = {(s["layer"], line.split(" (", 1)[0], line.split(" (", 1)[1].split(")", 1)[0])
                   for s in d["layers"] for line in s["not_expected"]}
         rows = {(r["layer"], r["rule"], r["guard"]) for r in decision_rows(trace)
-                if r["kind"] == NOT_EXPECTED_HERE and not r["why"].startswith("also:")}
+                if r["kind"] in (NOT_EXPECTED_HERE, OP_GAP_GROUP) and not r["why"].startswith("also:")}
         assert rows == listed
+        # the gap rows are the refusals `explain` says rlxviz's ops lack a form for
+        gaps = {(s["layer"], g.rsplit(" (", 1)[1].split(": ")[0], g.rsplit(": ", 1)[1].rstrip(")"))
+                for s in d["layers"] for g in s["op_gaps"]}
+        assert {(r["layer"], r["rule"], r["guard"]) for r in decision_rows(trace)
+                if r["kind"] == OP_GAP_GROUP and not r["why"].startswith("also:")} == gaps
         # a layer lists its own near-misses, hard and left out; a place outside every layer the run lists
         assert table[REJECTED] + table[LEFT_OUT_STATUS] == sum(len(s["misses"]) for s in d["layers"]) + len(d["misses"])
 
 
 def test_llama_blocks_not_expected_rows_read_not_expected_with_the_guards_kind_kept():
     rows = [r for r in decision_rows(_run("llama-block")) if r["kind"] != "fused"]
-    assert len(rows) >= 3 and {r["kind"] for r in rows} == {NOT_EXPECTED_HERE}
+    assert len(rows) >= 3 and {r["kind"] for r in rows} == {NOT_EXPECTED_HERE, OP_GAP_GROUP}
+    assert {r["rule"] for r in rows if r["kind"] == OP_GAP_GROUP} == {"fuse_attention_block.qkv_attention_out"}
     assert {r["why"] for r in rows} & {"not recognized", "illegal"}  # the guard's kind, in its own column
 
 

@@ -27,7 +27,7 @@ from rlxviz.passes.trace import Rejection, layer_label
 from rlxviz.passes.why.places import place_standings
 from rlxviz.passes.why.policy import NOT_EXPECTED_HERE
 from rlxviz.passes.why.text import left_out_heading
-from rlxviz.passes.why.verdict import ILLEGAL_HERE_GROUP, RunVerdict
+from rlxviz.passes.why.verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP, RunVerdict
 from rlxviz.session import OpenRequest, open_model, open_pipeline, open_trace
 
 TESTS = Path(__file__).parent
@@ -108,7 +108,7 @@ def said_in_text(text: str, label: str | None, r: Rejection, group: str | None) 
     if group is None:
         return (re.search(rf"^  (first rejection|also rejected|also missed): {rule}\b", block, re.M) is not None
                 or re.search(rf"^  {rule} @ %{r.anchor} ", text, re.M) is not None)  # a graph with no layer
-    if group == NOT_EXPECTED_HERE:
+    if group in (NOT_EXPECTED_HERE, OP_GAP_GROUP):  # a gap is said as a not-expected line naming it
         where = block if label is not None else text  # a graph with no layer: the run's own lines
         return re.search(rf"^  not expected here: {rule} \({re.escape(r.guard)}\): ", where, re.M) is not None
     if group == ILLEGAL_HERE_GROUP:
@@ -127,7 +127,7 @@ def said_in_json(d: dict, label: str | None, r: Rejection, group: str | None) ->
         return any((lv["first"] or {}).get("rule") == r.rule or any(o["rule"] == r.rule for o in lv["rejections"])
                    or any(m.startswith(f"{r.rule} @ ") for m in lv["misses"]) for lv in layers) or any(
             m.startswith(f"{r.rule} @ %{r.anchor} ") for m in d["misses"])
-    if group == NOT_EXPECTED_HERE:
+    if group in (NOT_EXPECTED_HERE, OP_GAP_GROUP):  # a gap is said as a not-expected line naming it
         lines = [x for lv in layers for x in lv["not_expected"]] if label is not None else d["not_expected"]
         return any(x.startswith(f"{r.rule} ({r.guard}): ") for x in lines)
     if group == ILLEGAL_HERE_GROUP:

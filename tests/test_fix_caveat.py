@@ -4,7 +4,7 @@ deit (pre-LN ViT), layer 1: `explain` without -v ended the `fuse_residual_ln.res
 line with "(compiler fix: a two-output FusedResidualLN ...)", while `explain -v` and the app's Matches & rejections
 row said "checked at this rule alone: that passes sum_single_user only; then residual_same_shape (not a candidate)
 fails". The line now carries the same check's finding (`passes.whatif.fix_alone_blocker`, read by
-`verdict.fix_caveat`): "(compiler fix: ...; alone it is not enough: residual_same_shape (not a candidate) fails
+`caveat.fix_caveat`): "(compiler fix: ...; alone it is not enough: residual_same_shape (not a candidate) fails
 next)", in the text, `--json` and the app's chips alike (`verdict.standing`, `places.places`); where the fix alone is
 enough (layer 0's sum) the line stands as it was.
 """
@@ -65,7 +65,7 @@ def test_with_caveat_goes_inside_the_compiler_fix():
 def test_verbose_fix_line_carries_the_caveat_its_compiler_check_found(capsys):
     """`explain -v`: a `fix: none in the model: ... (compiler fix: ...)` line whose compiler fix the check at its rule
     alone finds not enough (the next line says `checked at this rule alone`) carries the plain line's caveat, in the
-    same words (`verdict.alone_caveat`); one whose compiler fix is enough stays as it was. `--json`'s `fix_checks`
+    same words (`caveat.alone_caveat`); one whose compiler fix is enough stays as it was. `--json`'s `fix_checks`
     print the same line."""
     _, text, _ = cli_run(capsys, "explain", DEIT, "-v")
     lines = [ln.strip() for ln in text.splitlines()]

@@ -259,4 +259,5 @@ def test_granite_explain_from_the_cli_exits_0_without_a_crashed_pass(capsys):
 
     code, out, err = run(capsys, "explain", CASES / "granite.onnx", "--batch", 2, "--seq", 8)
     assert code == 0 and "CRASHED" not in out + err and "internal error" not in err
-    assert "2/2 layer(s) fused as expected" in out
+    # each layer fused as far as rlxviz's ops go: counted apart from "fused as expected", nothing in the model to fix
+    assert "0/2 layer(s) fused as expected; 2 fused as far as rlxviz's ops go (rlxviz lacks " in out, out

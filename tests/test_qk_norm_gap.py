@@ -7,6 +7,11 @@ between them and the attention (OLMo-2 over the width, Qwen3 per head; RMSNorm o
 a layer trait `qk_norm` read from the graph (`architecture.qk_norm`) and the pass's `lacks` make the refusal a gap,
 and the layer reads "fused as far as rlxviz's ops go" with an "rlxviz's ops lack:" line and its compiler fix. The
 same layer without the norm still fuses the block, so the trait is no blanket excuse.
+
+A newcomer then read n3-04b's "1/1 layer(s) fused as expected" and "layer 0: fused as far as rlxviz's ops go: nothing
+to fuse" over a layer with no fused op at all: the layer now reads "held back by rlxviz's ops: no fused op", and the
+headline counts it apart from the layers fused as expected, naming what rlxviz lacks (exit 0: nothing in the model to
+change).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from rlxviz.passes.why.kinds import LayerArchitecture
 from rlxviz.passes.why.verdict import RunVerdict
 
 CASE = Path(__file__).parent / "data" / "cases" / "n3-04b-qk-norm-full-width.rlx"
-WORDS = "fused as far as rlxviz's ops go"
+WORDS = "held back by rlxviz's ops"
 LACK = f"{QK_NORM_GAP} (fuse_attention_block.qkv_attention_out: qkv_packed)"
 
 
@@ -88,12 +93,13 @@ def test_every_qk_norm_form_is_read_as_the_trait(norm, where, on):
 @pytest.mark.parametrize("norm", ["rms", "layer"])
 @pytest.mark.parametrize("where", ["full", "head"])
 @pytest.mark.parametrize("on", ["QK", "K"])
-def test_a_qk_norm_layer_is_fused_as_far_as_rlxvizs_ops_go(norm, where, on):
+def test_a_qk_norm_layer_is_held_back_by_rlxvizs_ops(norm, where, on):
     r = RunVerdict.of(Pipeline.canonical().run(parse_ir(qk_norm_layer(norm, where, on))))
     (lv,) = r.layers
     assert r.ok and r.exit_status == 0
     assert lv.fused and lv.first is None and lv.status == WORDS, lv.status
     assert lv.op_gaps == [LACK] and "FusedAttentionBlock" not in lv.expected
+    assert not lv.done and lv.fused_node is None and r.fused_layers == 0 and r.gap_layers == 1
 
 
 def test_the_control_without_a_norm_still_fuses_the_block():
@@ -120,7 +126,12 @@ def test_case_04b_text_and_json_agree_and_name_the_compiler_fix(capsys):
     jcode, out, _ = cli_run(capsys, "explain", CASE, "--json")
     j = json.loads(out)
     assert code == jcode == 0 and "Traceback" not in err, text
-    assert "NOT fused" not in text and f"layer 0: {WORDS}: " in text
+    head = (f"qk_norm_full_width (canonical pipeline): 0/1 layer(s) fused as expected; 1 {WORDS} (rlxviz lacks "
+            f"{QK_NORM_GAP}: a compiler fix, nothing in the model to change)")
+    assert text.splitlines()[:2] == [head, f"layer 0: {WORDS}: no fused op"], text
+    assert "NOT fused" not in text and "nothing to fuse" not in text and "fused as expected:" not in text
     assert f"  rlxviz's ops lack: {LACK}" in text and f"compiler fix: {QK_NORM_FIX}" in text
     (lv,) = j["layers"]
     assert j["ok"] and lv["status"] == WORDS and lv["first"] is None and lv["op_gaps"] == [LACK]
+    assert j["headline"] == head and j["headline_notes"] == [] and j["fused_layers"] == 0 and j["gap_layers"] == 1
+    assert j["gap_forms"] == [QK_NORM_GAP]

@@ -46,8 +46,12 @@ ZOO_SAMPLE = [p for p in ZOO if p.stem in ("albert.ts-eager", "bert.dynamo-sdpa"
 """A few zoo files, among them one where text and `--json` used to disagree (albert: a fusion that left its
 activation out was a miss only in `--json`)."""
 
-_HEAD = re.compile(r"^(\S.*?): (fused|NOT fused)")
-_COUNT = re.compile(r"\((\S+) pipeline\): (\d+)/(\d+) layer\(s\) fused as expected$")
+_HEAD = re.compile(r"^(\S.*?): (fused|NOT fused|held back by [^:]+)")
+_COUNT = re.compile(r"\((\S+) pipeline\): (\d+)/(\d+) layer\(s\) fused as expected(?:; (.+))?$")
+_GAPS = re.compile(r"^(\d+) [^(]+?(?:, (\d+) [^(]+)? \(rlxviz lacks (.+): a compiler fix, nothing in the model to "
+                   r"change\)$")
+"""The headline's count of the layers held back only by rlxviz's ops (`text.gap_words`): one or two counts, the
+forms."""
 
 
 def _blocks(text: str) -> list[tuple[str, str]]:
@@ -58,7 +62,8 @@ def _blocks(text: str) -> list[tuple[str, str]]:
         m = _HEAD.match(line)
         if m is not None and not line.startswith(" "):
             far = re.match(r": (fused as far as [^:]+):", line[m.end(1):])  # legal, rlxviz's ops, or both
-            word = (far.group(1) if far else "not fused" if m.group(2) == "NOT fused" else "fused")
+            word = (far.group(1) if far else "not fused" if m.group(2) == "NOT fused" else
+                    m.group(2) if m.group(2).startswith("held back") else "fused")
             out.append((word, [line]))
         elif line.startswith(" ") and out:
             out[-1][1].append(line)
@@ -170,6 +175,11 @@ def _check_cli(code: int, text: str, j: dict, trace) -> RunVerdict:
         heads = [m for line in text.splitlines() if (m := _COUNT.search(line))]
         assert len(heads) == 1, text
         assert (int(heads[0].group(2)), int(heads[0].group(3))) == (j["fused_layers"], j["checked_layers"])
+        gaps = _GAPS.match(heads[0].group(4) or "")  # the layers held back by rlxviz's ops, counted apart
+        assert (gaps is None) == (j["gap_layers"] == 0) == (heads[0].group(4) is None), heads[0].group(0)
+        if gaps is not None:
+            assert int(gaps.group(1)) + int(gaps.group(2) or 0) == j["gap_layers"]
+            assert gaps.group(3) == ", ".join(j["gap_forms"])
     else:
         assert f"{len(j['misses'])} missed fusion(s)" in text
         for m in j["misses"]:

@@ -72,7 +72,7 @@ def test_a_not_expected_line_says_its_failing_guard_first_then_why(name):
         assert any(line.startswith(f"{rule} ({guard}): {x}; ") for x in said), (line, said)  # as the table says it
         reason, sep, why = line[m.end():].partition(f"; {policy.NOT_EXPECTED_WHY}: ")
         assert sep and reason in said, line
-        # the layer kind's reason, its compiler fix with what that fix's check found (`verdict.fix_caveat`)
+        # the layer kind's reason, its compiler fix with what that fix's check found (`caveat.fix_caveat`)
         caveat = CAVEAT_WORDS.search(why)
         assert why == policy.with_caveat(policy.not_expected(lv.expected_kind, rule.split(".")[0], guard) or "",
                                          caveat.group(1) if caveat else ""), line

@@ -18,7 +18,7 @@ from ..ir import Graph, format_graph
 from ..passes import PassStep, Trace
 from ..passes.trace import Rejection, layer_label
 from ..passes.why.places import Places, places
-from ..passes.why.verdict import RunVerdict
+from ..passes.why.verdict import OP_GAP_GROUP, RunVerdict
 from ..session import LayerStatus, SessionError, View, overlays
 from ..session import render as drawing
 from ..viz.heat import UNCOLOURED_ROW, legend
@@ -81,10 +81,11 @@ def refusals(step: PassStep, trace: Trace | None = None) -> list[Rejection]:
 
 
 def not_near_misses(step: PassStep, trace: Trace | None = None) -> dict[str, list[str]]:
-    """Group -> items of `step`'s places that are no near-miss (`step_places`: the model's own term, a lookalike, a
-    declined merge, not expected of the layer, illegal for it; hard or soft), in the run's order: an item is the
-    place's node path, or `PATH: RULE (GUARD): why` where the reason differs by place (the chip's faded ○N)."""
-    return step_places(step, trace).excused
+    """Group -> items of `step`'s places that are no near-miss and nothing to fix (`step_places`, `Places.faded`: the
+    model's own term, a lookalike, a declined merge, not expected of the layer, illegal for it; hard or soft), in the
+    run's order: an item is the place's node path, or `PATH: RULE (GUARD): why` where the reason differs by place (the
+    chip's faded ○N). A place at a gap in rlxviz's ops is not one of them (`Places.gaps`: the chip's △N)."""
+    return step_places(step, trace).faded
 
 
 class Derived:
@@ -194,8 +195,10 @@ class Derived:
         matches, its rejections (`refusals`: hard near-misses by place, the chip's ✗), `rejected`: each of them named
         (`Places.near_miss_items`) and `rejected_at`: its anchor node, and `not_near_misses`: group ->
         its places that are no near-miss (`passes.why.verdict.standing`: a lookalike, the model's own term, a declined
-        merge, not expected of the layer), which the chip shows apart, not as a failure, and `not_near_miss_at`: the
-        anchor node of each (`step_places`)."""
+        merge, not expected of the layer: `Places.faded`), which the chip shows apart, not as a failure, and
+        `not_near_miss_at`: the anchor node of each (`step_places`); `op_gaps`: the items of its places at a gap in
+        rlxviz's ops (`Places.gaps`, the chip's own mark: a compiler fix), `op_gap_at` their anchors and `lacks` the
+        op forms rlxviz lacks there."""
         if self.trace is None:
             return []
         versions = self.trace.versions()
@@ -210,8 +213,9 @@ class Derived:
                          "others": other_changes(step) if step else "",
                          "matches": len(step.matches) if step else 0,
                          "rejections": len(p.near_misses), "rejected": p.near_miss_items(),
-                         "rejected_at": [r.anchor for r in p.near_misses], "not_near_misses": p.excused,
-                         "not_near_miss_at": p.excused_at,
+                         "rejected_at": [r.anchor for r in p.near_misses], "not_near_misses": p.faded,
+                         "not_near_miss_at": p.faded_at, "op_gaps": p.gaps,
+                         "op_gap_at": p.excused_at.get(OP_GAP_GROUP, []), "lacks": p.lacks,
                          "crashed": bool(i and self.trace.steps[i - 1].error),
                          "fused": sum(1 for x in g if x.pass_name), "ms": (self.trace.steps[i - 1].seconds * 1e3
                                                                           if i else 0.0)})

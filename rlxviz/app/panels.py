@@ -15,7 +15,8 @@ from panel.viewable import Viewer
 
 from ..ir import Graph, format_graph
 from ..passes.why.places import PLACE_UNIT
-from ..passes.why.text import left_out_heading
+from ..passes.why.text import GAP_IS_THE_COMPILERS, left_out_heading
+from ..passes.why.verdict import OP_GAP_GROUP
 from ..session.overlays import UNITS
 from .explain import counterpart_line, counterparts, node_report, report_markdown
 from .graphpane import SvgGraph, ZoomScope, absorbed_index, folded_index, ops_legend_html
@@ -121,13 +122,10 @@ def _counted_at(n: int, anchors: set[int]) -> str:
     return f"{n} at {m} node{'s' if m != 1 else ''} ({PLACE_UNIT})"
 
 
-def not_near_miss_mark(kinds: Mapping[str, list[str]], at: Mapping[str, list[int]] | None = None) -> str:
-    """A chip's neutral mark for a pass's places that are no near-miss (`derived.not_near_misses`: group -> items;
-    `at`: group -> the anchor node of each item, `Places.excused_at`): `○N` (N places, `PLACE_UNIT`: two patterns
-    refused at one node are two) in the chip's own colour, faded. Its tooltip says what is counted and at how many
-    nodes, then the verdict's heading for each group (`passes.why.text.left_out_heading`) and its items grouped by
-    node (the paths, and why where that differs by place), e.g. `1 at 1 node (one per pattern and place): 1
-    lookalike, not a candidate (nothing to fix, not a near-miss): embeddings.LayerNorm`."""
+def _places_tip(kinds: Mapping[str, list[str]], at: Mapping[str, list[int]] | None) -> tuple[int, str]:
+    """(how many places, the tooltip's words) of a chip mark's places (group -> items; `at`: group -> the anchor node
+    of each item): what is counted and at how many nodes, then the verdict's heading for each group
+    (`passes.why.text.left_out_heading`) and its items grouped by node."""
     n = sum(len(p) for p in kinds.values())
     at = at or {}
     groups, nodes = [], set()
@@ -135,9 +133,7 @@ def not_near_miss_mark(kinds: Mapping[str, list[str]], at: Mapping[str, list[int
         anchors = list(at.get(k, ())) if len(at.get(k, ())) == len(items) else list(range(-len(items), 0))
         nodes.update(anchors)
         groups.append(f"{left_out_heading(k, len(items))}: {_node_by_node(items, anchors)}")
-    head = _counted_at(n, nodes)
-    return (f" <span class='rv-lookalike' title='{html_text(head + ': ' + '; '.join(groups))}' style='opacity:.7'>"
-            f"{NOT_NEAR_MISS_MARK}{n}</span>")
+    return n, f"{_counted_at(n, nodes)}: " + "; ".join(groups)
 
 
 def rejected_mark(items: list[str], at: list[int], style: str) -> str:
@@ -150,6 +146,33 @@ def rejected_mark(items: list[str], at: list[int], style: str) -> str:
     anchors = list(at) if len(at) == n else list(range(-n, 0))
     tip = f"{_counted_at(n, set(anchors))}: rejections of this pass (near-misses): {_node_by_node(items, anchors)}"
     return f" <span class='rv-rejected' title='{html_text(tip)}' style='{style}'>✗{n}</span>"
+
+
+def not_near_miss_mark(kinds: Mapping[str, list[str]], at: Mapping[str, list[int]] | None = None) -> str:
+    """A chip's neutral mark for a pass's places that are no near-miss and nothing to fix (`derived.not_near_misses`:
+    group -> items; `at`: group -> the anchor node of each item, `Places.excused_at`): `○N` (N places, `PLACE_UNIT`:
+    two patterns refused at one node are two) in the chip's own colour, faded. Its tooltip says what is counted and at
+    how many nodes, then the verdict's heading for each group (`passes.why.text.left_out_heading`) and its items
+    grouped by node (the paths, and why where that differs by place), e.g. `1 at 1 node (one per pattern and place): 1
+    lookalike, not a candidate (nothing to fix, not a near-miss): embeddings.LayerNorm`."""
+    n, tip = _places_tip(kinds, at)
+    return (f" <span class='rv-lookalike' title='{html_text(tip)}' style='opacity:.7'>"
+            f"{NOT_NEAR_MISS_MARK}{n}</span>")
+
+
+OP_GAP_MARK = "△"
+"""A version chip's mark for places at a gap in rlxviz's ops (`op_gap_mark`): no near-miss, but not "nothing to fix"
+either (the faded `○`): a compiler fix, nothing in the model to change."""
+
+
+def op_gap_mark(items: list[str], at: list[int] | None = None, lacks: list[str] | None = None) -> str:
+    """A chip's mark for a pass's places at a gap in rlxviz's ops (`Places.gaps`: items; `at`: the anchor node of
+    each; `lacks`: the op forms rlxviz lacks there, `Places.lacks`): `△N` in the chip's own colour, not faded (it is
+    something to fix, in rlxviz), its tooltip first `rlxviz's ops lack X: a compiler fix, nothing in the model to
+    change`, then the places as the faded mark's tooltip says them (`_places_tip`)."""
+    n, tip = _places_tip({OP_GAP_GROUP: items}, {OP_GAP_GROUP: list(at or [])})
+    head = f"rlxviz's ops lack {', '.join(lacks)}: {GAP_IS_THE_COMPILERS}. " if lacks else ""
+    return f" <span class='rv-op-gap' title='{html_text(head + tip)}'>{OP_GAP_MARK}{n}</span>"
 
 
 class VersionStepper(Viewer):
@@ -259,6 +282,8 @@ class VersionStepper(Viewer):
                 delta += rejected_mark(r.get("rejected", []), r.get("rejected_at", []), red)
             if r.get("not_near_misses"):  # a lookalike or the model's own term: said, not marked as a failure
                 delta += not_near_miss_mark(r["not_near_misses"], r.get("not_near_miss_at"))
+            if r.get("op_gaps"):  # a gap in rlxviz's ops: the compiler's to fix, not faded as "nothing to fix"
+                delta += op_gap_mark(r["op_gaps"], r.get("op_gap_at"), r.get("lacks"))
             if r.get("crashed"):
                 delta += f" <b style='{red}'>CRASHED</b>"
             style = "background:#1565c0;color:#fff;" if cur else "background:#f1f3f5;"

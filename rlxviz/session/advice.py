@@ -47,9 +47,9 @@ from ..passes.whatif import (
     still_refused,
     what_if,
 )
+from ..passes.why.caveat import alone_caveat
 from ..passes.why.facts import RunFacts
 from ..passes.why.policy import with_caveat
-from ..passes.why.verdict import alone_caveat
 from ..runtime import run_reference
 from ..runtime.battery import InputSet, battery
 from ..runtime.compare import close
@@ -306,7 +306,7 @@ def _compiler_line(trace: Trace, k: int, r: Rejection, left: Blocker | None) -> 
 def _check_one(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixCheck:
     """`_check_fix` of `r`'s fix line, and its compiler fix checked too (`_compiler_line`). When that check finds the
     compiler fix not enough, a fix line that names it (`none in the model: ... (compiler fix: ...)`) says so with the
-    caveat a not-expected line says (`why.verdict.alone_caveat`, `why.policy.with_caveat`): `explain -v`'s line and
+    caveat a not-expected line says (`why.caveat.alone_caveat`, `why.policy.with_caveat`): `explain -v`'s line and
     the plain line agree."""
     c = _check_fix(trace, k, r, checker)
     left = fix_alone_blocker(trace, k, r) if r.fix else None

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..ir import Graph
 from ..passes import Trace, layer_of
+from ..passes.why.text import none_made_words
 from ..passes.why.verdict import RunVerdict
 from ..viz import Overlay, Verdict, render_dot, render_svg
 from .cache import LRUCache
@@ -84,7 +85,8 @@ def verdicts(trace: Trace) -> dict[int, Verdict]:
 
 def _verdicts(trace: Trace) -> dict[int, Verdict]:
     run = RunVerdict.of(trace)
-    return {v.layer: Verdict(v.fused, v.first.guard if v.first is not None else "", v.reason, status=v.status)
+    return {v.layer: Verdict(v.fused, v.first.guard if v.first is not None else "", v.reason, status=v.status,
+                             none_made=none_made_words(v))
             for v in run.layers}  # the verdict's own words (`LayerVerdict.status`), as the Why tab and --json say
 
 

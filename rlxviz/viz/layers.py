@@ -43,6 +43,8 @@ class Verdict:
         status: the verdict's own words (`passes.why.LayerVerdict.status`, what the Why tab and `explain --json`
             say: `fused`, `fused as far as legal`, `not fused`, ...); "" when the verdict has none (then `word` is
             `fused` or `not fused`, read from `fused`).
+        none_made: what the box of a fused layer says when no op of it fused (`passes.why.text.none_made_words`:
+            `no fused op` for a layer held back by rlxviz's ops, else `nothing to fuse`).
     """
 
     fused: bool
@@ -50,6 +52,7 @@ class Verdict:
     message: str = ""
     settled: bool = True
     status: str = ""
+    none_made: str = "nothing to fuse"
 
     @property
     def word(self) -> str:
@@ -249,7 +252,7 @@ def _verdict_lines(g: LayerGroup) -> list[str]:
     v = g.verdict
     assert v is not None
     c = Counter(n.op.value for n in g.fused)
-    ops = _small(", ".join(f"{k}×{n}" if n > 1 else k for k, n in c.items()) or "nothing to fuse", "#1b5e20")
+    ops = _small(", ".join(f"{k}×{n}" if n > 1 else k for k, n in c.items()) or v.none_made, "#1b5e20")
     if v.fused:
         return [f'<FONT COLOR="#1b5e20"><B>{_e(v.word)}</B></FONT> {ops}']
     lines = [f'<FONT COLOR="{REJECT}"><B>{_e(v.word)}</B></FONT>']

@@ -86,7 +86,8 @@ def before_caption(step: PassStep, trace: Trace | None = None) -> str:
     hard near-misses the chip counts as `✗` (`passes.why.places.places` of `step`'s rejections in `trace`, judged by
     `standing`), the guards in brackets (when more than one per place) the failing guards of those places; places
     that are no near-miss are added as the chip's faded `○N` ("○2 not near-misses", "○7 not near-misses at 4 nodes"
-    when patterns share a node: `places.PLACE_UNIT`). Without `trace` (a step drawn
+    when patterns share a node: `places.PLACE_UNIT`), and places at a gap in rlxviz's ops as its `△N` ("△1 gap in
+    rlxviz's ops"). Without `trace` (a step drawn
     on its own), a hard refusal's kind alone decides (`Rejection.near_miss`), as `app.derived.refusals` does then.
     """
     head = f"before {step.pass_name}: {len(step.matches)} match(es)"
@@ -96,11 +97,12 @@ def before_caption(step: PassStep, trace: Trace | None = None) -> str:
 
         p = places(trace, k)
         near = {(r.rule, r.anchor) for r in p.near_misses}
-        excused, nodes = sum(len(v) for v in p.excused.values()), p.nodes()
+        at = [a for anchors in p.faded_at.values() for a in anchors]
+        excused, nodes, gaps = len(at), len(set(at)), len(p.gaps)
     else:
         near = {(r.rule, r.anchor) for r in step.rejections if not r.soft and r.near_miss}
         faded = {(r.rule, r.anchor) for r in step.rejections if not r.soft and not r.near_miss}
-        excused, nodes = len(faded), len({a for _, a in faded})
+        excused, nodes, gaps = len(faded), len({a for _, a in faded}), 0
     guards = sum(1 for r in step.rejections if not r.soft and (r.rule, r.anchor) in near)
     text = f"{head}, {_plural(len(near), 'rejected place', 'rejected places')}"
     if guards > len(near):
@@ -108,6 +110,8 @@ def before_caption(step: PassStep, trace: Trace | None = None) -> str:
     if excused:  # two patterns refused at one node are two places: at how many nodes, when fewer
         text += f", ○{_plural(excused, 'not near-miss', 'not near-misses')}"
         text += f" at {_plural(nodes, 'node', 'nodes')}" if nodes < excused else ""
+    if gaps:  # the chips' △: places at a gap in rlxviz's ops, a compiler fix (`places.Places.gaps`)
+        text += ", △" + _plural(gaps, "gap in rlxviz's ops", "gaps in rlxviz's ops")
     return text
 
 

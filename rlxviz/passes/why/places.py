@@ -1,8 +1,8 @@
-"""A pass's refusals counted by place (`PLACE_UNIT`): what the app's version chips count as ✗ (near-misses) and ○
-(refusals that are no near-miss, by `verdict.standing` group), and the status word the matches table shows for each
-place. One reading of a place's standing (`place_standings`) that the chips, the table and the drawings share, so
-they never disagree with `explain` on what counts.
-"""
+"""A pass's refusals counted by place (`PLACE_UNIT`): what the app's version chips count as ✗ (near-misses), ○ (refusals
+that are no near-miss and nothing to fix, by `verdict.standing` group) and △ (refusals at a gap in rlxviz's ops,
+`verdict.OP_GAP_GROUP`: a compiler fix), and the status word the matches table shows for each place. One reading of a
+place's standing (`place_standings`) that the chips, the table and the drawings share, so they never disagree with
+`explain` on what counts."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from ..report import in_context
 from ..trace import Rejection, Trace
 from .policy import NOT_EXPECTED_HERE, not_expected_line
-from .verdict import ILLEGAL_HERE_GROUP, standing
+from .verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP, place_gaps, standing
 
 PLACE_UNIT = "one per pattern and place"
-"""What the chips' ✗ and ○ count (`Places`): a pattern's candidate at one node, never a guard (two patterns: two)."""
+"""What the chips' ✗, ○ and △ count (`Places`): a pattern's candidate at one node, never a guard (two patterns: two)."""
 
 
 @dataclass(frozen=True)
@@ -28,14 +28,33 @@ class Places:
         excused: `standing` group -> one item per place that is no near-miss (hard or soft), in the run's order:
             its node path (`-` for none), and for a group whose reason differs by place (`NOT_EXPECTED_HERE`,
             `ILLEGAL_HERE_GROUP`) `PATH: RULE (GUARD): why`, a not-expected one as `explain` words it
-            (`policy.not_expected_line`: the guard's reason first). The chip's faded `○`.
+            (`policy.not_expected_line`: the guard's reason first). The chip's faded `○`, but for `OP_GAP_GROUP`
+            (`gaps`).
         excused_at: the anchor node id of each item of `excused`, in the same order (a chip's tooltip groups the
             places by node).
+        lacks: the op forms rlxviz lacks at the `OP_GAP_GROUP` places (`verdict.place_gaps`), each once, in order.
     """
 
     near_misses: list[Rejection]
     excused: dict[str, list[str]]
     excused_at: dict[str, list[int]] = field(default_factory=dict)
+    lacks: list[str] = field(default_factory=list)
+
+    @property
+    def faded(self) -> dict[str, list[str]]:
+        """`excused` but the gaps in rlxviz's ops: the places that are nothing to fix (the chip's faded `○`)."""
+        return {g: items for g, items in self.excused.items() if g != OP_GAP_GROUP}
+
+    @property
+    def faded_at(self) -> dict[str, list[int]]:
+        """`excused_at` of `faded`."""
+        return {g: at for g, at in self.excused_at.items() if g != OP_GAP_GROUP}
+
+    @property
+    def gaps(self) -> list[str]:
+        """The items of the places at a gap in rlxviz's ops (`OP_GAP_GROUP`): a compiler fix, nothing in the model to
+        change, so no faded `○` (the chip's `△`)."""
+        return self.excused.get(OP_GAP_GROUP, [])
 
     def near_miss_items(self) -> list[str]:
         """Each near-miss place (`near_misses`), in the run's order, as a chip's `✗` tooltip names it
@@ -78,7 +97,8 @@ LEFT_OUT_STATUS = "left out"
 def place_status(head: Rejection, st: tuple[str, str] | None) -> str:
     """The status word of a place from its headline refusal `head` and `standing` `st` (`place_standings`):
     `REJECTED` (a near-miss, the chips' `✗`), `LEFT_OUT_STATUS` (a soft near-miss), or the `STANDING_GROUPS` group
-    of a place that is no near-miss (the chips' `○`: `not expected here`, `illegal here`, `not a candidate`, ...),
+    of a place that is no near-miss (the chips' `○`: `not expected here`, `illegal here`, `not a candidate`, ...; `△`:
+    `gap in rlxviz's ops`),
     so the app's table and chips and `explain` never disagree on what counts."""
     if st is not None:
         return st[0]
@@ -96,6 +116,7 @@ def places(trace: Trace, step: int) -> Places:
     near: list[Rejection] = []
     excused: dict[str, list[str]] = {}
     excused_at: dict[str, list[int]] = {}
+    lacks: dict[str, None] = {}
     for r, st in place_standings(trace, step).values():
         if st is None:
             if not r.soft:
@@ -103,14 +124,16 @@ def places(trace: Trace, step: int) -> Places:
             continue
         group, why = st
         path = r.path or "-"
-        if group == NOT_EXPECTED_HERE:  # worded as `explain` words it: the guard's own reason, then why
+        if group == OP_GAP_GROUP:
+            lacks |= dict.fromkeys(place_gaps(trace, r))
+        if group in (NOT_EXPECTED_HERE, OP_GAP_GROUP):  # worded as `explain` words it: the guard's reason, then why
             reason = in_context(trace, step, r)[0]
             item = f"{path}: {not_expected_line(r.rule, r.guard, reason, why)}"
         else:
             item = f"{path}: {r.rule} ({r.guard}): {why}" if group == ILLEGAL_HERE_GROUP else path
         excused.setdefault(group, []).append(item)
         excused_at.setdefault(group, []).append(r.anchor)
-    return Places(near, excused, excused_at)
+    return Places(near, excused, excused_at, list(lacks))
 
 
 __all__ = ["LEFT_OUT_STATUS", "PLACE_UNIT", "REJECTED", "Places", "near_miss_item", "place_standings", "place_status",

@@ -19,6 +19,20 @@ if TYPE_CHECKING:  # for annotations only: the verdicts word themselves through 
     from .verdict import LayerVerdict, RunVerdict
 
 
+HELD_BACK_BY_OPS = "held back by rlxviz's ops"
+"""`LayerVerdict.status` of a layer held back only by gaps in rlxviz's ops with no fused op at all (n3-04b's QK-norm
+attention: its block refused for the gap, nothing else of it fuses): not "fused", and never "nothing to fuse"."""
+HELD_BACK_BY_LEGAL_AND_OPS = "held back by what is legal and rlxviz's ops"
+"""`HELD_BACK_BY_OPS` of a layer that is also fused only as far as legal (a product illegal for it left unmade)."""
+FUSED_AS_FAR_AS_OPS = "fused as far as rlxviz's ops go"
+"""`LayerVerdict.status` of a layer with fused ops, held back from the rest only by gaps in rlxviz's ops."""
+NO_FUSED_OP = "no fused op"
+"""What a layer line lists when a layer held back by rlxviz's ops made no fused op (`made_words`)."""
+NOTHING_TO_FUSE = "nothing to fuse"
+"""What a fused layer line lists when no fused op was expected of the layer and none was made (`made_words`)."""
+GAP_IS_THE_COMPILERS = "a compiler fix, nothing in the model to change"
+"""What a gap in rlxviz's ops asks of whom (the headline's count, the app's chip mark for such places)."""
+
 GROUP_OVER = 3
 """More fused ops than this of one op from one pass are one item of a layer's line (`fused_list`)."""
 
@@ -38,13 +52,16 @@ _LEFT_OUT_HEADINGS = {
                           "nothing to fix in the model, not a near-miss)",
                           "refusals not expected of their layers (their kinds do not expect the fusions with rlxviz's "
                           "ops: nothing to fix in the model, not near-misses)"),
+    "gap in rlxviz's ops": (f"refusal at a gap in rlxviz's ops ({GAP_IS_THE_COMPILERS}, not a near-miss)",
+                            "refusals at gaps in rlxviz's ops (compiler fixes, nothing in the model to change, not "
+                            "near-misses)"),
     "illegal here": ("refusal illegal for its layer (the layer is fused as far as legal, not a near-miss)",
                      "refusals illegal for their layers (the layers are fused as far as legal, not near-misses)"),
 }
 """Each group of `RunVerdict.left_out_groups` (`verdict.LEFT_OUT_GROUPS`) and of a refusal's standing
-(`standing.STANDING_GROUPS`: what the app's chips mark `○`) as its heading says it: one, many. A
-`MODEL_TERM` place is a fusion that kept the model's term as its operand (a causal band, Gemma's 1 + w) or a rule
-that left the model's own structure as it is (cross-attention: the attention stays packed)."""
+(`standing.STANDING_GROUPS`: what the app's chips mark `○`, and `△` for a gap in rlxviz's ops) as its heading says
+it: one, many. A `MODEL_TERM` place is a fusion that kept the model's term as its operand (a causal band, Gemma's
+1 + w) or a rule that left the model's own structure as it is (cross-attention: the attention stays packed)."""
 
 
 def left_out_heading(group: str, n: int) -> str:
@@ -80,6 +97,17 @@ def fused_list(done: list[str], verbose: bool = False) -> str:
     return ", ".join(out)
 
 
+def none_made_words(v: LayerVerdict) -> str:
+    """What a fused layer's line (and its box in the layers drawing) says when no op of it fused: `NO_FUSED_OP` when
+    gaps in rlxviz's ops held it back (a fused op was wanted that rlxviz cannot make), else `NOTHING_TO_FUSE`."""
+    return NO_FUSED_OP if v.op_gaps else NOTHING_TO_FUSE
+
+
+def made_words(v: LayerVerdict, verbose: bool = False) -> str:
+    """What a fused layer's line lists: its fused ops (`fused_list`), else `none_made_words`."""
+    return fused_list(v.done, verbose) or none_made_words(v)
+
+
 def layer_dict(v: LayerVerdict) -> dict[str, Any]:
     """JSON-ready form of a layer's verdict (outcomes and the architecture as dicts)."""
     d = dataclasses.asdict(v)
@@ -94,7 +122,7 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
     """The answer to "why didn't layer N fuse": status, the first rejecting guard (actual vs required),
     the fix, the sibling difference, and for non-BERT layers what the architecture expects."""
     if v.legal_only:
-        lines = [f"layer {v.layer}: {v.status}: " + (fused_list(v.done, verbose) or "nothing to fuse")]
+        lines = [f"layer {v.layer}: {v.status}: " + made_words(v, verbose)]
         for o in v.illegal:
             lines.append(f"  illegal here: {o.rule}")
             lines += o.lines("    ")
@@ -102,9 +130,9 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
         where = f" -> {v.expected} %{v.fused_node}" if v.fused_node is not None else ""
         lines = [f"{layer_label(v.layer)}: fused{where}"]
     elif v.fused and v.op_gaps:  # the words say the gap: not "as expected" (`LayerVerdict.status`)
-        lines = [f"{layer_label(v.layer)}: {v.status}: " + (fused_list(v.done, verbose) or "nothing to fuse")]
+        lines = [f"{layer_label(v.layer)}: {v.status}: " + made_words(v, verbose)]
     elif v.fused:
-        lines = [f"{layer_label(v.layer)}: fused as expected: " + (fused_list(v.done, verbose) or "nothing to fuse")]
+        lines = [f"{layer_label(v.layer)}: fused as expected: " + made_words(v, verbose)]
     else:
         lines = _not_fused(v)
     if v.rewritten and (v.fused or v.legal_only):  # plain ops a rewrite made: no fusion (`ir.ops.made_as`)
@@ -173,17 +201,40 @@ def judged_words(v: LayerVerdict) -> str:
 
 
 def headline(r: RunVerdict) -> str:
-    """The text's first line."""
+    """The text's first line: `MODEL (PIPELINE pipeline): N/M layer(s) fused as expected` (N: `fused_layers`, fused all
+    the way or as far as legal), then the layers held back only by rlxviz's ops (`gap_words`), e.g. `0/2 layer(s) fused
+    as expected; 2 fused as far as rlxviz's ops go (rlxviz lacks FusedAttentionBlock with a non-default scale: a
+    compiler fix, nothing in the model to change)`."""
     if not r.layers:
         counts = ", ".join(f"{k}={v}" for k, v in r.counts.items()) or "no fused ops"
         return f"{r.model} ({r.pipeline} pipeline): no node path names a layer; final graph: {counts}"
-    return f"{r.model} ({r.pipeline} pipeline): {r.fused_layers}/{len(r.layers)} layer(s) fused as expected"
+    gaps = gap_words(r)
+    return (f"{r.model} ({r.pipeline} pipeline): {r.fused_layers}/{len(r.layers)} layer(s) fused as expected"
+            + (f"; {gaps}" if gaps else ""))
+
+
+def gap_forms(r: RunVerdict) -> list[str]:
+    """The op forms rlxviz lacks that held back the run's `gap_only` layers, each once, in layer order."""
+    return list(dict.fromkeys(g for s in r.layers if s.gap_only for g in s.gap_forms))
+
+
+def gap_words(r: RunVerdict) -> str:
+    """The headline's count of the layers held back only by rlxviz's ops (`LayerVerdict.gap_only`), by their status
+    words, and what rlxviz lacks: `1 held back by rlxviz's ops (rlxviz lacks FusedAttentionBlock with QK-norm: a
+    compiler fix, nothing in the model to change)`; "" when there are none."""
+    short = [s for s in r.layers if s.gap_only]
+    if not short:
+        return ""
+    counts = [f"{n} {w}" for w, made in ((FUSED_AS_FAR_AS_OPS, True), (HELD_BACK_BY_OPS, False))
+              if (n := sum(s.has_fused_op == made for s in short))]
+    return f"{', '.join(counts)} (rlxviz lacks {', '.join(gap_forms(r))}: {GAP_IS_THE_COMPILERS})"
 
 
 def run_dict(r: RunVerdict) -> dict[str, Any]:
     """`explain --json` of a run's verdict."""
     return {"model": r.model, "pipeline": r.pipeline, "ok": r.ok, "fused_layers": r.fused_layers,
-            "checked_layers": len(r.layers), "final_op_counts": r.counts, "layers": [layer_dict(s) for s in r.layers],
+            "checked_layers": len(r.layers), "gap_layers": r.gap_layers, "gap_forms": gap_forms(r),
+            "final_op_counts": r.counts, "layers": [layer_dict(s) for s in r.layers],
             "misses": r.misses, "not_expected": r.not_expected, "left_out": r.left_out,
             "left_out_groups": [{"kind": g, "heading": left_out_heading(g, len(lines)), "items": lines}
                                 for g, lines in r.left_out_groups.items()],
@@ -214,25 +265,18 @@ def render_run(r: RunVerdict, verbose: bool = False) -> str:
 def headline_notes(r: RunVerdict) -> list[str]:
     """The notes under the headline (text: indented two spaces; `--json`: `headline_notes`), one per way a layer
     the count says "fused as expected" of falls short, so the count hides no shortfall (the counts and the exit
-    status are unchanged):
+    status are unchanged): fused only as far as legal (`LayerVerdict.legal_only`), the products illegal for those
+    layers, by rule ("1 of them only as far as legal: fuse_residual_ln.residual illegal for them"). A layer held back
+    by rlxviz's ops is not among "them": the headline counts it apart (`gap_words`).
 
-    * fused only as far as legal (`LayerVerdict.legal_only`): the products illegal for those layers, by rule
-      ("1 of them only as far as legal: fuse_residual_ln.residual illegal for them");
-    * fused only as far as rlxviz's ops go (`LayerVerdict.op_gaps`): what rlxviz lacks.
-
-    [] when every fused layer is fused all the way, or no node path names a layer.
+    [] when every layer counted is fused all the way, or no node path names a layer.
     """
-    notes = []
-    legal = [s for s in r.layers if s.legal_only]
-    if legal:
-        rules = dict.fromkeys(o.rule for s in legal for o in s.illegal)
-        notes.append(f"{len(legal)} of them only as far as legal: {', '.join(rules)} illegal for "
-                     f"{'it' if len(legal) == 1 else 'them'}")
-    short = [s for s in r.layers if s.fused and s.op_gaps]
-    if short:
-        gaps = dict.fromkeys(g for s in short for g in s.gap_forms)
-        notes.append(f"{len(short)} of them only as far as rlxviz's ops go: rlxviz lacks {', '.join(gaps)}")
-    return notes
+    legal = [s for s in r.layers if s.legal_only and not s.gap_only]
+    if not legal:
+        return []
+    rules = dict.fromkeys(o.rule for s in legal for o in s.illegal)
+    return [f"{len(legal)} of them only as far as legal: {', '.join(rules)} illegal for "
+            f"{'it' if len(legal) == 1 else 'them'}"]
 
 
 def _left_out(r: RunVerdict) -> list[str]:
@@ -241,5 +285,7 @@ def _left_out(r: RunVerdict) -> list[str]:
             for ln in (f"{left_out_heading(g, len(lines))}:", *(f"  {x}" for x in lines))]
 
 
-__all__ = ["GROUP_OVER", "fused_list", "headline", "headline_notes", "judged_words", "layer_dict", "left_out_heading",
+__all__ = ["FUSED_AS_FAR_AS_OPS", "GAP_IS_THE_COMPILERS", "GROUP_OVER", "HELD_BACK_BY_LEGAL_AND_OPS",
+           "HELD_BACK_BY_OPS", "NOTHING_TO_FUSE", "NO_FUSED_OP", "fused_list", "gap_forms", "gap_words", "headline",
+           "headline_notes", "judged_words", "layer_dict", "left_out_heading", "made_words", "none_made_words",
            "render_layer", "render_run", "run_dict"]

@@ -21,8 +21,8 @@ from ..explain import Outcome, explain
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
 from ..report import MissedFusion, left_out_line, left_out_rejections
 from ..trace import Rejection, Trace, layer_of, resolve_layers, same_stack_as
-from ..whatif import Blocker, fix_alone_blocker
 from . import text
+from .caveat import fix_caveat
 from .facts import RunFacts, illegal_here, made_by, op_of, recognized, silent
 from .kinds import LayerArchitecture
 from .policy import (
@@ -32,7 +32,6 @@ from .policy import (
     PRODUCTS,
     excuse,
     first_refusal,
-    lacks_product,
     layer_pass,
     not_expected,
     not_expected_line,
@@ -55,9 +54,14 @@ only look like a fusion's input (`guard.NOT_A_CANDIDATE`: never a candidate, so 
 refusals the tool's own cost test made (`guard.DOES_NOT_PAY`: a merge that would cost fusions; nothing to fix)."""
 
 ILLEGAL_HERE_GROUP = "illegal here"
-STANDING_GROUPS = (MODEL_TERM, NOT_A_CANDIDATE, DOES_NOT_PAY, NOT_EXPECTED_HERE, ILLEGAL_HERE_GROUP)
-"""The groups of `standing`: why a refusal is no near-miss (`policy.excuse`'s groups, and `ILLEGAL_HERE_GROUP` for a
-refusal illegal for its layer, `LayerVerdict.illegal`)."""
+OP_GAP_GROUP = "gap in rlxviz's ops"
+"""`standing`'s group of a refusal at a gap in rlxviz's ops (`policy.op_gaps`): a not-expected refusal whose reason is
+an op form rlxviz lacks, not the model's layout. No near-miss, but no "nothing to fix" either: a compiler fix, nothing
+in the model to change (the app's chips mark it apart from the faded `○`)."""
+STANDING_GROUPS = (MODEL_TERM, NOT_A_CANDIDATE, DOES_NOT_PAY, NOT_EXPECTED_HERE, OP_GAP_GROUP, ILLEGAL_HERE_GROUP)
+"""The groups of `standing`: why a refusal is no near-miss (`policy.excuse`'s groups, `OP_GAP_GROUP` for the
+not-expected ones that are a gap in rlxviz's ops, and `ILLEGAL_HERE_GROUP` for a refusal illegal for its layer,
+`LayerVerdict.illegal`)."""
 
 
 def left_out_group(r: Rejection) -> str:
@@ -142,7 +146,8 @@ class LayerVerdict:
     """Op forms rlxviz lacks that the layer's refusals ran into (`policy.op_gap`: not the model's layout, a gap in
     rlxviz's ops), each `FORM (RULE: GUARD)`, e.g. `FusedAttentionBlock without a mask operand
     (fuse_attention_block.qkv_attention_out: mask_kind_keep)`. They do not count (the refusal is not expected of the
-    layer's kind), but a fused layer with any is "fused as far as rlxviz's ops go", never plainly "fused"."""
+    layer's kind), but a fused layer with any is "fused as far as rlxviz's ops go" (or "held back by rlxviz's ops"
+    when no op of it fused), never plainly "fused", and the headline counts it apart (`gap_only`)."""
 
     @property
     def unmade_products(self) -> list[str]:
@@ -176,12 +181,26 @@ class LayerVerdict:
         return list(dict.fromkeys(g.rpartition(" (")[0] for g in self.op_gaps))
 
     @property
+    def has_fused_op(self) -> bool:
+        """Some fused op was made in the layer: its whole-layer op (`fused_node`) or any of `done`."""
+        return self.fused_node is not None or bool(self.done)
+
+    @property
+    def gap_only(self) -> bool:
+        """Fused as far as the model goes, held back only by gaps in rlxviz's ops (`op_gaps`): nothing in the model to
+        change, but not "fused as expected" either; the headline counts these layers apart (`text.headline`)."""
+        return self.fused and bool(self.op_gaps)
+
+    @property
     def status(self) -> str:
         """`fused`, `fused as far as legal`, `fused as far as rlxviz's ops go` (`op_gaps`), `fused as far as legal and
-        rlxviz's ops go` or `not fused`: the headline words of the layer, what `explain`, `--json`, the Why tab and the
-        layers drawing say."""
+        rlxviz's ops go`, `held back by rlxviz's ops` (`op_gaps` and no fused op at all: `has_fused_op`), `held back by
+        what is legal and rlxviz's ops` or `not fused`: the headline words of the layer, what `explain`, `--json`, the
+        Why tab and the layers drawing say."""
         if not self.fused:
             return "not fused"
+        if self.op_gaps and not self.has_fused_op:
+            return text.HELD_BACK_BY_LEGAL_AND_OPS if self.legal_only else text.HELD_BACK_BY_OPS
         short = [w for w, on in (("legal", self.legal_only), ("rlxviz's ops go", bool(self.op_gaps))) if on]
         return "fused as far as " + " and ".join(short) if short else "fused"
 
@@ -284,10 +303,21 @@ class RunVerdict:
 
     @property
     def fused_layers(self) -> int:
-        return sum(s.fused for s in self.layers)
+        """The layers fused as expected (the headline's N of "N/M layer(s) fused as expected"): fused all the way, or
+        as far as legal; not those held back only by rlxviz's ops (`gap_layers`)."""
+        return sum(s.fused and not s.gap_only for s in self.layers)
+
+    @property
+    def gap_layers(self) -> int:
+        """The layers held back only by gaps in rlxviz's ops (`LayerVerdict.gap_only`): counted apart in the headline;
+        nothing in the model to change, so they keep `ok` (and exit status 0)."""
+        return sum(s.gap_only for s in self.layers)
 
     @property
     def ok(self) -> bool:
+        """Nothing in the model to change: every checked layer fused as far as the model goes (layers held back only
+        by rlxviz's ops included: their gaps are the compiler's), no miss, no crash, nothing the pipeline cannot
+        make (under `expect="model"`)."""
         return (all(s.fused for s in self.layers) and not self.misses and not self.crashed
                 and not (self.expect == "model" and self.cannot_make))
 
@@ -298,8 +328,9 @@ class RunVerdict:
 
     @property
     def headline(self) -> str:
-        """The first line of the text: the model, the pipeline and `N/M layer(s) fused as expected` (or the final
-        graph's fused ops when no node path names a layer)."""
+        """The first line of the text: the model, the pipeline and `N/M layer(s) fused as expected`, then the layers
+        held back only by rlxviz's ops and what it lacks (`text.headline`; the final graph's fused ops when no node
+        path names a layer)."""
         return text.headline(self)
 
     def to_dict(self) -> dict[str, Any]:
@@ -491,40 +522,6 @@ def _judged_as(facts: RunFacts, layer: int | None) -> Architecture | None:
     return facts.cache[key]
 
 
-CAVEAT = "alone it is not enough: {blocker} fails next"
-"""What a line that names a compiler fix adds to it when that fix, checked at the refusing rule alone
-(`alone_caveat`), still leaves the fusion refused: a not-expected line's reason (`fix_caveat`) and `explain -v`'s
-`fix: none in the model: ... (compiler fix: ...)` line (`session.advice`)."""
-
-
-def alone_caveat(guard: str, blocker: Blocker | None) -> str:
-    """`CAVEAT` for the compiler fix of a refusal by `guard` whose check at its rule alone
-    (`passes.whatif.fix_alone_blocker`) left `blocker` standing: `alone it is not enough: residual_same_shape (not a
-    candidate) fails next` (the guard alone when it is `guard` itself); "" when nothing stands (None). The one wording
-    of that caveat, wherever a line names the compiler fix."""
-    if blocker is None:
-        return ""
-    return CAVEAT.format(blocker=blocker[0] if blocker[0] == guard else f"{blocker[0]} ({blocker[1]})")
-
-
-def fix_caveat(trace: Trace, rule: str, anchor: int, guard: str, arch: Architecture) -> str:
-    """`CAVEAT` for the refusal of `rule` at `anchor` by `guard` when the compiler fix its not-expected reason names
-    does not make the match (`passes.whatif.fix_alone_blocker`, the check behind `explain -v`'s `checked at this rule
-    alone`), e.g. deit's `sum_single_user`: a two-output FusedResidualLN passes it, then `residual_same_shape (not a
-    candidate)` fails; "" when the fix is enough, nothing is known, or the reason names the pass's whole missing form
-    (`policy.lacks_product`), not the guard's fix. Checked once per refusal and trace."""
-    facts = RunFacts.of(trace)
-    key = ("fix_caveat", rule, anchor, guard)
-    if key not in facts.cache:
-        facts.cache[key] = ""
-        pass_name = rule.split(".")[0]
-        if not lacks_product(arch, pass_name):
-            hit = next(((k, r) for k, s in enumerate(trace.steps) if s.pass_name == pass_name for r in s.rejections
-                        if (r.rule, r.anchor, r.guard) == (rule, anchor, guard) and r.fix), None)
-            facts.cache[key] = alone_caveat(guard, fix_alone_blocker(trace, *hit) if hit is not None else None)
-    return facts.cache[key]
-
-
 def standing(trace: Trace, r: Rejection) -> tuple[str, str] | None:
     """Whether the refusal `r` of `trace` is a near-miss: None when it is (it counts against its layer, the app's
     chips count its place as `✗`), else `(group, why)`, `group` one of `STANDING_GROUPS`: `policy.excuse` of the
@@ -533,6 +530,9 @@ def standing(trace: Trace, r: Rejection) -> tuple[str, str] | None:
     illegal for the layer (`LayerVerdict.illegal`). The verdict's own rule (`expected_misses`, `layer_verdict`) read
     per refusal, so the chips, `explain` and `--json` never disagree on what is a near-miss.
 
+    A not-expected refusal at a gap in rlxviz's ops (`policy.op_gaps`, what `LayerVerdict.op_gaps` lists) stands in
+    `OP_GAP_GROUP`: a compiler fix, not "nothing to fix".
+
     A further failing guard of a candidate (`Rejection.headline` False) stands as its candidate's headline does:
     pass the headline (`places` does)."""
     facts = RunFacts.of(trace)
@@ -540,13 +540,22 @@ def standing(trace: Trace, r: Rejection) -> tuple[str, str] | None:
     arch = _judged_as(facts, layer)
     ex = excuse(arch, r.pass_name, r.guard, r.kind, r.remedy)
     if ex is not None and ex[0] == NOT_EXPECTED_HERE and arch is not None:
-        return ex[0], with_caveat(ex[1], fix_caveat(trace, r.rule, r.anchor, r.guard, arch))
+        group = OP_GAP_GROUP if op_gaps(arch, r.pass_name, r.guard) else NOT_EXPECTED_HERE
+        return group, with_caveat(ex[1], fix_caveat(trace, r.rule, r.anchor, r.guard, arch))
     if ex is not None or layer is None or arch is None:
         return ex
     if any((o.rule, o.nodes[0] if o.nodes else None) == (r.rule, r.anchor)
            for o in layer_verdict(trace, layer).illegal):
         return ILLEGAL_HERE_GROUP, ILLEGAL_HERE
     return None
+
+
+def place_gaps(trace: Trace, r: Rejection) -> list[str]:
+    """The op forms rlxviz lacks that the refusal `r` of `trace` ran into (`policy.op_gaps` in the kind its layer is
+    judged as, as `standing` reads it): what a place of `OP_GAP_GROUP` lacks, e.g. `FusedAttentionBlock with QK-norm`;
+    [] for any other refusal."""
+    arch = _judged_as(RunFacts.of(trace), r.layer)
+    return op_gaps(arch, r.pass_name, r.guard) if arch is not None else []
 
 
 def verdict_pass(trace: Trace, layer: int) -> str | None:
@@ -560,7 +569,7 @@ def verdict_pass(trace: Trace, layer: int) -> str | None:
     return first.pass_name
 
 
-__all__ = ["CAVEAT", "EXIT_NOT_FUSED", "EXIT_OK", "ILLEGAL_HERE_GROUP", "LEFT_OUT", "LEFT_OUT_GROUPS",
+__all__ = ["EXIT_NOT_FUSED", "EXIT_OK", "ILLEGAL_HERE_GROUP", "LEFT_OUT", "LEFT_OUT_GROUPS", "OP_GAP_GROUP",
            "STANDING_GROUPS", "Architecture", "FusionCheck", "LayerStatus", "LayerVerdict", "RunVerdict",
-           "alone_caveat", "expected_misses", "fix_caveat", "judged_kind", "layer_verdict", "left_out_group",
-           "left_out_groups", "standing", "verdict_pass"]
+           "expected_misses", "judged_kind", "layer_verdict", "left_out_group",
+           "left_out_groups", "place_gaps", "standing", "verdict_pass"]
