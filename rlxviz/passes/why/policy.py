@@ -127,6 +127,15 @@ def product(pass_name: str, made: Iterable[tuple[Graph, int]] = ()) -> str:
     return PRODUCTS.get(pass_name, pass_name)
 
 
+def makes_product(pass_name: str, rule: str) -> bool:
+    """Whether a match of `rule` in a layer names `pass_name`'s product among what the layer is expected to have: a
+    match of one of the pass's own rules (`Pass.rules`), not of its stages (`Pass.stages`: exact canonicalizations
+    before its rules, e.g. `fuse_attention_block/qkv_columns` reading a per-head QKV layout as column blocks, which
+    makes no FusedAttentionBlock); a pass that is not registered, or has no stages, names its product by any match."""
+    p = PASSES.get(pass_name)
+    return p is None or not p.stages or any(r.name == rule for r in p.rules)
+
+
 def _guards(pass_name: str) -> dict[str, Guard]:
     """The `Guard`s of `pass_name`'s rules by name (a guard shared by several rules once)."""
     p = PASSES.get(pass_name)
@@ -360,8 +369,8 @@ def expected_products(arch: LayerKind) -> list[str]:
 
 __all__ = ["COMPILER_FIX_WORDS", "EXPECT_MODES", "FAMILIES", "ILLEGAL_HERE", "KINDS", "LayerKind", "NOT_EXPECTED_HERE",
            "NOT_EXPECTED_WHY", "PRODUCTS", "TRAITS", "check_declarations", "excuse", "expected_of_words",
-           "expected_products", "first_refusal", "gap_words", "lacks_product", "layer_pass", "not_expected",
-           "not_expected_line", "op_gap", "op_gaps", "product", "recognizers", "with_caveat"]
+           "expected_products", "first_refusal", "gap_words", "lacks_product", "layer_pass", "makes_product",
+           "not_expected", "not_expected_line", "op_gap", "op_gaps", "product", "recognizers", "with_caveat"]
 
 
 check_declarations()

@@ -34,6 +34,7 @@ from .policy import (
     first_refusal,
     lacks_product,
     layer_pass,
+    makes_product,
     not_expected,
     not_expected_line,
     op_gaps,
@@ -447,7 +448,8 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
                 for n in o.nodes if (op := op_of(trace, n)) is not None]
         done = [item for op, item in items if made_as(Op(op)) == FUSED_INTO]  # a plain op a rewrite made: rewritten
         rewritten = [item for op, item in items if made_as(Op(op)) != FUSED_INTO]
-        wanted = [o.pass_name for o in ex.outcomes if o.status == "fused" or o in rejected]
+        wanted = [o.pass_name for o in ex.outcomes
+                  if (o.status == "fused" and makes_product(o.pass_name, o.rule)) or o in rejected]
         expected = ", ".join(product(n, made_by(trace, ex, n)) for n in dict.fromkeys(wanted))
     made = {(o.rule, g) for o in ex.outcomes if o.status == "fused" for g, _, _ in o.soft}
     fused = fused and not (cannot and expect == "model")  # `first` stays what the run itself refused
