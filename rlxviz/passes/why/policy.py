@@ -185,23 +185,35 @@ def _gaps(arch: LayerKind, p: Pass, guard: str) -> list[tuple[str, str]]:
         return []
     g = _guards(p.name).get(guard) if guard else None
     own = [(f, g.fix) for f in (g.gap_for(arch.has),) if f is not None] if g is not None and g.gaps else []
-    lacked = [(form, fix) for t, form, fix in p.lacks if arch.has(t)]
     expects = not p.expected_of or any(arch.has(t) for t in p.expected_of)
-    if not (own if not expects else lacked):  # a kind that expects a product rlxviz can make counts the refusal;
-        return []  # one that does not, and no gap, is the model's layout (`unexpected`)
+    lacked = [] if not expects and _layout_only(p) else [(form, fix) for t, form, fix in p.lacks if arch.has(t)]
+    if not lacked and (expects or not own):  # a kind that expects a product rlxviz can make counts the refusal; one
+        return []  # that does not, and no gap, is the model's layout (`unexpected`)
     return [*lacked, *(x for x in own if x[0] not in {f for f, _ in lacked})]
+
+
+def _layout_only(p: Pass) -> bool:
+    """Whether `p`'s product is expected of layer kinds alone (`expected_of` all in `KINDS`: FusedTransformerLayer of
+    `post_ln`): a layer of another kind has another layout, which no op form of the pass changes, so the forms its
+    `lacks` names are no gap there. A pass also expected of a fact of rlxviz's op (FusedAttentionBlock of `keep_mask`:
+    the block takes an additive mask too, and is not expected elsewhere by rlxviz's choice) lacks its forms in every
+    layer with the trait."""
+    return bool(p.expected_of) and all(t in KINDS for t in p.expected_of)
 
 
 def op_gaps(arch: LayerKind, pass_name: str, guard: str) -> list[str]:
     """The op forms rlxviz lacks when `guard`'s refusal of `pass_name` in a layer of kind `arch` is a gap in rlxviz's
     own ops, not the model's layout, else []. Two declarations say so: the pass's `lacks` (a trait of the layer under
     which rlxviz makes no product of the pass at all, e.g. `integer_qkv`: no FusedAttentionBlock over integer-matmul
-    projections; every refusal of the pass there is that gap), and the guard's `gaps` (`Guard.lacking`: a trait of
-    the layer in its `gap_in`), which counts only where the layer's kind does not expect the product (`expected_of`)
-    or the pass lacks it there: where the kind expects a product rlxviz can make, the refusal counts anyway. E.g. an
-    unmasked ViT attention and `fuse_attention_block`'s `mask_kind_keep`: rlxviz has no FusedAttentionBlock without a
-    mask operand; a dynamically quantized layer refused at `default_scale`: no block over integer-matmul projections,
-    nor one with a non-default scale. The layer is fused only as far as rlxviz's ops go (`LayerVerdict.op_gaps`)."""
+    projections; every refusal of the pass there is that gap, whatever guard refused and whether or not the layer's
+    kind expects the product: a `qkv_packed` layout refusal in a pre-LN layer with a causal mask names it too; only a
+    product expected of layer kinds alone, FusedTransformerLayer of `post_ln`, lacks nothing in a layer of another
+    kind, whose layout is the reason, `_layout_only`), and the guard's `gaps` (`Guard.lacking`: a trait of the layer
+    in its `gap_in`), which counts only where the layer's kind does not expect the product (`expected_of`) or the pass
+    lacks it there: where the kind expects a product rlxviz can make, the refusal counts anyway. E.g. an unmasked ViT
+    attention and `fuse_attention_block`'s `mask_kind_keep`: rlxviz has no FusedAttentionBlock without a mask operand;
+    a dynamically quantized layer refused at `default_scale`: no block over integer-matmul projections, nor one with a
+    non-default scale. The layer is fused only as far as rlxviz's ops go (`LayerVerdict.op_gaps`)."""
     p = PASSES.get(pass_name)
     return [] if p is None else [f for f, _ in _gaps(arch, p, guard)]
 
