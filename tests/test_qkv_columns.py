@@ -196,3 +196,15 @@ def test_codegen_reads_its_qkv_block_of_the_projection_merged_with_its_mlp():
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
     r = RunVerdict.of(t)
     assert r.layers and all(lv.status == WORDS and lv.gap_forms == [PARTIAL_ROTARY_GAP] for lv in r.layers)
+
+
+def test_the_stage_makes_nothing_a_pipeline_without_the_block_lacks():
+    """A pipeline without `fuse_attention_block` on GPT-NeoX: the canonical run's stage rewrote each attention (no
+    block: partial rotary), which is no product the pipeline cannot make (`facts._products` counts only a pass's own
+    rules' matches); it read `the pipeline has no fuse_attention_block (packed attention is made from its
+    FusedAttentionBlock)`."""
+    g = load_onnx(CASES / "gpt-neox.legacy-sdpa.onnx", seq=8).graph
+    names = [n for n in Pipeline.canonical().names if n not in ("fuse_attention_block", "fuse_transformer_layer")]
+    r = RunVerdict.of(Pipeline(names).run(g))
+    assert r.layers and r.ok and not r.cannot_make
+    assert all(lv.fused and "the pipeline has no" not in lv.render() for lv in r.layers)
