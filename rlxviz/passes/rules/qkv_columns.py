@@ -50,6 +50,7 @@ from ..engine import rule_pass
 from ..guard import Ctx
 from ..pattern import P
 from ..rule import QUIET, Fail, Rule, reports
+from ..trace import Match
 from .head_layout import token_columns
 
 RULE = "fuse_attention_block.qkv_columns"
@@ -192,7 +193,7 @@ QKV_COLUMNS_PASS = rule_pass("fuse_attention_block", [QKV_COLUMNS], "Q/K/V laid 
 """The rule as a stage of `fuse_attention_block` (`engine.compose`)."""
 
 
-def qkv_columns(g: Graph) -> tuple[Graph, list]:
+def qkv_columns(g: Graph) -> tuple[Graph, list[Match]]:
     """`g` with every packed attention whose Q/K/V are per-token column selections of one projection rewritten to
     narrows of that projection with its weight's columns permuted (module doc): the `QKV_COLUMNS` rule run by the
     engine."""
