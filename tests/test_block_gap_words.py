@@ -100,9 +100,13 @@ def test_the_layers_say_the_gap_and_keep_their_count(name, guard, gap):
 
 
 def test_a_layout_refusal_stays_not_expected_with_a_true_excuse():
-    """GPT-NeoX's Q/K are reshapes of its packed projection (its own tables do not matter there: `rope_one_table`
-    reads Q/K narrows of one projection only): the model's layout, no gap; the layers stay `fused as expected`."""
-    r = RunVerdict.of(Pipeline.canonical().run(_graph("gpt-neox.legacy-sdpa.onnx")))
+    """With the stage that reads its per-head QKV layout as column blocks switched off (`fuse_attention_block/
+    qkv_columns`, tests/test_qkv_columns.py), GPT-NeoX's Q/K are reshapes of its packed projection (its own tables do
+    not matter there: `rope_one_table` reads Q/K narrows of one projection only): a layout refusal, no gap; the layers
+    stay `fused as expected`, and the excuse says what the block takes."""
+    pipeline = Pipeline.canonical()
+    pipeline.disabled.add("fuse_attention_block/qkv_columns")
+    r = RunVerdict.of(pipeline.run(_graph("gpt-neox.legacy-sdpa.onnx")))
     assert r.layers and all(lv.fused and not lv.op_gaps and lv.status == "fused" for lv in r.layers)
     for lv in r.layers:
         (line,) = [x for x in lv.not_expected if x.startswith("fuse_attention_block.qkv_attention_out (qkv_packed): ")]

@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 from clirun import run as cli_run
 
+from rlxviz.ir import Builder, Op
 from rlxviz.models.onnx import load_onnx
+from rlxviz.models.onnx.export import export_onnx
 from rlxviz.passes import Pipeline
 from rlxviz.passes.architecture import classify_layer
 from rlxviz.passes.rules.block import INTEGER_QKV_GAP, SCALE_GAP
@@ -44,12 +46,12 @@ def _arch(kind: str, mask: str, integer: bool) -> LayerArchitecture:
     ("default_scale", [INTEGER_QKV_GAP, SCALE_GAP]),  # esm.qdyn: both forms are named
     ("qkv_packed", [INTEGER_QKV_GAP]),  # no gap of the guard's own: the integer projections alone
 ])
-@pytest.mark.parametrize("kind, mask", [("pre_ln", "keep"), ("post_ln", "keep"), ("llama", "additive")])
+@pytest.mark.parametrize("kind, mask", [("pre_ln", "keep"), ("post_ln", "keep"), ("llama", "additive"),
+                                        ("pre_ln", "causal"), ("parallel", "additive")])
 def test_integer_projections_are_a_gap_whatever_the_kind_expects(kind, mask, guard, gaps):
+    """Also where the kind does not expect the block and the refusal is a layout (`qkv_packed`: no float merge packs
+    integer projections into one): rlxviz has no block over them in any layer."""
     arch = _arch(kind, mask, True)
-    if kind == "llama" and guard == "qkv_packed":  # the kind does not expect the block, no gap of the guard: layout
-        assert policy.op_gaps(arch, "fuse_attention_block", guard) == []
-        return
     assert policy.op_gaps(arch, "fuse_attention_block", guard) == gaps
     why = policy.not_expected(arch, "fuse_attention_block", guard)
     assert why is not None and why.startswith("not the model's layout but a gap in rlxviz's ops: rlxviz has no "
@@ -148,3 +150,58 @@ def test_a_dynamically_quantized_bert_layer_lacks_the_layer_op(tmp_path):
         assert INTEGER_QKV_GAP in lv.gap_forms and any(d.startswith("FusedResidualLN") for d in lv.done), lv.done
         text = lv.render()
         assert f"(rlxviz's ops lack {FTL_GAP})" in text and "not legal for this layer" not in text
+
+
+def _pre_ln_causal(path: Path) -> Path:
+    """Two pre-LN layers (LayerNorm -> attention with separate Q/K/V linears and a causal additive mask table ->
+    residual add; LayerNorm -> GELU MLP -> residual add) built here and exported to ONNX: a kind that does not expect
+    the block (an additive mask)."""
+    bsz, s, e, h, d = 2, 8, 32, 4, 8
+    b = Builder("pre_ln_causal")
+    x = b.input("hidden_states", (bsz, s, e))
+    causal = b.param("causal_mask", (1, 1, s, s))
+
+    def linear(v: int, name: str, n_in: int, n_out: int) -> int:
+        return b.add(b.matmul(v, b.param(f"{name}.weight", (n_in, n_out))), b.param(f"{name}.bias", (n_out,)))
+
+    for i in range(2):
+        with b.scope(f"model.layers.{i}"):
+            y = b.layer_norm(x, b.param(f"l{i}.ln1.weight", (e,)), b.param(f"l{i}.ln1.bias", (e,)), eps=1e-5)
+            with b.scope("attn"):
+                q, k, v = (b.transpose(b.reshape(linear(y, f"l{i}.{t}", e, e), (bsz, s, h, d)), (0, 2, 1, 3))
+                           for t in "qkv")
+                sc = b.add(b.mul(b.matmul(q, b.transpose(k, (0, 1, 3, 2))), 1 / np.sqrt(d)), causal)
+                o = b.reshape(b.transpose(b.matmul(b.softmax(sc), v), (0, 2, 1, 3)), (bsz, s, e))
+                x = b.add(x, linear(o, f"l{i}.o", e, e))
+            y = b.layer_norm(x, b.param(f"l{i}.ln2.weight", (e,)), b.param(f"l{i}.ln2.bias", (e,)), eps=1e-5)
+            with b.scope("mlp"):
+                x = b.add(x, linear(b.gelu(linear(y, f"l{i}.fc1", e, 64)), f"l{i}.fc2", 64, e))
+    b.output(x)
+    g = b.build()
+    rng = np.random.default_rng(3)
+    w = {n.attrs["name"]: (rng.standard_normal(n.shape) / 4).astype(np.float32) for n in g if n.op == Op.PARAM}
+    w["causal_mask"] = np.triu(np.full((s, s), -1e9, np.float32), 1)[None, None]
+    export_onnx(g, w, path)
+    return path
+
+
+def test_a_quantized_pre_ln_layer_whose_kind_does_not_expect_the_block_names_the_gap(tmp_path):
+    """A dynamically quantized pre-LN layer with a causal mask (codegen/starcoder2/beit's qdyn exports): refused at
+    `qkv_packed`, a layout refusal in a kind that does not expect the block, it read `fused` with no gap, while rlxviz
+    has no block over integer projections in any layer (the float export makes the block). Now it lists the gap."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    src = _pre_ln_causal(tmp_path / "f.onnx")
+    float_final = Pipeline.canonical().run(load_onnx(src).graph).final
+    assert sum(n.op == Op.FUSED_ATTENTION_BLOCK for n in float_final) == 2
+    quantize_dynamic(str(src), str(tmp_path / "q.onnx"), weight_type=QuantType.QInt8)
+    r = RunVerdict.of(Pipeline.canonical().run(load_onnx(tmp_path / "q.onnx").graph))
+    assert r.layers and r.ok
+    for lv in r.layers:
+        a = lv.architecture
+        assert a.kind == "pre_ln" and a.mask == "additive" and a.has("integer_qkv")
+        assert lv.status == WORDS and lv.op_gaps == [f"{INTEGER_QKV_GAP} ({RULE}: qkv_packed)"], lv.op_gaps
+        (line,) = [x for x in lv.not_expected if x.startswith(f"{RULE} (qkv_packed): ")]
+        assert f"rlxviz has no {INTEGER_QKV_GAP}" in line, line
+        assert f"rlxviz's ops lack: {INTEGER_QKV_GAP}" in lv.render()
+        assert not lv.layer_op_gaps  # FusedTransformerLayer is the post-LN layer's: a pre-LN layer lacks no form of it

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from ...ir import Graph, Node, Op, Rewriter
 from ...ir.ops import BLOCK_MASK_KINDS, kv_heads, operand_roles
-from ..engine import rule_pass
+from ..engine import rule_pass, stage
 from ..guard import (
     MODEL_TERM,
     NOT_RECOGNIZED,
@@ -44,6 +44,7 @@ from ..pattern import P
 from ..rule import Fail, Rule, Shape, User, reports
 from ..trace import layer_of
 from .kv_cache import cached_length, kv_workload
+from .qkv_columns import QKV_COLUMNS_PASS
 
 
 def tokens(c: Ctx, role: str = "attn") -> tuple[int, str]:
@@ -431,7 +432,10 @@ fuse_attention_block = rule_pass("fuse_attention_block", [BLOCK], "QKV + attenti
                                  quantization=("attention", "FusedAttentionBlock computes the attention in float: "
                                                             "the scores a quantized layer rounds would not be"),
                                  lacks=(("integer_qkv", INTEGER_QKV_GAP, INTEGER_QKV_FIX),
-                                        ("qk_norm", QK_NORM_GAP, QK_NORM_FIX)))
+                                        ("qk_norm", QK_NORM_GAP, QK_NORM_FIX)),
+                                 stages=(stage("fuse_attention_block", "qkv_columns", QKV_COLUMNS_PASS),))
+"""Its stage `fuse_attention_block/qkv_columns` (`rules.qkv_columns`) reads a QKV projection laid out per head
+(GPT-NeoX, BLOOM, CodeGen) as the column blocks the pattern takes (the same values), before `BLOCK` runs."""
 
 
 __all__ = ["BLOCK", "INTEGER_QKV_FIX", "INTEGER_QKV_GAP", "QK_NORM_FIX", "QK_NORM_GAP", "fuse_attention_block",

@@ -134,6 +134,38 @@ def head_split(g: Graph, i: int) -> HeadSplit | None:
     return HeadSplit(root.id, start if block else -1, nh, d, ids, standard)
 
 
+def token_columns(g: Graph, i: int) -> tuple[int, np.ndarray, tuple[int, ...]] | None:
+    """`(root, cols, chain)` when node `i` `[B, S, n]` is computed from a rank-3 `root` `[B, S, W]` by movement ops
+    (`_MOVES`, a gather's index a constant) such that element `[b, s, c]` is root element `[b, s, cols[c]]` for every
+    token (the same columns in every row: a per-token column selection, e.g. GPT-NeoX's Q read through its per-head
+    `[q, k, v]` view, split and merged again); `chain` the movement nodes from the root's reader to `i`. None when `i`
+    is no such selection (some element comes from another token's row, a root of more than `MAX_INDEX` elements)."""
+    n = g[i]
+    if n.rank != 3:
+        return None
+    b, s, _ = n.shape
+    chain = _chain(g, i, b, s)
+    if chain is None:
+        return None
+    root, moves = chain[0], chain[1:]
+    w = root.shape[2]
+    if b * s * w > MAX_INDEX:
+        return None
+    got = np.arange(b * s * w, dtype=np.int64).reshape(b, s, w)
+    try:
+        for m in moves:
+            got = _apply(g, m, got)
+    except (ValueError, IndexError):
+        return None
+    if got.shape != n.shape:
+        return None
+    rows = (np.arange(b, dtype=np.int64)[:, None, None] * s + np.arange(s)[None, :, None]) * w
+    cols = got - rows
+    if not (np.all((cols >= 0) & (cols < w)) and np.array_equal(cols, np.broadcast_to(cols[:1, :1], cols.shape))):
+        return None
+    return root.id, cols[0, 0].copy(), tuple(m.id for m in moves)
+
+
 def emit_heads(rw: Rewriter, x: int, hs: HeadSplit, w: int) -> int:
     """The standard head split of `hs`'s block of `x` (`x` the root, or a value of the same shape)."""
     b, s = rw.lookup(x).shape[:2]
@@ -339,4 +371,4 @@ def _head_expand(g: Graph, n: Node) -> bool:
 
 __all__ = ["CANONICAL_HEADS", "CANONICAL_HEADS_PASS", "HEADS", "MAX_INDEX", "REPEAT_BROADCAST_KV",
            "REPEAT_BROADCAST_KV_PASS", "RULE", "SCORES_MATMUL", "HeadSplit", "canonical_heads", "emit_heads",
-           "head_split", "remove_shared", "repeat_broadcast_kv"]
+           "head_split", "remove_shared", "repeat_broadcast_kv", "token_columns"]

@@ -19,7 +19,7 @@ from ..pipeline import PASSES, Pipeline
 from ..report import MissedFusion, missed_fusions
 from ..trace import PassStep, Trace, layer_keys, layer_of
 from ..unrecognized import Unrecognized, unrecognized
-from .policy import PRODUCTS, not_expected, recognizers
+from .policy import PRODUCTS, makes_product, not_expected, recognizers
 
 
 def layer_indices(graph: Graph) -> tuple[int, ...]:
@@ -144,6 +144,8 @@ def _products(trace: Trace, layer: int | None) -> dict[str, tuple[str, int, set[
         if step.family not in PRODUCTS:
             continue
         for m in step.matches:
+            if not makes_product(step.family, m.rule):  # a stage's canonicalization: no product of its pass
+                continue
             node = _made(trace, step, m.fused)
             if node is None or (layer is not None and layer_of(node.path) != layer):
                 continue

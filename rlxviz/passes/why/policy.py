@@ -133,6 +133,15 @@ def product(pass_name: str, made: Iterable[tuple[Graph, int]] = (), rules: Itera
     return f"{name} ({', '.join(forms)})" if forms else name
 
 
+def makes_product(pass_name: str, rule: str) -> bool:
+    """Whether a match of `rule` in a layer names `pass_name`'s product among what the layer is expected to have: a
+    match of one of the pass's own rules (`Pass.rules`), not of its stages (`Pass.stages`: exact canonicalizations
+    before its rules, e.g. `fuse_attention_block/qkv_columns` reading a per-head QKV layout as column blocks, which
+    makes no FusedAttentionBlock); a pass that is not registered, or has no stages, names its product by any match."""
+    p = PASSES.get(pass_name)
+    return p is None or not p.stages or any(r.name == rule for r in p.rules)
+
+
 def _guards(pass_name: str) -> dict[str, Guard]:
     """The `Guard`s of `pass_name`'s rules by name (a guard shared by several rules once)."""
     p = PASSES.get(pass_name)
@@ -182,23 +191,35 @@ def _gaps(arch: LayerKind, p: Pass, guard: str) -> list[tuple[str, str]]:
         return []
     g = _guards(p.name).get(guard) if guard else None
     own = [(f, g.fix) for f in (g.gap_for(arch.has),) if f is not None] if g is not None and g.gaps else []
-    lacked = [(form, fix) for t, form, fix in p.lacks if arch.has(t)]
     expects = not p.expected_of or any(arch.has(t) for t in p.expected_of)
-    if not (own if not expects else lacked):  # a kind that expects a product rlxviz can make counts the refusal;
-        return []  # one that does not, and no gap, is the model's layout (`unexpected`)
+    lacked = [] if not expects and _layout_only(p) else [(form, fix) for t, form, fix in p.lacks if arch.has(t)]
+    if not lacked and (expects or not own):  # a kind that expects a product rlxviz can make counts the refusal; one
+        return []  # that does not, and no gap, is the model's layout (`unexpected`)
     return [*lacked, *(x for x in own if x[0] not in {f for f, _ in lacked})]
+
+
+def _layout_only(p: Pass) -> bool:
+    """Whether `p`'s product is expected of layer kinds alone (`expected_of` all in `KINDS`: FusedTransformerLayer of
+    `post_ln`): a layer of another kind has another layout, which no op form of the pass changes, so the forms its
+    `lacks` names are no gap there. A pass also expected of a fact of rlxviz's op (FusedAttentionBlock of `keep_mask`:
+    the block takes an additive mask too, and is not expected elsewhere by rlxviz's choice) lacks its forms in every
+    layer with the trait."""
+    return bool(p.expected_of) and all(t in KINDS for t in p.expected_of)
 
 
 def op_gaps(arch: LayerKind, pass_name: str, guard: str) -> list[str]:
     """The op forms rlxviz lacks when `guard`'s refusal of `pass_name` in a layer of kind `arch` is a gap in rlxviz's
     own ops, not the model's layout, else []. Two declarations say so: the pass's `lacks` (a trait of the layer under
     which rlxviz makes no product of the pass at all, e.g. `integer_qkv`: no FusedAttentionBlock over integer-matmul
-    projections; every refusal of the pass there is that gap), and the guard's `gaps` (`Guard.lacking`: a trait of
-    the layer in its `gap_in`), which counts only where the layer's kind does not expect the product (`expected_of`)
-    or the pass lacks it there: where the kind expects a product rlxviz can make, the refusal counts anyway. E.g. an
-    unmasked ViT attention and `fuse_attention_block`'s `mask_kind_keep`: rlxviz has no FusedAttentionBlock without a
-    mask operand; a dynamically quantized layer refused at `default_scale`: no block over integer-matmul projections,
-    nor one with a non-default scale. The layer is fused only as far as rlxviz's ops go (`LayerVerdict.op_gaps`)."""
+    projections; every refusal of the pass there is that gap, whatever guard refused and whether or not the layer's
+    kind expects the product: a `qkv_packed` layout refusal in a pre-LN layer with a causal mask names it too; only a
+    product expected of layer kinds alone, FusedTransformerLayer of `post_ln`, lacks nothing in a layer of another
+    kind, whose layout is the reason, `_layout_only`), and the guard's `gaps` (`Guard.lacking`: a trait of the layer
+    in its `gap_in`), which counts only where the layer's kind does not expect the product (`expected_of`) or the pass
+    lacks it there: where the kind expects a product rlxviz can make, the refusal counts anyway. E.g. an unmasked ViT
+    attention and `fuse_attention_block`'s `mask_kind_keep`: rlxviz has no FusedAttentionBlock without a mask operand;
+    a dynamically quantized layer refused at `default_scale`: no block over integer-matmul projections, nor one with a
+    non-default scale. The layer is fused only as far as rlxviz's ops go (`LayerVerdict.op_gaps`)."""
     p = PASSES.get(pass_name)
     return [] if p is None else [f for f, _ in _gaps(arch, p, guard)]
 
@@ -366,8 +387,8 @@ def expected_products(arch: LayerKind) -> list[str]:
 
 __all__ = ["COMPILER_FIX_WORDS", "EXPECT_MODES", "FAMILIES", "ILLEGAL_HERE", "KINDS", "LayerKind", "NOT_EXPECTED_HERE",
            "NOT_EXPECTED_WHY", "PRODUCTS", "TRAITS", "check_declarations", "excuse", "expected_of_words",
-           "expected_products", "first_refusal", "gap_words", "lacks_product", "layer_pass", "not_expected",
-           "not_expected_line", "op_gap", "op_gaps", "product", "recognizers", "with_caveat"]
+           "expected_products", "first_refusal", "gap_words", "lacks_product", "layer_pass", "makes_product",
+           "not_expected", "not_expected_line", "op_gap", "op_gaps", "product", "recognizers", "with_caveat"]
 
 
 check_declarations()

@@ -33,6 +33,7 @@ from .policy import (
     excuse,
     first_refusal,
     layer_pass,
+    makes_product,
     not_expected,
     not_expected_line,
     op_gaps,
@@ -482,7 +483,8 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
                 for n in o.nodes if (op := op_of(trace, n)) is not None]
         done = [item for op, item in items if made_as(Op(op)) == FUSED_INTO]  # a plain op a rewrite made: rewritten
         rewritten = [item for op, item in items if made_as(Op(op)) != FUSED_INTO]
-        wanted = [o.pass_name for o in ex.outcomes if o.status == "fused" or o in rejected]
+        wanted = [o.pass_name for o in ex.outcomes
+                  if (o.status == "fused" and makes_product(o.pass_name, o.rule)) or o in rejected]
         expected = ", ".join(product(n, made_by(trace, ex, n), [o.rule for o in ex.outcomes if o.pass_name == n
                                                                  and o.status == "fused"])
                              for n in dict.fromkeys(wanted))
