@@ -36,6 +36,8 @@ ZOO = TESTS / "fixtures" / "onnx" / "zoo"
 WORDS = "fused as far as rlxviz's ops go"
 FTL_GAP = "FusedTransformerLayer over integer-matmul projections (dynamic quantization)"
 RULE = "fuse_attention_block.qkv_attention_out"
+TRAIT = "any refusal, the layer's trait integer_qkv"
+"""What a trait's gap names after its rule (`policy.gap_sources`): not the guard that happened to refuse first."""
 
 
 def _arch(kind: str, mask: str, integer: bool) -> LayerArchitecture:
@@ -93,7 +95,7 @@ def test_esm_qdyn_reads_like_granite_in_the_verdict_and_the_chips():
     for lv in r.layers:
         assert lv.fused and lv.first is None and lv.status == WORDS, lv.status
         assert lv.gap_forms == [INTEGER_QKV_GAP, SCALE_GAP], lv.op_gaps
-        assert f"{INTEGER_QKV_GAP} ({RULE}: default_scale)" in lv.op_gaps
+        assert f"{INTEGER_QKV_GAP} ({RULE}: {TRAIT})" in lv.op_gaps
         assert "FusedAttentionBlock" not in lv.expected
     step = next(k for k, s in enumerate(trace.steps) if s.pass_name == "fuse_attention_block")
     heads = [x for x in trace.steps[step].rejections if x.headline and x.guard == "default_scale"]
@@ -116,9 +118,14 @@ def test_esm_qdyn_text_and_json_agree(capsys):
     assert "NOT fused" not in text
     for lv in j["layers"]:
         assert lv["status"] == WORDS and lv["first"] is None
-        assert lv["op_gaps"] == [f"{INTEGER_QKV_GAP} ({RULE}: default_scale)", f"{SCALE_GAP} ({RULE}: default_scale)"]
+        assert lv["op_gaps"] == [f"{INTEGER_QKV_GAP} ({RULE}: {TRAIT})",
+                                 f"{SCALE_GAP} ({RULE}: default_scale)"]
         assert f"layer {lv['layer']}: {WORDS}: " in text
-    assert f"  rlxviz's ops lack: {INTEGER_QKV_GAP} ({RULE}: default_scale)" in text
+    # a trait's gap is not blamed on the guard that refused first (`policy.gap_sources`): default_scale is about
+    # the attention's scale, not its integer projections
+    assert f"  rlxviz's ops lack: {INTEGER_QKV_GAP} ({RULE}: {TRAIT})" in text
+    assert f"{INTEGER_QKV_GAP} ({RULE}: default_scale)" not in text
+    assert f"  rlxviz's ops lack: FusedAttentionBlock with a non-default scale ({RULE}: default_scale)" in text
 
 
 def _quantized(tmp_path: Path, stem: str) -> Path:
@@ -200,7 +207,7 @@ def test_a_quantized_pre_ln_layer_whose_kind_does_not_expect_the_block_names_the
     for lv in r.layers:
         a = lv.architecture
         assert a.kind == "pre_ln" and a.mask == "additive" and a.has("integer_qkv")
-        assert lv.status == WORDS and lv.op_gaps == [f"{INTEGER_QKV_GAP} ({RULE}: qkv_packed)"], lv.op_gaps
+        assert lv.status == WORDS and lv.op_gaps == [f"{INTEGER_QKV_GAP} ({RULE}: {TRAIT})"], lv.op_gaps
         (line,) = [x for x in lv.not_expected if x.startswith(f"{RULE} (qkv_packed): ")]
         assert f"rlxviz has no {INTEGER_QKV_GAP}" in line, line
         assert f"rlxviz's ops lack: {INTEGER_QKV_GAP}" in lv.render()

@@ -224,6 +224,19 @@ def op_gaps(arch: LayerKind, pass_name: str, guard: str) -> list[str]:
     return [] if p is None else [f for f, _ in _gaps(arch, p, guard)]
 
 
+def gap_sources(arch: LayerKind, pass_name: str, guard: str) -> list[tuple[str, str]]:
+    """`(op form, what ran into it)` of each of `op_gaps`: `guard` for a guard's own gap (`Guard.lacking`), else the
+    layer trait under which the pass makes no product at all, whatever guard refused (`Pass.lacks`), as `any refusal,
+    the layer's trait integer_qkv`. What `LayerVerdict.op_gaps` puts after the rule, so a trait's gap is not blamed
+    on the guard that happened to refuse first (esm's integer projections are no fault of `default_scale`)."""
+    p = PASSES.get(pass_name)
+    if p is None:
+        return []
+    traits = {form: t for t, form, _ in p.lacks if arch.has(t)}
+    return [(f, f"any refusal, the layer's trait {traits[f]}" if f in traits else guard)
+            for f, _ in _gaps(arch, p, guard)]
+
+
 def op_gap(arch: LayerKind, pass_name: str, guard: str) -> str | None:
     """`op_gaps` in one phrase, the forms joined by "nor" (None: no gap)."""
     return " nor ".join(op_gaps(arch, pass_name, guard)) or None
@@ -387,8 +400,9 @@ def expected_products(arch: LayerKind) -> list[str]:
 
 __all__ = ["COMPILER_FIX_WORDS", "EXPECT_MODES", "FAMILIES", "ILLEGAL_HERE", "KINDS", "LayerKind", "NOT_EXPECTED_HERE",
            "NOT_EXPECTED_WHY", "PRODUCTS", "TRAITS", "check_declarations", "excuse", "expected_of_words",
-           "expected_products", "first_refusal", "gap_words", "lacks_product", "layer_pass", "makes_product",
-           "not_expected", "not_expected_line", "op_gap", "op_gaps", "product", "recognizers", "with_caveat"]
+           "expected_products", "first_refusal", "gap_sources", "gap_words", "lacks_product", "layer_pass",
+           "makes_product", "not_expected", "not_expected_line", "op_gap", "op_gaps", "product", "recognizers",
+           "with_caveat"]
 
 
 check_declarations()

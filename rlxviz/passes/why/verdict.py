@@ -32,6 +32,7 @@ from .policy import (
     PRODUCTS,
     excuse,
     first_refusal,
+    gap_sources,
     layer_pass,
     makes_product,
     not_expected,
@@ -493,8 +494,8 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     if cannot and expect == "model" and expected:
         expected = ", ".join(dict.fromkeys([*expected.split(", "), *(c.rsplit(": ", 1)[-1].removesuffix(
             " cannot be made") for c in cannot)]))
-    gaps = list(dict.fromkeys(f"{gap} ({o.rule}: {o.guard})" for o in ex.rejected if o.rule in skipped
-                              for gap in op_gaps(arch, o.pass_name, o.guard)))
+    gaps = list(dict.fromkeys(f"{gap} ({o.rule}: {by})" for o in ex.rejected if o.rule in skipped
+                              for gap, by in gap_sources(arch, o.pass_name, o.guard)))
     return LayerVerdict(layer, fused, ftl[0] if ftl else None, expected, first, own, arch, quiet, rejected,
                         [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(),
                         done, [t for (r, _), t in ignored.items() if r not in {o.rule for o in illegal}],
