@@ -115,7 +115,7 @@ class Runs:
             source=s.preset, batch=s.batch, seq=s.effective_seq,
             style=None if s.style == "default" else s.style, variant=s.variant,
             variant_layer=s.variant_layer, threshold=s.threshold, pipeline=tuple(s.pipeline_spec),
-            pipeline_name="app", limits=Limits.resolve(), isolated=True)
+            limits=Limits.resolve(), isolated=True)  # named as `explain` names the same passes (`pipeline_name`)
 
     def _load_model(self) -> Model:
         s = self.state

@@ -1,0 +1,46 @@
+"""The app names what the CLI names, from the same function: the pipeline a run went through (the Why tab said
+"layer 1 (app pipeline)" where `rlxviz explain` said "(canonical pipeline)" for the same default passes)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from clirun import run
+
+from rlxviz.app.jobs import Runner
+from rlxviz.app.state import AppState
+from rlxviz.passes import CANONICAL_ORDER
+from rlxviz.session import build_pipeline
+
+
+@pytest.fixture(scope="module")
+def tiny() -> AppState:
+    return AppState(runner=Runner(background=False), preset="bert-tiny")
+
+
+def _pipeline_said(text: str) -> set[str]:
+    return set(re.findall(r"\((\w+) pipeline\)", text))
+
+
+def test_the_why_tab_names_the_pipeline_as_explain_does(tiny, capsys):
+    code, out, _ = run(capsys, "explain", "bert-tiny", "--layer", "1")
+    assert _pipeline_said(out) == {"canonical"}, out
+    assert _pipeline_said(tiny.why_layer(1)) == {"canonical"}
+
+
+def test_a_pass_list_is_named_as_its_profile_is():
+    assert build_pipeline(list(CANONICAL_ORDER)).name == build_pipeline("canonical").name == "canonical"
+    stage = "fuse_sdpa/rope_heads"
+    assert build_pipeline([*CANONICAL_ORDER, f"-{stage}"]).name == build_pipeline(f"canonical,-{stage}").name
+    assert build_pipeline(list(CANONICAL_ORDER[:-1])).name == "custom"
+    assert build_pipeline(list(CANONICAL_ORDER), name="mine").name == "mine"
+
+
+def test_the_apps_edited_pipeline_is_custom():
+    s = AppState(runner=Runner(background=False), preset="bert-tiny")
+    last = max(i for i, p in enumerate(s.passes) if p == CANONICAL_ORDER[-1])
+    s.toggle_pass(last, False)
+    assert s.trace.pipeline == "custom"
+    s.toggle_pass(last, True)
+    assert s.trace.pipeline == "canonical"
