@@ -13,8 +13,10 @@ from rlxviz.app.state import AppState
 
 
 def _superseded(s: AppState) -> int:
-    """A generation a newer `Runs.load` has replaced, as when the user changed the model during the job."""
+    """A generation a newer `Runs.load` has replaced, as when the user changed the model during the job (the newer
+    load's call made the page busy, on the page's thread, as `Runs.load` does)."""
     s.runs._generation += 1
+    s._start("Loading the model…")
     return s.runs._generation - 1
 
 

@@ -16,7 +16,7 @@ import param
 from .. import session
 from ..ir import Graph, format_graph
 from ..passes import PassStep, Trace
-from ..passes.trace import Rejection, layer_label
+from ..passes.trace import Rejection, layer_label, place_label
 from ..passes.why.places import Places, places
 from ..passes.why.verdict import OP_GAP_GROUP, RunVerdict
 from ..session import LayerStatus, SessionError, View, overlays
@@ -62,7 +62,7 @@ def step_places(step: PassStep, trace: Trace | None = None) -> Places:
     at: dict[str, list[int]] = {}
     for r in heads.values():
         if not r.near_miss:
-            excused.setdefault(r.kind, []).append(r.path or "-")
+            excused.setdefault(r.kind, []).append(place_label(r.anchor, r.path))
             at.setdefault(r.kind, []).append(r.anchor)
     return Places([r for r in heads.values() if r.near_miss], excused, at)
 

@@ -20,10 +20,12 @@ from ..ir.printer import format_value
 from ..passes.pipeline import role_label
 from ..passes.report import fix_line, in_context
 from ..passes.trace import Rejection, Trace, anchor_position, layer_of, reading_order
-from ..passes.why.places import place_standings, place_status
+from ..passes.why.places import LEFT_OUT_STATUS, place_standings, place_status
+from ..passes.why.places import REJECTED as NEAR_MISS
+from ..passes.why.text import left_out_heading
 from ..passes.why.verdict import RunVerdict
 from ..session.tensors import summarize
-from .text import md_code, md_escape, md_pre
+from .text import html_text, md_code, md_escape, md_pre
 
 
 def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
@@ -290,6 +292,11 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
         * `left out`: the node is what a fusion left out (a soft rejection's offending node, not part of the
           match): `guard` and `message` say why, `made` / `fused` what was fused without it;
         * `rejected (STAGE)`: a refused candidate's guard (one entry per failing guard and role).
+
+        A refusal's entry (`rejected` or an unfused `left out`) has its place's `standing` too
+        (`passes.why.places.place_status`: `rejected`, `left out`, or the group of a place that is no near-miss,
+        `not expected here`, `not a candidate`, ...: the chips' ○) and `standing_why` (`verdict.standing`'s why, ''
+        for a near-miss), so the inspector calls no place "rejected" that the chips, the table and `explain` excuse.
     """
     out: list[dict[str, Any]] = []
     seen: set[tuple[Any, ...]] = set()
@@ -301,6 +308,7 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
             out.append(d)
 
     for k, s in enumerate(trace.steps):
+        standings: dict[tuple[str, int], tuple[Rejection, tuple[str, str] | None]] | None = None
         soft: dict[tuple[str, int], list[Rejection]] = {}
         for r in s.rejections:
             if r.soft:
@@ -345,7 +353,11 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
             role = next((k2 for k2, i in r.bindings.items() if i == node_id and place in (None, k2)), None)
             if r.anchor == node_id or role or node_id in r.offending or node_id == r.subject:
                 message, hint = in_context(trace, k, r)  # what explain and the Why tab say of a "run P first"
-                add({"pass": s.pass_name, "rule": r.rule,
+                if standings is None:  # the place's standing, as the chips, the table and explain read it
+                    standings = place_standings(trace, k)
+                head, st = standings[(r.rule, r.anchor)]
+                add({"pass": s.pass_name, "rule": r.rule, "standing": place_status(head, st),
+                     "standing_why": st[1] if st is not None else "",
                      "role": role_label(r.rule, role) if role else ("anchor" if r.anchor == node_id else "offending"),
                      "outcome": "left out" if r.soft else f"rejected ({r.stage})", "guard": r.guard,
                      "message": message, "hint": hint, "kind": r.kind, "fix": r.fix, "anchor": r.anchor,
@@ -427,6 +439,9 @@ PASSED, LEFT_OUT, REJECTED = ("<b style='color:#2e7d32'>fused</b>", "<b style='c
                               "<b style='color:#c62828'>rejected</b>")
 OPERAND = "<b style='color:#1565c0'>operand</b>"
 """The inspector's outcome words (green, orange, red; blue: bound as an input of a fusion, not absorbed)."""
+NOT_NEAR_MISS = "<b style='color:#757575'>○ {standing}</b>"
+"""The inspector's word for a refused place that is no near-miss (grey, the chips' ○), `{standing}` its
+`place_status` (`not expected here`, `not a candidate`, ...), as the matches table's kind says it."""
 
 
 def _why_markdown(guard: str, kind: str, message: str, hint: str, fix: str) -> str:
@@ -475,6 +490,13 @@ def decision_markdown(d: dict[str, Any]) -> str:
                               + _why_markdown(x["guard"], x["kind"], x["message"], x["hint"], x["fix"])
                               for x in d["left_out"])
     why = _why_markdown(d["guard"], d.get("kind", ""), d["message"], d["hint"], d.get("fix", ""))
+    standing = d.get("standing", "")
+    if standing and standing not in (NEAR_MISS, LEFT_OUT_STATUS):  # no near-miss: the chips' ○, not a failure
+        stage = d["outcome"].removeprefix("rejected").strip(" ()")
+        heading = left_out_heading(standing, 1).split(" ", 1)[1]  # the verdict's words for one place
+        reason = f" *Why:* {md_escape(d['standing_why'])}" if d.get("standing_why") else ""
+        return (f"- {NOT_NEAR_MISS.format(standing=html_text(standing))} ({md_escape(heading)}): {rule} as *{role}*"
+                + (f" ({md_escape(stage)})" if stage else "") + f": {why}{reason}")
     if d["outcome"] == "left out":
         made = f" ({product})" if d.get("made") else ""
         return f"- {LEFT_OUT} of {rule}'s fusion{made}: {why}"

@@ -115,7 +115,7 @@ class Runs:
             source=s.preset, batch=s.batch, seq=s.effective_seq,
             style=None if s.style == "default" else s.style, variant=s.variant,
             variant_layer=s.variant_layer, threshold=s.threshold, pipeline=tuple(s.pipeline_spec),
-            pipeline_name="app", limits=Limits.resolve(), isolated=True)
+            limits=Limits.resolve(), isolated=True)  # named as `explain` names the same passes (`pipeline_name`)
 
     def _load_model(self) -> Model:
         s = self.state
@@ -181,7 +181,13 @@ class Runs:
         """Load and run in the runner's thread; every change of the state (progress, the new trace, a failure)
         is made on the page's thread (`Runner.on_page`), as one step, so the page sees them in order."""
         s = self.state
-        page = s.runner.on_page
+
+        def page(fn: Any) -> None:
+            """Run `fn` on the page's thread unless a newer load was asked for by then: the check in this thread
+            comes before the page runs the step, and a click in between (② while the first run was on its way)
+            let a superseded run be shown after the newer load had begun: it took ②'s jump to the refusing pass."""
+            s.runner.on_page(lambda: fn() if gen == self._generation else None)
+
         page(lambda: s._start("Loading the model…"))
         done = False
         try:
@@ -195,7 +201,7 @@ class Runs:
                 return
             new_model = model is not s.model
             if new_model:  # the first picture: the input graph as read, before the check and the passes (issue 39)
-                self._show_input_first(key, model)
+                self._show_input_first(key, model, gen)
             checked = None
             if new_model and model.meta.get("onnx_file"):  # does version 0 equal the file itself?
                 page(lambda: s._set_progress(30, "Checking version 0 against the ONNX model…"))
@@ -244,10 +250,11 @@ class Runs:
         if done:  # after the job: the page is usable while the other versions are drawn
             s.runner.submit("prerender", lambda: self.prerender(gen))
 
-    def _show_input_first(self, key: tuple, model: Model) -> None:
+    def _show_input_first(self, key: tuple, model: Model, gen: int | None = None) -> None:
         """Draw `model`'s input graph as soon as it is read (from the runner's thread) and show it as a trace with no
         pass: the passes, the import check, the verdicts and timing arrive with the full trace after. On the 8B-shaped
-        32-layer export the passes took longer than reading the graph; the first picture waited for them."""
+        32-layer export the passes took longer than reading the graph; the first picture waited for them. `gen`: the
+        load's generation; a newer load asked for before the page runs the step shows nothing of this one."""
         s = self.state
         first = Trace(input=model.graph, pipeline=INPUT_FIRST)
         self._draw_ahead(first)
@@ -255,6 +262,8 @@ class Runs:
                  else None, s.version)
 
         def show() -> None:
+            if gen is not None and gen != self._generation:
+                return
             s.ir_error = None
             self._model_key = key
             self._set_trace(first, model)

@@ -214,7 +214,8 @@ class StartHere(Viewer):
         """After ②, once its run is shown: step to the version of the pass whose guard refused the broken layer, so
         the panes show that rejection (they stayed at the version shown before, a pass that refused nothing)."""
         s = self.state
-        if self._jump is None or s.trace is None or s.trace is self._jump[1] or s.input_first:  # not yet ②'s run
+        if self._jump is None or s.trace is None or s.trace is self._jump[1] or s.input_first \
+                or s.runs._model_key != s.model_key():  # not yet ②'s run (a run of the model as built, put back)
             return
         layer = self._jump[0]
         if s.variant != BREAK_VARIANT or s.variant_layer != layer:  # changed meanwhile: show what was chosen

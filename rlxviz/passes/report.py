@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..ir import Graph, Node
 from ..ir.identity import DigestCache
 from .pipeline import Pipeline
-from .trace import Rejection, Trace, layer_of, reading_order
+from .trace import Rejection, Trace, layer_of, place_label, reading_order
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,8 @@ class MissedFusion:
         hint = f" -> {self.hint}" if self.hint and self.hint not in self.reason else ""
         kind = f" [{self.kind}]" if self.kind else ""
         also = "".join(f"; also {a}" for a in self.also)
-        return f"{self.pattern} @ %{self.node} ({self.path or '-'}): {self.guard}{kind}: {self.reason}{hint}{also}"
+        where = place_label(self.node, self.path, with_node=True)
+        return f"{self.pattern} @ {where}: {self.guard}{kind}: {self.reason}{hint}{also}"
 
 
 _RUN_FIRST = re.compile(r"run (\w+) first")
@@ -277,7 +278,7 @@ def left_out_rejections(trace: Trace, layers: Collection[int] | None = None) -> 
 
 def left_out_line(r: Rejection) -> str:
     """One line of `left_out`: `RULE @ %ANCHOR (PATH): GUARD [KIND]: MESSAGE`."""
-    return f"{r.rule} @ %{r.anchor} ({r.path or '-'}): {r.guard} [{r.kind}]: {r.message}"
+    return f"{r.rule} @ {place_label(r.anchor, r.path, with_node=True)}: {r.guard} [{r.kind}]: {r.message}"
 
 
 def left_out(trace: Trace, layers: Collection[int] | None = None) -> list[str]:

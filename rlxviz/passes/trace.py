@@ -105,6 +105,20 @@ def layer_label(layer: int | None) -> str:
     return layer.label if isinstance(layer, Layer) else f"layer {layer}"
 
 
+NO_PATH = "-"
+"""What stands for a node's path where it has none (`place_label`)."""
+
+
+def place_label(anchor: int, path: str, with_node: bool = False) -> str:
+    """The name of a place (a pattern's candidate, a match) at node `anchor` with model path `path`, one for every
+    front end: its path, or its node `%ANCHOR` where it has no path (the app's chip tooltips said `-`); with
+    `with_node` the node and the path, `%ANCHOR (PATH)` (`NO_PATH` for none), as `explain`'s lines say
+    `RULE @ %17 (-)`."""
+    if with_node:
+        return f"%{anchor} ({path or NO_PATH})"
+    return path or f"%{anchor}"
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def layer_of(path: str) -> Layer | None:
     """The layer in a model path (`encoder.layer.3.attention` -> 3, in stack `encoder`; `decoder.block.1.layer.0`

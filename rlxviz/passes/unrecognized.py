@@ -29,7 +29,7 @@ from .activations import activation_form
 from .architecture import attention_softmax
 from .declarations import FAMILIES, FINDING, FINDING_QUANTIZATION
 from .report import MissedFusion
-from .trace import Trace
+from .trace import Trace, place_label
 
 GUARD = "no_rule"
 """The guard name of an unrecognized finding (as `MissedFusion.guard`)."""
@@ -55,7 +55,8 @@ class Unrecognized:
     hint: str
 
     def __str__(self) -> str:
-        return f"{FINDING}.{self.family} @ %{self.nodes[0]} ({self.path or '-'}): {GUARD}: {self.reason}"
+        where = place_label(self.nodes[0], self.path, with_node=True)
+        return f"{FINDING}.{self.family} @ {where}: {GUARD}: {self.reason}"
 
     def as_missed(self) -> MissedFusion:
         """The finding as a `MissedFusion` (pattern `unrecognized.<family>`, guard `no_rule`)."""

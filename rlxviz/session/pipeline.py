@@ -24,6 +24,18 @@ TRACES = LRUCache(maxsize=16)
 """Pipeline runs by (input graph digest, passes, params), shared by every session of the process."""
 
 
+def pipeline_name(names: Sequence[str]) -> str:
+    """The name a pipeline of the passes `names` (in order; steps to switch off left out) goes by: a profile's
+    (`PROFILES`) when they are that profile's passes and it sets no parameter of its own (`canonical`: the app's
+    default list is the canonical pipeline, as `explain` names it), else `custom`. One name for the same passes in
+    every front end (the app's Why tab said "app pipeline" where `explain` said "canonical pipeline")."""
+    for profile in PROFILES:
+        pipe = Pipeline.profile(profile)
+        if not pipe.params and list(names) == pipe.names:
+            return profile
+    return "custom"
+
+
 def check_requirements(pipe: Pipeline) -> Pipeline:
     """`pipe`, after checking that every active pass's `Pass.requires` is active too.
 
@@ -72,7 +84,7 @@ def build_pipeline(spec: str | Sequence[str] = "canonical", params: Mapping[str,
         if orphan is not None:
             raise PipelineError(f"{orphan!r} is a step of the pass {family_of(orphan)!r}, which the list does not "
                                 f"hold: list {family_of(orphan)} (it runs every step), and -{orphan} to switch one off")
-        pipe = Pipeline([n for n in names if n not in STAGES], {}, name or "custom")
+        pipe = Pipeline([n for n in names if n not in STAGES], {}, name or pipeline_name(names))
         for fam in dict.fromkeys(map(family_of, stages)):  # a list naming some steps of a pass runs those only
             for st in PASSES[fam].stages:
                 if st.name not in stages:
@@ -174,4 +186,4 @@ def version_index(trace: Trace, after: str) -> int:
 
 
 __all__ = ["PROFILES", "TRACES", "build_pipeline", "check_requirements", "format_passes", "graph_digest",
-           "pass_catalog", "run_pipeline", "version_index"]
+           "pass_catalog", "pipeline_name", "run_pipeline", "version_index"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..report import in_context
-from ..trace import Rejection, Trace
+from ..trace import Rejection, Trace, place_label
 from .policy import NOT_EXPECTED_HERE, not_expected_line
 from .verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP, place_gaps, standing
 
@@ -26,10 +26,10 @@ class Places:
         near_misses: the headline refusal of each hard place that is a near-miss (`standing` None), in the run's
             order: what a version chip counts as `✗`.
         excused: `standing` group -> one item per place that is no near-miss (hard or soft), in the run's order:
-            its node path (`-` for none), and for a group whose reason differs by place (`NOT_EXPECTED_HERE`,
-            `ILLEGAL_HERE_GROUP`) `PATH: RULE (GUARD): why`, a not-expected one as `explain` words it
-            (`policy.not_expected_line`: the guard's reason first). The chip's faded `○`, but for `OP_GAP_GROUP`
-            (`gaps`).
+            its name (`trace.place_label`: its node path, `%ANCHOR` for none), and for a group whose reason differs
+            by place (`NOT_EXPECTED_HERE`, `ILLEGAL_HERE_GROUP`) `PATH: RULE (GUARD): why`, a not-expected one as
+            `explain` words it (`policy.not_expected_line`: the guard's reason first). The chip's faded `○`, but for
+            `OP_GAP_GROUP` (`gaps`).
         excused_at: the anchor node id of each item of `excused`, in the same order (a chip's tooltip groups the
             places by node).
         lacks: the op forms rlxviz lacks at the `OP_GAP_GROUP` places (`verdict.place_gaps`), each once, in order.
@@ -67,9 +67,10 @@ class Places:
 
 
 def near_miss_item(r: Rejection) -> str:
-    """A near-miss place named by its headline refusal `r`: `PATH: RULE (GUARD)` (`-` for no path), as the items of a
-    place that is no near-miss name theirs where the reason differs by place (`Places.excused`)."""
-    return f"{r.path or '-'}: {r.rule} ({r.guard})"
+    """A near-miss place named by its headline refusal `r`: `PATH: RULE (GUARD)` (`%ANCHOR` for no path,
+    `trace.place_label`), as the items of a place that is no near-miss name theirs where the reason differs by place
+    (`Places.excused`)."""
+    return f"{place_label(r.anchor, r.path)}: {r.rule} ({r.guard})"
 
 
 def place_standings(trace: Trace, step: int) -> dict[tuple[str, int], tuple[Rejection, tuple[str, str] | None]]:
@@ -123,7 +124,7 @@ def places(trace: Trace, step: int) -> Places:
                 near.append(r)
             continue
         group, why = st
-        path = r.path or "-"
+        path = place_label(r.anchor, r.path)
         if group == OP_GAP_GROUP:
             lacks |= dict.fromkeys(place_gaps(trace, r))
         if group in (NOT_EXPECTED_HERE, OP_GAP_GROUP):  # worded as `explain` words it: the guard's reason, then why
