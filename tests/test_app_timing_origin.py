@@ -19,10 +19,12 @@ import pytest
 from clirun import README_IR
 
 from rlxviz.app import timeproc
-from rlxviz.app.measure import KERNEL_OPS, TIMING_RUNS, kernel_rows, measured_when, reuse_note
+from rlxviz.app.measure import TIMING_RUNS, measured_when, reuse_note
 from rlxviz.app.timingchart import KERNELS_MARK, chart_title, fusion_kernels_markdown, machine_verdict, timing_figure
 from rlxviz.runtime.timing import TimingContext
 from rlxviz.session import VersionTiming, busy_warning, paired_verdict, timing_table
+from rlxviz.session.lowerings import KERNEL_OPS
+from rlxviz.session.timing_text import kernel_rows
 
 KERNELS_RAN = "rlxviz CPU kernels: cached (avx2, 2 threads), ran attention, bias+gelu"
 

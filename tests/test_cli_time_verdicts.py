@@ -115,6 +115,10 @@ def test_a_forced_busy_run_says_so_first_and_reads_no_ratio(capsys, monkeypatch)
     assert doc["busy"] == busy_warning(*(r for r in rows if r.same_as is None), own) != ""
     assert {v["vs_input"] for v in doc["versions"][1:] if v["same_as"] is None} == {NOT_READ}
     assert doc["split"]["busy"] == doc["busy"] and doc["split"]["kernels"]["verdict"] == NOT_READ
+    # no bare ratio a script would read: the text and the app print none (the medians in ms stay)
+    assert all(v["speedup"] is None for v in doc["versions"]) and all(v["median_ms"] for v in doc["versions"]
+                                                                      if v["same_as"] is None)
+    assert all(doc["split"][k]["ratio"] is None for k in ("fusion", "kernels", "total"))
 
 
 def test_a_real_run_prints_the_sessions_split(capsys, monkeypatch):

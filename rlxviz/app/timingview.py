@@ -3,6 +3,8 @@ chart, the fusion-vs-kernels rows and the table (`timingchart` formats them)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 import panel as pn
 import param
@@ -50,6 +52,14 @@ ROUNDS_WHY = {"repeat": "a run times at least one round, and the cap keeps a typ
 they are, said when a value past them is clamped."""
 
 
+def tip_below(text: str) -> Any:
+    """A button's tooltip shown below it (Panel puts a text's to the right, where the Timing tab's row holds the next
+    button and the rounds' boxes: after a click, with the pointer still on the button, it hid them)."""
+    from bokeh.models import Tooltip
+
+    return Tooltip(content=text, position="bottom")
+
+
 class TimingView(Viewer):
     """Time every version on MLX in a worker process, in interleaved rounds (`session.time_versions`, as the CLI);
     median ms per version as a Bokeh bar chart with the IQR as a whisker and the speed-up over the unfused graph,
@@ -61,15 +71,16 @@ class TimingView(Viewer):
         super().__init__(**params)
         s = self.state
         # "on MLX" is in its tooltip: beside an open sidebar at 1280 px the label was cut ("Time every version on")
+        # its tooltip below it (`tip_below`): to its right it hid "↻ Time again" and the rounds' label after a click
         self.button = pn.widgets.Button(label="Time every version", color="primary", css_classes=["rv-time"],
-                                        description="time every version on MLX in a worker process, with the "
-                                                    "rounds and device set here")
+                                        description=tip_below("time every version on MLX in a worker process, with "
+                                                              "the rounds and device set here"))
         self.button.on_click(lambda e: s.time_all())
         # an outlined button (a "light" one read as plain text: nothing said it could be pressed)
         # shown once there are figures to measure again (before any, "Time again" spoke of a timing that never was)
         self.again = pn.widgets.Button(label="↻ Time again", button_type="primary", button_style="outline",
                                        css_classes=["rv-time-again"], visible=bool(s.timings),
-                                       description="measure again instead of showing the last figures")
+                                       description=tip_below("measure again instead of showing the last figures"))
         self.again.on_click(lambda e: s.time_all(fresh=True))
         # not bound to the state's parameters, and no start/end (as Batch and Sequence length, `Controls`): the
         # browser's number box put back a value past its start or end with no word, so the server never saw it;
@@ -175,4 +186,5 @@ class TimingView(Viewer):
                          sizing_mode="stretch_width")
 
 
-__all__ = ["ROUNDS_LABELS", "ROUNDS_WHY", "TIMING_HEADER_CSS", "TIMING_HIDDEN", "TIMING_TITLES", "TimingView"]
+__all__ = ["ROUNDS_LABELS", "ROUNDS_WHY", "TIMING_HEADER_CSS", "TIMING_HIDDEN", "TIMING_TITLES", "TimingView",
+           "tip_below"]
