@@ -197,7 +197,7 @@ def test_the_chart_names_the_lowering_of_each_row():
     fig = timing_figure(table)
     ms_plot, speed_plot = fig.children[0], fig.children[1].children[0]  # the speed-up plot: below, left
     assert ms_plot.title.text == "median ms per version\nMLX; rlxviz's kernels where marked"
-    assert speed_plot.title.text.endswith("fusion and rlxviz's kernels together")
+    assert speed_plot.title.text.endswith("fusion + rlxviz's kernels together")
     factors = list(ms_plot.y_range.factors)
     assert [f.endswith(KERNELS_MARK) for f in factors[::-1]] == [r["#"] in marked for r in table]
     # no kernels ran: no mark, and the title says MLX alone; the rows are the session's own

@@ -284,6 +284,25 @@ def plot_height(n_rows: int) -> int:
     return max(200, PLOT_FRAME_PX + PLOT_ROW_PX * n_rows)
 
 
+MS_AXIS = "ms; bar: median; whisker: p25 to p75; label: median, after the whisker"
+"""The median plot's x-axis label (it fits the plot's width at 1280 px with the sidebar open)."""
+
+SPEEDUP_AXIS = "× over the input (paired); whisker: 95% ci"
+"""The speed-up plot's x-axis label: about 290 px of plot at 1280 px with the sidebar open ("× (median of paired
+per-round ratios); whisker: 95% interval" was cut to "whisker: 95% int"; the legend says what the ratio is)."""
+
+
+def speedup_title(rows: list[dict[str, Any]]) -> str:
+    """The speed-up plot's title, in lines short enough for its width at 1280 px (a longer one ran into the error
+    plot's title): "speed-up over the input", then on a busy run "busy: not read, no bar drawn", else where rows
+    ran rlxviz's kernels "fusion + rlxviz's kernels together" (those rows' speed-ups are not the fusion's alone)."""
+    if any(r.get("busy") for r in rows):
+        return "speed-up over the input\nbusy: not read, no bar drawn"
+    if any(map(on_kernels, rows)):
+        return "speed-up over the input\nfusion + rlxviz's kernels together"
+    return "speed-up over the input"
+
+
 def timing_figure(rows: list[dict[str, Any]]) -> Any:
     """Three plots on one y range (one row per version), each bar labelled with its own number:
 
@@ -331,7 +350,7 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     h = plot_height(len(rows))
     p = figure(y_range=labels[::-1], height=h, sizing_mode="stretch_width", min_width=300,
                title=chart_title(rows), toolbar_location=None,
-               x_axis_label="ms; bar: median; whisker: p25 to p75; label: the median, after the whisker")
+               x_axis_label=MS_AXIS)
     p.title.align = "left"
     if "\n" in p.title.text:
         p.title.text_font_size = "12px"  # two lines in the plot's width
@@ -345,12 +364,11 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     p.x_range = Range1d(start=min([0.0, *(v for v in low if v == v)]),
                         end=max([1e-6, *(v for v in high if v == v)]) * LABEL_ROOM)
     sp = figure(y_range=p.y_range, height=h, sizing_mode="stretch_width", min_width=300, toolbar_location=None,
-                title="speed-up over the input" + (" — busy machine: not read, no bar drawn" if busy else "")
-                + ("\nfusion and rlxviz's kernels together" if any(map(on_kernels, rows)) else ""),
-                x_axis_label="× (median of paired per-round ratios); whisker: 95% interval")
+                title=speedup_title(rows), x_axis_label=SPEEDUP_AXIS)
     for f in (p, sp):  # the speed-up's label in its plot's width at 1280 px (16 px, it ran past the figure's edge)
         f.xaxis.axis_label_text_font_size = "12px"
     sp.title.align = "left"
+    sp.title.text_font_size = "12px"  # two short lines in about 290 px of plot at 1280 px with the sidebar open
     sp.hbar(y="version", right="x", height=0.7, source=src, color="x_color")  # by reading: `speedup_color`
     sp.add_layout(Whisker(base="version", lower="x_low", upper="x_high", dimension="width", source=src,
                           line_color="#333"))
@@ -374,4 +392,5 @@ __all__ = ["ERROR_LEGEND", "OK_VERDICTS", "error_color",
            "FASTER_COLOR", "KERNELS_MARK", "LABEL_ROOM", "NEUTRAL_COLOR", "SLOWER_COLOR", "chart_legend",
            "speedup_color", "table_rows", "PLOT_FRAME_PX", "PLOT_ROW_PX", "chart_title", "error_formatter",
            "fusion_kernels_markdown", "kernels_marked", "machine_verdict", "ms_label", "on_kernels", "plot_height",
-           "shown_product", "speedup_label", "timing_factor", "timing_figure"]
+           "shown_product", "speedup_label", "speedup_title", "MS_AXIS", "SPEEDUP_AXIS", "timing_factor",
+           "timing_figure"]
