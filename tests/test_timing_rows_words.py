@@ -60,7 +60,7 @@ def test_rows_on_rlxviz_kernels_say_so_in_both_tables_and_the_switch_is_marked()
     # the lowering changes once, on #2: its comparison with #1 is the pass and the lowering together
     assert [bool(t["lowering_change"]) for t in table] == [False, False, True, False, False]
     note = lowering_note(table[2])
-    assert note.startswith("lowering changes here: MLX ops -> rlxviz kernels") and "together" in note
+    assert note.startswith("lowering changes here: MLX ops -> rlxviz kernels: ") and "together" in note
     text = format_timings(rows, table=table).splitlines()
     by_start = {ln.split()[0]: ln for ln in text[1:] if ln[:2].strip().isdigit()}
     assert "after fuse_sdpa" + KERNELS_MARK in by_start["2"] and KERNELS_MARK in by_start["4"]

@@ -98,7 +98,7 @@ def cmd_time(args: argparse.Namespace) -> int:
     from ..session import format_timings, input_sets, load_inputs, shape_summary, timing_table
     from ..session.lowerings import fusion_and_kernels_of
     from ..session.timing import time_versions_and_own
-    from ..session.timing_text import json_speedup, kernel_rows, lowering_note
+    from ..session.timing_text import KERNELS_LOWERING, KERNELS_NOTE, json_speedup, kernel_rows, lowering_note
 
     _slice_model(args)
     model, trace = _run_model(args, workload="time")  # refused over the memory limit before feeds are made
@@ -147,6 +147,7 @@ def cmd_time(args: argparse.Namespace) -> int:
          + f"{policy.describe()}\n{policy.ok_rule()}\n{sets.describe()}\n"
          + (f"{busy_verdict(busy)}\n" if busy else "")
          + format_timings(rows, busy, table) + f"\n\n{X_INPUT_NOTE}"
+         + (f"\n{KERNELS_NOTE}" if any(t["lowering"] == KERNELS_LOWERING for t in table) else "")
          + ("\n\n" + split_text(split).rstrip("\n") if split is not None else ""))
     return code
 

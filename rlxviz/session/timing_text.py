@@ -29,13 +29,19 @@ def lowering_note(row: Mapping[str, Any]) -> str:
     time` prints it under the row and the app's table beside its `vs previous`: the change, and that the comparison
     with the row above is the pass and the lowering together (a speed-up there is not the pass's own); "" elsewhere."""
     change = row.get("lowering_change") or ""
-    return f"{change} (vs previous: this pass and the lowering change together)" if change else ""
+    return f"{change}: against the row above, this pass and the lowering change together" if change else ""
 
 
 def version_mark(row: Mapping[str, Any]) -> str:
     """`KERNELS_MARK` where the row ran rlxviz's CPU kernels (`row["lowering"]`), else "": its speed-up over the input
     is the fusion's and the kernels' together."""
     return KERNELS_MARK if row.get("lowering") == KERNELS_LOWERING else ""
+
+
+KERNELS_NOTE = (f"{KERNELS_MARK.strip()}: the version ran rlxviz's CPU kernels, so its speed-up over the input is "
+                "the fusion's and the kernels' together, not the pass's alone.")
+"""The line under `rlxviz time`'s table where a row is named `KERNELS_MARK` (the app's chart says it in its
+speed-up plot's title: "fusion + rlxviz's kernels together")."""
 
 
 def unchanged_text(same_as: int) -> str:
@@ -103,5 +109,5 @@ def format_timings(rows: Sequence[Any], busy: str = "", table: Sequence[Mapping[
     return "\n".join(lines)
 
 
-__all__ = ["KERNELS_LOWERING", "KERNELS_MARK", "MLX_LOWERING", "format_timings", "json_speedup", "kernel_rows",
-           "lowering_change", "lowering_note", "unchanged_text", "version_mark"]
+__all__ = ["KERNELS_LOWERING", "KERNELS_MARK", "KERNELS_NOTE", "MLX_LOWERING", "format_timings", "json_speedup",
+           "kernel_rows", "lowering_change", "lowering_note", "unchanged_text", "version_mark"]
