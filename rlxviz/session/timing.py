@@ -12,6 +12,7 @@ as correct. Results are cached by the trace's content key, the inputs' digest an
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -467,7 +468,7 @@ def timing_table(rows: Sequence[VersionTiming],
     """
     visible = [(r.index, r.label) for r in rows] if visible is None else list(visible)
     timed = [rows[r.same_as] if r.same_as is not None else r for r in rows]
-    nan = float("nan")
+    nan = math.nan  # one object: equal rows compare equal (a NaN equals itself only by identity)
     # one verdict on the machine for the whole run, as the notebooks print it: every timed version, shown or not
     busy = busy_warning(*(r for r in (*rows, *also) if r.same_as is None and r.median_ms is not None))
 
