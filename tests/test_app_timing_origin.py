@@ -19,10 +19,12 @@ import pytest
 from clirun import README_IR
 
 from rlxviz.app import timeproc
-from rlxviz.app.measure import KERNEL_OPS, TIMING_RUNS, kernel_rows, measured_when, reuse_note
+from rlxviz.app.measure import TIMING_RUNS, measured_when, reuse_note
 from rlxviz.app.timingchart import KERNELS_MARK, chart_title, fusion_kernels_markdown, machine_verdict, timing_figure
 from rlxviz.runtime.timing import TimingContext
 from rlxviz.session import VersionTiming, busy_warning, paired_verdict, timing_table
+from rlxviz.session.lowerings import KERNEL_OPS
+from rlxviz.session.timing_text import kernel_rows
 
 KERNELS_RAN = "rlxviz CPU kernels: cached (avx2, 2 threads), ran attention, bias+gelu"
 
@@ -195,7 +197,7 @@ def test_the_chart_names_the_lowering_of_each_row():
     fig = timing_figure(table)
     ms_plot, speed_plot = fig.children[0], fig.children[1].children[0]  # the speed-up plot: below, left
     assert ms_plot.title.text == "median ms per version\nMLX; rlxviz's kernels where marked"
-    assert speed_plot.title.text.endswith("fusion and rlxviz's kernels together")
+    assert speed_plot.title.text.endswith("fusion + rlxviz's kernels together")
     factors = list(ms_plot.y_range.factors)
     assert [f.endswith(KERNELS_MARK) for f in factors[::-1]] == [r["#"] in marked for r in table]
     # no kernels ran: no mark, and the title says MLX alone; the rows are the session's own

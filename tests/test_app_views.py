@@ -327,14 +327,16 @@ def test_timing_rows_say_within_noise_and_chart_factors_are_unique():
     assert out == timing_table(rows)  # the app's rows are the session's (one function for every front end)
     # each speed-up is the paired median ratio over the input, inside its 95% bootstrap interval; "within noise"
     # exactly when that interval holds 1 (the notebooks' paired_verdict)
-    for r, row in zip(out[1:], rows[1:], strict=True):
-        v = paired_verdict(rows[0], row if row.same_as is None else rows[row.same_as])
+    for r, row in zip(out[1:3], rows[1:3], strict=True):
+        v = paired_verdict(rows[0], row)
         assert r["speedup"] == round(v.ratio, 2) and r["ci"] == f"{v.low:.2f}..{v.high:.2f}"
         assert r["ci_low"] <= v.ratio <= r["ci_high"] and (r["vs_input"] == "within noise") == (v.low <= 1 <= v.high)
     assert out[0]["speedup"] == 1.0 and out[0]["ci"] == "" and out[0]["vs_input"] == ""
     assert re.fullmatch(r"0\.2\d× \(0\.\d\d–0\.\d\d\)|[45]\.\d\d× \(\d\.\d\d–\d\.\d\d\)", speedup_label(out[2]))
-    assert [r["vs_input"] for r in out] == ["", "within noise", out[2]["vs_input"], out[2]["vs_input"]]
-    assert re.fullmatch(r"\d+\.\d\dx faster", out[2]["vs_input"]) and out[3]["vs_previous"] == "within noise"
+    # the unchanged version was not timed again: no figure of its own (newcomer run 8 read copied ones as measured)
+    assert [r["vs_input"] for r in out] == ["", "within noise", out[2]["vs_input"], ""]
+    assert out[3]["same_as"] == 2 and out[3]["speedup"] != out[3]["speedup"] and out[3]["vs_previous"] == ""
+    assert re.fullmatch(r"\d+\.\d\dx faster", out[2]["vs_input"])
     assert out[2]["vs_previous"].endswith("faster") and out[1]["vs_previous"] == "within noise"
     assert speedup_label(out[1]).endswith("within noise") and "noise" not in speedup_label(out[2])
     assert (out[0]["p25_ms"], out[0]["p75_ms"]) == tuple(round(float(x), 3) for x in
@@ -346,7 +348,7 @@ def test_timing_rows_say_within_noise_and_chart_factors_are_unique():
     from bokeh.models import Whisker
 
     w = next(a for a in p.center if isinstance(a, Whisker)).source.data
-    assert list(w["low"]) == [r["p25_ms"] for r in out] and p.x_range.end >= max(w["high"])
+    assert list(w["low"])[:3] == [r["p25_ms"] for r in out[:3]] and p.x_range.end >= max(w["high"][:3])
 
 
 def test_downloads_are_named_after_the_model_and_version():

@@ -130,7 +130,7 @@ def test_time_table_every_version_checked(capsys):
     timed = [r for r in rows if "unchanged" not in r]
     assert len(timed) >= 5 and all(r.rstrip().endswith("yes") for r in timed)
     assert "after fuse_transformer_layer" in out
-    assert "(unchanged: same as #0)" in out  # fuse_sdpa changes nothing in the rlx-style preset
+    assert "(unchanged: same as #0, not timed again)" in out  # fuse_sdpa changes nothing in the rlx-style preset
     assert "), batch 1, seq 8; " in lines[0]  # a preset is built for --batch/--seq: they are its shape
 
 
@@ -182,7 +182,8 @@ def test_time_nan_is_never_ok(tmp_path, capsys):
     assert code == 1
     lines = out.splitlines()
     head = next(i for i, ln in enumerate(lines) if ln.startswith(" #  version"))
-    rows = [ln for ln in lines[head + 1:(lines + [""]).index("")] if "unchanged" not in ln]  # the table only
+    rows = [ln for ln in lines[head + 1:(lines + [""]).index("")]  # the table only (no lowering-change mark)
+            if "unchanged" not in ln and not ln.lstrip().startswith("^")]
     assert rows and all(" nan " in r and r.endswith("NO: not finite even in float64 on random") for r in rows), out
     assert " yes" not in out
     assert "rlxviz time: warning: the outputs hold NaN or infinite values" in err

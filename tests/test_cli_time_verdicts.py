@@ -115,6 +115,10 @@ def test_a_forced_busy_run_says_so_first_and_reads_no_ratio(capsys, monkeypatch)
     assert doc["busy"] == busy_warning(*(r for r in rows if r.same_as is None), own) != ""
     assert {v["vs_input"] for v in doc["versions"][1:] if v["same_as"] is None} == {NOT_READ}
     assert doc["split"]["busy"] == doc["busy"] and doc["split"]["kernels"]["verdict"] == NOT_READ
+    # no bare ratio a script would read: the text and the app print none (the medians in ms stay)
+    assert all(v["speedup"] is None for v in doc["versions"]) and all(v["median_ms"] for v in doc["versions"]
+                                                                      if v["same_as"] is None)
+    assert all(doc["split"][k]["ratio"] is None for k in ("fusion", "kernels", "total"))
 
 
 def test_a_real_run_prints_the_sessions_split(capsys, monkeypatch):
@@ -126,8 +130,10 @@ def test_a_real_run_prints_the_sessions_split(capsys, monkeypatch):
     doc = json.loads(out)
     assert [r["run"] for r in doc["split"]["rows"]] == list(FUSION_LABELS)
     assert [r["median_ms"] for r in doc["split"]["rows"]] == [round(r.median_ms, 4) for r in split.rows]
-    assert doc["split"]["fusion"]["ratio"] == round(split.fusion.ratio, 4)
-    assert doc["split"]["kernels"]["ratio"] == round(split.kernels.ratio, 4)
+    for step in ("fusion", "kernels"):  # a ratio only where the text prints one (not busy, medians agreeing)
+        v = getattr(split, step)
+        want = None if split.warning or v.words == session_timing.DISAGREE else round(v.ratio, 4)
+        assert doc["split"][step]["ratio"] == want
     assert doc["busy"] == split.warning == doc["split"]["busy"]
     # the split's input and final rows are the table's own rows: one measurement
     assert doc["split"]["rows"][0]["median_ms"] == round(doc["versions"][0]["median_ms"], 4)

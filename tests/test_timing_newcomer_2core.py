@@ -212,7 +212,8 @@ def test_the_median_label_says_where_it_is_placed():
     rows = timing_table(busy_versions(0))
     ms_plot = timing_figure(rows).children[0]
     label = next(a for a in ms_plot.center if isinstance(a, LabelSet))
-    assert label.x == "high"  # drawn after the whisker: the axis says so
+    data = label.source.data
+    assert label.x == "ms_at" and data["ms_at"] == data["high"]  # drawn after the whisker: the axis says so
     assert "median" in ms_plot.xaxis.axis_label and "after the whisker" in ms_plot.xaxis.axis_label
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -19,7 +19,7 @@ from ..models import Model
 from ..passes import Trace
 from ..runtime.battery import EXPECTED_PREFIX
 from ..session import Limits, SessionError
-from ..session.lowerings import KERNEL_OPS
+from ..session.timing_text import kernel_rows
 from . import timeproc
 from .wording import hide_server_paths, timing_hint
 
@@ -31,19 +31,6 @@ TIMING_RUNS = session.cache.LRUCache(maxsize=16)
 "Time every version" shows them, "Time again" measures anew."""
 
 
-
-
-def kernel_rows(trace: Trace, rows: Sequence[session.VersionTiming]) -> frozenset[int]:
-    """Indices of the timed versions lowered with rlxviz's own CPU kernels: the run's context says they ran
-    (`runtime.timing.kernels_line`: "..., ran attention, bias+gelu"; never on the GPU or with them off or not built)
-    and the version holds an op they take (`KERNEL_OPS`). A version a pass left unchanged is marked as the one it
-    equals. The chart marks these rows "(rlxviz kernels)": their speed-up is not the fusion's alone."""
-    versions = trace.versions()
-    ran = any(", ran " in (getattr(r.context, "kernels", "") or "") for r in rows if r.context is not None)
-    if not ran:
-        return frozenset()
-    return frozenset(r.index for r in rows if r.index < len(versions)
-                     and any(n.op in KERNEL_OPS for n in versions[r.index][1].compute_nodes()))
 
 
 def measured_when(at: float) -> str:
@@ -112,7 +99,9 @@ class Measurements:
             Limits.resolve().check(model.graph, model.name, "time")  # what timing holds, as `rlxviz time` checks
             user = s.user_inputs if self._inputs_fit(model) else None
             feeds = user.feeds if user is not None else session.feeds(model, s.text)
-            sets = session.input_sets(model.graph, feeds, user)  # the user's arrays first, then the battery
+            # the user's arrays first, then the battery; the first set named by what it is (`text`: the box tokenized)
+            base = session.inputs.feeds_kind(model, s.text) if user is None else None
+            sets = session.input_sets(model.graph, feeds, user, base=base)
             key = ("timing", trace.key, session.timing.arrays_digest(feeds, model.weights), user is not None,
                    s.warmup, s.repeat, s.device)
             run = None if fresh else TIMING_RUNS.get(key)
@@ -137,8 +126,9 @@ class Measurements:
                 # the BLAS library by its file name, not its path on the server (issue 39)
                 blas=hide_server_paths(f"{where if where is not None else 'MLX'}; {s.repeat} interleaved round(s) "
                                        f"per version, in a worker process (pid {run.pid}): the rounds `rlxviz time "
-                                       f"--repeat {s.repeat}` runs, here on the inputs this tab lists (the CLI's "
-                                       "are random unless --inputs names a file)"),
+                                       f"--repeat {s.repeat}` runs, here on the inputs this tab lists, the first "
+                                       f"{sets.sets[0].name}: {sets.sets[0].what} (the CLI's first is random inputs "
+                                       "unless --inputs names a file)"),
                 timings=s._timing_rows(run.rows, s._visible(trace), also, kernels), timing_split=run.split,
                 timing_origin=origin, timing_when=when))
         except Exception as e:  # noqa: BLE001
@@ -328,7 +318,6 @@ class Measurements:
         """The timing table's rows for the shown versions (`session.timing.timing_table`: paired verdicts, the
         notebooks' too); `also`: rows timed in the same rounds that are no version (the final version on MLX's own
         lowering), part of the one machine check; `kernels`: indices of the versions lowered with rlxviz's CPU
-        kernels (`kernel_rows`): those rows gain `lowering` = "rlxviz kernels" (the chart marks them); the others
-        are the session's rows as they are (MLX's own lowering)."""
-        return [{**r, "lowering": "rlxviz kernels"} if r["#"] in kernels else r
-                for r in session.timing_table(rows, visible, also or ())]
+        kernels (`session.timing_text.kernel_rows`): their `lowering` reads "rlxviz kernels" (the chart and the table
+        mark them), and the row where it changes says so (`lowering_change`), as `rlxviz time` reads them."""
+        return session.timing_table(rows, visible, also or (), kernels)

@@ -10,8 +10,14 @@ from typing import Any
 
 from ..session.defaults import MIN_VERDICT_ROUNDS
 from ..session.timing import DISAGREE, quiet_rule
+from ..session.timing_text import KERNELS_MARK, lowering_note, unchanged_text, version_mark
 from .text import md_escape
 from .wording import hide_server_paths, version_name
+
+BUSY_SHOWN = ("No ratio is shown below (*busy: not read*): this run cannot tell the versions apart; the medians are "
+              "shown as measured. Press *Time again* when the machine is quieter.")
+"""What the busy banner says of the figures below it: none of them is a ratio (every speed-up cell reads "busy: not
+read", no speed-up bar is drawn), as `rlxviz time`'s `cli.timing.BUSY_ADVICE` says of its table."""
 
 
 def machine_verdict(rows: list[dict[str, Any]], when: str = "") -> tuple[str, str]:
@@ -27,8 +33,7 @@ def machine_verdict(rows: list[dict[str, Any]], when: str = "") -> tuple[str, st
     at = f" at {md_escape(when)}" if when else ""
     busy = next((r["busy"] for r in rows if r.get("busy")), "")
     if busy:
-        return (f"**Busy machine{at}: {md_escape(busy)}.** The ratios below are not verdicts: this run cannot tell the "
-                "versions apart. Press *Time again* when the machine is quieter.", "danger")
+        return (f"**Busy machine{at}: {md_escape(busy)}.** {BUSY_SHOWN}", "danger")
     return (f"**Quiet enough{at}:** {quiet_rule('×')}, so the verdicts "
             "below can be read.", "success")
 
@@ -114,13 +119,10 @@ LABEL_ROOM = 1.6
 "0.88× (0.80–0.95)" or "0.88× within noise", about 120 px)."""
 
 
-KERNELS_MARK = " (rlxviz kernels)"
-"""Appended to a chart row lowered with rlxviz's own CPU kernels (`row["lowering"]`, `measure.kernel_rows`)."""
-
-
 def on_kernels(row: dict[str, Any]) -> bool:
-    """The row's version was lowered with rlxviz's own CPU kernels (`row["lowering"]`, `measure.kernel_rows`)."""
-    return row.get("lowering") == "rlxviz kernels"
+    """The row's version was lowered with rlxviz's own CPU kernels (`row["lowering"]`,
+    `session.timing_text.kernel_rows`)."""
+    return bool(version_mark(row))
 
 
 def timing_factor(row: dict[str, Any], mark: bool = False) -> str:
@@ -155,7 +157,10 @@ def speedup_label(row: dict[str, Any]) -> str:
     (`session.timing.DISAGREE`), "not read" instead of either; with fewer paired rounds (the row's `rounds`,
     `session.timing_table`) than a verdict needs (`session.defaults.MIN_VERDICT_ROUNDS`) "not read (3 rounds < 21)",
     not an interval (three rounds' bootstrap interval read "1.25× (1.18–1.31)" beside a verdict of too few rounds);
-    the input's own bar reads `1.00×`."""
+    the input's own bar reads `1.00×`; a version not timed again has no bar, its label says which version it equals
+    (`unchanged_text`)."""
+    if row.get("same_as") is not None:
+        return unchanged_text(row["same_as"])
     if row.get("busy") and row.get("vs_input"):
         return f"{row['speedup']:.2f}× not read (busy)"
     rounds = row.get("rounds")
@@ -236,12 +241,20 @@ def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The Timing tab's table rows: `session.timing_table`'s, each `speedup` the cell `rlxviz time` prints in its `x
     input` column (`session.timing.speedup_text`, one function): `1.00` for the input, `busy: not read` on a busy run
     (every row, the input's own included: no number), `not read: medians disagree` where the medians contradict the
-    ratio, else `N.NN`; each `version` numbered as the chart and the busy-machine line name it
-    (`wording.version_name`: `21: after fuse_sdpa`; the banner cited "#21" while the table showed no number)."""
+    ratio, `unchanged: same as #17, not timed again` for a version not timed again, else `N.NN`; each `version`
+    numbered as the chart and the busy-machine line name it (`wording.version_name`: `21: after fuse_sdpa`; the
+    banner cited "#21" while the table showed no number) and marked `KERNELS_MARK` where it ran rlxviz's kernels, as
+    `rlxviz time` names it; the row where the lowering changes says so after its `vs previous`
+    (`session.timing_text.lowering_note`: that comparison is the pass and the lowering together)."""
     from ..session.timing import speedup_text
 
-    return [{**r, "speedup": speedup_text(r),
-             "version": version_name(r["#"], r["version"]) if "#" in r else r["version"]} for r in rows]
+    def previous(r: dict[str, Any]) -> str:
+        note = lowering_note(r)
+        return "; ".join(w for w in (r.get("vs_previous", ""), note) if w)
+
+    return [{**r, "speedup": speedup_text(r), "vs_previous": previous(r),
+             "version": (version_name(r["#"], r["version"]) if "#" in r else r["version"]) + version_mark(r)}
+            for r in rows]
 
 
 def _ms(median_ms: float) -> str:
@@ -251,7 +264,10 @@ def _ms(median_ms: float) -> str:
 
 
 def ms_label(row: dict[str, Any]) -> str:
-    """The median bar's label: the bar's own number, `N.NN ms` (the median over the rounds)."""
+    """The median bar's label: the bar's own number, `N.NN ms` (the median over the rounds); a version not timed
+    again (`row["same_as"]`) has no bar, and its label says which version it equals (`unchanged_text`)."""
+    if row.get("same_as") is not None:
+        return unchanged_text(row["same_as"])
     return f"{row['median_ms']:.2f} ms"
 
 
@@ -266,6 +282,25 @@ def plot_height(n_rows: int) -> int:
     """Height in px of one timing plot showing `n_rows` versions: `PLOT_FRAME_PX` plus `PLOT_ROW_PX` per row, at
     least 200 (a plot of one or two versions still has room for its axes)."""
     return max(200, PLOT_FRAME_PX + PLOT_ROW_PX * n_rows)
+
+
+MS_AXIS = "ms; bar: median; whisker: p25 to p75; label: median, after the whisker"
+"""The median plot's x-axis label (it fits the plot's width at 1280 px with the sidebar open)."""
+
+SPEEDUP_AXIS = "× over the input (paired); whisker: 95% ci"
+"""The speed-up plot's x-axis label: about 290 px of plot at 1280 px with the sidebar open ("× (median of paired
+per-round ratios); whisker: 95% interval" was cut to "whisker: 95% int"; the legend says what the ratio is)."""
+
+
+def speedup_title(rows: list[dict[str, Any]]) -> str:
+    """The speed-up plot's title, in lines short enough for its width at 1280 px (a longer one ran into the error
+    plot's title): "speed-up over the input", then on a busy run "busy: not read, no bar drawn", else where rows
+    ran rlxviz's kernels "fusion + rlxviz's kernels together" (those rows' speed-ups are not the fusion's alone)."""
+    if any(r.get("busy") for r in rows):
+        return "speed-up over the input\nbusy: not read, no bar drawn"
+    if any(map(on_kernels, rows)):
+        return "speed-up over the input\nfusion + rlxviz's kernels together"
+    return "speed-up over the input"
 
 
 def timing_figure(rows: list[dict[str, Any]]) -> Any:
@@ -300,44 +335,49 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     speed = [nan if busy else r.get("speedup", nan) for r in rows]
     s_low = [nan if busy else r.get("ci_low", x) for r, x in zip(rows, speed, strict=True)]
     s_high = [nan if busy else r.get("ci_high", x) for r, x in zip(rows, speed, strict=True)]
+    # a version not timed again: no bar, its label ("unchanged: same as #17, ...") at the axis's start
+    at = [0.0 if r.get("same_as") is not None else x for r, x in zip(rows, high, strict=True)]
     src = ColumnDataSource({"version": labels, "ms": [r["median_ms"] for r in rows], "low": low, "high": high,
+                            "ms_at": at,
                             "ms_label": [ms_label(r) for r in rows],
                             "x": speed, "x_low": s_low, "x_high": s_high,
-                            "speedup": ["" if busy else speedup_label(r) for r in rows],
+                            "x_at": [0.0 if r.get("same_as") is not None else x for r, x in zip(rows, s_high,
+                                                                                                strict=True)],
+                            "speedup": ["" if busy and r.get("same_as") is None else speedup_label(r) for r in rows],
                             "x_color": [speedup_color(r) for r in rows],
                             "err": [max(r["max_err"], 1e-12) for r in rows],
                             "err_color": [error_color(r) for r in rows]})
     h = plot_height(len(rows))
     p = figure(y_range=labels[::-1], height=h, sizing_mode="stretch_width", min_width=300,
                title=chart_title(rows), toolbar_location=None,
-               x_axis_label="ms; bar: median; whisker: p25 to p75; label: the median, after the whisker")
+               x_axis_label=MS_AXIS)
     p.title.align = "left"
     if "\n" in p.title.text:
         p.title.text_font_size = "12px"  # two lines in the plot's width
     p.hbar(y="version", right="ms", height=0.7, source=src, color="#1565c0")
     p.add_layout(Whisker(base="version", lower="low", upper="high", dimension="width", source=src,
                          line_color="#333"))
-    p.add_layout(LabelSet(x="high", y="version", text="ms_label", source=src, x_offset=6, y_offset=-7,
+    p.add_layout(LabelSet(x="ms_at", y="version", text="ms_label", source=src, x_offset=6, y_offset=-7,
                           text_font_size="11px"))
     # Bokeh's automatic range covers the bars only (not annotations): set it so every whisker end and the
     # label after it show.
-    p.x_range = Range1d(start=min(0.0, *low), end=max(1e-6, *high) * LABEL_ROOM)
+    p.x_range = Range1d(start=min([0.0, *(v for v in low if v == v)]),
+                        end=max([1e-6, *(v for v in high if v == v)]) * LABEL_ROOM)
     sp = figure(y_range=p.y_range, height=h, sizing_mode="stretch_width", min_width=300, toolbar_location=None,
-                title="speed-up over the input" + (" — busy machine: not read, no bar drawn" if busy else "")
-                + ("\nfusion and rlxviz's kernels together" if any(map(on_kernels, rows)) else ""),
-                x_axis_label="× (median of paired per-round ratios); whisker: 95% interval")
+                title=speedup_title(rows), x_axis_label=SPEEDUP_AXIS)
     for f in (p, sp):  # the speed-up's label in its plot's width at 1280 px (16 px, it ran past the figure's edge)
         f.xaxis.axis_label_text_font_size = "12px"
     sp.title.align = "left"
+    sp.title.text_font_size = "12px"  # two short lines in about 290 px of plot at 1280 px with the sidebar open
     sp.hbar(y="version", right="x", height=0.7, source=src, color="x_color")  # by reading: `speedup_color`
     sp.add_layout(Whisker(base="version", lower="x_low", upper="x_high", dimension="width", source=src,
                           line_color="#333"))
     sp.add_layout(Span(location=1.0, dimension="height", line_color="#c62828", line_dash="dashed"))
-    sp.add_layout(LabelSet(x="x_high", y="version", text="speedup", source=src, x_offset=6, y_offset=-7,
+    sp.add_layout(LabelSet(x="x_at", y="version", text="speedup", source=src, x_offset=6, y_offset=-7,
                            text_font_size="11px"))
     ends = [v for v in (*s_high, *speed) if v == v]
     sp.x_range = Range1d(start=0.0, end=max([1.0, *ends]) * (LABEL_ROOM + 0.3))
-    hi = max(1e-2, 10 * max(r["max_err"] for r in rows))
+    hi = max([1e-2, *(10 * r["max_err"] for r in rows if r["max_err"] == r["max_err"])])
     q = figure(y_range=p.y_range, height=h, width=240, x_axis_type="log", x_range=(1e-9, hi),
                title="max |error| vs NumPy", toolbar_location=None)
     # a tick every third decade: one per decade (10^-9 to 10^-2) ran into each other in 230 px
@@ -352,4 +392,5 @@ __all__ = ["ERROR_LEGEND", "OK_VERDICTS", "error_color",
            "FASTER_COLOR", "KERNELS_MARK", "LABEL_ROOM", "NEUTRAL_COLOR", "SLOWER_COLOR", "chart_legend",
            "speedup_color", "table_rows", "PLOT_FRAME_PX", "PLOT_ROW_PX", "chart_title", "error_formatter",
            "fusion_kernels_markdown", "kernels_marked", "machine_verdict", "ms_label", "on_kernels", "plot_height",
-           "shown_product", "speedup_label", "timing_factor", "timing_figure"]
+           "shown_product", "speedup_label", "speedup_title", "MS_AXIS", "SPEEDUP_AXIS", "timing_factor",
+           "timing_figure"]

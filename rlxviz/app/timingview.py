@@ -3,6 +3,8 @@ chart, the fusion-vs-kernels rows and the table (`timingchart` formats them)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 import panel as pn
 import param
@@ -21,7 +23,8 @@ from .timingchart import (
     timing_figure,
 )
 
-TIMING_HIDDEN = ["#", "p25_ms", "p75_ms", "ci_low", "ci_high", "min_ms", "iqr_ms", "busy", "lowering", "rounds"]
+TIMING_HIDDEN = ["#", "p25_ms", "p75_ms", "ci_low", "ci_high", "min_ms", "iqr_ms", "busy", "lowering", "rounds",
+                 "same_as", "lowering_change"]
 """Timing columns the table leaves out: the chart's axis, whiskers (the IQR) and label numbers, so the rest (speed-up,
 its interval, both verdicts) fits a 1280 px window."""
 
@@ -34,9 +37,19 @@ TIMING_TITLES = {"median_ms": "median ms", "first_call_ms": "first call ms", "ma
 not read"."""
 
 TIMING_HEADER_CSS = (".tabulator .tabulator-header .tabulator-col .tabulator-col-content .tabulator-col-title "
-                     "{ white-space: normal !important; overflow-wrap: anywhere; text-overflow: clip; font-size: 12px; "
-                     "line-height: 1.2; }")
-"""Timing table headers wrap (at 1280 px with the sidebar open each column is about 75 px wide)."""
+                     "{ white-space: normal !important; overflow-wrap: break-word; word-break: normal; "
+                     "text-overflow: clip; font-size: 12px; line-height: 1.2; } "
+                     ".tabulator .tabulator-row .tabulator-cell { white-space: normal !important; "
+                     "overflow-wrap: break-word; word-break: normal; text-overflow: clip; font-size: 12px; "
+                     "line-height: 1.25; }")
+"""Timing table headers and cells wrap between words, never inside one and never cut ("media n ms", "1.10x faste",
+"within nois" at 1280 px with the sidebar open); the columns' widths are `TIMING_WIDTHS`."""
+
+TIMING_WIDTHS = {"ops": 58, "median_ms": 80, "first_call_ms": 58, "max_err": 70, "speedup": 92, "ci": 80,
+                 "vs_input": 84, "vs_previous": 104, "verdict": 84}
+"""Each timing column's width, px, but the version's: every word of its title and cells fits (a title keeps 34 px
+for its padding and sort arrow); the version column takes the rest of the pane (about 180 px at 1280 px with the
+sidebar open, the whole name at 1920: "19: after fuse_shared_input_ma" was cut when it was fixed at 200 px)."""
 
 
 ROUNDS_LABELS = {"repeat": "Timed rounds", "warmup": "Untimed rounds"}
@@ -50,6 +63,14 @@ ROUNDS_WHY = {"repeat": "a run times at least one round, and the cap keeps a typ
 they are, said when a value past them is clamped."""
 
 
+def tip_below(text: str) -> Any:
+    """A button's tooltip shown below it (Panel puts a text's to the right, where the Timing tab's row holds the next
+    button and the rounds' boxes: after a click, with the pointer still on the button, it hid them)."""
+    from bokeh.models import Tooltip
+
+    return Tooltip(content=text, position="bottom")
+
+
 class TimingView(Viewer):
     """Time every version on MLX in a worker process, in interleaved rounds (`session.time_versions`, as the CLI);
     median ms per version as a Bokeh bar chart with the IQR as a whisker and the speed-up over the unfused graph,
@@ -61,15 +82,16 @@ class TimingView(Viewer):
         super().__init__(**params)
         s = self.state
         # "on MLX" is in its tooltip: beside an open sidebar at 1280 px the label was cut ("Time every version on")
+        # its tooltip below it (`tip_below`): to its right it hid "↻ Time again" and the rounds' label after a click
         self.button = pn.widgets.Button(label="Time every version", color="primary", css_classes=["rv-time"],
-                                        description="time every version on MLX in a worker process, with the "
-                                                    "rounds and device set here")
+                                        description=tip_below("time every version on MLX in a worker process, with "
+                                                              "the rounds and device set here"))
         self.button.on_click(lambda e: s.time_all())
         # an outlined button (a "light" one read as plain text: nothing said it could be pressed)
         # shown once there are figures to measure again (before any, "Time again" spoke of a timing that never was)
         self.again = pn.widgets.Button(label="↻ Time again", button_type="primary", button_style="outline",
                                        css_classes=["rv-time-again"], visible=bool(s.timings),
-                                       description="measure again instead of showing the last figures")
+                                       description=tip_below("measure again instead of showing the last figures"))
         self.again.on_click(lambda e: s.time_all(fresh=True))
         # not bound to the state's parameters, and no start/end (as Batch and Sequence length, `Controls`): the
         # browser's number box put back a value past its start or end with no word, so the server never saw it;
@@ -99,7 +121,7 @@ class TimingView(Viewer):
         s.param.watch(lambda e: not e.new and self.inputs.value is not None and self._clear_inputs(), "inputs_file")
         # fit_columns: every column within the pane's width (speed-up, verdict, vs_input were cut off at 1280 px)
         self.table = pn.widgets.Tabulator(pd.DataFrame(), show_index=False, disabled=True, sizing_mode="stretch_width",
-                                          css_classes=["rv-timings"], layout="fit_columns", widths={"version": 200},
+                                          css_classes=["rv-timings"], layout="fit_columns", widths=TIMING_WIDTHS,
                                           hidden_columns=TIMING_HIDDEN, titles=TIMING_TITLES,
                                           stylesheets=[TIMING_HEADER_CSS],
                                           formatters={"max_err": error_formatter()})
@@ -175,4 +197,5 @@ class TimingView(Viewer):
                          sizing_mode="stretch_width")
 
 
-__all__ = ["ROUNDS_LABELS", "ROUNDS_WHY", "TIMING_HEADER_CSS", "TIMING_HIDDEN", "TIMING_TITLES", "TimingView"]
+__all__ = ["ROUNDS_LABELS", "ROUNDS_WHY", "TIMING_HEADER_CSS", "TIMING_HIDDEN", "TIMING_TITLES", "TIMING_WIDTHS",
+           "TimingView", "tip_below"]

@@ -13,8 +13,8 @@ from .common import CLIError, SubParsers, subcommand
 from .loading import _import_checks, _run_model, _slice_aside, _slice_model
 from .output import _out, _warn_nonfinite
 
-BUSY_ADVICE = "The ratios below are not verdicts: this run cannot tell the versions apart. Run it again when the " \
-    "machine is quieter."
+BUSY_ADVICE = "No ratio below is read: this run cannot tell the versions apart. Run it again " \
+    "when the machine is quieter."
 """What follows the busy-machine warning before the table (the Timing tab's banner, with "run it again" for its
 button)."""
 
@@ -26,19 +26,24 @@ def busy_verdict(busy: str) -> str:
 
 
 def _verdict_json(v: Any, busy: str) -> dict[str, Any]:
-    """A `session.PairedVerdict` as plain values; its words `NOT_READ` on a busy run."""
-    from ..session.timing import NOT_READ
+    """A `session.PairedVerdict` as plain values; its words `NOT_READ` on a busy run. Where the text and the app print
+    no ratio (`session.timing.step_cell`: a busy run, or medians that disagree) `ratio`, `ci_low` and `ci_high` are
+    None: a script reads no number the other front ends refuse."""
+    from ..session.timing import DISAGREE, NOT_READ
 
-    return {"ratio": round(v.ratio, 4), "ci_low": round(v.low, 4), "ci_high": round(v.high, 4), "rounds": v.rounds,
+    read = not busy and v.words != DISAGREE
+    return {"ratio": round(v.ratio, 4) if read else None, "ci_low": round(v.low, 4) if read else None,
+            "ci_high": round(v.high, 4) if read else None, "rounds": v.rounds,
             "verdict": NOT_READ if busy else v.words}
 
 
 def split_json(split: Any) -> dict[str, Any] | None:
     """`session.FusionAndKernels` as plain values for `time --json` (`split`): its three rows (`run`, `ops`, ms),
     the `fusion`, `kernels` and `total` paired verdicts (ratio, 95% interval, rounds, verdict: `NOT_READ` on a busy
-    run), `busy` (the run's one machine check, "" when usable), `kernels_note` and `input_kernel_ops` (the input's
-    ops that ran on rlxviz's kernels: its row is not MLX's own lowering throughout); `{"not_measured": why}` when the
-    own-lowering row could not be built; None when not asked (`--no-split`) or not on the CPU."""
+    run, where ratio and interval are None), `busy` (the run's one machine check, "" when usable), `kernels_note`
+    and `input_kernel_ops` (the input's ops that ran on rlxviz's kernels: its row is not MLX's own lowering
+    throughout); `{"not_measured": why}` when the own-lowering row could not be built; None when not asked
+    (`--no-split`) or not on the CPU."""
     if split is None:
         return None
     if isinstance(split, str):
@@ -93,6 +98,7 @@ def cmd_time(args: argparse.Namespace) -> int:
     from ..session import format_timings, input_sets, load_inputs, shape_summary, timing_table
     from ..session.lowerings import fusion_and_kernels_of
     from ..session.timing import time_versions_and_own
+    from ..session.timing_text import KERNELS_LOWERING, KERNELS_NOTE, json_speedup, kernel_rows, lowering_note
 
     _slice_model(args)
     model, trace = _run_model(args, workload="time")  # refused over the memory limit before feeds are made
@@ -109,7 +115,8 @@ def cmd_time(args: argparse.Namespace) -> int:
         except ValueError as e:  # the input or the final version not timed: the versions' rows stand
             split = f"{type(e).__name__}: {e}"
     also = [own] if own is not None and not isinstance(own, str) else []
-    table = timing_table(rows, also=also)  # the app's table: one machine check over every row timed together
+    # the app's table: one machine check over every row timed together, the rows on rlxviz's kernels marked
+    table = timing_table(rows, also=also, kernels=kernel_rows(trace, rows))
     busy = table[0]["busy"] if table else ""
     if not all(r.finite for r in rows):
         _warn_nonfinite("time", model, False)
@@ -124,7 +131,10 @@ def cmd_time(args: argparse.Namespace) -> int:
         _out(json.dumps({"model": model.name, "pipeline": trace.pipeline, "context": where, "repeat": args.repeat,
                          "precision": policy.describe(), "ok_rule": policy.ok_rule(), "inputs": sets.names,
                          "skipped": dict(sets.skipped), "busy": busy,
-                         "versions": [{**dataclasses.asdict(r), "verdict": r.verdict, "vs_input": t["vs_input"]}
+                         # a speed-up only where the text prints one (None when busy: the medians in ms stay)
+                         "versions": [{**dataclasses.asdict(r), "speedup": json_speedup(t), "verdict": r.verdict,
+                                       "vs_input": t["vs_input"], "lowering": t["lowering"],
+                                       "lowering_change": lowering_note(t)}
                                       for r, t in zip(rows, table, strict=True)],
                          "split": split_json(split),
                          "import_checks": [{**dataclasses.asdict(c), "line": c.line()} for c in checks]},
@@ -137,6 +147,7 @@ def cmd_time(args: argparse.Namespace) -> int:
          + f"{policy.describe()}\n{policy.ok_rule()}\n{sets.describe()}\n"
          + (f"{busy_verdict(busy)}\n" if busy else "")
          + format_timings(rows, busy, table) + f"\n\n{X_INPUT_NOTE}"
+         + (f"\n{KERNELS_NOTE}" if any(t["lowering"] == KERNELS_LOWERING for t in table) else "")
          + ("\n\n" + split_text(split).rstrip("\n") if split is not None else ""))
     return code
 

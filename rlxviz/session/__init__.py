@@ -82,13 +82,13 @@ from .timing import (
     busy_warning,
     compare_to_input,
     compare_versions,
-    format_timings,
     input_sets,
     nonfinite_arrays,
     paired_verdict,
     time_versions,
     timing_table,
 )
+from .timing_text import format_timings
 from .traffic import (
     ExecutedTraffic,
     Traffic,

@@ -43,20 +43,44 @@ def shape_from_inputs(headers: Mapping[str, tuple[tuple[int, ...], np.dtype]], n
     return None
 
 
+TEXT_SET = ("text", "the text box tokenized (Text to tokenize)")
+"""The name and line of the input set `feeds` makes from a text (`feeds_kind`): not random inputs."""
+
+RANDOM_SET = ("random", "seeded random inputs")
+"""The name and line of the input set `feeds` makes when it does not tokenize (`runtime.battery`'s `random`)."""
+
+
+def feeds_kind(model: Model, text: str = "") -> tuple[str, str]:
+    """What `feeds(model, text)` is, as the input set's name and line the Timing tab lists (`timing.input_sets`'
+    `base`): `TEXT_SET` when it tokenizes `text` (a tokenizer, `input_ids` and `attention_mask` inputs, a text that
+    is not blank), else `RANDOM_SET`."""
+    return TEXT_SET if _tokenized_shape(model, text) is not None else RANDOM_SET
+
+
+def _tokenized_shape(model: Model, text: str) -> tuple[int, int] | None:
+    """`(batch, seq)` of the token ids `feeds` makes from `text`, or None when it makes random inputs instead."""
+    if model.tokenizer_file is None or not text.strip():
+        return None
+    ids = {n.attrs["name"]: n for n in model.graph.inputs}
+    if not set(ids) >= {"input_ids", "attention_mask"}:
+        return None
+    b, s = ids["input_ids"].shape
+    return int(b), int(s)
+
+
 def feeds(model: Model, text: str = "") -> dict[str, np.ndarray]:
     """Inputs for `model`: `text` tokenized (one copy per batch row, padded to the graph's sequence length)
-    when the model has a tokenizer and takes `input_ids` + `attention_mask`, else `Model.random_feeds(seed=0)`.
+    when the model has a tokenizer and takes `input_ids` + `attention_mask`, else `Model.random_feeds(seed=0)`
+    (`feeds_kind` names which).
 
     Returns:
         Input name -> array of the graph input's shape and dtype (token ids and mask: int64 `[batch, seq]`).
     """
-    if model.tokenizer_file is not None and text.strip():
-        ids = {n.attrs["name"]: n for n in model.graph.inputs}
-        if set(ids) >= {"input_ids", "attention_mask"}:
-            b, s = ids["input_ids"].shape
-            return tokenize([text] * b, s, model.tokenizer_file)
+    shape = _tokenized_shape(model, text)
+    if shape is not None:
+        return tokenize([text] * shape[0], shape[1], model.tokenizer_file)
     return model.random_feeds(seed=0)
 
 
-__all__ = ["EXPECTED_PREFIX", "SHAPE_ARRAYS", "InputSet", "check_inputs", "feeds", "index_bounds", "load_expected",
-           "load_inputs", "npz_headers", "shape_from_inputs"]
+__all__ = ["EXPECTED_PREFIX", "SHAPE_ARRAYS", "InputSet", "RANDOM_SET", "TEXT_SET", "check_inputs", "feeds",
+           "feeds_kind", "index_bounds", "load_expected", "load_inputs", "npz_headers", "shape_from_inputs"]

@@ -12,7 +12,8 @@ as correct. Results are cached by the trace's content key, the inputs' digest an
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import math
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,6 +23,7 @@ from ..ir import Graph
 from ..passes import Trace
 from .cache import LRUCache
 from .defaults import MIN_VERDICT_ROUNDS
+from .timing_text import KERNELS_LOWERING, MLX_LOWERING, lowering_change, unchanged_text
 
 TIMINGS = LRUCache(maxsize=64)
 """A run's (InterleavedTimings, Verdict per timed version) by (trace key, arrays digest, input sets, warmup,
@@ -251,46 +253,24 @@ def time_versions_and_own(trace: Trace, feeds: Mapping[str, np.ndarray], weights
     return rows, own
 
 
-def input_sets(graph: Graph, feeds: Mapping[str, np.ndarray], user: Any = None, battery: bool = True) -> Any:
+def input_sets(graph: Graph, feeds: Mapping[str, np.ndarray], user: Any = None, battery: bool = True,
+               base: tuple[str, str] | None = None) -> Any:
     """The input sets a check runs: the user's arrays first (an `InputSet`, see `runtime.battery.load_inputs`),
-    then the battery derived from `feeds` (`runtime.battery.battery`; only `random` with `battery=False`)."""
-    from ..runtime.battery import Battery
+    then the battery derived from `feeds` (`runtime.battery.battery`; only `random` with `battery=False`). `base`:
+    the name and line of `feeds` itself where it is not random (`inputs.feeds_kind`: `text` for the tokenized text
+    box), the first set's name and line instead of `random`'s (it was listed "random" while it held input_ids 101,
+    1054, ...)."""
+    from ..runtime.battery import Battery, InputSet
     from ..runtime.battery import battery as make
 
     sets = make(graph, feeds) if battery else make(graph, feeds, kinds=("random",))
+    if base is not None and user is None:
+        sets = Battery(tuple(InputSet(*base, s.feeds, s.expected) if s.name == "random" else s for s in sets.sets),
+                       sets.skipped)
     if user is None:
         return sets
     rest = tuple(s for s in sets.sets if s.name != "random") if battery else ()
     return Battery((user, *rest), sets.skipped if battery else ())
-
-
-def format_timings(rows: Sequence[VersionTiming], busy: str = "",
-                   table: Sequence[Mapping[str, Any]] | None = None) -> str:
-    """The timing table as aligned text (ops per version; ms; max abs error vs the oracle (`vs input` for a quantized
-    graph: version 0 in its dtype judges, `runtime.precision.judge_of`) and vs the unfused graph on MLX; the verdict,
-    naming the input set that broke a version). The `x input` column is `speedup_text` of `timing_table`'s row, the
-    words the app's table and chart print: with `busy` (`busy_warning` of the run, as `timing_table`'s `busy`; or
-    `timing_table`'s own check) every version's cell, the input's own included, reads `NOT_READ`: no ratio of a busy
-    run is a verdict, and none is printed. `table`: `timing_table` of `rows` when the caller has made it already
-    (`rlxviz time` makes it with the own-lowering row: its bootstrap intervals are not drawn twice); else made here."""
-    by_index = {t["#"]: t for t in (timing_table(rows) if table is None else table)}
-    busy = busy or next(iter(by_index.values()), {}).get("busy", "")
-    cells = {i: speedup_text({**t, "busy": busy}) for i, t in by_index.items()}
-    w = max(len(r.label) for r in rows)
-    sw = max([7, *(len(cells[r.index]) for r in rows if r.same_as is None)])  # the `x input` column
-    quantized = any(r.policy is not None and not r.policy.judge.oracle for r in rows)
-    lines = [f"{'#':>2}  {'version':<{w}}  {'ops':>5}  {'median ms':>9}  {'min ms':>8}  {'IQR ms':>7}  "
-             f"{'x input':>{sw}}  {'first ms':>8}  {'vs input' if quantized else 'vs oracle':>9}  "
-             f"{'vs unfused':>10}  ok"]
-    for r in rows:
-        if r.same_as is not None:
-            lines.append(f"{r.index:>2}  {r.label:<{w}}  {r.nodes:>5}  (unchanged: same as #{r.same_as})")
-            continue
-        iqr = f"{r.iqr_ms:>7.2f}" if r.iqr_ms is not None else f"{'-':>7}"
-        lines.append(f"{r.index:>2}  {r.label:<{w}}  {r.nodes:>5}  {r.median_ms:>9.2f}  {r.min_ms:>8.2f}  "
-                     f"{iqr}  {cells[r.index]:>{sw}}  {r.first_call_ms:>8.1f}  {r.max_abs:>9.2e}  "
-                     f"{r.err_unfused:>10.2e}  {r.note}")
-    return "\n".join(lines)
 
 
 PRACTICAL = 0.01
@@ -457,33 +437,38 @@ def compare_to_input(row: VersionTiming, base: VersionTiming) -> str:
 
 def timing_table(rows: Sequence[VersionTiming],
                  visible: Sequence[tuple[int, str]] | None = None,
-                 also: Sequence[VersionTiming] = ()) -> list[dict[str, Any]]:
+                 also: Sequence[VersionTiming] = (), kernels: Collection[int] = ()) -> list[dict[str, Any]]:
     """The per-version timing table as rows of plain values, for the app's table and chart (and any front end).
 
     Every comparison is a paired verdict (`paired_verdict`, the one the notebooks print): `speedup` is the median
     per-round ratio over the input, `ci_low`/`ci_high` its 95% bootstrap interval and `ci` the same as text
     (`0.97..1.04`), `vs_input` / `vs_previous` the verdict's words against the input and against the shown version
-    before ("within noise" when the interval holds 1). A version a pass left unchanged repeats the numbers of the
-    version it equals. On a busy machine (`busy_warning` over every timed version, as the notebooks read it) no
-    verdict is given: both read `NOT_READ`, and every row's `busy` holds the warning ("" on a usable run).
-    Times in ms: median, min, IQR and its ends `p25_ms`/`p75_ms` over the rounds, first call.
+    before ("within noise" when the interval holds 1). A version a pass left unchanged (`same_as`) was not timed
+    again: its times, error and speed-up are NaN (no copied figures that read as a measurement of its own), its
+    comparisons "", and `same_as` names the version it equals (`timing_text.unchanged_text`). On a busy machine
+    (`busy_warning` over every timed version, as the notebooks read it) no verdict is given: both read `NOT_READ`, and
+    every row's `busy` holds the warning ("" on a usable run). Times in ms: median, min, IQR and its ends
+    `p25_ms`/`p75_ms` over the rounds, first call.
 
     Args:
         rows: `time_versions`' rows, one per version of the trace.
         visible: (index into `rows`, label) of the versions to list, in order (default: every row).
         also: rows timed in the same rounds that are no version (`time_versions_and_own`'s own-lowering row):
             not listed, but part of the one machine check (`busy`).
+        kernels: indices of the versions lowered with rlxviz's CPU kernels (`timing_text.kernel_rows`): their
+            `lowering` reads `KERNELS_LOWERING`, every other's `MLX_LOWERING`; `lowering_change` says where it
+            differs from the listed row above (`timing_text.lowering_change`), "" elsewhere.
 
     Returns:
         One dict per listed version: `#` (index into `rows`, unique where labels repeat), `version`, `ops`, the
         times, `max_err` (vs the float64 oracle), `speedup`, `ci`, `ci_low`, `ci_high`, `vs_input`,
-        `vs_previous`, `verdict`, `busy`, `rounds` (the paired rounds `vs_input` was read from; the input's row
-        its own timed rounds; 0 where no comparison could be made). A comparison that cannot be made (a version
-        not timed) reads "-", its numbers NaN.
+        `vs_previous`, `verdict`, `busy`, `same_as`, `lowering`, `lowering_change`, `rounds` (the paired rounds
+        `vs_input` was read from; the input's row its own timed rounds; 0 where no comparison could be made). A
+        comparison that cannot be made (a version not timed) reads "-", its numbers NaN.
     """
     visible = [(r.index, r.label) for r in rows] if visible is None else list(visible)
     timed = [rows[r.same_as] if r.same_as is not None else r for r in rows]
-    nan = float("nan")
+    nan = math.nan  # one object: equal rows compare equal (a NaN equals itself only by identity)
     # one verdict on the machine for the whole run, as the notebooks print it: every timed version, shown or not
     busy = busy_warning(*(r for r in (*rows, *also) if r.same_as is None and r.median_ms is not None))
 
@@ -509,6 +494,16 @@ def timing_table(rows: Sequence[VersionTiming],
         read = vi is not None and not busy and vi.rounds >= MIN_VERDICT_ROUNDS
         # on a busy run the input's own row reads "not read" too (its "1.0-1.0" was an interval printed on a busy run)
         ci = (vi.low, vi.high) if read else ((1.0, 1.0) if not n and not busy else (nan, nan))
+        lowering = KERNELS_LOWERING if i in kernels else MLX_LOWERING
+        before = (KERNELS_LOWERING if visible[n - 1][0] in kernels else MLX_LOWERING) if n else lowering
+        change = lowering_change(before, lowering)
+        if r.same_as is not None:  # not timed again: no figure of its own, only which version it is
+            out.append({"#": i, "version": label, "ops": r.nodes, "median_ms": nan, "min_ms": nan, "iqr_ms": nan,
+                        "p25_ms": nan, "p75_ms": nan, "first_call_ms": nan, "max_err": nan, "speedup": nan, "ci": "",
+                        "ci_low": nan, "ci_high": nan, "vs_input": "", "vs_previous": "", "verdict": r.verdict,
+                        "busy": busy, "same_as": r.same_as, "lowering": lowering, "lowering_change": change,
+                        "rounds": 0})
+            continue
         out.append({"#": i, "version": label, "ops": r.nodes, "median_ms": round(t.median_ms or nan, 3),
                     "min_ms": round(t.min_ms or nan, 3), "iqr_ms": round(t.iqr_ms or 0.0, 3),
                     "p25_ms": round(p25, 3), "p75_ms": round(p75, 3),
@@ -520,7 +515,8 @@ def timing_table(rows: Sequence[VersionTiming],
                     "ci_low": round(ci[0], 3), "ci_high": round(ci[1], 3),
                     "vs_input": words(vi) if n else "",
                     "vs_previous": words(vp) if prev is not None else "",
-                    "verdict": r.verdict, "busy": busy,
+                    "verdict": r.verdict, "busy": busy, "same_as": None, "lowering": lowering,
+                    "lowering_change": change,
                     "rounds": vi.rounds if vi is not None else 0 if n else len(t.samples_ms)})
     return out
 
@@ -535,7 +531,11 @@ def speedup_text(row: Mapping[str, Any]) -> str:
     (`speedup_shown`). The input's own row: its `1.00`; a comparison that could not be made: `-`; a busy run
     (`row["busy"]`): `NOT_READ` on every row, the input's own included, no number (a number beside a busy verdict
     was read as one; the input's `1.00` under a caption saying no speed-up is printed was a speed-up printed); a
-    ratio that the medians contradict (`DISAGREE`): `DISAGREE_CELL`, no number; else the paired median ratio, `N.NN`."""
+    ratio that the medians contradict (`DISAGREE`): `DISAGREE_CELL`, no number; a version a pass left unchanged
+    (`row["same_as"]`): `unchanged_text`, no figure copied from the version it equals; else the paired median ratio,
+    `N.NN`."""
+    if row.get("same_as") is not None:  # not timed again: no ratio of its own, busy or not
+        return unchanged_text(row["same_as"])
     words = row.get("vs_input")
     speed = row.get("speedup", float("nan"))
     if row.get("busy") and not words:  # the input's own 1.00 beside the other rows' "not read" read as a ratio
@@ -589,6 +589,6 @@ __all__ = ["BUSY_RATIO", "DISAGREE", "DISAGREE_CELL", "SPLIT_TABLE", "medians_di
            "Progress",
            "VersionTiming",
            "all_finite",
-           "arrays_digest", "busy_warning", "compare_to_input", "compare_versions", "format_timings", "input_sets",
+           "arrays_digest", "busy_warning", "compare_to_input", "compare_versions", "input_sets",
            "paired_verdict", "quiet_rule",
            "nonfinite_arrays", "own_lowering_executor", "time_versions", "time_versions_and_own", "timing_table"]
