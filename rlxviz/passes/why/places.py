@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from ..report import in_context
 from ..trace import Rejection, Trace
 from .policy import NOT_EXPECTED_HERE, not_expected_line
-from .verdict import ILLEGAL_HERE_GROUP, standing
+from .verdict import ILLEGAL_HERE_GROUP, places_words, standing
 
 PLACE_UNIT = "one per pattern and place"
 """What the chips' ✗ and ○ count (`Places`): a pattern's candidate at one node, never a guard (two patterns: two)."""
@@ -28,7 +28,7 @@ class Places:
         excused: `standing` group -> one item per place that is no near-miss (hard or soft), in the run's order:
             its node path (`-` for none), and for a group whose reason differs by place (`NOT_EXPECTED_HERE`,
             `ILLEGAL_HERE_GROUP`) `PATH: RULE (GUARD): why`, a not-expected one as `explain` words it
-            (`policy.not_expected_line`: the guard's reason first). The chip's faded `○`.
+            (`policy.not_expected_line`: its place, then the guard's reason). The chip's faded `○`.
         excused_at: the anchor node id of each item of `excused`, in the same order (a chip's tooltip groups the
             places by node).
     """
@@ -105,7 +105,7 @@ def places(trace: Trace, step: int) -> Places:
         path = r.path or "-"
         if group == NOT_EXPECTED_HERE:  # worded as `explain` words it: the guard's own reason, then why
             reason = in_context(trace, step, r)[0]
-            item = f"{path}: {not_expected_line(r.rule, r.guard, reason, why)}"
+            item = f"{path}: {not_expected_line(r.rule, r.guard, reason, why, places_words({r.anchor: r.path}))}"
         else:
             item = f"{path}: {r.rule} ({r.guard}): {why}" if group == ILLEGAL_HERE_GROUP else path
         excused.setdefault(group, []).append(item)

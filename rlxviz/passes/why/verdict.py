@@ -357,15 +357,16 @@ def expected_misses(trace: Trace, arch: Architecture, layer: int | None
                     ) -> tuple[list[MissedFusion], dict[tuple[str, str], str]]:
     """The misses of `layer` (None: the whole graph) that count for `arch`, and `(pattern, guard) -> "pattern (guard)
     @ %NODE (PATH): the guard's reason; why it is not expected here: why"` (`policy.not_expected_line`) for those that
-    do not: one line per pattern and failing guard, naming every place (anchor node) it refused, as the app's chips
+    do not: one line per pattern, failing guard and why (keys `(pattern, guard)`, then `(pattern, "guard#2")` for a
+    second why: deit's layer norms, where one place's compiler fix is not enough alone), naming every place (anchor
+    node) it refused, as the app's chips
     count them `○` (granite's layer 1: the residual norm refused at %186 and %187, `at 2 places, %186 (...) and %187
     (...): at %186: REASON`), the reason and why of the first place, each place with its own guard (BART's decoder
     layer: FusedTransformerLayer refused at the cross-attention by `attn_is_fused_block` and at the self-attention by
     `fc1_is_fused_linear`, two lines). Misses are the run's missed fusions plus its "no rule recognizes this" findings
     (`passes.unrecognized`: a family-shaped chain no rule made a candidate)."""
     kept: list[MissedFusion] = []
-    firsts: dict[tuple[str, str], tuple[MissedFusion, str]] = {}
-    at: dict[tuple[str, str], dict[int, str]] = {}
+    groups: dict[tuple[str, str, str], tuple[MissedFusion, dict[int, str]]] = {}  # places that share rule, guard, why
     for m in RunFacts.of(trace).misses():
         if layer is not None and layer_of(m.path) != layer:
             continue
@@ -373,12 +374,15 @@ def expected_misses(trace: Trace, arch: Architecture, layer: int | None
         if ex is None:
             kept.append(m)
             continue
-        if (m.pattern, m.guard) not in firsts:
-            firsts[m.pattern, m.guard] = m, with_caveat(ex[1], fix_caveat(trace, m.pattern, m.node, m.guard, arch))
-        at.setdefault((m.pattern, m.guard), {})[m.node] = m.path
-    # the failing guard's own reason first, then why it does not count here (`policy.not_expected_line`)
-    return kept, {k: not_expected_line(m.pattern, m.guard, m.reason if len(at[k]) == 1 else f"at %{m.node}: {m.reason}",
-                                       why, places_words(at[k])) for k, (m, why) in firsts.items()}
+        why = with_caveat(ex[1], fix_caveat(trace, m.pattern, m.node, m.guard, arch))
+        groups.setdefault((m.pattern, m.guard, why), (m, {}))[1][m.node] = m.path
+    ignored: dict[tuple[str, str], str] = {}
+    for (pattern, guard, why), (m, at) in groups.items():  # the guard's own reason first, then why it does not count
+        reason = m.reason if len(at) == 1 else f"at %{m.node}: {m.reason}"
+        n = sum(k[0] == pattern and k[1].split("#")[0] == guard for k in ignored)  # another why: `GUARD#2`
+        ignored[pattern, f"{guard}#{n + 1}" if n else guard] = not_expected_line(pattern, guard, reason, why,
+                                                                                 places_words(at))
+    return kept, ignored
 
 
 def places_words(places: dict[int, str]) -> str:
