@@ -72,7 +72,7 @@ def test_explain_prints_the_kind_and_every_failing_guard(capsys):
     assert "compiler fix: add gelu_tanh to the epilogue allow-list" in out
     code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "tanh_gelu", "--layer", 0, "--json")
     first = json.loads(out)["layers"][0]["first"]
-    assert first["kind"] == "not recognized" and first["guard"] == "fc1_activation" and first["fix"]
+    assert first["kind"] == "not recognized" and first["guard"] == "fc1_activation" and first["compiler_fix"]
 
 
 def test_explain_extra_user_actual_vs_required_and_sibling_diff(capsys):

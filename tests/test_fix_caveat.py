@@ -80,6 +80,6 @@ def test_verbose_fix_line_carries_the_caveat_its_compiler_check_found(capsys):
     (one,) = _lines(text, 1)
     assert one.endswith(CAVEAT)  # the plain line's caveat, word for word
     _, out, _ = cli_run(capsys, "explain", DEIT, "--json")
-    printed = [f["printed"] for f in json.loads(out)["fix_checks"] if f["guard"] == "sum_single_user"
-               and f["compiler_fix_printed"]]
+    printed = [f["fix"] for f in json.loads(out)["fix_checks"] if f["guard"] == "sum_single_user"
+               and f["compiler_fix_enough"] is False]
     assert printed and all(p.endswith(CAVEAT) for p in printed), printed

@@ -80,10 +80,26 @@ def fused_list(done: list[str], verbose: bool = False) -> str:
     return ", ".join(out)
 
 
+def outcome_dict(o: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An outcome's dict (`dataclasses.asdict` of a `passes.explain.Outcome`) with its keys worded as the text's lines
+    (`Outcome.lines`): `fix` the line after `fix:` (the outcome's `hint`: what to change in the model), `compiler_fix`
+    the line after `compiler fix:` (its `fix`); `--json`'s `first`, `rejections` and `illegal` items, as its
+    `fix_checks` (`session.advice.FixCheck.to_dict`)."""
+    if o is None:
+        return None
+    out = {k: x for k, x in o.items() if k not in ("hint", "fix")}
+    out["fix"], out["compiler_fix"] = o["hint"], o["fix"]
+    return out
+
+
 def layer_dict(v: LayerVerdict) -> dict[str, Any]:
-    """JSON-ready form of a layer's verdict (outcomes and the architecture as dicts)."""
+    """JSON-ready form of a layer's verdict (outcomes and the architecture as dicts; an outcome's keys as the text
+    words its lines, `outcome_dict`)."""
     d = dataclasses.asdict(v)
     del d["missed"]  # the same misses as `misses`' text
+    d["first"] = outcome_dict(d["first"])
+    d["rejections"] = [outcome_dict(o) for o in d["rejections"]]
+    d["illegal"] = [outcome_dict(o) for o in d["illegal"]]
     d["layer"], d["stack"], d["label"] = int(v.layer), getattr(v.layer, "stack", ""), layer_label(v.layer)
     d["status"] = v.status  # the text's headline word for word
     d["bert_style"] = v.bert_style
@@ -181,7 +197,8 @@ def headline(r: RunVerdict) -> str:
 
 
 def run_dict(r: RunVerdict) -> dict[str, Any]:
-    """`explain --json` of a run's verdict."""
+    """`explain --json` of a run's verdict. Its top-level `misses`, `not_expected`, `architecture` and `recognized` are
+    for a graph whose node paths name no layer; a layered graph's are under each layer (`layers[].not_expected`)."""
     return {"model": r.model, "pipeline": r.pipeline, "ok": r.ok, "fused_layers": r.fused_layers,
             "checked_layers": len(r.layers), "final_op_counts": r.counts, "layers": [layer_dict(s) for s in r.layers],
             "misses": r.misses, "not_expected": r.not_expected, "left_out": r.left_out,
@@ -242,4 +259,4 @@ def _left_out(r: RunVerdict) -> list[str]:
 
 
 __all__ = ["GROUP_OVER", "fused_list", "headline", "headline_notes", "judged_words", "layer_dict", "left_out_heading",
-           "render_layer", "render_run", "run_dict"]
+           "outcome_dict", "render_layer", "render_run", "run_dict"]
