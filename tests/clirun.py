@@ -3,6 +3,7 @@ runs it in a subprocess."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -91,3 +92,13 @@ README_IR = """graph mlp {
 }
 """
 """The example graph of docs/ir.md (a linear layer and GELU, `@fc` its layer path), as IR text."""
+
+
+_PLACES = re.compile(r" (?:@|at \d+ places,) [^:]*: (?:at %\d+: )?")
+
+
+def unplaced(line: str) -> str:
+    """A "not expected here" line (`why.policy.not_expected_line`) without the places it names (`@ %N (PATH)`, `at K
+    places, %A (P) and %B (P)` and the `at %A: ` before the first place's reason): `RULE (GUARD): REASON; why ...`, for
+    tests that read its rule, guard, reason and why (tests/test_chip_places_in_text.py reads the places)."""
+    return _PLACES.sub(": ", line, count=1)

@@ -110,7 +110,9 @@ def said_in_text(text: str, label: str | None, r: Rejection, group: str | None) 
                 or re.search(rf"^  {rule} @ %{r.anchor} ", text, re.M) is not None)  # a graph with no layer
     if group in (NOT_EXPECTED_HERE, OP_GAP_GROUP):  # a gap is said as a not-expected line naming it
         where = block if label is not None else text  # a graph with no layer: the run's own lines
-        return re.search(rf"^  not expected here: {rule} \({re.escape(r.guard)}\): ", where, re.M) is not None
+        # by anchor node: every place, not one line per rule and guard (granite's %187 was never named)
+        at = rf"(@|at \d+ places,) [^:]*%{r.anchor} \("
+        return re.search(rf"^  not expected here: {rule} \({re.escape(r.guard)}\) {at}", where, re.M) is not None
     if group == ILLEGAL_HERE_GROUP:
         return re.search(rf"^  illegal here( \(not counted\))?: {rule}\b", block, re.M) is not None
     heading = left_out_heading(group, 1).split(" ", 1)[1]
@@ -129,7 +131,8 @@ def said_in_json(d: dict, label: str | None, r: Rejection, group: str | None) ->
             m.startswith(f"{r.rule} @ %{r.anchor} ") for m in d["misses"])
     if group in (NOT_EXPECTED_HERE, OP_GAP_GROUP):  # a gap is said as a not-expected line naming it
         lines = [x for lv in layers for x in lv["not_expected"]] if label is not None else d["not_expected"]
-        return any(x.startswith(f"{r.rule} ({r.guard}): ") for x in lines)
+        return any(re.match(rf"{re.escape(r.rule)} \({re.escape(r.guard)}\) (@|at \d+ places,) [^:]*%{r.anchor} \(", x)
+                   for x in lines)
     if group == ILLEGAL_HERE_GROUP:
         return any(o["rule"] == r.rule for lv in layers for o in lv["illegal"])
     return any(x.startswith(f"{r.rule} @ %{r.anchor} (") for g in d["left_out_groups"] if g["kind"] == group

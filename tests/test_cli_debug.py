@@ -72,7 +72,7 @@ def test_explain_prints_the_kind_and_every_failing_guard(capsys):
     assert "compiler fix: add gelu_tanh to the epilogue allow-list" in out
     code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "tanh_gelu", "--layer", 0, "--json")
     first = json.loads(out)["layers"][0]["first"]
-    assert first["kind"] == "not recognized" and first["guard"] == "fc1_activation" and first["fix"]
+    assert first["kind"] == "not recognized" and first["guard"] == "fc1_activation" and first["compiler_fix"]
 
 
 def test_explain_extra_user_actual_vs_required_and_sibling_diff(capsys):
@@ -138,8 +138,8 @@ def test_explain_llama_block_is_not_a_bert_layer(capsys):
     assert "not expected here: fuse_transformer_layer.bert_post_ln (attn_is_fused_block)" in out
     assert "not expected here: fuse_attention_block.qkv_attention_out (mask_kind_keep)" in out
     # the guard's own reason first, then why the layer's kind excuses it (the excuse alone was the old wording)
-    assert re.search(r"not expected here: fuse_residual_rms_norm\.residual \(sum_single_user\): sum \(node \d+.*"
-                     r"needs exactly 1; why it is not expected here: pre-norm layout", out), out
+    assert re.search(r"not expected here: fuse_residual_rms_norm\.residual \(sum_single_user\) @ %\d+ \([^)]*\): "
+                     r"sum \(node \d+.*needs exactly 1; why it is not expected here: pre-norm layout", out), out
     assert "fuse_swiglu.dual_matmul: -> node(s)" in out  # verbose: every rule's outcome
     code, out, _ = run(capsys, "explain", "llama-block", "--seq", 8, "--json")
     layer = json.loads(out)["layers"][0]

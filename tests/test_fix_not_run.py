@@ -82,6 +82,6 @@ def test_explain_text_and_json_give_the_same_reason(capsys):
     assert acts and {f["status"] for f in acts} == {NOT_RUN}
     f = next(f for f in acts if f["guard"] == "fc1_activation")
     assert f["status"] == NOT_RUN and "(BUDGET_MACS)" in f["detail"]
-    assert f"fix: {f['printed']}" in text
-    reason = f["printed"].split("could not be checked: ")[1]
+    assert f"fix: {f['fix']}" in text
+    reason = f["fix"].split("could not be checked: ")[1]
     assert reason in f["detail"] and "changing the model to exact GELU" not in text

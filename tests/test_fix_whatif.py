@@ -228,7 +228,8 @@ def test_a_fix_with_no_what_if_is_withheld_with_the_compiler_fix(capsys):
     assert "-> none in the model: no change to the model that keeps its numbers is known" in out
     main(["explain", str(path), "--json"])
     (f,) = json.loads(capsys.readouterr().out)["fix_checks"]
-    assert f["status"] == NO_WHAT_IF and not f["checked"] and f["fix"] == "the block uses 1/sqrt(head_dim)"
+    assert f["status"] == NO_WHAT_IF and not f["checked"] and f["proposed_fix"] == "the block uses 1/sqrt(head_dim)"
+    assert f["fix"].startswith("none in the model: ") and f["compiler_fix"]  # the lines the text prints
 
 
 def test_vetting_changes_fix_lines_only():

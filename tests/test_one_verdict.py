@@ -103,8 +103,8 @@ def _all_views(s: AppState, cli_args: list, capsys) -> int:
         st = layer_status(trace, layer)
         j = by_layer[layer]
         first = (st.first.rule, st.first.guard, st.first.fix) if st.first else None
-        assert j["fused"] == st.fused and (
-            (j["first"]["rule"], j["first"]["guard"], j["first"]["fix"]) if j["first"] else None) == first, layer
+        jf = j["first"]
+        assert j["fused"] == st.fused and ((jf["rule"], jf["guard"], jf["compiler_fix"]) if jf else None) == first
         why = _plain(s.why_layer(layer))
         assert ("NOT fused" in why) == (not st.fused), why
         legal_only = st.fused and bool(st.illegal)  # issue 38: a product illegal for the layer is not expected

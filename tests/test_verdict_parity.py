@@ -194,8 +194,8 @@ def _check_cli(code: int, text: str, j: dict, trace) -> RunVerdict:
         if first is not None:
             want.add((first["rule"], first["guard"]))
             assert f"first rejection: {first['rule']}\n" in block + "\n" and f"guard {first['guard']} (" in block
-            if first["fix"]:
-                assert f"compiler fix: {first['fix']}" in block
+            if first["compiler_fix"]:  # --json names each line as the text does
+                assert f"compiler fix: {first['compiler_fix']}" in block
         else:
             assert "first rejection" not in block
         want |= {(o["rule"], o["guard"]) for o in d["rejections"]}

@@ -49,10 +49,10 @@ def test_a_scale_attribute_alone_is_not_said_to_fuse_the_block(path, capsys):
     firsts = [lv["first"] for lv in d["layers"] if lv["first"] and lv["first"]["guard"] == "default_scale"]
     assert firsts, d["layers"]
     for f in firsts:
-        assert f["fix"].startswith(f"{SCALE_FIX} (checked at this rule alone: that passes default_scale only; "
-                                   "then qkv_packed "), f
-        assert f"compiler fix: {f['fix']}" in text
-        assert "(the compiler fix is the fix)" not in f["hint"] and "passes this guard only" in f["hint"], f["hint"]
+        assert f["compiler_fix"].startswith(f"{SCALE_FIX} (checked at this rule alone: that passes default_scale "
+                                            "only; then qkv_packed "), f
+        assert f"compiler fix: {f['compiler_fix']}" in text
+        assert "(the compiler fix is the fix)" not in f["fix"] and "passes this guard only" in f["fix"], f["fix"]
     assert "the compiler fix is the fix" not in text
 
 
@@ -82,7 +82,7 @@ def test_a_compiler_fix_that_is_enough_stands_as_written(variant, capsys):
     text, d = _explain(capsys, "bert-tiny", "--variant", variant, "--layer", "0")
     (lv,) = d["layers"]
     guard, fix = ENOUGH[variant]
-    assert lv["first"]["guard"] == guard and lv["first"]["fix"].startswith(fix), lv["first"]
+    assert lv["first"]["guard"] == guard and lv["first"]["compiler_fix"].startswith(fix), lv["first"]
     assert "(checked" not in text
 
 
@@ -100,11 +100,11 @@ def test_a_model_fix_whose_fusion_still_fails_names_what_then_refuses(tmp_path, 
     (lv,) = d["layers"]
     f = lv["first"]
     assert f["guard"] == "h1_user_count"
-    assert "does not make the fusion happen: then fc1_activation (not recognized) fails: " in f["hint"], f["hint"]
-    assert "dead_code_elimination" not in f["fix"]
+    assert "does not make the fusion happen: then fc1_activation (not recognized) fails: " in f["fix"], f["fix"]
+    assert "dead_code_elimination" not in f["compiler_fix"]
     assert ("(checked at this rule alone: that passes h1_user_count only; then fc1_activation (not recognized) "
-            "fails") in f["fix"]
-    assert f"fix: {f['hint']}" in text and f"compiler fix: {f['fix']}" in text
+            "fails") in f["compiler_fix"]
+    assert f"fix: {f['fix']}" in text and f"compiler fix: {f['compiler_fix']}" in text
     # the app's decision table reads the vetted trace: the same fix and compiler fix on the refusal's row
     g = parse_ir(_dead_reader_and_tanh())
     rng = np.random.default_rng(0)
@@ -114,9 +114,9 @@ def test_a_model_fix_whose_fusion_still_fails_names_what_then_refuses(tmp_path, 
     trace = Pipeline.canonical().run(g)
     _, fixes = checked_verdict(trace, "m", feeds, weights, verbose=True)
     (c,) = [x for x in fixes if x.guard == "h1_user_count"]
-    assert c.status == NO_FUSION and c.compiler == f["fix"]
+    assert c.status == NO_FUSION and c.compiler == f["compiler_fix"]
     rows = [r for r in decision_rows(vetted(trace, fixes)) if r["guard"] == "h1_user_count" and r["kind"] == "rejected"]
-    assert rows and all((r["hint"], r["fix"]) == (f["hint"], f["fix"]) for r in rows), rows
+    assert rows and all((r["hint"], r["fix"]) == (f["fix"], f["compiler_fix"]) for r in rows), rows
 
 
 def test_one_compiler_fix_for_two_refusals_stands_as_written(capsys):
@@ -124,5 +124,6 @@ def test_one_compiler_fix_for_two_refusals_stands_as_written(capsys):
     the second norm's refusal (the same compiler fix) and each norm's operand refusal (the same scaled value)."""
     text, d = _explain(capsys, next((TESTS / "data" / "cases").glob("n4-06-*.rlx")))
     (lv,) = d["layers"]
-    assert lv["first"]["guard"] == "ln1_residual_scaled" and lv["first"]["fix"].startswith("a residual scale (alpha)")
+    first = lv["first"]
+    assert first["guard"] == "ln1_residual_scaled" and first["compiler_fix"].startswith("a residual scale (alpha)")
     assert "(checked" not in text

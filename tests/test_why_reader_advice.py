@@ -61,9 +61,9 @@ def explain_all(tmp_path: Path, capsys, text: str) -> tuple[str, str, dict]:
     return verbose, plain, json.loads(capsys.readouterr().out)
 
 
-def _hints(d: dict, key: str = "hint") -> list[str]:
-    """Every fix line (`key="fix"`: compiler fix) of `explain --json`: each layer's first, illegal-here and counted
-    refusals'."""
+def _hints(d: dict, key: str = "fix") -> list[str]:
+    """Every fix line (`key="compiler_fix"`: compiler fix) of `explain --json`: each layer's first, illegal-here and
+    counted refusals'."""
     out = []
     for lv in d["layers"]:
         for o in [lv["first"], *lv["illegal"], *lv["rejections"]]:
@@ -85,9 +85,9 @@ LIVE = {
 def test_a_model_output_is_never_advised_dead_code_elimination(tmp_path, capsys, name):
     verbose, plain, d = explain_all(tmp_path, capsys, variant(**LIVE[name]))
     said = [ln for ln in (verbose + plain).splitlines() if "after dead_code_elimination" not in ln]  # a version
-    for text in (*said, *_hints(d), *_hints(d, "fix"), *(m for lv in d["layers"] for m in lv["misses"])):
+    for text in (*said, *_hints(d), *_hints(d, "compiler_fix"), *(m for lv in d["layers"] for m in lv["misses"])):
         assert "dead_code_elimination" not in text, (name, text)
-    hints = [o["hint"] for lv in d["layers"] for o in [lv["first"], *lv["illegal"], *lv["rejections"]]
+    hints = [o["fix"] for lv in d["layers"] for o in [lv["first"], *lv["illegal"], *lv["rejections"]]
              if o and o["kind"] == "illegal"]
     assert hints, d
     for h in hints:  # every illegal refusal's fix: the value is (or is read on to) a model output a fusion must keep
@@ -121,10 +121,10 @@ def test_a_dead_reader_is_advised_dead_code_elimination_and_it_is_checked(tmp_pa
     _, plain, d = explain_all(tmp_path, capsys, text)
     (lv,) = d["layers"]
     assert lv["first"]["guard"] == guard
-    hint = lv["first"]["hint"]
+    hint = lv["first"]["fix"]
     assert "mul (node 43" in hint and "reaches no graph output" in hint and "dead_code_elimination" in hint, hint
     assert f"fix: {hint}" in plain
-    assert "dead_code_elimination" not in lv["first"]["fix"]  # the compiler fix proposes no DCE
+    assert "dead_code_elimination" not in lv["first"]["compiler_fix"]  # the compiler fix proposes no DCE
     g = parse_ir(text)
     feeds, weights = _feeds_weights(g)
     trace = Pipeline.canonical().run(g)

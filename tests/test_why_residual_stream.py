@@ -24,8 +24,8 @@ PROBE = "it is part of what the model computes and returns"
 
 
 def _fixes(d: dict) -> list[str]:
-    return [o["hint"] for lv in d["layers"] for o in [lv["first"], *lv["illegal"], *lv["rejections"]]
-            if o and o["hint"].startswith(NO_MODEL_FIX) and " reads " in o["hint"]]
+    return [o["fix"] for lv in d["layers"] for o in [lv["first"], *lv["illegal"], *lv["rejections"]]
+            if o and o["fix"].startswith(NO_MODEL_FIX) and " reads " in o["fix"]]
 
 
 @pytest.mark.parametrize("preset", ["bert-tiny", "minilm-shaped"])

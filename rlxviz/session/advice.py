@@ -84,7 +84,8 @@ class FixCheck:
 
     Attributes:
         rule / anchor / guard: the refusal (its rule, anchor node id and headline guard).
-        fix: the fix line as the guard wrote it (after `report.in_context`).
+        fix: the fix line as the guard wrote it (after `report.in_context`): what was checked (`--json`'s
+            `proposed_fix`; its `fix` is `printed`, the line the text prints after `fix:`).
         form: `statement`, `pipeline` or `model` (`passes.whatif.fix_form`).
         status: one of `STATUSES`.
         what: the what-if applied ("" when none).
@@ -95,6 +96,8 @@ class FixCheck:
             then `(checked at this rule alone: that passes GUARD only; then GUARD2 (KIND) fails: ...)`; "" when the
             fix line stands as
             the guard wrote it (nothing else failed, or nothing could be checked).
+        compiler_fix: the line `explain` prints after `compiler fix:` for this refusal (`compiler`, else the guard's
+            compiler fix, or `DEFAULT_COMPILER_FIX` where the model-side fix is withheld); "" when it prints none.
     """
 
     rule: str
@@ -107,6 +110,7 @@ class FixCheck:
     detail: str = ""
     printed: str = ""
     compiler: str = ""
+    compiler_fix: str = ""
 
     @property
     def ok(self) -> bool:
@@ -119,9 +123,15 @@ class FixCheck:
         return self.status == CHECKED
 
     def to_dict(self) -> dict[str, object]:
-        return {"rule": self.rule, "anchor": self.anchor, "guard": self.guard, "fix": self.fix, "form": self.form,
-                "status": self.status, "checked": self.checked, "printed_as_fix": self.ok, "what_if": self.what or None,
-                "detail": self.detail or None, "printed": self.printed, "compiler_fix_printed": self.compiler or None}
+        """`explain --json`'s `fix_checks` item, its keys worded as the text's lines: `fix` the line after `fix:`
+        (`printed`), `compiler_fix` the line after `compiler fix:` (None when none is printed), `proposed_fix` the
+        guard's own fix line that was checked; `compiler_fix_enough` False when the compiler fix's check at its rule
+        alone found another failure (`compiler`), None when no compiler fix is printed."""
+        return {"rule": self.rule, "anchor": self.anchor, "guard": self.guard, "fix": self.printed,
+                "proposed_fix": self.fix, "form": self.form, "status": self.status, "checked": self.checked,
+                "printed_as_fix": self.ok, "what_if": self.what or None, "detail": self.detail or None,
+                "compiler_fix": self.compiler_fix or None,
+                "compiler_fix_enough": not self.compiler if self.compiler_fix else None}
 
     @property
     def rewords(self) -> bool:
@@ -311,6 +321,8 @@ def _check_one(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixChec
     c = _check_fix(trace, k, r, checker)
     left = fix_alone_blocker(trace, k, r) if r.fix else None
     compiler = _compiler_line(trace, k, r, left)
+    withheld = not c.ok and r.remedy in ("", IN_MODEL)  # `_reworded` then names a compiler fix as the fix
+    c = replace(c, compiler_fix=compiler or r.fix or (DEFAULT_COMPILER_FIX if withheld else ""))
     if not compiler:
         return c
     printed = with_caveat(c.printed.replace("(the compiler fix is the fix)", CHECKED_ONLY), alone_caveat(r.guard, left))
@@ -402,10 +414,10 @@ __all__ = ["BUDGET_MACS", "CHANGES_NUMBERS", "CHECKED", "CHECKED_ONLY", "DEFAULT
 def _reworded(r: Rejection, c: FixCheck) -> Rejection:
     """`r` as `vetted` words it by its check `c`."""
     if not c.ok and r.remedy in ("", IN_MODEL):
-        r = replace(r, hint=c.printed, remedy=COMPILER_ONLY, fix=r.fix or DEFAULT_COMPILER_FIX)
+        r = replace(r, hint=c.printed, remedy=COMPILER_ONLY)
     elif c.compiler and c.printed != c.fix:  # a statement naming the compiler fix as the fix: checked only so far
         r = replace(r, hint=c.printed)
-    return replace(r, fix=c.compiler) if c.compiler else r
+    return replace(r, fix=c.compiler_fix)  # the compiler fix line `explain` prints (`FixCheck.compiler_fix`)
 
 
 def checked_verdict(trace: Trace, model: str, feeds: Mapping[str, np.ndarray] | None,

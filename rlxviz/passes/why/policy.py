@@ -298,13 +298,14 @@ NOT_EXPECTED_WHY = "why it is not expected here"
 """The words between a "not expected here" line's refusal and the reason the layer's kind excuses it."""
 
 
-def not_expected_line(rule: str, guard: str, reason: str, why: str) -> str:
+def not_expected_line(rule: str, guard: str, reason: str, why: str, at: str = "") -> str:
     """One "not expected here" line, the one wording of every front end (`explain`'s text and `--json`, the app's Why
-    tab): `RULE (GUARD): REASON; why it is not expected here: WHY`. `reason` is the failing guard's own message (as
+    tab): `RULE (GUARD) AT: REASON; why it is not expected here: WHY`. `reason` is the failing guard's own message (as
     the run's rejection says it, `report.in_context`; "" when there is no refusal, e.g. a product only excused),
     `why` what the layer's kind says of the product (`not_expected`), so the line says first what failed and then
-    why that does not count here, never a reason of another guard."""
-    head = f"{rule} ({guard})" if guard else rule
+    why that does not count here, never a reason of another guard. `at` names the places (`verdict.places_words`:
+    `@ %186 (PATH)`, `at 2 places, %186 (PATH) and %187 (PATH)`); "" for none (a product only excused)."""
+    head = (f"{rule} ({guard})" if guard else rule) + (f" {at}" if at else "")
     return f"{head}: {reason}; {NOT_EXPECTED_WHY}: {why}" if reason else f"{head}: {why}"
 
 

@@ -108,10 +108,26 @@ def made_words(v: LayerVerdict, verbose: bool = False) -> str:
     return fused_list(v.done, verbose) or none_made_words(v)
 
 
+def outcome_dict(o: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An outcome's dict (`dataclasses.asdict` of a `passes.explain.Outcome`) with its keys worded as the text's lines
+    (`Outcome.lines`): `fix` the line after `fix:` (the outcome's `hint`: what to change in the model), `compiler_fix`
+    the line after `compiler fix:` (its `fix`); `--json`'s `first`, `rejections` and `illegal` items, as its
+    `fix_checks` (`session.advice.FixCheck.to_dict`)."""
+    if o is None:
+        return None
+    out = {k: x for k, x in o.items() if k not in ("hint", "fix")}
+    out["fix"], out["compiler_fix"] = o["hint"], o["fix"]
+    return out
+
+
 def layer_dict(v: LayerVerdict) -> dict[str, Any]:
-    """JSON-ready form of a layer's verdict (outcomes and the architecture as dicts)."""
+    """JSON-ready form of a layer's verdict (outcomes and the architecture as dicts; an outcome's keys as the text
+    words its lines, `outcome_dict`)."""
     d = dataclasses.asdict(v)
     del d["missed"]  # the same misses as `misses`' text
+    d["first"] = outcome_dict(d["first"])
+    d["rejections"] = [outcome_dict(o) for o in d["rejections"]]
+    d["illegal"] = [outcome_dict(o) for o in d["illegal"]]
     d["layer"], d["stack"], d["label"] = int(v.layer), getattr(v.layer, "stack", ""), layer_label(v.layer)
     d["status"] = v.status  # the text's headline word for word
     d["bert_style"] = v.bert_style
@@ -231,7 +247,8 @@ def gap_words(r: RunVerdict) -> str:
 
 
 def run_dict(r: RunVerdict) -> dict[str, Any]:
-    """`explain --json` of a run's verdict."""
+    """`explain --json` of a run's verdict. Its top-level `misses`, `not_expected`, `architecture` and `recognized` are
+    for a graph whose node paths name no layer; a layered graph's are under each layer (`layers[].not_expected`)."""
     return {"model": r.model, "pipeline": r.pipeline, "ok": r.ok, "fused_layers": r.fused_layers,
             "checked_layers": len(r.layers), "gap_layers": r.gap_layers, "gap_forms": gap_forms(r),
             "final_op_counts": r.counts, "layers": [layer_dict(s) for s in r.layers],
@@ -288,4 +305,4 @@ def _left_out(r: RunVerdict) -> list[str]:
 __all__ = ["FUSED_AS_FAR_AS_OPS", "GAP_IS_THE_COMPILERS", "GROUP_OVER", "HELD_BACK_BY_LEGAL_AND_OPS",
            "HELD_BACK_BY_OPS", "NOTHING_TO_FUSE", "NO_FUSED_OP", "fused_list", "gap_forms", "gap_words", "headline",
            "headline_notes", "judged_words", "layer_dict", "left_out_heading", "made_words", "none_made_words",
-           "render_layer", "render_run", "run_dict"]
+           "outcome_dict", "render_layer", "render_run", "run_dict"]
