@@ -380,8 +380,8 @@ def apply(graph: Graph, pass_name: str, found: Sequence[Found]) -> tuple[Graph, 
         matches.append(Match(pass_name, f.rule.name, f.anchor, dict(f.ctx.bindings), new,
                              rw.lookup(new).path if new is not None else graph[f.anchor].path))
     out = rw.finish()
-    # A match's product may itself be replaced by a later match of the same sweep (a no-op cast of a no-op cast: the
-    # first match's product is the second's cast): it is the value the replacements lead to, if that survives.
+    # A match's product may itself be replaced by a later match of the same sweep (a node one rule made that another
+    # match of the sweep absorbs): it is the value the replacements lead to, if that survives.
     def product(i: int | None) -> int | None:
         j = rw.resolve(i) if i is not None else None
         return j if j is not None and j in out else None

@@ -296,11 +296,18 @@ def _taken(steps: list[PassStep], matches: list[Match]) -> dict[tuple[str, int],
     return out
 
 
-def made_words(matches: list[Match], taken: dict[tuple[str, int], tuple[int, str]]) -> str:
+def _form(rule: str) -> str:
+    """The `Rule.form` of the registered rule named `rule` ("" when none or no such rule)."""
+    p = PASSES.get(rule.partition(".")[0])
+    return next((r.form for r in (p.rules if p is not None else ()) if r.name == rule), "")
+
+
+def made_words(matches: list[Match], taken: dict[tuple[str, int], tuple[int, str]], form: str = "") -> str:
     """What one rule's `matches` in a layer made, after `explain -v`'s `->`: `node(s) 12, 14` (the nodes standing for
     them), `no node of its own: taken into node 171 by fuse_sdpa.hf_attention in the same pass` (`_taken`), or `no
     node of its own: plain ops no one node stands for` (a rewrite that made no one node, and nothing the pass made
-    took its nodes); never an empty list."""
+    took its nodes), said as the rule's `form` when it has one (`no node of its own: no-op cast dropped`: a rule that
+    drops a node makes none); never an empty list."""
     ids = [m.fused for m in matches if m.fused is not None]
     took = dict.fromkeys(taken[(m.rule, m.anchor)] for m in matches
                          if m.fused is None and (m.rule, m.anchor) in taken)
@@ -310,7 +317,7 @@ def made_words(matches: list[Match], taken: dict[tuple[str, int], tuple[int, str
         parts.append("no node of its own: taken into " + ", ".join(
             f"node {i}" + (f" by {r}" if r else "") for i, r in took) + " in the same pass")
     if bare:
-        parts.append("no node of its own: plain ops no one node stands for")
+        parts.append(f"no node of its own: {form or 'plain ops no one node stands for'}")
     return "; ".join(parts)
 
 
@@ -442,7 +449,7 @@ def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None)
                 soft = tuple((r.guard, r.kind, r.message) for r in rej if r.soft)
                 ex.outcomes.append(Outcome(at.name, rule, "fused",
                                            nodes=tuple(m.fused for m in mine if m.fused is not None), soft=soft))
-                ex.made[rule] = made_words(mine, at.taken)
+                ex.made[rule] = made_words(mine, at.taken, _form(rule))
             elif rej:
                 at_r = next((i for i, x in enumerate(rej) if x.headline and not x.soft), 0)
                 r = rej[at_r]

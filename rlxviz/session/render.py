@@ -86,7 +86,8 @@ def verdicts(trace: Trace) -> dict[int, Verdict]:
 def _verdicts(trace: Trace) -> dict[int, Verdict]:
     run = RunVerdict.of(trace)
     return {v.layer: Verdict(v.fused, v.first.guard if v.first is not None else "", v.reason, status=v.status,
-                             none_made=none_made_words(v))
+                             none_made=none_made_words(v),
+                             held_back=v.fused and bool(v.op_gaps) and not v.has_fused_op)
             for v in run.layers}  # the verdict's own words (`LayerVerdict.status`), as the Why tab and --json say
 
 

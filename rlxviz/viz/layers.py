@@ -27,7 +27,17 @@ from ..passes.trace import Layer, Rejection, layer_label, layer_of
 from .dot import DotOptions, GraphTooLarge, _Drawer, _e, _html, _small, _tip
 from .heat import UNCOLOURED
 from .overlay import Overlay
-from .styles import NOT_NEAR_MISS, NOT_NEAR_MISS_INK, REJECT, STATUS_COLORS, fmt_shape, human_count, tint
+from .styles import (
+    NOT_NEAR_MISS,
+    NOT_NEAR_MISS_INK,
+    OP_GAP,
+    OP_GAP_INK,
+    REJECT,
+    STATUS_COLORS,
+    fmt_shape,
+    human_count,
+    tint,
+)
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,9 @@ class Verdict:
             `fused` or `not fused`, read from `fused`).
         none_made: what the box of a fused layer says when no op of it fused (`passes.why.text.none_made_words`:
             `no fused op` for a layer held back by rlxviz's ops, else `nothing to fuse`).
+        held_back: the layer is held back by rlxviz's ops with no fused op (`LayerVerdict.op_gaps` and not
+            `has_fused_op`: status `held back by rlxviz's ops`): not fused, not the model's fault; its box is drawn
+            as a gap (`styles.OP_GAP`), never in the fused green.
     """
 
     fused: bool
@@ -53,6 +66,7 @@ class Verdict:
     settled: bool = True
     status: str = ""
     none_made: str = "nothing to fuse"
+    held_back: bool = False
 
     @property
     def word(self) -> str:
@@ -96,8 +110,11 @@ class LayerGroup:
     @property
     def tone(self) -> str:
         """The key of the box's colours (`STATUS_COLORS`): `fused` or `not fused` for a settled verdict, whatever its
-        words (`fused as far as legal` is drawn as fused), else `status`."""
+        words (`fused as far as legal` is drawn as fused), but `OP_GAP` for a layer held back by rlxviz's ops
+        (`Verdict.held_back`), else `status`."""
         if self.verdict is not None and self.verdict.settled:
+            if self.verdict.held_back:
+                return OP_GAP
             return "fused" if self.verdict.fused else "not fused"
         return self.status
 
@@ -173,9 +190,14 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
         elif g.fused and len([n for n in g.nodes if n.id not in static]) == 1:
             g.status = "fused"  # one fused op; weight preparation (e.g. merged Q/K/V weights) does not count
         elif g.rejections and not (g.verdict is not None and pristine):
-            # a layer whose every refusal is no near-miss (the chips' ○) is not drawn as rejected
+            # a layer whose every refusal is no near-miss (the chips' ○) is not drawn as rejected; one of them at a
+            # gap in rlxviz's ops (the chips' △, `Overlay.gaps`) is drawn as that gap
             excused = overlay.excused if overlay else frozenset()
-            g.status = NOT_NEAR_MISS if all((r.rule, r.anchor) in excused for r in g.rejections) else "rejected"
+            at = {(r.rule, r.anchor) for r in g.rejections}
+            if not at <= excused:
+                g.status = "rejected"
+            else:
+                g.status = OP_GAP if overlay is not None and at & overlay.gaps else NOT_NEAR_MISS
         else:
             g.status = "partly fused" if g.fused else "unfused"
     first: dict[tuple, int] = {}
@@ -231,9 +253,10 @@ def _box_label(g: LayerGroup) -> str:
         lines.append(f'<FONT COLOR="{REJECT}"><B>rejected: {_e(", ".join(guards[:2]))}</B></FONT>')
         if g.fused:
             lines.append(_small(f"{len(g.fused)} of {len(g.nodes)} ops fused", "#555555"))
-    elif g.status == NOT_NEAR_MISS:
+    elif g.status in (NOT_NEAR_MISS, OP_GAP):
         guards = list(dict.fromkeys(r.guard for r in g.rejections))
-        lines.append(f'<FONT COLOR="{NOT_NEAR_MISS_INK}"><B>{NOT_NEAR_MISS}: {_e(", ".join(guards[:2]))}</B></FONT>')
+        ink = OP_GAP_INK if g.status == OP_GAP else NOT_NEAR_MISS_INK
+        lines.append(f'<FONT COLOR="{ink}"><B>{_e(g.status)}: {_e(", ".join(guards[:2]))}</B></FONT>')
         if g.fused:
             lines.append(_small(f"{len(g.fused)} of {len(g.nodes)} ops fused", "#555555"))
     elif g.status == "partly fused":
@@ -253,6 +276,8 @@ def _verdict_lines(g: LayerGroup) -> list[str]:
     assert v is not None
     c = Counter(n.op.value for n in g.fused)
     ops = _small(", ".join(f"{k}×{n}" if n > 1 else k for k, n in c.items()) or v.none_made, "#1b5e20")
+    if v.held_back:
+        return [f'<FONT COLOR="{OP_GAP_INK}"><B>{_e(v.word)}</B></FONT> {_small(v.none_made, OP_GAP_INK)}']
     if v.fused:
         return [f'<FONT COLOR="#1b5e20"><B>{_e(v.word)}</B></FONT> {ops}']
     lines = [f'<FONT COLOR="{REJECT}"><B>{_e(v.word)}</B></FONT>']
@@ -267,6 +292,8 @@ def _final_lines(v: Verdict) -> list[str]:
     """The final verdict on a box drawn at an earlier version: `final: <the verdict's words>` (`Verdict.word`, e.g.
     `final: fused as far as legal`), and the guard of a layer not fused. What fused is not listed: those ops are not
     in the version drawn."""
+    if v.held_back:
+        return [f'<FONT COLOR="{OP_GAP_INK}"><B>final: {_e(v.word)}</B></FONT>']
     if v.fused:
         return [f'<FONT COLOR="#1b5e20"><B>final: {_e(v.word)}</B></FONT>']
     lines = [f'<FONT COLOR="{REJECT}"><B>final: {_e(v.word)}</B></FONT>']
@@ -285,8 +312,8 @@ def _so_far(g: LayerGroup) -> str:
     if g.status == "rejected":
         guards = list(dict.fromkeys(r.guard for r in sorted(g.rejections, key=lambda r: r.stage != "guard")))
         return f"rejected: {', '.join(guards[:2])}"
-    if g.status == NOT_NEAR_MISS:
-        return f"{NOT_NEAR_MISS}: {', '.join(dict.fromkeys(r.guard for r in g.rejections))}"
+    if g.status in (NOT_NEAR_MISS, OP_GAP):
+        return f"{g.status}: {', '.join(dict.fromkeys(r.guard for r in g.rejections))}"
     return g.status or "unfused"
 
 
@@ -305,7 +332,7 @@ def _box_tooltip(g: LayerGroup) -> str:
     if g.verdict is not None and g.verdict.message:
         parts.append(f"why: {g.verdict.message}")
     for r in g.rejections:
-        said = "NOT A NEAR-MISS" if g.status == NOT_NEAR_MISS else "REJECTED"
+        said = {NOT_NEAR_MISS: "NOT A NEAR-MISS", OP_GAP: "GAP IN RLXVIZ'S OPS"}.get(g.status, "REJECTED")
         parts.append(f"{said} {r.rule} [{r.stage}] guard {r.guard}: {r.message}")
         if r.hint:
             parts.append(f"hint: {r.hint}")
@@ -358,6 +385,8 @@ def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | Non
             attrs.update(color=REJECT, style="rounded,filled,dashed", penwidth="2.5")
         elif g.tone == NOT_NEAR_MISS:  # the chips' faded ○: nothing to fix, not the rejection's red frame
             attrs.update(color=NOT_NEAR_MISS_INK, style="rounded,filled,dotted", penwidth="1.5")
+        elif g.tone == OP_GAP:  # the chips' unfaded △: a compiler fix, solid, in its own ink
+            attrs.update(color=OP_GAP_INK, penwidth="2")
         elif g.tone == "fused":
             attrs.update(color="#1b5e20", penwidth="2")
         if drawer is not None and g in opened:

@@ -127,6 +127,19 @@ def excused_places(trace: Trace | None, step: PassStep) -> frozenset[tuple[str, 
     return frozenset(pl for pl, (_, st) in place_standings(trace, k).items() if st is not None)
 
 
+def gap_places(trace: Trace | None, step: PassStep) -> frozenset[tuple[str, int]]:
+    """The places (rule, anchor) of `step`'s refusals at a gap in rlxviz's ops (`place_standings` in group
+    `passes.why.verdict.OP_GAP_GROUP`, the chips' unfaded `△`), read in `trace`; none without `trace`."""
+    k = trace.index_of(step) if trace is not None else None
+    if trace is None or k is None:
+        return frozenset()
+    from ..passes.why.places import place_standings  # the verdict reads the pipeline; the overlay is drawn without
+    from ..passes.why.verdict import OP_GAP_GROUP
+
+    return frozenset(pl for pl, (_, st) in place_standings(trace, k).items() if st is not None
+                     and st[0] == OP_GAP_GROUP)
+
+
 def worded(trace: Trace, step: PassStep) -> tuple[Rejection, ...]:
     """`step`'s rejections (a step of `trace`) with their messages and hints as `explain`, the Why tab and the Matches
     & rejections table word them (`passes.report.in_context`: a "run P first" whose P ran before names what P
@@ -162,6 +175,8 @@ class Overlay:
             in the tooltip; replaces the op colour of those nodes.
         excused: the places (rule, anchor) of `rejections` that are no near-miss (`excused_places`: the chips'
             `○`): a layer holding only these is drawn as a not-near-miss, never as rejected.
+        gaps: those of `excused` at a gap in rlxviz's ops (`gap_places`: the chips' `△`): a layer holding only
+            excused places, some of them gaps, is drawn as a gap (`styles.OP_GAP`).
         names: node id -> (rule, role) per binding of a match or rejection that this overlay does not draw: the
             names messages give the node (`ln1 (role h1)`), put in its tooltip's `roles:` line so the search finds
             it by them in the after pane too (only the before pane tags candidates).
@@ -178,6 +193,7 @@ class Overlay:
     origin: Graph | None = None
     heat: dict[int, tuple[str, str]] = field(default_factory=dict)
     excused: frozenset[tuple[str, int]] = frozenset()
+    gaps: frozenset[tuple[str, int]] = frozenset()
     names: dict[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)
 
     @classmethod
@@ -200,14 +216,15 @@ class Overlay:
                    rejections=(worded(trace, step) if trace is not None else tuple(step.rejections))
                    if rejections else (),
                    origin=all_versions(trace) if trace is not None else None,
-                   excused=excused_places(trace, step) if rejections else frozenset())
+                   excused=excused_places(trace, step) if rejections else frozenset(),
+                   gaps=gap_places(trace, step) if rejections else frozenset())
 
     def worded_by(self, trace: Trace, step: PassStep) -> Overlay:
         """This overlay with `step`'s rejections (of `trace`) worded as `explain` and the table word them
         (`worded`), for an overlay made without the trace (its labels unchanged), its caption counting places as
         the chips do with the trace (`before_caption`)."""
-        out = replace(self, rejections=worded(trace, step), excused=excused_places(trace, step)) \
-            if self.rejections else self
+        out = replace(self, rejections=worded(trace, step), excused=excused_places(trace, step),
+                      gaps=gap_places(trace, step)) if self.rejections else self
         return replace(out, title=before_caption(step, trace)) if out.title.startswith("before ") else out
 
     @classmethod

@@ -74,8 +74,15 @@ refusal the layer's kind does not expect, a lookalike, the model's own term): dr
 rejection's red."""
 NOT_NEAR_MISS_INK = "#757575"
 """Border and words of a `NOT_NEAR_MISS` box: the chips' neutral grey."""
+OP_GAP = "△ gap in rlxviz's ops"
+"""The status of a layer box held back only by gaps in rlxviz's ops (`passes.why.verdict.OP_GAP_GROUP`, the app
+chips' unfaded `△`): at an earlier version, a layer whose every refusal is no near-miss and some is at a gap; settled,
+a layer `held back by rlxviz's ops` (no fused op). Not fused, and not the model's fault: a compiler fix, so neither
+the fused green, the rejection's red nor the faded grey."""
+OP_GAP_INK = "#283593"
+"""Border and words of an `OP_GAP` box."""
 STATUS_COLORS = {"fused": "#a5d6a7", "partly fused": "#fff59d", "rejected": "#ffcdd2", "unfused": "#eeeeee",
-                 "not fused": "#ffcdd2", NOT_NEAR_MISS: "#eeeeee"}
+                 "not fused": "#ffcdd2", NOT_NEAR_MISS: "#eeeeee", OP_GAP: "#9094fc"}
 """Fill of a layer box in the layer-collapsed view, by fusion status."""
 
 STATUS_MARKS: dict[str, str] = {**{f"status {k}": v for k, v in STATUS_COLORS.items()}, "rejected": REJECT,

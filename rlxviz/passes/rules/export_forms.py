@@ -228,10 +228,10 @@ NAN_GUARD = Rule(
     form="sdpa NaN guard dropped")
 
 
-def _drop_guard(c: Ctx, rw: Rewriter) -> int:
+def _drop_guard(c: Ctx, rw: Rewriter) -> None:
+    """The guard's users read the softmax; no node stands for the match (as `_drop_cast`)."""
     rw.remove([c.id("isnan")])
     rw.replace(c.id("guard"), c.id("p"))
-    return c.id("p")
 
 
 _MERGE_STEPS = 3
@@ -401,9 +401,10 @@ def _same_dtype(c: Ctx) -> Fail | None:
     return None if c["cast"].dtype == c["x"].dtype else QUIET
 
 
-def _drop_cast(c: Ctx, rw: Rewriter) -> int:
+def _drop_cast(c: Ctx, rw: Rewriter) -> None:
+    """The cast's users read x. No node stands for the match (`Match.fused` None): x is the model's own value, not
+    something the rule made, so a layer's `rewritten as` never names it (`Rule.form` says the cast was dropped)."""
     rw.replace(c.id("cast"), c.id("x"))
-    return c.id("x")
 
 
 NOOP_CAST = Rule(

@@ -309,16 +309,16 @@ def _rewrite(op: Op) -> Callable[[Ctx, Rewriter], int]:
 ERF = Rule("canonicalize_gelu.erf", P(Op.ERF, name="fn"),
            steps=(_erf_arg, _outer_product, _bind_inner, _CONSTANTS),
            result="out", absorb=("fn", "one", *_INNER, "out"), rewrite=_rewrite(Op.GELU),
-           doc="0.5 * x * (1 + erf(x / sqrt(2))) -> gelu")
+           doc="0.5 * x * (1 + erf(x / sqrt(2))) -> gelu", form="gelu")
 TANH = Rule("canonicalize_gelu.tanh", P(Op.TANH, name="fn"),
             steps=(_cubic_arg(1.0, "sqrt(2/pi)"), _outer_product, _bind_inner, _CONSTANTS),
             result="out", absorb=("fn", "one", *_INNER, "out"), rewrite=_rewrite(Op.GELU_TANH),
-            doc="0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))) -> gelu_tanh")
+            doc="0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))) -> gelu_tanh", form="gelu_tanh")
 
 SIGMOID = Rule("canonicalize_gelu.sigmoid", P(Op.SIGMOID, name="fn"),
                steps=(_cubic_arg(2.0, "2*sqrt(2/pi)"), _times_x, _bind_inner, _CONSTANTS),
                result="out", absorb=("fn", *_INNER, "out"), rewrite=_rewrite(Op.GELU_TANH),
-               doc="x * sigmoid(2 sqrt(2/pi) * (x + 0.044715 x^3)) -> gelu_tanh")
+               doc="x * sigmoid(2 sqrt(2/pi) * (x + 0.044715 x^3)) -> gelu_tanh", form="gelu_tanh")
 
 canonicalize_gelu = rule_pass("canonicalize_gelu", [ERF, TANH, SIGMOID],
                               "GELU written as primitives -> gelu / gelu_tanh", product="gelu / gelu_tanh",

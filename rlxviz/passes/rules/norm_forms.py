@@ -357,7 +357,7 @@ LAYER_NORM = Rule(
     steps=(_layer_norm_chain, *_common_guards("layer_norm", ("mean", "var"))),
     result=_RESULT, absorb=_ABSORB, rewrite=_rewrite(Op.LAYER_NORM),
     labels={"mean": "mean", "var": "variance", "normed": "normalized x", "eps_add": "the eps add", "root": "sqrt"},
-    doc="(x - mean) / sqrt(var + eps) [* gamma] [+ beta] as primitives -> layer_norm")
+    doc="(x - mean) / sqrt(var + eps) [* gamma] [+ beta] as primitives -> layer_norm", form="layer_norm")
 
 RMS_NORM = Rule(
     "canonicalize_norm.rms_norm",
@@ -366,7 +366,7 @@ RMS_NORM = Rule(
     result=_RESULT, absorb=tuple(r for r in _ABSORB if r not in ("mean", "mean_r", "centered")),
     rewrite=_rewrite(Op.RMS_NORM),
     labels={"var": "mean square", "normed": "normalized x"},
-    doc="x * rsqrt(mean(x^2) + eps) [* gamma] as primitives -> rms_norm")
+    doc="x * rsqrt(mean(x^2) + eps) [* gamma] as primitives -> rms_norm", form="rms_norm")
 
 _norm_rules = rule_pass("canonicalize_norm", [LAYER_NORM, RMS_NORM], "")
 

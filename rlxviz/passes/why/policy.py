@@ -121,7 +121,9 @@ def product(pass_name: str, made: Iterable[tuple[Graph, int]] = (), rules: Itera
     `shared-input matmul` otherwise). `rules`: the rules that matched in the layer: a pass whose rules name the form
     each makes (`Rule.form`) says those forms after its product, each once in the pass's rule order, e.g. `the
     exporter's forms as IR ops (where mask)` in a layer whose only rewrite was a where mask; none matched: the
-    product alone (no form is claimed of a layer that had none)."""
+    product alone (no form is claimed of a layer that had none). A pass whose product is its rules' forms themselves
+    (`gelu / gelu_tanh`, `layer_norm / rms_norm`: the product is every form joined by ` / `) names only the forms
+    that matched, e.g. `gelu` in a layer whose GELU was the erf form."""
     p = PASSES.get(pass_name)
     if p is not None and p.product_of is not None:
         names = {p.product_of(g, i) for g, i in made}
@@ -129,7 +131,11 @@ def product(pass_name: str, made: Iterable[tuple[Graph, int]] = (), rules: Itera
             return names.pop()
     name = PRODUCTS.get(pass_name, pass_name)
     matched = set(rules)
-    forms = dict.fromkeys(r.form for r in (p.rules if p is not None else ()) if r.form and r.name in matched)
+    own = p.rules if p is not None else ()
+    every = dict.fromkeys(r.form for r in own if r.form)
+    forms = list(dict.fromkeys(r.form for r in own if r.form and r.name in matched))
+    if forms and name == " / ".join(every):  # the product is its forms: name those the layer had
+        return " / ".join(forms)
     return f"{name} ({', '.join(forms)})" if forms else name
 
 
