@@ -5,6 +5,7 @@ takes minutes: `PYTHONPATH=$PWD python scripts/onnx_coverage.py` regenerates the
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from types import ModuleType
 
@@ -51,3 +52,40 @@ def test_committed_export_rows_are_the_scripts(name, monkeypatch):
     script = coverage_script(monkeypatch)
     path, io = next((p, io) for n, p, io in script._cases() if n == name)
     assert dict(doc_rows())[name] == script._row(name, path, io)
+
+
+def pivot_cell(row: str) -> str:
+    """The deployed-forms table's cell for a coverage row: `packed` or `no: ...`, the layers fused as expected and,
+    after `;`, how many more are fused as far as rlxviz's ops go."""
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    m = re.match(r"(\d+/\d+) layer\(s\) fused as expected(?:; (\d+) (?:fused as far as|held back by))?", cells[8])
+    assert m, cells[8]
+    more = f"; {m.group(2)} as far as rlxviz's ops go" if m.group(2) else ""
+    return f"{'packed' if cells[4] == 'yes' else 'no'}, {m.group(1)}{more}"
+
+
+def test_deployed_forms_cells_read_the_coverage_rows():
+    """Each cell of the deployed-forms table (architecture by form) says what the coverage table's row of
+    `ARCH.FORM` says: packed or not, and its `explain` counts; every cell names a row and every row of those files
+    has its cell."""
+    rows = dict(doc_rows())
+    lines = DOC.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| architecture | dynamo-eager"))
+    forms = [c.strip() for c in lines[start].strip("|").split("|")][1:]
+    seen = set()
+    for line in lines[start + 2:]:
+        if not line.startswith("| "):
+            break
+        arch, *cells = (c.strip() for c in line.strip("|").split("|"))
+        for form, cell in zip(forms, cells, strict=True):
+            if not cell:
+                continue
+            name = f"{arch}.{form}"
+            seen.add(name)
+            want = pivot_cell(rows[name])
+            packed, _, counts = want.partition(", ")
+            assert cell.startswith("packed" if packed == "packed" else "no: "), (name, cell, want)
+            assert cell.endswith(f", {counts}"), (name, cell, want)
+    zoo = {p.stem for p in (ROOT / "tests" / "fixtures" / "onnx" / "zoo").glob("*.onnx")}
+    deployed = {n for n, _ in doc_rows() if n in zoo and n.split(".", 1)[-1] in forms[1:]}
+    assert deployed <= seen, sorted(deployed - seen)
