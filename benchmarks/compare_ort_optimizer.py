@@ -62,6 +62,15 @@ def _proto(name: str) -> onnx.ModelProto:
     return m
 
 
+def as_saved(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` as ORT's `OnnxModel.save` writes it: with the `com.microsoft` opset import its contrib nodes need (the
+    optimizer's in-memory model lacks it, and ONNX's shape inference refuses a node of an undeclared domain)."""
+    uses = any(n.domain == "com.microsoft" for n in model.graph.node)
+    if uses and not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    return model
+
+
 def ort_side(name: str, model_type: str, heads: int, hidden: int) -> tuple[dict[str, int], onnx.ModelProto]:
     from onnxruntime.transformers.optimizer import optimize_model
 
@@ -70,7 +79,7 @@ def ort_side(name: str, model_type: str, heads: int, hidden: int) -> tuple[dict[
         warnings.simplefilter("ignore")
         opt = optimize_model(_proto(name), model_type=model_type, num_heads=heads, hidden_size=hidden, opt_level=0)
     stats = {k: v for k, v in opt.get_fused_operator_statistics().items() if v}
-    return stats, opt.model
+    return stats, as_saved(opt.model)
 
 
 def ours_side(name: str) -> tuple[dict[str, int], list[str], object]:
