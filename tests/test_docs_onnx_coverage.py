@@ -11,6 +11,7 @@ from types import ModuleType
 
 import pytest
 from clirun import ROOT
+from test_docs_onnx_examples import same_line
 
 pytestmark = pytest.mark.sweep  # four small exports through the canonical pipeline and the reference: ~10 s
 
@@ -51,7 +52,8 @@ def test_committed_export_rows_are_the_scripts(name, monkeypatch):
     """The row of a committed export (verdict, fused ops, errors) is what the script prints for it now."""
     script = coverage_script(monkeypatch)
     path, io = next((p, io) for n, p, io in script._cases() if n == name)
-    assert dict(doc_rows())[name] == script._row(name, path, io)
+    # error figures' last digits follow the machine's BLAS and vector width: compared as one token
+    assert same_line(str(dict(doc_rows())[name]), str(script._row(name, path, io)))
 
 
 def pivot_cell(row: str) -> str:
