@@ -25,13 +25,8 @@ from rlxviz.session import VersionTiming, input_sets, timing_table
 from rlxviz.session.inputs import RANDOM_SET, TEXT_SET, feeds_kind
 from rlxviz.session.lowerings import fusion_and_kernels_of
 from rlxviz.session.timing import OWN_LOWERING_LABEL, speedup_text
-from rlxviz.session.timing_text import (
-    KERNELS_MARK,
-    format_timings,
-    json_speedup,
-    lowering_note,
-    unchanged_text,
-)
+from rlxviz.session.timing_text import format_timings, json_speedup
+from rlxviz.session.timing_words import KERNELS_MARK, lowering_note, unchanged_text
 
 
 def timed(i: int, label: str, samples) -> VersionTiming:

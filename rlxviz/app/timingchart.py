@@ -10,7 +10,7 @@ from typing import Any
 
 from ..session.defaults import MIN_VERDICT_ROUNDS
 from ..session.timing import DISAGREE, quiet_rule
-from ..session.timing_text import KERNELS_MARK, lowering_note, unchanged_text, version_mark
+from ..session.timing_words import KERNELS_MARK, lowering_note, unchanged_text, version_mark
 from .text import md_escape
 from .wording import hide_server_paths, version_name
 
@@ -245,7 +245,7 @@ def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     numbered as the chart and the busy-machine line name it (`wording.version_name`: `21: after fuse_sdpa`; the
     banner cited "#21" while the table showed no number) and marked `KERNELS_MARK` where it ran rlxviz's kernels, as
     `rlxviz time` names it; the row where the lowering changes says so after its `vs previous`
-    (`session.timing_text.lowering_note`: that comparison is the pass and the lowering together)."""
+    (`session.timing_words.lowering_note`: that comparison is the pass and the lowering together)."""
     from ..session.timing import speedup_text
 
     def previous(r: dict[str, Any]) -> str:

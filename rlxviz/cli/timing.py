@@ -98,7 +98,8 @@ def cmd_time(args: argparse.Namespace) -> int:
     from ..session import format_timings, input_sets, load_inputs, shape_summary, timing_table
     from ..session.lowerings import fusion_and_kernels_of
     from ..session.timing import time_versions_and_own
-    from ..session.timing_text import KERNELS_LOWERING, KERNELS_NOTE, json_speedup, kernel_rows, lowering_note
+    from ..session.timing_text import json_speedup, kernel_rows
+    from ..session.timing_words import KERNELS_LOWERING, KERNELS_NOTE, lowering_note
 
     _slice_model(args)
     model, trace = _run_model(args, workload="time")  # refused over the memory limit before feeds are made

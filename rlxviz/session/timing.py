@@ -23,7 +23,7 @@ from ..ir import Graph
 from ..passes import Trace
 from .cache import LRUCache
 from .defaults import MIN_VERDICT_ROUNDS
-from .timing_text import KERNELS_LOWERING, MLX_LOWERING, lowering_change, unchanged_text
+from .timing_words import KERNELS_LOWERING, MLX_LOWERING, lowering_change, unchanged_text
 
 TIMINGS = LRUCache(maxsize=64)
 """A run's (InterleavedTimings, Verdict per timed version) by (trace key, arrays digest, input sets, warmup,
@@ -451,7 +451,7 @@ def timing_table(rows: Sequence[VersionTiming],
     (`0.97..1.04`), `vs_input` / `vs_previous` the verdict's words against the input and against the shown version
     before ("within noise" when the interval holds 1). A version a pass left unchanged (`same_as`) was not timed
     again: its times, error and speed-up are NaN (no copied figures that read as a measurement of its own), its
-    comparisons "", and `same_as` names the version it equals (`timing_text.unchanged_text`). On a busy machine
+    comparisons "", and `same_as` names the version it equals (`timing_words.unchanged_text`). On a busy machine
     (`busy_warning` over every timed version, as the notebooks read it) no verdict is given: both read `NOT_READ`, and
     every row's `busy` holds the warning ("" on a usable run). Times in ms: median, min, IQR and its ends
     `p25_ms`/`p75_ms` over the rounds, first call.
@@ -463,7 +463,7 @@ def timing_table(rows: Sequence[VersionTiming],
             not listed, but part of the one machine check (`busy`).
         kernels: indices of the versions lowered with rlxviz's CPU kernels (`timing_text.kernel_rows`): their
             `lowering` reads `KERNELS_LOWERING`, every other's `MLX_LOWERING`; `lowering_change` says where it
-            differs from the listed row above (`timing_text.lowering_change`), "" elsewhere.
+            differs from the listed row above (`timing_words.lowering_change`), "" elsewhere.
 
     Returns:
         One dict per listed version: `#` (index into `rows`, unique where labels repeat), `version`, `ops`, the

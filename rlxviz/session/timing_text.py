@@ -1,53 +1,15 @@
-"""The words every front end prints for a timing row (`rlxviz time`'s table and `--json`, the Timing tab's table and
-chart): which lowering a row ran and where it changes, what a version not timed again reads, and which figures a
-script may read as a speed-up. No MLX import; `timing.timing_table` makes the rows these read."""
+"""A timing run laid out for the front ends: `rlxviz time`'s text table (`format_timings`), the speed-up `--json` may
+give (`json_speedup`) and the versions that ran rlxviz's kernels (`kernel_rows`), in the words of `timing_words`. No
+MLX import; `timing.timing_table` makes the rows these read."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-MLX_LOWERING = "MLX ops"
-"""A timing row's `lowering` where every op ran MLX's own lowering."""
-
-KERNELS_LOWERING = "rlxviz kernels"
-"""A timing row's `lowering` where ops ran rlxviz's own CPU kernels (`kernel_rows`)."""
-
-KERNELS_MARK = f" ({KERNELS_LOWERING})"
-"""Appended to the name of a version that ran rlxviz's CPU kernels: in `rlxviz time`'s table, the app's table and the
-app's chart (`version_mark`)."""
-
-
-def lowering_change(before: str, after: str) -> str:
-    """Where the lowering differs from the listed row above: `lowering changes here: MLX ops -> rlxviz kernels`; ""
-    where it is the same. Its comparison with the row above is the pass and the lowering together, not the pass."""
-    return "" if before == after else f"lowering changes here: {before} -> {after}"
-
-
-def lowering_note(row: Mapping[str, Any]) -> str:
-    """The note on the row where the lowering changes (`row["lowering_change"]`, `timing.timing_table`), as `rlxviz
-    time` prints it under the row and the app's table beside its `vs previous`: the change, and that the comparison
-    with the row above is the pass and the lowering together (a speed-up there is not the pass's own); "" elsewhere."""
-    change = row.get("lowering_change") or ""
-    return f"{change}: against the row above, this pass and the lowering change together" if change else ""
-
-
-def version_mark(row: Mapping[str, Any]) -> str:
-    """`KERNELS_MARK` where the row ran rlxviz's CPU kernels (`row["lowering"]`), else "": its speed-up over the input
-    is the fusion's and the kernels' together."""
-    return KERNELS_MARK if row.get("lowering") == KERNELS_LOWERING else ""
-
-
-KERNELS_NOTE = (f"{KERNELS_MARK.strip()}: the version ran rlxviz's CPU kernels, so its speed-up over the input is "
-                "the fusion's and the kernels' together, not the pass's alone.")
-"""The line under `rlxviz time`'s table where a row is named `KERNELS_MARK` (the app's chart says it in its
-speed-up plot's title: "fusion + rlxviz's kernels together")."""
-
-
-def unchanged_text(same_as: int) -> str:
-    """What a version a pass left unchanged reads in place of its figures, in `rlxviz time`'s table and the app's
-    table and chart alike: `unchanged: same as #17, not timed again` (it is not measured twice)."""
-    return f"unchanged: same as #{same_as}, not timed again"
+from .lowerings import KERNEL_OPS
+from .timing import speedup_shown, speedup_text, timing_table
+from .timing_words import lowering_note, unchanged_text, version_mark
 
 
 def kernel_rows(trace: Any, rows: Sequence[Any]) -> frozenset[int]:
@@ -55,8 +17,6 @@ def kernel_rows(trace: Any, rows: Sequence[Any]) -> frozenset[int]:
     (`runtime.timing.kernels_line`: "..., ran attention, bias+gelu"; never on the GPU or with them off or not built)
     and the version holds an op they take (`lowerings.KERNEL_OPS`). A version a pass left unchanged is marked as the
     one it equals. `rows`: `timing.time_versions`' rows of `trace` (a `passes.Trace`)."""
-    from .lowerings import KERNEL_OPS
-
     versions = trace.versions()
     ran = any(", ran " in (getattr(r.context, "kernels", "") or "") for r in rows if r.context is not None)
     if not ran:
@@ -69,8 +29,6 @@ def json_speedup(row: Mapping[str, Any]) -> float | None:
     """A `timing_table` row's speed-up as `rlxviz time --json` gives it: the number only where the text and the app
     print one (`timing.speedup_shown`); None on a busy run, where the medians disagree, and for a version not timed
     again, so a script reads no ratio the other front ends refuse (the medians in ms stay)."""
-    from .timing import speedup_shown
-
     return float(row["speedup"]) if speedup_shown(row) else None
 
 
@@ -84,8 +42,6 @@ def format_timings(rows: Sequence[Any], busy: str = "", table: Sequence[Mapping[
     row where the lowering changes has `lowering_note` under it; a version a pass left unchanged reads
     `unchanged_text`. `table`: `timing_table` of `rows` when the caller has made it already (`rlxviz time` makes it
     with the own-lowering row and the kernels' rows); else made here (every row MLX's own lowering)."""
-    from .timing import speedup_text, timing_table
-
     by_index = {t["#"]: t for t in (timing_table(rows) if table is None else table)}
     busy = busy or next(iter(by_index.values()), {}).get("busy", "")
     cells = {i: speedup_text({**t, "busy": busy}) for i, t in by_index.items()}
@@ -109,5 +65,4 @@ def format_timings(rows: Sequence[Any], busy: str = "", table: Sequence[Mapping[
     return "\n".join(lines)
 
 
-__all__ = ["KERNELS_LOWERING", "KERNELS_MARK", "KERNELS_NOTE", "MLX_LOWERING", "format_timings", "json_speedup",
-           "kernel_rows", "lowering_change", "lowering_note", "unchanged_text", "version_mark"]
+__all__ = ["format_timings", "json_speedup", "kernel_rows"]

@@ -1,0 +1,54 @@
+"""The words every front end prints for a timing row (`rlxviz time`'s table and `--json`, the Timing tab's table and
+chart): which lowering a row ran and where it changes, and what a version not timed again reads. No import of the
+timing service: `timing.timing_table` makes the rows these read (`timing_text` lays them out)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+MLX_LOWERING = "MLX ops"
+"""A timing row's `lowering` where every op ran MLX's own lowering."""
+
+KERNELS_LOWERING = "rlxviz kernels"
+"""A timing row's `lowering` where ops ran rlxviz's own CPU kernels (`kernel_rows`)."""
+
+KERNELS_MARK = f" ({KERNELS_LOWERING})"
+"""Appended to the name of a version that ran rlxviz's CPU kernels: in `rlxviz time`'s table, the app's table and the
+app's chart (`version_mark`)."""
+
+
+def lowering_change(before: str, after: str) -> str:
+    """Where the lowering differs from the listed row above: `lowering changes here: MLX ops -> rlxviz kernels`; ""
+    where it is the same. Its comparison with the row above is the pass and the lowering together, not the pass."""
+    return "" if before == after else f"lowering changes here: {before} -> {after}"
+
+
+def lowering_note(row: Mapping[str, Any]) -> str:
+    """The note on the row where the lowering changes (`row["lowering_change"]`, `timing.timing_table`), as `rlxviz
+    time` prints it under the row and the app's table beside its `vs previous`: the change, and that the comparison
+    with the row above is the pass and the lowering together (a speed-up there is not the pass's own); "" elsewhere."""
+    change = row.get("lowering_change") or ""
+    return f"{change}: against the row above, this pass and the lowering change together" if change else ""
+
+
+def version_mark(row: Mapping[str, Any]) -> str:
+    """`KERNELS_MARK` where the row ran rlxviz's CPU kernels (`row["lowering"]`), else "": its speed-up over the input
+    is the fusion's and the kernels' together."""
+    return KERNELS_MARK if row.get("lowering") == KERNELS_LOWERING else ""
+
+
+KERNELS_NOTE = (f"{KERNELS_MARK.strip()}: the version ran rlxviz's CPU kernels, so its speed-up over the input is "
+                "the fusion's and the kernels' together, not the pass's alone.")
+"""The line under `rlxviz time`'s table where a row is named `KERNELS_MARK` (the app's chart says it in its
+speed-up plot's title: "fusion + rlxviz's kernels together")."""
+
+
+def unchanged_text(same_as: int) -> str:
+    """What a version a pass left unchanged reads in place of its figures, in `rlxviz time`'s table and the app's
+    table and chart alike: `unchanged: same as #17, not timed again` (it is not measured twice)."""
+    return f"unchanged: same as #{same_as}, not timed again"
+
+
+__all__ = ["KERNELS_LOWERING", "KERNELS_MARK", "KERNELS_NOTE", "MLX_LOWERING", "lowering_change", "lowering_note",
+           "unchanged_text", "version_mark"]
