@@ -333,7 +333,8 @@ def test_an_additive_term_that_is_not_a_padding_mask_is_kept_as_an_operand(capsy
     path.write_text(format_graph(g))
     code, out, _ = cli_run(capsys, "explain", path)
     assert code == 0, out
-    assert "mask_model_term [the model's own term]" in out and "not a padding mask" in out
+    assert "mask_model_term [the model's own term]" in out and "not a per-key mask such as padding alone" in out
+    assert "not a padding mask" not in out  # the term may hold padding as well
     assert "extended-mask formula" not in out and "keep mask" not in out.split("keeps the model's own term")[1]
 
 

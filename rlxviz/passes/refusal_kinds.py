@@ -18,8 +18,9 @@ KINDS: dict[str, str] = {
                     "an activation off the allow-list, a layout or form no rule knows); the fix is in the compiler",
     NOT_PROFITABLE: "a gate or cost test decided against it (a size gate, a merge that would cost other fusions)",
     MODEL_TERM: "nothing was refused: the fusion kept a computation of the model's own as an operand, exactly (an "
-                "additive score term that is not a padding mask: a causal band, a sliding window, ALiBi, a relative "
-                "position bias); rewriting the model would change what it computes",
+                "additive score term that is not a per-key mask such as padding alone: a causal band, a sliding "
+                "window, ALiBi, a relative position bias, any of them with padding too); rewriting the model would "
+                "change what it computes",
     NOT_A_CANDIDATE: "the nodes only look like the fusion's input: a broadcast sum (the embeddings' word + position + "
                      "type tables) is not a residual; nothing to fix, not a near-miss (every BERT run showed one at "
                      "embeddings.LayerNorm as `not recognized`)",

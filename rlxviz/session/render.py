@@ -18,6 +18,7 @@ from typing import Any
 
 from ..ir import Graph
 from ..passes import Trace, layer_of
+from ..passes.why.facts import made_nodes
 from ..passes.why.text import none_made_words
 from ..passes.why.verdict import RunVerdict
 from ..viz import Overlay, Verdict, render_dot, render_svg
@@ -104,9 +105,11 @@ def settled_verdicts(trace: Trace, g: Graph) -> dict[int, Verdict]:
     """`verdicts` (the final verdict) of every layer `g` (a version of `trace`) holds, each `settled` when `g` already
     holds the layer as the final graph does (the same nodes: its box says the verdict's word, whichever pane or
     version shows it); an earlier state of the layer gets the verdict with `settled=False` (its box says
-    `final: <word>` and what has happened to it so far, `viz.layers`)."""
+    `final: <word>` and what has happened to it so far, `viz.layers`), with the nodes of the layer in `g` that the
+    run's matches made (`Verdict.made`, from `why.facts.made_nodes`, the nodes the verdict lists)."""
     now, final = _layer_nodes(g), _layer_nodes(trace.final)
-    return {k: v if now[k] == final.get(k) else replace(v, settled=False)
+    made = made_nodes(trace)
+    return {k: v if now[k] == final.get(k) else replace(v, settled=False, made=now[k] & made)
             for k, v in verdicts(trace).items() if k in now}
 
 

@@ -8,7 +8,8 @@ Given the session's verdicts (`Verdict`, from the run's `passes.why.RunVerdict`,
 fuse?" view gives), a layer box says that verdict instead: `fused` or `not fused` (with the first guard). The verdict is
 the final one, what the whole pipeline did to the layer, whichever version is drawn: on a version where the layer is
 not yet as the final graph holds it (`Verdict.settled` False), the box says `final: fused` / `final: not fused` and,
-labelled `at this version:`, what the passes so far did to it (`unfused`, `partly fused`, ...), which also colours it.
+labelled `at this version:`, what the passes so far did to it (`unfused`, `partly fused`, ...), which also colours it,
+counting what their matches made in the layer: fused ops and plain ops a match made (`rewritten as attention`).
 A layer whose structure and status are those of an earlier layer (`layer_signature`) says so on its box: "same as
 layer 0", so that a 32-layer model reads as one layer and its exceptions.
 """
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 import graphviz
 
 from ..ir import Graph, Node, Op
-from ..ir.ops import FUSED
+from ..ir.ops import FUSED, REWRITTEN_AS, made_as
 from ..passes.trace import Layer, Rejection, layer_label, layer_of
 from .dot import DotOptions, GraphTooLarge, _Drawer, _e, _html, _small, _tip
 from .heat import UNCOLOURED
@@ -58,6 +59,9 @@ class Verdict:
         held_back: the layer is held back by rlxviz's ops with no fused op (`LayerVerdict.op_gaps` and not
             `has_fused_op`: status `held back by rlxviz's ops`): not fused, not the model's fault; its box is drawn
             as a gap (`styles.OP_GAP`), never in the fused green.
+        made: on an unsettled verdict, ids of the layer's nodes in the version drawn that the run's matches made
+            (`passes.why.facts.made_nodes`: the nodes the verdict lists as fused or rewritten), so the box's `at
+            this version:` counts the plain ops a match made (the packed `attention`) beside the fused ones.
     """
 
     fused: bool
@@ -67,6 +71,7 @@ class Verdict:
     status: str = ""
     none_made: str = "nothing to fuse"
     held_back: bool = False
+    made: frozenset[int] = frozenset()
 
     @property
     def word(self) -> str:
@@ -85,8 +90,9 @@ class LayerGroup:
         layer: layer index or None.
         nodes: compute nodes in the group.
         weights: number of parameter values the group reads.
-        status: `fused`, `partly fused`, `rejected`, `unfused` (or `` for non-layer groups): what the passes so far
-            did to the layer; with a settled `Verdict` (`Verdict.settled`), its word (`fused`, `not fused`).
+        status: `fused`, `partly fused`, `rejected`, `rewritten` (no fused op, but plain ops a match made:
+            `Verdict.made`), `unfused` (or `` for non-layer groups): what the passes so far did to the layer; with
+            a settled `Verdict` (`Verdict.settled`), its word (`fused`, `not fused`).
         rejections: near-misses anchored in this layer.
         verdict: the session's verdict, when given.
         same_as: the first layer with the same structure and status (`layer_signature`), or None (this layer is
@@ -106,6 +112,13 @@ class LayerGroup:
     @property
     def fused(self) -> list[Node]:
         return [n for n in self.nodes if n.op in FUSED]
+
+    @property
+    def rewritten(self) -> list[Node]:
+        """The plain ops of the group that the run's matches made (`Verdict.made`, named `rewritten as` by
+        `ir.ops.made_as`, as the verdict's `LayerVerdict.rewritten`: the `attention` `fuse_sdpa` packed)."""
+        made = self.verdict.made if self.verdict is not None else frozenset()
+        return [n for n in self.nodes if n.id in made and made_as(n.op) == REWRITTEN_AS]
 
     @property
     def tone(self) -> str:
@@ -199,7 +212,7 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
             else:
                 g.status = OP_GAP if overlay is not None and at & overlay.gaps else NOT_NEAR_MISS
         else:
-            g.status = "partly fused" if g.fused else "unfused"
+            g.status = "partly fused" if g.fused else "rewritten" if g.rewritten else "unfused"
     first: dict[tuple, int] = {}
     for g in groups.values():
         if g.layer is not None:
@@ -302,18 +315,37 @@ def _final_lines(v: Verdict) -> list[str]:
     return lines
 
 
+def _counted(nodes: list[Node]) -> str:
+    """`FusedMatMulBiasAct×4, attention`: the ops of `nodes`, each with its count past one."""
+    return ", ".join(f"{k}×{v}" if v > 1 else k for k, v in Counter(n.op.value for n in nodes).items())
+
+
+def _made(g: LayerGroup) -> str:
+    """What the matches so far made in the layer: its fused ops, then `rewritten as` and the plain ops (`rewritten`),
+    e.g. `FusedMatMulBiasAct×4; rewritten as attention`; "" when they made nothing there."""
+    parts = [_counted(g.fused)] if g.fused else []
+    if g.rewritten:
+        parts.append(f"{REWRITTEN_AS} {_counted(g.rewritten)}")
+    return "; ".join(parts)
+
+
 def _so_far(g: LayerGroup) -> str:
-    """What the passes up to the version drawn did to the layer, in words (its `status` at this version)."""
+    """What the passes up to the version drawn did to the layer, in words (its `status` at this version), counting
+    what their matches made there: fused ops and the plain ops a match made (`partly fused (FusedMatMulBiasAct×4;
+    rewritten as attention)`; `no fused op; rewritten as attention` of a layer whose attention alone was packed)."""
+    made = _made(g)
     if g.status == "fused":
         return f"fused -> {g.fused[0].op.value}"
     if g.status == "partly fused":
-        c = Counter(n.op.value for n in g.fused)
-        return "partly fused (" + ", ".join(f"{k}×{v}" if v > 1 else k for k, v in c.items()) + ")"
+        return f"partly fused ({made})"
+    if g.status == "rewritten":
+        return f"no fused op; {made}"
+    so_far = f"; so far {made}" if made else ""
     if g.status == "rejected":
         guards = list(dict.fromkeys(r.guard for r in sorted(g.rejections, key=lambda r: r.stage != "guard")))
-        return f"rejected: {', '.join(guards[:2])}"
+        return f"rejected: {', '.join(guards[:2])}{so_far}"
     if g.status in (NOT_NEAR_MISS, OP_GAP):
-        return f"{g.status}: {', '.join(dict.fromkeys(r.guard for r in g.rejections))}"
+        return f"{g.status}: {', '.join(dict.fromkeys(r.guard for r in g.rejections))}{so_far}"
     return g.status or "unfused"
 
 

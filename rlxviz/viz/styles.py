@@ -82,8 +82,10 @@ the fused green, the rejection's red nor the faded grey."""
 OP_GAP_INK = "#283593"
 """Border and words of an `OP_GAP` box."""
 STATUS_COLORS = {"fused": "#a5d6a7", "partly fused": "#fff59d", "rejected": "#ffcdd2", "unfused": "#eeeeee",
-                 "not fused": "#ffcdd2", NOT_NEAR_MISS: "#eeeeee", OP_GAP: "#9094fc"}
-"""Fill of a layer box in the layer-collapsed view, by fusion status."""
+                 "rewritten": "#eeeeee", "not fused": "#ffcdd2", NOT_NEAR_MISS: "#eeeeee", OP_GAP: "#9094fc"}
+"""Fill of a layer box in the layer-collapsed view, by fusion status. `rewritten` (a layer whose matches so far made
+plain ops only, e.g. the `attention` `fuse_sdpa` packed: its box says `no fused op; rewritten as attention`) keeps
+the grey of `unfused`: the yellow says some fused op was made (`ir.ops.made_as`, as the verdict counts them)."""
 
 STATUS_MARKS: dict[str, str] = {**{f"status {k}": v for k, v in STATUS_COLORS.items()}, "rejected": REJECT,
                                  "rejected fill": REJECT_FILL}

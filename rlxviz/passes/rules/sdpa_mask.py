@@ -31,10 +31,12 @@ def typed_value(node: Node) -> float | None:
 
 
 def model_term(m: Node, g: Graph | None = None, heads: int = 0) -> str:
-    """Why the additive score term `m` cannot be a padding keep mask, or "": a padding mask varies only along the
+    """Why the additive score term `m` cannot be a per-key keep mask, or "": a padding mask varies only along the
     batch and the key axis (`[B, 1, 1, Sk]`), so a term with more than one row per head (`[.., H, .., ..]`: ALiBi,
     a relative position bias) or per query (`[.., .., Sq, Sk]`: a causal or sliding-window band) is the model's
-    own: the attention takes it as an additive operand, unchanged. With the graph, the term's kind is named
+    own: the attention takes it as an additive operand, unchanged. Such a term may still hold padding (a causal mask
+    and'ed with `attention_mask`, as gpt-neox's legacy export builds it), so the words never call it "not a padding
+    mask": it is not a per-key mask such as padding alone. With the graph, the term's kind is named
     (`score_terms.additive_term`: ALiBi, relative position bias, ...)."""
     shape = (1,) * max(0, 4 - m.rank) + tuple(m.shape)
     rows, queries = shape[-3], shape[-2]
@@ -136,8 +138,9 @@ def mask_form(c: Ctx) -> Fail | None:
     if term:
         return Fail("guard", "mask_model_term",
                     f"additive score term kept as the attention's operand: {c.the('mask', 'mask')} is {m.op.value} "
-                    f"{list(m.shape)}; {term}, so it is not a padding mask and the fused attention adds it as it is "
-                    f"(exact)", (), (), "nothing to change in the model", subject=m.id, kind=MODEL_TERM, fix="")
+                    f"{list(m.shape)}; {term}, so it is not a per-key mask such as padding alone (it may hold "
+                    f"padding as well); the fused attention adds it as it is (exact)", (), (),
+                    "nothing to change in the model", subject=m.id, kind=MODEL_TERM, fix="")
     if m.op != Op.RESHAPE or m.shape != (b, 1, 1, s):
         why = f"{c.the('mask', 'mask')} is {m.op.value} {list(m.shape)}, not reshape(..., [{b}, 1, 1, {s}])"
     else:

@@ -195,6 +195,13 @@ def op_of(trace: Trace, node: int) -> str | None:
     return None
 
 
+def made_nodes(trace: Trace) -> frozenset[int]:
+    """Ids of the nodes the run's matches made (`Match.fused`, the nodes a layer's outcomes list: its verdict's fused
+    ops, `LayerVerdict.done`, and plain ops, `LayerVerdict.rewritten`, told apart by `ir.ops.made_as`). Node ids are
+    never reused, so those a version holds are what the matches up to it made and a later pass left standing."""
+    return frozenset(m.fused for m in trace.matches if m.fused is not None)
+
+
 def made_by(trace: Trace, ex: LayerExplanation, pass_name: str) -> list[tuple[Graph, int]]:
     """`(graph after the step that made it, node)` of each node `pass_name` made in the explained layer `ex`
     (`policy.product` names a merge by what it merged)."""
