@@ -29,6 +29,23 @@ def run(capsys, *args) -> tuple[int, str, str]:
     return code, out, err
 
 
+def case_trace(source: Path):
+    """The canonical run (`passes.Trace`) of a case file (an ONNX export or IR text) as `rlxviz explain FILE
+    --inputs NAME_io.npz` opens it: the shapes of its `NAME_io.npz` inputs when it has one (the `out:` arrays
+    left out), else the file's own."""
+    import numpy as np
+
+    from rlxviz.session import OpenRequest, open_model, open_pipeline, open_trace
+
+    io = source.with_name(source.stem + "_io.npz")
+    req = OpenRequest(source=str(source))
+    if io.exists():
+        with np.load(io) as z:
+            req = OpenRequest(source=str(source), input_shapes={k: z[k].shape for k in z.files
+                                                                if not k.startswith("out:")})
+    return open_trace(open_model(req).graph, req, open_pipeline(req))
+
+
 def one_line(err: str, command: str, kind: str = "error") -> str:
     """The one line of `err`, which must read `rlxviz COMMAND: KIND: ...` with no traceback."""
     lines = err.strip().splitlines()

@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 
 import pytest
+from clirun import case_trace as trace_of
 from clirun import run as cli_run
 
 from rlxviz.passes import Trace
@@ -28,24 +29,10 @@ from rlxviz.passes.why.places import place_standings
 from rlxviz.passes.why.policy import NOT_EXPECTED_HERE
 from rlxviz.passes.why.text import left_out_heading
 from rlxviz.passes.why.verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP, RunVerdict
-from rlxviz.session import OpenRequest, open_model, open_pipeline, open_trace
 
 TESTS = Path(__file__).parent
 ONNX = TESTS / "fixtures" / "onnx" / "cases"
 CASES = sorted((TESTS / "data" / "cases").glob("*.rlx")) + sorted(ONNX.glob("*.onnx"))
-
-
-def trace_of(source: Path) -> Trace:
-    """The canonical run of `source` as the CLI opens it (its `NAME_io.npz` inputs, when it has one)."""
-    io = source.with_name(source.stem + "_io.npz")
-    req = OpenRequest(source=str(source))
-    if io.exists():
-        import numpy as np
-
-        with np.load(io) as z:
-            req = OpenRequest(source=str(source), input_shapes={k: z[k].shape for k in z.files
-                                                                if not k.startswith("out:")})
-    return open_trace(open_model(req).graph, req, open_pipeline(req))
 
 
 def explain_args(source: Path) -> list[str]:

@@ -10,25 +10,16 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
+from clirun import case_trace as trace_of
 
-from rlxviz.passes import PASSES, Trace
+from rlxviz.passes import PASSES
 from rlxviz.passes.why import policy
 from rlxviz.passes.why.verdict import RunVerdict
-from rlxviz.session import OpenRequest, open_model, open_pipeline, open_trace
 
 ONNX = Path(__file__).parent / "fixtures" / "onnx" / "cases"
 PASS = "canonicalize_exported"
 HEAD = "the exporter's forms as IR ops"
-
-
-def trace_of(source: Path) -> Trace:
-    """The canonical run of an ONNX case with the shapes of its `NAME_io.npz`, as `explain --inputs` opens it."""
-    with np.load(source.with_name(source.stem + "_io.npz")) as z:
-        shapes = {k: z[k].shape for k in z.files if not k.startswith("out:")}
-    req = OpenRequest(source=str(source), input_shapes=shapes)
-    return open_trace(open_model(req).graph, req, open_pipeline(req))
 
 
 def said_forms(expected: str) -> list[str] | None:

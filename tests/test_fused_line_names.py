@@ -11,31 +11,19 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
+from clirun import case_trace as trace_of
 
 from rlxviz.passes import Trace, explain
 from rlxviz.passes.explain import made_words
 from rlxviz.passes.trace import Match
 from rlxviz.passes.why.facts import RunFacts
-from rlxviz.session import OpenRequest, open_model, open_pipeline, open_trace
 
 TESTS = Path(__file__).parent
 ONNX = TESTS / "fixtures" / "onnx" / "cases"
 CASES = sorted((TESTS / "data" / "cases").glob("*.rlx")) + sorted(ONNX.glob("*.onnx"))
 _FUSED = re.compile(r"^  \[fused\]    (\S+): -> (.*)$")
 _TAKEN = re.compile(r"taken into node (\d+)(?: by (\S+))? in the same pass")
-
-
-def trace_of(source: Path) -> Trace:
-    """The canonical run of `source` as the CLI opens it (its `NAME_io.npz` shapes, when it has one)."""
-    io = source.with_name(source.stem + "_io.npz")
-    req = OpenRequest(source=str(source))
-    if io.exists():
-        with np.load(io) as z:
-            req = OpenRequest(source=str(source), input_shapes={k: z[k].shape for k in z.files
-                                                                if not k.startswith("out:")})
-    return open_trace(open_model(req).graph, req, open_pipeline(req))
 
 
 def fused_lines(trace: Trace) -> list[tuple[str, str]]:
