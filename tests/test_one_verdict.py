@@ -104,7 +104,8 @@ def _all_views(s: AppState, cli_args: list, capsys) -> int:
         j = by_layer[layer]
         first = (st.first.rule, st.first.guard, st.first.fix) if st.first else None
         jf = j["first"]
-        assert j["fused"] == st.fused and ((jf["rule"], jf["guard"], jf["compiler_fix"]) if jf else None) == first
+        assert j["fused"] == (st.fused and not st.gap_only) and j["nothing_to_change"] == st.fused
+        assert j["gap_only"] == st.gap_only and ((jf["rule"], jf["guard"], jf["compiler_fix"]) if jf else None) == first
         why = _plain(s.why_layer(layer))
         assert ("NOT fused" in why) == (not st.fused), why
         legal_only = st.fused and bool(st.illegal)  # issue 38: a product illegal for the layer is not expected

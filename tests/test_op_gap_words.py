@@ -71,7 +71,8 @@ def test_vit_layers_say_the_gap_in_text_and_json(capsys, path):
                      rf"nothing in the model to change\)\n", text), text
     assert j["headline"] in text.splitlines() and j["gap_forms"] == [GAP]
     for d in j["layers"]:
-        assert d["status"] == WORDS and d["fused"]
+        # not "fused" in --json either: held back by rlxviz's ops, nothing in the model to change
+        assert d["status"] == WORDS and not d["fused"] and d["gap_only"] and d["nothing_to_change"]
         assert d["op_gaps"] == [f"{GAP} (fuse_attention_block.qkv_attention_out: mask_kind_keep)"]
         assert f"layer {d['layer']}: {WORDS}: " in text and f"layer {d['layer']}: fused as expected" not in text
         (line,) = [unplaced(x) for x in d["not_expected"] if unplaced(x).startswith(BLOCK_LINE)]

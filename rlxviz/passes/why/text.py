@@ -130,6 +130,10 @@ def layer_dict(v: LayerVerdict) -> dict[str, Any]:
     d["illegal"] = [outcome_dict(o) for o in d["illegal"]]
     d["layer"], d["stack"], d["label"] = int(v.layer), getattr(v.layer, "stack", ""), layer_label(v.layer)
     d["status"] = v.status  # the text's headline word for word
+    # `fused` as the headline counts it (`RunVerdict.fused_layers`): a layer held back only by rlxviz's ops is not
+    # "fused" in --json either (a script read `fused: true` beside "held back by rlxviz's ops: no fused op");
+    # `nothing_to_change` is the verdict's own flag (`LayerVerdict.fused`: nothing in the model to change)
+    d["fused"], d["gap_only"], d["nothing_to_change"] = v.fused and not v.gap_only, v.gap_only, v.fused
     d["bert_style"] = v.bert_style
     return d
 
