@@ -153,9 +153,16 @@ class FusionAndKernels:
             return ("The final version's speed-up is not split into the fusion's and the kernels': the paired ratio "
                     "and the medians disagree, the rounds vary; read neither (not read: medians and paired rounds "
                     "disagree).")
-        return (f"Of the final version's {t.ratio:.2f}{times} over the input (paired, both rows above), the fusion on "
-                f"MLX's own lowering gives {f.ratio:.2f}{times} and rlxviz's kernels on the same fused graph "
-                f"{k.ratio:.2f}{times}.")
+        unread = {v.words for v in (t, f, k) if not v.words.endswith(("x faster", "x slower"))}
+        once = len(unread) == 1 and all(not v.words.endswith(("x faster", "x slower")) for v in (t, f, k))
+
+        def said(v: Any) -> str:  # a ratio its verdict does not read as a speed-up says so beside it (or once, below)
+            read = once or v.words.endswith(("x faster", "x slower"))
+            return f"{v.ratio:.2f}{times}" + ("" if read else f" ({v.words})")
+
+        return (f"Of the final version's {said(t)} over the input (paired, both rows above), the fusion on MLX's own "
+                f"lowering gives {said(f)} and rlxviz's kernels on the same fused graph {said(k)}"
+                + (f"; none of the three is a verdict: {t.words}." if once else "."))
 
     def read(self) -> bool:
         """The split's ratios are read: not a busy run, and no step's medians contradict its ratio."""
