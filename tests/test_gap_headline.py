@@ -115,3 +115,17 @@ def test_readme_and_app_docs_name_the_gap_mark():
         assert f"{OP_GAP_MARK} marks a gap in rlxviz's ops" in flat, flat[:2000]
     flat = " ".join(readme.split())
     assert "nothing in the model to change" in flat and "keeps exit 0" in flat
+
+
+def test_a_gap_whose_fix_alone_is_not_enough_says_what_fails_next(capsys):
+    """gpt-neox: the partial-rotary gap's compiler fix alone leaves `attn_single_user` (illegal: the exporter's NaN
+    guard reads the attention output) standing; the headline said "nothing in the model to change" while each layer's
+    line said "alone it is not enough" (`text.gap_words`)."""
+    case = HERE / "fixtures" / "onnx" / "cases" / "gpt-neox.legacy-sdpa.onnx"
+    code, text, _ = cli_run(capsys, "explain", case, "--inputs", case.with_name("gpt-neox.legacy-sdpa_io.npz"))
+    head = next(ln for ln in text.splitlines() if "(canonical pipeline)" in ln)
+    assert code == 0 and "nothing in the model to change" not in head, head
+    assert head.endswith("a compiler fix; alone it is not enough in 2 of them: attn_single_user (illegal) fails "
+                         "next)"), head
+    assert all("alone it is not enough: attn_single_user (illegal) fails next" in ln
+               for ln in text.splitlines() if "rlxviz has no FusedAttentionBlock with partial rotary" in ln)
