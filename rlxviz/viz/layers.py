@@ -287,8 +287,7 @@ def _verdict_lines(g: LayerGroup) -> list[str]:
     """The status lines of a box with the session's verdict: `fused` (what fused it) or `not fused` (the guard)."""
     v = g.verdict
     assert v is not None
-    c = Counter(n.op.value for n in g.fused)
-    ops = _small(", ".join(f"{k}×{n}" if n > 1 else k for k, n in c.items()) or v.none_made, "#1b5e20")
+    ops = _small(_counted(g.fused) or v.none_made, "#1b5e20")
     if v.held_back:
         return [f'<FONT COLOR="{OP_GAP_INK}"><B>{_e(v.word)}</B></FONT> {_small(v.none_made, OP_GAP_INK)}']
     if v.fused:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ...ir.ops import REWRITTEN_AS
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
 from ..trace import layer_label
+from .caveat import CAVEAT
 
 if TYPE_CHECKING:  # for annotations only: the verdicts word themselves through this module
     from .verdict import LayerVerdict, RunVerdict
@@ -33,8 +34,9 @@ NOTHING_TO_FUSE = "nothing to fuse"
 GAP_IS_THE_COMPILERS = "a compiler fix, nothing in the model to change"
 """What a gap in rlxviz's ops asks of whom (the headline's count, the app's chip mark for such places)."""
 
-_ALONE = re.compile(r"alone it is not enough: (.+?) fails next")
-"""The caveat of a not-expected line whose compiler fix alone leaves a refusal standing (`caveat.CAVEAT`)."""
+_ALONE = re.compile(re.escape(CAVEAT).replace(re.escape("{blocker}"), "(.+?)"))
+"""`caveat.CAVEAT` as a pattern, its blocker captured: the caveat of a not-expected line whose compiler fix alone
+leaves a refusal standing."""
 
 GROUP_OVER = 3
 """More fused ops than this of one op from one pass are one item of a layer's line (`fused_list`)."""
