@@ -281,7 +281,7 @@ NOT_EXPECTED_HERE = "not expected here"
 def excuse(arch: LayerKind | None, pass_name: str, guard: str, kind: str, remedy: str = "") -> tuple[str, str] | None:
     """The one rule deciding whether a refusal is a near-miss, and if not, why: `(group, why)`, or None when it is a
     near-miss that counts against its layer. Every front end reads it (the verdict and `explain`'s text and
-    `--json` through `verdict.expected_misses` and `verdict.standing`, the app's version chips through
+    `--json` through `excused.expected_misses` and `verdict.standing`, the app's version chips through
     `verdict.standing`); a refusal illegal for its layer is the verdict's one further excuse (`ILLEGAL_HERE`).
 
     `group` is the refusal's kind when that is no near-miss (`guard.NOT_NEAR_MISSES`: the model's own term, a
@@ -309,7 +309,7 @@ def not_expected_line(rule: str, guard: str, reason: str, why: str, at: str = ""
     tab): `RULE (GUARD) AT: REASON; why it is not expected here: WHY`. `reason` is the failing guard's own message (as
     the run's rejection says it, `report.in_context`; "" when there is no refusal, e.g. a product only excused),
     `why` what the layer's kind says of the product (`not_expected`), so the line says first what failed and then
-    why that does not count here, never a reason of another guard. `at` names the places (`verdict.places_words`:
+    why that does not count here, never a reason of another guard. `at` names the places (`excused.places_words`:
     `@ %186 (PATH)`, `at 2 places, %186 (PATH) and %187 (PATH)`); "" for none (a product only excused)."""
     head = (f"{rule} ({guard})" if guard else rule) + (f" {at}" if at else "")
     return f"{head}: {reason}; {NOT_EXPECTED_WHY}: {why}" if reason else f"{head}: {why}"

@@ -20,9 +20,10 @@ from ..architecture import classify_layer
 from ..explain import Outcome, explain
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
 from ..report import MissedFusion, left_out_line, left_out_rejections
-from ..trace import Rejection, Trace, layer_of, resolve_layers, same_stack_as
+from ..trace import Rejection, Trace, resolve_layers, same_stack_as
 from . import text
 from .caveat import fix_caveat
+from .excused import expected_misses, places_words
 from .facts import RunFacts, illegal_here, made_by, op_of, recognized, silent
 from .kinds import LayerArchitecture
 from .policy import (
@@ -384,47 +385,6 @@ def judged_kind(trace: Trace, layer: int) -> tuple[Architecture, Architecture]:
             return own, own
         first = first or o
     return (own, first) if first is not None else (own, own)
-
-
-def expected_misses(trace: Trace, arch: Architecture, layer: int | None
-                    ) -> tuple[list[MissedFusion], dict[tuple[str, str], str]]:
-    """The misses of `layer` (None: the whole graph) that count for `arch`, and `(pattern, guard) -> "pattern (guard)
-    @ %NODE (PATH): the guard's reason; why it is not expected here: why"` (`policy.not_expected_line`) for those that
-    do not: one line per pattern, failing guard and why (keys `(pattern, guard)`, then `(pattern, "guard#2")` for a
-    second why: deit's layer norms, where one place's compiler fix is not enough alone), naming every place (anchor
-    node) it refused, as the app's chips
-    count them `○` (granite's layer 1: the residual norm refused at %186 and %187, `at 2 places, %186 (...) and %187
-    (...): at %186: REASON`), the reason and why of the first place, each place with its own guard (BART's decoder
-    layer: FusedTransformerLayer refused at the cross-attention by `attn_is_fused_block` and at the self-attention by
-    `fc1_is_fused_linear`, two lines). Misses are the run's missed fusions plus its "no rule recognizes this" findings
-    (`passes.unrecognized`: a family-shaped chain no rule made a candidate)."""
-    kept: list[MissedFusion] = []
-    groups: dict[tuple[str, str, str], tuple[MissedFusion, dict[int, str]]] = {}  # places that share rule, guard, why
-    for m in RunFacts.of(trace).misses():
-        if layer is not None and layer_of(m.path) != layer:
-            continue
-        ex = excuse(arch, m.pattern.split(".")[0], m.guard, m.kind, m.remedy)
-        if ex is None:
-            kept.append(m)
-            continue
-        why = with_caveat(ex[1], fix_caveat(trace, m.pattern, m.node, m.guard, arch))
-        groups.setdefault((m.pattern, m.guard, why), (m, {}))[1][m.node] = m.path
-    ignored: dict[tuple[str, str], str] = {}
-    for (pattern, guard, why), (m, at) in groups.items():  # the guard's own reason first, then why it does not count
-        reason = m.reason if len(at) == 1 else f"at %{m.node}: {m.reason}"
-        n = sum(k[0] == pattern and k[1].split("#")[0] == guard for k in ignored)  # another why: `GUARD#2`
-        ignored[pattern, f"{guard}#{n + 1}" if n else guard] = not_expected_line(pattern, guard, reason, why,
-                                                                                 places_words(at))
-    return kept, ignored
-
-
-def places_words(places: dict[int, str]) -> str:
-    """The places (anchor node -> node path) a not-expected line names (`policy.not_expected_line`): `@ %186 (PATH)`
-    for one, `at 2 places, %186 (PATH) and %187 (PATH)` for several, `-` for no path."""
-    named = [f"%{n} ({p or '-'})" for n, p in places.items()]
-    if len(named) == 1:
-        return f"@ {named[0]}"
-    return f"at {len(named)} places, {', '.join(named[:-1])} and {named[-1]}"
 
 
 def layer_verdict(trace: Trace, layer: int, expect: str = "model") -> LayerVerdict:
