@@ -23,7 +23,7 @@ from ..report import MissedFusion, left_out_line, left_out_rejections
 from ..trace import Rejection, Trace, resolve_layers, same_stack_as
 from . import text
 from .caveat import fix_caveat
-from .excused import expected_misses, places_words
+from .excused import OpGap, excused_misses, expected_misses, layer_gaps, places_words
 from .facts import RunFacts, illegal_here, made_by, op_of, recognized, silent
 from .kinds import LayerArchitecture
 from .policy import (
@@ -33,7 +33,6 @@ from .policy import (
     PRODUCTS,
     excuse,
     first_refusal,
-    gap_sources,
     layer_pass,
     makes_product,
     not_expected,
@@ -145,12 +144,24 @@ class LayerVerdict:
     rewritten: list[str] = field(default_factory=list)
     """The plain ops the layer's matches made (`ir.ops.made_as`: `rewritten as`, e.g. `attention %58 (fuse_sdpa)`,
     a canonicalization's `transpose %12 (canonicalize_exported)`), items as `done`'s: no fusion, so not in `done`."""
-    op_gaps: list[str] = field(default_factory=list)
-    """Op forms rlxviz lacks that the layer's refusals ran into (`policy.op_gap`: not the model's layout, a gap in
-    rlxviz's ops), each `FORM (RULE: GUARD)`, e.g. `FusedAttentionBlock without a mask operand
-    (fuse_attention_block.qkv_attention_out: mask_kind_keep)`. They do not count (the refusal is not expected of the
-    layer's kind), but a fused layer with any is "fused as far as rlxviz's ops go" (or "held back by rlxviz's ops"
-    when no op of it fused), never plainly "fused", and the headline counts it apart (`gap_only`)."""
+    gaps: list[OpGap] = field(default_factory=list)
+    """The gaps in rlxviz's ops that the layer's refusals ran into (`excused.layer_gaps`: not the model's layout),
+    each its op form, rule, what ran into it, its places and what fails next when its compiler fix alone is applied
+    (`OpGap.blocker`). They do not count (the refusal is not expected of the layer's kind), but a fused layer with any
+    is "fused as far as rlxviz's ops go" (or "held back by rlxviz's ops" when no op of it fused), never plainly
+    "fused", and the headline counts it apart (`gap_only`)."""
+
+    @property
+    def op_gaps(self) -> list[str]:
+        """`gaps` in words, each `FORM (RULE: GUARD)` (`OpGap`), e.g. `FusedAttentionBlock without a mask operand
+        (fuse_attention_block.qkv_attention_out: mask_kind_keep)`."""
+        return [str(g) for g in self.gaps]
+
+    @property
+    def gap_blocker(self) -> str:
+        """What fails next when the compiler fix of the layer's first gap whose fix alone is not enough is applied
+        (`OpGap.blocker`, e.g. `attn_single_user (illegal)`); "" when every gap's fix alone is enough, or none."""
+        return next((g.blocker for g in self.gaps if g.blocker), "")
 
     @property
     def unmade_products(self) -> list[str]:
@@ -179,9 +190,9 @@ class LayerVerdict:
 
     @property
     def gap_forms(self) -> list[str]:
-        """The op forms of `op_gaps` alone, each once, without the refusal that ran into them: `FusedAttentionBlock
+        """The op forms of `gaps` alone, each once, without the refusal that ran into them: `FusedAttentionBlock
         without a mask operand` (what the headline's note and the start strip say rlxviz lacks)."""
-        return list(dict.fromkeys(g.rpartition(" (")[0] for g in self.op_gaps))
+        return list(dict.fromkeys(g.form for g in self.gaps))
 
     @property
     def has_fused_op(self) -> bool:
@@ -412,7 +423,8 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     own, arch = judged_kind(trace, layer)
     ran = facts.ran  # a crashed pass was still expected to fuse
     crashed = {s.pass_name: s.error for s in trace.steps if s.error}
-    misses, ignored = expected_misses(trace, arch, layer)
+    misses, excused = excused_misses(trace, arch, layer)
+    ignored = {k: x.line for k, x in excused.items()}
     illegal = illegal_here(facts, ex.rejected, layer, arch)
     legal_only = {(o.rule, o.nodes[0]) for o in illegal}
     misses = [m for m in misses if (m.pattern, m.node) not in legal_only]
@@ -472,8 +484,7 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     if cannot and expect == "model" and expected:
         expected = ", ".join(dict.fromkeys([*expected.split(", "), *(c.rsplit(": ", 1)[-1].removesuffix(
             " cannot be made") for c in cannot)]))
-    gaps = list(dict.fromkeys(f"{gap} ({o.rule}: {by})" for o in ex.rejected if o.rule in skipped
-                              for gap, by in gap_sources(arch, o.pass_name, o.guard)))
+    gaps = layer_gaps(arch, [o for o in ex.rejected if o.rule in skipped], excused.values())
     return LayerVerdict(layer, fused, ftl[0] if ftl else None, expected, first, own, arch, quiet, rejected,
                         [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(),
                         done, [t for (r, _), t in ignored.items() if r not in {o.rule for o in illegal}],
