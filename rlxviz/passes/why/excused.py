@@ -19,7 +19,16 @@ from ..trace import Trace, layer_of
 from .caveat import caveat_words, fix_blocker
 from .facts import RunFacts
 from .kinds import LayerArchitecture as Architecture
-from .policy import COMPILER_FIX_WORDS, NOT_EXPECTED_HERE, excuse, gap_sources, not_expected_line, op_gaps, with_caveat
+from .policy import (
+    COMPILER_FIX_WORDS,
+    NOT_EXPECTED_HERE,
+    excuse,
+    gap_sources,
+    not_expected_line,
+    op_gaps,
+    places_words,
+    with_caveat,
+)
 
 
 @dataclass(frozen=True)
@@ -133,15 +142,6 @@ def expected_misses(trace: Trace, arch: Architecture, layer: int | None
     (`passes.unrecognized`: a family-shaped chain no rule made a candidate)."""
     kept, excused = excused_misses(trace, arch, layer)
     return kept, {k: x.line for k, x in excused.items()}
-
-
-def places_words(places: dict[int, str]) -> str:
-    """The places (anchor node -> node path) a not-expected line names (`policy.not_expected_line`): `@ %186 (PATH)`
-    for one, `at 2 places, %186 (PATH) and %187 (PATH)` for several, `-` for no path."""
-    named = [f"%{n} ({p or '-'})" for n, p in places.items()]
-    if len(named) == 1:
-        return f"@ {named[0]}"
-    return f"at {len(named)} places, {', '.join(named[:-1])} and {named[-1]}"
 
 
 __all__ = ["Excused", "OpGap", "excused_misses", "expected_misses", "layer_gaps", "places_words"]

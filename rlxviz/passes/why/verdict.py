@@ -24,7 +24,7 @@ from ..trace import Rejection, Trace, resolve_layers, same_stack_as
 from . import text
 from .caveat import fix_caveat
 from .excused import OpGap, excused_misses, expected_misses, layer_gaps, places_words
-from .facts import RunFacts, illegal_here, made_by, op_of, recognized, silent
+from .facts import RunFacts, Unmade, illegal_here, made_by, op_of, recognized, silent
 from .kinds import LayerArchitecture
 from .policy import (
     EXPECT_MODES,
@@ -150,6 +150,8 @@ class LayerVerdict:
     (`OpGap.blocker`). They do not count (the refusal is not expected of the layer's kind), but a fused layer with any
     is "fused as far as rlxviz's ops go" (or "held back by rlxviz's ops" when no op of it fused), never plainly
     "fused", and the headline counts it apart (`gap_only`)."""
+    unmade: list[Unmade] = field(default_factory=list)
+    """`cannot_make` as data (`facts.Unmade`: the pass the pipeline lacks, the product, its places)."""
 
     @property
     def op_gaps(self) -> list[str]:
@@ -165,8 +167,8 @@ class LayerVerdict:
 
     @property
     def unmade_products(self) -> list[str]:
-        """The product names of `cannot_make`, in order, each once (e.g. `FusedTransformerLayer`)."""
-        return list(dict.fromkeys(c.rsplit(": ", 1)[-1].removesuffix(" cannot be made") for c in self.cannot_make))
+        """The product names of `unmade`, in order, each once (e.g. `FusedTransformerLayer`)."""
+        return list(dict.fromkeys(u.product for u in self.unmade))
 
     @property
     def bert_style(self) -> bool:
@@ -437,8 +439,9 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     if ftl_excused is not None:
         # no refusal: the product only excused
         ignored.setdefault((layer_pass_name, ""), not_expected_line(layer_op, layer_pass_name, "", ftl_excused))
-    cannot = facts.cannot_make(layer)
-    unmade = {c.rsplit(": ", 1)[-1].removesuffix(" cannot be made") for c in cannot} if expect == "pipeline" else set()
+    unmade_here = facts.unmade(layer)
+    cannot = list(dict.fromkeys(u.line for u in unmade_here))
+    unmade = {u.product for u in unmade_here} if expect == "pipeline" else set()
     unmakeable = bool(layer_op) and layer_op in unmade
     if unmade:  # judged against the pipeline only: a refusal of a product it cannot make does not count
         misses = [m for m in misses if PRODUCTS.get(m.pattern.split(".")[0]) not in unmade]
@@ -482,13 +485,12 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     made = {(o.rule, g) for o in ex.outcomes if o.status == "fused" for g, _, _ in o.soft}
     fused = fused and not (cannot and expect == "model")  # `first` stays what the run itself refused
     if cannot and expect == "model" and expected:
-        expected = ", ".join(dict.fromkeys([*expected.split(", "), *(c.rsplit(": ", 1)[-1].removesuffix(
-            " cannot be made") for c in cannot)]))
+        expected = ", ".join(dict.fromkeys([*expected.split(", "), *(u.product for u in unmade_here)]))
     gaps = layer_gaps(arch, [o for o in ex.rejected if o.rule in skipped], excused.values())
     return LayerVerdict(layer, fused, ftl[0] if ftl else None, expected, first, own, arch, quiet, rejected,
                         [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(),
                         done, [t for (r, _), t in ignored.items() if r not in {o.rule for o in illegal}],
-                        _blocker(first, made), illegal, cannot, expect, misses, rewritten, gaps)
+                        _blocker(first, made), illegal, cannot, expect, misses, rewritten, gaps, unmade_here)
 
 
 def _blocker(first: Outcome | None, made: set[tuple[str, str]]) -> str:
