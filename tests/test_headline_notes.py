@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 from clirun import run as cli_run
 
+from rlxviz.passes.why.excused import OpGap
 from rlxviz.passes.why.text import headline_notes
 from rlxviz.passes.why.verdict import LayerVerdict
 
@@ -38,7 +39,7 @@ def test_a_layer_fused_as_far_as_legal_is_noted_under_the_headline(capsys, name,
 def layer(fused: bool = True, illegal: tuple[str, ...] = (), gaps: tuple[str, ...] = ()) -> SimpleNamespace:
     """A layer verdict as `headline_notes` reads it (`LayerVerdict`'s fields, `legal_only` and `gap_forms`, the
     latter read by `LayerVerdict`'s own property)."""
-    v = SimpleNamespace(fused=fused, legal_only=fused and bool(illegal), op_gaps=list(gaps),
+    v = SimpleNamespace(fused=fused, legal_only=fused and bool(illegal), gaps=[OpGap(f, "r.f", "g") for f in gaps],
                         illegal=[SimpleNamespace(rule=r) for r in illegal], gap_only=fused and bool(gaps))
     v.gap_forms = LayerVerdict.gap_forms.fget(v)
     return v
@@ -48,8 +49,8 @@ def layer(fused: bool = True, illegal: tuple[str, ...] = (), gaps: tuple[str, ..
     ([layer(), layer()], []),
     ([layer(illegal=("a.x",)), layer(illegal=("a.x", "b.y")), layer()],
      ["2 of them only as far as legal: a.x, b.y illegal for them"]),
-    ([layer(illegal=("a.x",), gaps=("G (r.f: g)",)), layer(fused=False, illegal=("c.z",))], []),
-    ([layer(illegal=("a.x",), gaps=("G (r.f: g)",)), layer(illegal=("b.y",))],
+    ([layer(illegal=("a.x",), gaps=("G",)), layer(fused=False, illegal=("c.z",))], []),
+    ([layer(illegal=("a.x",), gaps=("G",)), layer(illegal=("b.y",))],
      ["1 of them only as far as legal: b.y illegal for it"]),
 ])
 def test_notes_count_each_shortfall_of_the_fused_layers(layers, notes):

@@ -169,8 +169,8 @@ def test_pre_norm_exports_show_no_near_miss_where_every_layer_fused(name):
 def test_each_excused_place_says_why_as_explain_does(name):
     """The chip's `○` reason for a place not expected of its layer is worded as the line `explain` prints under that
     layer: the same rule and guard, the same why, and the place's anchor among the places the line names (`explain`
-    prints one line per pattern and guard naming every place, the chip each place, so the guard's own reason, which
-    names the place's nodes, may differ)."""
+    prints one line per pattern and guard naming every place, the chip each place, named once by its path as
+    `near_miss_item` names it, so the guard's own reason, which names the place's nodes, may differ)."""
     t = trace_of(FIX / name)
     v = RunVerdict.of(t)
 
@@ -182,13 +182,14 @@ def test_each_excused_place_says_why_as_explain_does(name):
 
     said = [head_and_why(x) for lv in v.layers for x in lv.not_expected]
     for s in t.steps:
-        excused = step_places(s, t).excused  # the chip's ○ and, at a gap in rlxviz's ops, its △
-        for item in excused.get(NOT_EXPECTED_HERE, []) + excused.get(OP_GAP_GROUP, []):
-            line = item.split(": ", 1)[1]
-            rule_guard, at, why = head_and_why(line)
-            anchor = at.removeprefix(" @ ").split(" ")[0]  # `%N`: the chip names one place
-            assert f"; {NOT_EXPECTED_WHY}: " in line and any(
-                (rg, w) == (rule_guard, why) and f"{anchor} (" in places for rg, places, w in said), item
+        p = step_places(s, t)  # the chip's ○ and, at a gap in rlxviz's ops, its △
+        for g in (NOT_EXPECTED_HERE, OP_GAP_GROUP):
+            for item, anchor in zip(p.excused.get(g, []), p.excused_at.get(g, []), strict=True):
+                line = item.split(": ", 1)[1]
+                rule_guard, at, why = head_and_why(line)
+                assert at == "", item  # the item's place is its path, named once
+                assert f"; {NOT_EXPECTED_WHY}: " in line and any(
+                    (rg, w) == (rule_guard, why) and f"%{anchor} (" in places for rg, places, w in said), item
 
 
 def test_granites_kept_mask_terms_are_marked_on_the_sdpa_chip():

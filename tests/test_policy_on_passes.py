@@ -131,8 +131,8 @@ def test_the_verdict_of_a_renamed_layer_pass_is_the_same(monkeypatch, model: str
     assert base.ok and v.ok
     if model == "bert-tiny":
         assert [lv.expected for lv in v.layers] == ["FusedTransformerLayer"] * len(v.layers)
-        assert "the pipeline has no fuse_whole_layer: FusedTransformerLayer cannot be made" in \
-            without.layers[0].cannot_make and not without.ok
+        assert any(x.startswith("the pipeline has no fuse_whole_layer: FusedTransformerLayer cannot be made @ %")
+                   for x in without.layers[0].cannot_make) and not without.ok
 
 
 def test_a_crash_of_a_renamed_layer_pass_names_its_own_rule(monkeypatch):

@@ -19,12 +19,43 @@ from ..pipeline import PASSES, Pipeline
 from ..report import MissedFusion, missed_fusions
 from ..trace import PassStep, Trace, layer_keys, layer_of
 from ..unrecognized import Unrecognized, unrecognized
-from .policy import PRODUCTS, makes_product, not_expected, recognizers
+from .policy import PRODUCTS, makes_product, not_expected, places_words, recognizers
 
 
 def layer_indices(graph: Graph) -> tuple[int, ...]:
     """Layer keys present in the graph's node paths, sorted (`passes.trace.layer_keys`)."""
     return layer_keys(i for n in graph if (i := layer_of(n.path)) is not None)
+
+
+@dataclass(frozen=True)
+class Unmade:
+    """A product legal in a layer (the canonical pipeline makes it there, `RunFacts.reference`) that the run's
+    pipeline cannot make, as `RunFacts.unmade` finds it.
+
+    Attributes:
+        missing: the pass the pipeline lacks, e.g. `fuse_shared_input_matmul`.
+        product: the product that cannot be made, e.g. `shared-input matmul`.
+        via: the product of `missing` that `product` is made from, when `missing` is not its maker (`packed attention`
+            for FusedAttentionBlock without `fuse_sdpa`); "" when `missing` makes `product` itself.
+        places: `(node, path)` of each place the reference made `product` at and the run did not: the run's own
+            node there when it has one (the same op over the same input nodes), else the node of the input graph the
+            reference's matches were anchored on (`RunFacts.place_of`).
+    """
+
+    missing: str
+    product: str
+    via: str = ""
+    places: tuple[tuple[int, str], ...] = ()
+
+    @property
+    def line(self) -> str:
+        """`the pipeline has no PASS: PRODUCT cannot be made AT`, `the pipeline has no PASS (PRODUCT is made from its
+        VIA): PRODUCT cannot be made AT`, `AT` the places as every refusal line names its own
+        (`policy.places_words`: `@ %26 (PATH)`, `at 2 places, %26 (PATH) and %103 (PATH)`; none: nothing)."""
+        head = f"the pipeline has no {self.missing}" + (f" ({self.product} is made from its {self.via})"
+                                                       if self.via else "")
+        at = f" {places_words(dict(self.places))}" if self.places else ""
+        return f"{head}: {self.product} cannot be made{at}"
 
 
 @dataclass
@@ -99,28 +130,50 @@ class RunFacts:
 
     def cannot_make(self, layer: int | None) -> list[str]:
         """What the run's pipeline cannot make in `layer` (None: the whole graph) that is legal there, one line
-        each: `the pipeline has no PASS: PRODUCT cannot be made` when the pass that makes the product is not in the
-        pipeline, `the pipeline has no PASS (PRODUCT is made from its ...): PRODUCT cannot be made` when a pass that
-        made a node the product is built from is missing. Legal = the canonical pipeline makes it (`reference`,
-        counting products a later pass absorbed); a product the run makes as often as the reference is not listed
-        (another pass or order made it). [] when the run ran every canonical pass."""
+        each (`Unmade.line` of `unmade`): `the pipeline has no PASS: PRODUCT cannot be made @ %26 (PATH)` when the
+        pass that makes the product is not in the pipeline, `the pipeline has no PASS (PRODUCT is made from its ...):
+        PRODUCT cannot be made at 2 places, ...` when a pass that made a node the product is built from is missing.
+        [] when the run ran every canonical pass."""
+        return list(dict.fromkeys(u.line for u in self.unmade(layer)))
+
+    def unmade(self, layer: int | None) -> list[Unmade]:
+        """What the run's pipeline cannot make in `layer` (None: the whole graph) that is legal there (`Unmade`), in
+        the reference's order. Legal = the canonical pipeline makes it (`reference`, counting products a later pass
+        absorbed); a product the run makes as often as the reference is not listed (another pass or order made it).
+        [] when the run ran every canonical pass."""
         ref = self.reference()
         if ref is None:
             return []
         ran = self.ran
         have = _products(self.trace, layer)
-        out = []
-        for op, (maker, n, sources) in _products(ref, layer).items():
-            if have.get(op, ("", 0, set()))[1] >= n:
+        out: list[Unmade] = []
+        for op, (maker, n, sources, anchors) in _products(ref, layer).items():
+            had = have.get(op, ("", 0, set(), []))
+            if had[1] >= n:
                 continue
+            made = set(had[3])
+            at = tuple(dict.fromkeys(pl for a in anchors if (pl := self.place_of(a)) is not None and pl[0] not in made))
             product = PRODUCTS.get(maker, op)
             if maker not in ran:
-                out.append(f"the pipeline has no {maker}: {product} cannot be made")
+                out.append(Unmade(maker, product, "", at))
             else:
-                out += [f"the pipeline has no {u} ({product} is made from its {PRODUCTS[u]}): {product} cannot be "
-                        f"made" for u in dict.fromkeys(st.pass_name for st in ref.steps)
+                out += [Unmade(u, product, PRODUCTS[u], at) for u in dict.fromkeys(st.pass_name for st in ref.steps)
                         if u in sources and u in PRODUCTS and u not in ran]
         return list(dict.fromkeys(out))
+
+    def place_of(self, anchor: int) -> tuple[int, str] | None:
+        """`(node, path)` in the run of the place a match of the reference (`reference`) was anchored on at
+        `anchor` (a node id of the reference's run): the node itself when it is the input graph's (node ids of the
+        input graph are every run's); else the run's own node of the same op made over the same input nodes
+        (`_origins`); else, following the reference's matches back (the match that made `anchor`, its anchor, ...),
+        the input graph's node they were first anchored on, or the first input node under a node no match names
+        (one a rewrite made beside its product). None when none is found."""
+        ref = self.reference()
+        if ref is None:
+            return None
+        if "places" not in self.cache:
+            self.cache["places"] = _Places(self.trace, ref)
+        return self.cache["places"].of(anchor)
 
 
 _FACTS: DigestCache[RunFacts] = DigestCache(limit=4)
@@ -133,13 +186,13 @@ def _canonical_run(graph: Graph, canonical: Pipeline) -> Trace:
     return _CANONICAL.get_or_compute(graph, lambda: canonical.run(graph))
 
 
-def _products(trace: Trace, layer: int | None) -> dict[str, tuple[str, int, set[str]]]:
-    """op -> (the pattern pass that made it, count, the passes that made a node it is made from) of the products
-    of `layer` (None: the whole graph): the nodes the matches of `PRODUCTS` passes made, also those a later pass
-    absorbed (FusedAttentionBlock inside a FusedTransformerLayer). "Made from" follows each made node's operands
-    and `absorbed` ids back through nodes a pass made (`Node.pass_name`)."""
+def _products(trace: Trace, layer: int | None) -> dict[str, tuple[str, int, set[str], list[int]]]:
+    """op -> (the pattern pass that made it, count, the passes that made a node it is made from, the anchors of the
+    matches that made it) of the products of `layer` (None: the whole graph): the nodes the matches of `PRODUCTS`
+    passes made, also those a later pass absorbed (FusedAttentionBlock inside a FusedTransformerLayer). "Made from"
+    follows each made node's operands and `absorbed` ids back through nodes a pass made (`Node.pass_name`)."""
     nodes = {n.id: n for _, g in trace.versions() for n in g}
-    out: dict[str, tuple[str, int, set[str]]] = {}
+    out: dict[str, tuple[str, int, set[str], list[int]]] = {}
     for step in trace.steps:
         if step.family not in PRODUCTS:
             continue
@@ -149,9 +202,69 @@ def _products(trace: Trace, layer: int | None) -> dict[str, tuple[str, int, set[
             node = _made(trace, step, m.fused)
             if node is None or (layer is not None and layer_of(node.path) != layer):
                 continue
-            maker, n, sources = out.get(node.op.value, (step.family, 0, set()))
-            out[node.op.value] = (maker, n + 1, sources | _made_from(nodes, node))
+            maker, n, sources, anchors = out.get(node.op.value, (step.family, 0, set(), []))
+            out[node.op.value] = (maker, n + 1, sources | _made_from(nodes, node), [*anchors, m.anchor])
     return out
+
+
+def _origins(nodes: dict[int, Node], node: Node, graph: Graph) -> list[int]:
+    """The nodes of the input graph `graph` that `node` was made over, in the order its `absorbed` ids name them,
+    through nodes a pass made (`Node.pass_name`), down to the input graph's."""
+    seen: set[int] = set()
+    todo, out = list(reversed(node.absorbed)), []
+    while todo:
+        i = todo.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        if i in graph:
+            out.append(i)
+        elif (n := nodes.get(i)) is not None:
+            todo += reversed(n.absorbed)
+    return out
+
+
+def _first_nodes(trace: Trace) -> dict[int, Node]:
+    """Each node id of `trace`'s versions -> its node in the first version that has it."""
+    out: dict[int, Node] = {}
+    for _, g in trace.versions():
+        for n in g:
+            out.setdefault(n.id, n)
+    return out
+
+
+class _Places:
+    """What `RunFacts.place_of` reads, gathered once per run: the reference's nodes and matches by the node they
+    made, and the run's made nodes by (op, the input nodes they were made over)."""
+
+    def __init__(self, trace: Trace, ref: Trace) -> None:
+        self.graph = trace.input
+        self.ref_nodes = _first_nodes(ref)
+        self.made_by = {m.fused: m.anchor for m in ref.matches if m.fused is not None}
+        mine = _first_nodes(trace)
+        self.mine: dict[tuple[Op, frozenset[int]], Node] = {}
+        for n in mine.values():
+            if n.pass_name and (under := _origins(mine, n, self.graph)):
+                self.mine.setdefault((n.op, frozenset(under)), n)
+
+    def of(self, anchor: int) -> tuple[int, str] | None:
+        """`RunFacts.place_of` of `anchor`."""
+        seen: set[int] = set()
+        while anchor not in seen:
+            seen.add(anchor)
+            if anchor in self.graph:
+                return anchor, self.graph[anchor].path
+            node = self.ref_nodes.get(anchor)
+            if node is None:
+                return None
+            under = _origins(self.ref_nodes, node, self.graph)
+            same = self.mine.get((node.op, frozenset(under))) if under else None
+            if same is not None:
+                return same.id, same.path
+            if anchor not in self.made_by:  # made beside a match's product (no match names it): the first input under
+                return (under[0], self.graph[under[0]].path) if under else None
+            anchor = self.made_by[anchor]
+        return None
 
 
 def _made(trace: Trace, step: PassStep, fused: int | None) -> Node | None:
@@ -284,4 +397,4 @@ def recognized(trace: Trace) -> list[str]:
     return out
 
 
-__all__ = ["RunFacts", "illegal_here", "layer_indices", "made_by", "op_of", "recognized", "silent"]
+__all__ = ["RunFacts", "Unmade", "illegal_here", "layer_indices", "made_by", "op_of", "recognized", "silent"]

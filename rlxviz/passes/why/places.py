@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from ..report import in_context
 from ..trace import Rejection, Trace, place_label
 from .policy import NOT_EXPECTED_HERE, not_expected_line
-from .verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP, place_gaps, places_words, standing
+from .verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP, place_gaps, standing
 
 PLACE_UNIT = "one per pattern and place"
 """What the chips' ✗, ○ and △ count (`Places`): a pattern's candidate at one node, never a guard (two patterns: two)."""
@@ -27,9 +27,10 @@ class Places:
             order: what a version chip counts as `✗`.
         excused: `standing` group -> one item per place that is no near-miss (hard or soft), in the run's order:
             its name (`trace.place_label`: its node path, `%ANCHOR` for none), and for a group whose reason differs
-            by place (`NOT_EXPECTED_HERE`, `ILLEGAL_HERE_GROUP`) `PATH: RULE (GUARD): why`, a not-expected one as
-            `explain` words it (`policy.not_expected_line`: its place, then the guard's reason). The chip's faded
-            `○`, but for `OP_GAP_GROUP` (`gaps`).
+            by place (`NOT_EXPECTED_HERE`, `OP_GAP_GROUP`, `ILLEGAL_HERE_GROUP`) `PATH: RULE (GUARD): why`, the place
+            named once as `near_miss_item` names it, a not-expected one's why as `explain` words it
+            (`policy.not_expected_line` without its places: the guard's reason, then why). The chip's faded `○`, but
+            for `OP_GAP_GROUP` (`gaps`).
         excused_at: the anchor node id of each item of `excused`, in the same order (a chip's tooltip groups the
             places by node).
         lacks: the op forms rlxviz lacks at the `OP_GAP_GROUP` places (`verdict.place_gaps`), each once, in order.
@@ -129,7 +130,7 @@ def places(trace: Trace, step: int) -> Places:
             lacks |= dict.fromkeys(place_gaps(trace, r))
         if group in (NOT_EXPECTED_HERE, OP_GAP_GROUP):  # worded as `explain` words it: the guard's reason, then why
             reason = in_context(trace, step, r)[0]
-            item = f"{path}: {not_expected_line(r.rule, r.guard, reason, why, places_words({r.anchor: r.path}))}"
+            item = f"{path}: {not_expected_line(r.rule, r.guard, reason, why)}"  # its place named once: `path`
         else:
             item = f"{path}: {r.rule} ({r.guard}): {why}" if group == ILLEGAL_HERE_GROUP else path
         excused.setdefault(group, []).append(item)

@@ -281,7 +281,7 @@ NOT_EXPECTED_HERE = "not expected here"
 def excuse(arch: LayerKind | None, pass_name: str, guard: str, kind: str, remedy: str = "") -> tuple[str, str] | None:
     """The one rule deciding whether a refusal is a near-miss, and if not, why: `(group, why)`, or None when it is a
     near-miss that counts against its layer. Every front end reads it (the verdict and `explain`'s text and
-    `--json` through `verdict.expected_misses` and `verdict.standing`, the app's version chips through
+    `--json` through `excused.expected_misses` and `verdict.standing`, the app's version chips through
     `verdict.standing`); a refusal illegal for its layer is the verdict's one further excuse (`ILLEGAL_HERE`).
 
     `group` is the refusal's kind when that is no near-miss (`guard.NOT_NEAR_MISSES`: the model's own term, a
@@ -309,10 +309,20 @@ def not_expected_line(rule: str, guard: str, reason: str, why: str, at: str = ""
     tab): `RULE (GUARD) AT: REASON; why it is not expected here: WHY`. `reason` is the failing guard's own message (as
     the run's rejection says it, `report.in_context`; "" when there is no refusal, e.g. a product only excused),
     `why` what the layer's kind says of the product (`not_expected`), so the line says first what failed and then
-    why that does not count here, never a reason of another guard. `at` names the places (`verdict.places_words`:
+    why that does not count here, never a reason of another guard. `at` names the places (`places_words`:
     `@ %186 (PATH)`, `at 2 places, %186 (PATH) and %187 (PATH)`); "" for none (a product only excused)."""
     head = (f"{rule} ({guard})" if guard else rule) + (f" {at}" if at else "")
     return f"{head}: {reason}; {NOT_EXPECTED_WHY}: {why}" if reason else f"{head}: {why}"
+
+
+def places_words(places: dict[int, str]) -> str:
+    """The places (anchor node -> node path) a not-expected line names (`not_expected_line`), as a product the
+    pipeline cannot make names its own (`facts.Unmade`): `@ %186 (PATH)` for one, `at 2 places, %186 (PATH) and %187
+    (PATH)` for several, `-` for no path."""
+    named = [f"%{n} ({p or '-'})" for n, p in places.items()]
+    if len(named) == 1:
+        return f"@ {named[0]}"
+    return f"at {len(named)} places, {', '.join(named[:-1])} and {named[-1]}"
 
 
 class _Refusal(Protocol):
@@ -408,8 +418,8 @@ def expected_products(arch: LayerKind) -> list[str]:
 __all__ = ["COMPILER_FIX_WORDS", "EXPECT_MODES", "FAMILIES", "ILLEGAL_HERE", "KINDS", "LayerKind", "NOT_EXPECTED_HERE",
            "NOT_EXPECTED_WHY", "PRODUCTS", "TRAITS", "check_declarations", "excuse", "expected_of_words",
            "expected_products", "first_refusal", "gap_sources", "gap_words", "lacks_product", "layer_pass",
-           "makes_product", "not_expected", "not_expected_line", "op_gap", "op_gaps", "product", "recognizers",
-           "with_caveat"]
+           "makes_product", "not_expected", "not_expected_line", "op_gap", "op_gaps", "places_words", "product",
+           "recognizers", "with_caveat"]
 
 
 check_declarations()

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 from ...ir.ops import REWRITTEN_AS
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
 from ..trace import layer_label
-from .caveat import CAVEAT
 
 if TYPE_CHECKING:  # for annotations only: the verdicts word themselves through this module
     from .verdict import LayerVerdict, RunVerdict
@@ -33,10 +32,6 @@ NOTHING_TO_FUSE = "nothing to fuse"
 """What a fused layer line lists when no fused op was expected of the layer and none was made (`made_words`)."""
 GAP_IS_THE_COMPILERS = "a compiler fix, nothing in the model to change"
 """What a gap in rlxviz's ops asks of whom (the headline's count, the app's chip mark for such places)."""
-
-_ALONE = re.compile(re.escape(CAVEAT).replace(re.escape("{blocker}"), "(.+?)"))
-"""`caveat.CAVEAT` as a pattern, its blocker captured: the caveat of a not-expected line whose compiler fix alone
-leaves a refusal standing."""
 
 GROUP_OVER = 3
 """More fused ops than this of one op from one pass are one item of a layer's line (`fused_list`)."""
@@ -140,6 +135,7 @@ def layer_dict(v: LayerVerdict) -> dict[str, Any]:
     # `nothing_to_change` is the verdict's own flag (`LayerVerdict.fused`: nothing in the model to change)
     d["fused"], d["gap_only"], d["nothing_to_change"] = v.fused and not v.gap_only, v.gap_only, v.fused
     d["bert_style"] = v.bert_style
+    d["op_gaps"] = v.op_gaps  # `gaps` in words; `gaps` as data, each with the blocker its fix alone leaves
     return d
 
 
@@ -252,11 +248,10 @@ def gap_words(r: RunVerdict) -> str:
         return ""
     counts = [f"{n} {w}" for w, made in ((FUSED_AS_FAR_AS_OPS, True), (HELD_BACK_BY_OPS, False))
               if (n := sum(s.has_fused_op == made for s in short))]
-    blockers = [m.group(1) for s in short for m in [next(filter(None, (_ALONE.search(x) for x in s.not_expected
-                                                                      if "gap in rlxviz's ops" in x)), None)] if m]
+    blockers = [s.gap_blocker for s in short if s.gap_blocker]  # `OpGap.blocker`: the fix alone not enough
     if not blockers:
         return f"{', '.join(counts)} (rlxviz lacks {', '.join(gap_forms(r))}: {GAP_IS_THE_COMPILERS})"
-    # the compiler fix alone leaves a refusal standing (`caveat.fix_caveat`): "nothing in the model to change" is
+    # the compiler fix alone leaves a refusal standing (`caveat.fix_blocker`): "nothing in the model to change" is
     # not shown true there, so the headline says what fails next instead
     return (f"{', '.join(counts)} (rlxviz lacks {', '.join(gap_forms(r))}: a compiler fix; alone it is not enough in "
             f"{len(blockers)} of them: {', '.join(dict.fromkeys(blockers))} fails next)")

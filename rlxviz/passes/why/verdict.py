@@ -20,10 +20,11 @@ from ..architecture import classify_layer
 from ..explain import Outcome, explain
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
 from ..report import MissedFusion, left_out_line, left_out_rejections
-from ..trace import Rejection, Trace, layer_of, resolve_layers, same_stack_as
+from ..trace import Rejection, Trace, resolve_layers, same_stack_as
 from . import text
 from .caveat import fix_caveat
-from .facts import RunFacts, illegal_here, made_by, op_of, recognized, silent
+from .excused import OpGap, excused_misses, expected_misses, layer_gaps, places_words
+from .facts import RunFacts, Unmade, illegal_here, made_by, op_of, recognized, silent
 from .kinds import LayerArchitecture
 from .policy import (
     EXPECT_MODES,
@@ -32,7 +33,6 @@ from .policy import (
     PRODUCTS,
     excuse,
     first_refusal,
-    gap_sources,
     layer_pass,
     makes_product,
     not_expected,
@@ -144,17 +144,31 @@ class LayerVerdict:
     rewritten: list[str] = field(default_factory=list)
     """The plain ops the layer's matches made (`ir.ops.made_as`: `rewritten as`, e.g. `attention %58 (fuse_sdpa)`,
     a canonicalization's `transpose %12 (canonicalize_exported)`), items as `done`'s: no fusion, so not in `done`."""
-    op_gaps: list[str] = field(default_factory=list)
-    """Op forms rlxviz lacks that the layer's refusals ran into (`policy.op_gap`: not the model's layout, a gap in
-    rlxviz's ops), each `FORM (RULE: GUARD)`, e.g. `FusedAttentionBlock without a mask operand
-    (fuse_attention_block.qkv_attention_out: mask_kind_keep)`. They do not count (the refusal is not expected of the
-    layer's kind), but a fused layer with any is "fused as far as rlxviz's ops go" (or "held back by rlxviz's ops"
-    when no op of it fused), never plainly "fused", and the headline counts it apart (`gap_only`)."""
+    gaps: list[OpGap] = field(default_factory=list)
+    """The gaps in rlxviz's ops that the layer's refusals ran into (`excused.layer_gaps`: not the model's layout),
+    each its op form, rule, what ran into it, its places and what fails next when its compiler fix alone is applied
+    (`OpGap.blocker`). They do not count (the refusal is not expected of the layer's kind), but a fused layer with any
+    is "fused as far as rlxviz's ops go" (or "held back by rlxviz's ops" when no op of it fused), never plainly
+    "fused", and the headline counts it apart (`gap_only`)."""
+    unmade: list[Unmade] = field(default_factory=list)
+    """`cannot_make` as data (`facts.Unmade`: the pass the pipeline lacks, the product, its places)."""
+
+    @property
+    def op_gaps(self) -> list[str]:
+        """`gaps` in words, each `FORM (RULE: GUARD)` (`OpGap`), e.g. `FusedAttentionBlock without a mask operand
+        (fuse_attention_block.qkv_attention_out: mask_kind_keep)`."""
+        return [str(g) for g in self.gaps]
+
+    @property
+    def gap_blocker(self) -> str:
+        """What fails next when the compiler fix of the layer's first gap whose fix alone is not enough is applied
+        (`OpGap.blocker`, e.g. `attn_single_user (illegal)`); "" when every gap's fix alone is enough, or none."""
+        return next((g.blocker for g in self.gaps if g.blocker), "")
 
     @property
     def unmade_products(self) -> list[str]:
-        """The product names of `cannot_make`, in order, each once (e.g. `FusedTransformerLayer`)."""
-        return list(dict.fromkeys(c.rsplit(": ", 1)[-1].removesuffix(" cannot be made") for c in self.cannot_make))
+        """The product names of `unmade`, in order, each once (e.g. `FusedTransformerLayer`)."""
+        return list(dict.fromkeys(u.product for u in self.unmade))
 
     @property
     def bert_style(self) -> bool:
@@ -178,9 +192,9 @@ class LayerVerdict:
 
     @property
     def gap_forms(self) -> list[str]:
-        """The op forms of `op_gaps` alone, each once, without the refusal that ran into them: `FusedAttentionBlock
+        """The op forms of `gaps` alone, each once, without the refusal that ran into them: `FusedAttentionBlock
         without a mask operand` (what the headline's note and the start strip say rlxviz lacks)."""
-        return list(dict.fromkeys(g.rpartition(" (")[0] for g in self.op_gaps))
+        return list(dict.fromkeys(g.form for g in self.gaps))
 
     @property
     def has_fused_op(self) -> bool:
@@ -386,47 +400,6 @@ def judged_kind(trace: Trace, layer: int) -> tuple[Architecture, Architecture]:
     return (own, first) if first is not None else (own, own)
 
 
-def expected_misses(trace: Trace, arch: Architecture, layer: int | None
-                    ) -> tuple[list[MissedFusion], dict[tuple[str, str], str]]:
-    """The misses of `layer` (None: the whole graph) that count for `arch`, and `(pattern, guard) -> "pattern (guard)
-    @ %NODE (PATH): the guard's reason; why it is not expected here: why"` (`policy.not_expected_line`) for those that
-    do not: one line per pattern, failing guard and why (keys `(pattern, guard)`, then `(pattern, "guard#2")` for a
-    second why: deit's layer norms, where one place's compiler fix is not enough alone), naming every place (anchor
-    node) it refused, as the app's chips
-    count them `○` (granite's layer 1: the residual norm refused at %186 and %187, `at 2 places, %186 (...) and %187
-    (...): at %186: REASON`), the reason and why of the first place, each place with its own guard (BART's decoder
-    layer: FusedTransformerLayer refused at the cross-attention by `attn_is_fused_block` and at the self-attention by
-    `fc1_is_fused_linear`, two lines). Misses are the run's missed fusions plus its "no rule recognizes this" findings
-    (`passes.unrecognized`: a family-shaped chain no rule made a candidate)."""
-    kept: list[MissedFusion] = []
-    groups: dict[tuple[str, str, str], tuple[MissedFusion, dict[int, str]]] = {}  # places that share rule, guard, why
-    for m in RunFacts.of(trace).misses():
-        if layer is not None and layer_of(m.path) != layer:
-            continue
-        ex = excuse(arch, m.pattern.split(".")[0], m.guard, m.kind, m.remedy)
-        if ex is None:
-            kept.append(m)
-            continue
-        why = with_caveat(ex[1], fix_caveat(trace, m.pattern, m.node, m.guard, arch))
-        groups.setdefault((m.pattern, m.guard, why), (m, {}))[1][m.node] = m.path
-    ignored: dict[tuple[str, str], str] = {}
-    for (pattern, guard, why), (m, at) in groups.items():  # the guard's own reason first, then why it does not count
-        reason = m.reason if len(at) == 1 else f"at %{m.node}: {m.reason}"
-        n = sum(k[0] == pattern and k[1].split("#")[0] == guard for k in ignored)  # another why: `GUARD#2`
-        ignored[pattern, f"{guard}#{n + 1}" if n else guard] = not_expected_line(pattern, guard, reason, why,
-                                                                                 places_words(at))
-    return kept, ignored
-
-
-def places_words(places: dict[int, str]) -> str:
-    """The places (anchor node -> node path) a not-expected line names (`policy.not_expected_line`): `@ %186 (PATH)`
-    for one, `at 2 places, %186 (PATH) and %187 (PATH)` for several, `-` for no path."""
-    named = [f"%{n} ({p or '-'})" for n, p in places.items()]
-    if len(named) == 1:
-        return f"@ {named[0]}"
-    return f"at {len(named)} places, {', '.join(named[:-1])} and {named[-1]}"
-
-
 def layer_verdict(trace: Trace, layer: int, expect: str = "model") -> LayerVerdict:
     """`LayerVerdict` of `layer` in a pipeline run, judged against `expect` (made once per trace, layer and
     `expect`; `RunVerdict.of` reads the same).
@@ -452,7 +425,8 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     own, arch = judged_kind(trace, layer)
     ran = facts.ran  # a crashed pass was still expected to fuse
     crashed = {s.pass_name: s.error for s in trace.steps if s.error}
-    misses, ignored = expected_misses(trace, arch, layer)
+    misses, excused = excused_misses(trace, arch, layer)
+    ignored = {k: x.line for k, x in excused.items()}
     illegal = illegal_here(facts, ex.rejected, layer, arch)
     legal_only = {(o.rule, o.nodes[0]) for o in illegal}
     misses = [m for m in misses if (m.pattern, m.node) not in legal_only]
@@ -465,8 +439,9 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     if ftl_excused is not None:
         # no refusal: the product only excused
         ignored.setdefault((layer_pass_name, ""), not_expected_line(layer_op, layer_pass_name, "", ftl_excused))
-    cannot = facts.cannot_make(layer)
-    unmade = {c.rsplit(": ", 1)[-1].removesuffix(" cannot be made") for c in cannot} if expect == "pipeline" else set()
+    unmade_here = facts.unmade(layer)
+    cannot = list(dict.fromkeys(u.line for u in unmade_here))
+    unmade = {u.product for u in unmade_here} if expect == "pipeline" else set()
     unmakeable = bool(layer_op) and layer_op in unmade
     if unmade:  # judged against the pipeline only: a refusal of a product it cannot make does not count
         misses = [m for m in misses if PRODUCTS.get(m.pattern.split(".")[0]) not in unmade]
@@ -510,14 +485,12 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     made = {(o.rule, g) for o in ex.outcomes if o.status == "fused" for g, _, _ in o.soft}
     fused = fused and not (cannot and expect == "model")  # `first` stays what the run itself refused
     if cannot and expect == "model" and expected:
-        expected = ", ".join(dict.fromkeys([*expected.split(", "), *(c.rsplit(": ", 1)[-1].removesuffix(
-            " cannot be made") for c in cannot)]))
-    gaps = list(dict.fromkeys(f"{gap} ({o.rule}: {by})" for o in ex.rejected if o.rule in skipped
-                              for gap, by in gap_sources(arch, o.pass_name, o.guard)))
+        expected = ", ".join(dict.fromkeys([*expected.split(", "), *(u.product for u in unmade_here)]))
+    gaps = layer_gaps(arch, [o for o in ex.rejected if o.rule in skipped], excused.values())
     return LayerVerdict(layer, fused, ftl[0] if ftl else None, expected, first, own, arch, quiet, rejected,
                         [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(),
                         done, [t for (r, _), t in ignored.items() if r not in {o.rule for o in illegal}],
-                        _blocker(first, made), illegal, cannot, expect, misses, rewritten, gaps)
+                        _blocker(first, made), illegal, cannot, expect, misses, rewritten, gaps, unmade_here)
 
 
 def _blocker(first: Outcome | None, made: set[tuple[str, str]]) -> str:

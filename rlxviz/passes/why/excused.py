@@ -1,0 +1,147 @@
+"""The refusals a layer's kind does not count ("not expected here"), gathered by rule, guard and why, and the places
+each names: what `verdict.LayerVerdict.not_expected` lists, one line per group (`policy.not_expected_line`), and the
+gaps in rlxviz's ops a layer's refusals ran into (`OpGap`), each with what fails next when its compiler fix alone is
+applied (`caveat.fix_blocker`), as data: the headline, the layer's lines and `--json` read these fields, never the
+words.
+
+Split from `verdict.py` (one job per module): the verdict decides what a layer is expected to fuse; this module
+gathers the refusals it does not count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..explain import Outcome
+from ..report import MissedFusion
+from ..trace import Trace, layer_of
+from .caveat import caveat_words, fix_blocker
+from .facts import RunFacts
+from .kinds import LayerArchitecture as Architecture
+from .policy import (
+    COMPILER_FIX_WORDS,
+    NOT_EXPECTED_HERE,
+    excuse,
+    gap_sources,
+    not_expected_line,
+    op_gaps,
+    places_words,
+    with_caveat,
+)
+
+
+@dataclass(frozen=True)
+class Excused:
+    """One group of refusals a layer's kind does not count: one pattern, failing guard and why, at every place
+    (anchor node) it refused; one "not expected here" line (`line`).
+
+    Attributes:
+        pattern: the refused rule, e.g. `fuse_residual_rms_norm.residual_no_beta`.
+        guard: its failing guard.
+        reason: the guard's own reason at the first place.
+        why: why the refusal does not count (`policy.excuse`), without the caveat on the compiler fix it names.
+        places: anchor node -> node path of each place, in the run's order.
+        gaps: the op forms rlxviz lacks when the refusal is a gap in rlxviz's ops (`policy.op_gaps`), else ().
+        blocker: what fails next when the compiler fix `why` names is applied alone (`caveat.fix_blocker` at the
+            first place, `GUARD (KIND)`); "" when it is enough, nothing is known, or `why` names no compiler fix.
+    """
+
+    pattern: str
+    guard: str
+    reason: str
+    why: str
+    places: dict[int, str]
+    gaps: tuple[str, ...] = ()
+    blocker: str = ""
+
+    @property
+    def line(self) -> str:
+        """The "not expected here" line (`policy.not_expected_line`): the places (`places_words`), the first place's
+        reason (`at %N: REASON` when there are several), then `why` with the blocker's caveat on its compiler fix."""
+        first = next(iter(self.places))
+        reason = self.reason if len(self.places) == 1 else f"at %{first}: {self.reason}"
+        return not_expected_line(self.pattern, self.guard, reason, with_caveat(self.why, caveat_words(self.blocker)),
+                                 places_words(self.places))
+
+
+@dataclass(frozen=True)
+class OpGap:
+    """A gap in rlxviz's ops that a layer's refusal ran into (`verdict.LayerVerdict.gaps`).
+
+    Attributes:
+        form: the op form rlxviz lacks, e.g. `FusedAttentionBlock with a non-default scale`.
+        rule: the refused rule.
+        by: what ran into it (`policy.gap_sources`): the guard, or `any refusal, the layer's trait T`.
+        at: the anchor nodes of its places.
+        blocker: what fails next when its compiler fix alone is applied (`Excused.blocker`; the first place's that
+            has one), "" when the fix alone is enough or nothing is known.
+    """
+
+    form: str
+    rule: str
+    by: str
+    at: tuple[int, ...] = ()
+    blocker: str = ""
+
+    def __str__(self) -> str:
+        """`FORM (RULE: BY)`, as `explain`'s `rlxviz's ops lack:` line names it."""
+        return f"{self.form} ({self.rule}: {self.by})"
+
+
+def layer_gaps(arch: Architecture, refused: Iterable[Outcome], excused: Iterable[Excused]) -> list[OpGap]:
+    """The gaps in rlxviz's ops that the `refused` outcomes of a layer of kind `arch` ran into (`policy.gap_sources`),
+    each (form, rule, by) once, in order; their places and blocker from the layer's `excused` groups of the same rule
+    and guard (the outcome's own anchor where none is one)."""
+    groups = [x for x in excused if x.gaps]
+    out: dict[str, OpGap] = {}
+    for o in refused:
+        mine = [x for x in groups if (x.pattern, x.guard) == (o.rule, o.guard)]
+        at = tuple(dict.fromkeys(n for x in mine for n in x.places)) or o.nodes
+        blocker = next((x.blocker for x in mine if x.blocker), "")
+        for form, by in gap_sources(arch, o.pass_name, o.guard):
+            g = OpGap(form, o.rule, by, at, blocker)
+            out.setdefault(str(g), g)
+    return list(out.values())
+
+
+def excused_misses(trace: Trace, arch: Architecture, layer: int | None
+                   ) -> tuple[list[MissedFusion], dict[tuple[str, str], Excused]]:
+    """`expected_misses` as data: the misses that count, and `(pattern, guard) -> Excused` for those that do not."""
+    kept: list[MissedFusion] = []
+    groups: dict[tuple[str, str, str, str], tuple[MissedFusion, dict[int, str], tuple[str, ...]]] = {}
+    for m in RunFacts.of(trace).misses():
+        if layer is not None and layer_of(m.path) != layer:
+            continue
+        pass_name = m.pattern.split(".")[0]
+        ex = excuse(arch, pass_name, m.guard, m.kind, m.remedy)
+        if ex is None:
+            kept.append(m)
+            continue
+        blocker = fix_blocker(trace, m.pattern, m.node, m.guard, arch) if COMPILER_FIX_WORDS in ex[1] else ""
+        gaps = tuple(op_gaps(arch, pass_name, m.guard)) if ex[0] == NOT_EXPECTED_HERE else ()
+        groups.setdefault((m.pattern, m.guard, ex[1], blocker), (m, {}, gaps))[1][m.node] = m.path
+    out: dict[tuple[str, str], Excused] = {}
+    for (pattern, guard, why, blocker), (m, at, gaps) in groups.items():
+        n = sum(k[0] == pattern and k[1].split("#")[0] == guard for k in out)  # another why: `GUARD#2`
+        out[pattern, f"{guard}#{n + 1}" if n else guard] = Excused(pattern, guard, m.reason, why, at, gaps, blocker)
+    return kept, out
+
+
+def expected_misses(trace: Trace, arch: Architecture, layer: int | None
+                    ) -> tuple[list[MissedFusion], dict[tuple[str, str], str]]:
+    """The misses of `layer` (None: the whole graph) that count for `arch`, and `(pattern, guard) -> "pattern (guard)
+    @ %NODE (PATH): the guard's reason; why it is not expected here: why"` (`policy.not_expected_line`) for those that
+    do not: one line per pattern, failing guard and why (keys `(pattern, guard)`, then `(pattern, "guard#2")` for a
+    second why: deit's layer norms, where one place's compiler fix is not enough alone), naming every place (anchor
+    node) it refused, as the app's chips
+    count them `○` (granite's layer 1: the residual norm refused at %186 and %187, `at 2 places, %186 (...) and %187
+    (...): at %186: REASON`), the reason and why of the first place, each place with its own guard (BART's decoder
+    layer: FusedTransformerLayer refused at the cross-attention by `attn_is_fused_block` and at the self-attention by
+    `fc1_is_fused_linear`, two lines). Misses are the run's missed fusions plus its "no rule recognizes this" findings
+    (`passes.unrecognized`: a family-shaped chain no rule made a candidate)."""
+    kept, excused = excused_misses(trace, arch, layer)
+    return kept, {k: x.line for k, x in excused.items()}
+
+
+__all__ = ["Excused", "OpGap", "excused_misses", "expected_misses", "layer_gaps", "places_words"]
