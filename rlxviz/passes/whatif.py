@@ -315,13 +315,27 @@ def _taken(trace: Trace, step: int, r: Rejection, rule: Rule, ctx: Ctx) -> Block
     if at is None:
         return None
     mine = {ctx.id(x) for x in rule.absorbed(ctx) if x not in rule.shared}
+    earlier = {o.anchor: o for o in s.rejections if o.headline and o.guard == r.guard and o.fix == r.fix
+               and order.get(o.anchor, at) < at}
+    rules = {x.name: x for x in (STAGES.get(s.pass_name) or PASSES[s.pass_name]).rules}
+
+    def absorbs(o: Rejection) -> set[int]:  # what the refusal's match would absorb, from the roles it bound
+        x = rules.get(o.rule)
+        if x is None:
+            return set()
+        fam = tuple(k[:-1] for k in x.absorb if k.endswith("*"))  # a numbered family: mm* binds mm0, mm1, ...
+        return {i for k, i in o.bindings.items() if k not in x.shared
+                and (k in x.absorb or any(k.startswith(f) and k[len(f):].isdigit() for f in fam))}
+
+    # only places linked to this one through nodes their matches would absorb can compete (tried in graph order, as
+    # `engine.find` claims): a 32-layer stack's other residual norms are never tried
+    near, todo = set(), set(mine)
+    while todo:
+        linked = {a for a, o in earlier.items() if a not in near and todo & absorbs(o)}
+        near |= linked
+        todo = {i for a in linked for i in absorbs(earlier[a])}
     claimed: dict[int, Rejection] = {}
-    seen = {r.anchor}
-    for o in sorted((o for o in s.rejections if o.headline and o.guard == r.guard and o.fix == r.fix
-                     and order.get(o.anchor, at) < at), key=lambda o: order[o.anchor]):
-        if o.anchor in seen:
-            continue
-        seen.add(o.anchor)
+    for o in sorted((earlier[a] for a in near), key=lambda o: order[o.anchor]):
         got = _fixed_attempt(trace, step, o)
         if got is None or got[2]:
             continue
