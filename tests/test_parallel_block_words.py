@@ -122,6 +122,9 @@ def test_explain_says_the_layout_and_that_the_fix_alone_is_not_enough(capsys):
     doc = json.loads(out)
     said = [x for lv in doc["layers"] for x in lv["not_expected"] if "(sum_single_user)" in x]
     assert sorted(x.endswith(f"{ALONE})") for x in said) == [False, True], said
+    # the first norm's fix line, the one `explain -v` prints for the rule, is checked enough there (it is)
+    checks = [c for c in doc["fix_checks"] if (c["rule"], c["guard"]) == (first.rule, "sum_single_user")]
+    assert [(c["anchor"], c["compiler_fix_enough"]) for c in checks] == [(first.anchor, True)], checks
 
 
 @pytest.mark.parametrize("stem", ["granite", "optimum.llama-with-past", "falcon"])
