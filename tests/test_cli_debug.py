@@ -130,7 +130,8 @@ def test_explain_llama_block_is_not_a_bert_layer(capsys):
     # the headline counts apart from "fused as expected" (exit 0: nothing in the model to change)
     assert ("0/1 layer(s) fused as expected; 1 fused as far as rlxviz's ops go (rlxviz lacks FusedAttentionBlock with "
             "a causal mask kind: a compiler fix, nothing in the model to change)") in out
-    assert "layer 0: fused as far as rlxviz's ops go: FusedSwiGLU %" in out and "(fuse_shared_input_matmul)" in out
+    assert "layer 0: fused as far as rlxviz's ops go: FusedSwiGLU %" in out
+    assert "(fuse_shared_input_matmul.concat_weights)" in out  # the rewritten matmul, by the rule that made it
     assert "rlxviz's ops lack: FusedAttentionBlock with a causal mask kind" in out
     assert "layer kind: LLaMA: pre-norm RMSNorm; RMSNorm, RoPE, SwiGLU, causal mask" in out
     assert "expected: FusedSwiGLU, shared-input QKV matmul (FusedTransformerLayer only for post-LN BERT" in out

@@ -81,15 +81,18 @@ def test_the_expected_list_names_the_forms_the_layer_had(case):
 @pytest.mark.parametrize("case", sorted(p.stem for p in ONNX.glob("*.onnx")))
 def test_rewritten_as_names_only_ops_a_rewrite_made(case):
     """Each `rewritten as` item names a node its pass made at some step (new in that step's graph), never a value
-    that was there before it (the input of a dropped cast)."""
+    that was there before it (the input of a dropped cast), and names it by the rule or stage whose match made it
+    (`fuse_attention_block.qkv_columns`, not the pass alone: test_rewritten_names_its_rule)."""
     trace = traced(case)
     made = {n.id: s.pass_name.partition("/")[0] for s in trace.steps for n in s.after if n.id not in s.before}
+    by_rule = {m.fused: m.rule for m in trace.matches if m.fused is not None}
     for lv in RunVerdict.of(trace).layers:
         for item in lv.rewritten:
             m = _ITEM.match(item)
             assert m, item
-            op, node, pass_name = m.groups()
-            assert made.get(int(node)) == pass_name, (lv.layer, item)
+            op, node, rule = m.groups()
+            assert made.get(int(node)) == rule.partition(".")[0], (lv.layer, item)
+            assert by_rule.get(int(node)) == rule, (lv.layer, item)
             assert Op(op) != Op.CAST
 
 
@@ -99,7 +102,32 @@ def test_optimum_llamas_dropped_casts_are_said_as_dropped():
     assert dropped and all(m.fused is None for m in dropped)
     for lv in RunVerdict.of(trace).layers:
         assert "no-op cast dropped" in lv.expected, lv.expected
-        assert not any(i.startswith(("mul ", "add ")) and "(canonicalize_exported)" in i for i in lv.rewritten), \
+        assert not any(i.startswith(("mul ", "add ")) and "(canonicalize_exported." in i for i in lv.rewritten), \
             lv.rewritten
         ex = explain(trace, lv.layer)
         assert ex.made["canonicalize_exported.noop_cast"] == "no node of its own: no-op cast dropped"
+
+
+def test_rewritten_names_its_rule(capsys):
+    """gpt-neox read `attention %237 (fuse_attention_block)`, as if the block had fused; the node is the packed
+    attention whose QKV columns the stage `fuse_attention_block.qkv_columns` reordered: still an `attention`. Text
+    and --json (the app's Why tab reads the same verdict) name the stage, as `explain -v`'s `[fused]` line does."""
+    import json
+
+    from clirun import run as cli_run
+
+    case = ONNX / "gpt-neox.legacy-sdpa.onnx"
+    trace = traced("gpt-neox.legacy-sdpa")
+    made = [(m.fused, m.layer) for m in trace.matches if m.rule == "fuse_attention_block.qkv_columns"]
+    assert made and all(trace.final[i].op == Op.ATTENTION for i, _ in made if i in trace.final)
+    code, out, _ = cli_run(capsys, "explain", case)
+    lines = {int(ln.split(":", 1)[0].split()[1]): ln for ln in out.splitlines() if ln.startswith("layer ")}
+    rewritten = [ln for ln in out.splitlines() if ln.startswith("  rewritten as: ")]
+    assert len(rewritten) == len(lines) == 2, out
+    for i, layer in made:
+        assert f"attention %{i} (fuse_attention_block.qkv_columns)" in rewritten[int(layer)], rewritten
+    assert "(fuse_attention_block)" not in " ".join(rewritten)
+    assert "(fuse_sdpa.hf_attention)" in rewritten[0] and "(canonicalize_gelu.erf)" in rewritten[0], rewritten
+    _, out, _ = cli_run(capsys, "explain", "--json", case)
+    said = [x for lv in json.loads(out)["layers"] for x in lv["rewritten"]]
+    assert all(f"attention %{i} (fuse_attention_block.qkv_columns)" in said for i, _ in made), said

@@ -78,7 +78,7 @@ def test_a_renamed_guard_carries_its_excuse(monkeypatch):
 
 def test_an_undeclared_excuse_counts(monkeypatch):
     """Drop the declaration and the same refusal counts: the policy is read from the guard."""
-    bare = _with_guards("fuse_residual_ln", lambda g: dataclasses.replace(g, excused_in=(), excuse=""))
+    bare = _with_guards("fuse_residual_ln", lambda g: dataclasses.replace(g, excuses=()))
     monkeypatch.setitem(PASSES, "fuse_residual_ln", bare)
     assert policy.not_expected(_arch("pre_ln"), "fuse_residual_ln", "sum_single_user") is None
 
@@ -115,7 +115,7 @@ def test_the_verdict_reads_the_guard_excuse(monkeypatch, excused):
     judged otherwise (an illegal refusal, "fused as far as legal"): the verdict reads the guard, no table."""
     if not excused:
         for name in ("fuse_residual_ln", "fuse_residual_rms_norm"):
-            monkeypatch.setitem(PASSES, name, _with_guards(name, lambda g: dataclasses.replace(g, excused_in=())))
+            monkeypatch.setitem(PASSES, name, _with_guards(name, lambda g: dataclasses.replace(g, excuses=())))
     v = RunVerdict.of(Pipeline.canonical().run(load_model("llama-block", seq=8).graph))
     lv = v.layers[0]
     said = [x for x in lv.not_expected if "(sum_single_user)" in x]

@@ -5,11 +5,22 @@ shapes, wiring and verdict are those of an earlier layer says "same as layer K" 
 from __future__ import annotations
 
 import re
+from pathlib import Path
+
+from clirun import case_trace
 
 from rlxviz.app.jobs import Runner
 from rlxviz.app.state import AppState
 from rlxviz.ir import parse_ir
+from rlxviz.models import load_model
+from rlxviz.passes import Pipeline
+from rlxviz.passes.why.places import layer_places
+from rlxviz.passes.why.policy import NOT_EXPECTED_HERE
+from rlxviz.session.render import settled_verdicts
 from rlxviz.viz import Verdict, layer_groups, layers_to_dot
+from rlxviz.viz.layers import SAME_AS
+
+CASES = Path(__file__).parent / "fixtures" / "onnx" / "cases"
 
 
 def _same(graph, verdicts=None) -> dict[int, int | None]:
@@ -72,3 +83,45 @@ def test_a_built_model_reads_as_one_layer_and_its_exception():
     assert _same(s.trace.input) == {0: None, 1: 0, 2: 0, 3: 0, 4: 0, 5: 0}
     s.param.update(variant_layer=2, variant="extra_h1_user")
     assert _same(s.trace.final) == {0: None, 1: 0, 2: None, 3: 0, 4: 0, 5: 0}
+
+
+def _same_at(trace, version: int) -> dict[int, int | None]:
+    """`_same` of version `version` of `trace`, its boxes given the run's final verdicts as the app draws them."""
+    g = trace.versions()[version][1]
+    return _same(g, settled_verdicts(trace, g))
+
+
+def test_the_final_verdicts_places_are_part_of_the_sameness():
+    """granite's layer 1 box said "same as layer 0" at every version but the last, though its final verdict differs:
+    the residual-norm refusal at 2 places (its input norm reads layer 0's residual sum) against layer 0's 1. The
+    verdict's places (pattern, guard, status, why, how many) are compared, at an early version and the final one."""
+    trace = case_trace(CASES / "granite.onnx")
+    at = layer_places(trace)
+    norm = [(p[0], p[1], p[2], p[4]) for layer in (0, 1) for p in at[layer] if p[1] == "sum_single_user"]
+    assert norm == [("fuse_residual_rms_norm.residual_no_beta", "sum_single_user", NOT_EXPECTED_HERE, 1),
+                    ("fuse_residual_rms_norm.residual_no_beta", "sum_single_user", NOT_EXPECTED_HERE, 2)], norm
+    last = len(trace.versions()) - 1
+    for version in (0, 1, last):
+        assert _same_at(trace, version) == {0: None, 1: None}, version
+    g = trace.versions()[1][1]
+    dot = layers_to_dot(g, verdicts=settled_verdicts(trace, g))
+    assert "same as" not in re.search(r"^\s*layer1 \[label=<(.*)$", dot, re.M).group(1)
+
+
+def test_identical_layers_stay_the_same_with_their_verdicts():
+    """MiniLM's six layers: the same ops and the same final verdict, at the input and the final version alike; the
+    tooltip says what is compared (`SAME_AS`)."""
+    trace = Pipeline.canonical().run(load_model("minilm", seq=8).graph)
+    every = {0: None, 1: 0, 2: 0, 3: 0, 4: 0, 5: 0}
+    assert _same_at(trace, 0) == every and _same_at(trace, len(trace.versions()) - 1) == every
+    dot = layers_to_dot(trace.final, verdicts=settled_verdicts(trace, trace.final))
+    assert f"same as layer 0: {SAME_AS}" in re.search(r"^\s*layer1 \[.*tooltip=\"([^\"]*)", dot, re.M).group(1)
+
+
+def test_a_verdict_summary_difference_splits_the_layers():
+    g = parse_ir(_stack({}, {}, {}))
+    one = (("fuse_x.rule", "single_use", "not expected here", "why", 1),)
+    two = (("fuse_x.rule", "single_use", "not expected here", "why", 2),)
+    verdicts = {0: Verdict(True, summary=((), one)), 1: Verdict(True, summary=((), two)),
+                2: Verdict(True, summary=((), one))}
+    assert _same(g, verdicts) == {0: None, 1: None, 2: 0}

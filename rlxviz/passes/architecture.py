@@ -420,7 +420,7 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = (), re
     if any(n.op == Op.FUSED_TRANSFORMER_LAYER for n in nodes):
         post = True
         evidence.append("a FusedTransformerLayer (post-LN BERT)")
-    parallel = False
+    parallel = 0  # the residual stream's norms the parallel block's sublayers read (`LayerArchitecture.parallel_norms`)
     if attn and acts:
         a_reach = _reach(g, attn[0].id, ids) | {attn[0].id}
         reach = {n.id: _reach(g, n.id, ids) for n in norms}
@@ -431,7 +431,7 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = (), re
                     for x in acts if x.id in reach[m.id] and x.id not in a_reach), None)
         if hit is not None:
             n, m, act = hit
-            parallel = True
+            parallel = 1 if m is n else 2
             via = (f"{_label(n)} feeds both {_label(attn[0])} and {_label(act)}" if m is n else
                    f"{_label(n)} feeds {_label(attn[0])} and {_label(m)}, of the same input "
                    f"{_label(g[n.inputs[0]])}, feeds {_label(act)}")
@@ -468,7 +468,8 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = (), re
     if qk is not None:
         extras.append("QK-norm")
     return LayerArchitecture(kind, f"{DESCRIPTIONS[kind]}; {', '.join(extras)}", norm, mask, rope, swiglu,
-                             tuple(evidence), kv_cache, len(quant), integer is not None, qk is not None)
+                             tuple(evidence), kv_cache, len(quant), integer is not None, qk is not None,
+                             parallel if kind == "parallel" else 0)
 
 
 __all__ = ["DESCRIPTIONS", "KINDS", "LayerArchitecture", "attention_softmax", "classify_layer",

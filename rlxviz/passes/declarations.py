@@ -16,14 +16,15 @@ KINDS = ("post_ln", "pre_ln", "llama", "parallel", "cross_decoder", "attention_o
 """Every layer kind `passes.architecture.classify_layer` answers."""
 
 TRAITS = (*KINDS, "pre_norm", "kv_cache", "keep_mask", "no_mask", "causal_mask", "attention", "swiglu",
-          "grouped_query", "integer_qkv", "qk_norm")
+          "grouped_query", "integer_qkv", "qk_norm", "norm_per_sublayer")
 """What a pass's `expected_of` / `excused_by` / `listed_for` and a guard's `excused_in` / `gap_in` may name
 (`why.kinds.LayerArchitecture.has`): a kind, or `pre_norm` (the residual sum also feeds the next residual add),
 `kv_cache` (K/V read through a KV cache), `keep_mask` (the attention's mask is a keep mask), `no_mask` (its fused
 attention has no mask at all), `causal_mask` (its fused attention's mask is the causal kind), `attention` (the layer
 has an attention, fused or primitives), `swiglu` (a gated MLP), `grouped_query` (fewer K/V heads than query heads),
 `integer_qkv` (the attention's Q/K/V projected by integer matmuls: dynamic quantization), `qk_norm` (the attention's Q
-or K normalized between its projection and the attention: OLMo-2, Qwen3)."""
+or K normalized between its projection and the attention: OLMo-2, Qwen3), `norm_per_sublayer` (a parallel block whose
+attention and MLP each read their own norm of the residual sum: GPT-NeoX)."""
 
 TRAIT_WORDS: dict[str, str] = {
     "post_ln": "a post-LN layer", "pre_ln": "a pre-LN layer", "llama": "a LLaMA-style layer",
@@ -36,6 +37,7 @@ TRAIT_WORDS: dict[str, str] = {
     "swiglu": "a layer with a gated MLP", "grouped_query": "a layer with grouped-query attention",
     "integer_qkv": "a layer whose Q/K/V projections are integer matmuls (dynamic quantization)",
     "qk_norm": "a layer whose attention normalizes Q and K (QK-norm)",
+    "norm_per_sublayer": "a parallel block with a norm per sublayer",
 }
 """trait -> the layer it names, in words: what a pass's `unexpected` says its `expected_of` traits are
 (`{expected}`, `why.policy.not_expected`), so the sentence is the declaration itself, never a second copy of it."""

@@ -199,9 +199,11 @@ class Guard:
             factory shared by rules of which only some bind them.
         params: the pipeline parameters the guard reads (`size_le` gives its own; those its functions read by
             literal, `c.params.get("x")`, are added when it is built). Its pass declares them (`Pass.params`).
-        excused_in: layer traits (`passes.why.kinds.LayerArchitecture.has`, e.g. `pre_norm`) where a refusal by this
-            guard is the layer's design, not a miss: it does not count there (`excuse` says why). Set with `excused`.
-        excuse: why the refusal does not count in those layers.
+        excuses: `(layer trait, why)` pairs (`passes.why.kinds.LayerArchitecture.has`, e.g. `pre_norm`): in a layer
+            with the trait a refusal by this guard is the layer's design, not a miss: it does not count there, for
+            that why (`excuse_for`: the first pair whose trait the layer has, so a narrower layout, a parallel block
+            with a norm per sublayer, is worded apart from the wider one, pre-norm). Set with `excused` (one call
+            per wording; `excused_in` lists the traits).
         readers: for a guard that refuses because a value has readers besides the fusion (or is a graph output):
             `ctx -> (the value's role or node id, its extra readers' ids)`, or None when it cannot say. Its remedy and
             hint are then `reader_advice`'s (a model output: none in the model; dead readers: dead-code
@@ -230,8 +232,7 @@ class Guard:
     remedy: str = COMPILER_ONLY
     optional: tuple[str, ...] = ()
     params: tuple[str, ...] = ()
-    excused_in: tuple[str, ...] = ()
-    excuse: str = ""
+    excuses: tuple[tuple[str, str], ...] = ()
     readers: Callable[[Ctx], tuple[str | int, Sequence[int]] | None] | None = None
     gaps: tuple[tuple[str, str], ...] = ()
 
@@ -268,8 +269,19 @@ class Guard:
         return (IN_MODEL, self.hint) if why is None else (self.remedy, NO_MODEL_FIX + why)
 
     def excused(self, where: Sequence[str], why: str) -> Guard:
-        """This guard, its refusals not counted in layers with one of the traits `where` (`excused_in`), for `why`."""
-        return replace(self, excused_in=tuple(where), excuse=why)
+        """This guard, its refusals not counted in layers with one of the traits `where` (`excuses`), for `why`.
+        Chained calls add wordings; an earlier one wins for a layer with traits of both."""
+        return replace(self, excuses=(*self.excuses, *((t, why) for t in where)))
+
+    @property
+    def excused_in(self) -> tuple[str, ...]:
+        """The layer traits where a refusal by this guard does not count (`excuses`)."""
+        return tuple(dict.fromkeys(t for t, _ in self.excuses))
+
+    def excuse_for(self, has: Callable[[str], bool]) -> str | None:
+        """Why a refusal by this guard does not count in a layer whose traits `has` answers (the first of `excuses`
+        it has), or None: it counts there."""
+        return next((why for t, why in self.excuses if has(t)), None)
 
     def lacking(self, where: Sequence[str], what: str) -> Guard:
         """This guard, its refusals in layers with one of the traits `where` a gap in rlxviz's op `what` (`gaps`),

@@ -72,6 +72,13 @@ RESIDUAL_STREAM = ("{who} reads {value}: the residual stream continues past the 
 """What an extra reader that is the next residual add means (`extra_readers_why`): a pre-norm layout, whose residual
 sum feeds both the norm and the next sublayer's residual add; no probe, and nothing in the model to change."""
 
+RESIDUAL_STREAM_NORMS = ("{who} read {value}: a parallel block, whose sublayers' norms both read the residual stream, "
+                         "which continues past them; a fusion would have to return {value} too (compiler fix: a "
+                         "two-output {fused}, which takes the add into one of the norms only)")
+"""`RESIDUAL_STREAM` where another norm reads the sum too (GPT-NeoX's parallel block: the sum feeds the attention's
+norm, the MLP's norm and the next residual add): the other norm is named beside the add, and the compiler fix says
+what it leaves (one fused op absorbs the add once, `passes.whatif.without_guard`'s `already_fused`)."""
+
 _FUSED_OF_NORM = {Op.LAYER_NORM: Op.FUSED_RESIDUAL_LN, Op.RMS_NORM: Op.FUSED_RESIDUAL_RMS_NORM}
 
 
@@ -98,12 +105,17 @@ def continues_residual(g: Graph, i: int, u: int, limit: int = REACH_LIMIT) -> bo
 def residual_stream_why(g: Graph, i: int, extra: Sequence[int], name_of: Callable[[int], str], value: str
                         ) -> str | None:
     """`RESIDUAL_STREAM` worded for node `i` (a residual sum read by a norm) whose first extra reader continuing the
-    residual stream (`continues_residual`) is among `extra`, or None when none does or no norm reads `i` (then
-    the sum is no norm's residual, and the reader is worded as any other)."""
+    residual stream (`continues_residual`) is among `extra` (`RESIDUAL_STREAM_NORMS` when a norm is among them too),
+    or None when none does or no norm reads `i` (then the sum is no norm's residual, and the reader is worded as any
+    other)."""
     norms = [_FUSED_OF_NORM[u.op] for u in g.users(i) if u.op in _FUSED_OF_NORM]
     nxt = next((u for u in extra if continues_residual(g, i, u)), None)
     if not norms or nxt is None:
         return None
+    other = next((u for u in extra if u in g and g[u].op in _FUSED_OF_NORM), None)
+    if other is not None:  # a second norm of the same sum (a parallel block with a norm per sublayer)
+        return RESIDUAL_STREAM_NORMS.format(who=f"the other norm, {name_of(other)}, and the next residual add, "
+                                                f"{name_of(nxt)},", value=value, fused=norms[0].value)
     return RESIDUAL_STREAM.format(who=f"the next residual add, {name_of(nxt)},", value=value, fused=norms[0].value)
 
 
@@ -162,5 +174,6 @@ def reader_advice(c: Ctx, role: str | int, extra: Sequence[int], hint: str) -> t
     return IN_MODEL, f"{hint}: {who} {verb} no graph output (dead code): {rm}"
 
 
-__all__ = ["REACH_LIMIT", "live_nodes", "reaches_output", "KEEP_MATERIALISED", "RESIDUAL_STREAM", "RUN_DCE",
-           "continues_residual", "extra_readers_why", "reader_advice", "residual_stream_why"]
+__all__ = ["REACH_LIMIT", "live_nodes", "reaches_output", "KEEP_MATERIALISED", "RESIDUAL_STREAM",
+           "RESIDUAL_STREAM_NORMS", "RUN_DCE", "continues_residual", "extra_readers_why", "reader_advice",
+           "residual_stream_why"]

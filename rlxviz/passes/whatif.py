@@ -30,8 +30,9 @@ from ..ir import Graph, GraphError, Node, Op
 from ..ir.ops import ACTIVATIONS, EPILOGUE_ACTIVATIONS
 from ..ir.rewrite import Rewriter
 from .engine import attempt
-from .guard import ILLEGAL, NO_MODEL_FIX, Ctx, Guard, live_nodes
+from .guard import ILLEGAL, NO_MODEL_FIX, NOT_PROFITABLE, Ctx, Guard, live_nodes
 from .pipeline import PASSES, STAGES, Pipeline
+from .rule import Rule
 from .trace import PassStep, Rejection, Trace, layer_of
 
 STATEMENT = "statement"
@@ -265,14 +266,9 @@ def _passed(step: Any, guard: str) -> Any:
     return passed
 
 
-def without_guard(trace: Trace, step: int, r: Rejection) -> list[Blocker] | None:
-    """The compiler fix of refusal `r` (recorded by `trace.steps[step]`) applied as a what-if: `r`'s rule tried again
-    at `r.anchor` on the graph its pass saw, with `r`'s guard taken as passed (what a compiler fix that makes that
-    guard pass gives; `_passed`). Returns the failures that then remain, in step order ([]: the rule matches there;
-    a failure whose subject or highlighted edges hold `r`'s subject node is the same value's, and one whose compiler
-    fix is `r`'s, is covered by that fix and not counted),
-    or None when the guard is no step of the rule that can be passed (a structure miss, a soft guard), a step raises
-    past it, or the candidate is then no candidate at all: nothing is known."""
+def _fixed_attempt(trace: Trace, step: int, r: Rejection) -> tuple[Rule, Ctx, list[Blocker]] | None:
+    """`r`'s rule tried again at `r.anchor` with `r`'s guard taken as passed (`without_guard`'s what-if at its rule
+    alone): `(the rule as tried, its bound context, the failures that remain)`, or None when nothing is known."""
     if r.soft or r.stage != "guard":
         return None
     s = trace.steps[step]
@@ -283,8 +279,9 @@ def without_guard(trace: Trace, step: int, r: Rejection) -> list[Blocker] | None
     steps = tuple(_passed(st, r.guard) for st in rule.steps)
     if all(a is b for a, b in zip(steps, rule.steps, strict=True)):
         return None
+    fixed = replace(rule, steps=steps, source=rule.source)
     try:
-        _, fails = attempt(replace(rule, steps=steps, source=rule.source), s.before, r.anchor, s.params)
+        ctx, fails = attempt(fixed, s.before, r.anchor, s.params)
     except Exception:  # noqa: BLE001 - a step that raises past the guard: nothing is known of what follows
         return None
     if fails and fails[0].quiet:
@@ -303,6 +300,74 @@ def without_guard(trace: Trace, step: int, r: Rejection) -> list[Blocker] | None
             covered |= {f.subject} - {None}
             continue
         left.append((f.guard, f.kind, f.message))
+    return fixed, ctx, left
+
+
+def _taken(trace: Trace, step: int, r: Rejection, rule: Rule, ctx: Ctx) -> Blocker | None:
+    """The engine's `already_fused` (`engine.find`) for `r`'s match made by its compiler fix: the same fix at the
+    step's other refused places, in graph order, makes their matches first, and a node one of them absorbs is one
+    `r`'s match absorbs too (GPT-NeoX's parallel block: the residual sum feeds both sublayers' norms, and a
+    two-output FusedResidualLN takes the add into the first norm, so the second norm's match finds it taken). None
+    when no earlier match of the fix takes a node of `r`'s."""
+    s = trace.steps[step]
+    order = {n.id: k for k, n in enumerate(s.before)}
+    at = order.get(r.anchor)
+    if at is None:
+        return None
+    mine = {ctx.id(x) for x in rule.absorbed(ctx) if x not in rule.shared}
+    earlier = {o.anchor: o for o in s.rejections if o.headline and o.guard == r.guard and o.fix == r.fix
+               and order.get(o.anchor, at) < at}
+    rules = {x.name: x for x in (STAGES.get(s.pass_name) or PASSES[s.pass_name]).rules}
+
+    def absorbs(o: Rejection) -> set[int]:  # what the refusal's match would absorb, from the roles it bound
+        x = rules.get(o.rule)
+        if x is None:
+            return set()
+        fam = tuple(k[:-1] for k in x.absorb if k.endswith("*"))  # a numbered family: mm* binds mm0, mm1, ...
+        return {i for k, i in o.bindings.items() if k not in x.shared
+                and (k in x.absorb or any(k.startswith(f) and k[len(f):].isdigit() for f in fam))}
+
+    # only places linked to this one through nodes their matches would absorb can compete (tried in graph order, as
+    # `engine.find` claims): a 32-layer stack's other residual norms are never tried
+    near, todo = set(), set(mine)
+    while todo:
+        linked = {a for a, o in earlier.items() if a not in near and todo & absorbs(o)}
+        near |= linked
+        todo = {i for a in linked for i in absorbs(earlier[a])}
+    claimed: dict[int, Rejection] = {}
+    for o in sorted((earlier[a] for a in near), key=lambda o: order[o.anchor]):
+        got = _fixed_attempt(trace, step, o)
+        if got is None or got[2]:
+            continue
+        theirs = {got[1].id(x) for x in got[0].absorbed(got[1]) if x not in got[0].shared}
+        if not theirs & claimed.keys():
+            claimed |= dict.fromkeys(theirs, o)
+    both = sorted(mine & claimed.keys())
+    if not both:
+        return None
+    o = claimed[both[0]]
+    names = ", ".join(ctx.d(role) if (role := next((k for k, v in ctx.bindings.items() if v == i), None))
+                      else ctx.name_of(i) for i in both)
+    return ("already_fused", NOT_PROFITABLE, f"{names} is absorbed first by the same fix's match at %{o.anchor} "
+                                             f"({o.path or '-'}): a node goes into one fused op only")
+
+
+def without_guard(trace: Trace, step: int, r: Rejection) -> list[Blocker] | None:
+    """The compiler fix of refusal `r` (recorded by `trace.steps[step]`) applied as a what-if: `r`'s rule tried again
+    at `r.anchor` on the graph its pass saw, with `r`'s guard taken as passed (what a compiler fix that makes that
+    guard pass gives; `_passed`). Returns the failures that then remain, in step order ([]: the rule matches there;
+    a failure whose subject or highlighted edges hold `r`'s subject node is the same value's, and one whose compiler
+    fix is `r`'s, is covered by that fix and not counted); where the rule matches, the engine's `already_fused` when
+    the same fix at an earlier refused place of the step takes a node this match needs (`_taken`: two norms of one
+    residual sum), as `engine.find` would record it,
+    or None when the guard is no step of the rule that can be passed (a structure miss, a soft guard), a step raises
+    past it, or the candidate is then no candidate at all: nothing is known."""
+    got = _fixed_attempt(trace, step, r)
+    if got is None:
+        return None
+    rule, ctx, left = got
+    if not left and (taken := _taken(trace, step, r, rule, ctx)) is not None:
+        left.append(taken)
     return left
 
 

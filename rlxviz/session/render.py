@@ -13,14 +13,16 @@ pass of its first rejection, so the text and the picture never disagree.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..ir import Graph
 from ..passes import Trace, layer_of
 from ..passes.why.facts import made_nodes
+from ..passes.why.places import layer_places
 from ..passes.why.text import none_made_words
-from ..passes.why.verdict import RunVerdict
+from ..passes.why.verdict import LayerVerdict, RunVerdict
 from ..viz import Overlay, Verdict, render_dot, render_svg
 from .cache import LRUCache
 from .loading import layer_indices
@@ -85,10 +87,15 @@ def verdicts(trace: Trace) -> dict[int, Verdict]:
 
 
 def _verdicts(trace: Trace) -> dict[int, Verdict]:
-    run = RunVerdict.of(trace)
+    run, at = RunVerdict.of(trace), layer_places(trace)
+
+    def summary(v: LayerVerdict) -> tuple:  # what "same as layer K" compares of the verdict besides its words and guard
+        ops = Counter(item.split(" %", 1)[0] for item in (*v.done, *v.rewritten))
+        return tuple(sorted(ops.items())), at.get(v.layer, ())
+
     return {v.layer: Verdict(v.fused, v.first.guard if v.first is not None else "", v.reason, status=v.status,
                              none_made=none_made_words(v),
-                             held_back=v.fused and bool(v.op_gaps) and not v.has_fused_op)
+                             held_back=v.fused and bool(v.op_gaps) and not v.has_fused_op, summary=summary(v))
             for v in run.layers}  # the verdict's own words (`LayerVerdict.status`), as the Why tab and --json say
 
 

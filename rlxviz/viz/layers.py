@@ -10,8 +10,9 @@ the final one, what the whole pipeline did to the layer, whichever version is dr
 not yet as the final graph holds it (`Verdict.settled` False), the box says `final: fused` / `final: not fused` and,
 labelled `at this version:`, what the passes so far did to it (`unfused`, `partly fused`, ...), which also colours it,
 counting what their matches made in the layer: fused ops and plain ops a match made (`rewritten as attention`).
-A layer whose structure and status are those of an earlier layer (`layer_signature`) says so on its box: "same as
-layer 0", so that a 32-layer model reads as one layer and its exceptions.
+A layer whose structure, status and final verdict (its words, the ops it made, its refused places by pattern, guard
+and count) are those of an earlier layer (`layer_signature`) says so on its box: "same as layer 0", so that a 32-layer
+model reads as one layer and its exceptions.
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ class Verdict:
         made: on an unsettled verdict, ids of the layer's nodes in the version drawn that the run's matches made
             (`passes.why.facts.made_nodes`: the nodes the verdict lists as fused or rewritten), so the box's `at
             this version:` counts the plain ops a match made (the packed `attention`) beside the fused ones.
+        summary: the rest of the final verdict that "same as layer K" compares (`layer_signature`), with no node id
+            in it: the ops it lists as made (op -> count) and its refused places by pattern, guard, status and why
+            (`passes.why.places.layer_places`), e.g. granite's layer 1 with the residual-norm refusal at 2 places
+            against layer 0's 1; () when not given.
     """
 
     fused: bool
@@ -72,6 +77,7 @@ class Verdict:
     none_made: str = "nothing to fuse"
     held_back: bool = False
     made: frozenset[int] = frozenset()
+    summary: tuple = ()
 
     @property
     def word(self) -> str:
@@ -221,12 +227,20 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
     return groups
 
 
+SAME_AS = ("the same ops, shapes and wiring, and the same final verdict: its words, the ops it made and the places "
+           "each pattern refused (how many, and why)")
+"""What a "same as layer K" box's tooltip says two layers share: what `layer_signature` compares, no more."""
+
+
 def layer_signature(graph: Graph, g: LayerGroup) -> tuple:
     """What two layers share when they are the same: for each node of `g` in graph order its op, dtype, shape,
     attributes (the layer's own path in a text written as `<layer>`) and the pass that made it; each operand as its
     place among the layer's nodes or, from outside the layer, its dtype and shape and whether it is a weight; then
-    the layer's status, verdict and rejected guards. Node ids, names and weight values are left out: layer 3 of a
-    stack is the same as layer 0 when only those differ."""
+    the layer's status, rejected guards and final verdict: everything its box and tooltip say is the same
+    (`SAME_AS`), whichever version is drawn: the verdict's words, first guard, held-back mark and `Verdict.summary`
+    (the ops it made, its refused places by pattern, guard, status and how many: granite's layer 1, with one more
+    residual-norm place than layer 0, read "same as layer 0" at every version before the last). Node ids, names and
+    weight values are left out: layer 3 of a stack is the same as layer 0 when only those differ."""
     local = {n.id: k for k, n in enumerate(g.nodes)}
 
     def attr(v: object) -> object:
@@ -240,7 +254,8 @@ def layer_signature(graph: Graph, g: LayerGroup) -> tuple:
 
     nodes = tuple((n.op.value, str(n.dtype), tuple(n.shape), tuple(sorted((k, attr(v)) for k, v in n.attrs.items())),
                    n.pass_name or "", tuple(operand(i) for i in n.inputs)) for n in g.nodes)
-    verdict = (g.verdict.fused, g.verdict.guard, g.verdict.settled) if g.verdict is not None else None
+    v = g.verdict
+    verdict = (v.fused, v.guard, v.settled, v.word, v.held_back, v.summary) if v is not None else None
     return nodes, g.status, verdict, tuple(sorted({(r.rule, r.guard) for r in g.rejections}))
 
 
@@ -359,7 +374,7 @@ def status_text(g: LayerGroup) -> str:
 def _box_tooltip(g: LayerGroup) -> str:
     parts = [f"{g.title}: {status_text(g) or 'no layer'}", f"nodes: {' '.join(f'%{n.id}' for n in g.nodes[:60])}"]
     if g.same_as is not None:
-        parts.append(f"same as {layer_label(g.same_as)}: the same ops, shapes, wiring and verdict")
+        parts.append(f"same as {layer_label(g.same_as)}: {SAME_AS}")
     if g.verdict is not None and g.verdict.message:
         parts.append(f"why: {g.verdict.message}")
     for r in g.rejections:

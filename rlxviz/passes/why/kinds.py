@@ -43,6 +43,10 @@ class LayerArchitecture:
     qk_norm: bool = False
     """The attention's Q or K is normalized between its projection and the attention (`architecture.qk_norm`: OLMo-2,
     Qwen3): no FusedAttentionBlock of rlxviz's has a norm there (trait `qk_norm`)."""
+    parallel_norms: int = 0
+    """The norms of the residual stream a parallel block's sublayers read: 1 (GPT-J, Falcon: one norm feeds the
+    attention and the MLP) or 2 (GPT-NeoX: one each, so the residual sum feeds two norms and the next residual add;
+    trait `norm_per_sublayer`); 0 for any other kind."""
 
     @property
     def post_ln(self) -> bool:
@@ -62,15 +66,17 @@ class LayerArchitecture:
         none), `causal_mask` (its fused attention's mask is the causal kind), `attention` (it has one, fused or
         primitives: `mask` is not None), `swiglu` or `grouped_query` (an attention with fewer K/V heads than query
         heads, read from the evidence), `integer_qkv` (its Q/K/V projected by integer matmuls), `qk_norm` (its Q or K
-        normalized before the attention). The traits a pass's
-        `expected_of` / `excused_by` / `listed_for` / `lacks` and a guard's `excused_in` / `gap_in` name."""
+        normalized before the attention), `norm_per_sublayer` (a parallel block whose sublayers each read their own
+        norm of the residual sum, `parallel_norms`). The traits a pass's `expected_of` / `excused_by` / `listed_for` /
+        `lacks` and a guard's `excused_in` / `gap_in` name."""
         if trait == "grouped_query":
             return self.mask is not None and any("grouped-query" in e for e in self.evidence)
         return {"pre_norm": self.pre_norm, "kv_cache": self.kv_cache, "keep_mask": self.mask == "keep",
                 "no_mask": self.mask == "none", "causal_mask": self.mask == "causal",
                 "post_ln": self.post_ln, "attention": self.mask is not None,
                 "swiglu": self.swiglu, "integer_qkv": self.integer_qkv,
-                "qk_norm": self.qk_norm}.get(trait, self.kind == trait)
+                "qk_norm": self.qk_norm, "norm_per_sublayer": self.kind == "parallel" and self.parallel_norms > 1,
+                }.get(trait, self.kind == trait)
 
     def not_expected(self, pass_name: str, guard: str = "") -> str | None:
         """Why a rejection of `pass_name` at `guard` does not count in this layer (None: it counts;

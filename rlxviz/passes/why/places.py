@@ -138,5 +138,28 @@ def places(trace: Trace, step: int) -> Places:
     return Places(near, excused, excused_at, list(lacks))
 
 
-__all__ = ["LEFT_OUT_STATUS", "PLACE_UNIT", "REJECTED", "Places", "near_miss_item", "place_standings", "place_status",
-           "places"]
+PlaceCount = tuple[str, str, str, str, int]
+"""`(rule, headline guard, status word, why, how many places)`: a layer's places of one kind (`layer_places`)."""
+
+
+def layer_places(trace: Trace) -> dict[int, tuple[PlaceCount, ...]]:
+    """Layer -> its refused places over the whole run, counted by rule, headline guard, status word (`place_status`:
+    `rejected`, `not expected here`, `gap in rlxviz's ops`, ...) and why (`standing`'s reason: the same for every
+    place of a kind, a node named nowhere), sorted: what the app's layer drawing compares beyond the verdict's words
+    when it calls a layer "same as" another (granite's layer 1 has the residual-norm refusal at 2 places, layer 0 at
+    1: not the same verdict). Node ids and paths are left out, so identical layers of a stack count alike."""
+    counts: dict[int, dict[tuple[str, str, str, str], int]] = {}
+    for k, s in enumerate(trace.steps):
+        if not s.rejections:
+            continue
+        for head, st in place_standings(trace, k).values():
+            if head.layer is None:
+                continue
+            key = (head.rule, head.guard, place_status(head, st), st[1] if st is not None else "")
+            per = counts.setdefault(head.layer, {})
+            per[key] = per.get(key, 0) + 1
+    return {layer: tuple(sorted((*key, n) for key, n in per.items())) for layer, per in counts.items()}
+
+
+__all__ = ["LEFT_OUT_STATUS", "PLACE_UNIT", "REJECTED", "PlaceCount", "Places", "layer_places", "near_miss_item",
+           "place_standings", "place_status", "places"]

@@ -5,7 +5,7 @@ turns them into "expected" and "not expected here", and nothing outside `passes/
 is about and is only read here: a pass declares its product and the layer traits that expect it (`Pass.product`,
 `expected_of`, `excused_by`, `unexpected`, `listed_for`), whether it is the whole-layer pass (`whole_layer`), which
 unrecognized families it recognizes (`recognizes_families`) and what quantized activations do to it
-(`quantization`); a guard declares where its refusal is excused (`Guard.excused_in`, `excuse`). No pass name is
+(`quantization`); a guard declares where its refusal is excused (`Guard.excuses`). No pass name is
 written here, so a renamed pass or guard carries its policy with it.
 """
 
@@ -181,8 +181,8 @@ def not_expected(arch: LayerKind, pass_name: str, guard: str = "") -> str | None
             return u(arch) if callable(u) else u.format(description=arch.description, mask=arch.mask,
                                                         product=p.product or p.name, expected=expected_of_words(p))
     g = _guards(pass_name).get(guard) if guard else None
-    if g is not None and any(arch.has(t) for t in g.excused_in):
-        return g.excuse
+    if g is not None and (why := g.excuse_for(arch.has)) is not None:
+        return why
     if _quantized_out(arch, pass_name):
         return (f"the layer's activations are quantized ({arch.quantized} quantization step(s) of computed values: "
                 f"round(x / scale) + zero point, then dequantized): a fused op of the float pattern would skip those "
@@ -370,12 +370,12 @@ def check_declarations() -> None:
         if p.expected_of and not p.unexpected:
             raise RuleError(f"[Pass {p.name}] expected_of without `unexpected`: say why the others do not expect it")
         for g in _guards(p.name).values():
-            for t in g.excused_in:
+            for t, why in g.excuses:
                 if t not in TRAITS:
                     raise RuleError(f"[Guard {g.name}] unknown layer trait {t!r}{close(t, TRAITS)}; known: "
                                     f"{', '.join(TRAITS)}")
-            if g.excused_in and not g.excuse:
-                raise RuleError(f"[Guard {g.name}] excused_in without an excuse")
+                if not why:
+                    raise RuleError(f"[Guard {g.name}] excused_in {t!r} without an excuse")
             for t in g.gap_in:
                 if t not in TRAITS:
                     raise RuleError(f"[Guard {g.name}] unknown layer trait {t!r} in gap_in{close(t, TRAITS)}; known: "

@@ -142,8 +142,9 @@ class LayerVerdict:
     missed: list[MissedFusion] = field(default_factory=list)
     """The misses as data (`misses` is their text; `--json` carries the text only)."""
     rewritten: list[str] = field(default_factory=list)
-    """The plain ops the layer's matches made (`ir.ops.made_as`: `rewritten as`, e.g. `attention %58 (fuse_sdpa)`,
-    a canonicalization's `transpose %12 (canonicalize_exported)`), items as `done`'s: no fusion, so not in `done`."""
+    """The plain ops the layer's matches made (`ir.ops.made_as`: `rewritten as`), each named by the rule or stage that
+    made it, e.g. `attention %58 (fuse_sdpa.hf_attention)`, `attention %237 (fuse_attention_block.qkv_columns)` (its
+    QKV columns reordered: still an `attention`, the pass's block not made): no fusion, so not in `done`."""
     gaps: list[OpGap] = field(default_factory=list)
     """The gaps in rlxviz's ops that the layer's refusals ran into (`excused.layer_gaps`: not the model's layout),
     each its op form, rule, what ran into it, its places and what fails next when its compiler fix alone is applied
@@ -473,10 +474,10 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     rewritten: list[str] = []
     expected = layer_op if expect_ftl else ""
     if not arch.post_ln or ftl_illegal or ftl_excused is not None:
-        items = [(op, f"{op} %{n} ({o.pass_name})") for o in ex.outcomes if o.status == "fused"
-                for n in o.nodes if (op := op_of(trace, n)) is not None]
-        done = [item for op, item in items if made_as(Op(op)) == FUSED_INTO]  # a plain op a rewrite made: rewritten
-        rewritten = [item for op, item in items if made_as(Op(op)) != FUSED_INTO]
+        items = [(op, n, o) for o in ex.outcomes if o.status == "fused" for n in o.nodes
+                 if (op := op_of(trace, n)) is not None]  # a fused op by its pass, a plain op by the rule that made it
+        done = [f"{op} %{n} ({o.pass_name})" for op, n, o in items if made_as(Op(op)) == FUSED_INTO]
+        rewritten = [f"{op} %{n} ({o.rule})" for op, n, o in items if made_as(Op(op)) != FUSED_INTO]
         wanted = [o.pass_name for o in ex.outcomes
                   if (o.status == "fused" and makes_product(o.pass_name, o.rule)) or o in rejected]
         expected = ", ".join(product(n, made_by(trace, ex, n), [o.rule for o in ex.outcomes if o.pass_name == n
