@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ...ir.ops import REWRITTEN_AS
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
 from ..trace import layer_label
-from .caveat import CAVEAT
+from .caveat import CAVEAT, WORKAROUND
 
 if TYPE_CHECKING:  # for annotations only: the verdicts word themselves through this module
     from .verdict import LayerVerdict, RunVerdict
@@ -37,6 +37,9 @@ GAP_IS_THE_COMPILERS = "a compiler fix, nothing in the model to change"
 _ALONE = re.compile(re.escape(CAVEAT).replace(re.escape("{blocker}"), "(.+?)"))
 """`caveat.CAVEAT` as a pattern, its blocker captured: the caveat of a not-expected line whose compiler fix alone
 leaves a refusal standing."""
+
+_WORKAROUND = WORKAROUND.split("{fix}")[0]
+"""How a not-expected line names a model-side workaround beside its compiler fix (`caveat.WORKAROUND`)."""
 
 GROUP_OVER = 3
 """More fused ops than this of one op from one pass are one item of a layer's line (`fused_list`)."""
@@ -252,14 +255,20 @@ def gap_words(r: RunVerdict) -> str:
         return ""
     counts = [f"{n} {w}" for w, made in ((FUSED_AS_FAR_AS_OPS, True), (HELD_BACK_BY_OPS, False))
               if (n := sum(s.has_fused_op == made for s in short))]
-    blockers = [m.group(1) for s in short for m in [next(filter(None, (_ALONE.search(x) for x in s.not_expected
-                                                                      if "gap in rlxviz's ops" in x)), None)] if m]
-    if not blockers:
-        return f"{', '.join(counts)} (rlxviz lacks {', '.join(gap_forms(r))}: {GAP_IS_THE_COMPILERS})"
-    # the compiler fix alone leaves a refusal standing (`caveat.fix_caveat`): "nothing in the model to change" is
-    # not shown true there, so the headline says what fails next instead
-    return (f"{', '.join(counts)} (rlxviz lacks {', '.join(gap_forms(r))}: a compiler fix; alone it is not enough in "
-            f"{len(blockers)} of them: {', '.join(dict.fromkeys(blockers))} fails next)")
+    gap_lines = [[x for x in s.not_expected if "gap in rlxviz's ops" in x] for s in short]
+    blockers = [m.group(1) for lines in gap_lines for m in [next(filter(None, map(_ALONE.search, lines)), None)] if m]
+    worked = sum(any(_WORKAROUND in x for x in lines) for lines in gap_lines)
+    lacks = f"{', '.join(counts)} (rlxviz lacks {', '.join(gap_forms(r))}"
+    if not blockers and not worked:
+        return f"{lacks}: {GAP_IS_THE_COMPILERS})"
+    # the compiler fix alone leaves a refusal standing (`caveat.fix_caveat`), or a checked change to the model makes
+    # the fusion too (`caveat.model_fix_note`): "nothing in the model to change" is not true there, so the headline
+    # says what fails next, and in how many layers the model can be changed instead
+    alone = (f"; alone it is not enough in {len(blockers)} of them: {', '.join(dict.fromkeys(blockers))} fails next"
+             if blockers else "")
+    workaround = (f"; {_WORKAROUND.rstrip(': ')} in {worked} of them (their not-expected lines name it)"
+                  if worked else "")
+    return f"{lacks}: a compiler fix{alone}{workaround})"
 
 
 def run_dict(r: RunVerdict) -> dict[str, Any]:

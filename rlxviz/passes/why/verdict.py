@@ -22,7 +22,7 @@ from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
 from ..report import MissedFusion, left_out_line, left_out_rejections
 from ..trace import Rejection, Trace, layer_of, resolve_layers, same_stack_as
 from . import text
-from .caveat import fix_caveat
+from .caveat import line_caveats
 from .facts import RunFacts, illegal_here, made_by, op_of, recognized, silent
 from .kinds import LayerArchitecture
 from .policy import (
@@ -407,7 +407,7 @@ def expected_misses(trace: Trace, arch: Architecture, layer: int | None
         if ex is None:
             kept.append(m)
             continue
-        why = with_caveat(ex[1], fix_caveat(trace, m.pattern, m.node, m.guard, arch))
+        why = with_caveat(ex[1], line_caveats(trace, m.pattern, m.node, m.guard, arch))
         groups.setdefault((m.pattern, m.guard, why), (m, {}))[1][m.node] = m.path
     ignored: dict[tuple[str, str], str] = {}
     for (pattern, guard, why), (m, at) in groups.items():  # the guard's own reason first, then why it does not count
@@ -562,7 +562,7 @@ def standing(trace: Trace, r: Rejection) -> tuple[str, str] | None:
     ex = excuse(arch, r.pass_name, r.guard, r.kind, r.remedy)
     if ex is not None and ex[0] == NOT_EXPECTED_HERE and arch is not None:
         group = OP_GAP_GROUP if op_gaps(arch, r.pass_name, r.guard) else NOT_EXPECTED_HERE
-        return group, with_caveat(ex[1], fix_caveat(trace, r.rule, r.anchor, r.guard, arch))
+        return group, with_caveat(ex[1], line_caveats(trace, r.rule, r.anchor, r.guard, arch))
     if ex is not None or layer is None or arch is None:
         return ex
     if any((o.rule, o.nodes[0] if o.nodes else None) == (r.rule, r.anchor)
