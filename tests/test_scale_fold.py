@@ -46,6 +46,7 @@ def _attention(heads: int, d: int, scale: str, squashed: bool = False) -> Graph:
     qk = f"[2, {heads}, 8, 8]"
     hd = f"[2, {heads}, 8, {d}]"
     squash = f"  %51 = tanh(%9) : f32[2, 8, {h}] @layers.0.self_attn\n" if squashed else ""
+    q = "%51" if squashed else "%9"
     text = f"""graph scaled_attention {{
   %0 = input {{name="hidden_states"}} : f32[2, 8, {h}]
   %1 = input {{name="attention_mask"}} : i64[2, 8]
@@ -67,7 +68,7 @@ def _attention(heads: int, d: int, scale: str, squashed: bool = False) -> Graph:
   %17 = reshape(%16) {{shape=[1, 1, 8, {d}]}} : f32[1, 1, 8, {d}] @layers.0.self_attn
   %18 = concat(%15, %15) {{axis=1}} : f32[8, {d}] @layers.0.self_attn
   %19 = reshape(%18) {{shape=[1, 1, 8, {d}]}} : f32[1, 1, 8, {d}] @layers.0.self_attn
-{squash}  %20 = reshape({'%51' if squashed else '%9'}) {{shape=[2, 8, {heads}, {d}]}} : f32[2, 8, {heads}, {d}] @layers.0.self_attn
+{squash}  %20 = reshape({q}) {{shape=[2, 8, {heads}, {d}]}} : f32[2, 8, {heads}, {d}] @layers.0.self_attn
   %21 = transpose(%20) {{perm=[0, 2, 1, 3]}} : f32{hd} @layers.0.self_attn
   %22 = mul(%21, %17) : f32{hd} @layers.0.self_attn
   %23 = narrow(%21) {{axis=3, start=0, length={half}}} : f32[2, {heads}, 8, {half}] @layers.0.self_attn

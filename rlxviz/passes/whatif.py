@@ -227,8 +227,8 @@ def _fold_scale(trace: Trace, step: PassStep, r: Rejection) -> Change | None:
     fold = scale_fold(trace.input, trace.steps[:k], r)
     if fold is None:
         return None
-    what = (f"the scale folded into {trace.input[fold.proj].path or 'the Q projection'} (node {fold.proj}): weight * "
-            f"{fold.ratio:.6g}, scores scaled by 1/sqrt({fold.head_dim})")
+    what = (f"the scale folded into the Q projection (node {fold.proj}): weight * {fold.ratio:.6g}, scores scaled by "
+            f"1/sqrt({fold.head_dim})")
     return Change(what, folded_graph(trace.input, fold), fold.exact, not fold.reals)
 
 

@@ -12,9 +12,11 @@ projection to the attention's Q operand is a layout move (reshape, transpose, na
 negation, a concat of such values, a sum of such values (RoPE's `q * cos + rotate_half(q) * sin`), a product or a
 division by a value that does not depend on the projection (a cos/sin table, a Q pre-scale), or the rope op; the
 projection's only extra term is its bias (scaled too); no node on those paths has a reader off them or is a graph
-output. A scalar factor commutes with every such node, so the numbers are equal in real arithmetic; when `ratio` is a
-power of two the change is exact in the model's dtype too (barring overflow or underflow), otherwise the scaled
-weight and the new scale constant differ by rounding only.
+output; no scalar scale on them is one `fuse_sdpa` could not fold (ESM scales Q before its RoPE: the block cannot
+take that scale either way, and `scale_blame.scale_origin` says what to do there). A scalar factor commutes with
+every such node, so the numbers are equal in real arithmetic; when `ratio` is a power of two the change is exact in
+the model's dtype too (barring overflow or underflow), otherwise the scaled weight and the new scale constant differ
+by rounding only.
 
 The scale node changed is one `fuse_sdpa` folded into the attention's `scale` (the scores' scale, else a Q or K
 pre-scale): its constant becomes `old / ratio`, so the folded product is the default and `fuse_sdpa` records none.
@@ -32,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ...ir import Graph, Node, Op, Rewriter
+from ..pattern import is_const
 from ..trace import Rejection
 from .attention import FACTORS
 from .scale_blame import ROLE_NAMES
@@ -52,7 +55,8 @@ class ScaleFold:
     Attributes:
         scale / head_dim: the attention's scale and head_dim; `default` is 1/sqrt(head_dim).
         ratio: `scale / default` as the weight's dtype holds it: what the weight (and bias) are multiplied by.
-        proj: the Q projection's matmul (a node of the user's graph); `weight` its weight operand.
+        proj: the Q projection's matmul (a node of the user's graph); `weight` its weight operand; `qk` the scores'
+            matmul that reads Q.
         bias: the projection's bias add and its bias operand, or None.
         factor / factor_const: the scale node whose constant changes, and that constant; `role` its `FACTORS` role.
         new_value: the factor node's new constant (as its dtype holds it).
@@ -67,6 +71,7 @@ class ScaleFold:
     ratio: float
     proj: int
     weight: int
+    qk: int
     bias: tuple[int, int] | None
     factor: int
     factor_const: int
@@ -136,10 +141,12 @@ def _between(g: Graph, proj: int, start: int) -> set[int]:
     return down & up
 
 
-def _linear(g: Graph, path: set[int], proj: int, start: int, reader: int) -> tuple[tuple[int, int] | None, bool] | None:
+def _linear(g: Graph, path: set[int], proj: int, start: int, reader: int, folded: set[int]
+            ) -> tuple[tuple[int, int] | None, bool] | None:
     """`(the projection's bias add and bias, whether a rotation lies on the path)` when `start` is a linear function of
     `proj`'s output through the nodes `path` (module docstring), else None. `reader` is the node that reads `start`
-    (the scores' matmul)."""
+    (the scores' matmul); `folded` the scale nodes `fuse_sdpa` folded into the attention: a scalar scale on the path
+    that is none of them (ESM's Q scaled before its RoPE) is not folded, and `scale_origin` words its own advice."""
     bias: tuple[int, int] | None = None
     rope = False
     memo: dict[int, bool] = {}
@@ -161,6 +168,8 @@ def _linear(g: Graph, path: set[int], proj: int, start: int, reader: int) -> tup
                 bias, ok = (i, off[0]), True
             else:
                 ok = not off
+        elif n.op in (Op.MUL, Op.DIV) and i not in folded and any(is_const(g[j]) for j in off):
+            ok = False  # a scale fuse_sdpa could not fold: the block cannot take it between projection and RoPE
         elif n.op == Op.MUL:
             ok = len(on) == 1 and len(off) == 1
         elif n.op == Op.DIV:
@@ -206,7 +215,7 @@ def scale_fold(g: Graph, steps: Sequence[Any], r: Rejection) -> ScaleFold | None
     proj = _projection(g, start)
     if proj is None:
         return None
-    got = _linear(g, _between(g, proj, start), proj, start, qk.id)
+    got = _linear(g, _between(g, proj, start), proj, start, qk.id, {b[r_] for r_, _ in FACTORS if r_ in b})
     if got is None:
         return None
     bias, rope = got
@@ -221,8 +230,8 @@ def scale_fold(g: Graph, steps: Sequence[Any], r: Rejection) -> ScaleFold | None
     if not all(math.isfinite(x) and x != 0.0 for x in (ratio, f_new, new_value)):
         return None
     f_kept = 1.0 / new_value if g[factor].op == Op.DIV else new_value
-    return ScaleFold(scale, d, ratio, proj, weight, bias, factor, const, role, new_value, rope, _power_of_two(ratio),
-                     ratio * f_kept == f_old)
+    return ScaleFold(scale, d, ratio, proj, weight, qk.id, bias, factor, const, role, new_value, rope,
+                     _power_of_two(ratio), ratio * f_kept == f_old)
 
 
 def _named(g: Graph, i: int) -> str:
@@ -237,7 +246,8 @@ def fold_hint(g: Graph, f: ScaleFold) -> str:
     1/sqrt(16): the scores' scale mul (node 62) by 0.25 instead of 0.0625 (exact here: 0.25 is a power of two and RoPE
     is linear)`; "exact" only for a power-of-two ratio, else the same numbers up to rounding."""
     p = g[f.proj]
-    short = p.path.rsplit(".", 1)[-1] if p.path else "the Q projection"
+    own = p.path and p.path != g[f.qk].path  # the projection's own module (q_proj), not the attention's
+    short = p.path.rsplit(".", 1)[-1] if own else "the Q projection"
     what = f"its weight {_named(g, f.weight)}" + (f" and its bias {_named(g, f.bias[1])}" if f.bias else "")
     node = g[f.factor]
     old = typed_value(g[f.factor_const])
