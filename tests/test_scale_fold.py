@@ -11,6 +11,7 @@ not-expected gap line and the headline name the workaround instead of "nothing i
 
 from __future__ import annotations
 
+import html
 import json
 import math
 from pathlib import Path
@@ -20,12 +21,15 @@ import pytest
 from clirun import run as cli_run
 from test_fix_whatif import _feeds_weights
 
+from rlxviz.app.panels import op_gap_mark
 from rlxviz.ir import Graph, Op, parse_ir
 from rlxviz.passes import Pipeline
 from rlxviz.passes.guard import NO_MODEL_FIX
 from rlxviz.passes.rules.scale_fold import scale_fold
 from rlxviz.passes.trace import Trace
 from rlxviz.passes.whatif import WhatIf, fused_more, what_if
+from rlxviz.passes.why.places import places
+from rlxviz.passes.why.text import GAP_HAS_A_WORKAROUND
 from rlxviz.runtime import run_reference
 from rlxviz.runtime.compare import close
 from rlxviz.runtime.precision import Tolerance, precision_policy
@@ -225,3 +229,20 @@ def test_the_fold_is_checked_without_verbose_too(capsys):
     trace = Pipeline.canonical().run(m.graph)
     _, fixes = checked_verdict(trace, m.name, m.random_feeds(0), m.weights)
     assert [(f.anchor, f.status) for f in fixes if f.guard == "default_scale"] == [(207, CHECKED), (210, CHECKED)]
+
+
+def test_the_app_says_the_workaround_where_it_says_the_gap():
+    """The start strip's layer line and the chip's gap mark read the same words as the headline (`text.gap_asks`):
+    granite's gap is a compiler fix with a workaround in the model, not "nothing in the model to change"."""
+    from test_app_start_own_model import _line, _onnx_start
+
+    s, start = _onnx_start("cases/granite.onnx")
+    start.why.clicks += 1
+    said = _line(start)
+    assert (f"Layer 0 fused as far as rlxviz's ops go (rlxviz lacks FusedAttentionBlock with a non-default scale: "
+            f"{GAP_HAS_A_WORKAROUND})") in said, said
+    k = next(i for i, st in enumerate(s.trace.steps) if st.pass_name == "fuse_attention_block")
+    p = places(s.trace, k)
+    mark = html.unescape(op_gap_mark(p.gaps, None, p.lacks))
+    assert f"rlxviz's ops lack FusedAttentionBlock with a non-default scale: {GAP_HAS_A_WORKAROUND}. " in mark, mark
+    assert "nothing in the model to change" not in mark

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ...ir.ops import REWRITTEN_AS
@@ -72,14 +73,37 @@ it: one, many. A `MODEL_TERM` place is a fusion that kept the model's term as it
 1 + w) or a rule that left the model's own structure as it is (cross-attention: the attention stays packed)."""
 
 
-def left_out_heading(group: str, n: int) -> str:
+GAP_HAS_A_WORKAROUND = "a compiler fix; a workaround in the model too (its not-expected line names it)"
+"""`GAP_IS_THE_COMPILERS` where a checked change to the model also works around the gap (`caveat.model_fix_note`)."""
+
+
+def gap_asks(lines: Iterable[str]) -> str:
+    """What a gap in rlxviz's ops asks of whom, for a layer or places whose not-expected reasons are `lines`:
+    `GAP_IS_THE_COMPILERS`, or `GAP_HAS_A_WORKAROUND` when one of them names a model-side workaround
+    (`caveat.WORKAROUND`). The app's layer strip and chip marks read it, as the headline reads `gap_words`."""
+    return GAP_HAS_A_WORKAROUND if any(_WORKAROUND in x for x in lines) else GAP_IS_THE_COMPILERS
+
+
+_GAP_WORKAROUND_HEADINGS = (
+    "refusal at a gap in rlxviz's ops (a compiler fix; a workaround in the model too, its reason names it; not a "
+    "near-miss)",
+    "refusals at gaps in rlxviz's ops (compiler fixes; a workaround in the model too where a reason names one; not "
+    "near-misses)")
+"""The gap group's headings when one of its items names a model-side workaround (`gap_asks`)."""
+
+
+def left_out_heading(group: str, n: int, items: Iterable[str] = ()) -> str:
     """The heading of `n` items of a `verdict.LEFT_OUT_GROUPS` group, e.g. `1 lookalike, not a candidate (nothing to
-    fix, not a near-miss)`; the text's line ends it with a colon, the app's chips say it in a tooltip.
+    fix, not a near-miss)`; the text's line ends it with a colon, the app's chips say it in a tooltip. `items` (the
+    group's lines, when known): the gap group's heading says a workaround in the model where one of them names one,
+    not "nothing in the model to change" (`gap_asks`).
 
     Raises:
         KeyError: `group` is not one of `verdict.LEFT_OUT_GROUPS` or `standing.STANDING_GROUPS`.
     """
     one, many = _LEFT_OUT_HEADINGS[group]
+    if group == "gap in rlxviz's ops" and gap_asks(items) == GAP_HAS_A_WORKAROUND:
+        one, many = _GAP_WORKAROUND_HEADINGS
     return f"{n} {one if n == 1 else many}"
 
 
@@ -249,7 +273,9 @@ def gap_forms(r: RunVerdict) -> list[str]:
 def gap_words(r: RunVerdict) -> str:
     """The headline's count of the layers held back only by rlxviz's ops (`LayerVerdict.gap_only`), by their status
     words, and what rlxviz lacks: `1 held back by rlxviz's ops (rlxviz lacks FusedAttentionBlock with QK-norm: a
-    compiler fix, nothing in the model to change)`; "" when there are none."""
+    compiler fix, nothing in the model to change)`; where layers' not-expected lines name a model-side workaround
+    (`caveat.model_fix_note`), in how many: `(rlxviz lacks FusedAttentionBlock with a non-default scale: a compiler
+    fix; a workaround in the model in 2 of them (their not-expected lines name it))`; "" when there are none."""
     short = [s for s in r.layers if s.gap_only]
     if not short:
         return ""
@@ -278,7 +304,8 @@ def run_dict(r: RunVerdict) -> dict[str, Any]:
             "checked_layers": len(r.layers), "gap_layers": r.gap_layers, "gap_forms": gap_forms(r),
             "final_op_counts": r.counts, "layers": [layer_dict(s) for s in r.layers],
             "misses": r.misses, "not_expected": r.not_expected, "left_out": r.left_out,
-            "left_out_groups": [{"kind": g, "heading": left_out_heading(g, len(lines)), "items": lines}
+            "left_out_groups": [{"kind": g, "heading": left_out_heading(g, len(lines), lines),
+                                 "items": lines}
                                 for g, lines in r.left_out_groups.items()],
             "architecture": None if r.architecture is None else dataclasses.asdict(r.architecture),
             "crashed_passes": r.crashed, "recognized": r.recognized, "expect": r.expect,
@@ -324,10 +351,10 @@ def headline_notes(r: RunVerdict) -> list[str]:
 def _left_out(r: RunVerdict) -> list[str]:
     """Each group of `left_out_groups`: its heading (`left_out_heading`), then its lines indented."""
     return [ln for g, lines in r.left_out_groups.items()
-            for ln in (f"{left_out_heading(g, len(lines))}:", *(f"  {x}" for x in lines))]
+            for ln in (f"{left_out_heading(g, len(lines), lines)}:", *(f"  {x}" for x in lines))]
 
 
-__all__ = ["FUSED_AS_FAR_AS_OPS", "GAP_IS_THE_COMPILERS", "GROUP_OVER", "HELD_BACK_BY_LEGAL_AND_OPS",
-           "HELD_BACK_BY_OPS", "NOTHING_TO_FUSE", "NO_FUSED_OP", "fused_list", "gap_forms", "gap_words", "headline",
-           "headline_notes", "judged_words", "layer_dict", "left_out_heading", "made_words", "none_made_words",
-           "outcome_dict", "render_layer", "render_run", "run_dict"]
+__all__ = ["FUSED_AS_FAR_AS_OPS", "GAP_HAS_A_WORKAROUND", "GAP_IS_THE_COMPILERS", "GROUP_OVER",
+           "HELD_BACK_BY_LEGAL_AND_OPS", "HELD_BACK_BY_OPS", "NOTHING_TO_FUSE", "NO_FUSED_OP", "fused_list",
+           "gap_forms", "gap_words", "headline", "headline_notes", "judged_words", "layer_dict", "left_out_heading",
+           "made_words", "none_made_words", "gap_asks", "outcome_dict", "render_layer", "render_run", "run_dict"]
