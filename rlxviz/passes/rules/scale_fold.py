@@ -97,19 +97,19 @@ def _fuse_sdpa_match(steps: Sequence[Any], attn: int) -> tuple[dict[str, int], N
     return None
 
 
-def _static(g: Graph, i: int, memo: dict[int, bool]) -> bool:
-    """Node `i` reads no graph input (a weight, a constant, a table computed from them)."""
-    if i not in memo:
-        memo[i] = True  # a cycle cannot occur in a DAG; set first to bound the recursion
-        n = g[i]
-        memo[i] = n.op != Op.INPUT and all(_static(g, j, memo) for j in n.inputs)
-    return memo[i]
+def _dynamic(g: Graph) -> set[int]:
+    """The nodes that read a graph input (the others are weights, constants and tables computed from them), in one
+    sweep in graph order (no recursion: a deep model's chains are longer than Python's stack)."""
+    out: set[int] = set()
+    for n in g:
+        if n.op == Op.INPUT or any(j in out for j in n.inputs):
+            out.add(n.id)
+    return out
 
 
-def _projection(g: Graph, start: int) -> int | None:
-    """The one matmul by a weight (`x @ W`, W reading no graph input, x reading one) reached from `start` up
-    through `_WALK` ops, or None (none, or several)."""
-    memo: dict[int, bool] = {}
+def _projection(g: Graph, start: int, dynamic: set[int]) -> int | None:
+    """The one matmul by a weight (`x @ W`, W reading no graph input, x reading one: `dynamic`) reached from `start`
+    up through `_WALK` ops, or None (none, or several)."""
     seen: set[int] = set()
     todo, found = [start], set()
     while todo and len(seen) < 256:
@@ -118,10 +118,10 @@ def _projection(g: Graph, start: int) -> int | None:
             continue
         seen.add(i)
         n = g[i]
-        if n.op == Op.MATMUL and _static(g, n.inputs[1], memo) and not _static(g, n.inputs[0], memo):
+        if n.op == Op.MATMUL and n.inputs[1] not in dynamic and n.inputs[0] in dynamic:
             found.add(i)
         elif n.op in _WALK:
-            todo += [j for j in n.inputs if not _static(g, j, memo)]
+            todo += [j for j in n.inputs if j in dynamic]
     return found.pop() if len(found) == 1 else None
 
 
@@ -141,7 +141,7 @@ def _between(g: Graph, proj: int, start: int) -> set[int]:
     return down & up
 
 
-def _linear(g: Graph, path: set[int], proj: int, start: int, reader: int, folded: set[int]
+def _linear(g: Graph, path: set[int], proj: int, start: int, reader: int, folded: set[int], dynamic: set[int]
             ) -> tuple[tuple[int, int] | None, bool] | None:
     """`(the projection's bias add and bias, whether a rotation lies on the path)` when `start` is a linear function of
     `proj`'s output through the nodes `path` (module docstring), else None. `reader` is the node that reads `start`
@@ -149,7 +149,6 @@ def _linear(g: Graph, path: set[int], proj: int, start: int, reader: int, folded
     that is none of them (ESM's Q scaled before its RoPE) is not folded, and `scale_origin` words its own advice."""
     bias: tuple[int, int] | None = None
     rope = False
-    memo: dict[int, bool] = {}
     for i in path:
         n = g[i]
         if g.is_output(i) or any(u.id not in path and not (i == start and u.id == reader) for u in g.users(i)):
@@ -163,7 +162,7 @@ def _linear(g: Graph, path: set[int], proj: int, start: int, reader: int, folded
         elif n.op == Op.CAST:
             ok = n.dtype.numpy.kind == "f" and g[n.inputs[0]].dtype.numpy.kind == "f"
         elif n.op in (Op.ADD, Op.SUB):
-            if off and on == [proj] and len(off) == 1 and _static(g, off[0], memo) and bias is None \
+            if off and on == [proj] and len(off) == 1 and off[0] not in dynamic and bias is None \
                     and g[off[0]].dtype.numpy.kind == "f":
                 bias, ok = (i, off[0]), True
             else:
@@ -212,10 +211,11 @@ def scale_fold(g: Graph, steps: Sequence[Any], r: Rejection) -> ScaleFold | None
     role, factor, const = factors[0]
     qk = g[b["qk"]]
     start = qk.inputs[0]
-    proj = _projection(g, start)
+    dynamic = _dynamic(g)
+    proj = _projection(g, start, dynamic)
     if proj is None:
         return None
-    got = _linear(g, _between(g, proj, start), proj, start, qk.id, {b[r_] for r_, _ in FACTORS if r_ in b})
+    got = _linear(g, _between(g, proj, start), proj, start, qk.id, {b[r_] for r_, _ in FACTORS if r_ in b}, dynamic)
     if got is None:
         return None
     bias, rope = got
