@@ -45,6 +45,11 @@ EXACT = Tolerance(1e-12, 1e-12)
 def _attention(heads: int, d: int, scale: str, squashed: bool = False) -> Graph:
     """One LLaMA-style attention (RoPE on the heads, written out; a keep mask), its scores scaled by `scale` (`mul
     0.1`, `div 8.0`); `squashed`: Q is tanh of its projection (no longer linear in it)."""
+    return parse_ir(_attention_text(heads, d, scale, squashed))
+
+
+def _attention_text(heads: int, d: int, scale: str, squashed: bool = False) -> str:
+    """`_attention`'s IR text."""
     h, half = heads * d, d // 2
     op, value = scale.split()
     qk = f"[2, {heads}, 8, 8]"
@@ -105,7 +110,7 @@ def _attention(heads: int, d: int, scale: str, squashed: bool = False) -> Graph:
   %50 = matmul(%48, %49) : f32[2, 8, {h}] @layers.0.self_attn.o_proj
   return %50
 }}"""
-    return parse_ir(text)
+    return text
 
 
 def _refusal(trace: Trace) -> tuple[int, object]:
@@ -177,6 +182,20 @@ def test_a_q_projection_with_a_bias_and_a_prescale_scales_both():
     after = w.pipeline.run(w.graph)
     assert fused_more(trace, after, r) and _blocks(after) == 1
     _same_numbers(trace, w, after, EXACT)
+
+
+def test_a_hidden_state_deeper_than_pythons_stack_still_folds():
+    """The hidden state reaches the projections through 1500 ops (a deep model): the fold's search for what reads a
+    graph input walks them without recursion (it once followed them recursively, past Python's stack)."""
+    src = _attention_text(4, 16, "mul 0.0625")
+    chain = "".join(f"  %{1000 + i} = neg(%{1000 + i - 1 if i else 0}) : f32[2, 8, 64]\n" for i in range(1500))
+    src = src.replace("  %1 = input", chain + "  %1 = input", 1)
+    for mm in ("%9 = matmul(%0,", "%11 = matmul(%0,", "%13 = matmul(%0,"):
+        src = src.replace(mm, mm.replace("%0,", "%2499,"))
+    trace = Pipeline.canonical().run(parse_ir(src))
+    assert not any(s.error for s in trace.steps), [s.error for s in trace.steps if s.error]
+    k, r = _refusal(trace)
+    assert r.hint.startswith("fold the scale into q_proj (matmul, node 9)") and what_if(trace, k, r) is not None
 
 
 def test_a_q_that_is_not_linear_in_its_projection_has_no_fold():
