@@ -167,6 +167,7 @@ def test_the_fold_keeps_the_numbers_and_makes_the_block(heads, d, scale, ratio, 
     (f,) = [f for f in check_fixes(trace, check_fusion(trace, "m"), feeds, weights, verbose=True)
             if f.guard == "default_scale"]
     assert f.status == CHECKED and f.printed == r.hint, f
+    assert ("numbers equal the unfused model up to rounding" in f.detail) == rounded, f.detail
 
 
 def test_a_q_projection_with_a_bias_and_a_prescale_scales_both():

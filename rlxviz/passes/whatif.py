@@ -9,8 +9,9 @@ A refusal's hint is one of three forms (`fix_form`):
   The graph is the user's, unchanged, so its numbers are too.
 * `model`: a change to the user's model. Its what-if is a rewrite `Graph -> Graph` on the run's input graph:
   `remove_dead_readers` (a reader that reaches no graph output: removing it, as `dead_code_elimination` does, keeps
-  every number the model returns), or one registered for the refusing guard in `MODEL_WHAT_IFS`. A model fix with no
-  what-if cannot be checked; `session.advice` never prints it as a fix.
+  every number the model returns), or one registered for the refusing guard in `MODEL_WHAT_IFS` (e.g. `default_scale`:
+  a non-default attention scale folded into the Q projection, `rules.scale_fold`). A model fix with no what-if cannot
+  be checked; `session.advice` never prints it as a fix.
 
 `what_if(trace, step, rejection)` builds the `WhatIf` (the graph and the pipeline to run on it); checking it (the
 numbers against the unfused original, and that the fusion then happens, `fused_more`) is the session's job

@@ -7,9 +7,10 @@ fusion), the fix (`passes.whatif.fix_form`) is
 * a pipeline or model change with a what-if (`passes.whatif.what_if`): the what-if's pipeline runs on the what-if's
   graph; the fix is printed only when the fusion then happens (`passes.whatif.fused_more`) and the numbers stay the
   unfused original's on the small input sets below (NumPy reference interpreter): the what-if model, unfused, in
-  float64 to `EXACT` with the model's weights and with unit-scale ones (`probe_weights`, so small weights do not hide
-  a changed computation), and its fused graph in the graph's dtype to `runtime.precision`'s same-backend tolerance
-  (the same inf / NaN at the same place counts as equal);
+  float64 to `EXACT` (to the same-backend tolerance for a change whose constants are rounded, `WhatIf.rounded`: an
+  attention scale folded by a ratio that is no power of two) with the model's weights and with unit-scale ones
+  (`probe_weights`, so small weights do not hide a changed computation), and its fused graph in the graph's dtype
+  to `runtime.precision`'s same-backend tolerance (the same inf / NaN at the same place counts as equal);
 * a change with no what-if: it cannot be checked, so it is not printed as a fix.
 
 A fix that is not printed is replaced (`vetted`) by `none in the model: <why>` (the refusal's remedy becomes
@@ -370,7 +371,8 @@ def _check_fix(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixChec
         return replace(base, status=NOT_RUN, what=w.what, detail=f"the change is not exact by construction and "
                        f"{why_not}", printed=NO_MODEL_FIX + f"applying it ({w.what}) fuses, but it changes what the "
                        f"model computes (not exact by construction) and {why_not}")
-    note = ("numbers equal the unfused model on " + ", ".join(s.name for s in checker.sets)
+    rounding = " up to rounding (its constants are rounded to the model's dtype)" if w.rounded else ""
+    note = (f"numbers equal the unfused model{rounding} on " + ", ".join(s.name for s in checker.sets)
             if ran else f"exact by construction (numbers not run: {skipped})")
     return replace(base, status=CHECKED, what=w.what, detail=f"{r.rule} fuses after {w.what}; {note}")
 
