@@ -124,8 +124,9 @@ def _blocks(trace: Trace) -> int:
 
 
 def _same_numbers(trace: Trace, w: WhatIf, after: Trace, tol64: Tolerance) -> None:
-    """The what-if model in float64 (to `tol64`) and its fused graph (same-backend tolerance) give the original's
-    outputs, with the test's weights and with unit-scale ones."""
+    """The what-if model in float64 (to `tol64`, with the test's weights and with unit-scale ones) and its fused graph
+    (same-backend tolerance, the test's weights: unit-scale ones make softmax a float32 rounding's tie-break) give the
+    original's outputs, as `session.advice` checks them."""
     g = trace.input
     feeds, weights = _feeds_weights(g)
     unit = {k: np.random.default_rng(1).standard_normal(v.shape).astype(v.dtype) for k, v in weights.items()}
@@ -134,7 +135,8 @@ def _same_numbers(trace: Trace, w: WhatIf, after: Trace, tol64: Tolerance) -> No
         want64 = run_reference(g, feeds, ws, float_dtype=np.float64)
         got64 = run_reference(w.graph, feeds, ws, float_dtype=np.float64)
         assert close(got64, want64, tol64, same_nonfinite=True)
-        assert close(run_reference(after.final, feeds, ws), run_reference(g, feeds, ws), same, same_nonfinite=True)
+    assert close(run_reference(after.final, feeds, weights), run_reference(g, feeds, weights), same,
+                 same_nonfinite=True)
 
 
 @pytest.mark.parametrize("heads, d, scale, ratio, exact, rounded", [
@@ -197,6 +199,21 @@ def test_a_hidden_state_deeper_than_pythons_stack_still_folds():
     assert not any(s.error for s in trace.steps), [s.error for s in trace.steps if s.error]
     k, r = _refusal(trace)
     assert r.hint.startswith("fold the scale into q_proj (matmul, node 9)") and what_if(trace, k, r) is not None
+
+
+def test_a_transposed_weight_is_named_by_its_param():
+    """`x @ transpose(W)` (a Gemm's transB): the line names the param the weight is read from."""
+    src = _attention_text(4, 16, "mul 0.0625").replace(
+        "  %9 = matmul(%0, %8)",
+        "  %51 = transpose(%8) {perm=[1, 0]} : f32[64, 64] @layers.0.self_attn.q_proj\n  %9 = matmul(%0, %51)")
+    trace = Pipeline.canonical().run(parse_ir(src))
+    k, r = _refusal(trace)
+    assert "multiply its weight q_proj.weight (node 8, read through transpose node 51) by 0.25" in r.hint, r.hint
+    w = what_if(trace, k, r)
+    assert w is not None
+    after = w.pipeline.run(w.graph)
+    assert fused_more(trace, after, r)
+    _same_numbers(trace, w, after, EXACT)
 
 
 def test_a_q_that_is_not_linear_in_its_projection_has_no_fold():

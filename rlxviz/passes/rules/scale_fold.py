@@ -235,9 +235,15 @@ def scale_fold(g: Graph, steps: Sequence[Any], r: Rejection) -> ScaleFold | None
 
 
 def _named(g: Graph, i: int) -> str:
-    """A param by its name and node (`q_proj.weight (node 8)`), any other node by its op and node."""
-    n = g[i]
-    return f"{n.attrs['name']} (node {i})" if n.op == Op.PARAM else f"{n.op.value} (node {i})"
+    """A param by its name and node (`q_proj.weight (node 8)`), also read through layout ops (a transposed weight:
+    `q_proj.weight (node 8, read through transpose node 9)`); any other node by its op and node."""
+    n, through = g[i], []
+    while n.op in (Op.TRANSPOSE, Op.RESHAPE, Op.CAST) and len(n.inputs) == 1:
+        through.append(f"{n.op.value} node {n.id}")
+        n = g[n.inputs[0]]
+    if n.op != Op.PARAM:
+        return f"{g[i].op.value} (node {i})"
+    return f"{n.attrs['name']} (node {n.id}" + (f", read through {', '.join(through)})" if through else ")")
 
 
 def fold_hint(g: Graph, f: ScaleFold) -> str:
