@@ -493,7 +493,7 @@ def decision_markdown(d: dict[str, Any]) -> str:
     standing = d.get("standing", "")
     if standing and standing not in (NEAR_MISS, LEFT_OUT_STATUS):  # no near-miss: the chips' ○, not a failure
         stage = d["outcome"].removeprefix("rejected").strip(" ()")
-        heading = left_out_heading(standing, 1).split(" ", 1)[1]  # the verdict's words for one place
+        heading = left_out_heading(standing, 1, [d.get("standing_why", "")]).split(" ", 1)[1]  # the verdict's words
         reason = f" *Why:* {md_escape(d['standing_why'])}" if d.get("standing_why") else ""
         return (f"- {NOT_NEAR_MISS.format(standing=html_text(standing))} ({md_escape(heading)}): {rule} as *{role}*"
                 + (f" ({md_escape(stage)})" if stage else "") + f": {why}{reason}")

@@ -15,7 +15,7 @@ from panel.viewable import Viewer
 
 from ..ir import Graph, format_graph
 from ..passes.why.places import PLACE_UNIT
-from ..passes.why.text import GAP_IS_THE_COMPILERS, left_out_heading
+from ..passes.why.text import gap_asks, left_out_heading
 from ..passes.why.verdict import OP_GAP_GROUP
 from ..session.overlays import UNITS
 from .explain import counterpart_line, counterparts, node_report, report_markdown
@@ -132,7 +132,7 @@ def _places_tip(kinds: Mapping[str, list[str]], at: Mapping[str, list[int]] | No
     for k, items in kinds.items():
         anchors = list(at.get(k, ())) if len(at.get(k, ())) == len(items) else list(range(-len(items), 0))
         nodes.update(anchors)
-        groups.append(f"{left_out_heading(k, len(items))}: {_node_by_node(items, anchors)}")
+        groups.append(f"{left_out_heading(k, len(items), items)}: {_node_by_node(items, anchors)}")
     return n, f"{_counted_at(n, nodes)}: " + "; ".join(groups)
 
 
@@ -169,9 +169,10 @@ def op_gap_mark(items: list[str], at: list[int] | None = None, lacks: list[str] 
     """A chip's mark for a pass's places at a gap in rlxviz's ops (`Places.gaps`: items; `at`: the anchor node of
     each; `lacks`: the op forms rlxviz lacks there, `Places.lacks`): `△N` in the chip's own colour, not faded (it is
     something to fix, in rlxviz), its tooltip first `rlxviz's ops lack X: a compiler fix, nothing in the model to
-    change`, then the places as the faded mark's tooltip says them (`_places_tip`)."""
+    change` (or `a workaround in the model too` where a place's reason names one, `passes.why.text.gap_asks`), then
+    the places as the faded mark's tooltip says them (`_places_tip`)."""
     n, tip = _places_tip({OP_GAP_GROUP: items}, {OP_GAP_GROUP: list(at or [])})
-    head = f"rlxviz's ops lack {', '.join(lacks)}: {GAP_IS_THE_COMPILERS}. " if lacks else ""
+    head = f"rlxviz's ops lack {', '.join(lacks)}: {gap_asks(items)}. " if lacks else ""
     return f" <span class='rv-op-gap' title='{html_text(head + tip)}'>{OP_GAP_MARK}{n}</span>"
 
 

@@ -55,6 +55,7 @@ from .rules.linear import fuse_matmul_bias_act
 from .rules.norm import fuse_residual_ln, fuse_residual_rms_norm
 from .rules.norm_forms import canonicalize_norm
 from .rules.scale_blame import scale_origin
+from .rules.scale_fold import fold_hint, scale_fold
 from .rules.shared_input import fuse_shared_input_matmul
 from .rules.swiglu import fuse_swiglu
 from .spelling import close
@@ -298,11 +299,15 @@ class Pipeline:
 
 def _in_run(trace: Trace, rejections: list[Rejection]) -> list[Rejection]:
     """`rejections` with what the run's earlier steps know added to their messages: a refused attention scale
-    names the pre-scale / score-scale nodes `fuse_sdpa` folded into it (`attention.scale_origin`)."""
+    names the pre-scale / score-scale nodes `fuse_sdpa` folded into it (`attention.scale_origin`), and its fix line
+    is the fold of the scale into the Q projection of the user's graph where one is known (`scale_fold.fold_hint`,
+    the change the what-if `whatif.MODEL_WHAT_IFS["default_scale"]` applies and checks)."""
     out = []
     for r in rejections:
         more = scale_origin(trace.steps, r)
-        out.append(replace(r, message=r.message + more) if more else r)
+        r = replace(r, message=r.message + more) if more else r
+        fold = scale_fold(trace.input, trace.steps, r)
+        out.append(replace(r, hint=fold_hint(trace.input, fold)) if fold is not None else r)
     return out
 
 

@@ -9,8 +9,9 @@ A refusal's hint is one of three forms (`fix_form`):
   The graph is the user's, unchanged, so its numbers are too.
 * `model`: a change to the user's model. Its what-if is a rewrite `Graph -> Graph` on the run's input graph:
   `remove_dead_readers` (a reader that reaches no graph output: removing it, as `dead_code_elimination` does, keeps
-  every number the model returns), or one registered for the refusing guard in `MODEL_WHAT_IFS`. A model fix with no
-  what-if cannot be checked; `session.advice` never prints it as a fix.
+  every number the model returns), or one registered for the refusing guard in `MODEL_WHAT_IFS` (e.g. `default_scale`:
+  a non-default attention scale folded into the Q projection, `rules.scale_fold`). A model fix with no what-if cannot
+  be checked; `session.advice` never prints it as a fix.
 
 `what_if(trace, step, rejection)` builds the `WhatIf` (the graph and the pipeline to run on it); checking it (the
 numbers against the unfused original, and that the fusion then happens, `fused_more`) is the session's job
@@ -33,6 +34,7 @@ from .engine import attempt
 from .guard import ILLEGAL, NO_MODEL_FIX, NOT_PROFITABLE, Ctx, Guard, live_nodes
 from .pipeline import PASSES, STAGES, Pipeline
 from .rule import Rule
+from .rules.scale_fold import folded_graph, scale_fold
 from .trace import PassStep, Rejection, Trace, layer_of
 
 STATEMENT = "statement"
@@ -69,6 +71,10 @@ class WhatIf:
         key: equal for two what-ifs that run the same thing (a checker runs each once).
         exact: the change keeps the numbers by construction (a dead node removed, the pipeline changed), so a check
             that cannot run the numbers may rely on it; False for a change of the computation (an activation).
+        rounded: the change keeps the numbers in real arithmetic but its new constants are rounded to the model's
+            dtype (a non-default attention scale folded into the Q projection by a ratio that is no power of two):
+            the check compares the what-if model's float64 numbers to the same-backend tolerance, not to float64
+            rounding (`session.advice.EXACT`).
     """
 
     what: str
@@ -76,6 +82,7 @@ class WhatIf:
     pipeline: Pipeline
     key: tuple[str, ...]
     exact: bool = True
+    rounded: bool = False
 
 
 def run_pipeline_of(trace: Trace) -> Pipeline:
@@ -95,9 +102,20 @@ def remove_dead_readers(g: Graph) -> Graph | None:
     return Pipeline(["dead_code_elimination"], name="what-if").run(g).final
 
 
-ModelWhatIf = Callable[[Trace, PassStep, Rejection], tuple[str, Graph] | None]
-"""A guard's model-side what-if: `(trace, the step that refused, the refusal) -> (what, the user's graph changed)`,
-or None when it does not apply to this refusal."""
+@dataclass(frozen=True)
+class Change:
+    """A model what-if's change that says its own exactness (`WhatIf.exact`, `WhatIf.rounded`) instead of
+    `EXACT_WHAT_IFS`: the fold of an attention scale is exact for a power-of-two ratio only."""
+
+    what: str
+    graph: Graph
+    exact: bool
+    rounded: bool = False
+
+
+ModelWhatIf = Callable[[Trace, PassStep, Rejection], tuple[str, Graph] | Change | None]
+"""A guard's model-side what-if: `(trace, the step that refused, the refusal) -> (what, the user's graph changed)`
+(or a `Change`), or None when it does not apply to this refusal."""
 
 
 def _dead_reader(trace: Trace, step: PassStep, r: Rejection) -> tuple[str, Graph] | None:
@@ -200,10 +218,26 @@ def _stored_as(g: Graph, pairs: list[tuple[int, tuple[int, ...]]]) -> tuple[str,
     return f"{said} in the model (the same numbers)", rw.finish()
 
 
+def _fold_scale(trace: Trace, step: PassStep, r: Rejection) -> Change | None:
+    """The fix of a non-default attention scale (`default_scale`, `scale_fold.fold_hint`): the ratio to the default
+    folded into the Q projection's weight (and bias) of the user's graph, the folded scale node set so the scores are
+    scaled by the default 1/sqrt(head_dim). Valid when Q is a linear function of the projection (`scale_fold`'s
+    docstring: layout moves, RoPE, sums and products by values independent of it), which `scale_fold` checks; exact
+    for a power-of-two ratio (barring overflow or underflow), else the same numbers up to rounding (`rounded` when the
+    rounded constants do not keep the scores' factor exactly)."""
+    k = next((k for k, s in enumerate(trace.steps) if s is step), len(trace.steps))
+    fold = scale_fold(trace.input, trace.steps[:k], r)
+    if fold is None:
+        return None
+    what = (f"the scale folded into the Q projection (node {fold.proj}): weight * {fold.ratio:.6g}, scores scaled by "
+            f"1/sqrt({fold.head_dim})")
+    return Change(what, folded_graph(trace.input, fold), fold.exact, not fold.reals)
+
+
 MODEL_WHAT_IFS: dict[str, ModelWhatIf] = {"epilogue_activation": _switch_activation,
                                           "fc1_activation": _switch_activation,
                                           "fused_types": _broadcast_operand, "bias_rank": _bias_vector,
-                                          "bias_length": _bias_vector}
+                                          "bias_length": _bias_vector, "default_scale": _fold_scale}
 """Guard name -> its model-side what-if, for fixes that are not a dead reader's removal (tried first)."""
 GENERIC_WHAT_IFS: tuple[ModelWhatIf, ...] = (_dead_reader,)
 """What-ifs tried for any guard (after `MODEL_WHAT_IFS`)."""
@@ -236,6 +270,9 @@ def what_if(trace: Trace, step: int, r: Rejection, hint: str | None = None) -> W
             got = f(trace, at, r)
         except GraphError:  # the rewrite does not apply to this graph (a form it does not take): no what-if
             got = None
+        if isinstance(got, Change):
+            return WhatIf(got.what, got.graph, base, ("model", r.guard, getattr(f, "__name__", "f"), got.what),
+                          got.exact, got.rounded)
         if got is not None:
             what, g = got
             return WhatIf(what, g, base, ("model", r.guard, getattr(f, "__name__", "f"), what), f in EXACT_WHAT_IFS)
@@ -419,6 +456,7 @@ def fused_more(before: Trace, after: Trace, r: Rejection) -> bool:
     return made > 0
 
 
-__all__ = ["EXACT_WHAT_IFS", "FORMS", "GENERIC_WHAT_IFS", "MODEL", "MODEL_WHAT_IFS", "PIPELINE", "STATEMENT", "WhatIf",
+__all__ = ["EXACT_WHAT_IFS", "FORMS", "GENERIC_WHAT_IFS", "MODEL", "MODEL_WHAT_IFS", "PIPELINE", "STATEMENT", "Change",
+           "WhatIf",
            "Blocker", "blocker_words", "fix_alone_blocker", "fix_form", "fused_count", "fused_more", "refused_count",
            "remove_dead_readers", "run_pipeline_of", "still_refused", "what_if", "without_guard"]

@@ -7,9 +7,10 @@ fusion), the fix (`passes.whatif.fix_form`) is
 * a pipeline or model change with a what-if (`passes.whatif.what_if`): the what-if's pipeline runs on the what-if's
   graph; the fix is printed only when the fusion then happens (`passes.whatif.fused_more`) and the numbers stay the
   unfused original's on the small input sets below (NumPy reference interpreter): the what-if model, unfused, in
-  float64 to `EXACT` with the model's weights and with unit-scale ones (`probe_weights`, so small weights do not hide
-  a changed computation), and its fused graph in the graph's dtype to `runtime.precision`'s same-backend tolerance
-  (the same inf / NaN at the same place counts as equal);
+  float64 to `EXACT` (to the same-backend tolerance for a change whose constants are rounded, `WhatIf.rounded`: an
+  attention scale folded by a ratio that is no power of two) with the model's weights and with unit-scale ones
+  (`probe_weights`, so small weights do not hide a changed computation), and its fused graph in the graph's dtype
+  to `runtime.precision`'s same-backend tolerance (the same inf / NaN at the same place counts as equal);
 * a change with no what-if: it cannot be checked, so it is not printed as a fix.
 
 A fix that is not printed is replaced (`vetted`) by `none in the model: <why>` (the refusal's remedy becomes
@@ -47,9 +48,10 @@ from ..passes.whatif import (
     still_refused,
     what_if,
 )
-from ..passes.why.caveat import alone_caveat
+from ..passes.why.caveat import alone_caveat, model_fix_note
 from ..passes.why.facts import RunFacts
 from ..passes.why.policy import with_caveat
+from ..passes.why.verdict import place_gaps
 from ..runtime import run_reference
 from ..runtime.battery import InputSet, battery
 from ..runtime.compare import close
@@ -151,8 +153,9 @@ def _headline(trace: Trace, rule: str, anchor: int, guard: str) -> tuple[int, Re
 
 def printed_refusals(trace: Trace, check: FusionCheck, verbose: bool = False) -> list[tuple[int, Rejection]]:
     """The refusals whose fix line `check.render(verbose)` prints (each once, in print order), with their step index:
-    every layer's first rejection (when not fused) and illegal-here refusals, every missed fusion it lists, and with
-    `verbose` every rule's rejected outcome of each layer (`passes.explain`)."""
+    every layer's first rejection (when not fused) and illegal-here refusals, every missed fusion it lists, every
+    refusal at a gap in rlxviz's ops whose not-expected line names its model-side fix (`why.caveat.model_fix_note`),
+    and with `verbose` every rule's rejected outcome of each layer (`passes.explain`)."""
     keys: list[tuple[str, int, str]] = []
     shown = set(check.misses)
     for s in check.layers:
@@ -161,6 +164,9 @@ def printed_refusals(trace: Trace, check: FusionCheck, verbose: bool = False) ->
         outs += explain(trace, s.layer).rejected if verbose else []
         keys += [(o.rule, o.nodes[0], o.guard) for o in outs if o.status == "rejected" and o.nodes]
     keys += [(m.pattern, m.node, m.guard) for m in RunFacts.of(trace).misses() if str(m) in shown]
+    keys += [(m.pattern, m.node, m.guard) for m in RunFacts.of(trace).misses()
+             if model_fix_note(trace, m.pattern, m.node, m.guard)
+             and (hit := _headline(trace, m.pattern, m.node, m.guard)) is not None and place_gaps(trace, hit[1])]
     out: list[tuple[int, Rejection]] = []
     seen: set[tuple[str, int, str]] = set()
     for key in keys:
@@ -225,7 +231,7 @@ class _Checker:
                 cost = run_macs(self.trace.input) * len(self.sets) * 6
                 if cost <= self.budget:
                     self.budget -= cost
-                    why, skipped = self._compare(w.graph, after.final)
+                    why, skipped = self._compare(w.graph, after.final, w.rounded)
                     ran = skipped is None
                     if skipped is not None:
                         self.not_run[w.key] = skipped
@@ -234,14 +240,15 @@ class _Checker:
             self.numbers[w.key] = (why, ran)
         return self.numbers[w.key]
 
-    def _compare(self, model: Graph, fused: Graph) -> tuple[str | None, str | None]:
+    def _compare(self, model: Graph, fused: Graph, rounded: bool = False) -> tuple[str | None, str | None]:
         """Where the what-if differs from the unfused original: its model (`model`, unfused) in float64 against the
-        original in float64 to `EXACT`, with the model's weights and with unit-scale ones (`probe_weights`: a change
-        of what the model computes shows there even where the model's small weights keep the activations near 0,
-        where tanh-GELU and GELU agree to 1e-10), and its fused final graph in the graph's dtype against the original
-        to the same-backend tolerance (`runtime.precision`); the same inf / NaN at the same place counts as equal.
-        `(where they differ or None, None)` when the numbers ran; `(None, why not)` when they could not be run (no
-        tolerance for the dtype, a graph the reference cannot run)."""
+        original in float64 to `EXACT` (to the same-backend tolerance when the change is `rounded`: its constants are
+        the model's dtype's rounding of exact ones, `WhatIf.rounded`), with the model's weights and with unit-scale
+        ones (`probe_weights`: a change of what the model computes shows there even where the model's small weights
+        keep the activations near 0, where tanh-GELU and GELU agree to 1e-10), and its fused final graph in the
+        graph's dtype against the original to the same-backend tolerance (`runtime.precision`); the same inf / NaN at
+        the same place counts as equal. `(where they differ or None, None)` when the numbers ran; `(None, why not)`
+        when they could not be run (no tolerance for the dtype, a graph the reference cannot run)."""
         try:
             policy = precision_policy(self.trace.input, "cpu")
         except KeyError as e:
@@ -251,12 +258,13 @@ class _Checker:
                 self._unfused = [(_outputs(self.trace.input, s, self.weights, np.float64),
                                   _outputs(self.trace.input, s, self.weights),
                                   _outputs(self.trace.input, s, self.probe, np.float64)) for s in self.sets]
-            runs = [(model, self.weights, 0, EXACT, "in float64"), (model, self.probe, 2, EXACT,
-                                                                     "in float64 with unit-scale weights"),
-                    (fused, self.weights, 1, policy.same_backend, "fused")]
+            exact = policy.same_backend if rounded else EXACT
+            runs = [(model, self.weights, 0, exact, True, "in float64"),
+                    (model, self.probe, 2, exact, True, "in float64 with unit-scale weights"),
+                    (fused, self.weights, 1, policy.same_backend, False, "fused")]
             for s, want in zip(self.sets, self._unfused, strict=True):
-                for g, weights, k, tol, how in runs:
-                    got = _outputs(g, s, weights, np.float64 if tol is EXACT else None)
+                for g, weights, k, tol, wide, how in runs:
+                    got = _outputs(g, s, weights, np.float64 if wide else None)
                     if len(got) != len(want[k]) or not close(got, want[k], tol, same_nonfinite=True):
                         return (f"differs from the unfused model {how} on {s.name} (max err "
                                 f"{_err(got, want[k]):.3g})"), None
@@ -363,7 +371,8 @@ def _check_fix(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixChec
         return replace(base, status=NOT_RUN, what=w.what, detail=f"the change is not exact by construction and "
                        f"{why_not}", printed=NO_MODEL_FIX + f"applying it ({w.what}) fuses, but it changes what the "
                        f"model computes (not exact by construction) and {why_not}")
-    note = ("numbers equal the unfused model on " + ", ".join(s.name for s in checker.sets)
+    rounding = " up to rounding (its constants are rounded to the model's dtype)" if w.rounded else ""
+    note = (f"numbers equal the unfused model{rounding} on " + ", ".join(s.name for s in checker.sets)
             if ran else f"exact by construction (numbers not run: {skipped})")
     return replace(base, status=CHECKED, what=w.what, detail=f"{r.rule} fuses after {w.what}; {note}")
 

@@ -15,6 +15,11 @@ attribute `mask`, `additive` adds the operand to the scaled scores as the attent
 `[B, heads, S, S]`: a TorchScript sdpa padding mask `[B, 1, S, S]`, a causal table, a band), so it holds for every
 input, fully masked rows included (the same op computes them). A zero bias is exact:
 `x + 0 == x` for every x (finite, infinite or NaN; -0.0 + 0 gives +0.0, which compares equal).
+
+A `default_scale` refusal (Granite's attention multiplier) is a gap in rlxviz's block (no scale attribute), and its fix
+line is a change to the model where one keeps the numbers (`scale_fold`): the ratio to the default folded into the Q
+projection's weight (and bias), the scores scaled by the default, when Q is linear in that projection (RoPE, the head
+split); exact for a power-of-two ratio. Advice checks it as a what-if (`whatif.MODEL_WHAT_IFS`).
 """
 
 

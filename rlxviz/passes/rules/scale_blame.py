@@ -16,7 +16,8 @@ from ..trace import Rejection
 from .attention import FACTORS as _FACTORS
 from .sdpa_mask import typed_value
 
-_ROLE_NAMES = {"q_prescale": "Q pre-scale", "k_prescale": "K pre-scale", "scale": "scores' scale"}
+ROLE_NAMES = {"q_prescale": "Q pre-scale", "k_prescale": "K pre-scale", "scale": "scores' scale"}
+"""How a text names each scale role of `fuse_sdpa` (`attention.FACTORS`)."""
 
 
 def scale_origin(steps: Sequence[Any], r: Rejection) -> str:
@@ -46,7 +47,7 @@ def scale_origin(steps: Sequence[Any], r: Rejection) -> str:
             product *= f
             how = f"/ {v:.6g} (factor {f:.6g})" if node.op == Op.DIV else f"* {f:.6g}"
             where = f"node {node.id}" + (f", {node.path}" if node.path else "")
-            parts.append(f"{_ROLE_NAMES[op_role]} {node.op.value} ({where}) {how}")
+            parts.append(f"{ROLE_NAMES[op_role]} {node.op.value} ({where}) {how}")
         packed = step.after.get(m.fused) if m.fused is not None else None
         d = packed.attrs.get("head_dim") if packed is not None else None
         upstream = [(side, n, f) for side, n, f in (_upstream_scales(step.after, packed) if d else [])
@@ -121,4 +122,4 @@ def _upstream_scales(g: Graph, attn: Node, depth: int = 24) -> list[tuple[str, N
     return out
 
 
-__all__ = ["scale_origin"]
+__all__ = ["ROLE_NAMES", "scale_origin"]

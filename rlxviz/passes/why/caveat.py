@@ -6,11 +6,12 @@ line's reason (`fix_caveat`, read by `verdict.standing`) and `explain -v`'s `fix
 
 from __future__ import annotations
 
+from ..guard import IN_MODEL
 from ..trace import Trace
-from ..whatif import Blocker, fix_alone_blocker
+from ..whatif import MODEL, Blocker, fix_alone_blocker, fix_form, what_if
 from .facts import RunFacts
 from .kinds import LayerArchitecture as Architecture
-from .policy import lacks_product
+from .policy import lacks_product, op_gaps
 
 CAVEAT = "alone it is not enough: {blocker} fails next"
 """What a line that names a compiler fix adds to it when that fix, checked at the refusing rule alone
@@ -66,4 +67,47 @@ def fix_caveat(trace: Trace, rule: str, anchor: int, guard: str, arch: Architect
     return caveat_words(fix_blocker(trace, rule, anchor, guard, arch))
 
 
-__all__ = ["CAVEAT", "alone_caveat", "blocker_name", "caveat_words", "fix_blocker", "fix_caveat"]
+WORKAROUND = "a workaround in the model: {fix}"
+"""What a not-expected line at a gap in rlxviz's ops adds after its compiler fix when the refusal's own fix line is a
+change to the model with a what-if (`model_fix_note`): Granite's non-default attention scale is a gap in rlxviz's
+block (no scale attribute), yet folding the scale into the Q projection keeps the numbers and makes the block, so
+the line must not read as "nothing in the model to change"."""
+
+
+def model_fix_note(trace: Trace, rule: str, anchor: int, guard: str) -> str:
+    """The fix line of the headline refusal of `rule` at `anchor` by `guard` when that line is a
+    change to the model (`whatif.fix_form`) that a what-if applies (`whatif.what_if`), else "". On a checked run
+    (`session.advice.vetted`) a fix that failed its check reads `none in the model: ...` (a statement), so only a
+    checked change is named. Made once per refusal and trace."""
+    facts = RunFacts.of(trace)
+    key = ("model_fix_note", rule, anchor, guard)
+    if key not in facts.cache:
+        facts.cache[key] = ""
+        hit = next(((k, r) for k, s in enumerate(trace.steps) for r in s.rejections
+                    if (r.rule, r.anchor, r.guard) == (rule, anchor, guard) and r.headline), None)
+        if hit is not None and hit[1].remedy in ("", IN_MODEL) and fix_form(hit[1].hint) == MODEL:
+            try:
+                applies = what_if(trace, *hit) is not None
+            except Exception:  # noqa: BLE001 - a what-if that cannot be built names no change
+                applies = False
+            facts.cache[key] = hit[1].hint if applies else ""
+    return facts.cache[key]
+
+
+def workaround_words(fix: str) -> str:
+    """`WORKAROUND` for a checked model-side `fix` (`model_fix_note`); "" for none ("")."""
+    return WORKAROUND.format(fix=fix) if fix else ""
+
+
+def line_caveats(trace: Trace, rule: str, anchor: int, guard: str, arch: Architecture) -> str:
+    """What a not-expected line adds to the compiler fix its reason names (`policy.with_caveat`): `fix_caveat`, and at
+    a gap in rlxviz's ops (`policy.op_gaps`) the model-side workaround (`model_fix_note`), joined by `; `. The one
+    reading of both for the verdict's lines (`verdict.expected_misses`) and a place's standing (`verdict.standing`)."""
+    gap = op_gaps(arch, rule.split(".")[0], guard)
+    notes = (fix_caveat(trace, rule, anchor, guard, arch),
+             workaround_words(model_fix_note(trace, rule, anchor, guard)) if gap else "")
+    return "; ".join(n for n in notes if n)
+
+
+__all__ = ["CAVEAT", "WORKAROUND", "alone_caveat", "blocker_name", "caveat_words", "fix_blocker", "fix_caveat",
+           "line_caveats", "model_fix_note", "workaround_words"]

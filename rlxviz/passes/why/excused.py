@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..explain import Outcome
 from ..report import MissedFusion
 from ..trace import Trace, layer_of
-from .caveat import caveat_words, fix_blocker
+from .caveat import caveat_words, fix_blocker, model_fix_note, workaround_words
 from .facts import RunFacts
 from .kinds import LayerArchitecture as Architecture
 from .policy import (
@@ -45,6 +45,8 @@ class Excused:
         gaps: the op forms rlxviz lacks when the refusal is a gap in rlxviz's ops (`policy.op_gaps`), else ().
         blocker: what fails next when the compiler fix `why` names is applied alone (`caveat.fix_blocker` at the
             first place, `GUARD (KIND)`); "" when it is enough, nothing is known, or `why` names no compiler fix.
+        workaround: at a gap in rlxviz's ops, the checked change to the model that makes the fusion anyway
+            (`caveat.model_fix_note` at the first place: Granite's scale folded into its Q projection), else "".
     """
 
     pattern: str
@@ -54,14 +56,17 @@ class Excused:
     places: dict[int, str]
     gaps: tuple[str, ...] = ()
     blocker: str = ""
+    workaround: str = ""
 
     @property
     def line(self) -> str:
         """The "not expected here" line (`policy.not_expected_line`): the places (`places_words`), the first place's
-        reason (`at %N: REASON` when there are several), then `why` with the blocker's caveat on its compiler fix."""
+        reason (`at %N: REASON` when there are several), then `why` with the blocker's caveat on its compiler fix and
+        the model-side workaround (`caveat.line_caveats`' words)."""
         first = next(iter(self.places))
         reason = self.reason if len(self.places) == 1 else f"at %{first}: {self.reason}"
-        return not_expected_line(self.pattern, self.guard, reason, with_caveat(self.why, caveat_words(self.blocker)),
+        notes = "; ".join(n for n in (caveat_words(self.blocker), workaround_words(self.workaround)) if n)
+        return not_expected_line(self.pattern, self.guard, reason, with_caveat(self.why, notes),
                                  places_words(self.places))
 
 
@@ -76,6 +81,7 @@ class OpGap:
         at: the anchor nodes of its places.
         blocker: what fails next when its compiler fix alone is applied (`Excused.blocker`; the first place's that
             has one), "" when the fix alone is enough or nothing is known.
+        workaround: the checked change to the model that makes the fusion anyway (`Excused.workaround`), else "".
     """
 
     form: str
@@ -83,6 +89,7 @@ class OpGap:
     by: str
     at: tuple[int, ...] = ()
     blocker: str = ""
+    workaround: str = ""
 
     def __str__(self) -> str:
         """`FORM (RULE: BY)`, as `explain`'s `rlxviz's ops lack:` line names it."""
@@ -99,8 +106,9 @@ def layer_gaps(arch: Architecture, refused: Iterable[Outcome], excused: Iterable
         mine = [x for x in groups if (x.pattern, x.guard) == (o.rule, o.guard)]
         at = tuple(dict.fromkeys(n for x in mine for n in x.places)) or o.nodes
         blocker = next((x.blocker for x in mine if x.blocker), "")
+        workaround = next((x.workaround for x in mine if x.workaround), "")
         for form, by in gap_sources(arch, o.pass_name, o.guard):
-            g = OpGap(form, o.rule, by, at, blocker)
+            g = OpGap(form, o.rule, by, at, blocker, workaround)
             out.setdefault(str(g), g)
     return list(out.values())
 
@@ -120,11 +128,13 @@ def excused_misses(trace: Trace, arch: Architecture, layer: int | None
             continue
         blocker = fix_blocker(trace, m.pattern, m.node, m.guard, arch) if COMPILER_FIX_WORDS in ex[1] else ""
         gaps = tuple(op_gaps(arch, pass_name, m.guard)) if ex[0] == NOT_EXPECTED_HERE else ()
-        groups.setdefault((m.pattern, m.guard, ex[1], blocker), (m, {}, gaps))[1][m.node] = m.path
+        workaround = model_fix_note(trace, m.pattern, m.node, m.guard) if gaps else ""
+        groups.setdefault((m.pattern, m.guard, ex[1], blocker, workaround), (m, {}, gaps))[1][m.node] = m.path
     out: dict[tuple[str, str], Excused] = {}
-    for (pattern, guard, why, blocker), (m, at, gaps) in groups.items():
+    for (pattern, guard, why, blocker, workaround), (m, at, gaps) in groups.items():
         n = sum(k[0] == pattern and k[1].split("#")[0] == guard for k in out)  # another why: `GUARD#2`
-        out[pattern, f"{guard}#{n + 1}" if n else guard] = Excused(pattern, guard, m.reason, why, at, gaps, blocker)
+        out[pattern, f"{guard}#{n + 1}" if n else guard] = Excused(pattern, guard, m.reason, why, at, gaps, blocker,
+                                                                   workaround)
     return kept, out
 
 

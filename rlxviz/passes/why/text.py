@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ...ir.ops import REWRITTEN_AS
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
 from ..trace import layer_label
+from .caveat import WORKAROUND
 
 if TYPE_CHECKING:  # for annotations only: the verdicts word themselves through this module
     from .verdict import LayerVerdict, RunVerdict
@@ -32,6 +34,9 @@ NOTHING_TO_FUSE = "nothing to fuse"
 """What a fused layer line lists when no fused op was expected of the layer and none was made (`made_words`)."""
 GAP_IS_THE_COMPILERS = "a compiler fix, nothing in the model to change"
 """What a gap in rlxviz's ops asks of whom (the headline's count, the app's chip mark for such places)."""
+
+_WORKAROUND = WORKAROUND.split("{fix}")[0]
+"""How a not-expected line names a model-side workaround beside its compiler fix (`caveat.WORKAROUND`)."""
 
 GROUP_OVER = 3
 """More fused ops than this of one op from one pass are one item of a layer's line (`fused_list`)."""
@@ -64,14 +69,37 @@ it: one, many. A `MODEL_TERM` place is a fusion that kept the model's term as it
 1 + w) or a rule that left the model's own structure as it is (cross-attention: the attention stays packed)."""
 
 
-def left_out_heading(group: str, n: int) -> str:
+GAP_HAS_A_WORKAROUND = "a compiler fix; a workaround in the model too (its not-expected line names it)"
+"""`GAP_IS_THE_COMPILERS` where a checked change to the model also works around the gap (`caveat.model_fix_note`)."""
+
+
+def gap_asks(lines: Iterable[str]) -> str:
+    """What a gap in rlxviz's ops asks of whom, for a layer or places whose not-expected reasons are `lines`:
+    `GAP_IS_THE_COMPILERS`, or `GAP_HAS_A_WORKAROUND` when one of them names a model-side workaround
+    (`caveat.WORKAROUND`). The app's layer strip and chip marks read it, as the headline reads `gap_words`."""
+    return GAP_HAS_A_WORKAROUND if any(_WORKAROUND in x for x in lines) else GAP_IS_THE_COMPILERS
+
+
+_GAP_WORKAROUND_HEADINGS = (
+    "refusal at a gap in rlxviz's ops (a compiler fix; a workaround in the model too, its reason names it; not a "
+    "near-miss)",
+    "refusals at gaps in rlxviz's ops (compiler fixes; a workaround in the model too where a reason names one; not "
+    "near-misses)")
+"""The gap group's headings when one of its items names a model-side workaround (`gap_asks`)."""
+
+
+def left_out_heading(group: str, n: int, items: Iterable[str] = ()) -> str:
     """The heading of `n` items of a `verdict.LEFT_OUT_GROUPS` group, e.g. `1 lookalike, not a candidate (nothing to
-    fix, not a near-miss)`; the text's line ends it with a colon, the app's chips say it in a tooltip.
+    fix, not a near-miss)`; the text's line ends it with a colon, the app's chips say it in a tooltip. `items` (the
+    group's lines, when known): the gap group's heading says a workaround in the model where one of them names one,
+    not "nothing in the model to change" (`gap_asks`).
 
     Raises:
         KeyError: `group` is not one of `verdict.LEFT_OUT_GROUPS` or `standing.STANDING_GROUPS`.
     """
     one, many = _LEFT_OUT_HEADINGS[group]
+    if group == "gap in rlxviz's ops" and gap_asks(items) == GAP_HAS_A_WORKAROUND:
+        one, many = _GAP_WORKAROUND_HEADINGS
     return f"{n} {one if n == 1 else many}"
 
 
@@ -242,19 +270,27 @@ def gap_forms(r: RunVerdict) -> list[str]:
 def gap_words(r: RunVerdict) -> str:
     """The headline's count of the layers held back only by rlxviz's ops (`LayerVerdict.gap_only`), by their status
     words, and what rlxviz lacks: `1 held back by rlxviz's ops (rlxviz lacks FusedAttentionBlock with QK-norm: a
-    compiler fix, nothing in the model to change)`; "" when there are none."""
+    compiler fix, nothing in the model to change)`; where layers' not-expected lines name a model-side workaround
+    (`caveat.model_fix_note`), in how many: `(rlxviz lacks FusedAttentionBlock with a non-default scale: a compiler
+    fix; a workaround in the model in 2 of them (their not-expected lines name it))`; "" when there are none."""
     short = [s for s in r.layers if s.gap_only]
     if not short:
         return ""
     counts = [f"{n} {w}" for w, made in ((FUSED_AS_FAR_AS_OPS, True), (HELD_BACK_BY_OPS, False))
               if (n := sum(s.has_fused_op == made for s in short))]
     blockers = [s.gap_blocker for s in short if s.gap_blocker]  # `OpGap.blocker`: the fix alone not enough
-    if not blockers:
-        return f"{', '.join(counts)} (rlxviz lacks {', '.join(gap_forms(r))}: {GAP_IS_THE_COMPILERS})"
-    # the compiler fix alone leaves a refusal standing (`caveat.fix_blocker`): "nothing in the model to change" is
-    # not shown true there, so the headline says what fails next instead
-    return (f"{', '.join(counts)} (rlxviz lacks {', '.join(gap_forms(r))}: a compiler fix; alone it is not enough in "
-            f"{len(blockers)} of them: {', '.join(dict.fromkeys(blockers))} fails next)")
+    worked = sum(s.gap_workaround for s in short)  # `OpGap.workaround`: a checked change to the model
+    lacks = f"{', '.join(counts)} (rlxviz lacks {', '.join(gap_forms(r))}"
+    if not blockers and not worked:
+        return f"{lacks}: {GAP_IS_THE_COMPILERS})"
+    # the compiler fix alone leaves a refusal standing (`caveat.fix_blocker`), or a checked change to the model makes
+    # the fusion too (`caveat.model_fix_note`): "nothing in the model to change" is not true there, so the headline
+    # says what fails next, and in how many layers the model can be changed instead
+    alone = (f"; alone it is not enough in {len(blockers)} of them: {', '.join(dict.fromkeys(blockers))} fails next"
+             if blockers else "")
+    workaround = (f"; {_WORKAROUND.rstrip(': ')} in {worked} of them (their not-expected lines name it)"
+                  if worked else "")
+    return f"{lacks}: a compiler fix{alone}{workaround})"
 
 
 def run_dict(r: RunVerdict) -> dict[str, Any]:
@@ -264,7 +300,8 @@ def run_dict(r: RunVerdict) -> dict[str, Any]:
             "checked_layers": len(r.layers), "gap_layers": r.gap_layers, "gap_forms": gap_forms(r),
             "final_op_counts": r.counts, "layers": [layer_dict(s) for s in r.layers],
             "misses": r.misses, "not_expected": r.not_expected, "left_out": r.left_out,
-            "left_out_groups": [{"kind": g, "heading": left_out_heading(g, len(lines)), "items": lines}
+            "left_out_groups": [{"kind": g, "heading": left_out_heading(g, len(lines), lines),
+                                 "items": lines}
                                 for g, lines in r.left_out_groups.items()],
             "architecture": None if r.architecture is None else dataclasses.asdict(r.architecture),
             "crashed_passes": r.crashed, "recognized": r.recognized, "expect": r.expect,
@@ -310,10 +347,10 @@ def headline_notes(r: RunVerdict) -> list[str]:
 def _left_out(r: RunVerdict) -> list[str]:
     """Each group of `left_out_groups`: its heading (`left_out_heading`), then its lines indented."""
     return [ln for g, lines in r.left_out_groups.items()
-            for ln in (f"{left_out_heading(g, len(lines))}:", *(f"  {x}" for x in lines))]
+            for ln in (f"{left_out_heading(g, len(lines), lines)}:", *(f"  {x}" for x in lines))]
 
 
-__all__ = ["FUSED_AS_FAR_AS_OPS", "GAP_IS_THE_COMPILERS", "GROUP_OVER", "HELD_BACK_BY_LEGAL_AND_OPS",
-           "HELD_BACK_BY_OPS", "NOTHING_TO_FUSE", "NO_FUSED_OP", "fused_list", "gap_forms", "gap_words", "headline",
-           "headline_notes", "judged_words", "layer_dict", "left_out_heading", "made_words", "none_made_words",
-           "outcome_dict", "render_layer", "render_run", "run_dict"]
+__all__ = ["FUSED_AS_FAR_AS_OPS", "GAP_HAS_A_WORKAROUND", "GAP_IS_THE_COMPILERS", "GROUP_OVER",
+           "HELD_BACK_BY_LEGAL_AND_OPS", "HELD_BACK_BY_OPS", "NOTHING_TO_FUSE", "NO_FUSED_OP", "fused_list",
+           "gap_forms", "gap_words", "headline", "headline_notes", "judged_words", "layer_dict", "left_out_heading",
+           "made_words", "none_made_words", "gap_asks", "outcome_dict", "render_layer", "render_run", "run_dict"]

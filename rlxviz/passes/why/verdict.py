@@ -22,7 +22,7 @@ from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
 from ..report import MissedFusion, left_out_line, left_out_rejections
 from ..trace import Rejection, Trace, resolve_layers, same_stack_as
 from . import text
-from .caveat import fix_caveat
+from .caveat import line_caveats
 from .excused import OpGap, excused_misses, expected_misses, layer_gaps, places_words
 from .facts import RunFacts, Unmade, illegal_here, made_by, op_of, recognized, silent
 from .kinds import LayerArchitecture
@@ -159,6 +159,11 @@ class LayerVerdict:
         """`gaps` in words, each `FORM (RULE: GUARD)` (`OpGap`), e.g. `FusedAttentionBlock without a mask operand
         (fuse_attention_block.qkv_attention_out: mask_kind_keep)`."""
         return [str(g) for g in self.gaps]
+
+    @property
+    def gap_workaround(self) -> bool:
+        """Whether a checked change to the model works around one of the layer's gaps (`OpGap.workaround`)."""
+        return any(g.workaround for g in self.gaps)
 
     @property
     def gap_blocker(self) -> str:
@@ -536,7 +541,7 @@ def standing(trace: Trace, r: Rejection) -> tuple[str, str] | None:
     ex = excuse(arch, r.pass_name, r.guard, r.kind, r.remedy)
     if ex is not None and ex[0] == NOT_EXPECTED_HERE and arch is not None:
         group = OP_GAP_GROUP if op_gaps(arch, r.pass_name, r.guard) else NOT_EXPECTED_HERE
-        return group, with_caveat(ex[1], fix_caveat(trace, r.rule, r.anchor, r.guard, arch))
+        return group, with_caveat(ex[1], line_caveats(trace, r.rule, r.anchor, r.guard, arch))
     if ex is not None or layer is None or arch is None:
         return ex
     if any((o.rule, o.nodes[0] if o.nodes else None) == (r.rule, r.anchor)
