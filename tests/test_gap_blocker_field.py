@@ -36,16 +36,22 @@ def granite() -> RunVerdict:
 
 def test_each_gap_is_a_record_with_its_places_and_no_blocker_where_the_fix_is_enough(granite):
     for lv, node in zip(granite.layers, (207, 210), strict=True):
-        assert lv.gaps == [OpGap(SCALE_GAP, RULE, "default_scale", (node,), "")]
+        [g] = lv.gaps
+        assert g == OpGap(SCALE_GAP, RULE, "default_scale", (node,), "", g.workaround)
+        assert g.workaround.startswith("fold the scale into q_proj"), g.workaround  # `rules.scale_fold`, checked
         assert lv.op_gaps == [f"{SCALE_GAP} ({RULE}: default_scale)"] and lv.gap_forms == [SCALE_GAP]
-        assert lv.gap_blocker == ""
-    assert gap_words(granite).endswith(f"(rlxviz lacks {SCALE_GAP}: {GAP_IS_THE_COMPILERS})")
+        assert lv.gap_blocker == "" and lv.gap_workaround
+    assert gap_words(granite).endswith(f"(rlxviz lacks {SCALE_GAP}: a compiler fix; a workaround in the model in 2 "
+                                       f"of them (their not-expected lines name it))"), gap_words(granite)
+    none = replace(granite, layers=[replace(lv, gaps=[replace(g, workaround="") for g in lv.gaps])
+                                    for lv in granite.layers])
+    assert gap_words(none).endswith(f"(rlxviz lacks {SCALE_GAP}: {GAP_IS_THE_COMPILERS})")  # read from the field
 
 
 def test_the_headline_reads_the_blocker_field_not_the_lines(granite):
     """A blocker on the record is said though no line says it; caveat words in a line the record does not hold are
     not."""
-    said = replace(granite, layers=[replace(lv, gaps=[replace(g, blocker="attn_single_user (illegal)") for g in
+    said = replace(granite, layers=[replace(lv, gaps=[replace(g, blocker="attn_single_user (illegal)", workaround="") for g in
                                                       lv.gaps]) for lv in granite.layers])
     assert gap_words(said).endswith("a compiler fix; alone it is not enough in 2 of them: attn_single_user (illegal) "
                                     "fails next)"), gap_words(said)

@@ -49,7 +49,8 @@ activation out was a miss only in `--json`)."""
 _HEAD = re.compile(r"^(\S.*?): (fused|NOT fused|held back by [^:]+)")
 _COUNT = re.compile(r"\((\S+) pipeline\): (\d+)/(\d+) layer\(s\) fused as expected(?:; (.+))?$")
 _GAPS = re.compile(r"^(\d+) [^(]+?(?:, (\d+) [^(]+)? \(rlxviz lacks (.+): a compiler fix(?:, nothing in the model to "
-                   r"change|; alone it is not enough in \d+ of them: .+ fails next)\)$")
+                   r"change|(?:; alone it is not enough in \d+ of them: .+? fails next)?(?:; a workaround in the model "
+                   r"in \d+ of them \(their not-expected lines name it\))?)\)$")
 """The headline's count of the layers held back only by rlxviz's ops (`text.gap_words`): one or two counts, the
 forms."""
 
