@@ -51,8 +51,8 @@ def test_each_gap_is_a_record_with_its_places_and_no_blocker_where_the_fix_is_en
 def test_the_headline_reads_the_blocker_field_not_the_lines(granite):
     """A blocker on the record is said though no line says it; caveat words in a line the record does not hold are
     not."""
-    said = replace(granite, layers=[replace(lv, gaps=[replace(g, blocker="attn_single_user (illegal)", workaround="") for g in
-                                                      lv.gaps]) for lv in granite.layers])
+    said = replace(granite, layers=[replace(lv, gaps=[replace(g, blocker="attn_single_user (illegal)", workaround="")
+                                                      for g in lv.gaps]) for lv in granite.layers])
     assert gap_words(said).endswith("a compiler fix; alone it is not enough in 2 of them: attn_single_user (illegal) "
                                     "fails next)"), gap_words(said)
     words = [replace(lv, not_expected=[x.replace("scale attribute)", "scale attribute; alone it is not enough: "
