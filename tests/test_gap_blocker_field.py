@@ -55,8 +55,8 @@ def test_the_headline_reads_the_blocker_field_not_the_lines(granite):
                                                       for g in lv.gaps]) for lv in granite.layers])
     assert gap_words(said).endswith("a compiler fix; alone it is not enough in 2 of them: attn_single_user (illegal) "
                                     "fails next)"), gap_words(said)
-    words = [replace(lv, not_expected=[x.replace("scale attribute)", "scale attribute; alone it is not enough: "
-                                                 "default_scale fails next)") for x in lv.not_expected])
+    words = [replace(lv, not_expected=[x.replace("scale attribute", "scale attribute; alone it is not enough: "
+                                                 "default_scale fails next") for x in lv.not_expected])
              for lv in granite.layers]
     assert any("alone it is not enough" in x for lv in words for x in lv.not_expected)
     assert gap_words(replace(granite, layers=words)) == gap_words(granite)
