@@ -99,7 +99,8 @@ class OpGap:
 def layer_gaps(arch: Architecture, refused: Iterable[Outcome], excused: Iterable[Excused]) -> list[OpGap]:
     """The gaps in rlxviz's ops that the `refused` outcomes of a layer of kind `arch` ran into (`policy.gap_sources`),
     each (form, rule, by) once, in order; their places and blocker from the layer's `excused` groups of the same rule
-    and guard (the outcome's own anchor where none is one)."""
+    and guard (the outcome's own anchor where none is one); then the gaps of `excused` groups no outcome names (a
+    soft refusal: a fusion made without its activation, GPT-2's tanh-GELU epilogue), by their guard."""
     groups = [x for x in excused if x.gaps]
     out: dict[str, OpGap] = {}
     for o in refused:
@@ -107,9 +108,15 @@ def layer_gaps(arch: Architecture, refused: Iterable[Outcome], excused: Iterable
         at = tuple(dict.fromkeys(n for x in mine for n in x.places)) or o.nodes
         blocker = next((x.blocker for x in mine if x.blocker), "")
         workaround = next((x.workaround for x in mine if x.workaround), "")
-        for form, by in gap_sources(arch, o.pass_name, o.guard):
+        for form, by in gap_sources(arch, o.pass_name, o.guard, o):
             g = OpGap(form, o.rule, by, at, blocker, workaround)
             out.setdefault(str(g), g)
+    ran = {(g.rule, g.form) for g in out.values()}
+    for x in groups:  # a gap no hard refusal names: a fusion made without part of it (tanh-GELU's epilogue)
+        for form in x.gaps:
+            if (x.pattern, form) not in ran:
+                g = OpGap(form, x.pattern, x.guard, tuple(x.places), x.blocker, x.workaround)
+                out.setdefault(str(g), g)
     return list(out.values())
 
 
@@ -122,12 +129,12 @@ def excused_misses(trace: Trace, arch: Architecture, layer: int | None
         if layer is not None and layer_of(m.path) != layer:
             continue
         pass_name = m.pattern.split(".")[0]
-        ex = excuse(arch, pass_name, m.guard, m.kind, m.remedy)
+        ex = excuse(arch, pass_name, m.guard, m.kind, m.remedy, m)
         if ex is None:
             kept.append(m)
             continue
         blocker = fix_blocker(trace, m.pattern, m.node, m.guard, arch) if COMPILER_FIX_WORDS in ex[1] else ""
-        gaps = tuple(op_gaps(arch, pass_name, m.guard)) if ex[0] == NOT_EXPECTED_HERE else ()
+        gaps = tuple(op_gaps(arch, pass_name, m.guard, m)) if ex[0] == NOT_EXPECTED_HERE else ()
         workaround = model_fix_note(trace, m.pattern, m.node, m.guard) if gaps else ""
         groups.setdefault((m.pattern, m.guard, ex[1], blocker, workaround), (m, {}, gaps))[1][m.node] = m.path
     out: dict[tuple[str, str], Excused] = {}

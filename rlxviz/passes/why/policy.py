@@ -11,6 +11,7 @@ written here, so a renamed pass or guard carries its policy with it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Protocol, TypeVar
 
@@ -26,7 +27,7 @@ from ..declarations import (
     check_words,
 )
 from ..engine import Pass
-from ..guard import DOES_NOT_PAY, NOT_NEAR_MISSES, REMEDIES, Guard, near_miss_kind
+from ..guard import COMPILER_ONLY, DOES_NOT_PAY, NOT_NEAR_MISSES, READ_BY_MODEL, REMEDIES, Guard, near_miss_kind
 from ..guard import KINDS as REFUSAL_KINDS
 from ..pattern import RuleError
 from ..pipeline import PASSES
@@ -155,7 +156,75 @@ def _guards(pass_name: str) -> dict[str, Guard]:
     return {g.name: g for g in steps if isinstance(g, Guard)}
 
 
-def not_expected(arch: LayerKind, pass_name: str, guard: str = "") -> str | None:
+class Remedied(Protocol):
+    """What the policy reads of a refusal's fixes (`report.MissedFusion`, `trace.Rejection`, `explain.Outcome` are
+    ones): its remedy (`guard.REMEDIES`), its fix line in the model (`hint`) and its compiler fix (`fix`)."""
+
+    @property
+    def remedy(self) -> str: ...
+    @property
+    def hint(self) -> str: ...
+    @property
+    def fix(self) -> str: ...
+
+
+NOTHING_TO_CHANGE = "nothing to change in the model"
+"""How a rule's fix line says, as a statement, that the model has nothing to change (n4-09's dequantize scale)."""
+
+
+def compiler_fix_only(refusal: Remedied | None) -> bool:
+    """Whether `refusal`'s one fix is a compiler change: it names a compiler fix (not `none: ...`) and no change to the
+    model that keeps its numbers makes the fusion (its remedy is `compiler only`, or its fix line is the statement
+    `nothing to change in the model: ...`). Such a refusal is a gap in rlxviz's ops wherever nothing else excuses it
+    (`not_expected`, `op_gaps`): never a near-miss beside a fix line that says there is nothing in the model to
+    change. A value the model reads elsewhere (`read by the model`) is the model's dataflow instead (`ILLEGAL_HERE`)."""
+    if refusal is None or refusal.remedy == READ_BY_MODEL:
+        return False
+    fix = refusal.fix.strip()
+    if not fix or fix.startswith("none"):
+        return False
+    return refusal.remedy == COMPILER_ONLY or refusal.hint.startswith(NOTHING_TO_CHANGE)
+
+
+_ALLOW_LIST = re.compile(r"^add (\S+) to the (\S+) allow-list\b")
+_GIVE = re.compile(r"^give (\S+) an? (.+)$")
+
+
+def fix_gap_form(fix: str, product: str = "") -> str:
+    """The op form a compiler fix `fix` names (the gap in rlxviz's ops a refusal with no model-side fix runs into,
+    `compiler_fix_only`): its first clause, up to `: `, `; `, `, or ` or a checked note, without a closing
+    parenthesis or a leading article; `add X to the epilogue allow-list` is `PRODUCT with an X epilogue`, `give OP a
+    Y` is `OP with a Y`. E.g. `residual scale (alpha) on FusedTransformerLayer`, `epilogue scale operand for
+    FusedMatMulBiasAct`, `FusedMatMulBiasAct with a gelu_tanh epilogue`."""
+    head = re.split(r": |; |, or | \(checked ", fix.strip(), maxsplit=1)[0].strip()
+    if (m := _ALLOW_LIST.match(head)) is not None and product:
+        return f"{product} with a {m.group(1)} {m.group(2)}"
+    if (m := _GIVE.match(head)) is not None:
+        return f"{m.group(1)} with a {m.group(2)}"
+    if head.endswith(")") and " (" in head:  # a closing parenthesis: what the form computes, not its name
+        depth, k = 0, len(head) - 1
+        for k in range(len(head) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(head[k], 0)
+            if depth == 0:
+                break
+        head = head[:k].rstrip() or head
+    return re.sub(r"^(a|an|the) ", "", head)
+
+
+def _own_gap(pass_name: str, guard: str, refusal: Remedied | None) -> tuple[str, str] | None:
+    """`(op form, compiler fix)` of a refusal whose one fix is the compiler's (`compiler_fix_only`): the form its guard
+    declares anywhere (`Guard.lacking`, e.g. `FusedAttentionBlock with a non-default scale`), else the one its
+    compiler fix names (`fix_gap_form`); None for any other refusal."""
+    if not compiler_fix_only(refusal):
+        return None
+    assert refusal is not None
+    g = _guards(pass_name).get(guard) if guard else None
+    p = PASSES.get(pass_name)
+    form = g.gaps[0][1] if g is not None and g.gaps else fix_gap_form(refusal.fix, p.product if p else "")
+    return form, refusal.fix
+
+
+def not_expected(arch: LayerKind, pass_name: str, guard: str = "", refusal: Remedied | None = None) -> str | None:
     """Why a rejection of `pass_name` at `guard` does not count in a layer of kind `arch` (None: it counts). (A
     refusal that is `illegal` and `read by the model`, the model's own dataflow, is excused per layer by
     `verdict.layer_verdict`: `ILLEGAL_HERE`.)
@@ -167,7 +236,17 @@ def not_expected(arch: LayerKind, pass_name: str, guard: str = "") -> str | None
     `FusedTransformerLayer` is expected only of `post_ln`; `FusedAttentionBlock` of `post_ln` and of a layer whose
     attention has a keep mask, never with a KV cache; a residual-norm fusion refused because the residual sum has
     other users is not expected of a pre-norm layer, whose next residual add reads the sum that rlxviz's
-    single-output op does not return. Everything else counts."""
+    single-output op does not return. A `refusal` (its remedy and fixes) whose one fix is the compiler's
+    (`compiler_fix_only`: DeepNorm's scaled residual, a dequantize scale between a matmul and its bias) is a gap in
+    rlxviz's ops where nothing above excuses it (`_own_gap`). Everything else counts."""
+    why = _declared(arch, pass_name, guard)
+    if why is None and (own := _own_gap(pass_name, guard, refusal)) is not None:
+        return gap_words(*own)
+    return why
+
+
+def _declared(arch: LayerKind, pass_name: str, guard: str) -> str | None:
+    """`not_expected` by what the pass and the guard declare alone (no refusal's fixes read)."""
     p = PASSES.get(pass_name)
     if p is not None:
         for trait, why in p.excused_by:
@@ -213,7 +292,7 @@ def _layout_only(p: Pass) -> bool:
     return bool(p.expected_of) and all(t in KINDS for t in p.expected_of)
 
 
-def op_gaps(arch: LayerKind, pass_name: str, guard: str) -> list[str]:
+def op_gaps(arch: LayerKind, pass_name: str, guard: str, refusal: Remedied | None = None) -> list[str]:
     """The op forms rlxviz lacks when `guard`'s refusal of `pass_name` in a layer of kind `arch` is a gap in rlxviz's
     own ops, not the model's layout, else []. Two declarations say so: the pass's `lacks` (a trait of the layer under
     which rlxviz makes no product of the pass at all, e.g. `integer_qkv`: no FusedAttentionBlock over integer-matmul
@@ -225,12 +304,24 @@ def op_gaps(arch: LayerKind, pass_name: str, guard: str) -> list[str]:
     lacks it there: where the kind expects a product rlxviz can make, the refusal counts anyway. E.g. an unmasked ViT
     attention and `fuse_attention_block`'s `mask_kind_keep`: rlxviz has no FusedAttentionBlock without a mask operand;
     a dynamically quantized layer refused at `default_scale`: no block over integer-matmul projections, nor one with a
-    non-default scale. The layer is fused only as far as rlxviz's ops go (`LayerVerdict.op_gaps`)."""
+    non-default scale. A third is the `refusal`'s own fixes: no change to the model that keeps its numbers, a compiler
+    fix (`compiler_fix_only`), where nothing declared excuses it: the form its compiler fix names (`_own_gap`). The
+    layer is fused only as far as rlxviz's ops go (`LayerVerdict.op_gaps`)."""
     p = PASSES.get(pass_name)
-    return [] if p is None else [f for f, _ in _gaps(arch, p, guard)]
+    return [] if p is None else [f for f, _ in _all_gaps(arch, p, guard, refusal)]
 
 
-def gap_sources(arch: LayerKind, pass_name: str, guard: str) -> list[tuple[str, str]]:
+def _all_gaps(arch: LayerKind, p: Pass, guard: str, refusal: Remedied | None) -> list[tuple[str, str]]:
+    """`_gaps`, else the refusal's own gap (`_own_gap`) where nothing the pass or the guard declares excuses it."""
+    gaps = _gaps(arch, p, guard)
+    if gaps or _declared(arch, p.name, guard) is not None:
+        return gaps
+    own = _own_gap(p.name, guard, refusal)
+    return [own] if own is not None else []
+
+
+def gap_sources(arch: LayerKind, pass_name: str, guard: str, refusal: Remedied | None = None
+                ) -> list[tuple[str, str]]:
     """`(op form, what ran into it)` of each of `op_gaps`: `guard` for a guard's own gap (`Guard.lacking`), else the
     layer trait under which the pass makes no product at all, whatever guard refused (`Pass.lacks`), as `any refusal,
     the layer's trait integer_qkv`. What `LayerVerdict.op_gaps` puts after the rule, so a trait's gap is not blamed
@@ -240,12 +331,12 @@ def gap_sources(arch: LayerKind, pass_name: str, guard: str) -> list[tuple[str, 
         return []
     traits = {form: t for t, form, _ in p.lacks if arch.has(t)}
     return [(f, f"any refusal, the layer's trait {traits[f]}" if f in traits else guard)
-            for f, _ in _gaps(arch, p, guard)]
+            for f, _ in _all_gaps(arch, p, guard, refusal)]
 
 
-def op_gap(arch: LayerKind, pass_name: str, guard: str) -> str | None:
+def op_gap(arch: LayerKind, pass_name: str, guard: str, refusal: Remedied | None = None) -> str | None:
     """`op_gaps` in one phrase, the forms joined by "nor" (None: no gap)."""
-    return " nor ".join(op_gaps(arch, pass_name, guard)) or None
+    return " nor ".join(op_gaps(arch, pass_name, guard, refusal)) or None
 
 
 def gap_words(gap: str, fix: str) -> str:
@@ -278,7 +369,8 @@ NOT_EXPECTED_HERE = "not expected here"
 """`excuse`'s group of a refusal the layer's kind does not expect (`not_expected`)."""
 
 
-def excuse(arch: LayerKind | None, pass_name: str, guard: str, kind: str, remedy: str = "") -> tuple[str, str] | None:
+def excuse(arch: LayerKind | None, pass_name: str, guard: str, kind: str, remedy: str = "",
+           refusal: Remedied | None = None) -> tuple[str, str] | None:
     """The one rule deciding whether a refusal is a near-miss, and if not, why: `(group, why)`, or None when it is a
     near-miss that counts against its layer. Every front end reads it (the verdict and `explain`'s text and
     `--json` through `excused.expected_misses` and `verdict.standing`, the app's version chips through
@@ -287,10 +379,11 @@ def excuse(arch: LayerKind | None, pass_name: str, guard: str, kind: str, remedy
     `group` is the refusal's kind when that is no near-miss (`guard.NOT_NEAR_MISSES`: the model's own term, a
     lookalike), `guard.DOES_NOT_PAY` when the tool's own cost test declined it (a merge that would cost fusions),
     else `NOT_EXPECTED_HERE` when the layer's kind `arch` does not expect it (`not_expected`; None: a place outside
-    every layer of a layered graph, judged by its refusal alone)."""
+    every layer of a layered graph, judged by its refusal alone). `refusal`: its fixes, read for a gap in rlxviz's ops
+    that no declaration names (`compiler_fix_only`)."""
     if not near_miss_kind(kind, remedy):
         return (kind, REFUSAL_KINDS[kind]) if kind in NOT_NEAR_MISSES else (DOES_NOT_PAY, REMEDIES[DOES_NOT_PAY])
-    why = not_expected(arch, pass_name, guard) if arch is not None else None
+    why = not_expected(arch, pass_name, guard, refusal) if arch is not None else None
     return None if why is None else (NOT_EXPECTED_HERE, why)
 
 
@@ -416,9 +509,9 @@ def expected_products(arch: LayerKind) -> list[str]:
 
 
 __all__ = ["COMPILER_FIX_WORDS", "EXPECT_MODES", "FAMILIES", "ILLEGAL_HERE", "KINDS", "LayerKind", "NOT_EXPECTED_HERE",
-           "NOT_EXPECTED_WHY", "PRODUCTS", "TRAITS", "check_declarations", "excuse", "expected_of_words",
-           "expected_products", "first_refusal", "gap_sources", "gap_words", "lacks_product", "layer_pass",
-           "makes_product", "not_expected", "not_expected_line", "op_gap", "op_gaps", "places_words", "product",
+           "NOTHING_TO_CHANGE", "NOT_EXPECTED_WHY", "PRODUCTS", "TRAITS", "Remedied", "check_declarations",
+           "compiler_fix_only", "excuse", "expected_of_words", "expected_products", "first_refusal", "fix_gap_form",
+           "gap_sources", "gap_words", "lacks_product", "layer_pass", "makes_product", "not_expected", "not_expected_line", "op_gap", "op_gaps", "places_words", "product",
            "recognizers", "with_caveat"]
 
 

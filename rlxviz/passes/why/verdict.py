@@ -181,15 +181,20 @@ class LayerVerdict:
         """The layer is judged as a post-LN BERT layer (one FusedTransformerLayer expected): not when its kind
         excuses the layer op (a post-LN layer with quantized activations, `policy.not_expected`)."""
         lp = layer_pass()
-        return self.expected_kind.post_ln and self.expected_kind.not_expected(lp.name if lp else "") is None
+        return (self.expected_kind.post_ln and self.expected_kind.not_expected(lp.name if lp else "") is None
+                and not self.layer_op_gaps)
 
     @property
     def layer_op_gaps(self) -> list[str]:
         """The op forms rlxviz lacks for the whole-layer product in a layer whose kind expects it (`policy.op_gaps`
         of the layer pass: e.g. `FusedTransformerLayer over integer-matmul projections (dynamic quantization)` in a
-        dynamically quantized BERT layer); [] when rlxviz's ops can make it."""
+        dynamically quantized BERT layer), and the forms of the layer op's refusals at a gap (`gaps`: DeepNorm's
+        `residual scale (alpha) on FusedTransformerLayer`); [] when rlxviz's ops can make it."""
         lp = layer_pass()
-        return op_gaps(self.expected_kind, lp.name, "") if lp is not None and self.expected_kind.post_ln else []
+        if lp is None or not self.expected_kind.post_ln:
+            return []
+        own = [g.form for g in self.gaps if g.rule.split(".")[0] == lp.name]  # a refusal's gap (`policy._own_gap`)
+        return list(dict.fromkeys([*op_gaps(self.expected_kind, lp.name, ""), *own]))
 
     @property
     def legal_only(self) -> bool:
@@ -455,7 +460,10 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
                                                          f"the pipeline cannot make {PRODUCTS[o.pass_name]}")
                     for o in ex.rejected if PRODUCTS.get(o.pass_name) in unmade and (o.rule, o.guard) not in ignored}
     skipped = list(dict.fromkeys(r for r, _ in ignored))
-    expect_ftl = layer_pass_name in ran and arch.post_ln and not ftl_illegal and not unmakeable and ftl_excused is None
+    # the layer op refused only at a gap in rlxviz's ops (DeepNorm's scaled residual): not expected, its parts are
+    ftl_gap = any(x.gaps for (pattern, _), x in excused.items() if pattern.split(".")[0] == layer_pass_name)
+    expect_ftl = (layer_pass_name in ran and arch.post_ln and not ftl_illegal and not unmakeable
+                  and ftl_excused is None and not ftl_gap)
     ftl = facts.layer_products().get(layer, [])
     miss_keys = {(m.pattern, m.node) for m in misses}
     rejected = [o for o in ex.rejected if o.rule not in skipped and near_miss_kind(o.kind, o.remedy)]
@@ -478,7 +486,7 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     done: list[str] = []
     rewritten: list[str] = []
     expected = layer_op if expect_ftl else ""
-    if not arch.post_ln or ftl_illegal or ftl_excused is not None:
+    if not arch.post_ln or ftl_illegal or ftl_excused is not None or ftl_gap:
         items = [(op, n, o) for o in ex.outcomes if o.status == "fused" for n in o.nodes
                  if (op := op_of(trace, n)) is not None]  # a fused op by its pass, a plain op by the rule that made it
         done = [f"{op} %{n} ({o.pass_name})" for op, n, o in items if made_as(Op(op)) == FUSED_INTO]
@@ -538,9 +546,9 @@ def standing(trace: Trace, r: Rejection) -> tuple[str, str] | None:
     facts = RunFacts.of(trace)
     layer = r.layer
     arch = _judged_as(facts, layer)
-    ex = excuse(arch, r.pass_name, r.guard, r.kind, r.remedy)
+    ex = excuse(arch, r.pass_name, r.guard, r.kind, r.remedy, r)
     if ex is not None and ex[0] == NOT_EXPECTED_HERE and arch is not None:
-        group = OP_GAP_GROUP if op_gaps(arch, r.pass_name, r.guard) else NOT_EXPECTED_HERE
+        group = OP_GAP_GROUP if op_gaps(arch, r.pass_name, r.guard, r) else NOT_EXPECTED_HERE
         return group, with_caveat(ex[1], line_caveats(trace, r.rule, r.anchor, r.guard, arch))
     if ex is not None or layer is None or arch is None:
         return ex
@@ -555,7 +563,7 @@ def place_gaps(trace: Trace, r: Rejection) -> list[str]:
     judged as, as `standing` reads it): what a place of `OP_GAP_GROUP` lacks, e.g. `FusedAttentionBlock with QK-norm`;
     [] for any other refusal."""
     arch = _judged_as(RunFacts.of(trace), r.layer)
-    return op_gaps(arch, r.pass_name, r.guard) if arch is not None else []
+    return op_gaps(arch, r.pass_name, r.guard, r) if arch is not None else []
 
 
 def verdict_pass(trace: Trace, layer: int) -> str | None:
