@@ -34,7 +34,7 @@ import numpy as np
 
 from ..ir import Graph
 from ..passes import Trace, explain
-from ..passes.guard import COMPILER_ONLY, IN_MODEL, NO_MODEL_FIX
+from ..passes.guard import COMPILER_ONLY, NO_MODEL_FIX
 from ..passes.report import in_context
 from ..passes.trace import Rejection
 from ..passes.whatif import (
@@ -329,7 +329,7 @@ def _check_one(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixChec
     c = _check_fix(trace, k, r, checker)
     left = fix_alone_blocker(trace, k, r) if r.fix else None
     compiler = _compiler_line(trace, k, r, left)
-    withheld = not c.ok and r.remedy in ("", IN_MODEL)  # `_reworded` then names a compiler fix as the fix
+    withheld = not c.ok  # `_reworded` then names a compiler fix as the fix
     c = replace(c, compiler_fix=compiler or r.fix or (DEFAULT_COMPILER_FIX if withheld else ""))
     if not compiler:
         return c
@@ -422,7 +422,7 @@ __all__ = ["BUDGET_MACS", "CHANGES_NUMBERS", "CHECKED", "CHECKED_ONLY", "DEFAULT
 
 def _reworded(r: Rejection, c: FixCheck) -> Rejection:
     """`r` as `vetted` words it by its check `c`."""
-    if not c.ok and r.remedy in ("", IN_MODEL):
+    if not c.ok:  # a proposed change that failed its check: also one the rule declared not to keep the numbers
         r = replace(r, hint=c.printed, remedy=COMPILER_ONLY)
     elif c.compiler and c.printed != c.fix:  # a statement naming the compiler fix as the fix: checked only so far
         r = replace(r, hint=c.printed)

@@ -36,6 +36,7 @@ from ...ir.ops import ACTIVATIONS
 from ..activations import SQUARED_RELU, activation_of, owns_users
 from ..engine import rule_pass, same_for_readers
 from ..guard import (
+    COMPILER_ONLY,
     EPILOGUE_ACTIVATIONS,
     ILLEGAL,
     NO_MODEL_FIX,
@@ -113,7 +114,7 @@ def _epilogue(c: Ctx) -> Fail | None:
                     f"takes (the epilogue allow-list is {', '.join(EPILOGUE_ACTIVATIONS)}), so the linear is fused "
                     f"without it and the activation stays outside", form.nodes,
                     tuple((c.id("add"), u.id) for u in users), "keep the model's activation: the fix is in the "
-                    "compiler", subject=form.out, kind=NOT_RECOGNIZED,
+                    "compiler", subject=form.out, kind=NOT_RECOGNIZED, remedy=COMPILER_ONLY,
                     fix=f"an op for {form.name} and a fused {form.name} epilogue in the allow-list")
     if len(users) != 1 or users[0].op.value not in {a.value for a in _ACTS}:
         return QUIET  # no activation epilogue to absorb: not a near-miss
@@ -123,7 +124,7 @@ def _epilogue(c: Ctx) -> Fail | None:
                     f"{c.d('add')} feeds {act.op.value} (node {act.id}); the epilogue allow-list is "
                     f"{', '.join(EPILOGUE_ACTIVATIONS)}, so the linear is fused without activation",
                     (act.id,), ((c.id("add"), act.id),),
-                    activation_hint(act.op.value), subject=act.id, kind=NOT_RECOGNIZED,
+                    activation_hint(act.op.value), subject=act.id, kind=NOT_RECOGNIZED, remedy=COMPILER_ONLY,
                     fix=f"add {act.op.value} to the epilogue allow-list ({_HAS_KERNEL.get(act.op.value, '')}"
                         f"ir.ops.EPILOGUE_ACTIVATIONS)")
     if c.graph.is_output(c.id("add")):
