@@ -42,6 +42,7 @@ from .refusal_kinds import (
     NOT_RECOGNIZED,
     READ_BY_MODEL,
     REMEDIES,
+    UNCHECKED_FIX,
     near_miss_kind,
 )
 from .spelling import close, scan
@@ -548,7 +549,8 @@ def guard(name: str, check: Callable[[Ctx], bool], explain: Callable[[Ctx], str]
 
 
 __all__ = ["COMPILER_ONLY", "DOES_NOT_PAY", "EPILOGUE_ACTIVATIONS", "ILLEGAL", "IN_MODEL", "KINDS", "MODEL_TERM",
-           "NOT_A_CANDIDATE", "NOT_NEAR_MISSES", "NO_MODEL_FIX", "near_miss_kind", "READ_BY_MODEL", "REMEDIES",
+           "NOT_A_CANDIDATE", "NOT_NEAR_MISSES", "NO_MODEL_FIX", "UNCHECKED_FIX", "near_miss_kind", "READ_BY_MODEL",
+           "REMEDIES",
            "NOT_PROFITABLE", "NOT_RECOGNIZED", "Ctx", "Guard",
            "Highlight", "RuleError", "activation_in", "all_single_use", "attr_eq",
            "guard", "not_output", "operands_are", "rank_eq", "rank_le", "reaches_output",

@@ -52,6 +52,11 @@ end prints a fix line that would change the model's numbers or drop an output. A
 `read by the model` is the model's own dataflow: the product is not expected of that layer
 (`passes.why.verdict`)."""
 NO_MODEL_FIX = "none in the model: "
+UNCHECKED_FIX = "no checked fix in the model: "
+"""How a fix line starts when the rule proposed a change to the model that its check did not confirm
+(`session.advice.vetted`: it changes the numbers, does not fuse, or cannot be applied): unlike `NO_MODEL_FIX`, no
+rule said that no change to the model keeps its numbers, so the refusal still counts (`passes.why.policy
+.compiler_fix_only` reads only what the rule declared)."""
 
 
 def near_miss_kind(kind: str, remedy: str = "") -> bool:
@@ -63,4 +68,5 @@ def near_miss_kind(kind: str, remedy: str = "") -> bool:
 
 
 __all__ = ["ILLEGAL", "NOT_RECOGNIZED", "NOT_PROFITABLE", "MODEL_TERM", "NOT_A_CANDIDATE", "KINDS", "NOT_NEAR_MISSES",
-           "IN_MODEL", "COMPILER_ONLY", "READ_BY_MODEL", "DOES_NOT_PAY", "REMEDIES", "NO_MODEL_FIX", "near_miss_kind"]
+           "IN_MODEL", "COMPILER_ONLY", "READ_BY_MODEL", "DOES_NOT_PAY", "REMEDIES", "NO_MODEL_FIX", "UNCHECKED_FIX",
+           "near_miss_kind"]

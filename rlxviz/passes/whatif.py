@@ -31,7 +31,7 @@ from ..ir import Graph, GraphError, Node, Op
 from ..ir.ops import ACTIVATIONS, EPILOGUE_ACTIVATIONS
 from ..ir.rewrite import Rewriter
 from .engine import attempt
-from .guard import ILLEGAL, NO_MODEL_FIX, NOT_PROFITABLE, Ctx, Guard, live_nodes
+from .guard import ILLEGAL, NO_MODEL_FIX, NOT_PROFITABLE, UNCHECKED_FIX, Ctx, Guard, live_nodes
 from .pipeline import PASSES, STAGES, Pipeline
 from .rule import Rule
 from .rules.scale_fold import folded_graph, scale_fold
@@ -43,7 +43,7 @@ MODEL = "model"
 FORMS = (STATEMENT, PIPELINE, MODEL)
 """What a fix line proposes (module docstring)."""
 
-_STATEMENTS = (NO_MODEL_FIX, "nothing to change in the model", "keep the model's")
+_STATEMENTS = (NO_MODEL_FIX, UNCHECKED_FIX, "nothing to change in the model", "keep the model's")
 _RAN_BEFORE = re.compile(r"\b\w+ ran before (?:and said no here|and did its part here|but had no candidate here)")
 _UNSET = re.compile(r"raise or unset (\w+)")
 _RUN_FIRST = re.compile(r"run (\w+) first")

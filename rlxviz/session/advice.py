@@ -13,8 +13,10 @@ fusion), the fix (`passes.whatif.fix_form`) is
   to `runtime.precision`'s same-backend tolerance (the same inf / NaN at the same place counts as equal);
 * a change with no what-if: it cannot be checked, so it is not printed as a fix.
 
-A fix that is not printed is replaced (`vetted`) by `none in the model: <why>` (the refusal's remedy becomes
-`compiler only`) and the compiler fix line, so no line ever proposes a change that was not checked.
+A fix that is not printed is replaced (`vetted`) by `no checked fix in the model: <why>` (`UNCHECKED_FIX`: the rule
+proposed a change to the model, which its check refutes; the refusal's remedy stays, so it still counts) or, where
+the rule declared that no change to the model keeps its numbers (`compiler only`: a switch to another activation),
+by `none in the model: <why>`; and the compiler fix line, so no line ever proposes a change that was not checked.
 
 Input sets: `random` (the base feeds), and for a graph with a mask input `fully_masked_row` and `left_padding`
 (`runtime.battery`). Cost: one pipeline run per distinct what-if (what-ifs that run the same thing share it) and
@@ -34,7 +36,7 @@ import numpy as np
 
 from ..ir import Graph
 from ..passes import Trace, explain
-from ..passes.guard import COMPILER_ONLY, NO_MODEL_FIX
+from ..passes.guard import COMPILER_ONLY, IN_MODEL, NO_MODEL_FIX, UNCHECKED_FIX
 from ..passes.report import in_context
 from ..passes.trace import Rejection
 from ..passes.whatif import (
@@ -327,6 +329,9 @@ def _check_one(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixChec
     caveat a not-expected line says (`why.caveat.alone_caveat`, `why.policy.with_caveat`): `explain -v`'s line and
     the plain line agree."""
     c = _check_fix(trace, k, r, checker)
+    if not c.ok and r.remedy in ("", IN_MODEL) and c.printed.startswith(NO_MODEL_FIX):
+        # the rule proposed a change to the model: its check refutes that change, not every change (`UNCHECKED_FIX`)
+        c = replace(c, printed=UNCHECKED_FIX + c.printed.removeprefix(NO_MODEL_FIX))
     left = fix_alone_blocker(trace, k, r) if r.fix else None
     compiler = _compiler_line(trace, k, r, left)
     withheld = not c.ok  # `_reworded` then names a compiler fix as the fix
@@ -400,7 +405,9 @@ def check_fixes(trace: Trace, check: FusionCheck, feeds: Mapping[str, np.ndarray
 
 def vetted(trace: Trace, checks: Iterable[FixCheck]) -> Trace:
     """`trace` with every refusal whose fix failed its check (`FixCheck.ok` False) saying so: its hint the check's
-    `printed` line (`none in the model: ...`), its remedy `compiler only`, its compiler fix kept (or
+    `printed` line (`no checked fix in the model: ...`, or `none in the model: ...` where the rule declared its
+    remedy `compiler only`; the remedy is kept: a check refutes one change, the verdict is the rule's), its compiler
+    fix kept (or
     `DEFAULT_COMPILER_FIX`); and every refusal whose compiler fix is not enough (`FixCheck.compiler`) saying what
     else stands in the way. The same trace when every fix passed as written. The graphs and matches are shared; its
     content key (`Trace.digest`) is its own, since its rejections differ."""
@@ -422,8 +429,8 @@ __all__ = ["BUDGET_MACS", "CHANGES_NUMBERS", "CHECKED", "CHECKED_ONLY", "DEFAULT
 
 def _reworded(r: Rejection, c: FixCheck) -> Rejection:
     """`r` as `vetted` words it by its check `c`."""
-    if not c.ok:  # a proposed change that failed its check: also one the rule declared not to keep the numbers
-        r = replace(r, hint=c.printed, remedy=COMPILER_ONLY)
+    if not c.ok:  # a proposed change that failed its check; one the rule declared no fix keeps `compiler only`
+        r = replace(r, hint=c.printed, remedy=r.remedy if r.remedy in ("", IN_MODEL) else COMPILER_ONLY)
     elif c.compiler and c.printed != c.fix:  # a statement naming the compiler fix as the fix: checked only so far
         r = replace(r, hint=c.printed)
     return replace(r, fix=c.compiler_fix)  # the compiler fix line `explain` prints (`FixCheck.compiler_fix`)
