@@ -256,15 +256,36 @@ def headline(r: RunVerdict) -> str:
     compiler fix, nothing in the model to change)`."""
     if not r.layers:
         counts = ", ".join(f"{k}={v}" for k, v in r.counts.items()) or "no fused ops"
-        return f"{r.model} ({r.pipeline} pipeline): no node path names a layer; final graph: {counts}"
+        held = graph_gap_words(r)
+        return f"{r.model} ({r.pipeline} pipeline): no node path names a layer; final graph: {counts}" + (
+            f"; {held}" if held else "")
     gaps = gap_words(r)
     return (f"{r.model} ({r.pipeline} pipeline): {r.fused_layers}/{len(r.layers)} layer(s) fused as expected"
             + (f"; {gaps}" if gaps else ""))
 
 
 def gap_forms(r: RunVerdict) -> list[str]:
-    """The op forms rlxviz lacks that held back the run's `gap_only` layers, each once, in layer order."""
+    """The op forms rlxviz lacks that held back the run's `gap_only` layers, each once, in layer order; for a graph
+    whose node paths name no layer, those its refusals ran into when it has no miss (`RunVerdict.gaps`)."""
+    if not r.layers:
+        return list(dict.fromkeys(g.form for g in r.gaps)) if not r.misses else []
     return list(dict.fromkeys(g for s in r.layers if s.gap_only for g in s.gap_forms))
+
+
+def graph_gap_words(r: RunVerdict) -> str:
+    """What the headline of a graph whose node paths name no layer says of its gaps in rlxviz's ops when nothing else
+    is missed, as a layered graph's says of a layer (`LayerVerdict.status`, `gap_words`): `held back by rlxviz's ops
+    (rlxviz lacks FusedAttentionBlock without a mask operand: a compiler fix, nothing in the model to change)`, or
+    `fused as far as rlxviz's ops go (...)` when the graph has fused ops; "" when it has none or a miss."""
+    forms = gap_forms(r)
+    if not forms:
+        return ""
+    status = FUSED_AS_FAR_AS_OPS if r.counts else HELD_BACK_BY_OPS
+    blockers = list(dict.fromkeys(g.blocker for g in r.gaps if g.blocker))
+    asks = GAP_HAS_A_WORKAROUND if any(g.workaround for g in r.gaps) else GAP_IS_THE_COMPILERS
+    if blockers:  # the compiler fix alone leaves a refusal standing: "nothing in the model to change" says too much
+        asks = f"a compiler fix; alone it is not enough: {', '.join(blockers)} fails next"
+    return f"{status} (rlxviz lacks {', '.join(forms)}: {asks})"
 
 
 def gap_words(r: RunVerdict) -> str:
@@ -322,7 +343,8 @@ def render_run(r: RunVerdict, verbose: bool = False) -> str:
         unmade = ([f"  NOT made: {c}" for c in r.cannot_make] if r.expect == "model" else
                   [f"  judged against the pipeline only: {c}" for c in r.cannot_make])
         return "\n".join(head + [f"  {m}" for m in r.misses] + unmade
-                         + [f"  not expected here: {x}" for x in r.not_expected] + _left_out(r))
+                         + [f"  not expected here: {x}" for x in r.not_expected]
+                         + [f"  rlxviz's ops lack: {g}" for g in r.gaps] + _left_out(r))
     return "\n".join([headline(r), *crashes, *(f"  {n}" for n in headline_notes(r)),
                       *(render_layer(s, verbose) for s in r.layers), *_left_out(r)])
 
@@ -352,5 +374,6 @@ def _left_out(r: RunVerdict) -> list[str]:
 
 __all__ = ["FUSED_AS_FAR_AS_OPS", "GAP_HAS_A_WORKAROUND", "GAP_IS_THE_COMPILERS", "GROUP_OVER",
            "HELD_BACK_BY_LEGAL_AND_OPS", "HELD_BACK_BY_OPS", "NOTHING_TO_FUSE", "NO_FUSED_OP", "fused_list",
-           "gap_forms", "gap_words", "headline", "headline_notes", "judged_words", "layer_dict", "left_out_heading",
+           "gap_forms", "gap_words", "graph_gap_words",
+           "headline", "headline_notes", "judged_words", "layer_dict", "left_out_heading",
            "made_words", "none_made_words", "gap_asks", "outcome_dict", "render_layer", "render_run", "run_dict"]

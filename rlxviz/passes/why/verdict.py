@@ -287,6 +287,9 @@ class RunVerdict:
     expect: str = "model"
     cannot_make: list[str] = field(default_factory=list)
     model: str = ""
+    gaps: list[OpGap] = field(default_factory=list)
+    """For a graph whose node paths name no layer: the gaps in rlxviz's ops its refusals ran into (`LayerVerdict.gaps`
+    of the whole graph), which the headline names (`text.headline`)."""
 
     @staticmethod
     def of(trace: Trace, expect: str = "model", layers: Iterable[int] | None = None, model: str = "") -> RunVerdict:
@@ -385,9 +388,10 @@ def _run_verdict(facts: RunFacts, expect: str, wanted: tuple[int, ...], every: b
         return RunVerdict(trace.pipeline, statuses, counts, crashed=crashed, expect=expect,
                           left_out_groups=left_out_groups(trace, None if every else wanted))
     arch = classify_layer(trace.input, None)
-    misses, ignored = expected_misses(trace, arch, None)
-    return RunVerdict(trace.pipeline, statuses, counts, [str(m) for m in misses], arch, list(ignored.values()),
-                      left_out_groups(trace), crashed, recognized(trace), expect, facts.cannot_make(None))
+    misses, excused = excused_misses(trace, arch, None)
+    return RunVerdict(trace.pipeline, statuses, counts, [str(m) for m in misses], arch,
+                      [x.line for x in excused.values()], left_out_groups(trace), crashed, recognized(trace), expect,
+                      facts.cannot_make(None), gaps=layer_gaps(arch, [], excused.values()))
 
 
 def judged_kind(trace: Trace, layer: int) -> tuple[Architecture, Architecture]:
