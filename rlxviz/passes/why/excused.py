@@ -96,11 +96,13 @@ class OpGap:
         return f"{self.form} ({self.rule}: {self.by})"
 
 
-def layer_gaps(arch: Architecture, refused: Iterable[Outcome], excused: Iterable[Excused]) -> list[OpGap]:
+def layer_gaps(arch: Architecture, refused: Iterable[Outcome], excused: Iterable[Excused], own: bool = True
+               ) -> list[OpGap]:
     """The gaps in rlxviz's ops that the `refused` outcomes of a layer of kind `arch` ran into (`policy.gap_sources`),
     each (form, rule, by) once, in order; their places and blocker from the layer's `excused` groups of the same rule
     and guard (the outcome's own anchor where none is one); then the gaps of `excused` groups no outcome names (a
-    soft refusal: a fusion made without its activation, GPT-2's tanh-GELU epilogue), by their guard."""
+    soft refusal: a fusion made without its activation, GPT-2's tanh-GELU epilogue), by their guard. `own` False: the
+    refusals' own fixes are not read (`excused_misses`)."""
     groups = [x for x in excused if x.gaps]
     out: dict[str, OpGap] = {}
     for o in refused:
@@ -108,7 +110,7 @@ def layer_gaps(arch: Architecture, refused: Iterable[Outcome], excused: Iterable
         at = tuple(dict.fromkeys(n for x in mine for n in x.places)) or o.nodes
         blocker = next((x.blocker for x in mine if x.blocker), "")
         workaround = next((x.workaround for x in mine if x.workaround), "")
-        for form, by in gap_sources(arch, o.pass_name, o.guard, o):
+        for form, by in gap_sources(arch, o.pass_name, o.guard, o if own else None):
             g = OpGap(form, o.rule, by, at, blocker, workaround)
             out.setdefault(str(g), g)
     ran = {(g.rule, g.form) for g in out.values()}
@@ -120,21 +122,24 @@ def layer_gaps(arch: Architecture, refused: Iterable[Outcome], excused: Iterable
     return list(out.values())
 
 
-def excused_misses(trace: Trace, arch: Architecture, layer: int | None
+def excused_misses(trace: Trace, arch: Architecture, layer: int | None, own: bool = True
                    ) -> tuple[list[MissedFusion], dict[tuple[str, str], Excused]]:
-    """`expected_misses` as data: the misses that count, and `(pattern, guard) -> Excused` for those that do not."""
+    """`expected_misses` as data: the misses that count, and `(pattern, guard) -> Excused` for those that do not.
+    `own` False: a refusal's own fixes are not read for a gap in rlxviz's ops (`policy.compiler_fix_only`): a layer
+    judged as its siblings' kind (`verdict.judged_kind`: a teaching variant's pre-LN layer among post-LN ones) is
+    refused for its deviation, which is the model's, not for a form rlxviz lacks."""
     kept: list[MissedFusion] = []
     groups: dict[tuple[str, str, str, str], tuple[MissedFusion, dict[int, str], tuple[str, ...]]] = {}
     for m in RunFacts.of(trace).misses():
         if layer is not None and layer_of(m.path) != layer:
             continue
         pass_name = m.pattern.split(".")[0]
-        ex = excuse(arch, pass_name, m.guard, m.kind, m.remedy, m)
+        ex = excuse(arch, pass_name, m.guard, m.kind, m.remedy, m if own else None)
         if ex is None:
             kept.append(m)
             continue
         blocker = fix_blocker(trace, m.pattern, m.node, m.guard, arch) if COMPILER_FIX_WORDS in ex[1] else ""
-        gaps = tuple(op_gaps(arch, pass_name, m.guard, m)) if ex[0] == NOT_EXPECTED_HERE else ()
+        gaps = tuple(op_gaps(arch, pass_name, m.guard, m if own else None)) if ex[0] == NOT_EXPECTED_HERE else ()
         workaround = model_fix_note(trace, m.pattern, m.node, m.guard) if gaps else ""
         groups.setdefault((m.pattern, m.guard, ex[1], blocker, workaround), (m, {}, gaps))[1][m.node] = m.path
     out: dict[tuple[str, str], Excused] = {}

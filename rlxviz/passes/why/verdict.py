@@ -10,6 +10,7 @@ fact. What a layer is expected to fuse is decided in `policy.py`, from the run's
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -440,7 +441,7 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     own, arch = judged_kind(trace, layer)
     ran = facts.ran  # a crashed pass was still expected to fuse
     crashed = {s.pass_name: s.error for s in trace.steps if s.error}
-    misses, excused = excused_misses(trace, arch, layer)
+    misses, excused = excused_misses(trace, arch, layer, own == arch)
     ignored = {k: x.line for k, x in excused.items()}
     illegal = illegal_here(facts, ex.rejected, layer, arch)
     legal_only = {(o.rule, o.nodes[0]) for o in illegal}
@@ -504,7 +505,7 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     fused = fused and not (cannot and expect == "model")  # `first` stays what the run itself refused
     if cannot and expect == "model" and expected:
         expected = ", ".join(dict.fromkeys([*expected.split(", "), *(u.product for u in unmade_here)]))
-    gaps = layer_gaps(arch, [o for o in ex.rejected if o.rule in skipped], excused.values())
+    gaps = layer_gaps(arch, [o for o in ex.rejected if o.rule in skipped], excused.values(), own == arch)
     return LayerVerdict(layer, fused, ftl[0] if ftl else None, expected, first, own, arch, quiet, rejected,
                         [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(),
                         done, [t for (r, _), t in ignored.items() if r not in {o.rule for o in illegal}],
@@ -550,9 +551,10 @@ def standing(trace: Trace, r: Rejection) -> tuple[str, str] | None:
     facts = RunFacts.of(trace)
     layer = r.layer
     arch = _judged_as(facts, layer)
-    ex = excuse(arch, r.pass_name, r.guard, r.kind, r.remedy, r)
+    mine = _own_fixes(facts, r)
+    ex = excuse(arch, r.pass_name, r.guard, r.kind, r.remedy, mine)
     if ex is not None and ex[0] == NOT_EXPECTED_HERE and arch is not None:
-        group = OP_GAP_GROUP if op_gaps(arch, r.pass_name, r.guard, r) else NOT_EXPECTED_HERE
+        group = OP_GAP_GROUP if op_gaps(arch, r.pass_name, r.guard, mine) else NOT_EXPECTED_HERE
         return group, with_caveat(ex[1], line_caveats(trace, r.rule, r.anchor, r.guard, arch))
     if ex is not None or layer is None or arch is None:
         return ex
@@ -566,8 +568,17 @@ def place_gaps(trace: Trace, r: Rejection) -> list[str]:
     """The op forms rlxviz lacks that the refusal `r` of `trace` ran into (`policy.op_gaps` in the kind its layer is
     judged as, as `standing` reads it): what a place of `OP_GAP_GROUP` lacks, e.g. `FusedAttentionBlock with QK-norm`;
     [] for any other refusal."""
-    arch = _judged_as(RunFacts.of(trace), r.layer)
-    return op_gaps(arch, r.pass_name, r.guard, r) if arch is not None else []
+    facts = RunFacts.of(trace)
+    arch = _judged_as(facts, r.layer)
+    return op_gaps(arch, r.pass_name, r.guard, _own_fixes(facts, r)) if arch is not None else []
+
+
+def _own_fixes(facts: RunFacts, r: Rejection) -> Rejection | None:
+    """`r`, whose fixes `policy` reads for a gap in rlxviz's ops; None in a layer judged as another kind than its own
+    (`judged_kind`: its refusals are its deviation, as `excused_misses` reads them)."""
+    if r.layer in set(facts.layers) and ("deviates", r.layer) not in facts.cache:
+        facts.cache["deviates", r.layer] = operator.ne(*judged_kind(facts.trace, r.layer))
+    return None if facts.cache.get(("deviates", r.layer)) else r
 
 
 def verdict_pass(trace: Trace, layer: int) -> str | None:
