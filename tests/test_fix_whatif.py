@@ -21,7 +21,7 @@ from clirun import file_inputs
 from rlxviz.cli import main
 from rlxviz.ir import Builder, Graph, Op, parse_ir
 from rlxviz.passes import Pipeline
-from rlxviz.passes.guard import COMPILER_ONLY, NO_MODEL_FIX
+from rlxviz.passes.guard import COMPILER_ONLY, IN_MODEL, NO_MODEL_FIX, UNCHECKED_FIX
 from rlxviz.passes.trace import Trace, layer_of
 from rlxviz.passes.whatif import MODEL, PIPELINE, STATEMENT, fix_form, remove_dead_readers, what_if
 from rlxviz.runtime import run_reference
@@ -86,7 +86,8 @@ def explain_fixes(graph: Graph, weights, feeds, name: str = "m", pipeline: Pipel
 def assert_advice_checked(graph: Graph, weights, feeds, name: str = "m", pipeline: Pipeline | None = None) -> list:
     """The Done-when check on one graph: every fix `explain` prints is a statement (no change proposed) or a what-if
     that keeps the numbers and makes the fusion happen, re-done here; every other fix line became `none in the model:
-    ...` with a compiler fix. Returns the fix checks."""
+    ...` (the rule declared no change keeps the numbers) or `no checked fix in the model: ...` (the rule proposed one,
+    which the check refutes) with a compiler fix. Returns the fix checks."""
     trace, check, fixes, shown = explain_fixes(graph, weights, feeds, name, pipeline)
     refusals = printed_refusals(trace, check)
     assert len(refusals) == len(fixes)
@@ -103,7 +104,8 @@ def assert_advice_checked(graph: Graph, weights, feeds, name: str = "m", pipelin
                                 < _refused(trace, r.rule, r.guard, layer)), f
             assert _numbers_kept(trace.input, w.graph, after.final, feeds, weights, w.rounded), f
             continue
-        assert f.printed.startswith(NO_MODEL_FIX), f
+        assert f.printed.startswith((NO_MODEL_FIX, UNCHECKED_FIX)), f
+        assert f.printed.startswith(UNCHECKED_FIX) == (r.remedy in ("", IN_MODEL)), (f, r.remedy)
     # what is printed: every fix line is a statement or a checked fix; a withheld fix is a compiler fix
     text = shown.render()
     ok = {f.printed for f in fixes if f.ok}
@@ -116,7 +118,9 @@ def assert_advice_checked(graph: Graph, weights, feeds, name: str = "m", pipelin
     for s in shown.layers:
         for o in [*([s.first] if s.first else []), *s.illegal]:
             if o.nodes and (o.rule, o.nodes[0], o.guard) in withheld:
-                assert o.hint.startswith(NO_MODEL_FIX) and o.fix and o.remedy == COMPILER_ONLY, o
+                # the remedy is the rule's: a refuted proposal still counts, a declared `compiler only` is a gap
+                assert o.fix and (o.hint.startswith(UNCHECKED_FIX) and o.remedy in ("", IN_MODEL)
+                                  or o.hint.startswith(NO_MODEL_FIX) and o.remedy == COMPILER_ONLY), o
     return fixes
 
 
@@ -205,7 +209,8 @@ def _relu_ffn(act: str) -> Graph:
 ], ids=["bert-tiny-tanh-gelu", "gelu-tanh-f16-cube", "relu-ffn", "tanh-gelu-op-ffn"])
 def test_switching_the_activation_changes_the_numbers_so_it_is_no_fix(make):
     """"exact GELU fuses, but switching the model to it changes its numbers": the what-if switches the activation, the
-    numbers differ, so the line is `none in the model: ... changes the model's numbers` and the compiler fix."""
+    numbers differ, so the line is `none in the model: ... changes the model's numbers` and the compiler fix. The rule
+    declares it (`compiler only`), so the refusal is a gap in rlxviz's ops, its switch still checked."""
     m = make()
     if isinstance(m, Graph):
         g, (feeds, weights) = m, _feeds_weights(m)
@@ -223,22 +228,25 @@ def test_a_fix_with_no_what_if_is_withheld_with_the_compiler_fix(capsys):
     """esm-like: the attention's scale is the model's (Q scaled by 0.5 before its RoPE, where fuse_sdpa cannot fold
     it); "the block uses 1/sqrt(head_dim)" is no change the project can apply and keep the numbers (no fold into the Q
     projection either: `scale_fold` leaves a scale it cannot fold alone), so explain prints the compiler fix as the
-    fix. The verdict (exit 1, the guard, the kind) is unchanged. (03e, whose Q pre-scale folds, once read so too: its
-    fix is now the checked fold, `test_scale_fold`.)"""
+    fix. The verdict (exit 1, the guard, the kind) is unchanged: the check refutes the rule's proposal, not every
+    change to the model, so the line says `no checked fix in the model`, never `none in the model` beside exit 1.
+    (03e, whose Q pre-scale folds, once read so too: its fix is now the checked fold, `test_scale_fold`.)"""
     path = TESTS / "data" / "cases" / "esm-like-q-scaled-before-rope.rlx"
     code = main(["explain", str(path)])
     out = capsys.readouterr().out
     assert code == 1 and "guard default_scale (guard, not recognized)" in out
     assert "fix: the block uses 1/sqrt(head_dim)" not in out
-    assert "fix: none in the model: no change to the model that keeps its numbers is known" in out
+    assert "fix: no checked fix in the model: no change to the model that keeps its numbers is known" in out
+    assert "fix: none in the model" not in out
     main(["explain", str(path), "--json"])
     (f,) = [f for f in json.loads(capsys.readouterr().out)["fix_checks"] if f["guard"] == "default_scale"]
     assert f["status"] == NO_WHAT_IF and not f["checked"] and f["proposed_fix"] == "the block uses 1/sqrt(head_dim)"
-    assert f["fix"].startswith("none in the model: ") and f["compiler_fix"]  # the lines the text prints
+    assert f["fix"].startswith(UNCHECKED_FIX) and f["compiler_fix"]  # the lines the text prints
 
 
 def test_vetting_changes_fix_lines_only():
-    """Withholding a fix changes the refusal's hint, remedy and (when empty) compiler fix, never the verdict."""
+    """Withholding a fix changes the refusal's hint and (when empty) compiler fix, never its remedy or the verdict
+    (tanh-GELU's refusals are gaps in rlxviz's ops before and after: their rule declares them `compiler only`)."""
     m = load("bert-tiny", 1, 16, None, "tanh_gelu", 0)
     trace, check, fixes, shown = explain_fixes(m.graph, m.weights, m.random_feeds(0), "bert-tiny")
     assert any(not f.ok for f in fixes)
@@ -315,7 +323,7 @@ def test_json_and_verbose_carry_only_checked_fixes(capsys, case, status):
     assert main(["explain", path, "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     text = json.dumps(doc["layers"])
-    folded = "fix: fold the scale into the Q projection" if status == CHECKED else "fix: none in the model"
+    folded = "fix: fold the scale into the Q projection" if status == CHECKED else "fix: no checked fix in the model"
     assert "fix: the block uses 1/sqrt(head_dim)" not in text and folded in text
     assert {f["status"] for f in doc["fix_checks"] if f["guard"] == "default_scale"} == {status}
     assert main(["explain", path, "--verbose"]) == 1

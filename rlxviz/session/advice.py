@@ -37,7 +37,7 @@ import numpy as np
 from ..ir import Graph
 from ..passes import Trace, explain
 from ..passes.guard import COMPILER_ONLY, IN_MODEL, NO_MODEL_FIX, UNCHECKED_FIX
-from ..passes.report import in_context
+from ..passes.report import MissedFusion, in_context
 from ..passes.trace import Rejection
 from ..passes.whatif import (
     STATEMENT,
@@ -156,7 +156,8 @@ def _headline(trace: Trace, rule: str, anchor: int, guard: str) -> tuple[int, Re
 def printed_refusals(trace: Trace, check: FusionCheck, verbose: bool = False) -> list[tuple[int, Rejection]]:
     """The refusals whose fix line `check.render(verbose)` prints (each once, in print order), with their step index:
     every layer's first rejection (when not fused) and illegal-here refusals, every missed fusion it lists, every
-    refusal at a gap in rlxviz's ops whose not-expected line names its model-side fix (`why.caveat.model_fix_note`),
+    refusal at a gap in rlxviz's ops whose not-expected line names its model-side fix (`why.caveat.model_fix_note`)
+    or whose rule proposes a change it declares not to keep the numbers (`_refuted_by_rule`),
     and with `verbose` every rule's rejected outcome of each layer (`passes.explain`)."""
     keys: list[tuple[str, int, str]] = []
     shown = set(check.misses)
@@ -167,7 +168,7 @@ def printed_refusals(trace: Trace, check: FusionCheck, verbose: bool = False) ->
         keys += [(o.rule, o.nodes[0], o.guard) for o in outs if o.status == "rejected" and o.nodes]
     keys += [(m.pattern, m.node, m.guard) for m in RunFacts.of(trace).misses() if str(m) in shown]
     keys += [(m.pattern, m.node, m.guard) for m in RunFacts.of(trace).misses()
-             if model_fix_note(trace, m.pattern, m.node, m.guard)
+             if (model_fix_note(trace, m.pattern, m.node, m.guard) or _refuted_by_rule(m))
              and (hit := _headline(trace, m.pattern, m.node, m.guard)) is not None and place_gaps(trace, hit[1])]
     out: list[tuple[int, Rejection]] = []
     seen: set[tuple[str, int, str]] = set()
@@ -179,6 +180,13 @@ def printed_refusals(trace: Trace, check: FusionCheck, verbose: bool = False) ->
         if hit is not None:
             out.append(hit)
     return out
+
+
+def _refuted_by_rule(m: MissedFusion) -> bool:
+    """A refusal whose rule proposes a change to the model and declares that it changes the numbers (`compiler
+    only`: another activation, `guard.activation_hint`): a gap in rlxviz's ops, its change checked all the same, so
+    the Fix the app's panels show says what the check found."""
+    return m.remedy == COMPILER_ONLY and fix_form(m.hint) != STATEMENT
 
 
 def _sets(g: Graph, feeds: Mapping[str, np.ndarray]) -> tuple[InputSet, ...]:
