@@ -36,7 +36,8 @@ def test_a_pre_ln_layer_among_post_ln_siblings_is_refused_for_its_order_first(pr
     assert "also rejected: fuse_residual_ln.residual: sum_single_user" in lv.render()
 
 
-@pytest.mark.parametrize("variant, guard", [("extra_h1_user", "h1_user_count"), ("tanh_gelu", "fc1_activation")])
+@pytest.mark.parametrize("variant, guard", [("extra_h1_user", "h1_user_count")])  # tanh_gelu: a gap in rlxviz's
+# ops, no first rejection (`test_compiler_only_gap`)
 def test_a_layer_of_its_siblings_kind_keeps_the_pipeline_order(variant, guard):
     lv = _verdict("bert-tiny", variant).layer(0)
     assert lv.architecture == lv.expected_kind and lv.first is not None and lv.first.guard == guard
