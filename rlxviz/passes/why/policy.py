@@ -186,19 +186,21 @@ def compiler_fix_only(refusal: Remedied | None) -> bool:
     return refusal.remedy == COMPILER_ONLY or refusal.hint.startswith(NOTHING_TO_CHANGE)
 
 
-_ALLOW_LIST = re.compile(r"^add (\S+) to the (\S+) allow-list\b")
+_ALLOW_LIST = re.compile(r"^add (.+?) to the (\S+) allow-list\b")
 _GIVE = re.compile(r"^give (\S+) an? (.+)$")
 
 
 def fix_gap_form(fix: str, product: str = "") -> str:
     """The op form a compiler fix `fix` names (the gap in rlxviz's ops a refusal with no model-side fix runs into,
     `compiler_fix_only`): its first clause, up to `: `, `; `, `, or ` or a checked note, without a closing
-    parenthesis or a leading article; `add X to the epilogue allow-list` is `PRODUCT with an X epilogue`, `give OP a
+    parenthesis or a leading article; `add X to the epilogue allow-list` is `PRODUCT with a X epilogue`
+    (`PRODUCT with an epilogue for X` when X is words: `the layer's activation`), `give OP a
     Y` is `OP with a Y`. E.g. `residual scale (alpha) on FusedTransformerLayer`, `epilogue scale operand for
     FusedMatMulBiasAct`, `FusedMatMulBiasAct with a gelu_tanh epilogue`."""
     head = re.split(r": |; |, or | \(checked ", fix.strip(), maxsplit=1)[0].strip()
-    if (m := _ALLOW_LIST.match(head)) is not None and product:
-        return f"{product} with a {m.group(1)} {m.group(2)}"
+    if (m := _ALLOW_LIST.match(head)) is not None and product:  # an op named in one word, else words
+        what, kind = m.groups()
+        return f"{product} with a {what} {kind}" if " " not in what else f"{product} with an {kind} for {what}"
     if (m := _GIVE.match(head)) is not None:
         return f"{m.group(1)} with a {m.group(2)}"
     if head.endswith(")") and " (" in head:  # a closing parenthesis: what the form computes, not its name
