@@ -129,7 +129,7 @@ def latent_heads(c: Ctx) -> Fail | None:
                 f"reads Q and K as the head split of one projection, so these scores stay as primitives",
                 (cat.id,), (), "nothing to change in the model: the latent attention's heads are its own design",
                 subject=cat.id, kind=NOT_RECOGNIZED,
-                fix="fuse_sdpa reads heads concatenated along head_dim as one head split (q . k sums over both "
-                    "parts: exact)")
+                fix="an attention pattern for heads concatenated along head_dim (fuse_sdpa reading them as one head "
+                    "split: q . k sums over both parts, exact)")
 
 __all__ = ["latent_heads", "rope_on_heads"]

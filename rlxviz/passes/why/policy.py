@@ -197,7 +197,7 @@ def fix_gap_form(fix: str, product: str = "") -> str:
     (`PRODUCT with an epilogue for X` when X is words: `the layer's activation`), `give OP a
     Y` is `OP with a Y`. E.g. `residual scale (alpha) on FusedTransformerLayer`, `epilogue scale operand for
     FusedMatMulBiasAct`, `FusedMatMulBiasAct with a gelu_tanh epilogue`."""
-    head = re.split(r": |; |, or | \(checked ", fix.strip(), maxsplit=1)[0].strip()
+    head = _first_clause(fix.strip())
     if (m := _ALLOW_LIST.match(head)) is not None and product:  # an op named in one word, else words
         what, kind = m.groups()
         return f"{product} with a {what} {kind}" if " " not in what else f"{product} with an {kind} for {what}"
@@ -211,6 +211,16 @@ def fix_gap_form(fix: str, product: str = "") -> str:
                 break
         head = head[:k].rstrip() or head
     return re.sub(r"^(a|an|the) ", "", head)
+
+
+def _first_clause(text: str) -> str:
+    """`text` up to its first `: `, `; ` or `, or ` outside parentheses, or a ` (checked` note."""
+    depth = 0
+    for k, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and (text.startswith((": ", "; ", ", or "), k) or text.startswith(" (checked ", k)):
+            return text[:k].strip()
+    return text
 
 
 def _own_gap(pass_name: str, guard: str, refusal: Remedied | None) -> tuple[str, str] | None:
