@@ -90,7 +90,9 @@ def test_a_clip_layer_has_an_mlp_and_names_what_fc1_leaves_outside(capsys, tmp_p
     assert NAMES[form] in r.message and "stays outside" in r.message and "allow-list" in r.message
     assert ops(t.final).get("FusedMatMulBiasAct") == 2  # FC1 (without its activation) and FC2; QKV in the block
     code, out, _ = cli_run(capsys, "explain", path)
-    assert code == 1 and "attention only" not in out and "epilogue_activation" in out and NAMES[form] in out
+    # the model's activation is its own (no change keeps its numbers): a gap in rlxviz's ops, named, exit 0
+    assert code == 0 and "attention only" not in out and "epilogue_activation" in out and NAMES[form] in out
+    assert "rlxviz's ops lack: op for " in out
 
 
 def test_a_post_ln_layer_names_quick_gelu_in_fc1_activation(capsys, tmp_path):
@@ -102,8 +104,9 @@ def test_a_post_ln_layer_names_quick_gelu_in_fc1_activation(capsys, tmp_path):
     (m,) = [m for m in missed_fusions(t) if m.guard == "fc1_activation"]
     assert "QuickGELU x * sigmoid(1.702 * x)" in m.reason
     assert "QuickGELU" in m.fix and "gelu_tanh" not in m.fix
-    code, out, _ = cli_run(capsys, "explain", path)
-    assert code == 1 and "compiler fix: an op for QuickGELU" in out
+    code, out, _ = cli_run(capsys, "explain", path, "-v")
+    assert code == 0 and "compiler fix: an op for QuickGELU" in out  # a gap in rlxviz's ops (-v prints its lines)
+    assert "rlxviz's ops lack: op for QuickGELU" in out
 
 
 BIASLESS = """graph mlp_quick_gelu {
