@@ -318,8 +318,8 @@ def test_explain_layer_moves_the_variant_there(capsys):
 def test_explain_headline_names_the_soft_blocker_not_products_it_has(capsys):
     """GPT-2: every expected product is made, only the soft epilogue_activation complains (FC1's gelu_tanh), a gap in
     rlxviz's ops; the layer line says so. Its causal bias [1, 1, S, S] is the model's own term, kept as the
-    attention's operand: a "left something out" line (mask_model_term), not a miss, and the guard's sentence names the mask once
-    (`the mask (node ...)`, not `the mask mask`)."""
+    attention's operand: a "left something out" line (mask_model_term), not a miss, and the guard's sentence names
+    the mask once (`the mask (node ...)`, not `the mask mask`)."""
     code, out, _ = run(capsys, "explain", ROOT / "tests/fixtures/onnx/gpt2.onnx", "--seq", 8, "--layer", 0)
     assert code == 0  # no change to the model keeps tanh-GELU's numbers: a gap in rlxviz's ops, said as one
     assert "layer 0: fused as far as rlxviz's ops go: FusedMatMulBiasAct" in out
