@@ -20,8 +20,9 @@ if TYPE_CHECKING:  # for annotations only: the state imports `runs`, which impor
 
 def variant_notice(s: AppState) -> str:
     """The notice of `s`'s teaching variant (not `none`) on its run: `Teaching variant 'LABEL' (MEANT): ...`, the
-    layer's first rejection as the Why tab words it, else the run's first near-miss, else that no pass rejected
-    anything. Selects the variant's layer and highlights the refusal's nodes (the Why tab opens there).
+    layer's first rejection as the Why tab words it, else the gap in rlxviz's ops that holds the layer back (its
+    `rlxviz's ops lack:` line: tanh-GELU), else the run's first near-miss, else that no pass rejected anything.
+    Selects the variant's layer and highlights the refusal's nodes (the Why tab opens there).
 
     Raises:
         KeyError: `s.variant` is not a teaching variant.
@@ -51,6 +52,10 @@ def variant_notice(s: AppState) -> str:
         verdict = "fused" if status.fused else "NOT fused"
         text = (f"Teaching variant '{label}':{shape} layer {layer} {verdict}; first rejection {first.rule} at "
                 f"guard {first.guard}: {first.message}")
+    elif status is not None and status.gaps:  # held back by rlxviz's ops: the Why tab's `rlxviz's ops lack:` line
+        gap = status.gaps[0]
+        s.param.update(selected_layer=layer, highlight=list(gap.at))
+        text = f"Teaching variant '{label}':{shape} layer {layer} {status.status}; rlxviz's ops lack {gap}"
     elif rej:
         first = rej[0]
         s.param.update(selected_layer=layer if layer is not None else first.layer,
@@ -70,8 +75,10 @@ def variant_meant(s: AppState) -> str:
     status where that layer is drawn, else whether any chip counts a near-miss."""
     v = VARIANTS[s.variant]
     layer = None if s.variant == SHAPE_VARIANT else s.variant_layer
-    fused = (s.layer_status(layer).fused if layer is not None and layer in s.layers()
-             else not any(refusals(st, s.trace) for st in s.trace.steps))  # as the chips count
+    lv = s.layer_status(layer) if layer is not None and layer in s.layers() else None
+    # as the headline counts (a layer held back by rlxviz's ops is not "fused"), else as the chips count
+    fused = (lv.fused and not lv.gap_only if lv is not None
+             else not any(refusals(st, s.trace) for st in s.trace.steps))
     if v.breaks:
         return "meant to break the fusion" + ("; yet it fused" if fused else "")
     return "meant to keep the fusion: the rules should still fuse it" + ("" if fused else "; yet it did not fuse")
