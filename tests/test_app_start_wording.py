@@ -29,7 +29,8 @@ def test_step_after_break_points_at_why_for_the_broken_layer():
 
 def test_step_on_a_model_whose_own_layer_did_not_fuse_points_at_why():
     s = tiny()
-    s.param.update(variant_layer=0, variant="tanh_gelu")  # chosen in the sidebar, not by ②: layer 0 stays unfused
+    # chosen in the sidebar, not by ②: layer 0 stays unfused (output_intermediate: h1 returned, a sibling fused)
+    s.param.update(variant_layer=0, variant="output_intermediate")
     start = StartHere(state=s, show_why=lambda: None)
     assert start.unfused_layers() == [0]
     start.step.clicks += 1
