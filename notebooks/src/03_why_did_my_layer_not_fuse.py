@@ -52,7 +52,10 @@ def analyze(case):
 results = {case: analyze(case) for case in teach.TEACHING_CASES}
 for case, (_, trace, st) in results.items():
     sibling = teach.layer_status(trace, 1)
-    guard, kind = (st.first.guard, st.first.kind) if st.first else ("-", "-")
+    # the first rejection, else the refusal at a gap in rlxviz's ops (tanh_gelu: fused as far as rlxviz's ops go)
+    lead = st.first or next((r for r in trace.rejections if st.gaps and r.layer == 0 and r.headline
+                             and r.guard == st.gaps[0].by), None)
+    guard, kind = (lead.guard, lead.kind) if lead else ("-", "-")
     print(f"{case:<20} layer 0 fused={st.fused!s:<5} guard={guard:<22} kind={kind:<15} "
           f"layer 1 fused={sibling.fused}")
 
@@ -70,6 +73,10 @@ from rlxviz.viz import Overlay
 def explore(case="extra_h1_user"):
     _, trace, st = results[case]
     print(st.render())
+    if st.first is None and st.gaps:  # held back by rlxviz's ops (tanh_gelu): draw the refusal at the gap
+        step = trace.step(st.gaps[0].rule.split(".")[0])
+        display(teach.show(step.before, Overlay.before(step), focus=0, max_height=480))
+        return
     if st.first is None:  # nothing rejected in layer 0 (swapped_residual: add is commutative)
         return
     step = trace.step(st.first.pass_name)
@@ -90,6 +97,12 @@ explore("tanh_gelu")
 
 # %% tags=["kinds"]
 for case, (_, trace, st) in results.items():
+    if st.first is None and st.gaps:  # no change to the model keeps its numbers: a gap in rlxviz's ops
+        (r,) = [r for r in trace.step("fuse_transformer_layer").rejections if r.headline and r.layer == 0]
+        print(f"{case}: {r.guard} [{r.kind}], a gap in rlxviz's ops: {st.gaps[0].form}")
+        print(f"    fix:          {r.hint or '-'}")
+        print(f"    compiler fix: {r.fix or '-'}")
+        continue
     if st.first is None:
         how = trace.step("fuse_transformer_layer").matches[0].rule
         print(f"{case}: fused ({how}; the residual add is accepted in either order: add is commutative)")
@@ -113,7 +126,9 @@ for case, (_, trace, st) in results.items():
 #   cell after the layer rule's steps (below) runs all three.
 # * **tanh_gelu** — *not recognized*: the FFN is fused without its activation, because `gelu_tanh` is not
 #   on the epilogue allow-list. Switching the model to exact GELU would fuse, but it changes the model:
-#   the cell after that measures by how much. (SiLU is on the allow-list too, but it is another activation,
+#   the cell after that measures by how much. So there is nothing in the model to change: the refusal is a
+#   **gap in rlxviz's ops** (`rlxviz's ops lack: FusedTransformerLayer with a gelu_tanh epilogue`), the layer
+#   is "fused as far as rlxviz's ops go" and `rlxviz explain` exits 0. (SiLU is on the allow-list too, but it is another activation,
 #   not a form of GELU: the product's hint names exact GELU only.) The compiler fix is the allow-list
 #   (notebook 04 writes the epilogue rule).
 # * **swapped_residual** — fuses: the layer rule accepts either operand order. RLX's strict rule rejects
