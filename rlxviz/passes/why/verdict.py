@@ -195,6 +195,7 @@ class LayerVerdict:
         if lp is None or not self.expected_kind.post_ln:
             return []
         own = [g.form for g in self.gaps if g.rule.split(".")[0] == lp.name]  # a refusal's gap (`policy._own_gap`)
+        own = own or ([g.form for g in self.gaps] if self.fused and self.fused_node is None else [])  # one upstream
         return list(dict.fromkeys([*op_gaps(self.expected_kind, lp.name, ""), *own]))
 
     @property
@@ -465,10 +466,10 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
                                                          f"the pipeline cannot make {PRODUCTS[o.pass_name]}")
                     for o in ex.rejected if PRODUCTS.get(o.pass_name) in unmade and (o.rule, o.guard) not in ignored}
     skipped = list(dict.fromkeys(r for r, _ in ignored))
-    # the layer op refused only at a gap in rlxviz's ops (DeepNorm's scaled residual): not expected, its parts are
-    ftl_gap = any(x.gaps for (pattern, _), x in excused.items() if pattern.split(".")[0] == layer_pass_name)
-    expect_ftl = (layer_pass_name in ran and arch.post_ln and not ftl_illegal and not unmakeable
-                  and ftl_excused is None and not ftl_gap)
+    seen = any(o.pass_name == layer_pass_name for o in ex.rejected)  # a gap refused it (DeepNorm) or hid the layer
+    ftl_gap = any(x.gaps for (pattern, _), x in excused.items() if not seen or pattern.split(".")[0] == layer_pass_name)
+    expect_ftl = layer_pass_name in ran and arch.post_ln and not (ftl_illegal or unmakeable or ftl_gap) and \
+        ftl_excused is None
     ftl = facts.layer_products().get(layer, [])
     miss_keys = {(m.pattern, m.node) for m in misses}
     rejected = [o for o in ex.rejected if o.rule not in skipped and near_miss_kind(o.kind, o.remedy)]
