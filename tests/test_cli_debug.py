@@ -5,7 +5,7 @@ import json
 import re
 
 import pytest
-from clirun import ROOT, one_line_error, rlxviz, run
+from clirun import ROOT, one_line, one_line_error, rlxviz, run
 
 from rlxviz.ir import parse_ir
 from rlxviz.passes import CANONICAL_ORDER
@@ -274,6 +274,45 @@ def test_explain_ir_file_without_layers_reports_misses(tmp_path, capsys):
     code, out, _ = run(capsys, "explain", f, "--json")
     d = json.loads(out)
     assert code == 1 and d["layers"] == [] and len(d["misses"]) == 1 and "bias_rank" in d["misses"][0]
+
+
+def test_a_variant_layer_past_the_model_names_the_option_and_the_layers(capsys):
+    """Was `bert-tiny: [build_bert] variant layer 9 out of range 0..1`: an internal function's name, and no word of
+    which option chose the layer (`--variant-layer`, or `--layer` / `--focus` when it is not given)."""
+    for args, said in ((["explain", "bert-tiny", "--variant-layer", "9"], "--variant-layer 9"),
+                       (["explain", "bert-tiny", "--layer", "9"], "--layer 9"),
+                       (["render", "bert-tiny", "--focus", "5", "-o", "x.svg"], "--focus 5")):
+        code, out, err = run(capsys, *args, "--variant", "extra_h1_user")
+        assert code == 2 and out == "" and "build_bert" not in err
+        assert one_line(err, args[0]) == f"rlxviz {args[0]}: error: {said}: bert-tiny has layers 0-1"
+
+
+def test_a_file_that_is_no_model_says_what_it_is(tmp_path, capsys):
+    """An .npz of inputs given as MODEL was read as IR text (`cannot read IR text (UnicodeDecodeError ...)`); an
+    unknown name listed presets, folders and IR text but not .onnx files; --help listed IR files as .ir/.txt though
+    the loader reads .rlx too. Each now says what the loader takes, from its own lists (`session.loading`)."""
+    from rlxviz.cli import build_parser
+    from rlxviz.session.loading import GRAPH_JSON_SUFFIX, IR_SUFFIXES
+
+    io = ROOT / "tests" / "fixtures" / "onnx" / "cases" / "granite_io.npz"
+    code, _, err = run(capsys, "explain", io)
+    assert code == 2 and "UnicodeDecodeError" not in err
+    one_line_error(err, "explain", f"{io}: a NumPy .npz of arrays (a model's inputs or outputs), not a model: give "
+                                   "it with --inputs")
+    code, _, err = run(capsys, "explain", "nope")
+    assert code == 2
+    line = one_line(err, "explain")
+    assert "an .onnx file" in line and all(s in line for s in (*IR_SUFFIXES, GRAPH_JSON_SUFFIX))
+    code, _, err = run(capsys, "ir", "missing.rlx")  # an IR suffix: a path, not a model name
+    one_line_error(err, "ir", "missing.rlx: no such file or folder")
+    explain = build_parser()._subparsers._group_actions[0].choices["explain"]
+    model_help = " ".join(explain.format_help().split())
+    assert f"an IR text file ({'/'.join(IR_SUFFIXES)}, or {GRAPH_JSON_SUFFIX} in" in model_help
+    for suffix in IR_SUFFIXES:  # each one the help names is read as IR text
+        code, out, _ = run(capsys, "ir", "bert-tiny", "--seq", 4)
+        (tmp_path / f"tiny{suffix}").write_text(out)
+        code, out, err = run(capsys, "explain", tmp_path / f"tiny{suffix}")
+        assert code == 0 and "2/2 layer(s) fused as expected" in out, err
 
 
 def test_explain_checkpoint_folder_and_folder_errors(tmp_path, capsys):

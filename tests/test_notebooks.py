@@ -848,6 +848,9 @@ def test_05_bring_your_own_model(executed):
     md_text = markdown_of(nb, "why-read-aloud")  # the prose quotes the pipeline cell's counts
     assert f"So {final['FusedMatMulBiasAct']} linears fuse with their bias, and {final['gelu_tanh']} `gelu_tanh`" \
         in md_text
+    from rlxviz.passes import EPILOGUE_ACTIVATIONS  # the allow-list as the code has it, not as someone typed it
+
+    assert f"`FusedMatMulBiasAct` takes only {', '.join(f'`{a}`' for a in EPILOGUE_ACTIVATIONS)}. So" in md_text
     assert f"fused **{final['FusedResidualLN']} of the 5** norms (the final ln_f) and refused 4, each by " \
            "`sum_single_user`" in md_text
     text, _ = t["ort"]
@@ -860,7 +863,14 @@ def test_05_bring_your_own_model(executed):
     text, _ = t["ort-vs-rlxviz"]
     assert re.search(r"residual add \+ LayerNorm\s+1 SkipLayerNormalization of 5 norms\s+"
                      rf"{final['FusedResidualLN']} FusedResidualLN of 5 norms", text), text
+    # the attention row counts the attention where the pipeline left it: packed, or inside the fused op that took
+    # it in (it said "0 attention" beside the pipeline cell's 'FusedAttentionBlock': 2)
+    held = [op for op in ("attention", "FusedAttentionBlock", "FusedTransformerLayer") if op in final]
+    assert held and sum(final[op] for op in held) == 2, final  # GPT-2's two layers, each attention packed
+    row = re.search(r"^attention\s+\d+ FusedMatMul \(Q @ K\^T with its scale\)\s+(.+)$", text, re.M).group(1)
+    assert row.startswith(" + ".join(f"{final[op]} {op}" for op in held) + " (fuse_sdpa"), row
     md_text = markdown_of(nb, "ort-read-aloud")
+    assert f"rlxviz's {' and '.join(f'`{op}`' for op in held)} takes the whole" in md_text
     assert f"fused **{made['com.microsoft.SkipLayerNormalization']} of 5** norms" in md_text
     assert f"rlxviz fused **{final['FusedResidualLN']} of 5**" in md_text
     text, _ = t["transformer-optimizer"]  # live where it can run, else the recorded run of the same code

@@ -65,7 +65,7 @@ teach.show(graph, caption="the unfused graph")
 # ## 2. First pass: `fuse_matmul_bias_act`
 #
 # The pattern is `act(x @ w + bias)`. Each match becomes one `FusedMatMulBiasAct` whose epilogue adds
-# the bias and applies the activation (only `gelu` and `silu` are in its allow-list). Left: the graph the
+# the bias and applies the activation (its allow-list: `gelu`, `silu` and `relu2`). Left: the graph the
 # pass saw, each match drawn as a cluster. Right: the result, fused nodes marked.
 
 # %% tags=["step-fmba"]

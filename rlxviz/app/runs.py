@@ -8,7 +8,6 @@ runs on the state's `Runner`; its state changes are made on the page's thread, t
 from __future__ import annotations
 
 import hashlib
-import re
 import shutil
 import weakref
 from dataclasses import replace
@@ -21,7 +20,7 @@ from .. import session
 from ..ir import IRSyntaxError
 from ..models import VARIANTS, BertConfig, Model
 from ..passes import Trace
-from ..session import Limits, SessionError
+from ..session import Limits, SessionError, VariantLayerError
 from ..session import render as drawing
 from .derived import INPUT_FIRST
 from .sources import (
@@ -70,10 +69,6 @@ def takes_variants(model: Model) -> bool:
     """True when teaching variants apply to `model`: a BERT encoder built from a preset or a checkpoint (not an ONNX
     export, IR text or a decoder), as `session.variant_unavailable` rules."""
     return isinstance(model.config, BertConfig) and not model.meta.get("onnx_file")
-
-
-VARIANT_LAYER_RANGE = re.compile(r"variant layer (\d+) out of range 0\.\.(\d+)")
-"""A model builder's refusal of a variant layer past its layers (`models.bert.build_bert`): (asked, last layer)."""
 
 
 class Runs:
@@ -137,13 +132,12 @@ class Runs:
             request = replace(request, source=where)
         try:
             model = session.open_model(request)
-        except SessionError as e:
+        except VariantLayerError as e:
             # "Layer to break" past the new model's layers (layer 5 of minilm, then bert-tiny): its last layer
             # instead of a failed load; `_bound_variant_layer` moves the control there and says so
-            past = VARIANT_LAYER_RANGE.search(str(e))
-            if past is None or int(past.group(1)) != s.variant_layer:
+            if e.layer != s.variant_layer:
                 raise
-            self._layer_clamped = int(past.group(2))
+            self._layer_clamped = e.last
             model = session.open_model(replace(request, variant_layer=self._layer_clamped))
         if s.source == "upload":  # named after the user's file, as `rlxviz explain falcon.onnx` names it
             model.name = upload_model_name(self._upload_names, model.name)

@@ -21,6 +21,15 @@ from ..ir import Builder, DType, Graph, Node
 from ..ir.emitter import Ref
 
 
+class VariantLayerError(ValueError):
+    """A teaching variant asked of a layer the model does not have (`layer` outside 0..`last`): the session
+    words it for the user, naming the model (`session.VariantLayerError`)."""
+
+    def __init__(self, layer: int, last: int) -> None:
+        super().__init__(f"variant layer {layer}: the model has layers 0-{last}")
+        self.layer, self.last = layer, last
+
+
 @dataclass(frozen=True)
 class BertConfig:
     """Sizes of a BERT encoder (names as in Hugging Face `BertConfig`)."""
@@ -216,7 +225,8 @@ def build_bert(cfg: BertConfig, batch: int = 1, seq: int = 128, style: str = "rl
         `last_hidden_state` (float32 `[batch, seq, hidden]`), followed by any variant outputs.
 
     Raises:
-        ValueError: unknown style, `hidden % heads != 0`, `seq > max_position`, or a variant layer out of range.
+        ValueError: unknown style, `hidden % heads != 0`, `seq > max_position`; VariantLayerError (a ValueError): a
+            variant layer out of range.
     """
     if style not in ("rlx", "hf"):
         raise ValueError(f"[build_bert] style must be 'rlx' or 'hf', got {style!r}")
@@ -225,7 +235,7 @@ def build_bert(cfg: BertConfig, batch: int = 1, seq: int = 128, style: str = "rl
     if seq > cfg.max_position:
         raise ValueError(f"[build_bert] seq {seq} exceeds max_position {cfg.max_position}")
     if variant is not None and not 0 <= variant.layer < cfg.layers:
-        raise ValueError(f"[build_bert] variant layer {variant.layer} out of range 0..{cfg.layers - 1}")
+        raise VariantLayerError(variant.layer, cfg.layers - 1)
     b = Builder(name or f"bert_{style}_{cfg.layers}x{cfg.hidden}")
     ids = b.input("input_ids", (batch, seq), DType.i64)
     mask_i = b.input("attention_mask", (batch, seq), DType.i64)
@@ -319,5 +329,5 @@ def random_feeds(batch: int, seq: int, vocab: int, seed: int = 0, pad: bool = Tr
     return {"input_ids": ids, "attention_mask": mask}
 
 
-__all__ = ["BertConfig", "VARIANTS", "Variant", "build_bert", "random_feeds", "random_weights",
+__all__ = ["BertConfig", "VARIANTS", "Variant", "VariantLayerError", "build_bert", "random_feeds", "random_weights",
            "rlx_weights_from_hf", "replace"]
