@@ -80,3 +80,15 @@ def test_rope_heads_names_its_tables_and_the_heads_it_remakes():
     labels = _labels(graph_to_dot(g, Overlay.after(step)))
     claims = [i for i in step.added if "absorbed" in labels.get(i, "")]
     assert set(claims) <= ropes, (claims, ropes)
+
+
+def test_a_node_made_for_several_operands_names_them_all():
+    """GPT-NeoX: `qkv_columns` re-makes the fused QKV projection the attention reads as Q, K and V: it is made for all
+    three, not for the first one the walk met."""
+    model = session.load(str(ZOO / "cases" / "gpt-neox.legacy-sdpa.onnx"))
+    step = _step(Pipeline.canonical().run(model.graph), "fuse_attention_block/qkv_columns")
+    made = made_beside(step)
+    projections = [i for i, b in made.items() if step.after[i].op == Op.FUSED_MATMUL_BIAS_ACT]
+    assert projections, {step.after[i].op for i in made}
+    for i in projections:
+        assert made[i].words.endswith("(the q, k and v operands)"), made[i].words

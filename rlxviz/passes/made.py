@@ -20,7 +20,7 @@ from .trace import PassStep, Trace
 @dataclass(frozen=True)
 class Beside:
     """Node made by match `rule` for its product `product` (`op`): `what` it is there ("the mask operand", "reads its
-    result"), `upstream` when the product reads it, and `more` other products of the step that read it too."""
+    result"), `upstream` when the product reads it, and `more` other products of the step it also feeds."""
 
     rule: str
     product: int
@@ -33,17 +33,17 @@ class Beside:
     def words(self) -> str:
         """E.g. `made by fuse_sdpa.hf_attention beside attention %309 (the mask operand)`."""
         where = "beside" if self.upstream else "after"
-        also = f"; read by {self.more} more" if self.more else ""
+        also = f"; shared with {self.more} more" if self.more else ""
         return f"made by {self.rule} {where} {self.op} %{self.product} ({self.what}{also})"
 
 
 def made_beside(step: PassStep) -> dict[int, Beside]:
     """Every node `step` made that is not a match's product but was made for one: the product's operands the step
     made (absorbing nothing or the product's own list), and the nodes of the product's own list that read its result.
-    A node shared by several products is named by the first match (`Beside.more` counts the rest). Linear in the
-    nodes the step added."""
+    A node shared by several products is named by the first match (`Beside.more` counts the rest). Each product's
+    walk stays within the nodes the step added for it."""
     after = step.after
-    added = {i for i in step.added}
+    added = set(step.added)
     products: dict[int, str] = {}
     for m in step.matches:
         if m.fused is not None and m.fused in after:
@@ -57,9 +57,9 @@ def made_beside(step: PassStep) -> dict[int, Beside]:
     for pid, rule in products.items():
         p = after[pid]
         roles = operand_roles(p.op, p.attrs, len(p.inputs))
+        feeds: dict[int, list[str]] = {}  # node -> the product's operands it is made for, in operand order
         for k, first in enumerate(p.inputs):
             role = roles[k] if k < len(roles) else f"in{k}"
-            what = f"operand {k}" if role == f"in{k}" else f"the {role} operand"
             todo, seen = [first], set()
             while todo:
                 i = todo.pop()
@@ -68,8 +68,11 @@ def made_beside(step: PassStep) -> dict[int, Beside]:
                     continue
                 seen.add(i)
                 readers.setdefault(i, set()).add(pid)
-                out.setdefault(i, Beside(rule, pid, p.op.value, what))
+                if i not in out:
+                    feeds.setdefault(i, []).append(role)
                 todo += n.inputs
+        for i, names in feeds.items():
+            out[i] = Beside(rule, pid, p.op.value, _operands(names))
         if not p.absorbed:
             continue
         todo = [u.id for u in after.users(pid)]
@@ -82,6 +85,18 @@ def made_beside(step: PassStep) -> dict[int, Beside]:
             todo += [u.id for u in after.users(i)]
     return {i: (b if len(readers.get(i, ())) < 2 else
                 Beside(b.rule, b.product, b.op, b.what, b.upstream, len(readers[i]) - 1)) for i, b in out.items()}
+
+
+def _operands(roles: list[str]) -> str:
+    """`the mask operand`, `the q, k and v operands`; `operand #0` for an op whose operands have no role names."""
+    names = [r if not r.startswith("in") or not r[2:].isdigit() else f"#{r[2:]}" for r in dict.fromkeys(roles)]
+    if all(n.startswith("#") for n in names):
+        return ("operand " if len(names) == 1 else "operands ") + _joined(names)
+    return "the " + _joined(names) + (" operand" if len(names) == 1 else " operands")
+
+
+def _joined(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 _RUN: DigestCache[dict[int, Beside]] = DigestCache(limit=4)
