@@ -122,7 +122,8 @@ def _rules(pass_name: str, norm: Op, fused: Op, label: str) -> list[Rule]:
 def _zero_beta(c: Ctx, rw: Rewriter, fused: Op) -> int:
     absorbed = [c.id("sum"), c.id("norm")]
     with rw.provenance(absorbed):
-        beta = rw.const((0.0,) * c["norm"].shape[-1], c["norm"].dtype)
+        with rw.absorbing():  # the zero beta replaces nothing: only the fused norm does
+            beta = rw.const((0.0,) * c["norm"].shape[-1], c["norm"].dtype)
         new = rw.emit(fused, [c.id("x"), c.id("residual"), c.id("gamma"), beta], eps=c["norm"].attrs["eps"],
                       has_bias=False)
     rw.remove([c.id("sum")])
