@@ -27,7 +27,7 @@ def busy_verdict(busy: str) -> str:
 
 def _verdict_json(v: Any, busy: str) -> dict[str, Any]:
     """A `session.PairedVerdict` as plain values; its words `NOT_READ` on a busy run. Where the text and the app print
-    no ratio (`session.timing.step_cell`: a busy run, or medians that disagree) `ratio`, `ci_low` and `ci_high` are
+    no ratio (`session.lowerings.step_cell`: a busy run, or medians that disagree) `ratio`, `ci_low` and `ci_high` are
     None: a script reads no number the other front ends refuse."""
     from ..session.timing import DISAGREE, NOT_READ
 
