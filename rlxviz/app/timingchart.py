@@ -77,7 +77,7 @@ def fusion_kernels_markdown(split: Any) -> str:
             continue
         what, v = step
         words = NOT_READ if busy else v.words
-        # the cell `rlxviz time` prints (`session.lowerings.step_cell`): no number on a busy run or where medians disagree
+        # the cell `rlxviz time` prints (`session.lowerings.step_cell`): no number when busy or where medians disagree
         lines.append(f"| {md_escape(r.label)} | {r.nodes} | {_ms(r.median_ms)} | {step_cell(what, v, busy, '×', '–')} "
                      f"| {words} |")
     lines += ["", split.sentence("×", "The speed-up the chart above and the table below print")
