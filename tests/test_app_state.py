@@ -556,7 +556,7 @@ def test_default_filter_keeps_passes_whose_only_events_are_rejections():
 
 def test_an_uploaded_npz_with_expected_outputs_times_and_is_dropped_with_the_model():
     """gpt2.onnx uploaded, then the project's gpt2.npz (input_ids and out:last_hidden_state): accepted, the
-    expected output set aside and named; a new model drops the arrays and the Timing tab's file chooser."""
+    expected output checked and named; a new model drops the arrays and the Timing tab's file chooser."""
     from rlxviz.app.timingview import TimingView
 
     root = Path(__file__).resolve().parents[1] / "tests/fixtures/onnx"
@@ -567,7 +567,9 @@ def test_an_uploaded_npz_with_expected_outputs_times_and_is_dropped_with_the_mod
     data = (root / "gpt2.npz").read_bytes()
     view.inputs.param.update(filename="gpt2.npz", value=data)  # as the browser's file chooser sets it
     assert s.user_inputs is not None and list(s.user_inputs.feeds) == ["input_ids"]
-    assert "set aside 1 expected output(s): out:last_hidden_state" in s.message and s.message_kind == "info"
+    # the expected output is checked on the file's arrays, as `rlxviz explain --inputs` checks it
+    assert "On the arrays of gpt2.npz: version 0 equals the ONNX model" in s.message, s.message
+    assert "version 0 equals the expected outputs in gpt2.npz" in s.message and s.message_kind == "info"
     s.source = "preset"  # back to bert-tiny: gpt2's arrays are not its inputs
     assert s.model.name == "bert-tiny" and s.user_inputs is None and view.inputs.value is None
 

@@ -57,12 +57,17 @@ NO_TIMING: dict[str, Any] = {"timings": [], "timing_policy": "", "blas": "", "ti
                              "timing_origin": "", "timing_when": ""}
 """A new model or run shows no timing (rows, policy and input sets, where it ran) until it is timed."""
 
-def import_check(model: Model) -> tuple[str, bool]:
-    """Version 0 against the ONNX file it came from: `session.fidelity.onnx_check`'s `(line, equal)`, run in a
-    child process (`session.isolated.check_isolated`: ONNX Runtime reads the user's file there, not here)."""
+def import_check(model: Model, user: Any = None) -> tuple[str, bool]:
+    """Version 0 against the model itself: `session.fidelity.onnx_check`'s `(line, equal)`, on random inputs or on
+    `user`'s arrays (an inputs file, `session.InputSet`) with its expected outputs. Against an ONNX file it runs in a
+    child process (`session.isolated.check_isolated`: ONNX Runtime reads the user's file there, not here); else only
+    expected outputs are checked, here (the reference interpreter)."""
+    from ..session.fidelity import onnx_check
     from ..session.isolated import check_isolated
 
-    return check_isolated(model)
+    if model.meta.get("onnx_file"):
+        return check_isolated(model, user=user)
+    return onnx_check(model, user)
 
 
 def takes_variants(model: Model) -> bool:
@@ -522,6 +527,19 @@ class Runs:
         s.param.update(upload_id=upload_id, source="upload", variant="none", **dropped)
         if again and s.autorun:  # the same file once more: nothing changed, so no watcher loads it
             s.load()
+
+    def check_inputs(self, model: Model, user: Any) -> tuple[str, bool]:
+        """`import_check(model, user)`: version 0 on an inputs file's arrays, against the ONNX file `model` was read
+        from. An upload's copy was removed when its load ended (`_remove_upload_copy`), so the upload is written
+        again for the check and removed after it."""
+        path = model.meta.get("onnx_file")
+        if not path or Path(path).is_file() or not self._upload:
+            return import_check(model, user)
+        where = store_upload(self._upload)
+        try:
+            return import_check(replace(model, meta={**model.meta, "onnx_file": str(where / ONNX_UPLOAD_NAME)}), user)
+        finally:
+            shutil.rmtree(where, ignore_errors=True)
 
     def _remove_upload_copy(self) -> None:
         """Remove the temp folder the last load wrote the upload to (none: nothing to do)."""

@@ -75,15 +75,13 @@ def _import_checks(model: Model, feeds: dict[str, np.ndarray], user: Any, expect
     `out:NAME` arrays of the inputs file (a slice's: those `_slice_aside` left), the `--expect` file. Raises
     CLIError for an unreadable --expect file or a name that is no output."""
     from ..session import Limits
-    from ..session.fidelity import against_expected, against_onnx
+    from ..session.fidelity import against_expected, import_checks, inputs_source
     from ..session.inputs import load_expected
 
-    out = []
     try:
-        if with_onnx and (c := against_onnx(model, feeds, Limits.resolve(max_memory_mb))) is not None:
-            out.append(c)
-        if user is not None and user.expected:
-            out.append(against_expected(model, feeds, user.expected, Path(user.what.split(" ", 1)[-1]).name))
+        # the app's Timing tab shows the same checks for an inputs file (`session.fidelity.onnx_check`)
+        out = import_checks(model, feeds, user.expected if user is not None else None,
+                            inputs_source(user) if user is not None else "", Limits.resolve(max_memory_mb), with_onnx)
         if expect is not None:
             out.append(against_expected(model, feeds, load_expected(expect, model.graph), Path(expect).name))
     except ValueError as e:
