@@ -100,6 +100,9 @@ class FixCheck:
             the guard wrote it (nothing else failed, or nothing could be checked).
         compiler_fix: the line `explain` prints after `compiler fix:` for this refusal (`compiler`, else the guard's
             compiler fix, or `DEFAULT_COMPILER_FIX` where the model-side fix is withheld); "" when it prints none.
+        shown: whether `explain` prints `printed` as a `fix:` line at all (`passes.explain.Outcome.lines`: not when
+            the line is empty or the refusal's message already holds it, as falcon's `attn_is_fused_block`
+            statement `fuse_attention_block ran before and did its part here ...`); `_shown` decides it.
     """
 
     rule: str
@@ -113,6 +116,7 @@ class FixCheck:
     printed: str = ""
     compiler: str = ""
     compiler_fix: str = ""
+    shown: bool = True
 
     @property
     def ok(self) -> bool:
@@ -126,12 +130,16 @@ class FixCheck:
 
     def to_dict(self) -> dict[str, object]:
         """`explain --json`'s `fix_checks` item, its keys worded as the text's lines: `fix` the line after `fix:`
-        (`printed`), `compiler_fix` the line after `compiler fix:` (None when none is printed), `proposed_fix` the
-        guard's own fix line that was checked; `compiler_fix_enough` False when the compiler fix's check at its rule
-        alone found another failure (`compiler`), None when no compiler fix is printed."""
-        return {"rule": self.rule, "anchor": self.anchor, "guard": self.guard, "fix": self.printed,
+        (`printed`; None when the text prints no `fix:` line for it, `shown`), `printed_as_fix` whether that line is
+        the proposed fix itself (checked, or no change proposed) rather than the `none in the model: ...` line that
+        replaces it (False when no line is printed), `compiler_fix` the line after `compiler fix:` (None when none is
+        printed), `proposed_fix` the guard's own fix line that was checked; `compiler_fix_enough` False when the
+        compiler fix's check at its rule alone found another failure (`compiler`), None when no compiler fix is
+        printed."""
+        return {"rule": self.rule, "anchor": self.anchor, "guard": self.guard,
+                "fix": self.printed if self.shown else None,
                 "proposed_fix": self.fix, "form": self.form, "status": self.status, "checked": self.checked,
-                "printed_as_fix": self.ok, "what_if": self.what or None, "detail": self.detail or None,
+                "printed_as_fix": self.ok and self.shown, "what_if": self.what or None, "detail": self.detail or None,
                 "compiler_fix": self.compiler_fix or None,
                 "compiler_fix_enough": not self.compiler if self.compiler_fix else None}
 
@@ -331,10 +339,20 @@ def _check_one(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixChec
     compiler = _compiler_line(trace, k, r, left)
     withheld = not c.ok and r.remedy in ("", IN_MODEL)  # `_reworded` then names a compiler fix as the fix
     c = replace(c, compiler_fix=compiler or r.fix or (DEFAULT_COMPILER_FIX if withheld else ""))
-    if not compiler:
-        return c
-    printed = with_caveat(c.printed.replace("(the compiler fix is the fix)", CHECKED_ONLY), alone_caveat(r.guard, left))
-    return replace(c, compiler=compiler, printed=printed)
+    if compiler:
+        printed = with_caveat(c.printed.replace("(the compiler fix is the fix)", CHECKED_ONLY),
+                              alone_caveat(r.guard, left))
+        c = replace(c, compiler=compiler, printed=printed)
+    return replace(c, shown=_shown(trace, k, r, c))
+
+
+def _shown(trace: Trace, k: int, r: Rejection, c: FixCheck) -> bool:
+    """Whether `explain` prints a `fix:` line for `r` as `vetted` words it by `c`: the hint it then has (`printed`
+    where `_reworded` replaces it, else the guard's own in context, `fix`) is not empty and not inside the message
+    (`passes.explain.Outcome.lines`, the one place that decides it)."""
+    message = in_context(trace, k, r)[0]
+    line = c.printed if _reworded(r, c).hint != r.hint else c.fix
+    return bool(line) and line not in message
 
 
 def _check_fix(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixCheck:
