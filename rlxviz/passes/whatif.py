@@ -173,7 +173,19 @@ def _switch_activation(trace: Trace, step: PassStep, r: Rejection) -> tuple[str,
     target = Op.GELU if n.op.value.startswith("gelu") else Op.SILU
     rw = Rewriter(trace.input, "what-if")
     rw.fuse(target, (x,), {}, absorbed=chain, result=out)
-    return f"the model's {n.op.value} (node {out}) replaced by {target.value}", rw.finish()
+    return f"{_users_activation(trace.input, n, chain, out)} replaced by {target.value}", rw.finish()
+
+
+def _users_activation(g: Graph, n: Node, chain: tuple[int, ...], out: int) -> str:
+    """The activation `n` as the user's graph `g` has it: `the model's gelu_tanh (node 61)` for the user's own node;
+    for one a canonicalization made of a written-out chain (`_in_user_graph`), the chain's nodes and its result by
+    their own ops, `the model's gelu_tanh (node 129 in the pipeline's graph), written out as your nodes 50, 52, ... 61
+    (its result: mul node 61)`: node 61 of the user's graph is a `mul`, not a gelu_tanh."""
+    if chain == (n.id,):
+        return f"the model's {n.op.value} (node {n.id})"
+    ids = ", ".join(str(i) for i in sorted(chain))
+    return (f"the model's {n.op.value} (node {n.id} in the pipeline's graph), written out as your nodes {ids} (its "
+            f"result: {g[out].op.value} node {out})")
 
 
 _STORE_AS = re.compile(r"\(node (\d+)[^)]*\) as \w+\[([\d, ]*)\]")
