@@ -893,7 +893,7 @@ def test_06_a_multi_output_fusion(executed):
     text, _ = t["refusal"]
     assert text.count("sum_single_user (illegal): ") == 4
     assert "LayerNorms in the model: 5; fused by fuse_residual_ln: 1 (ln_f); refused: 4 of 5 LayerNorms" in text
-    assert "compiler fix: a two-output FusedResidualLN that also returns the sum" in text
+    assert "compiler fix: a fuse_residual_ln rule that builds FusedResidualLN(with_sum=true)" in text
     assert re.search(r"^memory check \(run\): estimated peak ", text, re.M)
     text, _ = t["demo"]  # the packed value and its two narrows, read from the printed IR
     assert re.search(r"FusedResidualLN\(%0, %1, %3, %4\) \{eps=1e-12, has_bias=false, with_sum=true\} : "

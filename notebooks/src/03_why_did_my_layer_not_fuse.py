@@ -125,8 +125,9 @@ for case, (_, trace, st) in results.items():
 #   pipeline (the verdict's first rejection of a layer that deviates from its siblings is the refusal of the
 #   product its siblings' kind expects and its own does not). Second, a consequence of that layout (*illegal*
 #   for a single-output op, printed below): the residual sum feeds the norm and the next residual, and a
-#   one-output `FusedResidualLN` would hide it; a two-output op (as vLLM's `fused_add_rms_norm`) fixes that
-#   one — notebook 06 writes that rule. (The status line of `pre_ln` in the explorer above says *expected
+#   one-output `FusedResidualLN` would hide it; a rule that builds the op's two-output form
+#   (`with_sum=true`, as ONNX Runtime's `SkipLayerNormalization` returns the sum) fixes that one — notebook 06
+#   writes that rule. (The status line of `pre_ln` in the explorer above says *expected
 #   FusedTransformerLayer* only because its sibling layer 1 is post-LN and fuses.)
 # * **output_intermediate** — *illegal* for a single-output op: h1 is returned, and a one-output layer op
 #   would hide it. Fix the model (the exercise below); in the compiler, a layer op with h1 as a second

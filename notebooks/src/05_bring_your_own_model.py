@@ -224,7 +224,7 @@ def check_ex05(answer):
     assert guard in rln_guards, (f"guard: {guard!r} did not refuse a norm; read the fuse_residual_ln.residual "
                                  "line of the layer status")
     return (f"rlxviz {rlx}, ONNX Runtime {ort_n}; the other norms' sums have a second reader ({guard}): a "
-            "two-output rule is the fix (notebook 06)")
+            "rule that builds FusedResidualLN's two-output form (with_sum=true) is the fix (notebook 06)")
 
 
 ex05_answer = (None, None, None)  # YOUR ANSWER: (rlxviz norms, ONNX Runtime norms, "guard name")
@@ -255,9 +255,10 @@ display(Markdown(
     f"The norms: `fuse_residual_ln` fused **{n_rln} of the {len(norms)}** norms "
     f"({', '.join(m.path or 'the final ln_f' for m in rln.matches) or 'none'}) and refused "
     f"{len(refused)}, each by `{'`, `'.join(rln_guards)}`: a pre-LN sum is also read by the next residual "
-    f"add, and `FusedResidualLN` returns only the normalized value. That is *illegal* for this op, "
-    f"whatever its kernel, and *expected* for a pre-LN layer (the `not expected here` lines above); "
-    f"notebook 06 writes the two-output rule that makes these norms fuse."))
+    f"add, and `fuse_residual_ln` builds only the single-output `FusedResidualLN`, which returns the normalized "
+    f"value alone. That is *illegal* for that form, whatever its kernel, and *expected* for a pre-LN layer (the "
+    f"`not expected here` lines above); the op's two-output form (`with_sum=true`) returns the sum too, and "
+    f"notebook 06 writes the rule that builds it and makes these norms fuse."))
 
 # %% tags=["ort-vs-rlxviz"]
 from rlxviz.ir import Op

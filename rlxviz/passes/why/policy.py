@@ -166,8 +166,8 @@ def not_expected(arch: LayerKind, pass_name: str, guard: str = "") -> str | None
     `excuse`). E.g.
     `FusedTransformerLayer` is expected only of `post_ln`; `FusedAttentionBlock` of `post_ln` and of a layer whose
     attention has a keep mask, never with a KV cache; a residual-norm fusion refused because the residual sum has
-    other users is not expected of a pre-norm layer, whose next residual add reads the sum that rlxviz's
-    single-output op does not return. Everything else counts."""
+    other users is not expected of a pre-norm layer, whose next residual add reads the sum that the single-output op
+    rlxviz's rule builds does not return. Everything else counts."""
     p = PASSES.get(pass_name)
     if p is not None:
         for trait, why in p.excused_by:
