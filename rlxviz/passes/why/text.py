@@ -207,16 +207,17 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
 
 def not_fused_words(v: LayerVerdict, verbose: bool = False) -> str:
     """What follows `NOT fused` on a layer's line: what the pipeline cannot make, else what a fusion that happened left
-    (`blocker`), else, when some op of the layer fused, what was made and what was missed (`made: FusedMatMulBiasAct
-    %12 (fuse_matmul_bias_act); missed FusedMatMulBiasAct at %7 (fuse_matmul_bias_act.scale_before_bias:
-    scale_before_bias)`: `fused_list`, `LayerVerdict.missed_products`), else what was expected."""
+    (`blocker`), else what was expected and, when some op of the layer fused, what was made and what was missed
+    (`(expected ...): made FusedMatMulBiasAct %12 (fuse_matmul_bias_act); missed FusedMatMulBiasAct at %7
+    (fuse_matmul_bias_act.scale_before_bias: scale_before_bias)`: `fused_list`, `LayerVerdict.missed_products`)."""
     if v.expect == "model" and v.cannot_make:
         return f": the pipeline cannot make {', '.join(v.unmade_products)}"
     if v.blocker:
         return f": {v.blocker}"
+    expected = f" (expected {v.expected})" if v.expected else ""
     if v.done:
-        return f": made {fused_list(v.done, verbose)}; missed {', '.join(v.missed_products)}"
-    return f" (expected {v.expected})" if v.expected else ""
+        return f"{expected}: made {fused_list(v.done, verbose)}; missed {', '.join(v.missed_products)}"
+    return expected
 
 
 def _not_fused(v: LayerVerdict, verbose: bool = False) -> list[str]:
