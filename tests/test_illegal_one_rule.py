@@ -103,3 +103,16 @@ def test_json_remedy_agrees_with_its_fix(capsys):
     code, out, _ = run(capsys, "explain", CASES / "n4-09-dequant-scale-after-matmul.rlx", "--json")
     first = json.loads(out)["layers"][0]["first"]
     assert first["fix"].startswith("nothing to change in the model") and first["remedy"] == "compiler only", first
+
+
+def test_the_why_tab_says_the_same_made_and_missed(capsys):
+    """The app's Why tab words the layer as `explain -v` does (one formatter, `text.render_layer`)."""
+    from rlxviz.app.jobs import Runner
+    from rlxviz.app.state import AppState
+
+    path = CASES / "n4-09-dequant-scale-after-matmul.rlx"
+    s = AppState(runner=Runner(background=False), source="ir", ir_text=path.read_text())
+    _, out, _ = run(capsys, "explain", path, "-v")
+    line = next(ln for ln in out.splitlines() if ln.startswith("layer 0: NOT fused"))
+    why = s.why_layer(0).replace("\\", "")
+    assert "; missed FusedMatMulBiasAct at %" in line and line.split(": made ")[1].split(";")[0] in why, why
