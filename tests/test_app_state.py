@@ -52,7 +52,7 @@ def test_preset_batch_seq_and_style():
 
 
 @pytest.mark.parametrize("variant, guard_word", [
-    ("output_intermediate", "output"), ("extra_h1_user", "users"), ("tanh_gelu", "gelu"),
+    ("output_intermediate", "output"), ("extra_h1_user", "users"), ("dead_h1_user", "users"), ("tanh_gelu", "gelu"),
     ("pre_ln", ""), (SHAPE_VARIANT, "")])
 def test_each_teaching_variant_shows_a_rejection(variant, guard_word):
     s = tiny()
@@ -65,9 +65,14 @@ def test_each_teaching_variant_shows_a_rejection(variant, guard_word):
     assert s.highlight, "the rejection's nodes are highlighted"
     if variant != SHAPE_VARIANT:
         assert layer == 0
-        assert "layer 0: NOT fused" in s.why_layer(0)
-        first = s.layer_status(0).first  # the banner says what the Why tab says, not another rejection
-        assert f"first rejection {first.rule} at guard {first.guard}: {first.message}" in s.message, s.message
+        if variant in ("output_intermediate", "extra_h1_user"):  # h1 read by what the model returns: illegal here
+            assert "layer 0: fused as far as legal" in s.why_layer(0)
+            o = s.layer_status(0).illegal[0]  # the banner names the refusal the Why tab lists as illegal here
+            assert f"{o.rule} is illegal here (guard {o.guard}): {o.message}" in s.message, s.message
+        else:
+            assert "layer 0: NOT fused" in s.why_layer(0)
+            first = s.layer_status(0).first  # the banner says what the Why tab says, not another rejection
+            assert f"first rejection {first.rule} at guard {first.guard}: {first.message}" in s.message, s.message
     s.apply_variant("none")
     assert ftl_count(s.trace.final) == 2
 
@@ -178,7 +183,7 @@ def test_node_selection_report_lists_guards():
 
 
 def test_decision_rows_and_show_decision():
-    s = tiny(variant="extra_h1_user")
+    s = tiny(variant="dead_h1_user")
     rows = decision_rows(s.trace)
     kinds = {r["kind"] for r in rows}
     assert kinds == {"fused", "rejected", "not a candidate"}  # the embeddings' broadcast sum: no near-miss

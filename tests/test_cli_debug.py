@@ -47,8 +47,7 @@ def test_explain_minilm_fully_fused_exit_0():
 
 
 @pytest.mark.parametrize(("variant", "guard"), [
-    ("extra_h1_user", "h1_user_count"),
-    ("output_intermediate", "h1_not_output"),
+    ("dead_h1_user", "h1_user_count"),
     ("tanh_gelu", "fc1_activation"),
     ("pre_ln", "post_ln_order"),  # the variant's own change, not the residual refusal it causes
     ("over_threshold", "attention_size_gate"),
@@ -76,20 +75,37 @@ def test_explain_prints_the_kind_and_every_failing_guard(capsys):
 
 
 def test_explain_extra_user_actual_vs_required_and_sibling_diff(capsys):
-    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "extra_h1_user")
+    """A dead extra reader of h1 (`dead_h1_user`) is a near-miss: dead-code elimination is a fix in the model."""
+    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "dead_h1_user")
     assert code == 1
     assert "1/2 layer(s) fused as expected" in out
     assert "has 3 users" in out and "needs exactly 2" in out
-    # issue 38: removing the probe changes the model's outputs, so that is no fix (was "fix: make h1 feed only FFN.1")
-    assert "fix: none in the model: reduce_mean (node 43, encoder.layer.0.probe), graph output #1, " \
-           "reads ln1 (role h1)" in out
+    assert re.search(r"fix: make ln1 \(role h1\) feed only FFN.1 and the second residual \(remove the extra reader\): "
+                     r"reduce_mean \(node \d+, encoder.layer.0.probe\) reaches no graph output \(dead code\)", out), out
     assert "compiler fix: multi-output fusion: a layer op that also returns ln1 (role h1)" in out
     assert "layer 1 fused with fuse_transformer_layer.bert_post_ln; the layers differ in:" in out
     assert "layer 0: reduce_mean@probe(layer_norm@attention.output.LayerNorm)" in out
     # the sibling layer alone is fine: exit 0
-    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "extra_h1_user", "--layer", 1,
+    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "dead_h1_user", "--layer", 1,
                        "--variant-layer", 0)
     assert code == 0 and "layer 1: fused -> FusedTransformerLayer" in out
+
+
+@pytest.mark.parametrize(("variant", "guard"), [("extra_h1_user", "h1_user_count"),
+                                                ("output_intermediate", "h1_not_output")])
+def test_explain_a_reader_the_model_returns_leaves_the_layer_fused_as_far_as_legal(capsys, variant, guard):
+    """h1 read by a returned probe, or returned itself: no change to the model keeps its outputs and makes the layer
+    op legal, so the layer is fused as far as legal (exit 0), as a probe of the residual sum or of K is (n4-15,
+    n4-13); the refusal is named with its honest fix line."""
+    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", variant)
+    assert code == 0, out
+    assert "2/2 layer(s) fused as expected" in out and "1 of them only as far as legal" in out
+    assert "layer 0: fused as far as legal: " in out and "illegal here: fuse_transformer_layer.bert_post_ln" in out
+    assert f"guard {guard} (guard, illegal)" in out and "fix: none in the model: " in out
+    assert "compiler fix: multi-output fusion: a layer op that also returns ln1 (role h1)" in out
+    if variant == "extra_h1_user":  # issue 38: removing the probe changes the model's outputs
+        assert "fix: none in the model: reduce_mean (node 43, encoder.layer.0.probe), graph output #1, " \
+               "reads ln1 (role h1)" in out
 
 
 def test_explain_variant_layer_moves_the_change(capsys):
@@ -99,7 +115,7 @@ def test_explain_variant_layer_moves_the_change(capsys):
 
 
 def test_explain_json(capsys):
-    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "extra_h1_user", "--json")
+    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "dead_h1_user", "--json")
     d = json.loads(out)
     assert code == 1 and d["ok"] is False and d["fused_layers"] == 1 and d["checked_layers"] == 2
     l0 = d["layers"][0]
@@ -341,10 +357,10 @@ def test_subprocess_errors_have_no_traceback():
 
 def test_explain_layer_moves_the_variant_there(capsys):
     """One layer asked (`--layer N`) and no `--variant-layer`: the variant breaks layer N, not layer 0."""
-    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "extra_h1_user", "--layer", 1)
+    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "dead_h1_user", "--layer", 1)
     assert code == 1 and "layer 1: NOT fused" in out and "0/1 layer(s) fused as expected" in out
     # an explicit --variant-layer still wins
-    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "extra_h1_user", "--layer", 1,
+    code, out, _ = run(capsys, "explain", "bert-tiny", "--seq", 8, "--variant", "dead_h1_user", "--layer", 1,
                        "--variant-layer", 0)
     assert code == 0 and "layer 1: fused -> FusedTransformerLayer" in out
     # --help says so

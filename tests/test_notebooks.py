@@ -684,17 +684,19 @@ def test_03_why_did_my_layer_not_fuse(executed):
     t = common(nb)
     text, _ = t["all-cases"]
     expected = {"output_intermediate": "h1_not_output", "extra_h1_user": "h1_user_count",
-                "tanh_gelu": "fc1_activation", "pre_ln": "post_ln_order", "swapped_residual": "-",
-                "over_threshold": "attention_size_gate"}
+                "dead_h1_user": "h1_user_count", "tanh_gelu": "fc1_activation", "pre_ln": "post_ln_order",
+                "swapped_residual": "-", "over_threshold": "attention_size_gate"}
+    legal = {"output_intermediate", "extra_h1_user"}  # a reader the model returns: fused as far as legal
     rows = {ln.split()[0]: ln for ln in text.splitlines() if ln.strip()}
     assert set(rows) == set(expected)
     kinds = catalog_kinds()
     for case, guard in expected.items():
-        fused = case == "swapped_residual"  # add is commutative: the residual in either order fuses
-        assert f"layer 0 fused={fused}" in rows[case] and f"guard={guard} " in rows[case], rows[case]
+        # add is commutative: the residual in either order fuses
+        status = "fused" if case == "swapped_residual" else "fused as far as legal" if case in legal else "not fused"
+        assert f"layer 0: {status} " in rows[case] and f"guard={guard} " in rows[case], rows[case]
         assert f"kind={kinds.get(guard, '-')} " in rows[case], rows[case]  # the kind the rule catalog declares
-        sibling = "False" if case == "over_threshold" else "True"  # the gate applies to every layer
-        assert rows[case].rstrip().endswith(f"layer 1 fused={sibling}")
+        sibling = "not fused" if case == "over_threshold" else "fused"  # the gate applies to every layer
+        assert rows[case].rstrip().endswith(f"layer 1: {sibling}")
     text, _ = t["kinds"]  # the product's own kind, fix and compiler fix per case
     for case, guard in expected.items():
         if case != "swapped_residual":
@@ -704,11 +706,15 @@ def test_03_why_did_my_layer_not_fuse(executed):
     assert "compiler fix: a pre-LN layer op (no rule builds one" in text  # pre_ln: the variant's own change first
     assert "fix:          exact GELU (gelu) fuses, but switching the model to it changes" in text  # not "or silu"
     assert text.count("compiler fix: multi-output fusion: a layer op that also returns ln1 (role h1) as a second "
-                      "output") == 2
+                      "output") == 3
     # extra_h1_user's extra reader is a returned probe: no dead-code elimination is advised (issue 39: it was, and
-    # DCE cannot remove a graph output); the fix says the model returns it
-    assert "dead_code_elimination" not in text
-    assert "graph output #1, reads ln1 (role h1)" in text and "keep ln1 (role h1) materialised" in text
+    # DCE cannot remove a graph output); the fix says the model returns it. dead_h1_user's probe is dead: DCE is
+    extra = text.split("extra_h1_user: ", 1)[1].split("\n", 3)
+    assert "(illegal here: layer 0 is fused as far as legal)" in extra[0]
+    assert "dead_code_elimination" not in extra[1]
+    assert "graph output #1, reads ln1 (role h1)" in extra[1] and "keep ln1 (role h1) materialised" in extra[1]
+    dead = text.split("dead_h1_user: ", 1)[1].split("\n", 3)
+    assert "illegal here" not in dead[0] and "dead_code_elimination run on the model removes it" in dead[1]
     text, _ = t["tanh-cost"]  # "use exact GELU" changes the model: by how much, computed
     gap = float(re.search(r"largest difference (\S+) at x = ", text).group(1))
     assert 4e-4 < gap < 5e-4

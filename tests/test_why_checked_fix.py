@@ -82,7 +82,8 @@ def test_a_compiler_fix_that_is_enough_stands_as_written(variant, capsys):
     text, d = _explain(capsys, "bert-tiny", "--variant", variant, "--layer", "0")
     (lv,) = d["layers"]
     guard, fix = ENOUGH[variant]
-    assert lv["first"]["guard"] == guard and lv["first"]["compiler_fix"].startswith(fix), lv["first"]
+    o = lv["first"] or lv["illegal"][0]  # h1 returned: the layer is fused as far as legal, its refusal illegal here
+    assert o["guard"] == guard and o["compiler_fix"].startswith(fix), o
     assert "(checked" not in text
 
 

@@ -20,8 +20,9 @@ if TYPE_CHECKING:  # for annotations only: the state imports `runs`, which impor
 
 def variant_notice(s: AppState) -> str:
     """The notice of `s`'s teaching variant (not `none`) on its run: `Teaching variant 'LABEL' (MEANT): ...`, the
-    layer's first rejection as the Why tab words it, else the run's first near-miss, else that no pass rejected
-    anything. Selects the variant's layer and highlights the refusal's nodes (the Why tab opens there).
+    layer's first rejection as the Why tab words it, else (a layer fused only as far as legal) the refusal illegal for
+    it, else the run's first near-miss, else that no pass rejected anything. Selects the variant's layer and
+    highlights the refusal's nodes (the Why tab opens there).
 
     Raises:
         KeyError: `s.variant` is not a teaching variant.
@@ -51,6 +52,11 @@ def variant_notice(s: AppState) -> str:
         verdict = "fused" if status.fused else "NOT fused"
         text = (f"Teaching variant '{label}':{shape} layer {layer} {verdict}; first rejection {first.rule} at "
                 f"guard {first.guard}: {first.message}")
+    elif status is not None and status.illegal:  # fused as far as legal: the refusal illegal for the layer, named
+        first = status.illegal[0]
+        s.param.update(selected_layer=layer, highlight=list(first.nodes))
+        text = (f"Teaching variant '{label}':{shape} layer {layer} {status.status}; {first.rule} is illegal here "
+                f"(guard {first.guard}): {first.message}")
     elif rej:
         first = rej[0]
         s.param.update(selected_layer=layer if layer is not None else first.layer,
@@ -70,8 +76,10 @@ def variant_meant(s: AppState) -> str:
     status where that layer is drawn, else whether any chip counts a near-miss."""
     v = VARIANTS[s.variant]
     layer = None if s.variant == SHAPE_VARIANT else s.variant_layer
-    fused = (s.layer_status(layer).fused if layer is not None and layer in s.layers()
-             else not any(refusals(st, s.trace) for st in s.trace.steps))  # as the chips count
+    st = s.layer_status(layer) if layer is not None and layer in s.layers() else None
+    # a product left unmade because it is illegal for the layer (`legal_only`) is a fusion the variant broke
+    fused = (st.fused and not st.legal_only if st is not None
+             else not any(refusals(step, s.trace) for step in s.trace.steps))  # as the chips count
     if v.breaks:
         return "meant to break the fusion" + ("; yet it fused" if fused else "")
     return "meant to keep the fusion: the rules should still fuse it" + ("" if fused else "; yet it did not fuse")

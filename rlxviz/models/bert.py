@@ -71,6 +71,7 @@ class Variant:
         layer: which encoder layer to change.
         output_intermediate: also return h1 (the post-attention LayerNorm) as a graph output.
         extra_h1_user: add a third user of h1 (a `reduce_mean` returned as an extra output).
+        dead_h1_user: add a third user of h1 that reaches no output (a `reduce_mean` nothing reads: dead code).
         tanh_gelu: the FFN uses tanh-approximated GELU instead of erf GELU.
         pre_ln: pre-LayerNorm ordering (`x + attn(LN(x))`), as in GPT-2 / LLaMA.
         swapped_residual: residual adds written skip-first, `add(x, branch)`.
@@ -84,6 +85,7 @@ class Variant:
     layer: int = 0
     output_intermediate: bool = False
     extra_h1_user: bool = False
+    dead_h1_user: bool = False
     tanh_gelu: bool = False
     pre_ln: bool = False
     swapped_residual: bool = False
@@ -98,7 +100,7 @@ class Variant:
     @property
     def changes_graph(self) -> bool:
         """True when the variant rewrites a layer of the built graph (False for `none` and `over_threshold`)."""
-        return any((self.output_intermediate, self.extra_h1_user, self.tanh_gelu, self.pre_ln,
+        return any((self.output_intermediate, self.extra_h1_user, self.dead_h1_user, self.tanh_gelu, self.pre_ln,
                     self.swapped_residual))
 
 
@@ -108,6 +110,8 @@ VARIANTS: dict[str, Variant] = {
                                    doc="h1 (the post-attention LayerNorm) is also returned as a graph output"),
     "extra_h1_user": Variant(extra_h1_user=True, label="extra user of h1",
                              doc="a third reader of h1 (a probe `reduce_mean` returned as an extra output)"),
+    "dead_h1_user": Variant(dead_h1_user=True, label="dead extra user of h1",
+                            doc="a third reader of h1 that reaches no output (a probe `reduce_mean`: dead code)"),
     "tanh_gelu": Variant(tanh_gelu=True, label="tanh-GELU in the FFN",
                          doc="the FFN uses tanh-approximated GELU instead of exact (erf) GELU"),
     "pre_ln": Variant(pre_ln=True, label="pre-LN ordering",
@@ -207,6 +211,9 @@ def _layer(b: Builder, cfg: BertConfig, x: Ref, attend: object, lp: str, v: Vari
     if v and v.extra_h1_user:
         with b.scope("probe"):
             extras.outputs.append(b.reduce_mean(h1, (-1,), keepdims=True))
+    if v and v.dead_h1_user:
+        with b.scope("probe"):
+            b.reduce_mean(h1, (-1,), keepdims=True)  # read by nothing: dead code
     return out
 
 

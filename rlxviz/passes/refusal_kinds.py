@@ -52,6 +52,10 @@ end prints a fix line that would change the model's numbers or drop an output. A
 `read by the model` is the model's own dataflow: the product is not expected of that layer
 (`passes.why.verdict`)."""
 NO_MODEL_FIX = "none in the model: "
+NOTHING_TO_CHANGE = "nothing to change in the model"
+"""How a guard's hint that is itself a statement begins (no change to make, e.g. a dequantize scale that is the
+quantized weight's own): its refusal's remedy is the guard's `remedy`, not `IN_MODEL` (`Guard.remedy_of`), so
+`--json`'s `remedy` and `fix` never disagree."""
 
 
 def near_miss_kind(kind: str, remedy: str = "") -> bool:
@@ -63,4 +67,5 @@ def near_miss_kind(kind: str, remedy: str = "") -> bool:
 
 
 __all__ = ["ILLEGAL", "NOT_RECOGNIZED", "NOT_PROFITABLE", "MODEL_TERM", "NOT_A_CANDIDATE", "KINDS", "NOT_NEAR_MISSES",
-           "IN_MODEL", "COMPILER_ONLY", "READ_BY_MODEL", "DOES_NOT_PAY", "REMEDIES", "NO_MODEL_FIX", "near_miss_kind"]
+           "IN_MODEL", "COMPILER_ONLY", "READ_BY_MODEL", "DOES_NOT_PAY", "REMEDIES", "NO_MODEL_FIX",
+           "NOTHING_TO_CHANGE", "near_miss_kind"]

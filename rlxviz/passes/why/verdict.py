@@ -106,8 +106,8 @@ class LayerVerdict:
         architecture: the layer's own kind (`architecture.classify_layer`).
         expected_kind: the kind the layer is judged as: its own, or `post_ln` when it deviates from sibling
             layers that are all post-LN (see `judged_kind`).
-        done: the fusions that happened in the layer, e.g. `FusedSwiGLU %31 (fuse_swiglu)` (non-BERT layers): fused ops
-            only (`ir.ops.made_as`); a plain op a match made is in `rewritten`.
+        done: the fusions that happened in the layer, e.g. `FusedSwiGLU %31 (fuse_swiglu)` (non-BERT layers, and any
+            layer not fused): fused ops only (`ir.ops.made_as`); a plain op a match made is in `rewritten`.
         not_expected: rejections that do not count for this architecture, with the reason (the excuses).
         blocker: when the first rejection's own product was still made in the layer (a soft guard), what the
             fusion left that blocks the layer, e.g. `packed attention made, but additive mask kept (mask_form)`.
@@ -195,6 +195,15 @@ class LayerVerdict:
     def legal_only(self) -> bool:
         """Fused, with a product illegal for the layer left unmade: "fused as far as legal"."""
         return self.fused and bool(self.illegal)
+
+    @property
+    def missed_products(self) -> list[str]:
+        """What a layer not fused missed, one per counted refusal place (`first`, then `rejections`): `PRODUCT at %N
+        (RULE: GUARD)`, e.g. `FusedMatMulBiasAct at %7 (fuse_matmul_bias_act.scale_before_bias: scale_before_bias)`."""
+        out = [f"{product(o.pass_name)} at %{o.nodes[0]} ({o.rule}: {o.guard})" if o.nodes else
+               f"{product(o.pass_name)} ({o.rule}: {o.guard})" for o in ([self.first] if self.first else [])
+               + [o for o in self.rejections if o is not self.first]]
+        return list(dict.fromkeys(out)) if out else [self.expected] if self.expected else []
 
     @property
     def gap_forms(self) -> list[str]:
@@ -478,11 +487,13 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     done: list[str] = []
     rewritten: list[str] = []
     expected = layer_op if expect_ftl else ""
-    if not arch.post_ln or ftl_illegal or ftl_excused is not None:
+    by_parts = not arch.post_ln or ftl_illegal or ftl_excused is not None
+    if by_parts or not fused:  # what a layer not fused did make is said beside what it missed (`text.missed_words`)
         items = [(op, n, o) for o in ex.outcomes if o.status == "fused" for n in o.nodes
                  if (op := op_of(trace, n)) is not None]  # a fused op by its pass, a plain op by the rule that made it
         done = [f"{op} %{n} ({o.pass_name})" for op, n, o in items if made_as(Op(op)) == FUSED_INTO]
         rewritten = [f"{op} %{n} ({o.rule})" for op, n, o in items if made_as(Op(op)) != FUSED_INTO]
+    if by_parts:
         wanted = [o.pass_name for o in ex.outcomes
                   if (o.status == "fused" and makes_product(o.pass_name, o.rule)) or o in rejected]
         expected = ", ".join(product(n, made_by(trace, ex, n), [o.rule for o in ex.outcomes if o.pass_name == n
