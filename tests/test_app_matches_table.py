@@ -14,7 +14,7 @@ from rlxviz.app.whyview import DecisionTable
 
 def test_the_table_says_it_lists_the_whole_run_and_can_follow_the_selected_pass():
     s = tiny()
-    s.apply_variant("extra_h1_user")  # a rejection in the run
+    s.apply_variant("dead_h1_user")  # a rejection in the run
     table = DecisionTable(state=s)
     every = decision_rows(s.trace)
     assert len(table.table.value) == len(every) and "**The whole run:**" in table.about.object
@@ -36,7 +36,7 @@ def test_the_table_says_it_lists_the_whole_run_and_can_follow_the_selected_pass(
 
 def test_a_row_clicked_in_the_followed_list_stays_in_it():
     s = tiny()
-    s.apply_variant("extra_h1_user")
+    s.apply_variant("dead_h1_user")
     table = DecisionTable(state=s)
     table.only.value = True
     s.version = next(k for k, lbl in enumerate(s.version_labels) if lbl == "after fuse_transformer_layer")
@@ -63,7 +63,7 @@ def _contrast(a: str, b: str) -> float:
 @pytest.mark.parametrize("selected", [True, False])
 def test_the_rejection_count_is_readable_on_its_chip(selected):
     s = tiny()
-    s.apply_variant("extra_h1_user")
+    s.apply_variant("dead_h1_user")
     rows = s.version_rows()
     k = next(r["#"] for r in rows if r.get("rejections"))
     if not selected:
@@ -126,7 +126,7 @@ def _reading_keys(rows, trace):
     return [(key(r["layer"], r["anchor"]), r["step"]) for r in rows]
 
 
-RUNS = ["bert-tiny extra_h1_user", "bert-tiny tanh_gelu", "llama-block", "n3-01-rope-rotate-half-heads.rlx"]
+RUNS = ["bert-tiny dead_h1_user", "bert-tiny tanh_gelu", "llama-block", "n3-01-rope-rotate-half-heads.rlx"]
 """Runs with rows in several layers, each its own case: bert-tiny with a rejection, bert-tiny with a soft rejection,
 a LLaMA block, an IR file whose nodes are ordered by layer (a shared case copied into tests/data)."""
 
@@ -168,7 +168,7 @@ def test_a_made_anchor_stands_where_its_result_stood():
     input graph (where its result stood); a rejection anchored on it sorts there."""
     from rlxviz.passes.trace import anchor_position
 
-    trace = tiny(variant="extra_h1_user").trace
+    trace = tiny(variant="dead_h1_user").trace
     position = anchor_position(trace)
     made = [n for s in trace.steps for n in s.after if n.id not in trace.input and n.absorbed]
     assert made
@@ -184,7 +184,7 @@ def test_the_table_shows_its_order_and_keeps_it():
     from rlxviz.app.whyview import ORDER_NOTE
 
     s = tiny()
-    s.apply_variant("extra_h1_user")
+    s.apply_variant("dead_h1_user")
     table = DecisionTable(state=s)
     rows = decision_rows(s.advised_trace())
     assert table.table.sorters == []

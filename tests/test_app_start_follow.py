@@ -90,7 +90,7 @@ def test_step_to_the_last_version_says_it_is_the_last_and_wraps_to_the_input():
 
 
 def test_the_last_version_with_a_broken_layer_names_why_and_the_way_back():
-    s = tiny(variant="output_intermediate")  # h1 returned: a near-miss (tanh-GELU is a gap in rlxviz's ops)
+    s = tiny(variant="dead_h1_user")  # a dead reader: a near-miss (tanh-GELU is a gap in rlxviz's ops)
     start = StartHere(state=s, show_why=lambda: None)
     s.version = len(s.version_labels) - 2
     start.step.clicks += 1
@@ -204,7 +204,9 @@ def test_the_state_line_names_no_verdict_of_a_run_not_yet_shown():
     s.load()
     start = StartHere(state=s, show_why=lambda: None)
     start.brk.clicks += 1  # autorun off: ② changes the fields, the run shown stays the model as built
-    s.apply_variant("output_intermediate")  # a layer that does not fuse (tanh-GELU's is held back by rlxviz's ops)
+    # a layer that does not fuse, not ②'s own variant (tanh-GELU's is held back by rlxviz's ops; dead_h1_user is
+    # `BREAK_VARIANT`, whose line of ② holds again)
+    s.apply_variant("pre_ln")
     assert "③" not in _line(start).split("</b>")[0], _line(start)
     s.load()
     assert _line(start).startswith("<b>Next: ③ to ask why layer"), _line(start)

@@ -53,7 +53,7 @@ def test_preset_batch_seq_and_style():
 
 
 @pytest.mark.parametrize("variant, guard_word", [
-    ("output_intermediate", "output"), ("extra_h1_user", "users"), ("tanh_gelu", "gelu"),
+    ("output_intermediate", "output"), ("extra_h1_user", "users"), ("dead_h1_user", "users"), ("tanh_gelu", "gelu"),
     ("pre_ln", ""), (SHAPE_VARIANT, "")])
 def test_each_teaching_variant_shows_a_rejection(variant, guard_word):
     s = tiny()
@@ -69,9 +69,14 @@ def test_each_teaching_variant_shows_a_rejection(variant, guard_word):
         assert f"rlxviz's ops lack {s.layer_status(0).gaps[0]}" in s.message and "yet it fused" not in s.message
     elif variant != SHAPE_VARIANT:
         assert layer == 0
-        assert "layer 0: NOT fused" in s.why_layer(0)
-        first = s.layer_status(0).first  # the banner says what the Why tab says, not another rejection
-        assert f"first rejection {first.rule} at guard {first.guard}: {first.message}" in s.message, s.message
+        if variant in ("output_intermediate", "extra_h1_user"):  # h1 read by what the model returns: illegal here
+            assert "layer 0: fused as far as legal" in s.why_layer(0)
+            o = s.layer_status(0).illegal[0]  # the banner names the refusal the Why tab lists as illegal here
+            assert f"{o.rule} is illegal here (guard {o.guard}): {o.message}" in s.message, s.message
+        else:
+            assert "layer 0: NOT fused" in s.why_layer(0)
+            first = s.layer_status(0).first  # the banner says what the Why tab says, not another rejection
+            assert f"first rejection {first.rule} at guard {first.guard}: {first.message}" in s.message, s.message
     s.apply_variant("none")
     assert ftl_count(s.trace.final) == 2
 
@@ -182,7 +187,7 @@ def test_node_selection_report_lists_guards():
 
 
 def test_decision_rows_and_show_decision():
-    s = tiny(variant="extra_h1_user")
+    s = tiny(variant="dead_h1_user")
     rows = decision_rows(s.trace)
     kinds = {r["kind"] for r in rows}
     assert kinds == {"fused", "rejected", "not a candidate"}  # the embeddings' broadcast sum: no near-miss
@@ -205,7 +210,7 @@ def test_why_layer_for_fused_and_broken_layers():
     assert "layer 0: fused as far as rlxviz's ops go: " in text and "rlxviz's ops lack: " in text
     assert s.layer_status(0).render(verbose=True).splitlines()[1].strip() in _plain(text), "the session's text"
     assert "layer 1: fused -&amp;gt; FusedTransformerLayer %" in _rendered(s.why_layer(1))
-    s = tiny(variant="output_intermediate")  # a broken layer (h1 returned while its sibling fused)
+    s = tiny(variant="dead_h1_user")  # a broken layer (a dead reader of h1 while its sibling fused)
     assert "layer 0: NOT fused" in s.why_layer(0)
     s.version = 0
     svg = s.svg_why()
@@ -570,7 +575,7 @@ def test_default_filter_keeps_passes_whose_only_events_are_rejections():
 
 def test_an_uploaded_npz_with_expected_outputs_times_and_is_dropped_with_the_model():
     """gpt2.onnx uploaded, then the project's gpt2.npz (input_ids and out:last_hidden_state): accepted, the
-    expected output set aside and named; a new model drops the arrays and the Timing tab's file chooser."""
+    expected output checked and named; a new model drops the arrays and the Timing tab's file chooser."""
     from rlxviz.app.timingview import TimingView
 
     root = Path(__file__).resolve().parents[1] / "tests/fixtures/onnx"
@@ -581,7 +586,9 @@ def test_an_uploaded_npz_with_expected_outputs_times_and_is_dropped_with_the_mod
     data = (root / "gpt2.npz").read_bytes()
     view.inputs.param.update(filename="gpt2.npz", value=data)  # as the browser's file chooser sets it
     assert s.user_inputs is not None and list(s.user_inputs.feeds) == ["input_ids"]
-    assert "set aside 1 expected output(s): out:last_hidden_state" in s.message and s.message_kind == "info"
+    # the expected output is checked on the file's arrays, as `rlxviz explain --inputs` checks it
+    assert "On the arrays of gpt2.npz: version 0 equals the ONNX model" in s.message, s.message
+    assert "version 0 equals the expected outputs in gpt2.npz" in s.message and s.message_kind == "info"
     s.source = "preset"  # back to bert-tiny: gpt2's arrays are not its inputs
     assert s.model.name == "bert-tiny" and s.user_inputs is None and view.inputs.value is None
 

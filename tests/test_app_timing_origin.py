@@ -233,25 +233,27 @@ def test_the_table_calls_the_correctness_column_numbers_ok():
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_split_sentence_shows_the_product_of_its_two_ratios(seed):
-    """Per-round ratios that vary independently: the median of the fusion's times the median of the kernels' is not
-    the median of the total's; the sentence says why and prints the product beside the total."""
-    from rlxviz.session import FusionAndKernels
-    from rlxviz.session.lowerings import FUSION_LABELS
+    """Per-round ratios that vary independently: the median of the fusion's per-round ratios times the kernels' is
+    not the median of the total's, so the split reads ratios of the medians (`lowerings.medians_verdict`): the
+    printed product of the two factors is the printed total (or the sentence gives the unrounded total beside it)."""
+    from rlxviz.session.lowerings import FUSION_LABELS, fusion_and_kernels_of
 
     rng = np.random.default_rng(seed)
     base = 10 + rng.random(21)
     own = base / (0.9 + 0.2 * rng.random(21))
     final = own / (4 + 4 * rng.random(21))
-    rows = [timed(0, FUSION_LABELS[0], list(base)), timed(1, FUSION_LABELS[1], list(own)),
-            timed(2, FUSION_LABELS[2], list(final))]
-    f, k, t = paired_verdict(rows[0], rows[1]), paired_verdict(rows[1], rows[2]), paired_verdict(rows[0], rows[2])
-    assert abs(f.ratio * k.ratio - t.ratio) > 0.005, "the case: the product differs from the total"
-    text = fusion_kernels_markdown(FusionAndKernels(rows, f, k, t, busy_warning(*rows), ""))
-    assert "need not multiply to the total" in text
-    # the product of the factors as printed (it was the unrounded ratios' product: "1.03 × 3.40 = 3.52")
-    x, y = f"{f.ratio:.2f}", f"{k.ratio:.2f}"
-    shown = re.search(rf"\({re.escape(x)} × {re.escape(y)} = (\d+\.\d\d), against {t.ratio:.2f}\)", text)
+    f, k, t = paired_verdict(timed(0, "a", list(base)), timed(1, "b", list(own))), \
+        paired_verdict(timed(1, "b", list(own)), timed(2, "c", list(final))), \
+        paired_verdict(timed(0, "a", list(base)), timed(2, "c", list(final)))
+    assert abs(f.ratio * k.ratio - t.ratio) > 0.005, "the case: per-round medians do not multiply"
+    split = fusion_and_kernels_of([timed(0, "input", list(base)), timed(1, "final", list(final))],
+                                  timed(2, FUSION_LABELS[1], list(own)))
+    text = fusion_kernels_markdown(split)
+    assert "need not multiply to the total" not in text
+    x, y = f"{split.fusion.ratio:.2f}", f"{split.kernels.ratio:.2f}"
+    shown = re.search(rf"{re.escape(x)} × {re.escape(y)} = (\d+\.\d\d)", text)
     assert shown and abs(Fraction(shown[1]) - Fraction(x) * Fraction(y)) <= Fraction(1, 200), text
+    assert split.fusion.ratio * split.kernels.ratio == pytest.approx(split.total.ratio, rel=1e-12)
     assert "says a row ran rlxviz's CPU kernels" in text
 
 

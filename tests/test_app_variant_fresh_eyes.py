@@ -56,8 +56,8 @@ def tiny(**kw: object) -> AppState:
 
 def broken(s: AppState) -> None:
     s.variant_layer = 1
-    s.apply_variant("extra_h1_user")
-    assert s.variant == "extra_h1_user" and "layer 1 NOT fused" in s.message, s.message
+    s.apply_variant("dead_h1_user")
+    assert s.variant == "dead_h1_user" and "layer 1 NOT fused" in s.message, s.message
 
 
 def dropped_once(s: AppState) -> None:
@@ -170,7 +170,7 @@ def test_layer_to_break_survives_models_variants_do_not_apply_to(folder, kinds):
         assert s.variant_layer == 3, fields
         s.param.update(source="preset", preset="minilm")
         assert s.variant_layer == 3 and s.model.name == "minilm", fields
-    s.apply_variant("extra_h1_user")
+    s.apply_variant("dead_h1_user")
     assert "layer 3 NOT fused" in s.message, s.message
 
 
@@ -181,7 +181,7 @@ def test_layer_to_break_past_a_smaller_bert_is_clamped_and_said(folder):
     assert s.variant_layer == 1 and "layer 5 became 1" in s.message, s.message
     s.preset = "minilm"
     s.variant_layer = 4
-    s.apply_variant("extra_h1_user")
+    s.apply_variant("dead_h1_user")
     s.preset = "bert-tiny"
     assert s.variant_layer == 1 and "layer 4 became 1" in s.message and "layer 1 NOT fused" in s.message, s.message
 

@@ -14,6 +14,7 @@ from rlxviz.app.wording import VARIANT_LABELS
 
 @pytest.mark.parametrize("variant,meant", [
     ("extra_h1_user", "meant to break the fusion"),
+    ("dead_h1_user", "meant to break the fusion"),
     ("swapped_residual", "meant to keep the fusion: the rules should still fuse it"),
 ])
 def test_the_message_after_a_variant_is_the_notice(variant, meant):
@@ -24,3 +25,14 @@ def test_the_message_after_a_variant_is_the_notice(variant, meant):
     assert text.startswith(f"Teaching variant '{VARIANT_LABELS[variant]}' ({meant}):"), text
     assert s.message.endswith(text) and s.message_kind == "info"
     assert s.selected_layer == s.variant_layer
+
+
+def test_a_layer_fused_as_far_as_legal_names_its_illegal_refusal():
+    """extra_h1_user's probe is returned: the layer op is illegal there, its parts fused. The notice said "no pass
+    rejected anything in layer 0" and "meant to break the fusion; yet it fused" (newcomer run 11's rule change)."""
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+    s.apply_variant("extra_h1_user")
+    text = variant_notice(s)
+    assert "yet it fused" not in text and "no pass rejected anything" not in text, text
+    assert "layer 0 fused as far as legal; fuse_transformer_layer.bert_post_ln is illegal here (guard " \
+           "h1_user_count)" in text, text

@@ -57,7 +57,8 @@ def test_variants_disabled_for_llama_with_the_reason():
     assert "not a BERT encoder" in s.message
     off = {n for n, b in vc.buttons.items() if b.disabled}
     # over_threshold too: its size gate is the BERT attention block's, which a decoder never becomes
-    assert off == {"output_intermediate", "extra_h1_user", "tanh_gelu", "pre_ln", "swapped_residual", "over_threshold"}
+    assert off == {"output_intermediate", "extra_h1_user", "dead_h1_user", "tanh_gelu", "pre_ln", "swapped_residual",
+                   "over_threshold"}
     assert "not a BERT encoder" in vc.why_off.object and "not a BERT" in vc.buttons["pre_ln"].description
     assert "not a BERT" in vc.buttons["over_threshold"].description
     s.apply_variant("pre_ln")  # a click that gets through says why instead of raising

@@ -1,5 +1,5 @@
 """Graph navigation in a real browser: the minimap pans, a layer expands in place in the collapsed overview and
-folds back, focus stays reachable, and the culprit of a rejection is drawn and marked (extra_h1_user).
+folds back, focus stays reachable, and the culprit of a rejection is drawn and marked (dead_h1_user).
 
 `panel serve app.py` on a free localhost port (tests/served.py), Debian's chromium through Playwright; the
 page's console must stay free of errors and no request may leave the machine. Screenshots go to
@@ -47,10 +47,10 @@ def _frame(pg, pane=".rv-after"):
 
 def test_navigation_flow(page):
     """One session (a page load costs 20-50 s on the shared 2-core machine): the minimap, a layer expanded in
-    place and folded back, focus, a search hit inside a folded layer, then the extra_h1_user variant's culprit."""
+    place and folded back, focus, a search hit inside a folded layer, then the dead_h1_user variant's culprit."""
     _minimap_and_layer_expand_in_place(page)
     _search_opens_a_folded_layer(page)
-    _culprit_drawn_for_extra_h1_user(page)
+    _culprit_drawn_for_dead_h1_user(page)
 
 
 def _minimap_and_layer_expand_in_place(pg):
@@ -146,10 +146,10 @@ def _search_opens_a_folded_layer(pg):
     expect(pg.locator(".rv-after svg")).to_contain_text("layer 0")
 
 
-def _culprit_drawn_for_extra_h1_user(pg):
+def _culprit_drawn_for_dead_h1_user(pg):
     open_sidebar(pg)
     layer = pg.locator(".rv-variant-layer input").input_value()  # the layer the variant breaks: the box's (1)
-    pg.locator(".rv-variant-extra_h1_user button").click()
+    pg.locator(".rv-variant-dead_h1_user button").click()
     expect(pg.locator(".rv-message")).to_contain_text("h1")
     expect(pg.locator(".rv-progress-text")).to_be_hidden()
     open_tab(pg, "Why didn't layer N fuse?")

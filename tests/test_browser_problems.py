@@ -203,7 +203,7 @@ def test_6_the_pass_filter_keeps_passes_with_rejections_and_chips_count_them(bro
 
 
 def test_7_the_projects_own_npz_is_accepted_and_dropped_with_the_model(browser, server):
-    """gpt2.npz (with its `out:last_hidden_state` key) is taken for timing, the expected output set aside (it was
+    """gpt2.npz (with its `out:last_hidden_state` key) is taken for timing, the expected output checked (it was
     refused and timing fell back to random inputs); a model change drops the arrays and the chooser says so (they
     stayed attached while it said "No file chosen")."""
     with _page(browser, server) as pg:
@@ -217,7 +217,8 @@ def test_7_the_projects_own_npz_is_accepted_and_dropped_with_the_model(browser, 
         _idle(pg)
         open_tab(pg, "Timing")
         pg.locator(".rv-inputs input[type=file]").set_input_files(str(ONNX / "gpt2.npz"))
-        expect(pg.locator(".rv-message")).to_contain_text("set aside 1 expected output(s): out:last_hidden_state")
+        expect(pg.locator(".rv-message")).to_contain_text("version 0 equals the expected outputs in gpt2.npz",
+                                                          timeout=3 * WAIT_MS)
         assert pg.locator(".rv-inputs input[type=file]").evaluate("e => e.files.length") == 1
         _preset(pg, "bert-tiny")
         open_tab(pg, "Timing")

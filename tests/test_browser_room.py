@@ -131,6 +131,13 @@ def test_the_graph_keeps_450px_with_the_banner_and_the_why_drawing_opens_full_si
               if (!inner || inner === e) break; e = inner; }
             return !!(e && e.closest && e.closest('.rv-full-btn')); }""",
                            [close["x"] + close["width"] / 2, close["y"] + close["height"] / 2])
+        # nor the header's busy indicator, drawn over the button's end while the header was hidden
+        busy = pg.evaluate("""() => { const b = document.getElementById('busy-container'); if (!b) return null;
+            const r = b.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; }""")
+        if busy is not None:
+            apart = (busy[2] <= close["x"] or busy[0] >= close["x"] + close["width"] or busy[3] <= close["y"]
+                     or busy[1] >= close["y"] + close["height"] or busy[2] - busy[0] == 0)
+            assert apart, (busy, close)
         big = graph.locator(".rv-wrap").bounding_box()
         assert big["width"] >= w - 40 and big["height"] >= h - 80, (small, big)
         assert big["width"] > small["width"] and big["height"] > small["height"]

@@ -291,7 +291,7 @@ def test_docs_list_every_command_and_no_developer_paths(capsys):
     assert "/work/" not in doc and "/home/" not in doc
     # pasted outputs that do not depend on timing are what the commands print now
     for args in (["explain", "llama-block"], ["explain", "minilm", "--layer", "6"],
-                 ["explain", "minilm", "--threshold", "-5"]):
+                 ["explain", "minilm", "--threshold", "-5"], ["explain", "nope"]):
         code, out, err = run(capsys, *args)
         assert code in (0, 2)
         for line in (out + err).strip().splitlines():

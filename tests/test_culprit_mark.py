@@ -65,10 +65,10 @@ def test_a_not_near_miss_layer_is_framed_grey_not_rejected(name):
 
 
 def test_a_near_miss_layer_is_still_framed_rejected():
-    """bert-tiny's extra_h1_user: h1 read by a returned probe in a post-LN layer, a near-miss: red, dashed."""
+    """bert-tiny's dead_h1_user: h1 read by a dead probe in a post-LN layer, a near-miss: red, dashed."""
     from test_app_views import tiny
 
-    trace = tiny(variant="extra_h1_user").trace
+    trace = tiny(variant="dead_h1_user").trace
     s = next(s for s in trace.steps if s.pass_name == "fuse_transformer_layer")
     ov = Overlay.before(s).worded_by(trace, s)
     assert "1 rejected place" in ov.title

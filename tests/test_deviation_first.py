@@ -32,11 +32,12 @@ def test_a_pre_ln_layer_among_post_ln_siblings_is_refused_for_its_order_first(pr
     assert lv.architecture.kind == "pre_ln" and lv.expected_kind.post_ln and not lv.fused
     assert lv.first is not None and (lv.first.pass_name, lv.first.guard) == ("fuse_transformer_layer",
                                                                              "post_ln_order"), lv.first
-    assert any(o.guard == "sum_single_user" for o in lv.rejections)  # the consequence is still listed
-    assert "also rejected: fuse_residual_ln.residual: sum_single_user" in lv.render()
+    # the consequence is still listed: illegal for the layer (the next sublayer reads the sum), not counted
+    assert any(o.guard == "sum_single_user" for o in lv.illegal)
+    assert "illegal here (not counted): fuse_residual_ln.residual: sum_single_user" in lv.render()
 
 
-@pytest.mark.parametrize("variant, guard", [("extra_h1_user", "h1_user_count")])  # tanh_gelu: a gap in rlxviz's
+@pytest.mark.parametrize("variant, guard", [("dead_h1_user", "h1_user_count")])  # tanh_gelu: a gap in rlxviz's
 # ops, no first rejection (`test_compiler_only_gap`)
 def test_a_layer_of_its_siblings_kind_keeps_the_pipeline_order(variant, guard):
     lv = _verdict("bert-tiny", variant).layer(0)

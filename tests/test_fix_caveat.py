@@ -1,12 +1,12 @@
 """A not-expected line promises no more than its compiler fix's check found (a newcomer's run).
 
 deit (pre-LN ViT), layer 1: `explain` without -v ended the `fuse_residual_ln.residual (sum_single_user)` not-expected
-line with "(compiler fix: a two-output FusedResidualLN ...)", while `explain -v` and the app's Matches & rejections
-row said "checked at this rule alone: that passes sum_single_user only; then residual_same_shape (not a candidate)
-fails". The line now carries the same check's finding (`passes.whatif.fix_alone_blocker`, read by
-`caveat.fix_caveat`): "(compiler fix: ...; alone it is not enough: residual_same_shape (not a candidate) fails
-next)", in the text, `--json` and the app's chips alike (`verdict.standing`, `places.places`); where the fix alone is
-enough (layer 0's sum) the line stands as it was.
+line with "(compiler fix: a fuse_residual_ln rule that builds FusedResidualLN(with_sum=true) ...)", while `explain -v`
+and the app's Matches & rejections row said "checked at this rule alone: that passes sum_single_user only; then
+residual_same_shape (not a candidate) fails". The line now carries the same check's finding
+(`passes.whatif.fix_alone_blocker`, read by `caveat.fix_caveat`): "(compiler fix: ...; alone it is not enough:
+residual_same_shape (not a candidate) fails next)", in the text, `--json` and the app's chips alike
+(`verdict.standing`, `places.places`); where the fix alone is enough (layer 0's sum) the line stands as it was.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from rlxviz.passes.why.policy import NOT_EXPECTED_HERE, with_caveat
 
 DEIT = Path(__file__).parent / "fixtures" / "onnx" / "cases" / "deit.ortopt.onnx"
 RULE = "fuse_residual_ln.residual (sum_single_user)"
+FIX_END = "returns the sum as an optional output"
 CAVEAT = "; alone it is not enough: residual_same_shape (not a candidate) fails next)"
 
 
@@ -34,10 +35,10 @@ def _lines(text: str, layer: int) -> list[str]:
 def test_plain_text_json_and_verbose_agree_on_the_caveat(capsys):
     code, text, _ = cli_run(capsys, "explain", DEIT)
     (one,) = _lines(text, 1)
-    assert one.endswith(f"as vLLM's fused_add_rms_norm does{CAVEAT}"), one
+    assert one.endswith(f"{FIX_END}{CAVEAT}"), one
     # the embeddings' sum (layer 0's other place, %53, has its own line: its why differs)
     (zero,) = [ln for ln in _lines(text, 0) if ": sum (node 16, embeddings) " in ln]
-    assert "alone it is not enough" not in zero and zero.endswith("fused_add_rms_norm does)"), zero
+    assert "alone it is not enough" not in zero and zero.endswith(f"{FIX_END})"), zero
     _, out, _ = cli_run(capsys, "explain", DEIT, "--json")
     layers = {lv["layer"]: lv for lv in json.loads(out)["layers"]}
     assert one.removeprefix("  not expected here: ") in layers[1]["not_expected"]

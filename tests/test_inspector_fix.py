@@ -30,7 +30,7 @@ CASES = {  # variant, the words the Why tab's fix must hold, whether explain's b
     # hint differs from the checked one (the extra reader's "none in the model" is the rule's own: no what-if)
     "tanh_gelu": ("tanh_gelu", "changes the model's numbers", False, True),
     "tanh_gelu_over_budget": ("tanh_gelu", "over explain's budget", True, True),
-    "extra_h1_user": ("extra_h1_user", "graph output #1, reads ln1 (role h1)", False, False),
+    "dead_h1_user": ("dead_h1_user", "reaches no graph output (dead code)", False, False),
 }
 
 

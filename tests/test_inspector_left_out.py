@@ -103,7 +103,7 @@ def test_the_layer_line_says_what_explain_says_of_the_blocker():
 def test_a_refused_candidate_still_lists_each_failing_guard_once():
     """A hard rejection is unchanged in kind: `rejected`, each failing guard once per role (bert-tiny with an extra
     reader of h1: `h1_user_count`)."""
-    trace = Pipeline.canonical().run(load_model("bert-tiny", seq=8, variant=VARIANTS["extra_h1_user"]).graph)
+    trace = Pipeline.canonical().run(load_model("bert-tiny", seq=8, variant=VARIANTS["dead_h1_user"]).graph)
     r = next(r for r in trace.rejections if r.guard == "h1_user_count")
     k = next(i for i, s in enumerate(trace.steps) if r in s.rejections)
     rep = node_report(trace.steps[k].before, r.anchor, trace)

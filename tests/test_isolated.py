@@ -116,7 +116,7 @@ def test_the_check_against_the_onnx_file_runs_in_the_child_with_the_same_line():
 
     m = loading.load(str(Path(__file__).parent / "fixtures" / "onnx" / "bert.onnx"))
     here = onnx_check(m)
-    assert here[1] and here[0].startswith("version 0 equals the ONNX model")
+    assert here[1] and here[0].startswith("On random inputs (seed 0): version 0 equals the ONNX model")
     assert isolated.check_isolated(m) == here == import_check(m)
     line, ok = isolated.check_isolated(m, timeout_s=0.01)
     assert not ok and line.startswith("checking version 0 against the ONNX model: stopped after") and "\n" not in line

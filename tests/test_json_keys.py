@@ -41,6 +41,8 @@ def test_json_fix_and_compiler_fix_are_the_texts_lines(capsys, run):
         assert not o["fix"] or o["fix"] in o["message"] or f"fix: {o['fix']}" in lines, o
         assert not o["compiler_fix"] or f"compiler fix: {o['compiler_fix']}" in lines, o
     for f in d["fix_checks"]:
+        if f["fix"] is None:  # the text prints no `fix:` line for it (`test_fix_checks_fix_is_a_printed_fix_line...`)
+            continue
         assert f"fix: {f['fix']}" in lines, f  # what the text prints after `fix:`, not the guard's own line
         said = [o for o in outcomes if (o["rule"], o["guard"], o["nodes"][0]) == (f["rule"], f["guard"], f["anchor"])]
         assert said and all(o["fix"] == f["fix"] for o in said), (f, said)
@@ -69,3 +71,26 @@ def test_a_layered_graphs_not_expected_lines_are_under_its_layers(capsys):
     assert said == [x for lv in d["layers"] for x in lv["not_expected"]]
     docs = (Path(__file__).parents[1] / "docs" / "passes.md").read_text()
     assert "`layers[].not_expected`" in docs and "top-level `not_expected`" in docs
+
+
+ONNX_CASES = Path(__file__).parent / "fixtures" / "onnx" / "cases"
+
+
+@pytest.mark.parametrize("stem", ["falcon", "bart-full"])
+def test_fix_checks_fix_is_a_printed_fix_line_or_null(capsys, stem):
+    """falcon's `fix_checks` held `"fix": "fuse_attention_block ran before and did its part here ..."` with
+    `printed_as_fix: true` for `bert_post_ln (attn_is_fused_block)`, whose text never prints a `fix:` line (the
+    statement is inside its message); bart-full's held `"fix": ""`. `fix` is now the line the text prints after `fix:`
+    or null, and `printed_as_fix` is true only for a printed line (`FixCheck.shown`)."""
+    case = ONNX_CASES / f"{stem}.onnx"
+    _, text, _ = cli_run(capsys, "explain", case, "-v")
+    lines = [ln.strip() for ln in text.splitlines()]
+    _, out, _ = cli_run(capsys, "explain", case, "--json")
+    checks = json.loads(out)["fix_checks"]
+    assert checks and any(f["fix"] is None for f in checks), checks
+    for f in checks:
+        if f["fix"] is None:
+            assert f["printed_as_fix"] is False, f
+            assert not f["proposed_fix"] or f"fix: {f['proposed_fix']}" not in lines, f
+        else:
+            assert f["fix"] and f"fix: {f['fix']}" in lines, f

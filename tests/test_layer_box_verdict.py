@@ -25,7 +25,7 @@ def _box(source: str, k: int) -> tuple[str, str]:
     return " ".join(label.split()), tip
 
 
-@pytest.fixture(scope="module", params=["none", "extra_h1_user", "tanh_gelu"])
+@pytest.fixture(scope="module", params=["none", "dead_h1_user", "tanh_gelu"])
 def run(request):
     m = load_model("bert-tiny", seq=8, variant=VARIANTS[request.param])
     return Pipeline.canonical().run(m.graph)

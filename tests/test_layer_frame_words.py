@@ -59,8 +59,8 @@ def _bold(source: str, key: str) -> list[str]:
 
 @pytest.mark.parametrize("source, want", [
     ("n4-15", "fused as far as legal"), ("n4-15:h1", "fused as far as legal"), ("n4-15:sum2", "fused as far as legal"),
-    ("bert-tiny", "fused"), ("bert-tiny:extra_h1_user", "not fused"),
-    ("bert-tiny:tanh_gelu", "fused as far as rlxviz's ops go"),
+    ("bert-tiny", "fused"), ("bert-tiny:dead_h1_user", "not fused"),
+    ("bert-tiny:extra_h1_user", "fused as far as legal"), ("bert-tiny:tanh_gelu", "fused as far as rlxviz's ops go"),
     ("vit.onnx", "fused as far as rlxviz's ops go"),
 ])
 def test_frame_and_box_say_the_verdicts_words(capsys, monkeypatch, tmp_path, source, want):

@@ -25,6 +25,7 @@ from rlxviz.ir import Graph, Op, parse_ir
 from rlxviz.passes import Pipeline
 from rlxviz.passes.guard import COMPILER_ONLY, ILLEGAL, NO_MODEL_FIX, READ_BY_MODEL
 from rlxviz.passes.pipeline import CANONICAL_ORDER
+from rlxviz.passes.refusal_kinds import NOTHING_TO_CHANGE
 from rlxviz.passes.whatif import MODEL, fix_form
 from rlxviz.runtime import run_reference
 from rlxviz.session import check_fusion
@@ -65,7 +66,7 @@ def honest(check) -> None:
     for s in check.layers:
         for o in [*([s.first] if s.first else []), *s.rejections, *s.illegal]:
             if o.remedy in (COMPILER_ONLY, READ_BY_MODEL):
-                assert o.hint.startswith(NO_MODEL_FIX) or fix_form(o.hint) == MODEL, o
+                assert o.hint.startswith((NO_MODEL_FIX, NOTHING_TO_CHANGE)) or fix_form(o.hint) == MODEL, o
                 assert o.fix, o
     text = check.render(verbose=True)
     for dropped in ("must not be read elsewhere", "must feed only the norm", "make ln1 (role h1) feed only",
@@ -344,9 +345,11 @@ def test_no_fix_line_changes_the_model(name, make):
     t = Pipeline.canonical().run(make())
     for s in t.steps:
         for r in s.rejections:
-            if r.remedy in (COMPILER_ONLY, READ_BY_MODEL):  # or a change its rule says changes the numbers, which
-                # `explain` checks and prints as `none in the model: applying it ...` (`test_fix_whatif`)
-                assert (r.hint.startswith(NO_MODEL_FIX) or fix_form(r.hint) == MODEL) and r.fix, \
+            if r.remedy in (COMPILER_ONLY, READ_BY_MODEL):
+                # the hint says so: `none in the model: <why>`, or a statement (`nothing to change in the model`), or
+                # a change its rule says changes the numbers, which `explain` checks and prints as
+                # `none in the model: applying it ...` (`test_fix_whatif`)
+                assert (r.hint.startswith((NO_MODEL_FIX, NOTHING_TO_CHANGE)) or fix_form(r.hint) == MODEL) and r.fix, \
                     (r.rule, r.guard, r.hint, r.fix)
             if r.remedy == READ_BY_MODEL:
                 g = s.before

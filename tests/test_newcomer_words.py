@@ -37,7 +37,7 @@ def _ir(capsys, variant: str, layer: int) -> str:
 
 def _fix(capsys, path: Path, layer: int) -> str:
     code, out, _ = run(capsys, "explain", path, "--layer", layer)
-    assert code == 1, out
+    assert code == 0 and "fused as far as legal" in out, out  # the returned probe keeps h1: the layer op is illegal
     return re.search(r"^\s+fix: (.*)$", out, re.M).group(1)
 
 

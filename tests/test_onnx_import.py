@@ -196,7 +196,7 @@ def test_app_loads_an_onnx_upload():
     s.load_upload({"gpt2.onnx": (FIX / "gpt2.onnx").read_bytes()})
     assert s.message_kind != "danger", s.message
     # the switch is said first (issue 39: the check line replaced it), then the check line as the CLI says it
-    said, check = s.message.split(". version 0 equals ", 1)
+    said, check = s.message.split(". On random inputs (seed 0): version 0 equals ", 1)  # naming the inputs it ran
     assert said.startswith("Now showing gpt2 (upload), was ") and check.startswith("the ONNX model (ONNX Runtime"), \
         s.message
     assert s.source == "upload" and s.model.meta["onnx_file"].endswith("model.onnx")

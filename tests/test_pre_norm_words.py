@@ -1,8 +1,9 @@
 """A pre-norm layer's residual-norm refusal is excused in true words (a newcomer run: llama-block, falcon, gpt-neox,
 granite, optimum.llama-with-past said `pre-norm layout: the residual sum also feeds the next residual add, so it cannot
 be fused`). It can: residual add + norm that also returns the sum is the standard LLaMA fusion (vLLM's
-fused_add_rms_norm). What stops it is rlxviz's op, which returns only the normalized value; the words say so and name
-the compiler fix (a two-output op). Which places count is unchanged: only the words are."""
+fused_add_rms_norm). What stops it is rlxviz's rule, which builds only the op's single-output form; the words say so
+and name the compiler fix (a rule that builds the op's `with_sum` form, `test_residual_sum_fix_words`). Which places
+count is unchanged: only the words are."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ ONNX = Path(__file__).parent / "fixtures" / "onnx"
 
 def _true_words(why: str, product: str) -> None:
     assert "cannot be fused" not in why, why
-    assert f"rlxviz's {product} returns only the normalized value" in why, why
-    assert f"compiler fix: a two-output {product} that also returns the sum" in why and "fused_add_rms_norm" in why
+    assert f"builds only the single-output {product}, which returns the normalized value" in why, why
+    assert f"rule that builds {product}(with_sum=true)" in why and "the op already has" in why, why
 
 
 @pytest.mark.parametrize("kind", ["llama", "pre_ln", "parallel"])
@@ -53,4 +54,5 @@ def test_the_llama_block_still_counts_as_fused():
     v = RunVerdict.of(Pipeline.canonical().run(load_model("llama-block").graph))
     (lv,) = v.layers
     assert v.ok and lv.fused and lv.first is None
-    assert any("fuse_residual_rms_norm" in x and "two-output FusedResidualRmsNorm" in x for x in lv.not_expected)
+    fix = "builds FusedResidualRmsNorm(with_sum=true)"
+    assert any("fuse_residual_rms_norm" in x and fix in x for x in lv.not_expected)

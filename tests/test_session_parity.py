@@ -18,7 +18,7 @@ SEQ = 8
 
 CASES = [  # (model, variant, layer asked about)
     ("minilm-shaped", "none", 3),
-    ("bert-tiny", "extra_h1_user", 0),
+    ("bert-tiny", "dead_h1_user", 0),
     ("llama-block", "none", 0),
 ]
 

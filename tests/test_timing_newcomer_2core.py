@@ -27,7 +27,7 @@ from rlxviz.app.timingchart import (
 )
 from rlxviz.cli.timing import split_text
 from rlxviz.session import VersionTiming, busy_warning, format_timings, paired_verdict, timing_table
-from rlxviz.session.lowerings import fusion_and_kernels_of
+from rlxviz.session.lowerings import fusion_and_kernels_of, step_cell
 from rlxviz.session.timing import (
     DISAGREE,
     DISAGREE_CELL,
@@ -36,7 +36,6 @@ from rlxviz.session.timing import (
     medians_disagree,
     speedup_shown,
     speedup_text,
-    step_cell,
 )
 
 

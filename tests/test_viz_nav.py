@@ -42,7 +42,8 @@ def _why_word(s: AppState, layer: int) -> str:
 
 
 @pytest.mark.parametrize("preset, variant", [("minilm", "none"), ("bert-tiny", "none"),
-                                             ("bert-tiny", "extra_h1_user"), ("llama-block", "none")])
+                                             ("bert-tiny", "dead_h1_user"), ("bert-tiny", "extra_h1_user"),
+                                             ("llama-block", "none")])
 def test_layer_view_says_what_the_why_tab_says(preset, variant):
     """At the final version every layer box carries the Why tab's verdict word (the same session function),
     for fused layers, a teaching variant that breaks layer 0, and a LLaMA block (no FusedTransformerLayer
@@ -52,7 +53,9 @@ def test_layer_view_says_what_the_why_tab_says(preset, variant):
     dot = s.dot(view="collapsed")
     words = {i: (_box_word(dot, i), _why_word(s, i)) for i in s.layers()}
     assert words and all(box == why for box, why in words.values()), words
-    if variant == "extra_h1_user":
+    if variant == "extra_h1_user":  # the probe is returned: the layer op is illegal there, its parts fused
+        assert words[0] == ("fused as far as legal", "fused as far as legal") and words[1] == ("fused", "fused")
+    elif variant == "dead_h1_user":
         assert words[0] == ("not fused", "not fused") and words[1] == ("fused", "fused")
         assert "rejected: h1_user_count" in dot  # the first guard, as the Why tab names it
     elif preset == "llama-block":  # its causal attention is a form rlxviz's block lacks
@@ -63,9 +66,9 @@ def test_layer_view_says_what_the_why_tab_says(preset, variant):
 
 def test_before_and_after_panes_agree_on_a_layer_that_is_already_final():
     """The before pane of the final version shows the graph its pass saw: a layer that pass did not change
-    (extra_h1_user's layer 0, rejected earlier) has the same nodes as in the final graph, so both panes carry the
+    (dead_h1_user's layer 0, rejected earlier) has the same nodes as in the final graph, so both panes carry the
     Why tab's verdict; they said "partly fused" and "not fused" side by side."""
-    s = _state(preset="bert-tiny", variant="extra_h1_user")
+    s = _state(preset="bert-tiny", variant="dead_h1_user")
     s.version = len(s.version_labels) - 1
     before = drawing.dot(*s._drawing(None, "collapsed", side="before"))
     assert _box_word(before, 0) == _box_word(s.dot(view="collapsed"), 0) == _why_word(s, 0) == "not fused"
@@ -106,7 +109,7 @@ def _h1_users(s: AppState) -> tuple[Rejection, int, list[int]]:
 
 @pytest.fixture(scope="module")
 def h1_state() -> AppState:
-    return _state(preset="bert-tiny", variant="extra_h1_user")
+    return _state(preset="bert-tiny", variant="dead_h1_user")  # a near-miss: the Why tab draws its culprit
 
 
 def test_why_drawing_marks_the_extra_reader_not_the_legitimate_users(h1_state):

@@ -125,3 +125,24 @@ def test_a_verdict_summary_difference_splits_the_layers():
     verdicts = {0: Verdict(True, summary=((), one)), 1: Verdict(True, summary=((), two)),
                 2: Verdict(True, summary=((), one))}
     assert _same(g, verdicts) == {0: None, 1: None, 2: 0}
+
+
+def test_layers_counting_different_weights_are_never_the_same():
+    """esm.qdyn: "encoder.layer.0: ..., 1.22K weights" and "encoder.layer.1 ... 704 weights ... same as layer 0". A
+    weight both layers read counts in the first only, so the boxes' counts differ: not "the same"."""
+    def stack(shared: bool) -> str:
+        lines = ['  %0 = input {name="x"} : f32[2, 8]', '  %1 = param {name="w"} : f32[8]',
+                 '  %2 = param {name="v"} : f32[8]']
+        x = "%0"
+        for k in range(2):
+            w = "%1" if shared or k == 0 else "%2"
+            p = f"@encoder.layer.{k}.block"
+            lines += [f"  %{3 + 2 * k} = mul({x}, {w}) : f32[2, 8] {p}",
+                      f"  %{4 + 2 * k} = tanh(%{3 + 2 * k}) : f32[2, 8] {p}"]
+            x = f"%{4 + 2 * k}"
+        return "graph toy {\n" + "\n".join(lines) + f"\n  return {x}\n}}"
+
+    assert _same(parse_ir(stack(False))) == {0: None, 1: 0}  # one weight each: the same
+    groups = {int(g.layer): g for g in layer_groups(parse_ir(stack(True))).values() if g.layer is not None}
+    assert (groups[0].weights, groups[1].weights) == (8, 0)
+    assert groups[1].same_as is None

@@ -2,8 +2,9 @@
 ordering" variant read "fix: none in the model: add (node 114) reads sum, and its result flows on to graph output #0,
 ...: it is part of what the model computes and returns", the words of a probe, while the second reader is the next
 residual add. `readers.extra_readers_why` (the one rule the text, `--json` and the app's Why tab word a reader refusal
-with) now says the residual stream continues past the norm and names the compiler fix (a two-output fused op),
-and keeps the probe words for a reader that is no residual add (an add of the sum and a value not computed from it).
+with) now says the residual stream continues past the norm and names the compiler fix (a rule that builds the fused
+op's two-output form), and keeps the probe words for a reader that is no residual add (an add of the sum and a value
+not computed from it).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def _fixes(d: dict) -> list[str]:
 def test_a_pre_ln_residual_reads_as_the_residual_stream_in_text_json_and_app(preset, capsys):
     main(["explain", preset, "--variant", "pre_ln", "--seq", "8", "--json"])
     fixes = _fixes(json.loads(capsys.readouterr().out))
-    assert fixes and all(STREAM in f and "two-output FusedResidualLN" in f and PROBE not in f for f in fixes), fixes
+    fix = "builds FusedResidualLN(with_sum=true)"
+    assert fixes and all(STREAM in f and fix in f and PROBE not in f for f in fixes), fixes
     # the residual refusal is the variant's consequence, listed after its first rejection (post_ln_order,
     # `test_deviation_first`): its fix is in the text's per-rule lines
     main(["explain", preset, "--variant", "pre_ln", "--seq", "8", "--verbose"])

@@ -65,7 +65,7 @@ teach.show(graph, caption="the unfused graph")
 # ## 2. First pass: `fuse_matmul_bias_act`
 #
 # The pattern is `act(x @ w + bias)`. Each match becomes one `FusedMatMulBiasAct` whose epilogue adds
-# the bias and applies the activation (only `gelu` and `silu` are in its allow-list). Left: the graph the
+# the bias and applies the activation (its allow-list: `gelu`, `silu` and `relu2`). Left: the graph the
 # pass saw, each match drawn as a cluster. Right: the result, fused nodes marked.
 
 # %% tags=["step-fmba"]
@@ -124,9 +124,9 @@ print("model for a GPU (GEMM epilogue reads the bias): saved (bytes):",
 # How it runs is the lowering's choice. MLX's own lowering runs an `add` and then `mx.fast.layer_norm` —
 # and on the CPU `mx.fast.layer_norm` itself is not one kernel: MLX 0.32 runs its fallback, a chain of
 # primitives. rlxviz now has **its own CPU kernels** (`rlxviz/kernels`, `docs/performance.md` section 0):
-# where they are built, the CPU runs residual add + LayerNorm as **one** kernel, as vLLM's
-# `fused_add_rms_norm` does on a GPU. Which of the two ran here is read from MLX in the next section, not
-# assumed. (What it saves is the exercise at the end of this notebook.)
+# where they are built, the CPU runs residual add + LayerNorm as **one** kernel, as ONNX Runtime's
+# `SkipLayerNormalization` does (vLLM's `fused_add_rms_norm` is the RMSNorm kin, on a GPU). Which of the
+# two ran here is read from MLX in the next section, not assumed. (What it saves is the exercise at the end of this notebook.)
 
 # %% tags=["step-rln"]
 trace2 = run_passes(step1.after, ["fuse_residual_ln"])

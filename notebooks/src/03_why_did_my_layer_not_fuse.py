@@ -49,15 +49,20 @@ def analyze(case):
     return model, trace, teach.layer_status(trace, 0)
 
 
+def refusal(trace, st):
+    """The layer's first counted refusal, else the refusal illegal for it (a layer fused as far as legal), else the
+    refusal at a gap in rlxviz's ops (tanh_gelu: fused as far as rlxviz's ops go), else None."""
+    gap = next((r for r in trace.rejections if st.gaps and r.layer == 0 and r.headline
+                and r.guard == st.gaps[0].by), None)
+    return st.first or next(iter(st.illegal), None) or gap
+
+
 results = {case: analyze(case) for case in teach.TEACHING_CASES}
 for case, (_, trace, st) in results.items():
     sibling = teach.layer_status(trace, 1)
-    # the first rejection, else the refusal at a gap in rlxviz's ops (tanh_gelu: fused as far as rlxviz's ops go)
-    lead = st.first or next((r for r in trace.rejections if st.gaps and r.layer == 0 and r.headline
-                             and r.guard == st.gaps[0].by), None)
-    guard, kind = (lead.guard, lead.kind) if lead else ("-", "-")
-    print(f"{case:<20} layer 0 fused={st.fused!s:<5} guard={guard:<22} kind={kind:<15} "
-          f"layer 1 fused={sibling.fused}")
+    o = refusal(trace, st)
+    guard, kind = (o.guard, o.kind) if o else ("-", "-")
+    print(f"{case:<20} layer 0: {st.status:<21} guard={guard:<22} kind={kind:<15} layer 1: {sibling.status}")
 
 # %% [markdown]
 # ## Explore one case
@@ -70,21 +75,17 @@ for case, (_, trace, st) in results.items():
 from rlxviz.viz import Overlay
 
 
-def explore(case="extra_h1_user"):
+def explore(case="dead_h1_user"):
     _, trace, st = results[case]
     print(st.render())
-    if st.first is None and st.gaps:  # held back by rlxviz's ops (tanh_gelu): draw the refusal at the gap
-        step = trace.step(st.gaps[0].rule.split(".")[0])
-        display(teach.show(step.before, Overlay.before(step), focus=0, max_height=480))
+    if refusal(trace, st) is None:  # nothing rejected in layer 0 (swapped_residual: add is commutative)
         return
-    if st.first is None:  # nothing rejected in layer 0 (swapped_residual: add is commutative)
-        return
-    step = trace.step(st.first.pass_name)
+    step = trace.step(refusal(trace, st).pass_name)
     display(teach.show(step.before, Overlay.before(step), focus=0, max_height=480))
 
 
 controls = widgets.interact(explore, case=widgets.Dropdown(options=list(teach.TEACHING_CASES),
-                                                          value="extra_h1_user"))
+                                                          value="dead_h1_user"))
 
 # %% tags=["one-case"]
 explore("tanh_gelu")
@@ -97,40 +98,41 @@ explore("tanh_gelu")
 
 # %% tags=["kinds"]
 for case, (_, trace, st) in results.items():
-    if st.first is None and st.gaps:  # no change to the model keeps its numbers: a gap in rlxviz's ops
-        (r,) = [r for r in trace.step("fuse_transformer_layer").rejections if r.headline and r.layer == 0]
-        print(f"{case}: {r.guard} [{r.kind}], a gap in rlxviz's ops: {st.gaps[0].form}")
-        print(f"    fix:          {r.hint or '-'}")
-        print(f"    compiler fix: {r.fix or '-'}")
-        continue
-    if st.first is None:
+    o = refusal(trace, st)
+    if o is None:
         how = trace.step("fuse_transformer_layer").matches[0].rule
         print(f"{case}: fused ({how}; the residual add is accepted in either order: add is commutative)")
         continue
-    print(f"{case}: {st.first.guard} [{st.first.kind}]")
-    print(f"    fix:          {st.first.hint or '-'}")
-    print(f"    compiler fix: {st.first.fix or '-'}")
+    # illegal for the layer (fused as far as legal), or a gap in rlxviz's ops (no model change keeps its numbers)
+    note = ("" if st.first else f" (illegal here: layer 0 is {st.status})" if st.illegal
+            else f", a gap in rlxviz's ops: {st.gaps[0].form}")
+    print(f"{case}: {o.guard} [{o.kind}]{note}")
+    print(f"    fix:          {o.hint or '-'}")
+    print(f"    compiler fix: {o.fix or '-'}")
 
 # %% [markdown]
 # Read per kind:
 #
 # * **extra_h1_user** — *illegal* for a single-output op: h1 has a third reader (a probe returned as an
 #   output), and a one-output layer op would no longer produce h1. Dead-code elimination does **not** fix it:
-#   the probe is a graph output, so it is live. Two fixes: in the model, drop the probe output; in the
-#   compiler, **multi-output fusion** — a layer op that also returns h1 as a second output, which the probe
-#   then reads (the engine can express it, `Rule(outputs=...)`, and notebook 06 writes a two-output residual
-#   norm; no product rule builds a two-output layer op). With the probe output dropped, the probe is dead, and
-#   a dead reader is **not a user**: no output depends on what it reads. The guard `h1_user_count` still
+#   the probe is a graph output, so it is live. No change to the model that keeps what it returns makes the
+#   layer op legal, so the layer is **fused as far as legal** (its parts fused, no near-miss), as a probe of the
+#   residual sum would be. The fix is in the compiler, **multi-output fusion** — a layer op that also returns h1
+#   as a second output, which the probe then reads (the engine can express it, `Rule(outputs=...)`, and
+#   notebook 06 writes a two-output residual norm; no product rule builds a two-output layer op).
+# * **dead_h1_user** — the same probe, returned by nothing (as if the probe output were dropped): it is dead,
+#   and a dead reader is **not a user**: no output depends on what it reads. The guard `h1_user_count` still
 #   counts it (it counts readers, live or not) — a limit of the guard, not a reason; the canonical order
-#   removes dead code only *after* the layer pass, so run `dead_code_elimination` first as the workaround. The
-#   cell after the layer rule's steps (below) runs all three.
+#   removes dead code only *after* the layer pass, so run `dead_code_elimination` first: a fix in the model
+#   that keeps every output, so the layer is a near-miss (NOT fused). The cell after the layer rule's steps
+#   (below) runs all three.
 # * **tanh_gelu** — *not recognized*: the FFN is fused without its activation, because `gelu_tanh` is not
 #   on the epilogue allow-list. Switching the model to exact GELU would fuse, but it changes the model:
 #   the cell after that measures by how much. So there is nothing in the model to change: the refusal is a
 #   **gap in rlxviz's ops** (`rlxviz's ops lack: FusedTransformerLayer with a gelu_tanh epilogue`), the layer
-#   is "fused as far as rlxviz's ops go" and `rlxviz explain` exits 0. (SiLU is on the allow-list too, but it is another activation,
-#   not a form of GELU: the product's hint names exact GELU only.) The compiler fix is the allow-list
-#   (notebook 04 writes the epilogue rule).
+#   is "fused as far as rlxviz's ops go" and `rlxviz explain` exits 0. (SiLU is on the allow-list too, but it is
+#   another activation, not a form of GELU: the product's hint names exact GELU only.) The compiler fix is the
+#   allow-list (notebook 04 writes the epilogue rule).
 # * **swapped_residual** — fuses: the layer rule accepts either operand order. RLX's strict rule rejects
 #   it (*not recognized*); notebook 04 rebuilds that rule and fixes it with a canonicalization pass.
 # * **pre_ln** — **two** blockers, so it is not expected to become `FusedTransformerLayer`. First (*not
@@ -140,12 +142,14 @@ for case, (_, trace, st) in results.items():
 #   pipeline (the verdict's first rejection of a layer that deviates from its siblings is the refusal of the
 #   product its siblings' kind expects and its own does not). Second, a consequence of that layout (*illegal*
 #   for a single-output op, printed below): the residual sum feeds the norm and the next residual, and a
-#   one-output `FusedResidualLN` would hide it; a two-output op (as vLLM's `fused_add_rms_norm`) fixes that
-#   one — notebook 06 writes that rule. (The status line of `pre_ln` in the explorer above says *expected
+#   one-output `FusedResidualLN` would hide it; a rule that builds the op's two-output form
+#   (`with_sum=true`, as ONNX Runtime's `SkipLayerNormalization` returns the sum) fixes that one — notebook 06
+#   writes that rule. (The status line of `pre_ln` in the explorer above says *expected
 #   FusedTransformerLayer* only because its sibling layer 1 is post-LN and fuses.)
 # * **output_intermediate** — *illegal* for a single-output op: h1 is returned, and a one-output layer op
-#   would hide it. Fix the model (the exercise below); in the compiler, a layer op with h1 as a second
-#   output would do (no rule builds one).
+#   would hide it: fused as far as legal. A caller that does not need h1 can stop returning it (the exercise
+#   below; that changes what the model returns); in the compiler, a layer op with h1 as a second output would
+#   do (no rule builds one).
 # * **over_threshold** — *not profitable*: RLX's 64-token attention gate. A pipeline parameter; notebook
 #   02 measures whether the gate pays on MLX.
 #
@@ -168,10 +172,10 @@ from rlxviz.passes import CANONICAL_ORDER
 
 model, _, _ = results["extra_h1_user"]
 dce_only = Pipeline(["dead_code_elimination", *CANONICAL_ORDER]).run(model.graph)
-fixed_graph = model.graph.with_outputs(model.graph.outputs[:1])  # the model fix: drop the probe output
+fixed_graph = model.graph.with_outputs(model.graph.outputs[:1])  # drop the probe output: dead_h1_user
 before_dce = Pipeline.canonical().run(fixed_graph)
 with_dce_first = Pipeline(["dead_code_elimination", *CANONICAL_ORDER]).run(fixed_graph)
-print("dead_code_elimination first, probe still returned:", teach.layer_status(dce_only, 0).first.guard)
+print("dead_code_elimination first, probe still returned:", refusal(teach.layer_status(dce_only, 0)).guard)
 print("probe output dropped, canonical order:", teach.layer_status(before_dce, 0).first.guard)
 print("... and dead_code_elimination first: fused layers =",
       with_dce_first.final.op_counts().get("FusedTransformerLayer", 0))
@@ -262,7 +266,7 @@ def check_ex03(fix):
     assert len(g.outputs) == 1, f"the graph returns {len(g.outputs)} values: return only the model's first output"
     assert g.outputs[0] == model.graph.outputs[0], "keep the model's output (the first one), drop the probe of h1"
     st = teach.layer_status(Pipeline.canonical().run(g), 0)
-    assert st.fused, f"layer 0 still does not fuse: guard {st.first.guard if st.first else '?'}"
+    assert st.fused_node is not None, f"layer 0 is still no FusedTransformerLayer: guard {refusal(st).guard}"
     return "layer 0 fuses: h1 is an ordinary intermediate again"
 
 

@@ -194,7 +194,7 @@ for label, run in runs.items():
 # ## 3. Exercise B: a new epilogue, behind guards
 #
 # In the `tanh_gelu` variant, layer 0's FFN uses tanh-approximated GELU. `fuse_matmul_bias_act` fuses the
-# linear but not the activation — `gelu_tanh` is not on the epilogue allow-list (`gelu`, `silu`). The
+# linear but not the activation — `gelu_tanh` is not on the epilogue allow-list (`gelu`, `silu`, `relu2`). The
 # product says so, with its kind and the compiler-side fix:
 
 # %% tags=["tanh-before"]

@@ -137,9 +137,10 @@ print(st.render())
 rln = trace.step("fuse_residual_ln")
 refused = [r for r in rln.rejections if r.headline]
 rln_guards = sorted({r.guard for r in refused})
-n_rln = trace.final.op_counts().get("FusedResidualLN", 0)
-n_fmba = trace.final.op_counts().get("FusedMatMulBiasAct", 0)
-n_gelu = trace.final.op_counts().get("gelu_tanh", 0)
+final_ops = trace.final.op_counts()
+n_rln = final_ops.get("FusedResidualLN", 0)
+n_fmba = final_ops.get("FusedMatMulBiasAct", 0)
+n_gelu = final_ops.get("gelu_tanh", 0)
 
 # %% [markdown]
 # ## 5. ONNX Runtime's optimizer on the same file
@@ -223,7 +224,7 @@ def check_ex05(answer):
     assert guard in rln_guards, (f"guard: {guard!r} did not refuse a norm; read the fuse_residual_ln.residual "
                                  "line of the layer status")
     return (f"rlxviz {rlx}, ONNX Runtime {ort_n}; the other norms' sums have a second reader ({guard}): a "
-            "two-output rule is the fix (notebook 06)")
+            "rule that builds FusedResidualLN's two-output form (with_sum=true) is the fix (notebook 06)")
 
 
 ex05_answer = (None, None, None)  # YOUR ANSWER: (rlxviz norms, ONNX Runtime norms, "guard name")
@@ -242,27 +243,44 @@ teach.feedback(check_ex05, solutions.ex05());
 # %% tags=["why-read-aloud"]
 from IPython.display import Markdown
 
+from rlxviz.passes import EPILOGUE_ACTIVATIONS
+
+allowed = ", ".join(f"`{a}`" for a in EPILOGUE_ACTIVATIONS)
 display(Markdown(
     f"Layer 0's first rejection is `{st.first.guard}` (*{st.first.kind}*): GPT-2's `gelu_new` is the tanh "
-    f"approximation of GELU, and the epilogue of `FusedMatMulBiasAct` takes `gelu` and `silu` only. So "
+    f"approximation of GELU, and the epilogue of `FusedMatMulBiasAct` takes only {allowed}. So "
     f"{n_fmba} linears fuse with their bias, and {n_gelu} `gelu_tanh` nodes stay separate. The product's "
     f"fix is on the compiler's side (*{st.first.fix}*): switching the model to exact GELU would change "
     f"its numbers (notebook 03 measures by how much).\n\n"
     f"The norms: `fuse_residual_ln` fused **{n_rln} of the {len(norms)}** norms "
     f"({', '.join(m.path or 'the final ln_f' for m in rln.matches) or 'none'}) and refused "
     f"{len(refused)}, each by `{'`, `'.join(rln_guards)}`: a pre-LN sum is also read by the next residual "
-    f"add, and `FusedResidualLN` returns only the normalized value. That is *illegal* for this op, "
-    f"whatever its kernel, and *expected* for a pre-LN layer (the `not expected here` lines above); "
-    f"notebook 06 writes the two-output rule that makes these norms fuse."))
+    f"add, and `fuse_residual_ln` builds only the single-output `FusedResidualLN`, which returns the normalized "
+    f"value alone. That is *illegal* for that form, whatever its kernel, and *expected* for a pre-LN layer (the "
+    f"`not expected here` lines above); the op's two-output form (`with_sum=true`) returns the sum too, and "
+    f"notebook 06 writes the rule that builds it and makes these norms fuse."))
 
 # %% tags=["ort-vs-rlxviz"]
+from rlxviz.ir import Op
+
+# where rlxviz's attention ends up: the packed `attention` op (`fuse_sdpa`), or inside the fused op that took it
+# in (`fuse_attention_block`: with its QKV and output projections; `fuse_transformer_layer`: the whole layer)
+HOLDS_ATTENTION = {Op.ATTENTION: "scores, mask, softmax, @ V",
+                   Op.FUSED_ATTENTION_BLOCK: "attention + QKV and output projections",
+                   Op.FUSED_TRANSFORMER_LAYER: "the whole layer"}
+attn = {op: final_ops[op.value] for op in HOLDS_ATTENTION if op.value in final_ops}
+attn_passes = list(dict.fromkeys(s.family for s in trace.steps for i in s.added
+                                 if s.after[i].op in HOLDS_ATTENTION))
+attn_ops = " + ".join(f"{k} {op.value}" for op, k in attn.items()) or "0 attention"
+attn_holds = "; ".join(HOLDS_ATTENTION[op] for op in attn)
 rows = [("residual add + LayerNorm", f"{skip_ln} SkipLayerNormalization of {n_ln} norms",
          f"{n_rln} FusedResidualLN of {len(norms)} norms"),
         ("tanh GELU", f"{fast_gelu} FastGelu (the activation alone)",
          f"{n_gelu} gelu_tanh (one op; not in an epilogue)"),
-        ("linear + bias", "Gemm (ONNX's Gemm already adds the bias)", f"{n_fmba} FusedMatMulBiasAct"),
+        ("linear + bias", "Gemm (ONNX's Gemm already adds the bias)", f"{n_fmba} FusedMatMulBiasAct"
+         + (" (the attention's projections: in FusedAttentionBlock)" if Op.FUSED_ATTENTION_BLOCK in attn else "")),
         ("attention", f"{ort_run.fused.get('com.microsoft.FusedMatMul', 0)} FusedMatMul (Q @ K^T with its scale)",
-         f"{trace.final.op_counts().get('attention', 0)} attention (fuse_sdpa: scores, mask, softmax, @ V)")]
+         f"{attn_ops} ({', '.join(attn_passes)}: {attn_holds})")]
 print(f"{'':<26}{'ONNX Runtime ' + ort_run.version:<44}rlxviz canonical pipeline")
 for what, ort_says, we_say in rows:
     print(f"{what:<26}{ort_says:<44}{we_say}")
@@ -278,10 +296,12 @@ display(Markdown(
     "ONNX Runtime's SkipLayerNormalization *has* an optional fourth output, the sum itself "
     "(`input_skip_bias_sum`), and the transformer optimizer uses it when the residual add has another reader "
     "(`onnxruntime/transformers/fusion_skiplayernorm.py`): the two-output fusion notebook 06 builds. The graph "
-    "optimizer's attention stops at `FusedMatMul` (the scores' matmul with its scale); rlxviz's `attention` "
-    "takes the whole `softmax(Q K^T / sqrt(d) + mask) V`. ONNX Runtime fuses the tanh GELU into one `FastGelu` "
-    "kernel, as rlxviz makes it one `gelu_tanh` "
-    "op; neither absorbs it into the linear. "
+    "optimizer's attention stops at `FusedMatMul` (the scores' matmul with its scale); "
+    + (f"rlxviz's {' and '.join(f'`{op.value}`' for op in attn)} takes the whole `softmax(Q K^T / sqrt(d) + mask) V`"
+       + (" with its Q, K, V and output projections" if Op.FUSED_ATTENTION_BLOCK in attn else "")
+       if attn else "rlxviz packed no attention here") +
+    ". ONNX Runtime fuses the tanh GELU into one `FastGelu` kernel, as rlxviz makes it one `gelu_tanh` op; neither "
+    "absorbs it into the linear. "
     + ("The transformer optimizer " + ("(recorded, not run here: " + why + ") " if why else "(run here) ")
        + f"fuses **{len(tf.norm_outputs)} of {n_ln}** norms, **{sum(k == 2 for k in tf.norm_outputs)}** of them "
        "with the sum as a second output — the two-output form; it leaves "

@@ -13,11 +13,12 @@
 #
 # In notebook 05, 4 of GPT-2's 5 LayerNorms did not fuse with their residual add: guard `sum_single_user`,
 # kind *illegal*. In a pre-LN layer the residual sum `h = x + sublayer(...)` has two readers — the next
-# norm and the next residual add — and `FusedResidualLN` returns only the normalized value, so fusing
-# would take `h` away from the add. The fix the product names is a **two-output** op that returns the
-# sum too: vLLM's `fused_add_rms_norm` writes the sum back in place, and ONNX Runtime's
-# `SkipLayerNormalization` has an optional output for it (notebook 05 shows ONNX Runtime's transformer
-# optimizer using it on this very model).
+# norm and the next residual add — and `fuse_residual_ln` builds only the single-output `FusedResidualLN`,
+# which returns the normalized value alone, so fusing would take `h` away from the add. The op has a
+# **two-output** form, `with_sum=true`, that returns the sum too; no product rule builds it, and the fix the
+# product names is a rule that does. ONNX Runtime's `SkipLayerNormalization` has an optional output for the
+# sum (notebook 05 shows ONNX Runtime's transformer optimizer using it on this very model); for RMSNorm,
+# vLLM's `fused_add_rms_norm` writes the sum back in place.
 #
 # In this notebook you will
 #
@@ -245,7 +246,8 @@ display(Markdown(
     f"data: per norm it would save one read of the sum (the norm uses it while it is still in registers), "
     f"{sum_bytes[0] if sum_bytes else 0} B here, {sum(sum_bytes)} B for the {len(sum_bytes)} norms "
     "(a **model** of that kernel, from the sum's shape and dtype, not something MLX ran). That needs the "
-    "lowering to keep the two outputs apart, as vLLM's `fused_add_rms_norm` does."))
+    "lowering to keep the two outputs apart, as ONNX Runtime's `SkipLayerNormalization` kernel does (and "
+    "vLLM's `fused_add_rms_norm` for RMSNorm)."))
 
 # %% [markdown]
 # ## Try it

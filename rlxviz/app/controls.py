@@ -13,6 +13,7 @@ from .numberbox import BoxNotes, NumberBox
 from .sources import (
     ALLOWED_DIRS_ENV,
     EXTERNAL_DATA_SUFFIXES,
+    IR_SUFFIXES,
     MODEL_DROP_SUFFIXES,
     allowed_dirs,
     dropped_elsewhere,
@@ -103,7 +104,7 @@ class ModelControls(Viewer):
                                        css_classes=["rv-ir-doc"], margin=(0, 10))
         self.ir_hint = pn.pane.Markdown("The editor is the **IR editor** tab, at the full size of the page.",
                                         styles={"font-size": "12px"}, css_classes=["rv-ir-hint"])
-        self.ir_file = pn.widgets.FileInput(accept=".txt,.ir,.rlx", width=260)
+        self.ir_file = pn.widgets.FileInput(accept=",".join(IR_SUFFIXES), width=260)
         self.ir_file.param.watch(self._on_ir_file, "value")
         self.ir_btn = pn.widgets.Button(label="Load IR", color="primary", css_classes=["rv-load-ir"])
         self.ir_btn.on_click(lambda e: s.param.update(ir_text=self.ir.value, source="ir"))

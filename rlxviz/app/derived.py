@@ -74,7 +74,7 @@ def _counted(p: Places) -> bool:
 
 def refusals(step: PassStep, trace: Trace | None = None) -> list[Rejection]:
     """The hard near-misses of `step` of `trace`, one per place (`step_places`: a candidate with four failing guards
-    is one refusal), judged by the verdict's rule (`passes.why.verdict.standing`: not the model's own term, not a
+    is one refusal), judged by the verdict's rule (`passes.why.standing.standing`: not the model's own term, not a
     lookalike, not a merge the tool's cost test declined, not a refusal the layer's kind does not expect or that is
     illegal for its layer): what its version chip counts as rejections (✗N)."""
     return step_places(step, trace).near_misses
@@ -194,7 +194,7 @@ class Derived:
         it added and removed (`viz.overlay.other_changes`: "-2 params/consts", "" for none), the pass's
         matches, its rejections (`refusals`: hard near-misses by place, the chip's ✗), `rejected`: each of them named
         (`Places.near_miss_items`) and `rejected_at`: its anchor node, and `not_near_misses`: group ->
-        its places that are no near-miss (`passes.why.verdict.standing`: a lookalike, the model's own term, a declined
+        its places that are no near-miss (`passes.why.standing.standing`: a lookalike, the model's own term, a declined
         merge, not expected of the layer: `Places.faded`), which the chip shows apart, not as a failure, and
         `not_near_miss_at`: the anchor node of each (`step_places`); `op_gaps`: the items of its places at a gap in
         rlxviz's ops (`Places.gaps`, the chip's own mark: a compiler fix), `op_gap_at` their anchors and `lacks` the

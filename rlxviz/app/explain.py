@@ -17,6 +17,7 @@ import numpy as np
 from ..ir import Graph, Node, Op, format_node, operand_roles
 from ..ir.ops import made_as
 from ..ir.printer import format_value
+from ..passes.made import made_in_run
 from ..passes.pipeline import role_label
 from ..passes.report import fix_line, in_context
 from ..passes.trace import Rejection, Trace, anchor_position, layer_of, reading_order
@@ -215,7 +216,8 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
         `weights_held` (every weight's name, `weight_names`), `decisions`: `node_decisions`
         (one per decision of `trace` whose anchor, bindings, offending nodes or fused node is this node; messages
         and hints as `explain` words them, `report.in_context`: a "run P first" whose P ran says what P did), and
-        `verdict`: the node's layer's verdict (`_verdict`).
+        `verdict`: the node's layer's verdict (`_verdict`); with `trace`, `made`: what a node a match made beside its
+        product is (`passes.made.Beside.words`, "" for any other node).
 
     Raises:
         KeyError: no such node in `graph`.
@@ -232,13 +234,15 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
         "users": [_node_line(graph, u.id) for u in graph.users(n)],
         "weights": node_weights(graph, n, weights) if weights else [],
         "weights_held": weight_names(graph, n, weights) if weights else [],
-        "decisions": [], "verdict": None, "onnx": onnx_origin(n, onnx_nodes),
+        "decisions": [], "verdict": None, "made": "", "onnx": onnx_origin(n, onnx_nodes),
         "onnx_domains": {name: onnx_domains[name] for _, name in onnx_origin(n, onnx_nodes) if name in onnx_domains}
         if onnx_domains else {}, "onnx_own": bool(onnx_nodes)
         and n.id in onnx_nodes,
     }
     if trace is None:
         return report
+    made = made_in_run(trace).get(node_id)
+    report["made"] = made.words if made is not None else ""
     report["decisions"] = node_decisions(trace, node_id)
     report["verdict"] = _verdict(trace, layer_of(n.path), verdict)
     return report
@@ -295,7 +299,7 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
 
         A refusal's entry (`rejected` or an unfused `left out`) has its place's `standing` too
         (`passes.why.places.place_status`: `rejected`, `left out`, or the group of a place that is no near-miss,
-        `not expected here`, `not a candidate`, ...: the chips' ○) and `standing_why` (`verdict.standing`'s why, ''
+        `not expected here`, `not a candidate`, ...: the chips' ○) and `standing_why` (`standing.standing`'s why, ''
         for a near-miss), so the inspector calls no place "rejected" that the chips, the table and `explain` excuse.
     """
     out: list[dict[str, Any]] = []
@@ -399,9 +403,11 @@ def report_markdown(rep: dict[str, Any]) -> str:
         more = f" and {len(onnx) - ONNX_NAMES_SHOWN} more" if len(onnx) > ONNX_NAMES_SHOWN else ""
         what = "**ONNX node**" if rep.get("onnx_own") else "**from ONNX nodes**"
         lines.append(f"{what} {'; '.join(named)}{more}")
-    if rep["pass_name"]:
-        lines.append(f"**created by** {md_code(rep['pass_name'])}, replacing "
-                     f"{', '.join(f'%{i}' for i in rep['absorbed'])}")
+    if rep.get("made"):  # made beside a match's product (`passes.made`): the product holds what the match absorbed
+        lines.append(f"**created by** {md_code(rep['pass_name'])}: {md_escape(rep['made'])}")
+    elif rep["pass_name"]:
+        replacing = f", replacing {', '.join(f'%{i}' for i in rep['absorbed'])}" if rep["absorbed"] else ""
+        lines.append(f"**created by** {md_code(rep['pass_name'])}{replacing}")
     v = rep.get("verdict")
     if v is not None:  # the layer's verdict, as explain and the Why tab state it
         if v["fused"]:

@@ -145,12 +145,12 @@ export function render({ model, el }) {
   // full size: the pane over the whole window (its own bar stays on top), Esc or the button again puts it back
   let full = false;
   // its button says how to close it ("✕ close (Esc)"); the page's header, painted over any pane (its own stacking
-  // order), hid the drawing's top and this bar: it is hidden while the drawing is full size
+  // order), hid the drawing's top and this bar: hidden while full size, with its busy indicator (drawn over the bar)
   const header = () => document.getElementById('header-design-provider') || document.getElementById('header');
   const setFull = (on) => { full = on; el.classList.toggle('rv-full', on); fullBtn.classList.toggle('rv-on', on);
     fullBtn.title = on ? 'back to the page (Esc)' : FULL_TIP; fullBtn.textContent = on ? CLOSE_LABEL : 'full';
-    const head = header(); if (head) head.style.visibility = on ? 'hidden' : '';
-    requestAnimationFrame(() => fit()); };  // the whole drawing at the new size (this pane only)
+    const head = header(), busy = document.getElementById('busy-container'); requestAnimationFrame(() => fit());
+    if (head) head.style.visibility = on ? 'hidden' : ''; if (busy) busy.style.display = on ? 'none' : ''; };
   const CLOSE_LABEL = __CLOSE_LABEL__;
   const FULL_TIP = 'full size: this drawing over the whole window (Esc closes it)';
   const fullBtn = mk('full', FULL_TIP, () => setFull(!full), 'rv-full-btn');

@@ -277,19 +277,43 @@ class Measurements:
 
     def _use_inputs(self, user: session.InputSet, data: bytes, filename: str, said: str = "",
                     after: str = "") -> None:
-        """Time on `user` next; the message says `said`, any expected outputs set aside, then `after`."""
+        """Time on `user` next; the message says `said`, that the timing runs on these arrays, version 0 checked on
+        them (an ONNX import against its file, and any expected outputs of the file: `session.fidelity.onnx_check`,
+        `rlxviz explain --inputs`'s lines, said with the inputs they used), then `after` (the load's own line)."""
         s = self.state
         s.param.update(user_inputs=user, inputs_file=filename)
-        aside = [k for k in session.npz_headers(data, filename) if k.startswith(EXPECTED_PREFIX)]
+        expected = [k for k in session.npz_headers(data, filename) if k.startswith(EXPECTED_PREFIX)]
+        model = s.model
+        checked = model is not None and (bool(user.expected) or bool(model.meta.get("onnx_file")))
         parts = [said] if said else []
-        if said or aside:
-            parts.append(f"The next timing runs on the arrays of {filename}"
-                         + (f"; set aside {len(aside)} expected output(s): {', '.join(aside)}." if aside else "."))
-        if after:
-            parts.append(after)
-        if parts:
-            s.param.update(message=" ".join(parts), message_kind="danger" if s.message_kind == "danger" and after
-                           else "info")
+        if said or expected or checked:
+            parts.append(f"The next timing runs on the arrays of {filename}.")
+        tail = [after] if after else []
+        kind = "danger" if s.message_kind == "danger" and after else "info"
+        if checked:
+            on = f" and against its expected output(s) {', '.join(expected)}" if expected else ""
+            s.param.update(message=" ".join([*parts, f"Checking version 0 on them{on}…", *tail]), message_kind=kind)
+            s.runner.submit("inputs-check", lambda: self._inputs_check_job(model, user, parts, tail, kind))
+        elif parts or tail:
+            s.param.update(message=" ".join([*parts, *tail]), message_kind=kind)
+
+    def _inputs_check_job(self, model: Model, user: session.InputSet, parts: list[str], tail: list[str],
+                          kind: str) -> None:
+        """Version 0 on the user's arrays (`Runs.check_inputs`: the ONNX file in a child process, the expected
+        outputs), its line put in the message between `parts` and `tail`; nothing when the model or the arrays
+        changed meanwhile (a newer choice says its own)."""
+        s = self.state
+        if s.model is not model or s.user_inputs is not user:  # superseded before it ran
+            return
+        line, ok = s.runs.check_inputs(model, user)
+        line = hide_server_paths(line)
+
+        def show() -> None:
+            if s.model is model and s.user_inputs is user:
+                s.param.update(message=" ".join([*parts, line.rstrip(".") + ".", *tail]),
+                               message_kind=kind if ok else "danger")
+
+        s.runner.on_page(show)
 
     def _refuse_inputs(self, why: str, filename: str) -> None:
         """Refuse an inputs file: the next timing runs on the model's own inputs, the file's name is dropped (the

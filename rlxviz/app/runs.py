@@ -8,7 +8,6 @@ runs on the state's `Runner`; its state changes are made on the page's thread, t
 from __future__ import annotations
 
 import hashlib
-import re
 import shutil
 import weakref
 from dataclasses import replace
@@ -21,7 +20,7 @@ from .. import session
 from ..ir import IRSyntaxError
 from ..models import VARIANTS, BertConfig, Model
 from ..passes import Trace
-from ..session import Limits, SessionError
+from ..session import Limits, SessionError, VariantLayerError
 from ..session import render as drawing
 from .derived import INPUT_FIRST
 from .sources import (
@@ -58,22 +57,23 @@ NO_TIMING: dict[str, Any] = {"timings": [], "timing_policy": "", "blas": "", "ti
                              "timing_origin": "", "timing_when": ""}
 """A new model or run shows no timing (rows, policy and input sets, where it ran) until it is timed."""
 
-def import_check(model: Model) -> tuple[str, bool]:
-    """Version 0 against the ONNX file it came from: `session.fidelity.onnx_check`'s `(line, equal)`, run in a
-    child process (`session.isolated.check_isolated`: ONNX Runtime reads the user's file there, not here)."""
+def import_check(model: Model, user: Any = None) -> tuple[str, bool]:
+    """Version 0 against the model itself: `session.fidelity.onnx_check`'s `(line, equal)`, on random inputs or on
+    `user`'s arrays (an inputs file, `session.InputSet`) with its expected outputs. Against an ONNX file it runs in a
+    child process (`session.isolated.check_isolated`: ONNX Runtime reads the user's file there, not here); else only
+    expected outputs are checked, here (the reference interpreter)."""
+    from ..session.fidelity import onnx_check
     from ..session.isolated import check_isolated
 
-    return check_isolated(model)
+    if model.meta.get("onnx_file"):
+        return check_isolated(model, user=user)
+    return onnx_check(model, user)
 
 
 def takes_variants(model: Model) -> bool:
     """True when teaching variants apply to `model`: a BERT encoder built from a preset or a checkpoint (not an ONNX
     export, IR text or a decoder), as `session.variant_unavailable` rules."""
     return isinstance(model.config, BertConfig) and not model.meta.get("onnx_file")
-
-
-VARIANT_LAYER_RANGE = re.compile(r"variant layer (\d+) out of range 0\.\.(\d+)")
-"""A model builder's refusal of a variant layer past its layers (`models.bert.build_bert`): (asked, last layer)."""
 
 
 class Runs:
@@ -137,13 +137,12 @@ class Runs:
             request = replace(request, source=where)
         try:
             model = session.open_model(request)
-        except SessionError as e:
+        except VariantLayerError as e:
             # "Layer to break" past the new model's layers (layer 5 of minilm, then bert-tiny): its last layer
             # instead of a failed load; `_bound_variant_layer` moves the control there and says so
-            past = VARIANT_LAYER_RANGE.search(str(e))
-            if past is None or int(past.group(1)) != s.variant_layer:
+            if e.layer != s.variant_layer:
                 raise
-            self._layer_clamped = int(past.group(2))
+            self._layer_clamped = e.last
             model = session.open_model(replace(request, variant_layer=self._layer_clamped))
         if s.source == "upload":  # named after the user's file, as `rlxviz explain falcon.onnx` names it
             model.name = upload_model_name(self._upload_names, model.name)
@@ -528,6 +527,19 @@ class Runs:
         s.param.update(upload_id=upload_id, source="upload", variant="none", **dropped)
         if again and s.autorun:  # the same file once more: nothing changed, so no watcher loads it
             s.load()
+
+    def check_inputs(self, model: Model, user: Any) -> tuple[str, bool]:
+        """`import_check(model, user)`: version 0 on an inputs file's arrays, against the ONNX file `model` was read
+        from. An upload's copy was removed when its load ended (`_remove_upload_copy`), so the upload is written
+        again for the check and removed after it."""
+        path = model.meta.get("onnx_file")
+        if not path or Path(path).is_file() or not self._upload:
+            return import_check(model, user)
+        where = store_upload(self._upload)
+        try:
+            return import_check(replace(model, meta={**model.meta, "onnx_file": str(where / ONNX_UPLOAD_NAME)}), user)
+        finally:
+            shutil.rmtree(where, ignore_errors=True)
 
     def _remove_upload_copy(self) -> None:
         """Remove the temp folder the last load wrote the upload to (none: nothing to do)."""

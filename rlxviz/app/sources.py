@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from ..models.checkpoint import PICKLE_SUFFIXES
+from ..session.loading import IR_SUFFIXES as _LOADER_IR_SUFFIXES
 
 ALLOWED_DIRS_ENV = "RLXVIZ_ALLOWED_DIRS"
 MAX_UPLOAD_ENV = "RLXVIZ_MAX_UPLOAD_MB"
@@ -100,8 +101,9 @@ MODEL_DROP_SUFFIXES = (".onnx", ".json", ".safetensors")
 `config.json` + `model.safetensors` (`check_upload`)."""
 DROP_TAKES = "one .onnx file (its weights inside) or a checkpoint's config.json + model.safetensors"
 """`MODEL_DROP_SUFFIXES` in words."""
-IR_SUFFIXES = (".txt", ".ir", ".rlx")
-"""IR text files, read by the IR editor's file box (`ModelControls.ir_file`), not by the drop zone."""
+IR_SUFFIXES = _LOADER_IR_SUFFIXES
+"""IR text files (the loader's list), read by the IR editor's file box (`ModelControls.ir_file`), not by the drop
+zone."""
 EXTERNAL_DATA_SUFFIXES = (".data", ".onnx_data", ".onnx.data", ".weight", ".weights")
 """Files an `.onnx` file's external data is commonly stored in: read in place, by path, never uploaded."""
 

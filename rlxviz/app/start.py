@@ -19,9 +19,12 @@ from .state import SHAPE_VARIANT, VARIANT_LABELS, AppState
 from .text import html_text
 from .views import COLLAPSED, FOCUS
 
-BREAK_VARIANT = "extra_h1_user"
+BREAK_VARIANT = "dead_h1_user"
 """The variant the second click applies: one more user of the attention output h1 (a third: the layer fusion's guard
-needs exactly 2, and refuses it; the Why tab then names that guard)."""
+needs exactly 2, and refuses it; the Why tab then names that guard). Its reader reaches no output (dead code), so the
+refusal is a near-miss with a checked fix in the model (dead-code elimination); a reader the model returns
+(`extra_h1_user`) leaves the layer fused only as far as legal (`passes.why.facts.illegal_here`), no break to ask
+about."""
 BREAK_LAYER = 1
 """The layer the sidebar's "Layer to break" starts at when the strip is shown (layer 0 when the model has only one);
 the second click breaks the layer that box shows (`AppState.variant_layer`: one field, so the box and ② agree)."""
@@ -347,8 +350,9 @@ class StartHere(Viewer):
         self._model_name = s.model.name if s.model is not None else ""
         self._about = self._keys()
         self._held = ([("Next: ③. ", True), (f"Layer {layer} (the sidebar's Layer to break) now has an extra user of "
-                                              "its attention output, so it must stay unfused: the banner below names "
-                                              "the guard that refused it.", False)], "break")
+                                              "its attention output (a dead one: it reaches no output), so it must "
+                                              "stay unfused: the banner below names the guard that refused it.",
+                                              False)], "break")
         self._say(*self._held)
 
     def ask_why(self) -> None:

@@ -5,10 +5,10 @@ as `AppState.timings` holds them)."""
 from __future__ import annotations
 
 import math
-from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from ..session.defaults import MIN_VERDICT_ROUNDS
+from ..session.lowerings import SPLIT_HEAD, shown_product
 from ..session.timing import DISAGREE, quiet_rule
 from ..session.timing_words import KERNELS_MARK, lowering_note, unchanged_text, version_mark
 from .text import md_escape
@@ -38,23 +38,11 @@ def machine_verdict(rows: list[dict[str, Any]], when: str = "") -> tuple[str, st
             "below can be read.", "success")
 
 
-def shown_product(a: float, b: float, digits: int = 2) -> str:
-    """`"a × b = c"` true as printed: `a` and `b` printed to `digits` decimals as every ratio is (`f"{a:.2f}"`, so they
-    read as the table's and the sentence's), and `c` the exact product of those printed factors (not of the unrounded
-    ratios) rounded to `digits` decimals, half up: "1.03 × 3.40 = 3.50" where the ratios' own product printed 3.52.
-
-    Args:
-        a, b: the factors (ratios, dimensionless); finite.
-        digits: decimals printed for each number.
-    """
-    x, y = (Decimal(f"{float(v):.{digits}f}") for v in (a, b))
-    return f"{x} × {y} = {(x * y).quantize(Decimal(1).scaleb(-digits), ROUND_HALF_UP)}"
-
-
 def fusion_kernels_markdown(split: Any) -> str:
     """The final version on MLX's own lowering next to rlxviz's kernels (`session.FusionAndKernels`), as Markdown:
-    a table of the three rows (ops, median ms, the paired speed-up over the row above with its 95% interval and its
-    verdict) and one sentence splitting the final version's speed-up into the fusion's and the kernels'. A split of
+    a table of the three rows (ops, median ms, the speed-up over the row above as the ratio of the two medians,
+    `session.lowerings.medians_verdict`, with its 95% interval and its verdict) and one sentence splitting the final
+    version's speed-up into the fusion's and the kernels' (fusion × kernels = total). A split of
     the chart's own run (`shared`) says its input and final rows are the chart's; one measured apart says it has a
     machine check of its own. A busy run says so first and gives no verdict. None (timed on the GPU): why there is
     nothing to split; a str: why the split's row could not be measured. Where the chart's input row
@@ -66,7 +54,8 @@ def fusion_kernels_markdown(split: Any) -> str:
     if isinstance(split, str):  # the split's run failed; the versions above were timed
         return f"#### Fusion or kernels?\nNot measured: {md_escape(hide_server_paths(split))}"
     input_kernel_ops = split.input_kernel_ops
-    from ..session.timing import NOT_READ, step_cell
+    from ..session.lowerings import step_cell
+    from ..session.timing import NOT_READ
 
     busy = split.warning
     steps = [None, ("fusion", split.fusion), ("kernels", split.kernels)]
@@ -80,7 +69,7 @@ def fusion_kernels_markdown(split: Any) -> str:
         where = (f"Timed together on the CPU in {split.fusion.rounds} paired rounds, apart from the chart, with a "
                  "machine check of its own: " + check)
     lines = ["#### Fusion or kernels? The final version on MLX's own lowering and on rlxviz's kernels", where]
-    lines += ["", "| run | ops | median ms | speed-up over the row above (95% ci) | verdict |",
+    lines += ["", f"| run | ops | median ms | {SPLIT_HEAD} | verdict |",
               "|---|---:|---:|---|---|"]
     for r, step in zip(split.rows, steps, strict=True):
         if step is None:
@@ -88,15 +77,12 @@ def fusion_kernels_markdown(split: Any) -> str:
             continue
         what, v = step
         words = NOT_READ if busy else v.words
-        # the cell `rlxviz time` prints (`session.timing.step_cell`): no number on a busy run or where medians disagree
+        # the cell `rlxviz time` prints (`session.lowerings.step_cell`): no number when busy or where medians disagree
         lines.append(f"| {md_escape(r.label)} | {r.nodes} | {_ms(r.median_ms)} | {step_cell(what, v, busy, '×', '–')} "
                      f"| {words} |")
-    f, k, t = split.fusion, split.kernels, split.total
-    lines += ["", split.sentence("×")
-              + ((f" Each ratio is the median of its own paired per-round ratios, so the two need not multiply to the "
-                  f"total ({shown_product(f.ratio, k.ratio)}, against {t.ratio:.2f}). Where "
-                  "the chart above says a row ran rlxviz's CPU kernels, its speed-up over the input is the fusion's "
-                  "and the kernels' together.") if split.read() else ""),
+    lines += ["", split.sentence("×", "The speed-up the chart above and the table below print")
+              + ((" Where the chart above says a row ran rlxviz's CPU kernels, its speed-up over the input is the "
+                  "fusion's and the kernels' together.") if split.read() else ""),
               "", f"*{md_escape(hide_server_paths(split.kernels_note))}*" if split.kernels_note else ""]
     if input_kernel_ops:
         lines += ["", f"**The input is not all MLX's own lowering:** it already holds "

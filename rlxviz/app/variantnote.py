@@ -1,6 +1,6 @@
 """The teaching variant's notice after a run (`variant_notice`): which guard the variant trips, in the Why tab's words
 where its layer is drawn, and what the variant is meant to show and whether the run agrees (`variant_meant`). It reads
-the run's refusals as the version chips count them (`passes.why.verdict.standing`: near-misses only) and selects the
+the run's refusals as the version chips count them (`passes.why.standing.standing`: near-misses only) and selects the
 layer and the nodes it names. `runs.Runs` says it in the message after each load.
 """
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from .. import session
 from ..models import VARIANTS
-from ..passes.why.verdict import standing
+from ..passes.why.standing import standing
 from .derived import refusals
 from .wording import SHAPE_VARIANT, VARIANT_LABELS
 
@@ -21,8 +21,9 @@ if TYPE_CHECKING:  # for annotations only: the state imports `runs`, which impor
 def variant_notice(s: AppState) -> str:
     """The notice of `s`'s teaching variant (not `none`) on its run: `Teaching variant 'LABEL' (MEANT): ...`, the
     layer's first rejection as the Why tab words it, else the gap in rlxviz's ops that holds the layer back (its
-    `rlxviz's ops lack:` line: tanh-GELU), else the run's first near-miss, else that no pass rejected anything.
-    Selects the variant's layer and highlights the refusal's nodes (the Why tab opens there).
+    `rlxviz's ops lack:` line: tanh-GELU), else (a layer fused only as far as legal) the refusal illegal for it, else
+    the run's first near-miss, else that no pass rejected anything. Selects the variant's layer and highlights the
+    refusal's nodes (the Why tab opens there).
 
     Raises:
         KeyError: `s.variant` is not a teaching variant.
@@ -56,6 +57,11 @@ def variant_notice(s: AppState) -> str:
         gap = status.gaps[0]
         s.param.update(selected_layer=layer, highlight=list(gap.at))
         text = f"Teaching variant '{label}':{shape} layer {layer} {status.status}; rlxviz's ops lack {gap}"
+    elif status is not None and status.illegal:  # fused as far as legal: the refusal illegal for the layer, named
+        first = status.illegal[0]
+        s.param.update(selected_layer=layer, highlight=list(first.nodes))
+        text = (f"Teaching variant '{label}':{shape} layer {layer} {status.status}; {first.rule} is illegal here "
+                f"(guard {first.guard}): {first.message}")
     elif rej:
         first = rej[0]
         s.param.update(selected_layer=layer if layer is not None else first.layer,
@@ -75,10 +81,11 @@ def variant_meant(s: AppState) -> str:
     status where that layer is drawn, else whether any chip counts a near-miss."""
     v = VARIANTS[s.variant]
     layer = None if s.variant == SHAPE_VARIANT else s.variant_layer
-    lv = s.layer_status(layer) if layer is not None and layer in s.layers() else None
-    # as the headline counts (a layer held back by rlxviz's ops is not "fused"), else as the chips count
-    fused = (lv.fused and not lv.gap_only if lv is not None
-             else not any(refusals(st, s.trace) for st in s.trace.steps))
+    st = s.layer_status(layer) if layer is not None and layer in s.layers() else None
+    # as the headline counts: a layer held back by rlxviz's ops is not "fused", and a product left unmade because it
+    # is illegal for the layer (`legal_only`) is a fusion the variant broke
+    fused = (st.fused and not st.gap_only and not st.legal_only if st is not None
+             else not any(refusals(step, s.trace) for step in s.trace.steps))  # as the chips count
     if v.breaks:
         return "meant to break the fusion" + ("; yet it fused" if fused else "")
     return "meant to keep the fusion: the rules should still fuse it" + ("" if fused else "; yet it did not fuse")

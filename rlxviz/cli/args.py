@@ -34,12 +34,13 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     """MODEL and the options that build it and choose the pipeline (shared by explain/render/ir/time/export);
     batch and sequence length default to `session.DEFAULT_BATCH`/`DEFAULT_SEQ`, as in the app."""
     from ..session import DEFAULT_BATCH, DEFAULT_SEQ, teaching_cases
+    from ..session.loading import GRAPH_JSON_SUFFIX, IR_SUFFIXES
 
     p.add_argument("model", metavar="MODEL", help="a preset name (bert-tiny, minilm, minilm-shaped, llama-block, ...), "
                                                    "a Hugging Face BERT checkpoint folder, an .onnx export (symbolic "
                                                    "batch/sequence dims bound to --batch/--seq), or an IR text file "
-                                                   "(.ir/.txt, or .json in rlxviz's to_json form; random weights "
-                                                   "from its param shapes)")
+                                                   f"({'/'.join(IR_SUFFIXES)}, or {GRAPH_JSON_SUFFIX} in rlxviz's "
+                                                   "to_json form; random weights from its param shapes)")
     p.add_argument("--pipeline", "-p", default="canonical", metavar="SPEC",
                    help="'canonical', 'rlx', or pass names separated by commas (default: %(default)s)")
     p.add_argument("--threshold", type=int, default=None, metavar="TOKENS",
@@ -72,11 +73,17 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 def _dim_arg(text: str) -> tuple[str, int]:
     """argparse type of `--dim NAME=VALUE` (a bad one: argparse's usage error, exit 2)."""
+    from ..ir.lint import NO_EMPTY_TENSORS
     from ..models.onnx.dims import DimError, parse_dim
 
     try:
         return parse_dim(text)
     except DimError as e:
+        name, _, value = text.partition("=")
+        if value.strip().lstrip("+-").isdigit() and int(value) == 0:  # an empty KV cache: say why it cannot be
+            raise argparse.ArgumentTypeError(
+                f"{name.strip()}=0: {NO_EMPTY_TENSORS}, so an empty KV cache (the first step of a with-past export) "
+                "cannot be bound: give 1 or more, or run that step with the export without past inputs") from None
         raise argparse.ArgumentTypeError(str(e).removeprefix(f"--dim {text!r}: ")) from None
 
 

@@ -75,15 +75,13 @@ def _import_checks(model: Model, feeds: dict[str, np.ndarray], user: Any, expect
     `out:NAME` arrays of the inputs file (a slice's: those `_slice_aside` left), the `--expect` file. Raises
     CLIError for an unreadable --expect file or a name that is no output."""
     from ..session import Limits
-    from ..session.fidelity import against_expected, against_onnx
+    from ..session.fidelity import against_expected, import_checks, inputs_source
     from ..session.inputs import load_expected
 
-    out = []
     try:
-        if with_onnx and (c := against_onnx(model, feeds, Limits.resolve(max_memory_mb))) is not None:
-            out.append(c)
-        if user is not None and user.expected:
-            out.append(against_expected(model, feeds, user.expected, Path(user.what.split(" ", 1)[-1]).name))
+        # the app's Timing tab shows the same checks for an inputs file (`session.fidelity.onnx_check`)
+        out = import_checks(model, feeds, user.expected if user is not None else None,
+                            inputs_source(user) if user is not None else "", Limits.resolve(max_memory_mb), with_onnx)
         if expect is not None:
             out.append(against_expected(model, feeds, load_expected(expect, model.graph), Path(expect).name))
     except ValueError as e:
@@ -109,18 +107,27 @@ def _bound_shapes(args: argparse.Namespace) -> tuple[dict[str, int], dict[str, t
             args.batch, args.seq = _static_shape(headers, args.inputs)
         if args.model.lower().endswith(".onnx"):
             shapes = {k: tuple(shape) for k, (shape, _) in headers.items()}
+            _refuse_empty(args.inputs, shapes)
     return dims, shapes
 
 
-def _variant_layer(args: argparse.Namespace) -> int:
-    """The layer a `--variant` changes: `--variant-layer` when given, else the one layer asked for (`explain
-    --layer N`, `render --focus N`: the variant breaks the layer looked at), else 0."""
-    if args.variant_layer is not None:
-        return int(args.variant_layer)
-    layer = getattr(args, "layer", None)
-    if layer is None:
-        layer = getattr(args, "focus", None)
-    return 0 if layer is None else int(layer)
+def _refuse_empty(path: str, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Raise CLIError when an array of the inputs file `path` is empty (an empty KV cache `[2, 2, 0, 16]`), saying
+    why none can be (`ir.lint.NO_EMPTY_TENSORS`), before the import refuses its dimension."""
+    from ..ir.lint import NO_EMPTY_TENSORS
+
+    if (name := next((k for k, shape in shapes.items() if 0 in shape), None)) is not None:
+        raise CLIError(f"{path}: {name!r} has shape {list(shapes[name])}: {NO_EMPTY_TENSORS}")
+
+
+def _variant_layer(args: argparse.Namespace) -> tuple[int, str]:
+    """The layer a `--variant` changes and the option that chose it: `--variant-layer` when given, else the one
+    layer asked for (`explain --layer N`, `render --focus N`: the variant breaks the layer looked at), else 0 (named
+    as `--variant-layer`, the option that changes it)."""
+    for option in ("variant_layer", "layer", "focus"):
+        if (layer := getattr(args, option, None)) is not None:
+            return int(layer), "--" + option.replace("_", "-")
+    return 0, "--variant-layer"
 
 
 def _run_model(args: argparse.Namespace, allow_crashes: bool = False, workload: str = "load") -> tuple[Model, Trace]:
@@ -128,13 +135,13 @@ def _run_model(args: argparse.Namespace, allow_crashes: bool = False, workload: 
     the oracle and MLX copies too; `Limits.check`) before the pipeline runs. Raises SessionError/CLIError for bad
     input, LimitError over the limit, and InternalError (exit 3) when a pass crashed, unless `allow_crashes`
     (`explain` prints its report first, then exits 3)."""
-    from ..session import Limits, OpenRequest, check_workload, open_model, open_pipeline, open_trace
+    from ..session import Limits, OpenRequest, VariantLayerError, check_workload, open_model, open_pipeline, open_trace
 
     if args.batch < 1 or args.seq < 1:
         raise CLIError(f"--batch and --seq must be >= 1, got {args.batch} and {args.seq}")
     if args.threshold is not None and args.threshold < 1:
         raise CLIError(f"--threshold must be a positive integer (tokens, batch*seq), got {args.threshold}")
-    args.variant_layer = _variant_layer(args)
+    args.variant_layer, chosen_by = _variant_layer(args)
     asked = OpenRequest(source=args.model, style=args.style, variant=args.variant, variant_layer=args.variant_layer,
                         threshold=args.threshold, pipeline=args.pipeline, workload=workload, label=_source(args),
                         hint=_slice_hint(args))
@@ -142,7 +149,10 @@ def _run_model(args: argparse.Namespace, allow_crashes: bool = False, workload: 
     dims, shapes = _bound_shapes(args)  # an --inputs file sets args.batch and args.seq
     request = replace(asked, batch=args.batch, seq=args.seq, dims=dims, input_shapes=shapes,
                       limits=Limits.resolve(args.max_memory_mb))
-    model = open_model(request)
+    try:
+        model = open_model(request)
+    except VariantLayerError as e:  # `--variant-layer 9: bert-tiny has layers 0-1`, naming the option used
+        raise CLIError(e.said_as(chosen_by)) from None
     _remember(model)  # before a refusal names its inputs
     check_workload(model, request, held_once=_on_cpu(args))  # what `workload` copies, before the run
     trace = open_trace(model.graph, request, pipe)

@@ -13,6 +13,7 @@ from .args import _command, _device_arg, _expect_arg, _layers_arg
 from .common import SubParsers, subcommand
 from .loading import (
     _import_checks,
+    _refuse_empty,
     _slice_aside,
     _slice_hint,
     _slice_model,
@@ -37,8 +38,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     asked = OpenRequest(source=args.model, workload="run-mlx" if args.backend == "mlx" else "run",
                         label=_source(args), hint=_slice_hint(args))
     if args.model.lower().endswith(".onnx") and Path(args.model).is_file():  # every input's shape from the arrays
-        request = replace(asked, kind="onnx-inputs", limits=Limits.resolve(args.max_memory_mb), input_shapes={
-            k: shape for k, (shape, _) in headers.items() if not k.startswith("out:")})
+        shapes = {k: shape for k, (shape, _) in headers.items() if not k.startswith("out:")}
+        _refuse_empty(args.inputs, shapes)
+        request = replace(asked, kind="onnx-inputs", limits=Limits.resolve(args.max_memory_mb), input_shapes=shapes)
     else:
         batch, seq = _static_shape(headers, args.inputs)
         request = replace(asked, kind="built", batch=batch, seq=seq, style=args.style,

@@ -27,7 +27,7 @@ def busy_verdict(busy: str) -> str:
 
 def _verdict_json(v: Any, busy: str) -> dict[str, Any]:
     """A `session.PairedVerdict` as plain values; its words `NOT_READ` on a busy run. Where the text and the app print
-    no ratio (`session.timing.step_cell`: a busy run, or medians that disagree) `ratio`, `ci_low` and `ci_high` are
+    no ratio (`session.lowerings.step_cell`: a busy run, or medians that disagree) `ratio`, `ci_low` and `ci_high` are
     None: a script reads no number the other front ends refuse."""
     from ..session.timing import DISAGREE, NOT_READ
 
@@ -39,8 +39,10 @@ def _verdict_json(v: Any, busy: str) -> dict[str, Any]:
 
 def split_json(split: Any) -> dict[str, Any] | None:
     """`session.FusionAndKernels` as plain values for `time --json` (`split`): its three rows (`run`, `ops`, ms),
-    the `fusion`, `kernels` and `total` paired verdicts (ratio, 95% interval, rounds, verdict: `NOT_READ` on a busy
-    run, where ratio and interval are None), `busy` (the run's one machine check, "" when usable), `kernels_note`
+    the `fusion`, `kernels` and `total` verdicts (ratio: the ratio of two rows' medians, `lowerings.medians_verdict`,
+    so fusion x kernels = total; its 95% interval, rounds, verdict: `NOT_READ` on a busy run, where ratio and
+    interval are None), `x_input` (the final version's `speedup` in `versions`, the median per-round ratio; None
+    where that is None or no table was shared), `busy` (the run's one machine check, "" when usable), `kernels_note`
     and `input_kernel_ops` (the input's ops that ran on rlxviz's kernels: its row is not MLX's own lowering
     throughout); `{"not_measured": why}` when the own-lowering row could not be built; None when not asked
     (`--no-split`) or not on the CPU."""
@@ -53,16 +55,19 @@ def split_json(split: Any) -> dict[str, Any] | None:
                       "iqr_ms": round(r.iqr_ms or 0.0, 4)} for r in split.rows],
             "fusion": _verdict_json(split.fusion, busy), "kernels": _verdict_json(split.kernels, busy),
             "total": _verdict_json(split.total, busy), "busy": busy, "kernels_note": split.kernels_note,
+            "x_input": round(split.paired_total, 4) if split.paired_total is not None and split.read() else None,
             "input_kernel_ops": list(split.input_kernel_ops)}
 
 
 def split_text(split: Any) -> str:
     """The "Fusion or kernels?" block as aligned text, the rows and words of the Timing tab's table
     (`app.timingchart.fusion_kernels_markdown`): the input and the final version (the table's own rows) and the
-    final version on MLX's own lowering timed in the same paired rounds, each step's paired speed-up over the row
-    above with its 95% interval and its verdict (`NOT_READ` on a busy run), and the sentence splitting the final
-    version's speed-up. A str: why the own-lowering row is missing; None: "" (not asked, or not on the CPU)."""
-    from ..session.timing import NOT_READ, quiet_rule, step_cell
+    final version on MLX's own lowering timed in the same paired rounds, each step's speed-up over the row above
+    (the ratio of the two medians, `lowerings.medians_verdict`) with its 95% interval and its verdict (`NOT_READ` on a
+    busy run), and the sentence splitting the final version's speed-up (fusion x kernels = total). A str: why the
+    own-lowering row is missing; None: "" (not asked, or not on the CPU)."""
+    from ..session.lowerings import SPLIT_HEAD, step_cell
+    from ..session.timing import NOT_READ, quiet_rule
 
     if split is None:
         return ""
@@ -77,7 +82,7 @@ def split_text(split: Any) -> str:
              f"for all: {check}"]
     labels = [split.label(i) for i in range(len(split.rows))]  # the input's names its kernel ops, if any ran
     w = max(len(lb) for lb in labels)
-    head = "speed-up over the row above (95% ci)"
+    head = SPLIT_HEAD
     cells = ["", *(step_cell(what, v, busy) for what, v in (("fusion", split.fusion), ("kernels", split.kernels)))]
     words = ["", *(NOT_READ if busy else v.words for v in (split.fusion, split.kernels))]
     sw = max(len(head), *(len(c) for c in cells))

@@ -91,6 +91,11 @@ MAX_RANK = 32
 """Highest tensor rank accepted (NumPy 1.x and MLX stop at 32 or 64 dimensions; transformer graphs use at most 5)."""
 
 
+NO_EMPTY_TENSORS = ("rlxviz does not support empty tensors (a dimension of size 0: MLX hangs or raises on softmax, "
+                    "norms and reductions over an empty axis)")
+"""Why a graph holds no empty tensor, as a front end says it when a size of 0 is asked for (`--dim NAME=0`)."""
+
+
 def _check_type(n: Node) -> str | None:
     """Why the declared type of `n` cannot be run, or None: a rank over `MAX_RANK`, or a dimension of size 0
     (an empty tensor: reductions, softmax, norms and gathers over an empty axis have no value, and MLX hangs or

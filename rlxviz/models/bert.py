@@ -21,6 +21,15 @@ from ..ir import Builder, DType, Graph, Node
 from ..ir.emitter import Ref
 
 
+class VariantLayerError(ValueError):
+    """A teaching variant asked of a layer the model does not have (`layer` outside 0..`last`): the session
+    words it for the user, naming the model (`session.VariantLayerError`)."""
+
+    def __init__(self, layer: int, last: int) -> None:
+        super().__init__(f"variant layer {layer}: the model has layers 0-{last}")
+        self.layer, self.last = layer, last
+
+
 @dataclass(frozen=True)
 class BertConfig:
     """Sizes of a BERT encoder (names as in Hugging Face `BertConfig`)."""
@@ -62,6 +71,7 @@ class Variant:
         layer: which encoder layer to change.
         output_intermediate: also return h1 (the post-attention LayerNorm) as a graph output.
         extra_h1_user: add a third user of h1 (a `reduce_mean` returned as an extra output).
+        dead_h1_user: add a third user of h1 that reaches no output (a `reduce_mean` nothing reads: dead code).
         tanh_gelu: the FFN uses tanh-approximated GELU instead of erf GELU.
         pre_ln: pre-LayerNorm ordering (`x + attn(LN(x))`), as in GPT-2 / LLaMA.
         swapped_residual: residual adds written skip-first, `add(x, branch)`.
@@ -75,6 +85,7 @@ class Variant:
     layer: int = 0
     output_intermediate: bool = False
     extra_h1_user: bool = False
+    dead_h1_user: bool = False
     tanh_gelu: bool = False
     pre_ln: bool = False
     swapped_residual: bool = False
@@ -89,7 +100,7 @@ class Variant:
     @property
     def changes_graph(self) -> bool:
         """True when the variant rewrites a layer of the built graph (False for `none` and `over_threshold`)."""
-        return any((self.output_intermediate, self.extra_h1_user, self.tanh_gelu, self.pre_ln,
+        return any((self.output_intermediate, self.extra_h1_user, self.dead_h1_user, self.tanh_gelu, self.pre_ln,
                     self.swapped_residual))
 
 
@@ -99,6 +110,8 @@ VARIANTS: dict[str, Variant] = {
                                    doc="h1 (the post-attention LayerNorm) is also returned as a graph output"),
     "extra_h1_user": Variant(extra_h1_user=True, label="extra user of h1",
                              doc="a third reader of h1 (a probe `reduce_mean` returned as an extra output)"),
+    "dead_h1_user": Variant(dead_h1_user=True, label="dead extra user of h1",
+                            doc="a third reader of h1 that reaches no output (a probe `reduce_mean`: dead code)"),
     "tanh_gelu": Variant(tanh_gelu=True, label="tanh-GELU in the FFN",
                          doc="the FFN uses tanh-approximated GELU instead of exact (erf) GELU"),
     "pre_ln": Variant(pre_ln=True, label="pre-LN ordering",
@@ -198,6 +211,9 @@ def _layer(b: Builder, cfg: BertConfig, x: Ref, attend: object, lp: str, v: Vari
     if v and v.extra_h1_user:
         with b.scope("probe"):
             extras.outputs.append(b.reduce_mean(h1, (-1,), keepdims=True))
+    if v and v.dead_h1_user:
+        with b.scope("probe"):
+            b.reduce_mean(h1, (-1,), keepdims=True)  # read by nothing: dead code
     return out
 
 
@@ -216,7 +232,8 @@ def build_bert(cfg: BertConfig, batch: int = 1, seq: int = 128, style: str = "rl
         `last_hidden_state` (float32 `[batch, seq, hidden]`), followed by any variant outputs.
 
     Raises:
-        ValueError: unknown style, `hidden % heads != 0`, `seq > max_position`, or a variant layer out of range.
+        ValueError: unknown style, `hidden % heads != 0`, `seq > max_position`; VariantLayerError (a ValueError): a
+            variant layer out of range.
     """
     if style not in ("rlx", "hf"):
         raise ValueError(f"[build_bert] style must be 'rlx' or 'hf', got {style!r}")
@@ -225,7 +242,7 @@ def build_bert(cfg: BertConfig, batch: int = 1, seq: int = 128, style: str = "rl
     if seq > cfg.max_position:
         raise ValueError(f"[build_bert] seq {seq} exceeds max_position {cfg.max_position}")
     if variant is not None and not 0 <= variant.layer < cfg.layers:
-        raise ValueError(f"[build_bert] variant layer {variant.layer} out of range 0..{cfg.layers - 1}")
+        raise VariantLayerError(variant.layer, cfg.layers - 1)
     b = Builder(name or f"bert_{style}_{cfg.layers}x{cfg.hidden}")
     ids = b.input("input_ids", (batch, seq), DType.i64)
     mask_i = b.input("attention_mask", (batch, seq), DType.i64)
@@ -319,5 +336,5 @@ def random_feeds(batch: int, seq: int, vocab: int, seed: int = 0, pad: bool = Tr
     return {"input_ids": ids, "attention_mask": mask}
 
 
-__all__ = ["BertConfig", "VARIANTS", "Variant", "build_bert", "random_feeds", "random_weights",
+__all__ = ["BertConfig", "VARIANTS", "Variant", "VariantLayerError", "build_bert", "random_feeds", "random_weights",
            "rlx_weights_from_hf", "replace"]

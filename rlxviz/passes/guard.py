@@ -40,6 +40,7 @@ from .refusal_kinds import (
     NOT_NEAR_MISSES,
     NOT_PROFITABLE,
     NOT_RECOGNIZED,
+    NOTHING_TO_CHANGE,
     READ_BY_MODEL,
     REMEDIES,
     UNCHECKED_FIX,
@@ -262,12 +263,15 @@ class Guard:
     def remedy_of(self, ctx: Ctx) -> tuple[str, str]:
         """`(remedy, hint)` of a failure at `ctx`: `(IN_MODEL, hint)`, or `(self.remedy, "none in the model:
         <why>")` when no change to the model that keeps its numbers makes the fusion legal; a reader guard's
-        (`readers`) is `reader_advice`'s."""
+        (`readers`) is `reader_advice`'s. A hint that is itself a statement (`NOTHING_TO_CHANGE`: "nothing to change
+        in the model: ...") has `self.remedy` too: the remedy is read off the words the fix line prints."""
         got = self.readers(ctx) if self.readers is not None else None
         if got is not None:
             return reader_advice(ctx, got[0], got[1], self.hint)
         why = self.no_model_fix(ctx) if self.no_model_fix is not None else None
-        return (IN_MODEL, self.hint) if why is None else (self.remedy, NO_MODEL_FIX + why)
+        if why is None:
+            return (self.remedy if self.hint.startswith(NOTHING_TO_CHANGE) else IN_MODEL), self.hint
+        return self.remedy, NO_MODEL_FIX + why
 
     def excused(self, where: Sequence[str], why: str) -> Guard:
         """This guard, its refusals not counted in layers with one of the traits `where` (`excuses`), for `why`.

@@ -67,14 +67,37 @@ by `passes.whatif`'s dead-reader what-if (the dead nodes removed from the user's
 reader may also have blocked an earlier fusion the refused one builds on, a residual norm under the layer op)."""
 
 
+_RESIDUAL_SUM_RULE = {Op.FUSED_RESIDUAL_LN: "fuse_residual_ln", Op.FUSED_RESIDUAL_RMS_NORM: "fuse_residual_rms_norm"}
+_RESIDUAL_SUM_PRECEDENT = {
+    Op.FUSED_RESIDUAL_LN: "ONNX Runtime's SkipLayerNormalization returns the sum as an optional output",
+    Op.FUSED_RESIDUAL_RMS_NORM: "vLLM's fused_add_rms_norm returns the sum too, written back in place"}
+
+
+def residual_sum_fix(fused: Op) -> str:
+    """The compiler fix for a residual sum that the residual norm `fused` would hide (the next residual add reads it):
+    a rule that builds `fused` with `with_sum=true`. The op's two-output form exists (`ir.ops`, `ir.fused._with_sum`);
+    what rlxviz lacks is a rule that builds it, so the words name the rule, not a new op, and a precedent of the
+    same norm kind (LayerNorm: ORT's SkipLayerNormalization; RMSNorm: vLLM's fused_add_rms_norm)."""
+    return (f"a {_RESIDUAL_SUM_RULE[fused]} rule that builds {fused.value}(with_sum=true), the two-output form the op "
+            f"already has; precedent: {_RESIDUAL_SUM_PRECEDENT[fused]}")
+
+
+def single_output_why(fused: Op) -> str:
+    """Why a residual norm `fused` cannot take a sum that has other readers, as it is true of rlxviz: its rule builds
+    the single-output form only (the op has a `with_sum` form no rule builds, `residual_sum_fix`)."""
+    return f"rlxviz's {_RESIDUAL_SUM_RULE[fused]} builds only the single-output {fused.value}, which returns the " \
+           f"normalized value, not the sum"
+
+
 RESIDUAL_STREAM = ("{who} reads {value}: the residual stream continues past the norm; a fusion would have to return "
-                   "{value} too (compiler fix: a two-output {fused})")
+                   "{value} too, and {why} (compiler fix: {fix})")
 """What an extra reader that is the next residual add means (`extra_readers_why`): a pre-norm layout, whose residual
-sum feeds both the norm and the next sublayer's residual add; no probe, and nothing in the model to change."""
+sum feeds both the norm and the next sublayer's residual add; no probe, and nothing in the model to change. `why` is
+`single_output_why`, `fix` `residual_sum_fix`."""
 
 RESIDUAL_STREAM_NORMS = ("{who} read {value}: a parallel block, whose sublayers' norms both read the residual stream, "
-                         "which continues past them; a fusion would have to return {value} too (compiler fix: a "
-                         "two-output {fused}, which takes the add into one of the norms only)")
+                         "which continues past them; a fusion would have to return {value} too, and {why} (compiler "
+                         "fix: {fix}; it takes the add into one of the norms only)")
 """`RESIDUAL_STREAM` where another norm reads the sum too (GPT-NeoX's parallel block: the sum feeds the attention's
 norm, the MLP's norm and the next residual add): the other norm is named beside the add, and the compiler fix says
 what it leaves (one fused op absorbs the add once, `passes.whatif.without_guard`'s `already_fused`)."""
@@ -113,10 +136,11 @@ def residual_stream_why(g: Graph, i: int, extra: Sequence[int], name_of: Callabl
     if not norms or nxt is None:
         return None
     other = next((u for u in extra if u in g and g[u].op in _FUSED_OF_NORM), None)
+    words = {"why": single_output_why(norms[0]), "fix": residual_sum_fix(norms[0])}
     if other is not None:  # a second norm of the same sum (a parallel block with a norm per sublayer)
         return RESIDUAL_STREAM_NORMS.format(who=f"the other norm, {name_of(other)}, and the next residual add, "
-                                                f"{name_of(nxt)},", value=value, fused=norms[0].value)
-    return RESIDUAL_STREAM.format(who=f"the next residual add, {name_of(nxt)},", value=value, fused=norms[0].value)
+                                                f"{name_of(nxt)},", value=value, **words)
+    return RESIDUAL_STREAM.format(who=f"the next residual add, {name_of(nxt)},", value=value, **words)
 
 
 def extra_readers_why(c: Ctx, role: str | int, extra: Sequence[int]) -> str | None:
@@ -176,4 +200,4 @@ def reader_advice(c: Ctx, role: str | int, extra: Sequence[int], hint: str) -> t
 
 __all__ = ["REACH_LIMIT", "live_nodes", "reaches_output", "KEEP_MATERIALISED", "RESIDUAL_STREAM",
            "RESIDUAL_STREAM_NORMS", "RUN_DCE", "continues_residual", "extra_readers_why", "reader_advice",
-           "residual_stream_why"]
+           "residual_stream_why", "residual_sum_fix", "single_output_why"]

@@ -57,6 +57,10 @@ UNCHECKED_FIX = "no checked fix in the model: "
 (`session.advice.vetted`: it changes the numbers, does not fuse, or cannot be applied): unlike `NO_MODEL_FIX`, no
 rule said that no change to the model keeps its numbers, so the refusal still counts (`passes.why.policy
 .compiler_fix_only` reads only what the rule declared)."""
+NOTHING_TO_CHANGE = "nothing to change in the model"
+"""How a guard's hint that is itself a statement begins (no change to make, e.g. a dequantize scale that is the
+quantized weight's own): its refusal's remedy is the guard's `remedy`, not `IN_MODEL` (`Guard.remedy_of`), so
+`--json`'s `remedy` and `fix` never disagree."""
 
 
 def near_miss_kind(kind: str, remedy: str = "") -> bool:
@@ -69,4 +73,4 @@ def near_miss_kind(kind: str, remedy: str = "") -> bool:
 
 __all__ = ["ILLEGAL", "NOT_RECOGNIZED", "NOT_PROFITABLE", "MODEL_TERM", "NOT_A_CANDIDATE", "KINDS", "NOT_NEAR_MISSES",
            "IN_MODEL", "COMPILER_ONLY", "READ_BY_MODEL", "DOES_NOT_PAY", "REMEDIES", "NO_MODEL_FIX", "UNCHECKED_FIX",
-           "near_miss_kind"]
+           "NOTHING_TO_CHANGE", "near_miss_kind"]

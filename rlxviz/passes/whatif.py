@@ -33,7 +33,7 @@ from ..ir.rewrite import Rewriter
 from .engine import attempt
 from .guard import ILLEGAL, NO_MODEL_FIX, NOT_PROFITABLE, UNCHECKED_FIX, Ctx, Guard, live_nodes
 from .pipeline import PASSES, STAGES, Pipeline
-from .rule import Rule
+from .rule import Fail, Rule
 from .rules.scale_fold import folded_graph, scale_fold
 from .trace import PassStep, Rejection, Trace, layer_of
 
@@ -173,7 +173,19 @@ def _switch_activation(trace: Trace, step: PassStep, r: Rejection) -> tuple[str,
     target = Op.GELU if n.op.value.startswith("gelu") else Op.SILU
     rw = Rewriter(trace.input, "what-if")
     rw.fuse(target, (x,), {}, absorbed=chain, result=out)
-    return f"the model's {n.op.value} (node {out}) replaced by {target.value}", rw.finish()
+    return f"{_users_activation(trace.input, n, chain, out)} replaced by {target.value}", rw.finish()
+
+
+def _users_activation(g: Graph, n: Node, chain: tuple[int, ...], out: int) -> str:
+    """The activation `n` as the user's graph `g` has it: `the model's gelu_tanh (node 61)` for the user's own node;
+    for one a canonicalization made of a written-out chain (`_in_user_graph`), the chain's nodes and its result by
+    their own ops, `the model's gelu_tanh (node 129 in the pipeline's graph), written out as your nodes 50, 52, ... 61
+    (its result: mul node 61)`: node 61 of the user's graph is a `mul`, not a gelu_tanh."""
+    if chain == (n.id,):
+        return f"the model's {n.op.value} (node {n.id})"
+    ids = ", ".join(str(i) for i in sorted(chain))
+    return (f"the model's {n.op.value} (node {n.id} in the pipeline's graph), written out as your nodes {ids} (its "
+            f"result: {g[out].op.value} node {out})")
 
 
 _STORE_AS = re.compile(r"\(node (\d+)[^)]*\) as \w+\[([\d, ]*)\]")
@@ -303,9 +315,10 @@ def _passed(step: Any, guard: str) -> Any:
     return passed
 
 
-def _fixed_attempt(trace: Trace, step: int, r: Rejection) -> tuple[Rule, Ctx, list[Blocker]] | None:
+def _fixed_attempt(trace: Trace, step: int, r: Rejection) -> tuple[Rule, Ctx, list[Blocker], list[Fail]] | None:
     """`r`'s rule tried again at `r.anchor` with `r`'s guard taken as passed (`without_guard`'s what-if at its rule
-    alone): `(the rule as tried, its bound context, the failures that remain)`, or None when nothing is known."""
+    alone): `(the rule as tried, its bound context, the failures that remain, the same as the engine's Fails)`, or
+    None when nothing is known."""
     if r.soft or r.stage != "guard":
         return None
     s = trace.steps[step]
@@ -329,6 +342,7 @@ def _fixed_attempt(trace: Trace, step: int, r: Rejection) -> tuple[Rule, Ctx, li
     # residual: one residual scale on the layer op is both norms' fix)
     covered = {r.subject} - {None}
     left: list[Blocker] = []
+    kept: list[Fail] = []
     for f in fails:
         about = {f.subject, *(i for e in f.edges for i in e)} - {None}
         if f.quiet or about & covered:
@@ -337,7 +351,8 @@ def _fixed_attempt(trace: Trace, step: int, r: Rejection) -> tuple[Rule, Ctx, li
             covered |= {f.subject} - {None}
             continue
         left.append((f.guard, f.kind, f.message))
-    return fixed, ctx, left
+        kept.append(f)
+    return fixed, ctx, left, kept
 
 
 def _taken(trace: Trace, step: int, r: Rejection, rule: Rule, ctx: Ctx) -> Blocker | None:
@@ -402,7 +417,7 @@ def without_guard(trace: Trace, step: int, r: Rejection) -> list[Blocker] | None
     got = _fixed_attempt(trace, step, r)
     if got is None:
         return None
-    rule, ctx, left = got
+    rule, ctx, left, _ = got
     if not left and (taken := _taken(trace, step, r, rule, ctx)) is not None:
         left.append(taken)
     return left
@@ -414,6 +429,18 @@ def fix_alone_blocker(trace: Trace, step: int, r: Rejection) -> Blocker | None:
     (`explain -v`'s `checked at this rule alone`, a not-expected line's `alone it is not enough`)."""
     left = without_guard(trace, step, r)
     return left[0] if left else None
+
+
+def fix_alone_readers(trace: Trace, step: int, r: Rejection) -> tuple[int, ...]:
+    """The readers outside the match that the first failure left by `r`'s compiler fix at its rule alone
+    (`fix_alone_blocker`) highlights (its edges' far ends, e.g. the two nodes besides the output projection that read
+    an attention output: `attn_single_user`), in the graph `r`'s pass saw; () when nothing stands, nothing is known
+    or the failure highlights no reader. What `why.caveat.fix_blocker` says reads the value there."""
+    got = _fixed_attempt(trace, step, r)
+    if got is None or not got[3]:
+        return ()
+    f = got[3][0]
+    return tuple(dict.fromkeys(b for a, b in f.edges if a == f.subject or f.subject is None))
 
 
 def still_refused(after: Trace, r: Rejection) -> Blocker | None:

@@ -53,7 +53,7 @@ from ..passes.whatif import (
 from ..passes.why.caveat import alone_caveat, model_fix_note
 from ..passes.why.facts import RunFacts
 from ..passes.why.policy import with_caveat
-from ..passes.why.verdict import place_gaps
+from ..passes.why.standing import place_gaps
 from ..runtime import run_reference
 from ..runtime.battery import InputSet, battery
 from ..runtime.compare import close
@@ -102,6 +102,9 @@ class FixCheck:
             the guard wrote it (nothing else failed, or nothing could be checked).
         compiler_fix: the line `explain` prints after `compiler fix:` for this refusal (`compiler`, else the guard's
             compiler fix, or `DEFAULT_COMPILER_FIX` where the model-side fix is withheld); "" when it prints none.
+        shown: whether `explain` prints `printed` as a `fix:` line at all (`passes.explain.Outcome.lines`: not when
+            the line is empty or the refusal's message already holds it, as falcon's `attn_is_fused_block`
+            statement `fuse_attention_block ran before and did its part here ...`); `_shown` decides it.
     """
 
     rule: str
@@ -115,6 +118,7 @@ class FixCheck:
     printed: str = ""
     compiler: str = ""
     compiler_fix: str = ""
+    shown: bool = True
 
     @property
     def ok(self) -> bool:
@@ -128,12 +132,16 @@ class FixCheck:
 
     def to_dict(self) -> dict[str, object]:
         """`explain --json`'s `fix_checks` item, its keys worded as the text's lines: `fix` the line after `fix:`
-        (`printed`), `compiler_fix` the line after `compiler fix:` (None when none is printed), `proposed_fix` the
-        guard's own fix line that was checked; `compiler_fix_enough` False when the compiler fix's check at its rule
-        alone found another failure (`compiler`), None when no compiler fix is printed."""
-        return {"rule": self.rule, "anchor": self.anchor, "guard": self.guard, "fix": self.printed,
+        (`printed`; None when the text prints no `fix:` line for it, `shown`), `printed_as_fix` whether that line is
+        the proposed fix itself (checked, or no change proposed) rather than the `none in the model: ...` line that
+        replaces it (False when no line is printed), `compiler_fix` the line after `compiler fix:` (None when none is
+        printed), `proposed_fix` the guard's own fix line that was checked; `compiler_fix_enough` False when the
+        compiler fix's check at its rule alone found another failure (`compiler`), None when no compiler fix is
+        printed."""
+        return {"rule": self.rule, "anchor": self.anchor, "guard": self.guard,
+                "fix": self.printed if self.shown else None,
                 "proposed_fix": self.fix, "form": self.form, "status": self.status, "checked": self.checked,
-                "printed_as_fix": self.ok, "what_if": self.what or None, "detail": self.detail or None,
+                "printed_as_fix": self.ok and self.shown, "what_if": self.what or None, "detail": self.detail or None,
                 "compiler_fix": self.compiler_fix or None,
                 "compiler_fix_enough": not self.compiler if self.compiler_fix else None}
 
@@ -209,6 +217,7 @@ class _Checker:
         self.runs: dict[tuple[str, ...], Trace] = {}
         self.numbers: dict[tuple[str, ...], tuple[str | None, bool]] = {}
         self.not_run: dict[tuple[str, ...], str] = {}  # WhatIf.key -> why its numbers were not run
+        self.faint: dict[tuple[str, ...], str] = {}  # WhatIf.key -> the dtype whose rounding hides its difference
         self._unfused: list[tuple[list[np.ndarray], ...]] | None = None
 
     @cached_property
@@ -241,8 +250,10 @@ class _Checker:
                 cost = run_macs(self.trace.input) * len(self.sets) * 6
                 if cost <= self.budget:
                     self.budget -= cost
-                    why, skipped = self._compare(w.graph, after.final, w.rounded)
+                    why, skipped, faint = self._compare(w.graph, after.final, w.rounded)
                     ran = skipped is None
+                    if faint:
+                        self.faint[w.key] = faint
                     if skipped is not None:
                         self.not_run[w.key] = skipped
                 else:
@@ -250,19 +261,25 @@ class _Checker:
             self.numbers[w.key] = (why, ran)
         return self.numbers[w.key]
 
-    def _compare(self, model: Graph, fused: Graph, rounded: bool = False) -> tuple[str | None, str | None]:
+    def _compare(self, model: Graph, fused: Graph, rounded: bool = False) -> tuple[str | None, str | None, str]:
         """Where the what-if differs from the unfused original: its model (`model`, unfused) in float64 against the
         original in float64 to `EXACT` (to the same-backend tolerance when the change is `rounded`: its constants are
         the model's dtype's rounding of exact ones, `WhatIf.rounded`), with the model's weights and with unit-scale
         ones (`probe_weights`: a change of what the model computes shows there even where the model's small weights
         keep the activations near 0, where tanh-GELU and GELU agree to 1e-10), and its fused final graph in the
         graph's dtype against the original to the same-backend tolerance (`runtime.precision`); the same inf / NaN at
-        the same place counts as equal. `(where they differ or None, None)` when the numbers ran; `(None, why not)`
+        the same place counts as equal. Every run is compared, and the difference reported is the first that the
+        model's output dtype can hold (beyond its rounding, `_rounding`): GPT-2's small weights made tanh-GELU vs
+        GELU differ by 1.07e-09 in float64 on its own weights, below float32's rounding, while unit-scale weights
+        show the change. `(where they differ or None, None, "")` when the numbers ran, with the output dtype's name
+        last when every difference found is below its rounding (then the first is reported); `(None, why not, "")`
         when they could not be run (no tolerance for the dtype, a graph the reference cannot run)."""
         try:
             policy = precision_policy(self.trace.input, "cpu")
         except KeyError as e:
-            return None, str(e.args[0] if e.args else e).split(";")[0]  # "no tolerance for DTYPE on cpu"
+            return None, str(e.args[0] if e.args else e).split(";")[0], ""  # "no tolerance for DTYPE on cpu"
+        faint: list[str] = []
+        rounding, dtype = _rounding(self.trace.input)
         try:
             if self._unfused is None:
                 self._unfused = [(_outputs(self.trace.input, s, self.weights, np.float64),
@@ -276,11 +293,23 @@ class _Checker:
                 for g, weights, k, tol, wide, how in runs:
                     got = _outputs(g, s, weights, np.float64 if wide else None)
                     if len(got) != len(want[k]) or not close(got, want[k], tol, same_nonfinite=True):
-                        return (f"differs from the unfused model {how} on {s.name} (max err "
-                                f"{_err(got, want[k]):.3g})"), None
+                        why = f"differs from the unfused model {how} on {s.name} (max err {_err(got, want[k]):.3g})"
+                        if len(got) != len(want[k]) or not close(got, want[k], rounding, same_nonfinite=True):
+                            return why, None, ""
+                        faint.append(why)
         except Exception as e:  # noqa: BLE001 - a graph the reference cannot run (a host op): the numbers are not known
-            return None, f"the reference interpreter cannot run it ({type(e).__name__})"
-        return None, None
+            return None, f"the reference interpreter cannot run it ({type(e).__name__})", ""
+        return (faint[0], None, dtype) if faint else (None, None, "")
+
+
+def _rounding(g: Graph) -> tuple[Tolerance, str]:
+    """The rounding of `g`'s float outputs as a tolerance (the finest output dtype's machine epsilon, relative and
+    absolute) and that dtype's name: a difference within it is one the model's outputs cannot hold."""
+    dts = sorted({g[i].dtype for i in g.outputs if g[i].dtype.is_float}, key=lambda d: float(np.finfo(d.numpy).eps))
+    if not dts:
+        return Tolerance(0.0, 0.0), ""
+    eps = float(np.finfo(dts[0].numpy).eps)
+    return Tolerance(eps, eps), dts[0].value
 
 
 def over_budget(cost: float, left: float, total: float) -> str:
@@ -344,10 +373,20 @@ def _check_one(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixChec
     compiler = _compiler_line(trace, k, r, left)
     withheld = not c.ok  # `_reworded` then names a compiler fix as the fix
     c = replace(c, compiler_fix=compiler or r.fix or (DEFAULT_COMPILER_FIX if withheld else ""))
-    if not compiler:
-        return c
-    printed = with_caveat(c.printed.replace("(the compiler fix is the fix)", CHECKED_ONLY), alone_caveat(r.guard, left))
-    return replace(c, compiler=compiler, printed=printed)
+    if compiler:
+        printed = with_caveat(c.printed.replace("(the compiler fix is the fix)", CHECKED_ONLY),
+                              alone_caveat(r.guard, left))
+        c = replace(c, compiler=compiler, printed=printed)
+    return replace(c, shown=_shown(trace, k, r, c))
+
+
+def _shown(trace: Trace, k: int, r: Rejection, c: FixCheck) -> bool:
+    """Whether `explain` prints a `fix:` line for `r` as `vetted` words it by `c`: the hint it then has (`printed`
+    where `_reworded` replaces it, else the guard's own in context, `fix`) is not empty and not inside the message
+    (`passes.explain.Outcome.lines`, the one place that decides it)."""
+    message = in_context(trace, k, r)[0]
+    line = c.printed if _reworded(r, c).hint != r.hint else c.fix
+    return bool(line) and line not in message
 
 
 def _check_fix(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixCheck:
@@ -371,8 +410,11 @@ def _check_fix(trace: Trace, k: int, r: Rejection, checker: _Checker) -> FixChec
                        printed=NO_MODEL_FIX + f"applying it ({w.what}) does not make the fusion happen")
     why, ran = checker.differs(w, after)
     if why is not None:
+        faint = checker.faint.get(w.key, "")
+        said = (f"changes what the model computes, by less than {faint} rounding on these inputs" if faint else
+                "changes the model's numbers")
         return replace(base, status=CHANGES_NUMBERS, what=w.what, detail=why,
-                       printed=NO_MODEL_FIX + f"applying it ({w.what}) changes the model's numbers: {why}")
+                       printed=NO_MODEL_FIX + f"applying it ({w.what}) {said}: {why}")
     if not fused_more(trace, after, r):
         left = still_refused(after, r)  # what stands in the way then: the checked fix's result decides the words
         then = f": {_words(trace, k, r, left)}" if left is not None else ""

@@ -40,8 +40,27 @@ class StoppedError(SessionError):
     address-space cap, or its process died (`session.isolated`)."""
 
 
+class VariantLayerError(SessionError):
+    """A teaching variant asked of a layer the model does not have (`variant layer 9: bert-tiny has layers 0-1`).
+
+    Attributes:
+        layer: the layer asked for.
+        last: the model's last layer (its layers are 0..last).
+
+    The CLI names the option that chose the layer (`--variant-layer 9: bert-tiny has layers 0-1`); the app moves
+    its "Layer to break" to `last` and says so."""
+
+    def __init__(self, model: str, layer: int, last: int) -> None:
+        self.model, self.layer, self.last = model, layer, last
+        super().__init__(self.said_as("variant layer"))
+
+    def said_as(self, option: str) -> str:
+        """The message with `option` naming what chose the layer (`--variant-layer 9: bert-tiny has layers 0-1`)."""
+        return f"{option} {self.layer}: {self.model} has layers 0-{self.last}"
+
+
 class PipelineError(SessionError):
     """A pipeline that cannot be built: an unknown pass, an empty list, or a pass whose required pass is missing."""
 
 
-__all__ = ["GraphTextError", "LimitError", "PipelineError", "SessionError", "StoppedError"]
+__all__ = ["GraphTextError", "LimitError", "PipelineError", "SessionError", "StoppedError", "VariantLayerError"]

@@ -24,6 +24,7 @@ from ..ir.onnx_op import ort_options, quiet_ort
 from ..models import Model
 from ..models.onnx.weights import LazyWeights
 from ..runtime import run_reference
+from ..runtime.battery import InputSet
 from ..runtime.compare import close, max_abs
 from ..runtime.precision import Tolerance, precision_policy
 from .limits import Limits
@@ -253,16 +254,57 @@ def _ort_reason(e: BaseException) -> str:
     return (text[:300] + "...") if len(text) > 300 else text or type(e).__name__
 
 
-def onnx_check(model: Model) -> tuple[str, bool]:
-    """`(line, equal)`: `against_onnx`'s line on the model's random inputs (seed 0) and whether version 0 equals the
-    file, `("", True)` for a model that is not an ONNX import; a ValueError of the run (a gather past its table at
-    these shapes) is its line, not equal. The app runs it in a child process (`isolated.check_isolated`)."""
+def import_checks(model: Model, feeds: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray] | None = None,
+                  source: str = "", limits: Limits | None = None, with_onnx: bool = True) -> list[Fidelity | Unchecked]:
+    """Version 0 against the model itself on `feeds`, the checks `rlxviz time / explain --inputs` print and the
+    app's Timing tab shows for an inputs file (one list): the ONNX file it came from (`with_onnx`, `against_onnx`;
+    nothing for a model that is no ONNX import), then the expected outputs (`expected`, the `out:NAME` arrays of the
+    inputs file named `source`, `against_expected`).
+
+    Raises:
+        ValueError: as `against_onnx` and `against_expected` (ONNX Runtime refuses the inputs; an expected output
+            that names no output of the model or has another shape).
+    """
+    out: list[Fidelity | Unchecked] = []
+    if with_onnx and (c := against_onnx(model, feeds, limits)) is not None:
+        out.append(c)
+    if expected:
+        out.append(against_expected(model, feeds, expected, source))
+    return out
+
+
+RANDOM_INPUTS = "random inputs (seed 0)"
+"""The inputs the load's check runs on (`Model.random_feeds(seed=0)`), as `onnx_check` names them."""
+
+
+def inputs_source(user: InputSet) -> str:
+    """The file an `InputSet` of the user's arrays was read from (`inputs granite_io.npz` -> `granite_io.npz`), as
+    the expected-outputs line names it (`against_expected`'s `source`)."""
+    return Path(user.what.split(" ", 1)[-1]).name
+
+
+def onnx_check(model: Model, user: InputSet | None = None) -> tuple[str, bool]:
+    """`(line, equal)`: version 0 against the model itself, led by the inputs it ran on, and whether it equals; `("",
+    True)` where there is nothing to check (no ONNX import and no expected outputs). Without `user`: `against_onnx`
+    on `RANDOM_INPUTS` (the app's load). With `user` (an inputs file's arrays, `session.load_inputs`): `import_checks`
+    on its arrays and its expected outputs, as `rlxviz explain --inputs FILE` prints them ("On the arrays of
+    granite_io.npz: version 0 equals the ONNX model (...): max err 3.6e-07 on last_hidden_state; version 0 equals the
+    expected outputs in granite_io.npz: max err 2.4e-07 on last_hidden_state"). A ValueError of the run (a gather
+    past its table at these shapes; an expected output of another shape) is its line, not equal. The app runs it in a
+    child process (`isolated.check_isolated`)."""
+    on = RANDOM_INPUTS if user is None else f"the arrays of {inputs_source(user)}"
     try:
-        f = against_onnx(model, model.random_feeds(seed=0))
+        if user is None:
+            checks = [f] if (f := against_onnx(model, model.random_feeds(seed=0))) is not None else []
+        else:
+            checks = import_checks(model, user.feeds, user.expected, inputs_source(user))
     except ValueError as e:
-        return f"version 0 could not be checked against the ONNX model: {str(e).splitlines()[0]}", False
-    return (f.line(), f.ok) if f is not None else ("", True)
+        return f"On {on}: version 0 could not be checked against the model: {str(e).splitlines()[0]}", False
+    if not checks:
+        return "", True
+    return f"On {on}: " + "; ".join(c.line() for c in checks), all(c.ok for c in checks)
 
 
-__all__ = ["SLICE_HINT", "Fidelity", "Unchecked", "against_expected", "against_onnx", "onnx_check",
+__all__ = ["RANDOM_INPUTS", "SLICE_HINT", "Fidelity", "Unchecked", "against_expected", "against_onnx", "import_checks",
+           "inputs_source", "onnx_check",
            "optimized_differs", "output_names", "unread_weights"]

@@ -424,15 +424,17 @@ def load_isolated(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ
                                                            max_bytes=limits.max_bytes, what=model))
 
 
-def check_isolated(model: Model, limits: Limits | None = None, timeout_s: float = LOAD_SECONDS) -> tuple[str, bool]:
-    """`fidelity.onnx_check(model)` (version 0 against its ONNX file, run by ONNX Runtime) in a child process, as
-    the load is: ONNX Runtime reads the user's file itself, and a crash, a hang or a blown memory limit there
-    must not reach the server. Past `timeout_s` seconds, out of memory, or a dead child: `(its one line, False)`."""
+def check_isolated(model: Model, limits: Limits | None = None, timeout_s: float = LOAD_SECONDS,
+                   user: Any = None) -> tuple[str, bool]:
+    """`fidelity.onnx_check(model, user)` (version 0 against its ONNX file, run by ONNX Runtime, on random inputs or
+    on `user`'s arrays with its expected outputs) in a child process, as the load is: ONNX Runtime reads the user's
+    file itself, and a crash, a hang or a blown memory limit there must not reach the server. Past `timeout_s`
+    seconds, out of memory, or a dead child: `(its one line, False)`."""
     from .fidelity import onnx_check
 
     limits = limits or Limits.resolve()
     try:
-        return run_isolated(onnx_check, model, timeout_s=timeout_s, max_bytes=limits.max_bytes,
+        return run_isolated(onnx_check, model, user, timeout_s=timeout_s, max_bytes=limits.max_bytes,
                             what="checking version 0 against the ONNX model")
     except StoppedError as e:
         return str(e).splitlines()[0], False

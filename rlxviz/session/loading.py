@@ -18,6 +18,7 @@ from ..ir.memory import MemoryBudgetError
 from ..ir.parser import node_line
 from ..ir.serialize import NotGraphJSON
 from ..models import PRESETS, CheckpointError, Model, load_checkpoint, load_model, random_weights
+from ..models.bert import VariantLayerError as _BuiltPastLayers
 from ..models.checkpoint import read_config_file
 from ..models.onnx import OnnxImportError, load_onnx
 from ..models.onnx.dims import parse_onnx, proto_input_shapes
@@ -27,7 +28,7 @@ from ..passes import layer_of
 from ..passes.trace import layer_keys
 from .cache import LRUCache
 from .defaults import DEFAULT_BATCH, DEFAULT_SEQ
-from .errors import GraphTextError, LimitError, SessionError
+from .errors import GraphTextError, LimitError, SessionError, VariantLayerError
 from .limits import Limits, human_bytes
 from .variants import effective_seq, graph_variant, preset_is_bert, variant_named, variant_unavailable
 
@@ -40,7 +41,17 @@ SHAPES = LRUCache(maxsize=16)
 MAX_IR_FILE_BYTES = 64 << 20
 """Largest IR text / graph JSON file read (bytes; also at most the memory limit)."""
 
-PATH_SUFFIXES = (".ir", ".txt", ".json", ".onnx")
+IR_SUFFIXES = (".ir", ".rlx", ".txt")
+"""The suffixes of IR text files (`format_graph` form): what the CLI's help and the app's IR file box name. `load`
+reads any other file that is no `.onnx` export, graph JSON or array file as IR text too."""
+
+GRAPH_JSON_SUFFIX = ".json"
+"""A graph in rlxviz's JSON form (`to_json`), read by `load_ir_file`."""
+
+ARRAY_SUFFIXES = (".npz", ".npy")
+"""NumPy array files: a model's inputs or outputs (`--inputs`, `--expect`), never a model (`load` says so)."""
+
+PATH_SUFFIXES = (*IR_SUFFIXES, GRAPH_JSON_SUFFIX, ".onnx", *ARRAY_SUFFIXES)
 """Suffixes that make a MODEL argument look like a file path (as does a `/`)."""
 
 
@@ -50,9 +61,10 @@ def first_line(e: BaseException) -> str:
     return str(msg).strip().splitlines()[0] if str(msg).strip() else type(e).__name__
 
 
-def unknown_model(model: str, what: str = "a checkpoint folder nor an IR text file") -> SessionError:
+def unknown_model(model: str, what: str = f"a checkpoint folder, an .onnx file nor an IR file "
+                                         f"({', '.join((*IR_SUFFIXES, GRAPH_JSON_SUFFIX))})") -> SessionError:
     """The error for a MODEL that is neither a preset nor an existing path: `FILE: no such file or folder`
-    when it looks like a path (contains `/` or ends in .ir/.txt/.json), else `unknown model ...`."""
+    when it looks like a path (contains `/` or ends in one of `PATH_SUFFIXES`), else `unknown model ...`."""
     if "/" in model or model.lower().endswith(PATH_SUFFIXES):
         return SessionError(f"{model}: no such file or folder (MODEL is a preset name or an existing path)")
     return SessionError(f"unknown model {model!r}: not a preset ({', '.join(sorted(PRESETS))}), {what}")
@@ -150,6 +162,9 @@ def load_ir_file(path: str | Path, limits: Limits | None = None) -> Model:
     """
     p = Path(path)
     limits = limits or Limits.resolve()
+    if p.suffix.lower() in ARRAY_SUFFIXES:
+        raise SessionError(f"{path}: a NumPy {p.suffix.lower()} of arrays (a model's inputs or outputs), not a model: "
+                           "give it with --inputs (or --expect), after the model")
     try:
         size = p.stat().st_size
         if size > min(MAX_IR_FILE_BYTES, limits.max_bytes):
@@ -281,6 +296,8 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
             raise unknown_model(model)
     except SessionError:
         raise
+    except _BuiltPastLayers as e:  # the builder's refusal, named after the model asked for
+        raise VariantLayerError(model, e.layer, e.last) from None
     except MemoryBudgetError as e:  # a checkpoint's config or graph over the limit, before it was built or read
         raise LimitError(f"{first_line(e)} (the limit from {limits.source})", limit=limits.max_bytes) from None
     except (ValueError, KeyError, OSError) as e:
@@ -290,5 +307,6 @@ def load(model: str, batch: int = DEFAULT_BATCH, seq: int = DEFAULT_SEQ, style: 
     return m
 
 
-__all__ = ["MODELS", "PATH_SUFFIXES", "default_preset", "first_line", "layer_indices", "load", "load_ir_file",
-           "load_ir_text", "model_layers", "presets", "unknown_model"]
+__all__ = ["ARRAY_SUFFIXES", "GRAPH_JSON_SUFFIX", "IR_SUFFIXES", "MODELS", "PATH_SUFFIXES", "default_preset",
+           "first_line", "layer_indices", "load", "load_ir_file", "load_ir_text", "model_layers", "presets",
+           "unknown_model"]

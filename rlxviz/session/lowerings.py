@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ import numpy as np
 from ..ir import Graph
 from ..ir.ops import Op
 from .program import ProgramPrimitives
-from .timing import VersionTiming
+from .timing import DISAGREE, PairedVerdict, VersionTiming
 
 
 @dataclass(frozen=True)
@@ -107,26 +108,95 @@ def time_lowerings(graph: Graph, feeds: Mapping[str, Any], weights: Mapping[str,
     return rows, read
 
 
+def medians_verdict(base: VersionTiming, row: VersionTiming, resamples: int = 2000, seed: int = 0) -> PairedVerdict:
+    """`row` against `base` as the ratio of their medians (`base`'s median ms / `row`'s), the statistic of the fusion /
+    kernels split: ratios of the same three medians multiply exactly (input / final = input / own x own / final),
+    where medians of per-round ratios do not (a newcomer read "1.17x ... gives 1.01x and ... 0.93x" as a product).
+
+    The 95% interval resamples the paired rounds (the same round of both, `paired_verdict`'s resamples and seed) and
+    takes the ratio of the two medians of each resample; the words follow `timing.interval_words` on it. Where
+    `paired_verdict` reads no ratio (too few rounds, or `DISAGREE`: the per-round ratios and the medians tell
+    different stories) its words stand, so the split is read where the versions' table reads its ratio and nowhere
+    else. Dimensionless; > 1: `row` is faster.
+
+    Raises:
+        ValueError: as `paired_verdict` (a row not timed, or rows of different numbers of rounds).
+    """
+    from .timing import MIN_VERDICT_ROUNDS, interval_words, paired_verdict
+
+    paired = paired_verdict(base, row, resamples, seed)
+    a, b = np.asarray(base.samples_ms, float), np.asarray(row.samples_ms, float)
+    ratio = float(np.median(a) / np.median(b))
+    idx = np.random.default_rng(seed).integers(0, len(a), size=(resamples, len(a)))
+    low, high = (float(v) for v in np.percentile(np.median(a[idx], axis=1) / np.median(b[idx], axis=1), [2.5, 97.5]))
+    unread = paired.rounds < MIN_VERDICT_ROUNDS or paired.words == DISAGREE
+    return PairedVerdict(ratio, low, high, paired.rounds, paired.words if unread else interval_words(ratio, low, high),
+                         paired.warning)
+
+
+def shown_product(a: float, b: float, sign: str = "×", digits: int = 2) -> str:
+    """`"a × b = c"` true as printed: `a` and `b` printed to `digits` decimals as every ratio is (`f"{a:.2f}"`, so they
+    read as the table's and the sentence's), and `c` the exact product of those printed factors (not of the unrounded
+    ratios) rounded to `digits` decimals, half up: "1.03 × 3.40 = 3.50" where the ratios' own product printed 3.52.
+
+    Args:
+        a, b: the factors (ratios, dimensionless); finite.
+        sign: the multiplication sign printed (`x` in text, `×` in Markdown).
+        digits: decimals printed for each number.
+    """
+    x, y = (Decimal(f"{float(v):.{digits}f}") for v in (a, b))
+    return f"{x} {sign} {y} = {(x * y).quantize(Decimal(1).scaleb(-digits), ROUND_HALF_UP)}"
+
+
+def step_cell(what: str, v: PairedVerdict, busy: str, times: str = "x", dash: str = "-") -> str:
+    """One step's speed-up cell in the "Fusion or kernels?" table (`rlxviz time`'s `split_text` and the app's
+    `fusion_kernels_markdown`, one function): `fusion: 1.19x (1.10-1.25)` (`medians_verdict`: the ratio of the two
+    rows' medians), the interval only where it is read (at least `MIN_VERDICT_ROUNDS` rounds, `timing_table`'s
+    rule); on a busy run (`busy`) `fusion: no ratio (busy)` and where the medians contradict the per-round ratios
+    (`DISAGREE`) `fusion: no ratio (medians disagree)`, no number in either (minilm busy printed "fusion: 1.19x"
+    from an input of 134.70 ms to 295.59 ms). `times` / `dash`: the signs printed (`x` and `-` in text, `×` and `–`
+    in Markdown)."""
+    from .timing import MIN_VERDICT_ROUNDS
+
+    if busy:
+        return f"{what}: no ratio (busy)"
+    if v.words == DISAGREE:
+        return f"{what}: no ratio (medians disagree)"
+    ci = f" ({v.low:.2f}{dash}{v.high:.2f})" if v.rounds >= MIN_VERDICT_ROUNDS else ""
+    return f"{what}: {v.ratio:.2f}{times}{ci}"
+
+
+SPLIT_HEAD = "speed-up over the row above (ratio of medians, 95% ci)"
+"""The heading of the split table's speed-up column (`rlxviz time` and the Timing tab): each cell is
+`medians_verdict` of its row against the row above."""
+
+
 @dataclass(frozen=True)
 class FusionAndKernels:
     """Which part of a speed-up is the fusion and which rlxviz's CPU kernels: three rows timed in one paired run.
+
+    Every ratio is `medians_verdict`'s ratio of two of the rows' medians, so `fusion.ratio * kernels.ratio ==
+    total.ratio` (up to float rounding): a factor-by-factor split of the total, each checkable from the medians.
 
     Attributes:
         rows: `VersionTiming` of (0) the input graph on MLX's own lowering, (1) the final version on MLX's own
             lowering (`LoweringOptions(kernels=False)`), (2) the final version on the device's default lowering
             (on the CPU: rlxviz's own kernels for the fused ops, as `rlxviz time` runs it).
-        fusion: row 1 against row 0 (`paired_verdict`): what the rewrites buy on MLX's own lowering.
+        fusion: row 1 against row 0 (`medians_verdict`): what the rewrites buy on MLX's own lowering.
         kernels: row 2 against row 1: what rlxviz's kernels buy on the same fused graph.
-        total: row 2 against row 0: both (what the timing table credits to the final version).
+        total: row 2 against row 0: both (fusion x kernels).
         warning: `busy_warning` over the rows measured together ("" on a usable run): the verdicts are not to be
             read. For a split of the versions' own run (`shared`), the one machine check of that whole run.
         kernels_note: which of rlxviz's kernels ran (`runtime.timing.kernels_line`), or why none did.
-        input_kernel_ops: with `shared`, the ops of the input graph that rlxviz's kernels ran (a model built with an
-            attention op, as bert-tiny is): row 0 is then not MLX's own lowering throughout, and the fusion's ratio
-            holds those kernels' share too (`label` says so).
         shared: rows 0 and 2 are the versions' own measurements (the input and the final version as the timing
             chart shows them), row 1 was timed in the same paired rounds (`fusion_and_kernels_of`); False: the three
             rows are a run of their own (`fusion_and_kernels`).
+        input_kernel_ops: with `shared`, the ops of the input graph that rlxviz's kernels ran (a model built with an
+            attention op, as bert-tiny is): row 0 is then not MLX's own lowering throughout, and the fusion's ratio
+            holds those kernels' share too (`label` says so).
+        paired_total: with `shared`, the final version's speed-up over the input as the versions' table prints it
+            (`paired_verdict`'s median of the per-round ratios, `timing_table`'s `speedup`); the sentence says why
+            it differs from `total` where it does. None: no such table (`fusion_and_kernels`).
     """
 
     rows: list[VersionTiming]
@@ -137,12 +207,17 @@ class FusionAndKernels:
     kernels_note: str
     shared: bool = False
     input_kernel_ops: tuple[str, ...] = ()
+    paired_total: float | None = None
 
-    def sentence(self, times: str = "x") -> str:
+    def sentence(self, times: str = "x", table: str = "The x input column above") -> str:
         """The final version's speed-up split into the fusion's and the kernels': `time`'s line and the Timing tab's
-        first sentence (`times`: the sign printed after a ratio). On a busy run, or where medians and paired rounds
-        disagree (`timing.DISAGREE`), no ratio at all, only why it is not split (a number beside "not read" was read
-        as a verdict)."""
+        first sentence (`times`: the sign printed after a ratio and between factors). The two factors and the total
+        are ratios of the table's medians, and the sentence shows their product as printed (`shown_product`; where
+        rounding the factors moves it, the total from the unrounded ratios beside it). Where the versions' table
+        prints another speed-up for the final version (`paired_total`, its median per-round ratio), the sentence
+        names it (`table`: that column as the front end calls it) and says why the two differ. On a busy run, or
+        where medians and paired rounds disagree (`timing.DISAGREE`), no ratio at all, only why it is not split (a
+        number beside "not read" was read as a verdict)."""
         from .timing import DISAGREE
 
         f, k, t = self.fusion, self.kernels, self.total
@@ -160,9 +235,18 @@ class FusionAndKernels:
             read = once or v.words.endswith(("x faster", "x slower"))
             return f"{v.ratio:.2f}{times}" + ("" if read else f" ({v.words})")
 
-        return (f"Of the final version's {said(t)} over the input (paired, both rows above), the fusion on MLX's own "
-                f"lowering gives {said(f)} and rlxviz's kernels on the same fused graph {said(k)}"
+        product = shown_product(f.ratio, k.ratio, times)
+        if not product.endswith(f"= {t.ratio:.2f}"):  # the printed factors' product rounds elsewhere
+            product += f" ({t.ratio:.2f} from the unrounded ratios)"
+        text = (f"Of the final version's {said(t)} over the input, the fusion on MLX's own lowering gives {said(f)} "
+                f"and rlxviz's kernels on the same fused graph {said(k)}: {product}, as all three are ratios of this "
+                "table's medians (input / own lowering, own lowering / final, input / final)"
                 + (f"; none of the three is a verdict: {t.words}." if once else "."))
+        if self.paired_total is not None and f"{self.paired_total:.2f}" != f"{t.ratio:.2f}":
+            text += (f" {table} reads {self.paired_total:.2f}{times} for the final version: the median of its "
+                     f"{t.rounds} per-round ratios, another statistic, which need not equal the ratio of the medians "
+                     "(medians of ratios do not multiply).")
+        return text
 
     def read(self) -> bool:
         """The split's ratios are read: not a busy run, and no step's medians contradict its ratio."""
@@ -200,13 +284,13 @@ def fusion_and_kernels(input_graph: Graph, final: Graph, feeds: Mapping[str, Any
         warmup / repeat: untimed and timed rounds (a verdict needs `MIN_VERDICT_ROUNDS`).
 
     Returns:
-        `FusionAndKernels` (rows, three paired verdicts, the busy warning, which kernels ran).
+        `FusionAndKernels` (rows, three `medians_verdict`s, the busy warning, which kernels ran).
 
     Raises:
         SessionError: rounds outside their bounds. KeyError / ValueError: as `MlxExecutor.bind`.
     """
     from ..runtime.lowering import LoweringOptions
-    from .timing import busy_warning, paired_verdict
+    from .timing import busy_warning
 
     own = LoweringOptions(kernels=False)
     rows, _ = time_lowerings(final, feeds, weights, [Lowering(FUSION_LABELS[0], own, graph=input_graph),
@@ -214,8 +298,8 @@ def fusion_and_kernels(input_graph: Graph, final: Graph, feeds: Mapping[str, Any
                                                      Lowering(FUSION_LABELS[2])],
                              warmup=warmup, repeat=repeat, device="cpu", programs=False)
     note = rows[2].context.kernels if rows[2].context is not None else ""
-    return FusionAndKernels(rows, paired_verdict(rows[0], rows[1]), paired_verdict(rows[1], rows[2]),
-                            paired_verdict(rows[0], rows[2]), busy_warning(*rows), note)
+    return FusionAndKernels(rows, medians_verdict(rows[0], rows[1]), medians_verdict(rows[1], rows[2]),
+                            medians_verdict(rows[0], rows[2]), busy_warning(*rows), note)
 
 
 def fusion_and_kernels_of(rows: Sequence[VersionTiming], own: VersionTiming,
@@ -244,10 +328,10 @@ def fusion_and_kernels_of(rows: Sequence[VersionTiming], own: VersionTiming,
     ran = first.context is not None and ", ran " in first.context.kernels  # `runtime.timing.kernels_line`
     ops = tuple(sorted({n.op.value for n in input_graph.compute_nodes() if n.op in KERNEL_OPS})) \
         if ran and input_graph is not None else ()
-    return FusionAndKernels(three, paired_verdict(three[0], three[1]), paired_verdict(three[1], three[2]),
-                            paired_verdict(three[0], three[2]), busy_warning(*run, own), note, shared=True,
-                            input_kernel_ops=ops)
+    return FusionAndKernels(three, medians_verdict(three[0], three[1]), medians_verdict(three[1], three[2]),
+                            medians_verdict(three[0], three[2]), busy_warning(*run, own), note, shared=True,
+                            input_kernel_ops=ops, paired_total=paired_verdict(three[0], three[2]).ratio)
 
 
-__all__ = ["FUSION_LABELS", "KERNEL_OPS", "FusionAndKernels", "Lowering", "fusion_and_kernels", "fusion_and_kernels_of",
-           "time_lowerings"]
+__all__ = ["FUSION_LABELS", "KERNEL_OPS", "SPLIT_HEAD", "FusionAndKernels", "Lowering", "fusion_and_kernels",
+           "fusion_and_kernels_of", "medians_verdict", "shown_product", "step_cell", "time_lowerings"]

@@ -419,12 +419,19 @@ def paired_verdict(base: VersionTiming, row: VersionTiming, resamples: int = 200
         words = f"too few rounds ({len(r)} < {MIN_VERDICT_ROUNDS}) for a verdict"
     elif medians_disagree(ratio, low, high, of_medians):  # before "within noise": its ratio would be printed as read
         words = DISAGREE
-    elif (low <= 1.0 <= high or (1 - PRACTICAL <= low and high <= 1 + PRACTICAL) or abs(ratio - 1) < PRACTICAL
-          or not high <= WIDE_CI * low):
-        words = "within noise"  # under 1%, or an interval too wide to read a factor from (`WIDE_CI`)
     else:
-        words = f"{ratio:.2f}x faster" if ratio > 1 else f"{1 / ratio:.2f}x slower"
+        words = interval_words(ratio, low, high)
     return PairedVerdict(ratio, low, high, len(r), words, busy_warning(base, row))
+
+
+def interval_words(ratio: float, low: float, high: float) -> str:
+    """A ratio (> 1: faster) with its 95% interval `low..high` in words: `within noise` where the interval holds 1,
+    lies within 1 +- `PRACTICAL`, spans more than `WIDE_CI` (high / low), or the ratio is within `PRACTICAL` of 1;
+    else `N.NNx faster` / `N.NNx slower` (`paired_verdict`'s and the fusion / kernels split's one rule)."""
+    if (low <= 1.0 <= high or (1 - PRACTICAL <= low and high <= 1 + PRACTICAL) or abs(ratio - 1) < PRACTICAL
+            or not high <= WIDE_CI * low):
+        return "within noise"  # under 1%, or an interval too wide to read a factor from (`WIDE_CI`)
+    return f"{ratio:.2f}x faster" if ratio > 1 else f"{1 / ratio:.2f}x slower"
 
 
 def compare_to_input(row: VersionTiming, base: VersionTiming) -> str:
@@ -557,21 +564,6 @@ def speedup_text(row: Mapping[str, Any]) -> str:
     return f"{speed:.2f}"
 
 
-def step_cell(what: str, v: PairedVerdict, busy: str, times: str = "x", dash: str = "-") -> str:
-    """One step's speed-up cell in the "Fusion or kernels?" table (`rlxviz time`'s `split_text` and the app's
-    `fusion_kernels_markdown`, one function): `fusion: 1.19x (1.10-1.25)`, the interval only where it is read (at
-    least `MIN_VERDICT_ROUNDS` rounds, `timing_table`'s rule); on a busy run (`busy`) `fusion: no ratio (busy)` and
-    where the medians contradict the ratio (`DISAGREE`) `fusion: no ratio (medians disagree)`, no number in either
-    (minilm busy printed "fusion: 1.19x" from an input of 134.70 ms to 295.59 ms). `times` / `dash`: the signs
-    printed (`x` and `-` in text, `×` and `–` in Markdown)."""
-    if busy:
-        return f"{what}: no ratio (busy)"
-    if v.words == DISAGREE:
-        return f"{what}: no ratio (medians disagree)"
-    ci = f" ({v.low:.2f}{dash}{v.high:.2f})" if v.rounds >= MIN_VERDICT_ROUNDS else ""
-    return f"{what}: {v.ratio:.2f}{times}{ci}"
-
-
 def speedup_shown(row: Mapping[str, Any]) -> bool:
     """Whether a row's speed-up is a number at all (`speedup_text` prints one): the app draws its bar only then."""
     try:
@@ -588,13 +580,13 @@ def compare_versions(rows: Sequence[VersionTiming]) -> list[tuple[VersionTiming,
 
 
 __all__ = ["BUSY_RATIO", "DISAGREE", "DISAGREE_CELL", "SPLIT_TABLE", "medians_disagree", "row_name", "speedup_shown",
-           "speedup_text", "step_cell", "MIN_VERDICT_ROUNDS", "NOISY_IQR", "NOT_READ", "OWN_LOWERING_LABEL",
+           "speedup_text", "MIN_VERDICT_ROUNDS", "NOISY_IQR", "NOT_READ", "OWN_LOWERING_LABEL",
            "PRACTICAL",
            "TIMINGS", "WIDE_CI",
            "PairedVerdict",
            "Progress",
            "VersionTiming",
            "all_finite",
-           "arrays_digest", "busy_warning", "compare_to_input", "compare_versions", "input_sets",
+           "arrays_digest", "busy_warning", "compare_to_input", "compare_versions", "input_sets", "interval_words",
            "paired_verdict", "quiet_rule",
            "nonfinite_arrays", "own_lowering_executor", "time_versions", "time_versions_and_own", "timing_table"]

@@ -271,7 +271,10 @@ class _Drawer:
         if attrs and n.op not in (Op.INPUT, Op.PARAM):
             lines.append(_small(attrs, fg("#222222"), 9))
         lines += self._folded_lines(n, fg)
-        if n.op in FUSED or n.absorbed:
+        made = self.ov.made.get(n.id)
+        if made is not None:  # made beside a match's product: says for which, never the product's absorbed list
+            lines += [_small(s, fg("#1b5e20")) for s in _wrap(made.words)[:3]]
+        elif n.op in FUSED or n.absorbed:
             if n.pass_name:
                 lines.append(_small(f"by {n.pass_name}", fg("#1b5e20")))
             if n.absorbed:
@@ -302,7 +305,9 @@ class _Drawer:
             parts.append(f"operands: {ops}")
         if n.pass_name:
             parts.append(f"created by: {n.pass_name}")
-        if n.absorbed:
+        if n.id in self.ov.made:
+            parts.append(self.ov.made[n.id].words)
+        elif n.absorbed:
             parts.append(f"absorbed: {' '.join(f'%{i}' for i in n.absorbed)}")
             ops = _op_summary(n.absorbed, self.ov.origin)
             if ops:  # for the reader: op names, and the node's layer (the app's search reads `absorbed_index`)

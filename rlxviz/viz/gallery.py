@@ -4,8 +4,8 @@
 * `bert_layer_before_ftl.png`: the same layer before `fuse_transformer_layer`, its match as a cluster with
   the bound roles (attn, ln1, fc1, fc2, ln2).
 * `bert_layer_after.png`: the layer after the whole pipeline: one FusedTransformerLayer listing what it absorbed.
-* `rejected_extra_h1_user.png`: the `extra_h1_user` teaching variant (layer 3): the rejected match, its bound
-  nodes, the extra user of h1 and the guard.
+* `rejected_dead_h1_user.png`: the `dead_h1_user` teaching variant (layer 3: a probe of h1 that reaches no output,
+  a real near-miss): the rejected match, its bound nodes, the extra user of h1 and the guard.
 * `bert_base_layers.png`: the 12-layer collapsed view of the variant after the pipeline (fused / rejected).
 """
 
@@ -44,16 +44,16 @@ def make_gallery(out: Path, engine: str = "auto", seq: int = 128) -> list[Path]:
     written.append(save(out / "bert_layer_after.png", trace.final,
                         dataclasses.replace(final, title=f"after the canonical pipeline ({len(trace.steps)} passes)"),
                         focus=LAYER, engine=engine))
-    v = dataclasses.replace(VARIANTS["extra_h1_user"], layer=LAYER)
+    v = dataclasses.replace(VARIANTS["dead_h1_user"], layer=LAYER)
     gv = load_model("bert-base-shaped", 1, seq, variant=v).graph
     tv = Pipeline.canonical().run(gv)
     sv = _ftl_step(tv)
     ov = Overlay.before(sv, trace=tv)
     ov = dataclasses.replace(ov, rejections=tuple(r for r in ov.rejections if r.layer == LAYER),
-                             title="variant extra_h1_user: " + ov.title)
-    written.append(save(out / "rejected_extra_h1_user.png", sv.before, ov, focus=LAYER, engine=engine))
+                             title="variant dead_h1_user: " + ov.title)
+    written.append(save(out / "rejected_dead_h1_user.png", sv.before, ov, focus=LAYER, engine=engine))
     written.append(save(out / "bert_base_layers.png", tv.final, Overlay.trace_summary(tv), view="layers",
-                        engine=engine, title=f"bert-base-shaped, variant extra_h1_user at layer {LAYER}: "
+                        engine=engine, title=f"bert-base-shaped, variant dead_h1_user at layer {LAYER}: "
                                              "after the canonical pipeline"))
     return written
 

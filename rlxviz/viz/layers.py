@@ -227,8 +227,8 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
     return groups
 
 
-SAME_AS = ("the same ops, shapes and wiring, and the same final verdict: its words, the ops it made and the places "
-           "each pattern refused (how many, and why)")
+SAME_AS = ("the same ops, shapes and wiring, as many weights, and the same final verdict: its words, the ops it made "
+           "and the places each pattern refused (how many, and why)")
 """What a "same as layer K" box's tooltip says two layers share: what `layer_signature` compares, no more."""
 
 
@@ -236,8 +236,9 @@ def layer_signature(graph: Graph, g: LayerGroup) -> tuple:
     """What two layers share when they are the same: for each node of `g` in graph order its op, dtype, shape,
     attributes (the layer's own path in a text written as `<layer>`) and the pass that made it; each operand as its
     place among the layer's nodes or, from outside the layer, its dtype and shape and whether it is a weight; then
-    the layer's status, rejected guards and final verdict: everything its box and tooltip say is the same
-    (`SAME_AS`), whichever version is drawn: the verdict's words, first guard, held-back mark and `Verdict.summary`
+    the number of weights its box counts (a weight read first by layer 0 counts there only: esm.qdyn's layers read
+    1.22K and 704), the layer's status, rejected guards and final verdict: everything its box and tooltip say is the
+    same (`SAME_AS`), whichever version is drawn: the verdict's words, first guard, held-back mark and `Verdict.summary`
     (the ops it made, its refused places by pattern, guard, status and how many: granite's layer 1, with one more
     residual-norm place than layer 0, read "same as layer 0" at every version before the last). Node ids, names and
     weight values are left out: layer 3 of a stack is the same as layer 0 when only those differ."""
@@ -256,7 +257,7 @@ def layer_signature(graph: Graph, g: LayerGroup) -> tuple:
                    n.pass_name or "", tuple(operand(i) for i in n.inputs)) for n in g.nodes)
     v = g.verdict
     verdict = (v.fused, v.guard, v.settled, v.word, v.held_back, v.summary) if v is not None else None
-    return nodes, g.status, verdict, tuple(sorted({(r.rule, r.guard) for r in g.rejections}))
+    return nodes, g.weights, g.status, verdict, tuple(sorted({(r.rule, r.guard) for r in g.rejections}))
 
 
 def _box_label(g: LayerGroup) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from ..ir import Graph, Node, Op, operand_roles
 from ..ir.ops import FUSED
+from ..passes.made import Beside, made_beside, made_in_run
 from ..passes.trace import Match, PassStep, Rejection, Trace
 
 INPUT_ROLES = frozenset(r for op in FUSED for k in range(1, 15) for r in operand_roles(op, {"has_rope": True}, k)
@@ -177,6 +178,8 @@ class Overlay:
             `○`): a layer holding only these is drawn as a not-near-miss, never as rejected.
         gaps: those of `excused` at a gap in rlxviz's ops (`gap_places`: the chips' `△`): a layer holding only
             excused places, some of them gaps, is drawn as a gap (`styles.OP_GAP`).
+        made: node id -> what a node a match made beside its product is (`passes.made.made_beside`): its label
+            and tooltip say so instead of listing the match's absorbed nodes, which only the product holds.
         names: node id -> (rule, role) per binding of a match or rejection that this overlay does not draw: the
             names messages give the node (`ln1 (role h1)`), put in its tooltip's `roles:` line so the search finds
             it by them in the after pane too (only the before pane tags candidates).
@@ -195,6 +198,7 @@ class Overlay:
     excused: frozenset[tuple[str, int]] = frozenset()
     gaps: frozenset[tuple[str, int]] = frozenset()
     names: dict[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    made: dict[int, Beside] = field(default_factory=dict)
 
     @classmethod
     def before(cls, step: PassStep, rejections: bool = True, trace: Trace | None = None) -> Overlay:
@@ -216,6 +220,7 @@ class Overlay:
                    rejections=(worded(trace, step) if trace is not None else tuple(step.rejections))
                    if rejections else (),
                    origin=all_versions(trace) if trace is not None else None,
+                   made=made_in_run(trace) if trace is not None else {},
                    excused=excused_places(trace, step) if rejections else frozenset(),
                    gaps=gap_places(trace, step) if rejections else frozenset())
 
@@ -225,6 +230,7 @@ class Overlay:
         the chips do with the trace (`before_caption`)."""
         out = replace(self, rejections=worded(trace, step), excused=excused_places(trace, step),
                       gaps=gap_places(trace, step)) if self.rejections else self
+        out = replace(out, made=made_in_run(trace))
         return replace(out, title=before_caption(step, trace)) if out.title.startswith("before ") else out
 
     @classmethod
@@ -233,7 +239,8 @@ class Overlay:
         fused = tuple(m for m in step.matches if m.fused is not None and m.fused in step.after)
         title = f"after {step.pass_name}: {change_words(step.before, step.after, step.added, step.removed)}"
         return cls(title=title, fused=fused, added=frozenset(step.added),
-                   origin=all_versions(trace) if trace is not None else step.before, names=bound_names(step))
+                   origin=all_versions(trace) if trace is not None else step.before, names=bound_names(step),
+                   made=made_in_run(trace) if trace is not None else made_beside(step))
 
     @classmethod
     def diff(cls, old: Graph, new: Graph, title: str = "") -> Overlay:
@@ -250,7 +257,8 @@ class Overlay:
         final = trace.final
         fused = tuple(m for m in trace.matches if m.fused is not None and m.fused in final)
         return cls(title=trace.pipeline, fused=fused,
-                   rejections=tuple(r for s in trace.steps for r in worded(trace, s)), origin=all_versions(trace))
+                   rejections=tuple(r for s in trace.steps for r in worded(trace, s)), origin=all_versions(trace),
+                   made=made_in_run(trace))
 
     def extent(self, m: Match) -> tuple[int, ...]:
         """Node ids covered by match `m` (its absorbed nodes; by default its non-operand bindings)."""

@@ -23,7 +23,7 @@ from .context import HANDLERS, OnnxImportError, UnsupportedForm, Value, _Ctx, _o
 from .fold import FOLDABLE, FoldError, _shape_op, check_fold, fold, node_attrs
 from .handlers.quant import quant_paths
 from .host import _host_op
-from .paths import node_path
+from .paths import agreed_paths, node_path
 from .validate import _contrib_inputs, default_opset, validate
 from .weights import ExternalTensor, LazyWeights, bind_external, read_on_demand, transposed_view
 
@@ -137,6 +137,7 @@ def import_graph(proto: Any, batch: int = 1, seq: int = 128, input_shapes: Mappi
     deadline = Deadline(MAX_IMPORT_SECONDS)
     paths = number_calls([node_path(node) for node in g.node])  # one layer module called N times: N layers
     paths = quant_paths(g.node, paths)  # a quantizer's Q/DQ nodes: the path of the value they quantize
+    paths = agreed_paths(g.node, paths)  # other inserted nodes (MatMulInteger): the layer their neighbours agree on
     for node, path in zip(g.node, paths, strict=True):
         if late := deadline.exceeded():  # every step is bounded; this bounds their sum (a graph of 10^6 nodes)
             ctx.node = node

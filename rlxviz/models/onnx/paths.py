@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Sequence
 from typing import Any
+
+from ...ir.rewrite import common_path
+from ...passes.trace import layer_of
 
 _VALUE = re.compile(r"^/(.+)/[^/]+_output_\d+$")
 _PARAM = re.compile(r"^([A-Za-z_]\w*(?:\.\w+)+)\.(?:weight|bias)$")
@@ -61,4 +65,50 @@ def node_path(node: Any) -> str:
     return path_from_values(node)  # a node an optimizer made: the path its values' names carry
 
 
-__all__ = ["path_from_values", "path_of_name"]
+def agreed_paths(nodes: Sequence[Any], paths: Sequence[str]) -> list[str]:
+    """`paths` (one per ONNX node, in graph order) with each run of pathless nodes given the path of the layer its
+    neighbours agree on. Nodes a tool inserted carry no path in their names (`onnxruntime.quantization`'s
+    `node_MatMul_55_quant` MatMulInteger, its output Cast and scale Muls): without this a dynamically quantized
+    model's projections belong to no layer. Pathless nodes joined by a value form one run; the run takes the common
+    path of the pathed nodes that feed it or read it when all of those name one layer (else it stays pathless: mask
+    preparation read by every layer). Deterministic and linear in the graph's size (union-find over the values)."""
+    out = list(paths)
+    parent = list(range(len(nodes)))
+
+    def root(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    producer: dict[str, int] = {}
+    for k, n in enumerate(nodes):
+        for v in n.output:
+            if v:
+                producer[v] = k
+    edges: list[tuple[int, int]] = []  # (producer, reader) per value read
+    for k, n in enumerate(nodes):
+        for v in n.input:
+            if v and (src := producer.get(v)) is not None:
+                edges.append((src, k))
+                if not out[src] and not out[k]:
+                    a, b = root(src), root(k)
+                    if a != b:
+                        parent[max(a, b)] = min(a, b)
+    around: dict[int, list[str]] = {}  # run -> the paths of the pathed nodes next to it
+    for a, b in edges:
+        for run, other in ((a, b), (b, a)):
+            if not out[run] and out[other]:
+                around.setdefault(root(run), []).append(out[other])
+    agreed: dict[int, str] = {}
+    for run, near in around.items():
+        layers = {layer_of(p) for p in near}
+        if len(layers) == 1 and None not in layers:
+            agreed[run] = common_path(near)
+    for k in range(len(nodes)):
+        if not out[k]:
+            out[k] = agreed.get(root(k), "")
+    return out
+
+
+__all__ = ["agreed_paths", "path_from_values", "path_of_name"]

@@ -250,6 +250,22 @@ def _sdpa_build(c: Ctx) -> tuple[Op, list[int], dict]:
                                "num_kv_heads": num_kv_heads(c), "mask_fill": c.data.get("fill")}
 
 
+def _operands(c: Ctx, rw: Rewriter, ins: list[int], attrs: dict) -> None:
+    """Q/K/V (`_packed`) and the mask operand as the attention reads them, written into `ins`; a where-mask's
+    condition becomes the keep or additive operand (`where_mask`)."""
+    ins[:3] = [_packed(c, rw, t) for t in "qkv"]
+    if "mask_where" in c:
+        additive = attrs["mask"] == "additive"
+        if "bias_add" in c:  # where(m, s + b, fill) == s + where(m, b, fill): where_mask.biased_operand
+            ins[3] = where_mask.biased_operand(c, rw)
+        elif "inner_where" in c:  # where(m, where(k, s, f2), f) == s + where(m, where(k, 0, f2), f)
+            ins[3] = where_mask.nested_operand(c, rw)
+        else:
+            ins[3] = where_mask.additive_operand(c, rw) if additive else where_mask.keep_operand(c, rw)
+    elif "keep_from" in c.data:
+        ins[3] = rw.cast(c.data["keep_from"], c.data["keep_dtype"])
+
+
 def _sdpa_rewrite(c: Ctx, rw: Rewriter) -> int:
     """`_sdpa_build`'s node; a where-mask's condition becomes the keep operand first (`where_mask`)."""
     op, ins, attrs = _sdpa_build(c)
@@ -260,17 +276,8 @@ def _sdpa_rewrite(c: Ctx, rw: Rewriter) -> int:
     own = [a for a in absorbed if layer_of(g[a].path) == layer]  # a view of another layer's K/V: not its path
     with rw.provenance(absorbed, None if len(own) == len(absorbed) or not own else
                        common_path([g[a].path for a in own])):
-        ins[:3] = [_packed(c, rw, t) for t in "qkv"]
-        if "mask_where" in c:
-            additive = attrs["mask"] == "additive"
-            if "bias_add" in c:  # where(m, s + b, fill) == s + where(m, b, fill): where_mask.biased_operand
-                ins[3] = where_mask.biased_operand(c, rw)
-            elif "inner_where" in c:  # where(m, where(k, s, f2), f) == s + where(m, where(k, 0, f2), f)
-                ins[3] = where_mask.nested_operand(c, rw)
-            else:
-                ins[3] = where_mask.additive_operand(c, rw) if additive else where_mask.keep_operand(c, rw)
-        elif "keep_from" in c.data:
-            ins[3] = rw.cast(c.data["keep_from"], c.data["keep_dtype"])
+        with rw.absorbing():  # the operands it makes (Q/K/V views, the mask) replace nothing: only the product does
+            _operands(c, rw, ins, attrs)
         new = rw.emit(op, ins, **attrs)
     rw.remove([a for a in absorbed if a != c.id("merge")])
     rw.replace(c.id("merge"), new)

@@ -5,7 +5,7 @@ into a named structure step or guard with its own message::
 
     hidden --+--> attn = FusedAttentionBlock(hidden, qkv_w, out_w, mask, qkv_b, out_b)
              +--> ln1 (h1) = FusedResidualLN(x=attn, residual=hidden, ln1_g, ln1_b)
-                   +--> fc1 = FusedMatMulBiasAct(h1, fc1_w, fc1_b, activation in {gelu, silu})
+                   +--> fc1 = FusedMatMulBiasAct(h1, fc1_w, fc1_b, activation in EPILOGUE_ACTIVATIONS)
                    |     +--> fc2 = FusedMatMulBiasAct(fc1, fc2_w, fc2_b, activation=None)
                    +--------> ln2 = FusedResidualLN(x=fc2, residual=h1, ln2_g, ln2_b)
 

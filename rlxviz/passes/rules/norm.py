@@ -20,17 +20,18 @@ from ...ir import Op, Rewriter
 from ..engine import rule_pass
 from ..guard import NOT_A_CANDIDATE, NOT_RECOGNIZED, Ctx, Guard, guard, not_output, same_shape, single_user
 from ..pattern import P
+from ..readers import residual_sum_fix, single_output_why
 from ..rule import Rule
 
 
 def pre_norm(fused: Op) -> str:
-    """Why a residual-norm refusal for the sum's other readers does not count in a pre-norm layer (`Guard.excused`):
-    rlxviz's `fused` op returns only the normalized value, and the layout needs the sum too. It read "so it cannot be
-    fused", which is false: residual add + norm returning the sum as well is the standard LLaMA fusion (vLLM's
-    fused_add_rms_norm); the gap is the op's single output, and the words name the compiler fix."""
-    return (f"pre-norm layout: the residual sum also feeds the next residual add, and rlxviz's {fused.value} returns "
-            f"only the normalized value, not the sum, so this layer kind does not expect the fusion with this op "
-            f"(compiler fix: a two-output {fused.value} that also returns the sum, as vLLM's fused_add_rms_norm does)")
+    """Why a residual-norm refusal for the sum's other readers does not count in a pre-norm layout (`Guard.excused`):
+    the layout needs the sum too, and rlxviz's rule builds only the single-output form of `fused`
+    (`readers.single_output_why`). It once read "so it cannot be fused" (false: residual add + norm returning the sum
+    is a standard fusion), then "rlxviz's op returns only the normalized value" (false too: the op has a two-output
+    `with_sum` form); the gap is the rule, and the words name it (`readers.residual_sum_fix`)."""
+    return (f"pre-norm layout: the residual sum also feeds the next residual add, and {single_output_why(fused)}, so "
+            f"this layer kind does not expect the fusion with this rule (compiler fix: {residual_sum_fix(fused)})")
 
 
 def parallel_block(fused: Op, norms: int) -> str:
@@ -41,16 +42,15 @@ def parallel_block(fused: Op, norms: int) -> str:
     norms a two-output op takes the add into one of them only: the other norm's match needs the same add, which
     `passes.whatif.without_guard` finds taken (`already_fused`), so its not-expected line says the fix alone is not
     enough there (`why.caveat.fix_caveat`); the whole fix normalizes the one sum twice."""
-    op, fix = fused.value, f"a two-output {fused.value} that also returns the sum, as vLLM's fused_add_rms_norm does"
+    why, fix = single_output_why(fused), residual_sum_fix(fused)
     if norms < 2:
         return (f"parallel block: one norm of the residual sum feeds both sublayers, and the next residual add reads "
-                f"the sum too; rlxviz's {op} returns only the normalized value, not the sum, so this layer kind does "
-                f"not expect the fusion with this op (compiler fix: {fix})")
+                f"the sum too; {why}, so this layer kind does not expect the fusion with this rule (compiler fix: "
+                f"{fix})")
     return (f"parallel block: both sublayers' norms (the attention's and the MLP's) read the residual sum, and so does "
-            f"the next residual add; rlxviz's {op} returns only the normalized value, not the sum, so this layer kind "
-            f"does not expect the fusion with this op; taking the add into both norms needs one op that normalizes "
-            f"the sum once per sublayer (a gamma and beta each) and returns the sum too (compiler fix: {fix}, takes "
-            f"the add into one of the two norms only)")
+            f"the next residual add; {why}, so this layer kind does not expect the fusion with this rule; taking the "
+            f"add into both norms needs one op that normalizes the sum once per sublayer (a gamma and beta each) and "
+            f"returns the sum too (compiler fix: {fix}; it takes the add into one of the two norms only)")
 
 
 def _excused(g: Guard, fused: Op) -> Guard:
@@ -73,8 +73,8 @@ def _rules(pass_name: str, norm: Op, fused: Op, label: str) -> list[Rule]:
                       fix=f"an axis attribute on {fused.value}")
     common = (
         _excused(single_user("sum", "sum_single_user", "the residual sum must feed only the norm (post-norm layout)",
-                    f"a two-output {fused.value} that also returns the sum (as vLLM's fused_add_rms_norm does); "
-                    f"illegal for the single-output op"), fused),
+                    f"{residual_sum_fix(fused)}; the single-output form rlxviz's rule builds is "
+                    f"illegal here"), fused),
         not_output("sum", "sum_not_output"),
         same_shape("x", "residual", "residual_same_shape", "not a candidate: a broadcast sum, not a residual",
                    "none: a broadcast add is not a residual", kind=NOT_A_CANDIDATE),
@@ -122,7 +122,8 @@ def _rules(pass_name: str, norm: Op, fused: Op, label: str) -> list[Rule]:
 def _zero_beta(c: Ctx, rw: Rewriter, fused: Op) -> int:
     absorbed = [c.id("sum"), c.id("norm")]
     with rw.provenance(absorbed):
-        beta = rw.const((0.0,) * c["norm"].shape[-1], c["norm"].dtype)
+        with rw.absorbing():  # the zero beta replaces nothing: only the fused norm does
+            beta = rw.const((0.0,) * c["norm"].shape[-1], c["norm"].dtype)
         new = rw.emit(fused, [c.id("x"), c.id("residual"), c.id("gamma"), beta], eps=c["norm"].attrs["eps"],
                       has_bias=False)
     rw.remove([c.id("sum")])

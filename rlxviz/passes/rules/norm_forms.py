@@ -333,7 +333,9 @@ def _rewrite(op: Op) -> object:
         if c.data.get("gamma_fold"):
             absorbed.append(c.id("gamma"))
         with rw.provenance(absorbed):
-            gamma = c.id("gamma") if "gamma" in c else rw.const((1.0,) * h, x.dtype)
+            with rw.absorbing():  # a unit gamma or zero beta replaces nothing: only the norm does
+                gamma = c.id("gamma") if "gamma" in c else rw.const((1.0,) * h, x.dtype)
+                beta = rw.const((0.0,) * h, x.dtype) if "beta" not in c and op == Op.LAYER_NORM else None
             if c.data.get("gamma_fold"):  # 1 + w of a constant w, in the add's dtype: the value the add computes
                 add = c["gamma"]
                 a, b = (np.asarray(c.graph[i].attrs["value"], c.graph[i].dtype.numpy) for i in add.inputs)
@@ -341,8 +343,8 @@ def _rewrite(op: Op) -> object:
             ins = [c.id("x"), gamma]
             if "beta" in c:
                 ins.append(c.id("beta"))
-            elif op == Op.LAYER_NORM:
-                ins.append(rw.const((0.0,) * h, x.dtype))
+            elif beta is not None:
+                ins.append(beta)
             new = rw.emit(op, ins, eps=typed(c["eps"]), axis=-1)
         result = next(c.id(r) for r in _RESULT if r in c)
         rw.remove([a for a in absorbed if a != result])

@@ -422,8 +422,9 @@ def _rewrite(c: Ctx, rw: Rewriter) -> int:
     _, sin_nodes, _ = _table(g, c.id("sin4"), s, r, bsz)
     hs = head_split(g, c.id("split"))
     with rw.provenance([*core, result]):
-        x = _packed(rw, g, c.id("split"), hs)
-        tables = (_half_table(rw, t, half, s, r) for t in (c.id("cos"), c.id("sin")))
+        with rw.absorbing():  # its operands (the packed heads, the half tables) replace nothing: only the rope does
+            x = _packed(rw, g, c.id("split"), hs)
+            tables = [_half_table(rw, t, half, s, r) for t in (c.id("cos"), c.id("sin"))]
         rot = rw.emit(Op.ROPE, [x, *tables], head_dim=d, n_rot=r)
         heads = rw.transpose(rw.reshape(rot, (b, s, nh, d)), (0, 2, 1, 3))
     rw.replace(result, heads)

@@ -1,14 +1,16 @@
 """The caveat a line naming a compiler fix carries when that fix, checked at the refusing rule alone
 (`passes.whatif.fix_alone_blocker`), still leaves the fusion refused: one wording (`CAVEAT`) for a not-expected
-line's reason (`fix_caveat`, read by `verdict.standing`) and `explain -v`'s `fix: none in the model` line
+line's reason (`fix_caveat`, read by `standing.standing`) and `explain -v`'s `fix: none in the model` line
 (`session.advice`).
 """
 
 from __future__ import annotations
 
 from ..guard import IN_MODEL
+from ..pipeline import PASSES, STAGES
+from ..report import user_origin
 from ..trace import Trace
-from ..whatif import MODEL, Blocker, fix_alone_blocker, fix_form, what_if
+from ..whatif import MODEL, Blocker, fix_alone_blocker, fix_alone_readers, fix_form, what_if
 from .facts import RunFacts
 from .kinds import LayerArchitecture as Architecture
 from .policy import lacks_product, op_gaps
@@ -26,6 +28,27 @@ def blocker_name(guard: str, blocker: Blocker | None) -> str:
     if blocker is None:
         return ""
     return blocker[0] if blocker[0] == guard else f"{blocker[0]} ({blocker[1]})"
+
+
+MADE_READERS = "{guard} ({kind}: read there by the {what} that rlxviz's {rule} made from your nodes)"
+"""A blocker's name (`blocker_name`) when every reader its failure highlights was made by one of rlxviz's own
+rewrites (`made_readers`): gpt-neox's attention output is read by the exporter's sdpa NaN guard, which
+`canonicalize_exported.nan_guard_moved` moved past the head merge, and `attn_single_user (illegal)` alone read as a
+fault of the model."""
+
+
+def made_readers(trace: Trace, readers: tuple[int, ...]) -> tuple[str, str] | None:
+    """`(rule, what)` when every node of `readers` was made by one rewrite of the run (`report.user_origin`): `what`
+    is that rule's `form` (`sdpa NaN guard moved past the head merge`), `nodes` when it has none; None when a reader
+    is the user's own node or a product, the readers come from several rules, or there are none."""
+    origins = [user_origin(trace, i) for i in readers]
+    rules = {o[0] for o in origins if o is not None}
+    if not origins or None in origins or len(rules) != 1:
+        return None
+    (rule,) = rules
+    p = STAGES.get(rule.split(".")[0]) or PASSES.get(rule.split(".")[0])
+    form = next((x.form for x in (p.rules if p is not None else ()) if x.name == rule), "")
+    return rule, form or "nodes"
 
 
 def caveat_words(blocker: str) -> str:
@@ -57,7 +80,11 @@ def fix_blocker(trace: Trace, rule: str, anchor: int, guard: str, arch: Architec
         if not lacks_product(arch, pass_name):
             hit = next(((k, r) for k, s in enumerate(trace.steps) if s.pass_name == pass_name for r in s.rejections
                         if (r.rule, r.anchor, r.guard) == (rule, anchor, guard) and r.fix), None)
-            facts.cache[key] = blocker_name(guard, fix_alone_blocker(trace, *hit) if hit is not None else None)
+            blocker = fix_alone_blocker(trace, *hit) if hit is not None else None
+            name = blocker_name(guard, blocker)
+            made = made_readers(trace, fix_alone_readers(trace, *hit)) if blocker and blocker[0] != guard else None
+            facts.cache[key] = name if made is None or blocker is None else MADE_READERS.format(
+                guard=blocker[0], kind=blocker[1], rule=made[0], what=made[1])
     return facts.cache[key]
 
 
@@ -102,12 +129,12 @@ def workaround_words(fix: str) -> str:
 def line_caveats(trace: Trace, rule: str, anchor: int, guard: str, arch: Architecture) -> str:
     """What a not-expected line adds to the compiler fix its reason names (`policy.with_caveat`): `fix_caveat`, and at
     a gap in rlxviz's ops (`policy.op_gaps`) the model-side workaround (`model_fix_note`), joined by `; `. The one
-    reading of both for the verdict's lines (`verdict.expected_misses`) and a place's standing (`verdict.standing`)."""
+    reading of both for the verdict's lines (`verdict.expected_misses`) and a place's standing (`standing.standing`)."""
     gap = op_gaps(arch, rule.split(".")[0], guard)
     notes = (fix_caveat(trace, rule, anchor, guard, arch),
              workaround_words(model_fix_note(trace, rule, anchor, guard)) if gap else "")
     return "; ".join(n for n in notes if n)
 
 
-__all__ = ["CAVEAT", "WORKAROUND", "alone_caveat", "blocker_name", "caveat_words", "fix_blocker", "fix_caveat",
-           "line_caveats", "model_fix_note", "workaround_words"]
+__all__ = ["CAVEAT", "MADE_READERS", "WORKAROUND", "alone_caveat", "blocker_name", "caveat_words", "fix_blocker",
+           "fix_caveat", "line_caveats", "made_readers", "model_fix_note", "workaround_words"]

@@ -13,7 +13,7 @@ from typing import Any
 from ...ir import Graph, Node, Op
 from ...ir.identity import DigestCache
 from ...ir.ops import FUSED
-from ..explain import LayerExplanation, Outcome, fused_layers
+from ..explain import LayerExplanation, Outcome
 from ..guard import ILLEGAL, READ_BY_MODEL
 from ..pipeline import PASSES, Pipeline
 from ..report import MissedFusion, missed_fusions
@@ -343,15 +343,6 @@ def silent(trace: Trace, layer: int, pass_name: str) -> str:
     return text
 
 
-def _read_in_another_layer(trace: Trace, m: MissedFusion, layer: int) -> bool:
-    """Whether one of the refusal's offending nodes (the extra reader) lies in another layer than `layer`."""
-    for i in m.offending:
-        path = next((g[i].path for _, g in trace.versions() if i in g), None)
-        if path is not None and layer_of(path) not in (None, layer):
-            return True
-    return False
-
-
 def illegal_here(facts: RunFacts, rejected: list[Outcome], layer: int, arch: Any) -> list[Outcome]:
     """The layer's refusals that are `illegal` and `read by the model` (a reader or an output of the model keeps the
     value: no change to the model that keeps its numbers makes the product legal), in pipeline order, one per
@@ -360,21 +351,16 @@ def illegal_here(facts: RunFacts, rejected: list[Outcome], layer: int, arch: Any
     refused). A refusal the layer's kind already excuses (a pre-norm residual sum, `policy.not_expected`) stays with
     that reason.
 
-    A refusal whose reader sits in another layer (K/V a later layer reads: cross-layer KV sharing) is the model's
-    design. Otherwise a rule that fused in a sibling layer is left out: then the illegality is this layer's deviation
-    from its siblings (one layer of a BERT stack with a stray output or a probe, the teaching variants
-    `extra_h1_user`, `output_intermediate`), and it stays a miss, named with the sibling difference and an honest
-    fix line (`none in the model: ...` and the compiler fix). When no other layer gets the product (every layer logs
-    its sum, a one-layer graph), the refusal is the model's design: not expected."""
-    trace = facts.trace
+    One rule, whatever rule refused (a residual norm, the attention block, the whole-layer op) and whichever value the
+    reader touches (the residual sum, K, h1), and whether or not a sibling layer got the product: the reader keeps the
+    value (it is read on to a graph output), so no change to the model that keeps its numbers makes the product legal,
+    and the layer is fused as far as legal. A refusal whose reader is dead (it reaches no output) is not `read by the
+    model` (`readers.reader_advice`: its fix, dead-code elimination, is a checked change to the model): a near-miss."""
     mine = {(o.rule, o.nodes[0]): o for o in rejected if o.nodes}
-    siblings = fused_layers(trace)
     out = []
     for m in facts.misses():
         if layer_of(m.path) != layer or m.kind != ILLEGAL or m.remedy != READ_BY_MODEL or \
                 not_expected(arch, m.pattern.split(".")[0], m.guard) is not None:
-            continue
-        if any(k != layer for k in siblings.get(m.pattern, ())) and not _read_in_another_layer(trace, m, layer):
             continue
         o = mine.get((m.pattern, m.node))
         out.append(o if o is not None and o.guard == m.guard else

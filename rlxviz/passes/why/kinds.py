@@ -55,8 +55,9 @@ class LayerArchitecture:
 
     @property
     def pre_norm(self) -> bool:
-        """The residual sum also feeds the next residual add, so rlxviz's single-output residual-norm ops (which
-        return only the normalized value) cannot take it."""
+        """The residual sum also feeds the next residual add, so the single-output residual-norm ops rlxviz's rules
+        build (the normalized value only; the ops' `with_sum` form, which no rule builds, returns the sum too)
+        cannot take it."""
         return self.kind in ("pre_ln", "llama", "parallel") or (
             self.kind in ("attention_only", "cross_decoder") and any("pre-norm" in e for e in self.evidence))
 

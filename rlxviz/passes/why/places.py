@@ -1,5 +1,5 @@
 """A pass's refusals counted by place (`PLACE_UNIT`): what the app's version chips count as ✗ (near-misses), ○ (refusals
-that are no near-miss and nothing to fix, by `verdict.standing` group) and △ (refusals at a gap in rlxviz's ops,
+that are no near-miss and nothing to fix, by `standing.standing` group) and △ (refusals at a gap in rlxviz's ops,
 `verdict.OP_GAP_GROUP`: a compiler fix), and the status word the matches table shows for each place. One reading of a
 place's standing (`place_standings`) that the chips, the table and the drawings share, so they never disagree with
 `explain` on what counts."""
@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from ..report import in_context
 from ..trace import Rejection, Trace, place_label
 from .policy import NOT_EXPECTED_HERE, not_expected_line
-from .verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP, place_gaps, standing
+from .standing import place_gaps, standing
+from .verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP
 
 PLACE_UNIT = "one per pattern and place"
 """What the chips' ✗, ○ and △ count (`Places`): a pattern's candidate at one node, never a guard (two patterns: two)."""
@@ -33,7 +34,7 @@ class Places:
             for `OP_GAP_GROUP` (`gaps`).
         excused_at: the anchor node id of each item of `excused`, in the same order (a chip's tooltip groups the
             places by node).
-        lacks: the op forms rlxviz lacks at the `OP_GAP_GROUP` places (`verdict.place_gaps`), each once, in order.
+        lacks: the op forms rlxviz lacks at the `OP_GAP_GROUP` places (`standing.place_gaps`), each once, in order.
     """
 
     near_misses: list[Rejection]

@@ -247,8 +247,8 @@ def not_expected(arch: LayerKind, pass_name: str, guard: str = "", refusal: Reme
     `excuse`). E.g.
     `FusedTransformerLayer` is expected only of `post_ln`; `FusedAttentionBlock` of `post_ln` and of a layer whose
     attention has a keep mask, never with a KV cache; a residual-norm fusion refused because the residual sum has
-    other users is not expected of a pre-norm layer, whose next residual add reads the sum that rlxviz's
-    single-output op does not return. A `refusal` (its remedy and fixes) whose one fix is the compiler's
+    other users is not expected of a pre-norm layer, whose next residual add reads the sum that the single-output op
+    rlxviz's rule builds does not return. A `refusal` (its remedy and fixes) whose one fix is the compiler's
     (`compiler_fix_only`: DeepNorm's scaled residual, a dequantize scale between a matmul and its bias) is a gap in
     rlxviz's ops where nothing above excuses it (`_own_gap`). Everything else counts."""
     why = _declared(arch, pass_name, guard)
@@ -385,8 +385,8 @@ def excuse(arch: LayerKind | None, pass_name: str, guard: str, kind: str, remedy
            refusal: Remedied | None = None) -> tuple[str, str] | None:
     """The one rule deciding whether a refusal is a near-miss, and if not, why: `(group, why)`, or None when it is a
     near-miss that counts against its layer. Every front end reads it (the verdict and `explain`'s text and
-    `--json` through `excused.expected_misses` and `verdict.standing`, the app's version chips through
-    `verdict.standing`); a refusal illegal for its layer is the verdict's one further excuse (`ILLEGAL_HERE`).
+    `--json` through `excused.expected_misses` and `standing.standing`, the app's version chips through
+    `standing.standing`); a refusal illegal for its layer is the verdict's one further excuse (`ILLEGAL_HERE`).
 
     `group` is the refusal's kind when that is no near-miss (`guard.NOT_NEAR_MISSES`: the model's own term, a
     lookalike), `guard.DOES_NOT_PAY` when the tool's own cost test declined it (a merge that would cost fusions),

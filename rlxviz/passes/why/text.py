@@ -158,6 +158,7 @@ def layer_dict(v: LayerVerdict) -> dict[str, Any]:
     d["illegal"] = [outcome_dict(o) for o in d["illegal"]]
     d["layer"], d["stack"], d["label"] = int(v.layer), getattr(v.layer, "stack", ""), layer_label(v.layer)
     d["status"] = v.status  # the text's headline word for word
+    d["missed_products"] = v.missed_products if not v.fused else []  # the NOT fused line's `missed` (`done`: made)
     # `fused` as the headline counts it (`RunVerdict.fused_layers`): a layer held back only by rlxviz's ops is not
     # "fused" in --json either (a script read `fused: true` beside "held back by rlxviz's ops: no fused op");
     # `nothing_to_change` is the verdict's own flag (`LayerVerdict.fused`: nothing in the model to change)
@@ -183,7 +184,7 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
     elif v.fused:
         lines = [f"{layer_label(v.layer)}: fused as expected: " + made_words(v, verbose)]
     else:
-        lines = _not_fused(v)
+        lines = _not_fused(v, verbose)
     if v.rewritten and (v.fused or v.legal_only):  # plain ops a rewrite made: no fusion (`ir.ops.made_as`)
         lines.insert(1, f"  {REWRITTEN_AS}: {fused_list(v.rewritten, verbose)}")
     if v.fused and not v.legal_only:  # a fused layer can still hold a counted refusal (a form a rule declined)
@@ -204,11 +205,24 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
     return "\n".join(lines)
 
 
-def _not_fused(v: LayerVerdict) -> list[str]:
+def not_fused_words(v: LayerVerdict, verbose: bool = False) -> str:
+    """What follows `NOT fused` on a layer's line: what the pipeline cannot make, else what a fusion that happened left
+    (`blocker`), else what was expected and, when some op of the layer fused, what was made and what was missed
+    (`(expected ...): made FusedMatMulBiasAct %12 (fuse_matmul_bias_act); missed FusedMatMulBiasAct at %7
+    (fuse_matmul_bias_act.scale_before_bias: scale_before_bias)`: `fused_list`, `LayerVerdict.missed_products`)."""
+    if v.expect == "model" and v.cannot_make:
+        return f": the pipeline cannot make {', '.join(v.unmade_products)}"
+    if v.blocker:
+        return f": {v.blocker}"
+    expected = f" (expected {v.expected})" if v.expected else ""
+    if v.done:
+        return f"{expected}: made {fused_list(v.done, verbose)}; missed {', '.join(v.missed_products)}"
+    return expected
+
+
+def _not_fused(v: LayerVerdict, verbose: bool = False) -> list[str]:
     unmade = v.expect == "model" and v.cannot_make
-    why = (f": the pipeline cannot make {', '.join(v.unmade_products)}" if unmade else
-           f": {v.blocker}" if v.blocker else
-           f" (expected {v.expected})" if v.expected else "")
+    why = not_fused_words(v, verbose)
     lines = [f"{layer_label(v.layer)}: NOT fused{why}"]
     if unmade:
         lines += [f"  {c}" for c in v.cannot_make]
@@ -374,6 +388,6 @@ def _left_out(r: RunVerdict) -> list[str]:
 
 __all__ = ["FUSED_AS_FAR_AS_OPS", "GAP_HAS_A_WORKAROUND", "GAP_IS_THE_COMPILERS", "GROUP_OVER",
            "HELD_BACK_BY_LEGAL_AND_OPS", "HELD_BACK_BY_OPS", "NOTHING_TO_FUSE", "NO_FUSED_OP", "fused_list",
-           "gap_forms", "gap_words", "graph_gap_words",
-           "headline", "headline_notes", "judged_words", "layer_dict", "left_out_heading",
-           "made_words", "none_made_words", "gap_asks", "outcome_dict", "render_layer", "render_run", "run_dict"]
+           "gap_forms", "gap_words", "graph_gap_words", "headline", "headline_notes", "judged_words", "layer_dict",
+           "left_out_heading", "made_words", "none_made_words", "not_fused_words", "gap_asks", "outcome_dict",
+           "render_layer", "render_run", "run_dict"]

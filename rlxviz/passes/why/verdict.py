@@ -10,7 +10,6 @@ fact. What a layer is expected to fuse is decided in `policy.py`, from the run's
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -23,7 +22,6 @@ from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
 from ..report import MissedFusion, left_out_line, left_out_rejections
 from ..trace import Rejection, Trace, resolve_layers, same_stack_as
 from . import text
-from .caveat import line_caveats
 from .excused import OpGap, excused_misses, expected_misses, layer_gaps, places_words
 from .facts import RunFacts, Unmade, illegal_here, made_by, op_of, recognized, silent
 from .kinds import LayerArchitecture
@@ -40,7 +38,6 @@ from .policy import (
     not_expected_line,
     op_gaps,
     product,
-    with_caveat,
 )
 
 Architecture = LayerArchitecture
@@ -107,8 +104,8 @@ class LayerVerdict:
         architecture: the layer's own kind (`architecture.classify_layer`).
         expected_kind: the kind the layer is judged as: its own, or `post_ln` when it deviates from sibling
             layers that are all post-LN (see `judged_kind`).
-        done: the fusions that happened in the layer, e.g. `FusedSwiGLU %31 (fuse_swiglu)` (non-BERT layers): fused ops
-            only (`ir.ops.made_as`); a plain op a match made is in `rewritten`.
+        done: the fusions that happened in the layer, e.g. `FusedSwiGLU %31 (fuse_swiglu)` (non-BERT layers, and any
+            layer not fused): fused ops only (`ir.ops.made_as`); a plain op a match made is in `rewritten`.
         not_expected: rejections that do not count for this architecture, with the reason (the excuses).
         blocker: when the first rejection's own product was still made in the layer (a soft guard), what the
             fusion left that blocks the layer, e.g. `packed attention made, but additive mask kept (mask_form)`.
@@ -202,6 +199,15 @@ class LayerVerdict:
     def legal_only(self) -> bool:
         """Fused, with a product illegal for the layer left unmade: "fused as far as legal"."""
         return self.fused and bool(self.illegal)
+
+    @property
+    def missed_products(self) -> list[str]:
+        """What a layer not fused missed, one per counted refusal place (`first`, then `rejections`): `PRODUCT at %N
+        (RULE: GUARD)`, e.g. `FusedMatMulBiasAct at %7 (fuse_matmul_bias_act.scale_before_bias: scale_before_bias)`."""
+        out = [f"{product(o.pass_name)} at %{o.nodes[0]} ({o.rule}: {o.guard})" if o.nodes else
+               f"{product(o.pass_name)} ({o.rule}: {o.guard})" for o in ([self.first] if self.first else [])
+               + [o for o in self.rejections if o is not self.first]]
+        return list(dict.fromkeys(out)) if out else [self.expected] if self.expected else []
 
     @property
     def gap_forms(self) -> list[str]:
@@ -492,11 +498,13 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     done: list[str] = []
     rewritten: list[str] = []
     expected = layer_op if expect_ftl else ""
-    if not arch.post_ln or ftl_illegal or ftl_excused is not None or ftl_gap:
+    by_parts = not arch.post_ln or ftl_illegal or ftl_excused is not None or ftl_gap
+    if by_parts or not fused:  # what a layer not fused did make is said beside what it missed (`text.missed_words`)
         items = [(op, n, o) for o in ex.outcomes if o.status == "fused" for n in o.nodes
                  if (op := op_of(trace, n)) is not None]  # a fused op by its pass, a plain op by the rule that made it
         done = [f"{op} %{n} ({o.pass_name})" for op, n, o in items if made_as(Op(op)) == FUSED_INTO]
         rewritten = [f"{op} %{n} ({o.rule})" for op, n, o in items if made_as(Op(op)) != FUSED_INTO]
+    if by_parts:
         wanted = [o.pass_name for o in ex.outcomes
                   if (o.status == "fused" and makes_product(o.pass_name, o.rule)) or o in rejected]
         expected = ", ".join(product(n, made_by(trace, ex, n), [o.rule for o in ex.outcomes if o.pass_name == n
@@ -524,62 +532,13 @@ def _blocker(first: Outcome | None, made: set[tuple[str, str]]) -> str:
     return f"{product(first.pass_name)} made, but {what} ({first.guard})"
 
 
-def _judged_as(facts: RunFacts, layer: int | None) -> Architecture | None:
-    """The kind a refusal at `layer` is judged as (`judged_kind`; the whole graph's kind in a graph whose node paths
-    name no layer); None for a place outside every layer of a layered graph (no verdict judges it by a layer)."""
-    key = ("judged", layer)
-    if key not in facts.cache:
-        if layer is None:
-            facts.cache[key] = None if facts.layers else classify_layer(facts.trace.input, None)
-        else:
-            facts.cache[key] = judged_kind(facts.trace, layer)[1] if layer in set(facts.layers) else None
-    return facts.cache[key]
+def __getattr__(name: str) -> Any:
+    """`standing` and `place_gaps`, moved to `standing.py` (one job per module), still read from here."""
+    if name in ("standing", "place_gaps"):
+        from . import standing as module
 
-
-def standing(trace: Trace, r: Rejection) -> tuple[str, str] | None:
-    """Whether the refusal `r` of `trace` is a near-miss: None when it is (it counts against its layer, the app's
-    chips count its place as `✗`), else `(group, why)`, `group` one of `STANDING_GROUPS`: `policy.excuse` of the
-    refusal in the kind its layer is judged as (the model's own term, a lookalike, a merge the tool's cost test
-    declined, a refusal the layer's kind does not expect), or `ILLEGAL_HERE_GROUP` when the layer's verdict holds it
-    illegal for the layer (`LayerVerdict.illegal`). The verdict's own rule (`expected_misses`, `layer_verdict`) read
-    per refusal, so the chips, `explain` and `--json` never disagree on what is a near-miss.
-
-    A not-expected refusal at a gap in rlxviz's ops (`policy.op_gaps`, what `LayerVerdict.op_gaps` lists) stands in
-    `OP_GAP_GROUP`: a compiler fix, not "nothing to fix".
-
-    A further failing guard of a candidate (`Rejection.headline` False) stands as its candidate's headline does:
-    pass the headline (`places` does)."""
-    facts = RunFacts.of(trace)
-    layer = r.layer
-    arch = _judged_as(facts, layer)
-    mine = _own_fixes(facts, r)
-    ex = excuse(arch, r.pass_name, r.guard, r.kind, r.remedy, mine)
-    if ex is not None and ex[0] == NOT_EXPECTED_HERE and arch is not None:
-        group = OP_GAP_GROUP if op_gaps(arch, r.pass_name, r.guard, mine) else NOT_EXPECTED_HERE
-        return group, with_caveat(ex[1], line_caveats(trace, r.rule, r.anchor, r.guard, arch))
-    if ex is not None or layer is None or arch is None:
-        return ex
-    if any((o.rule, o.nodes[0] if o.nodes else None) == (r.rule, r.anchor)
-           for o in layer_verdict(trace, layer).illegal):
-        return ILLEGAL_HERE_GROUP, ILLEGAL_HERE
-    return None
-
-
-def place_gaps(trace: Trace, r: Rejection) -> list[str]:
-    """The op forms rlxviz lacks that the refusal `r` of `trace` ran into (`policy.op_gaps` in the kind its layer is
-    judged as, as `standing` reads it): what a place of `OP_GAP_GROUP` lacks, e.g. `FusedAttentionBlock with QK-norm`;
-    [] for any other refusal."""
-    facts = RunFacts.of(trace)
-    arch = _judged_as(facts, r.layer)
-    return op_gaps(arch, r.pass_name, r.guard, _own_fixes(facts, r)) if arch is not None else []
-
-
-def _own_fixes(facts: RunFacts, r: Rejection) -> Rejection | None:
-    """`r`, whose fixes `policy` reads for a gap in rlxviz's ops; None in a layer judged as another kind than its own
-    (`judged_kind`: its refusals are its deviation, as `excused_misses` reads them)."""
-    if r.layer in set(facts.layers) and ("deviates", r.layer) not in facts.cache:
-        facts.cache["deviates", r.layer] = operator.ne(*judged_kind(facts.trace, r.layer))
-    return None if facts.cache.get(("deviates", r.layer)) else r
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def verdict_pass(trace: Trace, layer: int) -> str | None:
@@ -596,4 +555,4 @@ def verdict_pass(trace: Trace, layer: int) -> str | None:
 __all__ = ["EXIT_NOT_FUSED", "EXIT_OK", "ILLEGAL_HERE_GROUP", "LEFT_OUT", "LEFT_OUT_GROUPS", "OP_GAP_GROUP",
            "STANDING_GROUPS", "Architecture", "FusionCheck", "LayerStatus", "LayerVerdict", "RunVerdict",
            "expected_misses", "judged_kind", "layer_verdict", "left_out_group",
-           "left_out_groups", "place_gaps", "places_words", "standing", "verdict_pass"]
+           "left_out_groups", "places_words", "verdict_pass"]

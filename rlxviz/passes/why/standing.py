@@ -1,0 +1,79 @@
+"""A refusal's standing: whether it is a near-miss, and if not, in which group it stands (`standing`), and the op
+forms rlxviz lacks at a refusal that is a gap in rlxviz's ops (`place_gaps`).
+
+The verdict's own rule (`verdict.layer_verdict`, `policy.excuse`) read per refusal, so the app's version chips,
+`explain` and `--json` never disagree on what is a near-miss. `verdict` re-exports both names.
+"""
+
+from __future__ import annotations
+
+import operator
+
+from ..architecture import classify_layer
+from ..trace import Rejection, Trace
+from .caveat import line_caveats
+from .facts import RunFacts
+from .kinds import LayerArchitecture as Architecture
+from .policy import ILLEGAL_HERE, NOT_EXPECTED_HERE, excuse, op_gaps, with_caveat
+from .verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP, judged_kind, layer_verdict
+
+
+def _judged_as(facts: RunFacts, layer: int | None) -> Architecture | None:
+    """The kind a refusal at `layer` is judged as (`judged_kind`; the whole graph's kind in a graph whose node paths
+    name no layer); None for a place outside every layer of a layered graph (no verdict judges it by a layer)."""
+    key = ("judged", layer)
+    if key not in facts.cache:
+        if layer is None:
+            facts.cache[key] = None if facts.layers else classify_layer(facts.trace.input, None)
+        else:
+            facts.cache[key] = judged_kind(facts.trace, layer)[1] if layer in set(facts.layers) else None
+    return facts.cache[key]
+
+
+def standing(trace: Trace, r: Rejection) -> tuple[str, str] | None:
+    """Whether the refusal `r` of `trace` is a near-miss: None when it is (it counts against its layer, the app's
+    chips count its place as `✗`), else `(group, why)`, `group` one of `STANDING_GROUPS`: `policy.excuse` of the
+    refusal in the kind its layer is judged as (the model's own term, a lookalike, a merge the tool's cost test
+    declined, a refusal the layer's kind does not expect), or `ILLEGAL_HERE_GROUP` when the layer's verdict holds it
+    illegal for the layer (`LayerVerdict.illegal`). The verdict's own rule (`expected_misses`, `layer_verdict`) read
+    per refusal, so the chips, `explain` and `--json` never disagree on what is a near-miss.
+
+    A not-expected refusal at a gap in rlxviz's ops (`policy.op_gaps`, what `LayerVerdict.op_gaps` lists) stands in
+    `OP_GAP_GROUP`: a compiler fix, not "nothing to fix".
+
+    A further failing guard of a candidate (`Rejection.headline` False) stands as its candidate's headline does:
+    pass the headline (`places` does)."""
+    facts = RunFacts.of(trace)
+    layer = r.layer
+    arch = _judged_as(facts, layer)
+    mine = _own_fixes(facts, r)
+    ex = excuse(arch, r.pass_name, r.guard, r.kind, r.remedy, mine)
+    if ex is not None and ex[0] == NOT_EXPECTED_HERE and arch is not None:
+        group = OP_GAP_GROUP if op_gaps(arch, r.pass_name, r.guard, mine) else NOT_EXPECTED_HERE
+        return group, with_caveat(ex[1], line_caveats(trace, r.rule, r.anchor, r.guard, arch))
+    if ex is not None or layer is None or arch is None:
+        return ex
+    if any((o.rule, o.nodes[0] if o.nodes else None) == (r.rule, r.anchor)
+           for o in layer_verdict(trace, layer).illegal):
+        return ILLEGAL_HERE_GROUP, ILLEGAL_HERE
+    return None
+
+
+def place_gaps(trace: Trace, r: Rejection) -> list[str]:
+    """The op forms rlxviz lacks that the refusal `r` of `trace` ran into (`policy.op_gaps` in the kind its layer is
+    judged as, as `standing` reads it): what a place of `OP_GAP_GROUP` lacks, e.g. `FusedAttentionBlock with QK-norm`;
+    [] for any other refusal."""
+    facts = RunFacts.of(trace)
+    arch = _judged_as(facts, r.layer)
+    return op_gaps(arch, r.pass_name, r.guard, _own_fixes(facts, r)) if arch is not None else []
+
+
+def _own_fixes(facts: RunFacts, r: Rejection) -> Rejection | None:
+    """`r`, whose fixes `policy` reads for a gap in rlxviz's ops; None in a layer judged as another kind than its own
+    (`judged_kind`: its refusals are its deviation, as `excused_misses` reads them)."""
+    if r.layer in set(facts.layers) and ("deviates", r.layer) not in facts.cache:
+        facts.cache["deviates", r.layer] = operator.ne(*judged_kind(facts.trace, r.layer))
+    return None if facts.cache.get(("deviates", r.layer)) else r
+
+
+__all__ = ["place_gaps", "standing"]
