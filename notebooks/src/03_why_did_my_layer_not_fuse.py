@@ -175,7 +175,7 @@ dce_only = Pipeline(["dead_code_elimination", *CANONICAL_ORDER]).run(model.graph
 fixed_graph = model.graph.with_outputs(model.graph.outputs[:1])  # drop the probe output: dead_h1_user
 before_dce = Pipeline.canonical().run(fixed_graph)
 with_dce_first = Pipeline(["dead_code_elimination", *CANONICAL_ORDER]).run(fixed_graph)
-print("dead_code_elimination first, probe still returned:", refusal(teach.layer_status(dce_only, 0)).guard)
+print("dead_code_elimination first, probe still returned:", refusal(dce_only, teach.layer_status(dce_only, 0)).guard)
 print("probe output dropped, canonical order:", teach.layer_status(before_dce, 0).first.guard)
 print("... and dead_code_elimination first: fused layers =",
       with_dce_first.final.op_counts().get("FusedTransformerLayer", 0))
@@ -265,8 +265,9 @@ def check_ex03(fix):
         raise AssertionError(f"parse_ir cannot read your text: {first}; change only the return line") from None
     assert len(g.outputs) == 1, f"the graph returns {len(g.outputs)} values: return only the model's first output"
     assert g.outputs[0] == model.graph.outputs[0], "keep the model's output (the first one), drop the probe of h1"
-    st = teach.layer_status(Pipeline.canonical().run(g), 0)
-    assert st.fused_node is not None, f"layer 0 is still no FusedTransformerLayer: guard {refusal(st).guard}"
+    trace = Pipeline.canonical().run(g)
+    st = teach.layer_status(trace, 0)
+    assert st.fused_node is not None, f"layer 0 is still no FusedTransformerLayer: guard {refusal(trace, st).guard}"
     return "layer 0 fuses: h1 is an ordinary intermediate again"
 
 
