@@ -389,8 +389,9 @@ class StartHere(Viewer):
         """The strip's line for a fused layer, in the verdict's own words (`LayerVerdict.status`): "nothing refused
         it" only where nothing did; a layer fused only as far as legal or as far as rlxviz's ops go (or held back by
         them) says so, and what rlxviz lacks, as the headline does (`LayerVerdict.gap_workaround`, the field
-        `text.gap_words` reads: a compiler fix, nothing in the model to change, or a workaround in the model too; deit read "Layer 0 fused: nothing refused
-        it." over a Why tab listing the attention block rlxviz has no form for, newcomer run 5)."""
+        `text.gap_words` reads: a compiler fix, nothing in the model to change, or a workaround in the model too;
+        deit read "Layer 0 fused: nothing refused it." over a Why tab listing the attention block rlxviz has no form
+        for, newcomer run 5)."""
         v = self.state.verdict().layer(layer)
         if v.status == "fused":
             return f"Layer {layer} fused: nothing it expects was refused. "
