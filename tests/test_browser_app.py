@@ -106,9 +106,11 @@ def test_step_to_fused_layers(page):
 
 
 def test_extra_user_variant_shows_guard(page):
+    """The dead extra user of h1 (a probe nothing reads): a near-miss, its guard named (`extra_h1_user`'s probe is
+    returned by the model, so that layer is fused as far as legal, no near-miss)."""
     open_sidebar(page)
     layer = page.locator(".rv-variant-layer input").input_value()  # the layer the variant breaks: the box's
-    page.locator(".rv-variant-extra_h1_user button").click()
+    page.locator(".rv-variant-dead_h1_user button").click()
     expect(page.locator(".rv-message")).to_contain_text("h1")
     expect(page.locator(".rv-message")).to_contain_text("users")
     open_tab(page, "Why didn't layer N fuse?")
