@@ -47,9 +47,9 @@ lint: setup-dev
 	$(VENV)/bin/ruff check rlxviz tests benchmarks app.py
 
 # The whole suite (CI runs this), in two runs: first what only computes (the fast tier and the slow tests marked
-# `sweep`: case-file sweeps, notebooks, fuzzing, heavy compute; tests/conftest.py lists them) on every core
-# (pytest-xdist; `--dist loadgroup` keeps a file that shares one module fixture, the executed notebooks, on one
-# worker), then the rest of the slow tier (browser, benchmarks, timing, time limits, child processes) one test at a
+# `sweep`: case-file sweeps, notebooks, fuzzing, heavy compute, browser files that time nothing; tests/conftest.py
+# lists them) on every core (pytest-xdist; `--dist loadgroup` keeps a file that shares one module fixture, the
+# executed notebooks or a served app, on one worker), then the rest of the slow tier (browser, benchmarks, timing, time limits, child processes) one test at a
 # time, so no test's timing or time limit shares the cores with another test. test-fast leaves out the tests marked
 # slow, on every core, for every commit: under 4 minutes on 2 cores.
 test: setup-dev lint

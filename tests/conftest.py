@@ -13,7 +13,8 @@ not exist, fails the run, so a rename cannot quietly move a slow test into the f
 `make test` runs the slow tests that only compute (`COMPUTE_FILES`, `COMPUTE_TESTS`, or `@pytest.mark.sweep` in a
 test file: marked `slow` and `sweep`) with the fast tier on every core, and the rest of the slow tier one test at a
 time. Only compute means: no timing it asserts on, no wall-clock limit it could miss on a loaded machine, no
-browser or served app, no long-lived child process, no fixed port or path shared with another test.
+browser or served app, no long-lived child process, no fixed port or path shared with another test. Browser files
+that time nothing (`SHARED_BROWSER_FILES`) run there too, each file on one worker.
 """
 
 import os
@@ -108,15 +109,31 @@ COMPUTE_TESTS: dict[str, str] = {
 }
 """`file::test` (parameters dropped) of single slow tests that only compute, marked `slow` and `sweep`."""
 
+SHARED_BROWSER_FILES: dict[str, str] = {
+    name: "a browser on a served app of its own (a free port, its own log and screenshots); times nothing, every "
+          "wait bounded at served.WAIT_MS (60 s), far above what a loaded 2-core runner takes"
+    for name in ("test_browser_big_onnx.py", "test_browser_flows.py", "test_browser_matches_table.py",
+                 "test_browser_nav.py", "test_browser_newcomer.py", "test_browser_number_boxes.py",
+                 "test_browser_room.py", "test_browser_security.py", "test_browser_start_text.py",
+                 "test_browser_zoom_search.py")
+}
+"""Browser test files that may share the cores (marked `slow` and `sweep`): no Timing run, no time limit asserted
+but a bound many times the measured time (`test_browser_big_onnx.FIRST_PICTURE_S`). `make test` runs each file
+on one worker (its module fixtures, the server and the browser, start once) beside the fast tier; it took 206 s
+one test at a time and 145 s two files at a time (2-core Xeon, 2026-12-06). A browser file that times goes
+nowhere here: it stays in the serial run."""
+
 ONE_WORKER_FILES: dict[str, str] = {
     "test_notebooks.py": "its tests share one execution of each notebook (a module fixture): one worker runs them all",
+    **{name: "its tests share one served app and one browser (module fixtures)" for name in SHARED_BROWSER_FILES},
 }
 """Files whose tests `make test` (`-n auto --dist loadgroup`) sends to one worker as one unit, so a module fixture
 runs once (`pytest_xdist_make_scheduler`); the tests of other files are shared out one by one."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    missing = [f for f in (*SLOW_FILES, *COMPUTE_FILES, *ONE_WORKER_FILES) if not (HERE / f).is_file()]
+    missing = [f for f in (*SLOW_FILES, *COMPUTE_FILES, *SHARED_BROWSER_FILES, *ONE_WORKER_FILES)
+               if not (HERE / f).is_file()]
     if missing:
         raise pytest.UsageError(f"conftest lists test files that do not exist (renamed?): {missing}")
     modules = {}
@@ -124,7 +141,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         name = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
         if item.path.name in SLOW_FILES or name in SLOW_TESTS or item.path.name.startswith(tuple(SLOW_PREFIXES)):
             item.add_marker(pytest.mark.slow)
-        if item.path.name in COMPUTE_FILES or name in COMPUTE_TESTS or item.get_closest_marker("sweep"):
+        if (item.path.name in COMPUTE_FILES or item.path.name in SHARED_BROWSER_FILES or name in COMPUTE_TESTS
+                or item.get_closest_marker("sweep")):
             item.add_marker(pytest.mark.slow)
             item.add_marker(pytest.mark.sweep)
         if getattr(item, "module", None) is not None:

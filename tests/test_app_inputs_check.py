@@ -67,7 +67,8 @@ def test_onnx_check_names_the_inputs_it_used():
     assert RANDOM_INPUTS == "random inputs (seed 0)"
 
 
-@pytest.mark.slow  # the upload loads in the isolated child process and is checked against ONNX Runtime there
+@pytest.mark.sweep  # slow, only computes: the upload loads in the isolated child process and is checked against
+# ONNX Runtime there
 def test_granite_io_is_checked_on_its_arrays_and_its_expected_output(capsys):
     from clirun import run
 

@@ -57,7 +57,7 @@ def test_a_load_that_never_returns_is_stopped_while_another_completes(tmp_path):
 
     def hostile() -> None:
         try:
-            isolated.run_isolated(helpers.load_with_stuck_step, str(GPT2), str(pid_file), timeout_s=1.5,
+            isolated.run_isolated(helpers.load_with_stuck_step, str(GPT2), str(pid_file), timeout_s=0.8,
                                   what="stuck.onnx")
         except BaseException as e:  # noqa: BLE001 - kept for the assertions
             outcome["error"] = e
@@ -71,7 +71,7 @@ def test_a_load_that_never_returns_is_stopped_while_another_completes(tmp_path):
     e = outcome["error"]
     assert isinstance(e, session.StoppedError)
     # a step that never returns and uses no CPU (stopped, or starved) ends at the wall-clock backstop, 10x the CPU limit
-    assert str(e) == ("stuck.onnx: stopped after 15 s of wall time (the backstop on a load, 10x its 1.5 s CPU-time "
+    assert str(e) == ("stuck.onnx: stopped after 8 s of wall time (the backstop on a load, 10x its 0.8 s CPU-time "
                       "limit: the process was stopped or starved)")
     pid = int(pid_file.read_text())
     with pytest.raises(ProcessLookupError):
