@@ -1,7 +1,9 @@
-"""docs/debug.md's pasted runs are what the commands print now: every `$ rlxviz ...` of its console blocks (no
-pipe) is run in-process, each pasted line (`...` marks lines left out) must be a line of its output, and the exit
-code its comment states (`# exit 1`) must be the command's (a newcomer read "the epilogue allow-list (gelu, silu)"
-there, from a run before `relu2` joined it)."""
+"""The docs' pasted `explain` runs are what the command prints now: every `$ rlxviz explain ...` of the console
+blocks of docs/debug.md, docs/passes.md and docs/teach-and-debug.md (no pipe) is run in-process, each pasted line
+(`...` marks lines left out) must be a line of its output, and the exit code its comment states (`# exit 1`) must
+be the command's (a newcomer read "the epilogue allow-list (gelu, silu)" in debug.md, from a run before `relu2`
+joined it; passes.md kept a tanh-GELU run's words after the command's changed). `time` runs measure, and the other
+commands' pastes name files of the reader's: they are not compared."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 from clirun import ROOT, run
 
 DOC = ROOT / "docs" / "debug.md"
+DOCS = ("debug.md", "passes.md", "teach-and-debug.md")
 
 
 def pasted_runs(text: str) -> list[tuple[list[str], int | None, list[str]]]:
@@ -32,6 +35,8 @@ def pasted_runs(text: str) -> list[tuple[list[str], int | None, list[str]]]:
 
 
 RUNS = pasted_runs(DOC.read_text(encoding="utf-8"))
+EXPLAIN_RUNS = [(doc, *r) for doc in DOCS for r in pasted_runs((ROOT / "docs" / doc).read_text(encoding="utf-8"))
+                if r[0][0] == "explain"]
 
 
 def test_the_doc_has_the_runs_it_teaches_with():
@@ -39,11 +44,16 @@ def test_the_doc_has_the_runs_it_teaches_with():
     assert any(args[:2] == ["explain", "bert-tiny"] and "tanh_gelu" in args for args, _, _ in RUNS)
 
 
-@pytest.mark.parametrize(("args", "stated", "lines"), RUNS, ids=[" ".join(r[0]) for r in RUNS])
-def test_pasted_output_is_what_the_command_prints(capsys, monkeypatch, args, stated, lines):
+def test_every_doc_pastes_explain_runs():
+    assert {doc for doc, *_ in EXPLAIN_RUNS} == set(DOCS)
+
+
+@pytest.mark.parametrize(("doc", "args", "stated", "lines"), EXPLAIN_RUNS,
+                         ids=[f"{r[0]}: {' '.join(r[1])}" for r in EXPLAIN_RUNS])
+def test_pasted_output_is_what_the_command_prints(capsys, monkeypatch, doc, args, stated, lines):
     monkeypatch.chdir(ROOT)  # the doc's paths are the repository's
     code, out, err = run(capsys, *args)
     printed = set((out + err).splitlines())
     assert stated is None or code == stated, (args, code)
     missing = [ln for ln in lines if ln not in printed]
-    assert not missing, f"docs/debug.md: re-paste `rlxviz {' '.join(args)}`; not printed now: {missing[0][:160]}"
+    assert not missing, f"docs/{doc}: re-paste `rlxviz {' '.join(args)}`; not printed now: {missing[0][:160]}"
