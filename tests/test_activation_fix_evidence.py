@@ -11,6 +11,7 @@ below it as what was measured.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -30,8 +31,14 @@ LINE = re.compile(r"fix: none in the model: applying it \(the model's gelu_tanh 
 def test_the_gelu_fix_names_the_users_nodes_and_a_difference_float32_holds(capsys):
     code, text, err = cli_run(capsys, "explain", "-v", GPT2)
     assert "Traceback" not in err, err
-    found = [m for ln in text.splitlines() if (m := LINE.search(ln))]
-    assert len(found) == 2, text  # one per layer
+    # the layer is held back by a gap in rlxviz's ops (no near-miss): the switch to gelu is still checked, and
+    # `fix_checks` keeps its evidence (the text names the gap)
+    assert text.count("rlxviz's ops lack: FusedMatMulBiasAct with a gelu_tanh epilogue") == 2, text
+    code, out, err = cli_run(capsys, "explain", "-v", "--json", GPT2)
+    checks = [c for c in json.loads(out)["fix_checks"] if c["guard"] == "epilogue_activation"]
+    assert [c["status"] for c in checks] == ["changes the numbers"] * 2, checks
+    found = [m for c in checks if (m := LINE.search("fix: " + c["fix"]))]
+    assert len(found) == 2, checks  # one per layer
     trace = trace_of(GPT2)
     made = {n.id: n for s in trace.steps for n in s.after}
     eps = float(np.finfo(np.float32).eps)

@@ -20,7 +20,8 @@ from clirun import run
 from rlxviz.ir import parse_ir
 from rlxviz.passes import Pipeline
 from rlxviz.passes.refusal_kinds import COMPILER_ONLY, NOTHING_TO_CHANGE
-from rlxviz.passes.why.verdict import ILLEGAL_HERE_GROUP, RunVerdict, standing
+from rlxviz.passes.why.standing import standing
+from rlxviz.passes.why.verdict import ILLEGAL_HERE_GROUP, RunVerdict
 
 CASES = Path(__file__).parent / "data" / "cases"
 

@@ -29,7 +29,8 @@ from rlxviz.passes.why import policy
 from rlxviz.passes.why.kinds import LayerArchitecture
 from rlxviz.passes.why.places import places
 from rlxviz.passes.why.policy import NOT_EXPECTED_HERE
-from rlxviz.passes.why.verdict import OP_GAP_GROUP, RunVerdict, standing
+from rlxviz.passes.why.standing import standing
+from rlxviz.passes.why.verdict import OP_GAP_GROUP, RunVerdict
 
 TESTS = Path(__file__).parent
 ESM_QDYN = TESTS / "fixtures" / "onnx" / "cases" / "esm.qdyn.onnx"

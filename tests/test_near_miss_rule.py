@@ -28,7 +28,8 @@ from rlxviz.passes.guard import DOES_NOT_PAY, MODEL_TERM, NOT_PROFITABLE, near_m
 from rlxviz.passes.trace import place_label
 from rlxviz.passes.why.places import places
 from rlxviz.passes.why.policy import NOT_EXPECTED_HERE, NOT_EXPECTED_WHY
-from rlxviz.passes.why.verdict import OP_GAP_GROUP, RunVerdict, standing
+from rlxviz.passes.why.standing import standing
+from rlxviz.passes.why.verdict import OP_GAP_GROUP, RunVerdict
 from rlxviz.session import OpenRequest, open_model, open_pipeline, open_trace
 
 FIX = Path(__file__).parent / "fixtures" / "onnx"

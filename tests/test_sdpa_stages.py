@@ -100,6 +100,10 @@ def test_switching_a_rope_stage_off_leaves_the_attention_unpacked_and_the_verdic
     v = layer_verdict(off, 0)
     assert not v.fused and v.first is not None and (v.first.rule, v.first.guard) == ("fuse_sdpa.hf_attention",
                                                                                       "rope_on_heads")
+    # the stage was switched off, nothing else: the refusal says so and names no compiler fix (no gap in rlxviz's
+    # ops, no model change; it read "teach it this form" and counted as a gap in rlxviz's ops)
+    assert f"this pipeline skips the {stage} stage" in v.first.message and not v.gaps, v.first.message
+    assert v.first.hint == f"nothing to change in the model: switch the {stage} stage back on (it rewrites this form)"
     # the same through the CLI's pass list and the pipeline a trace ran
     spec = build_pipeline(f"canonical,-{stage}")
     assert [s.pass_name for s in spec.run(g).steps] == [s.pass_name for s in off.steps]

@@ -10,7 +10,8 @@ from ..engine import refusal
 from ..guard import NOT_RECOGNIZED, Ctx
 from ..pattern import is_const
 from ..rope_forms import interleaved_rope, rotate_half_rope
-from ..rule import Fail, reports
+from ..rule import Fail, Rule, reports
+from ..search import attempt
 from .rope_heads import ROPE_HEADS
 from .rope_pairs import ROPE_PAIRS
 
@@ -54,6 +55,22 @@ def _score_operands(g: Graph, softmax: Node) -> list[tuple[str, Node]]:
     return [(who, m) for who, n in (("Q", g[mm.inputs[0]]), ("K", k)) for m in _under(g, n)]
 
 
+def _stage_off(c: Ctx, what: str, add: int, stage: Rule) -> Fail | None:
+    """The refusal when `stage` (a stage of fuse_sdpa that rewrites the rotation `what` at node `add`) matches there
+    now: it did not run before fuse_sdpa, so the pipeline skips it (`Pipeline.disable`). Nothing in the model is
+    wrong and no op is missing: the fix is the stage switched back on, so the refusal names no compiler fix (it
+    counts as a near-miss, not a gap in rlxviz's ops). None when the stage refuses the form (its own words say
+    why)."""
+    if attempt(stage, c.graph, add, c.params)[1]:
+        return None
+    step = stage.name.replace(".", "/", 1)
+    return Fail("guard", "rope_on_heads",
+                f"{what}; {stage.name} rewrites it here, but it did not run before fuse_sdpa: this pipeline skips "
+                f"the {step} stage", (add,), (),
+                f"nothing to change in the model: switch the {step} stage back on (it rewrites this form)",
+                subject=add, kind=NOT_RECOGNIZED)
+
+
 @reports("rope_on_heads", reads=("softmax",))
 def rope_on_heads(c: Ctx) -> Fail | None:
     """Name RoPE written on the heads (`q * cos + rotate_half(q) * sin` after the head split) in front of the
@@ -66,6 +83,10 @@ def rope_on_heads(c: Ctx) -> Fail | None:
     if twos:
         who, (add, cat) = twos[0]
         both = " and K" if len({w for w, _ in twos}) == 2 else ""
+        what = (f"{who}{both} rotated by RoPE written interleaved (rotate_every_two, GPT-J): {c.name_of(add)} = "
+                f"h * cos + rotate_every_two(h) * sin")
+        if (off := _stage_off(c, what, add, ROPE_PAIRS)) is not None:
+            return off
         return Fail("guard", "rope_on_heads",
                     f"{who}{both} rotated by RoPE written interleaved (rotate_every_two, GPT-J): {c.name_of(add)} = "
                     f"h * cos + rotate_every_two(h) * sin (pairs h[2i], h[2i+1]: {c.name_of(cat)}); the rope op "
@@ -82,6 +103,9 @@ def rope_on_heads(c: Ctx) -> Fail | None:
         return None
     who, (add, cat) = found[0]
     both = " and K" if len({w for w, _ in found}) == 2 else ""
+    what = f"{who}{both} rotated by RoPE written on the heads: {c.name_of(add)} = h * cos + rotate_half(h) * sin"
+    if (off := _stage_off(c, what, add, ROPE_HEADS)) is not None:
+        return off
     why = refusal(ROPE_HEADS, g, add)
     return Fail("guard", "rope_on_heads",
                 f"{who}{both} rotated by RoPE written on the heads: {c.name_of(add)} = h * cos + rotate_half(h) * sin "

@@ -532,15 +532,6 @@ def _blocker(first: Outcome | None, made: set[tuple[str, str]]) -> str:
     return f"{product(first.pass_name)} made, but {what} ({first.guard})"
 
 
-def __getattr__(name: str) -> Any:
-    """`standing` and `place_gaps`, moved to `standing.py` (one job per module), still read from here."""
-    if name in ("standing", "place_gaps"):
-        from . import standing as module
-
-        return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def verdict_pass(trace: Trace, layer: int) -> str | None:
     """The pass of the layer's verdict: the pass whose rejection the verdict names first (the one "why didn't layer
     N fuse" answers with), or None when the layer fused as expected or its first rejection is no pass of the run
