@@ -29,7 +29,8 @@ from rlxviz.passes.rules.scale_fold import scale_fold
 from rlxviz.passes.trace import Trace
 from rlxviz.passes.whatif import WhatIf, fused_more, what_if
 from rlxviz.passes.why.places import places
-from rlxviz.passes.why.text import GAP_HAS_A_WORKAROUND
+from rlxviz.passes.why.text import GAP_HAS_A_WORKAROUND, GAP_IS_THE_COMPILERS, left_out_heading
+from rlxviz.passes.why.verdict import OP_GAP_GROUP
 from rlxviz.runtime import run_reference
 from rlxviz.runtime.compare import close
 from rlxviz.runtime.precision import Tolerance, precision_policy
@@ -280,6 +281,11 @@ def test_the_app_says_the_workaround_where_it_says_the_gap():
             f"{GAP_HAS_A_WORKAROUND})") in said, said
     k = next(i for i, st in enumerate(s.trace.steps) if st.pass_name == "fuse_attention_block")
     p = places(s.trace, k)
-    mark = html.unescape(op_gap_mark(p.gaps, None, p.lacks))
+    assert p.gap_workaround  # the checked fold, as data: no chip reads it back from the items' words
+    mark = html.unescape(op_gap_mark(p.gaps, None, p.lacks, p.gap_workaround))
     assert f"rlxviz's ops lack FusedAttentionBlock with a non-default scale: {GAP_HAS_A_WORKAROUND}. " in mark, mark
     assert "nothing in the model to change" not in mark
+    assert left_out_heading(OP_GAP_GROUP, len(p.gaps), True) in mark  # the group's heading says it too
+    # the words alone decide nothing: the same items without the flag say the compiler's fix only
+    plain = html.unescape(op_gap_mark(p.gaps, None, p.lacks))
+    assert f": {GAP_IS_THE_COMPILERS}. " in plain and "a workaround in the model too" not in plain.split(". ")[0]

@@ -21,10 +21,11 @@ from ..passes.made import made_in_run
 from ..passes.pipeline import role_label
 from ..passes.report import fix_line, in_context
 from ..passes.trace import Rejection, Trace, anchor_position, layer_of, reading_order
+from ..passes.why.caveat import model_fix_note
 from ..passes.why.places import LEFT_OUT_STATUS, place_standings, place_status
 from ..passes.why.places import REJECTED as NEAR_MISS
 from ..passes.why.text import left_out_heading
-from ..passes.why.verdict import RunVerdict
+from ..passes.why.verdict import OP_GAP_GROUP, RunVerdict
 from ..session.tensors import summarize
 from .text import html_text, md_code, md_escape, md_pre
 
@@ -362,6 +363,8 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
                 head, st = standings[(r.rule, r.anchor)]
                 add({"pass": s.pass_name, "rule": r.rule, "standing": place_status(head, st),
                      "standing_why": st[1] if st is not None else "",
+                     "gap_workaround": (st is not None and st[0] == OP_GAP_GROUP
+                                        and bool(model_fix_note(trace, r.rule, r.anchor, r.guard))),
                      "role": role_label(r.rule, role) if role else ("anchor" if r.anchor == node_id else "offending"),
                      "outcome": "left out" if r.soft else f"rejected ({r.stage})", "guard": r.guard,
                      "message": message, "hint": hint, "kind": r.kind, "fix": r.fix, "anchor": r.anchor,
@@ -499,7 +502,7 @@ def decision_markdown(d: dict[str, Any]) -> str:
     standing = d.get("standing", "")
     if standing and standing not in (NEAR_MISS, LEFT_OUT_STATUS):  # no near-miss: the chips' ○, not a failure
         stage = d["outcome"].removeprefix("rejected").strip(" ()")
-        heading = left_out_heading(standing, 1, [d.get("standing_why", "")]).split(" ", 1)[1]  # the verdict's words
+        heading = left_out_heading(standing, 1, d.get("gap_workaround", False)).split(" ", 1)[1]  # the verdict's words
         reason = f" *Why:* {md_escape(d['standing_why'])}" if d.get("standing_why") else ""
         return (f"- {NOT_NEAR_MISS.format(standing=html_text(standing))} ({md_escape(heading)}): {rule} as *{role}*"
                 + (f" ({md_escape(stage)})" if stage else "") + f": {why}{reason}")

@@ -122,17 +122,18 @@ def _counted_at(n: int, anchors: set[int]) -> str:
     return f"{n} at {m} node{'s' if m != 1 else ''} ({PLACE_UNIT})"
 
 
-def _places_tip(kinds: Mapping[str, list[str]], at: Mapping[str, list[int]] | None) -> tuple[int, str]:
+def _places_tip(kinds: Mapping[str, list[str]], at: Mapping[str, list[int]] | None, workaround: bool = False
+                ) -> tuple[int, str]:
     """(how many places, the tooltip's words) of a chip mark's places (group -> items; `at`: group -> the anchor node
     of each item): what is counted and at how many nodes, then the verdict's heading for each group
-    (`passes.why.text.left_out_heading`) and its items grouped by node."""
+    (`passes.why.text.left_out_heading`; `workaround`: `Places.gap_workaround`) and its items grouped by node."""
     n = sum(len(p) for p in kinds.values())
     at = at or {}
     groups, nodes = [], set()
     for k, items in kinds.items():
         anchors = list(at.get(k, ())) if len(at.get(k, ())) == len(items) else list(range(-len(items), 0))
         nodes.update(anchors)
-        groups.append(f"{left_out_heading(k, len(items), items)}: {_node_by_node(items, anchors)}")
+        groups.append(f"{left_out_heading(k, len(items), workaround)}: {_node_by_node(items, anchors)}")
     return n, f"{_counted_at(n, nodes)}: " + "; ".join(groups)
 
 
@@ -165,14 +166,16 @@ OP_GAP_MARK = "△"
 either (the faded `○`): a compiler fix, nothing in the model to change."""
 
 
-def op_gap_mark(items: list[str], at: list[int] | None = None, lacks: list[str] | None = None) -> str:
+def op_gap_mark(items: list[str], at: list[int] | None = None, lacks: list[str] | None = None,
+                workaround: bool = False) -> str:
     """A chip's mark for a pass's places at a gap in rlxviz's ops (`Places.gaps`: items; `at`: the anchor node of
     each; `lacks`: the op forms rlxviz lacks there, `Places.lacks`): `△N` in the chip's own colour, not faded (it is
     something to fix, in rlxviz), its tooltip first `rlxviz's ops lack X: a compiler fix, nothing in the model to
-    change` (or `a workaround in the model too` where a place's reason names one, `passes.why.text.gap_asks`), then
-    the places as the faded mark's tooltip says them (`_places_tip`)."""
-    n, tip = _places_tip({OP_GAP_GROUP: items}, {OP_GAP_GROUP: list(at or [])})
-    head = f"rlxviz's ops lack {', '.join(lacks)}: {gap_asks(items)}. " if lacks else ""
+    change` (or `a workaround in the model too` where a checked change to the model works around one of them,
+    `workaround`: `Places.gap_workaround`, `passes.why.text.gap_asks`), then the places as the faded mark's tooltip
+    says them (`_places_tip`)."""
+    n, tip = _places_tip({OP_GAP_GROUP: items}, {OP_GAP_GROUP: list(at or [])}, workaround)
+    head = f"rlxviz's ops lack {', '.join(lacks)}: {gap_asks(workaround)}. " if lacks else ""
     return f" <span class='rv-op-gap' title='{html_text(head + tip)}'>{OP_GAP_MARK}{n}</span>"
 
 
@@ -284,7 +287,7 @@ class VersionStepper(Viewer):
             if r.get("not_near_misses"):  # a lookalike or the model's own term: said, not marked as a failure
                 delta += not_near_miss_mark(r["not_near_misses"], r.get("not_near_miss_at"))
             if r.get("op_gaps"):  # a gap in rlxviz's ops: the compiler's to fix, not faded as "nothing to fix"
-                delta += op_gap_mark(r["op_gaps"], r.get("op_gap_at"), r.get("lacks"))
+                delta += op_gap_mark(r["op_gaps"], r.get("op_gap_at"), r.get("lacks"), r.get("gap_workaround", False))
             if r.get("crashed"):
                 delta += f" <b style='{red}'>CRASHED</b>"
             style = "background:#1565c0;color:#fff;" if cur else "background:#f1f3f5;"

@@ -12,7 +12,7 @@ import param
 from panel.viewable import Viewer
 
 from ..passes.trace import PassStep
-from ..passes.why.text import GAP_HAS_A_WORKAROUND, GAP_IS_THE_COMPILERS
+from ..passes.why.text import gap_asks
 from ..session import SessionError
 from ..viz.styles import match_frames
 from .state import SHAPE_VARIANT, VARIANT_LABELS, AppState
@@ -395,7 +395,7 @@ class StartHere(Viewer):
         v = self.state.verdict().layer(layer)
         if v.status == "fused":
             return f"Layer {layer} fused: nothing it expects was refused. "
-        asks = GAP_HAS_A_WORKAROUND if v.gap_workaround else GAP_IS_THE_COMPILERS  # the gap record, not its words
+        asks = gap_asks(v.gap_workaround)  # the gap record, not its words
         lacks = f" (rlxviz lacks {', '.join(v.gap_forms)}: {asks})" if v.op_gaps else ""
         return f"Layer {layer} {v.status}{lacks}; the Why tab says what stood in the way. "
 

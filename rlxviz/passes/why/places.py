@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from ..report import in_context
 from ..trace import Rejection, Trace, place_label
+from .caveat import model_fix_note
 from .policy import NOT_EXPECTED_HERE, not_expected_line
 from .standing import place_gaps, standing
 from .verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP
@@ -35,12 +36,15 @@ class Places:
         excused_at: the anchor node id of each item of `excused`, in the same order (a chip's tooltip groups the
             places by node).
         lacks: the op forms rlxviz lacks at the `OP_GAP_GROUP` places (`standing.place_gaps`), each once, in order.
+        gap_workaround: a checked change to the model works around one of the `OP_GAP_GROUP` places
+            (`caveat.model_fix_note`, the same check that names it in the place's not-expected line).
     """
 
     near_misses: list[Rejection]
     excused: dict[str, list[str]]
     excused_at: dict[str, list[int]] = field(default_factory=dict)
     lacks: list[str] = field(default_factory=list)
+    gap_workaround: bool = False
 
     @property
     def faded(self) -> dict[str, list[str]]:
@@ -120,6 +124,7 @@ def places(trace: Trace, step: int) -> Places:
     excused: dict[str, list[str]] = {}
     excused_at: dict[str, list[int]] = {}
     lacks: dict[str, None] = {}
+    workaround = False
     for r, st in place_standings(trace, step).values():
         if st is None:
             if not r.soft:
@@ -129,6 +134,7 @@ def places(trace: Trace, step: int) -> Places:
         path = place_label(r.anchor, r.path)
         if group == OP_GAP_GROUP:
             lacks |= dict.fromkeys(place_gaps(trace, r))
+            workaround = workaround or bool(model_fix_note(trace, r.rule, r.anchor, r.guard))
         if group in (NOT_EXPECTED_HERE, OP_GAP_GROUP):  # worded as `explain` words it: the guard's reason, then why
             reason = in_context(trace, step, r)[0]
             item = f"{path}: {not_expected_line(r.rule, r.guard, reason, why)}"  # its place named once: `path`
@@ -136,7 +142,7 @@ def places(trace: Trace, step: int) -> Places:
             item = f"{path}: {r.rule} ({r.guard}): {why}" if group == ILLEGAL_HERE_GROUP else path
         excused.setdefault(group, []).append(item)
         excused_at.setdefault(group, []).append(r.anchor)
-    return Places(near, excused, excused_at, list(lacks))
+    return Places(near, excused, excused_at, list(lacks), workaround)
 
 
 PlaceCount = tuple[str, str, str, str, int]

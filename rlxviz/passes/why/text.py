@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ...ir.ops import REWRITTEN_AS
@@ -73,11 +72,12 @@ GAP_HAS_A_WORKAROUND = "a compiler fix; a workaround in the model too (its not-e
 """`GAP_IS_THE_COMPILERS` where a checked change to the model also works around the gap (`caveat.model_fix_note`)."""
 
 
-def gap_asks(lines: Iterable[str]) -> str:
-    """What a gap in rlxviz's ops asks of whom, for a layer or places whose not-expected reasons are `lines`:
-    `GAP_IS_THE_COMPILERS`, or `GAP_HAS_A_WORKAROUND` when one of them names a model-side workaround
-    (`caveat.WORKAROUND`). The app's layer strip and chip marks read it, as the headline reads `gap_words`."""
-    return GAP_HAS_A_WORKAROUND if any(_WORKAROUND in x for x in lines) else GAP_IS_THE_COMPILERS
+def gap_asks(workaround: bool) -> str:
+    """What a gap in rlxviz's ops asks of whom: `GAP_HAS_A_WORKAROUND` when a checked change to the model also works
+    around it (`excused.OpGap.workaround`, `LayerVerdict.gap_workaround`, `places.Places.gap_workaround`: data, not
+    read back from the words), else `GAP_IS_THE_COMPILERS`. The headline, the app's layer strip and chip marks read
+    it."""
+    return GAP_HAS_A_WORKAROUND if workaround else GAP_IS_THE_COMPILERS
 
 
 _GAP_WORKAROUND_HEADINGS = (
@@ -85,20 +85,20 @@ _GAP_WORKAROUND_HEADINGS = (
     "near-miss)",
     "refusals at gaps in rlxviz's ops (compiler fixes; a workaround in the model too where a reason names one; not "
     "near-misses)")
-"""The gap group's headings when one of its items names a model-side workaround (`gap_asks`)."""
+"""The gap group's headings when a checked change to the model works around one of its places (`gap_asks`)."""
 
 
-def left_out_heading(group: str, n: int, items: Iterable[str] = ()) -> str:
+def left_out_heading(group: str, n: int, workaround: bool = False) -> str:
     """The heading of `n` items of a `verdict.LEFT_OUT_GROUPS` group, e.g. `1 lookalike, not a candidate (nothing to
-    fix, not a near-miss)`; the text's line ends it with a colon, the app's chips say it in a tooltip. `items` (the
-    group's lines, when known): the gap group's heading says a workaround in the model where one of them names one,
-    not "nothing in the model to change" (`gap_asks`).
+    fix, not a near-miss)`; the text's line ends it with a colon, the app's chips say it in a tooltip. `workaround`:
+    a checked change to the model works around one of the gap group's places (`places.Places.gap_workaround`), so
+    its heading says so, not "nothing in the model to change" (`gap_asks`).
 
     Raises:
         KeyError: `group` is not one of `verdict.LEFT_OUT_GROUPS` or `standing.STANDING_GROUPS`.
     """
     one, many = _LEFT_OUT_HEADINGS[group]
-    if group == "gap in rlxviz's ops" and gap_asks(items) == GAP_HAS_A_WORKAROUND:
+    if group == "gap in rlxviz's ops" and workaround:
         one, many = _GAP_WORKAROUND_HEADINGS
     return f"{n} {one if n == 1 else many}"
 
@@ -296,7 +296,7 @@ def graph_gap_words(r: RunVerdict) -> str:
         return ""
     status = FUSED_AS_FAR_AS_OPS if r.counts else HELD_BACK_BY_OPS
     blockers = list(dict.fromkeys(g.blocker for g in r.gaps if g.blocker))
-    asks = GAP_HAS_A_WORKAROUND if any(g.workaround for g in r.gaps) else GAP_IS_THE_COMPILERS
+    asks = gap_asks(any(g.workaround for g in r.gaps))
     if blockers:  # the compiler fix alone leaves a refusal standing: "nothing in the model to change" says too much
         asks = f"a compiler fix; alone it is not enough: {', '.join(blockers)} fails next"
     return f"{status} (rlxviz lacks {', '.join(forms)}: {asks})"
@@ -335,7 +335,7 @@ def run_dict(r: RunVerdict) -> dict[str, Any]:
             "checked_layers": len(r.layers), "gap_layers": r.gap_layers, "gap_forms": gap_forms(r),
             "final_op_counts": r.counts, "layers": [layer_dict(s) for s in r.layers],
             "misses": r.misses, "not_expected": r.not_expected, "left_out": r.left_out,
-            "left_out_groups": [{"kind": g, "heading": left_out_heading(g, len(lines), lines),
+            "left_out_groups": [{"kind": g, "heading": left_out_heading(g, len(lines)),
                                  "items": lines}
                                 for g, lines in r.left_out_groups.items()],
             "architecture": None if r.architecture is None else dataclasses.asdict(r.architecture),
@@ -383,7 +383,7 @@ def headline_notes(r: RunVerdict) -> list[str]:
 def _left_out(r: RunVerdict) -> list[str]:
     """Each group of `left_out_groups`: its heading (`left_out_heading`), then its lines indented."""
     return [ln for g, lines in r.left_out_groups.items()
-            for ln in (f"{left_out_heading(g, len(lines), lines)}:", *(f"  {x}" for x in lines))]
+            for ln in (f"{left_out_heading(g, len(lines))}:", *(f"  {x}" for x in lines))]
 
 
 __all__ = ["FUSED_AS_FAR_AS_OPS", "GAP_HAS_A_WORKAROUND", "GAP_IS_THE_COMPILERS", "GROUP_OVER",
