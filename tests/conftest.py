@@ -14,7 +14,8 @@ not exist, fails the run, so a rename cannot quietly move a slow test into the f
 test file: marked `slow` and `sweep`) with the fast tier on every core, and the rest of the slow tier one test at a
 time. Only compute means: no timing it asserts on, no wall-clock limit it could miss on a loaded machine, no
 browser or served app, no long-lived child process, no fixed port or path shared with another test. Browser files
-that time nothing (`SHARED_BROWSER_FILES`) run there too, each file on one worker.
+that time nothing (`SHARED_BROWSER_FILES`) and such tests of other browser files (`SHARED_BROWSER_TESTS`) run
+there too, each file on one worker.
 """
 
 import os
@@ -123,9 +124,33 @@ on one worker (its module fixtures, the server and the browser, start once) besi
 one test at a time and 145 s two files at a time (2-core Xeon, 2026-12-06). A browser file that times goes
 nowhere here: it stays in the serial run."""
 
+SHARED_BROWSER_TESTS: dict[str, tuple[str, ...]] = {
+    "test_browser_app.py": (
+        "test_default_page_shows_minilm", "test_step_to_fused_layers", "test_extra_user_variant_shows_guard",
+        "test_corrupted_upload_shows_error", "test_ir_text_draws_its_own_graph",
+        "test_text_to_tokenize_shows_the_whole_sentence", "test_debugger_flow_keeps_the_view_and_finds_nodes",
+        "test_teacher_flow_every_variant_and_pipeline", "test_ir_paste_small_and_large_and_a_parse_error",
+        "test_version_slider_follows_the_model", "test_node_search_matches_the_node_itself",
+        "test_layout_gives_the_graph_the_room"),
+    "test_browser_problems.py": (
+        "test_1_the_graph_gets_the_room_at_1280x800", "test_2_the_why_tab_answers_for_a_graph_without_layer_paths",
+        "test_3_panes_are_not_left_faded_after_a_load_error", "test_5_search_finds_nodes_inside_folded_layers",
+        "test_6_the_pass_filter_keeps_passes_with_rejections_and_chips_count_them",
+        "test_8_variants_layers_zoom_and_start", "test_trial_1_the_start_strip_keeps_its_text_with_the_sidebar_open",
+        "test_trial_2_the_start_strip_follows_the_model",
+        "test_trial_3_4_uploads_are_emptied_and_errors_name_the_users_file",
+        "test_trial_5_every_drop_on_the_start_strip_loads",
+        "test_trial_8_9_the_overlay_colours_both_panes_and_its_legend_fits"),
+    "test_browser_timing.py": ("test_search_enter_opens_the_folded_layer_and_centres_on_the_node",),
+}
+"""Single tests of browser files that also time (their Timing tests stay in the serial run): tests that press no
+Timing button and assert no time bound, shared as `SHARED_BROWSER_FILES` are (the file's server starts once in each
+run)."""
+
 ONE_WORKER_FILES: dict[str, str] = {
     "test_notebooks.py": "its tests share one execution of each notebook (a module fixture): one worker runs them all",
-    **{name: "its tests share one served app and one browser (module fixtures)" for name in SHARED_BROWSER_FILES},
+    **{name: "its tests share one served app and one browser (module fixtures)"
+       for name in (*SHARED_BROWSER_FILES, *SHARED_BROWSER_TESTS)},
 }
 """Files whose tests `make test` (`-n auto --dist loadgroup`) sends to one worker as one unit, so a module fixture
 runs once (`pytest_xdist_make_scheduler`); the tests of other files are shared out one by one."""
@@ -141,13 +166,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         name = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
         if item.path.name in SLOW_FILES or name in SLOW_TESTS or item.path.name.startswith(tuple(SLOW_PREFIXES)):
             item.add_marker(pytest.mark.slow)
-        if (item.path.name in COMPUTE_FILES or item.path.name in SHARED_BROWSER_FILES or name in COMPUTE_TESTS
-                or item.get_closest_marker("sweep")):
+        shared = item.path.name in SHARED_BROWSER_FILES or name.split("::")[1] in SHARED_BROWSER_TESTS.get(
+            item.path.name, ())
+        if item.path.name in COMPUTE_FILES or shared or name in COMPUTE_TESTS or item.get_closest_marker("sweep"):
             item.add_marker(pytest.mark.slow)
             item.add_marker(pytest.mark.sweep)
         if getattr(item, "module", None) is not None:
             modules[item.path.name] = item.module
-    for table, listed in (("SLOW_TESTS", SLOW_TESTS), ("COMPUTE_TESTS", COMPUTE_TESTS)):
+    shared = {f"{f}::{t}": "" for f, tests in SHARED_BROWSER_TESTS.items() for t in tests}
+    for table, listed in (("SLOW_TESTS", SLOW_TESTS), ("COMPUTE_TESTS", COMPUTE_TESTS),
+                          ("SHARED_BROWSER_TESTS", shared)):
         stale = [n for n in listed if n.split("::")[0] in modules and not hasattr(modules[n.split("::")[0]],
                                                                                    n.split("::")[1])]
         if stale:

@@ -4,8 +4,8 @@ others: the headline (layers fused / checked, ok), each layer's status word, its
 guard, fix), each of its misses (rule, guard) and its fused ops (op, pass, how many,
 first and last id: the text groups more than 3 of a kind, `--json` lists each).
 
-Checked on every handed case (`tests/data/cases`, copies of `../shared/cases`), every preset, the ONNX fixtures
-and a sample of the zoo; the whole zoo is the slow version.
+Checked on every preset and a sample of the handed cases (`tests/data/cases`, copies of `../shared/cases`), of the
+ONNX fixtures and of the zoo; the slow sweeps check the rest, so `make test` checks every file once.
 """
 
 from __future__ import annotations
@@ -253,6 +253,10 @@ def _handed(capsys, monkeypatch, path: Path) -> None:
     _check_why_tab(s, j)
 
 
+HANDED_REST = [p for p in HANDED if p not in HANDED_SAMPLE]
+"""The handed cases the sample leaves out: with the sample (the fast tier), the sweep checks each case once."""
+
+
 @pytest.mark.parametrize("path", HANDED_SAMPLE, ids=[p.stem for p in HANDED_SAMPLE])
 def test_handed_case_every_form_one_verdict(capsys, monkeypatch, path):
     _handed(capsys, monkeypatch, path)
@@ -260,7 +264,7 @@ def test_handed_case_every_form_one_verdict(capsys, monkeypatch, path):
 
 @pytest.mark.slow
 @pytest.mark.sweep
-@pytest.mark.parametrize("path", HANDED, ids=[p.stem for p in HANDED])
+@pytest.mark.parametrize("path", HANDED_REST, ids=[p.stem for p in HANDED_REST])
 def test_every_handed_case_every_form_one_verdict(capsys, monkeypatch, path):
     _handed(capsys, monkeypatch, path)
 
@@ -272,19 +276,33 @@ def test_preset_every_form_one_verdict(capsys, monkeypatch, name):
     _check_why_tab(AppState(runner=Runner(background=False), preset=name, seq=8), j)
 
 
-@pytest.mark.parametrize("path", FIXTURES_SAMPLE + ZOO_SAMPLE, ids=[p.stem for p in FIXTURES_SAMPLE + ZOO_SAMPLE])
-def test_onnx_every_form_one_verdict(capsys, monkeypatch, path):
-    code, text, j, trace = _explain(capsys, monkeypatch, path)
+ONNX_SAMPLE = FIXTURES_SAMPLE + ZOO_SAMPLE
+ONNX_REST = [p for p in FIXTURES + ZOO if p not in ONNX_SAMPLE]
+"""The fixtures and zoo files the sample leaves out: with the sample (the fast tier), the sweep checks each once."""
+
+
+def _onnx(capsys, monkeypatch, path: Path) -> None:
+    """Every form of `path`'s verdict, with the inputs and expected outputs that come with it (`clirun.file_inputs`)."""
+    given = file_inputs(path)
+    code, text, j, trace = _explain(capsys, monkeypatch, path, *(("--inputs", given["npz"]) if given else ()))
     _check_drawing_and_panel(trace, _check_cli(code, text, j, trace))
+
+
+@pytest.mark.parametrize("path", ONNX_SAMPLE, ids=[p.stem for p in ONNX_SAMPLE])
+def test_onnx_every_form_one_verdict(capsys, monkeypatch, path):
+    _onnx(capsys, monkeypatch, path)
 
 
 @pytest.mark.slow
 @pytest.mark.sweep
-@pytest.mark.parametrize("path", FIXTURES + ZOO, ids=[p.stem for p in FIXTURES + ZOO])
+@pytest.mark.parametrize("path", ONNX_REST, ids=[p.stem for p in ONNX_REST])
 def test_every_onnx_fixture_and_zoo_file_every_form_one_verdict(capsys, monkeypatch, path):
-    given = file_inputs(path)
-    code, text, j, trace = _explain(capsys, monkeypatch, path, *(("--inputs", given["npz"]) if given else ()))
-    _check_drawing_and_panel(trace, _check_cli(code, text, j, trace))
+    _onnx(capsys, monkeypatch, path)
+
+
+def test_the_samples_and_the_sweeps_cover_every_file_once():
+    assert sorted(HANDED_SAMPLE + HANDED_REST) == HANDED and len(HANDED_SAMPLE) == 10
+    assert sorted(ONNX_SAMPLE + ONNX_REST) == sorted(FIXTURES + ZOO) and len(ONNX_SAMPLE) == 8
 
 
 def test_a_miss_only_in_json_fails_the_parity_check():
