@@ -105,8 +105,8 @@ def test_a_post_ln_layer_names_quick_gelu_in_fc1_activation(capsys, tmp_path):
     assert "QuickGELU x * sigmoid(1.702 * x)" in m.reason
     assert "QuickGELU" in m.fix and "gelu_tanh" not in m.fix
     code, out, _ = cli_run(capsys, "explain", path, "-v")
-    assert code == 0 and "compiler fix: an op for QuickGELU" in out  # a gap in rlxviz's ops (-v prints its lines)
-    assert "rlxviz's ops lack: op for QuickGELU" in out
+    assert code == 0 and "compiler fix: add QuickGELU to the epilogue allow-list, with an op for it" in out  # a gap
+    assert "rlxviz's ops lack: FusedTransformerLayer with a QuickGELU epilogue" in out  # an op form, not "op for"
 
 
 BIASLESS = """graph mlp_quick_gelu {

@@ -1029,3 +1029,16 @@ def test_teach_time_versions_makes_the_cli_memory_check():
     assert Limits().check(model.graph, "bert-tiny", "load") < small.max_bytes
     with pytest.raises(LimitError, match=r"^bert-tiny: time needs .* over the limit of .* \(test\)"):
         teach.time_versions(trace, model.random_feeds(0), model.weights, source="bert-tiny", limits=small)
+
+
+def test_03_quotes_the_eps_gap_as_explain_words_it(capsys):
+    """Notebook 03's "truly illegal case" (eps outside the sqrt) once said no compiler could do anything, while
+    `explain` calls the same refusal a gap in rlxviz's ops (a new op is the compiler fix): the notebook now quotes
+    `explain`'s words, and they are what it prints today."""
+    from clirun import run as cli_run
+
+    src = next((NB_DIR / "src").glob("03_*.py")).read_text(encoding="utf-8")
+    quoted = re.search(r'\("(rlxviz lacks std \+ eps[^"]+)"\)', " ".join(ln.lstrip("# ") for ln in src.splitlines()))
+    assert quoted, "notebook 03 no longer quotes explain's gap words for eps outside the sqrt"
+    code, out, _ = cli_run(capsys, "explain", NB_DIR.parent / "docs" / "examples" / "ln-eps-outside-sqrt.rlx")
+    assert code == 0 and quoted.group(1) in out, (quoted.group(1), out)

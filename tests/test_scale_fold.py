@@ -257,6 +257,23 @@ def test_granite_prints_the_checked_fold_and_no_longer_says_nothing_in_the_model
     assert all(f["status"] == CHECKED and f["compiler_fix"] == "give FusedAttentionBlock a scale attribute"
                for f in checks)
     assert jcode == code and j["headline"] == head
+    assert [g["rounded"] for layer in j["layers"] for g in layer["gaps"] if g["workaround"]] == [False, False]
+
+
+def test_a_fold_equal_only_up_to_rounding_says_so_in_the_headline(capsys):
+    """A newcomer read granite.fp16's headline, "a workaround in the model in 2 of them", as the exact fold of the
+    float32 export, though its fix line says "the same numbers up to rounding" (0.848633 is no power of two): the
+    headline says it too, from the what-if's `rounded` (`OpGap.rounded`), and `--json`'s gaps carry it."""
+    path = HERE / "fixtures" / "onnx" / "zoo" / "granite.fp16.onnx"
+    code, text, _ = cli_run(capsys, "explain", path)
+    head = text.splitlines()[1]
+    assert head.endswith("a compiler fix; a workaround in the model in 2 of them (equal only up to rounding; their "
+                         "not-expected lines name it))"), head
+    assert code == 0 and text.count("the same numbers up to rounding") == 2, text
+    _, out, _ = cli_run(capsys, "explain", path, "--json")
+    j = json.loads(out)
+    assert j["headline"] == head
+    assert [g["rounded"] for layer in j["layers"] for g in layer["gaps"] if g["workaround"]] == [True, True]
 
 
 def test_the_fold_is_checked_without_verbose_too(capsys):

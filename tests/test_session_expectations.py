@@ -86,14 +86,13 @@ def test_wrong_constant_gelu_is_a_miss_inside_a_region(capsys, name, form, const
     """A GELU chain whose constant canonicalize_gelu refused is named even after mark_elementwise_regions groups the
     chain into an ElementwiseRegion (it left the graph by being grouped, not fused); and the layer still has an MLP
     (the decomposed GELU between two linears), so a BERT layer is judged for FusedTransformerLayer. The model's
-    constants are what it computes (no change to the model keeps its numbers) and a compiler fix exists (an op for
-    the activation): a gap in rlxviz's ops, said in the headline, exit 0 (`policy.compiler_fix_only`)."""
+    constants are what it computes (no change to the model keeps its numbers) and a compiler fix exists (the
+    activation as an op): a gap in rlxviz's ops, said in the headline, exit 0 (`policy.compiler_fix_only`)."""
     path = ROOT / "tests/data/cases" / f"{name}.rlx"
     assert main(["explain", str(path)]) == 0
     out = capsys.readouterr().out
     assert "gelu_constants" in out and const in out and f"canonicalize_gelu.{form}" in out
-    assert "attention only" not in out and "rlxviz lacks op for this activation (the GELU form with the model's " \
-        "own constants) and its fused epilogue" in out
+    assert "attention only" not in out and "rlxviz lacks GELU with the model's own constants as an op" in out
     assert main(["explain", "--json", str(path)]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["ok"] is True and doc["gap_forms"]

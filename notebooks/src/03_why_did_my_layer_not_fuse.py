@@ -153,8 +153,8 @@ for case, (_, trace, st) in results.items():
 # * **over_threshold** — *not profitable*: RLX's 64-token attention gate. A pipeline parameter; notebook
 #   02 measures whether the gate pays on MLX.
 #
-# None of these is *illegal* in the strong sense — a rewrite that would change the numbers whatever the
-# compiler did. The section *The truly illegal case* below shows one that is.
+# None of these is *illegal* in the strong sense — a rewrite into the product's op that would change the
+# numbers whatever kernel that op had. The section *The truly illegal case* below shows one that is.
 
 # %% tags=["pre-ln-second"]
 from rlxviz.passes.rules.layer import LAYER
@@ -200,8 +200,12 @@ print(f"model outputs, tanh GELU vs exact GELU in layer 0: largest difference "
 #
 # A hand-written norm `(x - mean) / (sqrt(var) + eps)` looks like LayerNorm, but LayerNorm computes
 # `(x - mean) / sqrt(var + eps)`. Rewriting one into the other changes the numbers — most where the
-# variance is small — so no compiler may do it, whatever kernel it has: `canonicalize_norm` refuses it
-# (`eps_inside_sqrt`, kind *illegal*). The cell builds both forms and measures the difference.
+# variance is small — so no compiler may rewrite it into `layer_norm`, whatever kernel `layer_norm` has:
+# `canonicalize_norm` refuses it (`eps_inside_sqrt`, kind *illegal*). The cell builds both forms and
+# measures the difference. Nothing in the model is wrong either: what a compiler could add is *another*
+# op, a norm that computes `sqrt(var) + eps` itself. rlxviz has none, so `rlxviz explain` reads this
+# refusal as a gap in rlxviz's ops ("rlxviz lacks std + eps (eps outside the sqrt) as a norm op: a
+# compiler fix, nothing in the model to change"): illegal as this rewrite, a new op as the fix.
 
 # %% tags=["eps-outside"]
 import numpy as np

@@ -275,8 +275,8 @@ def _constants_explain(c: Ctx) -> str:
 _CONSTANTS = guard("gelu_constants", _constants_ok, _constants_explain,
                    "use the exact GELU constants (0.5, 1/sqrt(2) or sqrt(2/pi), 0.044715)", requires=("fn",),
                    kind=ILLEGAL,
-                   fix="an op for this activation (the GELU form with the model's own constants) and its fused "
-                       "epilogue: with other constants it is another activation than GELU",
+                   fix="GELU with the model's own constants as an op (and its fused epilogue): with other "
+                       "constants it is another activation than GELU",
                    no_model_fix=lambda c: "the model's constants are part of what it computes: writing GELU's "
                                           "exact ones changes its numbers")
 

@@ -255,7 +255,7 @@ def _act_fix(c: Ctx) -> str:
         return ("add gelu_tanh to the epilogue allow-list (ir.ops.EPILOGUE_ACTIVATIONS: the MLX lowering and rlxviz's "
                 "CPU kernels already compute it)")
     if form is not None:
-        return f"an op for {form.name} ({form.formula}) and a fused {form.name} epilogue in the allow-list"
+        return f"add {form.name} to the epilogue allow-list, with an op for it ({form.formula})"
     what = name or "the layer's activation"
     return f"add {what} to the epilogue allow-list (a fused {what} epilogue kernel)"
 

@@ -115,7 +115,8 @@ def _epilogue(c: Ctx) -> Fail | None:
                     f"without it and the activation stays outside", form.nodes,
                     tuple((c.id("add"), u.id) for u in users), "keep the model's activation: the fix is in the "
                     "compiler", subject=form.out, kind=NOT_RECOGNIZED, remedy=COMPILER_ONLY,
-                    fix=f"an op for {form.name} and a fused {form.name} epilogue in the allow-list")
+                    fix=f"add {form.name} to the epilogue allow-list, with an op for it (rlxviz has none: it is "
+                        "written as primitives)")
     if len(users) != 1 or users[0].op.value not in {a.value for a in _ACTS}:
         return QUIET  # no activation epilogue to absorb: not a near-miss
     act = users[0]

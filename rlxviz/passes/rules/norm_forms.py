@@ -302,7 +302,7 @@ def _common_guards(family: str, stats: tuple[str, ...]) -> tuple:
               lambda c: f"{c.d('eps')} is added after the sqrt ({c.d('eps_add')}: std + eps); {family} adds "
                         f"it to the variance (sqrt(var + eps)): the numbers differ",
               "write sqrt(var + eps)", requires=("eps_add",), reads=("eps",), kind=ILLEGAL,
-              fix="an op for std + eps (eps outside the sqrt) and its fused kernels",
+              fix="std + eps (eps outside the sqrt) as a norm op (and its fused kernels)",
               no_model_fix=lambda c: "sqrt(var) + eps is another normalization than sqrt(var + eps): rewriting the "
                                      "model to the latter changes its numbers"),
         guard("eps_scalar", lambda c: (const_value(c["eps"]) or 0.0) >= 0.0,

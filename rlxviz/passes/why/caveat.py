@@ -106,18 +106,29 @@ def model_fix_note(trace: Trace, rule: str, anchor: int, guard: str) -> str:
     change to the model (`whatif.fix_form`) that a what-if applies (`whatif.what_if`), else "". On a checked run
     (`session.advice.vetted`) a fix that failed its check reads `none in the model: ...` (a statement), so only a
     checked change is named. Made once per refusal and trace."""
+    return _model_fix(trace, rule, anchor, guard)[0]
+
+
+def model_fix_rounded(trace: Trace, rule: str, anchor: int, guard: str) -> bool:
+    """Whether `model_fix_note`'s change keeps the numbers only up to rounding (`whatif.WhatIf.rounded`: new constants
+    rounded to the model's dtype, e.g. a scale folded by a ratio that is no power of two); False for none."""
+    return _model_fix(trace, rule, anchor, guard)[1]
+
+
+def _model_fix(trace: Trace, rule: str, anchor: int, guard: str) -> tuple[str, bool]:
+    """`(model_fix_note, model_fix_rounded)`, made once per refusal and trace."""
     facts = RunFacts.of(trace)
     key = ("model_fix_note", rule, anchor, guard)
     if key not in facts.cache:
-        facts.cache[key] = ""
+        facts.cache[key] = ("", False)
         hit = next(((k, r) for k, s in enumerate(trace.steps) for r in s.rejections
                     if (r.rule, r.anchor, r.guard) == (rule, anchor, guard) and r.headline), None)
         if hit is not None and hit[1].remedy in ("", IN_MODEL) and fix_form(hit[1].hint) == MODEL:
             try:
-                applies = what_if(trace, *hit) is not None
+                w = what_if(trace, *hit)
             except Exception:  # noqa: BLE001 - a what-if that cannot be built names no change
-                applies = False
-            facts.cache[key] = hit[1].hint if applies else ""
+                w = None
+            facts.cache[key] = (hit[1].hint, w.rounded) if w is not None else ("", False)
     return facts.cache[key]
 
 
@@ -137,4 +148,4 @@ def line_caveats(trace: Trace, rule: str, anchor: int, guard: str, arch: Archite
 
 
 __all__ = ["CAVEAT", "MADE_READERS", "WORKAROUND", "alone_caveat", "blocker_name", "caveat_words", "fix_blocker",
-           "fix_caveat", "line_caveats", "made_readers", "model_fix_note", "workaround_words"]
+           "fix_caveat", "line_caveats", "made_readers", "model_fix_note", "model_fix_rounded", "workaround_words"]

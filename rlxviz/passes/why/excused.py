@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..explain import Outcome
 from ..report import MissedFusion
 from ..trace import Trace, layer_of
-from .caveat import caveat_words, fix_blocker, model_fix_note, workaround_words
+from .caveat import caveat_words, fix_blocker, model_fix_note, model_fix_rounded, workaround_words
 from .facts import RunFacts
 from .kinds import LayerArchitecture as Architecture
 from .policy import (
@@ -47,6 +47,7 @@ class Excused:
             first place, `GUARD (KIND)`); "" when it is enough, nothing is known, or `why` names no compiler fix.
         workaround: at a gap in rlxviz's ops, the checked change to the model that makes the fusion anyway
             (`caveat.model_fix_note` at the first place: Granite's scale folded into its Q projection), else "".
+        rounded: the workaround keeps the numbers only up to rounding (`caveat.model_fix_rounded`).
     """
 
     pattern: str
@@ -57,6 +58,7 @@ class Excused:
     gaps: tuple[str, ...] = ()
     blocker: str = ""
     workaround: str = ""
+    rounded: bool = False
 
     @property
     def line(self) -> str:
@@ -82,6 +84,7 @@ class OpGap:
         blocker: what fails next when its compiler fix alone is applied (`Excused.blocker`; the first place's that
             has one), "" when the fix alone is enough or nothing is known.
         workaround: the checked change to the model that makes the fusion anyway (`Excused.workaround`), else "".
+        rounded: that change keeps the numbers only up to rounding (`Excused.rounded`).
     """
 
     form: str
@@ -90,6 +93,7 @@ class OpGap:
     at: tuple[int, ...] = ()
     blocker: str = ""
     workaround: str = ""
+    rounded: bool = False
 
     def __str__(self) -> str:
         """`FORM (RULE: BY)`, as `explain`'s `rlxviz's ops lack:` line names it."""
@@ -109,15 +113,15 @@ def layer_gaps(arch: Architecture, refused: Iterable[Outcome], excused: Iterable
         mine = [x for x in groups if (x.pattern, x.guard) == (o.rule, o.guard)]
         at = tuple(dict.fromkeys(n for x in mine for n in x.places)) or o.nodes
         blocker = next((x.blocker for x in mine if x.blocker), "")
-        workaround = next((x.workaround for x in mine if x.workaround), "")
+        workaround, rounded = next(((x.workaround, x.rounded) for x in mine if x.workaround), ("", False))
         for form, by in gap_sources(arch, o.pass_name, o.guard, o if own else None):
-            g = OpGap(form, o.rule, by, at, blocker, workaround)
+            g = OpGap(form, o.rule, by, at, blocker, workaround, rounded)
             out.setdefault(str(g), g)
     ran = {(g.rule, g.form) for g in out.values()}
     for x in groups:  # a gap no hard refusal names: a fusion made without part of it (tanh-GELU's epilogue)
         for form in x.gaps:
             if (x.pattern, form) not in ran:
-                g = OpGap(form, x.pattern, x.guard, tuple(x.places), x.blocker, x.workaround)
+                g = OpGap(form, x.pattern, x.guard, tuple(x.places), x.blocker, x.workaround, x.rounded)
                 out.setdefault(str(g), g)
     return list(out.values())
 
@@ -145,8 +149,9 @@ def excused_misses(trace: Trace, arch: Architecture, layer: int | None, own: boo
     out: dict[tuple[str, str], Excused] = {}
     for (pattern, guard, why, blocker, workaround), (m, at, gaps) in groups.items():
         n = sum(k[0] == pattern and k[1].split("#")[0] == guard for k in out)  # another why: `GUARD#2`
+        rounded = bool(workaround) and model_fix_rounded(trace, m.pattern, m.node, m.guard)
         out[pattern, f"{guard}#{n + 1}" if n else guard] = Excused(pattern, guard, m.reason, why, at, gaps, blocker,
-                                                                   workaround)
+                                                                   workaround, rounded)
     return kept, out
 
 

@@ -323,7 +323,10 @@ def gap_words(r: RunVerdict) -> str:
     # says what fails next, and in how many layers the model can be changed instead
     alone = (f"; alone it is not enough in {len(blockers)} of them: {', '.join(dict.fromkeys(blockers))} fails next"
              if blockers else "")
-    workaround = (f"; {_WORKAROUND.rstrip(': ')} in {worked} of them (their not-expected lines name it)"
+    rounded = sum(s.gap_workaround_rounded for s in short)  # `OpGap.rounded`: equal only up to rounding
+    exactly = ("" if not rounded else "equal only up to rounding; " if rounded == worked else
+               f"{rounded} of them equal only up to rounding; ")
+    workaround = (f"; {_WORKAROUND.rstrip(': ')} in {worked} of them ({exactly}their not-expected lines name it)"
                   if worked else "")
     return f"{lacks}: a compiler fix{alone}{workaround})"
 

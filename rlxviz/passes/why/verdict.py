@@ -164,6 +164,13 @@ class LayerVerdict:
         return any(g.workaround for g in self.gaps)
 
     @property
+    def gap_workaround_rounded(self) -> bool:
+        """Whether every checked change to the model that works around the layer's gaps keeps its numbers only up to
+        rounding (`OpGap.rounded`: a scale folded by a ratio that is no power of two); False without one."""
+        worked = [g for g in self.gaps if g.workaround]
+        return bool(worked) and all(g.rounded for g in worked)
+
+    @property
     def gap_blocker(self) -> str:
         """What fails next when the compiler fix of the layer's first gap whose fix alone is not enough is applied
         (`OpGap.blocker`, e.g. `attn_single_user (illegal)`); "" when every gap's fix alone is enough, or none."""
