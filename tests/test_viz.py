@@ -24,6 +24,7 @@ from rlxviz.viz import (
     render_svg,
     save,
 )
+from rlxviz.viz.styles import NOT_NEAR_MISS
 
 
 @pytest.fixture(scope="module")
@@ -282,10 +283,12 @@ def test_pipeline_rejection_extra_h1_user():
     dot = render_dot(step.before, Overlay.before(step, trace=trace), focus=0)
     anchor, subject = node_stmt(dot, r.anchor), node_stmt(dot, r.subject)
     assert "guard h1_user_count: ln1 (role h1) (node" in anchor  # the anchor carries the tooltip
-    assert "guard h1_user_count: ln1 (role h1) (node" in subject and "dashed" in subject  # h1 carries the mark
+    assert "guard h1_user_count: ln1 (role h1) (node" in subject  # h1 carries the mark
+    # a reader the model returns: illegal for its layer, no near-miss (the chips' ○), so no red dashed ✗
+    assert "○ illegal here: h1_user_count" in subject and "dashed" not in subject and "✗" not in dot
     assert "cluster_r0" in dot and "encoder.layer.1 -> FusedTransformerLayer" not in dot  # focus: layer 0 only
     layers = layer_groups(trace.final, Overlay.trace_summary(trace))
-    assert layers["layer0"].status == "rejected" and layers["layer1"].status == "fused"
+    assert layers["layer0"].status == NOT_NEAR_MISS and layers["layer1"].status == "fused"
 
 
 def test_rejection_marks_the_node_its_guard_is_about():

@@ -27,6 +27,7 @@ from ..passes.why.places import REJECTED as NEAR_MISS
 from ..passes.why.text import left_out_heading
 from ..passes.why.verdict import OP_GAP_GROUP, RunVerdict
 from ..session.tensors import summarize
+from ..viz.styles import NOT_NEAR_MISS_INK, OP_GAP_INK
 from .text import html_text, md_code, md_escape, md_pre
 
 
@@ -448,9 +449,12 @@ PASSED, LEFT_OUT, REJECTED = ("<b style='color:#2e7d32'>fused</b>", "<b style='c
                               "<b style='color:#c62828'>rejected</b>")
 OPERAND = "<b style='color:#1565c0'>operand</b>"
 """The inspector's outcome words (green, orange, red; blue: bound as an input of a fusion, not absorbed)."""
-NOT_NEAR_MISS = "<b style='color:#757575'>○ {standing}</b>"
+NOT_NEAR_MISS = f"<b style='color:{NOT_NEAR_MISS_INK}'>○ {{standing}}</b>"
 """The inspector's word for a refused place that is no near-miss (grey, the chips' ○), `{standing}` its
 `place_status` (`not expected here`, `not a candidate`, ...), as the matches table's kind says it."""
+OP_GAP = f"<b style='color:{OP_GAP_INK}'>△ {{standing}}</b>"
+"""The inspector's word for a refused place at a gap in rlxviz's ops (`OP_GAP_GROUP`: the chips' and the drawing's
+△, a compiler fix, in the gap's ink), never the faded ○ of nothing to fix."""
 
 
 def _why_markdown(guard: str, kind: str, message: str, hint: str, fix: str) -> str:
@@ -500,11 +504,12 @@ def decision_markdown(d: dict[str, Any]) -> str:
                               for x in d["left_out"])
     why = _why_markdown(d["guard"], d.get("kind", ""), d["message"], d["hint"], d.get("fix", ""))
     standing = d.get("standing", "")
-    if standing and standing not in (NEAR_MISS, LEFT_OUT_STATUS):  # no near-miss: the chips' ○, not a failure
+    if standing and standing not in (NEAR_MISS, LEFT_OUT_STATUS):  # no near-miss: the chips' ○ (△ a gap), not a failure
         stage = d["outcome"].removeprefix("rejected").strip(" ()")
         heading = left_out_heading(standing, 1, d.get("gap_workaround", False)).split(" ", 1)[1]  # the verdict's words
         reason = f" *Why:* {md_escape(d['standing_why'])}" if d.get("standing_why") else ""
-        return (f"- {NOT_NEAR_MISS.format(standing=html_text(standing))} ({md_escape(heading)}): {rule} as *{role}*"
+        word = (OP_GAP if standing == OP_GAP_GROUP else NOT_NEAR_MISS).format(standing=html_text(standing))
+        return (f"- {word} ({md_escape(heading)}): {rule} as *{role}*"
                 + (f" ({md_escape(stage)})" if stage else "") + f": {why}{reason}")
     if d["outcome"] == "left out":
         made = f" ({product})" if d.get("made") else ""

@@ -29,11 +29,17 @@ from ..ir.text import shown
 from ..passes.trace import Rejection, layer_label, layer_of
 from . import styles as st
 from .heat import UNCOLOURED, readable_on, text_color
-from .overlay import INPUT_ROLES, Overlay
+from .overlay import INPUT_ROLES, Overlay, is_gap
 from .styles import fmt_attrs, fmt_shape, human_count, op_color, short_name, tint
 
 MAX_NODES = 1500
 """Default limit on drawn nodes; past it `render_dot` raises `GraphTooLarge` instead of hanging the layout."""
+
+NEAR_MISS_MARK, GAP_MARK, FADED_MARK = "✗", "△", "○"
+"""A refused place's mark on the drawing, as the app's chips and README's legend read it (`Overlay.standings`): a
+near-miss (red, counts against its layer), a gap in rlxviz's ops (a compiler fix), no near-miss (nothing to fix)."""
+_MADE = "#1b5e20"
+"""A fused node's note: the layer path it came from and its op."""
 
 _FOLDABLE = (Op.PARAM, Op.CONST)
 _MAX_FOLDED_LINES = 3
@@ -149,7 +155,7 @@ class _Drawer:
                 "or raise max_nodes")
         self.roles: dict[int, list[tuple[str, str]]] = {}
         self.border: dict[int, tuple[str, float, bool]] = {}  # color, penwidth, dashed
-        self.notes: dict[int, list[str]] = {}
+        self.notes: dict[int, list[tuple[str, str]]] = {}  # (words, colour) under a node's op
         self.fill: dict[int, str] = {}
         self.hot_edges: dict[tuple[int, int], str] = {}
         self.cluster_of: dict[int, int] = {}
@@ -197,14 +203,25 @@ class _Drawer:
             # a match with no layer path (IR text without @paths) has nothing to add to the node's own op and
             # "by PASS, absorbed N node(s)" lines: no note ("? -> ElementwiseRegion" read as an error)
             if m.fused is not None and m.path:
-                self.notes.setdefault(m.fused, []).append(f"{m.path} -> {self.nodes[m.fused].op.value}"
-                                                          if m.fused in self.nodes else m.path)
+                self.notes.setdefault(m.fused, []).append((f"{m.path} -> {self.nodes[m.fused].op.value}"
+                                                           if m.fused in self.nodes else m.path, _MADE))
         for i in ov.added:
             if i in self.nodes:
                 self.border.setdefault(i, (st.ADDED, 2.5, False))
 
+    def _standing(self, r: Rejection) -> tuple[str, str, str]:
+        """`(mark, ink, group)` of the place of `r` as the chips mark it (`Overlay.standings`, read by
+        `passes.why.places.place_standings`): `✗` in the rejection's red for a near-miss (group ""), `△` in
+        `styles.OP_GAP_INK` for a gap in rlxviz's ops, else the faded `○` in `styles.NOT_NEAR_MISS_INK`."""
+        group = self.ov.standings.get((r.rule, r.anchor))
+        if group is None:
+            return NEAR_MISS_MARK, st.REJECT, ""
+        return (GAP_MARK, st.OP_GAP_INK, group) if is_gap(group) else (FADED_MARK, st.NOT_NEAR_MISS_INK, group)
+
     def _decorate_rejection(self, k: int, r: Rejection) -> None:
-        tip = f"REJECTED {r.rule} [{r.stage}] guard {r.guard}: {r.message}" + (f"\nhint: {r.hint}" if r.hint else "")
+        mark_word, ink, group = self._standing(r)
+        head = f"{mark_word} {group.upper()} (not a near-miss)" if group else "REJECTED"
+        tip = f"{head} {r.rule} [{r.stage}] guard {r.guard}: {r.message}" + (f"\nhint: {r.hint}" if r.hint else "")
         for role, i in r.bindings.items():  # the candidate's roles, in a neutral colour: red is for the culprit
             # once per node per place (rule, anchor): a candidate refused at four guards is one candidate, so its
             # roles are drawn once ("hidden", not "hidden hidden hidden hidden"); another rule's roles still show
@@ -213,21 +230,36 @@ class _Drawer:
             self._place_roles.add((r.rule, r.anchor, i, role))
             self.roles.setdefault(i, []).append((_role_name(r.rule, role), st.CANDIDATE))
         mark = r.subject if r.subject is not None and r.subject in self.nodes else r.anchor
-        self.border[mark] = (st.REJECT, 3.0, True)
-        self.notes.setdefault(mark, []).append(f"✗ {r.guard}")
-        for i in r.offending:
-            self.offending.add(i)
-            self.fill[i] = st.REJECT_FILL
-            self.border[i] = (st.REJECT, 3.0, False)
-            self.notes.setdefault(i, []).append(f"offending: {r.guard}")
-        for e in r.offending_edges:
-            self.hot_edges[e] = r.guard
+        if group:  # no near-miss: its node says what the place is, in the chips' mark and ink, never the red
+            for i in dict.fromkeys((mark, *r.offending)):
+                note = (f"{mark_word} {group}: {r.guard}", ink)
+                if note not in self.notes.get(i, []):
+                    self.notes.setdefault(i, []).append(note)
+                # a near-miss's red and a match's colour at the same node stay; a gap's ink over the faded grey
+                if self.border.get(i, (st.NOT_NEAR_MISS_INK,))[0] == st.NOT_NEAR_MISS_INK:
+                    self.border[i] = (ink, 2.0, False)
+        else:
+            self.border[mark] = (st.REJECT, 3.0, True)
+            self.notes.setdefault(mark, []).append((f"{NEAR_MISS_MARK} {r.guard}", st.REJECT))
+            for i in r.offending:
+                self.offending.add(i)
+                self.fill[i] = st.REJECT_FILL
+                self.border[i] = (st.REJECT, 3.0, False)
+                self.notes.setdefault(i, []).append((f"offending: {r.guard}", st.REJECT))
+            for e in r.offending_edges:
+                self.hot_edges[e] = r.guard
         inner = [i for role, i in r.bindings.items() if role not in INPUT_ROLES]
         members = self._claim([r.anchor, *inner], len(self.clusters))
-        style = "rounded,dashed,filled" if r.stage == "guard" else "rounded,dotted,filled"
-        self.clusters.append((f"r{k}", {"label": f"✗ {r.rule}: {r.guard}\n{r.path}", "color": st.REJECT,
-                                        "fillcolor": self._cluster_fill("#fff5f5"), "style": style, "penwidth": "2",
-                                        "fontcolor": st.REJECT, "tooltip": _tip(tip)}, members))
+        if group:  # the gap's solid ink (a compiler fix), or the faded grey and dots of nothing to fix
+            style, fill = ("rounded,filled", tint(ink, 0.92)) if mark_word == GAP_MARK else \
+                ("rounded,dotted,filled", "#fafafa")
+            label = f"{mark_word} {r.rule}: {r.guard} ({group})\n{r.path}"
+        else:
+            style = "rounded,dashed,filled" if r.stage == "guard" else "rounded,dotted,filled"
+            fill, label = "#fff5f5", f"{NEAR_MISS_MARK} {r.rule}: {r.guard}\n{r.path}"
+        self.clusters.append((f"r{k}", {"label": label, "color": ink, "fillcolor": self._cluster_fill(fill),
+                                        "style": style, "penwidth": "2", "fontcolor": ink, "tooltip": _tip(tip)},
+                              members))
         for i in dict.fromkeys((r.anchor, mark, *r.offending)):
             self.rejection_tips.setdefault(i, []).append(tip)
 
@@ -281,8 +313,7 @@ class _Drawer:
                 ops = _op_summary(n.absorbed, self.ov.origin)
                 summary = f"absorbed {len(n.absorbed)} node(s)" + (f": {ops}" if ops else "")
                 lines += [_small(s, fg("#1b5e20")) for s in _wrap(summary)[:3]]
-        for note in self.notes.get(n.id, []):
-            color = st.REJECT if note.startswith(("✗", "offending")) else "#1b5e20"
+        for note, color in self.notes.get(n.id, []):
             lines.append(f'<FONT COLOR="{fg(color)}" POINT-SIZE="9"><B>{_e(note)}</B></FONT>')
         if n.id in self.ghosts:
             lines.insert(0, _small("removed", st.REMOVED))

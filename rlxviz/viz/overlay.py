@@ -116,29 +116,41 @@ def before_caption(step: PassStep, trace: Trace | None = None) -> str:
     return text
 
 
-def excused_places(trace: Trace | None, step: PassStep) -> frozenset[tuple[str, int]]:
-    """The places (rule, anchor) of `step`'s refusals that are no near-miss (`passes.why.places.place_standings`,
-    the chips' `○`), read in `trace`; without `trace` (or a step of no trace), a refusal's kind alone decides
-    (`Rejection.near_miss`), as `before_caption` does."""
+def place_groups(trace: Trace | None, step: PassStep) -> dict[tuple[str, int], str]:
+    """Each place (rule, anchor) of `step`'s refusals that is no near-miss -> its standing group
+    (`passes.why.places.place_standings`, a `passes.why.verdict.STANDING_GROUPS` word: `not expected here`, `gap in
+    rlxviz's ops`, ...): the chips' faded `○`, or their `△` for `OP_GAP_GROUP`, read in `trace`. Without `trace` (or a
+    step of no trace), a refusal's kind alone decides (`Rejection.near_miss`), as `before_caption` does: its group is
+    its kind (`guard.NOT_NEAR_MISSES`), else `guard.DOES_NOT_PAY`. A near-miss place is not in it."""
     k = trace.index_of(step) if trace is not None else None
     if trace is None or k is None:
-        return frozenset((r.rule, r.anchor) for r in step.rejections if not r.near_miss)
+        from ..passes.refusal_kinds import DOES_NOT_PAY, NOT_NEAR_MISSES
+
+        return {(r.rule, r.anchor): r.kind if r.kind in NOT_NEAR_MISSES else DOES_NOT_PAY
+                for r in step.rejections if not r.near_miss}
     from ..passes.why.places import place_standings  # the verdict reads the pipeline; the overlay is drawn without
 
-    return frozenset(pl for pl, (_, st) in place_standings(trace, k).items() if st is not None)
+    return {pl: st[0] for pl, (_, st) in place_standings(trace, k).items() if st is not None}
 
 
-def gap_places(trace: Trace | None, step: PassStep) -> frozenset[tuple[str, int]]:
-    """The places (rule, anchor) of `step`'s refusals at a gap in rlxviz's ops (`place_standings` in group
-    `passes.why.verdict.OP_GAP_GROUP`, the chips' unfaded `△`), read in `trace`; none without `trace`."""
-    k = trace.index_of(step) if trace is not None else None
-    if trace is None or k is None:
-        return frozenset()
-    from ..passes.why.places import place_standings  # the verdict reads the pipeline; the overlay is drawn without
-    from ..passes.why.verdict import OP_GAP_GROUP
+def run_groups(trace: Trace) -> dict[tuple[str, int], str]:
+    """`place_groups` of every step of `trace`, for a drawing of the whole run's refusals (`Overlay.trace_summary`):
+    a place that is a near-miss at any step of the run is none of them (its red `✗` stays)."""
+    out: dict[tuple[str, int], str] = {}
+    near: set[tuple[str, int]] = set()
+    for s in trace.steps:
+        groups = place_groups(trace, s)
+        out |= groups
+        near |= {(r.rule, r.anchor) for r in s.rejections} - set(groups)
+    return {pl: group for pl, group in out.items() if pl not in near}
 
-    return frozenset(pl for pl, (_, st) in place_standings(trace, k).items() if st is not None
-                     and st[0] == OP_GAP_GROUP)
+
+def is_gap(group: str) -> bool:
+    """Whether a standing group (`place_groups`) is a gap in rlxviz's ops (`passes.why.verdict.OP_GAP_GROUP`, the
+    chips' `△`): a compiler fix, drawn apart from the faded `○`."""
+    from ..passes.why.verdict import OP_GAP_GROUP  # the verdict reads the pipeline; the overlay is drawn without it
+
+    return group == OP_GAP_GROUP
 
 
 def worded(trace: Trace, step: PassStep) -> tuple[Rejection, ...]:
@@ -174,10 +186,9 @@ class Overlay:
         origin: the graph that `Node.absorbed` ids refer to, to name absorbed ops in labels.
         heat: node id -> (fill, tooltip line): a per-node figure drawn as the node's fill (`viz.heat`), its value
             in the tooltip; replaces the op colour of those nodes.
-        excused: the places (rule, anchor) of `rejections` that are no near-miss (`excused_places`: the chips'
-            `○`): a layer holding only these is drawn as a not-near-miss, never as rejected.
-        gaps: those of `excused` at a gap in rlxviz's ops (`gap_places`: the chips' `△`): a layer holding only
-            excused places, some of them gaps, is drawn as a gap (`styles.OP_GAP`).
+        standings: each place (rule, anchor) of `rejections` that is no near-miss -> its standing group
+            (`place_groups`: the chips' `○`, `△` for a gap in rlxviz's ops): the drawing marks it so, never with a
+            near-miss's red `✗`; a layer holding only these is drawn as a not-near-miss, never as rejected.
         made: node id -> what a node a match made beside its product is (`passes.made.made_beside`): its label
             and tooltip say so instead of listing the match's absorbed nodes, which only the product holds.
         names: node id -> (rule, role) per binding of a match or rejection that this overlay does not draw: the
@@ -195,8 +206,7 @@ class Overlay:
     removed: tuple[Node, ...] = ()
     origin: Graph | None = None
     heat: dict[int, tuple[str, str]] = field(default_factory=dict)
-    excused: frozenset[tuple[str, int]] = frozenset()
-    gaps: frozenset[tuple[str, int]] = frozenset()
+    standings: dict[tuple[str, int], str] = field(default_factory=dict)
     names: dict[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     made: dict[int, Beside] = field(default_factory=dict)
 
@@ -221,15 +231,14 @@ class Overlay:
                    if rejections else (),
                    origin=all_versions(trace) if trace is not None else None,
                    made=made_in_run(trace) if trace is not None else {},
-                   excused=excused_places(trace, step) if rejections else frozenset(),
-                   gaps=gap_places(trace, step) if rejections else frozenset())
+                   standings=place_groups(trace, step) if rejections else {})
 
     def worded_by(self, trace: Trace, step: PassStep) -> Overlay:
         """This overlay with `step`'s rejections (of `trace`) worded as `explain` and the table word them
         (`worded`), for an overlay made without the trace (its labels unchanged), its caption counting places as
         the chips do with the trace (`before_caption`)."""
-        out = replace(self, rejections=worded(trace, step), excused=excused_places(trace, step),
-                      gaps=gap_places(trace, step)) if self.rejections else self
+        out = replace(self, rejections=worded(trace, step), standings=place_groups(trace, step)) \
+            if self.rejections else self
         out = replace(out, made=made_in_run(trace))
         return replace(out, title=before_caption(step, trace)) if out.title.startswith("before ") else out
 
@@ -258,7 +267,18 @@ class Overlay:
         fused = tuple(m for m in trace.matches if m.fused is not None and m.fused in final)
         return cls(title=trace.pipeline, fused=fused,
                    rejections=tuple(r for s in trace.steps for r in worded(trace, s)), origin=all_versions(trace),
-                   made=made_in_run(trace))
+                   made=made_in_run(trace), standings=run_groups(trace))
+
+    @property
+    def excused(self) -> frozenset[tuple[str, int]]:
+        """The places (rule, anchor) of `rejections` that are no near-miss (`standings`: the chips' `○` and `△`)."""
+        return frozenset(self.standings)
+
+    @property
+    def gaps(self) -> frozenset[tuple[str, int]]:
+        """Those of `excused` at a gap in rlxviz's ops (`is_gap`: the chips' `△`): a layer holding only excused
+        places, some of them gaps, is drawn as a gap (`styles.OP_GAP`)."""
+        return frozenset(pl for pl, group in self.standings.items() if is_gap(group))
 
     def extent(self, m: Match) -> tuple[int, ...]:
         """Node ids covered by match `m` (its absorbed nodes; by default its non-operand bindings)."""
