@@ -253,18 +253,18 @@ def test_every_header_fits_its_column_at_1280_and_says_its_meaning():
 
 def test_the_fix_column_says_a_fix_not_the_message_again():
     """llama-block's `attn_is_fused_block` row (fuse_transformer_layer: fuse_attention_block refused earlier) had its
-    fix column repeat the whole nested message ("fuse_attention_block ran before and said no here: ..."): it says
-    the earlier refusal's fix now, named by pass, guard and node (`passes.report.fix_line`), as the graph's tooltips
-    do."""
+    fix column repeat the whole nested message ("fuse_attention_block ran before and said no here: ..."). It then
+    named the earlier refusal's fix ("fix fuse_attention_block's refusal first ..."), a line `explain` never prints,
+    on a refusal the layer does not expect. Its fix is now `explain`'s (`passes.report.fix_line`): none there, since
+    the message says it; the earlier refusal's own row keeps its fix; the graph's tooltips say the same."""
     from rlxviz.viz.overlay import worded
 
     s = tiny(preset="llama-block")
     rows = decision_rows(s.trace)
     row = next(r for r in rows if r["guard"] == "attn_is_fused_block")
     block = next(r for r in rows if r["pass"] == "fuse_attention_block" and r["anchor"] == row["anchor"])
-    assert row["hint"] and row["hint"] not in row["message"], row
-    assert row["hint"] == (f"fix fuse_attention_block's refusal first ({block['guard']} at node {block['anchor']}): "
-                           f"{block['hint']}"), row["hint"]
+    assert "fuse_attention_block ran before and said no here" in row["message"], row
+    assert row["hint"] == "", row["hint"]
     assert block["hint"] and block["hint"] not in block["message"]
     k = row["step"]
     tips = {(r.rule, r.guard): r.hint for r in worded(s.trace, s.trace.steps[k])}

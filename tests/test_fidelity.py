@@ -14,7 +14,7 @@ from clirun import one_line_error, run
 
 from rlxviz.models.onnx import load_onnx
 from rlxviz.session import load_inputs
-from rlxviz.session.fidelity import against_expected, against_onnx
+from rlxviz.session.fidelity import against_expected, against_onnx, import_checks
 
 CASES = Path(__file__).parent / "fixtures" / "onnx" / "cases"
 FALCON, FALCON_IO = CASES / "falcon.onnx", CASES / "falcon_io.npz"
@@ -93,3 +93,45 @@ def test_an_expect_file_is_bounded_from_its_headers_too(tmp_path, capsys):
     code, _, err = run(capsys, "run", FALCON, "-i", inputs, "-o", tmp_path / "o.npz", "--expect", expect)
     assert code == 2
     one_line_error(err, "run", "last_hidden_state has shape [2, 8, 64, 40], larger than every output of the graph")
+
+
+GRANITE, ROBERTA_IO = CASES / "granite.onnx", CASES / "roberta_io.npz"
+
+
+def test_another_models_outputs_are_not_blamed_on_the_import(capsys):
+    """granite.onnx with roberta_io.npz (another model's outputs): ONNX Runtime on the file equals version 0 on those
+    inputs, so the import did not change the numbers; the line said it did. It says the expected outputs do not match
+    what the file computes now, in `explain` and in the app's check on an inputs file (`onnx_check`, the Timing
+    tab's), and the exit code still says something differs."""
+    from rlxviz.session.fidelity import onnx_check
+
+    code, out, _ = run(capsys, "explain", GRANITE, "--inputs", ROBERTA_IO)
+    lines = [ln for ln in out.splitlines() if ln.startswith("version 0")]
+    assert lines[0].startswith("version 0 equals the ONNX model (ONNX Runtime"), lines
+    said = lines[1]
+    assert said.startswith("version 0 DIFFERS from the expected outputs in roberta_io.npz: max err "), said
+    assert ("equals version 0 on these inputs, so the import did not change the numbers: the expected outputs do not "
+            "match what the file computes (are they this model's outputs?)") in said, said
+    assert "the import changed the numbers" not in out and code == 1
+    with np.load(ROBERTA_IO) as z:
+        shapes = {k: z[k].shape for k in z.files if not k.startswith("out:")}
+    m = load_onnx(GRANITE, input_shapes=shapes)
+    line, ok = onnx_check(m, load_inputs(ROBERTA_IO, m.graph))
+    assert not ok and line == f"On the arrays of roberta_io.npz: {lines[0]}; {said}", line
+
+
+def test_expected_outputs_are_blamed_on_the_import_only_when_the_file_disagrees_too():
+    """A version 0 that differs from its ONNX file (a weight reversed, as the id() bug bound another constant) still
+    blames the import on the expected-outputs line too; with no run of the file to compare (`with_onnx` off), the
+    line says the two differ and blames neither."""
+    m, user = _falcon()
+    name = max(m.weights, key=lambda k: m.weights[k].size)
+    m.weights[name] = m.weights[name][::-1].copy()
+    file, expected = import_checks(m, user.feeds, user.expected, "falcon_io.npz")
+    assert not file.ok and not expected.ok and expected.file_agrees is False
+    for c in (file, expected):
+        assert "the import changed the numbers, so no later check can be trusted" in c.line(), c.line()
+    assert "did not change" not in expected.line()
+    (alone,) = import_checks(m, user.feeds, user.expected, "falcon_io.npz", with_onnx=False)
+    assert not alone.ok and alone.file_agrees is None
+    assert "which of the two is wrong is not known" in alone.line() and "import changed" not in alone.line()

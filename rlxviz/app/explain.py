@@ -42,8 +42,8 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
     into `trace.steps`), `pass`, `rule`, `layer` (int or None), `stage`, `guard`, `why` (the guard's kind of
     "no": `illegal`, `not recognized`, `not profitable`; `also: ...` for a further failing guard of the same
     candidate), `anchor`, `message` (as `explain` words it, `report.in_context`: a "run P first" whose P ran before
-    says what P decided there, its rejection on these nodes), `hint` (the fix, `report.fix_line`: empty where the
-    message says it, P's refusal's fix where P said no), `fix` (compiler-side), `nodes` (ids
+    says what P decided there, its rejection on these nodes), `hint` (the fix, `report.fix_line`: the line `explain`
+    prints after `fix:`, empty where it prints none, as where the message says it), `fix` (compiler-side), `nodes` (ids
     to highlight), `position` (the anchor's place in the input graph's topological order, 0 the first node, a node a
     pass made where its result stood: `passes.trace.anchor_position`; None for an anchor no version holds).
     """

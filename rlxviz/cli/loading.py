@@ -75,7 +75,7 @@ def _import_checks(model: Model, feeds: dict[str, np.ndarray], user: Any, expect
     `out:NAME` arrays of the inputs file (a slice's: those `_slice_aside` left), the `--expect` file. Raises
     CLIError for an unreadable --expect file or a name that is no output."""
     from ..session import Limits
-    from ..session.fidelity import against_expected, import_checks, inputs_source
+    from ..session.fidelity import against_expected, import_checks, inputs_source, weighed
     from ..session.inputs import load_expected
 
     try:
@@ -86,7 +86,7 @@ def _import_checks(model: Model, feeds: dict[str, np.ndarray], user: Any, expect
             out.append(against_expected(model, feeds, load_expected(expect, model.graph), Path(expect).name))
     except ValueError as e:
         raise CLIError(str(e).splitlines()[0]) from None
-    return out
+    return weighed(out)  # an expected output that differs is blamed as the file's own run says
 
 
 def _bound_shapes(args: argparse.Namespace) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:

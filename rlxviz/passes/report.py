@@ -149,21 +149,15 @@ def _in_context(trace: Trace, step: int, r: Rejection) -> tuple[str, str]:
 
 
 def fix_line(trace: Trace, step: int, r: Rejection) -> str:
-    """The fix a reader is told for rejection `r` of `trace.steps[step]`: its hint in context (`in_context`) unless
-    the message already says it (`explain` prints no fix line then); for a "run P first" that P answered with its own
-    refusal here ("P ran before and said no here: ..." in the message), that refusal's fix, named:
-    `fix fuse_attention_block's refusal first (mask_kind_keep at node 14): <its fix line>`; else "". The app's
-    matches table and graph tooltips show this as the fix, never a copy of the message."""
+    """The line `explain` prints after `fix:` for rejection `r` of `trace.steps[step]`: its hint in context
+    (`in_context`) unless the message already holds it (`passes.explain.Outcome.lines` prints no fix line then);
+    else "". The app's matches table and graph tooltips show this as the fix, never a copy of the message. Read on
+    the run with its fixes vetted (`session.advice.vetted`), it is `--json`'s `fix_checks[].fix` (null: "") for
+    every refusal `explain` checks: the table once named an earlier pass's refusal's fix here ("fix
+    fuse_attention_block's refusal first ..."), a fix `explain` never printed, proposed on a refusal the layer
+    does not expect (granite's `attn_is_fused_block`)."""
     message, hint = in_context(trace, step, r)
-    if hint and hint not in message:
-        return hint
-    for name in dict.fromkeys(_RUN_FIRST.findall(r.hint)):
-        found = _refused_by(trace, step, r, name)
-        if found is not None:
-            k, x = found
-            inner = fix_line(trace, k, x) or x.fix
-            return f"fix {name}'s refusal first ({x.guard} at node {x.anchor})" + (f": {inner}" if inner else "")
-    return ""
+    return hint if hint and hint not in message else ""
 
 
 def _refused_by(trace: Trace, step: int, r: Rejection, name: str) -> tuple[int, Rejection] | None:

@@ -1,0 +1,76 @@
+"""The Matches & rejections table's fix column is the fix `rlxviz explain` prints (newcomer run): on granite the
+row of `fuse_transformer_layer.bert_post_ln` (`attn_is_fused_block`), a refusal the LLaMA-kind layer does not
+expect, proposed "fix fuse_attention_block's refusal first (default_scale at node 207): fold the scale into q_proj
+..." while `explain` printed no fix for it and `--json`'s `fix_checks` had `"fix": null`. Both read
+`passes.report.fix_line` on the run with its fixes vetted now."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from clirun import run
+from test_app_views import tiny
+
+from rlxviz.app.whyview import DecisionTable
+
+ONNX = Path(__file__).parent / "fixtures" / "onnx"
+
+
+def _table(s) -> list[dict]:
+    """The table's rows as the app shows them, with each row's step (kept by the table, not shown)."""
+    t = DecisionTable(state=s)
+    shown = t.table.value.to_dict("records")
+    return [{**row, "step": r["step"], "why": r["why"]} for row, r in zip(shown, t._rows, strict=True)]
+
+
+def _fix_checks(capsys, *args) -> list[dict]:
+    """`explain --json`'s `fix_checks` at the app's shapes (`tiny`: sequence length 8, so the checks' numbers agree)."""
+    _, out, _ = run(capsys, "explain", *args, "--seq", "8", "--json")
+    return json.loads(out)["fix_checks"]
+
+
+def _uploaded(path: Path):
+    s = tiny()
+    s.load_upload({path.name: path.read_bytes()})
+    assert s.model is not None and "onnx_file" in s.model.meta, s.message
+    return s
+
+
+def _assert_parity(rows: list[dict], checks: list[dict]) -> None:
+    """Every refusal `explain --json` checked has its table row (its headline, the last pass that refused it there),
+    and that row's fix is the line `explain` prints after `fix:` ("" where it prints none)."""
+    assert checks
+    for f in checks:
+        mine = [r for r in rows if (r["rule"], r["anchor"], r["guard"]) == (f["rule"], f["anchor"], f["guard"])
+                and not r["why"].startswith("also:")]
+        assert mine, f
+        row = max(mine, key=lambda r: r["step"])
+        assert row["hint"] == (f["fix"] or ""), (f, row)
+
+
+def test_granite_not_expected_row_proposes_no_fix_explain_does_not_print(capsys):
+    path = ONNX / "cases" / "granite.onnx"
+    checks = _fix_checks(capsys, path)
+    rows = _table(_uploaded(path))
+    quiet = [f for f in checks if f["rule"] == "fuse_transformer_layer.bert_post_ln"
+             and f["guard"] == "attn_is_fused_block"]
+    assert quiet and all(f["fix"] is None and not f["printed_as_fix"] for f in quiet), quiet
+    for f in quiet:
+        (row,) = [r for r in rows if (r["rule"], r["anchor"], r["guard"]) == (f["rule"], f["anchor"], f["guard"])]
+        assert row["kind"] == "not expected here" and row["hint"] == "", row
+        assert "refusal first" not in row["hint"]
+    _assert_parity(rows, checks)
+
+
+@pytest.mark.parametrize("case", ["gpt2", "dead_h1_user"])
+def test_every_checked_refusals_row_shows_explains_fix(capsys, case):
+    if case == "gpt2":
+        path = ONNX / "gpt2.onnx"
+        checks, s = _fix_checks(capsys, path), _uploaded(path)
+    else:
+        checks = _fix_checks(capsys, "bert-tiny", "--variant", case)
+        s = tiny()
+        s.apply_variant(case)
+    _assert_parity(_table(s), checks)
