@@ -92,7 +92,8 @@ def test_a_clip_layer_has_an_mlp_and_names_what_fc1_leaves_outside(capsys, tmp_p
     code, out, _ = cli_run(capsys, "explain", path)
     # the model's activation is its own (no change keeps its numbers): a gap in rlxviz's ops, named, exit 0
     assert code == 0 and "attention only" not in out and "epilogue_activation" in out and NAMES[form] in out
-    assert "rlxviz's ops lack: op for " in out
+    lacks = ("a {} epilogue" if " " not in NAMES[form] else "an epilogue for {}").format(NAMES[form])
+    assert f"rlxviz's ops lack: FusedMatMulBiasAct with {lacks}" in out, out  # an op form, not "op for ..."
 
 
 def test_a_post_ln_layer_names_quick_gelu_in_fc1_activation(capsys, tmp_path):

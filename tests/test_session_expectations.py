@@ -70,7 +70,7 @@ def test_explain_exit_codes(capsys, path, code):
     assert main(["explain", str(ROOT / path)]) == code
     out = capsys.readouterr().out
     if "eps" in path:  # no change to the model keeps sqrt(var) + eps: an op rlxviz lacks, named
-        assert "(eps_inside_sqrt)" in out and "rlxviz's ops lack: op for std + eps" in out
+        assert "(eps_inside_sqrt)" in out and "rlxviz's ops lack: std + eps (eps outside the sqrt) as a norm op" in out
     if "07" in path:
         assert "grouped-query (4 query heads, 2 kv heads)" in out
         assert "recognized: fuse_sdpa.hf_attention -> attention %" in out
