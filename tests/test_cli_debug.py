@@ -332,6 +332,26 @@ def test_a_file_that_is_no_model_says_what_it_is(tmp_path, capsys):
         assert code == 0 and "2/2 layer(s) fused as expected" in out, err
 
 
+def test_a_text_file_that_is_no_ir_is_not_a_syntax_error(tmp_path, capsys):
+    """Run 12: `rlxviz explain README.md` said "IR syntax error: unexpected character '|'"; a file of another suffix
+    whose text does not start as IR does (`graph`, after blank and comment lines) is named as no model rlxviz reads.
+    IR text under another suffix still loads, and a real IR error in it is still the syntax error."""
+    from rlxviz.session.loading import IR_SUFFIXES
+
+    readme = ROOT / "README.md"
+    code, out, err = run(capsys, "explain", readme)
+    assert code == 2 and out == "" and "syntax error" not in err
+    line = one_line(err, "explain")
+    assert f"{readme}: not IR text (IR starts with `graph NAME {{`)" in line and all(s in line for s in IR_SUFFIXES)
+    code, out, _ = run(capsys, "ir", "bert-tiny", "--seq", 4)
+    (tmp_path / "tiny.model").write_text("# my model\n\n" + out)
+    code, out, err = run(capsys, "explain", tmp_path / "tiny.model")
+    assert code == 0 and "2/2 layer(s) fused as expected" in out, err
+    (tmp_path / "typo.model").write_text('graph g {\n  %0 = inptu\n}\n')
+    code, _, err = run(capsys, "explain", tmp_path / "typo.model")
+    assert code == 2 and "typo.model:2:8: IR syntax error: unknown op 'inptu'" in err, err
+
+
 def test_explain_checkpoint_folder_and_folder_errors(tmp_path, capsys):
     from rlxviz.models import minilm_dir
 

@@ -9,6 +9,7 @@ line, column and caret) for front ends that show the caret.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -44,6 +45,10 @@ MAX_IR_FILE_BYTES = 64 << 20
 IR_SUFFIXES = (".ir", ".rlx", ".txt")
 """The suffixes of IR text files (`format_graph` form): what the CLI's help and the app's IR file box name. `load`
 reads any other file that is no `.onnx` export, graph JSON or array file as IR text too."""
+
+_LOOKS_LIKE_IR = re.compile(r"\A(?:\s*(?:#|//)[^\n]*\n|\s+)*graph\b")
+"""IR text's start: blank and comment lines (`#`, `//`), then `graph`. A file of another suffix whose text does not
+start so is named as no model rlxviz reads, not blamed for a syntax error at its first character."""
 
 GRAPH_JSON_SUFFIX = ".json"
 """A graph in rlxviz's JSON form (`to_json`), read by `load_ir_file`."""
@@ -179,6 +184,10 @@ def load_ir_file(path: str | Path, limits: Limits | None = None) -> Model:
         # `_graph_model` lints (an invalid graph's error names the line that defines the node)
         g = from_json(text) if p.suffix.lower() == ".json" else parse_ir(text, verify=False)
     except IRSyntaxError as e:
+        if p.suffix.lower() not in IR_SUFFIXES and not _LOOKS_LIKE_IR.match(text):  # README.md: not IR at all
+            raise SessionError(f"{path}: not IR text (IR starts with `graph NAME {{`) and no other kind of model "
+                               f"rlxviz reads: MODEL is a preset name, a checkpoint folder, an .onnx file or an IR "
+                               f"file ({', '.join((*IR_SUFFIXES, GRAPH_JSON_SUFFIX))})") from None
         raise SessionError(syntax_error_line(str(path), e.line, e.col, e.reason)) from None
     except NotGraphJSON as e:
         raise SessionError(f"{path}: {first_line(e)}") from None
