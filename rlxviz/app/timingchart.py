@@ -186,8 +186,9 @@ def speedup_color(row: dict[str, Any]) -> str:
 OK_VERDICTS = ("ok", "unchanged")
 """A version's table verdicts (`session.timing_table`'s `verdict`) that say its numbers are right."""
 
-ERROR_LEGEND = ("Beside it: the max error against NumPy, a green dot where the table's verdict is ok (within the "
-                "tolerance the precision line states), a red one where it is not.")
+ERROR_LEGEND = ("Beside it: the max error against the table's reference (the float64 oracle, the unfused graph; "
+                "version 0 where the precision line says the graph is quantized), a green dot where the table's "
+                "verdict is ok (within the tolerance the precision line states), a red one where it is not.")
 """The error plot in the chart's legend (`chart_legend`), as `error_color` colours it."""
 
 
@@ -298,7 +299,7 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
       whiskers: its 95% bootstrap interval; label `speedup_label`, that same number; fill `speedup_color`, by its
       reading), a rule at 1. On a busy run (`row["busy"]`) no bar, whisker or label: the plot's title says why
       (`session.timing.speedup_text` prints no number there either);
-    * max |error| vs NumPy (log axis; a dot coloured by the table's verdict, `error_color`).
+    * max |error| vs the table's reference (log axis; a dot coloured by the table's verdict, `error_color`).
 
     A bar and its label are one statistic: a median ms bar longer than the input's may sit next to a speed-up
     above 1 (the medians and the per-round ratios are different statistics), but never inside one plot.
@@ -365,7 +366,7 @@ def timing_figure(rows: list[dict[str, Any]]) -> Any:
     sp.x_range = Range1d(start=0.0, end=max([1.0, *ends]) * (LABEL_ROOM + 0.3))
     hi = max([1e-2, *(10 * r["max_err"] for r in rows if r["max_err"] == r["max_err"])])
     q = figure(y_range=p.y_range, height=h, width=240, x_axis_type="log", x_range=(1e-9, hi),
-               title="max |error| vs NumPy", toolbar_location=None)
+               title="max |error| vs the reference", toolbar_location=None)
     # a tick every third decade: one per decade (10^-9 to 10^-2) ran into each other in 230 px
     top = math.ceil(math.log10(hi)) if math.isfinite(hi) else 0
     q.xaxis.ticker = FixedTicker(ticks=[10.0 ** k for k in range(-9, top + 1, 3)])

@@ -74,7 +74,7 @@ def tip_below(text: str) -> Any:
 class TimingView(Viewer):
     """Time every version on MLX in a worker process, in interleaved rounds (`session.time_versions`, as the CLI);
     median ms per version as a Bokeh bar chart with the IQR as a whisker and the speed-up over the unfused graph,
-    the max error against the NumPy reference, and where it ran (device, precision, BLAS)."""
+    the max error against the table's reference (the float64 oracle), and where it ran (device, precision, BLAS)."""
 
     state = param.ClassSelector(class_=AppState)
 
