@@ -21,8 +21,7 @@ from ..passes.made import made_in_run
 from ..passes.pipeline import role_label
 from ..passes.report import fix_line, in_context
 from ..passes.trace import Rejection, Trace, anchor_position, layer_of, reading_order
-from ..passes.why.caveat import model_fix_note
-from ..passes.why.places import LEFT_OUT_STATUS, place_standings, place_status
+from ..passes.why.places import LEFT_OUT_STATUS, gap_workaround, place_standings, place_status
 from ..passes.why.places import REJECTED as NEAR_MISS
 from ..passes.why.text import left_out_heading
 from ..passes.why.verdict import OP_GAP_GROUP, RunVerdict
@@ -364,8 +363,7 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
                 head, st = standings[(r.rule, r.anchor)]
                 add({"pass": s.pass_name, "rule": r.rule, "standing": place_status(head, st),
                      "standing_why": st[1] if st is not None else "",
-                     "gap_workaround": (st is not None and st[0] == OP_GAP_GROUP
-                                        and bool(model_fix_note(trace, r.rule, r.anchor, r.guard))),
+                     "gap_workaround": gap_workaround(trace, head, st),
                      "role": role_label(r.rule, role) if role else ("anchor" if r.anchor == node_id else "offending"),
                      "outcome": "left out" if r.soft else f"rejected ({r.stage})", "guard": r.guard,
                      "message": message, "hint": hint, "kind": r.kind, "fix": r.fix, "anchor": r.anchor,

@@ -101,6 +101,14 @@ LEFT_OUT_STATUS = "left out"
 """`place_status` of a soft place that is a near-miss: a fusion made without it (no chip counts it)."""
 
 
+def gap_workaround(trace: Trace, head: Rejection, st: tuple[str, str] | None) -> bool:
+    """Whether a checked change to the model works around the place of headline refusal `head` with `standing` `st`
+    (`place_standings`): a place at a gap in rlxviz's ops (`OP_GAP_GROUP`) whose `caveat.model_fix_note` names one.
+    The one reading of it for the chips (`Places.gap_workaround`) and the node drawer."""
+    return (st is not None and st[0] == OP_GAP_GROUP
+            and bool(model_fix_note(trace, head.rule, head.anchor, head.guard)))
+
+
 def place_status(head: Rejection, st: tuple[str, str] | None) -> str:
     """The status word of a place from its headline refusal `head` and `standing` `st` (`place_standings`):
     `REJECTED` (a near-miss, the chips' `✗`), `LEFT_OUT_STATUS` (a soft near-miss), or the `STANDING_GROUPS` group
@@ -134,7 +142,7 @@ def places(trace: Trace, step: int) -> Places:
         path = place_label(r.anchor, r.path)
         if group == OP_GAP_GROUP:
             lacks |= dict.fromkeys(place_gaps(trace, r))
-            workaround = workaround or bool(model_fix_note(trace, r.rule, r.anchor, r.guard))
+            workaround = workaround or gap_workaround(trace, r, st)
         if group in (NOT_EXPECTED_HERE, OP_GAP_GROUP):  # worded as `explain` words it: the guard's reason, then why
             reason = in_context(trace, step, r)[0]
             item = f"{path}: {not_expected_line(r.rule, r.guard, reason, why)}"  # its place named once: `path`
@@ -168,5 +176,5 @@ def layer_places(trace: Trace) -> dict[int, tuple[PlaceCount, ...]]:
     return {layer: tuple(sorted((*key, n) for key, n in per.items())) for layer, per in counts.items()}
 
 
-__all__ = ["LEFT_OUT_STATUS", "PLACE_UNIT", "REJECTED", "PlaceCount", "Places", "layer_places", "near_miss_item",
-           "place_standings", "place_status", "places"]
+__all__ = ["LEFT_OUT_STATUS", "PLACE_UNIT", "REJECTED", "PlaceCount", "Places", "gap_workaround", "layer_places",
+           "near_miss_item", "place_standings", "place_status", "places"]
