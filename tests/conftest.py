@@ -94,8 +94,8 @@ COMPUTE_TESTS: dict[str, str] = {
                                                                                         "subprocess per file",
     # uploads and paths loaded in a short child process each, bounded in CPU time (the isolated loader: 120 s, a
     # wall-clock backstop of 10x that; each load takes a few seconds), nothing timed, files under tmp_path
-    "test_one_verdict.py::test_every_view_reads_one_verdict_onnx_fixtures": "twelve ONNX uploads, each loaded in a "
-                                                                            "child process, through every view",
+    "test_verdict_parity.py::test_an_uploaded_onnx_file_every_view_one_verdict": "ONNX uploads, each loaded in a "
+                                                                                  "child process, through every view",
     "test_app_start.py::test_a_dropped_onnx_file_loads_and_half_a_checkpoint_waits": "uploads in child processes",
     "test_app_views.py::test_why_tab_opens_on_a_layer_after_an_upload": "an upload loaded in a child process",
     "test_app_views.py::test_variants_disabled_for_an_uploaded_onnx_export": "an upload loaded in a child process",

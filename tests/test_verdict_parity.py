@@ -21,12 +21,15 @@ from clirun import run as cli_run
 
 from rlxviz import session
 from rlxviz.app.explain import _verdict as node_panel_verdict
+from rlxviz.app.explain import node_report, report_markdown
 from rlxviz.app.jobs import Runner
 from rlxviz.app.state import AppState
 from rlxviz.models import PRESETS
+from rlxviz.passes.trace import layer_of
 from rlxviz.passes.why.verdict import RunVerdict
 from rlxviz.session import opening as SESSION_OPEN
 from rlxviz.session.render import View, picture, verdicts
+from rlxviz.session.status import layer_status, verdict_pass
 
 ROOT = Path(__file__).parent
 HANDED = sorted((ROOT / "data" / "cases").glob("*.rlx"))
@@ -221,6 +224,10 @@ def _check_drawing_and_panel(trace, v: RunVerdict) -> None:
         p = node_panel_verdict(trace, lv.layer)
         assert p is not None and p["fused"] == lv.fused and p["legal_only"] == lv.legal_only
         assert (p["rule"], p["guard"], p["fix"]) == ((first.rule, first.guard, first.fix) if first else ("", "", ""))
+        if first is not None and ran:  # the node panel of the first rejection's node words it as `explain` does
+            rep = node_report(g, first.nodes[0] if first.nodes else first.subject, trace)
+            said = [x for x in rep["decisions"] if x["rule"] == first.rule and x["guard"] == first.guard]
+            assert said and said[0]["message"] == first.message and said[0]["hint"] == first.hint
 
 
 def _plain(markdown: str) -> str:
@@ -245,6 +252,49 @@ def _check_why_tab(s: AppState, j: dict) -> None:
         assert _text_facts(blocks[0][1]) == want, (why, want)
 
 
+def _check_app_views(s: AppState, j: dict) -> int:
+    """For every layer of the app's run: the session's verdict on the advised run (`layer_status`, every fix
+    checked by its what-if) is what `--json` says, what the Why tab says, what the "why" drawing shows and what the
+    node panel says for the first rejection's node (its decision's message and hint as `explain` words them). The
+    layers checked."""
+    by_layer = {d["layer"]: d for d in j["layers"]}
+    trace = s.advised_trace()
+    last = len(trace.versions()) - 1
+    for layer in s.layers():
+        st = layer_status(trace, layer)
+        d = by_layer[layer]
+        first = (st.first.rule, st.first.guard, st.first.fix) if st.first else None
+        jf = d["first"]
+        assert d["fused"] == (st.fused and not st.gap_only) and d["nothing_to_change"] == st.fused
+        assert d["gap_only"] == st.gap_only and ((jf["rule"], jf["guard"], jf["compiler_fix"]) if jf else None) == first
+        why = _plain(s.why_layer(layer))
+        assert ("NOT fused" in why) == (not st.fused), why
+        legal_only = st.fused and bool(st.illegal)  # issue 38: a product illegal for the layer is not expected
+        assert (f"layer {layer}: fused as far as legal" in why) == legal_only, why
+        assert (d["status"] == "fused as far as legal") == legal_only and len(d["illegal"]) == len(st.illegal)
+        g, _, _ = picture(trace, View(version=last, side="why", focus=layer))
+        if st.first is None:
+            assert verdict_pass(trace, layer) is None or not st.fused
+            node = next(n.id for n in g if layer_of(n.path) == layer)
+        else:
+            assert f"first rejection: {st.first.rule}" in why and f"guard {st.first.guard} " in why
+            assert (st.first.fix in why) if st.first.fix else True
+            assert verdict_pass(trace, layer) == st.first.pass_name and g is trace.step(st.first.pass_name).before
+            node = st.first.nodes[0] if st.first.nodes else st.first.subject
+        rep = node_report(g, node, trace)
+        v = rep["verdict"]
+        assert v is not None and v["layer"] == layer, (layer, node, g[node].path)
+        assert v["fused"] == st.fused and (v["rule"], v["guard"], v["fix"]) == (first or ("", "", ""))
+        if st.first is not None:
+            said = [x for x in rep["decisions"] if x["rule"] == st.first.rule and x["guard"] == st.first.guard]
+            assert said and said[0]["message"] == st.first.message and said[0]["hint"] == st.first.hint
+            text = _plain(report_markdown(rep))
+            assert f"layer {layer}: NOT fused" in text and st.first.guard in text
+        elif legal_only:
+            assert f"layer {layer}: fused as far as legal" in _plain(report_markdown(rep))
+    return len(s.layers())
+
+
 def _handed(capsys, monkeypatch, path: Path) -> None:
     code, text, j, trace = _explain(capsys, monkeypatch, path)
     v = _check_cli(code, text, j, trace)
@@ -252,6 +302,7 @@ def _handed(capsys, monkeypatch, path: Path) -> None:
     s = AppState(runner=Runner(background=False), source="ir", ir_text=path.read_text())
     assert s.message_kind != "danger", s.message
     _check_why_tab(s, j)
+    _check_app_views(s, j)
 
 
 HANDED_REST = [p for p in HANDED if p not in HANDED_SAMPLE]
@@ -274,7 +325,9 @@ def test_every_handed_case_every_form_one_verdict(capsys, monkeypatch, path):
 def test_preset_every_form_one_verdict(capsys, monkeypatch, name):
     code, text, j, trace = _explain(capsys, monkeypatch, name, "--seq", 8)
     _check_drawing_and_panel(trace, _check_cli(code, text, j, trace))
-    _check_why_tab(AppState(runner=Runner(background=False), preset=name, seq=8), j)
+    s = AppState(runner=Runner(background=False), preset=name, seq=8)
+    _check_why_tab(s, j)
+    assert _check_app_views(s, j) >= 1
 
 
 ONNX_SAMPLE = FIXTURES_SAMPLE + ZOO_SAMPLE
@@ -299,6 +352,22 @@ def test_onnx_every_form_one_verdict(capsys, monkeypatch, path):
 @pytest.mark.parametrize("path", ONNX_REST, ids=[p.stem for p in ONNX_REST])
 def test_every_onnx_fixture_and_zoo_file_every_form_one_verdict(capsys, monkeypatch, path):
     _onnx(capsys, monkeypatch, path)
+
+
+UPLOADED = [p for p in FIXTURES if p.stem in ("bert", "gpt2")]
+"""ONNX files dropped on the app (each loaded and checked in child processes, ~6 s): the app's views of an upload
+read the verdict `explain` prints for the file; every file's `explain` forms are checked above."""
+
+
+@pytest.mark.parametrize("path", UPLOADED, ids=[p.stem for p in UPLOADED])
+def test_an_uploaded_onnx_file_every_view_one_verdict(capsys, monkeypatch, path):
+    code, text, j, trace = _explain(capsys, monkeypatch, path)
+    _check_cli(code, text, j, trace)
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+    s.load_upload({path.name: path.read_bytes()})
+    assert s.message_kind != "danger", s.message
+    _check_why_tab(s, j)
+    assert _check_app_views(s, j) >= 1
 
 
 def test_the_samples_and_the_sweeps_cover_every_file_once():
