@@ -9,6 +9,11 @@ MLX_BACKEND ?= cpu
 # Browser origins allowed to open the app's websocket; add yours when exposing it deliberately.
 ORIGINS ?= localhost:$(PORT) 127.0.0.1:$(PORT)
 
+# Python writes its bytecode caches (`__pycache__/`, ignored by git) even where the environment says not to: the test
+# run starts hundreds of Python processes (CLI subprocesses, child loads, served apps, notebook kernels), and with
+# PYTHONDONTWRITEBYTECODE set each compiled rlxviz's modules again (~0.3 s of CPU each).
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: app test test-fast setup setup-dev lint notebooks notebooks-build clean gpu-pack
 
 $(PY):

@@ -71,11 +71,6 @@ def _parsed(filename: str) -> tuple[str, ast.Module, dict[int, list[ast.AST]]] |
     return got
 
 
-def _tree(filename: str) -> ast.Module | None:
-    got = _parsed(filename)
-    return got[1] if got else None
-
-
 def _node_of(fn: Any) -> ast.Lambda | ast.FunctionDef | None:
     """The `ast` node that defines `fn` (a lambda or a def), or None when its source is not at hand."""
     code = getattr(fn, "__code__", None)
@@ -218,14 +213,30 @@ def data_keys(fns: Iterable[Any]) -> tuple[set[str], set[str]]:
     read: set[str] = set()
     files = {fn.__code__.co_filename for fn in fns if hasattr(fn, "__code__")}
     for name in sorted(files):
-        tree = _tree(name)
-        if tree is None:
-            continue
-        u = Uses()
-        _walk(tree, CTX_NAMES, u)
-        written |= u.data_written
-        read |= u.data_read
+        u = _module_uses(name)
+        if u is not None:
+            written |= u.data_written
+            read |= u.data_read
     return written, read
+
+
+_MODULE_USES: dict[str, tuple[str, Uses]] = {}
+"""filename -> (source, what its whole tree names through `CTX_NAMES`): a module of many rules is walked once, not
+once per rule (47 walks took most of `import rlxviz.passes`)."""
+
+
+def _module_uses(filename: str) -> Uses | None:
+    """What module `filename` names through a context anywhere (`_walk` over its tree), reread when its source
+    changes; None when its source is not at hand."""
+    got = _parsed(filename)
+    if got is None:
+        return None
+    memo = _MODULE_USES.get(filename)
+    if memo is None or memo[0] is not got[0]:
+        u = Uses()
+        _walk(got[1], CTX_NAMES, u)
+        memo = _MODULE_USES[filename] = (got[0], u)
+    return memo[1]
 
 
 def close(word: str, known: Iterable[str]) -> str:
