@@ -31,8 +31,6 @@ TIMING_RUNS = session.cache.LRUCache(maxsize=16)
 "Time every version" shows them, "Time again" measures anew."""
 
 
-
-
 def measured_when(at: float) -> str:
     """`HH:MM UTC` of a measurement's end (`WorkerTiming.measured_at`, seconds since the epoch)."""
     return datetime.fromtimestamp(at, UTC).strftime("%H:%M UTC")

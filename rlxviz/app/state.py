@@ -262,17 +262,7 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
 
     _timing_rows = staticmethod(Measurements._timing_rows)
 
-
-
-
-
-
-
-
-
-
     # ============================================================ upload / IR / variants
-
 
     def variant_unavailable(self, name: str, source: str | None = None, preset: str | None = None) -> str:
         """Why teaching variant `name` does not apply to the current model, in plain words ('' when it does).
@@ -390,8 +380,6 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
 
     # ============================================================ rendering
 
-
-
     def toggle_layer(self, layer: int) -> None:
         """A click on layer `layer` in the collapsed view: expand it in place, or fold it back when it is open;
         it also becomes the selected layer (the one "focus" and "why didn't layer N fuse?" show)."""
@@ -399,11 +387,6 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
         if layer not in self.expanded_layers:
             open_.append(layer)
         self.param.update(expanded_layers=open_, selected_layer=layer)
-
-
-
-
-
 
     # ============================================================ decisions, layers, timing
     def show_decision(self, row: dict[str, Any]) -> None:
@@ -424,13 +407,6 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
             expanded += [k for k in dict.fromkeys(map(layer_of, paths)) if k is not None and k not in expanded]
         self.param.update(highlight=nodes, expanded_layers=expanded,
                           selected_layer=row["layer"] if row["layer"] is not None else self.selected_layer)
-
-
-
-
-
-
-
 
 
     @param.depends("overlay", "version", "trace", "hide_unchanged", "device", watch=True)
@@ -523,8 +499,6 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
         the switch sentence that showing it gave (`_say_switch`), if any, so the switch is still said."""
         said = self._switch_said
         return f"{said} {text}" if said and not text.startswith(said) else text
-
-
 
     # ============================================================ status (what the jobs report)
     def _start(self, text: str, still: bool = False) -> None:
