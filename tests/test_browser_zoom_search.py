@@ -3,19 +3,21 @@ zoom on bert-tiny's drawing: an empty pane), and the search for an op absorbed t
 `test_app_zoom_scope.py` and `test_app_absorbed_search.py` check what Python sends; this drives the page's half
 (graphpane's ESM: which scope fits, how the note reads).
 
-`panel serve app.py` on a free localhost port (tests/served.py), Debian's chromium at 1280x800; the page's console
-must stay free of errors and no request may leave the machine."""
+`panel serve app.py` on a free localhost port (tests/served.py), Debian's chromium at 1280x800 (1920x1080 for the
+path load after ②); the page's console must stay free of errors and no request may leave the machine."""
 
 import re
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
-from served import WAIT_MS, browser_fixture, choose_preset, idle, open_tab, server_fixture, watched_page
+from served import WAIT_MS, browser_fixture, choose_preset, idle, open_sidebar, open_tab, server_fixture, watched_page
 
 pytestmark = pytest.mark.slow
 expect.set_options(timeout=WAIT_MS)
 
-server = server_fixture("server-zoom-search.log")
+CASES = Path(__file__).parent / "fixtures" / "onnx" / "cases"
+server = server_fixture("server-zoom-search.log", {"RLXVIZ_ALLOWED_DIRS": str(CASES)})
 browser = browser_fixture()
 
 WHY = ".rv-why-graph"
@@ -178,3 +180,72 @@ def test_a_kept_search_runs_again_when_the_index_of_held_ops_changes(browser, se
         expect(found).to_have_text("no match")
         assert pg.evaluate(SET_INDEX, ["rv-after", False])
         expect(found).to_have_text(re.compile(r"^1/\d+$"))
+
+
+PANES = (".rv-before", ".rv-after")
+MAP = """(w) => { const m = w.querySelector('.rv-mini'); if (!m || getComputedStyle(m).display === 'none') return null;
+  const a = w.getBoundingClientRect(), b = m.getBoundingClientRect(); return [b.left - a.left, b.top - a.top, b.width,
+  b.height]; }"""
+"""The pane's map box relative to its picture's area (x, y, width, height, px), or None while it is hidden."""
+COVERED = """(w) => { const m = w.querySelector('.rv-mini').getBoundingClientRect();
+  const hit = (b) => b.right > m.left && b.left < m.right && b.bottom > m.top && b.top < m.bottom; const out = [];
+  for (const c of w.querySelectorAll('.rv-inner g.cluster[id^="r"]')) { const b = c.getBoundingClientRect();
+    const edges = [[b.left, b.top, b.right, b.top + 3], [b.left, b.bottom - 3, b.right, b.bottom],
+      [b.left, b.top, b.left + 3, b.bottom], [b.right - 3, b.top, b.right, b.bottom]];
+    if (edges.some(([l, t, r, bt]) => hit({ left: l, top: t, right: r, bottom: bt }))) out.push(c.id + ' border');
+    for (const g of c.querySelectorAll('g.node')) if (hit(g.getBoundingClientRect())) out.push(g.id); }
+  return out; }"""
+"""What of the rejection clusters (`r<k>`, red) the pane's map covers: `r0 border`, node ids."""
+
+
+def _all_fitted(pg, panes) -> None:
+    """Each pane's view is the fitted one ("fit" changes nothing) with the drawing in view; all read before any "fit"
+    is clicked (a pane's "fit" moves the panes linked to it)."""
+    shown = {p: _view(pg, p) for p in panes}
+    for p in panes:
+        assert _nodes_in_view(pg, p) > 0, (p, shown)
+    for p in panes:
+        pg.locator(f"{p} .rv-fit").click()
+        assert _view(pg, p) == shown[p], (p, shown)
+
+
+def test_a_path_load_after_a_break_fits_both_panes_and_the_maps_sit_alike(browser, server):
+    """Newcomer run at 1920x1080: ① then ② on the default model, then the Folder source's "Load path" of BART: the
+    after pane's drawing sat at y = -1790, above the view, its map without a view box, blank after a version step
+    too: the model switch centred the new picture on ②'s highlight (the old model's ids) and kept that as the
+    user's zoom. And after ②, the maps (each in its pane's lower right corner, of two heights) hid ln2 and the red
+    border of the rejection in the before pane: both now sit alike, where they cover least."""
+    with watched_page(browser, server[0], 1920, 1080) as pg:
+        pg.locator(".rv-start-step button").click()  # ①
+        pg.locator(".rv-before g.node").first.wait_for()
+        pg.locator(".rv-start-break button").click()  # ②: centres the refused layer in both panes
+        expect(pg.locator(".rv-message")).to_contain_text("NOT fused")
+        _idle(pg)
+        pg.wait_for_timeout(1000)  # the maps are placed once the view rests
+        maps = [pg.locator(f"{p} .rv-wrap").evaluate(MAP) for p in PANES]
+        assert all(maps) and all(abs(a - b) <= 1 for a, b in zip(*maps, strict=True)), maps  # one place, one size
+        assert pg.locator(".rv-before .rv-inner g.cluster[id^='r']").count(), "no rejection drawn after ②"
+        covered = pg.locator(".rv-before .rv-wrap").evaluate(COVERED)
+        assert not covered, (covered, maps)
+
+        open_sidebar(pg)
+        pg.get_by_role("button", name="Folder").click()
+        pg.locator(".rv-path input").fill(str(CASES / "bart-full.onnx"))
+        before = pg.locator(".rv-version select").inner_text()
+        pg.get_by_role("button", name="Load path").click()
+        expect(pg.locator(".rv-version select")).not_to_have_text(before, timeout=3 * WAIT_MS)
+        expect(pg.locator(".rv-before .rv-title")).to_have_text(re.compile(r"^before "), timeout=3 * WAIT_MS)
+        expect(pg.locator(".rv-message")).to_contain_text("bart-full", timeout=3 * WAIT_MS)  # the whole run shown
+        _idle(pg)
+        pg.wait_for_timeout(1000)
+        _all_fitted(pg, PANES)
+        shown = pg.locator(".rv-after .rv-wrap").evaluate(MAP)
+        if shown is not None:  # a map frames the part in view (it framed nothing: a 0 px high box)
+            frame = pg.locator(".rv-after .rv-mini-view").bounding_box()
+            assert frame["width"] > 2 and frame["height"] > 2, frame
+        # a version step of the loaded model shows its drawing (it stayed blank until "fit")
+        sel = pg.locator(".rv-version select")
+        sel.select_option(value=sel.locator("option").nth(1).get_attribute("value"))
+        _idle(pg)
+        pg.wait_for_timeout(800)
+        assert _nodes_in_view(pg, ".rv-after") > 0, _view(pg, ".rv-after")

@@ -23,7 +23,15 @@ from rlxviz.passes import Pipeline
 from rlxviz.passes.rules import where_mask
 from rlxviz.runtime.battery import battery
 from rlxviz.session import load
-from rlxviz.session.exactness import CLAIM, check_exactness, claims_exact, fill_sets, run_macs
+from rlxviz.session.exactness import (
+    CLAIM,
+    NO_MASK_NO_CLAIM,
+    NOTHING_CHANGED,
+    check_exactness,
+    claims_exact,
+    fill_sets,
+    run_macs,
+)
 
 TESTS = Path(__file__).parent
 CASES = TESTS / "data" / "cases"
@@ -72,8 +80,9 @@ def test_no_exact_claim_on_a_differing_version(path):
     claimed = claims_exact(trace)
     said = any(CLAIM in r.message for r in trace.rejections)
     assert bool(claimed) == said
-    if c is None:  # no mask input and no claim, or nothing changed
+    if c.skipped in (NO_MASK_NO_CLAIM, NOTHING_CHANGED):  # said why, never a silent null
         assert not claimed or not any(s.changed for s in trace.steps if not s.error)
+        assert c.line() == f"numbers not checked by explain: {c.skipped}" and c.ok and not c.checked
         return
     assert not c.skipped, c.skipped
     assert c.ok, c.line()
@@ -155,7 +164,7 @@ def test_a_graph_without_a_mask_input_is_checked_when_a_pass_claims_exactness():
     m = load(str(CASES / "n3-17b-sliding-window-additive.rlx"))
     trace = Pipeline.canonical().run(m.graph)
     c = check_exactness(trace, m.random_feeds(0), m.weights)
-    assert claims_exact(trace) == ("fuse_sdpa",) and c is not None and c.inputs == ("random",)
+    assert claims_exact(trace) == ("fuse_sdpa",) and not c.skipped and c.inputs == ("random",)
     assert c.ok and "after fuse_sdpa" in c.checked
 
 

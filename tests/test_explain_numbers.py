@@ -1,16 +1,23 @@
 """`session.exactness.check_exactness` (explain's numeric check, issue 38): every distinct version within the
 multiply-add budget, the final version alone past it (the others only to name the pass when it differs), nothing
-past that (said, not a failure); graphs without a mask input are not checked."""
+past that (said, not a failure); graphs without a mask input (and no pass stating its rewrites exact) are not
+checked, and the check says why."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 from test_mask_combinations import MASKS, chunked_attention, weights_for
 
+from rlxviz.cli import main
 from rlxviz.ir import Builder
 from rlxviz.passes import Pipeline
-from rlxviz.session.exactness import check_exactness, run_macs
+from rlxviz.session.exactness import NO_MASK_NO_CLAIM, NOTHING_CHANGED, check_exactness, run_macs
+
+CASES = Path(__file__).parent / "data" / "cases"
 
 
 def _run(g):
@@ -59,4 +66,20 @@ def test_nothing_to_check_without_a_mask_input_or_a_change(masked):
     g = b.build()
     trace = Pipeline.canonical().run(g) if not masked else Pipeline([]).run(chunked_attention())
     feeds = {"x": np.ones((2, 4, 8), np.float32)} if not masked else {}
-    assert check_exactness(trace, feeds, {}) is None
+    c = check_exactness(trace, feeds, {})
+    assert c.ok and not c.checked and c.skipped == (NOTHING_CHANGED if masked else NO_MASK_NO_CLAIM)
+    assert c.line() == f"numbers not checked by explain: {c.skipped}" and c.to_dict()["skipped"] == c.skipped
+
+
+@pytest.mark.parametrize("case", ["n4-09-dequant-scale-after-matmul", "n4-12-moe-soft-routing-shared-expert"])
+def test_explain_says_why_it_ran_no_numeric_check(capsys, case):
+    """n4-09 and n4-12 (no mask input, no pass stating its rewrites exact): `explain -v` printed no `numbers:` line
+    and `--json` a null `numeric_check`, so nothing said the check was skipped. Now one line says why, and `--json`
+    holds the same reason in `numeric_check.skipped`."""
+    path = str(CASES / f"{case}.rlx")
+    main(["explain", path, "-v"])
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("numbers")]
+    assert lines == [f"numbers not checked by explain: {NO_MASK_NO_CLAIM}"], lines
+    main(["explain", path, "--json"])
+    check = json.loads(capsys.readouterr().out)["numeric_check"]
+    assert check is not None and check["skipped"] == NO_MASK_NO_CLAIM and check["checked"] == [], check

@@ -87,11 +87,15 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
 
 
 def _node_line(g: Graph, nid: int, role: str | None = None) -> str:
+    """`role: %id op dtype[shape] @path` of node `nid`; a constant's whole value after it (` = [0, 1, ...]`): the
+    drawing folds a constant into its reader's label and shortens its value there (`viz.styles.short_value`), so the
+    inspector is where its value is read in full."""
     n = g.get(nid)
     if n is None:
         return f"%{nid} (not in this version)"
     where = f" @{n.path}" if n.path else ""
-    return f"{role + ': ' if role else ''}%{n.id} {n.op.value} {n.dtype}{list(n.shape)}{where}"
+    value = f" = {format_value(n.attrs['value'])}" if n.op == Op.CONST and "value" in n.attrs else ""
+    return f"{role + ': ' if role else ''}%{n.id} {n.op.value} {n.dtype}{list(n.shape)}{value}{where}"
 
 
 def counterparts(before: Graph, after: Graph, node_id: int) -> tuple[list[int], list[int]]:

@@ -21,8 +21,11 @@ FusedTransformerLayer %86 (layer 0) via FusedAttentionBlock %40"); Enter steps t
 next one and centring it; a new picture (a layer opened) keeps the place. When the picture
 is larger than the pane, a minimap in the corner shows the whole graph with the visible part framed; a click or a
 drag on it pans there. It is at least 96 px wide: a graph too tall for that is cropped to a window that scrolls with
-the view ("map ↕"). It lies over the pane's corner, so it folds away: the × in its labelled head or the bar's "map"
-button (which brings it back).
+the view ("map ↕"). Its box has one size in every pane, and it lies in the corner where it covers least of the
+drawing, the same corner in the linked panes (before/after), chosen once the view rests. It lies over the pane's
+corner, so it folds away: the × in its labelled head or the bar's "map" button (which brings it back). A model switch
+fits the picture: a highlight of the model before never centres the new one (its ids are another graph's), and a
+kept view that shows none of a new picture is fitted.
 """
 
 from __future__ import annotations
@@ -81,6 +84,10 @@ export function render({ model, el }) {
   wrap.appendChild(inner); wrap.appendChild(mini); wrap.appendChild(ops); el.appendChild(bar); el.appendChild(wrap);
   Object.assign(el.style, { display: 'flex', flexDirection: 'column', width: '100%', height: '100%' });
   let s = 1, tx = 0, ty = 0, touched = false, scope = null;
+  // the highlight came with another scope (another model's ids): it marks, never centres, until the next one is set.
+  // A path load after ② centred the new model's picture on the old highlight's ids (-1790 px, above the pane), and
+  // that centring counted as the user's: every later picture of the model kept the empty view
+  let staleMarks = false;
   // the linked panes share one frame: this pane's transform minus `off` (graph units) times the scale. A search or
   // reveal that centres a node sends its id: the partner centres its own node of that id, where it has one, and
   // keeps the difference as its `off`, so later pans and zooms move both without losing the node
@@ -88,12 +95,16 @@ export function render({ model, el }) {
   const me = Math.random().toString(36).slice(2);
   let miniUrl = null, mk1 = 1, oy = 0;  // oy: px of the map cropped off above its window
   const MINI_W = 170, MINI_H = 176, MINI_MIN_W = 96;
+  let ox = 0, oyTop = 0;  // px between the map box and its picture (the picture centred in the box)
   const miniSync = () => { const sz = size(); const W = wrap.clientWidth, H = wrap.clientHeight;
     const big = miniOn && sz && W && H && (sz[0] * s > W + 2 || sz[1] * s > H + 2);
-    mini.style.display = big ? 'block' : 'none'; if (!big) return;
+    mini.style.display = big ? 'block' : 'none'; miniLater(); if (!big) return;
     mk1 = Math.min(MINI_W / sz[0], Math.max(MINI_H / sz[1], MINI_MIN_W / sz[0]));
     const fullH = sz[1] * mk1, winH = Math.min(fullH, MINI_H), cropped = fullH > winH + 1;
-    miniBody.style.width = `${sz[0] * mk1}px`; miniBody.style.height = `${winH}px`;  // the head follows
+    // one box size in every pane (the before and after maps sat at two heights): MINI_W x MINI_H, the picture
+    // centred in it
+    miniBody.style.width = `${MINI_W}px`; miniBody.style.height = `${MINI_H}px`;  // the head follows
+    ox = (MINI_W - sz[0] * mk1) / 2; oyTop = (MINI_H - winH) / 2;
     miniLabel.textContent = cropped ? 'map ↕' : 'map';
     miniHead.title = cropped ? 'overview (the graph is tall: the map shows the part around the view and scrolls '
       + 'with it); click or drag to pan' : 'overview: click or drag to pan';
@@ -102,9 +113,46 @@ export function render({ model, el }) {
     const f0 = y0 * mk1, f1 = Math.max(y1, y0) * mk1;  // the frame's top and bottom on the whole map
     if (f1 - f0 >= winH) oy = f0; else if (f0 < oy) oy = f0; else if (f1 > oy + winH) oy = f1 - winH;
     oy = Math.min(Math.max(oy, 0), fullH - winH);
-    Object.assign(miniImg.style, { width: `${sz[0] * mk1}px`, height: `${fullH}px`, top: `${-oy}px` });
-    Object.assign(miniView.style, { left: `${x0 * mk1}px`, top: `${f0 - oy}px`,
+    Object.assign(miniImg.style, { width: `${sz[0] * mk1}px`, height: `${fullH}px`, left: `${ox}px`,
+      top: `${oyTop - oy}px` });
+    Object.assign(miniView.style, { left: `${ox + x0 * mk1}px`, top: `${oyTop + f0 - oy}px`,
       width: `${Math.max(x1 - x0, 0) * mk1}px`, height: `${f1 - f0}px` }); };
+  // The map's corner: the one where it covers least of the drawing (px² of node boxes, and of cluster outlines
+  // weighted up: the left pane's map hid ln2 and the red border of ②'s rejection), summed over the panes that move
+  // together (`sync`), so the before and after maps sit alike; a tie keeps the order of CORNERS. Measured once the
+  // view rests (MINI_REST_MS), not on every frame of a drag.
+  const CORNERS = ['br', 'tr', 'tl', 'bl'], MINI_GAP = 6, MINI_REST_MS = 200, MINI_BUS = 'rlxviz-mini';
+  const covers = (window.__rvMiniCovers = window.__rvMiniCovers || {});
+  const miniGroup = () => model.sync || me;
+  const cornerBox = (c, mw, mh) => { const W = wrap.clientWidth, H = wrap.clientHeight;
+    const ops = c === 'bl' && model.legend ? 28 : 0;  // above the folded "op colours" tag in that corner
+    return [c[1] === 'l' ? MINI_GAP : W - MINI_GAP - mw, c[0] === 't' ? MINI_GAP : H - MINI_GAP - mh - ops, mw, mh]; };
+  const overlap = (a, b) => Math.max(0, Math.min(a[0] + a[2], b[0] + b[2]) - Math.max(a[0], b[0]))
+    * Math.max(0, Math.min(a[1] + a[3], b[1] + b[3]) - Math.max(a[1], b[1]));
+  const coverage = () => { const out = CORNERS.map(() => 0);
+    if (mini.style.display === 'none' || !wrap.clientWidth) return out;
+    const wr = wrap.getBoundingClientRect(), boxes = CORNERS.map((c) => cornerBox(c, mini.offsetWidth, mini.offsetHeight));
+    for (const g of inner.querySelectorAll('g.node, g.cluster')) { const b = g.getBoundingClientRect();
+      const r = [b.left - wr.left, b.top - wr.top, b.width, b.height];
+      const parts = g.classList.contains('node') ? [[r, 1]] : [[[r[0], r[1], r[2], 3], 8], [[r[0], r[1] + r[3] - 3, r[2], 3], 8],
+        [[r[0], r[1], 3, r[3]], 8], [[r[0] + r[2] - 3, r[1], 3, r[3]], 8]];
+      boxes.forEach((m, k) => { for (const [x, w] of parts) out[k] += overlap(m, x) * w; }); }
+    return out; };
+  const placeMini = () => { const all = Object.values(covers[miniGroup()] || {});
+    const sum = CORNERS.map((_, k) => all.reduce((a, c) => a + c[k], 0));
+    let best = 0; sum.forEach((v, k) => { if (v < sum[best] - 1) best = k; });
+    const c = CORNERS[best], ops = c === 'bl' && model.legend ? 28 : 0; mini.dataset.corner = c;
+    Object.assign(mini.style, { left: c[1] === 'l' ? `${MINI_GAP}px` : 'auto', right: c[1] === 'r' ? `${MINI_GAP}px` : 'auto',
+      top: c[0] === 't' ? `${MINI_GAP}px` : 'auto', bottom: c[0] === 'b' ? `${MINI_GAP + ops}px` : 'auto' }); };
+  const onMiniBus = (e) => { if (e.detail.group === miniGroup()) placeMini(); };
+  window.addEventListener(MINI_BUS, onMiniBus);
+  let miniTimer = null;
+  const miniMeasure = () => { miniTimer = null; const g = miniGroup(); (covers[g] = covers[g] || {})[me] = coverage();
+    window.dispatchEvent(new CustomEvent(MINI_BUS, { detail: { group: g } })); };
+  const miniLater = () => { if (miniTimer) clearTimeout(miniTimer); miniTimer = setTimeout(miniMeasure, MINI_REST_MS); };
+  const miniGone = () => { if (miniTimer) clearTimeout(miniTimer); window.removeEventListener(MINI_BUS, onMiniBus);
+    const g = covers[miniGroup()]; if (g) { delete g[me];
+      window.dispatchEvent(new CustomEvent(MINI_BUS, { detail: { group: miniGroup() } })); } };
   const apply = (share, node) => { inner.style.transform = `translate(${tx}px, ${ty}px) scale(${s})`; miniSync();
     if (share && model.sync) window.dispatchEvent(new CustomEvent(BUS, { detail: { group: model.sync, src: me, s,
       tx: tx - offX * s, ty: ty - offY * s, node: node || null } })); };
@@ -120,6 +168,9 @@ export function render({ model, el }) {
   const size = () => { const svg = inner.querySelector('svg'); if (!svg) return null;
     const vb = svg.viewBox && svg.viewBox.baseVal; const w = (vb && vb.width) || svg.clientWidth || 1;
     const h = (vb && vb.height) || svg.clientHeight || 1; return [w, h]; };
+  // whether the view (zoom and pan) shows some of the picture: a view kept from another picture may show none
+  const shows = () => { const sz = size(); if (!sz) return true; const W = wrap.clientWidth, H = wrap.clientHeight;
+    return tx < W && tx + sz[0] * s > 0 && ty < H && ty + sz[1] * s > 0; };
   const fit = () => { const sz = size(); if (!sz) return; const W = wrap.clientWidth || 600;
     const H = wrap.clientHeight || 500; s = Math.min(W / sz[0], H / sz[1], 1.5);
     if (s < 0.35) { s = Math.min(W / sz[0], 0.8); tx = (W - sz[0] * s) / 2; ty = 4; }
@@ -162,7 +213,7 @@ export function render({ model, el }) {
     tx = wrap.clientWidth / 2 - px * s; ty = top ? 24 - py * s : wrap.clientHeight / 2 - py * s; touched = true;
     apply(share, /^n\d+$/.test(g.id) ? g.id : null); };
   const miniPan = (e) => { const r = miniBody.getBoundingClientRect();
-    const px = (e.clientX - r.left) / mk1, py = (Math.max(e.clientY - r.top, 0) + oy) / mk1;
+    const px = (e.clientX - r.left - ox) / mk1, py = (Math.max(e.clientY - r.top - oyTop, 0) + oy) / mk1;
     tx = wrap.clientWidth / 2 - px * s; ty = wrap.clientHeight / 2 - py * s; moved(); };
   let miniDrag = false;
   mini.addEventListener('pointerdown', (e) => { e.stopPropagation(); e.preventDefault(); miniDrag = true;
@@ -183,7 +234,7 @@ export function render({ model, el }) {
       if (g) { g.classList.add('rv-hl'); first = first || g; } }
     if (model.selected !== null && model.selected !== undefined) { const g = inner.querySelector(`g#n${model.selected}`);
       if (g) g.classList.add('rv-sel'); }
-    if (recentre && first && model.follow) center(first, false);
+    if (recentre && first && model.follow && !staleMarks) center(first, false);
   };
   let hits = [], hit = -1;
   // A node's own text: the tooltip's first line without its id (op -> shape), its path, its attrs (a name) and the
@@ -264,13 +315,15 @@ export function render({ model, el }) {
   let reveal = null, revealIds = [];
   // no scope ('') is no promise that the next picture is the same graph's: it is fitted
   const setSvg = () => { const had = inner.querySelector('svg'); const same = had && !!model.scope && scope === model.scope;
+    if (scope !== null && scope !== model.scope) staleMarks = true;  // another model's: its marks are stale
     inner.innerHTML = model.svg || ''; scope = model.scope;
     const svg = inner.querySelector('svg');
     if (svg) { const vb = svg.viewBox.baseVal; if (vb && vb.width) { svg.setAttribute('width', vb.width);
       svg.setAttribute('height', vb.height); } }
     miniPicture();
-    if (!(same && touched)) fit(); else apply(false);
-    mark(!(same && touched)); hits = []; if (search.value) find(false); title.textContent = model.title || '';
+    const keep = same && touched && shows();  // a kept view that shows none of the picture is no view: fitted
+    if (!keep) fit(); else apply(false);
+    mark(!keep); hits = []; if (search.value) find(false); title.textContent = model.title || '';
     if (reveal) { const g = inner.querySelector(`g#${reveal}`); const ids = revealIds; reveal = null; revealIds = [];
       const node = ids.map((i) => inner.querySelector(`g#n${i}`)).find((x) => x);
       if (node) center(node, true);  // the search resumed at this hit (`last`)
@@ -290,18 +343,18 @@ export function render({ model, el }) {
     else if (/^layer\d+$/.test(g.id)) open(g); });
   // a new scope fits the picture whichever comes first: a patch that sets svg and scope together hands them over one
   // at a time, svg first, so `setSvg` saw the old scope and kept the last model's zoom (an empty view)
-  const rescope = () => { if (model.scope === scope) return; scope = model.scope;
-    if (inner.querySelector('svg')) { fit(); mark(true); } else touched = false; };
+  const rescope = () => { if (model.scope === scope) return; staleMarks = scope !== null; scope = model.scope;
+    if (inner.querySelector('svg')) { fit(); mark(false); } else touched = false; };
   model.on('svg', setSvg); model.on('scope', rescope);
   // another model's index can arrive after its picture (setSvg searched the new picture with the old index: a
   // kept "softmax" read "no match" on minilm until retyped): search again with it
   const research = () => { hits = []; if (search.value) find(false); };
   model.on('absorbed', research); model.on('folded', research); model.on('order', research);
-  model.on('highlight', () => mark(true)); model.on('selected', () => mark(false));
+  model.on('highlight', () => { staleMarks = false; mark(true); }); model.on('selected', () => mark(false));
   model.on('related', () => mark(false));
   model.on('title', () => { title.textContent = model.title || ''; });
   model.on('after_layout', () => { if (!touched) fit(); else miniSync(); mark(!touched); });
-  model.on('remove', () => { if (full) setFull(false); window.removeEventListener(BUS, onBus); window.removeEventListener('keydown', onKey); if (miniUrl) URL.revokeObjectURL(miniUrl); });
+  model.on('remove', () => { if (full) setFull(false); miniGone(); window.removeEventListener(BUS, onBus); window.removeEventListener('keydown', onKey); if (miniUrl) URL.revokeObjectURL(miniUrl); });
   setSvg();
 }
 """  # noqa: E501

@@ -36,6 +36,11 @@ FILLS = ("-inf",)
 """Extreme fills an additive mask input is also run with, in every set of `KINDS` (the battery writes the dtype's
 lowest finite value, HF's `finfo.min`; PyTorch's sdpa masks write -inf): `fully_masked_row (-inf fill)`. They run
 when the budget leaves room after the versions chosen (`check_exactness`)."""
+NOTHING_CHANGED = "no pass changed the graph, so every version is the unfused graph"
+"""`ExactnessCheck.skipped` of a run whose passes changed nothing."""
+NO_MASK_NO_CLAIM = ("the graph has no mask input (the check runs a fully masked row and left padding) and no pass "
+                    "of the run states its rewrites exact; `rlxviz time` compares every version on random inputs")
+"""`ExactnessCheck.skipped` of a graph the check has no input set for (`check_exactness`)."""
 CLAIM = "(exact)"
 """What a pass's decision says when it states a rewrite or a kept term exact (`explain` prints it)."""
 BUDGET_MACS = 1.5e9
@@ -194,7 +199,7 @@ def fill_sets(graph: Graph, sets: Sequence[InputSet]) -> list[InputSet]:
 
 
 def check_exactness(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
-                    budget_macs: float = BUDGET_MACS) -> ExactnessCheck | None:
+                    budget_macs: float = BUDGET_MACS) -> ExactnessCheck:
     """Compare the pipeline's versions with the unfused graph on a fully masked row and left padding, in every mask
     form: an additive mask input also with -inf fills (`FILLS`).
 
@@ -211,8 +216,9 @@ def check_exactness(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mapp
         budget_macs: the multiply-adds the runs may take together (module docstring).
 
     Returns:
-        None when no pass changed the graph, or it has no mask input and no pass claims exactness; else an
-        `ExactnessCheck`.
+        The `ExactnessCheck`; `skipped` says why nothing was run where no pass changed the graph (`NOTHING_CHANGED`),
+        or the graph has no mask input and no pass claims exactness (`NO_MASK_NO_CLAIM`), as past the budget: an
+        n4-09 dequantize-scale FFN printed no `numbers:` line and `--json` a null check, which told no one why.
 
     Raises:
         Nothing of the runs: a version the reference cannot run (any exception of a run, e.g. an `onnx_op` the host
@@ -220,13 +226,13 @@ def check_exactness(trace: Trace, feeds: Mapping[str, np.ndarray], weights: Mapp
     """
     distinct = _distinct(trace)
     if not distinct:
-        return None
+        return ExactnessCheck((), (), None, skipped=NOTHING_CHANGED)
     claimed = claims_exact(trace)
     sets = battery(trace.input, feeds, kinds=KINDS).sets
     if not sets and claimed:
         sets = battery(trace.input, feeds, kinds=("random",)).sets
     if not sets:
-        return None
+        return ExactnessCheck((), (), None, skipped=NO_MASK_NO_CLAIM)
     names = tuple(s.name for s in sets)
     try:
         policy = precision_policy(trace.input, "cpu")
@@ -286,5 +292,5 @@ def _judged(trace: Trace, distinct: Sequence[tuple[str, Graph]], sets: Sequence[
     return ExactnessCheck(names, tuple(labels[1:]), policy, tuple(bad))
 
 
-__all__ = ["BUDGET_MACS", "CLAIM", "FILLS", "KINDS", "Disagreement", "ExactnessCheck", "check_exactness",
-           "claims_exact", "fill_sets", "run_macs"]
+__all__ = ["BUDGET_MACS", "CLAIM", "FILLS", "KINDS", "NOTHING_CHANGED", "NO_MASK_NO_CLAIM", "Disagreement",
+           "ExactnessCheck", "check_exactness", "claims_exact", "fill_sets", "run_macs"]

@@ -30,7 +30,7 @@ from ..passes.trace import Rejection, layer_label, layer_of
 from . import styles as st
 from .heat import UNCOLOURED, readable_on, text_color
 from .overlay import INPUT_ROLES, Overlay, is_gap
-from .styles import fmt_attrs, fmt_shape, human_count, op_color, short_name, tint
+from .styles import fmt_attrs, fmt_shape, human_count, op_color, short_name, short_value, tint
 
 MAX_NODES = 1500
 """Default limit on drawn nodes; past it `render_dot` raises `GraphTooLarge` instead of hanging the layout."""
@@ -273,7 +273,7 @@ class _Drawer:
                 if p.op == Op.PARAM:
                     items.append((role, f"{short_name(p.attrs['name'])} [{','.join(map(str, p.shape))}]", p))
                 else:
-                    items.append((role, str(p.attrs.get("value")), p))
+                    items.append((role, short_value(p.attrs.get("value")), p))
         if len(items) > _MAX_FOLDED_LINES:
             size = sum(_numel(p) for *_, p in items)
             return [_small(f"+ {len(items)} weights ({human_count(size)} values)", fg("#555555"))]

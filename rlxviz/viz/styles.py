@@ -192,12 +192,68 @@ _ABBREV = {"num_heads": "heads", "head_dim": "dh", "intermediate_size": "ffn", "
            "keepdims": "keep", "length": "len", "has_bias": "bias", "has_rope": "rope", "gate_first": "gate1st"}
 
 
+VALUE_WIDTH = 44
+"""The most characters a node label gives one attribute or folded constant value (`short_value`): a gather's index
+list of 192 values drew a node 1000 px wide (gpt-neox after `fuse_attention_block/qkv_columns`), and the fit view
+shrank the rest of the graph to specks. The node inspector keeps the whole value."""
+
+
+def _runs(values: tuple[int, ...]) -> list[str]:
+    """`values` as runs of consecutive integers: `(0, 1, 2, 3, 9, 48, 49)` -> `["0..3", "9", "48", "49"]` (a run of
+    three or more as `first..last`)."""
+    out: list[str] = []
+    k = 0
+    while k < len(values):
+        end = k
+        while end + 1 < len(values) and values[end + 1] == values[end] + 1:
+            end += 1
+        if end - k >= 2:
+            out.append(f"{values[k]}..{values[end]}")
+        else:
+            out += [str(x) for x in values[k:end + 1]]
+        k = end + 1
+    return out
+
+
+def _items(v: tuple) -> list[str]:
+    """The items `short_value` lists of tuple `v`: its runs (`_runs`) where `v` is flat integers and runs shorten it
+    to half its items or fewer, else each item as a label prints it."""
+    if v and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        runs = _runs(v)
+        if len(runs) * 2 <= len(v):
+            return runs
+    return [_fmt_value(x) for x in v]
+
+
+def short_value(v: Any, width: int = VALUE_WIDTH) -> str:
+    """An attribute or constant value as a node label prints it, at most about `width` characters: a float as `%g`,
+    a short tuple whole (`(0,2,1,3)`), a longer one by its first items, its last and its count, runs of consecutive
+    integers as ranges: `(0, 1, 2, …, 63) · 48 values`, `(0..15, 48..63, …, 176..191) · 192 values`. The one place
+    a label shortens a value; the inspector and the tooltip print it whole (`ir.printer.format_value`)."""
+    if not isinstance(v, tuple | list):
+        s = _fmt_value(v)
+        return s if len(s) <= width else s[:width - 1] + "…"
+    v = tuple(v)
+    whole = "(" + ",".join(_fmt_value(x) for x in v) + ")"
+    if len(whole) <= width:
+        return whole
+    items, count = _items(v), f" · {len(v)} values"
+    if len(items) < len(v) and len(shown := "(" + ", ".join(items) + ")" + count) <= width:
+        return shown
+    room = width - len(count) - len(f"(, …, {items[-1]})")
+    head: list[str] = []
+    for x in items[:-1]:
+        if len(", ".join([*head, x])) > room and head:
+            break
+        head.append(x)
+    return "(" + ", ".join(head) + f", …, {items[-1]})" + count
+
+
 def _fmt_value(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:g}"
-    if isinstance(v, tuple):
-        s = "(" + ",".join(_fmt_value(x) for x in v) + ")"
-        return s if len(s) <= 28 else s[:25] + "…)"
+    if isinstance(v, tuple | list):
+        return short_value(v)
     return str(v)
 
 
