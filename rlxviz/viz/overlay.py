@@ -269,8 +269,8 @@ class Overlay:
                    if rejections else (),
                    origin=all_versions(trace) if trace is not None else None,
                    made=made_in_run(trace) if trace is not None else {},
-                   standings=place_groups(trace, step) if rejections else {},
-                   gap_names=gap_names(trace, step) if rejections else {})
+                   standings=(groups := place_groups(trace, step) if rejections else {}),
+                   gap_names=gap_names(trace, step, groups) if rejections else {})
 
     def worded_by(self, trace: Trace, step: PassStep) -> Overlay:
         """This overlay with `step`'s rejections (of `trace`) worded as `explain` and the table word them
