@@ -26,7 +26,7 @@ from rlxviz.app.jobs import Runner
 from rlxviz.app.state import AppState
 from rlxviz.models import PRESETS
 from rlxviz.passes.trace import layer_of
-from rlxviz.passes.why.verdict import RunVerdict
+from rlxviz.passes.why.verdict import OP_GAP_GROUP, RunVerdict, first_gap, why_step
 from rlxviz.session import opening as SESSION_OPEN
 from rlxviz.session.render import View, picture, verdicts
 from rlxviz.session.status import layer_status, verdict_pass
@@ -211,6 +211,22 @@ def _check_cli(code: int, text: str, j: dict, trace) -> RunVerdict:
     return v
 
 
+def _check_gap_drawing(trace, layer, g, ov) -> int:
+    """A layer held back only by gaps in rlxviz's ops (`gap_only`): the "why" drawing (`g`, `ov`) is the Graph tab's
+    before pane at the pass of its first gap refusal (`why_step`), the same graph and marks, its first gap's place
+    drawn `△` (`Overlay.gaps`) and its title saying so. The anchor of that place."""
+    k = why_step(trace, layer)
+    assert k is not None and g is trace.steps[k].before, (layer, k)
+    pane, before, _ = picture(trace, View(version=k + 1, side="before"))
+    assert pane is g and before.standings == ov.standings and before.gap_names == ov.gap_names
+    gap = first_gap(trace, layer)
+    at = [a for a in gap.at if (gap.rule, a) in ov.gaps]
+    assert at, (layer, gap, ov.gaps)
+    assert ov.title.startswith(f"{layer_status(trace, layer).status}: △ {gap.rule} @ %{at[0]}: ") and \
+        ov.title.endswith(before.title)
+    return at[0]
+
+
 def _check_drawing_and_panel(trace, v: RunVerdict) -> None:
     """The layers drawing's boxes, the "why" side and the node panel say what the verdict says."""
     boxes = verdicts(trace)
@@ -218,9 +234,17 @@ def _check_drawing_and_panel(trace, v: RunVerdict) -> None:
     for lv in v.layers:
         first = lv.first
         assert boxes[lv.layer].fused == lv.fused and boxes[lv.layer].guard == (first.guard if first else "")
-        g, _, _ = picture(trace, View(version=last, side="why", focus=lv.layer))
+        g, ov, _ = picture(trace, View(version=last, side="why", focus=lv.layer))
         ran = first is not None and any(s.pass_name == first.pass_name for s in trace.steps)
-        assert g is (trace.step(first.pass_name).before if ran else trace.final)
+        if lv.gap_only:  # its first gap, drawn `△` as the Graph tab's before pane draws it
+            anchor = _check_gap_drawing(trace, lv.layer, g, ov)
+            rep = node_report(g, anchor, trace)  # its gap's rule, a refusal `△` (a soft one: with its fusion)
+            said = [x for x in rep["decisions"] if x["rule"] == first_gap(trace, lv.layer).rule]
+            assert rep["verdict"]["gaps"] == lv.op_gaps and said
+            assert all(x["standing"] == OP_GAP_GROUP for x in said if "standing" in x), said
+            assert all(f"rlxviz's ops lack: {x}" in _plain(report_markdown(rep)) for x in lv.op_gaps)
+        else:
+            assert g is (trace.step(first.pass_name).before if ran else trace.final)
         p = node_panel_verdict(trace, lv.layer)
         assert p is not None and p["fused"] == lv.fused and p["legal_only"] == lv.legal_only
         assert (p["rule"], p["guard"], p["fix"]) == ((first.rule, first.guard, first.fix) if first else ("", "", ""))
@@ -272,9 +296,13 @@ def _check_app_views(s: AppState, j: dict) -> int:
         legal_only = st.fused and bool(st.illegal)  # issue 38: a product illegal for the layer is not expected
         assert (f"layer {layer}: fused as far as legal" in why) == legal_only, why
         assert (d["status"] == "fused as far as legal") == legal_only and len(d["illegal"]) == len(st.illegal)
-        g, _, _ = picture(trace, View(version=last, side="why", focus=layer))
-        if st.first is None:
+        g, ov, _ = picture(trace, View(version=last, side="why", focus=layer))
+        if st.first is None and st.gap_only:  # its first gap's place, drawn `△`: the node panel of its anchor
+            assert verdict_pass(trace, layer) is None
+            node = _check_gap_drawing(trace, layer, g, ov)
+        elif st.first is None:
             assert verdict_pass(trace, layer) is None or not st.fused
+            assert why_step(trace, layer) is None and g is trace.versions()[last][1]
             node = next(n.id for n in g if layer_of(n.path) == layer)
         else:
             assert f"first rejection: {st.first.rule}" in why and f"guard {st.first.guard} " in why
@@ -292,6 +320,8 @@ def _check_app_views(s: AppState, j: dict) -> int:
             assert f"layer {layer}: NOT fused" in text and st.first.guard in text
         elif legal_only:
             assert f"layer {layer}: fused as far as legal" in _plain(report_markdown(rep))
+        if st.gap_only:
+            assert v["gaps"] == st.op_gaps and f"layer {layer}: {st.status}" in _plain(report_markdown(rep))
     return len(s.layers())
 
 

@@ -417,8 +417,11 @@ class Derived:
     def why_layer(self, layer: int) -> str:
         """"Why didn't layer N fuse?" as Markdown: the session's text (`LayerStatus.render`, the same the CLI
         prints), every line escaped, under a heading; above it, what the file had already fused (`imported_forms`,
-        which `rlxviz explain` prints above its verdict)."""
-        return f"### Layer {layer}\n\n" + self._file_note() + md_lines(self.layer_status(layer).render(verbose=True))
+        which `rlxviz explain` prints above its verdict). The heading is the layer's label as the text names it
+        (`passes.trace.layer_label`: `Decoder layer 0` in an encoder-decoder model, `Layer 0` else)."""
+        label = layer_label(layer)
+        return (f"### {label[:1].upper()}{label[1:]}\n\n" + self._file_note()
+                + md_lines(self.layer_status(layer).render(verbose=True)))
 
     @param.depends(*RUN)
     def why_graph(self) -> str:
@@ -434,7 +437,8 @@ class Derived:
 
     @param.depends(*SHOWN, "selected_layer")
     def svg_why(self) -> str:
-        """The selected layer, focused, in the graph before the pass that first rejected something in it."""
+        """The selected layer, focused, in the graph before the pass that first rejected something in it, or that first
+        refused it at a gap in rlxviz's ops (`session.render.View` `side="why"`)."""
         return drawing.svg(*self._drawing(None, FOCUS, side="why"))
 
     @param.depends(*SHOWN, "selected_layer")

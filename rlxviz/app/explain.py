@@ -20,7 +20,7 @@ from ..ir.printer import format_value
 from ..passes.made import made_in_run
 from ..passes.pipeline import role_label
 from ..passes.report import fix_line, in_context
-from ..passes.trace import Rejection, Trace, anchor_position, layer_of, reading_order
+from ..passes.trace import Rejection, Trace, anchor_position, layer_label, layer_of, reading_order
 from ..passes.why.places import LEFT_OUT_STATUS, gap_workaround, place_standings, place_status
 from ..passes.why.places import REJECTED as NEAR_MISS
 from ..passes.why.text import left_out_heading
@@ -382,7 +382,10 @@ def _verdict(trace: Trace, layer: int | None, run: RunVerdict | None = None) -> 
     `layer, fused, rule, guard, fix, hint, legal_only, status` (rule/guard/fix/hint empty when it fused or nothing
     rejected; `status` the verdict's words, `LayerVerdict.status`),
     or None outside a layer of the model; `blocker`: what a fusion that happened left that blocks the layer
-    (`LayerVerdict.blocker`, `explain`'s "NOT fused: ..." words), else ""."""
+    (`LayerVerdict.blocker`, `explain`'s "NOT fused: ..." words), else ""; `label` the layer's label
+    (`passes.trace.layer_label`: `decoder layer 0`); `gaps` the gaps in rlxviz's ops its refusals ran into
+    (`LayerVerdict.op_gaps`, `explain`'s "rlxviz's ops lack:" lines), the first of them the one the Why tab's drawing
+    shows `△` for a layer held back only by them (`passes.why.verdict.first_gap`)."""
     run = run if run is not None else RunVerdict.of(trace)
     v = next((v for v in run.layers if layer is not None and v.layer == layer), None)
     if v is None:
@@ -390,7 +393,7 @@ def _verdict(trace: Trace, layer: int | None, run: RunVerdict | None = None) -> 
     f = v.first
     return {"layer": layer, "fused": v.fused, "rule": f.rule if f else "", "guard": f.guard if f else "",
             "fix": f.fix if f else "", "hint": f.hint if f else "", "legal_only": v.legal_only, "status": v.status,
-            "blocker": v.blocker}
+            "blocker": v.blocker, "label": layer_label(layer), "gaps": v.op_gaps}
 
 
 def report_markdown(rep: dict[str, Any]) -> str:
@@ -416,17 +419,19 @@ def report_markdown(rep: dict[str, Any]) -> str:
         lines.append(f"**created by** {md_code(rep['pass_name'])}{replacing}")
     v = rep.get("verdict")
     if v is not None:  # the layer's verdict, as explain and the Why tab state it
+        label = md_escape(v.get("label") or f"layer {v['layer']}")
         if v["fused"]:
             status = v.get("status", "fused")  # the verdict's own words (`LayerVerdict.status`)
-            lines.append(f"**layer {v['layer']}: {'fused as expected' if status == 'fused' else md_escape(status)}**")
+            lacks = "".join(f"; rlxviz's ops lack: {md_escape(g)}" for g in v.get("gaps") or [])  # as `explain` says
+            lines.append(f"**{label}: {'fused as expected' if status == 'fused' else md_escape(status)}**{lacks}")
         elif v["rule"]:
             fix = f" *Fix:* {md_escape(v['hint'])}" if v["hint"] else ""
             comp = f" *Compiler fix:* {md_escape(v['fix'])}" if v["fix"] else ""
             blocker = f": {md_escape(v['blocker'])}" if v.get("blocker") else ""
-            lines.append(f"**layer {v['layer']}: NOT fused**{blocker}, first rejection {md_code(v['rule'])}: "
+            lines.append(f"**{label}: NOT fused**{blocker}, first rejection {md_code(v['rule'])}: "
                          f"**{md_escape(v['guard'])}**{fix}{comp}")
         else:
-            lines.append(f"**layer {v['layer']}: NOT fused**")
+            lines.append(f"**{label}: NOT fused**")
     if rep["attrs"]:  # each value as the IR text and `rlxviz explain` print it (`none`, `"gelu"`, `true`)
         lines.append("**attributes** " + ", ".join(md_code(f"{k}={format_value(v)}") for k, v in rep["attrs"].items()))
     if rep["is_output"]:

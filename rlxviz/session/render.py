@@ -2,13 +2,15 @@
 
 A `View` names what to draw: a version of the run (index into `trace.versions()`), the side (the
 version with its pass's fused nodes marked, the graph the pass saw with every match and rejection
-marked, or the graph before the pass that first rejected something in a layer), `full` or `layers`
+marked, or the graph before the pass that first rejected something in a layer, or first refused it at a gap in
+rlxviz's ops), `full` or `layers`
 (one box per layer), and an optional layer to focus on.
 
 The layers view labels each layer box with the run's one final verdict (`verdicts`: the `passes.why.RunVerdict`
 that "why didn't layer N fuse?" renders) at every version; at a version before the layer reached its final form the
 box adds what has happened to it so far, labelled (`settled_verdicts`). The "why" side draws the graph before the
-pass of its first rejection, so the text and the picture never disagree.
+pass of its first rejection (of its first gap refusal, drawn `△`, for a layer held back only by rlxviz's ops), so the
+text and the picture never disagree.
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ from typing import Any
 
 from ..ir import Graph
 from ..passes import Trace, layer_of
+from ..passes.why.excused import OpGap
 from ..passes.why.facts import made_nodes
 from ..passes.why.places import layer_places
 from ..passes.why.text import none_made_words
-from ..passes.why.verdict import LayerVerdict, RunVerdict
+from ..passes.why.verdict import OP_GAP_GROUP, LayerVerdict, RunVerdict, first_gap, layer_verdict, why_step
 from ..viz import Overlay, Verdict, render_dot, render_svg
+from ..viz.dot import GAP_MARK
+from ..viz.overlay import group_words
 from .cache import LRUCache
 from .loading import layer_indices
 
@@ -43,7 +48,7 @@ class View:
         view: `full` (one box per op) or `layers` (one box per layer).
         side: `after` (the version, its pass's fused nodes marked), `before` (the graph its pass saw, matches
             clustered and rejections marked) or `why` (the graph before the pass that first rejected something
-            in `focus`, with that pass's marks).
+            in `focus`, or first refused it at a gap in rlxviz's ops, with that pass's marks: `_why`).
         focus: a layer to draw alone (full view only), or None.
         expanded: `layers` view only: layers drawn open in place, their nodes inside the overview.
     """
@@ -61,20 +66,34 @@ class View:
 
 
 def _why(trace: Trace, layer: int | None, i: int) -> tuple[Graph, Overlay | None]:
-    """The "why" side: the graph before the pass of the layer's first counted rejection in the run's verdict
-    (`RunVerdict`), with its marks; a layer that fused as expected, one whose first rejection is no pass of the run
-    (an `unrecognized.*` finding), or no layer shows version `i`. One verdict: the text and the picture never name
-    different rejections."""
-    first = (RunVerdict.of(trace).layer(layer).first if layer is not None and layer in layer_indices(trace.input)
-             else None)
-    name = first.pass_name if first is not None else None
-    if name is not None and any(s.pass_name == name for s in trace.steps):
-        # the step that recorded it: a stage of the pass (`fuse_sdpa/rope_heads`) for its own rule's refusal
-        s = next((st for st in reversed(trace.steps) if st.family == name and st.is_stage
-                  and any(r.rule == first.rule for r in st.rejections)), None) or trace.step(name)
-        return s.before, Overlay.before(s).worded_by(trace, s)
+    """The "why" side: the graph before the step `why_step` names for the layer, with that step's marks (the overlay
+    the Graph tab's before pane draws): the pass of the layer's first counted rejection in the run's verdict
+    (`RunVerdict`), or for a layer held back only by gaps in rlxviz's ops (`LayerVerdict.gap_only`) the pass of its
+    first gap refusal, drawn `△`, its title saying so (`_gap_title`). A layer that fused as expected, one whose first
+    rejection is no pass of the run (an `unrecognized.*` finding), or no layer shows version `i`. One verdict: the
+    text and the picture never name different rejections."""
+    k = why_step(trace, layer) if layer is not None and layer in layer_indices(trace.input) else None
+    if k is not None:
+        s = trace.steps[k]
+        ov = Overlay.before(s).worded_by(trace, s)
+        gap = first_gap(trace, layer) if layer is not None else None
+        return s.before, replace(ov, title=_gap_title(layer_verdict(trace, layer), gap, ov)) if gap else ov
     step = trace.steps[i - 1] if i > 0 else None
     return (step.after, Overlay.after(step)) if step is not None else (trace.input, None)
+
+
+def _gap_title(v: LayerVerdict, gap: OpGap, ov: Overlay) -> str:
+    """The "why" drawing's title for a layer held back only by gaps in rlxviz's ops: its status, the place of its
+    first gap drawn `△` (`gap`'s rule at its first place `ov` marks) and every gap that place ran into
+    (`Overlay.gap_names`, else what ran into `gap`), then the before pane's caption (`ov.title`), e.g. `fused as far
+    as rlxviz's ops go: △ fuse_attention_block.qkv_attention_out @ %795: 2 gaps in rlxviz's ops: integer_qkv,
+    default_scale; before fuse_attention_block: 0 match(es), 0 rejected places, △2 gaps in rlxviz's ops`."""
+    at = next((a for a in gap.at if (gap.rule, a) in ov.standings), gap.at[0] if gap.at else None)
+    gaps = (ov.gap_names.get((gap.rule, at), ()) if at is not None else ()) or ((gap.form, gap.by),)
+    words = group_words(OP_GAP_GROUP, gaps)
+    words = words if words != OP_GAP_GROUP else f"{words}: {gaps[0][1]}"  # one gap, one guard: named all the same
+    where = f" @ %{at}" if at is not None else ""
+    return f"{v.status}: {GAP_MARK} {gap.rule}{where}: {words}; {ov.title}"
 
 
 _VERDICTS = LRUCache(maxsize=16)

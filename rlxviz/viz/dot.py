@@ -253,7 +253,7 @@ class _Drawer:
         if group:  # the gap's solid ink (a compiler fix), or the faded grey and dots of nothing to fix
             style, fill = ("rounded,filled", tint(ink, 0.92)) if mark_word == GAP_MARK else \
                 ("rounded,dotted,filled", "#fafafa")
-            label = f"{mark_word} {r.rule}: {r.guard} ({group})\n{r.path}"
+            label = f"{mark_word} {r.rule}: {r.guard} ({self.ov.standing_words((r.rule, r.anchor))})\n{r.path}"
         else:
             style = "rounded,dashed,filled" if r.stage == "guard" else "rounded,dotted,filled"
             fill, label = "#fff5f5", f"{NEAR_MISS_MARK} {r.rule}: {r.guard}\n{r.path}"

@@ -28,7 +28,7 @@ from ..ir.ops import FUSED, REWRITTEN_AS, made_as
 from ..passes.trace import Layer, Rejection, layer_label, layer_of
 from .dot import DotOptions, GraphTooLarge, _Drawer, _e, _html, _small, _tip
 from .heat import UNCOLOURED
-from .overlay import Overlay
+from .overlay import GapNames, Overlay, group_words
 from .styles import (
     NOT_NEAR_MISS,
     NOT_NEAR_MISS_INK,
@@ -103,6 +103,8 @@ class LayerGroup:
         verdict: the session's verdict, when given.
         same_as: the first layer with the same structure and status (`layer_signature`), or None (this layer is
             the first of its kind, or not a layer).
+        gaps: for a box drawn as a gap (`OP_GAP`), each gap in rlxviz's ops its places ran into, its op form and
+            a short name (`Overlay.gap_names`), each once: the box names them all (`_standing_words`).
     """
 
     key: str
@@ -114,6 +116,7 @@ class LayerGroup:
     rejections: list[Rejection] = field(default_factory=list)
     verdict: Verdict | None = None
     same_as: Layer | None = None
+    gaps: GapNames = ()
 
     @property
     def fused(self) -> list[Node]:
@@ -217,6 +220,8 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
                 g.status = "rejected"
             else:
                 g.status = OP_GAP if overlay is not None and at & overlay.gaps else NOT_NEAR_MISS
+                if overlay is not None and g.status == OP_GAP:
+                    g.gaps = tuple(dict.fromkeys(x for pl in at for x in overlay.gap_names.get(pl, ())))
         else:
             g.status = "partly fused" if g.fused else "rewritten" if g.rewritten else "unfused"
     first: dict[tuple, int] = {}
@@ -283,9 +288,8 @@ def _box_label(g: LayerGroup) -> str:
         if g.fused:
             lines.append(_small(f"{len(g.fused)} of {len(g.nodes)} ops fused", "#555555"))
     elif g.status in (NOT_NEAR_MISS, OP_GAP):
-        guards = list(dict.fromkeys(r.guard for r in g.rejections))
         ink = OP_GAP_INK if g.status == OP_GAP else NOT_NEAR_MISS_INK
-        lines.append(f'<FONT COLOR="{ink}"><B>{_e(g.status)}: {_e(", ".join(guards[:2]))}</B></FONT>')
+        lines.append(f'<FONT COLOR="{ink}"><B>{_e(_standing_words(g, 2))}</B></FONT>')
         if g.fused:
             lines.append(_small(f"{len(g.fused)} of {len(g.nodes)} ops fused", "#555555"))
     elif g.status == "partly fused":
@@ -360,8 +364,19 @@ def _so_far(g: LayerGroup) -> str:
         guards = list(dict.fromkeys(r.guard for r in sorted(g.rejections, key=lambda r: r.stage != "guard")))
         return f"rejected: {', '.join(guards[:2])}{so_far}"
     if g.status in (NOT_NEAR_MISS, OP_GAP):
-        return f"{g.status}: {', '.join(dict.fromkeys(r.guard for r in g.rejections))}{so_far}"
+        return f"{_standing_words(g)}{so_far}"
     return g.status or "unfused"
+
+
+def _standing_words(g: LayerGroup, most: int | None = None) -> str:
+    """`STATUS: GUARDS` of a box whose refusals are no near-miss (`most`: at most that many guards), but a box at
+    several gaps in rlxviz's ops, or one met by several guards, names each gap (`LayerGroup.gaps`, `group_words`), `△
+    2 gaps in rlxviz's ops: integer_qkv, default_scale`, as the gap's `△` cluster label does
+    (`Overlay.standing_words`), never its one failing guard alone."""
+    if g.status == OP_GAP and (words := group_words(OP_GAP, g.gaps)) != OP_GAP:
+        return words
+    guards = list(dict.fromkeys(r.guard for r in g.rejections))
+    return f"{g.status}: {', '.join(guards[:most])}"
 
 
 def status_text(g: LayerGroup) -> str:

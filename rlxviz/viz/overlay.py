@@ -145,6 +145,40 @@ def run_groups(trace: Trace) -> dict[tuple[str, int], str]:
     return {pl: group for pl, group in out.items() if pl not in near}
 
 
+GapNames = tuple[tuple[str, str], ...]
+"""`(op form, short name)` of each gap in rlxviz's ops a place ran into (`passes.why.standing.place_gap_names`)."""
+
+
+def gap_names(trace: Trace | None, step: PassStep, groups: dict[tuple[str, int], str] | None = None
+              ) -> dict[tuple[str, int], GapNames]:
+    """Each place (rule, anchor) of `step`'s refusals at a gap in rlxviz's ops (`place_groups`, or `groups` when
+    given: `is_gap`) -> each gap its refusals ran into, its op form and a short name
+    (`passes.why.standing.place_gap_names`: the layer trait under which the pass makes no product, else the guard):
+    esm's attention place -> two gaps, `integer_qkv` and `default_scale`. {} without `trace` (or a step of no
+    trace)."""
+    if trace is None or trace.index_of(step) is None:
+        return {}
+    from ..passes.why.standing import place_gap_names  # the verdict reads the pipeline; the overlay is drawn without
+
+    groups = place_groups(trace, step) if groups is None else groups
+    at: dict[tuple[str, int], list[Rejection]] = {}
+    for r in step.rejections:
+        at.setdefault((r.rule, r.anchor), []).append(r)
+    return {pl: tuple(place_gap_names(trace, rs)) for pl, rs in at.items() if is_gap(groups.get(pl, ""))}
+
+
+def group_words(group: str, gaps: GapNames) -> str:
+    """A gap group (`is_gap`, e.g. `gap in rlxviz's ops`) with the gaps its place ran into (`gap_names`): the group
+    alone for one gap met by one guard (or none), else each gap's name, counted by op form: `2 gaps in rlxviz's ops:
+    integer_qkv, default_scale` (esm: two forms), `gap in rlxviz's ops: ln1_residual_scaled, ln2_residual_scaled`
+    (DeepNorm: one form, two guards)."""
+    forms, names = dict.fromkeys(f for f, _ in gaps), list(dict.fromkeys(n for _, n in gaps))
+    if len(names) < 2:
+        return group
+    head = group.replace("gap ", f"{len(forms)} gaps ", 1) if len(forms) > 1 else group  # `△ 2 gaps in ...`
+    return f"{head}: {', '.join(names)}"
+
+
 def is_gap(group: str) -> bool:
     """Whether a standing group (`place_groups`) is a gap in rlxviz's ops (`passes.why.verdict.OP_GAP_GROUP`, the
     chips' `△`): a compiler fix, drawn apart from the faded `○`."""
@@ -189,6 +223,9 @@ class Overlay:
         standings: each place (rule, anchor) of `rejections` that is no near-miss -> its standing group
             (`place_groups`: the chips' `○`, `△` for a gap in rlxviz's ops): the drawing marks it so, never with a
             near-miss's red `✗`; a layer holding only these is drawn as a not-near-miss, never as rejected.
+        gap_names: each place of `standings` at a gap in rlxviz's ops -> each gap it ran into, its op form and a
+            short name (`gap_names`): a `△` label names them all, `2 gaps in rlxviz's ops: integer_qkv,
+            default_scale` (`standing_words`).
         made: node id -> what a node a match made beside its product is (`passes.made.made_beside`): its label
             and tooltip say so instead of listing the match's absorbed nodes, which only the product holds.
         names: node id -> (rule, role) per binding of a match or rejection that this overlay does not draw: the
@@ -209,6 +246,7 @@ class Overlay:
     standings: dict[tuple[str, int], str] = field(default_factory=dict)
     names: dict[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     made: dict[int, Beside] = field(default_factory=dict)
+    gap_names: dict[tuple[str, int], GapNames] = field(default_factory=dict)
 
     @classmethod
     def before(cls, step: PassStep, rejections: bool = True, trace: Trace | None = None) -> Overlay:
@@ -231,14 +269,16 @@ class Overlay:
                    if rejections else (),
                    origin=all_versions(trace) if trace is not None else None,
                    made=made_in_run(trace) if trace is not None else {},
-                   standings=place_groups(trace, step) if rejections else {})
+                   standings=(groups := place_groups(trace, step) if rejections else {}),
+                   gap_names=gap_names(trace, step, groups) if rejections else {})
 
     def worded_by(self, trace: Trace, step: PassStep) -> Overlay:
         """This overlay with `step`'s rejections (of `trace`) worded as `explain` and the table word them
         (`worded`), for an overlay made without the trace (its labels unchanged), its caption counting places as
         the chips do with the trace (`before_caption`)."""
-        out = replace(self, rejections=worded(trace, step), standings=place_groups(trace, step)) \
-            if self.rejections else self
+        groups = place_groups(trace, step) if self.rejections else {}
+        out = replace(self, rejections=worded(trace, step), standings=groups,
+                      gap_names=gap_names(trace, step, groups)) if self.rejections else self
         out = replace(out, made=made_in_run(trace))
         return replace(out, title=before_caption(step, trace)) if out.title.startswith("before ") else out
 
@@ -267,7 +307,8 @@ class Overlay:
         fused = tuple(m for m in trace.matches if m.fused is not None and m.fused in final)
         return cls(title=trace.pipeline, fused=fused,
                    rejections=tuple(r for s in trace.steps for r in worded(trace, s)), origin=all_versions(trace),
-                   made=made_in_run(trace), standings=run_groups(trace))
+                   made=made_in_run(trace), standings=(groups := run_groups(trace)),
+                   gap_names={pl: names for s in trace.steps for pl, names in gap_names(trace, s, groups).items()})
 
     @property
     def excused(self) -> frozenset[tuple[str, int]]:
@@ -279,6 +320,13 @@ class Overlay:
         """Those of `excused` at a gap in rlxviz's ops (`is_gap`: the chips' `△`): a layer holding only excused
         places, some of them gaps, is drawn as a gap (`styles.OP_GAP`)."""
         return frozenset(pl for pl, group in self.standings.items() if is_gap(group))
+
+    def standing_words(self, place: tuple[str, int]) -> str:
+        """The standing group of `place` (rule, anchor) as a label says it (`standings`; "" for a near-miss): a place
+        at several gaps in rlxviz's ops, or met by several guards, names each (`group_words` of `gap_names`), `2 gaps
+        in rlxviz's ops: integer_qkv, default_scale`, never the one its failing guard names alone."""
+        group = self.standings.get(place, "")
+        return group_words(group, self.gap_names.get(place, ())) if is_gap(group) else group
 
     def extent(self, m: Match) -> tuple[int, ...]:
         """Node ids covered by match `m` (its absorbed nodes; by default its non-operand bindings)."""

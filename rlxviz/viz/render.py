@@ -17,6 +17,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from ..ir import Graph
+from ..passes.trace import layer_label
 from .dot import MAX_NODES, DotOptions, graph_to_dot
 from .engine import Rendered, layout
 from .layers import Verdict, focus_ids, layers_to_dot
@@ -59,9 +60,10 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
                     if i in graph}
     opts = DotOptions(show_params=show_params, edge_labels=edge_labels, max_nodes=max_nodes)
     if include is not None and title is None:
-        title = f"{graph.name}: focus on layer {focus}" + (f" ±{radius}" if radius else "")
+        # the layer's label (`decoder layer 0` in an encoder-decoder model), as `explain` and the Why tab name it
+        title = f"{graph.name}: focus on {layer_label(focus)}" + (f" ±{radius}" if radius else "")
         if overlay and overlay.title:
-            title = f"{overlay.title} — layer {focus}"
+            title = f"{overlay.title} — {layer_label(focus)}"
     return graph_to_dot(graph, overlay, options=opts, include=include, title=title)
 
 

@@ -338,12 +338,26 @@ def gap_sources(arch: LayerKind, pass_name: str, guard: str, refusal: Remedied |
     layer trait under which the pass makes no product at all, whatever guard refused (`Pass.lacks`), as `any refusal,
     the layer's trait integer_qkv`. What `LayerVerdict.op_gaps` puts after the rule, so a trait's gap is not blamed
     on the guard that happened to refuse first (esm's integer projections are no fault of `default_scale`)."""
+    return [(f, f"any refusal, the layer's trait {trait}" if trait else guard)
+            for f, trait in _gap_traits(arch, pass_name, guard, refusal)]
+
+
+def _gap_traits(arch: LayerKind, pass_name: str, guard: str, refusal: Remedied | None) -> list[tuple[str, str]]:
+    """`(op form, trait)` of each of `op_gaps`: the layer trait under which the pass makes no product at all
+    (`Pass.lacks`), "" for a guard's own gap or the refusal's own."""
     p = PASSES.get(pass_name)
     if p is None:
         return []
     traits = {form: t for t, form, _ in p.lacks if arch.has(t)}
-    return [(f, f"any refusal, the layer's trait {traits[f]}" if f in traits else guard)
-            for f, _ in _all_gaps(arch, p, guard, refusal)]
+    return [(f, traits.get(f, "")) for f, _ in _all_gaps(arch, p, guard, refusal)]
+
+
+def gap_names(arch: LayerKind, pass_name: str, guard: str, refusal: Remedied | None = None
+              ) -> list[tuple[str, str]]:
+    """`(op form, short name)` of each of `op_gaps`, in its order: the name is the layer trait under which the pass
+    makes no product at all (`integer_qkv`), else `guard` (`default_scale`): what a drawing's label says a gap place
+    ran into, `integer_qkv, default_scale` for esm's attention (`gap_sources` in one word each)."""
+    return [(form, trait or guard) for form, trait in _gap_traits(arch, pass_name, guard, refusal)]
 
 
 def op_gap(arch: LayerKind, pass_name: str, guard: str, refusal: Remedied | None = None) -> str | None:
@@ -523,7 +537,7 @@ def expected_products(arch: LayerKind) -> list[str]:
 __all__ = ["COMPILER_FIX_WORDS", "EXPECT_MODES", "FAMILIES", "ILLEGAL_HERE", "KINDS", "NOTHING_TO_CHANGE",
            "NOT_EXPECTED_HERE", "NOT_EXPECTED_WHY", "PRODUCTS", "TRAITS", "LayerKind", "Remedied",
            "check_declarations", "compiler_fix_only", "excuse", "expected_of_words", "expected_products",
-           "first_refusal", "fix_gap_form", "gap_sources", "gap_words", "lacks_product", "layer_pass",
+           "first_refusal", "fix_gap_form", "gap_names", "gap_sources", "gap_words", "lacks_product", "layer_pass",
            "makes_product", "not_expected", "not_expected_line", "op_gap", "op_gaps", "places_words", "product",
            "recognizers", "with_caveat"]
 

@@ -14,7 +14,7 @@ from ..trace import Rejection, Trace
 from .caveat import line_caveats
 from .facts import RunFacts
 from .kinds import LayerArchitecture as Architecture
-from .policy import ILLEGAL_HERE, NOT_EXPECTED_HERE, excuse, op_gaps, with_caveat
+from .policy import ILLEGAL_HERE, NOT_EXPECTED_HERE, excuse, gap_names, op_gaps, with_caveat
 from .verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP, judged_kind, layer_verdict
 
 
@@ -68,6 +68,21 @@ def place_gaps(trace: Trace, r: Rejection) -> list[str]:
     return op_gaps(arch, r.pass_name, r.guard, _own_fixes(facts, r)) if arch is not None else []
 
 
+def place_gap_names(trace: Trace, refusals: list[Rejection]) -> list[tuple[str, str]]:
+    """`(op form, short name)` of each gap in rlxviz's ops that the `refusals` of one place ran into
+    (`policy.gap_names` of each, as `place_gaps` reads it: the name is the layer trait under which the pass makes no
+    product, else the guard), each pair once, in order: what the drawing's `△` label names, `integer_qkv,
+    default_scale` at esm's attention (two gaps, one failing guard), `ln1_residual_scaled, ln2_residual_scaled` at
+    DeepNorm's layer (one gap, two failing guards); [] for a place at no gap."""
+    facts = RunFacts.of(trace)
+    out: dict[tuple[str, str], None] = {}
+    for r in refusals:
+        arch = _judged_as(facts, r.layer)
+        if arch is not None:
+            out |= dict.fromkeys(gap_names(arch, r.pass_name, r.guard, _own_fixes(facts, r)))
+    return list(out)
+
+
 def _own_fixes(facts: RunFacts, r: Rejection) -> Rejection | None:
     """`r`, whose fixes `policy` reads for a gap in rlxviz's ops; None in a layer judged as another kind than its own
     (`judged_kind`: its refusals are its deviation, as `excused_misses` reads them)."""
@@ -76,4 +91,4 @@ def _own_fixes(facts: RunFacts, r: Rejection) -> Rejection | None:
     return None if facts.cache.get(("deviates", r.layer)) else r
 
 
-__all__ = ["place_gaps", "standing"]
+__all__ = ["place_gap_names", "place_gaps", "standing"]

@@ -103,16 +103,17 @@ def left_out_heading(group: str, n: int, workaround: bool = False) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
-def fused_list(done: list[str], verbose: bool = False) -> str:
-    """A layer's fused ops (`LayerVerdict.done`, items `OP %ID (PASS)`) as one line: every item when `verbose` or
-    when no op and pass repeat more than `GROUP_OVER` times, else such a run is one item at its first place,
-    `ElementwiseRegion x57 (mark_elementwise_regions; %2429 ... %2569)` (count, first and last id). `--json` keeps
-    every item."""
+def fused_list(done: list[str]) -> str:
+    """A layer's fused ops (`LayerVerdict.done`, items `OP %ID (PASS)`) as one line: every item when no op and pass
+    repeat more than `GROUP_OVER` times, else such a run is one item at its first place,
+    `ElementwiseRegion x57 (mark_elementwise_regions; %2429 ... %2569)` (count, first and last id). One line for
+    every reader of the text: `explain` with or without `-v` and the app's Why tab (which renders it verbose, with
+    each rule's outcome) say it alike; `--json` keeps every item."""
     groups: dict[tuple[str, str], list[str]] = {}
     for item in done:
         m = _DONE.match(item)
         groups.setdefault((m["op"], m["pass"]) if m else (item, ""), []).append(m["id"] if m else item)
-    if verbose or all(len(ids) <= GROUP_OVER for ids in groups.values()):
+    if all(len(ids) <= GROUP_OVER for ids in groups.values()):
         return ", ".join(done)
     out = []
     for (op, pass_name), ids in groups.items():
@@ -131,9 +132,9 @@ def none_made_words(v: LayerVerdict) -> str:
     return NO_FUSED_OP if v.op_gaps else NOTHING_TO_FUSE
 
 
-def made_words(v: LayerVerdict, verbose: bool = False) -> str:
+def made_words(v: LayerVerdict) -> str:
     """What a fused layer's line lists: its fused ops (`fused_list`), else `none_made_words`."""
-    return fused_list(v.done, verbose) or none_made_words(v)
+    return fused_list(v.done) or none_made_words(v)
 
 
 def outcome_dict(o: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -172,7 +173,7 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
     """The answer to "why didn't layer N fuse": status, the first rejecting guard (actual vs required),
     the fix, the sibling difference, and for non-BERT layers what the architecture expects."""
     if v.legal_only:
-        lines = [f"layer {v.layer}: {v.status}: " + made_words(v, verbose)]
+        lines = [f"{layer_label(v.layer)}: {v.status}: " + made_words(v)]
         for o in v.illegal:
             lines.append(f"  illegal here: {o.rule}")
             lines += o.lines("    ")
@@ -180,13 +181,13 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
         where = f" -> {v.expected} %{v.fused_node}" if v.fused_node is not None else ""
         lines = [f"{layer_label(v.layer)}: fused{where}"]
     elif v.fused and v.op_gaps:  # the words say the gap: not "as expected" (`LayerVerdict.status`)
-        lines = [f"{layer_label(v.layer)}: {v.status}: " + made_words(v, verbose)]
+        lines = [f"{layer_label(v.layer)}: {v.status}: " + made_words(v)]
     elif v.fused:
-        lines = [f"{layer_label(v.layer)}: fused as expected: " + made_words(v, verbose)]
+        lines = [f"{layer_label(v.layer)}: fused as expected: " + made_words(v)]
     else:
-        lines = _not_fused(v, verbose)
+        lines = _not_fused(v)
     if v.rewritten and (v.fused or v.legal_only):  # plain ops a rewrite made: no fusion (`ir.ops.made_as`)
-        lines.insert(1, f"  {REWRITTEN_AS}: {fused_list(v.rewritten, verbose)}")
+        lines.insert(1, f"  {REWRITTEN_AS}: {fused_list(v.rewritten)}")
     if v.fused and not v.legal_only:  # a fused layer can still hold a counted refusal (a form a rule declined)
         lines += [f"  also rejected: {o.rule}: {o.guard} ({o.kind})" for o in v.rejections]
     if not v.bert_style or v.legal_only:
@@ -205,7 +206,7 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
     return "\n".join(lines)
 
 
-def not_fused_words(v: LayerVerdict, verbose: bool = False) -> str:
+def not_fused_words(v: LayerVerdict) -> str:
     """What follows `NOT fused` on a layer's line: what the pipeline cannot make, else what a fusion that happened left
     (`blocker`), else what was expected and, when some op of the layer fused, what was made and what was missed
     (`(expected ...): made FusedMatMulBiasAct %12 (fuse_matmul_bias_act); missed FusedMatMulBiasAct at %7
@@ -216,13 +217,13 @@ def not_fused_words(v: LayerVerdict, verbose: bool = False) -> str:
         return f": {v.blocker}"
     expected = f" (expected {v.expected})" if v.expected else ""
     if v.done:
-        return f"{expected}: made {fused_list(v.done, verbose)}; missed {', '.join(v.missed_products)}"
+        return f"{expected}: made {fused_list(v.done)}; missed {', '.join(v.missed_products)}"
     return expected
 
 
-def _not_fused(v: LayerVerdict, verbose: bool = False) -> list[str]:
+def _not_fused(v: LayerVerdict) -> list[str]:
     unmade = v.expect == "model" and v.cannot_make
-    why = not_fused_words(v, verbose)
+    why = not_fused_words(v)
     lines = [f"{layer_label(v.layer)}: NOT fused{why}"]
     if unmade:
         lines += [f"  {c}" for c in v.cannot_make]

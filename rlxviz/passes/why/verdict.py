@@ -550,7 +550,41 @@ def verdict_pass(trace: Trace, layer: int) -> str | None:
     return first.pass_name
 
 
+def why_step(trace: Trace, layer: int) -> int | None:
+    """Index into `trace.steps` of the step whose graph before it the "why" drawing shows for `layer` (the app's Why
+    tab, `session.render.View(side="why")`): the step that recorded the verdict's first counted rejection (a stage of
+    its pass, `fuse_sdpa/rope_heads`, for that stage's own rule's refusal; `verdict_pass`); else, for a layer held back
+    only by gaps in rlxviz's ops (`LayerVerdict.gap_only`: "fused as far as rlxviz's ops go"), the first step in run
+    order holding a refusal at one of its gaps' places (`LayerVerdict.gaps`: rule and anchors), the place its before
+    pane draws as a gap (`△`); None when the layer fused as expected (its refusals, if any, nothing to fix: `○`) or its
+    first rejection is no pass of the run (an `unrecognized.*` finding)."""
+    v = layer_verdict(trace, layer)
+    if v.first is not None:
+        name = verdict_pass(trace, layer)
+        if name is None:
+            return None
+        stage = next((k for k in range(len(trace.steps) - 1, -1, -1) if trace.steps[k].family == name
+                      and trace.steps[k].is_stage and any(r.rule == v.first.rule for r in trace.steps[k].rejections)),
+                     None)
+        return stage if stage is not None else trace.index_of(trace.step(name))
+    if not v.gap_only:
+        return None
+    at = {(g.rule, a) for g in v.gaps for a in g.at}
+    return next((k for k, s in enumerate(trace.steps) if any((r.rule, r.anchor) in at for r in s.rejections)), None)
+
+
+def first_gap(trace: Trace, layer: int) -> OpGap | None:
+    """The gap of `layer` (`LayerVerdict.gaps`) whose refusal the step `why_step` names holds (the first in run
+    order), for a layer held back only by gaps in rlxviz's ops (`LayerVerdict.gap_only`); else None."""
+    v = layer_verdict(trace, layer)
+    k = why_step(trace, layer) if v.first is None else None
+    if k is None:
+        return None
+    held = {(r.rule, r.anchor) for r in trace.steps[k].rejections}
+    return next((g for g in v.gaps if any((g.rule, a) in held for a in g.at)), None)
+
+
 __all__ = ["EXIT_NOT_FUSED", "EXIT_OK", "ILLEGAL_HERE_GROUP", "LEFT_OUT", "LEFT_OUT_GROUPS", "OP_GAP_GROUP",
            "STANDING_GROUPS", "Architecture", "FusionCheck", "LayerStatus", "LayerVerdict", "RunVerdict",
-           "expected_misses", "judged_kind", "layer_verdict", "left_out_group",
-           "left_out_groups", "places_words", "verdict_pass"]
+           "expected_misses", "first_gap", "judged_kind", "layer_verdict", "left_out_group",
+           "left_out_groups", "places_words", "verdict_pass", "why_step"]
