@@ -10,6 +10,7 @@ from test_app_views import tiny
 from rlxviz.app.explain import decision_rows
 from rlxviz.app.panels import VersionStepper
 from rlxviz.app.whyview import DecisionTable
+from rlxviz.passes.why.policy import NOT_EXPECTED_FIX
 
 
 def test_the_table_says_it_lists_the_whole_run_and_can_follow_the_selected_pass():
@@ -255,8 +256,9 @@ def test_the_fix_column_says_a_fix_not_the_message_again():
     """llama-block's `attn_is_fused_block` row (fuse_transformer_layer: fuse_attention_block refused earlier) had its
     fix column repeat the whole nested message ("fuse_attention_block ran before and said no here: ..."). It then
     named the earlier refusal's fix ("fix fuse_attention_block's refusal first ..."), a line `explain` never prints,
-    on a refusal the layer does not expect. Its fix is now `explain`'s (`passes.report.fix_line`): none there, since
-    the message says it; the earlier refusal's own row keeps its fix; the graph's tooltips say the same."""
+    on a refusal the layer does not expect. Its fix is now `explain`'s (`passes.report.fix_line`): that nothing needs
+    changing, since the layer's kind does not expect the fusion (`policy.not_expected_fix`); the earlier refusal's own
+    row keeps its fix; the graph's tooltips say the same."""
     from rlxviz.viz.overlay import worded
 
     s = tiny(preset="llama-block")
@@ -264,7 +266,8 @@ def test_the_fix_column_says_a_fix_not_the_message_again():
     row = next(r for r in rows if r["guard"] == "attn_is_fused_block")
     block = next(r for r in rows if r["pass"] == "fuse_attention_block" and r["anchor"] == row["anchor"])
     assert "fuse_attention_block ran before and said no here" in row["message"], row
-    assert row["hint"] == "", row["hint"]
+    assert row["hint"].startswith(f"{NOT_EXPECTED_FIX}: ") and row["hint"] not in row["message"], row["hint"]
+    assert "refusal first" not in row["hint"] and block["hint"] != row["hint"]
     assert block["hint"] and block["hint"] not in block["message"]
     k = row["step"]
     tips = {(r.rule, r.guard): r.hint for r in worded(s.trace, s.trace.steps[k])}

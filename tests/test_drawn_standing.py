@@ -22,6 +22,7 @@ from test_viz import node_stmt
 
 from rlxviz.app.explain import node_report, report_markdown
 from rlxviz.passes import Trace
+from rlxviz.passes.trace import layer_label, layer_of
 from rlxviz.passes.why.places import place_standings, places
 from rlxviz.passes.why.verdict import OP_GAP_GROUP
 from rlxviz.session.render import View, dot
@@ -151,3 +152,27 @@ def test_cli_render_before_marks_the_gap_as_its_header_counts_it(capsys, tmp_pat
     svg = out.read_text()
     assert "△2 gaps in rlxviz&#39;s ops" in svg
     assert "✗" not in svg and "△ gap in rlxviz&#39;s ops: default_scale" in svg
+
+
+def test_a_reader_in_another_layer_says_whose_refusal_its_mark_is():
+    """n4-13 (cross-layer KV sharing), before fuse_attention_block: layer 1's attention %61 sits in its own place's
+    `○ ... self_attention (the model's own term)` cluster and is the second reader of layer 0's K, so layer 0's
+    `qkv_narrows_single_use` names it offending. Its mark read `○ illegal here: qkv_narrows_single_use`, as if the
+    refusal were its own; a node of another layer than the place now says whose (`○ illegal here in layer 0: ...`),
+    and the place's own nodes keep the plain mark."""
+    t = trace_of(HERE / "data" / "cases" / "n4-13-cross-layer-kv-sharing.rlx")
+    k = _step(t, "fuse_attention_block")
+    text = dot(t, View(k + 1, "full", "before"))
+    before = t.steps[k].before
+    r = next(r for r in t.steps[k].rejections if r.guard == "qkv_narrows_single_use")
+    mine = r.subject if r.subject is not None and r.subject in before else r.anchor
+    others = [i for i in r.offending if layer_of(before[i].path) != r.layer]
+    assert others and layer_of(before[mine].path) == r.layer
+    assert f"<B>○ illegal here: {r.guard}</B>" in node_stmt(text, mine)
+    for i in others:
+        stmt = node_stmt(text, i)
+        assert f"<B>○ illegal here in {layer_label(r.layer)}: {r.guard}</B>" in stmt, stmt
+        assert f"<B>○ illegal here: {r.guard}</B>" not in stmt
+    for i in others:  # the node drawer's role says the same
+        said = [d for d in node_report(before, i, t)["decisions"] if d["guard"] == r.guard]
+        assert said and all(d["role"] == f"offending in {layer_label(r.layer)}" for d in said), said

@@ -616,6 +616,18 @@ def _scaled_linear(bias=True):
     return b.build(), ids
 
 
+def _bias_after_residual():
+    """(x @ w + skip) + b, the biased sum read by a norm and the next residual add (pre-LN, as ONNX Runtime's optimizer
+    leaves a linear whose bias it moved into SkipLayerNormalization)."""
+    b = Builder("skipbias")
+    x, skip = b.input("x", (2, 4, 8)), b.input("skip", (2, 4, 8))
+    ids = {"mm": b.matmul(x, b.param("w", (8, 8)))}
+    ids["sum"] = b.add(ids["mm"], skip)
+    ids["add"] = b.add(ids["sum"], b.param("b", (8,)))
+    b.output(b.layer_norm(ids["add"], b.param("g", (8,)), b.param("beta", (8,))), b.add(ids["add"], x))
+    return b.build(), ids
+
+
 def _residual(norm="layer_norm", biased=False, no_beta=False, **kw):
     b = Builder("res")
     x = b.input("x", (2, 4, 8))
@@ -735,6 +747,7 @@ NEAR_MISSES = [
     ("fuse_matmul_bias_act.zero_bias_act", "mm_not_output", lambda: _bare_linear(outputs=True), "mm", {}),
     ("fuse_matmul_bias_act.scale_before_bias", "scale_before_bias", _scaled_linear, "scale_mul", {}),
     ("fuse_matmul_bias_act.scale_before_act", "scale_before_act", lambda: _scaled_linear(False), "scale_mul", {}),
+    ("fuse_matmul_bias_act.bias_after_residual", "bias_after_residual", _bias_after_residual, "add", {}),
     *[(f"{p}.{rule}", guard, make, subject, {}) for p, norm in _RLN.items() for rule, guard, make, subject in [
         ("residual", "sum_single_user", lambda norm=norm: _residual(norm, readers=("sum",)), "sum"),
         ("residual", "sum_not_output", lambda norm=norm: _residual(norm, outputs=("sum",)), "sum"),

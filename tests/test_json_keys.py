@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from clirun import run as cli_run
 
+from rlxviz.passes.why.policy import NOT_EXPECTED_FIX
+
 CASES = Path(__file__).parent / "data" / "cases"
 RUNS = {
     "minilm-extra_h1_user": ["minilm", "--variant", "extra_h1_user"],
@@ -81,13 +83,15 @@ def test_fix_checks_fix_is_a_printed_fix_line_or_null(capsys, stem):
     """falcon's `fix_checks` held `"fix": "fuse_attention_block ran before and did its part here ..."` with
     `printed_as_fix: true` for `bert_post_ln (attn_is_fused_block)`, whose text never prints a `fix:` line (the
     statement is inside its message); bart-full's held `"fix": ""`. `fix` is now the line the text prints after `fix:`
-    or null, and `printed_as_fix` is true only for a printed line (`FixCheck.shown`)."""
+    or null, and `printed_as_fix` is true only for a printed line (`FixCheck.shown`). Both refusals are not expected
+    of their layers: their line is now the one that says nothing needs changing (`policy.not_expected_fix`)."""
     case = ONNX_CASES / f"{stem}.onnx"
     _, text, _ = cli_run(capsys, "explain", case, "-v")
     lines = [ln.strip() for ln in text.splitlines()]
     _, out, _ = cli_run(capsys, "explain", case, "--json")
     checks = json.loads(out)["fix_checks"]
-    assert checks and any(f["fix"] is None for f in checks), checks
+    assert checks and all(f["fix"] != "" for f in checks), checks
+    assert any((f["fix"] or "").startswith(f"{NOT_EXPECTED_FIX}: ") for f in checks), checks
     for f in checks:
         if f["fix"] is None:
             assert f["printed_as_fix"] is False, f

@@ -14,6 +14,7 @@ from clirun import run
 from test_app_views import tiny
 
 from rlxviz.app.whyview import DecisionTable
+from rlxviz.passes.why.policy import NOT_EXPECTED_FIX
 
 ONNX = Path(__file__).parent / "fixtures" / "onnx"
 
@@ -50,17 +51,35 @@ def _assert_parity(rows: list[dict], checks: list[dict]) -> None:
         assert row["hint"] == (f["fix"] or ""), (f, row)
 
 
-def test_granite_not_expected_row_proposes_no_fix_explain_does_not_print(capsys):
-    path = ONNX / "cases" / "granite.onnx"
-    checks = _fix_checks(capsys, path)
+@pytest.mark.parametrize("case, guards", [("granite", ("attn_is_fused_block",)),
+                                          ("bart-full", ("fc1_is_fused_linear", "attn_is_fused_block"))])
+def test_a_not_expected_row_says_nothing_to_change_as_explain_does(capsys, case, guards):
+    """A refusal the layer's kind does not expect proposes no fix (granite's row once proposed an earlier pass's), and
+    its fix is not empty either (a newcomer run on bart-full: an empty fix and compiler-fix cell, no `fix:` line under
+    `[rejected] ... fc1_is_fused_linear`): the one line `policy.not_expected_fix` words, in the table, `-v` and
+    `--json` alike."""
+    path = ONNX / "cases" / f"{case}.onnx"
+    checks = _fix_checks(capsys, path, "-v")
     rows = _table(_uploaded(path))
-    quiet = [f for f in checks if f["rule"] == "fuse_transformer_layer.bert_post_ln"
-             and f["guard"] == "attn_is_fused_block"]
-    assert quiet and all(f["fix"] is None and not f["printed_as_fix"] for f in quiet), quiet
+    quiet = [f for f in checks if f["rule"] == "fuse_transformer_layer.bert_post_ln" and f["guard"] in guards]
+    assert {f["guard"] for f in quiet} == {guards[0]}, quiet  # -v prints a rule's first refusal in the layer
     for f in quiet:
+        assert f["fix"].startswith(f"{NOT_EXPECTED_FIX}: FusedTransformerLayer is the post-LN BERT layer; "), f
+        assert f["printed_as_fix"] and f["compiler_fix"] is None, f
         (row,) = [r for r in rows if (r["rule"], r["anchor"], r["guard"]) == (f["rule"], f["anchor"], f["guard"])]
-        assert row["kind"] == "not expected here" and row["hint"] == "", row
+        assert row["kind"] == "not expected here" and row["hint"] == f["fix"], row
         assert "refusal first" not in row["hint"]
+    unexpected = [r for r in rows if r["rule"] == "fuse_transformer_layer.bert_post_ln" and r["guard"] in guards]
+    assert {r["guard"] for r in unexpected} == set(guards)  # every such row of the table, -v's or not
+    for r in unexpected:
+        assert r["kind"] == "not expected here" and r["hint"].startswith(f"{NOT_EXPECTED_FIX}: "), r
+    _, text, _ = run(capsys, "explain", path, "--seq", "8", "-v")
+    lines = text.splitlines()
+    for k, line in enumerate(lines):  # every such `[rejected]` line of -v is followed by that fix line
+        if line.lstrip().startswith("[rejected] fuse_transformer_layer.bert_post_ln: ") and \
+                line.split(": ")[1].split(" (")[0] in guards:
+            assert lines[k + 1].strip() == f"fix: {quiet[0]['fix']}" or lines[k + 1].strip().startswith(
+                f"fix: {NOT_EXPECTED_FIX}: "), lines[k:k + 2]
     _assert_parity(rows, checks)
 
 

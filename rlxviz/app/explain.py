@@ -20,7 +20,7 @@ from ..ir.printer import format_value
 from ..passes.made import made_in_run
 from ..passes.pipeline import role_label
 from ..passes.report import fix_line, in_context
-from ..passes.trace import Rejection, Trace, anchor_position, layer_label, layer_of, reading_order
+from ..passes.trace import Rejection, Trace, anchor_position, layer_label, layer_of, reading_order, whose_place
 from ..passes.why.places import LEFT_OUT_STATUS, gap_workaround, place_standings, place_status
 from ..passes.why.places import REJECTED as NEAR_MISS
 from ..passes.why.text import left_out_heading
@@ -368,12 +368,19 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
                 add({"pass": s.pass_name, "rule": r.rule, "standing": place_status(head, st),
                      "standing_why": st[1] if st is not None else "",
                      "gap_workaround": gap_workaround(trace, head, st),
-                     "role": role_label(r.rule, role) if role else ("anchor" if r.anchor == node_id else "offending"),
+                     "role": role_label(r.rule, role) if role else ("anchor" if r.anchor == node_id else
+                                                                    _offending(s.before, r, node_id)),
                      "outcome": "left out" if r.soft else f"rejected ({r.stage})", "guard": r.guard,
                      "message": message, "hint": hint, "kind": r.kind, "fix": r.fix, "anchor": r.anchor,
                      "place": _place(s.before, r.anchor, place, r.bindings.get(place or "", r.anchor)),
                      "made": "", "fused": [], "left_out": []})
     return out
+
+
+def _offending(g: Graph, r: Rejection, node_id: int) -> str:
+    """The role of a node that refusal `r` names offending: `offending`, and whose place it is where the node lies in
+    another layer (`trace.whose_place`: `offending in layer 0` on n4-13's layer-1 attention), as its drawn mark says."""
+    return "offending" + whose_place(r.layer, g[node_id].path if node_id in g else "")
 
 
 def _verdict(trace: Trace, layer: int | None, run: RunVerdict | None = None) -> dict[str, Any] | None:

@@ -125,8 +125,15 @@ def name_users_nodes(trace: Trace, text: str) -> str:
 
 def in_context(trace: Trace, step: int, r: Rejection) -> tuple[str, str]:
     """`_in_context` with every node a rewrite re-made named by the user's node it came from
-    (`name_users_nodes`)."""
+    (`name_users_nodes`). A headline refusal the layer's kind does not expect, whose hint is empty or already in its
+    message (no fix line would print: `fuse_transformer_layer`'s `fc1_is_fused_linear` in a BART decoder layer), has
+    the one line that says nothing needs changing and why (`why.standing.unexpected_fix`) as its hint: what
+    `explain -v`, `--json` and the app's table print after "fix"."""
     message, hint = _in_context(trace, step, r)
+    if (not hint or hint in message) and not r.fix and r.headline and not r.soft:
+        from .why.standing import unexpected_fix  # the verdict's package reads this module
+
+        hint = unexpected_fix(trace, r) or hint
     return name_users_nodes(trace, message), name_users_nodes(trace, hint)
 
 

@@ -105,6 +105,15 @@ def layer_label(layer: int | None) -> str:
     return layer.label if isinstance(layer, Layer) else f"layer {layer}"
 
 
+def whose_place(layer: int | None, path: str) -> str:
+    """` in LAYER` (`layer_label`) when a node at model path `path` lies in another layer than a place of `layer` that
+    names it (an offending reader: n4-13's layer-1 attention reads layer 0's K, whose refusal is layer 0's), so a mark
+    or a role on the node says whose place it is; "" for a node of the place's own layer, or where either names no
+    layer. What the drawing's node marks and the node drawer's roles add."""
+    mine = layer_of(path or "")
+    return f" in {layer_label(layer)}" if layer is not None and mine is not None and mine != layer else ""
+
+
 NO_PATH = "-"
 """What stands for a node's path where it has none (`place_label`)."""
 

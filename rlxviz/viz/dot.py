@@ -26,7 +26,7 @@ from ..ir import Graph, Node, Op, operand_roles
 from ..ir.ops import FUSED
 from ..ir.printer import format_value
 from ..ir.text import shown
-from ..passes.trace import Rejection, layer_label, layer_of
+from ..passes.trace import Rejection, layer_label, layer_of, whose_place
 from . import styles as st
 from .heat import UNCOLOURED, readable_on, text_color
 from .overlay import INPUT_ROLES, Overlay, is_gap
@@ -218,6 +218,12 @@ class _Drawer:
             return NEAR_MISS_MARK, st.REJECT, ""
         return (GAP_MARK, st.OP_GAP_INK, group) if is_gap(group) else (FADED_MARK, st.NOT_NEAR_MISS_INK, group)
 
+    def _whose(self, r: Rejection, i: int) -> str:
+        """`trace.whose_place` of node `i` for the place of `r`: ` in layer 0` on layer 1's attention that
+        n4-13's layer-0 `qkv_narrows_single_use` names offending, so its mark says whose refusal it carries."""
+        n = self.nodes.get(i)
+        return whose_place(r.layer, n.path) if n is not None else ""
+
     def _decorate_rejection(self, k: int, r: Rejection) -> None:
         mark_word, ink, group = self._standing(r)
         head = f"{mark_word} {group.upper()} (not a near-miss)" if group else "REJECTED"
@@ -232,7 +238,7 @@ class _Drawer:
         mark = r.subject if r.subject is not None and r.subject in self.nodes else r.anchor
         if group:  # no near-miss: its node says what the place is, in the chips' mark and ink, never the red
             for i in dict.fromkeys((mark, *r.offending)):
-                note = (f"{mark_word} {group}: {r.guard}", ink)
+                note = (f"{mark_word} {group}{self._whose(r, i)}: {r.guard}", ink)
                 if note not in self.notes.get(i, []):
                     self.notes.setdefault(i, []).append(note)
                 # a near-miss's red and a match's colour at the same node stay; a gap's ink over the faded grey
@@ -245,7 +251,7 @@ class _Drawer:
                 self.offending.add(i)
                 self.fill[i] = st.REJECT_FILL
                 self.border[i] = (st.REJECT, 3.0, False)
-                self.notes.setdefault(i, []).append((f"offending: {r.guard}", st.REJECT))
+                self.notes.setdefault(i, []).append((f"offending{self._whose(r, i)}: {r.guard}", st.REJECT))
             for e in r.offending_edges:
                 self.hot_edges[e] = r.guard
         inner = [i for role, i in r.bindings.items() if role not in INPUT_ROLES]

@@ -70,8 +70,8 @@ ADDED = "#2e7d32"
 REMOVED = "#9e9e9e"
 NOT_NEAR_MISS = "○ not near-miss"
 """The status of a layer box whose every refusal at this version is no near-miss (the app chips' faded `○`: a
-refusal the layer's kind does not expect, a lookalike, the model's own term): drawn grey and dotted, never in the
-rejection's red."""
+refusal the layer's kind does not expect or that is illegal for it, a lookalike, the model's own term): drawn grey and
+dotted, never in the rejection's red."""
 NOT_NEAR_MISS_INK = "#757575"
 """Border and words of a `NOT_NEAR_MISS` box: the chips' neutral grey."""
 OP_GAP = "△ gap in rlxviz's ops"

@@ -275,7 +275,67 @@ SCALE_ACT = Rule(
     labels={**_SCALE_LABELS, "act": "its activation"},
     doc="act(x @ w * s) with no bias, s a weight-side scale: named, not fused (FusedMatMulBiasAct has no scale)")
 
-fuse_matmul_bias_act = rule_pass("fuse_matmul_bias_act", [BIAS_ACT, ZERO_BIAS_ACT, SCALE_BIAS, SCALE_ACT],
+# -- a bias added after the residual (ONNX Runtime's SkipLayerNormalization order) -----------------------------------
+
+@reports(reads=("mm", "w", "residual", "sum", "bias", "add"))
+def _residual_then_bias(c: Ctx) -> Fail | None:
+    """Only a linear whose bias is added after a residual is this near-miss (quiet otherwise): a rank-2 weight-side
+    weight, the matmul read by the residual add alone, the residual a computed tensor of the matmul's shape, the bias
+    a weight-side scalar or `[N]` vector of the matmul's width. An add of two computed terms (attention scores and
+    their mask, a LoRA branch) is never this. Nor is a sum and bias add read by one norm alone (post-LN, or the
+    final norm): `fuse_residual_ln.biased` takes the residual and the bias into FusedResidualLN (has_bias) there."""
+    mm, res, b = c["mm"], c["residual"], c["bias"]
+    ok = (c["w"].rank == 2 and _static(c.graph, c.id("w")) and len(c.users("mm")) == 1
+          and res.shape == mm.shape and not _static(c.graph, c.id("residual"))
+          and b.shape in ((), (1,), (mm.shape[-1],)) and _static(c.graph, c.id("bias")))
+    return None if ok and not _norm_takes_bias(c) else QUIET
+
+
+_NORMS = frozenset((Op.LAYER_NORM, Op.RMS_NORM))
+
+
+def _norm_takes_bias(c: Ctx) -> bool:
+    """Whether the residual sum and its bias add each have one reader, the bias add's a norm of it: the form
+    `fuse_residual_ln.biased` (and its RMSNorm twin) fuses with the bias, so the linear's bias is fused after all."""
+    users = c.users("add")
+    return (len(c.users("sum")) == 1 and len(users) == 1 and users[0].op in _NORMS
+            and users[0].inputs[0] == c.id("add") and not c.graph.is_output(c.id("add")))
+
+
+def _after_residual_explain(c: Ctx) -> str:
+    return (f"{c.d('add')} adds {c.d('bias')}, the bias of {c.d('mm')}, after {c.d('sum')} added the residual "
+            f"((x @ w + skip) + bias: the order of ONNX Runtime's SkipLayerNormalization, whose bias input the file's "
+            f"optimizer moved the linear's bias into); FusedMatMulBiasAct computes act(x @ w + bias) and takes no "
+            f"residual, so it does not take this linear; FusedResidualLN takes such a bias (has_bias) only where a "
+            f"norm is the bias add's one reader, and here it has {len(c.users('add'))} readers")
+
+
+BIAS_AFTER_RESIDUAL_FIX = ("a FusedMatMulBiasAct with a residual operand added before its bias (act((x @ w + skip) + "
+                           "bias), exact), or a FusedResidualLN that takes the bias where the layout lets it "
+                           "(has_bias)")
+"""The compiler fix of a linear whose bias sits after the residual add (`bias_after_residual`); its first clause is
+the op form rlxviz lacks (`why.policy.fix_gap_form`)."""
+
+BIAS_AFTER_RESIDUAL_HINT = ("nothing to change in the model: adding the bias before the residual ((x @ w + bias) + "
+                            "skip, the form FusedMatMulBiasAct takes) rounds differently from the file's (x @ w + "
+                            "skip) + bias, so no change keeps every number")
+
+BIAS_AFTER_RESIDUAL = Rule(
+    "fuse_matmul_bias_act.bias_after_residual",
+    P(Op.ADD, P(Op.ADD, P(Op.MATMUL, P.var("x"), P.var("w"), name="mm"), P.var("residual"), name="sum",
+                commutative=True), P.var("bias"), name="add", commutative=True),
+    steps=(_residual_then_bias,
+           guard("bias_after_residual", lambda c: False, _after_residual_explain, BIAS_AFTER_RESIDUAL_HINT,
+                 requires=("add", "mm", "bias", "sum"), kind=NOT_RECOGNIZED, fix=BIAS_AFTER_RESIDUAL_FIX,
+                 subject=lambda c: c.id("add"))),
+    result="add", absorb=("mm", "sum", "add"), rewrite=lambda c, rw: c.id("add"),
+    labels={"mm": "the matmul", "sum": "the residual add", "add": "the bias add", "bias": "the bias",
+            "residual": "the residual"},
+    doc="(x @ w + skip) + bias, the linear's bias added after the residual (ONNX Runtime's SkipLayerNormalization "
+        "order): named, not fused (FusedMatMulBiasAct takes no residual)")
+
+fuse_matmul_bias_act = rule_pass("fuse_matmul_bias_act", [BIAS_ACT, ZERO_BIAS_ACT, SCALE_BIAS, SCALE_ACT,
+                                                         BIAS_AFTER_RESIDUAL],
                                  f"matmul + bias (+ {'/'.join(EPILOGUE_ACTIVATIONS)}) -> FusedMatMulBiasAct; a "
                                  f"bias-less matmul + {'/'.join(EPILOGUE_ACTIVATIONS)} with a zero bias",
                                  product="FusedMatMulBiasAct", recognizes_families=("activation",))

@@ -419,6 +419,20 @@ def expected_of_words(p: Pass) -> str:
     return " or ".join(TRAIT_WORDS.get(t, t) for t in p.expected_of)
 
 
+NOT_EXPECTED_FIX = (f"{NOTHING_TO_CHANGE} or in rlxviz: this layer's kind does not expect the fusion "
+                    f"({NOT_EXPECTED_HERE})")
+"""The fix line of a refusal the layer's kind does not expect whose own fix line is empty (`not_expected_fix`)."""
+
+
+def not_expected_fix(why: str) -> str:
+    """The one fix line of a refusal the layer's kind does not expect (`excuse`'s `NOT_EXPECTED_HERE`, no gap in
+    rlxviz's ops) whose guard proposes no fix of its own: `NOT_EXPECTED_FIX: WHY`, `why` what the kind says of the
+    product (`not_expected`). `report.in_context` gives it as the refusal's hint, so `explain -v`'s `fix:` line, the
+    app's Matches & rejections table and `--json`'s `fix_checks` say the same (the README: every refusal gives a fix
+    that keeps the model or says none is needed)."""
+    return f"{NOT_EXPECTED_FIX}: {why}"
+
+
 NOT_EXPECTED_WHY = "why it is not expected here"
 """The words between a "not expected here" line's refusal and the reason the layer's kind excuses it."""
 
@@ -535,11 +549,11 @@ def expected_products(arch: LayerKind) -> list[str]:
 
 
 __all__ = ["COMPILER_FIX_WORDS", "EXPECT_MODES", "FAMILIES", "ILLEGAL_HERE", "KINDS", "NOTHING_TO_CHANGE",
-           "NOT_EXPECTED_HERE", "NOT_EXPECTED_WHY", "PRODUCTS", "TRAITS", "LayerKind", "Remedied",
+           "NOT_EXPECTED_FIX", "NOT_EXPECTED_HERE", "NOT_EXPECTED_WHY", "PRODUCTS", "TRAITS", "LayerKind", "Remedied",
            "check_declarations", "compiler_fix_only", "excuse", "expected_of_words", "expected_products",
            "first_refusal", "fix_gap_form", "gap_names", "gap_sources", "gap_words", "lacks_product", "layer_pass",
-           "makes_product", "not_expected", "not_expected_line", "op_gap", "op_gaps", "places_words", "product",
-           "recognizers", "with_caveat"]
+           "makes_product", "not_expected", "not_expected_fix", "not_expected_line", "op_gap", "op_gaps",
+           "places_words", "product", "recognizers", "with_caveat"]
 
 
 check_declarations()

@@ -14,7 +14,7 @@ from ..trace import Rejection, Trace
 from .caveat import line_caveats
 from .facts import RunFacts
 from .kinds import LayerArchitecture as Architecture
-from .policy import ILLEGAL_HERE, NOT_EXPECTED_HERE, excuse, gap_names, op_gaps, with_caveat
+from .policy import ILLEGAL_HERE, NOT_EXPECTED_HERE, excuse, gap_names, not_expected_fix, op_gaps, with_caveat
 from .verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP, judged_kind, layer_verdict
 
 
@@ -59,6 +59,23 @@ def standing(trace: Trace, r: Rejection) -> tuple[str, str] | None:
     return None
 
 
+def unexpected_fix(trace: Trace, r: Rejection) -> str:
+    """The fix line of the refusal `r` of `trace` when its layer's kind does not expect it (`standing`'s
+    `NOT_EXPECTED_HERE`, not a gap in rlxviz's ops): `policy.not_expected_fix` with the kind's reason, e.g. `nothing to
+    change in the model or in rlxviz: this layer's kind does not expect the fusion (not expected here):
+    FusedTransformerLayer is the post-LN BERT layer; this layer is a decoder layer ...`; "" for any other refusal.
+    Reads the excuse alone, never the layer's verdict (`report.in_context` asks this while the verdict is made)."""
+    facts = RunFacts.of(trace)
+    arch = _judged_as(facts, r.layer)
+    if arch is None:
+        return ""
+    mine = _own_fixes(facts, r)
+    ex = excuse(arch, r.pass_name, r.guard, r.kind, r.remedy, mine)
+    if ex is None or ex[0] != NOT_EXPECTED_HERE or op_gaps(arch, r.pass_name, r.guard, mine):
+        return ""
+    return not_expected_fix(ex[1])
+
+
 def place_gaps(trace: Trace, r: Rejection) -> list[str]:
     """The op forms rlxviz lacks that the refusal `r` of `trace` ran into (`policy.op_gaps` in the kind its layer is
     judged as, as `standing` reads it): what a place of `OP_GAP_GROUP` lacks, e.g. `FusedAttentionBlock with QK-norm`;
@@ -91,4 +108,4 @@ def _own_fixes(facts: RunFacts, r: Rejection) -> Rejection | None:
     return None if facts.cache.get(("deviates", r.layer)) else r
 
 
-__all__ = ["place_gap_names", "place_gaps", "standing"]
+__all__ = ["place_gap_names", "place_gaps", "standing", "unexpected_fix"]

@@ -1,0 +1,91 @@
+"""A linear whose bias ONNX Runtime's optimizer moved after the residual add is named, not left bare in silence (a
+newcomer run on deit.ortopt: every layer's o_proj and fc2 stayed plain MatMuls, every `fuse_matmul_bias_act.*` rule
+"not applicable", yet the layer read "fused as far as rlxviz's ops go" with only the FusedAttentionBlock gap named).
+
+The optimizer writes `(x @ w + skip) + bias`: the bias is SkipLayerNormalization's bias input, added after the
+residual as its kernel does. FusedMatMulBiasAct takes no residual, and adding the bias first rounds differently, so no
+change to the model keeps its numbers: the rule `fuse_matmul_bias_act.bias_after_residual` names the place (guard
+`bias_after_residual`, not recognized, compiler fix only), which the project's standing rules count as a gap in
+rlxviz's ops (`why.standing`), in the text, `--json`, the app's Why tab and the chips alike. Where one norm reads the
+biased sum (post-LN BERT, a final norm) FusedResidualLN takes the bias (`fuse_residual_ln.biased`), and the rule is
+quiet: bert.ortopt's layers keep their verdict."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from clirun import run as cli_run
+
+from rlxviz.app.jobs import Runner
+from rlxviz.app.state import AppState
+from rlxviz.ir import Op
+from rlxviz.models.onnx import load_onnx
+from rlxviz.passes import Pipeline
+from rlxviz.passes.why.standing import standing
+from rlxviz.passes.why.verdict import OP_GAP_GROUP, RunVerdict
+from rlxviz.session import isolated
+
+ONNX = Path(__file__).parent / "fixtures" / "onnx"
+RULE, GUARD = "fuse_matmul_bias_act.bias_after_residual", "bias_after_residual"
+FORM = "FusedMatMulBiasAct with a residual operand added before its bias"
+PRE_LN = [ONNX / "cases" / "deit.ortopt.onnx", ONNX / "ortopt" / "gpt2.ortopt.onnx",
+          ONNX / "ortopt" / "clip-text.ortopt.onnx"]
+POST_LN = [ONNX / "ortopt" / "bert.ortopt.onnx", ONNX / "ortopt" / "distilbert.ortopt.onnx"]
+
+
+def _trace(path: Path):
+    return Pipeline.canonical().run(load_onnx(str(path), batch=2, seq=8).graph)
+
+
+def _refusals(trace):
+    return [r for r in trace.rejections if r.rule == RULE]
+
+
+@pytest.mark.parametrize("path", PRE_LN, ids=lambda p: p.stem)
+def test_each_pre_ln_layer_names_its_bare_linears_as_a_gap_in_rlxvizs_ops(path):
+    trace = _trace(path)
+    refused = _refusals(trace)
+    assert refused, "no linear named"
+    for r in refused:
+        assert r.guard == GUARD and standing(trace, r)[0] == OP_GAP_GROUP  # a compiler fix, not a near-miss
+        if path.stem == "deit.ortopt":  # its o_proj and fc2 are left bare (clip-text's block takes its o_proj)
+            assert trace.final[r.bindings["mm"]].op == Op.MATMUL
+        assert "SkipLayerNormalization" in r.message and "takes no residual" in r.message
+        assert r.fix.startswith("a FusedMatMulBiasAct with a residual operand") and r.hint.startswith("nothing to")
+    v = RunVerdict.of(trace)
+    assert FORM in v.headline
+    for lv in v.layers:
+        if any(r.layer == lv.layer for r in refused):
+            assert lv.status.startswith("fused as far as") and FORM in lv.gap_forms, lv.status
+            assert f"{FORM} ({RULE}: {GUARD})" in lv.op_gaps
+
+
+@pytest.mark.parametrize("path", POST_LN, ids=lambda p: p.stem)
+def test_a_norm_that_takes_the_bias_is_no_such_place(path):
+    """Post-LN: FusedResidualLN(has_bias) takes the residual and the bias, so the rule says nothing."""
+    trace = _trace(path)
+    assert not _refusals(trace)
+    assert any(n.op == Op.FUSED_RESIDUAL_LN and n.attrs.get("has_bias") for n in trace.final)
+
+
+def test_text_json_and_the_why_tab_say_the_same(capsys, monkeypatch):
+    path = PRE_LN[0]
+    code, text, _ = cli_run(capsys, "explain", path)
+    jcode, out, _ = cli_run(capsys, "explain", path, "--json")
+    j = json.loads(out)
+    assert code == jcode == 0 and j["ok"] and FORM in j["gap_forms"] and j["headline"] in text
+    _, verbose, _ = cli_run(capsys, "explain", path, "-v")
+    monkeypatch.setattr(isolated, "run_isolated", lambda fn, *a, timeout_s=None, wall_s=None, max_bytes=None,
+                        what="", job=None, **kw: fn(*a, **kw))  # the upload in this process
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+    s.load_upload({path.name: path.read_bytes()})
+    assert s.message_kind != "danger", s.message
+    for d in j["layers"]:
+        gap = f"{FORM} ({RULE}: {GUARD})"
+        assert gap in d["op_gaps"] and f"  rlxviz's ops lack: {gap}" in text
+        assert any(x.startswith(f"{RULE} ({GUARD}) ") for x in d["not_expected"])
+        assert f"rlxviz's ops lack: {gap}" in s.why_layer(d["layer"]).replace("\\", "")
+    assert f"[rejected] {RULE}: {GUARD} (guard, not recognized)" in verbose
+    assert "compiler fix: a FusedMatMulBiasAct with a residual operand added before its bias" in verbose
