@@ -1,0 +1,307 @@
+const BUS = 'rlxviz-view';
+export function render({ model, el }) {
+  const bar = document.createElement('div'); bar.className = 'rv-bar';
+  const title = document.createElement('span'); title.className = 'rv-title';
+  const mk = (txt, tip, fn, cls) => { const b = document.createElement('button'); b.textContent = txt; b.title = tip;
+    b.className = 'rv-btn' + (cls ? ' ' + cls : ''); b.addEventListener('click', (e) => { e.stopPropagation(); fn(); });
+    bar.appendChild(b); return b; };
+  bar.appendChild(title);
+  const search = document.createElement('input'); search.type = 'search'; search.placeholder = 'find node: op, name, path, role, %id';
+  search.className = 'rv-search'; search.title = __SEARCH_KEY__; bar.appendChild(search);
+  const found = document.createElement('span'); found.className = 'rv-found'; found.title = __SEARCH_KEY__;
+  bar.appendChild(found);
+  const wrap = document.createElement('div'); wrap.className = 'rv-wrap';
+  const inner = document.createElement('div'); inner.className = 'rv-inner';
+  const mini = document.createElement('div'); mini.className = 'rv-mini'; mini.title = 'overview: click or drag to pan';
+  // a labelled head (with the ×) above the picture, so nothing covers it; the picture is at least MINI_MIN_W wide,
+  // and a graph too tall for that is cropped to a window that scrolls to keep the visible part in it
+  const miniHead = document.createElement('div'); miniHead.className = 'rv-mini-head';
+  const miniLabel = document.createElement('span'); miniLabel.className = 'rv-mini-label'; miniLabel.textContent = 'map';
+  miniHead.appendChild(miniLabel);
+  const miniBody = document.createElement('div'); miniBody.className = 'rv-mini-body';
+  const miniImg = document.createElement('img'); miniImg.className = 'rv-mini-img'; miniImg.alt = '';
+  miniImg.draggable = false;
+  const miniView = document.createElement('div'); miniView.className = 'rv-mini-view';
+  miniBody.appendChild(miniImg); miniBody.appendChild(miniView); mini.appendChild(miniHead); mini.appendChild(miniBody);
+  // the op colours' legend: folded to a small tag in the picture's lower left corner (no height of its own), its
+  // list over the picture when opened
+  const ops = document.createElement('details'); ops.className = 'rv-ops';
+  ['pointerdown', 'wheel', 'click'].forEach((k) => ops.addEventListener(k, (e) => e.stopPropagation()));
+  const setLegend = () => { ops.innerHTML = model.legend || ''; ops.style.display = model.legend ? '' : 'none'; };
+  model.on('legend', setLegend); setLegend();
+  wrap.appendChild(inner); wrap.appendChild(mini); wrap.appendChild(ops); el.appendChild(bar); el.appendChild(wrap);
+  Object.assign(el.style, { display: 'flex', flexDirection: 'column', width: '100%', height: '100%' });
+  let s = 1, tx = 0, ty = 0, touched = false, scope = null;
+  // the highlight came with another scope (another model's ids): it marks, never centres, until the next one is set.
+  // A path load after ② centred the new model's picture on the old highlight's ids (-1790 px, above the pane), and
+  // that centring counted as the user's: every later picture of the model kept the empty view
+  let staleMarks = false;
+  // the linked panes share one frame: this pane's transform minus `off` (graph units) times the scale. A search or
+  // reveal that centres a node sends its id: the partner centres its own node of that id, where it has one, and
+  // keeps the difference as its `off`, so later pans and zooms move both without losing the node
+  let offX = 0, offY = 0;
+  const me = Math.random().toString(36).slice(2);
+  let miniUrl = null, mk1 = 1, oy = 0;  // oy: px of the map cropped off above its window
+  const MINI_W = 170, MINI_H = 176, MINI_MIN_W = 96;
+  let ox = 0, oyTop = 0;  // px between the map box and its picture (the picture centred in the box)
+  const miniSync = () => { const sz = size(); const W = wrap.clientWidth, H = wrap.clientHeight;
+    const big = miniOn && sz && W && H && (sz[0] * s > W + 2 || sz[1] * s > H + 2);
+    mini.style.display = big ? 'block' : 'none'; miniLater(); if (!big) return;
+    mk1 = Math.min(MINI_W / sz[0], Math.max(MINI_H / sz[1], MINI_MIN_W / sz[0]));
+    const fullH = sz[1] * mk1, winH = Math.min(fullH, MINI_H), cropped = fullH > winH + 1;
+    // one box size in every pane (the before and after maps sat at two heights): MINI_W x MINI_H, the picture
+    // centred in it
+    miniBody.style.width = `${MINI_W}px`; miniBody.style.height = `${MINI_H}px`;  // the head follows
+    ox = (MINI_W - sz[0] * mk1) / 2; oyTop = (MINI_H - winH) / 2;
+    miniLabel.textContent = cropped ? 'map ↕' : 'map';
+    miniHead.title = cropped ? 'overview (the graph is tall: the map shows the part around the view and scrolls '
+      + 'with it); click or drag to pan' : 'overview: click or drag to pan';
+    const x0 = Math.max(-tx / s, 0), y0 = Math.max(-ty / s, 0);
+    const x1 = Math.min((W - tx) / s, sz[0]), y1 = Math.min((H - ty) / s, sz[1]);
+    const f0 = y0 * mk1, f1 = Math.max(y1, y0) * mk1;  // the frame's top and bottom on the whole map
+    if (f1 - f0 >= winH) oy = f0; else if (f0 < oy) oy = f0; else if (f1 > oy + winH) oy = f1 - winH;
+    oy = Math.min(Math.max(oy, 0), fullH - winH);
+    Object.assign(miniImg.style, { width: `${sz[0] * mk1}px`, height: `${fullH}px`, left: `${ox}px`,
+      top: `${oyTop - oy}px` });
+    Object.assign(miniView.style, { left: `${ox + x0 * mk1}px`, top: `${oyTop + f0 - oy}px`,
+      width: `${Math.max(x1 - x0, 0) * mk1}px`, height: `${f1 - f0}px` }); };
+  // The map's corner: the one where it covers least of the drawing (px² of node boxes, and of cluster outlines
+  // weighted up: the left pane's map hid ln2 and the red border of ②'s rejection), summed over the panes that move
+  // together (`sync`), so the before and after maps sit alike; a tie keeps the order of CORNERS. Measured once the
+  // view rests (MINI_REST_MS), not on every frame of a drag.
+  const CORNERS = ['br', 'tr', 'tl', 'bl'], MINI_GAP = 6, MINI_REST_MS = 200, MINI_BUS = 'rlxviz-mini';
+  const covers = (window.__rvMiniCovers = window.__rvMiniCovers || {});
+  const miniGroup = () => model.sync || me;
+  const cornerBox = (c, mw, mh) => { const W = wrap.clientWidth, H = wrap.clientHeight;
+    const ops = c === 'bl' && model.legend ? 28 : 0;  // above the folded "op colours" tag in that corner
+    return [c[1] === 'l' ? MINI_GAP : W - MINI_GAP - mw, c[0] === 't' ? MINI_GAP : H - MINI_GAP - mh - ops, mw, mh]; };
+  const overlap = (a, b) => Math.max(0, Math.min(a[0] + a[2], b[0] + b[2]) - Math.max(a[0], b[0]))
+    * Math.max(0, Math.min(a[1] + a[3], b[1] + b[3]) - Math.max(a[1], b[1]));
+  const coverage = () => { const out = CORNERS.map(() => 0);
+    if (mini.style.display === 'none' || !wrap.clientWidth) return out;
+    const wr = wrap.getBoundingClientRect(), boxes = CORNERS.map((c) => cornerBox(c, mini.offsetWidth, mini.offsetHeight));
+    for (const g of inner.querySelectorAll('g.node, g.cluster')) { const b = g.getBoundingClientRect();
+      const r = [b.left - wr.left, b.top - wr.top, b.width, b.height];
+      const parts = g.classList.contains('node') ? [[r, 1]] : [[[r[0], r[1], r[2], 3], 8], [[r[0], r[1] + r[3] - 3, r[2], 3], 8],
+        [[r[0], r[1], 3, r[3]], 8], [[r[0] + r[2] - 3, r[1], 3, r[3]], 8]];
+      boxes.forEach((m, k) => { for (const [x, w] of parts) out[k] += overlap(m, x) * w; }); }
+    return out; };
+  const placeMini = () => { const all = Object.values(covers[miniGroup()] || {});
+    const sum = CORNERS.map((_, k) => all.reduce((a, c) => a + c[k], 0));
+    let best = 0; sum.forEach((v, k) => { if (v < sum[best] - 1) best = k; });
+    const c = CORNERS[best], ops = c === 'bl' && model.legend ? 28 : 0; mini.dataset.corner = c;
+    Object.assign(mini.style, { left: c[1] === 'l' ? `${MINI_GAP}px` : 'auto', right: c[1] === 'r' ? `${MINI_GAP}px` : 'auto',
+      top: c[0] === 't' ? `${MINI_GAP}px` : 'auto', bottom: c[0] === 'b' ? `${MINI_GAP + ops}px` : 'auto' }); };
+  const onMiniBus = (e) => { if (e.detail.group === miniGroup()) placeMini(); };
+  window.addEventListener(MINI_BUS, onMiniBus);
+  let miniTimer = null;
+  const miniMeasure = () => { miniTimer = null; const g = miniGroup(); (covers[g] = covers[g] || {})[me] = coverage();
+    window.dispatchEvent(new CustomEvent(MINI_BUS, { detail: { group: g } })); };
+  const miniLater = () => { if (miniTimer) clearTimeout(miniTimer); miniTimer = setTimeout(miniMeasure, MINI_REST_MS); };
+  const miniGone = () => { if (miniTimer) clearTimeout(miniTimer); window.removeEventListener(MINI_BUS, onMiniBus);
+    const g = covers[miniGroup()]; if (g) { delete g[me];
+      window.dispatchEvent(new CustomEvent(MINI_BUS, { detail: { group: miniGroup() } })); } };
+  const apply = (share, node) => { inner.style.transform = `translate(${tx}px, ${ty}px) scale(${s})`; miniSync();
+    if (share && model.sync) window.dispatchEvent(new CustomEvent(BUS, { detail: { group: model.sync, src: me, s,
+      tx: tx - offX * s, ty: ty - offY * s, node: node || null } })); };
+  const onBus = (e) => { const d = e.detail; if (!model.sync || d.group !== model.sync || d.src === me) return;
+    const g = d.node ? inner.querySelector(`g#${d.node}`) : null;
+    if (g) { const ir = inner.getBoundingClientRect(), gr = g.getBoundingClientRect();
+      const px = (gr.left + gr.width / 2 - ir.left) / s, py = (gr.top + gr.height / 2 - ir.top) / s;
+      s = d.s; tx = wrap.clientWidth / 2 - px * s; ty = wrap.clientHeight / 2 - py * s;
+      offX = (tx - d.tx) / s; offY = (ty - d.ty) / s; }
+    else { s = d.s; tx = d.tx + offX * s; ty = d.ty + offY * s; }
+    touched = true; apply(false); };
+  window.addEventListener(BUS, onBus);
+  const size = () => { const svg = inner.querySelector('svg'); if (!svg) return null;
+    const vb = svg.viewBox && svg.viewBox.baseVal; const w = (vb && vb.width) || svg.clientWidth || 1;
+    const h = (vb && vb.height) || svg.clientHeight || 1; return [w, h]; };
+  // whether the view (zoom and pan) shows some of the picture: a view kept from another picture may show none
+  const shows = () => { const sz = size(); if (!sz) return true; const W = wrap.clientWidth, H = wrap.clientHeight;
+    return tx < W && tx + sz[0] * s > 0 && ty < H && ty + sz[1] * s > 0; };
+  const fit = () => { const sz = size(); if (!sz) return; const W = wrap.clientWidth || 600;
+    const H = wrap.clientHeight || 500; s = Math.min(W / sz[0], H / sz[1], 1.5);
+    if (s < 0.35) { s = Math.min(W / sz[0], 0.8); tx = (W - sz[0] * s) / 2; ty = 4; }
+    else { tx = (W - sz[0] * s) / 2; ty = Math.max(4, (H - sz[1] * s) / 2); }
+    offX = 0; offY = 0; touched = false; apply(false); };
+  const moved = () => { touched = true; apply(true); };
+  const zoomAt = (f, cx, cy) => { const ns = Math.min(Math.max(s * f, 0.02), 8); tx = cx - (cx - tx) * ns / s;
+    ty = cy - (cy - ty) * ns / s; s = ns; moved(); };
+  mk('+', 'zoom in', () => zoomAt(1.25, wrap.clientWidth / 2, wrap.clientHeight / 2), 'rv-zoom-in');
+  mk('−', 'zoom out', () => zoomAt(0.8, wrap.clientWidth / 2, wrap.clientHeight / 2), 'rv-zoom-out');
+  mk('fit', 'fit the whole graph', () => { fit(); apply(true); }, 'rv-fit');
+  mk('1:1', 'actual size', () => { s = 1; tx = 8; ty = 8; moved(); }, 'rv-one');
+  let miniOn = true;
+  const setMini = (on) => { miniOn = on; mapBtn.classList.toggle('rv-off', !miniOn); miniSync(); };
+  const mapBtn = mk('map', 'show or hide the overview map (shown when the graph is larger than the pane)',
+    () => setMini(!miniOn), 'rv-map');
+  // the map folds from its own corner too (it lies over the graph's corner): the bar's "map" brings it back
+  const miniClose = document.createElement('button'); miniClose.className = 'rv-mini-close'; miniClose.textContent = '×';
+  miniClose.title = 'hide the overview map (the "map" button above shows it again)';
+  miniClose.addEventListener('pointerdown', (e) => e.stopPropagation());
+  miniClose.addEventListener('click', (e) => { e.stopPropagation(); setMini(false); });
+  miniHead.appendChild(miniClose);
+  // full size: the pane over the whole window (its own bar stays on top), Esc or the button again puts it back
+  let full = false;
+  // its button says how to close it ("✕ close (Esc)"); the page's header, painted over any pane (its own stacking
+  // order), hid the drawing's top and this bar: hidden while full size, with its busy indicator (drawn over the bar)
+  const header = () => document.getElementById('header-design-provider') || document.getElementById('header');
+  const setFull = (on) => { full = on; el.classList.toggle('rv-full', on); fullBtn.classList.toggle('rv-on', on);
+    fullBtn.title = on ? 'back to the page (Esc)' : FULL_TIP; fullBtn.textContent = on ? CLOSE_LABEL : 'full';
+    const head = header(), busy = document.getElementById('busy-container'); requestAnimationFrame(() => fit());
+    if (head) head.style.visibility = on ? 'hidden' : ''; if (busy) busy.style.display = on ? 'none' : ''; };
+  const CLOSE_LABEL = __CLOSE_LABEL__;
+  const FULL_TIP = 'full size: this drawing over the whole window (Esc closes it)';
+  const fullBtn = mk('full', FULL_TIP, () => setFull(!full), 'rv-full-btn');
+  const onKey = (e) => { if (full && e.key === 'Escape') setFull(false); };
+  window.addEventListener('keydown', onKey);
+  const center = (g, share, top) => { if (!g) return; const ir = inner.getBoundingClientRect(), gr = g.getBoundingClientRect();
+    const px = (gr.left + gr.width / 2 - ir.left) / s, py = (gr.top + (top ? 0 : gr.height / 2) - ir.top) / s;
+    if (s < 0.6) s = 0.9;
+    tx = wrap.clientWidth / 2 - px * s; ty = top ? 24 - py * s : wrap.clientHeight / 2 - py * s; touched = true;
+    apply(share, /^n\d+$/.test(g.id) ? g.id : null); };
+  const miniPan = (e) => { const r = miniBody.getBoundingClientRect();
+    const px = (e.clientX - r.left - ox) / mk1, py = (Math.max(e.clientY - r.top - oyTop, 0) + oy) / mk1;
+    tx = wrap.clientWidth / 2 - px * s; ty = wrap.clientHeight / 2 - py * s; moved(); };
+  let miniDrag = false;
+  mini.addEventListener('pointerdown', (e) => { e.stopPropagation(); e.preventDefault(); miniDrag = true;
+    try { mini.setPointerCapture(e.pointerId); } catch (err) { /* synthetic events have no capture */ } miniPan(e); });
+  mini.addEventListener('pointermove', (e) => { e.stopPropagation(); if (miniDrag) miniPan(e); });
+  const miniEnd = (e) => { e.stopPropagation(); miniDrag = false; };
+  mini.addEventListener('pointerup', miniEnd); mini.addEventListener('pointercancel', miniEnd);
+  mini.addEventListener('click', (e) => e.stopPropagation());
+  mini.addEventListener('wheel', (e) => { e.stopPropagation(); e.preventDefault(); }, { passive: false });
+  const miniPicture = () => { if (miniUrl) URL.revokeObjectURL(miniUrl); miniUrl = null;
+    if (!inner.querySelector('svg')) { miniImg.removeAttribute('src'); return; }
+    miniUrl = URL.createObjectURL(new Blob([model.svg], { type: 'image/svg+xml' })); miniImg.src = miniUrl; };
+  const mark = (recentre) => {
+    inner.querySelectorAll('.rv-hl, .rv-sel, .rv-rel').forEach((g) => g.classList.remove('rv-hl', 'rv-sel', 'rv-rel'));
+    for (const id of model.related || []) { const g = inner.querySelector(`g#n${id}`); if (g) g.classList.add('rv-rel'); }
+    let first = null;
+    for (const id of model.highlight || []) { const g = inner.querySelector(`g#n${id}`);
+      if (g) { g.classList.add('rv-hl'); first = first || g; } }
+    if (model.selected !== null && model.selected !== undefined) { const g = inner.querySelector(`g#n${model.selected}`);
+      if (g) g.classList.add('rv-sel'); }
+    if (recentre && first && model.follow && !staleMarks) center(first, false);
+  };
+  let hits = [], hit = -1;
+  // A node's own text: the tooltip's first line without its id (op -> shape), its path, its attrs (a name) and the
+  // names messages give it (`roles:`, as drawn: `ln1 (role h1)`); `own_text` is this function in Python;
+  // not the operands, users or notes, which name other nodes. Layer boxes (and nodes without a tooltip): all.
+  const own = (g) => { const a = g.querySelector('a'); const tip = a ? (a.getAttribute('xlink:title') || a.getAttribute('title') || '') : '';
+    if (!/^n\d+$/.test(g.id) || !tip) return `${g.textContent} ${tip}`.toLowerCase();
+    const lines = tip.split('\n');
+    return [lines[0].replace(/^%\d+\s*/, ''), ...lines.slice(1).filter((l) => /^(path|attrs|roles): /.test(l))]
+      .join('\n').toLowerCase(); };
+  // What a fused node holds at any depth (`model.absorbed`, from `absorbed_index`: [op, ids, note] per op): a query
+  // naming one of those ops (or `%id`) finds the fused node after the exact hits, and the count says so ("softmax:
+  // absorbed into FusedTransformerLayer %86 (layer 0) via FusedAttentionBlock %40"). null when `g` holds nothing the
+  // query names.
+  const absorbedNote = (key, q) => { const rows = (model.absorbed || {})[key]; if (!rows) return null;
+    const id = /^%(\d+)$/.exec(q);
+    const hit = rows.filter((r) => (id ? r[1].includes(Number(id[1])) : r[0] && r[0].toLowerCase().includes(q)));
+    const by = new Map(); for (const r of hit) by.set(r[2], new Set([...(by.get(r[2]) || []), id ? q : r[0]]));
+    return hit.length ? [...by].map(([note, ops]) => `${[...ops].join(', ')}: ${note}`).join('; ') : null; };
+  // A hit: {key, g, note}. `key` names the node the hit is (`n<id>`, drawn or inside a folded box), `g` the drawn
+  // element that shows it (the node, or the folded layer's box that holds it), `note` the absorbed note or ''.
+  // Every node inside a folded box is a hit of its own, so the hits and their order (`model.order`, the graph's
+  // node order; exact hits first, then fused nodes that absorbed a match) are the same whichever layers are open.
+  let last = null, lastQ = null;  // the key of the hit the counter shows, for the query it was found with
+  const counted = () => { const n = hits[hit].note || ''; found.textContent = `${hit + 1}/${hits.length}`;
+    foundNote.textContent = n; foundNote.style.display = n ? 'block' : 'none'; };
+  // the note is a line of its own between the bar and the picture, shown while it says something (in the bar it
+  // wrapped the bar's buttons; over the picture's top it covered the drawing's title, in full view too)
+  const foundNote = document.createElement('div'); foundNote.className = 'rv-found-note'; el.insertBefore(foundNote, wrap);
+  // A box of the layer view (`g.node#layerN`, `g.node#g_embeddings`) holds hits when nodes inside it match:
+  // `model.folded` lists them ({layerN: [[id, own text], ...]}); Enter on such a hit opens the layer, and the
+  // node is centred once the layer is drawn.
+  const folded = (q) => { const id = /^%(\d+)$/.exec(q);  // a node of a box's list: [id, own text]
+    return id ? (n) => n[0] === Number(id[1]) : (n) => n[1].includes(q); };
+  // a folded node whose match is only in the ops it absorbed ranks with the absorbed hits, as it does drawn
+  const ownFolded = (q) => (n) => n[1].split('\nabsorbed ops: ')[0].includes(q);
+  const matches = (q) => { const id = /^%(\d+)$/.exec(q);  // %37: that node only, not %370 nor its users
+    return id ? (g) => g.id === `n${id[1]}` : (g) => own(g).includes(q); };
+  // `ids`: the hits inside the box, centred once the layer is drawn open (the layer's top was centred, the node
+  // often below the pane)
+  const open = (g, ids) => { reveal = g.id; revealIds = ids || []; model.layer_clicked = parseInt(g.id.slice(5));
+    model.layer_clicks = (model.layer_clicks || 0) + 1; };
+  const collect = (q) => { const all = [...inner.querySelectorAll('g.node')], exact = [], deep = [];
+    const test = folded(q), mine = ownFolded(q), isId = /^%\d+$/.test(q), match = matches(q);
+    for (const g of all) {
+      if (!/^n\d+$/.test(g.id) && (model.folded || {})[g.id]) {
+        for (const n of model.folded[g.id]) { const h = { key: `n${n[0]}`, g, note: '', id: n[0] };
+          if (test(n) && (isId || mine(n))) exact.push(h);
+          else if ((h.note = absorbedNote(h.key, q) || '') || test(n)) deep.push(h); }
+        continue; }
+      if (match(g)) { exact.push({ key: g.id, g, note: '', id: /^n\d+$/.test(g.id) ? Number(g.id.slice(1)) : null }); continue; }
+      const note = absorbedNote(g.id, q);
+      if (note) deep.push({ key: g.id, g, note, id: /^n\d+$/.test(g.id) ? Number(g.id.slice(1)) : null }); }
+    const rank = new Map((model.order || []).map((i, k) => [i, k]));
+    const pos = (h) => (h.id !== null && rank.has(h.id) ? rank.get(h.id) : Infinity);
+    const sorted = (xs) => xs.map((h, k) => [h, k]).sort((a, b) => (pos(a[0]) - pos(b[0])) || (a[1] - b[1])).map((x) => x[0]);
+    // a folded fused node whose own text also matched is listed once (exact), as it is once it is drawn
+    const seen = new Set(); return [...sorted(exact), ...sorted(deep)].filter((h) => !seen.has(h.key) && seen.add(h.key)); };
+  // step: Enter (the next hit); else the hits are found again (typing, a new picture, a new index): the same query
+  // resumes at the hit it showed (a re-render after opening a layer kept no place: Enter went round in circles)
+  const find = (step) => { inner.querySelectorAll('.rv-found-node').forEach((g) => g.classList.remove('rv-found-node'));
+    foundNote.style.display = 'none'; found.classList.remove('rv-hits');
+    const q = search.value.trim().toLowerCase(); if (!q) { hits = []; last = lastQ = null; found.textContent = ''; return; }
+    let fresh = false;
+    if (!step || !hits.length) { hits = collect(q);
+      hit = q === lastQ && last !== null ? hits.findIndex((h) => h.key === last) : -1;
+      if (hit < 0) { hit = 0; fresh = true; } }
+    lastQ = q;
+    hits.forEach((h) => h.g.classList.add('rv-found-node'));
+    if (!hits.length) { last = null; found.textContent = 'no match'; return; }
+    found.classList.add('rv-hits');  // the mark's swatch before the count: the search's legend
+    if (step && !fresh) hit = (hit + 1) % hits.length;
+    const h = hits[hit]; last = h.key; found.dataset.hit = h.key; counted();  // data-hit: the node shown
+    if (step && h.g.id !== h.key && /^layer\d+$/.test(h.g.id) && h.id !== null) { center(h.g, true); open(h.g, [h.id]); }
+    else center(h.g, true); };
+  search.addEventListener('input', () => find(false));
+  search.addEventListener('keydown', (e) => { e.stopPropagation(); if (e.key === 'Enter') find(true); });
+  let reveal = null, revealIds = [];
+  // no scope ('') is no promise that the next picture is the same graph's: it is fitted
+  const setSvg = () => { const had = inner.querySelector('svg'); const same = had && !!model.scope && scope === model.scope;
+    if (scope !== null && scope !== model.scope) staleMarks = true;  // another model's: its marks are stale
+    inner.innerHTML = model.svg || ''; scope = model.scope;
+    const svg = inner.querySelector('svg');
+    if (svg) { const vb = svg.viewBox.baseVal; if (vb && vb.width) { svg.setAttribute('width', vb.width);
+      svg.setAttribute('height', vb.height); } }
+    miniPicture();
+    const keep = same && touched && shows();  // a kept view that shows none of the picture is no view: fitted
+    if (!keep) fit(); else apply(false);
+    mark(!keep); hits = []; if (search.value) find(false); title.textContent = model.title || '';
+    if (reveal) { const g = inner.querySelector(`g#${reveal}`); const ids = revealIds; reveal = null; revealIds = [];
+      const node = ids.map((i) => inner.querySelector(`g#n${i}`)).find((x) => x);
+      if (node) center(node, true);  // the search resumed at this hit (`last`)
+      else if (g) center(g, true, g.classList.contains('cluster')); } };
+  let drag = null, dragged = false;
+  wrap.addEventListener('wheel', (e) => { e.preventDefault(); const r = wrap.getBoundingClientRect();
+    zoomAt(e.deltaY < 0 ? 1.15 : 1 / 1.15, e.clientX - r.left, e.clientY - r.top); }, { passive: false });
+  wrap.addEventListener('pointerdown', (e) => { drag = [e.clientX, e.clientY, tx, ty]; dragged = false; });
+  wrap.addEventListener('pointermove', (e) => { if (!drag) return; const dx = e.clientX - drag[0], dy = e.clientY - drag[1];
+    if (Math.abs(dx) + Math.abs(dy) > 4) { dragged = true; wrap.classList.add('rv-drag'); }
+    if (dragged) { tx = drag[2] + dx; ty = drag[3] + dy; moved(); } });
+  const end = () => { drag = null; wrap.classList.remove('rv-drag'); };
+  wrap.addEventListener('pointerup', end); wrap.addEventListener('pointerleave', end);
+  wrap.addEventListener('click', (e) => { if (dragged) { dragged = false; return; }
+    const g = e.target.closest('g.node') || e.target.closest('g.cluster'); if (!g) return;
+    if (/^n\d+$/.test(g.id)) { model.clicked = parseInt(g.id.slice(1)); model.clicks = (model.clicks || 0) + 1; }
+    else if (/^layer\d+$/.test(g.id)) open(g); });
+  // a new scope fits the picture whichever comes first: a patch that sets svg and scope together hands them over one
+  // at a time, svg first, so `setSvg` saw the old scope and kept the last model's zoom (an empty view)
+  const rescope = () => { if (model.scope === scope) return; staleMarks = scope !== null; scope = model.scope;
+    if (inner.querySelector('svg')) { fit(); mark(false); } else touched = false; };
+  model.on('svg', setSvg); model.on('scope', rescope);
+  // another model's index can arrive after its picture (setSvg searched the new picture with the old index: a
+  // kept "softmax" read "no match" on minilm until retyped): search again with it
+  const research = () => { hits = []; if (search.value) find(false); };
+  model.on('absorbed', research); model.on('folded', research); model.on('order', research);
+  model.on('highlight', () => { staleMarks = false; mark(true); }); model.on('selected', () => mark(false));
+  model.on('related', () => mark(false));
+  model.on('title', () => { title.textContent = model.title || ''; });
+  model.on('after_layout', () => { if (!touched) fit(); else miniSync(); mark(!touched); });
+  model.on('remove', () => { if (full) setFull(false); miniGone(); window.removeEventListener(BUS, onBus); window.removeEventListener('keydown', onKey); if (miniUrl) URL.revokeObjectURL(miniUrl); });
+  setSvg();
+}
