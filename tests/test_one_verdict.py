@@ -38,7 +38,7 @@ def _check(trace) -> int:
         if st.gap_only:  # held back only by rlxviz's ops: before the pass of its first gap refusal, drawn `△`
             k = why_step(trace, layer)
             assert name is None and k is not None and g is trace.steps[k].before
-            gap = first_gap(trace, layer)
+            gap = first_gap(trace, layer, k)
             assert any((gap.rule, a) in ov.gaps for a in gap.at), f"layer {layer}: its gap is not drawn as one"
         elif st.fused:
             assert name is None and why_step(trace, layer) is None

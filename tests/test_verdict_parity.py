@@ -219,7 +219,7 @@ def _check_gap_drawing(trace, layer, g, ov) -> int:
     assert k is not None and g is trace.steps[k].before, (layer, k)
     pane, before, _ = picture(trace, View(version=k + 1, side="before"))
     assert pane is g and before.standings == ov.standings and before.gap_names == ov.gap_names
-    gap = first_gap(trace, layer)
+    gap = first_gap(trace, layer, k)
     at = [a for a in gap.at if (gap.rule, a) in ov.gaps]
     assert at, (layer, gap, ov.gaps)
     assert ov.title.startswith(f"{layer_status(trace, layer).status}: △ {gap.rule} @ %{at[0]}: ") and \
@@ -239,7 +239,8 @@ def _check_drawing_and_panel(trace, v: RunVerdict) -> None:
         if lv.gap_only:  # its first gap, drawn `△` as the Graph tab's before pane draws it
             anchor = _check_gap_drawing(trace, lv.layer, g, ov)
             rep = node_report(g, anchor, trace)  # its gap's rule, a refusal `△` (a soft one: with its fusion)
-            said = [x for x in rep["decisions"] if x["rule"] == first_gap(trace, lv.layer).rule]
+            rule = first_gap(trace, lv.layer, why_step(trace, lv.layer)).rule
+            said = [x for x in rep["decisions"] if x["rule"] == rule]
             assert rep["verdict"]["gaps"] == lv.op_gaps and said
             assert all(x["standing"] == OP_GAP_GROUP for x in said if "standing" in x), said
             assert all(f"rlxviz's ops lack: {x}" in _plain(report_markdown(rep)) for x in lv.op_gaps)

@@ -69,7 +69,7 @@ def test_a_gap_only_layers_why_drawing_is_before_its_first_gap_drawn_as_one(path
     assert any(x.startswith(f"△ {rule}: ") and "in rlxviz's ops" in x for x in drawn), drawn
     assert set(drawn) <= set(CLUSTER.findall(pane))  # the same marks, the layer's alone
     assert st.OP_GAP_INK in why and "✗" not in why
-    gap = first_gap(t, layer)
+    gap = first_gap(t, layer, k)
     assert gap is not None and gap.rule == rule
     title = html.unescape(re.search(r'^\tlabel="([^"]*)"', why, re.M).group(1))
     assert title.startswith(f"{v.status}: △ {rule} @ %") and f"before {pass_name}: " in title, title

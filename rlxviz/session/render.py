@@ -76,7 +76,7 @@ def _why(trace: Trace, layer: int | None, i: int) -> tuple[Graph, Overlay | None
     if k is not None:
         s = trace.steps[k]
         ov = Overlay.before(s).worded_by(trace, s)
-        gap = first_gap(trace, layer) if layer is not None else None
+        gap = first_gap(trace, layer, k) if layer is not None else None
         return s.before, replace(ov, title=_gap_title(layer_verdict(trace, layer), gap, ov)) if gap else ov
     step = trace.steps[i - 1] if i > 0 else None
     return (step.after, Overlay.after(step)) if step is not None else (trace.input, None)

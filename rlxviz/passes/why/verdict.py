@@ -573,12 +573,11 @@ def why_step(trace: Trace, layer: int) -> int | None:
     return next((k for k, s in enumerate(trace.steps) if any((r.rule, r.anchor) in at for r in s.rejections)), None)
 
 
-def first_gap(trace: Trace, layer: int) -> OpGap | None:
-    """The gap of `layer` (`LayerVerdict.gaps`) whose refusal the step `why_step` names holds (the first in run
-    order), for a layer held back only by gaps in rlxviz's ops (`LayerVerdict.gap_only`); else None."""
+def first_gap(trace: Trace, layer: int, k: int | None) -> OpGap | None:
+    """The gap of `layer` (`LayerVerdict.gaps`) whose refusal step `k` holds, `k` the step `why_step` names (the
+    first in run order), for a layer held back only by gaps in rlxviz's ops (`LayerVerdict.gap_only`); else None."""
     v = layer_verdict(trace, layer)
-    k = why_step(trace, layer) if v.first is None else None
-    if k is None:
+    if k is None or v.first is not None:
         return None
     held = {(r.rule, r.anchor) for r in trace.steps[k].rejections}
     return next((g for g in v.gaps if any((g.rule, a) in held for a in g.at)), None)
