@@ -58,7 +58,8 @@ def test_deepnorm_before_pane_counts_places_and_draws_each_role_once(layers):
     assert len(guards) >= 2 * layers
     assert f"△{layers}<" in chips(s)["after fuse_transformer_layer"]
     text = dot(t, View(k, "full", "before"))
-    assert caption(text).startswith(f"before {FTL}: 0 match(es), 0 rejected places, △{layers} gap"), caption(text)
+    want = f"before {FTL}, in the graph: 0 match(es), 0 rejected places, △{layers} place"
+    assert caption(text).startswith(want), caption(text)
     assert not refusals(step, t)
     drawn = roles_per_node(text)
     assert any(drawn.values())
@@ -77,7 +78,7 @@ def test_the_app_pane_and_the_cli_read_the_same_caption():
     step = t.steps[ftl_version(t) - 1]
     want = Overlay.before(step, trace=t).title
     assert want == Overlay.before(step).worded_by(t, step).title
-    assert "0 rejected places, △1 gap" in want  # DeepNorm: one place, a gap in rlxviz's ops
+    assert "0 rejected places, △1 place at a gap" in want  # DeepNorm: one place, a gap in rlxviz's ops
     assert "rejection(s)" not in want
 
 
@@ -98,7 +99,7 @@ def test_one_candidate_refused_at_three_guards_is_one_place_drawn_once(tiny):
     step = _step(tiny, [r, *more])
     ov = Overlay.before(step)
     assert r.near_miss
-    assert ov.title == f"before {FTL}: 0 match(es), 1 rejected place (3 failing guards)"
+    assert ov.title == f"before {FTL}, in the graph: 0 match(es), 1 rejected place (3 failing guards)"
     text = render_dot(tiny, ov)
     for role, i in r.bindings.items():
         roles = _roles(node_stmt(text, i))
@@ -113,7 +114,7 @@ def test_a_refusal_that_is_no_near_miss_is_the_chips_faded_mark(tiny):
     r = dataclasses.replace(h1_rejection(tiny), kind=NOT_A_CANDIDATE)
     assert not r.near_miss
     step = _step(tiny, [r, dataclasses.replace(r, guard="g2", headline=False)])
-    assert Overlay.before(step).title == f"before {FTL}: 0 match(es), 0 rejected places, ○1 not near-miss"
+    assert Overlay.before(step).title == f"before {FTL}, in the graph: 0 match(es), 0 rejected places, ○1 not near-miss"
 
 
 def test_two_rules_rejecting_at_the_same_node_both_show(tiny):
@@ -126,7 +127,7 @@ def test_two_rules_rejecting_at_the_same_node_both_show(tiny):
     step = _step(tiny, [r, other, again])
     ov = Overlay.before(step)
     assert r.near_miss
-    assert ov.title == f"before {FTL}: 0 match(es), 2 rejected places (3 failing guards)"
+    assert ov.title == f"before {FTL}, in the graph: 0 match(es), 2 rejected places (3 failing guards)"
     text = render_dot(tiny, ov)
     ln1 = _roles(node_stmt(text, r.bindings["ln1"]))
     assert ln1.count("ln1") == 2  # one per rule's place, never one per guard

@@ -102,7 +102,7 @@ def test_granites_attention_gap_is_drawn_as_a_gap_never_in_red(granite):
     t = granite
     k = _step(t, "fuse_attention_block")
     text = dot(t, View(k + 1, "full", "before"))
-    assert "△2 gaps in rlxviz's ops" in text
+    assert "in the graph: " in text and "△2 places at gaps in rlxviz's ops" in text
     assert "✗" not in text and st.REJECT not in text and st.REJECT_FILL not in text
     n207 = node_stmt(text, 207)
     assert "△ gap in rlxviz's ops: default_scale" in n207 and "offending" not in n207
@@ -150,7 +150,7 @@ def test_cli_render_before_marks_the_gap_as_its_header_counts_it(capsys, tmp_pat
     code, _, err = cli_run(capsys, "render", GRANITE, "--after", "fuse_attention_block", "--before", "-o", out)
     assert code == 0, err
     svg = out.read_text()
-    assert "△2 gaps in rlxviz&#39;s ops" in svg
+    assert "△2 places at gaps in rlxviz&#39;s ops" in svg
     assert "✗" not in svg and "△ gap in rlxviz&#39;s ops: default_scale" in svg
 
 

@@ -97,7 +97,7 @@ def test_a_gaps_chip_mark_is_its_own_not_the_faded_one(qk_app):
     assert mark.group(1).startswith(f"rlxviz&#x27;s ops lack {QK_NORM_GAP}: {GAP_IS_THE_COMPILERS}. 1 at 1 node"), \
         mark.group(1)
     assert "opacity" not in mark.group(0)  # not faded: something to fix, in rlxviz
-    assert before_caption(s.trace.steps[k], s.trace).endswith(", △1 gap in rlxviz's ops")
+    assert before_caption(s.trace.steps[k], s.trace).endswith(", △1 place at a gap in rlxviz's ops")
 
 
 def test_the_layer_box_and_the_start_strip_say_the_verdicts_words(qk_app):

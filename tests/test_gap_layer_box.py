@@ -78,7 +78,7 @@ def test_a_box_before_its_final_form_whose_only_refusals_are_gaps_is_drawn_as_th
     trace = granite()
     s = next(s for s in trace.steps if s.pass_name == "fuse_attention_block")
     ov = Overlay.before(s).worded_by(trace, s)
-    assert "△2 gaps in rlxviz's ops" in ov.title and "○" not in ov.title, ov.title
+    assert "△2 places at gaps in rlxviz's ops" in ov.title and "○" not in ov.title, ov.title
     assert ov.gaps and ov.gaps <= ov.excused
     vs = settled_verdicts(trace, s.before)
     assert not any(v.settled for v in vs.values())  # an earlier version: the box says what happened so far

@@ -30,6 +30,7 @@ from rlxviz.passes.why.verdict import OP_GAP_GROUP, RunVerdict, first_gap, why_s
 from rlxviz.session import opening as SESSION_OPEN
 from rlxviz.session.render import View, picture, verdicts
 from rlxviz.session.status import layer_status, verdict_pass
+from rlxviz.viz.overlay import before_caption
 
 ROOT = Path(__file__).parent
 HANDED = sorted((ROOT / "data" / "cases").glob("*.rlx"))
@@ -223,7 +224,8 @@ def _check_gap_drawing(trace, layer, g, ov) -> int:
     at = [a for a in gap.at if (gap.rule, a) in ov.gaps]
     assert at, (layer, gap, ov.gaps)
     assert ov.title.startswith(f"{layer_status(trace, layer).status}: △ {gap.rule} @ %{at[0]}: ") and \
-        ov.title.endswith(before.title)
+        ov.title.endswith(before_caption(trace.steps[k], trace, layer))  # the layer's own counts, said as such
+    assert before.title.startswith(f"before {trace.steps[k].pass_name}, in the graph: ")
     return at[0]
 
 

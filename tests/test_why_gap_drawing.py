@@ -72,7 +72,7 @@ def test_a_gap_only_layers_why_drawing_is_before_its_first_gap_drawn_as_one(path
     gap = first_gap(t, layer, k)
     assert gap is not None and gap.rule == rule
     title = html.unescape(re.search(r'^\tlabel="([^"]*)"', why, re.M).group(1))
-    assert title.startswith(f"{v.status}: △ {rule} @ %") and f"before {pass_name}: " in title, title
+    assert title.startswith(f"{v.status}: △ {rule} @ %") and f"before {pass_name}, in this layer: " in title, title
     assert title.endswith(f" — layer {layer}")
     text = html.unescape(svg(t, View(_last(t), "full", "why", layer)))  # the SVG the app's Why tab shows
     assert f"△ {rule}: " in text and f"{v.status}: △ {rule}" in text

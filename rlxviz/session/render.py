@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..ir import Graph
-from ..passes import Trace, layer_of
+from ..passes import PassStep, Trace, layer_of
 from ..passes.why.excused import OpGap
 from ..passes.why.facts import made_nodes
 from ..passes.why.places import layer_places
@@ -28,7 +28,7 @@ from ..passes.why.text import none_made_words
 from ..passes.why.verdict import OP_GAP_GROUP, LayerVerdict, RunVerdict, first_gap, layer_verdict, why_step
 from ..viz import Overlay, Verdict, render_dot, render_svg
 from ..viz.dot import GAP_MARK
-from ..viz.overlay import group_words
+from ..viz.overlay import before_caption, group_words
 from .cache import LRUCache
 from .loading import layer_indices
 
@@ -67,33 +67,57 @@ class View:
 
 def _why(trace: Trace, layer: int | None, i: int) -> tuple[Graph, Overlay | None]:
     """The "why" side: the graph before the step `why_step` names for the layer, with that step's marks (the overlay
-    the Graph tab's before pane draws): the pass of the layer's first counted rejection in the run's verdict
-    (`RunVerdict`), or for a layer held back only by gaps in rlxviz's ops (`LayerVerdict.gap_only`) the pass of its
-    first gap refusal, drawn `△`, its title saying so (`_gap_title`). A layer that fused as expected, one whose first
-    rejection is no pass of the run (an `unrecognized.*` finding), or no layer shows version `i`. One verdict: the
-    text and the picture never name different rejections."""
+    the Graph tab's before pane draws), its caption counting the layer's places (`layer_caption`): the pass of the
+    layer's first counted rejection in the run's verdict (`RunVerdict`), or for a layer held back only by gaps in
+    rlxviz's ops (`LayerVerdict.gap_only`) the pass of its first gap refusal, drawn `△`, its title saying so and naming
+    the layer's other gaps (`_gap_title`). A layer that fused as expected, one whose first rejection is no pass of the
+    run (an `unrecognized.*` finding), or no layer shows version `i`. One verdict: the text and the picture never name
+    different rejections."""
     k = why_step(trace, layer) if layer is not None and layer in layer_indices(trace.input) else None
-    if k is not None:
+    if k is not None and layer is not None:
         s = trace.steps[k]
-        ov = Overlay.before(s).worded_by(trace, s)
-        gap = first_gap(trace, layer, k) if layer is not None else None
-        return s.before, replace(ov, title=_gap_title(layer_verdict(trace, layer), gap, ov)) if gap else ov
+        ov = layer_caption(Overlay.before(s).worded_by(trace, s), trace, s, layer)
+        gap = first_gap(trace, layer, k)
+        return s.before, replace(ov, title=_gap_title(trace, layer_verdict(trace, layer), gap, k, ov)) if gap else ov
     step = trace.steps[i - 1] if i > 0 else None
     return (step.after, Overlay.after(step)) if step is not None else (trace.input, None)
 
 
-def _gap_title(v: LayerVerdict, gap: OpGap, ov: Overlay) -> str:
+def layer_caption(ov: Overlay, trace: Trace, step: PassStep, layer: int) -> Overlay:
+    """`ov` (the before pane's overlay of `step`) drawn for `layer` alone: its caption counting the layer's matches
+    and places, saying so (`viz.overlay.before_caption`: `before P, in this layer: ...`); the whole graph's counts
+    under one layer's drawing read as the layer's (gpt-neox's layer 1 said `△2` of one place)."""
+    return replace(ov, title=before_caption(step, trace, layer)) if ov.title.startswith("before ") else ov
+
+
+def _gap_title(trace: Trace, v: LayerVerdict, gap: OpGap, k: int, ov: Overlay) -> str:
     """The "why" drawing's title for a layer held back only by gaps in rlxviz's ops: its status, the place of its
     first gap drawn `△` (`gap`'s rule at its first place `ov` marks) and every gap that place ran into
-    (`Overlay.gap_names`, else what ran into `gap`), then the before pane's caption (`ov.title`), e.g. `fused as far
-    as rlxviz's ops go: △ fuse_attention_block.qkv_attention_out @ %795: 2 gaps in rlxviz's ops: integer_qkv,
-    default_scale; before fuse_attention_block: 0 match(es), 0 rejected places, △2 gaps in rlxviz's ops`."""
+    (`Overlay.gap_names`, else what ran into `gap`), then each other gap of the layer (`LayerVerdict.gaps`) in the
+    words of the Why tab's `rlxviz's ops lack:` lines (`OpGap.__str__`), saying where it is: `also △ in P, a later
+    pass (not drawn): ...` for a gap refused in a later pass than `trace.steps[k]`'s (deit's mask-less attention block
+    behind its bias-after-residual gap), `also △ in this drawing: ...` for one this step refused elsewhere; then the
+    caption (`ov.title`), e.g. `fused as far as rlxviz's ops go: △ fuse_attention_block.qkv_attention_out @ %795: 2
+    gaps in rlxviz's ops: integer_qkv, default_scale; before fuse_attention_block, in this layer: 0 match(es), 0
+    rejected places, △1 place at a gap in rlxviz's ops`."""
     at = next((a for a in gap.at if (gap.rule, a) in ov.standings), gap.at[0] if gap.at else None)
     gaps = (ov.gap_names.get((gap.rule, at), ()) if at is not None else ()) or ((gap.form, gap.by),)
     words = group_words(OP_GAP_GROUP, gaps)
     words = words if words != OP_GAP_GROUP else f"{words}: {gaps[0][1]}"  # one gap, one guard: named all the same
     where = f" @ %{at}" if at is not None else ""
-    return f"{v.status}: {GAP_MARK} {gap.rule}{where}: {words}; {ov.title}"
+    held = {(r.rule, r.anchor) for r in trace.steps[k].rejections}
+    named = {(gap.rule, f) for f, _ in gaps} | {(gap.rule, gap.form)}
+    also = []
+    for g in v.gaps:
+        if (g.rule, g.form) in named:
+            continue
+        here = any((g.rule, a) in held for a in g.at)
+        step = None if here else next((s for s in trace.steps[k + 1:] if any((g.rule, a) in {
+            (r.rule, r.anchor) for r in s.rejections} for a in g.at)), None)
+        scope = ("in this drawing" if here else f"in {step.pass_name}, a later pass (not drawn)" if step is not None
+                 else "elsewhere in the run (not drawn)")
+        also.append(f"also {GAP_MARK} {scope}: {g}")
+    return "; ".join([f"{v.status}: {GAP_MARK} {gap.rule}{where}: {words}", *also, ov.title])
 
 
 _VERDICTS = LRUCache(maxsize=16)
@@ -163,6 +187,7 @@ def picture(source: Trace | Graph, v: View, heat: Heat = ()) -> tuple[Graph, Ove
             g, ov = trace.input, None
         elif v.side == "before":
             g, ov = step.before, Overlay.before(step).worded_by(trace, step)
+            ov = layer_caption(ov, trace, step, v.focus) if v.focus is not None else ov
         else:
             g, ov = step.after, Overlay.after(step)
     kw: dict[str, Any] = {"view": v.view}
@@ -196,5 +221,5 @@ def svg(source: Trace | Graph, v: View, heat: Heat = ()) -> str:
                                   lambda: render_svg(dot(source, v, heat)).svg)
 
 
-__all__ = ["Heat", "RENDERS", "SIDES", "VIEWS", "View", "dot", "is_final", "picture", "settled_verdicts", "source_key",
-           "svg", "verdicts"]
+__all__ = ["Heat", "RENDERS", "SIDES", "VIEWS", "View", "dot", "is_final", "layer_caption", "picture",
+           "settled_verdicts", "source_key", "svg", "verdicts"]

@@ -79,30 +79,40 @@ def _plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
-def before_caption(step: PassStep, trace: Trace | None = None) -> str:
+def before_caption(step: PassStep, trace: Trace | None = None, layer: int | None = None) -> str:
     """The caption of the graph before `step`: its matches, and its rejections counted by place (a rule's candidate
-    at one anchor) in the version chips' unit, never per failing guard.
+    at one anchor) in the version chips' unit, never per failing guard; in the whole graph, or in `layer` alone (a
+    drawing of one layer: its matches and the places whose refusal names it, `Rejection.layer`), the caption saying
+    which (`in the graph` / `in this layer`): gpt-neox's layer 1 drawing said `△2` of the pass's two places, one each
+    layer.
 
-    "before fuse_transformer_layer: 0 match(es), 1 rejected place (4 failing guards)": the rejected places are the
-    hard near-misses the chip counts as `✗` (`passes.why.places.places` of `step`'s rejections in `trace`, judged by
-    `standing`), the guards in brackets (when more than one per place) the failing guards of those places; places
-    that are no near-miss are added as the chip's faded `○N` ("○2 not near-misses", "○7 not near-misses at 4 nodes"
-    when patterns share a node: `places.PLACE_UNIT`), and places at a gap in rlxviz's ops as its `△N` ("△1 gap in
-    rlxviz's ops"). Without `trace` (a step drawn
-    on its own), a hard refusal's kind alone decides (`Rejection.near_miss`), as `app.derived.refusals` does then.
+    "before fuse_transformer_layer, in the graph: 0 match(es), 1 rejected place (4 failing guards)": the rejected
+    places are the hard near-misses the chip counts as `✗` (`passes.why.places.places` of `step`'s rejections in
+    `trace`, judged by `standing`), the guards in brackets (when more than one per place) the failing guards of those
+    places; places that are no near-miss are added as the chip's faded `○N` ("○2 not near-misses", "○7 not
+    near-misses at 4 nodes" when patterns share a node: `places.PLACE_UNIT`), and places at a gap in rlxviz's ops as
+    its `△N`, counted as places ("△1 place at a gap in rlxviz's ops": esm's one place per layer runs into two gaps,
+    which its `△` label names). Without `trace` (a step drawn on its own), a hard refusal's kind alone decides
+    (`Rejection.near_miss`), as `app.derived.refusals` does then.
     """
-    head = f"before {step.pass_name}: {len(step.matches)} match(es)"
+    mine = {(r.rule, r.anchor) for r in step.rejections if layer is None or r.layer == layer}
+    anchors = {a for _, a in mine}
+    scope = "in the graph" if layer is None else "in this layer"
+    matches = sum(1 for m in step.matches if layer is None or m.layer == layer)
+    head = f"before {step.pass_name}, {scope}: {matches} match(es)"
     k = trace.index_of(step) if trace is not None else None
     if trace is not None and k is not None:
         from ..passes.why.places import places  # the verdict reads the pipeline; the overlay is drawn without it
+        from ..passes.why.verdict import OP_GAP_GROUP
 
         p = places(trace, k)
-        near = {(r.rule, r.anchor) for r in p.near_misses}
-        at = [a for anchors in p.faded_at.values() for a in anchors]
-        excused, nodes, gaps = len(at), len(set(at)), len(p.gaps)
+        near = {(r.rule, r.anchor) for r in p.near_misses} & mine
+        at = [a for anchors_ in p.faded_at.values() for a in anchors_ if a in anchors]
+        excused, nodes = len(at), len(set(at))
+        gaps = sum(1 for a in p.excused_at.get(OP_GAP_GROUP, []) if a in anchors)
     else:
-        near = {(r.rule, r.anchor) for r in step.rejections if not r.soft and r.near_miss}
-        faded = {(r.rule, r.anchor) for r in step.rejections if not r.soft and not r.near_miss}
+        near = {(r.rule, r.anchor) for r in step.rejections if not r.soft and r.near_miss} & mine
+        faded = {(r.rule, r.anchor) for r in step.rejections if not r.soft and not r.near_miss} & mine
         excused, nodes, gaps = len(faded), len({a for _, a in faded}), 0
     guards = sum(1 for r in step.rejections if not r.soft and (r.rule, r.anchor) in near)
     text = f"{head}, {_plural(len(near), 'rejected place', 'rejected places')}"
@@ -112,7 +122,7 @@ def before_caption(step: PassStep, trace: Trace | None = None) -> str:
         text += f", ○{_plural(excused, 'not near-miss', 'not near-misses')}"
         text += f" at {_plural(nodes, 'node', 'nodes')}" if nodes < excused else ""
     if gaps:  # the chips' △: places at a gap in rlxviz's ops, a compiler fix (`places.Places.gaps`)
-        text += ", △" + _plural(gaps, "gap in rlxviz's ops", "gaps in rlxviz's ops")
+        text += ", △" + _plural(gaps, "place at a gap in rlxviz's ops", "places at gaps in rlxviz's ops")
     return text
 
 
