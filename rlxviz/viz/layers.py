@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import graphviz
 
 from ..ir import Graph, Node, Op
-from ..ir.ops import FUSED, REWRITTEN_AS, made_as
+from ..ir.ops import FUSED, LEAF, MOVEMENT, REWRITTEN_AS, SPECS, made_as
 from ..passes.trace import Layer, Rejection, layer_label, layer_of
 from .dot import DotOptions, GraphTooLarge, _Drawer, _e, _html, _small, _tip
 from .heat import UNCOLOURED
@@ -166,6 +166,26 @@ def weight_only(graph: Graph) -> set[int]:
     return static
 
 
+NOT_FUSABLE = MOVEMENT | LEAF | frozenset(op for op, spec in SPECS.items() if spec.kind == "host")
+"""Ops no fused op of rlxviz takes in: data movement and indexing (reshape, transpose, narrow, concat, expand, gather,
+pad), graph leaves and host ops. A box whose ops are fused but for these reads `fused`, not `partly fused`."""
+
+
+def not_fusable(graph: Graph, n: Node) -> bool:
+    """`n` is no op a fusion of rlxviz could take in (`NOT_FUSABLE`), or a cast that changes the dtype (no
+    ElementwiseRegion takes one: `passes.rules.cleanup`): left beside a box's fused ops, it leaves nothing to fuse."""
+    if n.op in NOT_FUSABLE:
+        return True
+    return n.op == Op.CAST and bool(n.inputs) and graph[n.inputs[0]].dtype.value != n.attrs.get("dtype")
+
+
+def all_fused(graph: Graph, g: LayerGroup, static: Collection[int]) -> bool:
+    """The box holds a fused op and every other op of it is weight preparation (`weight_only`: merged Q/K/V weights)
+    or not fusable (`not_fusable`): `fused`, where it read `partly fused` (esm.qdyn's `encoder` box, its one op a
+    FusedResidualLN; an embeddings box whose unfused ops are a gather and a reshape)."""
+    return bool(g.fused) and all(n.op in FUSED or n.id in static or not_fusable(graph, n) for n in g.nodes)
+
+
 def layer_groups(graph: Graph, overlay: Overlay | None = None,
                  verdicts: Mapping[int, Verdict] | None = None) -> dict[str, LayerGroup]:
     """Compute nodes grouped by layer (in graph order), each with its fusion status.
@@ -208,7 +228,7 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
         if g.verdict is not None and g.verdict.settled:
             g.status = g.verdict.word
         elif g.layer is None:
-            g.status = "partly fused" if g.fused else ""
+            g.status = ("fused" if all_fused(graph, g, static) else "partly fused") if g.fused else ""
         elif g.fused and len([n for n in g.nodes if n.id not in static]) == 1:
             g.status = "fused"  # one fused op; weight preparation (e.g. merged Q/K/V weights) does not count
         elif g.rejections and not (g.verdict is not None and pristine):
@@ -223,7 +243,9 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
                 if overlay is not None and g.status == OP_GAP:
                     g.gaps = tuple(dict.fromkeys(x for pl in at for x in overlay.gap_names.get(pl, ())))
         else:
-            g.status = "partly fused" if g.fused else "rewritten" if g.rewritten else "unfused"
+            # fused but for ops no fusion takes (`all_fused`: a reshape, a gather) is no partial fusion
+            g.status = ("fused" if all_fused(graph, g, static) else "partly fused") if g.fused else \
+                "rewritten" if g.rewritten else "unfused"
     first: dict[tuple, int] = {}
     for g in groups.values():
         if g.layer is not None:
@@ -280,7 +302,7 @@ def _box_label(g: LayerGroup) -> str:
         lines.append(_small(f"at this version: {_so_far(g)}", "#555555", 9))
     elif g.status == "fused":
         f = g.fused[0]
-        by = _small(f"-> {f.op.value} by {f.pass_name}", "#1b5e20")
+        by = _small(f"-> {f.op.value} by {f.pass_name}" if len(g.fused) == 1 else f"-> {_counted(g.fused)}", "#1b5e20")
         lines.append(f'<FONT COLOR="#1b5e20"><B>fused</B></FONT> {by}')
     elif g.status == "rejected":
         guards = list(dict.fromkeys(r.guard for r in sorted(g.rejections, key=lambda r: r.stage != "guard")))
@@ -354,7 +376,7 @@ def _so_far(g: LayerGroup) -> str:
     rewritten as attention)`; `no fused op; rewritten as attention` of a layer whose attention alone was packed)."""
     made = _made(g)
     if g.status == "fused":
-        return f"fused -> {g.fused[0].op.value}"
+        return f"fused -> {_counted(g.fused)}"
     if g.status == "partly fused":
         return f"partly fused ({made})"
     if g.status == "rewritten":

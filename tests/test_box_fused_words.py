@@ -1,0 +1,80 @@
+"""A layers-view box whose ops are all fused, or fused but for ops no fusion takes, reads `fused` (a newcomer run).
+
+esm.qdyn's `encoder` box, its one op a FusedResidualLN, read "partly fused"; so did its `embeddings` box, an
+ElementwiseRegion beside a gather, a reshape and two dtype-changing casts: a box outside a layer was "partly fused"
+whenever it held a fused op at all.
+
+Decision: `viz.layers.all_fused`: a box with a fused op whose other ops are weight preparation or not fusable
+(`not_fusable`: data movement, leaves, host ops, a cast that changes the dtype) reads `fused`, for a non-layer box and
+for a layer at a version before its verdict settles; a box with an unfused op a fusion could take stays `partly fused`.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+from pathlib import Path
+
+from test_near_miss_rule import trace_of
+
+from rlxviz.ir import Op
+from rlxviz.ir.builder import Builder
+from rlxviz.passes import Trace
+from rlxviz.session.render import View, dot, picture
+from rlxviz.viz.layers import layer_groups, not_fusable
+
+CASES = Path(__file__).parent / "fixtures" / "onnx" / "cases"
+ESM, DEIT, ROBERTA = (CASES / f"{n}.onnx" for n in ("esm.qdyn", "deit.ortopt", "roberta"))
+
+
+@functools.cache
+def _trace(path: Path) -> Trace:
+    return trace_of(path)
+
+
+def _boxes(t: Trace, version: int) -> dict:
+    g, ov, kw = picture(t, View(version, "layers", "after"))
+    return layer_groups(g, ov, kw.get("verdicts"))
+
+
+def test_esms_encoder_and_embeddings_boxes_read_fused_not_partly_fused():
+    t = _trace(ESM)
+    last = len(t.versions()) - 1
+    boxes = _boxes(t, last)
+    enc, emb = boxes["g_encoder"], boxes["g_embeddings"]
+    assert [n.op for n in enc.nodes] == [Op.FUSED_RESIDUAL_LN] and enc.status == "fused"
+    assert emb.fused and emb.status == "fused", [(n.op.value, n.id) for n in emb.nodes]
+    text = html.unescape(dot(t, View(last, "layers", "after")))
+    assert "partly fused" not in text, text[:2000]
+
+
+def test_no_version_draws_a_box_partly_fused_with_nothing_left_to_fuse():
+    for path in (ESM, DEIT, ROBERTA):
+        t = _trace(path)
+        for i in range(len(t.versions())):
+            g = t.versions()[i][1]
+            for box in _boxes(t, i).values():
+                if box.status == "partly fused":
+                    left = [n for n in box.nodes if n.op.value not in ("param", "const") and not n.op.value[0].isupper()
+                            and not not_fusable(g, n)]
+                    assert left, (path.stem, i, box.key)
+
+
+def test_an_unfused_op_a_fusion_could_take_keeps_a_box_partly_fused():
+    t = _trace(DEIT)
+    boxes = _boxes(t, len(t.versions()) - 1)
+    pooler = boxes["g_pooler"]  # a FusedMatMulBiasAct beside a tanh an ElementwiseRegion or its act could take
+    assert pooler.status == "partly fused" and any(n.op == Op.TANH for n in pooler.nodes)
+
+
+def test_not_fusable_says_movement_and_dtype_changing_casts_only():
+    b = Builder()
+    x = b.input("x", (2, 3), "i64")
+    cast = b.emit(Op.CAST, [x], dtype="bool")
+    same = b.emit(Op.CAST, [cast], dtype="bool")
+    r = b.emit(Op.RESHAPE, [same], shape=(3, 2))
+    t = b.emit(Op.TANH, [b.emit(Op.CAST, [r], dtype="f32")])
+    b.output(t)
+    g = b.build()
+    assert not_fusable(g, g[cast]) and not_fusable(g, g[r])
+    assert not not_fusable(g, g[same]) and not not_fusable(g, g[t])
