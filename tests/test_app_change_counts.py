@@ -36,7 +36,7 @@ DEAD_WEIGHT = """graph dead_weight {
 }"""
 """One dead param and no dead op (the uploaded ONNX case: nodes removed, ops unchanged)."""
 
-TITLE = re.compile(r"^after (\S+): (\d+) op\(s\) added, (\d+) removed(.*)$")
+TITLE = re.compile(r"^after (\S+), in the graph: (\d+) op\(s\) added, (\d+) removed(.*)$")
 
 
 def _ir(text: str) -> AppState:
@@ -66,13 +66,15 @@ def test_the_title_counts_ops_as_the_chips_do(make):
 
 def test_dead_params_and_constants_are_counted_apart():
     (title, change), = _titles_and_chips(_ir(DEAD))
-    assert title == "after dead_code_elimination: 0 op(s) added, 3 removed; param(s)/constant(s): 2 removed", title
+    assert title == ("after dead_code_elimination, in the graph: 0 op(s) added, "
+                     "3 removed; param(s)/constant(s): 2 removed"), title
     assert change == -3
 
 
 def test_a_pass_that_removed_only_a_weight_says_no_op_changed():
     (title, change), = _titles_and_chips(_ir(DEAD_WEIGHT))
-    assert title == "after dead_code_elimination: 0 op(s) added, 0 removed; param(s)/constant(s): 1 removed", title
+    assert title == ("after dead_code_elimination, in the graph: 0 op(s) added, "
+                     "0 removed; param(s)/constant(s): 1 removed"), title
     assert change == 0
 
 

@@ -22,7 +22,9 @@ from pathlib import Path
 import pytest
 from test_near_miss_rule import trace_of
 
-from rlxviz.passes import Trace
+from rlxviz.app.jobs import Runner
+from rlxviz.app.state import AppState
+from rlxviz.passes import Trace, layer_of
 from rlxviz.passes.why.places import places
 from rlxviz.passes.why.verdict import OP_GAP_GROUP, why_step
 from rlxviz.session.loading import layer_indices
@@ -111,3 +113,29 @@ def test_every_gap_of_a_gap_only_layer_is_named_on_its_why_drawing(path):
             family = g.rule.split(".")[0]
             said = g.by.rsplit(" ", 1)[-1] if family == drawn else f"also △ in {family}, a later pass (not drawn): {g}"
             assert said in ov.title, (layer, g, ov.title)
+
+
+@pytest.mark.parametrize("path", [NEOX, DEIT], ids=lambda p: p.stem)
+def test_a_focused_after_panes_title_counts_the_layers_changes(path):
+    t = _trace(path)
+    for k, step in enumerate(t.steps):
+        _, whole, _ = picture(t, View(k + 1, "full", "after"))
+        assert whole.title.startswith(f"after {step.pass_name}, in the graph: "), whole.title
+        _, ov, _ = picture(t, View(k + 1, "full", "after", 1))
+        ops = [i for i in step.removed if step.before[i].path and layer_of(step.before[i].path) == 1
+               and step.before[i].op.value not in ("param", "const", "input")]
+        assert ov.title.startswith(f"after {step.pass_name}, in this layer: "), ov.title
+        assert f", {len(ops)} removed" in ov.title, (ov.title, ops)
+
+
+def test_the_app_why_tab_names_both_of_deits_gaps_in_its_text_and_its_drawing():
+    s = AppState(runner=Runner(background=False))
+    s.load_upload({DEIT.name: DEIT.read_bytes()})
+    s.selected_layer = 0
+    why = html.unescape(s.why_layer(0)).replace("\\", "").replace("\xa0", " ")
+    drawn = html.unescape(s.svg_why())
+    for g in layer_status(s.trace, 0).gaps:
+        assert f"rlxviz's ops lack: {g}" in why
+    later = layer_status(s.trace, 0).gaps[1]
+    assert f"also △ in fuse_attention_block, a later pass (not drawn): {later}" in drawn
+    assert "before fuse_matmul_bias_act, in this layer: " in drawn

@@ -28,7 +28,7 @@ from ..passes.why.text import none_made_words
 from ..passes.why.verdict import OP_GAP_GROUP, LayerVerdict, RunVerdict, first_gap, layer_verdict, why_step
 from ..viz import Overlay, Verdict, render_dot, render_svg
 from ..viz.dot import GAP_MARK
-from ..viz.overlay import before_caption, group_words
+from ..viz.overlay import before_caption, change_words, group_words
 from .cache import LRUCache
 from .loading import layer_indices
 
@@ -88,6 +88,15 @@ def layer_caption(ov: Overlay, trace: Trace, step: PassStep, layer: int) -> Over
     and places, saying so (`viz.overlay.before_caption`: `before P, in this layer: ...`); the whole graph's counts
     under one layer's drawing read as the layer's (gpt-neox's layer 1 said `△2` of one place)."""
     return replace(ov, title=before_caption(step, trace, layer)) if ov.title.startswith("before ") else ov
+
+
+def layer_changes(step: PassStep, layer: int) -> str:
+    """The after pane's title for `layer` drawn alone: what `step` added and removed in that layer
+    (`viz.overlay.change_words` of the nodes whose path names it), saying so (`after P, in this layer: ...`), where the
+    whole graph's counts read as the layer's."""
+    added = [i for i in step.added if layer_of(step.after[i].path) == layer]
+    removed = [i for i in step.removed if layer_of(step.before[i].path) == layer]
+    return f"after {step.pass_name}, in this layer: {change_words(step.before, step.after, added, removed)}"
 
 
 def _gap_title(trace: Trace, v: LayerVerdict, gap: OpGap, k: int, ov: Overlay) -> str:
@@ -190,6 +199,7 @@ def picture(source: Trace | Graph, v: View, heat: Heat = ()) -> tuple[Graph, Ove
             ov = layer_caption(ov, trace, step, v.focus) if v.focus is not None else ov
         else:
             g, ov = step.after, Overlay.after(step)
+            ov = replace(ov, title=layer_changes(step, v.focus)) if v.focus is not None else ov
     kw: dict[str, Any] = {"view": v.view}
     if v.focus is not None:
         kw["focus"] = v.focus
@@ -221,5 +231,5 @@ def svg(source: Trace | Graph, v: View, heat: Heat = ()) -> str:
                                   lambda: render_svg(dot(source, v, heat)).svg)
 
 
-__all__ = ["Heat", "RENDERS", "SIDES", "VIEWS", "View", "dot", "is_final", "layer_caption", "picture",
-           "settled_verdicts", "source_key", "svg", "verdicts"]
+__all__ = ["Heat", "RENDERS", "SIDES", "VIEWS", "View", "dot", "is_final", "layer_caption", "layer_changes",
+           "picture", "settled_verdicts", "source_key", "svg", "verdicts"]

@@ -296,7 +296,8 @@ class Overlay:
     def after(cls, step: PassStep, trace: Trace | None = None) -> Overlay:
         """The fused nodes of `step` (and any other added node) marked on `step.after`."""
         fused = tuple(m for m in step.matches if m.fused is not None and m.fused in step.after)
-        title = f"after {step.pass_name}: {change_words(step.before, step.after, step.added, step.removed)}"
+        changes = change_words(step.before, step.after, step.added, step.removed)
+        title = f"after {step.pass_name}, in the graph: {changes}"
         return cls(title=title, fused=fused, added=frozenset(step.added),
                    origin=all_versions(trace) if trace is not None else step.before, names=bound_names(step),
                    made=made_in_run(trace) if trace is not None else made_beside(step))
