@@ -139,3 +139,11 @@ def test_the_app_why_tab_names_both_of_deits_gaps_in_its_text_and_its_drawing():
     later = layer_status(s.trace, 0).gaps[1]
     assert f"also △ in fuse_attention_block, a later pass (not drawn): {later}" in drawn
     assert "before fuse_matmul_bias_act, in this layer: " in drawn
+
+
+def test_a_fused_layers_why_drawing_counts_its_own_changes():
+    t = _trace(CASES / "falcon.onnx")
+    for layer in layer_indices(t.input):
+        assert layer_status(t, layer).status == "fused" and why_step(t, layer) is None
+        _, ov, _ = picture(t, View(len(t.steps), "full", "why", layer))
+        assert ov.title.startswith(f"after {t.steps[-1].pass_name}, in this layer: "), ov.title

@@ -80,7 +80,10 @@ def _why(trace: Trace, layer: int | None, i: int) -> tuple[Graph, Overlay | None
         gap = first_gap(trace, layer, k)
         return s.before, replace(ov, title=_gap_title(trace, layer_verdict(trace, layer), gap, k, ov)) if gap else ov
     step = trace.steps[i - 1] if i > 0 else None
-    return (step.after, Overlay.after(step)) if step is not None else (trace.input, None)
+    if step is None:
+        return trace.input, None
+    ov = Overlay.after(step)
+    return step.after, replace(ov, title=layer_changes(step, layer)) if layer is not None else ov
 
 
 def layer_caption(ov: Overlay, trace: Trace, step: PassStep, layer: int) -> Overlay:
@@ -114,19 +117,21 @@ def _gap_title(trace: Trace, v: LayerVerdict, gap: OpGap, k: int, ov: Overlay) -
     words = group_words(OP_GAP_GROUP, gaps)
     words = words if words != OP_GAP_GROUP else f"{words}: {gaps[0][1]}"  # one gap, one guard: named all the same
     where = f" @ %{at}" if at is not None else ""
-    held = {(r.rule, r.anchor) for r in trace.steps[k].rejections}
     named = {(gap.rule, f) for f, _ in gaps} | {(gap.rule, gap.form)}
     also = []
     for g in v.gaps:
         if (g.rule, g.form) in named:
             continue
-        here = any((g.rule, a) in held for a in g.at)
-        step = None if here else next((s for s in trace.steps[k + 1:] if any((g.rule, a) in {
-            (r.rule, r.anchor) for r in s.rejections} for a in g.at)), None)
-        scope = ("in this drawing" if here else f"in {step.pass_name}, a later pass (not drawn)" if step is not None
-                 else "elsewhere in the run (not drawn)")
+        at_k = next((j for j in range(k, len(trace.steps)) if _refuses(trace.steps[j], g)), None)
+        scope = ("in this drawing" if at_k == k else "elsewhere in the run (not drawn)" if at_k is None else
+                 f"in {trace.steps[at_k].pass_name}, a later pass (not drawn)")
         also.append(f"also {GAP_MARK} {scope}: {g}")
     return "; ".join([f"{v.status}: {GAP_MARK} {gap.rule}{where}: {words}", *also, ov.title])
+
+
+def _refuses(step: PassStep, g: OpGap) -> bool:
+    """`step`'s refusals hold a place of gap `g` (its rule at one of its anchors)."""
+    return any(r.rule == g.rule and r.anchor in g.at for r in step.rejections)
 
 
 _VERDICTS = LRUCache(maxsize=16)
