@@ -224,9 +224,30 @@ class _Drawer:
         n = self.nodes.get(i)
         return whose_place(r.layer, n.path) if n is not None else ""
 
+    def _follower(self, r: Rejection, mark_word: str) -> tuple[tuple[str, ...], str] | None:
+        """`(note lines, tooltip head)` of `r` when it is a further failing guard of a gap place that is no gap itself
+        (`Overlay.followers`), else None: `△ fix of rope_full_rotary alone is not enough:` / `attn_single_user
+        (illegal) fails next` (the text's caveat, whole, in the tooltip), or `△ beside the gap ln1_residual_scaled:`
+        / `ln1_operand_order (not recognized) also fails, no gap itself`; never the place's gap group with its guard
+        as if that guard were a gap."""
+        place = (r.rule, r.anchor)
+        caveat = self.ov.followers.get((*place, r.guard))
+        if caveat is None:
+            return None
+        gaps = ", ".join(dict.fromkeys(n for _, n in self.ov.gap_names.get(place, ()))) or "gap"
+        said = f"{r.guard} ({r.kind})"
+        head = f"{mark_word} {self.ov.standings[place].upper()} (not a near-miss): {gaps}"
+        if caveat:
+            return ((f"{mark_word} fix of {gaps} alone is not enough:", f"{said} fails next"),
+                    f"{head}; {caveat}; this guard is that blocker, no gap itself:")
+        return ((f"{mark_word} beside the gap {gaps}:", f"{said} also fails, no gap itself"),
+                f"{head}; this guard also fails there, no gap itself:")
+
     def _decorate_rejection(self, k: int, r: Rejection) -> None:
         mark_word, ink, group = self._standing(r)
+        follower = self._follower(r, mark_word) if group else None
         head = f"{mark_word} {group.upper()} (not a near-miss)" if group else "REJECTED"
+        head = follower[1] if follower is not None else head
         tip = f"{head} {r.rule} [{r.stage}] guard {r.guard}: {r.message}" + (f"\nhint: {r.hint}" if r.hint else "")
         for role, i in r.bindings.items():  # the candidate's roles, in a neutral colour: red is for the culprit
             # once per node per place (rule, anchor): a candidate refused at four guards is one candidate, so its
@@ -238,9 +259,11 @@ class _Drawer:
         mark = r.subject if r.subject is not None and r.subject in self.nodes else r.anchor
         if group:  # no near-miss: its node says what the place is, in the chips' mark and ink, never the red
             for i in dict.fromkeys((mark, *r.offending)):
-                note = (f"{mark_word} {group}{self._whose(r, i)}: {r.guard}", ink)
-                if note not in self.notes.get(i, []):
-                    self.notes.setdefault(i, []).append(note)
+                lines = (follower[0][0] + self._whose(r, i), follower[0][1]) if follower is not None else \
+                    (f"{mark_word} {group}{self._whose(r, i)}: {r.guard}",)
+                notes = self.notes.setdefault(i, [])
+                if not any(notes[j:j + len(lines)] == [(x, ink) for x in lines] for j in range(len(notes))):
+                    notes += [(x, ink) for x in lines]
                 # a near-miss's red and a match's colour at the same node stay; a gap's ink over the faded grey
                 if self.border.get(i, (st.NOT_NEAR_MISS_INK,))[0] == st.NOT_NEAR_MISS_INK:
                     self.border[i] = (ink, 2.0, False)
@@ -259,7 +282,9 @@ class _Drawer:
         if group:  # the gap's solid ink (a compiler fix), or the faded grey and dots of nothing to fix
             style, fill = ("rounded,filled", tint(ink, 0.92)) if mark_word == GAP_MARK else \
                 ("rounded,dotted,filled", "#fafafa")
-            label = f"{mark_word} {r.rule}: {r.guard} ({self.ov.standing_words((r.rule, r.anchor))})\n{r.path}"
+            label = f"{mark_word} {r.rule}: " + (" ".join(follower[0]) if follower is not None else
+                                                 f"{r.guard} ({self.ov.standing_words((r.rule, r.anchor))})")
+            label += f"\n{r.path}"
         else:
             style = "rounded,dashed,filled" if r.stage == "guard" else "rounded,dotted,filled"
             fill, label = "#fff5f5", f"{NEAR_MISS_MARK} {r.rule}: {r.guard}\n{r.path}"
