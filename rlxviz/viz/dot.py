@@ -153,7 +153,7 @@ class _Drawer:
                 f"[graph_to_dot] {graph.name!r} would draw {total} nodes (limit max_nodes={opts.max_nodes}); "
                 "draw the layer-collapsed view (view='layers'), focus on one layer (focus=3), "
                 "or raise max_nodes")
-        self.roles: dict[int, list[tuple[str, str]]] = {}
+        self.roles: dict[int, list[tuple[str, str, tuple[str, int]]]] = {}  # (name, colour, its place: rule, anchor)
         self.border: dict[int, tuple[str, float, bool]] = {}  # color, penwidth, dashed
         self.notes: dict[int, list[tuple[str, str]]] = {}  # (words, colour) under a node's op
         self.fill: dict[int, str] = {}
@@ -187,7 +187,7 @@ class _Drawer:
             extent = set(ov.extent(m))
             for role, i in m.bindings.items():
                 if i in extent:  # operands bound as inputs (hidden, weights) belong to no cluster
-                    self.roles.setdefault(i, []).append((_role_name(m.rule, role), color))
+                    self.roles.setdefault(i, []).append((_role_name(m.rule, role), color, (m.rule, m.anchor)))
                     self.border[i] = (color, 2.0, False)
             members = self._claim(sorted(extent), len(self.clusters))
             label = f"{m.rule or m.pass_name}\n{_into(m.path, ov.match_ops.get(m.anchor, 'fused'))}"
@@ -255,7 +255,7 @@ class _Drawer:
             if (r.rule, r.anchor, i, role) in self._place_roles:
                 continue
             self._place_roles.add((r.rule, r.anchor, i, role))
-            self.roles.setdefault(i, []).append((_role_name(r.rule, role), st.CANDIDATE))
+            self.roles.setdefault(i, []).append((_role_name(r.rule, role), st.CANDIDATE, (r.rule, r.anchor)))
         mark = r.subject if r.subject is not None and r.subject in self.nodes else r.anchor
         if group:  # no near-miss: its node says what the place is, in the chips' mark and ink, never the red
             for i in dict.fromkeys((mark, *r.offending)):
@@ -319,11 +319,33 @@ class _Drawer:
         fill = self.ov.heat[n.id][0]
         return lambda color: readable_on(color, fill)
 
+    def _roles_of(self, node_id: int) -> list[tuple[str, str, str]]:
+        """`(role, colour, whose)` of each role drawn on node `node_id`, once per place (rule, anchor) that gives it:
+        `whose` names the place when places of more than one give the node roles, else "". Places at several anchors
+        by anchor, one role of several of them once (`the residual @ %63`, `mask_cond @ %38, %84`); rules at one
+        anchor by rule, each its own (`ln2 (bert_post_ln)`, `ln2 (other_layout)`). deit's bias add %50 is the bias add
+        of the place at %50 and the residual of the next bias-after-residual place, at %63: drawn `the bias add / the
+        residual` it read as one node playing two roles in one place."""
+        per: dict[tuple[str, int], dict[str, str]] = {}  # place -> its role names -> colour (the first)
+        for name, color, place in self.roles.get(node_id, []):
+            per.setdefault(place, {}).setdefault(name, color)
+        if len(per) < 2:
+            return [(name, color, "") for names in per.values() for name, color in names.items()]
+        if len({a for _, a in per}) < 2:
+            return [(name, color, f"({rule.split('.', 1)[-1]})") for (rule, _), names in per.items()
+                    for name, color in names.items()]
+        by: dict[str, tuple[str, dict[str, None]]] = {}
+        for (_, a), names in per.items():
+            for name, color in names.items():
+                by.setdefault(name, (color, {}))[1][f"%{a}"] = None
+        return [(name, color, "@ " + ", ".join(at)) for name, (color, at) in by.items()]
+
     def _label(self, n: Node) -> str:
         lines = []
         fg = self._label_colors(n)
-        for role, color in self.roles.get(n.id, []):
-            lines.append(f'<FONT COLOR="{fg(color)}" POINT-SIZE="10"><B><I>{_e(role)}</I></B></FONT>')
+        for role, color, whose in self._roles_of(n.id):
+            lines.append(f'<FONT COLOR="{fg(color)}" POINT-SIZE="10"><B><I>{_e(role)}</I></B></FONT>'
+                         + (_small(f" {whose}", fg(color)) if whose else ""))
         if n.op == Op.INPUT:
             lines.append(f"<B>{_e(n.attrs['name'])}</B>")
         elif n.op == Op.PARAM:
@@ -359,8 +381,8 @@ class _Drawer:
         if n.attrs:  # each value as the IR text prints it (`none`, `"gelu"`, `true`)
             parts.append("attrs: " + ", ".join(f"{k}={format_value(v)}" for k, v in n.attrs.items()))
         # the names messages give the node (the app's search matches this line), drawn as tags or not (`names`)
-        named = [r for r, _ in self.roles.get(n.id, [])] + [_role_name(rule, role) for rule, role
-                                                            in self.ov.names.get(n.id, ())]
+        named = [f"{r} {whose}" if whose else r for r, _, whose in self._roles_of(n.id)] + [
+            _role_name(rule, role) for rule, role in self.ov.names.get(n.id, ())]
         if named:
             parts.append("roles: " + ", ".join(dict.fromkeys(named)))
         if ops:
