@@ -89,3 +89,26 @@ def test_text_json_and_the_why_tab_say_the_same(capsys, monkeypatch):
         assert f"rlxviz's ops lack: {gap}" in s.why_layer(d["layer"]).replace("\\", "")
     assert f"[rejected] {RULE}: {GUARD} (guard, not recognized)" in verbose
     assert "compiler fix: a FusedMatMulBiasAct with a residual operand added before its bias" in verbose
+
+
+def test_a_place_whose_linear_a_later_pass_fuses_is_no_standing_gap(capsys):
+    """clip-text.ortopt's layer 1 has two such places; at %98 the linear is the attention's output projection, which
+    FusedAttentionBlock takes after all (`Rule.taken_later`, `report.taken_later`): explain, --json and the layer's
+    gap name only %64, whose fc2 stays a bare matmul. A place whose linear stays bare (deit's) still counts."""
+    from rlxviz.passes.report import missed_fusions, taken_later
+
+    trace = _trace(ONNX / "ortopt" / "clip-text.ortopt.onnx")
+    k = next(k for k, s in enumerate(trace.steps) if s.pass_name == "fuse_matmul_bias_act")
+    at = {r.anchor: r for r in trace.steps[k].rejections if r.rule == RULE}
+    assert any(n.op == Op.FUSED_ATTENTION_BLOCK and at[98].bindings["mm"] in n.absorbed for n in trace.final)
+    assert taken_later(trace, k, at[98]) and not taken_later(trace, k, at[64])
+    assert {m.node for m in missed_fusions(trace) if m.pattern == RULE} == {64}
+    code, text, _ = cli_run(capsys, "explain", ONNX / "ortopt" / "clip-text.ortopt.onnx")
+    jcode, out, _ = cli_run(capsys, "explain", ONNX / "ortopt" / "clip-text.ortopt.onnx", "--json")
+    assert code == jcode == 0
+    line = next(x for x in text.splitlines() if x.startswith(f"  not expected here: {RULE} ({GUARD})"))
+    assert f"{RULE} ({GUARD}) @ %64 (" in line and "%98" not in line, line
+    (gap,) = [g for g in json.loads(out)["layers"][1]["gaps"] if g["rule"] == RULE]
+    assert gap["at"] == [64]
+    deit = _trace(PRE_LN[0])
+    assert len([m for m in missed_fusions(deit) if m.pattern == RULE]) == len(_refusals(deit)) == 3

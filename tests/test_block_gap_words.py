@@ -144,7 +144,8 @@ def _position_biased(**kw) -> str:
 
 
 @pytest.mark.parametrize("kw, guard, gap, said", [
-    ({"n_rot": 8}, "rope_full_rotary", PARTIAL, "rotates 8 of 16 dims per head (partial rotary)"),
+    ({"n_rot": 8}, "rope_full_rotary", PARTIAL,
+     "and k_rope (node 61, model.layers.0.self_attn) rotate 8 of 16 dims per head (partial rotary)"),
     ({"k_only": True}, "rope_q_and_k", ONE_ROPE, "rotates K only"),
 ])
 def test_a_rotation_the_block_lacks_reads_as_a_gap_in_text_and_json(capsys, tmp_path, kw, guard, gap, said):

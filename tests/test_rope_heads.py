@@ -182,7 +182,8 @@ def test_the_rewrite_is_bit_exact(source):
 
 
 @pytest.mark.parametrize("variant, guard, fragment", [
-    ("partial", "rope_full_rotary", "rotates 8 of 16 dims per head (partial rotary)"),
+    ("partial", "rope_full_rotary",
+     "and k_rope (node 61, model.layers.0.self_attn) rotate 8 of 16 dims per head (partial rotary)"),
     ("k_only", "rope_q_and_k", "rotates K only")])
 def test_a_rotation_the_block_cannot_take_packs_the_attention_and_is_named(capsys, tmp_path, variant, guard,
                                                                            fragment):
@@ -196,6 +197,8 @@ def test_a_rotation_the_block_cannot_take_packs_the_attention_and_is_named(capsy
     assert all(r.attrs["n_rot"] == (8 if variant == "partial" else 16) for r in ropes)
     (r,) = [r for r in t.rejections if r.guard == guard]
     assert fragment in r.message and r.pass_name == "fuse_attention_block"
+    # every rotation that fails is named and highlighted, Q's and K's both when both rotate part of each head
+    assert set(r.offending) == ({n.id for n in ropes} if variant == "partial" else {r.subject})
     _battery_numbers(g, t)
     code, out, _ = cli_run(capsys, "explain", path)
     assert guard in out and fragment in out and "had no candidate here" not in out

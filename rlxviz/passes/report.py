@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..ir import Graph, Node
 from ..ir.identity import DigestCache
-from .pipeline import Pipeline
+from .pipeline import PASSES, STAGES, Pipeline
 from .trace import Rejection, Trace, layer_of, place_label, reading_order
 
 
@@ -227,14 +227,28 @@ def _in_regions(trace: Trace) -> set[int]:
             if m.fused is not None and m.fused in final for i in m.bindings.values()}
 
 
+def taken_later(trace: Trace, step: int, r: Rejection) -> bool:
+    """Whether a later pass fused a node of the refusal `r` (of step `step` of `trace`) that its rule names as settling
+    it (`Rule.taken_later`) into its product, an ElementwiseRegion aside: clip-text's bias added after the residual at
+    the attention's output projection, whose matmul FusedAttentionBlock takes after all. Such a place is no standing
+    miss, nor a standing gap in rlxviz's ops."""
+    p = STAGES.get(r.pass_name) or PASSES.get(r.pass_name)
+    rule = next((x for x in (p.rules if p is not None else ()) if x.name == r.rule), None)
+    ids = {r.bindings[x] for x in (rule.taken_later if rule is not None else ()) if x in r.bindings}
+    return bool(ids) and any(
+        ids & {int(a) for a in s.after[m.fused].absorbed} for s in trace.steps[step + 1:]
+        if s.pass_name != REGION_PASS and not s.error for m in s.matches if m.fused is not None and m.fused in s.after)
+
+
 def missed_fusions(source: Graph | Trace, pipeline: Pipeline | None = None) -> list[MissedFusion]:
     """Misses of a run (a `Trace`, or a graph run through `pipeline`, default canonical), in pass order.
 
     A rejection counts when its anchor or one of its offending nodes survives in the final graph, or was
     only absorbed into an `ElementwiseRegion` that survives (`mark_elementwise_regions` groups leftover
     elementwise ops; it fuses nothing a rule wanted, e.g. a decomposed GELU whose constant a recognizer
-    rejected is still a miss inside the region); duplicates (same rule and anchor) keep the last pass's
-    reason. Each miss carries its headline guard and the further failing guards of the same candidate.
+    rejected is still a miss inside the region), unless a later pass fused the node its rule names as settling it
+    (`taken_later`); duplicates (same rule and anchor) keep the last pass's reason. Each miss carries its headline
+    guard and the further failing guards of the same candidate.
     """
     trace = source if isinstance(source, Trace) else (pipeline or Pipeline.canonical()).run(source)
     final = trace.final
@@ -246,7 +260,7 @@ def missed_fusions(source: Graph | Trace, pipeline: Pipeline | None = None) -> l
             if not r.near_miss:  # the model's own structure, or not a candidate: reported by `left_out`
                 continue
             if not r.headline or not any(i in final or (not own and i in regioned)
-                                         for i in (r.anchor, *r.offending)):
+                                         for i in (r.anchor, *r.offending)) or taken_later(trace, k, r):
                 continue
             also = tuple(f"{o.guard} ({o.kind}): {in_context(trace, k, o)[0]}" for o in s.rejections
                          if not o.headline and o.rule == r.rule and o.anchor == r.anchor)

@@ -355,6 +355,9 @@ class Rule:
             (`canonicalize_exported`: `silu`, `where mask`): a layer's expected list names its pass's product with
             the forms of the rules that matched in that layer (`why.policy.product`), never every form the pass
             knows. "": the pass's product alone.
+        taken_later: roles whose node, fused by a later pass into its product (not an ElementwiseRegion), settles a
+            refusal of the rule: no standing miss (`report.missed_fusions`). The matmul of a bias added after the
+            residual, which FusedAttentionBlock takes as its output projection.
     """
 
     name: str
@@ -369,6 +372,7 @@ class Rule:
     labels: dict[str, str] = field(default_factory=dict)
     doc: str = ""
     form: str = ""
+    taken_later: tuple[str, ...] = ()
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:

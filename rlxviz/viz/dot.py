@@ -153,7 +153,7 @@ class _Drawer:
                 f"[graph_to_dot] {graph.name!r} would draw {total} nodes (limit max_nodes={opts.max_nodes}); "
                 "draw the layer-collapsed view (view='layers'), focus on one layer (focus=3), "
                 "or raise max_nodes")
-        self.roles: dict[int, list[tuple[str, str]]] = {}
+        self.roles: dict[int, list[tuple[str, str, tuple[str, int]]]] = {}  # (name, colour, its place: rule, anchor)
         self.border: dict[int, tuple[str, float, bool]] = {}  # color, penwidth, dashed
         self.notes: dict[int, list[tuple[str, str]]] = {}  # (words, colour) under a node's op
         self.fill: dict[int, str] = {}
@@ -187,7 +187,7 @@ class _Drawer:
             extent = set(ov.extent(m))
             for role, i in m.bindings.items():
                 if i in extent:  # operands bound as inputs (hidden, weights) belong to no cluster
-                    self.roles.setdefault(i, []).append((_role_name(m.rule, role), color))
+                    self.roles.setdefault(i, []).append((_role_name(m.rule, role), color, (m.rule, m.anchor)))
                     self.border[i] = (color, 2.0, False)
             members = self._claim(sorted(extent), len(self.clusters))
             label = f"{m.rule or m.pass_name}\n{_into(m.path, ov.match_ops.get(m.anchor, 'fused'))}"
@@ -224,9 +224,30 @@ class _Drawer:
         n = self.nodes.get(i)
         return whose_place(r.layer, n.path) if n is not None else ""
 
+    def _follower(self, r: Rejection, mark_word: str) -> tuple[tuple[str, ...], str] | None:
+        """`(note lines, tooltip head)` of `r` when it is a further failing guard of a gap place that is no gap itself
+        (`Overlay.followers`), else None: `△ fix of rope_full_rotary alone is not enough:` / `attn_single_user
+        (illegal) fails next` (the text's caveat, whole, in the tooltip), or `△ beside the gap ln1_residual_scaled:`
+        / `ln1_operand_order (not recognized) also fails, no gap itself`; never the place's gap group with its guard
+        as if that guard were a gap."""
+        place = (r.rule, r.anchor)
+        caveat = self.ov.followers.get((*place, r.guard))
+        if caveat is None:
+            return None
+        gaps = ", ".join(dict.fromkeys(n for _, n in self.ov.gap_names.get(place, ()))) or "gap"
+        said = f"{r.guard} ({r.kind})"
+        head = f"{mark_word} {self.ov.standings[place].upper()} (not a near-miss): {gaps}"
+        if caveat:
+            return ((f"{mark_word} fix of {gaps} alone is not enough:", f"{said} fails next"),
+                    f"{head}; {caveat}; this guard is that blocker, no gap itself:")
+        return ((f"{mark_word} beside the gap {gaps}:", f"{said} also fails, no gap itself"),
+                f"{head}; this guard also fails there, no gap itself:")
+
     def _decorate_rejection(self, k: int, r: Rejection) -> None:
         mark_word, ink, group = self._standing(r)
+        follower = self._follower(r, mark_word) if group else None
         head = f"{mark_word} {group.upper()} (not a near-miss)" if group else "REJECTED"
+        head = follower[1] if follower is not None else head
         tip = f"{head} {r.rule} [{r.stage}] guard {r.guard}: {r.message}" + (f"\nhint: {r.hint}" if r.hint else "")
         for role, i in r.bindings.items():  # the candidate's roles, in a neutral colour: red is for the culprit
             # once per node per place (rule, anchor): a candidate refused at four guards is one candidate, so its
@@ -234,13 +255,15 @@ class _Drawer:
             if (r.rule, r.anchor, i, role) in self._place_roles:
                 continue
             self._place_roles.add((r.rule, r.anchor, i, role))
-            self.roles.setdefault(i, []).append((_role_name(r.rule, role), st.CANDIDATE))
+            self.roles.setdefault(i, []).append((_role_name(r.rule, role), st.CANDIDATE, (r.rule, r.anchor)))
         mark = r.subject if r.subject is not None and r.subject in self.nodes else r.anchor
         if group:  # no near-miss: its node says what the place is, in the chips' mark and ink, never the red
             for i in dict.fromkeys((mark, *r.offending)):
-                note = (f"{mark_word} {group}{self._whose(r, i)}: {r.guard}", ink)
-                if note not in self.notes.get(i, []):
-                    self.notes.setdefault(i, []).append(note)
+                lines = (follower[0][0] + self._whose(r, i), follower[0][1]) if follower is not None else \
+                    (f"{mark_word} {group}{self._whose(r, i)}: {r.guard}",)
+                notes = self.notes.setdefault(i, [])
+                if not any(notes[j:j + len(lines)] == [(x, ink) for x in lines] for j in range(len(notes))):
+                    notes += [(x, ink) for x in lines]
                 # a near-miss's red and a match's colour at the same node stay; a gap's ink over the faded grey
                 if self.border.get(i, (st.NOT_NEAR_MISS_INK,))[0] == st.NOT_NEAR_MISS_INK:
                     self.border[i] = (ink, 2.0, False)
@@ -259,7 +282,9 @@ class _Drawer:
         if group:  # the gap's solid ink (a compiler fix), or the faded grey and dots of nothing to fix
             style, fill = ("rounded,filled", tint(ink, 0.92)) if mark_word == GAP_MARK else \
                 ("rounded,dotted,filled", "#fafafa")
-            label = f"{mark_word} {r.rule}: {r.guard} ({self.ov.standing_words((r.rule, r.anchor))})\n{r.path}"
+            label = f"{mark_word} {r.rule}: " + (" ".join(follower[0]) if follower is not None else
+                                                 f"{r.guard} ({self.ov.standing_words((r.rule, r.anchor))})")
+            label += f"\n{r.path}"
         else:
             style = "rounded,dashed,filled" if r.stage == "guard" else "rounded,dotted,filled"
             fill, label = "#fff5f5", f"{NEAR_MISS_MARK} {r.rule}: {r.guard}\n{r.path}"
@@ -294,11 +319,33 @@ class _Drawer:
         fill = self.ov.heat[n.id][0]
         return lambda color: readable_on(color, fill)
 
+    def _roles_of(self, node_id: int) -> list[tuple[str, str, str]]:
+        """`(role, colour, whose)` of each role drawn on node `node_id`, once per place (rule, anchor) that gives it:
+        `whose` names the place when places of more than one give the node roles, else "". Places at several anchors
+        by anchor, one role of several of them once (`the residual @ %63`, `mask_cond @ %38, %84`); rules at one
+        anchor by rule, each its own (`ln2 (bert_post_ln)`, `ln2 (other_layout)`). deit's bias add %50 is the bias add
+        of the place at %50 and the residual of the next bias-after-residual place, at %63: drawn `the bias add / the
+        residual` it read as one node playing two roles in one place."""
+        per: dict[tuple[str, int], dict[str, str]] = {}  # place -> its role names -> colour (the first)
+        for name, color, place in self.roles.get(node_id, []):
+            per.setdefault(place, {}).setdefault(name, color)
+        if len(per) < 2:
+            return [(name, color, "") for names in per.values() for name, color in names.items()]
+        if len({a for _, a in per}) < 2:
+            return [(name, color, f"({rule.split('.', 1)[-1]})") for (rule, _), names in per.items()
+                    for name, color in names.items()]
+        by: dict[str, tuple[str, dict[str, None]]] = {}
+        for (_, a), names in per.items():
+            for name, color in names.items():
+                by.setdefault(name, (color, {}))[1][f"%{a}"] = None
+        return [(name, color, "@ " + ", ".join(at)) for name, (color, at) in by.items()]
+
     def _label(self, n: Node) -> str:
         lines = []
         fg = self._label_colors(n)
-        for role, color in self.roles.get(n.id, []):
-            lines.append(f'<FONT COLOR="{fg(color)}" POINT-SIZE="10"><B><I>{_e(role)}</I></B></FONT>')
+        for role, color, whose in self._roles_of(n.id):
+            lines.append(f'<FONT COLOR="{fg(color)}" POINT-SIZE="10"><B><I>{_e(role)}</I></B></FONT>'
+                         + (_small(f" {whose}", fg(color)) if whose else ""))
         if n.op == Op.INPUT:
             lines.append(f"<B>{_e(n.attrs['name'])}</B>")
         elif n.op == Op.PARAM:
@@ -334,8 +381,8 @@ class _Drawer:
         if n.attrs:  # each value as the IR text prints it (`none`, `"gelu"`, `true`)
             parts.append("attrs: " + ", ".join(f"{k}={format_value(v)}" for k, v in n.attrs.items()))
         # the names messages give the node (the app's search matches this line), drawn as tags or not (`names`)
-        named = [r for r, _ in self.roles.get(n.id, [])] + [_role_name(rule, role) for rule, role
-                                                            in self.ov.names.get(n.id, ())]
+        named = [f"{r} {whose}" if whose else r for r, _, whose in self._roles_of(n.id)] + [
+            _role_name(rule, role) for rule, role in self.ov.names.get(n.id, ())]
         if named:
             parts.append("roles: " + ", ".join(dict.fromkeys(named)))
         if ops:

@@ -177,6 +177,29 @@ def gap_names(trace: Trace | None, step: PassStep, groups: dict[tuple[str, int],
     return {pl: tuple(place_gap_names(trace, rs)) for pl, rs in at.items() if is_gap(groups.get(pl, ""))}
 
 
+Followers = dict[tuple[str, int, str], str]
+"""(rule, anchor, guard) of a further failing guard at a gap place that is no gap itself -> the text's caveat (`alone
+it is not enough: attn_single_user (illegal: ...) fails next`) when it fails next once the gap's compiler fix alone is
+applied, else "" (`gap_followers`)."""
+
+
+def gap_followers(trace: Trace | None, step: PassStep, groups: dict[tuple[str, int], str] | None = None) -> Followers:
+    """The further failing guards of `step`'s places at a gap in rlxviz's ops (`place_groups`, or `groups`: `is_gap`)
+    that run into no gap themselves (`passes.why.standing.gap_followers`): gpt-neox's `attn_single_user`, which the
+    text names the illegal blocker that fails next once the partial-rotary gap's fix alone is applied, never a second
+    gap. {} without `trace` (or a step of no trace)."""
+    if trace is None or trace.index_of(step) is None:
+        return {}
+    from ..passes.why.standing import gap_followers as followers  # the verdict reads the pipeline; the overlay does not
+
+    groups = place_groups(trace, step) if groups is None else groups
+    at: dict[tuple[str, int], list[Rejection]] = {}
+    for r in step.rejections:
+        at.setdefault((r.rule, r.anchor), []).append(r)
+    return {(*pl, guard): words for pl, rs in at.items() if is_gap(groups.get(pl, ""))
+            for guard, words in followers(trace, rs).items()}
+
+
 def group_words(group: str, gaps: GapNames) -> str:
     """A gap group (`is_gap`, e.g. `gap in rlxviz's ops`) with the gaps its place ran into (`gap_names`): the group
     alone for one gap met by one guard (or none), else each gap's name, counted by op form: `2 gaps in rlxviz's ops:
@@ -238,6 +261,10 @@ class Overlay:
             default_scale` (`standing_words`).
         made: node id -> what a node a match made beside its product is (`passes.made.made_beside`): its label
             and tooltip say so instead of listing the match's absorbed nodes, which only the product holds.
+        followers: each further failing guard of a gap place that is no gap itself (`gap_followers`) -> the text's
+            caveat when it fails next once the gap's fix alone is applied (`alone it is not enough: attn_single_user
+            (illegal: ...) fails next`), else "": its marks say so, never the place's gap group with its guard as if
+            that guard were a gap.
         names: node id -> (rule, role) per binding of a match or rejection that this overlay does not draw: the
             names messages give the node (`ln1 (role h1)`), put in its tooltip's `roles:` line so the search finds
             it by them in the after pane too (only the before pane tags candidates).
@@ -257,6 +284,7 @@ class Overlay:
     names: dict[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     made: dict[int, Beside] = field(default_factory=dict)
     gap_names: dict[tuple[str, int], GapNames] = field(default_factory=dict)
+    followers: Followers = field(default_factory=dict)
 
     @classmethod
     def before(cls, step: PassStep, rejections: bool = True, trace: Trace | None = None) -> Overlay:
@@ -280,15 +308,16 @@ class Overlay:
                    origin=all_versions(trace) if trace is not None else None,
                    made=made_in_run(trace) if trace is not None else {},
                    standings=(groups := place_groups(trace, step) if rejections else {}),
-                   gap_names=gap_names(trace, step, groups) if rejections else {})
+                   gap_names=gap_names(trace, step, groups) if rejections else {},
+                   followers=gap_followers(trace, step, groups) if rejections else {})
 
     def worded_by(self, trace: Trace, step: PassStep) -> Overlay:
         """This overlay with `step`'s rejections (of `trace`) worded as `explain` and the table word them
         (`worded`), for an overlay made without the trace (its labels unchanged), its caption counting places as
         the chips do with the trace (`before_caption`)."""
         groups = place_groups(trace, step) if self.rejections else {}
-        out = replace(self, rejections=worded(trace, step), standings=groups,
-                      gap_names=gap_names(trace, step, groups)) if self.rejections else self
+        out = replace(self, rejections=worded(trace, step), standings=groups, gap_names=gap_names(trace, step, groups),
+                      followers=gap_followers(trace, step, groups)) if self.rejections else self
         out = replace(out, made=made_in_run(trace))
         return replace(out, title=before_caption(step, trace)) if out.title.startswith("before ") else out
 
@@ -319,7 +348,8 @@ class Overlay:
         return cls(title=trace.pipeline, fused=fused,
                    rejections=tuple(r for s in trace.steps for r in worded(trace, s)), origin=all_versions(trace),
                    made=made_in_run(trace), standings=(groups := run_groups(trace)),
-                   gap_names={pl: names for s in trace.steps for pl, names in gap_names(trace, s, groups).items()})
+                   gap_names={pl: names for s in trace.steps for pl, names in gap_names(trace, s, groups).items()},
+                   followers={k: w for s in trace.steps for k, w in gap_followers(trace, s, groups).items()})
 
     @property
     def excused(self) -> frozenset[tuple[str, int]]:

@@ -216,54 +216,65 @@ halves."""
 _ROPES = ("q_rope", "k_rope")
 
 
-def _lone_rope(c: Ctx) -> str | None:
-    """The role of the one rotation when the block's Q or K alone is rotated (`q_rope` or `k_rope`), else None."""
-    ropes = [r for r in _ROPES if r in c]
-    return ropes[0] if len(ropes) == 1 else None
+def _lone_rope(c: Ctx) -> tuple[str, ...]:
+    """The role of the one rotation when the block's Q or K alone is rotated (`(q_rope,)` or `(k_rope,)`), else ()."""
+    ropes = tuple(r for r in _ROPES if r in c)
+    return ropes if len(ropes) == 1 else ()
 
 
-def _partial_rope(c: Ctx) -> str | None:
-    """The role of the first rotation of Q and K that does not rotate every dim of the attention's heads (`n_rot` or
-    its `head_dim` is not the attention's head_dim: partial rotary), else None."""
+def _partial_ropes(c: Ctx) -> tuple[str, ...]:
+    """The roles of every rotation of Q and K that does not rotate every dim of the attention's heads (`n_rot` or its
+    `head_dim` is not the attention's head_dim: partial rotary): GPT-NeoX's `(q_rope, k_rope)`; () for none."""
     d = c["attn"].attrs["head_dim"]
-    return next((r for r in _ROPES if r in c and (c[r].attrs["head_dim"] != d or c[r].attrs["n_rot"] != d)), None)
+    return tuple(r for r in _ROPES if r in c and (c[r].attrs["head_dim"] != d or c[r].attrs["n_rot"] != d))
 
 
-def _interleaved_rope(c: Ctx) -> str | None:
-    """The role of the first rotation of Q and K that rotates interleaved pairs (GPT-J), else None."""
-    return next((r for r in _ROPES if r in c and c[r].attrs.get("interleaved", False)), None)
+def _interleaved_ropes(c: Ctx) -> tuple[str, ...]:
+    """The roles of every rotation of Q and K that rotates interleaved pairs (GPT-J); () for none."""
+    return tuple(r for r in _ROPES if r in c and c[r].attrs.get("interleaved", False))
 
 
-def _rope_guard(name: str, find: Callable[[Ctx], str | None], explain: Callable[[Ctx, str], str], hint: str,
-                fix: str, gap: str) -> Guard:
+def _rotations(c: Ctx, roles: tuple[str, ...], what: Callable[[Ctx, str], str]) -> str:
+    """The rotations `roles` and what each does (`what`), as one refusal names them: `q_rope (node 245, P) and k_rope
+    (node 247, P) rotate 4 of 16 dims per head` when they do the same, else each with its own words joined by `;`."""
+    said = [what(c, r) for r in roles]
+    if len(set(said)) == 1 and len(roles) > 1:
+        verb, _, rest = said[0].partition(" ")
+        return f"{' and '.join(c.d(r) for r in roles)} {verb.removesuffix('s')} {rest}"
+    return "; ".join(f"{c.d(r)} {s}" for r, s in zip(roles, said, strict=True))
+
+
+def _rope_guard(name: str, find: Callable[[Ctx], tuple[str, ...]], what: Callable[[Ctx, str], str],
+                tail: Callable[[Ctx], str], hint: str, fix: str, gap: str) -> Guard:
     """A check of the block's RoPE (`has_rope`: Q and K rotated by one cos/sin pair, every dim of each head, NeoX
-    halves) on the rotations the attention reads, `find` naming the one it cannot take: a rotation it lacks a form
-    for (`gap`, `Guard.lacking`) stays outside, the attention packed reading it. Each rotation is a rope op (the
-    structure step `qkv_packed` binds `q_rope`/`k_rope` when Q/K is rotated)."""
+    halves) on the rotations the attention reads, `find` naming every one it cannot take (Q's and K's both, when both
+    fail: the message and the offending nodes name each, the first is the subject); `what` says what one rotation does
+    (`rotates 4 of 16 dims per head`), `tail` what the block does instead. A rotation it lacks a form for (`gap`,
+    `Guard.lacking`) stays outside, the attention packed reading it. Each rotation is a rope op (the structure step
+    `qkv_packed` binds `q_rope`/`k_rope` when Q/K is rotated)."""
     def subject(c: Ctx) -> int | None:
-        r = find(c)
-        return c.id(r) if r is not None else None
+        found = find(c)
+        return c.id(found[0]) if found else None
 
-    return guard(name, lambda c: find(c) is None, lambda c: explain(c, find(c) or ""), hint,
-                 lambda c: ((subject(c),) if subject(c) is not None else (), ()), requires=("attn",),
+    return guard(name, lambda c: not find(c), lambda c: f"{_rotations(c, find(c), what)}{tail(c)}", hint,
+                 lambda c: (tuple(c.id(r) for r in find(c)), ()), requires=("attn",),
                  optional=_ROPES, kind=NOT_RECOGNIZED, subject=subject, fix=fix).lacking(("attention",), gap)
 
 
 ROPE_GUARDS = (
-    _rope_guard("rope_q_and_k", _lone_rope,
-                lambda c, r: f"{c.d(r)} rotates {r[0].upper()} only; FusedAttentionBlock's RoPE rotates Q and K with "
-                             f"one cos/sin table pair",
+    _rope_guard("rope_q_and_k", _lone_rope, lambda c, r: f"rotates {r[0].upper()} only",
+                lambda c: "; FusedAttentionBlock's RoPE rotates Q and K with one cos/sin table pair",
                 "nothing to change in the model: the packed attention keeps the rotation as its operand",
                 "a block RoPE applied to Q or K alone", ROPE_ONE_OPERAND_GAP),
-    _rope_guard("rope_full_rotary", _partial_rope,
-                lambda c, r: f"{c.d(r)} rotates {c[r].attrs['n_rot']} of {c[r].attrs['head_dim']} dims per head "
-                             f"(partial rotary) on heads of {c['attn'].attrs['head_dim']}; FusedAttentionBlock's RoPE "
-                             f"rotates every dim of each head",
+    _rope_guard("rope_full_rotary", _partial_ropes,
+                lambda c, r: f"rotates {c[r].attrs['n_rot']} of {c[r].attrs['head_dim']} dims per head (partial "
+                             f"rotary)",
+                lambda c: f" on heads of {c['attn'].attrs['head_dim']}; FusedAttentionBlock's RoPE rotates every dim "
+                          f"of each head",
                 "nothing to change in the model: partial rotary keeps its packed attention",
                 "an n_rot attribute on FusedAttentionBlock", PARTIAL_ROTARY_GAP),
-    _rope_guard("rope_halves", _interleaved_rope,
-                lambda c, r: f"{c.d(r)} rotates interleaved pairs (GPT-J, rotate_every_two); FusedAttentionBlock's "
-                             "RoPE rotates the NeoX halves",
+    _rope_guard("rope_halves", _interleaved_ropes, lambda c, r: "rotates interleaved pairs (GPT-J, rotate_every_two)",
+                lambda c: "; FusedAttentionBlock's RoPE rotates the NeoX halves",
                 "nothing to change in the model: the interleaved rotation keeps its packed attention",
                 "an interleaved attribute on FusedAttentionBlock", INTERLEAVED_ROPE_GAP),
 )

@@ -328,7 +328,7 @@ BIAS_AFTER_RESIDUAL = Rule(
            guard("bias_after_residual", lambda c: False, _after_residual_explain, BIAS_AFTER_RESIDUAL_HINT,
                  requires=("add", "mm", "bias", "sum"), kind=NOT_RECOGNIZED, fix=BIAS_AFTER_RESIDUAL_FIX,
                  subject=lambda c: c.id("add"))),
-    result="add", absorb=("mm", "sum", "add"), rewrite=lambda c, rw: c.id("add"),
+    result="add", absorb=("mm", "sum", "add"), rewrite=lambda c, rw: c.id("add"), taken_later=("mm",),
     labels={"mm": "the matmul", "sum": "the residual add", "add": "the bias add", "bias": "the bias",
             "residual": "the residual"},
     doc="(x @ w + skip) + bias, the linear's bias added after the residual (ONNX Runtime's SkipLayerNormalization "

@@ -11,7 +11,7 @@ import operator
 
 from ..architecture import classify_layer
 from ..trace import Rejection, Trace
-from .caveat import line_caveats
+from .caveat import caveat_words, fix_blocker, line_caveats
 from .facts import RunFacts
 from .kinds import LayerArchitecture as Architecture
 from .policy import ILLEGAL_HERE, NOT_EXPECTED_HERE, excuse, gap_names, not_expected_fix, op_gaps, with_caveat
@@ -100,6 +100,28 @@ def place_gap_names(trace: Trace, refusals: list[Rejection]) -> list[tuple[str, 
     return list(out)
 
 
+def gap_followers(trace: Trace, refusals: list[Rejection]) -> dict[str, str]:
+    """Each further failing guard of one place at a gap in rlxviz's ops that runs into no gap itself
+    (`place_gap_names` of its refusal alone is empty) -> the words the text gives it: the not-expected line's caveat
+    (`caveat.caveat_words` of `caveat.fix_blocker` of the place's headline refusal: `alone it is not enough:
+    attn_single_user (illegal: read there by the sdpa NaN guard ...) fails next`) when it is what fails next once the
+    gap's compiler fix alone is applied, else "" (one more guard the candidate fails, `explain -v`'s `also fails`).
+    gpt-neox's attention place is a gap (`rope_full_rotary`, partial rotary) whose `attn_single_user` is the illegal
+    next blocker, not a gap: a drawing that marked it with the place's gap group alone read as a second gap. {} for a
+    place at no gap."""
+    facts = RunFacts.of(trace)
+    head = next((r for r in refusals if r.headline), refusals[0] if refusals else None)
+    if head is None or not place_gap_names(trace, refusals):
+        return {}
+    arch = _judged_as(facts, head.layer)
+    blocker = fix_blocker(trace, head.rule, head.anchor, head.guard, arch) if arch is not None else ""
+    out: dict[str, str] = {}
+    for r in refusals:
+        if r is not head and r.guard != head.guard and not place_gap_names(trace, [r]):
+            out.setdefault(r.guard, caveat_words(blocker) if blocker.split(" (", 1)[0] == r.guard else "")
+    return out
+
+
 def _own_fixes(facts: RunFacts, r: Rejection) -> Rejection | None:
     """`r`, whose fixes `policy` reads for a gap in rlxviz's ops; None in a layer judged as another kind than its own
     (`judged_kind`: its refusals are its deviation, as `excused_misses` reads them)."""
@@ -108,4 +130,4 @@ def _own_fixes(facts: RunFacts, r: Rejection) -> Rejection | None:
     return None if facts.cache.get(("deviates", r.layer)) else r
 
 
-__all__ = ["place_gap_names", "place_gaps", "standing", "unexpected_fix"]
+__all__ = ["gap_followers", "place_gap_names", "place_gaps", "standing", "unexpected_fix"]
