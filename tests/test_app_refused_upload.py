@@ -51,3 +51,21 @@ def test_the_layout_check_passes_whole_files_and_names_what_is_wrong():
     with pytest.raises(SourceError, match=r"^my-net\.onnx: not a readable ONNX model \(ends inside"):
         check_upload({"my-net.onnx": data[:-3]})
     assert check_upload({"my-net.onnx": data}) == {"model.onnx": data}
+
+
+def test_a_load_that_fails_after_the_layout_check_leaves_the_raised_sequence_and_its_box():
+    """A file the layout check passes whose load fails (no opset: the loader refuses it) still sets the fields and
+    puts them back: with the over-threshold variant the sequence box got an event of the lowered value after the
+    state's raised one was back, and box and state passed 8 and 65 to each other until RecursionError. The box now
+    takes the state's value itself."""
+    import onnx
+
+    m = onnx.load_from_string(_data())
+    del m.opset_import[:]
+    s = tiny(selected_layer=0, variant="over_threshold")
+    mc = ModelControls(state=s)
+    model, seq = s.model, s.seq
+    _drop(mc, {"no-opset.onnx": m.SerializeToString()})
+    assert s.message_kind == "danger" and f"Still showing {model.name}" in s.message, s.message
+    assert s.model is model and s.variant == "over_threshold" and s.seq == seq == mc.seq.value > 8
+    assert s.stale == ""
