@@ -122,7 +122,10 @@ class ModelControls(Viewer):
                              css_classes=["rv-seq"])
         for name in ("batch", "seq"):
             getattr(self, name).param.watch(lambda e, n=name: self._shape_typed(n, e.new), "value")
-            s.param.watch(lambda e, n=name: setattr(getattr(self, n), "value", e.new), name)
+            # the state's value now, not the event's: an event delivered after a later change (a refused upload
+            # puts the over-threshold variant's raised seq back while the box still reads the one it had lowered)
+            # set the box to the old value, and box and state passed 8 and 65 to each other until RecursionError
+            s.param.watch(lambda e, n=name: setattr(getattr(self, n), "value", getattr(s, n)), name)
         # a note about a shape is about the model it was typed for: another model or source, and it no longer holds
         s.param.watch(lambda *e: self.notes.drop("batch", "seq"), ["source", "preset", "upload_id", "checkpoint_dir"])
         self.text = pn.widgets.TextAreaInput.from_param(s.param.text, name="Text to tokenize (real models)",

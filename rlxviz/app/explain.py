@@ -40,7 +40,8 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
     candidate`: nodes that only look like the rule's input, a broadcast sum; no near-miss), `step` (index
     into `trace.steps`), `pass`, `rule`, `layer` (int or None), `stage`, `guard`, `why` (the guard's kind of
     "no": `illegal`, `not recognized`, `not profitable`; `also: ...` for a further failing guard of the same
-    candidate), `anchor`, `message` (as `explain` words it, `report.in_context`: a "run P first" whose P ran before
+    candidate; empty, or `also`, where `kind` already says it: the model's own term is said once a row),
+    `anchor`, `message` (as `explain` words it, `report.in_context`: a "run P first" whose P ran before
     says what P decided there, its rejection on these nodes), `hint` (the fix, `report.fix_line`: the line `explain`
     prints after `fix:`, empty where it prints none, as where the message says it), `fix` (compiler-side), `nodes` (ids
     to highlight), `position` (the anchor's place in the input graph's topological order, 0 the first node, a node a
@@ -68,10 +69,12 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
         status = {pl: place_status(head, st) for pl, (head, st) in place_standings(trace, k).items()}
         for r in s.rejections:
             nodes = list(dict.fromkeys([*r.offending, r.anchor]))
-            why = r.kind if r.headline else f"also: {r.kind}"
             # the place's standing, as the chips count it (`places.place_status`): a refusal the layer's kind does
-            # not expect reads "not expected here", never "rejected"; the guard's own kind stays in `why`
+            # not expect reads "not expected here", never "rejected"; the guard's own kind stays in `why`, unless
+            # the kind column says it already (a place keeping the model's own term: said once per row)
             kind = status[(r.rule, r.anchor)]
+            why = "" if r.kind == kind else r.kind
+            why = why if r.headline else f"also: {why}" if why else "also"
             message = in_context(trace, k, r)[0]  # as `explain` words it: a "run P first" whose P ran says so
             hint = fix_line(trace, k, r)  # the fix, never a copy of the message
             rows.append({"kind": kind, "step": k, "pass": s.pass_name, "rule": r.rule,

@@ -306,12 +306,61 @@ def save_upload(files: dict[str, bytes], limit: int | None = None) -> Path:
     return store_upload(check_upload(files, limit))
 
 
+_MODEL_GRAPH_FIELD = 7
+"""`ModelProto.graph`'s field number: a model without it holds no graph."""
+
+
+def onnx_layout_error(data: bytes) -> str:
+    """Why `data` cannot be an ONNX model, read from its top-level protobuf fields alone (tags and lengths, no
+    tensor decoded: as cheap for 200 MB as for 2 kB), or "" when it may be one: a field that runs past the end
+    (a truncated file: `ends inside field 7 (graph) at byte 5,000 of 530,618 it needs`), a wire type protobuf does
+    not have (text or other bytes), or no graph field. What passes is still read by the loader, which says what
+    else is wrong; what fails is refused before anything changes (`check_upload`), so the model shown stays
+    current and no pane is marked stale."""
+    pos, n, graph = 0, len(data), False
+    while pos < n:
+        tag, pos = _varint(data, pos)
+        if tag is None:
+            return f"ends inside a field's tag at byte {n:,}"
+        field, wire = tag >> 3, tag & 7
+        if field == 0 or wire not in (0, 1, 2, 5):
+            return f"byte {pos - 1:,} starts no protobuf field (not an ONNX file?)"
+        if wire == 0:
+            value, pos = _varint(data, pos)
+            end = pos if value is not None else n + 1
+        elif wire == 2:
+            size, pos = _varint(data, pos)
+            end = pos + size if size is not None else n + 1
+        else:
+            end = pos + (8 if wire == 1 else 4)
+        if end > n:
+            what = " (graph)" if field == _MODEL_GRAPH_FIELD else ""
+            return f"ends inside field {field}{what}: the file has {n:,} bytes, the field needs {end:,}; truncated?"
+        graph |= field == _MODEL_GRAPH_FIELD and wire == 2
+        pos = end
+    return "" if graph else "it holds no graph"
+
+
+def _varint(data: bytes, pos: int) -> tuple[int | None, int]:
+    """A protobuf varint of `data` at `pos` and the position after it; `(None, len(data))` when the data ends
+    inside it (or it runs past 10 bytes)."""
+    value = shift = 0
+    for k in range(pos, min(pos + 10, len(data))):
+        b = data[k]
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, k + 1
+        shift += 7
+    return None, len(data)
+
+
 def check_upload(files: dict[str, bytes], limit: int | None = None) -> dict[str, bytes]:
     """The files of a valid upload under the names the loader reads (`config.json` + `model.safetensors`, or
     `model.onnx`), nothing written.
 
     Raises:
-        SourceError: a missing or extra file, or too large (as `save_upload`).
+        SourceError: a missing or extra file, too large (as `save_upload`), or an `.onnx` file whose top-level
+            layout is no ONNX model's (`onnx_layout_error`: truncated, not protobuf, no graph).
     """
     limit = max_upload_bytes() if limit is None else limit
     total = sum(len(v) for v in files.values())
@@ -324,6 +373,9 @@ def check_upload(files: dict[str, bytes], limit: int | None = None) -> dict[str,
             raise SourceError("Upload one .onnx file alone (with its weights inside; external data files cannot be "
                               f"uploaded), or config.json + model.safetensors (got: {', '.join(sorted(files))}"
                               f"{_goes(sorted(files))}).")
+        name = next(k for k in files if k.lower().endswith(".onnx"))
+        if why := onnx_layout_error(onnx_files[0]):  # refused here, before any field changes: no load, no stale mark
+            raise SourceError(f"{name}: not a readable ONNX model ({why}).")
         return {ONNX_UPLOAD_NAME: onnx_files[0]}
     cfg = [v for k, v in files.items() if k.lower().endswith(".json")]
     st = [v for k, v in files.items() if k.lower().endswith(".safetensors")]

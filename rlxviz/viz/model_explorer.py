@@ -12,7 +12,10 @@ returns; with `label` it is also one `GraphCollection`). Here:
   `rejected` lines `rule: guard: message` and the fix;
 * edges: each operand as an incoming edge (`targetNodeInputId` = operand position, with its role in
   `inputsMetadata`); `outputsMetadata` gives shape and dtype;
-* style: fused nodes filled green, rejected anchors and subjects bordered red.
+* style: fused nodes filled green; a refused place's anchor and subject bordered by its standing, as the app's
+  drawings and chips mark it (`overlay.place_groups`, `passes.why.places.place_standings`): a near-miss in the
+  rejection's red (`styles.REJECT`, `✗`), a gap in rlxviz's ops in its own ink (`styles.OP_GAP_INK`, `△`), nothing
+  to fix in the faded grey (`styles.NOT_NEAR_MISS_INK`, `○`); each `rejected_K` line starts with that mark and word.
 
 All text is data: JSON-escaped by `json.dumps`, never interpreted.
 """
@@ -27,10 +30,25 @@ from typing import Any
 from ..ir import Graph, operand_roles
 from ..ir.ops import FUSED
 from ..passes.trace import Match, Rejection, Trace
-from .overlay import worded
+from . import styles as st
+from .dot import FADED_MARK, GAP_MARK, NEAR_MISS_MARK
+from .overlay import is_gap, place_groups, run_groups, worded
 
 FUSED_FILL = "#c8e6c9"
-REJECTED_BORDER = "#d32f2f"
+REJECTED_BORDER = st.REJECT
+"""The border of a node a near-miss is about (`✗`), the drawings' rejection red."""
+
+
+def standing_style(group: str | None) -> tuple[str, str, int]:
+    """`(mark and word, border colour, rank)` of a refused place whose standing group is `group` (`place_groups`:
+    None for a near-miss): `✗ near-miss` in `styles.REJECT`, `△ GROUP` in `styles.OP_GAP_INK` for a gap in rlxviz's
+    ops, else `○ GROUP` in `styles.NOT_NEAR_MISS_INK`. `rank` orders them where several places meet at one node:
+    the near-miss's red wins, then the gap's ink, then the grey (as the drawings do)."""
+    if group is None:
+        return f"{NEAR_MISS_MARK} near-miss", st.REJECT, 2
+    if is_gap(group):
+        return f"{GAP_MARK} {group}", st.OP_GAP_INK, 1
+    return f"{FADED_MARK} {group}", st.NOT_NEAR_MISS_INK, 0
 
 
 def _kv(key: str, value: Any) -> dict[str, str]:
@@ -38,7 +56,8 @@ def _kv(key: str, value: Any) -> dict[str, str]:
 
 
 def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: list[Rejection] | None = None,
-               graph_id: str | None = None) -> dict[str, Any]:
+               graph_id: str | None = None, standings: dict[tuple[str, int], str] | None = None
+               ) -> dict[str, Any]:
     """One Model Explorer `Graph` dict for `graph`, annotated with the given matches and rejections.
 
     Args:
@@ -46,7 +65,10 @@ def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: lis
         matches: matches whose `fused` node is in `graph` get a `match` attribute naming the rule.
         rejections: each rejection annotates its anchor and subject (if they are in `graph`).
         graph_id: the graph's id in Model Explorer (default: `graph.name`).
+        standings: each place (rule, anchor) that is no near-miss -> its standing group (`overlay.place_groups`);
+            a place not in it is a near-miss (None: every place is).
     """
+    groups = standings or {}
     by_fused: dict[int, Match] = {m.fused: m for m in matches or () if m.fused is not None}
     rejected: dict[int, list[Rejection]] = defaultdict(list)
     for r in rejections or ():
@@ -63,8 +85,11 @@ def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: lis
             attrs.append(_kv("match", by_fused[n.id].rule))
         if n.absorbed:
             attrs.append({"key": "absorbed", "value": {"type": "node_ids", "nodeIds": [str(i) for i in n.absorbed]}})
+        border = None
         for k, r in enumerate(rejected.get(n.id, ())):
-            attrs.append(_kv(f"rejected_{k}", f"{r.rule}: {r.guard} ({r.stage}): {r.message}"))
+            word, ink, rank = standing_style(groups.get((r.rule, r.anchor)))
+            border = max(border or (ink, rank), (ink, rank), key=lambda b: b[1])
+            attrs.append(_kv(f"rejected_{k}", f"{word}: {r.rule}: {r.guard} ({r.stage}): {r.message}"))
             if r.hint:
                 attrs.append(_kv(f"fix_{k}", r.hint))
         roles = operand_roles(n.op, n.attrs, len(n.inputs))
@@ -81,8 +106,8 @@ def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: lis
         style = {}
         if n.op in FUSED:
             style["backgroundColor"] = FUSED_FILL
-        if n.id in rejected:
-            style["borderColor"] = style["hoveredBorderColor"] = REJECTED_BORDER
+        if border is not None:
+            style["borderColor"] = style["hoveredBorderColor"] = border[0]
         if style:
             node["style"] = style
         nodes.append(node)
@@ -98,14 +123,15 @@ def trace_json(trace: Trace, versions: str = "all") -> dict[str, Any]:
     name = trace.input.name
     if versions == "final":
         every = [r for s in trace.steps for r in worded(trace, s)]  # as explain words them
-        graphs.append(graph_json(trace.final, trace.matches, every, f"{name}: final"))
+        graphs.append(graph_json(trace.final, trace.matches, every, f"{name}: final", run_groups(trace)))
     else:
         graphs.append(graph_json(trace.input, [], [], f"{name}: 0 input"))
         so_far: list[Match] = []
         for k, s in enumerate(trace.steps, 1):
             so_far += s.matches
             if s.changed or s.rejections:
-                graphs.append(graph_json(s.after, so_far, list(worded(trace, s)), f"{name}: {k} {s.pass_name}"))
+                graphs.append(graph_json(s.after, so_far, list(worded(trace, s)), f"{name}: {k} {s.pass_name}",
+                                         place_groups(trace, s)))
     return {"label": name, "graphs": graphs}
 
 
@@ -116,4 +142,4 @@ def save_model_explorer(trace: Trace, path: str | Path, versions: str = "all") -
     return p
 
 
-__all__ = ["graph_json", "save_model_explorer", "trace_json"]
+__all__ = ["graph_json", "save_model_explorer", "standing_style", "trace_json"]

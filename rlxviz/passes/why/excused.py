@@ -11,7 +11,7 @@ gathers the refusals it does not count.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..explain import Outcome
 from ..report import MissedFusion
@@ -48,6 +48,9 @@ class Excused:
         workaround: at a gap in rlxviz's ops, the checked change to the model that makes the fusion anyway
             (`caveat.model_fix_note` at the first place: Granite's scale folded into its Q projection), else "".
         rounded: the workaround keeps the numbers only up to rounding (`caveat.model_fix_rounded`).
+        reasons: anchor node -> the guard's own reason at that place, for the places after the first whose reason
+            differs from `reason` (deit's ORT-optimized layer: the bias added after the residual at o_proj's matmul
+            and at fc2's, each named); {} when every place has the first one's.
     """
 
     pattern: str
@@ -59,17 +62,44 @@ class Excused:
     blocker: str = ""
     workaround: str = ""
     rounded: bool = False
+    reasons: dict[int, str] = field(default_factory=dict)
 
     @property
     def line(self) -> str:
         """The "not expected here" line (`policy.not_expected_line`): the places (`places_words`), the first place's
-        reason (`at %N: REASON` when there are several), then `why` with the blocker's caveat on its compiler fix and
-        the model-side workaround (`caveat.line_caveats`' words)."""
+        reason (`at %N: REASON` when there are several) and each further place's own where it differs (`reasons`:
+        `at %N: REASON; at %M: REASON`, so every place's nodes are named, not the first's alone), then `why` with the
+        blocker's caveat on its compiler fix and the model-side workaround (`caveat.line_caveats`' words)."""
         first = next(iter(self.places))
-        reason = self.reason if len(self.places) == 1 else f"at %{first}: {self.reason}"
+        reason = self.reason if len(self.places) == 1 else "; ".join(
+            f"at %{n}: {self.reason if n == first else own_part(self.reasons[n], self.reason, first)}"
+            for n in self.places if n == first or n in self.reasons)
         notes = "; ".join(n for n in (caveat_words(self.blocker), workaround_words(self.workaround)) if n)
         return not_expected_line(self.pattern, self.guard, reason, with_caveat(self.why, notes),
                                  places_words(self.places))
+
+
+SAME_TAIL_WORDS = 6
+"""A further place's reason that ends in at least this many words as the first place's does says only its own part
+(`own_part`)."""
+
+
+def own_part(reason: str, first_reason: str, first: int) -> str:
+    """`reason` of a further place, said by what is its own: the words before the tail it shares with the first place's
+    `first_reason` (at least `SAME_TAIL_WORDS` words, cut after a word that ends a parenthesis), then `... (the rest as
+    at %FIRST)`; the whole `reason` when they share no such tail. deit's fc2: `the bias add (node 63, ...) ..., the
+    bias of the matmul (node 60, model.layers.0.mlp.fc2), after the residual add (node 61, model.layers.0) ... (the
+    rest as at %50)`."""
+    mine, theirs = reason.split(" "), first_reason.split(" ")
+    k = 0
+    while k < min(len(mine), len(theirs)) and mine[-1 - k] == theirs[-1 - k]:
+        k += 1
+    cut = len(mine) - k  # the first word of the shared tail
+    while cut < len(mine) and cut > 0 and not mine[cut - 1].endswith(")"):
+        cut += 1
+    if len(mine) - cut < SAME_TAIL_WORDS or cut == 0:
+        return reason
+    return f"{' '.join(mine[:cut])} ... (the rest as at %{first})"
 
 
 @dataclass(frozen=True)
@@ -133,7 +163,8 @@ def excused_misses(trace: Trace, arch: Architecture, layer: int | None, own: boo
     judged as its siblings' kind (`verdict.judged_kind`: a teaching variant's pre-LN layer among post-LN ones) is
     refused for its deviation, which is the model's, not for a form rlxviz lacks."""
     kept: list[MissedFusion] = []
-    groups: dict[tuple[str, str, str, str], tuple[MissedFusion, dict[int, str], tuple[str, ...]]] = {}
+    groups: dict[tuple[str, str, str, str, str], tuple[MissedFusion, dict[int, str], tuple[str, ...]]] = {}
+    reasons: dict[tuple[str, str, str, str, str], dict[int, str]] = {}
     for m in RunFacts.of(trace).misses():
         if layer is not None and layer_of(m.path) != layer:
             continue
@@ -145,13 +176,17 @@ def excused_misses(trace: Trace, arch: Architecture, layer: int | None, own: boo
         blocker = fix_blocker(trace, m.pattern, m.node, m.guard, arch) if COMPILER_FIX_WORDS in ex[1] else ""
         gaps = tuple(op_gaps(arch, pass_name, m.guard, m if own else None)) if ex[0] == NOT_EXPECTED_HERE else ()
         workaround = model_fix_note(trace, m.pattern, m.node, m.guard) if gaps else ""
-        groups.setdefault((m.pattern, m.guard, ex[1], blocker, workaround), (m, {}, gaps))[1][m.node] = m.path
+        key = (m.pattern, m.guard, ex[1], blocker, workaround)
+        groups.setdefault(key, (m, {}, gaps))[1][m.node] = m.path
+        if m.reason != groups[key][0].reason:  # another place's own nodes (fc2's matmul after o_proj's)
+            reasons.setdefault(key, {})[m.node] = m.reason
     out: dict[tuple[str, str], Excused] = {}
-    for (pattern, guard, why, blocker, workaround), (m, at, gaps) in groups.items():
+    for key, (m, at, gaps) in groups.items():
+        pattern, guard, why, blocker, workaround = key
         n = sum(k[0] == pattern and k[1].split("#")[0] == guard for k in out)  # another why: `GUARD#2`
         rounded = bool(workaround) and model_fix_rounded(trace, m.pattern, m.node, m.guard)
         out[pattern, f"{guard}#{n + 1}" if n else guard] = Excused(pattern, guard, m.reason, why, at, gaps, blocker,
-                                                                   workaround, rounded)
+                                                                   workaround, rounded, reasons.get(key, {}))
     return kept, out
 
 
@@ -171,4 +206,5 @@ def expected_misses(trace: Trace, arch: Architecture, layer: int | None
     return kept, {k: x.line for k, x in excused.items()}
 
 
-__all__ = ["Excused", "OpGap", "excused_misses", "expected_misses", "layer_gaps", "places_words"]
+__all__ = ["Excused", "OpGap", "SAME_TAIL_WORDS", "excused_misses", "expected_misses", "layer_gaps", "own_part",
+           "places_words"]

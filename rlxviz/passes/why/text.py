@@ -17,6 +17,7 @@ from ..trace import layer_label
 from .caveat import WORKAROUND
 
 if TYPE_CHECKING:  # for annotations only: the verdicts word themselves through this module
+    from ..explain import Outcome
     from .verdict import LayerVerdict, RunVerdict
 
 
@@ -36,6 +37,15 @@ GAP_IS_THE_COMPILERS = "a compiler fix, nothing in the model to change"
 
 _WORKAROUND = WORKAROUND.split("{fix}")[0]
 """How a not-expected line names a model-side workaround beside its compiler fix (`caveat.WORKAROUND`)."""
+
+ALSO_REJECTED_COUNTED = "a near-miss, counted against the layer"
+"""The standing an `also rejected` line of a layer not fused ends with: a further refusal that counts (the app's
+chips mark its place `✗`), as the layer's first rejection does."""
+ALSO_REJECTED_NOT_COUNTED = ("a near-miss (the app's chips mark it ✗), not counted against the layer: none of "
+                             "the layer's fused ops waits on it")
+"""The standing an `also rejected` line of a fused layer ends with: a refusal of a near-miss kind whose rule makes
+no product the layer misses (float16's where-mask that `canonicalize_exported.where_bias` refuses: the attention
+still fuses, keeping the mask as the model's own term), so the layer is fused all the same."""
 
 GROUP_OVER = 3
 """More fused ops than this of one op from one pass are one item of a layer's line (`fused_list`)."""
@@ -189,7 +199,7 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
     if v.rewritten and (v.fused or v.legal_only):  # plain ops a rewrite made: no fusion (`ir.ops.made_as`)
         lines.insert(1, f"  {REWRITTEN_AS}: {fused_list(v.rewritten)}")
     if v.fused and not v.legal_only:  # a fused layer can still hold a counted refusal (a form a rule declined)
-        lines += [f"  also rejected: {o.rule}: {o.guard} ({o.kind})" for o in v.rejections]
+        lines += [also_rejected_line(o, counted=False) for o in v.rejections]
     if not v.bert_style or v.legal_only:
         lines.append(f"  layer kind: {v.architecture.description}")
         gaps = v.layer_op_gaps
@@ -204,6 +214,16 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
     if verbose and v.explanation:
         lines += ["  " + ln for ln in v.explanation.splitlines()]
     return "\n".join(lines)
+
+
+def also_rejected_line(o: Outcome, counted: bool) -> str:
+    """A layer's `also rejected` line for its further counted refusal `o` (`LayerVerdict.rejections`), ending with
+    its standing as every other refusal line says its own (`not expected here`, `illegal here (not counted)`, the
+    groups' `nothing to fix, not a near-miss`): `counted` in a layer not fused (`ALSO_REJECTED_COUNTED`), else in a
+    fused layer (`ALSO_REJECTED_NOT_COUNTED`), e.g. `  also rejected: canonicalize_exported.where_bias: bias_fills
+    (not recognized); a near-miss (the app's chips mark it ✗), not counted against the layer: ...`."""
+    return (f"  also rejected: {o.rule}: {o.guard} ({o.kind}); "
+            f"{ALSO_REJECTED_COUNTED if counted else ALSO_REJECTED_NOT_COUNTED}")
 
 
 def not_fused_words(v: LayerVerdict) -> str:
@@ -234,7 +254,7 @@ def _not_fused(v: LayerVerdict) -> list[str]:
         lines += v.first.lines("    ")  # guard (stage, kind), fix, compiler fix, further failing guards
     elif v.silent:
         lines.append(f"  no rejection: {v.silent}")
-    lines += [f"  also rejected: {o.rule}: {o.guard} ({o.kind})" for o in v.rejections if o is not v.first]
+    lines += [also_rejected_line(o, counted=True) for o in v.rejections if o is not v.first]
     shown = {(o.rule, o.guard) for o in v.rejections} | ({(v.first.rule, v.first.guard)} if v.first else set())
     lines += [f"  also missed: {m}" for m in v.missed if not m.pattern.startswith("unrecognized.")
               and (m.pattern, m.guard) not in shown]  # e.g. a fusion that left its activation out (a soft guard)
@@ -390,7 +410,8 @@ def _left_out(r: RunVerdict) -> list[str]:
             for ln in (f"{left_out_heading(g, len(lines))}:", *(f"  {x}" for x in lines))]
 
 
-__all__ = ["FUSED_AS_FAR_AS_OPS", "GAP_HAS_A_WORKAROUND", "GAP_IS_THE_COMPILERS", "GROUP_OVER",
+__all__ = ["ALSO_REJECTED_COUNTED", "ALSO_REJECTED_NOT_COUNTED", "also_rejected_line",
+           "FUSED_AS_FAR_AS_OPS", "GAP_HAS_A_WORKAROUND", "GAP_IS_THE_COMPILERS", "GROUP_OVER",
            "HELD_BACK_BY_LEGAL_AND_OPS", "HELD_BACK_BY_OPS", "NOTHING_TO_FUSE", "NO_FUSED_OP", "fused_list",
            "gap_forms", "gap_words", "graph_gap_words", "headline", "headline_notes", "judged_words", "layer_dict",
            "left_out_heading", "made_words", "none_made_words", "not_fused_words", "gap_asks", "outcome_dict",

@@ -105,7 +105,8 @@ class LayerVerdict:
         expected_kind: the kind the layer is judged as: its own, or `post_ln` when it deviates from sibling
             layers that are all post-LN (see `judged_kind`).
         done: the fusions that happened in the layer, e.g. `FusedSwiGLU %31 (fuse_swiglu)` (non-BERT layers, and any
-            layer not fused): fused ops only (`ir.ops.made_as`); a plain op a match made is in `rewritten`.
+            layer not fused): fused ops only (`ir.ops.made_as`); a plain op a match made is in `rewritten`. Those
+            the final version holds: one a later pass absorbed is said by its absorber.
         not_expected: rejections that do not count for this architecture, with the reason (the excuses).
         blocker: when the first rejection's own product was still made in the layer (a soft guard), what the
             fusion left that blocks the layer, e.g. `packed attention made, but additive mask kept (mask_form)`.
@@ -509,7 +510,10 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     if by_parts or not fused:  # what a layer not fused did make is said beside what it missed (`text.missed_words`)
         items = [(op, n, o) for o in ex.outcomes if o.status == "fused" for n in o.nodes
                  if (op := op_of(trace, n)) is not None]  # a fused op by its pass, a plain op by the rule that made it
-        done = [f"{op} %{n} ({o.pass_name})" for op, n, o in items if made_as(Op(op)) == FUSED_INTO]
+        # what the final version holds: a fused op a later pass absorbed (GPT-2's q/k/v FusedMatMulBiasAct, into
+        # its FusedAttentionBlock) is said by what absorbed it, not as a product of its own
+        done = [f"{op} %{n} ({o.pass_name})" for op, n, o in items
+                if made_as(Op(op)) == FUSED_INTO and n in trace.final]
         rewritten = [f"{op} %{n} ({o.rule})" for op, n, o in items if made_as(Op(op)) != FUSED_INTO]
     if by_parts:
         wanted = [o.pass_name for o in ex.outcomes
