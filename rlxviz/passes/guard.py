@@ -215,6 +215,9 @@ class Guard:
             (`passes.why.policy.op_gap`): the layer is fused only as far as rlxviz's ops go. The first pair whose
             trait the layer has names the gap, e.g. `("no_mask", "FusedAttentionBlock without a mask operand")`. Set
             with `lacking` (one call per form; `gap_in` lists the traits).
+        fix_gaps: `(compiler fix, op form)` pairs: a refusal by this guard whose compiler fix (`Rejection.fix`, set
+            by the run where it knows more than the guard, e.g. ESM's Q scaled before its RoPE) starts with the fix
+            lacks that form instead of the one `gaps` names (`gap_of_fix`). Set with `lacking_fix`.
 
     Raises:
         RuleError: `kind` is not one of `KINDS`.
@@ -237,6 +240,7 @@ class Guard:
     excuses: tuple[tuple[str, str], ...] = ()
     readers: Callable[[Ctx], tuple[str | int, Sequence[int]] | None] | None = None
     gaps: tuple[tuple[str, str], ...] = ()
+    fix_gaps: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -293,6 +297,15 @@ class Guard:
         not the model's layout, where the layer's kind does not expect the product. Chained calls add forms; an
         earlier one wins for a layer with traits of both."""
         return replace(self, gaps=(*self.gaps, *((t, what) for t in where)))
+
+    def lacking_fix(self, fix: str, what: str) -> Guard:
+        """This guard, its refusals whose compiler fix starts with `fix` a gap in rlxviz's op `what` (`fix_gaps`)."""
+        return replace(self, fix_gaps=(*self.fix_gaps, (fix, what)))
+
+    def gap_of_fix(self, fix: str) -> str | None:
+        """The op form a refusal by this guard whose compiler fix is `fix` lacks (`fix_gaps`), or None: the
+        guard's own (`gap_for`)."""
+        return next((what for f, what in self.fix_gaps if fix.startswith(f)), None)
 
     @property
     def gap_in(self) -> tuple[str, ...]:

@@ -43,10 +43,10 @@ from typing import Any
 from ..ir import Graph, lint
 from ..ir.identity import definitions_changed
 from .engine import Pass, check_records
-from .guard import role_name
+from .guard import COMPILER_ONLY, role_name
 from .params import PARAM_NAMES, PipelineParams, check_params
 from .rules.attention import fuse_sdpa
-from .rules.block import fuse_attention_block
+from .rules.block import PRE_ROPE_SCALE_FIX, fuse_attention_block
 from .rules.cleanup import dead_code_elimination, mark_elementwise_regions, unfuse
 from .rules.export_forms import canonicalize_exported
 from .rules.gelu_forms import canonicalize_gelu
@@ -54,7 +54,7 @@ from .rules.layer import fuse_transformer_layer
 from .rules.linear import fuse_matmul_bias_act
 from .rules.norm import fuse_residual_ln, fuse_residual_rms_norm
 from .rules.norm_forms import canonicalize_norm
-from .rules.scale_blame import scale_origin
+from .rules.scale_blame import pre_rope_hint, pre_rope_scale, scale_origin
 from .rules.scale_fold import fold_hint, scale_fold
 from .rules.shared_input import fuse_shared_input_matmul
 from .rules.swiglu import fuse_swiglu
@@ -301,11 +301,18 @@ def _in_run(trace: Trace, rejections: list[Rejection]) -> list[Rejection]:
     """`rejections` with what the run's earlier steps know added to their messages: a refused attention scale
     names the pre-scale / score-scale nodes `fuse_sdpa` folded into it (`attention.scale_origin`), and its fix line
     is the fold of the scale into the Q projection of the user's graph where one is known (`scale_fold.fold_hint`,
-    the change the what-if `whatif.MODEL_WHAT_IFS["default_scale"]` applies and checks)."""
+    the change the what-if `whatif.MODEL_WHAT_IFS["default_scale"]` applies and checks). A default scale applied to
+    Q before its RoPE (ESM, `scale_blame.pre_rope_scale`) has nothing to change in the model: its fix line says so
+    (and whether moving the mul by hand keeps the numbers exactly), its remedy is `compiler only` and its compiler fix
+    `PRE_ROPE_SCALE_FIX`, so the refusal is a gap in rlxviz's ops in every layer (`why.policy.compiler_fix_only`)."""
     out = []
     for r in rejections:
         more = scale_origin(trace.steps, r)
         r = replace(r, message=r.message + more) if more else r
+        pre = pre_rope_scale(trace.steps, r)
+        if pre is not None:
+            out.append(replace(r, hint=pre_rope_hint(*pre), remedy=COMPILER_ONLY, fix=PRE_ROPE_SCALE_FIX))
+            continue
         fold = scale_fold(trace.input, trace.steps, r)
         out.append(replace(r, hint=fold_hint(trace.input, fold)) if fold is not None else r)
     return out

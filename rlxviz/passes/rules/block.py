@@ -16,6 +16,9 @@ attribute `mask`, `additive` adds the operand to the scaled scores as the attent
 input, fully masked rows included (the same op computes them). A zero bias is exact:
 `x + 0 == x` for every x (finite, infinite or NaN; -0.0 + 0 gives +0.0, which compares equal).
 
+A `default_scale` refusal of the default scale applied to Q before its RoPE (ESM: `fuse_sdpa` folds no scale through
+a rotation) is another gap, `FusedAttentionBlock with the scale applied to Q before RoPE` (`scale_blame
+.pre_rope_scale`: nothing to change in the model, a compiler fix in `fuse_sdpa`).
 A `default_scale` refusal (Granite's attention multiplier) is a gap in rlxviz's block (no scale attribute), and its fix
 line is a change to the model where one keeps the numbers (`scale_fold`): the ratio to the default folded into the Q
 projection's weight (and bias), the scores scaled by the default, when Q is linear in that projection (RoPE, the head
@@ -315,6 +318,15 @@ mask operand only (a LLaMA block's attention was called "not expected" while its
 SCALE_GAP = "FusedAttentionBlock with a non-default scale"
 """What rlxviz's block lacks for an attention whose scale is not 1/sqrt(head_dim) (Granite's attention multiplier):
 the block computes the default scale only."""
+PRE_ROPE_SCALE_GAP = "FusedAttentionBlock with the scale applied to Q before RoPE"
+"""What rlxviz lacks for an attention whose default 1/sqrt(head_dim) scale is applied to Q before its RoPE (ESM):
+`fuse_sdpa` folds no scale through a rotation, so the packed attention keeps scale 1.0 and the block, which computes
+the default, refuses it (`default_scale`). Not a non-default scale: the scale is the default, only placed earlier."""
+PRE_ROPE_SCALE_FIX = ("fold a Q pre-scale through RoPE in fuse_sdpa (exact for a power-of-two scale; up to rounding "
+                      "otherwise)")
+"""The compiler fix of `PRE_ROPE_SCALE_GAP`: RoPE is linear, so `rope(q * s) == rope(q) * s` in real arithmetic, and
+in the model's dtype too when `s` is a power of two."""
+
 ROPE_TABLES_GAP = "FusedAttentionBlock with separate cos/sin tables for Q and K"
 """What rlxviz's block lacks for Q and K rotated by a cos/sin table pair each (two different tables, not two copies
 of one computation, `same_computation`): the block's RoPE reads one pair for both."""
@@ -396,7 +408,7 @@ BLOCK = Rule(
               fix=NO_MASK_FIX).lacking(("no_mask",), NO_MASK_GAP).lacking(("causal_mask",), CAUSAL_GAP),
         attr_eq("attn", "scale", None, "default_scale", "the block uses 1/sqrt(head_dim)",
                 fix="give FusedAttentionBlock a scale attribute", explain=_explain_block_scale
-                ).lacking(("attention",), SCALE_GAP),
+                ).lacking(("attention",), SCALE_GAP).lacking_fix(PRE_ROPE_SCALE_FIX, PRE_ROPE_SCALE_GAP),
         _self_attention,
         _kv_cache,
         guard("rope_one_table", lambda c: _own_tables(c) is None, _explain_own_tables,
@@ -454,5 +466,6 @@ fuse_attention_block = rule_pass("fuse_attention_block", [BLOCK], "QKV + attenti
 (GPT-NeoX, BLOOM, CodeGen) as the column blocks the pattern takes (the same values), before `BLOCK` runs."""
 
 
-__all__ = ["BLOCK", "INTEGER_QKV_FIX", "INTEGER_QKV_GAP", "QK_NORM_FIX", "QK_NORM_GAP", "fuse_attention_block",
+__all__ = ["BLOCK", "INTEGER_QKV_FIX", "INTEGER_QKV_GAP", "PRE_ROPE_SCALE_FIX", "PRE_ROPE_SCALE_GAP", "QK_NORM_FIX",
+           "QK_NORM_GAP", "fuse_attention_block",
            "size_gate", "tokens"]

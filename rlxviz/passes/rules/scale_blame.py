@@ -12,8 +12,10 @@ from typing import Any
 
 from ...ir import Graph, Node, Op
 from ..pattern import is_const
+from ..refusal_kinds import NOTHING_TO_CHANGE
 from ..trace import Rejection
 from .attention import FACTORS as _FACTORS
+from .block import PRE_ROPE_SCALE_FIX, PRE_ROPE_SCALE_GAP
 from .sdpa_mask import typed_value
 
 ROLE_NAMES = {"q_prescale": "Q pre-scale", "k_prescale": "K pre-scale", "scale": "scores' scale"}
@@ -50,16 +52,16 @@ def scale_origin(steps: Sequence[Any], r: Rejection) -> str:
             parts.append(f"{ROLE_NAMES[op_role]} {node.op.value} ({where}) {how}")
         packed = step.after.get(m.fused) if m.fused is not None else None
         d = packed.attrs.get("head_dim") if packed is not None else None
-        upstream = [(side, n, f) for side, n, f in (_upstream_scales(step.after, packed) if d else [])
-                    if any(math.isclose(f, d ** e, rel_tol=1e-3) for e in (-0.5, -0.25))]
+        upstream, rope = _default_upstream(step.after, packed, d)
         earlier = ""
         if upstream:  # e.g. ESM: Q scaled before its RoPE; the rotation sits between, so fuse_sdpa folds nothing
-            found = ", ".join(f"{side} {n.op.value} (node {n.id}{', ' + n.path if n.path else ''}) * {f:.6g}"
-                              for side, n, f in upstream)
+            found = _found_words(upstream)
             total = product * math.prod(f for _, _, f in upstream)
             default = 1.0 / math.sqrt(d)
+            needs = ("fuse_sdpa needs to fold the Q pre-scale through the RoPE" if rope and _q_only(upstream) else
+                     "the block needs a scale attribute")
             verdict = (f"with them the scores are scaled by 1/sqrt({d}) in all, so scaling them again would apply it "
-                       "twice; no model change is needed, the block needs a scale attribute"
+                       f"twice; no model change is needed, {needs}"
                        if math.isclose(total, default, rel_tol=1e-3) else
                        f"with them the scores are scaled by {total:.6g} in all, not 1/sqrt({d}) = {default:.6g}")
             earlier = (f"; the scores are scaled earlier on the operands' path: {found}, where fuse_sdpa cannot fold "
@@ -82,6 +84,66 @@ def scale_origin(steps: Sequence[Any], r: Rejection) -> str:
     return ""
 
 
+def _found_words(upstream: Sequence[tuple[str, Node, float]]) -> str:
+    """`Q mul (node 35, PATH) * 0.353553, ...`: the scales `_upstream_scales` found, in words."""
+    return ", ".join(f"{side} {n.op.value} (node {n.id}{', ' + n.path if n.path else ''}) * {f:.6g}"
+                     for side, n, f in upstream)
+
+
+def _q_only(upstream: Sequence[tuple[str, Node, float]]) -> bool:
+    return bool(upstream) and all(side == "Q" for side, _, _ in upstream)
+
+
+def _default_upstream(g: Graph, packed: Node | None, d: int | None
+                      ) -> tuple[list[tuple[str, Node, float]], bool]:
+    """The attention-scale factors (1/sqrt(`d`) or its square root) `_upstream_scales` finds on `packed`'s operand
+    paths in `g`, and whether a RoPE lies on the Q path walked; `([], False)` without `packed` or `d`."""
+    if packed is None or not d:
+        return [], False
+    found = _upstream_scales(g, packed)
+    keep = [(side, n, f) for side, n, f in found[0]
+            if any(math.isclose(f, d ** e, rel_tol=1e-3) for e in (-0.5, -0.25))]
+    return keep, found[1]
+
+
+def pre_rope_scale(steps: Sequence[Any], r: Rejection) -> tuple[Node, float, int] | None:
+    """`(mul node, factor, head_dim)` when `r`, a `default_scale` refusal, is ESM's form: the packed attention that
+    `fuse_sdpa` built keeps scale 1.0 (it folded no factor) because the default 1/sqrt(head_dim) is applied to Q
+    alone, by one scalar mul before a RoPE on Q's path (`PRE_ROPE_SCALE_GAP`); None otherwise (Granite's attention
+    multiplier, a scale applied twice, no RoPE between)."""
+    if r.guard != "default_scale":
+        return None
+    attn = r.bindings.get("attn", r.anchor)
+    for k in range(len(steps) - 1, -1, -1):
+        m = next((m for m in steps[k].matches if m.pass_name == "fuse_sdpa" and m.fused == attn), None)
+        if m is None:
+            continue
+        packed = steps[k].after.get(m.fused) if m.fused is not None else None
+        d = packed.attrs.get("head_dim") if packed is not None else None
+        if packed is None or packed.attrs.get("scale") not in (1.0,):
+            return None
+        upstream, rope = _default_upstream(steps[k].after, packed, d)
+        if not rope or len(upstream) != 1 or not _q_only(upstream) or not math.isclose(
+                upstream[0][2], 1.0 / math.sqrt(d), rel_tol=1e-3):
+            return None
+        return upstream[0][1], upstream[0][2], int(d)
+    return None
+
+
+def pre_rope_hint(node: Node, factor: float, d: int) -> str:
+    """The fix line of a `pre_rope_scale` refusal: nothing to change in the model (its scale is the default), and
+    whether moving the mul after the RoPE by hand would keep the numbers exactly (a power-of-two factor) or only up
+    to rounding."""
+    exact = factor != 0.0 and math.isfinite(factor) and math.frexp(abs(factor))[0] == 0.5
+    where = f"node {node.id}" + (f", {node.path}" if node.path else "")
+    keeps = (f"exactly here: {factor:.6g} is a power of two and RoPE is linear" if exact else
+             f"only up to rounding here: {factor:.6g} is not a power of two, though RoPE is linear")
+    op = node.op.value
+    return (f"{NOTHING_TO_CHANGE}: its scale is the default 1/sqrt({d}) = {factor:.6g}, applied to Q by {op} "
+            f"({where}) before its RoPE, which fuse_sdpa does not fold through; moving that {op} after the RoPE "
+            f"would keep the numbers {keeps}")
+
+
 def _pass_input(steps: Sequence[Any], k: int) -> Any:
     """The graph `fuse_sdpa` started from when `steps[k]` is its own step: the input of its first stage step
     (`fuse_sdpa/unfold_heads`, ...), so a scale node one of its stages made is no node of the user's graph."""
@@ -96,12 +158,14 @@ _SCALE_WALK_OPS = frozenset({Op.TRANSPOSE, Op.RESHAPE, Op.EXPAND, Op.CAST, Op.NA
 written with (`q * cos + rotate_half(q) * sin`); it stops at anything else (a projection's matmul, a norm)."""
 
 
-def _upstream_scales(g: Graph, attn: Node, depth: int = 24) -> list[tuple[str, Node, float]]:
+def _upstream_scales(g: Graph, attn: Node, depth: int = 24) -> tuple[list[tuple[str, Node, float]], bool]:
     """Scalar constant scales (`x * c`, `c * x`, `x / c`) on the paths of `attn`'s Q and K operands up to the
-    first op outside `_SCALE_WALK_OPS` (at most `depth` nodes a side): `[(side, node, factor)]`. What a scale
+    first op outside `_SCALE_WALK_OPS` (at most `depth` nodes a side): `[(side, node, factor)]`, and whether the Q
+    side's walk passed a rope op. What a scale
     advice must look for before it says the scores are not scaled (ESM scales Q before its RoPE); the caller keeps
     the factors of an attention scale (1/sqrt(head_dim), or its square root on each side), not a dequantization's."""
     out: list[tuple[str, Node, float]] = []
+    rope = False
     for side, start in (("Q", attn.inputs[0]), ("K", attn.inputs[1] if len(attn.inputs) > 1 else None)):
         seen: set[int] = set()
         todo = [start] if start is not None else []
@@ -113,13 +177,15 @@ def _upstream_scales(g: Graph, attn: Node, depth: int = 24) -> list[tuple[str, N
             n = g[i]
             if n.op not in _SCALE_WALK_OPS:
                 continue
+            rope = rope or (side == "Q" and n.op == Op.ROPE)
             consts = [j for j in n.inputs if is_const(g[j]) and g[j].shape in ((), (1,))]
             if n.op in (Op.MUL, Op.DIV) and len(n.inputs) == 2 and len(consts) == 1:
                 v = typed_value(g[consts[0]])
                 if v not in (None, 0.0) and not (n.op == Op.DIV and consts[0] == n.inputs[0]):
                     out.append((side, n, 1.0 / v if n.op == Op.DIV else v))
             todo += [j for j in n.inputs if not is_const(g[j])]
-    return out
+    return out, rope
 
 
-__all__ = ["ROLE_NAMES", "scale_origin"]
+__all__ = ["PRE_ROPE_SCALE_FIX", "PRE_ROPE_SCALE_GAP", "ROLE_NAMES", "pre_rope_hint", "pre_rope_scale",
+           "scale_origin"]

@@ -225,14 +225,16 @@ def _first_clause(text: str) -> str:
 
 def _own_gap(pass_name: str, guard: str, refusal: Remedied | None) -> tuple[str, str] | None:
     """`(op form, compiler fix)` of a refusal whose one fix is the compiler's (`compiler_fix_only`): the form its guard
-    declares anywhere (`Guard.lacking`, e.g. `FusedAttentionBlock with a non-default scale`), else the one its
+    declares for its compiler fix (`Guard.lacking_fix`: ESM's `FusedAttentionBlock with the scale applied to Q before
+    RoPE`), else anywhere (`Guard.lacking`, e.g. `FusedAttentionBlock with a non-default scale`), else the one its
     compiler fix names (`fix_gap_form`); None for any other refusal."""
     if not compiler_fix_only(refusal):
         return None
     assert refusal is not None
     g = _guards(pass_name).get(guard) if guard else None
     p = PASSES.get(pass_name)
-    form = g.gaps[0][1] if g is not None and g.gaps else fix_gap_form(refusal.fix, p.product if p else "")
+    form = (g.gap_of_fix(refusal.fix) if g is not None else None) or (
+        g.gaps[0][1] if g is not None and g.gaps else fix_gap_form(refusal.fix, p.product if p else ""))
     return form, refusal.fix
 
 
@@ -251,20 +253,21 @@ def not_expected(arch: LayerKind, pass_name: str, guard: str = "", refusal: Reme
     rlxviz's rule builds does not return. A `refusal` (its remedy and fixes) whose one fix is the compiler's
     (`compiler_fix_only`: DeepNorm's scaled residual, a dequantize scale between a matmul and its bias) is a gap in
     rlxviz's ops where nothing above excuses it (`_own_gap`). Everything else counts."""
-    why = _declared(arch, pass_name, guard)
+    why = _declared(arch, pass_name, guard, refusal)
     if why is None and (own := _own_gap(pass_name, guard, refusal)) is not None:
         return gap_words(*own)
     return why
 
 
-def _declared(arch: LayerKind, pass_name: str, guard: str) -> str | None:
-    """`not_expected` by what the pass and the guard declare alone (no refusal's fixes read)."""
+def _declared(arch: LayerKind, pass_name: str, guard: str, refusal: Remedied | None = None) -> str | None:
+    """`not_expected` by what the pass and the guard declare (a refusal's compiler fix read only for the form its
+    guard declares for it, `Guard.lacking_fix`)."""
     p = PASSES.get(pass_name)
     if p is not None:
         for trait, why in p.excused_by:
             if arch.has(trait):
                 return why
-        gaps = _gaps(arch, p, guard)
+        gaps = _gaps(arch, p, guard, refusal)
         if gaps:  # not the model's layout: op forms rlxviz lacks (the pass's `lacks`, the guard's `lacking`)
             return gap_words(" nor ".join(f for f, _ in gaps), "; ".join(dict.fromkeys(x for _, x in gaps if x)))
         if p.expected_of and not any(arch.has(t) for t in p.expected_of):
@@ -281,13 +284,17 @@ def _declared(arch: LayerKind, pass_name: str, guard: str) -> str | None:
     return None
 
 
-def _gaps(arch: LayerKind, p: Pass, guard: str) -> list[tuple[str, str]]:
+def _gaps(arch: LayerKind, p: Pass, guard: str, refusal: Remedied | None = None) -> list[tuple[str, str]]:
     """`(op form, compiler fix)` of each gap in rlxviz's ops that a refusal of `p` at `guard` in a layer of kind `arch`
-    runs into (`op_gaps`)."""
+    runs into (`op_gaps`); a `refusal` whose compiler fix its guard declares a form for (`Guard.gap_of_fix`) runs
+    into that form, with that fix (its first clause, `_first_clause`)."""
     if any(arch.has(t) for t, _ in p.excused_by):
         return []
     g = _guards(p.name).get(guard) if guard else None
     own = [(f, g.fix) for f in (g.gap_for(arch.has),) if f is not None] if g is not None and g.gaps else []
+    mine = g.gap_of_fix(refusal.fix) if g is not None and refusal is not None else None
+    if own and mine is not None:
+        own = [(mine, _first_clause(refusal.fix.strip()) if refusal is not None else g.fix)]
     expects = not p.expected_of or any(arch.has(t) for t in p.expected_of)
     lacked = [] if not expects and _layout_only(p) else [(form, fix) for t, form, fix in p.lacks if arch.has(t)]
     if not lacked and (expects or not own):  # a kind that expects a product rlxviz can make counts the refusal; one
@@ -325,8 +332,8 @@ def op_gaps(arch: LayerKind, pass_name: str, guard: str, refusal: Remedied | Non
 
 def _all_gaps(arch: LayerKind, p: Pass, guard: str, refusal: Remedied | None) -> list[tuple[str, str]]:
     """`_gaps`, else the refusal's own gap (`_own_gap`) where nothing the pass or the guard declares excuses it."""
-    gaps = _gaps(arch, p, guard)
-    if gaps or _declared(arch, p.name, guard) is not None:
+    gaps = _gaps(arch, p, guard, refusal)
+    if gaps or _declared(arch, p.name, guard, refusal) is not None:
         return gaps
     own = _own_gap(p.name, guard, refusal)
     return [own] if own is not None else []
