@@ -5,8 +5,9 @@ first rejection `fuse_attention_block` `default_scale`, while the checked compil
 because no float-matmul fusion merges integer matmuls (the header line said so); granite's identical `default_scale`
 refusal read `fused as far as rlxviz's ops go`. Decision: no FusedAttentionBlock (nor FusedTransformerLayer) can be
 made over integer-matmul Q/K/V projections: a gap in rlxviz's ops (`Pass.lacks`, trait `integer_qkv` read from the
-graph by `architecture.integer_qkv`), not the model's layout, not a near-miss. The same refusal in a float layer whose
-kind expects the block still counts.
+graph by `architecture.integer_qkv`), not the model's layout, not a near-miss. ESM's `default_scale` refusal is its
+default scale applied to Q before its RoPE, itself a gap in rlxviz's ops (`test_pre_rope_scale`), so the float export
+is a gap too; a `default_scale` refusal with a model-side fix, in a float layer whose kind expects the block, counts.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from rlxviz.models.onnx import load_onnx
 from rlxviz.models.onnx.export import export_onnx
 from rlxviz.passes import Pipeline
 from rlxviz.passes.architecture import classify_layer
-from rlxviz.passes.rules.block import INTEGER_QKV_GAP, SCALE_GAP
+from rlxviz.passes.rules.block import INTEGER_QKV_GAP, PRE_ROPE_SCALE_GAP, SCALE_GAP
 from rlxviz.passes.why import policy
 from rlxviz.passes.why.kinds import LayerArchitecture
 from rlxviz.passes.why.places import places
@@ -47,7 +48,7 @@ def _arch(kind: str, mask: str, integer: bool) -> LayerArchitecture:
 
 
 @pytest.mark.parametrize("guard, gaps", [
-    ("default_scale", [INTEGER_QKV_GAP, SCALE_GAP]),  # esm.qdyn: both forms are named
+    ("default_scale", [INTEGER_QKV_GAP, SCALE_GAP]),  # the guard's own form (no refusal read: not ESM's pre-RoPE one)
     ("qkv_packed", [INTEGER_QKV_GAP]),  # no gap of the guard's own: the integer projections alone
 ])
 @pytest.mark.parametrize("kind, mask", [("pre_ln", "keep"), ("post_ln", "keep"), ("llama", "additive"),
@@ -96,7 +97,7 @@ def test_esm_qdyn_reads_like_granite_in_the_verdict_and_the_chips():
     assert r.layers and r.ok and r.exit_status == 0
     for lv in r.layers:
         assert lv.fused and lv.first is None and lv.status == WORDS, lv.status
-        assert lv.gap_forms == [INTEGER_QKV_GAP, SCALE_GAP], lv.op_gaps
+        assert lv.gap_forms == [INTEGER_QKV_GAP, PRE_ROPE_SCALE_GAP], lv.op_gaps
         assert f"{INTEGER_QKV_GAP} ({RULE}: {TRAIT})" in lv.op_gaps
         assert "FusedAttentionBlock" not in lv.expected
     step = next(k for k, s in enumerate(trace.steps) if s.pass_name == "fuse_attention_block")
@@ -104,7 +105,7 @@ def test_esm_qdyn_reads_like_granite_in_the_verdict_and_the_chips():
     assert heads and all(standing(trace, x) is not None and standing(trace, x)[0] == OP_GAP_GROUP for x in heads)
     got = places(trace, step)  # the chips' △ (a gap in rlxviz's ops), not the faded ○ of "nothing to fix"
     assert not got.near_misses and len(got.gaps) == len(heads) and NOT_EXPECTED_HERE not in got.excused
-    assert got.lacks == [INTEGER_QKV_GAP, SCALE_GAP]
+    assert got.lacks == [INTEGER_QKV_GAP, PRE_ROPE_SCALE_GAP]
 
 
 def test_esm_qdyn_text_and_json_agree(capsys):
@@ -115,19 +116,20 @@ def test_esm_qdyn_text_and_json_agree(capsys):
     j = json.loads(out)
     n = len(j["layers"])
     assert d and jcode == code and j["ok"] and j["fused_layers"] == 0 and j["gap_layers"] == n == 2
-    assert (f"0/{n} layer(s) fused as expected; {n} {WORDS} (rlxviz lacks {INTEGER_QKV_GAP}, {SCALE_GAP}: a compiler "
+    assert (f"0/{n} layer(s) fused as expected; {n} {WORDS} (rlxviz lacks {INTEGER_QKV_GAP}, {PRE_ROPE_SCALE_GAP}: a "
+            f"compiler "
             f"fix, nothing in the model to change)\n") in text, text
     assert "NOT fused" not in text
     for lv in j["layers"]:
         assert lv["status"] == WORDS and lv["first"] is None
         assert lv["op_gaps"] == [f"{INTEGER_QKV_GAP} ({RULE}: {TRAIT})",
-                                 f"{SCALE_GAP} ({RULE}: default_scale)"]
+                                 f"{PRE_ROPE_SCALE_GAP} ({RULE}: default_scale)"]
         assert f"layer {lv['layer']}: {WORDS}: " in text
     # a trait's gap is not blamed on the guard that refused first (`policy.gap_sources`): default_scale is about
     # the attention's scale, not its integer projections
     assert f"  rlxviz's ops lack: {INTEGER_QKV_GAP} ({RULE}: {TRAIT})" in text
     assert f"{INTEGER_QKV_GAP} ({RULE}: default_scale)" not in text
-    assert f"  rlxviz's ops lack: FusedAttentionBlock with a non-default scale ({RULE}: default_scale)" in text
+    assert f"  rlxviz's ops lack: {PRE_ROPE_SCALE_GAP} ({RULE}: default_scale)" in text
 
 
 def _quantized(tmp_path: Path, stem: str) -> Path:
@@ -138,14 +140,16 @@ def _quantized(tmp_path: Path, stem: str) -> Path:
     return out
 
 
-def test_the_float_export_counts_and_its_dynamic_quantization_is_a_gap(tmp_path):
-    """The same ESM layer: float, the kind expects the block and `default_scale` counts (NOT fused); quantized
-    dynamically, rlxviz has no block over its integer projections, nor one with its scale."""
+def test_the_float_export_and_its_dynamic_quantization_are_gaps(tmp_path):
+    """The same ESM layer: float, the kind expects the block, yet `default_scale` is the default scale applied to Q
+    before its RoPE, a gap in rlxviz's ops (no model-side fix keeps the numbers exactly); quantized dynamically,
+    rlxviz has no block over its integer projections either."""
     float_r = RunVerdict.of(Pipeline.canonical().run(load_onnx(ZOO / "esm.dynamo-eager.onnx", seq=8).graph))
-    assert not float_r.ok and all(not lv.fused and lv.first is not None and lv.first.guard == "default_scale"
-                                  for lv in float_r.layers)
+    assert float_r.ok and all(lv.status == WORDS and lv.first is None and lv.gap_forms == [PRE_ROPE_SCALE_GAP]
+                              for lv in float_r.layers)
     q = RunVerdict.of(Pipeline.canonical().run(load_onnx(_quantized(tmp_path, "esm"), seq=8).graph))
-    assert q.ok and all(lv.status == WORDS and lv.gap_forms == [INTEGER_QKV_GAP, SCALE_GAP] for lv in q.layers)
+    assert q.ok and all(lv.status == WORDS and lv.gap_forms == [INTEGER_QKV_GAP, PRE_ROPE_SCALE_GAP]
+                        for lv in q.layers)
 
 
 def test_a_dynamically_quantized_bert_layer_lacks_the_layer_op(tmp_path):
