@@ -322,8 +322,9 @@ def op_gaps(arch: LayerKind, pass_name: str, guard: str, refusal: Remedied | Non
     in its `gap_in`), which counts only where the layer's kind does not expect the product (`expected_of`) or the pass
     lacks it there: where the kind expects a product rlxviz can make, the refusal counts anyway. E.g. an unmasked ViT
     attention and `fuse_attention_block`'s `mask_kind_keep`: rlxviz has no FusedAttentionBlock without a mask operand;
-    a dynamically quantized layer refused at `default_scale`: no block over integer-matmul projections, nor one with a
-    non-default scale. A third is the `refusal`'s own fixes: no change to the model that keeps its numbers, a compiler
+    a dynamically quantized layer refused at `default_scale`: no block over integer-matmul projections, nor one with its
+    scale (esm.qdyn: the scale applied to Q before RoPE, the form `Guard.lacking_fix` names for that refusal's fix). A
+    third is the `refusal`'s own fixes: no change to the model that keeps its numbers, a compiler
     fix (`compiler_fix_only`), where nothing declared excuses it: the form its compiler fix names (`_own_gap`). The
     layer is fused only as far as rlxviz's ops go (`LayerVerdict.op_gaps`)."""
     p = PASSES.get(pass_name)
