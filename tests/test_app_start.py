@@ -27,6 +27,11 @@ def test_three_clicks_step_break_and_ask_why():
     assert "layer 1 NOT fused" in s.message and "guard" in s.message, s.message
     assert start.note.object.split(">", 1)[1].startswith("<b>Next: ③."), start.note.object
     refused = s.layer_status(1).first  # the panes show the pass that refused the layer, its rejection marked
+    # the reader is dead: no verdict that the layer must stay unfused; dead-code elimination first lets it fuse, and
+    # the refusal's compiler fix says so (not a multi-output op)
+    said = start.note.object + s.message
+    assert "stay unfused" not in said and "Removing it (dead_code_elimination) lets it fuse." in said, said
+    assert refused.fix.startswith("dead_code_elimination before fuse_transformer_layer: reduce_mean (node "), refused
     assert s.version_labels[s.version] == f"after {refused.pass_name}", (s.version_labels[s.version], refused)
     start.why.clicks += 1
     assert opened == [True] and s.selected_layer == 1

@@ -25,10 +25,10 @@ def test_a_variant_chosen_by_hand_after_break_replaces_the_break_line(variant):
     s = tiny()
     start = StartHere(state=s, show_why=lambda: None)
     start.brk.clicks += 1
-    assert "extra user of its attention output" in _line(start)
+    assert "dead extra reader of its attention output" in _line(start)
     s.apply_variant(variant)  # the sidebar's button
     line = _line(start)
-    assert "extra user" not in line and f"'{VARIANT_LABELS[variant]}'" in line, line
+    assert "extra reader" not in line and f"'{VARIANT_LABELS[variant]}'" in line, line
     assert line.startswith("<b>Next: "), line
     unfused = start.unfused_layers()
     if unfused:  # the next click named is true of the run shown

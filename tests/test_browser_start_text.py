@@ -54,7 +54,7 @@ def test_the_start_strip_text_is_whole_beside_the_open_sidebar(browser, server):
         pg.locator(".rv-start-break button").click()
         expect(pg.locator(".rv-message")).to_contain_text("layer 1 NOT fused", timeout=3 * WAIT_MS)
         idle(pg)
-        expect(pg.locator(".rv-start-note")).to_contain_text("extra user")
+        expect(pg.locator(".rv-start-note")).to_contain_text("dead extra reader")
         assert _whole(pg, "break")["height"] <= first["height"]
         pg.locator(".rv-start-why button").click()
         expect(pg.locator(".rv-start-note")).to_contain_text("Why tab")

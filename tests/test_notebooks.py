@@ -710,7 +710,7 @@ def test_03_why_did_my_layer_not_fuse(executed):
     assert "compiler fix: a pre-LN layer op (no rule builds one" in text  # pre_ln: the variant's own change first
     assert "fix:          exact GELU (gelu) fuses, but switching the model to it changes" in text  # not "or silu"
     assert text.count("compiler fix: multi-output fusion: a layer op that also returns ln1 (role h1) as a second "
-                      "output") == 3
+                      "output") == 2  # extra_h1_user's, output_intermediate's; dead_h1_user's is DCE first
     # extra_h1_user's extra reader is a returned probe: no dead-code elimination is advised (issue 39: it was, and
     # DCE cannot remove a graph output); the fix says the model returns it. dead_h1_user's probe is dead: DCE is
     extra = text.split("extra_h1_user: ", 1)[1].split("\n", 3)
@@ -719,6 +719,7 @@ def test_03_why_did_my_layer_not_fuse(executed):
     assert "graph output #1, reads ln1 (role h1)" in extra[1] and "keep ln1 (role h1) materialised" in extra[1]
     dead = text.split("dead_h1_user: ", 1)[1].split("\n", 3)
     assert "illegal here" not in dead[0] and "dead_code_elimination run on the model removes it" in dead[1]
+    assert "compiler fix: dead_code_elimination before fuse_transformer_layer: " in "".join(dead[1:3]), dead
     text, _ = t["tanh-cost"]  # "use exact GELU" changes the model: by how much, computed
     gap = float(re.search(r"largest difference (\S+) at x = ", text).group(1))
     assert 4e-4 < gap < 5e-4

@@ -124,7 +124,11 @@ def test_a_dead_reader_is_advised_dead_code_elimination_and_it_is_checked(tmp_pa
     hint = lv["first"]["fix"]
     assert "mul (node 43" in hint and "reaches no graph output" in hint and "dead_code_elimination" in hint, hint
     assert f"fix: {hint}" in plain
-    assert "dead_code_elimination" not in lv["first"]["compiler_fix"]  # the compiler fix proposes no DCE
+    # the compiler-side remedy of a dead reader: dead-code elimination before the refusing pass, no multi-output op
+    cfix = lv["first"]["compiler_fix"]
+    assert cfix.startswith("dead_code_elimination before fuse_transformer_layer: mul (node 43") and \
+        "multi-output" not in cfix, cfix
+    assert f"compiler fix: {cfix}" in plain
     g = parse_ir(text)
     feeds, weights = _feeds_weights(g)
     trace = Pipeline.canonical().run(g)
@@ -143,3 +147,24 @@ def test_reader_advice_is_one_rule_for_the_guard_factories_and_the_layer_guard()
     for r in readers:
         assert r.remedy == READ_BY_MODEL and "dead_code_elimination" not in r.hint + r.fix, r
         assert "materialised" in r.hint
+
+
+@pytest.mark.parametrize(("on", "shape", "pass_name", "guard"), [
+    ("%42", "64", "fuse_transformer_layer", "h1_user_count"),
+    ("%39", "64", "fuse_transformer_layer", "residual_sum_single_user"),
+    ("%46", "256", "fuse_matmul_bias_act", "mm_single_user")])
+def test_a_dead_readers_compiler_fix_is_dce_before_the_refusing_pass(on, shape, pass_name, guard):
+    """Every reader guard words the compiler fix of a refusal whose extra readers are all dead as dead-code
+    elimination before its own pass (the canonical pipeline runs it only after the fusions), never as a multi-output
+    op; the same reader, returned by the model, keeps the multi-output fix."""
+    for returned in (False, True):
+        text = variant(reader_of=on, reader_returned=returned).replace(
+            f"%43 = mul({on}, {on}) : f32[2, 8, 64]", f"%43 = mul({on}, {on}) : f32[2, 8, {shape}]")
+        trace = Pipeline.canonical().run(parse_ir(text))
+        (r,) = [r for r in trace.rejections if r.guard == guard and r.pass_name == pass_name]
+        if returned:
+            assert "dead_code_elimination" not in r.fix and "returns" in r.fix, r.fix
+        else:
+            assert r.fix == (f"dead_code_elimination before {pass_name}: mul (node 43, encoder.layer.0) reaches no "
+                             "graph output (dead code), so removing it first keeps every output and leaves the fusion "
+                             "nothing to drop"), r.fix

@@ -104,8 +104,24 @@ export function render({ model, el }) {
   const apply = (share, node) => { inner.style.transform = `translate(${tx}px, ${ty}px) scale(${s})`; miniSync();
     if (share && model.sync) window.dispatchEvent(new CustomEvent(BUS, { detail: { group: model.sync, src: me, s,
       tx: tx - offX * s, ty: ty - offY * s, node: node || null } })); };
+  // The drawn element that stands for node `id` of the partner's picture: the node, else the fused node that
+  // absorbed it (`model.absorbed`), else the folded layer box holding either; with the key of the node it shows
+  const standsFor = (id) => { let key = `n${id}`, g = inner.querySelector(`g#${key}`);
+    if (!g) { const by = Object.entries(model.absorbed || {}).find(([, rows]) => rows.some((r) => r[1].includes(id)));
+      if (by) { key = by[0]; g = inner.querySelector(`g#${key}`); } }
+    if (!g) { const n = Number(key.slice(1));
+      const box = Object.entries(model.folded || {}).find(([, ns]) => ns.some((x) => x[0] === n));
+      if (box) g = inner.querySelector(`g#${box[0]}`); }
+    return g ? { key, g } : null; };
+  // The partner centred node `d.node`: this pane centres what stands for it here (a softmax found before fuse_sdpa:
+  // the attention that absorbed it, which this pane's search counter then shows when it is one of its hits), else
+  // its own search hit, else it follows the frame. It followed the frame alone: the after pane's hit, named by its
+  // note, sat off the pane's edge
   const onBus = (e) => { const d = e.detail; if (!model.sync || d.group !== model.sync || d.src === me) return;
-    const g = d.node ? inner.querySelector(`g#${d.node}`) : null;
+    const at = d.node ? standsFor(Number(d.node.slice(1))) : null;
+    if (at) { const k = hits.findIndex((h) => h.key === at.key);
+      if (k >= 0 && k !== hit) { hit = k; last = at.key; found.dataset.hit = at.key; counted(); } }
+    const g = at ? at.g : (d.node && hits.length && hits[hit] ? hits[hit].g : null);
     if (g) { const ir = inner.getBoundingClientRect(), gr = g.getBoundingClientRect();
       const px = (gr.left + gr.width / 2 - ir.left) / s, py = (gr.top + gr.height / 2 - ir.top) / s;
       s = d.s; tx = wrap.clientWidth / 2 - px * s; ty = wrap.clientHeight / 2 - py * s;

@@ -9,7 +9,8 @@ button, then "✕ close (Esc)", or Esc closes it; the page's header is hidden me
 (`legend`) sits in the picture's lower left corner. The view (zoom and pan) is kept when the picture changes
 within the same `scope` (stepping versions, clicking nodes) once the user moved it, and panes with the same
 `sync` group move together (before/after; a search or reveal centres the same node in both where both have
-it). The search box finds nodes by `%id` (that node only) or by text
+it, else in the partner the fused node that absorbed it, else the partner's own search hit: each pane's hit stays in
+view). The search box finds nodes by `%id` (that node only) or by text
 in their own op, name or path, or a name messages give them (`ln1 (role h1)`; never in the operands or users their
 tooltip lists; `search_hits` is the same search in Python), and marks them with its own mark
 (`viz.styles.SEARCH_MARK`: a thick magenta outline with a glow, the fill kept, so a found box of the layer view still

@@ -25,6 +25,12 @@ needs exactly 2, and refuses it; the Why tab then names that guard). Its reader 
 refusal is a near-miss with a checked fix in the model (dead-code elimination); a reader the model returns
 (`extra_h1_user`) leaves the layer fused only as far as legal (`passes.why.facts.illegal_here`), no break to ask
 about."""
+BREAK_WORDS = ("Layer {layer} (the sidebar's Layer to break) now has a dead extra reader of its attention output; the "
+               "banner below names the guard that refused it. Removing it (dead_code_elimination) lets it fuse.")
+"""What ② says once it broke a layer (`{layer}`): the refusal, and that it is no verdict on the layer: the reader
+reaches no output, and dead-code elimination before the layer pass (the refusal's compiler fix; the pipeline runs it
+only after) makes the fusion legal. Three lines at most in the strip's 380 px (`NOTE_CSS`), as the line it replaced
+("so it must stay unfused", which it is not)."""
 BREAK_LAYER = 1
 """The layer the sidebar's "Layer to break" starts at when the strip is shown (layer 0 when the model has only one);
 the second click breaks the layer that box shows (`AppState.variant_layer`: one field, so the box and ② agree)."""
@@ -349,10 +355,7 @@ class StartHere(Viewer):
         self._show_refusal()
         self._model_name = s.model.name if s.model is not None else ""
         self._about = self._keys()
-        self._held = ([("Next: ③. ", True), (f"Layer {layer} (the sidebar's Layer to break) now has an extra user of "
-                                              "its attention output (a dead one: it reaches no output), so it must "
-                                              "stay unfused: the banner below names the guard that refused it.",
-                                              False)], "break")
+        self._held = ([("Next: ③. ", True), (BREAK_WORDS.format(layer=layer), False)], "break")
         self._say(*self._held)
 
     def ask_why(self) -> None:

@@ -23,6 +23,7 @@ from .pattern import Bindings, RuleError, describe, op_label
 from .readers import (
     KEEP_MATERIALISED,
     RUN_DCE,
+    dead_readers,
     extra_readers_why,
     live_nodes,
     reaches_output,
@@ -276,6 +277,12 @@ class Guard:
         if why is None:
             return (self.remedy if self.hint.startswith(NOTHING_TO_CHANGE) else IN_MODEL), self.hint
         return self.remedy, NO_MODEL_FIX + why
+
+    def dead_of(self, ctx: Ctx) -> tuple[int, ...]:
+        """The extra readers of a reader guard's value (`readers`) when every one is dead code (`dead_readers`: the
+        compiler fix is then `dead_code_elimination` before the pass, `readers.DCE_FIRST`), else ()."""
+        got = self.readers(ctx) if self.readers is not None else None
+        return dead_readers(ctx, got[0], got[1]) if got is not None else ()
 
     def excused(self, where: Sequence[str], why: str) -> Guard:
         """This guard, its refusals not counted in layers with one of the traits `where` (`excuses`), for `why`.

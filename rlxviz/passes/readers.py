@@ -61,10 +61,11 @@ KEEP_MATERIALISED = "a fusion would have to keep {value} materialised"
 """What a value the model returns (or one read on to an output) means for a fusion that would absorb it."""
 
 RUN_DCE = "dead_code_elimination run on the model removes {it} and keeps every output"
-"""The advice for readers that reach no graph output: the one place a refusal proposes dead-code elimination
-(`reader_advice`); never for a value the model returns or one read on to an output. A change to the model, checked
-by `passes.whatif`'s dead-reader what-if (the dead nodes removed from the user's graph, before every pass: the dead
-reader may also have blocked an earlier fusion the refused one builds on, a residual norm under the layer op)."""
+"""The advice for readers that reach no graph output: the one place a refusal's model-side fix proposes dead-code
+elimination (`reader_advice`; its compiler-side counterpart is `DCE_FIRST`); never for a value the model returns or
+one read on to an output. A change to the model, checked by `passes.whatif`'s dead-reader what-if (the dead nodes
+removed from the user's graph, before every pass: the dead reader may also have blocked an earlier fusion the refused
+one builds on, a residual norm under the layer op)."""
 
 
 _RESIDUAL_SUM_RULE = {Op.FUSED_RESIDUAL_LN: "fuse_residual_ln", Op.FUSED_RESIDUAL_RMS_NORM: "fuse_residual_rms_norm"}
@@ -175,6 +176,30 @@ def extra_readers_why(c: Ctx, role: str | int, extra: Sequence[int]) -> str | No
             f"{KEEP_MATERIALISED.format(value=short)} for it; removing or rerouting it changes the model's outputs")
 
 
+DCE_FIRST = ("dead_code_elimination before {pass_name}: {who} {verb} no graph output (dead code), so removing {it} "
+             "first keeps every output and leaves the fusion nothing to drop")
+"""The compiler fix of a reader refusal whose extra readers are all dead (`dead_readers`): the refusal is `illegal` as
+the graph stands (the rewrite would drop a value a node reads), but the node reads it for nothing, so running
+dead-code elimination before the refusing pass, not a multi-output op, makes the fusion legal. The canonical pipeline
+runs `dead_code_elimination` only after the fusions (`pipeline` step 9), so the refusal stands there."""
+
+
+def dead_readers(c: Ctx, role: str | int, extra: Sequence[int]) -> tuple[int, ...]:
+    """The ids of `extra` (readers of `role`, a bound role or a node id, besides the fusion) when every one reaches no
+    graph output and `role` is none (`extra_readers_why` is None), else (): the readers `DCE_FIRST` names."""
+    if extra_readers_why(c, role, extra) is not None:
+        return ()
+    return tuple(u for u in extra if u in c.graph)
+
+
+def dce_first(pass_name: str, names: Sequence[str]) -> str:
+    """`DCE_FIRST` for the pass `pass_name` and its dead readers' `names` (at least one; the first three named)."""
+    who = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    one = len(names) == 1
+    return DCE_FIRST.format(pass_name=pass_name, who=who, verb="reaches" if one else "reach",
+                            it="it" if one else "them")
+
+
 def reader_advice(c: Ctx, role: str | int, extra: Sequence[int], hint: str) -> tuple[str, str]:
     """`(remedy, hint)` of a refusal because `role` (a bound role, or a node id) has `extra` readers besides the
     fusion, or is a graph output: the one rule every reader guard and the engine's escape check word their advice
@@ -199,5 +224,6 @@ def reader_advice(c: Ctx, role: str | int, extra: Sequence[int], hint: str) -> t
 
 
 __all__ = ["REACH_LIMIT", "live_nodes", "reaches_output", "KEEP_MATERIALISED", "RESIDUAL_STREAM",
-           "RESIDUAL_STREAM_NORMS", "RUN_DCE", "continues_residual", "extra_readers_why", "reader_advice",
+           "RESIDUAL_STREAM_NORMS", "RUN_DCE", "DCE_FIRST", "continues_residual", "dce_first", "dead_readers",
+           "extra_readers_why", "reader_advice",
            "residual_stream_why", "residual_sum_fix", "single_output_why"]

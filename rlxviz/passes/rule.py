@@ -40,6 +40,7 @@ from .guard import (
     RuleError,
     _dynamic,
     check_literals,
+    dead_readers,
     reader_advice,
 )
 from .pattern import SAME_NODE, Bindings, Miss, P, also_read, describe, op_label, where
@@ -64,6 +65,8 @@ class Fail:
     found: str = ""  # structure failures: the op found there
     remedy: str = ""  # guard.REMEDIES: IN_MODEL ("" too), COMPILER_ONLY or READ_BY_MODEL (the hint keeps the numbers?)
     roles: tuple[str, ...] = ()  # the roles the failing step reads or binds (`step_roles`); (): not known
+    dead: tuple[int, ...] = ()  # a reader refusal's extra readers when all are dead code (`readers.dead_readers`):
+    # `search.attempt` then words `fix` as dead_code_elimination before the rule's pass (`readers.DCE_FIRST`)
 
 
 QUIET = Fail("structure", "", "", quiet=True)
@@ -299,7 +302,8 @@ def _run_step(step: Step, ctx: Ctx) -> Fail | None:
             nodes, edges = step.offending(ctx)
             remedy, hint = step.remedy_of(ctx)
             return Fail("guard", step.name, step.explain(ctx), tuple(nodes), tuple(edges), hint,
-                        subject=step.subject_of(ctx), kind=step.kind, fix=step.fix, remedy=remedy)
+                        subject=step.subject_of(ctx), kind=step.kind, fix=step.fix, remedy=remedy,
+                        dead=step.dead_of(ctx))
         finally:
             ctx.scope = outer
     if hasattr(step, "binds"):  # a @reports step: it reads and asks only about the roles it declares
@@ -575,7 +579,8 @@ def escape_check(rule: Rule, ctx: Ctx) -> Fail | None:
                         f"the fused pattern", tuple(u.id for u in outside), tuple((i, u.id) for u in outside),
                         hint, subject=i, kind=ILLEGAL,
                         fix=f"a fused op that also returns {ctx.label(r)} (Rule.outputs)",
-                        remedy="" if remedy == IN_MODEL else remedy, roles=(r,))
+                        remedy="" if remedy == IN_MODEL else remedy, roles=(r,),
+                        dead=dead_readers(ctx, r, [u.id for u in outside]))
     return None
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from ..ir import Graph
 from .guard import Ctx
 from .pattern import Bindings
+from .readers import dce_first
 from .rule import QUIET, Fail, Rule, User, bind, escape_check, run_step, step_roles
 
 MAX_USER_CANDIDATES = 8
@@ -150,7 +151,16 @@ def attempt(rule: Rule, graph: Graph, anchor: int, params: Mapping[str, Any]) ->
     if not isinstance(r, dict):
         return ctx, [QUIET]
     got = _Search(rule).run(ctx, 0, [], 0)
-    return got.ctx, got.fails
+    return got.ctx, [_dead_fix(rule, got.ctx, f) for f in got.fails]
+
+
+def _dead_fix(rule: Rule, ctx: Ctx, f: Fail) -> Fail:
+    """`f`, its compiler fix `dead_code_elimination before PASS` when its extra readers are all dead code (`Fail.dead`,
+    `readers.DCE_FIRST`): no multi-output op is needed for a value only dead nodes read. PASS: the rule's pass (its
+    name's part before the dot)."""
+    if not f.dead:
+        return f
+    return replace(f, fix=dce_first(rule.name.partition(".")[0], [ctx.name_of(u) for u in f.dead]))
 
 
 __all__ = ["MAX_BRANCHES", "MAX_USER_CANDIDATES", "attempt"]
