@@ -3,13 +3,13 @@
 esm (dynamo eager), layer 0: the compiler fix's check said `fuse_shared_input_matmul ran before but had no candidate
 here (its pattern did not match these nodes)` while the `-v` trace of the same layer said `[fused]
 fuse_shared_input_matmul.concat_weights: -> node(s) 181` (the Q/K/V merge happened). `report._what_ran` looked for
-the pass's product up to four edges above the refused nodes; esm's Q runs merged matmul -> narrow -> reshape ->
-transpose -> Q scale -> transpose -> reshape -> RoPE -> attention, and fuse_matmul_bias_act had since taken the merged
-matmul (node 181) into a FusedMatMulBiasAct (node 194) with its bias.
+the pass's product among the refused nodes' producers up to four edges up, but fuse_matmul_bias_act had since taken
+the merged matmul (node 181) into a FusedMatMulBiasAct (node 194) with its bias: the id was no longer in the graph.
 
-Decision: the product counts as the place's when it lies above the refused nodes at any depth within the place's
-layer, followed into the nodes that later absorbed it (`report._with_absorbed`): "did its part here"; a match of the
-pass elsewhere in the layer, on nodes the pattern does not read, says so ("matched in this layer ..., but not on the
+Decision: a product is followed into the nodes that later absorbed it (`report._with_absorbed`); up to four edges above
+the refused nodes it "did its part here" (esm: V's narrow reads node 194); above them at any depth within the place's
+layer it "did its part in this layer (..., above these nodes)", what the pattern refuses lying past or beside it; a
+match elsewhere in the layer, on nodes the pattern does not read, says so ("matched in this layer ..., but not on the
 nodes this pattern reads"); "had no candidate here" only where the pass matched nothing in the layer.
 """
 
@@ -78,7 +78,7 @@ def test_esms_compiler_fix_check_says_the_qkv_merge_did_its_part(capsys):
     assert ("then qkv_packed (not recognized) fails: q_rope (node 162).inputs[0] (q) is reshape (node 157, "
             "model.encoder.layer.0.attention.self); needs narrow") in out
     assert ("fuse_shared_input_matmul ran before and did its part here (fuse_shared_input_matmul.concat_weights -> "
-            "matmul, node 181)") in out
+            "matmul, node 181)") in out  # V's narrow reads the FusedMatMulBiasAct (node 194) that absorbed it
 
 
 def _esm_qkv_refusal():
@@ -100,6 +100,12 @@ def test_a_match_elsewhere_in_the_layer_is_no_candidate_here_nor_its_part():
     assert said.startswith("fuse_shared_input_matmul ran before and matched in this layer "
                            "(fuse_shared_input_matmul.concat_weights -> matmul, node 181), but not on the nodes"), said
     assert fix_form(said) == STATEMENT
+    # a place further down the layer (the MLP's up projection): the merge is above it, more than four edges up
+    mlp = next(n.id for n in before if n.op.value == "FusedMatMulBiasAct" and "layer.0.intermediate" in n.path)
+    down = replace(far, bindings={"x": mlp}, anchor=mlp)
+    assert in_context(t, k, down)[0].startswith(
+        "fuse_shared_input_matmul ran before and did its part in this layer (fuse_shared_input_matmul.concat_weights"
+        " -> matmul, node 181, above these nodes)")
     # the same place in a layer the pass never matched in (no layer in the path): no candidate there
     nowhere = replace(far, path="")
     assert in_context(t, k, nowhere)[0].startswith("fuse_shared_input_matmul ran before but had no candidate here")

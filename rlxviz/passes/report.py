@@ -195,11 +195,13 @@ def _what_ran(trace: Trace, step: int, r: Rejection, name: str) -> str | None:
     layer = layer_of(r.path or "")
     # one layer's own producers at any depth: esm's Q is scaled and biased between the merged QKV matmul and
     # the RoPE, more than 4 edges above the attention; a product in another layer is no part of this place
-    upstream = _with_absorbed(trace, near | (
+    close = _with_absorbed(trace, near)
+    upstream = close | _with_absorbed(trace, (
         {i for i in _producers(before, mine, depth=len(before)) if layer_of(before[i].path) == layer}
         if layer is not None else set()))
     matched = [(x, s.after) for _, s in earlier for x in s.matches if x.fused is not None]
-    made = [(x, after) for x, after in matched if x.fused in upstream]
+    made = [(x, after) for x, after in matched if x.fused in close]
+    above = [(x, after) for x, after in matched if x.fused in upstream]
     related = _refused_by(trace, step, r, name)
     if related:
         k, x = related
@@ -209,6 +211,10 @@ def _what_ran(trace: Trace, step: int, r: Rejection, name: str) -> str | None:
         x, after = made[-1]
         return (f"{name} ran before and did its part here ({x.rule} -> {_op_of(after, x.fused)}, node {x.fused}); "
                 f"what this pattern does not take stands between that product and this one")
+    if above:  # further up in the layer: what blocks may lie past that product (esm's Q scale) or beside it
+        x, after = above[-1]  # (mobilebert's V, projected from another input)
+        return (f"{name} ran before and did its part in this layer ({x.rule} -> {_op_of(after, x.fused)}, node "
+                f"{x.fused}, above these nodes); what this pattern refuses lies past or beside that product")
     elsewhere = [(x, after) for x, after in matched if layer is not None and x.layer == layer]
     if elsewhere:  # P matched in this layer, on nodes these do not read: "no candidate here" would be false
         x, after = elsewhere[-1]

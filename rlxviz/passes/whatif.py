@@ -45,7 +45,8 @@ FORMS = (STATEMENT, PIPELINE, MODEL)
 
 _STATEMENTS = (NO_MODEL_FIX, UNCHECKED_FIX, "nothing to change in the model", "keep the model's")
 _RAN_BEFORE = re.compile(
-    r"\b\w+ ran before (?:and said no here|and did its part here|and matched in this layer|but had no candidate here)")
+    r"\b\w+ ran before (?:and said no here|and did its part (?:here|in this layer)|and matched in this layer|"
+    r"but had no candidate here)")
 _UNSET = re.compile(r"raise or unset (\w+)")
 _RUN_FIRST = re.compile(r"run (\w+) first")
 
