@@ -64,7 +64,7 @@ def test_neoxs_next_blocker_is_drawn_as_the_text_words_it_never_as_a_gap(capsys)
         assert "△ fix of rope_full_rotary alone is not enough: | attn_single_user (illegal) fails next" in label, label
     code, out, _ = cli_run(capsys, "explain", NEOX)
     assert code == 0
-    caveat = re.search(r"alone it is not enough: attn_single_user \(illegal: [^)]*\) fails next", out).group(0)
+    caveat = re.search(r"alone it is not enough: attn_single_user \(illegal while [^)]*\) fails next", out).group(0)
     assert all(caveat in nodes[n][1] for n in marked)  # the tooltip carries the text's own words
 
 

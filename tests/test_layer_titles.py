@@ -82,8 +82,36 @@ def test_gpt_neox_layer_1_says_its_one_gap_place_not_the_passes_two():
 def test_esms_place_names_its_two_gaps_and_the_caption_counts_one_place():
     t = _trace(ESM)
     title = html.unescape(dot(t, View(len(t.steps), "full", "why", 0)))
-    assert ("@ %795: 2 gaps in rlxviz's ops: integer_qkv, default_scale; before fuse_attention_block, in this layer: "
-            "0 match(es), 0 rejected places, △1 place at a gap in rlxviz's ops — layer 0") in title
+    assert ("@ %795: default_scale (2 gaps in rlxviz's ops: the layer's trait integer_qkv, default_scale); before "
+            "fuse_attention_block, in this layer: 0 match(es), 0 rejected places, △1 place at a gap in rlxviz's ops — "
+            "layer 0") in title
+
+
+QWEN3 = Path(__file__).parent / "fixtures" / "onnx" / "zoo" / "qwen3.dynamo-eager.onnx"
+LABEL = re.compile(r"△ ([\w.]+): (\w+) \((\d gaps|gap) in rlxviz's ops")
+
+
+@pytest.mark.parametrize("path", [QWEN3, ESM, NEOX, DEIT], ids=lambda p: p.stem)
+def test_a_why_titles_gap_names_the_guard_its_cluster_label_names(path):
+    """qwen3's title said `gap in rlxviz's ops: qk_norm` (a layer trait, read as a guard) beside the cluster label
+    `qkv_packed (gap in rlxviz's ops)`: the title names the place's failing guard as the label does, and a trait
+    as `the layer's trait T`, as the text's `rlxviz's ops lack:` line says it."""
+    t = _trace(path)
+    title = html.unescape(dot(t, View(len(t.steps), "full", "why", 0)))
+    labels = LABEL.findall(title)
+    assert labels, title
+    head = title.split("; ", 1)[0]
+    rule, guard, _ = next(x for x in labels if f"△ {x[0]} @ %" in head)
+    assert re.search(rf"△ {re.escape(rule)} @ %\d+: {guard} \((\d gaps|gap) in rlxviz's ops", head), head
+    for trait in ("qk_norm", "integer_qkv"):
+        assert f"rlxviz's ops: {trait}" not in title and f", {trait}" not in title, title
+
+
+def test_qwen3s_why_title_says_its_gap_is_the_layers_qk_norm_trait():
+    t = _trace(QWEN3)
+    _, ov, _ = picture(t, View(len(t.steps), "full", "why", 0))
+    assert ": △ fuse_attention_block.qkv_attention_out @ %260: qkv_packed (gap in rlxviz's ops: the layer's trait " \
+           "qk_norm); before fuse_attention_block" in ov.title, ov.title
 
 
 @pytest.mark.parametrize("layer", [0, 1])

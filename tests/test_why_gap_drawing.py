@@ -81,13 +81,14 @@ def test_a_gap_only_layers_why_drawing_is_before_its_first_gap_drawn_as_one(path
 def test_esms_gap_place_names_both_gaps_on_its_cluster_its_box_and_the_why_title():
     t = _trace(ESM)
     k = next(k for k, s in enumerate(t.steps) if s.pass_name == "fuse_attention_block")
-    both = "2 gaps in rlxviz's ops: integer_qkv, default_scale"
+    both = "2 gaps in rlxviz's ops: the layer's trait integer_qkv, default_scale"  # a trait said as one, not a guard
     pane = html.unescape(dot(t, View(k + 1, "full", "before")))
     assert f"△ fuse_attention_block.qkv_attention_out: default_scale ({both})" in pane
     boxes = html.unescape(dot(t, View(k + 1, "layers", "before")))
     assert boxes.count(f"at this version: △ {both}") == 4  # each layer's label and tooltip
     why = html.unescape(dot(t, View(_last(t), "full", "why", 0)))
-    assert f"△ fuse_attention_block.qkv_attention_out @ %795: {both}; before fuse_attention_block" in why
+    assert f"△ fuse_attention_block.qkv_attention_out @ %795: default_scale ({both}); before fuse_attention_block" \
+        in why  # the guard first, as the cluster label says it
     assert len(layer_status(t, 0).op_gaps) == 2  # the two the headline and `explain` name
 
 

@@ -190,8 +190,18 @@ def _what_ran(trace: Trace, step: int, r: Rejection, name: str) -> str | None:
     if not earlier:
         return None
     mine = {*r.bindings.values(), *r.offending, r.anchor}
-    near = _producers(trace.steps[step].before, mine, depth=4)
-    made = [(x, s.after) for _, s in earlier for x in s.matches if x.fused is not None and x.fused in near]
+    before = trace.steps[step].before
+    near = _producers(before, mine, depth=4)
+    layer = layer_of(r.path or "")
+    # one layer's own producers at any depth: esm's Q is scaled and biased between the merged QKV matmul and
+    # the RoPE, more than 4 edges above the attention; a product in another layer is no part of this place
+    close = _with_absorbed(trace, near)
+    upstream = close | _with_absorbed(trace, (
+        {i for i in _producers(before, mine, depth=len(before)) if layer_of(before[i].path) == layer}
+        if layer is not None else set()))
+    matched = [(x, s.after) for _, s in earlier for x in s.matches if x.fused is not None]
+    made = [(x, after) for x, after in matched if x.fused in close]
+    above = [(x, after) for x, after in matched if x.fused in upstream]
     related = _refused_by(trace, step, r, name)
     if related:
         k, x = related
@@ -199,10 +209,37 @@ def _what_ran(trace: Trace, step: int, r: Rejection, name: str) -> str | None:
         return f"{name} ran before and said no here: {x.guard} ({x.kind}): {message}"
     if made:  # P did its part on these nodes: what blocks is between its product and this pattern
         x, after = made[-1]
-        what = after[x.fused].op.value if x.fused in after else "its product"
-        return (f"{name} ran before and did its part here ({x.rule} -> {what}, node {x.fused}); what this "
-                f"pattern does not take stands between that product and this one")
+        return (f"{name} ran before and did its part here ({x.rule} -> {_op_of(after, x.fused)}, node {x.fused}); "
+                f"what this pattern does not take stands between that product and this one")
+    if above:  # further up in the layer: what blocks may lie past that product (esm's Q scale) or beside it
+        x, after = above[-1]  # (mobilebert's V, projected from another input)
+        return (f"{name} ran before and did its part in this layer ({x.rule} -> {_op_of(after, x.fused)}, node "
+                f"{x.fused}, above these nodes); what this pattern refuses lies past or beside that product")
+    elsewhere = [(x, after) for x, after in matched if layer is not None and x.layer == layer]
+    if elsewhere:  # P matched in this layer, on nodes these do not read: "no candidate here" would be false
+        x, after = elsewhere[-1]
+        return (f"{name} ran before and matched in this layer ({x.rule} -> {_op_of(after, x.fused)}, node "
+                f"{x.fused}), but not on the nodes this pattern reads")
     return f"{name} ran before but had no candidate here (its pattern did not match these nodes)"
+
+
+def _with_absorbed(trace: Trace, ids: set[int]) -> set[int]:
+    """`ids` and every node id they absorbed, followed back through later rewrites: esm's merged QKV matmul (node
+    181) lives on inside the FusedMatMulBiasAct (node 194) that took it with its bias, so the attention's operands
+    still come from it."""
+    nodes = _all_nodes(trace)
+    out, todo = set(ids), list(ids)
+    while todo:
+        n = nodes.get(todo.pop())
+        new = set(n.absorbed) - out if n is not None else set()
+        out |= new
+        todo += new
+    return out
+
+
+def _op_of(g: Graph, node: int) -> str:
+    """The op of `node` in `g` (e.g. `matmul`), or "its product" where `g` no longer holds it."""
+    return g[node].op.value if node in g else "its product"
 
 
 def _producers(g: Graph, ids: set[int], depth: int = 3) -> set[int]:

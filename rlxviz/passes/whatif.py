@@ -44,7 +44,9 @@ FORMS = (STATEMENT, PIPELINE, MODEL)
 """What a fix line proposes (module docstring)."""
 
 _STATEMENTS = (NO_MODEL_FIX, UNCHECKED_FIX, "nothing to change in the model", "keep the model's")
-_RAN_BEFORE = re.compile(r"\b\w+ ran before (?:and said no here|and did its part here|but had no candidate here)")
+_RAN_BEFORE = re.compile(
+    r"\b\w+ ran before (?:and said no here|and did its part (?:here|in this layer)|and matched in this layer|"
+    r"but had no candidate here)")
 _UNSET = re.compile(r"raise or unset (\w+)")
 _RUN_FIRST = re.compile(r"run (\w+) first")
 

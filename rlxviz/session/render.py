@@ -28,7 +28,7 @@ from ..passes.why.text import none_made_words
 from ..passes.why.verdict import OP_GAP_GROUP, LayerVerdict, RunVerdict, first_gap, layer_verdict, why_step
 from ..viz import Overlay, Verdict, render_dot, render_svg
 from ..viz.dot import GAP_MARK
-from ..viz.overlay import before_caption, change_words, group_words
+from ..viz.overlay import GapNames, before_caption, change_words, group_words
 from .cache import LRUCache
 from .loading import layer_indices
 
@@ -109,13 +109,12 @@ def _gap_title(trace: Trace, v: LayerVerdict, gap: OpGap, k: int, ov: Overlay) -
     words of the Why tab's `rlxviz's ops lack:` lines (`OpGap.__str__`), saying where it is: `also △ in P, a later
     pass (not drawn): ...` for a gap refused in a later pass than `trace.steps[k]`'s (deit's mask-less attention block
     behind its bias-after-residual gap), `also △ in this drawing: ...` for one this step refused elsewhere; then the
-    caption (`ov.title`), e.g. `fused as far as rlxviz's ops go: △ fuse_attention_block.qkv_attention_out @ %795: 2
-    gaps in rlxviz's ops: integer_qkv, default_scale; before fuse_attention_block, in this layer: 0 match(es), 0
-    rejected places, △1 place at a gap in rlxviz's ops`."""
+    caption (`ov.title`), e.g. `fused as far as rlxviz's ops go: △ fuse_attention_block.qkv_attention_out @ %795:
+    default_scale (2 gaps in rlxviz's ops: the layer's trait integer_qkv, default_scale); before fuse_attention_block,
+    in this layer: 0 match(es), 0 rejected places, △1 place at a gap in rlxviz's ops` (the place: `_gap_words`)."""
     at = next((a for a in gap.at if (gap.rule, a) in ov.standings), gap.at[0] if gap.at else None)
     gaps = (ov.gap_names.get((gap.rule, at), ()) if at is not None else ()) or ((gap.form, gap.by),)
-    words = group_words(OP_GAP_GROUP, gaps)
-    words = words if words != OP_GAP_GROUP else f"{words}: {gaps[0][1]}"  # one gap, one guard: named all the same
+    words = _gap_words(ov, gap.rule, at, gaps)
     where = f" @ %{at}" if at is not None else ""
     named = {(gap.rule, f) for f, _ in gaps} | {(gap.rule, gap.form)}
     also = []
@@ -127,6 +126,25 @@ def _gap_title(trace: Trace, v: LayerVerdict, gap: OpGap, k: int, ov: Overlay) -
                  f"in {trace.steps[at_k].pass_name}, a later pass (not drawn)")
         also.append(f"also {GAP_MARK} {scope}: {g}")
     return "; ".join([f"{v.status}: {GAP_MARK} {gap.rule}{where}: {words}", *also, ov.title])
+
+
+def _gap_words(ov: Overlay, rule: str, at: int | None, gaps: GapNames) -> str:
+    """What `_gap_title` says the place (`rule`, `at`) ran into, in the words of its cluster's label (`viz.dot`:
+    `GUARD (STANDING)`): the failing guards that meet a gap there (the place's refusals but those `ov.followers`
+    names, no gap themselves), then the gap group counting its gaps, each named by its guard or, where a layer trait
+    makes the gap whatever the guard, as `the layer's trait T` (`viz.overlay.trait_worded`, the text's `rlxviz's ops
+    lack:` words): qwen3's `qkv_packed (gap in rlxviz's ops: the layer's trait qk_norm)`, esm.qdyn's `default_scale
+    (2 gaps in rlxviz's ops: the layer's trait integer_qkv, default_scale)`, never a trait bare where a guard's name
+    stands. The group and its one name (`gap in rlxviz's ops: any refusal, the layer's trait T`) where no refusal of
+    the place is drawn."""
+    guards = list(dict.fromkeys(r.guard for r in ov.rejections if (r.rule, r.anchor) == (rule, at)
+                                and (rule, at, r.guard) not in ov.followers))
+    words = group_words(OP_GAP_GROUP, gaps)
+    if not guards:
+        return words if words != OP_GAP_GROUP else f"{words}: {gaps[0][1]}"  # one gap, one guard: named all the same
+    if words == OP_GAP_GROUP and any(n not in guards for _, n in gaps):  # one gap, a trait: the label names none
+        words = f"{words}: {gaps[0][1]}"
+    return f"{', '.join(guards)} ({words})"
 
 
 def _refuses(step: PassStep, g: OpGap) -> bool:

@@ -30,11 +30,13 @@ def blocker_name(guard: str, blocker: Blocker | None) -> str:
     return blocker[0] if blocker[0] == guard else f"{blocker[0]} ({blocker[1]})"
 
 
-MADE_READERS = "{guard} ({kind}: read there by the {what} that rlxviz's {rule} made from your nodes)"
+MADE_READERS = ("{guard} ({kind} while the {what} reads there: the fusion would hide the value that reader needs; "
+                "the reader is rlxviz's own, made by its {rule} from your nodes)")
 """A blocker's name (`blocker_name`) when every reader its failure highlights was made by one of rlxviz's own
 rewrites (`made_readers`): gpt-neox's attention output is read by the exporter's sdpa NaN guard, which
 `canonicalize_exported.nan_guard_moved` moved past the head merge, and `attn_single_user (illegal)` alone read as a
-fault of the model."""
+fault of the model. The kind is said as holding while that reader reads there, with what it costs (the fusion would
+hide the value): `illegal: read there by ...` read as "no fused op could ever take it"."""
 
 
 def made_readers(trace: Trace, readers: tuple[int, ...]) -> tuple[str, str] | None:

@@ -104,11 +104,11 @@ def gap_followers(trace: Trace, refusals: list[Rejection]) -> dict[str, str]:
     """Each further failing guard of one place at a gap in rlxviz's ops that runs into no gap itself
     (`place_gap_names` of its refusal alone is empty) -> the words the text gives it: the not-expected line's caveat
     (`caveat.caveat_words` of `caveat.fix_blocker` of the place's headline refusal: `alone it is not enough:
-    attn_single_user (illegal: read there by the sdpa NaN guard ...) fails next`) when it is what fails next once the
-    gap's compiler fix alone is applied, else "" (one more guard the candidate fails, `explain -v`'s `also fails`).
-    gpt-neox's attention place is a gap (`rope_full_rotary`, partial rotary) whose `attn_single_user` is the illegal
-    next blocker, not a gap: a drawing that marked it with the place's gap group alone read as a second gap. {} for a
-    place at no gap."""
+    attn_single_user (illegal while the sdpa NaN guard ... reads there: ...) fails next`) when it is what fails next
+    once the gap's compiler fix alone is applied, else "" (one more guard the candidate fails, `explain -v`'s `also
+    fails`). gpt-neox's attention place is a gap (`rope_full_rotary`, partial rotary) whose `attn_single_user` is the
+    illegal next blocker, not a gap: a drawing that marked it with the place's gap group alone read as a second gap.
+    {} for a place at no gap."""
     facts = RunFacts.of(trace)
     head = next((r for r in refusals if r.headline), refusals[0] if refusals else None)
     if head is None or not place_gap_names(trace, refusals):
