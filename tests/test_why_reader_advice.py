@@ -168,3 +168,30 @@ def test_a_dead_readers_compiler_fix_is_dce_before_the_refusing_pass(on, shape, 
             assert r.fix == (f"dead_code_elimination before {pass_name}: mul (node 43, encoder.layer.0) reaches no "
                              "graph output (dead code), so removing it first keeps every output and leaves the fusion "
                              "nothing to drop"), r.fix
+
+
+def test_a_dead_readers_refusal_is_not_worded_plain_illegal(capsys):
+    """Start strip ②'s refusal (`dead_h1_user`: h1's extra reader reaches no output) is `illegal` only as the graph
+    stands: the text words its kind so (`refusal_kinds.kind_words`), the app's Why tab too, and `--json` keeps the
+    kind `illegal`; a live reader (`extra_h1_user`, a probe the model returns) keeps plain `illegal`."""
+    from rlxviz.app.explain import _why_markdown
+    from rlxviz.passes.refusal_kinds import DEAD_READER_KIND, DEAD_READERS_KIND, ILLEGAL, kind_words
+
+    main(["explain", "bert-tiny", "--variant", "dead_h1_user", "--layer", "0", "-v"])
+    dead = capsys.readouterr().out
+    assert f"guard h1_user_count (guard, {DEAD_READER_KIND}):" in dead, dead
+    assert "h1_user_count (guard, illegal)" not in dead and f"h1_user_count (guard, {DEAD_READER_KIND})" in \
+        dead.split("[rejected] fuse_transformer_layer.bert_post_ln: ", 1)[1], dead
+    main(["explain", "bert-tiny", "--variant", "dead_h1_user", "--layer", "0", "--json"])
+    (lv,) = json.loads(capsys.readouterr().out)["layers"]
+    assert lv["first"]["kind"] == ILLEGAL, lv["first"]
+    main(["explain", "bert-tiny", "--variant", "extra_h1_user", "--layer", "0", "-v"])
+    live = capsys.readouterr().out
+    assert "guard h1_user_count (guard, illegal):" in live and "dead code" not in live.split("fix:", 1)[0], live
+    cfix = lv["first"]["compiler_fix"]
+    assert f"(**{DEAD_READER_KIND}**)" not in _why_markdown("h1_user_count", ILLEGAL, "m", "", cfix)
+    assert f"guard **h1_user_count** ({DEAD_READER_KIND}): m" in _why_markdown("h1_user_count", ILLEGAL, "m", "", cfix)
+    assert _why_markdown("g", ILLEGAL, "m", "", "a multi-output op").startswith("guard **g** (illegal): m")
+    assert kind_words(ILLEGAL, "dead_code_elimination before p: a, b reach no graph output (dead code), so "
+                      "removing them first") == DEAD_READERS_KIND
+    assert kind_words("not recognized", cfix) == "not recognized"

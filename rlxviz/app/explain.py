@@ -19,6 +19,7 @@ from ..ir.ops import made_as
 from ..ir.printer import format_value
 from ..passes.made import made_in_run
 from ..passes.pipeline import role_label
+from ..passes.refusal_kinds import kind_words
 from ..passes.report import fix_line, in_context
 from ..passes.trace import Rejection, Trace, anchor_position, layer_label, layer_of, reading_order, whose_place
 from ..passes.why.places import LEFT_OUT_STATUS, gap_workaround, place_standings, place_status
@@ -477,7 +478,7 @@ OP_GAP = f"<b style='color:{OP_GAP_INK}'>△ {{standing}}</b>"
 def _why_markdown(guard: str, kind: str, message: str, hint: str, fix: str) -> str:
     """`guard **G** (kind): message *Fix:* hint *Compiler fix:* fix`, as `explain` words a refusal. The guard and
     its kind are names from the pass library (shown as they are); message, hint and fix quote the model: escaped."""
-    what = f" ({kind})" if kind else ""
+    what = f" ({kind_words(kind, fix)})" if kind else ""
     msg = f": {md_escape(message)}" if message else ""
     return (f"guard **{guard}**{what}{msg}" + (f" *Fix:* {md_escape(hint)}" if hint else "")
             + (f" *Compiler fix:* {md_escape(fix)}" if fix else ""))

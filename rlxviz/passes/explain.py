@@ -21,6 +21,7 @@ from ..ir import Graph, Node, Op
 from ..ir.identity import DigestCache
 from .engine import PassResult, settle
 from .pipeline import PASSES, Pipeline
+from .refusal_kinds import kind_words
 from .report import in_context, user_origin
 from .trace import Match, PassStep, Rejection, Trace, layer_label, layer_of, same_stack_as
 
@@ -66,7 +67,7 @@ class Outcome:
         rejections), one per line. Front ends print these (no other formatting of rejections)."""
         out: list[str] = []
         if self.status == "rejected":
-            how = ", ".join(x for x in (self.stage, self.kind) if x)
+            how = ", ".join(x for x in (self.stage, kind_words(self.kind, self.fix)) if x)
             out.append(f"{indent}guard {self.guard} ({how}): {self.message}")
             if self.hint and self.hint not in self.message:
                 out.append(f"{indent}fix: {self.hint}")
@@ -111,7 +112,7 @@ class LayerExplanation:
                 lines.append(f"  [fused]    {o.rule}: -> {made}")
                 lines += o.lines("             ")
             elif o.status == "rejected":
-                lines.append(f"  [rejected] {o.rule}: {o.guard} ({o.stage}, {o.kind}): {o.message}")
+                lines.append(f"  [rejected] {o.rule}: {o.guard} ({o.stage}, {kind_words(o.kind, o.fix)}): {o.message}")
                 lines += o.lines("             ")[1:]
             else:
                 lines.append(f"  [-]        {o.rule}: not applicable")

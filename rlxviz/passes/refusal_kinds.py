@@ -63,6 +63,23 @@ quantized weight's own): its refusal's remedy is the guard's `remedy`, not `IN_M
 `--json`'s `remedy` and `fix` never disagree."""
 
 
+DCE_FIRST_PREFIX = "dead_code_elimination before "
+"""How a compiler fix starts when a reader refusal's extra readers are all dead code (`readers.DCE_FIRST`)."""
+DEAD_READER_KIND = "illegal as it stands: its extra reader is dead code"
+DEAD_READERS_KIND = "illegal as it stands: its extra readers are dead code"
+"""How an `illegal` refusal whose extra readers all reach no graph output (`rule.Fail.dead`) is worded wherever its
+kind is printed: plain `illegal` (the model reads the value elsewhere) was untrue for a reader that reaches no
+output. The refusal's `kind` stays `ILLEGAL` (`--json`, the near-miss rule and the verdict read it)."""
+
+
+def kind_words(kind: str, fix: str = "") -> str:
+    """How a refusal's `kind` is printed: `DEAD_READER_KIND` (`DEAD_READERS_KIND` for several readers) when it is
+    `ILLEGAL` and its compiler fix `fix` is dead-code elimination first (`readers.DCE_FIRST`), else `kind` as is."""
+    if kind != ILLEGAL or not fix.startswith(DCE_FIRST_PREFIX):
+        return kind
+    return DEAD_READERS_KIND if " reach no graph output" in fix.partition(":")[2] else DEAD_READER_KIND
+
+
 def near_miss_kind(kind: str, remedy: str = "") -> bool:
     """Whether a refusal of `kind` with `remedy` (`REMEDIES`) can be a near-miss at all: not one of `NOT_NEAR_MISSES`
     (the model's own term, a lookalike) and not `DOES_NOT_PAY` (the tool's own cost test declined it: nothing to fix).
@@ -73,4 +90,5 @@ def near_miss_kind(kind: str, remedy: str = "") -> bool:
 
 __all__ = ["ILLEGAL", "NOT_RECOGNIZED", "NOT_PROFITABLE", "MODEL_TERM", "NOT_A_CANDIDATE", "KINDS", "NOT_NEAR_MISSES",
            "IN_MODEL", "COMPILER_ONLY", "READ_BY_MODEL", "DOES_NOT_PAY", "REMEDIES", "NO_MODEL_FIX", "UNCHECKED_FIX",
-           "NOTHING_TO_CHANGE", "near_miss_kind"]
+           "NOTHING_TO_CHANGE", "near_miss_kind", "DCE_FIRST_PREFIX", "DEAD_READER_KIND", "DEAD_READERS_KIND",
+           "kind_words"]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from ..ir import Graph, Node
 from ..ir.identity import DigestCache
 from .pipeline import PASSES, STAGES, Pipeline
+from .refusal_kinds import kind_words
 from .trace import Rejection, Trace, layer_of, place_label, reading_order
 
 
@@ -206,7 +207,7 @@ def _what_ran(trace: Trace, step: int, r: Rejection, name: str) -> str | None:
     if related:
         k, x = related
         message = _in_context(trace, k, x)[0]  # k < step: its own "run Q first" in context too
-        return f"{name} ran before and said no here: {x.guard} ({x.kind}): {message}"
+        return f"{name} ran before and said no here: {x.guard} ({kind_words(x.kind, x.fix)}): {message}"
     if made:  # P did its part on these nodes: what blocks is between its product and this pattern
         x, after = made[-1]
         return (f"{name} ran before and did its part here ({x.rule} -> {_op_of(after, x.fused)}, node {x.fused}); "
