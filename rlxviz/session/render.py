@@ -111,7 +111,9 @@ def _gap_title(trace: Trace, v: LayerVerdict, gap: OpGap, k: int, ov: Overlay) -
     behind its bias-after-residual gap), `also △ in this drawing: ...` for one this step refused elsewhere; then the
     caption (`ov.title`), e.g. `fused as far as rlxviz's ops go: △ fuse_attention_block.qkv_attention_out @ %795:
     default_scale (2 gaps in rlxviz's ops: the layer's trait integer_qkv, default_scale); before fuse_attention_block,
-    in this layer: 0 match(es), 0 rejected places, △1 place at a gap in rlxviz's ops` (the place: `_gap_words`)."""
+    in this layer: 0 match(es), 0 rejected places, △1 place at a gap in rlxviz's ops` (the place: `_gap_words`). The
+    place's caveat on its compiler fix follows its words where no follower's mark says it (`Overlay.caveats`: esm's
+    `alone it is not enough: qkv_packed (not recognized) fails next`)."""
     at = next((a for a in gap.at if (gap.rule, a) in ov.standings), gap.at[0] if gap.at else None)
     gaps = (ov.gap_names.get((gap.rule, at), ()) if at is not None else ()) or ((gap.form, gap.by),)
     words = _gap_words(ov, gap.rule, at, gaps)
@@ -125,7 +127,9 @@ def _gap_title(trace: Trace, v: LayerVerdict, gap: OpGap, k: int, ov: Overlay) -
         scope = ("in this drawing" if at_k == k else "elsewhere in the run (not drawn)" if at_k is None else
                  f"in {trace.steps[at_k].pass_name}, a later pass (not drawn)")
         also.append(f"also {GAP_MARK} {scope}: {g}")
-    return "; ".join([f"{v.status}: {GAP_MARK} {gap.rule}{where}: {words}", *also, ov.title])
+    caveat = ov.caveats.get((gap.rule, at), "") if at is not None else ""  # the text's: esm's qkv_packed next
+    return "; ".join([f"{v.status}: {GAP_MARK} {gap.rule}{where}: {words}", *([caveat] if caveat else []), *also,
+                      ov.title])
 
 
 def _gap_words(ov: Overlay, rule: str, at: int | None, gaps: GapNames) -> str:

@@ -248,6 +248,9 @@ class _Drawer:
         follower = self._follower(r, mark_word) if group else None
         head = f"{mark_word} {group.upper()} (not a near-miss)" if group else "REJECTED"
         head = follower[1] if follower is not None else head
+        caveat = self.ov.caveats.get((r.rule, r.anchor), "") if follower is None else ""  # the text's, on the gap
+        head += f"; a compiler fix; {caveat};" if caveat else ""
+        cut = caveat.partition(": ")  # two label lines: `alone it is not enough:` / `qkv_packed (...) fails next`
         tip = f"{head} {r.rule} [{r.stage}] guard {r.guard}: {r.message}" + (f"\nhint: {r.hint}" if r.hint else "")
         for role, i in r.bindings.items():  # the candidate's roles, in a neutral colour: red is for the culprit
             # once per node per place (rule, anchor): a candidate refused at four guards is one candidate, so its
@@ -260,7 +263,8 @@ class _Drawer:
         if group:  # no near-miss: its node says what the place is, in the chips' mark and ink, never the red
             for i in dict.fromkeys((mark, *r.offending)):
                 lines = (follower[0][0] + self._whose(r, i), follower[0][1]) if follower is not None else \
-                    (f"{mark_word} {group}{self._whose(r, i)}: {r.guard}",)
+                    (f"{mark_word} {group}{self._whose(r, i)}: {r.guard}" + (";" if caveat else ""),
+                     *((f"{cut[0]}:", cut[2]) if cut[2] else (caveat,) * bool(caveat)))
                 notes = self.notes.setdefault(i, [])
                 if not any(notes[j:j + len(lines)] == [(x, ink) for x in lines] for j in range(len(notes))):
                     notes += [(x, ink) for x in lines]

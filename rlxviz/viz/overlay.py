@@ -215,6 +215,23 @@ def gap_followers(trace: Trace | None, step: PassStep, groups: dict[tuple[str, i
             for guard, words in followers(trace, rs).items()}
 
 
+def gap_caveats(trace: Trace | None, step: PassStep, groups: dict[tuple[str, int], str] | None = None
+                ) -> dict[tuple[str, int], str]:
+    """Each place (rule, anchor) of `step`'s refusals at a gap in rlxviz's ops (`place_groups`, or `groups`: `is_gap`)
+    whose compiler fix alone is not enough, where no follower of the place says so (`gap_followers`) -> the text's
+    caveat (`passes.why.standing.gap_caveat`): esm's attention -> `alone it is not enough: qkv_packed (not
+    recognized) fails next`. {} without `trace` (or a step of no trace)."""
+    if trace is None or trace.index_of(step) is None:
+        return {}
+    from ..passes.why.standing import gap_caveat  # the verdict reads the pipeline; the overlay is drawn without
+
+    groups = place_groups(trace, step) if groups is None else groups
+    at: dict[tuple[str, int], list[Rejection]] = {}
+    for r in step.rejections:
+        at.setdefault((r.rule, r.anchor), []).append(r)
+    return {pl: w for pl, rs in at.items() if is_gap(groups.get(pl, "")) and (w := gap_caveat(trace, rs))}
+
+
 def group_words(group: str, gaps: GapNames) -> str:
     """A gap group (`is_gap`, e.g. `gap in rlxviz's ops`) with the gaps its place ran into (`gap_names`): the group
     alone for one gap met by one guard (or none), else each gap's name, counted by op form: `2 gaps in rlxviz's ops:
@@ -280,6 +297,9 @@ class Overlay:
             caveat when it fails next once the gap's fix alone is applied (`alone it is not enough: attn_single_user
             (illegal: ...) fails next`), else "": its marks say so, never the place's gap group with its guard as if
             that guard were a gap.
+        caveats: each place of `standings` at a gap whose compiler fix alone is not enough, where no follower says
+            so (`gap_caveats`) -> the text's caveat (`alone it is not enough: qkv_packed (not recognized) fails
+            next`): its `△` marks and the Why title say it.
         names: node id -> (rule, role) per binding of a match or rejection that this overlay does not draw: the
             names messages give the node (`ln1 (role h1)`), put in its tooltip's `roles:` line so the search finds
             it by them in the after pane too (only the before pane tags candidates).
@@ -300,6 +320,7 @@ class Overlay:
     made: dict[int, Beside] = field(default_factory=dict)
     gap_names: dict[tuple[str, int], GapNames] = field(default_factory=dict)
     followers: Followers = field(default_factory=dict)
+    caveats: dict[tuple[str, int], str] = field(default_factory=dict)
 
     @classmethod
     def before(cls, step: PassStep, rejections: bool = True, trace: Trace | None = None) -> Overlay:
@@ -324,7 +345,8 @@ class Overlay:
                    made=made_in_run(trace) if trace is not None else {},
                    standings=(groups := place_groups(trace, step) if rejections else {}),
                    gap_names=gap_names(trace, step, groups) if rejections else {},
-                   followers=gap_followers(trace, step, groups) if rejections else {})
+                   followers=gap_followers(trace, step, groups) if rejections else {},
+                   caveats=gap_caveats(trace, step, groups) if rejections else {})
 
     def worded_by(self, trace: Trace, step: PassStep) -> Overlay:
         """This overlay with `step`'s rejections (of `trace`) worded as `explain` and the table word them
@@ -332,7 +354,8 @@ class Overlay:
         the chips do with the trace (`before_caption`)."""
         groups = place_groups(trace, step) if self.rejections else {}
         out = replace(self, rejections=worded(trace, step), standings=groups, gap_names=gap_names(trace, step, groups),
-                      followers=gap_followers(trace, step, groups)) if self.rejections else self
+                      followers=gap_followers(trace, step, groups), caveats=gap_caveats(trace, step, groups)
+                      ) if self.rejections else self
         out = replace(out, made=made_in_run(trace))
         return replace(out, title=before_caption(step, trace)) if out.title.startswith("before ") else out
 
@@ -364,7 +387,8 @@ class Overlay:
                    rejections=tuple(r for s in trace.steps for r in worded(trace, s)), origin=all_versions(trace),
                    made=made_in_run(trace), standings=(groups := run_groups(trace)),
                    gap_names={pl: names for s in trace.steps for pl, names in gap_names(trace, s, groups).items()},
-                   followers={k: w for s in trace.steps for k, w in gap_followers(trace, s, groups).items()})
+                   followers={k: w for s in trace.steps for k, w in gap_followers(trace, s, groups).items()},
+                   caveats={pl: w for s in trace.steps for pl, w in gap_caveats(trace, s, groups).items()})
 
     @property
     def excused(self) -> frozenset[tuple[str, int]]:

@@ -122,6 +122,21 @@ def gap_followers(trace: Trace, refusals: list[Rejection]) -> dict[str, str]:
     return out
 
 
+def gap_caveat(trace: Trace, refusals: list[Rejection]) -> str:
+    """The text's caveat on the compiler fix of one place at a gap in rlxviz's ops (`refusals`, all of that place):
+    `caveat.caveat_words` of `caveat.fix_blocker` of its headline refusal, `alone it is not enough: qkv_packed (not
+    recognized) fails next` (esm's attention: its `default_scale` gap's fix alone leaves the packed QKV unrecognized),
+    when no further failing guard of the place says it (`gap_followers`: gpt-neox's `attn_single_user` carries it);
+    "" for a place at no gap, a fix that is enough, or a caveat a follower carries."""
+    facts = RunFacts.of(trace)
+    head = next((r for r in refusals if r.headline), refusals[0] if refusals else None)
+    if head is None or not place_gap_names(trace, refusals):
+        return ""
+    arch = _judged_as(facts, head.layer)
+    words = caveat_words(fix_blocker(trace, head.rule, head.anchor, head.guard, arch)) if arch is not None else ""
+    return "" if words in gap_followers(trace, refusals).values() else words
+
+
 def _own_fixes(facts: RunFacts, r: Rejection) -> Rejection | None:
     """`r`, whose fixes `policy` reads for a gap in rlxviz's ops; None in a layer judged as another kind than its own
     (`judged_kind`: its refusals are its deviation, as `excused_misses` reads them)."""
@@ -130,4 +145,4 @@ def _own_fixes(facts: RunFacts, r: Rejection) -> Rejection | None:
     return None if facts.cache.get(("deviates", r.layer)) else r
 
 
-__all__ = ["gap_followers", "place_gap_names", "place_gaps", "standing", "unexpected_fix"]
+__all__ = ["gap_caveat", "gap_followers", "place_gap_names", "place_gaps", "standing", "unexpected_fix"]
