@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import weakref
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,8 @@ class Runs:
         """`state`: the `AppState` whose jobs these are (its parameters are read and set through it)."""
         self.state = state
         self._model_key: tuple = ()
+        # the model whose version 0 was checked against its ONNX file (weak: an old model's memory is not kept)
+        self._checked: weakref.ref[Model] | Callable[[], None] = lambda: None
         self._shown_key: tuple = ()  # (model key, pipeline key) of the run the panes show
         self._stale_why = ""  # the last failure's reason as the stale banner says it (`stale.stale_why`)
         self._shown_run: tuple[tuple, Model, Trace] | None = None  # the last whole run shown: (key, model, trace)
@@ -202,7 +205,9 @@ class Runs:
             if new_model:  # the first picture: the input graph as read, before the check and the passes (issue 39)
                 self._show_input_first(key, model, gen)
             checked = None
-            if new_model and model.meta.get("onnx_file"):  # does version 0 equal the file itself?
+            # does version 0 equal the file itself? Once per model read: a load superseded after its input graph
+            # was shown left the model read but unchecked, and the newer load (same model) said nothing of the file
+            if model.meta.get("onnx_file") and self._checked() is not model:
                 page(lambda: s._set_progress(30, "Checking version 0 against the ONNX model…"))
                 checked = import_check(model)
             page(lambda: s._set_progress(40, "Running the fusion pipeline…"))
@@ -225,6 +230,8 @@ class Runs:
                 # model and trace change together: views never see the new model with the old trace
                 self._set_trace(trace, model if new else None)
                 self._notice_variant()
+                if checked is not None:
+                    self._checked = weakref.ref(model)
                 if checked is not None:  # the CLI's line, word for word (`session.fidelity`), after a switch's
                     # and what the file had already fused, as `explain` prints it below that line (the app said
                     # nothing of ONNX Runtime's fusions: `session.imported_forms`)
