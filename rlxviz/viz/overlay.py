@@ -160,6 +160,18 @@ GapNames = tuple[tuple[str, str], ...]
 """`(op form, short name)` of each gap in rlxviz's ops a place ran into (`passes.why.standing.place_gap_names`)."""
 
 
+def _gap_places(trace: Trace, step: PassStep, groups: dict[tuple[str, int], str] | None
+                ) -> dict[tuple[str, int], list[Rejection]]:
+    """`step`'s refusals by place (rule, anchor), the places at a gap in rlxviz's ops only (`place_groups`, or
+    `groups` when given: `is_gap`)."""
+    groups = place_groups(trace, step) if groups is None else groups
+    at: dict[tuple[str, int], list[Rejection]] = {}
+    for r in step.rejections:
+        if is_gap(groups.get((r.rule, r.anchor), "")):
+            at.setdefault((r.rule, r.anchor), []).append(r)
+    return at
+
+
 def gap_names(trace: Trace | None, step: PassStep, groups: dict[tuple[str, int], str] | None = None
               ) -> dict[tuple[str, int], GapNames]:
     """Each place (rule, anchor) of `step`'s refusals at a gap in rlxviz's ops (`place_groups`, or `groups` when
@@ -171,12 +183,8 @@ def gap_names(trace: Trace | None, step: PassStep, groups: dict[tuple[str, int],
         return {}
     from ..passes.why.standing import place_gap_names  # the verdict reads the pipeline; the overlay is drawn without
 
-    groups = place_groups(trace, step) if groups is None else groups
-    at: dict[tuple[str, int], list[Rejection]] = {}
-    for r in step.rejections:
-        at.setdefault((r.rule, r.anchor), []).append(r)
-    return {pl: trait_worded(place_gap_names(trace, rs), {r.guard for r in rs}) for pl, rs in at.items()
-            if is_gap(groups.get(pl, ""))}
+    at = _gap_places(trace, step, groups)
+    return {pl: trait_worded(place_gap_names(trace, rs), {r.guard for r in rs}) for pl, rs in at.items()}
 
 
 TRAIT_WORDS = "the layer's trait "
@@ -207,12 +215,8 @@ def gap_followers(trace: Trace | None, step: PassStep, groups: dict[tuple[str, i
         return {}
     from ..passes.why.standing import gap_followers as followers  # the verdict reads the pipeline; the overlay does not
 
-    groups = place_groups(trace, step) if groups is None else groups
-    at: dict[tuple[str, int], list[Rejection]] = {}
-    for r in step.rejections:
-        at.setdefault((r.rule, r.anchor), []).append(r)
-    return {(*pl, guard): words for pl, rs in at.items() if is_gap(groups.get(pl, ""))
-            for guard, words in followers(trace, rs).items()}
+    at = _gap_places(trace, step, groups)
+    return {(*pl, guard): words for pl, rs in at.items() for guard, words in followers(trace, rs).items()}
 
 
 def gap_caveats(trace: Trace | None, step: PassStep, groups: dict[tuple[str, int], str] | None = None
@@ -225,11 +229,8 @@ def gap_caveats(trace: Trace | None, step: PassStep, groups: dict[tuple[str, int
         return {}
     from ..passes.why.standing import gap_caveat  # the verdict reads the pipeline; the overlay is drawn without
 
-    groups = place_groups(trace, step) if groups is None else groups
-    at: dict[tuple[str, int], list[Rejection]] = {}
-    for r in step.rejections:
-        at.setdefault((r.rule, r.anchor), []).append(r)
-    return {pl: w for pl, rs in at.items() if is_gap(groups.get(pl, "")) and (w := gap_caveat(trace, rs))}
+    at = _gap_places(trace, step, groups)
+    return {pl: w for pl, rs in at.items() if (w := gap_caveat(trace, rs))}
 
 
 def group_words(group: str, gaps: GapNames) -> str:
