@@ -195,7 +195,10 @@ def test_codegen_reads_its_qkv_block_of_the_projection_merged_with_its_mlp():
     for got, ref in zip(run_reference(t.final, feeds, m.weights), want, strict=True):
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
     r = RunVerdict.of(t)
-    assert r.layers and all(lv.status == WORDS and lv.gap_forms == [PARTIAL_ROTARY_GAP] for lv in r.layers)
+    # the n_rot fix alone leaves `qkv_split (not recognized)` (the MLP's block in the merged projection): the layers
+    # are held back by rlxviz's patterns too (tests/test_gap_pattern_standing.py)
+    assert r.layers and all(lv.status == "fused as far as rlxviz's ops and patterns go"
+                            and lv.gap_forms == [PARTIAL_ROTARY_GAP] for lv in r.layers)
 
 
 def test_the_stage_makes_nothing_a_pipeline_without_the_block_lacks():

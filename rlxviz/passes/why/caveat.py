@@ -74,10 +74,22 @@ def fix_blocker(trace: Trace, rule: str, anchor: int, guard: str, arch: Architec
     it, then `residual_same_shape (not a candidate)` fails; "" when the fix is enough, nothing is known, or the reason
     names the pass's whole missing form (`policy.lacks_product`), not the guard's fix. Checked once per refusal and
     trace; the structured fact behind `fix_caveat`."""
+    return _fix_blocker(trace, rule, anchor, guard, arch)[0]
+
+
+def fix_blocker_kind(trace: Trace, rule: str, anchor: int, guard: str, arch: Architecture) -> str:
+    """The refusal kind (`passes.refusal_kinds`, e.g. `not recognized`) of what `fix_blocker` names as failing next;
+    "" when it names nothing. Data beside the words: a layer whose gap's fix alone leaves a pattern that rlxviz does
+    not recognize is held back by rlxviz's patterns too (`verdict.LayerVerdict.status`)."""
+    return _fix_blocker(trace, rule, anchor, guard, arch)[1]
+
+
+def _fix_blocker(trace: Trace, rule: str, anchor: int, guard: str, arch: Architecture) -> tuple[str, str]:
+    """`(fix_blocker, fix_blocker_kind)`, checked once per refusal and trace."""
     facts = RunFacts.of(trace)
     key = ("fix_blocker", rule, anchor, guard)
     if key not in facts.cache:
-        facts.cache[key] = ""
+        facts.cache[key] = ("", "")
         pass_name = rule.split(".")[0]
         if not lacks_product(arch, pass_name):
             hit = next(((k, r) for k, s in enumerate(trace.steps) if s.pass_name == pass_name for r in s.rejections
@@ -85,8 +97,8 @@ def fix_blocker(trace: Trace, rule: str, anchor: int, guard: str, arch: Architec
             blocker = fix_alone_blocker(trace, *hit) if hit is not None else None
             name = blocker_name(guard, blocker)
             made = made_readers(trace, fix_alone_readers(trace, *hit)) if blocker and blocker[0] != guard else None
-            facts.cache[key] = name if made is None or blocker is None else MADE_READERS.format(
-                guard=blocker[0], kind=blocker[1], rule=made[0], what=made[1])
+            facts.cache[key] = (name if made is None or blocker is None else MADE_READERS.format(
+                guard=blocker[0], kind=blocker[1], rule=made[0], what=made[1]), blocker[1] if name else "")
     return facts.cache[key]
 
 
@@ -150,4 +162,5 @@ def line_caveats(trace: Trace, rule: str, anchor: int, guard: str, arch: Archite
 
 
 __all__ = ["CAVEAT", "MADE_READERS", "WORKAROUND", "alone_caveat", "blocker_name", "caveat_words", "fix_blocker",
-           "fix_caveat", "line_caveats", "made_readers", "model_fix_note", "model_fix_rounded", "workaround_words"]
+           "fix_blocker_kind", "fix_caveat", "line_caveats", "made_readers", "model_fix_note", "model_fix_rounded",
+           "workaround_words"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from ..explain import Outcome
 from ..report import MissedFusion
 from ..trace import Trace, layer_of
-from .caveat import caveat_words, fix_blocker, model_fix_note, model_fix_rounded, workaround_words
+from .caveat import caveat_words, fix_blocker, fix_blocker_kind, model_fix_note, model_fix_rounded, workaround_words
 from .facts import RunFacts
 from .kinds import LayerArchitecture as Architecture
 from .policy import (
@@ -51,6 +51,7 @@ class Excused:
         reasons: anchor node -> the guard's own reason at that place, for the places after the first whose reason
             differs from `reason` (deit's ORT-optimized layer: the bias added after the residual at o_proj's matmul
             and at fc2's, each named); {} when every place has the first one's.
+        blocker_kind: the refusal kind of `blocker` (`caveat.fix_blocker_kind`, e.g. `not recognized`), "" without.
     """
 
     pattern: str
@@ -63,6 +64,7 @@ class Excused:
     workaround: str = ""
     rounded: bool = False
     reasons: dict[int, str] = field(default_factory=dict)
+    blocker_kind: str = ""
 
     @property
     def line(self) -> str:
@@ -115,6 +117,8 @@ class OpGap:
             has one), "" when the fix alone is enough or nothing is known.
         workaround: the checked change to the model that makes the fusion anyway (`Excused.workaround`), else "".
         rounded: that change keeps the numbers only up to rounding (`Excused.rounded`).
+        blocker_kind: the refusal kind of `blocker` (`Excused.blocker_kind`): `not recognized` when what fails next is
+            a form rlxviz's patterns do not take, so the layer is held back by its patterns too, not by its ops alone.
     """
 
     form: str
@@ -124,6 +128,7 @@ class OpGap:
     blocker: str = ""
     workaround: str = ""
     rounded: bool = False
+    blocker_kind: str = ""
 
     def __str__(self) -> str:
         """`FORM (RULE: BY)`, as `explain`'s `rlxviz's ops lack:` line names it."""
@@ -142,16 +147,16 @@ def layer_gaps(arch: Architecture, refused: Iterable[Outcome], excused: Iterable
     for o in refused:
         mine = [x for x in groups if (x.pattern, x.guard) == (o.rule, o.guard)]
         at = tuple(dict.fromkeys(n for x in mine for n in x.places)) or o.nodes
-        blocker = next((x.blocker for x in mine if x.blocker), "")
+        blocker, kind = next(((x.blocker, x.blocker_kind) for x in mine if x.blocker), ("", ""))
         workaround, rounded = next(((x.workaround, x.rounded) for x in mine if x.workaround), ("", False))
         for form, by in gap_sources(arch, o.pass_name, o.guard, o if own else None):
-            g = OpGap(form, o.rule, by, at, blocker, workaround, rounded)
+            g = OpGap(form, o.rule, by, at, blocker, workaround, rounded, kind)
             out.setdefault(str(g), g)
     ran = {(g.rule, g.form) for g in out.values()}
     for x in groups:  # a gap no hard refusal names: a fusion made without part of it (tanh-GELU's epilogue)
         for form in x.gaps:
             if (x.pattern, form) not in ran:
-                g = OpGap(form, x.pattern, x.guard, tuple(x.places), x.blocker, x.workaround, x.rounded)
+                g = OpGap(form, x.pattern, x.guard, tuple(x.places), x.blocker, x.workaround, x.rounded, x.blocker_kind)
                 out.setdefault(str(g), g)
     return list(out.values())
 
@@ -185,8 +190,9 @@ def excused_misses(trace: Trace, arch: Architecture, layer: int | None, own: boo
         pattern, guard, why, blocker, workaround = key
         n = sum(k[0] == pattern and k[1].split("#")[0] == guard for k in out)  # another why: `GUARD#2`
         rounded = bool(workaround) and model_fix_rounded(trace, m.pattern, m.node, m.guard)
+        kind = fix_blocker_kind(trace, m.pattern, m.node, m.guard, arch) if blocker else ""
         out[pattern, f"{guard}#{n + 1}" if n else guard] = Excused(pattern, guard, m.reason, why, at, gaps, blocker,
-                                                                   workaround, rounded, reasons.get(key, {}))
+                                                                   workaround, rounded, reasons.get(key, {}), kind)
     return kept, out
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...ir.ops import REWRITTEN_AS
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
+from ..refusal_kinds import NOT_RECOGNIZED
 from ..trace import layer_label
 from .caveat import WORKAROUND
 
@@ -32,6 +33,29 @@ NO_FUSED_OP = "no fused op"
 """What a layer line lists when a layer held back by rlxviz's ops made no fused op (`made_words`)."""
 NOTHING_TO_FUSE = "nothing to fuse"
 """What a fused layer line lists when no fused op was expected of the layer and none was made (`made_words`)."""
+PATTERNS = "patterns"
+"""What a gap layer's status adds after `rlxviz's ops` when the compiler fix of a gap alone leaves a form that
+rlxviz's patterns do not recognize (`LayerVerdict.pattern_blocked`: esm's default_scale, then `qkv_packed (not
+recognized)`): "as far as rlxviz's ops go" would say the op alone stands between the layer and its fusion."""
+
+
+def held_words(legal: bool = False, patterns: bool = False) -> str:
+    """What holds a layer back, as its status says it: `rlxviz's ops`, `legal and rlxviz's ops`, `rlxviz's ops and
+    patterns` or `legal, rlxviz's ops and patterns` (`LayerVerdict.status`, the headline's counts)."""
+    parts = [w for w, on in (("legal", legal), ("rlxviz's ops", True), (PATTERNS, patterns)) if on]
+    return parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
+
+
+def gap_status(made: bool, legal: bool = False, patterns: bool = False) -> str:
+    """The status of a layer held back by gaps in rlxviz's ops: `fused as far as ... go` when it `made` a fused op,
+    else `held back by ...` (what is legal said `what is legal`), with `held_words`: `FUSED_AS_FAR_AS_OPS`,
+    `HELD_BACK_BY_OPS`, `HELD_BACK_BY_LEGAL_AND_OPS`, or those with `and patterns`."""
+    words = held_words(legal, patterns)
+    if made:
+        return f"fused as far as {words} go"
+    return "held back by " + words.replace("legal", "what is legal", 1) if legal else f"held back by {words}"
+
+
 GAP_IS_THE_COMPILERS = "a compiler fix, nothing in the model to change"
 """What a gap in rlxviz's ops asks of whom (the headline's count, the app's chip mark for such places)."""
 
@@ -315,7 +339,7 @@ def graph_gap_words(r: RunVerdict) -> str:
     forms = gap_forms(r)
     if not forms:
         return ""
-    status = FUSED_AS_FAR_AS_OPS if r.counts else HELD_BACK_BY_OPS
+    status = gap_status(bool(r.counts), patterns=any(g.blocker_kind == NOT_RECOGNIZED for g in r.gaps))
     blockers = list(dict.fromkeys(g.blocker for g in r.gaps if g.blocker))
     asks = gap_asks(any(g.workaround for g in r.gaps))
     if blockers:  # the compiler fix alone leaves a refusal standing: "nothing in the model to change" says too much
@@ -332,8 +356,8 @@ def gap_words(r: RunVerdict) -> str:
     short = [s for s in r.layers if s.gap_only]
     if not short:
         return ""
-    counts = [f"{n} {w}" for w, made in ((FUSED_AS_FAR_AS_OPS, True), (HELD_BACK_BY_OPS, False))
-              if (n := sum(s.has_fused_op == made for s in short))]
+    counts = [f"{n} {gap_status(made, patterns=pat)}" for made in (True, False) for pat in (False, True)
+              if (n := sum(s.has_fused_op == made and s.pattern_blocked == pat for s in short))]
     blockers = [s.gap_blocker for s in short if s.gap_blocker]  # `OpGap.blocker`: the fix alone not enough
     worked = sum(s.gap_workaround for s in short)  # `OpGap.workaround`: a checked change to the model
     lacks = f"{', '.join(counts)} (rlxviz lacks {', '.join(gap_forms(r))}"
@@ -411,7 +435,8 @@ def _left_out(r: RunVerdict) -> list[str]:
 
 
 __all__ = ["ALSO_REJECTED_COUNTED", "ALSO_REJECTED_NOT_COUNTED", "also_rejected_line",
-           "FUSED_AS_FAR_AS_OPS", "GAP_HAS_A_WORKAROUND", "GAP_IS_THE_COMPILERS", "GROUP_OVER",
+           "FUSED_AS_FAR_AS_OPS", "GAP_HAS_A_WORKAROUND", "GAP_IS_THE_COMPILERS", "GROUP_OVER", "PATTERNS",
+           "gap_status", "held_words",
            "HELD_BACK_BY_LEGAL_AND_OPS", "HELD_BACK_BY_OPS", "NOTHING_TO_FUSE", "NO_FUSED_OP", "fused_list",
            "gap_forms", "gap_words", "graph_gap_words", "headline", "headline_notes", "judged_words", "layer_dict",
            "left_out_heading", "made_words", "none_made_words", "not_fused_words", "gap_asks", "outcome_dict",

@@ -19,6 +19,7 @@ from ...ir.ops import FUSED_INTO, made_as
 from ..architecture import classify_layer
 from ..explain import Outcome, explain
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
+from ..refusal_kinds import NOT_RECOGNIZED
 from ..report import MissedFusion, left_out_line, left_out_rejections
 from ..trace import Rejection, Trace, resolve_layers, same_stack_as
 from . import text
@@ -172,6 +173,13 @@ class LayerVerdict:
         return bool(worked) and all(g.rounded for g in worked)
 
     @property
+    def pattern_blocked(self) -> bool:
+        """The compiler fix of one of the layer's gaps alone leaves a form rlxviz's patterns do not recognize
+        (`OpGap.blocker_kind`: esm's default_scale, then `qkv_packed (not recognized)`): the layer is held back by
+        rlxviz's patterns too, and its status says so (`text.gap_status`)."""
+        return any(g.blocker_kind == NOT_RECOGNIZED for g in self.gaps)
+
+    @property
     def gap_blocker(self) -> str:
         """What fails next when the compiler fix of the layer's first gap whose fix alone is not enough is applied
         (`OpGap.blocker`, e.g. `attn_single_user (illegal)`); "" when every gap's fix alone is enough, or none."""
@@ -238,14 +246,14 @@ class LayerVerdict:
     def status(self) -> str:
         """`fused`, `fused as far as legal`, `fused as far as rlxviz's ops go` (`op_gaps`), `fused as far as legal and
         rlxviz's ops go`, `held back by rlxviz's ops` (`op_gaps` and no fused op at all: `has_fused_op`), `held back by
-        what is legal and rlxviz's ops` or `not fused`: the headline words of the layer, what `explain`, `--json`, the
+        what is legal and rlxviz's ops` (each with `and patterns` when `pattern_blocked`, `text.gap_status`) or `not
+        fused`: the headline words of the layer, what `explain`, `--json`, the
         Why tab and the layers drawing say."""
         if not self.fused:
             return "not fused"
-        if self.op_gaps and not self.has_fused_op:
-            return text.HELD_BACK_BY_LEGAL_AND_OPS if self.legal_only else text.HELD_BACK_BY_OPS
-        short = [w for w, on in (("legal", self.legal_only), ("rlxviz's ops go", bool(self.op_gaps))) if on]
-        return "fused as far as " + " and ".join(short) if short else "fused"
+        if self.op_gaps:
+            return text.gap_status(self.has_fused_op, self.legal_only, self.pattern_blocked)
+        return "fused as far as legal" if self.legal_only else "fused"
 
     @property
     def reason(self) -> str:
