@@ -109,3 +109,19 @@ def test_a_match_elsewhere_in_the_layer_is_no_candidate_here_nor_its_part():
     # the same place in a layer the pass never matched in (no layer in the path): no candidate there
     nowhere = replace(far, path="")
     assert in_context(t, k, nowhere)[0].startswith("fuse_shared_input_matmul ran before but had no candidate here")
+
+
+BETWEEN = "what this pattern does not take stands between that product and this one"
+BESIDE = "what this pattern does not take lies beside that product (on an operand it does not feed)"
+
+
+@pytest.mark.parametrize(("name", "said"), [("esm.dynamo-eager", BETWEEN), ("mobilebert.dynamo-eager", BESIDE),
+                                             ("mobilebert.optimum", BESIDE)])
+def test_between_or_beside_follows_the_failed_checks_subject(capsys, name, said):
+    """esm: the head split sits on the path from the merged QKV matmul to the RoPE (between); mobilebert: V is
+    projected from another input than the merged Q/K matmul, so the check's subject is not fed by the merge (beside:
+    "between" named a place the product does not reach)."""
+    code, out, err = cli_run(capsys, "explain", ZOO / f"{name}.onnx", "-v")
+    assert "Traceback" not in err, err
+    assert said in out
+    assert (BESIDE if said == BETWEEN else BETWEEN) not in out

@@ -208,10 +208,12 @@ def _what_ran(trace: Trace, step: int, r: Rejection, name: str) -> str | None:
         k, x = related
         message = _in_context(trace, k, x)[0]  # k < step: its own "run Q first" in context too
         return f"{name} ran before and said no here: {x.guard} ({kind_words(x.kind, x.fix)}): {message}"
-    if made:  # P did its part on these nodes: what blocks is between its product and this pattern
+    if made:  # P did its part on these nodes: what blocks is between its product and this pattern, or beside it
         x, after = made[-1]
+        where = ("stands between that product and this one" if _feeds(trace, before, x.fused, r) else
+                 "lies beside that product (on an operand it does not feed)")  # mobilebert's V, another projection
         return (f"{name} ran before and did its part here ({x.rule} -> {_op_of(after, x.fused)}, node {x.fused}); "
-                f"what this pattern does not take stands between that product and this one")
+                f"what this pattern does not take {where}")
     if above:  # further up in the layer: what blocks may lie past that product (esm's Q scale) or beside it
         x, after = above[-1]  # (mobilebert's V, projected from another input)
         return (f"{name} ran before and did its part in this layer ({x.rule} -> {_op_of(after, x.fused)}, node "
@@ -222,6 +224,16 @@ def _what_ran(trace: Trace, step: int, r: Rejection, name: str) -> str | None:
         return (f"{name} ran before and matched in this layer ({x.rule} -> {_op_of(after, x.fused)}, node "
                 f"{x.fused}), but not on the nodes this pattern reads")
     return f"{name} ran before but had no candidate here (its pattern did not match these nodes)"
+
+
+def _feeds(trace: Trace, g: Graph, product: int, r: Rejection) -> bool:
+    """Whether `product` (or the node of `g` that absorbed it) lies above the node rejection `r`'s failed check is
+    about (its `subject`, else its `offending` nodes, else its anchor): then what the pattern does not take stands
+    between the two. esm's reshape between the merged QKV matmul and the RoPE does; mobilebert's V, projected from
+    another input than the merged Q/K matmul (the subject), does not."""
+    blamed = {r.subject} if r.subject is not None else set(r.offending) or {r.anchor}
+    above = _producers(g, blamed, depth=len(g))
+    return product in _with_absorbed(trace, above)
 
 
 def _with_absorbed(trace: Trace, ids: set[int]) -> set[int]:
