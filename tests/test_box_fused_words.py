@@ -72,9 +72,34 @@ def test_not_fusable_says_movement_and_dtype_changing_casts_only():
     x = b.input("x", (2, 3), "i64")
     cast = b.emit(Op.CAST, [x], dtype="bool")
     same = b.emit(Op.CAST, [cast], dtype="bool")
-    r = b.emit(Op.RESHAPE, [same], shape=(3, 2))
+    chained = b.emit(Op.CAST, [same], dtype="bool")  # a region could join `same` with it
+    r = b.emit(Op.RESHAPE, [chained], shape=(3, 2))
     t = b.emit(Op.TANH, [b.emit(Op.CAST, [r], dtype="f32")])
     b.output(t)
     g = b.build()
     assert not_fusable(g, g[cast]) and not_fusable(g, g[r])
     assert not not_fusable(g, g[same]) and not not_fusable(g, g[t])
+
+
+GPT_NEOX = CASES / "gpt-neox.legacy-sdpa.onnx"
+
+
+def test_a_lone_boolean_mask_op_leaves_nothing_to_fuse():
+    """gpt-neox's `model` box (its final norm, a FusedResidualLN, beside the mask's gather, cast, reshape and one
+    boolean `where`) read "partly fused": no region joins a lone `where` (`cleanup.region_of_one`), and mask logic is
+    taken by no other fused op. A boolean op a region could join, and a lone float op, stay fusable."""
+    t = _trace(GPT_NEOX)
+    box = _boxes(t, len(t.versions()) - 1)["g_model"]
+    assert any(n.op == Op.WHERE for n in box.nodes) and box.status == "fused", [n.op.value for n in box.nodes]
+    b = Builder()
+    x = b.input("x", (2, 3), "f32")
+    m = b.input("m", (2, 3), "bool")
+    lone = b.emit(Op.WHERE, [m, m, m])
+    pair = b.emit(Op.WHERE, [b.emit(Op.EQ, [x, x]), m, m])
+    f = b.emit(Op.TANH, [b.emit(Op.RESHAPE, [x], shape=(3, 2))])
+    b.output(lone)
+    b.output(pair)
+    b.output(f)
+    g = b.build()
+    assert not_fusable(g, g[lone])
+    assert not not_fusable(g, g[pair]) and not not_fusable(g, g[f])

@@ -25,6 +25,7 @@ import graphviz
 
 from ..ir import Graph, Node, Op
 from ..ir.ops import FUSED, LEAF, MOVEMENT, REWRITTEN_AS, SPECS, made_as
+from ..passes.rules.cleanup import region_of_one
 from ..passes.trace import Layer, Rejection, layer_label, layer_of
 from .dot import DotOptions, GraphTooLarge, _Drawer, _e, _html, _small, _tip
 from .heat import UNCOLOURED
@@ -172,11 +173,16 @@ pad), graph leaves and host ops. A box whose ops are fused but for these reads `
 
 
 def not_fusable(graph: Graph, n: Node) -> bool:
-    """`n` is no op a fusion of rlxviz could take in (`NOT_FUSABLE`), or a cast that changes the dtype (no
-    ElementwiseRegion takes one: `passes.rules.cleanup`): left beside a box's fused ops, it leaves nothing to fuse."""
+    """`n` is no op a fusion of rlxviz could take in (`NOT_FUSABLE`), a cast that changes the dtype (no
+    ElementwiseRegion takes one: `passes.rules.cleanup`), or a boolean op with no neighbour a region could join it
+    with (`cleanup.region_of_one`: gpt-neox's lone mask `where`; mask logic is taken by no fused op but a region, while
+    a lone float op may still be an epilogue a FusedMatMulBiasAct refused): left beside a box's fused ops, it leaves
+    nothing to fuse."""
     if n.op in NOT_FUSABLE:
         return True
-    return n.op == Op.CAST and bool(n.inputs) and graph[n.inputs[0]].dtype.value != n.attrs.get("dtype")
+    if n.op == Op.CAST and bool(n.inputs) and graph[n.inputs[0]].dtype.value != n.attrs.get("dtype"):
+        return True
+    return n.dtype.value == "bool" and region_of_one(graph, n)
 
 
 def all_fused(graph: Graph, g: LayerGroup, static: Collection[int]) -> bool:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...ir import Graph, Op, Rewriter
+from ...ir import Graph, Node, Op, Rewriter
 from ...ir.emitter import Ref
 from ...ir.fused import DECOMPOSITIONS, expand
 from ...ir.infer import broadcast
@@ -85,6 +85,19 @@ def _eligible(graph: Graph, n: Any) -> bool:
         except ValueError:
             return False
     return True
+
+
+def region_of_one(graph: Graph, n: Node) -> bool:
+    """`n` could sit in an ElementwiseRegion (`_eligible`) but has no neighbour a chain joins it with: no eligible
+    operand whose one use it is, and not one use of an eligible user. `mark_elementwise_regions` builds regions of two
+    steps or more, so such an op is left alone by it (gpt-neox's boolean mask `where` between a reshape and the
+    attention): nothing is left to fuse there."""
+    if not _eligible(graph, n):
+        return False
+    if any(_eligible(graph, graph[i]) and graph.use_count(i) == 1 for i in n.inputs):
+        return False
+    users = graph.users(n)
+    return not (len(users) == 1 and _eligible(graph, users[0]))
 
 
 def _regions(graph: Graph, params: Mapping[str, Any]) -> PassResult:
@@ -155,4 +168,4 @@ mark_elementwise_regions = Pass("mark_elementwise_regions", _regions,
                                 doc="elementwise chains -> ElementwiseRegion (limits: max_region_steps, "
                                     "max_region_inputs; split, never half-built)")
 
-__all__ = ["dead_code_elimination", "mark_elementwise_regions", "unfuse"]
+__all__ = ["dead_code_elimination", "mark_elementwise_regions", "region_of_one", "unfuse"]

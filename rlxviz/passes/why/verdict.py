@@ -174,9 +174,8 @@ class LayerVerdict:
 
     @property
     def pattern_blocked(self) -> bool:
-        """The compiler fix of one of the layer's gaps alone leaves a form rlxviz's patterns do not recognize
-        (`OpGap.blocker_kind`: esm's default_scale, then `qkv_packed (not recognized)`): the layer is held back by
-        rlxviz's patterns too, and its status says so (`text.gap_status`)."""
+        """A gap's compiler fix alone leaves a form rlxviz's patterns do not recognize (`OpGap.blocker_kind`: esm's
+        default_scale, then `qkv_packed (not recognized)`): its status names the patterns too (`text.gap_status`)."""
         return any(g.blocker_kind == NOT_RECOGNIZED for g in self.gaps)
 
     @property
