@@ -19,6 +19,7 @@ from ..ir.ops import made_as
 from ..ir.printer import format_value
 from ..passes.made import made_in_run
 from ..passes.pipeline import role_label
+from ..passes.placement import match_layer
 from ..passes.refusal_kinds import kind_words
 from ..passes.report import fix_line, in_context
 from ..passes.trace import Rejection, Trace, anchor_position, layer_label, layer_of, reading_order, whose_place
@@ -61,7 +62,9 @@ def decision_rows(trace: Trace | None) -> list[dict[str, Any]]:
             without = ", ".join(_ops(s.before, [i for r in left for i in r.offending]))
             # a fused op is "fused into"; a plain op a rewrite made (canonicalize_exported's add) "rewritten as"
             made = "rewritten" if fused is None else f"{made_as(fused.op)} {fused.op.value} %{fused.id}"
-            rows.append({"kind": "fused", "step": k, "pass": s.pass_name, "rule": m.rule, "layer": m.layer,
+            # the layer the verdict credits it to (`placement.match_layer`: a final norm's row names no layer)
+            layer = match_layer(trace.input, s.before, s.after, m)
+            rows.append({"kind": "fused", "step": k, "pass": s.pass_name, "rule": m.rule, "layer": layer,
                          "stage": "", "guard": "all passed" if not left else
                          "passed; left out by " + ", ".join(dict.fromkeys(r.guard for r in left)),
                          "why": "", "fix": "", "anchor": m.anchor,

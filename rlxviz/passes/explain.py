@@ -21,6 +21,7 @@ from ..ir import Graph, Node, Op
 from ..ir.identity import DigestCache
 from .engine import PassResult, settle
 from .pipeline import PASSES, Pipeline
+from .placement import match_layer
 from .refusal_kinds import kind_words
 from .report import in_context, user_origin
 from .trace import Match, PassStep, Rejection, Trace, layer_label, layer_of, same_stack_as
@@ -383,8 +384,8 @@ def _step_index(trace: Trace) -> tuple[_StepIndex, ...]:
         rules = [r.name for r in PASSES[name].rules] if name in PASSES else []
         rules += [r for r in dict.fromkeys([m.rule for m in found] + [r.rule for _, r in refused]) if r not in rules]
         matches: dict[tuple[str, int | None], list[Any]] = {}
-        for m in found:
-            matches.setdefault((m.rule, m.layer), []).append(m)
+        for m in found:  # a residual norm at a layer's edge by the placement rule, every other match by its path
+            matches.setdefault((m.rule, match_layer(trace.input, steps[0].before, steps[-1].after, m)), []).append(m)
         rejections: dict[tuple[str, int | None], list[Any]] = {}
         step_of: dict[tuple[str, int | None], list[int]] = {}
         for k, r in refused:
@@ -411,6 +412,14 @@ def _fused_layers(trace: Trace, steps: tuple[_StepIndex, ...]) -> dict[str, list
 def fused_layers(trace: Trace) -> dict[str, list[int]]:
     """rule -> the sorted layers where it fused anywhere in the run (cached per trace)."""
     return _fused_layers(trace, _step_index(trace))
+
+
+def outside_layers(trace: Trace) -> list[Outcome]:
+    """The fused outcomes, one per rule, of the run's matches credited to no layer (`placement.match_layer` None: the
+    embeddings' ops, a pooler's, the model's final norm), in pipeline order: what `RunVerdict.outside` says apart
+    from every layer's line."""
+    return [Outcome(at.name, rule, "fused", nodes=tuple(m.fused for m in mine if m.fused is not None))
+            for at in _step_index(trace) for rule in at.rules if (mine := at.matches.get((rule, None)))]
 
 
 def _nearest(layers: list[int] | tuple[()], layer: int) -> int | None:
@@ -478,4 +487,4 @@ def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None)
     return ex
 
 
-__all__ = ["LayerExplanation", "Outcome", "explain", "fused_layers", "layer_diff"]
+__all__ = ["LayerExplanation", "Outcome", "explain", "fused_layers", "layer_diff", "outside_layers"]

@@ -71,6 +71,10 @@ ALSO_REJECTED_NOT_COUNTED = ("a near-miss (the app's chips mark it ✗), not cou
 no product the layer misses (float16's where-mask that `canonicalize_exported.where_bias` refuses: the attention
 still fuses, keeping the mask as the model's own term), so the layer is fused all the same."""
 
+OUTSIDE_LAYERS = "outside the layers"
+"""The heading of the line after the layers' that lists the fused ops credited to no layer (`RunVerdict.outside`,
+`placement.match_layer`: the embeddings' ops, a pooler's, the model's final norm)."""
+
 GROUP_OVER = 3
 """More fused ops than this of one op from one pass are one item of a layer's line (`fused_list`)."""
 
@@ -213,7 +217,8 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
             lines += o.lines("    ")
     elif v.fused and v.bert_style:
         where = f" -> {v.expected} %{v.fused_node}" if v.fused_node is not None else ""
-        lines = [f"{layer_label(v.layer)}: fused{where}"]
+        also = f"; also {fused_list(v.done)}" if v.done else ""  # fused ops beside the layer op
+        lines = [f"{layer_label(v.layer)}: fused{where}{also}"]
     elif v.fused and v.op_gaps:  # the words say the gap: not "as expected" (`LayerVerdict.status`)
         lines = [f"{layer_label(v.layer)}: {v.status}: " + made_words(v)]
     elif v.fused:
@@ -381,7 +386,7 @@ def run_dict(r: RunVerdict) -> dict[str, Any]:
     for a graph whose node paths name no layer; a layered graph's are under each layer (`layers[].not_expected`)."""
     return {"model": r.model, "pipeline": r.pipeline, "ok": r.ok, "fused_layers": r.fused_layers,
             "checked_layers": len(r.layers), "gap_layers": r.gap_layers, "gap_forms": gap_forms(r),
-            "final_op_counts": r.counts, "layers": [layer_dict(s) for s in r.layers],
+            "final_op_counts": r.counts, "layers": [layer_dict(s) for s in r.layers], "outside_layers": r.outside,
             "misses": r.misses, "not_expected": r.not_expected, "left_out": r.left_out,
             "left_out_groups": [{"kind": g, "heading": left_out_heading(g, len(lines)),
                                  "items": lines}
@@ -407,8 +412,9 @@ def render_run(r: RunVerdict, verbose: bool = False) -> str:
         return "\n".join(head + [f"  {m}" for m in r.misses] + unmade
                          + [f"  not expected here: {x}" for x in r.not_expected]
                          + [f"  rlxviz's ops lack: {g}" for g in r.gaps] + _left_out(r))
+    outside = [f"{OUTSIDE_LAYERS}: {fused_list(r.outside)}"] if r.outside else []
     return "\n".join([headline(r), *crashes, *(f"  {n}" for n in headline_notes(r)),
-                      *(render_layer(s, verbose) for s in r.layers), *_left_out(r)])
+                      *(render_layer(s, verbose) for s in r.layers), *outside, *_left_out(r)])
 
 
 def headline_notes(r: RunVerdict) -> list[str]:
@@ -437,7 +443,8 @@ def _left_out(r: RunVerdict) -> list[str]:
 __all__ = ["ALSO_REJECTED_COUNTED", "ALSO_REJECTED_NOT_COUNTED", "also_rejected_line",
            "FUSED_AS_FAR_AS_OPS", "GAP_HAS_A_WORKAROUND", "GAP_IS_THE_COMPILERS", "GROUP_OVER", "PATTERNS",
            "gap_status", "held_words",
-           "HELD_BACK_BY_LEGAL_AND_OPS", "HELD_BACK_BY_OPS", "NOTHING_TO_FUSE", "NO_FUSED_OP", "fused_list",
+           "HELD_BACK_BY_LEGAL_AND_OPS", "HELD_BACK_BY_OPS", "NOTHING_TO_FUSE", "NO_FUSED_OP", "OUTSIDE_LAYERS",
+           "fused_list",
            "gap_forms", "gap_words", "graph_gap_words", "headline", "headline_notes", "judged_words", "layer_dict",
            "left_out_heading", "made_words", "none_made_words", "not_fused_words", "gap_asks", "outcome_dict",
            "render_layer", "render_run", "run_dict"]

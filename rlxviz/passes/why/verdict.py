@@ -14,17 +14,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ...ir import Op
-from ...ir.ops import FUSED_INTO, made_as
 from ..architecture import classify_layer
-from ..explain import Outcome, explain
+from ..explain import Outcome, explain, outside_layers
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
 from ..refusal_kinds import NOT_RECOGNIZED
 from ..report import MissedFusion, left_out_line, left_out_rejections
 from ..trace import Rejection, Trace, resolve_layers, same_stack_as
 from . import text
 from .excused import OpGap, excused_misses, expected_misses, layer_gaps, places_words
-from .facts import RunFacts, Unmade, illegal_here, made_by, op_of, recognized, silent
+from .facts import RunFacts, Unmade, fused_items, illegal_here, made_by, recognized, silent
 from .kinds import LayerArchitecture
 from .policy import (
     EXPECT_MODES,
@@ -105,9 +103,10 @@ class LayerVerdict:
         architecture: the layer's own kind (`architecture.classify_layer`).
         expected_kind: the kind the layer is judged as: its own, or `post_ln` when it deviates from sibling
             layers that are all post-LN (see `judged_kind`).
-        done: the fusions that happened in the layer, e.g. `FusedSwiGLU %31 (fuse_swiglu)` (non-BERT layers, and any
-            layer not fused): fused ops only (`ir.ops.made_as`); a plain op a match made is in `rewritten`. Those
-            the final version holds: one a later pass absorbed is said by its absorber.
+        done: the fusions that happened in the layer, e.g. `FusedSwiGLU %31 (fuse_swiglu)` (in a fused BERT layer,
+            those beside its `fused_node`): fused ops only (`ir.ops.made_as`; a plain op a match made is in
+            `rewritten`), those the final version holds (one a later pass absorbed is said by its absorber), placed
+            by `placement.match_layer` (a residual norm at the layer's edge: one layer's, or `RunVerdict.outside`).
         not_expected: rejections that do not count for this architecture, with the reason (the excuses).
         blocker: when the first rejection's own product was still made in the layer (a soft guard), what the
             fusion left that blocks the layer, e.g. `packed attention made, but additive mask kept (mask_form)`.
@@ -246,8 +245,7 @@ class LayerVerdict:
         """`fused`, `fused as far as legal`, `fused as far as rlxviz's ops go` (`op_gaps`), `fused as far as legal and
         rlxviz's ops go`, `held back by rlxviz's ops` (`op_gaps` and no fused op at all: `has_fused_op`), `held back by
         what is legal and rlxviz's ops` (each with `and patterns` when `pattern_blocked`, `text.gap_status`) or `not
-        fused`: the headline words of the layer, what `explain`, `--json`, the
-        Why tab and the layers drawing say."""
+        fused`: the headline words of the layer, what `explain`, `--json`, the Why tab and the layers drawing say."""
         if not self.fused:
             return "not fused"
         if self.op_gaps:
@@ -313,6 +311,11 @@ class RunVerdict:
     gaps: list[OpGap] = field(default_factory=list)
     """For a graph whose node paths name no layer: the gaps in rlxviz's ops its refusals ran into (`LayerVerdict.gaps`
     of the whole graph), which the headline names (`text.headline`)."""
+    outside: list[str] = field(default_factory=list)
+    """The fused ops of the final version credited to no layer (`placement.match_layer`: the embeddings' ops, a
+    pooler's, the model's final norm), each `OP %ID (PASS)` as `LayerVerdict.done`'s; the text's `outside the
+    layers:` line. With every layer checked, every fused op the final version holds is said once: by one layer's line
+    or here."""
 
     @staticmethod
     def of(trace: Trace, expect: str = "model", layers: Iterable[int] | None = None, model: str = "") -> RunVerdict:
@@ -409,7 +412,8 @@ def _run_verdict(facts: RunFacts, expect: str, wanted: tuple[int, ...], every: b
     counts = trace.final.fused_op_counts()
     if facts.layers:
         return RunVerdict(trace.pipeline, statuses, counts, crashed=crashed, expect=expect,
-                          left_out_groups=left_out_groups(trace, None if every else wanted))
+                          left_out_groups=left_out_groups(trace, None if every else wanted),
+                          outside=fused_items(trace, outside_layers(trace))[0] if every else [])
     arch = classify_layer(trace.input, None)
     misses, excused = excused_misses(trace, arch, None)
     return RunVerdict(trace.pipeline, statuses, counts, [str(m) for m in misses], arch,
@@ -515,13 +519,9 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     expected = layer_op if expect_ftl else ""
     by_parts = not arch.post_ln or ftl_illegal or ftl_excused is not None or ftl_gap
     if by_parts or not fused:  # what a layer not fused did make is said beside what it missed (`text.missed_words`)
-        items = [(op, n, o) for o in ex.outcomes if o.status == "fused" for n in o.nodes
-                 if (op := op_of(trace, n)) is not None]  # a fused op by its pass, a plain op by the rule that made it
-        # what the final version holds: a fused op a later pass absorbed (GPT-2's q/k/v FusedMatMulBiasAct, into
-        # its FusedAttentionBlock) is said by what absorbed it, not as a product of its own
-        done = [f"{op} %{n} ({o.pass_name})" for op, n, o in items
-                if made_as(Op(op)) == FUSED_INTO and n in trace.final]
-        rewritten = [f"{op} %{n} ({o.rule})" for op, n, o in items if made_as(Op(op)) != FUSED_INTO]
+        done, rewritten = fused_items(trace, ex.outcomes)  # what the final version holds (`facts.fused_items`)
+    else:  # a whole-layer op: the fused ops beside it (MPNet's position-bias region), so every one is said once
+        done = [x for x in fused_items(trace, ex.outcomes)[0] if not any(f" %{n} " in f"{x} " for n in ftl)]
     if by_parts:
         wanted = [o.pass_name for o in ex.outcomes
                   if (o.status == "fused" and makes_product(o.pass_name, o.rule)) or o in rejected]
