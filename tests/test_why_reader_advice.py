@@ -188,10 +188,40 @@ def test_a_dead_readers_refusal_is_not_worded_plain_illegal(capsys):
     main(["explain", "bert-tiny", "--variant", "extra_h1_user", "--layer", "0", "-v"])
     live = capsys.readouterr().out
     assert "guard h1_user_count (guard, illegal):" in live and "dead code" not in live.split("fix:", 1)[0], live
-    cfix = lv["first"]["compiler_fix"]
-    assert f"(**{DEAD_READER_KIND}**)" not in _why_markdown("h1_user_count", ILLEGAL, "m", "", cfix)
-    assert f"guard **h1_user_count** ({DEAD_READER_KIND}): m" in _why_markdown("h1_user_count", ILLEGAL, "m", "", cfix)
+    cfix, dead_ids = lv["first"]["compiler_fix"], tuple(lv["first"]["dead"])
+    said = _why_markdown("h1_user_count", ILLEGAL, "m", "", cfix, dead_ids)
+    assert f"(**{DEAD_READER_KIND}**)" not in said and f"guard **h1_user_count** ({DEAD_READER_KIND}): m" in said
     assert _why_markdown("g", ILLEGAL, "m", "", "a multi-output op").startswith("guard **g** (illegal): m")
-    assert kind_words(ILLEGAL, "dead_code_elimination before p: a, b reach no graph output (dead code), so "
-                      "removing them first") == DEAD_READERS_KIND
-    assert kind_words("not recognized", cfix) == "not recognized"
+    # the words come from the readers as data, never from the fix's text
+    assert _why_markdown("h1_user_count", ILLEGAL, "m", "", cfix).startswith("guard **h1_user_count** (illegal): m")
+    assert kind_words(ILLEGAL, (7, 9)) == DEAD_READERS_KIND and kind_words(ILLEGAL, (7,)) == DEAD_READER_KIND
+    assert kind_words(ILLEGAL) == ILLEGAL and kind_words("not recognized", dead_ids) == "not recognized"
+
+
+def test_the_dead_readers_are_data_on_the_refusal(capsys):
+    """② breaks a layer with an extra reader of h1 that reaches no output (`dead_h1_user`): its refusal carries that
+    reader's node id (`Rejection.dead`, `Outcome.dead`, `--json`'s `dead`), the node the compiler fix names; every
+    other refusal of the run, and a live extra reader's (`extra_h1_user`, returned by the model), carries none."""
+    from rlxviz.passes.explain import explain
+    from rlxviz.session import OpenRequest, open_model
+
+    main(["explain", "bert-tiny", "--variant", "dead_h1_user", "--layer", "0", "--json"])
+    (lv,) = json.loads(capsys.readouterr().out)["layers"]
+    assert lv["first"]["guard"] == "h1_user_count" and len(lv["first"]["dead"]) == 1, lv["first"]
+    main(["explain", "bert-tiny", "--variant", "extra_h1_user", "--layer", "0", "--json"])
+    (live,) = json.loads(capsys.readouterr().out)["layers"]
+    outs = [o for o in (live["first"], *live["rejections"], *live["illegal"]) if o]  # illegal for the layer
+    assert "h1_user_count" in [o["guard"] for o in outs] and all(o["dead"] == [] for o in outs), outs
+    for variant, layer in (("dead_h1_user", 0), ("extra_h1_user", 0), ("none", 0)):
+        model = open_model(OpenRequest(source="bert-tiny", seq=8, variant=variant, variant_layer=layer))
+        trace = Pipeline.canonical().run(model.graph)
+        found = [(k, r) for k, st in enumerate(trace.steps) for r in st.rejections if r.dead]
+        if variant != "dead_h1_user":
+            assert not found, (variant, found)
+            continue
+        (k, r), = found
+        assert r.guard == "h1_user_count" and r.layer == 0 and r.dead == tuple(lv["first"]["dead"]), r
+        node = trace.steps[k].before[r.dead[0]]
+        assert node.op.value == "reduce_mean" and f"(node {node.id}, {node.path})" in r.fix, (node, r.fix)
+        (o,) = [o for o in explain(trace, 0).outcomes if o.guard == "h1_user_count"]
+        assert o.dead == r.dead

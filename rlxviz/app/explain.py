@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -270,7 +270,7 @@ def _left(trace: Trace, k: int, r: Rejection) -> dict[str, Any]:
     `explain` words it, the hints."""
     message, hint = in_context(trace, k, r)
     return {"nodes": _ops(trace.steps[k].before, r.offending), "guard": r.guard, "kind": r.kind,
-            "message": message, "hint": hint, "fix": r.fix}
+            "message": message, "hint": hint, "fix": r.fix, "dead": r.dead}
 
 
 def _place(g: Graph, anchor: int, role: str | None = None, node: int | None = None) -> str:
@@ -294,11 +294,12 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
     another place's role (the second norm's gamma for a guard on the first norm).
 
     Returns:
-        dicts with `pass, rule, role, outcome, guard, message, hint, kind, fix, anchor`, `place` (`_place`: the
+        dicts with `pass, rule, role, outcome, guard, message, hint, kind, fix, dead, anchor` (`dead`: the
+        refusal's dead extra readers, `Rejection.dead`), `place` (`_place`: the
         anchor, and the part of the candidate the guard is about: `%72 FusedAttentionBlock (ln2 %74
         FusedResidualLN)`), and for a fusion `made`
         (`FusedMatMulBiasAct %6`, "" for a rewrite that made several nodes), `fused` (the `%id op` it replaced) and
-        `left_out` (one dict per soft rejection: `nodes, guard, kind, message, hint, fix`). Outcomes:
+        `left_out` (one dict per soft rejection: `nodes, guard, kind, message, hint, fix, dead`). Outcomes:
 
         * `fused`: the node is absorbed into a match's product (one of the nodes it replaced) or is that product;
           `guard` is `all guards passed`, or, when the fusion left something out, the first such guard (its
@@ -352,13 +353,14 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
                                                                               else "anchor"),
                      "outcome": "fused" if taken else "operand",
                      "guard": first["guard"] if first else "all guards passed",
-                     **({k2: first[k2] for k2 in ("message", "hint", "kind", "fix")} if first else
-                        {"message": "", "hint": "", "kind": "", "fix": ""})})
+                     **({k2: first[k2] for k2 in ("message", "hint", "kind", "fix", "dead")} if first else
+                        {"message": "", "hint": "", "kind": "", "fix": "", "dead": ()})})
                 continue
             for r, d in zip(left, what["left_out"], strict=True):
                 if node_id in r.offending:  # the node the fusion did not take
                     add({**what, "role": "left out", "outcome": "left out", "guard": r.guard,
-                         "message": d["message"], "hint": d["hint"], "kind": r.kind, "fix": r.fix, "left_out": [d]})
+                         "message": d["message"], "hint": d["hint"], "kind": r.kind, "fix": r.fix, "dead": r.dead,
+                         "left_out": [d]})
         for r in s.rejections:
             if r.soft and (r.rule, r.anchor) in told:
                 continue  # said with its fusion, above
@@ -378,7 +380,8 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
                      "role": role_label(r.rule, role) if role else ("anchor" if r.anchor == node_id else
                                                                     _offending(s.before, r, node_id)),
                      "outcome": "left out" if r.soft else f"rejected ({r.stage})", "guard": r.guard,
-                     "message": message, "hint": hint, "kind": r.kind, "fix": r.fix, "anchor": r.anchor,
+                     "message": message, "hint": hint, "kind": r.kind, "fix": r.fix, "dead": r.dead,
+                     "anchor": r.anchor,
                      "place": _place(s.before, r.anchor, place, r.bindings.get(place or "", r.anchor)),
                      "made": "", "fused": [], "left_out": []})
     return out
@@ -478,13 +481,19 @@ OP_GAP = f"<b style='color:{OP_GAP_INK}'>△ {{standing}}</b>"
 △, a compiler fix, in the gap's ink), never the faded ○ of nothing to fix."""
 
 
-def _why_markdown(guard: str, kind: str, message: str, hint: str, fix: str) -> str:
-    """`guard **G** (kind): message *Fix:* hint *Compiler fix:* fix`, as `explain` words a refusal. The guard and
-    its kind are names from the pass library (shown as they are); message, hint and fix quote the model: escaped."""
-    what = f" ({kind_words(kind, fix)})" if kind else ""
+def _why_markdown(guard: str, kind: str, message: str, hint: str, fix: str, dead: Sequence[int] = ()) -> str:
+    """`guard **G** (kind): message *Fix:* hint *Compiler fix:* fix`, as `explain` words a refusal (its kind from
+    `dead`, its dead extra readers: `refusal_kinds.kind_words`). The guard and its kind are names from the pass
+    library (shown as they are); message, hint and fix quote the model: escaped."""
+    what = f" ({kind_words(kind, dead)})" if kind else ""
     msg = f": {md_escape(message)}" if message else ""
     return (f"guard **{guard}**{what}{msg}" + (f" *Fix:* {md_escape(hint)}" if hint else "")
             + (f" *Compiler fix:* {md_escape(fix)}" if fix else ""))
+
+
+def _why_of(d: Mapping[str, Any]) -> str:
+    """`_why_markdown` of a decision dict (`node_decisions`, or one of its `left_out`)."""
+    return _why_markdown(d["guard"], d.get("kind", ""), d["message"], d["hint"], d.get("fix", ""), d.get("dead", ()))
 
 
 def decisions_markdown(decisions: list[dict[str, Any]]) -> list[str]:
@@ -513,7 +522,7 @@ def decision_markdown(d: dict[str, Any]) -> str:
         of = md_code(d["made"]) if d.get("made") else f"{rule}'s rewrite"
         passed = ("all guards passed" if not d.get("left_out") else
                   "; ".join(f"{LEFT_OUT}: {md_escape(', '.join(x['nodes']) or 'a part of it')}, "
-                            + _why_markdown(x["guard"], x["kind"], x["message"], x["hint"], x["fix"])
+                            + _why_of(x)
                             for x in d["left_out"]))
         return f"- {OPERAND} *{role}* of {of} ({rule} matched; {passed})"
     if d["outcome"] == "fused":
@@ -521,9 +530,9 @@ def decision_markdown(d: dict[str, Any]) -> str:
         if not d.get("left_out"):
             return head + "; all guards passed"
         return head + "".join(f"; {LEFT_OUT}: {md_escape(', '.join(x['nodes']) or 'a part of it')}, "
-                              + _why_markdown(x["guard"], x["kind"], x["message"], x["hint"], x["fix"])
+                              + _why_of(x)
                               for x in d["left_out"])
-    why = _why_markdown(d["guard"], d.get("kind", ""), d["message"], d["hint"], d.get("fix", ""))
+    why = _why_of(d)
     standing = d.get("standing", "")
     if standing and standing not in (NEAR_MISS, LEFT_OUT_STATUS):  # no near-miss: the chips' ○ (△ a gap), not a failure
         stage = d["outcome"].removeprefix("rejected").strip(" ()")

@@ -45,6 +45,8 @@ class Outcome:
         subject_origin: when `subject` is a node a rewrite of the run re-made (not in the user's graph, e.g. a
             reshape `fuse_sdpa.hoist_scale` emitted again above a moved scale): `(rule, input-graph ids)` it came
             from (`report.user_origin`); the message names them too. None otherwise.
+        dead: the headline's dead extra readers (`trace.Rejection.dead`): its kind is worded from them
+            (`refusal_kinds.kind_words`). (): none.
     """
 
     pass_name: str
@@ -62,13 +64,14 @@ class Outcome:
     soft: tuple[tuple[str, str, str], ...] = ()
     remedy: str = ""
     subject_origin: tuple[str, tuple[int, ...]] | None = None
+    dead: tuple[int, ...] = ()
 
     def lines(self, indent: str = "  ") -> list[str]:
         """The headline, its kind, hint and fix, then every further failing guard (or a fusion's soft
         rejections), one per line. Front ends print these (no other formatting of rejections)."""
         out: list[str] = []
         if self.status == "rejected":
-            how = ", ".join(x for x in (self.stage, kind_words(self.kind, self.fix)) if x)
+            how = ", ".join(x for x in (self.stage, kind_words(self.kind, self.dead)) if x)
             out.append(f"{indent}guard {self.guard} ({how}): {self.message}")
             if self.hint and self.hint not in self.message:
                 out.append(f"{indent}fix: {self.hint}")
@@ -113,7 +116,7 @@ class LayerExplanation:
                 lines.append(f"  [fused]    {o.rule}: -> {made}")
                 lines += o.lines("             ")
             elif o.status == "rejected":
-                lines.append(f"  [rejected] {o.rule}: {o.guard} ({o.stage}, {kind_words(o.kind, o.fix)}): {o.message}")
+                lines.append(f"  [rejected] {o.rule}: {o.guard} ({o.stage}, {kind_words(o.kind, o.dead)}): {o.message}")
                 lines += o.lines("             ")[1:]
             else:
                 lines.append(f"  [-]        {o.rule}: not applicable")
@@ -469,7 +472,8 @@ def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None)
                 message, hint = in_context(trace, at.step_of[(rule, layer)][at_r], r)
                 ex.outcomes.append(Outcome(at.name, rule, "rejected", r.guard, r.stage, message, hint,
                                            (r.anchor,), r.kind, r.fix, r.subject, also, remedy=r.remedy,
-                                           subject_origin=None if r.subject is None else user_origin(trace, r.subject)))
+                                           subject_origin=None if r.subject is None else user_origin(trace, r.subject),
+                                           dead=r.dead))
             else:
                 ex.outcomes.append(Outcome(at.name, rule, "not applicable"))
     fused_in = _fused_layers(trace, steps)

@@ -6,6 +6,8 @@ guards with them, `passes.readers` words reader refusals with them, and every fr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 ILLEGAL = "illegal"
 NOT_RECOGNIZED = "not recognized"
 NOT_PROFITABLE = "not profitable"
@@ -72,12 +74,13 @@ kind is printed: plain `illegal` (the model reads the value elsewhere) was untru
 output. The refusal's `kind` stays `ILLEGAL` (`--json`, the near-miss rule and the verdict read it)."""
 
 
-def kind_words(kind: str, fix: str = "") -> str:
-    """How a refusal's `kind` is printed: `DEAD_READER_KIND` (`DEAD_READERS_KIND` for several readers) when it is
-    `ILLEGAL` and its compiler fix `fix` is dead-code elimination first (`readers.DCE_FIRST`), else `kind` as is."""
-    if kind != ILLEGAL or not fix.startswith(DCE_FIRST_PREFIX):
+def kind_words(kind: str, dead: Sequence[int] = ()) -> str:
+    """How a refusal's `kind` is printed: `DEAD_READER_KIND` (`DEAD_READERS_KIND` for several) when it is `ILLEGAL`
+    and `dead`, its extra readers that reach no graph output (`trace.Rejection.dead`, node ids), is not empty; else
+    `kind` as is. Read from the refusal's data, never from its fix's words."""
+    if kind != ILLEGAL or not dead:
         return kind
-    return DEAD_READERS_KIND if " reach no graph output" in fix.partition(":")[2] else DEAD_READER_KIND
+    return DEAD_READERS_KIND if len(dead) > 1 else DEAD_READER_KIND
 
 
 def near_miss_kind(kind: str, remedy: str = "") -> bool:

@@ -38,6 +38,7 @@ class MissedFusion:
         remedy: `compiler only` or `read by the model` when no change to the model that keeps its numbers
             makes it legal (`guard.REMEDIES`).
         offending: the rejection's offending nodes (e.g. the extra reader), ids in the version the pass saw.
+        dead: the rejection's dead extra readers (`trace.Rejection.dead`), ids in the version the pass saw.
     """
 
     pattern: str
@@ -51,6 +52,7 @@ class MissedFusion:
     also: tuple[str, ...] = ()
     remedy: str = ""
     offending: tuple[int, ...] = ()
+    dead: tuple[int, ...] = ()
 
     def __str__(self) -> str:
         hint = f" -> {self.hint}" if self.hint and self.hint not in self.reason else ""
@@ -207,7 +209,7 @@ def _what_ran(trace: Trace, step: int, r: Rejection, name: str) -> str | None:
     if related:
         k, x = related
         message = _in_context(trace, k, x)[0]  # k < step: its own "run Q first" in context too
-        return f"{name} ran before and said no here: {x.guard} ({kind_words(x.kind, x.fix)}): {message}"
+        return f"{name} ran before and said no here: {x.guard} ({kind_words(x.kind, x.dead)}): {message}"
     if made:  # P did its part on these nodes: what blocks is between its product and this pattern, or beside it
         x, after = made[-1]
         where = ("stands between that product and this one" if _feeds(trace, before, x.fused, r) else
@@ -316,7 +318,7 @@ def missed_fusions(source: Graph | Trace, pipeline: Pipeline | None = None) -> l
                          if not o.headline and o.rule == r.rule and o.anchor == r.anchor)
             message, hint = in_context(trace, k, r)
             out[(r.rule, r.anchor)] = MissedFusion(r.rule, r.anchor, r.path, r.guard, message, hint, r.kind,
-                                                   r.fix, also, r.remedy, r.offending)
+                                                   r.fix, also, r.remedy, r.offending, r.dead)
     return list(out.values())
 
 

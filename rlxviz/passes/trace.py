@@ -222,6 +222,9 @@ class Rejection:
         roles: the roles the failing guard or step reads or binds (`rule.step_roles`; `name*`: a numbered family),
             the one it is about first (a guard's first `requires`: `ln2` for `ln2_residual_scaled`, which also reads
             `ln1` as the residual it scales). (): not known (a pass that records its refusals itself).
+        dead: a reader refusal's extra readers when every one reaches no graph output (dead code: `rule.Fail.dead`,
+            ids in the version the pass saw); `fix` is then dead-code elimination before the pass
+            (`readers.DCE_FIRST`) and its kind is worded from them (`refusal_kinds.kind_words`). (): any other refusal.
     """
 
     pass_name: str
@@ -244,6 +247,7 @@ class Rejection:
     soft: bool = False
     remedy: str = ""
     roles: tuple[str, ...] = ()
+    dead: tuple[int, ...] = ()
 
     @property
     def layer(self) -> int | None:

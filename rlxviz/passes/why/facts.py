@@ -397,7 +397,7 @@ def illegal_here(facts: RunFacts, rejected: list[Outcome], layer: int, arch: Any
         o = mine.get((m.pattern, m.node))
         out.append(o if o is not None and o.guard == m.guard else
                    Outcome(m.pattern.split(".")[0], m.pattern, "rejected", m.guard, "guard", m.reason, m.hint,
-                           (m.node,), m.kind, m.fix, remedy=m.remedy))
+                           (m.node,), m.kind, m.fix, remedy=m.remedy, dead=m.dead))
     return out
 
 

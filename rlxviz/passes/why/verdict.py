@@ -513,7 +513,7 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     if first is None and not fused and misses:
         m = misses[0]
         first = Outcome(m.pattern.split(".")[0], m.pattern, "rejected", m.guard, "", m.reason, m.hint, (m.node,),
-                        m.kind, m.fix, remedy=m.remedy)
+                        m.kind, m.fix, remedy=m.remedy, dead=m.dead)
     done: list[str] = []
     rewritten: list[str] = []
     expected = layer_op if expect_ftl else ""
