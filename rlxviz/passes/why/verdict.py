@@ -29,6 +29,7 @@ from .policy import (
     EXPECT_MODES,
     ILLEGAL_HERE,
     NOT_EXPECTED_HERE,
+    OP_GAP_GROUP,
     PRODUCTS,
     excuse,
     first_refusal,
@@ -54,10 +55,6 @@ only look like a fusion's input (`guard.NOT_A_CANDIDATE`: never a candidate, so 
 refusals the tool's own cost test made (`guard.DOES_NOT_PAY`: a merge that would cost fusions; nothing to fix)."""
 
 ILLEGAL_HERE_GROUP = "illegal here"
-OP_GAP_GROUP = "gap in rlxviz's ops"
-"""`standing`'s group of a refusal at a gap in rlxviz's ops (`policy.op_gaps`): a not-expected refusal whose reason is
-an op form rlxviz lacks, not the model's layout. No near-miss, but no "nothing to fix" either: a compiler fix, nothing
-in the model to change (the app's chips mark it apart from the faded `○`)."""
 STANDING_GROUPS = (MODEL_TERM, NOT_A_CANDIDATE, DOES_NOT_PAY, NOT_EXPECTED_HERE, OP_GAP_GROUP, ILLEGAL_HERE_GROUP)
 """The groups of `standing`: why a refusal is no near-miss (`policy.excuse`'s groups, `OP_GAP_GROUP` for the
 not-expected ones that are a gap in rlxviz's ops, and `ILLEGAL_HERE_GROUP` for a refusal illegal for its layer,
@@ -152,6 +149,8 @@ class LayerVerdict:
     "fused", and the headline counts it apart (`gap_only`)."""
     unmade: list[Unmade] = field(default_factory=list)
     """`cannot_make` as data (`facts.Unmade`: the pass the pipeline lacks, the product, its places)."""
+    gap_refusals: list[str] = field(default_factory=list)
+    """The lines of the refusals at `gaps` (`excused.Excused.line`, `policy.gap_line`), apart from `not_expected`."""
 
     @property
     def op_gaps(self) -> list[str]:
@@ -306,6 +305,8 @@ class RunVerdict:
     gaps: list[OpGap] = field(default_factory=list)
     """For a graph whose node paths name no layer: the gaps in rlxviz's ops its refusals ran into (`LayerVerdict.gaps`
     of the whole graph), which the headline names (`text.headline`)."""
+    gap_refusals: list[str] = field(default_factory=list)
+    """For a graph whose node paths name no layer: `LayerVerdict.gap_refusals` of the whole graph."""
 
     @staticmethod
     def of(trace: Trace, expect: str = "model", layers: Iterable[int] | None = None, model: str = "") -> RunVerdict:
@@ -406,8 +407,9 @@ def _run_verdict(facts: RunFacts, expect: str, wanted: tuple[int, ...], every: b
     arch = classify_layer(trace.input, None)
     misses, excused = excused_misses(trace, arch, None)
     return RunVerdict(trace.pipeline, statuses, counts, [str(m) for m in misses], arch,
-                      [x.line for x in excused.values()], left_out_groups(trace), crashed, recognized(trace), expect,
-                      facts.cannot_make(None), gaps=layer_gaps(arch, [], excused.values()))
+                      [x.line for x in excused.values() if not x.gaps], left_out_groups(trace), crashed,
+                      recognized(trace), expect, facts.cannot_make(None), gaps=layer_gaps(arch, [], excused.values()),
+                      gap_refusals=[x.line for x in excused.values() if x.gaps])
 
 
 def judged_kind(trace: Trace, layer: int) -> tuple[Architecture, Architecture]:
@@ -526,10 +528,12 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     if cannot and expect == "model" and expected:
         expected = ", ".join(dict.fromkeys([*expected.split(", "), *(u.product for u in unmade_here)]))
     gaps = layer_gaps(arch, [o for o in ex.rejected if o.rule in skipped], excused.values(), own == arch)
+    legal, at_gap = {o.rule for o in illegal}, {k for k, x in excused.items() if x.gaps}  # gap lines apart (issue 39)
     return LayerVerdict(layer, fused, ftl[0] if ftl else None, expected, first, own, arch, quiet, rejected,
                         [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(),
-                        done, [t for (r, _), t in ignored.items() if r not in {o.rule for o in illegal}],
-                        _blocker(first, made), illegal, cannot, expect, misses, rewritten, gaps, unmade_here)
+                        done, [t for k, t in ignored.items() if k[0] not in legal and k not in at_gap],
+                        _blocker(first, made), illegal, cannot, expect, misses, rewritten, gaps, unmade_here,
+                        [t for k, t in ignored.items() if k[0] not in legal and k in at_gap])
 
 
 def _blocker(first: Outcome | None, made: set[tuple[str, str]]) -> str:
