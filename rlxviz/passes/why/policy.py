@@ -574,12 +574,11 @@ def expected_products(arch: LayerKind) -> list[str]:
 
 __all__ = ["COMPILER_FIX_WORDS", "EXPECT_MODES", "FAMILIES", "ILLEGAL_HERE", "KINDS", "NOTHING_TO_CHANGE",
            "NOT_EXPECTED_FIX", "NOT_EXPECTED_HERE", "NOT_EXPECTED_WHY", "OP_GAP_GROUP", "PRODUCTS", "TRAITS",
-           "LayerKind", "Remedied",
-           "check_declarations", "compiler_fix_only", "excuse", "expected_of_words", "expected_products",
-           "first_refusal", "fix_gap_form", "GAP_WHY_HEAD", "gap_line", "gap_names", "gap_sources", "gap_words",
-           "lacks_product", "layer_pass",
-           "makes_product", "not_expected", "not_expected_fix", "not_expected_line", "op_gap", "op_gaps",
-           "places_words", "product", "recognizers", "with_caveat"]
+           "GAP_WHY_HEAD", "LayerKind", "Remedied", "check_declarations", "compiler_fix_only", "excuse",
+           "expected_of_words", "expected_products", "first_refusal", "fix_gap_form", "gap_line", "gap_names",
+           "gap_sources", "gap_words", "lacks_product", "layer_pass", "makes_product", "not_expected",
+           "not_expected_fix", "not_expected_line", "op_gap", "op_gaps", "places_words", "product", "recognizers",
+           "with_caveat"]
 
 
 check_declarations()

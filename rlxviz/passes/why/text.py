@@ -68,8 +68,8 @@ _LEFT_OUT_HEADINGS = {
                           "refusals not expected of their layers (their kinds do not expect the fusions with rlxviz's "
                           "ops: nothing to fix in the model, not near-misses)"),
     OP_GAP_GROUP: (f"refusal at a gap in rlxviz's ops ({GAP_IS_THE_COMPILERS}, not a near-miss)",
-                            "refusals at gaps in rlxviz's ops (compiler fixes, nothing in the model to change, not "
-                            "near-misses)"),
+                   "refusals at gaps in rlxviz's ops (compiler fixes, nothing in the model to change, not "
+                   "near-misses)"),
     "illegal here": ("refusal illegal for its layer (the layer is fused as far as legal, not a near-miss)",
                      "refusals illegal for their layers (the layers are fused as far as legal, not near-misses)"),
 }

@@ -104,7 +104,7 @@ class LayerVerdict:
         done: the fusions that happened in the layer, e.g. `FusedSwiGLU %31 (fuse_swiglu)` (non-BERT layers, and any
             layer not fused): fused ops only (`ir.ops.made_as`); a plain op a match made is in `rewritten`. Those
             the final version holds: one a later pass absorbed is said by its absorber.
-        not_expected: rejections that do not count for this architecture, with the reason (the excuses).
+        not_expected: rejections that do not count for this architecture, with the reason; not gaps (`gap_refusals`).
         blocker: when the first rejection's own product was still made in the layer (a soft guard), what the
             fusion left that blocks the layer, e.g. `packed attention made, but additive mask kept (mask_form)`.
         illegal: the refusals of products that are illegal for this layer (`illegal`, `read by the model`), in
