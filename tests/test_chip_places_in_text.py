@@ -2,7 +2,8 @@
 by `verdict.standing` group) is said by `rlxviz explain`'s text and by its `--json`, in a group that says what it is:
 
 * a near-miss under its layer (first rejection, also rejected, also missed), or among the run's misses;
-* a refusal not expected of its layer, or illegal for it, under that layer (`not expected here`, `illegal here`);
+* a refusal not expected of its layer, at a gap in rlxviz's ops, or illegal for it, under that layer (`not expected
+  here`, `gap in rlxviz's ops`, `illegal here`);
 * the model's own term, a lookalike, a merge the tool's own cost test declined: under that group's heading
   (`text.left_out_heading`), as `RULE @ %ANCHOR (PATH)`.
 
@@ -95,11 +96,11 @@ def said_in_text(text: str, label: str | None, r: Rejection, group: str | None) 
     if group is None:
         return (re.search(rf"^  (first rejection|also rejected|also missed): {rule}\b", block, re.M) is not None
                 or re.search(rf"^  {rule} @ %{r.anchor} ", text, re.M) is not None)  # a graph with no layer
-    if group in (NOT_EXPECTED_HERE, OP_GAP_GROUP):  # a gap is said as a not-expected line naming it
+    if group in (NOT_EXPECTED_HERE, OP_GAP_GROUP):  # a gap has its own heading, as the chips' △ (issue 39)
         where = block if label is not None else text  # a graph with no layer: the run's own lines
         # by anchor node: every place, not one line per rule and guard (granite's %187 was never named)
         at = rf"(@|at \d+ places,) [^:]*%{r.anchor} \("
-        return re.search(rf"^  not expected here: {rule} \({re.escape(r.guard)}\) {at}", where, re.M) is not None
+        return re.search(rf"^  {re.escape(group)}: {rule} \({re.escape(r.guard)}\) {at}", where, re.M) is not None
     if group == ILLEGAL_HERE_GROUP:
         return re.search(rf"^  illegal here( \(not counted\))?: {rule}\b", block, re.M) is not None
     heading = left_out_heading(group, 1).split(" ", 1)[1]
@@ -116,8 +117,9 @@ def said_in_json(d: dict, label: str | None, r: Rejection, group: str | None) ->
         return any((lv["first"] or {}).get("rule") == r.rule or any(o["rule"] == r.rule for o in lv["rejections"])
                    or any(m.startswith(f"{r.rule} @ ") for m in lv["misses"]) for lv in layers) or any(
             m.startswith(f"{r.rule} @ %{r.anchor} ") for m in d["misses"])
-    if group in (NOT_EXPECTED_HERE, OP_GAP_GROUP):  # a gap is said as a not-expected line naming it
-        lines = [x for lv in layers for x in lv["not_expected"]] if label is not None else d["not_expected"]
+    if group in (NOT_EXPECTED_HERE, OP_GAP_GROUP):  # a gap's lines apart, as the text's heading (issue 39)
+        key = "gap_refusals" if group == OP_GAP_GROUP else "not_expected"
+        lines = [x for lv in layers for x in lv[key]] if label is not None else d[key]
         return any(re.match(rf"{re.escape(r.rule)} \({re.escape(r.guard)}\) (@|at \d+ places,) [^:]*%{r.anchor} \(", x)
                    for x in lines)
     if group == ILLEGAL_HERE_GROUP:

@@ -157,7 +157,7 @@ def test_explain_llama_block_is_not_a_bert_layer(capsys):
     assert "expected: FusedSwiGLU, shared-input QKV matmul (FusedTransformerLayer only for post-LN BERT" in out
     assert "NOT fused" not in out and "expected FusedTransformerLayer" not in out
     assert "not expected here: fuse_transformer_layer.bert_post_ln (attn_is_fused_block)" in out
-    assert "not expected here: fuse_attention_block.qkv_attention_out (mask_kind_keep)" in out
+    assert "gap in rlxviz's ops: fuse_attention_block.qkv_attention_out (mask_kind_keep)" in out  # its own heading
     # the guard's own reason first, then why the layer's kind excuses it (the excuse alone was the old wording)
     assert re.search(r"not expected here: fuse_residual_rms_norm\.residual \(sum_single_user\) @ %\d+ \([^)]*\): "
                      r"sum \(node \d+.*needs exactly 1; why it is not expected here: pre-norm layout", out), out

@@ -63,7 +63,7 @@ def test_n3_04b_counts_the_layer_held_back_apart_and_says_no_fused_op(capsys):
 def test_granite_counts_its_layers_fused_as_far_as_rlxvizs_ops_go_apart(capsys):
     code, text, j = _explain(capsys, GRANITE)
     head = (f"granite (canonical pipeline): 0/2 layer(s) fused as expected; 2 {AS_FAR} (rlxviz lacks {SCALE_GAP}: "
-            "a compiler fix; a workaround in the model in 2 of them (their not-expected lines name it))")
+            "a compiler fix; a workaround in the model in 2 of them (their gap lines name it))")
     assert code == 0 and j["ok"] and j["headline"] == head and j["headline_notes"] == []
     lines = text.splitlines()
     assert lines[lines.index(head) + 1].startswith(f"layer 0: {AS_FAR}: FusedSwiGLU %"), text

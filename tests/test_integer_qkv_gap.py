@@ -216,7 +216,7 @@ def test_a_quantized_pre_ln_layer_whose_kind_does_not_expect_the_block_names_the
         a = lv.architecture
         assert a.kind == "pre_ln" and a.mask == "additive" and a.has("integer_qkv")
         assert lv.status == WORDS and lv.op_gaps == [f"{INTEGER_QKV_GAP} ({RULE}: {TRAIT})"], lv.op_gaps
-        (line,) = [x for x in map(unplaced, lv.not_expected) if x.startswith(f"{RULE} (qkv_packed): ")]
+        (line,) = [x for x in map(unplaced, lv.gap_refusals) if x.startswith(f"{RULE} (qkv_packed): ")]
         assert f"rlxviz has no {INTEGER_QKV_GAP}" in line, line
         assert f"rlxviz's ops lack: {INTEGER_QKV_GAP}" in lv.render()
         assert not lv.layer_op_gaps  # FusedTransformerLayer is the post-LN layer's: a pre-LN layer lacks no form of it

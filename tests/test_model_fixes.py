@@ -131,7 +131,7 @@ def test_deepnorm_scaled_residual_keeps_alpha(alpha1, alpha2, const_first, guard
     (gap,) = s.gaps
     assert (gap.form, gap.rule, gap.by) == ("residual scale (alpha) on FusedTransformerLayer",
                                             "fuse_transformer_layer.bert_post_ln", guard)
-    (line,) = [x for x in s.not_expected if x.startswith(f"fuse_transformer_layer.bert_post_ln ({guard})")]
+    (line,) = [x for x in s.gap_refusals if x.startswith(f"fuse_transformer_layer.bert_post_ln ({guard})")]
     assert f"mul (node {mul}," in line and "DeepNorm" in line and "residual scale (alpha)" in line, line
     (r,) = [r for st in t.steps for r in st.rejections if r.guard == guard]
     assert r.hint.startswith(NO_MODEL_FIX + "alpha scales the residual stream") and r.kind == "not recognized"

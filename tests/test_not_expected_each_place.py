@@ -16,7 +16,7 @@ def test_each_bias_after_residual_place_names_its_matmul():
     m = session.load(str(ZOO / "deit.ortopt.onnx"), 1, 8)
     trace = session.run_pipeline(m.graph, session.build_pipeline())
     layer0 = session.check_fusion(trace, m.name).layers[0]
-    line = next(x for x in layer0.not_expected if x.startswith("fuse_matmul_bias_act.bias_after_residual"))
+    line = next(x for x in layer0.gap_refusals if x.startswith("fuse_matmul_bias_act.bias_after_residual"))
     assert "at 2 places" in line, line
     assert "model.layers.0.attention.o_proj" in line and "model.layers.0.mlp.fc2" in line, line
     assert "(the rest as at %" in line and line.count("SkipLayerNormalization") == 1, line

@@ -23,7 +23,7 @@ from rlxviz.models.onnx import load_onnx
 from rlxviz.passes import Pipeline, layer_of
 from rlxviz.passes.why import policy
 from rlxviz.passes.why.kinds import LayerArchitecture
-from rlxviz.passes.why.verdict import RunVerdict
+from rlxviz.passes.why.verdict import OP_GAP_GROUP, RunVerdict
 from rlxviz.session.render import verdicts
 
 ONNX = Path(__file__).parent / "fixtures" / "onnx"
@@ -82,11 +82,12 @@ def test_vit_layers_say_the_gap_in_text_and_json(capsys, path, before):
         assert d["op_gaps"][-1] == f"{GAP} (fuse_attention_block.qkv_attention_out: mask_kind_keep)"
         assert [g.split(" (")[0] for g in d["op_gaps"]] == [*before, GAP]
         assert f"layer {d['layer']}: {WORDS}: " in text and f"layer {d['layer']}: fused as expected" not in text
-        (line,) = [unplaced(x) for x in d["not_expected"] if unplaced(x).startswith(BLOCK_LINE)]
-        reason, _, why = line.removeprefix(BLOCK_LINE).partition(f"; {policy.NOT_EXPECTED_WHY}: ")
+        (line,) = [unplaced(x) for x in d["gap_refusals"] if unplaced(x).startswith(BLOCK_LINE)]
+        assert policy.NOT_EXPECTED_WHY not in line and not any(x.startswith(BLOCK_LINE) for x in d["not_expected"])
+        reason, _, why = line.removeprefix(BLOCK_LINE).partition(f"; rlxviz has no {GAP}")
         assert "has mask='none' (no mask operand)" in reason and "keep or an additive mask operand" in reason
-        assert why.startswith("not the model's layout but a gap in rlxviz's ops"), why
-        assert f"  not expected here: {line}" in map(unplaced, text.splitlines())
+        assert why.startswith(" (compiler fix: "), why
+        assert f"  {OP_GAP_GROUP}: {line}" in map(unplaced, text.splitlines())
     assert text.count(f"  rlxviz's ops lack: {GAP} (fuse_attention_block.qkv_attention_out: mask_kind_keep)") == n
 
 

@@ -244,9 +244,9 @@ def test_granite_prints_the_checked_fold_and_no_longer_says_nothing_in_the_model
     assert "no change to the model that keeps its numbers is known" not in text
     head = next(ln for ln in text.splitlines() if ln.startswith("granite (canonical pipeline)"))
     assert head.endswith("(rlxviz lacks FusedAttentionBlock with a non-default scale: a compiler fix; a workaround in "
-                         "the model in 2 of them (their not-expected lines name it))"), head
+                         "the model in 2 of them (their gap lines name it))"), head
     assert "nothing in the model to change" not in head
-    gap = [ln for ln in text.splitlines() if "not expected here: fuse_attention_block" in ln]
+    gap = [ln for ln in text.splitlines() if "gap in rlxviz's ops: fuse_attention_block" in ln]
     assert len(gap) == 2 and all("(compiler fix: give FusedAttentionBlock a scale attribute; a workaround in the "
                                  "model: fold the scale into q_proj" in ln for ln in gap), gap
     assert code == 0  # still a gap in rlxviz's ops: the layers are not near-misses of the model
@@ -268,7 +268,7 @@ def test_a_fold_equal_only_up_to_rounding_says_so_in_the_headline(capsys):
     code, text, _ = cli_run(capsys, "explain", path)
     head = text.splitlines()[1]
     assert head.endswith("a compiler fix; a workaround in the model in 2 of them (equal only up to rounding; their "
-                         "not-expected lines name it))"), head
+                         "gap lines name it))"), head
     assert code == 0 and text.count("the same numbers up to rounding") == 2, text
     _, out, _ = cli_run(capsys, "explain", path, "--json")
     j = json.loads(out)
@@ -277,7 +277,7 @@ def test_a_fold_equal_only_up_to_rounding_says_so_in_the_headline(capsys):
 
 
 def test_the_fold_is_checked_without_verbose_too(capsys):
-    """The not-expected line names the fold without `-v`: the plain run checks it as well (`printed_refusals`)."""
+    """The gap line names the fold without `-v`: the plain run checks it as well (`printed_refusals`)."""
     code, text, _ = cli_run(capsys, "explain", GRANITE)
     assert code == 0 and text.count("a workaround in the model: fold the scale into q_proj") == 2, text
     m = load(str(GRANITE))

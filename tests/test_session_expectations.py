@@ -105,5 +105,5 @@ def test_wrong_constant_gelu_is_a_miss_inside_a_region(capsys, name, form, const
             assert "gelu_constants" in json.dumps(layer)
     else:
         assert not doc["misses"] and "0 missed fusion(s)" in out
-        assert doc["not_expected"][0].startswith(f"canonicalize_gelu.{form} (gelu_constants) @ %7 (-): ")
+        assert doc["gap_refusals"][0].startswith(f"canonicalize_gelu.{form} (gelu_constants) @ %7 (-): ")
         assert "decomposed GELU between matmul" in " ".join(doc["architecture"]["evidence"])

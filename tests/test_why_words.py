@@ -89,17 +89,18 @@ def test_a_not_expected_line_says_its_failing_guard_first_then_why(name):
     ("granite", "default_scale", "has scale=0.0625"),
 ])  # deit.ortopt's unmasked attention is no mask story either: a gap in rlxviz's op (tests/test_op_gap_words.py)
 def test_the_block_line_names_its_own_guard_not_a_mask_story(name, guard, fragment):
-    lines = [x for _, x in _not_expected_lines(_trace(name))
-             if x.startswith(f"fuse_attention_block.qkv_attention_out ({guard}): ")]
-    assert lines
+    lines = [unplaced(x) for lv in RunVerdict.of(_trace(name)).layers for x in lv.gap_refusals  # its own heading
+             if unplaced(x).startswith(f"fuse_attention_block.qkv_attention_out ({guard}): ")]
+    assert lines and not any(x.startswith(f"fuse_attention_block.qkv_attention_out ({guard}): ")
+                             for _, x in _not_expected_lines(_trace(name)))
     for x in lines:
-        reason, _, why = x.partition(f"; {policy.NOT_EXPECTED_WHY}: ")
+        reason, _, why = x.partition("; rlxviz has no ")
         assert fragment in reason, x
         assert "only expected to pack its attention" not in x and "the block is expected with a keep mask" not in x
         # a non-default scale and Q/K rotated by their own tables are forms rlxviz's block lacks, not the layer's kind
         # (tests/test_block_gap_words.py); the old "expected only of ... a keep mask; this layer is ... additive
         # mask" sentence read as if the additive mask stopped the block, which takes one
-        assert why.startswith("not the model's layout but a gap in rlxviz's ops: rlxviz has no FusedAttentionBlock"), x
+        assert why.startswith("FusedAttentionBlock") and policy.NOT_EXPECTED_WHY not in x, x
         assert "expected only of" not in why, x
 
 
@@ -119,7 +120,10 @@ def test_cli_text_and_json_say_the_same_line(capsys):
     assert code == code_j == 0
     text = {ln.split("not expected here: ", 1)[1] for ln in out.splitlines() if "not expected here: " in ln}
     in_json = {x for lv in json.loads(js)["layers"] for x in lv["not_expected"]}
-    assert text == in_json and any("(default_scale): attn (node" in unplaced(x) and "scale=0.0625" in x for x in text)
+    assert text == in_json
+    gaps = {ln.split("gap in rlxviz's ops: ", 1)[1] for ln in out.splitlines() if ln.startswith("  gap in rlxviz's ")}
+    assert gaps == {x for lv in json.loads(js)["layers"] for x in lv["gap_refusals"]}
+    assert any("(default_scale): attn (node" in unplaced(x) and "scale=0.0625" in x for x in gaps)
 
 
 def _said(trace: Trace):

@@ -103,7 +103,7 @@ def add_explain(sub: SubParsers) -> None:
                  QK-norm) is counted apart in the headline ("1 held back by rlxviz's ops (rlxviz lacks ...)"): not
                  fused as expected, but nothing in the model to change (where a checked change to the model works
                  around the gap, e.g. Granite's attention scale folded into its Q projection, the headline and the
-                 layer's not-expected line say so). Exit code 0 when there is nothing in the model to change (every
+                 layer's gap line say so). Exit code 0 when there is nothing in the model to change (every
                  checked layer fused as expected, or held back only by rlxviz's ops: those are compiler fixes, a
                  workaround in the model aside), 1 otherwise, 2 for bad input.""")
     _model_args(p)

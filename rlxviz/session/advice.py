@@ -164,7 +164,7 @@ def _headline(trace: Trace, rule: str, anchor: int, guard: str) -> tuple[int, Re
 def printed_refusals(trace: Trace, check: FusionCheck, verbose: bool = False) -> list[tuple[int, Rejection]]:
     """The refusals whose fix line `check.render(verbose)` prints (each once, in print order), with their step index:
     every layer's first rejection (when not fused) and illegal-here refusals, every missed fusion it lists, every
-    refusal at a gap in rlxviz's ops whose not-expected line names its model-side fix (`why.caveat.model_fix_note`)
+    refusal at a gap in rlxviz's ops whose gap line names its model-side fix (`why.caveat.model_fix_note`)
     or whose rule proposes a change it declares not to keep the numbers (`_refuted_by_rule`),
     and with `verbose` every rule's rejected outcome of each layer (`passes.explain`)."""
     keys: list[tuple[str, int, str]] = []

@@ -109,7 +109,7 @@ def fix_caveat(trace: Trace, rule: str, anchor: int, guard: str, arch: Architect
 
 
 WORKAROUND = "a workaround in the model: {fix}"
-"""What a not-expected line at a gap in rlxviz's ops adds after its compiler fix when the refusal's own fix line is a
+"""What a gap line (a refusal at a gap in rlxviz's ops) adds after its compiler fix when the refusal's own fix line is a
 change to the model with a what-if (`model_fix_note`): Granite's non-default attention scale is a gap in rlxviz's
 block (no scale attribute), yet folding the scale into the Q projection keeps the numbers and makes the block, so
 the line must not read as "nothing in the model to change"."""

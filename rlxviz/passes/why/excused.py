@@ -23,6 +23,7 @@ from .policy import (
     COMPILER_FIX_WORDS,
     NOT_EXPECTED_HERE,
     excuse,
+    gap_line,
     gap_sources,
     not_expected_line,
     op_gaps,
@@ -34,7 +35,8 @@ from .policy import (
 @dataclass(frozen=True)
 class Excused:
     """One group of refusals a layer's kind does not count: one pattern, failing guard and why, at every place
-    (anchor node) it refused; one "not expected here" line (`line`).
+    (anchor node) it refused; one "not expected here" line (`line`), or one gap line (`policy.gap_line`) when the
+    refusal is a gap in rlxviz's ops (`gaps`).
 
     Attributes:
         pattern: the refused rule, e.g. `fuse_residual_rms_norm.residual_no_beta`.
@@ -68,17 +70,18 @@ class Excused:
 
     @property
     def line(self) -> str:
-        """The "not expected here" line (`policy.not_expected_line`): the places (`places_words`), the first place's
-        reason (`at %N: REASON` when there are several) and each further place's own where it differs (`reasons`:
-        `at %N: REASON; at %M: REASON`, so every place's nodes are named, not the first's alone), then `why` with the
-        blocker's caveat on its compiler fix and the model-side workaround (`caveat.line_caveats`' words)."""
+        """The "not expected here" line (`policy.not_expected_line`; `policy.gap_line` at a gap): the places
+        (`places_words`), the first place's reason (`at %N: REASON` when there are several) and each further place's
+        own where it differs (`reasons`: `at %N: REASON; at %M: REASON`, so every place's nodes are named, not the
+        first's alone), then `why` with the blocker's caveat on its compiler fix and the model-side workaround
+        (`caveat.line_caveats`' words)."""
         first = next(iter(self.places))
         reason = self.reason if len(self.places) == 1 else "; ".join(
             f"at %{n}: {self.reason if n == first else own_part(self.reasons[n], self.reason, first)}"
             for n in self.places if n == first or n in self.reasons)
         notes = "; ".join(n for n in (caveat_words(self.blocker), workaround_words(self.workaround)) if n)
-        return not_expected_line(self.pattern, self.guard, reason, with_caveat(self.why, notes),
-                                 places_words(self.places))
+        line = gap_line if self.gaps else not_expected_line  # a gap: a compiler fix, no "why not expected" (issue 39)
+        return line(self.pattern, self.guard, reason, with_caveat(self.why, notes), places_words(self.places))
 
 
 SAME_TAIL_WORDS = 6

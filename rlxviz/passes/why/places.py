@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from ..report import in_context
 from ..trace import Rejection, Trace, place_label
 from .caveat import model_fix_note
-from .policy import NOT_EXPECTED_HERE, not_expected_line
+from .policy import NOT_EXPECTED_HERE, gap_line, not_expected_line
 from .standing import place_gaps, standing
 from .verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP
 
@@ -31,13 +31,14 @@ class Places:
             its name (`trace.place_label`: its node path, `%ANCHOR` for none), and for a group whose reason differs
             by place (`NOT_EXPECTED_HERE`, `OP_GAP_GROUP`, `ILLEGAL_HERE_GROUP`) `PATH: RULE (GUARD): why`, the place
             named once as `near_miss_item` names it, a not-expected one's why as `explain` words it
-            (`policy.not_expected_line` without its places: the guard's reason, then why). The chip's faded `○`, but
+            (`policy.not_expected_line` without its places: the guard's reason, then why; `policy.gap_line` for
+            `OP_GAP_GROUP`: the reason, then the form rlxviz lacks and its compiler fix). The chip's faded `○`, but
             for `OP_GAP_GROUP` (`gaps`).
         excused_at: the anchor node id of each item of `excused`, in the same order (a chip's tooltip groups the
             places by node).
         lacks: the op forms rlxviz lacks at the `OP_GAP_GROUP` places (`standing.place_gaps`), each once, in order.
         gap_workaround: a checked change to the model works around one of the `OP_GAP_GROUP` places
-            (`caveat.model_fix_note`, the same check that names it in the place's not-expected line).
+            (`caveat.model_fix_note`, the same check that names it in the place's gap line).
     """
 
     near_misses: list[Rejection]
@@ -144,8 +145,9 @@ def places(trace: Trace, step: int) -> Places:
             lacks |= dict.fromkeys(place_gaps(trace, r))
             workaround = workaround or gap_workaround(trace, r, st)
         if group in (NOT_EXPECTED_HERE, OP_GAP_GROUP):  # worded as `explain` words it: the guard's reason, then why
-            reason = in_context(trace, step, r)[0]
-            item = f"{path}: {not_expected_line(r.rule, r.guard, reason, why)}"  # its place named once: `path`
+            reason = in_context(trace, step, r)[0]  # a gap: its compiler fix, no "why not expected" (issue 39)
+            line = gap_line if group == OP_GAP_GROUP else not_expected_line
+            item = f"{path}: {line(r.rule, r.guard, reason, why)}"  # its place named once: `path`
         else:
             item = f"{path}: {r.rule} ({r.guard}): {why}" if group == ILLEGAL_HERE_GROUP else path
         excused.setdefault(group, []).append(item)

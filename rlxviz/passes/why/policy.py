@@ -376,8 +376,11 @@ def op_gap(arch: LayerKind, pass_name: str, guard: str, refusal: Remedied | None
 def gap_words(gap: str, fix: str) -> str:
     """Why a refusal that is an op gap (`op_gap`) is not counted, in words: `not the model's layout but a gap in
     rlxviz's ops: rlxviz has no GAP (compiler fix: FIX)`."""
-    return f"not the model's layout but a gap in rlxviz's ops: rlxviz has no {gap}" + (
-        f" {COMPILER_FIX_WORDS}{fix})" if fix else "")
+    return f"{GAP_WHY_HEAD}rlxviz has no {gap}" + (f" {COMPILER_FIX_WORDS}{fix})" if fix else "")
+
+
+GAP_WHY_HEAD = "not the model's layout but a gap in rlxviz's ops: "
+"""How `gap_words` begins: what a gap line (`gap_line`) says by its heading instead."""
 
 
 COMPILER_FIX_WORDS = "(compiler fix: "
@@ -401,6 +404,10 @@ def with_caveat(why: str, caveat: str) -> str:
 
 NOT_EXPECTED_HERE = "not expected here"
 """`excuse`'s group of a refusal the layer's kind does not expect (`not_expected`)."""
+OP_GAP_GROUP = "gap in rlxviz's ops"
+"""`standing`'s group of a refusal at a gap in rlxviz's ops (`op_gaps`): a not-expected refusal whose reason is an op
+form rlxviz lacks, not the model's layout. No near-miss, but no "nothing to fix" either: a compiler fix, nothing in the
+model to change (the app's chips mark it `△`, apart from the faded `○`; the text heads its line so, `gap_line`)."""
 
 
 def excuse(arch: LayerKind | None, pass_name: str, guard: str, kind: str, remedy: str = "",
@@ -454,6 +461,15 @@ def not_expected_line(rule: str, guard: str, reason: str, why: str, at: str = ""
     `@ %186 (PATH)`, `at 2 places, %186 (PATH) and %187 (PATH)`); "" for none (a product only excused)."""
     head = (f"{rule} ({guard})" if guard else rule) + (f" {at}" if at else "")
     return f"{head}: {reason}; {NOT_EXPECTED_WHY}: {why}" if reason else f"{head}: {why}"
+
+
+def gap_line(rule: str, guard: str, reason: str, why: str, at: str = "") -> str:
+    """One line of a refusal at a gap in rlxviz's ops (`op_gaps`: `OP_GAP_GROUP`, the app's `△`), which the text
+    heads `gap in rlxviz's ops:` and `--json` lists apart from the not-expected lines (`LayerVerdict.gap_refusals`):
+    `RULE (GUARD) AT: REASON; rlxviz has no FORM (compiler fix: FIX)`. No "why it is not expected here": a gap is no
+    layout the layer's kind does not expect but a compiler fix (issue 39). `why` is `gap_words`' (its
+    `GAP_WHY_HEAD` dropped: the heading says it); the other arguments as `not_expected_line`'s."""
+    return not_expected_line(rule, guard, "", (f"{reason}; " if reason else "") + why.removeprefix(GAP_WHY_HEAD), at)
 
 
 def places_words(places: dict[int, str]) -> str:
@@ -557,11 +573,12 @@ def expected_products(arch: LayerKind) -> list[str]:
 
 
 __all__ = ["COMPILER_FIX_WORDS", "EXPECT_MODES", "FAMILIES", "ILLEGAL_HERE", "KINDS", "NOTHING_TO_CHANGE",
-           "NOT_EXPECTED_FIX", "NOT_EXPECTED_HERE", "NOT_EXPECTED_WHY", "PRODUCTS", "TRAITS", "LayerKind", "Remedied",
-           "check_declarations", "compiler_fix_only", "excuse", "expected_of_words", "expected_products",
-           "first_refusal", "fix_gap_form", "gap_names", "gap_sources", "gap_words", "lacks_product", "layer_pass",
-           "makes_product", "not_expected", "not_expected_fix", "not_expected_line", "op_gap", "op_gaps",
-           "places_words", "product", "recognizers", "with_caveat"]
+           "NOT_EXPECTED_FIX", "NOT_EXPECTED_HERE", "NOT_EXPECTED_WHY", "OP_GAP_GROUP", "PRODUCTS", "TRAITS",
+           "GAP_WHY_HEAD", "LayerKind", "Remedied", "check_declarations", "compiler_fix_only", "excuse",
+           "expected_of_words", "expected_products", "first_refusal", "fix_gap_form", "gap_line", "gap_names",
+           "gap_sources", "gap_words", "lacks_product", "layer_pass", "makes_product", "not_expected",
+           "not_expected_fix", "not_expected_line", "op_gap", "op_gaps", "places_words", "product", "recognizers",
+           "with_caveat"]
 
 
 check_declarations()

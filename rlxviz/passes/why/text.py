@@ -16,6 +16,7 @@ from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
 from ..refusal_kinds import NOT_RECOGNIZED
 from ..trace import layer_label
 from .caveat import WORKAROUND
+from .policy import OP_GAP_GROUP
 
 if TYPE_CHECKING:  # for annotations only: the verdicts word themselves through this module
     from ..explain import Outcome
@@ -60,7 +61,7 @@ GAP_IS_THE_COMPILERS = "a compiler fix, nothing in the model to change"
 """What a gap in rlxviz's ops asks of whom (the headline's count, the app's chip mark for such places)."""
 
 _WORKAROUND = WORKAROUND.split("{fix}")[0]
-"""How a not-expected line names a model-side workaround beside its compiler fix (`caveat.WORKAROUND`)."""
+"""How a gap line names a model-side workaround beside its compiler fix (`caveat.WORKAROUND`)."""
 
 ALSO_REJECTED_COUNTED = "a near-miss, counted against the layer"
 """The standing an `also rejected` line of a layer not fused ends with: a further refusal that counts (the app's
@@ -94,9 +95,9 @@ _LEFT_OUT_HEADINGS = {
                           "nothing to fix in the model, not a near-miss)",
                           "refusals not expected of their layers (their kinds do not expect the fusions with rlxviz's "
                           "ops: nothing to fix in the model, not near-misses)"),
-    "gap in rlxviz's ops": (f"refusal at a gap in rlxviz's ops ({GAP_IS_THE_COMPILERS}, not a near-miss)",
-                            "refusals at gaps in rlxviz's ops (compiler fixes, nothing in the model to change, not "
-                            "near-misses)"),
+    OP_GAP_GROUP: (f"refusal at a gap in rlxviz's ops ({GAP_IS_THE_COMPILERS}, not a near-miss)",
+                   "refusals at gaps in rlxviz's ops (compiler fixes, nothing in the model to change, not "
+                   "near-misses)"),
     "illegal here": ("refusal illegal for its layer (the layer is fused as far as legal, not a near-miss)",
                      "refusals illegal for their layers (the layers are fused as far as legal, not near-misses)"),
 }
@@ -106,7 +107,7 @@ it: one, many. A `MODEL_TERM` place is a fusion that kept the model's term as it
 1 + w) or a rule that left the model's own structure as it is (cross-attention: the attention stays packed)."""
 
 
-GAP_HAS_A_WORKAROUND = "a compiler fix; a workaround in the model too (its not-expected line names it)"
+GAP_HAS_A_WORKAROUND = "a compiler fix; a workaround in the model too (its gap line names it)"
 """`GAP_IS_THE_COMPILERS` where a checked change to the model also works around the gap (`caveat.model_fix_note`)."""
 
 
@@ -237,6 +238,7 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
                "FusedTransformerLayer only for post-LN BERT layers")
         lines.append(f"  expected: {v.expected or 'no fusion'} ({why})")
         lines += [f"  not expected here: {x}" for x in v.not_expected]
+        lines += [f"  {OP_GAP_GROUP}: {x}" for x in v.gap_refusals]  # a compiler fix: no "not expected" (issue 39)
     lines += [f"  rlxviz's ops lack: {g}" for g in v.op_gaps]
     if v.expect == "pipeline":
         lines += [f"  judged against the pipeline only: {c}" for c in v.cannot_make]
@@ -355,9 +357,9 @@ def graph_gap_words(r: RunVerdict) -> str:
 def gap_words(r: RunVerdict) -> str:
     """The headline's count of the layers held back only by rlxviz's ops (`LayerVerdict.gap_only`), by their status
     words, and what rlxviz lacks: `1 held back by rlxviz's ops (rlxviz lacks FusedAttentionBlock with QK-norm: a
-    compiler fix, nothing in the model to change)`; where layers' not-expected lines name a model-side workaround
+    compiler fix, nothing in the model to change)`; where layers' gap lines name a model-side workaround
     (`caveat.model_fix_note`), in how many: `(rlxviz lacks FusedAttentionBlock with a non-default scale: a compiler
-    fix; a workaround in the model in 2 of them (their not-expected lines name it))`; "" when there are none."""
+    fix; a workaround in the model in 2 of them (their gap lines name it))`; "" when there are none."""
     short = [s for s in r.layers if s.gap_only]
     if not short:
         return ""
@@ -376,7 +378,7 @@ def gap_words(r: RunVerdict) -> str:
     rounded = sum(s.gap_workaround_rounded for s in short)  # `OpGap.rounded`: equal only up to rounding
     exactly = ("" if not rounded else "equal only up to rounding; " if rounded == worked else
                f"{rounded} of them equal only up to rounding; ")
-    workaround = (f"; {_WORKAROUND.rstrip(': ')} in {worked} of them ({exactly}their not-expected lines name it)"
+    workaround = (f"; {_WORKAROUND.rstrip(': ')} in {worked} of them ({exactly}their gap lines name it)"
                   if worked else "")
     return f"{lacks}: a compiler fix{alone}{workaround})"
 
@@ -387,7 +389,8 @@ def run_dict(r: RunVerdict) -> dict[str, Any]:
     return {"model": r.model, "pipeline": r.pipeline, "ok": r.ok, "fused_layers": r.fused_layers,
             "checked_layers": len(r.layers), "gap_layers": r.gap_layers, "gap_forms": gap_forms(r),
             "final_op_counts": r.counts, "layers": [layer_dict(s) for s in r.layers], "outside_layers": r.outside,
-            "misses": r.misses, "not_expected": r.not_expected, "left_out": r.left_out,
+            "misses": r.misses, "not_expected": r.not_expected, "gap_refusals": r.gap_refusals,
+            "left_out": r.left_out,
             "left_out_groups": [{"kind": g, "heading": left_out_heading(g, len(lines)),
                                  "items": lines}
                                 for g, lines in r.left_out_groups.items()],
@@ -411,6 +414,7 @@ def render_run(r: RunVerdict, verbose: bool = False) -> str:
                   [f"  judged against the pipeline only: {c}" for c in r.cannot_make])
         return "\n".join(head + [f"  {m}" for m in r.misses] + unmade
                          + [f"  not expected here: {x}" for x in r.not_expected]
+                         + [f"  {OP_GAP_GROUP}: {x}" for x in r.gap_refusals]
                          + [f"  rlxviz's ops lack: {g}" for g in r.gaps] + _left_out(r))
     outside = [f"{OUTSIDE_LAYERS}: {fused_list(r.outside)}"] if r.outside else []
     return "\n".join([headline(r), *crashes, *(f"  {n}" for n in headline_notes(r)),

@@ -28,6 +28,7 @@ from .policy import (
     EXPECT_MODES,
     ILLEGAL_HERE,
     NOT_EXPECTED_HERE,
+    OP_GAP_GROUP,
     PRODUCTS,
     excuse,
     first_refusal,
@@ -53,10 +54,6 @@ only look like a fusion's input (`guard.NOT_A_CANDIDATE`: never a candidate, so 
 refusals the tool's own cost test made (`guard.DOES_NOT_PAY`: a merge that would cost fusions; nothing to fix)."""
 
 ILLEGAL_HERE_GROUP = "illegal here"
-OP_GAP_GROUP = "gap in rlxviz's ops"
-"""`standing`'s group of a refusal at a gap in rlxviz's ops (`policy.op_gaps`): a not-expected refusal whose reason is
-an op form rlxviz lacks, not the model's layout. No near-miss, but no "nothing to fix" either: a compiler fix, nothing
-in the model to change (the app's chips mark it apart from the faded `○`)."""
 STANDING_GROUPS = (MODEL_TERM, NOT_A_CANDIDATE, DOES_NOT_PAY, NOT_EXPECTED_HERE, OP_GAP_GROUP, ILLEGAL_HERE_GROUP)
 """The groups of `standing`: why a refusal is no near-miss (`policy.excuse`'s groups, `OP_GAP_GROUP` for the
 not-expected ones that are a gap in rlxviz's ops, and `ILLEGAL_HERE_GROUP` for a refusal illegal for its layer,
@@ -107,7 +104,7 @@ class LayerVerdict:
             those beside its `fused_node`): fused ops only (`ir.ops.made_as`; a plain op a match made is in
             `rewritten`), those the final version holds (one a later pass absorbed is said by its absorber), placed
             by `placement.match_layer` (a residual norm at the layer's edge: one layer's, or `RunVerdict.outside`).
-        not_expected: rejections that do not count for this architecture, with the reason (the excuses).
+        not_expected: rejections that do not count for this architecture, with the reason; not gaps (`gap_refusals`).
         blocker: when the first rejection's own product was still made in the layer (a soft guard), what the
             fusion left that blocks the layer, e.g. `packed attention made, but additive mask kept (mask_form)`.
         illegal: the refusals of products that are illegal for this layer (`illegal`, `read by the model`), in
@@ -152,6 +149,7 @@ class LayerVerdict:
     "fused", and the headline counts it apart (`gap_only`)."""
     unmade: list[Unmade] = field(default_factory=list)
     """`cannot_make` as data (`facts.Unmade`: the pass the pipeline lacks, the product, its places)."""
+    gap_refusals: list[str] = field(default_factory=list)  # the lines of the refusals at `gaps` (`policy.gap_line`)
 
     @property
     def op_gaps(self) -> list[str]:
@@ -312,10 +310,9 @@ class RunVerdict:
     """For a graph whose node paths name no layer: the gaps in rlxviz's ops its refusals ran into (`LayerVerdict.gaps`
     of the whole graph), which the headline names (`text.headline`)."""
     outside: list[str] = field(default_factory=list)
-    """The fused ops of the final version credited to no layer (`placement.match_layer`: the embeddings' ops, a
-    pooler's, the model's final norm), each `OP %ID (PASS)` as `LayerVerdict.done`'s; the text's `outside the
-    layers:` line. With every layer checked, every fused op the final version holds is said once: by one layer's line
-    or here."""
+    """Fused ops of the final version in no layer (`placement.match_layer`: embeddings, pooler, final norm), each
+    `OP %ID (PASS)`: the text's `outside the layers:` line. Each fused op is said once: by one layer's line or here."""
+    gap_refusals: list[str] = field(default_factory=list)  # no layer in the node paths: the whole graph's
 
     @staticmethod
     def of(trace: Trace, expect: str = "model", layers: Iterable[int] | None = None, model: str = "") -> RunVerdict:
@@ -417,8 +414,9 @@ def _run_verdict(facts: RunFacts, expect: str, wanted: tuple[int, ...], every: b
     arch = classify_layer(trace.input, None)
     misses, excused = excused_misses(trace, arch, None)
     return RunVerdict(trace.pipeline, statuses, counts, [str(m) for m in misses], arch,
-                      [x.line for x in excused.values()], left_out_groups(trace), crashed, recognized(trace), expect,
-                      facts.cannot_make(None), gaps=layer_gaps(arch, [], excused.values()))
+                      [x.line for x in excused.values() if not x.gaps], left_out_groups(trace), crashed,
+                      recognized(trace), expect, facts.cannot_make(None), gaps=layer_gaps(arch, [], excused.values()),
+                      gap_refusals=[x.line for x in excused.values() if x.gaps])
 
 
 def judged_kind(trace: Trace, layer: int) -> tuple[Architecture, Architecture]:
@@ -533,10 +531,12 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     if cannot and expect == "model" and expected:
         expected = ", ".join(dict.fromkeys([*expected.split(", "), *(u.product for u in unmade_here)]))
     gaps = layer_gaps(arch, [o for o in ex.rejected if o.rule in skipped], excused.values(), own == arch)
+    legal, at_gap = {o.rule for o in illegal}, {k for k, x in excused.items() if x.gaps}  # gap lines apart (issue 39)
     return LayerVerdict(layer, fused, ftl[0] if ftl else None, expected, first, own, arch, quiet, rejected,
                         [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(),
-                        done, [t for (r, _), t in ignored.items() if r not in {o.rule for o in illegal}],
-                        _blocker(first, made), illegal, cannot, expect, misses, rewritten, gaps, unmade_here)
+                        done, [t for k, t in ignored.items() if k[0] not in legal and k not in at_gap],
+                        _blocker(first, made), illegal, cannot, expect, misses, rewritten, gaps, unmade_here,
+                        [t for k, t in ignored.items() if k[0] not in legal and k in at_gap])
 
 
 def _blocker(first: Outcome | None, made: set[tuple[str, str]]) -> str:
