@@ -10,6 +10,12 @@ export function render({ model, el }) {
   search.className = 'rv-search'; search.title = __SEARCH_KEY__; bar.appendChild(search);
   const found = document.createElement('span'); found.className = 'rv-found'; found.title = __SEARCH_KEY__;
   bar.appendChild(found);
+  // the drawing's title (`SvgGraph.caption`) as text above the picture: readable at any zoom, where the graph's own
+  // label was 4-5 px high at the fit zoom of a tall layer; set as text, never markup (a model's names are data)
+  const cap = document.createElement('div'); cap.className = 'rv-caption';
+  const setCaption = () => { cap.textContent = model.caption || ''; cap.title = model.caption || '';
+    cap.style.display = model.caption ? '' : 'none'; };
+  model.on('caption', setCaption); setCaption();
   const wrap = document.createElement('div'); wrap.className = 'rv-wrap';
   const inner = document.createElement('div'); inner.className = 'rv-inner';
   const mini = document.createElement('div'); mini.className = 'rv-mini'; mini.title = 'overview: click or drag to pan';
@@ -29,7 +35,7 @@ export function render({ model, el }) {
   ['pointerdown', 'wheel', 'click'].forEach((k) => ops.addEventListener(k, (e) => e.stopPropagation()));
   const setLegend = () => { ops.innerHTML = model.legend || ''; ops.style.display = model.legend ? '' : 'none'; };
   model.on('legend', setLegend); setLegend();
-  wrap.appendChild(inner); wrap.appendChild(mini); wrap.appendChild(ops); el.appendChild(bar); el.appendChild(wrap);
+  wrap.appendChild(inner); wrap.appendChild(mini); wrap.appendChild(ops); el.appendChild(bar); el.appendChild(cap); el.appendChild(wrap);
   Object.assign(el.style, { display: 'flex', flexDirection: 'column', width: '100%', height: '100%' });
   let s = 1, tx = 0, ty = 0, touched = false, scope = null;
   // the highlight came with another scope (another model's ids): it marks, never centres, until the next one is set.
