@@ -3,7 +3,8 @@
 The Why tab's layer drawing carried its long title (`fused as far as rlxviz's ops go: △ ... @ %207: default_scale
 ...; before fuse_attention_block, in this layer: ...`) as the graph's DOT label: at the fit zoom of a tall layer at
 1280x800 it rendered 4-5 px high. The app draws its panes untitled and shows the title (`session.render.caption`) in
-the pane's `rv-caption` line, set as text; the Graph tab's panes do the same."""
+the pane's `rv-caption` line over the top of the picture area, set as text, the picture fitted below it; the Graph
+tab's panes do the same."""
 
 from pathlib import Path
 
@@ -26,10 +27,12 @@ CAPTION_JS = """(e) => { const s = getComputedStyle(e); const r = e.getBoundingC
 
 
 def _readable(cap, svg) -> dict:
-    """The caption's figures, asserted readable and above the picture, outside it."""
+    """The caption's figures, asserted readable, outside the picture and over its area's top, the fitted picture
+    below it (nothing of the drawing under the text)."""
     got = cap.evaluate(CAPTION_JS)
-    assert got["size"] >= 11 and got["kids"] == 0, got
-    assert got["bottom"] <= svg.evaluate("e => e.closest('.rv-wrap').getBoundingClientRect().top") + 1, got
+    assert got["size"] >= 11 and got["kids"] == 0 and cap.evaluate("e => e.closest('svg') === null"), got
+    assert abs(got["top"] - svg.evaluate("e => e.closest('.rv-wrap').getBoundingClientRect().top")) <= 2, got
+    assert svg.evaluate("e => e.getBoundingClientRect().top") >= got["bottom"] - 1, got
     return got
 
 

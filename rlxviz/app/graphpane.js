@@ -10,12 +10,13 @@ export function render({ model, el }) {
   search.className = 'rv-search'; search.title = __SEARCH_KEY__; bar.appendChild(search);
   const found = document.createElement('span'); found.className = 'rv-found'; found.title = __SEARCH_KEY__;
   bar.appendChild(found);
-  // the drawing's title (`SvgGraph.caption`) as text above the picture: readable at any zoom, where the graph's own
-  // label was 4-5 px high at the fit zoom of a tall layer; set as text, never markup (a model's names are data)
+  // the drawing's title (`SvgGraph.caption`) as text over the top of the picture area, the picture fitted below it
+  // (`fit`): readable at any zoom, where the graph's own label was 4-5 px high at the fit zoom of a tall layer; it
+  // takes no row of its own (the drawing keeps its room, as the label took room inside the picture before); set as
+  // text, never markup (a model's names are data)
   const cap = document.createElement('div'); cap.className = 'rv-caption';
-  const setCaption = () => { cap.textContent = model.caption || ''; cap.title = model.caption || '';
-    cap.style.display = model.caption ? '' : 'none'; };
-  model.on('caption', setCaption); setCaption();
+  const capH = () => (model.caption ? cap.offsetHeight : 0);
+  ['pointerdown', 'wheel', 'click'].forEach((k) => cap.addEventListener(k, (e) => e.stopPropagation()));  // read it
   const wrap = document.createElement('div'); wrap.className = 'rv-wrap';
   const inner = document.createElement('div'); inner.className = 'rv-inner';
   const mini = document.createElement('div'); mini.className = 'rv-mini'; mini.title = 'overview: click or drag to pan';
@@ -35,7 +36,9 @@ export function render({ model, el }) {
   ['pointerdown', 'wheel', 'click'].forEach((k) => ops.addEventListener(k, (e) => e.stopPropagation()));
   const setLegend = () => { ops.innerHTML = model.legend || ''; ops.style.display = model.legend ? '' : 'none'; };
   model.on('legend', setLegend); setLegend();
-  wrap.appendChild(inner); wrap.appendChild(mini); wrap.appendChild(ops); el.appendChild(bar); el.appendChild(cap); el.appendChild(wrap);
+  wrap.appendChild(inner); wrap.appendChild(mini); wrap.appendChild(ops); wrap.appendChild(cap); el.appendChild(bar); el.appendChild(wrap);
+  const setCaption = () => { cap.textContent = model.caption || ''; cap.style.display = model.caption ? '' : 'none'; };
+  model.on('caption', setCaption); setCaption();
   Object.assign(el.style, { display: 'flex', flexDirection: 'column', width: '100%', height: '100%' });
   let s = 1, tx = 0, ty = 0, touched = false, scope = null;
   // the highlight came with another scope (another model's ids): it marks, never centres, until the next one is set.
@@ -142,9 +145,9 @@ export function render({ model, el }) {
   const shows = () => { const sz = size(); if (!sz) return true; const W = wrap.clientWidth, H = wrap.clientHeight;
     return tx < W && tx + sz[0] * s > 0 && ty < H && ty + sz[1] * s > 0; };
   const fit = () => { const sz = size(); if (!sz) return; const W = wrap.clientWidth || 600;
-    const H = wrap.clientHeight || 500; s = Math.min(W / sz[0], H / sz[1], 1.5);
-    if (s < 0.35) { s = Math.min(W / sz[0], 0.8); tx = (W - sz[0] * s) / 2; ty = 4; }
-    else { tx = (W - sz[0] * s) / 2; ty = Math.max(4, (H - sz[1] * s) / 2); }
+    const T = capH(), H = Math.max((wrap.clientHeight || 500) - T, 100); s = Math.min(W / sz[0], H / sz[1], 1.5);
+    if (s < 0.35) { s = Math.min(W / sz[0], 0.8); tx = (W - sz[0] * s) / 2; ty = T + 4; }
+    else { tx = (W - sz[0] * s) / 2; ty = T + Math.max(4, (H - sz[1] * s) / 2); }
     offX = 0; offY = 0; touched = false; apply(false); };
   const moved = () => { touched = true; apply(true); };
   const zoomAt = (f, cx, cy) => { const ns = Math.min(Math.max(s * f, 0.02), 8); tx = cx - (cx - tx) * ns / s;
