@@ -12,11 +12,10 @@ export function render({ model, el }) {
   bar.appendChild(found);
   // the drawing's title (`SvgGraph.caption`) as text over the top of the picture area, the picture fitted below it
   // (`fit`): readable at any zoom, where the graph's own label was 4-5 px high at the fit zoom of a tall layer; it
-  // takes no row of its own (the drawing keeps its room, as the label took room inside the picture before); set as
-  // text, never markup (a model's names are data)
+  // takes no row of its own (the drawing keeps its room, as the label took room inside the picture before), and no
+  // pointer: a drag or wheel on it pans or zooms the picture; set as text, never markup (a model's names are data)
   const cap = document.createElement('div'); cap.className = 'rv-caption';
   const capH = () => (model.caption ? cap.offsetHeight : 0);
-  ['pointerdown', 'wheel', 'click'].forEach((k) => cap.addEventListener(k, (e) => e.stopPropagation()));  // read it
   const wrap = document.createElement('div'); wrap.className = 'rv-wrap';
   const inner = document.createElement('div'); inner.className = 'rv-inner';
   const mini = document.createElement('div'); mini.className = 'rv-mini'; mini.title = 'overview: click or drag to pan';
@@ -145,8 +144,11 @@ export function render({ model, el }) {
   const shows = () => { const sz = size(); if (!sz) return true; const W = wrap.clientWidth, H = wrap.clientHeight;
     return tx < W && tx + sz[0] * s > 0 && ty < H && ty + sz[1] * s > 0; };
   const fit = () => { const sz = size(); if (!sz) return; const W = wrap.clientWidth || 600;
-    const T = capH(), H = Math.max((wrap.clientHeight || 500) - T, 100); s = Math.min(W / sz[0], H / sz[1], 1.5);
-    if (s < 0.35) { s = Math.min(W / sz[0], 0.8); tx = (W - sz[0] * s) / 2; ty = T + 4; }
+    // a tall picture (under 0.35 to fit the whole area) is drawn readable from its top; the caption's height is
+    // taken off only once that is decided (it tipped MiniLM's layer, 0.36 whole, into that mode)
+    const T = capH(), H0 = wrap.clientHeight || 500, H = Math.max(H0 - T, 100);
+    s = Math.min(W / sz[0], H0 / sz[1], 1.5) < 0.35 ? 0 : Math.min(W / sz[0], H / sz[1], 1.5);
+    if (!s) { s = Math.min(W / sz[0], 0.8); tx = (W - sz[0] * s) / 2; ty = T + 4; }
     else { tx = (W - sz[0] * s) / 2; ty = T + Math.max(4, (H - sz[1] * s) / 2); }
     offX = 0; offY = 0; touched = false; apply(false); };
   const moved = () => { touched = true; apply(true); };
