@@ -82,7 +82,8 @@ export function render({ model, el }) {
   const miniGroup = () => model.sync || me;
   const cornerBox = (c, mw, mh) => { const W = wrap.clientWidth, H = wrap.clientHeight;
     const ops = c === 'bl' && model.legend ? 28 : 0;  // above the folded "op colours" tag in that corner
-    return [c[1] === 'l' ? MINI_GAP : W - MINI_GAP - mw, c[0] === 't' ? MINI_GAP : H - MINI_GAP - mh - ops, mw, mh]; };
+    return [c[1] === 'l' ? MINI_GAP : W - MINI_GAP - mw, c[0] === 't' ? MINI_GAP + capH() : H - MINI_GAP - mh - ops, mw,
+      mh]; };
   const overlap = (a, b) => Math.max(0, Math.min(a[0] + a[2], b[0] + b[2]) - Math.max(a[0], b[0]))
     * Math.max(0, Math.min(a[1] + a[3], b[1] + b[3]) - Math.max(a[1], b[1]));
   const coverage = () => { const out = CORNERS.map(() => 0);
@@ -99,7 +100,7 @@ export function render({ model, el }) {
     let best = 0; sum.forEach((v, k) => { if (v < sum[best] - 1) best = k; });
     const c = CORNERS[best], ops = c === 'bl' && model.legend ? 28 : 0; mini.dataset.corner = c;
     Object.assign(mini.style, { left: c[1] === 'l' ? `${MINI_GAP}px` : 'auto', right: c[1] === 'r' ? `${MINI_GAP}px` : 'auto',
-      top: c[0] === 't' ? `${MINI_GAP}px` : 'auto', bottom: c[0] === 'b' ? `${MINI_GAP + ops}px` : 'auto' }); };
+      top: c[0] === 't' ? `${MINI_GAP + capH()}px` : 'auto', bottom: c[0] === 'b' ? `${MINI_GAP + ops}px` : 'auto' }); };
   const onMiniBus = (e) => { if (e.detail.group === miniGroup()) placeMini(); };
   window.addEventListener(MINI_BUS, onMiniBus);
   let miniTimer = null;
