@@ -199,16 +199,16 @@ def test_ir_text_draws_its_own_graph(page, browser, server):
     _type_ir(page, SMALL_IR)
     page.locator(".rv-load-ir button").click()
     expect(page.locator(".rv-version select")).to_contain_text("0: input (3 ops)")
-    expect(page.locator(".rv-after svg")).to_contain_text("small: 3 ops")
+    expect(page.locator(".rv-after .rv-caption")).to_contain_text("small: 3 ops")
     assert [i for i in _after_node_ids(page) if i.startswith("n")] == ["n0", "n1", "n2", "n3"]
     assert page.locator(".rv-after g.node", has_text="exp").count() == 1
     choose_version(page, "input")
-    expect(page.locator(".rv-after svg")).to_contain_text("small: 3 ops")
+    expect(page.locator(".rv-after .rv-caption")).to_contain_text("small: 3 ops")
     ctx = context(browser, 1600, 1000)
     fresh = ctx.new_page()
     fresh.goto(server[0])
     fresh.locator(".rv-after g.node").first.wait_for()
-    expect(fresh.locator(".rv-after svg")).to_contain_text("196 ops")
+    expect(fresh.locator(".rv-after .rv-caption")).to_contain_text("196 ops")
     ctx.close()
 
 
@@ -299,7 +299,7 @@ def test_debugger_flow_keeps_the_view_and_finds_nodes(watched):
     pg.locator(".rv-after g#layer2.cluster").wait_for()
     pg.locator(".rv-view select").select_option("focus")
     expect(pg.locator(".rv-focus-layer select option:checked")).to_have_text("layer 2")
-    expect(pg.locator(".rv-after svg")).to_contain_text("layer 2")
+    expect(pg.locator(".rv-after .rv-caption")).to_contain_text("layer 2")
     _shot(pg, "focus-1280")
 
 
@@ -376,7 +376,7 @@ def test_ir_paste_small_and_large_and_a_parse_error(watched):
     pg.keyboard.insert_text("_edited")  # graph model_edited {
     assert _editor_text(pg) == large.replace("graph model {", "graph model_edited {", 1)
     pg.locator(".rv-load-ir button").click()
-    expect(pg.locator(".rv-after svg")).to_contain_text("model_edited")
+    expect(pg.locator(".rv-after .rv-caption")).to_contain_text("model_edited")
     expect(pg.locator(".rv-version select")).to_contain_text("0: input (196 ops)")
 
     open_tab(pg, "IR editor")

@@ -117,7 +117,7 @@ def _minimap_and_layer_expand_in_place(pg):
     pg.locator(".rv-view select").select_option("focus")
     expect(pg.locator(".rv-focus-layer select option:checked")).to_have_text("layer 0")
     expect(pg.locator(".rv-after .rv-title")).to_be_visible()
-    expect(pg.locator(".rv-after svg")).to_contain_text("layer 0")
+    expect(pg.locator(".rv-after .rv-caption")).to_contain_text("layer 0")
 
 
 def _search_opens_a_folded_layer(pg):
@@ -143,7 +143,7 @@ def _search_opens_a_folded_layer(pg):
     pg.locator(".rv-after g#layer2.node").wait_for()
     pg.locator(".rv-view select").select_option("focus")
     pg.locator(".rv-focus-layer select").select_option(label="layer 0")
-    expect(pg.locator(".rv-after svg")).to_contain_text("layer 0")
+    expect(pg.locator(".rv-after .rv-caption")).to_contain_text("layer 0")
 
 
 def _culprit_drawn_for_dead_h1_user(pg):

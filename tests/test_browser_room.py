@@ -147,7 +147,7 @@ def test_the_graph_keeps_450px_with_the_banner_and_the_why_drawing_opens_full_si
               if (!inner || inner === e) break; e = inner; }
             return !!(e && e.closest && e.closest('.rv-wrap')); }""", [w / 2, h / 2])
         assert on_top
-        expect(graph.locator("svg")).to_contain_text("layer 1")
+        expect(graph.locator(".rv-caption")).to_contain_text("layer 1")
         pg.screenshot(path=str(ART / f"room-why-full-{w}x{h}.png"))
         pg.keyboard.press("Escape")
         pg.wait_for_timeout(300)

@@ -297,10 +297,17 @@ class Derived:
         return drawing.dot(*self._drawing(k, view or self.resolved_view()))
 
     @param.depends(*DRAWN, *COLOURS)
-    def svg(self, k: int | None = None, view: str | None = None) -> str:
+    def svg(self, k: int | None = None, view: str | None = None, titled: bool = False) -> str:
         """SVG of shown version `k` with its pass's fused nodes marked, and the node colours of `overlay` when they
-        were measured for it (cached by trace content, version, view and colours)."""
-        return drawing.svg(*self._drawing(k, view or self.resolved_view()), self.heat(k))
+        were measured for it (cached by trace content, version, view and colours); `titled`: with its `caption`
+        drawn in it (a downloaded file), else none (the pane shows the caption in HTML: `session.render.dot`)."""
+        return drawing.svg(*self._drawing(k, view or self.resolved_view()), self.heat(k), titled)
+
+    @param.depends(*DRAWN)
+    def caption(self, k: int | None = None, view: str | None = None, side: str = "after") -> str:
+        """The title of shown version `k`'s drawing on `side` (`after`, `before`, `why`: `session.render.caption`),
+        which the app shows above the untitled picture."""
+        return drawing.caption(*self._drawing(k, FOCUS if side == "why" else view or self.resolved_view(), side=side))
 
     @param.depends(*SHOWN, *COLOURS)
     def heat(self, k: int | None = None) -> drawing.Heat:
@@ -320,8 +327,9 @@ class Derived:
     @param.depends(*DRAWN, *COLOURS)
     def svg_before(self, k: int | None = None, view: str | None = None) -> str:
         """SVG of the graph before version `k`'s pass, with its matches clustered and rejections marked, and the
-        overlay's colours on the nodes the pass kept (`heat_before`)."""
-        return drawing.svg(*self._drawing(k, view or self.resolved_view(), side="before"), self.heat_before(k))
+        overlay's colours on the nodes the pass kept (`heat_before`); untitled (`caption(k, side="before")`)."""
+        return drawing.svg(*self._drawing(k, view or self.resolved_view(), side="before"), self.heat_before(k),
+                           titled=False)
 
     @param.depends(*SHOWN, *COLOURS)
     def heat_before(self, k: int | None = None) -> drawing.Heat:
@@ -438,8 +446,9 @@ class Derived:
     @param.depends(*SHOWN, "selected_layer")
     def svg_why(self) -> str:
         """The selected layer, focused, in the graph before the pass that first rejected something in it, or that first
-        refused it at a gap in rlxviz's ops (`session.render.View` `side="why"`)."""
-        return drawing.svg(*self._drawing(None, FOCUS, side="why"))
+        refused it at a gap in rlxviz's ops (`session.render.View` `side="why"`); untitled: its long title (the gap
+        places, the layer's other gaps, the pass's counts) is `caption(side="why")`, shown above it in HTML."""
+        return drawing.svg(*self._drawing(None, FOCUS, side="why"), titled=False)
 
     @param.depends(*SHOWN, "selected_layer")
     def why_graph_drawn(self) -> Graph:

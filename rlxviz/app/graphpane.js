@@ -10,6 +10,12 @@ export function render({ model, el }) {
   search.className = 'rv-search'; search.title = __SEARCH_KEY__; bar.appendChild(search);
   const found = document.createElement('span'); found.className = 'rv-found'; found.title = __SEARCH_KEY__;
   bar.appendChild(found);
+  // the drawing's title (`SvgGraph.caption`) as text over the top of the picture area, the picture fitted below it
+  // (`fit`): readable at any zoom, where the graph's own label was 4-5 px high at the fit zoom of a tall layer; it
+  // takes no row of its own (the drawing keeps its room, as the label took room inside the picture before), and no
+  // pointer: a drag or wheel on it pans or zooms the picture; set as text, never markup (a model's names are data)
+  const cap = document.createElement('div'); cap.className = 'rv-caption';
+  const capH = () => (model.caption ? cap.offsetHeight : 0);
   const wrap = document.createElement('div'); wrap.className = 'rv-wrap';
   const inner = document.createElement('div'); inner.className = 'rv-inner';
   const mini = document.createElement('div'); mini.className = 'rv-mini'; mini.title = 'overview: click or drag to pan';
@@ -29,7 +35,9 @@ export function render({ model, el }) {
   ['pointerdown', 'wheel', 'click'].forEach((k) => ops.addEventListener(k, (e) => e.stopPropagation()));
   const setLegend = () => { ops.innerHTML = model.legend || ''; ops.style.display = model.legend ? '' : 'none'; };
   model.on('legend', setLegend); setLegend();
-  wrap.appendChild(inner); wrap.appendChild(mini); wrap.appendChild(ops); el.appendChild(bar); el.appendChild(wrap);
+  wrap.appendChild(inner); wrap.appendChild(mini); wrap.appendChild(ops); wrap.appendChild(cap); el.appendChild(bar); el.appendChild(wrap);
+  const setCaption = () => { cap.textContent = model.caption || ''; cap.style.display = model.caption ? '' : 'none'; };
+  model.on('caption', setCaption); setCaption();
   Object.assign(el.style, { display: 'flex', flexDirection: 'column', width: '100%', height: '100%' });
   let s = 1, tx = 0, ty = 0, touched = false, scope = null;
   // the highlight came with another scope (another model's ids): it marks, never centres, until the next one is set.
@@ -74,7 +82,8 @@ export function render({ model, el }) {
   const miniGroup = () => model.sync || me;
   const cornerBox = (c, mw, mh) => { const W = wrap.clientWidth, H = wrap.clientHeight;
     const ops = c === 'bl' && model.legend ? 28 : 0;  // above the folded "op colours" tag in that corner
-    return [c[1] === 'l' ? MINI_GAP : W - MINI_GAP - mw, c[0] === 't' ? MINI_GAP : H - MINI_GAP - mh - ops, mw, mh]; };
+    return [c[1] === 'l' ? MINI_GAP : W - MINI_GAP - mw, c[0] === 't' ? MINI_GAP + capH() : H - MINI_GAP - mh - ops, mw,
+      mh]; };
   const overlap = (a, b) => Math.max(0, Math.min(a[0] + a[2], b[0] + b[2]) - Math.max(a[0], b[0]))
     * Math.max(0, Math.min(a[1] + a[3], b[1] + b[3]) - Math.max(a[1], b[1]));
   const coverage = () => { const out = CORNERS.map(() => 0);
@@ -91,7 +100,7 @@ export function render({ model, el }) {
     let best = 0; sum.forEach((v, k) => { if (v < sum[best] - 1) best = k; });
     const c = CORNERS[best], ops = c === 'bl' && model.legend ? 28 : 0; mini.dataset.corner = c;
     Object.assign(mini.style, { left: c[1] === 'l' ? `${MINI_GAP}px` : 'auto', right: c[1] === 'r' ? `${MINI_GAP}px` : 'auto',
-      top: c[0] === 't' ? `${MINI_GAP}px` : 'auto', bottom: c[0] === 'b' ? `${MINI_GAP + ops}px` : 'auto' }); };
+      top: c[0] === 't' ? `${MINI_GAP + capH()}px` : 'auto', bottom: c[0] === 'b' ? `${MINI_GAP + ops}px` : 'auto' }); };
   const onMiniBus = (e) => { if (e.detail.group === miniGroup()) placeMini(); };
   window.addEventListener(MINI_BUS, onMiniBus);
   let miniTimer = null;
@@ -136,9 +145,12 @@ export function render({ model, el }) {
   const shows = () => { const sz = size(); if (!sz) return true; const W = wrap.clientWidth, H = wrap.clientHeight;
     return tx < W && tx + sz[0] * s > 0 && ty < H && ty + sz[1] * s > 0; };
   const fit = () => { const sz = size(); if (!sz) return; const W = wrap.clientWidth || 600;
-    const H = wrap.clientHeight || 500; s = Math.min(W / sz[0], H / sz[1], 1.5);
-    if (s < 0.35) { s = Math.min(W / sz[0], 0.8); tx = (W - sz[0] * s) / 2; ty = 4; }
-    else { tx = (W - sz[0] * s) / 2; ty = Math.max(4, (H - sz[1] * s) / 2); }
+    // a tall picture (under 0.35 to fit the whole area) is drawn readable from its top; the caption's height is
+    // taken off only once that is decided (it tipped MiniLM's layer, 0.36 whole, into that mode)
+    const T = capH(), H0 = wrap.clientHeight || 500, H = Math.max(H0 - T, 100);
+    s = Math.min(W / sz[0], H0 / sz[1], 1.5) < 0.35 ? 0 : Math.min(W / sz[0], H / sz[1], 1.5);
+    if (!s) { s = Math.min(W / sz[0], 0.8); tx = (W - sz[0] * s) / 2; ty = T + 4; }
+    else { tx = (W - sz[0] * s) / 2; ty = T + Math.max(4, (H - sz[1] * s) / 2); }
     offX = 0; offY = 0; touched = false; apply(false); };
   const moved = () => { touched = true; apply(true); };
   const zoomAt = (f, cx, cy) => { const ns = Math.min(Math.max(s * f, 0.02), 8); tx = cx - (cx - tx) * ns / s;

@@ -80,7 +80,10 @@ class SvgGraph(JSComponent):
 
     Parameters:
         svg: the Graphviz SVG text.
-        title: a caption shown above the picture.
+        title: a short name of the picture, in the bar above it (one line).
+        caption: the drawing's title (`session.render.caption`: a pass's counts, the Why tab's gap places), shown as
+            wrapping text over the top of the picture area, the fitted picture below it (the picture is drawn without
+            it), set as text (never markup); "" hides it.
         highlight: node ids drawn with a thick orange border (the first is centred when `follow`).
         selected: node id drawn with a dashed blue border.
         related: node ids drawn with a dotted blue border: the selected node of the other pane, as this pane shows
@@ -98,6 +101,7 @@ class SvgGraph(JSComponent):
 
     svg = param.String("")
     title = param.String("")
+    caption = param.String("")
     highlight = param.List(default=[], item_type=int)
     selected = param.Integer(None, allow_None=True)
     related = param.List(default=[], item_type=int)

@@ -360,12 +360,15 @@ class GraphCompare(Viewer):
         svg, err = safe(s.svg, k)
         step = s.current_step
         folded = s.resolved_view() == COLLAPSED
+        cap, _ = safe(s.caption, k)
         self.after.param.update(svg=svg or "", title=f"{s.version_labels[k] if s.version_labels else 'input'}",
+                                caption=cap or "",
                                 scope=scope, folded=self._folded(s.current_graph) if folded else {},
                                 absorbed=self._absorbed(s.current_graph), order=self._order(s.current_graph))
         if step is not None:
             prev, err2 = safe(s.svg_before, k)
-            self.before.param.update(svg=prev or "", title=f"before {step.pass_name}", scope=scope,
+            cap, _ = safe(s.caption, k, None, "before")
+            self.before.param.update(svg=prev or "", title=f"before {step.pass_name}", scope=scope, caption=cap or "",
                                      folded=self._folded(s.previous_graph) if folded else {},
                                      absorbed=self._absorbed(s.previous_graph),
                                      order=self._order(s.previous_graph))
@@ -512,7 +515,7 @@ class IRView(Viewer):
         self.downloads = [
             pn.widgets.FileDownload(callback=lambda: self._bytes(s.ir_current()), label="IR text", **dl),
             pn.widgets.FileDownload(callback=lambda: self._bytes(s.dot()), label="DOT", **dl),
-            pn.widgets.FileDownload(callback=lambda: self._bytes(s.svg()), label="SVG", **dl),
+            pn.widgets.FileDownload(callback=lambda: self._bytes(s.svg(titled=True)), label="SVG", **dl),
             pn.widgets.FileDownload(callback=lambda: self._bytes(s.trace_json()), label="trace JSON", **dl),
         ]
         self._kinds = [("ir.txt", True), ("dot", True), ("svg", True), ("trace.json", False)]

@@ -343,9 +343,9 @@ class Runs:
             k = max(min(s.version, len(labels) - 1) if s.trace is None else self._same_version(trace, labels),
                     0)
             view = s.resolved_view(trace)
-            drawing.svg(*s._drawing(k, view, trace=trace))
+            drawing.svg(*s._drawing(k, view, trace=trace), titled=False)  # as the panes draw it (`State.svg`)
             if labels[k][0] > 0:
-                drawing.svg(*s._drawing(k, view, side="before", trace=trace))
+                drawing.svg(*s._drawing(k, view, side="before", trace=trace), titled=False)
         except Exception:  # noqa: BLE001 - the view shows the error
             pass
 

@@ -230,12 +230,14 @@ class WhyView(Viewer):
         self.graph.visible = True
         if s.selected_layer is None:
             self.text.object = "*Pick a layer to see each pattern's outcome and the first guard that failed.*"
-            self.graph.param.update(svg="", absorbed={})
+            self.graph.param.update(svg="", caption="", absorbed={})
             return
         text, err = safe(s.why_layer, s.selected_layer)
         self.text.object = text if text else f"**Not shown:** {md_escape(err or '')}"
         svg, err = safe(s.svg_why)
+        cap, _ = safe(s.caption, None, None, "why")
         self.graph.param.update(svg=svg or "", title=layer_label(s.selected_layer) + (f" — {err}" if err else ""),
+                                caption=cap or "",
                                 highlight=list(s.highlight), scope=self._zoom(s.model, "layer", s.selected_layer),
                                 absorbed=self._absorbed())
 
@@ -254,10 +256,10 @@ class WhyView(Viewer):
         svg, err = safe(s.svg, last) if last >= 0 else (None, "no version yet")
         scope = self._zoom(s.model, "whole")
         if not svg:
-            return {"svg": "", "scope": scope, "absorbed": {},
+            return {"svg": "", "caption": "", "scope": scope, "absorbed": {},
                     "title": "No layers to draw: this graph's nodes carry no layer path; see the Graph tab"
                              + (f" ({err})" if err else "") + "."}
-        return {"svg": svg, "highlight": list(s.highlight), "scope": scope,
+        return {"svg": svg, "caption": safe(s.caption, last)[0] or "", "highlight": list(s.highlight), "scope": scope,
                 "absorbed": absorbed_index(s.graph_at(last), s.trace),
                 "title": f"no layer to draw (no node path names one): the final graph, {s.version_labels[last]}"}
 

@@ -26,7 +26,7 @@ from ..passes.why.facts import made_nodes
 from ..passes.why.places import layer_places
 from ..passes.why.text import none_made_words
 from ..passes.why.verdict import OP_GAP_GROUP, LayerVerdict, RunVerdict, first_gap, layer_verdict, why_step
-from ..viz import Overlay, Verdict, render_dot, render_svg
+from ..viz import Overlay, Verdict, drawing_title, render_dot, render_svg
 from ..viz.dot import GAP_MARK
 from ..viz.overlay import GapNames, before_caption, change_words, group_words
 from .cache import LRUCache
@@ -241,10 +241,19 @@ def picture(source: Trace | Graph, v: View, heat: Heat = ()) -> tuple[Graph, Ove
     return g, ov, kw
 
 
-def dot(source: Trace | Graph, v: View, heat: Heat = ()) -> str:
-    """DOT source of `v` (see `picture`)."""
+def dot(source: Trace | Graph, v: View, heat: Heat = (), titled: bool = True) -> str:
+    """DOT source of `v` (see `picture`); `titled`: with its `caption` as the graph's label (a stand-alone drawing:
+    `rlxviz render`, a downloaded SVG), else none (the app shows the caption in HTML above the picture)."""
     g, ov, kw = picture(source, v, heat)
-    return render_dot(g, ov, **kw)
+    return render_dot(g, ov, **kw) if titled else render_dot(g, ov, title="", **kw)
+
+
+def caption(source: Trace | Graph, v: View) -> str:
+    """The title of `v`'s drawing (`viz.drawing_title` of `picture`'s overlay): the label a titled drawing carries,
+    and the text the app shows above an untitled one, e.g. the Why tab's `fused as far as rlxviz's ops go: △ ...;
+    before P, in this layer: ...`. Raises as `picture` does."""
+    g, ov, kw = picture(source, v)
+    return drawing_title(g, ov, view=kw["view"], focus=kw.get("focus"))
 
 
 def source_key(source: Trace | Graph) -> tuple[str, str]:
@@ -252,11 +261,11 @@ def source_key(source: Trace | Graph) -> tuple[str, str]:
     return ("graph", source.digest) if isinstance(source, Graph) else ("trace", source.key)
 
 
-def svg(source: Trace | Graph, v: View, heat: Heat = ()) -> str:
-    """SVG of `v` (with `heat`'s node fills), cached by (content key, view, heat)."""
-    return RENDERS.get_or_compute(("svg", source_key(source), v, heat),
-                                  lambda: render_svg(dot(source, v, heat)).svg)
+def svg(source: Trace | Graph, v: View, heat: Heat = (), titled: bool = True) -> str:
+    """SVG of `v` (with `heat`'s node fills; `titled`: see `dot`), cached by (content key, view, heat, titled)."""
+    return RENDERS.get_or_compute(("svg", source_key(source), v, heat, titled),
+                                  lambda: render_svg(dot(source, v, heat, titled)).svg)
 
 
-__all__ = ["Heat", "RENDERS", "SIDES", "VIEWS", "View", "dot", "is_final", "layer_caption", "layer_changes",
+__all__ = ["Heat", "RENDERS", "SIDES", "VIEWS", "View", "caption", "dot", "is_final", "layer_caption", "layer_changes",
            "picture", "settled_verdicts", "source_key", "svg", "verdicts"]

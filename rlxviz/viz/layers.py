@@ -457,8 +457,11 @@ def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | Non
         node_attr={"shape": "box", "style": "rounded,filled", "fontname": "Helvetica", "fontsize": "10",
                    "width": "2.6"},
         edge_attr={"color": "#555555", "arrowsize": "0.6", "fontname": "Helvetica", "fontsize": "8"})
-    d.attr(label=graphviz.nohtml(title or (overlay.title if overlay and overlay.title else
-                                           f"{graph.name}: layer view, {len(graph.compute_nodes())} ops")))
+    if title is None:
+        title = overlay.title if overlay and overlay.title else \
+            f"{graph.name}: layer view, {len(graph.compute_nodes())} ops"
+    if title:  # "": the app shows it above the picture (`render.drawing_title`)
+        d.attr(label=graphviz.nohtml(title))
     with d.subgraph() as s:
         s.attr(rank="source")
         for n in graph.inputs:

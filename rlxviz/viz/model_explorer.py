@@ -9,7 +9,9 @@ returns; with `label` it is also one `GraphCollection`). Here:
   (`encoder/layer/0/attention`), so Model Explorer folds layers into groups as our viewer does;
 * attrs: the op's attributes, `shape`, `dtype`, `path`, the pass that made the node and the rule that
   matched (`match`), the ids it absorbed, and, on every node a rejection is about (anchor or subject),
-  `rejected` lines `rule: guard: message` and the fix;
+  `rejected` lines `rule: guard: message`, its `fix` and `compiler_fix` as `explain -v` words them (`fix_words`: at
+  a gap in rlxviz's ops the model-side change is `a workaround in the model: ...` and the compiler fix carries the
+  text's caveat, `alone it is not enough: ... fails next`, as the △ mark does);
 * edges: each operand as an incoming edge (`targetNodeInputId` = operand position, with its role in
   `inputsMetadata`); `outputsMetadata` gives shape and dtype;
 * style: fused nodes filled green; a refused place's anchor and subject bordered by its standing, as the app's
@@ -32,7 +34,7 @@ from ..ir.ops import FUSED
 from ..passes.trace import Match, Rejection, Trace
 from . import styles as st
 from .dot import FADED_MARK, GAP_MARK, NEAR_MISS_MARK
-from .overlay import is_gap, place_groups, run_groups, worded
+from .overlay import gap_caveats, is_gap, place_groups, run_groups, worded
 
 FUSED_FILL = "#c8e6c9"
 REJECTED_BORDER = st.REJECT
@@ -55,9 +57,27 @@ def _kv(key: str, value: Any) -> dict[str, str]:
     return {"key": key, "value": value if isinstance(value, str) else json.dumps(value, default=str)}
 
 
+def fix_words(trace: Trace, r: Rejection, group: str | None, caveat: str = "") -> tuple[str, str]:
+    """`(fix, compiler fix)` of refusal `r` (worded: `overlay.worded`) as `explain -v`'s `fix:` and `compiler fix:`
+    lines say them, framed as its not-expected line frames them at a gap in rlxviz's ops (`group`, its place's
+    standing: `is_gap`): the fix, when it is the checked change to the model (`why.caveat.model_fix_note`), as
+    `a workaround in the model: ...` (`why.caveat.workaround_words`: granite's folded scale, beside the compiler fix
+    `give FusedAttentionBlock a scale attribute`), and the compiler fix with the place's `caveat`
+    (`overlay.gap_caveats`, the △ mark's: esm's `alone it is not enough: qkv_packed (not recognized) fails next`).
+    Elsewhere `(r.hint, r.fix)`.
+    """
+    if group is None or not is_gap(group):
+        return r.hint, r.fix
+    from ..passes.why.caveat import model_fix_note, workaround_words  # the verdict reads the pipeline
+
+    model = model_fix_note(trace, r.rule, r.anchor, r.guard)
+    fix = workaround_words(model) if model and model == r.hint else r.hint
+    return fix, "; ".join(x for x in (r.fix, caveat) if x) if r.fix else ""
+
+
 def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: list[Rejection] | None = None,
-               graph_id: str | None = None, standings: dict[tuple[str, int], str] | None = None
-               ) -> dict[str, Any]:
+               graph_id: str | None = None, standings: dict[tuple[str, int], str] | None = None,
+               fixes: dict[tuple[str, int, str], tuple[str, str]] | None = None) -> dict[str, Any]:
     """One Model Explorer `Graph` dict for `graph`, annotated with the given matches and rejections.
 
     Args:
@@ -67,6 +87,7 @@ def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: lis
         graph_id: the graph's id in Model Explorer (default: `graph.name`).
         standings: each place (rule, anchor) that is no near-miss -> its standing group (`overlay.place_groups`);
             a place not in it is a near-miss (None: every place is).
+        fixes: (rule, anchor, guard) -> `fix_words` of the refusal; a refusal not in it: `(r.hint, r.fix)`.
     """
     groups = standings or {}
     by_fused: dict[int, Match] = {m.fused: m for m in matches or () if m.fused is not None}
@@ -90,8 +111,11 @@ def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: lis
             word, ink, rank = standing_style(groups.get((r.rule, r.anchor)))
             border = max(border or (ink, rank), (ink, rank), key=lambda b: b[1])
             attrs.append(_kv(f"rejected_{k}", f"{word}: {r.rule}: {r.guard} ({r.stage}): {r.message}"))
-            if r.hint:
-                attrs.append(_kv(f"fix_{k}", r.hint))
+            fix, compiler = (fixes or {}).get((r.rule, r.anchor, r.guard), (r.hint, r.fix))
+            if fix:
+                attrs.append(_kv(f"fix_{k}", fix))
+            if compiler:
+                attrs.append(_kv(f"compiler_fix_{k}", compiler))
         roles = operand_roles(n.op, n.attrs, len(n.inputs))
         node: dict[str, Any] = {
             "id": str(n.id), "label": n.op.value, "namespace": n.path.replace(".", "/"), "subgraphIds": [],
@@ -121,9 +145,16 @@ def trace_json(trace: Trace, versions: str = "all") -> dict[str, Any]:
     `versions="final"`, only the final graph annotated with every match and rejection of the run."""
     graphs = []
     name = trace.input.name
+    groups = {k: place_groups(trace, s) for k, s in enumerate(trace.steps) if s.rejections}
+    fixes: dict[tuple[str, int, str], tuple[str, str]] = {}  # the fix lines, framed as `explain -v` frames them
+    for k, at in groups.items():
+        caveats = gap_caveats(trace, trace.steps[k], at)  # the △ mark's, on its place's headline refusal
+        fixes |= {(r.rule, r.anchor, r.guard): fix_words(trace, r, at.get((r.rule, r.anchor)),
+                                                         caveats.get((r.rule, r.anchor), "") if r.headline else "")
+                  for r in worded(trace, trace.steps[k])}
     if versions == "final":
         every = [r for s in trace.steps for r in worded(trace, s)]  # as explain words them
-        graphs.append(graph_json(trace.final, trace.matches, every, f"{name}: final", run_groups(trace)))
+        graphs.append(graph_json(trace.final, trace.matches, every, f"{name}: final", run_groups(trace), fixes))
     else:
         graphs.append(graph_json(trace.input, [], [], f"{name}: 0 input"))
         so_far: list[Match] = []
@@ -131,7 +162,7 @@ def trace_json(trace: Trace, versions: str = "all") -> dict[str, Any]:
             so_far += s.matches
             if s.changed or s.rejections:
                 graphs.append(graph_json(s.after, so_far, list(worded(trace, s)), f"{name}: {k} {s.pass_name}",
-                                         place_groups(trace, s)))
+                                         groups.get(k - 1, {}), fixes))
     return {"label": name, "graphs": graphs}
 
 
@@ -142,4 +173,4 @@ def save_model_explorer(trace: Trace, path: str | Path, versions: str = "all") -
     return p
 
 
-__all__ = ["graph_json", "save_model_explorer", "standing_style", "trace_json"]
+__all__ = ["fix_words", "graph_json", "save_model_explorer", "standing_style", "trace_json"]

@@ -40,7 +40,7 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
         show_params: draw params/consts as nodes instead of folding them into their consumer's label.
         edge_labels: label edges with the tensor type they carry.
         max_nodes: limit on drawn nodes; larger drawings raise `GraphTooLarge`, suggesting a smaller view.
-        title: caption (default from the overlay or the graph).
+        title: caption (default: `drawing_title`); "" draws none (the app shows it in HTML above the picture).
         verdicts: layer -> the session's `Verdict` (layers view): the boxes say `fused` / `not fused` as the
             session does.
         expanded: layers view: layers drawn open in place (their nodes inside a cluster), the rest one box each.
@@ -51,6 +51,7 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
     """
     if view not in VIEWS:
         raise ValueError(f"[render_dot] view must be one of {VIEWS}, got {view!r}")
+    title = drawing_title(graph, overlay, view=view, focus=focus, radius=radius) if title is None else title
     if view == "layers":
         return layers_to_dot(graph, overlay, title, max_nodes, verdicts, expanded)
     include = focus_ids(graph, focus, radius) if focus is not None else None
@@ -59,12 +60,25 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
         include |= {i for r in overlay.rejections if r.layer == focus for i in (r.anchor, *r.offending)
                     if i in graph}
     opts = DotOptions(show_params=show_params, edge_labels=edge_labels, max_nodes=max_nodes)
-    if include is not None and title is None:
-        # the layer's label (`decoder layer 0` in an encoder-decoder model), as `explain` and the Why tab name it
-        title = f"{graph.name}: focus on {layer_label(focus)}" + (f" ±{radius}" if radius else "")
-        if overlay and overlay.title:
-            title = f"{overlay.title} — {layer_label(focus)}"
     return graph_to_dot(graph, overlay, options=opts, include=include, title=title)
+
+
+def drawing_title(graph: Graph, overlay: Overlay | None = None, *, view: str = "full", focus: int | None = None,
+                  radius: int = 0) -> str:
+    """The caption `render_dot` draws above the graph when given no `title`: the overlay's title (a pass's counts,
+    the Why tab's `_gap_title`), else the graph's name and op count; for a focused layer, the layer's label after it
+    (`decoder layer 0` in an encoder-decoder model, as `explain` and the Why tab name it). One wording for the
+    stand-alone drawing (`rlxviz render`, a downloaded SVG), which carries it as its DOT label, and the app, which
+    draws the picture without one and shows this text above it in HTML (readable at any zoom: a long title at the
+    fit zoom of a tall drawing was 4-5 px high)."""
+    if view == "layers":
+        return overlay.title if overlay and overlay.title else \
+            f"{graph.name}: layer view, {len(graph.compute_nodes())} ops"
+    if focus is not None:
+        if overlay and overlay.title:
+            return f"{overlay.title} — {layer_label(focus)}"
+        return f"{graph.name}: focus on {layer_label(focus)}" + (f" ±{radius}" if radius else "")
+    return overlay.title if overlay and overlay.title else f"{graph.name}: {len(graph.compute_nodes())} ops"
 
 
 def render_svg(graph: Graph | str, overlay: Overlay | None = None, *, engine: str = "auto",
