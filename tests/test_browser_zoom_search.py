@@ -77,7 +77,8 @@ def test_zoom_is_fitted_on_a_model_switch_and_kept_on_a_step_and_search_goes_dee
 
         # bert-tiny after the last pass: attention sits in a FusedAttentionBlock that a FusedTransformerLayer absorbed
         open_tab(pg, "Graph")
-        expect(pg.locator(".rv-after .rv-title")).to_have_text(re.compile("after mark_elementwise_regions"))
+        expect(pg.locator(".rv-after .rv-title")).to_have_text(re.compile("after mark_elementwise_regions"),
+                                                               timeout=30_000)  # a loaded machine draws slowly
         pg.locator(".rv-after g.node").first.wait_for()
         box = pg.locator(".rv-after .rv-search")
         box.fill("attention")  # exact hits first (a node whose path names attention), then the two layers
