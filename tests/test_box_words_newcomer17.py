@@ -20,8 +20,8 @@ from test_near_miss_rule import trace_of
 
 from rlxviz.passes import Trace
 from rlxviz.passes.explain import explain
-from rlxviz.passes.why.verdict import RunVerdict
 from rlxviz.passes.why.text import fused_list, id_runs
+from rlxviz.passes.why.verdict import RunVerdict
 from rlxviz.session.render import View, picture
 from rlxviz.viz.layers import OUTSIDE_KEY, OUTSIDE_TITLE, layer_groups
 
@@ -50,7 +50,8 @@ def test_a_layer_with_the_same_live_ops_reads_alike_before_and_after_dead_code_e
 
 
 def test_the_final_norm_is_boxed_outside_the_layers_alike_across_exports():
-    for path in (FIX / "zoo" / "esm.dynamo-eager.onnx", FIX / "cases" / "esm.qdyn.onnx", FIX / "cases" / "granite.onnx"):
+    cases = FIX / "cases"
+    for path in (FIX / "zoo" / "esm.dynamo-eager.onnx", cases / "esm.qdyn.onnx", cases / "granite.onnx"):
         t = _trace(path)
         boxes = _boxes(t, len(t.versions()) - 1)
         out = boxes[OUTSIDE_KEY]

@@ -311,7 +311,8 @@ def _form(rule: str) -> str:
 def made_words(matches: list[Match], taken: dict[tuple[str, int], tuple[int, str]], form: str = "",
                beside: dict[int, tuple[int, ...]] | None = None) -> str:
     """What one rule's `matches` in a layer made, after `explain -v`'s `->`: `node(s) 12, 14` (the nodes standing for
-    them, each with the fused ops its rewrite made beside it, `beside`: `side_products`), `no node of its own: taken into node 171 by fuse_sdpa.hf_attention in the same pass` (`_taken`), or `no
+    them, each with the fused ops its rewrite made beside it, `beside`: `side_products`),
+    `no node of its own: taken into node 171 by fuse_sdpa.hf_attention in the same pass` (`_taken`), or `no
     node of its own: plain ops no one node stands for` (a rewrite that made no one node, and nothing the pass made
     took its nodes), said as the rule's `form` when it has one (`no node of its own: no-op cast dropped`: a rule that
     drops a node makes none); never an empty list."""
