@@ -22,7 +22,8 @@ from typing import Any
 from ..ir import Graph
 from ..ir.ops import LEAF
 from ..passes import PassStep, Trace, layer_of
-from ..passes.explain import outside_layers, side_products
+from ..passes.explain import outside_layers
+from ..passes.placement import RESIDUAL_NORMS
 from ..passes.readers import live_nodes
 from ..passes.why.excused import OpGap
 from ..passes.why.facts import made_nodes
@@ -194,11 +195,14 @@ def _layer_nodes(g: Graph) -> dict[int, frozenset[int]]:
 
 
 def outside_ids(trace: Trace) -> frozenset[int]:
-    """Ids of the nodes the run's matches credited to no layer made (`explain.outside_layers`, with what their
-    rewrites made beside them, `explain.side_products`): the ops `RunVerdict.outside` lists, one box in the layers
-    view (`viz.layers.layer_groups`)."""
-    beside = side_products(trace)
-    return frozenset(k for o in outside_layers(trace) for p in o.nodes for k in (p, *beside.get(p, ())))
+    """Ids of the residual norms (`placement.RESIDUAL_NORMS`: the model's final norm, the embeddings' norm) the run
+    credited to no layer (`explain.outside_layers`), the ops `match_layer` places by the model's structure, not by
+    their path: one box in the layers view, `outside the layers` (`viz.layers.layer_groups`), as `RunVerdict.outside`
+    lists them. Other fused ops outside the layers are placed by their path, so their box (`embeddings`, `pooler`)
+    is the same across exports already."""
+    made = {k for o in outside_layers(trace) for k in o.nodes}
+    ops = {n.id: n.op for _, g in trace.versions() for n in g if n.id in made}
+    return frozenset(k for k in made if ops.get(k) in RESIDUAL_NORMS)
 
 
 def settled_verdicts(trace: Trace, g: Graph) -> dict[int, Verdict]:

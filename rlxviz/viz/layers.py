@@ -194,7 +194,7 @@ def all_fused(graph: Graph, g: LayerGroup, static: Collection[int]) -> bool:
 
 
 OUTSIDE_KEY, OUTSIDE_TITLE = "g_outside", "outside the layers"
-"""The box of the fused ops the run placed outside the layers (`layer_groups`'s `outside`), named as `explain`'s
+"""The box of the fused ops placed outside the layers by structure (`layer_groups`'s `outside`), named as `explain`'s
 `outside the layers:` line (`passes.why.text.OUTSIDE_LAYERS`)."""
 
 
@@ -208,10 +208,10 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
         overlay: its rejections (e.g. `Overlay.trace_summary(trace)`) mark layers as rejected.
         verdicts: layer -> the session's final verdict (what "why didn't layer N fuse?" says); a layer whose verdict
             is `settled` takes its word as status, an unsettled one keeps its status at this version beside it.
-        outside: ids of the fused ops the run placed outside the layers (`passes.placement.match_layer` None: what
-            `RunVerdict.outside` lists); they share one box, `outside the layers`, whatever their path says, so the
-            model's final norm is boxed alike across exports (esm.dynamo-eager's sat with the embeddings in `model`,
-            esm.qdyn's in `encoder`, granite's in `other`).
+        outside: ids of the fused ops `passes.placement.match_layer` placed outside the layers by the model's
+            structure, not their path (`session.render.outside_ids`: the model's final norm); they share one box,
+            `outside the layers`, whatever their path says, so the final norm is boxed alike across exports
+            (esm.dynamo-eager's sat with the embeddings in `model`, esm.qdyn's in `encoder`, granite's in `other`).
     """
     groups: dict[str, LayerGroup] = {}
     of: dict[int, str] = {}

@@ -45,7 +45,7 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
         verdicts: layer -> the session's `Verdict` (layers view): the boxes say `fused` / `not fused` as the
             session does.
         expanded: layers view: layers drawn open in place (their nodes inside a cluster), the rest one box each.
-        outside: layers view: ids of fused ops the run placed outside the layers (`layers.layer_groups`).
+        outside: layers view: ids of fused ops placed outside the layers by structure (`layers.layer_groups`).
 
     Raises:
         ValueError: unknown view, or `focus` names a layer the graph lacks.
