@@ -103,7 +103,7 @@ def _text_facts(block: str) -> set[tuple[str, str]]:
     return facts
 
 
-_GROUP = re.compile(r"^(\S+) x(\d+) \(([^;()]+); %(\d+) \.\.\. %(\d+)\)$")
+_GROUP = re.compile(r"^(\S+) x(\d+) \(([^;()]+); ([^()]+)\)$")  # ids: `%A ... %B` runs and single `%C`, by ", "
 _ITEM = re.compile(r"^(\S+) %(\d+) \(([^()]+)\)$")
 
 
@@ -120,14 +120,16 @@ def _done_facts(block: str) -> list[tuple[str, str, int, str, str]] | None:
     else:
         return None
     runs: dict[tuple[str, str], list] = {}
-    for item in ([] if items in ("nothing to fuse", "") else items.split(", ")):
+    for item in ([] if items in ("nothing to fuse", "") else re.split(r", (?![^()]*\))", items)):
         if (m := _GROUP.match(item)) is not None:
-            runs.setdefault((m[1], m[3]), []).append((int(m[2]), m[4], m[5]))
+            ids = re.findall(r"%(\d+)", m[4])
+            runs.setdefault((m[1], m[3]), []).append((int(m[2]), min(ids, key=int), max(ids, key=int)))
         else:
             m = _ITEM.match(item)
             assert m is not None, item
             runs.setdefault((m[1], m[3]), []).append((1, m[2], m[2]))
-    return [(op, p, sum(c for c, _, _ in r), r[0][1], r[-1][2]) for (op, p), r in runs.items()]
+    return [(op, p, sum(c for c, _, _ in r), min((x[1] for x in r), key=int), max((x[2] for x in r), key=int))
+            for (op, p), r in runs.items()]
 
 
 def _json_done(done: list[str]) -> list[tuple[str, str, int, str, str]]:
@@ -137,7 +139,7 @@ def _json_done(done: list[str]) -> list[tuple[str, str, int, str, str]]:
         m = _ITEM.match(item)
         assert m is not None, item
         runs.setdefault((m[1], m[3]), []).append(m[2])
-    return [(op, p, len(ids), ids[0], ids[-1]) for (op, p), ids in runs.items()]
+    return [(op, p, len(ids), min(ids, key=int), max(ids, key=int)) for (op, p), ids in runs.items()]
 
 
 def _illegal_facts(block: str) -> set[tuple[str, str]]:

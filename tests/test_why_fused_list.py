@@ -49,7 +49,9 @@ def test_fused_list_holds_fused_ops_and_rewrites_are_named_apart(name, capsys):
     lv = check.layers[0]
     assert lv.done or lv.rewritten
     assert all(Op(op) in FUSED for op in _ops(lv.done)), lv.done
-    assert lv.rewritten and all(Op(op) not in FUSED for op in _ops(lv.rewritten)), lv.rewritten
+    # what the final graph holds only (newcomer run 17): a rewrite a later fusion absorbed is said by that fusion
+    assert all(Op(op) not in FUSED for op in _ops(lv.rewritten)), lv.rewritten
+    assert all(int(i) in trace.final for x in lv.rewritten for i in re.findall(r"%(\d+)", x)), lv.rewritten
     # the decision table says the same of each node: "fused into" for a listed fusion, "rewritten as" for a rewrite
     said = {int(r["message"].split("%")[1].split(",")[0]): r["message"].split(" ")[0] + " " + r["message"].split(" ")[1]
             for r in decision_rows(trace) if r["kind"] == "fused" and "%" in r["message"]}
@@ -60,7 +62,10 @@ def test_fused_list_holds_fused_ops_and_rewrites_are_named_apart(name, capsys):
     text = lv.render()
     head, second = text.splitlines()[:2]
     assert "fused as" in head and not any(f"{op} %" in head for op in _ops(lv.rewritten)), head
-    assert second.startswith(f"  {REWRITTEN_AS}: ") and all(f"{op} " in second for op in _ops(lv.rewritten))
+    if lv.rewritten:
+        assert second.startswith(f"  {REWRITTEN_AS}: ") and all(f"{op} " in second for op in _ops(lv.rewritten))
+    else:
+        assert not second.startswith(f"  {REWRITTEN_AS}: "), second
     code = main(["explain", MODELS[name], "--seq", "8", "--json"])
     d = json.loads(capsys.readouterr().out)
     assert code == 0, d

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..ir import Graph, Node, Op
 from ..ir.identity import DigestCache
+from ..ir.ops import FUSED_INTO, made_as
 from .engine import PassResult, settle
 from .pipeline import PASSES, Pipeline
 from .placement import match_layer
@@ -307,13 +308,15 @@ def _form(rule: str) -> str:
     return next((r.form for r in (p.rules if p is not None else ()) if r.name == rule), "")
 
 
-def made_words(matches: list[Match], taken: dict[tuple[str, int], tuple[int, str]], form: str = "") -> str:
+def made_words(matches: list[Match], taken: dict[tuple[str, int], tuple[int, str]], form: str = "",
+               beside: dict[int, tuple[int, ...]] | None = None) -> str:
     """What one rule's `matches` in a layer made, after `explain -v`'s `->`: `node(s) 12, 14` (the nodes standing for
-    them), `no node of its own: taken into node 171 by fuse_sdpa.hf_attention in the same pass` (`_taken`), or `no
+    them, each with the fused ops its rewrite made beside it, `beside`: `side_products`),
+    `no node of its own: taken into node 171 by fuse_sdpa.hf_attention in the same pass` (`_taken`), or `no
     node of its own: plain ops no one node stands for` (a rewrite that made no one node, and nothing the pass made
     took its nodes), said as the rule's `form` when it has one (`no node of its own: no-op cast dropped`: a rule that
     drops a node makes none); never an empty list."""
-    ids = [m.fused for m in matches if m.fused is not None]
+    ids = [k for m in matches if m.fused is not None for k in (m.fused, *(beside or {}).get(m.fused, ()))]
     took = dict.fromkeys(taken[(m.rule, m.anchor)] for m in matches
                          if m.fused is None and (m.rule, m.anchor) in taken)
     bare = any(m.fused is None and (m.rule, m.anchor) not in taken for m in matches)
@@ -328,6 +331,27 @@ def made_words(matches: list[Match], taken: dict[tuple[str, int], tuple[int, str
 
 _STEPS: DigestCache[tuple[_StepIndex, ...]] = DigestCache(limit=4)
 _FUSED: DigestCache[dict[str, list[int]]] = DigestCache(limit=4)
+_BESIDE: DigestCache[dict[int, tuple[int, ...]]] = DigestCache(limit=4)
+
+
+def side_products(trace: Trace) -> dict[int, tuple[int, ...]]:
+    """A match's product (`Match.fused`) -> the fused ops its rewrite made beside it (`ir.ops.made_as`; new in the
+    same step, made from nodes the match bound), e.g. the reordered FusedMatMulBiasAct the QKV-column stage of
+    `fuse_attention_block` makes beside the attention it rewrites: the layer line (`why.facts.fused_items`) and
+    `explain -v`'s `->` (`made_words`) both say it. Made once per trace."""
+    hit = _BESIDE.get(trace)
+    if hit is None:
+        out: dict[int, list[int]] = {}
+        for s in trace.steps:
+            made = [m for m in s.matches if m.fused is not None]
+            for n in s.after:
+                if n.id in s.before or made_as(n.op) != FUSED_INTO or any(m.fused == n.id for m in made):
+                    continue
+                m = next((m for m in made if set(n.absorbed) & {m.anchor, *m.bindings.values()}), None)
+                if m is not None and m.fused is not None:
+                    out.setdefault(m.fused, []).append(n.id)
+        hit = _BESIDE[trace] = {k: tuple(v) for k, v in out.items()}
+    return hit
 
 
 def _groups(trace: Trace) -> list[list[int]]:
@@ -462,7 +486,7 @@ def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None)
                 soft = tuple((r.guard, r.kind, r.message) for r in rej if r.soft)
                 ex.outcomes.append(Outcome(at.name, rule, "fused",
                                            nodes=tuple(m.fused for m in mine if m.fused is not None), soft=soft))
-                ex.made[rule] = made_words(mine, at.taken, _form(rule))
+                ex.made[rule] = made_words(mine, at.taken, _form(rule), side_products(trace))
             elif rej:
                 at_r = next((i for i, x in enumerate(rej) if x.headline and not x.soft), 0)
                 r = rej[at_r]

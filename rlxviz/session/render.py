@@ -20,7 +20,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..ir import Graph
+from ..ir.ops import LEAF
 from ..passes import PassStep, Trace, layer_of
+from ..passes.explain import outside_layers
+from ..passes.placement import RESIDUAL_NORMS
+from ..passes.readers import live_nodes
 from ..passes.why.excused import OpGap
 from ..passes.why.facts import made_nodes
 from ..passes.why.places import layer_places
@@ -179,12 +183,26 @@ def _verdicts(trace: Trace) -> dict[int, Verdict]:
 
 
 def _layer_nodes(g: Graph) -> dict[int, frozenset[int]]:
-    """Layer -> ids of its nodes in `g` (node ids are never reused: equal sets mean the same nodes)."""
+    """Layer -> ids of its live compute nodes in `g` (node ids are never reused: equal sets mean the same nodes).
+    Leaves and dead nodes (`readers.live_nodes`) do not count: a dead const of esm.dynamo-eager's layer 0 that the
+    last dead_code_elimination removed kept the layer unsettled before it, drawing one layer in two colours."""
     out: dict[int, set[int]] = {}
+    live = live_nodes(g)
     for n in g:
-        if (k := layer_of(n.path)) is not None:
+        if n.id in live and n.op not in LEAF and (k := layer_of(n.path)) is not None:
             out.setdefault(k, set()).add(n.id)
     return {k: frozenset(v) for k, v in out.items()}
+
+
+def outside_ids(trace: Trace) -> frozenset[int]:
+    """Ids of the residual norms (`placement.RESIDUAL_NORMS`: the model's final norm, the embeddings' norm) the run
+    credited to no layer (`explain.outside_layers`), the ops `match_layer` places by the model's structure, not by
+    their path: one box in the layers view, `outside the layers` (`viz.layers.layer_groups`), as `RunVerdict.outside`
+    lists them. Other fused ops outside the layers are placed by their path, so their box (`embeddings`, `pooler`)
+    is the same across exports already."""
+    made = {k for o in outside_layers(trace) for k in o.nodes}
+    ops = {n.id: n.op for _, g in trace.versions() for n in g if n.id in made}
+    return frozenset(k for k in made if ops.get(k) in RESIDUAL_NORMS)
 
 
 def settled_verdicts(trace: Trace, g: Graph) -> dict[int, Verdict]:
@@ -193,7 +211,9 @@ def settled_verdicts(trace: Trace, g: Graph) -> dict[int, Verdict]:
     version shows it); an earlier state of the layer gets the verdict with `settled=False` (its box says
     `final: <word>` and what has happened to it so far, `viz.layers`), with the nodes of the layer in `g` that the
     run's matches made (`Verdict.made`, from `why.facts.made_nodes`, the nodes the verdict lists)."""
-    now, final = _layer_nodes(g), _layer_nodes(trace.final)
+    out = outside_ids(trace)  # drawn in the `outside the layers` box, not in their path's layer
+    now = {k: v - out for k, v in _layer_nodes(g).items()}
+    final = {k: v - out for k, v in _layer_nodes(trace.final).items()}
     made = made_nodes(trace)
     return {k: v if now[k] == final.get(k) else replace(v, settled=False, made=now[k] & made)
             for k, v in verdicts(trace).items() if k in now}
@@ -235,6 +255,7 @@ def picture(source: Trace | Graph, v: View, heat: Heat = ()) -> tuple[Graph, Ove
     if v.view == "layers" and trace is not None and ov is None:
         ov = Overlay.trace_summary(trace)
     if v.view == "layers" and trace is not None:
+        kw["outside"] = outside_ids(trace)  # the fused ops `explain` says outside the layers: one box
         kw["verdicts"] = settled_verdicts(trace, g)  # the final verdict, as the "why" view says it, on every box
     if heat:
         ov = replace(ov or Overlay(), heat={i: (fill, line) for i, fill, line in heat if i in g})
@@ -268,4 +289,4 @@ def svg(source: Trace | Graph, v: View, heat: Heat = (), titled: bool = True) ->
 
 
 __all__ = ["Heat", "RENDERS", "SIDES", "VIEWS", "View", "caption", "dot", "is_final", "layer_caption", "layer_changes",
-           "picture", "settled_verdicts", "source_key", "svg", "verdicts"]
+           "outside_ids", "picture", "settled_verdicts", "source_key", "svg", "verdicts"]

@@ -25,6 +25,7 @@ import graphviz
 
 from ..ir import Graph, Node, Op
 from ..ir.ops import FUSED, LEAF, MOVEMENT, REWRITTEN_AS, SPECS, made_as
+from ..passes.readers import live_nodes
 from ..passes.rules.cleanup import region_of_one
 from ..passes.trace import Layer, Rejection, layer_label, layer_of
 from .dot import DotOptions, GraphTooLarge, _Drawer, _e, _html, _small, _tip
@@ -192,8 +193,14 @@ def all_fused(graph: Graph, g: LayerGroup, static: Collection[int]) -> bool:
     return bool(g.fused) and all(n.op in FUSED or n.id in static or not_fusable(graph, n) for n in g.nodes)
 
 
+OUTSIDE_KEY, OUTSIDE_TITLE = "g_outside", "outside the layers"
+"""The box of the fused ops placed outside the layers by structure (`layer_groups`'s `outside`), named as `explain`'s
+`outside the layers:` line (`passes.why.text.OUTSIDE_LAYERS`)."""
+
+
 def layer_groups(graph: Graph, overlay: Overlay | None = None,
-                 verdicts: Mapping[int, Verdict] | None = None) -> dict[str, LayerGroup]:
+                 verdicts: Mapping[int, Verdict] | None = None,
+                 outside: Collection[int] = ()) -> dict[str, LayerGroup]:
     """Compute nodes grouped by layer (in graph order), each with its fusion status.
 
     Args:
@@ -201,6 +208,10 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
         overlay: its rejections (e.g. `Overlay.trace_summary(trace)`) mark layers as rejected.
         verdicts: layer -> the session's final verdict (what "why didn't layer N fuse?" says); a layer whose verdict
             is `settled` takes its word as status, an unsettled one keeps its status at this version beside it.
+        outside: ids of the fused ops `passes.placement.match_layer` placed outside the layers by the model's
+            structure, not their path (`session.render.outside_ids`: the model's final norm); they share one box,
+            `outside the layers`, whatever their path says, so the final norm is boxed alike across exports
+            (esm.dynamo-eager's sat with the embeddings in `model`, esm.qdyn's in `encoder`, granite's in `other`).
     """
     groups: dict[str, LayerGroup] = {}
     of: dict[int, str] = {}
@@ -208,7 +219,8 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
     for n in graph:
         if n.op in (Op.INPUT, Op.PARAM, Op.CONST):
             continue
-        key, title, layer = _group_key(n, stacked)
+        key, title, layer = (OUTSIDE_KEY, OUTSIDE_TITLE, None) if n.id in outside and n.op in FUSED else \
+            _group_key(n, stacked)
         grp = groups.get(key) or groups.setdefault(key, LayerGroup(key, title, layer))
         grp.nodes.append(n)
         of[n.id] = key
@@ -221,7 +233,10 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
                 groups[of[u.id]].weights += size
                 break
     by_layer = {g.layer: g for g in groups.values() if g.layer is not None}
-    static = weight_only(graph)
+    # weight preparation and dead ops (what dead_code_elimination removes) leave nothing to fuse: a box's word at a
+    # version depends on the live ops it holds only
+    live = live_nodes(graph)
+    static = weight_only(graph) | {n.id for n in graph if n.id not in live}
     for r in (overlay.rejections if overlay else ()):
         if r.layer in by_layer:
             by_layer[r.layer].rejections.append(r)
@@ -431,11 +446,12 @@ def _box_tooltip(g: LayerGroup) -> str:
 
 def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | None = None,
                   max_nodes: int = 1500, verdicts: Mapping[int, Verdict] | None = None,
-                  expanded: Collection[int] = ()) -> str:
+                  expanded: Collection[int] = (), outside: Collection[int] = ()) -> str:
     """DOT source of the layer-collapsed view of `graph` (boxes `id="layer<i>"`, edges `L<src>_<dst>`).
 
     Args:
         verdicts: layer -> `Verdict`: the boxes say the session's status words (see `layer_groups`).
+        outside: ids of fused ops the run placed outside the layers, boxed together (see `layer_groups`).
         expanded: layers drawn open in place: a cluster `id="layer<i>"` holding the layer's nodes as the full
             view draws them (`n<id>`, overlay marks included, edges `e<src>_<dst>` between drawn nodes); the
             other layers stay one box each. Layers the graph lacks are ignored.
@@ -444,7 +460,7 @@ def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | Non
         GraphTooLarge: more than `max_nodes` boxes and drawn nodes (a graph whose paths carry no layer
             structure, or too many layers expanded).
     """
-    groups = layer_groups(graph, overlay, verdicts)
+    groups = layer_groups(graph, overlay, verdicts, outside)
     opened = [g for g in groups.values() if g.layer is not None and g.layer in set(expanded)]
     inside = {n.id for g in opened for n in g.nodes}
     if len(groups) + len(inside) > max_nodes:

@@ -29,7 +29,8 @@ VIEWS = ("full", "layers")
 def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "full", focus: int | None = None,
                radius: int = 0, show_params: bool = False, edge_labels: bool = False,
                max_nodes: int = MAX_NODES, title: str | None = None,
-               verdicts: Mapping[int, Verdict] | None = None, expanded: Collection[int] = ()) -> str:
+               verdicts: Mapping[int, Verdict] | None = None, expanded: Collection[int] = (),
+               outside: Collection[int] = ()) -> str:
     """DOT source for one graph version.
 
     Args:
@@ -44,6 +45,7 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
         verdicts: layer -> the session's `Verdict` (layers view): the boxes say `fused` / `not fused` as the
             session does.
         expanded: layers view: layers drawn open in place (their nodes inside a cluster), the rest one box each.
+        outside: layers view: ids of fused ops placed outside the layers by structure (`layers.layer_groups`).
 
     Raises:
         ValueError: unknown view, or `focus` names a layer the graph lacks.
@@ -53,7 +55,7 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
         raise ValueError(f"[render_dot] view must be one of {VIEWS}, got {view!r}")
     title = drawing_title(graph, overlay, view=view, focus=focus, radius=radius) if title is None else title
     if view == "layers":
-        return layers_to_dot(graph, overlay, title, max_nodes, verdicts, expanded)
+        return layers_to_dot(graph, overlay, title, max_nodes, verdicts, expanded, outside)
     include = focus_ids(graph, focus, radius) if focus is not None else None
     if include is not None and overlay is not None:
         # a rejection in the focused layer is drawn whole: its offending nodes may lie outside the layer's scope

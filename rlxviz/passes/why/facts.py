@@ -13,7 +13,7 @@ from typing import Any
 from ...ir import Graph, Node, Op
 from ...ir.identity import DigestCache
 from ...ir.ops import FUSED, FUSED_INTO, made_as
-from ..explain import LayerExplanation, Outcome
+from ..explain import LayerExplanation, Outcome, side_products
 from ..guard import ILLEGAL, READ_BY_MODEL
 from ..pipeline import PASSES, Pipeline
 from ..report import MissedFusion, missed_fusions
@@ -309,7 +309,8 @@ def op_of(trace: Trace, node: int) -> str | None:
 
 
 def fused_items(trace: Trace, outcomes: list[Outcome]) -> tuple[list[str], list[str]]:
-    """(fused ops, plain ops) the fused `outcomes` made that the final version holds, each `OP %ID (PASS)` for a fused
+    """(fused ops, plain ops) the fused `outcomes` made that the final version holds (a node a later rewrite replaced
+    is said by what replaced it), each `OP %ID (PASS)` for a fused
     op (`ir.ops.made_as`: `LayerVerdict.done`, `RunVerdict.outside`) and `OP %ID (RULE)` for a plain op a rewrite
     made (`LayerVerdict.rewritten`); a fused op a rewrite made beside its product is said with it (`side_products`).
     A fused op a later pass absorbed (GPT-2's q/k/v FusedMatMulBiasAct, into its
@@ -318,26 +319,8 @@ def fused_items(trace: Trace, outcomes: list[Outcome]) -> tuple[list[str], list[
     items = [(op, n, o) for o in outcomes if o.status == "fused" for p in o.nodes for n in (p, *beside.get(p, ()))
              if (op := op_of(trace, n)) is not None]  # a fused op by its pass, a plain op by the rule that made it
     done = [f"{op} %{n} ({o.pass_name})" for op, n, o in items if made_as(Op(op)) == FUSED_INTO and n in trace.final]
-    return done, [f"{op} %{n} ({o.rule})" for op, n, o in items if made_as(Op(op)) != FUSED_INTO]
-
-
-def side_products(trace: Trace) -> dict[int, tuple[int, ...]]:
-    """A match's product (`Match.fused`) -> the fused ops its rewrite made beside it (`ir.ops.made_as`; new in the
-    same step, made from nodes the match bound), e.g. the reordered FusedMatMulBiasAct the QKV-column stage of
-    `fuse_attention_block` makes beside the attention it rewrites. Made once per trace (`RunFacts.cache`)."""
-    cache = RunFacts.of(trace).cache
-    if "side_products" not in cache:
-        out: dict[int, list[int]] = {}
-        for s in trace.steps:
-            made = [m for m in s.matches if m.fused is not None]
-            for n in s.after:
-                if n.id in s.before or made_as(n.op) != FUSED_INTO or any(m.fused == n.id for m in made):
-                    continue
-                m = next((m for m in made if set(n.absorbed) & {m.anchor, *m.bindings.values()}), None)
-                if m is not None:
-                    out.setdefault(m.fused, []).append(n.id)
-        cache["side_products"] = {k: tuple(v) for k, v in out.items()}
-    return cache["side_products"]
+    plain = [f"{op} %{n} ({o.rule})" for op, n, o in items if made_as(Op(op)) != FUSED_INTO and n in trace.final]
+    return done, plain  # both of the final version: gptj's attention %217 that a later rule replaced is not said
 
 
 def made_nodes(trace: Trace) -> frozenset[int]:

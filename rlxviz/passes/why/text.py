@@ -145,7 +145,7 @@ def left_out_heading(group: str, n: int, workaround: bool = False) -> str:
 def fused_list(done: list[str]) -> str:
     """A layer's fused ops (`LayerVerdict.done`, items `OP %ID (PASS)`) as one line: every item when no op and pass
     repeat more than `GROUP_OVER` times, else such a run is one item at its first place,
-    `ElementwiseRegion x57 (mark_elementwise_regions; %2429 ... %2569)` (count, first and last id). One line for
+    `ElementwiseRegion x57 (mark_elementwise_regions; %2429 ... %2569)` (count and its ids, `id_runs`). One line for
     every reader of the text: `explain` with or without `-v` and the app's Why tab (which renders it verbose, with
     each rule's outcome) say it alike; `--json` keeps every item."""
     groups: dict[tuple[str, str], list[str]] = {}
@@ -159,9 +159,25 @@ def fused_list(done: list[str]) -> str:
         if not pass_name:
             out += ids
         elif len(ids) > GROUP_OVER:
-            out.append(f"{op} x{len(ids)} ({pass_name}; %{ids[0]} ... %{ids[-1]})")
+            out.append(f"{op} x{len(ids)} ({pass_name}; {id_runs(ids)})")
         else:
             out += [f"{op} %{i} ({pass_name})" for i in ids]
+    return ", ".join(out)
+
+
+def id_runs(ids: list[str]) -> str:
+    """`ids` (node ids as text) as `%a ... %b` for each run of at least `GROUP_OVER` consecutive ids, the others one by
+    one: a range holds only ids of the list (bart-full's `%361 ... %365` held %362, said outside the layers)."""
+    nums = sorted(int(i) for i in ids)
+    runs: list[list[int]] = []
+    for k in nums:
+        if runs and k == runs[-1][-1] + 1:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    out: list[str] = []
+    for r in runs:
+        out += [f"%{r[0]} ... %{r[-1]}"] if len(r) >= GROUP_OVER else [f"%{k}" for k in r]
     return ", ".join(out)
 
 
@@ -448,7 +464,7 @@ __all__ = ["ALSO_REJECTED_COUNTED", "ALSO_REJECTED_NOT_COUNTED", "also_rejected_
            "FUSED_AS_FAR_AS_OPS", "GAP_HAS_A_WORKAROUND", "GAP_IS_THE_COMPILERS", "GROUP_OVER", "PATTERNS",
            "gap_status", "held_words",
            "HELD_BACK_BY_LEGAL_AND_OPS", "HELD_BACK_BY_OPS", "NOTHING_TO_FUSE", "NO_FUSED_OP", "OUTSIDE_LAYERS",
-           "fused_list",
+           "fused_list", "id_runs",
            "gap_forms", "gap_words", "graph_gap_words", "headline", "headline_notes", "judged_words", "layer_dict",
            "left_out_heading", "made_words", "none_made_words", "not_fused_words", "gap_asks", "outcome_dict",
            "render_layer", "render_run", "run_dict"]
