@@ -90,13 +90,17 @@ def test_a_blocker_rlxviz_made_names_the_patterns():
     assert f"2 {PATTERNS} (rlxviz lacks " in run.headline and FUSED_AS_FAR_AS_OPS not in run.headline
 
 
-def test_a_blocker_of_the_models_own_keeps_the_ops_words():
-    """A blocker that is the model's (an illegal use no rewrite of rlxviz made) is not rlxviz's own: deit's
-    `residual_same_shape (not a candidate)` behind the two-output norm is no gap's blocker, and no gap carries a
-    blocker rlxviz is blamed for unless `caveat.fix_blocker_own` says so."""
-    from rlxviz.passes.why.excused import OpGap
+def test_a_blocker_of_the_models_own_is_not_rlxvizs():
+    """A blocker that is the model's is not rlxviz's own doing: deit's `sum_single_user` compiler fix (a two-output
+    FusedResidualLN) leaves `residual_same_shape (not a candidate)` (the model's shapes), so its group carries the
+    blocker with `blocker_own` False, and a gap with such a blocker would keep the ops words."""
+    from rlxviz.passes.why.excused import excused_misses
+    from rlxviz.passes.why.verdict import judged_kind
 
-    assert not OpGap("F", "r", "g", (1,), "x (illegal)", blocker_kind="illegal").blocker_own
+    trace = Pipeline.canonical().run(load_onnx(ZOO.parent / "cases" / "deit.ortopt.onnx", seq=8).graph)
+    _, ex = excused_misses(trace, judged_kind(trace, 1)[1], 1)
+    mine = [x for x in ex.values() if x.blocker]
+    assert mine and all(x.blocker == "residual_same_shape (not a candidate)" and not x.blocker_own for x in mine)
 
 
 ESM_QDYN = ZOO.parent / "cases" / "esm.qdyn.onnx"
