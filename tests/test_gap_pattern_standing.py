@@ -6,8 +6,10 @@ said "alone it is not enough in 2 of them: qkv_packed (not recognized) fails nex
 own `qkv_packed` pattern would still refuse the layer (the head split between the QKV narrow and the RoPE), so the op
 alone is not what holds it back. Decision: the blocker's refusal kind is data (`OpGap.blocker_kind`), and a layer
 whose gap leaves a `not recognized` form next is "fused as far as rlxviz's ops and patterns go" (or "held back by
-rlxviz's ops and patterns"): still nothing in the model to change (exit 0), but both of rlxviz's parts named. A gap
-whose fix leaves an illegal use or the model's own term next keeps its words (the caveat says what fails next).
+rlxviz's ops and patterns"): still nothing in the model to change (exit 0), but both of rlxviz's parts named. So does
+a gap whose fix leaves a refusal whose readers rlxviz's own rewrite made (gpt-neox's moved NaN guard): whatever is
+rlxviz's own doing (`OpGap.blocker_own`). A gap whose fix leaves the model's own use or term next keeps its words
+(the caveat says what fails next).
 """
 
 from __future__ import annotations
@@ -73,11 +75,71 @@ def test_cli_text_and_json_agree_on_esm(capsys):
     assert data["headline"] in out
 
 
-def test_an_illegal_blocker_keeps_the_ops_words():
-    """gpt-neox: the gap's fix alone leaves an illegal use (the NaN-guard reader rlxviz's own rewrite made): not a
-    pattern rlxviz misses, so the layers stay "as far as rlxviz's ops go", the caveat saying what fails next."""
+def test_a_blocker_rlxviz_made_names_the_patterns():
+    """gpt-neox: the gap's fix alone leaves `attn_single_user` illegal, but only because of a reader rlxviz's own
+    `canonicalize_exported.nan_guard_moved` made (`caveat.made_readers`): what fails next is rlxviz's doing, not the
+    model's, so "as far as rlxviz's ops go" claims too little. Decision: such a blocker counts as rlxviz's own
+    (`OpGap.blocker_own`), as a pattern miss does; the layers read "ops and patterns", the caveat saying what fails."""
     trace = Pipeline.canonical().run(load_onnx(ZOO.parent / "cases" / "gpt-neox.legacy-sdpa.onnx", seq=8).graph)
     run = RunVerdict.of(trace)
-    assert run.layers and all(lv.gap_only and not lv.pattern_blocked for lv in run.layers)
-    assert all(lv.status == FUSED_AS_FAR_AS_OPS for lv in run.layers)
-    assert any(g.blocker for lv in run.layers for g in lv.gaps)
+    assert run.layers and all(lv.gap_only and lv.pattern_blocked for lv in run.layers)
+    assert all(lv.status == PATTERNS for lv in run.layers)
+    mine = [g for lv in run.layers for g in lv.gaps if g.blocker]
+    assert mine and all(g.blocker_own and g.blocker_kind != NOT_RECOGNIZED for g in mine)
+    assert all("the reader is rlxviz's own" in g.blocker for g in mine)
+    assert f"2 {PATTERNS} (rlxviz lacks " in run.headline and FUSED_AS_FAR_AS_OPS not in run.headline
+
+
+def test_a_blocker_of_the_models_own_is_not_rlxvizs():
+    """A blocker that is the model's is not rlxviz's own doing: deit's `sum_single_user` compiler fix (a two-output
+    FusedResidualLN) leaves `residual_same_shape (not a candidate)` (the model's shapes), so its group carries the
+    blocker with `blocker_own` False, and a gap with such a blocker would keep the ops words."""
+    from rlxviz.passes.why.excused import excused_misses
+    from rlxviz.passes.why.verdict import judged_kind
+
+    trace = Pipeline.canonical().run(load_onnx(ZOO.parent / "cases" / "deit.ortopt.onnx", seq=8).graph)
+    _, ex = excused_misses(trace, judged_kind(trace, 1)[1], 1)
+    mine = [x for x in ex.values() if x.blocker]
+    assert mine and all(x.blocker == "residual_same_shape (not a candidate)" and not x.blocker_own for x in mine)
+
+
+ESM_QDYN = ZOO.parent / "cases" / "esm.qdyn.onnx"
+
+
+def test_esm_qdyn_gap_carries_the_blocker_the_v_check_finds(capsys):
+    """esm.qdyn: one refusal (`default_scale`) at two gaps (the layer's trait integer_qkv and the scale's own). `-v`'s
+    check of the scale fix says `then qkv_packed (not recognized) fails`, while the verdict, headline and `--json`
+    said "as far as rlxviz's ops go: a compiler fix, nothing in the model to change": the pass lacking the whole
+    product (`policy.lacks_product`) hid the check. Decision: one check (`caveat.fix_blocker`) for every view; the
+    blocker sits on the gap whose fix it checked (the guard's own), not the trait's."""
+    trace = Pipeline.canonical().run(load_onnx(ESM_QDYN, seq=8).graph)
+    run = RunVerdict.of(trace)
+    for lv in run.layers:
+        assert lv.gap_only and lv.pattern_blocked and lv.status == PATTERNS, lv.gaps
+        own = [g for g in lv.gaps if g.by == "default_scale"]
+        trait = [g for g in lv.gaps if g.by.startswith("any refusal")]
+        assert own and own[0].blocker == f"qkv_packed ({NOT_RECOGNIZED})" and own[0].blocker_own
+        assert trait and not trait[0].blocker
+    assert "alone it is not enough in 2 of them: qkv_packed (not recognized) fails next" in run.headline
+    assert "nothing in the model to change" not in run.headline
+    code, out, err = cli_run(capsys, "explain", ESM_QDYN, "--seq", "8", "-v")
+    assert code == 0, err
+    assert "then qkv_packed (not recognized) fails" in out
+    assert f"layer 0: {PATTERNS}: " in out
+    assert "alone it is not enough: qkv_packed (not recognized) fails next" in out
+    code, got, err = cli_run(capsys, "explain", ESM_QDYN, "--seq", "8", "--json")
+    data = json.loads(got)
+    assert [lv["status"] for lv in data["layers"]] == [PATTERNS, PATTERNS]
+    assert any(g["blocker_own"] for lv in data["layers"] for g in lv["gaps"])
+
+
+def test_esm_qdyn_why_title_carries_the_caveat():
+    """The app's Why drawing title of esm.qdyn's layer reads the same check: its caveat follows the place's words."""
+    import html
+
+    from rlxviz.session.render import View, dot
+
+    trace = Pipeline.canonical().run(load_onnx(ESM_QDYN, seq=8).graph)
+    title = html.unescape(dot(trace, View(len(trace.steps), "full", "why", 0)))
+    assert title.startswith(f"{PATTERNS}: ") or f"{PATTERNS}: △" in title, title
+    assert "alone it is not enough: qkv_packed (not recognized) fails next" in title, title

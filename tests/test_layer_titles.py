@@ -82,7 +82,8 @@ def test_gpt_neox_layer_1_says_its_one_gap_place_not_the_passes_two():
 def test_esms_place_names_its_two_gaps_and_the_caption_counts_one_place():
     t = _trace(ESM)
     title = html.unescape(dot(t, View(len(t.steps), "full", "why", 0)))
-    assert ("@ %795: default_scale (2 gaps in rlxviz's ops: the layer's trait integer_qkv, default_scale); before "
+    assert ("@ %795: default_scale (2 gaps in rlxviz's ops: the layer's trait integer_qkv, default_scale); alone it "
+            "is not enough: qkv_packed (not recognized) fails next; before "
             "fuse_attention_block, in this layer: 0 match(es), 0 rejected places, △1 place at a gap in rlxviz's ops — "
             "layer 0") in title
 

@@ -29,7 +29,7 @@ from ..ir.text import shown
 from ..passes.trace import Rejection, layer_label, layer_of, whose_place
 from . import styles as st
 from .heat import UNCOLOURED, readable_on, text_color
-from .overlay import INPUT_ROLES, Overlay, is_gap
+from .overlay import INPUT_ROLES, Overlay, follower_note, is_gap
 from .styles import fmt_attrs, fmt_shape, human_count, op_color, short_name, short_value, tint
 
 MAX_NODES = 1500
@@ -234,14 +234,13 @@ class _Drawer:
         caveat = self.ov.followers.get((*place, r.guard))
         if caveat is None:
             return None
-        gaps = ", ".join(dict.fromkeys(n for _, n in self.ov.gap_names.get(place, ()))) or "gap"
-        said = f"{r.guard} ({r.kind})"
-        head = f"{mark_word} {self.ov.standings[place].upper()} (not a near-miss): {gaps}"
+        gaps = self.ov.gap_names.get(place, ())
+        first, said = follower_note(gaps, r.guard, r.kind, caveat)
+        head = (f"{mark_word} {self.ov.standings[place].upper()} (not a near-miss): "
+                f"{', '.join(dict.fromkeys(n for _, n in gaps)) or 'gap'}")
         if caveat:
-            return ((f"{mark_word} fix of {gaps} alone is not enough:", f"{said} fails next"),
-                    f"{head}; {caveat}; this guard is that blocker, no gap itself:")
-        return ((f"{mark_word} beside the gap {gaps}:", f"{said} also fails, no gap itself"),
-                f"{head}; this guard also fails there, no gap itself:")
+            return ((f"{mark_word} {first}", said), f"{head}; {caveat}; this guard is that blocker, no gap itself:")
+        return ((f"{mark_word} {first}", said), f"{head}; this guard also fails there, no gap itself:")
 
     def _decorate_rejection(self, k: int, r: Rejection) -> None:
         mark_word, ink, group = self._standing(r)

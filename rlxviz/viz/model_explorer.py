@@ -34,7 +34,17 @@ from ..ir.ops import FUSED
 from ..passes.trace import Match, Rejection, Trace
 from . import styles as st
 from .dot import FADED_MARK, GAP_MARK, NEAR_MISS_MARK
-from .overlay import gap_caveats, is_gap, place_groups, run_groups, worded
+from .overlay import (
+    Followers,
+    follower_note,
+    gap_caveats,
+    gap_followers,
+    gap_names,
+    is_gap,
+    place_groups,
+    run_groups,
+    worded,
+)
 
 FUSED_FILL = "#c8e6c9"
 REJECTED_BORDER = st.REJECT
@@ -77,7 +87,8 @@ def fix_words(trace: Trace, r: Rejection, group: str | None, caveat: str = "") -
 
 def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: list[Rejection] | None = None,
                graph_id: str | None = None, standings: dict[tuple[str, int], str] | None = None,
-               fixes: dict[tuple[str, int, str], tuple[str, str]] | None = None) -> dict[str, Any]:
+               fixes: dict[tuple[str, int, str], tuple[str, str]] | None = None,
+               marks: dict[tuple[str, int, str], str] | None = None) -> dict[str, Any]:
     """One Model Explorer `Graph` dict for `graph`, annotated with the given matches and rejections.
 
     Args:
@@ -88,6 +99,9 @@ def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: lis
         standings: each place (rule, anchor) that is no near-miss -> its standing group (`overlay.place_groups`);
             a place not in it is a near-miss (None: every place is).
         fixes: (rule, anchor, guard) -> `fix_words` of the refusal; a refusal not in it: `(r.hint, r.fix)`.
+        marks: (rule, anchor, guard) of a further failing guard at a gap place that is no gap itself -> its mark
+            (`follower_marks`: `△ beside the gap rope_full_rotary: rope_halves (not recognized) also fails, no gap
+            itself`) instead of the place's group, which would name it a gap.
     """
     groups = standings or {}
     by_fused: dict[int, Match] = {m.fused: m for m in matches or () if m.fused is not None}
@@ -109,6 +123,7 @@ def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: lis
         border = None
         for k, r in enumerate(rejected.get(n.id, ())):
             word, ink, rank = standing_style(groups.get((r.rule, r.anchor)))
+            word = (marks or {}).get((r.rule, r.anchor, r.guard), word)
             border = max(border or (ink, rank), (ink, rank), key=lambda b: b[1])
             attrs.append(_kv(f"rejected_{k}", f"{word}: {r.rule}: {r.guard} ({r.stage}): {r.message}"))
             fix, compiler = (fixes or {}).get((r.rule, r.anchor, r.guard), (r.hint, r.fix))
@@ -138,6 +153,21 @@ def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: lis
     return {"id": graph_id or graph.name, "nodes": nodes}
 
 
+def follower_marks(trace: Trace, k: int, groups: dict[tuple[str, int], str]) -> dict[tuple[str, int, str], str]:
+    """(rule, anchor, guard) of each further failing guard of `trace.steps[k]`'s places at a gap in rlxviz's ops that
+    is no gap itself (`overlay.gap_followers`, the drawing's and the Why title's reading, `explain`'s `also fails`) ->
+    its mark, worded as the drawing's note (`overlay.follower_note`): gptj's `qkv_split` and `qkv_user_count` beside
+    its `rope_full_rotary` gap were marked `△ gap in rlxviz's ops`, read as gaps of their own."""
+    step = trace.steps[k]
+    followers: Followers = gap_followers(trace, step, groups)
+    if not followers:
+        return {}
+    names = gap_names(trace, step, groups)
+    kinds = {(r.rule, r.anchor, r.guard): r.kind for r in step.rejections}
+    return {key: f"{GAP_MARK} {' '.join(follower_note(names.get(key[:2], ()), key[2], kinds.get(key, ''), words))}"
+            for key, words in followers.items()}
+
+
 def trace_json(trace: Trace, versions: str = "all") -> dict[str, Any]:
     """Model Explorer graphs for a pipeline run: the input graph and, with `versions="all"`, the graph
     after every pass that changed or rejected something (annotated with the matches so far, whose fused
@@ -147,6 +177,7 @@ def trace_json(trace: Trace, versions: str = "all") -> dict[str, Any]:
     name = trace.input.name
     groups = {k: place_groups(trace, s) for k, s in enumerate(trace.steps) if s.rejections}
     fixes: dict[tuple[str, int, str], tuple[str, str]] = {}  # the fix lines, framed as `explain -v` frames them
+    marks = {k: follower_marks(trace, k, at) for k, at in groups.items()}  # no gap itself: the drawing's words
     for k, at in groups.items():
         caveats = gap_caveats(trace, trace.steps[k], at)  # the △ mark's, on its place's headline refusal
         fixes |= {(r.rule, r.anchor, r.guard): fix_words(trace, r, at.get((r.rule, r.anchor)),
@@ -154,7 +185,8 @@ def trace_json(trace: Trace, versions: str = "all") -> dict[str, Any]:
                   for r in worded(trace, trace.steps[k])}
     if versions == "final":
         every = [r for s in trace.steps for r in worded(trace, s)]  # as explain words them
-        graphs.append(graph_json(trace.final, trace.matches, every, f"{name}: final", run_groups(trace), fixes))
+        graphs.append(graph_json(trace.final, trace.matches, every, f"{name}: final", run_groups(trace), fixes,
+                                 {key: w for m in marks.values() for key, w in m.items()}))
     else:
         graphs.append(graph_json(trace.input, [], [], f"{name}: 0 input"))
         so_far: list[Match] = []
@@ -162,7 +194,7 @@ def trace_json(trace: Trace, versions: str = "all") -> dict[str, Any]:
             so_far += s.matches
             if s.changed or s.rejections:
                 graphs.append(graph_json(s.after, so_far, list(worded(trace, s)), f"{name}: {k} {s.pass_name}",
-                                         groups.get(k - 1, {}), fixes))
+                                         groups.get(k - 1, {}), fixes, marks.get(k - 1, {})))
     return {"label": name, "graphs": graphs}
 
 
@@ -173,4 +205,4 @@ def save_model_explorer(trace: Trace, path: str | Path, versions: str = "all") -
     return p
 
 
-__all__ = ["fix_words", "graph_json", "save_model_explorer", "standing_style", "trace_json"]
+__all__ = ["fix_words", "follower_marks", "graph_json", "save_model_explorer", "standing_style", "trace_json"]

@@ -219,6 +219,20 @@ def gap_followers(trace: Trace | None, step: PassStep, groups: dict[tuple[str, i
     return {(*pl, guard): words for pl, rs in at.items() for guard, words in followers(trace, rs).items()}
 
 
+def follower_note(gaps: GapNames, guard: str, kind: str, caveat: str) -> tuple[str, str]:
+    """The two parts of the mark of a further failing guard `guard` (refusal kind `kind`) at a place at a gap in
+    rlxviz's ops that is no gap itself (`gap_followers`; `gaps`: the place's `gap_names`; `caveat`: its follower
+    words): `fix of rope_full_rotary alone is not enough:` / `attn_single_user (illegal) fails next` when it is what
+    fails next, else `beside the gap rope_full_rotary:` / `rope_halves (not recognized) also fails, no gap itself`.
+    One wording for the drawing's note (`dot`) and the Model Explorer export (`model_explorer`), never the place's
+    gap group with its guard as if that guard were a gap."""
+    names = ", ".join(dict.fromkeys(n for _, n in gaps)) or "gap"
+    said = f"{guard} ({kind})"
+    if caveat:
+        return f"fix of {names} alone is not enough:", f"{said} fails next"
+    return f"beside the gap {names}:", f"{said} also fails, no gap itself"
+
+
 def gap_caveats(trace: Trace | None, step: PassStep, groups: dict[tuple[str, int], str] | None = None
                 ) -> dict[tuple[str, int], str]:
     """Each place (rule, anchor) of `step`'s refusals at a gap in rlxviz's ops (`place_groups`, or `groups`: `is_gap`)

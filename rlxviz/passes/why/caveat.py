@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from ..guard import IN_MODEL
 from ..pipeline import PASSES, STAGES
+from ..refusal_kinds import NOT_RECOGNIZED
 from ..report import user_origin
 from ..trace import Trace
 from ..whatif import MODEL, Blocker, fix_alone_blocker, fix_alone_readers, fix_form, what_if
 from .facts import RunFacts
 from .kinds import LayerArchitecture as Architecture
-from .policy import lacks_product, op_gaps
+from .policy import op_gaps
 
 CAVEAT = "alone it is not enough: {blocker} fails next"
 """What a line that names a compiler fix adds to it when that fix, checked at the refusing rule alone
@@ -71,34 +72,47 @@ def fix_blocker(trace: Trace, rule: str, anchor: int, guard: str, arch: Architec
     """What fails next (`blocker_name`) when the compiler fix that the not-expected reason of the refusal of `rule` at
     `anchor` by `guard` names is checked at its rule alone (`passes.whatif.fix_alone_blocker`, the check behind
     `explain -v`'s `checked at this rule alone`), e.g. deit's `sum_single_user`: a two-output FusedResidualLN passes
-    it, then `residual_same_shape (not a candidate)` fails; "" when the fix is enough, nothing is known, or the reason
-    names the pass's whole missing form (`policy.lacks_product`), not the guard's fix. Checked once per refusal and
-    trace; the structured fact behind `fix_caveat`."""
+    it, then `residual_same_shape (not a candidate)` fails; "" when the fix is enough or
+    nothing is known. Checked once per refusal and trace; the structured fact behind `fix_caveat`."""
     return _fix_blocker(trace, rule, anchor, guard, arch)[0]
 
 
 def fix_blocker_kind(trace: Trace, rule: str, anchor: int, guard: str, arch: Architecture) -> str:
     """The refusal kind (`passes.refusal_kinds`, e.g. `not recognized`) of what `fix_blocker` names as failing next;
-    "" when it names nothing. Data beside the words: a layer whose gap's fix alone leaves a pattern that rlxviz does
-    not recognize is held back by rlxviz's patterns too (`verdict.LayerVerdict.status`)."""
+    "" when it names nothing."""
     return _fix_blocker(trace, rule, anchor, guard, arch)[1]
 
 
-def _fix_blocker(trace: Trace, rule: str, anchor: int, guard: str, arch: Architecture) -> tuple[str, str]:
-    """`(fix_blocker, fix_blocker_kind)`, checked once per refusal and trace."""
+def fix_blocker_own(trace: Trace, rule: str, anchor: int, guard: str, arch: Architecture) -> bool:
+    """Whether what `fix_blocker` names as failing next is rlxviz's own doing: a form its patterns do not recognize
+    (`not recognized`: esm's default_scale, then `qkv_packed`), or a refusal whose every highlighted reader one of its
+    own rewrites made (`made_readers`, `MADE_READERS`: gpt-neox's NaN guard that `nan_guard_moved` moved past the
+    head merge). Data beside the words: a layer whose gap's fix alone leaves such a blocker is held back by rlxviz's
+    patterns too, not by its ops alone (`verdict.LayerVerdict.pattern_blocked`); False when it names nothing, or the
+    model's own term or layout."""
+    return _fix_blocker(trace, rule, anchor, guard, arch)[2]
+
+
+def _fix_blocker(trace: Trace, rule: str, anchor: int, guard: str, arch: Architecture) -> tuple[str, str, bool]:
+    """`(fix_blocker, fix_blocker_kind, fix_blocker_own)`, checked once per refusal and trace: the same check as
+    `explain -v`'s `checked at this rule alone` (`session.advice`), so every view names what that line names. Where
+    the pass makes no product for the layer at all (`policy.lacks_product`, esm.qdyn's integer projections) the
+    guard's own compiler fix is still the one checked."""
+    del arch  # the check is the refusal's own, whatever the layer's kind
     facts = RunFacts.of(trace)
     key = ("fix_blocker", rule, anchor, guard)
     if key not in facts.cache:
-        facts.cache[key] = ("", "")
+        facts.cache[key] = ("", "", False)
         pass_name = rule.split(".")[0]
-        if not lacks_product(arch, pass_name):
-            hit = next(((k, r) for k, s in enumerate(trace.steps) if s.pass_name == pass_name for r in s.rejections
-                        if (r.rule, r.anchor, r.guard) == (rule, anchor, guard) and r.fix), None)
-            blocker = fix_alone_blocker(trace, *hit) if hit is not None else None
-            name = blocker_name(guard, blocker)
-            made = made_readers(trace, fix_alone_readers(trace, *hit)) if blocker and blocker[0] != guard else None
-            facts.cache[key] = (name if made is None or blocker is None else MADE_READERS.format(
-                guard=blocker[0], kind=blocker[1], rule=made[0], what=made[1]), blocker[1] if name else "")
+        hit = next(((k, r) for k, s in enumerate(trace.steps) if s.pass_name == pass_name for r in s.rejections
+                    if (r.rule, r.anchor, r.guard) == (rule, anchor, guard) and r.fix), None)
+        blocker = fix_alone_blocker(trace, *hit) if hit is not None else None
+        name = blocker_name(guard, blocker)
+        if blocker is not None and name:
+            made = made_readers(trace, fix_alone_readers(trace, *hit)) if blocker[0] != guard else None
+            if made is not None:
+                name = MADE_READERS.format(guard=blocker[0], kind=blocker[1], rule=made[0], what=made[1])
+            facts.cache[key] = (name, blocker[1], blocker[1] == NOT_RECOGNIZED or made is not None)
     return facts.cache[key]
 
 
@@ -162,5 +176,5 @@ def line_caveats(trace: Trace, rule: str, anchor: int, guard: str, arch: Archite
 
 
 __all__ = ["CAVEAT", "MADE_READERS", "WORKAROUND", "alone_caveat", "blocker_name", "caveat_words", "fix_blocker",
-           "fix_blocker_kind", "fix_caveat", "line_caveats", "made_readers", "model_fix_note", "model_fix_rounded",
-           "workaround_words"]
+           "fix_blocker_kind", "fix_blocker_own", "fix_caveat", "line_caveats", "made_readers", "model_fix_note",
+           "model_fix_rounded", "workaround_words"]

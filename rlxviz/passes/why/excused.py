@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 from ..explain import Outcome
 from ..report import MissedFusion
 from ..trace import Trace, layer_of
-from .caveat import caveat_words, fix_blocker, fix_blocker_kind, model_fix_note, model_fix_rounded, workaround_words
+from .caveat import (
+    caveat_words,
+    fix_blocker,
+    fix_blocker_kind,
+    fix_blocker_own,
+    model_fix_note,
+    model_fix_rounded,
+    workaround_words,
+)
 from .facts import RunFacts
 from .kinds import LayerArchitecture as Architecture
 from .policy import (
@@ -54,6 +62,8 @@ class Excused:
             differs from `reason` (deit's ORT-optimized layer: the bias added after the residual at o_proj's matmul
             and at fc2's, each named); {} when every place has the first one's.
         blocker_kind: the refusal kind of `blocker` (`caveat.fix_blocker_kind`, e.g. `not recognized`), "" without.
+        blocker_own: `blocker` is rlxviz's own doing (`caveat.fix_blocker_own`: a pattern it does not recognize, or
+            a refusal whose readers its own rewrite made), False without.
     """
 
     pattern: str
@@ -67,6 +77,7 @@ class Excused:
     rounded: bool = False
     reasons: dict[int, str] = field(default_factory=dict)
     blocker_kind: str = ""
+    blocker_own: bool = False
 
     @property
     def line(self) -> str:
@@ -121,7 +132,10 @@ class OpGap:
         workaround: the checked change to the model that makes the fusion anyway (`Excused.workaround`), else "".
         rounded: that change keeps the numbers only up to rounding (`Excused.rounded`).
         blocker_kind: the refusal kind of `blocker` (`Excused.blocker_kind`): `not recognized` when what fails next is
-            a form rlxviz's patterns do not take, so the layer is held back by its patterns too, not by its ops alone.
+            a form rlxviz's patterns do not take.
+        blocker_own: `blocker` is rlxviz's own doing (`Excused.blocker_own`: `not recognized`, or a refusal whose
+            readers rlxviz's own rewrite made, gpt-neox's moved NaN guard), so the layer is held back by rlxviz's
+            patterns too, not by its ops alone (`verdict.LayerVerdict.pattern_blocked`).
     """
 
     form: str
@@ -132,6 +146,7 @@ class OpGap:
     workaround: str = ""
     rounded: bool = False
     blocker_kind: str = ""
+    blocker_own: bool = False
 
     def __str__(self) -> str:
         """`FORM (RULE: BY)`, as `explain`'s `rlxviz's ops lack:` line names it."""
@@ -150,16 +165,22 @@ def layer_gaps(arch: Architecture, refused: Iterable[Outcome], excused: Iterable
     for o in refused:
         mine = [x for x in groups if (x.pattern, x.guard) == (o.rule, o.guard)]
         at = tuple(dict.fromkeys(n for x in mine for n in x.places)) or o.nodes
-        blocker, kind = next(((x.blocker, x.blocker_kind) for x in mine if x.blocker), ("", ""))
+        blocker, kind, mine_own = next(((x.blocker, x.blocker_kind, x.blocker_own) for x in mine if x.blocker),
+                                       ("", "", False))
         workaround, rounded = next(((x.workaround, x.rounded) for x in mine if x.workaround), ("", False))
         for form, by in gap_sources(arch, o.pass_name, o.guard, o if own else None):
-            g = OpGap(form, o.rule, by, at, blocker, workaround, rounded, kind)
+            # the check behind `blocker` is the guard's own compiler fix: a trait's gap (`any refusal, the layer's
+            # trait integer_qkv`) names another fix, which was not checked
+            checked = by == o.guard
+            g = OpGap(form, o.rule, by, at, blocker if checked else "", workaround, rounded, kind if checked else "",
+                      mine_own and checked)
             out.setdefault(str(g), g)
     ran = {(g.rule, g.form) for g in out.values()}
     for x in groups:  # a gap no hard refusal names: a fusion made without part of it (tanh-GELU's epilogue)
         for form in x.gaps:
             if (x.pattern, form) not in ran:
-                g = OpGap(form, x.pattern, x.guard, tuple(x.places), x.blocker, x.workaround, x.rounded, x.blocker_kind)
+                g = OpGap(form, x.pattern, x.guard, tuple(x.places), x.blocker, x.workaround, x.rounded, x.blocker_kind,
+                          x.blocker_own)
                 out.setdefault(str(g), g)
     return list(out.values())
 
@@ -194,8 +215,10 @@ def excused_misses(trace: Trace, arch: Architecture, layer: int | None, own: boo
         n = sum(k[0] == pattern and k[1].split("#")[0] == guard for k in out)  # another why: `GUARD#2`
         rounded = bool(workaround) and model_fix_rounded(trace, m.pattern, m.node, m.guard)
         kind = fix_blocker_kind(trace, m.pattern, m.node, m.guard, arch) if blocker else ""
+        mine = bool(blocker) and fix_blocker_own(trace, m.pattern, m.node, m.guard, arch)
         out[pattern, f"{guard}#{n + 1}" if n else guard] = Excused(pattern, guard, m.reason, why, at, gaps, blocker,
-                                                                   workaround, rounded, reasons.get(key, {}), kind)
+                                                                   workaround, rounded, reasons.get(key, {}), kind,
+                                                                   mine)
     return kept, out
 
 

@@ -86,38 +86,62 @@ def place_gaps(trace: Trace, r: Rejection) -> list[str]:
 
 
 def place_gap_names(trace: Trace, refusals: list[Rejection]) -> list[tuple[str, str]]:
-    """`(op form, short name)` of each gap in rlxviz's ops that the `refusals` of one place ran into
-    (`policy.gap_names` of each, as `place_gaps` reads it: the name is the layer trait under which the pass makes no
-    product, else the guard), each pair once, in order: what the drawing's `△` label names, `integer_qkv,
-    default_scale` at esm's attention (two gaps, one failing guard), `ln1_residual_scaled, ln2_residual_scaled` at
-    DeepNorm's layer (one gap, two failing guards); [] for a place at no gap."""
-    facts = RunFacts.of(trace)
-    out: dict[tuple[str, str], None] = {}
+    """`(op form, short name)` of each gap in rlxviz's ops that the `refusals` of one place ran into, as the verdict
+    counts them (`LayerVerdict.gaps`, built from each place's headline refusal): the gaps of the place's headline
+    refusal (`policy.gap_names`, as `place_gaps` reads it: the name is the layer trait under which the pass makes no
+    product, else the guard), then each further failing guard's that names one of those forms (DeepNorm's
+    `ln2_residual_scaled`, the same residual-scale form as its headline `ln1_residual_scaled`), each pair once, in
+    order: what the drawing's `△` label, the Why title and the Model Explorer export name, `integer_qkv,
+    default_scale` at esm's attention (two gaps, one failing guard). A further guard whose own form the headline's gap
+    does not name is no gap of the place (`gap_followers`): gptj's `rope_halves` (interleaved RoPE) behind its
+    `rope_full_rotary` gap, which `explain` names `also fails`, never a second gap. [] for a place at no gap."""
+    head = _head(refusals)
+    if head is None:
+        return []
+    mine = _gap_names(trace, head)
+    forms = {f for f, _ in mine}
+    out = dict.fromkeys(mine)
     for r in refusals:
-        arch = _judged_as(facts, r.layer)
-        if arch is not None:
-            out |= dict.fromkeys(gap_names(arch, r.pass_name, r.guard, _own_fixes(facts, r)))
-    return list(out)
+        if r is not head:
+            out |= dict.fromkeys(x for x in _gap_names(trace, r) if x[0] in forms)
+    return list(out) if mine else []
+
+
+def _head(refusals: list[Rejection]) -> Rejection | None:
+    """The headline refusal of one place's `refusals` (the first when none is), None for none."""
+    return next((r for r in refusals if r.headline), refusals[0] if refusals else None)
+
+
+def _gap_names(trace: Trace, r: Rejection) -> list[tuple[str, str]]:
+    """`policy.gap_names` of the refusal `r` alone, in the kind its layer is judged as."""
+    facts = RunFacts.of(trace)
+    arch = _judged_as(facts, r.layer)
+    return gap_names(arch, r.pass_name, r.guard, _own_fixes(facts, r)) if arch is not None else []
 
 
 def gap_followers(trace: Trace, refusals: list[Rejection]) -> dict[str, str]:
-    """Each further failing guard of one place at a gap in rlxviz's ops that runs into no gap itself
-    (`place_gap_names` of its refusal alone is empty) -> the words the text gives it: the not-expected line's caveat
+    """Each further failing guard of one place at a gap in rlxviz's ops that is no gap of the place itself (no name
+    of `place_gap_names`, the verdict's gaps) -> the words the text gives it: the not-expected line's caveat
     (`caveat.caveat_words` of `caveat.fix_blocker` of the place's headline refusal: `alone it is not enough:
     attn_single_user (illegal while the sdpa NaN guard ... reads there: ...) fails next`) when it is what fails next
     once the gap's compiler fix alone is applied, else "" (one more guard the candidate fails, `explain -v`'s `also
     fails`). gpt-neox's attention place is a gap (`rope_full_rotary`, partial rotary) whose `attn_single_user` is the
-    illegal next blocker, not a gap: a drawing that marked it with the place's gap group alone read as a second gap.
-    {} for a place at no gap."""
+    illegal next blocker, not a gap: a drawing that marked it with the place's gap group alone read as a second gap;
+    gptj's `rope_halves` names a form of its own (interleaved RoPE) the verdict does not count there, so it follows
+    too. The one reading of "which guards at a place are gaps" for the drawing (`viz.overlay.gap_followers`), the Why
+    title (`session.render._gap_title`) and the Model Explorer export (`viz.model_explorer`). {} for a place at no
+    gap."""
     facts = RunFacts.of(trace)
-    head = next((r for r in refusals if r.headline), refusals[0] if refusals else None)
-    if head is None or not place_gap_names(trace, refusals):
+    head = _head(refusals)
+    names = place_gap_names(trace, refusals)
+    if head is None or not names:
         return {}
     arch = _judged_as(facts, head.layer)
     blocker = fix_blocker(trace, head.rule, head.anchor, head.guard, arch) if arch is not None else ""
+    gaps = {n for _, n in names}
     out: dict[str, str] = {}
     for r in refusals:
-        if r is not head and r.guard != head.guard and not place_gap_names(trace, [r]):
+        if r is not head and r.guard != head.guard and r.guard not in gaps:
             out.setdefault(r.guard, caveat_words(blocker) if blocker.split(" (", 1)[0] == r.guard else "")
     return out
 
@@ -129,7 +153,7 @@ def gap_caveat(trace: Trace, refusals: list[Rejection]) -> str:
     when no further failing guard of the place says it (`gap_followers`: gpt-neox's `attn_single_user` carries it);
     "" for a place at no gap, a fix that is enough, or a caveat a follower carries."""
     facts = RunFacts.of(trace)
-    head = next((r for r in refusals if r.headline), refusals[0] if refusals else None)
+    head = _head(refusals)
     if head is None or not place_gap_names(trace, refusals):
         return ""
     arch = _judged_as(facts, head.layer)

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from ...ir.ops import REWRITTEN_AS
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
-from ..refusal_kinds import NOT_RECOGNIZED
 from ..trace import layer_label
 from .caveat import WORKAROUND
 from .policy import OP_GAP_GROUP
@@ -35,9 +34,11 @@ NO_FUSED_OP = "no fused op"
 NOTHING_TO_FUSE = "nothing to fuse"
 """What a fused layer line lists when no fused op was expected of the layer and none was made (`made_words`)."""
 PATTERNS = "patterns"
-"""What a gap layer's status adds after `rlxviz's ops` when the compiler fix of a gap alone leaves a form that
-rlxviz's patterns do not recognize (`LayerVerdict.pattern_blocked`: esm's default_scale, then `qkv_packed (not
-recognized)`): "as far as rlxviz's ops go" would say the op alone stands between the layer and its fusion."""
+"""What a gap layer's status adds after `rlxviz's ops` when the compiler fix of a gap alone leaves a blocker of
+rlxviz's own doing (`LayerVerdict.pattern_blocked`, `OpGap.blocker_own`): a form its patterns do not recognize (esm's
+default_scale, then `qkv_packed (not recognized)`), or a refusal whose readers its own rewrite made (gpt-neox's
+`attn_single_user`, read by the NaN guard `nan_guard_moved` moved): "as far as rlxviz's ops go" would say the op
+alone stands between the layer and its fusion."""
 
 
 def held_words(legal: bool = False, patterns: bool = False) -> str:
@@ -362,7 +363,7 @@ def graph_gap_words(r: RunVerdict) -> str:
     forms = gap_forms(r)
     if not forms:
         return ""
-    status = gap_status(bool(r.counts), patterns=any(g.blocker_kind == NOT_RECOGNIZED for g in r.gaps))
+    status = gap_status(bool(r.counts), patterns=any(g.blocker_own for g in r.gaps))
     blockers = list(dict.fromkeys(g.blocker for g in r.gaps if g.blocker))
     asks = gap_asks(any(g.workaround for g in r.gaps))
     if blockers:  # the compiler fix alone leaves a refusal standing: "nothing in the model to change" says too much

@@ -17,7 +17,6 @@ from typing import Any
 from ..architecture import classify_layer
 from ..explain import Outcome, explain, outside_layers
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
-from ..refusal_kinds import NOT_RECOGNIZED
 from ..report import MissedFusion, left_out_line, left_out_rejections
 from ..trace import Rejection, Trace, resolve_layers, same_stack_as
 from . import text
@@ -171,9 +170,9 @@ class LayerVerdict:
 
     @property
     def pattern_blocked(self) -> bool:
-        """A gap's compiler fix alone leaves a form rlxviz's patterns do not recognize (`OpGap.blocker_kind`: esm's
-        default_scale, then `qkv_packed (not recognized)`): its status names the patterns too (`text.gap_status`)."""
-        return any(g.blocker_kind == NOT_RECOGNIZED for g in self.gaps)
+        """A gap's compiler fix alone leaves a blocker of rlxviz's own doing (`OpGap.blocker_own`: a pattern miss, or
+        a reader its own rewrite made): its status names the patterns too (`text.gap_status`)."""
+        return any(g.blocker_own for g in self.gaps)
 
     @property
     def gap_blocker(self) -> str:
