@@ -47,6 +47,9 @@ class Outcome:
             from (`report.user_origin`); the message names them too. None otherwise.
         dead: the headline's dead extra readers (`trace.Rejection.dead`): its kind is worded from them
             (`refusal_kinds.kind_words`). (): none.
+        standing: status `rejected`: the refusal's standing as `render` tags its line
+            (`why.places.standing_mark`: `✗ near-miss`, `○ nothing to fix, not expected here`, `△ gap in rlxviz's
+            ops`); "" where not worked out (`explain` alone: the verdict's `why.places.with_standings` fills it).
     """
 
     pass_name: str
@@ -65,6 +68,7 @@ class Outcome:
     remedy: str = ""
     subject_origin: tuple[str, tuple[int, ...]] | None = None
     dead: tuple[int, ...] = ()
+    standing: str = ""
 
     def lines(self, indent: str = "  ") -> list[str]:
         """The headline, its kind, hint and fix, then every further failing guard (or a fusion's soft
@@ -116,7 +120,8 @@ class LayerExplanation:
                 lines.append(f"  [fused]    {o.rule}: -> {made}")
                 lines += o.lines("             ")
             elif o.status == "rejected":
-                lines.append(f"  [rejected] {o.rule}: {o.guard} ({o.stage}, {kind_words(o.kind, o.dead)}): {o.message}")
+                how = "; ".join(x for x in (f"{o.stage}, {kind_words(o.kind, o.dead)}", o.standing) if x)
+                lines.append(f"  [rejected] {o.rule}: {o.guard} ({how}): {o.message}")
                 lines += o.lines("             ")[1:]
             else:
                 lines.append(f"  [-]        {o.rule}: not applicable")

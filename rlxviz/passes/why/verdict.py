@@ -461,7 +461,7 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     FusedTransformerLayer (when the pipeline runs `fuse_transformer_layer`) with no missed fusion left; any other
     layer must be left with no missed fusion among the rules that apply to it (`policy.not_expected`)."""
     trace = facts.trace
-    ex = explain(trace, layer)
+    ex = facts.cache["explained", layer] = explain(trace, layer)  # `places.with_standings` re-renders it
     own, arch = judged_kind(trace, layer)
     ran = facts.ran  # a crashed pass was still expected to fuse
     crashed = {s.pass_name: s.error for s in trace.steps if s.error}
