@@ -233,7 +233,7 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
     if not v.bert_style or v.legal_only:
         lines.append(f"  layer kind: {v.architecture.description}")
         gaps = v.layer_op_gaps
-        why = (f"rlxviz's ops lack {' nor '.join(gaps)}" if gaps else
+        why = (f"rlxviz's ops lack {' and '.join(gaps)}" if gaps else
                "FusedTransformerLayer is not legal for this layer" if v.expected_kind.post_ln else
                "FusedTransformerLayer only for post-LN BERT layers")
         lines.append(f"  expected: {v.expected or 'no fusion'} ({why})")
