@@ -111,8 +111,9 @@ class LayerExplanation:
             raise KeyError(f"no outcome for {rule_or_pass!r}")
         return next((o for o in hits if o.status != "not applicable"), hits[0])
 
-    def render(self) -> str:
-        """Plain-text rendering, one line per rule, then the sibling comparison."""
+    def render(self, compare: bool = True) -> str:
+        """Plain-text rendering, one line per rule, then the sibling comparison (`comparison_lines`; `compare`
+        False: without it, for a reader that says the comparison itself, the verdict's text)."""
         lines = [f"{layer_label(self.layer)} ({self.pipeline} pipeline)"]
         for o in self.outcomes:
             if o.status == "fused":
@@ -125,12 +126,19 @@ class LayerExplanation:
                 lines += o.lines("             ")[1:]
             else:
                 lines.append(f"  [-]        {o.rule}: not applicable")
-        if self.sibling is not None:
-            lines.append(f"  compared with {layer_label(self.sibling)}, where {self.sibling_rule} fused:")
-            lines += [f"    {d}" for d in self.differences] or ["    (same primitive structure)"]
+        if compare and self.sibling is not None:
+            lines += comparison_lines(self.sibling, self.sibling_rule, self.differences)
         return "\n".join(lines)
 
-    __str__ = render
+    def __str__(self) -> str:
+        return self.render()
+
+
+def comparison_lines(sibling: int, rule: str, differences: list[str]) -> list[str]:
+    """How a layer differs from its `sibling`, where `rule` fused (`LayerExplanation.differences`), as `render`
+    prints it after the rules: `  compared with layer 1, where RULE fused:`, then one difference a line."""
+    return [f"  compared with {layer_label(sibling)}, where {rule} fused:",
+            *([f"    {d}" for d in differences] or ["    (same primitive structure)"])]
 
 
 DIFF_WINDOW = 400
@@ -496,4 +504,4 @@ def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None)
     return ex
 
 
-__all__ = ["LayerExplanation", "Outcome", "explain", "fused_layers", "layer_diff", "outside_layers"]
+__all__ = ["LayerExplanation", "Outcome", "comparison_lines", "explain", "fused_layers", "layer_diff", "outside_layers"]

@@ -238,7 +238,7 @@ def with_standings(trace: Trace, run: RunVerdict) -> RunVerdict:
         ex = facts.cache.get(("explained", v.layer)) or explain(trace, v.layer)
         ex = replace(ex, outcomes=[_marked(trace, o) for o in ex.outcomes])
         layers.append(replace(v, first=_marked(trace, v.first), rejections=[_marked(trace, o) for o in v.rejections],
-                              illegal=[_marked(trace, o) for o in v.illegal], explanation=ex.render()))
+                              illegal=[_marked(trace, o) for o in v.illegal], explanation=ex.render(False)))
     return replace(run, layers=layers)
 
 
