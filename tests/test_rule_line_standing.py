@@ -55,6 +55,8 @@ def test_a_near_miss_is_tagged_so_in_text_and_json(capsys):
     (line,) = [ln for ln in _rejected(out) if ln.startswith("[rejected] fuse_transformer_layer.bert_post_ln: ")]
     assert line.startswith("[rejected] fuse_transformer_layer.bert_post_ln: h1_user_count (guard, ")
     assert "; ✗ near-miss): " in line, line
+    # the layer's first rejection is not said again as an `also rejected` line (the text reads it by identity)
+    assert "also rejected: fuse_transformer_layer.bert_post_ln" not in out, out
     code, out, err = run(capsys, "explain", "bert-tiny", "--variant", "dead_h1_user", "--layer", 0, "--json")
     (lv,) = json.loads(out)["layers"]
     assert lv["first"]["standing"] == "✗ near-miss", lv["first"]

@@ -227,6 +227,14 @@ def _marked(trace: Trace, o: Outcome | None) -> Outcome | None:
     return o if o is None or o.status != "rejected" else replace(o, standing=outcome_standing(trace, o))
 
 
+def _once(trace: Trace, o: Outcome | None, done: dict[int, Outcome | None]) -> Outcome | None:
+    """`_marked` of `o`, one copy per outcome object (`done`: id -> copy): the text reads `first` by identity among
+    the layer's `rejections` (`text.render_layer`'s `also rejected` lines)."""
+    if id(o) not in done:
+        done[id(o)] = _marked(trace, o)
+    return done[id(o)]
+
+
 def with_standings(trace: Trace, run: RunVerdict) -> RunVerdict:
     """`run` (the verdict of `trace`) with every rejected outcome's `standing` filled (`outcome_standing`) and each
     layer's `explanation` (`explain -v`'s per-rule list, the Why tab's) re-rendered with it, so its line reads
@@ -237,8 +245,10 @@ def with_standings(trace: Trace, run: RunVerdict) -> RunVerdict:
     for v in run.layers:
         ex = facts.cache.get(("explained", v.layer)) or explain(trace, v.layer)
         ex = replace(ex, outcomes=[_marked(trace, o) for o in ex.outcomes])
-        layers.append(replace(v, first=_marked(trace, v.first), rejections=[_marked(trace, o) for o in v.rejections],
-                              illegal=[_marked(trace, o) for o in v.illegal], explanation=ex.render(False)))
+        done: dict[int, Outcome | None] = {}  # one marked copy per outcome: `first` stays one of `rejections`
+        layers.append(replace(v, first=_once(trace, v.first, done),
+                              rejections=[_once(trace, o, done) for o in v.rejections],
+                              illegal=[_once(trace, o, done) for o in v.illegal], explanation=ex.render(False)))
     return replace(run, layers=layers)
 
 
