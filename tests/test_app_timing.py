@@ -394,3 +394,24 @@ def test_a_busy_run_prints_no_speed_up_on_the_input_row_either():
     assert all(c in ("not read", "-") for c in table["ci"]), list(table["ci"])
     assert all(x != x for x in table["ci_low"]) and all(x != x for x in table["ci_high"])
     assert speedup_text(rows[0]) == NOT_READ  # `format_timings`' `x input` cell, as `rlxviz time` prints it
+
+
+def test_too_few_rounds_are_not_called_quiet():
+    """minilm timed in 3 rounds on a busy machine: the banner read "Quiet enough ... the verdicts below can be read"
+    beside verdicts of "too few rounds (3 < 21)" (an IQR at 0.49x its median). With fewer rounds than a verdict needs
+    the banner says they are too few to judge the machine (`timing_words.too_few_rounds`), in the app's view too."""
+    from rlxviz.app.jobs import Runner
+    from rlxviz.app.state import AppState
+    from rlxviz.app.timingview import TimingView
+
+    rows = timing_table([timed(0, "input", [1.0, 1.2, 1.9]), timed(1, "after fuse_sdpa", [0.5, 0.6, 0.9])])
+    assert not rows[0]["busy"] and rows[1]["rounds"] == 3
+    md, kind = machine_verdict(rows)
+    assert kind == "warning" and md.startswith("**Too few rounds to judge the machine quiet or busy (3 < 21):"), md
+    assert "Quiet" not in md and "can be read" not in md, md
+    s = AppState(runner=Runner(background=False), preset="bert-tiny", seq=8)
+    view = TimingView(state=s)
+    s.param.update(blas="MLX", timings=rows)
+    assert view.machine.alert_type == "warning" and "Too few rounds" in view.machine.object
+    s.timings = timing_table([timed(0, "input", [1.0] * 21), timed(1, "after fuse_sdpa", [0.5] * 21)])
+    assert view.machine.alert_type == "success" and "Quiet enough" in view.machine.object

@@ -87,7 +87,8 @@ def test_text_json_and_the_why_tab_say_the_same(capsys, monkeypatch):
         assert gap in d["op_gaps"] and f"  rlxviz's ops lack: {gap}" in text
         assert any(x.startswith(f"{RULE} ({GUARD}) ") for x in d["gap_refusals"])  # a gap's own list (issue 39)
         assert f"rlxviz's ops lack: {gap}" in s.why_layer(d["layer"]).replace("\\", "")
-    assert f"[rejected] {RULE}: {GUARD} (guard, not recognized)" in verbose
+    # its per-rule line says its standing (a gap in rlxviz's ops, the chips' △), not a near-miss's bare words
+    assert f"[rejected] {RULE}: {GUARD} (guard, not recognized; △ gap in rlxviz's ops)" in verbose
     assert "compiler fix: a FusedMatMulBiasAct with a residual operand added before its bias" in verbose
 
 

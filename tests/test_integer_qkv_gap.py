@@ -40,7 +40,7 @@ WORDS = "fused as far as rlxviz's ops go"
 PATTERN_WORDS = "fused as far as rlxviz's ops and patterns go"
 FTL_GAP = "FusedTransformerLayer over integer-matmul projections (dynamic quantization)"
 RULE = "fuse_attention_block.qkv_attention_out"
-TRAIT = "any refusal, the layer's trait integer_qkv"
+TRAIT = "its integer-matmul Q/K/V projections (integer_qkv)"  # what the trait is in the model, not its bare name
 """What a trait's gap names after its rule (`policy.gap_sources`): not the guard that happened to refuse first."""
 
 
@@ -61,7 +61,7 @@ def test_integer_projections_are_a_gap_whatever_the_kind_expects(kind, mask, gua
     assert policy.op_gaps(arch, "fuse_attention_block", guard) == gaps
     why = policy.not_expected(arch, "fuse_attention_block", guard)
     assert why is not None and why.startswith("not the model's layout but a gap in rlxviz's ops: rlxviz has no "
-                                              + " nor ".join(gaps)), why
+                                              + " and no ".join(gaps)), why  # "no X and no Y", not "nor"
     assert "compiler fix: " in why
 
 

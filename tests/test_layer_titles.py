@@ -82,8 +82,9 @@ def test_gpt_neox_layer_1_says_its_one_gap_place_not_the_passes_two():
 def test_esms_place_names_its_two_gaps_and_the_caption_counts_one_place():
     t = _trace(ESM)
     title = html.unescape(dot(t, View(len(t.steps), "full", "why", 0)))
-    assert ("@ %795: default_scale (2 gaps in rlxviz's ops: the layer's trait integer_qkv, default_scale); alone it "
-            "is not enough: qkv_packed (not recognized) fails next; before "
+    # a trait is said as what it is in the model (`declarations.trait_named`), never `the layer's trait integer_qkv`
+    assert ("@ %795: default_scale (2 gaps in rlxviz's ops: its integer-matmul Q/K/V projections (integer_qkv), "
+            "default_scale); alone it is not enough: qkv_packed (not recognized) fails next; before "
             "fuse_attention_block, in this layer: 0 match(es), 0 rejected places, △1 place at a gap in rlxviz's ops — "
             "layer 0") in title
 
@@ -96,7 +97,7 @@ LABEL = re.compile(r"△ ([\w.]+): (\w+) \((\d gaps|gap) in rlxviz's ops")
 def test_a_why_titles_gap_names_the_guard_its_cluster_label_names(path):
     """qwen3's title said `gap in rlxviz's ops: qk_norm` (a layer trait, read as a guard) beside the cluster label
     `qkv_packed (gap in rlxviz's ops)`: the title names the place's failing guard as the label does, and a trait
-    as `the layer's trait T`, as the text's `rlxviz's ops lack:` line says it."""
+    as what it is in the model (`declarations.trait_named`), as the text's `rlxviz's ops lack:` line says it."""
     t = _trace(path)
     title = html.unescape(dot(t, View(len(t.steps), "full", "why", 0)))
     labels = LABEL.findall(title)
@@ -111,8 +112,8 @@ def test_a_why_titles_gap_names_the_guard_its_cluster_label_names(path):
 def test_qwen3s_why_title_says_its_gap_is_the_layers_qk_norm_trait():
     t = _trace(QWEN3)
     _, ov, _ = picture(t, View(len(t.steps), "full", "why", 0))
-    assert ": △ fuse_attention_block.qkv_attention_out @ %260: qkv_packed (gap in rlxviz's ops: the layer's trait " \
-           "qk_norm); before fuse_attention_block" in ov.title, ov.title
+    assert ": △ fuse_attention_block.qkv_attention_out @ %260: qkv_packed (gap in rlxviz's ops: its Q and K " \
+           "normalized before the attention (qk_norm)); before fuse_attention_block" in ov.title, ov.title
 
 
 @pytest.mark.parametrize("layer", [0, 1])

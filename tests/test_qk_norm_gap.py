@@ -32,7 +32,7 @@ from rlxviz.passes.why.verdict import RunVerdict
 
 CASE = Path(__file__).parent / "data" / "cases" / "n3-04b-qk-norm-full-width.rlx"
 WORDS = "held back by rlxviz's ops"
-LACK = f"{QK_NORM_GAP} (fuse_attention_block.qkv_attention_out: any refusal, the layer's trait qk_norm)"
+LACK = f"{QK_NORM_GAP} (fuse_attention_block.qkv_attention_out: its Q and K normalized before the attention (qk_norm))"
 
 
 def qk_norm_layer(norm: str = "rms", where: str = "full", on: str = "QK") -> str:

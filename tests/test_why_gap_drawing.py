@@ -81,7 +81,7 @@ def test_a_gap_only_layers_why_drawing_is_before_its_first_gap_drawn_as_one(path
 def test_esms_gap_place_names_both_gaps_on_its_cluster_its_box_and_the_why_title():
     t = _trace(ESM)
     k = next(k for k, s in enumerate(t.steps) if s.pass_name == "fuse_attention_block")
-    both = "2 gaps in rlxviz's ops: the layer's trait integer_qkv, default_scale"  # a trait said as one, not a guard
+    both = "2 gaps in rlxviz's ops: its integer-matmul Q/K/V projections (integer_qkv), default_scale"  # the trait
     pane = html.unescape(dot(t, View(k + 1, "full", "before")))
     assert f"△ fuse_attention_block.qkv_attention_out: default_scale ({both})" in pane
     boxes = html.unescape(dot(t, View(k + 1, "layers", "before")))

@@ -24,7 +24,7 @@ from .irdiff import diff_table, side_by_side
 from .irtext import IRText
 from .stale import StaleMark, safe
 from .state import AppState
-from .text import download_name, html_text, md_code, md_escape
+from .text import download_name, html_text, md_code, md_escape, select_width
 from .views import COLLAPSED, FOCUS
 from .wording import version_name
 
@@ -65,22 +65,15 @@ def legend_html(rows: list[tuple[str, str]], unit: str, status: str) -> str:
             ".rv-legend-status{color:#8a6d00}</style>")
 
 
-SELECT_PX_PER_CHAR = 6.4
-"""Width of one character of the select's 14 px system font, on average over version labels (6.2 px measured in
-Chromium on "11: after fuse_transformer_layer (33 ops)"), rounded up."""
-SELECT_PAD_PX = 44
-"""The select's padding and its arrow, px."""
 SELECT_PX = (270, 310)
 """Least and most width of the version list, px: at most, the version row (◀, list, ▶, player, filter, view,
 colour) still fits one line beside a folded sidebar at 1280 px; a second line took 64 px of the graph's height."""
 
 
-def select_width(options: Mapping[str, object]) -> int:
-    """Width of the version list that shows its longest label whole (a fixed 270 px cut "11: after
-    fuse_transformer_layer (33 ops)" at "(33 op"): the text plus `SELECT_PAD_PX`, within `SELECT_PX`. A longer
-    label than the most is cut there; the pane titles name the version whole."""
-    longest = max((len(k) for k in options), default=0)
-    return int(min(max(longest * SELECT_PX_PER_CHAR + SELECT_PAD_PX, SELECT_PX[0]), SELECT_PX[1]))
+def version_select_width(options: Mapping[str, object]) -> int:
+    """Width of the version list that shows its longest label whole (`text.select_width`), within `SELECT_PX`. A
+    longer label than the most is cut there; the pane titles name the version whole."""
+    return select_width(options, *SELECT_PX)
 
 
 REJECTED_ON_SELECTED = "color:#c62828;background:#ffffff;border-radius:6px;padding:0 3px"
@@ -192,7 +185,7 @@ class VersionStepper(Viewer):
         # model it did not know ("reference ... isn't known"); the label says how many steps are hidden and each
         # chip's tooltip which
         self.select = pn.widgets.Select(name="Version", options=options, value=s.version,
-                                        width=select_width(options), css_classes=["rv-version"])
+                                        width=version_select_width(options), css_classes=["rv-version"])
         self.select.param.update(**self._hidden())
         self.select.param.watch(lambda e: setattr(s, "version", e.new), "value")
         self.prev = pn.widgets.Button(label="◀", width=40, align="end", css_classes=["rv-prev"])
@@ -213,8 +206,9 @@ class VersionStepper(Viewer):
         self.hide = pn.widgets.Checkbox.from_param(s.param.hide_unchanged, name="hide passes that changed nothing",
                                                    align="end", width=235, css_classes=["rv-hide"])
         self.view = pn.widgets.Select.from_param(s.param.view, name="View", width=110, css_classes=["rv-view"])
-        self.layer = pn.widgets.Select(name="Layer", options=self._layers(), value=s.selected_layer, width=100,
-                                       css_classes=["rv-focus-layer"], visible=s.view == FOCUS)
+        self.layer = pn.widgets.Select(name="Layer", options=self._layers(), value=s.selected_layer,
+                                       width=select_width(self._layers()), css_classes=["rv-focus-layer"],
+                                       visible=s.view == FOCUS)
         self._syncing = False  # `_focus` setting the picker from the state: not a user's pick to send back
         self.layer.param.watch(lambda e: self._syncing or setattr(s, "selected_layer", e.new), "value")
         s.param.watch(self._focus, ["view", "selected_layer", "trace"])
@@ -245,7 +239,9 @@ class VersionStepper(Viewer):
             return
         self._syncing = True
         try:
-            self.layer.param.update(options=self._layers(), value=s.selected_layer, visible=s.view == FOCUS)
+            options = self._layers()  # as wide as its longest label (`decoder layer 0` whole)
+            self.layer.param.update(options=options, value=s.selected_layer, visible=s.view == FOCUS,
+                                    width=select_width(options))
         finally:
             self._syncing = False
 
@@ -304,7 +300,8 @@ class VersionStepper(Viewer):
         s = self.state
         n = len(s.version_labels)
         options = self._options()
-        self.select.param.update(options=options, value=s.version, width=select_width(options), **self._hidden())
+        self.select.param.update(options=options, value=s.version, width=version_select_width(options),
+                                 **self._hidden())
         self.player.param.update(end=max(n - 1, 1), value=min(s.version, max(n - 1, 0)))
         self.counts.object = self._counts()
 

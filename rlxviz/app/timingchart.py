@@ -10,7 +10,7 @@ from typing import Any
 from ..session.defaults import MIN_VERDICT_ROUNDS
 from ..session.lowerings import SPLIT_HEAD, shown_product
 from ..session.timing import DISAGREE, quiet_rule
-from ..session.timing_words import KERNELS_MARK, lowering_note, unchanged_text, version_mark
+from ..session.timing_words import KERNELS_MARK, lowering_note, too_few_rounds, unchanged_text, version_mark
 from .text import md_escape
 from .wording import hide_server_paths, version_name
 
@@ -23,17 +23,21 @@ read", no speed-up bar is drawn), as `rlxviz time`'s `cli.timing.BUSY_ADVICE` sa
 def machine_verdict(rows: list[dict[str, Any]], when: str = "") -> tuple[str, str]:
     """The timing run's verdict on the machine, shown before any ratio: `(markdown, alert kind)`.
 
-    Busy (`rows[i]["busy"]`, `session.busy_warning`: a version's median above `BUSY_RATIO` times its minimum, or its
-    IQR above `NOISY_IQR` times its median): the
-    warning and that no ratio below is a verdict ("danger"). Otherwise the run is usable ("success"). No rows: ("",
-    "light"). `when`: the time a stored run was measured (`HH:MM UTC`, `measure.measured_when`): the verdict is
-    said of the machine then ("Busy machine at 03:24 UTC"), not now; "" for a run just measured."""
+    Busy (`rows[i]["busy"]`, `session.busy_warning`: a version's median above `BUSY_RATIO` times its minimum, or its IQR
+    above `NOISY_IQR` times its median): the warning and that no ratio below is a verdict ("danger"). Fewer timed rounds
+    than a verdict needs (`timing_words.too_few_rounds`): that neither quiet nor busy can be told, so no verdict below
+    is read ("warning"). Otherwise the run is usable ("success"). No rows: ("", "light"). `when`: the time a stored run
+    was measured (`HH:MM UTC`, `measure.measured_when`): the verdict is said of the machine then ("Busy machine at 03:24
+    UTC"), not now; "" for a run just measured."""
     if not rows:
         return "", "light"
     at = f" at {md_escape(when)}" if when else ""
     busy = next((r["busy"] for r in rows if r.get("busy")), "")
     if busy:
         return (f"**Busy machine{at}: {md_escape(busy)}.** {BUSY_SHOWN}", "danger")
+    if few := too_few_rounds(r.get("rounds") for r in rows):
+        return (f"**{few[0].upper()}{few[1:]}{at}:** no verdict below is read. Time again with more rounds "
+                f"({MIN_VERDICT_ROUNDS} at least).", "warning")
     return (f"**Quiet enough{at}:** {quiet_rule('×')}, so the verdicts "
             "below can be read.", "success")
 
@@ -59,8 +63,9 @@ def fusion_kernels_markdown(split: Any) -> str:
 
     busy = split.warning
     steps = [None, ("fusion", split.fusion), ("kernels", split.kernels)]
+    few = too_few_rounds([split.fusion.rounds])
     check = (f"**busy machine: {md_escape(busy)}.** No verdict below." if busy else
-             f"quiet enough ({quiet_rule('×')}).")
+             f"{few}: no verdict below is read." if few else f"quiet enough ({quiet_rule('×')}).")
     if getattr(split, "shared", False):  # one measurement with the chart: its rows, one more program in its rounds
         where = (f"The input and final rows are the chart's own measurements above (the same medians); the final "
                  f"version on MLX's own lowering ran in the same {split.fusion.rounds} paired rounds on the CPU, so "

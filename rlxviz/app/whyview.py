@@ -18,7 +18,7 @@ from .explain import decision_rows
 from .graphpane import SvgGraph, ZoomScope, absorbed_index
 from .stale import StaleMark, safe
 from .state import AppState
-from .text import md_escape
+from .text import md_escape, select_width
 from .wording import SHAPE_VARIANT
 
 TABLE_MIN_PX = 300
@@ -169,8 +169,8 @@ class WhyView(Viewer):
     def __init__(self, **params: object) -> None:
         super().__init__(**params)
         s = self.state
-        self.layer = pn.widgets.Select(name="Layer", options=self._layers(), value=s.selected_layer, width=120,
-                                       css_classes=["rv-why-layer"])
+        self.layer = pn.widgets.Select(name="Layer", options=self._layers(), value=s.selected_layer,
+                                       width=select_width(self._layers(), 120), css_classes=["rv-why-layer"])
         self._auto = True  # the layer shown was picked here, not by the user: each new run picks again
         self._syncing = False
         self.layer.param.watch(self._chosen, "value")
@@ -218,7 +218,8 @@ class WhyView(Viewer):
                 return
         self._syncing = True
         try:
-            self.layer.param.update(options=self._layers(), value=s.selected_layer)
+            options = self._layers()  # as wide as its longest label: `decoder layer 0` whole
+            self.layer.param.update(options=options, value=s.selected_layer, width=select_width(options, 120))
         finally:
             self._syncing = False
         self.layer.visible = bool(s.layers()) or s.trace is None

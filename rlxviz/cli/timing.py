@@ -68,14 +68,16 @@ def split_text(split: Any) -> str:
     own-lowering row is missing; None: "" (not asked, or not on the CPU)."""
     from ..session.lowerings import SPLIT_HEAD, step_cell
     from ..session.timing import NOT_READ, quiet_rule
+    from ..session.timing_words import too_few_rounds
 
     if split is None:
         return ""
     if isinstance(split, str):
         return f"Fusion or kernels? Not measured: {split}\n"
     busy = split.warning
+    few = too_few_rounds([split.fusion.rounds])
     check = (f"busy machine: {busy}. No verdict below." if busy else
-             f"quiet enough ({quiet_rule()}).")
+             f"{few}: no verdict below is read." if few else f"quiet enough ({quiet_rule()}).")
     lines = ["Fusion or kernels? The final version on MLX's own lowering and on rlxviz's kernels",
              f"The input and final rows are the table's own measurements above (the same medians); the final version "
              f"on MLX's own lowering ran in the same {split.fusion.rounds} paired rounds on the CPU, one machine check "

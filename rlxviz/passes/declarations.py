@@ -42,6 +42,23 @@ TRAIT_WORDS: dict[str, str] = {
 """trait -> the layer it names, in words: what a pass's `unexpected` says its `expected_of` traits are
 (`{expected}`, `why.policy.not_expected`), so the sentence is the declaration itself, never a second copy of it."""
 
+GAP_TRAIT_WORDS: dict[str, str] = {
+    "integer_qkv": "its integer-matmul Q/K/V projections",
+    "qk_norm": "its Q and K normalized before the attention",
+}
+"""trait -> what it is in the model, for a trait under which a pass makes no product (`Pass.lacks`): how a gap's
+source is named where shown (`trait_named`), never the trait's bare name (a newcomer read `the layer's trait
+integer_qkv`)."""
+
+
+def trait_named(trait: str) -> str:
+    """A layer trait as the text, the app and the drawings name what ran into a gap in rlxviz's ops: what it is in
+    the model, then its name, `its integer-matmul Q/K/V projections (integer_qkv)` (`GAP_TRAIT_WORDS`; a trait with
+    no words there: `its trait T`)."""
+    words = GAP_TRAIT_WORDS.get(trait)
+    return f"{words} ({trait})" if words else f"its trait {trait}"
+
+
 FAMILIES: dict[str, tuple[str, str]] = {
     "norm": ("LayerNorm/RMSNorm statistics", "write it as (x - mean) / sqrt(var + eps) or x * rsqrt(mean(x^2) + eps) "
              "(see docs/passes.md, recognized forms), or emit layer_norm / rms_norm"),
@@ -86,5 +103,5 @@ def check_words(owner: str, what: str, words: Iterable[str], known: Collection[s
             raise RuleError(f"[{owner}] unknown {what} {w!r}{close(str(w), known)}; known: {', '.join(known)}")
 
 
-__all__ = ["FAMILIES", "FINDING", "FINDING_QUANTIZATION", "KINDS", "QUANTIZATION", "TRAITS", "TRAIT_WORDS",
-           "check_words"]
+__all__ = ["FAMILIES", "FINDING", "FINDING_QUANTIZATION", "GAP_TRAIT_WORDS", "KINDS", "QUANTIZATION", "TRAITS",
+           "TRAIT_WORDS", "check_words", "trait_named"]

@@ -48,6 +48,9 @@ class Outcome:
             from (`report.user_origin`); the message names them too. None otherwise.
         dead: the headline's dead extra readers (`trace.Rejection.dead`): its kind is worded from them
             (`refusal_kinds.kind_words`). (): none.
+        standing: status `rejected`: the refusal's standing as `render` tags its line
+            (`why.places.standing_mark`: `✗ near-miss`, `○ nothing to fix, not expected here`, `△ gap in rlxviz's
+            ops`); "" where not worked out (`explain` alone: the verdict's `why.places.with_standings` fills it).
     """
 
     pass_name: str
@@ -66,6 +69,7 @@ class Outcome:
     remedy: str = ""
     subject_origin: tuple[str, tuple[int, ...]] | None = None
     dead: tuple[int, ...] = ()
+    standing: str = ""
 
     def lines(self, indent: str = "  ") -> list[str]:
         """The headline, its kind, hint and fix, then every further failing guard (or a fusion's soft
@@ -108,8 +112,9 @@ class LayerExplanation:
             raise KeyError(f"no outcome for {rule_or_pass!r}")
         return next((o for o in hits if o.status != "not applicable"), hits[0])
 
-    def render(self) -> str:
-        """Plain-text rendering, one line per rule, then the sibling comparison."""
+    def render(self, compare: bool = True) -> str:
+        """Plain-text rendering, one line per rule, then the sibling comparison (`comparison_lines`; `compare`
+        False: without it, for a reader that says the comparison itself, the verdict's text)."""
         lines = [f"{layer_label(self.layer)} ({self.pipeline} pipeline)"]
         for o in self.outcomes:
             if o.status == "fused":
@@ -117,16 +122,24 @@ class LayerExplanation:
                 lines.append(f"  [fused]    {o.rule}: -> {made}")
                 lines += o.lines("             ")
             elif o.status == "rejected":
-                lines.append(f"  [rejected] {o.rule}: {o.guard} ({o.stage}, {kind_words(o.kind, o.dead)}): {o.message}")
+                how = "; ".join(x for x in (f"{o.stage}, {kind_words(o.kind, o.dead)}", o.standing) if x)
+                lines.append(f"  [rejected] {o.rule}: {o.guard} ({how}): {o.message}")
                 lines += o.lines("             ")[1:]
             else:
                 lines.append(f"  [-]        {o.rule}: not applicable")
-        if self.sibling is not None:
-            lines.append(f"  compared with {layer_label(self.sibling)}, where {self.sibling_rule} fused:")
-            lines += [f"    {d}" for d in self.differences] or ["    (same primitive structure)"]
+        if compare and self.sibling is not None:
+            lines += comparison_lines(self.sibling, self.sibling_rule, self.differences)
         return "\n".join(lines)
 
-    __str__ = render
+    def __str__(self) -> str:
+        return self.render()
+
+
+def comparison_lines(sibling: int, rule: str, differences: list[str]) -> list[str]:
+    """How a layer differs from its `sibling`, where `rule` fused (`LayerExplanation.differences`), as `render`
+    prints it after the rules: `  compared with layer 1, where RULE fused:`, then one difference a line."""
+    return [f"  compared with {layer_label(sibling)}, where {rule} fused:",
+            *([f"    {d}" for d in differences] or ["    (same primitive structure)"])]
 
 
 DIFF_WINDOW = 400
@@ -515,4 +528,4 @@ def explain(source: Graph | Trace, layer: int, pipeline: Pipeline | None = None)
     return ex
 
 
-__all__ = ["LayerExplanation", "Outcome", "explain", "fused_layers", "layer_diff", "outside_layers"]
+__all__ = ["LayerExplanation", "Outcome", "comparison_lines", "explain", "fused_layers", "layer_diff", "outside_layers"]

@@ -212,7 +212,7 @@ def _what_ran(trace: Trace, step: int, r: Rejection, name: str) -> str | None:
         from .why.standing import place_gaps  # the verdict's package reads this module
 
         gaps = place_gaps(trace, x)  # at a gap in rlxviz's ops: say so, as its own line and the marks do (issue 39)
-        said = f"a gap in rlxviz's ops: {' nor '.join(gaps)}" if gaps else kind_words(x.kind, x.dead)
+        said = f"a gap in rlxviz's ops: {' and '.join(gaps)}" if gaps else kind_words(x.kind, x.dead)
         return f"{name} ran before and said no here: {x.guard} ({said}): {message}"
     if made:  # P did its part on these nodes: what blocks is between its product and this pattern, or beside it
         x, after = made[-1]

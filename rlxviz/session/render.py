@@ -114,10 +114,10 @@ def _gap_title(trace: Trace, v: LayerVerdict, gap: OpGap, k: int, ov: Overlay) -
     pass (not drawn): ...` for a gap refused in a later pass than `trace.steps[k]`'s (deit's mask-less attention block
     behind its bias-after-residual gap), `also △ in this drawing: ...` for one this step refused elsewhere; then the
     caption (`ov.title`), e.g. `fused as far as rlxviz's ops go: △ fuse_attention_block.qkv_attention_out @ %795:
-    default_scale (2 gaps in rlxviz's ops: the layer's trait integer_qkv, default_scale); before fuse_attention_block,
-    in this layer: 0 match(es), 0 rejected places, △1 place at a gap in rlxviz's ops` (the place: `_gap_words`). The
-    place's caveat on its compiler fix follows its words where no follower's mark says it (`Overlay.caveats`: esm's
-    `alone it is not enough: qkv_packed (not recognized) fails next`)."""
+    default_scale (2 gaps in rlxviz's ops: its integer-matmul Q/K/V projections (integer_qkv), default_scale); before
+    fuse_attention_block, in this layer: 0 match(es), 0 rejected places, △1 place at a gap in rlxviz's ops` (the
+    place: `_gap_words`). The place's caveat on its compiler fix follows its words where no follower's mark says it
+    (`Overlay.caveats`: esm's `alone it is not enough: qkv_packed (not recognized) fails next`)."""
     at = next((a for a in gap.at if (gap.rule, a) in ov.standings), gap.at[0] if gap.at else None)
     gaps = (ov.gap_names.get((gap.rule, at), ()) if at is not None else ()) or ((gap.form, gap.by),)
     words = _gap_words(ov, gap.rule, at, gaps)
@@ -138,13 +138,14 @@ def _gap_title(trace: Trace, v: LayerVerdict, gap: OpGap, k: int, ov: Overlay) -
 
 def _gap_words(ov: Overlay, rule: str, at: int | None, gaps: GapNames) -> str:
     """What `_gap_title` says the place (`rule`, `at`) ran into, in the words of its cluster's label (`viz.dot`:
-    `GUARD (STANDING)`): the failing guards that meet a gap there (the place's refusals but those `ov.followers`
-    names, no gap themselves), then the gap group counting its gaps, each named by its guard or, where a layer trait
-    makes the gap whatever the guard, as `the layer's trait T` (`viz.overlay.trait_worded`, the text's `rlxviz's ops
-    lack:` words): qwen3's `qkv_packed (gap in rlxviz's ops: the layer's trait qk_norm)`, esm.qdyn's `default_scale
-    (2 gaps in rlxviz's ops: the layer's trait integer_qkv, default_scale)`, never a trait bare where a guard's name
-    stands. The group and its one name (`gap in rlxviz's ops: any refusal, the layer's trait T`) where no refusal of
-    the place is drawn."""
+    `GUARD (STANDING)`): the failing guards that meet a gap there (the place's refusals but those `ov.followers` names,
+    no gap themselves), then the gap group counting its gaps, each named by its guard or, where a layer trait makes the
+    gap whatever the guard, as what the trait is in the model (`passes.declarations.trait_named`)
+    (`viz.overlay.trait_worded`, the text's `rlxviz's ops lack:` words): qwen3's `qkv_packed (gap in rlxviz's ops: its
+    Q and K normalized before the attention (qk_norm))`, esm.qdyn's `default_scale (2 gaps in rlxviz's ops:
+    its integer-matmul Q/K/V projections (integer_qkv), default_scale)`, never a trait bare where a guard's name stands.
+    The group and its one name (`gap in rlxviz's ops: its integer-matmul Q/K/V projections (integer_qkv)`) where no
+    refusal of the place is drawn."""
     guards = list(dict.fromkeys(r.guard for r in ov.rejections if (r.rule, r.anchor) == (rule, at)
                                 and (rule, at, r.guard) not in ov.followers))
     words = group_words(OP_GAP_GROUP, gaps)

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 from ..passes import Trace
 from ..passes.why.facts import RunFacts, recognized
+from ..passes.why.places import with_standings
 from ..passes.why.policy import EXPECT_MODES, PRODUCTS, layer_pass
 from ..passes.why.verdict import (
     FusionCheck,
@@ -48,7 +49,8 @@ def check_layer(trace: Trace, layer: int, model: str = "") -> None:
 
 def check_fusion(trace: Trace, model: str = "", layers: Iterable[int] | None = None,
                  expect: str = "model") -> FusionCheck:
-    """The run's verdict (`RunVerdict.of`) on every layer (or on `layers`), judged against `expect`.
+    """The run's verdict (`RunVerdict.of`) on every layer (or on `layers`), judged against `expect`, with each
+    rejected outcome's standing (`places.with_standings`: `explain -v`'s and the Why tab's per-rule tags).
 
     Raises:
         SessionError: a requested layer is not in the model (the message gives the layers it has), or `expect` is
@@ -56,7 +58,7 @@ def check_fusion(trace: Trace, model: str = "", layers: Iterable[int] | None = N
     """
     _expect(expect)
     try:
-        return RunVerdict.of(trace, expect, None if layers is None else list(layers), model)
+        return with_standings(trace, RunVerdict.of(trace, expect, None if layers is None else list(layers), model))
     except ValueError as e:
         raise SessionError(str(e)) from None
 

@@ -4,8 +4,10 @@ timing service: `timing.timing_table` makes the rows these read (`timing_text` l
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
+
+from .defaults import MIN_VERDICT_ROUNDS
 
 MLX_LOWERING = "MLX ops"
 """A timing row's `lowering` where every op ran MLX's own lowering."""
@@ -16,6 +18,20 @@ KERNELS_LOWERING = "rlxviz kernels"
 KERNELS_MARK = f" ({KERNELS_LOWERING})"
 """Appended to the name of a version that ran rlxviz's CPU kernels: in `rlxviz time`'s table, the app's table and the
 app's chart (`version_mark`)."""
+
+
+def too_few_rounds(rounds: Iterable[int | None]) -> str:
+    """Why a run's machine check cannot call it quiet: "" when the run's timed rounds (`rounds`: each row's, as
+    `timing.timing_table`'s `rounds` or a split's; 0 and None, rows not compared, passed over) reach
+    `defaults.MIN_VERDICT_ROUNDS`, else `too few rounds to judge the machine quiet or busy (3 < 21)`. Three rounds
+    whose medians sat within 2x their minimums read "Quiet enough ... the verdicts below can be read" beside verdicts
+    of too few rounds: with so few, a spread within the limits says nothing of the machine. The one rule the Timing
+    tab's banner, its split's check and `rlxviz time`'s split read (a busy warning, `timing.busy_warning`, still goes
+    first: a spread past the limits in a few rounds is busy already)."""
+    have = [n for n in rounds if n]
+    if not have or min(have) >= MIN_VERDICT_ROUNDS:
+        return ""
+    return f"too few rounds to judge the machine quiet or busy ({min(have)} < {MIN_VERDICT_ROUNDS})"
 
 
 def lowering_change(before: str, after: str) -> str:
@@ -51,4 +67,5 @@ def unchanged_text(same_as: int) -> str:
 
 
 __all__ = ["KERNELS_LOWERING", "KERNELS_MARK", "KERNELS_NOTE", "MLX_LOWERING", "lowering_change", "lowering_note",
+           "too_few_rounds",
            "unchanged_text", "version_mark"]

@@ -413,9 +413,9 @@ def _so_far(g: LayerGroup) -> str:
 
 def _standing_words(g: LayerGroup, most: int | None = None) -> str:
     """`STATUS: GUARDS` of a box whose refusals are no near-miss (`most`: at most that many guards), but a box at
-    several gaps in rlxviz's ops, or one met by several guards, names each gap (`LayerGroup.gaps`, `group_words`), `△
-    2 gaps in rlxviz's ops: the layer's trait integer_qkv, default_scale`, as the gap's `△` cluster label does
-    (`Overlay.standing_words`), never its one failing guard alone."""
+    several gaps in rlxviz's ops, or one met by several guards, names each gap (`LayerGroup.gaps`, `group_words`), `△ 2
+    gaps in rlxviz's ops: its integer-matmul Q/K/V projections (integer_qkv), default_scale`, as the gap's `△` cluster
+    label does (`Overlay.standing_words`), never its one failing guard alone."""
     if g.status == OP_GAP and (words := group_words(OP_GAP, g.gaps)) != OP_GAP:
         return words
     guards = list(dict.fromkeys(r.guard for r in g.rejections))

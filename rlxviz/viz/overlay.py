@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from ..ir import Graph, Node, Op, operand_roles
 from ..ir.ops import FUSED
+from ..passes.declarations import trait_named
 from ..passes.made import Beside, made_beside, made_in_run
 from ..passes.trace import Match, PassStep, Rejection, Trace
 
@@ -187,17 +188,13 @@ def gap_names(trace: Trace | None, step: PassStep, groups: dict[tuple[str, int],
     return {pl: trait_worded(place_gap_names(trace, rs), {r.guard for r in rs}) for pl, rs in at.items()}
 
 
-TRAIT_WORDS = "the layer's trait "
-"""How a gap's name says it is a layer trait, not a guard (`trait_worded`): the text's `rlxviz's ops lack:` line says
-`any refusal, the layer's trait qk_norm`."""
-
-
 def trait_worded(gaps: Iterable[tuple[str, str]], guards: Collection[str]) -> GapNames:
     """`gaps` (`(op form, short name)`, `passes.why.standing.place_gap_names`) with each name that is none of the
-    place's failing `guards` (a layer trait under which the pass makes no product) said as such, `the layer's trait
-    qk_norm`: qwen3's title said `gap in rlxviz's ops: qk_norm` beside its cluster label `qkv_packed (gap in rlxviz's
-    ops)`, a trait read as a second guard."""
-    return tuple((f, n if n in guards or " " in n else f"{TRAIT_WORDS}{n}") for f, n in gaps)
+    place's failing `guards` (a layer trait under which the pass makes no product) said as what it is in the model,
+    `its Q and K normalized before the attention (qk_norm)` (`passes.declarations.trait_named`, as the text's
+    `rlxviz's ops lack:` line says it): qwen3's title said `gap in rlxviz's ops: qk_norm` beside its cluster label
+    `qkv_packed (gap in rlxviz's ops)`, a trait read as a second guard."""
+    return tuple((f, n if n in guards or " " in n else trait_named(n)) for f, n in gaps)
 
 
 Followers = dict[tuple[str, int, str], str]
@@ -250,8 +247,8 @@ def gap_caveats(trace: Trace | None, step: PassStep, groups: dict[tuple[str, int
 def group_words(group: str, gaps: GapNames) -> str:
     """A gap group (`is_gap`, e.g. `gap in rlxviz's ops`) with the gaps its place ran into (`gap_names`): the group
     alone for one gap met by one guard (or none), else each gap's name, counted by op form: `2 gaps in rlxviz's ops:
-    the layer's trait integer_qkv, default_scale` (esm: two forms), `gap in rlxviz's ops: ln1_residual_scaled,
-    ln2_residual_scaled` (DeepNorm: one form, two guards)."""
+    its integer-matmul Q/K/V projections (integer_qkv), default_scale` (esm: two forms), `gap in rlxviz's ops:
+    ln1_residual_scaled, ln2_residual_scaled` (DeepNorm: one form, two guards)."""
     forms, names = dict.fromkeys(f for f, _ in gaps), list(dict.fromkeys(n for _, n in gaps))
     if len(names) < 2:
         return group
@@ -419,7 +416,8 @@ class Overlay:
     def standing_words(self, place: tuple[str, int]) -> str:
         """The standing group of `place` (rule, anchor) as a label says it (`standings`; "" for a near-miss): a place
         at several gaps in rlxviz's ops, or met by several guards, names each (`group_words` of `gap_names`), `2 gaps
-        in rlxviz's ops: the layer's trait integer_qkv, default_scale`, never the one its failing guard names alone."""
+        in rlxviz's ops: its integer-matmul Q/K/V projections (integer_qkv), default_scale`, never the one its failing
+        guard names alone."""
         group = self.standings.get(place, "")
         return group_words(group, self.gap_names.get(place, ())) if is_gap(group) else group
 

@@ -125,7 +125,8 @@ class OpGap:
     Attributes:
         form: the op form rlxviz lacks, e.g. `FusedAttentionBlock with a non-default scale`.
         rule: the refused rule.
-        by: what ran into it (`policy.gap_sources`): the guard, or `any refusal, the layer's trait T`.
+        by: what ran into it (`policy.gap_sources`): the guard, or what the layer's trait is in the model,
+            `its integer-matmul Q/K/V projections (integer_qkv)` (`declarations.trait_named`).
         at: the anchor nodes of its places.
         blocker: what fails next when its compiler fix alone is applied (`Excused.blocker`; the first place's that
             has one), "" when the fix alone is enough or nothing is known.

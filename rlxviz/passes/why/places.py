@@ -6,14 +6,17 @@ place's standing (`place_standings`) that the chips, the table and the drawings 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from ..explain import Outcome, explain
+from ..refusal_kinds import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
 from ..report import in_context
 from ..trace import Rejection, Trace, place_label
 from .caveat import model_fix_note
+from .facts import RunFacts
 from .policy import NOT_EXPECTED_HERE, gap_line, not_expected_line
 from .standing import place_gaps, standing
-from .verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP
+from .verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP, LayerVerdict, RunVerdict
 
 PLACE_UNIT = "one per pattern and place"
 """What the chips' ✗, ○ and △ count (`Places`): a pattern's candidate at one node, never a guard (two patterns: two)."""
@@ -178,5 +181,77 @@ def layer_places(trace: Trace) -> dict[int, tuple[PlaceCount, ...]]:
     return {layer: tuple(sorted((*key, n) for key, n in per.items())) for layer, per in counts.items()}
 
 
+_NOTHING_TO_FIX = {NOT_EXPECTED_HERE: "not expected here", NOT_A_CANDIDATE: "lookalike",
+                   MODEL_TERM: "the model's own term", ILLEGAL_HERE_GROUP: "illegal here", DOES_NOT_PAY: "does not pay"}
+"""The `○` groups of `standing` as `standing_mark` names them."""
+
+
+def standing_mark(st: tuple[str, str] | None) -> str:
+    """A refusal's `standing` as the mark and words `explain -v`'s per-rule line (and the app's Why tab) tags it
+    with, the chips' marks: `✗ near-miss` (None), `△ gap in rlxviz's ops` (`OP_GAP_GROUP`: a compiler fix), else
+    `○ nothing to fix, GROUP` (`not expected here`, `lookalike`, `the model's own term`, `illegal here`, `does not
+    pay`)."""
+    if st is None:
+        return "✗ near-miss"
+    if st[0] == OP_GAP_GROUP:
+        return f"△ {OP_GAP_GROUP}"
+    return f"○ nothing to fix, {_NOTHING_TO_FIX.get(st[0], st[0])}"
+
+
+def _heads(trace: Trace) -> dict[tuple[str, int], Rejection]:
+    """(rule, anchor) -> the headline refusal of that place over the whole run (its first refusal when none is the
+    headline), as `place_standings` picks it per step."""
+    facts = RunFacts.of(trace)
+    if "place heads" not in facts.cache:
+        heads: dict[tuple[str, int], Rejection] = {}
+        for s in trace.steps:
+            for r in s.rejections:
+                k = (r.rule, r.anchor)
+                if k not in heads or (r.headline and not heads[k].headline):
+                    heads[k] = r
+        facts.cache["place heads"] = heads
+    return facts.cache["place heads"]
+
+
+def outcome_standing(trace: Trace, o: Outcome | None) -> str:
+    """`standing_mark` of a rejected outcome's place (its rule at its anchor, `standing` of the place's headline
+    refusal); "" for no outcome, one of another status, or one at no refusal of the run (a missed fusion no rule
+    refused, a crashed pass)."""
+    if o is None or o.status != "rejected" or not o.nodes:
+        return ""
+    head = _heads(trace).get((o.rule, o.nodes[0]))
+    return "" if head is None else standing_mark(standing(trace, head))
+
+
+def _marked(trace: Trace, o: Outcome | None) -> Outcome | None:
+    return o if o is None or o.status != "rejected" else replace(o, standing=outcome_standing(trace, o))
+
+
+def _once(trace: Trace, o: Outcome | None, done: dict[int, Outcome | None]) -> Outcome | None:
+    """`_marked` of `o`, one copy per outcome object (`done`: id -> copy): the text reads `first` by identity among
+    the layer's `rejections` (`text.render_layer`'s `also rejected` lines)."""
+    if id(o) not in done:
+        done[id(o)] = _marked(trace, o)
+    return done[id(o)]
+
+
+def with_standings(trace: Trace, run: RunVerdict) -> RunVerdict:
+    """`run` (the verdict of `trace`) with every rejected outcome's `standing` filled (`outcome_standing`) and each
+    layer's `explanation` (`explain -v`'s per-rule list, the Why tab's) re-rendered with it, so its line reads
+    `[rejected] RULE: GUARD (STAGE, KIND; ✗ near-miss)` as the chips mark the place, and `--json`'s outcomes carry
+    the same `standing`. Made after the verdict: `standing` reads the layer's verdict (its `illegal`)."""
+    facts = RunFacts.of(trace)
+    layers: list[LayerVerdict] = []
+    for v in run.layers:
+        ex = facts.cache.get(("explained", v.layer)) or explain(trace, v.layer)
+        ex = replace(ex, outcomes=[_marked(trace, o) for o in ex.outcomes])
+        done: dict[int, Outcome | None] = {}  # one marked copy per outcome: `first` stays one of `rejections`
+        layers.append(replace(v, first=_once(trace, v.first, done),
+                              rejections=[_once(trace, o, done) for o in v.rejections],
+                              illegal=[_once(trace, o, done) for o in v.illegal], explanation=ex.render(False)))
+    return replace(run, layers=layers)
+
+
 __all__ = ["LEFT_OUT_STATUS", "PLACE_UNIT", "REJECTED", "PlaceCount", "Places", "gap_workaround", "layer_places",
-           "near_miss_item", "place_standings", "place_status", "places"]
+           "near_miss_item", "outcome_standing", "place_standings", "place_status", "places", "standing_mark",
+           "with_standings"]

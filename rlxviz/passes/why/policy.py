@@ -25,6 +25,7 @@ from ..declarations import (
     TRAIT_WORDS,
     TRAITS,
     check_words,
+    trait_named,
 )
 from ..engine import Pass
 from ..guard import COMPILER_ONLY, DOES_NOT_PAY, NOT_NEAR_MISSES, READ_BY_MODEL, REMEDIES, Guard, near_miss_kind
@@ -269,7 +270,7 @@ def _declared(arch: LayerKind, pass_name: str, guard: str, refusal: Remedied | N
                 return why
         gaps = _gaps(arch, p, guard, refusal)
         if gaps:  # not the model's layout: op forms rlxviz lacks (the pass's `lacks`, the guard's `lacking`)
-            return gap_words(" nor ".join(f for f, _ in gaps), "; ".join(dict.fromkeys(x for _, x in gaps if x)))
+            return gap_words(" and no ".join(f for f, _ in gaps), "; ".join(dict.fromkeys(x for _, x in gaps if x)))
         if p.expected_of and not any(arch.has(t) for t in p.expected_of):
             u = p.unexpected
             return u(arch) if callable(u) else u.format(description=arch.description, mask=arch.mask,
@@ -343,10 +344,11 @@ def _all_gaps(arch: LayerKind, p: Pass, guard: str, refusal: Remedied | None) ->
 def gap_sources(arch: LayerKind, pass_name: str, guard: str, refusal: Remedied | None = None
                 ) -> list[tuple[str, str]]:
     """`(op form, what ran into it)` of each of `op_gaps`: `guard` for a guard's own gap (`Guard.lacking`), else the
-    layer trait under which the pass makes no product at all, whatever guard refused (`Pass.lacks`), as `any refusal,
-    the layer's trait integer_qkv`. What `LayerVerdict.op_gaps` puts after the rule, so a trait's gap is not blamed
-    on the guard that happened to refuse first (esm's integer projections are no fault of `default_scale`)."""
-    return [(f, f"any refusal, the layer's trait {trait}" if trait else guard)
+    layer trait under which the pass makes no product at all, whatever guard refused (`Pass.lacks`), as what it is in
+    the model (`declarations.trait_named`): `its integer-matmul Q/K/V projections (integer_qkv)`. What
+    `LayerVerdict.op_gaps` puts after the rule, so a trait's gap is not blamed on the guard that happened to refuse
+    first (esm's integer projections are no fault of `default_scale`)."""
+    return [(f, trait_named(trait) if trait else guard)
             for f, trait in _gap_traits(arch, pass_name, guard, refusal)]
 
 
@@ -369,8 +371,8 @@ def gap_names(arch: LayerKind, pass_name: str, guard: str, refusal: Remedied | N
 
 
 def op_gap(arch: LayerKind, pass_name: str, guard: str, refusal: Remedied | None = None) -> str | None:
-    """`op_gaps` in one phrase, the forms joined by "nor" (None: no gap)."""
-    return " nor ".join(op_gaps(arch, pass_name, guard, refusal)) or None
+    """`op_gaps` in one phrase, the forms joined by "and" (None: no gap)."""
+    return " and ".join(op_gaps(arch, pass_name, guard, refusal)) or None
 
 
 def gap_words(gap: str, fix: str) -> str:

@@ -12,6 +12,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from ...ir.ops import REWRITTEN_AS
+from ..explain import comparison_lines
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
 from ..trace import layer_label
 from .caveat import WORKAROUND
@@ -57,6 +58,11 @@ def gap_status(made: bool, legal: bool = False, patterns: bool = False) -> str:
         return f"fused as far as {words} go"
     return "held back by " + words.replace("legal", "what is legal", 1) if legal else f"held back by {words}"
 
+
+SIBLING_DIFFERS = "; the layers differ in:"
+"""Ends the line of a layer not fused that names the sibling where the rule fused, before its differences: the
+verbose text (`explain -v`, the Why tab) then prints the rules' outcomes without `explain`'s own comparison, so the
+differences are said once (bart-full and `dead_h1_user` printed the same block twice)."""
 
 GAP_IS_THE_COMPILERS = "a compiler fix, nothing in the model to change"
 """What a gap in rlxviz's ops asks of whom (the headline's count, the app's chip mark for such places)."""
@@ -250,7 +256,7 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
     if not v.bert_style or v.legal_only:
         lines.append(f"  layer kind: {v.architecture.description}")
         gaps = v.layer_op_gaps
-        why = (f"rlxviz's ops lack {' nor '.join(gaps)}" if gaps else
+        why = (f"rlxviz's ops lack {' and '.join(gaps)}" if gaps else
                "FusedTransformerLayer is not legal for this layer" if v.expected_kind.post_ln else
                "FusedTransformerLayer only for post-LN BERT layers")
         lines.append(f"  expected: {v.expected or 'no fusion'} ({why})")
@@ -259,8 +265,10 @@ def render_layer(v: LayerVerdict, verbose: bool = False) -> str:
     lines += [f"  rlxviz's ops lack: {g}" for g in v.op_gaps]
     if v.expect == "pipeline":
         lines += [f"  judged against the pipeline only: {c}" for c in v.cannot_make]
-    if verbose and v.explanation:
+    if verbose and v.explanation:  # the rules' outcomes, then the comparison with the sibling, said once
         lines += ["  " + ln for ln in v.explanation.splitlines()]
+        if v.sibling is not None and not any(ln.endswith(SIBLING_DIFFERS) for ln in lines):
+            lines += ["  " + ln for ln in comparison_lines(v.sibling, v.sibling_rule, v.differences)]
     return "\n".join(lines)
 
 
@@ -312,7 +320,7 @@ def _not_fused(v: LayerVerdict) -> list[str]:
     if v.expected_kind is not v.architecture:
         lines.append(f"  layer kind: {judged_words(v)}")
     if v.sibling is not None:
-        lines.append(f"  {layer_label(v.sibling)} fused with {v.sibling_rule}; the layers differ in:")
+        lines.append(f"  {layer_label(v.sibling)} fused with {v.sibling_rule}{SIBLING_DIFFERS}")
         lines += [f"    {d}" for d in v.differences] or ["    (same primitive structure)"]
     return lines
 

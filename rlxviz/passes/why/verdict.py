@@ -95,7 +95,7 @@ class LayerVerdict:
         misses: missed fusions in this layer (`passes.missed_fusions`), as text.
         sibling / sibling_rule / differences: a sibling layer where the rejected rule fused, and how the
             two layers' primitive structures differ (`passes.explain`).
-        explanation: the full `explain` text (one line per rule).
+        explanation: the `explain` text (one line per rule), without its sibling comparison (`sibling`).
         architecture: the layer's own kind (`architecture.classify_layer`).
         expected_kind: the kind the layer is judged as: its own, or `post_ln` when it deviates from sibling
             layers that are all post-LN (see `judged_kind`).
@@ -460,7 +460,7 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     FusedTransformerLayer (when the pipeline runs `fuse_transformer_layer`) with no missed fusion left; any other
     layer must be left with no missed fusion among the rules that apply to it (`policy.not_expected`)."""
     trace = facts.trace
-    ex = explain(trace, layer)
+    ex = facts.cache["explained", layer] = explain(trace, layer)  # `places.with_standings` re-renders it
     own, arch = judged_kind(trace, layer)
     ran = facts.ran  # a crashed pass was still expected to fuse
     crashed = {s.pass_name: s.error for s in trace.steps if s.error}
@@ -532,7 +532,7 @@ def _layer_verdict(facts: RunFacts, layer: int, expect: str) -> LayerVerdict:
     gaps = layer_gaps(arch, [o for o in ex.rejected if o.rule in skipped], excused.values(), own == arch)
     legal, at_gap = {o.rule for o in illegal}, {k for k, x in excused.items() if x.gaps}  # gap lines apart (issue 39)
     return LayerVerdict(layer, fused, ftl[0] if ftl else None, expected, first, own, arch, quiet, rejected,
-                        [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(),
+                        [str(m) for m in misses], ex.sibling, ex.sibling_rule, list(ex.differences), ex.render(False),
                         done, [t for k, t in ignored.items() if k[0] not in legal and k not in at_gap],
                         _blocker(first, made), illegal, cannot, expect, misses, rewritten, gaps, unmade_here,
                         [t for k, t in ignored.items() if k[0] not in legal and k in at_gap])
