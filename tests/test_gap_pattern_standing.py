@@ -117,7 +117,7 @@ def test_esm_qdyn_gap_carries_the_blocker_the_v_check_finds(capsys):
     for lv in run.layers:
         assert lv.gap_only and lv.pattern_blocked and lv.status == PATTERNS, lv.gaps
         own = [g for g in lv.gaps if g.by == "default_scale"]
-        trait = [g for g in lv.gaps if g.by.startswith("any refusal")]
+        trait = [g for g in lv.gaps if g.by.endswith("(integer_qkv)")]  # `declarations.trait_named`
         assert own and own[0].blocker == f"qkv_packed ({NOT_RECOGNIZED})" and own[0].blocker_own
         assert trait and not trait[0].blocker
     assert "alone it is not enough in 2 of them: qkv_packed (not recognized) fails next" in run.headline
