@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from ...ir.identity import IdentityMap
 from ..explain import Outcome, explain
 from ..refusal_kinds import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE
 from ..report import in_context
@@ -227,12 +228,12 @@ def _marked(trace: Trace, o: Outcome | None) -> Outcome | None:
     return o if o is None or o.status != "rejected" else replace(o, standing=outcome_standing(trace, o))
 
 
-def _once(trace: Trace, o: Outcome | None, done: dict[int, Outcome | None]) -> Outcome | None:
-    """`_marked` of `o`, one copy per outcome object (`done`: id -> copy): the text reads `first` by identity among
-    the layer's `rejections` (`text.render_layer`'s `also rejected` lines)."""
-    if id(o) not in done:
-        done[id(o)] = _marked(trace, o)
-    return done[id(o)]
+def _once(trace: Trace, o: Outcome | None, done: IdentityMap[Outcome | None, Outcome | None]) -> Outcome | None:
+    """`_marked` of `o`, one copy per outcome object (`done`: outcome -> copy, by identity): the text reads `first`
+    by identity among the layer's `rejections` (`text.render_layer`'s `also rejected` lines)."""
+    if o not in done:
+        done[o] = _marked(trace, o)
+    return done[o]
 
 
 def with_standings(trace: Trace, run: RunVerdict) -> RunVerdict:
@@ -245,7 +246,8 @@ def with_standings(trace: Trace, run: RunVerdict) -> RunVerdict:
     for v in run.layers:
         ex = facts.cache.get(("explained", v.layer)) or explain(trace, v.layer)
         ex = replace(ex, outcomes=[_marked(trace, o) for o in ex.outcomes])
-        done: dict[int, Outcome | None] = {}  # one marked copy per outcome: `first` stays one of `rejections`
+        done: IdentityMap[Outcome | None, Outcome | None] = IdentityMap()  # one marked copy per outcome: `first`
+        # stays one of `rejections`
         layers.append(replace(v, first=_once(trace, v.first, done),
                               rejections=[_once(trace, o, done) for o in v.rejections],
                               illegal=[_once(trace, o, done) for o in v.illegal], explanation=ex.render(False)))
