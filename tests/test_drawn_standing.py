@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from clirun import run as cli_run
-from test_near_miss_rule import app, trace_of
+from test_near_miss_rule import app, step_index, trace_of
 from test_viz import node_stmt
 
 from rlxviz.app.explain import node_report, report_markdown
@@ -39,10 +39,6 @@ NOTE = re.compile(r"<B>([✗△○]) (?:[^<:]+: )?(\w+)</B>")
 @pytest.fixture(scope="module")
 def granite() -> Trace:
     return trace_of(GRANITE)
-
-
-def _step(t: Trace, name: str) -> int:
-    return next(k for k, s in enumerate(t.steps) if s.pass_name == name)
 
 
 def drawn_marks(t: Trace, k: int) -> dict[str, list[int]]:
@@ -100,7 +96,7 @@ def test_every_before_pane_marks_each_place_as_its_chip_counts_it():
 
 def test_granites_attention_gap_is_drawn_as_a_gap_never_in_red(granite):
     t = granite
-    k = _step(t, "fuse_attention_block")
+    k = step_index(t, "fuse_attention_block")
     text = dot(t, View(k + 1, "full", "before"))
     assert "in the graph: " in text and "△2 places at gaps in rlxviz's ops" in text
     assert "✗" not in text and st.REJECT not in text and st.REJECT_FILL not in text
@@ -111,7 +107,7 @@ def test_granites_attention_gap_is_drawn_as_a_gap_never_in_red(granite):
 
 def test_granites_not_expected_norms_are_faded_and_say_what_they_are(granite):
     t = granite
-    k = _step(t, "fuse_residual_rms_norm")
+    k = step_index(t, "fuse_residual_rms_norm")
     text = dot(t, View(k + 1, "full", "before"))
     assert "0 rejected places, ○3 not near-misses" in text
     assert "✗" not in text and st.REJECT not in text
@@ -131,7 +127,7 @@ def test_a_near_miss_keeps_its_red_cross():
 
 def test_the_node_drawer_marks_a_gap_with_a_triangle(granite):
     t = granite
-    k = _step(t, "fuse_attention_block")
+    k = step_index(t, "fuse_attention_block")
     text = report_markdown(node_report(t.steps[k].before, 207, t))
     assert "△ gap in rlxviz" in text, text
     assert "○ gap in rlxviz" not in text
@@ -139,7 +135,7 @@ def test_the_node_drawer_marks_a_gap_with_a_triangle(granite):
 
 def test_the_drawer_keeps_the_faded_circle_for_not_expected(granite):
     t = granite
-    k = _step(t, "fuse_residual_rms_norm")
+    k = step_index(t, "fuse_residual_rms_norm")
     anchor = next(h.anchor for h, stand in place_standings(t, k).values() if stand is not None)
     text = report_markdown(node_report(t.steps[k].before, anchor, t))
     assert "○ not expected here" in text and "△" not in text
@@ -161,7 +157,7 @@ def test_a_reader_in_another_layer_says_whose_refusal_its_mark_is():
     refusal were its own; a node of another layer than the place now says whose (`○ illegal here in layer 0: ...`),
     and the place's own nodes keep the plain mark."""
     t = trace_of(HERE / "data" / "cases" / "n4-13-cross-layer-kv-sharing.rlx")
-    k = _step(t, "fuse_attention_block")
+    k = step_index(t, "fuse_attention_block")
     text = dot(t, View(k + 1, "full", "before"))
     before = t.steps[k].before
     r = next(r for r in t.steps[k].rejections if r.guard == "qkv_narrows_single_use")

@@ -13,17 +13,15 @@ Decision: the place's `△` mark, its tooltip and the Why title carry the text's
 
 from __future__ import annotations
 
-import functools
 import html
 from pathlib import Path
 
 from clirun import run as cli_run
 from test_gap_follower_marks import _nodes
-from test_near_miss_rule import trace_of
+from test_near_miss_rule import shared_trace, step_index
 
 from rlxviz.app.jobs import Runner
 from rlxviz.app.state import AppState
-from rlxviz.passes import Trace
 from rlxviz.passes.why.verdict import why_step
 from rlxviz.session.render import View, dot, picture
 
@@ -33,20 +31,11 @@ NEOX = HERE / "fixtures" / "onnx" / "cases" / "gpt-neox.legacy-sdpa.onnx"
 CAVEAT = "alone it is not enough: qkv_packed (not recognized) fails next"
 
 
-@functools.cache
-def _trace(path: Path) -> Trace:
-    return trace_of(path)
-
-
-def _step(t: Trace, name: str) -> int:
-    return next(k for k, s in enumerate(t.steps) if s.pass_name == name)
-
-
 def test_esms_gap_mark_says_its_fix_alone_is_not_enough_as_the_text_does(capsys):
     code, out, _ = cli_run(capsys, "explain", ESM, "-v")
     assert code == 0 and "alone it is not enough in 2 of them: qkv_packed (not recognized) fails next" in out
-    t = _trace(ESM)
-    k = _step(t, "fuse_attention_block")
+    t = shared_trace(ESM)
+    k = step_index(t, "fuse_attention_block")
     nodes = _nodes(dot(t, View(k + 1, "full", "before", None)))
     anchors = {r.anchor for r in t.steps[k].rejections if r.guard == "default_scale"}
     assert len(anchors) == 2
@@ -58,7 +47,7 @@ def test_esms_gap_mark_says_its_fix_alone_is_not_enough_as_the_text_does(capsys)
 
 
 def test_esms_why_title_says_the_caveat_in_the_app_and_the_render_function():
-    t = _trace(ESM)
+    t = shared_trace(ESM)
     for layer in (0, 1):
         _, ov, _ = picture(t, View(len(t.steps), "full", "why", layer))
         assert t.steps[why_step(t, layer)].pass_name == "fuse_attention_block"
@@ -70,8 +59,8 @@ def test_esms_why_title_says_the_caveat_in_the_app_and_the_render_function():
 
 
 def test_neoxs_caveat_stays_on_its_follower_alone():
-    t = _trace(NEOX)
-    k = _step(t, "fuse_attention_block")
+    t = shared_trace(NEOX)
+    k = step_index(t, "fuse_attention_block")
     nodes = _nodes(dot(t, View(k + 1, "full", "before", 1)))
     gap_marks = [lb for lb, _ in nodes.values() if "△ gap in rlxviz's ops: rope_full_rotary" in lb]
     assert gap_marks and all("alone it is not enough" not in lb for lb in gap_marks), gap_marks

@@ -14,15 +14,13 @@ guards name and highlight every rotation that fails (`rules.block._rope_guard`),
 
 from __future__ import annotations
 
-import functools
 import html
 import re
 from pathlib import Path
 
 from clirun import run as cli_run
-from test_near_miss_rule import trace_of
+from test_near_miss_rule import shared_trace, step_index
 
-from rlxviz.passes import Trace
 from rlxviz.session.render import View, dot
 from rlxviz.viz.overlay import Overlay
 
@@ -30,15 +28,6 @@ HERE = Path(__file__).parent
 NEOX = HERE / "fixtures" / "onnx" / "cases" / "gpt-neox.legacy-sdpa.onnx"
 DEEPNORM = HERE / "data" / "cases" / "n4-06-deepnorm-residual.rlx"
 RULE = "fuse_attention_block.qkv_attention_out"
-
-
-@functools.cache
-def _trace(path: Path) -> Trace:
-    return trace_of(path)
-
-
-def _step(t: Trace, name: str) -> int:
-    return next(k for k, s in enumerate(t.steps) if s.pass_name == name)
 
 
 def _nodes(drawn: str) -> dict[str, tuple[str, str]]:
@@ -51,8 +40,8 @@ def _nodes(drawn: str) -> dict[str, tuple[str, str]]:
 
 
 def test_neoxs_next_blocker_is_drawn_as_the_text_words_it_never_as_a_gap(capsys):
-    t = _trace(NEOX)
-    k = _step(t, "fuse_attention_block")
+    t = shared_trace(NEOX)
+    k = step_index(t, "fuse_attention_block")
     drawn = dot(t, View(k + 1, "full", "before", 1))
     nodes = _nodes(drawn)
     assert "gap in rlxviz's ops: attn_single_user" not in html.unescape(drawn)
@@ -69,8 +58,8 @@ def test_neoxs_next_blocker_is_drawn_as_the_text_words_it_never_as_a_gap(capsys)
 
 
 def test_both_of_neoxs_partial_rotations_carry_the_gap_mark(capsys):
-    t = _trace(NEOX)
-    k = _step(t, "fuse_attention_block")
+    t = shared_trace(NEOX)
+    k = step_index(t, "fuse_attention_block")
     (r,) = [r for r in t.steps[k].rejections if r.guard == "rope_full_rotary" and r.layer == 1]
     ropes = {r.bindings["q_rope"], r.bindings["k_rope"]}
     assert set(r.offending) == ropes and r.subject == r.bindings["q_rope"]
@@ -82,8 +71,8 @@ def test_both_of_neoxs_partial_rotations_carry_the_gap_mark(capsys):
 
 
 def test_a_further_guard_of_a_gap_place_is_no_gap_itself():
-    t = _trace(DEEPNORM)
-    k = _step(t, "fuse_transformer_layer")
+    t = shared_trace(DEEPNORM)
+    k = step_index(t, "fuse_transformer_layer")
     s = t.steps[k]
     ov = Overlay.before(s, trace=t)
     place = (s.rejections[0].rule, s.rejections[0].anchor)
@@ -95,7 +84,7 @@ def test_a_further_guard_of_a_gap_place_is_no_gap_itself():
 
 
 def test_a_gap_place_with_every_guard_a_gap_has_no_followers():
-    t = _trace(HERE / "fixtures" / "onnx" / "cases" / "esm.qdyn.onnx")
-    s = t.steps[_step(t, "fuse_attention_block")]
+    t = shared_trace(HERE / "fixtures" / "onnx" / "cases" / "esm.qdyn.onnx")
+    s = t.steps[step_index(t, "fuse_attention_block")]
     ov = Overlay.before(s, trace=t)
     assert ov.gaps and ov.followers == {}

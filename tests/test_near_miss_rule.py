@@ -12,6 +12,7 @@ cost test refuses because it would cost FC1's GELU epilogue (`merge_keeps_fusion
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -40,6 +41,17 @@ PRE_NORM_EXPORTS = ["cases/deit.ortopt.onnx", "cases/granite.onnx", "zoo/deit.dy
                     "zoo/granite.dynamo-eager.onnx", "zoo/llama.dynamo-eager.onnx", "zoo/deit.fp16.onnx"]
 FALCON_EXPORTS = ["cases/falcon.onnx", "zoo/falcon.dynamo-eager.onnx", "zoo/falcon.dynamo-sdpa.onnx",
                   "ortopt/falcon.ortopt.onnx"]
+
+
+@functools.cache
+def shared_trace(source: Path) -> Trace:
+    """`trace_of(source)`, made once per test process: for tests that only read the trace."""
+    return trace_of(source)
+
+
+def step_index(trace: Trace, pass_name: str) -> int:
+    """The index in `trace.steps` of the first step of `pass_name` (what `View` and `picture` take)."""
+    return next(k for k, s in enumerate(trace.steps) if s.pass_name == pass_name)
 
 
 def trace_of(source: str | Path) -> Trace:
