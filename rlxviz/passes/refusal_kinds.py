@@ -65,8 +65,6 @@ quantized weight's own): its refusal's remedy is the guard's `remedy`, not `IN_M
 `--json`'s `remedy` and `fix` never disagree."""
 
 
-DCE_FIRST_PREFIX = "dead_code_elimination before "
-"""How a compiler fix starts when a reader refusal's extra readers are all dead code (`readers.DCE_FIRST`)."""
 DEAD_READER_KIND = "illegal as it stands: its extra reader is dead code"
 DEAD_READERS_KIND = "illegal as it stands: its extra readers are dead code"
 """How an `illegal` refusal whose extra readers all reach no graph output (`rule.Fail.dead`) is worded wherever its
@@ -93,5 +91,5 @@ def near_miss_kind(kind: str, remedy: str = "") -> bool:
 
 __all__ = ["ILLEGAL", "NOT_RECOGNIZED", "NOT_PROFITABLE", "MODEL_TERM", "NOT_A_CANDIDATE", "KINDS", "NOT_NEAR_MISSES",
            "IN_MODEL", "COMPILER_ONLY", "READ_BY_MODEL", "DOES_NOT_PAY", "REMEDIES", "NO_MODEL_FIX", "UNCHECKED_FIX",
-           "NOTHING_TO_CHANGE", "near_miss_kind", "DCE_FIRST_PREFIX", "DEAD_READER_KIND", "DEAD_READERS_KIND",
+           "NOTHING_TO_CHANGE", "near_miss_kind", "DEAD_READER_KIND", "DEAD_READERS_KIND",
            "kind_words"]

@@ -68,37 +68,36 @@ def alone_caveat(guard: str, blocker: Blocker | None) -> str:
     return caveat_words(blocker_name(guard, blocker))
 
 
-def fix_blocker(trace: Trace, rule: str, anchor: int, guard: str, arch: Architecture) -> str:
+def fix_blocker(trace: Trace, rule: str, anchor: int, guard: str) -> str:
     """What fails next (`blocker_name`) when the compiler fix that the not-expected reason of the refusal of `rule` at
     `anchor` by `guard` names is checked at its rule alone (`passes.whatif.fix_alone_blocker`, the check behind
     `explain -v`'s `checked at this rule alone`), e.g. deit's `sum_single_user`: a two-output FusedResidualLN passes
     it, then `residual_same_shape (not a candidate)` fails; "" when the fix is enough or
     nothing is known. Checked once per refusal and trace; the structured fact behind `fix_caveat`."""
-    return _fix_blocker(trace, rule, anchor, guard, arch)[0]
+    return _fix_blocker(trace, rule, anchor, guard)[0]
 
 
-def fix_blocker_kind(trace: Trace, rule: str, anchor: int, guard: str, arch: Architecture) -> str:
+def fix_blocker_kind(trace: Trace, rule: str, anchor: int, guard: str) -> str:
     """The refusal kind (`passes.refusal_kinds`, e.g. `not recognized`) of what `fix_blocker` names as failing next;
     "" when it names nothing."""
-    return _fix_blocker(trace, rule, anchor, guard, arch)[1]
+    return _fix_blocker(trace, rule, anchor, guard)[1]
 
 
-def fix_blocker_own(trace: Trace, rule: str, anchor: int, guard: str, arch: Architecture) -> bool:
+def fix_blocker_own(trace: Trace, rule: str, anchor: int, guard: str) -> bool:
     """Whether what `fix_blocker` names as failing next is rlxviz's own doing: a form its patterns do not recognize
     (`not recognized`: esm's default_scale, then `qkv_packed`), or a refusal whose every highlighted reader one of its
     own rewrites made (`made_readers`, `MADE_READERS`: gpt-neox's NaN guard that `nan_guard_moved` moved past the
     head merge). Data beside the words: a layer whose gap's fix alone leaves such a blocker is held back by rlxviz's
     patterns too, not by its ops alone (`verdict.LayerVerdict.pattern_blocked`); False when it names nothing, or the
     model's own term or layout."""
-    return _fix_blocker(trace, rule, anchor, guard, arch)[2]
+    return _fix_blocker(trace, rule, anchor, guard)[2]
 
 
-def _fix_blocker(trace: Trace, rule: str, anchor: int, guard: str, arch: Architecture) -> tuple[str, str, bool]:
+def _fix_blocker(trace: Trace, rule: str, anchor: int, guard: str) -> tuple[str, str, bool]:
     """`(fix_blocker, fix_blocker_kind, fix_blocker_own)`, checked once per refusal and trace: the same check as
     `explain -v`'s `checked at this rule alone` (`session.advice`), so every view names what that line names. Where
     the pass makes no product for the layer at all (`policy.lacks_product`, esm.qdyn's integer projections) the
-    guard's own compiler fix is still the one checked."""
-    del arch  # the check is the refusal's own, whatever the layer's kind
+    guard's own compiler fix is still the one checked: the check is the refusal's own, whatever the layer's kind."""
     facts = RunFacts.of(trace)
     key = ("fix_blocker", rule, anchor, guard)
     if key not in facts.cache:
@@ -116,10 +115,10 @@ def _fix_blocker(trace: Trace, rule: str, anchor: int, guard: str, arch: Archite
     return facts.cache[key]
 
 
-def fix_caveat(trace: Trace, rule: str, anchor: int, guard: str, arch: Architecture) -> str:
+def fix_caveat(trace: Trace, rule: str, anchor: int, guard: str) -> str:
     """`CAVEAT` for the refusal of `rule` at `anchor` by `guard` when the compiler fix its not-expected reason names
     does not make the match (`fix_blocker`); "" when it does or nothing is known."""
-    return caveat_words(fix_blocker(trace, rule, anchor, guard, arch))
+    return caveat_words(fix_blocker(trace, rule, anchor, guard))
 
 
 WORKAROUND = "a workaround in the model: {fix}"
@@ -170,7 +169,7 @@ def line_caveats(trace: Trace, rule: str, anchor: int, guard: str, arch: Archite
     a gap in rlxviz's ops (`policy.op_gaps`) the model-side workaround (`model_fix_note`), joined by `; `. The one
     reading of both for the verdict's lines (`verdict.expected_misses`) and a place's standing (`standing.standing`)."""
     gap = op_gaps(arch, rule.split(".")[0], guard)
-    notes = (fix_caveat(trace, rule, anchor, guard, arch),
+    notes = (fix_caveat(trace, rule, anchor, guard),
              workaround_words(model_fix_note(trace, rule, anchor, guard)) if gap else "")
     return "; ".join(n for n in notes if n)
 

@@ -203,7 +203,7 @@ def excused_misses(trace: Trace, arch: Architecture, layer: int | None, own: boo
         if ex is None:
             kept.append(m)
             continue
-        blocker = fix_blocker(trace, m.pattern, m.node, m.guard, arch) if COMPILER_FIX_WORDS in ex[1] else ""
+        blocker = fix_blocker(trace, m.pattern, m.node, m.guard) if COMPILER_FIX_WORDS in ex[1] else ""
         gaps = tuple(op_gaps(arch, pass_name, m.guard, m if own else None)) if ex[0] == NOT_EXPECTED_HERE else ()
         workaround = model_fix_note(trace, m.pattern, m.node, m.guard) if gaps else ""
         key = (m.pattern, m.guard, ex[1], blocker, workaround)
@@ -215,8 +215,8 @@ def excused_misses(trace: Trace, arch: Architecture, layer: int | None, own: boo
         pattern, guard, why, blocker, workaround = key
         n = sum(k[0] == pattern and k[1].split("#")[0] == guard for k in out)  # another why: `GUARD#2`
         rounded = bool(workaround) and model_fix_rounded(trace, m.pattern, m.node, m.guard)
-        kind = fix_blocker_kind(trace, m.pattern, m.node, m.guard, arch) if blocker else ""
-        mine = bool(blocker) and fix_blocker_own(trace, m.pattern, m.node, m.guard, arch)
+        kind = fix_blocker_kind(trace, m.pattern, m.node, m.guard) if blocker else ""
+        mine = bool(blocker) and fix_blocker_own(trace, m.pattern, m.node, m.guard)
         out[pattern, f"{guard}#{n + 1}" if n else guard] = Excused(pattern, guard, m.reason, why, at, gaps, blocker,
                                                                    workaround, rounded, reasons.get(key, {}), kind,
                                                                    mine)

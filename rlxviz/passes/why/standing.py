@@ -137,7 +137,7 @@ def gap_followers(trace: Trace, refusals: list[Rejection]) -> dict[str, str]:
     if head is None or not names:
         return {}
     arch = _judged_as(facts, head.layer)
-    blocker = fix_blocker(trace, head.rule, head.anchor, head.guard, arch) if arch is not None else ""
+    blocker = fix_blocker(trace, head.rule, head.anchor, head.guard) if arch is not None else ""
     gaps = {n for _, n in names}
     out: dict[str, str] = {}
     for r in refusals:
@@ -157,7 +157,7 @@ def gap_caveat(trace: Trace, refusals: list[Rejection]) -> str:
     if head is None or not place_gap_names(trace, refusals):
         return ""
     arch = _judged_as(facts, head.layer)
-    words = caveat_words(fix_blocker(trace, head.rule, head.anchor, head.guard, arch)) if arch is not None else ""
+    words = caveat_words(fix_blocker(trace, head.rule, head.anchor, head.guard)) if arch is not None else ""
     return "" if words in gap_followers(trace, refusals).values() else words
 
 
