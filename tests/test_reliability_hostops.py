@@ -248,8 +248,9 @@ def test_a_node_that_crashes_onnx_shape_inference_is_refused_not_the_process(cap
     assert code == 2, err
     line = one_line(err, "explain")
     assert "%9 (onnx_op)" in line and "GatherND cannot run on the host" in line, line
-    # the child dies by a signal, or ONNX's shape inference runs out of the child's memory first (under load): named
-    assert "crashed (SIG" in line or "MemoryError" in line, line
+    # the crash is undefined behaviour in ONNX: the child dies by a signal, runs out of its memory, or a corrupt length
+    # raises first (seen in CI: "ValueError: basic_string::_M_create"); each is said, and the process goes on
+    assert any(w in line for w in ("crashed (SIG", "MemoryError", "refuses it (")), line
 
 
 def test_forked_says_how_the_child_ended():
