@@ -141,6 +141,15 @@ def test_runner_inline_and_background_skip_stale():
     assert done == ["second"]
 
 
+def test_work_ahead_runs_beside_a_page_and_is_skipped_inline():
+    """Drawing versions ahead of a request pays while a page stays usable; inline it only delays the caller."""
+    ran = []
+    assert Runner(background=False).submit("prerender", lambda: ran.append(1), ahead=True).result() is None
+    assert ran == []
+    Runner(background=True).submit("prerender", lambda: ran.append(2), ahead=True).result(5)
+    assert ran == [2]
+
+
 def test_runner_on_page_runs_state_changes_on_the_page_thread():
     """A job's state changes run on the page's thread, in order, the job waiting for each (their exceptions
     come back to the job); with no page, or a closed one, they run inline."""

@@ -203,6 +203,29 @@ def test_a_broken_pass_is_reported_not_raised():
     assert errs["fuse_residual_ln"] is None and t.step("fuse_residual_ln").matches
 
 
+def test_the_verifier_checks_every_new_graph_once(monkeypatch):
+    """Graphs are immutable snapshots: a step that hands back the graph it got is not verified again, every graph a
+    step makes is (and a step whose new graph fails is still refused after a step that changed nothing)."""
+    import rlxviz.passes.pipeline as pipeline
+
+    seen = []
+    monkeypatch.setattr(pipeline, "lint", lambda g, stage="": seen.append((stage, g)) or lint(g, stage))
+
+    def same(graph, params):
+        return PassResult(graph)
+
+    def bad_shape(graph, params):
+        from rlxviz.ir import Graph
+        nodes = [x.replace(shape=(1, 2, 3)) if x.id == graph.outputs[0] else x for x in graph]
+        return PassResult(Graph(nodes, graph.outputs, graph.name))
+
+    g = load_model("bert-tiny", batch=1, seq=8).graph
+    t = Pipeline([Pass("same", same), "fuse_matmul_bias_act", Pass("again", same), Pass("bad_shape", bad_shape)]).run(g)
+    made = t.step("fuse_matmul_bias_act").after
+    assert [(stage, x) for stage, x in seen if stage != "bad_shape"] == [("same", g), ("fuse_matmul_bias_act", made)]
+    assert "lint after bad_shape" in t.step("bad_shape").error and t.final is made
+
+
 def test_gate_profile_and_explicit_gate():
     g = load_model("bert-tiny", batch=2, seq=64).graph  # batch*seq = 128
     for t in (Pipeline.rlx().run(g), Pipeline.canonical(fab_max_tokens=64).run(g)):

@@ -2,7 +2,7 @@
 
 * `Runner`: runs callables one at a time on a worker thread; a job submitted later makes queued
   jobs of the same kind stale, so a burst of widget changes runs only the last one.
-  `Runner(background=False)` runs inline, which is what the state tests use.
+  `Runner(background=False)` runs inline, which is what the state tests use (work asked for ahead is skipped).
 * `Runner.on_page`: a job's step that changes what the page shows (the state's parameters, and through their
   watchers the Panel objects) runs on the thread that owns the page, the job waiting for it. Panel objects
   changed from the worker thread send their patches by a second route that can overtake the page thread's:
@@ -40,8 +40,16 @@ class Runner:
         self._lock = threading.Lock()
         self.last: Future | None = None
 
-    def submit(self, kind: str, fn: Callable[[], Any]) -> Future:
-        """Queue `fn`; when a newer job of `kind` is submitted before `fn` starts, `fn` is skipped."""
+    def submit(self, kind: str, fn: Callable[[], Any], ahead: bool = False) -> Future:
+        """Queue `fn`; when a newer job of `kind` is submitted before `fn` starts, `fn` is skipped.
+
+        `ahead`: work done ahead of any request (drawing the versions nobody has stepped to yet). It pays beside a
+        page that stays usable meanwhile; inline (`background=False`: tests, notebooks) it would only delay the
+        caller, so it is skipped there (the future's result is None)."""
+        if ahead and self._pool is None:
+            skipped: Future = Future()
+            skipped.set_result(None)
+            return skipped
         with self._lock:
             gen = self._generation[kind] = self._generation.get(kind, 0) + 1
 

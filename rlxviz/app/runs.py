@@ -254,7 +254,7 @@ class Runs:
                 # (it cleared `busy` between the two jobs; a variant clicked then went back to the superseded
                 # model shown, `AppState.shown_source`)
         if done:  # after the job: the page is usable while the other versions are drawn
-            s.runner.submit("prerender", lambda: self.prerender(gen))
+            s.runner.submit("prerender", lambda: self.prerender(gen), ahead=True)
 
     def _show_input_first(self, key: tuple, model: Model, gen: int | None = None) -> None:
         """Draw `model`'s input graph as soon as it is read (from the runner's thread) and show it as a trace with no
