@@ -21,6 +21,7 @@ import difflib
 import linecache
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from types import CodeType
 from typing import Any
 
 CTX_READS = frozenset({"id", "d", "users", "label"})
@@ -191,10 +192,28 @@ def _built(t: ast.Tuple, out: Uses) -> None:
         out.attrs_built.setdefault(t.elts[0].attr, set()).update(_dict_keys(t.elts[2]))
 
 
+_SCANS: dict[tuple[str, CodeType], Uses | None] = {}
+"""(filename, code object) -> `scan`'s answer. A rule factory makes new guard and step functions every time a rule
+is built (a what-if's pipeline without one guard builds its rules again), all sharing their code objects: each is
+read once. Code objects compare by their content (their name, first line, bytecode and constants), so equal ones
+name the same literals. Read-only for callers."""
+
+
 def scan(fn: Callable[..., Any] | None) -> Uses | None:
     """The literals `fn` names through its first parameter (the context), or None when its source is not at hand
-    or it takes no parameter."""
-    node = _node_of(fn) if fn is not None else None
+    or it takes no parameter. One reading per code object (`_SCANS`): the `Uses` returned is shared, not to be
+    changed."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    key = (code.co_filename, code)
+    if key not in _SCANS:
+        _SCANS[key] = _scan(fn)
+    return _SCANS[key]
+
+
+def _scan(fn: Callable[..., Any]) -> Uses | None:
+    node = _node_of(fn)
     if node is None or not node.args.args:
         return None
     out = Uses()

@@ -9,6 +9,7 @@ name `a.b.0.c.weight` / `.bias` (-> `a.b.0.c`). Outputs are read first (what the
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -43,6 +44,21 @@ MAX_SCOPES_TEXT = 8192
 """The longest name-scope metadata read (a real one is a few hundred bytes); longer is ignored, the node name used."""
 
 
+@functools.lru_cache(maxsize=1024)
+def _scopes(text: str) -> str | None:
+    """The innermost module path a name-scope list names (`"['', 'encoder', 'encoder.layer.0', 'MatMul']"` ->
+    `encoder.layer.0`; '' when it names none), None when `text` is no list. One parse per distinct text: the
+    nodes of a layer repeat a few texts."""
+    try:
+        scopes = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+    if not isinstance(scopes, list | tuple):
+        return None
+    mods = [s for s in scopes[:-1] if isinstance(s, str) and s]
+    return mods[-1] if mods else ""
+
+
 def node_path(node: Any) -> str:
     """The exporter's module path of an ONNX node: torch.onnx's name-scope metadata, else a legacy
     `/a/b.0/c/Op` node name as `a.b.0.c`, else the path its values' names carry (`path_from_values`:
@@ -51,14 +67,10 @@ def node_path(node: Any) -> str:
         if p.key == _NAME_SCOPES:
             if len(p.value) > MAX_SCOPES_TEXT:  # parsed with a bound: 400 KB of it took 179 MB
                 break
-            try:
-                scopes = ast.literal_eval(p.value)
-            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            scopes = _scopes(p.value)
+            if scopes is None:
                 break
-            if not isinstance(scopes, list | tuple):
-                break
-            mods = [s for s in scopes[:-1] if isinstance(s, str) and s]
-            return mods[-1] if mods else ""
+            return scopes
     name = node.name or ""
     if name.startswith("/"):
         return ".".join(part for part in name.split("/")[1:-1] if part)
