@@ -116,7 +116,7 @@ SHARED_BROWSER_FILES: dict[str, str] = {
     for name in ("test_browser_big_onnx.py", "test_browser_flows.py", "test_browser_matches_table.py",
                  "test_browser_nav.py", "test_browser_newcomer.py", "test_browser_number_boxes.py",
                  "test_browser_room.py", "test_browser_security.py", "test_browser_start_text.py",
-                 "test_browser_zoom_search.py")
+                 "test_browser_zoom_search.py", "test_browser_drawing_title.py")
 }
 """Browser test files that may share the cores (marked `slow` and `sweep`): no Timing run, no time limit asserted
 but a bound many times the measured time (`test_browser_big_onnx.FIRST_PICTURE_S`). `make test` runs each file
