@@ -48,6 +48,8 @@ def _minimap_is_readable_and_its_close_covers_nothing(pg):
     close = pg.locator(".rv-after .rv-mini-close").bounding_box()
     assert close["y"] + close["height"] <= body["y"] + 1, (close, body)  # the × sits in the head, above the picture
     assert body["height"] > 60 and body["width"] >= 90, body
+    pane = pg.locator(".rv-after .rv-wrap").bounding_box()  # newcomer run 18: 170 x 176 px covered ~40% at 1280
+    assert body["width"] <= 0.25 * pane["width"] + 1 and body["height"] <= 0.25 * pane["height"] + 1, (body, pane)
     view = pg.locator(".rv-after .rv-mini-view").bounding_box()
     assert _inside(view, body), (view, body)  # the frame of the visible part is inside the (cropped) map
     pg.screenshot(path=str(ART / "newcomer-nav-minimap.png"))

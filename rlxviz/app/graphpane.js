@@ -50,17 +50,21 @@ export function render({ model, el }) {
   let offX = 0, offY = 0;
   const me = Math.random().toString(36).slice(2);
   let miniUrl = null, mk1 = 1, oy = 0;  // oy: px of the map cropped off above its window
-  const MINI_W = 170, MINI_H = 176, MINI_MIN_W = 96;
+  // the map's box: at most MINI_W x MINI_H, at most MINI_SHARE of the pane's width and height (at 1280x800 with the
+  // sidebar open a fixed 170 x 176 box covered ~40% of a pane's drawing), never under MINI_MIN_W x MINI_MIN_H
+  const MINI_W = 170, MINI_H = 176, MINI_MIN_W = 96, MINI_MIN_H = 72, MINI_SHARE = 0.25;
   let ox = 0, oyTop = 0;  // px between the map box and its picture (the picture centred in the box)
   const miniSync = () => { const sz = size(); const W = wrap.clientWidth, H = wrap.clientHeight;
     const big = miniOn && sz && W && H && (sz[0] * s > W + 2 || sz[1] * s > H + 2);
     mini.style.display = big ? 'block' : 'none'; miniLater(); if (!big) return;
-    mk1 = Math.min(MINI_W / sz[0], Math.max(MINI_H / sz[1], MINI_MIN_W / sz[0]));
-    const fullH = sz[1] * mk1, winH = Math.min(fullH, MINI_H), cropped = fullH > winH + 1;
-    // one box size in every pane (the before and after maps sat at two heights): MINI_W x MINI_H, the picture
+    const mw = Math.round(Math.min(MINI_W, Math.max(MINI_MIN_W, W * MINI_SHARE)));
+    const mh = Math.round(Math.min(MINI_H, Math.max(MINI_MIN_H, H * MINI_SHARE)));
+    mk1 = Math.min(mw / sz[0], Math.max(mh / sz[1], MINI_MIN_W / sz[0]));
+    const fullH = sz[1] * mk1, winH = Math.min(fullH, mh), cropped = fullH > winH + 1;
+    // one box size in every pane of one size (the before and after maps sat at two heights): mw x mh, the picture
     // centred in it
-    miniBody.style.width = `${MINI_W}px`; miniBody.style.height = `${MINI_H}px`;  // the head follows
-    ox = (MINI_W - sz[0] * mk1) / 2; oyTop = (MINI_H - winH) / 2;
+    miniBody.style.width = `${mw}px`; miniBody.style.height = `${mh}px`;  // the head follows
+    ox = (mw - sz[0] * mk1) / 2; oyTop = (mh - winH) / 2;
     miniLabel.textContent = cropped ? 'map ↕' : 'map';
     miniHead.title = cropped ? 'overview (the graph is tall: the map shows the part around the view and scrolls '
       + 'with it); click or drag to pan' : 'overview: click or drag to pan';
