@@ -289,7 +289,9 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
         A refusal's entry (`rejected` or an unfused `left out`) has its place's `standing` too
         (`passes.why.places.place_status`: `rejected`, `left out`, or the group of a place that is no near-miss,
         `not expected here`, `not a candidate`, ...: the chips' ○) and `standing_why` (`standing.standing`'s why, ''
-        for a near-miss), so the inspector calls no place "rejected" that the chips, the table and `explain` excuse.
+        for a near-miss), so the inspector calls no place "rejected" that the chips, the table and `explain` excuse;
+        `follower` (`_follower`, else None): a further failing guard of a place at a gap in rlxviz's ops that is no
+        gap itself, worded as the drawing's note, its `standing_why` "" (never the gap's reason).
     """
     out: list[dict[str, Any]] = []
     seen: set[tuple[Any, ...]] = set()
