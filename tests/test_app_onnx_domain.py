@@ -8,7 +8,8 @@ import onnx
 import pytest
 
 from rlxviz import session
-from rlxviz.app.explain import DEFAULT_DOMAIN, node_report, onnx_domain, report_markdown
+from rlxviz.app.explain import node_report, report_markdown
+from rlxviz.app.onnxorigin import DEFAULT_DOMAIN, onnx_domain
 from rlxviz.app.text import md_code
 
 FIX = Path(__file__).parent / "fixtures" / "onnx"

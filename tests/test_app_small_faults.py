@@ -105,7 +105,7 @@ def test_the_inspector_names_the_onnx_node_a_node_came_from():
     fused = next(n for n in g.compute_nodes() if n.pass_name == "fuse_residual_ln")
     text = report_markdown(node_report(g, fused.id, trace, m.weights, onnx))
     names = {onnx[i][1] for i in fused.absorbed if i in onnx}
-    assert names and "**from ONNX nodes**" in text and all(md_code(nm) in text for nm in names), text
+    assert names and "**absorbed ONNX nodes**" in text and all(md_code(nm) in text for nm in names), text
     tiny = session.load("bert-tiny", 1, 8)
     n = tiny.graph.compute_nodes()[0]
     assert "ONNX node" not in report_markdown(node_report(tiny.graph, n.id, None, None, tiny.meta.get("onnx_nodes")))

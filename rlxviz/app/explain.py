@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -22,13 +21,25 @@ from ..passes.pipeline import role_label
 from ..passes.placement import match_layer
 from ..passes.refusal_kinds import kind_words
 from ..passes.report import fix_line, in_context
-from ..passes.trace import Rejection, Trace, anchor_position, layer_label, layer_of, reading_order, whose_place
+from ..passes.trace import (
+    PassStep,
+    Rejection,
+    Trace,
+    anchor_position,
+    layer_label,
+    layer_of,
+    reading_order,
+    whose_place,
+)
 from ..passes.why.places import LEFT_OUT_STATUS, gap_workaround, place_standings, place_status
 from ..passes.why.places import REJECTED as NEAR_MISS
+from ..passes.why.standing import standing as refusal_standing
 from ..passes.why.text import left_out_heading
 from ..passes.why.verdict import OP_GAP_GROUP, RunVerdict
 from ..session.tensors import summarize
+from ..viz.overlay import Followers, GapNames, follower_note, gap_followers, gap_names
 from ..viz.styles import NOT_NEAR_MISS_INK, OP_GAP_INK
+from .onnxorigin import onnx_markdown, onnx_origin, run_nodes
 from .text import html_text, md_code, md_escape, md_pre
 
 
@@ -168,43 +179,6 @@ def weights_left(rep: Mapping[str, Any]) -> str:
             "among the operands above: " + ", ".join(md_code(name) for name in rest))
 
 
-ONNX_NAMES_SHOWN = 6
-"""Most ONNX node names the inspector lists for a node made of several (the rest counted)."""
-
-
-def onnx_origin(n: Node, onnx_nodes: Mapping[int, tuple[str, str, str]] | None) -> list[tuple[str, str]]:
-    """The ONNX nodes `n` came from, as `(op type, node name)`: its own (an imported node keeps its id), else those
-    of the nodes a pass absorbed into it that were imported (one step back); [] for a model not read from ONNX.
-
-    Args:
-        onnx_nodes: `Model.meta["onnx_nodes"]` (IR node id -> (op type, node name, doc string), from the importer).
-    """
-    if not onnx_nodes:
-        return []
-    ids = [n.id] if n.id in onnx_nodes else list(n.absorbed)
-    seen = dict.fromkeys((onnx_nodes[i][0], onnx_nodes[i][1]) for i in ids if i in onnx_nodes)
-    return list(seen)
-
-
-DEFAULT_DOMAIN = "ai.onnx"
-"""How the inspector names ONNX's default domain (written "" or "ai.onnx" in a file)."""
-
-
-@functools.cache
-def onnx_domain(op_type: str) -> str:
-    """The ONNX domain an imported node of `op_type` came from, read off the importer's table
-    (`models.onnx.HANDLERS`, keyed by (domain, op type)): every node the importer keeps is read by a
-    handler of its domain, or kept as a host node, which only a default-domain node becomes. So an op type the
-    table reads only in `com.microsoft` came from there, any other from `ai.onnx`; an op type read in both (Gelu,
-    SimplifiedLayerNormalization) gives both, joined by " or " (the import keeps the op type, not the domain).
-    Raises nothing."""
-    from ..models.onnx.context import HANDLERS  # the package import registers every handler
-
-    domains = {d or DEFAULT_DOMAIN for d, op in HANDLERS if op == op_type} or {DEFAULT_DOMAIN}
-    domains = sorted(domains, key=lambda d: (d != DEFAULT_DOMAIN, d))  # ai.onnx first
-    return " or ".join(domains)
-
-
 def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
                 weights: Mapping[str, np.ndarray] | None = None,
                 onnx_nodes: Mapping[int, tuple[str, str, str]] | None = None,
@@ -246,11 +220,13 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
         "users": [_node_line(graph, u.id) for u in graph.users(n)],
         "weights": node_weights(graph, n, weights) if weights else [],
         "weights_held": weight_names(graph, n, weights) if weights else [],
-        "decisions": [], "verdict": None, "made": "", "onnx": onnx_origin(n, onnx_nodes),
-        "onnx_domains": {name: onnx_domains[name] for _, name in onnx_origin(n, onnx_nodes) if name in onnx_domains}
-        if onnx_domains else {}, "onnx_own": bool(onnx_nodes)
-        and n.id in onnx_nodes,
+        "decisions": [], "verdict": None, "made": "", "onnx_own": bool(onnx_nodes) and n.id in onnx_nodes,
     }
+    # the ONNX nodes it came from, through every fusion of the run (a fused attention: its MatMuls and Softmax)
+    versions = run_nodes([trace.input, *(s.after for s in trace.steps)]) if trace is not None and onnx_nodes else None
+    report["onnx"] = onnx_origin(n, onnx_nodes, versions)
+    report["onnx_domains"] = ({name: onnx_domains[name] for _, name in report["onnx"] if name in onnx_domains}
+                              if onnx_domains else {})
     if trace is None:
         return report
     made = made_in_run(trace).get(node_id)
@@ -313,7 +289,9 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
         A refusal's entry (`rejected` or an unfused `left out`) has its place's `standing` too
         (`passes.why.places.place_status`: `rejected`, `left out`, or the group of a place that is no near-miss,
         `not expected here`, `not a candidate`, ...: the chips' ○) and `standing_why` (`standing.standing`'s why, ''
-        for a near-miss), so the inspector calls no place "rejected" that the chips, the table and `explain` excuse.
+        for a near-miss), so the inspector calls no place "rejected" that the chips, the table and `explain` excuse;
+        `follower` (`_follower`, else None): a further failing guard of a place at a gap in rlxviz's ops that is no
+        gap itself, worded as the drawing's note, its `standing_why` "" (never the gap's reason).
     """
     out: list[dict[str, Any]] = []
     seen: set[tuple[Any, ...]] = set()
@@ -326,6 +304,7 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
 
     for k, s in enumerate(trace.steps):
         standings: dict[tuple[str, int], tuple[Rejection, tuple[str, str] | None]] | None = None
+        marks: tuple[dict[tuple[str, int], GapNames], Followers] | None = None  # the step's gap places, once
         soft: dict[tuple[str, int], list[Rejection]] = {}
         for r in s.rejections:
             if r.soft:
@@ -374,9 +353,13 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
                 if standings is None:  # the place's standing, as the chips, the table and explain read it
                     standings = place_standings(trace, k)
                 head, st = standings[(r.rule, r.anchor)]
+                if marks is None and st is not None and st[0] == OP_GAP_GROUP:
+                    marks = _gap_marks(trace, s, standings)
+                note = _follower(marks, r) if marks is not None else None
                 add({"pass": s.pass_name, "rule": r.rule, "standing": place_status(head, st),
-                     "standing_why": st[1] if st is not None else "",
-                     "gap_workaround": gap_workaround(trace, head, st),
+                     "standing_why": _own_why(trace, r, head, st) if note is None else "",
+                     "follower": note,
+                     "gap_workaround": gap_workaround(trace, head, st) and note is None,
                      "role": role_label(r.rule, role) if role else ("anchor" if r.anchor == node_id else
                                                                     _offending(s.before, r, node_id)),
                      "outcome": "left out" if r.soft else f"rejected ({r.stage})", "guard": r.guard,
@@ -385,6 +368,43 @@ def node_decisions(trace: Trace, node_id: int) -> list[dict[str, Any]]:
                      "place": _place(s.before, r.anchor, place, r.bindings.get(place or "", r.anchor)),
                      "made": "", "fused": [], "left_out": []})
     return out
+
+
+def _gap_marks(trace: Trace, s: PassStep, standings: Mapping[tuple[str, int], tuple[Rejection, tuple[str, str] | None]]
+               ) -> tuple[dict[tuple[str, int], GapNames], Followers]:
+    """The gaps in rlxviz's ops of each place of step `s` and the further failing guards there that are no gap
+    themselves, read as the drawing reads them (`viz.overlay.gap_names`, `viz.overlay.gap_followers`: both
+    `passes.why.standing`'s one reading), from the step's `standings` (`places.place_standings`)."""
+    groups = {pl: st[0] for pl, (_, st) in standings.items() if st is not None}
+    return gap_names(trace, s, groups), gap_followers(trace, s, groups)
+
+
+def _follower(marks: tuple[dict[tuple[str, int], GapNames], Followers], r: Rejection) -> dict[str, str] | None:
+    """What the inspector says of refusal `r` when it is a further failing guard of a place at a gap in rlxviz's ops
+    that is no gap itself (`marks`: `_gap_marks` of its step), as the drawing's note says it (`viz.overlay.
+    follower_note`): `{"mark": "beside the gap rope_full_rotary:", "said": "rope_halves (not recognized) also fails,
+    no gap itself", "caveat": ""}` (gptj's attention), or `fix of rope_full_rotary alone is not enough:` / `qkv_split
+    (not recognized) fails next` with the text's caveat; None for a refusal that is a gap, or at no gap place."""
+    names, followers = marks
+    caveat = followers.get((r.rule, r.anchor, r.guard))
+    if caveat is None:
+        return None
+    mark, said = follower_note(names.get((r.rule, r.anchor), ()), r.guard, r.kind, caveat)
+    return {"mark": mark, "said": said, "caveat": caveat}
+
+
+def _own_why(trace: Trace, r: Rejection, head: Rejection, st: tuple[str, str] | None) -> str:
+    """The *Why* of refusal `r` at a place of headline `head` whose standing is `st` (`places.place_standings`): the
+    place's why (`standing.standing` of its headline), but for a further guard at a gap in rlxviz's ops that is a
+    gap of its own (DeepNorm's `ln2_residual_scaled` beside `ln1_residual_scaled`) its own gap's why, so no refusal
+    reads another guard's gap reason; "" for a near-miss."""
+    if st is None:
+        return ""
+    if st[0] == OP_GAP_GROUP and r is not head and r.guard != head.guard:
+        own = refusal_standing(trace, r)
+        if own is not None and own[0] == OP_GAP_GROUP:
+            return own[1]
+    return st[1]
 
 
 def _offending(g: Graph, r: Rejection, node_id: int) -> str:
@@ -420,15 +440,8 @@ def report_markdown(rep: dict[str, Any]) -> str:
     if rep["path"]:
         layer = f" (layer {rep['layer']})" if rep["layer"] is not None else ""
         lines.append(f"**provenance** {md_code(rep['path'])}{layer}")
-    onnx = rep.get("onnx") or []
-    if onnx:  # the names Netron and Model Explorer show, so the node can be found there
-        # name, op type and domain: what Netron's and Model Explorer's node panels show
-        known = rep.get("onnx_domains") or {}  # the file's own word; else read off the importer's table
-        named = [f"{md_code(name or '(unnamed)')} ({md_escape(op)}), "
-                 f"domain {md_code(known.get(name) or onnx_domain(op))}" for op, name in onnx[:ONNX_NAMES_SHOWN]]
-        more = f" and {len(onnx) - ONNX_NAMES_SHOWN} more" if len(onnx) > ONNX_NAMES_SHOWN else ""
-        what = "**ONNX node**" if rep.get("onnx_own") else "**from ONNX nodes**"
-        lines.append(f"{what} {'; '.join(named)}{more}")
+    if onnx := onnx_markdown(rep):  # the names Netron and Model Explorer show, so the node can be found there
+        lines.append(onnx)
     if rep.get("made"):  # made beside a match's product (`passes.made`): the product holds what the match absorbed
         lines.append(f"**created by** {md_code(rep['pass_name'])}: {md_escape(rep['made'])}")
     elif rep["pass_name"]:
@@ -534,6 +547,8 @@ def decision_markdown(d: dict[str, Any]) -> str:
                               for x in d["left_out"])
     why = _why_of(d)
     standing = d.get("standing", "")
+    if d.get("follower"):  # beside a gap in rlxviz's ops, no gap itself: the drawing's note, never the gap's words
+        return _follower_markdown(d, rule, role, why)
     if standing and standing not in (NEAR_MISS, LEFT_OUT_STATUS):  # no near-miss: the chips' ○ (△ a gap), not a failure
         stage = d["outcome"].removeprefix("rejected").strip(" ()")
         heading = left_out_heading(standing, 1, d.get("gap_workaround", False)).split(" ", 1)[1]  # the verdict's words
@@ -546,3 +561,18 @@ def decision_markdown(d: dict[str, Any]) -> str:
         return f"- {LEFT_OUT} of {rule}'s fusion{made}: {why}"
     stage = d["outcome"].removeprefix("rejected").strip(" ()")
     return f"- {REJECTED} {rule} as *{role}*" + (f" ({md_escape(stage)})" if stage else "") + f": {why}"
+
+
+def _follower_markdown(d: Mapping[str, Any], rule: str, role: str, why: str) -> str:
+    """The item of a further failing guard of a place at a gap in rlxviz's ops that is no gap itself (`d["follower"]`:
+    `_follower`), in the gap's ink and as the drawing's note words it: `△ beside the gap rope_full_rotary: rope_halves
+    (not recognized) also fails, no gap itself (not a near-miss)`, then the refusal with its own message and fixes;
+    its *Why* is the text's caveat where that says more than the note (gpt-neox's `attn_single_user (illegal while
+    the sdpa NaN guard ...) fails next`), never the gap's reason."""
+    f = d["follower"]
+    stage = d["outcome"].removeprefix("rejected").strip(" ()")
+    word = f"<b style='color:{OP_GAP_INK}'>△ {html_text(f['mark'])}</b>"
+    caveat = f["caveat"] if f["caveat"] and f["caveat"] != f"alone it is not enough: {f['said']}" else ""
+    reason = f" *Why:* {md_escape(caveat)}" if caveat else ""
+    return (f"- {word} {md_escape(f['said'])} (not a near-miss): {rule} as *{role}*"
+            + (f" ({md_escape(stage)})" if stage else "") + f": {why}{reason}")
