@@ -70,6 +70,9 @@ def test_zoom_is_fitted_on_a_model_switch_and_kept_on_a_step_and_search_goes_dee
         kept = _view(pg, WHY)
         sel = pg.locator(".rv-version select")
         options = sel.locator("option")
+        # the whole run's versions, not the input graph drawn first (a loaded machine runs the passes after it: the
+        # last option was then "input", and the full run kept the version asked before the switch)
+        expect(sel).to_contain_text("mark_elementwise_regions", timeout=3 * WAIT_MS)
         sel.select_option(value=options.nth(options.count() - 1).get_attribute("value"))
         _idle(pg)
         pg.wait_for_timeout(800)
