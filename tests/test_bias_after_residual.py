@@ -12,6 +12,7 @@ quiet: bert.ortopt's layers keep their verdict."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -35,7 +36,9 @@ PRE_LN = [ONNX / "cases" / "deit.ortopt.onnx", ONNX / "ortopt" / "gpt2.ortopt.on
 POST_LN = [ONNX / "ortopt" / "bert.ortopt.onnx", ONNX / "ortopt" / "distilbert.ortopt.onnx"]
 
 
+@functools.cache
 def _trace(path: Path):
+    """The canonical run of the file at batch 2 and seq 8, made once per test process (its tests only read it)."""
     return Pipeline.canonical().run(load_onnx(str(path), batch=2, seq=8).graph)
 
 

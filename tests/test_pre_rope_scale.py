@@ -12,6 +12,7 @@ hand keeps the numbers exactly for a power-of-two scale (esm.qdyn's 0.25) and on
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -33,7 +34,9 @@ GRANITE = TESTS / "fixtures" / "onnx" / "cases" / "granite.onnx"
 WORDS = "fused as far as rlxviz's ops go"
 
 
+@functools.cache
 def _trace(path: Path):
+    """The canonical run of the file at seq 8, made once per test process (its tests only read it)."""
     return Pipeline.canonical().run(load_onnx(path, seq=8).graph)
 
 

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -45,7 +46,9 @@ MODELS = {  # the newcomer's two, and exports of other layouts (pre-LN without m
 CAVEAT_WORDS = re.compile(r"; (alone it is not enough: .* fails next)\)$")
 
 
+@functools.cache
 def _trace(name: str) -> Trace:
+    """The canonical run of the file at seq 8, made once per test process (its tests only read it)."""
     return Pipeline.canonical().run(load_onnx(MODELS[name], seq=8).graph)
 
 
