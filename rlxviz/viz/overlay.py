@@ -8,7 +8,7 @@ before-graph, `Overlay.after(step)` marks the fused nodes on the after-graph.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Container, Iterable
 from dataclasses import dataclass, field, replace
 
 from ..ir import Graph, Node, Op, operand_roles
@@ -228,6 +228,16 @@ def follower_note(gaps: GapNames, guard: str, kind: str, caveat: str) -> tuple[s
     if caveat:
         return f"fix of {names} alone is not enough:", f"{said} fails next"
     return f"beside the gap {names}:", f"{said} also fails, no gap itself"
+
+
+def marked_nodes(r: Rejection, present: Container[int]) -> tuple[int, ...]:
+    """The nodes a drawing marks for refusal `r` (a border and a note: `dot`'s rejection marks), in order: the node its
+    guard is about (`r.subject` where `present` holds it, else the anchor), then each node it names offending. The one
+    reading for the app's drawing and the Model Explorer export (`model_explorer.graph_json`): gpt-neox's
+    `rope_full_rotary` marks both ropes it names, q_rope (the subject) and k_rope, and its follower `attn_single_user`
+    the NaN guard's isnan and where that read the attention; the export had marked the anchor and subject alone."""
+    mark = r.subject if r.subject is not None and r.subject in present else r.anchor
+    return tuple(dict.fromkeys((mark, *r.offending)))
 
 
 def gap_caveats(trace: Trace | None, step: PassStep, groups: dict[tuple[str, int], str] | None = None
