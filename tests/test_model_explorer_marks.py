@@ -87,6 +87,15 @@ def test_the_export_marks_the_nodes_the_app_marks(path):
 
 
 @pytest.mark.parametrize("path", MODELS, ids=lambda p: p.stem)
+def test_the_final_export_marks_the_nodes_the_runs_drawing_marks(path):
+    t = _trace(path)
+    drawer = _Drawer(t.final, Overlay.trace_summary(t), DotOptions(max_nodes=10**6), None)
+    app = {i for i, notes in drawer.notes.items() if any(ink != _MADE for _, ink in notes)}
+    got = set(_lines(_export(path, "final")["graphs"][0]))
+    assert got and got == app & {n.id for n in t.final}, (sorted(got), sorted(app))
+
+
+@pytest.mark.parametrize("path", MODELS, ids=lambda p: p.stem)
 def test_the_exports_gap_words_are_the_drawings(path):
     t = _trace(path)
     seen = 0
