@@ -24,6 +24,7 @@ from rlxviz.app.graphpane import absorbed_index
 from rlxviz.passes import Trace
 from rlxviz.passes.made import made_in_run
 from rlxviz.passes.trace import whose_place
+from rlxviz.passes.why.verdict import RunVerdict
 from rlxviz.viz import Overlay
 from rlxviz.viz.dot import _MADE, DotOptions, _Drawer
 from rlxviz.viz.model_explorer import trace_json
@@ -142,6 +143,12 @@ def test_esm_qdyns_refusal_names_both_gaps():
     for x in lines:
         assert x.startswith("△ 2 gaps in rlxviz's ops: its integer-matmul Q/K/V projections (integer_qkv), "
                             "default_scale: "), x
+    # beside each line, the forms it lacks as the text's `rlxviz's ops lack:` lines name them (the verdict's gaps)
+    lacks = {lv.layer: "; ".join(map(str, lv.gaps)) for lv in RunVerdict.of(_trace(QDYN)).layers}
+    assert len(lacks) == 2 and all(x.count("FusedAttentionBlock") == 2 for x in lacks.values()), lacks
+    said = [(n["namespace"], a[f"gaps_{k[9:]}"]) for g in graphs for n in g["nodes"] for a in [_attrs(n)]
+            for k, v in a.items() if k.startswith("rejected_") and "qkv_attention_out: default_scale (" in v]
+    assert said and all(lacks[int(ns.split("/")[2])] == x for ns, x in said), said
 
 
 @pytest.mark.parametrize("versions", ["all", "final"])

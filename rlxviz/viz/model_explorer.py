@@ -14,7 +14,9 @@ returns; with `label` it is also one `GraphCollection`). Here:
   subject or anchor, and each node it names offending),
   `rejected` lines `rule: guard: message`, its `fix` and `compiler_fix` as `explain -v` words them (`fix_words`: at
   a gap in rlxviz's ops the model-side change is `a workaround in the model: ...` and the compiler fix carries the
-  text's caveat, `alone it is not enough: ... fails next`, as the △ mark does);
+  text's caveat, `alone it is not enough: ... fails next`, as the △ mark does), and at a gap each op form the place
+  lacks as `explain`'s `rlxviz's ops lack:` lines name them (`gaps_K`, `place_lacks`: esm.qdyn's integer-matmul
+  projections beside its `default_scale` refusal);
 * edges: each operand as an incoming edge (`targetNodeInputId` = operand position, with its role in
   `inputsMetadata`); `outputsMetadata` gives shape and dtype;
 * style: fused nodes filled green; the nodes a refused place marks bordered by its standing, as the app's
@@ -99,7 +101,8 @@ def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: lis
                fixes: dict[tuple[str, int, str], tuple[str, str]] | None = None,
                marks: dict[tuple[str, int, str], tuple[str, str]] | None = None,
                gaps: dict[tuple[str, int], GapNames] | None = None,
-               made: dict[int, Beside] | None = None) -> dict[str, Any]:
+               made: dict[int, Beside] | None = None, lacks: dict[tuple[str, int], str] | None = None
+               ) -> dict[str, Any]:
     """One Model Explorer `Graph` dict for `graph`, annotated with the given matches and rejections.
 
     Args:
@@ -116,6 +119,8 @@ def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: lis
         gaps: each place at a gap in rlxviz's ops -> the gaps it ran into (`overlay.gap_names`): a place at several
             says each, as the drawing's `△` label does (`overlay.group_words`: esm.qdyn's `△ 2 gaps in rlxviz's ops:
             its integer-matmul Q/K/V projections (integer_qkv), default_scale`).
+        lacks: each place at a gap in rlxviz's ops -> the op forms it lacks as `explain`'s `rlxviz's ops lack:`
+            lines name them (`place_lacks`, the verdict's `LayerVerdict.gaps`), put in `gaps_K` beside its line.
         made: node id -> what a node a match made beside its product is (`passes.made.made_in_run`): its `made`
             attribute says so; only the product holds the match's `absorbed` list (`passes.made.holders`, the app's
             search index), never a rope or narrow made beside it.
@@ -153,6 +158,8 @@ def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: lis
             word = f"{GAP_MARK} {follower[0]}{whose} {follower[1]}" if follower is not None else word + whose
             border = max(border or (ink, rank), (ink, rank), key=lambda b: b[1])
             attrs.append(_kv(f"rejected_{k}", f"{word}: {r.rule}: {r.guard} ({r.stage}): {r.message}"))
+            if follower is None and (lacked := (lacks or {}).get((r.rule, r.anchor))):
+                attrs.append(_kv(f"gaps_{k}", lacked))
             fix, compiler = (fixes or {}).get((r.rule, r.anchor, r.guard), (r.hint, r.fix))
             if fix:
                 attrs.append(_kv(f"fix_{k}", fix))
@@ -198,6 +205,23 @@ def follower_marks(trace: Trace, k: int, groups: dict[tuple[str, int], str]
             for key, words in followers.items()}
 
 
+def place_lacks(trace: Trace) -> dict[tuple[str, int], str]:
+    """Each place (rule, anchor) of `trace` at a gap in rlxviz's ops -> the op forms its layer's verdict says it lacks
+    there (`LayerVerdict.gaps` whose places hold the anchor), as `explain`'s `rlxviz's ops lack:` lines say them
+    (`OpGap.__str__`), joined by `; `: esm.qdyn's attention -> `FusedAttentionBlock over integer-matmul Q/K/V
+    projections (dynamic quantization) (fuse_attention_block.qkv_attention_out: its integer-matmul Q/K/V projections
+    (integer_qkv)); FusedAttentionBlock with the scale applied to Q before RoPE (...: default_scale)`. The headline's
+    source, so the export's node names every gap the text names, not the refusing guard's alone."""
+    from ..passes.why.verdict import RunVerdict  # the verdict reads the pipeline
+
+    out: dict[tuple[str, int], list[str]] = {}
+    for lv in RunVerdict.of(trace).layers:
+        for g in lv.gaps:
+            for a in g.at:
+                out.setdefault((g.rule, a), []).append(str(g))
+    return {pl: "; ".join(dict.fromkeys(x)) for pl, x in out.items()}
+
+
 def trace_json(trace: Trace, versions: str = "all") -> dict[str, Any]:
     """Model Explorer graphs for a pipeline run: the input graph and, with `versions="all"`, the graph
     after every pass that changed or rejected something (annotated with the matches so far, whose fused
@@ -210,6 +234,7 @@ def trace_json(trace: Trace, versions: str = "all") -> dict[str, Any]:
     marks = {k: follower_marks(trace, k, at) for k, at in groups.items()}  # no gap itself: the drawing's words
     gaps = {k: gap_names(trace, trace.steps[k], at) for k, at in groups.items()}  # each gap a place ran into
     made = made_in_run(trace)  # a node made beside a product: not the holder of its list
+    lacks = place_lacks(trace) if any(is_gap(g) for at in groups.values() for g in at.values()) else {}
     for k, at in groups.items():
         caveats = gap_caveats(trace, trace.steps[k], at)  # the △ mark's, on its place's headline refusal
         fixes |= {(r.rule, r.anchor, r.guard): fix_words(trace, r, at.get((r.rule, r.anchor)),
@@ -219,7 +244,7 @@ def trace_json(trace: Trace, versions: str = "all") -> dict[str, Any]:
         every = [r for s in trace.steps for r in worded(trace, s)]  # as explain words them
         graphs.append(graph_json(trace.final, trace.matches, every, f"{name}: final", run_groups(trace), fixes,
                                  {key: w for m in marks.values() for key, w in m.items()},
-                                 {pl: names for g in gaps.values() for pl, names in g.items()}, made))
+                                 {pl: names for g in gaps.values() for pl, names in g.items()}, made, lacks))
     else:
         graphs.append(graph_json(trace.input, [], [], f"{name}: 0 input", made=made))
         so_far: list[Match] = []
@@ -228,7 +253,7 @@ def trace_json(trace: Trace, versions: str = "all") -> dict[str, Any]:
             if s.changed or s.rejections:
                 graphs.append(graph_json(s.after, so_far, list(worded(trace, s)), f"{name}: {k} {s.pass_name}",
                                          groups.get(k - 1, {}), fixes, marks.get(k - 1, {}), gaps.get(k - 1, {}),
-                                         made))
+                                         made, lacks))
     return {"label": name, "graphs": graphs}
 
 
@@ -239,4 +264,5 @@ def save_model_explorer(trace: Trace, path: str | Path, versions: str = "all") -
     return p
 
 
-__all__ = ["fix_words", "follower_marks", "graph_json", "save_model_explorer", "standing_style", "trace_json"]
+__all__ = ["fix_words", "follower_marks", "graph_json", "place_lacks", "save_model_explorer", "standing_style",
+           "trace_json"]
