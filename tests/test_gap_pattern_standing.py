@@ -126,7 +126,8 @@ def test_esm_qdyn_gap_carries_the_blocker_the_v_check_finds(capsys):
     assert code == 0, err
     assert "then qkv_packed (not recognized) fails" in out
     assert f"layer 0: {PATTERNS}: " in out
-    assert "alone it is not enough: qkv_packed (not recognized) fails next" in out
+    # the gap line joins both gaps' fixes: its caveat says whose was checked (`caveat.CAVEAT_OF`)
+    assert "the default_scale fix alone is not enough: qkv_packed (not recognized) fails next" in out
     code, got, err = cli_run(capsys, "explain", ESM_QDYN, "--seq", "8", "--json")
     data = json.loads(got)
     assert [lv["status"] for lv in data["layers"]] == [PATTERNS, PATTERNS]

@@ -39,8 +39,9 @@ from pathlib import Path
 import param
 from panel.custom import JSComponent
 
-from ..ir import Graph, Node
+from ..ir import Graph
 from ..ir.printer import format_value
+from ..passes.made import holders
 from ..passes.trace import Trace, layer_label, layer_of
 from ..session.cache import LRUCache
 from ..viz import layer_groups
@@ -255,7 +256,7 @@ def absorbed_index(graph: Graph, trace: Trace | None) -> dict[str, list[list[obj
         return {}
     every = _EVERY_NODE.get_or_compute(trace.key, lambda: all_versions(trace))
     out: dict[str, list[list[object]]] = {}
-    for n in _holders(graph):
+    for n in holders(graph):  # the nodes whose list it is (`passes.made.holders`)
         found: dict[str, tuple[list[int], list[str]]] = {}  # op -> (ids, the chains of fused nodes they lie in)
         todo: list[tuple[int, str]] = [(i, "") for i in n.absorbed]
         seen: set[int] = set()
@@ -275,22 +276,6 @@ def absorbed_index(graph: Graph, trace: Trace | None) -> dict[str, list[list[obj
         into = f"absorbed into {n.op.value} %{n.id}" + (f" ({layer_label(layer)})" if layer is not None else "")
         out[f"n{n.id}"] = [[op, ids, into + _via(chains)] for op, (ids, chains) in found.items()]
     return out
-
-
-def _holders(graph: Graph) -> list[Node]:
-    """The nodes of `graph` that hold what a rewrite absorbed. A rewrite that makes several nodes gives each the
-    whole match's list (`fuse_sdpa` on an ONNX export: a mask reshape, a cast and the attention op, each "absorbed 14
-    node(s)"), so of the nodes sharing one list only those none of the others reads hold it: the attention op, not
-    the reshape that feeds it (the search said "softmax: absorbed into reshape %122")."""
-    groups: dict[tuple[int, ...], list[Node]] = {}
-    for n in graph:
-        if n.absorbed:
-            groups.setdefault(n.absorbed, []).append(n)
-    keep: set[int] = set()
-    for made in groups.values():
-        read = {i for m in made for i in m.inputs}
-        keep |= {m.id for m in made if m.id not in read} or {m.id for m in made}
-    return [n for n in graph if n.id in keep]  # in graph order
 
 
 def _via(chains: list[str]) -> str:

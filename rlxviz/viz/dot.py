@@ -29,7 +29,7 @@ from ..ir.text import shown
 from ..passes.trace import Rejection, layer_label, layer_of, whose_place
 from . import styles as st
 from .heat import UNCOLOURED, readable_on, text_color
-from .overlay import INPUT_ROLES, Overlay, follower_note, is_gap
+from .overlay import INPUT_ROLES, Overlay, follower_note, is_gap, marked_nodes
 from .styles import fmt_attrs, fmt_shape, human_count, op_color, short_name, short_value, tint
 
 MAX_NODES = 1500
@@ -258,9 +258,10 @@ class _Drawer:
                 continue
             self._place_roles.add((r.rule, r.anchor, i, role))
             self.roles.setdefault(i, []).append((_role_name(r.rule, role), st.CANDIDATE, (r.rule, r.anchor)))
-        mark = r.subject if r.subject is not None and r.subject in self.nodes else r.anchor
+        marked = marked_nodes(r, self.nodes)  # its subject (else anchor), then what it names offending
+        mark = marked[0]
         if group:  # no near-miss: its node says what the place is, in the chips' mark and ink, never the red
-            for i in dict.fromkeys((mark, *r.offending)):
+            for i in marked:
                 lines = (follower[0][0] + self._whose(r, i), follower[0][1]) if follower is not None else \
                     (f"{mark_word} {group}{self._whose(r, i)}: {r.guard}" + (";" if caveat else ""),
                      *((f"{cut[0]}:", cut[2]) if cut[2] else (caveat,) * bool(caveat)))

@@ -8,13 +8,18 @@ returns; with `label` it is also one `GraphCollection`). Here:
 * one node per IR node (`id` = the IR id, `label` = the op), its `namespace` = the model path with `/`
   (`encoder/layer/0/attention`), so Model Explorer folds layers into groups as our viewer does;
 * attrs: the op's attributes, `shape`, `dtype`, `path`, the pass that made the node and the rule that
-  matched (`match`), the ids it absorbed, and, on every node a rejection is about (anchor or subject),
+  matched (`match`), the ids it absorbed where it holds its rewrite's list (`passes.made.holders`, as the app's
+  search reads it), else what it was made beside (`made`: `made by fuse_attention_block.qkv_columns beside attention
+  %237 (the k operand)`), and, on every node the app's drawing marks for a rejection (`overlay.marked_nodes`: its
+  subject or anchor, and each node it names offending),
   `rejected` lines `rule: guard: message`, its `fix` and `compiler_fix` as `explain -v` words them (`fix_words`: at
   a gap in rlxviz's ops the model-side change is `a workaround in the model: ...` and the compiler fix carries the
-  text's caveat, `alone it is not enough: ... fails next`, as the △ mark does);
+  text's caveat, `alone it is not enough: ... fails next`, as the △ mark does), and at a gap each op form the place
+  lacks as `explain`'s `rlxviz's ops lack:` lines name them (`gaps_K`, `place_lacks`: esm.qdyn's integer-matmul
+  projections beside its `default_scale` refusal);
 * edges: each operand as an incoming edge (`targetNodeInputId` = operand position, with its role in
   `inputsMetadata`); `outputsMetadata` gives shape and dtype;
-* style: fused nodes filled green; a refused place's anchor and subject bordered by its standing, as the app's
+* style: fused nodes filled green; the nodes a refused place marks bordered by its standing, as the app's
   drawings and chips mark it (`overlay.place_groups`, `passes.why.places.place_standings`): a near-miss in the
   rejection's red (`styles.REJECT`, `✗`), a gap in rlxviz's ops in its own ink (`styles.OP_GAP_INK`, `△`), nothing
   to fix in the faded grey (`styles.NOT_NEAR_MISS_INK`, `○`); each `rejected_K` line starts with that mark and word.
@@ -31,16 +36,20 @@ from typing import Any
 
 from ..ir import Graph, operand_roles
 from ..ir.ops import FUSED
-from ..passes.trace import Match, Rejection, Trace
+from ..passes.made import Beside, holders, made_in_run
+from ..passes.trace import Match, Rejection, Trace, whose_place
 from . import styles as st
 from .dot import FADED_MARK, GAP_MARK, NEAR_MISS_MARK
 from .overlay import (
     Followers,
+    GapNames,
     follower_note,
     gap_caveats,
     gap_followers,
     gap_names,
+    group_words,
     is_gap,
+    marked_nodes,
     place_groups,
     run_groups,
     worded,
@@ -51,15 +60,17 @@ REJECTED_BORDER = st.REJECT
 """The border of a node a near-miss is about (`✗`), the drawings' rejection red."""
 
 
-def standing_style(group: str | None) -> tuple[str, str, int]:
+def standing_style(group: str | None, gaps: GapNames = ()) -> tuple[str, str, int]:
     """`(mark and word, border colour, rank)` of a refused place whose standing group is `group` (`place_groups`:
     None for a near-miss): `✗ near-miss` in `styles.REJECT`, `△ GROUP` in `styles.OP_GAP_INK` for a gap in rlxviz's
-    ops, else `○ GROUP` in `styles.NOT_NEAR_MISS_INK`. `rank` orders them where several places meet at one node:
-    the near-miss's red wins, then the gap's ink, then the grey (as the drawings do)."""
+    ops (naming each of the place's `gaps`, `overlay.gap_names`, where it ran into several: `overlay.group_words`,
+    `△ 2 gaps in rlxviz's ops: its integer-matmul Q/K/V projections (integer_qkv), default_scale`), else `○ GROUP`
+    in `styles.NOT_NEAR_MISS_INK`. `rank` orders them where several places meet at one node: the near-miss's red
+    wins, then the gap's ink, then the grey (as the drawings do)."""
     if group is None:
         return f"{NEAR_MISS_MARK} near-miss", st.REJECT, 2
     if is_gap(group):
-        return f"{GAP_MARK} {group}", st.OP_GAP_INK, 1
+        return f"{GAP_MARK} {group_words(group, gaps)}", st.OP_GAP_INK, 1
     return f"{FADED_MARK} {group}", st.NOT_NEAR_MISS_INK, 0
 
 
@@ -88,7 +99,10 @@ def fix_words(trace: Trace, r: Rejection, group: str | None, caveat: str = "") -
 def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: list[Rejection] | None = None,
                graph_id: str | None = None, standings: dict[tuple[str, int], str] | None = None,
                fixes: dict[tuple[str, int, str], tuple[str, str]] | None = None,
-               marks: dict[tuple[str, int, str], str] | None = None) -> dict[str, Any]:
+               marks: dict[tuple[str, int, str], tuple[str, str]] | None = None,
+               gaps: dict[tuple[str, int], GapNames] | None = None,
+               made: dict[int, Beside] | None = None, lacks: dict[tuple[str, int], str] | None = None
+               ) -> dict[str, Any]:
     """One Model Explorer `Graph` dict for `graph`, annotated with the given matches and rejections.
 
     Args:
@@ -99,17 +113,30 @@ def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: lis
         standings: each place (rule, anchor) that is no near-miss -> its standing group (`overlay.place_groups`);
             a place not in it is a near-miss (None: every place is).
         fixes: (rule, anchor, guard) -> `fix_words` of the refusal; a refusal not in it: `(r.hint, r.fix)`.
-        marks: (rule, anchor, guard) of a further failing guard at a gap place that is no gap itself -> its mark
-            (`follower_marks`: `△ beside the gap rope_full_rotary: rope_halves (not recognized) also fails, no gap
-            itself`) instead of the place's group, which would name it a gap.
+        marks: (rule, anchor, guard) of a further failing guard at a gap place that is no gap itself -> its mark's
+            two parts (`follower_marks`: `beside the gap rope_full_rotary:` / `rope_halves (not recognized) also
+            fails, no gap itself`) instead of the place's group, which would name it a gap.
+        gaps: each place at a gap in rlxviz's ops -> the gaps it ran into (`overlay.gap_names`): a place at several
+            says each, as the drawing's `△` label does (`overlay.group_words`: esm.qdyn's `△ 2 gaps in rlxviz's ops:
+            its integer-matmul Q/K/V projections (integer_qkv), default_scale`).
+        lacks: each place at a gap in rlxviz's ops -> the op forms it lacks as `explain`'s `rlxviz's ops lack:`
+            lines name them (`place_lacks`, the verdict's `LayerVerdict.gaps`), put in `gaps_K` beside its line.
+        made: node id -> what a node a match made beside its product is (`passes.made.made_in_run`): its `made`
+            attribute says so; only the product holds the match's `absorbed` list (`passes.made.holders`, the app's
+            search index), never a rope or narrow made beside it.
+
+    Each rejection marks the nodes the app's drawing marks for it (`overlay.marked_nodes`: its subject, else its
+    anchor, then each node it names offending), its line's word followed by whose place it is where the node lies in
+    another layer (`passes.trace.whose_place`), as the drawing's note does.
     """
     groups = standings or {}
     by_fused: dict[int, Match] = {m.fused: m for m in matches or () if m.fused is not None}
     rejected: dict[int, list[Rejection]] = defaultdict(list)
     for r in rejections or ():
-        for i in {r.anchor, r.subject if r.subject is not None else r.anchor}:
-            if i in graph:
+        for i in marked_nodes(r, graph):
+            if i in graph and r not in rejected[i]:
                 rejected[i].append(r)
+    holding, beside = {n.id for n in holders(graph)}, made or {}
     nodes = []
     for n in graph:
         attrs = [_kv(k, v) for k, v in n.attrs.items()]
@@ -118,14 +145,21 @@ def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: lis
             attrs.append(_kv("made_by", n.pass_name))
         if n.id in by_fused:
             attrs.append(_kv("match", by_fused[n.id].rule))
-        if n.absorbed:
+        if n.absorbed and n.id in holding:
             attrs.append({"key": "absorbed", "value": {"type": "node_ids", "nodeIds": [str(i) for i in n.absorbed]}})
+        elif n.id in beside:
+            attrs.append(_kv("made", beside[n.id].words))
         border = None
         for k, r in enumerate(rejected.get(n.id, ())):
-            word, ink, rank = standing_style(groups.get((r.rule, r.anchor)))
-            word = (marks or {}).get((r.rule, r.anchor, r.guard), word)
+            group = groups.get((r.rule, r.anchor))
+            word, ink, rank = standing_style(group, (gaps or {}).get((r.rule, r.anchor), ()))
+            whose = whose_place(r.layer, n.path)
+            follower = (marks or {}).get((r.rule, r.anchor, r.guard))
+            word = f"{GAP_MARK} {follower[0]}{whose} {follower[1]}" if follower is not None else word + whose
             border = max(border or (ink, rank), (ink, rank), key=lambda b: b[1])
             attrs.append(_kv(f"rejected_{k}", f"{word}: {r.rule}: {r.guard} ({r.stage}): {r.message}"))
+            if follower is None and (lacked := (lacks or {}).get((r.rule, r.anchor))):
+                attrs.append(_kv(f"gaps_{k}", lacked))
             fix, compiler = (fixes or {}).get((r.rule, r.anchor, r.guard), (r.hint, r.fix))
             if fix:
                 attrs.append(_kv(f"fix_{k}", fix))
@@ -153,19 +187,39 @@ def graph_json(graph: Graph, matches: list[Match] | None = None, rejections: lis
     return {"id": graph_id or graph.name, "nodes": nodes}
 
 
-def follower_marks(trace: Trace, k: int, groups: dict[tuple[str, int], str]) -> dict[tuple[str, int, str], str]:
+def follower_marks(trace: Trace, k: int, groups: dict[tuple[str, int], str]
+                   ) -> dict[tuple[str, int, str], tuple[str, str]]:
     """(rule, anchor, guard) of each further failing guard of `trace.steps[k]`'s places at a gap in rlxviz's ops that
     is no gap itself (`overlay.gap_followers`, the drawing's and the Why title's reading, `explain`'s `also fails`) ->
-    its mark, worded as the drawing's note (`overlay.follower_note`): gptj's `qkv_split` and `qkv_user_count` beside
-    its `rope_full_rotary` gap were marked `△ gap in rlxviz's ops`, read as gaps of their own."""
+    the two parts of its mark, worded as the drawing's note (`overlay.follower_note`: `fix of rope_full_rotary alone
+    is not enough:` / `attn_single_user (illegal) fails next`; `graph_json` puts `△` before and whose place it is
+    between): gptj's `qkv_split` and `qkv_user_count` beside its `rope_full_rotary` gap were marked `△ gap in
+    rlxviz's ops`, read as gaps of their own."""
     step = trace.steps[k]
     followers: Followers = gap_followers(trace, step, groups)
     if not followers:
         return {}
     names = gap_names(trace, step, groups)
     kinds = {(r.rule, r.anchor, r.guard): r.kind for r in step.rejections}
-    return {key: f"{GAP_MARK} {' '.join(follower_note(names.get(key[:2], ()), key[2], kinds.get(key, ''), words))}"
+    return {key: follower_note(names.get(key[:2], ()), key[2], kinds.get(key, ""), words)
             for key, words in followers.items()}
+
+
+def place_lacks(trace: Trace) -> dict[tuple[str, int], str]:
+    """Each place (rule, anchor) of `trace` at a gap in rlxviz's ops -> the op forms its layer's verdict says it lacks
+    there (`LayerVerdict.gaps` whose places hold the anchor), as `explain`'s `rlxviz's ops lack:` lines say them
+    (`OpGap.__str__`), joined by `; `: esm.qdyn's attention -> `FusedAttentionBlock over integer-matmul Q/K/V
+    projections (dynamic quantization) (fuse_attention_block.qkv_attention_out: its integer-matmul Q/K/V projections
+    (integer_qkv)); FusedAttentionBlock with the scale applied to Q before RoPE (...: default_scale)`. The headline's
+    source, so the export's node names every gap the text names, not the refusing guard's alone."""
+    from ..passes.why.verdict import RunVerdict  # the verdict reads the pipeline
+
+    out: dict[tuple[str, int], list[str]] = {}
+    for lv in RunVerdict.of(trace).layers:
+        for g in lv.gaps:
+            for a in g.at:
+                out.setdefault((g.rule, a), []).append(str(g))
+    return {pl: "; ".join(dict.fromkeys(x)) for pl, x in out.items()}
 
 
 def trace_json(trace: Trace, versions: str = "all") -> dict[str, Any]:
@@ -178,6 +232,9 @@ def trace_json(trace: Trace, versions: str = "all") -> dict[str, Any]:
     groups = {k: place_groups(trace, s) for k, s in enumerate(trace.steps) if s.rejections}
     fixes: dict[tuple[str, int, str], tuple[str, str]] = {}  # the fix lines, framed as `explain -v` frames them
     marks = {k: follower_marks(trace, k, at) for k, at in groups.items()}  # no gap itself: the drawing's words
+    gaps = {k: gap_names(trace, trace.steps[k], at) for k, at in groups.items()}  # each gap a place ran into
+    made = made_in_run(trace)  # a node made beside a product: not the holder of its list
+    lacks = place_lacks(trace) if any(is_gap(g) for at in groups.values() for g in at.values()) else {}
     for k, at in groups.items():
         caveats = gap_caveats(trace, trace.steps[k], at)  # the △ mark's, on its place's headline refusal
         fixes |= {(r.rule, r.anchor, r.guard): fix_words(trace, r, at.get((r.rule, r.anchor)),
@@ -186,15 +243,17 @@ def trace_json(trace: Trace, versions: str = "all") -> dict[str, Any]:
     if versions == "final":
         every = [r for s in trace.steps for r in worded(trace, s)]  # as explain words them
         graphs.append(graph_json(trace.final, trace.matches, every, f"{name}: final", run_groups(trace), fixes,
-                                 {key: w for m in marks.values() for key, w in m.items()}))
+                                 {key: w for m in marks.values() for key, w in m.items()},
+                                 {pl: names for g in gaps.values() for pl, names in g.items()}, made, lacks))
     else:
-        graphs.append(graph_json(trace.input, [], [], f"{name}: 0 input"))
+        graphs.append(graph_json(trace.input, [], [], f"{name}: 0 input", made=made))
         so_far: list[Match] = []
         for k, s in enumerate(trace.steps, 1):
             so_far += s.matches
             if s.changed or s.rejections:
                 graphs.append(graph_json(s.after, so_far, list(worded(trace, s)), f"{name}: {k} {s.pass_name}",
-                                         groups.get(k - 1, {}), fixes, marks.get(k - 1, {})))
+                                         groups.get(k - 1, {}), fixes, marks.get(k - 1, {}), gaps.get(k - 1, {}),
+                                         made, lacks))
     return {"label": name, "graphs": graphs}
 
 
@@ -205,4 +264,5 @@ def save_model_explorer(trace: Trace, path: str | Path, versions: str = "all") -
     return p
 
 
-__all__ = ["fix_words", "follower_marks", "graph_json", "save_model_explorer", "standing_style", "trace_json"]
+__all__ = ["fix_words", "follower_marks", "graph_json", "place_lacks", "save_model_explorer", "standing_style",
+           "trace_json"]

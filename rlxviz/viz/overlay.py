@@ -8,14 +8,14 @@ before-graph, `Overlay.after(step)` marks the fused nodes on the after-graph.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Container
 from dataclasses import dataclass, field, replace
 
 from ..ir import Graph, Node, Op, operand_roles
 from ..ir.ops import FUSED
-from ..passes.declarations import trait_named
 from ..passes.made import Beside, made_beside, made_in_run
 from ..passes.trace import Match, PassStep, Rejection, Trace
+from ..passes.why.gap_words import GapNames, group_words, trait_worded
 
 INPUT_ROLES = frozenset(r for op in FUSED for k in range(1, 15) for r in operand_roles(op, {"has_rope": True}, k)
                         if not r.startswith("in"))
@@ -157,10 +157,6 @@ def run_groups(trace: Trace) -> dict[tuple[str, int], str]:
     return {pl: group for pl, group in out.items() if pl not in near}
 
 
-GapNames = tuple[tuple[str, str], ...]
-"""`(op form, short name)` of each gap in rlxviz's ops a place ran into (`passes.why.standing.place_gap_names`)."""
-
-
 def _gap_places(trace: Trace, step: PassStep, groups: dict[tuple[str, int], str] | None
                 ) -> dict[tuple[str, int], list[Rejection]]:
     """`step`'s refusals by place (rule, anchor), the places at a gap in rlxviz's ops only (`place_groups`, or
@@ -186,15 +182,6 @@ def gap_names(trace: Trace | None, step: PassStep, groups: dict[tuple[str, int],
 
     at = _gap_places(trace, step, groups)
     return {pl: trait_worded(place_gap_names(trace, rs), {r.guard for r in rs}) for pl, rs in at.items()}
-
-
-def trait_worded(gaps: Iterable[tuple[str, str]], guards: Collection[str]) -> GapNames:
-    """`gaps` (`(op form, short name)`, `passes.why.standing.place_gap_names`) with each name that is none of the
-    place's failing `guards` (a layer trait under which the pass makes no product) said as what it is in the model,
-    `its Q and K normalized before the attention (qk_norm)` (`passes.declarations.trait_named`, as the text's
-    `rlxviz's ops lack:` line says it): qwen3's title said `gap in rlxviz's ops: qk_norm` beside its cluster label
-    `qkv_packed (gap in rlxviz's ops)`, a trait read as a second guard."""
-    return tuple((f, n if n in guards or " " in n else trait_named(n)) for f, n in gaps)
 
 
 Followers = dict[tuple[str, int, str], str]
@@ -230,6 +217,16 @@ def follower_note(gaps: GapNames, guard: str, kind: str, caveat: str) -> tuple[s
     return f"beside the gap {names}:", f"{said} also fails, no gap itself"
 
 
+def marked_nodes(r: Rejection, present: Container[int]) -> tuple[int, ...]:
+    """The nodes a drawing marks for refusal `r` (a border and a note: `dot`'s rejection marks), in order: the node its
+    guard is about (`r.subject` where `present` holds it, else the anchor), then each node it names offending. The one
+    reading for the app's drawing and the Model Explorer export (`model_explorer.graph_json`): gpt-neox's
+    `rope_full_rotary` marks both ropes it names, q_rope (the subject) and k_rope, and its follower `attn_single_user`
+    the NaN guard's isnan and where that read the attention; the export had marked the anchor and subject alone."""
+    mark = r.subject if r.subject is not None and r.subject in present else r.anchor
+    return tuple(dict.fromkeys((mark, *r.offending)))
+
+
 def gap_caveats(trace: Trace | None, step: PassStep, groups: dict[tuple[str, int], str] | None = None
                 ) -> dict[tuple[str, int], str]:
     """Each place (rule, anchor) of `step`'s refusals at a gap in rlxviz's ops (`place_groups`, or `groups`: `is_gap`)
@@ -242,18 +239,6 @@ def gap_caveats(trace: Trace | None, step: PassStep, groups: dict[tuple[str, int
 
     at = _gap_places(trace, step, groups)
     return {pl: w for pl, rs in at.items() if (w := gap_caveat(trace, rs))}
-
-
-def group_words(group: str, gaps: GapNames) -> str:
-    """A gap group (`is_gap`, e.g. `gap in rlxviz's ops`) with the gaps its place ran into (`gap_names`): the group
-    alone for one gap met by one guard (or none), else each gap's name, counted by op form: `2 gaps in rlxviz's ops:
-    its integer-matmul Q/K/V projections (integer_qkv), default_scale` (esm: two forms), `gap in rlxviz's ops:
-    ln1_residual_scaled, ln2_residual_scaled` (DeepNorm: one form, two guards)."""
-    forms, names = dict.fromkeys(f for f, _ in gaps), list(dict.fromkeys(n for _, n in gaps))
-    if len(names) < 2:
-        return group
-    head = group.replace("gap ", f"{len(forms)} gaps ", 1) if len(forms) > 1 else group  # `△ 2 gaps in ...`
-    return f"{head}: {', '.join(names)}"
 
 
 def is_gap(group: str) -> bool:

@@ -54,10 +54,21 @@ def made_readers(trace: Trace, readers: tuple[int, ...]) -> tuple[str, str] | No
     return rule, form or "nodes"
 
 
-def caveat_words(blocker: str) -> str:
+CAVEAT_OF = "the {guard} fix alone is not enough: {blocker} fails next"
+"""`CAVEAT` on a line whose compiler fix joins several gaps' fixes (`caveat_words` with `guard`): the check behind it
+(`passes.whatif.fix_alone_blocker`) applied the refusing guard's own fix alone, never the others. esm.qdyn's gap line
+names the int8 block (with a shared-input merge of integer matmuls) and the Q pre-scale fold, then said `alone it is
+not enough: qkv_packed (not recognized) fails next`, read as the whole fix failing; only the fold was checked."""
+
+
+def caveat_words(blocker: str, guard: str = "") -> str:
     """`CAVEAT` for a compiler fix that leaves `blocker` standing (`blocker_name`): `alone it is not enough:
-    residual_same_shape (not a candidate) fails next`; "" when nothing stands ("")."""
-    return CAVEAT.format(blocker=blocker) if blocker else ""
+    residual_same_shape (not a candidate) fails next`; with `guard` (a line naming several gaps' fixes), `CAVEAT_OF`:
+    `the default_scale fix alone is not enough: qkv_packed (not recognized) fails next`, saying whose fix was
+    checked; "" when nothing stands ("")."""
+    if not blocker:
+        return ""
+    return CAVEAT_OF.format(guard=guard, blocker=blocker) if guard else CAVEAT.format(blocker=blocker)
 
 
 def alone_caveat(guard: str, blocker: Blocker | None) -> str:
@@ -167,13 +178,14 @@ def workaround_words(fix: str) -> str:
 def line_caveats(trace: Trace, rule: str, anchor: int, guard: str, arch: Architecture) -> str:
     """What a not-expected line adds to the compiler fix its reason names (`policy.with_caveat`): `fix_caveat`, and at
     a gap in rlxviz's ops (`policy.op_gaps`) the model-side workaround (`model_fix_note`), joined by `; `. The one
-    reading of both for the verdict's lines (`verdict.expected_misses`) and a place's standing (`standing.standing`)."""
+    reading of both for the verdict's lines (`verdict.expected_misses`) and a place's standing (`standing.standing`).
+    Where the reason names several gaps' fixes, the caveat says whose fix was checked (`CAVEAT_OF`)."""
     gap = op_gaps(arch, rule.split(".")[0], guard)
-    notes = (fix_caveat(trace, rule, anchor, guard),
+    notes = (caveat_words(fix_blocker(trace, rule, anchor, guard), guard if len(gap) > 1 else ""),  # whose fix
              workaround_words(model_fix_note(trace, rule, anchor, guard)) if gap else "")
     return "; ".join(n for n in notes if n)
 
 
-__all__ = ["CAVEAT", "MADE_READERS", "WORKAROUND", "alone_caveat", "blocker_name", "caveat_words", "fix_blocker",
-           "fix_blocker_kind", "fix_blocker_own", "fix_caveat", "line_caveats", "made_readers", "model_fix_note",
-           "model_fix_rounded", "workaround_words"]
+__all__ = ["CAVEAT", "CAVEAT_OF", "MADE_READERS", "WORKAROUND", "alone_caveat", "blocker_name", "caveat_words",
+           "fix_blocker", "fix_blocker_kind", "fix_blocker_own", "fix_caveat", "line_caveats", "made_readers",
+           "model_fix_note", "model_fix_rounded", "workaround_words"]

@@ -85,12 +85,14 @@ class Excused:
         (`places_words`), the first place's reason (`at %N: REASON` when there are several) and each further place's
         own where it differs (`reasons`: `at %N: REASON; at %M: REASON`, so every place's nodes are named, not the
         first's alone), then `why` with the blocker's caveat on its compiler fix and the model-side workaround
-        (`caveat.line_caveats`' words)."""
+        (`caveat.line_caveats`' words); where `why` names several gaps' fixes (`gaps`), the caveat says the guard's
+        own fix was the one checked (`caveat.CAVEAT_OF`)."""
         first = next(iter(self.places))
         reason = self.reason if len(self.places) == 1 else "; ".join(
             f"at %{n}: {self.reason if n == first else own_part(self.reasons[n], self.reason, first)}"
             for n in self.places if n == first or n in self.reasons)
-        notes = "; ".join(n for n in (caveat_words(self.blocker), workaround_words(self.workaround)) if n)
+        checked = caveat_words(self.blocker, self.guard if len(self.gaps) > 1 else "")  # several gaps' fixes: whose
+        notes = "; ".join(n for n in (checked, workaround_words(self.workaround)) if n)
         line = gap_line if self.gaps else not_expected_line  # a gap: a compiler fix, no "why not expected" (issue 39)
         return line(self.pattern, self.guard, reason, with_caveat(self.why, notes), places_words(self.places))
 

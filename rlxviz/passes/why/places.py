@@ -15,8 +15,9 @@ from ..report import in_context
 from ..trace import Rejection, Trace, place_label
 from .caveat import model_fix_note
 from .facts import RunFacts
+from .gap_words import GapNames, group_words, trait_worded
 from .policy import NOT_EXPECTED_HERE, gap_line, not_expected_line
-from .standing import place_gaps, standing
+from .standing import place_gap_names, place_gaps, standing
 from .verdict import ILLEGAL_HERE_GROUP, OP_GAP_GROUP, LayerVerdict, RunVerdict
 
 PLACE_UNIT = "one per pattern and place"
@@ -187,15 +188,17 @@ _NOTHING_TO_FIX = {NOT_EXPECTED_HERE: "not expected here", NOT_A_CANDIDATE: "loo
 """The `○` groups of `standing` as `standing_mark` names them."""
 
 
-def standing_mark(st: tuple[str, str] | None) -> str:
+def standing_mark(st: tuple[str, str] | None, gaps: GapNames = ()) -> str:
     """A refusal's `standing` as the mark and words `explain -v`'s per-rule line (and the app's Why tab) tags it
-    with, the chips' marks: `✗ near-miss` (None), `△ gap in rlxviz's ops` (`OP_GAP_GROUP`: a compiler fix), else
+    with, the chips' marks: `✗ near-miss` (None), `△ gap in rlxviz's ops` (`OP_GAP_GROUP`: a compiler fix; naming
+    each of `gaps`, the place's, where it ran into several, as the drawing's label does, `gap_words.group_words`:
+    `△ 2 gaps in rlxviz's ops: its integer-matmul Q/K/V projections (integer_qkv), default_scale`), else
     `○ nothing to fix, GROUP` (`not expected here`, `lookalike`, `the model's own term`, `illegal here`, `does not
     pay`)."""
     if st is None:
         return "✗ near-miss"
     if st[0] == OP_GAP_GROUP:
-        return f"△ {OP_GAP_GROUP}"
+        return f"△ {group_words(OP_GAP_GROUP, gaps)}"
     return f"○ nothing to fix, {_NOTHING_TO_FIX.get(st[0], st[0])}"
 
 
@@ -216,12 +219,19 @@ def _heads(trace: Trace) -> dict[tuple[str, int], Rejection]:
 
 def outcome_standing(trace: Trace, o: Outcome | None) -> str:
     """`standing_mark` of a rejected outcome's place (its rule at its anchor, `standing` of the place's headline
-    refusal); "" for no outcome, one of another status, or one at no refusal of the run (a missed fusion no rule
-    refused, a crashed pass)."""
+    refusal; at a gap, with the gaps the place ran into, `standing.place_gap_names`: esm.qdyn's `default_scale` line
+    named one gap of the two the headline names); "" for no outcome, one of another status, or one at no refusal of
+    the run (a missed fusion no rule refused, a crashed pass)."""
     if o is None or o.status != "rejected" or not o.nodes:
         return ""
     head = _heads(trace).get((o.rule, o.nodes[0]))
-    return "" if head is None else standing_mark(standing(trace, head))
+    if head is None:
+        return ""
+    st = standing(trace, head)
+    if st is None or st[0] != OP_GAP_GROUP:
+        return standing_mark(st)
+    mine = [r for s in trace.steps for r in s.rejections if (r.rule, r.anchor) == (head.rule, head.anchor)]
+    return standing_mark(st, trait_worded(place_gap_names(trace, mine), {r.guard for r in mine}))
 
 
 def _marked(trace: Trace, o: Outcome | None) -> Outcome | None:
