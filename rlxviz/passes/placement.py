@@ -15,13 +15,21 @@ graph optimizer named the nodes (ONNX Runtime's `SkipLayerNormalization` before 
 `explain` keys every match by `match_layer`, so a layer's fused ops (`LayerVerdict.done`), the sibling a rejection
 is compared with (`LayerExplanation.sibling`) and the ops said outside the layers (`RunVerdict.outside`) read one
 placement.
+
+What is credited to no layer sits in one named place (`outside_box`), which `explain`'s `outside the layers:` line
+says of each op and the app's layers view draws as a box of that name: a residual norm placed by the rule sits by
+structure, `final norm` when it reads what a layer made (the model's final norm), else `embeddings` (the embeddings'
+norm), whatever path an export gave it; every other op by the first part of its path (`embeddings`, `pooler`; `other`
+for none). The no-layer nodes a placed norm absorbed (its norm, before the pass fused it) sit in its place at every
+version, so a box's name never changes while its node stays the same.
 """
 
 from __future__ import annotations
 
 from ..ir import Graph, Op
+from ..ir.identity import DigestCache
 from .architecture import classify_layer
-from .trace import Layer, Match, layer_of
+from .trace import Layer, Match, Trace, layer_of
 
 RESIDUAL_NORMS = frozenset({Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM})
 """The fused ops `match_layer` places by `RESIDUAL_NORM_RULE`: a residual sum and the norm that reads it."""
@@ -60,4 +68,77 @@ def match_layer(source: Graph, before: Graph, after: Graph, m: Match) -> Layer |
     return opens[0] if opens else None
 
 
-__all__ = ["RESIDUAL_NORMS", "RESIDUAL_NORM_RULE", "match_layer"]
+FINAL_NORM_BOX, EMBEDDINGS_BOX, NO_PATH_BOX = "final norm", "embeddings", "other"
+"""The places `outside_box` names: a residual norm credited to no layer that reads what a layer made, one that does
+not, and an op with no path."""
+
+
+def path_box(path: str) -> str:
+    """The place of a node in no layer by its path: the path's first part (`embeddings.LayerNorm` -> `embeddings`),
+    `other` for none."""
+    return path.split(".")[0] if path else NO_PATH_BOX
+
+
+def _reads_a_layer(g: Graph, node: int) -> bool:
+    """`node` of `g` reads, directly or through others, a node whose path names a layer."""
+    seen, todo = {node}, list(g[node].inputs)
+    while todo:
+        i = todo.pop()
+        if i in seen or i not in g:
+            continue
+        seen.add(i)
+        if layer_of(g[i].path) is not None:
+            return True
+        todo.extend(g[i].inputs)
+    return False
+
+
+_BOXES: DigestCache[dict[int, str]] = DigestCache(limit=4)
+
+
+def placed_outside(trace: Trace) -> dict[int, str]:
+    """Node id -> its place (`FINAL_NORM_BOX` or `EMBEDDINGS_BOX`) for every residual norm of the run that
+    `match_layer` credits to no layer, and for the nodes in no layer by path that it absorbed, through every earlier
+    match that made them (esm.qdyn's `layer_norm` %768, path `encoder.emb_layer_norm_after`, before
+    `fuse_residual_ln` made `FusedResidualLN` %797 of it), over all versions (node ids are never reused). Made once
+    per trace."""
+    hit = _BOXES.get(trace)
+    if hit is not None:
+        return hit
+    made: dict[int, tuple[Match, Graph]] = {}
+    placed: dict[int, str] = {}
+    for s in trace.steps:
+        for m in s.matches:
+            if m.fused is None or m.fused not in s.after:
+                continue
+            made[m.fused] = (m, s.before)
+            if s.after[m.fused].op in RESIDUAL_NORMS and match_layer(trace.input, s.before, s.after, m) is None:
+                placed[m.fused] = FINAL_NORM_BOX if _reads_a_layer(s.after, m.fused) else EMBEDDINGS_BOX
+    out = dict(placed)
+    for f, box in placed.items():
+        todo = [f]
+        while todo:
+            m, before = made.get(todo.pop(), (None, None))
+            if m is None or before is None:
+                continue
+            for i in m.bindings.values():
+                if i in before and i not in out and layer_of(before[i].path) is None \
+                        and before[i].op not in (Op.INPUT, Op.PARAM, Op.CONST):
+                    out[i] = box
+                    todo.append(i)
+    _BOXES[trace] = out
+    return out
+
+
+def outside_box(trace: Trace, node: int) -> str:
+    """The place of node `node` of a version of `trace` credited to no layer (`placed_outside`, else `path_box` of its
+    path in the first version that holds it): what the `outside the layers:` line says of it and the app's box."""
+    placed = placed_outside(trace)
+    if node in placed:
+        return placed[node]
+    g = trace.final if node in trace.final else next((g for _, g in trace.versions() if node in g), None)
+    return path_box(g[node].path) if g is not None else NO_PATH_BOX
+
+
+__all__ = ["EMBEDDINGS_BOX", "FINAL_NORM_BOX", "NO_PATH_BOX", "RESIDUAL_NORMS", "RESIDUAL_NORM_RULE", "match_layer",
+           "outside_box", "path_box", "placed_outside"]

@@ -22,8 +22,7 @@ from typing import Any
 from ..ir import Graph
 from ..ir.ops import LEAF
 from ..passes import PassStep, Trace, layer_of
-from ..passes.explain import outside_layers
-from ..passes.placement import RESIDUAL_NORMS
+from ..passes.placement import placed_outside
 from ..passes.readers import live_nodes
 from ..passes.why.excused import OpGap
 from ..passes.why.facts import made_nodes
@@ -195,15 +194,13 @@ def _layer_nodes(g: Graph) -> dict[int, frozenset[int]]:
     return {k: frozenset(v) for k, v in out.items()}
 
 
-def outside_ids(trace: Trace) -> frozenset[int]:
-    """Ids of the residual norms (`placement.RESIDUAL_NORMS`: the model's final norm, the embeddings' norm) the run
-    credited to no layer (`explain.outside_layers`), the ops `match_layer` places by the model's structure, not by
-    their path: one box in the layers view, `outside the layers` (`viz.layers.layer_groups`), as `RunVerdict.outside`
-    lists them. Other fused ops outside the layers are placed by their path, so their box (`embeddings`, `pooler`)
-    is the same across exports already."""
-    made = {k for o in outside_layers(trace) for k in o.nodes}
-    ops = {n.id: n.op for _, g in trace.versions() for n in g if n.id in made}
-    return frozenset(k for k in made if ops.get(k) in RESIDUAL_NORMS)
+def outside_ids(trace: Trace) -> dict[int, str]:
+    """Node id -> its place (`placement.placed_outside`) for the residual norms the run credited to no layer (the
+    model's final norm, the embeddings' norm: placed by the model's structure, not by their path) and the nodes in no
+    layer they absorbed, at every version: the box of that name in the layers view (`viz.layers.layer_groups`), as
+    `explain`'s `outside the layers:` line says it (`RunVerdict.outside_in`). Every other node in no layer is boxed
+    by its path (`placement.path_box`), as that line says it too."""
+    return placed_outside(trace)
 
 
 def settled_verdicts(trace: Trace, g: Graph) -> dict[int, Verdict]:
@@ -212,7 +209,7 @@ def settled_verdicts(trace: Trace, g: Graph) -> dict[int, Verdict]:
     version shows it); an earlier state of the layer gets the verdict with `settled=False` (its box says
     `final: <word>` and what has happened to it so far, `viz.layers`), with the nodes of the layer in `g` that the
     run's matches made (`Verdict.made`, from `why.facts.made_nodes`, the nodes the verdict lists)."""
-    out = outside_ids(trace)  # drawn in the `outside the layers` box, not in their path's layer
+    out = frozenset(outside_ids(trace))  # drawn in their place's box (`final norm`), not in their path's layer
     now = {k: v - out for k, v in _layer_nodes(g).items()}
     final = {k: v - out for k, v in _layer_nodes(trace.final).items()}
     made = made_nodes(trace)
@@ -256,7 +253,7 @@ def picture(source: Trace | Graph, v: View, heat: Heat = ()) -> tuple[Graph, Ove
     if v.view == "layers" and trace is not None and ov is None:
         ov = Overlay.trace_summary(trace)
     if v.view == "layers" and trace is not None:
-        kw["outside"] = outside_ids(trace)  # the fused ops `explain` says outside the layers: one box
+        kw["outside"] = outside_ids(trace)  # placed by structure: boxed where `explain` says they sit
         kw["verdicts"] = settled_verdicts(trace, g)  # the final verdict, as the "why" view says it, on every box
     if heat:
         ov = replace(ov or Overlay(), heat={i: (fill, line) for i, fill, line in heat if i in g})

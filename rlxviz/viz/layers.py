@@ -25,6 +25,7 @@ import graphviz
 
 from ..ir import Graph, Node, Op
 from ..ir.ops import FUSED, LEAF, MOVEMENT, REWRITTEN_AS, SPECS, made_as
+from ..passes.placement import path_box
 from ..passes.readers import live_nodes
 from ..passes.rules.cleanup import region_of_one
 from ..passes.trace import Layer, Rejection, layer_label, layer_of
@@ -152,8 +153,12 @@ def _group_key(n: Node, stacked: bool = False) -> tuple[str, str, int | None]:
         idx = next(k for k in range(len(parts) - 1) if parts[k + 1] == str(layer))
         key = f"layer_{layer.stack}_{layer}" if stacked and layer.stack else f"layer{layer}"
         return key, ".".join(parts[:idx + 2]), layer
-    head = n.path.split(".")[0] if n.path else "other"
-    return f"g_{head}", head, None
+    return place_key(path_box(n.path)), path_box(n.path), None
+
+
+def place_key(place: str) -> str:
+    """The DOT id of the box of a place in no layer (`placement.outside_box`): `g_embeddings`, `g_final_norm`."""
+    return "g_" + place.replace(" ", "_")
 
 
 def weight_only(graph: Graph) -> set[int]:
@@ -193,14 +198,9 @@ def all_fused(graph: Graph, g: LayerGroup, static: Collection[int]) -> bool:
     return bool(g.fused) and all(n.op in FUSED or n.id in static or not_fusable(graph, n) for n in g.nodes)
 
 
-OUTSIDE_KEY, OUTSIDE_TITLE = "g_outside", "outside the layers"
-"""The box of the fused ops placed outside the layers by structure (`layer_groups`'s `outside`), named as `explain`'s
-`outside the layers:` line (`passes.why.text.OUTSIDE_LAYERS`)."""
-
-
 def layer_groups(graph: Graph, overlay: Overlay | None = None,
                  verdicts: Mapping[int, Verdict] | None = None,
-                 outside: Collection[int] = ()) -> dict[str, LayerGroup]:
+                 outside: Mapping[int, str] | None = None) -> dict[str, LayerGroup]:
     """Compute nodes grouped by layer (in graph order), each with its fusion status.
 
     Args:
@@ -208,10 +208,12 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
         overlay: its rejections (e.g. `Overlay.trace_summary(trace)`) mark layers as rejected.
         verdicts: layer -> the session's final verdict (what "why didn't layer N fuse?" says); a layer whose verdict
             is `settled` takes its word as status, an unsettled one keeps its status at this version beside it.
-        outside: ids of the fused ops `passes.placement.match_layer` placed outside the layers by the model's
-            structure, not their path (`session.render.outside_ids`: the model's final norm); they share one box,
-            `outside the layers`, whatever their path says, so the final norm is boxed alike across exports
-            (esm.dynamo-eager's sat with the embeddings in `model`, esm.qdyn's in `encoder`, granite's in `other`).
+        outside: node id -> its place, for the nodes `passes.placement` places outside the layers by the model's
+            structure, not their path (`placement.placed_outside`: the model's final norm, and the norm it absorbed
+            at earlier versions); each sits in the box of its place (`final norm`), whatever its path says, so the
+            final norm is boxed alike across exports (esm.dynamo-eager's sat with the embeddings in `model`,
+            esm.qdyn's in `encoder`, granite's in `other`) and across versions. Every other node in no layer is boxed
+            by its path (`placement.path_box`): the boxes are the places `explain`'s `outside the layers:` line says.
     """
     groups: dict[str, LayerGroup] = {}
     of: dict[int, str] = {}
@@ -219,7 +221,7 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
     for n in graph:
         if n.op in (Op.INPUT, Op.PARAM, Op.CONST):
             continue
-        key, title, layer = (OUTSIDE_KEY, OUTSIDE_TITLE, None) if n.id in outside and n.op in FUSED else \
+        key, title, layer = (place_key(outside[n.id]), outside[n.id], None) if outside and n.id in outside else \
             _group_key(n, stacked)
         grp = groups.get(key) or groups.setdefault(key, LayerGroup(key, title, layer))
         grp.nodes.append(n)
@@ -446,12 +448,12 @@ def _box_tooltip(g: LayerGroup) -> str:
 
 def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | None = None,
                   max_nodes: int = 1500, verdicts: Mapping[int, Verdict] | None = None,
-                  expanded: Collection[int] = (), outside: Collection[int] = ()) -> str:
+                  expanded: Collection[int] = (), outside: Mapping[int, str] | None = None) -> str:
     """DOT source of the layer-collapsed view of `graph` (boxes `id="layer<i>"`, edges `L<src>_<dst>`).
 
     Args:
         verdicts: layer -> `Verdict`: the boxes say the session's status words (see `layer_groups`).
-        outside: ids of fused ops the run placed outside the layers, boxed together (see `layer_groups`).
+        outside: node id -> its place outside the layers, for nodes placed by structure (see `layer_groups`).
         expanded: layers drawn open in place: a cluster `id="layer<i>"` holding the layer's nodes as the full
             view draws them (`n<id>`, overlay marks included, edges `e<src>_<dst>` between drawn nodes); the
             other layers stay one box each. Layers the graph lacks are ignored.
