@@ -20,8 +20,8 @@ from test_near_miss_rule import trace_of
 from rlxviz.ir import Op
 from rlxviz.ir.builder import Builder
 from rlxviz.passes import Trace
-from rlxviz.session.render import View, dot, picture
 from rlxviz.passes.placement import FINAL_NORM_BOX
+from rlxviz.session.render import View, dot, picture
 from rlxviz.viz.layers import layer_groups, not_fusable, place_key
 
 CASES = Path(__file__).parent / "fixtures" / "onnx" / "cases"
@@ -35,7 +35,7 @@ def _trace(path: Path) -> Trace:
 
 def _boxes(t: Trace, version: int) -> dict:
     g, ov, kw = picture(t, View(version, "layers", "after"))
-    return layer_groups(g, ov, kw.get("verdicts"), kw.get("outside", ()))  # as drawn
+    return layer_groups(g, ov, kw.get("verdicts"), kw.get("placed"))  # as drawn
 
 
 def test_esms_encoder_and_embeddings_boxes_read_fused_not_partly_fused():

@@ -22,10 +22,10 @@ from test_near_miss_rule import trace_of
 
 from rlxviz.passes import Trace
 from rlxviz.passes.explain import explain
+from rlxviz.passes.placement import FINAL_NORM_BOX
 from rlxviz.passes.why.text import fused_list, id_runs
 from rlxviz.passes.why.verdict import RunVerdict
 from rlxviz.session.render import View, picture
-from rlxviz.passes.placement import FINAL_NORM_BOX
 from rlxviz.viz.layers import layer_groups, place_key
 
 FIX = Path(__file__).parent / "fixtures" / "onnx"
@@ -38,7 +38,7 @@ def _trace(path: Path) -> Trace:
 
 def _boxes(t: Trace, version: int, side: str = "after") -> dict:
     g, ov, kw = picture(t, View(version, "layers", side))
-    return layer_groups(g, ov, kw.get("verdicts"), kw.get("outside"))
+    return layer_groups(g, ov, kw.get("verdicts"), kw.get("placed"))
 
 
 def test_a_layer_with_the_same_live_ops_reads_alike_before_and_after_dead_code_elimination():

@@ -20,8 +20,9 @@ What is credited to no layer sits in one named place (`outside_box`), which `exp
 says of each op and the app's layers view draws as a box of that name: a residual norm placed by the rule sits by
 structure, `final norm` when it reads what a layer made (the model's final norm), else `embeddings` (the embeddings'
 norm), whatever path an export gave it; every other op by the first part of its path (`embeddings`, `pooler`; `other`
-for none). The no-layer nodes a placed norm absorbed (its norm, before the pass fused it) sit in its place at every
-version, so a box's name never changes while its node stays the same.
+for none). A residual norm the rule credits to a layer its path does not name sits in that layer's box. The no-layer
+nodes a placed norm absorbed (its norm, before the pass fused it) sit where it sits at every version, so a node's box
+never changes while the node stays the same (`placed`).
 """
 
 from __future__ import annotations
@@ -93,29 +94,36 @@ def _reads_a_layer(g: Graph, node: int) -> bool:
     return False
 
 
-_BOXES: DigestCache[dict[int, str]] = DigestCache(limit=4)
+_PLACED: DigestCache[dict[int, Layer | str]] = DigestCache(limit=4)
 
 
-def placed_outside(trace: Trace) -> dict[int, str]:
-    """Node id -> its place (`FINAL_NORM_BOX` or `EMBEDDINGS_BOX`) for every residual norm of the run that
-    `match_layer` credits to no layer, and for the nodes in no layer by path that it absorbed, through every earlier
-    match that made them (esm.qdyn's `layer_norm` %768, path `encoder.emb_layer_norm_after`, before
-    `fuse_residual_ln` made `FusedResidualLN` %797 of it), over all versions (node ids are never reused). Made once
-    per trace."""
-    hit = _BOXES.get(trace)
+def placed(trace: Trace) -> dict[int, Layer | str]:
+    """Node id -> where it sits, for the nodes of any version of `trace` whose path does not say it: each residual
+    norm that `match_layer` credits elsewhere than its path's layer (a layer; for none, its place outside the layers:
+    `FINAL_NORM_BOX` when it reads what a layer made, else `EMBEDDINGS_BOX`), and the nodes in no layer by path that it
+    absorbed, through every earlier match that made them (esm.qdyn's `layer_norm` %768, path
+    `encoder.emb_layer_norm_after`, before `fuse_residual_ln` made `FusedResidualLN` %797 of it: `final norm`; node ids
+    are never reused). What `explain` says of these nodes and where the app's layers view boxes them. Made once per
+    trace."""
+    hit = _PLACED.get(trace)
     if hit is not None:
         return hit
     made: dict[int, tuple[Match, Graph]] = {}
-    placed: dict[int, str] = {}
+    norms: dict[int, Layer | str] = {}
     for s in trace.steps:
         for m in s.matches:
             if m.fused is None or m.fused not in s.after:
                 continue
             made[m.fused] = (m, s.before)
-            if s.after[m.fused].op in RESIDUAL_NORMS and match_layer(trace.input, s.before, s.after, m) is None:
-                placed[m.fused] = FINAL_NORM_BOX if _reads_a_layer(s.after, m.fused) else EMBEDDINGS_BOX
-    out = dict(placed)
-    for f, box in placed.items():
+            if s.after[m.fused].op not in RESIDUAL_NORMS:
+                continue
+            k = match_layer(trace.input, s.before, s.after, m)
+            if k is None:
+                norms[m.fused] = FINAL_NORM_BOX if _reads_a_layer(s.after, m.fused) else EMBEDDINGS_BOX
+            elif k != layer_of(s.after[m.fused].path):  # bart-full's decoder norm %381, path `decoder`: layer 0
+                norms[m.fused] = k
+    out = dict(norms)
+    for f, place in norms.items():
         todo = [f]
         while todo:
             m, before = made.get(todo.pop(), (None, None))
@@ -124,21 +132,21 @@ def placed_outside(trace: Trace) -> dict[int, str]:
             for i in m.bindings.values():
                 if i in before and i not in out and layer_of(before[i].path) is None \
                         and before[i].op not in (Op.INPUT, Op.PARAM, Op.CONST):
-                    out[i] = box
+                    out[i] = place
                     todo.append(i)
-    _BOXES[trace] = out
+    _PLACED[trace] = out
     return out
 
 
 def outside_box(trace: Trace, node: int) -> str:
-    """The place of node `node` of a version of `trace` credited to no layer (`placed_outside`, else `path_box` of its
-    path in the first version that holds it): what the `outside the layers:` line says of it and the app's box."""
-    placed = placed_outside(trace)
-    if node in placed:
-        return placed[node]
+    """The place of node `node` of a version of `trace` credited to no layer (`placed`, else `path_box` of its path):
+    what the `outside the layers:` line says of it, the name of the app's box that holds it."""
+    place = placed(trace).get(node)
+    if isinstance(place, str):
+        return place
     g = trace.final if node in trace.final else next((g for _, g in trace.versions() if node in g), None)
     return path_box(g[node].path) if g is not None else NO_PATH_BOX
 
 
 __all__ = ["EMBEDDINGS_BOX", "FINAL_NORM_BOX", "NO_PATH_BOX", "RESIDUAL_NORMS", "RESIDUAL_NORM_RULE", "match_layer",
-           "outside_box", "path_box", "placed_outside"]
+           "outside_box", "path_box", "placed"]

@@ -16,14 +16,16 @@ text and the picture never disagree.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..ir import Graph
 from ..ir.ops import LEAF
 from ..passes import PassStep, Trace, layer_of
-from ..passes.placement import placed_outside
+from ..passes.placement import placed
 from ..passes.readers import live_nodes
+from ..passes.trace import Layer
 from ..passes.why.excused import OpGap
 from ..passes.why.facts import made_nodes
 from ..passes.why.places import layer_places
@@ -182,25 +184,18 @@ def _verdicts(trace: Trace) -> dict[int, Verdict]:
             for v in run.layers}  # the verdict's own words (`LayerVerdict.status`), as the Why tab and --json say
 
 
-def _layer_nodes(g: Graph) -> dict[int, frozenset[int]]:
+def _layer_nodes(g: Graph, where: Mapping[int, Layer | str]) -> dict[int, frozenset[int]]:
     """Layer -> ids of its live compute nodes in `g` (node ids are never reused: equal sets mean the same nodes).
     Leaves and dead nodes (`readers.live_nodes`) do not count: a dead const of esm.dynamo-eager's layer 0 that the
-    last dead_code_elimination removed kept the layer unsettled before it, drawing one layer in two colours."""
+    last dead_code_elimination removed kept the layer unsettled before it, drawing one layer in two colours. A node
+    `where` places (`placement.placed`) counts in its place's layer, in none when placed outside the layers."""
     out: dict[int, set[int]] = {}
     live = live_nodes(g)
     for n in g:
-        if n.id in live and n.op not in LEAF and (k := layer_of(n.path)) is not None:
+        if n.id in live and n.op not in LEAF and (k := where.get(n.id, layer_of(n.path))) is not None \
+                and not isinstance(k, str):
             out.setdefault(k, set()).add(n.id)
     return {k: frozenset(v) for k, v in out.items()}
-
-
-def outside_ids(trace: Trace) -> dict[int, str]:
-    """Node id -> its place (`placement.placed_outside`) for the residual norms the run credited to no layer (the
-    model's final norm, the embeddings' norm: placed by the model's structure, not by their path) and the nodes in no
-    layer they absorbed, at every version: the box of that name in the layers view (`viz.layers.layer_groups`), as
-    `explain`'s `outside the layers:` line says it (`RunVerdict.outside_in`). Every other node in no layer is boxed
-    by its path (`placement.path_box`), as that line says it too."""
-    return placed_outside(trace)
 
 
 def settled_verdicts(trace: Trace, g: Graph) -> dict[int, Verdict]:
@@ -209,9 +204,8 @@ def settled_verdicts(trace: Trace, g: Graph) -> dict[int, Verdict]:
     version shows it); an earlier state of the layer gets the verdict with `settled=False` (its box says
     `final: <word>` and what has happened to it so far, `viz.layers`), with the nodes of the layer in `g` that the
     run's matches made (`Verdict.made`, from `why.facts.made_nodes`, the nodes the verdict lists)."""
-    out = frozenset(outside_ids(trace))  # drawn in their place's box (`final norm`), not in their path's layer
-    now = {k: v - out for k, v in _layer_nodes(g).items()}
-    final = {k: v - out for k, v in _layer_nodes(trace.final).items()}
+    where = placed(trace)  # drawn where the run placed them (`final norm`, a layer), not by their path
+    now, final = _layer_nodes(g, where), _layer_nodes(trace.final, where)
     made = made_nodes(trace)
     return {k: v if now[k] == final.get(k) else replace(v, settled=False, made=now[k] & made)
             for k, v in verdicts(trace).items() if k in now}
@@ -253,7 +247,7 @@ def picture(source: Trace | Graph, v: View, heat: Heat = ()) -> tuple[Graph, Ove
     if v.view == "layers" and trace is not None and ov is None:
         ov = Overlay.trace_summary(trace)
     if v.view == "layers" and trace is not None:
-        kw["outside"] = outside_ids(trace)  # placed by structure: boxed where `explain` says they sit
+        kw["placed"] = placed(trace)  # placed by structure: boxed where `explain` says they sit
         kw["verdicts"] = settled_verdicts(trace, g)  # the final verdict, as the "why" view says it, on every box
     if heat:
         ov = replace(ov or Overlay(), heat={i: (fill, line) for i, fill, line in heat if i in g})
@@ -287,4 +281,4 @@ def svg(source: Trace | Graph, v: View, heat: Heat = (), titled: bool = True) ->
 
 
 __all__ = ["Heat", "RENDERS", "SIDES", "VIEWS", "View", "caption", "dot", "is_final", "layer_caption", "layer_changes",
-           "outside_ids", "picture", "settled_verdicts", "source_key", "svg", "verdicts"]
+           "picture", "settled_verdicts", "source_key", "svg", "verdicts"]

@@ -144,6 +144,11 @@ class LayerGroup:
         return self.status
 
 
+def _layer_key(layer: Layer, stacked: bool) -> str:
+    """The DOT id of `layer`'s box (`layer3`; `layer_decoder_0` when `stacked`)."""
+    return f"layer_{layer.stack}_{layer}" if stacked and layer.stack else f"layer{layer}"
+
+
 def _group_key(n: Node, stacked: bool = False) -> tuple[str, str, int | None]:
     """(group key, title, layer) of `n`; `stacked`: the graph has several stacks (an encoder-decoder model), whose
     layers of one index are apart (`layer0` / `layer_decoder_0`)."""
@@ -151,8 +156,7 @@ def _group_key(n: Node, stacked: bool = False) -> tuple[str, str, int | None]:
     if layer is not None:
         parts = n.path.split(".")
         idx = next(k for k in range(len(parts) - 1) if parts[k + 1] == str(layer))
-        key = f"layer_{layer.stack}_{layer}" if stacked and layer.stack else f"layer{layer}"
-        return key, ".".join(parts[:idx + 2]), layer
+        return _layer_key(layer, stacked), ".".join(parts[:idx + 2]), layer
     return place_key(path_box(n.path)), path_box(n.path), None
 
 
@@ -200,7 +204,7 @@ def all_fused(graph: Graph, g: LayerGroup, static: Collection[int]) -> bool:
 
 def layer_groups(graph: Graph, overlay: Overlay | None = None,
                  verdicts: Mapping[int, Verdict] | None = None,
-                 outside: Mapping[int, str] | None = None) -> dict[str, LayerGroup]:
+                 placed: Mapping[int, Layer | str] | None = None) -> dict[str, LayerGroup]:
     """Compute nodes grouped by layer (in graph order), each with its fusion status.
 
     Args:
@@ -208,24 +212,29 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
         overlay: its rejections (e.g. `Overlay.trace_summary(trace)`) mark layers as rejected.
         verdicts: layer -> the session's final verdict (what "why didn't layer N fuse?" says); a layer whose verdict
             is `settled` takes its word as status, an unsettled one keeps its status at this version beside it.
-        outside: node id -> its place, for the nodes `passes.placement` places outside the layers by the model's
-            structure, not their path (`placement.placed_outside`: the model's final norm, and the norm it absorbed
-            at earlier versions); each sits in the box of its place (`final norm`), whatever its path says, so the
-            final norm is boxed alike across exports (esm.dynamo-eager's sat with the embeddings in `model`,
+        placed: node id -> where it sits, for the nodes `passes.placement.placed` places by the model's structure,
+            not their path (a residual norm at a layer's edge, and the norm it absorbed at earlier versions): a layer
+            (its box), or a place outside the layers (the box of that name, `final norm`), whatever its path says, so
+            the final norm is boxed alike across exports (esm.dynamo-eager's sat with the embeddings in `model`,
             esm.qdyn's in `encoder`, granite's in `other`) and across versions. Every other node in no layer is boxed
-            by its path (`placement.path_box`): the boxes are the places `explain`'s `outside the layers:` line says.
+            by its path (`placement.path_box`): the boxes are the places `explain`'s lines say.
     """
     groups: dict[str, LayerGroup] = {}
     of: dict[int, str] = {}
     stacked = len({k.stack for n in graph if (k := layer_of(n.path)) is not None}) > 1
+    where = placed or {}
     for n in graph:
         if n.op in (Op.INPUT, Op.PARAM, Op.CONST):
             continue
-        key, title, layer = (place_key(outside[n.id]), outside[n.id], None) if outside and n.id in outside else \
-            _group_key(n, stacked)
+        place = where.get(n.id)
+        key, title, layer = _group_key(n, stacked) if place is None else \
+            (place_key(place), place, None) if isinstance(place, str) else (_layer_key(place, stacked), "", place)
         grp = groups.get(key) or groups.setdefault(key, LayerGroup(key, title, layer))
+        grp.title = grp.title or title  # a layer's box is titled by the path of its own nodes
         grp.nodes.append(n)
         of[n.id] = key
+    for g in groups.values():
+        g.title = g.title or layer_label(g.layer)
     for n in graph.params:
         for u in graph.users(n):
             if u.id in of:
@@ -448,12 +457,12 @@ def _box_tooltip(g: LayerGroup) -> str:
 
 def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | None = None,
                   max_nodes: int = 1500, verdicts: Mapping[int, Verdict] | None = None,
-                  expanded: Collection[int] = (), outside: Mapping[int, str] | None = None) -> str:
+                  expanded: Collection[int] = (), placed: Mapping[int, Layer | str] | None = None) -> str:
     """DOT source of the layer-collapsed view of `graph` (boxes `id="layer<i>"`, edges `L<src>_<dst>`).
 
     Args:
         verdicts: layer -> `Verdict`: the boxes say the session's status words (see `layer_groups`).
-        outside: node id -> its place outside the layers, for nodes placed by structure (see `layer_groups`).
+        placed: node id -> where it sits, for nodes placed by structure, not path (see `layer_groups`).
         expanded: layers drawn open in place: a cluster `id="layer<i>"` holding the layer's nodes as the full
             view draws them (`n<id>`, overlay marks included, edges `e<src>_<dst>` between drawn nodes); the
             other layers stay one box each. Layers the graph lacks are ignored.
@@ -462,7 +471,7 @@ def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | Non
         GraphTooLarge: more than `max_nodes` boxes and drawn nodes (a graph whose paths carry no layer
             structure, or too many layers expanded).
     """
-    groups = layer_groups(graph, overlay, verdicts, outside)
+    groups = layer_groups(graph, overlay, verdicts, placed)
     opened = [g for g in groups.values() if g.layer is not None and g.layer in set(expanded)]
     inside = {n.id for g in opened for n in g.nodes}
     if len(groups) + len(inside) > max_nodes:
