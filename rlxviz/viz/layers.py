@@ -29,9 +29,10 @@ from ..passes.placement import path_box
 from ..passes.readers import live_nodes
 from ..passes.rules.cleanup import region_of_one
 from ..passes.trace import Layer, Rejection, layer_label, layer_of
+from .box_words import box_label, box_tooltip, status_text
 from .dot import DotOptions, GraphTooLarge, _Drawer, _e, _html, _small, _tip
 from .heat import UNCOLOURED
-from .overlay import GapNames, Overlay, group_words
+from .overlay import GapNames, Overlay
 from .styles import (
     NOT_NEAR_MISS,
     NOT_NEAR_MISS_INK,
@@ -40,7 +41,6 @@ from .styles import (
     REJECT,
     STATUS_COLORS,
     fmt_shape,
-    human_count,
     tint,
 )
 
@@ -286,11 +286,6 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
     return groups
 
 
-SAME_AS = ("the same ops, shapes and wiring, as many weights, and the same final verdict: its words, the ops it made "
-           "and the places each pattern refused (how many, and why)")
-"""What a "same as layer K" box's tooltip says two layers share: what `layer_signature` compares, no more."""
-
-
 def layer_signature(graph: Graph, g: LayerGroup) -> tuple:
     """What two layers share when they are the same: for each node of `g` in graph order its op, dtype, shape,
     attributes (the layer's own path in a text written as `<layer>`) and the pass that made it; each operand as its
@@ -317,142 +312,6 @@ def layer_signature(graph: Graph, g: LayerGroup) -> tuple:
     v = g.verdict
     verdict = (v.fused, v.guard, v.settled, v.word, v.held_back, v.summary) if v is not None else None
     return nodes, g.weights, g.status, verdict, tuple(sorted({(r.rule, r.guard) for r in g.rejections}))
-
-
-def _box_label(g: LayerGroup) -> str:
-    ops = Counter(n.op.value for n in g.nodes)
-    lines = [f"<B>{_e(g.title)}</B>",
-             _small(f"{len(g.nodes)} op(s), {human_count(g.weights)} weights", "#333333", 9)]
-    summary = ", ".join(f"{k}×{v}" if v > 1 else k for k, v in ops.most_common(4))
-    if len(ops) > 4:
-        summary += ", …"
-    lines.append(_small(summary, "#333333", 8))
-    if g.verdict is not None and g.verdict.settled:
-        lines += _verdict_lines(g)
-    elif g.verdict is not None:  # an earlier version: the final verdict first, then what has happened so far
-        lines += _final_lines(g.verdict)
-        lines.append(_small(f"at this version: {_so_far(g)}", "#555555", 9))
-    elif g.status == "fused":
-        f = g.fused[0]
-        by = _small(f"-> {f.op.value} by {f.pass_name}" if len(g.fused) == 1 else f"-> {_counted(g.fused)}", "#1b5e20")
-        lines.append(f'<FONT COLOR="#1b5e20"><B>fused</B></FONT> {by}')
-    elif g.status == "rejected":
-        guards = list(dict.fromkeys(r.guard for r in sorted(g.rejections, key=lambda r: r.stage != "guard")))
-        lines.append(f'<FONT COLOR="{REJECT}"><B>rejected: {_e(", ".join(guards[:2]))}</B></FONT>')
-        if g.fused:
-            lines.append(_small(f"{len(g.fused)} of {len(g.nodes)} ops fused", "#555555"))
-    elif g.status in (NOT_NEAR_MISS, OP_GAP):
-        ink = OP_GAP_INK if g.status == OP_GAP else NOT_NEAR_MISS_INK
-        lines.append(f'<FONT COLOR="{ink}"><B>{_e(_standing_words(g, 2))}</B></FONT>')
-        if g.fused:
-            lines.append(_small(f"{len(g.fused)} of {len(g.nodes)} ops fused", "#555555"))
-    elif g.status == "partly fused":
-        c = Counter(n.op.value for n in g.fused)
-        lines.append('<FONT COLOR="#8d6e00"><B>partly fused</B></FONT>')
-        lines.append(_small(", ".join(f"{k}×{v}" for k, v in c.items()), "#8d6e00"))
-    elif g.status == "unfused":
-        lines.append(_small("unfused", "#555555", 9))
-    if g.same_as is not None:
-        lines.append(_small(f"same as {layer_label(g.same_as)}", "#1565c0", 9))
-    return _html(lines)
-
-
-def _verdict_lines(g: LayerGroup) -> list[str]:
-    """The status lines of a box with the session's verdict: `fused` (what fused it) or `not fused` (the guard)."""
-    v = g.verdict
-    assert v is not None
-    ops = _small(_counted(g.fused) or v.none_made, "#1b5e20")
-    if v.held_back:
-        return [f'<FONT COLOR="{OP_GAP_INK}"><B>{_e(v.word)}</B></FONT> {_small(v.none_made, OP_GAP_INK)}']
-    if v.fused:
-        return [f'<FONT COLOR="#1b5e20"><B>{_e(v.word)}</B></FONT> {ops}']
-    lines = [f'<FONT COLOR="{REJECT}"><B>{_e(v.word)}</B></FONT>']
-    if v.guard:
-        lines.append(f'<FONT COLOR="{REJECT}">rejected: {_e(v.guard)}</FONT>')
-    if g.fused:
-        lines.append(_small(f"{len(g.fused)} of {len(g.nodes)} ops fused", "#555555"))
-    return lines
-
-
-def _final_lines(v: Verdict) -> list[str]:
-    """The final verdict on a box drawn at an earlier version: `final: <the verdict's words>` (`Verdict.word`, e.g.
-    `final: fused as far as legal`), and the guard of a layer not fused. What fused is not listed: those ops are not
-    in the version drawn."""
-    if v.held_back:
-        return [f'<FONT COLOR="{OP_GAP_INK}"><B>final: {_e(v.word)}</B></FONT>']
-    if v.fused:
-        return [f'<FONT COLOR="#1b5e20"><B>final: {_e(v.word)}</B></FONT>']
-    lines = [f'<FONT COLOR="{REJECT}"><B>final: {_e(v.word)}</B></FONT>']
-    if v.guard:
-        lines.append(f'<FONT COLOR="{REJECT}">rejected: {_e(v.guard)}</FONT>')
-    return lines
-
-
-def _counted(nodes: list[Node]) -> str:
-    """`FusedMatMulBiasAct×4, attention`: the ops of `nodes`, each with its count past one."""
-    return ", ".join(f"{k}×{v}" if v > 1 else k for k, v in Counter(n.op.value for n in nodes).items())
-
-
-def _made(g: LayerGroup) -> str:
-    """What the matches so far made in the layer: its fused ops, then `rewritten as` and the plain ops (`rewritten`),
-    e.g. `FusedMatMulBiasAct×4; rewritten as attention`; "" when they made nothing there."""
-    parts = [_counted(g.fused)] if g.fused else []
-    if g.rewritten:
-        parts.append(f"{REWRITTEN_AS} {_counted(g.rewritten)}")
-    return "; ".join(parts)
-
-
-def _so_far(g: LayerGroup) -> str:
-    """What the passes up to the version drawn did to the layer, in words (its `status` at this version), counting
-    what their matches made there: fused ops and the plain ops a match made (`partly fused (FusedMatMulBiasAct×4;
-    rewritten as attention)`; `no fused op; rewritten as attention` of a layer whose attention alone was packed)."""
-    made = _made(g)
-    if g.status == "fused":
-        return f"fused -> {_counted(g.fused)}"
-    if g.status == "partly fused":
-        return f"partly fused ({made})"
-    if g.status == "rewritten":
-        return f"no fused op; {made}"
-    so_far = f"; so far {made}" if made else ""
-    if g.status == "rejected":
-        guards = list(dict.fromkeys(r.guard for r in sorted(g.rejections, key=lambda r: r.stage != "guard")))
-        return f"rejected: {', '.join(guards[:2])}{so_far}"
-    if g.status in (NOT_NEAR_MISS, OP_GAP):
-        return f"{_standing_words(g)}{so_far}"
-    return g.status or "unfused"
-
-
-def _standing_words(g: LayerGroup, most: int | None = None) -> str:
-    """`STATUS: GUARDS` of a box whose refusals are no near-miss (`most`: at most that many guards), but a box at
-    several gaps in rlxviz's ops, or one met by several guards, names each gap (`LayerGroup.gaps`, `group_words`), `△ 2
-    gaps in rlxviz's ops: its integer-matmul Q/K/V projections (integer_qkv), default_scale`, as the gap's `△` cluster
-    label does (`Overlay.standing_words`), never its one failing guard alone."""
-    if g.status == OP_GAP and (words := group_words(OP_GAP, g.gaps)) != OP_GAP:
-        return words
-    guards = list(dict.fromkeys(r.guard for r in g.rejections))
-    return f"{g.status}: {', '.join(guards[:most])}"
-
-
-def status_text(g: LayerGroup) -> str:
-    """The box's status in one line (tooltip, open layer's frame): the verdict's word when settled; at an earlier
-    version `final: <word>; at this version: <status so far>`; else the status at this version."""
-    if g.verdict is not None and not g.verdict.settled:
-        return f"final: {g.verdict.word}; at this version: {_so_far(g)}"
-    return g.status
-
-
-def _box_tooltip(g: LayerGroup) -> str:
-    parts = [f"{g.title}: {status_text(g) or 'no layer'}", f"nodes: {' '.join(f'%{n.id}' for n in g.nodes[:60])}"]
-    if g.same_as is not None:
-        parts.append(f"same as {layer_label(g.same_as)}: {SAME_AS}")
-    if g.verdict is not None and g.verdict.message:
-        parts.append(f"why: {g.verdict.message}")
-    for r in g.rejections:
-        said = {NOT_NEAR_MISS: "NOT A NEAR-MISS", OP_GAP: "GAP IN RLXVIZ'S OPS"}.get(g.status, "REJECTED")
-        parts.append(f"{said} {r.rule} [{r.stage}] guard {r.guard}: {r.message}")
-        if r.hint:
-            parts.append(f"hint: {r.hint}")
-    return "\n".join(parts)
 
 
 def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | None = None,
@@ -500,7 +359,7 @@ def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | Non
         # while an overlay colours nodes (`Overlay.heat`), a box's status fill would read as its legend (a "partly
         # fused" yellow as 1e-07–1e-06): grey, its status in its words and outline only
         fill = UNCOLOURED if overlay is not None and overlay.heat else STATUS_COLORS.get(g.tone, "#f5f5f5")
-        attrs = {"id": g.key, "fillcolor": fill, "tooltip": _tip(_box_tooltip(g))}
+        attrs = {"id": g.key, "fillcolor": fill, "tooltip": _tip(box_tooltip(g))}
         if g.tone in ("rejected", "not fused"):
             attrs.update(color=REJECT, style="rounded,filled,dashed", penwidth="2.5")
         elif g.tone == NOT_NEAR_MISS:  # the chips' faded ○: nothing to fix, not the rejection's red frame
@@ -512,7 +371,7 @@ def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | Non
         if drawer is not None and g in opened:
             _open_layer(d, g, attrs, drawer)
         else:
-            d.node(g.key, _box_label(g), **attrs)
+            d.node(g.key, box_label(g), **attrs)
     edges: dict[tuple[str, str], int] = {}
     for n in graph:
         dst = of.get(n.id)
