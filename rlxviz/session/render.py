@@ -224,6 +224,7 @@ a drawing's cache key holds it."""
 def picture(source: Trace | Graph, v: View, heat: Heat = ()) -> tuple[Graph, Overlay | None, dict[str, Any]]:
     """(graph, overlay, `viz.render_dot` keyword arguments) of `v` in a run (or of a bare graph); `heat` colours
     the nodes it names (a per-node overlay of time share or error)."""
+    kw_refusals: Overlay | None = None
     if isinstance(source, Graph):
         g, ov, trace = source, None, None
     else:
@@ -239,7 +240,11 @@ def picture(source: Trace | Graph, v: View, heat: Heat = ()) -> tuple[Graph, Ove
         else:
             g, ov = step.after, Overlay.after(step)
             ov = replace(ov, title=layer_changes(step, v.focus)) if v.focus is not None else ov
+            if v.view == "layers":  # its boxes say what the pass that made it found, as its before pane does
+                kw_refusals = Overlay.before(step).worded_by(trace, step)
     kw: dict[str, Any] = {"view": v.view}
+    if kw_refusals is not None:
+        kw["refusals"] = kw_refusals
     if v.focus is not None:
         kw["focus"] = v.focus
     if v.view == "layers" and v.expanded:

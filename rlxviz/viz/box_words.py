@@ -15,12 +15,16 @@ from typing import TYPE_CHECKING
 from ..ir import Node
 from ..ir.ops import REWRITTEN_AS
 from ..passes.trace import layer_label
-from .dot import _e, _html, _small
+from .dot import _e, _html, _small, _wrap
 from .overlay import group_words
 from .styles import NOT_NEAR_MISS, NOT_NEAR_MISS_INK, OP_GAP, OP_GAP_INK, REJECT, human_count
 
 if TYPE_CHECKING:
     from .layers import LayerGroup, Verdict
+
+WRAP = 44
+"""The most characters of a box's `at this version:` and `_found` lines: longer words wrap (esm.qdyn's two gap names
+on one line drew its boxes as wide as the pane, newcomer run 18), so a box stays about its `width` (2.6 in)."""
 
 SAME_AS = ("the same ops, shapes and wiring, as many weights, and the same final verdict: its words, the ops it made "
            "and the places each pattern refused (how many, and why)")
@@ -39,7 +43,9 @@ def box_label(g: LayerGroup) -> str:
         lines += _verdict_lines(g)
     elif g.verdict is not None:  # an earlier version: the final verdict first, then what has happened so far
         lines += _final_lines(g.verdict)
-        lines.append(_small(f"at this version: {_so_far(g)}", "#555555", 9))
+        lines += [_small(x, "#555555", 9) for x in _wrap(f"at this version: {_so_far(g)}", WRAP)]
+        if found := _found(g):  # what the pane's pass found there, named by it: the same in its before and after
+            lines += [_small(x, FOUND_INK.get(g.status, REJECT), 9) for x in _wrap(found, WRAP)]
     elif g.status == "fused":
         f = g.fused[0]
         by = _small(f"-> {f.op.value} by {f.pass_name}" if len(g.fused) == 1 else f"-> {_counted(g.fused)}", "#1b5e20")
@@ -111,23 +117,35 @@ def _made(g: LayerGroup) -> str:
 
 
 def _so_far(g: LayerGroup) -> str:
-    """What the passes up to the version drawn did to the layer, in words (its `status` at this version), counting
-    what their matches made there: fused ops and the plain ops a match made (`partly fused (FusedMatMulBiasAct×4;
-    rewritten as attention)`; `no fused op; rewritten as attention` of a layer whose attention alone was packed)."""
+    """What the graph drawn holds in the layer, in words (`LayerGroup.state`: what the passes up to it did there),
+    counting what their matches made: fused ops and the plain ops a match made (`partly fused (FusedMatMulBiasAct×4;
+    rewritten as attention)`; `no fused op; rewritten as attention` of a layer whose attention alone was packed).
+    Never what the pane's pass found there (`_found`): the before and after panes of a pass that changed nothing
+    say the same of the same graph (esm.qdyn's `fuse_attention_block`, newcomer run 18)."""
     made = _made(g)
-    if g.status == "fused":
+    if g.state == "fused":
         return f"fused -> {_counted(g.fused)}"
-    if g.status == "partly fused":
+    if g.state == "partly fused":
         return f"partly fused ({made})"
-    if g.status == "rewritten":
+    if g.state == "rewritten":
         return f"no fused op; {made}"
-    so_far = f"; so far {made}" if made else ""
+    return g.state or "unfused"
+
+
+FOUND_INK = {OP_GAP: OP_GAP_INK, NOT_NEAR_MISS: NOT_NEAR_MISS_INK}
+"""The ink of a box's `_found` line by the box's status (else the rejection's red): the chips' marks' inks."""
+
+
+def _found(g: LayerGroup) -> str:
+    """What the pass of the pane found in the layer (`LayerGroup.found_by`), named by it: `fuse_attention_block: △ 2
+    gaps in rlxviz's ops: ...`, `fuse_transformer_layer: rejected: h1_user_count`; "" when it refused nothing there.
+    The before pane's pass runs on the graph drawn; the after pane's made it: one pass, so both panes say it."""
+    if not g.found_by:
+        return ""
     if g.status == "rejected":
         guards = list(dict.fromkeys(r.guard for r in sorted(g.rejections, key=lambda r: r.stage != "guard")))
-        return f"rejected: {', '.join(guards[:2])}{so_far}"
-    if g.status in (NOT_NEAR_MISS, OP_GAP):
-        return f"{_standing_words(g)}{so_far}"
-    return g.status or "unfused"
+        return f"{g.found_by}: rejected: {', '.join(guards[:2])}"
+    return f"{g.found_by}: {_standing_words(g)}"
 
 
 def _standing_words(g: LayerGroup, most: int | None = None) -> str:
@@ -143,9 +161,11 @@ def _standing_words(g: LayerGroup, most: int | None = None) -> str:
 
 def status_text(g: LayerGroup) -> str:
     """The box's status in one line (tooltip, open layer's frame): the verdict's word when settled; at an earlier
-    version `final: <word>; at this version: <status so far>`; else the status at this version."""
+    version `final: <word>; at this version: <what the graph holds>`, then what the pane's pass found there
+    (`; <pass>: <words>`, `_found`); else the status at this version."""
     if g.verdict is not None and not g.verdict.settled:
-        return f"final: {g.verdict.word}; at this version: {_so_far(g)}"
+        found = _found(g)
+        return f"final: {g.verdict.word}; at this version: {_so_far(g)}" + (f"; {found}" if found else "")
     return g.status
 
 

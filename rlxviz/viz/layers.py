@@ -29,6 +29,7 @@ from ..passes.placement import path_box
 from ..passes.readers import live_nodes
 from ..passes.rules.cleanup import region_of_one
 from ..passes.trace import Layer, Rejection, layer_label, layer_of
+from .box_words import SAME_AS as SAME_AS  # re-exported: what "same as layer K" compares
 from .box_words import box_label, box_tooltip, status_text
 from .dot import DotOptions, GraphTooLarge, _Drawer, _e, _html, _small, _tip
 from .heat import UNCOLOURED
@@ -108,6 +109,11 @@ class LayerGroup:
             the first of its kind, or not a layer).
         gaps: for a box drawn as a gap (`OP_GAP`), each gap in rlxviz's ops its places ran into, its op form and
             a short name (`Overlay.gap_names`), each once: the box names them all (`_standing_words`).
+        state: for a layer, what the graph drawn holds there (`fused`, `partly fused`, `rewritten`, `unfused`), with
+            no refusal counted: `status` less what the pane's pass found (`box_words._so_far`).
+        found_by: the pass whose refusals in the layer make `status` `rejected` or a standing (`OP_GAP`,
+            `NOT_NEAR_MISS`): the pane's pass, on the before pane (it runs on the graph drawn) and on the after
+            pane (it made it); "" when the status is none of those.
     """
 
     key: str
@@ -120,6 +126,8 @@ class LayerGroup:
     verdict: Verdict | None = None
     same_as: Layer | None = None
     gaps: GapNames = ()
+    state: str = ""
+    found_by: str = ""
 
     @property
     def fused(self) -> list[Node]:
@@ -204,12 +212,16 @@ def all_fused(graph: Graph, g: LayerGroup, static: Collection[int]) -> bool:
 
 def layer_groups(graph: Graph, overlay: Overlay | None = None,
                  verdicts: Mapping[int, Verdict] | None = None,
-                 placed: Mapping[int, Layer | str] | None = None) -> dict[str, LayerGroup]:
+                 placed: Mapping[int, Layer | str] | None = None,
+                 refusals: Overlay | None = None) -> dict[str, LayerGroup]:
     """Compute nodes grouped by layer (in graph order), each with its fusion status.
 
     Args:
         graph: the graph version to summarize.
         overlay: its rejections (e.g. `Overlay.trace_summary(trace)`) mark layers as rejected.
+        refusals: the overlay whose rejections the boxes say instead of `overlay`'s (the after pane of a pass: the
+            pass's own, `Overlay.before(step)`, which the after overlay does not mark on the graph it made), so a
+            pass's before and after panes say alike what it found (`LayerGroup.found_by`).
         verdicts: layer -> the session's final verdict (what "why didn't layer N fuse?" says); a layer whose verdict
             is `settled` takes its word as status, an unsettled one keeps its status at this version beside it.
         placed: node id -> where it sits, for the nodes `passes.placement.placed` places by the model's structure,
@@ -248,6 +260,7 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
     # version depends on the live ops it holds only
     live = live_nodes(graph)
     static = weight_only(graph) | {n.id for n in graph if n.id not in live}
+    overlay = refusals or overlay
     for r in (overlay.rejections if overlay else ()):
         if r.layer in by_layer:
             by_layer[r.layer].rejections.append(r)
@@ -257,13 +270,19 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
     for g in groups.values():
         if g.layer is not None and verdicts and g.layer in verdicts:
             g.verdict = verdicts[g.layer]
+        if g.layer is not None:  # what the graph holds there, no refusal counted
+            one = g.fused and len([n for n in g.nodes if n.id not in static]) == 1  # weight preparation: no op
+            # fused but for ops no fusion takes (`all_fused`: a reshape, a gather) is no partial fusion
+            g.state = "fused" if one or (g.fused and all_fused(graph, g, static)) else "partly fused" if g.fused \
+                else "rewritten" if g.rewritten else "unfused"
         if g.verdict is not None and g.verdict.settled:
             g.status = g.verdict.word
         elif g.layer is None:
             g.status = ("fused" if all_fused(graph, g, static) else "partly fused") if g.fused else ""
-        elif g.fused and len([n for n in g.nodes if n.id not in static]) == 1:
+        elif g.state == "fused" and len([n for n in g.nodes if n.id not in static]) == 1:
             g.status = "fused"  # one fused op; weight preparation (e.g. merged Q/K/V weights) does not count
         elif g.rejections and not (g.verdict is not None and pristine):
+            g.found_by = ", ".join(dict.fromkeys(r.pass_name for r in g.rejections))
             # a layer whose every refusal is no near-miss (the chips' ○) is not drawn as rejected; one of them at a
             # gap in rlxviz's ops (the chips' △, `Overlay.gaps`) is drawn as that gap
             excused = overlay.excused if overlay else frozenset()
@@ -275,9 +294,7 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
                 if overlay is not None and g.status == OP_GAP:
                     g.gaps = tuple(dict.fromkeys(x for pl in at for x in overlay.gap_names.get(pl, ())))
         else:
-            # fused but for ops no fusion takes (`all_fused`: a reshape, a gather) is no partial fusion
-            g.status = ("fused" if all_fused(graph, g, static) else "partly fused") if g.fused else \
-                "rewritten" if g.rewritten else "unfused"
+            g.status = g.state
     first: dict[tuple, int] = {}
     for g in groups.values():
         if g.layer is not None:
@@ -316,12 +333,14 @@ def layer_signature(graph: Graph, g: LayerGroup) -> tuple:
 
 def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | None = None,
                   max_nodes: int = 1500, verdicts: Mapping[int, Verdict] | None = None,
-                  expanded: Collection[int] = (), placed: Mapping[int, Layer | str] | None = None) -> str:
+                  expanded: Collection[int] = (), placed: Mapping[int, Layer | str] | None = None,
+                  refusals: Overlay | None = None) -> str:
     """DOT source of the layer-collapsed view of `graph` (boxes `id="layer<i>"`, edges `L<src>_<dst>`).
 
     Args:
         verdicts: layer -> `Verdict`: the boxes say the session's status words (see `layer_groups`).
         placed: node id -> where it sits, for nodes placed by structure, not path (see `layer_groups`).
+        refusals: the pass's refusals the boxes say, when not `overlay`'s (see `layer_groups`); never marked on nodes.
         expanded: layers drawn open in place: a cluster `id="layer<i>"` holding the layer's nodes as the full
             view draws them (`n<id>`, overlay marks included, edges `e<src>_<dst>` between drawn nodes); the
             other layers stay one box each. Layers the graph lacks are ignored.
@@ -330,7 +349,7 @@ def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | Non
         GraphTooLarge: more than `max_nodes` boxes and drawn nodes (a graph whose paths carry no layer
             structure, or too many layers expanded).
     """
-    groups = layer_groups(graph, overlay, verdicts, placed)
+    groups = layer_groups(graph, overlay, verdicts, placed, refusals)
     opened = [g for g in groups.values() if g.layer is not None and g.layer in set(expanded)]
     inside = {n.id for g in opened for n in g.nodes}
     if len(groups) + len(inside) > max_nodes:

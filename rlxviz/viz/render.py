@@ -30,7 +30,7 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
                radius: int = 0, show_params: bool = False, edge_labels: bool = False,
                max_nodes: int = MAX_NODES, title: str | None = None,
                verdicts: Mapping[int, Verdict] | None = None, expanded: Collection[int] = (),
-               placed: Mapping[int, Layer | str] | None = None) -> str:
+               placed: Mapping[int, Layer | str] | None = None, refusals: Overlay | None = None) -> str:
     """DOT source for one graph version.
 
     Args:
@@ -47,6 +47,8 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
         expanded: layers view: layers drawn open in place (their nodes inside a cluster), the rest one box each.
         placed: layers view: node id -> the layer or place outside the layers it sits in, for nodes placed by
             structure, not path (`passes.placement.placed`, `layers.layer_groups`).
+        refusals: layers view: the pass's refusals its boxes say when `overlay` does not hold them (the after pane:
+            `Overlay.before(step)`; `layers.layer_groups`).
 
     Raises:
         ValueError: unknown view, or `focus` names a layer the graph lacks.
@@ -56,7 +58,7 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
         raise ValueError(f"[render_dot] view must be one of {VIEWS}, got {view!r}")
     title = drawing_title(graph, overlay, view=view, focus=focus, radius=radius) if title is None else title
     if view == "layers":
-        return layers_to_dot(graph, overlay, title, max_nodes, verdicts, expanded, placed)
+        return layers_to_dot(graph, overlay, title, max_nodes, verdicts, expanded, placed, refusals)
     include = focus_ids(graph, focus, radius) if focus is not None else None
     if include is not None and overlay is not None:
         # a rejection in the focused layer is drawn whole: its offending nodes may lie outside the layer's scope
