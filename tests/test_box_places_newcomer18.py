@@ -103,3 +103,15 @@ def test_esm_qdyn_draws_its_final_norm_in_the_final_norm_box_at_version_22():
                             "ElementwiseRegion %798 (mark_elementwise_regions)": "embeddings"}
     assert (f"{OUTSIDE_LAYERS}: final norm: FusedResidualLN %797 (fuse_residual_ln); "
             f"embeddings: ElementwiseRegion %798 (mark_elementwise_regions)") in v.render().splitlines()
+
+
+def test_the_search_index_holds_each_node_in_the_box_it_is_drawn_in():
+    """The Graph tab's search over folded boxes (`folded_index`) keyed the final norm by its path's box (`g_encoder`),
+    which the drawing no longer has."""
+    from rlxviz.app.graphpane import folded_index
+
+    t = _trace(ESM)
+    for k in (22, len(t.versions()) - 1):
+        drawn = {key: sorted(n.id for n in b.nodes) for key, b in _boxes(t, k).items()}
+        index = {key: sorted(int(i) for i, _ in rows) for key, rows in folded_index(t.versions()[k][1], [], t).items()}
+        assert index == drawn, k
