@@ -115,3 +115,19 @@ def test_the_search_index_holds_each_node_in_the_box_it_is_drawn_in():
         drawn = {key: sorted(n.id for n in b.nodes) for key, b in _boxes(t, k).items()}
         index = {key: sorted(int(i) for i, _ in rows) for key, rows in folded_index(t.versions()[k][1], [], t).items()}
         assert index == drawn, k
+
+
+@pytest.mark.parametrize("path", MODELS, ids=lambda p: p.stem)
+def test_a_norm_takes_into_its_box_what_it_absorbed_never_an_operand(path):
+    """bart-full's embeddings norm read `gather` %4 (`x`, an operand it binds but does not absorb): %4 stays in its
+    path's box, `encoder`; only the nodes a placed norm absorbed (`Node.absorbed`) follow it."""
+    from rlxviz.passes.placement import RESIDUAL_NORMS, placed
+
+    t = _trace(path)
+    where = placed(t)
+    nodes = {n.id: n for _, g in t.versions() for n in g}
+    absorbed_by = {a: n.id for n in nodes.values() for a in n.absorbed}
+    for i, place in where.items():
+        if nodes[i].op in RESIDUAL_NORMS:
+            continue
+        assert i in absorbed_by and where.get(absorbed_by[i]) == place, (path.stem, i, nodes[i].op.value, place)

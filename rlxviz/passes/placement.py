@@ -100,21 +100,21 @@ _PLACED: DigestCache[dict[int, Layer | str]] = DigestCache(limit=4)
 def placed(trace: Trace) -> dict[int, Layer | str]:
     """Node id -> where it sits, for the nodes of any version of `trace` whose path does not say it: each residual
     norm that `match_layer` credits elsewhere than its path's layer (a layer; for none, its place outside the layers:
-    `FINAL_NORM_BOX` when it reads what a layer made, else `EMBEDDINGS_BOX`), and the nodes in no layer by path that it
-    absorbed, through every earlier match that made them (esm.qdyn's `layer_norm` %768, path
-    `encoder.emb_layer_norm_after`, before `fuse_residual_ln` made `FusedResidualLN` %797 of it: `final norm`; node ids
-    are never reused). What `explain` says of these nodes and where the app's layers view boxes them. Made once per
-    trace."""
+    `FINAL_NORM_BOX` when it reads what a layer made, else `EMBEDDINGS_BOX`), and the nodes in no layer by path
+    that it absorbed (`Node.absorbed`: never an operand it reads), through every earlier match that made them
+    (esm.qdyn's `layer_norm` %768, path `encoder.emb_layer_norm_after`, before `fuse_residual_ln` made
+    `FusedResidualLN` %797 of it: `final norm`; node ids are never reused). What `explain` says of these nodes and
+    where the app's layers view boxes them. Made once per trace."""
     hit = _PLACED.get(trace)
     if hit is not None:
         return hit
-    made: dict[int, tuple[Match, Graph]] = {}
+    made: dict[int, tuple[tuple[int, ...], Graph]] = {}  # a match's node -> (what it absorbed, the graph before)
     norms: dict[int, Layer | str] = {}
     for s in trace.steps:
         for m in s.matches:
             if m.fused is None or m.fused not in s.after:
                 continue
-            made[m.fused] = (m, s.before)
+            made[m.fused] = (s.after[m.fused].absorbed, s.before)
             if s.after[m.fused].op not in RESIDUAL_NORMS:
                 continue
             k = match_layer(trace.input, s.before, s.after, m)
@@ -126,10 +126,8 @@ def placed(trace: Trace) -> dict[int, Layer | str]:
     for f, place in norms.items():
         todo = [f]
         while todo:
-            m, before = made.get(todo.pop(), (None, None))
-            if m is None or before is None:
-                continue
-            for i in m.bindings.values():
+            absorbed, before = made.get(todo.pop(), ((), None))
+            for i in absorbed if before is not None else ():
                 if i in before and i not in out and layer_of(before[i].path) is None \
                         and before[i].op not in (Op.INPUT, Op.PARAM, Op.CONST):
                     out[i] = place
