@@ -20,8 +20,9 @@ from test_near_miss_rule import trace_of
 from rlxviz.ir import Op
 from rlxviz.ir.builder import Builder
 from rlxviz.passes import Trace
+from rlxviz.passes.placement import FINAL_NORM_BOX
 from rlxviz.session.render import View, dot, picture
-from rlxviz.viz.layers import OUTSIDE_KEY, layer_groups, not_fusable
+from rlxviz.viz.layers import layer_groups, not_fusable, place_key
 
 CASES = Path(__file__).parent / "fixtures" / "onnx" / "cases"
 ESM, DEIT, ROBERTA = (CASES / f"{n}.onnx" for n in ("esm.qdyn", "deit.ortopt", "roberta"))
@@ -34,16 +35,16 @@ def _trace(path: Path) -> Trace:
 
 def _boxes(t: Trace, version: int) -> dict:
     g, ov, kw = picture(t, View(version, "layers", "after"))
-    return layer_groups(g, ov, kw.get("verdicts"), kw.get("outside", ()))  # as drawn
+    return layer_groups(g, ov, kw.get("verdicts"), kw.get("placed"))  # as drawn
 
 
 def test_esms_encoder_and_embeddings_boxes_read_fused_not_partly_fused():
     t = _trace(ESM)
     last = len(t.versions()) - 1
     boxes = _boxes(t, last)
-    # the final norm (path `encoder`) is placed outside the layers by structure: since newcomer run 17 it is drawn in
-    # the `outside the layers` box, as `explain` says it, not in a box named by its path
-    enc, emb = boxes[OUTSIDE_KEY], boxes["g_embeddings"]
+    # the final norm (path `encoder`) is placed outside the layers by structure: since newcomer run 18 it is drawn in
+    # the `final norm` box, where `explain`'s `outside the layers:` line says it sits, not in a box named by its path
+    enc, emb = boxes[place_key(FINAL_NORM_BOX)], boxes["g_embeddings"]
     assert [n.op for n in enc.nodes] == [Op.FUSED_RESIDUAL_LN] and enc.status == "fused"
     assert emb.fused and emb.status == "fused", [(n.op.value, n.id) for n in emb.nodes]
     text = html.unescape(dot(t, View(last, "layers", "after")))
@@ -93,10 +94,10 @@ def test_a_lone_boolean_mask_op_leaves_nothing_to_fuse():
     t = _trace(GPT_NEOX)
     boxes = _boxes(t, len(t.versions()) - 1)
     g = t.versions()[-1][1]
-    # since newcomer run 17 the final norm is drawn in the `outside the layers` box; the mask's ops stay in `model`
+    # since newcomer run 18 the final norm is drawn in the `final norm` box; the mask's ops stay in `model`
     box = boxes["g_model"]
     assert any(n.op == Op.WHERE for n in box.nodes) and all(not_fusable(g, n) for n in box.nodes), box.nodes
-    assert box.status != "partly fused" and boxes[OUTSIDE_KEY].status == "fused"
+    assert box.status != "partly fused" and boxes[place_key(FINAL_NORM_BOX)].status == "fused"
     b = Builder()
     x = b.input("x", (2, 3), "f32")
     m = b.input("m", (2, 3), "bool")

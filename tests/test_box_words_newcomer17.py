@@ -4,7 +4,9 @@
    as ...` (green) after it, with the same ops: dead consts of the layer kept it unsettled. Decision: a layer is
    settled by its live compute nodes (`session.render._layer_nodes`), and dead ops leave nothing to fuse.
 2. The model's final norm sat in `model` (with the embeddings), `encoder` or `other` by export. Decision: the residual
-   norms `match_layer` places outside the layers (by structure, not path) share one box, `outside the layers`.
+   norms `match_layer` places outside the layers (by structure, not path) share one box, named by their place
+   (`placement.outside_box`: `final norm`; newcomer run 18 renamed it from `outside the layers`, which named every op
+   in no layer in `explain`'s line).
 3. A layer line's `%361 ... %365` held %362, said outside the layers. Decision: a range holds only listed ids.
 4. `rewritten as` listed an attention a later rule replaced; `-v` left out the FusedMatMulBiasAct the QKV-column
    rewrite made beside its attention. Decision: both lists say the final version's nodes, one source of side products.
@@ -20,10 +22,11 @@ from test_near_miss_rule import trace_of
 
 from rlxviz.passes import Trace
 from rlxviz.passes.explain import explain
+from rlxviz.passes.placement import FINAL_NORM_BOX
 from rlxviz.passes.why.text import fused_list, id_runs
 from rlxviz.passes.why.verdict import RunVerdict
 from rlxviz.session.render import View, picture
-from rlxviz.viz.layers import OUTSIDE_KEY, OUTSIDE_TITLE, layer_groups
+from rlxviz.viz.layers import layer_groups, place_key
 
 FIX = Path(__file__).parent / "fixtures" / "onnx"
 
@@ -35,7 +38,7 @@ def _trace(path: Path) -> Trace:
 
 def _boxes(t: Trace, version: int, side: str = "after") -> dict:
     g, ov, kw = picture(t, View(version, "layers", side))
-    return layer_groups(g, ov, kw.get("verdicts"), kw.get("outside", ()))
+    return layer_groups(g, ov, kw.get("verdicts"), kw.get("placed"))
 
 
 def test_a_layer_with_the_same_live_ops_reads_alike_before_and_after_dead_code_elimination():
@@ -54,8 +57,8 @@ def test_the_final_norm_is_boxed_outside_the_layers_alike_across_exports():
     for path in (FIX / "zoo" / "esm.dynamo-eager.onnx", cases / "esm.qdyn.onnx", cases / "granite.onnx"):
         t = _trace(path)
         boxes = _boxes(t, len(t.versions()) - 1)
-        out = boxes[OUTSIDE_KEY]
-        assert out.title == OUTSIDE_TITLE and out.status == "fused", (path.stem, out.status)
+        out = boxes[place_key(FINAL_NORM_BOX)]
+        assert out.title == FINAL_NORM_BOX and out.status == "fused", (path.stem, out.status)
         assert any(n.op.value.startswith("FusedResidual") for n in out.nodes), path.stem
         said = {int(i) for item in RunVerdict.of(t).outside if item.startswith("FusedResidual")
                 for i in re.findall(r"%(\d+)", item)}

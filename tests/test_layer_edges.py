@@ -26,7 +26,7 @@ from rlxviz.ir.ops import FUSED_INTO, made_as
 from rlxviz.passes import Pipeline
 from rlxviz.passes.explain import explain
 from rlxviz.passes.placement import match_layer
-from rlxviz.passes.why.text import OUTSIDE_LAYERS, fused_list
+from rlxviz.passes.why.text import OUTSIDE_LAYERS, fused_list, outside_line
 from rlxviz.passes.why.verdict import RunVerdict
 from rlxviz.session.loading import load
 
@@ -62,7 +62,8 @@ def test_every_final_fused_op_is_said_by_exactly_one_line(model):
     assert {i: n for i, n in said.items() if n != 1} == {}  # none said twice
     assert set(said) == set(final), {i: final.get(i) for i in set(said) ^ set(final)}
     text = v.render()  # the text says what --json says: one source
-    assert (f"{OUTSIDE_LAYERS}: {fused_list(v.outside)}" in text.splitlines()) == bool(v.outside)
+    assert (outside_line(v) in text.splitlines()) == bool(v.outside)
+    assert not v.outside or set(v.outside_in) == set(v.outside)  # each op said with its place
     heads = [ln for ln in text.splitlines() if ln.startswith(("layer ", "encoder layer", "decoder layer"))]
     assert len(heads) == len(v.layers)
     for lv, head in zip(v.layers, heads, strict=True):
@@ -104,7 +105,9 @@ def test_explain_json_and_text_carry_the_outside_line(capsys):
     d = json.loads(out)
     assert [x.split(" %")[0] for x in d["outside_layers"]] == ["FusedResidualLN"]
     _, text, _ = cli_run(capsys, "explain", model)
-    assert f"{OUTSIDE_LAYERS}: {d['outside_layers'][0]}" in text.splitlines()
+    item = d["outside_layers"][0]  # said in its place, the name of the app's box that holds it (newcomer run 18)
+    assert d["outside_boxes"] == {item: "final norm"}
+    assert f"{OUTSIDE_LAYERS}: final norm: {item}" in text.splitlines()
 
 
 def test_post_ln_residual_norm_closes_its_own_layer_and_the_embeddings_norm_is_outside():

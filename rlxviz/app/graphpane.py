@@ -42,6 +42,7 @@ from panel.custom import JSComponent
 from ..ir import Graph
 from ..ir.printer import format_value
 from ..passes.made import holders
+from ..passes.placement import placed
 from ..passes.trace import Trace, layer_label, layer_of
 from ..session.cache import LRUCache
 from ..viz import layer_groups
@@ -220,10 +221,11 @@ def folded_index(graph: Graph, open_layers: list[int], trace: Trace | None = Non
     lower-cased words the search matches in a drawn node (op, dtype and shape, path, attributes as the IR prints
     them; never its operands or users), and, for a fused node of `trace`, the ops it absorbed at any depth
     (`absorbed_index`: a box holding a fused node that absorbed a softmax is a hit for `softmax`). Layers in
-    `open_layers` are drawn node by node, so they are left out."""
+    `open_layers` are drawn node by node, so they are left out. The nodes `trace` places by structure
+    (`passes.placement.placed`: the final norm) are in the box they are drawn in (`final norm`)."""
     held = absorbed_index(graph, trace)
     out: dict[str, list[list[int | str]]] = {}
-    for key, group in layer_groups(graph).items():
+    for key, group in layer_groups(graph, placed=placed(trace) if trace is not None else None).items():  # as drawn
         if group.layer is not None and group.layer in open_layers:
             continue
         out[key] = [[n.id, (f"{n.op.value} -> {n.dtype}{list(n.shape)}\npath: {n.path}\nattrs: "

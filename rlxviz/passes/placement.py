@@ -15,13 +15,22 @@ graph optimizer named the nodes (ONNX Runtime's `SkipLayerNormalization` before 
 `explain` keys every match by `match_layer`, so a layer's fused ops (`LayerVerdict.done`), the sibling a rejection
 is compared with (`LayerExplanation.sibling`) and the ops said outside the layers (`RunVerdict.outside`) read one
 placement.
+
+What is credited to no layer sits in one named place (`outside_box`), which `explain`'s `outside the layers:` line
+says of each op and the app's layers view draws as a box of that name: a residual norm placed by the rule sits by
+structure, `final norm` when it reads what a layer made (the model's final norm), else `embeddings` (the embeddings'
+norm), whatever path an export gave it; every other op by the first part of its path (`embeddings`, `pooler`; `other`
+for none). A residual norm the rule credits to a layer its path does not name sits in that layer's box. The no-layer
+nodes a placed norm absorbed (its norm, before the pass fused it) sit where it sits at every version, so a node's box
+never changes while the node stays the same (`placed`).
 """
 
 from __future__ import annotations
 
 from ..ir import Graph, Op
+from ..ir.identity import DigestCache
 from .architecture import classify_layer
-from .trace import Layer, Match, layer_of
+from .trace import Layer, Match, Trace, layer_of
 
 RESIDUAL_NORMS = frozenset({Op.FUSED_RESIDUAL_LN, Op.FUSED_RESIDUAL_RMS_NORM})
 """The fused ops `match_layer` places by `RESIDUAL_NORM_RULE`: a residual sum and the norm that reads it."""
@@ -60,4 +69,82 @@ def match_layer(source: Graph, before: Graph, after: Graph, m: Match) -> Layer |
     return opens[0] if opens else None
 
 
-__all__ = ["RESIDUAL_NORMS", "RESIDUAL_NORM_RULE", "match_layer"]
+FINAL_NORM_BOX, EMBEDDINGS_BOX, NO_PATH_BOX = "final norm", "embeddings", "other"
+"""The places `outside_box` names: a residual norm credited to no layer that reads what a layer made, one that does
+not, and an op with no path."""
+
+
+def path_box(path: str) -> str:
+    """The place of a node in no layer by its path: the path's first part (`embeddings.LayerNorm` -> `embeddings`),
+    `other` for none."""
+    return path.split(".")[0] if path else NO_PATH_BOX
+
+
+def _reads_a_layer(g: Graph, node: int) -> bool:
+    """`node` of `g` reads, directly or through others, a node whose path names a layer."""
+    seen, todo = {node}, list(g[node].inputs)
+    while todo:
+        i = todo.pop()
+        if i in seen or i not in g:
+            continue
+        seen.add(i)
+        if layer_of(g[i].path) is not None:
+            return True
+        todo.extend(g[i].inputs)
+    return False
+
+
+_PLACED: DigestCache[dict[int, Layer | str]] = DigestCache(limit=4)
+
+
+def placed(trace: Trace) -> dict[int, Layer | str]:
+    """Node id -> where it sits, for the nodes of any version of `trace` whose path does not say it: each residual
+    norm that `match_layer` credits elsewhere than its path's layer (a layer; for none, its place outside the layers:
+    `FINAL_NORM_BOX` when it reads what a layer made, else `EMBEDDINGS_BOX`), and the nodes in no layer by path
+    that it absorbed (`Node.absorbed`: never an operand it reads), through every earlier match that made them
+    (esm.qdyn's `layer_norm` %768, path `encoder.emb_layer_norm_after`, before `fuse_residual_ln` made
+    `FusedResidualLN` %797 of it: `final norm`; node ids are never reused). What `explain` says of these nodes and
+    where the app's layers view boxes them. Made once per trace."""
+    hit = _PLACED.get(trace)
+    if hit is not None:
+        return hit
+    made: dict[int, tuple[tuple[int, ...], Graph]] = {}  # a match's node -> (what it absorbed, the graph before)
+    norms: dict[int, Layer | str] = {}
+    for s in trace.steps:
+        for m in s.matches:
+            if m.fused is None or m.fused not in s.after:
+                continue
+            made[m.fused] = (s.after[m.fused].absorbed, s.before)
+            if s.after[m.fused].op not in RESIDUAL_NORMS:
+                continue
+            k = match_layer(trace.input, s.before, s.after, m)
+            if k is None:
+                norms[m.fused] = FINAL_NORM_BOX if _reads_a_layer(s.after, m.fused) else EMBEDDINGS_BOX
+            elif k != layer_of(s.after[m.fused].path):  # bart-full's decoder norm %381, path `decoder`: layer 0
+                norms[m.fused] = k
+    out = dict(norms)
+    for f, place in norms.items():
+        todo = [f]
+        while todo:
+            absorbed, before = made.get(todo.pop(), ((), None))
+            for i in absorbed if before is not None else ():
+                if i in before and i not in out and layer_of(before[i].path) is None \
+                        and before[i].op not in (Op.INPUT, Op.PARAM, Op.CONST):
+                    out[i] = place
+                    todo.append(i)
+    _PLACED[trace] = out
+    return out
+
+
+def outside_box(trace: Trace, node: int) -> str:
+    """The place of node `node` of a version of `trace` credited to no layer (`placed`, else `path_box` of its path):
+    what the `outside the layers:` line says of it, the name of the app's box that holds it."""
+    place = placed(trace).get(node)
+    if isinstance(place, str):
+        return place
+    g = trace.final if node in trace.final else next((g for _, g in trace.versions() if node in g), None)
+    return path_box(g[node].path) if g is not None else NO_PATH_BOX
+
+
+__all__ = ["EMBEDDINGS_BOX", "FINAL_NORM_BOX", "NO_PATH_BOX", "RESIDUAL_NORMS", "RESIDUAL_NORM_RULE", "match_layer",
+           "outside_box", "path_box", "placed"]

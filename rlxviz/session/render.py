@@ -16,15 +16,16 @@ text and the picture never disagree.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..ir import Graph
 from ..ir.ops import LEAF
 from ..passes import PassStep, Trace, layer_of
-from ..passes.explain import outside_layers
-from ..passes.placement import RESIDUAL_NORMS
+from ..passes.placement import placed
 from ..passes.readers import live_nodes
+from ..passes.trace import Layer
 from ..passes.why.excused import OpGap
 from ..passes.why.facts import made_nodes
 from ..passes.why.places import layer_places
@@ -183,27 +184,18 @@ def _verdicts(trace: Trace) -> dict[int, Verdict]:
             for v in run.layers}  # the verdict's own words (`LayerVerdict.status`), as the Why tab and --json say
 
 
-def _layer_nodes(g: Graph) -> dict[int, frozenset[int]]:
+def _layer_nodes(g: Graph, where: Mapping[int, Layer | str]) -> dict[int, frozenset[int]]:
     """Layer -> ids of its live compute nodes in `g` (node ids are never reused: equal sets mean the same nodes).
     Leaves and dead nodes (`readers.live_nodes`) do not count: a dead const of esm.dynamo-eager's layer 0 that the
-    last dead_code_elimination removed kept the layer unsettled before it, drawing one layer in two colours."""
+    last dead_code_elimination removed kept the layer unsettled before it, drawing one layer in two colours. A node
+    `where` places (`placement.placed`) counts in its place's layer, in none when placed outside the layers."""
     out: dict[int, set[int]] = {}
     live = live_nodes(g)
     for n in g:
-        if n.id in live and n.op not in LEAF and (k := layer_of(n.path)) is not None:
+        if n.id in live and n.op not in LEAF and (k := where.get(n.id, layer_of(n.path))) is not None \
+                and not isinstance(k, str):
             out.setdefault(k, set()).add(n.id)
     return {k: frozenset(v) for k, v in out.items()}
-
-
-def outside_ids(trace: Trace) -> frozenset[int]:
-    """Ids of the residual norms (`placement.RESIDUAL_NORMS`: the model's final norm, the embeddings' norm) the run
-    credited to no layer (`explain.outside_layers`), the ops `match_layer` places by the model's structure, not by
-    their path: one box in the layers view, `outside the layers` (`viz.layers.layer_groups`), as `RunVerdict.outside`
-    lists them. Other fused ops outside the layers are placed by their path, so their box (`embeddings`, `pooler`)
-    is the same across exports already."""
-    made = {k for o in outside_layers(trace) for k in o.nodes}
-    ops = {n.id: n.op for _, g in trace.versions() for n in g if n.id in made}
-    return frozenset(k for k in made if ops.get(k) in RESIDUAL_NORMS)
 
 
 def settled_verdicts(trace: Trace, g: Graph) -> dict[int, Verdict]:
@@ -212,9 +204,8 @@ def settled_verdicts(trace: Trace, g: Graph) -> dict[int, Verdict]:
     version shows it); an earlier state of the layer gets the verdict with `settled=False` (its box says
     `final: <word>` and what has happened to it so far, `viz.layers`), with the nodes of the layer in `g` that the
     run's matches made (`Verdict.made`, from `why.facts.made_nodes`, the nodes the verdict lists)."""
-    out = outside_ids(trace)  # drawn in the `outside the layers` box, not in their path's layer
-    now = {k: v - out for k, v in _layer_nodes(g).items()}
-    final = {k: v - out for k, v in _layer_nodes(trace.final).items()}
+    where = placed(trace)  # drawn where the run placed them (`final norm`, a layer), not by their path
+    now, final = _layer_nodes(g, where), _layer_nodes(trace.final, where)
     made = made_nodes(trace)
     return {k: v if now[k] == final.get(k) else replace(v, settled=False, made=now[k] & made)
             for k, v in verdicts(trace).items() if k in now}
@@ -233,6 +224,7 @@ a drawing's cache key holds it."""
 def picture(source: Trace | Graph, v: View, heat: Heat = ()) -> tuple[Graph, Overlay | None, dict[str, Any]]:
     """(graph, overlay, `viz.render_dot` keyword arguments) of `v` in a run (or of a bare graph); `heat` colours
     the nodes it names (a per-node overlay of time share or error)."""
+    kw_refusals: Overlay | None = None
     if isinstance(source, Graph):
         g, ov, trace = source, None, None
     else:
@@ -248,7 +240,11 @@ def picture(source: Trace | Graph, v: View, heat: Heat = ()) -> tuple[Graph, Ove
         else:
             g, ov = step.after, Overlay.after(step)
             ov = replace(ov, title=layer_changes(step, v.focus)) if v.focus is not None else ov
+            if v.view == "layers":  # its boxes say what the pass that made it found, as its before pane does
+                kw_refusals = Overlay.before(step).worded_by(trace, step)
     kw: dict[str, Any] = {"view": v.view}
+    if kw_refusals is not None:
+        kw["refusals"] = kw_refusals
     if v.focus is not None:
         kw["focus"] = v.focus
     if v.view == "layers" and v.expanded:
@@ -256,7 +252,7 @@ def picture(source: Trace | Graph, v: View, heat: Heat = ()) -> tuple[Graph, Ove
     if v.view == "layers" and trace is not None and ov is None:
         ov = Overlay.trace_summary(trace)
     if v.view == "layers" and trace is not None:
-        kw["outside"] = outside_ids(trace)  # the fused ops `explain` says outside the layers: one box
+        kw["placed"] = placed(trace)  # placed by structure: boxed where `explain` says they sit
         kw["verdicts"] = settled_verdicts(trace, g)  # the final verdict, as the "why" view says it, on every box
     if heat:
         ov = replace(ov or Overlay(), heat={i: (fill, line) for i, fill, line in heat if i in g})
@@ -290,4 +286,4 @@ def svg(source: Trace | Graph, v: View, heat: Heat = (), titled: bool = True) ->
 
 
 __all__ = ["Heat", "RENDERS", "SIDES", "VIEWS", "View", "caption", "dot", "is_final", "layer_caption", "layer_changes",
-           "outside_ids", "picture", "settled_verdicts", "source_key", "svg", "verdicts"]
+           "picture", "settled_verdicts", "source_key", "svg", "verdicts"]

@@ -25,12 +25,15 @@ import graphviz
 
 from ..ir import Graph, Node, Op
 from ..ir.ops import FUSED, LEAF, MOVEMENT, REWRITTEN_AS, SPECS, made_as
+from ..passes.placement import path_box
 from ..passes.readers import live_nodes
 from ..passes.rules.cleanup import region_of_one
 from ..passes.trace import Layer, Rejection, layer_label, layer_of
+from .box_words import SAME_AS as SAME_AS  # re-exported: what "same as layer K" compares
+from .box_words import box_label, box_tooltip, status_text
 from .dot import DotOptions, GraphTooLarge, _Drawer, _e, _html, _small, _tip
 from .heat import UNCOLOURED
-from .overlay import GapNames, Overlay, group_words
+from .overlay import GapNames, Overlay
 from .styles import (
     NOT_NEAR_MISS,
     NOT_NEAR_MISS_INK,
@@ -39,7 +42,6 @@ from .styles import (
     REJECT,
     STATUS_COLORS,
     fmt_shape,
-    human_count,
     tint,
 )
 
@@ -107,6 +109,11 @@ class LayerGroup:
             the first of its kind, or not a layer).
         gaps: for a box drawn as a gap (`OP_GAP`), each gap in rlxviz's ops its places ran into, its op form and
             a short name (`Overlay.gap_names`), each once: the box names them all (`_standing_words`).
+        state: for a layer, what the graph drawn holds there (`fused`, `partly fused`, `rewritten`, `unfused`), with
+            no refusal counted: `status` less what the pane's pass found (`box_words._so_far`).
+        found_by: the pass whose refusals in the layer make `status` `rejected` or a standing (`OP_GAP`,
+            `NOT_NEAR_MISS`): the pane's pass, on the before pane (it runs on the graph drawn) and on the after
+            pane (it made it); "" when the status is none of those.
     """
 
     key: str
@@ -119,6 +126,8 @@ class LayerGroup:
     verdict: Verdict | None = None
     same_as: Layer | None = None
     gaps: GapNames = ()
+    state: str = ""
+    found_by: str = ""
 
     @property
     def fused(self) -> list[Node]:
@@ -143,6 +152,11 @@ class LayerGroup:
         return self.status
 
 
+def _layer_key(layer: Layer, stacked: bool) -> str:
+    """The DOT id of `layer`'s box (`layer3`; `layer_decoder_0` when `stacked`)."""
+    return f"layer_{layer.stack}_{layer}" if stacked and layer.stack else f"layer{layer}"
+
+
 def _group_key(n: Node, stacked: bool = False) -> tuple[str, str, int | None]:
     """(group key, title, layer) of `n`; `stacked`: the graph has several stacks (an encoder-decoder model), whose
     layers of one index are apart (`layer0` / `layer_decoder_0`)."""
@@ -150,10 +164,13 @@ def _group_key(n: Node, stacked: bool = False) -> tuple[str, str, int | None]:
     if layer is not None:
         parts = n.path.split(".")
         idx = next(k for k in range(len(parts) - 1) if parts[k + 1] == str(layer))
-        key = f"layer_{layer.stack}_{layer}" if stacked and layer.stack else f"layer{layer}"
-        return key, ".".join(parts[:idx + 2]), layer
-    head = n.path.split(".")[0] if n.path else "other"
-    return f"g_{head}", head, None
+        return _layer_key(layer, stacked), ".".join(parts[:idx + 2]), layer
+    return place_key(path_box(n.path)), path_box(n.path), None
+
+
+def place_key(place: str) -> str:
+    """The DOT id of the box of a place in no layer (`placement.outside_box`): `g_embeddings`, `g_final_norm`."""
+    return "g_" + place.replace(" ", "_")
 
 
 def weight_only(graph: Graph) -> set[int]:
@@ -193,37 +210,43 @@ def all_fused(graph: Graph, g: LayerGroup, static: Collection[int]) -> bool:
     return bool(g.fused) and all(n.op in FUSED or n.id in static or not_fusable(graph, n) for n in g.nodes)
 
 
-OUTSIDE_KEY, OUTSIDE_TITLE = "g_outside", "outside the layers"
-"""The box of the fused ops placed outside the layers by structure (`layer_groups`'s `outside`), named as `explain`'s
-`outside the layers:` line (`passes.why.text.OUTSIDE_LAYERS`)."""
-
-
 def layer_groups(graph: Graph, overlay: Overlay | None = None,
                  verdicts: Mapping[int, Verdict] | None = None,
-                 outside: Collection[int] = ()) -> dict[str, LayerGroup]:
+                 placed: Mapping[int, Layer | str] | None = None,
+                 refusals: Overlay | None = None) -> dict[str, LayerGroup]:
     """Compute nodes grouped by layer (in graph order), each with its fusion status.
 
     Args:
         graph: the graph version to summarize.
         overlay: its rejections (e.g. `Overlay.trace_summary(trace)`) mark layers as rejected.
+        refusals: the overlay whose rejections the boxes say instead of `overlay`'s (the after pane of a pass: the
+            pass's own, `Overlay.before(step)`, which the after overlay does not mark on the graph it made), so a
+            pass's before and after panes say alike what it found (`LayerGroup.found_by`).
         verdicts: layer -> the session's final verdict (what "why didn't layer N fuse?" says); a layer whose verdict
             is `settled` takes its word as status, an unsettled one keeps its status at this version beside it.
-        outside: ids of the fused ops `passes.placement.match_layer` placed outside the layers by the model's
-            structure, not their path (`session.render.outside_ids`: the model's final norm); they share one box,
-            `outside the layers`, whatever their path says, so the final norm is boxed alike across exports
-            (esm.dynamo-eager's sat with the embeddings in `model`, esm.qdyn's in `encoder`, granite's in `other`).
+        placed: node id -> where it sits, for the nodes `passes.placement.placed` places by the model's structure,
+            not their path (a residual norm at a layer's edge, and the norm it absorbed at earlier versions): a layer
+            (its box), or a place outside the layers (the box of that name, `final norm`), whatever its path says, so
+            the final norm is boxed alike across exports (esm.dynamo-eager's sat with the embeddings in `model`,
+            esm.qdyn's in `encoder`, granite's in `other`) and across versions. Every other node in no layer is boxed
+            by its path (`placement.path_box`): the boxes are the places `explain`'s lines say.
     """
     groups: dict[str, LayerGroup] = {}
     of: dict[int, str] = {}
     stacked = len({k.stack for n in graph if (k := layer_of(n.path)) is not None}) > 1
+    where = placed or {}
     for n in graph:
         if n.op in (Op.INPUT, Op.PARAM, Op.CONST):
             continue
-        key, title, layer = (OUTSIDE_KEY, OUTSIDE_TITLE, None) if n.id in outside and n.op in FUSED else \
-            _group_key(n, stacked)
+        place = where.get(n.id)
+        key, title, layer = _group_key(n, stacked) if place is None else \
+            (place_key(place), place, None) if isinstance(place, str) else (_layer_key(place, stacked), "", place)
         grp = groups.get(key) or groups.setdefault(key, LayerGroup(key, title, layer))
+        grp.title = grp.title or title  # a layer's box is titled by the path of its own nodes
         grp.nodes.append(n)
         of[n.id] = key
+    for g in groups.values():
+        g.title = g.title or layer_label(g.layer)
     for n in graph.params:
         for u in graph.users(n):
             if u.id in of:
@@ -237,6 +260,7 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
     # version depends on the live ops it holds only
     live = live_nodes(graph)
     static = weight_only(graph) | {n.id for n in graph if n.id not in live}
+    overlay = refusals or overlay
     for r in (overlay.rejections if overlay else ()):
         if r.layer in by_layer:
             by_layer[r.layer].rejections.append(r)
@@ -246,13 +270,19 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
     for g in groups.values():
         if g.layer is not None and verdicts and g.layer in verdicts:
             g.verdict = verdicts[g.layer]
+        if g.layer is not None:  # what the graph holds there, no refusal counted
+            one = g.fused and len([n for n in g.nodes if n.id not in static]) == 1  # weight preparation: no op
+            # fused but for ops no fusion takes (`all_fused`: a reshape, a gather) is no partial fusion
+            g.state = "fused" if one or (g.fused and all_fused(graph, g, static)) else "partly fused" if g.fused \
+                else "rewritten" if g.rewritten else "unfused"
         if g.verdict is not None and g.verdict.settled:
             g.status = g.verdict.word
         elif g.layer is None:
             g.status = ("fused" if all_fused(graph, g, static) else "partly fused") if g.fused else ""
-        elif g.fused and len([n for n in g.nodes if n.id not in static]) == 1:
+        elif g.state == "fused" and len([n for n in g.nodes if n.id not in static]) == 1:
             g.status = "fused"  # one fused op; weight preparation (e.g. merged Q/K/V weights) does not count
         elif g.rejections and not (g.verdict is not None and pristine):
+            g.found_by = ", ".join(dict.fromkeys(r.pass_name for r in g.rejections))
             # a layer whose every refusal is no near-miss (the chips' ○) is not drawn as rejected; one of them at a
             # gap in rlxviz's ops (the chips' △, `Overlay.gaps`) is drawn as that gap
             excused = overlay.excused if overlay else frozenset()
@@ -264,20 +294,13 @@ def layer_groups(graph: Graph, overlay: Overlay | None = None,
                 if overlay is not None and g.status == OP_GAP:
                     g.gaps = tuple(dict.fromkeys(x for pl in at for x in overlay.gap_names.get(pl, ())))
         else:
-            # fused but for ops no fusion takes (`all_fused`: a reshape, a gather) is no partial fusion
-            g.status = ("fused" if all_fused(graph, g, static) else "partly fused") if g.fused else \
-                "rewritten" if g.rewritten else "unfused"
+            g.status = g.state
     first: dict[tuple, int] = {}
     for g in groups.values():
         if g.layer is not None:
             k = first.setdefault(layer_signature(graph, g), g.layer)
             g.same_as = k if k != g.layer else None
     return groups
-
-
-SAME_AS = ("the same ops, shapes and wiring, as many weights, and the same final verdict: its words, the ops it made "
-           "and the places each pattern refused (how many, and why)")
-"""What a "same as layer K" box's tooltip says two layers share: what `layer_signature` compares, no more."""
 
 
 def layer_signature(graph: Graph, g: LayerGroup) -> tuple:
@@ -308,150 +331,16 @@ def layer_signature(graph: Graph, g: LayerGroup) -> tuple:
     return nodes, g.weights, g.status, verdict, tuple(sorted({(r.rule, r.guard) for r in g.rejections}))
 
 
-def _box_label(g: LayerGroup) -> str:
-    ops = Counter(n.op.value for n in g.nodes)
-    lines = [f"<B>{_e(g.title)}</B>",
-             _small(f"{len(g.nodes)} op(s), {human_count(g.weights)} weights", "#333333", 9)]
-    summary = ", ".join(f"{k}×{v}" if v > 1 else k for k, v in ops.most_common(4))
-    if len(ops) > 4:
-        summary += ", …"
-    lines.append(_small(summary, "#333333", 8))
-    if g.verdict is not None and g.verdict.settled:
-        lines += _verdict_lines(g)
-    elif g.verdict is not None:  # an earlier version: the final verdict first, then what has happened so far
-        lines += _final_lines(g.verdict)
-        lines.append(_small(f"at this version: {_so_far(g)}", "#555555", 9))
-    elif g.status == "fused":
-        f = g.fused[0]
-        by = _small(f"-> {f.op.value} by {f.pass_name}" if len(g.fused) == 1 else f"-> {_counted(g.fused)}", "#1b5e20")
-        lines.append(f'<FONT COLOR="#1b5e20"><B>fused</B></FONT> {by}')
-    elif g.status == "rejected":
-        guards = list(dict.fromkeys(r.guard for r in sorted(g.rejections, key=lambda r: r.stage != "guard")))
-        lines.append(f'<FONT COLOR="{REJECT}"><B>rejected: {_e(", ".join(guards[:2]))}</B></FONT>')
-        if g.fused:
-            lines.append(_small(f"{len(g.fused)} of {len(g.nodes)} ops fused", "#555555"))
-    elif g.status in (NOT_NEAR_MISS, OP_GAP):
-        ink = OP_GAP_INK if g.status == OP_GAP else NOT_NEAR_MISS_INK
-        lines.append(f'<FONT COLOR="{ink}"><B>{_e(_standing_words(g, 2))}</B></FONT>')
-        if g.fused:
-            lines.append(_small(f"{len(g.fused)} of {len(g.nodes)} ops fused", "#555555"))
-    elif g.status == "partly fused":
-        c = Counter(n.op.value for n in g.fused)
-        lines.append('<FONT COLOR="#8d6e00"><B>partly fused</B></FONT>')
-        lines.append(_small(", ".join(f"{k}×{v}" for k, v in c.items()), "#8d6e00"))
-    elif g.status == "unfused":
-        lines.append(_small("unfused", "#555555", 9))
-    if g.same_as is not None:
-        lines.append(_small(f"same as {layer_label(g.same_as)}", "#1565c0", 9))
-    return _html(lines)
-
-
-def _verdict_lines(g: LayerGroup) -> list[str]:
-    """The status lines of a box with the session's verdict: `fused` (what fused it) or `not fused` (the guard)."""
-    v = g.verdict
-    assert v is not None
-    ops = _small(_counted(g.fused) or v.none_made, "#1b5e20")
-    if v.held_back:
-        return [f'<FONT COLOR="{OP_GAP_INK}"><B>{_e(v.word)}</B></FONT> {_small(v.none_made, OP_GAP_INK)}']
-    if v.fused:
-        return [f'<FONT COLOR="#1b5e20"><B>{_e(v.word)}</B></FONT> {ops}']
-    lines = [f'<FONT COLOR="{REJECT}"><B>{_e(v.word)}</B></FONT>']
-    if v.guard:
-        lines.append(f'<FONT COLOR="{REJECT}">rejected: {_e(v.guard)}</FONT>')
-    if g.fused:
-        lines.append(_small(f"{len(g.fused)} of {len(g.nodes)} ops fused", "#555555"))
-    return lines
-
-
-def _final_lines(v: Verdict) -> list[str]:
-    """The final verdict on a box drawn at an earlier version: `final: <the verdict's words>` (`Verdict.word`, e.g.
-    `final: fused as far as legal`), and the guard of a layer not fused. What fused is not listed: those ops are not
-    in the version drawn."""
-    if v.held_back:
-        return [f'<FONT COLOR="{OP_GAP_INK}"><B>final: {_e(v.word)}</B></FONT>']
-    if v.fused:
-        return [f'<FONT COLOR="#1b5e20"><B>final: {_e(v.word)}</B></FONT>']
-    lines = [f'<FONT COLOR="{REJECT}"><B>final: {_e(v.word)}</B></FONT>']
-    if v.guard:
-        lines.append(f'<FONT COLOR="{REJECT}">rejected: {_e(v.guard)}</FONT>')
-    return lines
-
-
-def _counted(nodes: list[Node]) -> str:
-    """`FusedMatMulBiasAct×4, attention`: the ops of `nodes`, each with its count past one."""
-    return ", ".join(f"{k}×{v}" if v > 1 else k for k, v in Counter(n.op.value for n in nodes).items())
-
-
-def _made(g: LayerGroup) -> str:
-    """What the matches so far made in the layer: its fused ops, then `rewritten as` and the plain ops (`rewritten`),
-    e.g. `FusedMatMulBiasAct×4; rewritten as attention`; "" when they made nothing there."""
-    parts = [_counted(g.fused)] if g.fused else []
-    if g.rewritten:
-        parts.append(f"{REWRITTEN_AS} {_counted(g.rewritten)}")
-    return "; ".join(parts)
-
-
-def _so_far(g: LayerGroup) -> str:
-    """What the passes up to the version drawn did to the layer, in words (its `status` at this version), counting
-    what their matches made there: fused ops and the plain ops a match made (`partly fused (FusedMatMulBiasAct×4;
-    rewritten as attention)`; `no fused op; rewritten as attention` of a layer whose attention alone was packed)."""
-    made = _made(g)
-    if g.status == "fused":
-        return f"fused -> {_counted(g.fused)}"
-    if g.status == "partly fused":
-        return f"partly fused ({made})"
-    if g.status == "rewritten":
-        return f"no fused op; {made}"
-    so_far = f"; so far {made}" if made else ""
-    if g.status == "rejected":
-        guards = list(dict.fromkeys(r.guard for r in sorted(g.rejections, key=lambda r: r.stage != "guard")))
-        return f"rejected: {', '.join(guards[:2])}{so_far}"
-    if g.status in (NOT_NEAR_MISS, OP_GAP):
-        return f"{_standing_words(g)}{so_far}"
-    return g.status or "unfused"
-
-
-def _standing_words(g: LayerGroup, most: int | None = None) -> str:
-    """`STATUS: GUARDS` of a box whose refusals are no near-miss (`most`: at most that many guards), but a box at
-    several gaps in rlxviz's ops, or one met by several guards, names each gap (`LayerGroup.gaps`, `group_words`), `△ 2
-    gaps in rlxviz's ops: its integer-matmul Q/K/V projections (integer_qkv), default_scale`, as the gap's `△` cluster
-    label does (`Overlay.standing_words`), never its one failing guard alone."""
-    if g.status == OP_GAP and (words := group_words(OP_GAP, g.gaps)) != OP_GAP:
-        return words
-    guards = list(dict.fromkeys(r.guard for r in g.rejections))
-    return f"{g.status}: {', '.join(guards[:most])}"
-
-
-def status_text(g: LayerGroup) -> str:
-    """The box's status in one line (tooltip, open layer's frame): the verdict's word when settled; at an earlier
-    version `final: <word>; at this version: <status so far>`; else the status at this version."""
-    if g.verdict is not None and not g.verdict.settled:
-        return f"final: {g.verdict.word}; at this version: {_so_far(g)}"
-    return g.status
-
-
-def _box_tooltip(g: LayerGroup) -> str:
-    parts = [f"{g.title}: {status_text(g) or 'no layer'}", f"nodes: {' '.join(f'%{n.id}' for n in g.nodes[:60])}"]
-    if g.same_as is not None:
-        parts.append(f"same as {layer_label(g.same_as)}: {SAME_AS}")
-    if g.verdict is not None and g.verdict.message:
-        parts.append(f"why: {g.verdict.message}")
-    for r in g.rejections:
-        said = {NOT_NEAR_MISS: "NOT A NEAR-MISS", OP_GAP: "GAP IN RLXVIZ'S OPS"}.get(g.status, "REJECTED")
-        parts.append(f"{said} {r.rule} [{r.stage}] guard {r.guard}: {r.message}")
-        if r.hint:
-            parts.append(f"hint: {r.hint}")
-    return "\n".join(parts)
-
-
 def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | None = None,
                   max_nodes: int = 1500, verdicts: Mapping[int, Verdict] | None = None,
-                  expanded: Collection[int] = (), outside: Collection[int] = ()) -> str:
+                  expanded: Collection[int] = (), placed: Mapping[int, Layer | str] | None = None,
+                  refusals: Overlay | None = None) -> str:
     """DOT source of the layer-collapsed view of `graph` (boxes `id="layer<i>"`, edges `L<src>_<dst>`).
 
     Args:
         verdicts: layer -> `Verdict`: the boxes say the session's status words (see `layer_groups`).
-        outside: ids of fused ops the run placed outside the layers, boxed together (see `layer_groups`).
+        placed: node id -> where it sits, for nodes placed by structure, not path (see `layer_groups`).
+        refusals: the pass's refusals the boxes say, when not `overlay`'s (see `layer_groups`); never marked on nodes.
         expanded: layers drawn open in place: a cluster `id="layer<i>"` holding the layer's nodes as the full
             view draws them (`n<id>`, overlay marks included, edges `e<src>_<dst>` between drawn nodes); the
             other layers stay one box each. Layers the graph lacks are ignored.
@@ -460,7 +349,7 @@ def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | Non
         GraphTooLarge: more than `max_nodes` boxes and drawn nodes (a graph whose paths carry no layer
             structure, or too many layers expanded).
     """
-    groups = layer_groups(graph, overlay, verdicts, outside)
+    groups = layer_groups(graph, overlay, verdicts, placed, refusals)
     opened = [g for g in groups.values() if g.layer is not None and g.layer in set(expanded)]
     inside = {n.id for g in opened for n in g.nodes}
     if len(groups) + len(inside) > max_nodes:
@@ -489,7 +378,7 @@ def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | Non
         # while an overlay colours nodes (`Overlay.heat`), a box's status fill would read as its legend (a "partly
         # fused" yellow as 1e-07–1e-06): grey, its status in its words and outline only
         fill = UNCOLOURED if overlay is not None and overlay.heat else STATUS_COLORS.get(g.tone, "#f5f5f5")
-        attrs = {"id": g.key, "fillcolor": fill, "tooltip": _tip(_box_tooltip(g))}
+        attrs = {"id": g.key, "fillcolor": fill, "tooltip": _tip(box_tooltip(g))}
         if g.tone in ("rejected", "not fused"):
             attrs.update(color=REJECT, style="rounded,filled,dashed", penwidth="2.5")
         elif g.tone == NOT_NEAR_MISS:  # the chips' faded ○: nothing to fix, not the rejection's red frame
@@ -501,7 +390,7 @@ def layers_to_dot(graph: Graph, overlay: Overlay | None = None, title: str | Non
         if drawer is not None and g in opened:
             _open_layer(d, g, attrs, drawer)
         else:
-            d.node(g.key, _box_label(g), **attrs)
+            d.node(g.key, box_label(g), **attrs)
     edges: dict[tuple[str, str], int] = {}
     for n in graph:
         dst = of.get(n.id)

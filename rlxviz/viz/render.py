@@ -17,7 +17,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from ..ir import Graph
-from ..passes.trace import layer_label
+from ..passes.trace import Layer, layer_label
 from .dot import MAX_NODES, DotOptions, graph_to_dot
 from .engine import Rendered, layout
 from .layers import Verdict, focus_ids, layers_to_dot
@@ -30,7 +30,7 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
                radius: int = 0, show_params: bool = False, edge_labels: bool = False,
                max_nodes: int = MAX_NODES, title: str | None = None,
                verdicts: Mapping[int, Verdict] | None = None, expanded: Collection[int] = (),
-               outside: Collection[int] = ()) -> str:
+               placed: Mapping[int, Layer | str] | None = None, refusals: Overlay | None = None) -> str:
     """DOT source for one graph version.
 
     Args:
@@ -45,7 +45,10 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
         verdicts: layer -> the session's `Verdict` (layers view): the boxes say `fused` / `not fused` as the
             session does.
         expanded: layers view: layers drawn open in place (their nodes inside a cluster), the rest one box each.
-        outside: layers view: ids of fused ops placed outside the layers by structure (`layers.layer_groups`).
+        placed: layers view: node id -> the layer or place outside the layers it sits in, for nodes placed by
+            structure, not path (`passes.placement.placed`, `layers.layer_groups`).
+        refusals: layers view: the pass's refusals its boxes say when `overlay` does not hold them (the after pane:
+            `Overlay.before(step)`; `layers.layer_groups`).
 
     Raises:
         ValueError: unknown view, or `focus` names a layer the graph lacks.
@@ -55,7 +58,7 @@ def render_dot(graph: Graph, overlay: Overlay | None = None, *, view: str = "ful
         raise ValueError(f"[render_dot] view must be one of {VIEWS}, got {view!r}")
     title = drawing_title(graph, overlay, view=view, focus=focus, radius=radius) if title is None else title
     if view == "layers":
-        return layers_to_dot(graph, overlay, title, max_nodes, verdicts, expanded, outside)
+        return layers_to_dot(graph, overlay, title, max_nodes, verdicts, expanded, placed, refusals)
     include = focus_ids(graph, focus, radius) if focus is not None else None
     if include is not None and overlay is not None:
         # a rejection in the focused layer is drawn whole: its offending nodes may lie outside the layer's scope

@@ -13,9 +13,10 @@ from typing import Any
 from ...ir import Graph, Node, Op
 from ...ir.identity import DigestCache
 from ...ir.ops import FUSED, FUSED_INTO, made_as
-from ..explain import LayerExplanation, Outcome, side_products
+from ..explain import LayerExplanation, Outcome, outside_layers, side_products
 from ..guard import ILLEGAL, READ_BY_MODEL
 from ..pipeline import PASSES, Pipeline
+from ..placement import outside_box
 from ..report import MissedFusion, missed_fusions
 from ..trace import PassStep, Trace, layer_keys, layer_of
 from ..unrecognized import Unrecognized, unrecognized
@@ -321,6 +322,14 @@ def fused_items(trace: Trace, outcomes: list[Outcome]) -> tuple[list[str], list[
     done = [f"{op} %{n} ({o.pass_name})" for op, n, o in items if made_as(Op(op)) == FUSED_INTO and n in trace.final]
     plain = [f"{op} %{n} ({o.rule})" for op, n, o in items if made_as(Op(op)) != FUSED_INTO and n in trace.final]
     return done, plain  # both of the final version: gptj's attention %217 that a later rule replaced is not said
+
+
+def outside_items(trace: Trace) -> dict[str, str]:
+    """`OP %ID (PASS)` of each fused op of the final version credited to no layer (`explain.outside_layers`, worded by
+    `fused_items`: `RunVerdict.outside`) -> the place it sits (`placement.outside_box`: `embeddings`, `final norm`),
+    the name of the app's layers-view box that holds it."""
+    items = fused_items(trace, outside_layers(trace))[0]
+    return {item: outside_box(trace, int(item.split(" %", 1)[1].split(" ", 1)[0])) for item in items}
 
 
 def made_nodes(trace: Trace) -> frozenset[int]:

@@ -414,6 +414,7 @@ def run_dict(r: RunVerdict) -> dict[str, Any]:
     return {"model": r.model, "pipeline": r.pipeline, "ok": r.ok, "fused_layers": r.fused_layers,
             "checked_layers": len(r.layers), "gap_layers": r.gap_layers, "gap_forms": gap_forms(r),
             "final_op_counts": r.counts, "layers": [layer_dict(s) for s in r.layers], "outside_layers": r.outside,
+            "outside_boxes": r.outside_in,
             "misses": r.misses, "not_expected": r.not_expected, "gap_refusals": r.gap_refusals,
             "left_out": r.left_out,
             "left_out_groups": [{"kind": g, "heading": left_out_heading(g, len(lines)),
@@ -441,9 +442,21 @@ def render_run(r: RunVerdict, verbose: bool = False) -> str:
                          + [f"  not expected here: {x}" for x in r.not_expected]
                          + [f"  {OP_GAP_GROUP}: {x}" for x in r.gap_refusals]
                          + [f"  rlxviz's ops lack: {g}" for g in r.gaps] + _left_out(r))
-    outside = [f"{OUTSIDE_LAYERS}: {fused_list(r.outside)}"] if r.outside else []
+    outside = [outside_line(r)] if r.outside else []
     return "\n".join([headline(r), *crashes, *(f"  {n}" for n in headline_notes(r)),
                       *(render_layer(s, verbose) for s in r.layers), *outside, *_left_out(r)])
+
+
+def outside_line(r: RunVerdict) -> str:
+    """The `outside the layers:` line: the fused ops credited to no layer (`RunVerdict.outside`), by the place each
+    sits (`RunVerdict.outside_in`, the name of the app's layers-view box that holds it): `outside the layers:
+    embeddings: ElementwiseRegion %798 (mark_elementwise_regions); final norm: FusedResidualLN %797
+    (fuse_residual_ln)`."""
+    by: dict[str, list[str]] = {}
+    for item in r.outside:
+        by.setdefault(r.outside_in.get(item, ""), []).append(item)
+    return f"{OUTSIDE_LAYERS}: " + "; ".join(f"{box}: {fused_list(items)}" if box else fused_list(items)
+                                           for box, items in by.items())
 
 
 def headline_notes(r: RunVerdict) -> list[str]:

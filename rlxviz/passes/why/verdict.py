@@ -15,13 +15,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..architecture import classify_layer
-from ..explain import Outcome, explain, outside_layers
+from ..explain import Outcome, explain
 from ..guard import DOES_NOT_PAY, MODEL_TERM, NOT_A_CANDIDATE, near_miss_kind
 from ..report import MissedFusion, left_out_line, left_out_rejections
 from ..trace import Rejection, Trace, resolve_layers, same_stack_as
 from . import text
 from .excused import OpGap, excused_misses, expected_misses, layer_gaps, places_words
-from .facts import RunFacts, Unmade, fused_items, illegal_here, made_by, recognized, silent
+from .facts import RunFacts, Unmade, fused_items, illegal_here, made_by, outside_items, recognized, silent
 from .kinds import LayerArchitecture
 from .policy import (
     EXPECT_MODES,
@@ -311,6 +311,7 @@ class RunVerdict:
     outside: list[str] = field(default_factory=list)
     """Fused ops of the final version in no layer (`placement.match_layer`: embeddings, pooler, final norm), each
     `OP %ID (PASS)`: the text's `outside the layers:` line. Each fused op is said once: by one layer's line or here."""
+    outside_in: dict[str, str] = field(default_factory=dict)  # item of `outside` -> its place (`outside_box`)
     gap_refusals: list[str] = field(default_factory=list)  # no layer in the node paths: the whole graph's
 
     @staticmethod
@@ -392,8 +393,7 @@ class RunVerdict:
         return text.render_run(self, verbose)
 
 
-FusionCheck = RunVerdict
-"""The name `check_fusion` gave its result."""
+FusionCheck = RunVerdict  # the name `check_fusion` gave its result
 
 
 def _check_expect(expect: str) -> None:
@@ -407,9 +407,9 @@ def _run_verdict(facts: RunFacts, expect: str, wanted: tuple[int, ...], every: b
     crashed = [s.error for s in trace.steps if s.error]
     counts = trace.final.fused_op_counts()
     if facts.layers:
-        return RunVerdict(trace.pipeline, statuses, counts, crashed=crashed, expect=expect,
-                          left_out_groups=left_out_groups(trace, None if every else wanted),
-                          outside=fused_items(trace, outside_layers(trace))[0] if every else [])
+        out = outside_items(trace) if every else {}  # each fused op in no layer -> the place it sits
+        return RunVerdict(trace.pipeline, statuses, counts, crashed=crashed, expect=expect, outside=list(out),
+                          left_out_groups=left_out_groups(trace, None if every else wanted), outside_in=out)
     arch = classify_layer(trace.input, None)
     misses, excused = excused_misses(trace, arch, None)
     return RunVerdict(trace.pipeline, statuses, counts, [str(m) for m in misses], arch,
