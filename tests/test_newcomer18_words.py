@@ -57,6 +57,21 @@ def test_a_layer_without_recognized_rope_or_gate_is_not_named_llama():
         assert arch.description.startswith("pre-norm RMSNorm (no RoPE or gated MLP recognized, so not named LLaMA);")
 
 
+@pytest.mark.parametrize("traits, words", [
+    (("RMSNorm", True, "SwiGLU", None), "LLaMA: pre-norm RMSNorm"),
+    (("RMSNorm", False, "GeGLU", "relative position bias"),
+     "T5-style: pre-norm RMSNorm, relative-position bias in the additive mask, no RoPE, GeGLU MLP"),
+    (("RMSNorm", False, "SwiGLU", "ALiBi"), "pre-norm RMSNorm, ALiBi, SwiGLU MLP (no RoPE recognized, so not named "
+                                            "LLaMA)"),
+    (("RMSNorm", True, None, None), "pre-norm RMSNorm, RoPE (no gated MLP recognized, so not named LLaMA)"),
+    (("none", False, "SwiGLU", None), "no norm, SwiGLU MLP (no RoPE recognized, so not named LLaMA)"),
+])
+def test_the_words_of_each_trait_combination(traits, words):
+    from rlxviz.passes.architecture import _llama_words
+
+    assert _llama_words(*traits) == words
+
+
 @pytest.mark.parametrize("model, kind, head", [
     ("llama-block", "llama", "LLaMA: pre-norm RMSNorm; RMSNorm, RoPE, SwiGLU"),
     ("bert-tiny", "post_ln", "post-LN (BERT)"),

@@ -186,14 +186,14 @@ def _llama_words(norm: str, rope: bool, gated: str | None, position: str | None)
     traits (RoPE and a gated MLP, `gated`: `SwiGLU` / `GeGLU` / None); RMSNorm with a per-head position bias and no
     RoPE is `T5-style`; any other layer is named by what it has and lacks (an undetected form of RoPE or gate is
     "not recognized", never claimed absent)."""
-    pre = f"pre-norm {norm}" if norm != "none" else "pre-norm, no norm"
+    pre = f"pre-norm {norm}" if norm != "none" else "no norm"
     if rope and gated:
         return DESCRIPTIONS["llama"] if norm == "RMSNorm" else f"LLaMA-style (RoPE, {gated}) with {pre}"
     mlp = f"{gated} MLP" if gated else "no gated MLP"
     if not rope and position in (RELATIVE_BIAS, PER_HEAD) and norm == "RMSNorm":
         return f"T5-style: {pre}, {_POSITION_WORDS[position]} in the additive mask, no RoPE, {mlp}"
     has = [*(["RoPE"] if rope else []), *([_POSITION_WORDS[position]] if position else []), *([mlp] if gated else [])]
-    lacks = " or ".join(t for t, ok in (("RoPE", rope or position is not None), ("gated MLP", gated)) if not ok)
+    lacks = " or ".join(t for t, ok in (("RoPE", rope), ("gated MLP", gated)) if not ok)  # one at least: not both
     return f"{pre}{''.join(', ' + h for h in has)} (no {lacks} recognized, so not named LLaMA)"
 
 
