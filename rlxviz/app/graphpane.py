@@ -43,7 +43,7 @@ from ..ir import Graph
 from ..ir.printer import format_value
 from ..passes.made import holders
 from ..passes.placement import placed
-from ..passes.trace import Trace, layer_label, layer_of
+from ..passes.trace import Trace, layer_keys, layer_label, layer_of
 from ..session.cache import LRUCache
 from ..viz import layer_groups
 from ..viz.overlay import all_versions
@@ -251,12 +251,16 @@ def absorbed_index(graph: Graph, trace: Trace | None) -> dict[str, list[list[obj
         `n<id>` (the DOT id of a drawn node that absorbed something) -> `[op, ids, note]` per op it holds: the ids
         of that op's nodes inside it, and the note the search shows for them, e.g. `absorbed into
         FusedTransformerLayer %86 (layer 0) via FusedAttentionBlock %40` (no `via` for a node it absorbed itself;
-        `directly and via ...` for both). Ids no version of `trace` holds are listed under op `""` (found by
+        `directly and via ...` for both; `encoder layer 0` / `decoder layer 0` in a model with two stacks, as the
+        Why tab's layer picker names them). Ids no version of `trace` holds are listed under op `""` (found by
         `%id` only). `{}` without a trace.
     """
     if trace is None:
         return {}
     every = _EVERY_NODE.get_or_compute(trace.key, lambda: all_versions(trace))
+    # the layer keys as the Why picker lists them: `encoder layer 0` / `decoder layer 0` when there are two stacks
+    listed = layer_keys(i for n in graph if (i := layer_of(n.path)) is not None)
+    keys = {k: k for k in listed}
     out: dict[str, list[list[object]]] = {}
     for n in holders(graph):  # the nodes whose list it is (`passes.made.holders`)
         found: dict[str, tuple[list[int], list[str]]] = {}  # op -> (ids, the chains of fused nodes they lie in)
@@ -275,7 +279,8 @@ def absorbed_index(graph: Graph, trace: Trace | None) -> dict[str, list[list[obj
                 here = f"{via} → {m.op.value} %{m.id}" if via else f"{m.op.value} %{m.id}"
                 todo += [(j, here) for j in m.absorbed]
         layer = layer_of(n.path)
-        into = f"absorbed into {n.op.value} %{n.id}" + (f" ({layer_label(layer)})" if layer is not None else "")
+        into = f"absorbed into {n.op.value} %{n.id}" + (f" ({layer_label(keys.get(layer, layer))})"
+                                                         if layer is not None else "")
         out[f"n{n.id}"] = [[op, ids, into + _via(chains)] for op, (ids, chains) in found.items()]
     return out
 

@@ -92,6 +92,7 @@ class Measurements:
         page(lambda: s._start(f"Timing every version on MLX in the timing process ({s.repeat} interleaved "
                               "rounds)… (the page holds still meanwhile: an animation would take CPU time from "
                               "the measurement)", still=True))
+        page(lambda: s.param.update(timing_running=True))  # the tab marks the figures it still shows as the last run's
         trace, model = s.trace, s.model  # one consistent pair, even if a reload is queued
         try:
             Limits.resolve().check(model.graph, model.name, "time")  # what timing holds, as `rlxviz time` checks
@@ -133,6 +134,7 @@ class Measurements:
             text = f"Timing failed: {type(e).__name__}: {e}\n{timing_hint(e)}"
             page(lambda: s._error(text))
         finally:
+            page(lambda: s.param.update(timing_running=False))
             page(s._stop)
 
     def measure_overlay(self) -> None:

@@ -122,6 +122,8 @@ class AppState(Derived, PipelineEdits, param.Parameterized):
                                  "or pipeline run failed), in plain words; '' when they show what was asked.")
     message_kind = param.Selector(objects=["info", "success", "warning", "danger"], default="info")
     busy = param.Boolean(False, doc="A job is running.")
+    timing_running = param.Boolean(False, doc="A timing run is under way: the Timing tab's figures are the previous "
+                                              "run's until it ends (`TimingView` marks them so).")
     progress = param.Integer(-1, bounds=(-1, 100), doc="Progress of the running job in % (-1: indeterminate).")
     progress_text = param.String("", doc="What the running job does.")
     upload_id = param.String("", doc="Content digest of the last accepted upload ('' for none). Its files are held in "

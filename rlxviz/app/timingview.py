@@ -63,6 +63,15 @@ ROUNDS_WHY = {"repeat": "a run times at least one round, and the cap keeps a typ
 they are, said when a value past them is clamped."""
 
 
+PREVIOUS_RUN = ("**A new timing run is under way ({repeat} interleaved round(s) per version).** The verdict, chart and "
+                "table below are the previous run's, shown faded until the new one ends.")
+"""The banner over the last run's figures while a new run measures (`AppState.timing_running`): its banner, chart and
+"3 interleaved round(s)" stayed up unmarked, and only the thin progress line said another run was under way."""
+
+PREVIOUS_MARK = "Previous run: "
+"""What the machine's verdict and the "Measured in" line begin with while a new run measures (`PREVIOUS_RUN`)."""
+
+
 def tip_below(text: str) -> Any:
     """A button's tooltip shown below it (Panel puts a text's to the right, where the Timing tab's row holds the next
     button and the rounds' boxes: after a click, with the pointer still on the button, it hid them)."""
@@ -128,8 +137,11 @@ class TimingView(Viewer):
         self.chart = pn.pane.Bokeh(None, sizing_mode="stretch_width", height=340, css_classes=["rv-timing-chart"])
         self.split = pn.pane.Markdown("", css_classes=["rv-fusion-kernels"], sizing_mode="stretch_width")
         self.stale = StaleMark(s, "timing", self.chart, self.table)
+        # while a new run measures, the figures still shown are marked as the last run's (`PREVIOUS_RUN`)
+        self.previous = pn.pane.Alert("", alert_type="info", visible=False, css_classes=["rv-timing-previous"],
+                                      sizing_mode="stretch_width", margin=(5, 10))
         s.param.watch(self._update, ["timings", "blas", "timing_policy", "timing_split", "timing_origin",
-                                     "timing_when"])
+                                     "timing_when", "timing_running"])
         s.param.watch(lambda e: self.button.param.update(disabled=e.new), "busy")
         s.param.watch(lambda e: self.again.param.update(disabled=e.new), "busy")
         self._update()
@@ -174,14 +186,20 @@ class TimingView(Viewer):
 
     def _update(self, *events: param.parameterized.Event) -> None:
         s = self.state
+        rows = s.timings
+        previous = bool(rows) and s.timing_running  # the figures shown are the last run's: a new one measures
+        mark = f"**{PREVIOUS_MARK.strip()}** " if previous else ""
+        self.previous.param.update(object=PREVIOUS_RUN.format(repeat=s.repeat) if previous else "", visible=previous)
         # the legend of this run's chart: true of a busy run's (no speed-up bars) and a usable one's
-        self.blas.object = (f"**Measured in:** {md_escape(s.blas)}. " + chart_legend(s.timings or [{}])
+        self.blas.object = (f"{mark}**Measured in:** {md_escape(s.blas)}. " + chart_legend(s.timings or [{}])
                             if s.blas else "")
         self.policy.object = md_escape(s.timing_policy)
-        rows = s.timings
         self.origin.param.update(object=s.timing_origin if rows else "", visible=bool(rows and s.timing_origin))
         text, kind = machine_verdict(rows, s.timing_when)
-        self.machine.param.update(object=text, alert_type=kind, visible=bool(text))
+        self.machine.param.update(object=mark + text if text else text, alert_type=kind, visible=bool(text))
+        for p in (self.machine, self.blas, self.split, self.chart, self.table):  # "1" as `StaleMark` puts it back
+            faded = previous or (p in self.stale.panes and bool(s.stale))
+            p.styles = {**p.styles, "opacity": "0.45" if faded else "1"}
         self.again.visible = bool(rows)
         self.table.value = pd.DataFrame(table_rows(rows))  # the speed-up cell as `rlxviz time` prints it
         fig = timing_figure(rows) if rows else None
@@ -192,10 +210,11 @@ class TimingView(Viewer):
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(pn.Row(self.button, self.again, self.repeat, self.warmup, self.device, self.inputs),
-                         self.stale.banner, self.origin, self.machine, self.blas,
+                         self.stale.banner, self.previous, self.origin, self.machine, self.blas,
                          self.policy, self.chart, self.split, self.table,
                          sizing_mode="stretch_width")
 
 
-__all__ = ["ROUNDS_LABELS", "ROUNDS_WHY", "TIMING_HEADER_CSS", "TIMING_HIDDEN", "TIMING_TITLES", "TIMING_WIDTHS",
+__all__ = ["PREVIOUS_MARK", "PREVIOUS_RUN", "ROUNDS_LABELS",
+           "ROUNDS_WHY", "TIMING_HEADER_CSS", "TIMING_HIDDEN", "TIMING_TITLES", "TIMING_WIDTHS",
            "TimingView", "tip_below"]

@@ -8,7 +8,9 @@ on a copy, so decomposed norms, GELUs and Hugging Face attention are seen as ops
 * `post_ln` (BERT): a residual sum feeds only a LayerNorm (`norm(x + sublayer(x))`).
 * `pre_ln` (GPT-2, ViT): a norm reads the residual stream, which also feeds the residual add
   (`x + sublayer(norm(x))`).
-* `llama`: pre-norm with RMSNorm and/or SwiGLU (RoPE with a LayerNorm and a plain MLP is `pre_ln`).
+* `llama`: pre-norm with RMSNorm and/or SwiGLU (RoPE with a LayerNorm and a plain MLP is `pre_ln`). The kind
+  decides what is expected; the words name the layer by its traits (`_llama_words`): `LLaMA` only with RoPE and a
+  gated MLP, `T5-style` for RMSNorm with a per-head position bias and no RoPE, else the traits found.
 * `parallel` (GPT-J, GPT-NeoX, PaLM, Phi-2): the attention and the MLP read the same residual stream, through
   one norm (GPT-J) or one norm each (GPT-NeoX's `use_parallel_residual`), and the MLP's activation is not
   downstream of the attention.
@@ -37,6 +39,7 @@ from .declarations import KINDS
 from .quant_steps import integer_matmul, origin, readers, without_quant_steps
 from .rope_forms import interleaved_rope, rotate_half_rope
 from .rules.kv_cache import cached_length, kv_workload
+from .score_terms import ALIBI, PER_HEAD, RELATIVE_BIAS, additive_term
 from .trace import Rejection, Trace, layer_of
 from .why.kinds import LayerArchitecture
 
@@ -161,6 +164,37 @@ def _fake_quant(g: Graph, n: Node) -> bool:
         if any(v.op == Op.MUL for v in nxt):
             return True
     return False
+
+
+_POSITION_WORDS = {RELATIVE_BIAS: "relative-position bias", ALIBI: "ALiBi",
+                   PER_HEAD: "per-head position bias"}
+"""score-term kind -> the position encoding it is, as a layer's description names it (`_llama_words`)."""
+
+
+def _position_term(g: Graph, a: Node) -> str | None:
+    """The kind of position bias the attention `a` adds to its scores (`score_terms.additive_term`: relative
+    position bias, ALiBi, or a per-head term such as T5's bias precomputed for a static length), or None (no
+    additive operand, a padding mask, a band)."""
+    if a.op != Op.ATTENTION or a.attrs.get("mask") != "additive" or len(a.inputs) < 4:
+        return None
+    term = additive_term(g, a.inputs[3], int(a.attrs.get("num_heads") or 0))
+    return term.kind if term is not None and term.kind in _POSITION_WORDS else None
+
+
+def _llama_words(norm: str, rope: bool, gated: str | None, position: str | None) -> str:
+    """The words for a `llama`-kind layer, true to its traits: `LLaMA` names only a layer with LLaMA's defining
+    traits (RoPE and a gated MLP, `gated`: `SwiGLU` / `GeGLU` / None); RMSNorm with a per-head position bias and no
+    RoPE is `T5-style`; any other layer is named by what it has and lacks (an undetected form of RoPE or gate is
+    "not recognized", never claimed absent)."""
+    pre = f"pre-norm {norm}" if norm != "none" else "no norm"
+    if rope and gated:
+        return DESCRIPTIONS["llama"] if norm == "RMSNorm" else f"LLaMA-style (RoPE, {gated}) with {pre}"
+    mlp = f"{gated} MLP" if gated else "no gated MLP"
+    if not rope and position in (RELATIVE_BIAS, PER_HEAD) and norm == "RMSNorm":
+        return f"T5-style: {pre}, {_POSITION_WORDS[position]} in the additive mask, no RoPE, {mlp}"
+    has = [*(["RoPE"] if rope else []), *([_POSITION_WORDS[position]] if position else []), *([mlp] if gated else [])]
+    lacks = " or ".join(t for t, ok in (("RoPE", rope), ("gated MLP", gated)) if not ok)  # one at least: not both
+    return f"{pre}{''.join(', ' + h for h in has)} (no {lacks} recognized, so not named LLaMA)"
 
 
 def classify_layer(graph: Graph, layer: int | None) -> LayerArchitecture:
@@ -389,11 +423,13 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = (), re
             acts.append(next(n for n in nodes if n.op in (Op.ERF, Op.TANH)))
             forms.append("GELU with quantized intermediates")
     mask: str | None = None
+    position: str | None = None
     kv_cache = False
     workload = ""
     if attn:
         a = attn[0]
         mask = _mask(a)
+        position = _position_term(g, a)
         if real is not None:  # the mask of the attention that runs: `unknown` when quantization kept it primitive
             mask = _mask(next(iter(_attention(real, real_nodes)), a))
         if a.op == Op.ATTENTION and (cat := next((i for i in a.inputs[1:3] if g[i].op == Op.CONCAT), None)):
@@ -467,7 +503,9 @@ def _classify(g: Graph, layer: int | None, gelus: tuple[Rejection, ...] = (), re
         extras.append("integer-matmul Q/K/V projections (dynamic quantization)")
     if qk is not None:
         extras.append("QK-norm")
-    return LayerArchitecture(kind, f"{DESCRIPTIONS[kind]}; {', '.join(extras)}", norm, mask, rope, swiglu,
+    words = _llama_words(norm, rope, ("GeGLU" if geglu else "SwiGLU") if swiglu else None, position) \
+        if kind == "llama" else DESCRIPTIONS[kind]
+    return LayerArchitecture(kind, f"{words}; {', '.join(extras)}", norm, mask, rope, swiglu,
                              tuple(evidence), kv_cache, len(quant), integer is not None, qk is not None,
                              parallel if kind == "parallel" else 0)
 

@@ -26,6 +26,8 @@ from .placement import match_layer
 from .refusal_kinds import kind_words
 from .report import in_context, user_origin
 from .trace import Match, PassStep, Rejection, Trace, layer_label, layer_of, same_stack_as
+from .whatif import MODEL, fix_form
+from .why.policy import OP_GAP_GROUP, WORKAROUND
 
 
 @dataclass(frozen=True)
@@ -73,15 +75,21 @@ class Outcome:
 
     def lines(self, indent: str = "  ") -> list[str]:
         """The headline, its kind, hint and fix, then every further failing guard (or a fusion's soft
-        rejections), one per line. Front ends print these (no other formatting of rejections)."""
+        rejections), one per line. Front ends print these (no other formatting of rejections). At a gap in rlxviz's
+        ops (`standing`) a hint that changes the model is a workaround, not the fix: the compiler fix comes first,
+        then `a workaround in the model: ...`, as the gap line words it (`policy.WORKAROUND`)."""
         out: list[str] = []
         if self.status == "rejected":
             how = ", ".join(x for x in (self.stage, kind_words(self.kind, self.dead)) if x)
             out.append(f"{indent}guard {self.guard} ({how}): {self.message}")
-            if self.hint and self.hint not in self.message:
-                out.append(f"{indent}fix: {self.hint}")
-            if self.fix:
+            hint = self.hint if self.hint and self.hint not in self.message else ""
+            if hint and self.fix and OP_GAP_GROUP in self.standing and fix_form(hint) == MODEL:
+                # the fault is rlxviz's op: the compiler fix is the fix, the model change a workaround (`WORKAROUND`)
                 out.append(f"{indent}compiler fix: {self.fix}")
+                out.append(f"{indent}{WORKAROUND.format(fix=hint)}")
+            else:
+                out += [f"{indent}fix: {hint}"] if hint else []
+                out += [f"{indent}compiler fix: {self.fix}"] if self.fix else []
             out += [f"{indent}also fails: {g} ({k}): {m}" for g, k, m in self.also]
         elif self.status == "fused":
             out += [f"{indent}left out: {g} ({k}): {m}" for g, k, m in self.soft]
@@ -410,6 +418,21 @@ def _key(r: Rejection) -> tuple[str, str, str, str, bool, bool]:
     return r.rule, r.guard, r.stage, r.message, r.headline, r.soft
 
 
+def _by_step(name: str, own: list[str], recorded: list[str]) -> list[str]:
+    """The rules of pass `name` in the order its steps ran them: each stage's (`Pass.stages`, in order) before the
+    pass's own, `own` being the pass's declared rules and `recorded` the rules the run's records name, in the order
+    it recorded them; within a step, declared rules in their order, then recorded ones as recorded. A rule no stage
+    or pass of `name` declares is listed with the pass's own step. (The stage rule that made a node was listed after
+    the pass's own refusal of that node: `fuse_attention_block.qkv_columns` after `qkv_attention_out`.)"""
+    rules = own + [r for r in dict.fromkeys(recorded) if r not in own]
+    stages = PASSES[name].stages if name in PASSES else ()
+    step = {}
+    for k, st in enumerate(stages):
+        for r in st.rules:
+            step.setdefault(r.name, k)
+    return sorted(rules, key=lambda r: step.get(r, len(stages)))  # stable: each step's order as above
+
+
 def _step_index(trace: Trace) -> tuple[_StepIndex, ...]:
     """`_StepIndex` per pass of `trace` (`_groups`), made once per trace (each layer's explanation had rescanned
     every decision of the run: 10^4 layers x 10^4 decisions)."""
@@ -421,8 +444,8 @@ def _step_index(trace: Trace) -> tuple[_StepIndex, ...]:
         steps = [trace.steps[k] for k in group]
         name = steps[-1].family
         found, refused = _records(steps, group)
-        rules = [r.name for r in PASSES[name].rules] if name in PASSES else []
-        rules += [r for r in dict.fromkeys([m.rule for m in found] + [r.rule for _, r in refused]) if r not in rules]
+        rules = _by_step(name, [r.name for r in PASSES[name].rules] if name in PASSES else [],
+                         [m.rule for m in found] + [r.rule for _, r in refused])
         matches: dict[tuple[str, int | None], list[Any]] = {}
         for m in found:  # a residual norm at a layer's edge by the placement rule, every other match by its path
             matches.setdefault((m.rule, match_layer(trace.input, steps[0].before, steps[-1].after, m)), []).append(m)

@@ -23,7 +23,7 @@ from ..ir import Graph
 from ..passes import Trace
 from .cache import LRUCache
 from .defaults import MIN_VERDICT_ROUNDS
-from .timing_words import KERNELS_LOWERING, MLX_LOWERING, lowering_change, unchanged_text
+from .timing_words import KERNELS_LOWERING, MLX_LOWERING, lowering_change, over_limit, over_limit_ms, unchanged_text
 
 TIMINGS = LRUCache(maxsize=64)
 """A run's (InterleavedTimings, Verdict per timed version) by (trace key, arrays digest, input sets, warmup,
@@ -380,20 +380,16 @@ def busy_warning(*rows: VersionTiming) -> str:
     bad = [r for r in rows if r.median_ms and r.min_ms and r.median_ms > BUSY_RATIO * r.min_ms]
     if bad:
         worst = max(bad, key=lambda r: r.median_ms / r.min_ms)
-        return (f"unusable run: median {worst.median_ms:.2f} ms is {_over(worst.median_ms / worst.min_ms, BUSY_RATIO)} "
-                f"the minimum {worst.min_ms:.2f} ms on {row_name(worst)} (a busy machine): measure again")
+        med, low = over_limit_ms(worst.median_ms, worst.min_ms, BUSY_RATIO)
+        return (f"unusable run: median {med} ms is {over_limit(worst.median_ms / worst.min_ms, BUSY_RATIO)} "
+                f"the minimum {low} ms on {row_name(worst)} (a busy machine): measure again")
     noisy = [r for r in rows if r.median_ms and r.iqr_ms is not None and r.iqr_ms > NOISY_IQR * r.median_ms]
     if not noisy:
         return ""
     worst = max(noisy, key=lambda r: r.iqr_ms / r.median_ms)
-    return (f"unusable run: IQR {worst.iqr_ms:.2f} ms is {_over(worst.iqr_ms / worst.median_ms, NOISY_IQR)} the median "
-            f"{worst.median_ms:.2f} ms on {row_name(worst)} (a busy machine): measure again")
-
-
-def _over(ratio: float, limit: float) -> str:
-    """`ratio` beside the `limit` it is over, with the digits that show it is over: `0.54x (over 0.5x)`, never a
-    rounded `0.5x` that reads as the limit itself."""
-    return f"{ratio:.2f}x (over {limit:g}x)"
+    iqr, med = over_limit_ms(worst.iqr_ms, worst.median_ms, NOISY_IQR)
+    return (f"unusable run: IQR {iqr} ms is {over_limit(worst.iqr_ms / worst.median_ms, NOISY_IQR)} the median "
+            f"{med} ms on {row_name(worst)} (a busy machine): measure again")
 
 
 def paired_verdict(base: VersionTiming, row: VersionTiming, resamples: int = 2000, seed: int = 0) -> PairedVerdict:

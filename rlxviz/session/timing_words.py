@@ -66,6 +66,27 @@ def unchanged_text(same_as: int) -> str:
     return f"unchanged: same as #{same_as}, not timed again"
 
 
+_MAX_DIGITS = 6
+"""The most decimals `over_limit` and `over_limit_ms` print to show a value past its limit."""
+
+
+def over_limit(ratio: float, limit: float) -> str:
+    """`ratio` beside the `limit` it is over (`timing.busy_warning`'s words), with the digits that show it is over:
+    `0.54x (over 0.5x)`, `2.004x (over 2x)`, never a rounded `0.5x` or `2.00x` that reads as the limit itself (a
+    newcomer read "2.00x (over 2x)"); past `_MAX_DIGITS` decimals, `just over 2x`."""
+    for d in range(2, _MAX_DIGITS + 1):
+        if round(ratio, d) > limit:
+            return f"{ratio:.{d}f}x (over {limit:g}x)"
+    return f"just over {limit:g}x"
+
+
+def over_limit_ms(value: float, base: float, limit: float) -> tuple[str, str]:
+    """`value` and `base` (ms) with the decimals (2 at least) at which the printed `value` is over `limit` times the
+    printed `base`, as the rule compares them: "median 1.88 ms is 2.004x the minimum 0.94 ms" read as exactly 2x."""
+    d = next((d for d in range(2, _MAX_DIGITS + 1) if round(value, d) > limit * round(base, d)), _MAX_DIGITS)
+    return f"{value:.{d}f}", f"{base:.{d}f}"
+
+
 __all__ = ["KERNELS_LOWERING", "KERNELS_MARK", "KERNELS_NOTE", "MLX_LOWERING", "lowering_change", "lowering_note",
-           "too_few_rounds",
+           "over_limit", "over_limit_ms", "too_few_rounds",
            "unchanged_text", "version_mark"]

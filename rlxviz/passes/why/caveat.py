@@ -14,7 +14,7 @@ from ..trace import Trace
 from ..whatif import MODEL, Blocker, fix_alone_blocker, fix_alone_readers, fix_form, what_if
 from .facts import RunFacts
 from .kinds import LayerArchitecture as Architecture
-from .policy import op_gaps
+from .policy import WORKAROUND, op_gaps
 
 CAVEAT = "alone it is not enough: {blocker} fails next"
 """What a line that names a compiler fix adds to it when that fix, checked at the refusing rule alone
@@ -130,13 +130,6 @@ def fix_caveat(trace: Trace, rule: str, anchor: int, guard: str) -> str:
     """`CAVEAT` for the refusal of `rule` at `anchor` by `guard` when the compiler fix its not-expected reason names
     does not make the match (`fix_blocker`); "" when it does or nothing is known."""
     return caveat_words(fix_blocker(trace, rule, anchor, guard))
-
-
-WORKAROUND = "a workaround in the model: {fix}"
-"""What a gap line (a refusal at a gap in rlxviz's ops) adds after its compiler fix when the refusal's own fix line is a
-change to the model with a what-if (`model_fix_note`): Granite's non-default attention scale is a gap in rlxviz's
-block (no scale attribute), yet folding the scale into the Q projection keeps the numbers and makes the block, so
-the line must not read as "nothing in the model to change"."""
 
 
 def model_fix_note(trace: Trace, rule: str, anchor: int, guard: str) -> str:

@@ -410,6 +410,9 @@ OP_GAP_GROUP = "gap in rlxviz's ops"
 """`standing`'s group of a refusal at a gap in rlxviz's ops (`op_gaps`): a not-expected refusal whose reason is an op
 form rlxviz lacks, not the model's layout. No near-miss, but no "nothing to fix" either: a compiler fix, nothing in the
 model to change (the app's chips mark it `△`, apart from the faded `○`; the text heads its line so, `gap_line`)."""
+WORKAROUND = "a workaround in the model: {fix}"
+"""How a refusal at a gap in rlxviz's ops names a checked change to the model (`caveat.model_fix_note`): after its
+compiler fix, as a workaround, never as the fix (Granite's attention scale: the block lacks a scale attribute)."""
 
 
 def excuse(arch: LayerKind | None, pass_name: str, guard: str, kind: str, remedy: str = "",

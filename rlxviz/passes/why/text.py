@@ -68,7 +68,7 @@ GAP_IS_THE_COMPILERS = "a compiler fix, nothing in the model to change"
 """What a gap in rlxviz's ops asks of whom (the headline's count, the app's chip mark for such places)."""
 
 _WORKAROUND = WORKAROUND.split("{fix}")[0]
-"""How a gap line names a model-side workaround beside its compiler fix (`caveat.WORKAROUND`)."""
+"""How a gap line names a model-side workaround beside its compiler fix (`policy.WORKAROUND`)."""
 
 ALSO_REJECTED_COUNTED = "a near-miss, counted against the layer"
 """The standing an `also rejected` line of a layer not fused ends with: a further refusal that counts (the app's
