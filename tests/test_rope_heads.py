@@ -308,12 +308,17 @@ def test_a_full_width_table_whose_halves_differ_is_refused_with_the_entry():
 
 
 def test_a_full_width_table_whose_values_are_not_known_is_named(capsys, tmp_path):
-    """IR text carries no param values: the halves are not known to be equal, and explain says so."""
+    """IR text carries no param values: the halves are not known to be equal, and explain says so. The stage that
+    rewrites RoPE runs before the attention pattern (`fuse_sdpa.rope_heads`, then `hf_attention`): its refusal is the
+    first, the attention's refusal of the unrewritten RoPE is listed after it, naming it."""
     path = tmp_path / "g.ir"
     path.write_text(rope_attention(n_rot=8, duplicated=False))
     code, out, _ = cli_run(capsys, "explain", path)
-    assert code == 1 and "guard rope_on_heads" in out and "Q and K rotated" in out
+    assert code == 1 and "first rejection: fuse_sdpa.rope_heads" in out and "guard cos_table" in out
     assert "are not known to the pass" in out and "guard scores_form" not in out
+    assert "also rejected: fuse_sdpa.hf_attention: rope_on_heads" in out
+    code, out, _ = cli_run(capsys, "explain", path, "-v")
+    assert "Q and K rotated" in out and out.index("fuse_sdpa.rope_heads") < out.index("fuse_sdpa.hf_attention")
 
 
 @pytest.mark.parametrize("rows", [(2, 1, 8, 8), (2, 8, 8)])
