@@ -20,8 +20,8 @@ from .refusal_kinds import COMPILER_ONLY, NOTHING_TO_CHANGE
 MERGE_PASS = "fuse_shared_input_matmul"
 """The pass whose slices (`narrow`s of its packed projection) a refusal may blame."""
 
-MERGED_HINT = (NOTHING_TO_CHANGE + ": {who} {verb} rlxviz's own, not the model's: its " + MERGE_PASS + " merged {members} "
-               "into this projection")
+MERGED_HINT = (NOTHING_TO_CHANGE + ": {who} {verb} rlxviz's own, not the model's: its " + MERGE_PASS
+               + " merged {members} into this projection")
 """The fix line (`Rejection.hint`) of a refusal whose readers are all slices of rlxviz's merge (`merge_slices`)."""
 
 MERGED_FIX = ("rlxviz's " + MERGE_PASS + " merged {members} into this projection: leave {it} out of the merge (or "
@@ -41,21 +41,46 @@ def merge_slices(g: Graph, readers: Sequence[int]) -> tuple[int, ...]:
 
 
 def merged_member(g: Graph, s: Node) -> str:
-    """What the slice `s` (a `narrow` of a packed projection) stands for: the path of the member weight whose columns
-    it takes in the merge's `concat` of weights (`model.h.0.mlp.fc_in`), else "another projection of the same
-    input"."""
+    """What the slice `s` (a `narrow` of a packed projection's last axis) stands for: the path of the member weight
+    whose columns it takes in the merge's `concat` of weights (`model.h.0.mlp.fc_in`), followed through the transposes
+    and column gathers later rewrites put in front of it (`fuse_attention_block.qkv_columns`' permutation of CodeGen's
+    Q/K/V block); "another projection of the same input" when it cannot be followed."""
     src = g[s.inputs[0]]
-    w = g[src.inputs[1]] if src.op in (Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT) and len(src.inputs) > 1 else None
     start, length = s.attrs.get("start"), s.attrs.get("length")
-    if w is not None and w.op == Op.CONCAT and w.pass_name == MERGE_PASS and isinstance(start, int):
-        at = 0
-        for j in w.inputs:
-            width = g[j].shape[-1] if g[j].shape else 0
-            if at == start and width == length:
-                n = g[j]
-                return n.path or n.name or f"node {j}"
-            at += width
-    return "another projection of the same input"
+    if src.op not in (Op.MATMUL, Op.FUSED_MATMUL_BIAS_ACT) or len(src.inputs) < 2 or not isinstance(start, int):
+        return OTHER
+    member = _member_at(g, src.inputs[1], len(g[src.inputs[1]].shape) - 1, list(range(start, start + length)))
+    return (member.path or member.name or f"node {member.id}") if member is not None else OTHER
+
+
+OTHER = "another projection of the same input"
+"""`merged_member`'s words for a member it cannot name."""
+
+
+def _member_at(g: Graph, w: int, axis: int, cols: list[int]) -> Node | None:
+    """The member weight of the merge's `concat` (`MERGE_PASS`) that holds all of `cols` of node `w`'s `axis`, through
+    `transpose`s and `gather`s by a constant index on that axis; None when another node is in the way or the columns
+    span several members."""
+    for _ in range(16):
+        n = g[w]
+        if n.op == Op.CONCAT and n.pass_name == MERGE_PASS and n.attrs.get("axis") in (axis, axis - len(n.shape)):
+            at = 0
+            for j in n.inputs:
+                width = g[j].shape[axis] if len(g[j].shape) > axis else 0
+                if all(at <= c < at + width for c in cols):
+                    return g[j]
+                at += width
+            return None
+        if n.op == Op.TRANSPOSE and len(n.attrs.get("perm", ())) > axis:
+            axis, w = n.attrs["perm"][axis], n.inputs[0]
+        elif n.op == Op.GATHER and n.attrs.get("axis", 0) == axis and g[n.inputs[1]].op == Op.CONST:
+            index = g[n.inputs[1]].attrs.get("value")
+            if not isinstance(index, (tuple, list)) or any(c >= len(index) for c in cols):
+                return None
+            cols, w = [int(index[c]) for c in cols], n.inputs[0]
+        else:
+            return None
+    return None
 
 
 def merged_advice(g: Graph, readers: Sequence[int], name_of: Callable[[int], str], pass_name: str
@@ -73,4 +98,4 @@ def merged_advice(g: Graph, readers: Sequence[int], name_of: Callable[[int], str
     return COMPILER_ONLY, hint, MERGED_FIX.format(members=members, it="it" if one else "them", pass_name=pass_name)
 
 
-__all__ = ["MERGED_FIX", "MERGED_HINT", "MERGE_PASS", "merge_slices", "merged_advice", "merged_member"]
+__all__ = ["MERGED_FIX", "MERGED_HINT", "MERGE_PASS", "OTHER", "merge_slices", "merged_advice", "merged_member"]

@@ -15,8 +15,8 @@ from typing import Any
 
 from ..ir import Graph
 from .guard import Ctx
-from .pattern import Bindings
 from .merged import merged_advice
+from .pattern import Bindings
 from .readers import dce_first
 from .rule import QUIET, Fail, Rule, User, bind, escape_check, run_step, step_roles
 
