@@ -121,9 +121,16 @@ def cmd_export(args: argparse.Namespace) -> int:
         export_onnx(graph, model.weights, out)
         _out(f"wrote {out} ({graph.name}, {len(graph)} nodes before unfuse)")
     else:
+        from ..session import Limits
+        from ..session.advice import advised
+        from ..session.fidelity import unread_weights
         from ..viz.model_explorer import save_model_explorer
 
-        save_model_explorer(trace, out, "final" if args.after == "final" else "all")
+        unread = unread_weights(model, limits=Limits.resolve(args.max_memory_mb))
+        feeds = model.random_feeds(seed=0) if unread is None else None
+        # each refusal's fix_K / compiler_fix_K as `explain -v` prints them: checked, as the app's inspector reads them
+        save_model_explorer(advised(trace, model.name, feeds, model.weights), out,
+                            "final" if args.after == "final" else "all")
         _out(f"wrote {out} (Model Explorer graphs: pip install ai-edge-model-explorer; model-explorer {out})")
     return 0
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..ir import Graph
 from .guard import Ctx
+from .merged import merged_advice
 from .pattern import Bindings
 from .readers import dce_first
 from .rule import QUIET, Fail, Rule, User, bind, escape_check, run_step, step_roles
@@ -151,7 +152,7 @@ def attempt(rule: Rule, graph: Graph, anchor: int, params: Mapping[str, Any]) ->
     if not isinstance(r, dict):
         return ctx, [QUIET]
     got = _Search(rule).run(ctx, 0, [], 0)
-    return got.ctx, [_dead_fix(rule, got.ctx, f) for f in got.fails]
+    return got.ctx, [_merged_fix(rule, got.ctx, _dead_fix(rule, got.ctx, f)) for f in got.fails]
 
 
 def _dead_fix(rule: Rule, ctx: Ctx, f: Fail) -> Fail:
@@ -161,6 +162,25 @@ def _dead_fix(rule: Rule, ctx: Ctx, f: Fail) -> Fail:
     if not f.dead:
         return f
     return replace(f, fix=dce_first(rule.name.partition(".")[0], [ctx.name_of(u) for u in f.dead]))
+
+
+def _merged_fix(rule: Rule, ctx: Ctx, f: Fail) -> Fail:
+    """`f` worded as rlxviz's own doing (`merged.merged_advice`: nothing to change in the model, the compiler fix names
+    `fuse_shared_input_matmul`'s merge) when what it blames are slices that merge made: its offending nodes, or, for a
+    guard that marks none (`qkv_split`: the packed projection is too wide), the readers of its subject that the match
+    does not bind. A guard failure only (a structure step's subject is where the pattern stopped), never one whose
+    readers are dead code (`_dead_fix`: removing them is the fix)."""
+    if f.stage != "guard" or f.dead:
+        return f
+    readers: tuple[int, ...] = tuple(f.offending)
+    if not readers and f.subject is not None and f.subject in ctx.graph:
+        bound = set(ctx.bindings.values())
+        readers = tuple(u.id for u in ctx.graph.users(f.subject) if u.id not in bound)
+    got = merged_advice(ctx.graph, readers, ctx.name_of, rule.name.partition(".")[0])
+    if got is None:
+        return f
+    remedy, hint, fix = got
+    return replace(f, remedy=remedy, hint=hint, fix=fix)
 
 
 __all__ = ["MAX_BRANCHES", "MAX_USER_CANDIDATES", "attempt"]

@@ -474,7 +474,8 @@ def vetted(trace: Trace, checks: Iterable[FixCheck]) -> Trace:
 
 __all__ = ["BUDGET_MACS", "CHANGES_NUMBERS", "CHECKED", "CHECKED_ONLY", "DEFAULT_COMPILER_FIX", "KINDS", "NOT_A_CHANGE",
            "NO_FUSION",
-           "NO_WHAT_IF", "NOT_RUN", "STATUSES", "FixCheck", "check_fixes", "over_budget", "printed_refusals", "vetted"]
+           "NO_WHAT_IF", "NOT_RUN", "STATUSES", "FixCheck", "advised", "check_fixes", "over_budget", "printed_refusals",
+           "vetted"]
 
 
 def _reworded(r: Rejection, c: FixCheck) -> Rejection:
@@ -510,3 +511,12 @@ def checked_verdict(trace: Trace, model: str, feeds: Mapping[str, np.ndarray] | 
     if any(f.rewords for f in fixes):
         check = check_fusion(vetted(trace, fixes), model, layers, expect)
     return check, fixes
+
+
+def advised(trace: Trace, model: str, feeds: Mapping[str, np.ndarray] | None, weights: Mapping[str, np.ndarray]
+            ) -> Trace:
+    """`trace` with every fix line as `explain -v` prints it (`checked_verdict(verbose=True)`, then `vetted`): the
+    words the app's inspector (`AppState.advised_trace`) and the Model Explorer export (`rlxviz export OUT.json`)
+    give each refusal, so no view prints a fix its check refuted. Arguments as `checked_verdict`'s."""
+    _, fixes = checked_verdict(trace, model, feeds, weights, verbose=True)
+    return vetted(trace, fixes)
