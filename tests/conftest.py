@@ -116,7 +116,7 @@ SHARED_BROWSER_FILES: dict[str, str] = {
     for name in ("test_browser_big_onnx.py", "test_browser_flows.py", "test_browser_matches_table.py",
                  "test_browser_nav.py", "test_browser_newcomer.py", "test_browser_number_boxes.py",
                  "test_browser_room.py", "test_browser_security.py", "test_browser_start_text.py",
-                 "test_browser_zoom_search.py", "test_browser_drawing_title.py")
+                 "test_browser_drawing_title.py")
 }
 """Browser test files that may share the cores (marked `slow` and `sweep`): no Timing run, no time limit asserted
 but a bound many times the measured time (`test_browser_big_onnx.FIRST_PICTURE_S`). `make test` runs each file
@@ -142,6 +142,11 @@ SHARED_BROWSER_TESTS: dict[str, tuple[str, ...]] = {
         "test_trial_5_every_drop_on_the_start_strip_loads",
         "test_trial_8_9_the_overlay_colours_both_panes_and_its_legend_fits"),
     "test_browser_timing.py": ("test_search_enter_opens_the_folded_layer_and_centres_on_the_node",),
+    # its path-load-after-② test runs in the serial run: in the shared run it failed in 2 of 3 full runs (2026-12-06,
+    # both panes centred at the same place, 0.9 zoom, twice), never alone, as a file, or beside two CPU burners
+    "test_browser_zoom_search.py": ("test_zoom_is_fitted_on_a_model_switch_and_kept_on_a_step_and_search_goes_deep",
+                                    "test_a_kept_search_finds_its_hits_in_the_next_model",
+                                    "test_a_kept_search_runs_again_when_the_index_of_held_ops_changes"),
 }
 """Single tests of browser files that also time (their Timing tests stay in the serial run): tests that press no
 Timing button and assert no time bound, shared as `SHARED_BROWSER_FILES` are (the file's server starts once in each
