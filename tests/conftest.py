@@ -122,7 +122,10 @@ SHARED_BROWSER_FILES: dict[str, str] = {
 but a bound many times the measured time (`test_browser_big_onnx.FIRST_PICTURE_S`). `make test` runs each file
 on one worker (its module fixtures, the server and the browser, start once) beside the fast tier; it took 206 s
 one test at a time and 145 s two files at a time (2-core Xeon, 2026-12-06). A browser file that times goes
-nowhere here: it stays in the serial run."""
+nowhere here: it stays in the serial run. So does test_browser_zoom_search.py, which times nothing: in the shared
+run two of its tests failed in 3 of 4 full runs on 2026-12-06 (a model switch or a path load after ② left the panes
+centred at 0.9 zoom, the same transforms each time), never alone, as a file, or beside two CPU burners: a race in
+the graph pane's zoom that depends on what runs beside it, still to be found."""
 
 SHARED_BROWSER_TESTS: dict[str, tuple[str, ...]] = {
     "test_browser_app.py": (
@@ -142,11 +145,6 @@ SHARED_BROWSER_TESTS: dict[str, tuple[str, ...]] = {
         "test_trial_5_every_drop_on_the_start_strip_loads",
         "test_trial_8_9_the_overlay_colours_both_panes_and_its_legend_fits"),
     "test_browser_timing.py": ("test_search_enter_opens_the_folded_layer_and_centres_on_the_node",),
-    # its path-load-after-② test runs in the serial run: in the shared run it failed in 2 of 3 full runs (2026-12-06,
-    # both panes centred at the same place, 0.9 zoom, twice), never alone, as a file, or beside two CPU burners
-    "test_browser_zoom_search.py": ("test_zoom_is_fitted_on_a_model_switch_and_kept_on_a_step_and_search_goes_deep",
-                                    "test_a_kept_search_finds_its_hits_in_the_next_model",
-                                    "test_a_kept_search_runs_again_when_the_index_of_held_ops_changes"),
 }
 """Single tests of browser files that also time (their Timing tests stay in the serial run): tests that press no
 Timing button and assert no time bound, shared as `SHARED_BROWSER_FILES` are (the file's server starts once in each
