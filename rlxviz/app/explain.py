@@ -37,9 +37,9 @@ from ..passes.why.standing import standing as refusal_standing
 from ..passes.why.text import left_out_heading
 from ..passes.why.verdict import OP_GAP_GROUP, RunVerdict
 from ..session.tensors import summarize
-from ..viz.overlay import Followers, GapNames, follower_note, gap_followers, gap_names
+from ..viz.overlay import Followers, GapNames, all_versions, follower_note, gap_followers, gap_names
 from ..viz.styles import NOT_NEAR_MISS_INK, OP_GAP_INK
-from .onnxorigin import onnx_markdown, onnx_origin, run_nodes
+from .onnxorigin import onnx_markdown, onnx_origin
 from .text import html_text, md_code, md_escape, md_pre
 
 
@@ -223,7 +223,7 @@ def node_report(graph: Graph, node_id: int, trace: Trace | None = None,
         "decisions": [], "verdict": None, "made": "", "onnx_own": bool(onnx_nodes) and n.id in onnx_nodes,
     }
     # the ONNX nodes it came from, through every fusion of the run (a fused attention: its MatMuls and Softmax)
-    versions = run_nodes([trace.input, *(s.after for s in trace.steps)]) if trace is not None and onnx_nodes else None
+    versions = all_versions(trace) if trace is not None and onnx_nodes else None
     report["onnx"] = onnx_origin(n, onnx_nodes, versions)
     report["onnx_domains"] = ({name: onnx_domains[name] for _, name in report["onnx"] if name in onnx_domains}
                               if onnx_domains else {})

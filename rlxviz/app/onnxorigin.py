@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from ..ir import Node
+from ..ir import Graph, Node
 from .text import md_code, md_escape
 
 ONNX_NAMES_SHOWN = 6
@@ -36,11 +36,12 @@ def _rank(op_type: str) -> int:
 
 
 def onnx_origin(n: Node, onnx_nodes: Mapping[int, tuple[str, str, str]] | None,
-                versions: Mapping[int, Node] | None = None) -> list[tuple[str, str]]:
+                versions: Graph | None = None) -> list[tuple[str, str]]:
     """The ONNX nodes `n` came from, as `(op type, node name)`, each once: its own (an imported node keeps its id),
     else every imported node a pass absorbed into it, through the nodes earlier passes made (`versions`: every node
-    of the run by id; without it, one step back): gptj's attention %251 -> its MatMuls, Softmax, Mul, Slices ...,
-    not only the two Reshapes it absorbed itself. Compute op types first (`_rank`), each group in the file's order.
+    of the run, `viz.overlay.all_versions`; without it, one step back): gptj's attention %251 -> its MatMuls,
+    Softmax, Mul, Slices ..., not only the two Reshapes it absorbed itself. Compute op types first (`_rank`), each
+    group in the file's order.
     [] for a model not read from ONNX.
 
     Args:
@@ -65,15 +66,6 @@ def onnx_origin(n: Node, onnx_nodes: Mapping[int, tuple[str, str, str]] | None,
     order = {i: k for k, i in enumerate(onnx_nodes)}
     ids = sorted(found, key=lambda i: (_rank(onnx_nodes[i][0]), order[i]))
     return list(dict.fromkeys((onnx_nodes[i][0], onnx_nodes[i][1]) for i in ids))
-
-
-def run_nodes(graphs: Iterable[Any]) -> dict[int, Node]:
-    """Every node of `graphs` (a run's versions: `trace.input`, each step's `after`) by id, its first version kept."""
-    out: dict[int, Node] = {}
-    for g in graphs:
-        for m in g.nodes:
-            out.setdefault(m.id, m)
-    return out
 
 
 def onnx_markdown(rep: Mapping[str, Any]) -> str:
