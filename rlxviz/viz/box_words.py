@@ -40,9 +40,9 @@ def box_label(g: LayerGroup) -> str:
         summary += ", …"
     lines.append(_small(summary, "#333333", 8))
     if g.verdict is not None and g.verdict.settled:
-        lines += _verdict_lines(g)
+        lines += _verdict_lines(g.verdict, g)
     elif g.verdict is not None:  # an earlier version: the final verdict first, then what has happened so far
-        lines += _final_lines(g.verdict)
+        lines += _verdict_lines(g.verdict)
         lines += [_small(x, "#555555", 9) for x in _wrap(f"at this version: {_so_far(g)}", WRAP)]
         if found := _found(g):  # what the pane's pass found there, named by it: the same in its before and after
             lines += [_small(x, FOUND_INK.get(g.status, REJECT), 9) for x in _wrap(found, WRAP)]
@@ -71,34 +71,23 @@ def box_label(g: LayerGroup) -> str:
     return _html(lines)
 
 
-def _verdict_lines(g: LayerGroup) -> list[str]:
-    """The status lines of a box with the session's verdict: `fused` (what fused it) or `not fused` (the guard)."""
-    v = g.verdict
-    assert v is not None
-    ops = _small(_counted(g.fused) or v.none_made, "#1b5e20")
+def _verdict_lines(v: Verdict, g: LayerGroup | None = None) -> list[str]:
+    """The status lines of a box from the session's verdict `v`: its words (`Verdict.word`), then the guard of a
+    layer not fused. For a box drawn at the version the verdict settled at (`g`, its group): what fused it, beside
+    the words, and how many of its ops fused under a refusal. For a box drawn at an earlier version (no `g`): the
+    words as `final: ...` (e.g. `final: fused as far as legal`), alone: the ops that fused are not in that version."""
+    word = _e(v.word) if g is not None else f"final: {_e(v.word)}"
     if v.held_back:
-        return [f'<FONT COLOR="{OP_GAP_INK}"><B>{_e(v.word)}</B></FONT> {_small(v.none_made, OP_GAP_INK)}']
+        beside = f" {_small(v.none_made, OP_GAP_INK)}" if g is not None else ""
+        return [f'<FONT COLOR="{OP_GAP_INK}"><B>{word}</B></FONT>{beside}']
     if v.fused:
-        return [f'<FONT COLOR="#1b5e20"><B>{_e(v.word)}</B></FONT> {ops}']
-    lines = [f'<FONT COLOR="{REJECT}"><B>{_e(v.word)}</B></FONT>']
+        beside = f" {_small(_counted(g.fused) or v.none_made, '#1b5e20')}" if g is not None else ""
+        return [f'<FONT COLOR="#1b5e20"><B>{word}</B></FONT>{beside}']
+    lines = [f'<FONT COLOR="{REJECT}"><B>{word}</B></FONT>']
     if v.guard:
         lines.append(f'<FONT COLOR="{REJECT}">rejected: {_e(v.guard)}</FONT>')
-    if g.fused:
+    if g is not None and g.fused:
         lines.append(_small(f"{len(g.fused)} of {len(g.nodes)} ops fused", "#555555"))
-    return lines
-
-
-def _final_lines(v: Verdict) -> list[str]:
-    """The final verdict on a box drawn at an earlier version: `final: <the verdict's words>` (`Verdict.word`, e.g.
-    `final: fused as far as legal`), and the guard of a layer not fused. What fused is not listed: those ops are not
-    in the version drawn."""
-    if v.held_back:
-        return [f'<FONT COLOR="{OP_GAP_INK}"><B>final: {_e(v.word)}</B></FONT>']
-    if v.fused:
-        return [f'<FONT COLOR="#1b5e20"><B>final: {_e(v.word)}</B></FONT>']
-    lines = [f'<FONT COLOR="{REJECT}"><B>final: {_e(v.word)}</B></FONT>']
-    if v.guard:
-        lines.append(f'<FONT COLOR="{REJECT}">rejected: {_e(v.guard)}</FONT>')
     return lines
 
 
